@@ -1,0 +1,143 @@
+/* dtrain core: status codes and errors, dtypes and conversion, tensor views over flat slabs,
+ * the counter-based RNG, logging and thread control. Everything above builds on this. */
+#ifndef DTRAIN_CORE_H
+#define DTRAIN_CORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- status and errors ------------------------------------------------------------------- */
+
+typedef enum {
+    DT_OK = 0,
+    DT_EINVAL = -1,     /* bad argument, flag or spec */
+    DT_ENOMEM = -2,     /* allocation failed */
+    DT_EIO = -3,        /* read/write/open failed */
+    DT_EFORMAT = -4,    /* file or message has the wrong format, magic, size or checksum */
+    DT_ENOTSUP = -5,    /* feature not built in or not supported */
+    DT_ETIMEDOUT = -6,  /* a deadline passed */
+    DT_EPEER = -7,      /* a peer rank died or misbehaved */
+    DT_EMISMATCH = -8,  /* ranks disagree (collective, count, dtype, checksum) */
+    DT_EINTERNAL = -9,  /* a bug: an invariant failed */
+    DT_ENOENT = -10,    /* a file or named thing does not exist */
+    DT_EINTR = -11,     /* interrupted by a signal (e.g. SIGTERM) */
+} dt_status;
+
+/* Short static name for a status ("DT_EINVAL: invalid argument"). */
+const char *dt_status_str(dt_status s);
+/* The message of the last error set on this thread ("" if none). Valid until the next error. */
+const char *dt_last_error(void);
+/* Sets this thread's last error message (printf-style) and returns s, for `return dt_error(...)`. */
+dt_status dt_error(dt_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Prefixes the current last-error message with context: "ctx: old message". Returns s. */
+dt_status dt_error_wrap(dt_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Clears this thread's last error. */
+void dt_error_clear(void);
+
+#define DT_TRY(x)                         \
+    do {                                  \
+        dt_status dt_try_s_ = (x);        \
+        if (dt_try_s_ != DT_OK)           \
+            return dt_try_s_;             \
+    } while (0)
+
+/* ---- dtypes ------------------------------------------------------------------------------- */
+
+typedef enum {
+    DT_F32 = 0, DT_F64, DT_BF16, DT_F16, DT_I32, DT_I64, DT_U8, DT_I8, DT_I16,
+    DT_DTYPE_COUNT
+} dt_dtype;
+
+size_t dt_dtype_size(dt_dtype t);       /* bytes per element */
+const char *dt_dtype_name(dt_dtype t);  /* safetensors spelling: "F32", "BF16", "U8", ... */
+/* Parses a safetensors dtype name; returns DT_EINVAL for an unknown name. */
+dt_status dt_dtype_parse(const char *name, dt_dtype *out);
+
+/* Scalar conversions. bf16/f16 conversions round to nearest even; NaN stays NaN. */
+uint16_t dt_f32_to_bf16(float x);
+float dt_bf16_to_f32(uint16_t x);
+uint16_t dt_f32_to_f16(float x);
+float dt_f16_to_f32(uint16_t x);
+/* Converts n elements between any two dtypes (through f64 for exotic pairs). dst != src. */
+void dt_convert(void *dst, dt_dtype dst_type, const void *src, dt_dtype src_type, size_t n);
+
+/* ---- tensors and slabs -------------------------------------------------------------------- */
+
+#define DT_MAX_DIMS 6
+
+/* A non-owning view: data points into a slab or user memory. */
+typedef struct {
+    void *data;
+    dt_dtype dtype;
+    int ndim;
+    int64_t shape[DT_MAX_DIMS];
+} dt_tensor;
+
+/* Number of elements of a view (1 for ndim 0). */
+int64_t dt_tensor_numel(const dt_tensor *t);
+/* Builds a contiguous view of `ndim` dims over data. */
+dt_tensor dt_tensor_view(void *data, dt_dtype dtype, int ndim, const int64_t *shape);
+
+/* A flat, 64-byte aligned, zero-initialised buffer of f32 that tensors view into
+ * (parameters, gradients, each optimizer moment: llm.c style). */
+typedef struct {
+    float *data;
+    size_t n;  /* number of floats */
+} dt_slab;
+
+/* Allocates n zeroed floats; on failure sets the last error and returns DT_ENOMEM. */
+dt_status dt_slab_alloc(dt_slab *s, size_t n);
+/* Frees the slab; safe on a zeroed or already freed slab. */
+void dt_slab_free(dt_slab *s);
+/* Aligned allocation helpers used across the library (64-byte aligned, zeroed). NULL on failure. */
+void *dt_alloc(size_t bytes);
+void dt_free(void *p);
+
+/* ---- counter-based RNG -------------------------------------------------------------------- *
+ * Philox-4x32-10. A draw is a pure function of (seed, purpose, index, lane) so results never
+ * depend on the number of workers, the order of calls or on resuming. `purpose` separates
+ * streams: use DT_RNG_* constants combined with epoch / layer ids (dt_rng_key). */
+
+enum {
+    DT_RNG_INIT = 1,     /* weight init: key(DT_RNG_INIT, layer) */
+    DT_RNG_SHUFFLE = 2,  /* data order: key(DT_RNG_SHUFFLE, epoch) */
+    DT_RNG_DROPOUT = 3,  /* dropout masks: key(DT_RNG_DROPOUT, step*256 + layer) */
+    DT_RNG_USER = 100,
+};
+
+/* Combines a purpose and a sub-id (layer, epoch, step) into one 64-bit stream key. */
+static inline uint64_t dt_rng_key(uint32_t purpose, uint64_t sub) {
+    return ((uint64_t)purpose << 48) ^ sub;
+}
+/* Four 32-bit random words for (seed, key, index). */
+void dt_philox4x32(uint64_t seed, uint64_t key, uint64_t index, uint32_t out[4]);
+/* Uniform float in [0,1) and 64-bit words, from (seed, key, index). */
+float dt_rng_uniform(uint64_t seed, uint64_t key, uint64_t index);
+uint64_t dt_rng_u64(uint64_t seed, uint64_t key, uint64_t index);
+/* Fills out[0..n) with U[lo,hi) / N(mean,std) draws; element i uses counter index i. */
+void dt_rng_fill_uniform(float *out, size_t n, float lo, float hi, uint64_t seed, uint64_t key);
+void dt_rng_fill_normal(float *out, size_t n, float mean, float std, uint64_t seed, uint64_t key);
+
+/* ---- threads, time, logging --------------------------------------------------------------- */
+
+/* Sets the number of BLAS/compute threads of this process (default 1 per worker). */
+void dt_set_threads(int n);
+int dt_get_threads(void);
+/* Monotonic wall clock in seconds. */
+double dt_now(void);
+
+typedef enum { DT_LOG_ERROR = 0, DT_LOG_WARN, DT_LOG_INFO, DT_LOG_DEBUG } dt_log_level;
+/* Library logging goes to stderr, prefixed "[dtrain rank R] "; level from DTRAIN_LOG
+ * (error|warn|info|debug), default warn. The library never prints otherwise. */
+void dt_log(dt_log_level lvl, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void dt_log_set_rank(int rank);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,9 @@
+/* libdtrain: the public API in one include. */
+#ifndef DTRAIN_H
+#define DTRAIN_H
+
+#define DTRAIN_VERSION "0.1.0"
+
+#include "dtrain/core.h"
+
+#endif

@@ -1,0 +1,38 @@
+/* The dtrain command: subcommand entry points and the table-driven flag parser they share. */
+#ifndef DT_CLI_H
+#define DT_CLI_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef enum { DT_FLAG_BOOL, DT_FLAG_INT, DT_FLAG_I64, DT_FLAG_FLOAT, DT_FLAG_STR } dt_flag_type;
+
+/* One command-line flag: "--name VALUE" (or "--name" alone for bools, "--name=VALUE" too). */
+typedef struct {
+    const char *name;  /* without dashes, e.g. "epochs" */
+    dt_flag_type type;
+    void *value;       /* bool*, int*, int64_t*, float*, const char** */
+    const char *meta;  /* placeholder in help, e.g. "N" */
+    const char *help;  /* one line */
+} dt_flag;
+
+/* Parses argv[first..argc) against flags[0..n). Positional arguments are stored in order into
+ * pos[0..max_pos) and counted in *npos (pos may be NULL when none are allowed); "--" stops flag
+ * parsing and, if rest is non-NULL, *rest gets the index of the first argument after it.
+ * On a bad flag or value it prints an error with a hint and returns -1; "--help"/"-h" prints
+ * the usage built from `usage` and the table and returns 1; otherwise 0. */
+int dt_flags_parse(int argc, char **argv, int first, const dt_flag *flags, int n, const char *usage,
+                   const char **pos, int max_pos, int *npos, int *rest);
+/* Prints the usage text and one line per flag with its default. */
+void dt_flags_usage(const char *usage, const dt_flag *flags, int n);
+/* Prints "dtrain: error: MESSAGE" and, when hint is non-NULL, "HINT: hint" to stderr; returns 1. */
+int dt_cli_fail(const char *hint, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Subcommands: each returns the process exit status. argv[0] is the subcommand name. */
+typedef struct {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *summary;
+} dt_command;
+
+#endif

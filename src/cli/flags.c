@@ -1,0 +1,137 @@
+/* Table-driven flag parsing and usage text for every dtrain subcommand. */
+#include "cli/cli.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int dt_cli_fail(const char *hint, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "dtrain: error: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    if (hint) fprintf(stderr, "HINT: %s\n", hint);
+    return 1;
+}
+
+static void print_default(const dt_flag *f) {
+    switch (f->type) {
+    case DT_FLAG_BOOL: break;
+    case DT_FLAG_INT: printf(" (default %d)", *(int *)f->value); break;
+    case DT_FLAG_I64: printf(" (default %lld)", (long long)*(int64_t *)f->value); break;
+    case DT_FLAG_FLOAT: printf(" (default %g)", *(float *)f->value); break;
+    case DT_FLAG_STR:
+        if (*(const char **)f->value) printf(" (default %s)", *(const char **)f->value);
+        break;
+    }
+}
+
+void dt_flags_usage(const char *usage, const dt_flag *flags, int n) {
+    printf("%s\n", usage);
+    if (n) printf("\nFlags:\n");
+    for (int i = 0; i < n; i++) {
+        char left[64];
+        snprintf(left, sizeof left, "--%s%s%s", flags[i].name, flags[i].meta ? " " : "",
+                 flags[i].meta ? flags[i].meta : "");
+        printf("  %-24s %s", left, flags[i].help);
+        print_default(&flags[i]);
+        printf("\n");
+    }
+    printf("  %-24s %s\n", "--help", "show this help");
+}
+
+static int set_value(const dt_flag *f, const char *v) {
+    char *end = NULL;
+    errno = 0;
+    switch (f->type) {
+    case DT_FLAG_BOOL:
+        if (!strcmp(v, "1") || !strcmp(v, "true") || !strcmp(v, "yes")) *(bool *)f->value = true;
+        else if (!strcmp(v, "0") || !strcmp(v, "false") || !strcmp(v, "no")) *(bool *)f->value = false;
+        else return -1;
+        return 0;
+    case DT_FLAG_INT: {
+        long x = strtol(v, &end, 10);
+        if (errno || end == v || *end || x < -2147483647L || x > 2147483647L) return -1;
+        *(int *)f->value = (int)x;
+        return 0;
+    }
+    case DT_FLAG_I64: {
+        long long x = strtoll(v, &end, 10);
+        if (errno || end == v || *end) return -1;
+        *(int64_t *)f->value = x;
+        return 0;
+    }
+    case DT_FLAG_FLOAT: {
+        float x = strtof(v, &end);
+        if (errno || end == v || *end) return -1;
+        *(float *)f->value = x;
+        return 0;
+    }
+    case DT_FLAG_STR: *(const char **)f->value = v; return 0;
+    }
+    return -1;
+}
+
+static const char *type_word(dt_flag_type t) {
+    switch (t) {
+    case DT_FLAG_INT: case DT_FLAG_I64: return "an integer";
+    case DT_FLAG_FLOAT: return "a number";
+    case DT_FLAG_BOOL: return "true or false";
+    default: return "a value";
+    }
+}
+
+int dt_flags_parse(int argc, char **argv, int first, const dt_flag *flags, int n, const char *usage,
+                   const char **pos, int max_pos, int *npos, int *rest) {
+    if (npos) *npos = 0;
+    if (rest) *rest = argc;
+    for (int i = first; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--")) {
+            if (rest) { *rest = i + 1; return 0; }
+            continue;
+        }
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            dt_flags_usage(usage, flags, n);
+            return 1;
+        }
+        if (strncmp(a, "--", 2) != 0) {
+            if (!pos || !npos || *npos >= max_pos) {
+                dt_cli_fail("run with --help to see the accepted flags", "unexpected argument '%s'", a);
+                return -1;
+            }
+            pos[(*npos)++] = a;
+            continue;
+        }
+        const char *name = a + 2, *eq = strchr(name, '=');
+        size_t len = eq ? (size_t)(eq - name) : strlen(name);
+        const dt_flag *f = NULL;
+        for (int k = 0; k < n; k++)
+            if (strlen(flags[k].name) == len && !strncmp(flags[k].name, name, len)) f = &flags[k];
+        if (!f) {
+            dt_cli_fail("run with --help to see the accepted flags", "unknown flag '--%.*s'", (int)len, name);
+            return -1;
+        }
+        const char *v = eq ? eq + 1 : NULL;
+        if (!v && f->type == DT_FLAG_BOOL) {
+            *(bool *)f->value = true;
+            continue;
+        }
+        if (!v) {
+            if (i + 1 >= argc) {
+                dt_cli_fail(f->help, "flag --%s needs %s", f->name, type_word(f->type));
+                return -1;
+            }
+            v = argv[++i];
+        }
+        if (set_value(f, v) != 0) {
+            dt_cli_fail(f->help, "flag --%s needs %s, got '%s'", f->name, type_word(f->type), v);
+            return -1;
+        }
+    }
+    return 0;
+}

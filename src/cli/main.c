@@ -1,0 +1,31 @@
+/* dtrain: the command-line face of libdtrain. Dispatches to one subcommand per verb. */
+#include "cli/cli.h"
+#include "dtrain/dtrain.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const dt_command g_commands[] = {
+    {NULL, NULL, NULL},
+};
+
+static void usage(void) {
+    printf("dtrain %s: distributed deep-learning training in C\n\n"
+           "Usage: dtrain COMMAND [FLAGS]\n\nCommands:\n", DTRAIN_VERSION);
+    for (const dt_command *c = g_commands; c->name; c++) printf("  %-10s %s\n", c->name, c->summary);
+    printf("\nRun 'dtrain COMMAND --help' for the flags of a command.\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage();
+        return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        printf("dtrain %s\n", DTRAIN_VERSION);
+        return 0;
+    }
+    for (const dt_command *c = g_commands; c->name; c++)
+        if (!strcmp(argv[1], c->name)) return c->run(argc - 1, argv + 1);
+    return dt_cli_fail("run 'dtrain --help' for the list of commands", "unknown command '%s'", argv[1]);
+}

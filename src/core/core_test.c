@@ -1,0 +1,106 @@
+/* Tests for core: dtype conversion (bf16/f16 rounding and specials), RNG determinism and
+ * statistics, error messages and slabs. */
+#include "core/test.h"
+#include "dtrain/core.h"
+
+#include <string.h>
+
+static void test_bf16(void) {
+    CHECK(dt_bf16_to_f32(dt_f32_to_bf16(1.0f)) == 1.0f);
+    CHECK(dt_bf16_to_f32(dt_f32_to_bf16(-2.5f)) == -2.5f);
+    /* 1 + 2^-8 is exactly half way between bf16 neighbours 1 and 1+2^-7: ties to even -> 1 */
+    CHECK(dt_bf16_to_f32(dt_f32_to_bf16(1.0f + 1.0f / 256)) == 1.0f);
+    CHECK(dt_bf16_to_f32(dt_f32_to_bf16(1.0f + 3.0f / 256)) == 1.0f + 4.0f / 256);
+    float nan = NAN;
+    CHECK(isnan(dt_bf16_to_f32(dt_f32_to_bf16(nan))));
+    CHECK(isinf(dt_bf16_to_f32(dt_f32_to_bf16(INFINITY))));
+}
+
+static void test_f16(void) {
+    float vals[] = {0.0f, 1.0f, -1.0f, 0.5f, 65504.0f, 6.103515625e-05f, 5.960464477539063e-08f, 1000.5f};
+    for (size_t i = 0; i < sizeof vals / sizeof *vals; i++)
+        CHECK_MSG(dt_f16_to_f32(dt_f32_to_f16(vals[i])) == vals[i], "value %g", vals[i]);
+    CHECK(isinf(dt_f16_to_f32(dt_f32_to_f16(70000.0f))));
+    CHECK(isnan(dt_f16_to_f32(dt_f32_to_f16(NAN))));
+    /* ties to even: 1 + 2^-11 lies between 1 and 1+2^-10 -> 1 */
+    CHECK(dt_f16_to_f32(dt_f32_to_f16(1.0f + 1.0f / 2048)) == 1.0f);
+    /* max relative error over a sweep stays under 2^-11 */
+    double worst = 0;
+    for (float x = 1e-4f; x < 6e4f; x *= 1.001f) {
+        double r = fabs(dt_f16_to_f32(dt_f32_to_f16(x)) - x) / x;
+        if (r > worst) worst = r;
+    }
+    CHECK_MSG(worst <= 1.0 / 2048 + 1e-9, "worst rel err %g", worst);
+    /* every f16 bit pattern (non-NaN) round-trips exactly */
+    int bad = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        float f = dt_f16_to_f32((uint16_t)h);
+        if (!isnan(f) && dt_f32_to_f16(f) != h) bad++;
+    }
+    CHECK_MSG(bad == 0, "%d f16 patterns do not round-trip", bad);
+}
+
+static void test_convert(void) {
+    float src[5] = {1, -2, 3.5f, 100, 0};
+    uint16_t bf[5];
+    float back[5];
+    dt_convert(bf, DT_BF16, src, DT_F32, 5);
+    dt_convert(back, DT_F32, bf, DT_BF16, 5);
+    CHECK(memcmp(src, back, sizeof src) == 0);
+    int64_t i64[5];
+    dt_convert(i64, DT_I64, src, DT_F32, 5);
+    CHECK(i64[1] == -2 && i64[3] == 100);
+    dt_dtype t;
+    CHECK(dt_dtype_parse("BF16", &t) == DT_OK && t == DT_BF16);
+    CHECK(dt_dtype_parse("F128", &t) == DT_EINVAL && strstr(dt_last_error(), "F128"));
+}
+
+static void test_rng(void) {
+    /* Philox-4x32-10 known-answer test (Random123 kat_vectors: ctr=0, key=0) */
+    uint32_t r[4];
+    dt_philox4x32(0, 0, 0, r);
+    CHECK(r[0] == 0x6627e8d5u && r[1] == 0xe169c58du && r[2] == 0xbc57ac4cu && r[3] == 0x9b00dbd8u);
+    CHECK(dt_rng_u64(1, 2, 3) == dt_rng_u64(1, 2, 3));
+    CHECK(dt_rng_u64(1, 2, 3) != dt_rng_u64(1, 2, 4));
+    CHECK(dt_rng_u64(1, 2, 3) != dt_rng_u64(2, 2, 3));
+    enum { N = 200000 };
+    float *x = malloc(N * sizeof *x);
+    dt_rng_fill_normal(x, N, 0, 1, 42, dt_rng_key(DT_RNG_INIT, 0));
+    double s = 0, s2 = 0;
+    for (int i = 0; i < N; i++) s += x[i], s2 += (double)x[i] * x[i];
+    CHECK_MSG(fabs(s / N) < 0.01 && fabs(s2 / N - 1) < 0.02, "mean %g var %g", s / N, s2 / N);
+    dt_rng_fill_uniform(x, N, -1, 1, 42, 7);
+    s = 0;
+    float lo = 1, hi = -1;
+    for (int i = 0; i < N; i++) s += x[i], lo = x[i] < lo ? x[i] : lo, hi = x[i] > hi ? x[i] : hi;
+    CHECK(fabs(s / N) < 0.01 && lo >= -1 && hi < 1);
+    /* a prefix draw is independent of the fill length */
+    float y[10];
+    dt_rng_fill_uniform(y, 10, -1, 1, 42, 7);
+    CHECK(memcmp(x, y, sizeof y) == 0);
+    free(x);
+}
+
+static void test_errors_and_slabs(void) {
+    CHECK(dt_error(DT_EIO, "cannot open %s", "x.bin") == DT_EIO);
+    CHECK(strcmp(dt_last_error(), "cannot open x.bin") == 0);
+    dt_error_wrap(DT_EIO, "loading model");
+    CHECK(strcmp(dt_last_error(), "loading model: cannot open x.bin") == 0);
+    dt_slab s;
+    CHECK_OK(dt_slab_alloc(&s, 1000));
+    CHECK(((uintptr_t)s.data & 63) == 0 && s.data[999] == 0.0f);
+    dt_slab_free(&s);
+    dt_slab_free(&s);
+    int64_t shape[2] = {3, 4};
+    dt_tensor t = dt_tensor_view(NULL, DT_F32, 2, shape);
+    CHECK(dt_tensor_numel(&t) == 12);
+}
+
+int main(void) {
+    test_bf16();
+    test_f16();
+    test_convert();
+    test_rng();
+    test_errors_and_slabs();
+    return dt_test_summary("core_test");
+}

@@ -1,0 +1,51 @@
+/* Status codes and the per-thread last-error message (dt_error / dt_last_error). */
+#include "dtrain/core.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#define DT_ERRMSG_MAX 1024
+static _Thread_local char g_errmsg[DT_ERRMSG_MAX];
+
+const char *dt_status_str(dt_status s) {
+    switch (s) {
+    case DT_OK: return "DT_OK: success";
+    case DT_EINVAL: return "DT_EINVAL: invalid argument";
+    case DT_ENOMEM: return "DT_ENOMEM: out of memory";
+    case DT_EIO: return "DT_EIO: I/O error";
+    case DT_EFORMAT: return "DT_EFORMAT: bad file or message format";
+    case DT_ENOTSUP: return "DT_ENOTSUP: not supported";
+    case DT_ETIMEDOUT: return "DT_ETIMEDOUT: deadline passed";
+    case DT_EPEER: return "DT_EPEER: peer failure";
+    case DT_EMISMATCH: return "DT_EMISMATCH: ranks disagree";
+    case DT_EINTERNAL: return "DT_EINTERNAL: internal error";
+    case DT_ENOENT: return "DT_ENOENT: not found";
+    case DT_EINTR: return "DT_EINTR: interrupted";
+    }
+    return "DT_E?: unknown status";
+}
+
+const char *dt_last_error(void) { return g_errmsg; }
+
+void dt_error_clear(void) { g_errmsg[0] = '\0'; }
+
+dt_status dt_error(dt_status s, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(g_errmsg, sizeof g_errmsg, fmt, ap);
+    va_end(ap);
+    return s;
+}
+
+dt_status dt_error_wrap(dt_status s, const char *fmt, ...) {
+    char old[DT_ERRMSG_MAX];
+    memcpy(old, g_errmsg, sizeof old);
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(g_errmsg, sizeof g_errmsg, fmt, ap);
+    va_end(ap);
+    if (n >= 0 && (size_t)n < sizeof g_errmsg && old[0])
+        snprintf(g_errmsg + n, sizeof g_errmsg - (size_t)n, ": %s", old);
+    return s;
+}
