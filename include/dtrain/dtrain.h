@@ -5,5 +5,8 @@
 #define DTRAIN_VERSION "0.1.0"
 
 #include "dtrain/core.h"
+#include "dtrain/layers.h"
+#include "dtrain/nn.h"
+#include "dtrain/optim.h"
 
 #endif
