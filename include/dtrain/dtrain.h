@@ -8,5 +8,6 @@
 #include "dtrain/layers.h"
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
+#include "dtrain/train.h"
 
 #endif
