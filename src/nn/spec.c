@@ -147,13 +147,16 @@ static dt_status parse_token(const parse_ctx *c, dt_layer_spec *l) {
             const char *comma = memchr(p, ',', (size_t)(close - p));
             const char *argend = comma ? comma : close;
             char arg[64];
+            while (p < argend && isspace((unsigned char)*p)) p++;
             int alen = (int)(argend - p);
+            while (alen > 0 && isspace((unsigned char)p[alen - 1])) alen--;
             if (alen <= 0 || alen >= (int)sizeof arg) return bad(c, "%s", "empty or overlong argument");
             memcpy(arg, p, (size_t)alen);
             arg[alen] = '\0';
             char *eq = strchr(arg, '=');
             if (eq) {
                 *eq = '\0';
+                for (char *e = eq - 1; e >= arg && isspace((unsigned char)*e); e--) *e = '\0';
                 if (!word_in(syn->args, arg)) {
                     char msg[160];
                     snprintf(msg, sizeof msg, "unknown argument '%s' for %s (takes: %s)", arg, syn->name, syn->args);

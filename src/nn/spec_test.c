@@ -24,7 +24,12 @@ static void test_parse(void) {
     dt_layer_spec l2[DT_MAX_LAYERS];
     int n2;
     CHECK_OK(dt_spec_parse(buf, l2, DT_MAX_LAYERS, &n2));
-    CHECK(n2 == n && memcmp(l, l2, sizeof(dt_layer_spec) * (size_t)n) == 0);
+    CHECK(n2 == n);
+    for (int i = 0; i < n && i < n2; i++)
+        CHECK_MSG(l[i].kind == l2[i].kind && l[i].out == l2[i].out && l[i].k == l2[i].k &&
+                      l[i].stride == l2[i].stride && l[i].pad == l2[i].pad && l[i].bias == l2[i].bias &&
+                      l[i].p == l2[i].p && l[i].eps == l2[i].eps && l[i].momentum == l2[i].momentum,
+                  "layer %d differs after format/parse of '%s'", i, buf);
     CHECK_OK(dt_spec_parse("  Linear(64, bias=0)  gelu dropout(0.25) ln batchnorm(momentum=0.2) ", l, DT_MAX_LAYERS, &n));
     CHECK(n == 5 && !l[0].bias && l[2].p == 0.25f && l[3].kind == DT_LAYER_LAYERNORM && l[4].momentum == 0.2f);
     CHECK_OK(dt_spec_parse("dropout", l, DT_MAX_LAYERS, &n));
