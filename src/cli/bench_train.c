@@ -86,12 +86,15 @@ static const char USAGE[] =
 
 int dt_bench_train(int argc, char **argv) {
     float seconds = 3;
-    int threads = 1;
+    int threads = 1, only_batch = 0;
+    const char *only_model = NULL;
     const dt_flag flags[] = {
         {"seconds", DT_FLAG_FLOAT, &seconds, "S", "time per case"},
         {"threads", DT_FLAG_INT, &threads, "N", "BLAS threads"},
+        {"model", DT_FLAG_STR, &only_model, "NAME", "run only the cases of this model (mlp or cnn)"},
+        {"batch", DT_FLAG_INT, &only_batch, "N", "run only the cases with this batch"},
     };
-    int r = dt_flags_parse(argc, argv, 1, flags, 2, USAGE, NULL, 0, NULL, NULL);
+    int r = dt_flags_parse(argc, argv, 1, flags, 4, USAGE, NULL, 0, NULL, NULL);
     if (r) return r < 0 ? 2 : 0;
     dt_set_threads(threads);
     const bench_case cases[] = {
@@ -106,16 +109,19 @@ int dt_bench_train(int argc, char **argv) {
     char json[1024];
     int jn = snprintf(json, sizeof json, "{\"bench\": \"train\", \"threads\": %d, \"sgemm_gflops\": %.2f, \"cases\": [",
                       threads, sg);
+    int done = 0;
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        if ((only_model && strcmp(only_model, cases[i].name)) || (only_batch && only_batch != cases[i].batch)) continue;
         double sps, gf;
         dt_status s = bench_model(&cases[i], &sps, &gf);
         if (s != DT_OK) return dt_cli_fail(NULL, "bench %s: %s", cases[i].name, dt_last_error());
         printf("%-6s %6d %14.0f %10.1f %9.0f%%\n", cases[i].name, cases[i].batch, sps, gf, 100 * gf / sg);
         fflush(stdout);
         jn += snprintf(json + jn, sizeof json - (size_t)jn,
-                       "%s{\"model\": \"%s\", \"batch\": %d, \"samples_per_s\": %.1f, \"gflops\": %.2f}", i ? ", " : "",
+                       "%s{\"model\": \"%s\", \"batch\": %d, \"samples_per_s\": %.1f, \"gflops\": %.2f}", done++ ? ", " : "",
                        cases[i].name, cases[i].batch, sps, gf);
     }
+    if (!done) return dt_cli_fail("models: mlp (batch 32, 128), cnn (batch 128)", "no benchmark case matches");
     printf("%s]}\n", json);
     return 0;
 }

@@ -68,21 +68,32 @@ static void sgd_step(dt_optim *o, float *restrict p, const float *restrict g, fl
         return;
     }
     float *restrict buf = o->m.data;
-    const bool first = o->t == 0, nesterov = o->cfg.nesterov;
-    for (size_t i = 0; i < n; i++) {
-        float d = g[i] + wd * p[i];
-        float b = first ? d : mu * buf[i] + d;  /* torch: buffer starts as the first gradient */
-        buf[i] = b;
-        p[i] -= lr * (nesterov ? d + mu * b : b);
+    /* torch: the buffer starts as the first gradient (mu_prev = 0 on the first step); the
+     * branches are hoisted out of the loops so they vectorise */
+    const float mu_prev = o->t == 0 ? 0.0f : mu;
+    if (o->cfg.nesterov) {
+        for (size_t i = 0; i < n; i++) {
+            float d = g[i] + wd * p[i];
+            float b = mu_prev * buf[i] + d;
+            buf[i] = b;
+            p[i] -= lr * (d + mu * b);
+        }
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            float b = mu_prev * buf[i] + (g[i] + wd * p[i]);
+            buf[i] = b;
+            p[i] -= lr * b;
+        }
     }
 }
 
 static void adam_step(dt_optim *o, float *restrict p, const float *restrict g, float lr) {
     const float b1 = o->cfg.beta1, b2 = o->cfg.beta2, eps = o->cfg.eps, wd = o->cfg.weight_decay;
     const bool decoupled = o->cfg.kind == DT_OPTIM_ADAMW;
+    const float wd_l2 = decoupled ? 0.0f : wd;  /* adam: L2 term in the gradient */
     const double t = (double)(o->t + 1);
     const float bc1 = (float)(1.0 - pow(b1, t));
-    const float bc2_sqrt = (float)sqrt(1.0 - pow(b2, t));
+    const float inv_bc2_sqrt = (float)(1.0 / sqrt(1.0 - pow(b2, t)));
     const float step = lr / bc1;
     float *restrict m = o->m.data, *restrict v = o->v.data;
     const size_t n = o->n;
@@ -91,12 +102,12 @@ static void adam_step(dt_optim *o, float *restrict p, const float *restrict g, f
         for (size_t i = 0; i < n; i++) p[i] *= shrink;
     }
     for (size_t i = 0; i < n; i++) {
-        float gi = decoupled ? g[i] : g[i] + wd * p[i];
+        float gi = g[i] + wd_l2 * p[i];
         float mi = b1 * m[i] + (1 - b1) * gi;
         float vi = b2 * v[i] + (1 - b2) * gi * gi;
         m[i] = mi;
         v[i] = vi;
-        p[i] -= step * mi / (sqrtf(vi) / bc2_sqrt + eps);
+        p[i] -= step * mi / (sqrtf(vi) * inv_bc2_sqrt + eps);
     }
 }
 
