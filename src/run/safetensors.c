@@ -34,6 +34,8 @@ struct dt_st_file {
 
 static const char HCRC_NEEDLE[] = "\"dtrain.header_crc32\":\"";
 static const char CORRUPT[] = "(file corrupted); use an earlier checkpoint";
+static const char TRUNC[] = "(file truncated); use an earlier checkpoint";
+static const char NOTST[] = "not a safetensors file, or corrupted; use an earlier checkpoint";
 
 /* DT_EFORMAT with "<path>: <message>". */
 static dt_status bad(const char *path, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -109,7 +111,7 @@ static dt_status load_bytes(dt_st_file *f, size_t *hlen_out, const unsigned char
     }
     size_t size = (size_t)st.st_size;
     if (size < 8) {
-        s = bad(path, "file is %zu bytes, shorter than the 8-byte header length (truncated or empty) %s", size, CORRUPT);
+        s = bad(path, "file is %zu bytes, shorter than the 8-byte header length %s", size, TRUNC);
         goto out;
     }
     if (pread(fd, len8, 8, 0) != 8) {
@@ -119,13 +121,11 @@ static dt_status load_bytes(dt_st_file *f, size_t *hlen_out, const unsigned char
     uint64_t N = 0;
     for (int b = 7; b >= 0; b--) N = N << 8 | len8[b];
     if (N > DT_ST_MAX_HEADER) {
-        s = bad(path, "header length %" PRIu64 " is absurd (over %d bytes): not a safetensors file or %s", N,
-                DT_ST_MAX_HEADER, CORRUPT);
+        s = bad(path, "header length %" PRIu64 " is absurd (over %d bytes): %s", N, DT_ST_MAX_HEADER, NOTST);
         goto out;
     }
     if (N > size - 8) {
-        s = bad(path, "header length %" PRIu64 " runs past the end of the %zu-byte file (truncated) %s", N, size,
-                CORRUPT);
+        s = bad(path, "header length %" PRIu64 " runs past the end of the %zu-byte file %s", N, size, TRUNC);
         goto out;
     }
     if (N < 2) {
@@ -249,8 +249,8 @@ static dt_status check_layout(dt_st_file *f, uint64_t *offs) {
     for (int i = 0; i < f->nt; i++)
         if (last < 0 || offs[2 * i + 1] > offs[2 * last + 1]) last = i;
     if (last >= 0 && offs[2 * last + 1] > f->data_len)
-        return bad(f->path, "data section holds %zu bytes but tensor '%s' ends at byte %" PRIu64
-                   " (file truncated); use an earlier checkpoint", f->data_len, f->tname[last], offs[2 * last + 1]);
+        return bad(f->path, "data section holds %zu bytes but tensor '%s' ends at byte %" PRIu64 " %s", f->data_len,
+                   f->tname[last], offs[2 * last + 1], TRUNC);
     int *ord = malloc((size_t)(f->nt > 0 ? f->nt : 1) * sizeof *ord);
     if (!ord) return dt_error(DT_ENOMEM, "%s: out of memory", f->path);
     for (int i = 0; i < f->nt; i++) ord[i] = i;
@@ -319,7 +319,7 @@ static dt_status check_integrity(dt_st_file *f, bool have_hcrc) {
 
 static dt_status parse_header(dt_st_file *f, const unsigned char *hdr, size_t N, uint64_t **offs_out) {
     const char *p = f->path;
-    if (hdr[0] != '{') return bad(p, "header does not start with '{': not a safetensors file or %s", CORRUPT);
+    if (hdr[0] != '{') return bad(p, "header does not start with '{': %s", NOTST);
     const char *end = NULL;
     f->root = cJSON_ParseWithLengthOpts((const char *)hdr, N, &end, 0);
     if (!f->root)

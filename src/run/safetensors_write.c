@@ -30,6 +30,9 @@ struct dt_st_writer {
     int nm, capm;
 };
 
+/* Tensor bytes are written as they lie in memory; safetensors is little-endian. */
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors checkpoints need a little-endian host");
+
 static const char HCRC_NEEDLE[] = "\"dtrain.header_crc32\":\"";
 
 dt_status dt_st_writer_create(dt_st_writer **w) {
