@@ -12,16 +12,16 @@
 
 #define CKPT_KIND "dtrain-train-state"
 
-static void meta_i64(dt_st_writer *w, const char *key, int64_t v) {
+static dt_status meta_i64(dt_st_writer *w, const char *key, int64_t v) {
     char buf[32];
     snprintf(buf, sizeof buf, "%" PRId64, v);
-    dt_st_writer_meta(w, key, buf);
+    return dt_st_writer_meta(w, key, buf);
 }
 
-static void meta_f32(dt_st_writer *w, const char *key, float v) {
+static dt_status meta_f32(dt_st_writer *w, const char *key, float v) {
     char buf[32];
     snprintf(buf, sizeof buf, "%.9g", v);
-    dt_st_writer_meta(w, key, buf);
+    return dt_st_writer_meta(w, key, buf);
 }
 
 dt_status dt_checkpoint_write(const char *path, dt_model *m, dt_optim *o, const dt_ckpt_info *info) {
@@ -42,30 +42,25 @@ dt_status dt_checkpoint_write(const char *path, dt_model *m, dt_optim *o, const 
             s = dt_st_writer_add(w, names[k][i], DT_F32, t->ndim, t->shape, st + t->offset);
         }
     }
+    char shape[64], seed[32];
+    snprintf(shape, sizeof shape, "%d,%d,%d", info->C, info->H, info->W);
+    snprintf(seed, sizeof seed, "%" PRIu64, info->seed);
+    if (s == DT_OK) s = dt_st_writer_meta(w, "dtrain.kind", CKPT_KIND);
+    if (s == DT_OK) s = dt_st_writer_meta(w, "dtrain.version", DTRAIN_VERSION);
+    if (s == DT_OK) s = dt_st_writer_meta(w, "dtrain.model_spec", info->spec);
+    if (s == DT_OK) s = dt_st_writer_meta(w, "dtrain.input_shape", shape);
+    if (s == DT_OK) s = meta_i64(w, "dtrain.step", info->step);
+    if (s == DT_OK) s = meta_i64(w, "dtrain.epoch", info->epoch);
+    if (s == DT_OK) s = meta_i64(w, "dtrain.step_in_epoch", info->step_in_epoch);
+    if (s == DT_OK) s = dt_st_writer_meta(w, "dtrain.seed", seed);
+    if (s == DT_OK) s = dt_st_writer_meta(w, "dtrain.rng", "philox4x32-10, counter-based: (seed, epoch, step) is the state");
+    if (s == DT_OK) s = meta_i64(w, "dtrain.batch", info->batch);
+    if (s == DT_OK && o) s = dt_st_writer_meta(w, "dtrain.optimizer", info->optimizer);
+    if (s == DT_OK && o) s = meta_i64(w, "dtrain.optim_steps", dt_optim_steps(o));
+    if (s == DT_OK) s = meta_f32(w, "dtrain.lr", info->lr);
+    if (s == DT_OK && info->has_norm) s = meta_f32(w, "dtrain.norm_mean", info->norm_mean);
+    if (s == DT_OK && info->has_norm) s = meta_f32(w, "dtrain.norm_std", info->norm_std);
     if (s == DT_OK) {
-        dt_st_writer_meta(w, "dtrain.kind", CKPT_KIND);
-        dt_st_writer_meta(w, "dtrain.version", DTRAIN_VERSION);
-        dt_st_writer_meta(w, "dtrain.model_spec", info->spec);
-        char shape[64];
-        snprintf(shape, sizeof shape, "%d,%d,%d", info->C, info->H, info->W);
-        dt_st_writer_meta(w, "dtrain.input_shape", shape);
-        meta_i64(w, "dtrain.step", info->step);
-        meta_i64(w, "dtrain.epoch", info->epoch);
-        meta_i64(w, "dtrain.step_in_epoch", info->step_in_epoch);
-        char seed[32];
-        snprintf(seed, sizeof seed, "%" PRIu64, info->seed);
-        dt_st_writer_meta(w, "dtrain.seed", seed);
-        dt_st_writer_meta(w, "dtrain.rng", "philox4x32-10 counter-based: state is (seed, epoch, step)");
-        meta_i64(w, "dtrain.batch", info->batch);
-        if (o) {
-            dt_st_writer_meta(w, "dtrain.optimizer", info->optimizer);
-            meta_i64(w, "dtrain.optim_steps", dt_optim_steps(o));
-        }
-        meta_f32(w, "dtrain.lr", info->lr);
-        if (info->has_norm) {
-            meta_f32(w, "dtrain.norm_mean", info->norm_mean);
-            meta_f32(w, "dtrain.norm_std", info->norm_std);
-        }
         s = dt_st_writer_write(w, path);
     }
     dt_st_writer_destroy(w);

@@ -71,7 +71,12 @@ dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
     t->cfg = *cfg;
     t->t_start = dt_now();
     dt_set_threads(cfg->threads);
-    dt_status s = dt_dataset_open(&t->train, &t->test, cfg->data);
+    /* a bad spec is reported before any data is read */
+    dt_layer_spec layers[DT_MAX_LAYERS];
+    int nlayers;
+    dt_status s = dt_spec_parse(cfg->model, layers, DT_MAX_LAYERS, &nlayers);
+    if (s != DT_OK) goto fail;
+    s = dt_dataset_open(&t->train, &t->test, cfg->data);
     if (s != DT_OK) goto fail;
     dt_dataset_shape(t->train, &t->C, &t->H, &t->W);
     t->classes = dt_dataset_classes(t->train);
@@ -88,7 +93,7 @@ dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
         if (info.seed != cfg->seed) dt_log(DT_LOG_WARN, "resuming with --seed %llu over checkpoint seed %llu",
                                            (unsigned long long)cfg->seed, (unsigned long long)info.seed);
     }
-    s = dt_model_create_from_spec(&t->model, cfg->model, t->C, t->H, t->W);
+    s = dt_model_create(&t->model, layers, nlayers, t->C, t->H, t->W);
     if (s != DT_OK) goto fail;
     if (dt_model_out_size(t->model) != t->classes) {
         s = dt_error(DT_EINVAL, "model '%s' outputs %d values per sample but --data %s has %d classes; end the "
