@@ -403,6 +403,22 @@ static void test_create(void) {
     dt_dataset_stats(ds, &m, &s);
     CHECK(fabs(m - 107.0 / 6) < 1e-9);
     dt_dataset_free(ds);
+    /* every byte value through the vectorised u8/255 path (259 = chunks + tail) is correctly
+     * rounded; turning normalisation on and off again restores the same bits */
+    uint8_t all[2 * 259];
+    for (int i = 0; i < 2 * 259; i++) all[i] = (uint8_t)(i * 3 + 1);
+    float fa[2 * 259], fb[2 * 259];
+    CHECK_OK(dt_dataset_create(&ds, DT_U8, all, y, 2, 1, 1, 259, 0));
+    CHECK_OK(dt_dataset_batch(ds, idx, 2, fa, NULL));
+    int bad = 0;
+    for (int i = 0; i < 2 * 259; i++) bad += fa[i] != (float)(all[i] / 255.0);
+    CHECK_MSG(bad == 0, "%d of the u8/255 values are not correctly rounded", bad);
+    CHECK_OK(dt_dataset_set_normalize(ds, 0.0f, 1.0f));
+    CHECK_OK(dt_dataset_set_normalize(ds, 1.0f, 3.0f));
+    CHECK_OK(dt_dataset_set_normalize(ds, 0.0f, 1.0f));
+    CHECK_OK(dt_dataset_batch(ds, idx, 2, fb, NULL));
+    CHECK(memcmp(fa, fb, sizeof fa) == 0);
+    dt_dataset_free(ds);
     CHECK(dt_dataset_create(&ds, DT_I16, x, y, 2, 1, 3, 1, 1) == DT_EFORMAT && strstr(dt_last_error(), "sample 0"));
     CHECK(dt_dataset_create(&ds, DT_BF16, x, y, 2, 1, 3, 1, 0) == DT_EINVAL);
 }
