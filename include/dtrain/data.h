@@ -159,7 +159,8 @@ dt_status dt_loader_start_epoch(dt_loader *l, uint64_t epoch, size_t skip_batche
 dt_status dt_loader_next(dt_loader *l, dt_batch *out);
 /* Batches per epoch (the same on every rank). */
 size_t dt_loader_batches(const dt_loader *l);
-/* Total seconds dt_loader_next spent blocked waiting for a batch, since creation. */
+/* Total seconds dt_loader_next spent blocked waiting for a batch (with prefetch 0: building it),
+ * since creation. */
 double dt_loader_wait_seconds(const dt_loader *l);
 /* Stops the background thread and frees the loader; NULL is a no-op. */
 void dt_loader_free(dt_loader *l);

@@ -23,9 +23,14 @@ dt_status dt_stream_open(dt_stream *s, const char *path) {
         return dt_error(e == ENOENT ? DT_ENOENT : DT_EIO, "%s: cannot open: %s", path, strerror(e));
     }
     struct stat st;
-    if (fstat(fd, &st) != 0 || S_ISDIR(st.st_mode)) {
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
         close(fd);
-        return dt_error(DT_EIO, "%s: cannot read: %s", path, S_ISDIR(st.st_mode) ? "is a directory" : strerror(errno));
+        return dt_error(DT_EIO, "%s: cannot stat: %s", path, strerror(e));
+    }
+    if (S_ISDIR(st.st_mode)) {
+        close(fd);
+        return dt_error(DT_EIO, "%s: cannot read: is a directory", path);
     }
     s->sized = S_ISREG(st.st_mode);
     s->file_size = (uint64_t)st.st_size;
@@ -174,7 +179,7 @@ dt_status dt_idx_read(const char *path, dt_idx *out) {
     long long items = out->ndim ? (long long)out->dims[0] : 1;
     /* refuse absurd allocations early: raw files have an exact size, and deflate cannot expand
      * data by more than ~1032x */
-    uint64_t limit = s.gz ? s.file_size * 1100 + 4096 : s.file_size - hbytes;
+    uint64_t limit = s.gz ? s.file_size * 1100 + 4096 : (s.file_size > hbytes ? s.file_size - hbytes : 0);
     if (s.sized && bytes > limit) {
         if (!s.gz) {
             st = dt_error(DT_EFORMAT, "%s: truncated: header says %lld items of %zu bytes, file holds %llu bytes of data", path, items,

@@ -167,9 +167,11 @@ dt_status dt_loader_next(dt_loader *l, dt_batch *out) {
     size_t b = l->next_take;
     if (!l->has_thread) {
         pthread_mutex_unlock(&l->mu);
+        double t0 = dt_now();
         dt_status st = assemble(l, b);
         if (st != DT_OK) return st;
         pthread_mutex_lock(&l->mu);
+        l->wait_s += dt_now() - t0;  /* without prefetch, building the batch is the wait */
         l->next_fill = b + 1;
     } else if (l->next_fill <= b && l->err == DT_OK) {
         double t0 = dt_now();
