@@ -11,6 +11,7 @@
 typedef struct {
     bool quiet, tty;
     int epochs;
+    dt_epoch_info last;  /* the last finished epoch, for the closing line */
 } progress_ctx;
 
 static void fmt_duration(char *buf, size_t cap, double s) {
@@ -47,6 +48,7 @@ static void on_progress(void *ctx, const dt_progress_info *p) {
 
 static void on_epoch(void *ctx, const dt_epoch_info *e) {
     progress_ctx *pc = ctx;
+    pc->last = *e;
     if (pc->tty && !pc->quiet) fprintf(stderr, "\r\033[K");
     printf("epoch %d/%d: train_loss %.4f test_loss %.4f test_acc %.4f %.0f samples/s (%.1fs)\n", e->epoch,
            pc->epochs, e->train_loss, e->test_loss, e->test_acc, e->samples_per_s, e->epoch_s);
@@ -142,6 +144,12 @@ int dt_cmd_train(int argc, char **argv) {
     s = dt_trainer_run(t);
     dt_trainer_free(t);
     if (s != DT_OK) return dt_cli_fail(NULL, "%s", dt_last_error());
+    if (pc.last.epoch > 0)
+        printf("dtrain: done: test accuracy %.4f, test loss %.4f after %lld steps (%.1fs)\n", pc.last.test_acc,
+               pc.last.test_loss, (long long)pc.last.global_step, pc.last.wall_s);
+    if (pc.last.epoch > 0)
+        printf("dtrain: done: test accuracy %.4f, test loss %.4f after %lld steps (%.1fs)\n", pc.last.test_acc,
+               pc.last.test_loss, (long long)pc.last.global_step, pc.last.wall_s);
     if (cfg.save && !quiet) printf("dtrain: checkpoint saved to %s\n", cfg.save);
     return 0;
 }
