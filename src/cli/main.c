@@ -5,7 +5,10 @@
 #include <stdio.h>
 #include <string.h>
 
+int dt_cmd_launch(int argc, char **argv);
+
 static const dt_command g_commands[] = {
+    {"launch", dt_cmd_launch, "run N local ranks of a program (rank env, prefixed output)"},
     {NULL, NULL, NULL},
 };
 
