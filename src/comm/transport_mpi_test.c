@@ -3,7 +3,9 @@
  * point-to-point, every native collective with several dtypes and ops, in-place forms, split,
  * the benchmark baseline), then "errors" mode with 3 ranks (deadline -> DT_ETIMEDOUT naming the
  * rank, wrong receive size and mismatched collectives -> DT_EMISMATCH, abort reaching every
- * rank). Expected values are computed on every rank. Exit 77 when built without MPI. */
+ * rank). Expected values are computed on every rank. Exit 77 when built without MPI.
+ * Under mpirun directly: `transport_mpi_test [ok|errors|bench MIB]` runs one mode (used by
+ * tests/mpi_netns.sh across emulated hosts). */
 #include "comm/transport.h"
 #include "core/test.h"
 
@@ -215,6 +217,9 @@ static int mode_ok(void) {
     R = t->rank;
     N = t->size;
     CHECK(!strcmp(t->ops->name, "mpi") && N == atoi(getenv("OMPI_COMM_WORLD_SIZE")));
+    char host[256] = "?";
+    gethostname(host, sizeof host);
+    printf("rank %d/%d on host %s\n", R, N, host);
     test_p2p(t);
     test_collectives(t);
     /* split: even and odd ranks; rank order reversed inside the group */
@@ -342,6 +347,40 @@ static int mode_errors(void) {
     return dt_test_failures ? 1 : 0;
 }
 
+/* "bench MB": allreduce bus bandwidth of plain MPI_Allreduce and of the transport's native path
+ * (MPI_Iallreduce polled against a deadline), for measuring, never asserted. */
+static int mode_bench(size_t mb) {
+    dt_transport *t = NULL;
+    CHECK_OK(dt_transport_mpi_create(&t, &(dt_transport_params){.timeout_s = 60}));
+    if (!t) return 1;
+    R = t->rank;
+    N = t->size;
+    size_t n = mb * (1 << 20) / 4;
+    int iters = mb >= 16 ? 5 : 20;
+    float *a = dt_alloc(n * 4), *b = dt_alloc(n * 4);
+    double base = 0;
+    CHECK_OK(dt_mpi_bench_allreduce(n, 2, iters, &base));
+    dt_coll_args x = {.d = {.op = DT_COLL_ALLREDUCE, .dtype = DT_F32, .count = n}, .send = a, .recv = b,
+                      .algo = DT_ALGO_NATIVE};
+    double t0 = 0;
+    for (int i = 0; i < iters + 2; i++) {
+        if (i == 2) t0 = dt_now();
+        x.d.seq = ++g_seq;
+        x.deadline = dt_now() + 60;
+        CHECK_OK(t->ops->begin(t, &x.d));
+        CHECK_OK(t->ops->coll(t, &x));
+    }
+    double us = (dt_now() - t0) / iters * 1e6, factor = 2.0 * (N - 1) / N, bytes = (double)n * 4;
+    if (R == 0)
+        printf("bench allreduce %zu MiB x %d ranks: MPI_Allreduce %.0f us (busbw %.2f GB/s), "
+               "transport native %.0f us (busbw %.2f GB/s)\n", mb, N, base, bytes * factor / base / 1e3, us,
+               bytes * factor / us / 1e3);
+    dt_free(a);
+    dt_free(b);
+    t->ops->destroy(t);
+    return dt_test_failures ? 1 : 0;
+}
+
 static int run_mpirun(int np, const char *mode, char *out, size_t cap) {
     char cmd[1024], self[512];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
@@ -359,7 +398,11 @@ static int run_mpirun(int np, const char *mode, char *out, size_t cap) {
 }
 
 int main(int argc, char **argv) {
-    if (getenv("OMPI_COMM_WORLD_SIZE")) return argc > 1 && !strcmp(argv[1], "errors") ? mode_errors() : mode_ok();
+    if (getenv("OMPI_COMM_WORLD_SIZE")) {
+        if (argc > 2 && !strcmp(argv[1], "bench")) return mode_bench((size_t)atoi(argv[2]));
+        return argc > 1 && !strcmp(argv[1], "errors") ? mode_errors() : mode_ok();
+    }
+    if (argc > 1 && !strcmp(argv[1], "--probe-only")) return 0; /* built with MPI */
     if (system("command -v mpirun >/dev/null 2>&1") != 0) {
         printf("skip: mpirun not found (install openmpi-bin)\n");
         return 77;
