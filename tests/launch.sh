@@ -106,9 +106,9 @@ ok "[ $? -ne 0 ] && grep -q 'missing -n N' '$T/u'" "missing -n is an error"
 # 7. leftover shared memory of the job is removed, other jobs' is kept
 J=lt$$
 touch /dev/shm/dtrain-${J}x-keep
-"$DT" launch -n 2 --job-id $J -- sh -c 'touch /dev/shm/dtrain-$DTRAIN_JOB_ID-seg$DTRAIN_RANK; touch /dev/shm/dtrain-$DTRAIN_JOB_ID' >"$T/shm" 2>&1
+"$DT" launch -n 2 --job-id $J -- sh -c 'touch /dev/shm/dtrain-$DTRAIN_JOB_ID-seg$DTRAIN_RANK /dev/shm/dtrain-$DTRAIN_JOB_ID /dev/shm/dtrain-$DTRAIN_JOB_ID.3.$DTRAIN_RANK' >"$T/shm" 2>&1
 ok "[ $? -eq 0 ]" "shm job exit status"
-ok "[ ! -e /dev/shm/dtrain-$J-seg0 ] && [ ! -e /dev/shm/dtrain-$J-seg1 ] && [ ! -e /dev/shm/dtrain-$J ]" "job shm removed"
+ok "[ ! -e /dev/shm/dtrain-$J-seg0 ] && [ ! -e /dev/shm/dtrain-$J-seg1 ] && [ ! -e /dev/shm/dtrain-$J ] && [ ! -e /dev/shm/dtrain-$J.3.1 ]" "job shm removed (split segments too)"
 ok "[ -e /dev/shm/dtrain-${J}x-keep ]" "other job's shm kept"
 rm -f /dev/shm/dtrain-${J}x-keep
 

@@ -34,7 +34,7 @@ int dt_cmd_launch(int argc, char **argv) {
         {"timeout", DT_FLAG_FLOAT, &timeout, "S", "stop every rank and exit 124 after S seconds (0 = no limit)"},
         {"grace", DT_FLAG_FLOAT, &grace, "S", "seconds between SIGTERM and SIGKILL when stopping ranks"},
         {"no-prefix", DT_FLAG_BOOL, &no_prefix, NULL, "relay output lines without the \"[RANK] \" prefix"},
-        {"job-id", DT_FLAG_STR, &job_id, "ID", "job id for DTRAIN_JOB_ID (default: generated, unique)"},
+        {"job-id", DT_FLAG_STR, &job_id, "ID", "job id for DTRAIN_JOB_ID, letters/digits/_ (default: generated, unique)"},
     };
     const int nflags = (int)(sizeof flags / sizeof flags[0]);
 

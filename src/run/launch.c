@@ -79,7 +79,7 @@ static bool job_id_ok(const char *id) {
     if (!id || !*id || strlen(id) >= DT_JOB_ID_MAX) return false;
     for (const char *p = id; *p; p++)
         if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
-              *p == '_' || *p == '.'))
+              *p == '_'))
             return false;
     return true;
 }
@@ -87,7 +87,7 @@ static bool job_id_ok(const char *id) {
 dt_status dt_launch_cleanup_shm(const char *job_id, int *removed) {
     if (removed) *removed = 0;
     if (!job_id_ok(job_id))
-        return dt_error(DT_EINVAL, "job id '%s' must be 1-63 characters of [A-Za-z0-9_.]",
+        return dt_error(DT_EINVAL, "job id '%s' must be 1-63 characters of [A-Za-z0-9_]",
                         job_id ? job_id : "(null)");
     char pre[DT_JOB_ID_MAX + 16];
     size_t pl = (size_t)snprintf(pre, sizeof pre, "dtrain-%s", job_id);
@@ -95,7 +95,8 @@ dt_status dt_launch_cleanup_shm(const char *job_id, int *removed) {
     if (!d) return DT_OK; /* no POSIX shm on this system: nothing to remove */
     struct dirent *e;
     while ((e = readdir(d))) {
-        if (strncmp(e->d_name, pre, pl) != 0 || (e->d_name[pl] && e->d_name[pl] != '-')) continue;
+        char c = e->d_name[pl]; /* the comm layer names split segments "dtrain-<job>.<id>.<color>" */
+        if (strncmp(e->d_name, pre, pl) != 0 || (c && c != '-' && c != '.')) continue;
         if (unlinkat(dirfd(d), e->d_name, 0) == 0 && removed) (*removed)++;
     }
     closedir(d);
@@ -309,7 +310,7 @@ dt_status dt_launch_run(const dt_launch_config *cfg, char *const argv[], dt_laun
     if (!cfg || cfg->nranks < 1 || !argv || !argv[0])
         return dt_error(DT_EINVAL, "launch needs nranks >= 1 and a program to run");
     if (cfg->job_id && !job_id_ok(cfg->job_id))
-        return dt_error(DT_EINVAL, "job id '%s' must be 1-63 characters of [A-Za-z0-9_.]", cfg->job_id);
+        return dt_error(DT_EINVAL, "job id '%s' must be 1-63 characters of [A-Za-z0-9_]", cfg->job_id);
     if (g_active) return dt_error(DT_EINVAL, "dt_launch_run is already running in this process");
     if (cfg->job_id) snprintf(res->job_id, sizeof res->job_id, "%s", cfg->job_id);
     else dt_launch_job_id(res->job_id, sizeof res->job_id);

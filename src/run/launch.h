@@ -23,7 +23,7 @@ typedef struct {
     double grace_s;               /* SIGTERM -> SIGKILL grace when stopping ranks; 0 = 5 s */
     bool no_prefix;               /* relay whole lines without the "[rank] " prefix */
     int out_fd, err_fd;           /* where rank stdout/stderr go; 0 = 1 and 2 */
-    const char *job_id;           /* NULL = generate a unique one */
+    const char *job_id;           /* NULL = generate a unique one; else [A-Za-z0-9_]{1,63} */
     const char *const *extra_env; /* NULL-terminated "K=V" strings added for every rank, or NULL */
     /* Called (from the launching thread) with one-line job events such as "rank 2 exited with
      * status 3; stopping 3 other ranks". The library never prints; the CLI prints these. */
@@ -51,9 +51,9 @@ dt_status dt_launch_run(const dt_launch_config *cfg, char *const argv[], dt_laun
 /* Writes a fresh unique job id (16 hex digits from pid, time and randomness) into out[cap]. */
 void dt_launch_job_id(char *out, size_t cap);
 
-/* Removes every /dev/shm entry named "dtrain-<job_id>" or "dtrain-<job_id>-..." (the comm
- * layer's segments of that job); *removed (may be NULL) gets the count. DT_EINVAL on a job id
- * with characters other than [A-Za-z0-9_.]. */
+/* Removes every /dev/shm entry named "dtrain-<job_id>", "dtrain-<job_id>.*" or
+ * "dtrain-<job_id>-*" (the comm layer's segments of that job and of its splits); *removed (may
+ * be NULL) gets the count. DT_EINVAL on a job id with characters other than [A-Za-z0-9_]. */
 dt_status dt_launch_cleanup_shm(const char *job_id, int *removed);
 
 #endif

@@ -36,7 +36,7 @@ int main(void) {
     /* 1. two ranks, output relayed with prefixes into out_fd/err_fd, extra_env visible */
     const char *extra[] = {"DT_LAUNCH_TEST_X=hello", NULL};
     dt_launch_config cfg = {.nranks = 2, .out_fd = fd, .err_fd = fd, .extra_env = extra,
-                            .job_id = "unit.test_1", .notify = on_msg};
+                            .job_id = "unit_test_1", .notify = on_msg};
     char *argv[] = {"sh", "-c",
                     "printf 'a%s %s %s %s\\n' $DTRAIN_RANK $DTRAIN_WORLD_SIZE $DT_LAUNCH_TEST_X "
                     "$DTRAIN_JOB_ID; printf 'part'",
@@ -44,11 +44,11 @@ int main(void) {
     dt_launch_result res;
     CHECK_OK(dt_launch_run(&cfg, argv, &res));
     CHECK(res.exit_code == 0 && res.failed_rank == -1);
-    CHECK(!strcmp(res.job_id, "unit.test_1"));
+    CHECK(!strcmp(res.job_id, "unit_test_1"));
     char buf[4096];
     slurp(out_path, buf, sizeof buf);
-    CHECK_MSG(strstr(buf, "[0] a0 2 hello unit.test_1\n") != NULL, "%s", buf);
-    CHECK_MSG(strstr(buf, "[1] a1 2 hello unit.test_1\n") != NULL, "%s", buf);
+    CHECK_MSG(strstr(buf, "[0] a0 2 hello unit_test_1\n") != NULL, "%s", buf);
+    CHECK_MSG(strstr(buf, "[1] a1 2 hello unit_test_1\n") != NULL, "%s", buf);
     CHECK_MSG(strstr(buf, "[0] part\n") && strstr(buf, "[1] part\n"), "%s", buf);
     CHECK(g_nmsg == 0);
 
@@ -88,21 +88,24 @@ int main(void) {
     dt_launch_job_id(a, sizeof a);
     dt_launch_job_id(b, sizeof b);
     CHECK(strlen(a) == 16 && strcmp(a, b) != 0);
-    char p1[128], p2[128], p3[128];
+    char p1[128], p2[128], p3[128], p4[128];
     snprintf(p1, sizeof p1, "/dev/shm/dtrain-%s", a);
     snprintf(p2, sizeof p2, "/dev/shm/dtrain-%s-x", a);
     snprintf(p3, sizeof p3, "/dev/shm/dtrain-%sz", a);
+    snprintf(p4, sizeof p4, "/dev/shm/dtrain-%s.7.1", a);
     int removed = -1;
     if (access("/dev/shm", W_OK) == 0) {
         close(open(p1, O_CREAT | O_WRONLY, 0600));
         close(open(p2, O_CREAT | O_WRONLY, 0600));
         close(open(p3, O_CREAT | O_WRONLY, 0600));
+        close(open(p4, O_CREAT | O_WRONLY, 0600));
         CHECK_OK(dt_launch_cleanup_shm(a, &removed));
-        CHECK(removed == 2);
-        CHECK(access(p1, F_OK) != 0 && access(p2, F_OK) != 0 && access(p3, F_OK) == 0);
+        CHECK(removed == 3);
+        CHECK(access(p1, F_OK) != 0 && access(p2, F_OK) != 0 && access(p4, F_OK) != 0 && access(p3, F_OK) == 0);
         unlink(p3);
     }
     CHECK(dt_launch_cleanup_shm("../etc", &removed) == DT_EINVAL);
+    CHECK(dt_launch_cleanup_shm("a.b", &removed) == DT_EINVAL);
 
     close(fd);
     unlink(out_path);
