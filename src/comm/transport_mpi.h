@@ -26,6 +26,7 @@ typedef struct {
     dt_treq *pending;                /* posted, not yet completed requests */
     atomic_int woken;
     dt_coll_desc cur;                /* the current op (for messages) */
+    double timeout_s;                /* bound of internal waits (op-check slots) */
     bool broken;                     /* an error happened: later waits fail at once */
     dt_status err;
     char errmsg[560];
@@ -48,8 +49,12 @@ dt_status dt_mpi_fail(dt_mpi_transport *t, dt_status s, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* Advances the internal channels (abort notices, descriptor checks); DT_OK or the error. */
 dt_status dt_mpi_progress_internal(dt_mpi_transport *t);
-/* Sleeps a little longer on each call while nothing progresses (iter counts the idle rounds). */
-void dt_mpi_backoff(int *iter);
+/* Idle state of a polling loop: poll (yielding the core) for a short spin window after the last
+ * progress, then sleep with growing naps. MPI only progresses inside its calls, so a polled wait
+ * trades a little CPU for latency; zero it to start, dt_mpi_idle_reset() on progress. */
+typedef struct { double since; int naps; } dt_mpi_idle;
+void dt_mpi_backoff(dt_mpi_idle *w);
+static inline void dt_mpi_idle_reset(dt_mpi_idle *w) { w->since = 0; w->naps = 0; }
 /* Writes MPI's text for an error code into buf. */
 const char *dt_mpi_errstr(int code, char *buf, size_t n);
 /* The native collective entry of the vtable (transport_mpi_coll.c). */

@@ -71,7 +71,7 @@ static const char *mpi_name(int op) {
 
 static dt_status wait_req(dt_mpi_transport *t, MPI_Request *req, const dt_coll_args *a) {
     double t0 = dt_now();
-    int idle = 0;
+    dt_mpi_idle idle = {0};
     char o[96], e[256];
     for (;;) {
         int flag = 0;
@@ -197,7 +197,7 @@ dt_status dt_mpi_coll(dt_transport *tt, const dt_coll_args *a) {
     }
     /* A rank can finish its part early (a broadcast root): before reporting success, see the
      * left neighbour's descriptor of this op, so a mismatch is an error and not garbage. */
-    for (int idle = 0; s == DT_OK && t->check && t->desc_checked < t->desc_posted;) {
+    for (dt_mpi_idle idle = {0}; s == DT_OK && t->check && t->desc_checked < t->desc_posted;) {
         s = dt_mpi_progress_internal(t);
         if (s == DT_OK && dt_now() >= a->deadline) {
             char o[96];
