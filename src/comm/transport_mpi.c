@@ -52,15 +52,44 @@ const char *dt_mpi_errstr(int code, char *buf, size_t n) {
     return buf;
 }
 
-dt_status dt_mpi_fail(dt_mpi_transport *t, dt_status s, const char *fmt, ...) {
+/* Marks t broken with status s and message msg (first error wins); returns the error. */
+static dt_status set_broken(dt_mpi_transport *t, dt_status s, const char *msg) {
     if (!t->broken) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(t->errmsg, sizeof t->errmsg, fmt, ap);
-        va_end(ap);
+        snprintf(t->errmsg, sizeof t->errmsg, "%s", msg);
         t->broken = true;
         t->err = s;
         g_failed = true;
+    }
+    return dt_error(t->err, "%s", t->errmsg);
+}
+
+/* Sends a notice (status, kind 'A' abort / 'F' failure, message) to every other rank so their
+ * waits fail now instead of at their deadlines; best effort, never waits. */
+static void notify_all(dt_mpi_transport *t, char kind, dt_status s, const char *msg) {
+    int si = (int)s;
+    memcpy(t->abort_out, &si, sizeof si);
+    t->abort_out[sizeof si] = kind;
+    snprintf(t->abort_out + sizeof si + 1, sizeof t->abort_out - sizeof si - 1, "%s", msg);
+    LOCK();
+    for (int p = 0; p < t->base.size; p++) {
+        if (p == t->base.rank) continue;
+        MPI_Request r;
+        if (MPI_Isend(t->abort_out, (int)sizeof t->abort_out, MPI_BYTE, p, DT_MPI_TAG_ABORT, t->comm, &r) ==
+            MPI_SUCCESS)
+            MPI_Request_free(&r); /* small and eager: delivered by later progress */
+    }
+    UNLOCK();
+}
+
+dt_status dt_mpi_fail(dt_mpi_transport *t, dt_status s, const char *fmt, ...) {
+    if (!t->broken) {
+        char msg[sizeof t->errmsg];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof msg, fmt, ap);
+        va_end(ap);
+        set_broken(t, s, msg);
+        if (t->base.size > 1) notify_all(t, 'F', s, t->errmsg);
     }
     return dt_error(t->err, "%s", t->errmsg);
 }
@@ -89,22 +118,6 @@ static const char *op_str(dt_mpi_transport *t, char *buf, size_t n) {
 
 /* ---- internal channels: abort notices and descriptor checks ------------------------------- */
 
-/* Sends an abort notice (status + message) to every other rank; best effort, never waits. */
-static void notify_all(dt_mpi_transport *t, dt_status s, const char *msg) {
-    int si = (int)s;
-    memcpy(t->abort_out, &si, sizeof si);
-    snprintf(t->abort_out + sizeof si, sizeof t->abort_out - sizeof si, "%s", msg);
-    LOCK();
-    for (int p = 0; p < t->base.size; p++) {
-        if (p == t->base.rank) continue;
-        MPI_Request r;
-        if (MPI_Isend(t->abort_out, (int)sizeof t->abort_out, MPI_BYTE, p, DT_MPI_TAG_ABORT, t->comm, &r) ==
-            MPI_SUCCESS)
-            MPI_Request_free(&r); /* small and eager: delivered by later progress */
-    }
-    UNLOCK();
-}
-
 dt_status dt_mpi_progress_internal(dt_mpi_transport *t) {
     if (t->broken) return dt_error(t->err, "%s", t->errmsg);
     int flag = 0;
@@ -114,10 +127,12 @@ dt_status dt_mpi_progress_internal(dt_mpi_transport *t) {
     UNLOCK();
     if (flag) {
         int s;
+        char msg[sizeof t->errmsg];
         memcpy(&s, t->abort_buf, sizeof s);
         t->abort_buf[sizeof t->abort_buf - 1] = 0;
-        return dt_mpi_fail(t, s < 0 ? (dt_status)s : DT_EPEER, "rank %d aborted: %s", st.MPI_SOURCE,
-                           t->abort_buf + sizeof s);
+        snprintf(msg, sizeof msg, "rank %d %s: %s", st.MPI_SOURCE,
+                 t->abort_buf[sizeof s] == 'A' ? "aborted" : "failed", t->abort_buf + sizeof s + 1);
+        return set_broken(t, s < 0 ? (dt_status)s : DT_EPEER, msg);
     }
     while (t->desc_checked < t->desc_posted) {
         int k = (int)(t->desc_checked % DT_MPI_DESC_SLOTS), rf = 0, sf = 0;
@@ -129,12 +144,10 @@ dt_status dt_mpi_progress_internal(dt_mpi_transport *t) {
         if (!dt_coll_desc_match(&t->desc_left[k], &t->desc_mine[k])) {
             char a[96], b[96];
             int left = (t->base.rank + t->base.size - 1) % t->base.size;
-            dt_mpi_fail(t, DT_EMISMATCH, "rank %d called %s but rank %d called %s at #%llu",
+            return dt_mpi_fail(t, DT_EMISMATCH, "rank %d called %s but rank %d called %s at #%llu",
                                left, dt_coll_desc_call_str(&t->desc_left[k], a, sizeof a), t->base.rank,
                                dt_coll_desc_call_str(&t->desc_mine[k], b, sizeof b),
-                               (unsigned long long)t->desc_mine[k].seq);
-            notify_all(t, DT_EMISMATCH, t->errmsg); /* ranks further away cannot see it */
-            return dt_error(t->err, "%s", t->errmsg);
+                               (unsigned long long)t->desc_mine[k].seq); /* notifies the others */
         }
         if (!sf) break; /* slot is reusable once our send is done too */
         t->desc_checked++;
@@ -376,8 +389,9 @@ static void mpi_wake(dt_transport *tt) { atomic_store(&((dt_mpi_transport *)tt)-
 
 static void mpi_abort(dt_transport *tt, dt_status s, const char *msg) {
     dt_mpi_transport *t = (dt_mpi_transport *)tt;
-    notify_all(t, s, msg ? msg : "aborted");
-    if (!t->broken) dt_mpi_fail(t, s < 0 ? s : DT_EPEER, "%s", msg ? msg : "aborted");
+    if (t->broken) return;
+    notify_all(t, 'A', s, msg ? msg : "aborted");
+    set_broken(t, s < 0 ? s : DT_EPEER, msg ? msg : "aborted");
 }
 
 /* ---- creation, split, destroy -------------------------------------------------------------- */

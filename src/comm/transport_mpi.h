@@ -32,7 +32,7 @@ typedef struct {
     char errmsg[560];
     /* abort notices from any rank */
     MPI_Request abort_req;
-    char abort_buf[576], abort_out[576];  /* int status + message */
+    char abort_buf[576], abort_out[576];  /* int status, kind 'A'/'F', message */
     /* descriptor check with the ring neighbours: op k's descriptor goes to rank+1, rank-1's
      * arrives in the same slot; checked in order as they complete */
     bool check;
@@ -44,7 +44,8 @@ typedef struct {
 /* Every MPI call of the library holds this lock (MPI is initialised THREAD_SERIALIZED). */
 extern pthread_mutex_t dt_mpi_lock;
 
-/* Sets t broken with status s and the formatted message; returns s with that last error. */
+/* Sets t broken with status s and the formatted message, tells every other rank of t (their
+ * waits fail with "rank R failed: ..."), and returns s with that last error. */
 dt_status dt_mpi_fail(dt_mpi_transport *t, dt_status s, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* Advances the internal channels (abort notices, descriptor checks); DT_OK or the error. */

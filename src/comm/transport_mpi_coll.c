@@ -78,9 +78,13 @@ static dt_status wait_req(dt_mpi_transport *t, MPI_Request *req, const dt_coll_a
         pthread_mutex_lock(&dt_mpi_lock);
         int rc = MPI_Test(req, &flag, MPI_STATUS_IGNORE);
         pthread_mutex_unlock(&dt_mpi_lock);
-        if (rc != MPI_SUCCESS)
+        if (rc != MPI_SUCCESS) { /* often a mismatched op: give the checks a moment to say so */
+            for (double end = dt_now() + 0.5; dt_now() < end && dt_mpi_progress_internal(t) == DT_OK;)
+                dt_mpi_backoff(&idle);
+            if (t->broken) return dt_error(t->err, "%s", t->errmsg);
             return dt_mpi_fail(t, DT_EPEER, "%s failed during %s on rank %d: %s", mpi_name(a->d.op),
                                dt_coll_desc_str(&a->d, o, sizeof o), t->base.rank, dt_mpi_errstr(rc, e, sizeof e));
+        }
         if (flag) return DT_OK;
         DT_TRY(dt_mpi_progress_internal(t)); /* abort notices, mismatched ops */
         double now = dt_now();
