@@ -132,9 +132,9 @@ dt_status dt_mpi_coll(dt_transport *tt, const dt_coll_args *a) {
         if (send == recv) sb = MPI_IN_PLACE;
         else if (overlap(send, nb * (size_t)size, recv, nb)) return DT_ENOTSUP;
         break;
-    case DT_COLL_ALLGATHER:
-        if (send == rblk) sb = MPI_IN_PLACE;
-        else if (overlap(send, nb, recv, nb * (size_t)size) && send != recv) return DT_ENOTSUP;
+    case DT_COLL_ALLGATHER: /* in place: send == own block, or send == recv (same meaning) */
+        if (send == rblk || send == recv) sb = MPI_IN_PLACE;
+        else if (overlap(send, nb, recv, nb * (size_t)size)) return DT_ENOTSUP;
         break;
     case DT_COLL_ALLGATHERV: {
         icounts = malloc((size_t)size * sizeof *icounts);
@@ -153,8 +153,8 @@ dt_status dt_mpi_coll(dt_transport *tt, const dt_coll_args *a) {
         cnt = icounts[rank];
         nb = (size_t)cnt * es;
         rblk = (char *)recv + a->displs[rank] * es;
-        if (send == rblk) sb = MPI_IN_PLACE;
-        else if (overlap(send, nb, recv, end * es) && send != recv) { free(icounts); free(idispls); return DT_ENOTSUP; }
+        if (send == rblk || send == recv) sb = MPI_IN_PLACE;
+        else if (overlap(send, nb, recv, end * es)) { free(icounts); free(idispls); return DT_ENOTSUP; }
         break;
     }
     case DT_COLL_GATHER:
@@ -170,11 +170,6 @@ dt_status dt_mpi_coll(dt_transport *tt, const dt_coll_args *a) {
         break;
     case DT_COLL_BROADCAST: case DT_COLL_BARRIER: break;
     default: return DT_ENOTSUP;
-    }
-    /* allgather(v) with send == recv: this rank's block sits at the start; move it into place */
-    if ((op == DT_COLL_ALLGATHER || op == DT_COLL_ALLGATHERV) && sb != MPI_IN_PLACE && send == recv) {
-        memmove(rblk, send, nb);
-        sb = MPI_IN_PLACE;
     }
 
     pthread_mutex_lock(&dt_mpi_lock);

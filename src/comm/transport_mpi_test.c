@@ -141,10 +141,10 @@ static void test_collectives(dt_transport *t) {
         for (size_t i = 0; i < n; i++) put(in, dt, i, R == root ? val(root, i) : -1);
         CHECK_OK(coll(t, DT_COLL_BROADCAST, dt, DT_OP_SUM, root, n, in, in, NULL, NULL));
         CHECK_MSG(mismatches(in, dt, n, w_bcast, &c) == 0, "broadcast %s", dt_dtype_name(dt));
-        for (int mode = 0; mode < 3; mode++) { /* allgather: separate, in place at block, send == recv */
+        for (int mode = 0; mode < 3; mode++) { /* allgather: separate, in place (send == own block or == recv) */
             memset(out, 0xff, n * es * (size_t)N);
             char *src = mode == 0 ? in : mode == 1 ? out + (size_t)R * n * es : out;
-            for (size_t i = 0; i < n; i++) put(src, dt, i, val(R, i));
+            for (size_t i = 0; i < n; i++) put(mode ? out + (size_t)R * n * es : in, dt, i, val(R, i));
             CHECK_OK(coll(t, DT_COLL_ALLGATHER, dt, DT_OP_SUM, -1, n, src, out, NULL, NULL));
             CHECK_MSG(mismatches(out, dt, n * (size_t)N, w_gather, &c) == 0, "allgather %s mode %d", dt_dtype_name(dt), mode);
         }
