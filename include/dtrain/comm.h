@@ -10,11 +10,12 @@
  *   broadcast       buf[count], root's copy to everyone
  *   reduce          send[count] -> recv[count] on root (recv unused elsewhere, may be NULL)
  *   allgather       send[count] -> recv[size*count], rank r's block at recv + r*count
- *                   in place: send == recv + rank*count (or send == recv: block taken from there)
+ *                   in place: send == recv + rank*count, or send == recv (same meaning)
  *   allgatherv      send[counts[rank]] -> recv, block r at recv + displs[r] (displs NULL: packed)
  *   reduce_scatter  send[size*count] -> recv[count] = block `rank` of the reduction
- *   gather          send[count] -> recv[size*count] on root
- *   scatter         send[size*count] on root -> recv[count]
+ *                   in place: send == recv (result in the first count elements)
+ *   gather          send[count] -> recv[size*count] on root; in place: send == recv + root*count
+ *   scatter         send[size*count] on root -> recv[count]; in place: recv == send + root*count
  *   alltoall        send[size*count] -> recv[size*count], block j of send goes to rank j
  * Any other overlap of send and recv is handled by copying the input first.
  * bf16/f16 are reduced in f32 precision (converted, reduced, rounded once per step).

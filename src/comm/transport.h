@@ -111,8 +111,8 @@ typedef struct dt_transport_ops {
     /* Creates the transport of a sub-communicator. Collective over the parent; `members` lists
      * the parent ranks of the new group in new-rank order (members[new_rank] == t->rank), and
      * split_id is unique per split on the parent and equal on all its ranks. The communicator
-     * calls it on every parent rank (with its own group) and may use the parent between the
-     * calls of different groups. NULL = splitting not supported. */
+     * calls it on every parent rank whose color is >= 0 (each with its own group, new_size may
+     * be 1), right after an allgather of (color, key) on the parent. NULL = not supported. */
     dt_status (*split)(dt_transport *t, int color, const int *members, int new_size, int new_rank,
                        uint64_t split_id, double deadline, dt_transport **out);
     /* Frees everything (does not touch outstanding dt_treq storage). NULL t is a no-op. */
