@@ -5,7 +5,12 @@
 #include <stdio.h>
 #include <string.h>
 
+int dt_cmd_train(int argc, char **argv);
+int dt_cmd_eval(int argc, char **argv);
+
 static const dt_command g_commands[] = {
+    {"train", dt_cmd_train, "train a model (one worker)"},
+    {"eval", dt_cmd_eval, "evaluate a checkpoint on a data set"},
     {NULL, NULL, NULL},
 };
 
