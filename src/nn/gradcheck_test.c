@@ -402,6 +402,8 @@ int main(void) {
     test_pool(1, 2, 3, 6, 6, 2, 2);
     test_pool(1, 2, 2, 7, 7, 3, 2);        /* overlapping windows */
     test_pool(1, 1, 2, 5, 6, 2, 1);
+    test_pool(1, 2, 2, 7, 7, 2, 2);        /* odd size: last row/column unused */
+    test_pool(1, 1, 2, 4, 40, 2, 2);       /* rows wider than one vector */
     test_pool(0, 2, 3, 6, 6, 2, 2);
     test_pool(0, 2, 2, 7, 7, 3, 2);
     test_activation(ACT_RELU, "relu");

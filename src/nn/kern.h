@@ -8,7 +8,12 @@
 /* GCC 12 at -O2 vectorises only loops whose trip count is a multiple of the vector width; the
  * kernels have runtime sizes, so turn on the dynamic cost model for the code that follows. */
 #if defined(__GNUC__) && !defined(__clang__)
+#ifdef DT_NN_INLINE_COPIES
+/* ...and keep short zero/copy loops inline instead of turning them into memset/memcpy calls */
+#pragma GCC optimize("tree-vectorize", "vect-cost-model=dynamic", "no-tree-loop-distribute-patterns")
+#else
 #pragma GCC optimize("tree-vectorize", "vect-cost-model=dynamic")
+#endif
 #endif
 
 #define DT_NN_LANES 16
