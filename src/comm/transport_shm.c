@@ -192,12 +192,20 @@ static dt_status slow_checks(dt_shm *s, double deadline, double now) {
                 snprintf(doing, sizeof doing, " (its latest collective is %s)", dt_coll_desc_str(&d, ds, sizeof ds));
             }
         }
-        s->broken = true;
+        char msg[512];
         if (p >= 0)
-            return dt_error(DT_ETIMEDOUT, "%s timed out waiting for rank %d%s: it is alive but did not take part; "
-                            "raise DTRAIN_TIMEOUT (seconds) if it is only slow", what_str(s, what, sizeof what, rq), p, doing);
-        return dt_error(DT_ETIMEDOUT, "%s timed out; raise DTRAIN_TIMEOUT (seconds) if the job is only slow",
-                        what_str(s, what, sizeof what, rq));
+            snprintf(msg, sizeof msg, "%s on rank %d timed out waiting for rank %d%s: it is alive but did not take "
+                     "part; raise DTRAIN_TIMEOUT (seconds) if it is only slow", what_str(s, what, sizeof what, rq),
+                     s->me, p, doing);
+        else
+            snprintf(msg, sizeof msg, "%s on rank %d timed out; raise DTRAIN_TIMEOUT (seconds) if the job is only slow",
+                     what_str(s, what, sizeof what, rq), s->me);
+        if (!rq) { /* a collective: fail the whole job so no rank goes on alone */
+            dt_shm_abort(s, DT_ETIMEDOUT, msg);
+            return abort_error(s);
+        }
+        s->broken = true;
+        return dt_error(DT_ETIMEDOUT, "%s", msg);
     }
     return DT_OK;
 }
