@@ -5,7 +5,7 @@
 BUILD   ?= build
 CC      ?= cc
 SAN     ?= 0
-OPT     ?= -O2 -march=native
+OPT     ?= -O3 -march=native -fno-math-errno
 PKG_CFLAGS := $(shell pkg-config --cflags libcjson 2>/dev/null || echo -I/usr/include/cjson)
 
 CFLAGS  := -std=c11 -D_GNU_SOURCE -Wall -Wextra -g -fPIC -pthread -Iinclude -Isrc $(PKG_CFLAGS) $(OPT) $(EXTRA_CFLAGS)
@@ -36,7 +36,7 @@ TEST_BIN := $(patsubst %.c,$(BUILD)/tests/%,$(notdir $(TEST_C)))
 all: $(BUILD)/dtrain $(BUILD)/libdtrain.a $(BUILD)/libdtrain.so $(TEST_BIN)
 lib: $(BUILD)/libdtrain.a $(BUILD)/libdtrain.so
 
-$(BUILD)/obj/%.o: %.c
+$(BUILD)/obj/%.o: %.c Makefile
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 

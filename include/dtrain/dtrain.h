@@ -5,5 +5,12 @@
 #define DTRAIN_VERSION "0.1.0"
 
 #include "dtrain/core.h"
+#include "dtrain/layers.h"
+#include "dtrain/nn.h"
+#include "dtrain/optim.h"
+#include "dtrain/train.h"
+#include "dtrain/data.h"
+#include "dtrain/safetensors.h"
+#include "dtrain/comm.h"
 
 #endif

@@ -45,7 +45,12 @@ dt_status dt_error_wrap(dt_status s, const char *fmt, ...) {
     va_start(ap, fmt);
     int n = vsnprintf(g_errmsg, sizeof g_errmsg, fmt, ap);
     va_end(ap);
-    if (n >= 0 && (size_t)n < sizeof g_errmsg && old[0])
-        snprintf(g_errmsg + n, sizeof g_errmsg - (size_t)n, ": %s", old);
+    if (n >= 0 && (size_t)n + 2 < sizeof g_errmsg && old[0]) {
+        /* append ": old", cut to fit */
+        size_t room = sizeof g_errmsg - (size_t)n - 3, len = strnlen(old, room);
+        memcpy(g_errmsg + n, ": ", 2);
+        memcpy(g_errmsg + n + 2, old, len);
+        g_errmsg[(size_t)n + 2 + len] = '\0';
+    }
     return s;
 }

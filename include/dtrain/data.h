@@ -1,0 +1,171 @@
+/* dtrain data layer: IDX and CSV readers, an in-memory data set kept in its compact dtype,
+ * a deterministic shuffling/sharding sampler and a prefetching batch loader. */
+#ifndef DTRAIN_DATA_H
+#define DTRAIN_DATA_H
+
+#include "dtrain/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- IDX files (MNIST format) ------------------------------------------------------------- *
+ * Big-endian header: 0x00 0x00 TYPE NDIM, NDIM u32 dims, then the data. Raw or gzip'd (detected
+ * by the magic bytes 1f 8b). TYPE: 0x08 u8, 0x09 i8, 0x0B i16, 0x0C i32, 0x0D f32, 0x0E f64. */
+
+#define DT_IDX_MAX_DIMS 255
+
+typedef struct {
+    dt_dtype dtype;                  /* DT_U8, DT_I8, DT_I16, DT_I32, DT_F32 or DT_F64 */
+    int ndim;                        /* 0..255 */
+    int64_t dims[DT_IDX_MAX_DIMS];   /* dims[0] is the number of items */
+    size_t count;                    /* number of elements: product of dims */
+    void *data;                      /* count elements in host byte order; owned (dt_idx_free) */
+} dt_idx;
+
+/* Reads a whole IDX file (raw or gzip'd) into out. On error out is zeroed and the message names
+ * the file and the problem: DT_ENOENT missing, DT_EIO unreadable, DT_EFORMAT bad magic, dtype,
+ * truncation or trailing data, DT_ENOMEM. */
+dt_status dt_idx_read(const char *path, dt_idx *out);
+/* Frees out->data and zeroes *out; safe on a zeroed struct. */
+void dt_idx_free(dt_idx *idx);
+
+/* ---- data sets ---------------------------------------------------------------------------- *
+ * A data set holds n samples of shape (C,H,W) in their compact stored dtype (u8 images stay u8)
+ * and int32 labels in [0, classes). Samples are converted to f32 only when a batch is built:
+ * value = (raw * scale - mean) / std, with scale = 1/255 for 8-bit integer images (1 otherwise)
+ * and mean = 0, std = 1 unless dt_dataset_set_normalize was called. */
+
+typedef struct dt_dataset dt_dataset;
+
+/* Opens a train set and (if test != NULL) its test set. path is one of:
+ *  - "fashion-mnist" or "mnist": IDX directory $DTRAIN_DATASETS/<name> (default
+ *    /usr/share/datasets/<name>); DT_ENOENT says what to install when it is missing;
+ *  - a directory holding train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte
+ *    and t10k-labels-idx1-ubyte (each raw or with .gz appended);
+ *  - a file ending in .csv or .csv.gz (default dt_csv_options). The test set is the sibling file
+ *    whose name has "train" replaced by "test" (mnist_train.csv -> mnist_test.csv) when the name
+ *    contains "train" and that file exists; otherwise *test is set to NULL.
+ * Train and test share one class count (the larger). On error both outputs are NULL. */
+dt_status dt_dataset_open(dt_dataset **train, dt_dataset **test, const char *path);
+/* Opens one data set from an IDX image file and an IDX label file (same item count). Image shape:
+ * 1 dim -> (1,1,1), 2 dims (n,W) -> (1,1,W), 3 dims (n,H,W) -> (1,H,W), 4 dims (n,C,H,W);
+ * more dims fold into C. Labels must be an integer IDX file with one dim. */
+dt_status dt_dataset_open_idx(dt_dataset **out, const char *images_path, const char *labels_path);
+
+typedef enum { DT_CSV_AUTO = 0, DT_CSV_NO, DT_CSV_YES } dt_csv_flag;
+
+/* CSV options; a zeroed struct is the default. */
+typedef struct {
+    int label_col;       /* column holding the label: 0 = first (default); negative counts from
+                          * the end (-1 = last) */
+    dt_csv_flag header;  /* first line is a header: AUTO = when one of its fields is not a number */
+    dt_csv_flag scale;   /* divide features by 255: AUTO = when every feature is an integer in
+                          * [0,255] (pixel data) */
+    int shape[3];        /* (C,H,W) of a sample, product = number of features; zeros = (1,1,F) */
+    int classes;         /* 0 = max label + 1; otherwise every label must be < classes */
+} dt_csv_options;
+
+/* Reads a CSV (or gzip'd CSV) file of numeric rows: one label column, the rest features. Features
+ * are stored as u8 when every value is an integer in [0,255], else as f32. opt may be NULL.
+ * Errors name the file, the line and the column (DT_EFORMAT), or the missing file (DT_ENOENT). */
+dt_status dt_dataset_open_csv(dt_dataset **out, const char *path, const dt_csv_options *opt);
+
+/* Builds a data set from memory (copies x: n samples of C*H*W elements of dtype, and y). Labels
+ * must be in [0, classes); classes = 0 means max label + 1. Integer 8-bit data is scaled by 1/255. */
+dt_status dt_dataset_create(dt_dataset **out, dt_dtype dtype, const void *x, const int32_t *y,
+                            size_t n, int C, int H, int W, int classes);
+
+/* Frees the data set; NULL is a no-op. Loaders built on it must be freed first. */
+void dt_dataset_free(dt_dataset *ds);
+
+/* Number of samples. */
+size_t dt_dataset_len(const dt_dataset *ds);
+/* Sample shape (C,H,W); any pointer may be NULL. */
+void dt_dataset_shape(const dt_dataset *ds, int *C, int *H, int *W);
+/* Number of classes (labels lie in [0, classes)). */
+int dt_dataset_classes(const dt_dataset *ds);
+/* Sets the class count; DT_EINVAL naming the first sample whose label is >= classes. */
+dt_status dt_dataset_set_classes(dt_dataset *ds, int classes);
+/* The stored dtype of samples (DT_U8 for MNIST images). */
+dt_dtype dt_dataset_dtype(const dt_dataset *ds);
+/* The file(s) the data set came from, for messages ("" when built from memory). */
+const char *dt_dataset_source(const dt_dataset *ds);
+
+/* Sets normalisation: batch values become (scaled - mean) / std. std must be > 0. mean = 0,
+ * std = 1 turns it off. Not thread-safe against a running loader: set it before creating one. */
+dt_status dt_dataset_set_normalize(dt_dataset *ds, float mean, float std);
+/* Mean and standard deviation of all scaled sample values (before normalisation), over the
+ * whole data set; any output may be NULL. */
+void dt_dataset_stats(const dt_dataset *ds, double *mean, double *std);
+
+/* Assembles a batch: x (n,C,H,W) f32 and y (n) int32 for samples indices[0..n). x or y may be
+ * NULL to skip it. DT_EINVAL naming the position when an index is >= dt_dataset_len. Thread-safe
+ * (reads only). */
+dt_status dt_dataset_batch(const dt_dataset *ds, const uint32_t *indices, int n, float *x, int32_t *y);
+
+/* ---- sampler ------------------------------------------------------------------------------ *
+ * The global order of an epoch is a pure function of (seed, epoch): N workers see exactly the
+ * shuffle that 1 worker sees. Sharding: the order is cut into global batches of batch*world
+ * samples; rank r takes the r-th contiguous block of `batch` samples of each. The last,
+ * incomplete global batch (rem samples) is dropped when drop_last; otherwise it is spread as
+ * evenly as possible, rank r getting rem/world (+1 for r < rem%world) contiguous samples, so a
+ * rank may get an empty final batch when rem < world. Every rank has the same number of batches
+ * and each index appears exactly once per epoch across ranks (without drop_last). */
+
+/* Writes the epoch's global order of 0..n-1 into order: identity when !shuffle, else a uniform
+ * Fisher-Yates permutation drawn from dt_rng_u64(seed, dt_rng_key(DT_RNG_SHUFFLE, epoch), ...). */
+void dt_sampler_order(uint32_t *order, size_t n, uint64_t seed, uint64_t epoch, bool shuffle);
+/* Batches per epoch for every rank (0 when drop_last and n < batch*world). */
+size_t dt_sampler_batches(size_t n, int batch, int world, bool drop_last);
+/* Rank's batch b is order[*start .. *start + *count). b < dt_sampler_batches(). */
+void dt_sampler_batch_range(size_t n, int batch, int rank, int world, size_t b, size_t *start,
+                            size_t *count);
+/* Writes rank's whole part of an epoch (its batches in order) into out (room for n) and returns
+ * its length. */
+size_t dt_sampler_shard(uint32_t *out, const uint32_t *order, size_t n, int batch, int rank,
+                        int world, bool drop_last);
+
+/* ---- prefetching loader ------------------------------------------------------------------- */
+
+typedef struct dt_loader dt_loader;
+
+typedef struct {
+    int batch;         /* samples per rank per step (> 0) */
+    bool shuffle;      /* shuffle every epoch (by seed, epoch) */
+    bool drop_last;    /* drop the last incomplete global batch */
+    uint64_t seed;
+    int rank, world;   /* this rank's part of the global order; world 0 is taken as 1 */
+    int prefetch;      /* batches assembled ahead by a background thread; 0 = none (synchronous),
+                        * negative = default (3) */
+} dt_loader_config;
+
+typedef struct {
+    const float *x;    /* (n, C, H, W) */
+    const int32_t *y;  /* (n) */
+    int n;             /* samples in this batch (may be 0 on some ranks in a final spread batch) */
+    size_t index;      /* batch index within the epoch */
+    uint64_t epoch;
+} dt_batch;
+
+/* Creates a loader over ds (which must outlive it). DT_EINVAL for a bad config or a data set with
+ * no complete batch. Call dt_loader_start_epoch before dt_loader_next. */
+dt_status dt_loader_create(dt_loader **out, const dt_dataset *ds, const dt_loader_config *cfg);
+/* Starts (or restarts) an epoch at batch skip_batches, abandoning any epoch in progress: a resumed
+ * run gets exactly the batches it would have had. DT_EINVAL if skip_batches > dt_loader_batches. */
+dt_status dt_loader_start_epoch(dt_loader *l, uint64_t epoch, size_t skip_batches);
+/* Next batch of the epoch: DT_OK and *out, or DT_ENOENT at the end of the epoch. The batch's
+ * memory stays valid until the next dt_loader_next / start_epoch / free. */
+dt_status dt_loader_next(dt_loader *l, dt_batch *out);
+/* Batches per epoch (the same on every rank). */
+size_t dt_loader_batches(const dt_loader *l);
+/* Total seconds dt_loader_next spent blocked waiting for a batch (with prefetch 0: building it),
+ * since creation. */
+double dt_loader_wait_seconds(const dt_loader *l);
+/* Stops the background thread and frees the loader; NULL is a no-op. */
+void dt_loader_free(dt_loader *l);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,69 @@
+/* Optimizers (SGD with momentum/Nesterov/weight decay, Adam, AdamW) over flat slabs, learning
+ * rate schedules (constant, step, cosine, linear warm-up) and gradient-norm clipping.
+ * Updates match torch.optim (1.13) formulas. */
+#ifndef DTRAIN_OPTIM_H
+#define DTRAIN_OPTIM_H
+
+#include "dtrain/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { DT_OPTIM_SGD, DT_OPTIM_ADAM, DT_OPTIM_ADAMW } dt_optim_kind;
+
+typedef struct {
+    dt_optim_kind kind;
+    float momentum;      /* sgd */
+    bool nesterov;       /* sgd */
+    float weight_decay;  /* sgd/adam: L2 added to the gradient; adamw: decoupled */
+    float beta1, beta2, eps;  /* adam/adamw */
+} dt_optim_config;
+
+/* Defaults as torch: sgd momentum 0; adam betas (0.9, 0.999), eps 1e-8; adamw weight decay 0.01. */
+dt_optim_config dt_optim_defaults(dt_optim_kind kind);
+/* "sgd" | "adam" | "adamw" -> kind; DT_EINVAL naming the bad name otherwise. */
+dt_status dt_optim_parse(const char *name, dt_optim_kind *kind);
+const char *dt_optim_name(dt_optim_kind kind);
+
+typedef struct dt_optim dt_optim;
+
+/* An optimizer for n parameters (a whole slab or one shard of it). */
+dt_status dt_optim_create(dt_optim **o, const dt_optim_config *cfg, size_t n);
+void dt_optim_free(dt_optim *o);
+/* One update: params[i] -= f(grads[i], state) with learning rate lr, i in [0,n). */
+void dt_optim_step(dt_optim *o, float *params, const float *grads, float lr);
+
+/* State for checkpoints: moment slabs by index ("m"/"momentum", "v"), each of n floats, and the
+ * step counter. */
+int dt_optim_num_states(const dt_optim *o);
+float *dt_optim_state(dt_optim *o, int i, const char **name);
+size_t dt_optim_size(const dt_optim *o);
+int64_t dt_optim_steps(const dt_optim *o);
+void dt_optim_set_steps(dt_optim *o, int64_t t);
+const dt_optim_config *dt_optim_config_of(const dt_optim *o);
+
+/* ---- learning-rate schedules ---- */
+typedef enum { DT_LR_CONSTANT, DT_LR_STEP, DT_LR_COSINE } dt_lr_kind;
+typedef struct {
+    dt_lr_kind kind;
+    float base_lr;
+    int64_t warmup_steps;  /* linear warm-up from base_lr/warmup to base_lr, 0 = none */
+    int64_t total_steps;   /* cosine: decay horizon (after warm-up) */
+    int64_t step_size;     /* step: decay every step_size steps */
+    float gamma;           /* step: multiply by gamma */
+    float min_lr;          /* cosine floor */
+} dt_lr_schedule;
+/* "constant" | "step" | "cosine" -> kind. */
+dt_status dt_lr_parse(const char *name, dt_lr_kind *kind);
+/* Learning rate to use for optimizer step `step` (0-based). */
+float dt_lr_at(const dt_lr_schedule *s, int64_t step);
+
+/* Scales g so its L2 norm is at most max_norm (no-op if max_norm <= 0). Returns the norm
+ * before clipping (as torch.nn.utils.clip_grad_norm_). */
+float dt_clip_grad_norm(float *g, size_t n, float max_norm);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

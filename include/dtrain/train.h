@@ -1,0 +1,92 @@
+/* The training loop: data set + model + optimizer + schedule, epochs of steps, evaluation,
+ * checkpoints (safetensors) and JSON-Lines metrics. The library never prints: progress and
+ * end-of-epoch results reach the caller through callbacks. */
+#ifndef DTRAIN_TRAIN_H
+#define DTRAIN_TRAIN_H
+
+#include "dtrain/comm.h"
+#include "dtrain/core.h"
+#include "dtrain/nn.h"
+#include "dtrain/optim.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Progress of the running epoch, for a progress bar. */
+typedef struct {
+    int epoch, epochs;              /* 0-based epoch, total */
+    int64_t step_in_epoch, steps_per_epoch, global_step;
+    float loss;                     /* mean training loss so far this epoch */
+    double samples_per_s;           /* this epoch so far */
+    double elapsed_s, eta_s;        /* this epoch */
+} dt_progress_info;
+
+/* Results of one finished epoch. */
+typedef struct {
+    int epoch;                      /* 1-based */
+    int64_t global_step;
+    float train_loss, test_loss, test_acc;  /* test_* are NaN without a test set */
+    double samples_per_s;           /* training samples per second, all ranks (excludes evaluation) */
+    double epoch_s, wall_s;         /* this epoch's training time; time since start */
+    double data_wait_s;             /* time the step loop waited for the loader (rank 0) */
+    double compute_s, comm_wait_s;  /* forward+backward+optimizer time; blocked on gradients (rank 0) */
+    int64_t steps;                  /* steps in this epoch */
+    int world_size, global_batch;
+    float lr;                       /* learning rate of the last step */
+} dt_epoch_info;
+
+typedef struct {
+    const char *data;         /* IDX directory, "fashion-mnist", "mnist" or a .csv file */
+    const char *model;        /* spec string or preset ("mlp", "cnn") */
+    int epochs;
+    int batch;
+    dt_optim_config optim;
+    dt_lr_schedule lr;        /* base_lr is the learning rate */
+    float clip_norm;          /* gradient-norm clipping, 0 = off */
+    uint64_t seed;
+    int threads;              /* BLAS threads, default 1 */
+    bool normalize;           /* standardise inputs with the training set's mean/std */
+    int64_t max_steps;        /* stop after this many steps in total (0 = run all epochs) */
+    const char *save;         /* checkpoint written at the end (and after each epoch) */
+    const char *resume;       /* checkpoint to continue from */
+    const char *metrics;      /* JSON-Lines file, one object per epoch */
+    /* distribution: comm NULL = one process. With a communicator of size > 1, --batch is per
+     * rank, the data is sharded by rank, and only rank 0 calls back, writes metrics and saves. */
+    dt_comm *comm;            /* borrowed */
+    const char *strategy;     /* NULL: "ddp" when the world size > 1, else "single" */
+    double bucket_mb;         /* ddp gradient bucket size (MB), 0 = default */
+    const char *timeline;     /* Chrome trace (JSON) of every rank's steps, written by rank 0 */
+    /* callbacks (may be NULL) */
+    void (*on_progress)(void *ctx, const dt_progress_info *p);
+    void (*on_epoch)(void *ctx, const dt_epoch_info *e);
+    void *cb_ctx;
+    double progress_interval_s;  /* minimum seconds between on_progress calls (default 0.2) */
+} dt_train_config;
+
+/* A config with the defaults of the `dtrain train` command (mlp, 1 epoch, batch 32, adam 1e-3). */
+dt_train_config dt_train_defaults(void);
+
+typedef struct dt_trainer dt_trainer;
+
+/* Loads the data, builds the model and optimizer and restores cfg->resume if set. The
+ * config's strings must outlive the trainer. */
+dt_status dt_trainer_create(dt_trainer **t, const dt_train_config *cfg);
+void dt_trainer_free(dt_trainer *t);
+/* Runs the remaining epochs (or up to max_steps), calling the callbacks; saves to cfg->save. */
+dt_status dt_trainer_run(dt_trainer *t);
+/* Loss and accuracy of the current model on the test set (NaN, NaN if there is none). */
+dt_status dt_trainer_evaluate(dt_trainer *t, float *loss, float *acc);
+/* Writes a checkpoint of the current state (model, optimizer, position, config). */
+dt_status dt_trainer_save(dt_trainer *t, const char *path);
+dt_model *dt_trainer_model(dt_trainer *t);
+int64_t dt_trainer_step(const dt_trainer *t);
+
+/* Evaluates a checkpoint on the test split of a data set (dtrain eval). */
+dt_status dt_evaluate_checkpoint(const char *checkpoint, const char *data, int batch, float *loss, float *acc,
+                                 int64_t *samples);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,225 @@
+/* The prefetching batch loader: a background thread assembles this rank's batches of the epoch,
+ * in order, into a ring of buffers while the training loop consumes them. Batch b always goes to
+ * slot b % nslots and is built from the same (seed, epoch) order, so the bytes handed out never
+ * depend on thread timing or on whether prefetching is on. Waits block on condvars. */
+#include "data/data_internal.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define DT_LOADER_DEFAULT_PREFETCH 3
+#define DT_LOADER_MAX_PREFETCH 64
+
+struct dt_loader {
+    const dt_dataset *ds;
+    dt_loader_config cfg;
+    size_t nbatches, D;
+    uint32_t *order;    /* the epoch's global order (ds->n) */
+    int nslots;         /* prefetch + 1 (the slot the consumer holds) */
+    float *xbuf;        /* nslots * batch * D */
+    int32_t *ybuf;      /* nslots * batch */
+    int *slot_n;        /* samples in the batch held by each slot */
+
+    pthread_t thread;
+    bool has_thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv_work;   /* worker waits: room in the ring, a new epoch, quit */
+    pthread_cond_t cv_ready;  /* consumer waits: a batch is ready, the worker went idle */
+    bool quit, active, busy, held;
+    uint64_t epoch, gen;
+    size_t next_fill;   /* batch the worker fills next (all below it are ready) */
+    size_t next_take;   /* batch the consumer takes next */
+    dt_status err;      /* a failure of the worker, reported by dt_loader_next */
+    char errmsg[1024];
+    double wait_s;
+};
+
+/* Builds batch b of the current epoch into its ring slot. Reads only immutable state. */
+static dt_status assemble(dt_loader *l, size_t b) {
+    size_t start, count;
+    int slot = (int)(b % (size_t)l->nslots);
+    size_t B = (size_t)l->cfg.batch;
+    dt_sampler_batch_range(l->ds->n, l->cfg.batch, l->cfg.rank, l->cfg.world, b, &start, &count);
+    l->slot_n[slot] = (int)count;
+    return dt_dataset_batch(l->ds, l->order + start, (int)count, l->xbuf + (size_t)slot * B * l->D, l->ybuf + (size_t)slot * B);
+}
+
+/* The oldest batch whose slot is still in use (held by the consumer or ready). */
+static size_t oldest_in_use(const dt_loader *l) { return l->held ? l->next_take - 1 : l->next_take; }
+
+static void *worker_main(void *arg) {
+    dt_loader *l = arg;
+    pthread_mutex_lock(&l->mu);
+    while (!l->quit) {
+        if (l->active && l->err == DT_OK && l->next_fill < l->nbatches && l->next_fill - oldest_in_use(l) < (size_t)l->nslots) {
+            size_t b = l->next_fill;
+            uint64_t gen = l->gen;
+            l->busy = true;
+            pthread_mutex_unlock(&l->mu);
+            dt_status st = assemble(l, b);
+            pthread_mutex_lock(&l->mu);
+            l->busy = false;
+            if (gen == l->gen) {
+                if (st == DT_OK) {
+                    l->next_fill++;
+                } else {
+                    l->err = st;
+                    snprintf(l->errmsg, sizeof l->errmsg, "%s", dt_last_error());
+                }
+            }
+            pthread_cond_broadcast(&l->cv_ready);
+        } else {
+            pthread_cond_wait(&l->cv_work, &l->mu);
+        }
+    }
+    pthread_mutex_unlock(&l->mu);
+    return NULL;
+}
+
+dt_status dt_loader_create(dt_loader **out, const dt_dataset *ds, const dt_loader_config *cfg) {
+    *out = NULL;
+    dt_loader_config c = *cfg;
+    if (c.world <= 0) c.world = 1;
+    if (c.prefetch < 0) c.prefetch = DT_LOADER_DEFAULT_PREFETCH;
+    if (c.batch <= 0) return dt_error(DT_EINVAL, "loader: batch size must be positive, got %d", c.batch);
+    if (c.rank < 0 || c.rank >= c.world) return dt_error(DT_EINVAL, "loader: rank %d is outside [0, %d)", c.rank, c.world);
+    if (c.prefetch > DT_LOADER_MAX_PREFETCH)
+        return dt_error(DT_EINVAL, "loader: prefetch %d is more than %d batches", c.prefetch, DT_LOADER_MAX_PREFETCH);
+    size_t nb = dt_sampler_batches(ds->n, c.batch, c.world, c.drop_last);
+    if (nb == 0)
+        return dt_error(DT_EINVAL, "loader: data set %s has %zu samples, fewer than one global batch of %d x %d ranks: lower the batch size",
+                        ds->source[0] ? ds->source : "(memory)", ds->n, c.batch, c.world);
+    dt_loader *l = calloc(1, sizeof *l);
+    if (!l) return dt_error(DT_ENOMEM, "loader: out of memory");
+    l->ds = ds;
+    l->cfg = c;
+    l->nbatches = nb;
+    l->D = ds->D;
+    l->nslots = c.prefetch + 1;
+    size_t B = (size_t)c.batch;
+    l->order = malloc(ds->n * sizeof *l->order);
+    l->xbuf = dt_alloc((size_t)l->nslots * B * l->D * sizeof(float));
+    l->ybuf = dt_alloc((size_t)l->nslots * B * sizeof(int32_t));
+    l->slot_n = calloc((size_t)l->nslots, sizeof(int));
+    pthread_mutex_init(&l->mu, NULL);
+    pthread_cond_init(&l->cv_work, NULL);
+    pthread_cond_init(&l->cv_ready, NULL);
+    if (!l->order || !l->xbuf || !l->ybuf || !l->slot_n) {
+        dt_loader_free(l);
+        return dt_error(DT_ENOMEM, "loader: out of memory for %d buffers of %d samples", l->nslots, c.batch);
+    }
+    if (c.prefetch > 0) {
+        /* the worker blocks every signal, so SIGINT/SIGTERM reach the training thread */
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old);
+        int rc = pthread_create(&l->thread, NULL, worker_main, l);
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        if (rc != 0) {
+            dt_loader_free(l);
+            return dt_error(DT_ENOMEM, "loader: cannot start the prefetch thread (error %d): use prefetch 0", rc);
+        }
+        l->has_thread = true;
+        pthread_setname_np(l->thread, "dt-loader");
+    }
+    *out = l;
+    return DT_OK;
+}
+
+dt_status dt_loader_start_epoch(dt_loader *l, uint64_t epoch, size_t skip_batches) {
+    if (skip_batches > l->nbatches)
+        return dt_error(DT_EINVAL, "loader: cannot skip %zu batches, an epoch has %zu", skip_batches, l->nbatches);
+    pthread_mutex_lock(&l->mu);
+    l->gen++;          /* anything the worker is building now is discarded */
+    l->active = false; /* and it claims nothing new */
+    while (l->busy) pthread_cond_wait(&l->cv_ready, &l->mu);
+    pthread_mutex_unlock(&l->mu);
+    dt_sampler_order(l->order, l->ds->n, l->cfg.seed, epoch, l->cfg.shuffle);
+    pthread_mutex_lock(&l->mu);
+    l->epoch = epoch;
+    l->next_fill = l->next_take = skip_batches;
+    l->held = false;
+    l->err = DT_OK;
+    l->active = true;
+    pthread_cond_signal(&l->cv_work);
+    pthread_mutex_unlock(&l->mu);
+    return DT_OK;
+}
+
+dt_status dt_loader_next(dt_loader *l, dt_batch *out) {
+    memset(out, 0, sizeof *out);
+    pthread_mutex_lock(&l->mu);
+    if (!l->active) {
+        pthread_mutex_unlock(&l->mu);
+        return dt_error(DT_EINVAL, "loader: call dt_loader_start_epoch before dt_loader_next");
+    }
+    if (l->held) {
+        l->held = false;  /* the previous batch's slot is free again */
+        pthread_cond_signal(&l->cv_work);
+    }
+    if (l->next_take >= l->nbatches) {
+        pthread_mutex_unlock(&l->mu);
+        return DT_ENOENT;
+    }
+    size_t b = l->next_take;
+    if (!l->has_thread) {
+        pthread_mutex_unlock(&l->mu);
+        double t0 = dt_now();
+        dt_status st = assemble(l, b);
+        if (st != DT_OK) return st;
+        pthread_mutex_lock(&l->mu);
+        l->wait_s += dt_now() - t0;  /* without prefetch, building the batch is the wait */
+        l->next_fill = b + 1;
+    } else if (l->next_fill <= b && l->err == DT_OK) {
+        double t0 = dt_now();
+        while (l->next_fill <= b && l->err == DT_OK) pthread_cond_wait(&l->cv_ready, &l->mu);
+        l->wait_s += dt_now() - t0;
+    }
+    if (l->next_fill <= b) {  /* the worker failed on this batch */
+        dt_status st = l->err;
+        pthread_mutex_unlock(&l->mu);
+        return dt_error(st, "%s", l->errmsg);
+    }
+    l->next_take = b + 1;
+    l->held = true;
+    pthread_mutex_unlock(&l->mu);
+    int slot = (int)(b % (size_t)l->nslots);
+    out->x = l->xbuf + (size_t)slot * (size_t)l->cfg.batch * l->D;
+    out->y = l->ybuf + (size_t)slot * (size_t)l->cfg.batch;
+    out->n = l->slot_n[slot];
+    out->index = b;
+    out->epoch = l->epoch;
+    return DT_OK;
+}
+
+size_t dt_loader_batches(const dt_loader *l) { return l->nbatches; }
+
+double dt_loader_wait_seconds(const dt_loader *l) {
+    dt_loader *m = (dt_loader *)l;
+    pthread_mutex_lock(&m->mu);
+    double s = m->wait_s;
+    pthread_mutex_unlock(&m->mu);
+    return s;
+}
+
+void dt_loader_free(dt_loader *l) {
+    if (!l) return;
+    if (l->has_thread) {
+        pthread_mutex_lock(&l->mu);
+        l->quit = true;
+        pthread_cond_signal(&l->cv_work);
+        pthread_mutex_unlock(&l->mu);
+        pthread_join(l->thread, NULL);
+    }
+    pthread_cond_destroy(&l->cv_work);
+    pthread_cond_destroy(&l->cv_ready);
+    pthread_mutex_destroy(&l->mu);
+    free(l->order);
+    dt_free(l->xbuf);
+    dt_free(l->ybuf);
+    free(l->slot_n);
+    free(l);
+}

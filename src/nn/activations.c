@@ -1,0 +1,75 @@
+/* Elementwise activations (ReLU, exact-erf GELU, tanh, sigmoid) and inverted dropout with a
+ * counter-based mask. Forward may run in place (out == in); backward overwrites din. */
+#include "dtrain/core.h"
+#include "dtrain/layers.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "nn/kern.h"
+
+void dt_relu_forward(float *out, const float *in, size_t n) {
+    for (size_t i = 0; i < n; i++) out[i] = in[i] > 0.0f ? in[i] : 0.0f;
+}
+
+void dt_relu_backward(float *din, const float *dout, const float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) din[i] = x[i] > 0.0f ? dout[i] : 0.0f;
+}
+
+void dt_gelu_forward(float *out, const float *in, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        float x = in[i];
+        out[i] = 0.5f * x * (1.0f + erff(x * (float)M_SQRT1_2));
+    }
+}
+
+void dt_gelu_backward(float *din, const float *dout, const float *x, size_t n) {
+    const float inv_sqrt_2pi = 0.39894228040143267794f;
+    for (size_t i = 0; i < n; i++) {
+        float v = x[i];
+        float cdf = 0.5f * (1.0f + erff(v * (float)M_SQRT1_2));
+        float pdf = inv_sqrt_2pi * expf(-0.5f * v * v);
+        din[i] = dout[i] * (cdf + v * pdf);
+    }
+}
+
+void dt_tanh_forward(float *out, const float *in, size_t n) {
+    for (size_t i = 0; i < n; i++) out[i] = tanhf(in[i]);
+}
+
+void dt_tanh_backward(float *din, const float *restrict dout, const float *restrict y, size_t n) {
+    for (size_t i = 0; i < n; i++) din[i] = dout[i] * (1.0f - y[i] * y[i]);
+}
+
+void dt_sigmoid_forward(float *out, const float *in, size_t n) {
+    for (size_t i = 0; i < n; i++) out[i] = 1.0f / (1.0f + expf(-in[i]));
+}
+
+void dt_sigmoid_backward(float *din, const float *restrict dout, const float *restrict y, size_t n) {
+    for (size_t i = 0; i < n; i++) din[i] = dout[i] * y[i] * (1.0f - y[i]);
+}
+
+void dt_dropout_forward(float *out, uint8_t *mask, const float *in, size_t n, float p, uint64_t seed, uint64_t key) {
+    if (p <= 0.0f) {
+        memset(mask, 1, n);
+        if (out != in) memmove(out, in, n * sizeof(float));
+        return;
+    }
+    if (p >= 1.0f) {
+        memset(mask, 0, n);
+        memset(out, 0, n * sizeof(float));
+        return;
+    }
+    for (size_t i = 0; i < n; i++) mask[i] = dt_rng_uniform(seed, key, i) >= p;
+    const float scale = 1.0f / (1.0f - p);
+    for (size_t i = 0; i < n; i++) out[i] = mask[i] ? in[i] * scale : 0.0f;
+}
+
+void dt_dropout_backward(float *din, const float *restrict dout, const uint8_t *restrict mask, size_t n, float p) {
+    if (p >= 1.0f) {
+        memset(din, 0, n * sizeof(float));
+        return;
+    }
+    const float scale = 1.0f / (1.0f - p);
+    for (size_t i = 0; i < n; i++) din[i] = mask[i] ? dout[i] * scale : 0.0f;
+}

@@ -1,0 +1,68 @@
+/* Losses: fused, numerically stable softmax cross-entropy (subtract the row max, log-sum-exp)
+ * and mean squared error. Both average over the batch; backward overwrites the gradient and
+ * takes a loss-scaling factor. */
+#include "dtrain/layers.h"
+
+#include <math.h>
+
+#include "nn/kern.h"
+
+float dt_softmax_xent_forward(float *probs, const float *logits, const int32_t *labels, int B, int V) {
+    if (B <= 0) return 0.0f;
+    double total = 0.0;
+    for (int r = 0; r < B; r++) {
+        const float *restrict x = logits + (size_t)r * V;
+        float *restrict p = probs + (size_t)r * V;
+        float mx = x[0];
+        for (int i = 1; i < V; i++) mx = x[i] > mx ? x[i] : mx;
+        float s = 0.0f;
+        for (int i = 0; i < V; i++) {
+            p[i] = expf(x[i] - mx);
+            s += p[i];
+        }
+        const float inv = 1.0f / s;
+        for (int i = 0; i < V; i++) p[i] *= inv;
+        const int32_t y = labels[r];
+        /* -log softmax(x)[y] = log(sum exp(x - mx)) - (x[y] - mx); a bad label gives NaN */
+        total += (y >= 0 && y < V) ? (double)logf(s) - (double)(x[y] - mx) : NAN;
+    }
+    return (float)(total / B);
+}
+
+void dt_softmax_xent_backward(float *dlogits, const float *probs, const int32_t *labels, int B, int V, float scale) {
+    if (B <= 0) return;
+    const float k = scale / (float)B;
+    for (int r = 0; r < B; r++) {
+        const float *restrict p = probs + (size_t)r * V;
+        float *restrict d = dlogits + (size_t)r * V;
+        for (int i = 0; i < V; i++) d[i] = k * p[i];
+        const int32_t y = labels[r];
+        if (y >= 0 && y < V) d[y] -= k;
+    }
+}
+
+float dt_mse_forward(const float *pred, const float *target, size_t n) {
+    if (n == 0) return 0.0f;
+    double s = 0.0;
+    const size_t chunk = 4096;
+    for (size_t i0 = 0; i0 < n; i0 += chunk) {
+        size_t m = n - i0 < chunk ? n - i0 : chunk;
+        float acc[DT_NN_LANES] = {0}, t = 0.0f;
+        size_t i = 0;
+        for (; i + DT_NN_LANES <= m; i += DT_NN_LANES)
+            for (int j = 0; j < DT_NN_LANES; j++) {
+                float d = pred[i0 + i + j] - target[i0 + i + j];
+                acc[j] += d * d;
+            }
+        for (; i < m; i++) t += (pred[i0 + i] - target[i0 + i]) * (pred[i0 + i] - target[i0 + i]);
+        for (int j = 0; j < DT_NN_LANES; j++) t += acc[j];
+        s += t;
+    }
+    return (float)(s / (double)n);
+}
+
+void dt_mse_backward(float *dpred, const float *restrict pred, const float *restrict target, size_t n, float scale) {
+    if (n == 0) return;
+    const float k = 2.0f * scale / (float)n;
+    for (size_t i = 0; i < n; i++) dpred[i] = k * (pred[i] - target[i]);
+}

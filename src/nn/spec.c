@@ -1,0 +1,246 @@
+/* Model spec strings: parsing "conv(32,3,pad=1) relu maxpool(2) ..." and the presets into
+ * dt_layer_spec arrays, and formatting them back to a canonical string. Errors quote the bad
+ * token and its position. */
+#include "dtrain/nn.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const PRESET_MLP = "flatten linear(128) relu linear(10)";
+static const char *const PRESET_CNN =
+    "conv(32,3,pad=1) relu maxpool(2) conv(64,3,pad=1) relu maxpool(2) flatten linear(128) relu linear(10)";
+
+typedef struct {
+    const char *name;
+    const char *alias;
+    dt_layer_kind kind;
+    const char *args;  /* positional argument names, space separated, then keyword-only after '|' */
+    int required;      /* how many leading positional arguments are mandatory */
+} layer_syntax;
+
+static const layer_syntax g_syntax[] = {
+    {"linear", "dense", DT_LAYER_LINEAR, "out | bias", 1},
+    {"conv", "conv2d", DT_LAYER_CONV2D, "out k | stride pad bias", 2},
+    {"maxpool", "maxpool2d", DT_LAYER_MAXPOOL2D, "k | stride", 1},
+    {"avgpool", "avgpool2d", DT_LAYER_AVGPOOL2D, "k | stride", 1},
+    {"relu", NULL, DT_LAYER_RELU, "|", 0},
+    {"gelu", NULL, DT_LAYER_GELU, "|", 0},
+    {"tanh", NULL, DT_LAYER_TANH, "|", 0},
+    {"sigmoid", NULL, DT_LAYER_SIGMOID, "|", 0},
+    {"dropout", NULL, DT_LAYER_DROPOUT, "p |", 0},
+    {"flatten", NULL, DT_LAYER_FLATTEN, "|", 0},
+    {"layernorm", "ln", DT_LAYER_LAYERNORM, "| eps", 0},
+    {"batchnorm", "batchnorm2d", DT_LAYER_BATCHNORM2D, "| eps momentum", 0},
+};
+#define N_SYNTAX ((int)(sizeof g_syntax / sizeof g_syntax[0]))
+
+dt_layer_spec dt_layer_default(dt_layer_kind kind) {
+    dt_layer_spec l = {.kind = kind, .bias = true, .p = 0.5f, .eps = 1e-5f, .momentum = 0.1f, .stride = 0};
+    return l;
+}
+
+static const layer_syntax *syntax_of(dt_layer_kind kind) {
+    for (int i = 0; i < N_SYNTAX; i++)
+        if (g_syntax[i].kind == kind) return &g_syntax[i];
+    return NULL;
+}
+
+/* The i-th word of a space separated list, or NULL. */
+static bool word_at(const char *list, int i, char *out, size_t cap) {
+    const char *p = list;
+    for (;;) {
+        while (*p == ' ') p++;
+        if (!*p || *p == '|') return false;
+        size_t len = strcspn(p, " |");
+        if (i-- == 0) {
+            snprintf(out, cap, "%.*s", (int)len, p);
+            return true;
+        }
+        p += len;
+    }
+}
+
+static bool word_in(const char *list, const char *w) {
+    size_t wl = strlen(w);
+    for (const char *p = list; (p = strstr(p, w)) != NULL; p += wl) {
+        bool start = p == list || p[-1] == ' ' || p[-1] == '|';
+        bool end = p[wl] == '\0' || p[wl] == ' ' || p[wl] == '|';
+        if (start && end) return true;
+    }
+    return false;
+}
+
+typedef struct {
+    const char *spec;   /* whole string, for positions */
+    const char *tok;    /* start of the current token */
+    int toklen;
+} parse_ctx;
+
+static dt_status bad(const parse_ctx *c, const char *fmt, const char *detail) {
+    char why[256];
+    snprintf(why, sizeof why, fmt, detail);
+    return dt_error(DT_EINVAL, "model spec: bad token '%.*s' at position %d: %s", c->toklen, c->tok,
+                    (int)(c->tok - c->spec) + 1, why);
+}
+
+static dt_status set_arg(const parse_ctx *c, dt_layer_spec *l, const char *key, const char *val) {
+    char *end;
+    errno = 0;
+    if (!strcmp(key, "p") || !strcmp(key, "eps") || !strcmp(key, "momentum")) {
+        float f = strtof(val, &end);
+        if (errno || end == val || *end) return bad(c, "'%s' is not a number", val);
+        if (!strcmp(key, "p")) {
+            if (!(f >= 0 && f < 1)) return bad(c, "dropout p must be in [0,1), got %s", val);
+            l->p = f;
+        } else if (!strcmp(key, "eps")) {
+            if (!(f > 0)) return bad(c, "eps must be > 0, got %s", val);
+            l->eps = f;
+        } else {
+            if (!(f >= 0 && f <= 1)) return bad(c, "momentum must be in [0,1], got %s", val);
+            l->momentum = f;
+        }
+        return DT_OK;
+    }
+    long v = strtol(val, &end, 10);
+    if (errno || end == val || *end) return bad(c, "'%s' is not an integer", val);
+    if (!strcmp(key, "bias")) {
+        if (v != 0 && v != 1) return bad(c, "bias must be 0 or 1, got %s", val);
+        l->bias = v == 1;
+        return DT_OK;
+    }
+    long lo = !strcmp(key, "pad") ? 0 : 1;
+    if (v < lo || v > 65536) return bad(c, "value %s is out of range", val);
+    if (!strcmp(key, "out")) l->out = (int)v;
+    else if (!strcmp(key, "k")) l->k = (int)v;
+    else if (!strcmp(key, "stride")) l->stride = (int)v;
+    else if (!strcmp(key, "pad")) l->pad = (int)v;
+    return DT_OK;
+}
+
+/* Parses one token "name" or "name(a,b,key=v)". */
+static dt_status parse_token(const parse_ctx *c, dt_layer_spec *l) {
+    const char *open = memchr(c->tok, '(', (size_t)c->toklen);
+    int namelen = open ? (int)(open - c->tok) : c->toklen;
+    char name[32];
+    if (namelen <= 0 || namelen >= (int)sizeof name) return bad(c, "%s", "expected a layer name");
+    memcpy(name, c->tok, (size_t)namelen);
+    name[namelen] = '\0';
+    for (char *p = name; *p; p++) *p = (char)tolower((unsigned char)*p);
+    const layer_syntax *syn = NULL;
+    for (int i = 0; i < N_SYNTAX; i++)
+        if (!strcmp(name, g_syntax[i].name) || (g_syntax[i].alias && !strcmp(name, g_syntax[i].alias)))
+            syn = &g_syntax[i];
+    if (!syn)
+        return bad(c, "unknown layer '%s' (known: linear conv maxpool avgpool relu gelu tanh sigmoid dropout "
+                      "flatten layernorm batchnorm)", name);
+    *l = dt_layer_default(syn->kind);
+    char w[32];
+    int npos = 0;
+    if (open) {
+        const char *close = c->tok + c->toklen - 1;
+        if (*close != ')') return bad(c, "%s", "missing ')'");
+        const char *p = open + 1;
+        while (p < close) {
+            const char *comma = memchr(p, ',', (size_t)(close - p));
+            const char *argend = comma ? comma : close;
+            char arg[64];
+            while (p < argend && isspace((unsigned char)*p)) p++;
+            int alen = (int)(argend - p);
+            while (alen > 0 && isspace((unsigned char)p[alen - 1])) alen--;
+            if (alen <= 0 || alen >= (int)sizeof arg) return bad(c, "%s", "empty or overlong argument");
+            memcpy(arg, p, (size_t)alen);
+            arg[alen] = '\0';
+            char *eq = strchr(arg, '=');
+            if (eq) {
+                *eq = '\0';
+                for (char *e = eq - 1; e >= arg && isspace((unsigned char)*e); e--) *e = '\0';
+                if (!word_in(syn->args, arg)) {
+                    char msg[160];
+                    snprintf(msg, sizeof msg, "unknown argument '%s' for %s (takes: %s)", arg, syn->name, syn->args);
+                    return bad(c, "%s", msg);
+                }
+                DT_TRY(set_arg(c, l, arg, eq + 1));
+            } else {
+                if (!word_at(syn->args, npos, w, sizeof w)) {
+                    char msg[128];
+                    snprintf(msg, sizeof msg, "too many arguments for %s (takes: %s)", syn->name, syn->args);
+                    return bad(c, "%s", msg);
+                }
+                DT_TRY(set_arg(c, l, w, arg));
+                npos++;
+            }
+            p = argend + 1;
+        }
+    }
+    if (npos < syn->required) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "%s needs %d argument%s (%s)", syn->name, syn->required, syn->required > 1 ? "s" : "",
+                 syn->args);
+        return bad(c, "%s", msg);
+    }
+    if ((l->kind == DT_LAYER_MAXPOOL2D || l->kind == DT_LAYER_AVGPOOL2D) && l->stride == 0) l->stride = l->k;
+    if (l->kind == DT_LAYER_CONV2D && l->stride == 0) l->stride = 1;
+    return DT_OK;
+}
+
+dt_status dt_spec_parse(const char *spec, dt_layer_spec *layers, int max_layers, int *n) {
+    *n = 0;
+    if (!spec) return dt_error(DT_EINVAL, "model spec: empty");
+    if (!strcmp(spec, "mlp")) spec = PRESET_MLP;
+    else if (!strcmp(spec, "cnn")) spec = PRESET_CNN;
+    parse_ctx c = {.spec = spec};
+    const char *p = spec;
+    for (;;) {
+        while (isspace((unsigned char)*p)) p++;
+        if (!*p) break;
+        /* a token runs to whitespace outside parentheses */
+        const char *q = p;
+        int depth = 0;
+        while (*q && (depth > 0 || !isspace((unsigned char)*q))) {
+            if (*q == '(') depth++;
+            else if (*q == ')') depth--;
+            q++;
+        }
+        c.tok = p;
+        c.toklen = (int)(q - p);
+        if (depth != 0) return bad(&c, "%s", "unbalanced parentheses");
+        if (*n >= max_layers) return bad(&c, "%s", "too many layers");
+        DT_TRY(parse_token(&c, &layers[*n]));
+        (*n)++;
+        p = q;
+    }
+    if (*n == 0) return dt_error(DT_EINVAL, "model spec '%s' has no layers (try --model mlp or --model cnn)", spec);
+    return DT_OK;
+}
+
+void dt_spec_format(char *buf, size_t cap, const dt_layer_spec *layers, int n) {
+    size_t len = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < n && len < cap; i++) {
+        const dt_layer_spec *l = &layers[i];
+        const layer_syntax *syn = syntax_of(l->kind);
+        char args[128] = "";
+        switch (l->kind) {
+        case DT_LAYER_LINEAR:
+            snprintf(args, sizeof args, "(%d%s)", l->out, l->bias ? "" : ",bias=0");
+            break;
+        case DT_LAYER_CONV2D:
+            snprintf(args, sizeof args, "(%d,%d,stride=%d,pad=%d%s)", l->out, l->k, l->stride, l->pad,
+                     l->bias ? "" : ",bias=0");
+            break;
+        case DT_LAYER_MAXPOOL2D: case DT_LAYER_AVGPOOL2D:
+            snprintf(args, sizeof args, "(%d,stride=%d)", l->k, l->stride);
+            break;
+        case DT_LAYER_DROPOUT: snprintf(args, sizeof args, "(%g)", l->p); break;
+        case DT_LAYER_LAYERNORM: snprintf(args, sizeof args, "(eps=%g)", l->eps); break;
+        case DT_LAYER_BATCHNORM2D: snprintf(args, sizeof args, "(eps=%g,momentum=%g)", l->eps, l->momentum); break;
+        default: break;
+        }
+        int w = snprintf(buf + len, cap - len, "%s%s%s", i ? " " : "", syn ? syn->name : "?", args);
+        if (w < 0) break;
+        len += (size_t)w;
+    }
+}

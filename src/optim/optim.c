@@ -1,0 +1,149 @@
+/* Optimizers over flat slabs: SGD (momentum, Nesterov, weight decay), Adam and AdamW with the
+ * torch.optim 1.13 update rules, plus gradient-norm clipping. */
+#include "dtrain/optim.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct dt_optim {
+    dt_optim_config cfg;
+    size_t n;
+    int64_t t;          /* completed steps */
+    dt_slab m, v;       /* sgd: m = momentum buffer; adam: m, v moments */
+};
+
+dt_optim_config dt_optim_defaults(dt_optim_kind kind) {
+    dt_optim_config c = {.kind = kind, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
+    if (kind == DT_OPTIM_ADAMW) c.weight_decay = 0.01f;
+    return c;
+}
+
+static const char *const g_names[] = {"sgd", "adam", "adamw"};
+
+const char *dt_optim_name(dt_optim_kind kind) { return (unsigned)kind < 3 ? g_names[kind] : "?"; }
+
+dt_status dt_optim_parse(const char *name, dt_optim_kind *kind) {
+    for (int i = 0; i < 3; i++)
+        if (!strcmp(name, g_names[i])) {
+            *kind = (dt_optim_kind)i;
+            return DT_OK;
+        }
+    return dt_error(DT_EINVAL, "unknown optimizer '%s' (choose sgd, adam or adamw)", name);
+}
+
+dt_status dt_optim_create(dt_optim **out, const dt_optim_config *cfg, size_t n) {
+    *out = NULL;
+    if ((unsigned)cfg->kind > DT_OPTIM_ADAMW) return dt_error(DT_EINVAL, "optimizer: unknown kind %d", cfg->kind);
+    if (cfg->kind != DT_OPTIM_SGD && !(cfg->beta1 >= 0 && cfg->beta1 < 1 && cfg->beta2 >= 0 && cfg->beta2 < 1))
+        return dt_error(DT_EINVAL, "optimizer: betas (%g, %g) must lie in [0,1)", cfg->beta1, cfg->beta2);
+    if (cfg->nesterov && cfg->momentum <= 0)
+        return dt_error(DT_EINVAL, "optimizer: nesterov needs a momentum > 0");
+    dt_optim *o = calloc(1, sizeof *o);
+    if (!o) return dt_error(DT_ENOMEM, "optimizer: out of memory");
+    o->cfg = *cfg;
+    o->n = n;
+    bool need_m = cfg->kind != DT_OPTIM_SGD || cfg->momentum > 0;
+    if ((need_m && dt_slab_alloc(&o->m, n) != DT_OK) ||
+        (cfg->kind != DT_OPTIM_SGD && dt_slab_alloc(&o->v, n) != DT_OK)) {
+        dt_optim_free(o);
+        return DT_ENOMEM;
+    }
+    *out = o;
+    return DT_OK;
+}
+
+void dt_optim_free(dt_optim *o) {
+    if (!o) return;
+    dt_slab_free(&o->m);
+    dt_slab_free(&o->v);
+    free(o);
+}
+
+static void sgd_step(dt_optim *o, float *restrict p, const float *restrict g, float lr) {
+    const float wd = o->cfg.weight_decay, mu = o->cfg.momentum;
+    const size_t n = o->n;
+    if (mu == 0) {
+        for (size_t i = 0; i < n; i++) p[i] -= lr * (g[i] + wd * p[i]);
+        return;
+    }
+    float *restrict buf = o->m.data;
+    /* torch: the buffer starts as the first gradient (mu_prev = 0 on the first step); the
+     * branches are hoisted out of the loops so they vectorise */
+    const float mu_prev = o->t == 0 ? 0.0f : mu;
+    if (o->cfg.nesterov) {
+        for (size_t i = 0; i < n; i++) {
+            float d = g[i] + wd * p[i];
+            float b = mu_prev * buf[i] + d;
+            buf[i] = b;
+            p[i] -= lr * (d + mu * b);
+        }
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            float b = mu_prev * buf[i] + (g[i] + wd * p[i]);
+            buf[i] = b;
+            p[i] -= lr * b;
+        }
+    }
+}
+
+static void adam_step(dt_optim *o, float *restrict p, const float *restrict g, float lr) {
+    const float b1 = o->cfg.beta1, b2 = o->cfg.beta2, eps = o->cfg.eps, wd = o->cfg.weight_decay;
+    const bool decoupled = o->cfg.kind == DT_OPTIM_ADAMW;
+    const float wd_l2 = decoupled ? 0.0f : wd;  /* adam: L2 term in the gradient */
+    const double t = (double)(o->t + 1);
+    const float bc1 = (float)(1.0 - pow(b1, t));
+    const float inv_bc2_sqrt = (float)(1.0 / sqrt(1.0 - pow(b2, t)));
+    const float step = lr / bc1;
+    float *restrict m = o->m.data, *restrict v = o->v.data;
+    const size_t n = o->n;
+    if (decoupled && wd != 0) {
+        const float shrink = 1.0f - lr * wd;
+        for (size_t i = 0; i < n; i++) p[i] *= shrink;
+    }
+    for (size_t i = 0; i < n; i++) {
+        float gi = g[i] + wd_l2 * p[i];
+        float mi = b1 * m[i] + (1 - b1) * gi;
+        float vi = b2 * v[i] + (1 - b2) * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        p[i] -= step * mi / (sqrtf(vi) * inv_bc2_sqrt + eps);
+    }
+}
+
+void dt_optim_step(dt_optim *o, float *params, const float *grads, float lr) {
+    if (o->cfg.kind == DT_OPTIM_SGD) sgd_step(o, params, grads, lr);
+    else adam_step(o, params, grads, lr);
+    o->t++;
+}
+
+int dt_optim_num_states(const dt_optim *o) { return (o->m.data != NULL) + (o->v.data != NULL); }
+
+float *dt_optim_state(dt_optim *o, int i, const char **name) {
+    const bool sgd = o->cfg.kind == DT_OPTIM_SGD;
+    if (i == 0 && o->m.data) {
+        if (name) *name = sgd ? "momentum" : "m";
+        return o->m.data;
+    }
+    if (i == 1 && o->v.data) {
+        if (name) *name = "v";
+        return o->v.data;
+    }
+    return NULL;
+}
+
+size_t dt_optim_size(const dt_optim *o) { return o->n; }
+int64_t dt_optim_steps(const dt_optim *o) { return o->t; }
+void dt_optim_set_steps(dt_optim *o, int64_t t) { o->t = t; }
+const dt_optim_config *dt_optim_config_of(const dt_optim *o) { return &o->cfg; }
+
+float dt_clip_grad_norm(float *g, size_t n, float max_norm) {
+    double ss = 0;
+    for (size_t i = 0; i < n; i++) ss += (double)g[i] * g[i];
+    float norm = (float)sqrt(ss);
+    if (max_norm > 0 && norm > max_norm) {
+        float s = max_norm / (norm + 1e-6f);  /* torch adds 1e-6 */
+        for (size_t i = 0; i < n; i++) g[i] *= s;
+    }
+    return norm;
+}

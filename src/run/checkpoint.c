@@ -1,0 +1,163 @@
+/* Training checkpoints: model tensors, optimizer state and run position in one safetensors
+ * file. Integrity (CRCs, atomic replace) comes from the safetensors layer. */
+#include "run/checkpoint.h"
+
+#include "dtrain/dtrain.h"
+#include "dtrain/safetensors.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CKPT_KIND "dtrain-train-state"
+
+static dt_status meta_i64(dt_st_writer *w, const char *key, int64_t v) {
+    char buf[32];
+    snprintf(buf, sizeof buf, "%" PRId64, v);
+    return dt_st_writer_meta(w, key, buf);
+}
+
+static dt_status meta_f32(dt_st_writer *w, const char *key, float v) {
+    char buf[32];
+    snprintf(buf, sizeof buf, "%.9g", v);
+    return dt_st_writer_meta(w, key, buf);
+}
+
+dt_status dt_checkpoint_write(const char *path, dt_model *m, dt_optim *o, const dt_ckpt_info *info) {
+    dt_st_writer *w = NULL;
+    DT_TRY(dt_st_writer_create(&w));
+    dt_status s = DT_OK;
+    char names[2][DT_MAX_LAYERS * 4][64];
+    int nt = dt_model_num_tensors(m);
+    for (int i = 0; i < nt && s == DT_OK; i++) {
+        const dt_param_info *t = dt_model_tensor(m, i);
+        float *base = t->is_buffer ? dt_model_buffers(m) : dt_model_params(m);
+        s = dt_st_writer_add(w, t->name, DT_F32, t->ndim, t->shape, base + t->offset);
+        if (!o || t->is_buffer) continue;
+        for (int k = 0; k < dt_optim_num_states(o) && s == DT_OK; k++) {
+            const char *sname;
+            float *st = dt_optim_state(o, k, &sname);
+            snprintf(names[k][i], sizeof names[k][i], "optim.%s.%s", sname, t->name);
+            s = dt_st_writer_add(w, names[k][i], DT_F32, t->ndim, t->shape, st + t->offset);
+        }
+    }
+    char shape[64], seed[32];
+    snprintf(shape, sizeof shape, "%d,%d,%d", info->C, info->H, info->W);
+    snprintf(seed, sizeof seed, "%" PRIu64, info->seed);
+    if (s == DT_OK) s = dt_st_writer_meta(w, "dtrain.kind", CKPT_KIND);
+    if (s == DT_OK) s = dt_st_writer_meta(w, "dtrain.version", DTRAIN_VERSION);
+    if (s == DT_OK) s = dt_st_writer_meta(w, "dtrain.model_spec", info->spec);
+    if (s == DT_OK) s = dt_st_writer_meta(w, "dtrain.input_shape", shape);
+    if (s == DT_OK) s = meta_i64(w, "dtrain.step", info->step);
+    if (s == DT_OK) s = meta_i64(w, "dtrain.epoch", info->epoch);
+    if (s == DT_OK) s = meta_i64(w, "dtrain.step_in_epoch", info->step_in_epoch);
+    if (s == DT_OK) s = dt_st_writer_meta(w, "dtrain.seed", seed);
+    if (s == DT_OK) s = dt_st_writer_meta(w, "dtrain.rng", "philox4x32-10, counter-based: (seed, epoch, step) is the state");
+    if (s == DT_OK) s = meta_i64(w, "dtrain.batch", info->batch);
+    if (s == DT_OK && o) s = dt_st_writer_meta(w, "dtrain.optimizer", info->optimizer);
+    if (s == DT_OK && o) s = meta_i64(w, "dtrain.optim_steps", dt_optim_steps(o));
+    if (s == DT_OK) s = meta_f32(w, "dtrain.lr", info->lr);
+    if (s == DT_OK && info->has_norm) s = meta_f32(w, "dtrain.norm_mean", info->norm_mean);
+    if (s == DT_OK && info->has_norm) s = meta_f32(w, "dtrain.norm_std", info->norm_std);
+    if (s == DT_OK) {
+        s = dt_st_writer_write(w, path);
+    }
+    dt_st_writer_destroy(w);
+    return s;
+}
+
+static dt_status need_meta(const dt_st_file *f, const char *key, const char **out) {
+    *out = dt_st_meta(f, key);
+    if (!*out)
+        return dt_error(DT_EFORMAT, "%s: not a dtrain training checkpoint (metadata '%s' is missing)", dt_st_path(f),
+                        key);
+    return DT_OK;
+}
+
+static dt_status parse_info(const dt_st_file *f, dt_ckpt_info *info) {
+    memset(info, 0, sizeof *info);
+    const char *v;
+    DT_TRY(need_meta(f, "dtrain.kind", &v));
+    if (strcmp(v, CKPT_KIND) != 0)
+        return dt_error(DT_EFORMAT, "%s: checkpoint kind '%s' is not '%s'", dt_st_path(f), v, CKPT_KIND);
+    DT_TRY(need_meta(f, "dtrain.model_spec", &v));
+    snprintf(info->spec, sizeof info->spec, "%s", v);
+    DT_TRY(need_meta(f, "dtrain.input_shape", &v));
+    if (sscanf(v, "%d,%d,%d", &info->C, &info->H, &info->W) != 3)
+        return dt_error(DT_EFORMAT, "%s: bad dtrain.input_shape '%s'", dt_st_path(f), v);
+    DT_TRY(need_meta(f, "dtrain.step", &v));
+    info->step = strtoll(v, NULL, 10);
+    DT_TRY(need_meta(f, "dtrain.epoch", &v));
+    info->epoch = strtoll(v, NULL, 10);
+    DT_TRY(need_meta(f, "dtrain.step_in_epoch", &v));
+    info->step_in_epoch = strtoll(v, NULL, 10);
+    DT_TRY(need_meta(f, "dtrain.seed", &v));
+    info->seed = strtoull(v, NULL, 10);
+    if ((v = dt_st_meta(f, "dtrain.batch"))) info->batch = atoi(v);
+    if ((v = dt_st_meta(f, "dtrain.optimizer"))) snprintf(info->optimizer, sizeof info->optimizer, "%s", v);
+    if ((v = dt_st_meta(f, "dtrain.lr"))) info->lr = strtof(v, NULL);
+    if ((v = dt_st_meta(f, "dtrain.norm_mean"))) {
+        info->has_norm = 1;
+        info->norm_mean = strtof(v, NULL);
+        if ((v = dt_st_meta(f, "dtrain.norm_std"))) info->norm_std = strtof(v, NULL);
+    }
+    return DT_OK;
+}
+
+dt_status dt_checkpoint_read_info(const char *path, dt_ckpt_info *info) {
+    dt_st_file *f = NULL;
+    DT_TRY(dt_st_open(&f, path));
+    dt_status s = parse_info(f, info);
+    dt_st_close(f);
+    return s;
+}
+
+/* Copies tensor `name` (F32, numel floats, shape of t) from f into dst. */
+static dt_status copy_tensor(const dt_st_file *f, const char *name, const dt_param_info *t, float *dst) {
+    dt_st_tensor st;
+    dt_status s = dt_st_find(f, name, &st);
+    if (s != DT_OK) return s;
+    bool same = st.t.dtype == DT_F32 && st.t.ndim == t->ndim;
+    for (int d = 0; same && d < t->ndim; d++) same = st.t.shape[d] == t->shape[d];
+    if (!same)
+        return dt_error(DT_EFORMAT, "%s: tensor '%s' has dtype %s and %d dims, the model expects F32 with %d dims of "
+                                    "the model's shape; was it written for another --model?",
+                        dt_st_path(f), name, dt_dtype_name(st.t.dtype), st.t.ndim, t->ndim);
+    memcpy(dst, st.t.data, t->numel * sizeof(float));
+    return DT_OK;
+}
+
+dt_status dt_checkpoint_restore(const char *path, dt_model *m, dt_optim *o, dt_ckpt_info *info) {
+    dt_st_file *f = NULL;
+    DT_TRY(dt_st_open(&f, path));
+    dt_status s = parse_info(f, info);
+    if (s == DT_OK && strcmp(info->spec, dt_model_spec(m)) != 0)
+        s = dt_error(DT_EFORMAT, "%s: checkpoint is for model '%s' but this run builds '%s'; pass the same --model",
+                     path, info->spec, dt_model_spec(m));
+    for (int i = 0; s == DT_OK && i < dt_model_num_tensors(m); i++) {
+        const dt_param_info *t = dt_model_tensor(m, i);
+        float *base = t->is_buffer ? dt_model_buffers(m) : dt_model_params(m);
+        s = copy_tensor(f, t->name, t, base + t->offset);
+        for (int k = 0; s == DT_OK && o && !t->is_buffer && k < dt_optim_num_states(o); k++) {
+            const char *sname;
+            float *st = dt_optim_state(o, k, &sname);
+            char name[96];
+            snprintf(name, sizeof name, "optim.%s.%s", sname, t->name);
+            s = copy_tensor(f, name, t, st + t->offset);
+        }
+    }
+    if (s == DT_OK && o) {
+        const char *v = dt_st_meta(f, "dtrain.optim_steps");
+        const char *kind = dt_st_meta(f, "dtrain.optimizer");
+        if (!v || !kind)
+            s = dt_error(DT_EFORMAT, "%s: checkpoint holds no optimizer state; it cannot be resumed", path);
+        else if (strcmp(kind, dt_optim_name(dt_optim_config_of(o)->kind)) != 0)
+            s = dt_error(DT_EFORMAT, "%s: checkpoint was trained with --optimizer %s, this run uses %s", path, kind,
+                         dt_optim_name(dt_optim_config_of(o)->kind));
+        else
+            dt_optim_set_steps(o, strtoll(v, NULL, 10));
+    }
+    dt_st_close(f);
+    return s;
+}

@@ -1,0 +1,33 @@
+/* Training checkpoints on top of the safetensors layer: the model's tensors under their
+ * torch.nn.Sequential names, optimizer moments as "optim.<state>.<name>", and the run's
+ * position and config in __metadata__ ("dtrain.*" keys). */
+#ifndef DT_RUN_CHECKPOINT_H
+#define DT_RUN_CHECKPOINT_H
+
+#include "dtrain/nn.h"
+#include "dtrain/optim.h"
+
+/* Position and identity of a run, stored in a checkpoint's metadata. */
+typedef struct {
+    char spec[1024];          /* canonical model spec */
+    int C, H, W;              /* input shape */
+    int64_t step;             /* optimizer steps completed */
+    int64_t epoch;            /* epochs completed (resume starts here) */
+    int64_t step_in_epoch;    /* batches already consumed of epoch `epoch` */
+    uint64_t seed;
+    int batch;
+    char optimizer[16];       /* "sgd" | "adam" | "adamw" */
+    float lr;
+    int has_norm;             /* inputs standardised with mean/std */
+    float norm_mean, norm_std;
+} dt_ckpt_info;
+
+/* Writes model (+ optimizer if non-NULL) and info atomically to path. */
+dt_status dt_checkpoint_write(const char *path, dt_model *m, dt_optim *o, const dt_ckpt_info *info);
+/* Reads only the metadata of a checkpoint (validates the whole file). */
+dt_status dt_checkpoint_read_info(const char *path, dt_ckpt_info *info);
+/* Restores tensors into a model built with the same spec (and the optimizer if non-NULL);
+ * DT_EFORMAT naming the file and tensor when a tensor is missing or has another shape. */
+dt_status dt_checkpoint_restore(const char *path, dt_model *m, dt_optim *o, dt_ckpt_info *info);
+
+#endif

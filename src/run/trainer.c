@@ -1,0 +1,422 @@
+/* The training loop: loads data, builds model + optimizer, runs epochs of forward / loss /
+ * backward / strategy step (gradient sync, clip, optimizer), evaluates on the (sharded) test
+ * set, writes JSON-Lines metrics, a timeline and checkpoints, and resumes exactly where a
+ * checkpoint left off. The same loop runs one process or N data-parallel ranks. */
+#include "core/trace.h"
+#include "dist/strategy.h"
+#include "dtrain/data.h"
+#include "dtrain/layers.h"
+#include "dtrain/train.h"
+#include "run/checkpoint.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct dt_trainer {
+    dt_train_config cfg;
+    dt_dataset *train, *test;
+    dt_model *model;
+    dt_optim *optim;
+    dt_loader *loader;
+    int C, H, W, classes;
+    float *probs, *dlogits;   /* (batch, classes) */
+    int64_t step;             /* optimizer steps done */
+    int64_t epoch;            /* current epoch (0-based) */
+    int64_t step_in_epoch;    /* batches consumed in the current epoch */
+    float norm_mean, norm_std;
+    bool has_norm;
+    double t_start;
+    int rank, world;
+    dt_strategy *strategy;
+    dt_trace trace;           /* empty unless cfg.timeline */
+};
+
+dt_train_config dt_train_defaults(void) {
+    dt_train_config c = {
+        .data = "fashion-mnist",
+        .model = "mlp",
+        .epochs = 1,
+        .batch = 32,
+        .optim = dt_optim_defaults(DT_OPTIM_ADAM),
+        .lr = {.kind = DT_LR_CONSTANT, .base_lr = 1e-3f, .gamma = 0.1f},
+        .seed = 42,
+        .threads = 1,
+        .progress_interval_s = 0.2,
+    };
+    return c;
+}
+
+void dt_trainer_free(dt_trainer *t) {
+    if (!t) return;
+    dt_strategy_destroy(t->strategy);
+    dt_trace_free(&t->trace);
+    dt_loader_free(t->loader);
+    dt_optim_free(t->optim);
+    dt_model_free(t->model);
+    dt_dataset_free(t->train);
+    dt_dataset_free(t->test);
+    dt_free(t->probs);
+    dt_free(t->dlogits);
+    free(t);
+}
+
+static dt_status check_config(const dt_train_config *c) {
+    if (c->epochs < 1) return dt_error(DT_EINVAL, "--epochs %d: need at least 1", c->epochs);
+    if (c->batch < 1) return dt_error(DT_EINVAL, "--batch %d: need at least 1", c->batch);
+    if (!(c->lr.base_lr > 0) || !isfinite(c->lr.base_lr))
+        return dt_error(DT_EINVAL, "--lr %g: need a positive learning rate", c->lr.base_lr);
+    if (c->threads < 1) return dt_error(DT_EINVAL, "--threads %d: need at least 1", c->threads);
+    return DT_OK;
+}
+
+dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
+    *out = NULL;
+    DT_TRY(check_config(cfg));
+    dt_trainer *t = calloc(1, sizeof *t);
+    if (!t) return dt_error(DT_ENOMEM, "trainer: out of memory");
+    t->cfg = *cfg;
+    t->t_start = dt_now();
+    t->rank = cfg->comm ? dt_comm_rank(cfg->comm) : 0;
+    t->world = cfg->comm ? dt_comm_size(cfg->comm) : 1;
+    dt_set_threads(cfg->threads);
+    /* a bad spec is reported before any data is read */
+    dt_layer_spec layers[DT_MAX_LAYERS];
+    int nlayers;
+    dt_status s = dt_spec_parse(cfg->model, layers, DT_MAX_LAYERS, &nlayers);
+    if (s != DT_OK) goto fail;
+    s = dt_dataset_open(&t->train, &t->test, cfg->data);
+    if (s != DT_OK) goto fail;
+    dt_dataset_shape(t->train, &t->C, &t->H, &t->W);
+    t->classes = dt_dataset_classes(t->train);
+
+    dt_ckpt_info info = {0};
+    if (cfg->resume) {
+        s = dt_checkpoint_read_info(cfg->resume, &info);
+        if (s != DT_OK) goto fail;
+        if (info.C != t->C || info.H != t->H || info.W != t->W) {
+            s = dt_error(DT_EINVAL, "%s: checkpoint expects inputs %dx%dx%d but --data %s has %dx%dx%d", cfg->resume,
+                         info.C, info.H, info.W, cfg->data, t->C, t->H, t->W);
+            goto fail;
+        }
+        if (info.seed != cfg->seed) dt_log(DT_LOG_WARN, "resuming with --seed %llu over checkpoint seed %llu",
+                                           (unsigned long long)cfg->seed, (unsigned long long)info.seed);
+    }
+    s = dt_model_create(&t->model, layers, nlayers, t->C, t->H, t->W);
+    if (s != DT_OK) goto fail;
+    if (dt_model_out_size(t->model) != t->classes) {
+        s = dt_error(DT_EINVAL, "model '%s' outputs %d values per sample but --data %s has %d classes; end the "
+                                "spec with linear(%d)",
+                     dt_model_spec(t->model), dt_model_out_size(t->model), cfg->data, t->classes, t->classes);
+        goto fail;
+    }
+    dt_model_init(t->model, cfg->seed);
+    s = dt_optim_create(&t->optim, &cfg->optim, dt_model_num_params(t->model));
+    if (s != DT_OK) goto fail;
+    if (cfg->normalize) {
+        double mean, sd;
+        dt_dataset_stats(t->train, &mean, &sd);
+        t->has_norm = true, t->norm_mean = (float)mean, t->norm_std = (float)sd;
+    }
+    if (cfg->resume) {
+        s = dt_checkpoint_restore(cfg->resume, t->model, t->optim, &info);
+        if (s != DT_OK) goto fail;
+        t->step = info.step, t->epoch = info.epoch, t->step_in_epoch = info.step_in_epoch;
+        if (info.has_norm) t->has_norm = true, t->norm_mean = info.norm_mean, t->norm_std = info.norm_std;
+    }
+    if (t->has_norm) {
+        if ((s = dt_dataset_set_normalize(t->train, t->norm_mean, t->norm_std)) != DT_OK) goto fail;
+        if (t->test && (s = dt_dataset_set_normalize(t->test, t->norm_mean, t->norm_std)) != DT_OK) goto fail;
+    }
+    dt_loader_config lc = {.batch = cfg->batch, .shuffle = true, .seed = cfg->seed, .rank = t->rank,
+                           .world = t->world, .prefetch = -1};
+    if ((s = dt_loader_create(&t->loader, t->train, &lc)) != DT_OK) goto fail;
+    if (t->cfg.lr.kind == DT_LR_COSINE && t->cfg.lr.total_steps <= 0) {
+        /* cosine decays over the whole run (after warm-up) unless told otherwise */
+        int64_t total = (int64_t)cfg->epochs * (int64_t)dt_loader_batches(t->loader) - cfg->lr.warmup_steps;
+        t->cfg.lr.total_steps = total > 1 ? total : 1;
+    }
+    t->probs = dt_alloc((size_t)cfg->batch * t->classes * sizeof(float));
+    t->dlogits = dt_alloc((size_t)cfg->batch * t->classes * sizeof(float));
+    if (!t->probs || !t->dlogits) {
+        s = dt_error(DT_ENOMEM, "trainer: out of memory");
+        goto fail;
+    }
+    if (cfg->timeline && (s = dt_trace_init(&t->trace, t->rank, 1 << 18, t->t_start)) != DT_OK) goto fail;
+    const char *strategy = cfg->strategy ? cfg->strategy : t->world > 1 ? "ddp" : "single";
+    dt_strategy_config sc = {.bucket_mb = cfg->bucket_mb, .trace = cfg->timeline ? &t->trace : NULL};
+    if ((s = dt_strategy_create(&t->strategy, strategy, t->world > 1 ? cfg->comm : NULL, t->model, t->optim, &sc)) !=
+        DT_OK)
+        goto fail;
+    if ((s = t->strategy->ops->init(t->strategy)) != DT_OK) goto fail;
+    *out = t;
+    return DT_OK;
+fail:
+    dt_trainer_free(t);
+    return s;
+}
+
+dt_model *dt_trainer_model(dt_trainer *t) { return t->model; }
+int64_t dt_trainer_step(const dt_trainer *t) { return t->step; }
+
+/* Loss and accuracy of model on a whole data set, in batches of `batch`; with comm, each rank
+ * evaluates its shard and the sums are reduced. */
+static dt_status evaluate(dt_model *m, const dt_dataset *ds, int batch, float *probs, dt_comm *comm, float *loss,
+                          float *acc) {
+    dt_loader *l = NULL;
+    dt_loader_config lc = {.batch = batch, .shuffle = false, .rank = comm ? dt_comm_rank(comm) : 0,
+                           .world = comm ? dt_comm_size(comm) : 1, .prefetch = -1};
+    DT_TRY(dt_loader_create(&l, ds, &lc));
+    dt_status s = dt_loader_start_epoch(l, 0, 0);
+    double sum_loss = 0;
+    int64_t correct = 0, n = 0;
+    const int V = dt_model_out_size(m);
+    dt_batch b;
+    while (s == DT_OK && (s = dt_loader_next(l, &b)) == DT_OK) {
+        if (b.n == 0) continue;
+        const float *logits;
+        if ((s = dt_model_forward(m, b.x, b.n, false, 0, &logits)) != DT_OK) break;
+        sum_loss += (double)dt_softmax_xent_forward(probs, logits, b.y, b.n, V) * b.n;
+        for (int i = 0; i < b.n; i++) {
+            const float *row = logits + (size_t)i * V;
+            int best = 0;
+            for (int k = 1; k < V; k++)
+                if (row[k] > row[best]) best = k;
+            correct += best == b.y[i];
+        }
+        n += b.n;
+    }
+    dt_loader_free(l);
+    if (s != DT_ENOENT) return s;
+    double sums[3] = {sum_loss, (double)correct, (double)n};
+    if (comm) DT_TRY(dt_comm_allreduce(comm, sums, sums, 3, DT_F64, DT_OP_SUM));
+    *loss = sums[2] > 0 ? (float)(sums[0] / sums[2]) : NAN;
+    *acc = sums[2] > 0 ? (float)(sums[1] / sums[2]) : NAN;
+    return DT_OK;
+}
+
+dt_status dt_trainer_evaluate(dt_trainer *t, float *loss, float *acc) {
+    *loss = *acc = NAN;
+    if (!t->test) return DT_OK;
+    return evaluate(t->model, t->test, t->cfg.batch, t->probs, t->world > 1 ? t->cfg.comm : NULL, loss, acc);
+}
+
+static void fill_info(const dt_trainer *t, dt_ckpt_info *info) {
+    memset(info, 0, sizeof *info);
+    snprintf(info->spec, sizeof info->spec, "%s", dt_model_spec(t->model));
+    info->C = t->C, info->H = t->H, info->W = t->W;
+    info->step = t->step;
+    info->epoch = t->epoch;
+    info->step_in_epoch = t->step_in_epoch;
+    info->seed = t->cfg.seed;
+    info->batch = t->cfg.batch;
+    snprintf(info->optimizer, sizeof info->optimizer, "%s", dt_optim_name(t->cfg.optim.kind));
+    info->lr = dt_lr_at(&t->cfg.lr, t->step);
+    info->has_norm = t->has_norm;
+    info->norm_mean = t->norm_mean, info->norm_std = t->norm_std;
+}
+
+dt_status dt_trainer_save(dt_trainer *t, const char *path) {
+    dt_ckpt_info info;
+    fill_info(t, &info);
+    return dt_checkpoint_write(path, t->model, t->optim, &info);
+}
+
+/* Samples in global batch b of the epoch, over all ranks. */
+static int global_count(const dt_trainer *t, size_t b) {
+    size_t n = dt_dataset_len(t->train), gb = (size_t)t->cfg.batch * (size_t)t->world, start = b * gb;
+    return (int)(start + gb <= n ? gb : n - start);
+}
+
+/* Per-epoch accumulators of the step loop. */
+typedef struct {
+    double loss_sum;     /* sum of per-sample losses (this rank) */
+    int64_t samples;     /* this rank */
+    int64_t steps;
+    double compute_s, comm_wait_s;
+} epoch_acc;
+
+/* One optimizer step on this rank's part b of a global batch. The local loss gradient is
+ * weighted by n_local*world/n_global so that averaging over ranks gives exactly the mean
+ * gradient over the global batch (also when the final batch is spread unevenly). */
+static dt_status train_step(dt_trainer *t, const dt_batch *b, epoch_acc *acc) {
+    const int V = t->classes;
+    const double t0 = dt_now();
+    dt_strategy *st = t->strategy;
+    st->ops->begin_step(st, t->step);
+    dt_model_zero_grad(t->model);
+    if (b->n > 0) {
+        const float *logits;
+        DT_TRY(dt_model_forward(t->model, b->x, b->n, true, (uint64_t)t->step, &logits));
+        float loss = dt_softmax_xent_forward(t->probs, logits, b->y, b->n, V);
+        if (!isfinite(loss))
+            return dt_error(DT_EINVAL, "training diverged: loss is %g at step %lld on rank %d; lower --lr or set --clip",
+                            loss, (long long)t->step, t->rank);
+        acc->loss_sum += (double)loss * b->n;
+        acc->samples += b->n;
+        float scale = (float)((double)b->n * t->world / global_count(t, b->index));
+        dt_softmax_xent_backward(t->dlogits, t->probs, b->y, b->n, V, scale);
+        const double t1 = dt_now();
+        dt_trace_add(&t->trace, "forward", 0, t0, t1, t->step);
+        DT_TRY(dt_model_backward(t->model, t->dlogits, dt_strategy_grad_hook, st));
+        dt_trace_add(&t->trace, "backward", 0, t1, dt_now(), t->step);
+    }
+    dt_step_stats ss;
+    DT_TRY(st->ops->step(st, dt_lr_at(&t->cfg.lr, t->step), t->cfg.clip_norm, &ss));
+    acc->comm_wait_s += ss.comm_wait_s;
+    acc->compute_s += dt_now() - t0 - ss.comm_wait_s;
+    acc->steps++;
+    t->step++;
+    return DT_OK;
+}
+
+static void json_num(char *buf, size_t cap, double v) {
+    if (isnan(v)) snprintf(buf, cap, "null");
+    else snprintf(buf, cap, "%.6g", v);
+}
+
+static void write_metrics(FILE *f, const dt_epoch_info *e, const dt_trainer *t) {
+    char tl[32], ta[32];
+    json_num(tl, sizeof tl, e->test_loss);
+    json_num(ta, sizeof ta, e->test_acc);
+    double per = e->steps > 0 ? 1e3 / (double)e->steps : 0;
+    fprintf(f,
+            "{\"epoch\": %d, \"step\": %lld, \"train_loss\": %.6g, \"test_loss\": %s, \"test_acc\": %s, "
+            "\"samples_per_s\": %.1f, \"epoch_s\": %.3f, \"wall_s\": %.3f, \"data_wait_s\": %.4f, \"lr\": %.6g, "
+            "\"batch\": %d, \"world_size\": %d, \"global_batch\": %d, \"strategy\": \"%s\", "
+            "\"step_ms\": {\"compute\": %.4f, \"comm_wait\": %.4f, \"data_wait\": %.4f}, \"model\": \"%s\"}\n",
+            e->epoch, (long long)e->global_step, e->train_loss, tl, ta, e->samples_per_s, e->epoch_s, e->wall_s,
+            e->data_wait_s, e->lr, t->cfg.batch, e->world_size, e->global_batch, t->strategy->ops->name,
+            e->compute_s * per, e->comm_wait_s * per, e->data_wait_s * per, dt_model_spec(t->model));
+    fflush(f);
+}
+
+/* Gathers every rank's timeline events on rank 0 and writes the Chrome trace there. */
+static dt_status write_timeline(dt_trainer *t) {
+    dt_comm *c = t->world > 1 ? t->cfg.comm : NULL;
+    const size_t esz = sizeof(dt_trace_event);
+    if (!c) return dt_trace_write_json(t->cfg.timeline, t->trace.ev, t->trace.n);
+    int W = t->world;
+    int64_t mine = (int64_t)t->trace.n;
+    int64_t *counts = calloc((size_t)W, sizeof *counts);
+    size_t *bytes = calloc((size_t)W, sizeof *bytes);
+    if (!counts || !bytes) {
+        free(counts), free(bytes);
+        return dt_error(DT_ENOMEM, "timeline: out of memory");
+    }
+    dt_status s = dt_comm_allgather(c, &mine, counts, 1, DT_I64);
+    size_t total = 0;
+    for (int r = 0; r < W; r++) bytes[r] = (size_t)counts[r] * esz, total += (size_t)counts[r];
+    dt_trace_event *all = s == DT_OK ? calloc(total ? total : 1, esz) : NULL;
+    if (s == DT_OK && !all) s = dt_error(DT_ENOMEM, "timeline: out of memory for %zu events", total);
+    if (s == DT_OK) s = dt_comm_allgatherv(c, t->trace.ev, all, bytes, NULL, DT_U8);
+    if (s == DT_OK && t->rank == 0) s = dt_trace_write_json(t->cfg.timeline, all, total);
+    free(all), free(counts), free(bytes);
+    return s;
+}
+
+dt_status dt_trainer_run(dt_trainer *t) {
+    const dt_train_config *c = &t->cfg;
+    dt_comm *comm = t->world > 1 ? c->comm : NULL;
+    const bool lead = t->rank == 0;
+    FILE *mf = NULL;
+    if (c->metrics && lead) {
+        mf = fopen(c->metrics, t->cfg.resume ? "a" : "w");
+        if (!mf) return dt_error(DT_EIO, "--metrics %s: cannot open for writing", c->metrics);
+    }
+    const int64_t spe = (int64_t)dt_loader_batches(t->loader);
+    dt_status s = DT_OK;
+    while (t->epoch < c->epochs && s == DT_OK) {
+        if (c->max_steps && t->step >= c->max_steps) break;
+        if ((s = dt_loader_start_epoch(t->loader, (uint64_t)t->epoch, (size_t)t->step_in_epoch)) != DT_OK) break;
+        double t0 = dt_now(), last_progress = 0, wait0 = dt_loader_wait_seconds(t->loader);
+        epoch_acc acc = {0};
+        dt_batch b;
+        for (;;) {
+            double tw = dt_now();
+            if ((s = dt_loader_next(t->loader, &b)) != DT_OK) break;
+            dt_trace_add(&t->trace, "data", 2, tw, dt_now(), t->step);
+            if ((s = train_step(t, &b, &acc)) != DT_OK) break;
+            t->step_in_epoch++;
+            double now = dt_now();
+            if (lead && c->on_progress &&
+                (now - last_progress >= c->progress_interval_s || t->step_in_epoch == spe)) {
+                last_progress = now;
+                double el = now - t0;
+                dt_progress_info p = {.epoch = (int)t->epoch, .epochs = c->epochs, .step_in_epoch = t->step_in_epoch,
+                                      .steps_per_epoch = spe, .global_step = t->step,
+                                      .loss = acc.samples ? (float)(acc.loss_sum / (double)acc.samples) : NAN,
+                                      .elapsed_s = el,
+                                      .samples_per_s = el > 0 ? (double)acc.samples * t->world / el : 0,
+                                      .eta_s = el / (double)acc.steps * (double)(spe - t->step_in_epoch)};
+                c->on_progress(c->cb_ctx, &p);
+            }
+            if (c->max_steps && t->step >= c->max_steps) {
+                s = DT_ENOENT;
+                break;
+            }
+        }
+        if (s != DT_ENOENT) break;
+        s = DT_OK;
+        double epoch_s = dt_now() - t0;
+        /* global training loss and sample count of the epoch */
+        double sums[2] = {acc.loss_sum, (double)acc.samples};
+        if (comm && (s = dt_comm_allreduce(comm, sums, sums, 2, DT_F64, DT_OP_SUM)) != DT_OK) break;
+        bool finished = t->step_in_epoch >= spe;
+        dt_epoch_info e = {.epoch = (int)t->epoch + 1, .global_step = t->step,
+                           .train_loss = sums[1] > 0 ? (float)(sums[0] / sums[1]) : NAN,
+                           .samples_per_s = epoch_s > 0 ? sums[1] / epoch_s : 0, .epoch_s = epoch_s,
+                           .data_wait_s = dt_loader_wait_seconds(t->loader) - wait0, .compute_s = acc.compute_s,
+                           .comm_wait_s = acc.comm_wait_s, .steps = acc.steps, .world_size = t->world,
+                           .global_batch = c->batch * t->world,
+                           .lr = dt_lr_at(&c->lr, t->step > 0 ? t->step - 1 : 0)};
+        if (finished) {
+            t->epoch++;
+            t->step_in_epoch = 0;
+        }
+        if ((s = dt_trainer_evaluate(t, &e.test_loss, &e.test_acc)) != DT_OK) break;
+        e.wall_s = dt_now() - t->t_start;
+        if (mf) write_metrics(mf, &e, t);
+        if (lead && c->on_epoch) c->on_epoch(c->cb_ctx, &e);
+        if (lead && c->save && (s = dt_trainer_save(t, c->save)) != DT_OK) break;
+    }
+    if (s == DT_OK && c->timeline) s = write_timeline(t);
+    if (mf && fclose(mf) != 0 && s == DT_OK) s = dt_error(DT_EIO, "--metrics %s: write failed", c->metrics);
+    return s;
+}
+
+dt_status dt_evaluate_checkpoint(const char *checkpoint, const char *data, int batch, float *loss, float *acc,
+                                 int64_t *samples) {
+    dt_ckpt_info info;
+    DT_TRY(dt_checkpoint_read_info(checkpoint, &info));
+    dt_dataset *train = NULL, *test = NULL;
+    dt_model *m = NULL;
+    float *probs = NULL;
+    dt_status s = dt_dataset_open(&train, &test, data);
+    if (s != DT_OK) return s;
+    const dt_dataset *ds = test ? test : train;
+    int C, H, W;
+    dt_dataset_shape(ds, &C, &H, &W);
+    if (C != info.C || H != info.H || W != info.W) {
+        s = dt_error(DT_EINVAL, "%s: model expects inputs %dx%dx%d but --data %s has %dx%dx%d", checkpoint, info.C,
+                     info.H, info.W, data, C, H, W);
+        goto done;
+    }
+    if ((s = dt_model_create_from_spec(&m, info.spec, C, H, W)) != DT_OK) goto done;
+    if ((s = dt_checkpoint_restore(checkpoint, m, NULL, &info)) != DT_OK) goto done;
+    if (info.has_norm && (s = dt_dataset_set_normalize((dt_dataset *)ds, info.norm_mean, info.norm_std)) != DT_OK)
+        goto done;
+    if (!(probs = dt_alloc((size_t)batch * dt_model_out_size(m) * sizeof(float)))) {
+        s = dt_error(DT_ENOMEM, "eval: out of memory");
+        goto done;
+    }
+    s = evaluate(m, ds, batch, probs, NULL, loss, acc);
+    *samples = (int64_t)dt_dataset_len(ds);
+done:
+    dt_free(probs);
+    dt_model_free(m);
+    dt_dataset_free(train);
+    dt_dataset_free(test);
+    return s;
+}

@@ -1,0 +1,77 @@
+# Integration tests of the real dtrain command on the real data set: training reaches a sane
+# accuracy, metrics are JSON Lines, runs are deterministic, resume is bitwise exact, eval agrees,
+# and bad input (flags, specs, data, checkpoints) gets clear errors.
+. "$(dirname "$0")/lib.sh"
+
+# ---- errors that need no data ----
+expect_fail "unknown flag" "unknown flag '--epoch'" $DT train --epoch 2
+expect_fail "bad flag value" "flag --batch needs an integer, got 'x'" $DT train --batch x
+expect_fail "bad spec quotes token+position" "bad token 'maxpol(2)' at position 23" \
+  $DT train --model "conv(32,3,pad=1) relu maxpol(2) flatten linear(10)" --data "$TMP/none"
+expect_fail "unknown optimizer" "unknown optimizer 'adamx'" $DT train --optimizer adamx
+expect_fail "missing data dir" "$TMP/nodata" $DT train --data "$TMP/nodata"
+expect_fail "eval needs checkpoint" "no --checkpoint given" $DT eval
+expect_fail "unknown command" "unknown command 'trian'" $DT trian
+help=$($DT train --help)
+for f in data model epochs batch optimizer lr seed threads save resume metrics quiet; do
+  grep -q -- "--$f" <<<"$help" || bad "train --help lacks --$f"
+done
+ok "train --help documents the flags"
+
+if ! have_fmnist; then
+  echo "skip: Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)"
+  finish; exit 77
+fi
+
+# ---- training on Fashion-MNIST ----
+run() { $DT train --data fashion-mnist --quiet "$@"; }
+out=$(run --model mlp --epochs 1 --max-steps 600 --batch 32 --metrics "$TMP/m.jsonl" --save "$TMP/a.st") \
+  || bad "train mlp: $out"
+acc=$(python3 -c "import json;r=[json.loads(l) for l in open('$TMP/m.jsonl')];print(r[-1]['test_acc'])")
+python3 - "$TMP/m.jsonl" <<'PY' && ok "metrics JSONL fields" || bad "metrics JSONL fields"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+need = {"epoch", "train_loss", "test_loss", "test_acc", "samples_per_s", "wall_s"}
+assert rows and all(need <= set(r) for r in rows), rows
+PY
+python3 -c "import sys; sys.exit(0 if $acc > 0.78 else 1)" && ok "600 steps reach test_acc $acc > 0.78" \
+  || bad "600 steps give test_acc $acc"
+eval_out=$($DT eval --checkpoint "$TMP/a.st" --data fashion-mnist)
+grep -q "accuracy $(printf '%.4f' "$acc")" <<<"$eval_out" && ok "eval agrees with training ($eval_out)" \
+  || bad "eval '$eval_out' differs from training acc $acc"
+
+run --model mlp --epochs 1 --max-steps 600 --batch 32 --save "$TMP/b.st" >/dev/null
+cmp -s "$TMP/a.st" "$TMP/b.st" && ok "same seed, same config: bitwise identical checkpoints" \
+  || bad "two identical runs differ"
+run --model mlp --epochs 1 --max-steps 600 --batch 32 --seed 7 --save "$TMP/c.st" >/dev/null
+cmp -s "$TMP/a.st" "$TMP/c.st" && bad "different seeds give identical models" || ok "different seed differs"
+
+# resume mid-epoch and across an epoch boundary equals an uninterrupted run
+run --model mlp --epochs 2 --batch 128 --max-steps 700 --save "$TMP/full.st" >/dev/null
+run --model mlp --epochs 2 --batch 128 --max-steps 250 --save "$TMP/p1.st" >/dev/null
+run --model mlp --epochs 2 --batch 128 --max-steps 500 --resume "$TMP/p1.st" --save "$TMP/p2.st" >/dev/null
+run --model mlp --epochs 2 --batch 128 --max-steps 700 --resume "$TMP/p2.st" --save "$TMP/res.st" >/dev/null
+cmp -s "$TMP/full.st" "$TMP/res.st" && ok "resume (mid-epoch, then across the epoch end) is bitwise exact" \
+  || bad "resumed run differs from the uninterrupted one"
+expect_fail "resume with another model" "pass the same --model" \
+  $DT train --data fashion-mnist --model "flatten linear(64) relu linear(10)" --resume "$TMP/p1.st"
+expect_fail "resume with another optimizer" "trained with --optimizer adam" \
+  $DT train --data fashion-mnist --optimizer sgd --batch 128 --resume "$TMP/p1.st"
+
+# corrupted and truncated checkpoints are rejected by name
+cp "$TMP/a.st" "$TMP/flip.st"
+size=$(stat -c %s "$TMP/flip.st")
+printf '\x55' | dd of="$TMP/flip.st" bs=1 seek=$((size - 1000)) conv=notrunc status=none
+expect_fail "flipped byte rejected" "flip.st" $DT eval --checkpoint "$TMP/flip.st"
+head -c $((size / 2)) "$TMP/a.st" >"$TMP/trunc.st"
+expect_fail "truncated checkpoint rejected" "trunc.st" $DT eval --checkpoint "$TMP/trunc.st"
+
+# the CNN preset and other optimizers/schedules run
+run --model cnn --epochs 1 --batch 32 --max-steps 30 >/dev/null && ok "cnn preset trains" || bad "cnn preset"
+run --model "flatten linear(64) gelu dropout(0.1) layernorm linear(10)" --optimizer sgd --momentum 0.9 --nesterov \
+  --schedule cosine --warmup 10 --clip 1.0 --max-steps 50 >/dev/null && ok "sgd+nesterov, cosine, clip, dropout, layernorm" \
+  || bad "sgd/cosine run"
+run --model "conv(4,3,stride=2,pad=1) batchnorm tanh avgpool(2) flatten linear(10) sigmoid linear(10)" \
+  --optimizer adamw --schedule step --step-size 10 --max-steps 30 --normalize >/dev/null \
+  && ok "adamw, step schedule, batchnorm, avgpool, tanh, sigmoid, --normalize" || bad "adamw/bn run"
+finish

@@ -1,0 +1,25 @@
+# Shared helpers for the integration scripts: build dir, temp dir, check/expect functions and a
+# pass/fail tally. Source it; call `finish` at the end.
+set -u
+BUILD=${1:-${DTRAIN_BUILD:-build}}
+DT="$BUILD/dtrain"
+TMP=$(mktemp -d /tmp/dtrain-test.XXXXXX)
+trap 'rm -rf "$TMP"' EXIT
+checks=0
+fails=0
+
+ok() { checks=$((checks + 1)); echo "ok: $*"; }
+bad() { checks=$((checks + 1)); fails=$((fails + 1)); echo "FAIL: $*"; }
+# expect_fail NAME NEEDLE CMD...: CMD must exit non-zero and print NEEDLE (stdout or stderr).
+expect_fail() {
+  local name=$1 needle=$2; shift 2
+  local out rc
+  out=$("$@" 2>&1); rc=$?
+  if [ $rc -ne 0 ] && grep -qF -- "$needle" <<<"$out"; then ok "$name"
+  else bad "$name (exit $rc, wanted '$needle'): $out"; fi
+}
+have_fmnist() { [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; }
+finish() {
+  echo "$(basename "$0" .sh): $checks checks, $fails failures"
+  [ $fails -eq 0 ]
+}
