@@ -214,6 +214,7 @@ dt_status dt_shm_block(dt_shm *s, dt_shm_poll poll, void *arg, double deadline, 
     shm_rank *me = shm_rank_at(s, s->me);
     double spin_until = 0;
     int yields = 0;
+    unsigned spins = 0;
     for (;;) {
         dt_status st = DT_OK;
         int r = poll(s, arg, &st);
@@ -227,10 +228,9 @@ dt_status dt_shm_block(dt_shm *s, dt_shm_poll poll, void *arg, double deadline, 
             if (spin_until == 0) spin_until = now + s->spin_s;
             if (now < spin_until) {
                 for (int i = 0; i < 32; i++) cpu_relax();
-                if ((++yields & 15) == 0) sched_yield(); /* lets a peer sharing this core run */
+                if ((++spins & 15) == 0) sched_yield(); /* lets a peer sharing this core run */
                 continue;
             }
-            yields = 0;
         }
         if (yields < s->yields) { yields++; sched_yield(); continue; }
         /* sleep: announce, re-check, then FUTEX_WAIT on the doorbell */
