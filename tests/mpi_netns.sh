@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # MPI across two emulated hosts: two network namespaces on a private bridge (10.77.0.0/24), each
 # with its own UTS hostname, joined by mpirun through an rsh agent (scripts/netns-hosts). Runs the
-# MPI transport test (p2p, every native collective, split) with 4 ranks, 2 per host, over
-# `--mca btl tcp,self`, checks that the ranks saw different hostnames and that the traffic
+# MPI transport test (p2p, every native collective, split) and the communicator test (every
+# collective with native and own algorithms) with 4 ranks, 2 per host, over `--mca btl tcp,self`, checks that the ranks saw different hostnames and that the traffic
 # crossed the veths (interface byte counters), and prints an allreduce bandwidth figure.
 # Skips (77) without root / ip netns, mpirun or an MPI build. Cleans up even on failure.
 # Usage: bash tests/mpi_netns.sh BUILDDIR     (RATE=1gbit caps each host's link with tc tbf)
@@ -11,6 +11,7 @@ BUILD=${1:-build}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 HOSTS="$ROOT/scripts/netns-hosts"
 PROG="$(cd "$BUILD" && pwd)/tests/transport_mpi_test"
+COMM="$(cd "$BUILD" && pwd)/tests/comm_mpi_test"
 NET=10.77.0
 
 if ! why=$("$HOSTS" check 2>&1); then echo "skip: needs root and ip netns ($why)"; exit 77; fi
@@ -55,6 +56,12 @@ cat "$T/ok.log"
 ok "[ $rc -eq 0 ]" "mpirun across the hosts exited $rc"
 ok "[ \$(grep -c 'checks, 0 failures' '$T/ok.log') -eq 4 ]" "all 4 ranks pass the transport test"
 ok "[ \$(grep -o 'on host $NAME-[12]' '$T/ok.log' | sort -u | wc -l) -eq 2 ]" "ranks see two different hostnames"
+if [ -x "$COMM" ]; then  # the public communicator (native and its own algorithms) across hosts
+  mpi "$T/hostfile" -np 4 "$COMM" >"$T/comm.log" 2>&1
+  rc=$?
+  cat "$T/comm.log"
+  ok "[ $rc -eq 0 ] && [ \$(grep -c 'checks, 0 failures' '$T/comm.log') -eq 4 ]" "communicator test across the hosts (exit $rc)"
+fi
 d1=$(($(bytes 1) - rx1)) d2=$(($(bytes 2) - rx2))
 echo "veth bytes sent by host 1: $d1, by host 2: $d2"
 ok "[ $d1 -gt 100000 ] && [ $d2 -gt 100000 ]" "traffic crossed the veths (host1 $d1 B, host2 $d2 B)"

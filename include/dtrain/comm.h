@@ -19,7 +19,19 @@
  *   alltoall        send[size*count] -> recv[size*count], block j of send goes to rank j
  * Any other overlap of send and recv is handled by copying the input first.
  * bf16/f16 are reduced in f32 precision (converted, reduced, rounded once per step).
- * Reductions give bitwise-identical results on every rank. */
+ * Reductions give bitwise-identical results on every rank.
+ *
+ * Environment: DTRAIN_TIMEOUT (seconds, default 300) deadline of every blocking wait;
+ * DTRAIN_COMM_ALGO (auto|ring|rd|rhd|tree|direct|native) forces an algorithm; tuning knobs for
+ * benchmarks: DTRAIN_COMM_SEG (pipelining segment of our algorithms, bytes), and for shm
+ * DTRAIN_SHM_CHUNK (direct-collective chunk), DTRAIN_SHM_FRAG (channel fragment),
+ * DTRAIN_SHM_SMALL (allreduce size reduced whole by every rank), DTRAIN_SHM_NT (results at least
+ * this large use streaming stores), DTRAIN_SHM_SPIN_US (spin before sleeping on a futex; default
+ * 50 us, 0 when there are more ranks than cores).
+ *
+ * Threads: a communicator is called from one thread at a time (non-blocking ops progress on
+ * its own internal thread). Create and destroy it on a thread that lives as long as it does
+ * (peers use a robust mutex owned by the creating thread to tell that the rank is alive). */
 #ifndef DTRAIN_COMM_H
 #define DTRAIN_COMM_H
 

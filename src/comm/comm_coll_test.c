@@ -297,14 +297,7 @@ static void test_p2p(dt_comm *c, int R, int N, unsigned char *send, unsigned cha
     CHECK(dt_comm_send(c, send, 1, DT_F32, right, DT_COMM_TAG_MAX + 1) == DT_EINVAL);
 }
 
-static int rank_main(int R, int N, const char *job, void *arg) {
-    (void)arg;
-    dt_comm *c = NULL;
-    CHECK_OK(dt_test_comm(&c, R, N, job, DT_ALGO_AUTO, 60));
-    if (!c) return 1;
-    CHECK(dt_comm_rank(c) == R && dt_comm_size(c) == N);
-    CHECK(!strcmp(dt_comm_backend_name(c), N > 1 ? "shm" : "self"));
-    CHECK_MSG(dt_test_shm_gone(job), "segment of job %s still in /dev/shm after every rank attached", job);
+static void run_all(dt_comm *c, int R, int N) {
     size_t cap = (size_t)BIG * 8 * 8 + 4096;
     unsigned char *send = malloc(cap), *recv = malloc(cap);
     test_allreduce(c, R, N, send, recv);
@@ -317,13 +310,42 @@ static int rank_main(int R, int N, const char *job, void *arg) {
     CHECK(dt_comm_broadcast(c, recv, 4, DT_F32, N) == DT_EINVAL);
     free(send);
     free(recv);
+}
+
+static int rank_main(int R, int N, const char *job, void *arg) {
+    (void)arg;
+    dt_comm *c = NULL;
+    CHECK_OK(dt_test_comm(&c, R, N, job, DT_ALGO_AUTO, 60));
+    if (!c) return 1;
+    CHECK(dt_comm_rank(c) == R && dt_comm_size(c) == N);
+    CHECK(!strcmp(dt_comm_backend_name(c), N > 1 ? "shm" : "self"));
+    CHECK_MSG(dt_test_shm_gone(job), "segment of job %s still in /dev/shm after every rank attached", job);
+    run_all(c, R, N);
     dt_comm_destroy(c);
     if (R == 0) printf("  rank 0 of %d: %d checks, %d failures\n", N, dt_test_checks, dt_test_failures);
     return dt_test_failures;
 }
 
+/* under mpirun: the same checks over the mpi transport (native and our algorithms) */
+static int mpi_main(void) {
+    dt_comm_config cfg = dt_comm_config_default();
+    cfg.backend = DT_BACKEND_MPI;
+    cfg.timeout_s = 120;
+    dt_comm *c = NULL;
+    CHECK_OK(dt_comm_create_from_env(&c, &cfg));
+    if (!c) return 1;
+    int R = dt_comm_rank(c), N = dt_comm_size(c);
+    CHECK(!strcmp(dt_comm_backend_name(c), "mpi"));
+    run_all(c, R, N);
+    dt_comm_destroy(c);
+    char name[64];
+    snprintf(name, sizeof name, "comm_coll_test (mpi, rank %d of %d)", R, N);
+    return dt_test_summary(name);
+}
+
 int main(int argc, char **argv) {
     static const int sizes[] = {1, 2, 3, 4, 5, 7, 8};
+    if (argc > 1 && !strcmp(argv[1], "mpi")) return mpi_main();
     int only = argc > 1 ? atoi(argv[1]) : 0;
     for (int k = 0; k < 7; k++) {
         int n = sizes[k];

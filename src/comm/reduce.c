@@ -3,7 +3,7 @@
 #include "comm/reduce.h"
 
 #include <string.h>
-#ifdef __F16C__
+#if defined(__F16C__) || defined(__AVX__)
 #include <immintrin.h>
 #endif
 
@@ -125,10 +125,52 @@ void dt_reduce_into(void *acc, const void *in, size_t n, dt_dtype t, dt_redop op
     }
 }
 
+/* ---- non-temporal stores ---- */
+static inline void store_blk(void *dst, const void *src, size_t bytes, bool nt) {
+#ifdef __AVX__
+    if (nt && ((uintptr_t)dst & 31) == 0 && (bytes & 31) == 0) {
+        for (size_t j = 0; j < bytes; j += 32)
+            _mm256_stream_si256((__m256i *)((char *)dst + j), _mm256_loadu_si256((const __m256i *)((const char *)src + j)));
+        return;
+    }
+#endif
+    (void)nt;
+    memcpy(dst, src, bytes);
+}
+
+void dt_copy_nt(void *dst, const void *src, size_t bytes) {
+#ifdef __AVX__
+    char *d = dst;
+    const char *s = src;
+    size_t head = (32 - ((uintptr_t)d & 31)) & 31;
+    if (head > bytes) head = bytes;
+    memcpy(d, s, head);
+    d += head, s += head, bytes -= head;
+    size_t body = bytes & ~(size_t)127;
+    for (size_t j = 0; j < body; j += 128) {
+        __m256i a = _mm256_loadu_si256((const __m256i *)(s + j)), b = _mm256_loadu_si256((const __m256i *)(s + j + 32));
+        __m256i c = _mm256_loadu_si256((const __m256i *)(s + j + 64)), e = _mm256_loadu_si256((const __m256i *)(s + j + 96));
+        _mm256_stream_si256((__m256i *)(d + j), a);
+        _mm256_stream_si256((__m256i *)(d + j + 32), b);
+        _mm256_stream_si256((__m256i *)(d + j + 64), c);
+        _mm256_stream_si256((__m256i *)(d + j + 96), e);
+    }
+    memcpy(d + body, s + body, bytes - body);
+#else
+    memcpy(dst, src, bytes);
+#endif
+}
+
+void dt_copy_fence(void) {
+#ifdef __AVX__
+    _mm_sfence();
+#endif
+}
+
 /* ---- k inputs: accumulate a block on the stack, then store once (or twice) ---- */
 #define DEF_MANY(S, T, DIV)                                                                     \
     static void many_##S(T *out, T *out2, const void *const *in, int k, size_t n, dt_redop op, \
-                         int div) {                                                            \
+                         int div, bool nt) {                                                   \
         T acc[BLK];                                                                             \
         for (size_t i = 0; i < n; i += BLK) {                                                   \
             size_t m = n - i < BLK ? n - i : BLK;                                               \
@@ -136,7 +178,7 @@ void dt_reduce_into(void *acc, const void *in, size_t n, dt_dtype t, dt_redop op
             for (int r = 1; r < k; r++) into_##S(acc, (const T *)in[r] + i, m, op);             \
             if (op == DT_OP_AVG)                                                                \
                 for (size_t j = 0; j < m; j++) acc[j] = DIV(acc[j], div);                       \
-            memcpy(out + i, acc, m * sizeof(T));                                                \
+            store_blk(out + i, acc, m * sizeof(T), nt);                                         \
             if (out2) memcpy(out2 + i, acc, m * sizeof(T));                                     \
         }                                                                                       \
     }
@@ -147,8 +189,9 @@ DEF_MANY(i32, int32_t, FDIV)
 DEF_MANY(i64, int64_t, FDIV)
 
 static void many_half(uint16_t *out, uint16_t *out2, const void *const *in, int k, size_t n,
-                      dt_dtype t, dt_redop op, int div) {
+                      dt_dtype t, dt_redop op, int div, bool nt) {
     float acc[BLK], tmp[BLK];
+    uint16_t h[BLK];
     for (size_t i = 0; i < n; i += BLK) {
         int m = n - i < BLK ? (int)(n - i) : BLK;
         half_load(acc, (const uint16_t *)in[0] + i, m, t);
@@ -158,21 +201,32 @@ static void many_half(uint16_t *out, uint16_t *out2, const void *const *in, int 
         }
         if (op == DT_OP_AVG)
             for (int j = 0; j < m; j++) acc[j] /= (float)div;
-        half_store(out + i, acc, m, t);
-        if (out2) memcpy(out2 + i, out + i, (size_t)m * 2);
+        half_store(h, acc, m, t);
+        store_blk(out + i, h, (size_t)m * 2, nt);
+        if (out2) memcpy(out2 + i, h, (size_t)m * 2);
+    }
+}
+
+static void many(void *out, void *out2, const void *const *in, int k, size_t n, dt_dtype t, dt_redop op,
+                 int avg_div, bool nt) {
+    switch (t) {
+    case DT_F32: many_f32(out, out2, in, k, n, op, avg_div, nt); break;
+    case DT_F64: many_f64(out, out2, in, k, n, op, avg_div, nt); break;
+    case DT_I32: many_i32(out, out2, in, k, n, op, avg_div, nt); break;
+    case DT_I64: many_i64(out, out2, in, k, n, op, avg_div, nt); break;
+    case DT_BF16: case DT_F16: many_half(out, out2, in, k, n, t, op, avg_div, nt); break;
+    default: break;
     }
 }
 
 void dt_reduce_many(void *out, void *out2, const void *const *in, int k, size_t n, dt_dtype t,
                     dt_redop op, int avg_div) {
-    switch (t) {
-    case DT_F32: many_f32(out, out2, in, k, n, op, avg_div); break;
-    case DT_F64: many_f64(out, out2, in, k, n, op, avg_div); break;
-    case DT_I32: many_i32(out, out2, in, k, n, op, avg_div); break;
-    case DT_I64: many_i64(out, out2, in, k, n, op, avg_div); break;
-    case DT_BF16: case DT_F16: many_half(out, out2, in, k, n, t, op, avg_div); break;
-    default: break;
-    }
+    many(out, out2, in, k, n, t, op, avg_div, false);
+}
+
+void dt_reduce_many_nt(void *out, void *out2, const void *const *in, int k, size_t n, dt_dtype t,
+                       dt_redop op, int avg_div) {
+    many(out, out2, in, k, n, t, op, avg_div, true);
 }
 
 void dt_reduce_scale(void *buf, size_t n, dt_dtype t, int div) {

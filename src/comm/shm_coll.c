@@ -80,43 +80,128 @@ static size_t small_bytes(void) {
     return v - 1;
 }
 
-static dt_status d_allreduce(dt_shm *s, const dt_coll_args *a) {
-    dt_dtype t = (dt_dtype)a->d.dtype;
-    dt_redop op = (dt_redop)a->d.redop;
-    size_t esz = dt_dtype_size(t), count = a->d.count, ce = s->hdr->d_chunk / esz;
-    const unsigned char *src = a->send;
-    unsigned char *dst = a->recv;
-    int n = s->n, div = op == DT_OP_AVG ? n : 1;
-    const void *in[256];
-    if (n > 256) return DT_ENOTSUP;
-    for (size_t off = 0; off == 0 || off < count; off += ce) {
-        size_t m = count - off < ce ? count - off : ce;
-        uint64_t slot;
-        DT_TRY(take_slot(s, &slot, a->deadline));
-        unsigned char *mine = shm_dslot(s, s->me, slot);
-        if (m) memcpy(mine, src + off * esz, m * esz);
-        advance(s);
-        DT_TRY(wait_phase(s, -1, s->myphase, a->deadline));
-        if (off == 0) DT_TRY(check_all(s));
-        if (m * esz <= small_bytes()) {
-            for (int r = 0; r < n; r++) in[r] = shm_dslot(s, r, slot);
-            if (m) dt_reduce_many(dst + off * esz, NULL, in, n, m, t, op, div);
-        } else {
-            size_t lo, hi;
-            slice(m, n, s->me, esz, &lo, &hi);
-            for (int r = 0; r < n; r++) in[r] = shm_dslot(s, r, slot) + lo * esz;
-            if (hi > lo) dt_reduce_many(dst + (off + lo) * esz, mine + lo * esz, in, n, hi - lo, t, op, div);
-            advance(s);
-            uint64_t reduced = s->myphase;
-            for (int k = 1; k < n; k++) {
-                int p = (s->me + k) % n;
-                DT_TRY(wait_phase(s, p, reduced, a->deadline));
-                slice(m, n, p, esz, &lo, &hi);
-                if (hi > lo) memcpy(dst + (off + lo) * esz, shm_dslot(s, p, slot) + lo * esz, (hi - lo) * esz);
-            }
-        }
-        release_slot(s, slot);
+/* results at least this large are written with streaming stores (they would only evict caches) */
+static size_t nt_bytes(void) {
+    static size_t v;
+    if (!v) {
+        const char *e = getenv("DTRAIN_SHM_NT");
+        v = e && *e ? (size_t)atoll(e) + 1 : (16u << 20) + 1;
     }
+    return v - 1;
+}
+
+/* one pipelined chunk of a large allreduce */
+typedef struct {
+    size_t off, m;
+    uint64_t slot, posted, reduced;
+} ar_chunk;
+
+typedef struct {
+    dt_shm *s;
+    const dt_coll_args *a;
+    size_t esz, ce;
+    bool nt;
+    ar_chunk ch[4];
+} ar_state;
+
+/* stage A: publish the slices the other ranks reduce (my own slice stays in my buffer) */
+static dt_status ar_post(ar_state *st, size_t k) {
+    dt_shm *s = st->s;
+    ar_chunk *c = &st->ch[k % 4];
+    size_t count = st->a->d.count, lo, hi;
+    c->off = k * st->ce;
+    c->m = count - c->off < st->ce ? count - c->off : st->ce;
+    DT_TRY(take_slot(s, &c->slot, st->a->deadline));
+    unsigned char *mine = shm_dslot(s, s->me, c->slot);
+    const unsigned char *src = (const unsigned char *)st->a->send + c->off * st->esz;
+    for (int p = 0; p < s->n; p++) {
+        if (p == s->me) continue;
+        slice(c->m, s->n, p, st->esz, &lo, &hi);
+        if (hi > lo) memcpy(mine + lo * st->esz, src + lo * st->esz, (hi - lo) * st->esz);
+    }
+    advance(s);
+    c->posted = s->myphase;
+    return DT_OK;
+}
+
+/* stage B: reduce my slice from every rank's buffer (rank order), into recv and my slot */
+static dt_status ar_reduce(ar_state *st, size_t k) {
+    dt_shm *s = st->s;
+    ar_chunk *c = &st->ch[k % 4];
+    const void *in[256];
+    size_t lo, hi, esz = st->esz;
+    DT_TRY(wait_phase(s, -1, c->posted, st->a->deadline));
+    if (k == 0) DT_TRY(check_all(s));
+    slice(c->m, s->n, s->me, esz, &lo, &hi);
+    if (hi > lo) {
+        for (int r = 0; r < s->n; r++)
+            in[r] = r == s->me ? (const unsigned char *)st->a->send + (c->off + lo) * esz
+                               : (const unsigned char *)shm_dslot(s, r, c->slot) + lo * esz;
+        dt_redop op = (dt_redop)st->a->d.redop;
+        unsigned char *out = (unsigned char *)st->a->recv + (c->off + lo) * esz;
+        unsigned char *out2 = shm_dslot(s, s->me, c->slot) + lo * esz;
+        int div = op == DT_OP_AVG ? s->n : 1;
+        if (st->nt) dt_reduce_many_nt(out, out2, in, s->n, hi - lo, (dt_dtype)st->a->d.dtype, op, div);
+        else dt_reduce_many(out, out2, in, s->n, hi - lo, (dt_dtype)st->a->d.dtype, op, div);
+    }
+    advance(s);
+    c->reduced = s->myphase;
+    return DT_OK;
+}
+
+/* stage C: copy the other ranks' reduced slices */
+static dt_status ar_collect(ar_state *st, size_t k) {
+    dt_shm *s = st->s;
+    ar_chunk *c = &st->ch[k % 4];
+    size_t lo, hi, esz = st->esz;
+    for (int j = 1; j < s->n; j++) {
+        int p = (s->me + j) % s->n;
+        DT_TRY(wait_phase(s, p, c->reduced, st->a->deadline));
+        slice(c->m, s->n, p, esz, &lo, &hi);
+        if (hi <= lo) continue;
+        unsigned char *dst = (unsigned char *)st->a->recv + (c->off + lo) * esz;
+        const unsigned char *src = shm_dslot(s, p, c->slot) + lo * esz;
+        if (st->nt) dt_copy_nt(dst, src, (hi - lo) * esz);
+        else memcpy(dst, src, (hi - lo) * esz);
+    }
+    release_slot(s, c->slot);
+    return DT_OK;
+}
+
+/* small: one synchronisation, every rank reduces the whole chunk itself */
+static dt_status ar_small(dt_shm *s, const dt_coll_args *a, size_t esz) {
+    const void *in[256];
+    size_t m = a->d.count;
+    uint64_t slot;
+    DT_TRY(take_slot(s, &slot, a->deadline));
+    if (m) memcpy(shm_dslot(s, s->me, slot), a->send, m * esz);
+    advance(s);
+    DT_TRY(wait_phase(s, -1, s->myphase, a->deadline));
+    DT_TRY(check_all(s));
+    for (int r = 0; r < s->n; r++) in[r] = r == s->me ? a->send : (const void *)shm_dslot(s, r, slot);
+    dt_redop op = (dt_redop)a->d.redop;
+    if (m) dt_reduce_many(a->recv, NULL, in, s->n, m, (dt_dtype)a->d.dtype, op, op == DT_OP_AVG ? s->n : 1);
+    release_slot(s, slot);
+    return DT_OK;
+}
+
+/* large: chunks flow through a three-stage pipeline, post(k+1) / reduce(k) / collect(k-1), so a
+ * rank rarely waits for a peer's previous stage */
+static dt_status d_allreduce(dt_shm *s, const dt_coll_args *a) {
+    size_t esz = dt_dtype_size((dt_dtype)a->d.dtype), count = a->d.count;
+    if (s->n > 256) return DT_ENOTSUP;
+    if (count * esz <= small_bytes() && count * esz <= s->hdr->d_chunk) return ar_small(s, a, esz);
+    ar_state st = {.s = s, .a = a, .esz = esz, .ce = s->hdr->d_chunk / esz};
+    st.nt = count * esz >= nt_bytes();
+    size_t K = (count + st.ce - 1) / st.ce;
+    DT_TRY(ar_post(&st, 0));
+    for (size_t k = 0; k < K; k++) {
+        if (k + 1 < K) DT_TRY(ar_post(&st, k + 1));
+        DT_TRY(ar_reduce(&st, k));
+        if (k >= 1) DT_TRY(ar_collect(&st, k - 1));
+    }
+    DT_TRY(ar_collect(&st, K - 1));
+    if (st.nt) dt_copy_fence();
     return DT_OK;
 }
 

@@ -192,12 +192,20 @@ static dt_status slow_checks(dt_shm *s, double deadline, double now) {
                 snprintf(doing, sizeof doing, " (its latest collective is %s)", dt_coll_desc_str(&d, ds, sizeof ds));
             }
         }
-        s->broken = true;
+        char msg[512];
         if (p >= 0)
-            return dt_error(DT_ETIMEDOUT, "%s timed out waiting for rank %d%s: it is alive but did not take part; "
-                            "raise DTRAIN_TIMEOUT (seconds) if it is only slow", what_str(s, what, sizeof what, rq), p, doing);
-        return dt_error(DT_ETIMEDOUT, "%s timed out; raise DTRAIN_TIMEOUT (seconds) if the job is only slow",
-                        what_str(s, what, sizeof what, rq));
+            snprintf(msg, sizeof msg, "%s on rank %d timed out waiting for rank %d%s: it is alive but did not take "
+                     "part; raise DTRAIN_TIMEOUT (seconds) if it is only slow", what_str(s, what, sizeof what, rq),
+                     s->me, p, doing);
+        else
+            snprintf(msg, sizeof msg, "%s on rank %d timed out; raise DTRAIN_TIMEOUT (seconds) if the job is only slow",
+                     what_str(s, what, sizeof what, rq), s->me);
+        if (!rq) { /* a collective: fail the whole job so no rank goes on alone */
+            dt_shm_abort(s, DT_ETIMEDOUT, msg);
+            return abort_error(s);
+        }
+        s->broken = true;
+        return dt_error(DT_ETIMEDOUT, "%s", msg);
     }
     return DT_OK;
 }
@@ -206,6 +214,7 @@ dt_status dt_shm_block(dt_shm *s, dt_shm_poll poll, void *arg, double deadline, 
     shm_rank *me = shm_rank_at(s, s->me);
     double spin_until = 0;
     int yields = 0;
+    unsigned spins = 0;
     for (;;) {
         dt_status st = DT_OK;
         int r = poll(s, arg, &st);
@@ -219,6 +228,7 @@ dt_status dt_shm_block(dt_shm *s, dt_shm_poll poll, void *arg, double deadline, 
             if (spin_until == 0) spin_until = now + s->spin_s;
             if (now < spin_until) {
                 for (int i = 0; i < 32; i++) cpu_relax();
+                if ((++spins & 15) == 0) sched_yield(); /* lets a peer sharing this core run */
                 continue;
             }
         }
