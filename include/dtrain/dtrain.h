@@ -11,5 +11,6 @@
 #include "dtrain/train.h"
 #include "dtrain/data.h"
 #include "dtrain/safetensors.h"
+#include "dtrain/comm.h"
 
 #endif

@@ -4,6 +4,7 @@
 #ifndef DTRAIN_TRAIN_H
 #define DTRAIN_TRAIN_H
 
+#include "dtrain/comm.h"
 #include "dtrain/core.h"
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
@@ -26,9 +27,12 @@ typedef struct {
     int epoch;                      /* 1-based */
     int64_t global_step;
     float train_loss, test_loss, test_acc;  /* test_* are NaN without a test set */
-    double samples_per_s;           /* training samples per second (excludes evaluation) */
+    double samples_per_s;           /* training samples per second, all ranks (excludes evaluation) */
     double epoch_s, wall_s;         /* this epoch's training time; time since start */
-    double data_wait_s;             /* time the step loop waited for the loader */
+    double data_wait_s;             /* time the step loop waited for the loader (rank 0) */
+    double compute_s, comm_wait_s;  /* forward+backward+optimizer time; blocked on gradients (rank 0) */
+    int64_t steps;                  /* steps in this epoch */
+    int world_size, global_batch;
     float lr;                       /* learning rate of the last step */
 } dt_epoch_info;
 
@@ -47,6 +51,12 @@ typedef struct {
     const char *save;         /* checkpoint written at the end (and after each epoch) */
     const char *resume;       /* checkpoint to continue from */
     const char *metrics;      /* JSON-Lines file, one object per epoch */
+    /* distribution: comm NULL = one process. With a communicator of size > 1, --batch is per
+     * rank, the data is sharded by rank, and only rank 0 calls back, writes metrics and saves. */
+    dt_comm *comm;            /* borrowed */
+    const char *strategy;     /* NULL: "ddp" when the world size > 1, else "single" */
+    double bucket_mb;         /* ddp gradient bucket size (MB), 0 = default */
+    const char *timeline;     /* Chrome trace (JSON) of every rank's steps, written by rank 0 */
     /* callbacks (may be NULL) */
     void (*on_progress)(void *ctx, const dt_progress_info *p);
     void (*on_epoch)(void *ctx, const dt_epoch_info *e);

@@ -2,9 +2,12 @@
  * progress lines (pipes), and one line per epoch with train/test loss, accuracy and speed. */
 #include "cli/cli.h"
 #include "dtrain/dtrain.h"
+#include "run/launch.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -55,6 +58,36 @@ static void on_epoch(void *ctx, const dt_epoch_info *e) {
     fflush(stdout);
 }
 
+static void print_launch_event(void *ctx, const char *msg) {
+    (void)ctx;
+    fprintf(stderr, "dtrain train: %s\n", msg);
+}
+
+/* True when this process is already one rank of a job (dtrain launch, --workers, mpirun, srun). */
+static bool started_as_rank(void) {
+    return getenv("DTRAIN_RANK") || getenv("OMPI_COMM_WORLD_RANK") || getenv("PMI_RANK") || getenv("SLURM_PROCID");
+}
+
+/* --workers N: re-runs this very command as N local ranks (shared-memory transport) and
+ * supervises them; rank 0 prints, the others only report errors. */
+static int run_workers(int argc, char **argv, int workers) {
+    char exe[PATH_MAX];
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (len <= 0) return dt_cli_fail(NULL, "--workers: cannot find this program's path (/proc/self/exe)");
+    exe[len] = '\0';
+    char **args = calloc((size_t)argc + 3, sizeof *args);
+    if (!args) return dt_cli_fail(NULL, "out of memory");
+    args[0] = exe;
+    args[1] = "train";
+    for (int i = 1; i < argc; i++) args[i + 1] = argv[i];
+    dt_launch_config lc = {.nranks = workers, .notify = print_launch_event};
+    dt_launch_result res;
+    dt_status s = dt_launch_run(&lc, args, &res);
+    free(args);
+    if (s != DT_OK && res.failed_rank < 0 && res.exit_code == 0) return dt_cli_fail(NULL, "%s", dt_last_error());
+    return res.exit_code;
+}
+
 static const char TRAIN_USAGE[] =
     "Usage: dtrain train [FLAGS]\n\n"
     "Trains a model on a data set with one worker process.\n"
@@ -63,7 +96,10 @@ static const char TRAIN_USAGE[] =
     "  \"conv(32,3,pad=1) relu maxpool(2) flatten linear(128) relu linear(10)\"\n"
     "layers: linear(out[,bias=0]) conv(out,k[,stride=,pad=,bias=]) maxpool(k[,stride=]) avgpool(k[,stride=])\n"
     "        relu gelu tanh sigmoid dropout(p) flatten layernorm([eps=]) batchnorm([eps=,momentum=])\n"
-    "presets: mlp (784-128-10, ReLU), cnn (the spec above with a second conv(64,3,pad=1) relu maxpool(2))";
+    "presets: mlp (784-128-10, ReLU), cnn (the spec above with a second conv(64,3,pad=1) relu maxpool(2))\n\n"
+    "Data parallel: --workers N starts N local ranks (shared memory); 'mpirun -np N dtrain train ...'\n"
+    "or 'dtrain launch -n N -- dtrain train ...' run the same job. --batch is per rank; each step\n"
+    "averages gradients over the global batch of N*batch samples (--strategy ddp).";
 
 int dt_cmd_train(int argc, char **argv) {
     dt_train_config cfg = dt_train_defaults();
@@ -72,6 +108,9 @@ int dt_cmd_train(int argc, char **argv) {
     int64_t seed = 42, warmup = 0, step_size = 0, max_steps = 0;
     float gamma = 0.1f, min_lr = 0;
     bool nesterov = false, quiet = false, normalize = false;
+    int workers = 1;
+    const char *backend = "auto";
+    float bucket_mb = 0, timeout = 0;
     const dt_flag flags[] = {
         {"data", DT_FLAG_STR, &cfg.data, "DIR", "IDX directory (train-*/t10k-* files), fashion-mnist, mnist or a .csv"},
         {"model", DT_FLAG_STR, &cfg.model, "SPEC", "model spec string or preset: mlp, cnn"},
@@ -99,10 +138,18 @@ int dt_cmd_train(int argc, char **argv) {
         {"resume", DT_FLAG_STR, &cfg.resume, "FILE", "continue from a checkpoint written by --save"},
         {"metrics", DT_FLAG_STR, &cfg.metrics, "FILE", "append one JSON object per epoch (JSON Lines)"},
         {"quiet", DT_FLAG_BOOL, &quiet, NULL, "no progress output, only the per-epoch lines"},
+        {"workers", DT_FLAG_INT, &workers, "N", "run N local data-parallel worker processes"},
+        {"strategy", DT_FLAG_STR, &cfg.strategy, "NAME", "distribution strategy: ddp (default when > 1 rank)"},
+        {"backend", DT_FLAG_STR, &backend, "NAME", "transport between ranks: auto, shm or mpi"},
+        {"bucket-mb", DT_FLAG_FLOAT, &bucket_mb, "MB", "ddp gradient bucket size in MB (default 1)"},
+        {"timeline", DT_FLAG_STR, &cfg.timeline, "FILE", "write a Chrome trace of every rank (Perfetto, chrome://tracing)"},
+        {"timeout", DT_FLAG_FLOAT, &timeout, "S", "deadline of any wait for another rank, seconds (default 300)"},
     };
     int r = dt_flags_parse(argc, argv, 1, flags, (int)(sizeof flags / sizeof *flags), TRAIN_USAGE, NULL, 0, NULL,
                            NULL);
     if (r) return r < 0 ? 2 : 0;
+    if (workers < 1) return dt_cli_fail(NULL, "--workers %d: need at least 1", workers);
+    if (workers > 1 && !started_as_rank()) return run_workers(argc, argv, workers);
     if (dt_optim_parse(optimizer, &cfg.optim.kind) != DT_OK)
         return dt_cli_fail("use --optimizer sgd, adam or adamw", "%s", dt_last_error());
     dt_optim_kind kind = cfg.optim.kind;
@@ -121,6 +168,25 @@ int dt_cmd_train(int argc, char **argv) {
     cfg.seed = (uint64_t)seed;
     cfg.max_steps = max_steps;
     cfg.normalize = normalize;
+    cfg.bucket_mb = bucket_mb;
+
+    /* one rank of a job (or a single process): the communicator comes from the environment */
+    dt_comm_config cc = dt_comm_config_default();
+    if (dt_backend_parse(backend, &cc.backend) != DT_OK)
+        return dt_cli_fail("use --backend auto, shm or mpi", "%s", dt_last_error());
+    if (timeout > 0) cc.timeout_s = timeout;
+    dt_comm *comm = NULL;
+    if (dt_comm_create_from_env(&comm, &cc) != DT_OK)
+        return dt_cli_fail("start ranks with --workers N, dtrain launch or mpirun", "%s", dt_last_error());
+    int rank = dt_comm_rank(comm), world = dt_comm_size(comm);
+    if (workers > 1 && world != workers) {
+        dt_comm_destroy(comm);
+        return dt_cli_fail("leave out --workers when mpirun/srun/dtrain launch sets the number of ranks",
+                           "--workers %d but this job has %d ranks", workers, world);
+    }
+    if (world > 1) cfg.comm = comm;
+    dt_log_set_rank(world > 1 ? rank : -1);
+    if (rank != 0) quiet = true;
     progress_ctx pc = {.quiet = quiet, .tty = isatty(2), .epochs = cfg.epochs};
     cfg.on_progress = on_progress;
     cfg.on_epoch = on_epoch;
@@ -132,18 +198,26 @@ int dt_cmd_train(int argc, char **argv) {
         const char *hint = s == DT_ENOENT ? "check --data (an IDX directory, fashion-mnist, mnist or a .csv file)"
                            : strstr(dt_last_error(), "model spec") ? "see 'dtrain train --help' for the spec syntax"
                                                                    : NULL;
+        dt_comm_destroy(comm);
         return dt_cli_fail(hint, "%s", dt_last_error());
     }
     if (!quiet) {
         printf("dtrain: model %s (%zu parameters), data %s, batch %d, %s lr %g, seed %llu, %d thread%s\n",
                dt_model_spec(dt_trainer_model(t)), dt_model_num_params(dt_trainer_model(t)), cfg.data, cfg.batch,
                optimizer, lr, (unsigned long long)cfg.seed, cfg.threads, cfg.threads > 1 ? "s" : "");
+        if (world > 1)
+            printf("dtrain: %d ranks over %s, strategy %s, global batch %d\n", world, dt_comm_backend_name(comm),
+                   cfg.strategy ? cfg.strategy : "ddp", cfg.batch * world);
         if (cfg.resume) printf("dtrain: resumed from %s at step %lld\n", cfg.resume, (long long)dt_trainer_step(t));
         fflush(stdout);
     }
     s = dt_trainer_run(t);
     dt_trainer_free(t);
-    if (s != DT_OK) return dt_cli_fail(NULL, "%s", dt_last_error());
+    dt_comm_destroy(comm);
+    if (s != DT_OK) {
+        if (world > 1) return dt_cli_fail(NULL, "rank %d: %s", rank, dt_last_error());
+        return dt_cli_fail(NULL, "%s", dt_last_error());
+    }
     if (pc.last.epoch > 0)
         printf("dtrain: done: test accuracy %.4f, test loss %.4f after %lld steps (%.1fs)\n", pc.last.test_acc,
                pc.last.test_loss, (long long)pc.last.global_step, pc.last.wall_s);

@@ -7,10 +7,14 @@
 
 int dt_cmd_train(int argc, char **argv);
 int dt_cmd_eval(int argc, char **argv);
+int dt_cmd_launch(int argc, char **argv);
+int dt_cmd_bench(int argc, char **argv);
 
 static const dt_command g_commands[] = {
-    {"train", dt_cmd_train, "train a model (one worker)"},
+    {"train", dt_cmd_train, "train a model (one process, --workers N, or one rank of a launch/mpirun job)"},
     {"eval", dt_cmd_eval, "evaluate a checkpoint on a data set"},
+    {"launch", dt_cmd_launch, "run N local ranks of a program (rank env, prefixed output)"},
+    {"bench", dt_cmd_bench, "benchmarks: train (one worker), ddp (data parallel), comm (collectives)"},
     {NULL, NULL, NULL},
 };
 

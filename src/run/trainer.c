@@ -1,6 +1,9 @@
-/* The single-process training loop: loads data, builds model + optimizer, runs epochs of
- * forward / loss / backward / clip / step, evaluates on the test set, writes JSON-Lines
- * metrics and checkpoints, and resumes exactly where a checkpoint left off. */
+/* The training loop: loads data, builds model + optimizer, runs epochs of forward / loss /
+ * backward / strategy step (gradient sync, clip, optimizer), evaluates on the (sharded) test
+ * set, writes JSON-Lines metrics, a timeline and checkpoints, and resumes exactly where a
+ * checkpoint left off. The same loop runs one process or N data-parallel ranks. */
+#include "core/trace.h"
+#include "dist/strategy.h"
 #include "dtrain/data.h"
 #include "dtrain/layers.h"
 #include "dtrain/train.h"
@@ -25,6 +28,9 @@ struct dt_trainer {
     float norm_mean, norm_std;
     bool has_norm;
     double t_start;
+    int rank, world;
+    dt_strategy *strategy;
+    dt_trace trace;           /* empty unless cfg.timeline */
 };
 
 dt_train_config dt_train_defaults(void) {
@@ -44,6 +50,8 @@ dt_train_config dt_train_defaults(void) {
 
 void dt_trainer_free(dt_trainer *t) {
     if (!t) return;
+    dt_strategy_destroy(t->strategy);
+    dt_trace_free(&t->trace);
     dt_loader_free(t->loader);
     dt_optim_free(t->optim);
     dt_model_free(t->model);
@@ -70,6 +78,8 @@ dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
     if (!t) return dt_error(DT_ENOMEM, "trainer: out of memory");
     t->cfg = *cfg;
     t->t_start = dt_now();
+    t->rank = cfg->comm ? dt_comm_rank(cfg->comm) : 0;
+    t->world = cfg->comm ? dt_comm_size(cfg->comm) : 1;
     dt_set_threads(cfg->threads);
     /* a bad spec is reported before any data is read */
     dt_layer_spec layers[DT_MAX_LAYERS];
@@ -119,8 +129,8 @@ dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
         if ((s = dt_dataset_set_normalize(t->train, t->norm_mean, t->norm_std)) != DT_OK) goto fail;
         if (t->test && (s = dt_dataset_set_normalize(t->test, t->norm_mean, t->norm_std)) != DT_OK) goto fail;
     }
-    dt_loader_config lc = {.batch = cfg->batch, .shuffle = true, .seed = cfg->seed, .rank = 0, .world = 1,
-                           .prefetch = -1};
+    dt_loader_config lc = {.batch = cfg->batch, .shuffle = true, .seed = cfg->seed, .rank = t->rank,
+                           .world = t->world, .prefetch = -1};
     if ((s = dt_loader_create(&t->loader, t->train, &lc)) != DT_OK) goto fail;
     if (t->cfg.lr.kind == DT_LR_COSINE && t->cfg.lr.total_steps <= 0) {
         /* cosine decays over the whole run (after warm-up) unless told otherwise */
@@ -133,6 +143,13 @@ dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
         s = dt_error(DT_ENOMEM, "trainer: out of memory");
         goto fail;
     }
+    if (cfg->timeline && (s = dt_trace_init(&t->trace, t->rank, 1 << 18, t->t_start)) != DT_OK) goto fail;
+    const char *strategy = cfg->strategy ? cfg->strategy : t->world > 1 ? "ddp" : "single";
+    dt_strategy_config sc = {.bucket_mb = cfg->bucket_mb, .trace = cfg->timeline ? &t->trace : NULL};
+    if ((s = dt_strategy_create(&t->strategy, strategy, t->world > 1 ? cfg->comm : NULL, t->model, t->optim, &sc)) !=
+        DT_OK)
+        goto fail;
+    if ((s = t->strategy->ops->init(t->strategy)) != DT_OK) goto fail;
     *out = t;
     return DT_OK;
 fail:
@@ -143,10 +160,13 @@ fail:
 dt_model *dt_trainer_model(dt_trainer *t) { return t->model; }
 int64_t dt_trainer_step(const dt_trainer *t) { return t->step; }
 
-/* Loss and accuracy of model on a whole data set, in batches of `batch`. */
-static dt_status evaluate(dt_model *m, const dt_dataset *ds, int batch, float *probs, float *loss, float *acc) {
+/* Loss and accuracy of model on a whole data set, in batches of `batch`; with comm, each rank
+ * evaluates its shard and the sums are reduced. */
+static dt_status evaluate(dt_model *m, const dt_dataset *ds, int batch, float *probs, dt_comm *comm, float *loss,
+                          float *acc) {
     dt_loader *l = NULL;
-    dt_loader_config lc = {.batch = batch, .shuffle = false, .world = 1, .prefetch = -1};
+    dt_loader_config lc = {.batch = batch, .shuffle = false, .rank = comm ? dt_comm_rank(comm) : 0,
+                           .world = comm ? dt_comm_size(comm) : 1, .prefetch = -1};
     DT_TRY(dt_loader_create(&l, ds, &lc));
     dt_status s = dt_loader_start_epoch(l, 0, 0);
     double sum_loss = 0;
@@ -169,15 +189,17 @@ static dt_status evaluate(dt_model *m, const dt_dataset *ds, int batch, float *p
     }
     dt_loader_free(l);
     if (s != DT_ENOENT) return s;
-    *loss = n ? (float)(sum_loss / (double)n) : NAN;
-    *acc = n ? (float)correct / (float)n : NAN;
+    double sums[3] = {sum_loss, (double)correct, (double)n};
+    if (comm) DT_TRY(dt_comm_allreduce(comm, sums, sums, 3, DT_F64, DT_OP_SUM));
+    *loss = sums[2] > 0 ? (float)(sums[0] / sums[2]) : NAN;
+    *acc = sums[2] > 0 ? (float)(sums[1] / sums[2]) : NAN;
     return DT_OK;
 }
 
 dt_status dt_trainer_evaluate(dt_trainer *t, float *loss, float *acc) {
     *loss = *acc = NAN;
     if (!t->test) return DT_OK;
-    return evaluate(t->model, t->test, t->cfg.batch, t->probs, loss, acc);
+    return evaluate(t->model, t->test, t->cfg.batch, t->probs, t->world > 1 ? t->cfg.comm : NULL, loss, acc);
 }
 
 static void fill_info(const dt_trainer *t, dt_ckpt_info *info) {
@@ -201,45 +223,105 @@ dt_status dt_trainer_save(dt_trainer *t, const char *path) {
     return dt_checkpoint_write(path, t->model, t->optim, &info);
 }
 
-/* One optimizer step on a batch; returns the batch's mean loss in *loss. */
-static dt_status train_step(dt_trainer *t, const dt_batch *b, float *loss) {
+/* Samples in global batch b of the epoch, over all ranks. */
+static int global_count(const dt_trainer *t, size_t b) {
+    size_t n = dt_dataset_len(t->train), gb = (size_t)t->cfg.batch * (size_t)t->world, start = b * gb;
+    return (int)(start + gb <= n ? gb : n - start);
+}
+
+/* Per-epoch accumulators of the step loop. */
+typedef struct {
+    double loss_sum;     /* sum of per-sample losses (this rank) */
+    int64_t samples;     /* this rank */
+    int64_t steps;
+    double compute_s, comm_wait_s;
+} epoch_acc;
+
+/* One optimizer step on this rank's part b of a global batch. The local loss gradient is
+ * weighted by n_local*world/n_global so that averaging over ranks gives exactly the mean
+ * gradient over the global batch (also when the final batch is spread unevenly). */
+static dt_status train_step(dt_trainer *t, const dt_batch *b, epoch_acc *acc) {
     const int V = t->classes;
-    const float *logits;
-    DT_TRY(dt_model_forward(t->model, b->x, b->n, true, (uint64_t)t->step, &logits));
-    *loss = dt_softmax_xent_forward(t->probs, logits, b->y, b->n, V);
-    if (!isfinite(*loss))
-        return dt_error(DT_EINVAL, "training diverged: loss is %g at step %lld; lower --lr or set --clip",
-                        *loss, (long long)t->step);
-    dt_softmax_xent_backward(t->dlogits, t->probs, b->y, b->n, V, 1.0f);
+    const double t0 = dt_now();
+    dt_strategy *st = t->strategy;
+    st->ops->begin_step(st, t->step);
     dt_model_zero_grad(t->model);
-    DT_TRY(dt_model_backward(t->model, t->dlogits, NULL, NULL));
-    float *g = dt_model_grads(t->model);
-    size_t np = dt_model_num_params(t->model);
-    if (t->cfg.clip_norm > 0) dt_clip_grad_norm(g, np, t->cfg.clip_norm);
-    dt_optim_step(t->optim, dt_model_params(t->model), g, dt_lr_at(&t->cfg.lr, t->step));
+    if (b->n > 0) {
+        const float *logits;
+        DT_TRY(dt_model_forward(t->model, b->x, b->n, true, (uint64_t)t->step, &logits));
+        float loss = dt_softmax_xent_forward(t->probs, logits, b->y, b->n, V);
+        if (!isfinite(loss))
+            return dt_error(DT_EINVAL, "training diverged: loss is %g at step %lld on rank %d; lower --lr or set --clip",
+                            loss, (long long)t->step, t->rank);
+        acc->loss_sum += (double)loss * b->n;
+        acc->samples += b->n;
+        float scale = (float)((double)b->n * t->world / global_count(t, b->index));
+        dt_softmax_xent_backward(t->dlogits, t->probs, b->y, b->n, V, scale);
+        const double t1 = dt_now();
+        dt_trace_add(&t->trace, "forward", 0, t0, t1, t->step);
+        DT_TRY(dt_model_backward(t->model, t->dlogits, dt_strategy_grad_hook, st));
+        dt_trace_add(&t->trace, "backward", 0, t1, dt_now(), t->step);
+    }
+    dt_step_stats ss;
+    DT_TRY(st->ops->step(st, dt_lr_at(&t->cfg.lr, t->step), t->cfg.clip_norm, &ss));
+    acc->comm_wait_s += ss.comm_wait_s;
+    acc->compute_s += dt_now() - t0 - ss.comm_wait_s;
+    acc->steps++;
     t->step++;
     return DT_OK;
 }
 
+static void json_num(char *buf, size_t cap, double v) {
+    if (isnan(v)) snprintf(buf, cap, "null");
+    else snprintf(buf, cap, "%.6g", v);
+}
+
 static void write_metrics(FILE *f, const dt_epoch_info *e, const dt_trainer *t) {
     char tl[32], ta[32];
-    if (isnan(e->test_loss)) snprintf(tl, sizeof tl, "null");
-    else snprintf(tl, sizeof tl, "%.6g", e->test_loss);
-    if (isnan(e->test_acc)) snprintf(ta, sizeof ta, "null");
-    else snprintf(ta, sizeof ta, "%.6g", e->test_acc);
+    json_num(tl, sizeof tl, e->test_loss);
+    json_num(ta, sizeof ta, e->test_acc);
+    double per = e->steps > 0 ? 1e3 / (double)e->steps : 0;
     fprintf(f,
             "{\"epoch\": %d, \"step\": %lld, \"train_loss\": %.6g, \"test_loss\": %s, \"test_acc\": %s, "
             "\"samples_per_s\": %.1f, \"epoch_s\": %.3f, \"wall_s\": %.3f, \"data_wait_s\": %.4f, \"lr\": %.6g, "
-            "\"batch\": %d, \"world_size\": 1, \"model\": \"%s\"}\n",
+            "\"batch\": %d, \"world_size\": %d, \"global_batch\": %d, \"strategy\": \"%s\", "
+            "\"step_ms\": {\"compute\": %.4f, \"comm_wait\": %.4f, \"data_wait\": %.4f}, \"model\": \"%s\"}\n",
             e->epoch, (long long)e->global_step, e->train_loss, tl, ta, e->samples_per_s, e->epoch_s, e->wall_s,
-            e->data_wait_s, e->lr, t->cfg.batch, dt_model_spec(t->model));
+            e->data_wait_s, e->lr, t->cfg.batch, e->world_size, e->global_batch, t->strategy->ops->name,
+            e->compute_s * per, e->comm_wait_s * per, e->data_wait_s * per, dt_model_spec(t->model));
     fflush(f);
+}
+
+/* Gathers every rank's timeline events on rank 0 and writes the Chrome trace there. */
+static dt_status write_timeline(dt_trainer *t) {
+    dt_comm *c = t->world > 1 ? t->cfg.comm : NULL;
+    const size_t esz = sizeof(dt_trace_event);
+    if (!c) return dt_trace_write_json(t->cfg.timeline, t->trace.ev, t->trace.n);
+    int W = t->world;
+    int64_t mine = (int64_t)t->trace.n;
+    int64_t *counts = calloc((size_t)W, sizeof *counts);
+    size_t *bytes = calloc((size_t)W, sizeof *bytes);
+    if (!counts || !bytes) {
+        free(counts), free(bytes);
+        return dt_error(DT_ENOMEM, "timeline: out of memory");
+    }
+    dt_status s = dt_comm_allgather(c, &mine, counts, 1, DT_I64);
+    size_t total = 0;
+    for (int r = 0; r < W; r++) bytes[r] = (size_t)counts[r] * esz, total += (size_t)counts[r];
+    dt_trace_event *all = s == DT_OK ? calloc(total ? total : 1, esz) : NULL;
+    if (s == DT_OK && !all) s = dt_error(DT_ENOMEM, "timeline: out of memory for %zu events", total);
+    if (s == DT_OK) s = dt_comm_allgatherv(c, t->trace.ev, all, bytes, NULL, DT_U8);
+    if (s == DT_OK && t->rank == 0) s = dt_trace_write_json(t->cfg.timeline, all, total);
+    free(all), free(counts), free(bytes);
+    return s;
 }
 
 dt_status dt_trainer_run(dt_trainer *t) {
     const dt_train_config *c = &t->cfg;
+    dt_comm *comm = t->world > 1 ? c->comm : NULL;
+    const bool lead = t->rank == 0;
     FILE *mf = NULL;
-    if (c->metrics) {
+    if (c->metrics && lead) {
         mf = fopen(c->metrics, t->cfg.resume ? "a" : "w");
         if (!mf) return dt_error(DT_EIO, "--metrics %s: cannot open for writing", c->metrics);
     }
@@ -249,25 +331,25 @@ dt_status dt_trainer_run(dt_trainer *t) {
         if (c->max_steps && t->step >= c->max_steps) break;
         if ((s = dt_loader_start_epoch(t->loader, (uint64_t)t->epoch, (size_t)t->step_in_epoch)) != DT_OK) break;
         double t0 = dt_now(), last_progress = 0, wait0 = dt_loader_wait_seconds(t->loader);
-        double loss_sum = 0;
-        int64_t samples = 0, steps_here = 0;
+        epoch_acc acc = {0};
         dt_batch b;
-        while ((s = dt_loader_next(t->loader, &b)) == DT_OK) {
-            float loss;
-            if ((s = train_step(t, &b, &loss)) != DT_OK) break;
-            loss_sum += (double)loss * b.n;
-            samples += b.n;
-            steps_here++;
+        for (;;) {
+            double tw = dt_now();
+            if ((s = dt_loader_next(t->loader, &b)) != DT_OK) break;
+            dt_trace_add(&t->trace, "data", 2, tw, dt_now(), t->step);
+            if ((s = train_step(t, &b, &acc)) != DT_OK) break;
             t->step_in_epoch++;
             double now = dt_now();
-            if (c->on_progress && (now - last_progress >= c->progress_interval_s || t->step_in_epoch == spe)) {
+            if (lead && c->on_progress &&
+                (now - last_progress >= c->progress_interval_s || t->step_in_epoch == spe)) {
                 last_progress = now;
                 double el = now - t0;
                 dt_progress_info p = {.epoch = (int)t->epoch, .epochs = c->epochs, .step_in_epoch = t->step_in_epoch,
                                       .steps_per_epoch = spe, .global_step = t->step,
-                                      .loss = (float)(loss_sum / (double)samples), .elapsed_s = el,
-                                      .samples_per_s = el > 0 ? (double)samples / el : 0,
-                                      .eta_s = el / (double)steps_here * (double)(spe - t->step_in_epoch)};
+                                      .loss = acc.samples ? (float)(acc.loss_sum / (double)acc.samples) : NAN,
+                                      .elapsed_s = el,
+                                      .samples_per_s = el > 0 ? (double)acc.samples * t->world / el : 0,
+                                      .eta_s = el / (double)acc.steps * (double)(spe - t->step_in_epoch)};
                 c->on_progress(c->cb_ctx, &p);
             }
             if (c->max_steps && t->step >= c->max_steps) {
@@ -278,11 +360,16 @@ dt_status dt_trainer_run(dt_trainer *t) {
         if (s != DT_ENOENT) break;
         s = DT_OK;
         double epoch_s = dt_now() - t0;
+        /* global training loss and sample count of the epoch */
+        double sums[2] = {acc.loss_sum, (double)acc.samples};
+        if (comm && (s = dt_comm_allreduce(comm, sums, sums, 2, DT_F64, DT_OP_SUM)) != DT_OK) break;
         bool finished = t->step_in_epoch >= spe;
         dt_epoch_info e = {.epoch = (int)t->epoch + 1, .global_step = t->step,
-                           .train_loss = samples ? (float)(loss_sum / (double)samples) : NAN,
-                           .samples_per_s = epoch_s > 0 ? (double)samples / epoch_s : 0, .epoch_s = epoch_s,
-                           .data_wait_s = dt_loader_wait_seconds(t->loader) - wait0,
+                           .train_loss = sums[1] > 0 ? (float)(sums[0] / sums[1]) : NAN,
+                           .samples_per_s = epoch_s > 0 ? sums[1] / epoch_s : 0, .epoch_s = epoch_s,
+                           .data_wait_s = dt_loader_wait_seconds(t->loader) - wait0, .compute_s = acc.compute_s,
+                           .comm_wait_s = acc.comm_wait_s, .steps = acc.steps, .world_size = t->world,
+                           .global_batch = c->batch * t->world,
                            .lr = dt_lr_at(&c->lr, t->step > 0 ? t->step - 1 : 0)};
         if (finished) {
             t->epoch++;
@@ -291,9 +378,10 @@ dt_status dt_trainer_run(dt_trainer *t) {
         if ((s = dt_trainer_evaluate(t, &e.test_loss, &e.test_acc)) != DT_OK) break;
         e.wall_s = dt_now() - t->t_start;
         if (mf) write_metrics(mf, &e, t);
-        if (c->on_epoch) c->on_epoch(c->cb_ctx, &e);
-        if (c->save && (s = dt_trainer_save(t, c->save)) != DT_OK) break;
+        if (lead && c->on_epoch) c->on_epoch(c->cb_ctx, &e);
+        if (lead && c->save && (s = dt_trainer_save(t, c->save)) != DT_OK) break;
     }
+    if (s == DT_OK && c->timeline) s = write_timeline(t);
     if (mf && fclose(mf) != 0 && s == DT_OK) s = dt_error(DT_EIO, "--metrics %s: write failed", c->metrics);
     return s;
 }
@@ -323,7 +411,7 @@ dt_status dt_evaluate_checkpoint(const char *checkpoint, const char *data, int b
         s = dt_error(DT_ENOMEM, "eval: out of memory");
         goto done;
     }
-    s = evaluate(m, ds, batch, probs, loss, acc);
+    s = evaluate(m, ds, batch, probs, NULL, loss, acc);
     *samples = (int64_t)dt_dataset_len(ds);
 done:
     dt_free(probs);

@@ -1,0 +1,160 @@
+/* dtrain communicator: rank/size, collectives (allreduce, broadcast, reduce, allgather(v),
+ * reduce-scatter, gather, scatter, alltoall, barrier), tagged point-to-point, non-blocking
+ * variants with requests, and split into sub-communicators. Algorithms (ring, recursive
+ * doubling, halving-doubling, binomial tree, shm direct reduce) run over a transport
+ * (shm for local workers, MPI under mpirun/srun). Nothing blocks forever: every wait has a
+ * deadline, a dead peer or a mismatched collective becomes an error on every live rank.
+ *
+ * Buffer conventions (counts are in elements of `dtype`, per rank where it says so):
+ *   allreduce       send[count] -> recv[count]                      in place: send == recv
+ *   broadcast       buf[count], root's copy to everyone
+ *   reduce          send[count] -> recv[count] on root (recv unused elsewhere, may be NULL)
+ *   allgather       send[count] -> recv[size*count], rank r's block at recv + r*count
+ *                   in place: send == recv + rank*count, or send == recv (same meaning)
+ *   allgatherv      send[counts[rank]] -> recv, block r at recv + displs[r] (displs NULL: packed)
+ *   reduce_scatter  send[size*count] -> recv[count] = block `rank` of the reduction
+ *                   in place: send == recv (result in the first count elements)
+ *   gather          send[count] -> recv[size*count] on root; in place: send == recv + root*count
+ *   scatter         send[size*count] on root -> recv[count]; in place: recv == send + root*count
+ *   alltoall        send[size*count] -> recv[size*count], block j of send goes to rank j
+ * Any other overlap of send and recv is handled by copying the input first.
+ * bf16/f16 are reduced in f32 precision (converted, reduced, rounded once per step).
+ * Reductions give bitwise-identical results on every rank. */
+#ifndef DTRAIN_COMM_H
+#define DTRAIN_COMM_H
+
+#include "dtrain/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dt_comm dt_comm;
+typedef struct dt_request dt_request;
+
+/* Reduction operators. AVG is SUM divided by the communicator size (integer division for ints). */
+typedef enum { DT_OP_SUM = 0, DT_OP_AVG, DT_OP_MAX, DT_OP_MIN, DT_OP_PROD, DT_OP_COUNT } dt_redop;
+
+/* Transports. AUTO picks from the environment (see dt_comm_create_from_env). */
+typedef enum { DT_BACKEND_AUTO = 0, DT_BACKEND_SHM, DT_BACKEND_MPI, DT_BACKEND_SELF } dt_backend;
+
+/* Algorithms; AUTO chooses by message size and world size. Others force one where it applies
+ * (a collective without that variant uses its default); for benchmarks and tests. */
+typedef enum {
+    DT_ALGO_AUTO = 0,
+    DT_ALGO_RING,    /* ring: reduce-scatter + allgather, bandwidth-optimal */
+    DT_ALGO_RD,      /* recursive doubling, latency-optimal */
+    DT_ALGO_RHD,     /* recursive halving (reduce-scatter) + doubling (allgather), Rabenseifner */
+    DT_ALGO_TREE,    /* binomial tree (broadcast, reduce, gather, scatter) */
+    DT_ALGO_DIRECT,  /* shm only: ranks reduce slices straight from peers' buffers in the segment */
+    DT_ALGO_NATIVE,  /* the transport's own collective (MPI_Allreduce ...) */
+    DT_ALGO_COUNT
+} dt_comm_algo;
+
+/* Explicit creation parameters. Start from dt_comm_config_default(). */
+typedef struct {
+    int rank;             /* this process's rank, 0..size-1 */
+    int size;             /* world size; 1 = a single process (no transport needed) */
+    int local_rank;       /* rank among the processes of this host (informational) */
+    const char *job_id;   /* shm: names the job's segment; all ranks of a job pass the same id */
+    dt_backend backend;   /* AUTO: shm when size > 1 (explicit create) */
+    dt_comm_algo algo;    /* AUTO unless overridden; DTRAIN_COMM_ALGO env overrides AUTO */
+    double timeout_s;     /* deadline of every blocking wait; 0 = env DTRAIN_TIMEOUT or 300 s */
+} dt_comm_config;
+
+/* Default config: rank 0 of 1, backend AUTO, algo AUTO, timeout from the environment. */
+dt_comm_config dt_comm_config_default(void);
+
+/* Creates a communicator from explicit rank/size/job id. Collective over the `size` processes
+ * of the job (they must all call it within the timeout). *out is owned by the caller. */
+dt_status dt_comm_create(dt_comm **out, const dt_comm_config *cfg);
+
+/* Creates a communicator from the environment: DTRAIN_RANK, DTRAIN_WORLD_SIZE,
+ * DTRAIN_LOCAL_RANK, DTRAIN_JOB_ID (set by `dtrain launch`) -> shm; OMPI_COMM_WORLD_RANK/SIZE,
+ * PMI_RANK/SIZE or SLURM_PROCID/NTASKS (mpirun/srun) -> mpi; none -> world size 1.
+ * cfg (may be NULL) supplies backend (overrides the choice unless AUTO), algo and timeout;
+ * its rank/size/job_id are ignored. */
+dt_status dt_comm_create_from_env(dt_comm **out, const dt_comm_config *cfg);
+
+/* Frees the communicator (waits for queued non-blocking ops, up to the timeout). NULL is a no-op.
+ * Peers still waiting on this rank get DT_EPEER ("rank R left"). */
+void dt_comm_destroy(dt_comm *c);
+
+int dt_comm_rank(const dt_comm *c);
+int dt_comm_size(const dt_comm *c);
+/* Name of the transport in use: "self", "shm" or "mpi". */
+const char *dt_comm_backend_name(const dt_comm *c);
+
+/* Splits c by color: ranks with the same color form a new communicator, ordered by (key, parent
+ * rank). Collective over c. color < 0 (DT_COMM_UNDEFINED) gives *out = NULL. */
+#define DT_COMM_UNDEFINED (-1)
+dt_status dt_comm_split(dt_comm *c, int color, int key, dt_comm **out);
+
+/* Overrides the algorithm choice for later calls on this communicator (AUTO restores). */
+void dt_comm_set_algo(dt_comm *c, dt_comm_algo algo);
+
+/* ---- blocking collectives (collective over all ranks of c; see the buffer table above) ---- */
+
+dt_status dt_comm_allreduce(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype dtype,
+                            dt_redop op);
+dt_status dt_comm_broadcast(dt_comm *c, void *buf, size_t count, dt_dtype dtype, int root);
+dt_status dt_comm_reduce(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype dtype,
+                         dt_redop op, int root);
+dt_status dt_comm_allgather(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype dtype);
+/* counts[size] elements contributed by each rank; displs[size] element offsets into recv (NULL: packed). */
+dt_status dt_comm_allgatherv(dt_comm *c, const void *send, void *recv, const size_t *counts,
+                             const size_t *displs, dt_dtype dtype);
+dt_status dt_comm_reduce_scatter(dt_comm *c, const void *send, void *recv, size_t count,
+                                 dt_dtype dtype, dt_redop op);
+dt_status dt_comm_gather(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype dtype, int root);
+dt_status dt_comm_scatter(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype dtype, int root);
+dt_status dt_comm_alltoall(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype dtype);
+dt_status dt_comm_barrier(dt_comm *c);
+
+/* ---- point-to-point (tag 0..DT_COMM_TAG_MAX; messages between a pair with one tag arrive in
+ * order; the receive count must equal the send count) ---- */
+#define DT_COMM_TAG_MAX 16383
+dt_status dt_comm_send(dt_comm *c, const void *buf, size_t count, dt_dtype dtype, int peer, int tag);
+dt_status dt_comm_recv(dt_comm *c, void *buf, size_t count, dt_dtype dtype, int peer, int tag);
+
+/* ---- non-blocking: start the op and return a request at once. Ops of one communicator run in
+ * issue order on its progress thread (no polling needed); buffers must stay valid and untouched
+ * until the request completes. Blocking calls issued meanwhile run after them. ---- */
+
+dt_status dt_comm_iallreduce(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype dtype,
+                             dt_redop op, dt_request **req);
+dt_status dt_comm_ibroadcast(dt_comm *c, void *buf, size_t count, dt_dtype dtype, int root,
+                             dt_request **req);
+dt_status dt_comm_iallgather(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype dtype,
+                             dt_request **req);
+dt_status dt_comm_ireduce_scatter(dt_comm *c, const void *send, void *recv, size_t count,
+                                  dt_dtype dtype, dt_redop op, dt_request **req);
+dt_status dt_comm_isend(dt_comm *c, const void *buf, size_t count, dt_dtype dtype, int peer, int tag,
+                        dt_request **req);
+dt_status dt_comm_irecv(dt_comm *c, void *buf, size_t count, dt_dtype dtype, int peer, int tag,
+                        dt_request **req);
+
+/* Waits (within the communicator's timeout) for *req to finish, frees it and sets *req = NULL.
+ * Returns the op's status; its error message becomes this thread's last error. NULL *req: DT_OK. */
+dt_status dt_request_wait(dt_request **req);
+/* Never blocks. *done = true when finished: then like dt_request_wait (frees, returns status). */
+dt_status dt_request_test(dt_request **req, bool *done);
+/* Waits for all n requests (NULL entries allowed); returns the first error, frees every one. */
+dt_status dt_request_waitall(dt_request **reqs, int n);
+
+/* ---- names and parsing (for flags and messages) ---- */
+
+const char *dt_redop_name(dt_redop op);         /* "sum", "avg", "max", "min", "prod" */
+dt_status dt_redop_parse(const char *s, dt_redop *out);
+const char *dt_backend_name(dt_backend b);      /* "auto", "shm", "mpi", "self" */
+dt_status dt_backend_parse(const char *s, dt_backend *out);
+const char *dt_comm_algo_name(dt_comm_algo a);  /* "auto", "ring", "rd", "rhd", "tree", "direct", "native" */
+dt_status dt_comm_algo_parse(const char *s, dt_comm_algo *out);
+
+/* Removes the shm segment of a job if a crash left it behind (for launchers); DT_OK if absent. */
+dt_status dt_comm_shm_cleanup(const char *job_id);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,111 @@
+/* dtrain bench ddp: data-parallel training throughput on the real data set for 1, 2 and 4
+ * local workers (MLP at per-worker batch 32 and 128, CNN at 128), with each step split into
+ * compute, communication wait and data wait, as a table and one JSON line. Each case runs the
+ * real `dtrain train --workers N` command and reads its metrics. */
+#include "cli/cli.h"
+#include "dtrain/dtrain.h"
+
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef struct {
+    double sps, compute_ms, comm_ms, data_ms;
+} ddp_result;
+
+/* Pulls a number following "key": from a JSON line (good enough for our own metrics lines). */
+static double json_field(const char *line, const char *key) {
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\": ", key);
+    const char *p = strstr(line, pat);
+    return p ? strtod(p + strlen(pat), NULL) : -1;
+}
+
+static int run_case(const char *exe, const char *data, const char *model, int batch, int workers, int steps,
+                    const char *dir, ddp_result *r) {
+    char metrics[PATH_MAX], cmd[PATH_MAX * 3];
+    snprintf(metrics, sizeof metrics, "%s/bench-%s-%d-%d.jsonl", dir, model, batch, workers);
+    snprintf(cmd, sizeof cmd,
+             "'%s' train --data '%s' --model %s --batch %d --workers %d --max-steps %d --epochs 1000 --quiet "
+             "--metrics '%s' > /dev/null",
+             exe, data, model, batch, workers, steps, metrics);
+    if (system(cmd) != 0) return dt_cli_fail(NULL, "bench ddp: '%s' failed", cmd);
+    FILE *f = fopen(metrics, "r");
+    if (!f) return dt_cli_fail(NULL, "bench ddp: no metrics in %s", metrics);
+    char line[4096] = "";
+    while (fgets(line, sizeof line, f)) {
+    }
+    fclose(f);
+    unlink(metrics);
+    r->sps = json_field(line, "samples_per_s");
+    r->compute_ms = json_field(line, "compute");
+    r->comm_ms = json_field(line, "comm_wait");
+    r->data_ms = json_field(line, "data_wait");
+    return r->sps > 0 ? 0 : dt_cli_fail(NULL, "bench ddp: unreadable metrics line '%s'", line);
+}
+
+static const char USAGE[] =
+    "Usage: dtrain bench ddp [--data DIR] [--workers LIST] [--seconds S]\n\n"
+    "Data-parallel throughput of `dtrain train --workers N` on the real data set: MLP at per-worker\n"
+    "batch 32 and 128, CNN at 128; samples/s over all workers, speed-up over 1 worker, and the\n"
+    "per-step time split (compute, communication wait, data wait) of rank 0.";
+
+int dt_bench_ddp(int argc, char **argv) {
+    const char *data = "fashion-mnist", *workers_list = "1,2,4", *only = NULL;
+    float seconds = 2;
+    const dt_flag flags[] = {
+        {"data", DT_FLAG_STR, &data, "DIR", "data set"},
+        {"workers", DT_FLAG_STR, &workers_list, "LIST", "comma-separated worker counts"},
+        {"seconds", DT_FLAG_FLOAT, &seconds, "S", "approximate training time per case"},
+        {"model", DT_FLAG_STR, &only, "NAME", "only the cases of this model (mlp or cnn)"},
+    };
+    int rc = dt_flags_parse(argc, argv, 1, flags, 4, USAGE, NULL, 0, NULL, NULL);
+    if (rc) return rc < 0 ? 2 : 0;
+    char exe[PATH_MAX];
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (len <= 0) return dt_cli_fail(NULL, "bench ddp: cannot find this program (/proc/self/exe)");
+    exe[len] = '\0';
+    char dir[] = "/tmp/dtrain-bench-XXXXXX";
+    if (!mkdtemp(dir)) return dt_cli_fail(NULL, "bench ddp: cannot create a temporary directory");
+    int workers[8], nw = 0;
+    for (const char *p = workers_list; *p && nw < 8;) {
+        workers[nw++] = atoi(p);
+        p = strchr(p, ',');
+        if (!p) break;
+        p++;
+    }
+    /* rough single-worker rates so each case runs about `seconds` */
+    const struct { const char *model; int batch; double rate; } cases[] = {
+        {"mlp", 32, 120000}, {"mlp", 128, 180000}, {"cnn", 128, 2400}};
+    printf("# dtrain bench ddp: data %s, shm transport, ddp, adam; samples/s over all workers\n", data);
+    printf("%-5s %6s %8s %12s %8s %11s %11s %11s\n", "model", "batch", "workers", "samples/s", "speedup",
+           "compute_ms", "commwait_ms", "datawait_ms");
+    char json[4096];
+    int jn = snprintf(json, sizeof json, "{\"bench\": \"ddp\", \"cases\": [");
+    int status = 0, done = 0;
+    for (size_t c = 0; c < sizeof cases / sizeof *cases && !status; c++) {
+        if (only && strcmp(only, cases[c].model)) continue;
+        double base = 0;
+        for (int w = 0; w < nw && !status; w++) {
+            int steps = (int)(seconds * cases[c].rate / cases[c].batch);
+            if (steps < 20) steps = 20;
+            ddp_result r = {0};
+            if ((status = run_case(exe, data, cases[c].model, cases[c].batch, workers[w], steps, dir, &r))) break;
+            if (workers[w] == 1) base = r.sps;
+            double speedup = base > 0 ? r.sps / base : 0;
+            printf("%-5s %6d %8d %12.0f %7.2fx %11.3f %11.3f %11.3f\n", cases[c].model, cases[c].batch, workers[w],
+                   r.sps, speedup, r.compute_ms, r.comm_ms, r.data_ms);
+            fflush(stdout);
+            jn += snprintf(json + jn, sizeof json - (size_t)jn,
+                           "%s{\"model\": \"%s\", \"batch\": %d, \"workers\": %d, \"samples_per_s\": %.1f, "
+                           "\"speedup\": %.3f, \"step_ms\": {\"compute\": %.4f, \"comm_wait\": %.4f, \"data_wait\": %.4f}}",
+                           done++ ? ", " : "", cases[c].model, cases[c].batch, workers[w], r.sps, speedup, r.compute_ms,
+                           r.comm_ms, r.data_ms);
+        }
+    }
+    rmdir(dir);
+    if (!status) printf("%s]}\n", json);
+    return status;
+}

@@ -1,0 +1,26 @@
+/* dtrain bench: dispatches to the benchmark programs (each prints a table and a JSON line). */
+#include "cli/cli.h"
+
+#include <stdio.h>
+#include <string.h>
+
+int dt_bench_train(int argc, char **argv);
+int dt_bench_ddp(int argc, char **argv);
+
+static const dt_command g_benches[] = {
+    {"train", dt_bench_train, "single-worker training throughput (MLP b32/b128, CNN b128) and GFLOP/s"},
+    {"ddp", dt_bench_ddp, "data-parallel throughput for 1, 2, 4 workers with the compute/comm/data split"},
+    {NULL, NULL, NULL},
+};
+
+int dt_cmd_bench(int argc, char **argv) {
+    if (argc >= 2)
+        for (const dt_command *b = g_benches; b->name; b++)
+            if (!strcmp(argv[1], b->name)) return b->run(argc - 1, argv + 1);
+    bool help = argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"));
+    FILE *out = help ? stdout : stderr;
+    if (argc >= 2 && !help) fprintf(stderr, "dtrain: error: unknown benchmark '%s'\n", argv[1]);
+    fprintf(out, "Usage: dtrain bench NAME [FLAGS]\n\nBenchmarks:\n");
+    for (const dt_command *b = g_benches; b->name; b++) fprintf(out, "  %-8s %s\n", b->name, b->summary);
+    return help ? 0 : 2;
+}

@@ -1,0 +1,218 @@
+/* Communicator lifetime: explicit creation (rank/size/job id), creation from the environment
+ * (dtrain launch -> shm, mpirun/srun -> mpi, nothing -> one process), split into
+ * sub-communicators, destroy, and the small queries. */
+#include "comm/comm_internal.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+dt_comm_config dt_comm_config_default(void) {
+    dt_comm_config c;
+    memset(&c, 0, sizeof c);
+    c.size = 1;
+    c.backend = DT_BACKEND_AUTO;
+    c.algo = DT_ALGO_AUTO;
+    return c;
+}
+
+static dt_status env_int(const char *name, int lo, int *out, bool *found) {
+    const char *e = getenv(name);
+    *found = e && *e;
+    if (!*found) return DT_OK;
+    char *end;
+    errno = 0;
+    long v = strtol(e, &end, 10);
+    if (errno || *end || v < lo || v > 1 << 24)
+        return dt_error(DT_EINVAL, "environment variable %s='%s' is not a valid number (>= %d)", name, e, lo);
+    *out = (int)v;
+    return DT_OK;
+}
+
+static dt_status resolve_timeout(double cfg, double *out) {
+    if (cfg > 0) { *out = cfg; return DT_OK; }
+    *out = 300;
+    const char *e = getenv("DTRAIN_TIMEOUT");
+    if (e && *e) {
+        char *end;
+        double v = strtod(e, &end);
+        if (*end || !(v > 0))
+            return dt_error(DT_EINVAL, "DTRAIN_TIMEOUT='%s' is not a positive number of seconds", e);
+        *out = v;
+    }
+    return DT_OK;
+}
+
+static dt_status comm_new(dt_comm **out, int rank, int size, dt_backend b, dt_transport *t, dt_comm_algo algo,
+                          double timeout) {
+    dt_comm *c = calloc(1, sizeof *c);
+    if (!c) return dt_error(DT_ENOMEM, "out of memory creating a communicator");
+    c->rank = rank;
+    c->size = size;
+    c->backend = b;
+    c->t = t;
+    c->algo = algo;
+    c->timeout_s = timeout;
+    c->seg_bytes = 256 << 10;
+    const char *seg = getenv("DTRAIN_COMM_SEG");
+    if (seg && atol(seg) >= 4096) c->seg_bytes = (size_t)atol(seg);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    *out = c;
+    return DT_OK;
+}
+
+static dt_status resolve_algo(dt_comm_algo cfg, dt_comm_algo *out) {
+    *out = cfg;
+    if (cfg != DT_ALGO_AUTO) return DT_OK;
+    const char *e = getenv("DTRAIN_COMM_ALGO");
+    if (e && *e && dt_comm_algo_parse(e, out) != DT_OK) return dt_error_wrap(DT_EINVAL, "DTRAIN_COMM_ALGO");
+    return DT_OK;
+}
+
+dt_status dt_comm_create(dt_comm **out, const dt_comm_config *cfg) {
+    *out = NULL;
+    dt_comm_config d = cfg ? *cfg : dt_comm_config_default();
+    if (d.size < 1 || d.rank < 0 || d.rank >= d.size)
+        return dt_error(DT_EINVAL, "rank %d is out of range for world size %d", d.rank, d.size);
+    double timeout;
+    dt_comm_algo algo;
+    DT_TRY(resolve_timeout(d.timeout_s, &timeout));
+    DT_TRY(resolve_algo(d.algo, &algo));
+    dt_backend b = d.backend;
+    if (b == DT_BACKEND_AUTO) b = d.size == 1 ? DT_BACKEND_SELF : DT_BACKEND_SHM;
+    if (b == DT_BACKEND_SELF && d.size != 1)
+        return dt_error(DT_EINVAL, "backend 'self' runs one process but the world size is %d", d.size);
+    dt_transport *t = NULL;
+    dt_transport_params p = {.rank = d.rank, .size = d.size, .local_rank = d.local_rank, .job_id = d.job_id,
+                             .timeout_s = timeout};
+    if (b == DT_BACKEND_SHM) DT_TRY(dt_transport_shm_create(&t, &p));
+    else if (b == DT_BACKEND_MPI) DT_TRY(dt_transport_mpi_create(&t, &p));
+    int rank = t ? t->rank : 0, size = t ? t->size : 1;
+    dt_status st = comm_new(out, rank, size, b, t, algo, timeout);
+    if (st != DT_OK && t) t->ops->destroy(t);
+    if (st == DT_OK) dt_log_set_rank(rank);
+    return st;
+}
+
+/* a job id for shm under mpirun/srun (all ranks on one host): DTRAIN_JOB_ID or the launcher's */
+static void launcher_job_id(char *out, size_t n) {
+    const char *v = getenv("DTRAIN_JOB_ID");
+    if (!v || !*v) v = getenv("PMIX_NAMESPACE");
+    if (!v || !*v) v = getenv("OMPI_MCA_ess_base_jobid");
+    if (!v || !*v) v = getenv("SLURM_JOB_ID");
+    snprintf(out, n, "%s", v && *v ? v : "mpi");
+    for (char *p = out; *p; p++)
+        if (!isalnum((unsigned char)*p) && *p != '.' && *p != '_' && *p != '-') *p = '_';
+}
+
+dt_status dt_comm_create_from_env(dt_comm **out, const dt_comm_config *cfg) {
+    *out = NULL;
+    dt_comm_config d = cfg ? *cfg : dt_comm_config_default();
+    int rank = 0, size = 1, local = 0;
+    bool fr, fs, fl;
+    static const char *const launchers[][2] = {{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
+                                              {"PMI_RANK", "PMI_SIZE"},
+                                              {"SLURM_PROCID", "SLURM_NTASKS"}};
+    dt_backend found = DT_BACKEND_SELF;
+    DT_TRY(env_int("DTRAIN_RANK", 0, &rank, &fr));
+    DT_TRY(env_int("DTRAIN_WORLD_SIZE", 1, &size, &fs));
+    DT_TRY(env_int("DTRAIN_LOCAL_RANK", 0, &local, &fl));
+    if (fr != fs)
+        return dt_error(DT_EINVAL, "DTRAIN_RANK and DTRAIN_WORLD_SIZE must be set together (start workers with 'dtrain launch')");
+    if (fs) found = DT_BACKEND_SHM;
+    for (int i = 0; i < 3 && found == DT_BACKEND_SELF; i++) {
+        DT_TRY(env_int(launchers[i][0], 0, &rank, &fr));
+        DT_TRY(env_int(launchers[i][1], 1, &size, &fs));
+        if (fr && fs) found = DT_BACKEND_MPI;
+    }
+    if (!fl) local = rank;
+    char job[220];
+    const char *jid = getenv("DTRAIN_JOB_ID");
+    if (found == DT_BACKEND_MPI || !jid) launcher_job_id(job, sizeof job);
+    else snprintf(job, sizeof job, "%s", jid);
+    dt_backend b = d.backend == DT_BACKEND_AUTO ? found : d.backend;
+    if (b == DT_BACKEND_SHM && found == DT_BACKEND_SHM && (!jid || !*jid) && size > 1)
+        return dt_error(DT_EINVAL, "DTRAIN_WORLD_SIZE=%d but DTRAIN_JOB_ID is not set (start workers with 'dtrain launch')",
+                        size);
+    if (b == DT_BACKEND_SHM && size == 1) b = DT_BACKEND_SELF;
+    if (b == DT_BACKEND_SELF && size > 1)
+        return dt_error(DT_EINVAL, "backend 'self' runs one process but the environment says world size %d", size);
+    d.rank = rank;
+    d.size = size;
+    d.local_rank = local;
+    d.job_id = job;
+    d.backend = b;
+    return dt_comm_create(out, &d);
+}
+
+void dt_comm_destroy(dt_comm *c) {
+    if (!c) return;
+    dt_comm_stop_thread(c);
+    if (c->t) c->t->ops->destroy(c->t);
+    for (int i = 0; i < 2; i++) dt_free(c->scratch.buf[i]);
+    pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->cv);
+    free(c);
+}
+
+int dt_comm_rank(const dt_comm *c) { return c ? c->rank : 0; }
+int dt_comm_size(const dt_comm *c) { return c ? c->size : 1; }
+const char *dt_comm_backend_name(const dt_comm *c) {
+    return c && c->t ? c->t->ops->name : "self";
+}
+void dt_comm_set_algo(dt_comm *c, dt_comm_algo algo) {
+    if (c && (unsigned)algo < DT_ALGO_COUNT) c->algo = algo;
+}
+
+dt_status dt_comm_split(dt_comm *c, int color, int key, dt_comm **out) {
+    *out = NULL;
+    if (!c) return dt_error(DT_EINVAL, "dt_comm_split: communicator is NULL");
+    if (color < 0) color = DT_COMM_UNDEFINED;
+    int32_t mine[2] = {color, key};
+    int32_t *all = malloc((size_t)c->size * sizeof mine);
+    int *members = malloc((size_t)c->size * sizeof *members);
+    if (!all || !members) {
+        free(all);
+        free(members);
+        return dt_error(DT_ENOMEM, "dt_comm_split: out of memory");
+    }
+    dt_status st = dt_comm_allgather_bytes(c, mine, all, sizeof mine, DT_COLL_SPLIT);
+    uint64_t id = ++c->splits;
+    int n = 0, me = -1;
+    if (st == DT_OK && color >= 0) {
+        for (int r = 0; r < c->size; r++) { /* members of my color ordered by (key, rank) */
+            if (all[2 * r] != color) continue;
+            int i = n++;
+            while (i > 0 && all[2 * members[i - 1] + 1] > all[2 * r + 1]) {
+                members[i] = members[i - 1];
+                i--;
+            }
+            members[i] = r;
+        }
+        for (int i = 0; i < n; i++)
+            if (members[i] == c->rank) me = i;
+        dt_transport *nt = NULL;
+        if (c->t) {
+            if (!c->t->ops->split) st = dt_error(DT_ENOTSUP, "the %s transport cannot split", c->t->ops->name);
+            else {
+                dt_comm_acquire(c);
+                st = dt_comm_fail(c, c->t->ops->split(c->t, color, members, n, me, id, dt_now() + c->timeout_s, &nt));
+                dt_comm_release(c);
+            }
+        }
+        if (st == DT_OK) {
+            st = comm_new(out, me, n, c->backend, nt, c->algo, c->timeout_s);
+            if (st != DT_OK && nt) nt->ops->destroy(nt);
+        }
+    }
+    free(all);
+    free(members);
+    return st;
+}

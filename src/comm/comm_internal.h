@@ -1,0 +1,74 @@
+/* Internals of the communicator shared by comm.c (creation, environment, split, destroy) and
+ * comm_ops.c (collectives, point-to-point, requests, the progress thread). */
+#ifndef DT_COMM_INTERNAL_H
+#define DT_COMM_INTERNAL_H
+
+#include "comm/algo.h"
+
+#include <pthread.h>
+
+typedef enum { RQ_COLL = 0, RQ_SEND, RQ_RECV } dt_rq_kind;
+
+/* One op: blocking calls describe themselves on the stack, non-blocking ones on the heap. */
+struct dt_request {
+    dt_comm *c;
+    dt_rq_kind kind;
+    dt_coll_op op;
+    const void *send;
+    void *recv;
+    size_t count;
+    dt_dtype dtype;
+    dt_redop redop;
+    int root;            /* root, or peer for send/recv */
+    int tag;
+    bool blocking;
+    bool posted;         /* send/recv handed to the transport, completion pending */
+    bool done;
+    dt_status status;
+    double deadline;
+    dt_treq treq;
+    const size_t *counts, *displs;  /* allgatherv (blocking only) */
+    void *tmp;           /* private copy of an overlapping input, freed with the request */
+    char msg[512];
+    struct dt_request *next;
+};
+
+struct dt_comm {
+    int rank, size;
+    dt_backend backend;
+    dt_transport *t;          /* NULL for a single process */
+    dt_comm_algo algo;        /* AUTO or a forced algorithm */
+    double timeout_s;
+    uint64_t seq, splits;
+    dt_scratch scratch;
+    size_t seg_bytes;
+    dt_status failed;         /* first transport-level failure: every later call returns it */
+    char fail_msg[512];
+    /* execution: one op at a time, in issue order, on the caller or the progress thread */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool busy, idling, stop, thread_started, want;
+    pthread_t thread;
+    dt_request *qhead, *qtail;  /* issued, not started */
+    dt_request *active;         /* non-blocking send/recv posted to the transport */
+};
+
+/* Runs one op to completion on the calling thread (collective) or posts it (non-blocking
+ * send/recv). Needs exclusive use of the transport. */
+dt_status dt_comm_exec(dt_comm *c, dt_request *r);
+/* Blocking call: waits for earlier non-blocking ops, then runs r on this thread to completion. */
+dt_status dt_comm_run(dt_comm *c, dt_request *r);
+/* Non-blocking call: queues heap request r for the progress thread and returns it in *out
+ * (completes it at once for a single process). Frees r on failure. */
+dt_status dt_comm_submit(dt_comm *c, dt_request *r, dt_request **out);
+/* Exclusive use of the transport (after every queued op) / its release. */
+void dt_comm_acquire(dt_comm *c);
+void dt_comm_release(dt_comm *c);
+/* Records a transport failure so every later call fails with the same message. Returns s. */
+dt_status dt_comm_fail(dt_comm *c, dt_status s);
+/* Stops the progress thread after it finished every queued op. */
+void dt_comm_stop_thread(dt_comm *c);
+/* Internal allgather of `bytes` per rank (used by split), as collective #seq. */
+dt_status dt_comm_allgather_bytes(dt_comm *c, const void *send, void *recv, size_t bytes, dt_coll_op op);
+
+#endif

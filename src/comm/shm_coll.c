@@ -1,0 +1,213 @@
+/* shm transport, direct shared-buffer collectives: every rank copies its input chunk into its
+ * own slot in the segment, then reads the peers' slots directly (no messages). Allreduce: small
+ * chunks are reduced whole by every rank after one synchronisation; large chunks are split in
+ * n cache-line-aligned slices, rank r reduces slice r from all slots (rank order, so results
+ * are identical everywhere) and the others copy it. Ranks synchronise through per-rank phase
+ * counters (every rank runs the same phase sequence); slots rotate, a slot is reused once all
+ * ranks passed the phase that ended its previous use. */
+#include "comm/reduce.h"
+#include "comm/shm.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    uint64_t phase;
+    int peer; /* -1: all peers */
+} phase_arg;
+
+static int poll_phase(dt_shm *s, void *arg, dt_status *st) {
+    phase_arg *a = arg;
+    int moved = s->npending ? dt_shm_progress(s, st) : 0; /* keep user messages flowing */
+    for (int p = a->peer < 0 ? 0 : a->peer; p < s->n; p++) {
+        if (p != s->me && atomic_load_explicit(&shm_rank_at(s, p)->dphase, memory_order_acquire) < a->phase) {
+            s->waiting_on = p;
+            return moved ? 2 : 0;
+        }
+        if (a->peer >= 0) break;
+    }
+    return 1;
+}
+
+static dt_status wait_phase(dt_shm *s, int peer, uint64_t phase, double deadline) {
+    phase_arg a = {phase, peer};
+    dt_status st = DT_OK;
+    if (poll_phase(s, &a, &st) == 1) return st;
+    st = dt_shm_block(s, poll_phase, &a, deadline, false);
+    s->waiting_on = -1;
+    if (st != DT_OK) s->broken = true;
+    return st;
+}
+
+static void advance(dt_shm *s) {
+    atomic_store_explicit(&shm_rank_at(s, s->me)->dphase, ++s->myphase, memory_order_release);
+    atomic_thread_fence(memory_order_seq_cst);
+    for (int p = 0; p < s->n; p++)
+        if (p != s->me && atomic_load_explicit(&shm_rank_at(s, p)->sleeping, memory_order_relaxed)) dt_shm_ring(s, p);
+}
+
+static dt_status check_all(dt_shm *s) {
+    for (int p = 0; p < s->n; p++) DT_TRY(dt_shm_check_peer(s, p));
+    return DT_OK;
+}
+
+/* next slot; waits until every rank is done with its previous use */
+static dt_status take_slot(dt_shm *s, uint64_t *slot, double deadline) {
+    *slot = s->gchunk++ % s->hdr->d_slots;
+    return wait_phase(s, -1, s->slot_free[*slot], deadline);
+}
+
+static void release_slot(dt_shm *s, uint64_t slot) {
+    advance(s);
+    s->slot_free[slot] = s->myphase;
+}
+
+/* element range of rank r's slice of m elements, cut at 64-byte boundaries */
+static void slice(size_t m, int n, int r, size_t esz, size_t *lo, size_t *hi) {
+    size_t unit = 64 / esz, units = (m + unit - 1) / unit;
+    *lo = units * (size_t)r / (size_t)n * unit;
+    *hi = units * (size_t)(r + 1) / (size_t)n * unit;
+    if (*lo > m) *lo = m;
+    if (*hi > m) *hi = m;
+}
+
+static size_t small_bytes(void) {
+    static size_t v;
+    if (!v) {
+        const char *e = getenv("DTRAIN_SHM_SMALL");
+        v = e && *e ? (size_t)atoll(e) + 1 : (16 << 10) + 1;
+    }
+    return v - 1;
+}
+
+static dt_status d_allreduce(dt_shm *s, const dt_coll_args *a) {
+    dt_dtype t = (dt_dtype)a->d.dtype;
+    dt_redop op = (dt_redop)a->d.redop;
+    size_t esz = dt_dtype_size(t), count = a->d.count, ce = s->hdr->d_chunk / esz;
+    const unsigned char *src = a->send;
+    unsigned char *dst = a->recv;
+    int n = s->n, div = op == DT_OP_AVG ? n : 1;
+    const void *in[256];
+    if (n > 256) return DT_ENOTSUP;
+    for (size_t off = 0; off == 0 || off < count; off += ce) {
+        size_t m = count - off < ce ? count - off : ce;
+        uint64_t slot;
+        DT_TRY(take_slot(s, &slot, a->deadline));
+        unsigned char *mine = shm_dslot(s, s->me, slot);
+        if (m) memcpy(mine, src + off * esz, m * esz);
+        advance(s);
+        DT_TRY(wait_phase(s, -1, s->myphase, a->deadline));
+        if (off == 0) DT_TRY(check_all(s));
+        if (m * esz <= small_bytes()) {
+            for (int r = 0; r < n; r++) in[r] = shm_dslot(s, r, slot);
+            if (m) dt_reduce_many(dst + off * esz, NULL, in, n, m, t, op, div);
+        } else {
+            size_t lo, hi;
+            slice(m, n, s->me, esz, &lo, &hi);
+            for (int r = 0; r < n; r++) in[r] = shm_dslot(s, r, slot) + lo * esz;
+            if (hi > lo) dt_reduce_many(dst + (off + lo) * esz, mine + lo * esz, in, n, hi - lo, t, op, div);
+            advance(s);
+            uint64_t reduced = s->myphase;
+            for (int k = 1; k < n; k++) {
+                int p = (s->me + k) % n;
+                DT_TRY(wait_phase(s, p, reduced, a->deadline));
+                slice(m, n, p, esz, &lo, &hi);
+                if (hi > lo) memcpy(dst + (off + lo) * esz, shm_dslot(s, p, slot) + lo * esz, (hi - lo) * esz);
+            }
+        }
+        release_slot(s, slot);
+    }
+    return DT_OK;
+}
+
+static dt_status d_broadcast(dt_shm *s, const dt_coll_args *a) {
+    size_t bytes = a->d.count * dt_dtype_size((dt_dtype)a->d.dtype), ch = s->hdr->d_chunk;
+    int root = a->d.root;
+    unsigned char *buf = a->recv;
+    for (size_t off = 0; off == 0 || off < bytes; off += ch) {
+        size_t len = bytes - off < ch ? bytes - off : ch;
+        uint64_t slot;
+        if (s->me == root) {
+            DT_TRY(take_slot(s, &slot, a->deadline));
+            if (len) memcpy(shm_dslot(s, root, slot), buf + off, len);
+            advance(s);
+        } else {
+            slot = s->gchunk++ % s->hdr->d_slots;
+            advance(s);
+            DT_TRY(wait_phase(s, root, s->myphase, a->deadline));
+            if (off == 0) DT_TRY(dt_shm_check_peer(s, root));
+            if (len) memcpy(buf + off, shm_dslot(s, root, slot), len);
+        }
+        release_slot(s, slot);
+    }
+    return DT_OK;
+}
+
+static dt_status d_allgather(dt_shm *s, const dt_coll_args *a) {
+    size_t bytes = a->d.count * dt_dtype_size((dt_dtype)a->d.dtype), ch = s->hdr->d_chunk;
+    const unsigned char *src = a->send;
+    unsigned char *dst = a->recv;
+    for (size_t off = 0; off == 0 || off < bytes; off += ch) {
+        size_t len = bytes - off < ch ? bytes - off : ch;
+        uint64_t slot;
+        DT_TRY(take_slot(s, &slot, a->deadline));
+        if (len) memcpy(shm_dslot(s, s->me, slot), src + off, len);
+        if (len && src != dst + (size_t)s->me * bytes) memcpy(dst + (size_t)s->me * bytes + off, src + off, len);
+        advance(s);
+        DT_TRY(wait_phase(s, -1, s->myphase, a->deadline));
+        if (off == 0) DT_TRY(check_all(s));
+        for (int k = 1; k < s->n; k++) {
+            int p = (s->me + k) % s->n;
+            if (len) memcpy(dst + (size_t)p * bytes + off, shm_dslot(s, p, slot), len);
+        }
+        release_slot(s, slot);
+    }
+    return DT_OK;
+}
+
+static dt_status d_reduce_scatter(dt_shm *s, const dt_coll_args *a) {
+    dt_dtype t = (dt_dtype)a->d.dtype;
+    dt_redop op = (dt_redop)a->d.redop;
+    size_t esz = dt_dtype_size(t), count = a->d.count, ce = s->hdr->d_chunk / (esz * (size_t)s->n);
+    const unsigned char *src = a->send;
+    unsigned char *dst = a->recv;
+    int n = s->n;
+    const void *in[256];
+    if (n > 256 || ce == 0) return DT_ENOTSUP;
+    for (size_t off = 0; off == 0 || off < count; off += ce) {
+        size_t m = count - off < ce ? count - off : ce;
+        uint64_t slot;
+        DT_TRY(take_slot(s, &slot, a->deadline));
+        unsigned char *mine = shm_dslot(s, s->me, slot);
+        for (int j = 0; j < n && m; j++) memcpy(mine + (size_t)j * m * esz, src + ((size_t)j * count + off) * esz, m * esz);
+        advance(s);
+        DT_TRY(wait_phase(s, -1, s->myphase, a->deadline));
+        if (off == 0) DT_TRY(check_all(s));
+        for (int r = 0; r < n; r++) in[r] = shm_dslot(s, r, slot) + (size_t)s->me * m * esz;
+        if (m) dt_reduce_many(dst + off * esz, NULL, in, n, m, t, op, op == DT_OP_AVG ? n : 1);
+        release_slot(s, slot);
+    }
+    return DT_OK;
+}
+
+static dt_status d_barrier(dt_shm *s, const dt_coll_args *a) {
+    advance(s);
+    DT_TRY(wait_phase(s, -1, s->myphase, a->deadline));
+    return check_all(s);
+}
+
+dt_status dt_shm_coll(dt_transport *t, const dt_coll_args *a) {
+    dt_shm *s = (dt_shm *)t;
+    if (a->algo != DT_ALGO_AUTO && a->algo != DT_ALGO_DIRECT && a->algo != DT_ALGO_NATIVE) return DT_ENOTSUP;
+    if (s->n < 2) return DT_ENOTSUP;
+    if (s->broken) return dt_error(DT_EPEER, "the shm transport failed earlier; create a new communicator");
+    s->what_req = NULL;
+    switch (a->d.op) {
+    case DT_COLL_ALLREDUCE: return d_allreduce(s, a);
+    case DT_COLL_BROADCAST: return d_broadcast(s, a);
+    case DT_COLL_ALLGATHER: return d_allgather(s, a);
+    case DT_COLL_REDUCE_SCATTER: return d_reduce_scatter(s, a);
+    case DT_COLL_BARRIER: return d_barrier(s, a);
+    default: return DT_ENOTSUP;
+    }
+}

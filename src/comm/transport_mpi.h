@@ -1,0 +1,65 @@
+/* Internals of the MPI transport shared by transport_mpi.c (point-to-point, creation, split,
+ * abort, destroy) and transport_mpi_coll.c (native MPI collectives and the benchmark baseline).
+ * Only compiled with DT_HAVE_MPI. */
+#ifndef DT_COMM_TRANSPORT_MPI_H
+#define DT_COMM_TRANSPORT_MPI_H
+
+#ifdef DT_HAVE_MPI
+#include "comm/transport.h"
+
+#include <mpi.h>
+#include <pthread.h>
+#include <stdatomic.h>
+
+/* MPI tags on a transport's communicator: collective traffic, user tags shifted by one, and
+ * the internal channels. MPI guarantees MPI_TAG_UB >= 32767. */
+#define DT_MPI_TAG_COLL 0
+#define DT_MPI_TAG_USER(t) ((t) + 1)
+#define DT_MPI_TAG_DESC (DT_COMM_TAG_MAX + 2)  /* op descriptors to the ring neighbour */
+#define DT_MPI_TAG_SPLIT (DT_COMM_TAG_MAX + 3) /* split rendezvous */
+#define DT_MPI_TAG_ABORT (DT_COMM_TAG_MAX + 4) /* abort notices */
+#define DT_MPI_DESC_SLOTS 64
+
+typedef struct {
+    dt_transport base;
+    MPI_Comm comm;
+    dt_treq *pending;                /* posted, not yet completed requests */
+    atomic_int woken;
+    dt_coll_desc cur;                /* the current op (for messages) */
+    double timeout_s;                /* bound of internal waits (op-check slots) */
+    bool broken;                     /* an error happened: later waits fail at once */
+    dt_status err;
+    char errmsg[560];
+    /* abort notices from any rank */
+    MPI_Request abort_req;
+    char abort_buf[576], abort_out[576];  /* int status, kind 'A'/'F', message */
+    /* descriptor check with the ring neighbours: op k's descriptor goes to rank+1, rank-1's
+     * arrives in the same slot; checked in order as they complete */
+    bool check;
+    uint64_t desc_posted, desc_checked;
+    dt_coll_desc desc_mine[DT_MPI_DESC_SLOTS], desc_left[DT_MPI_DESC_SLOTS];
+    MPI_Request desc_sreq[DT_MPI_DESC_SLOTS], desc_rreq[DT_MPI_DESC_SLOTS];
+} dt_mpi_transport;
+
+/* Every MPI call of the library holds this lock (MPI is initialised THREAD_SERIALIZED). */
+extern pthread_mutex_t dt_mpi_lock;
+
+/* Sets t broken with status s and the formatted message, tells every other rank of t (their
+ * waits fail with "rank R failed: ..."), and returns s with that last error. */
+dt_status dt_mpi_fail(dt_mpi_transport *t, dt_status s, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Advances the internal channels (abort notices, descriptor checks); DT_OK or the error. */
+dt_status dt_mpi_progress_internal(dt_mpi_transport *t);
+/* Idle state of a polling loop: poll (yielding the core) for a short spin window after the last
+ * progress, then sleep with growing naps. MPI only progresses inside its calls, so a polled wait
+ * trades a little CPU for latency; zero it to start, dt_mpi_idle_reset() on progress. */
+typedef struct { double since; int naps; } dt_mpi_idle;
+void dt_mpi_backoff(dt_mpi_idle *w);
+static inline void dt_mpi_idle_reset(dt_mpi_idle *w) { w->since = 0; w->naps = 0; }
+/* Writes MPI's text for an error code into buf. */
+const char *dt_mpi_errstr(int code, char *buf, size_t n);
+/* The native collective entry of the vtable (transport_mpi_coll.c). */
+dt_status dt_mpi_coll(dt_transport *tt, const dt_coll_args *a);
+
+#endif
+#endif

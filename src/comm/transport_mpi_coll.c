@@ -1,0 +1,254 @@
+/* Native collectives of the MPI transport: the communicator's collectives mapped onto MPI's
+ * non-blocking ones (MPI_Iallreduce, MPI_Ibcast, ...), completed by polling MPI_Test against the
+ * op's deadline so a missing rank is a DT_ETIMEDOUT, not a hang. Used when the algorithm is
+ * NATIVE, or AUTO where MPI's own is faster (see use_native). bf16/f16 reductions and shapes
+ * MPI cannot express (in-place alltoall, counts over INT_MAX) return DT_ENOTSUP so the
+ * communicator runs its own algorithm. Also the benchmark baseline dt_mpi_bench_allreduce. */
+#include "comm/transport.h"
+
+#ifdef DT_HAVE_MPI
+#include "comm/transport_mpi.h"
+
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+static bool mpi_type(dt_dtype d, bool reduce, MPI_Datatype *out) {
+    switch (d) {
+    case DT_F32: *out = MPI_FLOAT; return true;
+    case DT_F64: *out = MPI_DOUBLE; return true;
+    case DT_I32: *out = MPI_INT32_T; return true;
+    case DT_I64: *out = MPI_INT64_T; return true;
+    case DT_U8: *out = MPI_UINT8_T; return !reduce; /* the comm layer reduces f32/f64/i32/i64/halves */
+    case DT_I8: *out = MPI_INT8_T; return !reduce;
+    case DT_I16: *out = MPI_INT16_T; return !reduce;
+    case DT_BF16: case DT_F16: *out = MPI_UINT16_T; return !reduce; /* MPI cannot add them */
+    default: return false;
+    }
+}
+
+static MPI_Op mpi_op(dt_redop op) {
+    switch (op) {
+    case DT_OP_MAX: return MPI_MAX;
+    case DT_OP_MIN: return MPI_MIN;
+    case DT_OP_PROD: return MPI_PROD;
+    default: return MPI_SUM; /* SUM, AVG (divided afterwards) */
+    }
+}
+
+/* Divides n elements by the communicator size in place (AVG = SUM / size): floats in their
+ * precision, integers truncate (as dt_reduce_scale does for the communicator's algorithms). */
+static void divide(void *buf, size_t n, dt_dtype d, int size) {
+    switch (d) {
+    case DT_F32: for (size_t i = 0; i < n; i++) ((float *)buf)[i] /= (float)size; break;
+    case DT_F64: for (size_t i = 0; i < n; i++) ((double *)buf)[i] /= (double)size; break;
+    case DT_I32: for (size_t i = 0; i < n; i++) ((int32_t *)buf)[i] /= size; break;
+    case DT_I64: for (size_t i = 0; i < n; i++) ((int64_t *)buf)[i] /= size; break;
+    default: break;
+    }
+}
+
+static bool overlap(const void *a, size_t na, const void *b, size_t nb) {
+    const char *x = a, *y = b;
+    return a && b && na && nb && x < y + nb && y < x + na;
+}
+
+/* Which ops go to MPI under AUTO. MPI's tuned collectives win for every op we measured except
+ * none; DTRAIN_MPI_NATIVE=0 turns native off under AUTO (NATIVE still forces it). */
+static bool use_native(const dt_coll_args *a) {
+    if (a->algo == DT_ALGO_NATIVE) return true;
+    if (a->algo != DT_ALGO_AUTO) return false;
+    const char *e = getenv("DTRAIN_MPI_NATIVE");
+    return !(e && !strcmp(e, "0"));
+}
+
+static const char *mpi_name(int op) {
+    static const char *n[DT_COLL_OP_COUNT] = {"?", "MPI_Iallreduce", "MPI_Ibcast", "MPI_Ireduce",
+        "MPI_Iallgather", "MPI_Iallgatherv", "MPI_Ireduce_scatter_block", "MPI_Igather", "MPI_Iscatter",
+        "MPI_Ialltoall", "MPI_Ibarrier", "?", "?", "?"};
+    return op > 0 && op < DT_COLL_OP_COUNT ? n[op] : "?";
+}
+
+static dt_status wait_req(dt_mpi_transport *t, MPI_Request *req, const dt_coll_args *a) {
+    double t0 = dt_now();
+    dt_mpi_idle idle = {0};
+    char o[96], e[256];
+    for (;;) {
+        int flag = 0;
+        pthread_mutex_lock(&dt_mpi_lock);
+        int rc = MPI_Test(req, &flag, MPI_STATUS_IGNORE);
+        pthread_mutex_unlock(&dt_mpi_lock);
+        if (rc != MPI_SUCCESS) { /* often a mismatched op: give the checks a moment to say so */
+            for (double end = dt_now() + 0.5; dt_now() < end && dt_mpi_progress_internal(t) == DT_OK;)
+                dt_mpi_backoff(&idle);
+            if (t->broken) return dt_error(t->err, "%s", t->errmsg);
+            return dt_mpi_fail(t, DT_EPEER, "%s failed during %s on rank %d: %s", mpi_name(a->d.op),
+                               dt_coll_desc_str(&a->d, o, sizeof o), t->base.rank, dt_mpi_errstr(rc, e, sizeof e));
+        }
+        if (flag) return DT_OK;
+        DT_TRY(dt_mpi_progress_internal(t)); /* abort notices, mismatched ops */
+        double now = dt_now();
+        if (now >= a->deadline)
+            return dt_mpi_fail(t, DT_ETIMEDOUT, "timed out after %.1f s in %s (%s) on rank %d: a rank did "
+                               "not join or is stalled", now - t0, dt_coll_desc_str(&a->d, o, sizeof o),
+                               mpi_name(a->d.op), t->base.rank);
+        dt_mpi_backoff(&idle);
+    }
+}
+
+dt_status dt_mpi_coll(dt_transport *tt, const dt_coll_args *a) {
+    dt_mpi_transport *t = (dt_mpi_transport *)tt;
+    if (!use_native(a)) return DT_ENOTSUP;
+    if (t->broken) return dt_error(t->err, "%s", t->errmsg);
+    int op = a->d.op, size = tt->size, rank = tt->rank, root = a->d.root;
+    dt_dtype dt = (dt_dtype)a->d.dtype;
+    bool reduce = op == DT_COLL_ALLREDUCE || op == DT_COLL_REDUCE || op == DT_COLL_REDUCE_SCATTER;
+    MPI_Datatype ty = MPI_BYTE;
+    if (op != DT_COLL_BARRIER && !mpi_type(dt, reduce, &ty)) return DT_ENOTSUP;
+    size_t es = dt_dtype_size(dt), n = (size_t)a->d.count, nb = n * es;
+    if (n > (size_t)INT_MAX || (op != DT_COLL_ALLREDUCE && op != DT_COLL_BROADCAST && op != DT_COLL_REDUCE &&
+                                (size_t)size * n > (size_t)INT_MAX))
+        return DT_ENOTSUP;
+    int cnt = (int)n;
+    const void *send = a->send;
+    void *recv = a->recv;
+    const void *sb = send;
+    MPI_Op mop = mpi_op((dt_redop)a->d.redop);
+    MPI_Request req = MPI_REQUEST_NULL;
+    int *icounts = NULL, *idispls = NULL, rc = MPI_SUCCESS;
+    char *rblk = recv ? (char *)recv + (size_t)rank * nb : NULL;
+
+    /* In-place forms of comm.h map to MPI_IN_PLACE; any other overlap goes to our algorithms. */
+    switch (op) {
+    case DT_COLL_ALLREDUCE:
+        if (send == recv) sb = MPI_IN_PLACE;
+        else if (overlap(send, nb, recv, nb)) return DT_ENOTSUP;
+        break;
+    case DT_COLL_REDUCE:
+        if (rank == root && send == recv) sb = MPI_IN_PLACE;
+        else if (rank == root && overlap(send, nb, recv, nb)) return DT_ENOTSUP;
+        break;
+    case DT_COLL_REDUCE_SCATTER:
+        if (send == recv) sb = MPI_IN_PLACE;
+        else if (overlap(send, nb * (size_t)size, recv, nb)) return DT_ENOTSUP;
+        break;
+    case DT_COLL_ALLGATHER: /* in place: send == own block, or send == recv (same meaning) */
+        if (send == rblk || send == recv) sb = MPI_IN_PLACE;
+        else if (overlap(send, nb, recv, nb * (size_t)size)) return DT_ENOTSUP;
+        break;
+    case DT_COLL_ALLGATHERV: {
+        icounts = malloc((size_t)size * sizeof *icounts);
+        idispls = malloc((size_t)size * sizeof *idispls);
+        if (!icounts || !idispls) { free(icounts); free(idispls); return DT_ENOTSUP; }
+        size_t end = 0;
+        for (int i = 0; i < size; i++) {
+            if (a->counts[i] > (size_t)INT_MAX || a->displs[i] > (size_t)INT_MAX) {
+                free(icounts); free(idispls);
+                return DT_ENOTSUP;
+            }
+            icounts[i] = (int)a->counts[i];
+            idispls[i] = (int)a->displs[i];
+            if (a->displs[i] + a->counts[i] > end) end = a->displs[i] + a->counts[i];
+        }
+        cnt = icounts[rank];
+        nb = (size_t)cnt * es;
+        rblk = (char *)recv + a->displs[rank] * es;
+        if (send == rblk || send == recv) sb = MPI_IN_PLACE;
+        else if (overlap(send, nb, recv, end * es)) { free(icounts); free(idispls); return DT_ENOTSUP; }
+        break;
+    }
+    case DT_COLL_GATHER:
+        if (rank == root && send == rblk) sb = MPI_IN_PLACE;
+        else if (rank == root && overlap(send, nb, recv, nb * (size_t)size)) return DT_ENOTSUP;
+        break;
+    case DT_COLL_SCATTER:
+        if (rank == root && recv == (const char *)send + (size_t)root * nb) recv = MPI_IN_PLACE;
+        else if (rank == root && overlap(send, nb * (size_t)size, recv, nb)) return DT_ENOTSUP;
+        break;
+    case DT_COLL_ALLTOALL:
+        if (overlap(send, nb * (size_t)size, recv, nb * (size_t)size)) return DT_ENOTSUP;
+        break;
+    case DT_COLL_BROADCAST: case DT_COLL_BARRIER: break;
+    default: return DT_ENOTSUP;
+    }
+
+    pthread_mutex_lock(&dt_mpi_lock);
+    switch (op) {
+    case DT_COLL_ALLREDUCE: rc = MPI_Iallreduce(sb, recv, cnt, ty, mop, t->comm, &req); break;
+    case DT_COLL_BROADCAST: rc = MPI_Ibcast(recv ? recv : (void *)send, cnt, ty, root, t->comm, &req); break;
+    case DT_COLL_REDUCE: rc = MPI_Ireduce(sb, recv, cnt, ty, mop, root, t->comm, &req); break;
+    case DT_COLL_REDUCE_SCATTER: rc = MPI_Ireduce_scatter_block(sb, recv, cnt, ty, mop, t->comm, &req); break;
+    case DT_COLL_ALLGATHER: rc = MPI_Iallgather(sb, cnt, ty, recv, cnt, ty, t->comm, &req); break;
+    case DT_COLL_ALLGATHERV: rc = MPI_Iallgatherv(sb, cnt, ty, recv, icounts, idispls, ty, t->comm, &req); break;
+    case DT_COLL_GATHER: rc = MPI_Igather(sb, cnt, ty, recv, cnt, ty, root, t->comm, &req); break;
+    case DT_COLL_SCATTER: rc = MPI_Iscatter(send, cnt, ty, recv, cnt, ty, root, t->comm, &req); break;
+    case DT_COLL_ALLTOALL: rc = MPI_Ialltoall(send, cnt, ty, recv, cnt, ty, t->comm, &req); break;
+    case DT_COLL_BARRIER: rc = MPI_Ibarrier(t->comm, &req); break;
+    }
+    pthread_mutex_unlock(&dt_mpi_lock);
+    dt_status s = DT_OK;
+    if (rc != MPI_SUCCESS) {
+        char o[96], e[256];
+        s = dt_mpi_fail(t, DT_EPEER, "%s could not start %s on rank %d: %s", mpi_name(op),
+                        dt_coll_desc_str(&a->d, o, sizeof o), rank, dt_mpi_errstr(rc, e, sizeof e));
+    } else {
+        s = wait_req(t, &req, a);
+    }
+    /* A rank can finish its part early (a broadcast root): before reporting success, see the
+     * left neighbour's descriptor of this op, so a mismatch is an error and not garbage. */
+    for (dt_mpi_idle idle = {0}; s == DT_OK && t->check && t->desc_checked < t->desc_posted;) {
+        s = dt_mpi_progress_internal(t);
+        if (s == DT_OK && dt_now() >= a->deadline) {
+            char o[96];
+            s = dt_mpi_fail(t, DT_ETIMEDOUT, "timed out in %s on rank %d waiting for rank %d to start it",
+                            dt_coll_desc_str(&a->d, o, sizeof o), rank, (rank + size - 1) % size);
+        }
+        if (s == DT_OK && t->desc_checked < t->desc_posted) dt_mpi_backoff(&idle);
+    }
+    free(icounts);
+    free(idispls);
+    if (s == DT_OK && a->d.redop == DT_OP_AVG && reduce) {
+        if (op == DT_COLL_ALLREDUCE || op == DT_COLL_REDUCE_SCATTER) divide(recv, n, dt, size);
+        else if (rank == root) divide(recv, n, dt, size);
+    }
+    return s;
+}
+
+dt_status dt_mpi_bench_allreduce(size_t count, int warmup, int iters, double *usec) {
+    *usec = 0;
+    int inited = 0, fin = 0;
+    MPI_Initialized(&inited);
+    MPI_Finalized(&fin);
+    if (!inited || fin) return dt_error(DT_EINVAL, "dt_mpi_bench_allreduce needs an MPI communicator (run under mpirun)");
+    if (count > (size_t)INT_MAX || iters < 1 || warmup < 0)
+        return dt_error(DT_EINVAL, "bench: count %zu must be <= INT_MAX and iters >= 1", count);
+    float *a = dt_alloc((count ? count : 1) * sizeof(float)), *b = dt_alloc((count ? count : 1) * sizeof(float));
+    if (!a || !b) {
+        dt_free(a);
+        dt_free(b);
+        return dt_error(DT_ENOMEM, "bench: cannot allocate 2 x %zu floats", count);
+    }
+    for (size_t i = 0; i < count; i++) a[i] = (float)(i % 7);
+    pthread_mutex_lock(&dt_mpi_lock);
+    int rc = MPI_Barrier(MPI_COMM_WORLD);
+    for (int i = 0; i < warmup && rc == MPI_SUCCESS; i++)
+        rc = MPI_Allreduce(a, b, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    if (rc == MPI_SUCCESS) rc = MPI_Barrier(MPI_COMM_WORLD);
+    double t0 = MPI_Wtime();
+    for (int i = 0; i < iters && rc == MPI_SUCCESS; i++)
+        rc = MPI_Allreduce(a, b, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    double local = (MPI_Wtime() - t0) / iters * 1e6;
+    if (rc == MPI_SUCCESS) rc = MPI_Allreduce(&local, usec, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    pthread_mutex_unlock(&dt_mpi_lock);
+    dt_free(a);
+    dt_free(b);
+    if (rc != MPI_SUCCESS) {
+        char e[256];
+        return dt_error(DT_EPEER, "bench: MPI_Allreduce failed: %s", dt_mpi_errstr(rc, e, sizeof e));
+    }
+    return DT_OK;
+}
+
+#else
+typedef int dt_transport_mpi_coll_unused; /* built without MPI: see transport_mpi.c */
+#endif

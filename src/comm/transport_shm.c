@@ -1,0 +1,512 @@
+/* The shm transport: one POSIX shared-memory segment per job (layout in shm.h), created by
+ * rank 0 with O_EXCL and mode 0600 and unlinked by the last rank to attach, so nothing is left
+ * in /dev/shm even after a crash (only a crash before every rank attached can leave the name;
+ * dt_comm_shm_cleanup removes it). This file: creation, split, destroy, liveness (robust
+ * mutexes + kill(pid, 0)), the job-wide abort word, and the wait loop (bounded spin, then
+ * FUTEX_WAIT on the own doorbell in 100 ms slices). Point-to-point is in shm_p2p.c, direct
+ * collectives in shm_coll.c. */
+#include "comm/shm.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+static const dt_transport_ops dt_shm_ops;
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+static void futex_wait(_Atomic uint32_t *w, uint32_t val, double secs) {
+    if (secs <= 0) return;
+    struct timespec ts = {(time_t)secs, (long)((secs - (double)(time_t)secs) * 1e9)};
+    syscall(SYS_futex, (uint32_t *)w, FUTEX_WAIT, val, &ts, NULL, 0);
+}
+
+static void futex_wake(_Atomic uint32_t *w) { syscall(SYS_futex, (uint32_t *)w, FUTEX_WAKE, INT_MAX, NULL, NULL, 0); }
+
+void dt_shm_ring(dt_shm *s, int r) {
+    shm_rank *R = shm_rank_at(s, r);
+    atomic_thread_fence(memory_order_seq_cst);
+    if (atomic_load_explicit(&R->sleeping, memory_order_relaxed)) {
+        atomic_fetch_add(&R->bell, 1);
+        futex_wake(&R->bell);
+    }
+}
+
+static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+static size_t env_size(const char *name, size_t dflt, size_t lo, size_t hi) {
+    const char *e = getenv(name);
+    if (!e || !*e) return dflt;
+    char *end;
+    unsigned long long v = strtoull(e, &end, 10);
+    if (*end == 'k' || *end == 'K') v <<= 10;
+    else if (*end == 'm' || *end == 'M') v <<= 20;
+    return v < lo ? lo : v > hi ? hi : (size_t)v;
+}
+
+static dt_status job_name(char *out, size_t n, const char *job) {
+    if (!job || !*job)
+        return dt_error(DT_EINVAL, "shm transport needs a job id (DTRAIN_JOB_ID or dt_comm_config.job_id)");
+    for (const char *p = job; *p; p++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '.' ||
+              *p == '_' || *p == '-'))
+            return dt_error(DT_EINVAL, "job id '%s' has a character other than letters, digits, '.', '_', '-'", job);
+    if (strlen(job) > 200) return dt_error(DT_EINVAL, "job id '%.40s...' is longer than 200 characters", job);
+    snprintf(out, n, "/dtrain-%s", job);
+    return DT_OK;
+}
+
+dt_status dt_comm_shm_cleanup(const char *job_id) {
+    char name[256];
+    DT_TRY(job_name(name, sizeof name, job_id));
+    if (shm_unlink(name) != 0 && errno != ENOENT)
+        return dt_error(DT_EIO, "cannot remove /dev/shm%s: %s", name, strerror(errno));
+    return DT_OK;
+}
+
+/* ---- liveness, descriptors, abort ---- */
+
+/* 0 alive (or not attached yet), 1 died, 2 left (destroyed its communicator) */
+static int peer_state(dt_shm *s, int p) {
+    shm_rank *R = shm_rank_at(s, p);
+    if (atomic_load(&R->dead)) return 1;
+    if (atomic_load(&R->left)) return 2;
+    int e = pthread_mutex_trylock(&R->alive);
+    if (e == EOWNERDEAD) {
+        atomic_store(&R->dead, 1);
+        pthread_mutex_consistent(&R->alive);
+        return 1;
+    }
+    if (e == ENOTRECOVERABLE) return 1;
+    if (e == 0) {
+        pthread_mutex_unlock(&R->alive);
+        return atomic_load(&R->left) ? 2 : 0;
+    }
+    if (R->pid > 0 && kill(R->pid, 0) != 0 && errno == ESRCH) {
+        atomic_store(&R->dead, 1);
+        return 1;
+    }
+    return 0;
+}
+
+bool dt_shm_peer_desc(dt_shm *s, int p, uint64_t seq, dt_coll_desc *out) {
+    dt_coll_desc *d = &shm_rank_at(s, p)->desc[seq % SHM_DESC_RING];
+    uint64_t s1 = __atomic_load_n(&d->seq, __ATOMIC_ACQUIRE);
+    if (s1 != seq) return false;
+    memcpy(out, d, sizeof *out);
+    atomic_thread_fence(memory_order_acquire);
+    uint64_t s2 = __atomic_load_n(&d->seq, __ATOMIC_RELAXED);
+    out->seq = seq;
+    return s2 == seq;
+}
+
+void dt_shm_abort(dt_shm *s, dt_status st, const char *msg) {
+    shm_header *h = s->hdr;
+    int32_t zero = 0;
+    if (atomic_compare_exchange_strong(&h->abort_state, &zero, 1)) {
+        h->abort_status = st;
+        snprintf(h->abort_msg, sizeof h->abort_msg, "%s", msg);
+        atomic_store(&h->abort_state, 2);
+    }
+    for (int r = 0; r < s->n; r++) {
+        shm_rank *R = shm_rank_at(s, r);
+        atomic_fetch_add(&R->bell, 1);
+        futex_wake(&R->bell);
+    }
+}
+
+static dt_status abort_error(dt_shm *s) {
+    s->broken = true;
+    return dt_error((dt_status)s->hdr->abort_status, "%s", s->hdr->abort_msg);
+}
+
+dt_status dt_shm_mismatch(dt_shm *s, int p, const dt_coll_desc *theirs) {
+    char mine[128], other[128], msg[400];
+    dt_coll_desc_call_str(&s->cur, mine, sizeof mine);
+    dt_coll_desc_call_str(theirs, other, sizeof other);
+    int a = s->me < p ? s->me : p, b = s->me < p ? p : s->me;
+    const char *sa = s->me < p ? mine : other, *sb = s->me < p ? other : mine;
+    uint64_t qa = s->me < p ? s->cur.seq : theirs->seq, qb = s->me < p ? theirs->seq : s->cur.seq;
+    if (qa == qb)
+        snprintf(msg, sizeof msg, "rank %d called %s but rank %d called %s at #%llu", a, sa, b, sb,
+                 (unsigned long long)qa);
+    else
+        snprintf(msg, sizeof msg, "rank %d called %s at #%llu but rank %d called %s at #%llu", a, sa,
+                 (unsigned long long)qa, b, sb, (unsigned long long)qb);
+    dt_shm_abort(s, DT_EMISMATCH, msg);
+    return abort_error(s);
+}
+
+dt_status dt_shm_check_peer(dt_shm *s, int p) {
+    dt_coll_desc d;
+    if (!s->in_coll || p == s->me) return DT_OK;
+    if (dt_shm_peer_desc(s, p, s->cur.seq, &d) && !dt_coll_desc_match(&s->cur, &d)) return dt_shm_mismatch(s, p, &d);
+    return DT_OK;
+}
+
+static const char *what_str(dt_shm *s, char *buf, size_t n, const dt_treq *rq) {
+    if (s->in_coll || !rq) return s->in_coll ? dt_coll_desc_str(&s->cur, buf, n) : "point-to-point progress";
+    snprintf(buf, n, "%s rank %d tag %d (%zu bytes)", rq->priv.u[2] & 2 ? "recv from" : "send to", rq->peer,
+             rq->tag, rq->bytes);
+    return buf;
+}
+
+static dt_status slow_checks(dt_shm *s, double deadline, double now) {
+    char what[160];
+    const dt_treq *rq = s->what_req;
+    if (atomic_load(&s->hdr->abort_state) == 2) return abort_error(s);
+    for (int p = 0; p < s->n; p++) {
+        if (p == s->me) continue;
+        int st = peer_state(s, p);
+        if (st == 1 || (st == 2 && s->waiting_on == p)) {
+            s->broken = true;
+            return dt_error(DT_EPEER, "rank %d %s during %s", p,
+                            st == 1 ? "died" : "left (destroyed its communicator)", what_str(s, what, sizeof what, rq));
+        }
+        DT_TRY(dt_shm_check_peer(s, p));
+    }
+    if (now >= deadline) {
+        int p = s->waiting_on;
+        char doing[160] = "";
+        if (p >= 0) {
+            shm_rank *R = shm_rank_at(s, p);
+            uint64_t q = atomic_load(&R->cur_seq);
+            dt_coll_desc d;
+            if (q && dt_shm_peer_desc(s, p, q, &d)) {
+                char ds[128];
+                snprintf(doing, sizeof doing, " (its latest collective is %s)", dt_coll_desc_str(&d, ds, sizeof ds));
+            }
+        }
+        s->broken = true;
+        if (p >= 0)
+            return dt_error(DT_ETIMEDOUT, "%s timed out waiting for rank %d%s: it is alive but did not take part; "
+                            "raise DTRAIN_TIMEOUT (seconds) if it is only slow", what_str(s, what, sizeof what, rq), p, doing);
+        return dt_error(DT_ETIMEDOUT, "%s timed out; raise DTRAIN_TIMEOUT (seconds) if the job is only slow",
+                        what_str(s, what, sizeof what, rq));
+    }
+    return DT_OK;
+}
+
+dt_status dt_shm_block(dt_shm *s, dt_shm_poll poll, void *arg, double deadline, bool stop_on_progress) {
+    shm_rank *me = shm_rank_at(s, s->me);
+    double spin_until = 0;
+    int yields = 0;
+    for (;;) {
+        dt_status st = DT_OK;
+        int r = poll(s, arg, &st);
+        if (st != DT_OK) return st;
+        if (r == 1 || (r == 2 && stop_on_progress)) return DT_OK;
+        if (r == 2) { spin_until = 0; yields = 0; continue; }
+        if (atomic_load_explicit(&s->hdr->abort_state, memory_order_acquire) == 2) return abort_error(s);
+        if (stop_on_progress && atomic_exchange(&s->woken, 0)) return DT_OK;
+        if (s->spin_s > 0) {
+            double now = dt_now();
+            if (spin_until == 0) spin_until = now + s->spin_s;
+            if (now < spin_until) {
+                for (int i = 0; i < 32; i++) cpu_relax();
+                continue;
+            }
+        }
+        if (yields < s->yields) { yields++; sched_yield(); continue; }
+        /* sleep: announce, re-check, then FUTEX_WAIT on the doorbell */
+        atomic_store(&me->sleeping, 1);
+        uint32_t bell = atomic_load(&me->bell);
+        r = poll(s, arg, &st);
+        if (st != DT_OK || r != 0) {
+            atomic_store(&me->sleeping, 0);
+            if (st != DT_OK) return st;
+            if (r == 1 || stop_on_progress) return DT_OK;
+            spin_until = 0; yields = 0;
+            continue;
+        }
+        double now = dt_now();
+        if (now >= s->next_check || now >= deadline) {
+            st = slow_checks(s, deadline, now);
+            if (st != DT_OK) { atomic_store(&me->sleeping, 0); return st; }
+            s->next_check = now + 0.1;
+        }
+        double w = s->next_check - now;
+        if (deadline - now < w) w = deadline - now;
+        if (!(stop_on_progress && atomic_load(&s->woken))) futex_wait(&me->bell, bell, w > 0 ? w : 1e-3);
+        atomic_store(&me->sleeping, 0);
+        spin_until = 0; yields = 0;
+    }
+}
+
+/* ---- creation ---- */
+
+static void sleep_ms(double ms) {
+    struct timespec ts = {0, (long)(ms * 1e6)};
+    nanosleep(&ts, NULL);
+}
+
+static void layout(shm_header *h, int n) {
+    h->slots[0] = 8;
+    h->slot_bytes[0] = (uint32_t)align_up(env_size("DTRAIN_SHM_FRAG", 64 << 10, 4 << 10, 4 << 20), 64);
+    h->slots[1] = 4;
+    h->slot_bytes[1] = 32 << 10;
+    h->d_slots = 4;
+    h->d_chunk = align_up(env_size("DTRAIN_SHM_CHUNK", 512 << 10, 16 << 10, 64 << 20), 4096);
+    h->off_ranks = align_up(sizeof(shm_header), 4096);
+    h->off_chans = align_up(h->off_ranks + (size_t)n * sizeof(shm_rank), 4096);
+    for (int k = 0; k < SHM_KINDS; k++)
+        h->chan_bytes[k] = align_up(sizeof(shm_chan) + h->slots[k] * (sizeof(shm_frag) + h->slot_bytes[k]), 4096);
+    h->off_direct = h->off_chans + (size_t)n * (size_t)n * (h->chan_bytes[0] + h->chan_bytes[1]);
+    h->total_bytes = h->off_direct + (size_t)n * h->d_slots * h->d_chunk;
+}
+
+static dt_status create_segment(dt_shm *s) {
+    int fd = shm_open(s->name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0) {
+        if (errno == EEXIST)
+            return dt_error(DT_EIO, "shared-memory segment /dev/shm%s already exists: another job uses id '%s' or a "
+                            "crashed one left it; remove /dev/shm%s or use a new job id", s->name, s->job, s->name);
+        return dt_error(DT_EIO, "cannot create shared memory /dev/shm%s: %s", s->name, strerror(errno));
+    }
+    shm_header tmp = {0};
+    layout(&tmp, s->n);
+    if (ftruncate(fd, (off_t)tmp.total_bytes) != 0) {
+        int e = errno;
+        close(fd);
+        shm_unlink(s->name);
+        return dt_error(DT_EIO, "cannot size shared memory /dev/shm%s to %llu bytes: %s (is /dev/shm full?)", s->name,
+                        (unsigned long long)tmp.total_bytes, strerror(e));
+    }
+    void *m = mmap(NULL, tmp.total_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED) {
+        shm_unlink(s->name);
+        return dt_error(DT_EIO, "cannot map shared memory /dev/shm%s: %s", s->name, strerror(errno));
+    }
+    s->seg = m;
+    s->seg_bytes = tmp.total_bytes;
+    s->hdr = m;
+    tmp.magic = SHM_MAGIC;
+    tmp.version = SHM_VERSION;
+    tmp.size = (uint32_t)s->n;
+    memcpy(s->hdr, &tmp, sizeof tmp);
+    pthread_mutexattr_t a;
+    pthread_mutexattr_init(&a);
+    pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+    pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+    for (int r = 0; r < s->n; r++) pthread_mutex_init(&shm_rank_at(s, r)->alive, &a);
+    pthread_mutexattr_destroy(&a);
+    atomic_store(&s->hdr->ready, 1);
+    return DT_OK;
+}
+
+static dt_status open_segment(dt_shm *s, double deadline) {
+    double wait = 0.5;
+    for (;;) {
+        int fd = shm_open(s->name, O_RDWR, 0);
+        if (fd >= 0) {
+            struct stat st;
+            if (fstat(fd, &st) == 0 && (size_t)st.st_size >= sizeof(shm_header)) {
+                void *m = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+                close(fd);
+                if (m == MAP_FAILED) return dt_error(DT_EIO, "cannot map /dev/shm%s: %s", s->name, strerror(errno));
+                s->seg = m;
+                s->seg_bytes = (size_t)st.st_size;
+                s->hdr = m;
+                while (!atomic_load(&s->hdr->ready)) {
+                    if (dt_now() > deadline)
+                        return dt_error(DT_ETIMEDOUT, "rank 0 of job '%s' created /dev/shm%s but never initialised it",
+                                        s->job, s->name);
+                    sleep_ms(1);
+                }
+                shm_header *h = s->hdr;
+                if (h->magic != SHM_MAGIC || h->version != SHM_VERSION || h->total_bytes != s->seg_bytes)
+                    return dt_error(DT_EFORMAT, "/dev/shm%s is not a dtrain segment of this version; remove it", s->name);
+                if ((int)h->size != s->n)
+                    return dt_error(DT_EMISMATCH, "job '%s' has world size %u but rank %d was started with world size %d",
+                                    s->job, h->size, s->me, s->n);
+                return DT_OK;
+            }
+            close(fd);
+        } else if (errno != ENOENT) {
+            return dt_error(DT_EIO, "cannot open shared memory /dev/shm%s: %s", s->name, strerror(errno));
+        }
+        if (dt_now() > deadline)
+            return dt_error(DT_ETIMEDOUT, "rank %d timed out waiting for rank 0 to create the segment of job '%s' "
+                            "(/dev/shm%s): is rank 0 running with the same DTRAIN_JOB_ID?", s->me, s->job, s->name);
+        sleep_ms(wait);
+        if (wait < 5) wait *= 1.5;
+    }
+}
+
+static dt_status attach(dt_shm *s, double deadline) {
+    shm_rank *me = shm_rank_at(s, s->me);
+    int e = pthread_mutex_lock(&me->alive);
+    if (e == EOWNERDEAD) pthread_mutex_consistent(&me->alive);
+    else if (e != 0) return dt_error(DT_EINTERNAL, "cannot lock the liveness mutex of rank %d: %s", s->me, strerror(e));
+    if (me->pid != 0) {
+        pthread_mutex_unlock(&me->alive);
+        return dt_error(DT_EMISMATCH, "two processes of job '%s' claim rank %d (pids %d and %d)", s->job, s->me,
+                        (int)me->pid, (int)getpid());
+    }
+    me->pid = (int32_t)getpid();
+    uint32_t n = atomic_fetch_add(&s->hdr->attached, 1) + 1;
+    if (n == (uint32_t)s->n) {
+        shm_unlink(s->name);
+        futex_wake(&s->hdr->attached);
+    }
+    while ((n = atomic_load(&s->hdr->attached)) < (uint32_t)s->n) {
+        double now = dt_now();
+        for (int p = 0; p < s->n; p++)
+            if (shm_rank_at(s, p)->pid > 0 && peer_state(s, p) == 1)
+                return dt_error(DT_EPEER, "rank %d died while job '%s' was starting", p, s->job);
+        if (now > deadline) {
+            char missing[256] = "";
+            size_t len = 0;
+            for (int p = 0; p < s->n && len < sizeof missing - 16; p++)
+                if (shm_rank_at(s, p)->pid == 0) len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%d", len ? ", " : "", p);
+            return dt_error(DT_ETIMEDOUT, "timed out waiting for rank(s) %s to join job '%s' (%u of %d attached): "
+                            "were they started with the same DTRAIN_JOB_ID and world size?", missing, s->job, n, s->n);
+        }
+        futex_wait(&s->hdr->attached, n, 0.05);
+    }
+    return DT_OK;
+}
+
+static void shm_destroy(dt_transport *t);
+
+dt_status dt_transport_shm_create(dt_transport **out, const dt_transport_params *p) {
+    *out = NULL;
+    if (p->size < 1 || p->rank < 0 || p->rank >= p->size)
+        return dt_error(DT_EINVAL, "rank %d is out of range for world size %d", p->rank, p->size);
+    dt_shm *s = calloc(1, sizeof *s);
+    if (!s) return dt_error(DT_ENOMEM, "out of memory creating the shm transport");
+    s->base.ops = &dt_shm_ops;
+    s->base.rank = s->me = p->rank;
+    s->base.size = s->n = p->size;
+    s->timeout_s = p->timeout_s > 0 ? p->timeout_s : 300;
+    s->waiting_on = -1;
+    dt_status st = job_name(s->name, sizeof s->name, p->job_id);
+    if (st != DT_OK) { free(s); return st; }
+    snprintf(s->job, sizeof s->job, "%s", p->job_id);
+    size_t n = (size_t)s->n;
+    s->sendq = calloc(n * SHM_KINDS, sizeof *s->sendq);
+    s->recvq = calloc(n * SHM_KINDS, sizeof *s->recvq);
+    s->in_req = calloc(n, sizeof *s->in_req);
+    s->in_unex = calloc(n, sizeof *s->in_unex);
+    s->unex = calloc(n, sizeof *s->unex);
+    if (!s->sendq || !s->recvq || !s->in_req || !s->in_unex || !s->unex) {
+        shm_destroy(&s->base);
+        return dt_error(DT_ENOMEM, "out of memory creating the shm transport");
+    }
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    const char *spin = getenv("DTRAIN_SHM_SPIN_US");
+    bool over = ncpu > 0 && s->n > ncpu;
+    s->spin_s = (spin && *spin ? atof(spin) : over ? 0 : 50) * 1e-6;
+    s->yields = over ? 2 : 0;
+    double deadline = dt_now() + s->timeout_s;
+    st = s->me == 0 ? create_segment(s) : open_segment(s, deadline);
+    if (st == DT_OK) st = attach(s, deadline);
+    if (st == DT_OK) {
+        s->slot_free = calloc(s->hdr->d_slots, sizeof *s->slot_free);
+        if (!s->slot_free) st = dt_error(DT_ENOMEM, "out of memory creating the shm transport");
+    }
+    if (st != DT_OK) {
+        if (s->hdr && atomic_load(&s->hdr->attached) < (uint32_t)s->n) shm_unlink(s->name);
+        shm_destroy(&s->base);
+        return st;
+    }
+    *out = &s->base;
+    return DT_OK;
+}
+
+static void shm_destroy(dt_transport *t) {
+    if (!t) return;
+    dt_shm *s = (dt_shm *)t;
+    if (s->seg) {
+        shm_rank *me = shm_rank_at(s, s->me);
+        if (me->pid == (int32_t)getpid()) {
+            atomic_store(&me->left, 1);
+            pthread_mutex_unlock(&me->alive);
+            for (int r = 0; r < s->n; r++)
+                if (r != s->me) dt_shm_ring(s, r);
+        }
+        munmap(s->seg, s->seg_bytes);
+    }
+    if (s->unex)
+        for (int p = 0; p < s->n; p++) {
+            for (shm_unex *u = s->unex[p], *nx; u; u = nx) { nx = u->next; free(u); }
+        }
+    free(s->sendq); free(s->recvq); free(s->in_req); free(s->in_unex); free(s->unex); free(s->slot_free);
+    free(s);
+}
+
+static dt_status shm_begin(dt_transport *t, const dt_coll_desc *d) {
+    dt_shm *s = (dt_shm *)t;
+    if (s->broken || atomic_load(&s->hdr->abort_state) == 2) return abort_error(s);
+    s->cur = *d;
+    s->in_coll = true;
+    shm_rank *me = shm_rank_at(s, s->me);
+    dt_coll_desc *slot = &me->desc[d->seq % SHM_DESC_RING];
+    __atomic_store_n(&slot->seq, 0, __ATOMIC_RELAXED);
+    atomic_thread_fence(memory_order_release);
+    dt_coll_desc tmp = *d;
+    tmp.seq = 0;
+    memcpy(slot, &tmp, sizeof tmp);
+    __atomic_store_n(&slot->seq, d->seq, __ATOMIC_RELEASE);
+    atomic_store_explicit(&me->cur_seq, d->seq, memory_order_release);
+    return DT_OK;
+}
+
+static void shm_abort(dt_transport *t, dt_status st, const char *msg) { dt_shm_abort((dt_shm *)t, st, msg); }
+
+static void shm_wake(dt_transport *t) {
+    dt_shm *s = (dt_shm *)t;
+    atomic_store(&s->woken, 1);
+    shm_rank *me = shm_rank_at(s, s->me);
+    atomic_fetch_add(&me->bell, 1);
+    futex_wake(&me->bell);
+}
+
+static dt_status shm_split(dt_transport *t, int color, const int *members, int new_size, int new_rank,
+                           uint64_t split_id, double deadline, dt_transport **out) {
+    dt_shm *s = (dt_shm *)t;
+    (void)members;
+    char job[256];
+    snprintf(job, sizeof job, "%s.%llu.%d", s->job, (unsigned long long)split_id, color);
+    if (strlen(job) > 200) { /* nested splits: keep the name short but unique per (parent, split, color) */
+        uint64_t h = 1469598103934665603ull;
+        for (const char *c = job; *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211ull;
+        snprintf(job, sizeof job, "%.150s.h%016llx", s->job, (unsigned long long)h);
+    }
+    dt_transport_params p = {.rank = new_rank, .size = new_size, .local_rank = new_rank, .job_id = job,
+                             .timeout_s = deadline - dt_now()};
+    if (p.timeout_s < 1) p.timeout_s = 1;
+    dt_status st = dt_transport_shm_create(out, &p);
+    if (st == DT_OK) ((dt_shm *)*out)->timeout_s = s->timeout_s;
+    return st;
+}
+
+static const dt_transport_ops dt_shm_ops = {
+    .name = "shm",
+    .isend = dt_shm_isend,
+    .irecv = dt_shm_irecv,
+    .test = dt_shm_test,
+    .waitall = dt_shm_waitall,
+    .wake = shm_wake,
+    .begin = shm_begin,
+    .coll = dt_shm_coll,
+    .abort = shm_abort,
+    .split = shm_split,
+    .destroy = shm_destroy,
+};

@@ -1,0 +1,137 @@
+/* DDP: synchronous data parallelism. Every rank holds a full replica; gradients are averaged
+ * with allreduce in buckets (contiguous slices of the gradient slab, filled from the last
+ * layer backwards) so that a bucket's non-blocking allreduce starts as soon as backward has
+ * produced all of its gradients, while backward continues on earlier layers. The optimizer
+ * step then waits for the buckets and updates every replica identically. */
+#include "dist/strategy.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    size_t lo, hi;        /* slab range [lo, hi) */
+    dt_request *req;
+    double t_issue;
+    bool issued;
+} bucket;
+
+typedef struct {
+    bucket *b;
+    int nb;
+    int next;             /* next bucket to issue (buckets complete in index order) */
+    int early;            /* issued from the backward hook */
+    size_t nbuf;          /* model buffers broadcast every step (batchnorm running stats) */
+} ddp;
+
+static void issue(dt_strategy *s, ddp *d, int i) {
+    bucket *b = &d->b[i];
+    float *g = dt_model_grads(s->model) + b->lo;
+    b->t_issue = dt_now();
+    b->issued = true;
+    /* errors surface at wait time through the request (or as a NULL request: sync fallback) */
+    if (dt_comm_iallreduce(s->comm, g, g, b->hi - b->lo, DT_F32, DT_OP_AVG, &b->req) != DT_OK) b->req = NULL;
+}
+
+static dt_status ddp_init(dt_strategy *s) { return dt_dist_verify_replicas(s->comm, s->model); }
+
+static void ddp_begin(dt_strategy *s, int64_t step) {
+    ddp *d = s->impl;
+    s->step = step;
+    d->next = 0;
+    d->early = 0;
+    for (int i = 0; i < d->nb; i++) d->b[i].issued = false, d->b[i].req = NULL;
+}
+
+static void ddp_ready(dt_strategy *s, size_t off, size_t n) {
+    ddp *d = s->impl;
+    (void)n;
+    /* layers arrive last to first, so bucket `next` is complete once its lowest layer is */
+    while (d->next < d->nb && off <= d->b[d->next].lo) {
+        issue(s, d, d->next++);
+        d->early++;
+    }
+}
+
+static dt_status ddp_step(dt_strategy *s, float lr, float clip, dt_step_stats *st) {
+    ddp *d = s->impl;
+    memset(st, 0, sizeof *st);
+    st->early_buckets = d->early;
+    while (d->next < d->nb) issue(s, d, d->next++);  /* any bucket the hook did not start */
+    double t0 = dt_now();
+    dt_status first = DT_OK;
+    for (int i = 0; i < d->nb; i++) {
+        bucket *b = &d->b[i];
+        dt_status r = b->req ? dt_request_wait(&b->req)
+                             : dt_comm_allreduce(s->comm, dt_model_grads(s->model) + b->lo,
+                                                 dt_model_grads(s->model) + b->lo, b->hi - b->lo, DT_F32, DT_OP_AVG);
+        if (r != DT_OK && first == DT_OK) first = r;
+        if (s->trace) {
+            char name[24];
+            snprintf(name, sizeof name, "allreduce b%d", i);
+            dt_trace_add(s->trace, name, 1, b->t_issue, dt_now(), s->step);
+        }
+    }
+    st->comm_wait_s = dt_now() - t0;
+    st->buckets = d->nb;
+    if (first != DT_OK) return dt_error_wrap(first, "ddp step %lld: gradient allreduce", (long long)s->step);
+    if (d->nbuf) {
+        /* keep batchnorm running statistics identical: rank 0's are the model's (as torch DDP) */
+        DT_TRY(dt_comm_broadcast(s->comm, dt_model_buffers(s->model), d->nbuf, DT_F32, 0));
+    }
+    float *g = dt_model_grads(s->model);
+    if (clip > 0) dt_clip_grad_norm(g, dt_model_num_params(s->model), clip);
+    double t1 = dt_now();
+    dt_optim_step(s->optim, dt_model_params(s->model), g, lr);
+    if (s->trace) dt_trace_add(s->trace, "optimizer", 0, t1, dt_now(), s->step);
+    return DT_OK;
+}
+
+static void ddp_destroy(dt_strategy *s) {
+    ddp *d = s->impl;
+    if (!d) return;
+    for (int i = 0; i < d->nb; i++) dt_request_wait(&d->b[i].req);
+    free(d->b);
+    free(d);
+    s->impl = NULL;
+}
+
+static const dt_strategy_ops ddp_ops = {"ddp", ddp_init, ddp_begin, ddp_ready, ddp_step, ddp_destroy};
+
+dt_status dt_strategy_ddp_create(dt_strategy *s, const dt_strategy_config *cfg) {
+    ddp *d = calloc(1, sizeof *d);
+    if (!d) return dt_error(DT_ENOMEM, "ddp: out of memory");
+    double mb = cfg->bucket_mb > 0 ? cfg->bucket_mb : 1.0;
+    size_t cap_floats = (size_t)(mb * 1048576.0 / sizeof(float));
+    if (cap_floats < 1) cap_floats = 1;
+    /* layer ranges from the last layer backwards; a bucket closes once it reaches the cap */
+    dt_model *m = s->model;
+    int nl = dt_model_num_layers(m);
+    size_t *lo = calloc((size_t)nl + 1, sizeof *lo);
+    d->b = calloc((size_t)nl + 1, sizeof *d->b);
+    if (!lo || !d->b) {
+        free(lo), free(d->b), free(d);
+        return dt_error(DT_ENOMEM, "ddp: out of memory");
+    }
+    /* the lowest slab offset of each layer with parameters, from the tensor table */
+    int nlo = 0, last_layer = -1;
+    for (int i = dt_model_num_tensors(m) - 1; i >= 0; i--) {
+        const dt_param_info *t = dt_model_tensor(m, i);
+        if (t->is_buffer) continue;
+        if (t->layer == last_layer) lo[nlo - 1] = t->offset;  /* weight precedes its bias */
+        else lo[nlo++] = t->offset, last_layer = t->layer;
+    }
+    size_t hi = dt_model_num_params(m);
+    for (int k = 0; k < nlo; k++) {
+        bool last = k == nlo - 1;
+        if (hi - lo[k] >= cap_floats || last) {
+            d->b[d->nb++] = (bucket){.lo = lo[k], .hi = hi};
+            hi = lo[k];
+        }
+    }
+    free(lo);
+    d->nbuf = dt_model_num_buffers(m);
+    s->impl = d;
+    s->ops = &ddp_ops;
+    return DT_OK;
+}

@@ -1,0 +1,93 @@
+/* Strategy factory, the single-process strategy, and replica verification shared by the
+ * data-parallel strategies. */
+#include "dist/strategy.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <zlib.h>
+
+static dt_status single_init(dt_strategy *s) {
+    (void)s;
+    return DT_OK;
+}
+
+static void single_begin(dt_strategy *s, int64_t step) { s->step = step; }
+
+static void single_ready(dt_strategy *s, size_t off, size_t n) {
+    (void)s, (void)off, (void)n;
+}
+
+static dt_status single_step(dt_strategy *s, float lr, float clip, dt_step_stats *st) {
+    memset(st, 0, sizeof *st);
+    float *g = dt_model_grads(s->model);
+    if (clip > 0) dt_clip_grad_norm(g, dt_model_num_params(s->model), clip);
+    dt_optim_step(s->optim, dt_model_params(s->model), g, lr);
+    return DT_OK;
+}
+
+static void single_destroy(dt_strategy *s) { (void)s; }
+
+static const dt_strategy_ops single_ops = {"single", single_init, single_begin, single_ready, single_step,
+                                           single_destroy};
+
+dt_status dt_strategy_single_create(dt_strategy *s, const dt_strategy_config *cfg) {
+    (void)cfg;
+    s->ops = &single_ops;
+    return DT_OK;
+}
+
+dt_status dt_strategy_create(dt_strategy **out, const char *name, dt_comm *comm, dt_model *m, dt_optim *o,
+                             const dt_strategy_config *cfg) {
+    *out = NULL;
+    dt_strategy *s = calloc(1, sizeof *s);
+    if (!s) return dt_error(DT_ENOMEM, "strategy: out of memory");
+    s->comm = comm, s->model = m, s->optim = o, s->trace = cfg->trace;
+    dt_status st;
+    if (!strcmp(name, "single")) st = dt_strategy_single_create(s, cfg);
+    else if (!strcmp(name, "ddp")) {
+        st = comm ? dt_strategy_ddp_create(s, cfg) : dt_error(DT_EINVAL, "--strategy ddp needs a communicator");
+    } else
+        st = dt_error(DT_EINVAL, "unknown --strategy '%s' (choose ddp)", name);
+    if (st != DT_OK) {
+        free(s);
+        return st;
+    }
+    *out = s;
+    return DT_OK;
+}
+
+void dt_strategy_destroy(dt_strategy *s) {
+    if (!s) return;
+    if (s->ops) s->ops->destroy(s);
+    free(s);
+}
+
+void dt_strategy_grad_hook(void *strategy, size_t offset, size_t n) {
+    dt_strategy *s = strategy;
+    s->ops->grad_ready(s, offset, n);
+}
+
+dt_status dt_dist_verify_replicas(dt_comm *comm, dt_model *m) {
+    /* (param count, crc32 of params, crc32 of buffers): min and max must agree on every rank */
+    uLong c1 = crc32(0L, (const Bytef *)dt_model_params(m), (uInt)(dt_model_num_params(m) * sizeof(float)));
+    uLong c2 = crc32(0L, (const Bytef *)dt_model_buffers(m), (uInt)(dt_model_num_buffers(m) * sizeof(float)));
+    int64_t mine[3] = {(int64_t)dt_model_num_params(m), (int64_t)c1, (int64_t)c2};
+    int64_t lo[3], hi[3];
+    DT_TRY(dt_comm_allreduce(comm, mine, lo, 3, DT_I64, DT_OP_MIN));
+    DT_TRY(dt_comm_allreduce(comm, mine, hi, 3, DT_I64, DT_OP_MAX));
+    if (memcmp(lo, hi, sizeof lo) != 0) {
+        /* find one rank that differs from rank 0 to name it */
+        int size = dt_comm_size(comm);
+        int64_t *all = malloc(sizeof(int64_t) * 3 * (size_t)size);
+        int bad = -1;
+        if (all && dt_comm_allgather(comm, mine, all, 3, DT_I64) == DT_OK)
+            for (int r = 1; r < size && bad < 0; r++)
+                if (memcmp(all + 3 * r, all, sizeof mine) != 0) bad = r;
+        free(all);
+        return dt_error(DT_EMISMATCH,
+                        "replicas differ at start: rank %d holds other parameters than rank 0; every worker must "
+                        "run the same --model, --seed and --resume checkpoint",
+                        bad);
+    }
+    return DT_OK;
+}

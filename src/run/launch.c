@@ -1,0 +1,472 @@
+/* Local launcher/supervisor (see launch.h): fork+exec of N ranks in their own process groups,
+ * a poll() loop relaying each rank's stdout/stderr as whole prefixed lines, signal forwarding,
+ * stop-on-first-failure with a SIGTERM -> SIGKILL grace period, and shared-memory cleanup. */
+#include "run/launch.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/random.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+extern char **environ;
+
+#define LINE_CAP (64 * 1024) /* a longer line is relayed in pieces of this size */
+
+typedef struct {
+    int fd;        /* read end of the rank's pipe, -1 once closed */
+    int out;       /* where its lines go */
+    char *buf;     /* pending partial line */
+    size_t len;
+} stream;
+
+typedef struct {
+    pid_t pid;     /* 0 once reaped */
+    pid_t pgid;    /* its process group (= first pid), kept after reaping */
+    int status;    /* wait status once reaped */
+    char **env;
+    stream s[2];   /* stdout, stderr */
+} rank;
+
+typedef struct {
+    const dt_launch_config *cfg;
+    rank *r;
+    int n, live, open_fds;
+    char prefix_fmt[8];
+} job;
+
+static int g_sigpipe[2] = {-1, -1};
+static volatile sig_atomic_t g_active;
+
+static void on_signal(int sig) {
+    int e = errno;
+    unsigned char b = (unsigned char)sig;
+    if (write(g_sigpipe[1], &b, 1) < 0) { /* pipe full: a wakeup is already pending */ }
+    errno = e;
+}
+
+static void notify(const job *j, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void notify(const job *j, const char *fmt, ...) {
+    if (!j->cfg->notify) return;
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    j->cfg->notify(j->cfg->notify_ctx, msg);
+}
+
+void dt_launch_job_id(char *out, size_t cap) {
+    uint32_t rnd = 0;
+    if (getrandom(&rnd, sizeof rnd, GRND_NONBLOCK) != (ssize_t)sizeof rnd) rnd = (uint32_t)clock();
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint32_t t = (uint32_t)ts.tv_sec * 1000003u ^ (uint32_t)ts.tv_nsec;
+    uint64_t hi = ((uint64_t)(uint32_t)getpid() << 16) ^ (t >> 8) ^ ((uint64_t)t << 40);
+    snprintf(out, cap, "%08x%08x", (uint32_t)(hi ^ (hi >> 32)), rnd ^ t);
+}
+
+static bool job_id_ok(const char *id) {
+    if (!id || !*id || strlen(id) >= DT_JOB_ID_MAX) return false;
+    for (const char *p = id; *p; p++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
+              *p == '_'))
+            return false;
+    return true;
+}
+
+dt_status dt_launch_cleanup_shm(const char *job_id, int *removed) {
+    if (removed) *removed = 0;
+    if (!job_id_ok(job_id))
+        return dt_error(DT_EINVAL, "job id '%s' must be 1-63 characters of [A-Za-z0-9_]",
+                        job_id ? job_id : "(null)");
+    char pre[DT_JOB_ID_MAX + 16];
+    size_t pl = (size_t)snprintf(pre, sizeof pre, "dtrain-%s", job_id);
+    DIR *d = opendir("/dev/shm");
+    if (!d) return DT_OK; /* no POSIX shm on this system: nothing to remove */
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        char c = e->d_name[pl]; /* the comm layer names split segments "dtrain-<job>.<id>.<color>" */
+        if (strncmp(e->d_name, pre, pl) != 0 || (c && c != '-' && c != '.')) continue;
+        if (unlinkat(dirfd(d), e->d_name, 0) == 0 && removed) (*removed)++;
+    }
+    closedir(d);
+    return DT_OK;
+}
+
+/* Environment of one rank: the parent's minus DTRAIN_* rank variables and MPI/Slurm rank
+ * variables, plus extra_env and the rank variables. */
+static char **rank_env(const dt_launch_config *cfg, int rank, const char *job_id) {
+    static const char *drop[] = {"DTRAIN_RANK=", "DTRAIN_WORLD_SIZE=", "DTRAIN_LOCAL_RANK=",
+                                 "DTRAIN_LOCAL_WORLD_SIZE=", "DTRAIN_JOB_ID=", "DTRAIN_LAUNCHER_PID=",
+                                 "OMPI_COMM_WORLD_", "PMI_RANK=", "PMI_SIZE=", "PMIX_RANK=",
+                                 "SLURM_PROCID=", "SLURM_LOCALID=", "SLURM_NTASKS="};
+    size_t ne = 0, nx = 0;
+    while (environ[ne]) ne++;
+    while (cfg->extra_env && cfg->extra_env[nx]) nx++;
+    char **env = calloc(ne + nx + 8, sizeof *env);
+    if (!env) return NULL;
+    size_t k = 0;
+    for (size_t i = 0; i < ne; i++) {
+        bool keep = true;
+        for (size_t d = 0; d < sizeof drop / sizeof *drop; d++)
+            if (!strncmp(environ[i], drop[d], strlen(drop[d]))) keep = false;
+        if (keep) env[k++] = strdup(environ[i]);
+    }
+    for (size_t i = 0; i < nx; i++) env[k++] = strdup(cfg->extra_env[i]);
+    char v[6][96];
+    snprintf(v[0], sizeof v[0], "DTRAIN_RANK=%d", rank);
+    snprintf(v[1], sizeof v[1], "DTRAIN_WORLD_SIZE=%d", cfg->nranks);
+    snprintf(v[2], sizeof v[2], "DTRAIN_LOCAL_RANK=%d", rank);
+    snprintf(v[3], sizeof v[3], "DTRAIN_LOCAL_WORLD_SIZE=%d", cfg->nranks);
+    snprintf(v[4], sizeof v[4], "DTRAIN_JOB_ID=%s", job_id);
+    snprintf(v[5], sizeof v[5], "DTRAIN_LAUNCHER_PID=%ld", (long)getpid());
+    for (int i = 0; i < 6; i++) env[k++] = strdup(v[i]);
+    for (size_t i = 0; i < k; i++)
+        if (!env[i]) return env; /* caller frees; treated as ENOMEM */
+    return env;
+}
+
+static void free_env(char **env) {
+    if (!env) return;
+    for (char **p = env; *p; p++) free(*p);
+    free(env);
+}
+
+/* Writes all of buf to fd, retrying on EINTR; output errors (closed stdout) are dropped. */
+static void write_all(int fd, const char *buf, size_t n) {
+    while (n > 0) {
+        ssize_t w = write(fd, buf, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return;
+        buf += w;
+        n -= (size_t)w;
+    }
+}
+
+/* Relays the complete lines of s (all of it when flush), each prefixed, in one write. */
+static void relay(job *j, int rk, stream *s, bool flush) {
+    size_t start = 0, outn = 0;
+    char pre[24];
+    int pl = j->cfg->no_prefix ? 0 : snprintf(pre, sizeof pre, "[%d] ", rk);
+    size_t lines = 1;
+    for (size_t i = 0; i < s->len; i++) lines += s->buf[i] == '\n';
+    char *out = malloc(s->len + lines * ((size_t)pl + 1));
+    if (!out) return;
+    for (size_t i = 0; i < s->len; i++) {
+        bool last = flush && i + 1 == s->len;
+        if (s->buf[i] != '\n' && !last && !(i - start + 1 >= LINE_CAP)) continue;
+        memcpy(out + outn, pre, (size_t)pl);
+        outn += (size_t)pl;
+        memcpy(out + outn, s->buf + start, i + 1 - start);
+        outn += i + 1 - start;
+        if (s->buf[i] != '\n') out[outn++] = '\n';
+        start = i + 1;
+    }
+    write_all(s->out, out, outn);
+    free(out);
+    memmove(s->buf, s->buf + start, s->len - start);
+    s->len -= start;
+}
+
+static void close_stream(job *j, int rk, stream *s) {
+    if (s->fd < 0) return;
+    relay(j, rk, s, true);
+    close(s->fd);
+    s->fd = -1;
+    j->open_fds--;
+}
+
+static void read_stream(job *j, int rk, stream *s) {
+    for (;;) {
+        ssize_t got = read(s->fd, s->buf + s->len, LINE_CAP - s->len);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0 && errno == EAGAIN) return;
+        if (got <= 0) { close_stream(j, rk, s); return; }
+        s->len += (size_t)got;
+        relay(j, rk, s, false);
+        if (s->len < LINE_CAP) return;
+    }
+}
+
+/* Signals the process group of every rank (children of a rank included). After a rank was
+ * reaped its group may live on in its children; a pgid is not reused while the group exists. */
+static void signal_ranks(job *j, int sig) {
+    for (int i = 0; i < j->n; i++)
+        if (j->r[i].pgid > 0) kill(-j->r[i].pgid, sig);
+}
+
+static int exit_code_of(int status) {
+    if (WIFEXITED(status)) return WEXITSTATUS(status);
+    if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+    return 1;
+}
+
+static void describe(int status, char *out, size_t cap) {
+    if (WIFSIGNALED(status)) {
+        const char *abbr = sigabbrev_np(WTERMSIG(status));
+        snprintf(out, cap, "was killed by signal %d (SIG%s)", WTERMSIG(status), abbr ? abbr : "?");
+    } else {
+        snprintf(out, cap, "exited with status %d", exit_code_of(status));
+    }
+}
+
+/* Starts rank rk; exec failure is reported through a close-on-exec pipe as an errno. */
+static dt_status spawn(job *j, int rk, char *const argv[]) {
+    rank *r = &j->r[rk];
+    int out[2] = {-1, -1}, err[2] = {-1, -1}, ex[2] = {-1, -1};
+    if (pipe2(out, O_CLOEXEC) || pipe2(err, O_CLOEXEC) || pipe2(ex, O_CLOEXEC)) {
+        int e = errno;
+        for (int i = 0; i < 2; i++) {
+            if (out[i] >= 0) close(out[i]);
+            if (err[i] >= 0) close(err[i]);
+            if (ex[i] >= 0) close(ex[i]);
+        }
+        return dt_error(DT_EIO, "cannot create pipes for rank %d: %s", rk, strerror(e));
+    }
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0) {
+        int e = errno;
+        close(out[0]); close(out[1]); close(err[0]); close(err[1]); close(ex[0]); close(ex[1]);
+        return dt_error(DT_EIO, "cannot fork rank %d: %s", rk, strerror(e));
+    }
+    if (pid == 0) { /* child: only async-signal-safe calls until exec */
+        setpgid(0, 0);
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        if (getppid() != parent) _exit(126);
+        int nul = open("/dev/null", O_RDONLY);
+        if (nul >= 0) { dup2(nul, 0); if (nul > 2) close(nul); }
+        dup2(out[1], 1);
+        dup2(err[1], 2);
+        signal(SIGPIPE, SIG_DFL);
+        signal(SIGINT, SIG_DFL);
+        signal(SIGTERM, SIG_DFL);
+        signal(SIGHUP, SIG_DFL);
+        signal(SIGCHLD, SIG_DFL);
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        execvpe(argv[0], argv, r->env);
+        int e = errno;
+        if (write(ex[1], &e, sizeof e) < 0) { /* parent sees EOF and reports status 127 */ }
+        _exit(127);
+    }
+    setpgid(pid, pid);
+    close(out[1]); close(err[1]); close(ex[1]);
+    r->pid = r->pgid = pid;
+    r->s[0] = (stream){out[0], j->cfg->out_fd ? j->cfg->out_fd : 1, r->s[0].buf, 0};
+    r->s[1] = (stream){err[0], j->cfg->err_fd ? j->cfg->err_fd : 2, r->s[1].buf, 0};
+    fcntl(out[0], F_SETFL, O_NONBLOCK);
+    fcntl(err[0], F_SETFL, O_NONBLOCK);
+    j->live++;
+    j->open_fds += 2;
+    int e = 0;
+    ssize_t got;
+    do got = read(ex[0], &e, sizeof e);
+    while (got < 0 && errno == EINTR);
+    close(ex[0]);
+    if (got == (ssize_t)sizeof e)
+        return dt_error(e == ENOENT ? DT_ENOENT : DT_EIO, "cannot run '%s' (rank %d): %s", argv[0],
+                        rk, strerror(e));
+    return DT_OK;
+}
+
+/* Reaps every rank that has exited; returns the index of the first newly failed one or -1. */
+static int reap(job *j, bool stopping, int *failed) {
+    for (int i = 0; i < j->n; i++) {
+        rank *r = &j->r[i];
+        if (r->pid <= 0) continue;
+        int st;
+        pid_t p = waitpid(r->pid, &st, WNOHANG);
+        if (p != r->pid) continue;
+        r->status = st;
+        r->pid = 0;
+        j->live--;
+        if (!stopping && *failed < 0 && exit_code_of(st) != 0) *failed = i;
+    }
+    return *failed;
+}
+
+static double deadline_ms(double deadline, double now) {
+    if (deadline <= 0) return -1;
+    double ms = (deadline - now) * 1000.0;
+    return ms < 0 ? 0 : ms;
+}
+
+dt_status dt_launch_run(const dt_launch_config *cfg, char *const argv[], dt_launch_result *res) {
+    memset(res, 0, sizeof *res);
+    res->failed_rank = -1;
+    res->exit_code = 1;
+    if (!cfg || cfg->nranks < 1 || !argv || !argv[0])
+        return dt_error(DT_EINVAL, "launch needs nranks >= 1 and a program to run");
+    if (cfg->job_id && !job_id_ok(cfg->job_id))
+        return dt_error(DT_EINVAL, "job id '%s' must be 1-63 characters of [A-Za-z0-9_]", cfg->job_id);
+    if (g_active) return dt_error(DT_EINVAL, "dt_launch_run is already running in this process");
+    if (cfg->job_id) snprintf(res->job_id, sizeof res->job_id, "%s", cfg->job_id);
+    else dt_launch_job_id(res->job_id, sizeof res->job_id);
+
+    job j = {.cfg = cfg, .n = cfg->nranks};
+    j.r = calloc((size_t)j.n, sizeof *j.r);
+    struct pollfd *pfd = calloc((size_t)(2 * j.n + 1), sizeof *pfd);
+    int *pidx = calloc((size_t)(2 * j.n + 1), sizeof *pidx);
+    if (!j.r || !pfd || !pidx) {
+        free(j.r); free(pfd); free(pidx);
+        return dt_error(DT_ENOMEM, "out of memory starting %d ranks", cfg->nranks);
+    }
+    dt_status st = DT_OK;
+    for (int i = 0; i < j.n && st == DT_OK; i++) {
+        j.r[i].s[0].fd = j.r[i].s[1].fd = -1;
+        j.r[i].env = rank_env(cfg, i, res->job_id);
+        j.r[i].s[0].buf = malloc(LINE_CAP);
+        j.r[i].s[1].buf = malloc(LINE_CAP);
+        if (!j.r[i].env || !j.r[i].s[0].buf || !j.r[i].s[1].buf)
+            st = dt_error(DT_ENOMEM, "out of memory preparing rank %d", i);
+    }
+    if (st != DT_OK) goto done;
+
+    if (pipe2(g_sigpipe, O_CLOEXEC | O_NONBLOCK)) {
+        st = dt_error(DT_EIO, "cannot create the launcher's signal pipe: %s", strerror(errno));
+        goto done;
+    }
+    g_active = 1;
+    static const int sigs[] = {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGPIPE};
+    struct sigaction old[5], sa;
+    memset(&sa, 0, sizeof sa);
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    for (int i = 0; i < 5; i++) {
+        sa.sa_handler = sigs[i] == SIGPIPE ? SIG_IGN : on_signal;
+        sigaction(sigs[i], &sa, &old[i]);
+    }
+
+    double t0 = dt_now(), grace = cfg->grace_s > 0 ? cfg->grace_s : 5.0;
+    double job_deadline = cfg->timeout_s > 0 ? t0 + cfg->timeout_s : 0;
+    double kill_deadline = 0, drain_deadline = 0;
+    bool stopping = false;
+    int failed = -1, got_sig = 0;
+
+    for (int i = 0; i < j.n; i++) {
+        st = spawn(&j, i, argv);
+        if (st != DT_OK) {
+            res->exit_code = 127;
+            stopping = true;
+            signal_ranks(&j, SIGTERM);
+            kill_deadline = dt_now() + grace;
+            break;
+        }
+    }
+
+    while (j.live > 0 || j.open_fds > 0) {
+        double now = dt_now();
+        if (!stopping) reap(&j, false, &failed);
+        else reap(&j, true, &failed);
+        if (!stopping && failed >= 0) {
+            char how[96];
+            describe(j.r[failed].status, how, sizeof how);
+            if (j.live > 0)
+                notify(&j, "rank %d %s; stopping %d other rank%s", failed, how, j.live, j.live == 1 ? "" : "s");
+            else
+                notify(&j, "rank %d %s", failed, how);
+            res->failed_rank = failed;
+            res->exit_code = exit_code_of(j.r[failed].status);
+            st = dt_error(DT_EPEER, "rank %d %s", failed, how);
+            stopping = true;
+            signal_ranks(&j, SIGTERM);
+            kill_deadline = now + grace;
+        }
+        if (!stopping && job_deadline > 0 && now >= job_deadline) {
+            notify(&j, "timeout after %g s; stopping %d rank%s", cfg->timeout_s, j.live, j.live == 1 ? "" : "s");
+            res->exit_code = 124;
+            st = dt_error(DT_ETIMEDOUT, "job did not finish within %g s (--timeout)", cfg->timeout_s);
+            stopping = true;
+            signal_ranks(&j, SIGTERM);
+            kill_deadline = now + grace;
+        }
+        if (stopping && j.live > 0 && kill_deadline > 0 && now >= kill_deadline) {
+            notify(&j, "%d rank%s still running after %g s; sending SIGKILL", j.live, j.live == 1 ? "" : "s", grace);
+            signal_ranks(&j, SIGKILL);
+            kill_deadline = 0;
+        }
+        if (j.live == 0 && drain_deadline == 0) drain_deadline = now + 2.0;
+        if (j.live == 0 && now >= drain_deadline) { /* a leftover child holds a pipe open */
+            for (int i = 0; i < j.n; i++)
+                for (int k = 0; k < 2; k++) close_stream(&j, i, &j.r[i].s[k]);
+            break;
+        }
+        int np = 0;
+        pfd[np] = (struct pollfd){g_sigpipe[0], POLLIN, 0};
+        pidx[np++] = -1;
+        for (int i = 0; i < j.n; i++)
+            for (int k = 0; k < 2; k++)
+                if (j.r[i].s[k].fd >= 0) {
+                    pfd[np] = (struct pollfd){j.r[i].s[k].fd, POLLIN, 0};
+                    pidx[np++] = 2 * i + k;
+                }
+        double ms = -1;
+        double dls[3] = {stopping ? 0 : job_deadline, stopping ? kill_deadline : 0,
+                         j.live == 0 ? drain_deadline : 0};
+        for (int d = 0; d < 3; d++) {
+            double m = deadline_ms(dls[d], now);
+            if (m >= 0 && (ms < 0 || m < ms)) ms = m;
+        }
+        int pr = poll(pfd, (nfds_t)np, ms < 0 ? -1 : (int)(ms + 1));
+        if (pr < 0 && errno != EINTR) {
+            st = dt_error(DT_EIO, "poll failed in the launcher: %s", strerror(errno));
+            signal_ranks(&j, SIGKILL);
+            stopping = true;
+        }
+        if (pr <= 0) continue;
+        if (pfd[0].revents) {
+            unsigned char b[64];
+            ssize_t got;
+            while ((got = read(g_sigpipe[0], b, sizeof b)) > 0)
+                for (ssize_t i = 0; i < got; i++) {
+                    int sig = b[i];
+                    if (sig == SIGCHLD) continue;
+                    if (!got_sig && !stopping) {
+                        got_sig = sig;
+                        notify(&j, "got SIG%s; stopping %d rank%s", sigabbrev_np(sig), j.live, j.live == 1 ? "" : "s");
+                        res->exit_code = 128 + sig;
+                        st = dt_error(DT_EINTR, "launcher interrupted by SIG%s", sigabbrev_np(sig));
+                        stopping = true;
+                        signal_ranks(&j, sig);
+                        kill_deadline = dt_now() + grace;
+                    } else if (j.live > 0) { /* a second signal: no more grace */
+                        signal_ranks(&j, SIGKILL);
+                        kill_deadline = 0;
+                    }
+                }
+        }
+        for (int p = 1; p < np; p++)
+            if (pfd[p].revents) read_stream(&j, pidx[p] / 2, &j.r[pidx[p] / 2].s[pidx[p] % 2]);
+    }
+    if (stopping) signal_ranks(&j, SIGKILL); /* leftovers of stopped ranks' process groups */
+    if (st == DT_OK) res->exit_code = 0;
+
+    for (int i = 0; i < 5; i++) sigaction(sigs[i], &old[i], NULL);
+    close(g_sigpipe[0]);
+    close(g_sigpipe[1]);
+    g_sigpipe[0] = g_sigpipe[1] = -1;
+    g_active = 0;
+    dt_launch_cleanup_shm(res->job_id, &res->shm_removed);
+done:
+    for (int i = 0; i < j.n; i++) {
+        free_env(j.r[i].env);
+        free(j.r[i].s[0].buf);
+        free(j.r[i].s[1].buf);
+    }
+    free(j.r);
+    free(pfd);
+    free(pidx);
+    return st;
+}

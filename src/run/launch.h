@@ -1,0 +1,59 @@
+/* Local launcher/supervisor: starts N rank processes of one program on this machine with the
+ * rank environment, relays their output line by line with a "[rank] " prefix, forwards
+ * SIGINT/SIGTERM/SIGHUP, stops the whole job when one rank fails, and removes the job's leftover
+ * shared memory. Used by `dtrain launch` and (later) by `dtrain train --workers N`.
+ *
+ * Rank environment (read by the comm layer): DTRAIN_RANK, DTRAIN_WORLD_SIZE, DTRAIN_LOCAL_RANK,
+ * DTRAIN_LOCAL_WORLD_SIZE, DTRAIN_JOB_ID, DTRAIN_LAUNCHER_PID.
+ *
+ * Under mpirun or srun this launcher is not needed: the comm layer takes the rank and world size
+ * from OMPI_COMM_WORLD_RANK/SIZE, PMI_RANK/SIZE or SLURM_PROCID/NTASKS. Rank processes started
+ * here get those variables removed so a launcher nested inside mpirun/srun forms its own job. */
+#ifndef DT_RUN_LAUNCH_H
+#define DT_RUN_LAUNCH_H
+
+#include "dtrain/core.h"
+
+/* Length of a generated job id ("<pid><time><random>", 16 hex digits) plus NUL. */
+#define DT_JOB_ID_MAX 64
+
+typedef struct {
+    int nranks;                   /* number of local ranks, >= 1 */
+    double timeout_s;             /* whole-job deadline in seconds; 0 = none */
+    double grace_s;               /* SIGTERM -> SIGKILL grace when stopping ranks; 0 = 5 s */
+    bool no_prefix;               /* relay whole lines without the "[rank] " prefix */
+    int out_fd, err_fd;           /* where rank stdout/stderr go; 0 = 1 and 2 */
+    const char *job_id;           /* NULL = generate a unique one; else [A-Za-z0-9_]{1,63} */
+    const char *const *extra_env; /* NULL-terminated "K=V" strings added for every rank, or NULL */
+    /* Called (from the launching thread) with one-line job events such as "rank 2 exited with
+     * status 3; stopping 3 other ranks". The library never prints; the CLI prints these. */
+    void (*notify)(void *ctx, const char *msg);
+    void *notify_ctx;
+} dt_launch_config;
+
+typedef struct {
+    int exit_code;                /* exit status for the launcher: 0, the failing rank's status,
+                                     128+signal for a rank killed by (or a launcher stopped by) a
+                                     signal, 124 on timeout, 127 when the program cannot start */
+    int failed_rank;              /* first rank that failed, -1 if none */
+    int shm_removed;              /* leftover /dev/shm/dtrain-<jobid>* entries removed */
+    char job_id[DT_JOB_ID_MAX];   /* the job id the ranks got */
+} dt_launch_result;
+
+/* Runs argv (argv[0] looked up in PATH) as cfg->nranks ranks and waits for all of them.
+ * Returns DT_OK when every rank exited 0; DT_EPEER when a rank failed (the others were stopped);
+ * DT_EINTR when the launcher got SIGINT/SIGTERM/SIGHUP; DT_ETIMEDOUT when the job deadline
+ * passed; DT_ENOENT/DT_EIO when a rank could not be started. res (required) is always filled.
+ * Installs its own SIGCHLD/SIGINT/SIGTERM/SIGHUP/SIGPIPE handlers for the duration and restores
+ * the previous ones; only one call may run at a time in a process. */
+dt_status dt_launch_run(const dt_launch_config *cfg, char *const argv[], dt_launch_result *res);
+
+/* Writes a fresh unique job id (16 hex digits from pid, time and randomness) into out[cap]. */
+void dt_launch_job_id(char *out, size_t cap);
+
+/* Removes every /dev/shm entry named "dtrain-<job_id>", "dtrain-<job_id>.*" or
+ * "dtrain-<job_id>-*" (the comm layer's segments of that job and of its splits); *removed (may
+ * be NULL) gets the count. DT_EINVAL on a job id with characters other than [A-Za-z0-9_]. */
+dt_status dt_launch_cleanup_shm(const char *job_id, int *removed);
+
+#endif

@@ -1,0 +1,113 @@
+/* Unit test of the launcher library (dt_launch_run): relayed output into a file, the rank
+ * environment plus extra_env, the result of a failing rank and the notify message, a program
+ * that cannot start, job ids and shm cleanup. The CLI side is tested by tests/launch.sh. */
+#include "core/test.h"
+#include "run/launch.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static char g_msg[512];
+static int g_nmsg;
+static void on_msg(void *ctx, const char *m) {
+    (void)ctx;
+    snprintf(g_msg, sizeof g_msg, "%s", m);
+    g_nmsg++;
+}
+
+static size_t slurp(const char *path, char *buf, size_t cap) {
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    size_t n = fread(buf, 1, cap - 1, f);
+    buf[n] = 0;
+    fclose(f);
+    return n;
+}
+
+int main(void) {
+    char out_path[] = "/tmp/dt_launch_test_XXXXXX";
+    int fd = mkstemp(out_path);
+    CHECK(fd >= 0);
+    if (fd < 0) return dt_test_summary("launch_test");
+
+    /* 1. two ranks, output relayed with prefixes into out_fd/err_fd, extra_env visible */
+    const char *extra[] = {"DT_LAUNCH_TEST_X=hello", NULL};
+    dt_launch_config cfg = {.nranks = 2, .out_fd = fd, .err_fd = fd, .extra_env = extra,
+                            .job_id = "unit_test_1", .notify = on_msg};
+    char *argv[] = {"sh", "-c",
+                    "printf 'a%s %s %s %s\\n' $DTRAIN_RANK $DTRAIN_WORLD_SIZE $DT_LAUNCH_TEST_X "
+                    "$DTRAIN_JOB_ID; printf 'part'",
+                    NULL};
+    dt_launch_result res;
+    CHECK_OK(dt_launch_run(&cfg, argv, &res));
+    CHECK(res.exit_code == 0 && res.failed_rank == -1);
+    CHECK(!strcmp(res.job_id, "unit_test_1"));
+    char buf[4096];
+    slurp(out_path, buf, sizeof buf);
+    CHECK_MSG(strstr(buf, "[0] a0 2 hello unit_test_1\n") != NULL, "%s", buf);
+    CHECK_MSG(strstr(buf, "[1] a1 2 hello unit_test_1\n") != NULL, "%s", buf);
+    CHECK_MSG(strstr(buf, "[0] part\n") && strstr(buf, "[1] part\n"), "%s", buf);
+    CHECK(g_nmsg == 0);
+
+    /* 2. rank 1 fails: DT_EPEER, its status, others stopped, one notify line */
+    CHECK(ftruncate(fd, 0) == 0);
+    lseek(fd, 0, SEEK_SET);
+    cfg.job_id = NULL;
+    cfg.no_prefix = true;
+    char *argv2[] = {"sh", "-c", "if [ $DTRAIN_RANK = 1 ]; then echo bye; exit 7; fi; exec sleep 20", NULL};
+    double t0 = dt_now();
+    dt_status s = dt_launch_run(&cfg, argv2, &res);
+    CHECK(s == DT_EPEER);
+    CHECK(res.exit_code == 7 && res.failed_rank == 1);
+    CHECK_MSG(strstr(dt_last_error(), "rank 1 exited with status 7") != NULL, "%s", dt_last_error());
+    CHECK(g_nmsg == 1);
+    CHECK_MSG(!strcmp(g_msg, "rank 1 exited with status 7; stopping 1 other rank"), "'%s'", g_msg);
+    CHECK(dt_now() - t0 < 5.0);
+    CHECK(strlen(res.job_id) == 16);
+    slurp(out_path, buf, sizeof buf);
+    CHECK_MSG(!strcmp(buf, "bye\n"), "'%s'", buf);
+
+    /* 3. a program that does not exist */
+    char *argv3[] = {"/nonexistent/dt-prog", NULL};
+    s = dt_launch_run(&cfg, argv3, &res);
+    CHECK(s == DT_ENOENT && res.exit_code == 127);
+    CHECK_MSG(strstr(dt_last_error(), "/nonexistent/dt-prog") != NULL, "%s", dt_last_error());
+
+    /* 4. bad arguments */
+    dt_launch_config bad = {.nranks = 0};
+    CHECK(dt_launch_run(&bad, argv, &res) == DT_EINVAL);
+    bad.nranks = 1;
+    bad.job_id = "has-dash";
+    CHECK(dt_launch_run(&bad, argv, &res) == DT_EINVAL);
+
+    /* 5. job ids are unique; shm cleanup removes only the job's entries */
+    char a[DT_JOB_ID_MAX], b[DT_JOB_ID_MAX];
+    dt_launch_job_id(a, sizeof a);
+    dt_launch_job_id(b, sizeof b);
+    CHECK(strlen(a) == 16 && strcmp(a, b) != 0);
+    char p1[128], p2[128], p3[128], p4[128];
+    snprintf(p1, sizeof p1, "/dev/shm/dtrain-%s", a);
+    snprintf(p2, sizeof p2, "/dev/shm/dtrain-%s-x", a);
+    snprintf(p3, sizeof p3, "/dev/shm/dtrain-%sz", a);
+    snprintf(p4, sizeof p4, "/dev/shm/dtrain-%s.7.1", a);
+    int removed = -1;
+    if (access("/dev/shm", W_OK) == 0) {
+        close(open(p1, O_CREAT | O_WRONLY, 0600));
+        close(open(p2, O_CREAT | O_WRONLY, 0600));
+        close(open(p3, O_CREAT | O_WRONLY, 0600));
+        close(open(p4, O_CREAT | O_WRONLY, 0600));
+        CHECK_OK(dt_launch_cleanup_shm(a, &removed));
+        CHECK(removed == 3);
+        CHECK(access(p1, F_OK) != 0 && access(p2, F_OK) != 0 && access(p4, F_OK) != 0 && access(p3, F_OK) == 0);
+        unlink(p3);
+    }
+    CHECK(dt_launch_cleanup_shm("../etc", &removed) == DT_EINVAL);
+    CHECK(dt_launch_cleanup_shm("a.b", &removed) == DT_EINVAL);
+
+    close(fd);
+    unlink(out_path);
+    return dt_test_summary("launch_test");
+}
