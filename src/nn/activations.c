@@ -37,7 +37,7 @@ void dt_tanh_forward(float *out, const float *in, size_t n) {
     for (size_t i = 0; i < n; i++) out[i] = tanhf(in[i]);
 }
 
-void dt_tanh_backward(float *din, const float *restrict dout, const float *restrict y, size_t n) {
+void dt_tanh_backward(float *din, const float *dout, const float *y, size_t n) {
     for (size_t i = 0; i < n; i++) din[i] = dout[i] * (1.0f - y[i] * y[i]);
 }
 
@@ -45,7 +45,7 @@ void dt_sigmoid_forward(float *out, const float *in, size_t n) {
     for (size_t i = 0; i < n; i++) out[i] = 1.0f / (1.0f + expf(-in[i]));
 }
 
-void dt_sigmoid_backward(float *din, const float *restrict dout, const float *restrict y, size_t n) {
+void dt_sigmoid_backward(float *din, const float *dout, const float *y, size_t n) {
     for (size_t i = 0; i < n; i++) din[i] = dout[i] * y[i] * (1.0f - y[i]);
 }
 
@@ -86,7 +86,7 @@ void dt_dropout_forward(float *out, uint8_t *mask, const float *in, size_t n, fl
     for (size_t i = 0; i < n; i++) out[i] = mask[i] ? in[i] * scale : 0.0f;
 }
 
-void dt_dropout_backward(float *din, const float *restrict dout, const uint8_t *restrict mask, size_t n, float p) {
+void dt_dropout_backward(float *din, const float *dout, const uint8_t *mask, size_t n, float p) {
     if (p >= 1.0f) {
         memset(din, 0, n * sizeof(float));
         return;
