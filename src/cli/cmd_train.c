@@ -221,9 +221,6 @@ int dt_cmd_train(int argc, char **argv) {
     if (pc.last.epoch > 0)
         printf("dtrain: done: test accuracy %.4f, test loss %.4f after %lld steps (%.1fs)\n", pc.last.test_acc,
                pc.last.test_loss, (long long)pc.last.global_step, pc.last.wall_s);
-    if (pc.last.epoch > 0)
-        printf("dtrain: done: test accuracy %.4f, test loss %.4f after %lld steps (%.1fs)\n", pc.last.test_acc,
-               pc.last.test_loss, (long long)pc.last.global_step, pc.last.wall_s);
     if (cfg.save && !quiet) printf("dtrain: checkpoint saved to %s\n", cfg.save);
     return 0;
 }

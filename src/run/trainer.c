@@ -284,10 +284,11 @@ static void write_metrics(FILE *f, const dt_epoch_info *e, const dt_trainer *t) 
     fprintf(f,
             "{\"epoch\": %d, \"step\": %lld, \"train_loss\": %.6g, \"test_loss\": %s, \"test_acc\": %s, "
             "\"samples_per_s\": %.1f, \"epoch_s\": %.3f, \"wall_s\": %.3f, \"data_wait_s\": %.4f, \"lr\": %.6g, "
-            "\"batch\": %d, \"world_size\": %d, \"global_batch\": %d, \"strategy\": \"%s\", "
+            "\"batch\": %d, \"world_size\": %d, \"global_batch\": %d, \"strategy\": \"%s\", \"backend\": \"%s\", "
             "\"step_ms\": {\"compute\": %.4f, \"comm_wait\": %.4f, \"data_wait\": %.4f}, \"model\": \"%s\"}\n",
             e->epoch, (long long)e->global_step, e->train_loss, tl, ta, e->samples_per_s, e->epoch_s, e->wall_s,
             e->data_wait_s, e->lr, t->cfg.batch, e->world_size, e->global_batch, t->strategy->ops->name,
+            t->world > 1 ? dt_comm_backend_name(t->cfg.comm) : "self",
             e->compute_s * per, e->comm_wait_s * per, e->data_wait_s * per, dt_model_spec(t->model));
     fflush(f);
 }
