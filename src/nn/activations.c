@@ -13,6 +13,7 @@ void dt_relu_forward(float *out, const float *in, size_t n) {
 }
 
 void dt_relu_backward(float *din, const float *dout, const float *x, size_t n) {
+    if (!din) return; /* nothing to propagate (first layer) */
     for (size_t i = 0; i < n; i++) din[i] = x[i] > 0.0f ? dout[i] : 0.0f;
 }
 
@@ -24,6 +25,7 @@ void dt_gelu_forward(float *out, const float *in, size_t n) {
 }
 
 void dt_gelu_backward(float *din, const float *dout, const float *x, size_t n) {
+    if (!din) return; /* nothing to propagate (first layer) */
     const float inv_sqrt_2pi = 0.39894228040143267794f;
     for (size_t i = 0; i < n; i++) {
         float v = x[i];
@@ -38,6 +40,7 @@ void dt_tanh_forward(float *out, const float *in, size_t n) {
 }
 
 void dt_tanh_backward(float *din, const float *dout, const float *y, size_t n) {
+    if (!din) return; /* nothing to propagate (first layer) */
     for (size_t i = 0; i < n; i++) din[i] = dout[i] * (1.0f - y[i] * y[i]);
 }
 
@@ -46,6 +49,7 @@ void dt_sigmoid_forward(float *out, const float *in, size_t n) {
 }
 
 void dt_sigmoid_backward(float *din, const float *dout, const float *y, size_t n) {
+    if (!din) return; /* nothing to propagate (first layer) */
     for (size_t i = 0; i < n; i++) din[i] = dout[i] * y[i] * (1.0f - y[i]);
 }
 
@@ -87,6 +91,7 @@ void dt_dropout_forward(float *out, uint8_t *mask, const float *in, size_t n, fl
 }
 
 void dt_dropout_backward(float *din, const float *dout, const uint8_t *mask, size_t n, float p) {
+    if (!din) return; /* nothing to propagate (first layer) */
     if (p >= 1.0f) {
         memset(din, 0, n * sizeof(float));
         return;

@@ -183,6 +183,13 @@ static void test_edges(void) {
     dt_linear_forward(o1, in, w, NULL, 2, 2, 3);
     dt_linear_forward(o2, in, w, zb, 2, 2, 3);
     CHECK(memcmp(o1, o2, sizeof o1) == 0 && o1[0] == 1 * 1 + -2 * 2);
+    /* din = NULL is a no-op for every parameter-free backward */
+    float g4[4] = {1, 2, 3, 4};
+    int32_t am4[1] = {0};
+    dt_relu_backward(NULL, g4, g4, 4), dt_gelu_backward(NULL, g4, g4, 4), dt_tanh_backward(NULL, g4, g4, 4);
+    dt_sigmoid_backward(NULL, g4, g4, 4), dt_dropout_backward(NULL, g4, mask, 4, 0.5f);
+    dt_maxpool2d_backward(NULL, g4, am4, 1, 1, 2, 2, 2, 2), dt_avgpool2d_backward(NULL, g4, 1, 1, 2, 2, 2, 2);
+    CHECK(g4[0] == 1 && g4[3] == 4);
     /* layernorm of a constant row: output = bias, no NaN */
     float cst[4] = {2, 2, 2, 2}, ln[4], mean, rstd, lw[4] = {1, 1, 1, 1}, lb[4] = {0.5f, 0.5f, 0.5f, 0.5f};
     dt_layernorm_forward(ln, &mean, &rstd, cst, lw, lb, 1, 4, 1e-5f);
