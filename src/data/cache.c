@@ -258,42 +258,40 @@ static void collect_garbage(const char *dir, const char *name) {
     struct dirent *e;
     char path[PATH_MAX], base[PATH_MAX];
     size_t nlen = strlen(name);
-    while ((e = readdir(d))) {
-        const char *f = e->d_name, *tmp = strstr(f, ".v1.tmp.");
-        if (strncmp(f, "dtrain-data-", 12) != 0 || snprintf(path, sizeof path, "%s/%s", dir, f) >= (int)sizeof path) continue;
-        if (tmp) {
-            bool orphan = !strncmp(f, name, nlen) && !strncmp(f + nlen, ".tmp.", 5);
-            if (!orphan) {
+    for (int pass = 0; pass < 2; pass++, rewinddir(d)) /* temp files first: the locks still exist */
+        while ((e = readdir(d))) {
+            const char *f = e->d_name, *tmp = strstr(f, ".v1.tmp.");
+            size_t flen = strlen(f);
+            if (strncmp(f, "dtrain-data-", 12) != 0 || snprintf(path, sizeof path, "%s/%s", dir, f) >= (int)sizeof path) continue;
+            if (pass == 0 && tmp) {
+                if (!strncmp(f, name, nlen) && !strncmp(f + nlen, ".tmp.", 5)) {
+                    unlink(path);
+                    continue;
+                }
                 snprintf(base, sizeof base, "%s/%.*s.lock", dir, (int)(tmp - f), f);
                 int lfd = open(base, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
-                orphan = lfd >= 0 && flock(lfd, LOCK_EX | LOCK_NB) == 0;
-                if (orphan) unlink(path);
+                if (lfd >= 0 && flock(lfd, LOCK_EX | LOCK_NB) == 0) unlink(path);
                 if (lfd >= 0) close(lfd);
-            } else {
-                unlink(path);
             }
-            continue;
+            if (pass == 0 || flen < 4 || strcmp(f + flen - 3, ".v1") != 0 || !strncmp(f, name, nlen)) continue;
+            int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+            if (fd < 0) continue;
+            cache_header h;
+            struct stat st;
+            bool gone = false;
+            if (fstat(fd, &st) == 0 && st.st_uid == geteuid() && pread(fd, &h, sizeof h, 0) == (ssize_t)sizeof h &&
+                !memcmp(h.magic, CACHE_MAGIC, 8) && h.version == CACHE_VERSION && h.header_crc == header_crc(&h)) {
+                struct stat s2;
+                for (int i = 0; i < 2; i++)
+                    if (h.src[i].path[CACHE_PATH - 1] == '\0' && stat(h.src[i].path, &s2) != 0 && errno == ENOENT) gone = true;
+            }
+            close(fd);
+            if (gone) {
+                unlink(path);
+                snprintf(base, sizeof base, "%s/%.*s.lock", dir, (int)(flen - 3), f);
+                unlink(base);
+            }
         }
-        size_t flen = strlen(f);
-        if (flen < 4 || strcmp(f + flen - 3, ".v1") != 0 || !strncmp(f, name, nlen)) continue;
-        int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-        if (fd < 0) continue;
-        cache_header h;
-        struct stat st;
-        bool gone = false;
-        if (fstat(fd, &st) == 0 && st.st_uid == geteuid() && pread(fd, &h, sizeof h, 0) == (ssize_t)sizeof h &&
-            !memcmp(h.magic, CACHE_MAGIC, 8) && h.version == CACHE_VERSION && h.header_crc == header_crc(&h)) {
-            struct stat s2;
-            for (int i = 0; i < 2; i++)
-                if (h.src[i].path[CACHE_PATH - 1] == '\0' && stat(h.src[i].path, &s2) != 0 && errno == ENOENT) gone = true;
-        }
-        close(fd);
-        if (gone) {
-            unlink(path);
-            snprintf(base, sizeof base, "%s/%.*s.lock", dir, (int)(flen - 3), f);
-            unlink(base);
-        }
-    }
     closedir(d);
 }
 
