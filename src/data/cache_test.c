@@ -154,13 +154,25 @@ static void test_basic_and_dir(void) {
     dt_dataset_free(te);
 }
 
-/* Two processes open the same directory at the same moment: one decodes, both map one file. */
-static void test_two_processes(void) {
+/* Processes open the same directory at the same moment: one decodes, all map one file. The
+ * train set is large enough (15 MB) that the opens overlap. */
+#define NPROC 3
+#define BIG_N 20000
+static void test_processes_share(void) {
     clear_dir(g_cache);
+    char big[400], img[500], lab[500];
+    snprintf(big, sizeof big, "%s/big", g_dir);
+    mkdir(big, 0755);
+    snprintf(img, sizeof img, "%s/train-images-idx3-ubyte.gz", big);
+    snprintf(lab, sizeof lab, "%s/train-labels-idx1-ubyte.gz", big);
+    write_pair(img, lab, BIG_N, 0);
+    snprintf(img, sizeof img, "%s/t10k-images-idx3-ubyte", big);
+    snprintf(lab, sizeof lab, "%s/t10k-labels-idx1-ubyte", big);
+    write_pair(img, lab, 100, 3);
     int go[2], rep[2], rel[2];
     CHECK(pipe(go) == 0 && pipe(rep) == 0 && pipe(rel) == 0);
-    pid_t pid[2];
-    for (int k = 0; k < 2; k++) {
+    pid_t pid[NPROC];
+    for (int k = 0; k < NPROC; k++) {
         pid[k] = fork();
         if (pid[k] == 0) {
             char c;
@@ -168,7 +180,7 @@ static void test_two_processes(void) {
             if (read(go[0], &c, 1) != 1) _exit(2);
             dt_dataset *tr = NULL, *te = NULL;
             unsigned long ino[2] = {0, 0};
-            if (dt_dataset_open(&tr, &te, g_data) == DT_OK && data_ok(tr, 600, 0) && data_ok(te, 100, 3)) {
+            if (dt_dataset_open(&tr, &te, big) == DT_OK && data_ok(tr, BIG_N, 0) && data_ok(te, 100, 3)) {
                 ino[0] = mapped_inode(getpid(), dt_dataset_cache_file(tr), NULL);
                 ino[1] = mapped_inode(getpid(), dt_dataset_cache_file(te), NULL);
             }
@@ -180,10 +192,10 @@ static void test_two_processes(void) {
         }
     }
     close(go[0]), close(rep[1]), close(rel[0]);
-    CHECK(write(go[1], "gg", 2) == 2);
-    unsigned long ino[2][2] = {{0}};
-    for (int k = 0; k < 2; k++) CHECK(read(rep[0], ino[k], sizeof ino[k]) == (ssize_t)sizeof ino[k]);
-    /* exactly one cache file per data set, no leftovers, both children map the published inode */
+    CHECK(write(go[1], "ggg", NPROC) == NPROC);
+    unsigned long ino[NPROC][2] = {{0}};
+    for (int k = 0; k < NPROC; k++) CHECK(read(rep[0], ino[k], sizeof ino[k]) == (ssize_t)sizeof ino[k]);
+    /* exactly one cache file per data set, no leftovers, every process maps the published inode */
     CHECK(count_files(g_cache, NULL, ".v1") == 2 && count_files(g_cache, ".tmp.", "") == 0);
     DIR *d = opendir(g_cache);
     struct dirent *e;
@@ -192,19 +204,21 @@ static void test_two_processes(void) {
         if (!strstr(e->d_name, ".v1")) continue;
         char f[600];
         snprintf(f, sizeof f, "%s/%s", g_cache, e->d_name);
-        for (int k = 0; k < 2; k++) {
+        for (int k = 0; k < NPROC; k++) {
             bool deleted;
             unsigned long m = mapped_inode(pid[k], f, &deleted);
-            CHECK_MSG(m == inode_of(f) && !deleted, "child %d maps inode %lu of %s (file inode %lu)", k, m, f, inode_of(f));
+            CHECK_MSG(m == inode_of(f) && !deleted, "process %d maps inode %lu%s of %s (file inode %lu)", k, m,
+                      deleted ? " (deleted)" : "", f, inode_of(f));
             matched += m == inode_of(f);
         }
     }
     if (d) closedir(d);
-    CHECK(matched == 4);
-    CHECK_MSG(ino[0][0] && ino[0][0] == ino[1][0] && ino[0][1] == ino[1][1], "children mapped %lu/%lu and %lu/%lu", ino[0][0],
-              ino[0][1], ino[1][0], ino[1][1]);
+    CHECK(matched == 2 * NPROC);
+    for (int k = 1; k < NPROC; k++)
+        CHECK_MSG(ino[0][0] && ino[k][0] == ino[0][0] && ino[k][1] == ino[0][1], "process %d mapped %lu/%lu, process 0 %lu/%lu", k,
+                  ino[k][0], ino[k][1], ino[0][0], ino[0][1]);
     close(rel[1]);
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < NPROC; k++) {
         int status = 0;
         waitpid(pid[k], &status, 0);
         CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
@@ -258,6 +272,7 @@ static void test_source_changes(void) {
     const char *img = g_img, *lab = g_lab;
     char file[600], file2[600];
     unsigned long a = open_cached(img, lab, 600, 0, file, sizeof file);
+    int entries = count_files(g_cache, NULL, ".v1");
     /* touch: same bytes, newer mtime */
     struct timespec ts[2] = {{0, UTIME_OMIT}, {2000000000, 5}};
     CHECK(utimensat(AT_FDCWD, img, ts, 0) == 0);
@@ -278,7 +293,7 @@ static void test_source_changes(void) {
     write_idx(lab, 1, dims, 1, 0, false); /* same labels, now raw: other size and mtime */
     unsigned long e = open_cached(img, lab, 700, 2, file2, sizeof file2);
     CHECK(e != d && !strcmp(file, file2));
-    CHECK(count_files(g_cache, NULL, ".v1") == 2 && count_files(g_cache, ".tmp.", "") == 0);
+    CHECK(count_files(g_cache, NULL, ".v1") == entries && count_files(g_cache, ".tmp.", "") == 0); /* replaced, not added */
     /* a broken source is reported exactly as without the cache, and leaves nothing behind */
     struct stat st;
     stat(img, &st);
@@ -397,7 +412,7 @@ int main(void) {
     snprintf(g_lab, sizeof g_lab, "%s/train-labels-idx1-ubyte.gz", g_data);
     setenv("DTRAIN_DATA_CACHE", g_cache, 1);
     test_basic_and_dir();
-    test_two_processes();
+    test_processes_share();
     test_corruption();
     test_source_changes();
     test_disabled_and_fallbacks();
