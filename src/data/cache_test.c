@@ -128,7 +128,7 @@ static unsigned long open_cached(const char *img, const char *lab, uint32_t n, u
     unsigned long ino = mapped_inode(getpid(), cf, NULL);
     CHECK_MSG(ino > 1 && ino == inode_of(cf), "mapping inode %lu, file inode %lu", ino, inode_of(cf));
     dt_dataset_free(ds);
-    CHECK(!*cf || mapped_inode(getpid(), file, NULL) == 0); /* freed: unmapped */
+    CHECK(!*file || mapped_inode(getpid(), file, NULL) == 0); /* freed: unmapped */
     return ino;
 }
 
