@@ -83,6 +83,15 @@ static int test_nonblocking(int R, int N, const char *job, void *arg) {
         CHECK_OK(dt_comm_send(c, &small_out, 1, DT_F32, right, 9));
         CHECK_OK(dt_request_wait(&late));
         CHECK(small_in == (float)left);
+        /* a receive that waits in the background for longer than the progress thread's naps */
+        small_in = -1;
+        CHECK_OK(dt_comm_irecv(c, &small_in, 1, DT_F32, left, 10, &late));
+        usleep(300000);
+        CHECK_OK(dt_comm_isend(c, &small_out, 1, DT_F32, right, 10, &p[0]));
+        CHECK_OK(dt_request_wait(&p[0]));
+        CHECK_OK(dt_request_wait(&late));
+        CHECK(small_in == (float)left);
+        CHECK_OK(dt_comm_barrier(c)); /* the background wait left the job healthy */
         free(a);
         free(b);
     }

@@ -166,7 +166,9 @@ static const char *what_str(dt_shm *s, char *buf, size_t n, const dt_treq *rq) {
     return buf;
 }
 
-static dt_status slow_checks(dt_shm *s, double deadline, double now) {
+/* every ~100 ms of sleeping: abort word, dead or departed peers, mismatched ops, the deadline.
+ * idle (progress-thread wait for posted point-to-point): no mismatch or deadline checks. */
+static dt_status slow_checks(dt_shm *s, double deadline, double now, bool idle) {
     char what[160];
     const dt_treq *rq = s->what_req;
     if (atomic_load(&s->hdr->abort_state) == 2) return abort_error(s);
@@ -178,9 +180,9 @@ static dt_status slow_checks(dt_shm *s, double deadline, double now) {
             return dt_error(DT_EPEER, "rank %d %s during %s", p,
                             st == 1 ? "died" : "left (destroyed its communicator)", what_str(s, what, sizeof what, rq));
         }
-        DT_TRY(dt_shm_check_peer(s, p));
+        if (!idle && !rq) DT_TRY(dt_shm_check_peer(s, p));
     }
-    if (now >= deadline) {
+    if (!idle && now >= deadline) {
         int p = s->waiting_on;
         char doing[160] = "";
         if (p >= 0) {
@@ -245,8 +247,12 @@ dt_status dt_shm_block(dt_shm *s, dt_shm_poll poll, void *arg, double deadline, 
             continue;
         }
         double now = dt_now();
+        if (stop_on_progress && now >= deadline) { /* an idle wait simply ends */
+            atomic_store(&me->sleeping, 0);
+            return DT_OK;
+        }
         if (now >= s->next_check || now >= deadline) {
-            st = slow_checks(s, deadline, now);
+            st = slow_checks(s, deadline, now, stop_on_progress);
             if (st != DT_OK) { atomic_store(&me->sleeping, 0); return st; }
             s->next_check = now + 0.1;
         }
