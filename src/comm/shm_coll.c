@@ -264,11 +264,13 @@ static dt_status d_reduce_scatter(dt_shm *s, const dt_coll_args *a) {
         uint64_t slot;
         DT_TRY(take_slot(s, &slot, a->deadline));
         unsigned char *mine = shm_dslot(s, s->me, slot);
-        for (int j = 0; j < n && m; j++) memcpy(mine + (size_t)j * m * esz, src + ((size_t)j * count + off) * esz, m * esz);
+        for (int j = 0; j < n && m; j++) /* the blocks others reduce; my own stays in my buffer */
+            if (j != s->me) memcpy(mine + (size_t)j * m * esz, src + ((size_t)j * count + off) * esz, m * esz);
         advance(s);
         DT_TRY(wait_phase(s, -1, s->myphase, a->deadline));
         if (off == 0) DT_TRY(check_all(s));
-        for (int r = 0; r < n; r++) in[r] = shm_dslot(s, r, slot) + (size_t)s->me * m * esz;
+        for (int r = 0; r < n; r++)
+            in[r] = r == s->me ? src + ((size_t)s->me * count + off) * esz : shm_dslot(s, r, slot) + (size_t)s->me * m * esz;
         if (m) dt_reduce_many(dst + off * esz, NULL, in, n, m, t, op, op == DT_OP_AVG ? n : 1);
         release_slot(s, slot);
     }
