@@ -25,6 +25,11 @@ for N in 1 3; do
 done
 ok "[ \"\$(awk '{print \$7}' '$T/env1' | head -1)\" != \"\$(awk '{print \$7}' '$T/env3' | head -1)\" ]" "job ids differ between launches"
 
+# MPI/Slurm rank variables of an enclosing mpirun/srun do not leak into the local ranks
+PMI_RANK=5 OMPI_COMM_WORLD_RANK=5 OMPI_COMM_WORLD_SIZE=8 SLURM_PROCID=5 "$DT" launch -n 2 -- \
+  sh -c 'echo "vars ${PMI_RANK:-u}${OMPI_COMM_WORLD_RANK:-u}${OMPI_COMM_WORLD_SIZE:-u}${SLURM_PROCID:-u} $DTRAIN_RANK"' >"$T/nest" 2>&1
+ok "grep -qx '\[0\] vars uuuu 0' '$T/nest' && grep -qx '\[1\] vars uuuu 1' '$T/nest' && grep -q 'started by mpirun/srun' '$T/nest'" "launcher strips mpirun/srun rank variables: $(cat "$T/nest")"
+
 # 2. prefixes and whole lines: lines written in pieces, on stdout and stderr, plus a long line
 #    and a partial last line; every line must come out intact with its own rank's prefix
 cat >"$T/talk.sh" <<'EOF'
