@@ -71,15 +71,6 @@ static void slice(size_t m, int n, int r, size_t esz, size_t *lo, size_t *hi) {
     if (*hi > m) *hi = m;
 }
 
-static size_t small_bytes(void) {
-    static size_t v;
-    if (!v) {
-        const char *e = getenv("DTRAIN_SHM_SMALL");
-        v = e && *e ? (size_t)atoll(e) + 1 : (16 << 10) + 1;
-    }
-    return v - 1;
-}
-
 /* results at least this large are written with streaming stores (they would only evict caches) */
 static size_t nt_bytes(void) {
     static size_t v;
@@ -198,7 +189,7 @@ static dt_status d_allreduce(dt_shm *s, const dt_coll_args *a) {
     size_t esz = dt_dtype_size((dt_dtype)a->d.dtype), count = a->d.count;
     if (s->n > 256) return DT_ENOTSUP;
     bool gather = a->d.op == DT_COLL_ALLREDUCE || a->d.root == s->me;
-    if (count * esz <= small_bytes() && count * esz <= s->hdr->d_chunk) return ar_small(s, a, esz, gather);
+    if (count * esz <= s->hdr->small_bytes && count * esz <= s->hdr->d_chunk) return ar_small(s, a, esz, gather);
     ar_state st = {.s = s, .a = a, .esz = esz, .ce = s->hdr->d_chunk / esz, .gather = gather};
     st.nt = gather && count * esz >= nt_bytes(); /* streaming stores only into the private result */
     size_t K = (count + st.ce - 1) / st.ce;

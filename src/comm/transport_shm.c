@@ -271,11 +271,13 @@ static void sleep_ms(double ms) {
     nanosleep(&ts, NULL);
 }
 
+/* geometry, chosen by rank 0 (from its environment) and read by everyone from the header */
 static void layout(shm_header *h, int n) {
-    h->slots[0] = 8;
-    h->slot_bytes[0] = (uint32_t)align_up(env_size("DTRAIN_SHM_FRAG", 64 << 10, 4 << 10, 4 << 20), 64);
+    h->slots[0] = n <= 8 ? 8 : 4;
+    h->slot_bytes[0] = (uint32_t)align_up(env_size("DTRAIN_SHM_FRAG", n <= 16 ? 64 << 10 : 16 << 10, 4 << 10, 4 << 20), 64);
     h->slots[1] = 4;
-    h->slot_bytes[1] = 32 << 10;
+    h->slot_bytes[1] = n <= 16 ? 32 << 10 : 8 << 10;
+    h->small_bytes = (uint32_t)env_size("DTRAIN_SHM_SMALL", 16 << 10, 0, 1 << 30);
     h->d_slots = 4;
     h->d_chunk = align_up(env_size("DTRAIN_SHM_CHUNK", 512 << 10, 16 << 10, 64 << 20), 4096);
     h->off_ranks = align_up(sizeof(shm_header), 4096);
