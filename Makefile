@@ -60,16 +60,17 @@ $(foreach t,$(TEST_C),$(eval $(call TEST_RULE,$(t))))
 
 # The whole suite: unit tests, integration scripts (tests/*.sh), then the sanitizer subset.
 test: all
-	tests/run-tests $(BUILD)
-	$(MAKE) --no-print-directory test-asan
+	@tests/run-tests $(BUILD); a=$$?; \
+	$(MAKE) --no-print-directory test-asan; b=$$?; \
+	echo "===="; tests/run-tests --total $(BUILD) build-asan && [ $$a -eq 0 ] && [ $$b -eq 0 ]
 
 test-unit: all
 	tests/run-tests $(BUILD) unit
 
-# ASan+UBSan build of the unit tests in its own tree (build-asan/).
+# ASan+UBSan build in its own tree (build-asan/): every unit test and integration script.
 test-asan:
 	$(MAKE) --no-print-directory BUILD=build-asan SAN=1 OPT=-O1 all
-	DTRAIN_SANITIZED=1 tests/run-tests build-asan unit
+	DTRAIN_SANITIZED=1 tests/run-tests build-asan
 
 demo: 
 	@scripts/install-deps

@@ -1,7 +1,7 @@
 # Integration tests of the real dtrain command on the real data set: training reaches a sane
 # accuracy, metrics are JSON Lines, runs are deterministic, resume is bitwise exact, eval agrees,
 # and bad input (flags, specs, data, checkpoints) gets clear errors.
-. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/testlib.bash"
 
 # ---- errors that need no data ----
 expect_fail "unknown flag" "unknown flag '--epoch'" $DT train --epoch 2

@@ -1,6 +1,6 @@
 # Valgrind smoke test: a short training run (train + test CSV, checkpoint, resume, eval) must
 # show no memory errors and no definite leaks.
-. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/testlib.bash"
 if ! command -v valgrind >/dev/null; then echo "skip: valgrind not installed"; exit 77; fi
 if [ -n "${DTRAIN_SANITIZED:-}" ]; then echo "skip: sanitizer build"; exit 77; fi
 # valgrind 3.19 cannot execute AVX-512, which -march=native may emit: build a portable copy.

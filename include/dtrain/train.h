@@ -9,6 +9,8 @@
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
 
+#include <signal.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -49,7 +51,15 @@ typedef struct {
     bool normalize;           /* standardise inputs with the training set's mean/std */
     int64_t max_steps;        /* stop after this many steps in total (0 = run all epochs) */
     const char *save;         /* checkpoint written at the end (and after each epoch) */
-    const char *resume;       /* checkpoint to continue from */
+    const char *resume;       /* checkpoint to continue from; "auto" = newest valid one in
+                               * checkpoint_dir (damaged ones are reported and skipped; none = start) */
+    const char *checkpoint_dir;  /* numbered checkpoints ckpt-<step>.safetensors go here */
+    int64_t checkpoint_every;    /* write one every N steps (0 = off) */
+    double checkpoint_secs;      /* and/or every S seconds (0 = off) */
+    int keep;                    /* keep the newest K in checkpoint_dir (0 = all) */
+    /* Set asynchronously (e.g. by a SIGTERM handler) to stop: every rank finishes the current
+     * step, a checkpoint is written, and dt_trainer_run returns DT_EINTR. */
+    volatile sig_atomic_t *stop;
     const char *metrics;      /* JSON-Lines file, one object per epoch */
     /* distribution: comm NULL = one process. With a communicator of size > 1, --batch is per
      * rank, the data is sharded by rank, and only rank 0 calls back, writes metrics and saves. */
@@ -60,6 +70,7 @@ typedef struct {
     /* callbacks (may be NULL) */
     void (*on_progress)(void *ctx, const dt_progress_info *p);
     void (*on_epoch)(void *ctx, const dt_epoch_info *e);
+    void (*on_note)(void *ctx, const char *msg);  /* checkpoints written / skipped, resume notes */
     void *cb_ctx;
     double progress_interval_s;  /* minimum seconds between on_progress calls (default 0.2) */
 } dt_train_config;
@@ -81,6 +92,8 @@ dt_status dt_trainer_evaluate(dt_trainer *t, float *loss, float *acc);
 dt_status dt_trainer_save(dt_trainer *t, const char *path);
 dt_model *dt_trainer_model(dt_trainer *t);
 int64_t dt_trainer_step(const dt_trainer *t);
+/* Path of the last checkpoint written or resumed from ("" if none). */
+const char *dt_trainer_last_checkpoint(const dt_trainer *t);
 
 /* Evaluates a checkpoint on the test split of a data set (dtrain eval). */
 dt_status dt_evaluate_checkpoint(const char *checkpoint, const char *data, int batch, float *loss, float *acc,

@@ -23,10 +23,19 @@ int64_t dt_stream_read(dt_stream *s, void *buf, size_t len);
 /* Closes the stream; safe twice. */
 void dt_stream_close(dt_stream *s);
 
+/* Opens an IDX file and parses its header into out (dtype, ndim, dims, count; data NULL), leaving
+ * s positioned at the data. On error s is closed, out zeroed and the message names the file. */
+dt_status dt_idx_open_header(dt_stream *s, const char *path, dt_idx *out);
+/* Reads the hdr->count elements that follow the header into dst (room for count * dtype size),
+ * checks for trailing data and converts to host byte order. Always closes s. */
+dt_status dt_idx_read_body(dt_stream *s, const dt_idx *hdr, void *dst);
+
 struct dt_dataset {
     dt_dtype dtype;    /* stored dtype of samples */
-    void *x;           /* n * D elements, owned */
-    int32_t *y;        /* n labels, owned */
+    void *x;           /* n * D elements: owned, or inside map */
+    int32_t *y;        /* n labels: owned, or inside map */
+    void *map;         /* read-only shared mapping of the decoded cache file, or NULL */
+    size_t map_len;
     size_t n, D;       /* samples, elements per sample */
     int C, H, W;
     int classes;
@@ -34,6 +43,7 @@ struct dt_dataset {
     double mean, std;  /* normalisation of scaled values */
     float lut[256];    /* u8/i8: raw byte -> final f32 value */
     char source[512];  /* file(s) it came from */
+    char cache[512];   /* the cache file map came from ("" when private) */
 };
 
 /* Allocates a zeroed data set with scale 1, mean 0, std 1. NULL on failure (error set). */
@@ -43,5 +53,18 @@ void dt_dataset_update_lut(dt_dataset *ds);
 /* Sets classes = max label + 1 (classes == 0) or checks labels against classes; checks for
  * negative labels. what names the origin in messages. */
 dt_status dt_dataset_check_labels(dt_dataset *ds, int classes, const char *what);
+
+/* Checks that an IDX image header and label header form a data set (items, label dims and type,
+ * counts) and gives the sample shape; DT_EFORMAT naming the file otherwise. */
+dt_status dt_idx_pair_shape(const dt_idx *im, const dt_idx *lb, const char *images_path, const char *labels_path, int *C, int *H,
+                            int *W);
+/* Fills a data set's shape, dtype, scale and source from an IDX image header and its shape. */
+void dt_dataset_init_idx(dt_dataset *ds, const dt_idx *im, int C, int H, int W, const char *images_path);
+
+/* Opens an images/labels pair through the shared decoded cache (see data.h). DT_OK with *out set:
+ * the data set views a read-only shared mapping. DT_OK with *out NULL: no cache this time
+ * (disabled, directory not writable, full ...; logged at info level), decode privately. Any other
+ * status is an error in the data files themselves, with the same message the private path gives. */
+dt_status dt_cache_open_idx(dt_dataset **out, const char *images_path, const char *labels_path);
 
 #endif

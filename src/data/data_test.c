@@ -429,6 +429,10 @@ int main(void) {
         perror("mkdtemp");
         return 1;
     }
+    /* IDX opens go through the shared cache: keep its files in the temp dir, not /dev/shm */
+    char cache[300];
+    snprintf(cache, sizeof cache, "%s/cache", g_dir);
+    setenv("DTRAIN_DATA_CACHE", cache, 1);
     test_idx_roundtrip();
     test_idx_errors();
     test_idx_dataset();

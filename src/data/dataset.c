@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -24,8 +25,12 @@ dt_dataset *dt_dataset_alloc(void) {
 
 void dt_dataset_free(dt_dataset *ds) {
     if (!ds) return;
-    free(ds->x);
-    free(ds->y);
+    if (ds->map) {
+        munmap(ds->map, ds->map_len);
+    } else {
+        free(ds->x);
+        free(ds->y);
+    }
     free(ds);
 }
 
@@ -33,6 +38,7 @@ size_t dt_dataset_len(const dt_dataset *ds) { return ds->n; }
 int dt_dataset_classes(const dt_dataset *ds) { return ds->classes; }
 dt_dtype dt_dataset_dtype(const dt_dataset *ds) { return ds->dtype; }
 const char *dt_dataset_source(const dt_dataset *ds) { return ds->source; }
+const char *dt_dataset_cache_file(const dt_dataset *ds) { return ds->cache; }
 
 void dt_dataset_shape(const dt_dataset *ds, int *C, int *H, int *W) {
     if (C) *C = ds->C;
@@ -195,55 +201,59 @@ dt_status dt_dataset_create(dt_dataset **out, dt_dtype dtype, const void *x, con
     return DT_OK;
 }
 
+dt_status dt_idx_pair_shape(const dt_idx *im, const dt_idx *lb, const char *images_path, const char *labels_path, int *C, int *H,
+                            int *W) {
+    if (im->ndim < 1 || im->dims[0] == 0)
+        return dt_error(DT_EFORMAT, "%s: image file holds no items (%d dims)", images_path, im->ndim);
+    if (lb->ndim != 1)
+        return dt_error(DT_EFORMAT, "%s: a label file must have 1 dim (one label per item), this one has %d", labels_path, lb->ndim);
+    if (lb->dtype == DT_F32 || lb->dtype == DT_F64)
+        return dt_error(DT_EFORMAT, "%s: labels must be integers, this file holds %s", labels_path, dt_dtype_name(lb->dtype));
+    if (lb->dims[0] != im->dims[0])
+        return dt_error(DT_EFORMAT, "%s holds %lld labels but %s holds %lld images: the files do not belong together", labels_path,
+                        (long long)lb->dims[0], images_path, (long long)im->dims[0]);
+    if ((uint64_t)im->dims[0] > UINT32_MAX)
+        return dt_error(DT_EFORMAT, "%s: %lld items is more than the 2^32-1 a data set can index", images_path, (long long)im->dims[0]);
+    int64_t c = 1, h = 1, w = 1;
+    if (im->ndim >= 2) w = im->dims[im->ndim - 1];
+    if (im->ndim >= 3) h = im->dims[im->ndim - 2];
+    for (int i = 1; i < im->ndim - 2; i++) c *= im->dims[i];
+    if (c * h * w == 0 || c > INT_MAX || h > INT_MAX || w > INT_MAX)
+        return dt_error(DT_EFORMAT, "%s: sample shape (%lld,%lld,%lld) is empty or too large", images_path, (long long)c, (long long)h,
+                        (long long)w);
+    *C = (int)c, *H = (int)h, *W = (int)w;
+    return DT_OK;
+}
+
+void dt_dataset_init_idx(dt_dataset *ds, const dt_idx *im, int C, int H, int W, const char *images_path) {
+    ds->n = (size_t)im->dims[0];
+    ds->C = C, ds->H = H, ds->W = W;
+    ds->D = (size_t)C * H * W;
+    ds->dtype = im->dtype;
+    ds->scale = im->dtype == DT_U8 ? 1.0 / 255 : 1.0;
+    snprintf(ds->source, sizeof ds->source, "%s", images_path);
+}
+
 dt_status dt_dataset_open_idx(dt_dataset **out, const char *images_path, const char *labels_path) {
     *out = NULL;
+    dt_status st = dt_cache_open_idx(out, images_path, labels_path);
+    if (st != DT_OK || *out) return st;
+    /* no cache: decode into private memory */
     dt_idx im, lb;
     DT_TRY(dt_idx_read(images_path, &im));
-    dt_status st = dt_idx_read(labels_path, &lb);
+    st = dt_idx_read(labels_path, &lb);
     if (st != DT_OK) {
         dt_idx_free(&im);
         return st;
     }
     dt_dataset *ds = NULL;
-    if (im.ndim < 1 || im.dims[0] == 0) {
-        st = dt_error(DT_EFORMAT, "%s: image file holds no items (%d dims)", images_path, im.ndim);
-        goto fail;
-    }
-    if (lb.ndim != 1) {
-        st = dt_error(DT_EFORMAT, "%s: a label file must have 1 dim (one label per item), this one has %d", labels_path, lb.ndim);
-        goto fail;
-    }
-    if (lb.dtype == DT_F32 || lb.dtype == DT_F64) {
-        st = dt_error(DT_EFORMAT, "%s: labels must be integers, this file holds %s", labels_path, dt_dtype_name(lb.dtype));
-        goto fail;
-    }
-    if (lb.dims[0] != im.dims[0]) {
-        st = dt_error(DT_EFORMAT, "%s holds %lld labels but %s holds %lld images: the files do not belong together", labels_path,
-                      (long long)lb.dims[0], images_path, (long long)im.dims[0]);
-        goto fail;
-    }
-    if ((uint64_t)im.dims[0] > UINT32_MAX) {
-        st = dt_error(DT_EFORMAT, "%s: %lld items is more than the 2^32-1 a data set can index", images_path, (long long)im.dims[0]);
-        goto fail;
-    }
-    int64_t C = 1, H = 1, W = 1;
-    if (im.ndim >= 2) W = im.dims[im.ndim - 1];
-    if (im.ndim >= 3) H = im.dims[im.ndim - 2];
-    for (int i = 1; i < im.ndim - 2; i++) C *= im.dims[i];
-    if (C * H * W == 0 || C > INT_MAX || H > INT_MAX || W > INT_MAX) {
-        st = dt_error(DT_EFORMAT, "%s: sample shape (%lld,%lld,%lld) is empty or too large", images_path, (long long)C, (long long)H, (long long)W);
-        goto fail;
-    }
+    int C, H, W;
+    if ((st = dt_idx_pair_shape(&im, &lb, images_path, labels_path, &C, &H, &W)) != DT_OK) goto fail;
     if (!(ds = dt_dataset_alloc())) {
         st = DT_ENOMEM;
         goto fail;
     }
-    ds->n = (size_t)im.dims[0];
-    ds->C = (int)C, ds->H = (int)H, ds->W = (int)W;
-    ds->D = (size_t)(C * H * W);
-    ds->dtype = im.dtype;
-    ds->scale = im.dtype == DT_U8 ? 1.0 / 255 : 1.0;
-    snprintf(ds->source, sizeof ds->source, "%s", images_path);
+    dt_dataset_init_idx(ds, &im, C, H, W, images_path);
     if (!(ds->y = malloc(ds->n * sizeof(int32_t)))) {
         st = dt_error(DT_ENOMEM, "%s: out of memory for %zu labels", labels_path, ds->n);
         goto fail;

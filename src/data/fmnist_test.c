@@ -1,9 +1,11 @@
 /* Test on the real Fashion-MNIST (Debian's dataset-fashion-mnist): shapes, labels, known pixel
- * sums and statistics, and one shuffled epoch through the prefetching loader. Skips (exit 77)
- * when the data set is not installed. */
+ * sums and statistics, and one shuffled epoch through the prefetching loader; a cold (decoding)
+ * open of the shared cache, a warm (mapping) one and a private one give identical batches. Skips
+ * (exit 77) when the data set is not installed. The cache lives in a mkdtemp directory. */
 #include "core/test.h"
 #include "dtrain/data.h"
 
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -13,6 +15,12 @@ int main(void) {
         return 77;
     }
     unsetenv("DTRAIN_DATASETS");
+    char cache[] = "/tmp/dtrain-fmnist-cache-XXXXXX";
+    if (!mkdtemp(cache)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    setenv("DTRAIN_DATA_CACHE", cache, 1);
     dt_dataset *tr = NULL, *te = NULL;
     double t0 = dt_now();
     CHECK_OK(dt_dataset_open(&tr, &te, "fashion-mnist"));
@@ -76,9 +84,43 @@ int main(void) {
     printf("fashion-mnist: load %.3f s, mean %.4f std %.4f, one epoch at batch 128: %.3f s (wait %.3f s)\n", load_s, mean, std, epoch_s,
            dt_loader_wait_seconds(l));
     dt_loader_free(l);
+
+    /* warm (mapped from the cache built above) and private opens hold the same data */
+    CHECK(strncmp(dt_dataset_cache_file(tr), cache, strlen(cache)) == 0 && strncmp(dt_dataset_cache_file(te), cache, strlen(cache)) == 0);
+    dt_dataset *w[2] = {NULL, NULL}, *p[2] = {NULL, NULL};
+    t0 = dt_now();
+    CHECK_OK(dt_dataset_open(&w[0], &w[1], "fashion-mnist"));
+    double warm_s = dt_now() - t0;
+    setenv("DTRAIN_DATA_CACHE", "0", 1);
+    t0 = dt_now();
+    CHECK_OK(dt_dataset_open(&p[0], &p[1], "fashion-mnist"));
+    double private_s = dt_now() - t0;
+    if (w[0] && w[1] && p[0] && p[1]) {
+        CHECK(!strcmp(dt_dataset_cache_file(w[0]), dt_dataset_cache_file(tr)) && !strcmp(dt_dataset_cache_file(p[0]), ""));
+        float *xa = malloc(1000 * 784 * sizeof *xa), *xb = malloc(1000 * 784 * sizeof *xb), *xc = malloc(1000 * 784 * sizeof *xc);
+        int32_t ya[1000], yb[1000], yc[1000];
+        size_t differ = 0;
+        for (int k = 0; k < 2; k++) {
+            const dt_dataset *cold = k ? te : tr;
+            for (size_t s0 = 0; s0 < dt_dataset_len(cold); s0 += 1000) {
+                CHECK_OK(dt_dataset_batch(cold, idx + s0, 1000, xa, ya));
+                CHECK_OK(dt_dataset_batch(w[k], idx + s0, 1000, xb, yb));
+                CHECK_OK(dt_dataset_batch(p[k], idx + s0, 1000, xc, yc));
+                differ += memcmp(xa, xb, 1000 * 784 * sizeof *xa) != 0 || memcmp(xa, xc, 1000 * 784 * sizeof *xa) != 0 ||
+                          memcmp(ya, yb, sizeof ya) != 0 || memcmp(ya, yc, sizeof ya) != 0;
+            }
+        }
+        CHECK_MSG(differ == 0, "%zu chunks of 1000 samples differ between cold, warm and private opens", differ);
+        free(xa), free(xb), free(xc);
+    }
+    printf("fashion-mnist open: cold cache %.3f s, warm cache %.3f s, private %.3f s\n", load_s, warm_s, private_s);
+    for (int k = 0; k < 2; k++) dt_dataset_free(w[k]), dt_dataset_free(p[k]);
     free(y);
     free(idx);
     dt_dataset_free(tr);
     dt_dataset_free(te);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", cache);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", cache);
     return dt_test_summary("fmnist_test");
 }

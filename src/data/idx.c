@@ -134,13 +134,12 @@ static void shape_str(char *buf, size_t cap, const dt_idx *x) {
     if (x->ndim == 0) snprintf(buf, cap, "scalar");
 }
 
-dt_status dt_idx_read(const char *path, dt_idx *out) {
+dt_status dt_idx_open_header(dt_stream *s, const char *path, dt_idx *out) {
     memset(out, 0, sizeof *out);
-    dt_stream s;
-    DT_TRY(dt_stream_open(&s, path));
+    DT_TRY(dt_stream_open(s, path));
     dt_status st = DT_OK;
     unsigned char hdr[4 + 4 * DT_IDX_MAX_DIMS];
-    int64_t got = dt_stream_read(&s, hdr, 4);
+    int64_t got = dt_stream_read(s, hdr, 4);
     if (got < 0) { st = DT_EFORMAT; goto fail; }
     if (got < 4) {
         st = dt_error(DT_EFORMAT, "%s: truncated header: file holds %lld bytes, an IDX header needs at least 4", path, (long long)got);
@@ -148,7 +147,7 @@ dt_status dt_idx_read(const char *path, dt_idx *out) {
     }
     if (hdr[0] != 0 || hdr[1] != 0) {
         st = dt_error(DT_EFORMAT, "%s: not an IDX file: magic %02x %02x %02x %02x, expected 00 00 <type> <ndim>%s", path,
-                      hdr[0], hdr[1], hdr[2], hdr[3], s.gz ? " (after gunzip)" : "");
+                      hdr[0], hdr[1], hdr[2], hdr[3], s->gz ? " (after gunzip)" : "");
         goto fail;
     }
     if (!idx_dtype(hdr[2], &out->dtype)) {
@@ -157,7 +156,7 @@ dt_status dt_idx_read(const char *path, dt_idx *out) {
     }
     out->ndim = hdr[3];
     size_t dim_bytes = 4 * (size_t)out->ndim;
-    got = dt_stream_read(&s, hdr + 4, dim_bytes);
+    got = dt_stream_read(s, hdr + 4, dim_bytes);
     if (got < 0) { st = DT_EFORMAT; goto fail; }
     if ((size_t)got < dim_bytes) {
         st = dt_error(DT_EFORMAT, "%s: truncated header: %d dims need %zu bytes of sizes, file holds %lld", path, out->ndim, dim_bytes, (long long)got);
@@ -179,45 +178,65 @@ dt_status dt_idx_read(const char *path, dt_idx *out) {
     long long items = out->ndim ? (long long)out->dims[0] : 1;
     /* refuse absurd allocations early: raw files have an exact size, and deflate cannot expand
      * data by more than ~1032x */
-    uint64_t limit = s.gz ? s.file_size * 1100 + 4096 : (s.file_size > hbytes ? s.file_size - hbytes : 0);
-    if (s.sized && bytes > limit) {
-        if (!s.gz) {
+    uint64_t limit = s->gz ? s->file_size * 1100 + 4096 : (s->file_size > hbytes ? s->file_size - hbytes : 0);
+    if (s->sized && bytes > limit) {
+        if (!s->gz) {
             st = dt_error(DT_EFORMAT, "%s: truncated: header says %lld items of %zu bytes, file holds %llu bytes of data", path, items,
                           item_bytes, (unsigned long long)limit);
         } else {
             st = dt_error(DT_EFORMAT, "%s: truncated: header says %lld items of %zu bytes (%zu bytes), more than a %llu-byte gzip file can hold",
-                          path, items, item_bytes, bytes, (unsigned long long)s.file_size);
+                          path, items, item_bytes, bytes, (unsigned long long)s->file_size);
         }
         goto fail;
     }
-    out->data = malloc(bytes ? bytes : 1);
-    if (!out->data) {
-        st = dt_error(DT_ENOMEM, "%s: cannot allocate %zu bytes for the data", path, bytes);
-        goto fail;
-    }
-    got = dt_stream_read(&s, out->data, bytes);
-    if (got < 0) { st = DT_EFORMAT; goto fail; }
+    return DT_OK;
+fail:
+    dt_stream_close(s);
+    memset(out, 0, sizeof *out);
+    return st;
+}
+
+dt_status dt_idx_read_body(dt_stream *s, const dt_idx *hdr, void *dst) {
+    const char *path = s->path;
+    size_t esz = dt_dtype_size(hdr->dtype), bytes = hdr->count * esz;
+    size_t item_bytes = hdr->ndim ? (hdr->dims[0] ? bytes / (size_t)hdr->dims[0] : 0) : bytes;
+    long long items = hdr->ndim ? (long long)hdr->dims[0] : 1;
+    dt_status st = DT_OK;
+    int64_t got = dt_stream_read(s, dst, bytes);
+    if (got < 0) { st = DT_EFORMAT; goto done; }
     if ((size_t)got < bytes) {
         st = dt_error(DT_EFORMAT, "%s: truncated: header says %lld items of %zu bytes, file holds %lld bytes of data", path, items,
                       item_bytes, (long long)got);
-        goto fail;
+        goto done;
     }
     unsigned char extra[64];
-    got = dt_stream_read(&s, extra, sizeof extra);
-    if (got < 0) { st = DT_EFORMAT; goto fail; }
+    got = dt_stream_read(s, extra, sizeof extra);
+    if (got < 0) { st = DT_EFORMAT; goto done; }
     if (got > 0) {
         char shp[128];
-        shape_str(shp, sizeof shp, out);
+        shape_str(shp, sizeof shp, hdr);
         st = dt_error(DT_EFORMAT, "%s: %s%lld bytes of trailing data after the %s %s elements the header declares (wrong or concatenated file?)",
-                      path, got == (int64_t)sizeof extra ? "at least " : "", (long long)got, shp, dt_dtype_name(out->dtype));
-        goto fail;
+                      path, got == (int64_t)sizeof extra ? "at least " : "", (long long)got, shp, dt_dtype_name(hdr->dtype));
+        goto done;
     }
-    dt_stream_close(&s);
-    swap_to_host(out->data, count, esz);
-    return DT_OK;
-fail:
-    dt_stream_close(&s);
-    dt_idx_free(out);
+    swap_to_host(dst, hdr->count, esz);
+done:
+    dt_stream_close(s);
+    return st;
+}
+
+dt_status dt_idx_read(const char *path, dt_idx *out) {
+    dt_stream s;
+    DT_TRY(dt_idx_open_header(&s, path, out));
+    size_t bytes = out->count * dt_dtype_size(out->dtype);
+    out->data = malloc(bytes ? bytes : 1);
+    if (!out->data) {
+        dt_stream_close(&s);
+        dt_idx_free(out);
+        return dt_error(DT_ENOMEM, "%s: cannot allocate %zu bytes for the data", path, bytes);
+    }
+    dt_status st = dt_idx_read_body(&s, out, out->data);
+    if (st != DT_OK) dt_idx_free(out);
     return st;
 }
 

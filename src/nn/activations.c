@@ -13,6 +13,7 @@ void dt_relu_forward(float *out, const float *in, size_t n) {
 }
 
 void dt_relu_backward(float *din, const float *dout, const float *x, size_t n) {
+    if (!din) return; /* nothing to propagate (first layer) */
     for (size_t i = 0; i < n; i++) din[i] = x[i] > 0.0f ? dout[i] : 0.0f;
 }
 
@@ -24,6 +25,7 @@ void dt_gelu_forward(float *out, const float *in, size_t n) {
 }
 
 void dt_gelu_backward(float *din, const float *dout, const float *x, size_t n) {
+    if (!din) return; /* nothing to propagate (first layer) */
     const float inv_sqrt_2pi = 0.39894228040143267794f;
     for (size_t i = 0; i < n; i++) {
         float v = x[i];
@@ -37,7 +39,8 @@ void dt_tanh_forward(float *out, const float *in, size_t n) {
     for (size_t i = 0; i < n; i++) out[i] = tanhf(in[i]);
 }
 
-void dt_tanh_backward(float *din, const float *restrict dout, const float *restrict y, size_t n) {
+void dt_tanh_backward(float *din, const float *dout, const float *y, size_t n) {
+    if (!din) return; /* nothing to propagate (first layer) */
     for (size_t i = 0; i < n; i++) din[i] = dout[i] * (1.0f - y[i] * y[i]);
 }
 
@@ -45,8 +48,27 @@ void dt_sigmoid_forward(float *out, const float *in, size_t n) {
     for (size_t i = 0; i < n; i++) out[i] = 1.0f / (1.0f + expf(-in[i]));
 }
 
-void dt_sigmoid_backward(float *din, const float *restrict dout, const float *restrict y, size_t n) {
+void dt_sigmoid_backward(float *din, const float *dout, const float *y, size_t n) {
+    if (!din) return; /* nothing to propagate (first layer) */
     for (size_t i = 0; i < n; i++) din[i] = dout[i] * y[i] * (1.0f - y[i]);
+}
+
+/* Word 0 of Philox-4x32-10 for counter (index, key) and key seed, exactly as dt_philox4x32 in
+ * src/core/rng.c, written as straight-line code so the mask loop vectorises (16 counters per
+ * AVX-512 step instead of one call per element). kernels_test checks it bit for bit. */
+static inline uint32_t philox_w0(uint64_t index, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1) {
+    uint32_t c0 = (uint32_t)index, c1 = (uint32_t)(index >> 32);
+#define DT_PHILOX_ROUND()                                                                         \
+    do {                                                                                          \
+        uint64_t p0 = (uint64_t)0xD2511F53u * c0, p1 = (uint64_t)0xCD9E8D57u * c2;                \
+        uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;        \
+        c1 = (uint32_t)p1, c3 = (uint32_t)p0, c0 = n0, c2 = n2;                                   \
+        k0 += 0x9E3779B9u, k1 += 0xBB67AE85u;                                                     \
+    } while (0)
+    DT_PHILOX_ROUND(); DT_PHILOX_ROUND(); DT_PHILOX_ROUND(); DT_PHILOX_ROUND(); DT_PHILOX_ROUND();
+    DT_PHILOX_ROUND(); DT_PHILOX_ROUND(); DT_PHILOX_ROUND(); DT_PHILOX_ROUND(); DT_PHILOX_ROUND();
+#undef DT_PHILOX_ROUND
+    return c0;
 }
 
 void dt_dropout_forward(float *out, uint8_t *mask, const float *in, size_t n, float p, uint64_t seed, uint64_t key) {
@@ -60,12 +82,16 @@ void dt_dropout_forward(float *out, uint8_t *mask, const float *in, size_t n, fl
         memset(out, 0, n * sizeof(float));
         return;
     }
-    for (size_t i = 0; i < n; i++) mask[i] = dt_rng_uniform(seed, key, i) >= p;
+    /* mask[i] = dt_rng_uniform(seed, key, i) >= p */
+    const uint32_t c2 = (uint32_t)key, c3 = (uint32_t)(key >> 32), k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
+    for (size_t i = 0; i < n; i++)
+        mask[i] = (float)(philox_w0(i, c2, c3, k0, k1) >> 8) * (1.0f / 16777216.0f) >= p;
     const float scale = 1.0f / (1.0f - p);
     for (size_t i = 0; i < n; i++) out[i] = mask[i] ? in[i] * scale : 0.0f;
 }
 
-void dt_dropout_backward(float *din, const float *restrict dout, const uint8_t *restrict mask, size_t n, float p) {
+void dt_dropout_backward(float *din, const float *dout, const uint8_t *mask, size_t n, float p) {
+    if (!din) return; /* nothing to propagate (first layer) */
     if (p >= 1.0f) {
         memset(din, 0, n * sizeof(float));
         return;

@@ -47,12 +47,13 @@ static void im2col(float *restrict col, const float *restrict in, const conv_geo
                         memset(r, 0, (size_t)OW * sizeof(float));
                         continue;
                     }
-                    const float *restrict src = plane + (size_t)iy * W + kx - P;
+                    /* src[x] is input column lo*S + kx - P + x*S (in range for x < hi - lo) */
+                    const float *restrict src = plane + (size_t)iy * W + (lo * S + kx - P);
                     for (int x = 0; x < lo; x++) r[x] = 0.0f;
                     if (S == 1)
-                        memcpy(r + lo, src + lo, (size_t)(hi - lo) * sizeof(float));
+                        memcpy(r + lo, src, (size_t)(hi - lo) * sizeof(float));
                     else
-                        for (int x = lo; x < hi; x++) r[x] = src[(size_t)x * S];
+                        for (int x = 0; x < hi - lo; x++) r[lo + x] = src[(size_t)x * S];
                     for (int x = hi; x < OW; x++) r[x] = 0.0f;
                 }
             }
@@ -76,12 +77,12 @@ static void col2im(float *restrict din, const float *restrict col, const conv_ge
                 for (int oy = 0; oy < OH; oy++) {
                     int iy = oy * S + ky - P;
                     if (iy < 0 || iy >= H) continue;
-                    const float *restrict r = row + (size_t)oy * OW;
-                    float *restrict dst = plane + (size_t)iy * W + kx - P;
+                    const float *restrict r = row + (size_t)oy * OW + lo;
+                    float *restrict dst = plane + (size_t)iy * W + (lo * S + kx - P);
                     if (S == 1)
-                        for (int x = lo; x < hi; x++) dst[x] += r[x];
+                        for (int x = 0; x < hi - lo; x++) dst[x] += r[x];
                     else
-                        for (int x = lo; x < hi; x++) dst[(size_t)x * S] += r[x];
+                        for (int x = 0; x < hi - lo; x++) dst[(size_t)x * S] += r[x];
                 }
             }
         }

@@ -34,12 +34,11 @@ static inline void dt_fx_free(dt_fx *f) {
     f->count = 0;
 }
 
-/* Loads $DTRAIN_ROOT/tests/ref/<file> (or ./tests/ref/<file>). Returns 0, or -1 with a message
- * saying what is wrong and how to regenerate in err. */
-static inline int dt_fx_load(dt_fx *f, const char *file, char *err, size_t errcap) {
+/* Loads the fixture file at path. Returns 0, or -1 with a message saying what is wrong and how
+ * to regenerate in err. */
+static inline int dt_fx_load_path(dt_fx *f, const char *path, char *err, size_t errcap) {
     memset(f, 0, sizeof *f);
-    const char *root = getenv("DTRAIN_ROOT");
-    snprintf(f->path, sizeof f->path, "%s/tests/ref/%s", root && *root ? root : ".", file);
+    snprintf(f->path, sizeof f->path, "%s", path);
     FILE *fp = fopen(f->path, "rb");
     if (!fp) {
         snprintf(err, errcap, "%s: cannot open (run from the repository root or set DTRAIN_ROOT)", f->path);
@@ -85,6 +84,14 @@ static inline int dt_fx_load(dt_fx *f, const char *file, char *err, size_t errca
         return -1;
     }
     return 0;
+}
+
+/* Loads $DTRAIN_ROOT/tests/ref/<file> (or ./tests/ref/<file>), as dt_fx_load_path. */
+static inline int dt_fx_load(dt_fx *f, const char *file, char *err, size_t errcap) {
+    char path[512];
+    const char *root = getenv("DTRAIN_ROOT");
+    snprintf(path, sizeof path, "%s/tests/ref/%s", root && *root ? root : ".", file);
+    return dt_fx_load_path(f, path, err, errcap);
 }
 
 /* The entry called name, or NULL. */

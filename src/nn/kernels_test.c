@@ -1,6 +1,6 @@
 /* Unit tests of the layer kernels beyond gradients: conv2d against a direct 7-loop convolution
  * over many shapes (every im2col path), the initialisers' distributions (torch's defaults),
- * determinism of counter-based init/dropout, and edge cases (NaN in max pooling, bad labels,
+ * determinism of counter-based init/dropout (the in-kernel Philox equals core's), and edge cases (NaN in max pooling, bad labels,
  * dropout p = 0 / 1, empty shapes). */
 #include "core/test.h"
 #include "dtrain/core.h"
@@ -183,10 +183,33 @@ static void test_edges(void) {
     dt_linear_forward(o1, in, w, NULL, 2, 2, 3);
     dt_linear_forward(o2, in, w, zb, 2, 2, 3);
     CHECK(memcmp(o1, o2, sizeof o1) == 0 && o1[0] == 1 * 1 + -2 * 2);
+    /* din = NULL is a no-op for every parameter-free backward */
+    float g4[4] = {1, 2, 3, 4};
+    int32_t am4[1] = {0};
+    dt_relu_backward(NULL, g4, g4, 4), dt_gelu_backward(NULL, g4, g4, 4), dt_tanh_backward(NULL, g4, g4, 4);
+    dt_sigmoid_backward(NULL, g4, g4, 4), dt_dropout_backward(NULL, g4, mask, 4, 0.5f);
+    dt_maxpool2d_backward(NULL, g4, am4, 1, 1, 2, 2, 2, 2), dt_avgpool2d_backward(NULL, g4, 1, 1, 2, 2, 2, 2);
+    CHECK(g4[0] == 1 && g4[3] == 4);
     /* layernorm of a constant row: output = bias, no NaN */
     float cst[4] = {2, 2, 2, 2}, ln[4], mean, rstd, lw[4] = {1, 1, 1, 1}, lb[4] = {0.5f, 0.5f, 0.5f, 0.5f};
     dt_layernorm_forward(ln, &mean, &rstd, cst, lw, lb, 1, 4, 1e-5f);
     CHECK(ln[0] == 0.5f && ln[3] == 0.5f && mean == 2.0f);
+}
+
+/* the vectorised in-kernel Philox must equal dt_rng_uniform bit for bit (any seed/key bits) */
+static void test_dropout_stream(void) {
+    enum { N = 20011 };
+    float *x = rnd(N, 5), *y = malloc(N * sizeof *y);
+    uint8_t *m = malloc(N);
+    const uint64_t seeds[] = {0, 42, 0xFEDCBA9876543210ull}, keys[] = {0, dt_rng_key(DT_RNG_DROPOUT, 77), ~0ull};
+    size_t bad = 0;
+    for (int a = 0; a < 3; a++)
+        for (int b = 0; b < 3; b++) {
+            dt_dropout_forward(y, m, x, N, 0.37f, seeds[a], keys[b]);
+            for (size_t i = 0; i < N; i++) bad += m[i] != (dt_rng_uniform(seeds[a], keys[b], i) >= 0.37f);
+        }
+    CHECK_MSG(bad == 0, "dropout mask differs from dt_rng_uniform(seed,key,i) >= p at %zu places", bad);
+    free(x), free(y), free(m);
 }
 
 int main(void) {
@@ -194,5 +217,6 @@ int main(void) {
     test_conv_direct();
     test_init();
     test_edges();
+    test_dropout_stream();
     return dt_test_summary("kernels_test");
 }

@@ -61,7 +61,7 @@ float dt_mse_forward(const float *pred, const float *target, size_t n) {
     return (float)(s / (double)n);
 }
 
-void dt_mse_backward(float *dpred, const float *restrict pred, const float *restrict target, size_t n, float scale) {
+void dt_mse_backward(float *dpred, const float *pred, const float *target, size_t n, float scale) {
     if (n == 0) return;
     const float k = 2.0f * scale / (float)n;
     for (size_t i = 0; i < n; i++) dpred[i] = k * (pred[i] - target[i]);

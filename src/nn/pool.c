@@ -143,6 +143,7 @@ void dt_maxpool2d_forward(float *out, int32_t *argmax, const float *in, int B, i
 
 void dt_maxpool2d_backward(float *din, const float *dout, const int32_t *argmax, int B, int C, int H, int W, int K,
                            int S) {
+    if (!din) return; /* nothing to propagate (first layer) */
     const int OH = (H - K) / S + 1, OW = (W - K) / S + 1;
     const size_t planes = (size_t)B * C, HW = (size_t)H * W;
     if (OH <= 0 || OW <= 0) {
@@ -189,6 +190,7 @@ void dt_avgpool2d_forward(float *out, const float *in, int B, int C, int H, int 
 }
 
 void dt_avgpool2d_backward(float *din, const float *dout, int B, int C, int H, int W, int K, int S) {
+    if (!din) return; /* nothing to propagate (first layer) */
     const int OH = (H - K) / S + 1, OW = (W - K) / S + 1;
     const size_t planes = (size_t)B * C, HW = (size_t)H * W, OHW = (size_t)OH * OW;
     memset(din, 0, planes * HW * sizeof(float));

@@ -11,6 +11,7 @@
 
 #include <stdarg.h>
 #include <string.h>
+#include <unistd.h>
 
 static dt_fx g_fx;
 
@@ -344,6 +345,37 @@ static int load(const char *file) {
     return 0;
 }
 
+/* The loader refuses damaged files with a message naming the file and the fix. */
+static void test_loader_errors(void) {
+    char src[512], path[64], err[768];
+    const char *root = getenv("DTRAIN_ROOT");
+    snprintf(src, sizeof src, "%s/tests/ref/optim.dtref", root && *root ? root : ".");
+    FILE *in = fopen(src, "rb");
+    CHECK_MSG(in != NULL, "cannot open %s", src);
+    if (!in) return;
+    static unsigned char buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof buf, in);
+    fclose(in);
+    snprintf(path, sizeof path, "/tmp/dtrain_fx_%d.dtref", (int)getpid());
+    struct { size_t len; int flip; const char *want; } cases[] = {
+        {n / 2, -1, "truncated"}, {n, 0, "bad magic"}, {n, 8, "version"}, {n - 1, -1, "truncated"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        FILE *out = fopen(path, "wb");
+        if (!out) break;
+        unsigned char save = cases[c].flip >= 0 ? buf[cases[c].flip] : 0;
+        if (cases[c].flip >= 0) buf[cases[c].flip] ^= 0x5a;
+        fwrite(buf, 1, cases[c].len, out);
+        fclose(out);
+        if (cases[c].flip >= 0) buf[cases[c].flip] = save;
+        dt_fx f;
+        int r = dt_fx_load_path(&f, path, err, sizeof err);
+        CHECK_MSG(r != 0 && strstr(err, cases[c].want) && strstr(err, "make fixtures") && strstr(err, path),
+                  "damaged fixture case %zu: r=%d err '%s'", c, r, r ? err : "");
+    }
+    remove(path);
+}
+
 int main(void) {
     dt_set_threads(1);
     if (load("layers.dtref") == 0) {
@@ -373,5 +405,6 @@ int main(void) {
         ref_clip("noclip");
     }
     dt_fx_free(&g_fx);
+    test_loader_errors();
     return dt_test_summary("ref_test");
 }

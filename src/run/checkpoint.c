@@ -55,6 +55,7 @@ dt_status dt_checkpoint_write(const char *path, dt_model *m, dt_optim *o, const 
     if (s == DT_OK) s = dt_st_writer_meta(w, "dtrain.seed", seed);
     if (s == DT_OK) s = dt_st_writer_meta(w, "dtrain.rng", "philox4x32-10, counter-based: (seed, epoch, step) is the state");
     if (s == DT_OK) s = meta_i64(w, "dtrain.batch", info->batch);
+    if (s == DT_OK) s = meta_i64(w, "dtrain.world_size", info->world_size);
     if (s == DT_OK && o) s = dt_st_writer_meta(w, "dtrain.optimizer", info->optimizer);
     if (s == DT_OK && o) s = meta_i64(w, "dtrain.optim_steps", dt_optim_steps(o));
     if (s == DT_OK) s = meta_f32(w, "dtrain.lr", info->lr);
@@ -95,6 +96,7 @@ static dt_status parse_info(const dt_st_file *f, dt_ckpt_info *info) {
     DT_TRY(need_meta(f, "dtrain.seed", &v));
     info->seed = strtoull(v, NULL, 10);
     if ((v = dt_st_meta(f, "dtrain.batch"))) info->batch = atoi(v);
+    info->world_size = (v = dt_st_meta(f, "dtrain.world_size")) ? atoi(v) : 1;
     if ((v = dt_st_meta(f, "dtrain.optimizer"))) snprintf(info->optimizer, sizeof info->optimizer, "%s", v);
     if ((v = dt_st_meta(f, "dtrain.lr"))) info->lr = strtof(v, NULL);
     if ((v = dt_st_meta(f, "dtrain.norm_mean"))) {

@@ -15,7 +15,8 @@ typedef struct {
     int64_t epoch;            /* epochs completed (resume starts here) */
     int64_t step_in_epoch;    /* batches already consumed of epoch `epoch` */
     uint64_t seed;
-    int batch;
+    int batch;                /* per rank */
+    int world_size;           /* ranks that trained it (a resume may use another number) */
     char optimizer[16];       /* "sgd" | "adam" | "adamw" */
     float lr;
     int has_norm;             /* inputs standardised with mean/std */

@@ -452,6 +452,9 @@ dt_status dt_launch_run(const dt_launch_config *cfg, char *const argv[], dt_laun
     }
     if (stopping) signal_ranks(&j, SIGKILL); /* leftovers of stopped ranks' process groups */
     if (st == DT_OK) res->exit_code = 0;
+    res->all_exited_0 = true;
+    for (int i = 0; i < j.n; i++)
+        if (!WIFEXITED(j.r[i].status) || WEXITSTATUS(j.r[i].status) != 0) res->all_exited_0 = false;
 
     for (int i = 0; i < 5; i++) sigaction(sigs[i], &old[i], NULL);
     close(g_sigpipe[0]);

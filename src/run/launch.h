@@ -40,6 +40,8 @@ typedef struct {
                                      signal, 124 on timeout, 127 when the program cannot start */
     int failed_rank;              /* first rank that failed, -1 if none */
     int shm_removed;              /* leftover /dev/shm/dtrain-<jobid>* entries removed */
+    bool all_exited_0;            /* every rank exited with status 0 (e.g. after a forwarded
+                                     SIGTERM that the ranks handled by checkpointing) */
     char job_id[DT_JOB_ID_MAX];   /* the job id the ranks got */
 } dt_launch_result;
 

@@ -8,8 +8,10 @@
 #include "dtrain/layers.h"
 #include "dtrain/train.h"
 #include "run/checkpoint.h"
+#include "run/ckpt_dir.h"
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +33,11 @@ struct dt_trainer {
     int rank, world;
     dt_strategy *strategy;
     dt_trace trace;           /* empty unless cfg.timeline */
+    char resume_path[4096];   /* the checkpoint resumed from (resolves "auto") */
+    char last_ckpt[4096];     /* last checkpoint written or resumed from */
+    double last_ckpt_time;
+    int64_t saved_step;       /* step of the last numbered checkpoint (-1: none) */
+    int resume_noted;         /* the "training again" note was given */
 };
 
 dt_train_config dt_train_defaults(void) {
@@ -62,12 +69,51 @@ void dt_trainer_free(dt_trainer *t) {
     free(t);
 }
 
+static void note(const dt_trainer *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void note(const dt_trainer *t, const char *fmt, ...) {
+    if (t->rank != 0 || !t->cfg.on_note) return;
+    char msg[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    t->cfg.on_note(t->cfg.cb_ctx, msg);
+}
+
+static void report_damaged(void *ctx, const char *path, const char *reason) {
+    note(ctx, "skipping damaged checkpoint %s: %s", path, reason);
+}
+
+/* Resolves cfg->resume into t->resume_path ("" = start fresh). */
+static dt_status resolve_resume(dt_trainer *t) {
+    const dt_train_config *c = &t->cfg;
+    t->resume_path[0] = '\0';
+    if (!c->resume) return DT_OK;
+    if (strcmp(c->resume, "auto") != 0) {
+        snprintf(t->resume_path, sizeof t->resume_path, "%s", c->resume);
+        return DT_OK;
+    }
+    if (!c->checkpoint_dir)
+        return dt_error(DT_EINVAL, "--resume auto needs --checkpoint-dir DIR (where to look for checkpoints)");
+    bool found;
+    DT_TRY(dt_ckpt_dir_latest(c->checkpoint_dir, t->resume_path, sizeof t->resume_path, &found, report_damaged, t));
+    if (!found) {
+        t->resume_path[0] = '\0';
+        note(t, "no usable checkpoint in %s: starting from scratch", c->checkpoint_dir);
+    }
+    return DT_OK;
+}
+
 static dt_status check_config(const dt_train_config *c) {
     if (c->epochs < 1) return dt_error(DT_EINVAL, "--epochs %d: need at least 1", c->epochs);
     if (c->batch < 1) return dt_error(DT_EINVAL, "--batch %d: need at least 1", c->batch);
     if (!(c->lr.base_lr > 0) || !isfinite(c->lr.base_lr))
         return dt_error(DT_EINVAL, "--lr %g: need a positive learning rate", c->lr.base_lr);
     if (c->threads < 1) return dt_error(DT_EINVAL, "--threads %d: need at least 1", c->threads);
+    if ((c->checkpoint_every > 0 || c->checkpoint_secs > 0 || c->keep > 0) && !c->checkpoint_dir)
+        return dt_error(DT_EINVAL, "--checkpoint-every/--checkpoint-secs/--keep need --checkpoint-dir DIR");
+    if (c->checkpoint_every < 0 || c->checkpoint_secs < 0 || c->keep < 0)
+        return dt_error(DT_EINVAL, "--checkpoint-every, --checkpoint-secs and --keep must not be negative");
     return DT_OK;
 }
 
@@ -80,6 +126,7 @@ dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
     t->t_start = dt_now();
     t->rank = cfg->comm ? dt_comm_rank(cfg->comm) : 0;
     t->world = cfg->comm ? dt_comm_size(cfg->comm) : 1;
+    t->saved_step = -1;
     dt_set_threads(cfg->threads);
     /* a bad spec is reported before any data is read */
     dt_layer_spec layers[DT_MAX_LAYERS];
@@ -92,11 +139,13 @@ dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
     t->classes = dt_dataset_classes(t->train);
 
     dt_ckpt_info info = {0};
-    if (cfg->resume) {
-        s = dt_checkpoint_read_info(cfg->resume, &info);
+    if ((s = resolve_resume(t)) != DT_OK) goto fail;
+    const char *resume = t->resume_path[0] ? t->resume_path : NULL;
+    if (resume) {
+        s = dt_checkpoint_read_info(resume, &info);
         if (s != DT_OK) goto fail;
         if (info.C != t->C || info.H != t->H || info.W != t->W) {
-            s = dt_error(DT_EINVAL, "%s: checkpoint expects inputs %dx%dx%d but --data %s has %dx%dx%d", cfg->resume,
+            s = dt_error(DT_EINVAL, "%s: checkpoint expects inputs %dx%dx%d but --data %s has %dx%dx%d", resume,
                          info.C, info.H, info.W, cfg->data, t->C, t->H, t->W);
             goto fail;
         }
@@ -119,10 +168,11 @@ dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
         dt_dataset_stats(t->train, &mean, &sd);
         t->has_norm = true, t->norm_mean = (float)mean, t->norm_std = (float)sd;
     }
-    if (cfg->resume) {
-        s = dt_checkpoint_restore(cfg->resume, t->model, t->optim, &info);
+    if (resume) {
+        s = dt_checkpoint_restore(resume, t->model, t->optim, &info);
         if (s != DT_OK) goto fail;
         t->step = info.step, t->epoch = info.epoch, t->step_in_epoch = info.step_in_epoch;
+        snprintf(t->last_ckpt, sizeof t->last_ckpt, "%s", resume);
         if (info.has_norm) t->has_norm = true, t->norm_mean = info.norm_mean, t->norm_std = info.norm_std;
     }
     if (t->has_norm) {
@@ -132,7 +182,16 @@ dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
     dt_loader_config lc = {.batch = cfg->batch, .shuffle = true, .seed = cfg->seed, .rank = t->rank,
                            .world = t->world, .prefetch = -1};
     if ((s = dt_loader_create(&t->loader, t->train, &lc)) != DT_OK) goto fail;
-    if (t->cfg.lr.kind == DT_LR_COSINE && t->cfg.lr.total_steps <= 0) {
+    if (resume && (info.world_size != t->world || info.batch != cfg->batch) && t->step_in_epoch > 0) {
+        /* another global batch: continue after the samples already seen this epoch */
+        int64_t seen = t->step_in_epoch * (int64_t)info.batch * info.world_size;
+        int64_t gb = (int64_t)cfg->batch * t->world;
+        t->step_in_epoch = seen / gb;
+        note(t, "resuming %s (trained on %d rank(s) x batch %d) on %d rank(s) x batch %d: continuing at batch %lld "
+                "of epoch %lld; the result differs from an uninterrupted run",
+             resume, info.world_size, info.batch, t->world, cfg->batch, (long long)t->step_in_epoch,
+             (long long)t->epoch + 1);
+    }    if (t->cfg.lr.kind == DT_LR_COSINE && t->cfg.lr.total_steps <= 0) {
         /* cosine decays over the whole run (after warm-up) unless told otherwise */
         int64_t total = (int64_t)cfg->epochs * (int64_t)dt_loader_batches(t->loader) - cfg->lr.warmup_steps;
         t->cfg.lr.total_steps = total > 1 ? total : 1;
@@ -158,6 +217,7 @@ fail:
 }
 
 dt_model *dt_trainer_model(dt_trainer *t) { return t->model; }
+const char *dt_trainer_last_checkpoint(const dt_trainer *t) { return t->last_ckpt; }
 int64_t dt_trainer_step(const dt_trainer *t) { return t->step; }
 
 /* Loss and accuracy of model on a whole data set, in batches of `batch`; with comm, each rank
@@ -211,6 +271,7 @@ static void fill_info(const dt_trainer *t, dt_ckpt_info *info) {
     info->step_in_epoch = t->step_in_epoch;
     info->seed = t->cfg.seed;
     info->batch = t->cfg.batch;
+    info->world_size = t->world;
     snprintf(info->optimizer, sizeof info->optimizer, "%s", dt_optim_name(t->cfg.optim.kind));
     info->lr = dt_lr_at(&t->cfg.lr, t->step);
     info->has_norm = t->has_norm;
@@ -220,7 +281,20 @@ static void fill_info(const dt_trainer *t, dt_ckpt_info *info) {
 dt_status dt_trainer_save(dt_trainer *t, const char *path) {
     dt_ckpt_info info;
     fill_info(t, &info);
-    return dt_checkpoint_write(path, t->model, t->optim, &info);
+    DT_TRY(dt_checkpoint_write(path, t->model, t->optim, &info));
+    snprintf(t->last_ckpt, sizeof t->last_ckpt, "%s", path);
+    return DT_OK;
+}
+
+/* Rank 0 writes the next numbered checkpoint into checkpoint_dir and prunes old ones. */
+static dt_status save_numbered(dt_trainer *t) {
+    t->last_ckpt_time = dt_now();
+    t->saved_step = t->step;
+    if (t->rank != 0) return DT_OK;
+    char path[4096];
+    dt_ckpt_dir_path(path, sizeof path, t->cfg.checkpoint_dir, t->step);
+    DT_TRY(dt_trainer_save(t, path));
+    return dt_ckpt_dir_prune(t->cfg.checkpoint_dir, t->cfg.keep);
 }
 
 /* Samples in global batch b of the epoch, over all ranks. */
@@ -284,10 +358,11 @@ static void write_metrics(FILE *f, const dt_epoch_info *e, const dt_trainer *t) 
     fprintf(f,
             "{\"epoch\": %d, \"step\": %lld, \"train_loss\": %.6g, \"test_loss\": %s, \"test_acc\": %s, "
             "\"samples_per_s\": %.1f, \"epoch_s\": %.3f, \"wall_s\": %.3f, \"data_wait_s\": %.4f, \"lr\": %.6g, "
-            "\"batch\": %d, \"world_size\": %d, \"global_batch\": %d, \"strategy\": \"%s\", "
+            "\"batch\": %d, \"world_size\": %d, \"global_batch\": %d, \"strategy\": \"%s\", \"backend\": \"%s\", "
             "\"step_ms\": {\"compute\": %.4f, \"comm_wait\": %.4f, \"data_wait\": %.4f}, \"model\": \"%s\"}\n",
             e->epoch, (long long)e->global_step, e->train_loss, tl, ta, e->samples_per_s, e->epoch_s, e->wall_s,
             e->data_wait_s, e->lr, t->cfg.batch, e->world_size, e->global_batch, t->strategy->ops->name,
+            t->world > 1 ? dt_comm_backend_name(t->cfg.comm) : "self",
             e->compute_s * per, e->comm_wait_s * per, e->data_wait_s * per, dt_model_spec(t->model));
     fflush(f);
 }
@@ -316,18 +391,57 @@ static dt_status write_timeline(dt_trainer *t) {
     return s;
 }
 
+/* Whether the run must stop after the current step: the stop flag of any rank, agreed by all
+ * ranks through a tiny non-blocking allreduce issued before the step and waited after it. */
+typedef struct {
+    int32_t mine, any;
+    dt_request *req;
+} stop_vote;
+
+static void stop_vote_begin(const dt_trainer *t, stop_vote *v) {
+    v->mine = t->cfg.stop && *t->cfg.stop;
+    v->any = v->mine;
+    v->req = NULL;
+    if (t->world > 1 && dt_comm_iallreduce(t->cfg.comm, &v->mine, &v->any, 1, DT_I32, DT_OP_MAX, &v->req) != DT_OK)
+        v->req = NULL, v->any = v->mine;
+}
+
+static dt_status stop_vote_end(stop_vote *v, bool *stop) {
+    dt_status s = dt_request_wait(&v->req);
+    *stop = v->any != 0;
+    return s;
+}
+
+/* Writes the checkpoint of an interrupted run and returns DT_EINTR saying how to resume. */
+static dt_status save_interrupted(dt_trainer *t) {
+    const dt_train_config *c = &t->cfg;
+    dt_status s = DT_OK;
+    if (c->checkpoint_dir) s = save_numbered(t);
+    else if (t->rank == 0) s = dt_trainer_save(t, c->save ? c->save : "dtrain-interrupted.safetensors");
+    if (s != DT_OK) return dt_error_wrap(s, "stopped at step %lld but the checkpoint failed", (long long)t->step);
+    if (c->checkpoint_dir)
+        return dt_error(DT_EINTR, "stopped at step %lld; checkpoint %s; to continue, run the same command with "
+                                  "--resume auto (and --checkpoint-dir %s)",
+                        (long long)t->step, t->last_ckpt, c->checkpoint_dir);
+    return dt_error(DT_EINTR, "stopped at step %lld; checkpoint %s; to continue, run the same command with --resume %s",
+                    (long long)t->step, t->last_ckpt, t->last_ckpt);
+}
+
 dt_status dt_trainer_run(dt_trainer *t) {
     const dt_train_config *c = &t->cfg;
     dt_comm *comm = t->world > 1 ? c->comm : NULL;
     const bool lead = t->rank == 0;
     FILE *mf = NULL;
+    if (c->checkpoint_dir && lead) DT_TRY(dt_ckpt_dir_ensure(c->checkpoint_dir));
     if (c->metrics && lead) {
         mf = fopen(c->metrics, t->cfg.resume ? "a" : "w");
         if (!mf) return dt_error(DT_EIO, "--metrics %s: cannot open for writing", c->metrics);
     }
     const int64_t spe = (int64_t)dt_loader_batches(t->loader);
+    t->last_ckpt_time = dt_now();
+    bool stop = false, ckpt_due = false;
     dt_status s = DT_OK;
-    while (t->epoch < c->epochs && s == DT_OK) {
+    while (t->epoch < c->epochs && s == DT_OK && !stop) {
         if (c->max_steps && t->step >= c->max_steps) break;
         if ((s = dt_loader_start_epoch(t->loader, (uint64_t)t->epoch, (size_t)t->step_in_epoch)) != DT_OK) break;
         double t0 = dt_now(), last_progress = 0, wait0 = dt_loader_wait_seconds(t->loader);
@@ -337,7 +451,19 @@ dt_status dt_trainer_run(dt_trainer *t) {
             double tw = dt_now();
             if ((s = dt_loader_next(t->loader, &b)) != DT_OK) break;
             dt_trace_add(&t->trace, "data", 2, tw, dt_now(), t->step);
-            if ((s = train_step(t, &b, &acc)) != DT_OK) break;
+            stop_vote vote;
+            stop_vote_begin(t, &vote);
+            s = train_step(t, &b, &acc);
+            dt_status vs = stop_vote_end(&vote, &stop);
+            if (s == DT_OK) s = vs;
+            if (s != DT_OK) {
+                s = dt_error_wrap(s, "step %lld (epoch %lld, batch %lld)", (long long)t->step + 1,
+                                  (long long)t->epoch + 1, (long long)t->step_in_epoch + 1);
+                break;
+            }
+            if (t->resume_path[0] && !t->resume_noted++)
+                note(t, "resumed from %s: training again at step %lld, %.2f s after start", t->resume_path,
+                     (long long)t->step, dt_now() - t->t_start);
             t->step_in_epoch++;
             double now = dt_now();
             if (lead && c->on_progress &&
@@ -352,36 +478,51 @@ dt_status dt_trainer_run(dt_trainer *t) {
                                       .eta_s = el / (double)acc.steps * (double)(spe - t->step_in_epoch)};
                 c->on_progress(c->cb_ctx, &p);
             }
-            if (c->max_steps && t->step >= c->max_steps) {
+            ckpt_due = c->checkpoint_dir && ((c->checkpoint_every > 0 && t->step % c->checkpoint_every == 0) ||
+                                             (c->checkpoint_secs > 0 && now - t->last_ckpt_time >= c->checkpoint_secs));
+            if (stop || (c->max_steps && t->step >= c->max_steps)) {
                 s = DT_ENOENT;
                 break;
+            }
+            /* a checkpoint at an epoch's last step waits for the epoch's end (so it resumes after it) */
+            if (ckpt_due && t->step_in_epoch < spe) {
+                if ((s = save_numbered(t)) != DT_OK) break;
+                ckpt_due = false;
             }
         }
         if (s != DT_ENOENT) break;
         s = DT_OK;
         double epoch_s = dt_now() - t0;
+        bool finished = t->step_in_epoch >= spe;
+        if (finished) {
+            t->epoch++;
+            t->step_in_epoch = 0;
+        }
+        if (stop) break;
         /* global training loss and sample count of the epoch */
         double sums[2] = {acc.loss_sum, (double)acc.samples};
         if (comm && (s = dt_comm_allreduce(comm, sums, sums, 2, DT_F64, DT_OP_SUM)) != DT_OK) break;
-        bool finished = t->step_in_epoch >= spe;
-        dt_epoch_info e = {.epoch = (int)t->epoch + 1, .global_step = t->step,
+        dt_epoch_info e = {.epoch = (int)t->epoch + (finished ? 0 : 1), .global_step = t->step,
                            .train_loss = sums[1] > 0 ? (float)(sums[0] / sums[1]) : NAN,
                            .samples_per_s = epoch_s > 0 ? sums[1] / epoch_s : 0, .epoch_s = epoch_s,
                            .data_wait_s = dt_loader_wait_seconds(t->loader) - wait0, .compute_s = acc.compute_s,
                            .comm_wait_s = acc.comm_wait_s, .steps = acc.steps, .world_size = t->world,
                            .global_batch = c->batch * t->world,
                            .lr = dt_lr_at(&c->lr, t->step > 0 ? t->step - 1 : 0)};
-        if (finished) {
-            t->epoch++;
-            t->step_in_epoch = 0;
-        }
         if ((s = dt_trainer_evaluate(t, &e.test_loss, &e.test_acc)) != DT_OK) break;
         e.wall_s = dt_now() - t->t_start;
         if (mf) write_metrics(mf, &e, t);
         if (lead && c->on_epoch) c->on_epoch(c->cb_ctx, &e);
         if (lead && c->save && (s = dt_trainer_save(t, c->save)) != DT_OK) break;
+        if (ckpt_due && (s = save_numbered(t)) != DT_OK) break;
+        ckpt_due = false;
     }
-    if (s == DT_OK && c->timeline) s = write_timeline(t);
+    if (s == DT_OK && stop) s = save_interrupted(t);
+    else if (s == DT_OK && c->checkpoint_dir && t->saved_step != t->step) s = save_numbered(t);
+    if ((s == DT_OK || s == DT_EINTR) && c->timeline) {
+        dt_status ts = write_timeline(t);
+        if (ts != DT_OK) s = ts;
+    }
     if (mf && fclose(mf) != 0 && s == DT_OK) s = dt_error(DT_EIO, "--metrics %s: write failed", c->metrics);
     return s;
 }

@@ -1,0 +1,57 @@
+/* Elastic supervisor: launch, watch, restart from the newest checkpoint with replacements. */
+#include "run/elastic.h"
+
+#include "run/ckpt_dir.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void say(const dt_elastic_config *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void say(const dt_elastic_config *c, const char *fmt, ...) {
+    if (!c->notify) return;
+    char msg[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    c->notify(c->ctx, msg);
+}
+
+dt_status dt_elastic_run(const dt_elastic_config *c, dt_launch_result *res) {
+    if (c->min_workers < 1 || c->max_workers < c->min_workers || c->workers < c->min_workers ||
+        c->workers > c->max_workers)
+        return dt_error(DT_EINVAL, "--elastic %d:%d must satisfy 1 <= MIN <= --workers %d <= MAX", c->min_workers,
+                        c->max_workers, c->workers);
+    char **argv = calloc((size_t)c->argc + 3, sizeof *argv);
+    if (!argv) return dt_error(DT_ENOMEM, "elastic: out of memory");
+    memcpy(argv, c->argv, (size_t)c->argc * sizeof *argv);
+    int n = c->workers;
+    dt_status s = DT_OK;
+    for (int restart = 0;; restart++) {
+        dt_launch_config lc = {.nranks = n, .notify = c->notify, .notify_ctx = c->ctx};
+        double t0 = dt_now();
+        s = dt_launch_run(&lc, argv, res);
+        if (s == DT_OK || s == DT_EINTR) break;
+        char ckpt[4096] = "none";
+        bool found = false;
+        if (c->checkpoint_dir) dt_ckpt_dir_latest(c->checkpoint_dir, ckpt, sizeof ckpt, &found, NULL, NULL);
+        if (res->failed_rank < 0 && res->exit_code == 127) break; /* cannot start at all: no point retrying */
+        if (restart >= c->max_restarts) {
+            say(c, "rank %d failed after %.1f s; giving up after %d restart%s (--max-restarts %d)", res->failed_rank,
+                dt_now() - t0, restart, restart == 1 ? "" : "s", c->max_restarts);
+            break;
+        }
+        /* replacements are spawned locally, so the job comes back at its size (within MIN:MAX) */
+        n = n < c->min_workers ? c->min_workers : n > c->max_workers ? c->max_workers : n;
+        say(c, "rank %d failed after %.1f s (exit %d); restart %d of %d with %d worker%s from %s", res->failed_rank,
+            dt_now() - t0, res->exit_code, restart + 1, c->max_restarts, n, n == 1 ? "" : "s",
+            found ? ckpt : "scratch (no checkpoint yet)");
+        argv[c->argc] = "--resume";
+        argv[c->argc + 1] = "auto";
+        argv[c->argc + 2] = NULL;
+    }
+    free(argv);
+    return s;
+}

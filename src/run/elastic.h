@@ -1,0 +1,24 @@
+/* Elastic supervision of a local data-parallel job: runs the ranks through the launcher and,
+ * when a rank dies, restarts the job from its last checkpoint (--resume auto) with replacement
+ * ranks, up to a number of restarts. Used by `dtrain train --workers N --elastic MIN:MAX`. */
+#ifndef DT_RUN_ELASTIC_H
+#define DT_RUN_ELASTIC_H
+
+#include "run/launch.h"
+
+typedef struct {
+    int workers;             /* ranks of the first job */
+    int min_workers, max_workers;  /* bounds of later jobs */
+    int max_restarts;
+    char **argv;             /* one rank's command; restarts append "--resume auto" */
+    int argc;
+    const char *checkpoint_dir;    /* for the log lines (newest checkpoint) */
+    void (*notify)(void *ctx, const char *msg);
+    void *ctx;
+} dt_elastic_config;
+
+/* Runs the job until it succeeds, is interrupted, or fails more than max_restarts times.
+ * res describes the last job. */
+dt_status dt_elastic_run(const dt_elastic_config *cfg, dt_launch_result *res);
+
+#endif
