@@ -43,8 +43,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
 mpi() {  # HOSTFILE mpirun-args...
   local hf=$1; shift
-  # under ASan: OpenMPI's plugins leak at exit (unsymbolisable after dlclose); check errors only
-  ASAN_OPTIONS=${DTRAIN_SANITIZED:+detect_leaks=0} timeout -k 5 120 mpirun --hostfile "$hf" --mca plm_rsh_agent "$HOSTS agent" \
+  timeout -k 5 120 mpirun --hostfile "$hf" --mca plm_rsh_agent "$HOSTS agent" \
     --mca plm_rsh_no_tree_spawn 1 --mca oob_tcp_if_include "$NET.0/24" \
     --mca btl tcp,self --mca btl_tcp_if_include "$NET.0/24" --bind-to none "$@"
 }
