@@ -49,6 +49,7 @@ static inline int dt_run_ranks_pids(int n, dt_rank_fn fn, void *arg, double limi
     for (int r = 0; r < n; r++) {
         pids[r] = fork();
         if (pids[r] == 0) {
+            dt_test_failures = 0; /* a rank reports only its own checks, not the parent's so far */
             int rc = fn(r, n, jobcopy, arg);
             fflush(stdout);
             fflush(stderr);
