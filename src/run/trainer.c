@@ -191,7 +191,8 @@ dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
                 "of epoch %lld; the result differs from an uninterrupted run",
              resume, info.world_size, info.batch, t->world, cfg->batch, (long long)t->step_in_epoch,
              (long long)t->epoch + 1);
-    }    if (t->cfg.lr.kind == DT_LR_COSINE && t->cfg.lr.total_steps <= 0) {
+    }
+    if (t->cfg.lr.kind == DT_LR_COSINE && t->cfg.lr.total_steps <= 0) {
         /* cosine decays over the whole run (after warm-up) unless told otherwise */
         int64_t total = (int64_t)cfg->epochs * (int64_t)dt_loader_batches(t->loader) - cfg->lr.warmup_steps;
         t->cfg.lr.total_steps = total > 1 ? total : 1;
