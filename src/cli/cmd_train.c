@@ -207,7 +207,7 @@ int dt_cmd_train(int argc, char **argv) {
     if (dt_comm_create_from_env(&comm, &cc) != DT_OK)
         return dt_cli_fail("start ranks with --workers N, dtrain launch or mpirun", "%s", dt_last_error());
     int rank = dt_comm_rank(comm), world = dt_comm_size(comm);
-    if (job_ranks > 1 && world != job_ranks) {
+    if (dt_cli_flag_given(argc, argv, "workers") && job_ranks > 1 && world != job_ranks) {
         dt_comm_destroy(comm);
         return dt_cli_fail("leave out --workers when mpirun/srun/dtrain launch sets the number of ranks",
                            "--workers %d but this job has %d ranks", job_ranks, world);
