@@ -3,10 +3,12 @@
 #include "cli/cli.h"
 #include "cli/train_uneven.h"
 #include "dtrain/dtrain.h"
+#include "run/elastic.h"
 #include "run/launch.h"
 
 #include <limits.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,6 +61,12 @@ static void on_epoch(void *ctx, const dt_epoch_info *e) {
     fflush(stdout);
 }
 
+static volatile sig_atomic_t g_stop;
+static void on_stop_signal(int sig) {
+    (void)sig;
+    g_stop = 1;
+}
+
 static void on_note(void *ctx, const char *msg) {
     (void)ctx;
     printf("dtrain: %s\n", msg);
@@ -76,8 +84,10 @@ static bool started_as_rank(void) {
 }
 
 /* --workers N: re-runs this very command as N local ranks (shared-memory transport) and
- * supervises them; rank 0 prints, the others only report errors. */
-static int run_workers(int argc, char **argv, int workers, const bool *expendable) {
+ * supervises them; rank 0 prints, the others only report errors. With --elastic MIN:MAX a
+ * failed job is restarted from its newest checkpoint, up to max_restarts times. */
+static int run_workers(int argc, char **argv, int workers, const char *elastic, int max_restarts,
+                       const char *checkpoint_dir, const bool *expendable) {
     char exe[PATH_MAX];
     ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (len <= 0) return dt_cli_fail(NULL, "--workers: cannot find this program's path (/proc/self/exe)");
@@ -87,10 +97,34 @@ static int run_workers(int argc, char **argv, int workers, const bool *expendabl
     args[0] = exe;
     args[1] = "train";
     for (int i = 1; i < argc; i++) args[i + 1] = argv[i];
-    dt_launch_config lc = {.nranks = workers, .notify = print_launch_event, .expendable = expendable};
     dt_launch_result res;
-    dt_status s = dt_launch_run(&lc, args, &res);
+    dt_status s;
+    if (elastic) {
+        int lo, hi;
+        char tail;
+        if (sscanf(elastic, "%d:%d%c", &lo, &hi, &tail) != 2) {
+            free(args);
+            return dt_cli_fail("e.g. --elastic 1:4", "--elastic '%s' is not MIN:MAX", elastic);
+        }
+        if (!checkpoint_dir) {
+            free(args);
+            return dt_cli_fail("add --checkpoint-dir DIR --checkpoint-every STEPS (or --checkpoint-secs S)",
+                               "--elastic restarts from checkpoints, so it needs --checkpoint-dir");
+        }
+        dt_elastic_config ec = {.workers = workers, .min_workers = lo, .max_workers = hi,
+                                .max_restarts = max_restarts, .argv = args, .argc = argc + 1,
+                                .checkpoint_dir = checkpoint_dir, .notify = print_launch_event};
+        s = dt_elastic_run(&ec, &res);
+        if (s == DT_EINVAL) {
+            free(args);
+            return dt_cli_fail(NULL, "%s", dt_last_error());
+        }
+    } else {
+        dt_launch_config lc = {.nranks = workers, .notify = print_launch_event, .expendable = expendable};
+        s = dt_launch_run(&lc, args, &res);
+    }
     free(args);
+    if (s == DT_EINTR && res.all_exited_0) return 0; /* preempted: the ranks checkpointed and said how to resume */
     if (s != DT_OK && res.failed_rank < 0 && res.exit_code == 0) return dt_cli_fail(NULL, "%s", dt_last_error());
     return res.exit_code;
 }
@@ -125,8 +159,10 @@ int dt_cmd_train(int argc, char **argv) {
     bool nesterov = false, quiet = false, normalize = false;
     int workers = 1;
     const char *backend = "auto";
-    float bucket_mb = 0, timeout = 0;
+    float bucket_mb = 0, timeout = 0, ckpt_secs = 0;
+    const char *elastic = NULL;
     dt_cli_uneven uneven = {0};
+    int max_restarts = 3;
     const dt_flag flags[] = {
         {"data", DT_FLAG_STR, &cfg.data, "DIR", "IDX directory (train-*/t10k-* files), fashion-mnist, mnist or a .csv"},
         {"model", DT_FLAG_STR, &cfg.model, "SPEC", "model spec string or preset: mlp, cnn"},
@@ -165,16 +201,24 @@ int dt_cmd_train(int argc, char **argv) {
         {"bucket-mb", DT_FLAG_FLOAT, &bucket_mb, "MB", "ddp gradient bucket size in MB (default 1)"},
         {"timeline", DT_FLAG_STR, &cfg.timeline, "FILE", "write a Chrome trace of every rank (Perfetto, chrome://tracing)"},
         {"timeout", DT_FLAG_FLOAT, &timeout, "S", "deadline of any wait for another rank, seconds (default 300)"},
+        {"checkpoint-dir", DT_FLAG_STR, &cfg.checkpoint_dir, "DIR", "write numbered checkpoints ckpt-STEP.safetensors here"},
+        {"checkpoint-every", DT_FLAG_I64, &cfg.checkpoint_every, "STEPS", "checkpoint every STEPS steps"},
+        {"checkpoint-secs", DT_FLAG_FLOAT, &ckpt_secs, "S", "checkpoint every S seconds"},
+        {"keep", DT_FLAG_INT, &cfg.keep, "K", "keep only the newest K checkpoints in --checkpoint-dir (0 = all)"},
+        {"elastic", DT_FLAG_STR, &elastic, "MIN:MAX", "with --workers: restart failed jobs from the last checkpoint"},
+        {"max-restarts", DT_FLAG_INT, &max_restarts, "R", "with --elastic: give up after R restarts"},
     };
     int r = dt_flags_parse(argc, argv, 1, flags, (int)(sizeof flags / sizeof *flags), TRAIN_USAGE, NULL, 0, NULL,
                            NULL);
     if (r) return r < 0 ? 2 : 0;
     if (workers < 1) return dt_cli_fail(NULL, "--workers %d: need at least 1", workers);
+    if (elastic && workers < 2 && !started_as_rank())
+        return dt_cli_fail("e.g. --workers 4 --elastic 2:4", "--elastic needs --workers N (N >= 2)");
     if ((r = dt_cli_uneven_parse(&uneven, &cfg)) != 0) return r;
-    const int job_ranks = dt_cli_job_ranks(&cfg, workers);
+    const int job_ranks = dt_cli_job_ranks(&cfg, workers);  /* ps: servers + workers */
     if (job_ranks > 1 && !started_as_rank()) {
         bool *expendable = dt_cli_expendable(&cfg, job_ranks);
-        int rc = run_workers(argc, argv, job_ranks, expendable);
+        int rc = run_workers(argc, argv, job_ranks, elastic, max_restarts, cfg.checkpoint_dir, expendable);
         free(expendable);
         return rc;
     }
@@ -197,6 +241,13 @@ int dt_cmd_train(int argc, char **argv) {
     cfg.max_steps = max_steps;
     cfg.normalize = normalize;
     cfg.bucket_mb = bucket_mb;
+    cfg.checkpoint_secs = ckpt_secs;
+    /* SIGTERM/SIGINT: finish the step, checkpoint, exit 0 (a second signal kills as usual) */
+    struct sigaction sa = {.sa_handler = on_stop_signal, .sa_flags = SA_RESETHAND};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    cfg.stop = &g_stop;
 
     /* one rank of a job (or a single process): the communicator comes from the environment */
     dt_comm_config cc = dt_comm_config_default();
@@ -244,12 +295,15 @@ int dt_cmd_train(int argc, char **argv) {
             printf("dtrain: %d ranks over %s, strategy %s, global batch %d%s\n", world, dt_comm_backend_name(comm),
                    cfg.strategy ? cfg.strategy : "ddp", cfg.batch * world,
                    cfg.balance ? " (cut among the ranks by measured speed)" : "");
-        if (cfg.resume) printf("dtrain: resumed from %s at step %lld\n", cfg.resume, (long long)dt_trainer_step(t));
         fflush(stdout);
     }
     s = dt_trainer_run(t);
     dt_trainer_free(t);
     dt_comm_destroy(comm);
+    if (s == DT_EINTR) {
+        if (rank == 0) printf("dtrain: %s\n", dt_last_error());
+        return 0;
+    }
     if (s != DT_OK) {
         if (world > 1) return dt_cli_fail(NULL, "rank %d: %s", rank, dt_last_error());
         return dt_cli_fail(NULL, "%s", dt_last_error());

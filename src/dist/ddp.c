@@ -74,7 +74,7 @@ static dt_status ddp_step(dt_strategy *s, float lr, float clip, dt_step_stats *s
     }
     st->comm_wait_s = dt_now() - t0;
     st->buckets = d->nb;
-    if (first != DT_OK) return dt_error_wrap(first, "ddp step %lld: gradient allreduce", (long long)s->step);
+    if (first != DT_OK) return dt_error_wrap(first, "gradient allreduce");
     if (d->nbuf) {
         /* keep batchnorm running statistics identical: rank 0's are the model's (as torch DDP) */
         DT_TRY(dt_comm_broadcast(s->comm, dt_model_buffers(s->model), d->nbuf, DT_F32, 0));

@@ -37,6 +37,8 @@ struct dt_trainer {
     char resume_path[4096];   /* the checkpoint resumed from (resolves "auto") */
     char last_ckpt[4096];     /* last checkpoint written or resumed from */
     double last_ckpt_time;
+    int64_t saved_step;       /* step of the last numbered checkpoint (-1: none) */
+    int resume_noted;         /* the "training again" note was given */
     /* uneven workers (ps, localsgd, --balance, --slow) */
     int drank, dworld;        /* this rank's part of the data: the loader's rank and world */
     dt_comm *dcomm;           /* the ranks that reduce epoch figures together; NULL = this one alone */
@@ -162,6 +164,7 @@ dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
     t->t_start = dt_now();
     t->rank = cfg->comm ? dt_comm_rank(cfg->comm) : 0;
     t->world = cfg->comm ? dt_comm_size(cfg->comm) : 1;
+    t->saved_step = -1;
     dt_set_threads(cfg->threads);
     /* a bad spec is reported before any data is read */
     dt_layer_spec layers[DT_MAX_LAYERS];
@@ -329,6 +332,7 @@ dt_status dt_trainer_save(dt_trainer *t, const char *path) {
 static dt_status save_numbered(dt_trainer *t) {
     if (t->strategy->ops->sync) DT_TRY(t->strategy->ops->sync(t->strategy));  /* localsgd: average first */
     t->last_ckpt_time = dt_now();
+    t->saved_step = t->step;
     if (t->rank != 0) return DT_OK;
     char path[4096];
     dt_ckpt_dir_path(path, sizeof path, t->cfg.checkpoint_dir, t->step);
@@ -524,10 +528,10 @@ static dt_status save_interrupted(dt_trainer *t) {
     else if (t->rank == 0) s = dt_trainer_save(t, c->save ? c->save : "dtrain-interrupted.safetensors");
     if (s != DT_OK) return dt_error_wrap(s, "stopped at step %lld but the checkpoint failed", (long long)t->step);
     if (c->checkpoint_dir)
-        return dt_error(DT_EINTR, "stopped at step %lld; checkpoint %s; continue with the same command plus "
-                                  "--resume auto --checkpoint-dir %s",
+        return dt_error(DT_EINTR, "stopped at step %lld; checkpoint %s; to continue, run the same command with "
+                                  "--resume auto (and --checkpoint-dir %s)",
                         (long long)t->step, t->last_ckpt, c->checkpoint_dir);
-    return dt_error(DT_EINTR, "stopped at step %lld; checkpoint %s; continue with the same command plus --resume %s",
+    return dt_error(DT_EINTR, "stopped at step %lld; checkpoint %s; to continue, run the same command with --resume %s",
                     (long long)t->step, t->last_ckpt, t->last_ckpt);
 }
 
@@ -565,7 +569,14 @@ dt_status dt_trainer_run(dt_trainer *t) {
             s = train_step(t, &b, &acc);
             dt_status vs = stop_vote_end(&vote, &stop);
             if (s == DT_OK) s = vs;
-            if (s != DT_OK) break;
+            if (s != DT_OK) {
+                s = dt_error_wrap(s, "step %lld (epoch %lld, batch %lld)", (long long)t->step + 1,
+                                  (long long)t->epoch + 1, (long long)t->step_in_epoch + 1);
+                break;
+            }
+            if (t->resume_path[0] && !t->resume_noted++)
+                note(t, "resumed from %s: training again at step %lld, %.2f s after start", t->resume_path,
+                     (long long)t->step, dt_now() - t->t_start);
             t->step_in_epoch++;
             double now = dt_now();
             if (lead && c->on_progress &&
@@ -624,6 +635,7 @@ dt_status dt_trainer_run(dt_trainer *t) {
         ckpt_due = false;
     }
     if (s == DT_OK && stop) s = save_interrupted(t);
+    else if (s == DT_OK && c->checkpoint_dir && t->saved_step != t->step) s = save_numbered(t);
     if ((s == DT_OK || s == DT_EINTR) && c->timeline) {
         dt_status ts = write_timeline(t);
         if (ts != DT_OK) s = ts;
