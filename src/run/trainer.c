@@ -225,10 +225,10 @@ dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
     dt_loader_config lc = {.batch = cfg->batch, .shuffle = true, .seed = cfg->seed, .rank = t->drank,
                            .world = t->dworld, .prefetch = -1, .max_batch = max_batch};
     if ((s = dt_loader_create(&t->loader, t->train, &lc)) != DT_OK) goto fail;
-    if (resume && (info.world_size != t->world || info.batch != cfg->batch) && t->step_in_epoch > 0) {
+    if (resume && (info.world_size != t->dworld || info.batch != cfg->batch) && t->step_in_epoch > 0) {
         /* another global batch: continue after the samples already seen this epoch */
         int64_t seen = t->step_in_epoch * (int64_t)info.batch * info.world_size;
-        int64_t gb = (int64_t)cfg->batch * t->world;
+        int64_t gb = (int64_t)cfg->batch * t->dworld;
         t->step_in_epoch = seen / gb;
         note(t, "resuming %s (trained on %d rank(s) x batch %d) on %d rank(s) x batch %d: continuing at batch %lld "
                 "of epoch %lld; the result differs from an uninterrupted run",
@@ -313,7 +313,7 @@ static void fill_info(const dt_trainer *t, dt_ckpt_info *info) {
     info->step_in_epoch = t->step_in_epoch;
     info->seed = t->cfg.seed;
     info->batch = t->cfg.batch;
-    info->world_size = t->world;
+    info->world_size = t->dworld;  /* data-parallel ranks (ps: the workers) */
     snprintf(info->optimizer, sizeof info->optimizer, "%s", dt_optim_name(t->cfg.optim.kind));
     info->lr = dt_lr_at(&t->cfg.lr, t->step);
     info->has_norm = t->has_norm;
