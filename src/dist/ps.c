@@ -65,13 +65,13 @@ static dt_status ps_step(dt_strategy *s, float lr, float clip, dt_step_stats *st
     for (int i = 0; i < p->S; i++) {
         p->push[i] = (ps_push){.step = s->step, .epoch = s->cur.epoch, .version = p->version[i], .n = s->cur.n,
                                .lr = lr, .loss_sum = s->cur.loss_sum, .busy_s = s->cur.busy_s};
-        dt_status r = dt_comm_send(p->pair[i], &p->push[i], sizeof p->push[i], DT_U8, 0, PS_TAG_PUSH);
-        if (r == DT_OK) r = dt_comm_send(p->pair[i], g + p->lo[i], p->lo[i + 1] - p->lo[i], DT_F32, 0, PS_TAG_GRAD);
+        dt_status r = dt_comm_broadcast(p->pair[i], &p->push[i], sizeof p->push[i], DT_U8, 1);
+        if (r == DT_OK) r = dt_comm_broadcast(p->pair[i], g + p->lo[i], p->lo[i + 1] - p->lo[i], DT_F32, 1);
         if (r != DT_OK) return server_error(p, i, r, "pushing to");
     }
     for (int i = 0; i < p->S; i++) {
-        dt_status r = dt_comm_recv(p->pair[i], &p->reply[i], sizeof p->reply[i], DT_U8, 0, PS_TAG_REPLY);
-        if (r == DT_OK) r = dt_comm_recv(p->pair[i], w + p->lo[i], p->lo[i + 1] - p->lo[i], DT_F32, 0, PS_TAG_PARAMS);
+        dt_status r = dt_comm_broadcast(p->pair[i], &p->reply[i], sizeof p->reply[i], DT_U8, 0);
+        if (r == DT_OK) r = dt_comm_broadcast(p->pair[i], w + p->lo[i], p->lo[i + 1] - p->lo[i], DT_F32, 0);
         if (r != DT_OK) return server_error(p, i, r, "pulling from");
         p->version[i] = p->reply[i].version;
         int64_t gap = s->step + 1 - p->reply[i].min_clock;

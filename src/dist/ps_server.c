@@ -94,8 +94,8 @@ static void *handler_main(void *arg) {
         pthread_mutex_unlock(&sv->mu);
         if (done) break;
         ps_push m;
-        dt_status st = dt_comm_recv(c, &m, sizeof m, DT_U8, 1, PS_TAG_PUSH);
-        if (st == DT_OK) st = dt_comm_recv(c, h->grad, sv->n, DT_F32, 1, PS_TAG_GRAD);
+        dt_status st = dt_comm_broadcast(c, &m, sizeof m, DT_U8, 1);
+        if (st == DT_OK) st = dt_comm_broadcast(c, h->grad, sv->n, DT_F32, 1);
         pthread_mutex_lock(&sv->mu);
         if (st != DT_OK) {
             drop(sv, w, st);
@@ -125,8 +125,8 @@ static void *handler_main(void *arg) {
         ps_reply r = {.version = sv->version, .min_clock = lo};
         memcpy(h->out, sv->w, sv->n * sizeof(float));
         pthread_mutex_unlock(&sv->mu);
-        st = dt_comm_send(c, &r, sizeof r, DT_U8, 1, PS_TAG_REPLY);
-        if (st == DT_OK) st = dt_comm_send(c, h->out, sv->n, DT_F32, 1, PS_TAG_PARAMS);
+        st = dt_comm_broadcast(c, &r, sizeof r, DT_U8, 0);
+        if (st == DT_OK) st = dt_comm_broadcast(c, h->out, sv->n, DT_F32, 0);
         if (st != DT_OK) {
             pthread_mutex_lock(&sv->mu);
             drop(sv, w, st);
