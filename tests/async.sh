@@ -58,16 +58,18 @@ $DT train --workers 2 --strategy localsgd --sync-every 4 --model mlp --epochs 1 
   --metrics "$TMP/lsgd.jsonl" >"$TMP/lsgd.log" 2>&1 || bad "localsgd: $(tail -5 "$TMP/lsgd.log")"
 a=$(acc_of "$TMP/lsgd.log")
 [ -n "$a" ] && ge "$a" 0.80 && ok "localsgd H=4, 2 workers: test_acc $a" || bad "localsgd accuracy '$a'"
-$DT train --workers 2 --balance dynamic --slow 1:3 --model mlp --epochs 1 --batch 64 --quiet \
-  --metrics "$TMP/bal.jsonl" >"$TMP/bal.log" 2>&1 || bad "balance: $(tail -5 "$TMP/bal.log")"
-python3 - "$TMP/bal.jsonl" <<'PY' && ok "ddp --balance dynamic: the 3x slower rank gets the smaller batch" || bad "balance metrics"
+for st in ddp localsgd; do
+  $DT train --workers 2 --strategy $st --balance dynamic --slow 1:3 --model mlp --epochs 1 --batch 64 --quiet \
+    --metrics "$TMP/bal.jsonl" >"$TMP/bal.log" 2>&1 || bad "$st balance: $(tail -5 "$TMP/bal.log")"
+  python3 - "$TMP/bal.jsonl" <<'PY' && ok "$st --balance dynamic: the 3x slower rank gets the smaller batch" || bad "$st balance metrics"
 import json, sys
 r = [json.loads(l) for l in open(sys.argv[1])][-1]
 w = r["workers"]
-print("batches", [x["batch"] for x in w], "shares", [x["share"] for x in w])
+print("batches", [x["batch"] for x in w], "shares", [x["share"] for x in w], "test_acc", r["test_acc"])
 assert w[0]["batch"] + w[1]["batch"] == 128 and w[1]["batch"] < w[0]["batch"], w
-assert w[0]["samples"] + w[1]["samples"] == 60000, w
+assert w[0]["samples"] + w[1]["samples"] == 60000 and r["test_acc"] > 0.78, w
 PY
+done
 
 # 5. flag errors say what to do
 expect_fail "--balance with ps" "--balance dynamic works with --strategy ddp or localsgd" \

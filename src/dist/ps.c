@@ -74,8 +74,6 @@ static dt_status ps_step(dt_strategy *s, float lr, float clip, dt_step_stats *st
         if (r == DT_OK) r = dt_comm_broadcast(p->pair[i], w + p->lo[i], p->lo[i + 1] - p->lo[i], DT_F32, 0);
         if (r != DT_OK) return server_error(p, i, r, "pulling from");
         p->version[i] = p->reply[i].version;
-        int64_t gap = s->step + 1 - p->reply[i].min_clock;
-        if (gap > p->max_gap_seen) p->max_gap_seen = gap;
     }
     st->comm_wait_s = dt_now() - t0;
     st->buckets = p->S;

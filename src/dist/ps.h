@@ -10,16 +10,18 @@
  * communicator is not used again after start-up. Servers also share one communicator among
  * themselves (S > 1) to assemble the model on server 0 at each epoch's end.
  *
- * Protocol on a pair, per worker step: the worker sends a ps_push header (tag PS_TAG_PUSH) and
- * its gradient slice (PS_TAG_GRAD); the server applies its optimizer to the slice at once, then
- * answers, when the staleness bound allows, with a ps_reply header (PS_TAG_REPLY) and its current
- * parameter slice (PS_TAG_PARAMS), which the worker receives straight into its parameters. */
+ * Protocol on a pair, per worker step, as four two-rank broadcasts (on shm these take the direct
+ * shared-buffer path, 1.3-1.6x faster here than tagged point-to-point through the 32 KB
+ * fragments of the p2p channel): the worker (root 1) sends a ps_push header and its gradient
+ * slice; the server applies its optimizer to the slice at once, then answers (root 0), when the
+ * staleness bound allows, with a ps_reply header and its current parameter slice, which the
+ * worker receives straight into its parameters. Both sides make the same calls in the same
+ * order, so the collective mismatch checks of the communicator apply too. */
 #ifndef DT_DIST_PS_H
 #define DT_DIST_PS_H
 
 #include "dist/strategy.h"
 
-enum { PS_TAG_PUSH = 1, PS_TAG_GRAD = 2, PS_TAG_REPLY = 3, PS_TAG_PARAMS = 4 };
 enum { PS_TAG_SHARD = 10 };  /* server -> server 0 at an epoch end: params, then optimizer states */
 
 typedef struct {
@@ -49,7 +51,6 @@ typedef struct {
     ps_push *push;           /* [S] */
     ps_reply *reply;         /* [S] */
     int64_t *version;        /* [S] last version seen from each server */
-    int64_t max_gap_seen;    /* instrumented: max (own clock - min_clock) over the answers */
 } ps_state;
 
 /* Server side: serves the workers of s (role DT_ROLE_SERVER) until they are all done or gone. */
