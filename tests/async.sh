@@ -10,9 +10,13 @@ ge() { python3 -c "import sys; sys.exit(0 if float('$1') >= float('$2') else 1)"
 
 # 1. convergence: 4 async workers (and 1 server), 2 epochs
 $DT train --workers 4 --strategy ps --staleness inf --model mlp --epochs 2 --batch 32 --quiet \
-  --metrics "$TMP/async.jsonl" >"$TMP/async.log" 2>&1 || bad "async run: $(tail -5 "$TMP/async.log")"
+  --metrics "$TMP/async.jsonl" --save "$TMP/async.safetensors" >"$TMP/async.log" 2>&1 \
+  || bad "async run: $(tail -5 "$TMP/async.log")"
 a=$(acc_of "$TMP/async.log")
 [ -n "$a" ] && ge "$a" 0.84 && ok "4 async ps workers, 2 epochs: test_acc $a >= 0.84" || bad "async accuracy '$a' < 0.84"
+# the checkpoint holds the model server 0 assembled and evaluated
+e=$($DT eval --checkpoint "$TMP/async.safetensors" 2>&1 | grep -o 'accuracy [0-9.]*' | awk '{print $2}')
+[ "$e" = "$a" ] && ok "ps --save: dtrain eval of the assembled model gives $e" || bad "eval '$e' vs reported '$a'"
 python3 - "$TMP/async.jsonl" <<'PY' && ok "ps metrics: 4 workers, shares, staleness histogram" || bad "ps metrics"
 import json, sys
 r = [json.loads(l) for l in open(sys.argv[1])][-1]
