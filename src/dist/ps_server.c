@@ -20,6 +20,7 @@
 #include <time.h>
 
 #define MAX_NOTES 64
+#define STOP_WAIT_S 10.0  /* after a stop, how long to wait for the workers to leave */
 
 typedef struct server server;
 
@@ -45,6 +46,8 @@ struct server {
     int64_t *clock;                /* [W] steps pushed */
     bool *alive;                   /* [W] */
     int nlive;
+    int running;                   /* handler threads still serving */
+    bool stopping;                 /* stop requested: answer at once, let the workers leave quietly */
     /* figures since the last epoch report, by epoch of the pushed step */
     int64_t ep0, nep;              /* first epoch, epochs tracked */
     double *loss_sum;              /* [nep] */
@@ -73,6 +76,8 @@ static void drop(server *sv, int w, dt_status st) {
     if (!sv->alive[w]) return;
     sv->alive[w] = false;
     sv->nlive--;
+    pthread_cond_broadcast(&sv->cv);
+    if (sv->stopping) return;  /* leaving after a stop is expected */
     const char *how = st == DT_ETIMEDOUT ? "timed out" : strstr(dt_last_error(), "left") ? "left" : "died";
     char fmt[128];
     snprintf(fmt, sizeof fmt, "worker rank %%lld %s at step %%lld; continuing with %%lld worker%s", how,
@@ -118,7 +123,7 @@ static void *handler_main(void *arg) {
         int64_t clk = sv->clock[w] = m.step + 1;
         pthread_cond_broadcast(&sv->cv);
         /* stale-synchronous: hold the answer while this worker is too far ahead of the slowest */
-        while (p->staleness >= 0 && clk < total && clk - min_live(sv) > p->staleness)
+        while (p->staleness >= 0 && clk < total && clk - min_live(sv) > p->staleness && !sv->stopping)
             pthread_cond_wait(&sv->cv, &sv->mu);
         int64_t lo = min_live(sv);
         if (clk < total && clk - lo > sv->max_gap) sv->max_gap = (int)(clk - lo);
@@ -134,6 +139,10 @@ static void *handler_main(void *arg) {
             break;
         }
     }
+    pthread_mutex_lock(&sv->mu);
+    sv->running--;
+    pthread_cond_broadcast(&sv->cv);
+    pthread_mutex_unlock(&sv->mu);
     return NULL;
 }
 
@@ -198,7 +207,8 @@ static dt_status epochs(server *sv) {
         int64_t e = ep - sv->ep0;
         pthread_mutex_lock(&sv->mu);
         double next_progress = dt_now() + cfg->progress_s;
-        while (sv->nlive > 0 && min_live(sv) < end) {
+        bool stop = false;
+        while (sv->nlive > 0 && min_live(sv) < end && !(stop = cfg->stop && *cfg->stop)) {
             wait_until(sv, next_progress);
             flush_notes(sv);  /* short callbacks (a line each) run under the lock */
             if (dt_now() >= next_progress) {
@@ -207,6 +217,29 @@ static dt_status epochs(server *sv) {
                     cfg->on_progress(cfg->ctx, min_live(sv) < INT64_MAX ? min_live(sv) : end, sv->samples[e],
                                      sv->loss_sum[e]);
             }
+        }
+        if (stop) {
+            /* SIGTERM reaches every rank: the workers finish their step and leave. Answer them at
+             * once (no staleness wait), then take the model once every handler is done (or after
+             * STOP_WAIT_S for a worker that did not get the signal). */
+            sv->stopping = true;
+            pthread_cond_broadcast(&sv->cv);
+            double give_up = dt_now() + STOP_WAIT_S;
+            while (sv->running > 0 && dt_now() < give_up) wait_until(sv, give_up);
+            int64_t at = 0;
+            for (int w = 0; w < W; w++) at = sv->clock[w] > at ? sv->clock[w] : at;
+            for (int w = 0; w < W; w++) sv->alive[w] = false;
+            sv->nlive = 0;
+            pthread_cond_broadcast(&sv->cv);
+            memcpy(snap, sv->w, sv->n * sizeof(float));
+            for (int k = 0; k < nstate && cfg->want_optim; k++)
+                memcpy(state[k], dt_optim_state(sv->opt, k, NULL), sv->n * sizeof(float));
+            pthread_mutex_unlock(&sv->mu);
+            /* one server holds the whole model: hand it to the trainer for the interrupt checkpoint */
+            if (p->S == 1 && cfg->stopped_step && (st = assemble(sv, snap, state, nstate)) == DT_OK)
+                *cfg->stopped_step = at;
+            if (st == DT_OK) st = dt_error(DT_EINTR, "ps: stopped by a signal near worker step %lld", (long long)at);
+            break;
         }
         if (sv->nlive == 0) {
             flush_notes(sv);
@@ -304,7 +337,12 @@ dt_status dt_ps_serve(dt_strategy *s, const dt_serve_config *cfg) {
         if (!h[w].grad || !h[w].out) st = dt_error(DT_ENOMEM, "ps server: out of memory");
         else if (pthread_create(&h[w].thread, NULL, handler_main, &h[w]) != 0)
             st = dt_error(DT_ENOMEM, "ps server: cannot start a handler thread for worker rank %d", p->S + w);
-        else h[w].started = true;
+        else {
+            h[w].started = true;
+            pthread_mutex_lock(&sv.mu);
+            sv.running++;
+            pthread_mutex_unlock(&sv.mu);
+        }
     }
     if (st == DT_OK) st = epochs(&sv);
     if (st != DT_OK) {

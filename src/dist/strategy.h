@@ -11,6 +11,8 @@
 #include "dtrain/optim.h"
 #include "dtrain/train.h"
 
+#include <signal.h>
+
 typedef struct {
     double bucket_mb;  /* ddp: gradient bucket (fusion buffer) size in MB; <= 0: default 1 MB */
     dt_trace *trace;   /* may be NULL */
@@ -47,6 +49,9 @@ typedef struct {
     int64_t steps_per_epoch, epochs, max_steps;            /* max_steps 0 = none */
     bool want_optim;           /* assemble the optimizer state too (for checkpoints) */
     double progress_s;         /* seconds between on_progress calls */
+    volatile sig_atomic_t *stop;  /* set (by a signal handler) to stop serving: DT_EINTR; may be NULL */
+    int64_t *stopped_step;     /* out, may be NULL: on a stop with one server, the worker clock of the
+                                * model assembled into s->model (else left alone) */
     /* server rank 0 only; called from the serving thread */
     dt_status (*on_epoch)(void *ctx, const dt_serve_epoch *e);
     void (*on_progress)(void *ctx, int64_t min_step, int64_t samples, double loss_sum);

@@ -488,15 +488,25 @@ static void serve_progress(void *ctx, int64_t min_step, int64_t samples, double 
 
 static void serve_note(void *ctx, const char *msg) { note(((serve_ctx *)ctx)->t, "%s", msg); }
 
+static dt_status save_interrupted(dt_trainer *t);
+
 static dt_status serve_run(dt_trainer *t, FILE *mf) {
     const dt_train_config *c = &t->cfg;
     serve_ctx sc = {.t = t, .mf = mf, .t0 = dt_now()};
+    int64_t stopped = -1;
     dt_serve_config cfg = {.start_step = t->step, .start_epoch = t->epoch, .start_step_in_epoch = t->step_in_epoch,
                            .steps_per_epoch = (int64_t)dt_loader_batches(t->loader), .epochs = c->epochs,
-                           .max_steps = c->max_steps, .want_optim = c->save != NULL,
+                           .max_steps = c->max_steps, .want_optim = true,
                            .progress_s = c->progress_interval_s > 0 ? c->progress_interval_s : 0.2,
+                           .stop = c->stop, .stopped_step = &stopped,
                            .on_epoch = serve_epoch, .on_progress = serve_progress, .on_note = serve_note, .ctx = &sc};
-    return t->strategy->ops->serve(t->strategy, &cfg);
+    dt_status s = t->strategy->ops->serve(t->strategy, &cfg);
+    if (s == DT_EINTR && stopped >= 0) {  /* server 0 holds the model of an interrupted run */
+        const int64_t spe = cfg.steps_per_epoch;
+        t->step = stopped, t->epoch = stopped / spe, t->step_in_epoch = stopped % spe;
+        return save_interrupted(t);
+    }
+    return s;
 }
 
 /* Whether the run must stop after the current step: the stop flag of any rank, agreed by all
