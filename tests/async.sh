@@ -1,6 +1,7 @@
 # Uneven workers end to end with the real command: 4 fully asynchronous ps workers reach test
-# accuracy >= 0.84 on the reference MLP within 2 epochs; killing a ps worker (kill -9) mid-run:
-# the job completes and says so; SSP under a straggler stays within its bound (metrics);
+# accuracy >= 0.84 on the reference MLP within 2 epochs (and the saved model evaluates the same);
+# killing a ps worker (kill -9) mid-run: the job completes and says so; SIGTERM stops a ps job
+# with a checkpoint; SSP under a straggler stays within its bound (metrics);
 # localsgd and ddp + --balance dynamic report per-worker figures; flag errors name the fix; and
 # ps over MPI where mpirun exists.
 . "$(dirname "$0")/testlib.bash"
@@ -46,6 +47,19 @@ if [ -n "$victim" ] && [ $rc -eq 0 ] && grep -q "worker rank 3 died at step [0-9
    && grep -q "done: test accuracy" "$TMP/kill.log"; then
   ok "kill -9 of worker rank 3: $(grep -o 'worker rank 3 died.*' "$TMP/kill.log"), test_acc $(acc_of "$TMP/kill.log")"
 else bad "killed worker (victim '$victim', exit $rc): $(tail -8 "$TMP/kill.log")"; fi
+
+# 2b. SIGTERM: the workers finish their step, the server writes the model it holds and says how to go on
+$DT train --workers 3 --strategy ps --model mlp --epochs 5 --batch 32 --save "$TMP/stop.safetensors" >"$TMP/stop.log" 2>&1 &
+job=$!
+for _ in $(seq 100); do grep -q "strategy ps" "$TMP/stop.log" && break; sleep 0.1; done
+sleep 0.5
+kill -TERM $job
+wait $job
+rc=$?
+if [ $rc -eq 0 ] && grep -q "stopped at step [0-9]*; checkpoint $TMP/stop.safetensors" "$TMP/stop.log" \
+   && ! grep -q "error" "$TMP/stop.log" && $DT eval --checkpoint "$TMP/stop.safetensors" >/dev/null 2>&1; then
+  ok "SIGTERM to a ps job: $(grep -o 'stopped at step [0-9]*' "$TMP/stop.log"), checkpoint evaluates"
+else bad "ps SIGTERM (exit $rc): $(tail -6 "$TMP/stop.log")"; fi
 
 # 3. SSP under a straggler: the granted clock gap stays within --staleness
 $DT train --workers 3 --strategy ps --staleness 2 --slow 3:4 --model mlp --epochs 1 --max-steps 300 --batch 32 \
