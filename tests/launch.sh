@@ -25,6 +25,11 @@ for N in 1 3; do
 done
 ok "[ \"\$(awk '{print \$7}' '$T/env1' | head -1)\" != \"\$(awk '{print \$7}' '$T/env3' | head -1)\" ]" "job ids differ between launches"
 
+# MPI/Slurm rank variables of an enclosing mpirun/srun do not leak into the local ranks
+PMI_RANK=5 OMPI_COMM_WORLD_RANK=5 OMPI_COMM_WORLD_SIZE=8 SLURM_PROCID=5 "$DT" launch -n 2 -- \
+  sh -c 'echo "vars ${PMI_RANK:-u}${OMPI_COMM_WORLD_RANK:-u}${OMPI_COMM_WORLD_SIZE:-u}${SLURM_PROCID:-u} $DTRAIN_RANK"' >"$T/nest" 2>&1
+ok "grep -qx '\[0\] vars uuuu 0' '$T/nest' && grep -qx '\[1\] vars uuuu 1' '$T/nest' && grep -q 'started by mpirun/srun' '$T/nest'" "launcher strips mpirun/srun rank variables: $(cat "$T/nest")"
+
 # 2. prefixes and whole lines: lines written in pieces, on stdout and stderr, plus a long line
 #    and a partial last line; every line must come out intact with its own rank's prefix
 cat >"$T/talk.sh" <<'EOF'
@@ -59,7 +64,7 @@ dt=$(echo "$(date +%s.%N) - $t0" | bc)
 ok "[ $rc -eq 3 ]" "exit status of a failing rank (got $rc)"
 ok "grep -qx 'dtrain launch: rank 2 exited with status 3; stopping 3 other ranks' '$T/f3'" "failure message: $(cat "$T/f3")"
 ok "! grep -q never '$T/f3'" "other ranks did not finish"
-ok "[ \$(echo '$dt < 3' | bc) -eq 1 ]" "stopped promptly (${dt}s)"
+ok "[ \$(echo '$dt < 4' | bc) -eq 1 ]" "stopped promptly, before the 5 s grace (${dt}s)"
 ok "[ \$(leftovers) -eq 0 ]" "no leftover processes after a failure"
 
 "$DT" launch -n 2 -- sh -c '[ $DTRAIN_RANK = 1 ] && { sleep 0.2; kill -9 $$; }; sleep '$MARK >"$T/f9" 2>&1
@@ -73,7 +78,7 @@ t0=$(date +%s.%N)
 rc=$?
 dt=$(echo "$(date +%s.%N) - $t0" | bc)
 ok "[ $rc -eq 1 ] && grep -q 'sending SIGKILL' '$T/g'" "grace period then SIGKILL (rc $rc): $(cat "$T/g")"
-ok "[ \$(echo '$dt < 3' | bc) -eq 1 ]" "SIGKILL after the grace period (${dt}s)"
+ok "[ \$(echo '$dt < 4' | bc) -eq 1 ]" "SIGKILL after the 0.5 s grace period (${dt}s)"
 ok "[ \$(leftovers) -eq 0 ]" "no leftover processes after SIGKILL"
 
 # 5. SIGTERM (and SIGINT) to the launcher stops every rank promptly
@@ -89,7 +94,7 @@ for sig in TERM INT; do
   want=$((128 + $(kill -l $sig)))
   ok "[ $rc -eq $want ]" "launcher exit status after SIG$sig (got $rc, want $want)"
   ok "grep -qx 'dtrain launch: got SIG$sig; stopping 3 ranks' '$T/s$sig'" "SIG$sig message: $(cat "$T/s$sig")"
-  ok "[ \$(echo '$dt < 2' | bc) -eq 1 ]" "ranks stopped promptly after SIG$sig (${dt}s)"
+  ok "[ \$(echo '$dt < 4' | bc) -eq 1 ]" "ranks stopped promptly after SIG$sig, before the 5 s grace (${dt}s)"
   ok "[ \$(leftovers) -eq 0 ]" "no leftover processes after SIG$sig"
 done
 

@@ -2,6 +2,7 @@
  * local workers (MLP at per-worker batch 32 and 128, CNN at 128), with each step split into
  * compute, communication wait and data wait, as a table and one JSON line. Each case runs the
  * real `dtrain train --workers N` command and reads its metrics. */
+#include "cli/bench_util.h"
 #include "cli/cli.h"
 #include "dtrain/dtrain.h"
 
@@ -15,34 +16,17 @@ typedef struct {
     double sps, compute_ms, comm_ms, data_ms;
 } ddp_result;
 
-/* Pulls a number following "key": from a JSON line (good enough for our own metrics lines). */
-static double json_field(const char *line, const char *key) {
-    char pat[64];
-    snprintf(pat, sizeof pat, "\"%s\": ", key);
-    const char *p = strstr(line, pat);
-    return p ? strtod(p + strlen(pat), NULL) : -1;
-}
-
-static int run_case(const char *exe, const char *data, const char *model, int batch, int workers, int steps,
-                    const char *dir, ddp_result *r) {
-    char metrics[PATH_MAX], cmd[PATH_MAX * 3];
+static int run_case(const char *data, const char *model, int batch, int workers, int steps, const char *dir,
+                    ddp_result *r) {
+    char metrics[PATH_MAX], args[1024], line[4096];
     snprintf(metrics, sizeof metrics, "%s/bench-%s-%d-%d.jsonl", dir, model, batch, workers);
-    snprintf(cmd, sizeof cmd,
-             "'%s' train --data '%s' --model %s --batch %d --workers %d --max-steps %d --epochs 1000 --quiet "
-             "--metrics '%s' > /dev/null",
-             exe, data, model, batch, workers, steps, metrics);
-    if (system(cmd) != 0) return dt_cli_fail(NULL, "bench ddp: '%s' failed", cmd);
-    FILE *f = fopen(metrics, "r");
-    if (!f) return dt_cli_fail(NULL, "bench ddp: no metrics in %s", metrics);
-    char line[4096] = "";
-    while (fgets(line, sizeof line, f)) {
-    }
-    fclose(f);
-    unlink(metrics);
-    r->sps = json_field(line, "samples_per_s");
-    r->compute_ms = json_field(line, "compute");
-    r->comm_ms = json_field(line, "comm_wait");
-    r->data_ms = json_field(line, "data_wait");
+    snprintf(args, sizeof args, "--data '%s' --model %s --batch %d --workers %d --max-steps %d --epochs 1000", data,
+             model, batch, workers, steps);
+    if (dt_bench_train_run(args, metrics, line, sizeof line)) return 1;
+    r->sps = dt_bench_json_field(line, "samples_per_s");
+    r->compute_ms = dt_bench_json_field(line, "compute");
+    r->comm_ms = dt_bench_json_field(line, "comm_wait");
+    r->data_ms = dt_bench_json_field(line, "data_wait");
     return r->sps > 0 ? 0 : dt_cli_fail(NULL, "bench ddp: unreadable metrics line '%s'", line);
 }
 
@@ -63,10 +47,6 @@ int dt_bench_ddp(int argc, char **argv) {
     };
     int rc = dt_flags_parse(argc, argv, 1, flags, 4, USAGE, NULL, 0, NULL, NULL);
     if (rc) return rc < 0 ? 2 : 0;
-    char exe[PATH_MAX];
-    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (len <= 0) return dt_cli_fail(NULL, "bench ddp: cannot find this program (/proc/self/exe)");
-    exe[len] = '\0';
     char dir[] = "/tmp/dtrain-bench-XXXXXX";
     if (!mkdtemp(dir)) return dt_cli_fail(NULL, "bench ddp: cannot create a temporary directory");
     int workers[8], nw = 0;
@@ -92,7 +72,7 @@ int dt_bench_ddp(int argc, char **argv) {
             int steps = (int)(seconds * cases[c].rate / cases[c].batch);
             if (steps < 20) steps = 20;
             ddp_result r = {0};
-            if ((status = run_case(exe, data, cases[c].model, cases[c].batch, workers[w], steps, dir, &r))) break;
+            if ((status = run_case(data, cases[c].model, cases[c].batch, workers[w], steps, dir, &r))) break;
             if (workers[w] == 1) base = r.sps;
             double speedup = base > 0 ? r.sps / base : 0;
             printf("%-5s %6d %8d %12.0f %7.2fx %11.3f %11.3f %11.3f\n", cases[c].model, cases[c].batch, workers[w],

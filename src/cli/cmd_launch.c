@@ -64,6 +64,9 @@ int dt_cmd_launch(int argc, char **argv) {
         return dt_cli_fail("e.g. dtrain launch -n 4 -- ./my_worker --flag", "missing the program to launch");
     if (timeout < 0 || grace < 0) return dt_cli_fail(NULL, "--timeout and --grace must be >= 0");
 
+    if (getenv("OMPI_COMM_WORLD_RANK") || getenv("PMI_RANK") || getenv("SLURM_PROCID"))
+        fprintf(stderr, "dtrain launch: note: started by mpirun/srun; these %d ranks form their own local job "
+                        "(to use MPI, run PROGRAM under mpirun/srun directly)\n", n);
     dt_launch_config cfg = {.nranks = n, .timeout_s = timeout, .grace_s = grace > 0 ? grace : 0.01,
                             .no_prefix = no_prefix, .job_id = job_id, .notify = print_event};
     dt_launch_result res;

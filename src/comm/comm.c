@@ -94,6 +94,12 @@ dt_status dt_comm_create(dt_comm **out, const dt_comm_config *cfg) {
                              .timeout_s = timeout};
     if (b == DT_BACKEND_SHM) DT_TRY(dt_transport_shm_create(&t, &p));
     else if (b == DT_BACKEND_MPI) DT_TRY(dt_transport_mpi_create(&t, &p));
+    if (t && b == DT_BACKEND_MPI && d.size > 1 && t->size != d.size) {
+        int got = t->size;
+        t->ops->destroy(t);
+        return dt_error(DT_EMISMATCH, "the MPI world has %d rank(s) but the job expects %d: start the ranks with "
+                        "mpirun/srun -n %d (dtrain launch starts shm jobs)", got, d.size, d.size);
+    }
     int rank = t ? t->rank : 0, size = t ? t->size : 1;
     dt_status st = comm_new(out, rank, size, b, t, algo, timeout);
     if (st != DT_OK && t) t->ops->destroy(t);

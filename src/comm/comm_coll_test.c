@@ -347,9 +347,17 @@ int main(int argc, char **argv) {
     static const int sizes[] = {1, 2, 3, 4, 5, 7, 8};
     if (argc > 1 && !strcmp(argv[1], "mpi")) return mpi_main();
     int only = argc > 1 ? atoi(argv[1]) : 0;
+    /* some sizes also run with small shm chunks/fragments, streaming stores everywhere, or no
+     * whole-buffer fast path, so the pipelines rotate their slots many times */
+    static const char *const env[7][4] = {
+        {NULL}, {"DTRAIN_SHM_CHUNK", "16384", "DTRAIN_SHM_NT", "65536"},
+        {"DTRAIN_SHM_SMALL", "0", "DTRAIN_SHM_FRAG", "4096"}, {NULL},
+        {"DTRAIN_SHM_CHUNK", "16384", "DTRAIN_SHM_NT", "0"}, {"DTRAIN_SHM_SMALL", "0", "DTRAIN_SHM_CHUNK", "20480"}, {NULL}};
     for (int k = 0; k < 7; k++) {
         int n = sizes[k];
         if (only && n != only) continue;
+        unsetenv("DTRAIN_SHM_CHUNK"), unsetenv("DTRAIN_SHM_NT"), unsetenv("DTRAIN_SHM_SMALL"), unsetenv("DTRAIN_SHM_FRAG");
+        for (int e = 0; e < 4 && env[k][e]; e += 2) setenv(env[k][e], env[k][e + 1], 1);
         double t0 = dt_now();
         int failed = dt_run_ranks(n, rank_main, NULL, 120);
         CHECK_MSG(failed == 0, "%d of %d ranks failed", failed, n);

@@ -22,7 +22,15 @@ static int kill_rank(int R, int N, const char *job, void *arg) {
     float *buf = malloc(n * 4);
     for (size_t i = 0; i < n; i++) buf[i] = 1;
     dt_status st = DT_OK;
-    for (int it = 0; it < 1000000 && st == DT_OK; it++) st = dt_comm_allreduce(c, buf, buf, n, DT_F32, DT_OP_AVG);
+    for (int it = 0; it < 1000000 && st == DT_OK; it++) {
+        if (it % 2) { /* also non-blocking: the error comes back through the request */
+            dt_request *rq = NULL;
+            st = dt_comm_iallreduce(c, buf, buf, n, DT_F32, DT_OP_AVG, &rq);
+            if (st == DT_OK) st = dt_request_wait(&rq);
+        } else {
+            st = dt_comm_allreduce(c, buf, buf, n, DT_F32, DT_OP_AVG);
+        }
+    }
     double now = dt_now();
     if (R == k->victim) return 1; /* not reached: the parent kills it */
     k->latency[R] = k->kill_time > 0 ? now - k->kill_time : -1;

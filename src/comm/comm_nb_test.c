@@ -83,6 +83,30 @@ static int test_nonblocking(int R, int N, const char *job, void *arg) {
         CHECK_OK(dt_comm_send(c, &small_out, 1, DT_F32, right, 9));
         CHECK_OK(dt_request_wait(&late));
         CHECK(small_in == (float)left);
+        /* a receive that waits in the background for longer than the progress thread's naps */
+        small_in = -1;
+        CHECK_OK(dt_comm_irecv(c, &small_in, 1, DT_F32, left, 10, &late));
+        usleep(300000);
+        CHECK_OK(dt_comm_isend(c, &small_out, 1, DT_F32, right, 10, &p[0]));
+        CHECK_OK(dt_request_wait(&p[0]));
+        CHECK_OK(dt_request_wait(&late));
+        CHECK(small_in == (float)left);
+        CHECK_OK(dt_comm_barrier(c)); /* the background wait left the job healthy */
+        /* rank 0 sends a large tag-21 message then a small tag-22 one; rank 1 receives 22 first,
+         * so 21 is buffered as unexpected, and its receive is posted while that is under way */
+        if (R == 0) {
+            CHECK_OK(dt_comm_isend(c, a, m, DT_F32, 1, 21, &p[0]));
+            CHECK_OK(dt_comm_isend(c, &small_out, 1, DT_F32, 1, 22, &p[1]));
+            CHECK_OK(dt_request_waitall(p, 2));
+        } else if (R == 1) {
+            small_in = -1;
+            memset(b, 0, m * 4);
+            CHECK_OK(dt_comm_irecv(c, &small_in, 1, DT_F32, 0, 22, &p[0]));
+            CHECK_OK(dt_comm_irecv(c, b, m, DT_F32, 0, 21, &p[1]));
+            CHECK_OK(dt_request_waitall(p, 2));
+            for (size_t i = 0; i < m; i++) bad += b[i] != (float)(int)(i % 1000);
+            CHECK_MSG(bad == 0 && small_in == 0.0f, "unexpected-message path: %zu wrong", bad);
+        }
         free(a);
         free(b);
     }

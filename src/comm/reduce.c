@@ -226,7 +226,15 @@ void dt_reduce_many(void *out, void *out2, const void *const *in, int k, size_t 
 
 void dt_reduce_many_nt(void *out, void *out2, const void *const *in, int k, size_t n, dt_dtype t,
                        dt_redop op, int avg_div) {
-    many(out, out2, in, k, n, t, op, avg_div, true);
+    /* a short head with ordinary stores brings out to a 32-byte boundary */
+    size_t esz = dt_dtype_size(t), mis = (uintptr_t)out & 31, h = mis ? (32 - mis) / esz : 0;
+    if (mis % esz || k > 256) h = n;
+    if (h > n) h = n;
+    if (h) many(out, out2, in, k, h, t, op, avg_div, false);
+    if (h == n) return;
+    const void *rest[256];
+    for (int r = 0; r < k; r++) rest[r] = (const char *)in[r] + h * esz;
+    many((char *)out + h * esz, out2 ? (char *)out2 + h * esz : NULL, rest, k, n - h, t, op, avg_div, true);
 }
 
 void dt_reduce_scale(void *buf, size_t n, dt_dtype t, int div) {

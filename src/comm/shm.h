@@ -31,7 +31,7 @@ typedef struct {
     uint32_t slots[SHM_KINDS];       /* fragments per channel */
     uint32_t slot_bytes[SHM_KINDS];  /* payload bytes per fragment */
     uint32_t d_slots;                /* direct slots per rank */
-    uint32_t pad_;
+    uint32_t small_bytes;            /* allreduce up to this size: every rank reduces it whole */
     uint64_t d_chunk;                /* bytes per direct slot */
     uint64_t off_ranks, off_chans, off_direct, chan_bytes[SHM_KINDS];
     _Atomic uint32_t ready, attached;

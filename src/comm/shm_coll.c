@@ -71,15 +71,6 @@ static void slice(size_t m, int n, int r, size_t esz, size_t *lo, size_t *hi) {
     if (*hi > m) *hi = m;
 }
 
-static size_t small_bytes(void) {
-    static size_t v;
-    if (!v) {
-        const char *e = getenv("DTRAIN_SHM_SMALL");
-        v = e && *e ? (size_t)atoll(e) + 1 : (16 << 10) + 1;
-    }
-    return v - 1;
-}
-
 /* results at least this large are written with streaming stores (they would only evict caches) */
 static size_t nt_bytes(void) {
     static size_t v;
@@ -101,6 +92,7 @@ typedef struct {
     const dt_coll_args *a;
     size_t esz, ce;
     bool nt;
+    bool gather; /* this rank collects the result: allreduce, or reduce on its root */
     ar_chunk ch[4];
 } ar_state;
 
@@ -140,6 +132,7 @@ static dt_status ar_reduce(ar_state *st, size_t k) {
         dt_redop op = (dt_redop)st->a->d.redop;
         unsigned char *out = (unsigned char *)st->a->recv + (c->off + lo) * esz;
         unsigned char *out2 = shm_dslot(s, s->me, c->slot) + lo * esz;
+        if (!st->gather) out = out2, out2 = NULL; /* reduce: only the root's buffer gets results */
         int div = op == DT_OP_AVG ? s->n : 1;
         if (st->nt) dt_reduce_many_nt(out, out2, in, s->n, hi - lo, (dt_dtype)st->a->d.dtype, op, div);
         else dt_reduce_many(out, out2, in, s->n, hi - lo, (dt_dtype)st->a->d.dtype, op, div);
@@ -154,7 +147,7 @@ static dt_status ar_collect(ar_state *st, size_t k) {
     dt_shm *s = st->s;
     ar_chunk *c = &st->ch[k % 4];
     size_t lo, hi, esz = st->esz;
-    for (int j = 1; j < s->n; j++) {
+    for (int j = 1; j < s->n && st->gather; j++) {
         int p = (s->me + j) % s->n;
         DT_TRY(wait_phase(s, p, c->reduced, st->a->deadline));
         slice(c->m, s->n, p, esz, &lo, &hi);
@@ -168,14 +161,18 @@ static dt_status ar_collect(ar_state *st, size_t k) {
     return DT_OK;
 }
 
-/* small: one synchronisation, every rank reduces the whole chunk itself */
-static dt_status ar_small(dt_shm *s, const dt_coll_args *a, size_t esz) {
+/* small: one synchronisation, every rank (reduce: the root) reduces the whole chunk itself */
+static dt_status ar_small(dt_shm *s, const dt_coll_args *a, size_t esz, bool gather) {
     const void *in[256];
     size_t m = a->d.count;
     uint64_t slot;
     DT_TRY(take_slot(s, &slot, a->deadline));
     if (m) memcpy(shm_dslot(s, s->me, slot), a->send, m * esz);
     advance(s);
+    if (!gather) {
+        release_slot(s, slot);
+        return DT_OK;
+    }
     DT_TRY(wait_phase(s, -1, s->myphase, a->deadline));
     DT_TRY(check_all(s));
     for (int r = 0; r < s->n; r++) in[r] = r == s->me ? a->send : (const void *)shm_dslot(s, r, slot);
@@ -185,14 +182,16 @@ static dt_status ar_small(dt_shm *s, const dt_coll_args *a, size_t esz) {
     return DT_OK;
 }
 
-/* large: chunks flow through a three-stage pipeline, post(k+1) / reduce(k) / collect(k-1), so a
+/* allreduce and reduce (gather == false on the non-root ranks of a reduce).
+ * large: chunks flow through a three-stage pipeline, post(k+1) / reduce(k) / collect(k-1), so a
  * rank rarely waits for a peer's previous stage */
 static dt_status d_allreduce(dt_shm *s, const dt_coll_args *a) {
     size_t esz = dt_dtype_size((dt_dtype)a->d.dtype), count = a->d.count;
     if (s->n > 256) return DT_ENOTSUP;
-    if (count * esz <= small_bytes() && count * esz <= s->hdr->d_chunk) return ar_small(s, a, esz);
-    ar_state st = {.s = s, .a = a, .esz = esz, .ce = s->hdr->d_chunk / esz};
-    st.nt = count * esz >= nt_bytes();
+    bool gather = a->d.op == DT_COLL_ALLREDUCE || a->d.root == s->me;
+    if (count * esz <= s->hdr->small_bytes && count * esz <= s->hdr->d_chunk) return ar_small(s, a, esz, gather);
+    ar_state st = {.s = s, .a = a, .esz = esz, .ce = s->hdr->d_chunk / esz, .gather = gather};
+    st.nt = gather && count * esz >= nt_bytes(); /* streaming stores only into the private result */
     size_t K = (count + st.ce - 1) / st.ce;
     DT_TRY(ar_post(&st, 0));
     for (size_t k = 0; k < K; k++) {
@@ -264,11 +263,13 @@ static dt_status d_reduce_scatter(dt_shm *s, const dt_coll_args *a) {
         uint64_t slot;
         DT_TRY(take_slot(s, &slot, a->deadline));
         unsigned char *mine = shm_dslot(s, s->me, slot);
-        for (int j = 0; j < n && m; j++) memcpy(mine + (size_t)j * m * esz, src + ((size_t)j * count + off) * esz, m * esz);
+        for (int j = 0; j < n && m; j++) /* the blocks others reduce; my own stays in my buffer */
+            if (j != s->me) memcpy(mine + (size_t)j * m * esz, src + ((size_t)j * count + off) * esz, m * esz);
         advance(s);
         DT_TRY(wait_phase(s, -1, s->myphase, a->deadline));
         if (off == 0) DT_TRY(check_all(s));
-        for (int r = 0; r < n; r++) in[r] = shm_dslot(s, r, slot) + (size_t)s->me * m * esz;
+        for (int r = 0; r < n; r++)
+            in[r] = r == s->me ? src + ((size_t)s->me * count + off) * esz : shm_dslot(s, r, slot) + (size_t)s->me * m * esz;
         if (m) dt_reduce_many(dst + off * esz, NULL, in, n, m, t, op, op == DT_OP_AVG ? n : 1);
         release_slot(s, slot);
     }
@@ -288,7 +289,7 @@ dt_status dt_shm_coll(dt_transport *t, const dt_coll_args *a) {
     if (s->broken) return dt_error(DT_EPEER, "the shm transport failed earlier; create a new communicator");
     s->what_req = NULL;
     switch (a->d.op) {
-    case DT_COLL_ALLREDUCE: return d_allreduce(s, a);
+    case DT_COLL_ALLREDUCE: case DT_COLL_REDUCE: return d_allreduce(s, a);
     case DT_COLL_BROADCAST: return d_broadcast(s, a);
     case DT_COLL_ALLGATHER: return d_allgather(s, a);
     case DT_COLL_REDUCE_SCATTER: return d_reduce_scatter(s, a);

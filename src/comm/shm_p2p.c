@@ -264,6 +264,7 @@ static int poll_waitall(dt_shm *s, void *arg, dt_status *st) {
     waitall_arg *w = arg;
     int moved = dt_shm_progress(s, st);
     if (*st != DT_OK) return 0;
+    if (w->n == 0) return moved ? 2 : 0; /* idle wait: until something moves */
     for (int i = 0; i < w->n; i++)
         if (w->reqs[i] && !w->reqs[i]->done) {
             s->waiting_on = w->reqs[i]->peer;
@@ -284,10 +285,13 @@ dt_status dt_shm_waitall(dt_transport *t, dt_treq *const *reqs, int n, double de
         if (reqs[i] && !reqs[i]->done) s->what_req = reqs[i];
     if (n == 0) { /* idle: return on progress, wake() or the deadline */
         s->waiting_on = -1;
-        for (int p = 0; p < s->n && s->waiting_on < 0; p++)
-            if (s->sendq[p * SHM_KINDS + 1].head || s->recvq[p * SHM_KINDS + 1].head || s->in_req[p]) s->waiting_on = p;
+        for (int p = 0; p < s->n && s->waiting_on < 0; p++) {
+            dt_treq *q = s->recvq[p * SHM_KINDS + 1].head ? s->recvq[p * SHM_KINDS + 1].head
+                         : s->sendq[p * SHM_KINDS + 1].head ? s->sendq[p * SHM_KINDS + 1].head : s->in_req[p];
+            if (q) s->waiting_on = p, s->what_req = q;
+        }
         dt_status st = dt_shm_block(s, poll_waitall, &w, deadline, true);
-        if (st == DT_ETIMEDOUT) { st = DT_OK; s->broken = false; dt_error_clear(); }
+        if (st != DT_OK) s->broken = true;
         s->what_req = NULL;
         return st;
     }

@@ -33,7 +33,7 @@ dt_status dt_mpi_bench_allreduce(size_t count, int warmup, int iters, double *us
 pthread_mutex_t dt_mpi_lock = PTHREAD_MUTEX_INITIALIZER;
 static int g_live;             /* live MPI transports */
 static bool g_we_init;         /* we called MPI_Init_thread, so we finalise */
-static bool g_failed;          /* some transport failed: peers may be stuck, skip MPI_Finalize */
+static atomic_bool g_failed;   /* some transport failed: peers may be stuck, skip MPI_Finalize */
 static MPI_Datatype g_block;   /* 1 MiB of bytes, for messages over INT_MAX bytes */
 static bool g_block_ok;
 #define BLOCK_BYTES ((size_t)1 << 20)
@@ -94,14 +94,10 @@ dt_status dt_mpi_fail(dt_mpi_transport *t, dt_status s, const char *fmt, ...) {
     return dt_error(t->err, "%s", t->errmsg);
 }
 
-static double g_spin_s = -1; /* spin window; DTRAIN_MPI_SPIN_US overrides */
+static double g_spin_s = 200e-6; /* spin window; DTRAIN_MPI_SPIN_US overrides (read at create) */
 
 void dt_mpi_backoff(dt_mpi_idle *w) {
     double now = dt_now();
-    if (g_spin_s < 0) {
-        const char *e = getenv("DTRAIN_MPI_SPIN_US");
-        g_spin_s = e ? atof(e) * 1e-6 : 200e-6;
-    }
     if (w->since == 0) w->since = now;
     if (now - w->since < g_spin_s) { sched_yield(); return; }
     long ns = 5000L << (w->naps < 7 ? w->naps : 7); /* 5 us .. 640 us */
@@ -418,6 +414,8 @@ static dt_status wrap(MPI_Comm comm, double timeout_s, dt_transport **out) {
 dt_status dt_transport_mpi_create(dt_transport **out, const dt_transport_params *p) {
     *out = NULL;
     LOCK();
+    const char *spin = getenv("DTRAIN_MPI_SPIN_US");
+    if (spin && *spin) g_spin_s = atof(spin) * 1e-6;
     int inited = 0, finalized = 0, provided = 0;
     MPI_Initialized(&inited);
     MPI_Finalized(&finalized);

@@ -4,7 +4,7 @@
  * the benchmark baseline), then "errors" mode with 3 ranks (deadline -> DT_ETIMEDOUT naming the
  * rank, wrong receive size and mismatched collectives -> DT_EMISMATCH, abort reaching every
  * rank). Expected values are computed on every rank. Exit 77 when built without MPI.
- * Under mpirun directly: `transport_mpi_test [ok|errors|bench MIB]` runs one mode (used by
+ * Under mpirun directly: `transport_mpi_test [ok|errors|bench SIZE...]` runs one mode (used by
  * tests/mpi_netns.sh across emulated hosts). */
 #include "comm/transport.h"
 #include "core/test.h"
@@ -275,7 +275,7 @@ static int mode_errors(void) {
     R = w->rank;
     N = w->size;
     int x[4] = {0}, y[4] = {0};
-    /* 1. deadline: rank 0 waits 0.3 s for rank 1, which sends only after 1 s */
+    /* 1. deadline: rank 0 waits 0.3 s for rank 1, which never sends */
     dt_transport *s = fresh(w, 10);
     dt_treq q = {0}, *qp = &q;
     if (R == 0) {
@@ -286,10 +286,9 @@ static int mode_errors(void) {
         printf("rank %d timeout: %s\n", R, dt_last_error());
         CHECK_MSG(strstr(dt_last_error(), "rank 1 (receive of 16 bytes") && strstr(dt_last_error(), "tag 7"), "%s", dt_last_error());
         CHECK(s->ops->waitall(s, &qp, 1, dt_now() + 1) == DT_ETIMEDOUT); /* stays broken */
-    } else if (R == 1) { /* by now rank 0 has told everyone */
-        usleep(1000000);
-        dt_status st = s->ops->isend(s, 0, 7, x, sizeof x, &q);
-        if (st == DT_OK) st = s->ops->waitall(s, &qp, 1, dt_now() + 10);
+    } else if (R == 1) { /* waits on rank 0, which tells everyone when its own wait fails */
+        CHECK_OK(s->ops->irecv(s, 0, 8, x, sizeof x, &q));
+        dt_status st = s->ops->waitall(s, &qp, 1, dt_now() + 20);
         CHECK(st == DT_ETIMEDOUT);
         CHECK_MSG(strstr(dt_last_error(), "rank 0 failed: timed out"), "%s", dt_last_error());
         printf("rank %d timeout notice: %s\n", R, dt_last_error());
@@ -350,36 +349,58 @@ static int mode_errors(void) {
     return dt_test_failures ? 1 : 0;
 }
 
-/* "bench MB": allreduce bus bandwidth of plain MPI_Allreduce and of the transport's native path
- * (MPI_Iallreduce polled against a deadline), for measuring, never asserted. */
-static int mode_bench(size_t mb) {
+static size_t parse_bytes(const char *s) {
+    char *end;
+    double v = strtod(s, &end);
+    if (*end == 'k' || *end == 'K') v *= 1024;
+    else if (*end == 'm' || *end == 'M') v *= 1024 * 1024;
+    return v < 4 ? 4 : (size_t)v;
+}
+
+/* "bench SIZE...": f32 sum allreduce of each size (bytes, k/m suffixes): plain blocking
+ * MPI_Allreduce against the transport's native path (MPI_Iallreduce polled against a
+ * deadline, with the op check). Best of 3 rounds; for measuring, never asserted. */
+static int mode_bench(int nsizes, char **sizes) {
     dt_transport *t = NULL;
     CHECK_OK(dt_transport_mpi_create(&t, &(dt_transport_params){.timeout_s = 60}));
     if (!t) return 1;
     R = t->rank;
     N = t->size;
-    size_t n = mb * (1 << 20) / 4;
-    int iters = mb >= 16 ? 5 : 20;
-    float *a = dt_alloc(n * 4), *b = dt_alloc(n * 4);
-    double base = 0;
-    CHECK_OK(dt_mpi_bench_allreduce(n, 2, iters, &base));
-    dt_coll_args x = {.d = {.op = DT_COLL_ALLREDUCE, .dtype = DT_F32, .count = n}, .send = a, .recv = b,
-                      .algo = DT_ALGO_NATIVE};
-    double t0 = 0;
-    for (int i = 0; i < iters + 2; i++) {
-        if (i == 2) t0 = dt_now();
-        x.d.seq = ++g_seq;
-        x.deadline = dt_now() + 60;
-        CHECK_OK(t->ops->begin(t, &x.d));
-        CHECK_OK(t->ops->coll(t, &x));
+    if (R == 0) printf("%12s %10s %14s %10s %14s %10s\n", "bytes", "ranks", "MPI_Allreduce", "busbw", "native", "busbw");
+    for (int k = 0; k < nsizes; k++) {
+        size_t bytes = parse_bytes(sizes[k]), n = bytes / 4;
+        int iters = (int)(50e6 / (double)(bytes + 20000)); /* about 50 ms per round */
+        iters = iters < 5 ? 5 : iters > 2000 ? 2000 : iters;
+        float *a = dt_alloc(n * 4), *b = dt_alloc(n * 4);
+        double base = 1e30, nat = 1e30;
+        for (int round = 0; round < 3; round++) {
+            double us = 0;
+            CHECK_OK(dt_mpi_bench_allreduce(n, 2, iters, &us));
+            if (us < base) base = us;
+            dt_coll_args x = {.d = {.op = DT_COLL_ALLREDUCE, .dtype = DT_F32, .count = n}, .send = a, .recv = b,
+                              .algo = DT_ALGO_NATIVE};
+            double t0 = 0;
+            for (int i = 0; i < iters + 2; i++) {
+                if (i == 2) t0 = dt_now();
+                x.d.seq = ++g_seq;
+                x.deadline = dt_now() + 60;
+                CHECK_OK(t->ops->begin(t, &x.d));
+                CHECK_OK(t->ops->coll(t, &x));
+            }
+            double mine = (dt_now() - t0) / iters * 1e6, worst = 0;
+            x = (dt_coll_args){.d = {.seq = ++g_seq, .op = DT_COLL_ALLREDUCE, .dtype = DT_F64, .redop = DT_OP_MAX,
+                                     .count = 1}, .send = &mine, .recv = &worst, .algo = DT_ALGO_NATIVE,
+                               .deadline = dt_now() + 60};
+            CHECK_OK(t->ops->begin(t, &x.d));
+            CHECK_OK(t->ops->coll(t, &x)); /* time of the slowest rank, like the baseline */
+            if (worst < nat) nat = worst;
+        }
+        double f = 2.0 * (N - 1) / N * (double)n * 4 / 1e3; /* busbw in GB/s = f / usec */
+        if (R == 0)
+            printf("%12zu %10d %11.1f us %6.2f GB/s %11.1f us %6.2f GB/s\n", n * 4, N, base, f / base, nat, f / nat);
+        dt_free(a);
+        dt_free(b);
     }
-    double us = (dt_now() - t0) / iters * 1e6, factor = 2.0 * (N - 1) / N, bytes = (double)n * 4;
-    if (R == 0)
-        printf("bench allreduce %zu MiB x %d ranks: MPI_Allreduce %.0f us (busbw %.2f GB/s), "
-               "transport native %.0f us (busbw %.2f GB/s)\n", mb, N, base, bytes * factor / base / 1e3, us,
-               bytes * factor / us / 1e3);
-    dt_free(a);
-    dt_free(b);
     t->ops->destroy(t);
     return dt_test_failures ? 1 : 0;
 }
@@ -402,7 +423,7 @@ static int run_mpirun(int np, const char *mode, char *out, size_t cap) {
 
 int main(int argc, char **argv) {
     if (getenv("OMPI_COMM_WORLD_SIZE")) {
-        if (argc > 2 && !strcmp(argv[1], "bench")) return mode_bench((size_t)atoi(argv[2]));
+        if (argc > 2 && !strcmp(argv[1], "bench")) return mode_bench(argc - 2, argv + 2);
         return argc > 1 && !strcmp(argv[1], "errors") ? mode_errors() : mode_ok();
     }
     if (argc > 1 && !strcmp(argv[1], "--probe-only")) return 0; /* built with MPI */

@@ -166,7 +166,9 @@ static const char *what_str(dt_shm *s, char *buf, size_t n, const dt_treq *rq) {
     return buf;
 }
 
-static dt_status slow_checks(dt_shm *s, double deadline, double now) {
+/* every ~100 ms of sleeping: abort word, dead or departed peers, mismatched ops, the deadline.
+ * idle (progress-thread wait for posted point-to-point): no mismatch or deadline checks. */
+static dt_status slow_checks(dt_shm *s, double deadline, double now, bool idle) {
     char what[160];
     const dt_treq *rq = s->what_req;
     if (atomic_load(&s->hdr->abort_state) == 2) return abort_error(s);
@@ -178,9 +180,9 @@ static dt_status slow_checks(dt_shm *s, double deadline, double now) {
             return dt_error(DT_EPEER, "rank %d %s during %s", p,
                             st == 1 ? "died" : "left (destroyed its communicator)", what_str(s, what, sizeof what, rq));
         }
-        DT_TRY(dt_shm_check_peer(s, p));
+        if (!idle && !rq) DT_TRY(dt_shm_check_peer(s, p));
     }
-    if (now >= deadline) {
+    if (!idle && now >= deadline) {
         int p = s->waiting_on;
         char doing[160] = "";
         if (p >= 0) {
@@ -245,8 +247,12 @@ dt_status dt_shm_block(dt_shm *s, dt_shm_poll poll, void *arg, double deadline, 
             continue;
         }
         double now = dt_now();
+        if (stop_on_progress && now >= deadline) { /* an idle wait simply ends */
+            atomic_store(&me->sleeping, 0);
+            return DT_OK;
+        }
         if (now >= s->next_check || now >= deadline) {
-            st = slow_checks(s, deadline, now);
+            st = slow_checks(s, deadline, now, stop_on_progress);
             if (st != DT_OK) { atomic_store(&me->sleeping, 0); return st; }
             s->next_check = now + 0.1;
         }
@@ -265,11 +271,13 @@ static void sleep_ms(double ms) {
     nanosleep(&ts, NULL);
 }
 
+/* geometry, chosen by rank 0 (from its environment) and read by everyone from the header */
 static void layout(shm_header *h, int n) {
-    h->slots[0] = 8;
-    h->slot_bytes[0] = (uint32_t)align_up(env_size("DTRAIN_SHM_FRAG", 64 << 10, 4 << 10, 4 << 20), 64);
+    h->slots[0] = n <= 8 ? 8 : 4;
+    h->slot_bytes[0] = (uint32_t)align_up(env_size("DTRAIN_SHM_FRAG", n <= 16 ? 64 << 10 : 16 << 10, 4 << 10, 4 << 20), 64);
     h->slots[1] = 4;
-    h->slot_bytes[1] = 32 << 10;
+    h->slot_bytes[1] = n <= 16 ? 32 << 10 : 8 << 10;
+    h->small_bytes = (uint32_t)env_size("DTRAIN_SHM_SMALL", 16 << 10, 0, 1 << 30);
     h->d_slots = 4;
     h->d_chunk = align_up(env_size("DTRAIN_SHM_CHUNK", 512 << 10, 16 << 10, 64 << 20), 4096);
     h->off_ranks = align_up(sizeof(shm_header), 4096);

@@ -15,7 +15,9 @@ typedef struct {
     size_t in_n, out_n; /* values per sample */
     size_t w_off, w_n, b_off, b_n;  /* params slab (b_n = 0: no bias) */
     size_t buf_off;     /* buffers slab: running mean (C), running var (C) */
-    float *out;         /* activation (B, out_n); aliases the input for flatten */
+    float *out;         /* activation (B, out_n); aliases the input for flatten and fused relu */
+    bool fused;         /* relu directly before a maxpool: the pool runs first and applies the relu to
+                         * its 4x smaller output (identical values and gradients: relu is monotone) */
     float *aux;         /* per-layer saved values: mean/rstd (norms) */
     int32_t *argmax;    /* maxpool */
     uint8_t *mask;      /* dropout */
@@ -130,6 +132,8 @@ static dt_status layout(dt_model *m) {
         l->out_n = (size_t)OC * OH * OW;
         C = OC, H = OH, W = OW;
     }
+    for (int i = 0; i + 2 < m->n; i++)  /* not when the pool is the last layer (its gradient is the caller's) */
+        m->L[i].fused = m->L[i].s.kind == DT_LAYER_RELU && m->L[i + 1].s.kind == DT_LAYER_MAXPOOL2D;
     DT_TRY(dt_slab_alloc(&m->params, np));
     DT_TRY(dt_slab_alloc(&m->grads, np));
     DT_TRY(dt_slab_alloc(&m->buffers, nb ? nb : 1));
@@ -176,7 +180,7 @@ dt_status dt_model_create_from_spec(dt_model **m, const char *spec, int C, int H
 static void free_activations(dt_model *m) {
     for (int i = 0; i < m->n; i++) {
         layer_rt *l = &m->L[i];
-        if (l->s.kind != DT_LAYER_FLATTEN) dt_free(l->out);
+        if (l->s.kind != DT_LAYER_FLATTEN && !l->fused) dt_free(l->out);
         dt_free(l->aux);
         dt_free(l->argmax);
         dt_free(l->mask);
@@ -210,7 +214,7 @@ static dt_status ensure_batch(dt_model *m, int B) {
         size_t outs = (size_t)B * l->out_n;
         if (l->out_n > maxact) maxact = l->out_n;
         /* flatten aliases its input (set in forward) */
-        if (l->s.kind != DT_LAYER_FLATTEN && !(l->out = dt_alloc(outs * sizeof(float)))) goto oom;
+        if (l->s.kind != DT_LAYER_FLATTEN && !l->fused && !(l->out = dt_alloc(outs * sizeof(float)))) goto oom;
         switch (l->s.kind) {
         case DT_LAYER_MAXPOOL2D:
             if (!(l->argmax = dt_alloc(outs * sizeof(int32_t)))) goto oom;
@@ -299,9 +303,13 @@ dt_status dt_model_forward(dt_model *m, const float *x, int B, bool train, uint6
             break;
         case DT_LAYER_MAXPOOL2D:
             dt_maxpool2d_forward(l->out, l->argmax, in, B, l->C, l->H, l->W, s->k, s->stride);
+            if (i > 0 && m->L[i - 1].fused) dt_relu_forward(l->out, l->out, n_out);
             break;
         case DT_LAYER_AVGPOOL2D: dt_avgpool2d_forward(l->out, in, B, l->C, l->H, l->W, s->k, s->stride); break;
-        case DT_LAYER_RELU: dt_relu_forward(l->out, in, n_out); break;
+        case DT_LAYER_RELU:
+            if (l->fused) l->out = (float *)in; /* the next maxpool applies it */
+            else dt_relu_forward(l->out, in, n_out);
+            break;
         case DT_LAYER_GELU: dt_gelu_forward(l->out, in, n_out); break;
         case DT_LAYER_TANH: dt_tanh_forward(l->out, in, n_out); break;
         case DT_LAYER_SIGMOID: dt_sigmoid_forward(l->out, in, n_out); break;
@@ -363,10 +371,15 @@ dt_status dt_model_backward(dt_model *m, const float *dout, dt_grad_ready_fn hoo
                                l->C, l->H, l->W, s->out, s->k, s->stride, s->pad);
             break;
         case DT_LAYER_MAXPOOL2D:
+            if (i > 0 && m->L[i - 1].fused) /* relu gradient on the pooled output, in place (gout is ours) */
+                dt_relu_backward((float *)gout, gout, l->out, n_out);
             dt_maxpool2d_backward(gin, gout, l->argmax, B, l->C, l->H, l->W, s->k, s->stride);
             break;
         case DT_LAYER_AVGPOOL2D: dt_avgpool2d_backward(gin, gout, B, l->C, l->H, l->W, s->k, s->stride); break;
-        case DT_LAYER_RELU: dt_relu_backward(gin, gout, in, n_out); break;
+        case DT_LAYER_RELU:
+            if (l->fused) continue; /* already applied by the maxpool after it */
+            dt_relu_backward(gin, gout, in, n_out);
+            break;
         case DT_LAYER_GELU: dt_gelu_backward(gin, gout, in, n_out); break;
         case DT_LAYER_TANH: dt_tanh_backward(gin, gout, l->out, n_out); break;
         case DT_LAYER_SIGMOID: dt_sigmoid_backward(gin, gout, l->out, n_out); break;

@@ -4,6 +4,9 @@
  * expendable), and removes the job's leftover
  * shared memory. Used by `dtrain launch` and (later) by `dtrain train --workers N`.
  *
+ * Each rank runs in its own process group (signals reach its children too), with /dev/null as
+ * stdin and PR_SET_PDEATHSIG=SIGTERM so ranks do not outlive a killed launcher.
+ *
  * Rank environment (read by the comm layer): DTRAIN_RANK, DTRAIN_WORLD_SIZE, DTRAIN_LOCAL_RANK,
  * DTRAIN_LOCAL_WORLD_SIZE, DTRAIN_JOB_ID, DTRAIN_LAUNCHER_PID.
  *

@@ -1,0 +1,40 @@
+/* Benchmark helpers: run the real dtrain command and read its metrics. */
+#include "cli/bench_util.h"
+
+#include "cli/cli.h"
+
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+int dt_bench_self(char *out, size_t cap) {
+    ssize_t len = readlink("/proc/self/exe", out, cap - 1);
+    if (len <= 0) return dt_cli_fail(NULL, "bench: cannot find this program (/proc/self/exe)");
+    out[len] = '\0';
+    return 0;
+}
+
+int dt_bench_train_run(const char *args, const char *metrics, char *line, size_t cap) {
+    char exe[PATH_MAX], cmd[8192];
+    if (dt_bench_self(exe, sizeof exe)) return 1;
+    snprintf(cmd, sizeof cmd, "'%s' train %s --quiet --metrics '%s' > /dev/null", exe, args, metrics);
+    unlink(metrics);
+    if (system(cmd) != 0) return dt_cli_fail(NULL, "bench: '%s' failed", cmd);
+    FILE *f = fopen(metrics, "r");
+    if (!f) return dt_cli_fail(NULL, "bench: no metrics in %s", metrics);
+    line[0] = '\0';
+    char buf[4096];
+    while (fgets(buf, sizeof buf, f)) snprintf(line, cap, "%s", buf);
+    fclose(f);
+    unlink(metrics);
+    return line[0] ? 0 : dt_cli_fail(NULL, "bench: empty metrics file %s", metrics);
+}
+
+double dt_bench_json_field(const char *line, const char *key) {
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\": ", key);
+    const char *p = strstr(line, pat);
+    return p ? strtod(p + strlen(pat), NULL) : -1;
+}

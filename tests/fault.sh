@@ -1,0 +1,100 @@
+# Fault tolerance with the real command: exact resume with 2 workers at several stop points
+# (mid-epoch too), resume on another world size, damaged checkpoints rejected and skipped by
+# --resume auto, SIGTERM checkpoints and exits 0, a killed worker under --elastic (several
+# seeds) still finishes with the undisturbed accuracy and intact checkpoints, and a stalled rank
+# (SIGSTOP) makes the watchdog name it.
+. "$(dirname "$0")/testlib.bash"
+if ! have_fmnist; then echo "skip: Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)"; exit 77; fi
+acc_of() { grep -o 'done: test accuracy [0-9.]*' "$1" | awk '{print $4}'; }
+TR2=(train --workers 2 --model mlp --batch 64 --quiet)
+tr2() { $DT "${TR2[@]}" "$@"; }
+SLOW=(train --workers 2 --model mlp --batch 16 --quiet)  # ~1 s per epoch: time to interrupt it
+valid_dir() {  # every checkpoint in DIR loads; no temp files left
+  local d=$1 f
+  ls "$d"/*.tmp.* >/dev/null 2>&1 && return 1
+  for f in "$d"/ckpt-*.safetensors; do $DT eval --checkpoint "$f" --data fashion-mnist >/dev/null 2>&1 || return 1; done
+}
+
+# ---- exact resume, same world size (2 ranks), stops at 150 (mid-epoch 1), 469 (epoch end), 700 ----
+tr2 --epochs 2 --max-steps 900 --save "$TMP/full.st" >/dev/null 2>&1
+prev=""
+for stop in 150 469 700 900; do
+  tr2 --epochs 2 --max-steps $stop --save "$TMP/part.st" ${prev:+--resume "$prev"} >/dev/null 2>&1
+  cp "$TMP/part.st" "$TMP/part-$stop.st"; prev="$TMP/part-$stop.st"
+done
+cmp -s "$TMP/full.st" "$TMP/part-900.st" && ok "2-rank resume at steps 150, 469 (epoch end), 700: bitwise equal" \
+  || bad "2-rank resumed run differs from the uninterrupted one"
+
+# ---- resume on another world size continues and keeps improving ----
+l0=$($DT eval --checkpoint "$TMP/part-150.st" --data fashion-mnist | grep -o 'loss [0-9.]*' | awk '{print $2}')
+$DT train --model mlp --batch 64 --epochs 2 --max-steps 600 --resume "$TMP/part-150.st" --save "$TMP/w1.st" \
+  >"$TMP/w1.log" 2>&1 || bad "resume on 1 rank: $(cat "$TMP/w1.log")"
+$DT train --workers 3 --model mlp --batch 64 --epochs 2 --max-steps 600 --resume "$TMP/part-150.st" \
+  --save "$TMP/w3.st" >"$TMP/w3.log" 2>&1 || bad "resume on 3 ranks: $(cat "$TMP/w3.log")"
+l1=$($DT eval --checkpoint "$TMP/w1.st" --data fashion-mnist | grep -o 'loss [0-9.]*' | awk '{print $2}')
+l3=$($DT eval --checkpoint "$TMP/w3.st" --data fashion-mnist | grep -o 'loss [0-9.]*' | awk '{print $2}')
+python3 -c "import sys; sys.exit(0 if $l1 < $l0 and $l3 < $l0 else 1)" \
+  && ok "2-rank checkpoint resumed on 1 and 3 ranks: test loss $l0 -> $l1 / $l3" || bad "loss $l0 -> $l1 / $l3"
+grep -q "trained on 2 rank(s)" "$TMP/w1.log" && ok "world-size change is reported" || bad "no note: $(cat "$TMP/w1.log")"
+
+# ---- damaged checkpoints: rejected by name; --resume auto falls back ----
+D="$TMP/ck"
+tr2 --epochs 1 --max-steps 300 --checkpoint-dir "$D" --checkpoint-every 100 >/dev/null 2>&1
+ls "$D" | grep -q 'ckpt-0000000300' || bad "no numbered checkpoints: $(ls "$D")"
+cp "$D/ckpt-0000000300.safetensors" "$TMP/good.st"
+size=$(stat -c %s "$TMP/good.st")
+printf '\xff' | dd of="$D/ckpt-0000000300.safetensors" bs=1 seek=$((size - 5000)) conv=notrunc status=none
+head -c $((size - 100)) "$TMP/good.st" >"$D/ckpt-0000000200.safetensors"
+out=$(tr2 --epochs 1 --max-steps 320 --checkpoint-dir "$D" --resume auto 2>&1)
+grep -q "skipping damaged checkpoint .*ckpt-0000000300.*CRC32" <<<"$out" && grep -q "skipping damaged .*ckpt-0000000200" <<<"$out" \
+  && grep -q "resumed from .*ckpt-0000000100" <<<"$out" && ok "--resume auto skips the flipped and truncated ones for step 100" \
+  || bad "resume auto fallback: $out"
+cp "$TMP/good.st" "$TMP/magic.st"; printf 'XXXXXXXX' | dd of="$TMP/magic.st" bs=1 conv=notrunc status=none
+expect_fail "wrong header length/magic rejected" "magic.st" $DT train --model mlp --resume "$TMP/magic.st"
+expect_fail "wrong model spec rejected" "pass the same --model" $DT train --model cnn --resume "$TMP/good.st"
+
+# ---- SIGTERM: finish the step, checkpoint, exit 0, resume continues ----
+rm -rf "$D"
+$DT "${SLOW[@]}" --epochs 4 --checkpoint-dir "$D" >"$TMP/term.log" 2>&1 &
+pid=$!
+sleep 1.5
+kill -TERM $pid
+wait $pid
+rc=$?
+[ $rc -eq 0 ] && grep -q "stopped at step .*--resume auto" "$TMP/term.log" && valid_dir "$D" \
+  && ok "SIGTERM: exit 0, checkpoint $(ls "$D" | tail -1), resume hint" || bad "SIGTERM (exit $rc): $(cat "$TMP/term.log")"
+$DT "${SLOW[@]}" --epochs 4 --checkpoint-dir "$D" --resume auto >"$TMP/term2.log" 2>&1 && grep -q "resumed from" "$TMP/term2.log" \
+  && ok "resume after SIGTERM finishes (test_acc $(acc_of "$TMP/term2.log"))" || bad "resume after SIGTERM: $(cat "$TMP/term2.log")"
+
+# ---- kill a random worker at a random time: --elastic restarts and finishes ----
+$DT "${SLOW[@]}" --epochs 3 >"$TMP/calm.log" 2>&1
+calm=$(acc_of "$TMP/calm.log")
+for seed in 1 2 3; do
+  rm -rf "$D"
+  $DT "${SLOW[@]}" --epochs 3 --elastic 1:2 --checkpoint-dir "$D" --checkpoint-every 200 --keep 3 >"$TMP/el.log" 2>&1 &
+  pid=$!
+  sleep "$(python3 -c "import random; random.seed($seed); print(round(random.uniform(0.6, 1.6), 2))")"
+  victims=$(pgrep -P $pid)
+  victim=$(echo "$victims" | python3 -c "import random,sys; random.seed($seed); v=sys.stdin.read().split(); print(random.choice(v) if v else '')")
+  [ -n "$victim" ] && kill -9 "$victim"
+  wait $pid
+  rc=$?
+  a=$(acc_of "$TMP/el.log")
+  if [ $rc -eq 0 ] && grep -q "killed by signal 9" "$TMP/el.log" && grep -q "restart 1 of 3" "$TMP/el.log" \
+     && python3 -c "import sys; sys.exit(0 if abs($a - $calm) <= 0.01 else 1)" && valid_dir "$D"; then
+    ok "seed $seed: worker killed, elastic restart, test_acc $a (undisturbed $calm), checkpoints intact"
+  else bad "seed $seed (exit $rc, acc $a vs $calm): $(cat "$TMP/el.log")"; fi
+done
+
+# ---- a stalled rank: the watchdog names it ----
+$DT "${SLOW[@]}" --epochs 3 --timeout 2 >"$TMP/stall.log" 2>&1 &
+pid=$!
+sleep 1
+victim=$(pgrep -P $pid | tail -1)
+[ -n "$victim" ] && [ "$victim" != "$pid" ] && kill -STOP "$victim"
+wait $pid
+rc=$?
+kill -KILL "$victim" 2>/dev/null
+grep -q "timed out waiting for rank 1" "$TMP/stall.log" && grep -q "step [0-9]" "$TMP/stall.log" && [ $rc -ne 0 ] \
+  && ok "SIGSTOP'd rank 1 reported by the watchdog (exit $rc)" || bad "watchdog (exit $rc): $(cat "$TMP/stall.log")"
+finish
