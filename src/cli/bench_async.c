@@ -4,6 +4,7 @@
  * (all training samples over the training wall time), speed-up over ddp and final test accuracy,
  * as a table and one JSON line. Each case runs the real `dtrain train --workers N` command and
  * reads its metrics. */
+#include "cli/bench_util.h"
 #include "cli/cli.h"
 #include "dtrain/dtrain.h"
 
@@ -18,19 +19,12 @@ typedef struct {
     double slow_share;  /* the slow worker's share of the samples in the last epoch */
 } async_result;
 
-static double json_num(const char *line, const char *key) {
-    char pat[64];
-    snprintf(pat, sizeof pat, "\"%s\": ", key);
-    const char *p = strstr(line, pat);
-    return p ? strtod(p + strlen(pat), NULL) : -1;
-}
-
 /* The "share" of the worker entry with "rank": slow_rank in the workers array. */
 static double share_of(const char *line, int rank) {
     char pat[48];
     snprintf(pat, sizeof pat, "{\"rank\": %d, ", rank);
     const char *p = strstr(line, pat);
-    return p ? json_num(p, "share") : -1;
+    return p ? dt_bench_json_field(p, "share") : -1;
 }
 
 static int run_case(const char *exe, const char *common, const char *flags, int slow_rank, const char *metrics,
@@ -45,9 +39,9 @@ static int run_case(const char *exe, const char *common, const char *flags, int 
     static char line[16384];
     double samples = 0, secs = 0;
     while (fgets(line, sizeof line, f)) {
-        double sps = json_num(line, "samples_per_s"), es = json_num(line, "epoch_s");
+        double sps = dt_bench_json_field(line, "samples_per_s"), es = dt_bench_json_field(line, "epoch_s");
         samples += sps * es, secs += es;
-        r->acc = json_num(line, "test_acc");
+        r->acc = dt_bench_json_field(line, "test_acc");
         r->slow_share = share_of(line, slow_rank);
     }
     fclose(f);
@@ -81,9 +75,7 @@ int dt_bench_async(int argc, char **argv) {
     if (workers < 2 || epochs < 1 || batch < 1 || !(factor >= 1))
         return dt_cli_fail(NULL, "bench async: need --workers >= 2, --epochs >= 1, --batch >= 1, --factor >= 1");
     char exe[PATH_MAX];
-    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (len <= 0) return dt_cli_fail(NULL, "bench async: cannot find this program (/proc/self/exe)");
-    exe[len] = '\0';
+    if (dt_bench_self(exe, sizeof exe) != 0) return 1;
     char dir[] = "/tmp/dtrain-bench-XXXXXX";
     if (!mkdtemp(dir)) return dt_cli_fail(NULL, "bench async: cannot create a temporary directory");
     char common[PATH_MAX + 128];
