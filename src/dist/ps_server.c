@@ -257,7 +257,7 @@ static dt_status epochs(server *sv) {
             wi[w] = (dt_worker_info){.rank = p->S + w, .samples = ns,
                                      .share = sv->samples[e] > 0 ? (double)ns / (double)sv->samples[e] : 0,
                                      .samples_per_s = epoch_s > 0 ? (double)ns / epoch_s : 0,
-                                     .busy_s = sv->wbusy[e * W + w], .batch = 0, .alive = sv->alive[w]};
+                                     .busy_s = sv->wbusy[e * W + w], .batch = cfg->batch, .alive = sv->alive[w]};
         }
         int64_t stale[DT_STALENESS_BINS];
         memcpy(stale, sv->stale, sizeof stale);
