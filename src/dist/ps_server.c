@@ -83,7 +83,6 @@ static void drop(server *sv, int w, dt_status st) {
     snprintf(fmt, sizeof fmt, "worker rank %%lld %s at step %%lld; continuing with %%lld worker%s", how,
              sv->nlive == 1 ? "" : "s");
     add_note(sv, fmt, (int64_t)(sv->p->S + w), sv->clock[w], sv->nlive);
-    pthread_cond_broadcast(&sv->cv);
 }
 
 static void *handler_main(void *arg) {
@@ -126,7 +125,7 @@ static void *handler_main(void *arg) {
         while (p->staleness >= 0 && clk < total && clk - min_live(sv) > p->staleness && !sv->stopping)
             pthread_cond_wait(&sv->cv, &sv->mu);
         int64_t lo = min_live(sv);
-        if (clk < total && clk - lo > sv->max_gap) sv->max_gap = (int)(clk - lo);
+        if (clk < total && !sv->stopping && clk - lo > sv->max_gap) sv->max_gap = (int)(clk - lo);
         ps_reply r = {.version = sv->version, .min_clock = lo};
         memcpy(h->out, sv->w, sv->n * sizeof(float));
         pthread_mutex_unlock(&sv->mu);
