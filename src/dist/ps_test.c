@@ -162,9 +162,9 @@ static void test_bitwise(void) {
 }
 
 static void test_staleness_bound(void) {
-    /* 1 server, 3 workers, the last 8x slower: SSP with bound 2, then unbounded */
+    /* 1 server, 3 workers, the last 16x slower, 60 steps each: SSP with bound 2, then unbounded */
     run_cfg rc = {.strategy = "ps", .servers = 1, .staleness = 2, .opt = DT_OPTIM_ADAM, .batch = 8, .steps = 60,
-                  .slow_rank = 3, .slow = 8};
+                  .epochs = 30, .slow_rank = 3, .slow = 16};
     char job[64];
     snprintf(job, sizeof job, "pstest%dssp", (int)getpid());
     CHECK(run_ranks(4, &rc, job) == 0);
@@ -173,7 +173,7 @@ static void test_staleness_bound(void) {
     snprintf(job, sizeof job, "pstest%dasync", (int)getpid());
     CHECK(run_ranks(4, &rc, job) == 0);
     int unbounded = g_res[0].max_gap;
-    printf("straggler (rank 3 x8), 3 workers x 60 steps: largest clock gap granted %d with --staleness 2, %d with "
+    printf("straggler (rank 3 x16), 3 workers x 60 steps: largest clock gap granted %d with --staleness 2, %d with "
            "--staleness inf\n", bounded, unbounded);
     CHECK_MSG(bounded <= 2, "SSP let a worker run %d steps ahead (bound 2)", bounded);
     CHECK_MSG(bounded == 2, "the straggler never pushed the gap to the bound (%d)", bounded);

@@ -1,7 +1,8 @@
 /* The training loop: loads data, builds model + optimizer, runs epochs of forward / loss /
  * backward / strategy step (gradient sync, clip, optimizer), evaluates on the (sharded) test
  * set, writes JSON-Lines metrics, a timeline and checkpoints, and resumes exactly where a
- * checkpoint left off. The same loop runs one process or N data-parallel ranks. */
+ * checkpoint left off. The same loop runs one process or N data-parallel ranks; ps server ranks
+ * run the strategy's serve loop instead and server 0 reports the epochs (serve_run). */
 #include "core/trace.h"
 #include "dist/strategy.h"
 #include "dtrain/data.h"
