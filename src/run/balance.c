@@ -113,8 +113,12 @@ dt_status dt_balance_step_end(dt_balance *b, dt_comm *comm, dt_loader *l) {
     int *next = malloc((size_t)W * sizeof *next);
     if (!next) return dt_error(DT_ENOMEM, "balance: out of memory");
     dt_balance_cut_by_speed(next, b->gather, W, b->cfg.batch * W);
+    /* re-cut only for a real change (> 2% of the global batch for some rank): every re-cut makes
+     * the loader rebuild the batches it prefetched */
+    int moved = 0;
+    for (int r = 0; r < W; r++) moved = abs(next[r] - b->cut[r]) > moved ? abs(next[r] - b->cut[r]) : moved;
     dt_status s = DT_OK;
-    if (memcmp(next, b->cut, (size_t)W * sizeof *next) != 0) {
+    if (moved > b->cfg.batch * W / 50) {
         memcpy(b->cut, next, (size_t)W * sizeof *next);
         s = dt_loader_set_cut(l, b->cut);
     }
