@@ -9,6 +9,14 @@ acc_of() { grep -o 'done: test accuracy [0-9.]*' "$1" | awk '{print $4}'; }
 TR2=(train --workers 2 --model mlp --batch 64 --quiet)
 tr2() { $DT "${TR2[@]}" "$@"; }
 SLOW=(train --workers 2 --model mlp --batch 16 --quiet)  # ~1 s per epoch: time to interrupt it
+wait_started() {  # PID [FILE-GLOB]: until PID has 2 worker children (and FILE exists), max 20 s
+  local i
+  for i in $(seq 200); do
+    if [ "$(pgrep -c -P "$1")" -ge 2 ] && { [ -z "${2:-}" ] || compgen -G "$2" >/dev/null; }; then return 0; fi
+    sleep 0.1
+  done
+  return 1
+}
 valid_dir() {  # every checkpoint in DIR loads; no temp files left
   local d=$1 f
   ls "$d"/*.tmp.* >/dev/null 2>&1 && return 1
@@ -57,7 +65,7 @@ expect_fail "wrong model spec rejected" "pass the same --model" $DT train --mode
 rm -rf "$D"
 $DT "${SLOW[@]}" --epochs 4 --checkpoint-dir "$D" >"$TMP/term.log" 2>&1 &
 pid=$!
-sleep 1.5
+wait_started $pid && sleep 0.5
 kill -TERM $pid
 wait $pid
 rc=$?
@@ -73,7 +81,8 @@ for seed in 1 2 3; do
   rm -rf "$D"
   $DT "${SLOW[@]}" --epochs 3 --elastic 1:2 --checkpoint-dir "$D" --checkpoint-every 200 --keep 3 >"$TMP/el.log" 2>&1 &
   pid=$!
-  sleep "$(python3 -c "import random; random.seed($seed); print(round(random.uniform(0.6, 1.6), 2))")"
+  wait_started $pid "$D/ckpt-*.safetensors"
+  sleep "$(python3 -c "import random; random.seed($seed); print(round(random.uniform(0.0, 1.0), 2))")"
   victims=$(pgrep -P $pid)
   victim=$(echo "$victims" | python3 -c "import random,sys; random.seed($seed); v=sys.stdin.read().split(); print(random.choice(v) if v else '')")
   [ -n "$victim" ] && kill -9 "$victim"
@@ -89,7 +98,7 @@ done
 # ---- a stalled rank: the watchdog names it ----
 $DT "${SLOW[@]}" --epochs 3 --timeout 2 >"$TMP/stall.log" 2>&1 &
 pid=$!
-sleep 1
+wait_started $pid && sleep 0.3
 victim=$(pgrep -P $pid | tail -1)
 [ -n "$victim" ] && [ "$victim" != "$pid" ] && kill -STOP "$victim"
 wait $pid

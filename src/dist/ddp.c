@@ -46,8 +46,10 @@ static void ddp_begin(dt_strategy *s, int64_t step) {
 static void ddp_ready(dt_strategy *s, size_t off, size_t n) {
     ddp *d = s->impl;
     (void)n;
-    /* layers arrive last to first, so bucket `next` is complete once its lowest layer is */
-    while (d->next < d->nb && off <= d->b[d->next].lo) {
+    /* layers arrive last to first, so bucket `next` is complete once its lowest layer is. The
+     * last bucket (ending at offset 0) completes with backward itself: nothing is left to overlap
+     * it with, so step() reduces it on this thread and saves the hand-off to the progress thread */
+    while (d->next < d->nb - 1 && off <= d->b[d->next].lo) {
         issue(s, d, d->next++);
         d->early++;
     }
@@ -57,7 +59,8 @@ static dt_status ddp_step(dt_strategy *s, float lr, float clip, dt_step_stats *s
     ddp *d = s->impl;
     memset(st, 0, sizeof *st);
     st->early_buckets = d->early;
-    while (d->next < d->nb) issue(s, d, d->next++);  /* any bucket the hook did not start */
+    while (d->next < d->nb - 1) issue(s, d, d->next++);  /* any earlier bucket the hook did not start */
+    d->b[d->nb - 1].t_issue = dt_now();                  /* the last one runs below, blocking */
     double t0 = dt_now();
     dt_status first = DT_OK;
     for (int i = 0; i < d->nb; i++) {

@@ -510,25 +510,20 @@ static dt_status serve_run(dt_trainer *t, FILE *mf) {
     return s;
 }
 
-/* Whether the run must stop after the current step: the stop flag of any rank, agreed by all
- * ranks through a tiny non-blocking allreduce issued before the step and waited after it. */
-typedef struct {
-    int32_t mine, any;
-    dt_request *req;
-} stop_vote;
+/* Whether the run must stop after this step: the stop flag (a signal) of any rank, agreed by
+ * every rank with one tiny allreduce every STOP_VOTE_EVERY steps, so all ranks stop after the
+ * same step; a single process checks its flag every step. */
+enum { STOP_VOTE_EVERY = 8 };
 
-static void stop_vote_begin(const dt_trainer *t, stop_vote *v) {
-    v->mine = t->cfg.stop && *t->cfg.stop;
-    v->any = v->mine;
-    v->req = NULL;
-    if (t->dcomm && dt_comm_iallreduce(t->dcomm, &v->mine, &v->any, 1, DT_I32, DT_OP_MAX, &v->req) != DT_OK)
-        v->req = NULL, v->any = v->mine;
-}
-
-static dt_status stop_vote_end(stop_vote *v, bool *stop) {
-    dt_status s = dt_request_wait(&v->req);
-    *stop = v->any != 0;
-    return s;
+static dt_status stop_vote(const dt_trainer *t, bool *stop) {
+    int32_t mine = t->cfg.stop && *t->cfg.stop, any = mine;
+    *stop = false;
+    if (t->dcomm) {
+        if (t->step % STOP_VOTE_EVERY != 0) return DT_OK;
+        DT_TRY(dt_comm_allreduce(t->dcomm, &mine, &any, 1, DT_I32, DT_OP_MAX));
+    }
+    *stop = any != 0;
+    return DT_OK;
 }
 
 /* Writes the checkpoint of an interrupted run and returns DT_EINTR saying how to resume. */
@@ -575,11 +570,8 @@ dt_status dt_trainer_run(dt_trainer *t) {
             double tw = dt_now();
             if ((s = dt_loader_next(t->loader, &b)) != DT_OK) break;
             dt_trace_add(&t->trace, "data", 2, tw, dt_now(), t->step);
-            stop_vote vote;
-            stop_vote_begin(t, &vote);
             s = train_step(t, &b, &acc);
-            dt_status vs = stop_vote_end(&vote, &stop);
-            if (s == DT_OK) s = vs;
+            if (s == DT_OK) s = stop_vote(t, &stop);
             if (s != DT_OK) {
                 s = dt_error_wrap(s, "step %lld (epoch %lld, batch %lld)", (long long)t->step + 1,
                                   (long long)t->epoch + 1, (long long)t->step_in_epoch + 1);
