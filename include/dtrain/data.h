@@ -156,6 +156,12 @@ size_t dt_sampler_batches(size_t n, int batch, int world, bool drop_last);
 /* Rank's batch b is order[*start .. *start + *count). b < dt_sampler_batches(). */
 void dt_sampler_batch_range(size_t n, int batch, int rank, int world, size_t b, size_t *start,
                             size_t *count);
+/* Rank's part of global batch b under an uneven cut: counts[world] samples per rank of a complete
+ * global batch (G = their sum); rank r takes the block after the first sum(counts[0..r)) of each
+ * global batch of G. The last incomplete one (rem samples) is cut in the same proportions: rank r
+ * starts at floor(sum(counts[0..r)) * rem / G). Every index still appears exactly once. */
+void dt_sampler_cut_range(size_t n, const int *counts, int rank, int world, size_t b, size_t *start,
+                          size_t *count);
 /* Writes rank's whole part of an epoch (its batches in order) into out (room for n) and returns
  * its length. */
 size_t dt_sampler_shard(uint32_t *out, const uint32_t *order, size_t n, int batch, int rank,
@@ -173,6 +179,7 @@ typedef struct {
     int rank, world;   /* this rank's part of the global order; world 0 is taken as 1 */
     int prefetch;      /* batches assembled ahead by a background thread; 0 = none (synchronous),
                         * negative = default (3) */
+    int max_batch;     /* room per batch for an uneven cut (dt_loader_set_cut); 0 = batch */
 } dt_loader_config;
 
 typedef struct {
@@ -192,6 +199,12 @@ dt_status dt_loader_start_epoch(dt_loader *l, uint64_t epoch, size_t skip_batche
 /* Next batch of the epoch: DT_OK and *out, or DT_ENOENT at the end of the epoch. The batch's
  * memory stays valid until the next dt_loader_next / start_epoch / free. */
 dt_status dt_loader_next(dt_loader *l, dt_batch *out);
+/* Cuts the global batches from the next one not yet taken on among the ranks by counts[world]
+ * (sum batch*world, each in [0, max_batch]; see dt_sampler_cut_range); NULL restores the even
+ * cut. The order and the batches per epoch do not change, so each sample is still used exactly
+ * once per epoch. Every rank must set the same cut before the same batch. Batches already
+ * prefetched are rebuilt; the cut stays across epochs. DT_EINVAL for bad counts. */
+dt_status dt_loader_set_cut(dt_loader *l, const int *counts);
 /* Batches per epoch (the same on every rank). */
 size_t dt_loader_batches(const dt_loader *l);
 /* Total seconds dt_loader_next spent blocked waiting for a batch (with prefetch 0: building it),

@@ -24,6 +24,19 @@ typedef struct {
     double elapsed_s, eta_s;        /* this epoch */
 } dt_progress_info;
 
+/* One data-parallel worker's share of an epoch (uneven workers: --balance, --slow, ps). */
+typedef struct {
+    int rank;                       /* its rank in the job */
+    int64_t samples;                /* samples it trained on this epoch */
+    double share;                   /* samples / all workers' samples */
+    double samples_per_s;           /* samples / the epoch's wall time (what it contributed) */
+    double busy_s;                  /* its forward+backward time, including a --slow sleep */
+    int batch;                      /* its batch at the end of the epoch (the balanced cut) */
+    bool alive;                     /* ps: false once the servers dropped it */
+} dt_worker_info;
+
+#define DT_STALENESS_BINS 16        /* ps histogram: bins 0..14 exact, bin 15 = 15 or more */
+
 /* Results of one finished epoch. */
 typedef struct {
     int epoch;                      /* 1-based */
@@ -36,6 +49,13 @@ typedef struct {
     int64_t steps;                  /* steps in this epoch */
     int world_size, global_batch;
     float lr;                       /* learning rate of the last step */
+    /* uneven workers (NULL / 0 for one process) */
+    int nworkers;
+    const dt_worker_info *workers;  /* [nworkers] */
+    const int64_t *staleness;       /* ps: [DT_STALENESS_BINS] gradients by staleness (server updates
+                                     * applied between a worker's pull and its push), or NULL */
+    int max_clock_gap;              /* ps: most steps a worker was let run ahead of the slowest live
+                                     * one (SSP keeps it <= --staleness); -1 when not ps */
 } dt_epoch_info;
 
 typedef struct {
@@ -67,6 +87,13 @@ typedef struct {
     const char *strategy;     /* NULL: "ddp" when the world size > 1, else "single" */
     double bucket_mb;         /* ddp gradient bucket size (MB), 0 = default */
     const char *timeline;     /* Chrome trace (JSON) of every rank's steps, written by rank 0 */
+    /* uneven workers (see dist/strategy.h): ps servers and consistency, local SGD, balancing */
+    int servers;              /* ps: the first `servers` ranks hold the parameters (default 1) */
+    int staleness;            /* ps: SSP bound in steps; < 0 = unbounded (fully asynchronous) */
+    int sync_every;           /* localsgd: average the models every H steps (default 8) */
+    bool balance;             /* ddp/localsgd: cut each global batch by the workers' measured speed */
+    int slow_rank;            /* testing/benchmark aid: this rank sleeps (slow_factor - 1) x its */
+    float slow_factor;        /* compute time every step; slow_factor <= 1 = off */
     /* callbacks (may be NULL) */
     void (*on_progress)(void *ctx, const dt_progress_info *p);
     void (*on_epoch)(void *ctx, const dt_epoch_info *e);

@@ -1,6 +1,7 @@
 /* dtrain train / dtrain eval: flags -> dt_train_config, a progress bar (terminal) or plain
  * progress lines (pipes), and one line per epoch with train/test loss, accuracy and speed. */
 #include "cli/cli.h"
+#include "cli/train_uneven.h"
 #include "dtrain/dtrain.h"
 #include "run/elastic.h"
 #include "run/launch.h"
@@ -86,7 +87,7 @@ static bool started_as_rank(void) {
  * supervises them; rank 0 prints, the others only report errors. With --elastic MIN:MAX a
  * failed job is restarted from its newest checkpoint, up to max_restarts times. */
 static int run_workers(int argc, char **argv, int workers, const char *elastic, int max_restarts,
-                       const char *checkpoint_dir) {
+                       const char *checkpoint_dir, const bool *expendable) {
     char exe[PATH_MAX];
     ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (len <= 0) return dt_cli_fail(NULL, "--workers: cannot find this program's path (/proc/self/exe)");
@@ -119,7 +120,7 @@ static int run_workers(int argc, char **argv, int workers, const char *elastic, 
             return dt_cli_fail(NULL, "%s", dt_last_error());
         }
     } else {
-        dt_launch_config lc = {.nranks = workers, .notify = print_launch_event};
+        dt_launch_config lc = {.nranks = workers, .notify = print_launch_event, .expendable = expendable};
         s = dt_launch_run(&lc, args, &res);
     }
     free(args);
@@ -139,7 +140,15 @@ static const char TRAIN_USAGE[] =
     "presets: mlp (784-128-10, ReLU), cnn (the spec above with a second conv(64,3,pad=1) relu maxpool(2))\n\n"
     "Data parallel: --workers N starts N local ranks (shared memory); 'mpirun -np N dtrain train ...'\n"
     "or 'dtrain launch -n N -- dtrain train ...' run the same job. --batch is per rank; each step\n"
-    "averages gradients over the global batch of N*batch samples (--strategy ddp).";
+    "averages gradients over the global batch of N*batch samples (--strategy ddp).\n\n"
+    "Uneven workers: --strategy localsgd --sync-every H trains locally and averages the models every\n"
+    "H steps; --balance dynamic (ddp, localsgd) cuts each global batch by the workers' measured speed.\n"
+    "--strategy ps --servers S: a parameter server; --workers N then starts S server ranks plus N\n"
+    "workers (under mpirun/launch the first S ranks serve). Servers shard the parameters and apply\n"
+    "the optimizer as pushes arrive; --staleness S bounds how far a worker may run ahead of the\n"
+    "slowest (0 = synchronous, inf = fully asynchronous). A ps worker that dies is dropped and the\n"
+    "others go on; rank 0 (server 0) evaluates and prints. --slow RANK:FACTOR is a testing and\n"
+    "benchmark aid that makes one rank FACTOR times slower by sleeping.";
 
 int dt_cmd_train(int argc, char **argv) {
     dt_train_config cfg = dt_train_defaults();
@@ -152,6 +161,7 @@ int dt_cmd_train(int argc, char **argv) {
     const char *backend = "auto";
     float bucket_mb = 0, timeout = 0, ckpt_secs = 0;
     const char *elastic = NULL;
+    dt_cli_uneven uneven = {0};
     int max_restarts = 3;
     const dt_flag flags[] = {
         {"data", DT_FLAG_STR, &cfg.data, "DIR", "IDX directory (train-*/t10k-* files), fashion-mnist, mnist or a .csv"},
@@ -181,7 +191,12 @@ int dt_cmd_train(int argc, char **argv) {
         {"metrics", DT_FLAG_STR, &cfg.metrics, "FILE", "append one JSON object per epoch (JSON Lines)"},
         {"quiet", DT_FLAG_BOOL, &quiet, NULL, "no progress output, only the per-epoch lines"},
         {"workers", DT_FLAG_INT, &workers, "N", "run N local data-parallel worker processes"},
-        {"strategy", DT_FLAG_STR, &cfg.strategy, "NAME", "distribution strategy: ddp (default when > 1 rank)"},
+        {"strategy", DT_FLAG_STR, &cfg.strategy, "NAME", "distribution strategy: ddp (default when > 1 rank), localsgd, ps"},
+        {"servers", DT_FLAG_INT, &cfg.servers, "S", "ps: ranks holding the parameters (the first S ranks)"},
+        {"staleness", DT_FLAG_STR, &uneven.staleness, "S", "ps: steps a worker may run ahead of the slowest (default inf: async)"},
+        {"sync-every", DT_FLAG_INT, &cfg.sync_every, "H", "localsgd: average the models every H steps"},
+        {"balance", DT_FLAG_STR, &uneven.balance, "MODE", "ddp/localsgd: static (default) or dynamic (cut batches by speed)"},
+        {"slow", DT_FLAG_STR, &uneven.slow, "RANK:F", "testing aid: rank RANK sleeps to run F times slower"},
         {"backend", DT_FLAG_STR, &backend, "NAME", "transport between ranks: auto, shm or mpi"},
         {"bucket-mb", DT_FLAG_FLOAT, &bucket_mb, "MB", "ddp gradient bucket size in MB (default 1)"},
         {"timeline", DT_FLAG_STR, &cfg.timeline, "FILE", "write a Chrome trace of every rank (Perfetto, chrome://tracing)"},
@@ -199,8 +214,14 @@ int dt_cmd_train(int argc, char **argv) {
     if (workers < 1) return dt_cli_fail(NULL, "--workers %d: need at least 1", workers);
     if (elastic && workers < 2 && !started_as_rank())
         return dt_cli_fail("e.g. --workers 4 --elastic 2:4", "--elastic needs --workers N (N >= 2)");
-    if (workers > 1 && !started_as_rank())
-        return run_workers(argc, argv, workers, elastic, max_restarts, cfg.checkpoint_dir);
+    if ((r = dt_cli_uneven_parse(&uneven, &cfg)) != 0) return r;
+    const int job_ranks = dt_cli_job_ranks(&cfg, workers);  /* ps: servers + workers */
+    if (job_ranks > 1 && !started_as_rank()) {
+        bool *expendable = dt_cli_expendable(&cfg, job_ranks);
+        int rc = run_workers(argc, argv, job_ranks, elastic, max_restarts, cfg.checkpoint_dir, expendable);
+        free(expendable);
+        return rc;
+    }
     if (dt_optim_parse(optimizer, &cfg.optim.kind) != DT_OK)
         return dt_cli_fail("use --optimizer sgd, adam or adamw", "%s", dt_last_error());
     dt_optim_kind kind = cfg.optim.kind;
@@ -237,10 +258,10 @@ int dt_cmd_train(int argc, char **argv) {
     if (dt_comm_create_from_env(&comm, &cc) != DT_OK)
         return dt_cli_fail("start ranks with --workers N, dtrain launch or mpirun", "%s", dt_last_error());
     int rank = dt_comm_rank(comm), world = dt_comm_size(comm);
-    if (workers > 1 && world != workers) {
+    if (dt_cli_flag_given(argc, argv, "workers") && job_ranks > 1 && world != job_ranks) {
         dt_comm_destroy(comm);
         return dt_cli_fail("leave out --workers when mpirun/srun/dtrain launch sets the number of ranks",
-                           "--workers %d but this job has %d ranks", workers, world);
+                           "--workers %d but this job has %d ranks", job_ranks, world);
     }
     if (world > 1) cfg.comm = comm;
     dt_log_set_rank(world > 1 ? rank : -1);
@@ -264,9 +285,16 @@ int dt_cmd_train(int argc, char **argv) {
         printf("dtrain: model %s (%zu parameters), data %s, batch %d, %s lr %g, seed %llu, %d thread%s\n",
                dt_model_spec(dt_trainer_model(t)), dt_model_num_params(dt_trainer_model(t)), cfg.data, cfg.batch,
                optimizer, lr, (unsigned long long)cfg.seed, cfg.threads, cfg.threads > 1 ? "s" : "");
-        if (world > 1)
-            printf("dtrain: %d ranks over %s, strategy %s, global batch %d\n", world, dt_comm_backend_name(comm),
-                   cfg.strategy ? cfg.strategy : "ddp", cfg.batch * world);
+        if (world > 1 && dt_cli_is_ps(&cfg)) {
+            char st[32] = "inf";
+            if (cfg.staleness >= 0) snprintf(st, sizeof st, "%d", cfg.staleness);
+            printf("dtrain: %d ranks over %s, strategy ps: %d server%s, %d workers x batch %d, staleness %s\n", world,
+                   dt_comm_backend_name(comm), cfg.servers, cfg.servers > 1 ? "s" : "", world - cfg.servers,
+                   cfg.batch, st);
+        } else if (world > 1)
+            printf("dtrain: %d ranks over %s, strategy %s, global batch %d%s\n", world, dt_comm_backend_name(comm),
+                   cfg.strategy ? cfg.strategy : "ddp", cfg.batch * world,
+                   cfg.balance ? " (cut among the ranks by measured speed)" : "");
         fflush(stdout);
     }
     s = dt_trainer_run(t);

@@ -22,6 +22,8 @@ struct dt_loader {
     float *xbuf;        /* nslots * batch * D */
     int32_t *ybuf;      /* nslots * batch */
     int *slot_n;        /* samples in the batch held by each slot */
+    int cap;            /* room per slot in samples (max_batch) */
+    int *cut;           /* uneven cut: samples per rank of a global batch (world), or NULL */
 
     pthread_t thread;
     bool has_thread;
@@ -41,8 +43,9 @@ struct dt_loader {
 static dt_status assemble(dt_loader *l, size_t b) {
     size_t start, count;
     int slot = (int)(b % (size_t)l->nslots);
-    size_t B = (size_t)l->cfg.batch;
-    dt_sampler_batch_range(l->ds->n, l->cfg.batch, l->cfg.rank, l->cfg.world, b, &start, &count);
+    size_t B = (size_t)l->cap;
+    if (l->cut) dt_sampler_cut_range(l->ds->n, l->cut, l->cfg.rank, l->cfg.world, b, &start, &count);
+    else dt_sampler_batch_range(l->ds->n, l->cfg.batch, l->cfg.rank, l->cfg.world, b, &start, &count);
     l->slot_n[slot] = (int)count;
     return dt_dataset_batch(l->ds, l->order + start, (int)count, l->xbuf + (size_t)slot * B * l->D, l->ybuf + (size_t)slot * B);
 }
@@ -85,6 +88,7 @@ dt_status dt_loader_create(dt_loader **out, const dt_dataset *ds, const dt_loade
     if (c.world <= 0) c.world = 1;
     if (c.prefetch < 0) c.prefetch = DT_LOADER_DEFAULT_PREFETCH;
     if (c.batch <= 0) return dt_error(DT_EINVAL, "loader: batch size must be positive, got %d", c.batch);
+    if (c.max_batch < c.batch) c.max_batch = c.batch;
     if (c.rank < 0 || c.rank >= c.world) return dt_error(DT_EINVAL, "loader: rank %d is outside [0, %d)", c.rank, c.world);
     if (c.prefetch > DT_LOADER_MAX_PREFETCH)
         return dt_error(DT_EINVAL, "loader: prefetch %d is more than %d batches", c.prefetch, DT_LOADER_MAX_PREFETCH);
@@ -99,7 +103,8 @@ dt_status dt_loader_create(dt_loader **out, const dt_dataset *ds, const dt_loade
     l->nbatches = nb;
     l->D = ds->D;
     l->nslots = c.prefetch + 1;
-    size_t B = (size_t)c.batch;
+    l->cap = c.max_batch;
+    size_t B = (size_t)c.max_batch;
     l->order = malloc(ds->n * sizeof *l->order);
     l->xbuf = dt_alloc((size_t)l->nslots * B * l->D * sizeof(float));
     l->ybuf = dt_alloc((size_t)l->nslots * B * sizeof(int32_t));
@@ -109,7 +114,7 @@ dt_status dt_loader_create(dt_loader **out, const dt_dataset *ds, const dt_loade
     pthread_cond_init(&l->cv_ready, NULL);
     if (!l->order || !l->xbuf || !l->ybuf || !l->slot_n) {
         dt_loader_free(l);
-        return dt_error(DT_ENOMEM, "loader: out of memory for %d buffers of %d samples", l->nslots, c.batch);
+        return dt_error(DT_ENOMEM, "loader: out of memory for %d buffers of %d samples", l->nslots, c.max_batch);
     }
     if (c.prefetch > 0) {
         /* the worker blocks every signal, so SIGINT/SIGTERM reach the training thread */
@@ -187,11 +192,43 @@ dt_status dt_loader_next(dt_loader *l, dt_batch *out) {
     l->held = true;
     pthread_mutex_unlock(&l->mu);
     int slot = (int)(b % (size_t)l->nslots);
-    out->x = l->xbuf + (size_t)slot * (size_t)l->cfg.batch * l->D;
-    out->y = l->ybuf + (size_t)slot * (size_t)l->cfg.batch;
+    out->x = l->xbuf + (size_t)slot * (size_t)l->cap * l->D;
+    out->y = l->ybuf + (size_t)slot * (size_t)l->cap;
     out->n = l->slot_n[slot];
     out->index = b;
     out->epoch = l->epoch;
+    return DT_OK;
+}
+
+dt_status dt_loader_set_cut(dt_loader *l, const int *counts) {
+    const int W = l->cfg.world;
+    if (counts) {
+        int64_t sum = 0;
+        for (int r = 0; r < W; r++) {
+            if (counts[r] < 0 || counts[r] > l->cap)
+                return dt_error(DT_EINVAL, "loader: cut gives rank %d %d samples; allowed are 0..%d (max_batch)", r,
+                                counts[r], l->cap);
+            sum += counts[r];
+        }
+        if (sum != (int64_t)l->cfg.batch * W)
+            return dt_error(DT_EINVAL, "loader: cut sums to %lld samples but a global batch has %d x %d",
+                            (long long)sum, l->cfg.batch, W);
+    }
+    int *cut = NULL;
+    if (counts && !(cut = malloc((size_t)W * sizeof *cut))) return dt_error(DT_ENOMEM, "loader: out of memory");
+    if (cut) memcpy(cut, counts, (size_t)W * sizeof *cut);
+    pthread_mutex_lock(&l->mu);
+    l->gen++;  /* prefetched batches of the old cut are discarded and rebuilt */
+    bool was_active = l->active;
+    l->active = false;
+    while (l->busy) pthread_cond_wait(&l->cv_ready, &l->mu);
+    free(l->cut);
+    l->cut = cut;
+    if (l->next_fill > l->next_take) l->next_fill = l->next_take;
+    l->err = DT_OK;
+    l->active = was_active;
+    pthread_cond_signal(&l->cv_work);
+    pthread_mutex_unlock(&l->mu);
     return DT_OK;
 }
 
@@ -221,5 +258,6 @@ void dt_loader_free(dt_loader *l) {
     dt_free(l->xbuf);
     dt_free(l->ybuf);
     free(l->slot_n);
+    free(l->cut);
     free(l);
 }

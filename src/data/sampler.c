@@ -51,6 +51,28 @@ void dt_sampler_batch_range(size_t n, int batch, int rank, int world, size_t b, 
     }
 }
 
+void dt_sampler_cut_range(size_t n, const int *counts, int rank, int world, size_t b, size_t *start, size_t *count) {
+    size_t g = 0, before = 0;
+    for (int r = 0; r < world; r++) {
+        if (r == rank) before = g;
+        g += (size_t)counts[r];
+    }
+    size_t mine = (size_t)counts[rank], gs = b * g;
+    if (gs >= n) {
+        *start = n;
+        *count = 0;
+    } else if (n - gs >= g) {
+        *start = gs + before;
+        *count = mine;
+    } else {  /* the last incomplete one: the same proportions, rounded down at each boundary */
+        size_t rem = n - gs;
+        size_t lo = (size_t)((unsigned __int128)before * rem / g);
+        size_t hi = (size_t)((unsigned __int128)(before + mine) * rem / g);
+        *start = gs + lo;
+        *count = hi - lo;
+    }
+}
+
 size_t dt_sampler_shard(uint32_t *out, const uint32_t *order, size_t n, int batch, int rank, int world, bool drop_last) {
     size_t nb = dt_sampler_batches(n, batch, world, drop_last), k = 0;
     for (size_t b = 0; b < nb; b++) {

@@ -99,7 +99,7 @@ static void ddp_destroy(dt_strategy *s) {
     s->impl = NULL;
 }
 
-static const dt_strategy_ops ddp_ops = {"ddp", ddp_init, ddp_begin, ddp_ready, ddp_step, ddp_destroy};
+static const dt_strategy_ops ddp_ops = {"ddp", ddp_init, ddp_begin, ddp_ready, ddp_step, ddp_destroy, NULL, NULL};
 
 dt_status dt_strategy_ddp_create(dt_strategy *s, const dt_strategy_config *cfg) {
     ddp *d = calloc(1, sizeof *d);

@@ -9,11 +9,56 @@
 #include "dtrain/comm.h"
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
+#include "dtrain/train.h"
+
+#include <signal.h>
 
 typedef struct {
     double bucket_mb;  /* ddp: gradient bucket (fusion buffer) size in MB; <= 0: default 1 MB */
     dt_trace *trace;   /* may be NULL */
+    int servers;       /* ps: the first `servers` ranks are servers (<= 0: 1) */
+    int staleness;     /* ps: SSP bound in steps, < 0 = unbounded */
+    int sync_every;    /* localsgd: steps between model averages (<= 0: 8) */
 } dt_strategy_config;
+
+/* What a rank does under the strategy. */
+typedef enum {
+    DT_ROLE_REPLICA = 0,  /* trains a replica; the ranks reduce epoch figures together (ddp, localsgd) */
+    DT_ROLE_WORKER,       /* ps worker: trains on its shard, talks only to the servers */
+    DT_ROLE_SERVER,       /* ps server: runs ops->serve instead of the step loop */
+} dt_role;
+
+/* One epoch as seen by the servers (ps), reported by server rank 0 after it assembled the whole
+ * current model into s->model (and, when asked, the optimizer state into s->optim). */
+typedef struct {
+    int64_t epoch;             /* 0-based epoch that ended (or was cut short by max_steps) */
+    int64_t step;              /* worker clock at its end: every live worker did this many steps */
+    bool complete;             /* false: ended by max_steps inside the epoch */
+    double loss_sum;           /* sum over the epoch's samples of the training loss */
+    int64_t samples;
+    double epoch_s;            /* wall time since the previous report */
+    int nworkers;
+    const dt_worker_info *workers;
+    const int64_t *staleness;  /* [DT_STALENESS_BINS] */
+    int max_clock_gap;
+} dt_serve_epoch;
+
+/* What the servers need to know about the run, and the lead's callbacks. */
+typedef struct {
+    int64_t start_step, start_epoch, start_step_in_epoch;  /* where the workers start */
+    int64_t steps_per_epoch, epochs, max_steps;            /* max_steps 0 = none */
+    int batch;                 /* per-worker batch (for the report) */
+    bool want_optim;           /* assemble the optimizer state too (for checkpoints) */
+    double progress_s;         /* seconds between on_progress calls */
+    volatile sig_atomic_t *stop;  /* set (by a signal handler) to stop serving: DT_EINTR; may be NULL */
+    int64_t *stopped_step;     /* out, may be NULL: on a stop with one server, the worker clock of the
+                                * model assembled into s->model (else left alone) */
+    /* server rank 0 only; called from the serving thread */
+    dt_status (*on_epoch)(void *ctx, const dt_serve_epoch *e);
+    void (*on_progress)(void *ctx, int64_t min_step, int64_t samples, double loss_sum);
+    void (*on_note)(void *ctx, const char *msg);
+    void *ctx;
+} dt_serve_config;
 
 /* Per-step timing a strategy reports back to the trainer. */
 typedef struct {
@@ -35,6 +80,11 @@ typedef struct {
     /* After backward: finish communication, clip, apply the optimizer with learning rate lr. */
     dt_status (*step)(dt_strategy *s, float lr, float clip_norm, dt_step_stats *st);
     void (*destroy)(dt_strategy *s);
+    /* Optional (NULL = nothing to do): makes every replica hold the same current model before
+     * evaluation and checkpoints (localsgd: averages now). Collective over the replicas. */
+    dt_status (*sync)(dt_strategy *s);
+    /* Optional, for role DT_ROLE_SERVER: serves the workers until they are all done or gone. */
+    dt_status (*serve)(dt_strategy *s, const dt_serve_config *cfg);
 } dt_strategy_ops;
 
 struct dt_strategy {
@@ -45,11 +95,23 @@ struct dt_strategy {
     dt_trace *trace;
     int64_t step;
     void *impl;
+    /* set by the constructor (defaults: replica, data rank/world = comm rank/size) */
+    dt_role role;
+    int data_rank, data_world;  /* this rank's part of the data (ps workers: index among workers) */
+    int job_rank0;              /* job rank of data rank 0 */
+    bool local_mean;            /* the step wants the mean gradient of the local batch (localsgd,
+                                 * ps); else the rank's share of the global mean (ddp) */
+    struct {                    /* the current step on this rank, set by the trainer before ops->step */
+        int n;                  /* samples */
+        int64_t epoch;
+        double loss_sum;        /* sum of the per-sample losses */
+        double busy_s;          /* forward+backward time (including a --slow sleep) */
+    } cur;
 };
 
-/* Creates strategy `name` ("single" for one process, "ddp"); comm may be NULL only for
- * "single". The strategy borrows comm, model and optim. DT_EINVAL naming the strategy if
- * unknown. */
+/* Creates strategy `name` ("single" for one process, "ddp", "localsgd", "ps"); comm may be NULL
+ * only for "single". The strategy borrows comm, model and optim. DT_EINVAL naming the strategy
+ * if unknown. */
 dt_status dt_strategy_create(dt_strategy **s, const char *name, dt_comm *comm, dt_model *m, dt_optim *o,
                              const dt_strategy_config *cfg);
 /* Frees the strategy; NULL is a no-op. */
@@ -60,6 +122,15 @@ void dt_strategy_grad_hook(void *strategy, size_t offset, size_t n);
 /* Strategy constructors (one per module). */
 dt_status dt_strategy_single_create(dt_strategy *s, const dt_strategy_config *cfg);
 dt_status dt_strategy_ddp_create(dt_strategy *s, const dt_strategy_config *cfg);
+dt_status dt_strategy_localsgd_create(dt_strategy *s, const dt_strategy_config *cfg);
+dt_status dt_strategy_ps_create(dt_strategy *s, const dt_strategy_config *cfg);
+
+/* The data part of a rank under strategy `name` before the strategy exists (for the loader):
+ * ps workers are ranks servers..size-1 and shard the data among themselves; servers get
+ * data rank 0 of the workers (they never train). Others: rank of size. DT_EINVAL when ps
+ * leaves no worker. */
+dt_status dt_strategy_data_part(const char *name, const dt_strategy_config *cfg, int rank, int size, int *data_rank,
+                                int *data_world);
 
 /* Verifies that every rank of comm holds bitwise identical model parameters and buffers
  * (checksum allreduce); DT_EMISMATCH naming a differing rank otherwise. */

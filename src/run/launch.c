@@ -41,6 +41,7 @@ typedef struct {
     const dt_launch_config *cfg;
     rank *r;
     int n, live, open_fds;
+    int lost;      /* expendable ranks that failed */
     char prefix_fmt[8];
 } job;
 
@@ -292,6 +293,13 @@ static int reap(job *j, bool stopping, int *failed) {
         r->status = st;
         r->pid = 0;
         j->live--;
+        if (!stopping && exit_code_of(st) != 0 && j->cfg->expendable && j->cfg->expendable[i]) {
+            char how[96];
+            describe(st, how, sizeof how);
+            notify(j, "rank %d %s; the job goes on without it", i, how);
+            j->lost++;
+            continue;
+        }
         if (!stopping && *failed < 0 && exit_code_of(st) != 0) *failed = i;
     }
     return *failed;
@@ -452,6 +460,7 @@ dt_status dt_launch_run(const dt_launch_config *cfg, char *const argv[], dt_laun
     }
     if (stopping) signal_ranks(&j, SIGKILL); /* leftovers of stopped ranks' process groups */
     if (st == DT_OK) res->exit_code = 0;
+    res->lost = j.lost;
     res->all_exited_0 = true;
     for (int i = 0; i < j.n; i++)
         if (!WIFEXITED(j.r[i].status) || WEXITSTATUS(j.r[i].status) != 0) res->all_exited_0 = false;

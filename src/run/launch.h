@@ -1,6 +1,7 @@
 /* Local launcher/supervisor: starts N rank processes of one program on this machine with the
  * rank environment, relays their output line by line with a "[rank] " prefix, forwards
- * SIGINT/SIGTERM/SIGHUP, stops the whole job when one rank fails, and removes the job's leftover
+ * SIGINT/SIGTERM/SIGHUP, stops the whole job when one rank fails (unless the job marked that rank
+ * expendable), and removes the job's leftover
  * shared memory. Used by `dtrain launch` and (later) by `dtrain train --workers N`.
  *
  * Each rank runs in its own process group (signals reach its children too), with /dev/null as
@@ -32,6 +33,10 @@ typedef struct {
      * status 3; stopping 3 other ranks". The library never prints; the CLI prints these. */
     void (*notify)(void *ctx, const char *msg);
     void *notify_ctx;
+    /* [nranks] or NULL: ranks the job can lose (ps workers). When one of them fails, the
+     * launcher reports it ("rank 3 was killed by signal 9 (SIGKILL); the job goes on without
+     * it") and keeps the others running; the job's result depends on the other ranks alone. */
+    const bool *expendable;
 } dt_launch_config;
 
 typedef struct {
@@ -39,6 +44,7 @@ typedef struct {
                                      128+signal for a rank killed by (or a launcher stopped by) a
                                      signal, 124 on timeout, 127 when the program cannot start */
     int failed_rank;              /* first rank that failed, -1 if none */
+    int lost;                     /* expendable ranks that failed (the job went on without them) */
     int shm_removed;              /* leftover /dev/shm/dtrain-<jobid>* entries removed */
     bool all_exited_0;            /* every rank exited with status 0 (e.g. after a forwarded
                                      SIGTERM that the ranks handled by checkpointing) */

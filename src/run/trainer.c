@@ -1,12 +1,14 @@
 /* The training loop: loads data, builds model + optimizer, runs epochs of forward / loss /
  * backward / strategy step (gradient sync, clip, optimizer), evaluates on the (sharded) test
  * set, writes JSON-Lines metrics, a timeline and checkpoints, and resumes exactly where a
- * checkpoint left off. The same loop runs one process or N data-parallel ranks. */
+ * checkpoint left off. The same loop runs one process or N data-parallel ranks; ps server ranks
+ * run the strategy's serve loop instead and server 0 reports the epochs (serve_run). */
 #include "core/trace.h"
 #include "dist/strategy.h"
 #include "dtrain/data.h"
 #include "dtrain/layers.h"
 #include "dtrain/train.h"
+#include "run/balance.h"
 #include "run/checkpoint.h"
 #include "run/ckpt_dir.h"
 
@@ -38,6 +40,11 @@ struct dt_trainer {
     double last_ckpt_time;
     int64_t saved_step;       /* step of the last numbered checkpoint (-1: none) */
     int resume_noted;         /* the "training again" note was given */
+    /* uneven workers (ps, localsgd, --balance, --slow) */
+    int drank, dworld;        /* this rank's part of the data: the loader's rank and world */
+    dt_comm *dcomm;           /* the ranks that reduce epoch figures together; NULL = this one alone */
+    dt_balance *balance;      /* --slow sleep, --balance cut, per-worker figures (training ranks) */
+    dt_worker_info *workers;  /* [dworld] */
 };
 
 dt_train_config dt_train_defaults(void) {
@@ -51,6 +58,9 @@ dt_train_config dt_train_defaults(void) {
         .seed = 42,
         .threads = 1,
         .progress_interval_s = 0.2,
+        .servers = 1,
+        .staleness = -1,
+        .sync_every = 8,
     };
     return c;
 }
@@ -58,6 +68,8 @@ dt_train_config dt_train_defaults(void) {
 void dt_trainer_free(dt_trainer *t) {
     if (!t) return;
     dt_strategy_destroy(t->strategy);
+    dt_balance_free(t->balance);
+    free(t->workers);
     dt_trace_free(&t->trace);
     dt_loader_free(t->loader);
     dt_optim_free(t->optim);
@@ -114,6 +126,33 @@ static dt_status check_config(const dt_train_config *c) {
         return dt_error(DT_EINVAL, "--checkpoint-every/--checkpoint-secs/--keep need --checkpoint-dir DIR");
     if (c->checkpoint_every < 0 || c->checkpoint_secs < 0 || c->keep < 0)
         return dt_error(DT_EINVAL, "--checkpoint-every, --checkpoint-secs and --keep must not be negative");
+    return DT_OK;
+}
+
+/* Uneven workers: which ranks reduce together, the balancer of training ranks, and the options
+ * a strategy cannot take. */
+static dt_status setup_uneven(dt_trainer *t) {
+    const dt_train_config *c = &t->cfg;
+    const dt_role role = t->strategy->role;
+    const char *name = t->strategy->ops->name;
+    t->dcomm = role == DT_ROLE_REPLICA && t->world > 1 ? c->comm : NULL;
+    if (c->balance && strcmp(name, "ddp") != 0 && strcmp(name, "localsgd") != 0)
+        return dt_error(DT_EINVAL, "--balance dynamic works with --strategy ddp or localsgd, not %s", name);
+    if (role != DT_ROLE_REPLICA && (c->timeline || c->checkpoint_dir))
+        return dt_error(DT_EINVAL, "--strategy %s does not support --%s yet (use --save for the final model)", name,
+                        c->timeline ? "timeline" : "checkpoint-dir");
+    if (role == DT_ROLE_SERVER) {
+        if (c->slow_factor > 1 && c->slow_rank == t->rank)
+            return dt_error(DT_EINVAL, "--slow %d:%g: rank %d is a ps server; pick a worker rank (%d..%d)", c->slow_rank,
+                            c->slow_factor, t->rank, t->world - t->dworld, t->world - 1);
+        return DT_OK;
+    }
+    dt_balance_config bc = {.rank = t->drank, .world = t->dworld, .job_rank0 = t->strategy->job_rank0,
+                            .batch = c->batch, .dynamic = c->balance,
+                            .slow = c->slow_factor > 1 && c->slow_rank == t->rank ? c->slow_factor : 1};
+    DT_TRY(dt_balance_create(&t->balance, &bc));
+    if (!(t->workers = calloc((size_t)t->dworld, sizeof *t->workers)))
+        return dt_error(DT_ENOMEM, "trainer: out of memory");
     return DT_OK;
 }
 
@@ -179,13 +218,18 @@ dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
         if ((s = dt_dataset_set_normalize(t->train, t->norm_mean, t->norm_std)) != DT_OK) goto fail;
         if (t->test && (s = dt_dataset_set_normalize(t->test, t->norm_mean, t->norm_std)) != DT_OK) goto fail;
     }
-    dt_loader_config lc = {.batch = cfg->batch, .shuffle = true, .seed = cfg->seed, .rank = t->rank,
-                           .world = t->world, .prefetch = -1};
+    const char *strategy = cfg->strategy ? cfg->strategy : t->world > 1 ? "ddp" : "single";
+    dt_strategy_config sc = {.bucket_mb = cfg->bucket_mb, .trace = cfg->timeline ? &t->trace : NULL,
+                             .servers = cfg->servers, .staleness = cfg->staleness, .sync_every = cfg->sync_every};
+    if ((s = dt_strategy_data_part(strategy, &sc, t->rank, t->world, &t->drank, &t->dworld)) != DT_OK) goto fail;
+    const int max_batch = cfg->balance ? cfg->batch * t->dworld : cfg->batch;  /* a balanced cut may be larger */
+    dt_loader_config lc = {.batch = cfg->batch, .shuffle = true, .seed = cfg->seed, .rank = t->drank,
+                           .world = t->dworld, .prefetch = -1, .max_batch = max_batch};
     if ((s = dt_loader_create(&t->loader, t->train, &lc)) != DT_OK) goto fail;
-    if (resume && (info.world_size != t->world || info.batch != cfg->batch) && t->step_in_epoch > 0) {
+    if (resume && (info.world_size != t->dworld || info.batch != cfg->batch) && t->step_in_epoch > 0) {
         /* another global batch: continue after the samples already seen this epoch */
         int64_t seen = t->step_in_epoch * (int64_t)info.batch * info.world_size;
-        int64_t gb = (int64_t)cfg->batch * t->world;
+        int64_t gb = (int64_t)cfg->batch * t->dworld;
         t->step_in_epoch = seen / gb;
         note(t, "resuming %s (trained on %d rank(s) x batch %d) on %d rank(s) x batch %d: continuing at batch %lld "
                 "of epoch %lld; the result differs from an uninterrupted run",
@@ -197,19 +241,18 @@ dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
         int64_t total = (int64_t)cfg->epochs * (int64_t)dt_loader_batches(t->loader) - cfg->lr.warmup_steps;
         t->cfg.lr.total_steps = total > 1 ? total : 1;
     }
-    t->probs = dt_alloc((size_t)cfg->batch * t->classes * sizeof(float));
-    t->dlogits = dt_alloc((size_t)cfg->batch * t->classes * sizeof(float));
+    t->probs = dt_alloc((size_t)max_batch * t->classes * sizeof(float));
+    t->dlogits = dt_alloc((size_t)max_batch * t->classes * sizeof(float));
     if (!t->probs || !t->dlogits) {
         s = dt_error(DT_ENOMEM, "trainer: out of memory");
         goto fail;
     }
     if (cfg->timeline && (s = dt_trace_init(&t->trace, t->rank, 1 << 18, t->t_start)) != DT_OK) goto fail;
-    const char *strategy = cfg->strategy ? cfg->strategy : t->world > 1 ? "ddp" : "single";
-    dt_strategy_config sc = {.bucket_mb = cfg->bucket_mb, .trace = cfg->timeline ? &t->trace : NULL};
     if ((s = dt_strategy_create(&t->strategy, strategy, t->world > 1 ? cfg->comm : NULL, t->model, t->optim, &sc)) !=
         DT_OK)
         goto fail;
     if ((s = t->strategy->ops->init(t->strategy)) != DT_OK) goto fail;
+    if ((s = setup_uneven(t)) != DT_OK) goto fail;
     *out = t;
     return DT_OK;
 fail:
@@ -260,7 +303,7 @@ static dt_status evaluate(dt_model *m, const dt_dataset *ds, int batch, float *p
 dt_status dt_trainer_evaluate(dt_trainer *t, float *loss, float *acc) {
     *loss = *acc = NAN;
     if (!t->test) return DT_OK;
-    return evaluate(t->model, t->test, t->cfg.batch, t->probs, t->world > 1 ? t->cfg.comm : NULL, loss, acc);
+    return evaluate(t->model, t->test, t->cfg.batch, t->probs, t->dcomm, loss, acc);
 }
 
 static void fill_info(const dt_trainer *t, dt_ckpt_info *info) {
@@ -272,7 +315,7 @@ static void fill_info(const dt_trainer *t, dt_ckpt_info *info) {
     info->step_in_epoch = t->step_in_epoch;
     info->seed = t->cfg.seed;
     info->batch = t->cfg.batch;
-    info->world_size = t->world;
+    info->world_size = t->dworld;  /* data-parallel ranks (ps: the workers) */
     snprintf(info->optimizer, sizeof info->optimizer, "%s", dt_optim_name(t->cfg.optim.kind));
     info->lr = dt_lr_at(&t->cfg.lr, t->step);
     info->has_norm = t->has_norm;
@@ -289,6 +332,7 @@ dt_status dt_trainer_save(dt_trainer *t, const char *path) {
 
 /* Rank 0 writes the next numbered checkpoint into checkpoint_dir and prunes old ones. */
 static dt_status save_numbered(dt_trainer *t) {
+    if (t->strategy->ops->sync) DT_TRY(t->strategy->ops->sync(t->strategy));  /* localsgd: average first */
     t->last_ckpt_time = dt_now();
     t->saved_step = t->step;
     if (t->rank != 0) return DT_OK;
@@ -300,7 +344,7 @@ static dt_status save_numbered(dt_trainer *t) {
 
 /* Samples in global batch b of the epoch, over all ranks. */
 static int global_count(const dt_trainer *t, size_t b) {
-    size_t n = dt_dataset_len(t->train), gb = (size_t)t->cfg.batch * (size_t)t->world, start = b * gb;
+    size_t n = dt_dataset_len(t->train), gb = (size_t)t->cfg.batch * (size_t)t->dworld, start = b * gb;
     return (int)(start + gb <= n ? gb : n - start);
 }
 
@@ -314,7 +358,8 @@ typedef struct {
 
 /* One optimizer step on this rank's part b of a global batch. The local loss gradient is
  * weighted by n_local*world/n_global so that averaging over ranks gives exactly the mean
- * gradient over the global batch (also when the final batch is spread unevenly). */
+ * gradient over the global batch (also when the final batch is spread unevenly or the batch is
+ * cut by speed); strategies that step on the local mean (localsgd, ps) get weight 1. */
 static dt_status train_step(dt_trainer *t, const dt_batch *b, epoch_acc *acc) {
     const int V = t->classes;
     const double t0 = dt_now();
@@ -330,15 +375,21 @@ static dt_status train_step(dt_trainer *t, const dt_batch *b, epoch_acc *acc) {
                             loss, (long long)t->step, t->rank);
         acc->loss_sum += (double)loss * b->n;
         acc->samples += b->n;
-        float scale = (float)((double)b->n * t->world / global_count(t, b->index));
+        float scale = st->local_mean ? 1.0f : (float)((double)b->n * t->dworld / global_count(t, b->index));
         dt_softmax_xent_backward(t->dlogits, t->probs, b->y, b->n, V, scale);
         const double t1 = dt_now();
         dt_trace_add(&t->trace, "forward", 0, t0, t1, t->step);
         DT_TRY(dt_model_backward(t->model, t->dlogits, dt_strategy_grad_hook, st));
         dt_trace_add(&t->trace, "backward", 0, t1, dt_now(), t->step);
+        st->cur.loss_sum = (double)loss * b->n;
     }
+    double busy = dt_now() - t0;
+    busy += dt_balance_compute_done(t->balance, b->n, busy);  /* sleeps on a --slow rank */
+    st->cur.n = b->n, st->cur.epoch = t->epoch, st->cur.busy_s = busy;
+    if (b->n == 0) st->cur.loss_sum = 0;
     dt_step_stats ss;
     DT_TRY(st->ops->step(st, dt_lr_at(&t->cfg.lr, t->step), t->cfg.clip_norm, &ss));
+    DT_TRY(dt_balance_step_end(t->balance, t->dcomm, t->loader));
     acc->comm_wait_s += ss.comm_wait_s;
     acc->compute_s += dt_now() - t0 - ss.comm_wait_s;
     acc->steps++;
@@ -360,11 +411,13 @@ static void write_metrics(FILE *f, const dt_epoch_info *e, const dt_trainer *t) 
             "{\"epoch\": %d, \"step\": %lld, \"train_loss\": %.6g, \"test_loss\": %s, \"test_acc\": %s, "
             "\"samples_per_s\": %.1f, \"epoch_s\": %.3f, \"wall_s\": %.3f, \"data_wait_s\": %.4f, \"lr\": %.6g, "
             "\"batch\": %d, \"world_size\": %d, \"global_batch\": %d, \"strategy\": \"%s\", \"backend\": \"%s\", "
-            "\"step_ms\": {\"compute\": %.4f, \"comm_wait\": %.4f, \"data_wait\": %.4f}, \"model\": \"%s\"}\n",
+            "\"step_ms\": {\"compute\": %.4f, \"comm_wait\": %.4f, \"data_wait\": %.4f}, \"model\": \"%s\"",
             e->epoch, (long long)e->global_step, e->train_loss, tl, ta, e->samples_per_s, e->epoch_s, e->wall_s,
             e->data_wait_s, e->lr, t->cfg.batch, e->world_size, e->global_batch, t->strategy->ops->name,
             t->world > 1 ? dt_comm_backend_name(t->cfg.comm) : "self",
             e->compute_s * per, e->comm_wait_s * per, e->data_wait_s * per, dt_model_spec(t->model));
+    dt_balance_write_json(f, e);  /* per-worker figures, ps staleness */
+    fputs("}\n", f);
     fflush(f);
 }
 
@@ -392,6 +445,72 @@ static dt_status write_timeline(dt_trainer *t) {
     return s;
 }
 
+/* ---- ps servers: serve, and on server 0 report each epoch once every live worker finished it ---- */
+typedef struct {
+    dt_trainer *t;
+    FILE *mf;
+    double t0;
+} serve_ctx;
+
+static dt_status serve_epoch(void *ctx, const dt_serve_epoch *r) {
+    serve_ctx *sc = ctx;
+    dt_trainer *t = sc->t;
+    const dt_train_config *c = &t->cfg;
+    const int64_t spe = (int64_t)dt_loader_batches(t->loader);
+    t->step = r->step;  /* the model (assembled by the servers) is the one after this many worker steps */
+    t->epoch = r->complete ? r->epoch + 1 : r->epoch;
+    t->step_in_epoch = r->complete ? 0 : r->step - (r->step / spe) * spe;
+    dt_epoch_info e = {.epoch = (int)r->epoch + 1, .global_step = r->step,
+                       .train_loss = r->samples > 0 ? (float)(r->loss_sum / (double)r->samples) : NAN,
+                       .samples_per_s = r->epoch_s > 0 ? (double)r->samples / r->epoch_s : 0, .epoch_s = r->epoch_s,
+                       .world_size = t->world, .global_batch = c->batch * t->dworld,
+                       .lr = dt_lr_at(&c->lr, r->step > 0 ? r->step - 1 : 0), .nworkers = r->nworkers,
+                       .workers = r->workers, .staleness = r->staleness, .max_clock_gap = r->max_clock_gap};
+    DT_TRY(dt_trainer_evaluate(t, &e.test_loss, &e.test_acc));
+    e.wall_s = dt_now() - t->t_start;
+    if (sc->mf) write_metrics(sc->mf, &e, t);
+    if (c->on_epoch) c->on_epoch(c->cb_ctx, &e);
+    if (c->save) DT_TRY(dt_trainer_save(t, c->save));
+    return DT_OK;
+}
+
+static void serve_progress(void *ctx, int64_t min_step, int64_t samples, double loss_sum) {
+    serve_ctx *sc = ctx;
+    const dt_train_config *c = &sc->t->cfg;
+    const int64_t spe = (int64_t)dt_loader_batches(sc->t->loader);
+    double el = dt_now() - sc->t0;
+    int64_t in = min_step % spe;
+    dt_progress_info p = {.epoch = (int)(min_step / spe), .epochs = c->epochs, .step_in_epoch = in,
+                          .steps_per_epoch = spe, .global_step = min_step,
+                          .loss = samples ? (float)(loss_sum / (double)samples) : NAN, .elapsed_s = el,
+                          .samples_per_s = el > 0 ? (double)samples / el : 0,
+                          .eta_s = in > 0 ? el / (double)in * (double)(spe - in) : 0};
+    if (c->on_progress) c->on_progress(c->cb_ctx, &p);
+}
+
+static void serve_note(void *ctx, const char *msg) { note(((serve_ctx *)ctx)->t, "%s", msg); }
+
+static dt_status save_interrupted(dt_trainer *t);
+
+static dt_status serve_run(dt_trainer *t, FILE *mf) {
+    const dt_train_config *c = &t->cfg;
+    serve_ctx sc = {.t = t, .mf = mf, .t0 = dt_now()};
+    int64_t stopped = -1;
+    dt_serve_config cfg = {.start_step = t->step, .start_epoch = t->epoch, .start_step_in_epoch = t->step_in_epoch,
+                           .steps_per_epoch = (int64_t)dt_loader_batches(t->loader), .epochs = c->epochs,
+                           .max_steps = c->max_steps, .batch = c->batch, .want_optim = true,
+                           .progress_s = c->progress_interval_s > 0 ? c->progress_interval_s : 0.2,
+                           .stop = c->stop, .stopped_step = &stopped,
+                           .on_epoch = serve_epoch, .on_progress = serve_progress, .on_note = serve_note, .ctx = &sc};
+    dt_status s = t->strategy->ops->serve(t->strategy, &cfg);
+    if (s == DT_EINTR && stopped >= 0) {  /* server 0 holds the model of an interrupted run */
+        const int64_t spe = cfg.steps_per_epoch;
+        t->step = stopped, t->epoch = stopped / spe, t->step_in_epoch = stopped % spe;
+        return save_interrupted(t);
+    }
+    return s;
+}
+
 /* Whether the run must stop after this step: the stop flag (a signal) of any rank, agreed by
  * every rank with one tiny allreduce every STOP_VOTE_EVERY steps, so all ranks stop after the
  * same step; a single process checks its flag every step. */
@@ -400,9 +519,9 @@ enum { STOP_VOTE_EVERY = 8 };
 static dt_status stop_vote(const dt_trainer *t, bool *stop) {
     int32_t mine = t->cfg.stop && *t->cfg.stop, any = mine;
     *stop = false;
-    if (t->world > 1) {
+    if (t->dcomm) {
         if (t->step % STOP_VOTE_EVERY != 0) return DT_OK;
-        DT_TRY(dt_comm_allreduce(t->cfg.comm, &mine, &any, 1, DT_I32, DT_OP_MAX));
+        DT_TRY(dt_comm_allreduce(t->dcomm, &mine, &any, 1, DT_I32, DT_OP_MAX));
     }
     *stop = any != 0;
     return DT_OK;
@@ -425,13 +544,18 @@ static dt_status save_interrupted(dt_trainer *t) {
 
 dt_status dt_trainer_run(dt_trainer *t) {
     const dt_train_config *c = &t->cfg;
-    dt_comm *comm = t->world > 1 ? c->comm : NULL;
+    dt_comm *comm = t->dcomm;
     const bool lead = t->rank == 0;
     FILE *mf = NULL;
     if (c->checkpoint_dir && lead) DT_TRY(dt_ckpt_dir_ensure(c->checkpoint_dir));
     if (c->metrics && lead) {
         mf = fopen(c->metrics, t->cfg.resume ? "a" : "w");
         if (!mf) return dt_error(DT_EIO, "--metrics %s: cannot open for writing", c->metrics);
+    }
+    if (t->strategy->role == DT_ROLE_SERVER) {  /* ps servers serve instead of stepping */
+        dt_status s = serve_run(t, mf);
+        if (mf && fclose(mf) != 0 && s == DT_OK) s = dt_error(DT_EIO, "--metrics %s: write failed", c->metrics);
+        return s;
     }
     const int64_t spe = (int64_t)dt_loader_batches(t->loader);
     t->last_ckpt_time = dt_now();
@@ -467,7 +591,7 @@ dt_status dt_trainer_run(dt_trainer *t) {
                                       .steps_per_epoch = spe, .global_step = t->step,
                                       .loss = acc.samples ? (float)(acc.loss_sum / (double)acc.samples) : NAN,
                                       .elapsed_s = el,
-                                      .samples_per_s = el > 0 ? (double)acc.samples * t->world / el : 0,
+                                      .samples_per_s = el > 0 ? (double)acc.samples * t->dworld / el : 0,
                                       .eta_s = el / (double)acc.steps * (double)(spe - t->step_in_epoch)};
                 c->on_progress(c->cb_ctx, &p);
             }
@@ -492,6 +616,9 @@ dt_status dt_trainer_run(dt_trainer *t) {
             t->step_in_epoch = 0;
         }
         if (stop) break;
+        if (t->strategy->role == DT_ROLE_WORKER) continue;  /* ps: the servers report epochs */
+        if (t->strategy->ops->sync && (s = t->strategy->ops->sync(t->strategy)) != DT_OK) break;
+        if ((s = dt_balance_epoch(t->balance, comm, epoch_s, t->workers)) != DT_OK) break;
         /* global training loss and sample count of the epoch */
         double sums[2] = {acc.loss_sum, (double)acc.samples};
         if (comm && (s = dt_comm_allreduce(comm, sums, sums, 2, DT_F64, DT_OP_SUM)) != DT_OK) break;
@@ -500,8 +627,9 @@ dt_status dt_trainer_run(dt_trainer *t) {
                            .samples_per_s = epoch_s > 0 ? sums[1] / epoch_s : 0, .epoch_s = epoch_s,
                            .data_wait_s = dt_loader_wait_seconds(t->loader) - wait0, .compute_s = acc.compute_s,
                            .comm_wait_s = acc.comm_wait_s, .steps = acc.steps, .world_size = t->world,
-                           .global_batch = c->batch * t->world,
-                           .lr = dt_lr_at(&c->lr, t->step > 0 ? t->step - 1 : 0)};
+                           .global_batch = c->batch * t->dworld,
+                           .lr = dt_lr_at(&c->lr, t->step > 0 ? t->step - 1 : 0),
+                           .nworkers = t->dworld, .workers = t->workers, .max_clock_gap = -1};
         if ((s = dt_trainer_evaluate(t, &e.test_loss, &e.test_acc)) != DT_OK) break;
         e.wall_s = dt_now() - t->t_start;
         if (mf) write_metrics(mf, &e, t);

@@ -1,0 +1,66 @@
+/* dtrain train: the uneven-worker flags (--strategy ps/localsgd, --servers, --staleness,
+ * --sync-every, --balance, --slow): parsing into the train config, and the launcher layout of a
+ * ps job (servers first, workers expendable). */
+#include "cli/train_uneven.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+int dt_cli_uneven_parse(const dt_cli_uneven *u, dt_train_config *cfg) {
+    if (u->staleness) {
+        if (!strcmp(u->staleness, "inf") || !strcmp(u->staleness, "async")) cfg->staleness = -1;
+        else {
+            char *end;
+            errno = 0;
+            long v = strtol(u->staleness, &end, 10);
+            if (errno || *end || end == u->staleness || v < 0 || v > 1000000)
+                return dt_cli_fail("use --staleness S (steps, 0 = synchronous) or --staleness inf",
+                                   "--staleness %s: not a step count", u->staleness);
+            cfg->staleness = (int)v;
+        }
+    }
+    if (u->balance) {
+        if (!strcmp(u->balance, "dynamic")) cfg->balance = true;
+        else if (!strcmp(u->balance, "static") || !strcmp(u->balance, "off")) cfg->balance = false;
+        else return dt_cli_fail("use --balance static or --balance dynamic", "--balance %s: unknown mode", u->balance);
+    }
+    if (u->slow) {
+        char *end;
+        errno = 0;
+        long r = strtol(u->slow, &end, 10);
+        double f = *end == ':' ? strtod(end + 1, &end) : NAN;
+        if (errno || *end || r < 0 || r > 1 << 20 || !(f >= 1) || !isfinite(f))
+            return dt_cli_fail("use --slow RANK:FACTOR, e.g. --slow 3:3 makes rank 3 three times slower",
+                               "--slow %s: expected RANK:FACTOR with FACTOR >= 1", u->slow);
+        cfg->slow_rank = (int)r;
+        cfg->slow_factor = (float)f;
+    }
+    if (cfg->servers < 1) return dt_cli_fail(NULL, "--servers %d: need at least 1", cfg->servers);
+    if (cfg->sync_every < 1) return dt_cli_fail(NULL, "--sync-every %d: need at least 1", cfg->sync_every);
+    return 0;
+}
+
+bool dt_cli_is_ps(const dt_train_config *cfg) { return cfg->strategy && !strcmp(cfg->strategy, "ps"); }
+
+int dt_cli_job_ranks(const dt_train_config *cfg, int workers) {
+    return dt_cli_is_ps(cfg) ? workers + cfg->servers : workers;
+}
+
+bool *dt_cli_expendable(const dt_train_config *cfg, int nranks) {
+    if (!dt_cli_is_ps(cfg)) return NULL;
+    bool *e = calloc((size_t)nranks, sizeof *e);
+    for (int r = cfg->servers; e && r < nranks; r++) e[r] = true;
+    return e;
+}
+
+bool dt_cli_flag_given(int argc, char **argv, const char *name) {
+    size_t n = strlen(name);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--")) break;
+        if (!strncmp(a, "--", 2) && !strncmp(a + 2, name, n) && (a[2 + n] == '\0' || a[2 + n] == '=')) return true;
+    }
+    return false;
+}

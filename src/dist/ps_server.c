@@ -1,0 +1,359 @@
+/* Parameter server, server side: one handler thread per worker blocks on that worker's pair
+ * communicator, applies each pushed gradient slice to the shard with the shard's own optimizer
+ * (under the shard lock) and answers with the current slice once the staleness bound allows:
+ * a worker about to start step c is answered only when c - (slowest live worker's clock) <= s.
+ * With s = 0 that is synchronous training; s < 0 never waits (fully asynchronous).
+ *
+ * A worker whose pair fails (it died, left or timed out) is dropped: its clock no longer holds
+ * the others back, and server 0 reports "worker rank R died at step N; continuing with K
+ * workers". The serving thread meanwhile waits for epoch ends: once every live worker's clock has
+ * passed an epoch's last step, each server copies its shard and server 0 assembles the model (and
+ * optimizer state) into the strategy's model and reports the epoch (loss, per-worker figures, a
+ * histogram of gradient staleness, the largest clock gap granted). */
+#include "dist/ps.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define MAX_NOTES 64
+#define STOP_WAIT_S 10.0  /* after a stop, how long to wait for the workers to leave */
+
+typedef struct server server;
+
+typedef struct {
+    server *sv;
+    int w;               /* worker index */
+    pthread_t thread;
+    bool started;
+    float *grad, *out;   /* shard-sized receive and answer buffers */
+} handler;
+
+struct server {
+    ps_state *p;
+    dt_strategy *s;
+    const dt_serve_config *cfg;
+    int idx;                       /* server index */
+    size_t lo, n;                  /* shard */
+    float *w;                      /* shard parameters */
+    dt_optim *opt;                 /* shard optimizer */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;             /* clocks, deaths, ends */
+    int64_t version, total;
+    int64_t *clock;                /* [W] steps pushed */
+    bool *alive;                   /* [W] */
+    int nlive;
+    int running;                   /* handler threads still serving */
+    bool stopping;                 /* stop requested: answer at once, let the workers leave quietly */
+    /* figures since the last epoch report, by epoch of the pushed step */
+    int64_t ep0, nep;              /* first epoch, epochs tracked */
+    double *loss_sum;              /* [nep] */
+    int64_t *samples;              /* [nep] */
+    int64_t *wsamples;             /* [nep * W] */
+    double *wbusy;                 /* [nep * W] */
+    int64_t stale[DT_STALENESS_BINS];
+    int max_gap;
+    char notes[MAX_NOTES][192];
+    int nnotes;
+};
+
+static int64_t min_live(const server *sv) {
+    int64_t m = INT64_MAX;
+    for (int w = 0; w < sv->p->W; w++)
+        if (sv->alive[w] && sv->clock[w] < m) m = sv->clock[w];
+    return m;
+}
+
+static void add_note(server *sv, const char *fmt, int64_t a, int64_t b, int64_t c) {
+    if (sv->nnotes < MAX_NOTES) snprintf(sv->notes[sv->nnotes++], sizeof sv->notes[0], fmt, a, b, c);
+}
+
+/* A worker's pair failed: drop it (with the lock held). */
+static void drop(server *sv, int w, dt_status st) {
+    if (!sv->alive[w]) return;
+    sv->alive[w] = false;
+    sv->nlive--;
+    pthread_cond_broadcast(&sv->cv);
+    if (sv->stopping) return;  /* leaving after a stop is expected */
+    const char *how = st == DT_ETIMEDOUT ? "timed out" : strstr(dt_last_error(), "left") ? "left" : "died";
+    char fmt[128];
+    snprintf(fmt, sizeof fmt, "worker rank %%lld %s at step %%lld; continuing with %%lld worker%s", how,
+             sv->nlive == 1 ? "" : "s");
+    add_note(sv, fmt, (int64_t)(sv->p->S + w), sv->clock[w], sv->nlive);
+}
+
+static void *handler_main(void *arg) {
+    handler *h = arg;
+    server *sv = h->sv;
+    ps_state *p = sv->p;
+    dt_comm *c = p->pair[h->w];
+    const int w = h->w;
+    const int64_t total = sv->total;
+    for (;;) {
+        pthread_mutex_lock(&sv->mu);
+        bool done = sv->clock[w] >= total || !sv->alive[w];
+        pthread_mutex_unlock(&sv->mu);
+        if (done) break;
+        ps_push m;
+        dt_status st = dt_comm_broadcast(c, &m, sizeof m, DT_U8, 1);
+        if (st == DT_OK) st = dt_comm_broadcast(c, h->grad, sv->n, DT_F32, 1);
+        pthread_mutex_lock(&sv->mu);
+        if (st != DT_OK) {
+            drop(sv, w, st);
+            pthread_mutex_unlock(&sv->mu);
+            break;
+        }
+        int64_t stale = sv->version - m.version;
+        sv->stale[stale < DT_STALENESS_BINS - 1 ? stale : DT_STALENESS_BINS - 1]++;
+        if (m.n > 0) {
+            dt_optim_step(sv->opt, sv->w, h->grad, m.lr);
+            sv->version++;
+        }
+        int64_t e = m.epoch - sv->ep0;
+        if (e >= 0 && e < sv->nep) {
+            sv->loss_sum[e] += m.loss_sum;
+            sv->samples[e] += m.n;
+            sv->wsamples[e * p->W + w] += m.n;
+            sv->wbusy[e * p->W + w] += m.busy_s;
+        }
+        int64_t clk = sv->clock[w] = m.step + 1;
+        pthread_cond_broadcast(&sv->cv);
+        /* stale-synchronous: hold the answer while this worker is too far ahead of the slowest */
+        while (p->staleness >= 0 && clk < total && clk - min_live(sv) > p->staleness && !sv->stopping)
+            pthread_cond_wait(&sv->cv, &sv->mu);
+        int64_t lo = min_live(sv);
+        if (clk < total && !sv->stopping && clk - lo > sv->max_gap) sv->max_gap = (int)(clk - lo);
+        ps_reply r = {.version = sv->version, .min_clock = lo};
+        memcpy(h->out, sv->w, sv->n * sizeof(float));
+        pthread_mutex_unlock(&sv->mu);
+        st = dt_comm_broadcast(c, &r, sizeof r, DT_U8, 0);
+        if (st == DT_OK) st = dt_comm_broadcast(c, h->out, sv->n, DT_F32, 0);
+        if (st != DT_OK) {
+            pthread_mutex_lock(&sv->mu);
+            drop(sv, w, st);
+            pthread_mutex_unlock(&sv->mu);
+            break;
+        }
+    }
+    pthread_mutex_lock(&sv->mu);
+    sv->running--;
+    pthread_cond_broadcast(&sv->cv);
+    pthread_mutex_unlock(&sv->mu);
+    return NULL;
+}
+
+static void flush_notes(server *sv) {
+    for (int i = 0; i < sv->nnotes; i++)
+        if (sv->idx == 0 && sv->cfg->on_note) sv->cfg->on_note(sv->cfg->ctx, sv->notes[i]);
+    sv->nnotes = 0;
+}
+
+/* Assembles params (and optimizer state) on server 0 from every server's snapshot. */
+static dt_status assemble(server *sv, float *snap, float **snap_state, int nstate) {
+    ps_state *p = sv->p;
+    float *full = dt_model_params(sv->s->model);
+    const bool opt = sv->cfg->want_optim;
+    if (sv->idx != 0) {
+        DT_TRY(dt_comm_send(p->servers, snap, sv->n, DT_F32, 0, PS_TAG_SHARD));
+        for (int k = 0; opt && k < nstate; k++)
+            DT_TRY(dt_comm_send(p->servers, snap_state[k], sv->n, DT_F32, 0, PS_TAG_SHARD + 1 + k));
+        return DT_OK;
+    }
+    memcpy(full + sv->lo, snap, sv->n * sizeof(float));
+    for (int k = 0; opt && k < nstate; k++)
+        memcpy(dt_optim_state(sv->s->optim, k, NULL) + sv->lo, snap_state[k], sv->n * sizeof(float));
+    for (int i = 1; i < p->S; i++) {
+        size_t lo = p->lo[i], n = p->lo[i + 1] - p->lo[i];
+        DT_TRY(dt_comm_recv(p->servers, full + lo, n, DT_F32, i, PS_TAG_SHARD));
+        for (int k = 0; opt && k < nstate; k++)
+            DT_TRY(dt_comm_recv(p->servers, dt_optim_state(sv->s->optim, k, NULL) + lo, n, DT_F32, i,
+                                PS_TAG_SHARD + 1 + k));
+    }
+    if (opt) dt_optim_set_steps(sv->s->optim, dt_optim_steps(sv->opt));
+    return DT_OK;
+}
+
+static void wait_until(server *sv, double until) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    double d = until - dt_now();
+    if (d < 0) d = 0;
+    ts.tv_sec += (time_t)d;
+    ts.tv_nsec += (long)((d - (double)(time_t)d) * 1e9);
+    if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+    pthread_cond_timedwait(&sv->cv, &sv->mu, &ts);
+}
+
+/* The serving thread's part: epoch ends, assembly, reports. */
+static dt_status epochs(server *sv) {
+    ps_state *p = sv->p;
+    const dt_serve_config *cfg = sv->cfg;
+    const int W = p->W;
+    const int64_t base = cfg->start_step - cfg->start_step_in_epoch;
+    int nstate = dt_optim_num_states(sv->opt);
+    float *snap = dt_alloc(sv->n * sizeof(float) + 1), *state[2] = {NULL, NULL};
+    dt_worker_info *wi = calloc((size_t)W, sizeof *wi);
+    dt_status st = snap && wi ? DT_OK : dt_error(DT_ENOMEM, "ps server: out of memory");
+    for (int k = 0; k < nstate && st == DT_OK; k++)
+        if (!(state[k] = dt_alloc(sv->n * sizeof(float) + 1))) st = dt_error(DT_ENOMEM, "ps server: out of memory");
+    double t_prev = dt_now();
+    for (int64_t ep = cfg->start_epoch; ep < cfg->epochs && st == DT_OK; ep++) {
+        int64_t end = base + (ep - cfg->start_epoch + 1) * cfg->steps_per_epoch;
+        if (end > sv->total) end = sv->total;
+        int64_t e = ep - sv->ep0;
+        pthread_mutex_lock(&sv->mu);
+        double next_progress = dt_now() + cfg->progress_s;
+        bool stop = false;
+        while (sv->nlive > 0 && min_live(sv) < end && !(stop = cfg->stop && *cfg->stop)) {
+            wait_until(sv, next_progress);
+            flush_notes(sv);  /* short callbacks (a line each) run under the lock */
+            if (dt_now() >= next_progress) {
+                next_progress = dt_now() + cfg->progress_s;
+                if (sv->idx == 0 && cfg->on_progress)
+                    cfg->on_progress(cfg->ctx, min_live(sv) < INT64_MAX ? min_live(sv) : end, sv->samples[e],
+                                     sv->loss_sum[e]);
+            }
+        }
+        if (stop) {
+            /* SIGTERM reaches every rank: the workers finish their step and leave. Answer them at
+             * once (no staleness wait), then take the model once every handler is done (or after
+             * STOP_WAIT_S for a worker that did not get the signal). */
+            sv->stopping = true;
+            pthread_cond_broadcast(&sv->cv);
+            double give_up = dt_now() + STOP_WAIT_S;
+            while (sv->running > 0 && dt_now() < give_up) wait_until(sv, give_up);
+            int64_t at = 0;
+            for (int w = 0; w < W; w++) at = sv->clock[w] > at ? sv->clock[w] : at;
+            for (int w = 0; w < W; w++) sv->alive[w] = false;
+            sv->nlive = 0;
+            pthread_cond_broadcast(&sv->cv);
+            memcpy(snap, sv->w, sv->n * sizeof(float));
+            for (int k = 0; k < nstate && cfg->want_optim; k++)
+                memcpy(state[k], dt_optim_state(sv->opt, k, NULL), sv->n * sizeof(float));
+            pthread_mutex_unlock(&sv->mu);
+            /* one server holds the whole model: hand it to the trainer for the interrupt checkpoint */
+            if (p->S == 1 && cfg->stopped_step && (st = assemble(sv, snap, state, nstate)) == DT_OK)
+                *cfg->stopped_step = at;
+            if (st == DT_OK) st = dt_error(DT_EINTR, "ps: stopped by a signal near worker step %lld", (long long)at);
+            break;
+        }
+        if (sv->nlive == 0) {
+            flush_notes(sv);
+            pthread_mutex_unlock(&sv->mu);
+            st = dt_error(DT_EPEER, "ps: all %d workers are gone (died or left) before step %lld", W, (long long)end);
+            break;
+        }
+        memcpy(snap, sv->w, sv->n * sizeof(float));
+        for (int k = 0; k < nstate && cfg->want_optim; k++)
+            memcpy(state[k], dt_optim_state(sv->opt, k, NULL), sv->n * sizeof(float));
+        double now = dt_now(), epoch_s = now - t_prev;
+        t_prev = now;
+        for (int w = 0; w < W; w++) {
+            int64_t ns = sv->wsamples[e * W + w];
+            wi[w] = (dt_worker_info){.rank = p->S + w, .samples = ns,
+                                     .share = sv->samples[e] > 0 ? (double)ns / (double)sv->samples[e] : 0,
+                                     .samples_per_s = epoch_s > 0 ? (double)ns / epoch_s : 0,
+                                     .busy_s = sv->wbusy[e * W + w], .batch = cfg->batch, .alive = sv->alive[w]};
+        }
+        int64_t stale[DT_STALENESS_BINS];
+        memcpy(stale, sv->stale, sizeof stale);
+        memset(sv->stale, 0, sizeof sv->stale);
+        dt_serve_epoch rep = {.epoch = ep, .step = end, .complete = end == base + (ep - cfg->start_epoch + 1) * cfg->steps_per_epoch,
+                              .loss_sum = sv->loss_sum[e], .samples = sv->samples[e], .epoch_s = epoch_s,
+                              .nworkers = W, .workers = wi, .staleness = stale, .max_clock_gap = sv->max_gap};
+        sv->max_gap = 0;
+        flush_notes(sv);
+        pthread_mutex_unlock(&sv->mu);
+        st = assemble(sv, snap, state, nstate);
+        if (st == DT_OK && sv->idx == 0 && cfg->on_epoch) st = cfg->on_epoch(cfg->ctx, &rep);
+        if (end >= sv->total) break;
+    }
+    dt_free(snap);
+    for (int k = 0; k < 2; k++) dt_free(state[k]);
+    free(wi);
+    return st;
+}
+
+static void server_free(server *sv, handler *h) {
+    for (int w = 0; h && w < sv->p->W; w++) {
+        dt_free(h[w].grad);
+        dt_free(h[w].out);
+    }
+    free(h);
+    dt_optim_free(sv->opt);
+    dt_free(sv->w);
+    free(sv->clock);
+    free(sv->alive);
+    free(sv->loss_sum);
+    free(sv->samples);
+    free(sv->wsamples);
+    free(sv->wbusy);
+    pthread_cond_destroy(&sv->cv);
+    pthread_mutex_destroy(&sv->mu);
+}
+
+dt_status dt_ps_serve(dt_strategy *s, const dt_serve_config *cfg) {
+    ps_state *p = s->impl;
+    const int W = p->W;
+    server sv = {.p = p, .s = s, .cfg = cfg, .idx = p->me};
+    sv.lo = p->lo[p->me], sv.n = p->lo[p->me + 1] - p->lo[p->me];
+    int64_t end_all = cfg->start_step - cfg->start_step_in_epoch + (cfg->epochs - cfg->start_epoch) * cfg->steps_per_epoch;
+    sv.total = cfg->max_steps > 0 && cfg->max_steps < end_all ? cfg->max_steps : end_all;
+    sv.ep0 = cfg->start_epoch;
+    sv.nep = cfg->epochs - cfg->start_epoch > 0 ? cfg->epochs - cfg->start_epoch : 1;
+    pthread_mutex_init(&sv.mu, NULL);
+    pthread_cond_init(&sv.cv, NULL);
+    handler *h = calloc((size_t)W, sizeof *h);
+    sv.w = dt_alloc(sv.n * sizeof(float) + 1);
+    sv.clock = calloc((size_t)W, sizeof *sv.clock);
+    sv.alive = calloc((size_t)W, sizeof *sv.alive);
+    sv.loss_sum = calloc((size_t)sv.nep, sizeof *sv.loss_sum);
+    sv.samples = calloc((size_t)sv.nep, sizeof *sv.samples);
+    sv.wsamples = calloc((size_t)(sv.nep * W), sizeof *sv.wsamples);
+    sv.wbusy = calloc((size_t)(sv.nep * W), sizeof *sv.wbusy);
+    dt_status st = DT_OK;
+    if (!h || !sv.w || !sv.clock || !sv.alive || !sv.loss_sum || !sv.samples || !sv.wsamples || !sv.wbusy)
+        st = dt_error(DT_ENOMEM, "ps server: out of memory");
+    if (st == DT_OK) st = dt_optim_create(&sv.opt, dt_optim_config_of(s->optim), sv.n);
+    if (st != DT_OK) {
+        server_free(&sv, h);
+        return st;
+    }
+    /* the shard starts from the (identical, verified) replica, a resumed one included */
+    memcpy(sv.w, dt_model_params(s->model) + sv.lo, sv.n * sizeof(float));
+    for (int k = 0; k < dt_optim_num_states(sv.opt); k++)
+        memcpy(dt_optim_state(sv.opt, k, NULL), dt_optim_state(s->optim, k, NULL) + sv.lo, sv.n * sizeof(float));
+    dt_optim_set_steps(sv.opt, dt_optim_steps(s->optim));
+    sv.version = 0;
+    for (int w = 0; w < W; w++) sv.clock[w] = cfg->start_step, sv.alive[w] = true;
+    sv.nlive = W;
+    for (int w = 0; w < W && st == DT_OK; w++) {
+        h[w] = (handler){.sv = &sv, .w = w, .grad = dt_alloc(sv.n * sizeof(float) + 1),
+                         .out = dt_alloc(sv.n * sizeof(float) + 1)};
+        if (!h[w].grad || !h[w].out) st = dt_error(DT_ENOMEM, "ps server: out of memory");
+        else if (pthread_create(&h[w].thread, NULL, handler_main, &h[w]) != 0)
+            st = dt_error(DT_ENOMEM, "ps server: cannot start a handler thread for worker rank %d", p->S + w);
+        else {
+            h[w].started = true;
+            pthread_mutex_lock(&sv.mu);
+            sv.running++;
+            pthread_mutex_unlock(&sv.mu);
+        }
+    }
+    if (st == DT_OK) st = epochs(&sv);
+    if (st != DT_OK) {
+        /* stop waiting on anyone: handlers still blocked on a live worker end at its timeout */
+        pthread_mutex_lock(&sv.mu);
+        for (int w = 0; w < W; w++) sv.alive[w] = false;
+        sv.nlive = 0;
+        pthread_cond_broadcast(&sv.cv);
+        pthread_mutex_unlock(&sv.mu);
+    }
+    for (int w = 0; w < W; w++)
+        if (h[w].started) pthread_join(h[w].thread, NULL);
+    server_free(&sv, h);
+    return st;
+}

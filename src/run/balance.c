@@ -1,0 +1,178 @@
+/* Uneven workers in the step loop (see balance.h): the --slow sleep, the speed-proportional cut
+ * of the global batch (--balance dynamic) and the per-worker epoch figures. */
+#include "run/balance.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <time.h>
+
+#define FIRST_CUT 3          /* steps before the first re-cut (the first step warms caches up) */
+#define DEFAULT_INTERVAL 8
+
+struct dt_balance {
+    dt_balance_config cfg;
+    int *cut;                /* [world] */
+    double *gather;          /* [world] allgather buffer */
+    int64_t steps;           /* steps seen */
+    double win_time;         /* compute (+ sleep) since the last re-cut, excluding step 1 */
+    int64_t win_n;
+    double tps;              /* smoothed seconds per sample; 0 = unknown */
+    int64_t ep_samples;      /* since the last dt_balance_epoch */
+    double ep_busy;
+};
+
+dt_status dt_balance_create(dt_balance **out, const dt_balance_config *cfg) {
+    *out = NULL;
+    if (cfg->world < 1 || cfg->rank < 0 || cfg->rank >= cfg->world || cfg->batch < 1)
+        return dt_error(DT_EINVAL, "balance: rank %d of %d with batch %d", cfg->rank, cfg->world, cfg->batch);
+    dt_balance *b = calloc(1, sizeof *b);
+    if (!b) return dt_error(DT_ENOMEM, "balance: out of memory");
+    b->cfg = *cfg;
+    if (b->cfg.interval <= 0) b->cfg.interval = DEFAULT_INTERVAL;
+    b->cut = malloc((size_t)cfg->world * sizeof *b->cut);
+    b->gather = malloc((size_t)cfg->world * sizeof *b->gather);
+    if (!b->cut || !b->gather) {
+        dt_balance_free(b);
+        return dt_error(DT_ENOMEM, "balance: out of memory");
+    }
+    for (int r = 0; r < cfg->world; r++) b->cut[r] = cfg->batch;
+    /* the straggler's naps are short (a few times the compute of one step): no 50 us timer slack */
+    if (cfg->slow > 1) prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
+    *out = b;
+    return DT_OK;
+}
+
+void dt_balance_free(dt_balance *b) {
+    if (!b) return;
+    free(b->cut);
+    free(b->gather);
+    free(b);
+}
+
+static void sleep_s(double s) {
+    if (!(s > 0)) return;
+    struct timespec ts = {(time_t)s, (long)((s - floor(s)) * 1e9)};
+    while (nanosleep(&ts, &ts) != 0) {
+    }
+}
+
+double dt_balance_compute_done(dt_balance *b, int n, double compute_s) {
+    double nap = b->cfg.slow > 1 ? (b->cfg.slow - 1) * compute_s : 0;
+    sleep_s(nap);
+    b->steps++;
+    b->ep_samples += n;
+    b->ep_busy += compute_s + nap;
+    if (b->steps > 1) b->win_time += compute_s + nap, b->win_n += n;
+    return nap;
+}
+
+void dt_balance_cut_by_speed(int *counts, const double *speeds, int world, int G) {
+    double total = 0;
+    for (int r = 0; r < world; r++) total += speeds[r];
+    int sum = 0;
+    const int floor_min = G >= world ? 1 : 0;
+    for (int r = 0; r < world; r++) {
+        double ideal = total > 0 ? G * speeds[r] / total : (double)G / world;
+        counts[r] = (int)floor(ideal);
+        if (counts[r] < floor_min) counts[r] = floor_min;
+        sum += counts[r];
+    }
+    /* largest remainder: add to the ranks furthest below their ideal, take from those above */
+    while (sum != G) {
+        int best = -1;
+        double gap = 0;
+        for (int r = 0; r < world; r++) {
+            double ideal = total > 0 ? G * speeds[r] / total : (double)G / world;
+            double d = sum < G ? ideal - counts[r] : counts[r] - ideal;
+            if (sum > G && counts[r] <= floor_min) continue;
+            if (best < 0 || d > gap) best = r, gap = d;
+        }
+        counts[best] += sum < G ? 1 : -1;
+        sum += sum < G ? 1 : -1;
+    }
+}
+
+dt_status dt_balance_step_end(dt_balance *b, dt_comm *comm, dt_loader *l) {
+    const int W = b->cfg.world;
+    if (!b->cfg.dynamic || !comm || W < 2) return DT_OK;
+    if (b->steps < FIRST_CUT || (b->steps - FIRST_CUT) % b->cfg.interval != 0) return DT_OK;
+    if (b->win_n > 0) {
+        double now = b->win_time / (double)b->win_n;
+        b->tps = b->tps > 0 ? 0.5 * b->tps + 0.5 * now : now;
+    }
+    b->win_time = 0, b->win_n = 0;
+    double mine = b->tps;
+    DT_TRY(dt_comm_allgather(comm, &mine, b->gather, 1, DT_F64));
+    /* speed = samples per second; a rank that has not measured yet (no samples) keeps its share */
+    for (int r = 0; r < W; r++) {
+        if (!(b->gather[r] > 0)) return DT_OK;
+        b->gather[r] = 1.0 / b->gather[r];
+    }
+    int *next = malloc((size_t)W * sizeof *next);
+    if (!next) return dt_error(DT_ENOMEM, "balance: out of memory");
+    dt_balance_cut_by_speed(next, b->gather, W, b->cfg.batch * W);
+    /* re-cut only for a real change (> 2% of the global batch for some rank): every re-cut makes
+     * the loader rebuild the batches it prefetched */
+    int moved = 0;
+    for (int r = 0; r < W; r++) moved = abs(next[r] - b->cut[r]) > moved ? abs(next[r] - b->cut[r]) : moved;
+    dt_status s = DT_OK;
+    if (moved > b->cfg.batch * W / 50) {
+        memcpy(b->cut, next, (size_t)W * sizeof *next);
+        s = dt_loader_set_cut(l, b->cut);
+    }
+    free(next);
+    return s;
+}
+
+const int *dt_balance_cut(const dt_balance *b) { return b->cut; }
+
+dt_status dt_balance_epoch(dt_balance *b, dt_comm *comm, double epoch_s, dt_worker_info *out) {
+    const int W = comm ? b->cfg.world : 1;
+    double mine[3] = {(double)b->ep_samples, b->ep_busy, (double)b->cut[b->cfg.rank]};
+    double *all = malloc(sizeof mine * (size_t)W);
+    if (!all) return dt_error(DT_ENOMEM, "balance: out of memory");
+    dt_status s = comm ? dt_comm_allgather(comm, mine, all, 3, DT_F64) : DT_OK;
+    if (!comm) memcpy(all, mine, sizeof mine);
+    if (s == DT_OK) {
+        double total = 0;
+        for (int r = 0; r < W; r++) total += all[3 * r];
+        for (int r = 0; r < W; r++)
+            out[r] = (dt_worker_info){.rank = b->cfg.job_rank0 + (comm ? r : b->cfg.rank),
+                                      .samples = (int64_t)all[3 * r],
+                                      .share = total > 0 ? all[3 * r] / total : 0,
+                                      .samples_per_s = epoch_s > 0 ? all[3 * r] / epoch_s : 0,
+                                      .busy_s = all[3 * r + 1],
+                                      .batch = (int)all[3 * r + 2],
+                                      .alive = true};
+    }
+    free(all);
+    b->ep_samples = 0, b->ep_busy = 0;
+    return s;
+}
+
+void dt_balance_write_json(FILE *f, const dt_epoch_info *e) {
+    if (e->nworkers <= 0 || !e->workers) return;
+    fprintf(f, ", \"workers\": [");
+    for (int i = 0; i < e->nworkers; i++) {
+        const dt_worker_info *w = &e->workers[i];
+        fprintf(f, "%s{\"rank\": %d, \"samples\": %lld, \"share\": %.4f, \"samples_per_s\": %.1f, \"busy_s\": %.3f, "
+                   "\"batch\": %d, \"alive\": %s}",
+                i ? ", " : "", w->rank, (long long)w->samples, w->share, w->samples_per_s, w->busy_s, w->batch,
+                w->alive ? "true" : "false");
+    }
+    fprintf(f, "]");
+    if (!e->staleness) return;
+    int64_t n = 0, top = 0;
+    double sum = 0;
+    fprintf(f, ", \"staleness\": {\"hist\": [");
+    for (int k = 0; k < DT_STALENESS_BINS; k++) {
+        fprintf(f, "%s%lld", k ? ", " : "", (long long)e->staleness[k]);
+        n += e->staleness[k];
+        sum += (double)k * (double)e->staleness[k];
+        if (e->staleness[k]) top = k;
+    }
+    fprintf(f, "], \"mean\": %.3f, \"max\": %lld%s}, \"max_clock_gap\": %d", n ? sum / (double)n : 0.0,
+            (long long)top, top == DT_STALENESS_BINS - 1 ? ", \"max_is_lower_bound\": true" : "", e->max_clock_gap);
+}

@@ -1,0 +1,113 @@
+# Uneven workers end to end with the real command: 4 fully asynchronous ps workers reach test
+# accuracy >= 0.84 on the reference MLP within 2 epochs (and the saved model evaluates the same);
+# killing a ps worker (kill -9) mid-run: the job completes and says so; SIGTERM stops a ps job
+# with a checkpoint; SSP under a straggler stays within its bound (metrics);
+# localsgd and ddp + --balance dynamic report per-worker figures; flag errors name the fix; and
+# ps over MPI where mpirun exists.
+. "$(dirname "$0")/testlib.bash"
+if ! have_fmnist; then echo "skip: Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)"; exit 77; fi
+acc_of() { grep -o 'done: test accuracy [0-9.]*' "$1" | awk '{print $4}'; }
+ge() { python3 -c "import sys; sys.exit(0 if float('$1') >= float('$2') else 1)"; }
+
+# 1. convergence: 4 async workers (and 1 server), 2 epochs
+$DT train --workers 4 --strategy ps --staleness inf --model mlp --epochs 2 --batch 32 --quiet \
+  --metrics "$TMP/async.jsonl" --save "$TMP/async.safetensors" >"$TMP/async.log" 2>&1 \
+  || bad "async run: $(tail -5 "$TMP/async.log")"
+a=$(acc_of "$TMP/async.log")
+[ -n "$a" ] && ge "$a" 0.84 && ok "4 async ps workers, 2 epochs: test_acc $a >= 0.84" || bad "async accuracy '$a' < 0.84"
+# the checkpoint holds the model server 0 assembled and evaluated
+e=$($DT eval --checkpoint "$TMP/async.safetensors" 2>&1 | grep -o 'accuracy [0-9.]*' | awk '{print $2}')
+[ "$e" = "$a" ] && ok "ps --save: dtrain eval of the assembled model gives $e" || bad "eval '$e' vs reported '$a'"
+python3 - "$TMP/async.jsonl" <<'PY' && ok "ps metrics: 4 workers, shares, staleness histogram" || bad "ps metrics"
+import json, sys
+r = [json.loads(l) for l in open(sys.argv[1])][-1]
+assert r["strategy"] == "ps" and r["world_size"] == 5 and r["global_batch"] == 128, r
+w = r["workers"]
+assert [x["rank"] for x in w] == [1, 2, 3, 4] and all(x["alive"] for x in w), w
+assert abs(sum(x["share"] for x in w) - 1) < 1e-3 and all(x["samples_per_s"] > 0 for x in w), w
+h = r["staleness"]["hist"]
+assert len(h) == 16 and sum(h) > 0 and r["max_clock_gap"] >= 0, h
+print("staleness mean", r["staleness"]["mean"], "max", r["staleness"]["max"])
+PY
+
+# 2. a worker killed mid-run: the servers drop it, the others finish, the run says so
+$DT train --workers 4 --strategy ps --staleness inf --model mlp --epochs 2 --batch 32 >"$TMP/kill.log" 2>&1 &
+job=$!
+for _ in $(seq 100); do grep -q "strategy ps" "$TMP/kill.log" && break; sleep 0.1; done
+sleep 0.5
+victim=""
+for p in $(ps -o pid= --ppid $job); do  # the rank whose environment says DTRAIN_RANK=3
+  tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "DTRAIN_RANK=3" && victim=$p
+done
+[ -n "$victim" ] && kill -9 "$victim"
+wait $job
+rc=$?
+if [ -n "$victim" ] && [ $rc -eq 0 ] && grep -q "worker rank 3 died at step [0-9]*; continuing with 3 workers" "$TMP/kill.log" \
+   && grep -q "rank 3 was killed by signal 9 (SIGKILL); the job goes on without it" "$TMP/kill.log" \
+   && grep -q "done: test accuracy" "$TMP/kill.log"; then
+  ok "kill -9 of worker rank 3: $(grep -o 'worker rank 3 died.*' "$TMP/kill.log"), test_acc $(acc_of "$TMP/kill.log")"
+else bad "killed worker (victim '$victim', exit $rc): $(tail -8 "$TMP/kill.log")"; fi
+
+# 2b. SIGTERM: the workers finish their step, the server writes the model it holds and says how to go on
+$DT train --workers 3 --strategy ps --model mlp --epochs 5 --batch 32 --save "$TMP/stop.safetensors" >"$TMP/stop.log" 2>&1 &
+job=$!
+for _ in $(seq 100); do grep -q "strategy ps" "$TMP/stop.log" && break; sleep 0.1; done
+sleep 0.5
+kill -TERM $job
+wait $job
+rc=$?
+if [ $rc -eq 0 ] && grep -q "stopped at step [0-9]*; checkpoint $TMP/stop.safetensors" "$TMP/stop.log" \
+   && ! grep -q "error" "$TMP/stop.log" && $DT eval --checkpoint "$TMP/stop.safetensors" >/dev/null 2>&1; then
+  ok "SIGTERM to a ps job: $(grep -o 'stopped at step [0-9]*' "$TMP/stop.log"), checkpoint evaluates"
+else bad "ps SIGTERM (exit $rc): $(tail -6 "$TMP/stop.log")"; fi
+
+# 3. SSP under a straggler: the granted clock gap stays within --staleness
+$DT train --workers 3 --strategy ps --staleness 2 --slow 3:4 --model mlp --epochs 1 --max-steps 300 --batch 32 \
+  --quiet --metrics "$TMP/ssp.jsonl" >"$TMP/ssp.log" 2>&1 || bad "ssp run: $(tail -5 "$TMP/ssp.log")"
+python3 - "$TMP/ssp.jsonl" <<'PY' && ok "SSP with a 4x straggler: clock gap within --staleness 2" || bad "SSP bound"
+import json, sys
+r = [json.loads(l) for l in open(sys.argv[1])][-1]
+print("max_clock_gap", r["max_clock_gap"], "staleness", r["staleness"])
+assert 0 <= r["max_clock_gap"] <= 2, r
+PY
+
+# 4. localsgd and dynamic balancing report per-worker shares and batches
+$DT train --workers 2 --strategy localsgd --sync-every 4 --model mlp --epochs 1 --batch 32 --quiet \
+  --metrics "$TMP/lsgd.jsonl" >"$TMP/lsgd.log" 2>&1 || bad "localsgd: $(tail -5 "$TMP/lsgd.log")"
+a=$(acc_of "$TMP/lsgd.log")
+[ -n "$a" ] && ge "$a" 0.80 && ok "localsgd H=4, 2 workers: test_acc $a" || bad "localsgd accuracy '$a'"
+for st in ddp localsgd; do
+  $DT train --workers 2 --strategy $st --balance dynamic --slow 1:3 --model mlp --epochs 1 --batch 64 --quiet \
+    --metrics "$TMP/bal.jsonl" >"$TMP/bal.log" 2>&1 || bad "$st balance: $(tail -5 "$TMP/bal.log")"
+  python3 - "$TMP/bal.jsonl" <<'PY' && ok "$st --balance dynamic: the 3x slower rank gets the smaller batch" || bad "$st balance metrics"
+import json, sys
+r = [json.loads(l) for l in open(sys.argv[1])][-1]
+w = r["workers"]
+print("batches", [x["batch"] for x in w], "shares", [x["share"] for x in w], "test_acc", r["test_acc"])
+assert w[0]["batch"] + w[1]["batch"] == 128 and w[1]["batch"] < w[0]["batch"], w
+assert w[0]["samples"] + w[1]["samples"] == 60000 and r["test_acc"] > 0.78, w
+PY
+done
+
+# 5. flag errors say what to do
+expect_fail "--balance with ps" "--balance dynamic works with --strategy ddp or localsgd" \
+  $DT train --workers 2 --strategy ps --balance dynamic --max-steps 1
+expect_fail "--slow on a server" "is a ps server" $DT train --workers 2 --strategy ps --slow 0:2 --max-steps 1
+expect_fail "bad --staleness" "--staleness" $DT train --strategy ps --staleness soon
+expect_fail "ps needs a worker" "needs more than 1 ranks" $DT launch -n 1 -- $DT train --strategy ps --max-steps 1
+
+# 6. the same ps job over MPI
+if command -v mpirun >/dev/null; then
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  ASAN_OPTIONS=${DTRAIN_SANITIZED:+detect_leaks=0} timeout 120 mpirun -np 3 --oversubscribe --bind-to none $DT train \
+    --backend mpi --strategy ps --staleness 2 --model mlp --epochs 1 --max-steps 400 --batch 32 --quiet \
+    --metrics "$TMP/mpi.jsonl" >"$TMP/mpi.log" 2>&1
+  rc=$?
+  if grep -q "built without MPI" "$TMP/mpi.log"; then echo "note: built without MPI, MPI run skipped"
+  elif [ $rc -eq 0 ] && grep -q '"backend": "mpi"' "$TMP/mpi.jsonl" && ge "$(acc_of "$TMP/mpi.log")" 0.75; then
+    ok "mpirun -np 3 ps (1 server, 2 workers): test_acc $(acc_of "$TMP/mpi.log")"
+  else bad "mpirun ps (exit $rc): $(tail -5 "$TMP/mpi.log")"; fi
+else
+  echo "note: mpirun not installed, MPI run skipped"
+fi
+finish
