@@ -173,33 +173,46 @@ typedef struct {
     int32_t *am1, *am2, *y;
 } cnn_ctx;
 
+/* The CNN's parameters (or gradients) as views into one flat vector, in init_params order. */
+typedef struct { float *w1, *b1, *w2, *b2, *w3, *b3, *w4, *b4; } cnn_views;
+
+static cnn_views cnn_split(float *p) {
+    cnn_views v = {.w1 = p};
+    v.b1 = v.w1 + 32 * 9, v.w2 = v.b1 + 32, v.b2 = v.w2 + 64 * 32 * 9, v.w3 = v.b2 + 64;
+    v.b3 = v.w3 + 128 * 3136, v.w4 = v.b3 + 128, v.b4 = v.w4 + 1280;
+    return v;
+}
+
+/* The part both step variants share: flatten linear(128) relu linear(10), loss, and back to dp2. */
+static void cnn_head(cnn_ctx *c, const cnn_views *w, const cnn_views *g) {
+    const int B = c->B;
+    dt_linear_forward(c->h, c->p2, w->w3, w->b3, B, 3136, 128);
+    dt_relu_forward(c->hr, c->h, (size_t)B * 128);
+    dt_linear_forward(c->lo, c->hr, w->w4, w->b4, B, 128, 10);
+    dt_softmax_xent_forward(c->pr, c->lo, c->y, B, 10);
+    dt_softmax_xent_backward(c->dlo, c->pr, c->y, B, 10, 1.0f);
+    dt_linear_backward(c->dhr, g->w4, g->b4, c->dlo, c->hr, w->w4, B, 128, 10);
+    dt_relu_backward(c->dh, c->dhr, c->h, (size_t)B * 128);
+    dt_linear_backward(c->dp2, g->w3, g->b3, c->dh, c->p2, w->w3, B, 3136, 128);
+}
+
 static void cnn_step(void *v) {
     cnn_ctx *c = v;
     const int B = c->B;
-    float *w1 = c->p, *b1 = w1 + 32 * 9, *w2 = b1 + 32, *b2 = w2 + 64 * 32 * 9, *w3 = b2 + 64, *b3 = w3 + 128 * 3136,
-          *w4 = b3 + 128, *b4 = w4 + 1280;
-    float *g1 = c->g, *gb1 = g1 + 32 * 9, *g2 = gb1 + 32, *gb2 = g2 + 64 * 32 * 9, *g3 = gb2 + 64,
-          *gb3 = g3 + 128 * 3136, *g4 = gb3 + 128, *gb4 = g4 + 1280;
-    dt_conv2d_forward(c->a1, c->x, w1, b1, c->work, B, 1, 28, 28, 32, 3, 1, 1);
+    const cnn_views w = cnn_split(c->p), g = cnn_split(c->g);
+    dt_conv2d_forward(c->a1, c->x, w.w1, w.b1, c->work, B, 1, 28, 28, 32, 3, 1, 1);
     dt_relu_forward(c->r1, c->a1, (size_t)B * 32 * 784);
     dt_maxpool2d_forward(c->p1, c->am1, c->r1, B, 32, 28, 28, 2, 2);
-    dt_conv2d_forward(c->a2, c->p1, w2, b2, c->work, B, 32, 14, 14, 64, 3, 1, 1);
+    dt_conv2d_forward(c->a2, c->p1, w.w2, w.b2, c->work, B, 32, 14, 14, 64, 3, 1, 1);
     dt_relu_forward(c->r2, c->a2, (size_t)B * 64 * 196);
     dt_maxpool2d_forward(c->p2, c->am2, c->r2, B, 64, 14, 14, 2, 2);
-    dt_linear_forward(c->h, c->p2, w3, b3, B, 3136, 128);
-    dt_relu_forward(c->hr, c->h, (size_t)B * 128);
-    dt_linear_forward(c->lo, c->hr, w4, b4, B, 128, 10);
-    dt_softmax_xent_forward(c->pr, c->lo, c->y, B, 10);
-    dt_softmax_xent_backward(c->dlo, c->pr, c->y, B, 10, 1.0f);
-    dt_linear_backward(c->dhr, g4, gb4, c->dlo, c->hr, w4, B, 128, 10);
-    dt_relu_backward(c->dh, c->dhr, c->h, (size_t)B * 128);
-    dt_linear_backward(c->dp2, g3, gb3, c->dh, c->p2, w3, B, 3136, 128);
+    cnn_head(c, &w, &g);
     dt_maxpool2d_backward(c->dr2, c->dp2, c->am2, B, 64, 14, 14, 2, 2);
     dt_relu_backward(c->da2, c->dr2, c->a2, (size_t)B * 64 * 196);
-    dt_conv2d_backward(c->dp1, g2, gb2, c->da2, c->p1, w2, c->work, B, 32, 14, 14, 64, 3, 1, 1);
+    dt_conv2d_backward(c->dp1, g.w2, g.b2, c->da2, c->p1, w.w2, c->work, B, 32, 14, 14, 64, 3, 1, 1);
     dt_maxpool2d_backward(c->dr1, c->dp1, c->am1, B, 32, 28, 28, 2, 2);
     dt_relu_backward(c->da1, c->dr1, c->a1, (size_t)B * 32 * 784);
-    dt_conv2d_backward(NULL, g1, gb1, c->da1, c->x, w1, c->work, B, 1, 28, 28, 32, 3, 1, 1);
+    dt_conv2d_backward(NULL, g.w1, g.b1, c->da1, c->x, w.w1, c->work, B, 1, 28, 28, 32, 3, 1, 1);
     sgd(c->p, c->g, 421642);
 }
 
@@ -209,31 +222,21 @@ static void cnn_step(void *v) {
 static void cnn_step_pool_first(void *v) {
     cnn_ctx *c = v;
     const int B = c->B;
-    float *w1 = c->p, *b1 = w1 + 32 * 9, *w2 = b1 + 32, *b2 = w2 + 64 * 32 * 9, *w3 = b2 + 64, *b3 = w3 + 128 * 3136,
-          *w4 = b3 + 128, *b4 = w4 + 1280;
-    float *g1 = c->g, *gb1 = g1 + 32 * 9, *g2 = gb1 + 32, *gb2 = g2 + 64 * 32 * 9, *g3 = gb2 + 64,
-          *gb3 = g3 + 128 * 3136, *g4 = gb3 + 128, *gb4 = g4 + 1280;
+    const cnn_views w = cnn_split(c->p), g = cnn_split(c->g);
     const size_t n1 = (size_t)B * 32 * 196, n2 = (size_t)B * 64 * 49;
-    dt_conv2d_forward(c->a1, c->x, w1, b1, c->work, B, 1, 28, 28, 32, 3, 1, 1);
+    dt_conv2d_forward(c->a1, c->x, w.w1, w.b1, c->work, B, 1, 28, 28, 32, 3, 1, 1);
     dt_maxpool2d_forward(c->p1, c->am1, c->a1, B, 32, 28, 28, 2, 2);
     dt_relu_forward(c->p1, c->p1, n1);
-    dt_conv2d_forward(c->a2, c->p1, w2, b2, c->work, B, 32, 14, 14, 64, 3, 1, 1);
+    dt_conv2d_forward(c->a2, c->p1, w.w2, w.b2, c->work, B, 32, 14, 14, 64, 3, 1, 1);
     dt_maxpool2d_forward(c->p2, c->am2, c->a2, B, 64, 14, 14, 2, 2);
     dt_relu_forward(c->p2, c->p2, n2);
-    dt_linear_forward(c->h, c->p2, w3, b3, B, 3136, 128);
-    dt_relu_forward(c->hr, c->h, (size_t)B * 128);
-    dt_linear_forward(c->lo, c->hr, w4, b4, B, 128, 10);
-    dt_softmax_xent_forward(c->pr, c->lo, c->y, B, 10);
-    dt_softmax_xent_backward(c->dlo, c->pr, c->y, B, 10, 1.0f);
-    dt_linear_backward(c->dhr, g4, gb4, c->dlo, c->hr, w4, B, 128, 10);
-    dt_relu_backward(c->dh, c->dhr, c->h, (size_t)B * 128);
-    dt_linear_backward(c->dp2, g3, gb3, c->dh, c->p2, w3, B, 3136, 128);
+    cnn_head(c, &w, &g);
     dt_relu_backward(c->dp2, c->dp2, c->p2, n2); /* relu'(pooled output) */
     dt_maxpool2d_backward(c->da2, c->dp2, c->am2, B, 64, 14, 14, 2, 2);
-    dt_conv2d_backward(c->dp1, g2, gb2, c->da2, c->p1, w2, c->work, B, 32, 14, 14, 64, 3, 1, 1);
+    dt_conv2d_backward(c->dp1, g.w2, g.b2, c->da2, c->p1, w.w2, c->work, B, 32, 14, 14, 64, 3, 1, 1);
     dt_relu_backward(c->dp1, c->dp1, c->p1, n1);
     dt_maxpool2d_backward(c->da1, c->dp1, c->am1, B, 32, 28, 28, 2, 2);
-    dt_conv2d_backward(NULL, g1, gb1, c->da1, c->x, w1, c->work, B, 1, 28, 28, 32, 3, 1, 1);
+    dt_conv2d_backward(NULL, g.w1, g.b1, c->da1, c->x, w.w1, c->work, B, 1, 28, 28, 32, 3, 1, 1);
     sgd(c->p, c->g, 421642);
 }
 

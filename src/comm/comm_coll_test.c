@@ -7,69 +7,20 @@
 
 #include <stdlib.h>
 
-static double vsum(int r, size_t i) { return (double)((int)((r * 7 + (i % 1000) * 3) % 11) - 5); }
-static double vprod(int r, size_t i) {
-    static const double t[4] = {1, -1, 2, -1};
-    return t[(r * 3 + i) % 4];
-}
-static double vmove(int r, size_t i) { return (double)((r * 37 + i * 11) % 251); }
-
-static void put(void *p, dt_dtype t, size_t i, double v) {
-    switch (t) {
-    case DT_F32: ((float *)p)[i] = (float)v; break;
-    case DT_F64: ((double *)p)[i] = v; break;
-    case DT_BF16: ((uint16_t *)p)[i] = dt_f32_to_bf16((float)v); break;
-    case DT_F16: ((uint16_t *)p)[i] = dt_f32_to_f16((float)v); break;
-    case DT_I32: ((int32_t *)p)[i] = (int32_t)v; break;
-    case DT_I64: ((int64_t *)p)[i] = (int64_t)v; break;
-    default: break;
-    }
-}
-
-static double get(const void *p, dt_dtype t, size_t i) {
-    switch (t) {
-    case DT_F32: return ((const float *)p)[i];
-    case DT_F64: return ((const double *)p)[i];
-    case DT_BF16: return dt_bf16_to_f32(((const uint16_t *)p)[i]);
-    case DT_F16: return dt_f16_to_f32(((const uint16_t *)p)[i]);
-    case DT_I32: return ((const int32_t *)p)[i];
-    case DT_I64: return (double)((const int64_t *)p)[i];
-    default: return 0;
-    }
-}
-
-static double input(dt_redop op, int r, size_t i) { return op == DT_OP_PROD ? vprod(r, i) : vsum(r, i); }
-
-static double expect(dt_redop op, dt_dtype t, int n, size_t i) {
-    double acc = input(op, 0, i);
-    for (int r = 1; r < n; r++) {
-        double v = input(op, r, i);
-        acc = op == DT_OP_PROD ? acc * v : op == DT_OP_MAX ? (v > acc ? v : acc) : op == DT_OP_MIN ? (v < acc ? v : acc) : acc + v;
-    }
-    if (op != DT_OP_AVG) return acc;
-    switch (t) {
-    case DT_F32: return (double)((float)acc / (float)n);
-    case DT_F64: return acc / n;
-    case DT_BF16: return dt_bf16_to_f32(dt_f32_to_bf16((float)acc / (float)n));
-    case DT_F16: return dt_f16_to_f32(dt_f32_to_f16((float)acc / (float)n));
-    default: return (double)((long long)acc / n);
-    }
-}
-
 static const dt_dtype g_types[] = {DT_F32, DT_F64, DT_BF16, DT_F16, DT_I32, DT_I64};
 static const dt_redop g_ops[] = {DT_OP_SUM, DT_OP_AVG, DT_OP_MAX, DT_OP_MIN, DT_OP_PROD};
 #define BIG 100003
 
 static int first_bad(const void *p, dt_dtype t, size_t n, double (*want)(size_t, void *), void *ctx) {
     for (size_t i = 0; i < n; i++)
-        if (get(p, t, i) != want(i, ctx)) return (int)i;
+        if (dt_test_get(p, t, i) != want(i, ctx)) return (int)i;
     return -1;
 }
 
 typedef struct { dt_redop op; dt_dtype t; int n; } red_ctx;
 static double want_red(size_t i, void *ctx) {
     red_ctx *c = ctx;
-    return expect(c->op, c->t, c->n, i);
+    return dt_test_expect(c->op, c->t, c->n, i);
 }
 
 static void test_allreduce(dt_comm *c, int R, int N, void *send, void *recv) {
@@ -83,20 +34,20 @@ static void test_allreduce(dt_comm *c, int R, int N, void *send, void *recv) {
                     dt_dtype t = g_types[ti];
                     dt_redop op = g_ops[oi];
                     size_t n = counts[ci];
-                    for (size_t i = 0; i < n; i++) put(send, t, i, input(op, R, i));
+                    for (size_t i = 0; i < n; i++) dt_test_put(send, t, i, dt_test_input(op, R, i));
                     memset(recv, 0xee, n * 8 + 8);
                     CHECK_OK(dt_comm_allreduce(c, send, recv, n, t, op));
                     red_ctx x = {op, t, N};
                     int bad = first_bad(recv, t, n, want_red, &x);
                     CHECK_MSG(bad < 0, "allreduce %s %s %s n=%zu size %d: [%d] = %g, want %g", dt_comm_algo_name(algos[a]),
-                              dt_dtype_name(t), dt_redop_name(op), n, N, bad, bad < 0 ? 0 : get(recv, t, (size_t)bad),
-                              bad < 0 ? 0 : expect(op, t, N, (size_t)bad));
+                              dt_dtype_name(t), dt_redop_name(op), n, N, bad, bad < 0 ? 0 : dt_test_get(recv, t, (size_t)bad),
+                              bad < 0 ? 0 : dt_test_expect(op, t, N, (size_t)bad));
                 }
         /* in place and a large count */
         dt_dtype big_t[3] = {DT_F32, DT_BF16, DT_F64};
         dt_redop big_op[3] = {DT_OP_SUM, DT_OP_AVG, DT_OP_MAX};
         for (int k = 0; k < 3; k++) {
-            for (size_t i = 0; i < BIG; i++) put(recv, big_t[k], i, input(big_op[k], R, i));
+            for (size_t i = 0; i < BIG; i++) dt_test_put(recv, big_t[k], i, dt_test_input(big_op[k], R, i));
             CHECK_OK(dt_comm_allreduce(c, recv, recv, BIG, big_t[k], big_op[k]));
             red_ctx x = {big_op[k], big_t[k], N};
             int bad = first_bad(recv, big_t[k], BIG, want_red, &x);
@@ -108,7 +59,7 @@ static void test_allreduce(dt_comm *c, int R, int N, void *send, void *recv) {
 }
 
 typedef struct { int r; } mv_ctx;
-static double want_mv(size_t i, void *ctx) { return vmove(((mv_ctx *)ctx)->r, i); }
+static double want_mv(size_t i, void *ctx) { return dt_test_vmove(((mv_ctx *)ctx)->r, i); }
 
 static void test_broadcast_reduce(dt_comm *c, int R, int N, void *send, void *recv) {
     static const dt_comm_algo algos[] = {DT_ALGO_AUTO, DT_ALGO_TREE, DT_ALGO_RING};
@@ -121,7 +72,7 @@ static void test_broadcast_reduce(dt_comm *c, int R, int N, void *send, void *re
                 for (int root = 0; root < N; root += N > 1 ? N - 1 : 1) {
                     dt_dtype t = types[ti];
                     size_t n = counts[ci];
-                    for (size_t i = 0; i < n; i++) put(recv, t, i, R == root ? vmove(root, i) : -1);
+                    for (size_t i = 0; i < n; i++) dt_test_put(recv, t, i, R == root ? dt_test_vmove(root, i) : -1);
                     CHECK_OK(dt_comm_broadcast(c, recv, n, t, root));
                     mv_ctx x = {root};
                     int bad = first_bad(recv, t, n, want_mv, &x);
@@ -137,7 +88,7 @@ static void test_broadcast_reduce(dt_comm *c, int R, int N, void *send, void *re
                     size_t n = counts[ci];
                     int root = (ci + oi) % N;
                     if (n == BIG && op != DT_OP_SUM) continue;
-                    for (size_t i = 0; i < n; i++) put(send, t, i, input(op, R, i));
+                    for (size_t i = 0; i < n; i++) dt_test_put(send, t, i, dt_test_input(op, R, i));
                     memset(recv, 0xee, 64);
                     CHECK_OK(dt_comm_reduce(c, send, R == root ? recv : NULL, n, t, op, root));
                     red_ctx x = {op, t, N};
@@ -162,7 +113,7 @@ static void test_gathers(dt_comm *c, int R, int N, unsigned char *send, unsigned
                     size_t n = counts[ci], esz = dt_dtype_size(t);
                     memset(recv, 0xee, n * esz * (size_t)N + 8);
                     unsigned char *src = inplace ? recv + (size_t)R * n * esz : send;
-                    for (size_t i = 0; i < n; i++) put(src, t, i, vmove(R, i));
+                    for (size_t i = 0; i < n; i++) dt_test_put(src, t, i, dt_test_vmove(R, i));
                     CHECK_OK(dt_comm_allgather(c, src, recv, n, t));
                     for (int r = 0; r < N; r++) {
                         mv_ctx x = {r};
@@ -181,7 +132,7 @@ static void test_gathers(dt_comm *c, int R, int N, unsigned char *send, unsigned
                 displs[r] = off + (gaps ? 5 : 0);
                 off = displs[r] + counts_v[r];
             }
-            for (size_t i = 0; i < counts_v[R]; i++) put(send, DT_I32, i, vmove(R, i));
+            for (size_t i = 0; i < counts_v[R]; i++) dt_test_put(send, DT_I32, i, dt_test_vmove(R, i));
             memset(recv, 0xee, off * 4 + 8);
             CHECK_OK(dt_comm_allgatherv(c, send, recv, counts_v, gaps ? displs : NULL, DT_I32));
             for (int r = 0; r < N; r++) {
@@ -197,7 +148,7 @@ static void test_gathers(dt_comm *c, int R, int N, unsigned char *send, unsigned
 typedef struct { dt_redop op; dt_dtype t; int n; size_t base; } rs_ctx;
 static double want_rs(size_t i, void *ctx) {
     rs_ctx *c = ctx;
-    return expect(c->op, c->t, c->n, c->base + i);
+    return dt_test_expect(c->op, c->t, c->n, c->base + i);
 }
 
 static void test_reduce_scatter(dt_comm *c, int R, int N, unsigned char *send, unsigned char *recv) {
@@ -214,7 +165,7 @@ static void test_reduce_scatter(dt_comm *c, int R, int N, unsigned char *send, u
                         dt_redop op = g_ops[oi];
                         size_t n = counts[ci], esz = dt_dtype_size(t), all = n * (size_t)N;
                         unsigned char *src = inplace ? recv : send;
-                        for (size_t i = 0; i < all; i++) put(src, t, i, input(op, R, i));
+                        for (size_t i = 0; i < all; i++) dt_test_put(src, t, i, dt_test_input(op, R, i));
                         CHECK_OK(dt_comm_reduce_scatter(c, src, recv, n, t, op));
                         rs_ctx x = {op, t, N, (size_t)R * n};
                         int bad = first_bad(recv, t, n, want_rs, &x);
@@ -224,7 +175,7 @@ static void test_reduce_scatter(dt_comm *c, int R, int N, unsigned char *send, u
                         (void)esz;
                     }
         size_t n = 33331;
-        for (size_t i = 0; i < n * (size_t)N; i++) put(send, DT_F32, i, input(DT_OP_SUM, R, i));
+        for (size_t i = 0; i < n * (size_t)N; i++) dt_test_put(send, DT_F32, i, dt_test_input(DT_OP_SUM, R, i));
         CHECK_OK(dt_comm_reduce_scatter(c, send, recv, n, DT_F32, DT_OP_SUM));
         rs_ctx x = {DT_OP_SUM, DT_F32, N, (size_t)R * n};
         CHECK_MSG(first_bad(recv, DT_F32, n, want_rs, &x) < 0, "large reduce_scatter %s size %d",
@@ -238,7 +189,7 @@ static void test_rooted_and_alltoall(dt_comm *c, int R, int N, unsigned char *se
     for (int ci = 0; ci < 4; ci++)
         for (int root = 0; root < N; root += N > 1 ? N - 1 : 1) {
             size_t n = counts[ci];
-            for (size_t i = 0; i < n; i++) put(send, DT_F32, i, vmove(R, i));
+            for (size_t i = 0; i < n; i++) dt_test_put(send, DT_F32, i, dt_test_vmove(R, i));
             memset(recv, 0xee, n * 4 * (size_t)N + 8);
             CHECK_OK(dt_comm_gather(c, send, R == root ? recv : NULL, n, DT_F32, root));
             for (int r = 0; R == root && r < N; r++) {
@@ -248,7 +199,7 @@ static void test_rooted_and_alltoall(dt_comm *c, int R, int N, unsigned char *se
             }
             if (R == root)
                 for (int r = 0; r < N; r++)
-                    for (size_t i = 0; i < n; i++) put(send, DT_I32, (size_t)r * n + i, vmove(r, i));
+                    for (size_t i = 0; i < n; i++) dt_test_put(send, DT_I32, (size_t)r * n + i, dt_test_vmove(r, i));
             CHECK_OK(dt_comm_scatter(c, R == root ? send : NULL, recv, n, DT_I32, root));
             mv_ctx x = {R};
             CHECK_MSG(first_bad(recv, DT_I32, n, want_mv, &x) < 0, "scatter n=%zu root %d size %d", n, root, N);
@@ -256,7 +207,7 @@ static void test_rooted_and_alltoall(dt_comm *c, int R, int N, unsigned char *se
     for (int ci = 0; ci < 4; ci++) {
         size_t n = counts[ci];
         for (int j = 0; j < N; j++)
-            for (size_t i = 0; i < n; i++) put(send, DT_F64, (size_t)j * n + i, vmove(R * 16 + j, i));
+            for (size_t i = 0; i < n; i++) dt_test_put(send, DT_F64, (size_t)j * n + i, dt_test_vmove(R * 16 + j, i));
         CHECK_OK(dt_comm_alltoall(c, send, recv, n, DT_F64));
         for (int r = 0; r < N; r++) {
             mv_ctx x = {r * 16 + R};
@@ -271,7 +222,7 @@ static void test_p2p(dt_comm *c, int R, int N, unsigned char *send, unsigned cha
     int right = (R + 1) % N, left = (R + N - 1) % N;
     /* ring pass, even ranks send first; a large message (more than a channel holds) */
     size_t n = 300007;
-    for (size_t i = 0; i < n; i++) put(send, DT_F32, i, vmove(R, i));
+    for (size_t i = 0; i < n; i++) dt_test_put(send, DT_F32, i, dt_test_vmove(R, i));
     if (R % 2 == 0) {
         CHECK_OK(dt_comm_send(c, send, n, DT_F32, right, 3));
         CHECK_OK(dt_comm_recv(c, recv, n, DT_F32, left, 3));

@@ -5,6 +5,7 @@
  * non-blocking ops on the progress thread, split and tagged point-to-point. Inputs are small
  * integers so every result is exact and compared bit for bit.
  * Run plainly it starts itself with mpirun -np 2, 3 and 4; exit 77 when built without MPI. */
+#include "comm/comm_testlib.h"
 #include "core/test.h"
 #include "dtrain/comm.h"
 
@@ -15,63 +16,16 @@
 
 static int R, N;
 
-static double vsum(int r, size_t i) { return (double)((int)((r * 7 + (i % 1000) * 3) % 11) - 5); }
-static double vprod(int r, size_t i) { static const double t[4] = {1, -1, 2, 1}; return t[(r * 3 + i) % 4]; }
-static double vmove(int r, size_t i) { return (double)((r * 37 + i * 11) % 251); }
-
-static void put(void *p, dt_dtype t, size_t i, double v) {
-    switch (t) {
-    case DT_F32: ((float *)p)[i] = (float)v; break;
-    case DT_F64: ((double *)p)[i] = v; break;
-    case DT_BF16: ((uint16_t *)p)[i] = dt_f32_to_bf16((float)v); break;
-    case DT_F16: ((uint16_t *)p)[i] = dt_f32_to_f16((float)v); break;
-    case DT_I32: ((int32_t *)p)[i] = (int32_t)v; break;
-    case DT_I64: ((int64_t *)p)[i] = (int64_t)v; break;
-    default: break;
-    }
-}
-
-static double get(const void *p, dt_dtype t, size_t i) {
-    switch (t) {
-    case DT_F32: return ((const float *)p)[i];
-    case DT_F64: return ((const double *)p)[i];
-    case DT_BF16: return dt_bf16_to_f32(((const uint16_t *)p)[i]);
-    case DT_F16: return dt_f16_to_f32(((const uint16_t *)p)[i]);
-    case DT_I32: return ((const int32_t *)p)[i];
-    case DT_I64: return (double)((const int64_t *)p)[i];
-    default: return 0;
-    }
-}
-
-static double input(dt_redop op, int r, size_t i) { return op == DT_OP_PROD ? vprod(r, i) : vsum(r, i); }
-
-static double expect(dt_redop op, dt_dtype t, size_t i) {
-    double acc = input(op, 0, i);
-    for (int r = 1; r < N; r++) {
-        double v = input(op, r, i);
-        acc = op == DT_OP_PROD ? acc * v : op == DT_OP_MAX ? (v > acc ? v : acc)
-            : op == DT_OP_MIN ? (v < acc ? v : acc) : acc + v;
-    }
-    if (op != DT_OP_AVG) return acc;
-    switch (t) {
-    case DT_F32: return (double)((float)acc / (float)N);
-    case DT_F64: return acc / N;
-    case DT_BF16: return dt_bf16_to_f32(dt_f32_to_bf16((float)acc / (float)N));
-    case DT_F16: return dt_f16_to_f32(dt_f32_to_f16((float)acc / (float)N));
-    default: return (double)((long long)acc / N);
-    }
-}
-
 /* index of the first element of a reduction result that differs, -1 if none; off = first index */
 static long bad_reduce(const void *p, dt_dtype t, dt_redop op, size_t off, size_t n) {
     for (size_t i = 0; i < n; i++)
-        if (get(p, t, i) != expect(op, t, off + i)) return (long)i;
+        if (dt_test_get(p, t, i) != dt_test_expect(op, t, N, off + i)) return (long)i;
     return -1;
 }
 
 static long bad_move(const void *p, dt_dtype t, int r, size_t off, size_t n) {
     for (size_t i = 0; i < n; i++)
-        if (get(p, t, i) != vmove(r, off + i)) return (long)i;
+        if (dt_test_get(p, t, i) != dt_test_vmove(r, off + i)) return (long)i;
     return -1;
 }
 
@@ -91,7 +45,7 @@ static void test_reductions(dt_comm *c, unsigned char *a, unsigned char *b) {
                     dt_redop op = g_ops[oi];
                     size_t n = counts[ci];
                     bool inplace = ci == 1;
-                    for (size_t i = 0; i < n; i++) put(a, t, i, input(op, R, i));
+                    for (size_t i = 0; i < n; i++) dt_test_put(a, t, i, dt_test_input(op, R, i));
                     CHECK_OK(dt_comm_allreduce(c, a, inplace ? a : b, n, t, op));
                     long bad = bad_reduce(inplace ? a : b, t, op, 0, n);
                     CHECK_MSG(bad < 0, "allreduce %s %s %s n=%zu: [%ld]", an, dt_dtype_name(t), dt_redop_name(op), n, bad);
@@ -103,11 +57,11 @@ static void test_reductions(dt_comm *c, unsigned char *a, unsigned char *b) {
                 dt_redop op = g_ops[oi];
                 size_t n = 1021;
                 int root = N - 1;
-                for (size_t i = 0; i < n; i++) put(a, t, i, input(op, R, i));
+                for (size_t i = 0; i < n; i++) dt_test_put(a, t, i, dt_test_input(op, R, i));
                 CHECK_OK(dt_comm_reduce(c, a, R == root ? a : NULL, n, t, op, root));
                 if (R == root) CHECK_MSG(bad_reduce(a, t, op, 0, n) < 0, "reduce %s %s %s", an, dt_dtype_name(t), dt_redop_name(op));
                 for (int inplace = 0; inplace < 2; inplace++) {
-                    for (size_t i = 0; i < n * (size_t)N; i++) put(a, t, i, input(op, R, i));
+                    for (size_t i = 0; i < n * (size_t)N; i++) dt_test_put(a, t, i, dt_test_input(op, R, i));
                     CHECK_OK(dt_comm_reduce_scatter(c, a, inplace ? a : b, n, t, op));
                     CHECK_MSG(bad_reduce(inplace ? a : b, t, op, (size_t)R * n, n) < 0, "reduce_scatter %s %s %s%s", an,
                               dt_dtype_name(t), dt_redop_name(op), inplace ? " in place" : "");
@@ -124,35 +78,35 @@ static void test_movement(dt_comm *c, unsigned char *a, unsigned char *b) {
         const char *an = dt_comm_algo_name(algos[al]);
         size_t n = 777;
         for (int root = 0; root < N; root += N - 1) {
-            for (size_t i = 0; i < n; i++) put(a, DT_I64, i, R == root ? vmove(root, i) : -1);
+            for (size_t i = 0; i < n; i++) dt_test_put(a, DT_I64, i, R == root ? dt_test_vmove(root, i) : -1);
             CHECK_OK(dt_comm_broadcast(c, a, n, DT_I64, root));
             CHECK_MSG(bad_move(a, DT_I64, root, 0, n) < 0, "broadcast %s root %d", an, root);
-            for (size_t i = 0; i < n; i++) put(a, DT_F32, i, vmove(R, i));
+            for (size_t i = 0; i < n; i++) dt_test_put(a, DT_F32, i, dt_test_vmove(R, i));
             memset(b, 0xee, n * 4 * (size_t)N);
             CHECK_OK(dt_comm_gather(c, a, R == root ? b : NULL, n, DT_F32, root));
             for (int r = 0; R == root && r < N; r++)
                 CHECK_MSG(bad_move(b + (size_t)r * n * 4, DT_F32, r, 0, n) < 0, "gather %s root %d block %d", an, root, r);
             for (int r = 0; R == root && r < N; r++)
-                for (size_t i = 0; i < n; i++) put(a, DT_I32, (size_t)r * n + i, vmove(r, i));
+                for (size_t i = 0; i < n; i++) dt_test_put(a, DT_I32, (size_t)r * n + i, dt_test_vmove(r, i));
             CHECK_OK(dt_comm_scatter(c, R == root ? a : NULL, b, n, DT_I32, root));
             CHECK_MSG(bad_move(b, DT_I32, R, 0, n) < 0, "scatter %s root %d", an, root);
         }
         for (int mode = 0; mode < 3; mode++) { /* allgather: separate, in place (own block / send == recv) */
             memset(b, 0xee, n * 2 * (size_t)N);
             unsigned char *own = b + (size_t)R * n * 2;
-            for (size_t i = 0; i < n; i++) put(mode ? own : a, DT_BF16, i, vmove(R, i));
+            for (size_t i = 0; i < n; i++) dt_test_put(mode ? own : a, DT_BF16, i, dt_test_vmove(R, i));
             CHECK_OK(dt_comm_allgather(c, mode == 0 ? a : mode == 1 ? own : b, b, n, DT_BF16));
             for (int r = 0; r < N; r++)
                 CHECK_MSG(bad_move(b + (size_t)r * n * 2, DT_BF16, r, 0, n) < 0, "allgather %s mode %d block %d", an, mode, r);
         }
         size_t cnt[8], dsp[8], tot = 0; /* allgatherv with gaps between blocks */
         for (int r = 0; r < N; r++) { cnt[r] = (size_t)r * 5 + 1; dsp[r] = tot; tot += cnt[r] + 3; }
-        for (size_t i = 0; i < cnt[R]; i++) put(a, DT_F64, i, vmove(R, i));
+        for (size_t i = 0; i < cnt[R]; i++) dt_test_put(a, DT_F64, i, dt_test_vmove(R, i));
         CHECK_OK(dt_comm_allgatherv(c, a, b, cnt, dsp, DT_F64));
         for (int r = 0; r < N; r++)
             CHECK_MSG(bad_move(b + dsp[r] * 8, DT_F64, r, 0, cnt[r]) < 0, "allgatherv %s block %d", an, r);
         for (int j = 0; j < N; j++)
-            for (size_t i = 0; i < n; i++) put(a, DT_F32, (size_t)j * n + i, vmove(R * 16 + j, i));
+            for (size_t i = 0; i < n; i++) dt_test_put(a, DT_F32, (size_t)j * n + i, dt_test_vmove(R * 16 + j, i));
         CHECK_OK(dt_comm_alltoall(c, a, b, n, DT_F32));
         for (int r = 0; r < N; r++)
             CHECK_MSG(bad_move(b + (size_t)r * n * 4, DT_F32, r * 16 + R, 0, n) < 0, "alltoall %s from %d", an, r);
@@ -167,21 +121,21 @@ static void test_nonblocking(dt_comm *c) {
     static float in[K][M], out[K][M], ring_s[M], ring_r[M], ag[8 * M];
     dt_request *q[K + 4] = {0};
     for (int k = 0; k < K; k++) {
-        for (size_t i = 0; i < M; i++) in[k][i] = (float)input(DT_OP_SUM, R + k, i);
+        for (size_t i = 0; i < M; i++) in[k][i] = (float)dt_test_input(DT_OP_SUM, R + k, i);
         CHECK_OK(dt_comm_iallreduce(c, in[k], out[k], M, DT_F32, DT_OP_SUM, &q[k]));
     }
     int right = (R + 1) % N, left = (R + N - 1) % N;
-    for (size_t i = 0; i < M; i++) ring_s[i] = (float)vmove(R, i);
+    for (size_t i = 0; i < M; i++) ring_s[i] = (float)dt_test_vmove(R, i);
     CHECK_OK(dt_comm_irecv(c, ring_r, M, DT_F32, left, 9, &q[K]));
     CHECK_OK(dt_comm_isend(c, ring_s, M, DT_F32, right, 9, &q[K + 1]));
-    for (size_t i = 0; i < M; i++) ag[(size_t)R * M + i] = (float)vmove(R, i);
+    for (size_t i = 0; i < M; i++) ag[(size_t)R * M + i] = (float)dt_test_vmove(R, i);
     CHECK_OK(dt_comm_iallgather(c, ag + (size_t)R * M, ag, M, DT_F32, &q[K + 2]));
     CHECK_OK(dt_request_waitall(q, K + 3));
     for (int k = 0; k < K; k++) {
         long bad = -1;
         for (size_t i = 0; i < M && bad < 0; i++) {
             double want = 0;
-            for (int r = 0; r < N; r++) want += input(DT_OP_SUM, r + k, i);
+            for (int r = 0; r < N; r++) want += dt_test_input(DT_OP_SUM, r + k, i);
             if (out[k][i] != (float)want) bad = (long)i;
         }
         CHECK_MSG(bad < 0, "iallreduce %d: [%ld]", k, bad);
@@ -209,7 +163,7 @@ static void test_split_p2p(dt_comm *c) {
     CHECK(R == 0 ? s == NULL : s != NULL && dt_comm_size(s) == N - 1);
     dt_comm_destroy(s);
     static float big[300007], got[300007];
-    for (size_t i = 0; i < 300007; i++) big[i] = (float)vmove(R, i);
+    for (size_t i = 0; i < 300007; i++) big[i] = (float)dt_test_vmove(R, i);
     int right = (R + 1) % N, left = (R + N - 1) % N;
     if (R % 2 == 0) {
         CHECK_OK(dt_comm_send(c, big, 300007, DT_F32, right, 3));

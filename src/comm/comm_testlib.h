@@ -1,6 +1,8 @@
 /* Test helper for communicator tests: runs a function on N ranks, each a fork()ed child with an
  * explicit (rank, size, job id) communicator, no launcher needed. A child exits 0 when all its
- * checks passed; the parent kills every child after a time limit so a hang fails the test. */
+ * checks passed; the parent kills every child after a time limit so a hang fails the test.
+ * Also the test values every rank computes (nccl-tests style): small integers, so each result
+ * is exact in every dtype and algorithm and can be compared bit for bit. */
 #ifndef DT_COMM_TESTLIB_H
 #define DT_COMM_TESTLIB_H
 
@@ -99,6 +101,56 @@ static inline bool dt_test_shm_gone(const char *job) {
 static inline void *dt_test_shared(size_t bytes) {
     void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     return p == MAP_FAILED ? NULL : p;
+}
+
+/* ---- test values ------------------------------------------------------------------------- */
+
+/* Element i of rank r for sum, avg, max and min: an integer in -5..5. */
+static inline double dt_test_vsum(int r, size_t i) { return (double)((int)((r * 7 + (i % 1000) * 3) % 11) - 5); }
+
+/* Element i of rank r for prod: 1, -1, 2 or 1, shifted by the rank, so a product over up to 8
+ * ranks stays within +-4 (exact in bf16) and, for 2 and 3 ranks, has both signs across i. */
+static inline double dt_test_vprod(int r, size_t i) {
+    static const double t[4] = {1, -1, 2, 1};
+    return t[(r * 3 + i) % 4];
+}
+
+/* Element i of rank r for data movement: an integer in 0..250 that differs by rank and index. */
+static inline double dt_test_vmove(int r, size_t i) { return (double)((r * 37 + i * 11) % 251); }
+
+/* Stores v as element i of the dtype-t buffer p (converted like dt_convert). */
+static inline void dt_test_put(void *p, dt_dtype t, size_t i, double v) {
+    dt_convert((char *)p + i * dt_dtype_size(t), t, &v, DT_F64, 1);
+}
+
+/* Element i of the dtype-t buffer p as a double. */
+static inline double dt_test_get(const void *p, dt_dtype t, size_t i) {
+    double v;
+    dt_convert(&v, DT_F64, (const char *)p + i * dt_dtype_size(t), t, 1);
+    return v;
+}
+
+/* Input of rank r at element i for a reduction with op. */
+static inline double dt_test_input(dt_redop op, int r, size_t i) {
+    return op == DT_OP_PROD ? dt_test_vprod(r, i) : dt_test_vsum(r, i);
+}
+
+/* Element i of the result of reducing the inputs of n ranks with op in dtype t (avg divides in
+ * t's own precision, integers truncate). */
+static inline double dt_test_expect(dt_redop op, dt_dtype t, int n, size_t i) {
+    double acc = dt_test_input(op, 0, i);
+    for (int r = 1; r < n; r++) {
+        double v = dt_test_input(op, r, i);
+        acc = op == DT_OP_PROD ? acc * v : op == DT_OP_MAX ? (v > acc ? v : acc) : op == DT_OP_MIN ? (v < acc ? v : acc) : acc + v;
+    }
+    if (op != DT_OP_AVG) return acc;
+    switch (t) {
+    case DT_F32: return (double)((float)acc / (float)n);
+    case DT_F64: return acc / n;
+    case DT_BF16: return dt_bf16_to_f32(dt_f32_to_bf16((float)acc / (float)n));
+    case DT_F16: return dt_f16_to_f32(dt_f32_to_f16((float)acc / (float)n));
+    default: return (double)((long long)acc / n);
+    }
 }
 
 #endif

@@ -194,13 +194,7 @@ static dt_status post_check(dt_shm *s, int peer, int tag, const void *buf, size_
         return dt_error(DT_EINVAL, "peer %d is not another rank of this communicator (rank %d of %d)", peer, s->me, s->n);
     if (tag < DT_TAG_COLL) return dt_error(DT_EINVAL, "tag %d is negative", tag);
     if (bytes && !buf) return dt_error(DT_EINVAL, "NULL buffer for %zu bytes", bytes);
-    req->peer = peer;
-    req->tag = tag;
-    req->bytes = bytes;
-    req->done = false;
-    req->status = DT_OK;
-    req->next = NULL;
-    memset(&req->priv, 0, sizeof req->priv);
+    dt_treq_reset(req, peer, tag, bytes);
     return DT_OK;
 }
 

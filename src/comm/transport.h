@@ -23,6 +23,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 /* What a rank is doing: posted at the start of every op (ops->begin) so peers can detect a
  * mismatch, and used to name the op in error messages. */
@@ -67,6 +68,17 @@ typedef struct dt_treq {
     struct dt_treq *next;            /* transport's use (pending lists) */
     union { void *p[6]; uint64_t u[6]; } priv;
 } dt_treq;
+
+/* Transports: resets req for a new isend/irecv of `bytes` with peer and tag (not done, priv zeroed). */
+static inline void dt_treq_reset(dt_treq *req, int peer, int tag, size_t bytes) {
+    req->peer = peer;
+    req->tag = tag;
+    req->bytes = bytes;
+    req->done = false;
+    req->status = DT_OK;
+    req->next = NULL;
+    memset(&req->priv, 0, sizeof req->priv);
+}
 
 typedef struct dt_transport dt_transport;
 

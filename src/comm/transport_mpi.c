@@ -198,13 +198,7 @@ static dt_status post(dt_mpi_transport *t, bool recv, int peer, int tag, int mta
     if (peer < 0 || peer >= t->base.size)
         return dt_error(DT_EINVAL, "peer rank %d out of range 0..%d", peer, t->base.size - 1);
     _Static_assert(2 * sizeof(MPI_Request) <= 2 * sizeof(uint64_t), "MPI_Request fits priv");
-    memset(&req->priv, 0, sizeof req->priv);
-    req->peer = peer;
-    req->tag = tag;
-    req->bytes = bytes;
-    req->done = false;
-    req->status = DT_OK;
-    req->next = NULL;
+    dt_treq_reset(req, peer, tag, bytes);
     MPI_Request m[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
     int counts[2], nparts = 1;
     MPI_Datatype types[2] = {MPI_BYTE, MPI_BYTE};

@@ -6,6 +6,7 @@
  * rank). Expected values are computed on every rank. Exit 77 when built without MPI.
  * Under mpirun directly: `transport_mpi_test [ok|errors|bench SIZE...]` runs one mode (used by
  * tests/mpi_netns.sh across emulated hosts). */
+#include "comm/comm_testlib.h"
 #include "comm/transport.h"
 #include "core/test.h"
 
@@ -28,30 +29,6 @@ static int R, N; /* this rank, world size */
 static uint64_t g_seq;
 
 static double val(int r, size_t i) { return (double)(((r * 7 + (int)i * 3) % 5) + 1); }
-
-static void put(void *b, dt_dtype t, size_t i, double v) {
-    switch (t) {
-    case DT_F32: ((float *)b)[i] = (float)v; break;
-    case DT_F64: ((double *)b)[i] = v; break;
-    case DT_I32: ((int32_t *)b)[i] = (int32_t)v; break;
-    case DT_I64: ((int64_t *)b)[i] = (int64_t)v; break;
-    case DT_BF16: ((uint16_t *)b)[i] = dt_f32_to_bf16((float)v); break;
-    case DT_U8: ((uint8_t *)b)[i] = (uint8_t)v; break;
-    default: break;
-    }
-}
-
-static double get(const void *b, dt_dtype t, size_t i) {
-    switch (t) {
-    case DT_F32: return ((const float *)b)[i];
-    case DT_F64: return ((const double *)b)[i];
-    case DT_I32: return ((const int32_t *)b)[i];
-    case DT_I64: return (double)((const int64_t *)b)[i];
-    case DT_BF16: return dt_bf16_to_f32(((const uint16_t *)b)[i]);
-    case DT_U8: return ((const uint8_t *)b)[i];
-    default: return 0;
-    }
-}
 
 static double expect_reduce(size_t i, dt_redop op, dt_dtype t) {
     double acc = val(0, i);
@@ -84,7 +61,7 @@ static dt_status coll(dt_transport *t, int op, dt_dtype dt, dt_redop rop, int ro
 static size_t mismatches(const void *buf, dt_dtype t, size_t n, double (*want)(size_t, void *), void *ctx) {
     size_t bad = 0;
     for (size_t i = 0; i < n; i++)
-        if (get(buf, t, i) != want(i, ctx)) bad++;
+        if (dt_test_get(buf, t, i) != want(i, ctx)) bad++;
     return bad;
 }
 
@@ -106,17 +83,17 @@ static void test_collectives(dt_transport *t) {
         for (int oi = 0; oi < 5; oi++) {
             ctx_t c = {ops[oi], dt, 0, n};
             for (int inplace = 0; inplace < 2; inplace++) { /* allreduce */
-                for (size_t i = 0; i < n; i++) put(in, dt, i, val(R, i));
+                for (size_t i = 0; i < n; i++) dt_test_put(in, dt, i, val(R, i));
                 CHECK_OK(coll(t, DT_COLL_ALLREDUCE, dt, ops[oi], -1, n, in, inplace ? in : out, NULL, NULL));
                 CHECK_MSG(mismatches(inplace ? in : out, dt, n, w_reduce, &c) == 0, "allreduce %s %s inplace=%d",
                           dt_dtype_name(dt), dt_redop_name(ops[oi]), inplace);
             }
             int root = 1 % N; /* reduce, in place at the root */
-            for (size_t i = 0; i < n; i++) put(in, dt, i, val(R, i));
+            for (size_t i = 0; i < n; i++) dt_test_put(in, dt, i, val(R, i));
             CHECK_OK(coll(t, DT_COLL_REDUCE, dt, ops[oi], root, n, in, R == root ? in : NULL, NULL, NULL));
             if (R == root) CHECK_MSG(mismatches(in, dt, n, w_reduce, &c) == 0, "reduce %s %s", dt_dtype_name(dt), dt_redop_name(ops[oi]));
             for (int inplace = 0; inplace < 2; inplace++) { /* reduce_scatter */
-                for (size_t i = 0; i < n * (size_t)N; i++) put(in, dt, i, val(R, i));
+                for (size_t i = 0; i < n * (size_t)N; i++) dt_test_put(in, dt, i, val(R, i));
                 CHECK_OK(coll(t, DT_COLL_REDUCE_SCATTER, dt, ops[oi], -1, n, in, inplace ? in : out, NULL, NULL));
                 CHECK_MSG(mismatches(inplace ? in : out, dt, n, w_rs, &c) == 0, "reduce_scatter %s %s inplace=%d",
                           dt_dtype_name(dt), dt_redop_name(ops[oi]), inplace);
@@ -124,10 +101,10 @@ static void test_collectives(dt_transport *t) {
         }
     }
     /* bf16 reductions are the communicator's job: DT_ENOTSUP without side effects */
-    put(in, DT_BF16, 0, 3.0);
+    dt_test_put(in, DT_BF16, 0, 3.0);
     dt_coll_args a = {.d = {.seq = 0, .op = DT_COLL_ALLREDUCE, .dtype = DT_BF16, .count = 1}, .send = in,
                       .recv = in, .algo = DT_ALGO_NATIVE, .deadline = dt_now() + 5};
-    CHECK(t->ops->coll(t, &a) == DT_ENOTSUP && get(in, DT_BF16, 0) == 3.0);
+    CHECK(t->ops->coll(t, &a) == DT_ENOTSUP && dt_test_get(in, DT_BF16, 0) == 3.0);
     a.d.dtype = DT_F32;
     a.algo = DT_ALGO_RING;
     CHECK(t->ops->coll(t, &a) == DT_ENOTSUP);
@@ -138,36 +115,36 @@ static void test_collectives(dt_transport *t) {
         size_t es = dt_dtype_size(dt);
         int root = N - 1;
         ctx_t c = {DT_OP_SUM, dt, root, n};
-        for (size_t i = 0; i < n; i++) put(in, dt, i, R == root ? val(root, i) : -1);
+        for (size_t i = 0; i < n; i++) dt_test_put(in, dt, i, R == root ? val(root, i) : -1);
         CHECK_OK(coll(t, DT_COLL_BROADCAST, dt, DT_OP_SUM, root, n, in, in, NULL, NULL));
         CHECK_MSG(mismatches(in, dt, n, w_bcast, &c) == 0, "broadcast %s", dt_dtype_name(dt));
         for (int mode = 0; mode < 3; mode++) { /* allgather: separate, in place (send == own block or == recv) */
             memset(out, 0xff, n * es * (size_t)N);
             char *src = mode == 0 ? in : mode == 1 ? out + (size_t)R * n * es : out;
-            for (size_t i = 0; i < n; i++) put(mode ? out + (size_t)R * n * es : in, dt, i, val(R, i));
+            for (size_t i = 0; i < n; i++) dt_test_put(mode ? out + (size_t)R * n * es : in, dt, i, val(R, i));
             CHECK_OK(coll(t, DT_COLL_ALLGATHER, dt, DT_OP_SUM, -1, n, src, out, NULL, NULL));
             CHECK_MSG(mismatches(out, dt, n * (size_t)N, w_gather, &c) == 0, "allgather %s mode %d", dt_dtype_name(dt), mode);
         }
         size_t counts[8], displs[8], tot = 0; /* allgatherv: rank r gives r+1 elements */
         for (int r = 0; r < N; r++) { counts[r] = (size_t)r + 1; displs[r] = tot; tot += counts[r]; }
-        for (size_t i = 0; i < counts[R]; i++) put(in, dt, i, val(R, i));
+        for (size_t i = 0; i < counts[R]; i++) dt_test_put(in, dt, i, val(R, i));
         CHECK_OK(coll(t, DT_COLL_ALLGATHERV, dt, DT_OP_SUM, -1, counts[R], in, out, counts, displs));
         size_t bad = 0;
         for (int r = 0; r < N; r++)
-            for (size_t i = 0; i < counts[r]; i++) bad += get(out, dt, displs[r] + i) != val(r, i);
+            for (size_t i = 0; i < counts[r]; i++) bad += dt_test_get(out, dt, displs[r] + i) != val(r, i);
         CHECK_MSG(bad == 0, "allgatherv %s", dt_dtype_name(dt));
         c.rank = 0; /* gather to 0, in place at the root */
         memset(out, 0, n * es * (size_t)N);
         char *gsrc = R == 0 ? out : in;
-        for (size_t i = 0; i < n; i++) put(gsrc, dt, i, val(R, i));
+        for (size_t i = 0; i < n; i++) dt_test_put(gsrc, dt, i, val(R, i));
         CHECK_OK(coll(t, DT_COLL_GATHER, dt, DT_OP_SUM, 0, n, gsrc, R == 0 ? out : NULL, NULL, NULL));
         if (R == 0) CHECK_MSG(mismatches(out, dt, n * (size_t)N, w_gather, &c) == 0, "gather %s", dt_dtype_name(dt));
         c.rank = root; /* scatter from the last rank, in place at the root */
-        for (size_t i = 0; i < n * (size_t)N; i++) put(in, dt, i, R == root ? val(root, i) : -1);
+        for (size_t i = 0; i < n * (size_t)N; i++) dt_test_put(in, dt, i, R == root ? val(root, i) : -1);
         char *sdst = R == root ? in + (size_t)root * n * es : out;
         CHECK_OK(coll(t, DT_COLL_SCATTER, dt, DT_OP_SUM, root, n, in, sdst, NULL, NULL));
         CHECK_MSG(mismatches(sdst, dt, n, w_scatter, &c) == 0, "scatter %s", dt_dtype_name(dt));
-        for (size_t i = 0; i < n * (size_t)N; i++) put(in, dt, i, val(R, i));
+        for (size_t i = 0; i < n * (size_t)N; i++) dt_test_put(in, dt, i, val(R, i));
         CHECK_OK(coll(t, DT_COLL_ALLTOALL, dt, DT_OP_SUM, -1, n, in, out, NULL, NULL));
         CHECK_MSG(mismatches(out, dt, n * (size_t)N, w_a2a, &c) == 0, "alltoall %s", dt_dtype_name(dt));
     }
