@@ -1,0 +1,271 @@
+/* The training loop: epochs of forward / loss / backward / strategy step (gradient sync,
+ * clip, optimizer), periodic checkpoints, a stop agreed by every rank on SIGTERM, metrics and
+ * progress callbacks. The same loop runs one process or N data-parallel ranks; ps server ranks
+ * run the strategy's serve loop instead and server 0 reports the epochs (serve_run). */
+#include "run/trainer_internal.h"
+
+#include "dtrain/layers.h"
+#include "run/ckpt_dir.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Samples in global batch b of the epoch, over all ranks. */
+static int global_count(const dt_trainer *t, size_t b) {
+    size_t n = dt_dataset_len(t->train), gb = (size_t)t->cfg.batch * (size_t)t->dworld, start = b * gb;
+    return (int)(start + gb <= n ? gb : n - start);
+}
+
+/* Per-epoch accumulators of the step loop. */
+typedef struct {
+    double loss_sum;     /* sum of per-sample losses (this rank) */
+    int64_t samples;     /* this rank */
+    int64_t steps;
+    double compute_s, comm_wait_s;
+} epoch_acc;
+
+/* One optimizer step on this rank's part b of a global batch. The local loss gradient is
+ * weighted by n_local*world/n_global so that averaging over ranks gives exactly the mean
+ * gradient over the global batch (also when the final batch is spread unevenly or the batch is
+ * cut by speed); strategies that step on the local mean (localsgd, ps) get weight 1. */
+static dt_status train_step(dt_trainer *t, const dt_batch *b, epoch_acc *acc) {
+    const int V = t->classes;
+    const double t0 = dt_now();
+    dt_strategy *st = t->strategy;
+    st->ops->begin_step(st, t->step);
+    dt_model_zero_grad(t->model);
+    if (b->n > 0) {
+        const float *logits;
+        DT_TRY(dt_model_forward(t->model, b->x, b->n, true, (uint64_t)t->step, &logits));
+        float loss = dt_softmax_xent_forward(t->probs, logits, b->y, b->n, V);
+        if (!isfinite(loss))
+            return dt_error(DT_EINVAL, "training diverged: loss is %g at step %lld on rank %d; lower --lr or set --clip",
+                            loss, (long long)t->step, t->rank);
+        acc->loss_sum += (double)loss * b->n;
+        acc->samples += b->n;
+        float scale = st->local_mean ? 1.0f : (float)((double)b->n * t->dworld / global_count(t, b->index));
+        dt_softmax_xent_backward(t->dlogits, t->probs, b->y, b->n, V, scale);
+        const double t1 = dt_now();
+        dt_trace_add(&t->trace, "forward", 0, t0, t1, t->step);
+        DT_TRY(dt_model_backward(t->model, t->dlogits, dt_strategy_grad_hook, st));
+        dt_trace_add(&t->trace, "backward", 0, t1, dt_now(), t->step);
+        st->cur.loss_sum = (double)loss * b->n;
+    }
+    double busy = dt_now() - t0;
+    busy += dt_balance_compute_done(t->balance, b->n, busy);  /* sleeps on a --slow rank */
+    st->cur.n = b->n, st->cur.epoch = t->epoch, st->cur.busy_s = busy;
+    if (b->n == 0) st->cur.loss_sum = 0;
+    dt_step_stats ss;
+    DT_TRY(st->ops->step(st, dt_lr_at(&t->cfg.lr, t->step), t->cfg.clip_norm, &ss));
+    DT_TRY(dt_balance_step_end(t->balance, t->dcomm, t->loader));
+    acc->comm_wait_s += ss.comm_wait_s;
+    acc->compute_s += dt_now() - t0 - ss.comm_wait_s;
+    acc->steps++;
+    t->step++;
+    return DT_OK;
+}
+
+/* ---- ps servers: serve, and on server 0 report each epoch once every live worker finished it ---- */
+typedef struct {
+    dt_trainer *t;
+    FILE *mf;
+    double t0;
+} serve_ctx;
+
+static dt_status serve_epoch(void *ctx, const dt_serve_epoch *r) {
+    serve_ctx *sc = ctx;
+    dt_trainer *t = sc->t;
+    const dt_train_config *c = &t->cfg;
+    const int64_t spe = (int64_t)dt_loader_batches(t->loader);
+    t->step = r->step;  /* the model (assembled by the servers) is the one after this many worker steps */
+    t->epoch = r->complete ? r->epoch + 1 : r->epoch;
+    t->step_in_epoch = r->complete ? 0 : r->step - (r->step / spe) * spe;
+    dt_epoch_info e = {.epoch = (int)r->epoch + 1, .global_step = r->step,
+                       .train_loss = r->samples > 0 ? (float)(r->loss_sum / (double)r->samples) : NAN,
+                       .samples_per_s = r->epoch_s > 0 ? (double)r->samples / r->epoch_s : 0, .epoch_s = r->epoch_s,
+                       .world_size = t->world, .global_batch = c->batch * t->dworld,
+                       .lr = dt_lr_at(&c->lr, r->step > 0 ? r->step - 1 : 0), .nworkers = r->nworkers,
+                       .workers = r->workers, .staleness = r->staleness, .max_clock_gap = r->max_clock_gap};
+    DT_TRY(dt_trainer_evaluate(t, &e.test_loss, &e.test_acc));
+    e.wall_s = dt_now() - t->t_start;
+    if (sc->mf) dt_trainer_write_metrics(sc->mf, &e, t);
+    if (c->on_epoch) c->on_epoch(c->cb_ctx, &e);
+    if (c->save) DT_TRY(dt_trainer_save(t, c->save));
+    return DT_OK;
+}
+
+static void serve_progress(void *ctx, int64_t min_step, int64_t samples, double loss_sum) {
+    serve_ctx *sc = ctx;
+    const dt_train_config *c = &sc->t->cfg;
+    const int64_t spe = (int64_t)dt_loader_batches(sc->t->loader);
+    double el = dt_now() - sc->t0;
+    int64_t in = min_step % spe;
+    dt_progress_info p = {.epoch = (int)(min_step / spe), .epochs = c->epochs, .step_in_epoch = in,
+                          .steps_per_epoch = spe, .global_step = min_step,
+                          .loss = samples ? (float)(loss_sum / (double)samples) : NAN, .elapsed_s = el,
+                          .samples_per_s = el > 0 ? (double)samples / el : 0,
+                          .eta_s = in > 0 ? el / (double)in * (double)(spe - in) : 0};
+    if (c->on_progress) c->on_progress(c->cb_ctx, &p);
+}
+
+static void serve_note(void *ctx, const char *msg) { dt_trainer_note(((serve_ctx *)ctx)->t, "%s", msg); }
+
+static dt_status save_interrupted(dt_trainer *t);
+
+static dt_status serve_run(dt_trainer *t, FILE *mf) {
+    const dt_train_config *c = &t->cfg;
+    serve_ctx sc = {.t = t, .mf = mf, .t0 = dt_now()};
+    int64_t stopped = -1;
+    dt_serve_config cfg = {.start_step = t->step, .start_epoch = t->epoch, .start_step_in_epoch = t->step_in_epoch,
+                           .steps_per_epoch = (int64_t)dt_loader_batches(t->loader), .epochs = c->epochs,
+                           .max_steps = c->max_steps, .batch = c->batch, .want_optim = true,
+                           .progress_s = c->progress_interval_s > 0 ? c->progress_interval_s : 0.2,
+                           .stop = c->stop, .stopped_step = &stopped,
+                           .on_epoch = serve_epoch, .on_progress = serve_progress, .on_note = serve_note, .ctx = &sc};
+    dt_status s = t->strategy->ops->serve(t->strategy, &cfg);
+    if (s == DT_EINTR && stopped >= 0) {  /* server 0 holds the model of an interrupted run */
+        const int64_t spe = cfg.steps_per_epoch;
+        t->step = stopped, t->epoch = stopped / spe, t->step_in_epoch = stopped % spe;
+        return save_interrupted(t);
+    }
+    return s;
+}
+
+/* Whether the run must stop after this step: the stop flag (a signal) of any rank, agreed by
+ * every rank with one tiny allreduce every STOP_VOTE_EVERY steps, so all ranks stop after the
+ * same step; a single process checks its flag every step. */
+enum { STOP_VOTE_EVERY = 8 };
+
+static dt_status stop_vote(const dt_trainer *t, bool *stop) {
+    int32_t mine = t->cfg.stop && *t->cfg.stop, any = mine;
+    *stop = false;
+    if (t->dcomm) {
+        if (t->step % STOP_VOTE_EVERY != 0) return DT_OK;
+        DT_TRY(dt_comm_allreduce(t->dcomm, &mine, &any, 1, DT_I32, DT_OP_MAX));
+    }
+    *stop = any != 0;
+    return DT_OK;
+}
+
+/* Writes the checkpoint of an interrupted run and returns DT_EINTR saying how to resume. */
+static dt_status save_interrupted(dt_trainer *t) {
+    const dt_train_config *c = &t->cfg;
+    dt_status s = DT_OK;
+    if (c->checkpoint_dir) s = dt_trainer_save_numbered(t);
+    else if (t->rank == 0) s = dt_trainer_save(t, c->save ? c->save : "dtrain-interrupted.safetensors");
+    if (s != DT_OK) return dt_error_wrap(s, "stopped at step %lld but the checkpoint failed", (long long)t->step);
+    if (c->checkpoint_dir)
+        return dt_error(DT_EINTR, "stopped at step %lld; checkpoint %s; to continue, run the same command with "
+                                  "--resume auto (and --checkpoint-dir %s)",
+                        (long long)t->step, t->last_ckpt, c->checkpoint_dir);
+    return dt_error(DT_EINTR, "stopped at step %lld; checkpoint %s; to continue, run the same command with --resume %s",
+                    (long long)t->step, t->last_ckpt, t->last_ckpt);
+}
+
+dt_status dt_trainer_run(dt_trainer *t) {
+    const dt_train_config *c = &t->cfg;
+    dt_comm *comm = t->dcomm;
+    const bool lead = t->rank == 0;
+    FILE *mf = NULL;
+    if (c->checkpoint_dir && lead) DT_TRY(dt_ckpt_dir_ensure(c->checkpoint_dir));
+    if (c->metrics && lead) {
+        mf = fopen(c->metrics, t->cfg.resume ? "a" : "w");
+        if (!mf) return dt_error(DT_EIO, "--metrics %s: cannot open for writing", c->metrics);
+    }
+    if (t->strategy->role == DT_ROLE_SERVER) {  /* ps servers serve instead of stepping */
+        dt_status s = serve_run(t, mf);
+        if (mf && fclose(mf) != 0 && s == DT_OK) s = dt_error(DT_EIO, "--metrics %s: write failed", c->metrics);
+        return s;
+    }
+    const int64_t spe = (int64_t)dt_loader_batches(t->loader);
+    t->last_ckpt_time = dt_now();
+    bool stop = false, ckpt_due = false;
+    dt_status s = DT_OK;
+    while (t->epoch < c->epochs && s == DT_OK && !stop) {
+        if (c->max_steps && t->step >= c->max_steps) break;
+        if ((s = dt_loader_start_epoch(t->loader, (uint64_t)t->epoch, (size_t)t->step_in_epoch)) != DT_OK) break;
+        double t0 = dt_now(), last_progress = 0, wait0 = dt_loader_wait_seconds(t->loader);
+        epoch_acc acc = {0};
+        dt_batch b;
+        for (;;) {
+            double tw = dt_now();
+            if ((s = dt_loader_next(t->loader, &b)) != DT_OK) break;
+            dt_trace_add(&t->trace, "data", 2, tw, dt_now(), t->step);
+            s = train_step(t, &b, &acc);
+            if (s == DT_OK) s = stop_vote(t, &stop);
+            if (s != DT_OK) {
+                s = dt_error_wrap(s, "step %lld (epoch %lld, batch %lld)", (long long)t->step + 1,
+                                  (long long)t->epoch + 1, (long long)t->step_in_epoch + 1);
+                break;
+            }
+            if (t->resume_path[0] && !t->resume_noted++)
+                dt_trainer_note(t, "resumed from %s: training again at step %lld, %.2f s after start", t->resume_path,
+                     (long long)t->step, dt_now() - t->t_start);
+            t->step_in_epoch++;
+            double now = dt_now();
+            if (lead && c->on_progress &&
+                (now - last_progress >= c->progress_interval_s || t->step_in_epoch == spe)) {
+                last_progress = now;
+                double el = now - t0;
+                dt_progress_info p = {.epoch = (int)t->epoch, .epochs = c->epochs, .step_in_epoch = t->step_in_epoch,
+                                      .steps_per_epoch = spe, .global_step = t->step,
+                                      .loss = acc.samples ? (float)(acc.loss_sum / (double)acc.samples) : NAN,
+                                      .elapsed_s = el,
+                                      .samples_per_s = el > 0 ? (double)acc.samples * t->dworld / el : 0,
+                                      .eta_s = el / (double)acc.steps * (double)(spe - t->step_in_epoch)};
+                c->on_progress(c->cb_ctx, &p);
+            }
+            ckpt_due = c->checkpoint_dir && ((c->checkpoint_every > 0 && t->step % c->checkpoint_every == 0) ||
+                                             (c->checkpoint_secs > 0 && now - t->last_ckpt_time >= c->checkpoint_secs));
+            if (stop || (c->max_steps && t->step >= c->max_steps)) {
+                s = DT_ENOENT;
+                break;
+            }
+            /* a checkpoint at an epoch's last step waits for the epoch's end (so it resumes after it) */
+            if (ckpt_due && t->step_in_epoch < spe) {
+                if ((s = dt_trainer_save_numbered(t)) != DT_OK) break;
+                ckpt_due = false;
+            }
+        }
+        if (s != DT_ENOENT) break;
+        s = DT_OK;
+        double epoch_s = dt_now() - t0;
+        bool finished = t->step_in_epoch >= spe;
+        if (finished) {
+            t->epoch++;
+            t->step_in_epoch = 0;
+        }
+        if (stop) break;
+        if (t->strategy->role == DT_ROLE_WORKER) continue;  /* ps: the servers report epochs */
+        if (t->strategy->ops->sync && (s = t->strategy->ops->sync(t->strategy)) != DT_OK) break;
+        if ((s = dt_balance_epoch(t->balance, comm, epoch_s, t->workers)) != DT_OK) break;
+        /* global training loss and sample count of the epoch */
+        double sums[2] = {acc.loss_sum, (double)acc.samples};
+        if (comm && (s = dt_comm_allreduce(comm, sums, sums, 2, DT_F64, DT_OP_SUM)) != DT_OK) break;
+        dt_epoch_info e = {.epoch = (int)t->epoch + (finished ? 0 : 1), .global_step = t->step,
+                           .train_loss = sums[1] > 0 ? (float)(sums[0] / sums[1]) : NAN,
+                           .samples_per_s = epoch_s > 0 ? sums[1] / epoch_s : 0, .epoch_s = epoch_s,
+                           .data_wait_s = dt_loader_wait_seconds(t->loader) - wait0, .compute_s = acc.compute_s,
+                           .comm_wait_s = acc.comm_wait_s, .steps = acc.steps, .world_size = t->world,
+                           .global_batch = c->batch * t->dworld,
+                           .lr = dt_lr_at(&c->lr, t->step > 0 ? t->step - 1 : 0),
+                           .nworkers = t->dworld, .workers = t->workers, .max_clock_gap = -1};
+        if ((s = dt_trainer_evaluate(t, &e.test_loss, &e.test_acc)) != DT_OK) break;
+        e.wall_s = dt_now() - t->t_start;
+        if (mf) dt_trainer_write_metrics(mf, &e, t);
+        if (lead && c->on_epoch) c->on_epoch(c->cb_ctx, &e);
+        if (lead && c->save && (s = dt_trainer_save(t, c->save)) != DT_OK) break;
+        if (ckpt_due && (s = dt_trainer_save_numbered(t)) != DT_OK) break;
+        ckpt_due = false;
+    }
+    if (s == DT_OK && stop) s = save_interrupted(t);
+    else if (s == DT_OK && c->checkpoint_dir && t->saved_step != t->step) s = dt_trainer_save_numbered(t);
+    if ((s == DT_OK || s == DT_EINTR) && c->timeline) {
+        dt_status ts = dt_trainer_write_timeline(t);
+        if (ts != DT_OK) s = ts;
+    }
+    if (mf && fclose(mf) != 0 && s == DT_OK) s = dt_error(DT_EIO, "--metrics %s: write failed", c->metrics);
+    return s;
+}
+

@@ -1,0 +1,54 @@
+/* Trainer output: the JSON-Lines metrics record of an epoch and the gathered Chrome trace. */
+#include "run/trainer_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+static void json_num(char *buf, size_t cap, double v) {
+    if (isnan(v)) snprintf(buf, cap, "null");
+    else snprintf(buf, cap, "%.6g", v);
+}
+
+void dt_trainer_write_metrics(FILE *f, const dt_epoch_info *e, const dt_trainer *t) {
+    char tl[32], ta[32];
+    json_num(tl, sizeof tl, e->test_loss);
+    json_num(ta, sizeof ta, e->test_acc);
+    double per = e->steps > 0 ? 1e3 / (double)e->steps : 0;
+    fprintf(f,
+            "{\"epoch\": %d, \"step\": %lld, \"train_loss\": %.6g, \"test_loss\": %s, \"test_acc\": %s, "
+            "\"samples_per_s\": %.1f, \"epoch_s\": %.3f, \"wall_s\": %.3f, \"data_wait_s\": %.4f, \"lr\": %.6g, "
+            "\"batch\": %d, \"world_size\": %d, \"global_batch\": %d, \"strategy\": \"%s\", \"backend\": \"%s\", "
+            "\"step_ms\": {\"compute\": %.4f, \"comm_wait\": %.4f, \"data_wait\": %.4f}, \"model\": \"%s\"",
+            e->epoch, (long long)e->global_step, e->train_loss, tl, ta, e->samples_per_s, e->epoch_s, e->wall_s,
+            e->data_wait_s, e->lr, t->cfg.batch, e->world_size, e->global_batch, t->strategy->ops->name,
+            t->world > 1 ? dt_comm_backend_name(t->cfg.comm) : "self",
+            e->compute_s * per, e->comm_wait_s * per, e->data_wait_s * per, dt_model_spec(t->model));
+    dt_balance_write_json(f, e);  /* per-worker figures, ps staleness */
+    fputs("}\n", f);
+    fflush(f);
+}
+
+/* Gathers every rank's timeline events on rank 0 and writes the Chrome trace there. */
+dt_status dt_trainer_write_timeline(dt_trainer *t) {
+    dt_comm *c = t->world > 1 ? t->cfg.comm : NULL;
+    const size_t esz = sizeof(dt_trace_event);
+    if (!c) return dt_trace_write_json(t->cfg.timeline, t->trace.ev, t->trace.n);
+    int W = t->world;
+    int64_t mine = (int64_t)t->trace.n;
+    int64_t *counts = calloc((size_t)W, sizeof *counts);
+    size_t *bytes = calloc((size_t)W, sizeof *bytes);
+    if (!counts || !bytes) {
+        free(counts), free(bytes);
+        return dt_error(DT_ENOMEM, "timeline: out of memory");
+    }
+    dt_status s = dt_comm_allgather(c, &mine, counts, 1, DT_I64);
+    size_t total = 0;
+    for (int r = 0; r < W; r++) bytes[r] = (size_t)counts[r] * esz, total += (size_t)counts[r];
+    dt_trace_event *all = s == DT_OK ? calloc(total ? total : 1, esz) : NULL;
+    if (s == DT_OK && !all) s = dt_error(DT_ENOMEM, "timeline: out of memory for %zu events", total);
+    if (s == DT_OK) s = dt_comm_allgatherv(c, t->trace.ev, all, bytes, NULL, DT_U8);
+    if (s == DT_OK && t->rank == 0) s = dt_trace_write_json(t->cfg.timeline, all, total);
+    free(all), free(counts), free(bytes);
+    return s;
+}
+

@@ -1,0 +1,53 @@
+/* Internals of the trainer shared by its three files: trainer.c (set-up, resume, evaluation,
+ * checkpoints), train_loop.c (steps, epochs, stopping, ps serving) and train_report.c (metrics
+ * lines and the timeline). Not part of the public API. */
+#ifndef DT_RUN_TRAINER_INTERNAL_H
+#define DT_RUN_TRAINER_INTERNAL_H
+
+#include "core/trace.h"
+#include "dist/strategy.h"
+#include "dtrain/data.h"
+#include "dtrain/train.h"
+#include "run/balance.h"
+
+#include <stdio.h>
+
+struct dt_trainer {
+    dt_train_config cfg;
+    dt_dataset *train, *test;
+    dt_model *model;
+    dt_optim *optim;
+    dt_loader *loader;
+    int C, H, W, classes;
+    float *probs, *dlogits;   /* (batch, classes) */
+    int64_t step;             /* optimizer steps done */
+    int64_t epoch;            /* current epoch (0-based) */
+    int64_t step_in_epoch;    /* batches consumed in the current epoch */
+    float norm_mean, norm_std;
+    bool has_norm;
+    double t_start;
+    int rank, world;
+    dt_strategy *strategy;
+    dt_trace trace;           /* empty unless cfg.timeline */
+    char resume_path[4096];   /* the checkpoint resumed from (resolves "auto") */
+    char last_ckpt[4096];     /* last checkpoint written or resumed from */
+    double last_ckpt_time;
+    int64_t saved_step;       /* step of the last numbered checkpoint (-1: none) */
+    int resume_noted;         /* the "training again" note was given */
+    /* uneven workers (ps, localsgd, --balance, --slow) */
+    int drank, dworld;        /* this rank's part of the data: the loader's rank and world */
+    dt_comm *dcomm;           /* the ranks that reduce epoch figures together; NULL = this one alone */
+    dt_balance *balance;      /* --slow sleep, --balance cut, per-worker figures (training ranks) */
+    dt_worker_info *workers;  /* [dworld] */
+};
+
+/* Passes a note to cfg.on_note on rank 0 (printf-style). */
+void dt_trainer_note(const dt_trainer *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Rank 0 writes checkpoint_dir/ckpt-<step> and prunes to --keep; every rank restarts its timer. */
+dt_status dt_trainer_save_numbered(dt_trainer *t);
+/* Appends one JSON line for a finished epoch. */
+void dt_trainer_write_metrics(FILE *f, const dt_epoch_info *e, const dt_trainer *t);
+/* Gathers every rank's timeline events on rank 0 and writes the Chrome trace there. */
+dt_status dt_trainer_write_timeline(dt_trainer *t);
+
+#endif
