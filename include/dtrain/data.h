@@ -205,6 +205,11 @@ dt_status dt_loader_next(dt_loader *l, dt_batch *out);
  * once per epoch. Every rank must set the same cut before the same batch. Batches already
  * prefetched are rebuilt; the cut stays across epochs. DT_EINVAL for bad counts. */
 dt_status dt_loader_set_cut(dt_loader *l, const int *counts);
+/* Builds batch `unit` of the epoch's global order cut into batches of `batch` samples for one
+ * rank (order[unit*batch, ...), the last one short), synchronously, into *out (valid until the
+ * next call / start_epoch / free): for batches handed out at run time (ps dynamic assignment).
+ * Stops an epoch in progress. DT_EINVAL when unit >= ceil(n / batch). */
+dt_status dt_loader_take(dt_loader *l, uint64_t epoch, size_t unit, dt_batch *out);
 /* Batches per epoch (the same on every rank). */
 size_t dt_loader_batches(const dt_loader *l);
 /* Total seconds dt_loader_next spent blocked waiting for a batch (with prefetch 0: building it),

@@ -37,6 +37,8 @@ struct dt_loader {
     dt_status err;      /* a failure of the worker, reported by dt_loader_next */
     char errmsg[1024];
     double wait_s;
+    bool take_valid;    /* order holds take_epoch's order (dt_loader_take) */
+    uint64_t take_epoch;
 };
 
 /* Builds batch b of the current epoch into its ring slot. Reads only immutable state. */
@@ -145,6 +147,7 @@ dt_status dt_loader_start_epoch(dt_loader *l, uint64_t epoch, size_t skip_batche
     dt_sampler_order(l->order, l->ds->n, l->cfg.seed, epoch, l->cfg.shuffle);
     pthread_mutex_lock(&l->mu);
     l->epoch = epoch;
+    l->take_valid = false;
     l->next_fill = l->next_take = skip_batches;
     l->held = false;
     l->err = DT_OK;
@@ -229,6 +232,31 @@ dt_status dt_loader_set_cut(dt_loader *l, const int *counts) {
     l->active = was_active;
     pthread_cond_signal(&l->cv_work);
     pthread_mutex_unlock(&l->mu);
+    return DT_OK;
+}
+
+dt_status dt_loader_take(dt_loader *l, uint64_t epoch, size_t unit, dt_batch *out) {
+    memset(out, 0, sizeof *out);
+    const size_t n = l->ds->n, B = (size_t)l->cfg.batch;
+    if (unit >= (n + B - 1) / B)
+        return dt_error(DT_EINVAL, "loader: batch %zu of %zu samples is past the epoch (%zu samples)", unit, B, n);
+    pthread_mutex_lock(&l->mu);
+    l->gen++;
+    l->active = false;  /* the prefetch thread claims nothing while batches are taken */
+    while (l->busy) pthread_cond_wait(&l->cv_ready, &l->mu);
+    l->held = false;
+    pthread_mutex_unlock(&l->mu);
+    if (!l->take_valid || l->take_epoch != epoch) {
+        dt_sampler_order(l->order, n, l->cfg.seed, epoch, l->cfg.shuffle);
+        l->take_valid = true, l->take_epoch = epoch;
+    }
+    size_t start = unit * B, count = start + B <= n ? B : n - start;
+    double t0 = dt_now();
+    DT_TRY(dt_dataset_batch(l->ds, l->order + start, (int)count, l->xbuf, l->ybuf));
+    pthread_mutex_lock(&l->mu);
+    l->wait_s += dt_now() - t0;
+    pthread_mutex_unlock(&l->mu);
+    *out = (dt_batch){.x = l->xbuf, .y = l->ybuf, .n = (int)count, .index = unit, .epoch = epoch};
     return DT_OK;
 }
 

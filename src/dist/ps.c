@@ -5,7 +5,8 @@
  * (stale-synchronous parallel). There is no barrier among the workers. The servers apply the
  * optimizer with exactly the float operations of dt_optim_step on the whole slab (it is
  * element-wise and every shard's optimizer counts the same steps), so one worker with staleness
- * 0 trains bit for bit like a single process. */
+ * 0 trains bit for bit like a single process. Fully asynchronous (--staleness inf), the workers
+ * own no shard: server 0's answer names the next batch to train (dynamic assignment, ps.h). */
 #include "dist/ps.h"
 
 #include <stdio.h>
@@ -64,7 +65,8 @@ static dt_status ps_step(dt_strategy *s, float lr, float clip, dt_step_stats *st
     double t0 = dt_now();
     for (int i = 0; i < p->S; i++) {
         p->push[i] = (ps_push){.step = s->step, .epoch = s->cur.epoch, .version = p->version[i], .n = s->cur.n,
-                               .lr = lr, .loss_sum = s->cur.loss_sum, .busy_s = s->cur.busy_s};
+                               .lr = lr, .loss_sum = s->cur.loss_sum, .busy_s = s->cur.busy_s,
+                               .seq = p->dynamic ? p->seq : -1};
         dt_status r = dt_comm_broadcast(p->pair[i], &p->push[i], sizeof p->push[i], DT_U8, 1);
         if (r == DT_OK) r = dt_comm_broadcast(p->pair[i], g + p->lo[i], p->lo[i + 1] - p->lo[i], DT_F32, 1);
         if (r != DT_OK) return server_error(p, i, r, "pushing to");
@@ -74,6 +76,15 @@ static dt_status ps_step(dt_strategy *s, float lr, float clip, dt_step_stats *st
         if (r == DT_OK) r = dt_comm_broadcast(p->pair[i], w + p->lo[i], p->lo[i + 1] - p->lo[i], DT_F32, 0);
         if (r != DT_OK) return server_error(p, i, r, "pulling from");
         p->version[i] = p->reply[i].version;
+    }
+    if (p->dynamic) {
+        const ps_reply *r = &p->reply[0];
+        p->seq = r->seq, s->next_epoch = r->epoch, s->next_unit = r->unit;
+        for (int i = 0; r->bye && i < p->S; i++) {  /* nothing left: say goodbye to every server */
+            ps_push bye = {.step = s->step + 1, .n = -1, .seq = -1};
+            dt_status e = dt_comm_broadcast(p->pair[i], &bye, sizeof bye, DT_U8, 1);
+            if (e != DT_OK) return server_error(p, i, e, "saying goodbye to");
+        }
     }
     st->comm_wait_s = dt_now() - t0;
     st->buckets = p->S;
@@ -110,6 +121,8 @@ dt_status dt_strategy_ps_create(dt_strategy *s, const dt_strategy_config *cfg) {
     if (!p) return dt_error(DT_ENOMEM, "ps: out of memory");
     p->S = size - dworld, p->W = dworld, p->me = me;
     p->staleness = cfg->staleness;
+    p->dynamic = cfg->staleness < 0;
+    p->seq = me - p->S;  /* dynamic: worker w trains seq w first */
     p->P = dt_model_num_params(s->model);
     p->lo = calloc((size_t)p->S + 1, sizeof *p->lo);
     p->pair = calloc((size_t)(p->S > p->W ? p->S : p->W), sizeof *p->pair);
@@ -127,5 +140,6 @@ dt_status dt_strategy_ps_create(dt_strategy *s, const dt_strategy_config *cfg) {
     s->data_rank = drank, s->data_world = dworld;
     s->job_rank0 = p->S;
     s->local_mean = true;
+    s->dynamic = p->dynamic;
     return DT_OK;
 }

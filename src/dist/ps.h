@@ -16,7 +16,17 @@
  * slice; the server applies its optimizer to the slice at once, then answers (root 0), when the
  * staleness bound allows, with a ps_reply header and its current parameter slice, which the
  * worker receives straight into its parameters. Both sides make the same calls in the same
- * order, so the collective mismatch checks of the communicator apply too. */
+ * order, so the collective mismatch checks of the communicator apply too.
+ *
+ * Dynamic batch assignment (fully asynchronous, --staleness inf): the workers do not own shards.
+ * The epoch's (seed, epoch) global order is cut into units of `batch` samples (the single-process
+ * batches, units_per_epoch = ceil(n / batch)); numbering the units of all remaining epochs one
+ * after another as seq 0, 1, 2, ... from the start position, worker w trains seq w first and
+ * server 0 hands out the next free seq in each reply (ps_reply.epoch/unit), so a fast worker
+ * trains more units and a slow one fewer, and every unit is trained once. A server counts an
+ * epoch as done once all its units were pushed. A dropped worker's unhanded unit is handed out
+ * again. When nothing is left (or the run is stopping) server 0 answers unit -1 with bye = 1 and
+ * the worker sends every server a last header with n = -1 (goodbye) and leaves. */
 #ifndef DT_DIST_PS_H
 #define DT_DIST_PS_H
 
@@ -32,17 +42,21 @@ typedef struct {
     float lr;            /* learning rate of the step */
     double loss_sum;     /* sum of the per-sample losses */
     double busy_s;       /* forward+backward time, including a --slow sleep */
+    int64_t seq;         /* dynamic: the unit trained (see above); -1 otherwise */
 } ps_push;
 
 typedef struct {
     int64_t version;     /* pushes applied to this shard so far */
     int64_t min_clock;   /* slowest live worker's clock when the answer was granted */
+    int64_t seq, epoch, unit;  /* dynamic, server 0: the worker's next unit; unit -1 = none */
+    int32_t bye;         /* dynamic, server 0: no next unit; say goodbye to every server */
 } ps_reply;
 
 typedef struct {
     int S, W;                /* servers, workers */
     int me;                  /* job rank */
     int staleness;           /* < 0: unbounded */
+    bool dynamic;            /* dynamic batch assignment (staleness < 0) */
     size_t P;                /* parameters */
     size_t *lo;              /* [S + 1] shard bounds */
     dt_comm **pair;          /* server: [W] its pair with worker w; worker: [S] its pair with server i */
@@ -51,7 +65,15 @@ typedef struct {
     ps_push *push;           /* [S] */
     ps_reply *reply;         /* [S] */
     int64_t *version;        /* [S] last version seen from each server */
+    int64_t seq;             /* dynamic: the unit this worker trains now */
 } ps_state;
+
+/* Dynamic assignment: the (epoch, unit) of seq q counted from unit u0 of epoch e0. */
+static inline void dt_ps_seq_unit(int64_t q, int64_t e0, int64_t u0, int64_t units_per_epoch, int64_t *epoch,
+                                  int64_t *unit) {
+    int64_t k = u0 + q;
+    *epoch = e0 + k / units_per_epoch, *unit = k % units_per_epoch;
+}
 
 /* Server side: serves the workers of s (role DT_ROLE_SERVER) until they are all done or gone. */
 dt_status dt_ps_serve(dt_strategy *s, const dt_serve_config *cfg);

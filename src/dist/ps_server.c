@@ -9,7 +9,11 @@
  * workers". The serving thread meanwhile waits for epoch ends: once every live worker's clock has
  * passed an epoch's last step, each server copies its shard and server 0 assembles the model (and
  * optimizer state) into the strategy's model and reports the epoch (loss, per-worker figures, a
- * histogram of gradient staleness, the largest clock gap granted). */
+ * histogram of gradient staleness, the largest clock gap granted).
+ *
+ * Dynamic assignment (p->dynamic, see ps.h): server 0 hands out the units in its answers (a
+ * dropped worker's unit is handed out again) and every server ends an epoch once all its units
+ * were pushed; workers leave with a goodbye header. */
 #include "dist/ps.h"
 
 #include <errno.h>
@@ -45,6 +49,14 @@ struct server {
     int64_t version, total;
     int64_t *clock;                /* [W] steps pushed */
     bool *alive;                   /* [W] */
+    bool *bye;                     /* [W] dynamic: said goodbye (done, not dead) */
+    /* dynamic assignment */
+    int64_t units;                 /* units per epoch */
+    int64_t next_seq;              /* server 0: next seq never handed out */
+    int64_t *pending;              /* server 0: [W] seq handed to each worker, not yet pushed (-1) */
+    int64_t *requeue;              /* server 0: [W] seqs of dropped workers to hand out again */
+    int nrequeue;
+    int64_t *units_done;           /* [nep] units pushed by epoch */
     int nlive;
     int running;                   /* handler threads still serving */
     bool stopping;                 /* stop requested: answer at once, let the workers leave quietly */
@@ -63,8 +75,40 @@ struct server {
 static int64_t min_live(const server *sv) {
     int64_t m = INT64_MAX;
     for (int w = 0; w < sv->p->W; w++)
-        if (sv->alive[w] && sv->clock[w] < m) m = sv->clock[w];
+        if (sv->alive[w] && !sv->bye[w] && sv->clock[w] < m) m = sv->clock[w];
     return m;
+}
+
+/* Dynamic: the first seq not yet pushed (all below it were trained and pushed). */
+static int64_t low_mark(const server *sv) {
+    int64_t m = sv->next_seq;
+    for (int w = 0; w < sv->p->W; w++)
+        if (sv->pending[w] >= 0 && sv->pending[w] < m) m = sv->pending[w];
+    for (int k = 0; k < sv->nrequeue; k++) m = sv->requeue[k] < m ? sv->requeue[k] : m;
+    return m;
+}
+
+/* Dynamic: a seq as a resume position (epoch, global batches of batch x workers done). */
+static void seq_position(const server *sv, int64_t q, int64_t *epoch, int64_t *in_epoch) {
+    const dt_serve_config *c = sv->cfg;
+    int64_t unit;
+    dt_ps_seq_unit(q, c->start_epoch, c->start_step_in_epoch * sv->p->W, sv->units, epoch, &unit);
+    *in_epoch = unit / sv->p->W;
+}
+
+/* Dynamic, server 0: fills r with worker w's next unit, or none (with the lock held). */
+static void assign(server *sv, int w, int64_t clk, ps_reply *r) {
+    r->seq = -1, r->epoch = -1, r->unit = -1, r->bye = 0;
+    if (clk >= sv->total) return;  /* max_steps: the worker stops by itself, no goodbye */
+    r->bye = 1;
+    if (sv->stopping) return;
+    int64_t q = sv->nrequeue > 0 ? sv->requeue[--sv->nrequeue] : sv->next_seq;
+    int64_t e, u;
+    dt_ps_seq_unit(q, sv->cfg->start_epoch, sv->cfg->start_step_in_epoch * sv->p->W, sv->units, &e, &u);
+    if (e >= sv->cfg->epochs) return;
+    if (q == sv->next_seq) sv->next_seq++;
+    sv->pending[w] = q;
+    *r = (ps_reply){.seq = q, .epoch = e, .unit = u, .bye = 0};
 }
 
 static void add_note(server *sv, const char *fmt, int64_t a, int64_t b, int64_t c) {
@@ -76,6 +120,10 @@ static void drop(server *sv, int w, dt_status st) {
     if (!sv->alive[w]) return;
     sv->alive[w] = false;
     sv->nlive--;
+    if (sv->p->dynamic && sv->idx == 0 && sv->pending[w] >= 0) {  /* its unit goes to another worker */
+        sv->requeue[sv->nrequeue++] = sv->pending[w];
+        sv->pending[w] = -1;
+    }
     pthread_cond_broadcast(&sv->cv);
     if (sv->stopping) return;  /* leaving after a stop is expected */
     const char *how = st == DT_ETIMEDOUT ? "timed out" : strstr(dt_last_error(), "left") ? "left" : "died";
@@ -106,6 +154,12 @@ static void *handler_main(void *arg) {
             pthread_mutex_unlock(&sv->mu);
             break;
         }
+        if (m.n < 0) {  /* dynamic: the worker is done */
+            sv->bye[w] = true;
+            pthread_cond_broadcast(&sv->cv);
+            pthread_mutex_unlock(&sv->mu);
+            break;
+        }
         int64_t stale = sv->version - m.version;
         sv->stale[stale < DT_STALENESS_BINS - 1 ? stale : DT_STALENESS_BINS - 1]++;
         if (m.n > 0) {
@@ -118,7 +172,9 @@ static void *handler_main(void *arg) {
             sv->samples[e] += m.n;
             sv->wsamples[e * p->W + w] += m.n;
             sv->wbusy[e * p->W + w] += m.busy_s;
+            if (m.seq >= 0) sv->units_done[e]++;
         }
+        if (p->dynamic && sv->idx == 0 && m.seq >= 0 && sv->pending[w] == m.seq) sv->pending[w] = -1;
         int64_t clk = sv->clock[w] = m.step + 1;
         pthread_cond_broadcast(&sv->cv);
         /* stale-synchronous: hold the answer while this worker is too far ahead of the slowest */
@@ -126,7 +182,9 @@ static void *handler_main(void *arg) {
             pthread_cond_wait(&sv->cv, &sv->mu);
         int64_t lo = min_live(sv);
         if (clk < total && !sv->stopping && clk - lo > sv->max_gap) sv->max_gap = (int)(clk - lo);
-        ps_reply r = {.version = sv->version, .min_clock = lo};
+        ps_reply r = {.seq = -1, .epoch = -1, .unit = -1};
+        if (p->dynamic && sv->idx == 0) assign(sv, w, clk, &r);
+        r.version = sv->version, r.min_clock = lo;
         memcpy(h->out, sv->w, sv->n * sizeof(float));
         pthread_mutex_unlock(&sv->mu);
         st = dt_comm_broadcast(c, &r, sizeof r, DT_U8, 0);
@@ -200,14 +258,17 @@ static dt_status epochs(server *sv) {
     for (int k = 0; k < nstate && st == DT_OK; k++)
         if (!(state[k] = dt_alloc(sv->n * sizeof(float) + 1))) st = dt_error(DT_ENOMEM, "ps server: out of memory");
     double t_prev = dt_now();
+    const bool dyn = p->dynamic;
     for (int64_t ep = cfg->start_epoch; ep < cfg->epochs && st == DT_OK; ep++) {
         int64_t end = base + (ep - cfg->start_epoch + 1) * cfg->steps_per_epoch;
         if (end > sv->total) end = sv->total;
+        if (dyn) end = sv->total;  /* dynamic: the epoch ends when its units are in (or at max_steps) */
         int64_t e = ep - sv->ep0;
         pthread_mutex_lock(&sv->mu);
         double next_progress = dt_now() + cfg->progress_s;
         bool stop = false;
-        while (sv->nlive > 0 && min_live(sv) < end && !(stop = cfg->stop && *cfg->stop)) {
+        while (sv->nlive > 0 && min_live(sv) < end && !(dyn && sv->units_done[e] >= sv->units) &&
+               !(stop = cfg->stop && *cfg->stop)) {
             wait_until(sv, next_progress);
             flush_notes(sv);  /* short callbacks (a line each) run under the lock */
             if (dt_now() >= next_progress) {
@@ -227,6 +288,8 @@ static dt_status epochs(server *sv) {
             while (sv->running > 0 && dt_now() < give_up) wait_until(sv, give_up);
             int64_t at = 0;
             for (int w = 0; w < W; w++) at = sv->clock[w] > at ? sv->clock[w] : at;
+            int64_t stop_ep = 0, stop_in = 0;
+            if (dyn && sv->idx == 0) seq_position(sv, low_mark(sv), &stop_ep, &stop_in);
             for (int w = 0; w < W; w++) sv->alive[w] = false;
             sv->nlive = 0;
             pthread_cond_broadcast(&sv->cv);
@@ -235,12 +298,15 @@ static dt_status epochs(server *sv) {
                 memcpy(state[k], dt_optim_state(sv->opt, k, NULL), sv->n * sizeof(float));
             pthread_mutex_unlock(&sv->mu);
             /* one server holds the whole model: hand it to the trainer for the interrupt checkpoint */
-            if (p->S == 1 && cfg->stopped_step && (st = assemble(sv, snap, state, nstate)) == DT_OK)
+            if (p->S == 1 && cfg->stopped_step && (st = assemble(sv, snap, state, nstate)) == DT_OK) {
                 *cfg->stopped_step = at;
+                if (dyn && cfg->stopped_epoch) *cfg->stopped_epoch = stop_ep, *cfg->stopped_in_epoch = stop_in;
+            }
             if (st == DT_OK) st = dt_error(DT_EINTR, "ps: stopped by a signal near worker step %lld", (long long)at);
             break;
         }
-        if (sv->nlive == 0) {
+        const bool units_in = dyn && sv->units_done[e] >= sv->units;
+        if (sv->nlive == 0 && !units_in) {
             flush_notes(sv);
             pthread_mutex_unlock(&sv->mu);
             st = dt_error(DT_EPEER, "ps: all %d workers are gone (died or left) before step %lld", W, (long long)end);
@@ -263,13 +329,22 @@ static dt_status epochs(server *sv) {
         memset(sv->stale, 0, sizeof sv->stale);
         dt_serve_epoch rep = {.epoch = ep, .step = end, .complete = end == base + (ep - cfg->start_epoch + 1) * cfg->steps_per_epoch,
                               .loss_sum = sv->loss_sum[e], .samples = sv->samples[e], .epoch_s = epoch_s,
-                              .nworkers = W, .workers = wi, .staleness = stale, .max_clock_gap = sv->max_gap};
+                              .nworkers = W, .workers = wi, .staleness = stale, .max_clock_gap = sv->max_gap,
+                              .step_in_epoch = -1};
+        if (dyn) {  /* the step: the most steps a worker did; the position: see dt_serve_config */
+            rep.step = 0;
+            for (int w = 0; w < W; w++) rep.step = sv->clock[w] > rep.step ? sv->clock[w] : rep.step;
+            rep.complete = units_in;
+            int64_t pe = ep;
+            rep.step_in_epoch = 0;
+            if (!units_in && sv->idx == 0) seq_position(sv, low_mark(sv), &pe, &rep.step_in_epoch);
+        }
         sv->max_gap = 0;
         flush_notes(sv);
         pthread_mutex_unlock(&sv->mu);
         st = assemble(sv, snap, state, nstate);
         if (st == DT_OK && sv->idx == 0 && cfg->on_epoch) st = cfg->on_epoch(cfg->ctx, &rep);
-        if (end >= sv->total) break;
+        if (dyn ? !rep.complete : end >= sv->total) break;
     }
     dt_free(snap);
     for (int k = 0; k < 2; k++) dt_free(state[k]);
@@ -287,6 +362,10 @@ static void server_free(server *sv, handler *h) {
     dt_free(sv->w);
     free(sv->clock);
     free(sv->alive);
+    free(sv->bye);
+    free(sv->pending);
+    free(sv->requeue);
+    free(sv->units_done);
     free(sv->loss_sum);
     free(sv->samples);
     free(sv->wsamples);
@@ -302,6 +381,12 @@ dt_status dt_ps_serve(dt_strategy *s, const dt_serve_config *cfg) {
     sv.lo = p->lo[p->me], sv.n = p->lo[p->me + 1] - p->lo[p->me];
     int64_t end_all = cfg->start_step - cfg->start_step_in_epoch + (cfg->epochs - cfg->start_epoch) * cfg->steps_per_epoch;
     sv.total = cfg->max_steps > 0 && cfg->max_steps < end_all ? cfg->max_steps : end_all;
+    if (p->dynamic) {  /* a fast worker does more steps than its share: only max_steps bounds them */
+        if (cfg->units_per_epoch <= 0) return dt_error(DT_EINVAL, "ps server: dynamic assignment needs units_per_epoch");
+        sv.total = cfg->max_steps > 0 ? cfg->max_steps : INT64_MAX;
+        sv.units = cfg->units_per_epoch;
+        sv.next_seq = W;  /* worker w starts with seq w */
+    }
     sv.ep0 = cfg->start_epoch;
     sv.nep = cfg->epochs - cfg->start_epoch > 0 ? cfg->epochs - cfg->start_epoch : 1;
     pthread_mutex_init(&sv.mu, NULL);
@@ -310,12 +395,17 @@ dt_status dt_ps_serve(dt_strategy *s, const dt_serve_config *cfg) {
     sv.w = dt_alloc(sv.n * sizeof(float) + 1);
     sv.clock = calloc((size_t)W, sizeof *sv.clock);
     sv.alive = calloc((size_t)W, sizeof *sv.alive);
+    sv.bye = calloc((size_t)W, sizeof *sv.bye);
+    sv.pending = calloc((size_t)W, sizeof *sv.pending);
+    sv.requeue = calloc((size_t)W, sizeof *sv.requeue);
+    sv.units_done = calloc((size_t)sv.nep, sizeof *sv.units_done);
     sv.loss_sum = calloc((size_t)sv.nep, sizeof *sv.loss_sum);
     sv.samples = calloc((size_t)sv.nep, sizeof *sv.samples);
     sv.wsamples = calloc((size_t)(sv.nep * W), sizeof *sv.wsamples);
     sv.wbusy = calloc((size_t)(sv.nep * W), sizeof *sv.wbusy);
     dt_status st = DT_OK;
-    if (!h || !sv.w || !sv.clock || !sv.alive || !sv.loss_sum || !sv.samples || !sv.wsamples || !sv.wbusy)
+    if (!h || !sv.w || !sv.clock || !sv.alive || !sv.loss_sum || !sv.samples || !sv.wsamples || !sv.wbusy || !sv.bye ||
+        !sv.pending || !sv.requeue || !sv.units_done)
         st = dt_error(DT_ENOMEM, "ps server: out of memory");
     if (st == DT_OK) st = dt_optim_create(&sv.opt, dt_optim_config_of(s->optim), sv.n);
     if (st != DT_OK) {
@@ -328,7 +418,7 @@ dt_status dt_ps_serve(dt_strategy *s, const dt_serve_config *cfg) {
         memcpy(dt_optim_state(sv.opt, k, NULL), dt_optim_state(s->optim, k, NULL) + sv.lo, sv.n * sizeof(float));
     dt_optim_set_steps(sv.opt, dt_optim_steps(s->optim));
     sv.version = 0;
-    for (int w = 0; w < W; w++) sv.clock[w] = cfg->start_step, sv.alive[w] = true;
+    for (int w = 0; w < W; w++) sv.clock[w] = cfg->start_step, sv.alive[w] = true, sv.pending[w] = p->dynamic ? w : -1;
     sv.nlive = W;
     for (int w = 0; w < W && st == DT_OK; w++) {
         h[w] = (handler){.sv = &sv, .w = w, .grad = dt_alloc(sv.n * sizeof(float) + 1),

@@ -41,6 +41,7 @@ typedef struct {
     const dt_worker_info *workers;
     const int64_t *staleness;  /* [DT_STALENESS_BINS] */
     int max_clock_gap;
+    int64_t step_in_epoch;     /* ps dynamic: where a resume continues (see dt_serve_config); else -1 */
 } dt_serve_epoch;
 
 /* What the servers need to know about the run, and the lead's callbacks. */
@@ -53,6 +54,12 @@ typedef struct {
     volatile sig_atomic_t *stop;  /* set (by a signal handler) to stop serving: DT_EINTR; may be NULL */
     int64_t *stopped_step;     /* out, may be NULL: on a stop with one server, the worker clock of the
                                 * model assembled into s->model (else left alone) */
+    /* ps dynamic assignment (s->dynamic): units of `batch` samples per epoch (ceil(n / batch));
+     * the workers start at unit start_step_in_epoch * workers of start_epoch. Positions handed
+     * back (stopped_epoch/stopped_in_epoch, dt_serve_epoch.step_in_epoch) are in global batches of
+     * batch x workers: floor(units done before the first unit not yet pushed / workers). */
+    int64_t units_per_epoch;
+    int64_t *stopped_epoch, *stopped_in_epoch;  /* out, may be NULL: with stopped_step */
     /* server rank 0 only; called from the serving thread */
     dt_status (*on_epoch)(void *ctx, const dt_serve_epoch *e);
     void (*on_progress)(void *ctx, int64_t min_step, int64_t samples, double loss_sum);
@@ -99,6 +106,10 @@ struct dt_strategy {
     dt_role role;
     int data_rank, data_world;  /* this rank's part of the data (ps workers: index among workers) */
     int job_rank0;              /* job rank of data rank 0 */
+    bool dynamic;               /* ps --staleness inf: the servers hand out the batches (see ps.h);
+                                 * the worker trains unit next_unit of epoch next_epoch next
+                                 * (next_unit < 0: none left) */
+    int64_t next_epoch, next_unit;
     bool local_mean;            /* the step wants the mean gradient of the local batch (localsgd,
                                  * ps); else the rank's share of the global mean (ddp) */
     struct {                    /* the current step on this rank, set by the trainer before ops->step */

@@ -1,7 +1,8 @@
 /* The training loop: epochs of forward / loss / backward / strategy step (gradient sync,
  * clip, optimizer), periodic checkpoints, a stop agreed by every rank on SIGTERM, metrics and
  * progress callbacks. The same loop runs one process or N data-parallel ranks; ps server ranks
- * run the strategy's serve loop instead and server 0 reports the epochs (serve_run). */
+ * run the strategy's serve loop instead and server 0 reports the epochs (serve_run); fully
+ * asynchronous ps workers train the batches the servers hand out (dynamic_run). */
 #include "run/trainer_internal.h"
 
 #include "dtrain/layers.h"
@@ -80,7 +81,7 @@ static dt_status serve_epoch(void *ctx, const dt_serve_epoch *r) {
     const int64_t spe = (int64_t)dt_loader_batches(t->loader);
     t->step = r->step;  /* the model (assembled by the servers) is the one after this many worker steps */
     t->epoch = r->complete ? r->epoch + 1 : r->epoch;
-    t->step_in_epoch = r->complete ? 0 : r->step - (r->step / spe) * spe;
+    t->step_in_epoch = r->complete ? 0 : r->step_in_epoch >= 0 ? r->step_in_epoch : r->step - (r->step / spe) * spe;
     dt_epoch_info e = {.epoch = (int)r->epoch + 1, .global_step = r->step,
                        .train_loss = r->samples > 0 ? (float)(r->loss_sum / (double)r->samples) : NAN,
                        .samples_per_s = r->epoch_s > 0 ? (double)r->samples / r->epoch_s : 0, .epoch_s = r->epoch_s,
@@ -116,17 +117,21 @@ static dt_status save_interrupted(dt_trainer *t);
 static dt_status serve_run(dt_trainer *t, FILE *mf) {
     const dt_train_config *c = &t->cfg;
     serve_ctx sc = {.t = t, .mf = mf, .t0 = dt_now()};
-    int64_t stopped = -1;
+    int64_t stopped = -1, stopped_epoch = -1, stopped_in = 0;
+    const size_t n = dt_dataset_len(t->train), B = (size_t)c->batch;
     dt_serve_config cfg = {.start_step = t->step, .start_epoch = t->epoch, .start_step_in_epoch = t->step_in_epoch,
                            .steps_per_epoch = (int64_t)dt_loader_batches(t->loader), .epochs = c->epochs,
                            .max_steps = c->max_steps, .batch = c->batch, .want_optim = true,
                            .progress_s = c->progress_interval_s > 0 ? c->progress_interval_s : 0.2,
                            .stop = c->stop, .stopped_step = &stopped,
+                           .units_per_epoch = t->strategy->dynamic ? (int64_t)((n + B - 1) / B) : 0,
+                           .stopped_epoch = &stopped_epoch, .stopped_in_epoch = &stopped_in,
                            .on_epoch = serve_epoch, .on_progress = serve_progress, .on_note = serve_note, .ctx = &sc};
     dt_status s = t->strategy->ops->serve(t->strategy, &cfg);
     if (s == DT_EINTR && stopped >= 0) {  /* server 0 holds the model of an interrupted run */
         const int64_t spe = cfg.steps_per_epoch;
         t->step = stopped, t->epoch = stopped / spe, t->step_in_epoch = stopped % spe;
+        if (stopped_epoch >= 0) t->epoch = stopped_epoch, t->step_in_epoch = stopped_in;
         return save_interrupted(t);
     }
     return s;
@@ -163,6 +168,35 @@ static dt_status save_interrupted(dt_trainer *t) {
                     (long long)t->step, t->last_ckpt, t->last_ckpt);
 }
 
+/* A fully asynchronous ps worker: trains the batches (units of `batch` samples of the epoch's
+ * global order) that server 0 hands out with each answer until none is left, the run stops or
+ * max_steps is reached; the first is unit step_in_epoch * workers + worker index (see ps.h). */
+static dt_status dynamic_run(dt_trainer *t) {
+    const dt_train_config *c = &t->cfg;
+    dt_strategy *st = t->strategy;
+    const size_t n = dt_dataset_len(t->train), B = (size_t)c->batch;
+    const int64_t units = (int64_t)((n + B - 1) / B);
+    int64_t ep = t->epoch, u = t->step_in_epoch * t->dworld + t->drank;
+    ep += u / units, u %= units;
+    epoch_acc acc = {0};
+    bool stop = false;
+    while (ep < c->epochs && u >= 0 && !stop) {
+        if (c->max_steps && t->step >= c->max_steps) break;
+        dt_batch b;
+        double tw = dt_now();
+        DT_TRY(dt_loader_take(t->loader, (uint64_t)ep, (size_t)u, &b));
+        dt_trace_add(&t->trace, "data", 2, tw, dt_now(), t->step);
+        t->epoch = ep, t->step_in_epoch = u;
+        dt_status s = train_step(t, &b, &acc);
+        if (s == DT_OK) s = stop_vote(t, &stop);
+        if (s != DT_OK)
+            return dt_error_wrap(s, "step %lld (epoch %lld, batch %lld of %lld samples)", (long long)t->step,
+                                 (long long)ep + 1, (long long)u + 1, (long long)B);
+        ep = st->next_epoch, u = st->next_unit;
+    }
+    return stop ? save_interrupted(t) : DT_OK;  /* the servers report the epochs and hold the model */
+}
+
 dt_status dt_trainer_run(dt_trainer *t) {
     const dt_train_config *c = &t->cfg;
     dt_comm *comm = t->dcomm;
@@ -175,6 +209,11 @@ dt_status dt_trainer_run(dt_trainer *t) {
     }
     if (t->strategy->role == DT_ROLE_SERVER) {  /* ps servers serve instead of stepping */
         dt_status s = serve_run(t, mf);
+        if (mf && fclose(mf) != 0 && s == DT_OK) s = dt_error(DT_EIO, "--metrics %s: write failed", c->metrics);
+        return s;
+    }
+    if (t->strategy->role == DT_ROLE_WORKER && t->strategy->dynamic) {
+        dt_status s = dynamic_run(t);
         if (mf && fclose(mf) != 0 && s == DT_OK) s = dt_error(DT_EIO, "--metrics %s: write failed", c->metrics);
         return s;
     }
