@@ -82,7 +82,9 @@ static dt_status ps_step(dt_strategy *s, float lr, float clip, dt_step_stats *st
         p->seq = r->seq, s->next_epoch = r->epoch, s->next_unit = r->unit;
         for (int i = 0; r->bye && i < p->S; i++) {  /* nothing left: say goodbye to every server */
             ps_push bye = {.step = s->step + 1, .n = -1, .seq = -1};
+            ps_reply ack;  /* the server took it: leaving now cannot look like a failure */
             dt_status e = dt_comm_broadcast(p->pair[i], &bye, sizeof bye, DT_U8, 1);
+            if (e == DT_OK) e = dt_comm_broadcast(p->pair[i], &ack, sizeof ack, DT_U8, 0);
             if (e != DT_OK) return server_error(p, i, e, "saying goodbye to");
         }
     }

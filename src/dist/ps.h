@@ -25,8 +25,20 @@
  * server 0 hands out the next free seq in each reply (ps_reply.epoch/unit), so a fast worker
  * trains more units and a slow one fewer, and every unit is trained once. A server counts an
  * epoch as done once all its units were pushed. A dropped worker's unhanded unit is handed out
- * again. When nothing is left (or the run is stopping) server 0 answers unit -1 with bye = 1 and
- * the worker sends every server a last header with n = -1 (goodbye) and leaves. */
+ * again. The last few units of the run (16 per worker) are handed out one at a time, so the
+ * final model is not left by stale gradients (ps_server.c says why). When nothing is left (or the run is stopping) server 0 answers unit -1 with bye = 1 and
+ * the worker sends every server a last header with n = -1 (goodbye), which the server acknowledges
+ * with a reply header, and leaves.
+ *
+ * Checkpoints of a dynamic run (--save at each epoch end, the interrupt checkpoint on SIGTERM)
+ * record the model server 0 assembled and a position in the usual terms (epoch, step_in_epoch
+ * in global batches of batch x workers, world_size = workers, batch), so a resume (with either
+ * mode) continues where it says: step_in_epoch = floor(u / workers), u = the first unit not yet
+ * pushed (every unit below it was trained; on a stop server 0 hands out no new unit, so u is
+ * normally every unit handed out). The at most workers - 1 units between step_in_epoch x
+ * workers and u, and any unit above u that was pushed before a worker died, are trained again
+ * after a resume. The step recorded is the most steps any worker did (the workers' clocks differ
+ * under dynamic assignment; it drives the learning-rate schedule and --max-steps). */
 #ifndef DT_DIST_PS_H
 #define DT_DIST_PS_H
 
