@@ -55,8 +55,8 @@ static const char USAGE[] =
     "Uneven workers: N local workers, the last one F times slower (--slow), train the MLP for E\n"
     "epochs under ddp, ddp + --balance dynamic, localsgd (--sync-every 8), ps --staleness 4 and ps\n"
     "--staleness inf (1 server; the workers draw batches from the server instead of owning shards).\n"
-    "Prints samples/s, the speed-up over ddp, the slow worker's share of\n"
-    "the samples and the final test accuracy. A last row runs ddp without a slow worker: the\n"
+    "Prints samples/s, the speed-up over ddp, the slow worker's share of the samples and the final\n"
+    "test accuracy. A last row runs ddp without a slow worker: the\n"
     "throughput this machine allows for the job (with more workers than cores it is CPU-bound, and a\n"
     "sleeping straggler frees a core for the others, so no strategy can gain more than that).";
 
