@@ -32,7 +32,7 @@ LIB_O    := $(LIB_C:%.c=$(BUILD)/obj/%.o)
 CLI_O    := $(CLI_C:%.c=$(BUILD)/obj/%.o)
 TEST_BIN := $(patsubst %.c,$(BUILD)/tests/%,$(notdir $(TEST_C)))
 
-.PHONY: all lib test test-unit test-asan demo clean fixtures
+.PHONY: all lib test test-unit test-asan demo clean fixtures print-ldlibs
 all: $(BUILD)/dtrain $(BUILD)/libdtrain.a $(BUILD)/libdtrain.so $(TEST_BIN)
 lib: $(BUILD)/libdtrain.a $(BUILD)/libdtrain.so
 
@@ -80,6 +80,10 @@ demo:
 # Regenerates the PyTorch reference fixtures (needs Debian's python3-torch; CI does not).
 fixtures:
 	/usr/bin/python3 tests/ref/gen_ref.py tests/ref
+
+# The libraries a program linking build/libdtrain.a needs (MPI included when built with it).
+print-ldlibs:
+	@echo $(LDLIBS)
 
 clean:
 	rm -rf build build-asan

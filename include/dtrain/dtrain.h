@@ -9,6 +9,7 @@
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
 #include "dtrain/train.h"
+#include "dtrain/workers.h"
 #include "dtrain/data.h"
 #include "dtrain/safetensors.h"
 #include "dtrain/comm.h"

@@ -5,6 +5,7 @@
 #define DTRAIN_TRAIN_H
 
 #include "dtrain/comm.h"
+#include "dtrain/workers.h"
 #include "dtrain/core.h"
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
@@ -24,18 +25,6 @@ typedef struct {
     double elapsed_s, eta_s;        /* this epoch */
 } dt_progress_info;
 
-/* One data-parallel worker's share of an epoch (uneven workers: --balance, --slow, ps). */
-typedef struct {
-    int rank;                       /* its rank in the job */
-    int64_t samples;                /* samples it trained on this epoch */
-    double share;                   /* samples / all workers' samples */
-    double samples_per_s;           /* samples / the epoch's wall time (what it contributed) */
-    double busy_s;                  /* its forward+backward time, including a --slow sleep */
-    int batch;                      /* its batch at the end of the epoch (the balanced cut) */
-    bool alive;                     /* ps: false once the servers dropped it */
-} dt_worker_info;
-
-#define DT_STALENESS_BINS 16        /* ps histogram: bins 0..14 exact, bin 15 = 15 or more */
 
 /* Results of one finished epoch. */
 typedef struct {
@@ -108,10 +97,13 @@ dt_train_config dt_train_defaults(void);
 typedef struct dt_trainer dt_trainer;
 
 /* Loads the data, builds the model and optimizer and restores cfg->resume if set. The
- * config's strings must outlive the trainer. */
+ * config's strings must outlive the trainer. Sets the process-wide BLAS thread count to
+ * cfg->threads (dt_set_threads). Error messages name the dtrain train flag of a bad field. */
 dt_status dt_trainer_create(dt_trainer **t, const dt_train_config *cfg);
 void dt_trainer_free(dt_trainer *t);
-/* Runs the remaining epochs (or up to max_steps), calling the callbacks; saves to cfg->save. */
+/* Runs the remaining epochs (or up to max_steps), calling the callbacks; saves to cfg->save.
+ * Once the run has reached its end, another call returns DT_OK at once. DT_EINTR: stopped by
+ * cfg->stop after writing a checkpoint (the message says how to continue). */
 dt_status dt_trainer_run(dt_trainer *t);
 /* Loss and accuracy of the current model on the test set (NaN, NaN if there is none). */
 dt_status dt_trainer_evaluate(dt_trainer *t, float *loss, float *acc);
@@ -122,9 +114,10 @@ int64_t dt_trainer_step(const dt_trainer *t);
 /* Path of the last checkpoint written or resumed from ("" if none). */
 const char *dt_trainer_last_checkpoint(const dt_trainer *t);
 
-/* Evaluates a checkpoint on the test split of a data set (dtrain eval). */
+/* Evaluates a checkpoint on the test split of a data set (dtrain eval); a data set without one
+ * is evaluated on its training split. *split gets "test" or "train". */
 dt_status dt_evaluate_checkpoint(const char *checkpoint, const char *data, int batch, float *loss, float *acc,
-                                 int64_t *samples);
+                                 int64_t *samples, const char **split);
 
 #ifdef __cplusplus
 }

@@ -131,7 +131,8 @@ static int run_workers(int argc, char **argv, int workers, const char *elastic, 
 
 static const char TRAIN_USAGE[] =
     "Usage: dtrain train [FLAGS]\n\n"
-    "Trains a model on a data set with one worker process.\n"
+    "Trains a model: in one process, on N local workers (--workers N), or as one rank of a job\n"
+    "started by 'dtrain launch' or mpirun/srun.\n"
     "Example: dtrain train --data fashion-mnist --model mlp --epochs 2 --batch 32 --optimizer adam --lr 0.001\n"
     "Model specs are layers separated by spaces, e.g.\n"
     "  \"conv(32,3,pad=1) relu maxpool(2) flatten linear(128) relu linear(10)\"\n"
@@ -187,8 +188,8 @@ int dt_cmd_train(int argc, char **argv) {
         {"threads", DT_FLAG_INT, &cfg.threads, "N", "BLAS threads of this worker"},
         {"max-steps", DT_FLAG_I64, &max_steps, "N", "stop after N steps in total (0 = all epochs)"},
         {"save", DT_FLAG_STR, &cfg.save, "FILE", "write a checkpoint (safetensors) after every epoch"},
-        {"resume", DT_FLAG_STR, &cfg.resume, "FILE", "continue from a checkpoint written by --save"},
-        {"metrics", DT_FLAG_STR, &cfg.metrics, "FILE", "append one JSON object per epoch (JSON Lines)"},
+        {"resume", DT_FLAG_STR, &cfg.resume, "FILE", "continue from a checkpoint (--save or --checkpoint-dir); auto = newest valid one in --checkpoint-dir"},
+        {"metrics", DT_FLAG_STR, &cfg.metrics, "FILE", "write one JSON object per epoch (JSON Lines; appended when resuming)"},
         {"quiet", DT_FLAG_BOOL, &quiet, NULL, "no progress output, only the per-epoch lines"},
         {"workers", DT_FLAG_INT, &workers, "N", "run N local data-parallel worker processes"},
         {"strategy", DT_FLAG_STR, &cfg.strategy, "NAME", "distribution strategy: ddp (default when > 1 rank), localsgd, ps"},
@@ -198,10 +199,10 @@ int dt_cmd_train(int argc, char **argv) {
         {"balance", DT_FLAG_STR, &uneven.balance, "MODE", "ddp/localsgd: static (default) or dynamic (cut batches by speed)"},
         {"slow", DT_FLAG_STR, &uneven.slow, "RANK:F", "testing aid: rank RANK sleeps to run F times slower"},
         {"backend", DT_FLAG_STR, &backend, "NAME", "transport between ranks: auto, shm or mpi"},
-        {"bucket-mb", DT_FLAG_FLOAT, &bucket_mb, "MB", "ddp gradient bucket size in MB (default 1)"},
+        {"bucket-mb", DT_FLAG_FLOAT, &bucket_mb, "MB", "ddp gradient bucket size in MB (0 = default 1)"},
         {"timeline", DT_FLAG_STR, &cfg.timeline, "FILE", "write a Chrome trace of every rank (Perfetto, chrome://tracing)"},
-        {"timeout", DT_FLAG_FLOAT, &timeout, "S", "deadline of any wait for another rank, seconds (default 300)"},
-        {"checkpoint-dir", DT_FLAG_STR, &cfg.checkpoint_dir, "DIR", "write numbered checkpoints ckpt-STEP.safetensors here"},
+        {"timeout", DT_FLAG_FLOAT, &timeout, "S", "deadline of any wait for another rank, seconds (0 = DTRAIN_TIMEOUT or default 300)"},
+        {"checkpoint-dir", DT_FLAG_STR, &cfg.checkpoint_dir, "DIR", "numbered checkpoints ckpt-STEP.safetensors go here (read by --resume auto)"},
         {"checkpoint-every", DT_FLAG_I64, &cfg.checkpoint_every, "STEPS", "checkpoint every STEPS steps"},
         {"checkpoint-secs", DT_FLAG_FLOAT, &ckpt_secs, "S", "checkpoint every S seconds"},
         {"keep", DT_FLAG_INT, &cfg.keep, "K", "keep only the newest K checkpoints in --checkpoint-dir (0 = all)"},
@@ -242,17 +243,13 @@ int dt_cmd_train(int argc, char **argv) {
     cfg.normalize = normalize;
     cfg.bucket_mb = bucket_mb;
     cfg.checkpoint_secs = ckpt_secs;
-    /* SIGTERM/SIGINT: finish the step, checkpoint, exit 0 (a second signal kills as usual) */
-    struct sigaction sa = {.sa_handler = on_stop_signal, .sa_flags = SA_RESETHAND};
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
     cfg.stop = &g_stop;
 
     /* one rank of a job (or a single process): the communicator comes from the environment */
     dt_comm_config cc = dt_comm_config_default();
     if (dt_backend_parse(backend, &cc.backend) != DT_OK)
         return dt_cli_fail("use --backend auto, shm or mpi", "%s", dt_last_error());
+    if (timeout < 0) return dt_cli_fail(NULL, "--timeout %g: must not be negative (0 = default)", timeout);
     if (timeout > 0) cc.timeout_s = timeout;
     dt_comm *comm = NULL;
     if (dt_comm_create_from_env(&comm, &cc) != DT_OK)
@@ -275,12 +272,20 @@ int dt_cmd_train(int argc, char **argv) {
     dt_trainer *t;
     dt_status s = dt_trainer_create(&t, &cfg);
     if (s != DT_OK) {
-        const char *hint = s == DT_ENOENT ? "check --data (an IDX directory, fashion-mnist, mnist or a .csv file)"
+        const char *hint = strstr(dt_last_error(), "data set") || strstr(dt_last_error(), "--data")
+                               ? "check --data (an IDX directory, fashion-mnist, mnist or a .csv file)"
                            : strstr(dt_last_error(), "model spec") ? "see 'dtrain train --help' for the spec syntax"
                                                                    : NULL;
         dt_comm_destroy(comm);
         return dt_cli_fail(hint, "%s", dt_last_error());
     }
+    /* from here on SIGTERM/SIGINT mean: finish the step, checkpoint, exit 0 (a second one kills);
+     * during set-up they still interrupt at once */
+    struct sigaction sa = {.sa_handler = on_stop_signal, .sa_flags = SA_RESETHAND};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    const int64_t first_step = dt_trainer_step(t);
     if (!quiet) {
         printf("dtrain: model %s (%zu parameters), data %s, batch %d, %s lr %g, seed %llu, %d thread%s\n",
                dt_model_spec(dt_trainer_model(t)), dt_model_num_params(dt_trainer_model(t)), cfg.data, cfg.batch,
@@ -298,6 +303,8 @@ int dt_cmd_train(int argc, char **argv) {
         fflush(stdout);
     }
     s = dt_trainer_run(t);
+    const bool trained = dt_trainer_step(t) > first_step;
+    const int64_t last_step = dt_trainer_step(t);
     dt_trainer_free(t);
     dt_comm_destroy(comm);
     if (s == DT_EINTR) {
@@ -311,7 +318,10 @@ int dt_cmd_train(int argc, char **argv) {
     if (pc.last.epoch > 0)
         printf("dtrain: done: test accuracy %.4f, test loss %.4f after %lld steps (%.1fs)\n", pc.last.test_acc,
                pc.last.test_loss, (long long)pc.last.global_step, pc.last.wall_s);
-    if (cfg.save && !quiet) printf("dtrain: checkpoint saved to %s\n", cfg.save);
+    if (!trained && rank == 0)
+        printf("dtrain: nothing to train: already at step %lld, the end of --epochs %d%s\n", (long long)last_step,
+               cfg.epochs, cfg.max_steps ? " or --max-steps" : "");
+    else if (cfg.save && !quiet) printf("dtrain: checkpoint saved to %s\n", cfg.save);
     return 0;
 }
 
@@ -332,11 +342,14 @@ int dt_cmd_eval(int argc, char **argv) {
     if (r) return r < 0 ? 2 : 0;
     if (!ckpt) return dt_cli_fail("pass --checkpoint FILE (written by dtrain train --save)", "no --checkpoint given");
     if (batch < 1) return dt_cli_fail(NULL, "--batch %d: need at least 1", batch);
+    if (threads < 1) return dt_cli_fail(NULL, "--threads %d: need at least 1", threads);
     dt_set_threads(threads);
     float loss, acc;
     int64_t n;
-    dt_status s = dt_evaluate_checkpoint(ckpt, data, batch, &loss, &acc, &n);
+    const char *split = "test";
+    dt_status s = dt_evaluate_checkpoint(ckpt, data, batch, &loss, &acc, &n, &split);
     if (s != DT_OK) return dt_cli_fail(NULL, "%s", dt_last_error());
-    printf("eval: %lld samples, loss %.4f, accuracy %.4f\n", (long long)n, loss, acc);
+    printf("eval: %lld samples, loss %.4f, accuracy %.4f%s\n", (long long)n, loss, acc,
+           strcmp(split, "test") ? " (training split: the data set has no test split)" : "");
     return 0;
 }

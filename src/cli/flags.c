@@ -19,6 +19,7 @@ int dt_cli_fail(const char *hint, const char *fmt, ...) {
 }
 
 static void print_default(const dt_flag *f) {
+    if (strstr(f->help, "default")) return; /* the help text states it (e.g. "0 = off, default 1") */
     switch (f->type) {
     case DT_FLAG_BOOL: break;
     case DT_FLAG_INT: printf(" (default %d)", *(int *)f->value); break;

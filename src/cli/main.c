@@ -14,7 +14,7 @@ static const dt_command g_commands[] = {
     {"train", dt_cmd_train, "train a model (one process, --workers N, or one rank of a launch/mpirun job)"},
     {"eval", dt_cmd_eval, "evaluate a checkpoint on a data set"},
     {"launch", dt_cmd_launch, "run N local ranks of a program (rank env, prefixed output)"},
-    {"bench", dt_cmd_bench, "benchmarks: train (one worker), ddp (data parallel), comm (collectives)"},
+    {"bench", dt_cmd_bench, "benchmarks: train, ddp, async, fault, comm (tables + a JSON line)"},
     {NULL, NULL, NULL},
 };
 
@@ -22,7 +22,14 @@ static void usage(void) {
     printf("dtrain %s: distributed deep-learning training in C\n\n"
            "Usage: dtrain COMMAND [FLAGS]\n\nCommands:\n", DTRAIN_VERSION);
     for (const dt_command *c = g_commands; c->name; c++) printf("  %-10s %s\n", c->name, c->summary);
-    printf("\nRun 'dtrain COMMAND --help' for the flags of a command.\n");
+    printf("\nRun 'dtrain COMMAND --help' for the flags of a command.\n\n"
+           "Environment:\n"
+           "  DTRAIN_TIMEOUT=S        deadline of any wait for another rank (default 300 s)\n"
+           "  DTRAIN_LOG=LEVEL        library log level: error, warn (default), info, debug\n"
+           "  DTRAIN_DATA_CACHE=0|DIR shared decoded data-set cache: off, or its directory (default /dev/shm)\n"
+           "  DTRAIN_COMM_ALGO=NAME   force a collective algorithm: ring, rd, rhd, tree, direct, native\n"
+           "  DTRAIN_RANK, DTRAIN_WORLD_SIZE, DTRAIN_JOB_ID   set by dtrain launch / --workers; mpirun\n"
+           "                          and srun ranks are found from their own variables\n");
 }
 
 int main(int argc, char **argv) {

@@ -133,6 +133,10 @@ dt_status dt_strategy_ddp_create(dt_strategy *s, const dt_strategy_config *cfg) 
         }
     }
     free(lo);
+    if (d->nb == 0) {
+        free(d->b), free(d);
+        return dt_error(DT_EINVAL, "ddp: the model has no parameters to synchronise");
+    }
     d->nbuf = dt_model_num_buffers(m);
     s->impl = d;
     s->ops = &ddp_ops;

@@ -45,7 +45,10 @@ dt_status dt_strategy_create(dt_strategy **out, const char *name, dt_comm *comm,
     s->role = DT_ROLE_REPLICA;
     s->data_rank = dt_comm_rank(comm), s->data_world = dt_comm_size(comm);
     dt_status st;
-    if (!strcmp(name, "single")) st = dt_strategy_single_create(s, cfg);
+    if (!strcmp(name, "single"))
+        st = comm ? dt_error(DT_EINVAL, "--strategy single trains one process; with %d ranks use ddp, localsgd or ps",
+                             dt_comm_size(comm))
+                  : dt_strategy_single_create(s, cfg);
     else if (!comm && (!strcmp(name, "ddp") || !strcmp(name, "localsgd") || !strcmp(name, "ps")))
         st = dt_error(DT_EINVAL, "--strategy %s needs more than one rank (--workers N, dtrain launch or mpirun)", name);
     else if (!strcmp(name, "ddp")) st = dt_strategy_ddp_create(s, cfg);

@@ -9,7 +9,7 @@
 #include "dtrain/comm.h"
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
-#include "dtrain/train.h"
+#include "dtrain/workers.h"
 
 #include <signal.h>
 

@@ -28,7 +28,6 @@ dt_status dt_checkpoint_write(const char *path, dt_model *m, dt_optim *o, const 
     dt_st_writer *w = NULL;
     DT_TRY(dt_st_writer_create(&w));
     dt_status s = DT_OK;
-    char names[2][DT_MAX_LAYERS * 4][64];
     int nt = dt_model_num_tensors(m);
     for (int i = 0; i < nt && s == DT_OK; i++) {
         const dt_param_info *t = dt_model_tensor(m, i);
@@ -38,8 +37,9 @@ dt_status dt_checkpoint_write(const char *path, dt_model *m, dt_optim *o, const 
         for (int k = 0; k < dt_optim_num_states(o) && s == DT_OK; k++) {
             const char *sname;
             float *st = dt_optim_state(o, k, &sname);
-            snprintf(names[k][i], sizeof names[k][i], "optim.%s.%s", sname, t->name);
-            s = dt_st_writer_add(w, names[k][i], DT_F32, t->ndim, t->shape, st + t->offset);
+            char name[96];  /* the writer keeps its own copy of the name */
+            snprintf(name, sizeof name, "optim.%s.%s", sname, t->name);
+            s = dt_st_writer_add(w, name, DT_F32, t->ndim, t->shape, st + t->offset);
         }
     }
     char shape[64], seed[32];
@@ -137,6 +137,28 @@ dt_status dt_checkpoint_restore(const char *path, dt_model *m, dt_optim *o, dt_c
     if (s == DT_OK && strcmp(info->spec, dt_model_spec(m)) != 0)
         s = dt_error(DT_EFORMAT, "%s: checkpoint is for model '%s' but this run builds '%s'; pass the same --model",
                      path, info->spec, dt_model_spec(m));
+    const char *steps = NULL;
+    if (s == DT_OK && o) { /* the optimizer must match before its state tensors are looked up */
+        const char *kind = dt_st_meta(f, "dtrain.optimizer");
+        steps = dt_st_meta(f, "dtrain.optim_steps");
+        if (!steps || !kind)
+            s = dt_error(DT_EFORMAT, "%s: checkpoint holds no optimizer state; it cannot be resumed", path);
+        else if (strcmp(kind, dt_optim_name(dt_optim_config_of(o)->kind)) != 0)
+            s = dt_error(DT_EFORMAT, "%s: checkpoint was trained with --optimizer %s, this run uses %s", path, kind,
+                         dt_optim_name(dt_optim_config_of(o)->kind));
+        else if (dt_optim_num_states(o) > 0) {
+            /* momentum on/off changes the state tensors: say so instead of "no tensor named" */
+            const char *sname;
+            dt_optim_state(o, 0, &sname);
+            char probe[96];
+            snprintf(probe, sizeof probe, "optim.%s.%s", sname, dt_model_tensor(m, 0)->name);
+            dt_st_tensor st;
+            if (dt_st_find(f, probe, &st) != DT_OK)
+                s = dt_error(DT_EFORMAT, "%s: checkpoint has no '%s' optimizer state (trained with other --momentum?); "
+                                         "resume with the optimizer settings it was trained with",
+                             path, sname);
+        }
+    }
     for (int i = 0; s == DT_OK && i < dt_model_num_tensors(m); i++) {
         const dt_param_info *t = dt_model_tensor(m, i);
         float *base = t->is_buffer ? dt_model_buffers(m) : dt_model_params(m);
@@ -149,17 +171,7 @@ dt_status dt_checkpoint_restore(const char *path, dt_model *m, dt_optim *o, dt_c
             s = copy_tensor(f, name, t, st + t->offset);
         }
     }
-    if (s == DT_OK && o) {
-        const char *v = dt_st_meta(f, "dtrain.optim_steps");
-        const char *kind = dt_st_meta(f, "dtrain.optimizer");
-        if (!v || !kind)
-            s = dt_error(DT_EFORMAT, "%s: checkpoint holds no optimizer state; it cannot be resumed", path);
-        else if (strcmp(kind, dt_optim_name(dt_optim_config_of(o)->kind)) != 0)
-            s = dt_error(DT_EFORMAT, "%s: checkpoint was trained with --optimizer %s, this run uses %s", path, kind,
-                         dt_optim_name(dt_optim_config_of(o)->kind));
-        else
-            dt_optim_set_steps(o, strtoll(v, NULL, 10));
-    }
+    if (s == DT_OK && o) dt_optim_set_steps(o, strtoll(steps, NULL, 10));
     dt_st_close(f);
     return s;
 }

@@ -30,6 +30,9 @@ void dt_trainer_write_metrics(FILE *f, const dt_epoch_info *e, const dt_trainer 
 
 /* Gathers every rank's timeline events on rank 0 and writes the Chrome trace there. */
 dt_status dt_trainer_write_timeline(dt_trainer *t) {
+    if (t->trace.dropped)
+        dt_trainer_note(t, "--timeline: rank %d recorded only its first %zu events (%zu more dropped)", t->rank,
+                        t->trace.n, t->trace.dropped);
     dt_comm *c = t->world > 1 ? t->cfg.comm : NULL;
     const size_t esz = sizeof(dt_trace_event);
     if (!c) return dt_trace_write_json(t->cfg.timeline, t->trace.ev, t->trace.n);

@@ -7,11 +7,13 @@
 #include "run/checkpoint.h"
 #include "run/ckpt_dir.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 dt_train_config dt_train_defaults(void) {
     dt_train_config c = {
@@ -81,12 +83,41 @@ static dt_status resolve_resume(dt_trainer *t) {
     return DT_OK;
 }
 
+/* Fails early (not after an epoch) when the directory of an output file is missing or read-only. */
+static dt_status check_writable(const char *flag, const char *path) {
+    if (!path) return DT_OK;
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == dir) dir[1] = '\0';
+    else *slash = '\0';
+    if (access(dir, W_OK) != 0)
+        return dt_error(DT_EIO, "%s %s: cannot write into directory %s: %s", flag, path, dir, strerror(errno));
+    return DT_OK;
+}
+
 static dt_status check_config(const dt_train_config *c) {
     if (c->epochs < 1) return dt_error(DT_EINVAL, "--epochs %d: need at least 1", c->epochs);
     if (c->batch < 1) return dt_error(DT_EINVAL, "--batch %d: need at least 1", c->batch);
     if (!(c->lr.base_lr > 0) || !isfinite(c->lr.base_lr))
         return dt_error(DT_EINVAL, "--lr %g: need a positive learning rate", c->lr.base_lr);
-    if (c->threads < 1) return dt_error(DT_EINVAL, "--threads %d: need at least 1", c->threads);
+    if (c->threads < 1 || c->threads > 1024) return dt_error(DT_EINVAL, "--threads %d: need 1..1024", c->threads);
+    const dt_optim_config *o = &c->optim;
+    if (!(o->momentum >= 0 && o->momentum < 1))
+        return dt_error(DT_EINVAL, "--momentum %g: need a value in [0, 1)", o->momentum);
+    if (!(o->weight_decay >= 0)) return dt_error(DT_EINVAL, "--weight-decay %g: must not be negative", o->weight_decay);
+    if (o->kind != DT_OPTIM_SGD && !(o->eps > 0))
+        return dt_error(DT_EINVAL, "--eps %g: adam/adamw need a positive epsilon (default 1e-8)", o->eps);
+    if (!(c->clip_norm >= 0)) return dt_error(DT_EINVAL, "--clip %g: must not be negative (0 = off)", c->clip_norm);
+    if (c->bucket_mb < 0) return dt_error(DT_EINVAL, "--bucket-mb %g: must not be negative", c->bucket_mb);
+    if (c->lr.warmup_steps < 0) return dt_error(DT_EINVAL, "--warmup %lld: must not be negative", (long long)c->lr.warmup_steps);
+    if (c->lr.kind == DT_LR_STEP && c->lr.step_size <= 0)
+        return dt_error(DT_EINVAL, "--schedule step needs --step-size STEPS > 0");
+    if (c->max_steps < 0) return dt_error(DT_EINVAL, "--max-steps %lld: must not be negative", (long long)c->max_steps);
+    DT_TRY(check_writable("--save", c->save));
+    DT_TRY(check_writable("--metrics", c->metrics));
+    DT_TRY(check_writable("--timeline", c->timeline));
     if ((c->checkpoint_every > 0 || c->checkpoint_secs > 0 || c->keep > 0) && !c->checkpoint_dir)
         return dt_error(DT_EINVAL, "--checkpoint-every/--checkpoint-secs/--keep need --checkpoint-dir DIR");
     if (c->checkpoint_every < 0 || c->checkpoint_secs < 0 || c->keep < 0)
@@ -158,6 +189,11 @@ dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
     }
     s = dt_model_create(&t->model, layers, nlayers, t->C, t->H, t->W);
     if (s != DT_OK) goto fail;
+    if (dt_model_num_params(t->model) == 0) {
+        s = dt_error(DT_EINVAL, "model '%s' has no trainable parameters; add a linear or conv layer",
+                     dt_model_spec(t->model));
+        goto fail;
+    }
     if (dt_model_out_size(t->model) != t->classes) {
         s = dt_error(DT_EINVAL, "model '%s' outputs %d values per sample but --data %s has %d classes; end the "
                                 "spec with linear(%d)",
@@ -308,7 +344,7 @@ dt_status dt_trainer_save_numbered(dt_trainer *t) {
 }
 
 dt_status dt_evaluate_checkpoint(const char *checkpoint, const char *data, int batch, float *loss, float *acc,
-                                 int64_t *samples) {
+                                 int64_t *samples, const char **split) {
     dt_ckpt_info info;
     DT_TRY(dt_checkpoint_read_info(checkpoint, &info));
     dt_dataset *train = NULL, *test = NULL;
@@ -317,6 +353,7 @@ dt_status dt_evaluate_checkpoint(const char *checkpoint, const char *data, int b
     dt_status s = dt_dataset_open(&train, &test, data);
     if (s != DT_OK) return s;
     const dt_dataset *ds = test ? test : train;
+    *split = test ? "test" : "train";
     int C, H, W;
     dt_dataset_shape(ds, &C, &H, &W);
     if (C != info.C || H != info.H || W != info.W) {

@@ -1,0 +1,22 @@
+/* Plain records of data-parallel workers' progress, produced by the distribution strategies
+ * (dist/) and reported by the trainer (run/) in its metrics. Data only, no behaviour. */
+#ifndef DTRAIN_WORKERS_H
+#define DTRAIN_WORKERS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* One data-parallel worker's share of an epoch (uneven workers: --balance, --slow, ps). */
+typedef struct {
+    int rank;                       /* its rank in the job */
+    int64_t samples;                /* samples it trained on this epoch */
+    double share;                   /* samples / all workers' samples */
+    double samples_per_s;           /* samples / the epoch's wall time (what it contributed) */
+    double busy_s;                  /* its forward+backward time, including a --slow sleep */
+    int batch;                      /* its batch at the end of the epoch (the balanced cut) */
+    bool alive;                     /* ps: false once the servers dropped it */
+} dt_worker_info;
+
+#define DT_STALENESS_BINS 16        /* ps histogram: bins 0..14 exact, bin 15 = 15 or more */
+
+#endif

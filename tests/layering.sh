@@ -1,0 +1,24 @@
+# Architecture check (DESIGN.md "Layers of the system"): a lower layer never includes a higher
+# one. Each src/<layer> may include only the internal and public headers of layers below it.
+. "$(dirname "$0")/testlib.bash"
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+# layer: forbidden include prefixes (internal dirs and the public headers that belong to them)
+declare -A FORBID=(
+  [core]="comm/ nn/ optim/ data/ dist/ run/ cli/ dtrain/comm.h dtrain/nn.h dtrain/optim.h dtrain/data.h dtrain/train.h dtrain/safetensors.h"
+  [comm]="nn/ optim/ data/ dist/ run/ cli/ dtrain/nn.h dtrain/optim.h dtrain/data.h dtrain/train.h"
+  [nn]="comm/ data/ dist/ run/ cli/ dtrain/comm.h dtrain/data.h dtrain/train.h"
+  [optim]="comm/ data/ dist/ run/ cli/ dtrain/comm.h dtrain/data.h dtrain/train.h"
+  [data]="comm/ nn/ optim/ dist/ run/ cli/ dtrain/comm.h dtrain/nn.h dtrain/train.h"
+  [dist]="run/ cli/ dtrain/train.h"
+  [run]="cli/"
+)
+for layer in "${!FORBID[@]}"; do
+  for f in "$ROOT"/src/"$layer"/*.[ch]; do
+    case "$f" in *_test.c) continue ;; esac
+    for bad in ${FORBID[$layer]}; do
+      if grep -q "^#include \"$bad" "$f"; then bad "$(basename "$f") (layer $layer) includes $bad"; fi
+    done
+  done
+done
+[ $fails -eq 0 ] && ok "no layer includes a higher one"
+finish
