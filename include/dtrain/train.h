@@ -49,7 +49,8 @@ typedef struct {
 
 typedef struct {
     const char *data;         /* IDX directory, "fashion-mnist", "mnist" or a .csv file */
-    const char *model;        /* spec string or preset ("mlp", "cnn") */
+    const char *model;        /* spec string or preset ("mlp", "cnn"); NULL = the resumed
+                               * checkpoint's model, else "mlp" */
     int epochs;
     int batch;
     dt_optim_config optim;

@@ -153,6 +153,7 @@ static const char TRAIN_USAGE[] =
 
 int dt_cmd_train(int argc, char **argv) {
     dt_train_config cfg = dt_train_defaults();
+    cfg.model = NULL; /* mlp, or the model of the checkpoint being resumed */
     const char *optimizer = "adam", *schedule = "constant";
     float lr = 1e-3f, momentum = 0, wd = -1, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
     int64_t seed = 42, warmup = 0, step_size = 0, max_steps = 0;
@@ -166,7 +167,7 @@ int dt_cmd_train(int argc, char **argv) {
     int max_restarts = 3;
     const dt_flag flags[] = {
         {"data", DT_FLAG_STR, &cfg.data, "DIR", "IDX directory (train-*/t10k-* files), fashion-mnist, mnist or a .csv"},
-        {"model", DT_FLAG_STR, &cfg.model, "SPEC", "model spec string or preset: mlp, cnn"},
+        {"model", DT_FLAG_STR, &cfg.model, "SPEC", "model spec or preset mlp, cnn (default mlp; when resuming, the checkpoint's)"},
         {"epochs", DT_FLAG_INT, &cfg.epochs, "N", "passes over the training set"},
         {"batch", DT_FLAG_INT, &cfg.batch, "N", "samples per step"},
         {"optimizer", DT_FLAG_STR, &optimizer, "NAME", "sgd, adam or adamw"},

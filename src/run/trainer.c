@@ -163,22 +163,23 @@ dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
     t->world = cfg->comm ? dt_comm_size(cfg->comm) : 1;
     t->saved_step = -1;
     dt_set_threads(cfg->threads);
-    /* a bad spec is reported before any data is read */
+    /* the checkpoint to resume from, then the model (default: the checkpoint's, else mlp); a bad
+     * spec is reported before any data is read */
+    dt_ckpt_info info = {0};
+    dt_status s = resolve_resume(t);
+    if (s != DT_OK) goto fail;
+    const char *resume = t->resume_path[0] ? t->resume_path : NULL;
+    if (resume && (s = dt_checkpoint_read_info(resume, &info)) != DT_OK) goto fail;
+    const char *spec = cfg->model ? cfg->model : resume ? info.spec : "mlp";
     dt_layer_spec layers[DT_MAX_LAYERS];
     int nlayers;
-    dt_status s = dt_spec_parse(cfg->model, layers, DT_MAX_LAYERS, &nlayers);
-    if (s != DT_OK) goto fail;
+    if ((s = dt_spec_parse(spec, layers, DT_MAX_LAYERS, &nlayers)) != DT_OK) goto fail;
     s = dt_dataset_open(&t->train, &t->test, cfg->data);
     if (s != DT_OK) goto fail;
     dt_dataset_shape(t->train, &t->C, &t->H, &t->W);
     t->classes = dt_dataset_classes(t->train);
 
-    dt_ckpt_info info = {0};
-    if ((s = resolve_resume(t)) != DT_OK) goto fail;
-    const char *resume = t->resume_path[0] ? t->resume_path : NULL;
     if (resume) {
-        s = dt_checkpoint_read_info(resume, &info);
-        if (s != DT_OK) goto fail;
         if (info.C != t->C || info.H != t->H || info.W != t->W) {
             s = dt_error(DT_EINVAL, "%s: checkpoint expects inputs %dx%dx%d but --data %s has %dx%dx%d", resume,
                          info.C, info.H, info.W, cfg->data, t->C, t->H, t->W);
