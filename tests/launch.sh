@@ -108,14 +108,38 @@ ok "[ $rc -eq 127 ] && grep -q \"cannot run '/nonexistent/prog'\" '$T/ne'" "miss
 "$DT" launch -- true >"$T/u" 2>&1
 ok "[ $? -ne 0 ] && grep -q 'missing -n N' '$T/u'" "missing -n is an error"
 
-# 7. leftover shared memory of the job is removed, other jobs' is kept
+# 7. leftover shared memory of the job is removed, other jobs' is kept; job id "data" does not
+#    touch the data-set cache (/dev/shm/dtrain-data-<key>.v1)
 J=lt$$
-touch /dev/shm/dtrain-${J}x-keep
-"$DT" launch -n 2 --job-id $J -- sh -c 'touch /dev/shm/dtrain-$DTRAIN_JOB_ID-seg$DTRAIN_RANK /dev/shm/dtrain-$DTRAIN_JOB_ID /dev/shm/dtrain-$DTRAIN_JOB_ID.3.$DTRAIN_RANK' >"$T/shm" 2>&1
+touch /dev/shm/dtrain-${J}x-keep /dev/shm/dtrain-$J-notours
+"$DT" launch -n 2 --job-id $J -- sh -c 'touch /dev/shm/dtrain-$DTRAIN_JOB_ID /dev/shm/dtrain-$DTRAIN_JOB_ID.3.$DTRAIN_RANK' >"$T/shm" 2>&1
 ok "[ $? -eq 0 ]" "shm job exit status"
-ok "[ ! -e /dev/shm/dtrain-$J-seg0 ] && [ ! -e /dev/shm/dtrain-$J-seg1 ] && [ ! -e /dev/shm/dtrain-$J ] && [ ! -e /dev/shm/dtrain-$J.3.1 ]" "job shm removed (split segments too)"
-ok "[ -e /dev/shm/dtrain-${J}x-keep ]" "other job's shm kept"
-rm -f /dev/shm/dtrain-${J}x-keep
+ok "[ ! -e /dev/shm/dtrain-$J ] && [ ! -e /dev/shm/dtrain-$J.3.0 ] && [ ! -e /dev/shm/dtrain-$J.3.1 ]" "job shm removed (split segments too)"
+ok "[ -e /dev/shm/dtrain-${J}x-keep ] && [ -e /dev/shm/dtrain-$J-notours ]" "other names kept"
+rm -f /dev/shm/dtrain-${J}x-keep /dev/shm/dtrain-$J-notours
+CACHE=/dev/shm/dtrain-data-lt$$.v1
+touch "$CACHE"
+"$DT" launch -n 1 --job-id data -- true >"$T/data" 2>&1
+ok "[ $? -eq 0 ] && [ -e '$CACHE' ]" "--job-id data keeps the data-set cache: $(cat "$T/data")"
+rm -f "$CACHE"
+"$DT" launch -n 1 --job-id data-x -- true >"$T/dash" 2>&1
+ok "[ $? -ne 0 ] && grep -q \"job id 'data-x'\" '$T/dash'" "job id with '-' rejected: $(cat "$T/dash")"
+
+# 8. the culprit is named: rank 1 exits 75 (stopped because a peer failed) just before rank 0
+#    is killed; the launcher blames rank 0
+"$DT" launch -n 2 -- sh -c '[ $DTRAIN_RANK = 1 ] && { sleep 0.2; exit 75; }; sleep 0.3; kill -9 $$' >"$T/cul" 2>&1
+rc=$?
+ok "[ $rc -eq 137 ] && grep -q 'rank 0 was killed by signal 9' '$T/cul'" "culprit named (rc $rc): $(cat "$T/cul")"
+
+# 9. inside an sbatch script (SLURM_PROCID without SLURM_NTASKS) --workers still starts ranks;
+#    a set-up error exits 78 and --elastic does not restart it
+SLURM_PROCID=0 "$DT" train --workers 2 --data /nonexistent/dt-data --model mlp >"$T/sb" 2>&1
+rc=$?
+ok "[ $rc -eq 78 ] && grep -q 'exited with status 78' '$T/sb' && grep -q 'no such data set' '$T/sb'" "sbatch --workers 2, bad data -> 78 (rc $rc): $(cat "$T/sb")"
+SLURM_PROCID=0 "$DT" train --workers 2 --data /nonexistent/dt-data --model mlp --elastic 1:2 --checkpoint-dir "$T/ck" \
+  --checkpoint-every 10 >"$T/el" 2>&1
+rc=$?
+ok "[ $rc -eq 78 ] && grep -q 'not restarting' '$T/el' && ! grep -q 'restart 1 of' '$T/el'" "elastic does not restart a config error (rc $rc): $(cat "$T/el")"
 
 echo "launch: $checks checks, $fails failures"
 [ $fails -eq 0 ]

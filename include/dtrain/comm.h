@@ -88,6 +88,21 @@ dt_status dt_comm_create(dt_comm **out, const dt_comm_config *cfg);
  * its rank/size/job_id are ignored. */
 dt_status dt_comm_create_from_env(dt_comm **out, const dt_comm_config *cfg);
 
+/* True when the environment makes this process one rank of a job, by the same rules as
+ * dt_comm_create_from_env: DTRAIN_RANK or DTRAIN_WORLD_SIZE set, or one of the launcher pairs
+ * (OMPI_COMM_WORLD_RANK+SIZE, PMI_RANK+SIZE, SLURM_PROCID+NTASKS) set in full. A lone
+ * SLURM_PROCID (an sbatch script) is not a rank. */
+bool dt_comm_env_is_rank(void);
+
+/* Longest job id accepted (characters, without the NUL). */
+#define DT_COMM_JOB_ID_MAX 200
+
+/* True when id is a valid job id: 1..DT_COMM_JOB_ID_MAX characters of [A-Za-z0-9_.]. The shm
+ * segments of job J are "/dev/shm/dtrain-J" and, for splits, "dtrain-J.<split>.<color>"; '-' is
+ * not allowed so that no job's names can match other dtrain files such as the data-set cache
+ * "dtrain-data-<key>.v1". */
+bool dt_comm_job_id_valid(const char *id);
+
 /* Frees the communicator (waits for queued non-blocking ops, up to the timeout). NULL is a no-op.
  * Peers still waiting on this rank get DT_EPEER ("rank R left"). */
 void dt_comm_destroy(dt_comm *c);

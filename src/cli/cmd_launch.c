@@ -34,7 +34,7 @@ int dt_cmd_launch(int argc, char **argv) {
         {"timeout", DT_FLAG_FLOAT, &timeout, "S", "stop every rank and exit 124 after S seconds (0 = no limit)"},
         {"grace", DT_FLAG_FLOAT, &grace, "S", "seconds between SIGTERM and SIGKILL when stopping ranks"},
         {"no-prefix", DT_FLAG_BOOL, &no_prefix, NULL, "relay output lines without the \"[RANK] \" prefix"},
-        {"job-id", DT_FLAG_STR, &job_id, "ID", "job id for DTRAIN_JOB_ID, letters/digits/_ (default: generated, unique)"},
+        {"job-id", DT_FLAG_STR, &job_id, "ID", "job id for DTRAIN_JOB_ID, letters/digits/_/. (default: generated, unique)"},
     };
     const int nflags = (int)(sizeof flags / sizeof flags[0]);
 
@@ -64,7 +64,7 @@ int dt_cmd_launch(int argc, char **argv) {
         return dt_cli_fail("e.g. dtrain launch -n 4 -- ./my_worker --flag", "missing the program to launch");
     if (timeout < 0 || grace < 0) return dt_cli_fail(NULL, "--timeout and --grace must be >= 0");
 
-    if (getenv("OMPI_COMM_WORLD_RANK") || getenv("PMI_RANK") || getenv("SLURM_PROCID"))
+    if (dt_comm_env_is_rank())
         fprintf(stderr, "dtrain launch: note: started by mpirun/srun; these %d ranks form their own local job "
                         "(to use MPI, run PROGRAM under mpirun/srun directly)\n", n);
     dt_launch_config cfg = {.nranks = n, .timeout_s = timeout, .grace_s = grace > 0 ? grace : 0.01,

@@ -78,9 +78,10 @@ static void print_launch_event(void *ctx, const char *msg) {
     fprintf(stderr, "dtrain train: %s\n", msg);
 }
 
-/* True when this process is already one rank of a job (dtrain launch, --workers, mpirun, srun). */
-static bool started_as_rank(void) {
-    return getenv("DTRAIN_RANK") || getenv("OMPI_COMM_WORLD_RANK") || getenv("PMI_RANK") || getenv("SLURM_PROCID");
+/* Exit status of a rank whose set-up failed with s: a peer's failure or a deadline is
+ * DT_EXIT_PEER (the launcher blames the other rank), anything else is bad flags/data/model. */
+static int setup_exit(dt_status s) {
+    return s == DT_EPEER || s == DT_ETIMEDOUT ? DT_EXIT_PEER : DT_EXIT_CONFIG;
 }
 
 /* --workers N: re-runs this very command as N local ranks (shared-memory transport) and
@@ -214,11 +215,11 @@ int dt_cmd_train(int argc, char **argv) {
                            NULL);
     if (r) return r < 0 ? 2 : 0;
     if (workers < 1) return dt_cli_fail(NULL, "--workers %d: need at least 1", workers);
-    if (elastic && workers < 2 && !started_as_rank())
+    if (elastic && workers < 2 && !dt_comm_env_is_rank())
         return dt_cli_fail("e.g. --workers 4 --elastic 2:4", "--elastic needs --workers N (N >= 2)");
     if ((r = dt_cli_uneven_parse(&uneven, &cfg)) != 0) return r;
     const int job_ranks = dt_cli_job_ranks(&cfg, workers);  /* ps: servers + workers */
-    if (job_ranks > 1 && !started_as_rank()) {
+    if (job_ranks > 1 && !dt_comm_env_is_rank()) {
         bool *expendable = dt_cli_expendable(&cfg, job_ranks);
         int rc = run_workers(argc, argv, job_ranks, elastic, max_restarts, cfg.checkpoint_dir, expendable);
         free(expendable);
@@ -253,8 +254,11 @@ int dt_cmd_train(int argc, char **argv) {
     if (timeout < 0) return dt_cli_fail(NULL, "--timeout %g: must not be negative (0 = default)", timeout);
     if (timeout > 0) cc.timeout_s = timeout;
     dt_comm *comm = NULL;
-    if (dt_comm_create_from_env(&comm, &cc) != DT_OK)
-        return dt_cli_fail("start ranks with --workers N, dtrain launch or mpirun", "%s", dt_last_error());
+    dt_status cs = dt_comm_create_from_env(&comm, &cc);
+    if (cs != DT_OK) {
+        dt_cli_fail("start ranks with --workers N, dtrain launch or mpirun", "%s", dt_last_error());
+        return setup_exit(cs);
+    }
     int rank = dt_comm_rank(comm), world = dt_comm_size(comm);
     if (dt_cli_flag_given(argc, argv, "workers") && job_ranks > 1 && world != job_ranks) {
         dt_comm_destroy(comm);
@@ -278,7 +282,8 @@ int dt_cmd_train(int argc, char **argv) {
                            : strstr(dt_last_error(), "model spec") ? "see 'dtrain train --help' for the spec syntax"
                                                                    : NULL;
         dt_comm_destroy(comm);
-        return dt_cli_fail(hint, "%s", dt_last_error());
+        dt_cli_fail(hint, "%s", dt_last_error());
+        return setup_exit(s);
     }
     /* from here on SIGTERM/SIGINT mean: finish the step, checkpoint, exit 0 (a second one kills);
      * during set-up they still interrupt at once */
@@ -313,8 +318,10 @@ int dt_cmd_train(int argc, char **argv) {
         return 0;
     }
     if (s != DT_OK) {
-        if (world > 1) return dt_cli_fail(NULL, "rank %d: %s", rank, dt_last_error());
-        return dt_cli_fail(NULL, "%s", dt_last_error());
+        if (world == 1) return dt_cli_fail(NULL, "%s", dt_last_error());
+        dt_cli_fail(NULL, "rank %d: %s", rank, dt_last_error());
+        /* stopped because another rank died or stalled: say so to the launcher */
+        return s == DT_EPEER || s == DT_ETIMEDOUT ? DT_EXIT_PEER : 1;
     }
     if (pc.last.epoch > 0)
         printf("dtrain: done: test accuracy %.4f, test loss %.4f after %lld steps (%.1fs)\n", pc.last.test_acc,

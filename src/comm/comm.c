@@ -107,6 +107,31 @@ dt_status dt_comm_create(dt_comm **out, const dt_comm_config *cfg) {
     return st;
 }
 
+/* rank and world size variables of the launchers we understand, in order of preference */
+static const char *const g_launchers[][2] = {{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
+                                             {"PMI_RANK", "PMI_SIZE"},
+                                             {"SLURM_PROCID", "SLURM_NTASKS"}};
+#define N_LAUNCHERS ((int)(sizeof g_launchers / sizeof *g_launchers))
+
+static bool env_set(const char *name) {
+    const char *e = getenv(name);
+    return e && *e;
+}
+
+bool dt_comm_env_is_rank(void) {
+    if (env_set("DTRAIN_RANK") || env_set("DTRAIN_WORLD_SIZE")) return true;
+    for (int i = 0; i < N_LAUNCHERS; i++)
+        if (env_set(g_launchers[i][0]) && env_set(g_launchers[i][1])) return true;
+    return false;
+}
+
+bool dt_comm_job_id_valid(const char *id) {
+    if (!id || !*id || strlen(id) > DT_COMM_JOB_ID_MAX) return false;
+    for (const char *p = id; *p; p++)
+        if (!isalnum((unsigned char)*p) && *p != '_' && *p != '.') return false;
+    return true;
+}
+
 /* a job id for shm under mpirun/srun (all ranks on one host): DTRAIN_JOB_ID or the launcher's */
 static void launcher_job_id(char *out, size_t n) {
     const char *v = getenv("DTRAIN_JOB_ID");
@@ -115,7 +140,7 @@ static void launcher_job_id(char *out, size_t n) {
     if (!v || !*v) v = getenv("SLURM_JOB_ID");
     snprintf(out, n, "%s", v && *v ? v : "mpi");
     for (char *p = out; *p; p++)
-        if (!isalnum((unsigned char)*p) && *p != '.' && *p != '_' && *p != '-') *p = '_';
+        if (!isalnum((unsigned char)*p) && *p != '.') *p = '_'; /* dt_comm_job_id_valid */
 }
 
 dt_status dt_comm_create_from_env(dt_comm **out, const dt_comm_config *cfg) {
@@ -123,9 +148,6 @@ dt_status dt_comm_create_from_env(dt_comm **out, const dt_comm_config *cfg) {
     dt_comm_config d = cfg ? *cfg : dt_comm_config_default();
     int rank = 0, size = 1, local = 0;
     bool fr, fs, fl;
-    static const char *const launchers[][2] = {{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
-                                              {"PMI_RANK", "PMI_SIZE"},
-                                              {"SLURM_PROCID", "SLURM_NTASKS"}};
     dt_backend found = DT_BACKEND_SELF;
     DT_TRY(env_int("DTRAIN_RANK", 0, &rank, &fr));
     DT_TRY(env_int("DTRAIN_WORLD_SIZE", 1, &size, &fs));
@@ -133,9 +155,9 @@ dt_status dt_comm_create_from_env(dt_comm **out, const dt_comm_config *cfg) {
     if (fr != fs)
         return dt_error(DT_EINVAL, "DTRAIN_RANK and DTRAIN_WORLD_SIZE must be set together (start workers with 'dtrain launch')");
     if (fs) found = DT_BACKEND_SHM;
-    for (int i = 0; i < 3 && found == DT_BACKEND_SELF; i++) {
-        DT_TRY(env_int(launchers[i][0], 0, &rank, &fr));
-        DT_TRY(env_int(launchers[i][1], 1, &size, &fs));
+    for (int i = 0; i < N_LAUNCHERS && found == DT_BACKEND_SELF; i++) {
+        DT_TRY(env_int(g_launchers[i][0], 0, &rank, &fr));
+        DT_TRY(env_int(g_launchers[i][1], 1, &size, &fs));
         if (fr && fs) found = DT_BACKEND_MPI;
     }
     if (!fl) local = rank;

@@ -62,11 +62,9 @@ static size_t env_size(const char *name, size_t dflt, size_t lo, size_t hi) {
 static dt_status job_name(char *out, size_t n, const char *job) {
     if (!job || !*job)
         return dt_error(DT_EINVAL, "shm transport needs a job id (DTRAIN_JOB_ID or dt_comm_config.job_id)");
-    for (const char *p = job; *p; p++)
-        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '.' ||
-              *p == '_' || *p == '-'))
-            return dt_error(DT_EINVAL, "job id '%s' has a character other than letters, digits, '.', '_', '-'", job);
-    if (strlen(job) > 200) return dt_error(DT_EINVAL, "job id '%.40s...' is longer than 200 characters", job);
+    if (!dt_comm_job_id_valid(job))
+        return dt_error(DT_EINVAL, "job id '%.40s%s' must be 1-%d characters of letters, digits, '_' and '.'", job,
+                        strlen(job) > 40 ? "..." : "", DT_COMM_JOB_ID_MAX);
     snprintf(out, n, "/dtrain-%s", job);
     return DT_OK;
 }

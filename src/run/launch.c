@@ -21,6 +21,7 @@
 extern char **environ;
 
 #define LINE_CAP (64 * 1024) /* a longer line is relayed in pieces of this size */
+#define PEER_WAIT_S 0.5      /* after a DT_EXIT_PEER exit, how long to wait for the real culprit */
 
 typedef struct {
     int fd;        /* read end of the rank's pipe, -1 once closed */
@@ -76,28 +77,20 @@ void dt_launch_job_id(char *out, size_t cap) {
     snprintf(out, cap, "%08x%08x", (uint32_t)(hi ^ (hi >> 32)), rnd ^ t);
 }
 
-static bool job_id_ok(const char *id) {
-    if (!id || !*id || strlen(id) >= DT_JOB_ID_MAX) return false;
-    for (const char *p = id; *p; p++)
-        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
-              *p == '_'))
-            return false;
-    return true;
-}
-
 dt_status dt_launch_cleanup_shm(const char *job_id, int *removed) {
     if (removed) *removed = 0;
-    if (!job_id_ok(job_id))
-        return dt_error(DT_EINVAL, "job id '%s' must be 1-63 characters of [A-Za-z0-9_]",
-                        job_id ? job_id : "(null)");
+    if (!dt_comm_job_id_valid(job_id))
+        return dt_error(DT_EINVAL, "job id '%.40s' must be 1-%d characters of letters, digits, '_' and '.'",
+                        job_id ? job_id : "(null)", DT_COMM_JOB_ID_MAX);
     char pre[DT_JOB_ID_MAX + 16];
     size_t pl = (size_t)snprintf(pre, sizeof pre, "dtrain-%s", job_id);
     DIR *d = opendir("/dev/shm");
     if (!d) return DT_OK; /* no POSIX shm on this system: nothing to remove */
     struct dirent *e;
     while ((e = readdir(d))) {
-        char c = e->d_name[pl]; /* the comm layer names split segments "dtrain-<job>.<id>.<color>" */
-        if (strncmp(e->d_name, pre, pl) != 0 || (c && c != '-' && c != '.')) continue;
+        /* the comm layer's names: "dtrain-<job>" and split segments "dtrain-<job>.<id>.<color>";
+         * job ids have no '-', so "dtrain-data-*" (the data-set cache) never matches */
+        if (strncmp(e->d_name, pre, pl) != 0 || (e->d_name[pl] && e->d_name[pl] != '.')) continue;
         if (unlinkat(dirfd(d), e->d_name, 0) == 0 && removed) (*removed)++;
     }
     closedir(d);
@@ -124,7 +117,7 @@ static char **rank_env(const dt_launch_config *cfg, int rank, const char *job_id
         if (keep) env[k++] = strdup(environ[i]);
     }
     for (size_t i = 0; i < nx; i++) env[k++] = strdup(cfg->extra_env[i]);
-    char v[6][96];
+    char v[6][DT_JOB_ID_MAX + 32];
     snprintf(v[0], sizeof v[0], "DTRAIN_RANK=%d", rank);
     snprintf(v[1], sizeof v[1], "DTRAIN_WORLD_SIZE=%d", cfg->nranks);
     snprintf(v[2], sizeof v[2], "DTRAIN_LOCAL_RANK=%d", rank);
@@ -282,8 +275,9 @@ static dt_status spawn(job *j, int rk, char *const argv[]) {
     return DT_OK;
 }
 
-/* Reaps every rank that has exited; returns the index of the first newly failed one or -1. */
-static int reap(job *j, bool stopping, int *failed) {
+/* Reaps every rank that has exited. The first failed rank goes to *failed, except that a rank
+ * that exited DT_EXIT_PEER (it stopped because another rank failed) goes to *peer instead. */
+static void reap(job *j, bool stopping, int *failed, int *peer) {
     for (int i = 0; i < j->n; i++) {
         rank *r = &j->r[i];
         if (r->pid <= 0) continue;
@@ -300,9 +294,13 @@ static int reap(job *j, bool stopping, int *failed) {
             j->lost++;
             continue;
         }
-        if (!stopping && *failed < 0 && exit_code_of(st) != 0) *failed = i;
+        if (stopping || exit_code_of(st) == 0) continue;
+        if (WIFEXITED(st) && WEXITSTATUS(st) == DT_EXIT_PEER) {
+            if (*peer < 0) *peer = i;
+        } else if (*failed < 0) {
+            *failed = i;
+        }
     }
-    return *failed;
 }
 
 static double deadline_ms(double deadline, double now) {
@@ -317,8 +315,9 @@ dt_status dt_launch_run(const dt_launch_config *cfg, char *const argv[], dt_laun
     res->exit_code = 1;
     if (!cfg || cfg->nranks < 1 || !argv || !argv[0])
         return dt_error(DT_EINVAL, "launch needs nranks >= 1 and a program to run");
-    if (cfg->job_id && !job_id_ok(cfg->job_id))
-        return dt_error(DT_EINVAL, "job id '%s' must be 1-63 characters of [A-Za-z0-9_]", cfg->job_id);
+    if (cfg->job_id && !dt_comm_job_id_valid(cfg->job_id))
+        return dt_error(DT_EINVAL, "job id '%.40s' must be 1-%d characters of letters, digits, '_' and '.'",
+                        cfg->job_id, DT_COMM_JOB_ID_MAX);
     if (g_active) return dt_error(DT_EINVAL, "dt_launch_run is already running in this process");
     if (cfg->job_id) snprintf(res->job_id, sizeof res->job_id, "%s", cfg->job_id);
     else dt_launch_job_id(res->job_id, sizeof res->job_id);
@@ -361,7 +360,8 @@ dt_status dt_launch_run(const dt_launch_config *cfg, char *const argv[], dt_laun
     double job_deadline = cfg->timeout_s > 0 ? t0 + cfg->timeout_s : 0;
     double kill_deadline = 0, drain_deadline = 0;
     bool stopping = false;
-    int failed = -1, got_sig = 0;
+    int failed = -1, peer = -1, got_sig = 0;
+    double peer_deadline = 0; /* a rank exited DT_EXIT_PEER: until then, wait for the culprit */
 
     for (int i = 0; i < j.n; i++) {
         st = spawn(&j, i, argv);
@@ -376,8 +376,11 @@ dt_status dt_launch_run(const dt_launch_config *cfg, char *const argv[], dt_laun
 
     while (j.live > 0 || j.open_fds > 0) {
         double now = dt_now();
-        if (!stopping) reap(&j, false, &failed);
-        else reap(&j, true, &failed);
+        reap(&j, stopping, &failed, &peer);
+        if (!stopping && failed < 0 && peer >= 0) {
+            if (peer_deadline == 0) peer_deadline = now + PEER_WAIT_S;
+            if (now >= peer_deadline || j.live == 0) failed = peer; /* no other rank failed */
+        }
         if (!stopping && failed >= 0) {
             char how[96];
             describe(j.r[failed].status, how, sizeof how);
@@ -421,9 +424,9 @@ dt_status dt_launch_run(const dt_launch_config *cfg, char *const argv[], dt_laun
                     pidx[np++] = 2 * i + k;
                 }
         double ms = -1;
-        double dls[3] = {stopping ? 0 : job_deadline, stopping ? kill_deadline : 0,
-                         j.live == 0 ? drain_deadline : 0};
-        for (int d = 0; d < 3; d++) {
+        double dls[4] = {stopping ? 0 : job_deadline, stopping ? kill_deadline : 0,
+                         j.live == 0 ? drain_deadline : 0, stopping ? 0 : peer_deadline};
+        for (int d = 0; d < 4; d++) {
             double m = deadline_ms(dls[d], now);
             if (m >= 0 && (ms < 0 || m < ms)) ms = m;
         }

@@ -16,10 +16,18 @@
 #ifndef DT_RUN_LAUNCH_H
 #define DT_RUN_LAUNCH_H
 
+#include "dtrain/comm.h"
 #include "dtrain/core.h"
 
-/* Length of a generated job id ("<pid><time><random>", 16 hex digits) plus NUL. */
-#define DT_JOB_ID_MAX 64
+/* Size of a job id buffer: the longest valid id (dt_comm_job_id_valid) plus NUL. */
+#define DT_JOB_ID_MAX (DT_COMM_JOB_ID_MAX + 1)
+
+/* Exit statuses of rank programs that the launcher and the elastic supervisor understand:
+ * a rank exits with DT_EXIT_PEER when it stopped because another rank failed (the launcher then
+ * blames the other rank if it fails too), and with DT_EXIT_CONFIG (sysexits EX_CONFIG) when
+ * its set-up failed on bad flags, data or model (the elastic supervisor does not restart it). */
+#define DT_EXIT_PEER 75
+#define DT_EXIT_CONFIG 78
 
 typedef struct {
     int nranks;                   /* number of local ranks, >= 1 */
@@ -27,7 +35,7 @@ typedef struct {
     double grace_s;               /* SIGTERM -> SIGKILL grace when stopping ranks; 0 = 5 s */
     bool no_prefix;               /* relay whole lines without the "[rank] " prefix */
     int out_fd, err_fd;           /* where rank stdout/stderr go; 0 = 1 and 2 */
-    const char *job_id;           /* NULL = generate a unique one; else [A-Za-z0-9_]{1,63} */
+    const char *job_id;           /* NULL = generate a unique one; else dt_comm_job_id_valid */
     const char *const *extra_env; /* NULL-terminated "K=V" strings added for every rank, or NULL */
     /* Called (from the launching thread) with one-line job events such as "rank 2 exited with
      * status 3; stopping 3 other ranks". The library never prints; the CLI prints these. */
@@ -43,9 +51,10 @@ typedef struct {
     int exit_code;                /* exit status for the launcher: 0, the failing rank's status,
                                      128+signal for a rank killed by (or a launcher stopped by) a
                                      signal, 124 on timeout, 127 when the program cannot start */
-    int failed_rank;              /* first rank that failed, -1 if none */
+    int failed_rank;              /* first rank that failed, -1 if none; a rank that exited
+                                     DT_EXIT_PEER only if no other rank failed within 0.5 s */
     int lost;                     /* expendable ranks that failed (the job went on without them) */
-    int shm_removed;              /* leftover /dev/shm/dtrain-<jobid>* entries removed */
+    int shm_removed;              /* leftover /dev/shm/dtrain-<jobid>[.*] entries removed */
     bool all_exited_0;            /* every rank exited with status 0 (e.g. after a forwarded
                                      SIGTERM that the ranks handled by checkpointing) */
     char job_id[DT_JOB_ID_MAX];   /* the job id the ranks got */
@@ -62,9 +71,9 @@ dt_status dt_launch_run(const dt_launch_config *cfg, char *const argv[], dt_laun
 /* Writes a fresh unique job id (16 hex digits from pid, time and randomness) into out[cap]. */
 void dt_launch_job_id(char *out, size_t cap);
 
-/* Removes every /dev/shm entry named "dtrain-<job_id>", "dtrain-<job_id>.*" or
- * "dtrain-<job_id>-*" (the comm layer's segments of that job and of its splits); *removed (may
- * be NULL) gets the count. DT_EINVAL on a job id with characters other than [A-Za-z0-9_]. */
+/* Removes every /dev/shm entry named "dtrain-<job_id>" or "dtrain-<job_id>.*" (the comm layer's
+ * segments of that job and of its splits); *removed (may be NULL) gets the count. DT_EINVAL on
+ * a job id that dt_comm_job_id_valid rejects. */
 dt_status dt_launch_cleanup_shm(const char *job_id, int *removed);
 
 #endif

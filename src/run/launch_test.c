@@ -70,6 +70,30 @@ int main(void) {
     slurp(out_path, buf, sizeof buf);
     CHECK_MSG(!strcmp(buf, "bye\n"), "'%s'", buf);
 
+    /* 2b. rank 1 stops because rank 0 failed (exit DT_EXIT_PEER) just before rank 0 is killed:
+     * the launcher waits for and blames rank 0, the real culprit */
+    g_nmsg = 0;
+    char *argv_peer[] = {"sh", "-c",
+                         "if [ $DTRAIN_RANK = 1 ]; then sleep 0.2; exit 75; fi; "
+                         "if [ $DTRAIN_RANK = 0 ]; then sleep 0.35; kill -9 $$; fi; exec sleep 20", NULL};
+    dt_launch_config pc = cfg;
+    pc.nranks = 3;
+    t0 = dt_now();
+    s = dt_launch_run(&pc, argv_peer, &res);
+    CHECK(s == DT_EPEER);
+    CHECK_MSG(res.failed_rank == 0 && res.exit_code == 137, "failed_rank %d exit %d", res.failed_rank, res.exit_code);
+    CHECK_MSG(strstr(g_msg, "rank 0 was killed by signal 9") != NULL, "'%s'", g_msg);
+    CHECK(dt_now() - t0 < 5.0);
+    /* ... and is blamed itself only when no other rank fails within the wait */
+    g_nmsg = 0;
+    char *argv_peer2[] = {"sh", "-c", "if [ $DTRAIN_RANK = 1 ]; then sleep 0.1; exit 75; fi; exec sleep 20", NULL};
+    t0 = dt_now();
+    s = dt_launch_run(&pc, argv_peer2, &res);
+    double waited = dt_now() - t0;
+    CHECK(s == DT_EPEER && res.failed_rank == 1 && res.exit_code == DT_EXIT_PEER);
+    CHECK_MSG(!strcmp(g_msg, "rank 1 exited with status 75; stopping 2 other ranks"), "'%s'", g_msg);
+    CHECK_MSG(waited > 0.55 && waited < 5.0, "%.2f s", waited);
+
     /* 3. a program that does not exist */
     char *argv3[] = {"/nonexistent/dt-prog", NULL};
     s = dt_launch_run(&cfg, argv3, &res);
@@ -90,7 +114,7 @@ int main(void) {
     CHECK(strlen(a) == 16 && strcmp(a, b) != 0);
     char p1[128], p2[128], p3[128], p4[128];
     snprintf(p1, sizeof p1, "/dev/shm/dtrain-%s", a);
-    snprintf(p2, sizeof p2, "/dev/shm/dtrain-%s-x", a);
+    snprintf(p2, sizeof p2, "/dev/shm/dtrain-%s-x", a); /* no one creates this: kept */
     snprintf(p3, sizeof p3, "/dev/shm/dtrain-%sz", a);
     snprintf(p4, sizeof p4, "/dev/shm/dtrain-%s.7.1", a);
     int removed = -1;
@@ -100,12 +124,21 @@ int main(void) {
         close(open(p3, O_CREAT | O_WRONLY, 0600));
         close(open(p4, O_CREAT | O_WRONLY, 0600));
         CHECK_OK(dt_launch_cleanup_shm(a, &removed));
-        CHECK(removed == 3);
-        CHECK(access(p1, F_OK) != 0 && access(p2, F_OK) != 0 && access(p4, F_OK) != 0 && access(p3, F_OK) == 0);
+        CHECK(removed == 2);
+        CHECK(access(p1, F_OK) != 0 && access(p4, F_OK) != 0 && access(p2, F_OK) == 0 && access(p3, F_OK) == 0);
+        unlink(p2);
         unlink(p3);
+        /* job id "data" must not touch the data-set cache (src/data/cache.c: dtrain-data-<key>.v1) */
+        char cache[128];
+        snprintf(cache, sizeof cache, "/dev/shm/dtrain-data-%s.v1", a);
+        close(open(cache, O_CREAT | O_WRONLY, 0600));
+        CHECK_OK(dt_launch_cleanup_shm("data", &removed));
+        CHECK(access(cache, F_OK) == 0);
+        unlink(cache);
     }
     CHECK(dt_launch_cleanup_shm("../etc", &removed) == DT_EINVAL);
-    CHECK(dt_launch_cleanup_shm("a.b", &removed) == DT_EINVAL);
+    CHECK(dt_launch_cleanup_shm("data-x", &removed) == DT_EINVAL);
+    CHECK_OK(dt_launch_cleanup_shm("a.b", &removed));
 
     close(fd);
     unlink(out_path);
