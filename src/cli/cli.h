@@ -23,6 +23,8 @@ typedef struct {
  * the usage built from `usage` and the table and returns 1; otherwise 0. */
 int dt_flags_parse(int argc, char **argv, int first, const dt_flag *flags, int n, const char *usage,
                    const char **pos, int max_pos, int *npos, int *rest);
+/* True when argv[1..argc) has --NAME or --NAME=VALUE (before any "--"). */
+bool dt_cli_flag_given(int argc, char **argv, const char *name);
 /* Prints the usage text and one line per flag with its default. */
 void dt_flags_usage(const char *usage, const dt_flag *flags, int n);
 /* Prints "dtrain: error: MESSAGE" and, when hint is non-NULL, "HINT: hint" to stderr; returns 1. */

@@ -215,6 +215,11 @@ int dt_cmd_train(int argc, char **argv) {
                            NULL);
     if (r) return r < 0 ? 2 : 0;
     if (workers < 1) return dt_cli_fail(NULL, "--workers %d: need at least 1", workers);
+    if (dt_cli_flag_given(argc, argv, "max-restarts") && !elastic)
+        return dt_cli_fail("e.g. --workers 4 --elastic 2:4 --max-restarts 5", "--max-restarts needs --elastic");
+    if (elastic && !dt_comm_env_is_rank() && cfg.checkpoint_every <= 0 && ckpt_secs <= 0)
+        return dt_cli_fail("add --checkpoint-every STEPS or --checkpoint-secs S",
+                           "--elastic restarts from the newest checkpoint, so it needs periodic checkpoints");
     if (elastic && workers < 2 && !dt_comm_env_is_rank())
         return dt_cli_fail("e.g. --workers 4 --elastic 2:4", "--elastic needs --workers N (N >= 2)");
     if ((r = dt_cli_uneven_parse(&uneven, &cfg)) != 0) return r;

@@ -136,3 +136,13 @@ int dt_flags_parse(int argc, char **argv, int first, const dt_flag *flags, int n
     }
     return 0;
 }
+
+bool dt_cli_flag_given(int argc, char **argv, const char *name) {
+    size_t n = strlen(name);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--")) break;
+        if (!strncmp(a, "--", 2) && !strncmp(a + 2, name, n) && (a[2 + n] == '\0' || a[2 + n] == '=')) return true;
+    }
+    return false;
+}

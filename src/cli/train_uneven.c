@@ -55,12 +55,3 @@ bool *dt_cli_expendable(const dt_train_config *cfg, int nranks) {
     return e;
 }
 
-bool dt_cli_flag_given(int argc, char **argv, const char *name) {
-    size_t n = strlen(name);
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--")) break;
-        if (!strncmp(a, "--", 2) && !strncmp(a + 2, name, n) && (a[2 + n] == '\0' || a[2 + n] == '=')) return true;
-    }
-    return false;
-}

@@ -21,7 +21,5 @@ bool dt_cli_is_ps(const dt_train_config *cfg);
 int dt_cli_job_ranks(const dt_train_config *cfg, int workers);
 /* The launcher's expendable flags of a job of nranks (ps: every worker), or NULL; free() it. */
 bool *dt_cli_expendable(const dt_train_config *cfg, int nranks);
-/* True when argv[1..argc) has --NAME or --NAME=VALUE (before any "--"). */
-bool dt_cli_flag_given(int argc, char **argv, const char *name);
 
 #endif

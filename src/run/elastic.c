@@ -27,7 +27,7 @@ dt_status dt_elastic_run(const dt_elastic_config *c, dt_launch_result *res) {
     char **argv = calloc((size_t)c->argc + 3, sizeof *argv);
     if (!argv) return dt_error(DT_ENOMEM, "elastic: out of memory");
     memcpy(argv, c->argv, (size_t)c->argc * sizeof *argv);
-    int n = c->workers;
+    int n = c->workers, last_failed = -1;
     dt_status s = DT_OK;
     for (int restart = 0;; restart++) {
         dt_launch_config lc = {.nranks = n, .notify = c->notify, .notify_ctx = c->ctx};
@@ -48,8 +48,14 @@ dt_status dt_elastic_run(const dt_elastic_config *c, dt_launch_result *res) {
                 dt_now() - t0, restart, restart == 1 ? "" : "s", c->max_restarts);
             break;
         }
-        /* replacements are spawned locally, so the job comes back at its size (within MIN:MAX) */
-        n = n < c->min_workers ? c->min_workers : n > c->max_workers ? c->max_workers : n;
+        /* a replacement is spawned for the dead rank; but a rank slot that fails twice in a row is
+         * taken as unavailable and the job shrinks by one (not below MIN): the checkpoint does not
+         * depend on the number of workers */
+        if (res->failed_rank == last_failed && n > c->min_workers) {
+            n--;
+            say(c, "rank %d failed twice in a row: continuing without it", res->failed_rank);
+        }
+        last_failed = res->failed_rank;
         say(c, "rank %d failed after %.1f s (exit %d); restart %d of %d with %d worker%s from %s", res->failed_rank,
             dt_now() - t0, res->exit_code, restart + 1, c->max_restarts, n, n == 1 ? "" : "s",
             found ? ckpt : "scratch (no checkpoint yet)");

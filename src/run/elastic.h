@@ -8,7 +8,8 @@
 
 typedef struct {
     int workers;             /* ranks of the first job */
-    int min_workers, max_workers;  /* bounds of later jobs */
+    int min_workers, max_workers;  /* bounds of later jobs: a rank slot that fails twice in a row
+                                    * is dropped (not below min); replacements keep the size */
     int max_restarts;
     char **argv;             /* one rank's command; restarts append "--resume auto" */
     int argc;
