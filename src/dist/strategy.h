@@ -80,7 +80,7 @@ typedef struct {
     const char *name;
     /* Makes every rank start from identical parameters (verify or broadcast). */
     dt_status (*init)(dt_strategy *s);
-    /* Before each step's backward pass. */
+    /* At the start of each step, before its forward pass. */
     void (*begin_step)(dt_strategy *s, int64_t step);
     /* Backward hook: grads[offset, offset+n) are final for this step (layers complete last to first). */
     void (*grad_ready)(dt_strategy *s, size_t offset, size_t n);

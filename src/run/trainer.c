@@ -214,7 +214,12 @@ dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
         if (s != DT_OK) goto fail;
         t->step = info.step, t->epoch = info.epoch, t->step_in_epoch = info.step_in_epoch;
         snprintf(t->last_ckpt, sizeof t->last_ckpt, "%s", resume);
-        if (info.has_norm) t->has_norm = true, t->norm_mean = info.norm_mean, t->norm_std = info.norm_std;
+        if (cfg->normalize && !info.has_norm) {
+            s = dt_error(DT_EINVAL, "%s: this run was trained without --normalize; leave it out to resume it", resume);
+            goto fail;
+        }
+        /* the inputs are scaled as the checkpoint's run scaled them */
+        t->has_norm = info.has_norm != 0, t->norm_mean = info.norm_mean, t->norm_std = info.norm_std;
     }
     if (t->has_norm) {
         if ((s = dt_dataset_set_normalize(t->train, t->norm_mean, t->norm_std)) != DT_OK) goto fail;
