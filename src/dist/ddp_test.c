@@ -3,6 +3,7 @@
  * 4; the final epoch batch is uneven), replicas stay bitwise identical, two identical runs are
  * bitwise identical, and mismatched replicas are refused at start. */
 #include "core/test.h"
+#include "dist/dist_testlib.h"
 #include "dtrain/dtrain.h"
 
 #include <stdio.h>
@@ -14,23 +15,7 @@
 static char g_dir[64];
 static char g_csv[128];
 
-/* A small separable 4-class problem: 203 samples (odd, so the last global batch is uneven). */
-static void write_data(void) {
-    snprintf(g_dir, sizeof g_dir, "/tmp/dtrain-ddp-XXXXXX");
-    if (!mkdtemp(g_dir)) abort();
-    snprintf(g_csv, sizeof g_csv, "%s/toy_train.csv", g_dir);
-    FILE *f = fopen(g_csv, "w");
-    for (int i = 0; i < 203; i++) {
-        int y = (int)(dt_rng_u64(5, 1, (uint64_t)i) % 4);
-        fprintf(f, "%d", y);
-        for (int k = 0; k < 12; k++) {
-            float v = dt_rng_uniform(5, 2, (uint64_t)(i * 12 + k)) + (k % 4 == y ? 1.5f : 0.0f);
-            fprintf(f, ",%.5f", v);
-        }
-        fprintf(f, "\n");
-    }
-    fclose(f);
-}
+static void write_data(void) { dt_test_write_toy_csv(g_dir, g_csv, "/tmp/dtrain-ddp-XXXXXX", 5); }
 
 typedef struct {
     dt_optim_kind opt;

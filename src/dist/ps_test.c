@@ -12,6 +12,7 @@
  *  - local SGD averaging after every step is data-parallel SGD (equal to 1 process up to
  *    rounding), and with H = 4 the replicas are identical after the final average. */
 #include "core/test.h"
+#include "dist/dist_testlib.h"
 #include "dist/strategy.h"
 #include "dtrain/dtrain.h"
 
@@ -25,21 +26,7 @@
 static char g_dir[64];
 static char g_csv[128];
 
-/* A separable 4-class problem of 203 samples (the last batch of an epoch is short). */
-static void write_data(void) {
-    snprintf(g_dir, sizeof g_dir, "/tmp/dtrain-ps-XXXXXX");
-    if (!mkdtemp(g_dir)) abort();
-    snprintf(g_csv, sizeof g_csv, "%s/toy_train.csv", g_dir);
-    FILE *f = fopen(g_csv, "w");
-    for (int i = 0; i < 203; i++) {
-        int y = (int)(dt_rng_u64(7, 1, (uint64_t)i) % 4);
-        fprintf(f, "%d", y);
-        for (int k = 0; k < 12; k++)
-            fprintf(f, ",%.5f", dt_rng_uniform(7, 2, (uint64_t)(i * 12 + k)) + (k % 4 == y ? 1.5f : 0.0f));
-        fprintf(f, "\n");
-    }
-    fclose(f);
-}
+static void write_data(void) { dt_test_write_toy_csv(g_dir, g_csv, "/tmp/dtrain-ps-XXXXXX", 7); }
 
 enum { CAP = 4096 };
 
