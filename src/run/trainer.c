@@ -195,10 +195,20 @@ dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
                      dt_model_spec(t->model));
         goto fail;
     }
-    if (dt_model_out_size(t->model) != t->classes) {
-        s = dt_error(DT_EINVAL, "model '%s' outputs %d values per sample but --data %s has %d classes; end the "
-                                "spec with linear(%d)",
-                     dt_model_spec(t->model), dt_model_out_size(t->model), cfg->data, t->classes, t->classes);
+    const int nout = dt_model_out_size(t->model);
+    if (nout > t->classes && t->classes > 0) {
+        /* fewer classes in the data than outputs is fine (e.g. a subset): train with `out` classes */
+        if ((s = dt_dataset_set_classes(t->train, nout)) != DT_OK) goto fail;
+        if (t->test && (s = dt_dataset_set_classes(t->test, nout)) != DT_OK) goto fail;
+        t->classes = nout;
+    } else if (nout != t->classes) {
+        /* a label beyond the model's outputs: name the first such sample (a corrupt label, or the
+         * wrong model) */
+        s = dt_dataset_set_classes(t->train, nout);
+        if (s == DT_OK && t->test) s = dt_dataset_set_classes(t->test, nout);
+        s = dt_error_wrap(DT_EINVAL, "model '%s' outputs %d classes but --data %s has labels up to %d; if they are "
+                                     "right, end the spec with linear(%d)",
+                          dt_model_spec(t->model), nout, cfg->data, t->classes - 1, t->classes);
         goto fail;
     }
     dt_model_init(t->model, cfg->seed);
