@@ -12,6 +12,11 @@ expect_fail "unknown optimizer" "unknown optimizer 'adamx'" $DT train --optimize
 expect_fail "missing data dir" "$TMP/nodata" $DT train --data "$TMP/nodata"
 expect_fail "eval needs checkpoint" "no --checkpoint given" $DT eval
 expect_fail "unknown command" "unknown command 'trian'" $DT trian
+printf '0,1,2\n1,3,4\n99,5,6\n2,1,1\n' >"$TMP/bad_train.csv"
+expect_fail "a label beyond the model names its sample" "label 99 of sample 2 is outside [0, 3)" \
+  $DT train --data "$TMP/bad_train.csv" --model "linear(3)"
+expect_fail "a model without parameters is refused" "no trainable parameters" $DT train --data "$TMP/bad_train.csv" --model relu
+expect_fail "flag values are checked" "--momentum 5: need a value in [0, 1)" $DT train --momentum 5
 help=$($DT train --help)
 for f in data model epochs batch optimizer lr seed threads save resume metrics quiet; do
   grep -q -- "--$f" <<<"$help" || bad "train --help lacks --$f"
