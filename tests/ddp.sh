@@ -81,5 +81,30 @@ else
      && python3 -c "import sys; sys.exit(0 if float('$an') > 0.75 else 1)"; then
     ok "2 emulated hosts: test_acc $an after 400 steps, $sent bytes over the veth"
   else bad "emulated hosts (exit $rc, $sent bytes): $(tail -5 "$TMP/netns.log")"; fi
+
+  # a host dies mid-run: the MPI job fails; relaunched on the surviving host with --resume auto
+  # it continues from the newest checkpoint (which does not depend on the number of ranks)
+  mpinet() {  # HOSTFILE NP ARGS...
+    local hf=$1 np=$2; shift 2
+    ASAN_OPTIONS=$ASAN_MPI timeout -k 5 120 mpirun --hostfile "$hf" --mca plm_rsh_agent "$HOSTS agent" \
+      --mca plm_rsh_no_tree_spawn 1 --mca oob_tcp_if_include "$NET.0/24" --mca btl tcp,self \
+      --mca btl_tcp_if_include "$NET.0/24" --bind-to none -np "$np" $DT train --backend mpi --model mlp \
+      --batch 16 --epochs 2 --quiet --timeout 10 --checkpoint-dir "$TMP/mck" --checkpoint-every 100 "$@"
+  }
+  mpinet "$TMP/hosts" 2 >"$TMP/hostdie.log" 2>&1 &
+  mp=$!
+  for i in $(seq 300); do compgen -G "$TMP/mck/ckpt-*.safetensors" >/dev/null && break; sleep 0.1; done
+  sleep 0.3
+  ip netns pids "$NAME-2" | xargs -r kill -9
+  wait $mp
+  rc=$?
+  printf '%s-1 slots=1\n' "$NAME" >"$TMP/host1"
+  mpinet "$TMP/host1" 1 --resume auto >"$TMP/relaunch.log" 2>&1
+  rc2=$?
+  ar=$(acc_of "$TMP/relaunch.log")
+  if [ $rc -ne 0 ] && [ $rc2 -eq 0 ] && grep -q "resumed from .*ckpt-" "$TMP/relaunch.log" \
+     && python3 -c "import sys; sys.exit(0 if float('${ar:-0}') > 0.75 else 1)"; then
+    ok "host 2 killed (mpirun exit $rc); relaunch on host 1 resumed: $(grep -o 'resumed from [^:]*' "$TMP/relaunch.log"), test_acc $ar"
+  else bad "MPI relaunch after a dead host (exit $rc, then $rc2): $(tail -4 "$TMP/hostdie.log") / $(tail -4 "$TMP/relaunch.log")"; fi
 fi
 finish
