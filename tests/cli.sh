@@ -30,8 +30,10 @@ fi
 
 # ---- training on Fashion-MNIST ----
 run() { $DT train --data fashion-mnist --quiet "$@"; }
+touch "$TMP/a.st.tmp.999999"  # left by a writer that was killed (no such pid)
 out=$(run --model mlp --epochs 1 --max-steps 600 --batch 32 --metrics "$TMP/m.jsonl" --save "$TMP/a.st") \
   || bad "train mlp: $out"
+[ -e "$TMP/a.st.tmp.999999" ] && bad "stale temp file of --save not removed" || ok "stale temp file of --save removed"
 acc=$(python3 -c "import json;r=[json.loads(l) for l in open('$TMP/m.jsonl')];print(r[-1]['test_acc'])")
 python3 - "$TMP/m.jsonl" <<'PY' && ok "metrics JSONL fields" || bad "metrics JSONL fields"
 import json, sys

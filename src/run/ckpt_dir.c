@@ -89,7 +89,29 @@ dt_status dt_ckpt_dir_latest(const char *dir, char *out, size_t cap, bool *found
     return DT_OK;
 }
 
-/* Removes "ckpt-*.safetensors.tmp.<pid>" files whose writer is gone (a killed rank). */
+void dt_ckpt_remove_stale_temps(const char *path) {
+    char dir[4096], base[1024];
+    const char *slash = strrchr(path, '/');
+    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
+    if (slash && slash == path) snprintf(dir, sizeof dir, "/");
+    snprintf(base, sizeof base, "%s.tmp.", slash ? slash + 1 : path);
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (strncmp(e->d_name, base, strlen(base)) != 0) continue;
+        char *end;
+        long pid = strtol(e->d_name + strlen(base), &end, 10);
+        if (pid > 0 && !*end && kill((pid_t)pid, 0) != 0 && errno == ESRCH) {
+            char full[8192];
+            snprintf(full, sizeof full, "%s/%s", dir, e->d_name);
+            unlink(full);
+        }
+    }
+    closedir(d);
+}
+
+/* The temp files of every numbered checkpoint name in dir ("ckpt-*.safetensors.tmp.<pid>"). */
 static void remove_stale_temps(const char *dir) {
     DIR *d = opendir(dir);
     if (!d) return;
@@ -97,12 +119,9 @@ static void remove_stale_temps(const char *dir) {
     while ((e = readdir(d))) {
         const char *t = strstr(e->d_name, SUFFIX ".tmp.");
         if (strncmp(e->d_name, PREFIX, strlen(PREFIX)) != 0 || !t) continue;
-        long pid = strtol(t + strlen(SUFFIX ".tmp."), NULL, 10);
-        if (pid > 0 && kill((pid_t)pid, 0) != 0 && errno == ESRCH) {
-            char path[4096];
-            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-            unlink(path);
-        }
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%.*s", dir, (int)(t - e->d_name + strlen(SUFFIX)), e->d_name);
+        dt_ckpt_remove_stale_temps(path);
     }
     closedir(d);
 }
