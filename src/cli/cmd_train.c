@@ -152,112 +152,137 @@ static const char TRAIN_USAGE[] =
     "others go on; rank 0 (server 0) evaluates and prints. --slow RANK:FACTOR is a testing and\n"
     "benchmark aid that makes one rank FACTOR times slower by sleeping.";
 
-int dt_cmd_train(int argc, char **argv) {
-    dt_train_config cfg = dt_train_defaults();
-    cfg.model = NULL; /* mlp, or the model of the checkpoint being resumed */
-    const char *optimizer = "adam", *schedule = "constant";
-    float lr = 1e-3f, momentum = 0, wd = -1, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
-    int64_t seed = 42, warmup = 0, step_size = 0, max_steps = 0;
-    float gamma = 0.1f, min_lr = 0;
-    bool nesterov = false, quiet = false, normalize = false;
-    int workers = 1;
-    const char *backend = "auto";
-    float bucket_mb = 0, timeout = 0, ckpt_secs = 0;
-    const char *elastic = NULL;
-    dt_cli_uneven uneven = {0};
-    int max_restarts = 3;
+/* Everything `dtrain train` accepts: the trainer config plus the flags that shape it. */
+typedef struct {
+    dt_train_config cfg;
+    const char *optimizer, *schedule, *backend, *elastic;
+    float lr, momentum, wd, beta1, beta2, eps, gamma, min_lr, bucket_mb, timeout, ckpt_secs;
+    int64_t seed, warmup, step_size, max_steps;
+    bool nesterov, quiet, normalize;
+    int workers, max_restarts;
+    dt_cli_uneven uneven;
+} train_opts;
+
+/* Parses argv into o; returns -1 to continue, else the exit status (help, bad flags). */
+static int parse_train_flags(int argc, char **argv, train_opts *o) {
+    *o = (train_opts){.cfg = dt_train_defaults(), .optimizer = "adam", .schedule = "constant", .backend = "auto",
+                      .lr = 1e-3f, .wd = -1, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .gamma = 0.1f,
+                      .seed = 42, .workers = 1, .max_restarts = 3};
+    dt_train_config *c = &o->cfg;
+    c->model = NULL; /* mlp, or the model of the checkpoint being resumed */
     const dt_flag flags[] = {
-        {"data", DT_FLAG_STR, &cfg.data, "DIR", "IDX directory (train-*/t10k-* files), fashion-mnist, mnist or a .csv"},
-        {"model", DT_FLAG_STR, &cfg.model, "SPEC", "model spec or preset mlp, cnn (default mlp; when resuming, the checkpoint's)"},
-        {"epochs", DT_FLAG_INT, &cfg.epochs, "N", "passes over the training set"},
-        {"batch", DT_FLAG_INT, &cfg.batch, "N", "samples per step"},
-        {"optimizer", DT_FLAG_STR, &optimizer, "NAME", "sgd, adam or adamw"},
-        {"lr", DT_FLAG_FLOAT, &lr, "X", "learning rate"},
-        {"momentum", DT_FLAG_FLOAT, &momentum, "X", "sgd momentum"},
-        {"nesterov", DT_FLAG_BOOL, &nesterov, NULL, "sgd: Nesterov momentum"},
-        {"weight-decay", DT_FLAG_FLOAT, &wd, "X", "L2 (sgd, adam) or decoupled (adamw) decay; default 0, adamw 0.01"},
-        {"beta1", DT_FLAG_FLOAT, &beta1, "X", "adam/adamw beta1"},
-        {"beta2", DT_FLAG_FLOAT, &beta2, "X", "adam/adamw beta2"},
-        {"eps", DT_FLAG_FLOAT, &eps, "X", "adam/adamw epsilon"},
-        {"schedule", DT_FLAG_STR, &schedule, "NAME", "learning-rate schedule: constant, step or cosine"},
-        {"warmup", DT_FLAG_I64, &warmup, "STEPS", "linear warm-up steps"},
-        {"step-size", DT_FLAG_I64, &step_size, "STEPS", "step schedule: decay every STEPS steps"},
-        {"gamma", DT_FLAG_FLOAT, &gamma, "X", "step schedule: decay factor"},
-        {"min-lr", DT_FLAG_FLOAT, &min_lr, "X", "cosine schedule: final learning rate"},
-        {"clip", DT_FLAG_FLOAT, &cfg.clip_norm, "X", "clip the gradient L2 norm to X (0 = off)"},
-        {"normalize", DT_FLAG_BOOL, &normalize, NULL, "standardise inputs with the training set mean/std"},
-        {"seed", DT_FLAG_I64, &seed, "N", "seed of init, shuffling and dropout"},
-        {"threads", DT_FLAG_INT, &cfg.threads, "N", "BLAS threads of this worker"},
-        {"max-steps", DT_FLAG_I64, &max_steps, "N", "stop after N steps in total (0 = all epochs)"},
-        {"save", DT_FLAG_STR, &cfg.save, "FILE", "write a checkpoint (safetensors) after every epoch"},
-        {"resume", DT_FLAG_STR, &cfg.resume, "FILE", "continue from a checkpoint (--save or --checkpoint-dir); auto = newest valid one in --checkpoint-dir"},
-        {"metrics", DT_FLAG_STR, &cfg.metrics, "FILE", "write one JSON object per epoch (JSON Lines; appended when resuming)"},
-        {"quiet", DT_FLAG_BOOL, &quiet, NULL, "no progress output, only the per-epoch lines"},
-        {"workers", DT_FLAG_INT, &workers, "N", "run N local data-parallel worker processes"},
-        {"strategy", DT_FLAG_STR, &cfg.strategy, "NAME", "distribution strategy: ddp (default when > 1 rank), localsgd, ps"},
-        {"servers", DT_FLAG_INT, &cfg.servers, "S", "ps: ranks holding the parameters (the first S ranks)"},
-        {"staleness", DT_FLAG_STR, &uneven.staleness, "S", "ps: steps a worker may run ahead of the slowest (default inf: async)"},
-        {"sync-every", DT_FLAG_INT, &cfg.sync_every, "H", "localsgd: average the models every H steps"},
-        {"balance", DT_FLAG_STR, &uneven.balance, "MODE", "ddp/localsgd: static (default) or dynamic (cut batches by speed)"},
-        {"slow", DT_FLAG_STR, &uneven.slow, "RANK:F", "testing aid: rank RANK sleeps to run F times slower"},
-        {"backend", DT_FLAG_STR, &backend, "NAME", "transport between ranks: auto, shm or mpi"},
-        {"bucket-mb", DT_FLAG_FLOAT, &bucket_mb, "MB", "ddp gradient bucket size in MB (0 = default 1)"},
-        {"timeline", DT_FLAG_STR, &cfg.timeline, "FILE", "write a Chrome trace of every rank (Perfetto, chrome://tracing)"},
-        {"timeout", DT_FLAG_FLOAT, &timeout, "S", "deadline of any wait for another rank, seconds (0 = DTRAIN_TIMEOUT or default 300)"},
-        {"checkpoint-dir", DT_FLAG_STR, &cfg.checkpoint_dir, "DIR", "numbered checkpoints ckpt-STEP.safetensors go here (read by --resume auto)"},
-        {"checkpoint-every", DT_FLAG_I64, &cfg.checkpoint_every, "STEPS", "checkpoint every STEPS steps"},
-        {"checkpoint-secs", DT_FLAG_FLOAT, &ckpt_secs, "S", "checkpoint every S seconds"},
-        {"keep", DT_FLAG_INT, &cfg.keep, "K", "keep only the newest K checkpoints in --checkpoint-dir (0 = all)"},
-        {"elastic", DT_FLAG_STR, &elastic, "MIN:MAX", "with --workers: restart failed jobs from the last checkpoint"},
-        {"max-restarts", DT_FLAG_INT, &max_restarts, "R", "with --elastic: give up after R restarts"},
+        {"data", DT_FLAG_STR, &c->data, "DIR", "IDX directory (train-*/t10k-* files), fashion-mnist, mnist or a .csv"},
+        {"model", DT_FLAG_STR, &c->model, "SPEC", "model spec or preset mlp, cnn (default mlp; when resuming, the checkpoint's)"},
+        {"epochs", DT_FLAG_INT, &c->epochs, "N", "passes over the training set"},
+        {"batch", DT_FLAG_INT, &c->batch, "N", "samples per step"},
+        {"optimizer", DT_FLAG_STR, &o->optimizer, "NAME", "sgd, adam or adamw"},
+        {"lr", DT_FLAG_FLOAT, &o->lr, "X", "learning rate"},
+        {"momentum", DT_FLAG_FLOAT, &o->momentum, "X", "sgd momentum"},
+        {"nesterov", DT_FLAG_BOOL, &o->nesterov, NULL, "sgd: Nesterov momentum"},
+        {"weight-decay", DT_FLAG_FLOAT, &o->wd, "X", "L2 (sgd, adam) or decoupled (adamw) decay; default 0, adamw 0.01"},
+        {"beta1", DT_FLAG_FLOAT, &o->beta1, "X", "adam/adamw beta1"},
+        {"beta2", DT_FLAG_FLOAT, &o->beta2, "X", "adam/adamw beta2"},
+        {"eps", DT_FLAG_FLOAT, &o->eps, "X", "adam/adamw epsilon"},
+        {"schedule", DT_FLAG_STR, &o->schedule, "NAME", "learning-rate schedule: constant, step or cosine"},
+        {"warmup", DT_FLAG_I64, &o->warmup, "STEPS", "linear warm-up steps"},
+        {"step-size", DT_FLAG_I64, &o->step_size, "STEPS", "step schedule: decay every STEPS steps"},
+        {"gamma", DT_FLAG_FLOAT, &o->gamma, "X", "step schedule: decay factor"},
+        {"min-lr", DT_FLAG_FLOAT, &o->min_lr, "X", "cosine schedule: final learning rate"},
+        {"clip", DT_FLAG_FLOAT, &c->clip_norm, "X", "clip the gradient L2 norm to X (0 = off)"},
+        {"normalize", DT_FLAG_BOOL, &o->normalize, NULL, "standardise inputs with the training set mean/std"},
+        {"seed", DT_FLAG_I64, &o->seed, "N", "seed of init, shuffling and dropout"},
+        {"threads", DT_FLAG_INT, &c->threads, "N", "BLAS threads of this worker"},
+        {"max-steps", DT_FLAG_I64, &o->max_steps, "N", "stop after N steps in total (0 = all epochs)"},
+        {"save", DT_FLAG_STR, &c->save, "FILE", "write a checkpoint (safetensors) after every epoch"},
+        {"resume", DT_FLAG_STR, &c->resume, "FILE", "continue from a checkpoint (--save or --checkpoint-dir); auto = newest valid one in --checkpoint-dir"},
+        {"metrics", DT_FLAG_STR, &c->metrics, "FILE", "write one JSON object per epoch (JSON Lines; appended when resuming)"},
+        {"quiet", DT_FLAG_BOOL, &o->quiet, NULL, "no progress output, only the per-epoch lines"},
+        {"workers", DT_FLAG_INT, &o->workers, "N", "run N local data-parallel worker processes"},
+        {"strategy", DT_FLAG_STR, &c->strategy, "NAME", "distribution strategy: ddp (default when > 1 rank), localsgd, ps"},
+        {"servers", DT_FLAG_INT, &c->servers, "S", "ps: ranks holding the parameters (the first S ranks)"},
+        {"staleness", DT_FLAG_STR, &o->uneven.staleness, "S", "ps: steps a worker may run ahead of the slowest (default inf: async)"},
+        {"sync-every", DT_FLAG_INT, &c->sync_every, "H", "localsgd: average the models every H steps"},
+        {"balance", DT_FLAG_STR, &o->uneven.balance, "MODE", "ddp/localsgd: static (default) or dynamic (cut batches by speed)"},
+        {"slow", DT_FLAG_STR, &o->uneven.slow, "RANK:F", "testing aid: rank RANK sleeps to run F times slower"},
+        {"backend", DT_FLAG_STR, &o->backend, "NAME", "transport between ranks: auto, shm or mpi"},
+        {"bucket-mb", DT_FLAG_FLOAT, &o->bucket_mb, "MB", "ddp gradient bucket size in MB (0 = default 1)"},
+        {"timeline", DT_FLAG_STR, &c->timeline, "FILE", "write a Chrome trace of every rank (Perfetto, chrome://tracing)"},
+        {"timeout", DT_FLAG_FLOAT, &o->timeout, "S", "deadline of any wait for another rank, seconds (0 = DTRAIN_TIMEOUT or default 300)"},
+        {"checkpoint-dir", DT_FLAG_STR, &c->checkpoint_dir, "DIR", "numbered checkpoints ckpt-STEP.safetensors go here (read by --resume auto)"},
+        {"checkpoint-every", DT_FLAG_I64, &c->checkpoint_every, "STEPS", "checkpoint every STEPS steps"},
+        {"checkpoint-secs", DT_FLAG_FLOAT, &o->ckpt_secs, "S", "checkpoint every S seconds"},
+        {"keep", DT_FLAG_INT, &c->keep, "K", "keep only the newest K checkpoints in --checkpoint-dir (0 = all)"},
+        {"elastic", DT_FLAG_STR, &o->elastic, "MIN:MAX", "with --workers: restart failed jobs from the last checkpoint"},
+        {"max-restarts", DT_FLAG_INT, &o->max_restarts, "R", "with --elastic: give up after R restarts"},
     };
     int r = dt_flags_parse(argc, argv, 1, flags, (int)(sizeof flags / sizeof *flags), TRAIN_USAGE, NULL, 0, NULL,
                            NULL);
     if (r) return r < 0 ? 2 : 0;
-    if (workers < 1) return dt_cli_fail(NULL, "--workers %d: need at least 1", workers);
-    if (dt_cli_flag_given(argc, argv, "max-restarts") && !elastic)
+    if (o->workers < 1) return dt_cli_fail(NULL, "--workers %d: need at least 1", o->workers);
+    if (dt_cli_flag_given(argc, argv, "max-restarts") && !o->elastic)
         return dt_cli_fail("e.g. --workers 4 --elastic 2:4 --max-restarts 5", "--max-restarts needs --elastic");
-    if (elastic && !dt_comm_env_is_rank() && cfg.checkpoint_every <= 0 && ckpt_secs <= 0)
+    if (o->elastic && !dt_comm_env_is_rank() && c->checkpoint_every <= 0 && o->ckpt_secs <= 0)
         return dt_cli_fail("add --checkpoint-every STEPS or --checkpoint-secs S",
                            "--elastic restarts from the newest checkpoint, so it needs periodic checkpoints");
-    if (elastic && workers < 2 && !dt_comm_env_is_rank())
+    if (o->elastic && o->workers < 2 && !dt_comm_env_is_rank())
         return dt_cli_fail("e.g. --workers 4 --elastic 2:4", "--elastic needs --workers N (N >= 2)");
-    if ((r = dt_cli_uneven_parse(&uneven, &cfg)) != 0) return r;
-    const int job_ranks = dt_cli_job_ranks(&cfg, workers);  /* ps: servers + workers */
-    if (job_ranks > 1 && !dt_comm_env_is_rank()) {
-        bool *expendable = dt_cli_expendable(&cfg, job_ranks);
-        int rc = run_workers(argc, argv, job_ranks, elastic, max_restarts, cfg.checkpoint_dir, expendable);
-        free(expendable);
-        return rc;
-    }
-    if (dt_optim_parse(optimizer, &cfg.optim.kind) != DT_OK)
-        return dt_cli_fail("use --optimizer sgd, adam or adamw", "%s", dt_last_error());
-    dt_optim_kind kind = cfg.optim.kind;
-    cfg.optim = dt_optim_defaults(kind);
-    cfg.optim.momentum = momentum;
-    cfg.optim.nesterov = nesterov;
-    if (wd >= 0) cfg.optim.weight_decay = wd;
-    cfg.optim.beta1 = beta1, cfg.optim.beta2 = beta2, cfg.optim.eps = eps;
-    if (dt_lr_parse(schedule, &cfg.lr.kind) != DT_OK)
-        return dt_cli_fail("use --schedule constant, step or cosine", "%s", dt_last_error());
-    cfg.lr.base_lr = lr;
-    cfg.lr.warmup_steps = warmup;
-    cfg.lr.step_size = step_size;
-    cfg.lr.gamma = gamma;
-    cfg.lr.min_lr = min_lr;
-    cfg.seed = (uint64_t)seed;
-    cfg.max_steps = max_steps;
-    cfg.normalize = normalize;
-    cfg.bucket_mb = bucket_mb;
-    cfg.checkpoint_secs = ckpt_secs;
-    cfg.stop = &g_stop;
+    if (o->timeout < 0) return dt_cli_fail(NULL, "--timeout %g: must not be negative (0 = default)", o->timeout);
+    if ((r = dt_cli_uneven_parse(&o->uneven, c)) != 0) return r;
+    return -1;
+}
 
-    /* one rank of a job (or a single process): the communicator comes from the environment */
+/* Turns the optimizer and schedule flags into the trainer config; -1 = fine, else exit status. */
+static int build_train_config(train_opts *o) {
+    dt_train_config *c = &o->cfg;
+    if (dt_optim_parse(o->optimizer, &c->optim.kind) != DT_OK)
+        return dt_cli_fail("use --optimizer sgd, adam or adamw", "%s", dt_last_error());
+    c->optim = dt_optim_defaults(c->optim.kind);
+    c->optim.momentum = o->momentum;
+    c->optim.nesterov = o->nesterov;
+    if (o->wd >= 0) c->optim.weight_decay = o->wd;
+    c->optim.beta1 = o->beta1, c->optim.beta2 = o->beta2, c->optim.eps = o->eps;
+    if (dt_lr_parse(o->schedule, &c->lr.kind) != DT_OK)
+        return dt_cli_fail("use --schedule constant, step or cosine", "%s", dt_last_error());
+    c->lr.base_lr = o->lr;
+    c->lr.warmup_steps = o->warmup;
+    c->lr.step_size = o->step_size;
+    c->lr.gamma = o->gamma;
+    c->lr.min_lr = o->min_lr;
+    c->seed = (uint64_t)o->seed;
+    c->max_steps = o->max_steps;
+    c->normalize = o->normalize;
+    c->bucket_mb = o->bucket_mb;
+    c->checkpoint_secs = o->ckpt_secs;
+    c->stop = &g_stop;
+    return -1;
+}
+
+/* Rank 0's (or a single process's) opening lines. */
+static void print_header(const train_opts *o, dt_trainer *t, dt_comm *comm, int world) {
+    const dt_train_config *c = &o->cfg;
+    printf("dtrain: model %s (%zu parameters), data %s, batch %d, %s lr %g, seed %llu, %d thread%s\n",
+           dt_model_spec(dt_trainer_model(t)), dt_model_num_params(dt_trainer_model(t)), c->data, c->batch,
+           o->optimizer, o->lr, (unsigned long long)c->seed, c->threads, c->threads > 1 ? "s" : "");
+    if (world > 1 && dt_cli_is_ps(c)) {
+        char st[32] = "inf";
+        if (c->staleness >= 0) snprintf(st, sizeof st, "%d", c->staleness);
+        printf("dtrain: %d ranks over %s, strategy ps: %d server%s, %d workers x batch %d, staleness %s\n", world,
+               dt_comm_backend_name(comm), c->servers, c->servers > 1 ? "s" : "", world - c->servers, c->batch, st);
+    } else if (world > 1)
+        printf("dtrain: %d ranks over %s, strategy %s, global batch %d%s\n", world, dt_comm_backend_name(comm),
+               c->strategy ? c->strategy : "ddp", c->batch * world,
+               c->balance ? " (cut among the ranks by measured speed)" : "");
+    fflush(stdout);
+}
+
+/* One rank of a job (or a single process): the communicator comes from the environment. */
+static int run_rank(int argc, char **argv, train_opts *o, int job_ranks) {
+    dt_train_config cfg = o->cfg;
+    bool quiet = o->quiet;
     dt_comm_config cc = dt_comm_config_default();
-    if (dt_backend_parse(backend, &cc.backend) != DT_OK)
+    if (dt_backend_parse(o->backend, &cc.backend) != DT_OK)
         return dt_cli_fail("use --backend auto, shm or mpi", "%s", dt_last_error());
-    if (timeout < 0) return dt_cli_fail(NULL, "--timeout %g: must not be negative (0 = default)", timeout);
-    if (timeout > 0) cc.timeout_s = timeout;
+    if (o->timeout > 0) cc.timeout_s = o->timeout;
     dt_comm *comm = NULL;
     dt_status cs = dt_comm_create_from_env(&comm, &cc);
     if (cs != DT_OK) {
@@ -297,22 +322,7 @@ int dt_cmd_train(int argc, char **argv) {
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
     const int64_t first_step = dt_trainer_step(t);
-    if (!quiet) {
-        printf("dtrain: model %s (%zu parameters), data %s, batch %d, %s lr %g, seed %llu, %d thread%s\n",
-               dt_model_spec(dt_trainer_model(t)), dt_model_num_params(dt_trainer_model(t)), cfg.data, cfg.batch,
-               optimizer, lr, (unsigned long long)cfg.seed, cfg.threads, cfg.threads > 1 ? "s" : "");
-        if (world > 1 && dt_cli_is_ps(&cfg)) {
-            char st[32] = "inf";
-            if (cfg.staleness >= 0) snprintf(st, sizeof st, "%d", cfg.staleness);
-            printf("dtrain: %d ranks over %s, strategy ps: %d server%s, %d workers x batch %d, staleness %s\n", world,
-                   dt_comm_backend_name(comm), cfg.servers, cfg.servers > 1 ? "s" : "", world - cfg.servers,
-                   cfg.batch, st);
-        } else if (world > 1)
-            printf("dtrain: %d ranks over %s, strategy %s, global batch %d%s\n", world, dt_comm_backend_name(comm),
-                   cfg.strategy ? cfg.strategy : "ddp", cfg.batch * world,
-                   cfg.balance ? " (cut among the ranks by measured speed)" : "");
-        fflush(stdout);
-    }
+    if (!quiet) print_header(o, t, comm, world);
     s = dt_trainer_run(t);
     const bool trained = dt_trainer_step(t) > first_step;
     const int64_t last_step = dt_trainer_step(t);
@@ -336,6 +346,22 @@ int dt_cmd_train(int argc, char **argv) {
                cfg.epochs, cfg.max_steps ? " or --max-steps" : "");
     else if (cfg.save && !quiet) printf("dtrain: checkpoint saved to %s\n", cfg.save);
     return 0;
+}
+
+
+int dt_cmd_train(int argc, char **argv) {
+    train_opts o;
+    int r = parse_train_flags(argc, argv, &o);
+    if (r >= 0) return r;
+    const int job_ranks = dt_cli_job_ranks(&o.cfg, o.workers); /* ps: servers + workers */
+    if (job_ranks > 1 && !dt_comm_env_is_rank()) {
+        bool *expendable = dt_cli_expendable(&o.cfg, job_ranks);
+        int rc = run_workers(argc, argv, job_ranks, o.elastic, o.max_restarts, o.cfg.checkpoint_dir, expendable);
+        free(expendable);
+        return rc;
+    }
+    if ((r = build_train_config(&o)) >= 0) return r;
+    return run_rank(argc, argv, &o, job_ranks);
 }
 
 static const char EVAL_USAGE[] =
