@@ -219,7 +219,7 @@ dt_status dt_trainer_run(dt_trainer *t) {
     }
     const int64_t spe = (int64_t)dt_loader_batches(t->loader);
     t->last_ckpt_time = dt_now();
-    bool stop = false, ckpt_due = false;
+    bool stop = false, ckpt_due = false, at_epoch_end = false;
     dt_status s = DT_OK;
     while (t->epoch < c->epochs && s == DT_OK && !stop) {
         if (c->max_steps && t->step >= c->max_steps) break;
@@ -269,6 +269,7 @@ dt_status dt_trainer_run(dt_trainer *t) {
         }
         if (s != DT_ENOENT) break;
         s = DT_OK;
+        at_epoch_end = true;  /* errors below are reported with the epoch and step */
         double epoch_s = dt_now() - t0;
         bool finished = t->step_in_epoch >= spe;
         if (finished) {
@@ -297,7 +298,11 @@ dt_status dt_trainer_run(dt_trainer *t) {
         if (lead && c->save && (s = dt_trainer_save(t, c->save)) != DT_OK) break;
         if (ckpt_due && (s = dt_trainer_save_numbered(t)) != DT_OK) break;
         ckpt_due = false;
+        at_epoch_end = false;
     }
+    if (s != DT_OK && at_epoch_end)
+        s = dt_error_wrap(s, "end of epoch %lld (evaluation, metrics, checkpoint) after step %lld",
+                          (long long)(t->step_in_epoch ? t->epoch + 1 : t->epoch), (long long)t->step);
     if (s == DT_OK && stop) s = save_interrupted(t);
     else if (s == DT_OK && c->checkpoint_dir && t->saved_step != t->step) s = dt_trainer_save_numbered(t);
     if ((s == DT_OK || s == DT_EINTR) && c->timeline) {
