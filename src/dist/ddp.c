@@ -82,10 +82,8 @@ static dt_status ddp_step(dt_strategy *s, float lr, float clip, dt_step_stats *s
         /* keep batchnorm running statistics identical: rank 0's are the model's (as torch DDP) */
         DT_TRY(dt_comm_broadcast(s->comm, dt_model_buffers(s->model), d->nbuf, DT_F32, 0));
     }
-    float *g = dt_model_grads(s->model);
-    if (clip > 0) dt_clip_grad_norm(g, dt_model_num_params(s->model), clip);
     double t1 = dt_now();
-    dt_optim_step(s->optim, dt_model_params(s->model), g, lr);
+    dt_strategy_apply_update(s, lr, clip);
     if (s->trace) dt_trace_add(s->trace, "optimizer", 0, t1, dt_now(), s->step);
     return DT_OK;
 }

@@ -171,8 +171,6 @@ int main(void) {
     test_equivalence();
     test_determinism();
     test_mismatch();
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
-    if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", g_dir);
+    dt_test_remove_dir(g_dir);
     return dt_test_summary("ddp_test");
 }

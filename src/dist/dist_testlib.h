@@ -26,4 +26,11 @@ static inline void dt_test_write_toy_csv(char *dir, char *csv, const char *tmpl,
     fclose(f);
 }
 
+/* Removes the directory made by dt_test_write_toy_csv. */
+static inline void dt_test_remove_dir(const char *dir) {
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", dir);
+}
+
 #endif

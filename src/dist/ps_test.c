@@ -391,8 +391,6 @@ int main(void) {
     test_staleness_bound();
     test_dead_worker();
     test_localsgd();
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
-    if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", g_dir);
+    dt_test_remove_dir(g_dir);
     return dt_test_summary("ps_test");
 }

@@ -17,11 +17,15 @@ static void single_ready(dt_strategy *s, size_t off, size_t n) {
     (void)s, (void)off, (void)n;
 }
 
-static dt_status single_step(dt_strategy *s, float lr, float clip, dt_step_stats *st) {
-    memset(st, 0, sizeof *st);
+void dt_strategy_apply_update(dt_strategy *s, float lr, float clip) {
     float *g = dt_model_grads(s->model);
     if (clip > 0) dt_clip_grad_norm(g, dt_model_num_params(s->model), clip);
     dt_optim_step(s->optim, dt_model_params(s->model), g, lr);
+}
+
+static dt_status single_step(dt_strategy *s, float lr, float clip, dt_step_stats *st) {
+    memset(st, 0, sizeof *st);
+    dt_strategy_apply_update(s, lr, clip);
     return DT_OK;
 }
 

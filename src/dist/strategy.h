@@ -143,6 +143,10 @@ dt_status dt_strategy_ps_create(dt_strategy *s, const dt_strategy_config *cfg);
 dt_status dt_strategy_data_part(const char *name, const dt_strategy_config *cfg, int rank, int size, int *data_rank,
                                 int *data_world);
 
+/* The local update shared by the replicated strategies: clip the whole gradient slab (clip > 0)
+ * and apply the optimizer to the whole parameter slab. */
+void dt_strategy_apply_update(dt_strategy *s, float lr, float clip);
+
 /* Verifies that every rank of comm holds bitwise identical model parameters and buffers
  * (checksum allreduce); DT_EMISMATCH naming a differing rank otherwise. */
 dt_status dt_dist_verify_replicas(dt_comm *comm, dt_model *m);

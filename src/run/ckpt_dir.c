@@ -89,45 +89,46 @@ dt_status dt_ckpt_dir_latest(const char *dir, char *out, size_t cap, bool *found
     return DT_OK;
 }
 
-void dt_ckpt_remove_stale_temps(const char *path) {
-    char dir[4096], base[1024];
-    const char *slash = strrchr(path, '/');
-    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
-    if (slash && slash == path) snprintf(dir, sizeof dir, "/");
-    snprintf(base, sizeof base, "%s.tmp.", slash ? slash + 1 : path);
+/* Unlinks dir/name when name is "<stem>.tmp.<pid>" and that pid no longer exists. */
+static void unlink_if_writer_dead(const char *dir, const char *name, size_t stem_len) {
+    const char *tmp = name + stem_len;
+    if (strncmp(tmp, ".tmp.", 5) != 0) return;
+    char *end;
+    long pid = strtol(tmp + 5, &end, 10);
+    if (pid <= 0 || *end || kill((pid_t)pid, 0) == 0 || errno != ESRCH) return;
+    char full[8192];
+    snprintf(full, sizeof full, "%s/%s", dir, name);
+    unlink(full);
+}
+
+/* Calls unlink_if_writer_dead on the entries of dir whose name starts with prefix (and, if
+ * suffix is non-NULL, whose stem ends with it). */
+static void scan_temps(const char *dir, const char *prefix, const char *suffix) {
     DIR *d = opendir(dir);
     if (!d) return;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        if (strncmp(e->d_name, base, strlen(base)) != 0) continue;
-        char *end;
-        long pid = strtol(e->d_name + strlen(base), &end, 10);
-        if (pid > 0 && !*end && kill((pid_t)pid, 0) != 0 && errno == ESRCH) {
-            char full[8192];
-            snprintf(full, sizeof full, "%s/%s", dir, e->d_name);
-            unlink(full);
-        }
+    for (struct dirent *e; (e = readdir(d));) {
+        if (strncmp(e->d_name, prefix, strlen(prefix)) != 0) continue;
+        const char *t = strstr(e->d_name, ".tmp.");
+        if (!t) continue;
+        size_t stem = (size_t)(t - e->d_name);
+        if (suffix && (stem < strlen(suffix) || strncmp(t - strlen(suffix), suffix, strlen(suffix)) != 0)) continue;
+        if (!suffix && stem != strlen(prefix)) continue;
+        unlink_if_writer_dead(dir, e->d_name, stem);
     }
     closedir(d);
 }
 
-/* The temp files of every numbered checkpoint name in dir ("ckpt-*.safetensors.tmp.<pid>"). */
-static void remove_stale_temps(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        const char *t = strstr(e->d_name, SUFFIX ".tmp.");
-        if (strncmp(e->d_name, PREFIX, strlen(PREFIX)) != 0 || !t) continue;
-        char path[4096];
-        snprintf(path, sizeof path, "%s/%.*s", dir, (int)(t - e->d_name + strlen(SUFFIX)), e->d_name);
-        dt_ckpt_remove_stale_temps(path);
-    }
-    closedir(d);
+void dt_ckpt_remove_stale_temps(const char *path) {
+    char dir[4096];
+    const char *slash = strrchr(path, '/');
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == path) snprintf(dir, sizeof dir, "/");
+    else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    scan_temps(dir, slash ? slash + 1 : path, NULL);
 }
 
 dt_status dt_ckpt_dir_prune(const char *dir, int keep) {
-    remove_stale_temps(dir);
+    scan_temps(dir, PREFIX, SUFFIX); /* "ckpt-*.safetensors.tmp.<pid>" of killed ranks */
     int64_t *steps;
     size_t n;
     DT_TRY(list_steps(dir, &steps, &n));

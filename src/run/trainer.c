@@ -116,7 +116,6 @@ static dt_status check_config(const dt_train_config *c) {
         return dt_error(DT_EINVAL, "--schedule step needs --step-size STEPS > 0");
     if (c->max_steps < 0) return dt_error(DT_EINVAL, "--max-steps %lld: must not be negative", (long long)c->max_steps);
     DT_TRY(check_writable("--save", c->save));
-    if (c->save) dt_ckpt_remove_stale_temps(c->save); /* left by a run that was killed mid-write */
     DT_TRY(check_writable("--metrics", c->metrics));
     DT_TRY(check_writable("--timeline", c->timeline));
     if ((c->checkpoint_every > 0 || c->checkpoint_secs > 0 || c->keep > 0) && !c->checkpoint_dir)
@@ -156,6 +155,7 @@ static dt_status setup_uneven(dt_trainer *t) {
 dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
     *out = NULL;
     DT_TRY(check_config(cfg));
+    if (cfg->save) dt_ckpt_remove_stale_temps(cfg->save); /* left by a run killed mid-write */
     dt_trainer *t = calloc(1, sizeof *t);
     if (!t) return dt_error(DT_ENOMEM, "trainer: out of memory");
     t->cfg = *cfg;
