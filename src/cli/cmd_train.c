@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 typedef struct {
@@ -257,6 +258,17 @@ static int build_train_config(train_opts *o) {
     return -1;
 }
 
+/* Whether this rank runs under Open MPI's mpirun without --enable-recovery, which ends the whole
+ * job when one rank dies (a ps job could otherwise go on without a dead worker). */
+static bool ompi_ends_job_on_death(void) {
+    static const char *yes[] = {"1", "t", "true", "y", "yes", "enabled"};
+    const char *r = getenv("OMPI_MCA_orte_enable_recovery");
+    if (!getenv("OMPI_COMM_WORLD_SIZE")) return false;
+    for (size_t i = 0; r && i < sizeof yes / sizeof *yes; i++)
+        if (!strcasecmp(r, yes[i])) return false;
+    return true;
+}
+
 /* Rank 0's (or a single process's) opening lines. */
 static void print_header(const train_opts *o, dt_trainer *t, dt_comm *comm, int world) {
     const dt_train_config *c = &o->cfg;
@@ -268,6 +280,9 @@ static void print_header(const train_opts *o, dt_trainer *t, dt_comm *comm, int 
         if (c->staleness >= 0) snprintf(st, sizeof st, "%d", c->staleness);
         printf("dtrain: %d ranks over %s, strategy ps: %d server%s, %d workers x batch %d, staleness %s\n", world,
                dt_comm_backend_name(comm), c->servers, c->servers > 1 ? "s" : "", world - c->servers, c->batch, st);
+        if (!strcmp(dt_comm_backend_name(comm), "mpi") && ompi_ends_job_on_death())
+            printf("dtrain: note: mpirun ends the whole job if a worker dies; start it with 'mpirun --enable-recovery' "
+                   "to let the servers go on without it\n");
     } else if (world > 1)
         printf("dtrain: %d ranks over %s, strategy %s, global batch %d%s\n", world, dt_comm_backend_name(comm),
                c->strategy ? c->strategy : "ddp", c->batch * world,

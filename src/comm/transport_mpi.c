@@ -4,7 +4,9 @@
  * statuses (MPI_ERRORS_RETURN) naming the peer and the op. Also: op-descriptor checks with the
  * ring neighbours (mismatched collectives become DT_EMISMATCH instead of a hang), abort notices
  * to every rank, split via MPI_Comm_create_group after a bounded rendezvous, MPI_Finalize when
- * the last transport goes. Native collectives are in transport_mpi_coll.c.
+ * the last transport goes. A wait also notices within DT_MPI_LIVE_PERIOD that a peer on this host
+ * died (transport_mpi_live.c): MPI itself never says so. Native collectives are in
+ * transport_mpi_coll.c.
  * Without DT_HAVE_MPI the constructor returns DT_ENOTSUP. */
 #include "comm/transport.h"
 
@@ -157,19 +159,28 @@ static dt_status mpi_begin(dt_transport *tt, const dt_coll_desc *d) {
     if (!t->check || d->op == DT_COLL_SEND || d->op == DT_COLL_RECV) return DT_OK;
     dt_mpi_idle idle = {0};
     double deadline = dt_now() + t->timeout_s;
+    double next_live = dt_now() + DT_MPI_LIVE_PERIOD;
+    const int left = (tt->rank + tt->size - 1) % tt->size;
     while (t->desc_posted - t->desc_checked >= DT_MPI_DESC_SLOTS) { /* left rank far behind */
         DT_TRY(dt_mpi_progress_internal(t));
-        if (dt_now() > deadline) {
-            char b[96];
-            return dt_mpi_fail(t, DT_ETIMEDOUT, "rank %d is %d ops behind rank %d at %s",
-                               (tt->rank + tt->size - 1) % tt->size, DT_MPI_DESC_SLOTS, tt->rank,
-                               op_str(t, b, sizeof b));
+        double now = dt_now();
+        int pid;
+        char b[96];
+        if (now >= next_live) {
+            if ((pid = dt_mpi_peer_gone(t, left)) != 0)
+                return dt_mpi_fail(t, DT_EPEER, "rank %d died %d ops behind rank %d at %s: its process (world rank %d, "
+                                   "pid %d) is gone", left, DT_MPI_DESC_SLOTS, tt->rank, op_str(t, b, sizeof b),
+                                   dt_mpi_world_of(t, left), pid);
+            next_live = now + DT_MPI_LIVE_PERIOD;
         }
+        if (now > deadline)
+            return dt_mpi_fail(t, DT_ETIMEDOUT, "rank %d is %d ops behind rank %d at %s", left, DT_MPI_DESC_SLOTS,
+                               tt->rank, op_str(t, b, sizeof b));
         dt_mpi_backoff(&idle);
     }
     int k = (int)(t->desc_posted % DT_MPI_DESC_SLOTS);
     t->desc_mine[k] = *d;
-    int right = (tt->rank + 1) % tt->size, left = (tt->rank + tt->size - 1) % tt->size;
+    int right = (tt->rank + 1) % tt->size;
     LOCK();
     int rc = MPI_Irecv(&t->desc_left[k], (int)sizeof(dt_coll_desc), MPI_BYTE, left, DT_MPI_TAG_DESC,
                        t->comm, &t->desc_rreq[k]);
@@ -349,9 +360,27 @@ static dt_status timeout_error(dt_mpi_transport *t, dt_treq *const *reqs, int n,
                        waited, op_str(t, o, sizeof o), who);
 }
 
+/* A request of reqs waits on a rank whose process is gone (and what it sent before is not here):
+ * that is DT_EPEER now rather than DT_ETIMEDOUT at the deadline. */
+static dt_status check_dead(dt_mpi_transport *t, dt_treq *const *reqs, int n) {
+    for (int i = 0; i < n; i++) {
+        dt_treq *r = reqs[i];
+        int pid;
+        if (!r || r->done || !(pid = dt_mpi_peer_gone(t, r->peer))) continue;
+        bool progressed;
+        DT_TRY(progress_all(t, &progressed)); /* its last messages may be in already */
+        if (r->done) continue;
+        char o[96], tg[32];
+        return dt_mpi_fail(t, DT_EPEER, "rank %d died during %s (%s of %zu bytes, %s): its process (world rank %d, "
+                           "pid %d) is gone", r->peer, op_str(t, o, sizeof o), r->priv.u[3] ? "receive" : "send",
+                           r->bytes, tag_str(r->tag, tg, sizeof tg), dt_mpi_world_of(t, r->peer), pid);
+    }
+    return DT_OK;
+}
+
 static dt_status mpi_waitall(dt_transport *tt, dt_treq *const *reqs, int n, double deadline) {
     dt_mpi_transport *t = (dt_mpi_transport *)tt;
-    double t0 = dt_now();
+    double t0 = dt_now(), next_live = t0 + DT_MPI_LIVE_PERIOD;
     dt_mpi_idle idle = {0};
     for (;;) {
         bool progressed;
@@ -369,6 +398,10 @@ static dt_status mpi_waitall(dt_transport *tt, dt_treq *const *reqs, int n, doub
             }
         }
         double now = dt_now();
+        if (n > 0 && now >= next_live) {
+            DT_TRY(check_dead(t, reqs, n));
+            next_live = now + DT_MPI_LIVE_PERIOD;
+        }
         if (now >= deadline) return n == 0 ? DT_OK : timeout_error(t, reqs, n, now - t0);
         if (progressed) dt_mpi_idle_reset(&idle);
         dt_mpi_backoff(&idle);
@@ -395,6 +428,7 @@ static dt_status wrap(MPI_Comm comm, double timeout_s, dt_transport **out) {
     MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm, &t->base.rank);
     MPI_Comm_size(comm, &t->base.size);
+    t->world = dt_mpi_live_ranks(comm, t->base.size); /* NULL: no dead-peer checks, deadlines only */
     const char *chk = getenv("DTRAIN_MPI_CHECK");
     t->check = t->base.size > 1 && !(chk && !strcmp(chk, "0"));
     for (int i = 0; i < DT_MPI_DESC_SLOTS; i++) t->desc_sreq[i] = t->desc_rreq[i] = MPI_REQUEST_NULL;
@@ -442,6 +476,8 @@ dt_status dt_transport_mpi_create(dt_transport **out, const dt_transport_params 
         char e[256];
         int rc = MPI_Comm_dup(MPI_COMM_WORLD, &comm);
         if (rc != MPI_SUCCESS) s = dt_error(DT_EPEER, "MPI_Comm_dup of the world failed: %s", dt_mpi_errstr(rc, e, sizeof e));
+        double until = dt_now() + (p && p->timeout_s > 0 ? p->timeout_s : 300);
+        if (s == DT_OK && (s = dt_mpi_live_init(comm, until)) != DT_OK) MPI_Comm_free(&comm);
     }
     if (s == DT_OK) s = wrap(comm, p ? p->timeout_s : 0, out);
     UNLOCK();
@@ -529,9 +565,11 @@ static void mpi_destroy(dt_transport *tt) {
     if (--g_live == 0 && g_we_init && !g_failed) {
         MPI_Type_free(&g_block);
         g_block_ok = false;
+        dt_mpi_live_free();
         MPI_Finalize();
     }
     UNLOCK();
+    free(t->world);
     free(t);
 }
 

@@ -39,6 +39,7 @@ typedef struct {
     uint64_t desc_posted, desc_checked;
     dt_coll_desc desc_mine[DT_MPI_DESC_SLOTS], desc_left[DT_MPI_DESC_SLOTS];
     MPI_Request desc_sreq[DT_MPI_DESC_SLOTS], desc_rreq[DT_MPI_DESC_SLOTS];
+    int *world;                      /* [size] MPI_COMM_WORLD rank of each rank (dead-peer checks) */
 } dt_mpi_transport;
 
 /* Every MPI call of the library holds this lock (MPI is initialised THREAD_SERIALIZED). */
@@ -58,6 +59,22 @@ void dt_mpi_backoff(dt_mpi_idle *w);
 static inline void dt_mpi_idle_reset(dt_mpi_idle *w) { w->since = 0; w->naps = 0; }
 /* Writes MPI's text for an error code into buf. */
 const char *dt_mpi_errstr(int code, char *buf, size_t n);
+/* Dead-peer detection (transport_mpi_live.c). Seconds between two checks in a wait: */
+#define DT_MPI_LIVE_PERIOD 0.1
+/* Records who each rank of the world is as a process (pid, start time, host) with one collective
+ * over comm, a duplicate of MPI_COMM_WORLD, bounded by deadline; once per process. */
+dt_status dt_mpi_live_init(MPI_Comm comm, double deadline);
+/* Frees what dt_mpi_live_init recorded (before MPI_Finalize). */
+void dt_mpi_live_free(void);
+/* The MPI_COMM_WORLD rank of each of comm's size ranks, malloc'd (caller frees); NULL if out of memory. */
+int *dt_mpi_live_ranks(MPI_Comm comm, int size);
+/* The pid of t's rank peer if that process is known to be gone (it ran on this host and has
+ * exited, was killed or is a zombie), else 0: alive, or elsewhere (then only the deadline tells). */
+int dt_mpi_peer_gone(const dt_mpi_transport *t, int peer);
+/* The MPI_COMM_WORLD rank of t's rank r (r itself when unknown), for messages. */
+static inline int dt_mpi_world_of(const dt_mpi_transport *t, int r) { return t->world ? t->world[r] : r; }
+/* The first rank of t whose process is gone (its pid in *pid), or -1. */
+int dt_mpi_any_gone(const dt_mpi_transport *t, int *pid);
 /* The native collective entry of the vtable (transport_mpi_coll.c). */
 dt_status dt_mpi_coll(dt_transport *tt, const dt_coll_args *a);
 

@@ -1,6 +1,7 @@
 /* Native collectives of the MPI transport: the communicator's collectives mapped onto MPI's
  * non-blocking ones (MPI_Iallreduce, MPI_Ibcast, ...), completed by polling MPI_Test against the
- * op's deadline so a missing rank is a DT_ETIMEDOUT, not a hang. Used when the algorithm is
+ * op's deadline so a missing rank is a DT_ETIMEDOUT, not a hang (a dead one on this host, DT_EPEER
+ * within DT_MPI_LIVE_PERIOD). Used when the algorithm is
  * NATIVE, or AUTO where MPI's own is faster (see use_native). bf16/f16 reductions and shapes
  * MPI cannot express (in-place alltoall, counts over INT_MAX) return DT_ENOTSUP so the
  * communicator runs its own algorithm. Also the benchmark baseline dt_mpi_bench_allreduce. */
@@ -70,7 +71,7 @@ static const char *mpi_name(int op) {
 }
 
 static dt_status wait_req(dt_mpi_transport *t, MPI_Request *req, const dt_coll_args *a) {
-    double t0 = dt_now();
+    double t0 = dt_now(), next_live = t0 + DT_MPI_LIVE_PERIOD;
     dt_mpi_idle idle = {0};
     char o[96], e[256];
     for (;;) {
@@ -88,6 +89,19 @@ static dt_status wait_req(dt_mpi_transport *t, MPI_Request *req, const dt_coll_a
         if (flag) return DT_OK;
         DT_TRY(dt_mpi_progress_internal(t)); /* abort notices, mismatched ops */
         double now = dt_now();
+        if (now >= next_live) {
+            next_live = now + DT_MPI_LIVE_PERIOD;
+            int pid, dead = dt_mpi_any_gone(t, &pid);
+            if (dead >= 0) { /* its part may be in already: one more test, then that is the error */
+                pthread_mutex_lock(&dt_mpi_lock);
+                rc = MPI_Test(req, &flag, MPI_STATUS_IGNORE);
+                pthread_mutex_unlock(&dt_mpi_lock);
+                if (rc == MPI_SUCCESS && flag) return DT_OK;
+                return dt_mpi_fail(t, DT_EPEER, "rank %d died during %s (%s) on rank %d: its process (world rank %d, "
+                                   "pid %d) is gone", dead, dt_coll_desc_str(&a->d, o, sizeof o), mpi_name(a->d.op),
+                                   t->base.rank, dt_mpi_world_of(t, dead), pid);
+            }
+        }
         if (now >= a->deadline)
             return dt_mpi_fail(t, DT_ETIMEDOUT, "timed out after %.1f s in %s (%s) on rank %d: a rank did "
                                "not join or is stalled", now - t0, dt_coll_desc_str(&a->d, o, sizeof o),
@@ -196,13 +210,22 @@ dt_status dt_mpi_coll(dt_transport *tt, const dt_coll_args *a) {
     }
     /* A rank can finish its part early (a broadcast root): before reporting success, see the
      * left neighbour's descriptor of this op, so a mismatch is an error and not garbage. */
+    double next_live = dt_now() + DT_MPI_LIVE_PERIOD;
     for (dt_mpi_idle idle = {0}; s == DT_OK && t->check && t->desc_checked < t->desc_posted;) {
         s = dt_mpi_progress_internal(t);
-        if (s == DT_OK && dt_now() >= a->deadline) {
-            char o[96];
-            s = dt_mpi_fail(t, DT_ETIMEDOUT, "timed out in %s on rank %d waiting for rank %d to start it",
-                            dt_coll_desc_str(&a->d, o, sizeof o), rank, (rank + size - 1) % size);
+        int left = (rank + size - 1) % size, pid;
+        char o[96];
+        if (s == DT_OK && dt_now() >= next_live) {
+            if ((pid = dt_mpi_peer_gone(t, left)) != 0 && (s = dt_mpi_progress_internal(t)) == DT_OK &&
+                t->desc_checked < t->desc_posted)
+                s = dt_mpi_fail(t, DT_EPEER, "rank %d died before it started %s (rank %d waited): its process (world "
+                                "rank %d, pid %d) is gone", left, dt_coll_desc_str(&a->d, o, sizeof o), rank,
+                                dt_mpi_world_of(t, left), pid);
+            next_live = dt_now() + DT_MPI_LIVE_PERIOD;
         }
+        if (s == DT_OK && dt_now() >= a->deadline)
+            s = dt_mpi_fail(t, DT_ETIMEDOUT, "timed out in %s on rank %d waiting for rank %d to start it",
+                            dt_coll_desc_str(&a->d, o, sizeof o), rank, left);
         if (s == DT_OK && t->desc_checked < t->desc_posted) dt_mpi_backoff(&idle);
     }
     free(icounts);
