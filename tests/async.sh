@@ -3,7 +3,7 @@
 # killing a ps worker (kill -9) mid-run: the job completes and says so; SIGTERM stops a ps job
 # with a checkpoint; SSP under a straggler stays within its bound (metrics);
 # localsgd and ddp + --balance dynamic report per-worker figures; flag errors name the fix; and
-# ps over MPI where mpirun exists.
+# ps over MPI where mpirun exists, where a killed worker is dropped too (mpirun --enable-recovery).
 . "$(dirname "$0")/testlib.bash"
 if ! have_fmnist; then echo "skip: Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)"; exit 77; fi
 acc_of() { grep -o 'done: test accuracy [0-9.]*' "$1" | awk '{print $4}'; }
@@ -109,5 +109,45 @@ if command -v mpirun >/dev/null; then
   else bad "mpirun ps (exit $rc): $(tail -5 "$TMP/mpi.log")"; fi
 else
   echo "note: mpirun not installed, MPI run skipped"
+fi
+
+# 7. ps over mpirun --enable-recovery (without it mpirun ends the whole job when a rank dies):
+# kill -9 of a worker: the server sees its process gone at once, drops it, the others finish;
+# kill -9 of the server: every worker stops at once with an error naming it (mpirun itself
+# exits 0 then: under --enable-recovery Open MPI 4.1 never reports a rank's failure)
+mpi_rank_pid() {  # RANK: pid of that rank of this script's mpirun job (marked by DTRAIN_TEST_JOB)
+  local e env
+  for e in /proc/[0-9]*/environ; do
+    env=$({ tr '\0' '\n' <"$e"; } 2>/dev/null) || continue
+    grep -qx "DTRAIN_TEST_JOB=$TMP" <<<"$env" && grep -qx "OMPI_COMM_WORLD_RANK=$1" <<<"$env" || continue
+    e=${e#/proc/}
+    echo "${e%/environ}"
+  done
+}
+mpi_kill_run() {  # LOG RANK: 1 server + 3 workers; kill -9 RANK once the first epoch is reported
+  DTRAIN_TEST_JOB=$TMP ASAN_OPTIONS=${DTRAIN_SANITIZED:+detect_leaks=0} timeout 90 mpirun -np 4 --oversubscribe \
+    --bind-to none --enable-recovery -x DTRAIN_TEST_JOB $DT train --backend mpi --strategy ps --staleness inf \
+    --model mlp --epochs 3 --batch 32 --timeout 60 >"$1" 2>&1 &
+  local job=$! v
+  for _ in $(seq 300); do grep -q "^epoch 1/3" "$1" && break; sleep 0.1; done
+  victim=$(mpi_rank_pid "$2")
+  for v in $victim; do kill -9 "$v"; done
+  wait $job
+}
+if command -v mpirun >/dev/null && ! grep -q "built without MPI" "$TMP/mpi.log"; then
+  t0=$SECONDS
+  mpi_kill_run "$TMP/mpikill.log" 3
+  rc=$?
+  if [ -n "$victim" ] && [ $rc -eq 0 ] && grep -q "worker rank 3 died at step [0-9]*; continuing with 2 workers" "$TMP/mpikill.log" \
+     && ! grep -q "dtrain: error" "$TMP/mpikill.log" && ge "$(acc_of "$TMP/mpikill.log")" 0.80; then
+    ok "mpirun --enable-recovery, kill -9 of worker rank 3: $(grep -o 'worker rank 3 died.*' "$TMP/mpikill.log"), test_acc $(acc_of "$TMP/mpikill.log") ($((SECONDS - t0)) s)"
+  else bad "mpirun kill -9 of a worker (victim '$victim', exit $rc): $(tail -8 "$TMP/mpikill.log")"; fi
+  t0=$SECONDS
+  mpi_kill_run "$TMP/mpikill0.log" 0
+  rc=$?
+  n=$(grep -c "ps worker rank [123]: .*server rank 0: .*world rank 0, pid [0-9]*) is gone" "$TMP/mpikill0.log")
+  if [ -n "$victim" ] && [ "$n" -eq 3 ] && [ $((SECONDS - t0)) -lt 50 ] && ! grep -q "done: test accuracy" "$TMP/mpikill0.log"; then
+    ok "mpirun --enable-recovery, kill -9 of the server: all 3 workers stop naming it ($((SECONDS - t0)) s, mpirun exit $rc)"
+  else bad "mpirun kill -9 of the server (victim '$victim', $n workers said so, exit $rc): $(tail -8 "$TMP/mpikill0.log")"; fi
 fi
 finish
