@@ -115,23 +115,20 @@ fi
 # kill -9 of a worker: the server sees its process gone at once, drops it, the others finish;
 # kill -9 of the server: every worker stops at once with an error naming it (mpirun itself
 # exits 0 then: under --enable-recovery Open MPI 4.1 never reports a rank's failure)
-mpi_rank_pid() {  # RANK: pid of that rank of this script's mpirun job (marked by DTRAIN_TEST_JOB)
-  local e env
-  for e in /proc/[0-9]*/environ; do
-    env=$({ tr '\0' '\n' <"$e"; } 2>/dev/null) || continue
-    grep -qx "DTRAIN_TEST_JOB=$TMP" <<<"$env" && grep -qx "OMPI_COMM_WORLD_RANK=$1" <<<"$env" || continue
-    e=${e#/proc/}
-    echo "${e%/environ}"
-  done
-}
 mpi_kill_run() {  # LOG RANK: 1 server + 3 workers; kill -9 RANK once the first epoch is reported
   DTRAIN_TEST_JOB=$TMP ASAN_OPTIONS=${DTRAIN_SANITIZED:+detect_leaks=0} timeout 90 mpirun -np 4 --oversubscribe \
     --bind-to none --enable-recovery -x DTRAIN_TEST_JOB $DT train --backend mpi --strategy ps --staleness inf \
-    --model mlp --epochs 3 --batch 32 --timeout 60 >"$1" 2>&1 &
-  local job=$! v
-  for _ in $(seq 300); do grep -q "^epoch 1/3" "$1" && break; sleep 0.1; done
-  victim=$(mpi_rank_pid "$2")
-  for v in $victim; do kill -9 "$v"; done
+    --model mlp --epochs 3 --batch 128 --timeout 60 >"$1" 2>&1 &
+  local job=$! e=""
+  for _ in $(seq 300); do  # the rank's process: its environment has this job's mark and OMPI_COMM_WORLD_RANK
+    e=$(grep -lzx "DTRAIN_TEST_JOB=$TMP" /proc/[0-9]*/environ 2>/dev/null |
+        xargs -r grep -lzx "OMPI_COMM_WORLD_RANK=$2" 2>/dev/null | head -1)
+    [ -n "$e" ] && break
+    sleep 0.1
+  done
+  for _ in $(seq 300); do grep -q "^epoch 1/3: " "$1" && break; sleep 0.1; done
+  victim=${e//[^0-9]/}
+  [ -n "$victim" ] && kill -9 "$victim"
   wait $job
 }
 if command -v mpirun >/dev/null && ! grep -q "built without MPI" "$TMP/mpi.log"; then

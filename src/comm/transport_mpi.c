@@ -30,6 +30,7 @@ dt_status dt_mpi_bench_allreduce(size_t count, int warmup, int iters, double *us
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 pthread_mutex_t dt_mpi_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -546,6 +547,19 @@ static dt_status mpi_split(dt_transport *tt, int color, const int *members, int 
     return s;
 }
 
+/* Whether this process must leave without MPI_Finalize (whose fence waits for every rank): a
+ * transport failed (peers may be stuck in ops with us), a rank of the job is gone, or Open MPI
+ * runs the job with --enable-recovery. There, after a rank was killed, the fence of MPI_Finalize
+ * hung in 4 of 15 runs of a ps job (Open MPI 4.1.4, the survivors all in it), while ranks of such
+ * a job may exit without it (mpirun neither complains nor changes its exit status). */
+static bool skip_finalize(void) {
+    static const char *yes[] = {"1", "t", "true", "y", "yes", "enabled"};
+    const char *r = getenv("OMPI_MCA_orte_enable_recovery");
+    for (size_t i = 0; r && i < sizeof yes / sizeof *yes; i++)
+        if (!strcasecmp(r, yes[i])) return true;
+    return g_failed || dt_mpi_world_lost();
+}
+
 static void mpi_destroy(dt_transport *tt) {
     if (!tt) return;
     dt_mpi_transport *t = (dt_mpi_transport *)tt;
@@ -562,7 +576,7 @@ static void mpi_destroy(dt_transport *tt) {
         if (t->desc_sreq[i] != MPI_REQUEST_NULL) MPI_Request_free(&t->desc_sreq[i]);
     }
     MPI_Comm_free(&t->comm);
-    if (--g_live == 0 && g_we_init && !g_failed) {
+    if (--g_live == 0 && g_we_init && !skip_finalize()) {
         MPI_Type_free(&g_block);
         g_block_ok = false;
         dt_mpi_live_free();

@@ -73,6 +73,8 @@ int *dt_mpi_live_ranks(MPI_Comm comm, int size);
 int dt_mpi_peer_gone(const dt_mpi_transport *t, int peer);
 /* The MPI_COMM_WORLD rank of t's rank r (r itself when unknown), for messages. */
 static inline int dt_mpi_world_of(const dt_mpi_transport *t, int r) { return t->world ? t->world[r] : r; }
+/* Whether any rank of MPI_COMM_WORLD on this host is gone. */
+bool dt_mpi_world_lost(void);
 /* The first rank of t whose process is gone (its pid in *pid), or -1. */
 int dt_mpi_any_gone(const dt_mpi_transport *t, int *pid);
 /* The native collective entry of the vtable (transport_mpi_coll.c). */

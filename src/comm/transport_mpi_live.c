@@ -127,18 +127,23 @@ int *dt_mpi_live_ranks(MPI_Comm comm, int size) {
     return world;
 }
 
+/* Whether the process p (on this host) no longer runs: exited and reaped, a zombie, or its pid
+ * now belongs to a newer process. */
+static bool gone(const ident *p) {
+    if (kill(p->pid, 0) != 0 && errno == ESRCH) return true;
+    char state = 0;
+    uint64_t start = 0;
+    if (!proc_stat(p->pid, &state, &start)) return true;  /* reaped meanwhile */
+    return state == 'Z' || state == 'X' || start != p->start;
+}
+
 int dt_mpi_peer_gone(const dt_mpi_transport *t, int peer) {
     if (!g_id || !t->world || peer < 0 || peer >= t->base.size) return 0;
     int w = t->world[peer];
     if (w < 0 || w >= g_nid || w == g_me) return 0;
     const ident *p = &g_id[w];
     if (!p->host[0] || p->pid <= 0 || strcmp(p->host, g_id[g_me].host) != 0) return 0;
-    if (kill(p->pid, 0) != 0 && errno == ESRCH) return p->pid;
-    char state = 0;
-    uint64_t start = 0;
-    if (!proc_stat(p->pid, &state, &start)) return p->pid;                   /* reaped meanwhile */
-    if (state == 'Z' || state == 'X' || start != p->start) return p->pid;   /* zombie, or a new process */
-    return 0;
+    return gone(p) ? p->pid : 0;
 }
 
 int dt_mpi_any_gone(const dt_mpi_transport *t, int *pid) {
@@ -151,6 +156,15 @@ int dt_mpi_any_gone(const dt_mpi_transport *t, int *pid) {
         }
     }
     return -1;
+}
+
+bool dt_mpi_world_lost(void) {
+    for (int r = 0; r < g_nid; r++) {
+        const ident *p = &g_id[r];
+        if (r == g_me || !p->host[0] || p->pid <= 0 || strcmp(p->host, g_id[g_me].host) != 0) continue;
+        if (gone(p)) return true;
+    }
+    return false;
 }
 
 #else
