@@ -44,7 +44,8 @@ typedef struct {
     const int64_t *staleness;       /* ps: [DT_STALENESS_BINS] gradients by staleness (server updates
                                      * applied between a worker's pull and its push), or NULL */
     int max_clock_gap;              /* ps: most steps a worker was let run ahead of the slowest live
-                                     * one (SSP keeps it <= --staleness); -1 when not ps */
+                                     * one (dynamic assignment: rounds a batch was handed out ahead of
+                                     * the oldest in training); <= --staleness; -1 when not ps */
 } dt_epoch_info;
 
 typedef struct {
@@ -79,7 +80,10 @@ typedef struct {
     const char *timeline;     /* Chrome trace (JSON) of every rank's steps, written by rank 0 */
     /* uneven workers (see dist/strategy.h): ps servers and consistency, local SGD, balancing */
     int servers;              /* ps: the first `servers` ranks hold the parameters (default 1) */
-    int staleness;            /* ps: SSP bound in steps; < 0 = unbounded (fully asynchronous) */
+    int staleness;            /* ps: bound in global batches (rounds of one batch per worker) a batch
+                               * may be ahead of the oldest in training; < 0 = unbounded (async) */
+    bool ps_fixed_shards;     /* ps: each worker owns 1/N of every epoch and staleness counts its own
+                               * steps (classic SSP); default: workers take batches from server 0 */
     int sync_every;           /* localsgd: average the models every H steps (default 8) */
     bool balance;             /* ddp/localsgd: cut each global batch by the workers' measured speed */
     int slow_rank;            /* testing/benchmark aid: this rank sleeps (slow_factor - 1) x its */

@@ -1,9 +1,11 @@
 /* dtrain bench async: uneven workers. N workers (default 4) of which the last is FACTOR times
  * slower (--slow, default 3), training the reference MLP for the same number of epochs under
- * ddp, ddp + --balance dynamic, localsgd, ps with staleness 4 and fully asynchronous ps; samples/s
- * (all training samples over the training wall time), speed-up over ddp and final test accuracy,
- * as a table and one JSON line. Each case runs the real `dtrain train --workers N` command and
- * reads its metrics. */
+ * ddp, ddp + --balance dynamic, localsgd, ps with staleness 4 (dynamic assignment, the default,
+ * and fixed shards) and fully asynchronous ps; samples/s (all training samples over the training
+ * wall time), speed-up over ddp and final test accuracy, as a table and one JSON line. Each case
+ * runs the real `dtrain train --workers N` command and reads its metrics. With --repeat R the
+ * cases run R times, interleaved (so a burst of load hits every case alike), and the table shows
+ * each case's median samples/s; the JSON line holds every run. */
 #include "cli/bench_util.h"
 #include "cli/cli.h"
 #include "dtrain/dtrain.h"
@@ -51,18 +53,34 @@ static int run_case(const char *exe, const char *common, const char *flags, int 
 }
 
 static const char USAGE[] =
-    "Usage: dtrain bench async [--workers N] [--factor F] [--epochs E] [--batch B] [--data DIR]\n\n"
+    "Usage: dtrain bench async [--workers N] [--factor F] [--epochs E] [--batch B] [--repeat R] [--data DIR]\n\n"
     "Uneven workers: N local workers, the last one F times slower (--slow), train the MLP for E\n"
-    "epochs under ddp, ddp + --balance dynamic, localsgd (--sync-every 8), ps --staleness 4 and ps\n"
-    "--staleness inf (1 server; the workers draw batches from the server instead of owning shards).\n"
-    "Prints samples/s, the speed-up over ddp, the slow worker's share of the samples and the final\n"
-    "test accuracy. A last row runs ddp without a slow worker: the\n"
-    "throughput this machine allows for the job (with more workers than cores it is CPU-bound, and a\n"
-    "sleeping straggler frees a core for the others, so no strategy can gain more than that).";
+    "epochs under ddp, ddp + --balance dynamic, localsgd (--sync-every 8), ps --staleness 4 (the\n"
+    "workers take batches from the server; a batch is held back while it is more than 4 global\n"
+    "batches ahead of the oldest one in training), ps --staleness 4 --balance static (fixed shards,\n"
+    "classic SSP on each worker's own steps: the slow worker sets the pace) and ps --staleness inf\n"
+    "(1 server). Prints samples/s, the speed-up over ddp, the slow worker's share of the samples and\n"
+    "the final test accuracy. A last row runs ddp without a slow worker: the throughput this machine\n"
+    "allows for the job (with more workers than cores it is CPU-bound, and a sleeping straggler frees\n"
+    "a core for the others, so no strategy can gain more than that). --repeat R runs the whole list\n"
+    "R times, interleaved, and reports each case's median samples/s (accuracy is deterministic for\n"
+    "ddp and localsgd; for ps it varies with the timing).";
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(const double *v, int n) {
+    double t[64];
+    memcpy(t, v, (size_t)n * sizeof *t);
+    qsort(t, (size_t)n, sizeof *t, cmp_double);
+    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+}
 
 int dt_bench_async(int argc, char **argv) {
     const char *data = "fashion-mnist";
-    int workers = 4, epochs = 2, batch = 64;
+    int workers = 4, epochs = 2, batch = 64, repeat = 1;
     float factor = 3;
     const dt_flag flags[] = {
         {"data", DT_FLAG_STR, &data, "DIR", "data set"},
@@ -70,11 +88,13 @@ int dt_bench_async(int argc, char **argv) {
         {"factor", DT_FLAG_FLOAT, &factor, "F", "the last worker is F times slower"},
         {"epochs", DT_FLAG_INT, &epochs, "E", "epochs per case"},
         {"batch", DT_FLAG_INT, &batch, "B", "per-worker batch"},
+        {"repeat", DT_FLAG_INT, &repeat, "R", "runs of every case (interleaved); the table shows medians"},
     };
-    int rc = dt_flags_parse(argc, argv, 1, flags, 5, USAGE, NULL, 0, NULL, NULL);
+    int rc = dt_flags_parse(argc, argv, 1, flags, 6, USAGE, NULL, 0, NULL, NULL);
     if (rc) return rc < 0 ? 2 : 0;
-    if (workers < 2 || epochs < 1 || batch < 1 || !(factor >= 1))
-        return dt_cli_fail(NULL, "bench async: need --workers >= 2, --epochs >= 1, --batch >= 1, --factor >= 1");
+    if (workers < 2 || epochs < 1 || batch < 1 || !(factor >= 1) || repeat < 1 || repeat > 64)
+        return dt_cli_fail(NULL, "bench async: need --workers >= 2, --epochs >= 1, --batch >= 1, --factor >= 1 and "
+                                 "--repeat 1..64");
     char exe[PATH_MAX];
     if (dt_bench_self(exe, sizeof exe) != 0) return 1;
     char dir[] = "/tmp/dtrain-bench-XXXXXX";
@@ -91,39 +111,52 @@ int dt_bench_async(int argc, char **argv) {
         {"ddp+balance", "--strategy ddp --balance dynamic", false, true},
         {"localsgd", "--strategy localsgd --sync-every 8", false, true},
         {"ps s=4", "--strategy ps --staleness 4", true, true},
+        {"ps s=4 fixed", "--strategy ps --staleness 4 --balance static", true, true},
         {"ps async", "--strategy ps --staleness inf", true, true},
         /* the machine's capacity for this job: what no strategy can beat here */
         {"ddp no-slow", "--strategy ddp", false, false},
     };
-    const int nc = (int)(sizeof cases / sizeof *cases);
+    enum { NC = sizeof cases / sizeof *cases };
+    static async_result res[NC][64];
     printf("# dtrain bench async: %d workers (rank of the last one %gx slower), mlp, batch %d per worker, %d epochs, "
-           "adam 0.001, shm\n", workers, factor, batch, epochs);
-    printf("%-12s %12s %9s %11s %9s %8s\n", "strategy", "samples/s", "vs ddp", "slow share", "test_acc", "wall_s");
-    static char json[8192];
+           "adam 0.001, shm, %d run%s per case\n", workers, factor, batch, epochs, repeat, repeat > 1 ? "s" : "");
+    int status = 0;
+    for (int k = 0; k < repeat && !status; k++)
+        for (int c = 0; c < NC && !status; c++) {
+            int slow_rank = cases[c].ps ? workers : workers - 1;
+            char fl[256], metrics[PATH_MAX];
+            if (cases[c].slow) snprintf(fl, sizeof fl, "%s --slow %d:%g", cases[c].flags, slow_rank, factor);
+            else snprintf(fl, sizeof fl, "%s", cases[c].flags);
+            snprintf(metrics, sizeof metrics, "%s/case%d.jsonl", dir, c);
+            status = run_case(exe, common, fl, slow_rank, metrics, &res[c][k]);
+        }
+    rmdir(dir);
+    if (status) return status;
+    printf("%-13s %12s %9s %11s %9s %8s\n", "strategy", "samples/s", "vs ddp", "slow share", "test_acc", "wall_s");
+    static char json[32768];
     int jn = snprintf(json, sizeof json,
                       "{\"bench\": \"async\", \"workers\": %d, \"slow_factor\": %g, \"batch\": %d, \"epochs\": %d, "
-                      "\"cases\": [", workers, factor, batch, epochs);
+                      "\"repeat\": %d, \"cases\": [", workers, factor, batch, epochs, repeat);
     double ddp_sps = 0, ddp_acc = 0;
-    int status = 0;
-    for (int c = 0; c < nc && !status; c++) {
-        int slow_rank = cases[c].ps ? workers : workers - 1;
-        char fl[256], metrics[PATH_MAX];
-        if (cases[c].slow) snprintf(fl, sizeof fl, "%s --slow %d:%g", cases[c].flags, slow_rank, factor);
-        else snprintf(fl, sizeof fl, "%s", cases[c].flags);
-        snprintf(metrics, sizeof metrics, "%s/case%d.jsonl", dir, c);
-        async_result r = {0};
-        if ((status = run_case(exe, common, fl, slow_rank, metrics, &r))) break;
-        if (c == 0) ddp_sps = r.sps, ddp_acc = r.acc;
-        printf("%-12s %12.0f %8.2fx %11.3f %9.4f %8.1f\n", cases[c].name, r.sps, ddp_sps > 0 ? r.sps / ddp_sps : 0,
-               r.slow_share, r.acc, r.wall);
-        fflush(stdout);
+    for (int c = 0; c < NC; c++) {
+        double sps[64], acc[64], share[64], wall[64];
+        for (int k = 0; k < repeat; k++)
+            sps[k] = res[c][k].sps, acc[k] = res[c][k].acc, share[k] = res[c][k].slow_share, wall[k] = res[c][k].wall;
+        double m_sps = median(sps, repeat), m_acc = median(acc, repeat);
+        if (c == 0) ddp_sps = m_sps, ddp_acc = m_acc;
+        printf("%-13s %12.0f %8.2fx %11.3f %9.4f %8.1f\n", cases[c].name, m_sps, m_sps / ddp_sps,
+               median(share, repeat), m_acc, median(wall, repeat));
         jn += snprintf(json + jn, sizeof json - (size_t)jn,
                        "%s{\"strategy\": \"%s\", \"flags\": \"%s\", \"samples_per_s\": %.1f, \"vs_ddp\": %.3f, "
-                       "\"slow_share\": %.4f, \"test_acc\": %.4f, \"acc_vs_ddp\": %.4f, \"wall_s\": %.2f}",
-                       c ? ", " : "", cases[c].name, fl, r.sps, ddp_sps > 0 ? r.sps / ddp_sps : 0, r.slow_share, r.acc,
-                       r.acc - ddp_acc, r.wall);
+                       "\"slow_share\": %.4f, \"test_acc\": %.4f, \"acc_vs_ddp\": %.4f, \"runs\": [",
+                       c ? ", " : "", cases[c].name, cases[c].flags, m_sps, m_sps / ddp_sps, median(share, repeat),
+                       m_acc, m_acc - ddp_acc);
+        for (int k = 0; k < repeat; k++)
+            jn += snprintf(json + jn, sizeof json - (size_t)jn,
+                           "%s{\"samples_per_s\": %.1f, \"test_acc\": %.4f, \"wall_s\": %.2f}", k ? ", " : "", sps[k],
+                           acc[k], wall[k]);
+        jn += snprintf(json + jn, sizeof json - (size_t)jn, "]}");
     }
-    rmdir(dir);
-    if (!status) printf("%s]}\n", json);
-    return status;
+    printf("%s]}\n", json);
+    return 0;
 }

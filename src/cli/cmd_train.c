@@ -148,8 +148,12 @@ static const char TRAIN_USAGE[] =
     "H steps; --balance dynamic (ddp, localsgd) cuts each global batch by the workers' measured speed.\n"
     "--strategy ps --servers S: a parameter server; --workers N then starts S server ranks plus N\n"
     "workers (under mpirun/launch the first S ranks serve). Servers shard the parameters and apply\n"
-    "the optimizer as pushes arrive; --staleness S bounds how far a worker may run ahead of the\n"
-    "slowest (0 = synchronous, inf = fully asynchronous). A ps worker that dies is dropped and the\n"
+    "the optimizer as pushes arrive. The workers take the next batch from server 0 as they finish\n"
+    "one (--balance dynamic, the default for ps), so a slow worker trains fewer; --staleness S holds\n"
+    "a batch back while it is more than S global batches (rounds of N) ahead of the oldest batch\n"
+    "still being trained (0 = synchronous, inf = fully asynchronous). --balance static gives each\n"
+    "worker 1/N of every epoch and counts S in its own steps (classic SSP: the slowest sets the\n"
+    "pace). A ps worker that dies is dropped and the\n"
     "others go on; rank 0 (server 0) evaluates and prints. --slow RANK:FACTOR is a testing and\n"
     "benchmark aid that makes one rank FACTOR times slower by sleeping.";
 
@@ -201,9 +205,9 @@ static int parse_train_flags(int argc, char **argv, train_opts *o) {
         {"workers", DT_FLAG_INT, &o->workers, "N", "run N local data-parallel worker processes"},
         {"strategy", DT_FLAG_STR, &c->strategy, "NAME", "distribution strategy: ddp (default when > 1 rank), localsgd, ps"},
         {"servers", DT_FLAG_INT, &c->servers, "S", "ps: ranks holding the parameters (the first S ranks)"},
-        {"staleness", DT_FLAG_STR, &o->uneven.staleness, "S", "ps: steps a worker may run ahead of the slowest (default inf: async)"},
+        {"staleness", DT_FLAG_STR, &o->uneven.staleness, "S", "ps: global batches a worker may run ahead of the oldest one in training (default inf: async)"},
         {"sync-every", DT_FLAG_INT, &c->sync_every, "H", "localsgd: average the models every H steps"},
-        {"balance", DT_FLAG_STR, &o->uneven.balance, "MODE", "ddp/localsgd: static (default) or dynamic (cut batches by speed)"},
+        {"balance", DT_FLAG_STR, &o->uneven.balance, "MODE", "ddp/localsgd: static (default) or dynamic (cut batches by speed); ps: dynamic (default) or static"},
         {"slow", DT_FLAG_STR, &o->uneven.slow, "RANK:F", "testing aid: rank RANK sleeps to run F times slower"},
         {"backend", DT_FLAG_STR, &o->backend, "NAME", "transport between ranks: auto, shm or mpi"},
         {"bucket-mb", DT_FLAG_FLOAT, &o->bucket_mb, "MB", "ddp gradient bucket size in MB (0 = default 1)"},
@@ -278,8 +282,9 @@ static void print_header(const train_opts *o, dt_trainer *t, dt_comm *comm, int 
     if (world > 1 && dt_cli_is_ps(c)) {
         char st[32] = "inf";
         if (c->staleness >= 0) snprintf(st, sizeof st, "%d", c->staleness);
-        printf("dtrain: %d ranks over %s, strategy ps: %d server%s, %d workers x batch %d, staleness %s\n", world,
-               dt_comm_backend_name(comm), c->servers, c->servers > 1 ? "s" : "", world - c->servers, c->batch, st);
+        printf("dtrain: %d ranks over %s, strategy ps: %d server%s, %d workers x batch %d, staleness %s, %s\n",
+               world, dt_comm_backend_name(comm), c->servers, c->servers > 1 ? "s" : "", world - c->servers, c->batch,
+               st, c->ps_fixed_shards ? "fixed shards (clocks per worker)" : "batches handed out by server 0");
         if (!strcmp(dt_comm_backend_name(comm), "mpi") && ompi_ends_job_on_death())
             printf("dtrain: note: mpirun ends the whole job if a worker dies; start it with 'mpirun --enable-recovery' "
                    "to let the servers go on without it\n");

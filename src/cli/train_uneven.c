@@ -22,9 +22,12 @@ int dt_cli_uneven_parse(const dt_cli_uneven *u, dt_train_config *cfg) {
         }
     }
     if (u->balance) {
-        if (!strcmp(u->balance, "dynamic")) cfg->balance = true;
-        else if (!strcmp(u->balance, "static") || !strcmp(u->balance, "off")) cfg->balance = false;
-        else return dt_cli_fail("use --balance static or --balance dynamic", "--balance %s: unknown mode", u->balance);
+        bool dynamic = !strcmp(u->balance, "dynamic");
+        if (!dynamic && strcmp(u->balance, "static") != 0 && strcmp(u->balance, "off") != 0)
+            return dt_cli_fail("use --balance static or --balance dynamic", "--balance %s: unknown mode", u->balance);
+        /* ps balances by handing out batches (the default); static: fixed shards */
+        if (dt_cli_is_ps(cfg)) cfg->ps_fixed_shards = !dynamic;
+        else cfg->balance = dynamic;
     }
     if (u->slow) {
         char *end;

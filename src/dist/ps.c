@@ -5,8 +5,9 @@
  * (stale-synchronous parallel). There is no barrier among the workers. The servers apply the
  * optimizer with exactly the float operations of dt_optim_step on the whole slab (it is
  * element-wise and every shard's optimizer counts the same steps), so one worker with staleness
- * 0 trains bit for bit like a single process. Fully asynchronous (--staleness inf), the workers
- * own no shard: server 0's answer names the next batch to train (dynamic assignment, ps.h). */
+ * 0 trains bit for bit like a single process. By default the workers own no shard: server 0's
+ * answer names the next batch to train (dynamic assignment, ps.h), so a slow worker trains
+ * fewer; with fixed_shards each owns 1/W of every epoch and SSP counts its own steps. */
 #include "dist/ps.h"
 
 #include <stdio.h>
@@ -72,7 +73,13 @@ static dt_status ps_step(dt_strategy *s, float lr, float clip, dt_step_stats *st
         if (r != DT_OK) return server_error(p, i, r, "pushing to");
     }
     for (int i = 0; i < p->S; i++) {
-        dt_status r = dt_comm_broadcast(p->pair[i], &p->reply[i], sizeof p->reply[i], DT_U8, 0);
+        dt_status r = DT_OK;
+        if (i > 0 && p->dynamic && (p->reply[0].seq >= 0 || p->reply[0].bye)) {  /* name the next unit */
+            ps_push pull = {.step = s->step, .n = PS_N_PULL, .seq = p->reply[0].seq};
+            if ((r = dt_comm_broadcast(p->pair[i], &pull, sizeof pull, DT_U8, 1)) != DT_OK)
+                return server_error(p, i, r, "asking");
+        }
+        r = dt_comm_broadcast(p->pair[i], &p->reply[i], sizeof p->reply[i], DT_U8, 0);
         if (r == DT_OK) r = dt_comm_broadcast(p->pair[i], w + p->lo[i], p->lo[i + 1] - p->lo[i], DT_F32, 0);
         if (r != DT_OK) return server_error(p, i, r, "pulling from");
         p->version[i] = p->reply[i].version;
@@ -81,7 +88,7 @@ static dt_status ps_step(dt_strategy *s, float lr, float clip, dt_step_stats *st
         const ps_reply *r = &p->reply[0];
         p->seq = r->seq, s->next_epoch = r->epoch, s->next_unit = r->unit;
         for (int i = 0; r->bye && i < p->S; i++) {  /* nothing left: say goodbye to every server */
-            ps_push bye = {.step = s->step + 1, .n = -1, .seq = -1};
+            ps_push bye = {.step = s->step + 1, .n = PS_N_BYE, .seq = -1};
             ps_reply ack;  /* the server took it: leaving now cannot look like a failure */
             dt_status e = dt_comm_broadcast(p->pair[i], &bye, sizeof bye, DT_U8, 1);
             if (e == DT_OK) e = dt_comm_broadcast(p->pair[i], &ack, sizeof ack, DT_U8, 0);
@@ -123,7 +130,7 @@ dt_status dt_strategy_ps_create(dt_strategy *s, const dt_strategy_config *cfg) {
     if (!p) return dt_error(DT_ENOMEM, "ps: out of memory");
     p->S = size - dworld, p->W = dworld, p->me = me;
     p->staleness = cfg->staleness;
-    p->dynamic = cfg->staleness < 0;
+    p->dynamic = !cfg->fixed_shards;
     p->seq = me - p->S;  /* dynamic: worker w trains seq w first */
     p->P = dt_model_num_params(s->model);
     p->lo = calloc((size_t)p->S + 1, sizeof *p->lo);

@@ -18,12 +18,22 @@
  * worker receives straight into its parameters. Both sides make the same calls in the same
  * order, so the collective mismatch checks of the communicator apply too.
  *
- * Dynamic batch assignment (fully asynchronous, --staleness inf): the workers do not own shards.
+ * Dynamic batch assignment (the default; fixed_shards turns it off): the workers do not own shards.
  * The epoch's (seed, epoch) global order is cut into units of `batch` samples (the single-process
  * batches, units_per_epoch = ceil(n / batch)); numbering the units of all remaining epochs one
  * after another as seq 0, 1, 2, ... from the start position, worker w trains seq w first and
  * server 0 hands out the next free seq in each reply (ps_reply.epoch/unit), so a fast worker
- * trains more units and a slow one fewer, and every unit is trained once. A server counts an
+ * trains more units and a slow one fewer, and every unit is trained once. With S > 1 servers the
+ * worker then sends each server i > 0 a pull request (n = PS_N_PULL) naming the unit server 0
+ * handed it, before that server's answer.
+ *
+ * Staleness under dynamic assignment counts rounds: round k is seqs k*W .. k*W+W-1, one global
+ * batch of the single-process run (the "step" of synchronous training). A unit of round k is
+ * handed out (server 0), and its parameters answered (every server), only once every unit of
+ * rounds below k - s is in: the bounded delay of Li et al. (OSDI 2014). So s = 0 trains round
+ * after round like synchronous data parallelism, each gradient misses at most (2s+1)W - 1
+ * updates, and a worker that stays slow holds nobody back unless its unit falls s rounds behind
+ * (per-worker clocks would hold every worker to its pace: that is fixed_shards).  A server counts an
  * epoch as done once all its units were pushed. A dropped worker's unhanded unit is handed out
  * again. The last few units of the run (16 per worker) are handed out one at a time, so the
  * final model is not left by stale gradients (ps_server.c says why). When nothing is left (or the run is stopping) server 0 answers unit -1 with bye = 1 and
@@ -45,16 +55,17 @@
 #include "dist/strategy.h"
 
 enum { PS_TAG_SHARD = 10 };  /* server -> server 0 at an epoch end: params, then optimizer states */
+enum { PS_N_BYE = -1, PS_N_PULL = -2 };  /* ps_push.n of a goodbye and of a pull request */
 
 typedef struct {
     int64_t step;        /* the worker's step (0-based); its clock becomes step + 1 */
     int64_t epoch;       /* epoch of that step */
     int64_t version;     /* server version the gradient was computed on (from the last reply) */
-    int32_t n;           /* samples of the step (0: nothing to apply) */
+    int32_t n;           /* samples of the step (0: nothing to apply), or PS_N_BYE / PS_N_PULL */
     float lr;            /* learning rate of the step */
     double loss_sum;     /* sum of the per-sample losses */
     double busy_s;       /* forward+backward time, including a --slow sleep */
-    int64_t seq;         /* dynamic: the unit trained (see above); -1 otherwise */
+    int64_t seq;         /* dynamic: the unit trained (a pull request: the next unit); -1 otherwise */
 } ps_push;
 
 typedef struct {
@@ -68,7 +79,7 @@ typedef struct {
     int S, W;                /* servers, workers */
     int me;                  /* job rank */
     int staleness;           /* < 0: unbounded */
-    bool dynamic;            /* dynamic batch assignment (staleness < 0) */
+    bool dynamic;            /* dynamic batch assignment (not fixed_shards) */
     size_t P;                /* parameters */
     size_t *lo;              /* [S + 1] shard bounds */
     dt_comm **pair;          /* server: [W] its pair with worker w; worker: [S] its pair with server i */

@@ -13,7 +13,11 @@
  *
  * Dynamic assignment (p->dynamic, see ps.h): server 0 hands out the units in its answers (a
  * dropped worker's unit is handed out again) and every server ends an epoch once all its units
- * were pushed; workers leave with a goodbye header. */
+ * were pushed; workers leave with a goodbye header. Each server keeps the set of units it has
+ * (done_lo: every seq below it is in); a bounded staleness s holds a unit back while it is more
+ * than s rounds (of W units) ahead of done_lo: server 0 before handing it out, servers > 0
+ * before answering the pull request that names it. A unit a dead worker held is handed out
+ * again by server 0; a server > 0 counts it as in (lost with the worker) so nothing waits for it. */
 #include "dist/ps.h"
 
 #include <errno.h>
@@ -59,6 +63,10 @@ struct server {
     int64_t *wunits;               /* server 0: [W] units each worker pushed in this run */
     int nrequeue;
     int64_t *units_done;           /* [nep] units pushed by epoch */
+    int64_t done_lo;               /* every seq below it is in (pushed here, or lost on servers > 0) */
+    int64_t *ahead;                /* sorted seqs above done_lo that are in */
+    int nahead, cap_ahead;
+    bool oom;                      /* ahead could not grow: the serve loop fails */
     int nlive;
     int running;                   /* handler threads still serving */
     bool stopping;                 /* stop requested: answer at once, let the workers leave quietly */
@@ -81,13 +89,49 @@ static int64_t min_live(const server *sv) {
     return m;
 }
 
-/* Dynamic: the first seq not yet pushed (all below it were trained and pushed). */
-static int64_t low_mark(const server *sv) {
-    int64_t m = sv->next_seq;
-    for (int w = 0; w < sv->p->W; w++)
-        if (sv->pending[w] >= 0 && sv->pending[w] < m) m = sv->pending[w];
-    for (int k = 0; k < sv->nrequeue; k++) m = sv->requeue[k] < m ? sv->requeue[k] : m;
-    return m;
+/* Dynamic: records seq q as in; false when it already was (with the lock held). */
+static bool mark_done(server *sv, int64_t q) {
+    if (q < sv->done_lo) return false;
+    int k = 0;
+    while (k < sv->nahead && sv->ahead[k] < q) k++;
+    if (k < sv->nahead && sv->ahead[k] == q) return false;
+    if (q == sv->done_lo) {
+        sv->done_lo++;
+    } else {
+        if (sv->nahead == sv->cap_ahead) {
+            int cap = sv->cap_ahead ? 2 * sv->cap_ahead : 256;
+            int64_t *a = realloc(sv->ahead, (size_t)cap * sizeof *a);
+            if (!a) {
+                sv->oom = true;
+                return true;
+            }
+            sv->ahead = a, sv->cap_ahead = cap;
+        }
+        memmove(sv->ahead + k + 1, sv->ahead + k, (size_t)(sv->nahead - k) * sizeof *sv->ahead);
+        sv->ahead[k] = q;
+        sv->nahead++;
+    }
+    int j = 0;
+    while (j < sv->nahead && sv->ahead[j] == sv->done_lo) j++, sv->done_lo++;
+    memmove(sv->ahead, sv->ahead + j, (size_t)(sv->nahead - j) * sizeof *sv->ahead);
+    sv->nahead -= j;
+    return true;
+}
+
+/* Dynamic: how many rounds (of W units) seq q is ahead of the oldest unit not yet in. */
+static int64_t round_gap(const server *sv, int64_t q) { return q / sv->p->W - sv->done_lo / sv->p->W; }
+
+/* Dynamic: the epoch index (from ep0) of seq q. */
+static int64_t seq_epoch(const server *sv, int64_t q) {
+    int64_t e, u;
+    dt_ps_seq_unit(q, sv->cfg->start_epoch, sv->cfg->start_step_in_epoch * sv->p->W, sv->units, &e, &u);
+    return e - sv->ep0;
+}
+
+/* Dynamic: seq q is in; counts it for its epoch once (with the lock held). */
+static void unit_in(server *sv, int64_t q) {
+    int64_t e = seq_epoch(sv, q);
+    if (mark_done(sv, q) && e >= 0 && e < sv->nep) sv->units_done[e]++;
 }
 
 /* Dynamic: a seq as a resume position (epoch, global batches of batch x workers done). */
@@ -98,13 +142,15 @@ static void seq_position(const server *sv, int64_t q, int64_t *epoch, int64_t *i
     *in_epoch = unit / sv->p->W;
 }
 
-/* Quiet finish: whether worker w must wait for a unit: another holds one, or w is not the live
- * worker that trained the most units (the fastest; the lowest index on a tie). */
+/* Quiet finish: whether worker w must wait for a unit: another holds one, or w is not the worker
+ * that trained the most units (the fastest; the lowest index on a tie) among those that will ask
+ * for more (alive, not gone, not stopped by max_steps). */
 static bool quiet_wait(const server *sv, int w) {
     int best = -1;
     for (int x = 0; x < sv->p->W; x++) {
         if (x != w && sv->pending[x] >= 0) return true;
-        if (sv->alive[x] && !sv->bye[x] && (best < 0 || sv->wunits[x] > sv->wunits[best])) best = x;
+        bool asks = sv->alive[x] && !sv->bye[x] && sv->clock[x] < sv->total;
+        if (asks && (best < 0 || sv->wunits[x] > sv->wunits[best])) best = x;
     }
     return best != w;
 }
@@ -132,10 +178,13 @@ static void assign(server *sv, int w, int64_t clk, ps_reply *r) {
         int64_t e, u;
         dt_ps_seq_unit(q, c->start_epoch, u0, sv->units, &e, &u);
         if (e >= c->epochs) return;
-        if (q >= quiet_from && quiet_wait(sv, w)) {
+        /* bounded staleness: not more than s rounds ahead of the oldest unit still out */
+        if ((q >= quiet_from && quiet_wait(sv, w)) ||
+            (sv->p->staleness >= 0 && round_gap(sv, q) > sv->p->staleness)) {
             pthread_cond_wait(&sv->cv, &sv->mu);
             continue;
         }
+        if (round_gap(sv, q) > sv->max_gap) sv->max_gap = (int)round_gap(sv, q);
         if (sv->nrequeue > 0) sv->nrequeue--;
         else sv->next_seq++;
         sv->pending[w] = q;
@@ -153,8 +202,9 @@ static void drop(server *sv, int w, dt_status st) {
     if (!sv->alive[w]) return;
     sv->alive[w] = false;
     sv->nlive--;
-    if (sv->p->dynamic && sv->idx == 0 && sv->pending[w] >= 0) {  /* its unit goes to another worker */
-        sv->requeue[sv->nrequeue++] = sv->pending[w];
+    if (sv->p->dynamic && sv->pending[w] >= 0) {
+        if (sv->idx == 0) sv->requeue[sv->nrequeue++] = sv->pending[w];  /* its unit goes to another worker */
+        else unit_in(sv, sv->pending[w]);  /* nothing waits for it here (see the top) */
         sv->pending[w] = -1;
     }
     pthread_cond_broadcast(&sv->cv);
@@ -164,6 +214,25 @@ static void drop(server *sv, int w, dt_status st) {
     snprintf(fmt, sizeof fmt, "worker rank %%lld %s at step %%lld; continuing with %%lld worker%s", how,
              sv->nlive == 1 ? "" : "s");
     add_note(sv, fmt, (int64_t)(sv->p->S + w), sv->clock[w], sv->nlive);
+}
+
+/* Dynamic, servers > 0: takes worker w's pull request, which names the unit server 0 handed
+ * it, and holds the answer while that unit is more than s rounds ahead of the units in here
+ * (with the lock held; released while receiving). */
+static dt_status pull(server *sv, int w) {
+    ps_push m;
+    pthread_mutex_unlock(&sv->mu);
+    dt_status st = dt_comm_broadcast(sv->p->pair[w], &m, sizeof m, DT_U8, 1);
+    pthread_mutex_lock(&sv->mu);
+    if (st != DT_OK) return st;
+    if (m.n != PS_N_PULL)
+        return dt_error(DT_EMISMATCH, "ps server rank %d: worker rank %d sent a push (n = %d) where a pull request "
+                        "belongs", sv->p->me, sv->p->S + w, m.n);
+    sv->pending[w] = m.seq;
+    while (m.seq >= 0 && sv->p->staleness >= 0 && round_gap(sv, m.seq) > sv->p->staleness && !sv->stopping &&
+           sv->alive[w])
+        pthread_cond_wait(&sv->cv, &sv->mu);
+    return DT_OK;
 }
 
 static void *handler_main(void *arg) {
@@ -181,6 +250,9 @@ static void *handler_main(void *arg) {
         ps_push m;
         dt_status st = dt_comm_broadcast(c, &m, sizeof m, DT_U8, 1);
         if (st == DT_OK && m.n >= 0) st = dt_comm_broadcast(c, h->grad, sv->n, DT_F32, 1);  /* n < 0: goodbye */
+        if (st == DT_OK && m.n < 0 && m.n != PS_N_BYE)
+            st = dt_error(DT_EMISMATCH, "ps server rank %d: worker rank %d sent n = %d where a push or goodbye belongs",
+                          p->me, p->S + w, m.n);
         pthread_mutex_lock(&sv->mu);
         if (st != DT_OK) {
             drop(sv, w, st);
@@ -211,18 +283,26 @@ static void *handler_main(void *arg) {
             sv->samples[e] += m.n;
             sv->wsamples[e * p->W + w] += m.n;
             sv->wbusy[e * p->W + w] += m.busy_s;
-            if (m.seq >= 0) sv->units_done[e]++;
         }
-        if (p->dynamic && sv->idx == 0 && m.seq >= 0 && sv->pending[w] == m.seq) sv->pending[w] = -1, sv->wunits[w]++;
+        if (p->dynamic && m.seq >= 0) {
+            unit_in(sv, m.seq);
+            if (sv->pending[w] == m.seq) sv->pending[w] = -1, sv->wunits[w]++;
+        }
         int64_t clk = sv->clock[w] = m.step + 1;
         pthread_cond_broadcast(&sv->cv);
-        /* stale-synchronous: hold the answer while this worker is too far ahead of the slowest */
-        while (p->staleness >= 0 && clk < total && clk - min_live(sv) > p->staleness && !sv->stopping)
+        /* fixed shards, stale-synchronous: hold the answer while this worker is too far ahead of
+         * the slowest (dynamic: assign() and pull() hold it instead) */
+        while (!p->dynamic && p->staleness >= 0 && clk < total && clk - min_live(sv) > p->staleness && !sv->stopping)
             pthread_cond_wait(&sv->cv, &sv->mu);
         int64_t lo = min_live(sv);
-        if (clk < total && !sv->stopping && clk - lo > sv->max_gap) sv->max_gap = (int)(clk - lo);
+        if (!p->dynamic && clk < total && !sv->stopping && clk - lo > sv->max_gap) sv->max_gap = (int)(clk - lo);
         ps_reply r = {.seq = -1, .epoch = -1, .unit = -1};
         if (p->dynamic && sv->idx == 0) assign(sv, w, clk, &r);
+        else if (p->dynamic && clk < total && (st = pull(sv, w)) != DT_OK) {
+            drop(sv, w, st);
+            pthread_mutex_unlock(&sv->mu);
+            break;
+        }
         r.version = sv->version, r.min_clock = lo;
         memcpy(h->out, sv->w, sv->n * sizeof(float));
         pthread_mutex_unlock(&sv->mu);
@@ -306,7 +386,7 @@ static dt_status epochs(server *sv) {
         pthread_mutex_lock(&sv->mu);
         double next_progress = dt_now() + cfg->progress_s;
         bool stop = false;
-        while (sv->nlive > 0 && min_live(sv) < end && !(dyn && sv->units_done[e] >= sv->units) &&
+        while (sv->nlive > 0 && min_live(sv) < end && !(dyn && sv->units_done[e] >= sv->units) && !sv->oom &&
                !(stop = cfg->stop && *cfg->stop)) {
             wait_until(sv, next_progress);
             flush_notes(sv);  /* short callbacks (a line each) run under the lock */
@@ -328,7 +408,7 @@ static dt_status epochs(server *sv) {
             int64_t at = 0;
             for (int w = 0; w < W; w++) at = sv->clock[w] > at ? sv->clock[w] : at;
             int64_t stop_ep = 0, stop_in = 0;
-            if (dyn && sv->idx == 0) seq_position(sv, low_mark(sv), &stop_ep, &stop_in);
+            if (dyn && sv->idx == 0) seq_position(sv, sv->done_lo, &stop_ep, &stop_in);
             for (int w = 0; w < W; w++) sv->alive[w] = false;
             sv->nlive = 0;
             pthread_cond_broadcast(&sv->cv);
@@ -342,6 +422,11 @@ static dt_status epochs(server *sv) {
                 if (dyn && cfg->stopped_epoch) *cfg->stopped_epoch = stop_ep, *cfg->stopped_in_epoch = stop_in;
             }
             if (st == DT_OK) st = dt_error(DT_EINTR, "ps: stopped by a signal near worker step %lld", (long long)at);
+            break;
+        }
+        if (sv->oom) {
+            pthread_mutex_unlock(&sv->mu);
+            st = dt_error(DT_ENOMEM, "ps server rank %d: out of memory for the units in", p->me);
             break;
         }
         const bool units_in = dyn && sv->units_done[e] >= sv->units;
@@ -376,7 +461,7 @@ static dt_status epochs(server *sv) {
             rep.complete = units_in;
             int64_t pe = ep;
             rep.step_in_epoch = 0;
-            if (!units_in && sv->idx == 0) seq_position(sv, low_mark(sv), &pe, &rep.step_in_epoch);
+            if (!units_in && sv->idx == 0) seq_position(sv, sv->done_lo, &pe, &rep.step_in_epoch);
         }
         sv->max_gap = 0;
         flush_notes(sv);
@@ -406,6 +491,7 @@ static void server_free(server *sv, handler *h) {
     free(sv->requeue);
     free(sv->wunits);
     free(sv->units_done);
+    free(sv->ahead);
     free(sv->loss_sum);
     free(sv->samples);
     free(sv->wsamples);
@@ -480,6 +566,7 @@ dt_status dt_ps_serve(dt_strategy *s, const dt_serve_config *cfg) {
         pthread_mutex_lock(&sv.mu);
         for (int w = 0; w < W; w++) sv.alive[w] = false;
         sv.nlive = 0;
+        sv.stopping = true;  /* and answer at once: no unit or bound wait holds a handler */
         pthread_cond_broadcast(&sv.cv);
         pthread_mutex_unlock(&sv.mu);
     }

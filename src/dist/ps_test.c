@@ -33,6 +33,7 @@ enum { CAP = 4096 };
 typedef struct {
     const char *strategy;
     int servers, staleness, sync_every;
+    bool fixed;          /* ps: fixed shards (per-worker clocks) instead of dynamic assignment */
     dt_optim_kind opt;
     float clip;
     int batch, epochs;
@@ -91,6 +92,7 @@ static dt_status train(const run_cfg *rc, dt_comm *comm, result *out, bool *die)
     cfg.strategy = comm ? rc->strategy : NULL;
     cfg.servers = rc->servers;
     cfg.staleness = rc->staleness;
+    cfg.ps_fixed_shards = rc->fixed;
     cfg.sync_every = rc->sync_every;
     cfg.slow_rank = rc->slow_rank, cfg.slow_factor = rc->slow;
     cfg.on_epoch = on_epoch, cfg.on_note = on_note, cfg.cb_ctx = out;
@@ -136,11 +138,13 @@ static int run_ranks(int N, const run_cfg *rc, const char *job) {
 
 static void test_bitwise(void) {
     const dt_optim_kind opts[] = {DT_OPTIM_SGD, DT_OPTIM_ADAM};
-    for (int oi = 0; oi < 4; oi++) {
-        const int stale = oi < 2 ? 0 : -1;  /* then fully asynchronous: dynamic assignment */
+    /* staleness 0 with fixed shards, then with dynamic assignment, then fully asynchronous */
+    const char *modes[] = {"0 (fixed shards)", "0 (dynamic)", "inf (dynamic)"};
+    for (int oi = 0; oi < 6; oi++) {
+        const int stale = oi < 4 ? 0 : -1;
         /* 40 steps of batch 8 cross an epoch end (26 batches, the last of 3 samples) */
-        run_cfg rc = {.strategy = "ps", .servers = 1, .staleness = stale, .opt = opts[oi % 2], .clip = oi % 2 == 0 ? 0.5f : 0,
-                      .batch = 8, .steps = 40};
+        run_cfg rc = {.strategy = "ps", .servers = 1, .staleness = stale, .fixed = oi < 2, .opt = opts[oi % 2],
+                      .clip = oi % 2 == 0 ? 0.5f : 0, .batch = 8, .steps = 40};
         static result ref;
         bool die;
         CHECK_OK(train(&rc, NULL, &ref, &die));
@@ -154,7 +158,7 @@ static void test_bitwise(void) {
             bool same_s = s0->ok && s0->n == ref.n && memcmp(s0->params, ref.params, ref.n * sizeof(float)) == 0;
             printf("bitwise %s%s: %d server(s) + 1 worker, staleness %s, 40 steps: worker %s, server-assembled %s "
                    "(max diff %.3g)\n",
-                   dt_optim_name(opts[oi % 2]), oi % 2 == 0 ? " (momentum, clip)" : "", S, stale ? "inf (dynamic)" : "0",
+                   dt_optim_name(opts[oi % 2]), oi % 2 == 0 ? " (momentum, clip)" : "", S, modes[oi / 2],
                    same_w ? "identical" : "DIFFERS",
                    same_s ? "identical" : "DIFFERS", dt_test_maxdiff(w->params, ref.params, ref.n));
             CHECK(same_w);
@@ -165,28 +169,24 @@ static void test_bitwise(void) {
 }
 
 static void test_staleness_bound(void) {
-    /* 1 server, 3 workers, the last 16x slower, 60 steps each: SSP with bound 2, then unbounded */
-    run_cfg rc = {.strategy = "ps", .servers = 1, .staleness = 2, .opt = DT_OPTIM_ADAM, .batch = 8, .steps = 60,
-                  .epochs = 30, .slow_rank = 3, .slow = 16};
+    /* 3 workers, the last 16x slower, 60 steps each. Fixed shards: SSP on the workers' own
+     * clocks; the gap granted reaches the bound 2 and never passes it. */
+    run_cfg rc = {.strategy = "ps", .servers = 1, .staleness = 2, .fixed = true, .opt = DT_OPTIM_ADAM, .batch = 8,
+                  .steps = 60, .epochs = 30, .slow_rank = 3, .slow = 16};
     char job[64];
     snprintf(job, sizeof job, "pstest%dssp", (int)getpid());
     CHECK(run_ranks(4, &rc, job) == 0);
-    int bounded = g_res[0].max_gap;
-    rc.staleness = -1;
-    snprintf(job, sizeof job, "pstest%dasync", (int)getpid());
-    CHECK(run_ranks(4, &rc, job) == 0);
-    int unbounded = g_res[0].max_gap;
-    printf("straggler (rank 3 x16), 3 workers x 60 steps: largest clock gap granted %d with --staleness 2, %d with "
-           "--staleness inf\n", bounded, unbounded);
-    CHECK_MSG(bounded <= 2, "SSP let a worker run %d steps ahead (bound 2)", bounded);
-    CHECK_MSG(bounded == 2, "the straggler never pushed the gap to the bound (%d)", bounded);
-    CHECK_MSG(unbounded > 2, "without a bound the fast workers stayed within %d steps", unbounded);
+    int fixed = g_res[0].max_gap;
+    printf("straggler (rank 3 x16), 3 workers x 60 steps, fixed shards, --staleness 2: largest clock gap granted %d\n",
+           fixed);
+    CHECK_MSG(fixed <= 2, "SSP let a worker run %d steps ahead (bound 2)", fixed);
+    CHECK_MSG(fixed == 2, "the straggler never pushed the gap to the bound (%d)", fixed);
 }
 
 static void test_dead_worker(void) {
     /* rank 2 (a worker) stops answering after 15 of 60 steps and exits */
-    run_cfg rc = {.strategy = "ps", .servers = 1, .staleness = 3, .opt = DT_OPTIM_ADAM, .batch = 8, .steps = 60,
-                  .die_rank = 2, .die_steps = 15};
+    run_cfg rc = {.strategy = "ps", .servers = 1, .staleness = 3, .fixed = true, .opt = DT_OPTIM_ADAM, .batch = 8,
+                  .steps = 60, .die_rank = 2, .die_steps = 15};
     char job[64];
     snprintf(job, sizeof job, "pstest%ddead", (int)getpid());
     int failed = run_ranks(4, &rc, job);
@@ -232,6 +232,8 @@ enum { DN = 203, DB = 8, DUNITS = (DN + DB - 1) / DB, DEPOCHS = 3, DW = 3 };
 
 typedef struct {
     int ok;
+    int max_gap;                       /* server 0's largest round gap granted */
+    int64_t stale[DT_STALENESS_BINS];  /* server 0's staleness histogram */
     int units[DW];                     /* units each worker trained (pushed) */
     int count[DEPOCHS][DN];            /* times each sample index was trained, over all workers */
     int reports, complete, rep_samples[DEPOCHS], rep_w[DEPOCHS][DW];
@@ -247,6 +249,8 @@ static dt_status dyn_epoch(void *ctx, const dt_serve_epoch *e) {
     }
     g_dyn->reports++;
     g_dyn->complete += e->complete;
+    if (e->max_clock_gap > g_dyn->max_gap) g_dyn->max_gap = e->max_clock_gap;
+    for (int k = 0; k < DT_STALENESS_BINS; k++) g_dyn->stale[k] += e->staleness[k];
     return DT_OK;
 }
 
@@ -256,15 +260,23 @@ static void nap_ms(double ms) {
     }
 }
 
-/* One rank of 1 server + DW workers: the data set's single feature is the sample index, so a
- * batch says which samples it holds. Worker 2 (rank 3) sleeps 3x as long per step as the others
- * (like --slow 3:3); worker die_w (if >= 0) exits after die_after units. */
-static int dyn_rank(int r, const char *job, int die_w, int die_after) {
+/* The harness's job: servers, staleness bound (< 0: none), the last worker's nap per step (the
+ * others nap 2 ms), and a worker that exits after some units (die_w < 0: none). */
+typedef struct {
+    int servers, staleness;
+    double slow_ms;
+    int die_w, die_after;
+} dyn_job;
+
+/* One rank of S servers + DW workers: the data set's single feature is the sample index, so a
+ * batch says which samples it holds. The last worker sleeps slow_ms per step, the others 2 ms;
+ * worker die_w (if >= 0) exits after die_after units, holding its next one. */
+static int dyn_rank(int r, const char *job, const dyn_job *dj) {
     static float x[DN];
     static int32_t y[DN];
     for (int i = 0; i < DN; i++) x[i] = (float)i, y[i] = i % 4;
     dt_comm_config cc = dt_comm_config_default();
-    cc.rank = r, cc.size = DW + 1, cc.job_id = job, cc.timeout_s = 60;
+    cc.rank = r, cc.size = DW + dj->servers, cc.job_id = job, cc.timeout_s = 60;
     dt_comm *c = NULL;
     dt_dataset *ds = NULL;
     dt_loader *l = NULL;
@@ -278,7 +290,7 @@ static int dyn_rank(int r, const char *job, int die_w, int die_after) {
     if (st == DT_OK && (st = dt_model_create_from_spec(&m, "linear(4)", 1, 1, 1)) == DT_OK) dt_model_init(m, 3);
     dt_optim_config oc = dt_optim_defaults(DT_OPTIM_SGD);
     if (st == DT_OK) st = dt_optim_create(&o, &oc, dt_model_num_params(m));
-    dt_strategy_config sc = {.servers = 1, .staleness = -1};
+    dt_strategy_config sc = {.servers = dj->servers, .staleness = dj->staleness};
     if (st == DT_OK) st = dt_strategy_create(&s, "ps", c, m, o, &sc);
     if (st == DT_OK) st = s->ops->init(s);
     if (st == DT_OK && s->role == DT_ROLE_SERVER) {
@@ -286,14 +298,14 @@ static int dyn_rank(int r, const char *job, int die_w, int die_after) {
                                .batch = DB, .progress_s = 1, .units_per_epoch = DUNITS, .on_epoch = dyn_epoch};
         st = s->ops->serve(s, &cfg);
     } else if (st == DT_OK) {
-        const int w = r - 1;
+        const int w = r - dj->servers;
         int64_t ep = 0, u = w, step = 0;
         while (st == DT_OK && u >= 0 && ep < DEPOCHS) {
             dt_batch b;
             if ((st = dt_loader_take(l, (uint64_t)ep, (size_t)u, &b)) != DT_OK) break;
             int idx[DB];
             for (int i = 0; i < b.n; i++) idx[i] = (int)b.x[i];
-            nap_ms(w == DW - 1 ? 6.0 : 2.0);
+            nap_ms(w == DW - 1 ? dj->slow_ms : 2.0);
             s->ops->begin_step(s, step);
             dt_model_zero_grad(m);
             dt_model_grads(m)[0] = 1e-3f * (float)idx[0];
@@ -302,7 +314,7 @@ static int dyn_rank(int r, const char *job, int die_w, int die_after) {
             if ((st = s->ops->step(s, 0.01f, 0, &ss)) != DT_OK) break;
             for (int i = 0; i < b.n; i++) __atomic_fetch_add(&g_dyn->count[ep][idx[i]], 1, __ATOMIC_RELAXED);
             g_dyn->units[w]++, step++;
-            if (w == die_w && g_dyn->units[w] == die_after) _exit(0);  /* holding its next unit */
+            if (w == dj->die_w && g_dyn->units[w] == dj->die_after) _exit(0);  /* holding its next unit */
             ep = s->next_epoch, u = s->next_unit;
         }
     }
@@ -316,12 +328,12 @@ static int dyn_rank(int r, const char *job, int die_w, int die_after) {
     return st == DT_OK ? 0 : 3;
 }
 
-static int dyn_run(const char *tag, int die_w, int die_after) {
+static int dyn_run(const char *tag, const dyn_job *dj) {
     memset(g_dyn, 0, sizeof *g_dyn);
     char job[64];
     snprintf(job, sizeof job, "pstest%d%s", (int)getpid(), tag);
-    for (int r = 0; r <= DW; r++)
-        if (fork() == 0) _exit(dyn_rank(r, job, die_w, die_after));
+    for (int r = 0; r < DW + dj->servers; r++)
+        if (fork() == 0) _exit(dyn_rank(r, job, dj));
     int failed = 0, st;
     while (wait(&st) > 0) failed += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
     return failed;
@@ -337,7 +349,8 @@ static int dyn_once(int *at_epoch) {
 
 static void test_dynamic(void) {
     int e = 0, bad;
-    CHECK(dyn_run("dyn", -1, 0) == 0);
+    dyn_job dj = {.servers = 1, .staleness = -1, .slow_ms = 6, .die_w = -1};
+    CHECK(dyn_run("dyn", &dj) == 0);
     bad = dyn_once(&e);
     printf("dynamic assignment, 3 workers (the last 3x slower), %d epochs of %d batches of %d: units trained %d / %d / "
            "%d; every sample once per epoch: %s; %d epoch reports, %d complete, samples %d %d %d\n",
@@ -352,14 +365,53 @@ static void test_dynamic(void) {
         CHECK(g_dyn->rep_samples[k] == DN);
         CHECK(g_dyn->rep_w[k][0] + g_dyn->rep_w[k][1] + g_dyn->rep_w[k][2] == DN);
     }
-    /* worker 1 dies after 10 units, holding the unit of its last answer: it goes to another */
-    CHECK(dyn_run("dyndead", 1, 10) == 0);
-    bad = dyn_once(&e);
-    printf("dynamic assignment, worker 1 dies after 10 units: units %d / %d / %d; every sample once per epoch: %s; "
-           "%d complete epochs\n", g_dyn->units[0], g_dyn->units[1], g_dyn->units[2], bad < 0 ? "yes" : "NO",
-           g_dyn->complete);
-    CHECK_MSG(bad < 0, "sample %d of epoch %d trained %d times", bad, e, bad < 0 ? 1 : g_dyn->count[e][bad]);
-    CHECK(g_dyn->units[1] == 10 && g_dyn->complete == DEPOCHS);
+    /* worker 1 dies after 10 units, holding the unit of its last answer: it goes to another; with
+     * 2 servers and a bound, server 1 must not wait for the unit the dead worker held */
+    for (int S = 1; S <= 2; S++) {
+        dj = (dyn_job){.servers = S, .staleness = S == 1 ? -1 : 1, .slow_ms = 6, .die_w = 1, .die_after = 10};
+        CHECK(dyn_run(S == 1 ? "dyndead" : "dyndead2", &dj) == 0);
+        bad = dyn_once(&e);
+        printf("dynamic assignment, %d server(s), staleness %d, worker 1 dies after 10 units: units %d / %d / %d; "
+               "every sample once per epoch: %s; %d complete epochs\n", S, dj.staleness, g_dyn->units[0],
+               g_dyn->units[1], g_dyn->units[2], bad < 0 ? "yes" : "NO", g_dyn->complete);
+        CHECK_MSG(bad < 0, "sample %d of epoch %d trained %d times", bad, e, bad < 0 ? 1 : g_dyn->count[e][bad]);
+        CHECK(g_dyn->units[1] == 10 && g_dyn->complete == DEPOCHS);
+    }
+}
+
+/* The largest staleness (updates a gradient missed) in a histogram; DT_STALENESS_BINS - 1 means
+ * that or more. */
+static int max_stale(const int64_t *stale) {
+    int m = 0;
+    for (int k = 0; k < DT_STALENESS_BINS; k++)
+        if (stale[k]) m = k;
+    return m;
+}
+
+/* Bounded staleness under dynamic assignment, 2 servers (so server 1's pull requests hold
+ * answers too), the last worker 8x slower: a batch is handed out at most s rounds ahead of the
+ * oldest one out, and each gradient misses at most (2s+1)W - 1 = 14 updates (s = 2, W = 3);
+ * s = 0 trains round by round (at most W - 1 = 2 missed); without a bound the fast workers
+ * run far ahead. */
+static void test_dynamic_bound(void) {
+    const int bounds[] = {2, 0, -1};
+    int gap[3], worst[3];
+    for (int k = 0; k < 3; k++) {
+        dyn_job dj = {.servers = 2, .staleness = bounds[k], .slow_ms = 16, .die_w = -1};
+        char tag[16];
+        snprintf(tag, sizeof tag, "dynb%d", k);
+        CHECK(dyn_run(tag, &dj) == 0);
+        int e = 0;
+        CHECK(dyn_once(&e) < 0 && g_dyn->complete == DEPOCHS);
+        gap[k] = g_dyn->max_gap, worst[k] = max_stale(g_dyn->stale);
+        printf("straggler (worker 2 x8), 2 servers + 3 workers, dynamic, --staleness %d: largest round gap %d, most "
+               "updates a gradient missed %d%s; units trained %d / %d / %d\n", bounds[k], gap[k], worst[k],
+               worst[k] == DT_STALENESS_BINS - 1 ? " or more" : "", g_dyn->units[0], g_dyn->units[1], g_dyn->units[2]);
+    }
+    CHECK_MSG(gap[0] <= 2 && worst[0] <= 14, "s = 2: round gap %d, staleness %d", gap[0], worst[0]);
+    CHECK_MSG(gap[0] == 2, "the straggler never pushed the round gap to the bound (%d)", gap[0]);
+    CHECK_MSG(gap[1] == 0 && worst[1] <= 2, "s = 0: round gap %d, staleness %d", gap[1], worst[1]);
+    CHECK_MSG(gap[2] > 2, "without a bound the fast workers stayed within %d rounds", gap[2]);
 }
 
 /* Through the trainer: 3 async workers with --slow 3:3; each epoch report holds every sample once. */
@@ -389,6 +441,7 @@ int main(void) {
     test_dynamic();
     test_dynamic_trainer();
     test_staleness_bound();
+    test_dynamic_bound();
     test_dead_worker();
     test_localsgd();
     dt_test_remove_dir(g_dir);

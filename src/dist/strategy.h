@@ -17,7 +17,9 @@ typedef struct {
     double bucket_mb;  /* ddp: gradient bucket (fusion buffer) size in MB; <= 0: default 1 MB */
     dt_trace *trace;   /* may be NULL */
     int servers;       /* ps: the first `servers` ranks are servers (<= 0: 1) */
-    int staleness;     /* ps: SSP bound in steps, < 0 = unbounded */
+    int staleness;     /* ps: bound in steps (rounds of W batches, see ps.h), < 0 = unbounded */
+    bool fixed_shards; /* ps: each worker owns 1/W of every epoch, SSP on its own steps (default:
+                        * dynamic assignment, the workers take the next batch from server 0) */
     int sync_every;    /* localsgd: steps between model averages (<= 0: 8) */
 } dt_strategy_config;
 
@@ -106,7 +108,7 @@ struct dt_strategy {
     dt_role role;
     int data_rank, data_world;  /* this rank's part of the data (ps workers: index among workers) */
     int job_rank0;              /* job rank of data rank 0 */
-    bool dynamic;               /* ps --staleness inf: the servers hand out the batches (see ps.h);
+    bool dynamic;               /* ps (not fixed_shards): the servers hand out the batches (ps.h);
                                  * the worker trains unit next_unit of epoch next_epoch next
                                  * (next_unit < 0: none left) */
     int64_t next_epoch, next_unit;

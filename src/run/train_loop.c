@@ -58,7 +58,7 @@ static dt_status train_step(dt_trainer *t, const dt_batch *b, epoch_acc *acc) {
     st->cur.n = b->n, st->cur.epoch = t->epoch, st->cur.busy_s = busy;
     if (b->n == 0) st->cur.loss_sum = 0;
     dt_step_stats ss;
-    DT_TRY(st->ops->step(st, dt_lr_at(&t->cfg.lr, t->step), t->cfg.clip_norm, &ss));
+    DT_TRY(st->ops->step(st, dt_lr_at(&t->cfg.lr, t->lr_step >= 0 ? t->lr_step : t->step), t->cfg.clip_norm, &ss));
     DT_TRY(dt_balance_step_end(t->balance, t->dcomm, t->loader));
     acc->comm_wait_s += ss.comm_wait_s;
     acc->compute_s += dt_now() - t0 - ss.comm_wait_s;
@@ -187,6 +187,7 @@ static dt_status dynamic_run(dt_trainer *t) {
         DT_TRY(dt_loader_take(t->loader, (uint64_t)ep, (size_t)u, &b));
         dt_trace_add(&t->trace, "data", 2, tw, dt_now(), t->step);
         t->epoch = ep, t->step_in_epoch = u;
+        t->lr_step = ep * (int64_t)dt_loader_batches(t->loader) + u / t->dworld;
         dt_status s = train_step(t, &b, &acc);
         if (s == DT_OK) s = stop_vote(t, &stop);
         if (s != DT_OK)
@@ -194,6 +195,7 @@ static dt_status dynamic_run(dt_trainer *t) {
                                  (long long)ep + 1, (long long)u + 1, (long long)B);
         ep = st->next_epoch, u = st->next_unit;
     }
+    t->lr_step = -1;
     return stop ? save_interrupted(t) : DT_OK;  /* the servers report the epochs and hold the model */
 }
 

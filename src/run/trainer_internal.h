@@ -23,6 +23,8 @@ struct dt_trainer {
     int64_t step;             /* optimizer steps done */
     int64_t epoch;            /* current epoch (0-based) */
     int64_t step_in_epoch;    /* batches consumed in the current epoch */
+    int64_t lr_step;          /* ps dynamic: the schedule's step for the unit in training (its round,
+                               * counted like synchronous steps, not this worker's own steps); else -1 */
     float norm_mean, norm_std;
     bool has_norm;
     double t_start;
