@@ -23,7 +23,7 @@ typedef struct {
     int32_t pid;
     int32_t pad;
     uint64_t start;   /* start time in clock ticks since boot (/proc/PID/stat field 22) */
-    char host[56];    /* boot id + pid namespace; "" when unknown (no checks) */
+    char host[80];    /* boot id + pid namespace; "" when unknown (no checks) */
 } ident;
 
 static ident *g_id;   /* [world size], filled once; read-only afterwards */
@@ -73,18 +73,18 @@ dt_status dt_mpi_live_init(MPI_Comm comm, double deadline) {
     int size = 0, rank = 0;
     MPI_Comm_size(comm, &size);
     MPI_Comm_rank(comm, &rank);
-    ident *all = calloc((size_t)size, sizeof *all), me;
+    ident *all = calloc((size_t)size + 1, sizeof *all), *me = all + size; /* everyone's, then ours to send */
     if (!all) return dt_error(DT_ENOMEM, "out of memory creating the MPI transport");
-    self_ident(&me);
+    self_ident(me);
     MPI_Request req = MPI_REQUEST_NULL;
-    int rc = MPI_Iallgather(&me, (int)sizeof me, MPI_BYTE, all, (int)sizeof me, MPI_BYTE, comm, &req);
+    int rc = MPI_Iallgather(me, (int)sizeof *me, MPI_BYTE, all, (int)sizeof *me, MPI_BYTE, comm, &req);
     dt_mpi_idle idle = {0};
     int flag = 0;
     while (rc == MPI_SUCCESS && !flag) {
         rc = MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
         if (rc != MPI_SUCCESS || flag) break;
         if (dt_now() > deadline) {
-            g_id = all;  /* kept, never read (g_nid stays 0): the request still owns the buffer */
+            g_id = all;  /* kept, never read (g_nid stays 0): the posted request still uses it */
             return dt_error(DT_ETIMEDOUT, "rank %d: timed out exchanging process ids at MPI start-up: a rank did "
                                           "not start or is stalled", rank);
         }
