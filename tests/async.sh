@@ -62,6 +62,21 @@ if [ $rc -eq 0 ] && grep -q "stopped at step [0-9]*; checkpoint $TMP/stop.safete
   ok "SIGTERM to a ps job: $(grep -o 'stopped at step [0-9]*' "$TMP/stop.log"), checkpoint evaluates"
 else bad "ps SIGTERM (exit $rc): $(tail -6 "$TMP/stop.log")"; fi
 
+# 2c. the server killed: every worker stops with an error naming it (no crash on the way out)
+$DT train --workers 2 --strategy ps --model mlp --epochs 3 --batch 32 >"$TMP/ksrv.log" 2>&1 &
+job=$!
+for _ in $(seq 100); do grep -q "strategy ps" "$TMP/ksrv.log" && break; sleep 0.1; done
+sleep 0.5
+for p in $(ps -o pid= --ppid $job); do
+  tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "DTRAIN_RANK=0" && kill -9 "$p"
+done
+wait $job
+rc=$?
+if [ $rc -ne 0 ] && [ "$(grep -c 'pulling from server rank 0: rank 0 died\|pushing to server rank 0: rank 0 died' "$TMP/ksrv.log")" = 2 ] \
+   && ! grep -q "SIGSEGV\|signal 11\|Sanitizer" "$TMP/ksrv.log"; then
+  ok "kill -9 of the ps server: both workers name it and exit cleanly (job exit $rc)"
+else bad "killed server (exit $rc): $(tail -6 "$TMP/ksrv.log")"; fi
+
 # 3. bounded staleness under a straggler, both ways: fixed shards (SSP on the workers' own clocks)
 # and the default dynamic assignment (rounds of one batch per worker); the gap stays within --staleness
 for mode in static dynamic; do

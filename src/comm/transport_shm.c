@@ -86,8 +86,11 @@ static int peer_state(dt_shm *s, int p) {
     if (atomic_load(&R->left)) return 2;
     int e = pthread_mutex_trylock(&R->alive);
     if (e == EOWNERDEAD) {
+        /* we now own the dead rank's mutex: release it at once, or it stays on this thread's
+         * robust list and the next robust unlock touches it after the segment is unmapped */
         atomic_store(&R->dead, 1);
         pthread_mutex_consistent(&R->alive);
+        pthread_mutex_unlock(&R->alive);
         return 1;
     }
     if (e == ENOTRECOVERABLE) return 1;

@@ -113,8 +113,10 @@ static bool mark_done(server *sv, int64_t q) {
     }
     int j = 0;
     while (j < sv->nahead && sv->ahead[j] == sv->done_lo) j++, sv->done_lo++;
-    memmove(sv->ahead, sv->ahead + j, (size_t)(sv->nahead - j) * sizeof *sv->ahead);
-    sv->nahead -= j;
+    if (j > 0) {
+        memmove(sv->ahead, sv->ahead + j, (size_t)(sv->nahead - j) * sizeof *sv->ahead);
+        sv->nahead -= j;
+    }
     return true;
 }
 
