@@ -84,6 +84,8 @@ typedef struct {
                                * may be ahead of the oldest in training; < 0 = unbounded (async) */
     bool ps_fixed_shards;     /* ps: each worker owns 1/N of every epoch and staleness counts its own
                                * steps (classic SSP); default: workers take batches from server 0 */
+    bool ps_overlap;          /* ps: push/pull in the background while the worker trains the next
+                               * batch (one step staler); needs dynamic assignment and staleness < 0 */
     int sync_every;           /* localsgd: average the models every H steps (default 8) */
     bool balance;             /* ddp/localsgd: cut each global batch by the workers' measured speed */
     int slow_rank;            /* testing/benchmark aid: this rank sleeps (slow_factor - 1) x its */

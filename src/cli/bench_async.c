@@ -113,6 +113,7 @@ int dt_bench_async(int argc, char **argv) {
         {"ps s=4", "--strategy ps --staleness 4", true, true},
         {"ps s=4 fixed", "--strategy ps --staleness 4 --balance static", true, true},
         {"ps async", "--strategy ps --staleness inf", true, true},
+        {"ps async+ovl", "--strategy ps --staleness inf --ps-overlap", true, true},
         /* the machine's capacity for this job: what no strategy can beat here */
         {"ddp no-slow", "--strategy ddp", false, false},
     };

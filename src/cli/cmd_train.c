@@ -153,7 +153,9 @@ static const char TRAIN_USAGE[] =
     "a batch back while it is more than S global batches (rounds of N) ahead of the oldest batch\n"
     "still being trained (0 = synchronous, inf = fully asynchronous). --balance static gives each\n"
     "worker 1/N of every epoch and counts S in its own steps (classic SSP: the slowest sets the\n"
-    "pace). A ps worker that dies is dropped and the\n"
+    "pace). --ps-overlap (with --staleness inf) runs a worker's push and pull in the background\n"
+    "while it trains its next batch (server 0 hands out one batch ahead): each gradient is one\n"
+    "step staler, the exchange no longer stalls the worker. A ps worker that dies is dropped and the\n"
     "others go on; rank 0 (server 0) evaluates and prints. --slow RANK:FACTOR is a testing and\n"
     "benchmark aid that makes one rank FACTOR times slower by sleeping.";
 
@@ -208,6 +210,7 @@ static int parse_train_flags(int argc, char **argv, train_opts *o) {
         {"staleness", DT_FLAG_STR, &o->uneven.staleness, "S", "ps: global batches a worker may run ahead of the oldest one in training (default inf: async)"},
         {"sync-every", DT_FLAG_INT, &c->sync_every, "H", "localsgd: average the models every H steps"},
         {"balance", DT_FLAG_STR, &o->uneven.balance, "MODE", "ddp/localsgd: static (default) or dynamic (cut batches by speed); ps: dynamic (default) or static"},
+        {"ps-overlap", DT_FLAG_BOOL, &c->ps_overlap, NULL, "ps: push/pull in the background while the worker trains its next batch (--staleness inf only)"},
         {"slow", DT_FLAG_STR, &o->uneven.slow, "RANK:F", "testing aid: rank RANK sleeps to run F times slower"},
         {"backend", DT_FLAG_STR, &o->backend, "NAME", "transport between ranks: auto, shm or mpi"},
         {"bucket-mb", DT_FLAG_FLOAT, &o->bucket_mb, "MB", "ddp gradient bucket size in MB (0 = default 1)"},
@@ -284,7 +287,8 @@ static void print_header(const train_opts *o, dt_trainer *t, dt_comm *comm, int 
         if (c->staleness >= 0) snprintf(st, sizeof st, "%d", c->staleness);
         printf("dtrain: %d ranks over %s, strategy ps: %d server%s, %d workers x batch %d, staleness %s, %s\n",
                world, dt_comm_backend_name(comm), c->servers, c->servers > 1 ? "s" : "", world - c->servers, c->batch,
-               st, c->ps_fixed_shards ? "fixed shards (clocks per worker)" : "batches handed out by server 0");
+               st, c->ps_fixed_shards ? "fixed shards (clocks per worker)"
+               : c->ps_overlap ? "batches handed out by server 0, overlapped push/pull" : "batches handed out by server 0");
         if (!strcmp(dt_comm_backend_name(comm), "mpi") && ompi_ends_job_on_death())
             printf("dtrain: note: mpirun ends the whole job if a worker dies; start it with 'mpirun --enable-recovery' "
                    "to let the servers go on without it\n");

@@ -57,52 +57,191 @@ static dt_status server_error(const ps_state *p, int i, dt_status st, const char
     return dt_error_wrap(st, "ps worker rank %d: %s server rank %d", p->me, what, i);
 }
 
-/* Push the gradient slices, then take every server's answer into the parameters. */
-static dt_status ps_step(dt_strategy *s, float lr, float clip, dt_step_stats *st) {
-    ps_state *p = s->impl;
-    memset(st, 0, sizeof *st);
-    float *g = dt_model_grads(s->model), *w = dt_model_params(s->model);
-    if (clip > 0) dt_clip_grad_norm(g, p->P, clip);
-    double t0 = dt_now();
+/* One exchange with every server: the headers p->push[] and gradient g go out, then (dynamic,
+ * S > 1) the pull requests naming the unit server 0 handed out, and the answers come into
+ * p->reply[] and the parameters w. Both sides make the same calls in the same order (ps.h). */
+static dt_status exchange(ps_state *p, const float *g, float *w, int64_t step) {
     for (int i = 0; i < p->S; i++) {
-        p->push[i] = (ps_push){.step = s->step, .epoch = s->cur.epoch, .version = p->version[i], .n = s->cur.n,
-                               .lr = lr, .loss_sum = s->cur.loss_sum, .busy_s = s->cur.busy_s,
-                               .seq = p->dynamic ? p->seq : -1};
         dt_status r = dt_comm_broadcast(p->pair[i], &p->push[i], sizeof p->push[i], DT_U8, 1);
-        if (r == DT_OK) r = dt_comm_broadcast(p->pair[i], g + p->lo[i], p->lo[i + 1] - p->lo[i], DT_F32, 1);
+        if (r == DT_OK) r = dt_comm_broadcast(p->pair[i], (void *)(g + p->lo[i]), p->lo[i + 1] - p->lo[i], DT_F32, 1);
         if (r != DT_OK) return server_error(p, i, r, "pushing to");
     }
     for (int i = 0; i < p->S; i++) {
         dt_status r = DT_OK;
-        if (i > 0 && p->dynamic && (p->reply[0].seq >= 0 || p->reply[0].bye)) {  /* name the next unit */
-            ps_push pull = {.step = s->step, .n = PS_N_PULL, .seq = p->reply[0].seq};
+        const ps_reply *r0 = &p->reply[0];
+        if (i > 0 && p->dynamic && (r0->seq >= 0 || r0->bye || r0->later)) {  /* name the next unit */
+            ps_push pull = {.step = step, .n = PS_N_PULL, .seq = r0->seq};
             if ((r = dt_comm_broadcast(p->pair[i], &pull, sizeof pull, DT_U8, 1)) != DT_OK)
                 return server_error(p, i, r, "asking");
         }
         r = dt_comm_broadcast(p->pair[i], &p->reply[i], sizeof p->reply[i], DT_U8, 0);
         if (r == DT_OK) r = dt_comm_broadcast(p->pair[i], w + p->lo[i], p->lo[i + 1] - p->lo[i], DT_F32, 0);
         if (r != DT_OK) return server_error(p, i, r, "pulling from");
-        p->version[i] = p->reply[i].version;
     }
+    return DT_OK;
+}
+
+/* Dynamic: nothing left to train: say goodbye to every server. */
+static dt_status goodbye(ps_state *p, int64_t step) {
+    for (int i = 0; i < p->S; i++) {
+        ps_push bye = {.step = step, .n = PS_N_BYE, .seq = -1};
+        ps_reply ack;  /* the server took it: leaving now cannot look like a failure */
+        dt_status e = dt_comm_broadcast(p->pair[i], &bye, sizeof bye, DT_U8, 1);
+        if (e == DT_OK) e = dt_comm_broadcast(p->pair[i], &ack, sizeof ack, DT_U8, 0);
+        if (e != DT_OK) return server_error(p, i, e, "saying goodbye to");
+    }
+    return DT_OK;
+}
+
+/* The push headers of this step (version: of the parameters the gradient was computed on). */
+static void fill_push(dt_strategy *s, ps_state *p, float lr) {
+    for (int i = 0; i < p->S; i++)
+        p->push[i] = (ps_push){.step = s->step, .epoch = s->cur.epoch, .version = p->version[i], .n = s->cur.n,
+                               .lr = lr, .loss_sum = s->cur.loss_sum, .busy_s = s->cur.busy_s,
+                               .seq = p->dynamic ? p->seq : -1};
+}
+
+/* Push the gradient slices, then take every server's answer into the parameters. */
+static dt_status ps_step_blocking(dt_strategy *s, float lr, float clip, dt_step_stats *st) {
+    ps_state *p = s->impl;
+    memset(st, 0, sizeof *st);
+    float *g = dt_model_grads(s->model), *w = dt_model_params(s->model);
+    if (clip > 0) dt_clip_grad_norm(g, p->P, clip);
+    double t0 = dt_now();
+    fill_push(s, p, lr);
+    DT_TRY(exchange(p, g, w, s->step));
+    for (int i = 0; i < p->S; i++) p->version[i] = p->reply[i].version;
     if (p->dynamic) {
         const ps_reply *r = &p->reply[0];
         p->seq = r->seq, s->next_epoch = r->epoch, s->next_unit = r->unit;
-        for (int i = 0; r->bye && i < p->S; i++) {  /* nothing left: say goodbye to every server */
-            ps_push bye = {.step = s->step + 1, .n = PS_N_BYE, .seq = -1};
-            ps_reply ack;  /* the server took it: leaving now cannot look like a failure */
-            dt_status e = dt_comm_broadcast(p->pair[i], &bye, sizeof bye, DT_U8, 1);
-            if (e == DT_OK) e = dt_comm_broadcast(p->pair[i], &ack, sizeof ack, DT_U8, 0);
-            if (e != DT_OK) return server_error(p, i, e, "saying goodbye to");
-        }
+        if (r->bye) DT_TRY(goodbye(p, s->step + 1));
     }
     st->comm_wait_s = dt_now() - t0;
     st->buckets = p->S;
     return DT_OK;
 }
 
+/* ---- overlap: the exchange runs on a thread of the worker (ps.h) ---- */
+static void *exchange_main(void *arg) {
+    ps_state *p = arg;
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        while (!p->busy && !p->quit) pthread_cond_wait(&p->cv, &p->mu);
+        if (!p->busy) break;
+        pthread_mutex_unlock(&p->mu);
+        dt_status st = exchange(p, p->gsend, p->wstage, p->xstep);
+        pthread_mutex_lock(&p->mu);
+        p->xst = st;
+        if (st != DT_OK) snprintf(p->xmsg, sizeof p->xmsg, "%s", dt_last_error());  /* the message is per thread */
+        p->busy = false;
+        pthread_cond_broadcast(&p->cv);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return NULL;
+}
+
+/* Waits until no exchange is in flight. */
+static void exchange_wait(ps_state *p) {
+    pthread_mutex_lock(&p->mu);
+    while (p->busy) pthread_cond_wait(&p->cv, &p->mu);
+    pthread_mutex_unlock(&p->mu);
+}
+
+/* Takes the answer of the finished exchange: staged parameters into the model, the unit handed out. */
+static dt_status exchange_take(dt_strategy *s, ps_state *p) {
+    if (p->xst != DT_OK) return dt_error(p->xst, "%s", p->xmsg);
+    memcpy(dt_model_params(s->model), p->wstage, p->P * sizeof(float));
+    for (int i = 0; i < p->S; i++) p->version[i] = p->reply[i].version;
+    const ps_reply *r = &p->reply[0];
+    if (r->seq >= 0 && p->nheld < 2) {
+        p->held[p->nheld][0] = r->seq, p->held[p->nheld][1] = r->epoch, p->held[p->nheld][2] = r->unit;
+        p->nheld++;
+    }
+    p->bye = r->bye != 0;
+    return DT_OK;
+}
+
+static dt_status exchange_start(ps_state *p, const float *g, int64_t step) {
+    if (!p->thread_started) {
+        if (pthread_create(&p->thread, NULL, exchange_main, p) != 0)
+            return dt_error(DT_ENOMEM, "ps worker rank %d: cannot start the exchange thread (--ps-overlap)", p->me);
+        p->thread_started = true;
+    }
+    memcpy(p->gsend, g, p->P * sizeof(float));  /* the next backward overwrites g */
+    pthread_mutex_lock(&p->mu);
+    p->xstep = step, p->xst = DT_OK, p->busy = true;
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+    return DT_OK;
+}
+
+dt_status dt_ps_worker_drain(dt_strategy *s) {
+    ps_state *p = s->impl;
+    if (!p || !p->overlap || !p->inflight) return DT_OK;
+    exchange_wait(p);
+    p->inflight = false;
+    return exchange_take(s, p);
+}
+
+/* Overlap: wait for the previous exchange, take its answer, start this step's in the background
+ * and go on with a unit held ahead; with none held, wait for this answer too (blocking). */
+static dt_status ps_step_overlap(dt_strategy *s, float lr, float clip, dt_step_stats *st) {
+    ps_state *p = s->impl;
+    memset(st, 0, sizeof *st);
+    float *g = dt_model_grads(s->model);
+    if (clip > 0) dt_clip_grad_norm(g, p->P, clip);
+    if (!p->first_done) {  /* the unit ahead the worker starts with (seq W + w), from the trainer */
+        p->first_done = true;
+        if (s->next_unit >= 0) {
+            p->held[0][0] = p->seq + p->W, p->held[0][1] = s->next_epoch, p->held[0][2] = s->next_unit;
+            p->nheld = 1;
+        }
+    }
+    double t0 = dt_now();
+    if (p->inflight) exchange_wait(p);
+    fill_push(s, p, lr);  /* before the staged parameters come in: the version the gradient saw */
+    if (p->inflight) {
+        p->inflight = false;
+        DT_TRY(exchange_take(s, p));
+    }
+    DT_TRY(exchange_start(p, g, s->step));
+    p->inflight = true;
+    if (p->nheld == 0) DT_TRY(dt_ps_worker_drain(s));  /* nothing held ahead: blocking */
+    if (p->nheld > 0) {
+        p->seq = p->held[0][0], s->next_epoch = p->held[0][1], s->next_unit = p->held[0][2];
+        p->held[0][0] = p->held[1][0], p->held[0][1] = p->held[1][1], p->held[0][2] = p->held[1][2];
+        p->nheld--;
+    } else {
+        p->seq = -1, s->next_epoch = -1, s->next_unit = -1;
+        if (p->bye) DT_TRY(goodbye(p, s->step + 1));
+    }
+    st->comm_wait_s = dt_now() - t0;
+    st->buckets = p->S;
+    return DT_OK;
+}
+
+static dt_status ps_step(dt_strategy *s, float lr, float clip, dt_step_stats *st) {
+    ps_state *p = s->impl;
+    return p->overlap ? ps_step_overlap(s, lr, clip, st) : ps_step_blocking(s, lr, clip, st);
+}
+
 static void ps_destroy(dt_strategy *s) {
     ps_state *p = s->impl;
     if (!p) return;
+    if (p->thread_started) {  /* drain the exchange in flight (its answer is not needed), then stop */
+        pthread_mutex_lock(&p->mu);
+        while (p->busy) pthread_cond_wait(&p->cv, &p->mu);
+        p->quit = true;
+        pthread_cond_broadcast(&p->cv);
+        pthread_mutex_unlock(&p->mu);
+        pthread_join(p->thread, NULL);
+    }
+    if (p->overlap) {
+        pthread_cond_destroy(&p->cv);
+        pthread_mutex_destroy(&p->mu);
+    }
+    dt_free(p->gsend);
+    dt_free(p->wstage);
     if (p->pair)
         for (int i = 0; i < (p->me < p->S ? p->W : p->S); i++) dt_comm_destroy(p->pair[i]);
     dt_comm_destroy(p->servers);
@@ -131,6 +270,17 @@ dt_status dt_strategy_ps_create(dt_strategy *s, const dt_strategy_config *cfg) {
     p->S = size - dworld, p->W = dworld, p->me = me;
     p->staleness = cfg->staleness;
     p->dynamic = !cfg->fixed_shards;
+    if (cfg->overlap && (!p->dynamic || cfg->staleness >= 0)) {
+        free(p);
+        return dt_error(DT_EINVAL, "--ps-overlap needs dynamic assignment and --staleness inf (it adds a step of "
+                        "staleness that a bound does not count): use --staleness inf%s, or drop --ps-overlap",
+                        cfg->fixed_shards ? " without --balance static" : "");
+    }
+    p->overlap = cfg->overlap;
+    if (p->overlap) {
+        pthread_mutex_init(&p->mu, NULL);
+        pthread_cond_init(&p->cv, NULL);
+    }
     p->seq = me - p->S;  /* dynamic: worker w trains seq w first */
     p->P = dt_model_num_params(s->model);
     p->lo = calloc((size_t)p->S + 1, sizeof *p->lo);
@@ -138,8 +288,14 @@ dt_status dt_strategy_ps_create(dt_strategy *s, const dt_strategy_config *cfg) {
     p->push = calloc((size_t)p->S, sizeof *p->push);
     p->reply = calloc((size_t)p->S, sizeof *p->reply);
     p->version = calloc((size_t)p->S, sizeof *p->version);
+    const bool worker = me >= p->S;
+    if (p->overlap && worker) {
+        p->gsend = dt_alloc(p->P * sizeof(float) + 1);
+        p->wstage = dt_alloc(p->P * sizeof(float) + 1);
+    }
     s->impl = p;
-    if (!p->lo || !p->pair || !p->push || !p->reply || !p->version) {
+    if (!p->lo || !p->pair || !p->push || !p->reply || !p->version ||
+        (p->overlap && worker && (!p->gsend || !p->wstage))) {
         ps_destroy(s);
         return dt_error(DT_ENOMEM, "ps: out of memory");
     }
@@ -150,5 +306,6 @@ dt_status dt_strategy_ps_create(dt_strategy *s, const dt_strategy_config *cfg) {
     s->job_rank0 = p->S;
     s->local_mean = true;
     s->dynamic = p->dynamic;
+    s->ahead = p->overlap && worker;
     return DT_OK;
 }

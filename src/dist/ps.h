@@ -48,11 +48,26 @@
  * normally every unit handed out). The at most workers - 1 units between step_in_epoch x
  * workers and u, and any unit above u that was pushed before a worker died, are trained again
  * after a resume. The step recorded is the most steps any worker did (the workers' clocks differ
- * under dynamic assignment; it drives the learning-rate schedule and --max-steps). */
+ * under dynamic assignment; it drives the learning-rate schedule and --max-steps).
+ *
+ * Overlap (--ps-overlap; dynamic assignment and --staleness inf only): a worker's exchange (push,
+ * pull requests, answers) runs on a per-worker thread while the worker trains its next unit: the
+ * gradient is copied into a send buffer, the answer lands in a staging buffer, and before the
+ * next exchange the worker waits for this one and copies the staged parameters into its model,
+ * so each gradient is computed on parameters one exchange older (one more step of staleness in
+ * the servers' histogram). For that the worker must know its next unit before the answer comes:
+ * each worker starts holding two units (seq w and seq W + w; server 0 hands out from 2W), each
+ * answer hands out one more, the servers keep two pending slots per worker (a push clears its
+ * unit; a dropped worker's units are both handed out again). In the quiet finish server 0 hands
+ * nothing ahead (seq -1, bye 0) to a worker that still holds a unit; that worker trains it,
+ * and its next exchange is waited for at once (blocking, as without overlap), so quiet_wait
+ * counts held units. A worker drains its exchange in flight before a goodbye or leaving. */
 #ifndef DT_DIST_PS_H
 #define DT_DIST_PS_H
 
 #include "dist/strategy.h"
+
+#include <pthread.h>
 
 enum { PS_TAG_SHARD = 10 };  /* server -> server 0 at an epoch end: params, then optimizer states */
 enum { PS_N_BYE = -1, PS_N_PULL = -2 };  /* ps_push.n of a goodbye and of a pull request */
@@ -73,6 +88,7 @@ typedef struct {
     int64_t min_clock;   /* slowest live worker's clock when the answer was granted */
     int64_t seq, epoch, unit;  /* dynamic, server 0: the worker's next unit; unit -1 = none */
     int32_t bye;         /* dynamic, server 0: no next unit; say goodbye to every server */
+    int32_t later;       /* overlap, server 0: no unit ahead now (quiet finish); ask after the one held */
 } ps_reply;
 
 typedef struct {
@@ -89,6 +105,21 @@ typedef struct {
     ps_reply *reply;         /* [S] */
     int64_t *version;        /* [S] last version seen from each server */
     int64_t seq;             /* dynamic: the unit this worker trains now */
+    /* worker side, overlap (see the top): the exchange thread and its buffers */
+    bool overlap;
+    float *gsend, *wstage;   /* [P] the gradient being pushed; the parameters being pulled */
+    int64_t held[2][3];      /* units held ahead, oldest first: seq, epoch, unit */
+    int nheld;
+    bool bye;                /* server 0 said bye: nothing to hand out now */
+    bool inflight;           /* main thread: an exchange was started and its answer not yet taken */
+    bool first_done;         /* the first step took the unit ahead named by the trainer */
+    pthread_t thread;
+    bool thread_started, busy, quit;  /* busy: an exchange is in flight */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int64_t xstep;           /* the step of the exchange (for pull requests) */
+    dt_status xst;           /* result of the last exchange, with its message */
+    char xmsg[512];
 } ps_state;
 
 /* Dynamic assignment: the (epoch, unit) of seq q counted from unit u0 of epoch e0. */
@@ -97,6 +128,10 @@ static inline void dt_ps_seq_unit(int64_t q, int64_t e0, int64_t u0, int64_t uni
     int64_t k = u0 + q;
     *epoch = e0 + k / units_per_epoch, *unit = k % units_per_epoch;
 }
+
+/* Worker side, overlap: waits for the exchange in flight (if any) and takes its answer (the
+ * parameters and the unit handed out); a no-op otherwise. Done before a worker leaves (and by tests). */
+dt_status dt_ps_worker_drain(dt_strategy *s);
 
 /* Server side: serves the workers of s (role DT_ROLE_SERVER) until they are all done or gone. */
 dt_status dt_ps_serve(dt_strategy *s, const dt_serve_config *cfg);

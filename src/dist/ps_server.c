@@ -58,8 +58,9 @@ struct server {
     /* dynamic assignment */
     int64_t units;                 /* units per epoch */
     int64_t next_seq;              /* server 0: next seq never handed out */
-    int64_t *pending;              /* server 0: [W] seq handed to each worker, not yet pushed (-1) */
-    int64_t *requeue;              /* server 0: [W] seqs of dropped workers to hand out again */
+    int64_t *pending;              /* [W * 2] seqs held by each worker (handed out by server 0, named by a
+                                    * pull request on the others), not yet pushed (-1); slot 1: overlap */
+    int64_t *requeue;              /* server 0: [W * 2] seqs of dropped workers to hand out again */
     int64_t *wunits;               /* server 0: [W] units each worker pushed in this run */
     int nrequeue;
     int64_t *units_done;           /* [nep] units pushed by epoch */
@@ -87,6 +88,30 @@ static int64_t min_live(const server *sv) {
     for (int w = 0; w < sv->p->W; w++)
         if (sv->alive[w] && !sv->bye[w] && sv->clock[w] < m) m = sv->clock[w];
     return m;
+}
+
+/* Dynamic: the units worker w holds (pending slots: 2 with overlap, else 1). */
+static int slots(const server *sv) { return sv->p->overlap ? 2 : 1; }
+
+static int held(const server *sv, int w) {
+    int n = 0;
+    for (int k = 0; k < slots(sv); k++) n += sv->pending[w * 2 + k] >= 0;
+    return n;
+}
+
+/* Worker w holds seq q (q < 0: nothing); without a free slot the oldest is replaced. */
+static void hold(server *sv, int w, int64_t q) {
+    if (q < 0) return;
+    int k = 0;
+    while (k < slots(sv) - 1 && sv->pending[w * 2 + k] >= 0) k++;
+    sv->pending[w * 2 + k] = q;
+}
+
+/* Worker w pushed seq q: true when it held it (the slot is cleared). */
+static bool release(server *sv, int w, int64_t q) {
+    for (int k = 0; k < slots(sv); k++)
+        if (q >= 0 && sv->pending[w * 2 + k] == q) return sv->pending[w * 2 + k] = -1, true;
+    return false;
 }
 
 /* Dynamic: records seq q as in; false when it already was (with the lock held). */
@@ -150,7 +175,7 @@ static void seq_position(const server *sv, int64_t q, int64_t *epoch, int64_t *i
 static bool quiet_wait(const server *sv, int w) {
     int best = -1;
     for (int x = 0; x < sv->p->W; x++) {
-        if (x != w && sv->pending[x] >= 0) return true;
+        if (x != w && held(sv, x) > 0) return true;  /* with overlap: units held ahead too */
         bool asks = sv->alive[x] && !sv->bye[x] && sv->clock[x] < sv->total;
         if (asks && (best < 0 || sv->wunits[x] > sv->wunits[best])) best = x;
     }
@@ -172,7 +197,7 @@ static void assign(server *sv, int w, int64_t clk, ps_reply *r) {
     if (quiet > run / 16) quiet = run / 16;
     const int64_t quiet_from = sv->p->W > 1 ? run - quiet : INT64_MAX;
     for (;;) {
-        r->seq = -1, r->epoch = -1, r->unit = -1, r->bye = 0;
+        r->seq = -1, r->epoch = -1, r->unit = -1, r->bye = 0, r->later = 0;
         if (clk >= sv->total) return;  /* max_steps: the worker stops by itself, no goodbye */
         r->bye = 1;
         if (sv->stopping) return;
@@ -180,6 +205,12 @@ static void assign(server *sv, int w, int64_t clk, ps_reply *r) {
         int64_t e, u;
         dt_ps_seq_unit(q, c->start_epoch, u0, sv->units, &e, &u);
         if (e >= c->epochs) return;
+        /* overlap, quiet finish: a worker still holding a unit gets none ahead; it asks again (and
+         * waits, blocking) after training that one, so it never waits here holding a unit */
+        if (q >= quiet_from && held(sv, w) > 0) {
+            r->bye = 0, r->later = 1;
+            return;
+        }
         /* bounded staleness: not more than s rounds ahead of the oldest unit still out */
         if ((q >= quiet_from && quiet_wait(sv, w)) ||
             (sv->p->staleness >= 0 && round_gap(sv, q) > sv->p->staleness)) {
@@ -189,7 +220,7 @@ static void assign(server *sv, int w, int64_t clk, ps_reply *r) {
         if (round_gap(sv, q) > sv->max_gap) sv->max_gap = (int)round_gap(sv, q);
         if (sv->nrequeue > 0) sv->nrequeue--;
         else sv->next_seq++;
-        sv->pending[w] = q;
+        hold(sv, w, q);
         *r = (ps_reply){.seq = q, .epoch = e, .unit = u, .bye = 0};
         return;
     }
@@ -204,10 +235,12 @@ static void drop(server *sv, int w, dt_status st) {
     if (!sv->alive[w]) return;
     sv->alive[w] = false;
     sv->nlive--;
-    if (sv->p->dynamic && sv->pending[w] >= 0) {
-        if (sv->idx == 0) sv->requeue[sv->nrequeue++] = sv->pending[w];  /* its unit goes to another worker */
-        else unit_in(sv, sv->pending[w]);  /* nothing waits for it here (see the top) */
-        sv->pending[w] = -1;
+    for (int k = 0; sv->p->dynamic && k < slots(sv); k++) {
+        int64_t q = sv->pending[w * 2 + k];
+        if (q < 0) continue;
+        if (sv->idx == 0) sv->requeue[sv->nrequeue++] = q;  /* its units go to other workers */
+        else unit_in(sv, q);  /* nothing waits for it here (see the top) */
+        sv->pending[w * 2 + k] = -1;
     }
     pthread_cond_broadcast(&sv->cv);
     if (sv->stopping) return;  /* leaving after a stop is expected */
@@ -230,7 +263,7 @@ static dt_status pull(server *sv, int w) {
     if (m.n != PS_N_PULL)
         return dt_error(DT_EMISMATCH, "ps server rank %d: worker rank %d sent a push (n = %d) where a pull request "
                         "belongs", sv->p->me, sv->p->S + w, m.n);
-    sv->pending[w] = m.seq;
+    hold(sv, w, m.seq);
     while (m.seq >= 0 && sv->p->staleness >= 0 && round_gap(sv, m.seq) > sv->p->staleness && !sv->stopping &&
            sv->alive[w])
         pthread_cond_wait(&sv->cv, &sv->mu);
@@ -288,7 +321,7 @@ static void *handler_main(void *arg) {
         }
         if (p->dynamic && m.seq >= 0) {
             unit_in(sv, m.seq);
-            if (sv->pending[w] == m.seq) sv->pending[w] = -1, sv->wunits[w]++;
+            if (release(sv, w, m.seq)) sv->wunits[w]++;
         }
         int64_t clk = sv->clock[w] = m.step + 1;
         pthread_cond_broadcast(&sv->cv);
@@ -513,7 +546,7 @@ dt_status dt_ps_serve(dt_strategy *s, const dt_serve_config *cfg) {
         if (cfg->units_per_epoch <= 0) return dt_error(DT_EINVAL, "ps server: dynamic assignment needs units_per_epoch");
         sv.total = cfg->max_steps > 0 ? cfg->max_steps : INT64_MAX;
         sv.units = cfg->units_per_epoch;
-        sv.next_seq = W;  /* worker w starts with seq w */
+        sv.next_seq = p->overlap ? 2 * W : W;  /* worker w starts with seq w (overlap: and W + w) */
     }
     sv.ep0 = cfg->start_epoch;
     sv.nep = cfg->epochs - cfg->start_epoch > 0 ? cfg->epochs - cfg->start_epoch : 1;
@@ -524,8 +557,8 @@ dt_status dt_ps_serve(dt_strategy *s, const dt_serve_config *cfg) {
     sv.clock = calloc((size_t)W, sizeof *sv.clock);
     sv.alive = calloc((size_t)W, sizeof *sv.alive);
     sv.bye = calloc((size_t)W, sizeof *sv.bye);
-    sv.pending = calloc((size_t)W, sizeof *sv.pending);
-    sv.requeue = calloc((size_t)W, sizeof *sv.requeue);
+    sv.pending = calloc((size_t)W * 2, sizeof *sv.pending);
+    sv.requeue = calloc((size_t)W * 2, sizeof *sv.requeue);
     sv.wunits = calloc((size_t)W, sizeof *sv.wunits);
     sv.units_done = calloc((size_t)sv.nep, sizeof *sv.units_done);
     sv.loss_sum = calloc((size_t)sv.nep, sizeof *sv.loss_sum);
@@ -547,7 +580,11 @@ dt_status dt_ps_serve(dt_strategy *s, const dt_serve_config *cfg) {
         memcpy(dt_optim_state(sv.opt, k, NULL), dt_optim_state(s->optim, k, NULL) + sv.lo, sv.n * sizeof(float));
     dt_optim_set_steps(sv.opt, dt_optim_steps(s->optim));
     sv.version = 0;
-    for (int w = 0; w < W; w++) sv.clock[w] = cfg->start_step, sv.alive[w] = true, sv.pending[w] = p->dynamic ? w : -1;
+    for (int w = 0; w < W; w++) {
+        sv.clock[w] = cfg->start_step, sv.alive[w] = true;
+        sv.pending[w * 2] = p->dynamic ? w : -1, sv.pending[w * 2 + 1] = -1;
+        if (p->dynamic && p->overlap && seq_epoch(&sv, W + w) + sv.ep0 < cfg->epochs) sv.pending[w * 2 + 1] = W + w;
+    }
     sv.nlive = W;
     for (int w = 0; w < W && st == DT_OK; w++) {
         h[w] = (handler){.sv = &sv, .w = w, .grad = dt_alloc(sv.n * sizeof(float) + 1),

@@ -20,6 +20,8 @@ typedef struct {
     int staleness;     /* ps: bound in steps (rounds of W batches, see ps.h), < 0 = unbounded */
     bool fixed_shards; /* ps: each worker owns 1/W of every epoch, SSP on its own steps (default:
                         * dynamic assignment, the workers take the next batch from server 0) */
+    bool overlap;      /* ps, dynamic assignment, staleness < 0 only: a worker's push and pull run in
+                        * the background while it trains the next batch (one unit held ahead, ps.h) */
     int sync_every;    /* localsgd: steps between model averages (<= 0: 8) */
 } dt_strategy_config;
 
@@ -112,6 +114,9 @@ struct dt_strategy {
                                  * the worker trains unit next_unit of epoch next_epoch next
                                  * (next_unit < 0: none left) */
     int64_t next_epoch, next_unit;
+    bool ahead;                 /* ps overlap: the worker holds one unit ahead; before its first step
+                                 * the trainer sets next_epoch/next_unit to that unit (seq W + w,
+                                 * next_unit < 0: none) and after each step they name the next */
     bool local_mean;            /* the step wants the mean gradient of the local batch (localsgd,
                                  * ps); else the rank's share of the global mean (ddp) */
     struct {                    /* the current step on this rank, set by the trainer before ops->step */

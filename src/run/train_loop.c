@@ -180,6 +180,11 @@ static dt_status dynamic_run(dt_trainer *t) {
     ep += u / units, u %= units;
     epoch_acc acc = {0};
     bool stop = false;
+    if (st->ahead) {  /* --ps-overlap: the worker also holds the unit W batches on (seq W + w) */
+        int64_t u2 = u + t->dworld;
+        st->next_epoch = ep + u2 / units, st->next_unit = u2 % units;
+        if (st->next_epoch >= c->epochs) st->next_epoch = -1, st->next_unit = -1;
+    }
     while (ep < c->epochs && u >= 0 && !stop) {
         if (c->max_steps && t->step >= c->max_steps) break;
         dt_batch b;

@@ -136,6 +136,9 @@ static dt_status setup_uneven(dt_trainer *t) {
         return dt_error(DT_EINVAL, "--balance dynamic (cutting each global batch by speed) works with --strategy ddp or "
                         "localsgd, not %s%s", name, strcmp(name, "ps") ? "" : " (ps hands out batches by speed unless "
                         "ps_fixed_shards is set)");
+    if (c->ps_overlap && strcmp(name, "ps") != 0)
+        return dt_error(DT_EINVAL, "--ps-overlap (background push/pull) works with --strategy ps only, not %s: add "
+                        "--strategy ps --staleness inf or drop --ps-overlap", name);
     if (role != DT_ROLE_REPLICA && (c->timeline || c->checkpoint_dir))
         return dt_error(DT_EINVAL, "--strategy %s does not support --%s yet (use --save for the final model)", name,
                         c->timeline ? "timeline" : "checkpoint-dir");
@@ -242,7 +245,8 @@ dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
     const char *strategy = cfg->strategy ? cfg->strategy : t->world > 1 ? "ddp" : "single";
     dt_strategy_config sc = {.bucket_mb = cfg->bucket_mb, .trace = cfg->timeline ? &t->trace : NULL,
                              .servers = cfg->servers, .staleness = cfg->staleness, .sync_every = cfg->sync_every,
-                             .fixed_shards = cfg->ps_fixed_shards};
+                             .fixed_shards = cfg->ps_fixed_shards,
+                             .overlap = cfg->ps_overlap};
     if ((s = dt_strategy_data_part(strategy, &sc, t->rank, t->world, &t->drank, &t->dworld)) != DT_OK) goto fail;
     const int max_batch = cfg->balance ? cfg->batch * t->dworld : cfg->batch;  /* a balanced cut may be larger */
     dt_loader_config lc = {.batch = cfg->batch, .shuffle = true, .seed = cfg->seed, .rank = t->drank,
