@@ -13,6 +13,7 @@
  *    rounding), and with H = 4 the replicas are identical after the final average. */
 #include "core/test.h"
 #include "dist/dist_testlib.h"
+#include "dist/ps.h"
 #include "dist/strategy.h"
 #include "dtrain/dtrain.h"
 
@@ -34,6 +35,7 @@ typedef struct {
     const char *strategy;
     int servers, staleness, sync_every;
     bool fixed;          /* ps: fixed shards (per-worker clocks) instead of dynamic assignment */
+    bool overlap;        /* ps: --ps-overlap */
     dt_optim_kind opt;
     float clip;
     int batch, epochs;
@@ -51,6 +53,8 @@ typedef struct {
     float params[CAP];
     int max_gap, epochs_reported, alive;
     int64_t samples[8], wsamples[8][4];  /* per epoch reported: samples, per worker */
+    float loss[8];                       /* per epoch reported: training loss */
+    int64_t stale[DT_STALENESS_BINS];    /* staleness histogram over all reports */
     char note[256];
 } result;
 
@@ -64,7 +68,9 @@ static void on_epoch(void *ctx, const dt_epoch_info *e) {
             r->wsamples[r->epochs_reported][i] = e->workers[i].samples;
             r->samples[r->epochs_reported] += e->workers[i].samples;
         }
+        r->loss[r->epochs_reported] = e->train_loss;
     }
+    for (int k = 0; e->staleness && k < DT_STALENESS_BINS; k++) r->stale[k] += e->staleness[k];
     r->epochs_reported++;
     if (e->max_clock_gap > r->max_gap) r->max_gap = e->max_clock_gap;
     r->alive = 0;
@@ -93,6 +99,7 @@ static dt_status train(const run_cfg *rc, dt_comm *comm, result *out, bool *die)
     cfg.servers = rc->servers;
     cfg.staleness = rc->staleness;
     cfg.ps_fixed_shards = rc->fixed;
+    cfg.ps_overlap = rc->overlap;
     cfg.sync_every = rc->sync_every;
     cfg.slow_rank = rc->slow_rank, cfg.slow_factor = rc->slow;
     cfg.on_epoch = on_epoch, cfg.on_note = on_note, cfg.cb_ctx = out;
@@ -266,6 +273,7 @@ typedef struct {
     int servers, staleness;
     double slow_ms;
     int die_w, die_after;
+    bool overlap;        /* --ps-overlap (the dying worker drains first: it dies holding two units) */
 } dyn_job;
 
 /* One rank of S servers + DW workers: the data set's single feature is the sample index, so a
@@ -290,7 +298,7 @@ static int dyn_rank(int r, const char *job, const dyn_job *dj) {
     if (st == DT_OK && (st = dt_model_create_from_spec(&m, "linear(4)", 1, 1, 1)) == DT_OK) dt_model_init(m, 3);
     dt_optim_config oc = dt_optim_defaults(DT_OPTIM_SGD);
     if (st == DT_OK) st = dt_optim_create(&o, &oc, dt_model_num_params(m));
-    dt_strategy_config sc = {.servers = dj->servers, .staleness = dj->staleness};
+    dt_strategy_config sc = {.servers = dj->servers, .staleness = dj->staleness, .overlap = dj->overlap};
     if (st == DT_OK) st = dt_strategy_create(&s, "ps", c, m, o, &sc);
     if (st == DT_OK) st = s->ops->init(s);
     if (st == DT_OK && s->role == DT_ROLE_SERVER) {
@@ -300,6 +308,7 @@ static int dyn_rank(int r, const char *job, const dyn_job *dj) {
     } else if (st == DT_OK) {
         const int w = r - dj->servers;
         int64_t ep = 0, u = w, step = 0;
+        if (s->ahead) s->next_epoch = 0, s->next_unit = DW + w;  /* the unit held ahead (seq W + w) */
         while (st == DT_OK && u >= 0 && ep < DEPOCHS) {
             dt_batch b;
             if ((st = dt_loader_take(l, (uint64_t)ep, (size_t)u, &b)) != DT_OK) break;
@@ -314,7 +323,10 @@ static int dyn_rank(int r, const char *job, const dyn_job *dj) {
             if ((st = s->ops->step(s, 0.01f, 0, &ss)) != DT_OK) break;
             for (int i = 0; i < b.n; i++) __atomic_fetch_add(&g_dyn->count[ep][idx[i]], 1, __ATOMIC_RELAXED);
             g_dyn->units[w]++, step++;
-            if (w == dj->die_w && g_dyn->units[w] == dj->die_after) _exit(0);  /* holding its next unit */
+            if (w == dj->die_w && g_dyn->units[w] == dj->die_after) {  /* holding its next unit (overlap: two) */
+                if (dj->overlap && dt_ps_worker_drain(s) != DT_OK) _exit(4);
+                _exit(0);
+            }
             ep = s->next_epoch, u = s->next_unit;
         }
     }
@@ -379,6 +391,37 @@ static void test_dynamic(void) {
     }
 }
 
+static int max_stale(const int64_t *stale);
+
+/* --ps-overlap on the dyn harness: 3 workers (the last 3x slower), 1 and 2 servers: every sample
+ * once per epoch, all epochs complete; then worker 1 dies holding two units (its exchange
+ * drained): both go to the others. */
+static void test_overlap(void) {
+    int e = 0, bad;
+    for (int S = 1; S <= 2; S++) {
+        dyn_job dj = {.servers = S, .staleness = -1, .slow_ms = 6, .die_w = -1, .overlap = true};
+        CHECK(dyn_run(S == 1 ? "ovl" : "ovl2", &dj) == 0);
+        bad = dyn_once(&e);
+        printf("overlap, %d server(s), 3 workers (the last 3x slower): units trained %d / %d / %d; every sample once "
+               "per epoch: %s; %d epoch reports, %d complete\n", S, g_dyn->units[0], g_dyn->units[1],
+               g_dyn->units[2], bad < 0 ? "yes" : "NO", g_dyn->reports, g_dyn->complete);
+        CHECK_MSG(bad < 0, "sample %d of epoch %d trained %d times", bad, e, bad < 0 ? 1 : g_dyn->count[e][bad]);
+        CHECK(g_dyn->units[0] + g_dyn->units[1] + g_dyn->units[2] == DEPOCHS * DUNITS);
+        CHECK(g_dyn->reports == DEPOCHS && g_dyn->complete == DEPOCHS);
+        CHECK_MSG(max_stale(g_dyn->stale) >= 1, "no gradient was stale under overlap");
+    }
+    for (int S = 1; S <= 2; S++) {
+        dyn_job dj = {.servers = S, .staleness = -1, .slow_ms = 6, .die_w = 1, .die_after = 10, .overlap = true};
+        CHECK(dyn_run(S == 1 ? "ovldead" : "ovldead2", &dj) == 0);
+        bad = dyn_once(&e);
+        printf("overlap, %d server(s), worker 1 dies after 10 units holding two: units %d / %d / %d; every sample "
+               "once per epoch: %s; %d complete epochs\n", S, g_dyn->units[0], g_dyn->units[1], g_dyn->units[2],
+               bad < 0 ? "yes" : "NO", g_dyn->complete);
+        CHECK_MSG(bad < 0, "sample %d of epoch %d trained %d times", bad, e, bad < 0 ? 1 : g_dyn->count[e][bad]);
+        CHECK(g_dyn->units[1] == 10 && g_dyn->complete == DEPOCHS);
+    }
+}
+
 /* The largest staleness (updates a gradient missed) in a histogram; DT_STALENESS_BINS - 1 means
  * that or more. */
 static int max_stale(const int64_t *stale) {
@@ -431,6 +474,30 @@ static void test_dynamic_trainer(void) {
     CHECK(r->epochs_reported == 2 && r->samples[0] == 203 && r->samples[1] == 203);
 }
 
+/* Through the trainer, 1 server + 1 worker with --ps-overlap, 3 epochs: every epoch holds every
+ * sample, each gradient but the first is exactly one update stale (computed on the parameters of
+ * the exchange before the last), and the training loss falls; without overlap none is stale. */
+static void test_overlap_trainer(void) {
+    int64_t st[2][DT_STALENESS_BINS];
+    for (int ov = 0; ov < 2; ov++) {
+        run_cfg rc = {.strategy = "ps", .servers = 1, .staleness = -1, .opt = DT_OPTIM_ADAM, .batch = 8, .overlap = ov};
+        char job[64];
+        snprintf(job, sizeof job, "pstest%dovtr%d", (int)getpid(), ov);
+        CHECK(run_ranks(2, &rc, job) == 0);
+        const result *r = &g_res[0];
+        memcpy(st[ov], r->stale, sizeof st[ov]);
+        printf("trainer, 1 worker%s, 3 epochs: %d reports, samples %lld %lld %lld, train loss %.4f -> %.4f; "
+               "staleness 0: %lld, 1: %lld, more: %lld\n", ov ? " with --ps-overlap" : "", r->epochs_reported,
+               (long long)r->samples[0], (long long)r->samples[1], (long long)r->samples[2], r->loss[0], r->loss[2],
+               (long long)r->stale[0], (long long)r->stale[1], (long long)(3 * 26 - r->stale[0] - r->stale[1]));
+        CHECK(r->epochs_reported == 3 && r->samples[0] == 203 && r->samples[1] == 203 && r->samples[2] == 203);
+        CHECK(r->loss[2] < r->loss[0]);
+    }
+    CHECK_MSG(st[0][0] == 3 * 26, "without overlap %lld of 78 gradients were fresh", (long long)st[0][0]);
+    CHECK_MSG(st[1][0] == 1 && st[1][1] == 3 * 26 - 1, "overlap: %lld fresh, %lld one stale of 78", (long long)st[1][0],
+              (long long)st[1][1]);
+}
+
 int main(void) {
     write_data();
     g_res = mmap(NULL, sizeof(result) * 8, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -440,6 +507,8 @@ int main(void) {
     test_bitwise();
     test_dynamic();
     test_dynamic_trainer();
+    test_overlap();
+    test_overlap_trainer();
     test_staleness_bound();
     test_dynamic_bound();
     test_dead_worker();
