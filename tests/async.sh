@@ -1,6 +1,6 @@
 # Uneven workers end to end with the real command: 4 fully asynchronous ps workers reach test
 # accuracy >= 0.84 on the reference MLP within 2 epochs (and the saved model evaluates the same);
-# killing a ps worker (kill -9) mid-run: the job completes and says so; SIGTERM stops a ps job
+# the same with --ps-overlap; killing a ps worker (kill -9) mid-run: the job completes and says so; SIGTERM stops a ps job
 # with a checkpoint; bounded staleness under a straggler stays within its bound (metrics), with
 # fixed shards and with dynamic assignment;
 # localsgd and ddp + --balance dynamic report per-worker figures; flag errors name the fix; and
@@ -31,6 +31,18 @@ assert len(h) == 16 and sum(h) > 0 and r["max_clock_gap"] >= 0, h
 print("staleness mean", r["staleness"]["mean"], "max", r["staleness"]["max"])
 PY
 
+# 1b. the same with --ps-overlap (push/pull in the background, one batch held ahead): every
+# gradient one step staler, still >= 0.84, and every epoch holds every sample
+$DT train --workers 4 --strategy ps --staleness inf --ps-overlap --model mlp --epochs 2 --batch 32 --quiet \
+  --metrics "$TMP/ovl.jsonl" >"$TMP/ovl.log" 2>&1 || bad "overlap run: $(tail -5 "$TMP/ovl.log")"
+a=$(acc_of "$TMP/ovl.log")
+python3 - "$TMP/ovl.jsonl" <<'PY' || bad "overlap metrics"
+import json, sys
+for r in [json.loads(l) for l in open(sys.argv[1])]:
+    assert sum(x["samples"] for x in r["workers"]) == 60000, r["workers"]
+PY
+[ -n "$a" ] && ge "$a" 0.84 && ok "4 async ps workers --ps-overlap, 2 epochs: test_acc $a >= 0.84" || bad "overlap accuracy '$a' < 0.84"
+
 # 2. a worker killed mid-run: the servers drop it, the others finish, the run says so
 $DT train --workers 4 --strategy ps --staleness inf --model mlp --epochs 2 --batch 32 >"$TMP/kill.log" 2>&1 &
 job=$!
@@ -50,7 +62,9 @@ if [ -n "$victim" ] && [ $rc -eq 0 ] && grep -q "worker rank 3 died at step [0-9
 else bad "killed worker (victim '$victim', exit $rc): $(tail -8 "$TMP/kill.log")"; fi
 
 # 2b. SIGTERM: the workers finish their step, the server writes the model it holds and says how to go on
-$DT train --workers 3 --strategy ps --model mlp --epochs 5 --batch 32 --save "$TMP/stop.safetensors" >"$TMP/stop.log" 2>&1 &
+# (with --ps-overlap too: a worker drains its exchange in flight before leaving)
+for ovl in "" --ps-overlap; do
+$DT train --workers 3 --strategy ps --model mlp --epochs 5 --batch 32 $ovl --save "$TMP/stop.safetensors" >"$TMP/stop.log" 2>&1 &
 job=$!
 for _ in $(seq 100); do grep -q "strategy ps" "$TMP/stop.log" && break; sleep 0.1; done
 sleep 0.5
@@ -59,8 +73,9 @@ wait $job
 rc=$?
 if [ $rc -eq 0 ] && grep -q "stopped at step [0-9]*; checkpoint $TMP/stop.safetensors" "$TMP/stop.log" \
    && ! grep -q "error" "$TMP/stop.log" && $DT eval --checkpoint "$TMP/stop.safetensors" >/dev/null 2>&1; then
-  ok "SIGTERM to a ps job: $(grep -o 'stopped at step [0-9]*' "$TMP/stop.log"), checkpoint evaluates"
-else bad "ps SIGTERM (exit $rc): $(tail -6 "$TMP/stop.log")"; fi
+  ok "SIGTERM to a ps job${ovl:+ ($ovl)}: $(grep -o 'stopped at step [0-9]*' "$TMP/stop.log"), checkpoint evaluates"
+else bad "ps SIGTERM${ovl:+ ($ovl)} (exit $rc): $(tail -6 "$TMP/stop.log")"; fi
+done
 
 # 2c. the server killed: every worker stops with an error naming it (no crash on the way out)
 $DT train --workers 2 --strategy ps --model mlp --epochs 3 --batch 32 >"$TMP/ksrv.log" 2>&1 &
@@ -112,6 +127,9 @@ done
 expect_fail "bad --balance" "--balance sideways: unknown mode" $DT train --strategy ps --balance sideways
 expect_fail "--slow on a server" "is a ps server" $DT train --workers 2 --strategy ps --slow 0:2 --max-steps 1
 expect_fail "bad --staleness" "--staleness" $DT train --strategy ps --staleness soon
+expect_fail "--ps-overlap needs ps" "add --strategy ps" $DT train --workers 2 --ps-overlap --max-steps 1
+expect_fail "--ps-overlap with fixed shards" "drop --balance static" $DT train --strategy ps --balance static --ps-overlap
+expect_fail "--ps-overlap with a bound" "use --staleness inf" $DT train --strategy ps --staleness 2 --ps-overlap
 expect_fail "ps needs a worker" "needs more than 1 ranks" $DT launch -n 1 -- $DT train --strategy ps --max-steps 1
 
 # 6. the same ps job over MPI

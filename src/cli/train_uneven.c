@@ -1,5 +1,5 @@
 /* dtrain train: the uneven-worker flags (--strategy ps/localsgd, --servers, --staleness,
- * --sync-every, --balance, --slow): parsing into the train config, and the launcher layout of a
+ * --sync-every, --balance, --slow, --ps-overlap): parsing into the train config, and the launcher layout of a
  * ps job (servers first, workers expendable). */
 #include "cli/train_uneven.h"
 
@@ -40,6 +40,16 @@ int dt_cli_uneven_parse(const dt_cli_uneven *u, dt_train_config *cfg) {
         cfg->slow_rank = (int)r;
         cfg->slow_factor = (float)f;
     }
+    if (cfg->ps_overlap && !dt_cli_is_ps(cfg))
+        return dt_cli_fail("add --strategy ps (--staleness inf is its default), or drop --ps-overlap",
+                           "--ps-overlap overlaps the push/pull of a ps worker: it needs --strategy ps");
+    if (cfg->ps_overlap && cfg->ps_fixed_shards)
+        return dt_cli_fail("drop --balance static (the workers must take batches from server 0), or drop --ps-overlap",
+                           "--ps-overlap needs dynamic assignment: server 0 hands each worker one batch ahead");
+    if (cfg->ps_overlap && cfg->staleness >= 0)
+        return dt_cli_fail("use --staleness inf, or drop --ps-overlap",
+                           "--ps-overlap with --staleness %d: overlap adds one step of staleness that the bound does "
+                           "not count, so it runs only fully asynchronous", cfg->staleness);
     if (cfg->servers < 1) return dt_cli_fail(NULL, "--servers %d: need at least 1", cfg->servers);
     if (cfg->sync_every < 1) return dt_cli_fail(NULL, "--sync-every %d: need at least 1", cfg->sync_every);
     return 0;
