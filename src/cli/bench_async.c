@@ -1,7 +1,7 @@
 /* dtrain bench async: uneven workers. N workers (default 4) of which the last is FACTOR times
  * slower (--slow, default 3), training the reference MLP for the same number of epochs under
  * ddp, ddp + --balance dynamic, localsgd, ps with staleness 4 (dynamic assignment, the default,
- * and fixed shards) and fully asynchronous ps; samples/s (all training samples over the training
+ * and fixed shards) and fully asynchronous ps (also with --ps-overlap); samples/s (all training samples over the training
  * wall time), speed-up over ddp and final test accuracy, as a table and one JSON line. Each case
  * runs the real `dtrain train --workers N` command and reads its metrics. With --repeat R the
  * cases run R times, interleaved (so a burst of load hits every case alike), and the table shows
@@ -58,9 +58,10 @@ static const char USAGE[] =
     "epochs under ddp, ddp + --balance dynamic, localsgd (--sync-every 8), ps --staleness 4 (the\n"
     "workers take batches from the server; a batch is held back while it is more than 4 global\n"
     "batches ahead of the oldest one in training), ps --staleness 4 --balance static (fixed shards,\n"
-    "classic SSP on each worker's own steps: the slow worker sets the pace) and ps --staleness inf\n"
-    "(1 server). Prints samples/s, the speed-up over ddp, the slow worker's share of the samples and\n"
-    "the final test accuracy. A last row runs ddp without a slow worker: the throughput this machine\n"
+    "classic SSP on each worker's own steps: the slow worker sets the pace), ps --staleness inf\n"
+    "(1 server) and the same with --ps-overlap (push/pull in the background of the next batch).\n"
+    "Prints samples/s, the speed-up over ddp, the slow worker's share of the samples and the final\n"
+    "test accuracy. A last row runs ddp without a slow worker: the throughput this machine\n"
     "allows for the job (with more workers than cores it is CPU-bound, and a sleeping straggler frees\n"
     "a core for the others, so no strategy can gain more than that). --repeat R runs the whole list\n"
     "R times, interleaved, and reports each case's median samples/s (accuracy is deterministic for\n"
