@@ -7,7 +7,8 @@
  * element-wise and every shard's optimizer counts the same steps), so one worker with staleness
  * 0 trains bit for bit like a single process. By default the workers own no shard: server 0's
  * answer names the next batch to train (dynamic assignment, ps.h), so a slow worker trains
- * fewer; with fixed_shards each owns 1/W of every epoch and SSP counts its own steps. */
+ * fewer; with fixed_shards each owns 1/W of every epoch and SSP counts its own steps. With
+ * overlap (--ps-overlap) the exchange runs on a worker thread while the next batch trains (ps.h). */
 #include "dist/ps.h"
 
 #include <stdio.h>
@@ -153,7 +154,10 @@ static dt_status exchange_take(dt_strategy *s, ps_state *p) {
     memcpy(dt_model_params(s->model), p->wstage, p->P * sizeof(float));
     for (int i = 0; i < p->S; i++) p->version[i] = p->reply[i].version;
     const ps_reply *r = &p->reply[0];
-    if (r->seq >= 0 && p->nheld < 2) {
+    if (r->seq >= 0) {  /* each answer hands out at most one; the worker holds at most one more */
+        if (p->nheld >= 2)
+            return dt_error(DT_EMISMATCH, "ps worker rank %d: server 0 handed out unit %lld while this worker holds "
+                            "two (--ps-overlap protocol)", p->me, (long long)r->seq);
         p->held[p->nheld][0] = r->seq, p->held[p->nheld][1] = r->epoch, p->held[p->nheld][2] = r->unit;
         p->nheld++;
     }

@@ -17,7 +17,8 @@
  * (done_lo: every seq below it is in); a bounded staleness s holds a unit back while it is more
  * than s rounds (of W units) ahead of done_lo: server 0 before handing it out, servers > 0
  * before answering the pull request that names it. A unit a dead worker held is handed out
- * again by server 0; a server > 0 counts it as in (lost with the worker) so nothing waits for it. */
+ * again by server 0; a server > 0 counts it as in (lost with the worker) so nothing waits for it.
+ * With overlap each worker holds up to two units (two pending slots; ps.h says how they flow). */
 #include "dist/ps.h"
 
 #include <errno.h>
