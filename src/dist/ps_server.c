@@ -208,7 +208,7 @@ static void assign(server *sv, int w, int64_t clk, ps_reply *r) {
         if (e >= c->epochs) return;
         /* overlap, quiet finish: a worker still holding a unit gets none ahead; it asks again (and
          * waits, blocking) after training that one, so it never waits here holding a unit */
-        if (q >= quiet_from && held(sv, w) > 0) {
+        if (sv->p->overlap && q >= quiet_from && held(sv, w) > 0) {
             r->bye = 0, r->later = 1;
             return;
         }
