@@ -328,6 +328,14 @@ static int run_rank(int argc, char **argv, train_opts *o, int job_ranks) {
     cfg.on_note = on_note;
     cfg.cb_ctx = &pc;
 
+    /* from here on SIGTERM/SIGINT mean: finish the step, checkpoint, exit 0 (a second one kills).
+     * Set before the trainer's set-up, so a signal that arrives while this rank still loads (the
+     * launcher forwards it to every rank at once) is not lost: the run stops at its first chance.
+     * Before this (connecting the ranks) they still interrupt at once. */
+    struct sigaction sa = {.sa_handler = on_stop_signal, .sa_flags = SA_RESETHAND};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
     dt_trainer *t;
     dt_status s = dt_trainer_create(&t, &cfg);
     if (s != DT_OK) {
@@ -339,12 +347,6 @@ static int run_rank(int argc, char **argv, train_opts *o, int job_ranks) {
         dt_cli_fail(hint, "%s", dt_last_error());
         return setup_exit(s);
     }
-    /* from here on SIGTERM/SIGINT mean: finish the step, checkpoint, exit 0 (a second one kills);
-     * during set-up they still interrupt at once */
-    struct sigaction sa = {.sa_handler = on_stop_signal, .sa_flags = SA_RESETHAND};
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
     const int64_t first_step = dt_trainer_step(t);
     if (!quiet) print_header(o, t, comm, world);
     s = dt_trainer_run(t);
