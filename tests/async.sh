@@ -28,6 +28,7 @@ assert [x["rank"] for x in w] == [1, 2, 3, 4] and all(x["alive"] for x in w), w
 assert abs(sum(x["share"] for x in w) - 1) < 1e-3 and all(x["samples_per_s"] > 0 for x in w), w
 h = r["staleness"]["hist"]
 assert len(h) == 16 and sum(h) > 0 and r["max_clock_gap"] >= 0, h
+assert r["step_ms"]["compute"] > 0 and r["step_ms"]["comm_wait"] > 0, r["step_ms"]  # the workers' steps
 print("staleness mean", r["staleness"]["mean"], "max", r["staleness"]["max"])
 PY
 

@@ -98,7 +98,7 @@ static dt_status goodbye(ps_state *p, int64_t step) {
 static void fill_push(dt_strategy *s, ps_state *p, float lr) {
     for (int i = 0; i < p->S; i++)
         p->push[i] = (ps_push){.step = s->step, .epoch = s->cur.epoch, .version = p->version[i], .n = s->cur.n,
-                               .lr = lr, .loss_sum = s->cur.loss_sum, .busy_s = s->cur.busy_s,
+                               .lr = lr, .loss_sum = s->cur.loss_sum, .busy_s = s->cur.busy_s, .wait_s = p->last_wait,
                                .seq = p->dynamic ? p->seq : -1};
 }
 
@@ -117,7 +117,7 @@ static dt_status ps_step_blocking(dt_strategy *s, float lr, float clip, dt_step_
         p->seq = r->seq, s->next_epoch = r->epoch, s->next_unit = r->unit;
         if (r->bye) DT_TRY(goodbye(p, s->step + 1));
     }
-    st->comm_wait_s = dt_now() - t0;
+    st->comm_wait_s = p->last_wait = dt_now() - t0;
     st->buckets = p->S;
     return DT_OK;
 }
@@ -219,7 +219,7 @@ static dt_status ps_step_overlap(dt_strategy *s, float lr, float clip, dt_step_s
         p->seq = -1, s->next_epoch = -1, s->next_unit = -1;
         if (p->bye) DT_TRY(goodbye(p, s->step + 1));
     }
-    st->comm_wait_s = dt_now() - t0;
+    st->comm_wait_s = p->last_wait = dt_now() - t0;
     st->buckets = p->S;
     return DT_OK;
 }

@@ -80,6 +80,7 @@ typedef struct {
     float lr;            /* learning rate of the step */
     double loss_sum;     /* sum of the per-sample losses */
     double busy_s;       /* forward+backward time, including a --slow sleep */
+    double wait_s;       /* how long the worker's previous exchange blocked it (0 for its first) */
     int64_t seq;         /* dynamic: the unit trained (a pull request: the next unit); -1 otherwise */
 } ps_push;
 
@@ -105,6 +106,7 @@ typedef struct {
     ps_reply *reply;         /* [S] */
     int64_t *version;        /* [S] last version seen from each server */
     int64_t seq;             /* dynamic: the unit this worker trains now */
+    double last_wait;        /* the previous step's exchange wait (reported in the next push) */
     /* worker side, overlap (see the top): the exchange thread and its buffers */
     bool overlap;
     float *gsend, *wstage;   /* [P] the gradient being pushed; the parameters being pulled */

@@ -78,6 +78,8 @@ struct server {
     int64_t *samples;              /* [nep] */
     int64_t *wsamples;             /* [nep * W] */
     double *wbusy;                 /* [nep * W] */
+    double *wait;                  /* [nep] exchange waits the workers reported */
+    int64_t *pushes;               /* [nep] */
     int64_t stale[DT_STALENESS_BINS];
     int max_gap;
     char notes[MAX_NOTES][192];
@@ -319,6 +321,8 @@ static void *handler_main(void *arg) {
             sv->samples[e] += m.n;
             sv->wsamples[e * p->W + w] += m.n;
             sv->wbusy[e * p->W + w] += m.busy_s;
+            sv->wait[e] += m.wait_s;
+            sv->pushes[e]++;
         }
         if (p->dynamic && m.seq >= 0) {
             unit_in(sv, m.seq);
@@ -490,7 +494,8 @@ static dt_status epochs(server *sv) {
         dt_serve_epoch rep = {.epoch = ep, .step = end, .complete = end == base + (ep - cfg->start_epoch + 1) * cfg->steps_per_epoch,
                               .loss_sum = sv->loss_sum[e], .samples = sv->samples[e], .epoch_s = epoch_s,
                               .nworkers = W, .workers = wi, .staleness = stale, .max_clock_gap = sv->max_gap,
-                              .step_in_epoch = -1};
+                              .step_in_epoch = -1, .wait_s = sv->wait[e], .pushes = sv->pushes[e]};
+        for (int w = 0; w < W; w++) rep.busy_s += sv->wbusy[e * W + w];
         if (dyn) {  /* the step: the most steps a worker did; the position: see dt_serve_config */
             rep.step = 0;
             for (int w = 0; w < W; w++) rep.step = sv->clock[w] > rep.step ? sv->clock[w] : rep.step;
@@ -532,6 +537,8 @@ static void server_free(server *sv, handler *h) {
     free(sv->samples);
     free(sv->wsamples);
     free(sv->wbusy);
+    free(sv->wait);
+    free(sv->pushes);
     pthread_cond_destroy(&sv->cv);
     pthread_mutex_destroy(&sv->mu);
 }
@@ -566,8 +573,10 @@ dt_status dt_ps_serve(dt_strategy *s, const dt_serve_config *cfg) {
     sv.samples = calloc((size_t)sv.nep, sizeof *sv.samples);
     sv.wsamples = calloc((size_t)(sv.nep * W), sizeof *sv.wsamples);
     sv.wbusy = calloc((size_t)(sv.nep * W), sizeof *sv.wbusy);
+    sv.wait = calloc((size_t)sv.nep, sizeof *sv.wait);
+    sv.pushes = calloc((size_t)sv.nep, sizeof *sv.pushes);
     dt_status st = DT_OK;
-    if (!h || !sv.w || !sv.clock || !sv.alive || !sv.loss_sum || !sv.samples || !sv.wsamples || !sv.wbusy || !sv.bye ||
+    if (!h || !sv.w || !sv.clock || !sv.alive || !sv.loss_sum || !sv.samples || !sv.wsamples || !sv.wbusy || !sv.wait || !sv.pushes || !sv.bye ||
         !sv.pending || !sv.requeue || !sv.wunits || !sv.units_done)
         st = dt_error(DT_ENOMEM, "ps server: out of memory");
     if (st == DT_OK) st = dt_optim_create(&sv.opt, dt_optim_config_of(s->optim), sv.n);

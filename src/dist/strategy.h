@@ -46,6 +46,8 @@ typedef struct {
     const int64_t *staleness;  /* [DT_STALENESS_BINS] */
     int max_clock_gap;
     int64_t step_in_epoch;     /* ps dynamic: where a resume continues (see dt_serve_config); else -1 */
+    double busy_s, wait_s;     /* the workers' compute and exchange waits, summed over their pushes */
+    int64_t pushes;
 } dt_serve_epoch;
 
 /* What the servers need to know about the run, and the lead's callbacks. */

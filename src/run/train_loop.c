@@ -87,7 +87,12 @@ static dt_status serve_epoch(void *ctx, const dt_serve_epoch *r) {
                        .samples_per_s = r->epoch_s > 0 ? (double)r->samples / r->epoch_s : 0, .epoch_s = r->epoch_s,
                        .world_size = t->world, .global_batch = c->batch * t->dworld,
                        .lr = dt_lr_at(&c->lr, r->step > 0 ? r->step - 1 : 0), .nworkers = r->nworkers,
-                       .workers = r->workers, .staleness = r->staleness, .max_clock_gap = r->max_clock_gap};
+                       .workers = r->workers, .staleness = r->staleness, .max_clock_gap = r->max_clock_gap,
+                       .compute_s = r->busy_s, .comm_wait_s = r->wait_s, .steps = r->pushes};  /* per worker step */
+    if (t->strategy->dynamic) {  /* the schedule follows the rounds of units (see dynamic_run) */
+        int64_t at = r->complete ? (r->epoch + 1) * spe : r->epoch * spe + t->step_in_epoch;
+        e.lr = dt_lr_at(&c->lr, at > 0 ? at - 1 : 0);
+    }
     DT_TRY(dt_trainer_evaluate(t, &e.test_loss, &e.test_acc));
     e.wall_s = dt_now() - t->t_start;
     if (sc->mf) dt_trainer_write_metrics(sc->mf, &e, t);
