@@ -452,7 +452,7 @@ static void test_dynamic_resume_max_steps(void) {
         const int S = 1 + ((k >> 1) & 1);
         dyn_job dj = {.servers = S, .staleness = -1, .slow_ms = steps ? 16 : 4, .die_w = -1, .overlap = ovl,
                       .max_steps = steps ? 10 : 0, .start_in = steps ? 0 : 3};
-        char tag[16];
+        char tag[24];
         snprintf(tag, sizeof tag, "dynrm%d", k);
         CHECK(dyn_run(tag, &dj) == 0);
         const int from = 3 * dj.start_in, to = steps ? 30 : DEPOCHS * DUNITS;
