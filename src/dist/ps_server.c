@@ -202,7 +202,7 @@ static void assign(server *sv, int w, int64_t clk, ps_reply *r) {
         if (clk >= sv->total) return;  /* max_steps: the worker stops by itself, no goodbye */
         /* overlap: a unit handed out now is trained at step clk + 1, behind the one the worker
          * holds; none that max_steps would leave untrained (and its epoch never complete) */
-        if (clk + held(sv, w) >= sv->total) {
+        if (sv->p->overlap && clk + held(sv, w) >= sv->total) {
             r->later = 1;
             return;
         }
