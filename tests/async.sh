@@ -1,14 +1,29 @@
 # Uneven workers end to end with the real command: 4 fully asynchronous ps workers reach test
 # accuracy >= 0.84 on the reference MLP within 2 epochs (and the saved model evaluates the same);
-# the same with --ps-overlap; killing a ps worker (kill -9) mid-run: the job completes and says so; SIGTERM stops a ps job
-# with a checkpoint; bounded staleness under a straggler stays within its bound (metrics), with
-# fixed shards and with dynamic assignment;
+# the same with --ps-overlap; killing a ps worker (kill -9) mid-run: the job completes, says so and
+# counts every sample once (also with --ps-overlap); SIGTERM stops a ps job with a checkpoint and
+# --resume trains the rest from its position (both modes); --max-steps stops cleanly (both modes);
+# bounded staleness under a straggler stays within its bound (metrics), with fixed shards and with
+# dynamic assignment;
 # localsgd and ddp + --balance dynamic report per-worker figures; flag errors name the fix; and
 # ps over MPI where mpirun exists, where a killed worker is dropped too (mpirun --enable-recovery).
 . "$(dirname "$0")/testlib.bash"
 if ! have_fmnist; then echo "skip: Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)"; exit 77; fi
 acc_of() { grep -o 'done: test accuracy [0-9.]*' "$1" | awk '{print $4}'; }
 ge() { python3 -c "import sys; sys.exit(0 if float('$1') >= float('$2') else 1)"; }
+# launcher_of JOB: the dtrain launcher that `timeout ... $DT train --workers N &` (JOB) runs. Signal
+# it, not timeout: timeout passes a signal to its whole process group, and a second SIGTERM kills a rank
+launcher_of() {
+  local l=""
+  for _ in $(seq 50); do l=$(ps -o pid= --ppid "$1" | head -1); [ -n "$l" ] && break; sleep 0.1; done
+  echo $l
+}
+rank_pid() {  # LAUNCHER R: the rank whose environment says DTRAIN_RANK=R
+  for p in $(ps -o pid= --ppid "$1"); do tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "DTRAIN_RANK=$2" && echo $p; done
+}
+wait_for() { for _ in $(seq 300); do grep -q "$2" "$1" && return 0; sleep 0.1; done; return 1; }  # FILE RE, 30 s
+# epoch_samples JSONL: each epoch report's samples, summed over the workers
+epoch_samples() { python3 -c "import json,sys; print(*[sum(w['samples'] for w in json.loads(l)['workers']) for l in open(sys.argv[1])])" "$1"; }
 
 # 1. convergence: 4 async workers (and 1 server), 2 epochs
 $DT train --workers 4 --strategy ps --staleness inf --model mlp --epochs 2 --batch 32 --quiet \
@@ -46,38 +61,59 @@ for r in [json.loads(l) for l in open(sys.argv[1])]:
 PY
 [ -n "$a" ] && ge "$a" 0.835 && ok "4 async ps workers --ps-overlap, 2 epochs: test_acc $a >= 0.835" || bad "overlap accuracy '$a' < 0.835"
 
-# 2. a worker killed mid-run: the servers drop it, the others finish, the run says so
-$DT train --workers 4 --strategy ps --staleness inf --model mlp --epochs 2 --batch 32 >"$TMP/kill.log" 2>&1 &
-job=$!
-for _ in $(seq 100); do grep -q "strategy ps" "$TMP/kill.log" && break; sleep 0.1; done
-sleep 0.5
-victim=""
-for p in $(ps -o pid= --ppid $job); do  # the rank whose environment says DTRAIN_RANK=3
-  tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "DTRAIN_RANK=3" && victim=$p
+# 2. a worker killed (kill -9) once the first epoch is reported, without and with --ps-overlap
+# (where it dies holding two units): the servers drop it, the others finish, the run says so, and
+# every epoch's report counts each sample once (the units it held go to the others)
+for ovl in "" --ps-overlap; do
+  timeout 120 $DT train --workers 4 --strategy ps --staleness inf $ovl --model mlp --epochs 3 --batch 32 \
+    --metrics "$TMP/kill.jsonl" >"$TMP/kill.log" 2>&1 &
+  job=$!
+  l=$(launcher_of $job) victim=""
+  for _ in $(seq 100); do victim=$(rank_pid "$l" 3); [ -n "$victim" ] && break; sleep 0.1; done
+  wait_for "$TMP/kill.log" "^\[0\] epoch 1/3: " && [ -n "$victim" ] && kill -9 "$victim"
+  wait $job
+  rc=$?
+  n=$(epoch_samples "$TMP/kill.jsonl")
+  if [ -n "$victim" ] && [ $rc -eq 0 ] && grep -q "worker rank 3 died at step [0-9]*; continuing with 3 workers" "$TMP/kill.log" \
+     && grep -q "rank 3 was killed by signal 9 (SIGKILL); the job goes on without it" "$TMP/kill.log" \
+     && grep -q "done: test accuracy" "$TMP/kill.log" && [ "$n" = "60000 60000 60000" ]; then
+    ok "kill -9 of worker rank 3${ovl:+ ($ovl)}: $(grep -o 'worker rank 3 died.*' "$TMP/kill.log"), test_acc $(acc_of "$TMP/kill.log"), samples per epoch $n"
+  else bad "killed worker${ovl:+ ($ovl)} (victim '$victim', exit $rc, samples per epoch '$n'): $(tail -8 "$TMP/kill.log")"; fi
 done
-[ -n "$victim" ] && kill -9 "$victim"
-wait $job
-rc=$?
-if [ -n "$victim" ] && [ $rc -eq 0 ] && grep -q "worker rank 3 died at step [0-9]*; continuing with 3 workers" "$TMP/kill.log" \
-   && grep -q "rank 3 was killed by signal 9 (SIGKILL); the job goes on without it" "$TMP/kill.log" \
-   && grep -q "done: test accuracy" "$TMP/kill.log"; then
-  ok "kill -9 of worker rank 3: $(grep -o 'worker rank 3 died.*' "$TMP/kill.log"), test_acc $(acc_of "$TMP/kill.log")"
-else bad "killed worker (victim '$victim', exit $rc): $(tail -8 "$TMP/kill.log")"; fi
 
 # 2b. SIGTERM: the workers finish their step, the server writes the model it holds and says how to go on
-# (with --ps-overlap too: a worker drains its exchange in flight before leaving)
+# (with --ps-overlap too: a worker drains its exchange in flight before leaving). --resume of that
+# checkpoint (in the same mode) trains the rest of the epoch from the recorded position once (the
+# first report counts the samples from step_in_epoch x 3 workers x 32 on), then whole epochs
 for ovl in "" --ps-overlap; do
-$DT train --workers 3 --strategy ps --model mlp --epochs 5 --batch 32 $ovl --save "$TMP/stop.safetensors" >"$TMP/stop.log" 2>&1 &
-job=$!
-for _ in $(seq 100); do grep -q "strategy ps" "$TMP/stop.log" && break; sleep 0.1; done
-sleep 0.5
-kill -TERM $job
-wait $job
-rc=$?
-if [ $rc -eq 0 ] && grep -q "stopped at step [0-9]*; checkpoint $TMP/stop.safetensors" "$TMP/stop.log" \
-   && ! grep -q "error" "$TMP/stop.log" && $DT eval --checkpoint "$TMP/stop.safetensors" >/dev/null 2>&1; then
-  ok "SIGTERM to a ps job${ovl:+ ($ovl)}: $(grep -o 'stopped at step [0-9]*' "$TMP/stop.log"), checkpoint evaluates"
-else bad "ps SIGTERM${ovl:+ ($ovl)} (exit $rc): $(tail -6 "$TMP/stop.log")"; fi
+  timeout 120 $DT train --workers 3 --strategy ps --model mlp --epochs 5 --batch 32 $ovl --save "$TMP/stop.safetensors" \
+    >"$TMP/stop.log" 2>&1 &
+  job=$!
+  l=$(launcher_of $job)
+  wait_for "$TMP/stop.log" "strategy ps"
+  sleep 0.5
+  kill -TERM $l
+  wait $job
+  rc=$?
+  if [ $rc -eq 0 ] && grep -q "stopped at step [0-9]*; checkpoint $TMP/stop.safetensors" "$TMP/stop.log" \
+     && ! grep -q "error" "$TMP/stop.log" && $DT eval --checkpoint "$TMP/stop.safetensors" >/dev/null 2>&1; then
+    ok "SIGTERM to a ps job${ovl:+ ($ovl)}: $(grep -o 'stopped at step [0-9]*' "$TMP/stop.log"), checkpoint evaluates"
+  else bad "ps SIGTERM${ovl:+ ($ovl)} (exit $rc): $(tail -6 "$TMP/stop.log")"; fi
+  read -r ep in_ep < <(python3 - "$TMP/stop.safetensors" <<'PY'
+import json, struct, sys
+b = open(sys.argv[1], "rb").read()
+m = json.loads(b[8:8 + struct.unpack("<Q", b[:8])[0]])["__metadata__"]
+print(m["dtrain.epoch"], m["dtrain.step_in_epoch"])
+PY
+  )
+  rm -f "$TMP/res.jsonl"  # a resumed run appends to --metrics
+  timeout 120 $DT train --workers 3 --strategy ps --model mlp --epochs $((ep + 2)) --batch 32 $ovl --quiet \
+    --resume "$TMP/stop.safetensors" --metrics "$TMP/res.jsonl" >"$TMP/res.log" 2>&1
+  rc=$?
+  n=$(epoch_samples "$TMP/res.jsonl") want="$((60000 - in_ep * 3 * 32)) 60000"
+  if [ $rc -eq 0 ] && [ "$n" = "$want" ] && grep -q "done: test accuracy" "$TMP/res.log"; then
+    ok "--resume of it${ovl:+ ($ovl)} at epoch $((ep + 1)), step_in_epoch $in_ep: samples per epoch $n"
+  else bad "ps resume${ovl:+ ($ovl)} at epoch $((ep + 1)), step_in_epoch $in_ep (exit $rc): samples '$n', want '$want': $(tail -4 "$TMP/res.log")"; fi
 done
 
 # 2c. the server killed: every worker stops with an error naming it (no crash on the way out)
@@ -94,6 +130,24 @@ if [ $rc -ne 0 ] && [ "$(grep -c 'pulling from server rank 0: rank 0 died\|pushi
    && ! grep -q "SIGSEGV\|signal 11\|Sanitizer" "$TMP/ksrv.log"; then
   ok "kill -9 of the ps server: both workers name it and exit cleanly (job exit $rc)"
 else bad "killed server (exit $rc): $(tail -6 "$TMP/ksrv.log")"; fi
+
+# 2d. --max-steps stops every worker cleanly after that many steps, without and with --ps-overlap,
+# 1 and 3 workers, 2 servers; 4 x 500 x 32 samples cross an epoch end: the first epoch is whole
+# (with overlap a worker's last unit handed ahead was left untrained and the epoch never ended)
+f0=$fails
+for ovl in "" --ps-overlap; do
+  for wsm in 1:1:50 3:1:50 3:2:50 4:2:500; do
+    IFS=: read -r w sv m <<<"$wsm"
+    timeout 60 $DT train --workers $w --servers $sv --strategy ps --staleness inf $ovl --model mlp --epochs 2 --batch 32 \
+      --max-steps $m --quiet --metrics "$TMP/ms.jsonl" >"$TMP/ms.log" 2>&1
+    rc=$?
+    n=$(epoch_samples "$TMP/ms.jsonl") want=$((w * m * 32))
+    [ $want -gt 60000 ] && want="60000 $((want - 60000))"
+    [ $rc -eq 0 ] && grep -q "after $m steps" "$TMP/ms.log" && [ "$n" = "$want" ] \
+      || bad "--max-steps $m, $w worker(s), $sv server(s)${ovl:+ $ovl} (exit $rc, samples '$n', want '$want'): $(tail -4 "$TMP/ms.log")"
+  done
+done
+[ $fails -eq $f0 ] && ok "--max-steps 50 (1 and 3 workers, 2 servers) and 500 (over an epoch end), with and without --ps-overlap: exit 0, every step"
 
 # 3. bounded staleness under a straggler, both ways: fixed shards (SSP on the workers' own clocks)
 # and the default dynamic assignment (rounds of one batch per worker); the gap stays within --staleness

@@ -45,9 +45,11 @@
  * in global batches of batch x workers, world_size = workers, batch), so a resume (with either
  * mode) continues where it says: step_in_epoch = floor(u / workers), u = the first unit not yet
  * pushed (every unit below it was trained; on a stop server 0 hands out no new unit, so u is
- * normally every unit handed out). The at most workers - 1 units between step_in_epoch x
+ * normally every unit handed out; with overlap, u is at most the first unit a worker held ahead
+ * untrained). The at most workers - 1 units between step_in_epoch x
  * workers and u, and any unit above u that was pushed before a worker died, are trained again
- * after a resume. The step recorded is the most steps any worker did (the workers' clocks differ
+ * after a resume; the resumed run's first epoch is complete once its units from step_in_epoch x
+ * workers on are in. The step recorded is the most steps any worker did (the workers' clocks differ
  * under dynamic assignment; it drives the learning-rate schedule and --max-steps).
  *
  * Overlap (--ps-overlap; dynamic assignment and --staleness inf only): a worker's exchange (push,
@@ -61,7 +63,9 @@
  * unit; a dropped worker's units are both handed out again). In the quiet finish server 0 hands
  * nothing ahead (seq -1, bye 0) to a worker that still holds a unit; that worker trains it,
  * and its next exchange is waited for at once (blocking, as without overlap), so quiet_wait
- * counts held units. A worker drains its exchange in flight before a goodbye or leaving. */
+ * counts held units. Likewise (later, nothing handed out) to a worker whose max_steps ends it
+ * after the unit it holds, so that no unit is handed out and left untrained. A worker drains its
+ * exchange in flight before a goodbye or leaving. */
 #ifndef DT_DIST_PS_H
 #define DT_DIST_PS_H
 
@@ -89,7 +93,7 @@ typedef struct {
     int64_t min_clock;   /* slowest live worker's clock when the answer was granted */
     int64_t seq, epoch, unit;  /* dynamic, server 0: the worker's next unit; unit -1 = none */
     int32_t bye;         /* dynamic, server 0: no next unit; say goodbye to every server */
-    int32_t later;       /* overlap, server 0: no unit ahead now (quiet finish); ask after the one held */
+    int32_t later;       /* overlap, server 0: no unit ahead now (quiet finish, max_steps); ask after the one held */
 } ps_reply;
 
 typedef struct {

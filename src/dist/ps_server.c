@@ -202,6 +202,12 @@ static void assign(server *sv, int w, int64_t clk, ps_reply *r) {
     for (;;) {
         r->seq = -1, r->epoch = -1, r->unit = -1, r->bye = 0, r->later = 0;
         if (clk >= sv->total) return;  /* max_steps: the worker stops by itself, no goodbye */
+        /* overlap: a unit handed out now is trained at step clk + 1, behind the one the worker
+         * holds; none that max_steps would leave untrained (and its epoch never complete) */
+        if (sv->p->overlap && clk + held(sv, w) >= sv->total) {
+            r->later = 1;
+            return;
+        }
         r->bye = 1;
         if (sv->stopping) return;
         int64_t q = sv->nrequeue > 0 ? sv->requeue[sv->nrequeue - 1] : sv->next_seq;
@@ -419,6 +425,9 @@ static dt_status epochs(server *sv) {
     double t_prev = dt_now();
     const bool dyn = p->dynamic;
     for (int64_t ep = cfg->start_epoch; ep < cfg->epochs && st == DT_OK; ep++) {
+        /* dynamic: the units this run trains of the epoch (a resumed one starts the first at unit u0) */
+        int64_t need = sv->units - (ep == cfg->start_epoch ? cfg->start_step_in_epoch * W : 0);
+        if (need < 0) need = 0;
         int64_t end = base + (ep - cfg->start_epoch + 1) * cfg->steps_per_epoch;
         if (end > sv->total) end = sv->total;
         if (dyn) end = sv->total;  /* dynamic: the epoch ends when its units are in (or at max_steps) */
@@ -426,7 +435,7 @@ static dt_status epochs(server *sv) {
         pthread_mutex_lock(&sv->mu);
         double next_progress = dt_now() + cfg->progress_s;
         bool stop = false;
-        while (sv->nlive > 0 && min_live(sv) < end && !(dyn && sv->units_done[e] >= sv->units) && !sv->oom &&
+        while (sv->nlive > 0 && min_live(sv) < end && !(dyn && sv->units_done[e] >= need) && !sv->oom &&
                !(stop = cfg->stop && *cfg->stop)) {
             wait_until(sv, next_progress);
             flush_notes(sv);  /* short callbacks (a line each) run under the lock */
@@ -469,7 +478,7 @@ static dt_status epochs(server *sv) {
             st = dt_error(DT_ENOMEM, "ps server rank %d: out of memory for the units in", p->me);
             break;
         }
-        const bool units_in = dyn && sv->units_done[e] >= sv->units;
+        const bool units_in = dyn && sv->units_done[e] >= need;
         if (sv->nlive == 0 && !units_in) {
             flush_notes(sv);
             pthread_mutex_unlock(&sv->mu);

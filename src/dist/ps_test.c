@@ -5,7 +5,9 @@
  *  - dynamic assignment (--staleness inf) on the real ps strategy and server with 3 workers, one
  *    3x slower by sleeping: every sample index is trained exactly once per epoch, the slow worker
  *    trains fewer batches, and a worker that dies holding a batch gets it handed to another;
- *    through the trainer, every epoch report counts each sample once;
+ *    through the trainer, every epoch report counts each sample once; a resumed run trains each
+ *    unit from its position on once, and --max-steps trains exactly the first units (with and
+ *    without --ps-overlap);
  *  - an injected straggler (--slow) under SSP: the clock gap the servers granted never exceeds
  *    the bound and reaches it; without a bound the same run lets workers run far ahead;
  *  - a worker that dies mid-run is dropped: the others finish and server 0 reports it;
@@ -243,6 +245,7 @@ typedef struct {
     int64_t stale[DT_STALENESS_BINS];  /* server 0's staleness histogram */
     int units[DW];                     /* units each worker trained (pushed) */
     int count[DEPOCHS][DN];            /* times each sample index was trained, over all workers */
+    int ucount[DEPOCHS][DUNITS];       /* times each unit was trained */
     int reports, complete, rep_samples[DEPOCHS], rep_w[DEPOCHS][DW];
 } dyn_result;
 
@@ -274,6 +277,8 @@ typedef struct {
     double slow_ms;
     int die_w, die_after;
     bool overlap;        /* --ps-overlap (the dying worker drains first: it dies holding two units) */
+    int max_steps;       /* steps per worker (0: all epochs) */
+    int start_in;        /* a resumed run: the position's step_in_epoch (rounds of DW units) in epoch 0 */
 } dyn_job;
 
 /* One rank of S servers + DW workers: the data set's single feature is the sample index, so a
@@ -303,13 +308,16 @@ static int dyn_rank(int r, const char *job, const dyn_job *dj) {
     if (st == DT_OK) st = s->ops->init(s);
     if (st == DT_OK && s->role == DT_ROLE_SERVER) {
         dt_serve_config cfg = {.steps_per_epoch = (int64_t)dt_sampler_batches(DN, DB, DW, false), .epochs = DEPOCHS,
-                               .batch = DB, .progress_s = 1, .units_per_epoch = DUNITS, .on_epoch = dyn_epoch};
+                               .batch = DB, .progress_s = 1, .units_per_epoch = DUNITS, .on_epoch = dyn_epoch,
+                               .max_steps = dj->max_steps, .start_step_in_epoch = dj->start_in};
         st = s->ops->serve(s, &cfg);
     } else if (st == DT_OK) {
         const int w = r - dj->servers;
-        int64_t ep = 0, u = w, step = 0;
-        if (s->ahead) s->next_epoch = 0, s->next_unit = DW + w;  /* the unit held ahead (seq W + w) */
-        while (st == DT_OK && u >= 0 && ep < DEPOCHS) {
+        int64_t ep, u, step = 0, u0 = (int64_t)dj->start_in * DW;
+        dt_ps_seq_unit(w, 0, u0, DUNITS, &ep, &u);
+        if (s->ahead) dt_ps_seq_unit(DW + w, 0, u0, DUNITS, &s->next_epoch, &s->next_unit);  /* held ahead */
+        if (s->ahead && s->next_epoch >= DEPOCHS) s->next_epoch = -1, s->next_unit = -1;
+        while (st == DT_OK && u >= 0 && ep < DEPOCHS && (!dj->max_steps || step < dj->max_steps)) {
             dt_batch b;
             if ((st = dt_loader_take(l, (uint64_t)ep, (size_t)u, &b)) != DT_OK) break;
             int idx[DB];
@@ -322,6 +330,7 @@ static int dyn_rank(int r, const char *job, const dyn_job *dj) {
             dt_step_stats ss;
             if ((st = s->ops->step(s, 0.01f, 0, &ss)) != DT_OK) break;
             for (int i = 0; i < b.n; i++) __atomic_fetch_add(&g_dyn->count[ep][idx[i]], 1, __ATOMIC_RELAXED);
+            __atomic_fetch_add(&g_dyn->ucount[ep][u], 1, __ATOMIC_RELAXED);
             g_dyn->units[w]++, step++;
             if (w == dj->die_w && g_dyn->units[w] == dj->die_after) {  /* holding its next unit (overlap: two) */
                 if (dj->overlap && dt_ps_worker_drain(s) != DT_OK) _exit(4);
@@ -422,6 +431,50 @@ static void test_overlap(void) {
     }
 }
 
+/* Units (counted over the epochs, k = epoch * DUNITS + unit) from..to-1 trained once, the others
+ * not at all; returns the first k off, or -1. */
+static int dyn_units(int from, int to) {
+    for (int k = 0; k < DEPOCHS * DUNITS; k++)
+        if (g_dyn->ucount[k / DUNITS][k % DUNITS] != (k >= from && k < to)) return k;
+    return -1;
+}
+
+/* A resumed dynamic run (the position: step_in_epoch 3 of epoch 0, so units 9.. of 26), with and
+ * without --ps-overlap, 1 and 2 servers: it trains every unit from the position on once, and
+ * reports 3 complete epochs, the first with the samples of its remaining units (the first epoch
+ * was never complete: the rest of the run was reported as it). Then --max-steps 10 (30 units,
+ * over an epoch end; the last worker 8x slower, so the fast ones stop first): exactly the first
+ * 30 units are trained (with overlap the unit handed ahead of each worker's last step was left
+ * untrained, and epoch 1 never completed), epoch 1 reported complete, epoch 2 with 4 units. */
+static void test_dynamic_resume_max_steps(void) {
+    for (int k = 0; k < 8; k++) {
+        const bool ovl = k & 1, steps = k & 4;
+        const int S = 1 + ((k >> 1) & 1);
+        dyn_job dj = {.servers = S, .staleness = -1, .slow_ms = steps ? 16 : 4, .die_w = -1, .overlap = ovl,
+                      .max_steps = steps ? 10 : 0, .start_in = steps ? 0 : 3};
+        char tag[24];
+        snprintf(tag, sizeof tag, "dynrm%d", k);
+        CHECK(dyn_run(tag, &dj) == 0);
+        const int from = 3 * dj.start_in, to = steps ? 30 : DEPOCHS * DUNITS;
+        int bad = dyn_units(from, to);
+        printf("dynamic%s, %d server(s), %s: units trained %d / %d / %d; units %d..%d once, no other: %s; %d epoch "
+               "reports (%d complete), samples %d %d\n", ovl ? " --ps-overlap" : "", S,
+               steps ? "--max-steps 10" : "resumed at unit 9", g_dyn->units[0], g_dyn->units[1], g_dyn->units[2],
+               from, to - 1, bad < 0 ? "yes" : "NO", g_dyn->reports, g_dyn->complete, g_dyn->rep_samples[0],
+               g_dyn->rep_samples[1]);
+        CHECK_MSG(bad < 0, "unit %d of epoch %d trained %d times", bad % DUNITS, bad / DUNITS,
+                  bad < 0 ? 0 : g_dyn->ucount[bad / DUNITS][bad % DUNITS]);
+        if (steps) {
+            CHECK(g_dyn->units[0] == 10 && g_dyn->units[1] == 10 && g_dyn->units[2] == 10);
+            CHECK(g_dyn->reports == 2 && g_dyn->complete == 1);
+            CHECK(g_dyn->rep_samples[0] == DN && g_dyn->rep_samples[1] == 4 * DB);
+        } else {
+            CHECK(g_dyn->reports == DEPOCHS && g_dyn->complete == DEPOCHS);
+            CHECK(g_dyn->rep_samples[0] == DN - 9 * DB && g_dyn->rep_samples[1] == DN && g_dyn->rep_samples[2] == DN);
+        }
+    }
+}
+
 /* The largest staleness (updates a gradient missed) in a histogram; DT_STALENESS_BINS - 1 means
  * that or more. */
 static int max_stale(const int64_t *stale) {
@@ -509,6 +562,7 @@ int main(void) {
     test_dynamic_trainer();
     test_overlap();
     test_overlap_trainer();
+    test_dynamic_resume_max_steps();
     test_staleness_bound();
     test_dynamic_bound();
     test_dead_worker();
