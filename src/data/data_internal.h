@@ -5,6 +5,7 @@
 
 #include "dtrain/data.h"
 
+#include <limits.h>
 #include <zlib.h>
 
 /* A readable file, transparently gunzipped when it starts with 1f 8b. */
@@ -43,7 +44,7 @@ struct dt_dataset {
     double mean, std;  /* normalisation of scaled values */
     float lut[256];    /* u8/i8: raw byte -> final f32 value */
     char source[512];  /* file(s) it came from */
-    char cache[512];   /* the cache file map came from ("" when private) */
+    char cache[PATH_MAX]; /* the cache file map came from ("" when private) */
 };
 
 /* Allocates a zeroed data set with scale 1, mean 0, std 1. NULL on failure (error set). */

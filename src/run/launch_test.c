@@ -112,7 +112,7 @@ int main(void) {
     dt_launch_job_id(a, sizeof a);
     dt_launch_job_id(b, sizeof b);
     CHECK(strlen(a) == 16 && strcmp(a, b) != 0);
-    char p1[128], p2[128], p3[128], p4[128];
+    char p1[256], p2[256], p3[256], p4[256];
     snprintf(p1, sizeof p1, "/dev/shm/dtrain-%s", a);
     snprintf(p2, sizeof p2, "/dev/shm/dtrain-%s-x", a); /* no one creates this: kept */
     snprintf(p3, sizeof p3, "/dev/shm/dtrain-%sz", a);
@@ -129,7 +129,7 @@ int main(void) {
         unlink(p2);
         unlink(p3);
         /* job id "data" must not touch the data-set cache (src/data/cache.c: dtrain-data-<key>.v1) */
-        char cache[128];
+        char cache[256];
         snprintf(cache, sizeof cache, "/dev/shm/dtrain-data-%s.v1", a);
         close(open(cache, O_CREAT | O_WRONLY, 0600));
         CHECK_OK(dt_launch_cleanup_shm("data", &removed));
