@@ -18,8 +18,9 @@
  * than s rounds (of W units) ahead of done_lo: server 0 before handing it out, servers > 0
  * before answering the pull request that names it. A unit a dead worker held is handed out
  * again by server 0; a server > 0 counts it as in (lost with the worker) so nothing waits for it.
- * With overlap each worker holds up to two units (two pending slots; ps.h says how they flow). */
-#include "dist/ps.h"
+ * With overlap each worker holds up to two units (two pending slots; ps.h says how they flow).
+ * The hand-out and the bookkeeping of dynamic assignment are in ps_assign.c. */
+#include "dist/ps_server.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -28,63 +29,8 @@
 #include <string.h>
 #include <time.h>
 
-#define MAX_NOTES 64
 #define STOP_WAIT_S 10.0  /* after a stop, how long to wait for the workers to leave */
-#define QUIET_UNITS 16    /* dynamic: units per worker at the end of the run trained one at a time */
 
-typedef struct server server;
-
-typedef struct {
-    server *sv;
-    int w;               /* worker index */
-    pthread_t thread;
-    bool started;
-    float *grad, *out;   /* shard-sized receive and answer buffers */
-} handler;
-
-struct server {
-    ps_state *p;
-    dt_strategy *s;
-    const dt_serve_config *cfg;
-    int idx;                       /* server index */
-    size_t lo, n;                  /* shard */
-    float *w;                      /* shard parameters */
-    dt_optim *opt;                 /* shard optimizer */
-    pthread_mutex_t mu;
-    pthread_cond_t cv;             /* clocks, deaths, ends */
-    int64_t version, total;
-    int64_t *clock;                /* [W] steps pushed */
-    bool *alive;                   /* [W] */
-    bool *bye;                     /* [W] dynamic: said goodbye (done, not dead) */
-    /* dynamic assignment */
-    int64_t units;                 /* units per epoch */
-    int64_t next_seq;              /* server 0: next seq never handed out */
-    int64_t *pending;              /* [W * 2] seqs held by each worker (handed out by server 0, named by a
-                                    * pull request on the others), not yet pushed (-1); slot 1: overlap */
-    int64_t *requeue;              /* server 0: [W * 2] seqs of dropped workers to hand out again */
-    int64_t *wunits;               /* server 0: [W] units each worker pushed in this run */
-    int nrequeue;
-    int64_t *units_done;           /* [nep] units pushed by epoch */
-    int64_t done_lo;               /* every seq below it is in (pushed here, or lost on servers > 0) */
-    int64_t *ahead;                /* sorted seqs above done_lo that are in */
-    int nahead, cap_ahead;
-    bool oom;                      /* ahead could not grow: the serve loop fails */
-    int nlive;
-    int running;                   /* handler threads still serving */
-    bool stopping;                 /* stop requested: answer at once, let the workers leave quietly */
-    /* figures since the last epoch report, by epoch of the pushed step */
-    int64_t ep0, nep;              /* first epoch, epochs tracked */
-    double *loss_sum;              /* [nep] */
-    int64_t *samples;              /* [nep] */
-    int64_t *wsamples;             /* [nep * W] */
-    double *wbusy;                 /* [nep * W] */
-    double *wait;                  /* [nep] exchange waits the workers reported */
-    int64_t *pushes;               /* [nep] */
-    int64_t stale[DT_STALENESS_BINS];
-    int max_gap;
-    char notes[MAX_NOTES][192];
-    int nnotes;
-};
 
 static int64_t min_live(const server *sv) {
     int64_t m = INT64_MAX;
@@ -93,150 +39,9 @@ static int64_t min_live(const server *sv) {
     return m;
 }
 
-/* Dynamic: the units worker w holds (pending slots: 2 with overlap, else 1). */
-static int slots(const server *sv) { return sv->p->overlap ? 2 : 1; }
-
-static int held(const server *sv, int w) {
-    int n = 0;
-    for (int k = 0; k < slots(sv); k++) n += sv->pending[w * 2 + k] >= 0;
-    return n;
-}
-
-/* Worker w holds seq q (q < 0: nothing); without a free slot the oldest is replaced. */
-static void hold(server *sv, int w, int64_t q) {
-    if (q < 0) return;
-    int k = 0;
-    while (k < slots(sv) - 1 && sv->pending[w * 2 + k] >= 0) k++;
-    sv->pending[w * 2 + k] = q;
-}
-
-/* Worker w pushed seq q: true when it held it (the slot is cleared). */
-static bool release(server *sv, int w, int64_t q) {
-    for (int k = 0; k < slots(sv); k++)
-        if (q >= 0 && sv->pending[w * 2 + k] == q) return sv->pending[w * 2 + k] = -1, true;
-    return false;
-}
-
-/* Dynamic: records seq q as in; false when it already was (with the lock held). */
-static bool mark_done(server *sv, int64_t q) {
-    if (q < sv->done_lo) return false;
-    int k = 0;
-    while (k < sv->nahead && sv->ahead[k] < q) k++;
-    if (k < sv->nahead && sv->ahead[k] == q) return false;
-    if (q == sv->done_lo) {
-        sv->done_lo++;
-    } else {
-        if (sv->nahead == sv->cap_ahead) {
-            int cap = sv->cap_ahead ? 2 * sv->cap_ahead : 256;
-            int64_t *a = realloc(sv->ahead, (size_t)cap * sizeof *a);
-            if (!a) {
-                sv->oom = true;
-                return true;
-            }
-            sv->ahead = a, sv->cap_ahead = cap;
-        }
-        memmove(sv->ahead + k + 1, sv->ahead + k, (size_t)(sv->nahead - k) * sizeof *sv->ahead);
-        sv->ahead[k] = q;
-        sv->nahead++;
-    }
-    int j = 0;
-    while (j < sv->nahead && sv->ahead[j] == sv->done_lo) j++, sv->done_lo++;
-    if (j > 0) {
-        memmove(sv->ahead, sv->ahead + j, (size_t)(sv->nahead - j) * sizeof *sv->ahead);
-        sv->nahead -= j;
-    }
-    return true;
-}
-
-/* Dynamic: how many rounds (of W units) seq q is ahead of the oldest unit not yet in. */
-static int64_t round_gap(const server *sv, int64_t q) { return q / sv->p->W - sv->done_lo / sv->p->W; }
-
-/* Dynamic: the epoch index (from ep0) of seq q. */
-static int64_t seq_epoch(const server *sv, int64_t q) {
-    int64_t e, u;
-    dt_ps_seq_unit(q, sv->cfg->start_epoch, sv->cfg->start_step_in_epoch * sv->p->W, sv->units, &e, &u);
-    return e - sv->ep0;
-}
-
-/* Dynamic: seq q is in; counts it for its epoch once (with the lock held). */
-static void unit_in(server *sv, int64_t q) {
-    int64_t e = seq_epoch(sv, q);
-    if (mark_done(sv, q) && e >= 0 && e < sv->nep) sv->units_done[e]++;
-}
-
-/* Dynamic: a seq as a resume position (epoch, global batches of batch x workers done). */
-static void seq_position(const server *sv, int64_t q, int64_t *epoch, int64_t *in_epoch) {
-    const dt_serve_config *c = sv->cfg;
-    int64_t unit;
-    dt_ps_seq_unit(q, c->start_epoch, c->start_step_in_epoch * sv->p->W, sv->units, epoch, &unit);
-    *in_epoch = unit / sv->p->W;
-}
-
-/* Quiet finish: whether worker w must wait for a unit: another holds one, or w is not the worker
- * that trained the most units (the fastest; the lowest index on a tie) among those that will ask
- * for more (alive, not gone, not stopped by max_steps). */
-static bool quiet_wait(const server *sv, int w) {
-    int best = -1;
-    for (int x = 0; x < sv->p->W; x++) {
-        if (x != w && held(sv, x) > 0) return true;  /* with overlap: units held ahead too */
-        bool asks = sv->alive[x] && !sv->bye[x] && sv->clock[x] < sv->total;
-        if (asks && (best < 0 || sv->wunits[x] > sv->wunits[best])) best = x;
-    }
-    return best != w;
-}
-
-/* Dynamic, server 0: fills r with worker w's next unit, or none (with the lock held). The last
- * units of the run (QUIET_UNITS per worker, at most 1/16 of the run) are trained by the fastest
- * worker alone, one at a time (staleness 0; the others wait for the goodbye): measured on
- * Fashion-MNIST (4 workers, 2 epochs, mlp), a finish with all workers at staleness ~3 left the
- * final model ~1 accuracy point worse and twice as spread (0.83-0.86) as one whose last ~4% of
- * steps are not stale (0.85-0.86), which fixed shards happened to give when the workers finished
- * their shards at different times. */
-static void assign(server *sv, int w, int64_t clk, ps_reply *r) {
-    const dt_serve_config *c = sv->cfg;
-    const int64_t u0 = c->start_step_in_epoch * sv->p->W;
-    const int64_t run = (c->epochs - c->start_epoch) * sv->units - u0;
-    int64_t quiet = (int64_t)QUIET_UNITS * sv->p->W;
-    if (quiet > run / 16) quiet = run / 16;
-    const int64_t quiet_from = sv->p->W > 1 ? run - quiet : INT64_MAX;
-    for (;;) {
-        r->seq = -1, r->epoch = -1, r->unit = -1, r->bye = 0, r->later = 0;
-        if (clk >= sv->total) return;  /* max_steps: the worker stops by itself, no goodbye */
-        /* overlap: a unit handed out now is trained at step clk + 1, behind the one the worker
-         * holds; none that max_steps would leave untrained (and its epoch never complete) */
-        if (sv->p->overlap && clk + held(sv, w) >= sv->total) {
-            r->later = 1;
-            return;
-        }
-        r->bye = 1;
-        if (sv->stopping) return;
-        int64_t q = sv->nrequeue > 0 ? sv->requeue[sv->nrequeue - 1] : sv->next_seq;
-        int64_t e, u;
-        dt_ps_seq_unit(q, c->start_epoch, u0, sv->units, &e, &u);
-        if (e >= c->epochs) return;
-        /* overlap, quiet finish: a worker still holding a unit gets none ahead; it asks again (and
-         * waits, blocking) after training that one, so it never waits here holding a unit */
-        if (sv->p->overlap && q >= quiet_from && held(sv, w) > 0) {
-            r->bye = 0, r->later = 1;
-            return;
-        }
-        /* bounded staleness: not more than s rounds ahead of the oldest unit still out */
-        if ((q >= quiet_from && quiet_wait(sv, w)) ||
-            (sv->p->staleness >= 0 && round_gap(sv, q) > sv->p->staleness)) {
-            pthread_cond_wait(&sv->cv, &sv->mu);
-            continue;
-        }
-        if (round_gap(sv, q) > sv->max_gap) sv->max_gap = (int)round_gap(sv, q);
-        if (sv->nrequeue > 0) sv->nrequeue--;
-        else sv->next_seq++;
-        hold(sv, w, q);
-        *r = (ps_reply){.seq = q, .epoch = e, .unit = u, .bye = 0};
-        return;
-    }
-}
 
 static void add_note(server *sv, const char *fmt, int64_t a, int64_t b, int64_t c) {
-    if (sv->nnotes < MAX_NOTES) snprintf(sv->notes[sv->nnotes++], sizeof sv->notes[0], fmt, a, b, c);
+    if (sv->nnotes < PS_MAX_NOTES) snprintf(sv->notes[sv->nnotes++], sizeof sv->notes[0], fmt, a, b, c);
 }
 
 /* A worker's pair failed: drop it (with the lock held). */
@@ -244,11 +49,11 @@ static void drop(server *sv, int w, dt_status st) {
     if (!sv->alive[w]) return;
     sv->alive[w] = false;
     sv->nlive--;
-    for (int k = 0; sv->p->dynamic && k < slots(sv); k++) {
+    for (int k = 0; sv->p->dynamic && k < dt_ps_slots(sv); k++) {
         int64_t q = sv->pending[w * 2 + k];
         if (q < 0) continue;
         if (sv->idx == 0) sv->requeue[sv->nrequeue++] = q;  /* its units go to other workers */
-        else unit_in(sv, q);  /* nothing waits for it here (see the top) */
+        else dt_ps_unit_in(sv, q);  /* nothing waits for it here (see the top) */
         sv->pending[w * 2 + k] = -1;
     }
     pthread_cond_broadcast(&sv->cv);
@@ -260,24 +65,6 @@ static void drop(server *sv, int w, dt_status st) {
     add_note(sv, fmt, (int64_t)(sv->p->S + w), sv->clock[w], sv->nlive);
 }
 
-/* Dynamic, servers > 0: takes worker w's pull request, which names the unit server 0 handed
- * it, and holds the answer while that unit is more than s rounds ahead of the units in here
- * (with the lock held; released while receiving). */
-static dt_status pull(server *sv, int w) {
-    ps_push m;
-    pthread_mutex_unlock(&sv->mu);
-    dt_status st = dt_comm_broadcast(sv->p->pair[w], &m, sizeof m, DT_U8, 1);
-    pthread_mutex_lock(&sv->mu);
-    if (st != DT_OK) return st;
-    if (m.n != PS_N_PULL)
-        return dt_error(DT_EMISMATCH, "ps server rank %d: worker rank %d sent a push (n = %d) where a pull request "
-                        "belongs", sv->p->me, sv->p->S + w, m.n);
-    hold(sv, w, m.seq);
-    while (m.seq >= 0 && sv->p->staleness >= 0 && round_gap(sv, m.seq) > sv->p->staleness && !sv->stopping &&
-           sv->alive[w])
-        pthread_cond_wait(&sv->cv, &sv->mu);
-    return DT_OK;
-}
 
 static void *handler_main(void *arg) {
     handler *h = arg;
@@ -331,20 +118,20 @@ static void *handler_main(void *arg) {
             sv->pushes[e]++;
         }
         if (p->dynamic && m.seq >= 0) {
-            unit_in(sv, m.seq);
-            if (release(sv, w, m.seq)) sv->wunits[w]++;
+            dt_ps_unit_in(sv, m.seq);
+            if (dt_ps_release(sv, w, m.seq)) sv->wunits[w]++;
         }
         int64_t clk = sv->clock[w] = m.step + 1;
         pthread_cond_broadcast(&sv->cv);
         /* fixed shards, stale-synchronous: hold the answer while this worker is too far ahead of
-         * the slowest (dynamic: assign() and pull() hold it instead) */
+         * the slowest (dynamic: dt_ps_assign() and dt_ps_pull() hold it instead) */
         while (!p->dynamic && p->staleness >= 0 && clk < total && clk - min_live(sv) > p->staleness && !sv->stopping)
             pthread_cond_wait(&sv->cv, &sv->mu);
         int64_t lo = min_live(sv);
         if (!p->dynamic && clk < total && !sv->stopping && clk - lo > sv->max_gap) sv->max_gap = (int)(clk - lo);
         ps_reply r = {.seq = -1, .epoch = -1, .unit = -1};
-        if (p->dynamic && sv->idx == 0) assign(sv, w, clk, &r);
-        else if (p->dynamic && clk < total && (st = pull(sv, w)) != DT_OK) {
+        if (p->dynamic && sv->idx == 0) dt_ps_assign(sv, w, clk, &r);
+        else if (p->dynamic && clk < total && (st = dt_ps_pull(sv, w)) != DT_OK) {
             drop(sv, w, st);
             pthread_mutex_unlock(&sv->mu);
             break;
@@ -457,7 +244,7 @@ static dt_status epochs(server *sv) {
             int64_t at = 0;
             for (int w = 0; w < W; w++) at = sv->clock[w] > at ? sv->clock[w] : at;
             int64_t stop_ep = 0, stop_in = 0;
-            if (dyn && sv->idx == 0) seq_position(sv, sv->done_lo, &stop_ep, &stop_in);
+            if (dyn && sv->idx == 0) dt_ps_seq_position(sv, sv->done_lo, &stop_ep, &stop_in);
             for (int w = 0; w < W; w++) sv->alive[w] = false;
             sv->nlive = 0;
             pthread_cond_broadcast(&sv->cv);
@@ -511,7 +298,7 @@ static dt_status epochs(server *sv) {
             rep.complete = units_in;
             int64_t pe = ep;
             rep.step_in_epoch = 0;
-            if (!units_in && sv->idx == 0) seq_position(sv, sv->done_lo, &pe, &rep.step_in_epoch);
+            if (!units_in && sv->idx == 0) dt_ps_seq_position(sv, sv->done_lo, &pe, &rep.step_in_epoch);
         }
         sv->max_gap = 0;
         flush_notes(sv);
@@ -602,7 +389,7 @@ dt_status dt_ps_serve(dt_strategy *s, const dt_serve_config *cfg) {
     for (int w = 0; w < W; w++) {
         sv.clock[w] = cfg->start_step, sv.alive[w] = true;
         sv.pending[w * 2] = p->dynamic ? w : -1, sv.pending[w * 2 + 1] = -1;
-        if (p->dynamic && p->overlap && seq_epoch(&sv, W + w) + sv.ep0 < cfg->epochs) sv.pending[w * 2 + 1] = W + w;
+        if (p->dynamic && p->overlap && dt_ps_seq_epoch(&sv, W + w) + sv.ep0 < cfg->epochs) sv.pending[w * 2 + 1] = W + w;
     }
     sv.nlive = W;
     for (int w = 0; w < W && st == DT_OK; w++) {
