@@ -199,7 +199,7 @@ static int parse_train_flags(int argc, char **argv, train_opts *o) {
         {"normalize", DT_FLAG_BOOL, &o->normalize, NULL, "standardise inputs with the training set mean/std"},
         {"seed", DT_FLAG_I64, &o->seed, "N", "seed of init, shuffling and dropout"},
         {"threads", DT_FLAG_INT, &c->threads, "N", "BLAS threads of this worker"},
-        {"max-steps", DT_FLAG_I64, &o->max_steps, "N", "stop after N steps in total (0 = all epochs)"},
+        {"max-steps", DT_FLAG_I64, &o->max_steps, "N", "stop after N steps in total (ps: N batches per worker; 0 = all epochs)"},
         {"save", DT_FLAG_STR, &c->save, "FILE", "write a checkpoint (safetensors) after every epoch"},
         {"resume", DT_FLAG_STR, &c->resume, "FILE", "continue from a checkpoint (--save or --checkpoint-dir); auto = newest valid one in --checkpoint-dir"},
         {"metrics", DT_FLAG_STR, &c->metrics, "FILE", "write one JSON object per epoch (JSON Lines; appended when resuming)"},
