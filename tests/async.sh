@@ -188,6 +188,19 @@ expect_fail "--ps-overlap needs ps" "add --strategy ps" $DT train --workers 2 --
 expect_fail "--ps-overlap with fixed shards" "drop --balance static" $DT train --strategy ps --balance static --ps-overlap
 expect_fail "--ps-overlap with a bound" "use --staleness inf" $DT train --strategy ps --staleness 2 --ps-overlap
 expect_fail "ps needs a worker" "needs more than 1 ranks" $DT launch -n 1 -- $DT train --strategy ps --max-steps 1
+expect_fail "unknown --strategy, once, before any rank starts" "--strategy psx: unknown strategy" \
+  $DT train --workers 2 --strategy psx --max-steps 1
+expect_fail "--staleness needs ps" "drop --staleness" $DT train --workers 2 --staleness 2 --max-steps 1
+expect_fail "--servers needs ps" "--servers 2: only --strategy ps" $DT train --workers 2 --servers 2 --max-steps 1
+expect_fail "--sync-every needs localsgd" "add --strategy localsgd" $DT train --workers 2 --strategy ps --sync-every 4
+expect_fail "ps has no --checkpoint-dir" "use --save FILE" $DT train --workers 2 --strategy ps --checkpoint-dir "$TMP/ck"
+expect_fail "--slow outside the job" "--slow 5:3: this job has only 2 ranks" $DT train --workers 2 --slow 5:3 --max-steps 1
+expect_fail "--workers counts ps workers" "--workers 3 with --servers 1 makes 4 ranks, but this job has 3" \
+  $DT launch -n 3 -- $DT train --strategy ps --workers 3 --max-steps 1
+out=$(timeout 60 $DT train --workers 2 --strategy ps --model "flatten batchnorm linear(10)" --max-steps 1 2>&1)
+if [ $? -eq 78 ] && grep -q "does not keep model buffers" <<<"$out" && ! grep -q "goes on without" <<<"$out"; then
+  ok "a ps worker's set-up error stops the job (not 'goes on without it')"
+else bad "ps + batchnorm: $out"; fi
 
 # 6. the same ps job over MPI
 if command -v mpirun >/dev/null; then

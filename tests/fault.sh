@@ -43,7 +43,7 @@ l1=$($DT eval --checkpoint "$TMP/w1.st" --data fashion-mnist | grep -o 'loss [0-
 l3=$($DT eval --checkpoint "$TMP/w3.st" --data fashion-mnist | grep -o 'loss [0-9.]*' | awk '{print $2}')
 python3 -c "import sys; sys.exit(0 if $l1 < $l0 and $l3 < $l0 else 1)" \
   && ok "2-rank checkpoint resumed on 1 and 3 ranks: test loss $l0 -> $l1 / $l3" || bad "loss $l0 -> $l1 / $l3"
-grep -q "trained on 2 rank(s)" "$TMP/w1.log" && ok "world-size change is reported" || bad "no note: $(cat "$TMP/w1.log")"
+grep -q "trained on 2 worker(s)" "$TMP/w1.log" && ok "world-size change is reported" || bad "no note: $(cat "$TMP/w1.log")"
 
 # ---- damaged checkpoints: rejected by name; --resume auto falls back ----
 D="$TMP/ck"

@@ -199,7 +199,7 @@ static int parse_train_flags(int argc, char **argv, train_opts *o) {
         {"normalize", DT_FLAG_BOOL, &o->normalize, NULL, "standardise inputs with the training set mean/std"},
         {"seed", DT_FLAG_I64, &o->seed, "N", "seed of init, shuffling and dropout"},
         {"threads", DT_FLAG_INT, &c->threads, "N", "BLAS threads of this worker"},
-        {"max-steps", DT_FLAG_I64, &o->max_steps, "N", "stop after N steps in total (0 = all epochs)"},
+        {"max-steps", DT_FLAG_I64, &o->max_steps, "N", "stop after N steps in total (ps: N batches per worker; 0 = all epochs)"},
         {"save", DT_FLAG_STR, &c->save, "FILE", "write a checkpoint (safetensors) after every epoch"},
         {"resume", DT_FLAG_STR, &c->resume, "FILE", "continue from a checkpoint (--save or --checkpoint-dir); auto = newest valid one in --checkpoint-dir"},
         {"metrics", DT_FLAG_STR, &c->metrics, "FILE", "write one JSON object per epoch (JSON Lines; appended when resuming)"},
@@ -235,6 +235,8 @@ static int parse_train_flags(int argc, char **argv, train_opts *o) {
     if (o->elastic && o->workers < 2 && !dt_comm_env_is_rank())
         return dt_cli_fail("e.g. --workers 4 --elastic 2:4", "--elastic needs --workers N (N >= 2)");
     if (o->timeout < 0) return dt_cli_fail(NULL, "--timeout %g: must not be negative (0 = default)", o->timeout);
+    o->uneven.servers_given = dt_cli_flag_given(argc, argv, "servers");
+    o->uneven.sync_every_given = dt_cli_flag_given(argc, argv, "sync-every");
     if ((r = dt_cli_uneven_parse(&o->uneven, c)) != 0) return r;
     return -1;
 }
@@ -316,8 +318,17 @@ static int run_rank(int argc, char **argv, train_opts *o, int job_ranks) {
     int rank = dt_comm_rank(comm), world = dt_comm_size(comm);
     if (dt_cli_flag_given(argc, argv, "workers") && job_ranks > 1 && world != job_ranks) {
         dt_comm_destroy(comm);
+        if (dt_cli_is_ps(&o->cfg))
+            return dt_cli_fail("leave out --workers when mpirun/srun/dtrain launch sets the number of ranks",
+                               "--workers %d with --servers %d makes %d ranks, but this job has %d", o->workers,
+                               o->cfg.servers, job_ranks, world);
         return dt_cli_fail("leave out --workers when mpirun/srun/dtrain launch sets the number of ranks",
                            "--workers %d but this job has %d ranks", job_ranks, world);
+    }
+    if (cfg.slow_factor > 1 && cfg.slow_rank >= world) {
+        dt_comm_destroy(comm);
+        return dt_cli_fail("pick a rank below the job's ranks", "--slow %d:%g: this job has only %d rank(s) (0..%d)",
+                           cfg.slow_rank, cfg.slow_factor, world, world - 1);
     }
     if (world > 1) cfg.comm = comm;
     dt_log_set_rank(world > 1 ? rank : -1);
@@ -381,6 +392,16 @@ int dt_cmd_train(int argc, char **argv) {
     if (r >= 0) return r;
     const int job_ranks = dt_cli_job_ranks(&o.cfg, o.workers); /* ps: servers + workers */
     if (job_ranks > 1 && !dt_comm_env_is_rank()) {
+        const dt_train_config *c = &o.cfg;
+        if (c->slow_factor > 1 && (c->slow_rank >= job_ranks || (dt_cli_is_ps(c) && c->slow_rank < c->servers))) {
+            if (dt_cli_is_ps(c))
+                return dt_cli_fail("ranks 0..servers-1 serve; the workers are the ranks after them",
+                                   "--slow %d:%g: rank %d is %s; pick a worker rank (%d..%d)", c->slow_rank,
+                                   c->slow_factor, c->slow_rank, c->slow_rank < c->servers ? "a ps server" : "not in the job",
+                                   c->servers, job_ranks - 1);
+            return dt_cli_fail(NULL, "--slow %d:%g: this job has only %d ranks (0..%d)", c->slow_rank,
+                               c->slow_factor, job_ranks, job_ranks - 1);
+        }
         bool *expendable = dt_cli_expendable(&o.cfg, job_ranks);
         int rc = run_workers(argc, argv, job_ranks, o.elastic, o.max_restarts, o.cfg.checkpoint_dir, expendable);
         free(expendable);

@@ -9,6 +9,15 @@
 #include <string.h>
 
 int dt_cli_uneven_parse(const dt_cli_uneven *u, dt_train_config *cfg) {
+    if (u->staleness && !dt_cli_is_ps(cfg))
+        return dt_cli_fail("add --strategy ps, or drop --staleness",
+                           "--staleness bounds how far ps workers run ahead: it needs --strategy ps");
+    if (u->servers_given && !dt_cli_is_ps(cfg))
+        return dt_cli_fail("add --strategy ps, or drop --servers", "--servers %d: only --strategy ps has servers",
+                           cfg->servers);
+    if (u->sync_every_given && !(cfg->strategy && !strcmp(cfg->strategy, "localsgd")))
+        return dt_cli_fail("add --strategy localsgd, or drop --sync-every",
+                           "--sync-every %d: only --strategy localsgd averages models periodically", cfg->sync_every);
     if (u->staleness) {
         if (!strcmp(u->staleness, "inf") || !strcmp(u->staleness, "async")) cfg->staleness = -1;
         else {
@@ -16,8 +25,8 @@ int dt_cli_uneven_parse(const dt_cli_uneven *u, dt_train_config *cfg) {
             errno = 0;
             long v = strtol(u->staleness, &end, 10);
             if (errno || *end || end == u->staleness || v < 0 || v > 1000000)
-                return dt_cli_fail("use --staleness S (steps, 0 = synchronous) or --staleness inf",
-                                   "--staleness %s: not a step count", u->staleness);
+                return dt_cli_fail("use --staleness S (global batches, 0 = synchronous) or --staleness inf",
+                                   "--staleness %s: not a whole number of batches", u->staleness);
             cfg->staleness = (int)v;
         }
     }
@@ -50,8 +59,17 @@ int dt_cli_uneven_parse(const dt_cli_uneven *u, dt_train_config *cfg) {
         return dt_cli_fail("use --staleness inf, or drop --ps-overlap",
                            "--ps-overlap with --staleness %d: overlap adds one step of staleness that the bound does "
                            "not count, so it runs only fully asynchronous", cfg->staleness);
-    if (cfg->servers < 1) return dt_cli_fail(NULL, "--servers %d: need at least 1", cfg->servers);
-    if (cfg->sync_every < 1) return dt_cli_fail(NULL, "--sync-every %d: need at least 1", cfg->sync_every);
+    if (cfg->servers < 1)
+        return dt_cli_fail("e.g. --strategy ps --servers 1 --workers 4", "--servers %d: need at least 1", cfg->servers);
+    if (cfg->sync_every < 1)
+        return dt_cli_fail("e.g. --strategy localsgd --sync-every 8", "--sync-every %d: need at least 1", cfg->sync_every);
+    const char *st = cfg->strategy;
+    if (st && strcmp(st, "ddp") && strcmp(st, "localsgd") && strcmp(st, "ps") && strcmp(st, "single"))
+        return dt_cli_fail("use --strategy ddp, localsgd or ps", "--strategy %s: unknown strategy", st);
+    if (dt_cli_is_ps(cfg) && (cfg->timeline || cfg->checkpoint_dir))
+        return dt_cli_fail(cfg->timeline ? "drop --timeline, or use --strategy ddp/localsgd for a trace"
+                                         : "use --save FILE (written after every epoch and on SIGTERM) and --resume FILE",
+                           "--strategy ps does not support --%s yet", cfg->timeline ? "timeline" : "checkpoint-dir");
     return 0;
 }
 

@@ -10,9 +10,12 @@ typedef struct {
     const char *staleness;  /* "S" or "inf" */
     const char *balance;    /* "static" | "dynamic" */
     const char *slow;       /* "RANK:FACTOR" */
+    bool servers_given;     /* --servers / --sync-every on the command line (their values are in cfg) */
+    bool sync_every_given;
 } dt_cli_uneven;
 
-/* Fills cfg from u and checks --servers/--sync-every; 0, or the exit status after printing the
+/* Fills cfg from u and checks --strategy, --servers, --sync-every and the flags that need a
+ * certain strategy; 0, or the exit status after printing the
  * error with a hint. */
 int dt_cli_uneven_parse(const dt_cli_uneven *u, dt_train_config *cfg);
 /* True for --strategy ps. */

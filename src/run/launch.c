@@ -287,7 +287,9 @@ static void reap(job *j, bool stopping, int *failed, int *peer) {
         r->status = st;
         r->pid = 0;
         j->live--;
-        if (!stopping && exit_code_of(st) != 0 && j->cfg->expendable && j->cfg->expendable[i]) {
+        /* an expendable rank may die, but not fail its set-up: bad flags fail every rank alike */
+        if (!stopping && exit_code_of(st) != 0 && exit_code_of(st) != DT_EXIT_CONFIG && j->cfg->expendable &&
+            j->cfg->expendable[i]) {
             char how[96];
             describe(st, how, sizeof how);
             notify(j, "rank %d %s; the job goes on without it", i, how);

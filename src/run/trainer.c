@@ -140,8 +140,9 @@ static dt_status setup_uneven(dt_trainer *t) {
         return dt_error(DT_EINVAL, "--ps-overlap (background push/pull) works with --strategy ps only, not %s: add "
                         "--strategy ps --staleness inf or drop --ps-overlap", name);
     if (role != DT_ROLE_REPLICA && (c->timeline || c->checkpoint_dir))
-        return dt_error(DT_EINVAL, "--strategy %s does not support --%s yet (use --save for the final model)", name,
-                        c->timeline ? "timeline" : "checkpoint-dir");
+        return dt_error(DT_EINVAL, "--strategy %s does not support --%s yet%s", name,
+                        c->timeline ? "timeline" : "checkpoint-dir",
+                        c->timeline ? "" : " (use --save FILE, written after every epoch and on SIGTERM)");
     if (role == DT_ROLE_SERVER) {
         if (c->slow_factor > 1 && c->slow_rank == t->rank)
             return dt_error(DT_EINVAL, "--slow %d:%g: rank %d is a ps server; pick a worker rank (%d..%d)", c->slow_rank,
@@ -257,9 +258,9 @@ dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
         int64_t seen = t->step_in_epoch * (int64_t)info.batch * info.world_size;
         int64_t gb = (int64_t)cfg->batch * t->dworld;
         t->step_in_epoch = seen / gb;
-        dt_trainer_note(t, "resuming %s (trained on %d rank(s) x batch %d) on %d rank(s) x batch %d: continuing at batch %lld "
+        dt_trainer_note(t, "resuming %s (trained on %d worker(s) x batch %d) on %d worker(s) x batch %d: continuing at batch %lld "
                 "of epoch %lld; the result differs from an uninterrupted run",
-             resume, info.world_size, info.batch, t->world, cfg->batch, (long long)t->step_in_epoch,
+             resume, info.world_size, info.batch, t->dworld, cfg->batch, (long long)t->step_in_epoch,
              (long long)t->epoch + 1);
     }
     if (t->cfg.lr.kind == DT_LR_COSINE && t->cfg.lr.total_steps <= 0) {
