@@ -81,7 +81,7 @@ static double median(const double *v, int n) {
 
 int dt_bench_async(int argc, char **argv) {
     const char *data = "fashion-mnist";
-    int workers = 4, epochs = 2, batch = 64, repeat = 1;
+    int workers = 4, epochs = 2, batch = 64, repeat = 3;
     float factor = 3;
     const dt_flag flags[] = {
         {"data", DT_FLAG_STR, &data, "DIR", "data set"},
@@ -89,7 +89,7 @@ int dt_bench_async(int argc, char **argv) {
         {"factor", DT_FLAG_FLOAT, &factor, "F", "the last worker is F times slower"},
         {"epochs", DT_FLAG_INT, &epochs, "E", "epochs per case"},
         {"batch", DT_FLAG_INT, &batch, "B", "per-worker batch"},
-        {"repeat", DT_FLAG_INT, &repeat, "R", "runs of every case (interleaved); the table shows medians"},
+        {"repeat", DT_FLAG_INT, &repeat, "R", "runs of every case, interleaved; the table shows medians"},
     };
     int rc = dt_flags_parse(argc, argv, 1, flags, 6, USAGE, NULL, 0, NULL, NULL);
     if (rc) return rc < 0 ? 2 : 0;
