@@ -1,5 +1,5 @@
 /* Internals of the parameter-server strategy shared by ps.c (layout, connections, the worker
- * side) and ps_server.c (the serve loop).
+ * side), ps_server.c (the serve loop) and ps_assign.c (dynamic assignment).
  *
  * Layout: job ranks 0..S-1 are servers, S..S+W-1 workers (worker index = rank - S). Server i
  * holds parameters [lo_i, hi_i) with lo_i = floor(i * P / S): a byte-balanced shard.
@@ -18,7 +18,7 @@
  * worker receives straight into its parameters. Both sides make the same calls in the same
  * order, so the collective mismatch checks of the communicator apply too.
  *
- * Dynamic batch assignment (the default; fixed_shards turns it off): the workers do not own shards.
+ * Dynamic batch assignment (the default; fixed_shards turns it off): the workers own no shards.
  * The epoch's (seed, epoch) global order is cut into units of `batch` samples (the single-process
  * batches, units_per_epoch = ceil(n / batch)); numbering the units of all remaining epochs one
  * after another as seq 0, 1, 2, ... from the start position, worker w trains seq w first and
@@ -33,12 +33,14 @@
  * rounds below k - s is in: the bounded delay of Li et al. (OSDI 2014). So s = 0 trains round
  * after round like synchronous data parallelism, each gradient misses at most (2s+1)W - 1
  * updates, and a worker that stays slow holds nobody back unless its unit falls s rounds behind
- * (per-worker clocks would hold every worker to its pace: that is fixed_shards).  A server counts an
- * epoch as done once all its units were pushed. A dropped worker's unhanded unit is handed out
- * again. The last few units of the run (16 per worker) are handed out one at a time, so the
- * final model is not left by stale gradients (ps_server.c says why). When nothing is left (or the run is stopping) server 0 answers unit -1 with bye = 1 and
- * the worker sends every server a last header with n = -1 (goodbye), which the server acknowledges
- * with a reply header, and leaves.
+ * (per-worker clocks would hold every worker to its pace: that is fixed_shards).
+ *
+ * A server counts an epoch as done once all its units were pushed. A dropped worker's unhanded
+ * unit is handed out again. The last few units of the run (16 per worker) are handed out one at
+ * a time, so the final model is not left by stale gradients (ps_assign.c says why). When nothing
+ * is left (or the run is stopping) server 0 answers unit -1 with bye = 1 and the worker sends
+ * every server a last header with n = -1 (goodbye), which the server acknowledges with a reply
+ * header, and leaves.
  *
  * Checkpoints of a dynamic run (--save at each epoch end, the interrupt checkpoint on SIGTERM)
  * record the model server 0 assembled and a position in the usual terms (epoch, step_in_epoch
@@ -46,11 +48,11 @@
  * mode) continues where it says: step_in_epoch = floor(u / workers), u = the first unit not yet
  * pushed (every unit below it was trained; on a stop server 0 hands out no new unit, so u is
  * normally every unit handed out; with overlap, u is at most the first unit a worker held ahead
- * untrained). The at most workers - 1 units between step_in_epoch x
- * workers and u, and any unit above u that was pushed before a worker died, are trained again
- * after a resume; the resumed run's first epoch is complete once its units from step_in_epoch x
- * workers on are in. The step recorded is the most steps any worker did (the workers' clocks differ
- * under dynamic assignment; it drives the learning-rate schedule and --max-steps).
+ * untrained). The at most workers - 1 units between step_in_epoch x workers and u, and any unit
+ * above u that was pushed before a worker died, are trained again after a resume; the resumed
+ * run's first epoch is complete once its units from step_in_epoch x workers on are in. The step
+ * recorded is the most steps any worker did (the workers' clocks differ under dynamic
+ * assignment; it drives --max-steps, while the learning-rate schedule follows the rounds).
  *
  * Overlap (--ps-overlap; dynamic assignment and --staleness inf only): a worker's exchange (push,
  * pull requests, answers) runs on a per-worker thread while the worker trains its next unit: the
