@@ -116,7 +116,8 @@ PY
   else bad "ps resume${ovl:+ ($ovl)} at epoch $((ep + 1)), step_in_epoch $in_ep (exit $rc): samples '$n', want '$want': $(tail -4 "$TMP/res.log")"; fi
 done
 
-# 2c. the server killed: every worker stops with an error naming it (no crash on the way out)
+# 2c. the server killed: the workers stop, naming it (a worker that gets the launcher's SIGTERM
+# between two steps just stops), and nothing crashes on the way out
 $DT train --workers 2 --strategy ps --model mlp --epochs 3 --batch 32 >"$TMP/ksrv.log" 2>&1 &
 job=$!
 for _ in $(seq 100); do grep -q "strategy ps" "$TMP/ksrv.log" && break; sleep 0.1; done
@@ -126,9 +127,10 @@ for p in $(ps -o pid= --ppid $job); do
 done
 wait $job
 rc=$?
-if [ $rc -ne 0 ] && [ "$(grep -c 'pulling from server rank 0: rank 0 died\|pushing to server rank 0: rank 0 died' "$TMP/ksrv.log")" = 2 ] \
+named=$(grep -c 'pulling from server rank 0: rank 0 died\|pushing to server rank 0: rank 0 died' "$TMP/ksrv.log")
+if [ $rc -ne 0 ] && [ "$named" -ge 1 ] && grep -q "rank 0 was killed by signal 9" "$TMP/ksrv.log" \
    && ! grep -q "SIGSEGV\|signal 11\|Sanitizer" "$TMP/ksrv.log"; then
-  ok "kill -9 of the ps server: both workers name it and exit cleanly (job exit $rc)"
+  ok "kill -9 of the ps server: $named of 2 workers name it, none crashes (job exit $rc)"
 else bad "killed server (exit $rc): $(tail -6 "$TMP/ksrv.log")"; fi
 
 # 2d. --max-steps stops every worker cleanly after that many steps, without and with --ps-overlap,
