@@ -56,13 +56,7 @@ static int run_ranks(int N, const run_cfg *rc, const char *path, const char *job
     for (int r = 0; r < N; r++) {
         pid_t pid = fork();
         if (pid == 0) {
-            dt_comm_config cc = dt_comm_config_default();
-            cc.rank = r, cc.size = N, cc.job_id = job, cc.timeout_s = 60;
-            dt_comm *c;
-            if (dt_comm_create(&c, &cc) != DT_OK) {
-                fprintf(stderr, "rank %d: %s\n", r, dt_last_error());
-                _exit(2);
-            }
+            dt_comm *c = dt_test_rank_comm(r, N, job);
             static float p[CAP];
             size_t n = 0;
             if (train(rc, c, p, CAP, &n) != DT_OK) {
@@ -143,10 +137,7 @@ static void test_mismatch(void) {
     snprintf(job, sizeof job, "ddpmis%d", (int)getpid());
     for (int r = 0; r < 2; r++) {
         if (fork() == 0) {
-            dt_comm_config cc = dt_comm_config_default();
-            cc.rank = r, cc.size = 2, cc.job_id = job, cc.timeout_s = 30;
-            dt_comm *c;
-            if (dt_comm_create(&c, &cc) != DT_OK) _exit(2);
+            dt_comm *c = dt_test_rank_comm(r, 2, job);
             dt_train_config cfg = dt_train_defaults();
             cfg.data = g_csv;
             cfg.model = "linear(8) relu linear(4)";

@@ -2,10 +2,12 @@
 #ifndef DT_DIST_TESTLIB_H
 #define DT_DIST_TESTLIB_H
 
+#include "dtrain/comm.h"
 #include "dtrain/core.h"
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 /* Writes DIR/toy_train.csv (made with mkdtemp from `tmpl`, e.g. "/tmp/dtrain-x-XXXXXX") of 203
  * samples of 12 features (odd: the last batch of an epoch is short), labels from `seed`.
@@ -24,6 +26,19 @@ static inline void dt_test_write_toy_csv(char *dir, char *csv, const char *tmpl,
         fprintf(f, "\n");
     }
     fclose(f);
+}
+
+/* In a forked rank: joins job `job` as rank r of n over shared memory (60 s deadlines), or
+ * prints why and exits the process with status 2. */
+static inline dt_comm *dt_test_rank_comm(int r, int n, const char *job) {
+    dt_comm_config cc = dt_comm_config_default();
+    cc.rank = r, cc.size = n, cc.job_id = job, cc.timeout_s = 60;
+    dt_comm *c;
+    if (dt_comm_create(&c, &cc) != DT_OK) {
+        fprintf(stderr, "rank %d: %s\n", r, dt_last_error());
+        _exit(2);
+    }
+    return c;
 }
 
 /* Removes the directory made by dt_test_write_toy_csv. */

@@ -123,13 +123,7 @@ static int run_ranks(int N, const run_cfg *rc, const char *job) {
     memset(g_res, 0, sizeof(result) * (size_t)N);
     for (int r = 0; r < N; r++) {
         if (fork() == 0) {
-            dt_comm_config cc = dt_comm_config_default();
-            cc.rank = r, cc.size = N, cc.job_id = job, cc.timeout_s = 60;
-            dt_comm *c;
-            if (dt_comm_create(&c, &cc) != DT_OK) {
-                fprintf(stderr, "rank %d: %s\n", r, dt_last_error());
-                _exit(2);
-            }
+            dt_comm *c = dt_test_rank_comm(r, N, job);
             bool die;
             if (train(rc, c, &g_res[r], &die) != DT_OK) {
                 fprintf(stderr, "rank %d: %s\n", r, dt_last_error());
