@@ -92,7 +92,6 @@ typedef struct {
 
 typedef struct {
     int64_t version;     /* pushes applied to this shard so far */
-    int64_t min_clock;   /* slowest live worker's clock when the answer was granted */
     int64_t seq, epoch, unit;  /* dynamic, server 0: the worker's next unit; unit -1 = none */
     int32_t bye;         /* dynamic, server 0: no next unit; say goodbye to every server */
     int32_t later;       /* overlap, server 0: no unit ahead now (quiet finish, max_steps); ask after the one held */

@@ -136,7 +136,7 @@ static void *handler_main(void *arg) {
             pthread_mutex_unlock(&sv->mu);
             break;
         }
-        r.version = sv->version, r.min_clock = lo;
+        r.version = sv->version;
         memcpy(h->out, sv->w, sv->n * sizeof(float));
         pthread_mutex_unlock(&sv->mu);
         st = dt_comm_broadcast(c, &r, sizeof r, DT_U8, 0);
