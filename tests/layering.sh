@@ -4,12 +4,12 @@
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 # layer: forbidden include prefixes (internal dirs and the public headers that belong to them)
 declare -A FORBID=(
-  [core]="comm/ nn/ optim/ data/ dist/ run/ cli/ dtrain/comm.h dtrain/nn.h dtrain/optim.h dtrain/data.h dtrain/train.h dtrain/safetensors.h"
-  [comm]="nn/ optim/ data/ dist/ run/ cli/ dtrain/nn.h dtrain/optim.h dtrain/data.h dtrain/train.h"
-  [nn]="comm/ data/ dist/ run/ cli/ dtrain/comm.h dtrain/data.h dtrain/train.h"
-  [optim]="comm/ data/ dist/ run/ cli/ dtrain/comm.h dtrain/data.h dtrain/train.h"
-  [data]="comm/ nn/ optim/ dist/ run/ cli/ dtrain/comm.h dtrain/nn.h dtrain/train.h"
-  [dist]="run/ cli/ dtrain/train.h"
+  [core]="comm/ nn/ optim/ data/ parallel/ run/ cli/ dtrain/comm.h dtrain/nn.h dtrain/optim.h dtrain/data.h dtrain/train.h dtrain/safetensors.h"
+  [comm]="nn/ optim/ data/ parallel/ run/ cli/ dtrain/nn.h dtrain/optim.h dtrain/data.h dtrain/train.h"
+  [nn]="comm/ data/ parallel/ run/ cli/ dtrain/comm.h dtrain/data.h dtrain/train.h"
+  [optim]="comm/ data/ parallel/ run/ cli/ dtrain/comm.h dtrain/data.h dtrain/train.h"
+  [data]="comm/ nn/ optim/ parallel/ run/ cli/ dtrain/comm.h dtrain/nn.h dtrain/train.h"
+  [parallel]="run/ cli/ dtrain/train.h"
   [run]="cli/"
 )
 for layer in "${!FORBID[@]}"; do

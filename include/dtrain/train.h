@@ -78,7 +78,7 @@ typedef struct {
     const char *strategy;     /* NULL: "ddp" when the world size > 1, else "single" */
     double bucket_mb;         /* ddp gradient bucket size (MB), 0 = default */
     const char *timeline;     /* Chrome trace (JSON) of every rank's steps, written by rank 0 */
-    /* uneven workers (see dist/strategy.h): ps servers and consistency, local SGD, balancing */
+    /* uneven workers (see parallel/strategy.h): ps servers and consistency, local SGD, balancing */
     int servers;              /* ps: the first `servers` ranks hold the parameters (default 1) */
     int staleness;            /* ps: bound in global batches (rounds of one batch per worker) a batch
                                * may be ahead of the oldest in training; < 0 = unbounded (async) */

@@ -1,5 +1,5 @@
 /* Plain records of data-parallel workers' progress, produced by the distribution strategies
- * (dist/) and reported by the trainer (run/) in its metrics. Data only, no behaviour. */
+ * (parallel/) and reported by the trainer (run/) in its metrics. Data only, no behaviour. */
 #ifndef DTRAIN_WORKERS_H
 #define DTRAIN_WORKERS_H
 

@@ -5,7 +5,7 @@
 #define DT_RUN_TRAINER_INTERNAL_H
 
 #include "core/trace.h"
-#include "dist/strategy.h"
+#include "parallel/strategy.h"
 #include "dtrain/data.h"
 #include "dtrain/train.h"
 #include "run/balance.h"

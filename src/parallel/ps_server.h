@@ -4,7 +4,7 @@
 #ifndef DT_DIST_PS_SERVER_H
 #define DT_DIST_PS_SERVER_H
 
-#include "dist/ps.h"
+#include "parallel/ps.h"
 
 #include <pthread.h>
 

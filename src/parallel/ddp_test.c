@@ -3,7 +3,7 @@
  * 4; the final epoch batch is uneven), replicas stay bitwise identical, two identical runs are
  * bitwise identical, and mismatched replicas are refused at start. */
 #include "core/test.h"
-#include "dist/dist_testlib.h"
+#include "parallel/parallel_testlib.h"
 #include "dtrain/dtrain.h"
 
 #include <stdio.h>

@@ -71,7 +71,7 @@
 #ifndef DT_DIST_PS_H
 #define DT_DIST_PS_H
 
-#include "dist/strategy.h"
+#include "parallel/strategy.h"
 
 #include <pthread.h>
 

@@ -20,7 +20,7 @@
  * again by server 0; a server > 0 counts it as in (lost with the worker) so nothing waits for it.
  * With overlap each worker holds up to two units (two pending slots; ps.h says how they flow).
  * The hand-out and the bookkeeping of dynamic assignment are in ps_assign.c. */
-#include "dist/ps_server.h"
+#include "parallel/ps_server.h"
 
 #include <errno.h>
 #include <pthread.h>

@@ -1,7 +1,7 @@
 /* Distribution strategies: the one interface through which the trainer drives data-parallel
  * (and later sharded / asynchronous) training. The trainer loop is the same for every
  * strategy: forward, loss, backward with the strategy's grad-ready hook, then strategy step.
- * dist/ is the only layer where models (nn/, optim/) and communication (comm/) meet. */
+ * parallel/ is the only layer where models (nn/, optim/) and communication (comm/) meet. */
 #ifndef DT_DIST_STRATEGY_H
 #define DT_DIST_STRATEGY_H
 
@@ -158,6 +158,6 @@ void dt_strategy_apply_update(dt_strategy *s, float lr, float clip);
 
 /* Verifies that every rank of comm holds bitwise identical model parameters and buffers
  * (checksum allreduce); DT_EMISMATCH naming a differing rank otherwise. */
-dt_status dt_dist_verify_replicas(dt_comm *comm, dt_model *m);
+dt_status dt_strategy_verify_replicas(dt_comm *comm, dt_model *m);
 
 #endif

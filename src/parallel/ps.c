@@ -9,7 +9,7 @@
  * answer names the next batch to train (dynamic assignment, ps.h), so a slow worker trains
  * fewer; with fixed_shards each owns 1/W of every epoch and SSP counts its own steps. With
  * overlap (--ps-overlap) the exchange runs on a worker thread while the next batch trains (ps.h). */
-#include "dist/ps.h"
+#include "parallel/ps.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,7 +30,7 @@ static int partner(const ps_state *p, int round, bool server, int idx) {
 static dt_status ps_init(dt_strategy *s) {
     ps_state *p = s->impl;
     dt_comm *c = s->comm;
-    DT_TRY(dt_dist_verify_replicas(c, s->model));
+    DT_TRY(dt_strategy_verify_replicas(c, s->model));
     const bool server = p->me < p->S;
     const int idx = server ? p->me : p->me - p->S;
     /* one split per round; the pair's color is the server index, the server is pair rank 0 */

@@ -14,9 +14,9 @@
  *  - local SGD averaging after every step is data-parallel SGD (equal to 1 process up to
  *    rounding), and with H = 4 the replicas are identical after the final average. */
 #include "core/test.h"
-#include "dist/dist_testlib.h"
-#include "dist/ps.h"
-#include "dist/strategy.h"
+#include "parallel/parallel_testlib.h"
+#include "parallel/ps.h"
+#include "parallel/strategy.h"
 #include "dtrain/dtrain.h"
 
 #include <stdio.h>

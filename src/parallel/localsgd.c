@@ -7,7 +7,7 @@
  * to each rank: it is never averaged (the averaged parameters are taken up by every rank's own
  * optimizer). ops->sync averages at once (the trainer calls it before evaluation and
  * checkpoints, so those always see the common model). */
-#include "dist/strategy.h"
+#include "parallel/strategy.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -20,7 +20,7 @@ typedef struct {
     size_t np, nb;
 } localsgd;
 
-static dt_status lsgd_init(dt_strategy *s) { return dt_dist_verify_replicas(s->comm, s->model); }
+static dt_status lsgd_init(dt_strategy *s) { return dt_strategy_verify_replicas(s->comm, s->model); }
 
 static void lsgd_begin(dt_strategy *s, int64_t step) { s->step = step; }
 

@@ -3,7 +3,7 @@
  * handed out, or its pull request answered, only while it is at most s rounds of W units ahead
  * of done_lo), server 0's hand-out with the quiet finish, and the pull requests servers > 0
  * take. Everything here runs with the server lock held. */
-#include "dist/ps_server.h"
+#include "parallel/ps_server.h"
 
 #include <stdlib.h>
 #include <string.h>

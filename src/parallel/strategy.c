@@ -1,6 +1,6 @@
 /* Strategy factory, the single-process strategy, and replica verification shared by the
  * data-parallel strategies. */
-#include "dist/strategy.h"
+#include "parallel/strategy.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -93,7 +93,7 @@ void dt_strategy_grad_hook(void *strategy, size_t offset, size_t n) {
     s->ops->grad_ready(s, offset, n);
 }
 
-dt_status dt_dist_verify_replicas(dt_comm *comm, dt_model *m) {
+dt_status dt_strategy_verify_replicas(dt_comm *comm, dt_model *m) {
     /* (param count, crc32 of params, crc32 of buffers): min and max must agree on every rank */
     uLong c1 = crc32(0L, (const Bytef *)dt_model_params(m), (uInt)(dt_model_num_params(m) * sizeof(float)));
     uLong c2 = crc32(0L, (const Bytef *)dt_model_buffers(m), (uInt)(dt_model_num_buffers(m) * sizeof(float)));

@@ -3,7 +3,7 @@
  * layer backwards) so that a bucket's non-blocking allreduce starts as soon as backward has
  * produced all of its gradients, while backward continues on earlier layers. The optimizer
  * step then waits for the buckets and updates every replica identically. */
-#include "dist/strategy.h"
+#include "parallel/strategy.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,7 +33,7 @@ static void issue(dt_strategy *s, ddp *d, int i) {
     if (dt_comm_iallreduce(s->comm, g, g, b->hi - b->lo, DT_F32, DT_OP_AVG, &b->req) != DT_OK) b->req = NULL;
 }
 
-static dt_status ddp_init(dt_strategy *s) { return dt_dist_verify_replicas(s->comm, s->model); }
+static dt_status ddp_init(dt_strategy *s) { return dt_strategy_verify_replicas(s->comm, s->model); }
 
 static void ddp_begin(dt_strategy *s, int64_t step) {
     ddp *d = s->impl;
