@@ -1,8 +1,12 @@
-/* Models: a sequential stack of layers whose parameters, gradients and buffers live in flat
- * slabs (llm.c style), built from the C API or from a spec string such as
- *   "conv(32,3,pad=1) relu maxpool(2) flatten linear(128) relu linear(10)".
- * Tensor names follow torch.nn.Sequential ("0.weight", "3.bias", "4.running_mean") so a saved
- * checkpoint loads into the equivalent PyTorch model unchanged. */
+/* Models are graphs of ops (ggml / PyTorch autograd style) whose parameters, gradients and
+ * buffers live in flat slabs (llm.c style). Nodes name their inputs, so residual connections and
+ * shared weights work; activation gradients accumulate where branches meet. Inputs are typed
+ * (f32 features or int32 tokens) and the loss is a node of the graph.
+ *
+ * Two builders make the same kind of graph: the sequential spec ("conv(32,3,pad=1) relu
+ * maxpool(2) flatten linear(128) relu linear(10)", tensor names as torch.nn.Sequential:
+ * "0.weight", "4.running_mean") and the GPT builder (src/models/gpt.c, nanoGPT tensor names).
+ * Either way a saved checkpoint loads into the equivalent PyTorch model unchanged. */
 #ifndef DTRAIN_NN_H
 #define DTRAIN_NN_H
 
@@ -16,6 +20,16 @@ typedef enum {
     DT_LAYER_LINEAR, DT_LAYER_CONV2D, DT_LAYER_MAXPOOL2D, DT_LAYER_AVGPOOL2D, DT_LAYER_RELU,
     DT_LAYER_GELU, DT_LAYER_TANH, DT_LAYER_SIGMOID, DT_LAYER_DROPOUT, DT_LAYER_FLATTEN,
     DT_LAYER_LAYERNORM, DT_LAYER_BATCHNORM2D,
+    /* graph ops beyond the sequential layers */
+    DT_LAYER_INPUT,      /* a graph input (dt_graph_input) */
+    DT_LAYER_EMBEDDING,  /* int32 ids (..) -> rows of a (num, out) table: (.., out); pos: row = position */
+    DT_LAYER_ADD,        /* a + b, same shape (residual) */
+    DT_LAYER_ATTENTION,  /* causal multi-head self-attention: qkv (T, 3C) -> (T, C), `heads` heads */
+    DT_LAYER_MATMUL_T,   /* in (.., C) @ w^T with w (out, C) and no bias (a tied output head) */
+    DT_LAYER_RESHAPE,    /* same values, per-sample shape `shape[0..ndim)` */
+    DT_LAYER_XENT,       /* loss: softmax cross-entropy of logits (.., V) against int32 targets (..) */
+    DT_LAYER_MSE,        /* loss: mean squared error against an f32 target of the same shape */
+    DT_LAYER_KIND_COUNT
 } dt_layer_kind;
 
 /* One layer of a spec. Fields a kind does not use are ignored. */
@@ -29,10 +43,22 @@ typedef struct {
     float p;          /* dropout probability, default 0.5 */
     float eps;        /* norms, default 1e-5 */
     float momentum;   /* batchnorm running-stat momentum, default 0.1 */
+    /* graph ops (the sequential spec leaves these at their defaults) */
+    bool flatten;     /* linear: over all values of a sample (sequential spec) instead of the last dim */
+    int num;          /* embedding: rows of the table (vocabulary or positions) */
+    bool pos;         /* embedding: look up each position's row instead of the id's */
+    int heads;        /* attention heads */
+    int ndim;         /* reshape: per-sample shape */
+    int shape[4];
+    int ignore_index; /* xent: targets equal to it do not count (default -100, as torch) */
+    float init_std;   /* > 0: weights ~ N(0, init_std), biases 0 (GPT); 0: torch's default init */
+    const char *tie;  /* linear/matmul_t/embedding: use this existing tensor as the weight (tied) */
 } dt_layer_spec;
 
 /* Returns a spec entry of `kind` with every default filled in. */
 dt_layer_spec dt_layer_default(dt_layer_kind kind);
+/* The op's name ("linear", "attention", ...), as in specs and messages. */
+const char *dt_layer_name(dt_layer_kind kind);
 
 #define DT_MAX_LAYERS 64
 
@@ -45,8 +71,30 @@ void dt_spec_format(char *buf, size_t cap, const dt_layer_spec *layers, int n);
 
 typedef struct dt_model dt_model;
 
-/* Builds a model for inputs of shape (C,H,W) (use C=1,H=1,W=features for vectors). Linear layers
- * on a 4-d activation flatten implicitly. Parameters are zero until dt_model_init. */
+/* ---- building a graph ---------------------------------------------------------------------- *
+ * Nodes are added in topological order; each names its inputs by the ids earlier calls returned.
+ * Shapes are per sample (the batch dimension comes at run time). Errors are sticky (ggml style):
+ * a failed call returns -1, later calls with a -1 input return -1, and dt_graph_finish reports
+ * the first error with the node's name. A node's parameters are named "<node name>.weight",
+ * ".bias" (norms also ".running_mean", ".running_var" buffers); spec.tie makes a node use an
+ * existing tensor instead of its own weight (shapes must match). */
+
+/* An empty graph. */
+dt_status dt_graph_create(dt_model **m);
+/* A graph input of `dtype` (DT_F32 features/targets or DT_I32 ids/labels) and per-sample shape
+ * shape[0..ndim) (ndim 0..4; 0 = one value). Inputs are fed in the order they were added. */
+int dt_graph_input(dt_model *m, const char *name, dt_dtype dtype, int ndim, const int *shape);
+/* A node of op spec->kind on inputs[0..nin). `layer` keys its initialisation and dropout streams
+ * (the sequential spec passes the layer index; -1 = the node's index). Returns the node id. */
+int dt_graph_node(dt_model *m, const char *name, const dt_layer_spec *spec, int layer, const int *inputs, int nin);
+/* Ends building: `output` is the node whose values dt_model_forward returns (logits), `loss` a
+ * loss node (xent or mse) whose first input is `output`, or -1. Lays out the slabs (parameters
+ * in node order, weight before bias) and sets `spec` as the model's spec string. */
+dt_status dt_graph_finish(dt_model *m, int output, int loss, const char *spec);
+
+/* Builds the sequential model of layers[0..n) for inputs of shape (C,H,W) (C=1,H=1,W=features
+ * for vectors), with an int32 label input and a softmax cross-entropy loss node. Linear layers on
+ * a 4-d activation flatten implicitly. Parameters are zero until dt_model_init. */
 dt_status dt_model_create(dt_model **m, const dt_layer_spec *layers, int n, int C, int H, int W);
 /* dt_spec_parse + dt_model_create. */
 dt_status dt_model_create_from_spec(dt_model **m, const char *spec, int C, int H, int W);
@@ -54,14 +102,20 @@ dt_status dt_model_create_from_spec(dt_model **m, const char *spec, int C, int H
 void dt_model_free(dt_model *m);
 
 /* Seeded initialisation (torch defaults: kaiming-uniform weights and biases for linear/conv,
- * ones/zeros for norms). Depends only on (seed, layer index), never on world size. */
+ * ones/zeros for norms; N(0, init_std) where a node sets it). Depends only on (seed, layer),
+ * never on world size. */
 void dt_model_init(dt_model *m, uint64_t seed);
 
 /* Canonical spec string (owned by the model). */
 const char *dt_model_spec(const dt_model *m);
-/* Input and output shape: numbers of input values per sample, output values per sample. */
+/* Values per sample of the first input and of the output node. */
 int dt_model_in_size(const dt_model *m);
 int dt_model_out_size(const dt_model *m);
+/* dtype of the first input (DT_F32 features, DT_I32 tokens). */
+dt_dtype dt_model_in_dtype(const dt_model *m);
+/* Classes of the output: its last dimension (the vocabulary for a language model). */
+int dt_model_classes(const dt_model *m);
+/* Sequential models: the layers of the spec (0 for other graphs). */
 int dt_model_num_layers(const dt_model *m);
 const dt_layer_spec *dt_model_layer(const dt_model *m, int i);
 
@@ -75,9 +129,9 @@ float *dt_model_buffers(dt_model *m);
 
 /* A named tensor view of the model: offset into the params slab (or the buffers slab). */
 typedef struct {
-    char name[32];      /* "0.weight" */
+    char name[64];      /* "0.weight", "transformer.h.0.attn.c_attn.weight" */
     bool is_buffer;     /* true: in buffers slab (running stats) */
-    int layer;          /* index in the layer list */
+    int layer;          /* the node that owns it (its first user) */
     size_t offset;      /* in floats */
     size_t numel;
     int ndim;
@@ -85,20 +139,65 @@ typedef struct {
 } dt_param_info;
 int dt_model_num_tensors(const dt_model *m);
 const dt_param_info *dt_model_tensor(const dt_model *m, int i);
+/* Index of the tensor called name, or -1. */
+int dt_model_find_tensor(const dt_model *m, const char *name);
 
-/* Runs the forward pass on x (B, in_size); train selects batchnorm batch statistics and
- * active dropout. *out points at the model-owned (B, out_size) output, valid until the next
- * forward. Activations grow to fit B. step keys dropout masks (counter-based RNG). */
+/* ---- nodes (for strategies: hooks, pipeline cuts) ----------------------------------------- */
+int dt_model_num_nodes(const dt_model *m);
+const char *dt_model_node_name(const dt_model *m, int node);
+dt_layer_kind dt_model_node_kind(const dt_model *m, int node);
+/* The output and loss node ids given to dt_graph_finish. */
+int dt_model_output_node(const dt_model *m);
+int dt_model_loss_node(const dt_model *m);
+/* A node's values of the last forward ((B, values per sample), f32) and their gradient of the
+ * last backward (NULL where none was computed). Valid until the next forward. */
+const float *dt_model_node_values(const dt_model *m, int node);
+const float *dt_model_node_grad(const dt_model *m, int node);
+/* Called before a node's forward and after its backward (ZeRO-3 gathers, tensor-parallel
+ * collectives); either may be NULL. */
+typedef void (*dt_node_hook_fn)(void *ctx, int node);
+void dt_model_set_node_hooks(dt_model *m, dt_node_hook_fn before_forward, dt_node_hook_fn after_backward, void *ctx);
+
+/* ---- running ------------------------------------------------------------------------------ */
+
+/* One batch: x is (n, in_size) of the first input's dtype (f32 features or int32 ids); y the
+ * second input (int32 labels/targets or f32 regression targets) or NULL for no loss. */
+typedef struct {
+    const void *x;
+    const void *y;
+    int n;
+} dt_feed;
+
+/* Runs the forward pass of every node on f (the loss too when f->y is set and the graph has
+ * one); train selects batchnorm batch statistics and active dropout; step keys dropout masks
+ * (counter-based RNG). *loss (may be NULL) gets the loss (NaN without one). Activations grow to
+ * fit the batch. DT_EINVAL for a token id or label out of range, naming it. */
+dt_status dt_model_run(dt_model *m, const dt_feed *f, bool train, uint64_t step, float *loss);
+/* The output (logits) of the last run/forward: (B, out_size). */
+const float *dt_model_output(const dt_model *m);
+
+/* f32 models: runs the forward pass on x (B, in_size) up to the output node (no loss); *out
+ * points at the model-owned (B, out_size) output, valid until the next forward. */
 dt_status dt_model_forward(dt_model *m, const float *x, int B, bool train, uint64_t step, const float **out);
 
-/* Called during backward each time a layer's parameter gradients are complete: the range
- * grads[offset, offset+n) is final for this step. Layers complete from last to first. */
+/* Called during backward each time parameter gradients are complete: the range
+ * grads[offset, offset+n) is final for this step. Ranges complete from the end of the slab
+ * towards its start; a tied tensor completes with its last user. */
 typedef void (*dt_grad_ready_fn)(void *ctx, size_t offset, size_t n);
 
-/* Backpropagates dout (B, out_size) of the last forward through the stack, ACCUMULATING into
- * the grads slab (zero it first with dt_model_zero_grad). hook may be NULL. */
+/* Backpropagates from the loss of the last dt_model_run (d loss = scale: 1, or a weight for
+ * the rank's share of a global batch, or a loss scale), ACCUMULATING into the grads slab (zero
+ * it first with dt_model_zero_grad). hook may be NULL. */
+dt_status dt_model_backward_loss(dt_model *m, float scale, dt_grad_ready_fn hook, void *ctx);
+/* Backpropagates dout (B, out_size) of the output node of the last forward (no loss). */
 dt_status dt_model_backward(dt_model *m, const float *dout, dt_grad_ready_fn hook, void *ctx);
 void dt_model_zero_grad(dt_model *m);
+
+/* Pipeline cuts: runs the forward of nodes [lo, hi) only (inputs of earlier nodes must hold
+ * their values: a stage sets its boundary input with dt_model_set_node_values), and the backward
+ * of nodes [lo, hi) from the gradients already present on their outputs. */
+dt_status dt_model_forward_nodes(dt_model *m, int lo, int hi);
+dt_status dt_model_backward_nodes(dt_model *m, int lo, int hi, dt_grad_ready_fn hook, void *ctx);
 
 /* Floating-point operations of one training step (forward + backward) at batch B. */
 double dt_model_train_flops(const dt_model *m, int B);

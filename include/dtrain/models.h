@@ -1,0 +1,41 @@
+/* Model builders over the graph of include/dtrain/nn.h: the sequential spec (mlp, cnn, any
+ * layer list) and a decoder-only transformer (GPT: pre-LN, GELU MLP, learned positions, output
+ * head tied to the token embedding) with nanoGPT's tensor names, so a checkpoint loads into a
+ * nanoGPT-style PyTorch model unchanged (lm_head.weight is transformer.wte.weight). */
+#ifndef DTRAIN_MODELS_H
+#define DTRAIN_MODELS_H
+
+#include "dtrain/nn.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    int L;  /* transformer blocks (n_layer) */
+    int H;  /* attention heads (n_head); C % H == 0 */
+    int C;  /* embedding width (n_embd) */
+    int T;  /* context length (block_size) */
+    int V;  /* vocabulary (256: bytes) */
+} dt_gpt_config;
+
+/* Parses "gpt" or "gpt:L=4,H=4,C=128,T=64[,V=256]" (defaults: those values). DT_EINVAL names
+ * the bad key or value and says what is allowed. */
+dt_status dt_gpt_parse(const char *spec, dt_gpt_config *c);
+/* Writes the canonical spec "gpt:L=..,H=..,C=..,T=..,V=.." into buf. */
+void dt_gpt_format(char *buf, size_t cap, const dt_gpt_config *c);
+/* Builds the GPT graph: input int32 ids (T), targets int32 (T), logits (T, V), softmax
+ * cross-entropy loss over all B*T positions. Initialise with dt_model_init (nanoGPT's init:
+ * N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)), biases 0, layer norms 1/0). */
+dt_status dt_gpt_create(dt_model **m, const dt_gpt_config *c);
+
+/* True when spec names a GPT ("gpt" or "gpt:..."). */
+bool dt_model_spec_is_gpt(const char *spec);
+/* Any model from its spec: a GPT spec, or a sequential spec / preset for inputs of shape
+ * (C,H,W). For a GPT, (C,H,W) are ignored (its input is T ids). */
+dt_status dt_model_build(dt_model **m, const char *spec, int C, int H, int W);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
