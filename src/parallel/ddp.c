@@ -107,7 +107,7 @@ dt_status dt_strategy_ddp_create(dt_strategy *s, const dt_strategy_config *cfg) 
     if (cap_floats < 1) cap_floats = 1;
     /* layer ranges from the last layer backwards; a bucket closes once it reaches the cap */
     dt_model *m = s->model;
-    int nl = dt_model_num_layers(m);
+    int nl = dt_model_num_tensors(m);
     size_t *lo = calloc((size_t)nl + 1, sizeof *lo);
     d->b = calloc((size_t)nl + 1, sizeof *d->b);
     if (!lo || !d->b) {
