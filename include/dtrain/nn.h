@@ -111,6 +111,8 @@ const char *dt_model_spec(const dt_model *m);
 /* Values per sample of the first input and of the output node. */
 int dt_model_in_size(const dt_model *m);
 int dt_model_out_size(const dt_model *m);
+/* Values per sample of input k (in feed order: 0 the data, 1 the targets); 0 if none. */
+int dt_model_input_values(const dt_model *m, int k);
 /* dtype of the first input (DT_F32 features, DT_I32 tokens). */
 dt_dtype dt_model_in_dtype(const dt_model *m);
 /* Classes of the output: its last dimension (the vocabulary for a language model). */

@@ -208,6 +208,9 @@ void dt_model_init(dt_model *m, uint64_t seed) {
 
 const char *dt_model_spec(const dt_model *m) { return m->spec; }
 int dt_model_in_size(const dt_model *m) { return (int)m->nodes[m->inputs[0]].out_n; }
+int dt_model_input_values(const dt_model *m, int k) {
+    return k >= 0 && k < m->ninputs ? (int)m->nodes[m->inputs[k]].out_n : 0;
+}
 dt_dtype dt_model_in_dtype(const dt_model *m) { return m->nodes[m->inputs[0]].dtype; }
 int dt_model_out_size(const dt_model *m) { return (int)m->nodes[m->output].out_n; }
 int dt_model_classes(const dt_model *m) { return dt_shape_last(&m->nodes[m->output]); }
