@@ -3,6 +3,8 @@
 #include "dtrain/dtrain.h"
 
 #include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
 #include <string.h>
 
 int dt_cmd_train(int argc, char **argv);
@@ -27,12 +29,27 @@ static void usage(void) {
            "  DTRAIN_TIMEOUT=S        deadline of any wait for another rank (default 300 s)\n"
            "  DTRAIN_LOG=LEVEL        library log level: error, warn (default), info, debug\n"
            "  DTRAIN_DATA_CACHE=0|DIR shared decoded data-set cache: off, or its directory (default /dev/shm)\n"
+           "  OPENBLAS_CORETYPE=CORE  OpenBLAS kernel set; unset, dtrain picks SkylakeX or Haswell itself\n"
+           "                          when OpenBLAS does not know the CPU (bench prints the choice)\n"
            "  DTRAIN_COMM_ALGO=NAME   force a collective algorithm: ring, rd, rhd, tree, direct, native\n"
            "  DTRAIN_RANK, DTRAIN_WORLD_SIZE, DTRAIN_JOB_ID   set by dtrain launch / --workers; mpirun\n"
            "                          and srun ranks are found from their own variables\n");
 }
 
+/* OpenBLAS fell back to its generic kernels on a CPU it does not know: run again with the kernel
+ * set the CPU supports (OPENBLAS_CORETYPE is read only when the library loads). Workers and
+ * children inherit it. */
+static void pick_blas_kernels(char **argv) {
+    const char *core = dt_blas_better_coretype();
+    if (!core || getenv("DTRAIN_BLAS_REEXEC")) return;
+    setenv("OPENBLAS_CORETYPE", core, 1);
+    setenv("DTRAIN_BLAS_REEXEC", core, 1);
+    execv("/proc/self/exe", argv);  /* returns only on failure: go on with the generic kernels */
+    unsetenv("OPENBLAS_CORETYPE");
+}
+
 int main(int argc, char **argv) {
+    pick_blas_kernels(argv);
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         usage();
         return argc < 2 ? 2 : 0;
