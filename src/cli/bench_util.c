@@ -52,7 +52,7 @@ void dt_bench_print_machine(void) {
         }
     if (f) fclose(f);
     printf("# cpu: %s (%ld cores online)\n", model, sysconf(_SC_NPROCESSORS_ONLN));
-    const char *by = getenv("DTRAIN_BLAS_REEXEC") ? " (OPENBLAS_CORETYPE set by dtrain: OpenBLAS did not know this CPU)"
+    const char *by = getenv("DTRAIN_BLAS_REEXEC") && strcmp(getenv("DTRAIN_BLAS_REEXEC"), "0") ? " (OPENBLAS_CORETYPE set by dtrain: OpenBLAS did not know this CPU)"
                      : getenv("OPENBLAS_CORETYPE") ? " (OPENBLAS_CORETYPE set)" : "";
     printf("# openblas: %s kernels%s\n", dt_blas_corename(), by);
 }

@@ -30,7 +30,8 @@ static void usage(void) {
            "  DTRAIN_LOG=LEVEL        library log level: error, warn (default), info, debug\n"
            "  DTRAIN_DATA_CACHE=0|DIR shared decoded data-set cache: off, or its directory (default /dev/shm)\n"
            "  OPENBLAS_CORETYPE=CORE  OpenBLAS kernel set; unset, dtrain picks SkylakeX or Haswell itself\n"
-           "                          when OpenBLAS does not know the CPU (bench prints the choice)\n"
+           "                          when OpenBLAS does not know the CPU (bench prints the choice;\n"
+           "                          DTRAIN_BLAS_REEXEC=0 keeps OpenBLAS's own choice)\n"
            "  DTRAIN_COMM_ALGO=NAME   force a collective algorithm: ring, rd, rhd, tree, direct, native\n"
            "  DTRAIN_RANK, DTRAIN_WORLD_SIZE, DTRAIN_JOB_ID   set by dtrain launch / --workers; mpirun\n"
            "                          and srun ranks are found from their own variables\n");
@@ -40,11 +41,15 @@ static void usage(void) {
  * set the CPU supports (OPENBLAS_CORETYPE is read only when the library loads). Workers and
  * children inherit it. */
 static void pick_blas_kernels(char **argv) {
+    if (getenv("DTRAIN_BLAS_REEXEC")) return;  /* done already, or turned off (=0) */
     const char *core = dt_blas_better_coretype();
-    if (!core || getenv("DTRAIN_BLAS_REEXEC")) return;
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (!core || n <= 0) return;
+    self[n] = '\0';
     setenv("OPENBLAS_CORETYPE", core, 1);
     setenv("DTRAIN_BLAS_REEXEC", core, 1);
-    execv("/proc/self/exe", argv);  /* returns only on failure: go on with the generic kernels */
+    execv(self, argv);  /* returns only on failure: go on with the generic kernels */
     unsetenv("OPENBLAS_CORETYPE");
 }
 
