@@ -34,7 +34,7 @@ dt_status dt_text_set_classes(dt_dataset *ds, int classes) {
 
 dt_status dt_dataset_batch_tokens(const dt_dataset *ds, const uint32_t *indices, int n, int32_t *tok, int32_t *tgt) {
     if (!ds->T)
-        return dt_error(DT_EINVAL, "data set %s is not a text data set: build its batches with dt_dataset_batch",
+        return dt_error(DT_EINVAL, "data set %s is not a text data set: use dt_dataset_batch for its batches",
                         ds->source[0] ? ds->source : "(memory)");
     if (n < 0) return dt_error(DT_EINVAL, "batch size %d is negative", n);
     for (int i = 0; i < n; i++)
