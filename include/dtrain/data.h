@@ -46,7 +46,8 @@ typedef struct dt_dataset dt_dataset;
  *  - a file ending in .csv or .csv.gz (default dt_csv_options). The test set is the sibling file
  *    whose name has "train" replaced by "test" (mnist_train.csv -> mnist_test.csv) when the name
  *    contains "train" and that file exists; otherwise *test is set to NULL.
- * Train and test share one class count (the larger). On error both outputs are NULL. */
+ * Train and test share one class count (the larger). On error both outputs are NULL. A text spec
+ * (dt_data_is_text) is DT_EINVAL: text sets open with dt_dataset_open_text. */
 dt_status dt_dataset_open(dt_dataset **train, dt_dataset **test, const char *path);
 /* Opens one data set from an IDX image file and an IDX label file (same item count). Image shape:
  * 1 dim -> (1,1,1), 2 dims (n,W) -> (1,1,W), 3 dims (n,H,W) -> (1,H,W), 4 dims (n,C,H,W);
@@ -149,7 +150,8 @@ dt_status dt_dataset_batch(const dt_dataset *ds, const uint32_t *indices, int n,
  * byte but the first is a target exactly once per epoch (the last (len-1) % T bytes are unused).
  * The file is split by bytes: the first len - floor(len * val_fraction) are the train set, the
  * rest the validation set; no window crosses the split. The file is mapped read-only (or, for a
- * pipe or other unmappable file, read once into memory); windows are never copied.
+ * pipe or other unmappable file, read once into memory); windows are never copied. Do not
+ * truncate a file that a run maps (its readers would fault); replace it (rename) instead.
  * For a text set: dt_dataset_shape = (1,1,T), dt_dataset_classes = 256 (dt_dataset_set_classes
  * may raise it, or lower it down to the largest byte + 1), dt_dataset_len = n windows,
  * dt_dataset_dtype = DT_U8, dt_dataset_source = the file, dt_dataset_cache_file = the generated

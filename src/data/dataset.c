@@ -367,6 +367,9 @@ dt_status dt_dataset_open(dt_dataset **train, dt_dataset **test, const char *pat
     *train = NULL;
     if (test) *test = NULL;
     if (!path || !*path) return dt_error(DT_EINVAL, "no data set given: pass fashion-mnist, mnist, an IDX directory or a .csv file");
+    if (dt_data_is_text(path))
+        return dt_error(DT_EINVAL, "--data %s is a text data set: open it with dt_dataset_open_text and the model's context length T",
+                        path);
     if (!strcmp(path, "fashion-mnist") || !strcmp(path, "mnist")) {
         const char *root = getenv("DTRAIN_DATASETS");
         char dir[PATH_MAX];

@@ -142,6 +142,16 @@ int main(void) {
         for (int i = 0; i < 3; i++) CHECK(tok[i] == text[idx[i]] && tgt[i] == text[idx[i] + 1]);
     }
     dt_dataset_free(tr);
+    /* an unusable cache directory (its parent is a file): in memory too */
+    char bad[400];
+    snprintf(bad, sizeof bad, "%s/plainfile", g_dir);
+    FILE *nf = fopen(bad, "w");
+    if (nf) fclose(nf);
+    snprintf(bad, sizeof bad, "%s/plainfile/cache", g_dir);
+    setenv("DTRAIN_DATA_CACHE", bad, 1);
+    CHECK_OK(dt_dataset_open_text(&tr, NULL, "kjv", 1, 0));
+    if (tr) CHECK(dt_dataset_len(tr) == len - 1 && strstr(dt_dataset_source(tr), "in memory"));
+    dt_dataset_free(tr);
     free(text);
 
     char cmd[300];

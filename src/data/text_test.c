@@ -127,6 +127,7 @@ static void test_open(void) {
     dt_dataset_free(img);
 
     CHECK(dt_data_is_text("kjv") && dt_data_is_text("text:a.txt") && dt_data_is_text("text:"));
+    CHECK(dt_dataset_open(&tr, NULL, "kjv") == DT_EINVAL && tr == NULL && strstr(dt_last_error(), "dt_dataset_open_text"));
     CHECK(!dt_data_is_text("fashion-mnist") && !dt_data_is_text("kjv.txt") && !dt_data_is_text("a.csv") && !dt_data_is_text(NULL));
 }
 
