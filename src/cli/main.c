@@ -11,10 +11,12 @@ int dt_cmd_train(int argc, char **argv);
 int dt_cmd_eval(int argc, char **argv);
 int dt_cmd_launch(int argc, char **argv);
 int dt_cmd_bench(int argc, char **argv);
+int dt_cmd_sample(int argc, char **argv);
 
 static const dt_command g_commands[] = {
     {"train", dt_cmd_train, "train a model (one process, --workers N, or one rank of a launch/mpirun job)"},
     {"eval", dt_cmd_eval, "evaluate a checkpoint on a data set"},
+    {"sample", dt_cmd_sample, "generate text with a GPT checkpoint"},
     {"launch", dt_cmd_launch, "run N local ranks of a program (rank env, prefixed output)"},
     {"bench", dt_cmd_bench, "benchmarks: train, ddp, async, fault, comm (tables + a JSON line)"},
     {NULL, NULL, NULL},
