@@ -150,13 +150,14 @@ static dt_status layout(dt_model *m) {
         p->offset = p->is_buffer ? nb : np;
         *(p->is_buffer ? &nb : &np) += p->numel;
     }
-    if (!(m->last_user = malloc(sizeof(int) * (size_t)(m->ntensors ? m->ntensors : 1))))
+    if (!(m->last_user = calloc(m->ntensors > 0 ? (size_t)m->ntensors : 1u, sizeof(int))))
         return dt_error(DT_ENOMEM, "model: out of memory");
+    for (int t = 0; t < m->ntensors; t++) m->last_user[t] = -1;
     for (int i = 0; i < m->n; i++) {
         dt_node *n = &m->nodes[i];
         bool has_params = false;
-        for (int k = 0; k < n->ntensor; k++) {
-            m->last_user[n->tensor[k]] = i;
+        for (int k = 0; k < n->ntensor; k++) {  /* backward runs in reverse: the first user is the last there */
+            if (m->last_user[n->tensor[k]] < 0) m->last_user[n->tensor[k]] = i;
             has_params |= !m->tensors[n->tensor[k]].is_buffer;
         }
         n->needs_grad = has_params;
