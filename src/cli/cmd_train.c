@@ -424,7 +424,7 @@ int dt_cmd_eval(int argc, char **argv) {
     int batch = 256, threads = 1;
     const dt_flag flags[] = {
         {"checkpoint", DT_FLAG_STR, &ckpt, "FILE", "checkpoint to evaluate (required)"},
-        {"data", DT_FLAG_STR, &data, "DIR", "IDX directory, fashion-mnist, mnist or a .csv"},
+        {"data", DT_FLAG_STR, &data, "DIR", "IDX directory, fashion-mnist, mnist, a .csv, or text:FILE / kjv for a GPT (its last 10%)"},
         {"batch", DT_FLAG_INT, &batch, "N", "evaluation batch size"},
         {"threads", DT_FLAG_INT, &threads, "N", "BLAS threads"},
     };
