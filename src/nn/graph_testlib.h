@@ -1,0 +1,86 @@
+/* Helpers shared by the graph tests (graph_ref_test.c, graph_gradcheck_test.c), test-only and
+ * header-only: graph building shorthands, a tensor's parameter or gradient view by name, and
+ * array comparisons that print the max difference of every case. */
+#ifndef DT_NN_GRAPH_TESTLIB_H
+#define DT_NN_GRAPH_TESTLIB_H
+
+#include "core/test.h"
+#include "dtrain/core.h"
+#include "dtrain/nn.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* A graph input of per-sample shape (d0[, d1[, d2]]); pass 0 for the unused trailing dims. */
+static inline int gt_input(dt_model *m, const char *name, dt_dtype dtype, int d0, int d1, int d2) {
+    int shape[3] = {d0, d1, d2}, ndim = d2 ? 3 : d1 ? 2 : 1;
+    return dt_graph_input(m, name, dtype, ndim, shape);
+}
+
+/* A node on one, two or three inputs (b, c < 0: absent). */
+static inline int gt_node(dt_model *m, const char *name, const dt_layer_spec *s, int a, int b, int c) {
+    int in[3] = {a, b, c}, n = c >= 0 ? 3 : b >= 0 ? 2 : 1;
+    return dt_graph_node(m, name, s, -1, in, n);
+}
+
+/* Index of tensor `name`, CHECKed to exist with numel values (numel 0: any). */
+static inline int gt_tensor(const dt_model *m, const char *name, size_t numel) {
+    int i = dt_model_find_tensor(m, name);
+    CHECK_MSG(i >= 0, "the model has no tensor '%s'", name);
+    if (i < 0) return -1;
+    const dt_param_info *t = dt_model_tensor(m, i);
+    CHECK_MSG(numel == 0 || t->numel == numel, "tensor %s has %zu values, want %zu", name, t->numel, numel);
+    return numel == 0 || t->numel == numel ? i : -1;
+}
+
+/* The parameter (or gradient) values of tensor `name`, or NULL (a failed check). */
+static inline float *gt_param(dt_model *m, const char *name, size_t numel) {
+    int i = gt_tensor(m, name, numel);
+    return i < 0 ? NULL : dt_model_params(m) + dt_model_tensor(m, i)->offset;
+}
+static inline float *gt_grad(dt_model *m, const char *name, size_t numel) {
+    int i = gt_tensor(m, name, numel);
+    return i < 0 ? NULL : dt_model_grads(m) + dt_model_tensor(m, i)->offset;
+}
+
+/* Copies n values into tensor `name`; returns 0 or -1 (a failed check). */
+static inline int gt_load(dt_model *m, const char *name, const float *src, size_t n) {
+    float *p = gt_param(m, name, n);
+    if (p) memcpy(p, src, n * sizeof *p);
+    return p ? 0 : -1;
+}
+
+/* The gradient a backward left on node `node` (an input's gradient, say), CHECKed non-NULL. */
+static inline const float *gt_node_grad(const dt_model *m, int node) {
+    const float *g = dt_model_node_grad(m, node);
+    CHECK_MSG(g != NULL, "no gradient on node %d (%s) after backward", node, dt_model_node_name(m, node));
+    return g;
+}
+
+/* Max |got - ref| relative to max(max|ref|, floor) (1 if both are 0); must be <= tol. Returns
+ * the relative error. got == NULL is a failure already reported. */
+static inline double gt_cmp_floor(const char *what, const float *got, const float *ref, size_t n, double tol,
+                                  double floor) {
+    if (!got) {
+        CHECK_MSG(0, "%s: nothing to compare", what);
+        return INFINITY;
+    }
+    double scale = floor, diff = dt_test_maxdiff(got, ref, n);
+    for (size_t i = 0; i < n; i++) scale = fmax(scale, fabs(ref[i]));
+    if (scale == 0) scale = 1;
+    printf("  %-46s n=%-6zu max|diff| %.3e  rel %.2e\n", what, n, diff, diff / scale);
+    CHECK_MSG(diff / scale <= tol, "%s: max diff %g (scale %g) exceeds rel tolerance %g", what, diff, scale, tol);
+    return diff / scale;
+}
+static inline double gt_cmp(const char *what, const float *got, const float *ref, size_t n, double tol) {
+    return gt_cmp_floor(what, got, ref, n, tol, 0);
+}
+
+static inline float *gt_copy(const float *src, size_t n) {
+    float *p = malloc((n ? n : 1) * sizeof *p);
+    if (src) memcpy(p, src, n * sizeof *p);
+    return p;
+}
+
+#endif
