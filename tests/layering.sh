@@ -4,11 +4,13 @@
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 # layer: forbidden include prefixes (internal dirs and the public headers that belong to them)
 declare -A FORBID=(
-  [core]="comm/ nn/ optim/ data/ parallel/ run/ cli/ dtrain/comm.h dtrain/nn.h dtrain/optim.h dtrain/data.h dtrain/train.h dtrain/safetensors.h"
-  [comm]="nn/ optim/ data/ parallel/ run/ cli/ dtrain/nn.h dtrain/optim.h dtrain/data.h dtrain/train.h"
-  [nn]="comm/ data/ parallel/ run/ cli/ dtrain/comm.h dtrain/data.h dtrain/train.h"
-  [optim]="comm/ data/ parallel/ run/ cli/ dtrain/comm.h dtrain/data.h dtrain/train.h"
-  [data]="comm/ nn/ optim/ parallel/ run/ cli/ dtrain/comm.h dtrain/nn.h dtrain/train.h"
+  [core]="backend/ models/ comm/ nn/ optim/ data/ parallel/ run/ cli/ dtrain/comm.h dtrain/nn.h dtrain/optim.h dtrain/data.h dtrain/train.h dtrain/safetensors.h"
+  [backend]="nn/ models/ comm/ optim/ data/ parallel/ run/ cli/ dtrain/nn.h dtrain/models.h dtrain/comm.h dtrain/data.h dtrain/train.h"
+  [comm]="backend/ models/ nn/ optim/ data/ parallel/ run/ cli/ dtrain/nn.h dtrain/optim.h dtrain/data.h dtrain/train.h"
+  [nn]="models/ comm/ data/ parallel/ run/ cli/ dtrain/comm.h dtrain/data.h dtrain/train.h"
+  [models]="comm/ data/ parallel/ run/ cli/ dtrain/comm.h dtrain/data.h dtrain/train.h"
+  [optim]="backend/ models/ nn/ comm/ data/ parallel/ run/ cli/ dtrain/comm.h dtrain/data.h dtrain/train.h"
+  [data]="backend/ models/ comm/ nn/ optim/ parallel/ run/ cli/ dtrain/comm.h dtrain/nn.h dtrain/train.h"
   [parallel]="run/ cli/ dtrain/train.h"
   [run]="cli/"
 )

@@ -66,6 +66,18 @@ float dt_f16_to_f32(uint16_t x);
 /* Converts n elements between any two dtypes (through f64 for exotic pairs). dst != src. */
 void dt_convert(void *dst, dt_dtype dst_type, const void *src, dt_dtype src_type, size_t n);
 
+/* ---- devices and typed buffers ------------------------------------------------------------- */
+
+typedef enum { DT_DEVICE_CPU = 0, DT_DEVICE_CUDA } dt_device;
+
+/* A buffer that knows its dtype and device: count elements of dtype at data (not owned). */
+typedef struct {
+    void *data;
+    dt_dtype dtype;
+    size_t count;
+    dt_device device;
+} dt_buffer;
+
 /* ---- tensors and slabs -------------------------------------------------------------------- */
 
 #define DT_MAX_DIMS 6

@@ -75,12 +75,38 @@ void dt_batchnorm2d_forward_eval(float *out, const float *in, const float *w, co
 void dt_batchnorm2d_backward(float *din, float *dw, float *db, const float *dout, const float *in, const float *w,
                              const float *mean, const float *rstd, int B, int C, int HW);
 
+/* ---- Embedding: out (N,C) = rows ids[0..N) of w (V,C); ids must lie in [0,V) -------------- *
+ * Positional: out (B,T,C) = w[t] at position t. Backward accumulates into dw. */
+void dt_embedding_forward(float *out, const int32_t *ids, const float *w, int N, int C);
+void dt_embedding_backward(float *dw, const float *dout, const int32_t *ids, int N, int C);
+void dt_pos_embedding_forward(float *out, const float *w, int B, int T, int C);
+void dt_pos_embedding_backward(float *dw, const float *dout, int B, int T, int C);
+/* out = a + b over n values (in-place on either input allowed). */
+void dt_add_forward(float *out, const float *a, const float *b, size_t n);
+
+/* ---- Causal multi-head self-attention (nanoGPT's layout) --------------------------------- *
+ * qkv (B,T,3C): q, k, v side by side in each row, head h in columns [h*hs, (h+1)*hs), hs = C/NH.
+ * out (B,T,C) = softmax(q k^T / sqrt(hs), causal) v, heads side by side; att (B,NH,T,T) keeps the
+ * probabilities (zeros above the diagonal) for backward. Backward overwrites dqkv (B,T,3C);
+ * work holds dt_attention_workspace(T) floats. */
+void dt_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
+size_t dt_attention_workspace(int T);
+void dt_attention_backward(float *dqkv, float *work, const float *dout, const float *qkv, const float *att, int B,
+                           int T, int C, int NH);
+
 /* ---- Losses: mean over the batch --------------------------------------------------------- *
  * Softmax cross-entropy (numerically stable, fused): logits (B,V), labels in [0,V).
  * forward writes probs (B,V) and returns the mean loss; backward writes
  * dlogits = scale * (probs - onehot) / B (overwrites; scale is for loss scaling, normally 1). */
 float dt_softmax_xent_forward(float *probs, const float *logits, const int32_t *labels, int B, int V);
 void dt_softmax_xent_backward(float *dlogits, const float *probs, const int32_t *labels, int B, int V, float scale);
+/* The same over N rows where rows whose label == ignore do not count (torch's ignore_index):
+ * returns the mean over the *counted rows (0 when none); backward writes zeros for ignored
+ * rows and scale * (probs - onehot) / counted for the others. */
+float dt_softmax_xent_ignore_forward(float *probs, const float *logits, const int32_t *labels, int N, int V,
+                                     int ignore, int *counted);
+void dt_softmax_xent_ignore_backward(float *dlogits, const float *probs, const int32_t *labels, int N, int V,
+                                     int ignore, int counted, float scale);
 /* MSE: mean over all n values of (pred - target)^2; backward writes scale * 2*(pred-target)/n. */
 float dt_mse_forward(const float *pred, const float *target, size_t n);
 void dt_mse_backward(float *dpred, const float *pred, const float *target, size_t n, float scale);

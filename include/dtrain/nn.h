@@ -111,13 +111,12 @@ const char *dt_model_spec(const dt_model *m);
 /* Values per sample of the first input and of the output node. */
 int dt_model_in_size(const dt_model *m);
 int dt_model_out_size(const dt_model *m);
+/* Values per sample of input k (in feed order: 0 the data, 1 the targets); 0 if none. */
+int dt_model_input_values(const dt_model *m, int k);
 /* dtype of the first input (DT_F32 features, DT_I32 tokens). */
 dt_dtype dt_model_in_dtype(const dt_model *m);
 /* Classes of the output: its last dimension (the vocabulary for a language model). */
 int dt_model_classes(const dt_model *m);
-/* Sequential models: the layers of the spec (0 for other graphs). */
-int dt_model_num_layers(const dt_model *m);
-const dt_layer_spec *dt_model_layer(const dt_model *m, int i);
 
 /* The flat slabs. params and grads have dt_model_num_params floats; buffers (batchnorm running
  * stats, not trained) have dt_model_num_buffers. Pointers stay valid for the model's life. */

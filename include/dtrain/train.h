@@ -53,7 +53,9 @@ typedef struct {
     const char *model;        /* spec string or preset ("mlp", "cnn"); NULL = the resumed
                                * checkpoint's model, else "mlp" */
     int epochs;
-    int batch;
+    int batch;                /* samples per rank per micro-batch */
+    int grad_accum;           /* micro-batches per optimizer step (<= 1: one); a step of N micro-batches of
+                               * b equals one batch of N*b (to float rounding) */
     dt_optim_config optim;
     dt_lr_schedule lr;        /* base_lr is the learning rate */
     float clip_norm;          /* gradient-norm clipping, 0 = off */

@@ -38,7 +38,8 @@ static const layer_syntax g_syntax[] = {
 #define N_SYNTAX ((int)(sizeof g_syntax / sizeof g_syntax[0]))
 
 dt_layer_spec dt_layer_default(dt_layer_kind kind) {
-    dt_layer_spec l = {.kind = kind, .bias = true, .p = 0.5f, .eps = 1e-5f, .momentum = 0.1f, .stride = 0};
+    dt_layer_spec l = {.kind = kind, .bias = true, .p = 0.5f, .eps = 1e-5f, .momentum = 0.1f, .stride = 0,
+                       .ignore_index = -100};
     return l;
 }
 

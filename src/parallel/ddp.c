@@ -97,7 +97,8 @@ static void ddp_destroy(dt_strategy *s) {
     s->impl = NULL;
 }
 
-static const dt_strategy_ops ddp_ops = {"ddp", ddp_init, ddp_begin, ddp_ready, ddp_step, ddp_destroy, NULL, NULL};
+static const dt_strategy_ops ddp_ops = {.name = "ddp", .init = ddp_init, .begin_step = ddp_begin, .grad_ready = ddp_ready,
+                                        .step = ddp_step, .destroy = ddp_destroy};
 
 dt_status dt_strategy_ddp_create(dt_strategy *s, const dt_strategy_config *cfg) {
     ddp *d = calloc(1, sizeof *d);
@@ -107,7 +108,7 @@ dt_status dt_strategy_ddp_create(dt_strategy *s, const dt_strategy_config *cfg) 
     if (cap_floats < 1) cap_floats = 1;
     /* layer ranges from the last layer backwards; a bucket closes once it reaches the cap */
     dt_model *m = s->model;
-    int nl = dt_model_num_layers(m);
+    int nl = dt_model_num_tensors(m);
     size_t *lo = calloc((size_t)nl + 1, sizeof *lo);
     d->b = calloc((size_t)nl + 1, sizeof *d->b);
     if (!lo || !d->b) {

@@ -78,8 +78,9 @@ static void lsgd_destroy(dt_strategy *s) {
     s->impl = NULL;
 }
 
-static const dt_strategy_ops lsgd_ops = {"localsgd", lsgd_init, lsgd_begin, lsgd_ready, lsgd_step, lsgd_destroy,
-                                         lsgd_sync, NULL};
+static const dt_strategy_ops lsgd_ops = {.name = "localsgd", .init = lsgd_init, .begin_step = lsgd_begin,
+                                         .grad_ready = lsgd_ready, .step = lsgd_step, .destroy = lsgd_destroy,
+                                         .sync = lsgd_sync};
 
 dt_status dt_strategy_localsgd_create(dt_strategy *s, const dt_strategy_config *cfg) {
     localsgd *l = calloc(1, sizeof *l);

@@ -260,7 +260,8 @@ static void ps_destroy(dt_strategy *s) {
 
 static dt_status ps_serve(dt_strategy *s, const dt_serve_config *cfg) { return dt_ps_serve(s, cfg); }
 
-static const dt_strategy_ops ps_ops = {"ps", ps_init, ps_begin, ps_ready, ps_step, ps_destroy, NULL, ps_serve};
+static const dt_strategy_ops ps_ops = {.name = "ps", .init = ps_init, .begin_step = ps_begin, .grad_ready = ps_ready,
+                                       .step = ps_step, .destroy = ps_destroy, .serve = ps_serve};
 
 dt_status dt_strategy_ps_create(dt_strategy *s, const dt_strategy_config *cfg) {
     const int size = dt_comm_size(s->comm), me = dt_comm_rank(s->comm);

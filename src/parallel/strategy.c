@@ -1,7 +1,8 @@
-/* Strategy factory, the single-process strategy, and replica verification shared by the
- * data-parallel strategies. */
+/* Strategy factory, the single-process strategy, the train step the replicated strategies share
+ * and replica verification. */
 #include "parallel/strategy.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <zlib.h>
@@ -31,8 +32,8 @@ static dt_status single_step(dt_strategy *s, float lr, float clip, dt_step_stats
 
 static void single_destroy(dt_strategy *s) { (void)s; }
 
-static const dt_strategy_ops single_ops = {"single", single_init, single_begin, single_ready, single_step,
-                                           single_destroy, NULL, NULL};
+static const dt_strategy_ops single_ops = {.name = "single", .init = single_init, .begin_step = single_begin,
+                                           .grad_ready = single_ready, .step = single_step, .destroy = single_destroy};
 
 dt_status dt_strategy_single_create(dt_strategy *s, const dt_strategy_config *cfg) {
     (void)cfg;
@@ -116,4 +117,50 @@ dt_status dt_strategy_verify_replicas(dt_comm *comm, dt_model *m) {
                         bad);
     }
     return DT_OK;
+}
+
+/* Micro-batch k of the feed: samples [k*n/accum, (k+1)*n/accum). */
+static dt_feed micro_batch(const dt_model *m, const dt_feed *f, int k, int accum) {
+    const int lo = (int)((int64_t)f->n * k / accum), hi = (int)((int64_t)f->n * (k + 1) / accum);
+    const size_t xs = (size_t)dt_model_input_values(m, 0) * 4, ys = (size_t)dt_model_input_values(m, 1) * 4;
+    return (dt_feed){.x = (const char *)f->x + (size_t)lo * xs, .y = f->y ? (const char *)f->y + (size_t)lo * ys : NULL,
+                     .n = hi - lo};
+}
+
+dt_status dt_strategy_default_train_step(dt_strategy *s, const dt_step_batch *b, dt_step_result *r) {
+    const double t0 = dt_now();
+    const int accum = b->accum > 1 ? b->accum : 1, n = b->feed.n;
+    memset(r, 0, sizeof *r);
+    s->ops->begin_step(s, b->step);
+    dt_model_zero_grad(s->model);
+    /* d loss: the rank's share of the global mean (ddp), or the local mean (localsgd, ps) */
+    const float weight = s->local_mean || n == 0 ? 1.0f : (float)((double)n * b->world / b->n_global);
+    for (int k = 0; k < accum && n > 0; k++) {
+        dt_feed f = micro_batch(s->model, &b->feed, k, accum);
+        if (f.n == 0) continue;
+        float loss;
+        const double tf = dt_now();
+        DT_TRY(dt_model_run(s->model, &f, true, (uint64_t)(b->step * accum + k), &loss));
+        if (!isfinite(loss))
+            return dt_error(DT_EINVAL, "training diverged: loss is %g at step %lld on rank %d; lower --lr or set --clip",
+                            loss, (long long)b->step, dt_comm_rank(s->comm));
+        r->loss_sum += (double)loss * f.n;
+        const double tb = dt_now();
+        dt_trace_add(s->trace, "forward", 0, tf, tb, b->step);
+        const bool last = k == accum - 1;
+        const float share = accum > 1 ? weight * (float)f.n / (float)n : weight;
+        DT_TRY(dt_model_backward_loss(s->model, share, last ? dt_strategy_grad_hook : NULL, s));
+        dt_trace_add(s->trace, "backward", 0, tb, dt_now(), b->step);
+    }
+    double busy = dt_now() - t0;
+    if (b->compute_done) busy += b->compute_done(b->ctx, n, busy);
+    s->cur.n = n, s->cur.loss_sum = r->loss_sum, s->cur.busy_s = busy;
+    r->n = n;
+    DT_TRY(s->ops->step(s, b->lr, b->clip, &r->st));
+    r->compute_s = dt_now() - t0 - r->st.comm_wait_s;
+    return DT_OK;
+}
+
+dt_status dt_strategy_train_step(dt_strategy *s, const dt_step_batch *b, dt_step_result *r) {
+    return s->ops->train_step ? s->ops->train_step(s, b, r) : dt_strategy_default_train_step(s, b, r);
 }

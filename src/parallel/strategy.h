@@ -82,8 +82,32 @@ typedef struct {
 
 typedef struct dt_strategy dt_strategy;
 
+/* One step of this rank, as the trainer hands it to the strategy (dt_strategy_train_step). */
+typedef struct {
+    dt_feed feed;         /* this rank's samples (n may be 0 on a rank of a final spread batch) */
+    int n_global;         /* samples of the whole global batch, every rank together */
+    int world;            /* ranks sharing the global batch */
+    int accum;            /* micro-batches the feed is cut into (--grad-accum; <= 1: one) */
+    int64_t step;         /* the optimizer step (keys dropout masks) */
+    float lr, clip;
+    /* called after forward/backward with the samples and their compute seconds; returns the seconds
+     * it added (a --slow sleep); may be NULL */
+    double (*compute_done)(void *ctx, int n, double busy_s);
+    void *ctx;
+} dt_step_batch;
+
+/* What a step did. */
+typedef struct {
+    double loss_sum;      /* sum over the rank's samples of their loss */
+    int n;                /* samples */
+    double compute_s;     /* forward + backward + update, without communication waits */
+    dt_step_stats st;
+} dt_step_result;
+
 typedef struct {
     const char *name;
+    /* Optional (NULL = dt_strategy_default_train_step): trains one step of b. */
+    dt_status (*train_step)(dt_strategy *s, const dt_step_batch *b, dt_step_result *r);
     /* Makes every rank start from identical parameters (verify or broadcast). */
     dt_status (*init)(dt_strategy *s);
     /* At the start of each step, before its forward pass. */
@@ -151,6 +175,15 @@ dt_status dt_strategy_ps_create(dt_strategy *s, const dt_strategy_config *cfg);
  * leaves no worker. */
 dt_status dt_strategy_data_part(const char *name, const dt_strategy_config *cfg, int rank, int size, int *data_rank,
                                 int *data_world);
+
+/* Trains one step through the strategy's train_step (forward, loss, backward with the grad-ready
+ * hook, sync, update). */
+dt_status dt_strategy_train_step(dt_strategy *s, const dt_step_batch *b, dt_step_result *r);
+/* The step the replicated strategies share: begin_step; zero the gradients; for each of the
+ * accum micro-batches forward with the loss node and backward with d loss = its share of the
+ * global mean (the hook only on the last, so communication starts once the sum is final); then
+ * ops->step. DT_EINVAL when the loss is not finite. */
+dt_status dt_strategy_default_train_step(dt_strategy *s, const dt_step_batch *b, dt_step_result *r);
 
 /* The local update shared by the replicated strategies: clip the whole gradient slab (clip > 0)
  * and apply the optimizer to the whole parameter slab. */

@@ -5,7 +5,6 @@
  * asynchronous ps workers train the batches the servers hand out (dynamic_run). */
 #include "run/trainer_internal.h"
 
-#include "dtrain/layers.h"
 #include "run/ckpt_dir.h"
 
 #include <math.h>
@@ -14,7 +13,7 @@
 
 /* Samples in global batch b of the epoch, over all ranks. */
 static int global_count(const dt_trainer *t, size_t b) {
-    size_t n = dt_dataset_len(t->train), gb = (size_t)t->cfg.batch * (size_t)t->dworld, start = b * gb;
+    size_t n = dt_dataset_len(t->train), gb = (size_t)dt_trainer_step_batch(t) * (size_t)t->dworld, start = b * gb;
     return (int)(start + gb <= n ? gb : n - start);
 }
 
@@ -26,42 +25,29 @@ typedef struct {
     double compute_s, comm_wait_s;
 } epoch_acc;
 
-/* One optimizer step on this rank's part b of a global batch. The local loss gradient is
- * weighted by n_local*world/n_global so that averaging over ranks gives exactly the mean
- * gradient over the global batch (also when the final batch is spread unevenly or the batch is
- * cut by speed); strategies that step on the local mean (localsgd, ps) get weight 1. */
+/* --slow sleep and --balance timing between backward and the sync (dt_step_batch.compute_done). */
+static double compute_done(void *ctx, int n, double busy_s) {
+    return dt_balance_compute_done(((dt_trainer *)ctx)->balance, n, busy_s);
+}
+
+/* One optimizer step on this rank's part b of a global batch, trained by the strategy. The
+ * strategy weights the local loss gradient by n_local*world/n_global so that averaging over ranks
+ * gives exactly the mean gradient over the global batch (also when the final batch is spread
+ * unevenly or the batch is cut by speed); those that step on the local mean (localsgd, ps) use 1. */
 static dt_status train_step(dt_trainer *t, const dt_batch *b, epoch_acc *acc) {
-    const int V = t->classes;
-    const double t0 = dt_now();
     dt_strategy *st = t->strategy;
-    st->ops->begin_step(st, t->step);
-    dt_model_zero_grad(t->model);
-    if (b->n > 0) {
-        const float *logits;
-        DT_TRY(dt_model_forward(t->model, b->x, b->n, true, (uint64_t)t->step, &logits));
-        float loss = dt_softmax_xent_forward(t->probs, logits, b->y, b->n, V);
-        if (!isfinite(loss))
-            return dt_error(DT_EINVAL, "training diverged: loss is %g at step %lld on rank %d; lower --lr or set --clip",
-                            loss, (long long)t->step, t->rank);
-        acc->loss_sum += (double)loss * b->n;
-        acc->samples += b->n;
-        float scale = st->local_mean ? 1.0f : (float)((double)b->n * t->dworld / global_count(t, b->index));
-        dt_softmax_xent_backward(t->dlogits, t->probs, b->y, b->n, V, scale);
-        const double t1 = dt_now();
-        dt_trace_add(&t->trace, "forward", 0, t0, t1, t->step);
-        DT_TRY(dt_model_backward(t->model, t->dlogits, dt_strategy_grad_hook, st));
-        dt_trace_add(&t->trace, "backward", 0, t1, dt_now(), t->step);
-        st->cur.loss_sum = (double)loss * b->n;
-    }
-    double busy = dt_now() - t0;
-    busy += dt_balance_compute_done(t->balance, b->n, busy);  /* sleeps on a --slow rank */
-    st->cur.n = b->n, st->cur.epoch = t->epoch, st->cur.busy_s = busy;
-    if (b->n == 0) st->cur.loss_sum = 0;
-    dt_step_stats ss;
-    DT_TRY(st->ops->step(st, dt_lr_at(&t->cfg.lr, t->lr_step >= 0 ? t->lr_step : t->step), t->cfg.clip_norm, &ss));
+    st->cur.epoch = t->epoch;
+    dt_step_batch sb = {.feed = dt_trainer_feed(b), .n_global = global_count(t, b->index), .world = t->dworld,
+                        .accum = t->cfg.grad_accum, .step = t->step,
+                        .lr = dt_lr_at(&t->cfg.lr, t->lr_step >= 0 ? t->lr_step : t->step), .clip = t->cfg.clip_norm,
+                        .compute_done = compute_done, .ctx = t};
+    dt_step_result r;
+    DT_TRY(dt_strategy_train_step(st, &sb, &r));
     DT_TRY(dt_balance_step_end(t->balance, t->dcomm, t->loader));
-    acc->comm_wait_s += ss.comm_wait_s;
-    acc->compute_s += dt_now() - t0 - ss.comm_wait_s;
+    acc->loss_sum += r.loss_sum;
+    acc->samples += r.n;
+    acc->comm_wait_s += r.st.comm_wait_s;
+    acc->compute_s += r.compute_s;
     acc->steps++;
     t->step++;
     return DT_OK;

@@ -3,7 +3,7 @@
  * writes checkpoints. The epochs themselves run in train_loop.c. */
 #include "run/trainer_internal.h"
 
-#include "dtrain/layers.h"
+#include "dtrain/models.h"
 #include "run/checkpoint.h"
 #include "run/ckpt_dir.h"
 
@@ -21,6 +21,7 @@ dt_train_config dt_train_defaults(void) {
         .model = "mlp",
         .epochs = 1,
         .batch = 32,
+        .grad_accum = 1,
         .optim = dt_optim_defaults(DT_OPTIM_ADAM),
         .lr = {.kind = DT_LR_CONSTANT, .base_lr = 1e-3f, .gamma = 0.1f},
         .seed = 42,
@@ -44,8 +45,6 @@ void dt_trainer_free(dt_trainer *t) {
     dt_model_free(t->model);
     dt_dataset_free(t->train);
     dt_dataset_free(t->test);
-    dt_free(t->probs);
-    dt_free(t->dlogits);
     free(t);
 }
 
@@ -100,6 +99,10 @@ static dt_status check_writable(const char *flag, const char *path) {
 static dt_status check_config(const dt_train_config *c) {
     if (c->epochs < 1) return dt_error(DT_EINVAL, "--epochs %d: need at least 1", c->epochs);
     if (c->batch < 1) return dt_error(DT_EINVAL, "--batch %d: need at least 1", c->batch);
+    if (c->grad_accum < 1 || c->grad_accum > 65536)
+        return dt_error(DT_EINVAL, "--grad-accum %d: need 1..65536 micro-batches per step", c->grad_accum);
+    if ((int64_t)c->batch * c->grad_accum > INT32_MAX / 4)
+        return dt_error(DT_EINVAL, "--batch %d x --grad-accum %d samples per step is too large", c->batch, c->grad_accum);
     if (!(c->lr.base_lr > 0) || !isfinite(c->lr.base_lr))
         return dt_error(DT_EINVAL, "--lr %g: need a positive learning rate", c->lr.base_lr);
     if (c->threads < 1 || c->threads > 1024) return dt_error(DT_EINVAL, "--threads %d: need 1..1024", c->threads);
@@ -158,6 +161,18 @@ static dt_status setup_uneven(dt_trainer *t) {
     return DT_OK;
 }
 
+/* Parses a model spec (gpt or sequential) without building it: a bad spec is reported before any
+ * data is read. */
+static dt_status check_spec(const char *spec) {
+    if (dt_model_spec_is_gpt(spec)) {
+        dt_gpt_config g;
+        return dt_gpt_parse(spec, &g);
+    }
+    dt_layer_spec layers[DT_MAX_LAYERS];
+    int n;
+    return dt_spec_parse(spec, layers, DT_MAX_LAYERS, &n);
+}
+
 dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
     *out = NULL;
     DT_TRY(check_config(cfg));
@@ -179,9 +194,7 @@ dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
     const char *resume = t->resume_path[0] ? t->resume_path : NULL;
     if (resume && (s = dt_checkpoint_read_info(resume, &info)) != DT_OK) goto fail;
     const char *spec = cfg->model ? cfg->model : resume ? info.spec : "mlp";
-    dt_layer_spec layers[DT_MAX_LAYERS];
-    int nlayers;
-    if ((s = dt_spec_parse(spec, layers, DT_MAX_LAYERS, &nlayers)) != DT_OK) goto fail;
+    if ((s = check_spec(spec)) != DT_OK) goto fail;
     s = dt_dataset_open(&t->train, &t->test, cfg->data);
     if (s != DT_OK) goto fail;
     dt_dataset_shape(t->train, &t->C, &t->H, &t->W);
@@ -196,14 +209,14 @@ dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
         if (info.seed != cfg->seed) dt_log(DT_LOG_WARN, "resuming with --seed %llu over checkpoint seed %llu",
                                            (unsigned long long)cfg->seed, (unsigned long long)info.seed);
     }
-    s = dt_model_create(&t->model, layers, nlayers, t->C, t->H, t->W);
+    s = dt_model_build(&t->model, spec, t->C, t->H, t->W);
     if (s != DT_OK) goto fail;
     if (dt_model_num_params(t->model) == 0) {
         s = dt_error(DT_EINVAL, "model '%s' has no trainable parameters; add a linear or conv layer",
                      dt_model_spec(t->model));
         goto fail;
     }
-    const int nout = dt_model_out_size(t->model);
+    const int nout = dt_model_classes(t->model);
     if (nout > t->classes && t->classes > 0) {
         /* fewer classes in the data than outputs is fine (e.g. a subset): train with `out` classes */
         if ((s = dt_dataset_set_classes(t->train, nout)) != DT_OK) goto fail;
@@ -249,30 +262,25 @@ dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
                              .fixed_shards = cfg->ps_fixed_shards,
                              .overlap = cfg->ps_overlap};
     if ((s = dt_strategy_data_part(strategy, &sc, t->rank, t->world, &t->drank, &t->dworld)) != DT_OK) goto fail;
-    const int max_batch = cfg->balance ? cfg->batch * t->dworld : cfg->batch;  /* a balanced cut may be larger */
-    dt_loader_config lc = {.batch = cfg->batch, .shuffle = true, .seed = cfg->seed, .rank = t->drank,
+    const int step_batch = dt_trainer_step_batch(t);
+    const int max_batch = cfg->balance ? step_batch * t->dworld : step_batch;  /* a balanced cut may be larger */
+    dt_loader_config lc = {.batch = step_batch, .shuffle = true, .seed = cfg->seed, .rank = t->drank,
                            .world = t->dworld, .prefetch = -1, .max_batch = max_batch};
     if ((s = dt_loader_create(&t->loader, t->train, &lc)) != DT_OK) goto fail;
-    if (resume && (info.world_size != t->dworld || info.batch != cfg->batch) && t->step_in_epoch > 0) {
+    if (resume && (info.world_size != t->dworld || info.batch != step_batch) && t->step_in_epoch > 0) {
         /* another global batch: continue after the samples already seen this epoch */
         int64_t seen = t->step_in_epoch * (int64_t)info.batch * info.world_size;
-        int64_t gb = (int64_t)cfg->batch * t->dworld;
+        int64_t gb = (int64_t)step_batch * t->dworld;
         t->step_in_epoch = seen / gb;
         dt_trainer_note(t, "resuming %s (trained on %d worker(s) x batch %d) on %d worker(s) x batch %d: continuing at batch %lld "
                 "of epoch %lld; the result differs from an uninterrupted run",
-             resume, info.world_size, info.batch, t->dworld, cfg->batch, (long long)t->step_in_epoch,
+             resume, info.world_size, info.batch, t->dworld, step_batch, (long long)t->step_in_epoch,
              (long long)t->epoch + 1);
     }
     if (t->cfg.lr.kind == DT_LR_COSINE && t->cfg.lr.total_steps <= 0) {
         /* cosine decays over the whole run (after warm-up) unless told otherwise */
         int64_t total = (int64_t)cfg->epochs * (int64_t)dt_loader_batches(t->loader) - cfg->lr.warmup_steps;
         t->cfg.lr.total_steps = total > 1 ? total : 1;
-    }
-    t->probs = dt_alloc((size_t)max_batch * t->classes * sizeof(float));
-    t->dlogits = dt_alloc((size_t)max_batch * t->classes * sizeof(float));
-    if (!t->probs || !t->dlogits) {
-        s = dt_error(DT_ENOMEM, "trainer: out of memory");
-        goto fail;
     }
     if (cfg->timeline && (s = dt_trace_init(&t->trace, t->rank, 1 << 18, t->t_start)) != DT_OK) goto fail;
     if ((s = dt_strategy_create(&t->strategy, strategy, t->world > 1 ? cfg->comm : NULL, t->model, t->optim, &sc)) !=
@@ -292,9 +300,9 @@ const char *dt_trainer_last_checkpoint(const dt_trainer *t) { return t->last_ckp
 int64_t dt_trainer_step(const dt_trainer *t) { return t->step; }
 
 /* Loss and accuracy of model on a whole data set, in batches of `batch`; with comm, each rank
- * evaluates its shard and the sums are reduced. */
-static dt_status evaluate(dt_model *m, const dt_dataset *ds, int batch, float *probs, dt_comm *comm, float *loss,
-                          float *acc) {
+ * evaluates its shard and the sums are reduced. Accuracy counts every row of the output (a label
+ * per sample, or a next token per position). */
+static dt_status evaluate(dt_model *m, const dt_dataset *ds, int batch, dt_comm *comm, float *loss, float *acc) {
     dt_loader *l = NULL;
     dt_loader_config lc = {.batch = batch, .shuffle = false, .rank = comm ? dt_comm_rank(comm) : 0,
                            .world = comm ? dt_comm_size(comm) : 1, .prefetch = -1};
@@ -302,14 +310,16 @@ static dt_status evaluate(dt_model *m, const dt_dataset *ds, int batch, float *p
     dt_status s = dt_loader_start_epoch(l, 0, 0);
     double sum_loss = 0;
     int64_t correct = 0, n = 0;
-    const int V = dt_model_out_size(m);
+    const int V = dt_model_classes(m), rows = dt_model_out_size(m) / V;
     dt_batch b;
     while (s == DT_OK && (s = dt_loader_next(l, &b)) == DT_OK) {
         if (b.n == 0) continue;
-        const float *logits;
-        if ((s = dt_model_forward(m, b.x, b.n, false, 0, &logits)) != DT_OK) break;
-        sum_loss += (double)dt_softmax_xent_forward(probs, logits, b.y, b.n, V) * b.n;
-        for (int i = 0; i < b.n; i++) {
+        dt_feed f = dt_trainer_feed(&b);
+        float bl;
+        if ((s = dt_model_run(m, &f, false, 0, &bl)) != DT_OK) break;
+        sum_loss += (double)bl * b.n;
+        const float *logits = dt_model_output(m);
+        for (int64_t i = 0; i < (int64_t)b.n * rows; i++) {
             const float *row = logits + (size_t)i * V;
             int best = 0;
             for (int k = 1; k < V; k++)
@@ -323,14 +333,14 @@ static dt_status evaluate(dt_model *m, const dt_dataset *ds, int batch, float *p
     double sums[3] = {sum_loss, (double)correct, (double)n};
     if (comm) DT_TRY(dt_comm_allreduce(comm, sums, sums, 3, DT_F64, DT_OP_SUM));
     *loss = sums[2] > 0 ? (float)(sums[0] / sums[2]) : NAN;
-    *acc = sums[2] > 0 ? (float)(sums[1] / sums[2]) : NAN;
+    *acc = sums[2] > 0 ? (float)(sums[1] / (sums[2] * rows)) : NAN;
     return DT_OK;
 }
 
 dt_status dt_trainer_evaluate(dt_trainer *t, float *loss, float *acc) {
     *loss = *acc = NAN;
     if (!t->test) return DT_OK;
-    return evaluate(t->model, t->test, t->cfg.batch, t->probs, t->dcomm, loss, acc);
+    return evaluate(t->model, t->test, t->cfg.batch, t->dcomm, loss, acc);
 }
 
 static void fill_info(const dt_trainer *t, dt_ckpt_info *info) {
@@ -341,7 +351,7 @@ static void fill_info(const dt_trainer *t, dt_ckpt_info *info) {
     info->epoch = t->epoch;
     info->step_in_epoch = t->step_in_epoch;
     info->seed = t->cfg.seed;
-    info->batch = t->cfg.batch;
+    info->batch = dt_trainer_step_batch(t);
     info->world_size = t->dworld;  /* data-parallel ranks (ps: the workers) */
     snprintf(info->optimizer, sizeof info->optimizer, "%s", dt_optim_name(t->cfg.optim.kind));
     info->lr = dt_lr_at(&t->cfg.lr, t->step);
@@ -375,7 +385,6 @@ dt_status dt_evaluate_checkpoint(const char *checkpoint, const char *data, int b
     DT_TRY(dt_checkpoint_read_info(checkpoint, &info));
     dt_dataset *train = NULL, *test = NULL;
     dt_model *m = NULL;
-    float *probs = NULL;
     dt_status s = dt_dataset_open(&train, &test, data);
     if (s != DT_OK) return s;
     const dt_dataset *ds = test ? test : train;
@@ -387,18 +396,13 @@ dt_status dt_evaluate_checkpoint(const char *checkpoint, const char *data, int b
                      info.H, info.W, data, C, H, W);
         goto done;
     }
-    if ((s = dt_model_create_from_spec(&m, info.spec, C, H, W)) != DT_OK) goto done;
+    if ((s = dt_model_build(&m, info.spec, C, H, W)) != DT_OK) goto done;
     if ((s = dt_checkpoint_restore(checkpoint, m, NULL, &info)) != DT_OK) goto done;
     if (info.has_norm && (s = dt_dataset_set_normalize((dt_dataset *)ds, info.norm_mean, info.norm_std)) != DT_OK)
         goto done;
-    if (!(probs = dt_alloc((size_t)batch * dt_model_out_size(m) * sizeof(float)))) {
-        s = dt_error(DT_ENOMEM, "eval: out of memory");
-        goto done;
-    }
-    s = evaluate(m, ds, batch, probs, NULL, loss, acc);
+    s = evaluate(m, ds, batch, NULL, loss, acc);
     *samples = (int64_t)dt_dataset_len(ds);
 done:
-    dt_free(probs);
     dt_model_free(m);
     dt_dataset_free(train);
     dt_dataset_free(test);

@@ -19,7 +19,6 @@ struct dt_trainer {
     dt_optim *optim;
     dt_loader *loader;
     int C, H, W, classes;
-    float *probs, *dlogits;   /* (batch, classes) */
     int64_t step;             /* optimizer steps done */
     int64_t epoch;            /* current epoch (0-based) */
     int64_t step_in_epoch;    /* batches consumed in the current epoch */
@@ -43,6 +42,12 @@ struct dt_trainer {
     dt_worker_info *workers;  /* [dworld] */
 };
 
+/* The model's feed of a loader batch (features or token ids, and labels or next tokens). */
+static inline dt_feed dt_trainer_feed(const dt_batch *b) { return (dt_feed){.x = b->x, .y = b->y, .n = b->n}; }
+/* Samples of one rank's step: --batch micro-batches of --grad-accum each. */
+static inline int dt_trainer_step_batch(const dt_trainer *t) {
+    return t->cfg.batch * (t->cfg.grad_accum > 1 ? t->cfg.grad_accum : 1);
+}
 /* Passes a note to cfg.on_note on rank 0 (printf-style). */
 void dt_trainer_note(const dt_trainer *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Rank 0 writes checkpoint_dir/ckpt-<step> and prunes to --keep; every rank restarts its timer. */

@@ -5,7 +5,7 @@
 
 #include <string.h>
 
-#include "nn/kern.h"
+#include "backend/kern.h"
 
 #if defined(__AVX512F__)
 #include <immintrin.h>

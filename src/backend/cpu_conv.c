@@ -11,7 +11,7 @@
 
 /* im2col issues thousands of short zero/copy runs per sample: keep them inline loops */
 #define DT_NN_INLINE_COPIES
-#include "nn/kern.h"
+#include "backend/kern.h"
 
 typedef struct {
     int C, H, W, K, S, P, OH, OW;

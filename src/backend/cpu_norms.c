@@ -6,7 +6,7 @@
 
 #include <math.h>
 
-#include "nn/kern.h"
+#include "backend/kern.h"
 
 /* Sum of (x[i] - m)^2, 16 partial sums. */
 static float sq_dev_sum(const float *restrict x, size_t n, float m) {

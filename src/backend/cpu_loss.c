@@ -4,15 +4,21 @@
 #include "dtrain/layers.h"
 
 #include <math.h>
+#include <stdint.h>
+#include <string.h>
 
-#include "nn/kern.h"
+#include "backend/kern.h"
 
-float dt_softmax_xent_forward(float *probs, const float *logits, const int32_t *labels, int B, int V) {
-    if (B <= 0) return 0.0f;
+float dt_softmax_xent_ignore_forward(float *probs, const float *logits, const int32_t *labels, int N, int V,
+                                     int ignore, int *counted) {
+    int cnt = 0;
     double total = 0.0;
-    for (int r = 0; r < B; r++) {
+    for (int r = 0; r < N; r++) {
         const float *restrict x = logits + (size_t)r * V;
         float *restrict p = probs + (size_t)r * V;
+        const int32_t y = labels[r];
+        if (y == ignore) continue;
+        cnt++;
         float mx = x[0];
         for (int i = 1; i < V; i++) mx = x[i] > mx ? x[i] : mx;
         float s = 0.0f;
@@ -22,23 +28,37 @@ float dt_softmax_xent_forward(float *probs, const float *logits, const int32_t *
         }
         const float inv = 1.0f / s;
         for (int i = 0; i < V; i++) p[i] *= inv;
-        const int32_t y = labels[r];
         /* -log softmax(x)[y] = log(sum exp(x - mx)) - (x[y] - mx); a bad label gives NaN */
         total += (y >= 0 && y < V) ? (double)logf(s) - (double)(x[y] - mx) : NAN;
     }
-    return (float)(total / B);
+    if (counted) *counted = cnt;
+    return cnt > 0 ? (float)(total / cnt) : 0.0f;
+}
+
+void dt_softmax_xent_ignore_backward(float *dlogits, const float *probs, const int32_t *labels, int N, int V,
+                                     int ignore, int counted, float scale) {
+    if (N <= 0) return;
+    const float k = counted > 0 ? scale / (float)counted : 0.0f;
+    for (int r = 0; r < N; r++) {
+        const float *restrict p = probs + (size_t)r * V;
+        float *restrict d = dlogits + (size_t)r * V;
+        const int32_t y = labels[r];
+        if (y == ignore) {
+            memset(d, 0, (size_t)V * sizeof(float));
+            continue;
+        }
+        for (int i = 0; i < V; i++) d[i] = k * p[i];
+        if (y >= 0 && y < V) d[y] -= k;
+    }
+}
+
+float dt_softmax_xent_forward(float *probs, const float *logits, const int32_t *labels, int B, int V) {
+    if (B <= 0) return 0.0f;
+    return dt_softmax_xent_ignore_forward(probs, logits, labels, B, V, INT32_MIN, NULL);
 }
 
 void dt_softmax_xent_backward(float *dlogits, const float *probs, const int32_t *labels, int B, int V, float scale) {
-    if (B <= 0) return;
-    const float k = scale / (float)B;
-    for (int r = 0; r < B; r++) {
-        const float *restrict p = probs + (size_t)r * V;
-        float *restrict d = dlogits + (size_t)r * V;
-        for (int i = 0; i < V; i++) d[i] = k * p[i];
-        const int32_t y = labels[r];
-        if (y >= 0 && y < V) d[y] -= k;
-    }
+    dt_softmax_xent_ignore_backward(dlogits, probs, labels, B, V, INT32_MIN, B, scale);
 }
 
 float dt_mse_forward(const float *pred, const float *target, size_t n) {

@@ -6,7 +6,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "nn/kern.h"
+#include "backend/kern.h"
 
 void dt_relu_forward(float *out, const float *in, size_t n) {
     for (size_t i = 0; i < n; i++) out[i] = in[i] > 0.0f ? in[i] : 0.0f;

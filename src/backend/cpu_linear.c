@@ -5,7 +5,7 @@
 #include <cblas.h>
 #include <string.h>
 
-#include "nn/kern.h"
+#include "backend/kern.h"
 
 void dt_linear_forward(float *out, const float *in, const float *w, const float *b, int B, int C, int OC) {
     if (B <= 0 || OC <= 0) return;

@@ -1,0 +1,70 @@
+/* The backend table (ggml's backend split): every kernel the graph's ops run, reached through one
+ * table per device and library, so model code never calls a CPU function directly and a CUDA or
+ * oneDNN backend is one more table. Signatures are those of include/dtrain/layers.h (outputs
+ * first, explicit dimensions; backward ACCUMULATES parameter gradients and OVERWRITES din). */
+#ifndef DT_BACKEND_H
+#define DT_BACKEND_H
+
+#include "dtrain/core.h"
+#include "dtrain/layers.h"
+
+typedef struct dt_backend {
+    const char *name;   /* "cpu" */
+    dt_device device;
+    dt_dtype dtype;     /* compute dtype of the activations (DT_F32) */
+    void (*linear_forward)(float *out, const float *in, const float *w, const float *b, int B, int C, int OC);
+    void (*linear_backward)(float *din, float *dw, float *db, const float *dout, const float *in, const float *w,
+                            int B, int C, int OC);
+    size_t (*conv2d_workspace)(int B, int C, int H, int W, int OC, int K, int stride, int pad);
+    void (*conv2d_forward)(float *out, const float *in, const float *w, const float *b, float *work, int B, int C,
+                           int H, int W, int OC, int K, int stride, int pad);
+    void (*conv2d_backward)(float *din, float *dw, float *db, const float *dout, const float *in, const float *w,
+                            float *work, int B, int C, int H, int W, int OC, int K, int stride, int pad);
+    void (*maxpool2d_forward)(float *out, int32_t *argmax, const float *in, int B, int C, int H, int W, int K, int S);
+    void (*maxpool2d_backward)(float *din, const float *dout, const int32_t *argmax, int B, int C, int H, int W, int K,
+                               int S);
+    void (*avgpool2d_forward)(float *out, const float *in, int B, int C, int H, int W, int K, int S);
+    void (*avgpool2d_backward)(float *din, const float *dout, int B, int C, int H, int W, int K, int S);
+    void (*relu_forward)(float *out, const float *in, size_t n);
+    void (*relu_backward)(float *din, const float *dout, const float *x, size_t n);
+    void (*gelu_forward)(float *out, const float *in, size_t n);
+    void (*gelu_backward)(float *din, const float *dout, const float *x, size_t n);
+    void (*tanh_forward)(float *out, const float *in, size_t n);
+    void (*tanh_backward)(float *din, const float *dout, const float *y, size_t n);
+    void (*sigmoid_forward)(float *out, const float *in, size_t n);
+    void (*sigmoid_backward)(float *din, const float *dout, const float *y, size_t n);
+    void (*dropout_forward)(float *out, uint8_t *mask, const float *in, size_t n, float p, uint64_t seed, uint64_t key);
+    void (*dropout_backward)(float *din, const float *dout, const uint8_t *mask, size_t n, float p);
+    void (*layernorm_forward)(float *out, float *mean, float *rstd, const float *in, const float *w, const float *b,
+                              int N, int C, float eps);
+    void (*layernorm_backward)(float *din, float *dw, float *db, const float *dout, const float *in, const float *w,
+                               const float *mean, const float *rstd, int N, int C);
+    void (*batchnorm2d_forward_train)(float *out, float *mean, float *rstd, float *running_mean, float *running_var,
+                                      const float *in, const float *w, const float *b, int B, int C, int HW,
+                                      float momentum, float eps);
+    void (*batchnorm2d_forward_eval)(float *out, const float *in, const float *w, const float *b,
+                                     const float *running_mean, const float *running_var, int B, int C, int HW,
+                                     float eps);
+    void (*batchnorm2d_backward)(float *din, float *dw, float *db, const float *dout, const float *in, const float *w,
+                                 const float *mean, const float *rstd, int B, int C, int HW);
+    void (*embedding_forward)(float *out, const int32_t *ids, const float *w, int N, int C);
+    void (*embedding_backward)(float *dw, const float *dout, const int32_t *ids, int N, int C);
+    void (*pos_embedding_forward)(float *out, const float *w, int B, int T, int C);
+    void (*pos_embedding_backward)(float *dw, const float *dout, int B, int T, int C);
+    void (*add_forward)(float *out, const float *a, const float *b, size_t n);
+    void (*attention_forward)(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
+    size_t (*attention_workspace)(int T);
+    void (*attention_backward)(float *dqkv, float *work, const float *dout, const float *qkv, const float *att, int B,
+                               int T, int C, int NH);
+    float (*xent_forward)(float *probs, const float *logits, const int32_t *labels, int N, int V, int ignore,
+                          int *counted);
+    void (*xent_backward)(float *dlogits, const float *probs, const int32_t *labels, int N, int V, int ignore,
+                          int counted, float scale);
+    float (*mse_forward)(const float *pred, const float *target, size_t n);
+    void (*mse_backward)(float *dpred, const float *pred, const float *target, size_t n, float scale);
+} dt_backend;
+
+/* The CPU f32 backend (OpenBLAS GEMMs, vectorised C kernels). */
+const dt_backend *dt_backend_cpu(void);
+
+#endif

@@ -1,0 +1,71 @@
+/* Causal multi-head self-attention on OpenBLAS sgemm, per (batch, head): scores = q k^T / sqrt(hs)
+ * (T x T), a causal softmax per row, out = P v. The q/k/v heads are read in place from the
+ * (B,T,3C) rows with leading dimension 3C, and the output heads written with leading dimension C,
+ * so no transposes are copied. Backward recomputes nothing: P is kept in att. */
+#include "dtrain/layers.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <string.h>
+
+#include "backend/kern.h"
+
+size_t dt_attention_workspace(int T) { return (size_t)T * T; }
+
+/* Row t of the scores: softmax over j <= t, zeros after. */
+static void causal_softmax_row(float *restrict row, int t, int T) {
+    float mx = row[0];
+    for (int j = 1; j <= t; j++) mx = row[j] > mx ? row[j] : mx;
+    float s = 0.0f;
+    for (int j = 0; j <= t; j++) {
+        row[j] = expf(row[j] - mx);
+        s += row[j];
+    }
+    const float inv = 1.0f / s;
+    for (int j = 0; j <= t; j++) row[j] *= inv;
+    for (int j = t + 1; j < T; j++) row[j] = 0.0f;
+}
+
+void dt_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
+    const int hs = C / NH, ld = 3 * C;
+    const float scale = 1.0f / sqrtf((float)hs);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++) {
+            const float *q = qkv + (size_t)b * T * ld + (size_t)h * hs, *k = q + C, *v = q + 2 * C;
+            float *P = att + ((size_t)b * NH + h) * T * T;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, ld, k, ld, 0.0f, P, T);
+            for (int t = 0; t < T; t++) causal_softmax_row(P + (size_t)t * T, t, T);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, P, T, v, ld, 0.0f,
+                        out + (size_t)b * T * C + (size_t)h * hs, C);
+        }
+}
+
+void dt_attention_backward(float *dqkv, float *work, const float *dout, const float *qkv, const float *att, int B,
+                           int T, int C, int NH) {
+    const int hs = C / NH, ld = 3 * C;
+    const float scale = 1.0f / sqrtf((float)hs);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++) {
+            const size_t row0 = (size_t)b * T * ld + (size_t)h * hs;
+            const float *q = qkv + row0, *k = q + C, *v = q + 2 * C;
+            float *dq = dqkv + row0, *dk = dq + C, *dv = dq + 2 * C;
+            const float *P = att + ((size_t)b * NH + h) * T * T;
+            const float *dO = dout + (size_t)b * T * C + (size_t)h * hs;
+            float *dS = work;
+            /* dP = dO v^T, dv = P^T dO */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, dO, C, v, ld, 0.0f, dS, T);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, P, T, dO, C, 0.0f, dv, ld);
+            /* softmax backward per row, causal: dS = P * (dP - sum_j P dP) */
+            for (int t = 0; t < T; t++) {
+                const float *restrict p = P + (size_t)t * T;
+                float *restrict d = dS + (size_t)t * T;
+                float dot = 0.0f;
+                for (int j = 0; j <= t; j++) dot += p[j] * d[j];
+                for (int j = 0; j <= t; j++) d[j] = p[j] * (d[j] - dot);
+                for (int j = t + 1; j < T; j++) d[j] = 0.0f;
+            }
+            /* dq = dS k * scale, dk = dS^T q * scale */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, scale, dS, T, k, ld, 0.0f, dq, ld);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, scale, dS, T, q, ld, 0.0f, dk, ld);
+        }
+}

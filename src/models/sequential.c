@@ -1,0 +1,51 @@
+/* The sequential builder: a spec's layers become a chain of graph nodes named "0", "1", ... (so
+ * tensors are named as torch.nn.Sequential's: "0.weight", "4.running_mean"), on an f32 input of
+ * shape (C,H,W), with an int32 label input and a softmax cross-entropy loss node. */
+#include "dtrain/models.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <stdint.h>
+#include <string.h>
+
+dt_status dt_model_create(dt_model **out, const dt_layer_spec *layers, int n, int C, int H, int W) {
+    *out = NULL;
+    if (n <= 0 || n > DT_MAX_LAYERS) return dt_error(DT_EINVAL, "model: %d layers (need 1..%d)", n, DT_MAX_LAYERS);
+    if (C <= 0 || H <= 0 || W <= 0) return dt_error(DT_EINVAL, "model: bad input shape %dx%dx%d", C, H, W);
+    for (int i = 0; i < n; i++)
+        if (layers[i].kind >= DT_LAYER_INPUT)
+            return dt_error(DT_EINVAL, "model: layer %d (%s) is not a sequential layer", i, dt_layer_name(layers[i].kind));
+    dt_model *m;
+    DT_TRY(dt_graph_create(&m));
+    int shape[3] = {C, H, W};
+    int x = dt_graph_input(m, "x", DT_F32, 3, shape);
+    for (int i = 0; i < n; i++) {
+        dt_layer_spec l = layers[i];
+        if (l.kind == DT_LAYER_LINEAR || l.kind == DT_LAYER_LAYERNORM) l.flatten = true;  /* over the whole sample */
+        char name[16];
+        snprintf(name, sizeof name, "%d", i);
+        x = dt_graph_node(m, name, &l, i, &x, 1);
+    }
+    int y = dt_graph_input(m, "y", DT_I32, 0, NULL);
+    dt_layer_spec xe = dt_layer_default(DT_LAYER_XENT);
+    xe.ignore_index = INT32_MIN;  /* every label counts (an out-of-range one makes the loss NaN) */
+    int in2[2] = {x, y};
+    int loss = dt_graph_node(m, "loss", &xe, -1, in2, 2);
+    char spec[1024];
+    dt_spec_format(spec, sizeof spec, layers, n);
+    dt_status s = dt_graph_finish(m, x, loss, spec);
+    if (s != DT_OK) {
+        dt_model_free(m);
+        return s;
+    }
+    *out = m;
+    return DT_OK;
+}
+
+dt_status dt_model_create_from_spec(dt_model **m, const char *spec, int C, int H, int W) {
+    dt_layer_spec layers[DT_MAX_LAYERS];
+    int n;
+    *m = NULL;
+    DT_TRY(dt_spec_parse(spec, layers, DT_MAX_LAYERS, &n));
+    return dt_model_create(m, layers, n, C, H, W);
+}

@@ -1,0 +1,240 @@
+/* The graph: building (inputs and nodes in topological order, shape inference by each op,
+ * sticky errors), the slab layout of parameters and buffers, seeded initialisation and the
+ * accessors of include/dtrain/nn.h. Running it is graph_run.c. */
+#include "nn/graph_internal.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+dt_status dt_graph_create(dt_model **out) {
+    *out = NULL;
+    dt_model *m = calloc(1, sizeof *m);
+    if (!m) return dt_error(DT_ENOMEM, "model: out of memory");
+    m->output = m->loss = -1;
+    m->be = dt_backend_cpu();
+    *out = m;
+    return DT_OK;
+}
+
+dt_status dt_graph_fail(dt_model *m, const dt_node *n, const char *fmt, ...) {
+    if (m->err != DT_OK) return m->err;
+    char msg[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (n) snprintf(m->errmsg, sizeof m->errmsg, "model: node '%s' (%s): %s", n->name, n->op ? n->op->name : "?", msg);
+    else snprintf(m->errmsg, sizeof m->errmsg, "model: %s", msg);
+    m->err = DT_EINVAL;
+    return dt_error(DT_EINVAL, "%s", m->errmsg);
+}
+
+/* A new node slot, or NULL (error set). */
+static dt_node *new_node(dt_model *m, const char *name) {
+    if (m->finished) {
+        dt_graph_fail(m, NULL, "node '%s' added after dt_graph_finish", name ? name : "");
+        return NULL;
+    }
+    if (m->n == m->cap) {
+        int cap = m->cap ? 2 * m->cap : 32;
+        dt_node *nn = realloc(m->nodes, (size_t)cap * sizeof *nn);
+        if (!nn) {
+            m->err = dt_error(DT_ENOMEM, "model: out of memory");
+            return NULL;
+        }
+        m->nodes = nn, m->cap = cap;
+    }
+    dt_node *n = &m->nodes[m->n];
+    memset(n, 0, sizeof *n);
+    n->id = m->n;
+    n->layer = m->n;
+    n->input_index = -1;
+    snprintf(n->name, sizeof n->name, "%s", name && *name ? name : "");
+    if (!n->name[0]) snprintf(n->name, sizeof n->name, "%d", n->id);
+    return n;
+}
+
+int dt_graph_input(dt_model *m, const char *name, dt_dtype dtype, int ndim, const int *shape) {
+    if (m->err != DT_OK) return -1;
+    dt_node *n = new_node(m, name);
+    if (!n) return -1;
+    n->a = dt_layer_default(DT_LAYER_INPUT);
+    n->op = dt_op_of(DT_LAYER_INPUT);
+    if (dtype != DT_F32 && dtype != DT_I32) return dt_graph_fail(m, n, "inputs are f32 or i32, not %s", dt_dtype_name(dtype)), -1;
+    if (ndim < 0 || ndim > 4) return dt_graph_fail(m, n, "%d dims (0..4 per sample)", ndim), -1;
+    if (m->ninputs == DT_GRAPH_MAX_INPUTS) return dt_graph_fail(m, n, "more than %d inputs", DT_GRAPH_MAX_INPUTS), -1;
+    n->dtype = dtype, n->ndim = ndim, n->out_n = 1;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] <= 0) return dt_graph_fail(m, n, "dim %d is %d (must be positive)", i, shape[i]), -1;
+        n->shape[i] = shape[i];
+        n->out_n *= (size_t)shape[i];
+    }
+    n->input_index = m->ninputs;
+    m->inputs[m->ninputs++] = n->id;
+    return m->n++;
+}
+
+int dt_graph_node(dt_model *m, const char *name, const dt_layer_spec *spec, int layer, const int *inputs, int nin) {
+    if (m->err != DT_OK) return -1;
+    dt_node *n = new_node(m, name);
+    if (!n) return -1;
+    n->a = *spec;
+    n->op = dt_op_of(spec->kind);
+    if (layer >= 0) n->layer = layer;
+    if (!n->op || spec->kind == DT_LAYER_INPUT) return dt_graph_fail(m, n, "unknown op kind %d", (int)spec->kind), -1;
+    if (nin < n->op->min_in || nin > n->op->max_in)
+        return dt_graph_fail(m, n, "takes %d..%d inputs, given %d", n->op->min_in, n->op->max_in, nin), -1;
+    for (int j = 0; j < nin; j++) {
+        if (inputs[j] < 0 || inputs[j] >= m->n)
+            return dt_graph_fail(m, n, "input %d names node %d, which does not exist (yet)", j, inputs[j]), -1;
+        n->in[j] = inputs[j];
+    }
+    n->nin = nin;
+    if (n->op->infer(m, n) != DT_OK || m->err != DT_OK) return -1;
+    for (int j = 0; j < nin; j++) m->nodes[inputs[j]].consumers++;
+    return m->n++;
+}
+
+int dt_graph_declare(dt_model *m, dt_node *n, const char *suffix, bool buffer, int ndim, const int64_t *shape) {
+    if (n->ntensor == DT_NODE_MAX_TENSORS) return dt_graph_fail(m, n, "too many tensors"), -1;
+    size_t numel = 1;
+    for (int i = 0; i < ndim; i++) numel *= (size_t)shape[i];
+    if (n->a.tie && !buffer && !strcmp(suffix, "weight")) {
+        int t = dt_model_find_tensor(m, n->a.tie);
+        if (t < 0) return dt_graph_fail(m, n, "tied weight '%s' does not exist", n->a.tie), -1;
+        const dt_param_info *p = &m->tensors[t];
+        bool same = p->ndim == ndim && !p->is_buffer;
+        for (int i = 0; same && i < ndim; i++) same = p->shape[i] == shape[i];
+        if (!same) return dt_graph_fail(m, n, "tied weight '%s' has another shape", n->a.tie), -1;
+        n->tensor[n->ntensor++] = t;
+        return t;
+    }
+    if (m->ntensors == m->tensors_cap) {
+        int cap = m->tensors_cap ? 2 * m->tensors_cap : 64;
+        dt_param_info *t = realloc(m->tensors, (size_t)cap * sizeof *t);
+        if (!t) return (m->err = dt_error(DT_ENOMEM, "model: out of memory")), -1;
+        m->tensors = t, m->tensors_cap = cap;
+    }
+    dt_param_info *t = &m->tensors[m->ntensors];
+    memset(t, 0, sizeof *t);
+    if (snprintf(t->name, sizeof t->name, "%s.%s", n->name, suffix) >= (int)sizeof t->name)
+        return dt_graph_fail(m, n, "tensor name longer than %zu characters", sizeof t->name - 1), -1;
+    t->is_buffer = buffer;
+    t->layer = n->layer;
+    t->numel = numel;
+    t->ndim = ndim;
+    for (int i = 0; i < ndim; i++) t->shape[i] = shape[i];
+    n->tensor[n->ntensor++] = m->ntensors;
+    return m->ntensors++;
+}
+
+/* relu directly before a maxpool (its only consumer, not the output): the pool runs first and
+ * applies the relu to its 4x smaller output (identical values and gradients: relu is monotone) */
+static void fuse_relu_maxpool(dt_model *m) {
+    for (int i = 0; i < m->n; i++) {
+        dt_node *p = &m->nodes[i];
+        if (p->a.kind != DT_LAYER_MAXPOOL2D || i == m->output) continue;
+        dt_node *r = &m->nodes[p->in[0]];
+        if (r->a.kind == DT_LAYER_RELU && r->consumers == 1 && r->id != m->output) r->alias = p->fused_relu = true;
+    }
+}
+
+/* Offsets (params and buffers in declaration order), the last user of each tensor, which nodes
+ * need gradients, and the scratch gradients a node with a shared input needs. */
+static dt_status layout(dt_model *m) {
+    size_t np = 0, nb = 0;
+    for (int t = 0; t < m->ntensors; t++) {
+        dt_param_info *p = &m->tensors[t];
+        p->offset = p->is_buffer ? nb : np;
+        *(p->is_buffer ? &nb : &np) += p->numel;
+    }
+    if (!(m->last_user = malloc(sizeof(int) * (size_t)(m->ntensors ? m->ntensors : 1))))
+        return dt_error(DT_ENOMEM, "model: out of memory");
+    for (int i = 0; i < m->n; i++) {
+        dt_node *n = &m->nodes[i];
+        bool has_params = false;
+        for (int k = 0; k < n->ntensor; k++) {
+            m->last_user[n->tensor[k]] = i;
+            has_params |= !m->tensors[n->tensor[k]].is_buffer;
+        }
+        n->needs_grad = has_params;
+        for (int j = 0; j < n->nin; j++) n->needs_grad |= m->nodes[n->in[j]].needs_grad;
+        int shared = 0;
+        for (int j = 0; j < n->nin; j++) shared += m->nodes[n->in[j]].consumers > 1 || (j && n->in[j] == n->in[0]);
+        if (shared > m->nscratch) m->nscratch = shared;
+    }
+    fuse_relu_maxpool(m);
+    DT_TRY(dt_slab_alloc(&m->params, np));
+    DT_TRY(dt_slab_alloc(&m->grads, np));
+    DT_TRY(dt_slab_alloc(&m->buffers, nb ? nb : 1));
+    m->buffers.n = nb;
+    return DT_OK;
+}
+
+dt_status dt_graph_finish(dt_model *m, int output, int loss, const char *spec) {
+    if (m->err != DT_OK) return dt_error(m->err, "%s", m->errmsg);
+    if (output < 0 || output >= m->n || m->nodes[output].input_index >= 0)
+        return dt_graph_fail(m, NULL, "output node %d is not a node of the graph", output);
+    if (loss >= 0) {
+        if (loss >= m->n || (m->nodes[loss].a.kind != DT_LAYER_XENT && m->nodes[loss].a.kind != DT_LAYER_MSE))
+            return dt_graph_fail(m, NULL, "loss node %d is not an xent or mse node", loss);
+        if (m->nodes[loss].in[0] != output)
+            return dt_graph_fail(m, &m->nodes[loss], "its first input must be the output node '%s'", m->nodes[output].name);
+    }
+    if (m->ninputs == 0 || m->nodes[m->inputs[0]].id != m->inputs[0])
+        return dt_graph_fail(m, NULL, "the graph has no input");
+    m->output = output, m->loss = loss;
+    snprintf(m->spec, sizeof m->spec, "%s", spec ? spec : "");
+    dt_status s = layout(m);
+    if (s != DT_OK) return s;
+    for (int i = 0; i < m->n; i++)  /* batchnorm running_var starts at 1 */
+        if (m->nodes[i].a.kind == DT_LAYER_BATCHNORM2D) {
+            const dt_param_info *rv = &m->tensors[m->nodes[i].tensor[3]];
+            for (size_t c = 0; c < rv->numel; c++) m->buffers.data[rv->offset + c] = 1.0f;
+        }
+    m->finished = true;
+    return DT_OK;
+}
+
+void dt_model_init(dt_model *m, uint64_t seed) {
+    m->seed = seed;
+    for (int i = 0; i < m->n; i++) {
+        dt_node *n = &m->nodes[i];
+        if (n->op->init) n->op->init(m, n, m->params.data, seed);
+    }
+}
+
+const char *dt_model_spec(const dt_model *m) { return m->spec; }
+int dt_model_in_size(const dt_model *m) { return (int)m->nodes[m->inputs[0]].out_n; }
+int dt_model_input_values(const dt_model *m, int k) {
+    return k >= 0 && k < m->ninputs ? (int)m->nodes[m->inputs[k]].out_n : 0;
+}
+dt_dtype dt_model_in_dtype(const dt_model *m) { return m->nodes[m->inputs[0]].dtype; }
+int dt_model_out_size(const dt_model *m) { return (int)m->nodes[m->output].out_n; }
+int dt_model_classes(const dt_model *m) { return dt_shape_last(&m->nodes[m->output]); }
+size_t dt_model_num_params(const dt_model *m) { return m->params.n; }
+size_t dt_model_num_buffers(const dt_model *m) { return m->buffers.n; }
+float *dt_model_params(dt_model *m) { return m->params.data; }
+float *dt_model_grads(dt_model *m) { return m->grads.data; }
+float *dt_model_buffers(dt_model *m) { return m->buffers.data; }
+int dt_model_num_tensors(const dt_model *m) { return m->ntensors; }
+const dt_param_info *dt_model_tensor(const dt_model *m, int i) { return &m->tensors[i]; }
+void dt_model_zero_grad(dt_model *m) { memset(m->grads.data, 0, m->grads.n * sizeof(float)); }
+int dt_model_num_nodes(const dt_model *m) { return m->n; }
+const char *dt_model_node_name(const dt_model *m, int node) { return m->nodes[node].name; }
+dt_layer_kind dt_model_node_kind(const dt_model *m, int node) { return m->nodes[node].a.kind; }
+int dt_model_output_node(const dt_model *m) { return m->output; }
+int dt_model_loss_node(const dt_model *m) { return m->loss; }
+const float *dt_model_output(const dt_model *m) { return m->nodes[m->output].out; }
+
+int dt_model_find_tensor(const dt_model *m, const char *name) {
+    for (int t = 0; t < m->ntensors; t++)
+        if (!strcmp(m->tensors[t].name, name)) return t;
+    return -1;
+}
+
+void dt_model_set_node_hooks(dt_model *m, dt_node_hook_fn before_forward, dt_node_hook_fn after_backward, void *ctx) {
+    m->before_forward = before_forward, m->after_backward = after_backward, m->hook_ctx = ctx;
+}

@@ -1,0 +1,122 @@
+/* Internals of the graph (graph.c: building, layout, init; graph_run.c: memory, forward,
+ * backward) and the op interface every src/nn/op_*.c implements. Not part of the public API.
+ *
+ * An op is one small table: shape inference (which also declares the node's parameters and
+ * buffers), saved state and workspace sizes, init, forward, backward and flops. Ops reach kernels
+ * only through the backend table (backend/backend.h). */
+#ifndef DT_NN_GRAPH_INTERNAL_H
+#define DT_NN_GRAPH_INTERNAL_H
+
+#include "backend/backend.h"
+#include "dtrain/nn.h"
+
+#define DT_NODE_MAX_IN 3
+#define DT_NODE_MAX_TENSORS 4
+#define DT_GRAPH_MAX_INPUTS 4
+
+typedef struct dt_node dt_node;
+typedef struct dt_op dt_op;
+
+/* What forward and backward see besides the node. */
+typedef struct {
+    const dt_backend *be;
+    int B;              /* samples in the batch */
+    bool train;
+    uint64_t step, seed;
+    float *params, *grads, *buffers;
+    float *work;        /* shared scratch, max over nodes of op->workspace floats */
+} dt_run_ctx;
+
+struct dt_node {
+    const dt_op *op;
+    dt_layer_spec a;        /* attributes (a.kind selects the op) */
+    char name[48];
+    int id, layer;          /* layer: keys init and dropout streams, names sequential tensors */
+    int in[DT_NODE_MAX_IN], nin;
+    dt_dtype dtype;         /* of the values: DT_F32, or DT_I32 for id/label inputs */
+    int ndim, shape[4];     /* per sample */
+    size_t out_n;           /* values per sample (1 for a loss) */
+    int tensor[DT_NODE_MAX_TENSORS], ntensor;  /* its parameters and buffers (tensor table ids) */
+    int input_index;        /* input nodes: position in the feed; else -1 */
+    int consumers;          /* nodes that take this one as an input */
+    bool alias;             /* values and gradient are its first input's memory (flatten, reshape,
+                             * a relu the following maxpool applies) */
+    bool fused_relu;        /* maxpool: applies the relu of its input node to its 4x smaller output */
+    bool needs_grad;        /* has parameters upstream (or its own): backward must reach it */
+    /* run time */
+    float *out;             /* (B, out_n) values; input nodes: the fed memory */
+    float *grad;            /* (B, out_n) gradient of the values (NULL when !needs_grad) */
+    bool grad_set;          /* gradient written in this backward (the first writer overwrites, later
+                             * ones accumulate) */
+    void *saved;            /* op state kept from forward to backward (argmax, mask, stats, att) */
+    float loss;             /* loss nodes: the value of the last forward */
+    float dloss;            /* loss nodes: d loss of the backward (the scale) */
+    int counted;            /* xent: targets that counted */
+};
+
+struct dt_op {
+    const char *name;
+    int min_in, max_in;
+    /* Sets n->dtype/ndim/shape/out_n from the inputs and declares parameters with
+     * dt_graph_declare; DT_EINVAL naming the node when shapes do not fit. */
+    dt_status (*infer)(dt_model *m, dt_node *n);
+    size_t (*saved_bytes)(const dt_model *m, const dt_node *n, int B);  /* NULL: none */
+    size_t (*workspace)(const dt_model *m, const dt_node *n, int B);    /* floats; NULL: none */
+    void (*init)(dt_model *m, dt_node *n, float *params, uint64_t seed);  /* NULL: zeros */
+    dt_status (*forward)(dt_model *m, dt_node *n, const dt_run_ctx *c);
+    /* din[j]: where input j's gradient goes (OVERWRITE), NULL when not needed. Parameter
+     * gradients ACCUMULATE into c->grads. */
+    void (*backward)(dt_model *m, dt_node *n, const dt_run_ctx *c, float *const *din);
+    double (*flops)(const dt_model *m, const dt_node *n, int B, bool need_din);  /* training (fwd+bwd); NULL: 0 */
+};
+
+struct dt_model {
+    dt_node *nodes;
+    int n, cap;
+    dt_status err;          /* the first build error (sticky) */
+    char errmsg[512];
+    bool finished;
+    int inputs[DT_GRAPH_MAX_INPUTS], ninputs;
+    int output, loss;
+    char spec[1024];
+    dt_param_info *tensors;
+    int *last_user;         /* per tensor: the last node that uses it (its gradient is final after) */
+    int ntensors, tensors_cap;
+    dt_slab params, grads, buffers;
+    uint64_t seed;
+    const dt_backend *be;
+    /* per batch */
+    int cap_B, B;
+    bool train;
+    uint64_t step;
+    float *work;
+    size_t work_n;
+    float *scratch[DT_NODE_MAX_IN];  /* gradients of a second use of a node, added after */
+    int nscratch;
+    size_t scratch_n;
+    dt_node_hook_fn before_forward, after_backward;
+    void *hook_ctx;
+};
+
+/* The op table of a kind (NULL for an unknown kind). */
+const dt_op *dt_op_of(dt_layer_kind kind);
+
+/* For infer: declares a parameter (buffer = false) or buffer of the node, named "<node>.<suffix>",
+ * of shape[0..ndim); returns the tensor id or -1 with the model's error set. With n->a.tie set
+ * and suffix "weight", the tied tensor is used instead (its shape must match). */
+int dt_graph_declare(dt_model *m, dt_node *n, const char *suffix, bool buffer, int ndim, const int64_t *shape);
+/* Sets the model's sticky error naming the node (printf-style) and returns DT_EINVAL. */
+dt_status dt_graph_fail(dt_model *m, const dt_node *n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* Helpers for ops */
+static inline const dt_node *dt_node_input(const dt_model *m, const dt_node *n, int j) { return &m->nodes[n->in[j]]; }
+static inline const float *dt_node_in(const dt_model *m, const dt_node *n, int j) { return m->nodes[n->in[j]].out; }
+static inline size_t dt_node_tensor_off(const dt_model *m, const dt_node *n, int k) {
+    return m->tensors[n->tensor[k]].offset;
+}
+/* The (C,H,W) of a node's per-sample shape (a vector counts as (1,1,W)). */
+void dt_node_chw(const dt_node *n, int *C, int *H, int *W);
+/* rows = B * values per sample / last dim; the last dim of a per-sample shape */
+static inline int dt_shape_last(const dt_node *n) { return n->ndim ? n->shape[n->ndim - 1] : 1; }
+
+#endif

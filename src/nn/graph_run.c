@@ -1,0 +1,230 @@
+/* Running the graph: activation memory per batch size, the forward pass in node order and the
+ * backward pass in reverse. Where a node's values feed several nodes, the first gradient written
+ * (in backward order) overwrites and the others accumulate through a scratch buffer; a tied
+ * tensor's gradient is reported final (grad-ready hook) after its last user's backward. */
+#include "nn/graph_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The node whose memory holds n's values and gradient (follows aliases). */
+static dt_node *owner(dt_model *m, dt_node *n) {
+    while (n->alias) n = &m->nodes[n->in[0]];
+    return n;
+}
+
+static void free_activations(dt_model *m) {
+    for (int i = 0; i < m->n; i++) {
+        dt_node *n = &m->nodes[i];
+        if (n->input_index < 0 && !n->alias) dt_free(n->out);
+        dt_free(n->grad);
+        dt_free(n->saved);
+        n->out = n->grad = NULL, n->saved = NULL;
+    }
+    for (int k = 0; k < DT_NODE_MAX_IN; k++) dt_free(m->scratch[k]), m->scratch[k] = NULL;
+    dt_free(m->work);
+    m->work = NULL;
+    m->cap_B = 0;
+}
+
+void dt_model_free(dt_model *m) {
+    if (!m) return;
+    if (m->nodes) free_activations(m);
+    free(m->nodes);
+    free(m->tensors);
+    free(m->last_user);
+    dt_slab_free(&m->params);
+    dt_slab_free(&m->grads);
+    dt_slab_free(&m->buffers);
+    free(m);
+}
+
+/* (Re)allocates activation memory for batch B. */
+static dt_status ensure_batch(dt_model *m, int B) {
+    if (B <= m->cap_B) return DT_OK;
+    free_activations(m);
+    size_t work = 0, maxact = 0;
+    for (int i = 0; i < m->n; i++) {
+        dt_node *n = &m->nodes[i];
+        size_t vals = (size_t)B * n->out_n;
+        if (n->input_index >= 0 || n->alias) continue;
+        if (vals > maxact) maxact = vals;
+        if (!(n->out = dt_alloc(vals * sizeof(float)))) goto oom;
+        if (n->needs_grad && !(n->grad = dt_alloc(vals * sizeof(float)))) goto oom;
+        size_t sb = n->op->saved_bytes ? n->op->saved_bytes(m, n, B) : 0;
+        if (sb && !(n->saved = dt_alloc(sb))) goto oom;
+        size_t w = n->op->workspace ? n->op->workspace(m, n, B) : 0;
+        if (w > work) work = w;
+    }
+    for (int k = 0; k < m->nscratch; k++)
+        if (!(m->scratch[k] = dt_alloc(maxact * sizeof(float)))) goto oom;
+    if (work && !(m->work = dt_alloc(work * sizeof(float)))) goto oom;
+    m->work_n = work, m->scratch_n = maxact;
+    m->cap_B = B;
+    return DT_OK;
+oom:
+    free_activations(m);
+    return dt_error(DT_ENOMEM, "model: cannot allocate activations for batch %d", B);
+}
+
+static dt_run_ctx run_ctx(const dt_model *m) {
+    return (dt_run_ctx){.be = m->be, .B = m->B, .train = m->train, .step = m->step, .seed = m->seed,
+                        .params = m->params.data, .grads = m->grads.data, .buffers = m->buffers.data,
+                        .work = m->work};
+}
+
+/* Forward of nodes [lo, hi); input nodes take their fed memory, aliases their input's. */
+static dt_status forward_range(dt_model *m, int lo, int hi, const void *const *feed) {
+    const dt_run_ctx c = run_ctx(m);
+    for (int i = lo; i < hi; i++) {
+        dt_node *n = &m->nodes[i];
+        if (n->input_index >= 0) {
+            if (feed) n->out = (float *)feed[n->input_index];
+            continue;
+        }
+        if (m->before_forward) m->before_forward(m->hook_ctx, i);
+        if (n->alias) {
+            n->out = owner(m, n)->out;
+            continue;
+        }
+        dt_status s = n->op->forward(m, n, &c);
+        if (s != DT_OK) return s;
+    }
+    return DT_OK;
+}
+
+static dt_status begin(dt_model *m, int B, bool train, uint64_t step) {
+    if (!m->finished) return dt_error(DT_EINVAL, "model: dt_graph_finish was not called");
+    if (B <= 0) return dt_error(DT_EINVAL, "model forward: batch %d must be positive", B);
+    DT_TRY(ensure_batch(m, B));
+    m->B = B, m->train = train, m->step = step;
+    return DT_OK;
+}
+
+dt_status dt_model_run(dt_model *m, const dt_feed *f, bool train, uint64_t step, float *loss) {
+    if (loss) *loss = NAN;
+    DT_TRY(begin(m, f->n, train, step));
+    const void *feed[DT_GRAPH_MAX_INPUTS] = {f->x, f->y};
+    bool with_loss = m->loss >= 0 && f->y;
+    int hi = with_loss ? m->loss + 1 : m->output + 1;
+    for (int k = with_loss ? 2 : 1; k < m->ninputs; k++)  /* an input the feed does not carry */
+        if (m->inputs[k] < hi) return dt_error(DT_EINVAL, "model: input '%s' is not fed", m->nodes[m->inputs[k]].name);
+    DT_TRY(forward_range(m, 0, hi, feed));
+    if (with_loss && loss) *loss = m->nodes[m->loss].loss;
+    return DT_OK;
+}
+
+dt_status dt_model_forward(dt_model *m, const float *x, int B, bool train, uint64_t step, const float **out) {
+    if (m->finished && dt_model_in_dtype(m) != DT_F32)
+        return dt_error(DT_EINVAL, "model forward: this model takes int32 ids; use dt_model_run");
+    dt_feed f = {.x = x, .n = B};
+    DT_TRY(dt_model_run(m, &f, train, step, NULL));
+    *out = dt_model_output(m);
+    return DT_OK;
+}
+
+dt_status dt_model_forward_nodes(dt_model *m, int lo, int hi) {
+    if (lo < 0 || hi > m->n || lo > hi) return dt_error(DT_EINVAL, "model: node range [%d, %d) of %d", lo, hi, m->n);
+    if (m->cap_B == 0) return dt_error(DT_EINVAL, "model: forward_nodes before any dt_model_run");
+    return forward_range(m, lo, hi, NULL);
+}
+
+/* Reports the tensors of node i whose last user it is, merging contiguous ranges. */
+static void report_ready(dt_model *m, const dt_node *n, dt_grad_ready_fn hook, void *ctx) {
+    size_t lo = 0, hi = 0;
+    for (int k = 0; k < n->ntensor; k++) {
+        const dt_param_info *t = &m->tensors[n->tensor[k]];
+        if (t->is_buffer || m->last_user[n->tensor[k]] != n->id) continue;
+        if (hi > lo && t->offset == hi) hi += t->numel;
+        else {
+            if (hi > lo) hook(ctx, lo, hi - lo);
+            lo = t->offset, hi = t->offset + t->numel;
+        }
+    }
+    if (hi > lo) hook(ctx, lo, hi - lo);
+}
+
+/* Backward of node n: picks where each input's gradient goes, runs the op, adds the scratch
+ * gradients of a second use. */
+static void backward_node(dt_model *m, dt_node *n, const dt_run_ctx *c) {
+    float *din[DT_NODE_MAX_IN] = {0};
+    dt_node *dst[DT_NODE_MAX_IN] = {0};
+    int ns = 0;
+    for (int j = 0; j < n->nin; j++) {
+        dt_node *in = owner(m, &m->nodes[n->in[j]]);
+        if (!in->needs_grad) continue;
+        bool taken = in->grad_set;
+        for (int k = 0; k < j; k++) taken |= dst[k] == in;
+        dst[j] = in;
+        din[j] = taken ? m->scratch[ns++] : in->grad;
+    }
+    n->op->backward(m, n, c, din);
+    for (int j = 0; j < n->nin; j++) {
+        if (!dst[j]) continue;
+        if (din[j] != dst[j]->grad) {
+            size_t cnt = (size_t)m->B * dst[j]->out_n;
+            for (size_t i = 0; i < cnt; i++) dst[j]->grad[i] += din[j][i];
+        }
+        dst[j]->grad_set = true;
+    }
+}
+
+static dt_status backward_range(dt_model *m, int lo, int hi, dt_grad_ready_fn hook, void *ctx) {
+    const dt_run_ctx c = run_ctx(m);
+    for (int i = hi - 1; i >= lo; i--) {
+        dt_node *n = &m->nodes[i];
+        if (!n->needs_grad || n->alias || n->input_index >= 0) continue;
+        if (n->grad_set || i == m->loss) backward_node(m, n, &c);
+        if (m->after_backward) m->after_backward(m->hook_ctx, i);
+        if (hook) report_ready(m, n, hook, ctx);
+    }
+    return DT_OK;
+}
+
+static void clear_grad_flags(dt_model *m) {
+    for (int i = 0; i < m->n; i++) m->nodes[i].grad_set = false;
+}
+
+dt_status dt_model_backward_loss(dt_model *m, float scale, dt_grad_ready_fn hook, void *ctx) {
+    if (m->B <= 0) return dt_error(DT_EINVAL, "model backward: no forward pass to differentiate");
+    if (m->loss < 0) return dt_error(DT_EINVAL, "model backward: the graph has no loss node");
+    clear_grad_flags(m);
+    m->nodes[m->loss].dloss = scale;
+    return backward_range(m, 0, m->loss + 1, hook, ctx);
+}
+
+dt_status dt_model_backward(dt_model *m, const float *dout, dt_grad_ready_fn hook, void *ctx) {
+    if (m->B <= 0) return dt_error(DT_EINVAL, "model backward: no forward pass to differentiate");
+    clear_grad_flags(m);
+    dt_node *o = owner(m, &m->nodes[m->output]);
+    if (!o->needs_grad) return DT_OK;
+    memcpy(o->grad, dout, (size_t)m->B * o->out_n * sizeof(float));
+    o->grad_set = true;
+    return backward_range(m, 0, m->output + 1, hook, ctx);
+}
+
+dt_status dt_model_backward_nodes(dt_model *m, int lo, int hi, dt_grad_ready_fn hook, void *ctx) {
+    if (lo < 0 || hi > m->n || lo > hi) return dt_error(DT_EINVAL, "model: node range [%d, %d) of %d", lo, hi, m->n);
+    if (m->B <= 0) return dt_error(DT_EINVAL, "model backward: no forward pass to differentiate");
+    return backward_range(m, lo, hi, hook, ctx);
+}
+
+const float *dt_model_node_values(const dt_model *m, int node) { return m->nodes[node].out; }
+const float *dt_model_node_grad(const dt_model *m, int node) {
+    const dt_node *n = &m->nodes[node];
+    while (n->alias) n = &m->nodes[n->in[0]];
+    return n->grad_set ? n->grad : NULL;
+}
+
+double dt_model_train_flops(const dt_model *m, int B) {
+    double f = 0;
+    for (int i = 0; i < m->n; i++) {
+        const dt_node *n = &m->nodes[i];
+        if (!n->op->flops) continue;
+        bool need_din = false;
+        for (int j = 0; j < n->nin; j++) need_din |= m->nodes[n->in[j]].needs_grad;
+        f += n->op->flops(m, n, B, need_din);
+    }
+    return f;
+}

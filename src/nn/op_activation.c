@@ -1,0 +1,44 @@
+/* Ops: elementwise activations (relu, gelu, tanh, sigmoid). Backward of relu/gelu reads the
+ * forward input, of tanh/sigmoid the forward output. */
+#include "nn/graph_internal.h"
+
+/* Same shape as the input (shared by every shape-preserving op). */
+dt_status dt_op_same_shape(dt_model *m, dt_node *n) {
+    const dt_node *in = dt_node_input(m, n, 0);
+    if (in->dtype != DT_F32) return dt_graph_fail(m, n, "takes f32 values");
+    n->dtype = DT_F32, n->ndim = in->ndim, n->out_n = in->out_n;
+    for (int i = 0; i < in->ndim; i++) n->shape[i] = in->shape[i];
+    return DT_OK;
+}
+
+#define COUNT(c, n) ((size_t)(c)->B * (n)->out_n)
+
+static dt_status act_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
+    const float *x = dt_node_in(m, n, 0);
+    switch (n->a.kind) {
+    case DT_LAYER_RELU: c->be->relu_forward(n->out, x, COUNT(c, n)); break;
+    case DT_LAYER_GELU: c->be->gelu_forward(n->out, x, COUNT(c, n)); break;
+    case DT_LAYER_TANH: c->be->tanh_forward(n->out, x, COUNT(c, n)); break;
+    default: c->be->sigmoid_forward(n->out, x, COUNT(c, n)); break;
+    }
+    return DT_OK;
+}
+
+static void act_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float *const *din) {
+    if (!din[0]) return;
+    const float *x = dt_node_in(m, n, 0);
+    switch (n->a.kind) {
+    case DT_LAYER_RELU: c->be->relu_backward(din[0], n->grad, x, COUNT(c, n)); break;
+    case DT_LAYER_GELU: c->be->gelu_backward(din[0], n->grad, x, COUNT(c, n)); break;
+    case DT_LAYER_TANH: c->be->tanh_backward(din[0], n->grad, n->out, COUNT(c, n)); break;
+    default: c->be->sigmoid_backward(din[0], n->grad, n->out, COUNT(c, n)); break;
+    }
+}
+
+#define ACT(id, nm) \
+    const dt_op id = {.name = nm, .min_in = 1, .max_in = 1, .infer = dt_op_same_shape, .forward = act_forward, \
+                      .backward = act_backward}
+ACT(dt_op_relu, "relu");
+ACT(dt_op_gelu, "gelu");
+ACT(dt_op_tanh, "tanh");
+ACT(dt_op_sigmoid, "sigmoid");

@@ -1,0 +1,61 @@
+/* Op: causal multi-head self-attention over (T, 3C) rows of q, k, v side by side (the output of
+ * the c_attn linear, nanoGPT's layout) -> (T, C); spec.heads heads. The output projection is a
+ * separate linear node. */
+#include "nn/graph_internal.h"
+
+static void dims(const dt_model *m, const dt_node *n, int *T, int *C) {
+    const dt_node *in = dt_node_input(m, n, 0);
+    *T = in->shape[0], *C = in->shape[1] / 3;
+}
+
+static dt_status attention_infer(dt_model *m, dt_node *n) {
+    const dt_node *in = dt_node_input(m, n, 0);
+    if (in->dtype != DT_F32 || in->ndim != 2 || in->shape[1] % 3)
+        return dt_graph_fail(m, n, "takes f32 (T, 3C) rows of q, k, v");
+    int T, C;
+    dims(m, n, &T, &C);
+    if (n->a.heads <= 0 || C % n->a.heads)
+        return dt_graph_fail(m, n, "%d heads do not divide the width %d", n->a.heads, C);
+    n->dtype = DT_F32, n->ndim = 2, n->shape[0] = T, n->shape[1] = C;
+    n->out_n = (size_t)T * C;
+    return DT_OK;
+}
+
+static size_t attention_saved(const dt_model *m, const dt_node *n, int B) {
+    int T, C;
+    dims(m, n, &T, &C);
+    return (size_t)B * n->a.heads * T * T * sizeof(float);
+}
+
+static size_t attention_workspace(const dt_model *m, const dt_node *n, int B) {
+    (void)B;
+    int T, C;
+    dims(m, n, &T, &C);
+    return m->be->attention_workspace(T);
+}
+
+static dt_status attention_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
+    int T, C;
+    dims(m, n, &T, &C);
+    c->be->attention_forward(n->out, n->saved, dt_node_in(m, n, 0), c->B, T, C, n->a.heads);
+    return DT_OK;
+}
+
+static void attention_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float *const *din) {
+    if (!din[0]) return;
+    int T, C;
+    dims(m, n, &T, &C);
+    c->be->attention_backward(din[0], c->work, n->grad, dt_node_in(m, n, 0), n->saved, c->B, T, C, n->a.heads);
+}
+
+static double attention_flops(const dt_model *m, const dt_node *n, int B, bool need_din) {
+    int T, C;
+    dims(m, n, &T, &C);
+    double fwd = 4.0 * B * T * (double)T * C;  /* q k^T and P v, every head */
+    return need_din ? 3 * fwd : fwd;
+}
+
+const dt_op dt_op_attention = {.name = "attention", .min_in = 1, .max_in = 1, .infer = attention_infer,
+                               .saved_bytes = attention_saved, .workspace = attention_workspace,
+                               .forward = attention_forward, .backward = attention_backward,
+                               .flops = attention_flops};

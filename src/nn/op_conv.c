@@ -1,0 +1,80 @@
+/* Op: 2-d convolution on (C,H,W) samples, weight (OC,C,K,K), torch's nn.Conv2d layout. */
+#include "nn/graph_internal.h"
+
+/* The input's (C,H,W); a vector counts as (1,1,W). */
+void dt_node_chw(const dt_node *in, int *C, int *H, int *W) {
+    *C = in->ndim >= 3 ? in->shape[in->ndim - 3] : 1;
+    *H = in->ndim >= 2 ? in->shape[in->ndim - 2] : 1;
+    *W = in->ndim >= 1 ? in->shape[in->ndim - 1] : 1;
+    if (in->ndim > 3) *C = (int)(in->out_n / ((size_t)*H * *W));
+}
+
+static dt_status conv_infer(dt_model *m, dt_node *n) {
+    const dt_node *in = dt_node_input(m, n, 0);
+    const dt_layer_spec *s = &n->a;
+    int C, H, W;
+    dt_node_chw(in, &C, &H, &W);
+    if (in->dtype != DT_F32) return dt_graph_fail(m, n, "takes f32 values");
+    if (s->out <= 0 || s->k <= 0 || s->stride <= 0 || s->pad < 0)
+        return dt_graph_fail(m, n, "conv(%d,%d,stride=%d,pad=%d) needs positive sizes", s->out, s->k, s->stride, s->pad);
+    if (H + 2 * s->pad < s->k || W + 2 * s->pad < s->k)
+        return dt_graph_fail(m, n, "conv(%d,%d) kernel is larger than its %dx%d input", s->out, s->k, H, W);
+    n->dtype = DT_F32, n->ndim = 3;
+    n->shape[0] = s->out;
+    n->shape[1] = (H + 2 * s->pad - s->k) / s->stride + 1;
+    n->shape[2] = (W + 2 * s->pad - s->k) / s->stride + 1;
+    n->out_n = (size_t)n->shape[0] * n->shape[1] * n->shape[2];
+    int64_t shp[4] = {s->out, C, s->k, s->k};
+    if (dt_graph_declare(m, n, "weight", false, 4, shp) < 0) return DT_EINVAL;
+    if (s->bias && dt_graph_declare(m, n, "bias", false, 1, shp) < 0) return DT_EINVAL;
+    return DT_OK;
+}
+
+static void conv_init(dt_model *m, dt_node *n, float *p, uint64_t seed) {
+    int C, H, W;
+    dt_node_chw(dt_node_input(m, n, 0), &C, &H, &W);
+    int fan_in = C * n->a.k * n->a.k;
+    const dt_param_info *w = &m->tensors[n->tensor[0]];
+    dt_init_kaiming_uniform(p + w->offset, w->numel, fan_in, seed, dt_rng_key(DT_RNG_INIT, (uint64_t)n->layer * 2));
+    if (n->a.bias)
+        dt_init_kaiming_uniform(p + dt_node_tensor_off(m, n, 1), (size_t)n->a.out, fan_in, seed,
+                                dt_rng_key(DT_RNG_INIT, (uint64_t)n->layer * 2 + 1));
+}
+
+static size_t conv_workspace(const dt_model *m, const dt_node *n, int B) {
+    const dt_layer_spec *s = &n->a;
+    int C, H, W;
+    dt_node_chw(dt_node_input(m, n, 0), &C, &H, &W);
+    return dt_conv2d_workspace(B, C, H, W, s->out, s->k, s->stride, s->pad);
+}
+
+static dt_status conv_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
+    const dt_layer_spec *s = &n->a;
+    int C, H, W;
+    dt_node_chw(dt_node_input(m, n, 0), &C, &H, &W);
+    const float *b = s->bias ? c->params + dt_node_tensor_off(m, n, 1) : NULL;
+    c->be->conv2d_forward(n->out, dt_node_in(m, n, 0), c->params + dt_node_tensor_off(m, n, 0), b, c->work, c->B, C, H,
+                          W, s->out, s->k, s->stride, s->pad);
+    return DT_OK;
+}
+
+static void conv_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float *const *din) {
+    const dt_layer_spec *s = &n->a;
+    int C, H, W;
+    dt_node_chw(dt_node_input(m, n, 0), &C, &H, &W);
+    float *db = s->bias ? c->grads + dt_node_tensor_off(m, n, 1) : NULL;
+    c->be->conv2d_backward(din[0], c->grads + dt_node_tensor_off(m, n, 0), db, n->grad, dt_node_in(m, n, 0),
+                           c->params + dt_node_tensor_off(m, n, 0), c->work, c->B, C, H, W, s->out, s->k, s->stride,
+                           s->pad);
+}
+
+static double conv_flops(const dt_model *m, const dt_node *n, int B, bool need_din) {
+    int C, H, W;
+    dt_node_chw(dt_node_input(m, n, 0), &C, &H, &W);
+    double mac = (double)B * n->a.out * n->shape[1] * n->shape[2] * (double)C * n->a.k * n->a.k;
+    return 2 * mac * (need_din ? 3 : 2);
+}
+
+const dt_op dt_op_conv2d = {.name = "conv", .min_in = 1, .max_in = 1, .infer = conv_infer, .init = conv_init,
+                            .workspace = conv_workspace, .forward = conv_forward, .backward = conv_backward,
+                            .flops = conv_flops};

@@ -1,0 +1,56 @@
+/* Op: embedding. int32 ids (any per-sample shape) -> rows of a (num, out) table, shape
+ * (..., out). With spec.pos the row is each value's position in the sample instead (learned
+ * positions, nanoGPT's wpe). Ids outside [0, num) are refused with their place. */
+#include "nn/graph_internal.h"
+
+static dt_status embedding_infer(dt_model *m, dt_node *n) {
+    const dt_node *in = dt_node_input(m, n, 0);
+    if (in->dtype != DT_I32) return dt_graph_fail(m, n, "takes int32 ids (an input of dtype i32)");
+    if (n->a.num <= 0 || n->a.out <= 0) return dt_graph_fail(m, n, "needs num > 0 rows of out > 0 values");
+    if (in->ndim >= 4) return dt_graph_fail(m, n, "ids of %d dims (at most 3)", in->ndim);
+    if (n->a.pos && in->out_n > (size_t)n->a.num)
+        return dt_graph_fail(m, n, "%zu positions but the table has %d rows", in->out_n, n->a.num);
+    n->dtype = DT_F32, n->ndim = in->ndim + 1;
+    for (int i = 0; i < in->ndim; i++) n->shape[i] = in->shape[i];
+    n->shape[in->ndim] = n->a.out;
+    n->out_n = in->out_n * (size_t)n->a.out;
+    int64_t shp[2] = {n->a.num, n->a.out};
+    return dt_graph_declare(m, n, "weight", false, 2, shp) < 0 ? DT_EINVAL : DT_OK;
+}
+
+static void embedding_init(dt_model *m, dt_node *n, float *p, uint64_t seed) {
+    if (n->a.tie) return;
+    const dt_param_info *w = &m->tensors[n->tensor[0]];
+    float std = n->a.init_std > 0 ? n->a.init_std : 1.0f;  /* torch: N(0, 1) */
+    dt_rng_fill_normal(p + w->offset, w->numel, 0.0f, std, seed, dt_rng_key(DT_RNG_INIT, (uint64_t)n->layer * 2));
+}
+
+static dt_status embedding_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
+    const dt_node *in = dt_node_input(m, n, 0);
+    const float *w = c->params + dt_node_tensor_off(m, n, 0);
+    const int T = (int)in->out_n;
+    if (n->a.pos) {
+        c->be->pos_embedding_forward(n->out, w, c->B, T, n->a.out);
+        return DT_OK;
+    }
+    const int32_t *ids = (const int32_t *)in->out;
+    const size_t N = (size_t)c->B * T;
+    for (size_t i = 0; i < N; i++)
+        if (ids[i] < 0 || ids[i] >= n->a.num)
+            return dt_error(DT_EINVAL, "model: node '%s': id %d of sample %zu, position %zu is outside [0, %d) (the "
+                                       "vocabulary)", n->name, ids[i], i / T, i % T, n->a.num);
+    c->be->embedding_forward(n->out, ids, w, (int)N, n->a.out);
+    return DT_OK;
+}
+
+static void embedding_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float *const *din) {
+    (void)din;  /* ids have no gradient */
+    const dt_node *in = dt_node_input(m, n, 0);
+    float *dw = c->grads + dt_node_tensor_off(m, n, 0);
+    const int T = (int)in->out_n;
+    if (n->a.pos) c->be->pos_embedding_backward(dw, n->grad, c->B, T, n->a.out);
+    else c->be->embedding_backward(dw, n->grad, (const int32_t *)in->out, c->B * T, n->a.out);
+}
+
+const dt_op dt_op_embedding = {.name = "embedding", .min_in = 1, .max_in = 1, .infer = embedding_infer,
+                               .init = embedding_init, .forward = embedding_forward, .backward = embedding_backward};

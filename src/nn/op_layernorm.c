@@ -1,0 +1,49 @@
+/* Op: layer normalisation over the last dim (GPT) or, with spec.flatten, over all values of a
+ * sample (the sequential spec); weight and bias of that size, eps from the spec. */
+#include "nn/graph_internal.h"
+
+#include <string.h>
+
+dt_status dt_op_same_shape(dt_model *m, dt_node *n);
+
+static int width(const dt_node *n) { return n->a.flatten ? (int)n->out_n : dt_shape_last(n); }
+
+static dt_status layernorm_infer(dt_model *m, dt_node *n) {
+    DT_TRY(dt_op_same_shape(m, n));
+    int64_t shp[1] = {width(n)};
+    if (dt_graph_declare(m, n, "weight", false, 1, shp) < 0 || dt_graph_declare(m, n, "bias", false, 1, shp) < 0)
+        return DT_EINVAL;
+    return DT_OK;
+}
+
+static size_t layernorm_saved(const dt_model *m, const dt_node *n, int B) {
+    (void)m;
+    return 2 * (size_t)B * (n->out_n / (size_t)width(n)) * sizeof(float);
+}
+
+static void layernorm_init(dt_model *m, dt_node *n, float *p, uint64_t seed) {
+    (void)seed;
+    const size_t C = (size_t)width(n);
+    float *w = p + dt_node_tensor_off(m, n, 0);
+    for (size_t j = 0; j < C; j++) w[j] = 1.0f;
+    memset(p + dt_node_tensor_off(m, n, 1), 0, C * sizeof(float));
+}
+
+static dt_status layernorm_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
+    const int C = width(n), N = c->B * (int)(n->out_n / (size_t)C);
+    float *mean = n->saved, *rstd = mean + N;
+    c->be->layernorm_forward(n->out, mean, rstd, dt_node_in(m, n, 0), c->params + dt_node_tensor_off(m, n, 0),
+                             c->params + dt_node_tensor_off(m, n, 1), N, C, n->a.eps);
+    return DT_OK;
+}
+
+static void layernorm_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float *const *din) {
+    const int C = width(n), N = c->B * (int)(n->out_n / (size_t)C);
+    const float *mean = n->saved, *rstd = mean + N;
+    c->be->layernorm_backward(din[0], c->grads + dt_node_tensor_off(m, n, 0), c->grads + dt_node_tensor_off(m, n, 1),
+                              n->grad, dt_node_in(m, n, 0), c->params + dt_node_tensor_off(m, n, 0), mean, rstd, N, C);
+}
+
+const dt_op dt_op_layernorm = {.name = "layernorm", .min_in = 1, .max_in = 1, .infer = layernorm_infer,
+                               .saved_bytes = layernorm_saved, .init = layernorm_init, .forward = layernorm_forward,
+                               .backward = layernorm_backward};

@@ -1,0 +1,86 @@
+/* Op: linear (fully connected), out = in @ w^T + b with w (out, C), torch's nn.Linear layout.
+ * Over the last dim of the input (rows = the other dims and the batch), or with spec.flatten over
+ * all values of a sample (the sequential spec: a linear after a conv flattens implicitly). */
+#include "nn/graph_internal.h"
+
+#include <string.h>
+
+/* Input features and rows per sample. */
+static void dims(const dt_model *m, const dt_node *n, int *C, int *rows) {
+    const dt_node *in = dt_node_input(m, n, 0);
+    *C = n->a.flatten ? (int)in->out_n : dt_shape_last(in);
+    *rows = (int)(in->out_n / (size_t)*C);
+}
+
+static dt_status linear_infer(dt_model *m, dt_node *n) {
+    const dt_node *in = dt_node_input(m, n, 0);
+    if (in->dtype != DT_F32) return dt_graph_fail(m, n, "takes f32 values, not ids (add an embedding first)");
+    if (n->a.out <= 0) return dt_graph_fail(m, n, "needs out > 0 features (given %d)", n->a.out);
+    int C, rows;
+    dims(m, n, &C, &rows);
+    if (n->a.flatten || in->ndim == 0) n->ndim = 1, n->shape[0] = n->a.out;
+    else {
+        n->ndim = in->ndim;
+        for (int i = 0; i < in->ndim; i++) n->shape[i] = in->shape[i];
+        n->shape[n->ndim - 1] = n->a.out;
+    }
+    n->dtype = DT_F32;
+    n->out_n = (size_t)rows * n->a.out;
+    int64_t shp[2] = {n->a.out, C};
+    if (dt_graph_declare(m, n, "weight", false, 2, shp) < 0) return DT_EINVAL;
+    if (n->a.bias && dt_graph_declare(m, n, "bias", false, 1, shp) < 0) return DT_EINVAL;
+    return DT_OK;
+}
+
+static void linear_init(dt_model *m, dt_node *n, float *p, uint64_t seed) {
+    int C, rows;
+    dims(m, n, &C, &rows);
+    const dt_param_info *w = &m->tensors[n->tensor[0]];
+    uint64_t kw = dt_rng_key(DT_RNG_INIT, (uint64_t)n->layer * 2), kb = dt_rng_key(DT_RNG_INIT, (uint64_t)n->layer * 2 + 1);
+    if (n->a.init_std > 0) {
+        if (!n->a.tie) dt_rng_fill_normal(p + w->offset, w->numel, 0.0f, n->a.init_std, seed, kw);
+        if (n->a.bias) memset(p + dt_node_tensor_off(m, n, 1), 0, (size_t)n->a.out * sizeof(float));
+        return;
+    }
+    if (!n->a.tie) dt_init_kaiming_uniform(p + w->offset, w->numel, C, seed, kw);
+    if (n->a.bias) dt_init_kaiming_uniform(p + dt_node_tensor_off(m, n, 1), (size_t)n->a.out, C, seed, kb);
+}
+
+static dt_status linear_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
+    int C, rows;
+    dims(m, n, &C, &rows);
+    const float *b = n->a.bias ? c->params + dt_node_tensor_off(m, n, 1) : NULL;
+    c->be->linear_forward(n->out, dt_node_in(m, n, 0), c->params + dt_node_tensor_off(m, n, 0), b, c->B * rows, C,
+                          n->a.out);
+    return DT_OK;
+}
+
+static void linear_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float *const *din) {
+    int C, rows;
+    dims(m, n, &C, &rows);
+    float *db = n->a.bias ? c->grads + dt_node_tensor_off(m, n, 1) : NULL;
+    c->be->linear_backward(din[0], c->grads + dt_node_tensor_off(m, n, 0), db, n->grad, dt_node_in(m, n, 0),
+                           c->params + dt_node_tensor_off(m, n, 0), c->B * rows, C, n->a.out);
+}
+
+static double linear_flops(const dt_model *m, const dt_node *n, int B, bool need_din) {
+    int C, rows;
+    dims(m, n, &C, &rows);
+    double mac = (double)B * rows * (double)C * n->a.out;
+    return 2 * mac * (need_din ? 3 : 2);  /* forward, weight gradient, input gradient */
+}
+
+const dt_op dt_op_linear = {.name = "linear", .min_in = 1, .max_in = 1, .infer = linear_infer, .init = linear_init,
+                            .forward = linear_forward, .backward = linear_backward, .flops = linear_flops};
+
+/* Op: matmul_t, out = in @ w^T with w (out, C) and no bias: the output head of a language model,
+ * usually tied to the token embedding (spec.tie = "transformer.wte.weight"). The same kernels as
+ * linear without a bias. */
+static dt_status matmul_t_infer(dt_model *m, dt_node *n) {
+    n->a.bias = false, n->a.flatten = false;
+    return linear_infer(m, n);
+}
+
+const dt_op dt_op_matmul_t = {.name = "matmul_t", .min_in = 1, .max_in = 1, .infer = matmul_t_infer,
+                              .init = linear_init, .forward = linear_forward, .backward = linear_backward,
+                              .flops = linear_flops};

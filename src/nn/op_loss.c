@@ -1,0 +1,64 @@
+/* Ops: the losses, nodes of the graph whose value is one number per batch.
+ *  - xent: softmax cross-entropy of logits (.., V) against int32 targets, one per row (a label per
+ *    sample, or a next token per position), mean over the rows whose target is not
+ *    spec.ignore_index (torch's F.cross_entropy);
+ *  - mse: mean squared error against an f32 target of the same shape.
+ * Backward starts from d loss = n->dloss (1, a rank's weight in a global batch, or a loss scale). */
+#include "nn/graph_internal.h"
+
+static dt_status xent_infer(dt_model *m, dt_node *n) {
+    const dt_node *x = dt_node_input(m, n, 0), *y = dt_node_input(m, n, 1);
+    if (x->dtype != DT_F32 || y->dtype != DT_I32) return dt_graph_fail(m, n, "takes f32 logits and int32 targets");
+    int V = dt_shape_last(x);
+    if (x->out_n / (size_t)V != y->out_n)
+        return dt_graph_fail(m, n, "%zu rows of logits but %zu targets per sample", x->out_n / (size_t)V, y->out_n);
+    n->dtype = DT_F32, n->ndim = 0, n->out_n = 1;
+    return DT_OK;
+}
+
+static size_t xent_saved(const dt_model *m, const dt_node *n, int B) {
+    return (size_t)B * dt_node_input(m, n, 0)->out_n * sizeof(float);  /* probabilities */
+}
+
+static dt_status xent_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
+    const dt_node *x = dt_node_input(m, n, 0);
+    const int V = dt_shape_last(x), N = c->B * (int)(x->out_n / (size_t)V);
+    n->loss = c->be->xent_forward(n->saved, x->out, (const int32_t *)dt_node_in(m, n, 1), N, V, n->a.ignore_index,
+                                  &n->counted);
+    n->out[0] = n->loss;
+    return DT_OK;
+}
+
+static void xent_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float *const *din) {
+    const dt_node *x = dt_node_input(m, n, 0);
+    const int V = dt_shape_last(x), N = c->B * (int)(x->out_n / (size_t)V);
+    if (din[0])
+        c->be->xent_backward(din[0], n->saved, (const int32_t *)dt_node_in(m, n, 1), N, V, n->a.ignore_index,
+                             n->counted, n->dloss);
+}
+
+const dt_op dt_op_xent = {.name = "xent", .min_in = 2, .max_in = 2, .infer = xent_infer, .saved_bytes = xent_saved,
+                          .forward = xent_forward, .backward = xent_backward};
+
+static dt_status mse_infer(dt_model *m, dt_node *n) {
+    const dt_node *x = dt_node_input(m, n, 0), *y = dt_node_input(m, n, 1);
+    if (x->dtype != DT_F32 || y->dtype != DT_F32 || x->out_n != y->out_n)
+        return dt_graph_fail(m, n, "takes f32 predictions and an f32 target of the same size");
+    n->dtype = DT_F32, n->ndim = 0, n->out_n = 1;
+    return DT_OK;
+}
+
+static dt_status mse_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
+    const dt_node *x = dt_node_input(m, n, 0);
+    n->loss = c->be->mse_forward(x->out, dt_node_in(m, n, 1), (size_t)c->B * x->out_n);
+    n->out[0] = n->loss;
+    return DT_OK;
+}
+
+static void mse_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float *const *din) {
+    const dt_node *x = dt_node_input(m, n, 0);
+    if (din[0]) c->be->mse_backward(din[0], x->out, dt_node_in(m, n, 1), (size_t)c->B * x->out_n, n->dloss);
+}
+
+const dt_op dt_op_mse = {.name = "mse", .min_in = 2, .max_in = 2, .infer = mse_infer, .forward = mse_forward,
+                         .backward = mse_backward};

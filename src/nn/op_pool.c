@@ -1,0 +1,57 @@
+/* Ops: max and average pooling over (C,H,W) samples, windows K with stride S, no padding. A
+ * maxpool right after a relu applies that relu to its own (smaller) output (n->fused_relu). */
+#include "nn/graph_internal.h"
+
+static dt_status pool_infer(dt_model *m, dt_node *n) {
+    const dt_node *in = dt_node_input(m, n, 0);
+    int C, H, W;
+    dt_node_chw(in, &C, &H, &W);
+    const dt_layer_spec *s = &n->a;
+    if (in->dtype != DT_F32) return dt_graph_fail(m, n, "takes f32 values");
+    if (s->k <= 0 || s->stride <= 0) return dt_graph_fail(m, n, "pool(%d, stride=%d) needs positive sizes", s->k, s->stride);
+    if (H < s->k || W < s->k) return dt_graph_fail(m, n, "pool(%d) window is larger than its %dx%d input", s->k, H, W);
+    n->dtype = DT_F32, n->ndim = 3;
+    n->shape[0] = C, n->shape[1] = (H - s->k) / s->stride + 1, n->shape[2] = (W - s->k) / s->stride + 1;
+    n->out_n = (size_t)C * n->shape[1] * n->shape[2];
+    return DT_OK;
+}
+
+static size_t maxpool_saved(const dt_model *m, const dt_node *n, int B) {
+    (void)m;
+    return (size_t)B * n->out_n * sizeof(int32_t);
+}
+
+static dt_status maxpool_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
+    int C, H, W;
+    dt_node_chw(dt_node_input(m, n, 0), &C, &H, &W);
+    c->be->maxpool2d_forward(n->out, n->saved, dt_node_in(m, n, 0), c->B, C, H, W, n->a.k, n->a.stride);
+    if (n->fused_relu) c->be->relu_forward(n->out, n->out, (size_t)c->B * n->out_n);
+    return DT_OK;
+}
+
+static void maxpool_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float *const *din) {
+    int C, H, W;
+    dt_node_chw(dt_node_input(m, n, 0), &C, &H, &W);
+    /* the fused relu's gradient on the pooled output, in place (the gradient is this node's) */
+    if (n->fused_relu) c->be->relu_backward(n->grad, n->grad, n->out, (size_t)c->B * n->out_n);
+    if (din[0]) c->be->maxpool2d_backward(din[0], n->grad, n->saved, c->B, C, H, W, n->a.k, n->a.stride);
+}
+
+const dt_op dt_op_maxpool2d = {.name = "maxpool", .min_in = 1, .max_in = 1, .infer = pool_infer,
+                               .saved_bytes = maxpool_saved, .forward = maxpool_forward, .backward = maxpool_backward};
+
+static dt_status avgpool_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
+    int C, H, W;
+    dt_node_chw(dt_node_input(m, n, 0), &C, &H, &W);
+    c->be->avgpool2d_forward(n->out, dt_node_in(m, n, 0), c->B, C, H, W, n->a.k, n->a.stride);
+    return DT_OK;
+}
+
+static void avgpool_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float *const *din) {
+    int C, H, W;
+    dt_node_chw(dt_node_input(m, n, 0), &C, &H, &W);
+    if (din[0]) c->be->avgpool2d_backward(din[0], n->grad, c->B, C, H, W, n->a.k, n->a.stride);
+}
+
+const dt_op dt_op_avgpool2d = {.name = "avgpool", .min_in = 1, .max_in = 1, .infer = pool_infer,
+                               .forward = avgpool_forward, .backward = avgpool_backward};

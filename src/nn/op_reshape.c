@@ -1,0 +1,40 @@
+/* Ops: flatten and reshape. Both keep the values where they are (the node aliases its input's
+ * memory, values and gradient), only the per-sample shape changes. */
+#include "nn/graph_internal.h"
+
+static dt_status flatten_infer(dt_model *m, dt_node *n) {
+    const dt_node *in = dt_node_input(m, n, 0);
+    n->dtype = in->dtype, n->ndim = 1, n->shape[0] = (int)in->out_n, n->out_n = in->out_n;
+    n->alias = true;
+    return DT_OK;
+}
+
+static dt_status reshape_infer(dt_model *m, dt_node *n) {
+    const dt_node *in = dt_node_input(m, n, 0);
+    if (n->a.ndim < 0 || n->a.ndim > 4) return dt_graph_fail(m, n, "%d dims (0..4 per sample)", n->a.ndim);
+    size_t cnt = 1;
+    for (int i = 0; i < n->a.ndim; i++) {
+        if (n->a.shape[i] <= 0) return dt_graph_fail(m, n, "dim %d is %d", i, n->a.shape[i]);
+        cnt *= (size_t)n->a.shape[i];
+        n->shape[i] = n->a.shape[i];
+    }
+    if (cnt != in->out_n) return dt_graph_fail(m, n, "%zu values per sample cannot become %zu", in->out_n, cnt);
+    n->dtype = in->dtype, n->ndim = n->a.ndim, n->out_n = cnt;
+    n->alias = true;
+    return DT_OK;
+}
+
+/* never called: the graph resolves aliases itself */
+static dt_status alias_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
+    (void)m, (void)n, (void)c;
+    return DT_OK;
+}
+
+static void alias_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float *const *din) {
+    (void)m, (void)n, (void)c, (void)din;
+}
+
+const dt_op dt_op_flatten = {.name = "flatten", .min_in = 1, .max_in = 1, .infer = flatten_infer,
+                             .forward = alias_forward, .backward = alias_backward};
+const dt_op dt_op_reshape = {.name = "reshape", .min_in = 1, .max_in = 1, .infer = reshape_infer,
+                             .forward = alias_forward, .backward = alias_backward};
