@@ -5,7 +5,9 @@
  *     cross-entropy with ignored targets, mse), each built as a one-node graph with
  *     dt_graph_create/input/node/finish, run with dt_model_run and backpropagated with
  *     dt_model_backward (or dt_model_backward_loss for the losses): forward values, input
- *     gradients (dt_model_node_grad of the inputs) and parameter gradients. Plus a causal check.
+ *     gradients and parameter gradients. Graph inputs get no gradient (only nodes with parameters
+ *     upstream do), so an op's f32 inputs come from gt_leaf nodes whose tables hold the values;
+ *     the input gradient is the leaf's dt_model_node_grad. Plus a causal check of attention.
  *   - gpt.dtref: dt_gpt_create's tensors are exactly nanoGPT's names and shapes; logits, loss and
  *     every parameter gradient of one backward; 5 AdamW steps (dt_optim_*): losses and the final
  *     parameters.
@@ -88,19 +90,23 @@ static void ref_embedding(const char *name, bool pos) {
     dt_model_free(m);
 }
 
+/* The ops below take their f32 inputs from gt_leaf nodes (embeddings of ids 0..B*T-1 whose
+ * tables hold the fixture's input values): an input's gradient is the leaf's node gradient. */
+
 static void ref_add(void) {
     const dt_fx_entry *a = entry("add.a");
-    int B = (int)a->dims[0], d1 = (int)a->dims[1], d2 = (int)a->dims[2];
+    int B = (int)a->dims[0], T = (int)a->dims[1], D = (int)a->dims[2];
     size_t n = a->n;
-    printf("add: B=%d (%d,%d)\n", B, d1, d2);
+    printf("add: B=%d (%d,%d)\n", B, T, D);
     dt_model *m = NULL;
     CHECK_OK(dt_graph_create(&m));
     dt_layer_spec s = dt_layer_default(DT_LAYER_ADD);
-    int ia = gt_input(m, "a", DT_F32, d1, d2, 0), ib = gt_input(m, "b", DT_F32, d1, d2, 0);
+    int ids = gt_input(m, "ids", DT_I32, T, 0, 0);
+    int ia = gt_leaf(m, ids, "a", B, T, D), ib = gt_leaf(m, ids, "b", B, T, D);
     int add = gt_node(m, "add", &s, ia, ib, -1);
-    if (finish(m, add, -1, "add") == DT_OK) {
-        CHECK(dt_model_num_params(m) == 0);
-        dt_feed f = {a->data, FX("add.b"), B};
+    if (finish(m, add, -1, "add") == DT_OK && gt_load(m, "a.weight", a->data, n) == 0 &&
+        gt_load(m, "b.weight", FX("add.b"), n) == 0) {
+        dt_feed f = {gt_ids(B * T), NULL, B};
         if (run_and_backward("add", m, &f, FX("add.y"), FX("add.dy")) == 0) {
             cmpf("add", "da", gt_node_grad(m, ia), FX("add.da"), n);
             cmpf("add", "db", gt_node_grad(m, ib), FX("add.db"), n);
@@ -109,48 +115,51 @@ static void ref_add(void) {
     dt_model_free(m);
 }
 
-/* The output at position t of a sample depends on that sample's positions <= t only. */
-static void causal_check(dt_model *m, const float *x, int B, int T, int C) {
+/* The output at position t of a sample depends on that sample's positions <= t only. x is the
+ * leaf table holding the (B, T, 3C) input; it is perturbed in place and restored. */
+static void causal_check(dt_model *m, float *x, int B, int T, int C) {
     size_t nin = (size_t)B * T * 3 * C, nout = (size_t)B * T * C;
-    float *y0 = gt_copy(dt_model_output(m), nout), *xp = gt_copy(x, nin);
+    float *y0 = gt_copy(dt_model_output(m), nout), *x0 = gt_copy(x, nin);
     int bad_prefix = 0, unchanged = 0, cross = 0;
+    dt_feed f = {gt_ids(B * T), NULL, B};
     for (int s = 1; s < T; s++) {
         /* perturb sample 0's positions >= s (all of q, k and v) */
-        memcpy(xp, x, nin * sizeof *xp);
+        memcpy(x, x0, nin * sizeof *x);
         for (int t = s; t < T; t++)
-            for (int j = 0; j < 3 * C; j++) xp[(size_t)t * 3 * C + j] += 0.5f + 0.01f * j;
-        dt_feed f = {xp, NULL, B};
+            for (int j = 0; j < 3 * C; j++) x[(size_t)t * 3 * C + j] += 0.5f + 0.01f * j;
         CHECK_OK(dt_model_run(m, &f, true, 0, NULL));
         const float *y = dt_model_output(m);
         bad_prefix += memcmp(y, y0, (size_t)s * C * sizeof *y) != 0;
         unchanged += memcmp(y + (size_t)s * C, y0 + (size_t)s * C, (size_t)(T - s) * C * sizeof *y) == 0;
         if (B > 1) cross += memcmp(y + (size_t)T * C, y0 + (size_t)T * C, (nout - (size_t)T * C) * sizeof *y) != 0;
     }
+    memcpy(x, x0, nin * sizeof *x);
     printf("  %-46s %d prefixes changed, %d suffixes unchanged, %d other samples changed (of %d)\n",
            "causal: perturb positions >= s", bad_prefix, unchanged, cross, T - 1);
     CHECK_MSG(bad_prefix == 0, "attention: outputs before s changed when positions >= s did (%d of %d)", bad_prefix,
               T - 1);
     CHECK_MSG(unchanged == 0, "attention: outputs at positions >= s did not change (%d of %d)", unchanged, T - 1);
     CHECK_MSG(cross == 0, "attention: perturbing sample 0 changed another sample (%d of %d)", cross, T - 1);
-    free(y0), free(xp);
+    free(y0), free(x0);
 }
 
 static void ref_attention(const char *name) {
     const int32_t *cfg = FXI("%s.cfg", name);
     int B = cfg[0], T = cfg[1], C = cfg[2], H = cfg[3];
+    size_t nin = (size_t)B * T * 3 * C;
     printf("%s: B=%d T=%d C=%d heads=%d\n", name, B, T, C, H);
     dt_model *m = NULL;
     CHECK_OK(dt_graph_create(&m));
     dt_layer_spec s = dt_layer_default(DT_LAYER_ATTENTION);
     s.heads = H;
-    int in = gt_input(m, "qkv", DT_F32, T, 3 * C, 0);
+    int in = gt_leaf(m, gt_input(m, "ids", DT_I32, T, 0, 0), "qkv", B, T, 3 * C);
     int att = gt_node(m, "attn", &s, in, -1, -1);
-    if (finish(m, att, -1, name) == DT_OK) {
-        CHECK(dt_model_num_params(m) == 0 && dt_model_out_size(m) == T * C);
-        dt_feed f = {FX("%s.x", name), NULL, B};
+    if (finish(m, att, -1, name) == DT_OK && gt_load(m, "qkv.weight", FX("%s.x", name), nin) == 0) {
+        CHECK(dt_model_num_params(m) == nin && dt_model_out_size(m) == T * C);
+        dt_feed f = {gt_ids(B * T), NULL, B};
         if (run_and_backward(name, m, &f, FX("%s.y", name), FX("%s.dy", name)) == 0)
-            cmpf(name, "dqkv", gt_node_grad(m, in), FX("%s.dx", name), (size_t)B * T * 3 * C);
-        causal_check(m, FX("%s.x", name), B, T, C);
+            cmpf(name, "dqkv", gt_node_grad(m, in), FX("%s.dx", name), nin);
+        causal_check(m, gt_param(m, "qkv.weight", nin), B, T, C);
     }
     dt_model_free(m);
 }
@@ -160,21 +169,24 @@ static void ref_matmul(const char *name, dt_layer_kind kind) {
     const int32_t *cfg = FXI("%s.cfg", name);
     int B = cfg[0], T = cfg[1], C = cfg[2], O = cfg[3];
     bool bias = kind == DT_LAYER_LINEAR && cfg[4];
+    size_t nin = (size_t)B * T * C;
     printf("%s: B=%d (%d,%d) -> (%d,%d)%s\n", name, B, T, C, T, O, bias ? " + bias" : "");
     dt_model *m = NULL;
     CHECK_OK(dt_graph_create(&m));
     dt_layer_spec s = dt_layer_default(kind);
     s.out = O, s.flatten = false, s.bias = bias;
-    int in = gt_input(m, "x", DT_F32, T, C, 0);
+    int in = gt_leaf(m, gt_input(m, "ids", DT_I32, T, 0, 0), "x", B, T, C);
     int mm = gt_node(m, "mm", &s, in, -1, -1);
-    if (finish(m, mm, -1, name) == DT_OK && gt_load(m, "mm.weight", FX("%s.w", name), (size_t)O * C) == 0 &&
+    if (finish(m, mm, -1, name) == DT_OK && gt_load(m, "x.weight", FX("%s.x", name), nin) == 0 &&
+        gt_load(m, "mm.weight", FX("%s.w", name), (size_t)O * C) == 0 &&
         (!bias || gt_load(m, "mm.bias", FX("%s.bias", name), O) == 0)) {
-        CHECK_MSG(dt_model_num_params(m) == (size_t)O * C + (bias ? O : 0), "%s: %zu params", name,
+        CHECK_MSG(dt_model_num_params(m) == nin + (size_t)O * C + (bias ? O : 0), "%s: %zu params", name,
                   dt_model_num_params(m));
-        CHECK(dt_model_out_size(m) == T * O);
-        dt_feed f = {FX("%s.x", name), NULL, B};
+        CHECK_MSG(bias || dt_model_find_tensor(m, "mm.bias") < 0, "%s: a bias tensor without bias", name);
+        CHECK(dt_model_out_size(m) == T * O && dt_model_classes(m) == O);
+        dt_feed f = {gt_ids(B * T), NULL, B};
         if (run_and_backward(name, m, &f, FX("%s.y", name), FX("%s.dy", name)) == 0) {
-            cmpf(name, "dx", gt_node_grad(m, in), FX("%s.dx", name), (size_t)B * T * C);
+            cmpf(name, "dx", gt_node_grad(m, in), FX("%s.dx", name), nin);
             cmpf(name, "dweight", gt_grad(m, "mm.weight", 0), FX("%s.dw", name), (size_t)O * C);
             if (bias) cmpf(name, "dbias", gt_grad(m, "mm.bias", 0), FX("%s.dbias", name), O);
         }
@@ -191,12 +203,12 @@ static void ref_norm_gelu(const char *name, dt_layer_kind kind) {
     dt_model *m = NULL;
     CHECK_OK(dt_graph_create(&m));
     dt_layer_spec s = dt_layer_default(kind);
-    int in = gt_input(m, "x", DT_F32, T, C, 0);
+    int in = gt_leaf(m, gt_input(m, "ids", DT_I32, T, 0, 0), "x", B, T, C);
     int node = gt_node(m, "op", &s, in, -1, -1);
     bool ln = kind == DT_LAYER_LAYERNORM;
-    if (finish(m, node, -1, name) == DT_OK &&
+    if (finish(m, node, -1, name) == DT_OK && gt_load(m, "x.weight", FX("%s.x", name), n) == 0 &&
         (!ln || (gt_load(m, "op.weight", FX("%s.w", name), C) == 0 && gt_load(m, "op.bias", FX("%s.bias", name), C) == 0))) {
-        dt_feed f = {FX("%s.x", name), NULL, B};
+        dt_feed f = {gt_ids(B * T), NULL, B};
         if (run_and_backward(name, m, &f, FX("%s.y", name), FX("%s.dy", name)) == 0) {
             cmpf(name, "dx", gt_node_grad(m, in), FX("%s.dx", name), n);
             if (ln) {
@@ -210,25 +222,26 @@ static void ref_norm_gelu(const char *name, dt_layer_kind kind) {
 
 static void ref_reshape(void) {
     const int32_t *cfg = FXI("reshape.cfg");
-    int B = cfg[0];
+    int B = cfg[0], T = cfg[1], D = cfg[2];
     size_t n = FXN("reshape.x");
-    printf("reshape: B=%d (%d,%d) -> (%d,%d)\n", B, cfg[1], cfg[2], cfg[3], cfg[4]);
+    printf("reshape: B=%d (%d,%d) -> (%d,%d)\n", B, T, D, cfg[3], cfg[4]);
     dt_model *m = NULL;
     CHECK_OK(dt_graph_create(&m));
     dt_layer_spec s = dt_layer_default(DT_LAYER_RESHAPE);
     s.ndim = 2, s.shape[0] = cfg[3], s.shape[1] = cfg[4];
-    int in = gt_input(m, "x", DT_F32, cfg[1], cfg[2], 0);
+    int in = gt_leaf(m, gt_input(m, "ids", DT_I32, T, 0, 0), "x", B, T, D);
     int r = gt_node(m, "view", &s, in, -1, -1);
-    if (finish(m, r, -1, "reshape") == DT_OK) {
+    if (finish(m, r, -1, "reshape") == DT_OK && gt_load(m, "x.weight", FX("reshape.x"), n) == 0) {
         CHECK(dt_model_out_size(m) == cfg[3] * cfg[4] && dt_model_classes(m) == cfg[4]);
-        dt_feed f = {FX("reshape.x"), NULL, B};
+        dt_feed f = {gt_ids(B * T), NULL, B};
         if (run_and_backward("reshape", m, &f, FX("reshape.y"), FX("reshape.dy")) == 0)
             cmpf("reshape", "dx", gt_node_grad(m, in), FX("reshape.dx"), n);
     }
     dt_model_free(m);
 }
 
-/* Loss graphs: inputs (pred or logits, targets), the loss node; output = the first input. */
+/* Loss graphs: ids and targets are the inputs; the logits / predictions are a leaf, the output
+ * node; the loss node is fed the targets as the second input. */
 static void ref_xent(const char *name) {
     const int32_t *cfg = FXI("%s.cfg", name);
     int B = cfg[0], T = cfg[1], V = cfg[2], ign = cfg[3], counted = cfg[4];
@@ -239,11 +252,12 @@ static void ref_xent(const char *name) {
     dt_layer_spec s = dt_layer_default(DT_LAYER_XENT);
     CHECK_MSG(s.ignore_index == -100, "xent default ignore_index %d, torch's is -100", s.ignore_index);
     s.ignore_index = ign;
-    int lg = gt_input(m, "logits", DT_F32, T, V, 0), tg = gt_input(m, "targets", DT_I32, T, 0, 0);
+    int ids = gt_input(m, "ids", DT_I32, T, 0, 0), tg = gt_input(m, "targets", DT_I32, T, 0, 0);
+    int lg = gt_leaf(m, ids, "logits", B, T, V);
     int loss = gt_node(m, "loss", &s, lg, tg, -1);
-    if (finish(m, lg, loss, name) == DT_OK) {
+    if (finish(m, lg, loss, name) == DT_OK && gt_load(m, "logits.weight", FX("%s.logits", name), n) == 0) {
         CHECK(dt_model_loss_node(m) == loss && dt_model_output_node(m) == lg && dt_model_classes(m) == V);
-        dt_feed f = {FX("%s.logits", name), FXI("%s.targets", name), B};
+        dt_feed f = {gt_ids(B * T), FXI("%s.targets", name), B};
         float l = NAN;
         CHECK_OK(dt_model_run(m, &f, true, 0, &l));
         cmpf(name, "loss", &l, FX("%s.loss", name), 1);
@@ -253,10 +267,9 @@ static void ref_xent(const char *name) {
         /* d loss = scale multiplies the gradient */
         CHECK_OK(dt_model_run(m, &f, true, 0, &l));
         CHECK_OK(dt_model_backward_loss(m, 4.0f, NULL, NULL));
-        const float *g = gt_node_grad(m, lg);
         float *want = gt_copy(FX("%s.dlogits", name), n);
         for (size_t i = 0; i < n; i++) want[i] *= 4;
-        cmpf(name, "dlogits (scale 4)", g, want, n);
+        cmpf(name, "dlogits (scale 4)", gt_node_grad(m, lg), want, n);
         free(want);
     }
     dt_model_free(m);
@@ -264,15 +277,16 @@ static void ref_xent(const char *name) {
 
 static void ref_mse(void) {
     const dt_fx_entry *p = entry("mse.pred");
-    int B = (int)p->dims[0], d1 = (int)p->dims[1], d2 = (int)p->dims[2];
-    printf("mse: B=%d (%d,%d)\n", B, d1, d2);
+    int B = (int)p->dims[0], T = (int)p->dims[1], D = (int)p->dims[2];
+    printf("mse: B=%d (%d,%d)\n", B, T, D);
     dt_model *m = NULL;
     CHECK_OK(dt_graph_create(&m));
     dt_layer_spec s = dt_layer_default(DT_LAYER_MSE);
-    int in = gt_input(m, "pred", DT_F32, d1, d2, 0), tg = gt_input(m, "target", DT_F32, d1, d2, 0);
+    int ids = gt_input(m, "ids", DT_I32, T, 0, 0), tg = gt_input(m, "target", DT_F32, T, D, 0);
+    int in = gt_leaf(m, ids, "pred", B, T, D);
     int loss = gt_node(m, "loss", &s, in, tg, -1);
-    if (finish(m, in, loss, "mse") == DT_OK) {
-        dt_feed f = {p->data, FX("mse.target"), B};
+    if (finish(m, in, loss, "mse") == DT_OK && gt_load(m, "pred.weight", p->data, p->n) == 0) {
+        dt_feed f = {gt_ids(B * T), FX("mse.target"), B};
         float l = NAN;
         CHECK_OK(dt_model_run(m, &f, true, 0, &l));
         cmpf("mse", "loss", &l, FX("mse.loss"), 1);

@@ -77,6 +77,22 @@ static inline double gt_cmp(const char *what, const float *got, const float *ref
     return gt_cmp_floor(what, got, ref, n, tol, 0);
 }
 
+/* An op's f32 input as a "leaf" of the graph: an embedding of the ids 0..B*T-1 (fed by gt_ids,
+ * per sample (T), from the int32 input `ids`), so sample b's (T, D) values are rows b*T.. of the
+ * (B*T, D) table "<name>.weight" and the gradient the op writes for that input is the table's
+ * gradient. (Graph inputs get no gradient: only nodes with parameters upstream do.) */
+static inline int gt_leaf(dt_model *m, int ids, const char *name, int B, int T, int D) {
+    dt_layer_spec s = dt_layer_default(DT_LAYER_EMBEDDING);
+    s.num = B * T, s.out = D;
+    return gt_node(m, name, &s, ids, -1, -1);
+}
+/* 0, 1, ..., n-1: the ids feeding gt_leaf nodes (n <= 1024). */
+static inline const int32_t *gt_ids(int n) {
+    static int32_t ids[1024];
+    for (int i = 0; i < n && i < 1024; i++) ids[i] = i;
+    return ids;
+}
+
 static inline float *gt_copy(const float *src, size_t n) {
     float *p = malloc((n ? n : 1) * sizeof *p);
     if (src) memcpy(p, src, n * sizeof *p);
