@@ -99,10 +99,6 @@ static float *grad_of(dt_model *m, const char *name) {
     int i = gt_tensor(m, name, 0);
     return i < 0 ? NULL : gt_copy(dt_model_grads(m) + dt_model_tensor(m, i)->offset, dt_model_tensor(m, i)->numel);
 }
-static float *node_grad_of(dt_model *m, int node, size_t n) {
-    const float *g = gt_node_grad(m, node);
-    return g ? gt_copy(g, n) : NULL;
-}
 static size_t numel_of(dt_model *m, const char *name) {
     int i = gt_tensor(m, name, 0);
     return i < 0 ? 0 : dt_model_tensor(m, i)->numel;
@@ -125,13 +121,6 @@ static bool finish(dt_model *m, int out, int loss, const char *name) {
 static void check_param(const char *what, gg *g, const char *name, float eps, double rtol, double atol) {
     float *ana = grad_of(g->m, name);
     gg_check(what, g, gt_param(g->m, name, 0), ana, numel_of(g->m, name), eps, rtol, atol);
-    free(ana);
-}
-
-/* Checks an f32 input's gradient: x is the caller's feed array of n values. */
-static void check_input(const char *what, gg *g, int node, float *x, size_t n, float eps, double rtol, double atol) {
-    float *ana = node_grad_of(g->m, node, n);
-    gg_check(what, g, x, ana, n, eps, rtol, atol);
     free(ana);
 }
 
@@ -165,172 +154,174 @@ static void test_embedding(bool pos) {
     dt_model_free(m);
 }
 
+/* The ops below take their f32 inputs from gt_leaf nodes (embeddings of ids 0..B*T-1 whose
+ * tables hold the values): the input's gradient is the table's, perturbed as a parameter. */
+
 static void test_add(void) {
-    const int B = 2, d1 = 3, d2 = 4;
-    const size_t n = (size_t)B * d1 * d2;
-    printf("add B=%d (%d,%d)\n", B, d1, d2);
+    const int B = 2, T = 3, D = 4;
+    printf("add B=%d (%d,%d)\n", B, T, D);
     dt_model *m = NULL;
     CHECK_OK(dt_graph_create(&m));
     dt_layer_spec s = dt_layer_default(DT_LAYER_ADD);
-    int a = gt_input(m, "a", DT_F32, d1, d2, 0), b = gt_input(m, "b", DT_F32, d1, d2, 0);
-    int add = gt_node(m, "add", &s, a, b, -1);
-    float *xa = rnd(n, -1, 1), *xb = rnd(n, -1, 1), *dout = rnd(n, -1, 1);
+    int ids = gt_input(m, "ids", DT_I32, T, 0, 0);
+    int add = gt_node(m, "add", &s, gt_leaf(m, ids, "a", B, T, D), gt_leaf(m, ids, "b", B, T, D), -1);
+    float *dout = rnd((size_t)B * T * D, -1, 1);
     if (finish(m, add, -1, "add")) {
-        gg g = {m, {xa, xb, B}, dout};
+        fill_param(m, "a.weight", -1, 1);
+        fill_param(m, "b.weight", -1, 1);
+        gg g = {m, {gt_ids(B * T), NULL, B}, dout};
         if (gg_backward(&g) == 0) {
-            float *gb = node_grad_of(m, b, n);
-            check_input("add da", &g, a, xa, n, LIN);
-            gg_check("add db", &g, xb, gb, n, LIN);
-            free(gb);
+            check_param("add da", &g, "a.weight", LIN);
+            check_param("add db", &g, "b.weight", LIN);
         }
     }
-    free(xa), free(xb), free(dout);
+    free(dout);
     dt_model_free(m);
 }
 
 static void test_attention(int B, int T, int C, int H) {
-    const size_t n = (size_t)B * T * 3 * C;
     printf("attention B=%d T=%d C=%d heads=%d\n", B, T, C, H);
     dt_model *m = NULL;
     CHECK_OK(dt_graph_create(&m));
     dt_layer_spec s = dt_layer_default(DT_LAYER_ATTENTION);
     s.heads = H;
-    int in = gt_input(m, "qkv", DT_F32, T, 3 * C, 0);
-    int att = gt_node(m, "attn", &s, in, -1, -1);
-    float *x = rnd(n, -1.5f, 1.5f), *dout = rnd((size_t)B * T * C, -1, 1);
+    int att = gt_node(m, "attn", &s, gt_leaf(m, gt_input(m, "ids", DT_I32, T, 0, 0), "qkv", B, T, 3 * C), -1, -1);
+    float *dout = rnd((size_t)B * T * C, -1, 1);
     if (finish(m, att, -1, "attention")) {
-        gg g = {m, {x, NULL, B}, dout};
-        if (gg_backward(&g) == 0) check_input("attention dqkv", &g, in, x, n, NONLIN);
+        fill_param(m, "qkv.weight", -1.5f, 1.5f);
+        gg g = {m, {gt_ids(B * T), NULL, B}, dout};
+        if (gg_backward(&g) == 0) check_param("attention dqkv", &g, "qkv.weight", NONLIN);
     }
-    free(x), free(dout);
+    free(dout);
     dt_model_free(m);
 }
 
 /* matmul_t (w (O,C)) or linear over the last dim: (T,C) -> (T,O) */
 static void test_matmul(dt_layer_kind kind, bool bias) {
     const int B = 2, T = 3, C = 5, O = 4;
-    const size_t n = (size_t)B * T * C;
     printf("%s over the last dim B=%d (%d,%d) -> (%d,%d) bias=%d\n", dt_layer_name(kind), B, T, C, T, O, bias);
     dt_model *m = NULL;
     CHECK_OK(dt_graph_create(&m));
     dt_layer_spec s = dt_layer_default(kind);
     s.out = O, s.flatten = false, s.bias = bias;
-    int in = gt_input(m, "x", DT_F32, T, C, 0);
-    int mm = gt_node(m, "mm", &s, in, -1, -1);
-    float *x = rnd(n, -1, 1), *dout = rnd((size_t)B * T * O, -1, 1);
+    int mm = gt_node(m, "mm", &s, gt_leaf(m, gt_input(m, "ids", DT_I32, T, 0, 0), "x", B, T, C), -1, -1);
+    float *dout = rnd((size_t)B * T * O, -1, 1);
     if (finish(m, mm, -1, "matmul")) {
+        fill_param(m, "x.weight", -1, 1);
         fill_param(m, "mm.weight", -1, 1);
         if (bias) fill_param(m, "mm.bias", -1, 1);
-        gg g = {m, {x, NULL, B}, dout};
+        gg g = {m, {gt_ids(B * T), NULL, B}, dout};
         char what[64];
         if (gg_backward(&g) == 0) {
-            snprintf(what, sizeof what, "%s dx", dt_layer_name(kind)), check_input(what, &g, in, x, n, LIN);
+            snprintf(what, sizeof what, "%s dx", dt_layer_name(kind)), check_param(what, &g, "x.weight", LIN);
             snprintf(what, sizeof what, "%s dweight", dt_layer_name(kind)), check_param(what, &g, "mm.weight", LIN);
             if (bias) snprintf(what, sizeof what, "%s dbias", dt_layer_name(kind)), check_param(what, &g, "mm.bias", LIN);
         }
     }
-    free(x), free(dout);
+    free(dout);
     dt_model_free(m);
 }
 
 static void test_reshape(void) {
-    const int B = 2;
-    const size_t n = (size_t)B * 12;
+    const int B = 2, n = B * 12;
     printf("reshape B=%d (2,6) -> (4,3)\n", B);
     dt_model *m = NULL;
     CHECK_OK(dt_graph_create(&m));
     dt_layer_spec s = dt_layer_default(DT_LAYER_RESHAPE);
     s.ndim = 2, s.shape[0] = 4, s.shape[1] = 3;
-    int in = gt_input(m, "x", DT_F32, 2, 6, 0);
-    int r = gt_node(m, "view", &s, in, -1, -1);
-    float *x = rnd(n, -1, 1), *dout = rnd(n, -1, 1);
+    int r = gt_node(m, "view", &s, gt_leaf(m, gt_input(m, "ids", DT_I32, 2, 0, 0), "x", B, 2, 6), -1, -1);
+    float *dout = rnd(n, -1, 1);
     if (finish(m, r, -1, "reshape")) {
-        gg g = {m, {x, NULL, B}, dout};
+        fill_param(m, "x.weight", -1, 1);
+        gg g = {m, {gt_ids(B * 2), NULL, B}, dout};
         if (gg_backward(&g) == 0) {
-            CHECK_MSG(!memcmp(dt_model_output(m), x, n * sizeof *x), "reshape must keep the values in order");
-            check_input("reshape dx", &g, in, x, n, LIN);
+            CHECK_MSG(!memcmp(dt_model_output(m), gt_param(m, "x.weight", n), n * sizeof(float)),
+                      "reshape must keep the values in order");
+            check_param("reshape dx", &g, "x.weight", LIN);
         }
     }
-    free(x), free(dout);
+    free(dout);
     dt_model_free(m);
 }
 
 static void test_xent(int ign) {
     const int B = 2, T = 4, V = 6;
-    const size_t n = (size_t)B * T * V;
     printf("cross-entropy B=%d T=%d V=%d ignore_index=%d\n", B, T, V, ign);
     dt_model *m = NULL;
     CHECK_OK(dt_graph_create(&m));
     dt_layer_spec s = dt_layer_default(DT_LAYER_XENT);
     s.ignore_index = ign;
-    int lg = gt_input(m, "logits", DT_F32, T, V, 0), tg = gt_input(m, "targets", DT_I32, T, 0, 0);
+    int ids = gt_input(m, "ids", DT_I32, T, 0, 0), tg = gt_input(m, "targets", DT_I32, T, 0, 0);
+    int lg = gt_leaf(m, ids, "logits", B, T, V);
     int loss = gt_node(m, "loss", &s, lg, tg, -1);
-    float *x = rnd(n, -3, 3);
     int32_t *t = rnd_ids((size_t)B * T, 0, V);
     const int ignored[3] = {1, 4, 7};
     for (int i = 0; i < 3; i++) t[ignored[i]] = ign;
     if (ign >= 0) t[0] = (ign + 1) % V; /* keep at least one of each kind */
     if (finish(m, lg, loss, "xent")) {
-        gg g = {m, {x, t, B}, NULL};
+        fill_param(m, "logits.weight", -3, 3);
+        gg g = {m, {gt_ids(B * T), t, B}, NULL};
         if (gg_backward(&g) == 0) {
             const float *gl = gt_node_grad(m, lg);
             int nz = 0;
             for (int i = 0; gl && i < 3; i++)
                 for (int v = 0; v < V; v++) nz += gl[(size_t)ignored[i] * V + v] != 0;
             CHECK_MSG(nz == 0, "xent: ignored targets got %d nonzero logit gradients", nz);
-            check_input("xent dlogits", &g, lg, x, n, NONLIN);
+            check_param("xent dlogits", &g, "logits.weight", NONLIN);
         }
     }
-    free(x), free(t);
+    free(t);
     dt_model_free(m);
 }
 
 static void test_mse(void) {
-    const int B = 2, d1 = 3, d2 = 4;
-    const size_t n = (size_t)B * d1 * d2;
-    printf("mse B=%d (%d,%d)\n", B, d1, d2);
+    const int B = 2, T = 3, D = 4;
+    printf("mse B=%d (%d,%d)\n", B, T, D);
     dt_model *m = NULL;
     CHECK_OK(dt_graph_create(&m));
     dt_layer_spec s = dt_layer_default(DT_LAYER_MSE);
-    int in = gt_input(m, "pred", DT_F32, d1, d2, 0), tg = gt_input(m, "target", DT_F32, d1, d2, 0);
+    int ids = gt_input(m, "ids", DT_I32, T, 0, 0), tg = gt_input(m, "target", DT_F32, T, D, 0);
+    int in = gt_leaf(m, ids, "pred", B, T, D);
     int loss = gt_node(m, "loss", &s, in, tg, -1);
-    float *x = rnd(n, -2, 2), *y = rnd(n, -2, 2);
+    float *y = rnd((size_t)B * T * D, -2, 2);
     if (finish(m, in, loss, "mse")) {
-        gg g = {m, {x, y, B}, NULL};
-        if (gg_backward(&g) == 0) check_input("mse dpred", &g, in, x, n, NONLIN);
+        fill_param(m, "pred.weight", -2, 2);
+        gg g = {m, {gt_ids(B * T), y, B}, NULL};
+        if (gg_backward(&g) == 0) check_param("mse dpred", &g, "pred.weight", NONLIN);
     }
-    free(x), free(y);
+    free(y);
     dt_model_free(m);
 }
 
 /* ---- graphs ------------------------------------------------------------------------------- */
 
-/* x -> linear -> gelu -> add(x, .): x's gradient comes both ways. */
+/* x -> linear -> gelu -> add(x, .): x's gradient comes both ways (x is a leaf: its table's
+ * gradient is x's). */
 static void test_residual(void) {
     const int B = 2, T = 3, C = 6;
-    const size_t n = (size_t)B * T * C;
     printf("residual: x -> linear -> gelu -> add(x, .), B=%d (%d,%d)\n", B, T, C);
     dt_model *m = NULL;
     CHECK_OK(dt_graph_create(&m));
     dt_layer_spec lin = dt_layer_default(DT_LAYER_LINEAR), ge = dt_layer_default(DT_LAYER_GELU),
                   ad = dt_layer_default(DT_LAYER_ADD);
     lin.out = C, lin.flatten = false;
-    int x = gt_input(m, "x", DT_F32, T, C, 0);
+    int x = gt_leaf(m, gt_input(m, "ids", DT_I32, T, 0, 0), "x", B, T, C);
     int l = gt_node(m, "fc", &lin, x, -1, -1);
     int gl = gt_node(m, "gelu", &ge, l, -1, -1);
     int r = gt_node(m, "res", &ad, x, gl, -1);
-    float *xv = rnd(n, -1.5f, 1.5f), *dout = rnd(n, -1, 1);
+    float *dout = rnd((size_t)B * T * C, -1, 1);
     if (finish(m, r, -1, "residual")) {
+        fill_param(m, "x.weight", -1.5f, 1.5f);
         fill_param(m, "fc.weight", -0.8f, 0.8f);
         fill_param(m, "fc.bias", -0.5f, 0.5f);
-        gg g = {m, {xv, NULL, B}, dout};
+        gg g = {m, {gt_ids(B * T), NULL, B}, dout};
         if (gg_backward(&g) == 0) {
-            check_input("residual dx (both paths)", &g, x, xv, n, NONLIN);
+            check_param("residual dx (both paths)", &g, "x.weight", NONLIN);
             check_param("residual dweight", &g, "fc.weight", NONLIN);
             check_param("residual dbias", &g, "fc.bias", NONLIN);
         }
     }
-    free(xv), free(dout);
+    free(dout);
     dt_model_free(m);
 }
 
