@@ -150,13 +150,15 @@ static dt_status layout(dt_model *m) {
         p->offset = p->is_buffer ? nb : np;
         *(p->is_buffer ? &nb : &np) += p->numel;
     }
-    if (!(m->last_user = malloc(sizeof(int) * (size_t)(m->ntensors ? m->ntensors : 1))))
-        return dt_error(DT_ENOMEM, "model: out of memory");
+    const size_t nt = m->ntensors > 0 ? (size_t)m->ntensors : 1;
+    if (!(m->last_user = malloc(sizeof(int) * nt))) return dt_error(DT_ENOMEM, "model: out of memory");
+    memset(m->last_user, 0xff, sizeof(int) * nt); /* -1: no user yet */
     for (int i = 0; i < m->n; i++) {
         dt_node *n = &m->nodes[i];
         bool has_params = false;
         for (int k = 0; k < n->ntensor; k++) {
-            m->last_user[n->tensor[k]] = i;
+            /* the first user in node order: backward reaches it last (a tied tensor's embedding) */
+            if (m->last_user[n->tensor[k]] < 0) m->last_user[n->tensor[k]] = i;
             has_params |= !m->tensors[n->tensor[k]].is_buffer;
         }
         n->needs_grad = has_params;

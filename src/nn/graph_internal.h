@@ -80,7 +80,8 @@ struct dt_model {
     int output, loss;
     char spec[1024];
     dt_param_info *tensors;
-    int *last_user;         /* per tensor: the last node that uses it (its gradient is final after) */
+    int *last_user;         /* per tensor: its first user in node order, the last one backward reaches
+                             * (its gradient is final after that node's backward) */
     int ntensors, tensors_cap;
     dt_slab params, grads, buffers;
     uint64_t seed;
