@@ -371,6 +371,13 @@ static void test_tied(void) {
             double la = gg_loss(&g), lb = gg_loss(&gu);
             CHECK_MSG(la == lb, "tied and untied losses differ: %.9g vs %.9g", la, lb);
             gt_cmp("tied grad = embedding + head grads (untied)", gt, sum, nw, 1e-6);
+            /* the tied tensor is final only after its first user in node order (the embedding) */
+            gt_ready r;
+            gt_ready_init(&r, m);
+            CHECK_OK(dt_model_run(m, &g.f, true, 0, NULL));
+            dt_model_zero_grad(m);
+            CHECK_OK(dt_model_backward_loss(m, 1.0f, gt_ready_hook, &r));
+            gt_ready_check("tied grad-ready hook", &r);
             double d = gh && gt ? dt_test_maxdiff(gt, gh, nw) : 0;
             CHECK_MSG(d > 1e-3, "tied grad equals the head's use alone (max diff %g): the embedding's use is lost", d);
             free(sum);

@@ -299,21 +299,6 @@ static void ref_mse(void) {
 
 /* ---- the GPT ------------------------------------------------------------------------------ */
 
-typedef struct {
-    size_t n;
-    unsigned char *seen;
-    int bad;
-} hook_ctx;
-
-static void grad_hook(void *p, size_t off, size_t n) {
-    hook_ctx *h = p;
-    if (off + n > h->n) {
-        h->bad++;
-        return;
-    }
-    for (size_t i = off; i < off + n; i++) h->bad += h->seen[i]++ != 0;
-}
-
 /* Every parameter of the model is a gpt.param.<name> of the fixture with the same shape, and
  * the other way round; loads them. Returns 0 when the sets are equal. */
 static int gpt_load(dt_model *m) {
@@ -452,13 +437,10 @@ static void ref_gpt(void) {
     gt_cmp("gpt logits", dt_model_output(m), FX("gpt.logits"), (size_t)B * T * V, TOL);
     gt_cmp("gpt loss", &loss, FX("gpt.loss"), 1, TOL);
     dt_model_zero_grad(m);
-    hook_ctx h = {dt_model_num_params(m), calloc(dt_model_num_params(m) + 1, 1), 0};
-    CHECK_OK(dt_model_backward_loss(m, 1.0f, grad_hook, &h));
-    size_t covered = 0;
-    for (size_t i = 0; i < h.n; i++) covered += h.seen[i] != 0;
-    CHECK_MSG(h.bad == 0 && covered == h.n, "gpt: grad-ready ranges must cover the %zu params once (%zu covered, "
-              "%d overlaps or overruns)", h.n, covered, h.bad);
-    free(h.seen);
+    gt_ready r;
+    gt_ready_init(&r, m);
+    CHECK_OK(dt_model_backward_loss(m, 1.0f, gt_ready_hook, &r));
+    gt_ready_check("gpt grad-ready hook", &r);
     gpt_compare_grads(m);
     gpt_adamw(m, &f);
     dt_model_free(m);

@@ -93,6 +93,48 @@ static inline const int32_t *gt_ids(int n) {
     return ids;
 }
 
+/* A grad-ready hook (dt_grad_ready_fn) that checks its contract: the ranges cover the slab once
+ * and a range is final when reported (snap keeps its values then; gt_ready_check compares them
+ * with the gradients after backward). */
+typedef struct {
+    const float *grads;
+    size_t n;
+    unsigned char *seen;
+    float *snap;
+    int bad;
+} gt_ready;
+
+static inline void gt_ready_init(gt_ready *r, dt_model *m) {
+    r->grads = dt_model_grads(m), r->n = dt_model_num_params(m), r->bad = 0;
+    r->seen = calloc(r->n + 1, 1), r->snap = calloc(r->n + 1, sizeof(float));
+}
+
+static inline void gt_ready_hook(void *p, size_t off, size_t n) {
+    gt_ready *r = p;
+    if (off + n > r->n) {
+        r->bad++;
+        return;
+    }
+    for (size_t i = off; i < off + n; i++) r->bad += r->seen[i]++ != 0;
+    memcpy(r->snap + off, r->grads + off, n * sizeof(float));
+}
+
+/* CHECKs the ranges covered every parameter once and none changed after it was reported. */
+static inline void gt_ready_check(const char *what, gt_ready *r) {
+    size_t covered = 0, changed = 0, first = 0;
+    for (size_t i = 0; i < r->n; i++) {
+        covered += r->seen[i] != 0;
+        if (r->seen[i] && memcmp(&r->snap[i], &r->grads[i], sizeof(float)) && !changed++) first = i;
+    }
+    printf("  %-46s %zu of %zu params reported, %zu changed after\n", what, covered, r->n, changed);
+    CHECK_MSG(r->bad == 0 && covered == r->n, "%s: grad-ready ranges must cover the %zu params once (%zu covered, "
+              "%d overlaps or overruns)", what, r->n, covered, r->bad);
+    CHECK_MSG(changed == 0, "%s: %zu gradients changed after the grad-ready hook reported them final (first: "
+              "param %zu)", what, changed, first);
+    free(r->seen), free(r->snap);
+    r->seen = NULL, r->snap = NULL;
+}
+
 static inline float *gt_copy(const float *src, size_t n) {
     float *p = malloc((n ? n : 1) * sizeof *p);
     if (src) memcpy(p, src, n * sizeof *p);
