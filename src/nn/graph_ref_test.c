@@ -412,6 +412,28 @@ static void gpt_adamw(dt_model *m, const dt_feed *f) {
     dt_optim_free(o);
 }
 
+/* A token id or a target out of [0, V) (other than the ignore index) is DT_EINVAL naming it, not a
+ * crash or a NaN loss. */
+static void gpt_bad_ids(dt_model *m, const dt_feed *f, int B, int T, int V) {
+    const size_t n = (size_t)B * T;
+    int32_t *ids = malloc(n * sizeof *ids), *tg = malloc(n * sizeof *tg);
+    const int bad[3] = {V, -2, V + 1000}; /* -1 is the GPT's ignore index (nanoGPT's) */
+    for (int k = 0; k < 3; k++)
+        for (int which = 0; which < 2; which++) {
+            memcpy(ids, f->x, n * sizeof *ids), memcpy(tg, f->y, n * sizeof *tg);
+            (which ? tg : ids)[n - 2] = bad[k];
+            dt_feed g = {ids, tg, B};
+            float loss = 0;
+            dt_status s = dt_model_run(m, &g, true, 0, &loss);
+            char num[16];
+            snprintf(num, sizeof num, "%d", bad[k]);
+            CHECK_MSG(s == DT_EINVAL && strstr(dt_last_error(), num), "gpt: %s %d: status %d, message '%s', loss %g",
+                      which ? "target" : "token id", bad[k], (int)s, dt_last_error(), loss);
+        }
+    printf("  %-46s DT_EINVAL naming the value (last: '%s')\n", "token ids / targets out of range", dt_last_error());
+    free(ids), free(tg);
+}
+
 static void ref_gpt(void) {
     const int32_t *c = FXI("gpt.cfg");
     dt_gpt_config cfg = {.L = c[0], .H = c[1], .C = c[2], .T = c[3], .V = c[4]};
@@ -431,8 +453,15 @@ static void ref_gpt(void) {
         dt_model_free(m);
         return;
     }
+    /* one sample first: activations grow for the batch after; samples are independent */
+    dt_feed f1 = {FXI("gpt.ids"), FXI("gpt.targets"), 1};
+    CHECK_OK(dt_model_run(m, &f1, true, 0, NULL));
+    gt_cmp("gpt logits of sample 0 run alone", dt_model_output(m), FX("gpt.logits"), (size_t)T * V, TOL);
     dt_feed f = {FXI("gpt.ids"), FXI("gpt.targets"), B};
     float loss = NAN;
+    CHECK_OK(dt_model_run(m, &f, false, 0, &loss));
+    gt_cmp("gpt logits (eval)", dt_model_output(m), FX("gpt.logits"), (size_t)B * T * V, TOL);
+    gt_cmp("gpt loss (eval)", &loss, FX("gpt.loss"), 1, TOL);
     CHECK_OK(dt_model_run(m, &f, true, 0, &loss));
     gt_cmp("gpt logits", dt_model_output(m), FX("gpt.logits"), (size_t)B * T * V, TOL);
     gt_cmp("gpt loss", &loss, FX("gpt.loss"), 1, TOL);
@@ -442,6 +471,7 @@ static void ref_gpt(void) {
     CHECK_OK(dt_model_backward_loss(m, 1.0f, gt_ready_hook, &r));
     gt_ready_check("gpt grad-ready hook", &r);
     gpt_compare_grads(m);
+    gpt_bad_ids(m, &f, B, T, V);
     gpt_adamw(m, &f);
     dt_model_free(m);
 }

@@ -102,10 +102,13 @@ typedef struct {
     unsigned char *seen;
     float *snap;
     int bad;
+    size_t last_off; /* ranges complete from the end of the slab towards its start */
+    int unordered;
 } gt_ready;
 
 static inline void gt_ready_init(gt_ready *r, dt_model *m) {
     r->grads = dt_model_grads(m), r->n = dt_model_num_params(m), r->bad = 0;
+    r->last_off = r->n, r->unordered = 0;
     r->seen = calloc(r->n + 1, 1), r->snap = calloc(r->n + 1, sizeof(float));
 }
 
@@ -116,6 +119,8 @@ static inline void gt_ready_hook(void *p, size_t off, size_t n) {
         return;
     }
     for (size_t i = off; i < off + n; i++) r->bad += r->seen[i]++ != 0;
+    r->unordered += off + n > r->last_off;
+    r->last_off = off;
     memcpy(r->snap + off, r->grads + off, n * sizeof(float));
 }
 
@@ -129,6 +134,8 @@ static inline void gt_ready_check(const char *what, gt_ready *r) {
     printf("  %-46s %zu of %zu params reported, %zu changed after\n", what, covered, r->n, changed);
     CHECK_MSG(r->bad == 0 && covered == r->n, "%s: grad-ready ranges must cover the %zu params once (%zu covered, "
               "%d overlaps or overruns)", what, r->n, covered, r->bad);
+    CHECK_MSG(r->unordered == 0, "%s: %d grad-ready ranges came after a range below them (they must complete "
+              "from the end of the slab towards its start)", what, r->unordered);
     CHECK_MSG(changed == 0, "%s: %zu gradients changed after the grad-ready hook reported them final (first: "
               "param %zu)", what, changed, first);
     free(r->seen), free(r->snap);
