@@ -8,8 +8,8 @@ SAN     ?= 0
 OPT     ?= -O3 -march=native -fno-math-errno
 PKG_CFLAGS := $(shell pkg-config --cflags libcjson 2>/dev/null || echo -I/usr/include/cjson)
 
-CFLAGS  := -std=c11 -D_GNU_SOURCE -Wall -Wextra -g -fPIC -pthread -Iinclude -Isrc $(PKG_CFLAGS) $(OPT) $(EXTRA_CFLAGS)
-LDLIBS  := -lopenblas -lcjson -lz -lm -pthread -lrt
+CFLAGS  := -std=c11 -D_GNU_SOURCE -Wall -Wextra -g -fPIC -pthread -fopenmp-simd -Iinclude -Isrc $(PKG_CFLAGS) $(OPT) $(EXTRA_CFLAGS)
+LDLIBS  := -lopenblas -lcjson -lz -lmvec -lm -pthread -lrt
 
 ifeq ($(SAN),1)
   CFLAGS  += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined

@@ -19,6 +19,7 @@ for name, n in (("toy_train.csv", 256), ("toy_test.csv", 64)):
             x = [random.randrange(256) // (1 + (i % 4 == y)) for i in range(16)]
             f.write(f"{y}," + ",".join(map(str, x)) + "\n")
 PY
+export DTRAIN_BLAS_REEXEC=0  # no re-exec into other OpenBLAS kernels under valgrind
 VG="valgrind -q --leak-check=full --errors-for-leak-kinds=definite --error-exitcode=99"
 $VG $DT train --data "$TMP/toy_train.csv" --model "linear(16) relu dropout(0.2) linear(4)" --batch 16 \
   --epochs 2 --quiet --save "$TMP/v.st" --metrics "$TMP/v.jsonl" >"$TMP/out" 2>&1 \

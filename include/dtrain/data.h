@@ -1,5 +1,5 @@
-/* dtrain data layer: IDX and CSV readers, an in-memory data set kept in its compact dtype,
- * a deterministic shuffling/sharding sampler and a prefetching batch loader. */
+/* dtrain data layer: IDX, CSV and text (bytes) readers, an in-memory data set kept in its compact
+ * dtype, a deterministic shuffling/sharding sampler and a prefetching batch loader. */
 #ifndef DTRAIN_DATA_H
 #define DTRAIN_DATA_H
 
@@ -46,7 +46,8 @@ typedef struct dt_dataset dt_dataset;
  *  - a file ending in .csv or .csv.gz (default dt_csv_options). The test set is the sibling file
  *    whose name has "train" replaced by "test" (mnist_train.csv -> mnist_test.csv) when the name
  *    contains "train" and that file exists; otherwise *test is set to NULL.
- * Train and test share one class count (the larger). On error both outputs are NULL. */
+ * Train and test share one class count (the larger). On error both outputs are NULL. A text spec
+ * (dt_data_is_text) is DT_EINVAL: text sets open with dt_dataset_open_text. */
 dt_status dt_dataset_open(dt_dataset **train, dt_dataset **test, const char *path);
 /* Opens one data set from an IDX image file and an IDX label file (same item count). Image shape:
  * 1 dim -> (1,1,1), 2 dims (n,W) -> (1,1,W), 3 dims (n,H,W) -> (1,H,W), 4 dims (n,C,H,W);
@@ -128,16 +129,63 @@ dt_dtype dt_dataset_dtype(const dt_dataset *ds);
 const char *dt_dataset_source(const dt_dataset *ds);
 
 /* Sets normalisation: batch values become (scaled - mean) / std. std must be > 0. mean = 0,
- * std = 1 turns it off. Not thread-safe against a running loader: set it before creating one. */
+ * std = 1 turns it off. Not thread-safe against a running loader: set it before creating one.
+ * Text data sets (token ids) accept only mean 0, std 1 (a no-op); anything else is DT_EINVAL
+ * naming --normalize. */
 dt_status dt_dataset_set_normalize(dt_dataset *ds, float mean, float std);
 /* Mean and standard deviation of all scaled sample values (before normalisation), over the
- * whole data set; any output may be NULL. */
+ * whole data set; any output may be NULL. Text data sets give mean 0, std 1 (the identity: token
+ * ids are not normalised). */
 void dt_dataset_stats(const dt_dataset *ds, double *mean, double *std);
 
 /* Assembles a batch: x (n,C,H,W) f32 and y (n) int32 for samples indices[0..n). x or y may be
- * NULL to skip it. DT_EINVAL naming the position when an index is >= dt_dataset_len. Thread-safe
- * (reads only). */
+ * NULL to skip it. DT_EINVAL naming the position when an index is >= dt_dataset_len, and on a
+ * text data set (use dt_dataset_batch_tokens). Thread-safe (reads only). */
 dt_status dt_dataset_batch(const dt_dataset *ds, const uint32_t *indices, int n, float *x, int32_t *y);
+
+/* ---- text data sets (bytes as tokens) ----------------------------------------------------- *
+ * A text data set is a file read as raw bytes 0..255 (vocabulary 256). Sample i is the window of
+ * T+1 consecutive bytes starting at s = i*T: input bytes [s, s+T), targets bytes [s+1, s+T+1).
+ * There are n = (len - 1) / T windows (len: bytes of the set), so inputs do not overlap and every
+ * byte but the first is a target exactly once per epoch (the last (len-1) % T bytes are unused).
+ * The file is split by bytes: the first len - floor(len * val_fraction) are the train set, the
+ * rest the validation set; no window crosses the split. The file is mapped read-only (or, for a
+ * pipe or other unmappable file, read once into memory); windows are never copied. Do not
+ * truncate a file that a run maps (its readers would fault); replace it (rename) instead.
+ * For a text set: dt_dataset_shape = (1,1,T), dt_dataset_classes = 256 (dt_dataset_set_classes
+ * may raise it, or lower it down to the largest byte + 1), dt_dataset_len = n windows,
+ * dt_dataset_dtype = DT_U8, dt_dataset_source = the file, dt_dataset_cache_file = the generated
+ * KJV file when that is what it maps (else ""). Batches are built by dt_dataset_batch_tokens or a
+ * loader (which then fills dt_batch.tok and .y with T values per sample). */
+
+/* True when spec names a text data set: "text:FILE" or "kjv". */
+bool dt_data_is_text(const char *spec);
+/* Opens a text data set. spec is
+ *  - "text:FILE": any file, read as bytes;
+ *  - "kjv": the King James Bible (~4.4 MB, 73 distinct bytes): $DTRAIN_DATASETS/kjv.txt
+ *    (default /usr/share/datasets/kjv.txt) when it exists, else the output of
+ *    `bible -f Gen1:1-Rev22:21` (Debian's bible-kjv), generated once into the data cache
+ *    directory (see the shared decoded cache above: /dev/shm or $DTRAIN_DATA_CACHE) as
+ *    dtrain-kjv-<uid>.txt, written atomically (temp file, fsync, rename), mode 0600, and rebuilt
+ *    when /usr/lib/bible.data is newer; with DTRAIN_DATA_CACHE=0 (or when the cache cannot be
+ *    written) the text is generated into private memory on each open. No `bible`: DT_ENOENT
+ *    saying to install bible-kjv (scripts/install-deps).
+ * T >= 1 is the window (the model's context length). val_fraction in [0, 0.5] (callers default
+ * to 0.1) is the share of the file's bytes, at its end, that form *val; 0 sets *val = NULL. val
+ * may be NULL (the train set is the same either way). Errors name the file or flag and what to
+ * do: DT_ENOENT missing file, DT_EIO unreadable, DT_EINVAL empty file, a set with fewer than 2
+ * windows, T < 1, val_fraction outside [0, 0.5] (--val-fraction), a set of more than 2^32-1
+ * windows. On error both outputs are NULL. Free both with dt_dataset_free, in any order. */
+dt_status dt_dataset_open_text(dt_dataset **train, dt_dataset **val, const char *spec, int T, double val_fraction);
+/* True for a data set opened by dt_dataset_open_text. */
+bool dt_dataset_is_text(const dt_dataset *ds);
+/* The window T of a text data set, or 0 for a feature (image/CSV) data set. */
+int dt_dataset_window(const dt_dataset *ds);
+/* Assembles a text batch for windows indices[0..n): tok (n,T) input bytes and tgt (n,T) the
+ * next bytes, as int32. Either output may be NULL to skip it. DT_EINVAL naming the position when
+ * an index is >= dt_dataset_len, and on a feature data set (use dt_dataset_batch). Thread-safe
+ * (reads only). */
+dt_status dt_dataset_batch_tokens(const dt_dataset *ds, const uint32_t *indices, int n, int32_t *tok, int32_t *tgt);
 
 /* ---- sampler ------------------------------------------------------------------------------ *
  * The global order of an epoch is a pure function of (seed, epoch): N workers see exactly the
@@ -180,18 +228,26 @@ typedef struct {
     int prefetch;      /* batches assembled ahead by a background thread; 0 = none (synchronous),
                         * negative = default (3) */
     int max_batch;     /* room per batch for an uneven cut (dt_loader_set_cut); 0 = batch */
+    size_t epoch_len;  /* samples per epoch: 0 = all n; else the first epoch_len entries of the
+                        * (seed, epoch) order of all n samples, so each epoch draws different
+                        * samples and N ranks still share 1 rank's global order
+                        * (--epoch-windows); at most n */
 } dt_loader_config;
 
 typedef struct {
-    const float *x;    /* (n, C, H, W) */
-    const int32_t *y;  /* (n) */
-    int n;             /* samples in this batch (may be 0 on some ranks in a final spread batch) */
-    size_t index;      /* batch index within the epoch */
+    const float *x;      /* (n, C, H, W) features; NULL for a text data set */
+    const int32_t *tok;  /* (n, T) input token ids for a text data set; NULL otherwise */
+    const int32_t *y;    /* (n, T): labels (T = 1) or next-token targets (text) */
+    int n;               /* samples in this batch (may be 0 on some ranks in a final spread batch) */
+    int T;               /* values of y per sample: 1 for labels, the window for text */
+    size_t index;        /* batch index within the epoch */
     uint64_t epoch;
 } dt_batch;
 
-/* Creates a loader over ds (which must outlive it). DT_EINVAL for a bad config or a data set with
- * no complete batch. Call dt_loader_start_epoch before dt_loader_next. */
+/* Creates a loader over ds (which must outlive it), feature or text. DT_EINVAL for a bad config,
+ * epoch_len > n (naming --epoch-windows) or an epoch with no complete batch. The epoch (the
+ * order the sampler cuts into batches, dt_loader_batches, dt_loader_take's units) is epoch_len
+ * samples when set. Call dt_loader_start_epoch before dt_loader_next. */
 dt_status dt_loader_create(dt_loader **out, const dt_dataset *ds, const dt_loader_config *cfg);
 /* Starts (or restarts) an epoch at batch skip_batches, abandoning any epoch in progress: a resumed
  * run gets exactly the batches it would have had. DT_EINVAL if skip_batches > dt_loader_batches. */
@@ -208,9 +264,9 @@ dt_status dt_loader_set_cut(dt_loader *l, const int *counts);
 /* Builds batch `unit` of the epoch's global order cut into batches of `batch` samples for one
  * rank (order[unit*batch, ...), the last one short), synchronously, into *out (valid until the
  * next call / start_epoch / free): for batches handed out at run time (ps dynamic assignment).
- * Stops an epoch in progress. DT_EINVAL when unit >= ceil(n / batch). */
+ * Stops an epoch in progress. DT_EINVAL when unit >= ceil(n / batch), n the epoch length. */
 dt_status dt_loader_take(dt_loader *l, uint64_t epoch, size_t unit, dt_batch *out);
-/* Batches per epoch (the same on every rank). */
+/* Batches per epoch (the same on every rank), of epoch_len samples when set. */
 size_t dt_loader_batches(const dt_loader *l);
 /* Total seconds dt_loader_next spent blocked waiting for a batch (with prefetch 0: building it),
  * since creation. */

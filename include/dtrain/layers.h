@@ -111,6 +111,15 @@ void dt_softmax_xent_ignore_backward(float *dlogits, const float *probs, const i
 float dt_mse_forward(const float *pred, const float *target, size_t n);
 void dt_mse_backward(float *dpred, const float *pred, const float *target, size_t n, float scale);
 
+/* ---- The BLAS library ---------------------------------------------------------------------- *
+ * dt_blas_corename: the kernel set OpenBLAS chose ("SkylakeX", "Haswell", "Zen", "Prescott"...).
+ * dt_blas_better_coretype: when OpenBLAS did not recognise this CPU and fell back to its generic
+ * Prescott kernels although the CPU has AVX-512 (or AVX2 + FMA), the OPENBLAS_CORETYPE to set
+ * before the library loads ("SkylakeX", "Haswell"); NULL otherwise or when OPENBLAS_CORETYPE is
+ * already set. The dtrain command re-executes itself with it; an embedding program can do the same. */
+const char *dt_blas_corename(void);
+const char *dt_blas_better_coretype(void);
+
 /* ---- Initialisation (seeded, counter-based: element i uses index i of stream key) ---------- *
  * Kaiming-uniform as torch's default for Linear/Conv: U(-1/sqrt(fan_in), 1/sqrt(fan_in))
  * for weight and bias; He-normal N(0, sqrt(2/fan_in)); Xavier-uniform U(±sqrt(6/(fan_in+fan_out))). */

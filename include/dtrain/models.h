@@ -29,6 +29,18 @@ void dt_gpt_format(char *buf, size_t cap, const dt_gpt_config *c);
  * N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)), biases 0, layer norms 1/0). */
 dt_status dt_gpt_create(dt_model **m, const dt_gpt_config *c);
 
+/* Sampling: temperature (0 = greedy), top-k (0 = all), seed of the counter-based draws. */
+typedef struct {
+    float temperature;
+    int top_k;
+    uint64_t seed;
+} dt_sample_config;
+/* Generates ntokens after prompt[0..nprompt) with a GPT (any model with int32 ids in and
+ * (T, V) logits out), calling on_token (may be NULL) with each new token as it is drawn. The
+ * context is the last T tokens. DT_EINVAL for an empty prompt or an id outside the vocabulary. */
+dt_status dt_gpt_generate(dt_model *m, const int32_t *prompt, int nprompt, int ntokens, const dt_sample_config *sc,
+                          void (*on_token)(void *ctx, int32_t token), void *ctx);
+
 /* True when spec names a GPT ("gpt" or "gpt:..."). */
 bool dt_model_spec_is_gpt(const char *spec);
 /* Any model from its spec: a GPT spec, or a sequential spec / preset for inputs of shape

@@ -49,8 +49,11 @@ typedef struct {
 } dt_epoch_info;
 
 typedef struct {
-    const char *data;         /* IDX directory, "fashion-mnist", "mnist" or a .csv file */
-    const char *model;        /* spec string or preset ("mlp", "cnn"); NULL = the resumed
+    const char *data;         /* IDX directory, "fashion-mnist", "mnist", a .csv file, or text ("text:FILE",
+                               * "kjv": byte windows of the GPT's context T) */
+    int64_t epoch_windows;    /* samples per epoch (text: windows), the first of each epoch's shuffle; 0 = all */
+    double val_fraction;      /* text: the last part of the file held out for evaluation (default 0.1) */
+    const char *model;        /* spec string or preset ("mlp", "cnn", "gpt:L=4,H=4,C=128,T=64"); NULL = the resumed
                                * checkpoint's model, else "mlp" */
     int epochs;
     int batch;                /* samples per rank per micro-batch */
@@ -122,6 +125,10 @@ dt_model *dt_trainer_model(dt_trainer *t);
 int64_t dt_trainer_step(const dt_trainer *t);
 /* Path of the last checkpoint written or resumed from ("" if none). */
 const char *dt_trainer_last_checkpoint(const dt_trainer *t);
+
+/* Builds the model a checkpoint was trained with (its dtrain.model_spec and input shape) and
+ * loads its weights; the caller frees *m. */
+dt_status dt_model_load(dt_model **m, const char *checkpoint);
 
 /* Evaluates a checkpoint on the test split of a data set (dtrain eval); a data set without one
  * is evaluated on its training split. *split gets "test" or "train". */

@@ -8,6 +8,13 @@
 
 #include "backend/kern.h"
 
+/* GELU's erf and exp through glibc's vector math library (libmvec, 1-4 ulp): the loops below run
+ * 16 (AVX-512) or 8 (AVX2) lanes at a time instead of a scalar libm call per value. */
+#pragma omp declare simd notinbranch
+float erff(float);
+#pragma omp declare simd notinbranch
+float expf(float);
+
 void dt_relu_forward(float *out, const float *in, size_t n) {
     for (size_t i = 0; i < n; i++) out[i] = in[i] > 0.0f ? in[i] : 0.0f;
 }
@@ -18,6 +25,7 @@ void dt_relu_backward(float *din, const float *dout, const float *x, size_t n) {
 }
 
 void dt_gelu_forward(float *out, const float *in, size_t n) {
+#pragma omp simd
     for (size_t i = 0; i < n; i++) {
         float x = in[i];
         out[i] = 0.5f * x * (1.0f + erff(x * (float)M_SQRT1_2));
@@ -27,6 +35,7 @@ void dt_gelu_forward(float *out, const float *in, size_t n) {
 void dt_gelu_backward(float *din, const float *dout, const float *x, size_t n) {
     if (!din) return; /* nothing to propagate (first layer) */
     const float inv_sqrt_2pi = 0.39894228040143267794f;
+#pragma omp simd
     for (size_t i = 0; i < n; i++) {
         float v = x[i];
         float cdf = 0.5f * (1.0f + erff(v * (float)M_SQRT1_2));

@@ -2,8 +2,10 @@
  * reference models at the reference batch sizes, next to OpenBLAS sgemm's single-core rate,
  * as a table and one JSON line. Data is synthetic (fixed random batches in memory), so the
  * figure is the compute path alone: forward, loss, backward, optimizer step. */
+#include "cli/bench_util.h"
 #include "cli/cli.h"
 #include "dtrain/dtrain.h"
+#include "dtrain/models.h"
 
 #include <cblas.h>
 #include <stdio.h>
@@ -33,36 +35,38 @@ static double sgemm_gflops(int n, double min_s) {
     return 2.0 * n * n * (double)n * iters / t / 1e9;
 }
 
-/* Trains `spec` on synthetic 1x28x28 inputs for at least min_s seconds; returns samples/s. */
+/* Trains `spec` on synthetic data (1x28x28 images and labels, or random token ids and next
+ * tokens for a GPT) for at least min_s seconds; returns samples/s and GFLOP/s. */
 static dt_status bench_model(const bench_case *bc, double *sps, double *gflops) {
     dt_model *m = NULL;
     dt_optim *o = NULL;
-    DT_TRY(dt_model_create_from_spec(&m, bc->spec, 1, 28, 28));
+    DT_TRY(dt_model_build(&m, bc->spec, 1, 28, 28));
     dt_model_init(m, 1);
-    dt_optim_config oc = dt_optim_defaults(DT_OPTIM_ADAM);
+    const bool tokens = dt_model_in_dtype(m) == DT_I32;
+    dt_optim_config oc = dt_optim_defaults(tokens ? DT_OPTIM_ADAMW : DT_OPTIM_ADAM);
     dt_status s = dt_optim_create(&o, &oc, dt_model_num_params(m));
     enum { NB = 8 };
-    const int B = bc->batch, V = dt_model_out_size(m), in = dt_model_in_size(m);
-    float *x = dt_alloc((size_t)NB * B * in * 4), *probs = dt_alloc((size_t)B * V * 4),
-          *dl = dt_alloc((size_t)B * V * 4);
-    int32_t *y = dt_alloc((size_t)NB * B * 4);
-    if (s == DT_OK && (!x || !probs || !dl || !y)) s = dt_error(DT_ENOMEM, "bench: out of memory");
+    const int B = bc->batch, V = dt_model_classes(m), in = dt_model_in_size(m), ny = dt_model_input_values(m, 1);
+    void *x = dt_alloc((size_t)NB * B * in * 4);
+    int32_t *y = dt_alloc((size_t)NB * B * ny * 4);
+    if (s == DT_OK && (!x || !y)) s = dt_error(DT_ENOMEM, "bench: out of memory");
     if (s == DT_OK) {
-        dt_rng_fill_uniform(x, (size_t)NB * B * in, 0, 1, 7, 1);
-        for (int i = 0; i < NB * B; i++) y[i] = (int32_t)(dt_rng_u64(7, 2, (uint64_t)i) % (uint64_t)V);
+        if (tokens)
+            for (size_t i = 0; i < (size_t)NB * B * in; i++) ((int32_t *)x)[i] = (int32_t)(dt_rng_u64(7, 1, i) % (uint64_t)V);
+        else
+            dt_rng_fill_uniform(x, (size_t)NB * B * in, 0, 1, 7, 1);
+        for (size_t i = 0; i < (size_t)NB * B * ny; i++) y[i] = (int32_t)(dt_rng_u64(7, 2, i) % (uint64_t)V);
     }
     /* 3 untimed warm-up steps, then whole groups of 8 steps until min_s has passed */
     int64_t steps = 0;
     double t0 = 0, t = 0;
     for (int64_t i = 0; s == DT_OK; i++) {
         if (i == 3) t0 = dt_now();
-        const float *logits;
-        const int32_t *yb = y + (i % NB) * B;
-        if ((s = dt_model_forward(m, x + (size_t)(i % NB) * B * in, B, true, (uint64_t)i, &logits)) != DT_OK) break;
-        dt_softmax_xent_forward(probs, logits, yb, B, V);
-        dt_softmax_xent_backward(dl, probs, yb, B, V, 1.0f);
+        dt_feed f = {.x = (const char *)x + (size_t)(i % NB) * B * in * 4, .y = y + (size_t)(i % NB) * B * ny, .n = B};
+        float loss;
+        if ((s = dt_model_run(m, &f, true, (uint64_t)i, &loss)) != DT_OK) break;
         dt_model_zero_grad(m);
-        if ((s = dt_model_backward(m, dl, NULL, NULL)) != DT_OK) break;
+        if ((s = dt_model_backward_loss(m, 1.0f, NULL, NULL)) != DT_OK) break;
         dt_optim_step(o, dt_model_params(m), dt_model_grads(m), 1e-3f);
         if (i >= 3 && (i - 3) % 8 == 7 && (t = dt_now() - t0) >= bc->min_s) {
             steps = i - 2;
@@ -73,7 +77,7 @@ static dt_status bench_model(const bench_case *bc, double *sps, double *gflops) 
         *sps = (double)steps * B / t;
         *gflops = dt_model_train_flops(m, B) * (double)steps / t / 1e9;
     }
-    dt_free(x), dt_free(probs), dt_free(dl), dt_free(y);
+    dt_free(x), dt_free(y);
     dt_optim_free(o);
     dt_model_free(m);
     return s;
@@ -81,8 +85,9 @@ static dt_status bench_model(const bench_case *bc, double *sps, double *gflops) 
 
 static const char USAGE[] =
     "Usage: dtrain bench train [--seconds S] [--threads N]\n\n"
-    "Single-worker training throughput of the reference models (Adam, synthetic 28x28 data):\n"
-    "MLP at batch 32 and 128, CNN at batch 128; plus OpenBLAS sgemm GFLOP/s for scale.";
+    "Single-worker training throughput of the reference models on synthetic data: MLP at batch 32\n"
+    "and 128, CNN at batch 128 (Adam, 28x28 inputs), GPT L4 H4 C128 T64 at batch 12 (AdamW, random\n"
+    "bytes; tokens/s = samples/s x 64); plus OpenBLAS sgemm GFLOP/s for scale.";
 
 int dt_bench_train(int argc, char **argv) {
     float seconds = 3;
@@ -91,7 +96,7 @@ int dt_bench_train(int argc, char **argv) {
     const dt_flag flags[] = {
         {"seconds", DT_FLAG_FLOAT, &seconds, "S", "time per case"},
         {"threads", DT_FLAG_INT, &threads, "N", "BLAS threads"},
-        {"model", DT_FLAG_STR, &only_model, "NAME", "run only the cases of this model (mlp or cnn)"},
+        {"model", DT_FLAG_STR, &only_model, "NAME", "run only the cases of this model (mlp, cnn or gpt)"},
         {"batch", DT_FLAG_INT, &only_batch, "N", "run only the cases with this batch"},
     };
     int r = dt_flags_parse(argc, argv, 1, flags, 4, USAGE, NULL, 0, NULL, NULL);
@@ -101,11 +106,13 @@ int dt_bench_train(int argc, char **argv) {
         {"mlp", "mlp", 32, seconds},
         {"mlp", "mlp", 128, seconds},
         {"cnn", "cnn", 128, seconds},
+        {"gpt", "gpt:L=4,H=4,C=128,T=64", 12, seconds},
     };
     double sg = sgemm_gflops(1024, seconds < 1 ? seconds : 1);
-    printf("# dtrain bench train: %d thread%s, adam, synthetic 1x28x28 inputs\n", threads, threads > 1 ? "s" : "");
+    printf("# dtrain bench train: %d thread%s, synthetic data\n", threads, threads > 1 ? "s" : "");
+    dt_bench_print_machine();
     printf("# sgemm 1024^3: %.1f GFLOP/s\n", sg);
-    printf("%-6s %6s %14s %10s %10s\n", "model", "batch", "samples/s", "GFLOP/s", "of sgemm");
+    printf("%-6s %6s %14s %12s %10s %10s\n", "model", "batch", "samples/s", "tokens/s", "GFLOP/s", "of sgemm");
     char json[1024];
     int jn = snprintf(json, sizeof json, "{\"bench\": \"train\", \"threads\": %d, \"sgemm_gflops\": %.2f, \"cases\": [",
                       threads, sg);
@@ -115,13 +122,14 @@ int dt_bench_train(int argc, char **argv) {
         double sps, gf;
         dt_status s = bench_model(&cases[i], &sps, &gf);
         if (s != DT_OK) return dt_cli_fail(NULL, "bench %s: %s", cases[i].name, dt_last_error());
-        printf("%-6s %6d %14.0f %10.1f %9.0f%%\n", cases[i].name, cases[i].batch, sps, gf, 100 * gf / sg);
+        const int T = dt_model_spec_is_gpt(cases[i].spec) ? 64 : 1;
+        printf("%-6s %6d %14.0f %12.0f %10.1f %9.0f%%\n", cases[i].name, cases[i].batch, sps, sps * T, gf, 100 * gf / sg);
         fflush(stdout);
         jn += snprintf(json + jn, sizeof json - (size_t)jn,
-                       "%s{\"model\": \"%s\", \"batch\": %d, \"samples_per_s\": %.1f, \"gflops\": %.2f}", done++ ? ", " : "",
-                       cases[i].name, cases[i].batch, sps, gf);
+                       "%s{\"model\": \"%s\", \"batch\": %d, \"samples_per_s\": %.1f, \"tokens_per_s\": %.1f, "
+                       "\"gflops\": %.2f}", done++ ? ", " : "", cases[i].name, cases[i].batch, sps, sps * T, gf);
     }
-    if (!done) return dt_cli_fail("models: mlp (batch 32, 128), cnn (batch 128)", "no benchmark case matches");
+    if (!done) return dt_cli_fail("models: mlp (batch 32, 128), cnn (batch 128), gpt (batch 12)", "no benchmark case matches");
     printf("%s]}\n", json);
     return 0;
 }

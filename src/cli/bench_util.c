@@ -2,6 +2,7 @@
 #include "cli/bench_util.h"
 
 #include "cli/cli.h"
+#include "dtrain/layers.h"
 
 #include <limits.h>
 #include <stdio.h>
@@ -37,4 +38,21 @@ double dt_bench_json_field(const char *line, const char *key) {
     snprintf(pat, sizeof pat, "\"%s\": ", key);
     const char *p = strstr(line, pat);
     return p ? strtod(p + strlen(pat), NULL) : -1;
+}
+
+void dt_bench_print_machine(void) {
+    char model[256] = "unknown", line[512];
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "model name", 10)) {
+            const char *colon = strchr(line, ':');
+            if (colon) snprintf(model, sizeof model, "%s", colon + 2);
+            model[strcspn(model, "\n")] = '\0';
+            break;
+        }
+    if (f) fclose(f);
+    printf("# cpu: %s (%ld cores online)\n", model, sysconf(_SC_NPROCESSORS_ONLN));
+    const char *by = getenv("DTRAIN_BLAS_REEXEC") && strcmp(getenv("DTRAIN_BLAS_REEXEC"), "0") ? " (OPENBLAS_CORETYPE set by dtrain: OpenBLAS did not know this CPU)"
+                     : getenv("OPENBLAS_CORETYPE") ? " (OPENBLAS_CORETYPE set)" : "";
+    printf("# openblas: %s kernels%s\n", dt_blas_corename(), by);
 }

@@ -13,4 +13,8 @@ int dt_bench_train_run(const char *args, const char *metrics, char *line, size_t
 /* The number after "key": in a JSON line, or -1. */
 double dt_bench_json_field(const char *line, const char *key);
 
+/* Prints "# cpu: MODEL (N cores)" and "# openblas: CORE" (the kernel OpenBLAS chose) as comment
+ * lines of a benchmark table. */
+void dt_bench_print_machine(void);
+
 #endif

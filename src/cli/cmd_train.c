@@ -163,7 +163,7 @@ static const char TRAIN_USAGE[] =
 typedef struct {
     dt_train_config cfg;
     const char *optimizer, *schedule, *backend, *elastic;
-    float lr, momentum, wd, beta1, beta2, eps, gamma, min_lr, bucket_mb, timeout, ckpt_secs;
+    float lr, momentum, wd, beta1, beta2, eps, gamma, min_lr, bucket_mb, timeout, ckpt_secs, val_fraction;
     int64_t seed, warmup, step_size, max_steps;
     bool nesterov, quiet, normalize;
     int workers, max_restarts;
@@ -174,15 +174,17 @@ typedef struct {
 static int parse_train_flags(int argc, char **argv, train_opts *o) {
     *o = (train_opts){.cfg = dt_train_defaults(), .optimizer = "adam", .schedule = "constant", .backend = "auto",
                       .lr = 1e-3f, .wd = -1, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .gamma = 0.1f,
-                      .seed = 42, .workers = 1, .max_restarts = 3};
+                      .seed = 42, .workers = 1, .max_restarts = 3, .val_fraction = 0.1f};
     dt_train_config *c = &o->cfg;
     c->model = NULL; /* mlp, or the model of the checkpoint being resumed */
     const dt_flag flags[] = {
-        {"data", DT_FLAG_STR, &c->data, "DIR", "IDX directory (train-*/t10k-* files), fashion-mnist, mnist or a .csv"},
-        {"model", DT_FLAG_STR, &c->model, "SPEC", "model spec or preset mlp, cnn (default mlp; when resuming, the checkpoint's)"},
+        {"data", DT_FLAG_STR, &c->data, "DIR", "IDX directory (train-*/t10k-* files), fashion-mnist, mnist, a .csv, text:FILE or kjv"},
+        {"model", DT_FLAG_STR, &c->model, "SPEC", "model spec or preset mlp, cnn, gpt[:L=4,H=4,C=128,T=64] (default mlp; when resuming, the checkpoint's)"},
         {"epochs", DT_FLAG_INT, &c->epochs, "N", "passes over the training set"},
         {"batch", DT_FLAG_INT, &c->batch, "N", "samples per step (per micro-batch with --grad-accum)"},
         {"grad-accum", DT_FLAG_INT, &c->grad_accum, "N", "accumulate N micro-batches of --batch per optimizer step"},
+        {"epoch-windows", DT_FLAG_I64, &c->epoch_windows, "N", "samples (text: windows) per epoch, drawn from each epoch's shuffle (0 = all)"},
+        {"val-fraction", DT_FLAG_FLOAT, &o->val_fraction, "F", "text data: the last fraction F of the file is the validation set"},
         {"optimizer", DT_FLAG_STR, &o->optimizer, "NAME", "sgd, adam or adamw"},
         {"lr", DT_FLAG_FLOAT, &o->lr, "X", "learning rate"},
         {"momentum", DT_FLAG_FLOAT, &o->momentum, "X", "sgd momentum"},
@@ -263,6 +265,7 @@ static int build_train_config(train_opts *o) {
     c->max_steps = o->max_steps;
     c->normalize = o->normalize;
     c->bucket_mb = o->bucket_mb;
+    c->val_fraction = o->val_fraction;
     c->checkpoint_secs = o->ckpt_secs;
     c->stop = &g_stop;
     return -1;

@@ -3,16 +3,20 @@
 #include "dtrain/dtrain.h"
 
 #include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
 #include <string.h>
 
 int dt_cmd_train(int argc, char **argv);
 int dt_cmd_eval(int argc, char **argv);
 int dt_cmd_launch(int argc, char **argv);
 int dt_cmd_bench(int argc, char **argv);
+int dt_cmd_sample(int argc, char **argv);
 
 static const dt_command g_commands[] = {
     {"train", dt_cmd_train, "train a model (one process, --workers N, or one rank of a launch/mpirun job)"},
     {"eval", dt_cmd_eval, "evaluate a checkpoint on a data set"},
+    {"sample", dt_cmd_sample, "generate text with a GPT checkpoint"},
     {"launch", dt_cmd_launch, "run N local ranks of a program (rank env, prefixed output)"},
     {"bench", dt_cmd_bench, "benchmarks: train, ddp, async, fault, comm (tables + a JSON line)"},
     {NULL, NULL, NULL},
@@ -27,12 +31,32 @@ static void usage(void) {
            "  DTRAIN_TIMEOUT=S        deadline of any wait for another rank (default 300 s)\n"
            "  DTRAIN_LOG=LEVEL        library log level: error, warn (default), info, debug\n"
            "  DTRAIN_DATA_CACHE=0|DIR shared decoded data-set cache: off, or its directory (default /dev/shm)\n"
+           "  OPENBLAS_CORETYPE=CORE  OpenBLAS kernel set; unset, dtrain picks SkylakeX or Haswell itself\n"
+           "                          when OpenBLAS does not know the CPU (bench prints the choice;\n"
+           "                          DTRAIN_BLAS_REEXEC=0 keeps OpenBLAS's own choice)\n"
            "  DTRAIN_COMM_ALGO=NAME   force a collective algorithm: ring, rd, rhd, tree, direct, native\n"
            "  DTRAIN_RANK, DTRAIN_WORLD_SIZE, DTRAIN_JOB_ID   set by dtrain launch / --workers; mpirun\n"
            "                          and srun ranks are found from their own variables\n");
 }
 
+/* OpenBLAS fell back to its generic kernels on a CPU it does not know: run again with the kernel
+ * set the CPU supports (OPENBLAS_CORETYPE is read only when the library loads). Workers and
+ * children inherit it. */
+static void pick_blas_kernels(char **argv) {
+    if (getenv("DTRAIN_BLAS_REEXEC")) return;  /* done already, or turned off (=0) */
+    const char *core = dt_blas_better_coretype();
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (!core || n <= 0) return;
+    self[n] = '\0';
+    setenv("OPENBLAS_CORETYPE", core, 1);
+    setenv("DTRAIN_BLAS_REEXEC", core, 1);
+    execv(self, argv);  /* returns only on failure: go on with the generic kernels */
+    unsetenv("OPENBLAS_CORETYPE");
+}
+
 int main(int argc, char **argv) {
+    pick_blas_kernels(argv);
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         usage();
         return argc < 2 ? 2 : 0;

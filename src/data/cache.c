@@ -83,7 +83,7 @@ static uint32_t header_crc(const cache_header *h) {
 static uint64_t align64(uint64_t v) { return (v + 63) & ~(uint64_t)63; }
 
 /* The cache directory, or false when the cache is off (DTRAIN_DATA_CACHE=0). */
-static bool cache_dir(char *dir, size_t cap) {
+bool dt_cache_dir(char *dir, size_t cap) {
     const char *env = getenv("DTRAIN_DATA_CACHE");
     if (env && !strcmp(env, "0")) return false;
     const char *d = env && *env && strcmp(env, "1") ? env : "/dev/shm";
@@ -381,7 +381,7 @@ out:
 dt_status dt_cache_open_idx(dt_dataset **out, const char *images_path, const char *labels_path) {
     *out = NULL;
     char dir[PATH_MAX - 128], file[PATH_MAX], lockfile[PATH_MAX], why[256] = "";
-    if (!cache_dir(dir, sizeof dir)) return DT_OK;
+    if (!dt_cache_dir(dir, sizeof dir)) return DT_OK;
     cache_header *want = calloc(2, sizeof *want), *h = want + 1;
     if (!want) return DT_OK;
     if (!source_ident(&want->src[0], images_path) || !source_ident(&want->src[1], labels_path)) {

@@ -45,6 +45,8 @@ struct dt_dataset {
     float lut[256];    /* u8/i8: raw byte -> final f32 value */
     char source[512];  /* file(s) it came from */
     char cache[PATH_MAX]; /* the cache file map came from ("" when private) */
+    int T;             /* text: the window (x holds text_len bytes, y is NULL); 0 = features */
+    size_t text_len;   /* text: bytes of this set (train or validation part of the file) */
 };
 
 /* Allocates a zeroed data set with scale 1, mean 0, std 1. NULL on failure (error set). */
@@ -67,5 +69,20 @@ void dt_dataset_init_idx(dt_dataset *ds, const dt_idx *im, int C, int H, int W, 
  * (disabled, directory not writable, full ...; logged at info level), decode privately. Any other
  * status is an error in the data files themselves, with the same message the private path gives. */
 dt_status dt_cache_open_idx(dt_dataset **out, const char *images_path, const char *labels_path);
+
+/* Text data set: sets the class count (vocabulary), at least the largest byte + 1 (DT_EINVAL
+ * naming the first byte that does not fit). */
+dt_status dt_text_set_classes(dt_dataset *ds, int classes);
+
+/* The shared data cache directory (/dev/shm or $DTRAIN_DATA_CACHE, created 0700 when missing)
+ * into dir; false when the cache is off (DTRAIN_DATA_CACHE=0) or the directory is unusable
+ * (logged at info level). */
+bool dt_cache_dir(char *dir, size_t cap);
+
+/* Resolves "kjv" (see dt_dataset_open_text): *fd is a read-only descriptor of the text (a file,
+ * or a sealed-off memory file), path the name for messages, cache the generated cache file it
+ * is ("" otherwise). DT_ENOENT when the text is not installed and `bible` is missing, DT_EIO when
+ * `bible` fails; the message says what to do. */
+dt_status dt_kjv_open(int *fd, char *path, size_t path_cap, char *cache, size_t cache_cap);
 
 #endif

@@ -71,12 +71,15 @@ dt_status dt_dataset_check_labels(dt_dataset *ds, int classes, const char *what)
 
 dt_status dt_dataset_set_classes(dt_dataset *ds, int classes) {
     if (classes <= 0) return dt_error(DT_EINVAL, "class count must be positive, got %d", classes);
+    if (ds->T) return dt_text_set_classes(ds, classes);
     return dt_dataset_check_labels(ds, classes, ds->source[0] ? ds->source : "data set");
 }
 
 dt_status dt_dataset_set_normalize(dt_dataset *ds, float mean, float std) {
     if (!(std > 0) || mean != mean)
         return dt_error(DT_EINVAL, "normalisation needs a finite mean and std > 0, got mean %g std %g", (double)mean, (double)std);
+    if (ds->T && (mean != 0 || std != 1))
+        return dt_error(DT_EINVAL, "%s is a text data set (token ids): --normalize does not apply to it; leave it out", ds->source);
     ds->mean = mean;
     ds->std = std;
     dt_dataset_update_lut(ds);
@@ -97,6 +100,11 @@ static double raw_at(const dt_dataset *ds, size_t i) {
 }
 
 void dt_dataset_stats(const dt_dataset *ds, double *mean, double *std) {
+    if (ds->T) { /* token ids: the identity normalisation */
+        if (mean) *mean = 0;
+        if (std) *std = 1;
+        return;
+    }
     size_t total = ds->n * ds->D;
     double m = 0, var = 0;
     if (total && (ds->dtype == DT_U8 || ds->dtype == DT_I8)) {
@@ -154,6 +162,8 @@ static void convert_sample(const dt_dataset *ds, size_t idx, float *restrict dst
 }
 
 dt_status dt_dataset_batch(const dt_dataset *ds, const uint32_t *indices, int n, float *x, int32_t *y) {
+    if (ds->T)
+        return dt_error(DT_EINVAL, "%s is a text data set: build its batches with dt_dataset_batch_tokens (or a loader)", ds->source);
     if (n < 0) return dt_error(DT_EINVAL, "batch size %d is negative", n);
     for (int i = 0; i < n; i++)
         if (indices[i] >= ds->n)
@@ -357,6 +367,9 @@ dt_status dt_dataset_open(dt_dataset **train, dt_dataset **test, const char *pat
     *train = NULL;
     if (test) *test = NULL;
     if (!path || !*path) return dt_error(DT_EINVAL, "no data set given: pass fashion-mnist, mnist, an IDX directory or a .csv file");
+    if (dt_data_is_text(path))
+        return dt_error(DT_EINVAL, "--data %s is a text data set: open it with dt_dataset_open_text and the model's context length T",
+                        path);
     if (!strcmp(path, "fashion-mnist") || !strcmp(path, "mnist")) {
         const char *root = getenv("DTRAIN_DATASETS");
         char dir[PATH_MAX];

@@ -1,5 +1,6 @@
-/* The prefetching batch loader: a background thread assembles this rank's batches of the epoch,
- * in order, into a ring of buffers while the training loop consumes them. Batch b always goes to
+/* The prefetching batch loader: a background thread assembles this rank's batches of the epoch
+ * (feature or text data, over the first epoch_len samples of the order), in order, into a ring
+ * of buffers while the training loop consumes them. Batch b always goes to
  * slot b % nslots and is built from the same (seed, epoch) order, so the bytes handed out never
  * depend on thread timing or on whether prefetching is on. Waits block on condvars. */
 #include "data/data_internal.h"
@@ -17,10 +18,14 @@ struct dt_loader {
     const dt_dataset *ds;
     dt_loader_config cfg;
     size_t nbatches, D;
+    size_t n;           /* samples per epoch: the first n of the order (epoch_len, or all) */
+    int T;              /* text window (tokbuf, T targets per sample), or 0 for features */
+    int ylen;           /* values of y per sample: T, or 1 */
     uint32_t *order;    /* the epoch's global order (ds->n) */
     int nslots;         /* prefetch + 1 (the slot the consumer holds) */
-    float *xbuf;        /* nslots * batch * D */
-    int32_t *ybuf;      /* nslots * batch */
+    float *xbuf;        /* features: nslots * batch * D; NULL for text */
+    int32_t *tokbuf;    /* text: nslots * batch * T input tokens; NULL for features */
+    int32_t *ybuf;      /* nslots * batch * ylen */
     int *slot_n;        /* samples in the batch held by each slot */
     int cap;            /* room per slot in samples (max_batch) */
     int *cut;           /* uneven cut: samples per rank of a global batch (world), or NULL */
@@ -41,15 +46,35 @@ struct dt_loader {
     uint64_t take_epoch;
 };
 
+/* Builds samples order[start, start+count) into slot `slot` (room for cap samples). */
+static dt_status build_slot(dt_loader *l, int slot, size_t start, size_t count) {
+    size_t base = (size_t)slot * (size_t)l->cap;
+    if (l->T)
+        return dt_dataset_batch_tokens(l->ds, l->order + start, (int)count, l->tokbuf + base * (size_t)l->T,
+                                       l->ybuf + base * (size_t)l->T);
+    return dt_dataset_batch(l->ds, l->order + start, (int)count, l->xbuf + base * l->D, l->ybuf + base);
+}
+
+/* Points *out at slot `slot` holding n samples. */
+static void slot_batch(const dt_loader *l, int slot, int n, size_t index, uint64_t epoch, dt_batch *out) {
+    size_t base = (size_t)slot * (size_t)l->cap;
+    *out = (dt_batch){.x = l->xbuf ? l->xbuf + base * l->D : NULL,
+                      .tok = l->tokbuf ? l->tokbuf + base * (size_t)l->T : NULL,
+                      .y = l->ybuf + base * (size_t)l->ylen,
+                      .n = n,
+                      .T = l->ylen,
+                      .index = index,
+                      .epoch = epoch};
+}
+
 /* Builds batch b of the current epoch into its ring slot. Reads only immutable state. */
 static dt_status assemble(dt_loader *l, size_t b) {
     size_t start, count;
     int slot = (int)(b % (size_t)l->nslots);
-    size_t B = (size_t)l->cap;
-    if (l->cut) dt_sampler_cut_range(l->ds->n, l->cut, l->cfg.rank, l->cfg.world, b, &start, &count);
-    else dt_sampler_batch_range(l->ds->n, l->cfg.batch, l->cfg.rank, l->cfg.world, b, &start, &count);
+    if (l->cut) dt_sampler_cut_range(l->n, l->cut, l->cfg.rank, l->cfg.world, b, &start, &count);
+    else dt_sampler_batch_range(l->n, l->cfg.batch, l->cfg.rank, l->cfg.world, b, &start, &count);
     l->slot_n[slot] = (int)count;
-    return dt_dataset_batch(l->ds, l->order + start, (int)count, l->xbuf + (size_t)slot * B * l->D, l->ybuf + (size_t)slot * B);
+    return build_slot(l, slot, start, count);
 }
 
 /* The oldest batch whose slot is still in use (held by the consumer or ready). */
@@ -94,27 +119,37 @@ dt_status dt_loader_create(dt_loader **out, const dt_dataset *ds, const dt_loade
     if (c.rank < 0 || c.rank >= c.world) return dt_error(DT_EINVAL, "loader: rank %d is outside [0, %d)", c.rank, c.world);
     if (c.prefetch > DT_LOADER_MAX_PREFETCH)
         return dt_error(DT_EINVAL, "loader: prefetch %d is more than %d batches", c.prefetch, DT_LOADER_MAX_PREFETCH);
-    size_t nb = dt_sampler_batches(ds->n, c.batch, c.world, c.drop_last);
+    const char *src = ds->source[0] ? ds->source : "(memory)";
+    const char *what = ds->T ? "windows" : "samples";
+    if (c.epoch_len > ds->n)
+        return dt_error(DT_EINVAL, "loader: --epoch-windows %zu is more than the %zu %s of data set %s: lower it (0 = all)", c.epoch_len,
+                        ds->n, what, src);
+    size_t n = c.epoch_len ? c.epoch_len : ds->n;
+    size_t nb = dt_sampler_batches(n, c.batch, c.world, c.drop_last);
     if (nb == 0)
-        return dt_error(DT_EINVAL, "loader: data set %s has %zu samples, fewer than one global batch of %d x %d ranks: lower the batch size",
-                        ds->source[0] ? ds->source : "(memory)", ds->n, c.batch, c.world);
+        return dt_error(DT_EINVAL, "loader: an epoch of data set %s has %zu %s%s, fewer than one global batch of %d x %d ranks: lower the "
+                        "batch size", src, n, what, c.epoch_len ? " (--epoch-windows)" : "", c.batch, c.world);
     dt_loader *l = calloc(1, sizeof *l);
     if (!l) return dt_error(DT_ENOMEM, "loader: out of memory");
     l->ds = ds;
     l->cfg = c;
     l->nbatches = nb;
+    l->n = n;
     l->D = ds->D;
+    l->T = dt_dataset_window(ds);
+    l->ylen = l->T ? l->T : 1;
     l->nslots = c.prefetch + 1;
     l->cap = c.max_batch;
     size_t B = (size_t)c.max_batch;
     l->order = malloc(ds->n * sizeof *l->order);
-    l->xbuf = dt_alloc((size_t)l->nslots * B * l->D * sizeof(float));
-    l->ybuf = dt_alloc((size_t)l->nslots * B * sizeof(int32_t));
+    if (l->T) l->tokbuf = dt_alloc((size_t)l->nslots * B * (size_t)l->T * sizeof(int32_t));
+    else l->xbuf = dt_alloc((size_t)l->nslots * B * l->D * sizeof(float));
+    l->ybuf = dt_alloc((size_t)l->nslots * B * (size_t)l->ylen * sizeof(int32_t));
     l->slot_n = calloc((size_t)l->nslots, sizeof(int));
     pthread_mutex_init(&l->mu, NULL);
     pthread_cond_init(&l->cv_work, NULL);
     pthread_cond_init(&l->cv_ready, NULL);
-    if (!l->order || !l->xbuf || !l->ybuf || !l->slot_n) {
+    if (!l->order || !(l->xbuf || l->tokbuf) || !l->ybuf || !l->slot_n) {
         dt_loader_free(l);
         return dt_error(DT_ENOMEM, "loader: out of memory for %d buffers of %d samples", l->nslots, c.max_batch);
     }
@@ -195,11 +230,7 @@ dt_status dt_loader_next(dt_loader *l, dt_batch *out) {
     l->held = true;
     pthread_mutex_unlock(&l->mu);
     int slot = (int)(b % (size_t)l->nslots);
-    out->x = l->xbuf + (size_t)slot * (size_t)l->cap * l->D;
-    out->y = l->ybuf + (size_t)slot * (size_t)l->cap;
-    out->n = l->slot_n[slot];
-    out->index = b;
-    out->epoch = l->epoch;
+    slot_batch(l, slot, l->slot_n[slot], b, l->epoch, out);
     return DT_OK;
 }
 
@@ -237,7 +268,7 @@ dt_status dt_loader_set_cut(dt_loader *l, const int *counts) {
 
 dt_status dt_loader_take(dt_loader *l, uint64_t epoch, size_t unit, dt_batch *out) {
     memset(out, 0, sizeof *out);
-    const size_t n = l->ds->n, B = (size_t)l->cfg.batch;
+    const size_t n = l->n, B = (size_t)l->cfg.batch;
     if (unit >= (n + B - 1) / B)
         return dt_error(DT_EINVAL, "loader: batch %zu of %zu samples is past the epoch (%zu samples)", unit, B, n);
     pthread_mutex_lock(&l->mu);
@@ -247,16 +278,16 @@ dt_status dt_loader_take(dt_loader *l, uint64_t epoch, size_t unit, dt_batch *ou
     l->held = false;
     pthread_mutex_unlock(&l->mu);
     if (!l->take_valid || l->take_epoch != epoch) {
-        dt_sampler_order(l->order, n, l->cfg.seed, epoch, l->cfg.shuffle);
+        dt_sampler_order(l->order, l->ds->n, l->cfg.seed, epoch, l->cfg.shuffle);
         l->take_valid = true, l->take_epoch = epoch;
     }
     size_t start = unit * B, count = start + B <= n ? B : n - start;
     double t0 = dt_now();
-    DT_TRY(dt_dataset_batch(l->ds, l->order + start, (int)count, l->xbuf, l->ybuf));
+    DT_TRY(build_slot(l, 0, start, count));
     pthread_mutex_lock(&l->mu);
     l->wait_s += dt_now() - t0;
     pthread_mutex_unlock(&l->mu);
-    *out = (dt_batch){.x = l->xbuf, .y = l->ybuf, .n = (int)count, .index = unit, .epoch = epoch};
+    slot_batch(l, 0, (int)count, unit, epoch, out);
     return DT_OK;
 }
 
@@ -284,6 +315,7 @@ void dt_loader_free(dt_loader *l) {
     pthread_mutex_destroy(&l->mu);
     free(l->order);
     dt_free(l->xbuf);
+    dt_free(l->tokbuf);
     dt_free(l->ybuf);
     free(l->slot_n);
     free(l->cut);

@@ -108,8 +108,13 @@ dt_status dt_model_run(dt_model *m, const dt_feed *f, bool train, uint64_t step,
     const void *feed[DT_GRAPH_MAX_INPUTS] = {f->x, f->y};
     bool with_loss = m->loss >= 0 && f->y;
     int hi = with_loss ? m->loss + 1 : m->output + 1;
-    for (int k = with_loss ? 2 : 1; k < m->ninputs; k++)  /* an input the feed does not carry */
-        if (m->inputs[k] < hi) return dt_error(DT_EINVAL, "model: input '%s' is not fed", m->nodes[m->inputs[k]].name);
+    for (int i = 0; i < hi; i++)  /* a node that reads an input the feed does not carry */
+        for (int j = 0; j < m->nodes[i].nin; j++) {
+            const dt_node *in = &m->nodes[m->nodes[i].in[j]];
+            if (in->input_index >= 2 || (in->input_index == 1 && !with_loss))
+                return dt_error(DT_EINVAL, "model: node '%s' reads input '%s', which is not fed", m->nodes[i].name,
+                                in->name);
+        }
     DT_TRY(forward_range(m, 0, hi, feed));
     if (with_loss && loss) *loss = m->nodes[m->loss].loss;
     return DT_OK;

@@ -13,7 +13,7 @@
 
 /* Samples in global batch b of the epoch, over all ranks. */
 static int global_count(const dt_trainer *t, size_t b) {
-    size_t n = dt_dataset_len(t->train), gb = (size_t)dt_trainer_step_batch(t) * (size_t)t->dworld, start = b * gb;
+    size_t n = dt_trainer_epoch_len(t), gb = (size_t)dt_trainer_step_batch(t) * (size_t)t->dworld, start = b * gb;
     return (int)(start + gb <= n ? gb : n - start);
 }
 
@@ -109,7 +109,7 @@ static dt_status serve_run(dt_trainer *t, FILE *mf) {
     const dt_train_config *c = &t->cfg;
     serve_ctx sc = {.t = t, .mf = mf, .t0 = dt_now()};
     int64_t stopped = -1, stopped_epoch = -1, stopped_in = 0;
-    const size_t n = dt_dataset_len(t->train), B = (size_t)c->batch;
+    const size_t n = dt_trainer_epoch_len(t), B = (size_t)dt_trainer_step_batch(t);
     dt_serve_config cfg = {.start_step = t->step, .start_epoch = t->epoch, .start_step_in_epoch = t->step_in_epoch,
                            .steps_per_epoch = (int64_t)dt_loader_batches(t->loader), .epochs = c->epochs,
                            .max_steps = c->max_steps, .batch = c->batch, .want_optim = true,
@@ -165,7 +165,7 @@ static dt_status save_interrupted(dt_trainer *t) {
 static dt_status dynamic_run(dt_trainer *t) {
     const dt_train_config *c = &t->cfg;
     dt_strategy *st = t->strategy;
-    const size_t n = dt_dataset_len(t->train), B = (size_t)c->batch;
+    const size_t n = dt_trainer_epoch_len(t), B = (size_t)dt_trainer_step_batch(t);
     const int64_t units = (int64_t)((n + B - 1) / B);
     int64_t ep = t->epoch, u = t->step_in_epoch * t->dworld + t->drank;
     ep += u / units, u %= units;

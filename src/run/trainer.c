@@ -22,6 +22,7 @@ dt_train_config dt_train_defaults(void) {
         .epochs = 1,
         .batch = 32,
         .grad_accum = 1,
+        .val_fraction = 0.1,
         .optim = dt_optim_defaults(DT_OPTIM_ADAM),
         .lr = {.kind = DT_LR_CONSTANT, .base_lr = 1e-3f, .gamma = 0.1f},
         .seed = 42,
@@ -99,6 +100,9 @@ static dt_status check_writable(const char *flag, const char *path) {
 static dt_status check_config(const dt_train_config *c) {
     if (c->epochs < 1) return dt_error(DT_EINVAL, "--epochs %d: need at least 1", c->epochs);
     if (c->batch < 1) return dt_error(DT_EINVAL, "--batch %d: need at least 1", c->batch);
+    if (c->epoch_windows < 0) return dt_error(DT_EINVAL, "--epoch-windows %lld: must not be negative (0 = all)", (long long)c->epoch_windows);
+    if (!(c->val_fraction >= 0 && c->val_fraction <= 0.5))
+        return dt_error(DT_EINVAL, "--val-fraction %g: need 0..0.5 (the last part of the text held out)", c->val_fraction);
     if (c->grad_accum < 1 || c->grad_accum > 65536)
         return dt_error(DT_EINVAL, "--grad-accum %d: need 1..65536 micro-batches per step", c->grad_accum);
     if ((int64_t)c->batch * c->grad_accum > INT32_MAX / 4)
@@ -173,6 +177,23 @@ static dt_status check_spec(const char *spec) {
     return dt_spec_parse(spec, layers, DT_MAX_LAYERS, &n);
 }
 
+/* Opens --data for model `spec`: a text corpus (text:FILE, kjv) as windows of the GPT's context
+ * with the last val_fraction as the test set, else an image/CSV data set. */
+static dt_status open_data(const char *data, const char *spec, double val_fraction, dt_dataset **train,
+                           dt_dataset **test) {
+    const bool text = dt_data_is_text(data), gpt = dt_model_spec_is_gpt(spec);
+    if (text != gpt)
+        return dt_error(DT_EINVAL, text ? "--data %s is text (byte tokens): train it with --model gpt[:L=..,H=..,C=..,T=..]"
+                                        : "--model %s reads token ids: give it text, --data text:FILE or --data kjv",
+                        text ? data : spec);
+    if (!text) return dt_dataset_open(train, test, data);
+    dt_gpt_config g;
+    DT_TRY(dt_gpt_parse(spec, &g));
+    if (g.V < 256)
+        return dt_error(DT_EINVAL, "--model %s: V=%d, but text data has 256 byte values; use V=256", spec, g.V);
+    return dt_dataset_open_text(train, test, data, g.T, val_fraction);
+}
+
 dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
     *out = NULL;
     DT_TRY(check_config(cfg));
@@ -195,7 +216,7 @@ dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
     if (resume && (s = dt_checkpoint_read_info(resume, &info)) != DT_OK) goto fail;
     const char *spec = cfg->model ? cfg->model : resume ? info.spec : "mlp";
     if ((s = check_spec(spec)) != DT_OK) goto fail;
-    s = dt_dataset_open(&t->train, &t->test, cfg->data);
+    s = open_data(cfg->data, spec, cfg->val_fraction, &t->train, &t->test);
     if (s != DT_OK) goto fail;
     dt_dataset_shape(t->train, &t->C, &t->H, &t->W);
     t->classes = dt_dataset_classes(t->train);
@@ -264,7 +285,7 @@ dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
     if ((s = dt_strategy_data_part(strategy, &sc, t->rank, t->world, &t->drank, &t->dworld)) != DT_OK) goto fail;
     const int step_batch = dt_trainer_step_batch(t);
     const int max_batch = cfg->balance ? step_batch * t->dworld : step_batch;  /* a balanced cut may be larger */
-    dt_loader_config lc = {.batch = step_batch, .shuffle = true, .seed = cfg->seed, .rank = t->drank,
+    dt_loader_config lc = {.batch = step_batch, .epoch_len = (size_t)cfg->epoch_windows, .shuffle = true, .seed = cfg->seed, .rank = t->drank,
                            .world = t->dworld, .prefetch = -1, .max_batch = max_batch};
     if ((s = dt_loader_create(&t->loader, t->train, &lc)) != DT_OK) goto fail;
     if (resume && (info.world_size != t->dworld || info.batch != step_batch) && t->step_in_epoch > 0) {
@@ -385,7 +406,7 @@ dt_status dt_evaluate_checkpoint(const char *checkpoint, const char *data, int b
     DT_TRY(dt_checkpoint_read_info(checkpoint, &info));
     dt_dataset *train = NULL, *test = NULL;
     dt_model *m = NULL;
-    dt_status s = dt_dataset_open(&train, &test, data);
+    dt_status s = open_data(data, info.spec, 0.1, &train, &test);
     if (s != DT_OK) return s;
     const dt_dataset *ds = test ? test : train;
     *split = test ? "test" : "train";
@@ -406,5 +427,18 @@ done:
     dt_model_free(m);
     dt_dataset_free(train);
     dt_dataset_free(test);
+    return s;
+}
+
+dt_status dt_model_load(dt_model **m, const char *checkpoint) {
+    *m = NULL;
+    dt_ckpt_info info;
+    DT_TRY(dt_checkpoint_read_info(checkpoint, &info));
+    DT_TRY(dt_model_build(m, info.spec, info.C, info.H, info.W));
+    dt_status s = dt_checkpoint_restore(checkpoint, *m, NULL, &info);
+    if (s != DT_OK) {
+        dt_model_free(*m);
+        *m = NULL;
+    }
     return s;
 }

@@ -43,8 +43,15 @@ struct dt_trainer {
 };
 
 /* The model's feed of a loader batch (features or token ids, and labels or next tokens). */
-static inline dt_feed dt_trainer_feed(const dt_batch *b) { return (dt_feed){.x = b->x, .y = b->y, .n = b->n}; }
-/* Samples of one rank's step: --batch micro-batches of --grad-accum each. */
+static inline dt_feed dt_trainer_feed(const dt_batch *b) {
+    return (dt_feed){.x = b->tok ? (const void *)b->tok : (const void *)b->x, .y = b->y, .n = b->n};
+}
+/* Samples of the training set in one epoch (--epoch-windows, else all). */
+static inline size_t dt_trainer_epoch_len(const dt_trainer *t) {
+    size_t n = dt_dataset_len(t->train);
+    return t->cfg.epoch_windows > 0 && (size_t)t->cfg.epoch_windows < n ? (size_t)t->cfg.epoch_windows : n;
+}
+/* Samples of one rank's step: --grad-accum micro-batches of --batch each. */
 static inline int dt_trainer_step_batch(const dt_trainer *t) {
     return t->cfg.batch * (t->cfg.grad_accum > 1 ? t->cfg.grad_accum : 1);
 }

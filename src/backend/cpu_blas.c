@@ -1,0 +1,24 @@
+/* Which kernels OpenBLAS runs. Debian's OpenBLAS 0.3.21 does not know newer CPUs (seen: Intel
+ * family 6 model 207, with AVX-512 and AMX) and falls back to its generic "Prescott" kernels,
+ * 3-4x slower; OPENBLAS_CORETYPE, read when the library loads, picks a kernel set by hand. */
+#include "dtrain/layers.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+char *openblas_get_corename(void);
+
+const char *dt_blas_corename(void) { return openblas_get_corename(); }
+
+const char *dt_blas_better_coretype(void) {
+    const char *env = getenv("OPENBLAS_CORETYPE");
+    if (env && *env) return NULL;  /* the user chose */
+    const char *core = openblas_get_corename();
+    if (!core || strcmp(core, "Prescott") != 0) return NULL;  /* a kernel set for this CPU */
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512dq"))
+        return "SkylakeX";
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
+    return NULL;
+}
