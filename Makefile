@@ -80,6 +80,7 @@ demo:
 # Regenerates the PyTorch reference fixtures (needs Debian's python3-torch; CI does not).
 fixtures:
 	/usr/bin/python3 tests/ref/gen_ref.py tests/ref
+	/usr/bin/python3 tests/ref/gen_gpt_ref.py tests/ref
 
 # The libraries a program linking build/libdtrain.a needs (MPI included when built with it).
 print-ldlibs:

@@ -28,7 +28,7 @@ dt_status dt_model_create(dt_model **out, const dt_layer_spec *layers, int n, in
     }
     int y = dt_graph_input(m, "y", DT_I32, 0, NULL);
     dt_layer_spec xe = dt_layer_default(DT_LAYER_XENT);
-    xe.ignore_index = INT32_MIN;  /* every label counts (an out-of-range one makes the loss NaN) */
+    xe.ignore_index = INT32_MIN;  /* every label counts (an out-of-range one is DT_EINVAL) */
     int in2[2] = {x, y};
     int loss = dt_graph_node(m, "loss", &xe, -1, in2, 2);
     char spec[1024];
