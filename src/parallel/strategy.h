@@ -82,6 +82,28 @@ typedef struct {
 
 typedef struct dt_strategy dt_strategy;
 
+/* ---- state for checkpoints (DCP style): what a rank holds, as pieces of whole tensors ---- */
+
+/* A piece of a tensor of the training state: buf holds buf.count values of tensor `name` (global
+ * shape shape[0..ndim), numel elements) starting at element `offset`; a replicated strategy
+ * reports whole tensors (offset 0, count numel), a sharded one its slices. Names are the
+ * checkpoint's: "0.weight", "transformer.wte.weight", "optim.m.<tensor>", "optim.v.<tensor>". */
+typedef struct {
+    const char *name;
+    dt_buffer buf;
+    int ndim;
+    int64_t shape[4];
+    size_t numel, offset;
+    bool is_optim;  /* an optimizer moment (absent from weights-only checkpoints) */
+} dt_state_piece;
+/* Called with each piece; returning an error stops the visit with it. For a restore the visitor
+ * writes into buf. */
+typedef dt_status (*dt_state_visit_fn)(void *ctx, const dt_state_piece *p);
+
+/* Visits model m's tensors (parameters and buffers) in their table order, each followed by its
+ * optimizer moments when o != NULL: whole tensors (the state of a replicated strategy). */
+dt_status dt_state_visit_model(dt_model *m, dt_optim *o, dt_state_visit_fn fn, void *ctx);
+
 /* One step of this rank, as the trainer hands it to the strategy (dt_strategy_train_step). */
 typedef struct {
     dt_feed feed;         /* this rank's samples (n may be 0 on a rank of a final spread batch) */
@@ -120,6 +142,9 @@ typedef struct {
     /* Optional (NULL = nothing to do): makes every replica hold the same current model before
      * evaluation and checkpoints (localsgd: averages now). Collective over the replicas. */
     dt_status (*sync)(dt_strategy *s);
+    /* Optional (NULL = dt_state_visit_model of the strategy's model and optimizer): reports this
+     * rank's part of the training state, for checkpoints to write and to restore. */
+    dt_status (*visit_state)(dt_strategy *s, dt_state_visit_fn fn, void *ctx);
     /* Optional, for role DT_ROLE_SERVER: serves the workers until they are all done or gone. */
     dt_status (*serve)(dt_strategy *s, const dt_serve_config *cfg);
 } dt_strategy_ops;
@@ -175,6 +200,9 @@ dt_status dt_strategy_ps_create(dt_strategy *s, const dt_strategy_config *cfg);
  * leaves no worker. */
 dt_status dt_strategy_data_part(const char *name, const dt_strategy_config *cfg, int rank, int size, int *data_rank,
                                 int *data_world);
+
+/* Visits this rank's training state through ops->visit_state (see dt_state_piece). */
+dt_status dt_strategy_visit_state(dt_strategy *s, dt_state_visit_fn fn, void *ctx);
 
 /* Trains one step through the strategy's train_step (forward, loss, backward with the grad-ready
  * hook, sync, update). */

@@ -4,6 +4,7 @@
 
 #include "dtrain/dtrain.h"
 #include "dtrain/safetensors.h"
+#include "parallel/strategy.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -24,24 +25,71 @@ static dt_status meta_f32(dt_st_writer *w, const char *key, float v) {
     return dt_st_writer_meta(w, key, buf);
 }
 
-dt_status dt_checkpoint_write(const char *path, dt_model *m, dt_optim *o, const dt_ckpt_info *info) {
-    dt_st_writer *w = NULL;
-    DT_TRY(dt_st_writer_create(&w));
-    dt_status s = DT_OK;
-    int nt = dt_model_num_tensors(m);
-    for (int i = 0; i < nt && s == DT_OK; i++) {
-        const dt_param_info *t = dt_model_tensor(m, i);
-        float *base = t->is_buffer ? dt_model_buffers(m) : dt_model_params(m);
-        s = dt_st_writer_add(w, t->name, DT_F32, t->ndim, t->shape, base + t->offset);
-        if (!o || t->is_buffer) continue;
-        for (int k = 0; k < dt_optim_num_states(o) && s == DT_OK; k++) {
-            const char *sname;
-            float *st = dt_optim_state(o, k, &sname);
-            char name[96];  /* the writer keeps its own copy of the name */
-            snprintf(name, sizeof name, "optim.%s.%s", sname, t->name);
-            s = dt_st_writer_add(w, name, DT_F32, t->ndim, t->shape, st + t->offset);
+/* Collects the pieces of the training state into the writer. Whole tensors are referenced; the
+ * slices of a sharded tensor are assembled into a buffer of their own (kept until the write),
+ * and every tensor must be whole by the end. */
+typedef struct {
+    dt_st_writer *w;
+    float **bufs;          /* assembled tensors */
+    char **names;
+    size_t *have, *numel;  /* elements filled so far */
+    int n, cap;
+} write_ctx;
+
+static dt_status add_piece(void *ctx, const dt_state_piece *p) {
+    write_ctx *c = ctx;
+    if (p->buf.dtype != DT_F32 || p->buf.device != DT_DEVICE_CPU)
+        return dt_error(DT_ENOTSUP, "checkpoint: tensor '%s' is %s on device %d; only f32 host state is written",
+                        p->name, dt_dtype_name(p->buf.dtype), (int)p->buf.device);
+    if (p->offset == 0 && p->buf.count == p->numel)
+        return dt_st_writer_add(c->w, p->name, DT_F32, p->ndim, p->shape, p->buf.data);
+    if (p->offset + p->buf.count > p->numel)
+        return dt_error(DT_EINTERNAL, "checkpoint: piece [%zu, %zu) of '%s' exceeds its %zu elements", p->offset,
+                        p->offset + p->buf.count, p->name, p->numel);
+    int i = 0;
+    while (i < c->n && strcmp(c->names[i], p->name) != 0) i++;
+    if (i == c->n) {
+        if (c->n == c->cap) {
+            int cap = c->cap ? 2 * c->cap : 16;
+            float **b = realloc(c->bufs, sizeof *b * (size_t)cap);
+            if (b) c->bufs = b;
+            char **nm = realloc(c->names, sizeof *nm * (size_t)cap);
+            if (nm) c->names = nm;
+            size_t *h = realloc(c->have, sizeof *h * (size_t)cap);
+            if (h) c->have = h;
+            size_t *ne = realloc(c->numel, sizeof *ne * (size_t)cap);
+            if (ne) c->numel = ne;
+            if (!b || !nm || !h || !ne) return dt_error(DT_ENOMEM, "checkpoint: out of memory");
+            c->cap = cap;
         }
+        c->bufs[i] = calloc(p->numel ? p->numel : 1, sizeof(float));
+        c->names[i] = strdup(p->name);
+        c->have[i] = 0, c->numel[i] = p->numel;
+        c->n++;
+        if (!c->bufs[i] || !c->names[i]) return dt_error(DT_ENOMEM, "checkpoint: out of memory");
+        DT_TRY(dt_st_writer_add(c->w, p->name, DT_F32, p->ndim, p->shape, c->bufs[i]));
     }
+    memcpy(c->bufs[i] + p->offset, p->buf.data, p->buf.count * sizeof(float));
+    c->have[i] += p->buf.count;
+    return DT_OK;
+}
+
+static void write_ctx_free(write_ctx *c) {
+    for (int i = 0; i < c->n; i++) free(c->bufs[i]), free(c->names[i]);
+    free(c->bufs), free(c->names), free(c->have), free(c->numel);
+}
+
+/* Writes the state visit(src) yields, with the optimizer's metadata when o != NULL. */
+static dt_status write_state(const char *path, dt_status (*visit)(void *src, dt_state_visit_fn fn, void *ctx),
+                             void *src, dt_optim *o, const dt_ckpt_info *info) {
+    write_ctx c = {0};
+    DT_TRY(dt_st_writer_create(&c.w));
+    dt_st_writer *w = c.w;
+    dt_status s = visit(src, add_piece, &c);
+    for (int i = 0; s == DT_OK && i < c.n; i++)
+        if (c.have[i] != c.numel[i])
+            s = dt_error(DT_EINTERNAL, "checkpoint: the pieces of '%s' cover %zu of its %zu elements (this rank does "
+                                       "not hold the whole tensor)", c.names[i], c.have[i], c.numel[i]);
     char shape[64], seed[32];
     snprintf(shape, sizeof shape, "%d,%d,%d", info->C, info->H, info->W);
     snprintf(seed, sizeof seed, "%" PRIu64, info->seed);
@@ -65,7 +113,31 @@ dt_status dt_checkpoint_write(const char *path, dt_model *m, dt_optim *o, const 
         s = dt_st_writer_write(w, path);
     }
     dt_st_writer_destroy(w);
+    write_ctx_free(&c);
     return s;
+}
+
+typedef struct {
+    dt_model *m;
+    dt_optim *o;
+} model_src;
+
+static dt_status visit_model(void *src, dt_state_visit_fn fn, void *ctx) {
+    model_src *ms = src;
+    return dt_state_visit_model(ms->m, ms->o, fn, ctx);
+}
+
+static dt_status visit_strategy(void *src, dt_state_visit_fn fn, void *ctx) {
+    return dt_strategy_visit_state(src, fn, ctx);
+}
+
+dt_status dt_checkpoint_write(const char *path, dt_model *m, dt_optim *o, const dt_ckpt_info *info) {
+    model_src ms = {m, o};
+    return write_state(path, visit_model, &ms, o, info);
+}
+
+dt_status dt_checkpoint_write_strategy(const char *path, dt_strategy *s, const dt_ckpt_info *info) {
+    return write_state(path, visit_strategy, s, s->optim, info);
 }
 
 static dt_status need_meta(const dt_st_file *f, const char *key, const char **out) {
@@ -115,18 +187,19 @@ dt_status dt_checkpoint_read_info(const char *path, dt_ckpt_info *info) {
     return s;
 }
 
-/* Copies tensor `name` (F32, numel floats, shape of t) from f into dst. */
-static dt_status copy_tensor(const dt_st_file *f, const char *name, const dt_param_info *t, float *dst) {
+/* Copies the range of tensor p->name (F32 of p's global shape) that p holds from the file ctx. */
+static dt_status restore_piece(void *ctx, const dt_state_piece *p) {
+    const dt_st_file *f = ctx;
     dt_st_tensor st;
-    dt_status s = dt_st_find(f, name, &st);
+    dt_status s = dt_st_find(f, p->name, &st);
     if (s != DT_OK) return s;
-    bool same = st.t.dtype == DT_F32 && st.t.ndim == t->ndim;
-    for (int d = 0; same && d < t->ndim; d++) same = st.t.shape[d] == t->shape[d];
+    bool same = st.t.dtype == DT_F32 && st.t.ndim == p->ndim;
+    for (int d = 0; same && d < p->ndim; d++) same = st.t.shape[d] == p->shape[d];
     if (!same)
         return dt_error(DT_EFORMAT, "%s: tensor '%s' has dtype %s and %d dims, the model expects F32 with %d dims of "
                                     "the model's shape; was it written for another --model?",
-                        dt_st_path(f), name, dt_dtype_name(st.t.dtype), st.t.ndim, t->ndim);
-    memcpy(dst, st.t.data, t->numel * sizeof(float));
+                        dt_st_path(f), p->name, dt_dtype_name(st.t.dtype), st.t.ndim, p->ndim);
+    memcpy(p->buf.data, (const float *)st.t.data + p->offset, p->buf.count * sizeof(float));
     return DT_OK;
 }
 
@@ -159,19 +232,22 @@ dt_status dt_checkpoint_restore(const char *path, dt_model *m, dt_optim *o, dt_c
                              path, sname);
         }
     }
-    for (int i = 0; s == DT_OK && i < dt_model_num_tensors(m); i++) {
-        const dt_param_info *t = dt_model_tensor(m, i);
-        float *base = t->is_buffer ? dt_model_buffers(m) : dt_model_params(m);
-        s = copy_tensor(f, t->name, t, base + t->offset);
-        for (int k = 0; s == DT_OK && o && !t->is_buffer && k < dt_optim_num_states(o); k++) {
-            const char *sname;
-            float *st = dt_optim_state(o, k, &sname);
-            char name[96];
-            snprintf(name, sizeof name, "optim.%s.%s", sname, t->name);
-            s = copy_tensor(f, name, t, st + t->offset);
-        }
-    }
+    if (s == DT_OK) s = dt_state_visit_model(m, o, restore_piece, f);
     if (s == DT_OK && o) dt_optim_set_steps(o, strtoll(steps, NULL, 10));
+    dt_st_close(f);
+    return s;
+}
+
+dt_status dt_checkpoint_restore_strategy(const char *path, dt_strategy *st, dt_ckpt_info *info) {
+    dt_st_file *f = NULL;
+    DT_TRY(dt_st_open(&f, path));
+    dt_status s = parse_info(f, info);
+    if (s == DT_OK && strcmp(info->spec, dt_model_spec(st->model)) != 0)
+        s = dt_error(DT_EFORMAT, "%s: checkpoint is for model '%s' but this run builds '%s'; pass the same --model",
+                     path, info->spec, dt_model_spec(st->model));
+    const char *steps = dt_st_meta(f, "dtrain.optim_steps");
+    if (s == DT_OK) s = dt_strategy_visit_state(st, restore_piece, f);
+    if (s == DT_OK && st->optim && steps) dt_optim_set_steps(st->optim, strtoll(steps, NULL, 10));
     dt_st_close(f);
     return s;
 }

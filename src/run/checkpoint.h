@@ -23,6 +23,13 @@ typedef struct {
     float norm_mean, norm_std;
 } dt_ckpt_info;
 
+typedef struct dt_strategy dt_strategy;
+
+/* Writes the training state the strategy reports (dt_strategy_visit_state: whole tensors, or the
+ * slices of sharded ones when this rank holds all of them) and info atomically to path. */
+dt_status dt_checkpoint_write_strategy(const char *path, dt_strategy *s, const dt_ckpt_info *info);
+/* Restores into the pieces the strategy reports (each gets its range of the file's tensor). */
+dt_status dt_checkpoint_restore_strategy(const char *path, dt_strategy *s, dt_ckpt_info *info);
 /* Writes model (+ optimizer if non-NULL) and info atomically to path. */
 dt_status dt_checkpoint_write(const char *path, dt_model *m, dt_optim *o, const dt_ckpt_info *info);
 /* Reads only the metadata of a checkpoint (validates the whole file). */

@@ -383,7 +383,7 @@ static void fill_info(const dt_trainer *t, dt_ckpt_info *info) {
 dt_status dt_trainer_save(dt_trainer *t, const char *path) {
     dt_ckpt_info info;
     fill_info(t, &info);
-    DT_TRY(dt_checkpoint_write(path, t->model, t->optim, &info));
+    DT_TRY(dt_checkpoint_write_strategy(path, t->strategy, &info));
     snprintf(t->last_ckpt, sizeof t->last_ckpt, "%s", path);
     return DT_OK;
 }
