@@ -192,11 +192,27 @@ dt_status dt_model_backward_loss(dt_model *m, float scale, dt_grad_ready_fn hook
 dt_status dt_model_backward(dt_model *m, const float *dout, dt_grad_ready_fn hook, void *ctx);
 void dt_model_zero_grad(dt_model *m);
 
-/* Pipeline cuts: runs the forward of nodes [lo, hi) only (inputs of earlier nodes must hold
- * their values: a stage sets its boundary input with dt_model_set_node_values), and the backward
- * of nodes [lo, hi) from the gradients already present on their outputs. */
-dt_status dt_model_forward_nodes(dt_model *m, int lo, int hi);
-dt_status dt_model_backward_nodes(dt_model *m, int lo, int hi, dt_grad_ready_fn hook, void *ctx);
+/* ---- pipeline cuts: the graph cut at a node boundary k into stages [0, k) and [k, n) --------- *
+ * Every stage may be a separate copy of the model (another process). A stage sizes its memory
+ * with dt_model_prepare, writes the values its first nodes read from the previous stage into
+ * dt_model_node_buffer of those nodes (dt_model_cut_inputs names them), runs its forward with
+ * dt_model_forward_nodes, and its backward with dt_model_backward_nodes from the gradient the
+ * next stage sent (or from the loss); the gradient to send back is then dt_model_node_grad of
+ * the cut inputs. Parameter gradients accumulate as in a whole backward. */
+
+/* Sizes activation memory for batch B and sets the run's mode and step (dropout keys). */
+dt_status dt_model_prepare(dt_model *m, int B, bool train, uint64_t step);
+/* The nodes below k (not graph inputs) whose values a node at k or above reads, into
+ * nodes[0..cap); returns how many there are (which may exceed cap). */
+int dt_model_cut_inputs(const dt_model *m, int k, int *nodes, int cap);
+/* Writable (B, values per sample) memory of a node's values, after dt_model_prepare. */
+float *dt_model_node_buffer(dt_model *m, int node);
+/* Forward of nodes [lo, hi) on feed f (its inputs; f->n must be the prepared batch). */
+dt_status dt_model_forward_nodes(dt_model *m, const dt_feed *f, int lo, int hi);
+/* Backward of nodes [lo, hi): from d loss = scale when the loss node is among them, else from
+ * dout, the gradient of node hi-1's values ((B, values per sample), from the next stage). */
+dt_status dt_model_backward_nodes(dt_model *m, int lo, int hi, const float *dout, float scale, dt_grad_ready_fn hook,
+                                  void *ctx);
 
 /* Floating-point operations of one training step (forward + backward) at batch B. */
 double dt_model_train_flops(const dt_model *m, int B);

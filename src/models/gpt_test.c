@@ -123,10 +123,105 @@ static void test_overfit(void) {
     dt_model_free(m);
 }
 
+static int find_node(const dt_model *m, const char *name) {
+    for (int i = 0; i < dt_model_num_nodes(m); i++)
+        if (!strcmp(dt_model_node_name(m, i), name)) return i;
+    return -1;
+}
+
+/* The GPT cut between its blocks into two stages held by two copies of the model (as two
+ * pipeline processes would): the boundary is one tensor, the stages' forward gives the whole
+ * model's loss, and their backward (the boundary gradient handed back) gives its gradients, the
+ * tied wte's being the sum of the first stage's (embedding) and the last's (head) exactly. */
+static void test_pipeline_cut(void) {
+    dt_gpt_config c = {.L = 2, .H = 2, .C = 16, .T = 8, .V = 32};
+    dt_model *mf, *m1, *m2;
+    CHECK_OK(dt_gpt_create(&mf, &c));
+    CHECK_OK(dt_gpt_create(&m1, &c));
+    CHECK_OK(dt_gpt_create(&m2, &c));
+    if (!mf || !m1 || !m2) return;
+    dt_model_init(mf, 8), dt_model_init(m1, 8), dt_model_init(m2, 8);
+    enum { B = 3 };
+    int32_t ids[B * 8], tg[B * 8];
+    fill_ids(ids, B * c.T, c.V, 5);
+    fill_ids(tg, B * c.T, c.V, 6);
+    dt_feed f = {.x = ids, .y = tg, .n = B};
+    float lf;
+    CHECK_OK(dt_model_run(mf, &f, true, 0, &lf));
+    dt_model_zero_grad(mf);
+    CHECK_OK(dt_model_backward_loss(mf, 1.0f, NULL, NULL));
+    const int k = find_node(mf, "transformer.h.0.residual_mlp") + 1, n = dt_model_num_nodes(mf);
+    int cut[4];
+    CHECK(k > 0 && dt_model_cut_inputs(mf, k, cut, 4) == 1 && cut[0] == k - 1);
+    const size_t vals = (size_t)B * c.T * c.C;
+    CHECK_OK(dt_model_prepare(m1, B, true, 0));
+    CHECK_OK(dt_model_forward_nodes(m1, &f, 0, k));
+    CHECK_OK(dt_model_prepare(m2, B, true, 0));
+    memcpy(dt_model_node_buffer(m2, k - 1), dt_model_node_values(m1, k - 1), vals * sizeof(float));  /* "send" */
+    CHECK_OK(dt_model_forward_nodes(m2, &f, k, n));
+    float l2 = dt_model_node_values(m2, dt_model_loss_node(m2))[0];
+    CHECK_MSG(l2 == lf, "stage loss %g, whole model %g", l2, lf);
+    dt_model_zero_grad(m1), dt_model_zero_grad(m2);
+    CHECK_OK(dt_model_backward_nodes(m2, k, n, NULL, 1.0f, NULL, NULL));
+    const float *gb = dt_model_node_grad(m2, k - 1);  /* "send back" */
+    CHECK(gb != NULL);
+    if (gb) CHECK_OK(dt_model_backward_nodes(m1, 0, k, gb, 1.0f, NULL, NULL));
+    CHECK(dt_model_backward_nodes(m1, 0, k, NULL, 1.0f, NULL, NULL) == DT_EINVAL);  /* no loss, no gradient */
+    /* bitwise, but for the tied wte: the whole model adds the embedding's rows onto the head's,
+     * the stages sum them the other way round (float addition does not associate) */
+    const size_t P = dt_model_num_params(mf), wte = dt_model_tensor(mf, dt_model_find_tensor(mf, "transformer.wte.weight"))->numel;
+    size_t bad = 0;
+    double worst = 0;
+    for (size_t i = 0; i < P; i++) {
+        float a = dt_model_grads(m1)[i] + dt_model_grads(m2)[i], b = dt_model_grads(mf)[i];
+        if (i >= wte) bad += a != b;
+        else worst = fmax(worst, fabs((double)a - b));
+    }
+    CHECK_MSG(bad == 0, "%zu of %zu gradients outside wte differ from the whole model's", bad, P - wte);
+    CHECK_MSG(worst < 1e-7, "tied wte: max |stages - whole| = %g", worst);
+    dt_model_free(mf), dt_model_free(m1), dt_model_free(m2);
+}
+
+/* Node hooks fire once per node: before each forward in node order, after each backward in
+ * reverse. */
+typedef struct {
+    int fwd[256], bwd[256], nf, nb;
+} hook_log;
+static void log_fwd(void *ctx, int node) {
+    hook_log *h = ctx;
+    if (h->nf < 256) h->fwd[h->nf++] = node;
+}
+static void log_bwd(void *ctx, int node) {
+    hook_log *h = ctx;
+    if (h->nb < 256) h->bwd[h->nb++] = node;
+}
+
+static void test_node_hooks(void) {
+    dt_gpt_config c = {.L = 1, .H = 1, .C = 8, .T = 4, .V = 16};
+    dt_model *m;
+    CHECK_OK(dt_gpt_create(&m, &c));
+    if (!m) return;
+    dt_model_init(m, 1);
+    static hook_log h;
+    dt_model_set_node_hooks(m, log_fwd, log_bwd, &h);
+    int32_t ids[4] = {1, 2, 3, 4};
+    dt_feed f = {.x = ids, .y = ids, .n = 1};
+    CHECK_OK(dt_model_run(m, &f, true, 0, NULL));
+    CHECK_OK(dt_model_backward_loss(m, 1.0f, NULL, NULL));
+    bool inc = h.nf > 0, dec = h.nb > 0;
+    for (int i = 1; i < h.nf; i++) inc &= h.fwd[i] > h.fwd[i - 1];
+    for (int i = 1; i < h.nb; i++) dec &= h.bwd[i] < h.bwd[i - 1];
+    CHECK_MSG(inc && h.nf == dt_model_num_nodes(m) - 2, "%d forward hooks for %d nodes", h.nf, dt_model_num_nodes(m));
+    CHECK(dec && h.bwd[0] == dt_model_loss_node(m));
+    dt_model_free(m);
+}
+
 int main(void) {
     test_parse();
     test_names();
     test_loss_and_grads();
     test_overfit();
+    test_pipeline_cut();
+    test_node_hooks();
     return dt_test_summary("gpt_test");
 }

@@ -129,9 +129,33 @@ dt_status dt_model_forward(dt_model *m, const float *x, int B, bool train, uint6
     return DT_OK;
 }
 
-dt_status dt_model_forward_nodes(dt_model *m, int lo, int hi) {
+dt_status dt_model_prepare(dt_model *m, int B, bool train, uint64_t step) { return begin(m, B, train, step); }
+
+int dt_model_cut_inputs(const dt_model *m, int k, int *nodes, int cap) {
+    int n = 0;
+    for (int i = 0; i < k && i < m->n; i++) {
+        if (m->nodes[i].input_index >= 0) continue;
+        bool read = false;
+        for (int j = k; j < m->n && !read; j++)
+            for (int q = 0; q < m->nodes[j].nin; q++) read |= m->nodes[j].in[q] == i;
+        if (!read) continue;
+        if (n < cap) nodes[n] = i;
+        n++;
+    }
+    return n;
+}
+
+float *dt_model_node_buffer(dt_model *m, int node) {
+    if (node < 0 || node >= m->n || m->cap_B == 0) return NULL;
+    return owner(m, &m->nodes[node])->out;
+}
+
+dt_status dt_model_forward_nodes(dt_model *m, const dt_feed *f, int lo, int hi) {
     if (lo < 0 || hi > m->n || lo > hi) return dt_error(DT_EINVAL, "model: node range [%d, %d) of %d", lo, hi, m->n);
-    if (m->cap_B == 0) return dt_error(DT_EINVAL, "model: forward_nodes before any dt_model_run");
+    if (m->cap_B == 0 || f->n != m->B)
+        return dt_error(DT_EINVAL, "model: forward_nodes of %d samples after dt_model_prepare of %d", f->n, m->B);
+    const void *feed[DT_GRAPH_MAX_INPUTS] = {f->x, f->y};
+    for (int k = 0; k < m->ninputs && k < 2; k++) m->nodes[m->inputs[k]].out = (float *)feed[k];
     return forward_range(m, lo, hi, NULL);
 }
 
@@ -209,9 +233,22 @@ dt_status dt_model_backward(dt_model *m, const float *dout, dt_grad_ready_fn hoo
     return backward_range(m, 0, m->output + 1, hook, ctx);
 }
 
-dt_status dt_model_backward_nodes(dt_model *m, int lo, int hi, dt_grad_ready_fn hook, void *ctx) {
-    if (lo < 0 || hi > m->n || lo > hi) return dt_error(DT_EINVAL, "model: node range [%d, %d) of %d", lo, hi, m->n);
+dt_status dt_model_backward_nodes(dt_model *m, int lo, int hi, const float *dout, float scale, dt_grad_ready_fn hook,
+                                  void *ctx) {
+    if (lo < 0 || hi > m->n || lo >= hi) return dt_error(DT_EINVAL, "model: node range [%d, %d) of %d", lo, hi, m->n);
     if (m->B <= 0) return dt_error(DT_EINVAL, "model backward: no forward pass to differentiate");
+    clear_grad_flags(m);
+    if (m->loss >= lo && m->loss < hi) {
+        m->nodes[m->loss].dloss = scale;
+        return backward_range(m, lo, m->loss + 1, hook, ctx);
+    }
+    dt_node *o = owner(m, &m->nodes[hi - 1]);
+    if (!dout) return dt_error(DT_EINVAL, "model backward: nodes [%d, %d) hold no loss; pass the gradient of '%s'", lo,
+                               hi, m->nodes[hi - 1].name);
+    if (o->needs_grad) {
+        memcpy(o->grad, dout, (size_t)m->B * o->out_n * sizeof(float));
+        o->grad_set = true;
+    }
     return backward_range(m, lo, hi, hook, ctx);
 }
 
