@@ -316,6 +316,7 @@ static int run_rank(int argc, char **argv, train_opts *o, int job_ranks) {
         return setup_exit(cs);
     }
     int rank = dt_comm_rank(comm), world = dt_comm_size(comm);
+    job_ranks = dt_elastic_job_workers(job_ranks); /* an elastic job that lost a rank slot is smaller */
     if (dt_cli_flag_given(argc, argv, "workers") && job_ranks > 1 && world != job_ranks) {
         dt_comm_destroy(comm);
         if (dt_cli_is_ps(&o->cfg))
