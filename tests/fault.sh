@@ -106,4 +106,9 @@ rc=$?
 kill -KILL "$victim" 2>/dev/null
 grep -q "timed out waiting for rank 1" "$TMP/stall.log" && grep -q "step [0-9]" "$TMP/stall.log" && [ $rc -ne 0 ] \
   && ok "SIGSTOP'd rank 1 reported by the watchdog (exit $rc)" || bad "watchdog (exit $rc): $(cat "$TMP/stall.log")"
+# the launcher blames the stopped rank, not the healthy one that gave up on it; the hint names the flag passed
+grep -q "rank 1 is stopped (SIGSTOP)" "$TMP/stall.log" && ! grep -q "rank 0 exited\|rank 0 failed" "$TMP/stall.log" \
+  && grep -q "raise --timeout" "$TMP/stall.log" && ! grep -q "DTRAIN_TIMEOUT" "$TMP/stall.log" \
+  && ok "the launcher names stopped rank 1 as the culprit; the hint says --timeout" \
+  || bad "culprit/hint after SIGSTOP: $(cat "$TMP/stall.log")"
 finish

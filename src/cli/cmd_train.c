@@ -309,6 +309,7 @@ static int run_rank(int argc, char **argv, train_opts *o, int job_ranks) {
     if (dt_backend_parse(o->backend, &cc.backend) != DT_OK)
         return dt_cli_fail("use --backend auto, shm or mpi", "%s", dt_last_error());
     if (o->timeout > 0) cc.timeout_s = o->timeout;
+    cc.timeout_knob = "--timeout"; /* it overrides DTRAIN_TIMEOUT: the one to raise */
     dt_comm *comm = NULL;
     dt_status cs = dt_comm_create_from_env(&comm, &cc);
     if (cs != DT_OK) {

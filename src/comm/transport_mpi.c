@@ -16,7 +16,7 @@ dt_status dt_transport_mpi_create(dt_transport **out, const dt_transport_params 
     if (out) *out = NULL;
     return dt_error(DT_ENOTSUP, "built without MPI: install libopenmpi-dev and rebuild");
 }
-dt_status dt_mpi_bench_allreduce(size_t count, int warmup, int iters, double *usec) {
+dt_status dt_comm_bench_mpi_allreduce(size_t count, int warmup, int iters, double *usec) {
     (void)count; (void)warmup; (void)iters;
     if (usec) *usec = 0;
     return dt_error(DT_ENOTSUP, "built without MPI: install libopenmpi-dev and rebuild");
@@ -357,8 +357,8 @@ static dt_status timeout_error(dt_mpi_transport *t, dt_treq *const *reqs, int n,
         if (len >= sizeof who) len = sizeof who - 1;
         listed++;
     }
-    return dt_mpi_fail(t, DT_ETIMEDOUT, "timed out after %.1f s during %s waiting for %s; the rank is stalled or dead",
-                       waited, op_str(t, o, sizeof o), who);
+    return dt_mpi_fail(t, DT_ETIMEDOUT, "timed out after %.1f s during %s waiting for %s; the rank is stalled or dead "
+                       "(raise %s if it is only slow)", waited, op_str(t, o, sizeof o), who, t->base.timeout_knob);
 }
 
 /* A request of reqs waits on a rank whose process is gone (and what it sent before is not here):

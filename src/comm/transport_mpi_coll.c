@@ -4,7 +4,7 @@
  * within DT_MPI_LIVE_PERIOD). Used when the algorithm is
  * NATIVE, or AUTO where MPI's own is faster (see use_native). bf16/f16 reductions and shapes
  * MPI cannot express (in-place alltoall, counts over INT_MAX) return DT_ENOTSUP so the
- * communicator runs its own algorithm. Also the benchmark baseline dt_mpi_bench_allreduce. */
+ * communicator runs its own algorithm. Also the benchmark baseline dt_comm_bench_mpi_allreduce. */
 #include "comm/transport.h"
 
 #ifdef DT_HAVE_MPI
@@ -104,8 +104,9 @@ static dt_status wait_req(dt_mpi_transport *t, MPI_Request *req, const dt_coll_a
         }
         if (now >= a->deadline)
             return dt_mpi_fail(t, DT_ETIMEDOUT, "timed out after %.1f s in %s (%s) on rank %d: a rank did "
-                               "not join or is stalled", now - t0, dt_coll_desc_str(&a->d, o, sizeof o),
-                               mpi_name(a->d.op), t->base.rank);
+                               "not join or is stalled (raise %s if it is only slow)", now - t0,
+                               dt_coll_desc_str(&a->d, o, sizeof o), mpi_name(a->d.op), t->base.rank,
+                               t->base.timeout_knob);
         dt_mpi_backoff(&idle);
     }
 }
@@ -237,12 +238,12 @@ dt_status dt_mpi_coll(dt_transport *tt, const dt_coll_args *a) {
     return s;
 }
 
-dt_status dt_mpi_bench_allreduce(size_t count, int warmup, int iters, double *usec) {
+dt_status dt_comm_bench_mpi_allreduce(size_t count, int warmup, int iters, double *usec) {
     *usec = 0;
     int inited = 0, fin = 0;
     MPI_Initialized(&inited);
     MPI_Finalized(&fin);
-    if (!inited || fin) return dt_error(DT_EINVAL, "dt_mpi_bench_allreduce needs an MPI communicator (run under mpirun)");
+    if (!inited || fin) return dt_error(DT_EINVAL, "dt_comm_bench_mpi_allreduce needs an MPI communicator (run under mpirun)");
     if (count > (size_t)INT_MAX || iters < 1 || warmup < 0)
         return dt_error(DT_EINVAL, "bench: count %zu must be <= INT_MAX and iters >= 1", count);
     float *a = dt_alloc((count ? count : 1) * sizeof(float)), *b = dt_alloc((count ? count : 1) * sizeof(float));

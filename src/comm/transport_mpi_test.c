@@ -231,7 +231,7 @@ static int mode_ok(void) {
         s->ops->destroy(s);
     }
     double us = 0;
-    CHECK_OK(dt_mpi_bench_allreduce(1024, 2, 10, &us));
+    CHECK_OK(dt_comm_bench_mpi_allreduce(1024, 2, 10, &us));
     CHECK(us > 0);
     t->ops->destroy(t);
     char name[64];
@@ -397,7 +397,7 @@ static int mode_bench(int nsizes, char **sizes) {
         double base = 1e30, nat = 1e30;
         for (int round = 0; round < 3; round++) {
             double us = 0;
-            CHECK_OK(dt_mpi_bench_allreduce(n, 2, iters, &us));
+            CHECK_OK(dt_comm_bench_mpi_allreduce(n, 2, iters, &us));
             if (us < base) base = us;
             dt_coll_args x = {.d = {.op = DT_COLL_ALLREDUCE, .dtype = DT_F32, .count = n}, .send = a, .recv = b,
                               .algo = DT_ALGO_NATIVE};
