@@ -4,7 +4,6 @@
  * transport: size, count, time, algbw and busbw (nccl-tests formulas), plus plain
  * MPI_Allreduce as a baseline under mpirun, and one JSON line with every row. */
 #include "cli/cli.h"
-#include "comm/transport.h"
 #include "dtrain/comm.h"
 
 #include <stdio.h>
@@ -160,7 +159,7 @@ static int mpi_baseline(dt_comm *c, bench_opts *o, float *scratch) {
         double us = 0;
         for (int t = 0; t < o->trials; t++) {
             double one = 0;
-            if (dt_mpi_bench_allreduce(count, iters / 10 > 2 ? iters / 10 : 2, iters, &one) != DT_OK)
+            if (dt_comm_bench_mpi_allreduce(count, iters / 10 > 2 ? iters / 10 : 2, iters, &one) != DT_OK)
                 return dt_cli_fail(NULL, "bench comm: MPI baseline: %s", dt_last_error());
             if (t == 0 || one < us) us = one;
         }
