@@ -181,7 +181,10 @@ dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
     const char *spec = cfg->model ? cfg->model : resume ? info.spec : "mlp";
     dt_layer_spec layers[DT_MAX_LAYERS];
     int nlayers;
-    if ((s = dt_spec_parse(spec, layers, DT_MAX_LAYERS, &nlayers)) != DT_OK) goto fail;
+    if ((s = dt_spec_parse(spec, layers, DT_MAX_LAYERS, &nlayers)) != DT_OK) {
+        if (spec == info.spec) s = dt_error_wrap(s, "%s: its dtrain.model_spec", resume);
+        goto fail;
+    }
     s = dt_dataset_open(&t->train, &t->test, cfg->data);
     if (s != DT_OK) goto fail;
     dt_dataset_shape(t->train, &t->C, &t->H, &t->W);
@@ -387,8 +390,17 @@ dt_status dt_evaluate_checkpoint(const char *checkpoint, const char *data, int b
                      info.H, info.W, data, C, H, W);
         goto done;
     }
-    if ((s = dt_model_create_from_spec(&m, info.spec, C, H, W)) != DT_OK) goto done;
+    if ((s = dt_model_create_from_spec(&m, info.spec, C, H, W)) != DT_OK) {
+        s = dt_error_wrap(s, "%s: its dtrain.model_spec", checkpoint);
+        goto done;
+    }
     if ((s = dt_checkpoint_restore(checkpoint, m, NULL, &info)) != DT_OK) goto done;
+    /* a label the model has no output for would make the loss NaN (and the accuracy a lie) */
+    if ((s = dt_dataset_set_classes((dt_dataset *)ds, dt_model_out_size(m))) != DT_OK) {
+        s = dt_error_wrap(s, "--data %s does not fit the model of %s (%d outputs)", data, checkpoint,
+                          dt_model_out_size(m));
+        goto done;
+    }
     if (info.has_norm && (s = dt_dataset_set_normalize((dt_dataset *)ds, info.norm_mean, info.norm_std)) != DT_OK)
         goto done;
     if (!(probs = dt_alloc((size_t)batch * dt_model_out_size(m) * sizeof(float)))) {

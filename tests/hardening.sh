@@ -1,0 +1,47 @@
+# Hostile input and failing disks with the real command (issue 11): a full disk under --metrics
+# fails loudly; a resumed run does not write an epoch's metrics twice; eval refuses labels the
+# model has no output for; checkpoints whose metadata is CRC-valid but impossible (negative step,
+# batch 0, world size 0, non-numeric optimizer steps, a spec that once hung the parser) are
+# refused naming the field. Small CSV data: no data set needed, a few seconds in all.
+. "$(dirname "$0")/testlib.bash"
+META="python3 $(dirname "$0")/tools/ckpt_meta.py"
+# 64 samples of 4 features, 3 classes; bad.csv has the same features and a label 5
+awk 'BEGIN { for (i = 0; i < 64; i++) printf "%d,%.3f,%.3f,%.3f,%.3f\n", i % 3, i % 3, (i * 7) % 5 / 5, i % 2, (i % 3) / 2 }' >"$TMP/d.csv"
+{ cat "$TMP/d.csv"; echo "5,1,1,1,1"; } >"$TMP/bad.csv"
+TR=(train --data "$TMP/d.csv" --model "linear(8) relu linear(3)" --batch 8 --quiet)
+
+# ---- a full disk: the metrics record cannot be written ----
+if [ -w /dev/full ]; then
+  expect_fail "--metrics /dev/full fails and says why" "--metrics /dev/full: writing the record of an epoch failed: No space left on device" \
+    $DT "${TR[@]}" --epochs 1 --metrics /dev/full
+else echo "skip: no /dev/full"; fi
+
+# ---- resume from a checkpoint before the last epoch's end: each epoch's record once ----
+$DT "${TR[@]}" --epochs 2 --checkpoint-dir "$TMP/ck" --checkpoint-every 6 --metrics "$TMP/m.jsonl" >/dev/null 2>&1 \
+  || bad "training with checkpoints failed"
+$DT "${TR[@]}" --epochs 2 --resume "$TMP/ck/ckpt-0000000006.safetensors" --metrics "$TMP/m.jsonl" >"$TMP/res.log" 2>&1 \
+  || bad "resume failed: $(cat "$TMP/res.log")"
+epochs=$(python3 -c "import json; print(' '.join(str(json.loads(l)['epoch']) for l in open('$TMP/m.jsonl')))")
+[ "$epochs" = "1 2" ] && grep -q "dropped 2 records after step 6" "$TMP/res.log" \
+  && ok "resumed at step 6: metrics hold epochs 1 2 once each" || bad "metrics epochs after resume: '$epochs': $(cat "$TMP/res.log")"
+
+# ---- eval: labels beyond the model's outputs ----
+$DT "${TR[@]}" --epochs 1 --save "$TMP/a.st" >/dev/null 2>&1 || bad "training for eval failed"
+expect_fail "eval refuses a label the model has no output for" "label 5 of sample 64 is outside [0, 3)" \
+  $DT eval --checkpoint "$TMP/a.st" --data "$TMP/bad.csv"
+
+# ---- impossible metadata (CRC-valid): refused, naming the field ----
+for kv in dtrain.step=-5 dtrain.epoch=-1 dtrain.batch=0 dtrain.world_size=0 dtrain.optim_steps=abc \
+          dtrain.step_in_epoch=x dtrain.input_shape=0,1,4 dtrain.lr=nan; do
+  $META "$TMP/a.st" "$TMP/m.st" "$kv"
+  expect_fail "checkpoint with $kv refused" "${kv%%=*}" timeout 20 $DT "${TR[@]}" --epochs 2 --resume "$TMP/m.st"
+done
+$META "$TMP/a.st" "$TMP/ok.st"
+$DT eval --checkpoint "$TMP/ok.st" --data "$TMP/d.csv" >/dev/null 2>&1 && ok "an unchanged rewrite still loads (the CRC helper is right)" \
+  || bad "rewritten checkpoint does not load: $($DT eval --checkpoint "$TMP/ok.st" --data "$TMP/d.csv" 2>&1)"
+# a model spec that made the parser spin forever (and ignore SIGTERM)
+$META "$TMP/a.st" "$TMP/spin.st" 'dtrain.model_spec=conv(=0)'
+expect_fail "eval of a checkpoint whose spec is 'conv(=0)' ends with an error" "spin.st: its dtrain.model_spec" \
+  timeout 20 $DT eval --checkpoint "$TMP/spin.st" --data "$TMP/d.csv"
+expect_fail "resume of it ends with an error" "no name before it" timeout 20 $DT train --data "$TMP/d.csv" --resume "$TMP/spin.st"
+finish
