@@ -120,6 +120,8 @@ size_t dt_dataset_len(const dt_dataset *ds);
 void dt_dataset_shape(const dt_dataset *ds, int *C, int *H, int *W);
 /* Number of classes (labels lie in [0, classes)). */
 int dt_dataset_classes(const dt_dataset *ds);
+/* Most classes a data set may have: a larger label is refused with an error naming its sample. */
+#define DT_MAX_CLASSES (1 << 24)
 /* Sets the class count; DT_EINVAL naming the first sample whose label is >= classes. */
 dt_status dt_dataset_set_classes(dt_dataset *ds, int classes);
 /* The stored dtype of samples (DT_U8 for MNIST images). */

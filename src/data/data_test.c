@@ -5,6 +5,7 @@
 #include "dtrain/data.h"
 
 #include <stdio.h>
+#include <stdint.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -148,7 +149,43 @@ static void test_idx_errors(void) {
     struct stat st;
     stat(tpath("cut.gz"), &st);
     CHECK(truncate(tpath("cut.gz"), st.st_size / 2) == 0);
-    expect_idx_error(tpath("cut.gz"), DT_EFORMAT, "truncated", "4096 items");
+    expect_idx_error(tpath("cut.gz"), DT_EFORMAT, "truncated", "cut short");
+    /* all the data but no trailer (CRC-32, length): accepted before */
+    write_idx(tpath("notrailer.gz"), 0x08, 1, &d, big, 1, true);
+    stat(tpath("notrailer.gz"), &st);
+    CHECK(truncate(tpath("notrailer.gz"), st.st_size - 8) == 0);
+    expect_idx_error(tpath("notrailer.gz"), DT_EFORMAT, "before its CRC/length trailer", NULL);
+    /* trailing garbage after a complete member: accepted before (zlib's gzread ignores it) */
+    write_idx(tpath("garbage.gz"), 0x08, 1, &d, big, 1, true);
+    stat(tpath("garbage.gz"), &st);
+    FILE *gf = fopen(tpath("garbage.gz"), "ab");
+    fputs("garbage", gf);
+    fclose(gf);
+    char where[64];
+    snprintf(where, sizeof where, "trailing garbage after the gzip data (at byte %lld)", (long long)st.st_size);
+    expect_idx_error(tpath("garbage.gz"), DT_EFORMAT, where, NULL);
+    /* a CRC that does not match the data */
+    write_idx(tpath("crc.gz"), 0x08, 1, &d, big, 1, true);
+    stat(tpath("crc.gz"), &st);
+    gf = fopen(tpath("crc.gz"), "r+b");
+    unsigned char c0 = 0;
+    CHECK(fseek(gf, st.st_size - 8, SEEK_SET) == 0 && fread(&c0, 1, 1, gf) == 1);
+    CHECK(fseek(gf, st.st_size - 8, SEEK_SET) == 0 && fputc(c0 ^ 1, gf) != EOF);
+    fclose(gf);
+    expect_idx_error(tpath("crc.gz"), DT_EFORMAT, "incorrect data check", NULL);
+    /* two members one after the other are one valid gzip file (as gunzip reads them) */
+    unsigned char head[12] = {0, 0, 0x08, 1, 0, 0, 0, 8, 1, 2, 3, 4}, tail[4] = {5, 6, 7, 8};
+    write_bytes(tpath("two.gz"), head, sizeof head, true);
+    char two[4096];
+    snprintf(two, sizeof two, "%s.2", tpath("two.gz"));
+    write_bytes(two, tail, sizeof tail, true);
+    char cmd[8300];
+    snprintf(cmd, sizeof cmd, "cat '%s' >> '%s'", two, tpath("two.gz"));
+    CHECK(system(cmd) == 0);
+    dt_idx two_x;
+    CHECK_OK(dt_idx_read(tpath("two.gz"), &two_x));
+    CHECK(two_x.count == 8 && ((uint8_t *)two_x.data)[7] == 8);
+    dt_idx_free(&two_x);
     /* corrupt deflate data after a valid gzip header */
     unsigned char junk[64] = {0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 3};
     memset(junk + 10, 0xff, sizeof junk - 10);
@@ -421,6 +458,15 @@ static void test_create(void) {
     dt_dataset_free(ds);
     CHECK(dt_dataset_create(&ds, DT_I16, x, y, 2, 1, 3, 1, 1) == DT_EFORMAT && strstr(dt_last_error(), "sample 0"));
     CHECK(dt_dataset_create(&ds, DT_BF16, x, y, 2, 1, 3, 1, 0) == DT_EINVAL);
+    /* a label of INT32_MAX: "max label + 1" classes overflowed (UBSan: signed overflow) */
+    const int32_t huge[2] = {0, INT32_MAX};
+    CHECK_MSG(dt_dataset_create(&ds, DT_I16, x, huge, 2, 1, 3, 1, 0) == DT_EFORMAT &&
+                  strstr(dt_last_error(), "label 2147483647 of sample 1 is too large"),
+              "%s", dt_last_error());
+    const int32_t top[2] = {0, DT_MAX_CLASSES - 1};
+    CHECK_OK(dt_dataset_create(&ds, DT_I16, x, top, 2, 1, 3, 1, 0));
+    CHECK(dt_dataset_classes(ds) == DT_MAX_CLASSES);
+    dt_dataset_free(ds);
 }
 
 int main(void) {

@@ -58,6 +58,9 @@ dt_status dt_dataset_check_labels(dt_dataset *ds, int classes, const char *what)
     int32_t mx = -1;
     for (size_t i = 0; i < ds->n; i++) {
         int32_t v = ds->y[i];
+        if (classes <= 0 && v >= DT_MAX_CLASSES)
+            return dt_error(DT_EFORMAT, "%s: label %d of sample %zu is too large: at most %d classes (labels 0..%d)",
+                            what, v, i, DT_MAX_CLASSES, DT_MAX_CLASSES - 1);
         if (v < 0 || (classes > 0 && v >= classes)) {
             if (classes > 0)
                 return dt_error(DT_EFORMAT, "%s: label %d of sample %zu is outside [0, %d)", what, v, i, classes);
