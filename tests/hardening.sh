@@ -30,6 +30,13 @@ $DT "${TR[@]}" --epochs 1 --save "$TMP/a.st" >/dev/null 2>&1 || bad "training fo
 expect_fail "eval refuses a label the model has no output for" "label 5 of sample 64 is outside [0, 3)" \
   $DT eval --checkpoint "$TMP/a.st" --data "$TMP/bad.csv"
 
+# ---- batch limits: larger than the training set, absurdly large (aborted the ASan build) ----
+expect_fail "a batch larger than the training set is refused" "--batch 65 is more than the training set (64 samples" \
+  $DT "${TR[@]}" --batch 65
+expect_fail "--batch 1000000000 is an error, not an abort" "use --batch 64 or less" $DT "${TR[@]}" --batch 1000000000
+expect_fail "2 workers x batch 40 > 64 samples" "--batch 40 x 2 workers = 80 samples per step" \
+  $DT "${TR[@]}" --workers 2 --batch 40
+
 # ---- impossible metadata (CRC-valid): refused, naming the field ----
 for kv in dtrain.step=-5 dtrain.epoch=-1 dtrain.batch=0 dtrain.world_size=0 dtrain.optim_steps=abc \
           dtrain.step_in_epoch=x dtrain.input_shape=0,1,4 dtrain.lr=nan; do

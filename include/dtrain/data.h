@@ -173,6 +173,9 @@ size_t dt_sampler_shard(uint32_t *out, const uint32_t *order, size_t n, int batc
 
 typedef struct dt_loader dt_loader;
 
+/* Batches a loader prefetches when its config says prefetch -1 (each is one buffer of max_batch). */
+#define DT_LOADER_DEFAULT_PREFETCH 3
+
 typedef struct {
     int batch;         /* samples per rank per step (> 0) */
     bool shuffle;      /* shuffle every epoch (by seed, epoch) */

@@ -352,7 +352,9 @@ static int run_rank(int argc, char **argv, train_opts *o, int job_ranks) {
     dt_trainer *t;
     dt_status s = dt_trainer_create(&t, &cfg);
     if (s != DT_OK) {
-        const char *hint = strstr(dt_last_error(), "data set") || strstr(dt_last_error(), "--data")
+        /* an error that starts with its flag ("--batch 9 is ...: use ...") carries its own advice */
+        const char *hint = !strncmp(dt_last_error(), "--", 2) ? NULL
+                           : strstr(dt_last_error(), "data set") || strstr(dt_last_error(), "--data")
                                ? "check --data (an IDX directory, fashion-mnist, mnist or a .csv file)"
                            : strstr(dt_last_error(), "model spec") ? "see 'dtrain train --help' for the spec syntax"
                                                                    : NULL;

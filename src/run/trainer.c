@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/sysinfo.h>
 #include <unistd.h>
 
 dt_train_config dt_train_defaults(void) {
@@ -158,6 +159,33 @@ static dt_status setup_uneven(dt_trainer *t) {
     return DT_OK;
 }
 
+/* The global batch must fit the training set, and the buffers it needs (the loader's prefetched
+ * batches of float inputs, the loss's probabilities and gradients) must fit the memory that is
+ * available: a huge --batch is an error naming it, not an allocation failure or an abort. */
+static dt_status check_batch(const dt_trainer *t, int max_batch) {
+    const dt_train_config *c = &t->cfg;
+    const size_t n = dt_dataset_len(t->train);
+    const long long global = (long long)c->batch * t->dworld;
+    if (global > (long long)n) {
+        if (t->dworld > 1)
+            return dt_error(DT_EINVAL, "--batch %d x %d workers = %lld samples per step is more than the training set "
+                            "(%zu samples of --data %s): use --batch %zu or less", c->batch, t->dworld, global, n,
+                            c->data, n / (size_t)t->dworld);
+        return dt_error(DT_EINVAL, "--batch %d is more than the training set (%zu samples of --data %s): use --batch "
+                        "%zu or less", c->batch, n, c->data, n);
+    }
+    const double in = (double)t->C * t->H * t->W, slots = DT_LOADER_DEFAULT_PREFETCH + 1;
+    const double need = (double)max_batch * (slots * (in + 1) + 2.0 * t->classes) * sizeof(float);
+    struct sysinfo si;
+    if (sysinfo(&si) == 0) {
+        const double avail = ((double)si.freeram + (double)si.bufferram) * si.mem_unit;
+        if (need > avail && need > 256e6)
+            return dt_error(DT_ENOMEM, "--batch %d needs about %.1f GB for its input buffers alone, more than the %.1f GB "
+                            "of free memory: use a smaller --batch", c->batch, need / 1e9, avail / 1e9);
+    }
+    return DT_OK;
+}
+
 dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
     *out = NULL;
     DT_TRY(check_config(cfg));
@@ -253,6 +281,7 @@ dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
                              .overlap = cfg->ps_overlap};
     if ((s = dt_strategy_data_part(strategy, &sc, t->rank, t->world, &t->drank, &t->dworld)) != DT_OK) goto fail;
     const int max_batch = cfg->balance ? cfg->batch * t->dworld : cfg->batch;  /* a balanced cut may be larger */
+    if ((s = check_batch(t, max_batch)) != DT_OK) goto fail;
     dt_loader_config lc = {.batch = cfg->batch, .shuffle = true, .seed = cfg->seed, .rank = t->drank,
                            .world = t->dworld, .prefetch = -1, .max_batch = max_batch};
     if ((s = dt_loader_create(&t->loader, t->train, &lc)) != DT_OK) goto fail;
