@@ -51,4 +51,17 @@ $META "$TMP/a.st" "$TMP/spin.st" 'dtrain.model_spec=conv(=0)'
 expect_fail "eval of a checkpoint whose spec is 'conv(=0)' ends with an error" "spin.st: its dtrain.model_spec" \
   timeout 20 $DT eval --checkpoint "$TMP/spin.st" --data "$TMP/d.csv"
 expect_fail "resume of it ends with an error" "no name before it" timeout 20 $DT train --data "$TMP/d.csv" --resume "$TMP/spin.st"
+
+# ---- dtrain cache ls|clear (in a cache directory of our own) ----
+if have_fmnist; then
+  export DTRAIN_DATA_CACHE="$TMP/cache"
+  touch "$TMP/cache.stale"; mkdir -p "$TMP/cache"; : >"$TMP/cache/dtrain-data-00000000000000aa.lock"
+  $DT train --data fashion-mnist --max-steps 2 --quiet >/dev/null 2>&1 || bad "training to fill the cache failed"
+  ls_out=$($DT cache ls)
+  grep -q "2 files in $TMP/cache" <<<"$ls_out" && grep -q "train-images-idx3-ubyte" <<<"$ls_out" \
+    && ok "cache ls: 2 entries, the stale lock of an older run removed" || bad "cache ls: $ls_out"
+  grep -q "removed 2 files" <<<"$($DT cache clear)" && [ -z "$(ls "$TMP/cache")" ] && ok "cache clear empties it" \
+    || bad "cache clear left: $(ls "$TMP/cache")"
+  unset DTRAIN_DATA_CACHE
+fi
 finish

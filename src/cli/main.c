@@ -9,12 +9,14 @@ int dt_cmd_train(int argc, char **argv);
 int dt_cmd_eval(int argc, char **argv);
 int dt_cmd_launch(int argc, char **argv);
 int dt_cmd_bench(int argc, char **argv);
+int dt_cmd_cache(int argc, char **argv);
 
 static const dt_command g_commands[] = {
     {"train", dt_cmd_train, "train a model (one process, --workers N, or one rank of a launch/mpirun job)"},
     {"eval", dt_cmd_eval, "evaluate a checkpoint on a data set"},
     {"launch", dt_cmd_launch, "run N local ranks of a program (rank env, prefixed output)"},
     {"bench", dt_cmd_bench, "benchmarks: train, ddp, async, fault, comm (tables + a JSON line)"},
+    {"cache", dt_cmd_cache, "the shared decoded data-set cache: ls (list your files), clear (remove them)"},
     {NULL, NULL, NULL},
 };
 
@@ -26,7 +28,9 @@ static void usage(void) {
            "Environment:\n"
            "  DTRAIN_TIMEOUT=S        deadline of any wait for another rank (default 300 s)\n"
            "  DTRAIN_LOG=LEVEL        library log level: error, warn (default), info, debug\n"
-           "  DTRAIN_DATA_CACHE=0|DIR shared decoded data-set cache: off, or its directory (default /dev/shm)\n"
+           "  DTRAIN_DATA_CACHE=0|DIR shared decoded data-set cache: off, or its directory (default /dev/shm;\n"
+           "                          see 'dtrain cache --help')\n"
+           "  DTRAIN_DATA_CACHE_MAX=N most cache entries kept per user (default 8)\n"
            "  DTRAIN_COMM_ALGO=NAME   force a collective algorithm: ring, rd, rhd, tree, direct, native\n"
            "  DTRAIN_RANK, DTRAIN_WORLD_SIZE, DTRAIN_JOB_ID   set by dtrain launch / --workers; mpirun\n"
            "                          and srun ranks are found from their own variables\n");
