@@ -44,6 +44,10 @@ l3=$($DT eval --checkpoint "$TMP/w3.st" --data fashion-mnist | grep -o 'loss [0-
 python3 -c "import sys; sys.exit(0 if $l1 < $l0 and $l3 < $l0 else 1)" \
   && ok "2-rank checkpoint resumed on 1 and 3 ranks: test loss $l0 -> $l1 / $l3" || bad "loss $l0 -> $l1 / $l3"
 grep -q "trained on 2 worker(s)" "$TMP/w1.log" && ok "world-size change is reported" || bad "no note: $(cat "$TMP/w1.log")"
+# the position in the epoch carries over: 150 steps x 2 x 64 samples = 19200 = batch 300 of 1 x 64, 100 of 3 x 64
+grep -q "continuing at batch 300 of epoch 1" "$TMP/w1.log" && grep -q "continuing at batch 100 of epoch 1" "$TMP/w3.log" \
+  && ok "resume on 1 and 3 ranks continues after the 19200 samples already seen" \
+  || bad "position after a world-size change: $(grep -h continuing "$TMP/w1.log" "$TMP/w3.log")"
 
 # ---- damaged checkpoints: rejected by name; --resume auto falls back ----
 D="$TMP/ck"

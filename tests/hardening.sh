@@ -25,6 +25,12 @@ epochs=$(python3 -c "import json; print(' '.join(str(json.loads(l)['epoch']) for
 [ "$epochs" = "1 2" ] && grep -q "dropped 2 records after step 6" "$TMP/res.log" \
   && ok "resumed at step 6: metrics hold epochs 1 2 once each" || bad "metrics epochs after resume: '$epochs': $(cat "$TMP/res.log")"
 
+# ---- --keep K keeps exactly the newest K checkpoints ----
+$DT "${TR[@]}" --epochs 2 --checkpoint-dir "$TMP/keep" --checkpoint-every 2 --keep 3 >/dev/null 2>&1 || bad "--keep run failed"
+kept=$(cd "$TMP/keep" && ls ckpt-*.safetensors 2>/dev/null | tr '\n' ' ')
+[ "$kept" = "ckpt-0000000012.safetensors ckpt-0000000014.safetensors ckpt-0000000016.safetensors " ] \
+  && ok "--keep 3 keeps the newest 3 of 8 checkpoints" || bad "--keep 3 kept: $kept"
+
 # ---- eval: labels beyond the model's outputs ----
 $DT "${TR[@]}" --epochs 1 --save "$TMP/a.st" >/dev/null 2>&1 || bad "training for eval failed"
 expect_fail "eval refuses a label the model has no output for" "label 5 of sample 64 is outside [0, 3)" \
