@@ -31,6 +31,16 @@ kept=$(cd "$TMP/keep" && ls ckpt-*.safetensors 2>/dev/null | tr '\n' ' ')
 [ "$kept" = "ckpt-0000000012.safetensors ckpt-0000000014.safetensors ckpt-0000000016.safetensors " ] \
   && ok "--keep 3 keeps the newest 3 of 8 checkpoints" || bad "--keep 3 kept: $kept"
 
+# ---- what is printed is true: a cut-short epoch, a loss over part of an epoch, a changed resume ----
+out=$($DT train --data "$TMP/d.csv" --model "linear(3)" --batch 8 --max-steps 5 --save "$TMP/p5.st" 2>&1)
+grep -q "epoch 1/1 (5 of 8 steps): train_loss" <<<"$out" && ok "--max-steps in mid-epoch: the line says 5 of 8 steps" \
+  || bad "partial epoch line: $out"
+out=$($DT train --data "$TMP/d.csv" --model "linear(3)" --batch 8 --resume "$TMP/p5.st" --lr 0.01 2>&1)
+grep -q "with other settings: the learning rate at step 5 is 0.01 .* used 0.001" <<<"$out" \
+  && grep -q "train_loss [0-9.]* (over its last 3 steps, since the resume)" <<<"$out" \
+  && ok "resume with another --lr says so; the epoch loss says it covers 3 steps" || bad "resume notes: $out"
+expect_fail "softmax in a spec: the loss applies it" "already applies softmax" $DT "${TR[@]}" --model "linear(3) softmax"
+
 # ---- eval: labels beyond the model's outputs ----
 $DT "${TR[@]}" --epochs 1 --save "$TMP/a.st" >/dev/null 2>&1 || bad "training for eval failed"
 expect_fail "eval refuses a label the model has no output for" "label 5 of sample 64 is outside [0, 3)" \
@@ -57,6 +67,13 @@ $META "$TMP/a.st" "$TMP/spin.st" 'dtrain.model_spec=conv(=0)'
 expect_fail "eval of a checkpoint whose spec is 'conv(=0)' ends with an error" "spin.st: its dtrain.model_spec" \
   timeout 20 $DT eval --checkpoint "$TMP/spin.st" --data "$TMP/d.csv"
 expect_fail "resume of it ends with an error" "no name before it" timeout 20 $DT train --data "$TMP/d.csv" --resume "$TMP/spin.st"
+
+# ---- --workers N on a terminal shows rank 0's progress bar (it relays through the launcher) ----
+if command -v script >/dev/null; then
+  cmd=$(printf '%q ' "$DT" train --data "$TMP/d.csv" --model "linear(3)" --workers 2 --epochs 1 --batch 4)
+  bar=$(timeout 60 script -qec "$cmd" /dev/null 2>&1 | tr '\r' '\n')
+  grep -aq "epoch 1/1 \[#" <<<"$bar" && ok "--workers 2 on a terminal: progress bar shown" || bad "no progress bar: $bar"
+else echo "skip: no 'script' to emulate a terminal"; fi
 
 # ---- dtrain cache ls|clear (in a cache directory of our own) ----
 if have_fmnist; then

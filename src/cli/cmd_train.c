@@ -57,8 +57,14 @@ static void on_epoch(void *ctx, const dt_epoch_info *e) {
     progress_ctx *pc = ctx;
     pc->last = *e;
     if (pc->tty && !pc->quiet) fprintf(stderr, "\r\033[K");
-    printf("epoch %d/%d: train_loss %.4f test_loss %.4f test_acc %.4f %.0f samples/s (%.1fs)\n", e->epoch,
-           pc->epochs, e->train_loss, e->test_loss, e->test_acc, e->samples_per_s, e->epoch_s);
+    /* say so when the epoch was cut short (--max-steps) or its loss covers only part of it (resumed) */
+    char part[64] = "", over[96] = "";
+    if (e->steps_per_epoch > 0 && e->epoch_steps < e->steps_per_epoch)
+        snprintf(part, sizeof part, " (%lld of %lld steps)", (long long)e->epoch_steps, (long long)e->steps_per_epoch);
+    if (e->steps_per_epoch > 0 && e->steps < e->epoch_steps)
+        snprintf(over, sizeof over, " (over its last %lld steps, since the resume)", (long long)e->steps);
+    printf("epoch %d/%d%s: train_loss %.4f%s test_loss %.4f test_acc %.4f %.0f samples/s (%.1fs)\n", e->epoch,
+           pc->epochs, part, e->train_loss, over, e->test_loss, e->test_acc, e->samples_per_s, e->epoch_s);
     fflush(stdout);
 }
 
@@ -98,6 +104,8 @@ static int run_workers(int argc, char **argv, int workers, const char *elastic, 
     if (!args) return dt_cli_fail(NULL, "out of memory");
     args[0] = exe;
     args[1] = "train";
+    /* rank 0's stderr is the launcher's pipe: tell it the user sees a terminal (progress bar) */
+    if (isatty(2)) setenv("DTRAIN_PROGRESS_TTY", "1", 1);
     for (int i = 1; i < argc; i++) args[i + 1] = argv[i];
     dt_launch_result res;
     dt_status s;
@@ -140,6 +148,8 @@ static const char TRAIN_USAGE[] =
     "  \"conv(32,3,pad=1) relu maxpool(2) flatten linear(128) relu linear(10)\"\n"
     "layers: linear(out[,bias=0]) conv(out,k[,stride=,pad=,bias=]) maxpool(k[,stride=]) avgpool(k[,stride=])\n"
     "        relu gelu tanh sigmoid dropout(p) flatten layernorm([eps=]) batchnorm([eps=,momentum=])\n"
+    "aliases: dense = linear, conv2d = conv, maxpool2d, avgpool2d, ln = layernorm, batchnorm2d = batchnorm.\n"
+    "No softmax layer: the loss (softmax cross-entropy) applies it; end with the last linear layer.\n"
     "presets: mlp (784-128-10, ReLU), cnn (the spec above with a second conv(64,3,pad=1) relu maxpool(2))\n\n"
     "Data parallel: --workers N starts N local ranks (shared memory); 'mpirun -np N dtrain train ...'\n"
     "or 'dtrain launch -n N -- dtrain train ...' run the same job. --batch is per rank; each step\n"
@@ -335,7 +345,8 @@ static int run_rank(int argc, char **argv, train_opts *o, int job_ranks) {
     if (world > 1) cfg.comm = comm;
     dt_log_set_rank(world > 1 ? rank : -1);
     if (rank != 0) quiet = true;
-    progress_ctx pc = {.quiet = quiet, .tty = isatty(2), .epochs = cfg.epochs};
+    const bool tty = isatty(2) || (rank == 0 && getenv("DTRAIN_PROGRESS_TTY") && dt_comm_env_is_rank());
+    progress_ctx pc = {.quiet = quiet, .tty = tty, .epochs = cfg.epochs};
     cfg.on_progress = on_progress;
     cfg.on_epoch = on_epoch;
     cfg.on_note = on_note;

@@ -138,9 +138,12 @@ static dt_status parse_token(const parse_ctx *c, dt_layer_spec *l) {
     for (int i = 0; i < N_SYNTAX; i++)
         if (!strcmp(name, g_syntax[i].name) || (g_syntax[i].alias && !strcmp(name, g_syntax[i].alias)))
             syn = &g_syntax[i];
+    if (!syn && (!strcmp(name, "softmax") || !strcmp(name, "logsoftmax") || !strcmp(name, "log_softmax")))
+        return bad(c, "%s: the loss (softmax cross-entropy) already applies softmax to the model's outputs; end "
+                      "the spec with the last linear layer", name);
     if (!syn)
         return bad(c, "unknown layer '%s' (known: linear conv maxpool avgpool relu gelu tanh sigmoid dropout "
-                      "flatten layernorm batchnorm)", name);
+                      "flatten layernorm batchnorm; aliases dense conv2d maxpool2d avgpool2d ln batchnorm2d)", name);
     *l = dt_layer_default(syn->kind);
     char w[32];
     int npos = 0;

@@ -52,6 +52,9 @@ static void test_parse(void) {
     expect_bad("conv(16,3,=1)", "no name before it");
     expect_bad("conv(16,3,|=1)", "unknown argument '|'");
     expect_bad("conv(16,3,pad stride=1)", "unknown argument 'pad stride'");
+    expect_bad("linear(10) softmax", "already applies softmax");
+    CHECK_OK(dt_spec_parse("dense(8) conv2d(4,3) maxpool2d(2) avgpool2d(2) ln batchnorm2d", l, DT_MAX_LAYERS, &n));
+    CHECK(n == 6 && l[0].kind == DT_LAYER_LINEAR && l[1].kind == DT_LAYER_CONV2D && l[5].kind == DT_LAYER_BATCHNORM2D);
 }
 
 static int g_hook_calls;

@@ -156,7 +156,9 @@ static void write_all(int fd, const char *buf, size_t n) {
     }
 }
 
-/* Relays the complete lines of s (all of it when flush), each prefixed, in one write. */
+/* Relays the complete lines of s (all of it when flush), each prefixed, in one write. A piece
+ * that a '\r' follows is relayed as it is, without a newline: a progress bar that redraws its
+ * line ("\r\033[K...") reaches the terminal one redraw late instead of never. */
 static void relay(job *j, int rk, stream *s, bool flush) {
     size_t start = 0, outn = 0;
     char pre[24];
@@ -167,12 +169,13 @@ static void relay(job *j, int rk, stream *s, bool flush) {
     if (!out) return;
     for (size_t i = 0; i < s->len; i++) {
         bool last = flush && i + 1 == s->len;
-        if (s->buf[i] != '\n' && !last && !(i - start + 1 >= LINE_CAP)) continue;
+        bool redraw = s->buf[i] != '\n' && i + 1 < s->len && s->buf[i + 1] == '\r';
+        if (s->buf[i] != '\n' && !last && !redraw && !(i - start + 1 >= LINE_CAP)) continue;
         memcpy(out + outn, pre, (size_t)pl);
         outn += (size_t)pl;
         memcpy(out + outn, s->buf + start, i + 1 - start);
         outn += i + 1 - start;
-        if (s->buf[i] != '\n') out[outn++] = '\n';
+        if (s->buf[i] != '\n' && !redraw) out[outn++] = '\n';
         start = i + 1;
     }
     write_all(s->out, out, outn);

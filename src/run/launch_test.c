@@ -52,6 +52,16 @@ int main(void) {
     CHECK_MSG(strstr(buf, "[0] part\n") && strstr(buf, "[1] part\n"), "%s", buf);
     CHECK(g_nmsg == 0);
 
+    /* 1b. a progress bar redrawn with '\r' is relayed piece by piece, with no newlines added */
+    CHECK(ftruncate(fd, 0) == 0);
+    lseek(fd, 0, SEEK_SET);
+    dt_launch_config one = cfg;
+    one.nranks = 1;
+    char *argv_bar[] = {"sh", "-c", "printf 'x\\rbar1\\rbar2\\n'", NULL};
+    CHECK_OK(dt_launch_run(&one, argv_bar, &res));
+    slurp(out_path, buf, sizeof buf);
+    CHECK_MSG(!strcmp(buf, "[0] x[0] \rbar1[0] \rbar2\n"), "'%s'", buf);
+
     /* 2. rank 1 fails: DT_EPEER, its status, others stopped, one notify line */
     CHECK(ftruncate(fd, 0) == 0);
     lseek(fd, 0, SEEK_SET);

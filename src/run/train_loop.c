@@ -278,6 +278,7 @@ dt_status dt_trainer_run(dt_trainer *t) {
         s = DT_OK;
         at_epoch_end = true;  /* errors below are reported with the epoch and step */
         double epoch_s = dt_now() - t0;
+        const int64_t epoch_steps = t->step_in_epoch;
         bool finished = t->step_in_epoch >= spe;
         if (finished) {
             t->epoch++;
@@ -295,6 +296,7 @@ dt_status dt_trainer_run(dt_trainer *t) {
                            .samples_per_s = epoch_s > 0 ? sums[1] / epoch_s : 0, .epoch_s = epoch_s,
                            .data_wait_s = dt_loader_wait_seconds(t->loader) - wait0, .compute_s = acc.compute_s,
                            .comm_wait_s = acc.comm_wait_s, .steps = acc.steps, .world_size = t->world,
+                           .epoch_steps = epoch_steps, .steps_per_epoch = spe,
                            .global_batch = c->batch * t->dworld,
                            .lr = dt_lr_at(&c->lr, t->step > 0 ? t->step - 1 : 0),
                            .nworkers = t->dworld, .workers = t->workers, .max_clock_gap = -1};

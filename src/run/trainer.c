@@ -159,6 +159,25 @@ static dt_status setup_uneven(dt_trainer *t) {
     return DT_OK;
 }
 
+/* A resumed run whose flags change its learning rate or batch is no longer the run that wrote the
+ * checkpoint: say what changed (the resume itself is allowed: fine-tuning does exactly this). */
+static void check_resume_changes(const dt_trainer *t, const dt_ckpt_info *info, const char *path) {
+    const dt_train_config *c = &t->cfg;
+    const float lr = dt_lr_at(&c->lr, info->step);
+    char what[512] = "";
+    size_t len = 0;
+    if (info->lr > 0 && fabsf(lr - info->lr) > 1e-6f * info->lr)
+        len += (size_t)snprintf(what + len, sizeof what - len, "the learning rate at step %lld is %g with these flags "
+                                "(--lr, --schedule, --warmup, --epochs), the checkpoint's run used %g",
+                                (long long)info->step, lr, info->lr);
+    if (info->batch > 0 && info->batch != c->batch && info->step_in_epoch == 0 && len < sizeof what)
+        snprintf(what + len, sizeof what - len, "%s--batch %d, the checkpoint's run used %d", len ? "; " : "", c->batch,
+                 info->batch);
+    if (what[0])
+        dt_trainer_note(t, "resuming %s with other settings: %s. This continues as a different run, not the one "
+                           "that wrote the checkpoint", path, what);
+}
+
 /* The global batch must fit the training set, and the buffers it needs (the loader's prefetched
  * batches of float inputs, the loss's probabilities and gradients) must fit the memory that is
  * available: a huge --batch is an error naming it, not an allocation failure or an abort. */
@@ -300,6 +319,7 @@ dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
         int64_t total = (int64_t)cfg->epochs * (int64_t)dt_loader_batches(t->loader) - cfg->lr.warmup_steps;
         t->cfg.lr.total_steps = total > 1 ? total : 1;
     }
+    if (resume) check_resume_changes(t, &info, resume);
     t->probs = dt_alloc((size_t)max_batch * t->classes * sizeof(float));
     t->dlogits = dt_alloc((size_t)max_batch * t->classes * sizeof(float));
     if (!t->probs || !t->dlogits) {
