@@ -191,5 +191,7 @@ dt_status dt_comm_shm_cleanup(const char *job_id);
  * ranks). Needs MPI to be initialised already (an mpi communicator exists). Without MPI:
  * DT_ENOTSUP. */
 dt_status dt_comm_bench_mpi_allreduce(size_t count, int warmup, int iters, double *usec);
+/* The same for plain MPI_Reduce to rank 0: the row that shows a slow non-blocking reduce. */
+dt_status dt_comm_bench_mpi_reduce(size_t count, int warmup, int iters, double *usec);
 
 #endif
