@@ -75,6 +75,24 @@ if command -v script >/dev/null; then
   grep -aq "epoch 1/1 \[#" <<<"$bar" && ok "--workers 2 on a terminal: progress bar shown" || bad "no progress bar: $bar"
 else echo "skip: no 'script' to emulate a terminal"; fi
 
+# ---- one exit-status convention across the subcommands (dtrain --help) ----
+f0=$fails
+code() {  # WANT CMD...: CMD exits WANT
+  local want=$1; shift
+  "$@" >/dev/null 2>&1; local rc=$?
+  [ $rc -eq "$want" ] || bad "exit $rc, want $want: $*"
+}
+code 2 $DT train --bogus; code 2 $DT eval --bogus; code 2 $DT trian; code 2 $DT cache foo; code 2 $DT launch -n 0
+code 2 $DT "${TR[@]}" --batch 0; code 2 $DT eval --checkpoint "$TMP/a.st" --batch 0; code 2 $DT "${TR[@]}" --model "linear(3"
+code 78 $DT train --data "$TMP/none.csv"; code 78 $DT eval --checkpoint "$TMP/none.st"; code 78 $DT eval --checkpoint "$TMP/spin.st"
+code 2 $DT "${TR[@]}" --workers 2 --batch 0
+out=$($DT "${TR[@]}" --workers 2 --batch 0 --elastic 1:2 --checkpoint-dir "$TMP/elu" \
+  --checkpoint-every 5 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q "not restarting" <<<"$out" || bad "elastic restarts a usage error (exit $rc): $out"
+grep -q "Exit status: 0 done; 1 failed at run time" <<<"$($DT --help)" && grep -q "78 a data set" <<<"$($DT eval --help)" \
+  || bad "--help does not document the exit statuses"
+[ $fails -eq $f0 ] && ok "exit statuses: 2 for command-line mistakes, 78 for unusable data/checkpoints, in every subcommand"
+
 # ---- dtrain cache ls|clear (in a cache directory of our own) ----
 if have_fmnist; then
   export DTRAIN_DATA_CACHE="$TMP/cache"

@@ -236,7 +236,7 @@ static int rank_main(const char *backends, bench_opts *o, const dt_comm_config *
     for (char *save = NULL, *b = strtok_r(list, ",", &save); b && rc == 0; b = strtok_r(NULL, ",", &save)) {
         dt_comm_config cfg = explicit_cfg ? *explicit_cfg : dt_comm_config_default();
         if (dt_backend_parse(b, &cfg.backend) != DT_OK)
-            return dt_cli_fail("--backend takes shm, mpi or a list such as mpi,shm", "%s", dt_last_error());
+            return dt_cli_usage("--backend takes shm, mpi or a list such as mpi,shm", "%s", dt_last_error());
         cfg.algo = o->algo;
         dt_comm *c = NULL;
         dt_status st = explicit_cfg ? dt_comm_create(&c, &cfg) : dt_comm_create_from_env(&c, &cfg);
@@ -286,9 +286,9 @@ int dt_bench_comm(int argc, char **argv) {
     o.warmup = -1;
     o.colls = colls;
     o.algo_name = algo;
-    if (parse_sizes(sizes, &o) != 0) return dt_cli_fail("e.g. --sizes 4K,1M,64M", "bad --sizes '%s'", sizes);
-    if (dt_comm_algo_parse(algo, &o.algo) != DT_OK) return dt_cli_fail(NULL, "--algo: %s", dt_last_error());
-    if (ranks < 1 || ranks > 64) return dt_cli_fail(NULL, "--ranks %d must be 1..64", ranks);
+    if (parse_sizes(sizes, &o) != 0) return dt_cli_usage("e.g. --sizes 4K,1M,64M", "bad --sizes '%s'", sizes);
+    if (dt_comm_algo_parse(algo, &o.algo) != DT_OK) return dt_cli_usage(NULL, "--algo: %s", dt_last_error());
+    if (ranks < 1 || ranks > 64) return dt_cli_usage(NULL, "--ranks %d must be 1..64", ranks);
     if (under_launcher()) {
         bool local = !getenv("OMPI_COMM_WORLD_LOCAL_SIZE") ||
                      !strcmp(getenv("OMPI_COMM_WORLD_LOCAL_SIZE"), getenv("OMPI_COMM_WORLD_SIZE") ? getenv("OMPI_COMM_WORLD_SIZE") : "");
@@ -297,7 +297,7 @@ int dt_bench_comm(int argc, char **argv) {
     }
     if (!backend) backend = "shm";
     if (strstr(backend, "mpi"))
-        return dt_cli_fail("run it as: mpirun -n N dtrain bench comm --backend mpi,shm",
+        return dt_cli_usage("run it as: mpirun -n N dtrain bench comm --backend mpi,shm",
                            "bench comm: the mpi backend needs ranks started by mpirun/srun");
     char job[64];
     snprintf(job, sizeof job, "bench%d", (int)getpid());

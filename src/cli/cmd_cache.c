@@ -31,9 +31,8 @@ int dt_cmd_cache(int argc, char **argv) {
     int r = dt_flags_parse(argc, argv, 1, NULL, 0, CACHE_USAGE, pos, 1, &npos, NULL);
     if (r) return r < 0 ? 2 : 0;
     if (npos != 1 || (strcmp(pos[0], "ls") && strcmp(pos[0], "clear"))) {
-        dt_cli_fail("run 'dtrain cache ls' or 'dtrain cache clear'", "cache: expected ls or clear%s%s",
-                    npos ? ", got " : "", npos ? pos[0] : "");
-        return 2;
+        return dt_cli_usage("run 'dtrain cache ls' or 'dtrain cache clear'", "cache: expected ls or clear%s%s",
+                            npos ? ", got " : "", npos ? pos[0] : "");
     }
     char dir[PATH_MAX];
     if (!strcmp(pos[0], "ls")) {

@@ -86,9 +86,10 @@ static void print_launch_event(void *ctx, const char *msg) {
 }
 
 /* Exit status of a rank whose set-up failed with s: a peer's failure or a deadline is
- * DT_EXIT_PEER (the launcher blames the other rank), anything else is bad flags/data/model. */
+ * DT_EXIT_PEER (the launcher blames the other rank), a bad flag value DT_EXIT_USAGE, bad data,
+ * checkpoint or model DT_EXIT_CONFIG (dt_cli_setup_status). */
 static int setup_exit(dt_status s) {
-    return s == DT_EPEER || s == DT_ETIMEDOUT ? DT_EXIT_PEER : DT_EXIT_CONFIG;
+    return dt_cli_setup_status(s);
 }
 
 /* --workers N: re-runs this very command as N local ranks (shared-memory transport) and
@@ -114,11 +115,11 @@ static int run_workers(int argc, char **argv, int workers, const char *elastic, 
         char tail;
         if (sscanf(elastic, "%d:%d%c", &lo, &hi, &tail) != 2) {
             free(args);
-            return dt_cli_fail("e.g. --elastic 1:4", "--elastic '%s' is not MIN:MAX", elastic);
+            return dt_cli_usage("e.g. --elastic 1:4", "--elastic '%s' is not MIN:MAX", elastic);
         }
         if (!checkpoint_dir) {
             free(args);
-            return dt_cli_fail("add --checkpoint-dir DIR --checkpoint-every STEPS (or --checkpoint-secs S)",
+            return dt_cli_usage("add --checkpoint-dir DIR --checkpoint-every STEPS (or --checkpoint-secs S)",
                                "--elastic restarts from checkpoints, so it needs --checkpoint-dir");
         }
         dt_elastic_config ec = {.workers = workers, .min_workers = lo, .max_workers = hi,
@@ -127,7 +128,7 @@ static int run_workers(int argc, char **argv, int workers, const char *elastic, 
         s = dt_elastic_run(&ec, &res);
         if (s == DT_EINVAL) {
             free(args);
-            return dt_cli_fail(NULL, "%s", dt_last_error());
+            return dt_cli_usage(NULL, "%s", dt_last_error());
         }
     } else {
         dt_launch_config lc = {.nranks = workers, .notify = print_launch_event, .expendable = expendable};
@@ -236,15 +237,15 @@ static int parse_train_flags(int argc, char **argv, train_opts *o) {
     int r = dt_flags_parse(argc, argv, 1, flags, (int)(sizeof flags / sizeof *flags), TRAIN_USAGE, NULL, 0, NULL,
                            NULL);
     if (r) return r < 0 ? 2 : 0;
-    if (o->workers < 1) return dt_cli_fail(NULL, "--workers %d: need at least 1", o->workers);
+    if (o->workers < 1) return dt_cli_usage(NULL, "--workers %d: need at least 1", o->workers);
     if (dt_cli_flag_given(argc, argv, "max-restarts") && !o->elastic)
-        return dt_cli_fail("e.g. --workers 4 --elastic 2:4 --max-restarts 5", "--max-restarts needs --elastic");
+        return dt_cli_usage("e.g. --workers 4 --elastic 2:4 --max-restarts 5", "--max-restarts needs --elastic");
     if (o->elastic && !dt_comm_env_is_rank() && c->checkpoint_every <= 0 && o->ckpt_secs <= 0)
-        return dt_cli_fail("add --checkpoint-every STEPS or --checkpoint-secs S",
+        return dt_cli_usage("add --checkpoint-every STEPS or --checkpoint-secs S",
                            "--elastic restarts from the newest checkpoint, so it needs periodic checkpoints");
     if (o->elastic && o->workers < 2 && !dt_comm_env_is_rank())
-        return dt_cli_fail("e.g. --workers 4 --elastic 2:4", "--elastic needs --workers N (N >= 2)");
-    if (o->timeout < 0) return dt_cli_fail(NULL, "--timeout %g: must not be negative (0 = default)", o->timeout);
+        return dt_cli_usage("e.g. --workers 4 --elastic 2:4", "--elastic needs --workers N (N >= 2)");
+    if (o->timeout < 0) return dt_cli_usage(NULL, "--timeout %g: must not be negative (0 = default)", o->timeout);
     o->uneven.servers_given = dt_cli_flag_given(argc, argv, "servers");
     o->uneven.sync_every_given = dt_cli_flag_given(argc, argv, "sync-every");
     if ((r = dt_cli_uneven_parse(&o->uneven, c)) != 0) return r;
@@ -255,14 +256,14 @@ static int parse_train_flags(int argc, char **argv, train_opts *o) {
 static int build_train_config(train_opts *o) {
     dt_train_config *c = &o->cfg;
     if (dt_optim_parse(o->optimizer, &c->optim.kind) != DT_OK)
-        return dt_cli_fail("use --optimizer sgd, adam or adamw", "%s", dt_last_error());
+        return dt_cli_usage("use --optimizer sgd, adam or adamw", "%s", dt_last_error());
     c->optim = dt_optim_defaults(c->optim.kind);
     c->optim.momentum = o->momentum;
     c->optim.nesterov = o->nesterov;
     if (o->wd >= 0) c->optim.weight_decay = o->wd;
     c->optim.beta1 = o->beta1, c->optim.beta2 = o->beta2, c->optim.eps = o->eps;
     if (dt_lr_parse(o->schedule, &c->lr.kind) != DT_OK)
-        return dt_cli_fail("use --schedule constant, step or cosine", "%s", dt_last_error());
+        return dt_cli_usage("use --schedule constant, step or cosine", "%s", dt_last_error());
     c->lr.base_lr = o->lr;
     c->lr.warmup_steps = o->warmup;
     c->lr.step_size = o->step_size;
@@ -317,7 +318,7 @@ static int run_rank(int argc, char **argv, train_opts *o, int job_ranks) {
     bool quiet = o->quiet;
     dt_comm_config cc = dt_comm_config_default();
     if (dt_backend_parse(o->backend, &cc.backend) != DT_OK)
-        return dt_cli_fail("use --backend auto, shm or mpi", "%s", dt_last_error());
+        return dt_cli_usage("use --backend auto, shm or mpi", "%s", dt_last_error());
     if (o->timeout > 0) cc.timeout_s = o->timeout;
     cc.timeout_knob = "--timeout"; /* it overrides DTRAIN_TIMEOUT: the one to raise */
     dt_comm *comm = NULL;
@@ -331,15 +332,15 @@ static int run_rank(int argc, char **argv, train_opts *o, int job_ranks) {
     if (dt_cli_flag_given(argc, argv, "workers") && job_ranks > 1 && world != job_ranks) {
         dt_comm_destroy(comm);
         if (dt_cli_is_ps(&o->cfg))
-            return dt_cli_fail("leave out --workers when mpirun/srun/dtrain launch sets the number of ranks",
+            return dt_cli_usage("leave out --workers when mpirun/srun/dtrain launch sets the number of ranks",
                                "--workers %d with --servers %d makes %d ranks, but this job has %d", o->workers,
                                o->cfg.servers, job_ranks, world);
-        return dt_cli_fail("leave out --workers when mpirun/srun/dtrain launch sets the number of ranks",
+        return dt_cli_usage("leave out --workers when mpirun/srun/dtrain launch sets the number of ranks",
                            "--workers %d but this job has %d ranks", job_ranks, world);
     }
     if (cfg.slow_factor > 1 && cfg.slow_rank >= world) {
         dt_comm_destroy(comm);
-        return dt_cli_fail("pick a rank below the job's ranks", "--slow %d:%g: this job has only %d rank(s) (0..%d)",
+        return dt_cli_usage("pick a rank below the job's ranks", "--slow %d:%g: this job has only %d rank(s) (0..%d)",
                            cfg.slow_rank, cfg.slow_factor, world, world - 1);
     }
     if (world > 1) cfg.comm = comm;
@@ -410,11 +411,11 @@ int dt_cmd_train(int argc, char **argv) {
         const dt_train_config *c = &o.cfg;
         if (c->slow_factor > 1 && (c->slow_rank >= job_ranks || (dt_cli_is_ps(c) && c->slow_rank < c->servers))) {
             if (dt_cli_is_ps(c))
-                return dt_cli_fail("ranks 0..servers-1 serve; the workers are the ranks after them",
+                return dt_cli_usage("ranks 0..servers-1 serve; the workers are the ranks after them",
                                    "--slow %d:%g: rank %d is %s; pick a worker rank (%d..%d)", c->slow_rank,
                                    c->slow_factor, c->slow_rank, c->slow_rank < c->servers ? "a ps server" : "not in the job",
                                    c->servers, job_ranks - 1);
-            return dt_cli_fail(NULL, "--slow %d:%g: this job has only %d ranks (0..%d)", c->slow_rank,
+            return dt_cli_usage(NULL, "--slow %d:%g: this job has only %d ranks (0..%d)", c->slow_rank,
                                c->slow_factor, job_ranks, job_ranks - 1);
         }
         bool *expendable = dt_cli_expendable(&o.cfg, job_ranks);
@@ -441,15 +442,18 @@ int dt_cmd_eval(int argc, char **argv) {
     };
     int r = dt_flags_parse(argc, argv, 1, flags, (int)(sizeof flags / sizeof *flags), EVAL_USAGE, NULL, 0, NULL, NULL);
     if (r) return r < 0 ? 2 : 0;
-    if (!ckpt) return dt_cli_fail("pass --checkpoint FILE (written by dtrain train --save)", "no --checkpoint given");
-    if (batch < 1) return dt_cli_fail(NULL, "--batch %d: need at least 1", batch);
-    if (threads < 1) return dt_cli_fail(NULL, "--threads %d: need at least 1", threads);
+    if (!ckpt) return dt_cli_usage("pass --checkpoint FILE (written by dtrain train --save)", "no --checkpoint given");
+    if (batch < 1) return dt_cli_usage(NULL, "--batch %d: need at least 1", batch);
+    if (threads < 1) return dt_cli_usage(NULL, "--threads %d: need at least 1", threads);
     dt_set_threads(threads);
     float loss, acc;
     int64_t n;
     const char *split = "test";
     dt_status s = dt_evaluate_checkpoint(ckpt, data, batch, &loss, &acc, &n, &split);
-    if (s != DT_OK) return dt_cli_fail(NULL, "%s", dt_last_error());
+    if (s != DT_OK) {
+        dt_cli_fail(NULL, "%s", dt_last_error());
+        return dt_cli_setup_status(s);
+    }
     printf("eval: %lld samples, loss %.4f, accuracy %.4f%s\n", (long long)n, loss, acc,
            strcmp(split, "test") ? " (training split: the data set has no test split)" : "");
     return 0;

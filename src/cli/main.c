@@ -33,7 +33,7 @@ static void usage(void) {
            "  DTRAIN_DATA_CACHE_MAX=N most cache entries kept per user (default 8)\n"
            "  DTRAIN_COMM_ALGO=NAME   force a collective algorithm: ring, rd, rhd, tree, direct, native\n"
            "  DTRAIN_RANK, DTRAIN_WORLD_SIZE, DTRAIN_JOB_ID   set by dtrain launch / --workers; mpirun\n"
-           "                          and srun ranks are found from their own variables\n");
+           "                          and srun ranks are found from their own variables\n\n%s\n", dt_cli_exit_help);
 }
 
 int main(int argc, char **argv) {
@@ -47,5 +47,5 @@ int main(int argc, char **argv) {
     }
     for (const dt_command *c = g_commands; c->name; c++)
         if (!strcmp(argv[1], c->name)) return c->run(argc - 1, argv + 1);
-    return dt_cli_fail("run 'dtrain --help' for the list of commands", "unknown command '%s'", argv[1]);
+    return dt_cli_usage("run 'dtrain --help' for the list of commands", "unknown command '%s'", argv[1]);
 }

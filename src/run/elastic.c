@@ -49,9 +49,9 @@ dt_status dt_elastic_run(const dt_elastic_config *c, dt_launch_result *res) {
         bool found = false;
         if (c->checkpoint_dir) dt_ckpt_dir_latest(c->checkpoint_dir, ckpt, sizeof ckpt, &found, NULL, NULL);
         if (res->failed_rank < 0 && res->exit_code == 127) break; /* cannot start at all: no point retrying */
-        if (res->failed_rank >= 0 && res->exit_code == DT_EXIT_CONFIG) { /* the same flags would fail again */
-            say(c, "rank %d failed in set-up (exit %d: bad flags, data or model); not restarting: fix the command "
-                "and run it again", res->failed_rank, res->exit_code);
+        if (res->failed_rank >= 0 && dt_exit_is_setup(res->exit_code)) { /* the same flags would fail again */
+            say(c, "rank %d failed in set-up (exit %d: %s); not restarting: fix the command and run it again",
+                res->failed_rank, res->exit_code, res->exit_code == DT_EXIT_USAGE ? "bad flags" : "bad data, checkpoint or model");
             break;
         }
         if (restart >= c->max_restarts) {

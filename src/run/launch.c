@@ -306,7 +306,7 @@ static void reap(job *j) {
         r->stop_sig = 0;
         j->live--;
         /* an expendable rank may die, but not fail its set-up: bad flags fail every rank alike */
-        if (!j->stopping && exit_code_of(st) != 0 && exit_code_of(st) != DT_EXIT_CONFIG && j->cfg->expendable &&
+        if (!j->stopping && exit_code_of(st) != 0 && !dt_exit_is_setup(exit_code_of(st)) && j->cfg->expendable &&
             j->cfg->expendable[i]) {
             char how[96];
             describe(st, how, sizeof how);

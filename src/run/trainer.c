@@ -229,7 +229,7 @@ dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
     dt_layer_spec layers[DT_MAX_LAYERS];
     int nlayers;
     if ((s = dt_spec_parse(spec, layers, DT_MAX_LAYERS, &nlayers)) != DT_OK) {
-        if (spec == info.spec) s = dt_error_wrap(s, "%s: its dtrain.model_spec", resume);
+        if (spec == info.spec) s = dt_error_wrap(DT_EFORMAT, "%s: its dtrain.model_spec", resume);
         goto fail;
     }
     s = dt_dataset_open(&t->train, &t->test, cfg->data);
@@ -239,7 +239,7 @@ dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
 
     if (resume) {
         if (info.C != t->C || info.H != t->H || info.W != t->W) {
-            s = dt_error(DT_EINVAL, "%s: checkpoint expects inputs %dx%dx%d but --data %s has %dx%dx%d", resume,
+            s = dt_error(DT_EMISMATCH, "%s: checkpoint expects inputs %dx%dx%d but --data %s has %dx%dx%d", resume,
                          info.C, info.H, info.W, cfg->data, t->C, t->H, t->W);
             goto fail;
         }
@@ -435,12 +435,12 @@ dt_status dt_evaluate_checkpoint(const char *checkpoint, const char *data, int b
     int C, H, W;
     dt_dataset_shape(ds, &C, &H, &W);
     if (C != info.C || H != info.H || W != info.W) {
-        s = dt_error(DT_EINVAL, "%s: model expects inputs %dx%dx%d but --data %s has %dx%dx%d", checkpoint, info.C,
+        s = dt_error(DT_EMISMATCH, "%s: model expects inputs %dx%dx%d but --data %s has %dx%dx%d", checkpoint, info.C,
                      info.H, info.W, data, C, H, W);
         goto done;
     }
     if ((s = dt_model_create_from_spec(&m, info.spec, C, H, W)) != DT_OK) {
-        s = dt_error_wrap(s, "%s: its dtrain.model_spec", checkpoint);
+        s = dt_error_wrap(DT_EFORMAT, "%s: its dtrain.model_spec", checkpoint); /* the file is wrong */
         goto done;
     }
     if ((s = dt_checkpoint_restore(checkpoint, m, NULL, &info)) != DT_OK) goto done;
