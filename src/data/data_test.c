@@ -296,6 +296,55 @@ static void test_idx_dataset(void) {
     dt_dataset_free(ds);
 }
 
+/* An IDX directory holds whatever its headers declare: 4-d C x H x W images (idx4), float32
+ * feature rows (idx2), raw or .gz; only idx3 names were looked for. */
+static void test_open_dir_general(void) {
+    char d4[300], d2[300], p[400];
+    snprintf(d4, sizeof d4, "%s/idx4", g_dir);
+    snprintf(d2, sizeof d2, "%s/idx2", g_dir);
+    mkdir(d4, 0755);
+    mkdir(d2, 0755);
+    uint8_t px[6 * 2 * 2 * 3], lab[6] = {0, 1, 2, 0, 1, 2};
+    for (size_t i = 0; i < sizeof px; i++) px[i] = (uint8_t)(i * 5);
+    uint32_t dims4[4] = {6, 2, 2, 3}, n = 6;
+    float rows[6 * 5];
+    for (int i = 0; i < 30; i++) rows[i] = (float)i * 0.25f - 3;
+    uint32_t dims2[2] = {6, 5};
+    const char *split[2] = {"train", "t10k"};
+    for (int k = 0; k < 2; k++) {
+        snprintf(p, sizeof p, "%s/%s-images-idx4-ubyte.gz", d4, split[k]);
+        write_idx(p, 0x08, 4, dims4, px, 1, true);
+        snprintf(p, sizeof p, "%s/%s-labels-idx1-ubyte", d4, split[k]);
+        write_idx(p, 0x08, 1, &n, lab, 1, false);
+        snprintf(p, sizeof p, "%s/%s-images-idx2-float", d2, split[k]);
+        write_idx(p, 0x0D, 2, dims2, rows, 4, false);
+        snprintf(p, sizeof p, "%s/%s-labels-idx1-ubyte.gz", d2, split[k]);
+        write_idx(p, 0x08, 1, &n, lab, 1, true);
+    }
+    dt_dataset *tr = NULL, *te = NULL;
+    int C, H, W;
+    CHECK_OK(dt_dataset_open(&tr, &te, d4));
+    if (tr) dt_dataset_shape(tr, &C, &H, &W);
+    CHECK_MSG(tr && te && C == 2 && H == 2 && W == 3 && dt_dataset_len(te) == 6, "idx4: %d x %d x %d", C, H, W);
+    float x[12];
+    uint32_t i5 = 5;
+    if (tr) CHECK_OK(dt_dataset_batch(tr, &i5, 1, x, NULL));
+    CHECK(x[11] == (float)((uint8_t)((5 * 12 + 11) * 5) / 255.0));
+    dt_dataset_free(tr), dt_dataset_free(te);
+    tr = te = NULL;
+    CHECK_OK(dt_dataset_open(&tr, &te, d2));
+    if (tr) dt_dataset_shape(tr, &C, &H, &W);
+    CHECK_MSG(tr && C == 1 && H == 1 && W == 5, "idx2: %d x %d x %d", C, H, W);
+    if (tr) CHECK_OK(dt_dataset_batch(tr, &i5, 1, x, NULL));
+    CHECK(x[0] == 25 * 0.25f - 3 && x[4] == 29 * 0.25f - 3);
+    dt_dataset_free(tr), dt_dataset_free(te);
+    /* two candidates for one role: refused, naming both */
+    snprintf(p, sizeof p, "%s/train-images-idx3-float", d2);
+    write_idx(p, 0x0D, 2, dims2, rows, 4, false);
+    tr = te = NULL;
+    CHECK(dt_dataset_open(&tr, &te, d2) == DT_EFORMAT && strstr(dt_last_error(), "more than one IDX file"));
+}
+
 static void test_open_dir_and_alias(void) {
     char dir[300];
     snprintf(dir, sizeof dir, "%s/fashion-mnist", g_dir);
@@ -483,6 +532,7 @@ int main(void) {
     test_idx_errors();
     test_idx_dataset();
     test_open_dir_and_alias();
+    test_open_dir_general();
     test_csv();
     test_create();
     char cmd[300];
