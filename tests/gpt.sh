@@ -75,6 +75,6 @@ python3 -c "import sys; t=sys.argv[1]; sys.exit(0 if set(t) <= set('abcdefghijkl
   && ok "greedy sample stays in the corpus alphabet" || bad "greedy sample: '$g'"
 expect_fail "sample refuses an image model" "not a language model" \
   bash -c "$DT train --data '$TMP/none.csv' --quiet 2>/dev/null; printf '0,1,2\n1,3,4\n' > '$TMP/t_train.csv'; \
-           $DT train --data '$TMP/t_train.csv' --model 'linear(2)' --max-steps 1 --quiet --save '$TMP/img.st' >/dev/null 2>&1; \
+           $DT train --data '$TMP/t_train.csv' --model 'linear(2)' --batch 2 --max-steps 1 --quiet --save '$TMP/img.st' >/dev/null 2>&1; \
            $DT sample --checkpoint '$TMP/img.st'"
 finish

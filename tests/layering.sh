@@ -13,6 +13,7 @@ declare -A FORBID=(
   [data]="backend/ models/ comm/ nn/ optim/ parallel/ run/ cli/ dtrain/comm.h dtrain/nn.h dtrain/train.h"
   [parallel]="run/ cli/ dtrain/train.h"
   [run]="cli/"
+  [cli]="comm/ core/ nn/ optim/ data/ parallel/"  # the CLI uses the public API (and run/'s launcher)
 )
 for layer in "${!FORBID[@]}"; do
   for f in "$ROOT"/src/"$layer"/*.[ch]; do

@@ -1,55 +1,48 @@
-# A GPT checkpoint loads into a nanoGPT-style PyTorch model unchanged (skipped without Debian's
-# python3-torch, which CI does not install): the tensor names and shapes are nanoGPT's
-# (load_state_dict(strict=False) misses only lm_head.weight, tied to transformer.wte.weight), and
-# PyTorch's validation loss over the same windows equals dtrain eval's.
+# A dtrain checkpoint loads into the equivalent PyTorch model unchanged (README's promise, until
+# now a manual script): the MLP's tensors go into torch.nn.Sequential(Flatten, Linear, ReLU,
+# Linear) with load_state_dict(strict=True), and PyTorch's test accuracy and loss on
+# Fashion-MNIST equal `dtrain eval`'s. Needs Debian's python3-torch (skips without it).
 . "$(dirname "$0")/testlib.bash"
-/usr/bin/python3 -c "import torch" 2>/dev/null || { echo "skip: python3-torch is not installed"; finish; exit 77; }
-python3 -c "
-import random; random.seed(3); w='and the lord spake unto moses saying .'.split()
-open('$TMP/c.txt','w').write(' '.join(random.choice(w) for _ in range(4000)))"
-M="gpt:L=2,H=2,C=32,T=16"
-$DT train --data "text:$TMP/c.txt" --model "$M" --batch 8 --optimizer adamw --lr 3e-3 --max-steps 60 --quiet \
-  --save "$TMP/g.st" >/dev/null 2>&1 || bad "train"
-ev=$($DT eval --checkpoint "$TMP/g.st" --data "text:$TMP/c.txt" 2>&1) || bad "eval: $ev"
-loss=$(sed -n 's/.*loss \([0-9.]*\),.*/\1/p' <<<"$ev")
-/usr/bin/python3 - "$TMP/g.st" "$TMP/c.txt" "$loss" <<'PY' && ok "nanoGPT-style torch model loads the checkpoint; val loss $loss matches" || bad "torch load"
-import json, math, struct, sys
-import torch, torch.nn as nn, torch.nn.functional as F
-raw = open(sys.argv[1], "rb").read(); n = struct.unpack("<Q", raw[:8])[0]; h = json.loads(raw[8:8 + n]); h.pop("__metadata__")
-sd = {k: torch.frombuffer(bytearray(raw[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]]), dtype=torch.float32).view(v["shape"])
-      for k, v in h.items() if not k.startswith("optim.")}
-L, H, C, T, V = 2, 2, 32, 16, 256
-class Attn(nn.Module):
-    def __init__(s): super().__init__(); s.c_attn = nn.Linear(C, 3 * C); s.c_proj = nn.Linear(C, C)
-    def forward(s, x):
-        B = x.shape[0]; q, k, v = s.c_attn(x).split(C, 2)
-        q, k, v = (t.view(B, T, H, C // H).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True) if hasattr(F, "scaled_dot_product_attention") else \
-            F.softmax((q @ k.transpose(-2, -1) / math.sqrt(C // H)).masked_fill(~torch.tril(torch.ones(T, T, dtype=torch.bool)), float("-inf")), -1) @ v
-        return s.c_proj(y.transpose(1, 2).reshape(B, T, C))
-class MLP(nn.Module):
-    def __init__(s): super().__init__(); s.c_fc = nn.Linear(C, 4 * C); s.c_proj = nn.Linear(4 * C, C)
-    def forward(s, x): return s.c_proj(F.gelu(s.c_fc(x)))
-class Block(nn.Module):
-    def __init__(s): super().__init__(); s.ln_1 = nn.LayerNorm(C); s.attn = Attn(); s.ln_2 = nn.LayerNorm(C); s.mlp = MLP()
-    def forward(s, x): x = x + s.attn(s.ln_1(x)); return x + s.mlp(s.ln_2(x))
-class GPT(nn.Module):
-    def __init__(s):
-        super().__init__()
-        s.transformer = nn.ModuleDict(dict(wte=nn.Embedding(V, C), wpe=nn.Embedding(T, C), h=nn.ModuleList(Block() for _ in range(L)), ln_f=nn.LayerNorm(C)))
-        s.lm_head = nn.Linear(C, V, bias=False); s.transformer.wte.weight = s.lm_head.weight
-    def forward(s, idx):
-        x = s.transformer.wte(idx) + s.transformer.wpe(torch.arange(T))
-        for b in s.transformer.h: x = b(x)
-        return s.lm_head(s.transformer.ln_f(x))
-m = GPT()
-r = m.load_state_dict(sd, strict=False)
-assert r.missing_keys == ["lm_head.weight"] and not r.unexpected_keys, r
-data = open(sys.argv[2], "rb").read(); vlen = int(math.floor(len(data) * 0.1)); val = data[len(data) - vlen:]
-nw = (len(val) - 1) // T
-x = torch.tensor([list(val[i * T:i * T + T]) for i in range(nw)]); y = torch.tensor([list(val[i * T + 1:i * T + T + 1]) for i in range(nw)])
-with torch.no_grad(): loss = F.cross_entropy(m(x).reshape(-1, V), y.reshape(-1)).item()
-print("torch val loss %.4f, dtrain %s" % (loss, sys.argv[3]))
-assert abs(loss - float(sys.argv[3])) < 2e-4, (loss, sys.argv[3])
+PY=/usr/bin/python3
+if ! $PY -c "import torch" 2>/dev/null; then echo "skip: $PY has no torch (apt-get install python3-torch)"; exit 77; fi
+if ! have_fmnist; then echo "skip: Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)"; exit 77; fi
+$DT train --data fashion-mnist --model mlp --epochs 1 --max-steps 300 --quiet --save "$TMP/mlp.st" >/dev/null \
+  || { bad "training failed"; finish; exit 1; }
+ev=$($DT eval --checkpoint "$TMP/mlp.st" --data fashion-mnist)
+read -r d_loss d_acc < <(sed -E 's/.*loss ([0-9.]+), accuracy ([0-9.]+).*/\1 \2/' <<<"$ev")
+t_out=$($PY - "$TMP/mlp.st" /usr/share/datasets/fashion-mnist <<'PY'
+import gzip, json, struct, sys
+import torch
+path, data = sys.argv[1], sys.argv[2]
+raw = open(path, "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+hdr = json.loads(raw[8:8 + n])
+body = raw[8 + n:]
+state = {}
+for name, t in hdr.items():
+    if name == "__metadata__" or name.startswith("optim."):
+        continue
+    assert t["dtype"] == "F32", t
+    a, b = t["data_offsets"]
+    state[name] = torch.frombuffer(bytearray(body[a:b]), dtype=torch.float32).reshape(t["shape"])
+model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+model.load_state_dict(state, strict=True)  # the names (1.weight, 3.bias, ...) are torch's own
+def idx(name):
+    b = gzip.open(f"{data}/{name}.gz").read()
+    nd = b[3]
+    dims = struct.unpack(">" + "I" * nd, b[4:4 + 4 * nd])
+    return torch.frombuffer(bytearray(b[4 + 4 * nd:]), dtype=torch.uint8).reshape(dims)
+x = idx("t10k-images-idx3-ubyte").float() / 255.0
+y = idx("t10k-labels-idx1-ubyte").long()
+with torch.no_grad():
+    logits = model(x.unsqueeze(1))
+    loss = torch.nn.functional.cross_entropy(logits, y).item()
+    acc = (logits.argmax(1) == y).float().mean().item()
+print(f"{loss:.6f} {acc:.6f}")
 PY
+) || { bad "PyTorch could not load the checkpoint: $t_out"; finish; exit 1; }
+read -r t_loss t_acc <<<"$t_out"
+python3 -c "import sys; sys.exit(0 if abs($t_loss - $d_loss) < 1e-3 and abs($t_acc - $d_acc) <= 3e-4 else 1)" \
+  && ok "PyTorch loads the checkpoint strictly: loss $t_loss acc $t_acc, dtrain eval: loss $d_loss acc $d_acc" \
+  || bad "PyTorch loss $t_loss acc $t_acc vs dtrain eval loss $d_loss acc $d_acc"
 finish

@@ -72,6 +72,8 @@ typedef struct {
     dt_backend backend;   /* AUTO: shm when size > 1 (explicit create) */
     dt_comm_algo algo;    /* AUTO unless overridden; DTRAIN_COMM_ALGO env overrides AUTO */
     double timeout_s;     /* deadline of every blocking wait; 0 = env DTRAIN_TIMEOUT or 300 s */
+    const char *timeout_knob; /* what sets timeout_s for the user (e.g. "--timeout"), named in timeout
+                               * errors; NULL = "dt_comm_config.timeout_s" when set, else DTRAIN_TIMEOUT */
 } dt_comm_config;
 
 /* Default config: rank 0 of 1, backend AUTO, algo AUTO, timeout from the environment. */
@@ -184,4 +186,12 @@ dt_status dt_comm_shm_cleanup(const char *job_id);
 #ifdef __cplusplus
 }
 #endif
+/* Baseline for `dtrain bench comm`: times `iters` (after `warmup`) plain MPI_Allreduce calls of
+ * `count` f32 (sum) on MPI_COMM_WORLD; *usec = mean time per call, equal on all ranks (max over
+ * ranks). Needs MPI to be initialised already (an mpi communicator exists). Without MPI:
+ * DT_ENOTSUP. */
+dt_status dt_comm_bench_mpi_allreduce(size_t count, int warmup, int iters, double *usec);
+/* The same for plain MPI_Reduce to rank 0: the row that shows a slow non-blocking reduce. */
+dt_status dt_comm_bench_mpi_reduce(size_t count, int warmup, int iters, double *usec);
+
 #endif

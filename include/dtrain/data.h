@@ -73,6 +73,9 @@ dt_status dt_dataset_open_idx(dt_dataset **out, const char *images_path, const c
  *  - Contents: a header (magic "DTDCACHE", version, byte order, IDX dtype, shape, counts, each
  *    source's path, size, mtime, ctime, inode, device and CRC32 of its first and last 64 KiB,
  *    CRC32 of the payload, CRC32 of the header), then the samples (page aligned), then labels.
+ *  - Bounded: at most DTRAIN_DATA_CACHE_MAX entries per user (default 8); building a new one
+ *    removes the least recently opened beyond that. A lock file exists only while its builder
+ *    runs (it is removed before being released, also after a failed decode).
  *  - Rebuilt (atomically: decode into a temp file, rename over) when missing, when a source's
  *    identity differs (rewritten, touched, replaced), or when the file is damaged: wrong magic,
  *    version or size, header or payload checksum mismatch. Every open checks the full payload
@@ -82,12 +85,32 @@ dt_status dt_dataset_open_idx(dt_dataset **out, const char *images_path, const c
  *  - Never fails a run: when the directory is missing or not writable, the entry would leave
  *    less than a quarter of the file system free, or anything else goes wrong, the data set is
  *    decoded privately and a line is logged at info level (DTRAIN_LOG=info).
- *  - Entries whose source files are gone are removed when a new entry is built. To remove all:
- *    `rm -f /dev/shm/dtrain-data-*` (processes that have them mapped keep working; never truncate
- *    or edit one in place: processes mapping it would fault). CSV data sets are always private. */
+ *  - Entries whose source files are gone are removed when a new entry is built. `dtrain cache ls`
+ *    lists the files, `dtrain cache clear` removes them (processes that have them mapped keep
+ *    working; never truncate or edit one in place: processes mapping it would fault). CSV data
+ *    sets are always private. */
 
 /* The cache file the data set's samples are mapped from, or "" when they are private memory. */
 const char *dt_dataset_cache_file(const dt_dataset *ds);
+
+/* One of this user's files in the cache directory (dt_cache_list). */
+typedef enum { DT_CACHE_ENTRY, DT_CACHE_LOCK, DT_CACHE_TEMP } dt_cache_kind;
+typedef struct {
+    const char *name;    /* file name in the directory */
+    dt_cache_kind kind;  /* a decoded data set, a builder's lock, a build in progress (or dead) */
+    uint64_t bytes;
+    double idle_s;       /* since it was last opened */
+    const char *source;  /* entries: the images file it was decoded from; else "" */
+    bool busy;           /* a lock or temp file whose builder is alive */
+} dt_cache_file;
+
+/* The cache directory into dir[cap] (false when DTRAIN_DATA_CACHE=0 turns the cache off), and
+ * fn (may be NULL) called for each of this user's dtrain-data-* files in it. `dtrain cache ls`. */
+bool dt_cache_list(char *dir, size_t cap, void (*fn)(void *ctx, const dt_cache_file *f), void *ctx);
+/* Removes this user's cache files that no live builder holds: entries (processes that map one
+ * keep working), stale locks, dead builders' temp files. *removed and *bytes (may be NULL) get
+ * what was removed. `dtrain cache clear`. */
+void dt_cache_clear(int *removed, uint64_t *bytes);
 
 typedef enum { DT_CSV_AUTO = 0, DT_CSV_NO, DT_CSV_YES } dt_csv_flag;
 
@@ -121,6 +144,8 @@ size_t dt_dataset_len(const dt_dataset *ds);
 void dt_dataset_shape(const dt_dataset *ds, int *C, int *H, int *W);
 /* Number of classes (labels lie in [0, classes)). */
 int dt_dataset_classes(const dt_dataset *ds);
+/* Most classes a data set may have: a larger label is refused with an error naming its sample. */
+#define DT_MAX_CLASSES (1 << 24)
 /* Sets the class count; DT_EINVAL naming the first sample whose label is >= classes. */
 dt_status dt_dataset_set_classes(dt_dataset *ds, int classes);
 /* The stored dtype of samples (DT_U8 for MNIST images). */
@@ -218,6 +243,9 @@ size_t dt_sampler_shard(uint32_t *out, const uint32_t *order, size_t n, int batc
 /* ---- prefetching loader ------------------------------------------------------------------- */
 
 typedef struct dt_loader dt_loader;
+
+/* Batches a loader prefetches when its config says prefetch -1 (each is one buffer of max_batch). */
+#define DT_LOADER_DEFAULT_PREFETCH 3
 
 typedef struct {
     int batch;         /* samples per rank per step (> 0) */

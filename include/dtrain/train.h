@@ -35,7 +35,10 @@ typedef struct {
     double epoch_s, wall_s;         /* this epoch's training time; time since start */
     double data_wait_s;             /* time the step loop waited for the loader (rank 0) */
     double compute_s, comm_wait_s;  /* forward+backward+optimizer time; blocked on gradients (rank 0) */
-    int64_t steps;                  /* steps in this epoch */
+    int64_t steps;                  /* steps this process ran in this epoch: train_loss averages them
+                                     * (fewer than epoch_steps after a resume mid-epoch) */
+    int64_t epoch_steps, steps_per_epoch; /* steps of the epoch done, of all; epoch_steps <
+                                     * steps_per_epoch when --max-steps ended it early */
     int world_size, global_batch;
     float lr;                       /* learning rate of the last step */
     /* uneven workers (NULL / 0 for one process) */

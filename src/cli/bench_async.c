@@ -94,7 +94,7 @@ int dt_bench_async(int argc, char **argv) {
     int rc = dt_flags_parse(argc, argv, 1, flags, 6, USAGE, NULL, 0, NULL, NULL);
     if (rc) return rc < 0 ? 2 : 0;
     if (workers < 2 || epochs < 1 || batch < 1 || !(factor >= 1) || repeat < 1 || repeat > 64)
-        return dt_cli_fail(NULL, "bench async: need --workers >= 2, --epochs >= 1, --batch >= 1, --factor >= 1 and "
+        return dt_cli_usage(NULL, "bench async: need --workers >= 2, --epochs >= 1, --batch >= 1, --factor >= 1 and "
                                  "--repeat 1..64");
     char exe[PATH_MAX];
     if (dt_bench_self(exe, sizeof exe) != 0) return 1;

@@ -4,7 +4,6 @@
  * transport: size, count, time, algbw and busbw (nccl-tests formulas), plus plain
  * MPI_Allreduce as a baseline under mpirun, and one JSON line with every row. */
 #include "cli/cli.h"
-#include "comm/transport.h"
 #include "dtrain/comm.h"
 
 #include <stdio.h>
@@ -145,31 +144,51 @@ static void header(const char *backend, int n, const char *algo) {
            "busbw(GB/s)", "check");
 }
 
+/* Whether --colls asks for coll. */
+static bool wants(const bench_opts *o, const char *coll) {
+    char pat[64], list[512];
+    snprintf(pat, sizeof pat, ",%s,", coll);
+    snprintf(list, sizeof list, ",%s,", o->colls);
+    return strstr(list, pat) || !strcmp(o->colls, "all");
+}
+
+/* Plain blocking MPI_Allreduce, and MPI_Reduce when reduce is benchmarked: our non-blocking
+ * collectives must come close to them (a reduce 400x slower than MPI_Reduce went unseen when
+ * only MPI_Allreduce was shown). */
 static int mpi_baseline(dt_comm *c, bench_opts *o, float *scratch) {
     (void)scratch;
     int n = dt_comm_size(c);
+    static const struct {
+        const char *name, *coll;
+        dt_status (*run)(size_t, int, int, double *);
+    } plain[] = {{"MPI_Allreduce", "allreduce", dt_comm_bench_mpi_allreduce},
+                 {"MPI_Reduce", "reduce", dt_comm_bench_mpi_reduce}};
     if (dt_comm_rank(c) == 0) {
-        printf("#\n# baseline: plain MPI_Allreduce on MPI_COMM_WORLD, %d ranks, f32 sum\n#\n", n);
+        printf("#\n# baseline: plain blocking MPI_Allreduce%s on MPI_COMM_WORLD, %d ranks, f32 sum\n#\n",
+               wants(o, "reduce") ? " and MPI_Reduce (root 0)" : "", n);
         printf("%16s %12s %12s %12s %10s %10s\n", "collective", "size(B)", "count", "time(us)", "algbw(GB/s)", "busbw(GB/s)");
     }
-    for (int k = 0; k < o->nsizes; k++) {
-        size_t bytes = o->sizes[k], count = bytes / 4;
-        int iters = o->iters > 0 ? o->iters : (int)((256u << 20) / (bytes ? bytes : 1));
-        if (iters < 5) iters = 5;
-        if (iters > 2000) iters = 2000;
-        double us = 0;
-        for (int t = 0; t < o->trials; t++) {
-            double one = 0;
-            if (dt_mpi_bench_allreduce(count, iters / 10 > 2 ? iters / 10 : 2, iters, &one) != DT_OK)
-                return dt_cli_fail(NULL, "bench comm: MPI baseline: %s", dt_last_error());
-            if (t == 0 || one < us) us = one;
-        }
-        if (dt_comm_rank(c) == 0 && o->nrows < MAX_ROWS) {
-            row *w = &o->rows[o->nrows++];
-            *w = (row){.backend = "mpi-baseline", .coll = "MPI_Allreduce", .algo = "mpi", .bytes = bytes, .count = count,
-                       .us = us, .algbw = (double)bytes / us / 1e3};
-            w->busbw = w->algbw * bus_factor("allreduce", n);
-            printf("%16s %12zu %12zu %12.2f %10.2f %10.2f\n", "MPI_Allreduce", bytes, count, us, w->algbw, w->busbw);
+    for (int p = 0; p < 2; p++) {
+        if (p == 1 && !wants(o, "reduce")) continue;
+        for (int k = 0; k < o->nsizes; k++) {
+            size_t bytes = o->sizes[k], count = bytes / 4;
+            int iters = o->iters > 0 ? o->iters : (int)((256u << 20) / (bytes ? bytes : 1));
+            if (iters < 5) iters = 5;
+            if (iters > 2000) iters = 2000;
+            double us = 0;
+            for (int t = 0; t < o->trials; t++) {
+                double one = 0;
+                if (plain[p].run(count, iters / 10 > 2 ? iters / 10 : 2, iters, &one) != DT_OK)
+                    return dt_cli_fail(NULL, "bench comm: MPI baseline: %s", dt_last_error());
+                if (t == 0 || one < us) us = one;
+            }
+            if (dt_comm_rank(c) == 0 && o->nrows < MAX_ROWS) {
+                row *w = &o->rows[o->nrows++];
+                *w = (row){.backend = "mpi-baseline", .coll = plain[p].name, .algo = "mpi", .bytes = bytes,
+                           .count = count, .us = us, .algbw = (double)bytes / us / 1e3};
+                w->busbw = w->algbw * bus_factor(plain[p].coll, n);
+                printf("%16s %12zu %12zu %12.2f %10.2f %10.2f\n", plain[p].name, bytes, count, us, w->algbw, w->busbw);
+            }
         }
     }
     return 0;
@@ -188,11 +207,7 @@ static int run_backend(dt_comm *c, const char *backend, bench_opts *o) {
     if (dt_comm_rank(c) == 0) header(backend, dt_comm_size(c), o->algo_name);
     int rc = 0;
     for (int i = 0; i < 6 && rc == 0; i++) {
-        char pat[40];
-        snprintf(pat, sizeof pat, ",%s,", g_colls[i]);
-        char list[256];
-        snprintf(list, sizeof list, ",%s,", o->colls);
-        if (strstr(list, pat) || !strcmp(o->colls, "all")) rc = bench_one(c, backend, g_colls[i], o, send, recv);
+        if (wants(o, g_colls[i])) rc = bench_one(c, backend, g_colls[i], o, send, recv);
     }
     if (rc == 0 && !strcmp(backend, "mpi")) rc = mpi_baseline(c, o, send);
     dt_free(send);
@@ -221,7 +236,7 @@ static int rank_main(const char *backends, bench_opts *o, const dt_comm_config *
     for (char *save = NULL, *b = strtok_r(list, ",", &save); b && rc == 0; b = strtok_r(NULL, ",", &save)) {
         dt_comm_config cfg = explicit_cfg ? *explicit_cfg : dt_comm_config_default();
         if (dt_backend_parse(b, &cfg.backend) != DT_OK)
-            return dt_cli_fail("--backend takes shm, mpi or a list such as mpi,shm", "%s", dt_last_error());
+            return dt_cli_usage("--backend takes shm, mpi or a list such as mpi,shm", "%s", dt_last_error());
         cfg.algo = o->algo;
         dt_comm *c = NULL;
         dt_status st = explicit_cfg ? dt_comm_create(&c, &cfg) : dt_comm_create_from_env(&c, &cfg);
@@ -271,9 +286,9 @@ int dt_bench_comm(int argc, char **argv) {
     o.warmup = -1;
     o.colls = colls;
     o.algo_name = algo;
-    if (parse_sizes(sizes, &o) != 0) return dt_cli_fail("e.g. --sizes 4K,1M,64M", "bad --sizes '%s'", sizes);
-    if (dt_comm_algo_parse(algo, &o.algo) != DT_OK) return dt_cli_fail(NULL, "--algo: %s", dt_last_error());
-    if (ranks < 1 || ranks > 64) return dt_cli_fail(NULL, "--ranks %d must be 1..64", ranks);
+    if (parse_sizes(sizes, &o) != 0) return dt_cli_usage("e.g. --sizes 4K,1M,64M", "bad --sizes '%s'", sizes);
+    if (dt_comm_algo_parse(algo, &o.algo) != DT_OK) return dt_cli_usage(NULL, "--algo: %s", dt_last_error());
+    if (ranks < 1 || ranks > 64) return dt_cli_usage(NULL, "--ranks %d must be 1..64", ranks);
     if (under_launcher()) {
         bool local = !getenv("OMPI_COMM_WORLD_LOCAL_SIZE") ||
                      !strcmp(getenv("OMPI_COMM_WORLD_LOCAL_SIZE"), getenv("OMPI_COMM_WORLD_SIZE") ? getenv("OMPI_COMM_WORLD_SIZE") : "");
@@ -282,7 +297,7 @@ int dt_bench_comm(int argc, char **argv) {
     }
     if (!backend) backend = "shm";
     if (strstr(backend, "mpi"))
-        return dt_cli_fail("run it as: mpirun -n N dtrain bench comm --backend mpi,shm",
+        return dt_cli_usage("run it as: mpirun -n N dtrain bench comm --backend mpi,shm",
                            "bench comm: the mpi backend needs ranks started by mpirun/srun");
     char job[64];
     snprintf(job, sizeof job, "bench%d", (int)getpid());

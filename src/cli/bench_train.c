@@ -129,7 +129,7 @@ int dt_bench_train(int argc, char **argv) {
                        "%s{\"model\": \"%s\", \"batch\": %d, \"samples_per_s\": %.1f, \"tokens_per_s\": %.1f, "
                        "\"gflops\": %.2f}", done++ ? ", " : "", cases[i].name, cases[i].batch, sps, sps * T, gf);
     }
-    if (!done) return dt_cli_fail("models: mlp (batch 32, 128), cnn (batch 128), gpt (batch 12)", "no benchmark case matches");
+    if (!done) return dt_cli_usage("models: mlp (batch 32, 128), cnn (batch 128), gpt (batch 12)", "no benchmark case matches");
     printf("%s]}\n", json);
     return 0;
 }

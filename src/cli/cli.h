@@ -27,8 +27,17 @@ int dt_flags_parse(int argc, char **argv, int first, const dt_flag *flags, int n
 bool dt_cli_flag_given(int argc, char **argv, const char *name);
 /* Prints the usage text and one line per flag with its default. */
 void dt_flags_usage(const char *usage, const dt_flag *flags, int n);
-/* Prints "dtrain: error: MESSAGE" and, when hint is non-NULL, "HINT: hint" to stderr; returns 1. */
+/* Prints "dtrain: error: MESSAGE" and, when hint is non-NULL, "HINT: hint" to stderr; returns 1
+ * (a failure at run time). */
 int dt_cli_fail(const char *hint, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The same for a wrong command line; returns DT_EXIT_USAGE (2). */
+int dt_cli_usage(const char *hint, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The exit status for a library call's failure s during set-up: DT_EINVAL (a bad flag value or
+ * combination) -> 2, DT_EPEER/DT_ETIMEDOUT -> 75, a file, data set, checkpoint or model that
+ * cannot be used (DT_EFORMAT, DT_ENOENT, DT_EIO, DT_EMISMATCH, DT_ENOTSUP) -> 78, else 1. */
+int dt_cli_setup_status(int s);
+/* The exit statuses, one line each, for the --help texts. */
+extern const char dt_cli_exit_help[];
 
 /* Subcommands: each returns the process exit status. argv[0] is the subcommand name. */
 typedef struct {

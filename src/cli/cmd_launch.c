@@ -59,10 +59,10 @@ int dt_cmd_launch(int argc, char **argv) {
     if (rc > 0) return 0;
     if (rc < 0) return 2;
     if (n < 1)
-        return dt_cli_fail("e.g. dtrain launch -n 4 -- ./my_worker --flag", n == 0 ? "missing -n N (number of ranks)" : "-n must be >= 1, got %d", n);
+        return dt_cli_usage("e.g. dtrain launch -n 4 -- ./my_worker --flag", n == 0 ? "missing -n N (number of ranks)" : "-n must be >= 1, got %d", n);
     if (prog >= argc)
-        return dt_cli_fail("e.g. dtrain launch -n 4 -- ./my_worker --flag", "missing the program to launch");
-    if (timeout < 0 || grace < 0) return dt_cli_fail(NULL, "--timeout and --grace must be >= 0");
+        return dt_cli_usage("e.g. dtrain launch -n 4 -- ./my_worker --flag", "missing the program to launch");
+    if (timeout < 0 || grace < 0) return dt_cli_usage(NULL, "--timeout and --grace must be >= 0");
 
     if (dt_comm_env_is_rank())
         fprintf(stderr, "dtrain launch: note: started by mpirun/srun; these %d ranks form their own local job "

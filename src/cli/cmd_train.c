@@ -57,8 +57,14 @@ static void on_epoch(void *ctx, const dt_epoch_info *e) {
     progress_ctx *pc = ctx;
     pc->last = *e;
     if (pc->tty && !pc->quiet) fprintf(stderr, "\r\033[K");
-    printf("epoch %d/%d: train_loss %.4f test_loss %.4f test_acc %.4f %.0f samples/s (%.1fs)\n", e->epoch,
-           pc->epochs, e->train_loss, e->test_loss, e->test_acc, e->samples_per_s, e->epoch_s);
+    /* say so when the epoch was cut short (--max-steps) or its loss covers only part of it (resumed) */
+    char part[64] = "", over[96] = "";
+    if (e->steps_per_epoch > 0 && e->epoch_steps < e->steps_per_epoch)
+        snprintf(part, sizeof part, " (%lld of %lld steps)", (long long)e->epoch_steps, (long long)e->steps_per_epoch);
+    if (e->steps_per_epoch > 0 && e->steps < e->epoch_steps)
+        snprintf(over, sizeof over, " (over its last %lld steps, since the resume)", (long long)e->steps);
+    printf("epoch %d/%d%s: train_loss %.4f%s test_loss %.4f test_acc %.4f %.0f samples/s (%.1fs)\n", e->epoch,
+           pc->epochs, part, e->train_loss, over, e->test_loss, e->test_acc, e->samples_per_s, e->epoch_s);
     fflush(stdout);
 }
 
@@ -80,9 +86,10 @@ static void print_launch_event(void *ctx, const char *msg) {
 }
 
 /* Exit status of a rank whose set-up failed with s: a peer's failure or a deadline is
- * DT_EXIT_PEER (the launcher blames the other rank), anything else is bad flags/data/model. */
+ * DT_EXIT_PEER (the launcher blames the other rank), a bad flag value DT_EXIT_USAGE, bad data,
+ * checkpoint or model DT_EXIT_CONFIG (dt_cli_setup_status). */
 static int setup_exit(dt_status s) {
-    return s == DT_EPEER || s == DT_ETIMEDOUT ? DT_EXIT_PEER : DT_EXIT_CONFIG;
+    return dt_cli_setup_status(s);
 }
 
 /* --workers N: re-runs this very command as N local ranks (shared-memory transport) and
@@ -98,6 +105,8 @@ static int run_workers(int argc, char **argv, int workers, const char *elastic, 
     if (!args) return dt_cli_fail(NULL, "out of memory");
     args[0] = exe;
     args[1] = "train";
+    /* rank 0's stderr is the launcher's pipe: tell it the user sees a terminal (progress bar) */
+    if (isatty(2)) setenv("DTRAIN_PROGRESS_TTY", "1", 1);
     for (int i = 1; i < argc; i++) args[i + 1] = argv[i];
     dt_launch_result res;
     dt_status s;
@@ -106,11 +115,11 @@ static int run_workers(int argc, char **argv, int workers, const char *elastic, 
         char tail;
         if (sscanf(elastic, "%d:%d%c", &lo, &hi, &tail) != 2) {
             free(args);
-            return dt_cli_fail("e.g. --elastic 1:4", "--elastic '%s' is not MIN:MAX", elastic);
+            return dt_cli_usage("e.g. --elastic 1:4", "--elastic '%s' is not MIN:MAX", elastic);
         }
         if (!checkpoint_dir) {
             free(args);
-            return dt_cli_fail("add --checkpoint-dir DIR --checkpoint-every STEPS (or --checkpoint-secs S)",
+            return dt_cli_usage("add --checkpoint-dir DIR --checkpoint-every STEPS (or --checkpoint-secs S)",
                                "--elastic restarts from checkpoints, so it needs --checkpoint-dir");
         }
         dt_elastic_config ec = {.workers = workers, .min_workers = lo, .max_workers = hi,
@@ -119,7 +128,7 @@ static int run_workers(int argc, char **argv, int workers, const char *elastic, 
         s = dt_elastic_run(&ec, &res);
         if (s == DT_EINVAL) {
             free(args);
-            return dt_cli_fail(NULL, "%s", dt_last_error());
+            return dt_cli_usage(NULL, "%s", dt_last_error());
         }
     } else {
         dt_launch_config lc = {.nranks = workers, .notify = print_launch_event, .expendable = expendable};
@@ -140,6 +149,8 @@ static const char TRAIN_USAGE[] =
     "  \"conv(32,3,pad=1) relu maxpool(2) flatten linear(128) relu linear(10)\"\n"
     "layers: linear(out[,bias=0]) conv(out,k[,stride=,pad=,bias=]) maxpool(k[,stride=]) avgpool(k[,stride=])\n"
     "        relu gelu tanh sigmoid dropout(p) flatten layernorm([eps=]) batchnorm([eps=,momentum=])\n"
+    "aliases: dense = linear, conv2d = conv, maxpool2d, avgpool2d, ln = layernorm, batchnorm2d = batchnorm.\n"
+    "No softmax layer: the loss (softmax cross-entropy) applies it; end with the last linear layer.\n"
     "presets: mlp (784-128-10, ReLU), cnn (the spec above with a second conv(64,3,pad=1) relu maxpool(2))\n\n"
     "Data parallel: --workers N starts N local ranks (shared memory); 'mpirun -np N dtrain train ...'\n"
     "or 'dtrain launch -n N -- dtrain train ...' run the same job. --batch is per rank; each step\n"
@@ -229,15 +240,15 @@ static int parse_train_flags(int argc, char **argv, train_opts *o) {
     int r = dt_flags_parse(argc, argv, 1, flags, (int)(sizeof flags / sizeof *flags), TRAIN_USAGE, NULL, 0, NULL,
                            NULL);
     if (r) return r < 0 ? 2 : 0;
-    if (o->workers < 1) return dt_cli_fail(NULL, "--workers %d: need at least 1", o->workers);
+    if (o->workers < 1) return dt_cli_usage(NULL, "--workers %d: need at least 1", o->workers);
     if (dt_cli_flag_given(argc, argv, "max-restarts") && !o->elastic)
-        return dt_cli_fail("e.g. --workers 4 --elastic 2:4 --max-restarts 5", "--max-restarts needs --elastic");
+        return dt_cli_usage("e.g. --workers 4 --elastic 2:4 --max-restarts 5", "--max-restarts needs --elastic");
     if (o->elastic && !dt_comm_env_is_rank() && c->checkpoint_every <= 0 && o->ckpt_secs <= 0)
-        return dt_cli_fail("add --checkpoint-every STEPS or --checkpoint-secs S",
+        return dt_cli_usage("add --checkpoint-every STEPS or --checkpoint-secs S",
                            "--elastic restarts from the newest checkpoint, so it needs periodic checkpoints");
     if (o->elastic && o->workers < 2 && !dt_comm_env_is_rank())
-        return dt_cli_fail("e.g. --workers 4 --elastic 2:4", "--elastic needs --workers N (N >= 2)");
-    if (o->timeout < 0) return dt_cli_fail(NULL, "--timeout %g: must not be negative (0 = default)", o->timeout);
+        return dt_cli_usage("e.g. --workers 4 --elastic 2:4", "--elastic needs --workers N (N >= 2)");
+    if (o->timeout < 0) return dt_cli_usage(NULL, "--timeout %g: must not be negative (0 = default)", o->timeout);
     o->uneven.servers_given = dt_cli_flag_given(argc, argv, "servers");
     o->uneven.sync_every_given = dt_cli_flag_given(argc, argv, "sync-every");
     if ((r = dt_cli_uneven_parse(&o->uneven, c)) != 0) return r;
@@ -248,14 +259,14 @@ static int parse_train_flags(int argc, char **argv, train_opts *o) {
 static int build_train_config(train_opts *o) {
     dt_train_config *c = &o->cfg;
     if (dt_optim_parse(o->optimizer, &c->optim.kind) != DT_OK)
-        return dt_cli_fail("use --optimizer sgd, adam or adamw", "%s", dt_last_error());
+        return dt_cli_usage("use --optimizer sgd, adam or adamw", "%s", dt_last_error());
     c->optim = dt_optim_defaults(c->optim.kind);
     c->optim.momentum = o->momentum;
     c->optim.nesterov = o->nesterov;
     if (o->wd >= 0) c->optim.weight_decay = o->wd;
     c->optim.beta1 = o->beta1, c->optim.beta2 = o->beta2, c->optim.eps = o->eps;
     if (dt_lr_parse(o->schedule, &c->lr.kind) != DT_OK)
-        return dt_cli_fail("use --schedule constant, step or cosine", "%s", dt_last_error());
+        return dt_cli_usage("use --schedule constant, step or cosine", "%s", dt_last_error());
     c->lr.base_lr = o->lr;
     c->lr.warmup_steps = o->warmup;
     c->lr.step_size = o->step_size;
@@ -311,8 +322,9 @@ static int run_rank(int argc, char **argv, train_opts *o, int job_ranks) {
     bool quiet = o->quiet;
     dt_comm_config cc = dt_comm_config_default();
     if (dt_backend_parse(o->backend, &cc.backend) != DT_OK)
-        return dt_cli_fail("use --backend auto, shm or mpi", "%s", dt_last_error());
+        return dt_cli_usage("use --backend auto, shm or mpi", "%s", dt_last_error());
     if (o->timeout > 0) cc.timeout_s = o->timeout;
+    cc.timeout_knob = "--timeout"; /* it overrides DTRAIN_TIMEOUT: the one to raise */
     dt_comm *comm = NULL;
     dt_status cs = dt_comm_create_from_env(&comm, &cc);
     if (cs != DT_OK) {
@@ -320,24 +332,26 @@ static int run_rank(int argc, char **argv, train_opts *o, int job_ranks) {
         return setup_exit(cs);
     }
     int rank = dt_comm_rank(comm), world = dt_comm_size(comm);
+    job_ranks = dt_elastic_job_workers(job_ranks); /* an elastic job that lost a rank slot is smaller */
     if (dt_cli_flag_given(argc, argv, "workers") && job_ranks > 1 && world != job_ranks) {
         dt_comm_destroy(comm);
         if (dt_cli_is_ps(&o->cfg))
-            return dt_cli_fail("leave out --workers when mpirun/srun/dtrain launch sets the number of ranks",
+            return dt_cli_usage("leave out --workers when mpirun/srun/dtrain launch sets the number of ranks",
                                "--workers %d with --servers %d makes %d ranks, but this job has %d", o->workers,
                                o->cfg.servers, job_ranks, world);
-        return dt_cli_fail("leave out --workers when mpirun/srun/dtrain launch sets the number of ranks",
+        return dt_cli_usage("leave out --workers when mpirun/srun/dtrain launch sets the number of ranks",
                            "--workers %d but this job has %d ranks", job_ranks, world);
     }
     if (cfg.slow_factor > 1 && cfg.slow_rank >= world) {
         dt_comm_destroy(comm);
-        return dt_cli_fail("pick a rank below the job's ranks", "--slow %d:%g: this job has only %d rank(s) (0..%d)",
+        return dt_cli_usage("pick a rank below the job's ranks", "--slow %d:%g: this job has only %d rank(s) (0..%d)",
                            cfg.slow_rank, cfg.slow_factor, world, world - 1);
     }
     if (world > 1) cfg.comm = comm;
     dt_log_set_rank(world > 1 ? rank : -1);
     if (rank != 0) quiet = true;
-    progress_ctx pc = {.quiet = quiet, .tty = isatty(2), .epochs = cfg.epochs};
+    const bool tty = isatty(2) || (rank == 0 && getenv("DTRAIN_PROGRESS_TTY") && dt_comm_env_is_rank());
+    progress_ctx pc = {.quiet = quiet, .tty = tty, .epochs = cfg.epochs};
     cfg.on_progress = on_progress;
     cfg.on_epoch = on_epoch;
     cfg.on_note = on_note;
@@ -354,7 +368,9 @@ static int run_rank(int argc, char **argv, train_opts *o, int job_ranks) {
     dt_trainer *t;
     dt_status s = dt_trainer_create(&t, &cfg);
     if (s != DT_OK) {
-        const char *hint = strstr(dt_last_error(), "data set") || strstr(dt_last_error(), "--data")
+        /* an error that starts with its flag ("--batch 9 is ...: use ...") carries its own advice */
+        const char *hint = !strncmp(dt_last_error(), "--", 2) ? NULL
+                           : strstr(dt_last_error(), "data set") || strstr(dt_last_error(), "--data")
                                ? "check --data (an IDX directory, fashion-mnist, mnist or a .csv file)"
                            : strstr(dt_last_error(), "model spec") ? "see 'dtrain train --help' for the spec syntax"
                                                                    : NULL;
@@ -399,11 +415,11 @@ int dt_cmd_train(int argc, char **argv) {
         const dt_train_config *c = &o.cfg;
         if (c->slow_factor > 1 && (c->slow_rank >= job_ranks || (dt_cli_is_ps(c) && c->slow_rank < c->servers))) {
             if (dt_cli_is_ps(c))
-                return dt_cli_fail("ranks 0..servers-1 serve; the workers are the ranks after them",
+                return dt_cli_usage("ranks 0..servers-1 serve; the workers are the ranks after them",
                                    "--slow %d:%g: rank %d is %s; pick a worker rank (%d..%d)", c->slow_rank,
                                    c->slow_factor, c->slow_rank, c->slow_rank < c->servers ? "a ps server" : "not in the job",
                                    c->servers, job_ranks - 1);
-            return dt_cli_fail(NULL, "--slow %d:%g: this job has only %d ranks (0..%d)", c->slow_rank,
+            return dt_cli_usage(NULL, "--slow %d:%g: this job has only %d ranks (0..%d)", c->slow_rank,
                                c->slow_factor, job_ranks, job_ranks - 1);
         }
         bool *expendable = dt_cli_expendable(&o.cfg, job_ranks);
@@ -430,15 +446,18 @@ int dt_cmd_eval(int argc, char **argv) {
     };
     int r = dt_flags_parse(argc, argv, 1, flags, (int)(sizeof flags / sizeof *flags), EVAL_USAGE, NULL, 0, NULL, NULL);
     if (r) return r < 0 ? 2 : 0;
-    if (!ckpt) return dt_cli_fail("pass --checkpoint FILE (written by dtrain train --save)", "no --checkpoint given");
-    if (batch < 1) return dt_cli_fail(NULL, "--batch %d: need at least 1", batch);
-    if (threads < 1) return dt_cli_fail(NULL, "--threads %d: need at least 1", threads);
+    if (!ckpt) return dt_cli_usage("pass --checkpoint FILE (written by dtrain train --save)", "no --checkpoint given");
+    if (batch < 1) return dt_cli_usage(NULL, "--batch %d: need at least 1", batch);
+    if (threads < 1) return dt_cli_usage(NULL, "--threads %d: need at least 1", threads);
     dt_set_threads(threads);
     float loss, acc;
     int64_t n;
     const char *split = "test";
     dt_status s = dt_evaluate_checkpoint(ckpt, data, batch, &loss, &acc, &n, &split);
-    if (s != DT_OK) return dt_cli_fail(NULL, "%s", dt_last_error());
+    if (s != DT_OK) {
+        dt_cli_fail(NULL, "%s", dt_last_error());
+        return dt_cli_setup_status(s);
+    }
     printf("eval: %lld samples, loss %.4f, accuracy %.4f%s\n", (long long)n, loss, acc,
            strcmp(split, "test") ? " (training split: the data set has no test split)" : "");
     return 0;

@@ -1,5 +1,7 @@
 /* Table-driven flag parsing and usage text for every dtrain subcommand. */
 #include "cli/cli.h"
+#include "dtrain/core.h"
+#include "run/launch.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -7,15 +9,43 @@
 #include <stdlib.h>
 #include <string.h>
 
-int dt_cli_fail(const char *hint, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
+const char dt_cli_exit_help[] =
+    "Exit status: 0 done; 1 failed at run time (I/O, memory, a diverged run); 2 wrong command line\n"
+    "(unknown flag, bad value, flags that do not go together); 75 stopped because another rank failed\n"
+    "or stalled; 78 a data set, checkpoint or model that cannot be used; 124 dtrain launch --timeout;\n"
+    "128+N killed by signal N. With --workers or dtrain launch, the status of the rank that failed.";
+
+static void vfail(const char *hint, const char *fmt, va_list ap) {
     fprintf(stderr, "dtrain: error: ");
     vfprintf(stderr, fmt, ap);
     fprintf(stderr, "\n");
-    va_end(ap);
     if (hint) fprintf(stderr, "HINT: %s\n", hint);
+}
+
+int dt_cli_fail(const char *hint, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vfail(hint, fmt, ap);
+    va_end(ap);
     return 1;
+}
+
+int dt_cli_usage(const char *hint, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vfail(hint, fmt, ap);
+    va_end(ap);
+    return DT_EXIT_USAGE;
+}
+
+int dt_cli_setup_status(int s) {
+    switch (s) {
+    case DT_OK: return 0;
+    case DT_EINVAL: return DT_EXIT_USAGE;
+    case DT_EPEER: case DT_ETIMEDOUT: return DT_EXIT_PEER;
+    case DT_EFORMAT: case DT_ENOENT: case DT_EIO: case DT_EMISMATCH: case DT_ENOTSUP: return DT_EXIT_CONFIG;
+    default: return 1;
+    }
 }
 
 static void print_default(const dt_flag *f) {
@@ -43,6 +73,7 @@ void dt_flags_usage(const char *usage, const dt_flag *flags, int n) {
         printf("\n");
     }
     printf("  %-24s %s\n", "--help", "show this help");
+    printf("\n%s\n", dt_cli_exit_help);
 }
 
 static int set_value(const dt_flag *f, const char *v) {
@@ -102,7 +133,7 @@ int dt_flags_parse(int argc, char **argv, int first, const dt_flag *flags, int n
         }
         if (strncmp(a, "--", 2) != 0) {
             if (!pos || !npos || *npos >= max_pos) {
-                dt_cli_fail("run with --help to see the accepted flags", "unexpected argument '%s'", a);
+                dt_cli_usage("run with --help to see the accepted flags", "unexpected argument '%s'", a);
                 return -1;
             }
             pos[(*npos)++] = a;
@@ -114,7 +145,7 @@ int dt_flags_parse(int argc, char **argv, int first, const dt_flag *flags, int n
         for (int k = 0; k < n; k++)
             if (strlen(flags[k].name) == len && !strncmp(flags[k].name, name, len)) f = &flags[k];
         if (!f) {
-            dt_cli_fail("run with --help to see the accepted flags", "unknown flag '--%.*s'", (int)len, name);
+            dt_cli_usage("run with --help to see the accepted flags", "unknown flag '--%.*s'", (int)len, name);
             return -1;
         }
         const char *v = eq ? eq + 1 : NULL;
@@ -124,13 +155,13 @@ int dt_flags_parse(int argc, char **argv, int first, const dt_flag *flags, int n
         }
         if (!v) {
             if (i + 1 >= argc) {
-                dt_cli_fail(f->help, "flag --%s needs %s", f->name, type_word(f->type));
+                dt_cli_usage(f->help, "flag --%s needs %s", f->name, type_word(f->type));
                 return -1;
             }
             v = argv[++i];
         }
         if (set_value(f, v) != 0) {
-            dt_cli_fail(f->help, "flag --%s needs %s, got '%s'", f->name, type_word(f->type), v);
+            dt_cli_usage(f->help, "flag --%s needs %s, got '%s'", f->name, type_word(f->type), v);
             return -1;
         }
     }

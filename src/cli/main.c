@@ -12,6 +12,7 @@ int dt_cmd_eval(int argc, char **argv);
 int dt_cmd_launch(int argc, char **argv);
 int dt_cmd_bench(int argc, char **argv);
 int dt_cmd_sample(int argc, char **argv);
+int dt_cmd_cache(int argc, char **argv);
 
 static const dt_command g_commands[] = {
     {"train", dt_cmd_train, "train a model (one process, --workers N, or one rank of a launch/mpirun job)"},
@@ -19,6 +20,7 @@ static const dt_command g_commands[] = {
     {"sample", dt_cmd_sample, "generate text with a GPT checkpoint"},
     {"launch", dt_cmd_launch, "run N local ranks of a program (rank env, prefixed output)"},
     {"bench", dt_cmd_bench, "benchmarks: train, ddp, async, fault, comm (tables + a JSON line)"},
+    {"cache", dt_cmd_cache, "the shared decoded data-set cache: ls (list your files), clear (remove them)"},
     {NULL, NULL, NULL},
 };
 
@@ -30,13 +32,15 @@ static void usage(void) {
            "Environment:\n"
            "  DTRAIN_TIMEOUT=S        deadline of any wait for another rank (default 300 s)\n"
            "  DTRAIN_LOG=LEVEL        library log level: error, warn (default), info, debug\n"
-           "  DTRAIN_DATA_CACHE=0|DIR shared decoded data-set cache: off, or its directory (default /dev/shm)\n"
+           "  DTRAIN_DATA_CACHE=0|DIR shared decoded data-set cache: off, or its directory (default /dev/shm;\n"
+           "                          see 'dtrain cache --help')\n"
+           "  DTRAIN_DATA_CACHE_MAX=N most cache entries kept per user (default 8)\n"
            "  OPENBLAS_CORETYPE=CORE  OpenBLAS kernel set; unset, dtrain picks SkylakeX or Haswell itself\n"
            "                          when OpenBLAS does not know the CPU (bench prints the choice;\n"
            "                          DTRAIN_BLAS_REEXEC=0 keeps OpenBLAS's own choice)\n"
            "  DTRAIN_COMM_ALGO=NAME   force a collective algorithm: ring, rd, rhd, tree, direct, native\n"
            "  DTRAIN_RANK, DTRAIN_WORLD_SIZE, DTRAIN_JOB_ID   set by dtrain launch / --workers; mpirun\n"
-           "                          and srun ranks are found from their own variables\n");
+           "                          and srun ranks are found from their own variables\n\n%s\n", dt_cli_exit_help);
 }
 
 /* OpenBLAS fell back to its generic kernels on a CPU it does not know: run again with the kernel
@@ -67,5 +71,5 @@ int main(int argc, char **argv) {
     }
     for (const dt_command *c = g_commands; c->name; c++)
         if (!strcmp(argv[1], c->name)) return c->run(argc - 1, argv + 1);
-    return dt_cli_fail("run 'dtrain --help' for the list of commands", "unknown command '%s'", argv[1]);
+    return dt_cli_usage("run 'dtrain --help' for the list of commands", "unknown command '%s'", argv[1]);
 }

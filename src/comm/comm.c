@@ -46,7 +46,7 @@ static dt_status resolve_timeout(double cfg, double *out) {
 }
 
 static dt_status comm_new(dt_comm **out, int rank, int size, dt_backend b, dt_transport *t, dt_comm_algo algo,
-                          double timeout) {
+                          double timeout, const char *knob) {
     dt_comm *c = calloc(1, sizeof *c);
     if (!c) return dt_error(DT_ENOMEM, "out of memory creating a communicator");
     c->rank = rank;
@@ -55,6 +55,8 @@ static dt_status comm_new(dt_comm **out, int rank, int size, dt_backend b, dt_tr
     c->t = t;
     c->algo = algo;
     c->timeout_s = timeout;
+    snprintf(c->timeout_knob, sizeof c->timeout_knob, "%s", knob);
+    if (t) snprintf(t->timeout_knob, sizeof t->timeout_knob, "%s", knob);
     c->seg_bytes = 256 << 10;
     const char *seg = getenv("DTRAIN_COMM_SEG");
     if (seg && atol(seg) >= 4096) c->seg_bytes = (size_t)atol(seg);
@@ -84,6 +86,7 @@ dt_status dt_comm_create(dt_comm **out, const dt_comm_config *cfg) {
     double timeout;
     dt_comm_algo algo;
     DT_TRY(resolve_timeout(d.timeout_s, &timeout));
+    const char *knob = d.timeout_knob ? d.timeout_knob : d.timeout_s > 0 ? "dt_comm_config.timeout_s" : "DTRAIN_TIMEOUT";
     DT_TRY(resolve_algo(d.algo, &algo));
     dt_backend b = d.backend;
     if (b == DT_BACKEND_AUTO) b = d.size == 1 ? DT_BACKEND_SELF : DT_BACKEND_SHM;
@@ -101,7 +104,7 @@ dt_status dt_comm_create(dt_comm **out, const dt_comm_config *cfg) {
                         "mpirun/srun -n %d (dtrain launch starts shm jobs)", got, d.size, d.size);
     }
     int rank = t ? t->rank : 0, size = t ? t->size : 1;
-    dt_status st = comm_new(out, rank, size, b, t, algo, timeout);
+    dt_status st = comm_new(out, rank, size, b, t, algo, timeout, knob);
     if (st != DT_OK && t) t->ops->destroy(t);
     if (st == DT_OK) dt_log_set_rank(rank);
     return st;
@@ -236,7 +239,7 @@ dt_status dt_comm_split(dt_comm *c, int color, int key, dt_comm **out) {
             }
         }
         if (st == DT_OK) {
-            st = comm_new(out, me, n, c->backend, nt, c->algo, c->timeout_s);
+            st = comm_new(out, me, n, c->backend, nt, c->algo, c->timeout_s, c->timeout_knob);
             if (st != DT_OK && nt) nt->ops->destroy(nt);
         }
     }

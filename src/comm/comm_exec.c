@@ -121,9 +121,9 @@ static void *progress_main(void *arg) {
                 nx = r->next;
                 if (st == DT_OK && !r->treq.done && now >= r->deadline) {
                     dt_error(DT_ETIMEDOUT, "%s rank %d tag %d (%zu bytes) timed out: the peer never posted the "
-                             "matching %s; raise DTRAIN_TIMEOUT (seconds) if it is only slow",
+                             "matching %s; raise %s (seconds) if it is only slow",
                              r->kind == RQ_SEND ? "send to" : "recv from", r->root, r->tag, r->treq.bytes,
-                             r->kind == RQ_SEND ? "recv" : "send");
+                             r->kind == RQ_SEND ? "recv" : "send", c->timeout_knob);
                     dt_comm_fail(c, DT_ETIMEDOUT);
                     st = DT_ETIMEDOUT;
                 }

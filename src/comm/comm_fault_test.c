@@ -131,7 +131,11 @@ static int timeout_rank(int R, int N, const char *job, void *arg) {
         double dt = dt_now() - t0;
         CHECK_MSG(st == DT_ETIMEDOUT && strstr(dt_last_error(), "barrier #1") && strstr(dt_last_error(), "rank 1"),
                   "got %s: %s", dt_status_str(st), dt_last_error());
-        CHECK_MSG(dt > 0.9 && dt < 2.0, "timeout after %.2f s, want ~1 s", dt);
+        /* the hint names what set the deadline: here the config field, not DTRAIN_TIMEOUT */
+        CHECK_MSG(strstr(dt_last_error(), "raise dt_comm_config.timeout_s"), "hint: %s", dt_last_error());
+        /* not before the deadline; the upper bound only catches a wait that ignores it (a loaded
+         * machine may deliver the wake-up late) */
+        CHECK_MSG(dt > 0.9 && dt < 10.0, "timeout after %.2f s, want ~1 s", dt);
         printf("  timeout: %s\n", dt_last_error());
     }
     dt_comm_destroy(c);

@@ -39,6 +39,7 @@ struct dt_comm {
     dt_transport *t;          /* NULL for a single process */
     dt_comm_algo algo;        /* AUTO or a forced algorithm */
     double timeout_s;
+    char timeout_knob[40];    /* named in timeout errors: "--timeout", DTRAIN_TIMEOUT, ... */
     uint64_t seq, splits;
     dt_scratch scratch;
     size_t seg_bytes;

@@ -135,6 +135,7 @@ typedef struct dt_transport_ops {
 struct dt_transport {
     const dt_transport_ops *ops;
     int rank, size;
+    char timeout_knob[40];       /* what the user raises when a wait times out (set by comm.c) */
 };
 
 /* Creation parameters shared by the transport constructors. */
@@ -152,9 +153,5 @@ dt_status dt_transport_shm_create(dt_transport **out, const dt_transport_params 
  * Without DT_HAVE_MPI: returns DT_ENOTSUP "built without MPI: install libopenmpi-dev and rebuild". */
 dt_status dt_transport_mpi_create(dt_transport **out, const dt_transport_params *p);
 
-/* Baseline for `dtrain bench comm`: times `iters` (after `warmup`) plain MPI_Allreduce calls of
- * `count` f32 (sum) on MPI_COMM_WORLD; *usec = mean time per call, equal on all ranks (max over
- * ranks). Needs MPI to be initialised already (an mpi transport exists). Without MPI: DT_ENOTSUP. */
-dt_status dt_mpi_bench_allreduce(size_t count, int warmup, int iters, double *usec);
 
 #endif

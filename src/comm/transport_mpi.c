@@ -16,10 +16,13 @@ dt_status dt_transport_mpi_create(dt_transport **out, const dt_transport_params 
     if (out) *out = NULL;
     return dt_error(DT_ENOTSUP, "built without MPI: install libopenmpi-dev and rebuild");
 }
-dt_status dt_mpi_bench_allreduce(size_t count, int warmup, int iters, double *usec) {
+dt_status dt_comm_bench_mpi_allreduce(size_t count, int warmup, int iters, double *usec) {
     (void)count; (void)warmup; (void)iters;
     if (usec) *usec = 0;
     return dt_error(DT_ENOTSUP, "built without MPI: install libopenmpi-dev and rebuild");
+}
+dt_status dt_comm_bench_mpi_reduce(size_t count, int warmup, int iters, double *usec) {
+    return dt_comm_bench_mpi_allreduce(count, warmup, iters, usec);
 }
 #else
 #include "comm/transport_mpi.h"
@@ -102,8 +105,8 @@ static double g_spin_s = 200e-6; /* spin window; DTRAIN_MPI_SPIN_US overrides (r
 void dt_mpi_backoff(dt_mpi_idle *w) {
     double now = dt_now();
     if (w->since == 0) w->since = now;
-    if (now - w->since < g_spin_s) { sched_yield(); return; }
-    long ns = 5000L << (w->naps < 7 ? w->naps : 7); /* 5 us .. 640 us */
+    long ns = dt_mpi_nap_ns(w, now - w->since, g_spin_s);
+    if (ns == 0) { sched_yield(); return; }
     w->naps++;
     struct timespec ts = {0, ns};
     nanosleep(&ts, NULL);
@@ -357,8 +360,8 @@ static dt_status timeout_error(dt_mpi_transport *t, dt_treq *const *reqs, int n,
         if (len >= sizeof who) len = sizeof who - 1;
         listed++;
     }
-    return dt_mpi_fail(t, DT_ETIMEDOUT, "timed out after %.1f s during %s waiting for %s; the rank is stalled or dead",
-                       waited, op_str(t, o, sizeof o), who);
+    return dt_mpi_fail(t, DT_ETIMEDOUT, "timed out after %.1f s during %s waiting for %s; the rank is stalled or dead "
+                       "(raise %s if it is only slow)", waited, op_str(t, o, sizeof o), who, t->base.timeout_knob);
 }
 
 /* A request of reqs waits on a rank whose process is gone (and what it sent before is not here):
@@ -381,8 +384,9 @@ static dt_status check_dead(dt_mpi_transport *t, dt_treq *const *reqs, int n) {
 
 static dt_status mpi_waitall(dt_transport *tt, dt_treq *const *reqs, int n, double deadline) {
     dt_mpi_transport *t = (dt_mpi_transport *)tt;
-    double t0 = dt_now(), next_live = t0 + DT_MPI_LIVE_PERIOD;
-    dt_mpi_idle idle = {0};
+    double t0 = dt_now(), next_live = t0 + DT_MPI_LIVE_PERIOD, bytes = 0;
+    for (int i = 0; i < n; i++) bytes += reqs[i] && !reqs[i]->done ? (double)reqs[i]->bytes : 0;
+    dt_mpi_idle idle = dt_mpi_idle_for(bytes); /* no naps while the messages are still moving */
     for (;;) {
         bool progressed;
         DT_TRY(progress_all(t, &progressed));

@@ -52,11 +52,25 @@ dt_status dt_mpi_fail(dt_mpi_transport *t, dt_status s, const char *fmt, ...)
 /* Advances the internal channels (abort notices, descriptor checks); DT_OK or the error. */
 dt_status dt_mpi_progress_internal(dt_mpi_transport *t);
 /* Idle state of a polling loop: poll (yielding the core) for a short spin window after the last
- * progress, then sleep with growing naps. MPI only progresses inside its calls, so a polled wait
- * trades a little CPU for latency; zero it to start, dt_mpi_idle_reset() on progress. */
-typedef struct { double since; int naps; } dt_mpi_idle;
+ * progress, or for as long as the data of the operation needs to move (busy_s), then sleep with
+ * growing naps. MPI only progresses inside its calls: a non-blocking collective (libnbc's
+ * MPI_Ireduce above all) advances one fragment per MPI_Test, so napping while its data is still
+ * moving made a 64 MiB reduce ~400x slower. Zero it to start (or dt_mpi_idle_for), and
+ * dt_mpi_idle_reset() on progress. */
+typedef struct { double since; int naps; double busy_s; } dt_mpi_idle;
 void dt_mpi_backoff(dt_mpi_idle *w);
 static inline void dt_mpi_idle_reset(dt_mpi_idle *w) { w->since = 0; w->naps = 0; }
+/* An idle state for a wait on an operation moving `bytes`: it polls without sleeping for the time
+ * those bytes need at a pessimistic 0.25 GB/s (plus 1 ms), then naps of at most 20 us until 10x
+ * that time, then longer ones: a peer that is late. */
+static inline dt_mpi_idle dt_mpi_idle_for(double bytes) { return (dt_mpi_idle){.busy_s = 1e-3 + bytes / 0.25e9}; }
+/* The nap dt_mpi_backoff takes el seconds into an idle stretch after w->naps naps (spin_s: the
+ * spin window): 0 = poll again at once (yield), else nanoseconds to sleep. */
+static inline long dt_mpi_nap_ns(const dt_mpi_idle *w, double el, double spin_s) {
+    if (el < spin_s || el < w->busy_s) return 0;
+    const int top = el < 10 * w->busy_s ? 2 : 7; /* 5..20 us while the data may still move, then up to 640 us */
+    return 5000L << (w->naps < top ? w->naps : top);
+}
 /* Writes MPI's text for an error code into buf. */
 const char *dt_mpi_errstr(int code, char *buf, size_t n);
 /* Dead-peer detection (transport_mpi_live.c). Seconds between two checks in a wait: */

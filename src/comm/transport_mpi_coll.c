@@ -4,7 +4,7 @@
  * within DT_MPI_LIVE_PERIOD). Used when the algorithm is
  * NATIVE, or AUTO where MPI's own is faster (see use_native). bf16/f16 reductions and shapes
  * MPI cannot express (in-place alltoall, counts over INT_MAX) return DT_ENOTSUP so the
- * communicator runs its own algorithm. Also the benchmark baseline dt_mpi_bench_allreduce. */
+ * communicator runs its own algorithm. Also the benchmark baseline dt_comm_bench_mpi_allreduce. */
 #include "comm/transport.h"
 
 #ifdef DT_HAVE_MPI
@@ -72,7 +72,9 @@ static const char *mpi_name(int op) {
 
 static dt_status wait_req(dt_mpi_transport *t, MPI_Request *req, const dt_coll_args *a) {
     double t0 = dt_now(), next_live = t0 + DT_MPI_LIVE_PERIOD;
-    dt_mpi_idle idle = {0};
+    /* every rank's part of the data moves through this rank at most a few times */
+    dt_mpi_idle idle = dt_mpi_idle_for(2.0 * (double)a->d.count * (double)dt_dtype_size((dt_dtype)a->d.dtype) *
+                                       (a->d.op == DT_COLL_ALLTOALL || a->d.op == DT_COLL_ALLGATHER ? t->base.size : 1));
     char o[96], e[256];
     for (;;) {
         int flag = 0;
@@ -104,8 +106,9 @@ static dt_status wait_req(dt_mpi_transport *t, MPI_Request *req, const dt_coll_a
         }
         if (now >= a->deadline)
             return dt_mpi_fail(t, DT_ETIMEDOUT, "timed out after %.1f s in %s (%s) on rank %d: a rank did "
-                               "not join or is stalled", now - t0, dt_coll_desc_str(&a->d, o, sizeof o),
-                               mpi_name(a->d.op), t->base.rank);
+                               "not join or is stalled (raise %s if it is only slow)", now - t0,
+                               dt_coll_desc_str(&a->d, o, sizeof o), mpi_name(a->d.op), t->base.rank,
+                               t->base.timeout_knob);
         dt_mpi_backoff(&idle);
     }
 }
@@ -237,12 +240,19 @@ dt_status dt_mpi_coll(dt_transport *tt, const dt_coll_args *a) {
     return s;
 }
 
-dt_status dt_mpi_bench_allreduce(size_t count, int warmup, int iters, double *usec) {
+/* MPI_Allreduce (reduce = false) or MPI_Reduce to rank 0, blocking, on MPI_COMM_WORLD. */
+static int plain(bool reduce, const float *a, float *b, int count) {
+    return reduce ? MPI_Reduce(a, b, count, MPI_FLOAT, MPI_SUM, 0, MPI_COMM_WORLD)
+                  : MPI_Allreduce(a, b, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+}
+
+static dt_status bench_plain(bool reduce, size_t count, int warmup, int iters, double *usec) {
+    const char *name = reduce ? "MPI_Reduce" : "MPI_Allreduce";
     *usec = 0;
     int inited = 0, fin = 0;
     MPI_Initialized(&inited);
     MPI_Finalized(&fin);
-    if (!inited || fin) return dt_error(DT_EINVAL, "dt_mpi_bench_allreduce needs an MPI communicator (run under mpirun)");
+    if (!inited || fin) return dt_error(DT_EINVAL, "the plain %s baseline needs an MPI communicator (run under mpirun)", name);
     if (count > (size_t)INT_MAX || iters < 1 || warmup < 0)
         return dt_error(DT_EINVAL, "bench: count %zu must be <= INT_MAX and iters >= 1", count);
     float *a = dt_alloc((count ? count : 1) * sizeof(float)), *b = dt_alloc((count ? count : 1) * sizeof(float));
@@ -255,11 +265,10 @@ dt_status dt_mpi_bench_allreduce(size_t count, int warmup, int iters, double *us
     pthread_mutex_lock(&dt_mpi_lock);
     int rc = MPI_Barrier(MPI_COMM_WORLD);
     for (int i = 0; i < warmup && rc == MPI_SUCCESS; i++)
-        rc = MPI_Allreduce(a, b, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        rc = plain(reduce, a, b, (int)count);
     if (rc == MPI_SUCCESS) rc = MPI_Barrier(MPI_COMM_WORLD);
     double t0 = MPI_Wtime();
-    for (int i = 0; i < iters && rc == MPI_SUCCESS; i++)
-        rc = MPI_Allreduce(a, b, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    for (int i = 0; i < iters && rc == MPI_SUCCESS; i++) rc = plain(reduce, a, b, (int)count);
     double local = (MPI_Wtime() - t0) / iters * 1e6;
     if (rc == MPI_SUCCESS) rc = MPI_Allreduce(&local, usec, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     pthread_mutex_unlock(&dt_mpi_lock);
@@ -267,9 +276,17 @@ dt_status dt_mpi_bench_allreduce(size_t count, int warmup, int iters, double *us
     dt_free(b);
     if (rc != MPI_SUCCESS) {
         char e[256];
-        return dt_error(DT_EPEER, "bench: MPI_Allreduce failed: %s", dt_mpi_errstr(rc, e, sizeof e));
+        return dt_error(DT_EPEER, "bench: %s failed: %s", name, dt_mpi_errstr(rc, e, sizeof e));
     }
     return DT_OK;
+}
+
+dt_status dt_comm_bench_mpi_allreduce(size_t count, int warmup, int iters, double *usec) {
+    return bench_plain(false, count, warmup, iters, usec);
+}
+
+dt_status dt_comm_bench_mpi_reduce(size_t count, int warmup, int iters, double *usec) {
+    return bench_plain(true, count, warmup, iters, usec);
 }
 
 #else

@@ -11,6 +11,9 @@
 #include "comm/comm_testlib.h"
 #include "comm/transport.h"
 #include "core/test.h"
+#ifdef DT_HAVE_MPI
+#include "comm/transport_mpi.h"
+#endif
 
 #include <signal.h>
 #include <stdio.h>
@@ -231,7 +234,7 @@ static int mode_ok(void) {
         s->ops->destroy(s);
     }
     double us = 0;
-    CHECK_OK(dt_mpi_bench_allreduce(1024, 2, 10, &us));
+    CHECK_OK(dt_comm_bench_mpi_allreduce(1024, 2, 10, &us));
     CHECK(us > 0);
     t->ops->destroy(t);
     char name[64];
@@ -397,7 +400,7 @@ static int mode_bench(int nsizes, char **sizes) {
         double base = 1e30, nat = 1e30;
         for (int round = 0; round < 3; round++) {
             double us = 0;
-            CHECK_OK(dt_mpi_bench_allreduce(n, 2, iters, &us));
+            CHECK_OK(dt_comm_bench_mpi_allreduce(n, 2, iters, &us));
             if (us < base) base = us;
             dt_coll_args x = {.d = {.op = DT_COLL_ALLREDUCE, .dtype = DT_F32, .count = n}, .send = a, .recv = b,
                               .algo = DT_ALGO_NATIVE};
@@ -443,7 +446,23 @@ static int run_mpirun(int np, const char *mode, char *out, size_t cap) {
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
 }
 
+/* The polling loop's naps (pure arithmetic): none while a collective's data can still be moving
+ * (a 64 MiB reduce napped 640 us between the MPI_Tests that drive libnbc: ~400x too slow), short
+ * ones up to 10x that time, the long ones only after. */
+static void test_naps(void) {
+    dt_mpi_idle w = dt_mpi_idle_for(64.0 * 1048576);
+    CHECK_MSG(w.busy_s > 0.25 && w.busy_s < 0.3, "busy window %g s for 64 MiB", w.busy_s);
+    CHECK(dt_mpi_nap_ns(&w, 0.0001, 200e-6) == 0 && dt_mpi_nap_ns(&w, 0.2, 200e-6) == 0);
+    w.naps = 6;
+    CHECK(dt_mpi_nap_ns(&w, 0.5, 200e-6) == 20000 && dt_mpi_nap_ns(&w, 3.0, 200e-6) == 320000);
+    w.naps = 9;
+    CHECK(dt_mpi_nap_ns(&w, 3.0, 200e-6) == 640000);
+    dt_mpi_idle small = dt_mpi_idle_for(0); /* a barrier: 1 ms */
+    CHECK(dt_mpi_nap_ns(&small, 0.0005, 200e-6) == 0 && dt_mpi_nap_ns(&small, 0.002, 200e-6) == 5000);
+}
+
 int main(int argc, char **argv) {
+    if (!getenv("OMPI_COMM_WORLD_SIZE")) test_naps();
     if (getenv("OMPI_COMM_WORLD_SIZE")) {
         if (argc > 2 && !strcmp(argv[1], "bench")) return mode_bench(argc - 2, argv + 2);
         if (argc > 1 && !strcmp(argv[1], "dead")) return mode_dead();

@@ -198,11 +198,11 @@ static dt_status slow_checks(dt_shm *s, double deadline, double now, bool idle) 
         char msg[512];
         if (p >= 0)
             snprintf(msg, sizeof msg, "%s on rank %d timed out waiting for rank %d%s: it is alive but did not take "
-                     "part; raise DTRAIN_TIMEOUT (seconds) if it is only slow", what_str(s, what, sizeof what, rq),
-                     s->me, p, doing);
+                     "part; raise %s (seconds) if it is only slow", what_str(s, what, sizeof what, rq),
+                     s->me, p, doing, s->base.timeout_knob);
         else
-            snprintf(msg, sizeof msg, "%s on rank %d timed out; raise DTRAIN_TIMEOUT (seconds) if the job is only slow",
-                     what_str(s, what, sizeof what, rq), s->me);
+            snprintf(msg, sizeof msg, "%s on rank %d timed out; raise %s (seconds) if the job is only slow",
+                     what_str(s, what, sizeof what, rq), s->me, s->base.timeout_knob);
         if (!rq) { /* a collective: fail the whole job so no rank goes on alone */
             dt_shm_abort(s, DT_ETIMEDOUT, msg);
             return abort_error(s);

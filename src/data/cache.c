@@ -27,6 +27,7 @@
 #define CACHE_PATH 1024         /* longest source path recorded (longer: no cache) */
 #define CACHE_FP 65536          /* bytes at each end of a source file that are fingerprinted */
 #define CACHE_LOCK_WAIT_S 300.0 /* then decode privately instead of waiting for the builder */
+#define DT_CACHE_DEFAULT_MAX 8  /* entries kept per user (DTRAIN_DATA_CACHE_MAX) */
 
 /* Identity of one source file: a changed, replaced or rewritten file no longer matches. */
 typedef struct {
@@ -220,18 +221,32 @@ static int map_existing(const char *file, const cache_header *want, void **map, 
     return rc;
 }
 
+/* True when fd (locked) is still the file at path: the holder before us may have removed it. */
+static bool lock_is_current(int fd, const char *path) {
+    struct stat a, b;
+    return fstat(fd, &a) == 0 && stat(path, &b) == 0 && a.st_ino == b.st_ino && a.st_dev == b.st_dev;
+}
+
 /* Takes the builder lock of one cache entry; -1 (logged) when it cannot. Waits by sleeping, up to
- * CACHE_LOCK_WAIT_S; a builder that dies releases it. */
+ * CACHE_LOCK_WAIT_S; a builder that dies releases it. The lock file exists only while someone
+ * holds it: its holder removes it before letting go (unlock_entry), so failed decodes and
+ * finished builds leave no .lock behind; a waiter that then gets the lock of a removed file
+ * starts over on a fresh one. */
 static int lock_entry(const char *lockfile) {
-    int fd = open(lockfile, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-    if (fd < 0) {
-        dt_log(DT_LOG_INFO, "data cache: cannot create %s (%s): decoding privately", lockfile, strerror(errno));
-        return -1;
-    }
     double t0 = dt_now();
     long sleep_ns = 1000000;
+    int fd = -1;
     for (;;) {
-        if (flock(fd, LOCK_EX | LOCK_NB) == 0) return fd;
+        if (fd < 0 && (fd = open(lockfile, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600)) < 0) {
+            dt_log(DT_LOG_INFO, "data cache: cannot create %s (%s): decoding privately", lockfile, strerror(errno));
+            return -1;
+        }
+        if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
+            if (lock_is_current(fd, lockfile)) return fd;
+            close(fd); /* removed by the holder before us: lock the new one */
+            fd = -1;
+            continue;
+        }
         if (errno != EWOULDBLOCK && errno != EINTR) {
             dt_log(DT_LOG_INFO, "data cache: cannot lock %s (%s): decoding privately", lockfile, strerror(errno));
             break;
@@ -249,9 +264,70 @@ static int lock_entry(const char *lockfile) {
     return -1;
 }
 
+/* Removes the lock file, then releases it (see lock_entry). */
+static void unlock_entry(const char *lockfile, int fd) {
+    unlink(lockfile);
+    close(fd);
+}
+
+/* Removes path when it is a lock file nobody holds (left by a dtrain before this rule). */
+static void remove_if_stale_lock(const char *path) {
+    int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) return;
+    struct stat st;
+    if (fstat(fd, &st) == 0 && st.st_uid == geteuid() && flock(fd, LOCK_EX | LOCK_NB) == 0 &&
+        lock_is_current(fd, path))
+        unlink(path);
+    close(fd);
+}
+
+/* Most entries of this user kept in the cache directory (DTRAIN_DATA_CACHE_MAX, default 8): a
+ * new build removes the least recently opened ones beyond it. */
+static int max_entries(void) {
+    const char *e = getenv("DTRAIN_DATA_CACHE_MAX");
+    int v = e && *e ? atoi(e) : DT_CACHE_DEFAULT_MAX;
+    return v >= 1 ? v : DT_CACHE_DEFAULT_MAX;
+}
+
+/* Removes this user's oldest entries (by last open) so that at most max_entries() - 1 remain
+ * besides `name`, the one being built. Processes that map a removed entry keep working. */
+static void bound_entries(const char *dir, const char *name) {
+    enum { CAP = 256 };
+    struct { char f[64]; double t; } *v = calloc(CAP, sizeof *v);
+    DIR *d = v ? opendir(dir) : NULL;
+    if (!d) {
+        free(v);
+        return;
+    }
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) && n < CAP) {
+        size_t flen = strlen(e->d_name);
+        struct stat st;
+        if (strncmp(e->d_name, "dtrain-data-", 12) || flen < 4 || flen >= 64 || strcmp(e->d_name + flen - 3, ".v1") ||
+            !strcmp(e->d_name, name) || fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+            st.st_uid != geteuid())
+            continue;
+        snprintf(v[n].f, sizeof v[n].f, "%s", e->d_name);
+        v[n++].t = (double)st.st_atim.tv_sec + st.st_atim.tv_nsec * 1e-9;
+    }
+    for (int keep = max_entries() - 1; n > keep; n--) {
+        int oldest = 0;
+        for (int i = 1; i < n; i++)
+            if (v[i].t < v[oldest].t) oldest = i;
+        dt_log(DT_LOG_INFO, "data cache: removing %s/%s (more than %d entries; DTRAIN_DATA_CACHE_MAX)", dir,
+               v[oldest].f, max_entries());
+        unlinkat(dirfd(d), v[oldest].f, 0);
+        v[oldest] = v[n - 1];
+    }
+    closedir(d);
+    free(v);
+}
+
 /* Housekeeping while building (rare): removes this entry's leftover temp files (we hold its lock,
- * so their builders died), other entries' leftovers whose lock is free, and this user's entries
- * whose source files no longer exist. */
+ * so their builders died), other entries' leftovers whose lock is free or gone, lock files
+ * nobody holds, this user's entries whose source files no longer exist, and the oldest entries
+ * beyond DTRAIN_DATA_CACHE_MAX. */
 static void collect_garbage(const char *dir, const char *name) {
     DIR *d = opendir(dir);
     if (!d) return;
@@ -268,11 +344,14 @@ static void collect_garbage(const char *dir, const char *name) {
                     unlink(path);
                     continue;
                 }
+                /* a builder holds the lock file for as long as its temp file exists */
                 snprintf(base, sizeof base, "%s/%.*s.lock", dir, (int)(tmp - f), f);
                 int lfd = open(base, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
-                if (lfd >= 0 && flock(lfd, LOCK_EX | LOCK_NB) == 0) unlink(path);
+                if (lfd < 0 ? errno == ENOENT : flock(lfd, LOCK_EX | LOCK_NB) == 0) unlink(path);
                 if (lfd >= 0) close(lfd);
             }
+            if (pass == 0 && flen > 5 && !strcmp(f + flen - 5, ".lock") && strncmp(f, name, nlen - 3) != 0)
+                remove_if_stale_lock(path);
             if (pass == 0 || flen < 4 || strcmp(f + flen - 3, ".v1") != 0 || !strncmp(f, name, nlen)) continue;
             int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
             if (fd < 0) continue;
@@ -289,10 +368,11 @@ static void collect_garbage(const char *dir, const char *name) {
             if (gone) {
                 unlink(path);
                 snprintf(base, sizeof base, "%s/%.*s.lock", dir, (int)(flen - 3), f);
-                unlink(base);
+                remove_if_stale_lock(base);
             }
         }
     closedir(d);
+    bound_entries(dir, name);
 }
 
 /* Decodes the pair into a new cache file and publishes it as file (lock held). DT_OK with
@@ -430,9 +510,89 @@ dt_status dt_cache_open_idx(dt_dataset **out, const char *images_path, const cha
     } else if (rc == MAP_UNUSABLE) {
         dt_log(DT_LOG_INFO, "data cache: cannot use %s (%s): decoding privately", file, why);
     }
-    close(lfd); /* releases the lock */
+    unlock_entry(lockfile, lfd);
 done:
     if (map) st = dataset_over(out, map, h, images_path, labels_path, file);
     free(want);
     return st;
+}
+
+/* Classifies a file name of the cache directory; false for names that are not ours. */
+static bool file_kind(const char *f, dt_cache_kind *k) {
+    size_t flen = strlen(f);
+    if (strncmp(f, "dtrain-data-", 12) != 0) return false;
+    if (strstr(f, ".v1.tmp.")) *k = DT_CACHE_TEMP;
+    else if (flen > 5 && !strcmp(f + flen - 5, ".lock")) *k = DT_CACHE_LOCK;
+    else if (flen > 3 && !strcmp(f + flen - 3, ".v1")) *k = DT_CACHE_ENTRY;
+    else return false;
+    return true;
+}
+
+/* Whether the builder lock that guards f (a lock or temp file) is held by a live process. */
+static bool guard_busy(const char *dir, const char *f) {
+    char lock[PATH_MAX];
+    size_t stem = strcspn(f + 12, ".") + 12;
+    snprintf(lock, sizeof lock, "%s/%.*s.lock", dir, (int)stem, f);
+    int fd = open(lock, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) return false;
+    bool busy = flock(fd, LOCK_SH | LOCK_NB) != 0;
+    close(fd);
+    return busy;
+}
+
+bool dt_cache_list(char *dir, size_t cap, void (*fn)(void *ctx, const dt_cache_file *f), void *ctx) {
+    if (!dt_cache_dir(dir, cap)) return false;
+    DIR *d = fn ? opendir(dir) : NULL;
+    if (!d) return true;
+    struct dirent *e;
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    while ((e = readdir(d))) {
+        dt_cache_file f = {.name = e->d_name, .source = ""};
+        struct stat st;
+        if (!file_kind(e->d_name, &f.kind) || fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+            st.st_uid != geteuid())
+            continue;
+        f.bytes = (uint64_t)st.st_size;
+        f.idle_s = (double)(now.tv_sec - st.st_atim.tv_sec) + (double)(now.tv_nsec - st.st_atim.tv_nsec) * 1e-9;
+        cache_header h;
+        int fd = f.kind == DT_CACHE_ENTRY ? openat(dirfd(d), e->d_name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW) : -1;
+        if (fd >= 0 && pread(fd, &h, sizeof h, 0) == (ssize_t)sizeof h && h.header_crc == header_crc(&h) &&
+            h.src[0].path[CACHE_PATH - 1] == '\0')
+            f.source = h.src[0].path;
+        if (fd >= 0) close(fd);
+        f.busy = f.kind != DT_CACHE_ENTRY && guard_busy(dir, e->d_name);
+        fn(ctx, &f);
+    }
+    closedir(d);
+    return true;
+}
+
+typedef struct {
+    const char *dir;
+    int removed;
+    uint64_t bytes;
+} clear_ctx;
+
+static void clear_one(void *ctx, const dt_cache_file *f) {
+    clear_ctx *c = ctx;
+    if (f->busy) return;
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/%s", c->dir, f->name);
+    if (f->kind == DT_CACHE_LOCK) {
+        remove_if_stale_lock(path);
+        if (access(path, F_OK) == 0) return;
+    } else if (unlink(path) != 0) {
+        return;
+    }
+    c->removed++;
+    c->bytes += f->bytes;
+}
+
+void dt_cache_clear(int *removed, uint64_t *bytes) {
+    char dir[PATH_MAX - 128];
+    clear_ctx c = {.dir = dir};
+    dt_cache_list(dir, sizeof dir, clear_one, &c);
+    if (removed) *removed = c.removed;
+    if (bytes) *bytes = c.bytes;
 }

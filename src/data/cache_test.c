@@ -137,7 +137,7 @@ static void test_basic_and_dir(void) {
     write_pair(dpath("train-images-idx3-ubyte.gz"), dpath("train-labels-idx1-ubyte.gz"), 600, 0);
     write_pair(dpath("t10k-images-idx3-ubyte.gz"), dpath("t10k-labels-idx1-ubyte.gz"), 100, 3);
     unsigned long a = open_cached(dpath("train-images-idx3-ubyte.gz"), dpath("train-labels-idx1-ubyte.gz"), 600, 0, file, sizeof file);
-    CHECK(count_files(g_cache, NULL, ".v1") == 1 && count_files(g_cache, NULL, ".lock") == 1);
+    CHECK(count_files(g_cache, NULL, ".v1") == 1 && count_files(g_cache, NULL, ".lock") == 0);
     struct stat st;
     CHECK(stat(file, &st) == 0 && (st.st_mode & 0777) == 0600 && st.st_size == 4096 + 600 * 784 + 600 * 4);
     /* warm: the same file, not rebuilt */
@@ -392,9 +392,59 @@ static void test_housekeeping(void) {
     unlink(img);
     CHECK(count_files(g_cache, NULL, ".v1") == 1 && count_files(g_cache, ".tmp.", "") == 1);
     open_cached(dpath("train-images-idx3-ubyte.gz"), dpath("train-labels-idx1-ubyte.gz"), 600, 0, file, sizeof file);
-    CHECK_MSG(count_files(g_cache, NULL, ".v1") == 1 && count_files(g_cache, NULL, ".lock") == 1 && count_files(g_cache, ".tmp.", "") == 0,
+    CHECK_MSG(count_files(g_cache, NULL, ".v1") == 1 && count_files(g_cache, NULL, ".lock") == 0 && count_files(g_cache, ".tmp.", "") == 0,
               "%d entries, %d locks, %d temp files", count_files(g_cache, NULL, ".v1"), count_files(g_cache, NULL, ".lock"),
               count_files(g_cache, ".tmp.", ""));
+}
+
+static void count_kinds(void *ctx, const dt_cache_file *f) {
+    int *k = ctx;
+    k[f->kind]++;
+    if (f->kind == DT_CACHE_ENTRY) k[3] += f->source[0] == '/';
+}
+
+/* Bounds: a failed decode leaves no lock; a lock left by an older dtrain is removed; at most
+ * DTRAIN_DATA_CACHE_MAX entries stay; dt_cache_list sees them and dt_cache_clear removes them. */
+static void test_bounds(void) {
+    clear_dir(g_cache);
+    char img[800], lab[800], file[600];
+    snprintf(img, sizeof img, "%s/broken-img.gz", g_data);
+    snprintf(lab, sizeof lab, "%s/broken-lab.gz", g_data);
+    write_pair(img, lab, 50, 0);
+    struct stat st;
+    stat(img, &st);
+    CHECK(truncate(img, st.st_size - 8) == 0); /* no gzip trailer: the decode fails */
+    dt_dataset *ds = NULL;
+    CHECK(dt_dataset_open_idx(&ds, img, lab) == DT_EFORMAT);
+    CHECK_MSG(count_files(g_cache, NULL, ".lock") == 0 && count_files(g_cache, NULL, ".v1") == 0,
+              "a failed decode left %d lock(s), %d entries", count_files(g_cache, NULL, ".lock"),
+              count_files(g_cache, NULL, ".v1"));
+    char stale[700];
+    snprintf(stale, sizeof stale, "%s/dtrain-data-0123456789abcdef.lock", g_cache);
+    FILE *f = fopen(stale, "w");
+    if (f) fclose(f);
+    setenv("DTRAIN_DATA_CACHE_MAX", "2", 1);
+    for (unsigned k = 0; k < 4; k++) {
+        snprintf(img, sizeof img, "%s/b%u-img.gz", g_data, k);
+        snprintf(lab, sizeof lab, "%s/b%u-lab.gz", g_data, k);
+        write_pair(img, lab, 40 + k, k);
+        open_cached(img, lab, 40 + k, k, file, sizeof file);
+    }
+    unsetenv("DTRAIN_DATA_CACHE_MAX");
+    CHECK_MSG(access(stale, F_OK) != 0, "stale lock %s not removed", stale);
+    CHECK_MSG(count_files(g_cache, NULL, ".v1") == 2 && access(file, F_OK) == 0, "%d entries with DTRAIN_DATA_CACHE_MAX=2",
+              count_files(g_cache, NULL, ".v1"));
+    int kinds[4] = {0};
+    char dir[512];
+    CHECK(dt_cache_list(dir, sizeof dir, count_kinds, kinds) && !strcmp(dir, g_cache));
+    CHECK_MSG(kinds[DT_CACHE_ENTRY] == 2 && kinds[3] == 2 && kinds[DT_CACHE_LOCK] == 0 && kinds[DT_CACHE_TEMP] == 0,
+              "listed %d entries (%d with a source), %d locks, %d temp", kinds[0], kinds[3], kinds[1], kinds[2]);
+    int removed = 0;
+    uint64_t bytes = 0;
+    dt_cache_clear(&removed, &bytes);
+    CHECK_MSG(removed == 2 && bytes > 2 * 40 * 784 && count_files(g_cache, "dtrain-data-", "") == 0,
+              "clear removed %d (%llu bytes), %d left", removed, (unsigned long long)bytes,
+              count_files(g_cache, "dtrain-data-", ""));
 }
 
 int main(void) {
@@ -417,6 +467,7 @@ int main(void) {
     test_source_changes();
     test_disabled_and_fallbacks();
     test_housekeeping();
+    test_bounds();
     char cmd[600];
     snprintf(cmd, sizeof cmd, "chmod -R u+w '%s'; rm -rf '%s'", g_dir, g_dir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_dir);

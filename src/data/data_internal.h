@@ -8,10 +8,17 @@
 #include <limits.h>
 #include <zlib.h>
 
-/* A readable file, transparently gunzipped when it starts with 1f 8b. */
+/* A readable file, transparently gunzipped when it starts with 1f 8b. Gzip input is strict: each
+ * member must end with its trailer (CRC-32 and length, checked), and whatever follows the last
+ * member must be another member: a cut-short file or trailing garbage is an error. */
 typedef struct {
-    int fd;              /* raw file, or -1 */
-    gzFile gz;           /* gzip stream, or NULL */
+    int fd;              /* the file */
+    z_stream *gz;        /* inflate state when gzip'd, else NULL */
+    unsigned char *in;   /* gzip input buffer */
+    bool in_member;      /* inside a gzip member (its trailer not seen yet) */
+    int members;         /* gzip members read to their trailer */
+    bool eof;            /* no more data */
+    uint64_t in_off;     /* compressed bytes consumed before the buffer's start, for messages */
     const char *path;    /* for messages (not owned) */
     uint64_t file_size;  /* on-disk size */
     bool sized;          /* file_size is meaningful (a regular file) */

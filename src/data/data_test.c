@@ -5,6 +5,7 @@
 #include "dtrain/data.h"
 
 #include <stdio.h>
+#include <stdint.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -148,7 +149,43 @@ static void test_idx_errors(void) {
     struct stat st;
     stat(tpath("cut.gz"), &st);
     CHECK(truncate(tpath("cut.gz"), st.st_size / 2) == 0);
-    expect_idx_error(tpath("cut.gz"), DT_EFORMAT, "truncated", "4096 items");
+    expect_idx_error(tpath("cut.gz"), DT_EFORMAT, "truncated", "cut short");
+    /* all the data but no trailer (CRC-32, length): accepted before */
+    write_idx(tpath("notrailer.gz"), 0x08, 1, &d, big, 1, true);
+    stat(tpath("notrailer.gz"), &st);
+    CHECK(truncate(tpath("notrailer.gz"), st.st_size - 8) == 0);
+    expect_idx_error(tpath("notrailer.gz"), DT_EFORMAT, "before its CRC/length trailer", NULL);
+    /* trailing garbage after a complete member: accepted before (zlib's gzread ignores it) */
+    write_idx(tpath("garbage.gz"), 0x08, 1, &d, big, 1, true);
+    stat(tpath("garbage.gz"), &st);
+    FILE *gf = fopen(tpath("garbage.gz"), "ab");
+    fputs("garbage", gf);
+    fclose(gf);
+    char where[64];
+    snprintf(where, sizeof where, "trailing garbage after the gzip data (at byte %lld)", (long long)st.st_size);
+    expect_idx_error(tpath("garbage.gz"), DT_EFORMAT, where, NULL);
+    /* a CRC that does not match the data */
+    write_idx(tpath("crc.gz"), 0x08, 1, &d, big, 1, true);
+    stat(tpath("crc.gz"), &st);
+    gf = fopen(tpath("crc.gz"), "r+b");
+    unsigned char c0 = 0;
+    CHECK(fseek(gf, st.st_size - 8, SEEK_SET) == 0 && fread(&c0, 1, 1, gf) == 1);
+    CHECK(fseek(gf, st.st_size - 8, SEEK_SET) == 0 && fputc(c0 ^ 1, gf) != EOF);
+    fclose(gf);
+    expect_idx_error(tpath("crc.gz"), DT_EFORMAT, "incorrect data check", NULL);
+    /* two members one after the other are one valid gzip file (as gunzip reads them) */
+    unsigned char head[12] = {0, 0, 0x08, 1, 0, 0, 0, 8, 1, 2, 3, 4}, tail[4] = {5, 6, 7, 8};
+    write_bytes(tpath("two.gz"), head, sizeof head, true);
+    char two[4096];
+    snprintf(two, sizeof two, "%s.2", tpath("two.gz"));
+    write_bytes(two, tail, sizeof tail, true);
+    char cmd[8300];
+    snprintf(cmd, sizeof cmd, "cat '%s' >> '%s'", two, tpath("two.gz"));
+    CHECK(system(cmd) == 0);
+    dt_idx two_x;
+    CHECK_OK(dt_idx_read(tpath("two.gz"), &two_x));
+    CHECK(two_x.count == 8 && ((uint8_t *)two_x.data)[7] == 8);
+    dt_idx_free(&two_x);
     /* corrupt deflate data after a valid gzip header */
     unsigned char junk[64] = {0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 3};
     memset(junk + 10, 0xff, sizeof junk - 10);
@@ -257,6 +294,55 @@ static void test_idx_dataset(void) {
     dt_dataset_shape(ds, &C, &H, &W);
     CHECK(C == 2 && H == 3 && W == 1);
     dt_dataset_free(ds);
+}
+
+/* An IDX directory holds whatever its headers declare: 4-d C x H x W images (idx4), float32
+ * feature rows (idx2), raw or .gz; only idx3 names were looked for. */
+static void test_open_dir_general(void) {
+    char d4[300], d2[300], p[400];
+    snprintf(d4, sizeof d4, "%s/idx4", g_dir);
+    snprintf(d2, sizeof d2, "%s/idx2", g_dir);
+    mkdir(d4, 0755);
+    mkdir(d2, 0755);
+    uint8_t px[6 * 2 * 2 * 3], lab[6] = {0, 1, 2, 0, 1, 2};
+    for (size_t i = 0; i < sizeof px; i++) px[i] = (uint8_t)(i * 5);
+    uint32_t dims4[4] = {6, 2, 2, 3}, n = 6;
+    float rows[6 * 5];
+    for (int i = 0; i < 30; i++) rows[i] = (float)i * 0.25f - 3;
+    uint32_t dims2[2] = {6, 5};
+    const char *split[2] = {"train", "t10k"};
+    for (int k = 0; k < 2; k++) {
+        snprintf(p, sizeof p, "%s/%s-images-idx4-ubyte.gz", d4, split[k]);
+        write_idx(p, 0x08, 4, dims4, px, 1, true);
+        snprintf(p, sizeof p, "%s/%s-labels-idx1-ubyte", d4, split[k]);
+        write_idx(p, 0x08, 1, &n, lab, 1, false);
+        snprintf(p, sizeof p, "%s/%s-images-idx2-float", d2, split[k]);
+        write_idx(p, 0x0D, 2, dims2, rows, 4, false);
+        snprintf(p, sizeof p, "%s/%s-labels-idx1-ubyte.gz", d2, split[k]);
+        write_idx(p, 0x08, 1, &n, lab, 1, true);
+    }
+    dt_dataset *tr = NULL, *te = NULL;
+    int C, H, W;
+    CHECK_OK(dt_dataset_open(&tr, &te, d4));
+    if (tr) dt_dataset_shape(tr, &C, &H, &W);
+    CHECK_MSG(tr && te && C == 2 && H == 2 && W == 3 && dt_dataset_len(te) == 6, "idx4: %d x %d x %d", C, H, W);
+    float x[12];
+    uint32_t i5 = 5;
+    if (tr) CHECK_OK(dt_dataset_batch(tr, &i5, 1, x, NULL));
+    CHECK(x[11] == (float)((uint8_t)((5 * 12 + 11) * 5) / 255.0));
+    dt_dataset_free(tr), dt_dataset_free(te);
+    tr = te = NULL;
+    CHECK_OK(dt_dataset_open(&tr, &te, d2));
+    if (tr) dt_dataset_shape(tr, &C, &H, &W);
+    CHECK_MSG(tr && C == 1 && H == 1 && W == 5, "idx2: %d x %d x %d", C, H, W);
+    if (tr) CHECK_OK(dt_dataset_batch(tr, &i5, 1, x, NULL));
+    CHECK(x[0] == 25 * 0.25f - 3 && x[4] == 29 * 0.25f - 3);
+    dt_dataset_free(tr), dt_dataset_free(te);
+    /* two candidates for one role: refused, naming both */
+    snprintf(p, sizeof p, "%s/train-images-idx3-float", d2);
+    write_idx(p, 0x0D, 2, dims2, rows, 4, false);
+    tr = te = NULL;
+    CHECK(dt_dataset_open(&tr, &te, d2) == DT_EFORMAT && strstr(dt_last_error(), "more than one IDX file"));
 }
 
 static void test_open_dir_and_alias(void) {
@@ -421,6 +507,15 @@ static void test_create(void) {
     dt_dataset_free(ds);
     CHECK(dt_dataset_create(&ds, DT_I16, x, y, 2, 1, 3, 1, 1) == DT_EFORMAT && strstr(dt_last_error(), "sample 0"));
     CHECK(dt_dataset_create(&ds, DT_BF16, x, y, 2, 1, 3, 1, 0) == DT_EINVAL);
+    /* a label of INT32_MAX: "max label + 1" classes overflowed (UBSan: signed overflow) */
+    const int32_t huge[2] = {0, INT32_MAX};
+    CHECK_MSG(dt_dataset_create(&ds, DT_I16, x, huge, 2, 1, 3, 1, 0) == DT_EFORMAT &&
+                  strstr(dt_last_error(), "label 2147483647 of sample 1 is too large"),
+              "%s", dt_last_error());
+    const int32_t top[2] = {0, DT_MAX_CLASSES - 1};
+    CHECK_OK(dt_dataset_create(&ds, DT_I16, x, top, 2, 1, 3, 1, 0));
+    CHECK(dt_dataset_classes(ds) == DT_MAX_CLASSES);
+    dt_dataset_free(ds);
 }
 
 int main(void) {
@@ -437,6 +532,7 @@ int main(void) {
     test_idx_errors();
     test_idx_dataset();
     test_open_dir_and_alias();
+    test_open_dir_general();
     test_csv();
     test_create();
     char cmd[300];

@@ -3,6 +3,7 @@
  * (the conversion to f32 happens here, on the hot path). */
 #include "data/data_internal.h"
 
+#include <glob.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -58,6 +59,9 @@ dt_status dt_dataset_check_labels(dt_dataset *ds, int classes, const char *what)
     int32_t mx = -1;
     for (size_t i = 0; i < ds->n; i++) {
         int32_t v = ds->y[i];
+        if (classes <= 0 && v >= DT_MAX_CLASSES)
+            return dt_error(DT_EFORMAT, "%s: label %d of sample %zu is too large: at most %d classes (labels 0..%d)",
+                            what, v, i, DT_MAX_CLASSES, DT_MAX_CLASSES - 1);
         if (v < 0 || (classes > 0 && v >= classes)) {
             if (classes > 0)
                 return dt_error(DT_EFORMAT, "%s: label %d of sample %zu is outside [0, %d)", what, v, i, classes);
@@ -293,12 +297,31 @@ static bool ends_with(const char *s, const char *suf) {
     return a >= b && !strcmp(s + a - b, suf);
 }
 
-/* Finds dir/name or dir/name.gz; false when neither exists. */
-static bool find_idx(char *out, size_t cap, const char *dir, const char *name) {
+/* Finds the IDX file of one role in dir: dir/name[.gz] (the MNIST name), else any
+ * dir/<stem>-idx<D>-<type>[.gz] (stem "train-images", D the number of dims: idx2 feature rows,
+ * idx4 C x H x W images, any element type; the header says what it holds). 0 when found, -1
+ * when none, 2 when several match (out names two of them). */
+static int find_idx(char *out, size_t cap, const char *dir, const char *name) {
     snprintf(out, cap, "%s/%s", dir, name);
-    if (path_exists(out)) return true;
+    if (path_exists(out)) return 0;
     snprintf(out, cap, "%s/%s.gz", dir, name);
-    return path_exists(out);
+    if (path_exists(out)) return 0;
+    char pat[PATH_MAX];
+    const char *dash = strstr(name, "-idx");
+    snprintf(pat, sizeof pat, "%s/%.*s-idx[0-9]-*", dir, (int)(dash - name), name);
+    glob_t g;
+    int found = glob(pat, 0, NULL, &g) == 0 ? (int)g.gl_pathc : 0;
+    int rc = -1;
+    if (found >= 1) {
+        /* name.gz beside name is one file, not two */
+        bool pair = found == 2 && ends_with(g.gl_pathv[1], ".gz") &&
+                    strlen(g.gl_pathv[1]) == strlen(g.gl_pathv[0]) + 3 && !strncmp(g.gl_pathv[0], g.gl_pathv[1], strlen(g.gl_pathv[0]));
+        snprintf(out, cap, "%s", g.gl_pathv[0]);
+        rc = found == 1 || pair ? 0 : 2;
+        if (rc == 2) snprintf(out, cap, "%s and %s", g.gl_pathv[0], g.gl_pathv[1]);
+    }
+    if (found) globfree(&g);
+    return rc;
 }
 
 static dt_status missing_alias(const char *alias, const char *dir, const char *what) {
@@ -324,12 +347,18 @@ static dt_status open_dir(dt_dataset **train, dt_dataset **test, const char *dir
     char p[4][PATH_MAX];
     int need = test ? 4 : 2;
     for (int i = 0; i < need; i++) {
-        if (!find_idx(p[i], sizeof p[i], dir, names[i])) {
+        int f = find_idx(p[i], sizeof p[i], dir, names[i]);
+        if (f == 2)
+            return dt_error(DT_EFORMAT, "%s: more than one IDX file for %.*s: %s; keep one", dir,
+                            (int)(strstr(names[i], "-idx") - names[i]), names[i], p[i]);
+        if (f != 0) {
             char what[300];
             snprintf(what, sizeof what, "/%s[.gz]", names[i]);
             if (alias) return missing_alias(alias, dir, what);
-            return dt_error(DT_ENOENT, "%s/%s: not found (nor with .gz): an IDX data directory needs train-images-idx3-ubyte, "
-                            "train-labels-idx1-ubyte, t10k-images-idx3-ubyte and t10k-labels-idx1-ubyte, raw or .gz", dir, names[i]);
+            return dt_error(DT_ENOENT, "%s/%s: not found (nor with .gz, nor another train-images-idxD-*): an IDX data "
+                            "directory needs train-images-idxD-*, train-labels-idx1-*, t10k-images-idxD-* and "
+                            "t10k-labels-idx1-* (D the dims the header declares: idx2 rows, idx3 images, idx4 C x H x W), "
+                            "raw or .gz", dir, names[i]);
         }
     }
     DT_TRY(dt_dataset_open_idx(train, p[0], p[1]));

@@ -13,6 +13,8 @@
 
 /* ---- a byte stream over a raw fd or a gzip stream ----------------------------------------- */
 
+#define GZ_IN_CAP (1 << 18)
+
 dt_status dt_stream_open(dt_stream *s, const char *path) {
     memset(s, 0, sizeof *s);
     s->fd = -1;
@@ -32,65 +34,113 @@ dt_status dt_stream_open(dt_stream *s, const char *path) {
         close(fd);
         return dt_error(DT_EIO, "%s: cannot read: is a directory", path);
     }
+    s->fd = fd;
     s->sized = S_ISREG(st.st_mode);
     s->file_size = (uint64_t)st.st_size;
     unsigned char magic[2] = {0, 0};
     ssize_t got = pread(fd, magic, 2, 0);
     if (got == 2 && magic[0] == 0x1f && magic[1] == 0x8b) {
-        s->gz = gzdopen(fd, "rb");
-        if (!s->gz) {
+        s->gz = calloc(1, sizeof *s->gz);
+        s->in = malloc(GZ_IN_CAP);
+        if (!s->gz || !s->in || inflateInit2(s->gz, 16 + MAX_WBITS) != Z_OK) { /* 16: gzip wrapper only */
+            free(s->in);
+            free(s->gz);
+            s->gz = NULL;
             close(fd);
-            return dt_error(DT_ENOMEM, "%s: cannot start gzip reader", path);
+            return dt_error(DT_ENOMEM, "%s: cannot start the gzip reader (out of memory)", path);
         }
-        gzbuffer(s->gz, 1 << 18);
-    } else {
-        s->fd = fd;
     }
     return DT_OK;
 }
 
-/* Reads up to len bytes; returns the number read (short only at end of data), or -1 with the
- * last error set (corrupt gzip data or a read error). */
-int64_t dt_stream_read(dt_stream *s, void *buf, size_t len) {
+/* Tops the gzip input buffer up to at least `need` bytes unless the file ends first. Returns
+ * the bytes available, or -1 on a read error. */
+static int64_t gz_fill(dt_stream *s, size_t need) {
+    z_stream *z = s->gz;
+    if (z->avail_in >= need) return z->avail_in;
+    s->in_off += (uint64_t)(z->next_in ? z->next_in - s->in : 0);
+    memmove(s->in, z->next_in ? z->next_in : s->in, z->avail_in);
+    z->next_in = s->in;
+    while (z->avail_in < need) {
+        ssize_t r = read(s->fd, s->in + z->avail_in, GZ_IN_CAP - z->avail_in);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) {
+            dt_error(DT_EIO, "%s: read failed: %s", s->path, strerror(errno));
+            return -1;
+        }
+        if (r == 0) break;
+        z->avail_in += (unsigned)r;
+    }
+    return z->avail_in;
+}
+
+/* Inflates into buf[len]: returns the bytes produced (short at the end of the data) or -1. */
+static int64_t gz_read(dt_stream *s, unsigned char *buf, size_t len) {
+    z_stream *z = s->gz;
     size_t done = 0;
-    while (done < len) {
-        size_t chunk = len - done > (1u << 30) ? (1u << 30) : len - done;
-        if (s->gz) {
-            int r = gzread(s->gz, (char *)buf + done, (unsigned)chunk);
-            if (r < 0) {
-                int zerr;
-                const char *m = gzerror(s->gz, &zerr);
-                dt_error(DT_EFORMAT, "%s: corrupt gzip data: %s", s->path, m);
+    while (done < len && !s->eof) {
+        int64_t avail = gz_fill(s, s->in_member ? 1 : 2);
+        if (avail < 0) return -1;
+        if (!s->in_member) { /* the start, or after a member's trailer: a gzip member or the end */
+            if (avail == 0 && s->members > 0) { s->eof = true; break; }
+            if (avail < 2 || z->next_in[0] != 0x1f || z->next_in[1] != 0x8b) {
+                dt_error(DT_EFORMAT, "%s: trailing garbage after the gzip data (at byte %llu): the file is damaged "
+                         "or is not one gzip file; re-download or re-compress it", s->path,
+                         (unsigned long long)(s->in_off + (uint64_t)(z->next_in - s->in)));
                 return -1;
             }
-            if (r == 0) {
-                int zerr;
-                gzerror(s->gz, &zerr);
-                if (zerr != Z_OK && zerr != Z_BUF_ERROR) {  /* Z_BUF_ERROR: stream cut short */
-                    dt_error(DT_EFORMAT, "%s: corrupt gzip data: %s", s->path, gzerror(s->gz, &zerr));
-                    return -1;
-                }
-                break;
-            }
-            done += (size_t)r;
-        } else {
-            ssize_t r = read(s->fd, (char *)buf + done, chunk);
-            if (r < 0) {
-                if (errno == EINTR) continue;
-                dt_error(DT_EIO, "%s: read failed: %s", s->path, strerror(errno));
-                return -1;
-            }
-            if (r == 0) break;
-            done += (size_t)r;
+            s->in_member = true;
+        }
+        if (avail == 0) {
+            dt_error(DT_EFORMAT, "%s: the gzip data is cut short (it ends inside a member, before its CRC/length "
+                     "trailer): the file is truncated; re-download it", s->path);
+            return -1;
+        }
+        size_t room = len - done > (1u << 30) ? (1u << 30) : len - done;
+        z->next_out = buf + done;
+        z->avail_out = (unsigned)room;
+        int rc = inflate(z, Z_NO_FLUSH);
+        done += room - z->avail_out;
+        if (rc == Z_STREAM_END) { /* trailer checked (CRC-32, length) */
+            s->in_member = false;
+            s->members++;
+            inflateReset(z);
+        } else if (rc != Z_OK && rc != Z_BUF_ERROR) {
+            dt_error(DT_EFORMAT, "%s: corrupt gzip data: %s", s->path, z->msg ? z->msg : zError(rc));
+            return -1;
         }
     }
     return (int64_t)done;
 }
 
+/* Reads up to len bytes; returns the number read (short only at end of data), or -1 with the
+ * last error set (corrupt gzip data or a read error). */
+int64_t dt_stream_read(dt_stream *s, void *buf, size_t len) {
+    if (s->gz) return gz_read(s, buf, len);
+    size_t done = 0;
+    while (done < len) {
+        size_t chunk = len - done > (1u << 30) ? (1u << 30) : len - done;
+        ssize_t r = read(s->fd, (char *)buf + done, chunk);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            dt_error(DT_EIO, "%s: read failed: %s", s->path, strerror(errno));
+            return -1;
+        }
+        if (r == 0) break;
+        done += (size_t)r;
+    }
+    return (int64_t)done;
+}
+
 void dt_stream_close(dt_stream *s) {
-    if (s->gz) gzclose(s->gz);
-    else if (s->fd >= 0) close(s->fd);
+    if (s->gz) {
+        inflateEnd(s->gz);
+        free(s->gz);
+        free(s->in);
+    }
+    if (s->fd >= 0) close(s->fd);
     s->gz = NULL;
+    s->in = NULL;
     s->fd = -1;
 }
 

@@ -11,7 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define DT_LOADER_DEFAULT_PREFETCH 3
 #define DT_LOADER_MAX_PREFETCH 64
 
 struct dt_loader {

@@ -64,8 +64,13 @@ static bool word_at(const char *list, int i, char *out, size_t cap) {
     }
 }
 
+/* Whether w is one of the words of list. Only a non-empty word of letters can match: an empty
+ * one would be found at every position, a separator would match itself. */
 static bool word_in(const char *list, const char *w) {
     size_t wl = strlen(w);
+    if (wl == 0) return false;
+    for (size_t i = 0; i < wl; i++)
+        if (!isalpha((unsigned char)w[i])) return false;
     for (const char *p = list; (p = strstr(p, w)) != NULL; p += wl) {
         bool start = p == list || p[-1] == ' ' || p[-1] == '|';
         bool end = p[wl] == '\0' || p[wl] == ' ' || p[wl] == '|';
@@ -134,9 +139,12 @@ static dt_status parse_token(const parse_ctx *c, dt_layer_spec *l) {
     for (int i = 0; i < N_SYNTAX; i++)
         if (!strcmp(name, g_syntax[i].name) || (g_syntax[i].alias && !strcmp(name, g_syntax[i].alias)))
             syn = &g_syntax[i];
+    if (!syn && (!strcmp(name, "softmax") || !strcmp(name, "logsoftmax") || !strcmp(name, "log_softmax")))
+        return bad(c, "%s: the loss (softmax cross-entropy) already applies softmax to the model's outputs; end "
+                      "the spec with the last linear layer", name);
     if (!syn)
         return bad(c, "unknown layer '%s' (known: linear conv maxpool avgpool relu gelu tanh sigmoid dropout "
-                      "flatten layernorm batchnorm)", name);
+                      "flatten layernorm batchnorm; aliases dense conv2d maxpool2d avgpool2d ln batchnorm2d)", name);
     *l = dt_layer_default(syn->kind);
     char w[32];
     int npos = 0;
@@ -158,6 +166,12 @@ static dt_status parse_token(const parse_ctx *c, dt_layer_spec *l) {
             if (eq) {
                 *eq = '\0';
                 for (char *e = eq - 1; e >= arg && isspace((unsigned char)*e); e--) *e = '\0';
+                if (!arg[0]) {
+                    char msg[160];
+                    snprintf(msg, sizeof msg, "an argument has '=' but no name before it (%s takes: %s)", syn->name,
+                             syn->args);
+                    return bad(c, "%s", msg);
+                }
                 if (!word_in(syn->args, arg)) {
                     char msg[160];
                     snprintf(msg, sizeof msg, "unknown argument '%s' for %s (takes: %s)", arg, syn->name, syn->args);

@@ -4,6 +4,7 @@
 #include "dtrain/nn.h"
 
 #include <string.h>
+#include <unistd.h>
 
 static void expect_bad(const char *spec, const char *needle) {
     dt_layer_spec l[DT_MAX_LAYERS];
@@ -45,6 +46,15 @@ static void test_parse(void) {
     expect_bad("linear(10,20)", "too many arguments");
     expect_bad("dropout(1.5)", "dropout p must be in [0,1)");
     expect_bad("", "no layers");
+    /* an empty or non-word argument name: these spun forever in word_in */
+    expect_bad("conv(=0)", "no name before it");
+    expect_bad("linear( =1)", "no name before it");
+    expect_bad("conv(16,3,=1)", "no name before it");
+    expect_bad("conv(16,3,|=1)", "unknown argument '|'");
+    expect_bad("conv(16,3,pad stride=1)", "unknown argument 'pad stride'");
+    expect_bad("linear(10) softmax", "already applies softmax");
+    CHECK_OK(dt_spec_parse("dense(8) conv2d(4,3) maxpool2d(2) avgpool2d(2) ln batchnorm2d", l, DT_MAX_LAYERS, &n));
+    CHECK(n == 6 && l[0].kind == DT_LAYER_LINEAR && l[1].kind == DT_LAYER_CONV2D && l[5].kind == DT_LAYER_BATCHNORM2D);
 }
 
 static int g_hook_calls;
@@ -107,6 +117,7 @@ static void test_model(void) {
 }
 
 int main(void) {
+    alarm(60); /* a parser that spins (it did, on "conv(=0)") fails here instead of at the suite's limit */
     test_parse();
     test_model();
     return dt_test_summary("spec_test");

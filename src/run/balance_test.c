@@ -1,9 +1,11 @@
 /* Load-balancing tests: the speed-proportional cut (sums, minimums, determinism); uneven cuts of
  * the sampler and the loader still use every sample exactly once per epoch, in the global order,
  * also when the cut changes mid-epoch with batches prefetched; and two real ranks under
- * --balance dynamic with one rank 2x slower (--slow): its share of the global batch converges
- * near one third, and the parameters equal single-process training over the same global batches
- * (the averaged gradient is the exact global mean whatever the cut). */
+ * --balance dynamic: the re-cut arithmetic over a real 2-rank job with injected per-sample times
+ * (first cut after FIRST_CUT steps, smoothing, the 2% threshold); and two real ranks training with
+ * one rank 2x slower (--slow): the parameters equal single-process training over the same global
+ * batches (the averaged gradient is the exact global mean whatever the cut). No check depends on
+ * how fast the machine runs: the cut the timing produced is printed, not asserted. */
 #include "core/test.h"
 #include "dtrain/dtrain.h"
 #include "run/balance.h"
@@ -96,6 +98,73 @@ static void test_loader_cut(void) {
     dt_dataset_free(ds);
 }
 
+/* One rank of the re-cut test: step_end after every step, with compute times injected as
+ * n x tps(step) (rank 0 always 1 ms per sample), writes the cut seen after each step. */
+enum { RECUT_STEPS = 36 };
+static double injected_tps(int rank, int step) {
+    if (rank == 0) return 1e-3;
+    /* each phase fills the window of one re-cut (steps 2-3, 4-11, 12-19, 20-27, 28-35) */
+    return step <= 3 ? 2e-3 : step <= 19 ? 1e-3 : step <= 27 ? 1.0 / 950.0 : 1e-3;
+}
+
+static int recut_rank(int rank, const char *job, const dt_dataset *ds, int (*cuts)[2]) {
+    dt_comm_config cc = dt_comm_config_default();
+    cc.rank = rank, cc.size = 2, cc.job_id = job, cc.timeout_s = 60;
+    dt_comm *c;
+    if (dt_comm_create(&c, &cc) != DT_OK) return 3;
+    dt_loader_config lc = {.batch = 32, .rank = rank, .world = 2, .max_batch = 64};
+    dt_loader *l;
+    dt_balance *b;
+    dt_balance_config bc = {.rank = rank, .world = 2, .batch = 32, .dynamic = true, .slow = 1};
+    if (dt_loader_create(&l, ds, &lc) != DT_OK || dt_balance_create(&b, &bc) != DT_OK) return 4;
+    for (int step = 1; step <= RECUT_STEPS; step++) {
+        int n = dt_balance_cut(b)[rank];
+        dt_balance_compute_done(b, n, n * injected_tps(rank, step));
+        if (dt_balance_step_end(b, c, l) != DT_OK) return 5;
+        cuts[step][0] = dt_balance_cut(b)[0], cuts[step][1] = dt_balance_cut(b)[1];
+    }
+    dt_balance_free(b);
+    dt_loader_free(l);
+    dt_comm_destroy(c);
+    return 0;
+}
+
+/* The re-cut arithmetic (balance.c): speeds are 1/(seconds per sample) measured over the steps
+ * since the last re-cut (step 1 excluded), smoothed 1:1 with the previous estimate; re-cuts fall
+ * on steps 3, 11, 19, 27; a cut that moves no rank by more than 2% of the global batch is not
+ * applied. Expected cuts of the global batch 64 worked out by hand. */
+static void test_recut_arithmetic(void) {
+    enum { N = 256 };
+    static float x[N];
+    static int32_t y[N];
+    dt_dataset *ds;
+    CHECK_OK(dt_dataset_create(&ds, DT_F32, x, y, N, 1, 1, 1, 2));
+    int (*cuts)[RECUT_STEPS + 1][2] =
+        mmap(NULL, 2 * sizeof *cuts, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    char job[64];
+    snprintf(job, sizeof job, "balrecut%d", (int)getpid());
+    for (int r = 0; r < 2; r++)
+        if (fork() == 0) _exit(recut_rank(r, job, ds, cuts[r]));
+    int st, failed = 0;
+    while (wait(&st) > 0) failed += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    CHECK_MSG(failed == 0, "a rank of the re-cut job failed");
+    /* steps 1-2: even; step 3: speeds 1000:500 -> 42.67:21.33 -> 43/21; step 11: rank 1 measured
+     * 1 ms, smoothed 1.5 ms -> 1000:666.7 -> 38.4:25.6 -> 38/26; step 19: 1.25 ms -> 35.56:28.44
+     * -> 36/28; step 27: 1/950 s smoothed with 1.25 ms -> 1.1513 ms -> 34.09:29.91 -> 34/30,
+     * which moves each rank by 2 samples (> 64/50 = 1): applied; step 35: 1 ms smoothed ->
+     * 1.0757 ms -> 33.17:30.83 -> 33/31 moves each rank by 1: below the threshold, 34/30 stays. */
+    static const int want[][3] = {{1, 32, 32},  {2, 32, 32},  {3, 43, 21},  {10, 43, 21}, {11, 38, 26}, {18, 38, 26},
+                                  {19, 36, 28}, {26, 36, 28}, {27, 34, 30}, {34, 34, 30}, {35, 34, 30}, {36, 34, 30}};
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++)
+        for (int r = 0; r < 2; r++) {
+            const int *got = cuts[r][want[i][0]];
+            CHECK_MSG(got[0] == want[i][1] && got[1] == want[i][2], "rank %d after step %d: cut %d/%d, wanted %d/%d",
+                      r, want[i][0], got[0], got[1], want[i][1], want[i][2]);
+        }
+    munmap(cuts, 2 * sizeof *cuts);
+    dt_dataset_free(ds);
+}
+
 static char g_csv[128];
 
 /* 2050 samples of 128 features, 4 classes (the last global batch of 64 has 2 samples). */
@@ -174,11 +243,12 @@ static void test_dynamic(const char *dir) {
     while (wait(&st) > 0) failed += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
     CHECK(failed == 0 && res[0].ok && res[1].ok);
     double d = dt_test_maxdiff(res[0].params, ref.params, ref.n);
+    /* where the measured speeds put the cut depends on the machine's load: printed, not checked
+     * (test_recut_arithmetic checks the arithmetic); whatever the cut, the result is exact */
     printf("balance dynamic, rank 1 x2 slower: its batch %d of 64 (%.3f; ideal 1/3), last-epoch share %.3f; "
            "max |2 balanced ranks - 1 x 64| = %.3g over %zu params\n",
            res[0].batch1, res[0].batch1 / 64.0, res[0].share1, d, ref.n);
-    /* timing on a shared machine is noisy: near a third is 0.22..0.45 of the global batch */
-    CHECK_MSG(res[0].batch1 >= 14 && res[0].batch1 <= 29, "rank 1's batch %d is not near 64/3", res[0].batch1);
+    CHECK_MSG(res[0].batch1 >= 1 && res[0].batch1 <= 63, "rank 1's batch %d is not in 1..63", res[0].batch1);
     CHECK_MSG(d < 5e-5, "balanced gradient differs from the single-process one: %g", d);
     CHECK(memcmp(res[0].params, res[1].params, ref.n * sizeof(float)) == 0);
     munmap(res, 2 * sizeof(result));
@@ -188,6 +258,7 @@ int main(void) {
     test_cut_by_speed();
     test_sampler_cut();
     test_loader_cut();
+    test_recut_arithmetic();
     char dir[64];
     snprintf(dir, sizeof dir, "/tmp/dtrain-bal-XXXXXX");
     if (!mkdtemp(dir)) return 1;

@@ -6,7 +6,9 @@
 #include "dtrain/safetensors.h"
 #include "parallel/strategy.h"
 
+#include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -148,6 +150,37 @@ static dt_status need_meta(const dt_st_file *f, const char *key, const char **ou
     return DT_OK;
 }
 
+/* Integer metadata `key` in [lo, hi] into *out; absent: *out = dflt, or an error when required. */
+static dt_status meta_int(const dt_st_file *f, const char *key, bool required, int64_t dflt, int64_t lo, int64_t hi,
+                          int64_t *out) {
+    const char *v = dt_st_meta(f, key);
+    *out = dflt;
+    if (!v) return required ? need_meta(f, key, &v) : DT_OK;
+    char *end;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi)
+        return dt_error(DT_EFORMAT, "%s: metadata %s='%.40s' is not an integer in [%lld, %lld]; the checkpoint is "
+                                    "damaged or was not written by dtrain", dt_st_path(f), key, v, (long long)lo,
+                        (long long)hi);
+    *out = x;
+    return DT_OK;
+}
+
+/* Float metadata `key` (absent: dflt) that must be finite and > 0 when positive is set. */
+static dt_status meta_float(const dt_st_file *f, const char *key, float dflt, bool positive, float *out) {
+    const char *v = dt_st_meta(f, key);
+    *out = dflt;
+    if (!v) return DT_OK;
+    char *end;
+    float x = strtof(v, &end);
+    if (end == v || *end || !isfinite(x) || (positive && !(x > 0)))
+        return dt_error(DT_EFORMAT, "%s: metadata %s='%.40s' is not a %snumber; the checkpoint is damaged or was not "
+                                    "written by dtrain", dt_st_path(f), key, v, positive ? "positive " : "");
+    *out = x;
+    return DT_OK;
+}
+
 static dt_status parse_info(const dt_st_file *f, dt_ckpt_info *info) {
     memset(info, 0, sizeof *info);
     const char *v;
@@ -157,24 +190,32 @@ static dt_status parse_info(const dt_st_file *f, dt_ckpt_info *info) {
     DT_TRY(need_meta(f, "dtrain.model_spec", &v));
     snprintf(info->spec, sizeof info->spec, "%s", v);
     DT_TRY(need_meta(f, "dtrain.input_shape", &v));
-    if (sscanf(v, "%d,%d,%d", &info->C, &info->H, &info->W) != 3)
-        return dt_error(DT_EFORMAT, "%s: bad dtrain.input_shape '%s'", dt_st_path(f), v);
-    DT_TRY(need_meta(f, "dtrain.step", &v));
-    info->step = strtoll(v, NULL, 10);
-    DT_TRY(need_meta(f, "dtrain.epoch", &v));
-    info->epoch = strtoll(v, NULL, 10);
-    DT_TRY(need_meta(f, "dtrain.step_in_epoch", &v));
-    info->step_in_epoch = strtoll(v, NULL, 10);
+    char tail;
+    if (sscanf(v, "%d,%d,%d%c", &info->C, &info->H, &info->W, &tail) != 3 || info->C < 1 || info->H < 1 ||
+        info->W < 1 || info->C > 1 << 16 || info->H > 1 << 16 || info->W > 1 << 16)
+        return dt_error(DT_EFORMAT, "%s: bad dtrain.input_shape '%s' (want C,H,W of positive sizes)", dt_st_path(f), v);
+    const int64_t BIG = INT64_MAX / 2;
+    int64_t x;
+    DT_TRY(meta_int(f, "dtrain.step", true, 0, 0, BIG, &info->step));
+    DT_TRY(meta_int(f, "dtrain.epoch", true, 0, 0, INT32_MAX, &info->epoch));
+    DT_TRY(meta_int(f, "dtrain.step_in_epoch", true, 0, 0, BIG, &info->step_in_epoch));
     DT_TRY(need_meta(f, "dtrain.seed", &v));
-    info->seed = strtoull(v, NULL, 10);
-    if ((v = dt_st_meta(f, "dtrain.batch"))) info->batch = atoi(v);
-    info->world_size = (v = dt_st_meta(f, "dtrain.world_size")) ? atoi(v) : 1;
+    char *end;
+    errno = 0;
+    info->seed = strtoull(v, &end, 10);
+    if (errno || end == v || *end || *v == '-')
+        return dt_error(DT_EFORMAT, "%s: metadata dtrain.seed='%.40s' is not an unsigned integer", dt_st_path(f), v);
+    DT_TRY(meta_int(f, "dtrain.batch", false, 0, 1, INT32_MAX, &x));
+    info->batch = (int)x;
+    DT_TRY(meta_int(f, "dtrain.world_size", false, 1, 1, 1 << 24, &x));
+    info->world_size = (int)x;
     if ((v = dt_st_meta(f, "dtrain.optimizer"))) snprintf(info->optimizer, sizeof info->optimizer, "%s", v);
-    if ((v = dt_st_meta(f, "dtrain.lr"))) info->lr = strtof(v, NULL);
-    if ((v = dt_st_meta(f, "dtrain.norm_mean"))) {
+    DT_TRY(meta_int(f, "dtrain.optim_steps", false, 0, 0, BIG, &x));
+    DT_TRY(meta_float(f, "dtrain.lr", 0, true, &info->lr));
+    if (dt_st_meta(f, "dtrain.norm_mean")) {
         info->has_norm = 1;
-        info->norm_mean = strtof(v, NULL);
-        if ((v = dt_st_meta(f, "dtrain.norm_std"))) info->norm_std = strtof(v, NULL);
+        DT_TRY(meta_float(f, "dtrain.norm_mean", 0, false, &info->norm_mean));
+        DT_TRY(meta_float(f, "dtrain.norm_std", 1, true, &info->norm_std));
     }
     return DT_OK;
 }

@@ -19,6 +19,13 @@ static void say(const dt_elastic_config *c, const char *fmt, ...) {
     c->notify(c->ctx, msg);
 }
 
+int dt_elastic_job_workers(int flag_workers) {
+    const char *e = getenv(DT_ELASTIC_WORKERS_ENV);
+    char *end;
+    long v = e ? strtol(e, &end, 10) : 0;
+    return e && *e && !*end && v >= 1 && v <= 1 << 20 ? (int)v : flag_workers;
+}
+
 dt_status dt_elastic_run(const dt_elastic_config *c, dt_launch_result *res) {
     if (c->min_workers < 1 || c->max_workers < c->min_workers || c->workers < c->min_workers ||
         c->workers > c->max_workers)
@@ -29,8 +36,12 @@ dt_status dt_elastic_run(const dt_elastic_config *c, dt_launch_result *res) {
     memcpy(argv, c->argv, (size_t)c->argc * sizeof *argv);
     int n = c->workers, last_failed = -1;
     dt_status s = DT_OK;
+    char size_env[64];
+    const char *env[2] = {size_env, NULL};
     for (int restart = 0;; restart++) {
-        dt_launch_config lc = {.nranks = n, .notify = c->notify, .notify_ctx = c->ctx};
+        /* the ranks' command still says --workers <first size>: tell them the job's size now */
+        snprintf(size_env, sizeof size_env, "%s=%d", DT_ELASTIC_WORKERS_ENV, n);
+        dt_launch_config lc = {.nranks = n, .notify = c->notify, .notify_ctx = c->ctx, .extra_env = env};
         double t0 = dt_now();
         s = dt_launch_run(&lc, argv, res);
         if (s == DT_OK || s == DT_EINTR) break;
@@ -38,9 +49,9 @@ dt_status dt_elastic_run(const dt_elastic_config *c, dt_launch_result *res) {
         bool found = false;
         if (c->checkpoint_dir) dt_ckpt_dir_latest(c->checkpoint_dir, ckpt, sizeof ckpt, &found, NULL, NULL);
         if (res->failed_rank < 0 && res->exit_code == 127) break; /* cannot start at all: no point retrying */
-        if (res->failed_rank >= 0 && res->exit_code == DT_EXIT_CONFIG) { /* the same flags would fail again */
-            say(c, "rank %d failed in set-up (exit %d: bad flags, data or model); not restarting: fix the command "
-                "and run it again", res->failed_rank, res->exit_code);
+        if (res->failed_rank >= 0 && dt_exit_is_setup(res->exit_code)) { /* the same flags would fail again */
+            say(c, "rank %d failed in set-up (exit %d: %s); not restarting: fix the command and run it again",
+                res->failed_rank, res->exit_code, res->exit_code == DT_EXIT_USAGE ? "bad flags" : "bad data, checkpoint or model");
             break;
         }
         if (restart >= c->max_restarts) {

@@ -18,6 +18,14 @@ typedef struct {
     void *ctx;
 } dt_elastic_config;
 
+/* Environment variable the supervisor sets for the ranks of a job it shrank: the number of ranks
+ * the job now has, which overrides the command's --workers N (still the first job's size). */
+#define DT_ELASTIC_WORKERS_ENV "DTRAIN_ELASTIC_WORKERS"
+
+/* The number of ranks a rank of this job should find: the supervisor's DT_ELASTIC_WORKERS_ENV
+ * when set (a shrunk job), else flag_workers (--workers N). */
+int dt_elastic_job_workers(int flag_workers);
+
 /* Runs the job until it succeeds, is interrupted, or fails more than max_restarts times.
  * res describes the last job. */
 dt_status dt_elastic_run(const dt_elastic_config *cfg, dt_launch_result *res);

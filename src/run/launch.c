@@ -34,16 +34,25 @@ typedef struct {
     pid_t pid;     /* 0 once reaped */
     pid_t pgid;    /* its process group (= first pid), kept after reaping */
     int status;    /* wait status once reaped */
+    int stop_sig;  /* the signal that stopped it (SIGSTOP ...) while it is stopped, else 0 */
     char **env;
     stream s[2];   /* stdout, stderr */
 } rank;
 
 typedef struct {
     const dt_launch_config *cfg;
+    dt_launch_result *res;
     rank *r;
     int n, live, open_fds;
     int lost;      /* expendable ranks that failed */
-    char prefix_fmt[8];
+    struct pollfd *pfd;
+    int *pidx;     /* [2n+1] which rank stream each pfd entry is (-1: the signal pipe) */
+    /* supervision state */
+    dt_status st;
+    bool stopping;
+    int failed, peer, got_sig;
+    double grace, job_deadline, kill_deadline, drain_deadline;
+    double peer_deadline; /* a rank exited DT_EXIT_PEER: until then, wait for the culprit */
 } job;
 
 static int g_sigpipe[2] = {-1, -1};
@@ -147,7 +156,9 @@ static void write_all(int fd, const char *buf, size_t n) {
     }
 }
 
-/* Relays the complete lines of s (all of it when flush), each prefixed, in one write. */
+/* Relays the complete lines of s (all of it when flush), each prefixed, in one write. A piece
+ * that a '\r' follows is relayed as it is, without a newline: a progress bar that redraws its
+ * line ("\r\033[K...") reaches the terminal one redraw late instead of never. */
 static void relay(job *j, int rk, stream *s, bool flush) {
     size_t start = 0, outn = 0;
     char pre[24];
@@ -158,12 +169,13 @@ static void relay(job *j, int rk, stream *s, bool flush) {
     if (!out) return;
     for (size_t i = 0; i < s->len; i++) {
         bool last = flush && i + 1 == s->len;
-        if (s->buf[i] != '\n' && !last && !(i - start + 1 >= LINE_CAP)) continue;
+        bool redraw = s->buf[i] != '\n' && i + 1 < s->len && s->buf[i + 1] == '\r';
+        if (s->buf[i] != '\n' && !last && !redraw && !(i - start + 1 >= LINE_CAP)) continue;
         memcpy(out + outn, pre, (size_t)pl);
         outn += (size_t)pl;
         memcpy(out + outn, s->buf + start, i + 1 - start);
         outn += i + 1 - start;
-        if (s->buf[i] != '\n') out[outn++] = '\n';
+        if (s->buf[i] != '\n' && !redraw) out[outn++] = '\n';
         start = i + 1;
     }
     write_all(s->out, out, outn);
@@ -275,20 +287,26 @@ static dt_status spawn(job *j, int rk, char *const argv[]) {
     return DT_OK;
 }
 
-/* Reaps every rank that has exited. The first failed rank goes to *failed, except that a rank
- * that exited DT_EXIT_PEER (it stopped because another rank failed) goes to *peer instead. */
-static void reap(job *j, bool stopping, int *failed, int *peer) {
+/* Reaps every rank that has exited and notes the ones stopped (SIGSTOP, SIGTSTP) or continued.
+ * The first failed rank goes to j->failed, except that a rank that exited DT_EXIT_PEER (it
+ * stopped because another rank failed or stalled) goes to j->peer instead. */
+static void reap(job *j) {
     for (int i = 0; i < j->n; i++) {
         rank *r = &j->r[i];
         if (r->pid <= 0) continue;
         int st;
-        pid_t p = waitpid(r->pid, &st, WNOHANG);
+        pid_t p = waitpid(r->pid, &st, WNOHANG | WUNTRACED | WCONTINUED);
         if (p != r->pid) continue;
+        if (WIFSTOPPED(st) || WIFCONTINUED(st)) {
+            r->stop_sig = WIFSTOPPED(st) ? WSTOPSIG(st) : 0;
+            continue;
+        }
         r->status = st;
         r->pid = 0;
+        r->stop_sig = 0;
         j->live--;
         /* an expendable rank may die, but not fail its set-up: bad flags fail every rank alike */
-        if (!stopping && exit_code_of(st) != 0 && exit_code_of(st) != DT_EXIT_CONFIG && j->cfg->expendable &&
+        if (!j->stopping && exit_code_of(st) != 0 && !dt_exit_is_setup(exit_code_of(st)) && j->cfg->expendable &&
             j->cfg->expendable[i]) {
             char how[96];
             describe(st, how, sizeof how);
@@ -296,19 +314,203 @@ static void reap(job *j, bool stopping, int *failed, int *peer) {
             j->lost++;
             continue;
         }
-        if (stopping || exit_code_of(st) == 0) continue;
+        if (j->stopping || exit_code_of(st) == 0) continue;
         if (WIFEXITED(st) && WEXITSTATUS(st) == DT_EXIT_PEER) {
-            if (*peer < 0) *peer = i;
-        } else if (*failed < 0) {
-            *failed = i;
+            if (j->peer < 0) j->peer = i;
+        } else if (j->failed < 0) {
+            j->failed = i;
         }
     }
+}
+
+/* Stops the job: sig to every rank, SIGKILL after the grace period. */
+static void stop_job(job *j, int sig, double now) {
+    j->stopping = true;
+    signal_ranks(j, sig);
+    j->kill_deadline = now + j->grace;
+}
+
+/* A rank that is stopped (kill -STOP) takes part in nothing: when the only failure is a rank
+ * that gave up on a peer (DT_EXIT_PEER), the stopped rank is the culprit, not the one that
+ * noticed. Returns it, or -1. */
+static int stalled_rank(const job *j) {
+    for (int i = 0; i < j->n; i++)
+        if (j->r[i].pid > 0 && j->r[i].stop_sig) return i;
+    return -1;
+}
+
+/* Blames the failed rank (once its culprit is known) and stops the others. */
+static void check_failures(job *j, double now) {
+    reap(j);
+    if (j->stopping) return;
+    char how[160];
+    if (j->failed < 0 && j->peer >= 0) {
+        if (j->peer_deadline == 0) j->peer_deadline = now + PEER_WAIT_S;
+        if (now < j->peer_deadline && j->live > 0) return; /* the real culprit may still fail */
+        int stalled = stalled_rank(j);
+        if (stalled >= 0) {
+            const char *abbr = sigabbrev_np(j->r[stalled].stop_sig);
+            snprintf(how, sizeof how, "is stopped (SIG%s) and took no part: rank %d gave up waiting for it (exit %d)",
+                     abbr ? abbr : "?", j->peer, DT_EXIT_PEER);
+            j->failed = stalled;
+            j->res->failed_rank = stalled;
+            j->res->exit_code = DT_EXIT_PEER;
+        } else {
+            describe(j->r[j->peer].status, how, sizeof how);
+            snprintf(how + strlen(how), sizeof how - strlen(how), " (it gave up on another rank; see its message)");
+            j->failed = j->peer;
+        }
+    } else if (j->failed >= 0) {
+        describe(j->r[j->failed].status, how, sizeof how);
+    } else {
+        return;
+    }
+    if (j->res->failed_rank < 0) {
+        j->res->failed_rank = j->failed;
+        j->res->exit_code = exit_code_of(j->r[j->failed].status);
+    }
+    int others = j->live - (j->r[j->failed].pid > 0);
+    if (others > 0)
+        notify(j, "rank %d %s; stopping %d other rank%s", j->failed, how, others, others == 1 ? "" : "s");
+    else
+        notify(j, "rank %d %s", j->failed, how);
+    j->st = dt_error(DT_EPEER, "rank %d %s", j->failed, how);
+    stop_job(j, SIGTERM, now);
+}
+
+/* The job's deadline, the SIGKILL after the grace period, and the drain of leftover pipes.
+ * Returns false when the supervision loop is over. */
+static bool check_deadlines(job *j, double now) {
+    if (!j->stopping && j->job_deadline > 0 && now >= j->job_deadline) {
+        notify(j, "timeout after %g s; stopping %d rank%s", j->cfg->timeout_s, j->live, j->live == 1 ? "" : "s");
+        j->res->exit_code = 124;
+        j->st = dt_error(DT_ETIMEDOUT, "job did not finish within %g s (--timeout)", j->cfg->timeout_s);
+        stop_job(j, SIGTERM, now);
+    }
+    if (j->stopping && j->live > 0 && j->kill_deadline > 0 && now >= j->kill_deadline) {
+        notify(j, "%d rank%s still running after %g s; sending SIGKILL", j->live, j->live == 1 ? "" : "s", j->grace);
+        signal_ranks(j, SIGKILL);
+        j->kill_deadline = 0;
+    }
+    if (j->live == 0 && j->drain_deadline == 0) j->drain_deadline = now + 2.0;
+    if (j->live == 0 && now >= j->drain_deadline) { /* a leftover child holds a pipe open */
+        for (int i = 0; i < j->n; i++)
+            for (int k = 0; k < 2; k++) close_stream(j, i, &j->r[i].s[k]);
+        return false;
+    }
+    return true;
+}
+
+/* Signals that reached the launcher: the first is forwarded (the job stops), a second kills. */
+static void handle_signals(job *j) {
+    unsigned char b[64];
+    ssize_t got;
+    while ((got = read(g_sigpipe[0], b, sizeof b)) > 0)
+        for (ssize_t i = 0; i < got; i++) {
+            int sig = b[i];
+            if (sig == SIGCHLD) continue;
+            if (!j->got_sig && !j->stopping) {
+                j->got_sig = sig;
+                notify(j, "got SIG%s; stopping %d rank%s", sigabbrev_np(sig), j->live, j->live == 1 ? "" : "s");
+                j->res->exit_code = 128 + sig;
+                j->st = dt_error(DT_EINTR, "launcher interrupted by SIG%s", sigabbrev_np(sig));
+                stop_job(j, sig, dt_now());
+            } else if (j->live > 0) { /* a second signal: no more grace */
+                signal_ranks(j, SIGKILL);
+                j->kill_deadline = 0;
+            }
+        }
 }
 
 static double deadline_ms(double deadline, double now) {
     if (deadline <= 0) return -1;
     double ms = (deadline - now) * 1000.0;
     return ms < 0 ? 0 : ms;
+}
+
+/* Waits for the next event (a line, a signal, a deadline) and handles it. */
+static void poll_once(job *j, double now) {
+    int np = 0;
+    j->pfd[np] = (struct pollfd){g_sigpipe[0], POLLIN, 0};
+    j->pidx[np++] = -1;
+    for (int i = 0; i < j->n; i++)
+        for (int k = 0; k < 2; k++)
+            if (j->r[i].s[k].fd >= 0) {
+                j->pfd[np] = (struct pollfd){j->r[i].s[k].fd, POLLIN, 0};
+                j->pidx[np++] = 2 * i + k;
+            }
+    double ms = -1;
+    double dls[4] = {j->stopping ? 0 : j->job_deadline, j->stopping ? j->kill_deadline : 0,
+                     j->live == 0 ? j->drain_deadline : 0, j->stopping ? 0 : j->peer_deadline};
+    for (int d = 0; d < 4; d++) {
+        double m = deadline_ms(dls[d], now);
+        if (m >= 0 && (ms < 0 || m < ms)) ms = m;
+    }
+    int pr = poll(j->pfd, (nfds_t)np, ms < 0 ? -1 : (int)(ms + 1));
+    if (pr < 0 && errno != EINTR) {
+        j->st = dt_error(DT_EIO, "poll failed in the launcher: %s", strerror(errno));
+        signal_ranks(j, SIGKILL);
+        j->stopping = true;
+    }
+    if (pr <= 0) return;
+    if (j->pfd[0].revents) handle_signals(j);
+    for (int p = 1; p < np; p++)
+        if (j->pfd[p].revents) read_stream(j, j->pidx[p] / 2, &j->r[j->pidx[p] / 2].s[j->pidx[p] % 2]);
+}
+
+/* Allocates the job's ranks (environment, line buffers) and poll arrays. */
+static dt_status job_prepare(job *j) {
+    j->r = calloc((size_t)j->n, sizeof *j->r);
+    j->pfd = calloc((size_t)(2 * j->n + 1), sizeof *j->pfd);
+    j->pidx = calloc((size_t)(2 * j->n + 1), sizeof *j->pidx);
+    if (!j->r || !j->pfd || !j->pidx) return dt_error(DT_ENOMEM, "out of memory starting %d ranks", j->n);
+    for (int i = 0; i < j->n; i++) {
+        j->r[i].s[0].fd = j->r[i].s[1].fd = -1;
+        j->r[i].env = rank_env(j->cfg, i, j->res->job_id);
+        j->r[i].s[0].buf = malloc(LINE_CAP);
+        j->r[i].s[1].buf = malloc(LINE_CAP);
+        if (!j->r[i].env || !j->r[i].s[0].buf || !j->r[i].s[1].buf)
+            return dt_error(DT_ENOMEM, "out of memory preparing rank %d", i);
+    }
+    return DT_OK;
+}
+
+static void job_free(job *j) {
+    for (int i = 0; j->r && i < j->n; i++) {
+        free_env(j->r[i].env);
+        free(j->r[i].s[0].buf);
+        free(j->r[i].s[1].buf);
+    }
+    free(j->r);
+    free(j->pfd);
+    free(j->pidx);
+}
+
+static const int g_sigs[] = {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGPIPE};
+#define N_SIGS ((int)(sizeof g_sigs / sizeof *g_sigs))
+
+/* Starts the ranks and supervises them until all have exited and their output is relayed. */
+static void supervise(job *j, char *const argv[]) {
+    const dt_launch_config *cfg = j->cfg;
+    double t0 = dt_now();
+    j->grace = cfg->grace_s > 0 ? cfg->grace_s : 5.0;
+    j->job_deadline = cfg->timeout_s > 0 ? t0 + cfg->timeout_s : 0;
+    j->failed = j->peer = -1;
+    for (int i = 0; i < j->n; i++) {
+        j->st = spawn(j, i, argv);
+        if (j->st != DT_OK) {
+            j->res->exit_code = 127;
+            stop_job(j, SIGTERM, dt_now());
+            break;
+        }
+    }
+    while (j->live > 0 || j->open_fds > 0) {
+        double now = dt_now();
+        check_failures(j, now);
+        if (!check_deadlines(j, now)) break;
+        poll_once(j, now);
+    }
+    if (j->stopping) signal_ranks(j, SIGKILL); /* leftovers of stopped ranks' process groups */
 }
 
 dt_status dt_launch_run(const dt_launch_config *cfg, char *const argv[], dt_launch_result *res) {
@@ -324,166 +526,36 @@ dt_status dt_launch_run(const dt_launch_config *cfg, char *const argv[], dt_laun
     if (cfg->job_id) snprintf(res->job_id, sizeof res->job_id, "%s", cfg->job_id);
     else dt_launch_job_id(res->job_id, sizeof res->job_id);
 
-    job j = {.cfg = cfg, .n = cfg->nranks};
-    j.r = calloc((size_t)j.n, sizeof *j.r);
-    struct pollfd *pfd = calloc((size_t)(2 * j.n + 1), sizeof *pfd);
-    int *pidx = calloc((size_t)(2 * j.n + 1), sizeof *pidx);
-    if (!j.r || !pfd || !pidx) {
-        free(j.r); free(pfd); free(pidx);
-        return dt_error(DT_ENOMEM, "out of memory starting %d ranks", cfg->nranks);
-    }
-    dt_status st = DT_OK;
-    for (int i = 0; i < j.n && st == DT_OK; i++) {
-        j.r[i].s[0].fd = j.r[i].s[1].fd = -1;
-        j.r[i].env = rank_env(cfg, i, res->job_id);
-        j.r[i].s[0].buf = malloc(LINE_CAP);
-        j.r[i].s[1].buf = malloc(LINE_CAP);
-        if (!j.r[i].env || !j.r[i].s[0].buf || !j.r[i].s[1].buf)
-            st = dt_error(DT_ENOMEM, "out of memory preparing rank %d", i);
-    }
-    if (st != DT_OK) goto done;
-
-    if (pipe2(g_sigpipe, O_CLOEXEC | O_NONBLOCK)) {
+    job j = {.cfg = cfg, .res = res, .n = cfg->nranks};
+    dt_status st = job_prepare(&j);
+    if (st == DT_OK && pipe2(g_sigpipe, O_CLOEXEC | O_NONBLOCK))
         st = dt_error(DT_EIO, "cannot create the launcher's signal pipe: %s", strerror(errno));
-        goto done;
+    if (st != DT_OK) {
+        job_free(&j);
+        return st;
     }
     g_active = 1;
-    static const int sigs[] = {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGPIPE};
-    struct sigaction old[5], sa;
+    struct sigaction old[N_SIGS], sa;
     memset(&sa, 0, sizeof sa);
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = SA_RESTART;
-    for (int i = 0; i < 5; i++) {
-        sa.sa_handler = sigs[i] == SIGPIPE ? SIG_IGN : on_signal;
-        sigaction(sigs[i], &sa, &old[i]);
+    for (int i = 0; i < N_SIGS; i++) {
+        sa.sa_handler = g_sigs[i] == SIGPIPE ? SIG_IGN : on_signal;
+        sigaction(g_sigs[i], &sa, &old[i]);
     }
-
-    double t0 = dt_now(), grace = cfg->grace_s > 0 ? cfg->grace_s : 5.0;
-    double job_deadline = cfg->timeout_s > 0 ? t0 + cfg->timeout_s : 0;
-    double kill_deadline = 0, drain_deadline = 0;
-    bool stopping = false;
-    int failed = -1, peer = -1, got_sig = 0;
-    double peer_deadline = 0; /* a rank exited DT_EXIT_PEER: until then, wait for the culprit */
-
-    for (int i = 0; i < j.n; i++) {
-        st = spawn(&j, i, argv);
-        if (st != DT_OK) {
-            res->exit_code = 127;
-            stopping = true;
-            signal_ranks(&j, SIGTERM);
-            kill_deadline = dt_now() + grace;
-            break;
-        }
-    }
-
-    while (j.live > 0 || j.open_fds > 0) {
-        double now = dt_now();
-        reap(&j, stopping, &failed, &peer);
-        if (!stopping && failed < 0 && peer >= 0) {
-            if (peer_deadline == 0) peer_deadline = now + PEER_WAIT_S;
-            if (now >= peer_deadline || j.live == 0) failed = peer; /* no other rank failed */
-        }
-        if (!stopping && failed >= 0) {
-            char how[96];
-            describe(j.r[failed].status, how, sizeof how);
-            if (j.live > 0)
-                notify(&j, "rank %d %s; stopping %d other rank%s", failed, how, j.live, j.live == 1 ? "" : "s");
-            else
-                notify(&j, "rank %d %s", failed, how);
-            res->failed_rank = failed;
-            res->exit_code = exit_code_of(j.r[failed].status);
-            st = dt_error(DT_EPEER, "rank %d %s", failed, how);
-            stopping = true;
-            signal_ranks(&j, SIGTERM);
-            kill_deadline = now + grace;
-        }
-        if (!stopping && job_deadline > 0 && now >= job_deadline) {
-            notify(&j, "timeout after %g s; stopping %d rank%s", cfg->timeout_s, j.live, j.live == 1 ? "" : "s");
-            res->exit_code = 124;
-            st = dt_error(DT_ETIMEDOUT, "job did not finish within %g s (--timeout)", cfg->timeout_s);
-            stopping = true;
-            signal_ranks(&j, SIGTERM);
-            kill_deadline = now + grace;
-        }
-        if (stopping && j.live > 0 && kill_deadline > 0 && now >= kill_deadline) {
-            notify(&j, "%d rank%s still running after %g s; sending SIGKILL", j.live, j.live == 1 ? "" : "s", grace);
-            signal_ranks(&j, SIGKILL);
-            kill_deadline = 0;
-        }
-        if (j.live == 0 && drain_deadline == 0) drain_deadline = now + 2.0;
-        if (j.live == 0 && now >= drain_deadline) { /* a leftover child holds a pipe open */
-            for (int i = 0; i < j.n; i++)
-                for (int k = 0; k < 2; k++) close_stream(&j, i, &j.r[i].s[k]);
-            break;
-        }
-        int np = 0;
-        pfd[np] = (struct pollfd){g_sigpipe[0], POLLIN, 0};
-        pidx[np++] = -1;
-        for (int i = 0; i < j.n; i++)
-            for (int k = 0; k < 2; k++)
-                if (j.r[i].s[k].fd >= 0) {
-                    pfd[np] = (struct pollfd){j.r[i].s[k].fd, POLLIN, 0};
-                    pidx[np++] = 2 * i + k;
-                }
-        double ms = -1;
-        double dls[4] = {stopping ? 0 : job_deadline, stopping ? kill_deadline : 0,
-                         j.live == 0 ? drain_deadline : 0, stopping ? 0 : peer_deadline};
-        for (int d = 0; d < 4; d++) {
-            double m = deadline_ms(dls[d], now);
-            if (m >= 0 && (ms < 0 || m < ms)) ms = m;
-        }
-        int pr = poll(pfd, (nfds_t)np, ms < 0 ? -1 : (int)(ms + 1));
-        if (pr < 0 && errno != EINTR) {
-            st = dt_error(DT_EIO, "poll failed in the launcher: %s", strerror(errno));
-            signal_ranks(&j, SIGKILL);
-            stopping = true;
-        }
-        if (pr <= 0) continue;
-        if (pfd[0].revents) {
-            unsigned char b[64];
-            ssize_t got;
-            while ((got = read(g_sigpipe[0], b, sizeof b)) > 0)
-                for (ssize_t i = 0; i < got; i++) {
-                    int sig = b[i];
-                    if (sig == SIGCHLD) continue;
-                    if (!got_sig && !stopping) {
-                        got_sig = sig;
-                        notify(&j, "got SIG%s; stopping %d rank%s", sigabbrev_np(sig), j.live, j.live == 1 ? "" : "s");
-                        res->exit_code = 128 + sig;
-                        st = dt_error(DT_EINTR, "launcher interrupted by SIG%s", sigabbrev_np(sig));
-                        stopping = true;
-                        signal_ranks(&j, sig);
-                        kill_deadline = dt_now() + grace;
-                    } else if (j.live > 0) { /* a second signal: no more grace */
-                        signal_ranks(&j, SIGKILL);
-                        kill_deadline = 0;
-                    }
-                }
-        }
-        for (int p = 1; p < np; p++)
-            if (pfd[p].revents) read_stream(&j, pidx[p] / 2, &j.r[pidx[p] / 2].s[pidx[p] % 2]);
-    }
-    if (stopping) signal_ranks(&j, SIGKILL); /* leftovers of stopped ranks' process groups */
+    supervise(&j, argv);
+    st = j.st;
     if (st == DT_OK) res->exit_code = 0;
     res->lost = j.lost;
     res->all_exited_0 = true;
     for (int i = 0; i < j.n; i++)
         if (!WIFEXITED(j.r[i].status) || WEXITSTATUS(j.r[i].status) != 0) res->all_exited_0 = false;
-
-    for (int i = 0; i < 5; i++) sigaction(sigs[i], &old[i], NULL);
+    for (int i = 0; i < N_SIGS; i++) sigaction(g_sigs[i], &old[i], NULL);
     close(g_sigpipe[0]);
     close(g_sigpipe[1]);
     g_sigpipe[0] = g_sigpipe[1] = -1;
     g_active = 0;
     dt_launch_cleanup_shm(res->job_id, &res->shm_removed);
-done:
-    for (int i = 0; i < j.n; i++) {
-        free_env(j.r[i].env);
-        free(j.r[i].s[0].buf);
-        free(j.r[i].s[1].buf);
-    }
-    free(j.r);
-    free(pfd);
-    free(pidx);
+    job_free(&j);
     return st;
 }

@@ -22,12 +22,18 @@
 /* Size of a job id buffer: the longest valid id (dt_comm_job_id_valid) plus NUL. */
 #define DT_JOB_ID_MAX (DT_COMM_JOB_ID_MAX + 1)
 
-/* Exit statuses of rank programs that the launcher and the elastic supervisor understand:
- * a rank exits with DT_EXIT_PEER when it stopped because another rank failed (the launcher then
- * blames the other rank if it fails too), and with DT_EXIT_CONFIG (sysexits EX_CONFIG) when
- * its set-up failed on bad flags, data or model (the elastic supervisor does not restart it). */
+/* The exit statuses of dtrain (documented in `dtrain --help` and the README), which the launcher
+ * and the elastic supervisor understand: 0 success; 1 a failure at run time (I/O, memory, a
+ * diverged run); DT_EXIT_USAGE a wrong command line (unknown flag, bad value, flags that do not
+ * go together: the same command fails again); DT_EXIT_PEER the rank stopped because another rank
+ * failed or stalled (the launcher blames the other one); DT_EXIT_CONFIG (sysexits EX_CONFIG) a
+ * data set, checkpoint or model that cannot be used. Neither DT_EXIT_USAGE nor DT_EXIT_CONFIG is
+ * restarted by --elastic. The launcher adds 124 (its --timeout) and 128+N (killed by signal N). */
+#define DT_EXIT_USAGE 2
 #define DT_EXIT_PEER 75
 #define DT_EXIT_CONFIG 78
+/* True for the statuses of a set-up that would fail the same way again (usage, config). */
+static inline bool dt_exit_is_setup(int code) { return code == DT_EXIT_USAGE || code == DT_EXIT_CONFIG; }
 
 typedef struct {
     int nranks;                   /* number of local ranks, >= 1 */

@@ -10,12 +10,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static char g_msg[512];
+static char g_msg[512], g_first_msg[512]; /* the last and the first message since g_nmsg = 0 */
 static int g_nmsg;
 static void on_msg(void *ctx, const char *m) {
     (void)ctx;
     snprintf(g_msg, sizeof g_msg, "%s", m);
-    g_nmsg++;
+    if (g_nmsg++ == 0) snprintf(g_first_msg, sizeof g_first_msg, "%s", m);
 }
 
 static size_t slurp(const char *path, char *buf, size_t cap) {
@@ -51,6 +51,16 @@ int main(void) {
     CHECK_MSG(strstr(buf, "[1] a1 2 hello unit_test_1\n") != NULL, "%s", buf);
     CHECK_MSG(strstr(buf, "[0] part\n") && strstr(buf, "[1] part\n"), "%s", buf);
     CHECK(g_nmsg == 0);
+
+    /* 1b. a progress bar redrawn with '\r' is relayed piece by piece, with no newlines added */
+    CHECK(ftruncate(fd, 0) == 0);
+    lseek(fd, 0, SEEK_SET);
+    dt_launch_config one = cfg;
+    one.nranks = 1;
+    char *argv_bar[] = {"sh", "-c", "printf 'x\\rbar1\\rbar2\\n'", NULL};
+    CHECK_OK(dt_launch_run(&one, argv_bar, &res));
+    slurp(out_path, buf, sizeof buf);
+    CHECK_MSG(!strcmp(buf, "[0] x[0] \rbar1[0] \rbar2\n"), "'%s'", buf);
 
     /* 2. rank 1 fails: DT_EPEER, its status, others stopped, one notify line */
     CHECK(ftruncate(fd, 0) == 0);
@@ -91,8 +101,21 @@ int main(void) {
     s = dt_launch_run(&pc, argv_peer2, &res);
     double waited = dt_now() - t0;
     CHECK(s == DT_EPEER && res.failed_rank == 1 && res.exit_code == DT_EXIT_PEER);
-    CHECK_MSG(!strcmp(g_msg, "rank 1 exited with status 75; stopping 2 other ranks"), "'%s'", g_msg);
+    CHECK_MSG(!strcmp(g_msg, "rank 1 exited with status 75 (it gave up on another rank; see its message); stopping 2 "
+                             "other ranks"), "'%s'", g_msg);
     CHECK_MSG(waited > 0.55 && waited < 5.0, "%.2f s", waited);
+    /* ... and when another rank is stopped (kill -STOP: it takes part in nothing), that one is the
+     * culprit: rank 1 gave up waiting for it */
+    g_nmsg = 0;
+    char *argv_stop[] = {"sh", "-c", "if [ $DTRAIN_RANK = 2 ]; then kill -STOP $$; fi; "
+                                     "if [ $DTRAIN_RANK = 1 ]; then sleep 0.3; exit 75; fi; exec sleep 20", NULL};
+    pc.grace_s = 0.2; /* the stopped rank ends by SIGKILL */
+    s = dt_launch_run(&pc, argv_stop, &res);
+    pc.grace_s = cfg.grace_s;
+    CHECK_MSG(s == DT_EPEER && res.failed_rank == 2 && res.exit_code == DT_EXIT_PEER, "failed_rank %d exit %d",
+              res.failed_rank, res.exit_code);
+    CHECK_MSG(strstr(g_first_msg, "rank 2 is stopped (SIGSTOP) and took no part: rank 1 gave up waiting for it"),
+              "'%s'", g_first_msg);
 
     /* 3. a program that does not exist */
     char *argv3[] = {"/nonexistent/dt-prog", NULL};

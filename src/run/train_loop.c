@@ -81,7 +81,7 @@ static dt_status serve_epoch(void *ctx, const dt_serve_epoch *r) {
     }
     DT_TRY(dt_trainer_evaluate(t, &e.test_loss, &e.test_acc));
     e.wall_s = dt_now() - t->t_start;
-    if (sc->mf) dt_trainer_write_metrics(sc->mf, &e, t);
+    if (sc->mf) DT_TRY(dt_trainer_write_metrics(sc->mf, &e, t));
     if (c->on_epoch) c->on_epoch(c->cb_ctx, &e);
     if (c->save) DT_TRY(dt_trainer_save(t, c->save));
     return DT_OK;
@@ -201,19 +201,14 @@ dt_status dt_trainer_run(dt_trainer *t) {
     const bool lead = t->rank == 0;
     FILE *mf = NULL;
     if (c->checkpoint_dir && lead) DT_TRY(dt_ckpt_dir_ensure(c->checkpoint_dir));
-    if (c->metrics && lead) {
-        mf = fopen(c->metrics, t->cfg.resume ? "a" : "w");
-        if (!mf) return dt_error(DT_EIO, "--metrics %s: cannot open for writing", c->metrics);
-    }
+    DT_TRY(dt_trainer_open_metrics(t, &mf));
     if (t->strategy->role == DT_ROLE_SERVER) {  /* ps servers serve instead of stepping */
         dt_status s = serve_run(t, mf);
-        if (mf && fclose(mf) != 0 && s == DT_OK) s = dt_error(DT_EIO, "--metrics %s: write failed", c->metrics);
-        return s;
+        return dt_trainer_close_metrics(t, mf, s);
     }
     if (t->strategy->role == DT_ROLE_WORKER && t->strategy->dynamic) {
         dt_status s = dynamic_run(t);
-        if (mf && fclose(mf) != 0 && s == DT_OK) s = dt_error(DT_EIO, "--metrics %s: write failed", c->metrics);
-        return s;
+        return dt_trainer_close_metrics(t, mf, s);
     }
     const int64_t spe = (int64_t)dt_loader_batches(t->loader);
     t->last_ckpt_time = dt_now();
@@ -269,6 +264,7 @@ dt_status dt_trainer_run(dt_trainer *t) {
         s = DT_OK;
         at_epoch_end = true;  /* errors below are reported with the epoch and step */
         double epoch_s = dt_now() - t0;
+        const int64_t epoch_steps = t->step_in_epoch;
         bool finished = t->step_in_epoch >= spe;
         if (finished) {
             t->epoch++;
@@ -286,12 +282,13 @@ dt_status dt_trainer_run(dt_trainer *t) {
                            .samples_per_s = epoch_s > 0 ? sums[1] / epoch_s : 0, .epoch_s = epoch_s,
                            .data_wait_s = dt_loader_wait_seconds(t->loader) - wait0, .compute_s = acc.compute_s,
                            .comm_wait_s = acc.comm_wait_s, .steps = acc.steps, .world_size = t->world,
+                           .epoch_steps = epoch_steps, .steps_per_epoch = spe,
                            .global_batch = c->batch * t->dworld,
                            .lr = dt_lr_at(&c->lr, t->step > 0 ? t->step - 1 : 0),
                            .nworkers = t->dworld, .workers = t->workers, .max_clock_gap = -1};
         if ((s = dt_trainer_evaluate(t, &e.test_loss, &e.test_acc)) != DT_OK) break;
         e.wall_s = dt_now() - t->t_start;
-        if (mf) dt_trainer_write_metrics(mf, &e, t);
+        if (mf && (s = dt_trainer_write_metrics(mf, &e, t)) != DT_OK) break;
         if (lead && c->on_epoch) c->on_epoch(c->cb_ctx, &e);
         if (lead && c->save && (s = dt_trainer_save(t, c->save)) != DT_OK) break;
         if (ckpt_due && (s = dt_trainer_save_numbered(t)) != DT_OK) break;
@@ -307,7 +304,6 @@ dt_status dt_trainer_run(dt_trainer *t) {
         dt_status ts = dt_trainer_write_timeline(t);
         if (ts != DT_OK) s = ts;
     }
-    if (mf && fclose(mf) != 0 && s == DT_OK) s = dt_error(DT_EIO, "--metrics %s: write failed", c->metrics);
-    return s;
+    return dt_trainer_close_metrics(t, mf, s);
 }
 

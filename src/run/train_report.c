@@ -1,15 +1,85 @@
 /* Trainer output: the JSON-Lines metrics record of an epoch and the gathered Chrome trace. */
 #include "run/trainer_internal.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static dt_status metrics_error(const dt_trainer *t, const char *what) {
+    return dt_error(DT_EIO, "--metrics %s: %s failed: %s; check the disk (free space, permissions)", t->cfg.metrics,
+                    what, strerror(errno));
+}
+
+/* Step of a metrics line ("step": N), or -1. */
+static long long line_step(const char *line) {
+    const char *p = strstr(line, "\"step\": ");
+    return p ? strtoll(p + 8, NULL, 10) : -1;
+}
+
+/* Rewrites path without the records of steps after `step` (those of a run resumed from there). */
+static dt_status drop_records_after(dt_trainer *t, int64_t step) {
+    const char *path = t->cfg.metrics;
+    FILE *in = fopen(path, "r");
+    if (!in) return DT_OK; /* nothing written yet */
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    FILE *out = fopen(tmp, "w");
+    if (!out) {
+        fclose(in);
+        return metrics_error(t, "creating a temporary file beside it");
+    }
+    char *line = NULL;
+    size_t cap = 0;
+    int dropped = 0;
+    while (getline(&line, &cap, in) > 0) {
+        if (line_step(line) > step) dropped++;
+        else fputs(line, out);
+    }
+    free(line);
+    bool rd = ferror(in) != 0;
+    fclose(in);
+    bool ok = fflush(out) == 0 && fsync(fileno(out)) == 0;
+    ok = fclose(out) == 0 && ok && !rd;
+    if (!ok || (dropped > 0 && rename(tmp, path) != 0)) {
+        dt_status s = metrics_error(t, rd ? "reading" : "rewriting");
+        unlink(tmp);
+        return s;
+    }
+    if (dropped == 0) unlink(tmp);
+    else dt_trainer_note(t, "--metrics %s: dropped %d record%s after step %lld (written again from the resumed "
+                            "checkpoint)", path, dropped, dropped == 1 ? "" : "s", (long long)step);
+    return DT_OK;
+}
+
+dt_status dt_trainer_open_metrics(dt_trainer *t, FILE **out) {
+    *out = NULL;
+    if (!t->cfg.metrics || t->rank != 0) return DT_OK;
+    if (t->cfg.resume) DT_TRY(drop_records_after(t, t->step));
+    *out = fopen(t->cfg.metrics, t->cfg.resume ? "a" : "w");
+    if (!*out) return metrics_error(t, "opening for writing");
+    return DT_OK;
+}
+
+dt_status dt_trainer_close_metrics(dt_trainer *t, FILE *f, dt_status s) {
+    if (!f) return s;
+    bool ok = fflush(f) == 0 && !ferror(f);
+    int e = errno;
+    /* a pipe or a terminal (--metrics /dev/stdout) cannot be synced; a full disk can fail here */
+    if (ok && fsync(fileno(f)) != 0 && errno != EINVAL && errno != ENOTSUP && errno != EROFS) ok = false, e = errno;
+    if (fclose(f) != 0 && ok) ok = false, e = errno;
+    if (ok || s != DT_OK) return s;
+    errno = e;
+    return metrics_error(t, "writing");
+}
 
 static void json_num(char *buf, size_t cap, double v) {
     if (isnan(v)) snprintf(buf, cap, "null");
     else snprintf(buf, cap, "%.6g", v);
 }
 
-void dt_trainer_write_metrics(FILE *f, const dt_epoch_info *e, const dt_trainer *t) {
+dt_status dt_trainer_write_metrics(FILE *f, const dt_epoch_info *e, const dt_trainer *t) {
     char tl[32], ta[32];
     json_num(tl, sizeof tl, e->test_loss);
     json_num(ta, sizeof ta, e->test_acc);
@@ -23,9 +93,13 @@ void dt_trainer_write_metrics(FILE *f, const dt_epoch_info *e, const dt_trainer 
             e->data_wait_s, e->lr, t->cfg.batch, e->world_size, e->global_batch, t->strategy->ops->name,
             t->world > 1 ? dt_comm_backend_name(t->cfg.comm) : "self",
             e->compute_s * per, e->comm_wait_s * per, e->data_wait_s * per, dt_model_spec(t->model));
+    if (e->steps_per_epoch > 0)  /* a partial epoch (--max-steps) or a loss over part of it (resumed) */
+        fprintf(f, ", \"epoch_steps\": %lld, \"steps_per_epoch\": %lld, \"loss_steps\": %lld",
+                (long long)e->epoch_steps, (long long)e->steps_per_epoch, (long long)e->steps);
     dt_balance_write_json(f, e);  /* per-worker figures, ps staleness */
     fputs("}\n", f);
-    fflush(f);
+    if (fflush(f) != 0 || ferror(f)) return metrics_error(t, "writing the record of an epoch");
+    return DT_OK;
 }
 
 /* Gathers every rank's timeline events on rank 0 and writes the Chrome trace there. */

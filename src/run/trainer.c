@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/sysinfo.h>
 #include <unistd.h>
 
 dt_train_config dt_train_defaults(void) {
@@ -194,6 +195,53 @@ static dt_status open_data(const char *data, const char *spec, double val_fracti
     return dt_dataset_open_text(train, test, data, g.T, val_fraction);
 }
 
+/* A resumed run whose flags change its learning rate or batch is no longer the run that wrote the
+ * checkpoint: say what changed (the resume itself is allowed: fine-tuning does exactly this). */
+static void check_resume_changes(const dt_trainer *t, const dt_ckpt_info *info, const char *path) {
+    const dt_train_config *c = &t->cfg;
+    const float lr = dt_lr_at(&c->lr, info->step);
+    char what[512] = "";
+    size_t len = 0;
+    if (info->lr > 0 && fabsf(lr - info->lr) > 1e-6f * info->lr)
+        len += (size_t)snprintf(what + len, sizeof what - len, "the learning rate at step %lld is %g with these flags "
+                                "(--lr, --schedule, --warmup, --epochs), the checkpoint's run used %g",
+                                (long long)info->step, lr, info->lr);
+    if (info->batch > 0 && info->batch != c->batch && info->step_in_epoch == 0 && len < sizeof what)
+        snprintf(what + len, sizeof what - len, "%s--batch %d, the checkpoint's run used %d", len ? "; " : "", c->batch,
+                 info->batch);
+    if (what[0])
+        dt_trainer_note(t, "resuming %s with other settings: %s. This continues as a different run, not the one "
+                           "that wrote the checkpoint", path, what);
+}
+
+/* The global batch must fit the training set, and the buffers it needs (the loader's prefetched
+ * batches of float inputs, the loss's probabilities and gradients) must fit the memory that is
+ * available: a huge --batch is an error naming it, not an allocation failure or an abort. */
+static dt_status check_batch(const dt_trainer *t, int max_batch) {
+    const dt_train_config *c = &t->cfg;
+    const size_t n = dt_trainer_epoch_len(t), per = (size_t)dt_trainer_step_batch(t) / (size_t)c->batch;
+    const long long global = (long long)dt_trainer_step_batch(t) * t->dworld;
+    const char *accum = per > 1 ? " x --grad-accum" : "";
+    if (global > (long long)n) {
+        if (t->dworld > 1)
+            return dt_error(DT_EINVAL, "--batch %d%s x %d workers = %lld samples per step is more than an epoch "
+                            "(%zu samples of --data %s): use --batch %zu or less", c->batch, accum, t->dworld, global, n,
+                            c->data, n / (size_t)t->dworld / per);
+        return dt_error(DT_EINVAL, "--batch %d%s = %lld samples per step is more than an epoch (%zu samples of --data "
+                        "%s): use --batch %zu or less", c->batch, accum, global, n, c->data, n / per);
+    }
+    const double in = (double)t->C * t->H * t->W, slots = DT_LOADER_DEFAULT_PREFETCH + 1;
+    const double need = (double)max_batch * (slots * (in + 1) + 2.0 * t->classes) * sizeof(float);
+    struct sysinfo si;
+    if (sysinfo(&si) == 0) {
+        const double avail = ((double)si.freeram + (double)si.bufferram) * si.mem_unit;
+        if (need > avail && need > 256e6)
+            return dt_error(DT_ENOMEM, "--batch %d needs about %.1f GB for its input buffers alone, more than the %.1f GB "
+                            "of free memory: use a smaller --batch", c->batch, need / 1e9, avail / 1e9);
+    }
+    return DT_OK;
+}
+
 dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
     *out = NULL;
     DT_TRY(check_config(cfg));
@@ -215,7 +263,10 @@ dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
     const char *resume = t->resume_path[0] ? t->resume_path : NULL;
     if (resume && (s = dt_checkpoint_read_info(resume, &info)) != DT_OK) goto fail;
     const char *spec = cfg->model ? cfg->model : resume ? info.spec : "mlp";
-    if ((s = check_spec(spec)) != DT_OK) goto fail;
+    if ((s = check_spec(spec)) != DT_OK) {
+        if (spec == info.spec) s = dt_error_wrap(DT_EFORMAT, "%s: its dtrain.model_spec", resume);
+        goto fail;
+    }
     s = open_data(cfg->data, spec, cfg->val_fraction, &t->train, &t->test);
     if (s != DT_OK) goto fail;
     dt_dataset_shape(t->train, &t->C, &t->H, &t->W);
@@ -223,7 +274,7 @@ dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
 
     if (resume) {
         if (info.C != t->C || info.H != t->H || info.W != t->W) {
-            s = dt_error(DT_EINVAL, "%s: checkpoint expects inputs %dx%dx%d but --data %s has %dx%dx%d", resume,
+            s = dt_error(DT_EMISMATCH, "%s: checkpoint expects inputs %dx%dx%d but --data %s has %dx%dx%d", resume,
                          info.C, info.H, info.W, cfg->data, t->C, t->H, t->W);
             goto fail;
         }
@@ -285,7 +336,9 @@ dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
     if ((s = dt_strategy_data_part(strategy, &sc, t->rank, t->world, &t->drank, &t->dworld)) != DT_OK) goto fail;
     const int step_batch = dt_trainer_step_batch(t);
     const int max_batch = cfg->balance ? step_batch * t->dworld : step_batch;  /* a balanced cut may be larger */
-    dt_loader_config lc = {.batch = step_batch, .epoch_len = (size_t)cfg->epoch_windows, .shuffle = true, .seed = cfg->seed, .rank = t->drank,
+    if ((s = check_batch(t, max_batch)) != DT_OK) goto fail;
+    dt_loader_config lc = {.batch = step_batch, .epoch_len = (size_t)cfg->epoch_windows, .shuffle = true,
+                           .seed = cfg->seed, .rank = t->drank,
                            .world = t->dworld, .prefetch = -1, .max_batch = max_batch};
     if ((s = dt_loader_create(&t->loader, t->train, &lc)) != DT_OK) goto fail;
     if (resume && (info.world_size != t->dworld || info.batch != step_batch) && t->step_in_epoch > 0) {
@@ -303,6 +356,7 @@ dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
         int64_t total = (int64_t)cfg->epochs * (int64_t)dt_loader_batches(t->loader) - cfg->lr.warmup_steps;
         t->cfg.lr.total_steps = total > 1 ? total : 1;
     }
+    if (resume) check_resume_changes(t, &info, resume);
     if (cfg->timeline && (s = dt_trace_init(&t->trace, t->rank, 1 << 18, t->t_start)) != DT_OK) goto fail;
     if ((s = dt_strategy_create(&t->strategy, strategy, t->world > 1 ? cfg->comm : NULL, t->model, t->optim, &sc)) !=
         DT_OK)
@@ -413,12 +467,21 @@ dt_status dt_evaluate_checkpoint(const char *checkpoint, const char *data, int b
     int C, H, W;
     dt_dataset_shape(ds, &C, &H, &W);
     if (C != info.C || H != info.H || W != info.W) {
-        s = dt_error(DT_EINVAL, "%s: model expects inputs %dx%dx%d but --data %s has %dx%dx%d", checkpoint, info.C,
+        s = dt_error(DT_EMISMATCH, "%s: model expects inputs %dx%dx%d but --data %s has %dx%dx%d", checkpoint, info.C,
                      info.H, info.W, data, C, H, W);
         goto done;
     }
-    if ((s = dt_model_build(&m, info.spec, C, H, W)) != DT_OK) goto done;
+    if ((s = dt_model_build(&m, info.spec, C, H, W)) != DT_OK) {
+        s = dt_error_wrap(DT_EFORMAT, "%s: its dtrain.model_spec", checkpoint); /* the file is wrong */
+        goto done;
+    }
     if ((s = dt_checkpoint_restore(checkpoint, m, NULL, &info)) != DT_OK) goto done;
+    /* a label the model has no output for would make the loss NaN (and the accuracy a lie) */
+    if ((s = dt_dataset_set_classes((dt_dataset *)ds, dt_model_out_size(m))) != DT_OK) {
+        s = dt_error_wrap(s, "--data %s does not fit the model of %s (%d outputs)", data, checkpoint,
+                          dt_model_out_size(m));
+        goto done;
+    }
     if (info.has_norm && (s = dt_dataset_set_normalize((dt_dataset *)ds, info.norm_mean, info.norm_std)) != DT_OK)
         goto done;
     s = evaluate(m, ds, batch, NULL, loss, acc);

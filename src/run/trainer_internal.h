@@ -59,8 +59,15 @@ static inline int dt_trainer_step_batch(const dt_trainer *t) {
 void dt_trainer_note(const dt_trainer *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Rank 0 writes checkpoint_dir/ckpt-<step> and prunes to --keep; every rank restarts its timer. */
 dt_status dt_trainer_save_numbered(dt_trainer *t);
-/* Appends one JSON line for a finished epoch. */
-void dt_trainer_write_metrics(FILE *f, const dt_epoch_info *e, const dt_trainer *t);
+/* Opens --metrics for the run: truncated for a fresh run; for a resumed one, the records of
+ * steps after the one resumed from are dropped first (they will be written again), so no epoch
+ * appears twice. *out NULL when there is no --metrics or this is not rank 0. */
+dt_status dt_trainer_open_metrics(dt_trainer *t, FILE **out);
+/* Appends one JSON line for a finished epoch and flushes it; DT_EIO naming the file (disk full). */
+dt_status dt_trainer_write_metrics(FILE *f, const dt_epoch_info *e, const dt_trainer *t);
+/* Flushes, fsyncs and closes the metrics file (NULL: no-op); returns s, or the first write error
+ * when s is DT_OK. */
+dt_status dt_trainer_close_metrics(dt_trainer *t, FILE *f, dt_status s);
 /* Gathers every rank's timeline events on rank 0 and writes the Chrome trace there. */
 dt_status dt_trainer_write_timeline(dt_trainer *t);
 
