@@ -195,9 +195,82 @@ static dt_status dynamic_run(dt_trainer *t) {
     return stop ? save_interrupted(t) : DT_OK;  /* the servers report the epochs and hold the model */
 }
 
+/* The progress callback of the epoch so far (rank 0, at most every progress_interval_s). */
+static void report_progress(const dt_trainer *t, const epoch_acc *acc, double t0, double now, int64_t spe) {
+    const dt_train_config *c = &t->cfg;
+    const double el = now - t0;
+    dt_progress_info p = {.epoch = (int)t->epoch, .epochs = c->epochs, .step_in_epoch = t->step_in_epoch,
+                          .steps_per_epoch = spe, .global_step = t->step,
+                          .loss = acc->samples ? (float)(acc->loss_sum / (double)acc->samples) : NAN,
+                          .elapsed_s = el, .samples_per_s = el > 0 ? (double)acc->samples * t->dworld / el : 0,
+                          .eta_s = el / (double)acc->steps * (double)(spe - t->step_in_epoch)};
+    c->on_progress(c->cb_ctx, &p);
+}
+
+/* The steps of one epoch, from the loader's position: returns DT_ENOENT at the epoch's end, at
+ * a stop (*stop) or at max_steps; *ckpt_due when a numbered checkpoint is due at the epoch's end. */
+static dt_status epoch_steps(dt_trainer *t, epoch_acc *acc, double t0, bool *stop, bool *ckpt_due) {
+    const dt_train_config *c = &t->cfg;
+    const int64_t spe = (int64_t)dt_loader_batches(t->loader);
+    double last_progress = 0;
+    dt_status s;
+    dt_batch b;
+    for (;;) {
+        double tw = dt_now();
+        if ((s = dt_loader_next(t->loader, &b)) != DT_OK) return s;
+        dt_trace_add(&t->trace, "data", 2, tw, dt_now(), t->step);
+        s = train_step(t, &b, acc);
+        if (s == DT_OK) s = stop_vote(t, stop);
+        if (s != DT_OK)
+            return dt_error_wrap(s, "step %lld (epoch %lld, batch %lld)", (long long)t->step + 1,
+                                 (long long)t->epoch + 1, (long long)t->step_in_epoch + 1);
+        if (t->resume_path[0] && !t->resume_noted++)
+            dt_trainer_note(t, "resumed from %s: training again at step %lld, %.2f s after start", t->resume_path,
+                            (long long)t->step, dt_now() - t->t_start);
+        t->step_in_epoch++;
+        const double now = dt_now();
+        if (t->rank == 0 && c->on_progress &&
+            (now - last_progress >= c->progress_interval_s || t->step_in_epoch == spe)) {
+            last_progress = now;
+            report_progress(t, acc, t0, now, spe);
+        }
+        *ckpt_due = c->checkpoint_dir && ((c->checkpoint_every > 0 && t->step % c->checkpoint_every == 0) ||
+                                          (c->checkpoint_secs > 0 && now - t->last_ckpt_time >= c->checkpoint_secs));
+        if (*stop || (c->max_steps && t->step >= c->max_steps)) return DT_ENOENT;
+        /* a checkpoint at an epoch's last step waits for the epoch's end (so it resumes after it) */
+        if (*ckpt_due && t->step_in_epoch < spe) {
+            DT_TRY(dt_trainer_save_numbered(t));
+            *ckpt_due = false;
+        }
+    }
+}
+
+/* The end of an epoch on the replicas: sync (localsgd), balance figures, the global training loss,
+ * evaluation, the metrics line, the epoch callback and --save. */
+static dt_status end_epoch(dt_trainer *t, FILE *mf, const epoch_acc *acc, double epoch_s, double wait0, bool finished) {
+    const dt_train_config *c = &t->cfg;
+    if (t->strategy->ops->sync) DT_TRY(t->strategy->ops->sync(t->strategy));
+    DT_TRY(dt_balance_epoch(t->balance, t->dcomm, epoch_s, t->workers));
+    double sums[2] = {acc->loss_sum, (double)acc->samples};
+    if (t->dcomm) DT_TRY(dt_comm_allreduce(t->dcomm, sums, sums, 2, DT_F64, DT_OP_SUM));
+    dt_epoch_info e = {.epoch = (int)t->epoch + (finished ? 0 : 1), .global_step = t->step,
+                       .train_loss = sums[1] > 0 ? (float)(sums[0] / sums[1]) : NAN,
+                       .samples_per_s = epoch_s > 0 ? sums[1] / epoch_s : 0, .epoch_s = epoch_s,
+                       .data_wait_s = dt_loader_wait_seconds(t->loader) - wait0, .compute_s = acc->compute_s,
+                       .comm_wait_s = acc->comm_wait_s, .steps = acc->steps, .world_size = t->world,
+                       .global_batch = dt_trainer_step_batch(t) * t->dworld,
+                       .lr = dt_lr_at(&c->lr, t->step > 0 ? t->step - 1 : 0),
+                       .nworkers = t->dworld, .workers = t->workers, .max_clock_gap = -1};
+    DT_TRY(dt_trainer_evaluate(t, &e.test_loss, &e.test_acc));
+    e.wall_s = dt_now() - t->t_start;
+    if (mf) DT_TRY(dt_trainer_write_metrics(mf, &e, t));
+    if (t->rank == 0 && c->on_epoch) c->on_epoch(c->cb_ctx, &e);
+    if (t->rank == 0 && c->save) DT_TRY(dt_trainer_save(t, c->save));
+    return DT_OK;
+}
+
 dt_status dt_trainer_run(dt_trainer *t) {
     const dt_train_config *c = &t->cfg;
-    dt_comm *comm = t->dcomm;
     const bool lead = t->rank == 0;
     FILE *mf = NULL;
     if (c->checkpoint_dir && lead) DT_TRY(dt_ckpt_dir_ensure(c->checkpoint_dir));
@@ -217,80 +290,20 @@ dt_status dt_trainer_run(dt_trainer *t) {
     while (t->epoch < c->epochs && s == DT_OK && !stop) {
         if (c->max_steps && t->step >= c->max_steps) break;
         if ((s = dt_loader_start_epoch(t->loader, (uint64_t)t->epoch, (size_t)t->step_in_epoch)) != DT_OK) break;
-        double t0 = dt_now(), last_progress = 0, wait0 = dt_loader_wait_seconds(t->loader);
+        const double t0 = dt_now(), wait0 = dt_loader_wait_seconds(t->loader);
         epoch_acc acc = {0};
-        dt_batch b;
-        for (;;) {
-            double tw = dt_now();
-            if ((s = dt_loader_next(t->loader, &b)) != DT_OK) break;
-            dt_trace_add(&t->trace, "data", 2, tw, dt_now(), t->step);
-            s = train_step(t, &b, &acc);
-            if (s == DT_OK) s = stop_vote(t, &stop);
-            if (s != DT_OK) {
-                s = dt_error_wrap(s, "step %lld (epoch %lld, batch %lld)", (long long)t->step + 1,
-                                  (long long)t->epoch + 1, (long long)t->step_in_epoch + 1);
-                break;
-            }
-            if (t->resume_path[0] && !t->resume_noted++)
-                dt_trainer_note(t, "resumed from %s: training again at step %lld, %.2f s after start", t->resume_path,
-                     (long long)t->step, dt_now() - t->t_start);
-            t->step_in_epoch++;
-            double now = dt_now();
-            if (lead && c->on_progress &&
-                (now - last_progress >= c->progress_interval_s || t->step_in_epoch == spe)) {
-                last_progress = now;
-                double el = now - t0;
-                dt_progress_info p = {.epoch = (int)t->epoch, .epochs = c->epochs, .step_in_epoch = t->step_in_epoch,
-                                      .steps_per_epoch = spe, .global_step = t->step,
-                                      .loss = acc.samples ? (float)(acc.loss_sum / (double)acc.samples) : NAN,
-                                      .elapsed_s = el,
-                                      .samples_per_s = el > 0 ? (double)acc.samples * t->dworld / el : 0,
-                                      .eta_s = el / (double)acc.steps * (double)(spe - t->step_in_epoch)};
-                c->on_progress(c->cb_ctx, &p);
-            }
-            ckpt_due = c->checkpoint_dir && ((c->checkpoint_every > 0 && t->step % c->checkpoint_every == 0) ||
-                                             (c->checkpoint_secs > 0 && now - t->last_ckpt_time >= c->checkpoint_secs));
-            if (stop || (c->max_steps && t->step >= c->max_steps)) {
-                s = DT_ENOENT;
-                break;
-            }
-            /* a checkpoint at an epoch's last step waits for the epoch's end (so it resumes after it) */
-            if (ckpt_due && t->step_in_epoch < spe) {
-                if ((s = dt_trainer_save_numbered(t)) != DT_OK) break;
-                ckpt_due = false;
-            }
-        }
-        if (s != DT_ENOENT) break;
+        if ((s = epoch_steps(t, &acc, t0, &stop, &ckpt_due)) != DT_ENOENT) break;
         s = DT_OK;
         at_epoch_end = true;  /* errors below are reported with the epoch and step */
-        double epoch_s = dt_now() - t0;
-        const int64_t epoch_steps = t->step_in_epoch;
-        bool finished = t->step_in_epoch >= spe;
+        const double epoch_s = dt_now() - t0;
+        const bool finished = t->step_in_epoch >= spe;
         if (finished) {
             t->epoch++;
             t->step_in_epoch = 0;
         }
         if (stop) break;
         if (t->strategy->role == DT_ROLE_WORKER) continue;  /* ps: the servers report epochs */
-        if (t->strategy->ops->sync && (s = t->strategy->ops->sync(t->strategy)) != DT_OK) break;
-        if ((s = dt_balance_epoch(t->balance, comm, epoch_s, t->workers)) != DT_OK) break;
-        /* global training loss and sample count of the epoch */
-        double sums[2] = {acc.loss_sum, (double)acc.samples};
-        if (comm && (s = dt_comm_allreduce(comm, sums, sums, 2, DT_F64, DT_OP_SUM)) != DT_OK) break;
-        dt_epoch_info e = {.epoch = (int)t->epoch + (finished ? 0 : 1), .global_step = t->step,
-                           .train_loss = sums[1] > 0 ? (float)(sums[0] / sums[1]) : NAN,
-                           .samples_per_s = epoch_s > 0 ? sums[1] / epoch_s : 0, .epoch_s = epoch_s,
-                           .data_wait_s = dt_loader_wait_seconds(t->loader) - wait0, .compute_s = acc.compute_s,
-                           .comm_wait_s = acc.comm_wait_s, .steps = acc.steps, .world_size = t->world,
-                           .epoch_steps = epoch_steps, .steps_per_epoch = spe,
-                           .global_batch = c->batch * t->dworld,
-                           .lr = dt_lr_at(&c->lr, t->step > 0 ? t->step - 1 : 0),
-                           .nworkers = t->dworld, .workers = t->workers, .max_clock_gap = -1};
-        if ((s = dt_trainer_evaluate(t, &e.test_loss, &e.test_acc)) != DT_OK) break;
-        e.wall_s = dt_now() - t->t_start;
-        if (mf && (s = dt_trainer_write_metrics(mf, &e, t)) != DT_OK) break;
-        if (lead && c->on_epoch) c->on_epoch(c->cb_ctx, &e);
-        if (lead && c->save && (s = dt_trainer_save(t, c->save)) != DT_OK) break;
+        if ((s = end_epoch(t, mf, &acc, epoch_s, wait0, finished)) != DT_OK) break;
         if (ckpt_due && (s = dt_trainer_save_numbered(t)) != DT_OK) break;
         ckpt_due = false;
         at_epoch_end = false;
