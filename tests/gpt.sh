@@ -25,6 +25,7 @@ expect_fail "a bad gpt spec names the key" "unknown key 'Q'" $DT train --data "$
 expect_fail "heads must divide the width" "multiple of the H=3 heads" $DT train --data "$D" --model "gpt:C=32,H=3"
 expect_fail "missing corpus" "$TMP/nope.txt" $DT train --data "text:$TMP/nope.txt" --model "$M"
 expect_fail "val fraction range" "--val-fraction 0.9" run --val-fraction 0.9
+expect_fail "--normalize on text is refused" "drop --normalize" run --normalize --max-steps 1
 expect_fail "sample needs a checkpoint" "no --checkpoint given" $DT sample
 
 # ---- training, checkpoint names, eval ----

@@ -307,6 +307,11 @@ dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
     dt_model_init(t->model, cfg->seed);
     s = dt_optim_create(&t->optim, &cfg->optim, dt_model_num_params(t->model));
     if (s != DT_OK) goto fail;
+    if (cfg->normalize && dt_dataset_is_text(t->train)) {
+        s = dt_error(DT_EINVAL, "--normalize standardises image features, but --data %s is token ids: drop --normalize",
+                     cfg->data);
+        goto fail;
+    }
     if (cfg->normalize) {
         double mean, sd;
         dt_dataset_stats(t->train, &mean, &sd);
