@@ -129,27 +129,15 @@ static int run_ranks(int N, const run_cfg *rc, const char *path, const char *job
                 fprintf(stderr, "rank %d: replicas differ after training\n", r);
                 _exit(4);
             }
-            if (r == 0) {
-                FILE *f = fopen(path, "wb");
-                fwrite(p, sizeof(float), n, f);
-                fclose(f);
-            }
+            if (r == 0 && dt_test_write_floats(path, p, n) != 0) _exit(5);
             dt_comm_destroy(c);
             _exit(0);
         }
     }
-    int failed = 0, st;
-    while (wait(&st) > 0) failed += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-    return failed;
+    return dt_test_wait_children();
 }
 
-static size_t read_params(const char *path, float *p) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return 0;
-    size_t n = fread(p, sizeof(float), CAP, f);
-    fclose(f);
-    return n;
-}
+static size_t read_params(const char *path, float *p) { return dt_test_read_floats(path, p, CAP); }
 
 static void test_equivalence(void) {
     static float ind[CAP], ref[CAP], got[CAP];

@@ -7,6 +7,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 /* Writes DIR/toy_train.csv (made with mkdtemp from `tmpl`, e.g. "/tmp/dtrain-x-XXXXXX") of 203
@@ -39,6 +40,30 @@ static inline dt_comm *dt_test_rank_comm(int r, int n, const char *job) {
         _exit(2);
     }
     return c;
+}
+
+/* Writes n floats to path (a forked rank hands its parameters to the parent); 0 on success. */
+static inline int dt_test_write_floats(const char *path, const float *p, size_t n) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return -1;
+    size_t w = fwrite(p, sizeof(float), n, f);
+    return fclose(f) == 0 && w == n ? 0 : -1;
+}
+
+/* Waits for every child; returns how many did not exit 0. */
+static inline int dt_test_wait_children(void) {
+    int failed = 0, st;
+    while (wait(&st) > 0) failed += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    return failed;
+}
+
+/* Reads up to cap floats from path (written by dt_test_write_floats); returns how many. */
+static inline size_t dt_test_read_floats(const char *path, float *p, size_t cap) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    size_t n = fread(p, sizeof(float), cap, f);
+    fclose(f);
+    return n;
 }
 
 /* Removes the directory made by dt_test_write_toy_csv. */
