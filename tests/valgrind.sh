@@ -1,5 +1,5 @@
-# Valgrind smoke test: a short training run (train + test CSV, checkpoint, resume, eval) must
-# show no memory errors and no definite leaks.
+# Valgrind smoke test: a short training run (train + test CSV, checkpoint, resume, eval), a GPT
+# on text with gradient accumulation and sampling must show no memory errors and no definite leaks.
 . "$(dirname "$0")/testlib.bash"
 if ! command -v valgrind >/dev/null; then echo "skip: valgrind not installed"; exit 77; fi
 if [ -n "${DTRAIN_SANITIZED:-}" ]; then echo "skip: sanitizer build"; exit 77; fi
@@ -29,6 +29,12 @@ $VG $DT train --data "$TMP/toy_train.csv" --model "linear(16) relu dropout(0.2) 
   && ok "resume under valgrind" || { bad "resume under valgrind"; cat "$TMP/out"; }
 $VG $DT eval --checkpoint "$TMP/v.st" --data "$TMP/toy_train.csv" >"$TMP/out" 2>&1 \
   && ok "eval under valgrind" || { bad "eval under valgrind"; cat "$TMP/out"; }
+python3 -c "import sys; open(sys.argv[1], 'w').write('in the beginning was the word. ' * 40)" "$TMP/t.txt"
+$VG $DT train --data "text:$TMP/t.txt" --model "gpt:L=1,H=2,C=8,T=8" --batch 4 --max-steps 6 --optimizer adamw \
+  --grad-accum 2 --quiet --save "$TMP/g.st" >"$TMP/out" 2>&1 \
+  && ok "gpt train (text data, grad-accum) under valgrind" || { bad "gpt train under valgrind"; cat "$TMP/out"; }
+$VG $DT sample --checkpoint "$TMP/g.st" --prompt "in the" --tokens 12 >"$TMP/out" 2>&1 \
+  && ok "sample under valgrind" || { bad "sample under valgrind"; cat "$TMP/out"; }
 $VG $DT train --data "$TMP/toy_train.csv" --model "linear(16) relu maxpol" >"$TMP/out" 2>&1
-[ $? -eq 78 ] && ok "error path under valgrind (exit 78: bad command)" || { bad "error path under valgrind"; cat "$TMP/out"; }
+[ $? -eq 2 ] && ok "error path under valgrind (exit 2: wrong command line)" || { bad "error path under valgrind"; cat "$TMP/out"; }
 finish
