@@ -308,7 +308,7 @@ static void bound_entries(const char *dir, const char *name) {
             !strcmp(e->d_name, name) || fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
             st.st_uid != geteuid())
             continue;
-        snprintf(v[n].f, sizeof v[n].f, "%s", e->d_name);
+        memcpy(v[n].f, e->d_name, flen + 1); /* flen < 64 = sizeof v[n].f (checked above) */
         v[n++].t = (double)st.st_atim.tv_sec + st.st_atim.tv_nsec * 1e-9;
     }
     for (int keep = max_entries() - 1; n > keep; n--) {

@@ -176,8 +176,10 @@ static dt_status layout(dt_model *m) {
 
 dt_status dt_graph_finish(dt_model *m, int output, int loss, const char *spec) {
     if (m->err != DT_OK) return dt_error(m->err, "%s", m->errmsg);
-    if (output < 0 || output >= m->n || m->nodes[output].input_index >= 0)
-        return dt_graph_fail(m, NULL, "output node %d is not a node of the graph", output);
+    if (output < 0 || output >= m->n)
+        return dt_graph_fail(m, NULL, "output node %d is not a node of the graph (it has %d)", output, m->n);
+    if (m->nodes[output].input_index >= 0)
+        return dt_graph_fail(m, &m->nodes[output], "a graph input cannot be the output; add a node after it");
     if (loss >= 0) {
         if (loss >= m->n || (m->nodes[loss].a.kind != DT_LAYER_XENT && m->nodes[loss].a.kind != DT_LAYER_MSE))
             return dt_graph_fail(m, NULL, "loss node %d is not an xent or mse node", loss);
