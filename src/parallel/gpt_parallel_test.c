@@ -142,7 +142,8 @@ static void test_resume(void) {
 }
 
 static void test_ps_localsgd(void) {
-    run_cfg one = {.batch = 4, .accum = 1, .steps = 20}, ps = {.strategy = "ps(servers=1,staleness=0)", .batch = 4, .accum = 1, .steps = 20};
+    run_cfg one = {.batch = 4, .accum = 1, .steps = 20},
+            ps = {.strategy = "ps(servers=1,staleness=0)", .batch = 4, .accum = 1, .steps = 20};
     size_t n = 0;
     CHECK_OK(train(&one, NULL, g_ref, &n));
     char path[128], job[64];

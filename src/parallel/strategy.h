@@ -1,7 +1,10 @@
 /* Distribution strategies: the one interface through which the trainer drives data-parallel
- * (and later sharded / asynchronous) training. The trainer loop is the same for every
- * strategy: forward, loss, backward with the strategy's grad-ready hook, then strategy step.
- * parallel/ is the only layer where models (nn/, optim/) and communication (comm/) meet. */
+ * (and later sharded / asynchronous) training. The trainer asks the strategy to train each step
+ * (train_step; the replicated strategies share forward, loss, backward with the grad-ready hook,
+ * then ops->step). Strategies come from a registry (registry.c): each entry parses its options
+ * from a spec ("ps(servers=2,staleness=4)") into its own struct, so nothing outside a strategy's
+ * module knows its options. parallel/ is the only layer where models (nn/, optim/) and
+ * communication (comm/) meet. */
 #ifndef DT_DIST_STRATEGY_H
 #define DT_DIST_STRATEGY_H
 
@@ -49,7 +52,7 @@ typedef struct {
     volatile sig_atomic_t *stop;  /* set (by a signal handler) to stop serving: DT_EINTR; may be NULL */
     int64_t *stopped_step;     /* out, may be NULL: on a stop with one server, the worker clock of the
                                 * model assembled into s->model (else left alone) */
-    /* ps dynamic assignment (s->dynamic): units of `batch` samples per epoch (ceil(n / batch));
+    /* ps dynamic assignment (dt_strategy_hands_out_batches): units of `batch` samples per epoch (ceil(n / batch));
      * the workers start at unit start_step_in_epoch * workers of start_epoch. Positions handed
      * back (stopped_epoch/stopped_in_epoch, dt_serve_epoch.step_in_epoch) are in global batches of
      * batch x workers: floor(units done before the first unit not yet pushed / workers). */

@@ -199,7 +199,8 @@ static void test_options_reach(void) {
     CHECK(dt_strategy_create(&s, "single", c, NULL, NULL, NULL) == DT_EINVAL && !s);
     CHECK_MSG(strstr(dt_last_error(), "--strategy single trains one process; with 1 ranks"), "%s", dt_last_error());
     CHECK(dt_strategy_create(&s, "ddp", NULL, NULL, NULL, NULL) == DT_EINVAL && !s);
-    CHECK_MSG(!strcmp(dt_last_error(), "--strategy ddp needs more than one rank (--workers N, dtrain launch or mpirun)"),
+    CHECK_MSG(!strcmp(dt_last_error(),
+                      "--strategy ddp needs more than one rank (--workers N, dtrain launch or mpirun)"),
               "%s", dt_last_error());
     CHECK(dt_strategy_create(&s, "ps", c, NULL, NULL, NULL) == DT_EINVAL && !s);
     CHECK_MSG(strstr(dt_last_error(), "needs more than 1 ranks"), "%s", dt_last_error());

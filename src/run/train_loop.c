@@ -110,12 +110,13 @@ static dt_status serve_run(dt_trainer *t, FILE *mf) {
     serve_ctx sc = {.t = t, .mf = mf, .t0 = dt_now()};
     int64_t stopped = -1, stopped_epoch = -1, stopped_in = 0;
     const size_t n = dt_trainer_epoch_len(t), B = (size_t)dt_trainer_step_batch(t);
+    const bool handed_out = dt_strategy_hands_out_batches(t->strategy);  /* ps dynamic: units of B */
     dt_serve_config cfg = {.start_step = t->step, .start_epoch = t->epoch, .start_step_in_epoch = t->step_in_epoch,
                            .steps_per_epoch = (int64_t)dt_loader_batches(t->loader), .epochs = c->epochs,
                            .max_steps = c->max_steps, .batch = c->batch, .want_optim = true,
                            .progress_s = c->progress_interval_s > 0 ? c->progress_interval_s : 0.2,
                            .stop = c->stop, .stopped_step = &stopped,
-                           .units_per_epoch = dt_strategy_hands_out_batches(t->strategy) ? (int64_t)((n + B - 1) / B) : 0,
+                           .units_per_epoch = handed_out ? (int64_t)((n + B - 1) / B) : 0,
                            .stopped_epoch = &stopped_epoch, .stopped_in_epoch = &stopped_in,
                            .on_epoch = serve_epoch, .on_progress = serve_progress, .on_note = serve_note, .ctx = &sc};
     dt_status s = t->strategy->ops->serve(t->strategy, &cfg);
