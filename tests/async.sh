@@ -203,6 +203,17 @@ expect_fail "ps has no --checkpoint-dir" "use --save FILE" $DT train --workers 2
 expect_fail "--slow outside the job" "--slow 5:3: this job has only 2 ranks" $DT train --workers 2 --slow 5:3 --max-steps 1
 expect_fail "--workers counts ps workers" "--workers 3 with --servers 1 makes 4 ranks, but this job has 3" \
   $DT launch -n 3 -- $DT train --strategy ps --workers 3 --max-steps 1
+# the spec form of --strategy: its options and the flags agree or are refused, naming both
+expect_fail "a spec option and its flag disagree" "--servers 3: --strategy ps(servers=2) sets servers=2" \
+  $DT train --strategy "ps(servers=2)" --servers 3
+expect_fail "an unknown spec option lists the strategy's" "--strategy ddp: unknown option 'staleness' (ddp takes bucket_mb)" \
+  $DT train --workers 2 --strategy "ddp(staleness=2)"
+expect_fail "the spec's rules between options" "overlap=1 needs shards=dynamic and staleness=inf" \
+  $DT train --strategy "ps(staleness=2)" --ps-overlap
+out=$(timeout 60 $DT train --workers 2 --strategy "ps(servers=1,staleness=inf,overlap=1)" --staleness inf --max-steps 4 2>&1)
+if [ $? -eq 0 ] && grep -q "strategy ps(servers=1,staleness=inf,shards=dynamic,overlap=1): 1 server, 2 workers" <<<"$out" \
+   && grep -q "after 4 steps" <<<"$out"; then ok "--strategy \"ps(servers=1,staleness=inf,overlap=1)\" with an agreeing flag trains"
+else bad "spec run: $(tail -4 <<<"$out")"; fi
 out=$(timeout 60 $DT train --workers 2 --strategy ps --model "flatten batchnorm linear(10)" --max-steps 1 2>&1)
 if [ $? -eq 78 ] && grep -q "does not keep model buffers" <<<"$out" && ! grep -q "goes on without" <<<"$out"; then
   ok "a ps worker's set-up error stops the job (not 'goes on without it')"

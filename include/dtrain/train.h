@@ -83,18 +83,12 @@ typedef struct {
     /* distribution: comm NULL = one process. With a communicator of size > 1, --batch is per
      * rank, the data is sharded by rank, and only rank 0 calls back, writes metrics and saves. */
     dt_comm *comm;            /* borrowed */
-    const char *strategy;     /* NULL: "ddp" when the world size > 1, else "single" */
-    double bucket_mb;         /* ddp gradient bucket size (MB), 0 = default */
+    /* the strategy spec: NAME or NAME(KEY=VALUE,...), e.g. "ps(servers=2,staleness=4)",
+     * "localsgd(sync_every=8)", "ddp(bucket_mb=0.5)" (dt_strategy_spec_help lists them);
+     * NULL: "ddp" when the world size > 1, else "single" */
+    const char *strategy;
     const char *timeline;     /* Chrome trace (JSON) of every rank's steps, written by rank 0 */
-    /* uneven workers (see parallel/strategy.h): ps servers and consistency, local SGD, balancing */
-    int servers;              /* ps: the first `servers` ranks hold the parameters (default 1) */
-    int staleness;            /* ps: bound in global batches (rounds of one batch per worker) a batch
-                               * may be ahead of the oldest in training; < 0 = unbounded (async) */
-    bool ps_fixed_shards;     /* ps: each worker owns 1/N of every epoch and staleness counts its own
-                               * steps (classic SSP); default: workers take batches from server 0 */
-    bool ps_overlap;          /* ps: push/pull in the background while the worker trains the next
-                               * batch (one step staler); needs dynamic assignment and staleness < 0 */
-    int sync_every;           /* localsgd: average the models every H steps (default 8) */
+    /* uneven workers (see parallel/strategy.h): balancing and the --slow testing aid */
     bool balance;             /* ddp/localsgd: cut each global batch by the workers' measured speed */
     int slow_rank;            /* testing/benchmark aid: this rank sleeps (slow_factor - 1) x its */
     float slow_factor;        /* compute time every step; slow_factor <= 1 = off */
@@ -128,6 +122,20 @@ dt_model *dt_trainer_model(dt_trainer *t);
 int64_t dt_trainer_step(const dt_trainer *t);
 /* Path of the last checkpoint written or resumed from ("" if none). */
 const char *dt_trainer_last_checkpoint(const dt_trainer *t);
+
+/* Strategy specs (dt_train_config.strategy). Parses and checks spec: name gets the strategy's
+ * name (cap bytes), *servers (may be NULL) the ranks that serve instead of training (ps: the
+ * first S ranks; 0 for the others). DT_EINVAL naming the strategy, option or value otherwise. */
+dt_status dt_strategy_spec_info(const char *spec, char *name, size_t cap, int *servers);
+/* Writes spec with every option spelled out ("ps(servers=1,staleness=inf,shards=dynamic,overlap=0)")
+ * to out (cap bytes); DT_EINVAL as dt_strategy_spec_info. */
+dt_status dt_strategy_spec_canonical(const char *spec, char *out, size_t cap);
+/* Writes spec plus option key=value to out (cap bytes), e.g. ("ps(servers=2)", "staleness", "4")
+ * gives "ps(servers=2,staleness=4)". DT_EINVAL when the strategy has no such option or spec
+ * already sets key to another value (the message names spec and its value). */
+dt_status dt_strategy_spec_add_option(const char *spec, const char *key, const char *value, char *out, size_t cap);
+/* The strategies' spec syntax, one per line ("ddp(bucket_mb=MB)\n..."); static storage. */
+const char *dt_strategy_spec_help(void);
 
 /* Builds the model a checkpoint was trained with (its dtrain.model_spec and input shape) and
  * loads its weights; the caller frees *m. */

@@ -55,11 +55,11 @@ static int run_case(const char *exe, const char *common, const char *flags, int 
 static const char USAGE[] =
     "Usage: dtrain bench async [--workers N] [--factor F] [--epochs E] [--batch B] [--repeat R] [--data DIR]\n\n"
     "Uneven workers: N local workers, the last one F times slower (--slow), train the MLP for E\n"
-    "epochs under ddp, ddp + --balance dynamic, localsgd (--sync-every 8), ps --staleness 4 (the\n"
+    "epochs under ddp, ddp + --balance dynamic, localsgd(sync_every=8), ps(staleness=4) (the\n"
     "workers take batches from the server; a batch is held back while it is more than 4 global\n"
-    "batches ahead of the oldest one in training), ps --staleness 4 --balance static (fixed shards,\n"
-    "classic SSP on each worker's own steps: the slow worker sets the pace), ps --staleness inf\n"
-    "(1 server) and the same with --ps-overlap (push/pull in the background of the next batch).\n"
+    "batches ahead of the oldest one in training), ps(staleness=4,shards=fixed) (classic SSP on\n"
+    "each worker's own steps: the slow worker sets the pace), ps(staleness=inf) (1 server) and\n"
+    "ps(staleness=inf,overlap=1) (push/pull in the background of the next batch).\n"
     "Prints samples/s, the speed-up over ddp, the slow worker's share of the samples and the final\n"
     "test accuracy. A last row runs ddp without a slow worker: the throughput this machine\n"
     "allows for the job (with more workers than cores it is CPU-bound, and a sleeping straggler frees\n"
@@ -110,11 +110,11 @@ int dt_bench_async(int argc, char **argv) {
     } cases[] = {
         {"ddp", "--strategy ddp", false, true},
         {"ddp+balance", "--strategy ddp --balance dynamic", false, true},
-        {"localsgd", "--strategy localsgd --sync-every 8", false, true},
-        {"ps s=4", "--strategy ps --staleness 4", true, true},
-        {"ps s=4 fixed", "--strategy ps --staleness 4 --balance static", true, true},
-        {"ps async", "--strategy ps --staleness inf", true, true},
-        {"ps async+ovl", "--strategy ps --staleness inf --ps-overlap", true, true},
+        {"localsgd", "--strategy 'localsgd(sync_every=8)'", false, true},
+        {"ps s=4", "--strategy 'ps(staleness=4)'", true, true},
+        {"ps s=4 fixed", "--strategy 'ps(staleness=4,shards=fixed)'", true, true},
+        {"ps async", "--strategy 'ps(staleness=inf)'", true, true},
+        {"ps async+ovl", "--strategy 'ps(staleness=inf,overlap=1)'", true, true},
         /* the machine's capacity for this job: what no strategy can beat here */
         {"ddp no-slow", "--strategy ddp", false, false},
     };

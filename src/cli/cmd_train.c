@@ -155,6 +155,14 @@ static const char TRAIN_USAGE[] =
     "Data parallel: --workers N starts N local ranks (shared memory); 'mpirun -np N dtrain train ...'\n"
     "or 'dtrain launch -n N -- dtrain train ...' run the same job. --batch is per rank; each step\n"
     "averages gradients over the global batch of N*batch samples (--strategy ddp).\n\n"
+    "Strategies: --strategy NAME or NAME(KEY=VALUE,...), one of\n"
+    "  single                            one process (the default without ranks)\n"
+    "  ddp(bucket_mb=MB)                 synchronous data parallel (the default with ranks; --bucket-mb)\n"
+    "  localsgd(sync_every=H)            local steps, models averaged every H (--sync-every)\n"
+    "  ps(servers=S,staleness=S|inf,shards=dynamic|fixed,overlap=0|1)\n"
+    "                                    parameter server (--servers, --staleness, --balance, --ps-overlap)\n"
+    "e.g. --strategy \"ps(servers=2,staleness=4)\". The flags in parentheses set the same options;\n"
+    "a flag and a spec option that disagree are an error.\n\n"
     "Uneven workers: --strategy localsgd --sync-every H trains locally and averages the models every\n"
     "H steps; --balance dynamic (ddp, localsgd) cuts each global batch by the workers' measured speed.\n"
     "--strategy ps --servers S: a parameter server; --workers N then starts S server ranks plus N\n"
@@ -185,7 +193,8 @@ typedef struct {
 static int parse_train_flags(int argc, char **argv, train_opts *o) {
     *o = (train_opts){.cfg = dt_train_defaults(), .optimizer = "adam", .schedule = "constant", .backend = "auto",
                       .lr = 1e-3f, .wd = -1, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .gamma = 0.1f,
-                      .seed = 42, .workers = 1, .max_restarts = 3, .val_fraction = 0.1f};
+                      .seed = 42, .workers = 1, .max_restarts = 3, .val_fraction = 0.1f,
+                      .uneven = {.servers = 1, .sync_every = 8}};
     dt_train_config *c = &o->cfg;
     c->model = NULL; /* mlp, or the model of the checkpoint being resumed */
     const dt_flag flags[] = {
@@ -219,12 +228,12 @@ static int parse_train_flags(int argc, char **argv, train_opts *o) {
         {"metrics", DT_FLAG_STR, &c->metrics, "FILE", "write one JSON object per epoch (JSON Lines; appended when resuming)"},
         {"quiet", DT_FLAG_BOOL, &o->quiet, NULL, "no progress output, only the per-epoch lines"},
         {"workers", DT_FLAG_INT, &o->workers, "N", "run N local data-parallel worker processes"},
-        {"strategy", DT_FLAG_STR, &c->strategy, "NAME", "distribution strategy: ddp (default when > 1 rank), localsgd, ps"},
-        {"servers", DT_FLAG_INT, &c->servers, "S", "ps: ranks holding the parameters (the first S ranks)"},
+        {"strategy", DT_FLAG_STR, &c->strategy, "SPEC", "distribution strategy: ddp (default when > 1 rank), localsgd, ps, with options: ps(servers=2,staleness=4)"},
+        {"servers", DT_FLAG_INT, &o->uneven.servers, "S", "ps: ranks holding the parameters (the first S ranks)"},
         {"staleness", DT_FLAG_STR, &o->uneven.staleness, "S", "ps: global batches a worker may run ahead of the oldest one in training (default inf: async)"},
-        {"sync-every", DT_FLAG_INT, &c->sync_every, "H", "localsgd: average the models every H steps"},
+        {"sync-every", DT_FLAG_INT, &o->uneven.sync_every, "H", "localsgd: average the models every H steps"},
         {"balance", DT_FLAG_STR, &o->uneven.balance, "MODE", "ddp/localsgd: static (default) or dynamic (cut batches by speed); ps: dynamic (default) or static"},
-        {"ps-overlap", DT_FLAG_BOOL, &c->ps_overlap, NULL, "ps: push/pull in the background while the worker trains its next batch (--staleness inf only)"},
+        {"ps-overlap", DT_FLAG_BOOL, &o->uneven.overlap, NULL, "ps: push/pull in the background while the worker trains its next batch (--staleness inf only)"},
         {"slow", DT_FLAG_STR, &o->uneven.slow, "RANK:F", "testing aid: rank RANK sleeps to run F times slower"},
         {"backend", DT_FLAG_STR, &o->backend, "NAME", "transport between ranks: auto, shm or mpi"},
         {"bucket-mb", DT_FLAG_FLOAT, &o->bucket_mb, "MB", "ddp gradient bucket size in MB (0 = default 1)"},
@@ -251,6 +260,7 @@ static int parse_train_flags(int argc, char **argv, train_opts *o) {
     if (o->timeout < 0) return dt_cli_usage(NULL, "--timeout %g: must not be negative (0 = default)", o->timeout);
     o->uneven.servers_given = dt_cli_flag_given(argc, argv, "servers");
     o->uneven.sync_every_given = dt_cli_flag_given(argc, argv, "sync-every");
+    o->uneven.bucket_mb = o->bucket_mb;
     if ((r = dt_cli_uneven_parse(&o->uneven, c)) != 0) return r;
     return -1;
 }
@@ -275,7 +285,6 @@ static int build_train_config(train_opts *o) {
     c->seed = (uint64_t)o->seed;
     c->max_steps = o->max_steps;
     c->normalize = o->normalize;
-    c->bucket_mb = o->bucket_mb;
     c->val_fraction = o->val_fraction;
     c->checkpoint_secs = o->ckpt_secs;
     c->stop = &g_stop;
@@ -299,19 +308,19 @@ static void print_header(const train_opts *o, dt_trainer *t, dt_comm *comm, int 
     printf("dtrain: model %s (%zu parameters), data %s, batch %d, %s lr %g, seed %llu, %d thread%s\n",
            dt_model_spec(dt_trainer_model(t)), dt_model_num_params(dt_trainer_model(t)), c->data, c->batch,
            o->optimizer, o->lr, (unsigned long long)c->seed, c->threads, c->threads > 1 ? "s" : "");
+    char spec[512] = "";
+    if (world > 1 && dt_strategy_spec_canonical(c->strategy ? c->strategy : "ddp", spec, sizeof spec) != DT_OK)
+        snprintf(spec, sizeof spec, "%s", c->strategy);
     if (world > 1 && dt_cli_is_ps(c)) {
-        char st[32] = "inf";
-        if (c->staleness >= 0) snprintf(st, sizeof st, "%d", c->staleness);
-        printf("dtrain: %d ranks over %s, strategy ps: %d server%s, %d workers x batch %d, staleness %s, %s\n",
-               world, dt_comm_backend_name(comm), c->servers, c->servers > 1 ? "s" : "", world - c->servers, c->batch,
-               st, c->ps_fixed_shards ? "fixed shards (clocks per worker)"
-               : c->ps_overlap ? "batches handed out by server 0, overlapped push/pull" : "batches handed out by server 0");
+        const int S = dt_cli_servers(c);
+        printf("dtrain: %d ranks over %s, strategy %s: %d server%s, %d workers x batch %d\n", world,
+               dt_comm_backend_name(comm), spec, S, S > 1 ? "s" : "", world - S, c->batch);
         if (!strcmp(dt_comm_backend_name(comm), "mpi") && ompi_ends_job_on_death())
             printf("dtrain: note: mpirun ends the whole job if a worker dies; start it with 'mpirun --enable-recovery' "
                    "to let the servers go on without it\n");
     } else if (world > 1)
         printf("dtrain: %d ranks over %s, strategy %s, global batch %d%s\n", world, dt_comm_backend_name(comm),
-               c->strategy ? c->strategy : "ddp", c->batch * world,
+               spec, c->batch * world,
                c->balance ? " (cut among the ranks by measured speed)" : "");
     fflush(stdout);
 }
@@ -338,7 +347,7 @@ static int run_rank(int argc, char **argv, train_opts *o, int job_ranks) {
         if (dt_cli_is_ps(&o->cfg))
             return dt_cli_usage("leave out --workers when mpirun/srun/dtrain launch sets the number of ranks",
                                "--workers %d with --servers %d makes %d ranks, but this job has %d", o->workers,
-                               o->cfg.servers, job_ranks, world);
+                               dt_cli_servers(&o->cfg), job_ranks, world);
         return dt_cli_usage("leave out --workers when mpirun/srun/dtrain launch sets the number of ranks",
                            "--workers %d but this job has %d ranks", job_ranks, world);
     }
@@ -348,6 +357,7 @@ static int run_rank(int argc, char **argv, train_opts *o, int job_ranks) {
                            cfg.slow_rank, cfg.slow_factor, world, world - 1);
     }
     if (world > 1) cfg.comm = comm;
+    if (world == 1 && o->uneven.implicit_ddp) cfg.strategy = NULL;  /* --bucket-mb of one process: nothing to bucket */
     dt_log_set_rank(world > 1 ? rank : -1);
     if (rank != 0) quiet = true;
     const bool tty = isatty(2) || (rank == 0 && getenv("DTRAIN_PROGRESS_TTY") && dt_comm_env_is_rank());
@@ -413,12 +423,13 @@ int dt_cmd_train(int argc, char **argv) {
     const int job_ranks = dt_cli_job_ranks(&o.cfg, o.workers); /* ps: servers + workers */
     if (job_ranks > 1 && !dt_comm_env_is_rank()) {
         const dt_train_config *c = &o.cfg;
-        if (c->slow_factor > 1 && (c->slow_rank >= job_ranks || (dt_cli_is_ps(c) && c->slow_rank < c->servers))) {
+        const int S = dt_cli_servers(c);
+        if (c->slow_factor > 1 && (c->slow_rank >= job_ranks || (dt_cli_is_ps(c) && c->slow_rank < S))) {
             if (dt_cli_is_ps(c))
                 return dt_cli_usage("ranks 0..servers-1 serve; the workers are the ranks after them",
                                    "--slow %d:%g: rank %d is %s; pick a worker rank (%d..%d)", c->slow_rank,
-                                   c->slow_factor, c->slow_rank, c->slow_rank < c->servers ? "a ps server" : "not in the job",
-                                   c->servers, job_ranks - 1);
+                                   c->slow_factor, c->slow_rank, c->slow_rank < S ? "a ps server" : "not in the job",
+                                   S, job_ranks - 1);
             return dt_cli_usage(NULL, "--slow %d:%g: this job has only %d ranks (0..%d)", c->slow_rank,
                                c->slow_factor, job_ranks, job_ranks - 1);
         }

@@ -1,71 +1,155 @@
-/* dtrain train: the uneven-worker flags (--strategy ps/localsgd, --servers, --staleness,
- * --sync-every, --balance, --slow, --ps-overlap): parsing into the train config, and the launcher layout of a
- * ps job (servers first, workers expendable). */
+/* dtrain train: the strategy spec and the flags that set its options (--servers, --staleness,
+ * --sync-every, --balance for ps, --ps-overlap, --bucket-mb), the uneven-worker flags (--balance,
+ * --slow), and the launcher layout of a ps job (servers first, workers expendable). */
 #include "cli/train_uneven.h"
 
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-int dt_cli_uneven_parse(const dt_cli_uneven *u, dt_train_config *cfg) {
-    if (u->staleness && !dt_cli_is_ps(cfg))
+/* The strategy's name of a spec ("" when NULL or bad). */
+static void spec_name(const char *spec, char *name, size_t cap) {
+    name[0] = 0;
+    if (spec && dt_strategy_spec_info(spec, name, cap, NULL) != DT_OK) name[0] = 0;
+}
+
+/* The hint of a bad spec: every strategy's syntax on one line. */
+static const char *spec_hint(void) {
+    static char hint[1024];
+    size_t k = (size_t)snprintf(hint, sizeof hint, "--strategy NAME or NAME(KEY=VALUE,...): ");
+    for (const char *h = dt_strategy_spec_help(); *h && k + 3 < sizeof hint; h++)
+        if (*h != '\n') hint[k++] = *h;
+        else if (h[1]) hint[k++] = ',', hint[k++] = ' ';
+    hint[k] = 0;
+    return hint;
+}
+
+/* Adds key=value of flag (as "--flag text") to u->spec (from base); 0 or the exit status. */
+static int add_option(dt_cli_uneven *u, const char *base, const char *key, const char *value, const char *flag) {
+    char out[sizeof u->spec];
+    if (dt_strategy_spec_add_option(base, key, value, out, sizeof out) != DT_OK)
+        return dt_cli_usage("give the value once: as the flag or inside --strategy NAME(KEY=VALUE,...)", "%s: %s", flag,
+                           dt_last_error());
+    memcpy(u->spec, out, sizeof out);
+    return 0;
+}
+
+/* Checks the strategy flags against the strategy named (flag-named messages). */
+static int check_flags(const dt_cli_uneven *u, const char *name) {
+    const bool ps = !strcmp(name, "ps");
+    if (u->staleness && !ps)
         return dt_cli_usage("add --strategy ps, or drop --staleness",
                            "--staleness bounds how far ps workers run ahead: it needs --strategy ps");
-    if (u->servers_given && !dt_cli_is_ps(cfg))
+    if (u->servers_given && !ps)
         return dt_cli_usage("add --strategy ps, or drop --servers", "--servers %d: only --strategy ps has servers",
-                           cfg->servers);
-    if (u->sync_every_given && !(cfg->strategy && !strcmp(cfg->strategy, "localsgd")))
+                           u->servers);
+    if (u->sync_every_given && strcmp(name, "localsgd") != 0)
         return dt_cli_usage("add --strategy localsgd, or drop --sync-every",
-                           "--sync-every %d: only --strategy localsgd averages models periodically", cfg->sync_every);
-    if (u->staleness) {
-        if (!strcmp(u->staleness, "inf") || !strcmp(u->staleness, "async")) cfg->staleness = -1;
-        else {
-            char *end;
-            errno = 0;
-            long v = strtol(u->staleness, &end, 10);
-            if (errno || *end || end == u->staleness || v < 0 || v > 1000000)
-                return dt_cli_usage("use --staleness S (global batches, 0 = synchronous) or --staleness inf",
-                                   "--staleness %s: not a whole number of batches", u->staleness);
-            cfg->staleness = (int)v;
-        }
+                           "--sync-every %d: only --strategy localsgd averages models periodically", u->sync_every);
+    if (u->bucket_mb < 0)
+        return dt_cli_usage(NULL, "--bucket-mb %g: must not be negative (0 = default 1)", u->bucket_mb);
+    if (u->bucket_mb > 0 && name[0] && strcmp(name, "ddp") != 0)
+        return dt_cli_usage("add --strategy ddp, or drop --bucket-mb",
+                           "--bucket-mb %g: only --strategy ddp has gradient buckets", u->bucket_mb);
+    if (u->overlap && !ps)
+        return dt_cli_usage("add --strategy ps (--staleness inf is its default), or drop --ps-overlap",
+                           "--ps-overlap overlaps the push/pull of a ps worker: it needs --strategy ps");
+    if (u->overlap && u->balance && strcmp(u->balance, "dynamic") != 0)
+        return dt_cli_usage("drop --balance static (the workers must take batches from server 0), or drop --ps-overlap",
+                           "--ps-overlap needs dynamic assignment: server 0 hands each worker one batch ahead");
+    if (u->servers_given && u->servers < 1)
+        return dt_cli_usage("e.g. --strategy ps --servers 1 --workers 4", "--servers %d: need at least 1", u->servers);
+    if (u->sync_every_given && u->sync_every < 1)
+        return dt_cli_usage("e.g. --strategy localsgd --sync-every 8", "--sync-every %d: need at least 1", u->sync_every);
+    return 0;
+}
+
+/* --staleness S|inf: "inf" or the number (*bound: -1 for inf); 0 or the exit status. */
+static int parse_staleness(const char *text, int *bound) {
+    *bound = -1;
+    if (!strcmp(text, "inf") || !strcmp(text, "async")) return 0;
+    char *end;
+    errno = 0;
+    long v = strtol(text, &end, 10);
+    if (errno || *end || end == text || v < 0 || v > 1000000)
+        return dt_cli_usage("use --staleness S (global batches, 0 = synchronous) or --staleness inf",
+                           "--staleness %s: not a whole number of batches", text);
+    *bound = (int)v;
+    return 0;
+}
+
+/* The strategy flags into the spec u->spec (from cfg->strategy); 0 or the exit status. */
+static int compose_spec(dt_cli_uneven *u, dt_train_config *cfg, const char *name) {
+    const bool ps = !strcmp(name, "ps");
+    char num[64];
+    int r = 0;
+    u->implicit_ddp = !cfg->strategy && u->bucket_mb > 0;
+    snprintf(u->spec, sizeof u->spec, "%s", cfg->strategy ? cfg->strategy : u->implicit_ddp ? "ddp" : "");
+    if (u->servers_given && !r) {
+        snprintf(num, sizeof num, "%d", u->servers);
+        char flag[80];
+        snprintf(flag, sizeof flag, "--servers %d", u->servers);
+        r = add_option(u, u->spec, "servers", num, flag);
     }
+    if (u->staleness && !r) {
+        char flag[96];
+        snprintf(flag, sizeof flag, "--staleness %.60s", u->staleness);
+        r = add_option(u, u->spec, "staleness", u->staleness, flag);
+    }
+    if (ps && u->balance && !r)
+        r = add_option(u, u->spec, "shards", strcmp(u->balance, "dynamic") ? "fixed" : "dynamic", "--balance");
+    if (u->overlap && !r) r = add_option(u, u->spec, "overlap", "1", "--ps-overlap");
+    if (u->sync_every_given && !r) {
+        snprintf(num, sizeof num, "%d", u->sync_every);
+        char flag[80];
+        snprintf(flag, sizeof flag, "--sync-every %d", u->sync_every);
+        r = add_option(u, u->spec, "sync_every", num, flag);
+    }
+    if (u->bucket_mb > 0 && !r) {
+        snprintf(num, sizeof num, "%g", u->bucket_mb);
+        char flag[80];
+        snprintf(flag, sizeof flag, "--bucket-mb %g", u->bucket_mb);
+        r = add_option(u, u->spec, "bucket_mb", num, flag);
+    }
+    if (!r && u->spec[0]) cfg->strategy = u->spec;
+    return r;
+}
+
+int dt_cli_uneven_parse(dt_cli_uneven *u, dt_train_config *cfg) {
+    char name[64] = "";
+    if (cfg->strategy && dt_strategy_spec_info(cfg->strategy, name, sizeof name, NULL) != DT_OK)
+        return dt_cli_usage(spec_hint(), "%s", dt_last_error());
+    int r = check_flags(u, name);
+    if (r) return r;
+    int bound = -1;
+    if (u->staleness && (r = parse_staleness(u->staleness, &bound)) != 0) return r;
+    if (u->overlap && bound >= 0)
+        return dt_cli_usage("use --staleness inf, or drop --ps-overlap",
+                           "--ps-overlap with --staleness %d: overlap adds one step of staleness that the bound does "
+                           "not count, so it runs only fully asynchronous", bound);
     if (u->balance) {
         bool dynamic = !strcmp(u->balance, "dynamic");
         if (!dynamic && strcmp(u->balance, "static") != 0 && strcmp(u->balance, "off") != 0)
             return dt_cli_usage("use --balance static or --balance dynamic", "--balance %s: unknown mode", u->balance);
-        /* ps balances by handing out batches (the default); static: fixed shards */
-        if (dt_cli_is_ps(cfg)) cfg->ps_fixed_shards = !dynamic;
-        else cfg->balance = dynamic;
+        /* ps balances by handing out batches (the default; its spec's shards=), static: fixed shards */
+        if (strcmp(name, "ps") != 0) cfg->balance = dynamic;
     }
     if (u->slow) {
         char *end;
         errno = 0;
-        long r = strtol(u->slow, &end, 10);
+        long rk = strtol(u->slow, &end, 10);
         double f = *end == ':' ? strtod(end + 1, &end) : NAN;
-        if (errno || *end || r < 0 || r > 1 << 20 || !(f >= 1) || !isfinite(f))
+        if (errno || *end || rk < 0 || rk > 1 << 20 || !(f >= 1) || !isfinite(f))
             return dt_cli_usage("use --slow RANK:FACTOR, e.g. --slow 3:3 makes rank 3 three times slower",
                                "--slow %s: expected RANK:FACTOR with FACTOR >= 1", u->slow);
-        cfg->slow_rank = (int)r;
+        cfg->slow_rank = (int)rk;
         cfg->slow_factor = (float)f;
     }
-    if (cfg->ps_overlap && !dt_cli_is_ps(cfg))
-        return dt_cli_usage("add --strategy ps (--staleness inf is its default), or drop --ps-overlap",
-                           "--ps-overlap overlaps the push/pull of a ps worker: it needs --strategy ps");
-    if (cfg->ps_overlap && cfg->ps_fixed_shards)
-        return dt_cli_usage("drop --balance static (the workers must take batches from server 0), or drop --ps-overlap",
-                           "--ps-overlap needs dynamic assignment: server 0 hands each worker one batch ahead");
-    if (cfg->ps_overlap && cfg->staleness >= 0)
-        return dt_cli_usage("use --staleness inf, or drop --ps-overlap",
-                           "--ps-overlap with --staleness %d: overlap adds one step of staleness that the bound does "
-                           "not count, so it runs only fully asynchronous", cfg->staleness);
-    if (cfg->servers < 1)
-        return dt_cli_usage("e.g. --strategy ps --servers 1 --workers 4", "--servers %d: need at least 1", cfg->servers);
-    if (cfg->sync_every < 1)
-        return dt_cli_usage("e.g. --strategy localsgd --sync-every 8", "--sync-every %d: need at least 1", cfg->sync_every);
-    const char *st = cfg->strategy;
-    if (st && strcmp(st, "ddp") && strcmp(st, "localsgd") && strcmp(st, "ps") && strcmp(st, "single"))
-        return dt_cli_usage("use --strategy ddp, localsgd or ps", "--strategy %s: unknown strategy", st);
+    if ((r = compose_spec(u, cfg, name)) != 0) return r;
+    if (cfg->strategy && dt_strategy_spec_info(cfg->strategy, NULL, 0, NULL) != DT_OK)  /* the rules between options */
+        return dt_cli_usage(spec_hint(), "%s", dt_last_error());
     if (dt_cli_is_ps(cfg) && (cfg->timeline || cfg->checkpoint_dir))
         return dt_cli_usage(cfg->timeline ? "drop --timeline, or use --strategy ddp/localsgd for a trace"
                                          : "use --save FILE (written after every epoch and on SIGTERM) and --resume FILE",
@@ -73,16 +157,23 @@ int dt_cli_uneven_parse(const dt_cli_uneven *u, dt_train_config *cfg) {
     return 0;
 }
 
-bool dt_cli_is_ps(const dt_train_config *cfg) { return cfg->strategy && !strcmp(cfg->strategy, "ps"); }
-
-int dt_cli_job_ranks(const dt_train_config *cfg, int workers) {
-    return dt_cli_is_ps(cfg) ? workers + cfg->servers : workers;
+bool dt_cli_is_ps(const dt_train_config *cfg) {
+    char name[64];
+    spec_name(cfg->strategy, name, sizeof name);
+    return !strcmp(name, "ps");
 }
+
+int dt_cli_servers(const dt_train_config *cfg) {
+    int servers = 0;
+    if (cfg->strategy && dt_strategy_spec_info(cfg->strategy, NULL, 0, &servers) != DT_OK) servers = 0;
+    return servers;
+}
+
+int dt_cli_job_ranks(const dt_train_config *cfg, int workers) { return workers + dt_cli_servers(cfg); }
 
 bool *dt_cli_expendable(const dt_train_config *cfg, int nranks) {
     if (!dt_cli_is_ps(cfg)) return NULL;
     bool *e = calloc((size_t)nranks, sizeof *e);
-    for (int r = cfg->servers; e && r < nranks; r++) e[r] = true;
+    for (int r = dt_cli_servers(cfg); e && r < nranks; r++) e[r] = true;
     return e;
 }
-

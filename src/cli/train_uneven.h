@@ -5,20 +5,28 @@
 #include "cli/cli.h"
 #include "dtrain/train.h"
 
-/* The string-valued flags as given (NULL = not given). */
+/* The strategy flags as given (strings: NULL = not given). */
 typedef struct {
     const char *staleness;  /* "S" or "inf" */
     const char *balance;    /* "static" | "dynamic" */
     const char *slow;       /* "RANK:FACTOR" */
-    bool servers_given;     /* --servers / --sync-every on the command line (their values are in cfg) */
+    int servers, sync_every;  /* --servers, --sync-every (default 1, 8) */
+    bool overlap;           /* --ps-overlap */
+    float bucket_mb;        /* --bucket-mb (0 = default) */
+    bool servers_given;     /* --servers / --sync-every on the command line */
     bool sync_every_given;
+    bool implicit_ddp;      /* out: spec "ddp(...)" made from --bucket-mb without --strategy (one process drops it) */
+    char spec[512];         /* out: the spec cfg->strategy points to once the flags are in it */
 } dt_cli_uneven;
 
-/* Fills cfg from u and checks --strategy, --servers, --sync-every and the flags that need a
- * certain strategy; 0, or the exit status after printing the
- * error with a hint. */
-int dt_cli_uneven_parse(const dt_cli_uneven *u, dt_train_config *cfg);
-/* True for --strategy ps. */
+/* Checks --strategy (a spec, e.g. "ps(servers=2)") and the strategy flags (--servers,
+ * --staleness, --sync-every, --ps-overlap, --bucket-mb, --balance for ps), adds the flags to the
+ * spec (u->spec; cfg->strategy points to it) and fills the trainer-level ones (--balance,
+ * --slow) into cfg; 0, or the exit status after printing the error with a hint. */
+int dt_cli_uneven_parse(dt_cli_uneven *u, dt_train_config *cfg);
+/* Server ranks of cfg->strategy (ps: its servers; 0 for the others or no strategy). */
+int dt_cli_servers(const dt_train_config *cfg);
+/* True for --strategy ps (with or without options). */
 bool dt_cli_is_ps(const dt_train_config *cfg);
 /* Ranks of a --workers N job: N, plus the servers for ps (--workers counts workers). */
 int dt_cli_job_ranks(const dt_train_config *cfg, int workers);

@@ -5,9 +5,15 @@
  * step then waits for the buckets and updates every replica identically. */
 #include "parallel/strategy.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* ddp's options: "ddp(bucket_mb=MB)". */
+typedef struct {
+    double bucket_mb;     /* gradient bucket (fusion buffer) size in MB, > 0 (default 1) */
+} ddp_opts;
 
 typedef struct {
     size_t lo, hi;        /* slab range [lo, hi) */
@@ -100,10 +106,11 @@ static void ddp_destroy(dt_strategy *s) {
 static const dt_strategy_ops ddp_ops = {.name = "ddp", .init = ddp_init, .begin_step = ddp_begin, .grad_ready = ddp_ready,
                                         .step = ddp_step, .destroy = ddp_destroy};
 
-dt_status dt_strategy_ddp_create(dt_strategy *s, const dt_strategy_config *cfg) {
+static dt_status ddp_create(dt_strategy *s, const void *opts) {
+    const ddp_opts *op = opts;
     ddp *d = calloc(1, sizeof *d);
     if (!d) return dt_error(DT_ENOMEM, "ddp: out of memory");
-    double mb = cfg->bucket_mb > 0 ? cfg->bucket_mb : 1.0;
+    double mb = op->bucket_mb > 0 ? op->bucket_mb : 1.0;
     size_t cap_floats = (size_t)(mb * 1048576.0 / sizeof(float));
     if (cap_floats < 1) cap_floats = 1;
     /* layer ranges from the last layer backwards; a bucket closes once it reaches the cap */
@@ -141,3 +148,25 @@ dt_status dt_strategy_ddp_create(dt_strategy *s, const dt_strategy_config *cfg) 
     s->ops = &ddp_ops;
     return DT_OK;
 }
+
+static void ddp_defaults(void *opts) { ((ddp_opts *)opts)->bucket_mb = 1.0; }
+
+static dt_status ddp_set(void *opts, const char *key, const char *value) {
+    ddp_opts *o = opts;
+    (void)key;  /* the only key: bucket_mb */
+    char *end;
+    double v = strtod(value, &end);
+    if (*end || end == value || !(v > 0) || !isfinite(v) || v > 1e6)
+        return dt_error(DT_EINVAL, "--strategy ddp: bucket_mb=%s: need a size in MB above 0, e.g. bucket_mb=0.5",
+                        value);
+    o->bucket_mb = v;
+    return DT_OK;
+}
+
+static void ddp_format(const void *opts, char *out, size_t cap) {
+    snprintf(out, cap, "bucket_mb=%g", ((const ddp_opts *)opts)->bucket_mb);
+}
+
+const dt_strategy_entry dt_strategy_ddp_entry = {
+    .name = "ddp", .help = "ddp(bucket_mb=MB)", .keys = "bucket_mb", .opts_size = sizeof(ddp_opts),
+    .defaults = ddp_defaults, .set = ddp_set, .create = ddp_create, .format = ddp_format, .needs_comm = true};

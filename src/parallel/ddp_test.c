@@ -42,7 +42,7 @@ static dt_status train(const run_cfg *rc, dt_comm *comm, float *out, size_t cap,
     if (rc->opt == DT_OPTIM_SGD) cfg.optim.momentum = 0.9f;
     cfg.lr.base_lr = rc->opt == DT_OPTIM_SGD ? 0.05f : 0.01f;
     cfg.comm = comm;
-    cfg.bucket_mb = 0.0005;  /* several buckets even for this small model */
+    cfg.strategy = comm ? "ddp(bucket_mb=0.0005)" : NULL;  /* several buckets even for this small model */
     dt_trainer *t;
     DT_TRY(dt_trainer_create(&t, &cfg));
     dt_status s = dt_trainer_run(t);

@@ -34,7 +34,7 @@ static void write_corpus(void) {
 
 typedef struct {
     const char *strategy;
-    int batch, accum, servers;
+    int batch, accum;
     int64_t steps;
     const char *save, *resume;
 } run_cfg;
@@ -52,9 +52,6 @@ static dt_status train(const run_cfg *rc, dt_comm *comm, float *out, size_t *n) 
     cfg.lr.base_lr = 3e-3f;
     cfg.comm = comm;
     cfg.strategy = rc->strategy;
-    cfg.servers = rc->servers ? rc->servers : 1;
-    cfg.staleness = 0;
-    cfg.bucket_mb = 0.01;  /* several buckets */
     cfg.save = rc->save;
     cfg.resume = rc->resume;
     dt_trainer *t;
@@ -91,7 +88,8 @@ static size_t read_params(const char *path, float *p) { return dt_test_read_floa
 static float g_ref[CAP], g_got[CAP];
 
 static void test_ddp(void) {
-    run_cfg one = {.batch = 8, .accum = 1, .steps = 30}, two = {.strategy = "ddp", .batch = 4, .accum = 1, .steps = 30};
+    run_cfg one = {.batch = 8, .accum = 1, .steps = 30},
+            two = {.strategy = "ddp(bucket_mb=0.01)", .batch = 4, .accum = 1, .steps = 30};  /* several buckets */
     size_t n = 0;
     CHECK_OK(train(&one, NULL, g_ref, &n));
     char path[128], job[64];
@@ -133,7 +131,8 @@ static void test_resume(void) {
 }
 
 static void test_ps_localsgd(void) {
-    run_cfg one = {.batch = 4, .accum = 1, .steps = 20}, ps = {.strategy = "ps", .batch = 4, .accum = 1, .steps = 20};
+    run_cfg one = {.batch = 4, .accum = 1, .steps = 20},
+            ps = {.strategy = "ps(servers=1,staleness=0)", .batch = 4, .accum = 1, .steps = 20};
     size_t n = 0;
     CHECK_OK(train(&one, NULL, g_ref, &n));
     char path[128], job[64];

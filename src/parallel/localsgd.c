@@ -9,8 +9,15 @@
  * checkpoints, so those always see the common model). */
 #include "parallel/strategy.h"
 
+#include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* localsgd's options: "localsgd(sync_every=H)". */
+typedef struct {
+    int sync_every;    /* local steps between model averages, >= 1 (default 8) */
+} localsgd_opts;
 
 typedef struct {
     int H;
@@ -82,10 +89,11 @@ static const dt_strategy_ops lsgd_ops = {.name = "localsgd", .init = lsgd_init, 
                                          .grad_ready = lsgd_ready, .step = lsgd_step, .destroy = lsgd_destroy,
                                          .sync = lsgd_sync};
 
-dt_status dt_strategy_localsgd_create(dt_strategy *s, const dt_strategy_config *cfg) {
+static dt_status lsgd_create(dt_strategy *s, const void *opts) {
+    const localsgd_opts *o = opts;
     localsgd *l = calloc(1, sizeof *l);
     if (!l) return dt_error(DT_ENOMEM, "localsgd: out of memory");
-    l->H = cfg->sync_every > 0 ? cfg->sync_every : 8;
+    l->H = o->sync_every > 0 ? o->sync_every : 8;
     l->np = dt_model_num_params(s->model);
     l->nb = dt_model_num_buffers(s->model);
     l->flat = dt_alloc((l->np + l->nb) * sizeof(float));
@@ -99,3 +107,33 @@ dt_status dt_strategy_localsgd_create(dt_strategy *s, const dt_strategy_config *
     s->local_mean = true;
     return DT_OK;
 }
+
+static void lsgd_defaults(void *opts) { ((localsgd_opts *)opts)->sync_every = 8; }
+
+static dt_status lsgd_set(void *opts, const char *key, const char *value) {
+    (void)key;  /* the only key: sync_every */
+    char *end;
+    errno = 0;
+    long v = strtol(value, &end, 10);
+    if (errno || *end || end == value || v < -1000000000 || v > 1000000000)
+        return dt_error(DT_EINVAL, "--strategy localsgd: sync_every=%s: not a whole number of steps", value);
+    ((localsgd_opts *)opts)->sync_every = (int)v;
+    return DT_OK;
+}
+
+static dt_status lsgd_check(const void *opts) {
+    const localsgd_opts *o = opts;
+    if (o->sync_every < 1)
+        return dt_error(DT_EINVAL, "--strategy localsgd: sync_every=%d: need at least 1 (e.g. localsgd(sync_every=8))",
+                        o->sync_every);
+    return DT_OK;
+}
+
+static void lsgd_format(const void *opts, char *out, size_t cap) {
+    snprintf(out, cap, "sync_every=%d", ((const localsgd_opts *)opts)->sync_every);
+}
+
+const dt_strategy_entry dt_strategy_localsgd_entry = {
+    .name = "localsgd", .help = "localsgd(sync_every=H)", .keys = "sync_every", .opts_size = sizeof(localsgd_opts),
+    .defaults = lsgd_defaults, .set = lsgd_set, .check = lsgd_check, .create = lsgd_create, .format = lsgd_format,
+    .needs_comm = true};

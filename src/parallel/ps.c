@@ -11,6 +11,7 @@
  * overlap (--ps-overlap) the exchange runs on a worker thread while the next batch trains (ps.h). */
 #include "parallel/ps.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -114,7 +115,7 @@ static dt_status ps_step_blocking(dt_strategy *s, float lr, float clip, dt_step_
     for (int i = 0; i < p->S; i++) p->version[i] = p->reply[i].version;
     if (p->dynamic) {
         const ps_reply *r = &p->reply[0];
-        p->seq = r->seq, s->next_epoch = r->epoch, s->next_unit = r->unit;
+        p->seq = r->seq, p->next_epoch = r->epoch, p->next_unit = r->unit;
         if (r->bye) DT_TRY(goodbye(p, s->step + 1));
     }
     st->comm_wait_s = p->last_wait = dt_now() - t0;
@@ -194,10 +195,10 @@ static dt_status ps_step_overlap(dt_strategy *s, float lr, float clip, dt_step_s
     memset(st, 0, sizeof *st);
     float *g = dt_model_grads(s->model);
     if (clip > 0) dt_clip_grad_norm(g, p->P, clip);
-    if (!p->first_done) {  /* the unit ahead the worker starts with (seq W + w), from the trainer */
+    if (!p->first_done) {  /* the unit ahead the worker starts with (seq W + w), from first_unit */
         p->first_done = true;
-        if (s->next_unit >= 0) {
-            p->held[0][0] = p->seq + p->W, p->held[0][1] = s->next_epoch, p->held[0][2] = s->next_unit;
+        if (p->next_unit >= 0) {
+            p->held[0][0] = p->seq + p->W, p->held[0][1] = p->next_epoch, p->held[0][2] = p->next_unit;
             p->nheld = 1;
         }
     }
@@ -212,11 +213,11 @@ static dt_status ps_step_overlap(dt_strategy *s, float lr, float clip, dt_step_s
     p->inflight = true;
     if (p->nheld == 0) DT_TRY(dt_ps_worker_drain(s));  /* nothing held ahead: blocking */
     if (p->nheld > 0) {
-        p->seq = p->held[0][0], s->next_epoch = p->held[0][1], s->next_unit = p->held[0][2];
+        p->seq = p->held[0][0], p->next_epoch = p->held[0][1], p->next_unit = p->held[0][2];
         p->held[0][0] = p->held[1][0], p->held[0][1] = p->held[1][1], p->held[0][2] = p->held[1][2];
         p->nheld--;
     } else {
-        p->seq = -1, s->next_epoch = -1, s->next_unit = -1;
+        p->seq = -1, p->next_epoch = -1, p->next_unit = -1;
         if (p->bye) DT_TRY(goodbye(p, s->step + 1));
     }
     st->comm_wait_s = p->last_wait = dt_now() - t0;
@@ -260,28 +261,47 @@ static void ps_destroy(dt_strategy *s) {
 
 static dt_status ps_serve(dt_strategy *s, const dt_serve_config *cfg) { return dt_ps_serve(s, cfg); }
 
+/* Dynamic assignment: worker w trains seq w first and (overlap) holds seq W + w ahead. */
+static void ps_first_unit(dt_strategy *s, const dt_unit_plan *plan, int64_t *epoch, int64_t *unit) {
+    ps_state *p = s->impl;
+    const int w = p->me - p->S;
+    dt_ps_seq_unit(w, plan->epoch, plan->unit, plan->units_per_epoch, epoch, unit);
+    p->next_epoch = -1, p->next_unit = -1;
+    if (p->overlap) {
+        dt_ps_seq_unit(p->W + w, plan->epoch, plan->unit, plan->units_per_epoch, &p->next_epoch, &p->next_unit);
+        if (p->next_epoch >= plan->epochs) p->next_epoch = -1, p->next_unit = -1;
+    }
+}
+
+static void ps_next_unit(dt_strategy *s, int64_t *epoch, int64_t *unit) {
+    const ps_state *p = s->impl;
+    *epoch = p->next_epoch, *unit = p->next_unit;
+}
+
+/* fixed shards: the workers take their shard of the loader's order; dynamic: the servers hand out */
 static const dt_strategy_ops ps_ops = {.name = "ps", .init = ps_init, .begin_step = ps_begin, .grad_ready = ps_ready,
                                        .step = ps_step, .destroy = ps_destroy, .serve = ps_serve};
+static const dt_strategy_ops ps_dynamic_ops = {.name = "ps", .init = ps_init, .begin_step = ps_begin,
+                                               .grad_ready = ps_ready, .step = ps_step, .destroy = ps_destroy,
+                                               .serve = ps_serve, .first_unit = ps_first_unit,
+                                               .next_unit = ps_next_unit};
 
-dt_status dt_strategy_ps_create(dt_strategy *s, const dt_strategy_config *cfg) {
+static dt_status ps_create(dt_strategy *s, const void *opts) {
+    const ps_opts *o = opts;
     const int size = dt_comm_size(s->comm), me = dt_comm_rank(s->comm);
     int drank, dworld;
-    DT_TRY(dt_strategy_data_part("ps", cfg, me, size, &drank, &dworld));
+    DT_TRY(dt_strategy_data_part(&dt_strategy_ps_entry, o, me, size, &drank, &dworld));
     if (dt_model_num_buffers(s->model) > 0)
         return dt_error(DT_ENOTSUP, "--strategy ps does not keep model buffers (batchnorm running statistics) on the "
                                     "servers: use a model without batchnorm, or --strategy ddp/localsgd");
+    DT_TRY(dt_strategy_ps_entry.check(o));  /* also for options not made by dt_strategy_parse */
     ps_state *p = calloc(1, sizeof *p);
     if (!p) return dt_error(DT_ENOMEM, "ps: out of memory");
     p->S = size - dworld, p->W = dworld, p->me = me;
-    p->staleness = cfg->staleness;
-    p->dynamic = !cfg->fixed_shards;
-    if (cfg->overlap && (!p->dynamic || cfg->staleness >= 0)) {
-        free(p);
-        return dt_error(DT_EINVAL, "--ps-overlap needs dynamic assignment and --staleness inf (it adds a step of "
-                        "staleness that a bound does not count): use --staleness inf%s, or drop --ps-overlap",
-                        cfg->fixed_shards ? " without --balance static" : "");
-    }
-    p->overlap = cfg->overlap;
+    p->staleness = o->staleness;
+    p->dynamic = !o->fixed_shards;
+    p->overlap = o->overlap;
+    p->next_epoch = -1, p->next_unit = -1;
     if (p->overlap) {
         pthread_mutex_init(&p->mu, NULL);
         pthread_cond_init(&p->cv, NULL);
@@ -305,12 +325,74 @@ dt_status dt_strategy_ps_create(dt_strategy *s, const dt_strategy_config *cfg) {
         return dt_error(DT_ENOMEM, "ps: out of memory");
     }
     for (int i = 0; i <= p->S; i++) p->lo[i] = (size_t)((unsigned __int128)p->P * (unsigned)i / (unsigned)p->S);
-    s->ops = &ps_ops;
+    s->ops = p->dynamic ? &ps_dynamic_ops : &ps_ops;
     s->role = me < p->S ? DT_ROLE_SERVER : DT_ROLE_WORKER;
     s->data_rank = drank, s->data_world = dworld;
     s->job_rank0 = p->S;
     s->local_mean = true;
-    s->dynamic = p->dynamic;
-    s->ahead = p->overlap && worker;
     return DT_OK;
 }
+
+/* ---- options: "ps(servers=S,staleness=S|inf,shards=dynamic|fixed,overlap=0|1)" ---- */
+static void ps_defaults(void *opts) { *(ps_opts *)opts = (ps_opts){.servers = 1, .staleness = -1}; }
+
+/* A whole number in [lo, hi]. */
+static bool whole(const char *v, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    *out = strtol(v, &end, 10);
+    return !errno && !*end && end != v && *out >= lo && *out <= hi;
+}
+
+static dt_status ps_set(void *opts, const char *key, const char *value) {
+    ps_opts *o = opts;
+    long v;
+    if (!strcmp(key, "servers")) {
+        if (!whole(value, -1000000, 1000000, &v))
+            return dt_error(DT_EINVAL, "--strategy ps: servers=%s: not a whole number of ranks", value);
+        o->servers = (int)v;
+    } else if (!strcmp(key, "staleness")) {
+        if (!strcmp(value, "inf") || !strcmp(value, "async")) o->staleness = -1;
+        else if (whole(value, 0, 1000000, &v)) o->staleness = (int)v;
+        else
+            return dt_error(DT_EINVAL, "--strategy ps: staleness=%s: not a whole number of batches (use staleness=S, "
+                            "0 = synchronous, or staleness=inf)", value);
+    } else if (!strcmp(key, "shards")) {
+        if (strcmp(value, "fixed") && strcmp(value, "dynamic"))
+            return dt_error(DT_EINVAL, "--strategy ps: shards=%s: use shards=dynamic (server 0 hands out the batches, "
+                            "the default) or shards=fixed (each worker owns 1/N of every epoch)", value);
+        o->fixed_shards = !strcmp(value, "fixed");
+    } else {  /* overlap */
+        if (strcmp(value, "0") && strcmp(value, "1") && strcmp(value, "true") && strcmp(value, "false"))
+            return dt_error(DT_EINVAL, "--strategy ps: overlap=%s: use overlap=1 or overlap=0", value);
+        o->overlap = !strcmp(value, "1") || !strcmp(value, "true");
+    }
+    return DT_OK;
+}
+
+static dt_status ps_check(const void *opts) {
+    const ps_opts *o = opts;
+    if (o->servers < 1)
+        return dt_error(DT_EINVAL, "--strategy ps: servers=%d: need at least 1 (e.g. ps(servers=1))", o->servers);
+    if (o->overlap && (o->fixed_shards || o->staleness >= 0))
+        return dt_error(DT_EINVAL, "--strategy ps: overlap=1 needs shards=dynamic and staleness=inf (it adds a step "
+                        "of staleness that a bound does not count): use %s, or drop overlap",
+                        o->fixed_shards ? "shards=dynamic" : "staleness=inf");
+    return DT_OK;
+}
+
+static int ps_servers(const void *opts) { return ((const ps_opts *)opts)->servers; }
+
+static void ps_format(const void *opts, char *out, size_t cap) {
+    const ps_opts *o = opts;
+    char st[16] = "inf";
+    if (o->staleness >= 0) snprintf(st, sizeof st, "%d", o->staleness);
+    snprintf(out, cap, "servers=%d,staleness=%s,shards=%s,overlap=%d", o->servers, st,
+             o->fixed_shards ? "fixed" : "dynamic", o->overlap ? 1 : 0);
+}
+
+const dt_strategy_entry dt_strategy_ps_entry = {
+    .name = "ps", .help = "ps(servers=S,staleness=S|inf,shards=dynamic|fixed,overlap=0|1)",
+    .keys = "servers, staleness, shards, overlap", .opts_size = sizeof(ps_opts), .defaults = ps_defaults,
+    .set = ps_set, .check = ps_check, .create = ps_create, .servers = ps_servers, .format = ps_format,
+    .needs_comm = true};

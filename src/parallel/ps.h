@@ -97,6 +97,16 @@ typedef struct {
     int32_t later;       /* overlap, server 0: no unit ahead now (quiet finish, max_steps); ask after the one held */
 } ps_reply;
 
+/* ps's options: "ps(servers=S,staleness=S|inf,shards=dynamic|fixed,overlap=0|1)". */
+typedef struct {
+    int servers;             /* the first `servers` ranks are servers, >= 1 (default 1) */
+    int staleness;           /* bound in steps (rounds of W batches, see above), < 0 = unbounded (default) */
+    bool fixed_shards;       /* shards=fixed: each worker owns 1/W of every epoch, SSP on its own steps
+                              * (default shards=dynamic: the workers take the next batch from server 0) */
+    bool overlap;            /* dynamic assignment, staleness < 0 only: a worker's push and pull run in the
+                              * background while it trains the next batch (one unit held ahead, above) */
+} ps_opts;
+
 typedef struct {
     int S, W;                /* servers, workers */
     int me;                  /* job rank */
@@ -111,6 +121,8 @@ typedef struct {
     ps_reply *reply;         /* [S] */
     int64_t *version;        /* [S] last version seen from each server */
     int64_t seq;             /* dynamic: the unit this worker trains now */
+    int64_t next_epoch, next_unit;  /* dynamic: the unit it trains next (next_unit < 0: none left);
+                                     * overlap: before the first step, the unit held ahead (seq W + w) */
     double last_wait;        /* the previous step's exchange wait (reported in the next push) */
     /* worker side, overlap (see the top): the exchange thread and its buffers */
     bool overlap;

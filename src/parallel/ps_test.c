@@ -97,12 +97,16 @@ static dt_status train(const run_cfg *rc, dt_comm *comm, result *out, bool *die)
     cfg.lr.base_lr = rc->opt == DT_OPTIM_SGD ? 0.05f : 0.01f;
     cfg.clip_norm = rc->clip;
     cfg.comm = comm;
-    cfg.strategy = comm ? rc->strategy : NULL;
-    cfg.servers = rc->servers;
-    cfg.staleness = rc->staleness;
-    cfg.ps_fixed_shards = rc->fixed;
-    cfg.ps_overlap = rc->overlap;
-    cfg.sync_every = rc->sync_every;
+    char spec[160], stale[16] = "inf";  /* the run's strategy spec */
+    if (rc->staleness >= 0) snprintf(stale, sizeof stale, "%d", rc->staleness);
+    if (!strcmp(rc->strategy, "ps"))
+        snprintf(spec, sizeof spec, "ps(servers=%d,staleness=%s,shards=%s,overlap=%d)", rc->servers, stale,
+                 rc->fixed ? "fixed" : "dynamic", rc->overlap ? 1 : 0);
+    else if (!strcmp(rc->strategy, "localsgd") && rc->sync_every > 0)
+        snprintf(spec, sizeof spec, "localsgd(sync_every=%d)", rc->sync_every);
+    else
+        snprintf(spec, sizeof spec, "%s", rc->strategy);
+    cfg.strategy = comm ? spec : NULL;
     cfg.slow_rank = rc->slow_rank, cfg.slow_factor = rc->slow;
     cfg.on_epoch = on_epoch, cfg.on_note = on_note, cfg.cb_ctx = out;
     int rank = comm ? dt_comm_rank(comm) : 0;
@@ -297,8 +301,10 @@ static int dyn_rank(int r, const char *job, const dyn_job *dj) {
     if (st == DT_OK && (st = dt_model_create_from_spec(&m, "linear(4)", 1, 1, 1)) == DT_OK) dt_model_init(m, 3);
     dt_optim_config oc = dt_optim_defaults(DT_OPTIM_SGD);
     if (st == DT_OK) st = dt_optim_create(&o, &oc, dt_model_num_params(m));
-    dt_strategy_config sc = {.servers = dj->servers, .staleness = dj->staleness, .overlap = dj->overlap};
-    if (st == DT_OK) st = dt_strategy_create(&s, "ps", c, m, o, &sc);
+    char spec[128], stale[16] = "inf";
+    if (dj->staleness >= 0) snprintf(stale, sizeof stale, "%d", dj->staleness);
+    snprintf(spec, sizeof spec, "ps(servers=%d,staleness=%s,overlap=%d)", dj->servers, stale, dj->overlap ? 1 : 0);
+    if (st == DT_OK) st = dt_strategy_create(&s, spec, c, m, o, NULL);
     if (st == DT_OK) st = s->ops->init(s);
     if (st == DT_OK && s->role == DT_ROLE_SERVER) {
         dt_serve_config cfg = {.steps_per_epoch = (int64_t)dt_sampler_batches(DN, DB, DW, false), .epochs = DEPOCHS,
@@ -307,10 +313,12 @@ static int dyn_rank(int r, const char *job, const dyn_job *dj) {
         st = s->ops->serve(s, &cfg);
     } else if (st == DT_OK) {
         const int w = r - dj->servers;
-        int64_t ep, u, step = 0, u0 = (int64_t)dj->start_in * DW;
-        dt_ps_seq_unit(w, 0, u0, DUNITS, &ep, &u);
-        if (s->ahead) dt_ps_seq_unit(DW + w, 0, u0, DUNITS, &s->next_epoch, &s->next_unit);  /* held ahead */
-        if (s->ahead && s->next_epoch >= DEPOCHS) s->next_epoch = -1, s->next_unit = -1;
+        int64_t ep, u, step = 0;
+        const dt_unit_plan plan = {.epoch = 0, .unit = (int64_t)dj->start_in * DW, .units_per_epoch = DUNITS,
+                                   .epochs = DEPOCHS};
+        if (!dt_strategy_hands_out_batches(s)) st = dt_error(DT_EINTERNAL, "ps dynamic hands out no batches");
+        else s->ops->first_unit(s, &plan, &ep, &u);  /* seq w (overlap: and W + w held ahead) */
+        if (st == DT_OK && (int)ep * DUNITS + u != dj->start_in * DW + w) st = dt_error(DT_EINTERNAL, "first unit");
         while (st == DT_OK && u >= 0 && ep < DEPOCHS && (!dj->max_steps || step < dj->max_steps)) {
             dt_batch b;
             if ((st = dt_loader_take(l, (uint64_t)ep, (size_t)u, &b)) != DT_OK) break;
@@ -330,7 +338,7 @@ static int dyn_rank(int r, const char *job, const dyn_job *dj) {
                 if (dj->overlap && dt_ps_worker_drain(s) != DT_OK) _exit(4);
                 _exit(0);
             }
-            ep = s->next_epoch, u = s->next_unit;
+            s->ops->next_unit(s, &ep, &u);
         }
     }
     if (st != DT_OK) fprintf(stderr, "dynamic rank %d: %s\n", r, dt_last_error());

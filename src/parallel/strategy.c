@@ -1,5 +1,5 @@
-/* Strategy factory, the single-process strategy, the train step the replicated strategies share
- * and replica verification. */
+/* The single-process strategy, the train step the replicated strategies share and replica
+ * verification (the registry and factory are in registry.c). */
 #include "parallel/strategy.h"
 
 #include <math.h>
@@ -35,53 +35,14 @@ static void single_destroy(dt_strategy *s) { (void)s; }
 static const dt_strategy_ops single_ops = {.name = "single", .init = single_init, .begin_step = single_begin,
                                            .grad_ready = single_ready, .step = single_step, .destroy = single_destroy};
 
-dt_status dt_strategy_single_create(dt_strategy *s, const dt_strategy_config *cfg) {
-    (void)cfg;
+static dt_status single_create(dt_strategy *s, const void *opts) {
+    (void)opts;
     s->ops = &single_ops;
     return DT_OK;
 }
 
-dt_status dt_strategy_create(dt_strategy **out, const char *name, dt_comm *comm, dt_model *m, dt_optim *o,
-                             const dt_strategy_config *cfg) {
-    *out = NULL;
-    dt_strategy *s = calloc(1, sizeof *s);
-    if (!s) return dt_error(DT_ENOMEM, "strategy: out of memory");
-    s->comm = comm, s->model = m, s->optim = o, s->trace = cfg->trace;
-    s->role = DT_ROLE_REPLICA;
-    s->data_rank = dt_comm_rank(comm), s->data_world = dt_comm_size(comm);
-    dt_status st;
-    if (!strcmp(name, "single"))
-        st = comm ? dt_error(DT_EINVAL, "--strategy single trains one process; with %d ranks use ddp, localsgd or ps",
-                             dt_comm_size(comm))
-                  : dt_strategy_single_create(s, cfg);
-    else if (!comm && (!strcmp(name, "ddp") || !strcmp(name, "localsgd") || !strcmp(name, "ps")))
-        st = dt_error(DT_EINVAL, "--strategy %s needs more than one rank (--workers N, dtrain launch or mpirun)", name);
-    else if (!strcmp(name, "ddp")) st = dt_strategy_ddp_create(s, cfg);
-    else if (!strcmp(name, "localsgd")) st = dt_strategy_localsgd_create(s, cfg);
-    else if (!strcmp(name, "ps")) st = dt_strategy_ps_create(s, cfg);
-    else
-        st = dt_error(DT_EINVAL, "unknown --strategy '%s' (choose ddp, localsgd or ps)", name);
-    if (st != DT_OK) {
-        free(s);
-        return st;
-    }
-    *out = s;
-    return DT_OK;
-}
-
-dt_status dt_strategy_data_part(const char *name, const dt_strategy_config *cfg, int rank, int size, int *data_rank,
-                                int *data_world) {
-    *data_rank = rank, *data_world = size;
-    if (!name || strcmp(name, "ps") != 0) return DT_OK;
-    int S = cfg->servers > 0 ? cfg->servers : 1;
-    if (S >= size)
-        return dt_error(DT_EINVAL, "--strategy ps with --servers %d needs more than %d ranks (servers plus at least "
-                                   "one worker); this job has %d",
-                        S, S, size);
-    *data_world = size - S;
-    *data_rank = rank >= S ? rank - S : 0;
-    return DT_OK;
-}
+const dt_strategy_entry dt_strategy_single_entry = {
+    .name = "single", .help = "single", .keys = "", .opts_size = 0, .create = single_create, .needs_comm = false};
 
 void dt_strategy_destroy(dt_strategy *s) {
     if (!s) return;

@@ -1,7 +1,10 @@
 /* Distribution strategies: the one interface through which the trainer drives data-parallel
- * (and later sharded / asynchronous) training. The trainer loop is the same for every
- * strategy: forward, loss, backward with the strategy's grad-ready hook, then strategy step.
- * parallel/ is the only layer where models (nn/, optim/) and communication (comm/) meet. */
+ * (and later sharded / asynchronous) training. The trainer asks the strategy to train each step
+ * (train_step; the replicated strategies share forward, loss, backward with the grad-ready hook,
+ * then ops->step). Strategies come from a registry (registry.c): each entry parses its options
+ * from a spec ("ps(servers=2,staleness=4)") into its own struct, so nothing outside a strategy's
+ * module knows its options. parallel/ is the only layer where models (nn/, optim/) and
+ * communication (comm/) meet. */
 #ifndef DT_DIST_STRATEGY_H
 #define DT_DIST_STRATEGY_H
 
@@ -12,18 +15,7 @@
 #include "dtrain/workers.h"
 
 #include <signal.h>
-
-typedef struct {
-    double bucket_mb;  /* ddp: gradient bucket (fusion buffer) size in MB; <= 0: default 1 MB */
-    dt_trace *trace;   /* may be NULL */
-    int servers;       /* ps: the first `servers` ranks are servers (<= 0: 1) */
-    int staleness;     /* ps: bound in steps (rounds of W batches, see ps.h), < 0 = unbounded */
-    bool fixed_shards; /* ps: each worker owns 1/W of every epoch, SSP on its own steps (default:
-                        * dynamic assignment, the workers take the next batch from server 0) */
-    bool overlap;      /* ps, dynamic assignment, staleness < 0 only: a worker's push and pull run in
-                        * the background while it trains the next batch (one unit held ahead, ps.h) */
-    int sync_every;    /* localsgd: steps between model averages (<= 0: 8) */
-} dt_strategy_config;
+#include <stddef.h>
 
 /* What a rank does under the strategy. */
 typedef enum {
@@ -60,7 +52,7 @@ typedef struct {
     volatile sig_atomic_t *stop;  /* set (by a signal handler) to stop serving: DT_EINTR; may be NULL */
     int64_t *stopped_step;     /* out, may be NULL: on a stop with one server, the worker clock of the
                                 * model assembled into s->model (else left alone) */
-    /* ps dynamic assignment (s->dynamic): units of `batch` samples per epoch (ceil(n / batch));
+    /* ps dynamic assignment (dt_strategy_hands_out_batches): units of `batch` samples per epoch (ceil(n / batch));
      * the workers start at unit start_step_in_epoch * workers of start_epoch. Positions handed
      * back (stopped_epoch/stopped_in_epoch, dt_serve_epoch.step_in_epoch) are in global batches of
      * batch x workers: floor(units done before the first unit not yet pushed / workers). */
@@ -103,6 +95,13 @@ typedef dt_status (*dt_state_visit_fn)(void *ctx, const dt_state_piece *p);
 /* Visits model m's tensors (parameters and buffers) in their table order, each followed by its
  * optimizer moments when o != NULL: whole tensors (the state of a replicated strategy). */
 dt_status dt_state_visit_model(dt_model *m, dt_optim *o, dt_state_visit_fn fn, void *ctx);
+
+/* Where a run whose batches the strategy hands out stands (ops->first_unit): units of one
+ * rank-batch of samples numbered from unit `unit` of epoch `epoch` (the resume position, in
+ * units: step_in_epoch x data_world), units_per_epoch per epoch, epochs in the whole run. */
+typedef struct {
+    int64_t epoch, unit, units_per_epoch, epochs;
+} dt_unit_plan;
 
 /* One step of this rank, as the trainer hands it to the strategy (dt_strategy_train_step). */
 typedef struct {
@@ -147,6 +146,13 @@ typedef struct {
     dt_status (*visit_state)(dt_strategy *s, dt_state_visit_fn fn, void *ctx);
     /* Optional, for role DT_ROLE_SERVER: serves the workers until they are all done or gone. */
     dt_status (*serve)(dt_strategy *s, const dt_serve_config *cfg);
+    /* Optional, set when the strategy hands out the batches (ps dynamic assignment, ps.h) instead
+     * of each rank taking its shard of the loader's order (dt_strategy_hands_out_batches). A
+     * training rank calls first_unit once before its first step: plan says where the run stands;
+     * *epoch, *unit get the unit (of plan->units_per_epoch per epoch) it trains first. After each
+     * step next_unit names the next one (*unit < 0: none left). */
+    void (*first_unit)(dt_strategy *s, const dt_unit_plan *plan, int64_t *epoch, int64_t *unit);
+    void (*next_unit)(dt_strategy *s, int64_t *epoch, int64_t *unit);
 } dt_strategy_ops;
 
 struct dt_strategy {
@@ -161,13 +167,6 @@ struct dt_strategy {
     dt_role role;
     int data_rank, data_world;  /* this rank's part of the data (ps workers: index among workers) */
     int job_rank0;              /* job rank of data rank 0 */
-    bool dynamic;               /* ps (not fixed_shards): the servers hand out the batches (ps.h);
-                                 * the worker trains unit next_unit of epoch next_epoch next
-                                 * (next_unit < 0: none left) */
-    int64_t next_epoch, next_unit;
-    bool ahead;                 /* ps overlap: the worker holds one unit ahead; before its first step
-                                 * the trainer sets next_epoch/next_unit to that unit (seq W + w,
-                                 * next_unit < 0: none) and after each step they name the next */
     bool local_mean;            /* the step wants the mean gradient of the local batch (localsgd,
                                  * ps); else the rank's share of the global mean (ddp) */
     struct {                    /* the current step on this rank, set by the trainer before ops->step */
@@ -178,27 +177,71 @@ struct dt_strategy {
     } cur;
 };
 
-/* Creates strategy `name` ("single" for one process, "ddp", "localsgd", "ps"); comm may be NULL
- * only for "single". The strategy borrows comm, model and optim. DT_EINVAL naming the strategy
- * if unknown. */
-dt_status dt_strategy_create(dt_strategy **s, const char *name, dt_comm *comm, dt_model *m, dt_optim *o,
-                             const dt_strategy_config *cfg);
+/* ---- the registry (registry.c): strategies by name, each with its options in its own struct ---- */
+
+/* Room for any strategy's options (dt_strategy_entry.opts_size is at most this). */
+typedef union {
+    max_align_t align_;
+    unsigned char bytes[256];
+} dt_strategy_opts;
+
+/* One strategy of the registry. Its options struct (opts_size bytes) is private to its module. */
+typedef struct {
+    const char *name;
+    const char *help;         /* the spec syntax, e.g. "ddp(bucket_mb=MB)" */
+    const char *keys;         /* the option keys, for messages: "bucket_mb" ("" for none) */
+    size_t opts_size;
+    void (*defaults)(void *opts);
+    /* Sets option key (one of keys) from its text; DT_EINVAL naming the strategy, key and value. */
+    dt_status (*set)(void *opts, const char *key, const char *value);
+    /* The rules between options; DT_EINVAL saying what to change. NULL: none. */
+    dt_status (*check)(const void *opts);
+    /* Fills s (ops, impl, role, data part ...); s->comm, model, optim and trace are set. */
+    dt_status (*create)(dt_strategy *s, const void *opts);
+    /* The ranks (the first ones) that serve instead of training; NULL: none. */
+    int (*servers)(const void *opts);
+    /* Writes every option as KEY=VALUE,... (the canonical spec's inside); NULL: no options. */
+    void (*format)(const void *opts, char *out, size_t cap);
+    bool needs_comm;          /* true: more than one rank; false: one process only */
+} dt_strategy_entry;
+
+/* The entry named name, or NULL. */
+const dt_strategy_entry *dt_strategy_find(const char *name);
+/* The registry: *n entries. */
+const dt_strategy_entry *const *dt_strategy_entries(int *n);
+/* Parses spec "NAME" or "NAME(KEY=VALUE,...)" (spaces allowed around the parts): *entry gets the
+ * strategy, opts (dt_strategy_opts or at least (*entry)->opts_size bytes) its defaults with the
+ * spec's options set, then checked. DT_EINVAL naming the strategy, key or value and the keys the
+ * strategy takes. */
+dt_status dt_strategy_parse(const char *spec, const dt_strategy_entry **entry, void *opts);
+/* Adds KEY=VALUE to spec, written to out (cap bytes): the options of NAME(...) in spec, then
+ * key=value. When spec already sets key to the same value (as parsed) out is spec's options
+ * unchanged; to another value DT_EINVAL ("... sets key=A"), the caller names its flag. */
+dt_status dt_strategy_spec_add(const char *spec, const char *key, const char *value, char *out, size_t cap);
+
+/* Creates the strategy of spec (dt_strategy_parse); comm NULL only for a strategy without
+ * needs_comm ("single"). The strategy borrows comm, model, optim and trace (may be NULL). */
+dt_status dt_strategy_create(dt_strategy **s, const char *spec, dt_comm *comm, dt_model *m, dt_optim *o,
+                             dt_trace *trace);
+/* The same from a parsed entry and its options. */
+dt_status dt_strategy_create_with(dt_strategy **s, const dt_strategy_entry *e, const void *opts, dt_comm *comm,
+                                  dt_model *m, dt_optim *o, dt_trace *trace);
 /* Frees the strategy; NULL is a no-op. */
 void dt_strategy_destroy(dt_strategy *s);
 /* The backward hook to pass to dt_model_backward with the strategy as ctx. */
 void dt_strategy_grad_hook(void *strategy, size_t offset, size_t n);
+/* True when the strategy hands out the batches (ops->first_unit / next_unit: ps dynamic). */
+bool dt_strategy_hands_out_batches(const dt_strategy *s);
 
-/* Strategy constructors (one per module). */
-dt_status dt_strategy_single_create(dt_strategy *s, const dt_strategy_config *cfg);
-dt_status dt_strategy_ddp_create(dt_strategy *s, const dt_strategy_config *cfg);
-dt_status dt_strategy_localsgd_create(dt_strategy *s, const dt_strategy_config *cfg);
-dt_status dt_strategy_ps_create(dt_strategy *s, const dt_strategy_config *cfg);
+/* The strategies' entries (one per module). */
+extern const dt_strategy_entry dt_strategy_single_entry, dt_strategy_ddp_entry, dt_strategy_localsgd_entry,
+    dt_strategy_ps_entry;
 
-/* The data part of a rank under strategy `name` before the strategy exists (for the loader):
- * ps workers are ranks servers..size-1 and shard the data among themselves; servers get
- * data rank 0 of the workers (they never train). Others: rank of size. DT_EINVAL when ps
- * leaves no worker. */
-dt_status dt_strategy_data_part(const char *name, const dt_strategy_config *cfg, int rank, int size, int *data_rank,
+/* The data part of a rank under strategy e with opts before the strategy exists (for the
+ * loader): with S = e->servers(opts) > 0 the workers are ranks S..size-1 and shard the data among
+ * themselves, servers get data rank 0 of the workers (they never train). Others: rank of size.
+ * DT_EINVAL when the servers leave no worker. */
+dt_status dt_strategy_data_part(const dt_strategy_entry *e, const void *opts, int rank, int size, int *data_rank,
                                 int *data_world);
 
 /* Visits this rank's training state through ops->visit_state (see dt_state_piece). */

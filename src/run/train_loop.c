@@ -75,7 +75,7 @@ static dt_status serve_epoch(void *ctx, const dt_serve_epoch *r) {
                        .lr = dt_lr_at(&c->lr, r->step > 0 ? r->step - 1 : 0), .nworkers = r->nworkers,
                        .workers = r->workers, .staleness = r->staleness, .max_clock_gap = r->max_clock_gap,
                        .compute_s = r->busy_s, .comm_wait_s = r->wait_s, .steps = r->pushes};  /* per worker step */
-    if (t->strategy->dynamic) {  /* the schedule follows the rounds of units (see dynamic_run) */
+    if (dt_strategy_hands_out_batches(t->strategy)) {  /* the schedule follows the rounds of units (see dynamic_run) */
         int64_t at = r->complete ? (r->epoch + 1) * spe : r->epoch * spe + t->step_in_epoch;
         e.lr = dt_lr_at(&c->lr, at > 0 ? at - 1 : 0);
     }
@@ -110,12 +110,13 @@ static dt_status serve_run(dt_trainer *t, FILE *mf) {
     serve_ctx sc = {.t = t, .mf = mf, .t0 = dt_now()};
     int64_t stopped = -1, stopped_epoch = -1, stopped_in = 0;
     const size_t n = dt_trainer_epoch_len(t), B = (size_t)dt_trainer_step_batch(t);
+    const bool handed_out = dt_strategy_hands_out_batches(t->strategy);  /* ps dynamic: units of B */
     dt_serve_config cfg = {.start_step = t->step, .start_epoch = t->epoch, .start_step_in_epoch = t->step_in_epoch,
                            .steps_per_epoch = (int64_t)dt_loader_batches(t->loader), .epochs = c->epochs,
                            .max_steps = c->max_steps, .batch = c->batch, .want_optim = true,
                            .progress_s = c->progress_interval_s > 0 ? c->progress_interval_s : 0.2,
                            .stop = c->stop, .stopped_step = &stopped,
-                           .units_per_epoch = t->strategy->dynamic ? (int64_t)((n + B - 1) / B) : 0,
+                           .units_per_epoch = handed_out ? (int64_t)((n + B - 1) / B) : 0,
                            .stopped_epoch = &stopped_epoch, .stopped_in_epoch = &stopped_in,
                            .on_epoch = serve_epoch, .on_progress = serve_progress, .on_note = serve_note, .ctx = &sc};
     dt_status s = t->strategy->ops->serve(t->strategy, &cfg);
@@ -167,15 +168,12 @@ static dt_status dynamic_run(dt_trainer *t) {
     dt_strategy *st = t->strategy;
     const size_t n = dt_trainer_epoch_len(t), B = (size_t)dt_trainer_step_batch(t);
     const int64_t units = (int64_t)((n + B - 1) / B);
-    int64_t ep = t->epoch, u = t->step_in_epoch * t->dworld + t->drank;
-    ep += u / units, u %= units;
+    const dt_unit_plan plan = {.epoch = t->epoch, .unit = t->step_in_epoch * t->dworld, .units_per_epoch = units,
+                               .epochs = c->epochs};
+    int64_t ep, u;
+    st->ops->first_unit(st, &plan, &ep, &u);  /* ps: unit drank of the plan (overlap: and one ahead) */
     epoch_acc acc = {0};
     bool stop = false;
-    if (st->ahead) {  /* --ps-overlap: the worker also holds the unit W batches on (seq W + w) */
-        int64_t u2 = u + t->dworld;
-        st->next_epoch = ep + u2 / units, st->next_unit = u2 % units;
-        if (st->next_epoch >= c->epochs) st->next_epoch = -1, st->next_unit = -1;
-    }
     while (ep < c->epochs && u >= 0 && !stop) {
         if (c->max_steps && t->step >= c->max_steps) break;
         dt_batch b;
@@ -189,7 +187,7 @@ static dt_status dynamic_run(dt_trainer *t) {
         if (s != DT_OK)
             return dt_error_wrap(s, "step %lld (epoch %lld, batch %lld of %lld samples)", (long long)t->step,
                                  (long long)ep + 1, (long long)u + 1, (long long)B);
-        ep = st->next_epoch, u = st->next_unit;
+        st->ops->next_unit(st, &ep, &u);
     }
     t->lr_step = -1;
     return stop ? save_interrupted(t) : DT_OK;  /* the servers report the epochs and hold the model */
@@ -279,7 +277,7 @@ dt_status dt_trainer_run(dt_trainer *t) {
         dt_status s = serve_run(t, mf);
         return dt_trainer_close_metrics(t, mf, s);
     }
-    if (t->strategy->role == DT_ROLE_WORKER && t->strategy->dynamic) {
+    if (t->strategy->role == DT_ROLE_WORKER && dt_strategy_hands_out_batches(t->strategy)) {
         dt_status s = dynamic_run(t);
         return dt_trainer_close_metrics(t, mf, s);
     }

@@ -29,9 +29,6 @@ dt_train_config dt_train_defaults(void) {
         .seed = 42,
         .threads = 1,
         .progress_interval_s = 0.2,
-        .servers = 1,
-        .staleness = -1,
-        .sync_every = 8,
     };
     return c;
 }
@@ -118,7 +115,6 @@ static dt_status check_config(const dt_train_config *c) {
     if (o->kind != DT_OPTIM_SGD && !(o->eps > 0))
         return dt_error(DT_EINVAL, "--eps %g: adam/adamw need a positive epsilon (default 1e-8)", o->eps);
     if (!(c->clip_norm >= 0)) return dt_error(DT_EINVAL, "--clip %g: must not be negative (0 = off)", c->clip_norm);
-    if (c->bucket_mb < 0) return dt_error(DT_EINVAL, "--bucket-mb %g: must not be negative", c->bucket_mb);
     if (c->lr.warmup_steps < 0) return dt_error(DT_EINVAL, "--warmup %lld: must not be negative", (long long)c->lr.warmup_steps);
     if (c->lr.kind == DT_LR_STEP && c->lr.step_size <= 0)
         return dt_error(DT_EINVAL, "--schedule step needs --step-size STEPS > 0");
@@ -143,10 +139,7 @@ static dt_status setup_uneven(dt_trainer *t) {
     if (c->balance && strcmp(name, "ddp") != 0 && strcmp(name, "localsgd") != 0)
         return dt_error(DT_EINVAL, "--balance dynamic (cutting each global batch by speed) works with --strategy ddp or "
                         "localsgd, not %s%s", name, strcmp(name, "ps") ? "" : " (ps hands out batches by speed unless "
-                        "ps_fixed_shards is set)");
-    if (c->ps_overlap && strcmp(name, "ps") != 0)
-        return dt_error(DT_EINVAL, "--ps-overlap (background push/pull) works with --strategy ps only, not %s: add "
-                        "--strategy ps --staleness inf or drop --ps-overlap", name);
+                        "shards=fixed)");
     if (role != DT_ROLE_REPLICA && (c->timeline || c->checkpoint_dir))
         return dt_error(DT_EINVAL, "--strategy %s does not support --%s yet%s", name,
                         c->timeline ? "timeline" : "checkpoint-dir",
@@ -334,11 +327,10 @@ dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
         if (t->test && (s = dt_dataset_set_normalize(t->test, t->norm_mean, t->norm_std)) != DT_OK) goto fail;
     }
     const char *strategy = cfg->strategy ? cfg->strategy : t->world > 1 ? "ddp" : "single";
-    dt_strategy_config sc = {.bucket_mb = cfg->bucket_mb, .trace = cfg->timeline ? &t->trace : NULL,
-                             .servers = cfg->servers, .staleness = cfg->staleness, .sync_every = cfg->sync_every,
-                             .fixed_shards = cfg->ps_fixed_shards,
-                             .overlap = cfg->ps_overlap};
-    if ((s = dt_strategy_data_part(strategy, &sc, t->rank, t->world, &t->drank, &t->dworld)) != DT_OK) goto fail;
+    dt_strategy_opts sopts;
+    const dt_strategy_entry *sentry;
+    if ((s = dt_strategy_parse(strategy, &sentry, &sopts)) != DT_OK) goto fail;
+    if ((s = dt_strategy_data_part(sentry, &sopts, t->rank, t->world, &t->drank, &t->dworld)) != DT_OK) goto fail;
     const int step_batch = dt_trainer_step_batch(t);
     const int max_batch = cfg->balance ? step_batch * t->dworld : step_batch;  /* a balanced cut may be larger */
     if ((s = check_batch(t, max_batch)) != DT_OK) goto fail;
@@ -363,8 +355,8 @@ dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
     }
     if (resume) check_resume_changes(t, &info, resume);
     if (cfg->timeline && (s = dt_trace_init(&t->trace, t->rank, 1 << 18, t->t_start)) != DT_OK) goto fail;
-    if ((s = dt_strategy_create(&t->strategy, strategy, t->world > 1 ? cfg->comm : NULL, t->model, t->optim, &sc)) !=
-        DT_OK)
+    if ((s = dt_strategy_create_with(&t->strategy, sentry, &sopts, t->world > 1 ? cfg->comm : NULL, t->model, t->optim,
+                                     cfg->timeline ? &t->trace : NULL)) != DT_OK)
         goto fail;
     if ((s = t->strategy->ops->init(t->strategy)) != DT_OK) goto fail;
     if ((s = setup_uneven(t)) != DT_OK) goto fail;

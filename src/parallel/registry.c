@@ -1,0 +1,230 @@
+/* The strategy registry: the table of strategies by name, the spec parser ("ps(servers=2,
+ * staleness=4)": each strategy's options live in its own struct, set key by key through its
+ * entry), the factory and the data part of a rank. No code here knows a strategy by name. */
+#include "parallel/strategy.h"
+
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const dt_strategy_entry *const g_entries[] = {&dt_strategy_single_entry, &dt_strategy_ddp_entry,
+                                                     &dt_strategy_localsgd_entry, &dt_strategy_ps_entry};
+enum { N_ENTRIES = (int)(sizeof g_entries / sizeof *g_entries) };
+
+const dt_strategy_entry *const *dt_strategy_entries(int *n) {
+    *n = N_ENTRIES;
+    return g_entries;
+}
+
+const dt_strategy_entry *dt_strategy_find(const char *name) {
+    for (int i = 0; name && i < N_ENTRIES; i++)
+        if (!strcmp(g_entries[i]->name, name)) return g_entries[i];
+    return NULL;
+}
+
+/* "single, ddp, localsgd or ps" */
+static const char *entry_names(void) {
+    static char buf[256];
+    size_t k = 0;
+    for (int i = 0; i < N_ENTRIES && k < sizeof buf; i++)
+        k += (size_t)snprintf(buf + k, sizeof buf - k, "%s%s", i == 0 ? "" : i == N_ENTRIES - 1 ? " or " : ", ",
+                              g_entries[i]->name);
+    return buf;
+}
+
+/* A spec cut into its name and (key, value) texts. */
+enum { MAX_OPTS = 16, TEXT = 256 };
+typedef struct {
+    char name[64];
+    int n;
+    char key[MAX_OPTS][64], value[MAX_OPTS][TEXT];
+} spec_parts;
+
+/* Copies [a, b) without surrounding spaces into out (cap); false when it does not fit. */
+static bool trimmed(const char *a, const char *b, char *out, size_t cap) {
+    while (a < b && isspace((unsigned char)*a)) a++;
+    while (b > a && isspace((unsigned char)b[-1])) b--;
+    if ((size_t)(b - a) >= cap) return false;
+    memcpy(out, a, (size_t)(b - a));
+    out[b - a] = 0;
+    return true;
+}
+
+static dt_status malformed(const char *spec, const char *why) {
+    return dt_error(DT_EINVAL, "--strategy '%s': %s; write NAME or NAME(KEY=VALUE,...), e.g. ps(servers=2,staleness=4)",
+                    spec, why);
+}
+
+static dt_status split_spec(const char *spec, spec_parts *p) {
+    memset(p, 0, sizeof *p);
+    const char *open = strchr(spec, '('), *end = spec + strlen(spec);
+    if (!trimmed(spec, open ? open : end, p->name, sizeof p->name) || !p->name[0])
+        return malformed(spec, "no strategy name");
+    if (!open) return DT_OK;
+    const char *close = end;
+    while (close > open && isspace((unsigned char)close[-1])) close--;
+    if (close == open + 1 || close[-1] != ')') return malformed(spec, "no closing ')'");
+    close--;
+    const char *last = close;  /* a trailing comma leaves an empty option */
+    while (last > open + 1 && isspace((unsigned char)last[-1])) last--;
+    if (last[-1] == ',') return dt_error(DT_EINVAL, "--strategy %s: option '' is not KEY=VALUE", p->name);
+    for (const char *a = open + 1; a < close;) {
+        const char *comma = memchr(a, ',', (size_t)(close - a));
+        const char *b = comma ? comma : close;
+        const char *eq = memchr(a, '=', (size_t)(b - a));
+        char item[TEXT];
+        if (!trimmed(a, b, item, sizeof item)) return malformed(spec, "an option is too long");
+        if (item[0] || comma) {
+            if (p->n == MAX_OPTS) return malformed(spec, "too many options");
+            if (!eq || !trimmed(a, eq, p->key[p->n], sizeof p->key[0]) || !p->key[p->n][0] ||
+                !trimmed(eq + 1, b, p->value[p->n], sizeof p->value[0]) || !p->value[p->n][0])
+                return dt_error(DT_EINVAL, "--strategy %s: option '%s' is not KEY=VALUE", p->name, item);
+            if (strchr(p->value[p->n], '(') || strchr(p->value[p->n], ')'))
+                return malformed(spec, "unbalanced parentheses");
+            p->n++;
+        }
+        a = comma ? comma + 1 : close;
+    }
+    return DT_OK;
+}
+
+/* Whether key is one of the entry's keys (a comma-separated list). */
+static bool takes_key(const dt_strategy_entry *e, const char *key) {
+    size_t n = strlen(key);
+    for (const char *k = e->keys; k && *k;) {
+        while (*k == ',' || *k == ' ') k++;
+        size_t len = strcspn(k, ", ");
+        if (len == n && !strncmp(k, key, n)) return true;
+        k += len;
+    }
+    return false;
+}
+
+static dt_status unknown_key(const dt_strategy_entry *e, const char *key) {
+    if (!e->keys || !e->keys[0])
+        return dt_error(DT_EINVAL, "--strategy %s: unknown option '%s' (%s takes no options)", e->name, key, e->name);
+    return dt_error(DT_EINVAL, "--strategy %s: unknown option '%s' (%s takes %s)", e->name, key, e->name, e->keys);
+}
+
+static dt_status find_entry(const char *name, const dt_strategy_entry **entry) {
+    if (!(*entry = dt_strategy_find(name)))
+        return dt_error(DT_EINVAL, "--strategy %s: unknown strategy (choose %s)", name, entry_names());
+    return DT_OK;
+}
+
+/* Sets the options of p on opts (defaults first); no check. */
+static dt_status set_parts(const dt_strategy_entry *e, const spec_parts *p, void *opts) {
+    memset(opts, 0, e->opts_size);
+    if (e->defaults) e->defaults(opts);
+    for (int i = 0; i < p->n; i++) {
+        if (!takes_key(e, p->key[i])) return unknown_key(e, p->key[i]);
+        for (int j = 0; j < i; j++)
+            if (!strcmp(p->key[i], p->key[j]))
+                return dt_error(DT_EINVAL, "--strategy %s: option '%s' is given twice", e->name, p->key[i]);
+        DT_TRY(e->set(opts, p->key[i], p->value[i]));
+    }
+    return DT_OK;
+}
+
+dt_status dt_strategy_parse(const char *spec, const dt_strategy_entry **entry, void *opts) {
+    *entry = NULL;
+    if (!spec) return dt_error(DT_EINVAL, "--strategy: no strategy given (choose %s)", entry_names());
+    spec_parts *p = malloc(sizeof *p);
+    if (!p) return dt_error(DT_ENOMEM, "strategy spec: out of memory");
+    const dt_strategy_entry *e = NULL;
+    dt_status st = split_spec(spec, p);
+    if (st == DT_OK) st = find_entry(p->name, &e);
+    if (st == DT_OK && e->opts_size > sizeof(dt_strategy_opts))
+        st = dt_error(DT_EINTERNAL, "strategy %s: options of %zu bytes do not fit dt_strategy_opts", e->name,
+                      e->opts_size);
+    if (st == DT_OK) st = set_parts(e, p, opts);
+    if (st == DT_OK && e->check) st = e->check(opts);
+    free(p);
+    if (st == DT_OK) *entry = e;
+    return st;
+}
+
+dt_status dt_strategy_spec_add(const char *spec, const char *key, const char *value, char *out, size_t cap) {
+    spec_parts *p = malloc(sizeof *p);
+    if (!p) return dt_error(DT_ENOMEM, "strategy spec: out of memory");
+    const dt_strategy_entry *e = NULL;
+    dt_status st = split_spec(spec, p);
+    if (st == DT_OK) st = find_entry(p->name, &e);
+    if (st == DT_OK && !takes_key(e, key)) st = unknown_key(e, key);
+    int have = -1;
+    for (int i = 0; st == DT_OK && i < p->n; i++)
+        if (!strcmp(p->key[i], key)) have = i;
+    if (st == DT_OK && have >= 0) {  /* the same value as parsed? */
+        dt_strategy_opts a, b;
+        spec_parts one = {.n = 1};
+        snprintf(one.key[0], sizeof one.key[0], "%s", key);
+        snprintf(one.value[0], sizeof one.value[0], "%s", value);
+        st = set_parts(e, &one, &a);
+        snprintf(one.value[0], sizeof one.value[0], "%s", p->value[have]);
+        if (st == DT_OK) st = set_parts(e, &one, &b);
+        if (st == DT_OK && memcmp(&a, &b, e->opts_size) != 0)
+            st = dt_error(DT_EINVAL, "--strategy %s sets %s=%s", spec, key, p->value[have]);
+    } else if (st == DT_OK && p->n == MAX_OPTS) {
+        st = malformed(spec, "too many options");
+    } else if (st == DT_OK) {
+        snprintf(p->key[p->n], sizeof p->key[0], "%s", key);
+        snprintf(p->value[p->n], sizeof p->value[0], "%s", value);
+        p->n++;
+    }
+    size_t k = 0;
+    if (st == DT_OK) k = (size_t)snprintf(out, cap, "%s(", e->name);
+    for (int i = 0; st == DT_OK && i < p->n && k < cap; i++)
+        k += (size_t)snprintf(out + k, cap - k, "%s%s=%s", i ? "," : "", p->key[i], p->value[i]);
+    if (st == DT_OK && k < cap) k += (size_t)snprintf(out + k, cap - k, ")");
+    if (st == DT_OK && k >= cap) st = dt_error(DT_EINVAL, "--strategy %s: the spec is too long", spec);
+    free(p);
+    return st;
+}
+
+dt_status dt_strategy_create_with(dt_strategy **out, const dt_strategy_entry *e, const void *opts, dt_comm *comm,
+                                  dt_model *m, dt_optim *o, dt_trace *trace) {
+    *out = NULL;
+    if (e->needs_comm && !comm)
+        return dt_error(DT_EINVAL, "--strategy %s needs more than one rank (--workers N, dtrain launch or mpirun)",
+                        e->name);
+    if (!e->needs_comm && comm)
+        return dt_error(DT_EINVAL, "--strategy %s trains one process; with %d ranks use a strategy of more ranks "
+                        "(ddp, localsgd or ps)", e->name, dt_comm_size(comm));
+    dt_strategy *s = calloc(1, sizeof *s);
+    if (!s) return dt_error(DT_ENOMEM, "strategy: out of memory");
+    s->comm = comm, s->model = m, s->optim = o, s->trace = trace;
+    s->role = DT_ROLE_REPLICA;
+    s->data_rank = dt_comm_rank(comm), s->data_world = dt_comm_size(comm);
+    dt_status st = e->create(s, opts);
+    if (st != DT_OK) {
+        free(s);
+        return st;
+    }
+    *out = s;
+    return DT_OK;
+}
+
+dt_status dt_strategy_create(dt_strategy **out, const char *spec, dt_comm *comm, dt_model *m, dt_optim *o,
+                             dt_trace *trace) {
+    *out = NULL;
+    dt_strategy_opts opts;
+    const dt_strategy_entry *e;
+    DT_TRY(dt_strategy_parse(spec, &e, &opts));
+    return dt_strategy_create_with(out, e, &opts, comm, m, o, trace);
+}
+
+dt_status dt_strategy_data_part(const dt_strategy_entry *e, const void *opts, int rank, int size, int *data_rank,
+                                int *data_world) {
+    *data_rank = rank, *data_world = size;
+    const int S = e->servers ? e->servers(opts) : 0;
+    if (S <= 0) return DT_OK;
+    if (S >= size)
+        return dt_error(DT_EINVAL, "--strategy %s with %d server%s needs more than %d ranks (servers plus at least one "
+                        "worker); this job has %d", e->name, S, S > 1 ? "s" : "", S, size);
+    *data_world = size - S;
+    *data_rank = rank >= S ? rank - S : 0;
+    return DT_OK;
+}
+
+bool dt_strategy_hands_out_batches(const dt_strategy *s) { return s->ops->first_unit && s->ops->next_unit; }

@@ -1,0 +1,40 @@
+/* The public face of the strategy registry (dtrain/train.h): what the CLI and embedders learn
+ * from a --strategy spec without the internal headers of parallel/. */
+#include "dtrain/train.h"
+#include "parallel/strategy.h"
+
+#include <stdio.h>
+
+dt_status dt_strategy_spec_info(const char *spec, char *name, size_t cap, int *servers) {
+    dt_strategy_opts opts;
+    const dt_strategy_entry *e;
+    DT_TRY(dt_strategy_parse(spec, &e, &opts));
+    if (name && cap) snprintf(name, cap, "%s", e->name);
+    if (servers) *servers = e->servers ? e->servers(&opts) : 0;
+    return DT_OK;
+}
+
+dt_status dt_strategy_spec_canonical(const char *spec, char *out, size_t cap) {
+    dt_strategy_opts opts;
+    const dt_strategy_entry *e;
+    DT_TRY(dt_strategy_parse(spec, &e, &opts));
+    char inside[512] = "";
+    if (e->format) e->format(&opts, inside, sizeof inside);
+    if ((size_t)snprintf(out, cap, inside[0] ? "%s(%s)" : "%s%s", e->name, inside) >= cap)
+        return dt_error(DT_EINVAL, "--strategy %s: the spec is too long", spec);
+    return DT_OK;
+}
+
+dt_status dt_strategy_spec_add_option(const char *spec, const char *key, const char *value, char *out, size_t cap) {
+    return dt_strategy_spec_add(spec, key, value, out, cap);
+}
+
+const char *dt_strategy_spec_help(void) {
+    static char buf[1024];
+    if (buf[0]) return buf;
+    int n;
+    const dt_strategy_entry *const *e = dt_strategy_entries(&n);
+    size_t k = 0;
+    for (int i = 0; i < n && k < sizeof buf; i++) k += (size_t)snprintf(buf + k, sizeof buf - k, "%s\n", e[i]->help);
+    return buf;
+}
