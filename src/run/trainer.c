@@ -235,6 +235,132 @@ static dt_status check_batch(const dt_trainer *t, int max_batch) {
     return DT_OK;
 }
 
+/* The data set for model `spec` and its checks against a resumed checkpoint's input shape. */
+static dt_status setup_data(dt_trainer *t, const char *spec, const char *resume, const dt_ckpt_info *info) {
+    const dt_train_config *c = &t->cfg;
+    DT_TRY(open_data(c->data, spec, c->val_fraction, &t->train, &t->test));
+    dt_dataset_shape(t->train, &t->C, &t->H, &t->W);
+    t->classes = dt_dataset_classes(t->train);
+    if (c->normalize && dt_dataset_is_text(t->train))
+        return dt_error(DT_EINVAL, "--normalize standardises image features, but --data %s is token ids: drop --normalize",
+                        c->data);
+    if (!resume) return DT_OK;
+    if (info->C != t->C || info->H != t->H || info->W != t->W)
+        return dt_error(DT_EMISMATCH, "%s: checkpoint expects inputs %dx%dx%d but --data %s has %dx%dx%d", resume,
+                        info->C, info->H, info->W, c->data, t->C, t->H, t->W);
+    if (info->seed != c->seed)
+        dt_log(DT_LOG_WARN, "resuming with --seed %llu over checkpoint seed %llu", (unsigned long long)c->seed,
+               (unsigned long long)info->seed);
+    return DT_OK;
+}
+
+/* The model (its outputs checked against the data's classes), initialised, and its optimizer. */
+static dt_status setup_model(dt_trainer *t, const char *spec) {
+    const dt_train_config *c = &t->cfg;
+    DT_TRY(dt_model_build(&t->model, spec, t->C, t->H, t->W));
+    if (dt_model_num_params(t->model) == 0)
+        return dt_error(DT_EINVAL, "model '%s' has no trainable parameters; add a linear or conv layer",
+                        dt_model_spec(t->model));
+    const int nout = dt_model_classes(t->model);
+    if (nout > t->classes && t->classes > 0) {
+        /* fewer classes in the data than outputs is fine (e.g. a subset): train with `out` classes */
+        DT_TRY(dt_dataset_set_classes(t->train, nout));
+        if (t->test) DT_TRY(dt_dataset_set_classes(t->test, nout));
+        t->classes = nout;
+    } else if (nout != t->classes) {
+        /* a label beyond the model's outputs: name the first such sample (a corrupt label, or the
+         * wrong model) */
+        dt_status s = dt_dataset_set_classes(t->train, nout);
+        if (s == DT_OK && t->test) s = dt_dataset_set_classes(t->test, nout);
+        return dt_error_wrap(DT_EINVAL, "model '%s' outputs %d classes but --data %s has labels up to %d; if they are "
+                                        "right, end the spec with linear(%d)",
+                             dt_model_spec(t->model), nout, c->data, t->classes - 1, t->classes);
+    }
+    dt_model_init(t->model, c->seed);
+    return dt_optim_create(&t->optim, &c->optim, dt_model_num_params(t->model));
+}
+
+/* Input normalisation (--normalize, or as the resumed run had it) and the resumed state. */
+static dt_status restore_and_normalize(dt_trainer *t, const char *resume, dt_ckpt_info *info) {
+    const dt_train_config *c = &t->cfg;
+    if (c->normalize) {
+        double mean, sd;
+        dt_dataset_stats(t->train, &mean, &sd);
+        t->has_norm = true, t->norm_mean = (float)mean, t->norm_std = (float)sd;
+    }
+    if (resume) {
+        DT_TRY(dt_checkpoint_restore(resume, t->model, t->optim, info));
+        t->step = info->step, t->epoch = info->epoch, t->step_in_epoch = info->step_in_epoch;
+        snprintf(t->last_ckpt, sizeof t->last_ckpt, "%s", resume);
+        if (c->normalize && !info->has_norm)
+            return dt_error(DT_EINVAL, "%s: this run was trained without --normalize; leave it out to resume it", resume);
+        /* the inputs are scaled as the checkpoint's run scaled them */
+        t->has_norm = info->has_norm != 0, t->norm_mean = info->norm_mean, t->norm_std = info->norm_std;
+    }
+    if (!t->has_norm) return DT_OK;
+    DT_TRY(dt_dataset_set_normalize(t->train, t->norm_mean, t->norm_std));
+    return t->test ? dt_dataset_set_normalize(t->test, t->norm_mean, t->norm_std) : DT_OK;
+}
+
+/* This rank's part of the data under the strategy and the loader over it; a resume on another
+ * global batch continues after the samples already seen this epoch. */
+static dt_status setup_loader(dt_trainer *t, const dt_strategy_entry *se, const dt_strategy_opts *so,
+                              const char *resume, const dt_ckpt_info *info) {
+    const dt_train_config *c = &t->cfg;
+    DT_TRY(dt_strategy_data_part(se, so, t->rank, t->world, &t->drank, &t->dworld));
+    const int step_batch = dt_trainer_step_batch(t);
+    const int max_batch = c->balance ? step_batch * t->dworld : step_batch;  /* a balanced cut may be larger */
+    DT_TRY(check_batch(t, max_batch));
+    dt_loader_config lc = {.batch = step_batch, .epoch_len = (size_t)c->epoch_windows, .shuffle = true,
+                           .seed = c->seed, .rank = t->drank, .world = t->dworld, .prefetch = -1,
+                           .max_batch = max_batch};
+    DT_TRY(dt_loader_create(&t->loader, t->train, &lc));
+    if (resume && (info->world_size != t->dworld || info->batch != step_batch) && t->step_in_epoch > 0) {
+        int64_t seen = t->step_in_epoch * (int64_t)info->batch * info->world_size;
+        int64_t gb = (int64_t)step_batch * t->dworld;
+        t->step_in_epoch = seen / gb;
+        dt_trainer_note(t, "resuming %s (trained on %d worker(s) x batch %d) on %d worker(s) x batch %d: continuing "
+                           "at batch %lld of epoch %lld; the result differs from an uninterrupted run",
+                        resume, info->world_size, info->batch, t->dworld, step_batch, (long long)t->step_in_epoch,
+                        (long long)t->epoch + 1);
+    }
+    if (t->cfg.lr.kind == DT_LR_COSINE && t->cfg.lr.total_steps <= 0) {
+        /* cosine decays over the whole run (after warm-up) unless told otherwise */
+        int64_t total = (int64_t)c->epochs * (int64_t)dt_loader_batches(t->loader) - c->lr.warmup_steps;
+        t->cfg.lr.total_steps = total > 1 ? total : 1;
+    }
+    return DT_OK;
+}
+
+/* Loads the data, builds the model and optimizer, restores the checkpoint, makes the loader and
+ * the strategy (from the registry, by its spec). */
+static dt_status trainer_setup(dt_trainer *t) {
+    const dt_train_config *c = &t->cfg;
+    /* the checkpoint to resume from, then the model (default: the checkpoint's, else mlp); a bad
+     * spec is reported before any data is read */
+    dt_ckpt_info info = {0};
+    DT_TRY(resolve_resume(t));
+    const char *resume = t->resume_path[0] ? t->resume_path : NULL;
+    if (resume) DT_TRY(dt_checkpoint_read_info(resume, &info));
+    const char *spec = c->model ? c->model : resume ? info.spec : "mlp";
+    dt_status s = check_spec(spec);
+    if (s != DT_OK) return spec == info.spec ? dt_error_wrap(DT_EFORMAT, "%s: its dtrain.model_spec", resume) : s;
+    DT_TRY(setup_data(t, spec, resume, &info));
+    DT_TRY(setup_model(t, spec));
+    DT_TRY(restore_and_normalize(t, resume, &info));
+    const char *strategy = c->strategy ? c->strategy : t->world > 1 ? "ddp" : "single";
+    dt_strategy_opts sopts;
+    const dt_strategy_entry *sentry;
+    DT_TRY(dt_strategy_parse(strategy, &sentry, &sopts));
+    DT_TRY(setup_loader(t, sentry, &sopts, resume, &info));
+    if (resume) check_resume_changes(t, &info, resume);
+    if (c->timeline) DT_TRY(dt_trace_init(&t->trace, t->rank, 1 << 18, t->t_start));
+    DT_TRY(dt_strategy_create_with(&t->strategy, sentry, &sopts, t->world > 1 ? c->comm : NULL, t->model, t->optim,
+                                   c->timeline ? &t->trace : NULL));
+    DT_TRY(t->strategy->ops->init(t->strategy));
+    return setup_uneven(t);
+}
+
 dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
     *out = NULL;
     DT_TRY(check_config(cfg));
@@ -248,123 +374,13 @@ dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
     t->world = cfg->comm ? dt_comm_size(cfg->comm) : 1;
     t->saved_step = -1;
     dt_set_threads(cfg->threads);
-    /* the checkpoint to resume from, then the model (default: the checkpoint's, else mlp); a bad
-     * spec is reported before any data is read */
-    dt_ckpt_info info = {0};
-    dt_status s = resolve_resume(t);
-    if (s != DT_OK) goto fail;
-    const char *resume = t->resume_path[0] ? t->resume_path : NULL;
-    if (resume && (s = dt_checkpoint_read_info(resume, &info)) != DT_OK) goto fail;
-    const char *spec = cfg->model ? cfg->model : resume ? info.spec : "mlp";
-    if ((s = check_spec(spec)) != DT_OK) {
-        if (spec == info.spec) s = dt_error_wrap(DT_EFORMAT, "%s: its dtrain.model_spec", resume);
-        goto fail;
+    dt_status s = trainer_setup(t);
+    if (s != DT_OK) {
+        dt_trainer_free(t);
+        return s;
     }
-    s = open_data(cfg->data, spec, cfg->val_fraction, &t->train, &t->test);
-    if (s != DT_OK) goto fail;
-    dt_dataset_shape(t->train, &t->C, &t->H, &t->W);
-    t->classes = dt_dataset_classes(t->train);
-
-    if (resume) {
-        if (info.C != t->C || info.H != t->H || info.W != t->W) {
-            s = dt_error(DT_EMISMATCH, "%s: checkpoint expects inputs %dx%dx%d but --data %s has %dx%dx%d", resume,
-                         info.C, info.H, info.W, cfg->data, t->C, t->H, t->W);
-            goto fail;
-        }
-        if (info.seed != cfg->seed) dt_log(DT_LOG_WARN, "resuming with --seed %llu over checkpoint seed %llu",
-                                           (unsigned long long)cfg->seed, (unsigned long long)info.seed);
-    }
-    s = dt_model_build(&t->model, spec, t->C, t->H, t->W);
-    if (s != DT_OK) goto fail;
-    if (dt_model_num_params(t->model) == 0) {
-        s = dt_error(DT_EINVAL, "model '%s' has no trainable parameters; add a linear or conv layer",
-                     dt_model_spec(t->model));
-        goto fail;
-    }
-    const int nout = dt_model_classes(t->model);
-    if (nout > t->classes && t->classes > 0) {
-        /* fewer classes in the data than outputs is fine (e.g. a subset): train with `out` classes */
-        if ((s = dt_dataset_set_classes(t->train, nout)) != DT_OK) goto fail;
-        if (t->test && (s = dt_dataset_set_classes(t->test, nout)) != DT_OK) goto fail;
-        t->classes = nout;
-    } else if (nout != t->classes) {
-        /* a label beyond the model's outputs: name the first such sample (a corrupt label, or the
-         * wrong model) */
-        s = dt_dataset_set_classes(t->train, nout);
-        if (s == DT_OK && t->test) s = dt_dataset_set_classes(t->test, nout);
-        s = dt_error_wrap(DT_EINVAL, "model '%s' outputs %d classes but --data %s has labels up to %d; if they are "
-                                     "right, end the spec with linear(%d)",
-                          dt_model_spec(t->model), nout, cfg->data, t->classes - 1, t->classes);
-        goto fail;
-    }
-    dt_model_init(t->model, cfg->seed);
-    s = dt_optim_create(&t->optim, &cfg->optim, dt_model_num_params(t->model));
-    if (s != DT_OK) goto fail;
-    if (cfg->normalize && dt_dataset_is_text(t->train)) {
-        s = dt_error(DT_EINVAL, "--normalize standardises image features, but --data %s is token ids: drop --normalize",
-                     cfg->data);
-        goto fail;
-    }
-    if (cfg->normalize) {
-        double mean, sd;
-        dt_dataset_stats(t->train, &mean, &sd);
-        t->has_norm = true, t->norm_mean = (float)mean, t->norm_std = (float)sd;
-    }
-    if (resume) {
-        s = dt_checkpoint_restore(resume, t->model, t->optim, &info);
-        if (s != DT_OK) goto fail;
-        t->step = info.step, t->epoch = info.epoch, t->step_in_epoch = info.step_in_epoch;
-        snprintf(t->last_ckpt, sizeof t->last_ckpt, "%s", resume);
-        if (cfg->normalize && !info.has_norm) {
-            s = dt_error(DT_EINVAL, "%s: this run was trained without --normalize; leave it out to resume it", resume);
-            goto fail;
-        }
-        /* the inputs are scaled as the checkpoint's run scaled them */
-        t->has_norm = info.has_norm != 0, t->norm_mean = info.norm_mean, t->norm_std = info.norm_std;
-    }
-    if (t->has_norm) {
-        if ((s = dt_dataset_set_normalize(t->train, t->norm_mean, t->norm_std)) != DT_OK) goto fail;
-        if (t->test && (s = dt_dataset_set_normalize(t->test, t->norm_mean, t->norm_std)) != DT_OK) goto fail;
-    }
-    const char *strategy = cfg->strategy ? cfg->strategy : t->world > 1 ? "ddp" : "single";
-    dt_strategy_opts sopts;
-    const dt_strategy_entry *sentry;
-    if ((s = dt_strategy_parse(strategy, &sentry, &sopts)) != DT_OK) goto fail;
-    if ((s = dt_strategy_data_part(sentry, &sopts, t->rank, t->world, &t->drank, &t->dworld)) != DT_OK) goto fail;
-    const int step_batch = dt_trainer_step_batch(t);
-    const int max_batch = cfg->balance ? step_batch * t->dworld : step_batch;  /* a balanced cut may be larger */
-    if ((s = check_batch(t, max_batch)) != DT_OK) goto fail;
-    dt_loader_config lc = {.batch = step_batch, .epoch_len = (size_t)cfg->epoch_windows, .shuffle = true,
-                           .seed = cfg->seed, .rank = t->drank,
-                           .world = t->dworld, .prefetch = -1, .max_batch = max_batch};
-    if ((s = dt_loader_create(&t->loader, t->train, &lc)) != DT_OK) goto fail;
-    if (resume && (info.world_size != t->dworld || info.batch != step_batch) && t->step_in_epoch > 0) {
-        /* another global batch: continue after the samples already seen this epoch */
-        int64_t seen = t->step_in_epoch * (int64_t)info.batch * info.world_size;
-        int64_t gb = (int64_t)step_batch * t->dworld;
-        t->step_in_epoch = seen / gb;
-        dt_trainer_note(t, "resuming %s (trained on %d worker(s) x batch %d) on %d worker(s) x batch %d: continuing at batch %lld "
-                "of epoch %lld; the result differs from an uninterrupted run",
-             resume, info.world_size, info.batch, t->dworld, step_batch, (long long)t->step_in_epoch,
-             (long long)t->epoch + 1);
-    }
-    if (t->cfg.lr.kind == DT_LR_COSINE && t->cfg.lr.total_steps <= 0) {
-        /* cosine decays over the whole run (after warm-up) unless told otherwise */
-        int64_t total = (int64_t)cfg->epochs * (int64_t)dt_loader_batches(t->loader) - cfg->lr.warmup_steps;
-        t->cfg.lr.total_steps = total > 1 ? total : 1;
-    }
-    if (resume) check_resume_changes(t, &info, resume);
-    if (cfg->timeline && (s = dt_trace_init(&t->trace, t->rank, 1 << 18, t->t_start)) != DT_OK) goto fail;
-    if ((s = dt_strategy_create_with(&t->strategy, sentry, &sopts, t->world > 1 ? cfg->comm : NULL, t->model, t->optim,
-                                     cfg->timeline ? &t->trace : NULL)) != DT_OK)
-        goto fail;
-    if ((s = t->strategy->ops->init(t->strategy)) != DT_OK) goto fail;
-    if ((s = setup_uneven(t)) != DT_OK) goto fail;
     *out = t;
     return DT_OK;
-fail:
-    dt_trainer_free(t);
-    return s;
 }
 
 dt_model *dt_trainer_model(dt_trainer *t) { return t->model; }
