@@ -207,7 +207,7 @@ static void report_progress(const dt_trainer *t, const epoch_acc *acc, double t0
 
 /* The steps of one epoch, from the loader's position: returns DT_ENOENT at the epoch's end, at
  * a stop (*stop) or at max_steps; *ckpt_due when a numbered checkpoint is due at the epoch's end. */
-static dt_status epoch_steps(dt_trainer *t, epoch_acc *acc, double t0, bool *stop, bool *ckpt_due) {
+static dt_status run_epoch_steps(dt_trainer *t, epoch_acc *acc, double t0, bool *stop, bool *ckpt_due) {
     const dt_train_config *c = &t->cfg;
     const int64_t spe = (int64_t)dt_loader_batches(t->loader);
     double last_progress = 0;
@@ -290,7 +290,7 @@ dt_status dt_trainer_run(dt_trainer *t) {
         if ((s = dt_loader_start_epoch(t->loader, (uint64_t)t->epoch, (size_t)t->step_in_epoch)) != DT_OK) break;
         const double t0 = dt_now(), wait0 = dt_loader_wait_seconds(t->loader);
         epoch_acc acc = {0};
-        if ((s = epoch_steps(t, &acc, t0, &stop, &ckpt_due)) != DT_ENOENT) break;
+        if ((s = run_epoch_steps(t, &acc, t0, &stop, &ckpt_due)) != DT_ENOENT) break;
         s = DT_OK;
         at_epoch_end = true;  /* errors below are reported with the epoch and step */
         const double epoch_s = dt_now() - t0;
