@@ -305,8 +305,11 @@ static void reap(job *j) {
         r->pid = 0;
         r->stop_sig = 0;
         j->live--;
-        /* an expendable rank may die, but not fail its set-up: bad flags fail every rank alike */
-        if (!j->stopping && exit_code_of(st) != 0 && !dt_exit_is_setup(exit_code_of(st)) && j->cfg->expendable &&
+        /* an expendable rank may die, but not fail its set-up (bad flags fail every rank alike), nor
+         * give up on a peer (DT_EXIT_PEER: a ps worker whose server stalled or died; going on
+         * without the workers would wait for that server forever) */
+        const int code = exit_code_of(st);
+        if (!j->stopping && code != 0 && !dt_exit_is_setup(code) && code != DT_EXIT_PEER && j->cfg->expendable &&
             j->cfg->expendable[i]) {
             char how[96];
             describe(st, how, sizeof how);

@@ -28,6 +28,7 @@ static size_t slurp(const char *path, char *buf, size_t cap) {
 }
 
 int main(void) {
+    alarm(120); /* a supervisor that waits forever (it did, for a stopped ps server) fails here */
     char out_path[] = "/tmp/dt_launch_test_XXXXXX";
     int fd = mkstemp(out_path);
     CHECK(fd >= 0);
@@ -116,6 +117,19 @@ int main(void) {
               res.failed_rank, res.exit_code);
     CHECK_MSG(strstr(g_first_msg, "rank 2 is stopped (SIGSTOP) and took no part: rank 1 gave up waiting for it"),
               "'%s'", g_first_msg);
+
+    /* 2c. expendable ranks (ps workers) that give up on a stopped rank (their server) are not
+     * "lost": the stopped one is the culprit and the job ends (it waited for it forever) */
+    g_nmsg = 0;
+    const bool exp3[3] = {false, true, true};
+    dt_launch_config ec = pc;
+    ec.expendable = exp3;
+    ec.grace_s = 0.2;
+    char *argv_srv[] = {"sh", "-c", "if [ $DTRAIN_RANK = 0 ]; then kill -STOP $$; fi; sleep 0.3; exit 75", NULL};
+    s = dt_launch_run(&ec, argv_srv, &res);
+    CHECK_MSG(s == DT_EPEER && res.failed_rank == 0 && res.lost == 0, "failed_rank %d lost %d: %s", res.failed_rank,
+              res.lost, dt_last_error());
+    CHECK_MSG(strstr(g_first_msg, "rank 0 is stopped (SIGSTOP)"), "'%s'", g_first_msg);
 
     /* 3. a program that does not exist */
     char *argv3[] = {"/nonexistent/dt-prog", NULL};
