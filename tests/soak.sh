@@ -22,7 +22,7 @@ echo "soak: $RUNS runs, seed $SEED"
 # MLP, a run a few seconds (long enough for the fault to land while it trains)
 awk 'BEGIN { srand(7); for (i = 0; i < 3000; i++) { y = i % 4; printf "%d", y; for (k = 0; k < 16; k++) printf ",%.3f", rand() + (k % 4 == y); printf "\n" } }' >"$TMP/train.csv"
 MODEL="linear(256) relu linear(256) relu linear(4)"
-hangs=0 wrong=0 lost=0 dup=0 leaked=0 done_ok=0 stopped_ok=0
+hangs=0 wrong=0 lost=0 dup=0 leaked=0 done_ok=0 stopped_ok=0 landed=0
 rank_pid() {  # LAUNCHER-PID RANK: pid of the child with DTRAIN_RANK=RANK
   local c
   for c in $(pgrep -P "$1"); do
@@ -40,9 +40,9 @@ shm_of_us() {  # dtrain job segments in /dev/shm that no process maps (leftovers
 for run in $(seq "$RUNS"); do
   modes=(ddp localsgd ps elastic); mode=${modes[RANDOM % 4]}
   faults=(kill9 stop term term-launcher kill9-launcher); fault=${faults[RANDOM % 5]}
-  delay=$(printf '%d.%02d' $((RANDOM % 2)) $((RANDOM % 100)))
+  delay=$(printf '0.%02d' $((RANDOM % 100)))
   D="$TMP/r$run"; mkdir -p "$D"; M="$TMP/m$run.jsonl"; L="$TMP/log$run"
-  args=(train --data "$TMP/train.csv" --model "$MODEL" --batch 8 --epochs 6 --quiet --timeout 5 --metrics "$M")
+  args=(train --data "$TMP/train.csv" --model "$MODEL" --batch 8 --epochs 12 --quiet --timeout 5 --metrics "$M")
   nranks=2 victim_rank=$((RANDOM % 2))
   case $mode in
     ddp) args+=(--workers 2 --checkpoint-dir "$D/ck" --checkpoint-every 200 --keep 3) ;;
@@ -62,18 +62,21 @@ for run in $(seq "$RUNS"); do
   done
   sleep "$delay"
   victim=$([ -n "$launcher" ] && rank_pid "$launcher" $victim_rank)
+  hit=""
   case $fault in
-    kill9) [ -n "$victim" ] && kill -9 "$victim" ;;
-    stop) [ -n "$victim" ] && kill -STOP "$victim" ;;
-    term) [ -n "$victim" ] && kill -TERM "$victim" ;;
-    term-launcher) kill -TERM "$launcher" 2>/dev/null ;;
-    kill9-launcher) kill -9 "$launcher" 2>/dev/null ;;
+    kill9) [ -n "$victim" ] && kill -9 "$victim" 2>/dev/null && hit=1 ;;
+    stop) [ -n "$victim" ] && kill -STOP "$victim" 2>/dev/null && hit=1 ;;
+    term) [ -n "$victim" ] && kill -TERM "$victim" 2>/dev/null && hit=1 ;;
+    term-launcher) [ -n "$launcher" ] && kill -TERM "$launcher" 2>/dev/null && hit=1 ;;
+    kill9-launcher) [ -n "$launcher" ] && kill -9 "$launcher" 2>/dev/null && hit=1 ;;
   esac
+  [ -n "$hit" ] && landed=$((landed + 1))
   wait $job
   rc=$?
   [ "$fault" = stop ] && [ -n "$victim" ] && kill -CONT "$victim" 2>/dev/null
   sleep 0.3
-  what="$mode/$fault${victim:+ rank $victim_rank}"
+  case $fault in *launcher) what="$mode/$fault" ;; *) what="$mode/$fault${victim:+ rank $victim_rank}" ;; esac
+  [ -z "$hit" ] && what="$what (missed: the job had ended)"
   verdict=ok why=""
   # a hang is the 150 s deadline (exit 137 alone is a rank killed by SIGKILL, passed on)
   if [ $((SECONDS - t0)) -ge 149 ]; then verdict=FAIL why="hang (no end within 150 s, exit $rc)"; hangs=$((hangs + 1))
@@ -99,5 +102,5 @@ for run in $(seq "$RUNS"); do
   printf '%-4s run %2d %-32s after %ss: %s (%ds)\n' "$verdict" "$run" "$what" "$delay" "$why" $((SECONDS - t0))
   [ "$verdict" = ok ] && ok "soak run $run $what" || { bad "soak run $run $what"; tail -5 "$L" | sed 's/^/      /'; }
 done
-echo "soak: $RUNS runs (seed $SEED): $done_ok finished, $stopped_ok stopped naming the culprit; $hangs hangs, $wrong wrong culprits, $lost damaged checkpoints, $dup duplicated metrics, $leaked shm leftovers"
+echo "soak: $RUNS runs (seed $SEED), $landed faults landed while the job ran: $done_ok finished, $stopped_ok stopped naming the culprit; $hangs hangs, $wrong wrong culprits, $lost damaged checkpoints, $dup duplicated metrics, $leaked shm leftovers"
 finish
