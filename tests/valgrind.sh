@@ -29,5 +29,5 @@ $VG $DT train --data "$TMP/toy_train.csv" --model "linear(16) relu dropout(0.2) 
 $VG $DT eval --checkpoint "$TMP/v.st" --data "$TMP/toy_train.csv" >"$TMP/out" 2>&1 \
   && ok "eval under valgrind" || { bad "eval under valgrind"; cat "$TMP/out"; }
 $VG $DT train --data "$TMP/toy_train.csv" --model "linear(16) relu maxpol" >"$TMP/out" 2>&1
-[ $? -eq 78 ] && ok "error path under valgrind (exit 78: bad command)" || { bad "error path under valgrind"; cat "$TMP/out"; }
+[ $? -eq 2 ] && ok "error path under valgrind (exit 2: a wrong --model on the command line)" || { bad "error path under valgrind"; cat "$TMP/out"; }
 finish

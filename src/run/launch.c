@@ -164,7 +164,7 @@ static void relay(job *j, int rk, stream *s, bool flush) {
     char pre[24];
     int pl = j->cfg->no_prefix ? 0 : snprintf(pre, sizeof pre, "[%d] ", rk);
     size_t lines = 1;
-    for (size_t i = 0; i < s->len; i++) lines += s->buf[i] == '\n';
+    for (size_t i = 0; i < s->len; i++) lines += s->buf[i] == '\n' || s->buf[i] == '\r'; /* a piece each */
     char *out = malloc(s->len + lines * ((size_t)pl + 1));
     if (!out) return;
     for (size_t i = 0; i < s->len; i++) {
