@@ -9,7 +9,7 @@ rank_pid() {  # LAUNCHER-PID SLOT [NOT-PID]: pid of the child with DTRAIN_RANK=S
   for i in $(seq 600); do
     for c in $(pgrep -P "$1"); do
       [ "$c" = "${3:-}" ] && continue
-      tr '\0' '\n' <"/proc/$c/environ" 2>/dev/null | grep -qx "DTRAIN_RANK=$2" && { echo "$c"; return 0; }
+      tr '\0' '\n' 2>/dev/null <"/proc/$c/environ" | grep -qx "DTRAIN_RANK=$2" && { echo "$c"; return 0; }
     done
     sleep 0.1
   done

@@ -16,6 +16,22 @@ if [ -w /dev/full ]; then
     $DT "${TR[@]}" --epochs 1 --metrics /dev/full
 else echo "skip: no /dev/full"; fi
 
+# ---- a full file system (a private 8 KiB tmpfs): --save, --checkpoint-dir and --timeline fail loudly ----
+if [ "$(id -u)" -eq 0 ] && unshare -m true 2>/dev/null; then
+  mkdir -p "$TMP/full"
+  BIG=(train --data "$TMP/d.csv" --model "linear(256) relu linear(3)" --batch 8 --epochs 2 --quiet)
+  out=$(unshare -m bash -c "mount -t tmpfs -o size=8k tmpfs '$TMP/full' || exit 99
+    $(printf '%q ' "$DT" "${BIG[@]}") --save '$TMP/full/a.st'; echo \"rc=\$?\"
+    $(printf '%q ' "$DT" "${BIG[@]}") --checkpoint-dir '$TMP/full/ck' --checkpoint-every 4; echo \"rc=\$?\"
+    $(printf '%q ' "$DT" train --data "$TMP/d.csv" --model "linear(3)" --batch 1 --epochs 20 --quiet) --timeline '$TMP/full/t.json'; echo \"rc=\$?\"
+    ls '$TMP/full' '$TMP/full/ck'" 2>&1)
+  [ "$(grep -c '^rc=1$' <<<"$out")" -eq 3 ] && [ "$(grep -c 'No space left on device' <<<"$out")" -eq 3 ] \
+    && grep -q "a.st.tmp.[0-9]*: write failed" <<<"$out" && grep -q "ckpt-0000000004.safetensors.tmp.[0-9]*: write failed" <<<"$out" \
+    && grep -q -- "--timeline $TMP/full/t.json: writing" <<<"$out" && ! grep -q "\.tmp\." <<<"$(tail -3 <<<"$out")" \
+    && ok "disk full: --save, a numbered checkpoint and --timeline exit 1 naming the file, no temp file left" \
+    || bad "disk full: $out"
+else echo "skip: a full-disk check needs root and unshare -m"; fi
+
 # ---- resume from a checkpoint before the last epoch's end: each epoch's record once ----
 $DT "${TR[@]}" --epochs 2 --checkpoint-dir "$TMP/ck" --checkpoint-every 6 --metrics "$TMP/m.jsonl" >/dev/null 2>&1 \
   || bad "training with checkpoints failed"

@@ -36,5 +36,5 @@ $VG $DT train --data "text:$TMP/t.txt" --model "gpt:L=1,H=2,C=8,T=8" --batch 4 -
 $VG $DT sample --checkpoint "$TMP/g.st" --prompt "in the" --tokens 12 >"$TMP/out" 2>&1 \
   && ok "sample under valgrind" || { bad "sample under valgrind"; cat "$TMP/out"; }
 $VG $DT train --data "$TMP/toy_train.csv" --model "linear(16) relu maxpol" >"$TMP/out" 2>&1
-[ $? -eq 2 ] && ok "error path under valgrind (exit 2: wrong command line)" || { bad "error path under valgrind"; cat "$TMP/out"; }
+[ $? -eq 2 ] && ok "error path under valgrind (exit 2: a wrong --model on the command line)" || { bad "error path under valgrind"; cat "$TMP/out"; }
 finish

@@ -325,6 +325,24 @@ static void print_header(const train_opts *o, dt_trainer *t, dt_comm *comm, int 
     fflush(stdout);
 }
 
+/* The job's ranks against the flags: --workers N (or what an elastic supervisor shrank it to) and
+ * --slow RANK. 0 when they fit, else the exit status (after saying what is wrong). */
+static int check_job_size(int argc, char **argv, const train_opts *o, int job_ranks, int world) {
+    job_ranks = dt_elastic_job_workers(job_ranks); /* an elastic job that lost a rank slot is smaller */
+    if (dt_cli_flag_given(argc, argv, "workers") && job_ranks > 1 && world != job_ranks) {
+        if (dt_cli_is_ps(&o->cfg))
+            return dt_cli_usage("leave out --workers when mpirun/srun/dtrain launch sets the number of ranks",
+                                "--workers %d with --servers %d makes %d ranks, but this job has %d", o->workers,
+                                dt_cli_servers(&o->cfg), job_ranks, world);
+        return dt_cli_usage("leave out --workers when mpirun/srun/dtrain launch sets the number of ranks",
+                            "--workers %d but this job has %d ranks", job_ranks, world);
+    }
+    if (o->cfg.slow_factor > 1 && o->cfg.slow_rank >= world)
+        return dt_cli_usage("pick a rank below the job's ranks", "--slow %d:%g: this job has only %d rank(s) (0..%d)",
+                            o->cfg.slow_rank, o->cfg.slow_factor, world, world - 1);
+    return 0;
+}
+
 /* One rank of a job (or a single process): the communicator comes from the environment. */
 static int run_rank(int argc, char **argv, train_opts *o, int job_ranks) {
     dt_train_config cfg = o->cfg;
@@ -341,20 +359,10 @@ static int run_rank(int argc, char **argv, train_opts *o, int job_ranks) {
         return setup_exit(cs);
     }
     int rank = dt_comm_rank(comm), world = dt_comm_size(comm);
-    job_ranks = dt_elastic_job_workers(job_ranks); /* an elastic job that lost a rank slot is smaller */
-    if (dt_cli_flag_given(argc, argv, "workers") && job_ranks > 1 && world != job_ranks) {
+    int r = check_job_size(argc, argv, o, job_ranks, world);
+    if (r) {
         dt_comm_destroy(comm);
-        if (dt_cli_is_ps(&o->cfg))
-            return dt_cli_usage("leave out --workers when mpirun/srun/dtrain launch sets the number of ranks",
-                               "--workers %d with --servers %d makes %d ranks, but this job has %d", o->workers,
-                               dt_cli_servers(&o->cfg), job_ranks, world);
-        return dt_cli_usage("leave out --workers when mpirun/srun/dtrain launch sets the number of ranks",
-                           "--workers %d but this job has %d ranks", job_ranks, world);
-    }
-    if (cfg.slow_factor > 1 && cfg.slow_rank >= world) {
-        dt_comm_destroy(comm);
-        return dt_cli_usage("pick a rank below the job's ranks", "--slow %d:%g: this job has only %d rank(s) (0..%d)",
-                           cfg.slow_rank, cfg.slow_factor, world, world - 1);
+        return r;
     }
     if (world > 1) cfg.comm = comm;
     if (world == 1 && o->uneven.implicit_ddp) cfg.strategy = NULL;  /* --bucket-mb of one process: nothing to bucket */

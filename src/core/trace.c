@@ -1,6 +1,7 @@
 /* Timeline tracing: event buffer and Chrome trace-event JSON writer. */
 #include "core/trace.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,11 +74,15 @@ dt_status dt_trace_write_json(const char *path, const dt_trace_event *ev, size_t
                 ev[i].tid, ev[i].ts * 1e6, ev[i].dur * 1e6, (long long)ev[i].step);
     }
     fprintf(f, "\n]}\n");
-    bool ok = fflush(f) == 0 && fsync(fileno(f)) == 0;
-    ok = (fclose(f) == 0) && ok;
-    if (!ok || rename(tmp, path) != 0) {
+    /* a write that failed inside fprintf leaves only the error flag: check it, then sync and close */
+    bool ok = fflush(f) == 0 && !ferror(f) && fsync(fileno(f)) == 0;
+    int e = errno;
+    if (fclose(f) != 0 && ok) ok = false, e = errno;
+    if (ok && rename(tmp, path) != 0) ok = false, e = errno;
+    if (!ok) {
         unlink(tmp);
-        return dt_error(DT_EIO, "--timeline %s: write failed (disk full?)", path);
+        return dt_error(DT_EIO, "--timeline %s: writing %s failed: %s; check the disk (free space, permissions)", path, tmp,
+                        strerror(e));
     }
     return DT_OK;
 }

@@ -22,6 +22,7 @@ extern char **environ;
 
 #define LINE_CAP (64 * 1024) /* a longer line is relayed in pieces of this size */
 #define PEER_WAIT_S 0.5      /* after a DT_EXIT_PEER exit, how long to wait for the real culprit */
+#define ALL_STOPPED_S 1.0    /* every live rank stopped this long: they cannot finish */
 
 typedef struct {
     int fd;        /* read end of the rank's pipe, -1 once closed */
@@ -35,6 +36,7 @@ typedef struct {
     pid_t pgid;    /* its process group (= first pid), kept after reaping */
     int status;    /* wait status once reaped */
     int stop_sig;  /* the signal that stopped it (SIGSTOP ...) while it is stopped, else 0 */
+    bool abandoned; /* an expendable rank left stopped when the others were done: killed, not "lost" twice */
     char **env;
     stream s[2];   /* stdout, stderr */
 } rank;
@@ -53,6 +55,7 @@ typedef struct {
     int failed, peer, got_sig;
     double grace, job_deadline, kill_deadline, drain_deadline;
     double peer_deadline; /* a rank exited DT_EXIT_PEER: until then, wait for the culprit */
+    double all_stopped_since; /* every live rank is stopped (since then): they cannot finish */
 } job;
 
 static int g_sigpipe[2] = {-1, -1};
@@ -164,7 +167,7 @@ static void relay(job *j, int rk, stream *s, bool flush) {
     char pre[24];
     int pl = j->cfg->no_prefix ? 0 : snprintf(pre, sizeof pre, "[%d] ", rk);
     size_t lines = 1;
-    for (size_t i = 0; i < s->len; i++) lines += s->buf[i] == '\n';
+    for (size_t i = 0; i < s->len; i++) lines += s->buf[i] == '\n' || s->buf[i] == '\r'; /* a piece each */
     char *out = malloc(s->len + lines * ((size_t)pl + 1));
     if (!out) return;
     for (size_t i = 0; i < s->len; i++) {
@@ -305,8 +308,12 @@ static void reap(job *j) {
         r->pid = 0;
         r->stop_sig = 0;
         j->live--;
-        /* an expendable rank may die, but not fail its set-up: bad flags fail every rank alike */
-        if (!j->stopping && exit_code_of(st) != 0 && !dt_exit_is_setup(exit_code_of(st)) && j->cfg->expendable &&
+        if (r->abandoned) continue; /* already reported (check_all_stopped) */
+        /* an expendable rank may die, but not fail its set-up (bad flags fail every rank alike), nor
+         * give up on a peer (DT_EXIT_PEER: a ps worker whose server stalled or died; going on
+         * without the workers would wait for that server forever) */
+        const int code = exit_code_of(st);
+        if (!j->stopping && code != 0 && !dt_exit_is_setup(code) && code != DT_EXIT_PEER && j->cfg->expendable &&
             j->cfg->expendable[i]) {
             char how[96];
             describe(st, how, sizeof how);
@@ -339,9 +346,46 @@ static int stalled_rank(const job *j) {
     return -1;
 }
 
+/* Every rank still running is stopped (kill -STOP) for a second: nothing will ever wake them,
+ * and nobody waits for them with a deadline (the others have exited: a ps job whose server and
+ * other workers are done). Expendable ones are killed and the job goes on without them; any
+ * other is the job's failure. Without this the launcher waited forever. */
+static void check_all_stopped(job *j, double now) {
+    if (j->stopping || j->live == 0) { j->all_stopped_since = 0; return; }
+    for (int i = 0; i < j->n; i++)
+        if (j->r[i].pid > 0 && !j->r[i].stop_sig) { j->all_stopped_since = 0; return; }
+    if (j->all_stopped_since == 0) { j->all_stopped_since = now; return; }
+    if (now - j->all_stopped_since < ALL_STOPPED_S) return;
+    j->all_stopped_since = 0;
+    for (int i = 0; i < j->n; i++) {
+        rank *r = &j->r[i];
+        if (r->pid <= 0) continue;
+        const char *abbr = sigabbrev_np(r->stop_sig);
+        if (j->cfg->expendable && j->cfg->expendable[i]) {
+            notify(j, "rank %d is stopped (SIG%s) and every other rank has finished: the job goes on without it",
+                   i, abbr ? abbr : "?");
+            r->abandoned = true;
+            j->lost++;
+            kill(-r->pgid, SIGKILL);
+            kill(-r->pgid, SIGCONT);
+        } else if (j->res->failed_rank < 0) {
+            char how[160];
+            snprintf(how, sizeof how, "is stopped (SIG%s) and every other rank has exited: it cannot finish",
+                     abbr ? abbr : "?");
+            notify(j, "rank %d %s; stopping it", i, how);
+            j->res->failed_rank = i;
+            j->res->exit_code = 128 + r->stop_sig;
+            j->st = dt_error(DT_EPEER, "rank %d %s", i, how);
+            stop_job(j, SIGKILL, now);
+            signal_ranks(j, SIGCONT);
+        }
+    }
+}
+
 /* Blames the failed rank (once its culprit is known) and stops the others. */
 static void check_failures(job *j, double now) {
     reap(j);
+    check_all_stopped(j, now);
     if (j->stopping) return;
     char how[160];
     if (j->failed < 0 && j->peer >= 0) {
@@ -440,9 +484,10 @@ static void poll_once(job *j, double now) {
                 j->pidx[np++] = 2 * i + k;
             }
     double ms = -1;
-    double dls[4] = {j->stopping ? 0 : j->job_deadline, j->stopping ? j->kill_deadline : 0,
-                     j->live == 0 ? j->drain_deadline : 0, j->stopping ? 0 : j->peer_deadline};
-    for (int d = 0; d < 4; d++) {
+    double dls[5] = {j->stopping ? 0 : j->job_deadline, j->stopping ? j->kill_deadline : 0,
+                     j->live == 0 ? j->drain_deadline : 0, j->stopping ? 0 : j->peer_deadline,
+                     j->all_stopped_since > 0 ? j->all_stopped_since + ALL_STOPPED_S : 0};
+    for (int d = 0; d < 5; d++) {
         double m = deadline_ms(dls[d], now);
         if (m >= 0 && (ms < 0 || m < ms)) ms = m;
     }

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <signal.h>
 #include <unistd.h>
 
 static char g_msg[512], g_first_msg[512]; /* the last and the first message since g_nmsg = 0 */
@@ -28,6 +29,7 @@ static size_t slurp(const char *path, char *buf, size_t cap) {
 }
 
 int main(void) {
+    alarm(120); /* a supervisor that waits forever (it did, for a stopped ps server) fails here */
     char out_path[] = "/tmp/dt_launch_test_XXXXXX";
     int fd = mkstemp(out_path);
     CHECK(fd >= 0);
@@ -116,6 +118,35 @@ int main(void) {
               res.failed_rank, res.exit_code);
     CHECK_MSG(strstr(g_first_msg, "rank 2 is stopped (SIGSTOP) and took no part: rank 1 gave up waiting for it"),
               "'%s'", g_first_msg);
+
+    /* 2c. expendable ranks (ps workers) that give up on a stopped rank (their server) are not
+     * "lost": the stopped one is the culprit and the job ends (it waited for it forever) */
+    g_nmsg = 0;
+    const bool exp3[3] = {false, true, true};
+    dt_launch_config ec = pc;
+    ec.expendable = exp3;
+    ec.grace_s = 0.2;
+    char *argv_srv[] = {"sh", "-c", "if [ $DTRAIN_RANK = 0 ]; then kill -STOP $$; fi; sleep 0.3; exit 75", NULL};
+    s = dt_launch_run(&ec, argv_srv, &res);
+    CHECK_MSG(s == DT_EPEER && res.failed_rank == 0 && res.lost == 0, "failed_rank %d lost %d: %s", res.failed_rank,
+              res.lost, dt_last_error());
+    CHECK_MSG(strstr(g_first_msg, "rank 0 is stopped (SIGSTOP)"), "'%s'", g_first_msg);
+
+    /* 2d. a stopped rank that nobody waits for (the others finished): an expendable one is
+     * dropped and the job succeeds; any other is the failure. The launcher waited forever. */
+    g_nmsg = 0;
+    char *argv_left[] = {"sh", "-c", "if [ $DTRAIN_RANK = 1 ]; then kill -STOP $$; fi; sleep 0.2; exit 0", NULL};
+    s = dt_launch_run(&ec, argv_left, &res);
+    CHECK_MSG(s == DT_OK && res.lost == 1 && res.exit_code == 0, "%s: lost %d exit %d (%s)", dt_status_str(s), res.lost,
+              res.exit_code, dt_last_error());
+    CHECK_MSG(strstr(g_first_msg, "rank 1 is stopped (SIGSTOP) and every other rank has finished"), "'%s'", g_first_msg);
+    g_nmsg = 0;
+    dt_launch_config two = cfg;
+    two.nranks = 2;
+    two.grace_s = 0.2;
+    s = dt_launch_run(&two, argv_left, &res);
+    CHECK_MSG(s == DT_EPEER && res.failed_rank == 1 && res.exit_code == 128 + SIGSTOP, "%s: failed %d exit %d",
+              dt_status_str(s), res.failed_rank, res.exit_code);
 
     /* 3. a program that does not exist */
     char *argv3[] = {"/nonexistent/dt-prog", NULL};

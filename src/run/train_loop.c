@@ -245,7 +245,8 @@ static dt_status run_epoch_steps(dt_trainer *t, epoch_acc *acc, double t0, bool 
 
 /* The end of an epoch on the replicas: sync (localsgd), balance figures, the global training loss,
  * evaluation, the metrics line, the epoch callback and --save. */
-static dt_status end_epoch(dt_trainer *t, FILE *mf, const epoch_acc *acc, double epoch_s, double wait0, bool finished) {
+static dt_status end_epoch(dt_trainer *t, FILE *mf, const epoch_acc *acc, double epoch_s, double wait0, bool finished,
+                           int64_t epoch_steps) {
     const dt_train_config *c = &t->cfg;
     if (t->strategy->ops->sync) DT_TRY(t->strategy->ops->sync(t->strategy));
     DT_TRY(dt_balance_epoch(t->balance, t->dcomm, epoch_s, t->workers));
@@ -256,6 +257,7 @@ static dt_status end_epoch(dt_trainer *t, FILE *mf, const epoch_acc *acc, double
                        .samples_per_s = epoch_s > 0 ? sums[1] / epoch_s : 0, .epoch_s = epoch_s,
                        .data_wait_s = dt_loader_wait_seconds(t->loader) - wait0, .compute_s = acc->compute_s,
                        .comm_wait_s = acc->comm_wait_s, .steps = acc->steps, .world_size = t->world,
+                       .epoch_steps = epoch_steps, .steps_per_epoch = (int64_t)dt_loader_batches(t->loader),
                        .global_batch = dt_trainer_step_batch(t) * t->dworld,
                        .lr = dt_lr_at(&c->lr, t->step > 0 ? t->step - 1 : 0),
                        .nworkers = t->dworld, .workers = t->workers, .max_clock_gap = -1};
@@ -294,6 +296,7 @@ dt_status dt_trainer_run(dt_trainer *t) {
         s = DT_OK;
         at_epoch_end = true;  /* errors below are reported with the epoch and step */
         const double epoch_s = dt_now() - t0;
+        const int64_t epoch_steps = t->step_in_epoch;  /* done of this epoch (all of it unless cut short) */
         const bool finished = t->step_in_epoch >= spe;
         if (finished) {
             t->epoch++;
@@ -301,7 +304,7 @@ dt_status dt_trainer_run(dt_trainer *t) {
         }
         if (stop) break;
         if (t->strategy->role == DT_ROLE_WORKER) continue;  /* ps: the servers report epochs */
-        if ((s = end_epoch(t, mf, &acc, epoch_s, wait0, finished)) != DT_OK) break;
+        if ((s = end_epoch(t, mf, &acc, epoch_s, wait0, finished, epoch_steps)) != DT_OK) break;
         if (ckpt_due && (s = dt_trainer_save_numbered(t)) != DT_OK) break;
         ckpt_due = false;
         at_epoch_end = false;

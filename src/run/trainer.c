@@ -103,7 +103,7 @@ static dt_status check_config(const dt_train_config *c) {
         return dt_error(DT_EINVAL, "--val-fraction %g: need 0..0.5 (the last part of the text held out)", c->val_fraction);
     if (c->grad_accum < 1 || c->grad_accum > 65536)
         return dt_error(DT_EINVAL, "--grad-accum %d: need 1..65536 micro-batches per step", c->grad_accum);
-    if ((int64_t)c->batch * c->grad_accum > INT32_MAX / 4)
+    if (c->grad_accum > 1 && (int64_t)c->batch * c->grad_accum > INT32_MAX / 4)
         return dt_error(DT_EINVAL, "--batch %d x --grad-accum %d samples per step is too large", c->batch, c->grad_accum);
     if (!(c->lr.base_lr > 0) || !isfinite(c->lr.base_lr))
         return dt_error(DT_EINVAL, "--lr %g: need a positive learning rate", c->lr.base_lr);
@@ -215,13 +215,17 @@ static dt_status check_batch(const dt_trainer *t, int max_batch) {
     const size_t n = dt_trainer_epoch_len(t), per = (size_t)dt_trainer_step_batch(t) / (size_t)c->batch;
     const long long global = (long long)dt_trainer_step_batch(t) * t->dworld;
     const char *accum = per > 1 ? " x --grad-accum" : "";
+    const char *what = n < dt_dataset_len(t->train) ? "an epoch (--epoch-windows)" : "the training set";
     if (global > (long long)n) {
         if (t->dworld > 1)
-            return dt_error(DT_EINVAL, "--batch %d%s x %d workers = %lld samples per step is more than an epoch "
-                            "(%zu samples of --data %s): use --batch %zu or less", c->batch, accum, t->dworld, global, n,
+            return dt_error(DT_EINVAL, "--batch %d%s x %d workers = %lld samples per step is more than %s (%zu samples "
+                            "of --data %s): use --batch %zu or less", c->batch, accum, t->dworld, global, what, n,
                             c->data, n / (size_t)t->dworld / per);
-        return dt_error(DT_EINVAL, "--batch %d%s = %lld samples per step is more than an epoch (%zu samples of --data "
-                        "%s): use --batch %zu or less", c->batch, accum, global, n, c->data, n / per);
+        if (per > 1)
+            return dt_error(DT_EINVAL, "--batch %d x --grad-accum = %lld samples per step is more than %s (%zu samples "
+                            "of --data %s): use --batch %zu or less", c->batch, global, what, n, c->data, n / per);
+        return dt_error(DT_EINVAL, "--batch %d is more than %s (%zu samples of --data %s): use --batch %zu or less",
+                        c->batch, what, n, c->data, n);
     }
     const double in = (double)t->C * t->H * t->W, slots = DT_LOADER_DEFAULT_PREFETCH + 1;
     const double need = (double)max_batch * (slots * (in + 1) + 2.0 * t->classes) * sizeof(float);
