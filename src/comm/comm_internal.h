@@ -29,6 +29,10 @@ struct dt_request {
     dt_treq treq;
     const size_t *counts, *displs;  /* allgatherv (blocking only) */
     void *tmp;           /* private copy of an overlapping input, freed with the request */
+    /* an input that overlaps the output, staged when the op runs (after every earlier op, which
+     * may still write it), not when it is issued: moved to stage_dst, or copied into tmp (NULL) */
+    size_t stage_bytes;
+    void *stage_dst;
     char msg[512];
     struct dt_request *next;
 };

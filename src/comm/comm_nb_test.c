@@ -1,6 +1,7 @@
 /* Non-blocking ops (overlap with computation, progress without polling, several outstanding,
  * isend/irecv posted in any order), split into sub-communicators, creation from the
- * environment, and the small-message stress run: 8 ranks x 1000 allreduces. */
+ * environment, issue order of ops whose input overlaps their output, and the small-message stress
+ * run: 8 ranks x 1000 allreduces. */
 #include "comm/comm_testlib.h"
 
 #include <math.h>
@@ -204,6 +205,56 @@ static int test_from_env(int R, int N, const char *job, void *arg) {
     return dt_test_failures;
 }
 
+/* Issue order with overlapping slices: an op whose input overlaps its output (a private copy of
+ * the input is made) must take that copy when it runs, after every earlier op of the
+ * communicator, not when it is issued: here its input is the result of an earlier in-place
+ * iallreduce on the neighbouring slice. Rank 0 issues both ops while the first cannot have
+ * finished (the other ranks join it only once rank 0 says both are issued: a shared flag, no
+ * timing), so a copy taken at issue time reads the un-reduced values on rank 0 (and its memmove
+ * writes into the slice the first op is still reducing). */
+typedef struct {
+    volatile int issued;
+} order_arg;
+
+static int test_issue_order(int R, int N, const char *job, void *arg) {
+    order_arg *oa = arg;
+    dt_comm *c = NULL;
+    CHECK_OK(dt_test_comm(&c, R, N, job, DT_ALGO_AUTO, 60));
+    if (!c) return 1;
+    enum { M = 96, S = 16 }; /* a: in place on x[0, 2M); b: x[M, 2M) -> x[M + S, 2M + S); rs: y */
+    float x[3 * M], y[2 * M * 8];
+    size_t bad = 0;
+    for (int i = 0; i < 3 * M; i++) x[i] = (float)((R + i) % 5);
+    for (int i = 0; i < 2 * M * 8; i++) y[i] = (float)((R * 3 + i) % 7);
+    if (R != 0)
+        for (int k = 0; k < 30000 && !oa->issued; k++) usleep(1000); /* join only after rank 0 issued */
+    dt_request *rq[4];
+    CHECK_OK(dt_comm_iallreduce(c, x, x, 2 * M, DT_F32, DT_OP_SUM, &rq[0]));
+    CHECK_OK(dt_comm_iallreduce(c, x + M, x + M + S, M, DT_F32, DT_OP_SUM, &rq[1]));
+    /* reduce-scatter of y's first N*M floats (in place) whose result block feeds an overlapping one */
+    CHECK_OK(dt_comm_iallreduce(c, y, y, (size_t)N * M, DT_F32, DT_OP_SUM, &rq[2]));
+    CHECK_OK(dt_comm_ireduce_scatter(c, y, y + M / 2, M, DT_F32, DT_OP_SUM, &rq[3]));
+    if (R == 0) oa->issued = 1;
+    CHECK_OK(dt_request_waitall(rq, 4));
+    for (int i = 0; i < M; i++) { /* x[0, M): reduced once; x[M + S, 2M + S): x[M, 2M) reduced, reduced again */
+        float a = 0;
+        for (int r = 0; r < N; r++) a += (float)((r + i) % 5);
+        bad += x[i] != a;
+        float b = 0;
+        for (int r = 0; r < N; r++) b += (float)((r + M + i) % 5);
+        bad += x[M + S + i] != (float)N * b;
+    }
+    for (int i = 0; i < M; i++) { /* block R of the allreduced y, summed over N ranks */
+        float a = 0;
+        for (int r = 0; r < N; r++) a += (float)((r * 3 + R * M + i) % 7);
+        bad += y[M / 2 + i] != (float)N * a;
+    }
+    CHECK_MSG(bad == 0, "rank %d: %zu wrong elements: an overlapping input was copied before the earlier op that "
+              "writes it ran", R, bad);
+    dt_comm_destroy(c);
+    return dt_test_failures;
+}
+
 static int test_stress(int R, int N, const char *job, void *arg) {
     double *elapsed = arg;
     dt_comm *c = NULL;
@@ -240,6 +291,11 @@ int main(void) {
         CHECK_MSG(system(pat) != 0, "split segments of job %s left in /dev/shm", dt_test_job);
     }
     CHECK_MSG(dt_run_ranks(3, test_from_env, NULL, 60) == 0, "create from environment");
+    order_arg *oa = dt_test_shared(sizeof *oa);
+    for (int n = 2; n <= 4; n++) {
+        oa->issued = 0;
+        CHECK_MSG(dt_run_ranks(n, test_issue_order, oa, 60) == 0, "issue order of overlapping ops, %d ranks", n);
+    }
     double *elapsed = dt_test_shared(sizeof(double));
     CHECK_MSG(dt_run_ranks(8, test_stress, elapsed, 60) == 0, "stress");
     printf("8 ranks x 1000 allreduces of 16 floats: %.2f s (%.1f us each)\n", *elapsed, *elapsed * 1e3);

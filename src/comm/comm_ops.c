@@ -45,12 +45,32 @@ static dt_request make(dt_comm *c, dt_rq_kind k, dt_coll_op op, const void *send
     return r;
 }
 
-/* private copy of an input that overlaps the output */
-static dt_status copy_input(dt_request *r, size_t bytes) {
-    r->tmp = malloc(bytes ? bytes : 1);
-    if (!r->tmp) return dt_error(DT_ENOMEM, "out of memory copying an overlapping input (%zu bytes)", bytes);
-    memcpy(r->tmp, r->send, bytes);
-    r->send = r->tmp;
+/* An input that overlaps the output: recorded here, staged by stage_input when the op runs. Doing
+ * it at issue time broke issue order: a queued non-blocking op (or one a blocking call waits for)
+ * may still write these bytes, and a memmove into recv overwrote memory that op was reducing. */
+static void copy_input(dt_request *r, size_t bytes) {
+    r->stage_bytes = bytes ? bytes : 1;
+    r->stage_dst = NULL;
+}
+
+static void move_input(dt_request *r, void *dst, size_t bytes) {
+    r->stage_bytes = bytes;
+    r->stage_dst = dst;
+}
+
+/* moves the input into place (stage_dst) or into a private copy (tmp), after every earlier op */
+static dt_status stage_input(dt_request *r) {
+    if (!r->stage_bytes) return DT_OK;
+    if (r->stage_dst) {
+        memmove(r->stage_dst, r->send, r->stage_bytes);
+        r->send = r->stage_dst;
+    } else {
+        r->tmp = malloc(r->stage_bytes);
+        if (!r->tmp) return dt_error(DT_ENOMEM, "out of memory copying an overlapping input (%zu bytes)", r->stage_bytes);
+        memcpy(r->tmp, r->send, r->stage_bytes);
+        r->send = r->tmp;
+    }
+    r->stage_bytes = 0;
     return DT_OK;
 }
 
@@ -102,6 +122,8 @@ static dt_status gatherv_bytes(dt_algo_ctx *x, const void *send, void *recv, con
 
 static dt_status coll_run(dt_comm *c, dt_request *r) {
     dt_transport *t = c->t;
+    dt_status sst = stage_input(r);
+    if (sst != DT_OK) return dt_comm_fail(c, sst);
     size_t esz = dt_dtype_size(r->dtype), bytes = r->count * esz;
     dt_coll_desc d = {.seq = ++c->seq, .op = (uint8_t)r->op, .dtype = (uint8_t)r->dtype,
                       .redop = (uint8_t)r->redop, .root = r->root, .count = r->count};
@@ -173,11 +195,8 @@ static dt_status allreduce(dt_comm *c, const void *send, void *recv, size_t coun
     size_t bytes = count * dt_dtype_size(t);
     DT_TRY(need(fn, "send", send, bytes));
     DT_TRY(need(fn, "recv", recv, bytes));
-    if (send != recv && overlap(send, bytes, recv, bytes)) {
-        memmove(recv, send, bytes);
-        send = recv;
-    }
     dt_request r = make(c, RQ_COLL, DT_COLL_ALLREDUCE, send, recv, count, t, op, -1);
+    if (send != recv && overlap(send, bytes, recv, bytes)) move_input(&r, recv, bytes);
     return dispatch(c, &r, nb);
 }
 
@@ -210,7 +229,7 @@ dt_status dt_comm_reduce(dt_comm *c, const void *send, void *recv, size_t count,
     DT_TRY(need("dt_comm_reduce", "send", send, bytes));
     if (c->rank == root) DT_TRY(need("dt_comm_reduce", "recv (on root)", recv, bytes));
     dt_request r = make(c, RQ_COLL, DT_COLL_REDUCE, send, recv, count, t, op, root);
-    if (c->rank == root && send != recv && overlap(send, bytes, recv, bytes)) DT_TRY(copy_input(&r, bytes));
+    if (c->rank == root && send != recv && overlap(send, bytes, recv, bytes)) copy_input(&r, bytes);
     return dispatch(c, &r, NULL);
 }
 
@@ -222,11 +241,8 @@ static dt_status allgather(dt_comm *c, const void *send, void *recv, size_t coun
     DT_TRY(need(fn, "send", send, bytes));
     DT_TRY(need(fn, "recv", recv, bytes * (size_t)c->size));
     if (send == recv) send = own;
-    if (send != own && overlap(send, bytes, recv, bytes * (size_t)c->size)) {
-        memmove(own, send, bytes);
-        send = own;
-    }
     dt_request r = make(c, RQ_COLL, DT_COLL_ALLGATHER, send, recv, count, t, DT_OP_SUM, -1);
+    if (send != own && overlap(send, bytes, recv, bytes * (size_t)c->size)) move_input(&r, own, bytes);
     return dispatch(c, &r, nb);
 }
 
@@ -258,10 +274,8 @@ dt_status dt_comm_allgatherv(dt_comm *c, const void *send, void *recv, const siz
     dt_request r = make(c, RQ_COLL, DT_COLL_ALLGATHERV, send, recv, counts[c->rank], t, DT_OP_SUM, -1);
     r.counts = counts;
     r.displs = packed;
-    if (st == DT_OK && send != own && overlap(send, counts[c->rank] * esz, recv, end * esz)) {
-        memmove(own, send, counts[c->rank] * esz);
-        r.send = own;
-    }
+    if (st == DT_OK && send != own && overlap(send, counts[c->rank] * esz, recv, end * esz))
+        move_input(&r, own, counts[c->rank] * esz);
     if (st == DT_OK) st = dispatch(c, &r, NULL);
     free(packed);
     return st;
@@ -275,7 +289,7 @@ static dt_status reduce_scatter(dt_comm *c, const void *send, void *recv, size_t
     DT_TRY(need(fn, "send", send, all));
     DT_TRY(need(fn, "recv", recv, bytes));
     dt_request r = make(c, RQ_COLL, DT_COLL_REDUCE_SCATTER, send, recv, count, t, op, -1);
-    if (send != recv && overlap(send, all, recv, bytes)) DT_TRY(copy_input(&r, all));
+    if (send != recv && overlap(send, all, recv, bytes)) copy_input(&r, all);
     return dispatch(c, &r, nb);
 }
 
@@ -294,7 +308,7 @@ dt_status dt_comm_gather(dt_comm *c, const void *send, void *recv, size_t count,
     if (c->rank == root) DT_TRY(need("dt_comm_gather", "recv (on root)", recv, all));
     dt_request r = make(c, RQ_COLL, DT_COLL_GATHER, send, recv, count, t, DT_OP_SUM, root);
     if (c->rank == root && send != (unsigned char *)recv + (size_t)root * bytes && overlap(send, bytes, recv, all))
-        DT_TRY(copy_input(&r, bytes));
+        copy_input(&r, bytes);
     return dispatch(c, &r, NULL);
 }
 
@@ -305,7 +319,7 @@ dt_status dt_comm_scatter(dt_comm *c, const void *send, void *recv, size_t count
     DT_TRY(need("dt_comm_scatter", "recv", recv, bytes));
     dt_request r = make(c, RQ_COLL, DT_COLL_SCATTER, send, recv, count, t, DT_OP_SUM, root);
     if (c->rank == root && recv != (const unsigned char *)send + (size_t)root * bytes && overlap(send, all, recv, bytes))
-        DT_TRY(copy_input(&r, all));
+        copy_input(&r, all);
     return dispatch(c, &r, NULL);
 }
 
@@ -315,7 +329,7 @@ dt_status dt_comm_alltoall(dt_comm *c, const void *send, void *recv, size_t coun
     DT_TRY(need("dt_comm_alltoall", "send", send, all));
     DT_TRY(need("dt_comm_alltoall", "recv", recv, all));
     dt_request r = make(c, RQ_COLL, DT_COLL_ALLTOALL, send, recv, count, t, DT_OP_SUM, -1);
-    if (overlap(send, all, recv, all)) DT_TRY(copy_input(&r, all));
+    if (overlap(send, all, recv, all)) copy_input(&r, all);
     return dispatch(c, &r, NULL);
 }
 
