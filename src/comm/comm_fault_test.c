@@ -176,6 +176,30 @@ static int p2p_size_rank(int R, int N, const char *job, void *arg) {
     return dt_test_failures;
 }
 
+/* A peer that did its part of the last collective and then left is no failure: rank 0 waits for
+ * rank 1 (which joins 100 ms late), and a test knob holds rank 0 for 600 ms between its look at
+ * the phases and its liveness checks; meanwhile rank 1 finishes the allreduce, destroys its
+ * communicator and exits. Rank 0 must see the result, not "rank 1 left". */
+static int left_after_done_rank(int R, int N, const char *job, void *arg) {
+    volatile int *entered = arg;
+    if (R == 0) setenv("DTRAIN_SHM_TEST_CHECK_DELAY_MS", "600", 1);
+    dt_comm *c = NULL;
+    CHECK_OK(dt_test_comm(&c, R, N, job, DT_ALGO_AUTO, 30));
+    if (!c) return 1;
+    int64_t v = R + 1, sum = 0;
+    CHECK_OK(dt_comm_allreduce(c, &v, &sum, 1, DT_I64, DT_OP_SUM)); /* both attached and running */
+    if (R == 0) *entered = 1;
+    else {
+        for (int k = 0; k < 10000 && !*entered; k++) usleep(1000);
+        usleep(100000);
+    }
+    dt_status st = dt_comm_allreduce(c, &v, &sum, 1, DT_I64, DT_OP_MAX);
+    CHECK_MSG(st == DT_OK, "rank %d: %s", R, dt_last_error());
+    CHECK(sum == N);
+    dt_comm_destroy(c);
+    return dt_test_failures;
+}
+
 int main(void) {
     run_kill(4, 2);
     run_kill(3, 0);
@@ -186,6 +210,8 @@ int main(void) {
     CHECK_MSG(dt_run_ranks(2, count_mismatch_rank, NULL, 30) == 0, "count mismatch");
     CHECK_MSG(dt_run_ranks(2, timeout_rank, NULL, 30) == 0, "timeout");
     CHECK_MSG(dt_run_ranks(3, left_rank, NULL, 30) == 0, "rank left");
+    volatile int *entered = dt_test_shared(sizeof *entered);
+    CHECK_MSG(dt_run_ranks(2, left_after_done_rank, (void *)entered, 30) == 0, "a peer that left after its part");
     CHECK_MSG(dt_run_ranks(2, p2p_size_rank, NULL, 30) == 0, "p2p size mismatch");
     CHECK(dt_test_shm_gone(dt_test_job));
     /* a stale segment with the job's name is reported, and dt_comm_shm_cleanup removes it */

@@ -108,6 +108,7 @@ typedef struct {
     double spin_s;
     int yields;
     double next_check;
+    double check_delay_s;            /* DTRAIN_SHM_TEST_CHECK_DELAY_MS: tests widen the poll -> slow check gap */
     int waiting_on;                  /* peer the current wait needs, for timeout messages */
     const dt_treq *what_req;         /* user request being waited for (names it in errors) */
     char job[216];
