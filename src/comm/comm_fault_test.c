@@ -70,8 +70,8 @@ static void run_kill(int n, int victim) {
     if (runner == 0) _exit(dt_run_ranks(n, kill_rank_wrapper, kc, 60) == 1 ? 0 : 1);
     while (__atomic_load_n(&kc->started, __ATOMIC_SEQ_CST) < n) usleep(1000);
     usleep(300000); /* let them run collectives for a while */
+    kc->ks.kill_time = dt_now(); /* before the kill: a rank may notice it before the next line runs */
     kill(kc->pids[victim], SIGKILL);
-    kc->ks.kill_time = dt_now();
     int st = 0;
     waitpid(runner, &st, 0);
     CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 0, "kill -9 with %d ranks: a live rank failed", n);
