@@ -100,6 +100,15 @@ static void test_ddp(void) {
     double d = m == n ? dt_test_maxdiff(g_ref, g_got, n) : 1e9;
     printf("gpt ddp: %zu params, max |1 worker x 8 - 2 workers x 4| = %.3g after 30 AdamW steps\n", n, d);
     CHECK_MSG(m == n && d < 2e-5, "max diff %g", d);
+    /* and with --grad-accum 2 (micro-batches of 2): the allreduce sees the finished sum only */
+    run_cfg acc = {.strategy = "ddp(bucket_mb=0.01)", .batch = 2, .accum = 2, .steps = 30};
+    snprintf(path, sizeof path, "%s/ddpacc", g_dir);
+    snprintf(job, sizeof job, "gptddpacc%d", (int)getpid());
+    CHECK(run_ranks(2, &acc, path, job) == 0);
+    m = read_params(path, g_got);
+    d = m == n ? dt_test_maxdiff(g_ref, g_got, n) : 1e9;
+    printf("gpt ddp + grad-accum: max |1 worker x 8 - 2 workers x 2 micro-batches of 2| = %.3g\n", d);
+    CHECK_MSG(m == n && d < 2e-5, "max diff %g", d);
 }
 
 static void test_grad_accum(void) {
