@@ -153,6 +153,7 @@ static dt_status layout(dt_model *m) {
     if (!(m->last_user = calloc(m->ntensors > 0 ? (size_t)m->ntensors : 1u, sizeof(int))))
         return dt_error(DT_ENOMEM, "model: out of memory");
     for (int t = 0; t < m->ntensors; t++) m->last_user[t] = -1;
+    for (int k = 0; k < m->ninputs; k++) m->first_reader[k] = m->n;
     for (int i = 0; i < m->n; i++) {
         dt_node *n = &m->nodes[i];
         bool has_params = false;
@@ -161,7 +162,11 @@ static dt_status layout(dt_model *m) {
             has_params |= !m->tensors[n->tensor[k]].is_buffer;
         }
         n->needs_grad = has_params;
-        for (int j = 0; j < n->nin; j++) n->needs_grad |= m->nodes[n->in[j]].needs_grad;
+        for (int j = 0; j < n->nin; j++) {
+            const dt_node *in = &m->nodes[n->in[j]];
+            n->needs_grad |= in->needs_grad;
+            if (in->input_index >= 0 && m->first_reader[in->input_index] > i) m->first_reader[in->input_index] = i;
+        }
         int shared = 0;
         for (int j = 0; j < n->nin; j++) shared += m->nodes[n->in[j]].consumers > 1 || (j && n->in[j] == n->in[0]);
         if (shared > m->nscratch) m->nscratch = shared;

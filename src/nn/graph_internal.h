@@ -77,6 +77,7 @@ struct dt_model {
     char errmsg[512];
     bool finished;
     int inputs[DT_GRAPH_MAX_INPUTS], ninputs;
+    int first_reader[DT_GRAPH_MAX_INPUTS];  /* per input: the first node that reads it (n: none) */
     int output, loss;
     char spec[1024];
     dt_param_info *tensors;

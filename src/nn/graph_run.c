@@ -74,15 +74,12 @@ static dt_run_ctx run_ctx(const dt_model *m) {
                         .work = m->work};
 }
 
-/* Forward of nodes [lo, hi); input nodes take their fed memory, aliases their input's. */
-static dt_status forward_range(dt_model *m, int lo, int hi, const void *const *feed) {
+/* Forward of nodes [lo, hi); input nodes hold their fed memory (bind_feed), aliases their input's. */
+static dt_status forward_range(dt_model *m, int lo, int hi) {
     const dt_run_ctx c = run_ctx(m);
     for (int i = lo; i < hi; i++) {
         dt_node *n = &m->nodes[i];
-        if (n->input_index >= 0) {
-            if (feed) n->out = (float *)feed[n->input_index];
-            continue;
-        }
+        if (n->input_index >= 0) continue;
         if (m->before_forward) m->before_forward(m->hook_ctx, i);
         if (n->alias) {
             n->out = owner(m, n)->out;
@@ -94,7 +91,13 @@ static dt_status forward_range(dt_model *m, int lo, int hi, const void *const *f
     return DT_OK;
 }
 
-static dt_status begin(dt_model *m, int B, bool train, uint64_t step) {
+/* Points input 0 at f->x and input 1 at f->y (NULL: not fed). */
+static void bind_feed(dt_model *m, const dt_feed *f) {
+    const void *feed[2] = {f->x, f->y};
+    for (int k = 0; k < m->ninputs && k < 2; k++) m->nodes[m->inputs[k]].out = (float *)feed[k];
+}
+
+dt_status dt_model_prepare(dt_model *m, int B, bool train, uint64_t step) {
     if (!m->finished) return dt_error(DT_EINVAL, "model: dt_graph_finish was not called");
     if (B <= 0) return dt_error(DT_EINVAL, "model forward: batch %d must be positive", B);
     DT_TRY(ensure_batch(m, B));
@@ -104,18 +107,15 @@ static dt_status begin(dt_model *m, int B, bool train, uint64_t step) {
 
 dt_status dt_model_run(dt_model *m, const dt_feed *f, bool train, uint64_t step, float *loss) {
     if (loss) *loss = NAN;
-    DT_TRY(begin(m, f->n, train, step));
-    const void *feed[DT_GRAPH_MAX_INPUTS] = {f->x, f->y};
-    bool with_loss = m->loss >= 0 && f->y;
-    int hi = with_loss ? m->loss + 1 : m->output + 1;
-    for (int i = 0; i < hi; i++)  /* a node that reads an input the feed does not carry */
-        for (int j = 0; j < m->nodes[i].nin; j++) {
-            const dt_node *in = &m->nodes[m->nodes[i].in[j]];
-            if (in->input_index >= 2 || (in->input_index == 1 && !with_loss))
-                return dt_error(DT_EINVAL, "model: node '%s' reads input '%s', which is not fed", m->nodes[i].name,
-                                in->name);
-        }
-    DT_TRY(forward_range(m, 0, hi, feed));
+    DT_TRY(dt_model_prepare(m, f->n, train, step));
+    const bool with_loss = m->loss >= 0 && f->y;
+    const int hi = with_loss ? m->loss + 1 : m->output + 1;
+    for (int k = with_loss ? 2 : 1; k < m->ninputs; k++)  /* an input the feed does not carry, read below hi */
+        if (m->first_reader[k] < hi)
+            return dt_error(DT_EINVAL, "model: node '%s' reads input '%s', which is not fed",
+                            m->nodes[m->first_reader[k]].name, m->nodes[m->inputs[k]].name);
+    bind_feed(m, f);
+    DT_TRY(forward_range(m, 0, hi));
     if (with_loss && loss) *loss = m->nodes[m->loss].loss;
     return DT_OK;
 }
@@ -128,8 +128,6 @@ dt_status dt_model_forward(dt_model *m, const float *x, int B, bool train, uint6
     *out = dt_model_output(m);
     return DT_OK;
 }
-
-dt_status dt_model_prepare(dt_model *m, int B, bool train, uint64_t step) { return begin(m, B, train, step); }
 
 int dt_model_cut_inputs(const dt_model *m, int k, int *nodes, int cap) {
     int n = 0;
@@ -154,9 +152,8 @@ dt_status dt_model_forward_nodes(dt_model *m, const dt_feed *f, int lo, int hi) 
     if (lo < 0 || hi > m->n || lo > hi) return dt_error(DT_EINVAL, "model: node range [%d, %d) of %d", lo, hi, m->n);
     if (m->cap_B == 0 || f->n != m->B)
         return dt_error(DT_EINVAL, "model: forward_nodes of %d samples after dt_model_prepare of %d", f->n, m->B);
-    const void *feed[DT_GRAPH_MAX_INPUTS] = {f->x, f->y};
-    for (int k = 0; k < m->ninputs && k < 2; k++) m->nodes[m->inputs[k]].out = (float *)feed[k];
-    return forward_range(m, lo, hi, NULL);
+    bind_feed(m, f);
+    return forward_range(m, lo, hi);
 }
 
 /* Reports the tensors of node i whose last user it is, merging contiguous ranges. */
