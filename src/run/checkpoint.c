@@ -31,12 +31,37 @@ static dt_status meta_f32(dt_st_writer *w, const char *key, float v) {
  * slices of a sharded tensor are assembled into a buffer of their own (kept until the write),
  * and every tensor must be whole by the end. */
 typedef struct {
+    char *name;
+    float *data;           /* the whole tensor, assembled from its slices */
+    size_t have, numel;    /* elements filled so far, of numel */
+} assembled;
+
+typedef struct {
     dt_st_writer *w;
-    float **bufs;          /* assembled tensors */
-    char **names;
-    size_t *have, *numel;  /* elements filled so far */
+    assembled *t;
     int n, cap;
 } write_ctx;
+
+/* The assembly buffer of tensor p->name, made (and given to the writer) on its first slice. */
+static dt_status assembly_of(write_ctx *c, const dt_state_piece *p, assembled **out) {
+    for (int i = 0; i < c->n; i++)
+        if (!strcmp(c->t[i].name, p->name)) return *out = &c->t[i], DT_OK;
+    if (c->n == c->cap) {
+        int cap = c->cap ? 2 * c->cap : 16;
+        assembled *t = realloc(c->t, sizeof *t * (size_t)cap);
+        if (!t) return dt_error(DT_ENOMEM, "checkpoint: out of memory");
+        c->t = t, c->cap = cap;
+    }
+    assembled *a = &c->t[c->n];
+    *a = (assembled){.name = strdup(p->name), .data = calloc(p->numel ? p->numel : 1, sizeof(float)), .numel = p->numel};
+    if (!a->name || !a->data) {
+        free(a->name), free(a->data);
+        return dt_error(DT_ENOMEM, "checkpoint: out of memory");
+    }
+    c->n++;
+    *out = a;
+    return dt_st_writer_add(c->w, p->name, DT_F32, p->ndim, p->shape, a->data);
+}
 
 static dt_status add_piece(void *ctx, const dt_state_piece *p) {
     write_ctx *c = ctx;
@@ -48,37 +73,16 @@ static dt_status add_piece(void *ctx, const dt_state_piece *p) {
     if (p->offset + p->buf.count > p->numel)
         return dt_error(DT_EINTERNAL, "checkpoint: piece [%zu, %zu) of '%s' exceeds its %zu elements", p->offset,
                         p->offset + p->buf.count, p->name, p->numel);
-    int i = 0;
-    while (i < c->n && strcmp(c->names[i], p->name) != 0) i++;
-    if (i == c->n) {
-        if (c->n == c->cap) {
-            int cap = c->cap ? 2 * c->cap : 16;
-            float **b = realloc(c->bufs, sizeof *b * (size_t)cap);
-            if (b) c->bufs = b;
-            char **nm = realloc(c->names, sizeof *nm * (size_t)cap);
-            if (nm) c->names = nm;
-            size_t *h = realloc(c->have, sizeof *h * (size_t)cap);
-            if (h) c->have = h;
-            size_t *ne = realloc(c->numel, sizeof *ne * (size_t)cap);
-            if (ne) c->numel = ne;
-            if (!b || !nm || !h || !ne) return dt_error(DT_ENOMEM, "checkpoint: out of memory");
-            c->cap = cap;
-        }
-        c->bufs[i] = calloc(p->numel ? p->numel : 1, sizeof(float));
-        c->names[i] = strdup(p->name);
-        c->have[i] = 0, c->numel[i] = p->numel;
-        c->n++;
-        if (!c->bufs[i] || !c->names[i]) return dt_error(DT_ENOMEM, "checkpoint: out of memory");
-        DT_TRY(dt_st_writer_add(c->w, p->name, DT_F32, p->ndim, p->shape, c->bufs[i]));
-    }
-    memcpy(c->bufs[i] + p->offset, p->buf.data, p->buf.count * sizeof(float));
-    c->have[i] += p->buf.count;
+    assembled *a = NULL;
+    DT_TRY(assembly_of(c, p, &a));
+    memcpy(a->data + p->offset, p->buf.data, p->buf.count * sizeof(float));
+    a->have += p->buf.count;
     return DT_OK;
 }
 
 static void write_ctx_free(write_ctx *c) {
-    for (int i = 0; i < c->n; i++) free(c->bufs[i]), free(c->names[i]);
-    free(c->bufs), free(c->names), free(c->have), free(c->numel);
+    for (int i = 0; i < c->n; i++) free(c->t[i].name), free(c->t[i].data);
+    free(c->t);
 }
 
 /* Writes the state visit(src) yields, with the optimizer's metadata when o != NULL. */
@@ -89,9 +93,9 @@ static dt_status write_state(const char *path, dt_status (*visit)(void *src, dt_
     dt_st_writer *w = c.w;
     dt_status s = visit(src, add_piece, &c);
     for (int i = 0; s == DT_OK && i < c.n; i++)
-        if (c.have[i] != c.numel[i])
+        if (c.t[i].have != c.t[i].numel)
             s = dt_error(DT_EINTERNAL, "checkpoint: the pieces of '%s' cover %zu of its %zu elements (this rank does "
-                                       "not hold the whole tensor)", c.names[i], c.have[i], c.numel[i]);
+                                       "not hold the whole tensor)", c.t[i].name, c.t[i].have, c.t[i].numel);
     char shape[64], seed[32];
     snprintf(shape, sizeof shape, "%d,%d,%d", info->C, info->H, info->W);
     snprintf(seed, sizeof seed, "%" PRIu64, info->seed);
