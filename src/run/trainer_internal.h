@@ -1,6 +1,6 @@
-/* Internals of the trainer shared by its three files: trainer.c (set-up, resume, evaluation,
- * checkpoints), train_loop.c (steps, epochs, stopping, ps serving) and train_report.c (metrics
- * lines and the timeline). Not part of the public API. */
+/* Internals of the trainer shared by its files: trainer.c (set-up, resume, checkpoints),
+ * evaluate.c (evaluation, dtrain eval), train_loop.c (steps, epochs, stopping, ps serving) and
+ * train_report.c (metrics lines and the timeline). Not part of the public API. */
 #ifndef DT_RUN_TRAINER_INTERNAL_H
 #define DT_RUN_TRAINER_INTERNAL_H
 
@@ -55,6 +55,10 @@ static inline size_t dt_trainer_epoch_len(const dt_trainer *t) {
 static inline int dt_trainer_step_batch(const dt_trainer *t) {
     return t->cfg.batch * (t->cfg.grad_accum > 1 ? t->cfg.grad_accum : 1);
 }
+/* Opens --data for model `spec`: a text corpus (text:FILE, kjv) as windows of the GPT's context
+ * with the last val_fraction as the test set, else an image/CSV data set. */
+dt_status dt_trainer_open_data(const char *data, const char *spec, double val_fraction, dt_dataset **train,
+                               dt_dataset **test);
 /* Passes a note to cfg.on_note on rank 0 (printf-style). */
 void dt_trainer_note(const dt_trainer *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Rank 0 writes checkpoint_dir/ckpt-<step> and prunes to --keep; every rank restarts its timer. */
