@@ -101,4 +101,24 @@ static inline const dt_fx_entry *dt_fx_find(const dt_fx *f, const char *name) {
     return NULL;
 }
 
+/* Defines entry(fmt, ...) for a test over fixture `fx`: the entry by printf-style name; a missing
+ * one means the fixture and the test disagree: a failed check, and test `test` ends (needs
+ * core/test.h and <stdarg.h>). FX/FXI/FXN give its f32 data, i32 data and value count. */
+#define DT_FX_DEFINE_ENTRY(fx, test)                                                              \
+    static const dt_fx_entry *entry(const char *fmt, ...) __attribute__((format(printf, 1, 2))); \
+    static const dt_fx_entry *entry(const char *fmt, ...) {                                      \
+        char name_[128];                                                                         \
+        va_list ap_;                                                                             \
+        va_start(ap_, fmt);                                                                      \
+        vsnprintf(name_, sizeof name_, fmt, ap_);                                                \
+        va_end(ap_);                                                                             \
+        const dt_fx_entry *e_ = dt_fx_find(&(fx), name_);                                        \
+        CHECK_MSG(e_ != NULL, "%s: no entry '%s' (regenerate with `make fixtures`)", (fx).path, name_); \
+        if (!e_) exit(dt_test_summary(test));                                                    \
+        return e_;                                                                               \
+    }
+#define FX(...) ((const float *)entry(__VA_ARGS__)->data)
+#define FXI(...) ((const int32_t *)entry(__VA_ARGS__)->data)
+#define FXN(...) (entry(__VA_ARGS__)->n)
+
 #endif

@@ -15,23 +15,7 @@
 
 static dt_fx g_fx;
 
-/* Fixture entry by printf-style name. A missing entry means the fixtures and this test disagree:
- * report it and stop. */
-static const dt_fx_entry *entry(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static const dt_fx_entry *entry(const char *fmt, ...) {
-    char name[128];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(name, sizeof name, fmt, ap);
-    va_end(ap);
-    const dt_fx_entry *e = dt_fx_find(&g_fx, name);
-    CHECK_MSG(e != NULL, "%s: no entry '%s' (regenerate with `make fixtures`)", g_fx.path, name);
-    if (!e) exit(dt_test_summary("ref_test"));
-    return e;
-}
-#define FX(...) ((const float *)entry(__VA_ARGS__)->data)
-#define FXI(...) ((const int32_t *)entry(__VA_ARGS__)->data)
-#define FXN(...) (entry(__VA_ARGS__)->n)
+DT_FX_DEFINE_ENTRY(g_fx, "ref_test")
 
 /* Max |got - ref| relative to max(max|ref|, floor) (1 if both are 0); must be <= tol. The floor
  * is for tensors whose true value is ~0 (e.g. the bias gradient of a conv before batchnorm). */
