@@ -166,6 +166,8 @@ typedef struct {
     const void *y;
     int n;
 } dt_feed;
+/* Bytes of one fed value (f32 or int32 alike): sample i of x starts at i * in_size * this. */
+#define DT_FEED_VALUE_BYTES 4
 
 /* Runs the forward pass of every node on f (the loss too when f->y is set and the graph has
  * one); train selects batchnorm batch statistics and active dropout; step keys dropout masks

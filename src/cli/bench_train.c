@@ -47,8 +47,8 @@ static dt_status bench_model(const bench_case *bc, double *sps, double *gflops) 
     dt_status s = dt_optim_create(&o, &oc, dt_model_num_params(m));
     enum { NB = 8 };
     const int B = bc->batch, V = dt_model_classes(m), in = dt_model_in_size(m), ny = dt_model_input_values(m, 1);
-    void *x = dt_alloc((size_t)NB * B * in * 4);
-    int32_t *y = dt_alloc((size_t)NB * B * ny * 4);
+    void *x = dt_alloc((size_t)NB * B * in * DT_FEED_VALUE_BYTES);
+    int32_t *y = dt_alloc((size_t)NB * B * ny * sizeof(int32_t));
     if (s == DT_OK && (!x || !y)) s = dt_error(DT_ENOMEM, "bench: out of memory");
     if (s == DT_OK) {
         if (tokens)
@@ -62,7 +62,7 @@ static dt_status bench_model(const bench_case *bc, double *sps, double *gflops) 
     double t0 = 0, t = 0;
     for (int64_t i = 0; s == DT_OK; i++) {
         if (i == 3) t0 = dt_now();
-        dt_feed f = {.x = (const char *)x + (size_t)(i % NB) * B * in * 4, .y = y + (size_t)(i % NB) * B * ny, .n = B};
+        dt_feed f = {.x = (const char *)x + (size_t)(i % NB) * B * in * DT_FEED_VALUE_BYTES, .y = y + (size_t)(i % NB) * B * ny, .n = B};
         float loss;
         if ((s = dt_model_run(m, &f, true, (uint64_t)i, &loss)) != DT_OK) break;
         dt_model_zero_grad(m);

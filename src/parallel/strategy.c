@@ -83,7 +83,8 @@ dt_status dt_strategy_verify_replicas(dt_comm *comm, dt_model *m) {
 /* Micro-batch k of the feed: samples [k*n/accum, (k+1)*n/accum). */
 static dt_feed micro_batch(const dt_model *m, const dt_feed *f, int k, int accum) {
     const int lo = (int)((int64_t)f->n * k / accum), hi = (int)((int64_t)f->n * (k + 1) / accum);
-    const size_t xs = (size_t)dt_model_input_values(m, 0) * 4, ys = (size_t)dt_model_input_values(m, 1) * 4;
+    const size_t xs = (size_t)dt_model_input_values(m, 0) * DT_FEED_VALUE_BYTES,
+                 ys = (size_t)dt_model_input_values(m, 1) * DT_FEED_VALUE_BYTES;
     return (dt_feed){.x = (const char *)f->x + (size_t)lo * xs, .y = f->y ? (const char *)f->y + (size_t)lo * ys : NULL,
                      .n = hi - lo};
 }
