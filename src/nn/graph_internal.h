@@ -63,6 +63,8 @@ struct dt_op {
     size_t (*saved_bytes)(const dt_model *m, const dt_node *n, int B);  /* NULL: none */
     size_t (*workspace)(const dt_model *m, const dt_node *n, int B);    /* floats; NULL: none */
     void (*init)(dt_model *m, dt_node *n, float *params, uint64_t seed);  /* NULL: zeros */
+    /* forward and backward are NULL for ops whose nodes are inputs or aliases (infer sets
+     * n->alias): the graph never runs them */
     dt_status (*forward)(dt_model *m, dt_node *n, const dt_run_ctx *c);
     /* din[j]: where input j's gradient goes (OVERWRITE), NULL when not needed. Parameter
      * gradients ACCUMULATE into c->grads. */

@@ -6,13 +6,5 @@ static dt_status input_infer(dt_model *m, dt_node *n) {
     return DT_OK;
 }
 
-static dt_status input_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
-    (void)m, (void)n, (void)c;
-    return DT_OK;
-}
-
-static void input_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float *const *din) {
-    (void)m, (void)n, (void)c, (void)din;
-}
-
-const dt_op dt_op_input = {.name = "input", .infer = input_infer, .forward = input_forward, .backward = input_backward};
+/* no forward or backward: the graph points an input node at the fed memory (bind_feed) */
+const dt_op dt_op_input = {.name = "input", .infer = input_infer};

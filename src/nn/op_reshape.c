@@ -24,17 +24,6 @@ static dt_status reshape_infer(dt_model *m, dt_node *n) {
     return DT_OK;
 }
 
-/* never called: the graph resolves aliases itself */
-static dt_status alias_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
-    (void)m, (void)n, (void)c;
-    return DT_OK;
-}
-
-static void alias_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float *const *din) {
-    (void)m, (void)n, (void)c, (void)din;
-}
-
-const dt_op dt_op_flatten = {.name = "flatten", .min_in = 1, .max_in = 1, .infer = flatten_infer,
-                             .forward = alias_forward, .backward = alias_backward};
-const dt_op dt_op_reshape = {.name = "reshape", .min_in = 1, .max_in = 1, .infer = reshape_infer,
-                             .forward = alias_forward, .backward = alias_backward};
+/* no forward or backward: an alias node's values and gradient are its input's memory (graph_run.c) */
+const dt_op dt_op_flatten = {.name = "flatten", .min_in = 1, .max_in = 1, .infer = flatten_infer};
+const dt_op dt_op_reshape = {.name = "reshape", .min_in = 1, .max_in = 1, .infer = reshape_infer};
