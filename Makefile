@@ -31,9 +31,13 @@ LIB_C    := $(filter-out $(TEST_C) $(CLI_C),$(ALL_C))
 LIB_O    := $(LIB_C:%.c=$(BUILD)/obj/%.o)
 CLI_O    := $(CLI_C:%.c=$(BUILD)/obj/%.o)
 TEST_BIN := $(patsubst %.c,$(BUILD)/tests/%,$(notdir $(TEST_C)))
+EXAMPLE_BIN := $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c))
+# the library's version (include/dtrain/dtrain.h) and its SONAME's major number
+VERSION := $(shell sed -n 's/^\#define DTRAIN_VERSION "\(.*\)"/\1/p' include/dtrain/dtrain.h)
+SOMAJOR := $(firstword $(subst ., ,$(VERSION)))
 
-.PHONY: all lib test test-unit test-asan demo clean fixtures print-ldlibs fuzz fuzz-build fuzz-bins
-all: $(BUILD)/dtrain $(BUILD)/libdtrain.a $(BUILD)/libdtrain.so $(TEST_BIN)
+.PHONY: install all lib test test-unit test-asan demo clean fixtures print-ldlibs fuzz fuzz-build fuzz-bins
+all: $(BUILD)/dtrain $(BUILD)/libdtrain.a $(BUILD)/libdtrain.so $(TEST_BIN) $(EXAMPLE_BIN)
 lib: $(BUILD)/libdtrain.a $(BUILD)/libdtrain.so
 
 $(BUILD)/obj/%.o: %.c Makefile
@@ -45,7 +49,7 @@ $(BUILD)/libdtrain.a: $(LIB_O)
 	ar rcs $@ $^
 
 $(BUILD)/libdtrain.so: $(LIB_O)
-	$(CC) -shared $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	$(CC) -shared $(LDFLAGS) -Wl,-soname,libdtrain.so.$(SOMAJOR) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/dtrain: $(CLI_O) $(BUILD)/libdtrain.a
 	$(CC) $(LDFLAGS) -o $@ $(CLI_O) $(BUILD)/libdtrain.a $(LDLIBS)
@@ -57,6 +61,28 @@ $(BUILD)/tests/$(notdir $(1:.c=)): $(BUILD)/obj/$(1:.c=.o) $(BUILD)/libdtrain.a
 	$(CC) $(LDFLAGS) -o $$@ $$< $(BUILD)/libdtrain.a $(LDLIBS)
 endef
 $(foreach t,$(TEST_C),$(eval $(call TEST_RULE,$(t))))
+
+# examples/*.c: programs of the public API (only <dtrain/...> headers), linked like an embedder's
+$(BUILD)/examples/%: examples/%.c $(BUILD)/libdtrain.a $(wildcard include/dtrain/*.h)
+	@mkdir -p $(BUILD)/examples
+	$(CC) -std=c11 -Wall -Wextra -g $(OPT) -Iinclude $(filter -fsanitize% -fno-%,$(CFLAGS)) $(LDFLAGS) -o $@ $< $(BUILD)/libdtrain.a $(LDLIBS)
+
+# make install PREFIX=/usr/local [DESTDIR=...]: the command, headers, libdtrain.a, libdtrain.so
+# (SONAME libdtrain.so.$(SOMAJOR)), dtrain.pc for pkg-config and the man page dtrain(1).
+PREFIX ?= /usr/local
+LIBDIR ?= $(PREFIX)/lib
+install: $(BUILD)/dtrain $(BUILD)/libdtrain.a $(BUILD)/libdtrain.so
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/include/dtrain $(DESTDIR)$(LIBDIR)/pkgconfig
+	install -m 755 $(BUILD)/dtrain $(DESTDIR)$(PREFIX)/bin/dtrain
+	install -m 644 include/dtrain/*.h $(DESTDIR)$(PREFIX)/include/dtrain/
+	install -m 644 $(BUILD)/libdtrain.a $(DESTDIR)$(LIBDIR)/libdtrain.a
+	install -m 755 $(BUILD)/libdtrain.so $(DESTDIR)$(LIBDIR)/libdtrain.so.$(VERSION)
+	ln -sf libdtrain.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libdtrain.so.$(SOMAJOR)
+	ln -sf libdtrain.so.$(SOMAJOR) $(DESTDIR)$(LIBDIR)/libdtrain.so
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBDIR@|$(LIBDIR)|' -e 's|@VERSION@|$(VERSION)|' \
+	    -e 's|@LIBS_PRIVATE@|$(LDLIBS)|' scripts/dtrain.pc.in > $(DESTDIR)$(LIBDIR)/pkgconfig/dtrain.pc
+	@if [ -f $(BUILD)/dtrain.1 ]; then install -d $(DESTDIR)$(PREFIX)/share/man/man1 && \
+	  install -m 644 $(BUILD)/dtrain.1 $(DESTDIR)$(PREFIX)/share/man/man1/dtrain.1; fi
 
 # The whole suite: unit tests, integration scripts (tests/*.sh), then the sanitizer subset.
 test: all

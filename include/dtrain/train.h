@@ -7,6 +7,7 @@
 #include "dtrain/comm.h"
 #include "dtrain/workers.h"
 #include "dtrain/core.h"
+#include "dtrain/data.h"
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
 
@@ -98,6 +99,10 @@ typedef struct {
     void (*on_note)(void *ctx, const char *msg);  /* checkpoints written / skipped, resume notes */
     void *cb_ctx;
     double progress_interval_s;  /* minimum seconds between on_progress calls (default 0.2) */
+    /* in-memory data sets (dt_dataset_create) instead of `data`, borrowed: they must outlive the
+     * trainer, which sets their classes to the model's and their normalisation (cfg.normalize).
+     * test_set may be NULL (no evaluation). With a communicator every rank passes the same data. */
+    dt_dataset *train_set, *test_set;
 } dt_train_config;
 
 /* A config with the defaults of the `dtrain train` command (mlp, 1 epoch, batch 32, adam 1e-3). */
@@ -111,12 +116,16 @@ typedef struct dt_trainer dt_trainer;
 dt_status dt_trainer_create(dt_trainer **t, const dt_train_config *cfg);
 void dt_trainer_free(dt_trainer *t);
 /* Runs the remaining epochs (or up to max_steps), calling the callbacks; saves to cfg->save.
+ * Collective: with a communicator every rank of the job calls it (dt_trainer_create too).
  * Once the run has reached its end, another call returns DT_OK at once. DT_EINTR: stopped by
  * cfg->stop after writing a checkpoint (the message says how to continue). */
 dt_status dt_trainer_run(dt_trainer *t);
-/* Loss and accuracy of the current model on the test set (NaN, NaN if there is none). */
+/* Loss and accuracy of the current model on the test set (NaN, NaN if there is none).
+ * Collective: with a communicator, EVERY rank of the job must call it (each evaluates its shard
+ * and the sums are allreduced); a rank calling it alone fails with DT_EPEER naming that. */
 dt_status dt_trainer_evaluate(dt_trainer *t, float *loss, float *acc);
-/* Writes a checkpoint of the current state (model, optimizer, position, config). */
+/* Writes a checkpoint of the current state (model, optimizer, position, config). Not collective:
+ * it writes what this rank holds; in a job, call it on rank 0. */
 dt_status dt_trainer_save(dt_trainer *t, const char *path);
 dt_model *dt_trainer_model(dt_trainer *t);
 int64_t dt_trainer_step(const dt_trainer *t);

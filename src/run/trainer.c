@@ -42,8 +42,10 @@ void dt_trainer_free(dt_trainer *t) {
     dt_loader_free(t->loader);
     dt_optim_free(t->optim);
     dt_model_free(t->model);
-    dt_dataset_free(t->train);
-    dt_dataset_free(t->test);
+    if (!t->borrowed_data) {
+        dt_dataset_free(t->train);
+        dt_dataset_free(t->test);
+    }
     free(t);
 }
 
@@ -242,7 +244,15 @@ static dt_status check_batch(const dt_trainer *t, int max_batch) {
 /* The data set for model `spec` and its checks against a resumed checkpoint's input shape. */
 static dt_status setup_data(dt_trainer *t, const char *spec, const char *resume, const dt_ckpt_info *info) {
     const dt_train_config *c = &t->cfg;
-    DT_TRY(dt_trainer_open_data(c->data, spec, c->val_fraction, &t->train, &t->test));
+    if (c->train_set) {
+        t->train = c->train_set, t->test = c->test_set, t->borrowed_data = true;
+        if (dt_model_spec_is_gpt(spec) != dt_dataset_is_text(t->train))
+            return dt_error(DT_EINVAL, "dt_train_config.train_set (%s) %s, but --model %s %s", c->data,
+                            dt_dataset_is_text(t->train) ? "is text" : "holds features", spec,
+                            dt_model_spec_is_gpt(spec) ? "reads token ids" : "reads features");
+    } else {
+        DT_TRY(dt_trainer_open_data(c->data, spec, c->val_fraction, &t->train, &t->test));
+    }
     dt_dataset_shape(t->train, &t->C, &t->H, &t->W);
     t->classes = dt_dataset_classes(t->train);
     if (c->normalize && dt_dataset_is_text(t->train))
@@ -372,6 +382,8 @@ dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
     dt_trainer *t = calloc(1, sizeof *t);
     if (!t) return dt_error(DT_ENOMEM, "trainer: out of memory");
     t->cfg = *cfg;
+    if (cfg->train_set)  /* data is unused: messages name the data set by its source */
+        t->cfg.data = dt_dataset_source(cfg->train_set)[0] ? dt_dataset_source(cfg->train_set) : "(in-memory data set)";
     t->lr_step = -1;
     t->t_start = dt_now();
     t->rank = cfg->comm ? dt_comm_rank(cfg->comm) : 0;
