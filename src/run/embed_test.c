@@ -5,6 +5,7 @@
 #include "core/test.h"
 #include "dtrain/launch.h"
 #include "dtrain/train.h"
+#include "dtrain/train_options.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -130,12 +131,40 @@ static void test_launch_workers(void) {
     CHECK(dt_launch_workers(0, sum_ranks, NULL, 1) == DT_EINVAL);
 }
 
+/* options by flag name: numbers, strings (owned copies), the optimizer's defaults, errors */
+static void test_options(void) {
+    dt_train_options *o = NULL;
+    CHECK_OK(dt_train_options_create(&o));
+    char model[32] = "linear(10)";
+    CHECK_OK(dt_train_options_set(o, "model", model));
+    model[0] = 'X';  /* the options hold their own copy */
+    CHECK_OK(dt_train_options_set(o, "--max_steps", "17"));
+    CHECK_OK(dt_train_options_set(o, "optimizer", "sgd"));
+    CHECK_OK(dt_train_options_set(o, "momentum", "0.5"));
+    CHECK_OK(dt_train_options_set(o, "normalize", "true"));
+    CHECK_OK(dt_train_options_set(o, "lr", "0.25"));
+    CHECK_OK(dt_train_options_set(o, "schedule", "cosine"));
+    const dt_train_config *c = dt_train_options_config(o);
+    CHECK(!strcmp(c->model, "linear(10)") && c->max_steps == 17 && c->normalize && c->lr.base_lr == 0.25f);
+    CHECK(c->optim.kind == DT_OPTIM_SGD && c->optim.momentum == 0.5f && c->lr.kind == DT_LR_COSINE);
+    CHECK(c->epochs == 1 && c->batch == 32);  /* the rest keeps dt_train_defaults */
+    CHECK(dt_train_options_set(o, "epochz", "1") == DT_EINVAL && strstr(dt_last_error(), "'epochz'") &&
+          strstr(dt_last_error(), "max-steps"));
+    CHECK(dt_train_options_set(o, "batch", "3x") == DT_EINVAL && strstr(dt_last_error(), "--batch 3x"));
+    CHECK(dt_train_options_set(o, "seed", "-1") == DT_EINVAL);
+    CHECK(dt_train_options_set(o, "optimizer", "rmsprop") == DT_EINVAL && strstr(dt_last_error(), "rmsprop"));
+    CHECK(dt_train_local(c, 0, 1) == DT_EINVAL);
+    dt_train_options_free(o);
+    dt_train_options_free(NULL);
+}
+
 int main(void) {
     snprintf(g_dir, sizeof g_dir, "/tmp/dtrain-embed-test.%d", (int)getpid());
     mkdir(g_dir, 0700);
     make_data();
     test_memory_equals_csv();
     test_launch_workers();
+    test_options();
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_dir);
