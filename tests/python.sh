@@ -63,8 +63,10 @@ pl=$($PY -c "import json,sys; print('%.4f' % json.load(open(sys.argv[1]))['loss'
 grep -q "loss $pl" <<<"$ev" && ok "evaluate() loss $pl = dtrain eval's" || bad "evaluate() loss $pl vs dtrain eval: $ev"
 
 # pip install ./python, offline, into a venv over Debian's packages; then import it from elsewhere
+# (from a copy: setuptools writes build/ and *.egg-info beside the sources)
+cp -r "$ROOT/python" "$TMP/python-src" && rm -rf "$TMP/python-src/build" "$TMP"/python-src/*.egg-info
 if $PY -m venv --system-site-packages --without-pip "$TMP/venv" 2>/dev/null; then
-  if "$TMP/venv/bin/python" -m pip install -q --no-build-isolation --no-index --no-deps "$ROOT/python" >"$TMP/pip.log" 2>&1; then
+  if "$TMP/venv/bin/python" -m pip install -q --no-build-isolation --no-index --no-deps "$TMP/python-src" >"$TMP/pip.log" 2>&1; then
     ok "pip install --no-build-isolation --no-index ./python"
     got=$(cd "$TMP" && PYTHONPATH= "$TMP/venv/bin/python" -c "import dtrain; print(dtrain.__file__); print(dtrain.train(max_steps=2).metrics[-1]['step'])" 2>&1)
     grep -q "$TMP/venv" <<<"$got" && grep -qx 2 <<<"$got" && ok "the installed package trains" || bad "installed package: $got"
