@@ -13,6 +13,7 @@ int dt_cmd_launch(int argc, char **argv);
 int dt_cmd_bench(int argc, char **argv);
 int dt_cmd_sample(int argc, char **argv);
 int dt_cmd_cache(int argc, char **argv);
+int dt_cmd_plot(int argc, char **argv);
 
 static const dt_command g_commands[] = {
     {"train", dt_cmd_train, "train a model (one process, --workers N, or one rank of a launch/mpirun job)"},
@@ -20,6 +21,7 @@ static const dt_command g_commands[] = {
     {"sample", dt_cmd_sample, "generate text with a GPT checkpoint"},
     {"launch", dt_cmd_launch, "run N local ranks of a program (rank env, prefixed output)"},
     {"bench", dt_cmd_bench, "benchmarks: train, ddp, async, fault, comm (tables + a JSON line)"},
+    {"plot", dt_cmd_plot, "draw loss, accuracy and throughput of --metrics files (PNG/SVG through gnuplot)"},
     {"cache", dt_cmd_cache, "the shared decoded data-set cache: ls (list your files), clear (remove them)"},
     {NULL, NULL, NULL},
 };
