@@ -37,7 +37,7 @@ VERSION := $(shell sed -n 's/^\#define DTRAIN_VERSION "\(.*\)"/\1/p' include/dtr
 SOMAJOR := $(firstword $(subst ., ,$(VERSION)))
 
 .PHONY: install all lib test test-unit test-asan demo clean fixtures print-ldlibs fuzz fuzz-build fuzz-bins
-all: $(BUILD)/dtrain $(BUILD)/libdtrain.a $(BUILD)/libdtrain.so $(TEST_BIN) $(EXAMPLE_BIN)
+all: $(BUILD)/dtrain $(BUILD)/libdtrain.a $(BUILD)/libdtrain.so $(TEST_BIN) $(EXAMPLE_BIN) $(BUILD)/dtrain.1
 lib: $(BUILD)/libdtrain.a $(BUILD)/libdtrain.so
 
 $(BUILD)/obj/%.o: %.c Makefile
@@ -71,8 +71,9 @@ $(BUILD)/examples/%: examples/%.c $(BUILD)/libdtrain.a $(wildcard include/dtrain
 # (SONAME libdtrain.so.$(SOMAJOR)), dtrain.pc for pkg-config and the man page dtrain(1).
 PREFIX ?= /usr/local
 LIBDIR ?= $(PREFIX)/lib
-install: $(BUILD)/dtrain $(BUILD)/libdtrain.a $(BUILD)/libdtrain.so
-	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/include/dtrain $(DESTDIR)$(LIBDIR)/pkgconfig
+install: $(BUILD)/dtrain $(BUILD)/libdtrain.a $(BUILD)/libdtrain.so $(BUILD)/dtrain.1
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/include/dtrain $(DESTDIR)$(LIBDIR)/pkgconfig \
+	  $(DESTDIR)$(PREFIX)/share/man/man1
 	install -m 755 $(BUILD)/dtrain $(DESTDIR)$(PREFIX)/bin/dtrain
 	install -m 644 include/dtrain/*.h $(DESTDIR)$(PREFIX)/include/dtrain/
 	install -m 644 $(BUILD)/libdtrain.a $(DESTDIR)$(LIBDIR)/libdtrain.a
@@ -81,8 +82,11 @@ install: $(BUILD)/dtrain $(BUILD)/libdtrain.a $(BUILD)/libdtrain.so
 	ln -sf libdtrain.so.$(SOMAJOR) $(DESTDIR)$(LIBDIR)/libdtrain.so
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBDIR@|$(LIBDIR)|' -e 's|@VERSION@|$(VERSION)|' \
 	    -e 's|@LIBS_PRIVATE@|$(LDLIBS)|' scripts/dtrain.pc.in > $(DESTDIR)$(LIBDIR)/pkgconfig/dtrain.pc
-	@if [ -f $(BUILD)/dtrain.1 ]; then install -d $(DESTDIR)$(PREFIX)/share/man/man1 && \
-	  install -m 644 $(BUILD)/dtrain.1 $(DESTDIR)$(PREFIX)/share/man/man1/dtrain.1; fi
+	install -m 644 $(BUILD)/dtrain.1 $(DESTDIR)$(PREFIX)/share/man/man1/dtrain.1
+
+# the manual page, made by the command from its own flag tables (tests/man.sh checks it)
+$(BUILD)/dtrain.1: $(BUILD)/dtrain
+	DTRAIN_BLAS_REEXEC=0 $(BUILD)/dtrain man -o $@
 
 # The whole suite: unit tests, integration scripts (tests/*.sh), then the sanitizer subset.
 test: all

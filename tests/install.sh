@@ -9,7 +9,8 @@ P="$TMP/prefix"
 SANFLAGS=""; [ -n "${DTRAIN_SANITIZED:-}" ] && SANFLAGS="-fsanitize=address,undefined"
 if make -s -C "$ROOT" BUILD="$BUILD" PREFIX="$P" install >"$TMP/install.log" 2>&1; then ok "make install PREFIX=$P"
 else bad "make install: $(tail -5 "$TMP/install.log")"; fi
-for f in bin/dtrain include/dtrain/dtrain.h include/dtrain/launch.h lib/libdtrain.a lib/libdtrain.so lib/pkgconfig/dtrain.pc; do
+for f in bin/dtrain include/dtrain/dtrain.h include/dtrain/launch.h include/dtrain/train_options.h lib/libdtrain.a lib/libdtrain.so \
+         lib/pkgconfig/dtrain.pc share/man/man1/dtrain.1; do
   [ -e "$P/$f" ] && ok "installed $f" || bad "missing $P/$f"
 done
 ver=$(sed -n 's/^#define DTRAIN_VERSION "\(.*\)"/\1/p' "$ROOT/include/dtrain/dtrain.h")

@@ -19,6 +19,8 @@ static const dt_command g_benches[] = {
     {NULL, NULL, NULL},
 };
 
+const dt_command *dt_bench_commands(void) { return g_benches; }
+
 int dt_cmd_bench(int argc, char **argv) {
     if (argc >= 2)
         for (const dt_command *b = g_benches; b->name; b++)
