@@ -15,5 +15,6 @@
 #include "dtrain/comm.h"
 #include "dtrain/launch.h"
 #include "dtrain/train_options.h"
+#include "dtrain/tensorboard.h"
 
 #endif

@@ -19,6 +19,7 @@ typedef struct {
     bool quiet, tty;
     int epochs;
     dt_epoch_info last;  /* the last finished epoch, for the closing line */
+    dt_tb_writer *tb;    /* --tensorboard (rank 0), or NULL */
 } progress_ctx;
 
 static void fmt_duration(char *buf, size_t cap, double s) {
@@ -66,6 +67,7 @@ static void on_epoch(void *ctx, const dt_epoch_info *e) {
     printf("epoch %d/%d%s: train_loss %.4f%s test_loss %.4f test_acc %.4f %.0f samples/s (%.1fs)\n", e->epoch,
            pc->epochs, part, e->train_loss, over, e->test_loss, e->test_acc, e->samples_per_s, e->epoch_s);
     fflush(stdout);
+    if (pc->tb) dt_tb_writer_epoch(pc->tb, e);  /* an error is kept and reported at the end */
 }
 
 static volatile sig_atomic_t g_stop;
@@ -182,6 +184,7 @@ static const char TRAIN_USAGE[] =
 typedef struct {
     dt_train_config cfg;
     const char *optimizer, *schedule, *backend, *elastic;
+    const char *tensorboard;
     float lr, momentum, wd, beta1, beta2, eps, gamma, min_lr, bucket_mb, timeout, ckpt_secs, val_fraction;
     int64_t seed, warmup, step_size, max_steps;
     bool nesterov, quiet, normalize;
@@ -226,6 +229,7 @@ static int parse_train_flags(int argc, char **argv, train_opts *o) {
         {"save", DT_FLAG_STR, &c->save, "FILE", "write a checkpoint (safetensors) after every epoch"},
         {"resume", DT_FLAG_STR, &c->resume, "FILE", "continue from a checkpoint (--save or --checkpoint-dir); auto = newest valid one in --checkpoint-dir"},
         {"metrics", DT_FLAG_STR, &c->metrics, "FILE", "write one JSON object per epoch (JSON Lines; appended when resuming)"},
+        {"tensorboard", DT_FLAG_STR, &o->tensorboard, "DIR", "write TensorBoard event files (scalars per epoch) into DIR"},
         {"quiet", DT_FLAG_BOOL, &o->quiet, NULL, "no progress output, only the per-epoch lines"},
         {"workers", DT_FLAG_INT, &o->workers, "N", "run N local data-parallel worker processes"},
         {"strategy", DT_FLAG_STR, &c->strategy, "SPEC", "distribution strategy: ddp (default when > 1 rank), localsgd, ps, with options: ps(servers=2,staleness=4)"},
@@ -374,6 +378,11 @@ static int run_rank(int argc, char **argv, train_opts *o, int job_ranks) {
     cfg.on_epoch = on_epoch;
     cfg.on_note = on_note;
     cfg.cb_ctx = &pc;
+    if (o->tensorboard && rank == 0 && dt_tb_writer_create(&pc.tb, o->tensorboard) != DT_OK) {
+        dt_comm_destroy(comm);
+        dt_cli_fail("give a directory you can write", "%s", dt_last_error());
+        return DT_EXIT_CONFIG;
+    }
 
     /* from here on SIGTERM/SIGINT mean: finish the step, checkpoint, exit 0 (a second one kills).
      * Set before the trainer's set-up, so a signal that arrives while this rank still loads (the
@@ -394,6 +403,7 @@ static int run_rank(int argc, char **argv, train_opts *o, int job_ranks) {
                                                                    : NULL;
         dt_comm_destroy(comm);
         dt_cli_fail(hint, "%s", dt_last_error());
+        dt_tb_writer_close(pc.tb);
         return setup_exit(s);
     }
     const int64_t first_step = dt_trainer_step(t);
@@ -403,6 +413,7 @@ static int run_rank(int argc, char **argv, train_opts *o, int job_ranks) {
     const int64_t last_step = dt_trainer_step(t);
     dt_trainer_free(t);
     dt_comm_destroy(comm);
+    if (dt_tb_writer_close(pc.tb) != DT_OK && s == DT_OK) return dt_cli_fail("check the disk", "%s", dt_last_error());
     if (s == DT_EINTR) {
         if (rank == 0) printf("dtrain: %s\n", dt_last_error());
         return 0;
