@@ -45,5 +45,15 @@ if g++ -std=c++17 -Wall -Wextra $SANFLAGS loop.cpp $(pkg-config --cflags --libs 
   have_fmnist && { out=$(LD_LIBRARY_PATH="$P/lib" ./loop-cxx 2 4 2>&1) && grep -q "workers=2 steps=4" <<<"$out" \
     && ok "the C++ build runs on 2 workers" || bad "C++ build: $out"; }
 else bad "C++ compile: $(cat "$TMP/cxx.log")"; fi
+# every installed header on its own, as C++ and as C (each includes what it needs)
+hdr_bad=""
+for h in "$P"/include/dtrain/*.h; do
+  printf '#include <dtrain/%s>\nint main(void) { return 0; }\n' "$(basename "$h")" >h.cpp
+  cp h.cpp h.c
+  g++ -std=c++17 -Wall -Wextra -Werror -fsyntax-only $(pkg-config --cflags dtrain) h.cpp 2>>"$TMP/h.log" || hdr_bad+=" $(basename "$h")(C++)"
+  cc -std=c11 -Wall -Wextra -Werror -fsyntax-only $(pkg-config --cflags dtrain) h.c 2>>"$TMP/h.log" || hdr_bad+=" $(basename "$h")(C)"
+done
+[ -z "$hdr_bad" ] && ok "each of the $(ls "$P"/include/dtrain/*.h | wc -l) headers compiles alone as C11 and C++17" \
+  || bad "headers that do not compile alone:$hdr_bad: $(head -5 "$TMP/h.log")"
 "$P/bin/dtrain" --help 2>&1 | grep -q "train" && ok "installed dtrain runs" || bad "installed dtrain --help"
 finish
