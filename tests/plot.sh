@@ -1,4 +1,5 @@
-# dtrain plot: two real runs' --metrics files drawn into PNG and SVG through gnuplot; the table it
+# dtrain plot: two real runs' --metrics files drawn into PNG and SVG through gnuplot (loss,
+# accuracy, throughput, learning rate); the table it
 # prints holds exactly the records of the files; bad input (missing file, a line that is not a
 # record, a wrong extension) is refused with the file, line or flag; without gnuplot it says how
 # to get it; a gnuplot that fails leaves no output file behind.
@@ -22,16 +23,16 @@ rows = [l.split() for l in open(sys.argv[1]) if l.split() and l.split()[0] in ("
 want = []
 for path in sys.argv[2:]:
     for rec in map(json.loads, open(path)):
-        want.append((path.split(".")[0], rec["epoch"], rec["step"], rec["train_loss"], rec["test_loss"], rec["test_acc"]))
+        want.append((path.split(".")[0], rec["epoch"], rec["step"], rec["train_loss"], rec["test_loss"], rec["test_acc"], rec["lr"]))
 ok = len(rows) == len(want) == 5 and all(r[0] == w[0] and int(r[1]) == w[1] and int(r[2]) == w[2]
          and abs(float(r[3]) - w[3]) <= 1e-5 * abs(w[3]) and abs(float(r[4]) - w[4]) <= 1e-5 * abs(w[4])
-         and abs(float(r[5]) - w[5]) <= 1e-4 for r, w in zip(rows, want))
+         and abs(float(r[5]) - w[5]) <= 1e-4 and abs(float(r[7]) - w[6]) <= 1e-3 * w[6] for r, w in zip(rows, want))
 print("table ok" if ok else "table BAD %r vs %r" % (rows, want))
 PY
 grep -q "table ok" check.txt && ok "the printed table is the files' 5 records" || bad "$(cat check.txt)"
 if $DT plot adam.jsonl sgd.jsonl -o curves.svg --x step >/dev/null 2>&1 && grep -q "<svg" curves.svg; then
   ok "plot to SVG"
-  for label in "adam train" "adam test" "sgd train" "sgd test" "test accuracy" "throughput" "step"; do
+  for label in "adam train" "adam test" "sgd train" "sgd test" "test accuracy" "throughput" "learning rate" "step"; do
     grep -q ">$label<\|$label" curves.svg && ok "the SVG shows '$label'" || bad "the SVG lacks '$label'"
   done
 else bad "plot svg: $(ls -l curves.svg 2>&1)"; fi

@@ -19,8 +19,8 @@
 
 #define MAX_RUNS 16
 #define GNUPLOT_TIMEOUT_S 120
-enum { C_EPOCH, C_STEP, C_TRAIN, C_TEST, C_ACC, C_SPS, NCOLS };
-static const char *const g_cols[NCOLS] = {"epoch", "step", "train_loss", "test_loss", "test_acc", "samples_per_s"};
+enum { C_EPOCH, C_STEP, C_TRAIN, C_TEST, C_ACC, C_SPS, C_LR, NCOLS };
+static const char *const g_cols[NCOLS] = {"epoch", "step", "train_loss", "test_loss", "test_acc", "samples_per_s", "lr"};
 
 typedef struct {
     const char *path;
@@ -31,9 +31,10 @@ typedef struct {
 
 static const char PLOT_USAGE[] =
     "Usage: dtrain plot METRICS.jsonl... -o curves.png|curves.svg [--title T] [--x epoch|step]\n\n"
-    "Draws train and test loss, test accuracy and throughput (samples/s) per epoch of one or several\n"
-    "runs from their 'dtrain train --metrics FILE' records, through gnuplot (apt-get install\n"
-    "gnuplot-nox), and prints the table it plotted. Each file is one run, named by its file name.";
+    "Draws train and test loss, test accuracy, throughput (samples/s) and the learning rate per\n"
+    "epoch of one or several runs from their 'dtrain train --metrics FILE' records, through gnuplot\n"
+    "(apt-get install gnuplot-nox), and prints the table it plotted. Each file is one run, named by\n"
+    "its file name.";
 
 /* A record's number (null -> NaN: no test set); DT_EFORMAT naming file and line if not a number. */
 static int field(const cJSON *o, int col, const char *path, int line, double *out) {
@@ -156,6 +157,7 @@ static int write_script(const plot_run *runs, int nr, const char *dir, const cha
     write_panel(f, runs, nr, dir, xcol, C_TRAIN, C_TEST, "loss (solid: train, dashed: test)", "loss");
     write_panel(f, runs, nr, dir, xcol, C_ACC, -1, "test accuracy", "accuracy");
     write_panel(f, runs, nr, dir, xcol, C_SPS, -1, "throughput", "training samples/s");
+    write_panel(f, runs, nr, dir, xcol, C_LR, -1, "learning rate (last step of the epoch)", "lr");
     fprintf(f, "unset multiplot\n");
     return fclose(f) == 0 ? 0 : dt_cli_fail(NULL, "cannot write %s: %s", sp, strerror(errno));
 }
@@ -199,13 +201,13 @@ static int run_gnuplot(const char *dir) {
 
 /* Prints the table that was plotted: one line per run and epoch. */
 static void print_table(const plot_run *runs, int nr) {
-    printf("%-20s %6s %8s %11s %11s %9s %12s\n", "run", "epoch", "step", "train_loss", "test_loss", "test_acc",
-           "samples/s");
+    printf("%-20s %6s %8s %11s %11s %9s %12s %10s\n", "run", "epoch", "step", "train_loss", "test_loss", "test_acc",
+           "samples/s", "lr");
     for (int i = 0; i < nr; i++)
         for (int j = 0; j < runs[i].n; j++) {
             const double *r = runs[i].rows[j];
-            printf("%-20s %6.0f %8.0f %11.6g %11.6g %9.4f %12.1f\n", runs[i].name, r[C_EPOCH], r[C_STEP], r[C_TRAIN],
-                   r[C_TEST], r[C_ACC], r[C_SPS]);
+            printf("%-20s %6.0f %8.0f %11.6g %11.6g %9.4f %12.1f %10.4g\n", runs[i].name, r[C_EPOCH], r[C_STEP],
+                   r[C_TRAIN], r[C_TEST], r[C_ACC], r[C_SPS], r[C_LR]);
         }
 }
 
