@@ -41,6 +41,9 @@ for title, args in want:
     nflags += len(lines)
     print(title.replace(" ", "_"), "ok" if good else "BAD\n  help: %r\n  man:  %r" % (
         [l for l in lines if l not in man_lines], [l for l in man_lines if l not in lines]))
+env = sorted(set(re.findall(r"\b[A-Z][A-Z_]+=", run("--help"))))
+envsect = plain(page.split(".SH ENVIRONMENT\n")[1].split(".SH ")[0]) if ".SH ENVIRONMENT" in page else ""
+print("environment", "ok" if env and all(v in envsect for v in env) else "BAD %r" % [v for v in env if v not in envsect])
 print("flags", "ok" if nflags >= 60 else "BAD only %d flags" % nflags, nflags)
 PY
 )
