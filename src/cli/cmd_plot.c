@@ -57,7 +57,10 @@ static int read_run(plot_run *r, const char *path) {
     char *dot = strstr(r->name, ".jsonl");
     if (dot && dot != r->name) *dot = 0;
     FILE *f = fopen(path, "r");
-    if (!f) return dt_cli_fail("give the file 'dtrain train --metrics FILE' wrote", "%s: %s", path, strerror(errno)), DT_EXIT_CONFIG;
+    if (!f) {
+        dt_cli_fail("give the file 'dtrain train --metrics FILE' wrote", "%s: %s", path, strerror(errno));
+        return DT_EXIT_CONFIG;
+    }
     char *line = NULL;
     size_t cap = 0;
     int lineno = 0, rc = 0;
@@ -65,10 +68,16 @@ static int read_run(plot_run *r, const char *path) {
         lineno++;
         if (strspn(line, " \t\r\n") == strlen(line)) continue;
         cJSON *o = cJSON_Parse(line);
+        if (cJSON_IsObject(o) && r->n == r->cap) {
+            int cap = r->cap ? 2 * r->cap : 16;
+            double(*rows)[NCOLS] = realloc(r->rows, sizeof *rows * (size_t)cap);
+            if (rows) r->rows = rows, r->cap = cap;
+        }
         if (!cJSON_IsObject(o)) {
-            rc = dt_cli_fail("each line must be one JSON object (dtrain train --metrics)", "%s:%d: not a JSON object",
-                             path, lineno) ? DT_EXIT_CONFIG : 0;
-        } else if (r->n == r->cap && !(r->rows = realloc(r->rows, sizeof *r->rows * (size_t)(r->cap = r->cap ? 2 * r->cap : 16)))) {
+            dt_cli_fail("each line must be one JSON object (dtrain train --metrics)", "%s:%d: not a JSON object", path,
+                        lineno);
+            rc = DT_EXIT_CONFIG;
+        } else if (r->n == r->cap) {
             rc = dt_cli_fail(NULL, "out of memory reading %s", path);
         } else {
             for (int c = 0; c < NCOLS && rc == 0; c++)
