@@ -1,0 +1,56 @@
+/* Which backend table new models take: a kernel library ("onednn" where built, else "blas") and a
+ * GEMM precision (fp32, bf16, fp16), chosen once per process by dt_kernels_select (--kernels,
+ * --precision). */
+#include "backend/backend.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const dt_backend *g_default;
+
+dt_status dt_backend_find(const char *kernels, dt_dtype precision, const dt_backend **out) {
+    *out = NULL;
+    if (precision != DT_F32 && precision != DT_BF16 && precision != DT_F16)
+        return dt_error(DT_EINVAL, "precision %s: use fp32, bf16 or fp16", dt_dtype_name(precision));
+    if (!strcmp(kernels, "blas")) {
+        *out = precision == DT_F32 ? dt_backend_cpu() : dt_backend_blas_lowp(precision);
+        return DT_OK;
+    }
+    if (!strcmp(kernels, "onednn")) {
+        if (!dt_onednn_built())
+            return dt_error(DT_ENOTSUP, "--kernels onednn: built without oneDNN: install libdnnl-dev and rebuild "
+                                        "(or use --kernels blas)");
+        *out = dt_backend_onednn(precision);
+        return DT_OK;
+    }
+    return dt_error(DT_EINVAL, "--kernels %s: unknown kernel library (use onednn or blas)", kernels);
+}
+
+const dt_backend *dt_backend_default(void) {
+    if (!g_default) g_default = dt_onednn_built() ? dt_backend_onednn(DT_F32) : dt_backend_cpu();
+    return g_default;
+}
+
+static const char *precision_word(dt_dtype p) { return p == DT_BF16 ? "bf16" : p == DT_F16 ? "fp16" : "fp32"; }
+
+dt_status dt_kernels_select(const char *kernels, const char *precision) {
+    const dt_backend *cur = dt_backend_default();
+    dt_dtype p = cur->precision;
+    if (precision) {
+        if (!strcmp(precision, "fp32") || !strcmp(precision, "f32")) p = DT_F32;
+        else if (!strcmp(precision, "bf16")) p = DT_BF16;
+        else if (!strcmp(precision, "fp16") || !strcmp(precision, "f16")) p = DT_F16;
+        else return dt_error(DT_EINVAL, "--precision %s: unknown precision (use fp32, bf16 or fp16)", precision);
+    }
+    const dt_backend *be;
+    DT_TRY(dt_backend_find(kernels ? kernels : cur->name, p, &be));
+    g_default = be;
+    return DT_OK;
+}
+
+const char *dt_kernels_describe(void) {
+    static _Thread_local char buf[32];
+    const dt_backend *be = dt_backend_default();
+    snprintf(buf, sizeof buf, "%s %s", be->name, precision_word(be->precision));
+    return buf;
+}
