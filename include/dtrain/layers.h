@@ -132,6 +132,9 @@ const char *dt_blas_coretype_for(const char *core, const char *env, bool avx512,
  * dt_kernels_describe: "onednn fp32" etc. of the current choice (static string). */
 dt_status dt_kernels_select(const char *kernels, const char *precision);
 const char *dt_kernels_describe(void);
+/* A one-line note when the chosen precision will be slow here (blas bf16/fp16 round then run
+ * sgemm; oneDNN 2.6 has no CPU fp16 GEMM; a CPU without AVX512-BF16 emulates bf16), else NULL. */
+const char *dt_kernels_note(void);
 
 /* ---- Initialisation (seeded, counter-based: element i uses index i of stream key) ---------- *
  * Kaiming-uniform as torch's default for Linear/Conv: U(-1/sqrt(fan_in), 1/sqrt(fan_in))

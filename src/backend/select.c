@@ -54,3 +54,18 @@ const char *dt_kernels_describe(void) {
     snprintf(buf, sizeof buf, "%s %s", be->name, precision_word(be->precision));
     return buf;
 }
+
+const char *dt_kernels_note(void) {
+    const dt_backend *be = dt_backend_default();
+    if (be->precision == DT_F32) return NULL;
+    if (!strcmp(be->name, "blas"))
+        return "blas at bf16/fp16 rounds the GEMM inputs, then runs sgemm: correct but slower than fp32 "
+               "(--kernels onednn is the fast path)";
+    if (be->precision == DT_F16)
+        return "oneDNN 2.6 has no fp16 GEMM on CPUs: inputs are rounded to fp16, then f32 oneDNN GEMMs "
+               "(correct, not faster than fp32)";
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx512bf16"))
+        return "this CPU lacks AVX512-BF16/AMX: oneDNN emulates bf16, which will be slow";
+    return NULL;
+}
