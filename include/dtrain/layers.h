@@ -135,6 +135,10 @@ const char *dt_kernels_describe(void);
 /* A one-line note when the chosen precision will be slow here (blas bf16/fp16 round then run
  * sgemm; oneDNN 2.6 has no CPU fp16 GEMM; a CPU without AVX512-BF16 emulates bf16), else NULL. */
 const char *dt_kernels_note(void);
+/* Whether oneDNN is built in; the implementations oneDNN chose on this thread so far
+ * ("matmul(f32) brg:avx512_core; conv_fwd(f32) ..."), written to buf (n bytes). */
+bool dt_kernels_onednn_built(void);
+void dt_kernels_impls(char *buf, size_t n);
 
 /* ---- Initialisation (seeded, counter-based: element i uses index i of stream key) ---------- *
  * Kaiming-uniform as torch's default for Linear/Conv: U(-1/sqrt(fan_in), 1/sqrt(fan_in))

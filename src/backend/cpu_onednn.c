@@ -42,10 +42,12 @@ dnnl_engine_t dt_dnnl_engine(void) {
 }
 
 static void entry_clear(dt_dnnl_entry *e) {
-    for (int i = 0; i < e->nargs; i++) dnnl_memory_destroy(e->args[i].memory);
-    if (e->prim) dnnl_primitive_destroy(e->prim);
+    for (int i = 0; i < e->nsteps; i++) dnnl_primitive_destroy(e->step[i].p);
+    for (int i = 0; i < e->nmem; i++) dnnl_memory_destroy(e->mem[i]);
     free(e->tmp);
+    dt_dnnl_key k = e->key;
     memset(e, 0, sizeof *e);
+    e->key = k;
 }
 
 dt_dnnl_entry *dt_dnnl_lookup(const dt_dnnl_key *k) {
@@ -65,35 +67,77 @@ dt_dnnl_entry *dt_dnnl_lookup(const dt_dnnl_key *k) {
     return e;
 }
 
-bool dt_dnnl_finish(dt_dnnl_entry *e, dnnl_primitive_desc_t pd, int nargs, const int *arg, const dnnl_memory_desc_t *md) {
-    e->used = true;
-    e->failed = true;
+dnnl_memory_t dt_dnnl_mem(dt_dnnl_entry *e, const dnnl_memory_desc_t *md, int ext) {
+    if (e->nmem == DT_DNNL_MEMS) return NULL;
+    dnnl_memory_t m;
+    if (dnnl_memory_create(&m, md, tls.eng, ext >= 0 ? DNNL_MEMORY_NONE : DNNL_MEMORY_ALLOCATE) != dnnl_success)
+        return NULL;
+    e->ext[e->nmem] = ext;
+    return e->mem[e->nmem++] = m;
+}
+
+bool dt_dnnl_step_add(dt_dnnl_entry *e, dnnl_primitive_desc_t pd, int nargs, const int *arg, const dnnl_memory_t *m,
+                      bool main) {
     if (!pd) return false;
+    bool ok = e->nsteps < DT_DNNL_STEPS;
+    for (int i = 0; i < nargs; i++) ok &= m[i] != NULL;
     const char *impl = NULL;
-    if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl)
+    if (ok && main && dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl)
         snprintf(e->impl, sizeof e->impl, "%s", impl);
-    dnnl_status_t st = dnnl_primitive_create(&e->prim, pd);
+    dt_dnnl_step *st = &e->step[e->nsteps];
+    ok = ok && dnnl_primitive_create(&st->p, pd) == dnnl_success;
     dnnl_primitive_desc_destroy(pd);
-    if (st != dnnl_success) return e->prim = NULL, false;
-    for (int i = 0; i < nargs; i++) {
-        e->args[i].arg = arg[i];
-        if (dnnl_memory_create(&e->args[i].memory, &md[i], tls.eng, DNNL_MEMORY_NONE) != dnnl_success) {
-            e->nargs = i;
-            entry_clear(e);
-            e->used = e->failed = true;
-            return false;
-        }
-        e->nargs = i + 1;
-    }
-    e->failed = false;
+    if (!ok) return false;
+    st->nargs = nargs;
+    for (int i = 0; i < nargs; i++) st->args[i] = (dnnl_exec_arg_t){arg[i], m[i]};
+    e->nsteps++;
     return true;
+}
+
+static bool reorder_step(dt_dnnl_entry *e, dnnl_memory_t from, dnnl_memory_t to) {
+    const dnnl_memory_desc_t *a, *b;
+    dnnl_primitive_desc_t pd = NULL;
+    if (dnnl_memory_get_memory_desc(from, &a) != dnnl_success || dnnl_memory_get_memory_desc(to, &b) != dnnl_success ||
+        dnnl_reorder_primitive_desc_create(&pd, a, tls.eng, b, tls.eng, NULL) != dnnl_success)
+        return false;
+    const int arg[2] = {DNNL_ARG_FROM, DNNL_ARG_TO};
+    const dnnl_memory_t m[2] = {from, to};
+    return dt_dnnl_step_add(e, pd, 2, arg, m, false);
+}
+
+dnnl_memory_t dt_dnnl_input(dt_dnnl_entry *e, const dnnl_memory_desc_t *plain, const dnnl_memory_desc_t *want, int ext) {
+    dnnl_memory_t outside = dt_dnnl_mem(e, plain, ext);
+    if (!outside || dnnl_memory_desc_equal(plain, want)) return outside;
+    dnnl_memory_t inside = dt_dnnl_mem(e, want, -1);
+    return inside && reorder_step(e, outside, inside) ? inside : NULL;
+}
+
+dnnl_memory_t dt_dnnl_output(dt_dnnl_entry *e, const dnnl_memory_desc_t *plain, const dnnl_memory_desc_t *want, int ext) {
+    dnnl_memory_t outside = dt_dnnl_mem(e, plain, ext);
+    if (!outside || dnnl_memory_desc_equal(plain, want)) return outside;
+    dnnl_memory_t inside = dt_dnnl_mem(e, want, -1);
+    if (!inside || e->npost == 3) return NULL;
+    e->post_from[e->npost] = inside, e->post_to[e->npost++] = outside;
+    return inside;
+}
+
+bool dt_dnnl_ready(dt_dnnl_entry *e, bool ok) {
+    for (int i = 0; ok && i < e->npost; i++) ok = reorder_step(e, e->post_from[i], e->post_to[i]);
+    e->used = true;
+    e->failed = !ok;
+    if (!ok) {
+        entry_clear(e);
+        e->used = e->failed = true;
+    }
+    return ok;
 }
 
 void dt_dnnl_run(dt_dnnl_entry *e, void *const *data) {
     int t = dt_get_threads();
     if (tls.threads != t) omp_set_num_threads(t), tls.threads = t;
-    for (int i = 0; i < e->nargs; i++) dnnl_memory_set_data_handle_v2(e->args[i].memory, data[i], tls.stream);
-    dnnl_primitive_execute(e->prim, tls.stream, e->nargs, e->args);
+    for (int i = 0; i < e->nmem; i++)
+        if (e->ext[i] >= 0) dnnl_memory_set_data_handle_v2(e->mem[i], data[e->ext[i]], tls.stream);
+    for (int i = 0; i < e->nsteps; i++) dnnl_primitive_execute(e->step[i].p, tls.stream, e->step[i].nargs, e->step[i].args);
     dnnl_stream_wait(tls.stream);
 }
 
@@ -194,7 +238,11 @@ static dt_dnnl_entry *mm_entry(const mm_shape *s, dt_dtype p) {
     }
     if (po) dnnl_post_ops_destroy(po);
     if (attr) dnnl_primitive_attr_destroy(attr);
-    return dt_dnnl_finish(e, pd, s->bias ? 4 : 3, arg, md) ? e : NULL;
+    const int nargs = s->bias ? 4 : 3;
+    dnnl_memory_t m[4] = {0};
+    for (int i = 0; i < nargs; i++) m[i] = dt_dnnl_mem(e, &md[i], i);
+    if (!pd) return dt_dnnl_ready(e, false), NULL;
+    return dt_dnnl_ready(e, dt_dnnl_step_add(e, pd, nargs, arg, m, true)) ? e : NULL;
 }
 
 /* A matmul ready to run at precision p: the entry, and whether the inputs go in converted

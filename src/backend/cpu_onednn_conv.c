@@ -18,16 +18,22 @@ typedef struct {
 
 static dnnl_data_type_t dnnl_type(dt_dtype p) { return p == DT_BF16 ? dnnl_bf16 : p == DT_F16 ? dnnl_f16 : dnnl_f32; }
 
-/* Memory descriptors of src, weights, dst (at the given types) and bias (f32). */
-static void conv_mds(const conv_shape *s, dnnl_data_type_t ts, dnnl_data_type_t tw, dnnl_data_type_t td,
-                     dnnl_memory_desc_t md[4]) {
-    int64_t src[4] = {s->B, s->C, s->H, s->W}, w[4] = {s->OC, s->C, s->K, s->K}, dst[4] = {s->B, s->OC, s->OH, s->OW},
-            b[1] = {s->OC};
-    md[0] = dt_dnnl_md(4, src, ts, NULL), md[1] = dt_dnnl_md(4, w, tw, NULL), md[2] = dt_dnnl_md(4, dst, td, NULL);
-    md[3] = dt_dnnl_md(1, b, dnnl_f32, NULL);
+/* The plain f32 descriptors of src (NCHW), weights (OIHW), dst (NCHW) and bias; with `any` the
+ * first three leave the layout to oneDNN at dtype dt (dst and diff_weights stay f32). */
+static void conv_mds(const conv_shape *s, bool any, dnnl_data_type_t dt, dnnl_memory_desc_t md[4]) {
+    const dnnl_dims_t src = {s->B, s->C, s->H, s->W}, w = {s->OC, s->C, s->K, s->K}, dst = {s->B, s->OC, s->OH, s->OW},
+                      b = {s->OC};
+    dnnl_memory_desc_init_by_tag(&md[0], 4, src, any ? dt : dnnl_f32, any ? dnnl_format_tag_any : dnnl_nchw);
+    dnnl_memory_desc_init_by_tag(&md[1], 4, w, any ? dt : dnnl_f32, any ? dnnl_format_tag_any : dnnl_oihw);
+    dnnl_memory_desc_init_by_tag(&md[2], 4, dst, any ? dt : dnnl_f32, any ? dnnl_format_tag_any : dnnl_nchw);
+    dnnl_memory_desc_init_by_tag(&md[3], 1, b, dnnl_f32, dnnl_x);
 }
 
-static dnnl_primitive_desc_t forward_pd(const conv_shape *s, const dnnl_memory_desc_t *md, bool bias) {
+/* The forward primitive descriptor (dst f32), NULL when oneDNN has none. */
+static dnnl_primitive_desc_t forward_pd(const conv_shape *s, dnnl_data_type_t dt, bool bias) {
+    dnnl_memory_desc_t md[4];
+    conv_mds(s, true, dt, md);
+    md[2].data_type = dnnl_f32;
     dnnl_dims_t st = {s->S, s->S}, pad = {s->P, s->P};
     dnnl_convolution_desc_t d;
     dnnl_primitive_desc_t pd = NULL;
@@ -38,49 +44,81 @@ static dnnl_primitive_desc_t forward_pd(const conv_shape *s, const dnnl_memory_d
     return pd;
 }
 
-/* The entry of op (DT_DNNL_CONV_*) for s with GEMM inputs of dtype p; NULL when oneDNN has none. */
+static dnnl_memory_desc_t chosen(dnnl_primitive_desc_t pd, dnnl_query_t what) {
+    return *dnnl_primitive_desc_query_md(pd, what, 0);
+}
+
+/* forward: data {in, w, out, b} */
+static bool build_forward(dt_dnnl_entry *e, const conv_shape *s, const dnnl_memory_desc_t *plain) {
+    dnnl_primitive_desc_t pd = forward_pd(s, e->key.dt, s->bias);
+    if (!pd) return false;
+    dnnl_memory_desc_t q[3] = {chosen(pd, dnnl_query_src_md), chosen(pd, dnnl_query_weights_md),
+                               chosen(pd, dnnl_query_dst_md)};
+    dnnl_memory_t m[4] = {dt_dnnl_input(e, &plain[0], &q[0], 0), dt_dnnl_input(e, &plain[1], &q[1], 1),
+                          dt_dnnl_output(e, &plain[2], &q[2], 2), s->bias ? dt_dnnl_mem(e, &plain[3], 3) : NULL};
+    const int arg[4] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_BIAS};
+    return dt_dnnl_step_add(e, pd, s->bias ? 4 : 3, arg, m, true);
+}
+
+/* backward data: data {din, w, dout} */
+static bool build_backward_data(dt_dnnl_entry *e, const conv_shape *s, const dnnl_memory_desc_t *plain) {
+    dnnl_memory_desc_t md[4];
+    conv_mds(s, true, e->key.dt, md);
+    md[0].data_type = dnnl_f32;  /* diff_src f32; weights and diff_dst at the precision */
+    dnnl_dims_t st = {s->S, s->S}, pad = {s->P, s->P};
+    dnnl_convolution_desc_t d;
+    dnnl_primitive_desc_t pd = NULL, hint = forward_pd(s, e->key.dt, false);
+    if (hint && (dnnl_convolution_backward_data_desc_init(&d, dnnl_convolution_direct, &md[0], &md[1], &md[2], st, pad,
+                                                          pad) != dnnl_success ||
+                 dnnl_primitive_desc_create(&pd, &d, NULL, dt_dnnl_engine(), hint) != dnnl_success))
+        pd = NULL;
+    if (hint) dnnl_primitive_desc_destroy(hint);
+    if (!pd) return false;
+    dnnl_memory_desc_t q[3] = {chosen(pd, dnnl_query_diff_src_md), chosen(pd, dnnl_query_weights_md),
+                               chosen(pd, dnnl_query_diff_dst_md)};
+    dnnl_memory_t m[3] = {dt_dnnl_output(e, &plain[0], &q[0], 0), dt_dnnl_input(e, &plain[1], &q[1], 1),
+                          dt_dnnl_input(e, &plain[2], &q[2], 2)};
+    const int arg[3] = {DNNL_ARG_DIFF_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DIFF_DST};
+    return dt_dnnl_step_add(e, pd, 3, arg, m, true);
+}
+
+/* backward weights: data {in, dw scratch, dout} */
+static bool build_backward_weights(dt_dnnl_entry *e, const conv_shape *s, const dnnl_memory_desc_t *plain) {
+    dnnl_memory_desc_t md[4];
+    conv_mds(s, true, e->key.dt, md);
+    md[1].data_type = dnnl_f32;  /* diff_weights f32; src and diff_dst at the precision */
+    dnnl_dims_t st = {s->S, s->S}, pad = {s->P, s->P};
+    dnnl_convolution_desc_t d;
+    dnnl_primitive_desc_t pd = NULL, hint = forward_pd(s, e->key.dt, false);
+    if (hint && (dnnl_convolution_backward_weights_desc_init(&d, dnnl_convolution_direct, &md[0], &md[1], NULL, &md[2],
+                                                             st, pad, pad) != dnnl_success ||
+                 dnnl_primitive_desc_create(&pd, &d, NULL, dt_dnnl_engine(), hint) != dnnl_success))
+        pd = NULL;
+    if (hint) dnnl_primitive_desc_destroy(hint);
+    if (!pd) return false;
+    dnnl_memory_desc_t q[3] = {chosen(pd, dnnl_query_src_md), chosen(pd, dnnl_query_diff_weights_md),
+                               chosen(pd, dnnl_query_diff_dst_md)};
+    dnnl_memory_t m[3] = {dt_dnnl_input(e, &plain[0], &q[0], 0), dt_dnnl_output(e, &plain[1], &q[1], 1),
+                          dt_dnnl_input(e, &plain[2], &q[2], 2)};
+    const int arg[3] = {DNNL_ARG_SRC, DNNL_ARG_DIFF_WEIGHTS, DNNL_ARG_DIFF_DST};
+    if (!dt_dnnl_step_add(e, pd, 3, arg, m, true)) return false;
+    e->tmp_n = (size_t)s->OC * s->C * s->K * s->K;
+    return (e->tmp = malloc(e->tmp_n * sizeof(float))) != NULL;
+}
+
+/* The entry of op (DT_DNNL_CONV_*) for s with GEMM inputs of dtype p; NULL when oneDNN has none.
+ * Outside it takes f32 NCHW/OIHW; reorders convert to the layout and dtype oneDNN chose. */
 static dt_dnnl_entry *conv_entry(int op, const conv_shape *s, dt_dtype p) {
     dt_dnnl_key k = {.op = op, .dt = dnnl_type(p),
                      .d = {s->B, s->C, s->H, s->W, s->OC, s->K, s->S, s->P, s->bias}};
     dt_dnnl_entry *e = dt_dnnl_lookup(&k);
     if (!e || e->used) return e && !e->failed ? e : NULL;
-    dnnl_memory_desc_t md[4];
-    dnnl_dims_t st = {s->S, s->S}, pad = {s->P, s->P};
-    dnnl_convolution_desc_t d;
-    dnnl_primitive_desc_t pd = NULL, hint = NULL;
-    if (op == DT_DNNL_CONV_FWD) {
-        conv_mds(s, k.dt, k.dt, dnnl_f32, md);
-        int arg[4] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_BIAS};
-        return dt_dnnl_finish(e, forward_pd(s, md, s->bias), s->bias ? 4 : 3, arg, md) ? e : NULL;
-    }
-    if (op == DT_DNNL_CONV_BWD_DATA) {
-        conv_mds(s, dnnl_f32, k.dt, k.dt, md);  /* diff_src f32, weights and diff_dst low precision */
-        dnnl_memory_desc_t hmd[4];
-        conv_mds(s, k.dt, k.dt, k.dt == dnnl_f32 ? dnnl_f32 : k.dt, hmd);
-        hint = forward_pd(s, hmd, false);
-        if (hint && dnnl_convolution_backward_data_desc_init(&d, dnnl_convolution_direct, &md[0], &md[1], &md[2], st, pad,
-                                                             pad) == dnnl_success &&
-            dnnl_primitive_desc_create(&pd, &d, NULL, dt_dnnl_engine(), hint) != dnnl_success)
-            pd = NULL;
-        if (hint) dnnl_primitive_desc_destroy(hint);
-        int arg[3] = {DNNL_ARG_DIFF_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DIFF_DST};
-        dnnl_memory_desc_t m3[3] = {md[0], md[1], md[2]};
-        return dt_dnnl_finish(e, pd, 3, arg, m3) ? e : NULL;
-    }
-    conv_mds(s, k.dt, dnnl_f32, k.dt, md);  /* src and diff_dst low precision, diff_weights f32 */
-    dnnl_memory_desc_t hmd[4];
-    conv_mds(s, k.dt, k.dt, k.dt == dnnl_f32 ? dnnl_f32 : k.dt, hmd);
-    hint = forward_pd(s, hmd, false);
-    if (hint && dnnl_convolution_backward_weights_desc_init(&d, dnnl_convolution_direct, &md[0], &md[1], NULL, &md[2],
-                                                            st, pad, pad) == dnnl_success &&
-        dnnl_primitive_desc_create(&pd, &d, NULL, dt_dnnl_engine(), hint) != dnnl_success)
-        pd = NULL;
-    if (hint) dnnl_primitive_desc_destroy(hint);
-    int arg[3] = {DNNL_ARG_SRC, DNNL_ARG_DIFF_WEIGHTS, DNNL_ARG_DIFF_DST};
-    if (!dt_dnnl_finish(e, pd, 3, arg, md)) return NULL;
-    e->tmp_n = (size_t)s->OC * s->C * s->K * s->K;
-    if (!(e->tmp = malloc(e->tmp_n * sizeof(float)))) abort();  /* kernels cannot fail */
-    return e;
+    dnnl_memory_desc_t plain[4];
+    conv_mds(s, false, dnnl_f32, plain);
+    bool ok = op == DT_DNNL_CONV_FWD       ? build_forward(e, s, plain)
+              : op == DT_DNNL_CONV_BWD_DATA ? build_backward_data(e, s, plain)
+                                            : build_backward_weights(e, s, plain);
+    return dt_dnnl_ready(e, ok) ? e : NULL;
 }
 
 /* Entry of op at precision p, or its f32 entry with *round set (oneDNN lacks the kernel at p). */
@@ -92,10 +130,10 @@ static dt_dnnl_entry *conv_plan(int op, const conv_shape *s, dt_dtype p, bool *r
     return conv_entry(op, s, DT_F32);
 }
 
-/* The input buffer at precision p: as is (f32), converted (native), or rounded (fallback). */
+/* The input buffer at precision p: as is (f32; a native low-precision entry converts it in its
+ * reorder), or rounded to p (the f32 fallback when oneDNN lacks the kernel at p). */
 static void *input(int slot, const float *x, size_t n, dt_dtype p, bool round) {
-    if (p == DT_F32) return (void *)x;
-    return round ? (void *)dt_dnnl_rounded(slot, x, n, p) : dt_dnnl_convert(slot, x, n, p);
+    return p != DT_F32 && round ? (void *)dt_dnnl_rounded(slot, x, n, p) : (void *)x;
 }
 
 static conv_shape shape_of(int B, int C, int H, int W, int OC, int K, int S, int P, bool bias) {

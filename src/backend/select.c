@@ -69,3 +69,6 @@ const char *dt_kernels_note(void) {
         return "this CPU lacks AVX512-BF16/AMX: oneDNN emulates bf16, which will be slow";
     return NULL;
 }
+
+bool dt_kernels_onednn_built(void) { return dt_onednn_built(); }
+void dt_kernels_impls(char *buf, size_t n) { dt_onednn_impls(buf, n); }
