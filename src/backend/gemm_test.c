@@ -208,6 +208,22 @@ static void test_onednn_cache(void) {
     be->linear_forward(out, in, w, NULL, B, C, OC);
     be->linear_forward(again, in, w, NULL, B, C, OC);
     CHECK(memcmp(out, again, B * OC * 4) == 0);
+    /* conv: forward, backward data, backward weights per batch size, then none */
+    enum { CC = 3, HW = 6, COC = 4, CB = 4 };
+    float *ci = rnd(CB * CC * HW * HW, 7), *cw = rnd(COC * CC * 9, 8), *cb = rnd(COC, 9), *co = malloc(CB * COC * HW * HW * 4);
+    float *cdo = rnd(CB * COC * HW * HW, 10), *cdi = malloc(CB * CC * HW * HW * 4), *cdw = calloc(COC * CC * 9, 4),
+          *cdb = calloc(COC, 4);
+    before = dt_onednn_cache_misses();
+    for (int step = 0; step < 6; step++) {
+        int n = step % 2 ? CB - 1 : CB;
+        be->conv2d_forward(co, ci, cw, cb, NULL, n, CC, HW, HW, COC, 3, 1, 1);
+        be->conv2d_backward(cdi, cdw, cdb, cdo, ci, cw, NULL, n, CC, HW, HW, COC, 3, 1, 1);
+        if (step == 1) after_first = dt_onednn_cache_misses();
+    }
+    CHECK_MSG(after_first - before == 6 && dt_onednn_cache_misses() == after_first,
+              "conv: %zu primitives for two batch sizes, %zu more later (want 6, 0)", after_first - before,
+              dt_onednn_cache_misses() - after_first);
+    free(ci), free(cw), free(cb), free(co), free(cdo), free(cdi), free(cdw), free(cdb);
     char impls[512];
     dt_onednn_impls(impls, sizeof impls);
     CHECK(strstr(impls, "matmul(f32)") != NULL);
