@@ -260,11 +260,14 @@ static bool mm_prepare(mm_plan *pl, const mm_shape *s, dt_dtype p) {
     return pl->round && (pl->e = mm_entry(s, DT_F32));
 }
 
-static void mm_run(const mm_plan *pl, float *c, const float *a, size_t na, const float *b, size_t nb,
-                   const float *bias) {
+/* x (n floats) as plan pl takes it: as is (f32), converted to bf16/f16, or rounded (slot 0..2). */
+static const void *mm_operand(const mm_plan *pl, int slot, const float *x, size_t n) {
+    if (pl->p == DT_F32) return x;
+    return pl->round ? (const void *)dt_dnnl_rounded(slot, x, n, pl->p) : dt_dnnl_convert(slot, x, n, pl->p);
+}
+
+static void mm_run(const mm_plan *pl, float *c, const void *a, const void *b, const float *bias) {
     void *data[4] = {(void *)a, (void *)b, c, (void *)bias};
-    if (pl->round) data[0] = dt_dnnl_rounded(0, a, na, pl->p), data[1] = dt_dnnl_rounded(1, b, nb, pl->p);
-    else if (pl->p != DT_F32) data[0] = dt_dnnl_convert(0, a, na, pl->p), data[1] = dt_dnnl_convert(1, b, nb, pl->p);
     dt_dnnl_run(pl->e, data);
 }
 
@@ -277,7 +280,7 @@ static void linear_forward(dt_dtype p, float *out, const float *in, const float 
     mm_plan pl;
     if (B <= 0 || OC <= 0 || C <= 0 || !mm_prepare(&pl, &s, p))
         return fallback(p)->linear_forward(out, in, w, b, B, C, OC);
-    mm_run(&pl, out, in, (size_t)B * C, w, (size_t)OC * C, b);
+    mm_run(&pl, out, mm_operand(&pl, 0, in, (size_t)B * C), mm_operand(&pl, 1, w, (size_t)OC * C), b);
 }
 
 static void linear_backward(dt_dtype p, float *din, float *dw, float *db, const float *dout, const float *in,
@@ -285,16 +288,21 @@ static void linear_backward(dt_dtype p, float *din, float *dw, float *db, const 
     /* dw (OC,C) += dout^T (OC,B) @ in (B,C);  din (B,C) = dout (B,OC) @ w (OC,C) */
     mm_shape sw = {.M = OC, .N = C, .K = B, .sa = {1, OC}, .sb = {C, 1}, .accumulate = true};
     mm_shape sd = {.M = B, .N = C, .K = OC, .sa = {OC, 1}, .sb = {C, 1}};
-    mm_plan pw, pd;
+    mm_plan pw = {0}, pd = {0};
     if (B <= 0 || OC <= 0 || C <= 0 || (dw && !mm_prepare(&pw, &sw, p)) || (din && !mm_prepare(&pd, &sd, p)))
         return fallback(p)->linear_backward(din, dw, db, dout, in, w, B, C, OC);
-    if (dw) mm_run(&pw, dw, dout, (size_t)B * OC, in, (size_t)B * C, NULL);
+    /* dout is converted once when both GEMMs take it the same way */
+    const void *d = mm_operand(dw ? &pw : &pd, 0, dout, (size_t)B * OC);
+    if (dw) mm_run(&pw, dw, d, mm_operand(&pw, 1, in, (size_t)B * C), NULL);
     if (db)
         for (int i = 0; i < B; i++) {
             const float *restrict row = dout + (size_t)i * OC;
             for (int j = 0; j < OC; j++) db[j] += row[j];
         }
-    if (din) mm_run(&pd, din, dout, (size_t)B * OC, w, (size_t)OC * C, NULL);
+    if (din) {
+        if (dw && pw.round != pd.round) d = mm_operand(&pd, 0, dout, (size_t)B * OC);
+        mm_run(&pd, din, d, mm_operand(&pd, 2, w, (size_t)OC * C), NULL);
+    }
 }
 
 #define DT_ONEDNN_WRAPPERS(sfx, P)                                                                                      \
