@@ -223,6 +223,14 @@ static dt_dnnl_entry *mm_entry(const mm_shape *s, dt_dtype p) {
     int64_t ad[2] = {s->M, s->K}, bd[2] = {s->K, s->N}, cd[2] = {s->M, s->N}, biasd[2] = {1, s->N};
     dnnl_memory_desc_t md[4] = {dt_dnnl_md(2, ad, k.dt, s->sa), dt_dnnl_md(2, bd, k.dt, s->sb),
                                 dt_dnnl_md(2, cd, dnnl_f32, NULL), dt_dnnl_md(2, biasd, dnnl_f32, NULL)};
+    /* low precision: B in the layout oneDNN wants (bf16 brgemm takes pairs interleaved, VNNI);
+     * f32 inputs outside, reorders convert A and B */
+    const bool lowp = k.dt != dnnl_f32;
+    const dnnl_memory_desc_t ext[2] = {dt_dnnl_md(2, ad, dnnl_f32, s->sa), dt_dnnl_md(2, bd, dnnl_f32, s->sb)};
+    if (lowp) {
+        const dnnl_dims_t b2 = {s->K, s->N};
+        dnnl_memory_desc_init_by_tag(&md[1], 2, b2, k.dt, dnnl_format_tag_any);
+    }
     int arg[4] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_BIAS};
     dnnl_matmul_desc_t desc;
     dnnl_primitive_attr_t attr = NULL;
@@ -240,8 +248,9 @@ static dt_dnnl_entry *mm_entry(const mm_shape *s, dt_dtype p) {
     if (attr) dnnl_primitive_attr_destroy(attr);
     const int nargs = s->bias ? 4 : 3;
     dnnl_memory_t m[4] = {0};
-    for (int i = 0; i < nargs; i++) m[i] = dt_dnnl_mem(e, &md[i], i);
     if (!pd) return dt_dnnl_ready(e, false), NULL;
+    if (lowp) md[1] = *dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
+    for (int i = 0; i < nargs; i++) m[i] = lowp && i < 2 ? dt_dnnl_input(e, &ext[i], &md[i], i) : dt_dnnl_mem(e, &md[i], i);
     return dt_dnnl_ready(e, dt_dnnl_step_add(e, pd, nargs, arg, m, true)) ? e : NULL;
 }
 
@@ -260,10 +269,10 @@ static bool mm_prepare(mm_plan *pl, const mm_shape *s, dt_dtype p) {
     return pl->round && (pl->e = mm_entry(s, DT_F32));
 }
 
-/* x (n floats) as plan pl takes it: as is (f32), converted to bf16/f16, or rounded (slot 0..2). */
+/* x (n floats) as plan pl takes it: as is (f32, or a native low-precision entry, whose reorders
+ * convert), or rounded to the precision (the f32 fallback; slot 0..2). */
 static const void *mm_operand(const mm_plan *pl, int slot, const float *x, size_t n) {
-    if (pl->p == DT_F32) return x;
-    return pl->round ? (const void *)dt_dnnl_rounded(slot, x, n, pl->p) : dt_dnnl_convert(slot, x, n, pl->p);
+    return pl->p != DT_F32 && pl->round ? (const void *)dt_dnnl_rounded(slot, x, n, pl->p) : x;
 }
 
 static void mm_run(const mm_plan *pl, float *c, const void *a, const void *b, const float *bias) {
