@@ -161,22 +161,6 @@ static void *grow(int slot, size_t bytes) {
     return tls.conv[slot];
 }
 
-void *dt_dnnl_convert(int slot, const float *src, size_t n, dt_dtype p) {
-    uint16_t *restrict d = grow(slot, n * 2 + 2);
-    if (p == DT_F16) {
-        _Float16 *restrict h = (_Float16 *)d;
-        for (size_t i = 0; i < n; i++) h[i] = (_Float16)src[i];
-        return d;
-    }
-    const uint32_t *restrict s = (const uint32_t *)src;
-    for (size_t i = 0; i < n; i++) {
-        uint32_t u = s[i];
-        uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, q = (u >> 16) | 0x40u;
-        d[i] = (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? q : r);
-    }
-    return d;
-}
-
 float *dt_dnnl_rounded(int slot, const float *src, size_t n, dt_dtype p) {
     float *d = grow(slot, n * sizeof(float) + 4);
     if (p == DT_BF16) dt_round_bf16(d, src, n);
@@ -254,8 +238,8 @@ static dt_dnnl_entry *mm_entry(const mm_shape *s, dt_dtype p) {
     return dt_dnnl_ready(e, dt_dnnl_step_add(e, pd, nargs, arg, m, true)) ? e : NULL;
 }
 
-/* A matmul ready to run at precision p: the entry, and whether the inputs go in converted
- * (native low precision) or rounded to f32 values (oneDNN lacks the low-precision kernel). */
+/* A matmul ready to run at precision p: the entry, and whether the inputs go in as f32 (f32, or
+ * native low precision: its reorders convert) or rounded to p (oneDNN lacks the kernel at p). */
 typedef struct {
     dt_dnnl_entry *e;
     dt_dtype p;
@@ -300,7 +284,7 @@ static void linear_backward(dt_dtype p, float *din, float *dw, float *db, const 
     mm_plan pw = {0}, pd = {0};
     if (B <= 0 || OC <= 0 || C <= 0 || (dw && !mm_prepare(&pw, &sw, p)) || (din && !mm_prepare(&pd, &sd, p)))
         return fallback(p)->linear_backward(din, dw, db, dout, in, w, B, C, OC);
-    /* dout is converted once when both GEMMs take it the same way */
+    /* dout is rounded once when both GEMMs take it the same way (fallback), else passed as is */
     const void *d = mm_operand(dw ? &pw : &pd, 0, dout, (size_t)B * OC);
     if (dw) mm_run(&pw, dw, d, mm_operand(&pw, 1, in, (size_t)B * C), NULL);
     if (db)

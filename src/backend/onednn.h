@@ -66,8 +66,6 @@ bool dt_dnnl_ready(dt_dnnl_entry *e, bool ok);
 void dt_dnnl_run(dt_dnnl_entry *e, void *const *data);
 /* A plain memory descriptor of a dense tensor (row-major) or with explicit strides. */
 dnnl_memory_desc_t dt_dnnl_md(int ndim, const int64_t *dims, dnnl_data_type_t dt, const int64_t *strides);
-/* A per-thread buffer of n elements of a 16-bit dtype holding src converted (slot 0..2). */
-void *dt_dnnl_convert(int slot, const float *src, size_t n, dt_dtype p);
 /* src rounded to precision p, as f32 (slot 0..2): the fallback when oneDNN lacks a kernel. */
 float *dt_dnnl_rounded(int slot, const float *src, size_t n, dt_dtype p);
 
