@@ -50,8 +50,18 @@ static void entry_clear(dt_dnnl_entry *e) {
     e->key = k;
 }
 
-dt_dnnl_entry *dt_dnnl_lookup(const dt_dnnl_key *k) {
+/* OpenMP threads of this thread's parallel regions = dt_get_threads(). oneDNN sizes a primitive's
+ * work split when it is created, so this runs before creating one as well as before running. */
+static void sync_threads(void) {
+    int t = dt_get_threads();
+    if (tls.threads != t) omp_set_num_threads(t), tls.threads = t;
+}
+
+dt_dnnl_entry *dt_dnnl_lookup(const dt_dnnl_key *key) {
     if (!dt_dnnl_engine()) return NULL;
+    sync_threads();
+    dt_dnnl_key kt = *key, *k = &kt;
+    kt.d[DT_DNNL_KEY_INTS - 1] = tls.threads;  /* a primitive is made for a thread count */
     for (int i = 0; i < tls.n; i++)
         if (!memcmp(&tls.e[i].key, k, sizeof *k)) return &tls.e[i];
     dt_dnnl_entry *e;
@@ -133,8 +143,7 @@ bool dt_dnnl_ready(dt_dnnl_entry *e, bool ok) {
 }
 
 void dt_dnnl_run(dt_dnnl_entry *e, void *const *data) {
-    int t = dt_get_threads();
-    if (tls.threads != t) omp_set_num_threads(t), tls.threads = t;
+    sync_threads();
     for (int i = 0; i < e->nmem; i++)
         if (e->ext[i] >= 0) dnnl_memory_set_data_handle_v2(e->mem[i], data[e->ext[i]], tls.stream);
     for (int i = 0; i < e->nsteps; i++) dnnl_primitive_execute(e->step[i].p, tls.stream, e->step[i].nargs, e->step[i].args);

@@ -208,6 +208,16 @@ static void test_onednn_cache(void) {
     be->linear_forward(out, in, w, NULL, B, C, OC);
     be->linear_forward(again, in, w, NULL, B, C, OC);
     CHECK(memcmp(out, again, B * OC * 4) == 0);
+    /* --threads: a primitive is made for the thread count (oneDNN splits the work at creation);
+     * going back finds the old one */
+    size_t m0 = dt_onednn_cache_misses();
+    dt_set_threads(2);
+    be->linear_forward(again, in, w, NULL, B, C, OC);
+    CHECK_MSG(dt_onednn_cache_misses() == m0 + 1, "2 threads: %zu new primitives (want 1)", dt_onednn_cache_misses() - m0);
+    CHECK(dt_test_maxdiff(out, again, B * OC) < 1e-5);
+    dt_set_threads(1);
+    be->linear_forward(again, in, w, NULL, B, C, OC);
+    CHECK(dt_onednn_cache_misses() == m0 + 1 && memcmp(out, again, B * OC * 4) == 0);
     /* conv: forward, backward data, backward weights per batch size, then none */
     enum { CC = 3, HW = 6, COC = 4, CB = 4 };
     float *ci = rnd(CB * CC * HW * HW, 7), *cw = rnd(COC * CC * 9, 8), *cb = rnd(COC, 9), *co = malloc(CB * COC * HW * HW * 4);
