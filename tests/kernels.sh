@@ -2,7 +2,8 @@
 # bitwise repeatable; --kernels blas and onednn train to the same model (to float rounding); a
 # bf16 run stopped and resumed is bitwise identical to the uninterrupted one (checkpoints keep
 # f32 master weights); DDP with 2 workers equals 1 worker at the same global batch to float
-# rounding, at fp32 and bf16; fp16 reports its loss scale in the metrics; bad --kernels and
+# rounding, at fp32 and bf16; fp16 reports its loss scale in the metrics and its checkpoints keep
+# it (a resumed fp16 run is bitwise exact too); bad --kernels and
 # --precision values, and fp16 with a strategy that cannot unscale, are refused by name. In a
 # build without oneDNN, --kernels onednn says what to install and the rest runs on blas.
 . "$(dirname "$0")/testlib.bash"
@@ -64,6 +65,27 @@ import json, sys
 r = [json.loads(l) for l in open(sys.argv[1])][-1]
 assert r["kernels"] == sys.argv[2] + " fp16" and r["loss_scale"] > 0 and r["skipped_steps"] >= 0, r
 assert r["train_loss"] == r["train_loss"] and r["train_loss"] < 2.3, r
+PY
+
+# fp16: the loss scaler's state is checkpointed, so a resumed run is bitwise exact too
+run --kernels $LIB --precision fp16 --max-steps $S --batch 32 --save "$TMP/f_full.st" >/dev/null
+run --kernels $LIB --precision fp16 --max-steps $((S / 2)) --batch 32 --save "$TMP/f_half.st" >/dev/null
+run --kernels $LIB --precision fp16 --max-steps $S --batch 32 --resume "$TMP/f_half.st" --save "$TMP/f_res.st" >/dev/null
+cmp -s "$TMP/f_full.st" "$TMP/f_res.st" && ok "fp16 resumed at step $((S / 2)) is bitwise identical (loss scale kept)" \
+  || bad "fp16 resume differs: $(diff_ok "$TMP/f_full.st" "$TMP/f_res.st" 0)"
+python3 - "$TMP/f_half.st" <<'PY' && ok "the fp16 checkpoint holds the loss scaler" || bad "no dtrain.loss_scale in the fp16 checkpoint"
+import json, struct, sys
+raw = open(sys.argv[1], "rb").read()
+meta = json.loads(raw[8:8 + struct.unpack("<Q", raw[:8])[0]])["__metadata__"]
+scale, good, skipped = meta["dtrain.loss_scale"].split(",")
+assert float(scale) > 0 and int(good) >= 0 and int(skipped) >= 0, meta
+PY
+python3 "$ROOT/tests/tools/ckpt_meta.py" "$TMP/f_half.st" "$TMP/f_edit.st" dtrain.loss_scale=1024,0,7
+run --kernels $LIB --precision fp16 --max-steps $S --batch 32 --resume "$TMP/f_edit.st" --metrics "$TMP/fe.jsonl" >/dev/null
+python3 - "$TMP/fe.jsonl" <<'PY' && ok "a resumed fp16 run continues from the checkpoint's loss scaler" || bad "scaler not restored: $(cat "$TMP/fe.jsonl")"
+import json, sys
+r = [json.loads(l) for l in open(sys.argv[1])][-1]
+assert r["loss_scale"] == 1024 and r["skipped_steps"] == 7, r
 PY
 
 expect_fail "--kernels foo is refused" "--kernels foo: unknown kernel library (use onednn or blas)" run --kernels foo --max-steps 1
