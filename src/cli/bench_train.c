@@ -122,6 +122,35 @@ static double torch_rate(const bench_case *bc) {
     return r;
 }
 
+/* The rows of one case: every kernel library x precision, each with its ratio to the first row
+ * (and to PyTorch's rate tr when vs_torch); appends each row's JSON object to json. */
+static dt_status bench_rows(const bench_case *bc, const char *kernels, const char *precisions, double sg, bool vs_torch,
+                            double tr, char *json, size_t cap, int *jn, int *done) {
+    char w[32], v[32];
+    double first = 0;
+    for (const char *l = kernels; next_word(&l, w, sizeof w);)
+        for (const char *q = precisions; next_word(&q, v, sizeof v);) {
+            double sps, gf;
+            DT_TRY(dt_kernels_select(w, v));
+            dt_status s = bench_model(bc, &sps, &gf);
+            if (s != DT_OK) return dt_error_wrap(s, "%s %s", w, v);
+            if (first == 0) first = sps;
+            const int T = dt_model_spec_is_gpt(bc->spec) ? 64 : 1;
+            printf("%-6s %6d %-8s %-5s %14.0f %12.0f %10.1f %9.0f%% %7.2fx", bc->name, bc->batch, w, v, sps, sps * T, gf,
+                   100 * gf / sg, sps / first);
+            if (vs_torch && tr > 0) printf(" %10.0f %8.2fx", tr, sps / tr);
+            else if (vs_torch) printf(" %10s %9s", "-", "-");
+            printf("\n");
+            fflush(stdout);
+            if (*jn < (int)cap - 300)
+                *jn += snprintf(json + *jn, cap - (size_t)*jn,
+                                "%s{\"model\": \"%s\", \"batch\": %d, \"kernels\": \"%s\", \"precision\": \"%s\", "
+                                "\"samples_per_s\": %.1f, \"tokens_per_s\": %.1f, \"gflops\": %.2f, \"torch_samples_per_s\": %.1f}",
+                                (*done)++ ? ", " : "", bc->name, bc->batch, w, v, sps, sps * T, gf, tr);
+        }
+    return DT_OK;
+}
+
 int dt_bench_train(int argc, char **argv) {
     float seconds = 3;
     int threads = 1, only_batch = 0;
@@ -167,27 +196,8 @@ int dt_bench_train(int argc, char **argv) {
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         if ((only_model && strcmp(only_model, cases[i].name)) || (only_batch && only_batch != cases[i].batch)) continue;
         const double tr = vs_torch ? torch_rate(&cases[i]) : 0;
-        double first = 0;
-        for (const char *l = kernels; next_word(&l, w, sizeof w);)
-            for (const char *q = precisions; next_word(&q, v, sizeof v);) {
-                double sps, gf;
-                dt_kernels_select(w, v);
-                dt_status s = bench_model(&cases[i], &sps, &gf);
-                if (s != DT_OK) return dt_cli_fail(NULL, "bench %s (%s %s): %s", cases[i].name, w, v, dt_last_error());
-                if (first == 0) first = sps;
-                const int T = dt_model_spec_is_gpt(cases[i].spec) ? 64 : 1;
-                printf("%-6s %6d %-8s %-5s %14.0f %12.0f %10.1f %9.0f%% %7.2fx", cases[i].name, cases[i].batch, w, v, sps,
-                       sps * T, gf, 100 * gf / sg, sps / first);
-                if (vs_torch && tr > 0) printf(" %10.0f %8.2fx", tr, sps / tr);
-                else if (vs_torch) printf(" %10s %9s", "-", "-");
-                printf("\n");
-                fflush(stdout);
-                if (jn < (int)sizeof json - 300)
-                    jn += snprintf(json + jn, sizeof json - (size_t)jn,
-                                   "%s{\"model\": \"%s\", \"batch\": %d, \"kernels\": \"%s\", \"precision\": \"%s\", "
-                                   "\"samples_per_s\": %.1f, \"tokens_per_s\": %.1f, \"gflops\": %.2f, \"torch_samples_per_s\": %.1f}",
-                                   done++ ? ", " : "", cases[i].name, cases[i].batch, w, v, sps, sps * T, gf, tr);
-            }
+        if (bench_rows(&cases[i], kernels, precisions, sg, vs_torch, tr, json, sizeof json, &jn, &done) != DT_OK)
+            return dt_cli_fail(NULL, "bench %s: %s", cases[i].name, dt_last_error());
     }
     if (!done) return dt_cli_usage("models: mlp (batch 32, 128), cnn (batch 128), gpt (batch 12)", "no benchmark case matches");
     char impls[1536];
