@@ -24,6 +24,13 @@ ifeq ($(MPI),1)
   LDLIBS += $(shell mpicc --showme:link 2>/dev/null)
 endif
 
+# oneDNN: compiled in when its header is found (override with DNNL=0); the default kernels then.
+DNNL  ?= $(if $(wildcard /usr/include/oneapi/dnnl/dnnl.h),1,0)
+ifeq ($(DNNL),1)
+  CFLAGS += -DDT_HAVE_DNNL=1
+  LDLIBS += -ldnnl -lgomp
+endif
+
 ALL_C    := $(wildcard src/*/*.c src/*/*/*.c)
 TEST_C   := $(filter %_test.c,$(ALL_C))
 CLI_C    := $(filter src/cli/%,$(filter-out $(TEST_C),$(ALL_C)))

@@ -68,6 +68,9 @@ typedef struct {
     float clip_norm;          /* gradient-norm clipping, 0 = off */
     uint64_t seed;
     int threads;              /* BLAS threads, default 1 */
+    const char *kernels;      /* "onednn" (default where built) or "blas"; NULL: the process's choice */
+    const char *precision;    /* GEMM inputs "fp32" (NULL), "bf16" or "fp16" (f32 master weights and optimizer
+                               * state; fp16 adds dynamic loss scaling: single and ddp strategies) */
     bool normalize;           /* standardise inputs with the training set's mean/std */
     int64_t max_steps;        /* stop after this many steps in total (0 = run all epochs) */
     const char *save;         /* checkpoint written at the end (and after each epoch) */

@@ -227,6 +227,8 @@ static int parse_train_flags(int argc, char **argv, train_opts *o) {
         {"normalize", DT_FLAG_BOOL, &o->normalize, NULL, "standardise inputs with the training set mean/std"},
         {"seed", DT_FLAG_I64, &o->seed, "N", "seed of init, shuffling and dropout"},
         {"threads", DT_FLAG_INT, &c->threads, "N", "BLAS threads of this worker"},
+        {"kernels", DT_FLAG_STR, &c->kernels, "LIB", "kernel library: onednn (default where built) or blas"},
+        {"precision", DT_FLAG_STR, &c->precision, "P", "GEMM inputs fp32 (default), bf16 or fp16 (f32 master weights; fp16: loss scaling)"},
         {"max-steps", DT_FLAG_I64, &o->max_steps, "N", "stop after N steps in total (ps: N batches per worker; 0 = all epochs)"},
         {"save", DT_FLAG_STR, &c->save, "FILE", "write a checkpoint (safetensors) after every epoch"},
         {"resume", DT_FLAG_STR, &c->resume, "FILE", "continue from a checkpoint (--save or --checkpoint-dir); auto = newest valid one in --checkpoint-dir"},
@@ -314,6 +316,8 @@ static void print_header(const train_opts *o, dt_trainer *t, dt_comm *comm, int 
     printf("dtrain: model %s (%zu parameters), data %s, batch %d, %s lr %g, seed %llu, %d thread%s\n",
            dt_model_spec(dt_trainer_model(t)), dt_model_num_params(dt_trainer_model(t)), c->data, c->batch,
            o->optimizer, o->lr, (unsigned long long)c->seed, c->threads, c->threads > 1 ? "s" : "");
+    printf("dtrain: kernels %s\n", dt_kernels_describe());
+    if (dt_kernels_note()) printf("dtrain: note: %s\n", dt_kernels_note());
     char spec[512] = "";
     if (world > 1 && dt_strategy_spec_canonical(c->strategy ? c->strategy : "ddp", spec, sizeof spec) != DT_OK)
         snprintf(spec, sizeof spec, "%s", c->strategy);

@@ -11,6 +11,8 @@ struct dt_optim {
     size_t n;
     int64_t t;          /* completed steps */
     dt_slab m, v;       /* sgd: m = momentum buffer; adam: m, v moments */
+    bool scaling;       /* fp16: dynamic loss scaling on */
+    dt_loss_scaler ls;
 };
 
 dt_optim_config dt_optim_defaults(dt_optim_kind kind) {
@@ -116,6 +118,17 @@ void dt_optim_step(dt_optim *o, float *params, const float *grads, float lr) {
     else adam_step(o, params, grads, lr);
     o->t++;
 }
+
+dt_status dt_optim_set_loss_scaling(dt_optim *o, bool enable, const dt_loss_scaler *init) {
+    dt_loss_scaler ls = init ? *init : dt_loss_scaler_default();
+    if (enable) DT_TRY(dt_loss_scaler_check(&ls));
+    o->scaling = enable;
+    o->ls = ls;
+    return DT_OK;
+}
+
+dt_loss_scaler *dt_optim_loss_scaler(dt_optim *o) { return o->scaling ? &o->ls : NULL; }
+float dt_optim_loss_scale(const dt_optim *o) { return o->scaling ? o->ls.scale : 1.0f; }
 
 int dt_optim_num_states(const dt_optim *o) { return (o->m.data != NULL) + (o->v.data != NULL); }
 

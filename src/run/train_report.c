@@ -1,5 +1,6 @@
 /* Trainer output: the JSON-Lines metrics record of an epoch and the gathered Chrome trace. */
 #include "run/trainer_internal.h"
+#include "dtrain/layers.h"
 
 #include <errno.h>
 #include <math.h>
@@ -96,6 +97,9 @@ dt_status dt_trainer_write_metrics(FILE *f, const dt_epoch_info *e, const dt_tra
     if (e->steps_per_epoch > 0)  /* a partial epoch (--max-steps) or a loss over part of it (resumed) */
         fprintf(f, ", \"epoch_steps\": %lld, \"steps_per_epoch\": %lld, \"loss_steps\": %lld",
                 (long long)e->epoch_steps, (long long)e->steps_per_epoch, (long long)e->steps);
+    fprintf(f, ", \"kernels\": \"%s\"", dt_kernels_describe());
+    const dt_loss_scaler *ls = dt_optim_loss_scaler(t->optim);
+    if (ls) fprintf(f, ", \"loss_scale\": %.6g, \"skipped_steps\": %lld", ls->scale, (long long)ls->skipped);
     dt_balance_write_json(f, e);  /* per-worker figures, ps staleness */
     fputs("}\n", f);
     if (fflush(f) != 0 || ferror(f)) return metrics_error(t, "writing the record of an epoch");

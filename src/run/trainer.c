@@ -3,6 +3,7 @@
  * train_loop.c, evaluation in evaluate.c. */
 #include "run/trainer_internal.h"
 
+#include "dtrain/layers.h"
 #include "dtrain/models.h"
 #include "run/checkpoint.h"
 #include "run/ckpt_dir.h"
@@ -361,11 +362,16 @@ static dt_status trainer_setup(dt_trainer *t) {
     if (s != DT_OK) return spec == info.spec ? dt_error_wrap(DT_EFORMAT, "%s: its dtrain.model_spec", resume) : s;
     DT_TRY(setup_data(t, spec, resume, &info));
     DT_TRY(setup_model(t, spec));
+    /* fp16: dynamic loss scaling (unscaled in dt_strategy_apply_update; its state is checkpointed) */
+    if (c->precision && !strcmp(c->precision, "fp16")) DT_TRY(dt_optim_set_loss_scaling(t->optim, true, NULL));
     DT_TRY(restore_and_normalize(t, resume, &info));
     const char *strategy = c->strategy ? c->strategy : t->world > 1 ? "ddp" : "single";
     dt_strategy_opts sopts;
     const dt_strategy_entry *sentry;
     DT_TRY(dt_strategy_parse(strategy, &sentry, &sopts));
+    if (dt_optim_loss_scaler(t->optim) && strcmp(sentry->name, "single") && strcmp(sentry->name, "ddp"))
+        return dt_error(DT_EINVAL, "--precision fp16: loss scaling works with --strategy single or ddp, not %s; "
+                                   "use --precision bf16", sentry->name);
     DT_TRY(setup_loader(t, sentry, &sopts, resume, &info));
     if (resume) check_resume_changes(t, &info, resume);
     if (c->timeline) DT_TRY(dt_trace_init(&t->trace, t->rank, 1 << 18, t->t_start));
@@ -378,6 +384,7 @@ static dt_status trainer_setup(dt_trainer *t) {
 dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
     *out = NULL;
     DT_TRY(check_config(cfg));
+    DT_TRY(dt_kernels_select(cfg->kernels, cfg->precision));
     if (cfg->save) dt_ckpt_remove_stale_temps(cfg->save); /* left by a run killed mid-write */
     dt_trainer *t = calloc(1, sizeof *t);
     if (!t) return dt_error(DT_ENOMEM, "trainer: out of memory");
