@@ -97,6 +97,7 @@ dt_status dt_trainer_write_metrics(FILE *f, const dt_epoch_info *e, const dt_tra
         fprintf(f, ", \"epoch_steps\": %lld, \"steps_per_epoch\": %lld, \"loss_steps\": %lld",
                 (long long)e->epoch_steps, (long long)e->steps_per_epoch, (long long)e->steps);
     dt_balance_write_json(f, e);  /* per-worker figures, ps staleness */
+    fputs(t->strategy_report, f);  /* the strategy's own figures (pp: bubble, bytes), or nothing */
     fputs("}\n", f);
     if (fflush(f) != 0 || ferror(f)) return metrics_error(t, "writing the record of an epoch");
     return DT_OK;
