@@ -65,6 +65,8 @@ typedef struct {
     int32_t *x, *y;
     int cap;                      /* samples the buffers hold */
     dt_request *req_out, *req_gout;
+    double t_out, t_gout;         /* when the sends were issued (for the timeline) */
+    int mb_gout;                  /* micro-batch of the gradient send */
     bool used;
 } dt_pp_slot;
 

@@ -51,6 +51,16 @@ static dt_status grow(void **buf, size_t bytes) {
     return DT_OK;
 }
 
+/* Waits for a send issued at t0 and records it on lane 1 as "send WHAT mb". */
+static dt_status wait_send(step_ctx *c, dt_request **req, double t0, const char *what, int mb) {
+    if (!*req) return DT_OK;
+    dt_status st = dt_request_wait(req);
+    char name[24];
+    snprintf(name, sizeof name, "send %s %d", what, mb);
+    dt_trace_add(c->s->trace, name, 1, t0, dt_now(), c->s->step);
+    return st;
+}
+
 /* A free slot for micro-batch j with room for n samples (its earlier gradient send finished). */
 static dt_status take_slot(step_ctx *c, int j, int n) {
     dt_pp *p = c->p;
@@ -58,10 +68,8 @@ static dt_status take_slot(step_ctx *c, int j, int n) {
     while (i < p->nslots && p->slots[i].used) i++;
     if (i == p->nslots) p->nslots++;
     dt_pp_slot *sl = &p->slots[i];
-    if (sl->req_gout) {
-        dt_status st = dt_request_wait(&sl->req_gout);
-        if (st != DT_OK) return fail(p, st, "sending the input gradient", -1, p->stage - 1);
-    }
+    dt_status ws = wait_send(c, &sl->req_gout, sl->t_gout, "grad", sl->mb_gout);
+    if (ws != DT_OK) return fail(p, ws, "sending the input gradient", sl->mb_gout, p->stage - 1);
     if (n > sl->cap) {
         const size_t f = sizeof(float), in = (size_t)n * p->in_vals * f, out = (size_t)n * p->out_vals * f;
         DT_TRY(grow((void **)&sl->in, in));
@@ -162,6 +170,7 @@ static dt_status forward(step_ctx *c, int j) {
         p->loss_sum += (double)loss * n;
     } else {
         memcpy(sl->out, dt_model_node_values(m, p->hi - 1), (size_t)n * p->out_vals * sizeof(float));
+        sl->t_out = dt_now();
         dt_status st = dt_comm_isend(p->fwd, sl->out, (size_t)n * p->out_vals, DT_F32, p->stage + 1, j, &sl->req_out);
         if (st != DT_OK) return fail(p, st, "sending the activation", j, p->stage + 1);
         p->bytes_sent += (uint64_t)n * p->out_vals * sizeof(float);
@@ -205,11 +214,12 @@ static dt_status backward(step_ctx *c, int j) {
         const size_t cnt = (size_t)n * p->in_vals;
         if (g) memcpy(sl->gout, g, cnt * sizeof(float));
         else memset(sl->gout, 0, cnt * sizeof(float));
+        sl->t_gout = dt_now(), sl->mb_gout = j;
         dt_status st = dt_comm_isend(p->bwd, sl->gout, cnt, DT_F32, p->stage - 1, j, &sl->req_gout);
         if (st != DT_OK) return fail(p, st, "sending the input gradient", j, p->stage - 1);
         p->bytes_sent += cnt * sizeof(float);
     }
-    dt_status st = dt_request_wait(&sl->req_out);
+    dt_status st = wait_send(c, &sl->req_out, sl->t_out, "act", j);
     if (st != DT_OK) return fail(p, st, "sending the activation", j, p->stage + 1);
     sl->used = false;
     p->inflight--;
@@ -223,8 +233,9 @@ static dt_status run_schedule(step_ctx *c) {
     if (p->stage == 0 && p->K > 1) DT_TRY(send_feeds(c));
     for (int i = 0; i < 2 * c->M; i++) DT_TRY(p->acts[i].backward ? backward(c, p->acts[i].mb) : forward(c, p->acts[i].mb));
     for (int i = 0; i < p->nslots; i++) {
-        dt_status st = dt_request_wait(&p->slots[i].req_gout);
-        if (st != DT_OK) return fail(p, st, "sending the input gradient", -1, p->stage - 1);
+        dt_pp_slot *sl = &p->slots[i];
+        dt_status st = wait_send(c, &sl->req_gout, sl->t_gout, "grad", sl->mb_gout);
+        if (st != DT_OK) return fail(p, st, "sending the input gradient", sl->mb_gout, p->stage - 1);
     }
     dt_status st = dt_request_waitall(c->data_req, c->ndata);
     c->ndata = 0;
