@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 static dt_status pp_init(dt_strategy *s) { return dt_strategy_verify_replicas(s->comm, s->model); }
 static void pp_begin(dt_strategy *s, int64_t step) { s->step = step; }
@@ -100,10 +101,23 @@ static void pp_report(dt_strategy *s, char *out, size_t cap) {
         snprintf(out, cap, ", \"pp\": null");
         return;
     }
-    snprintf(out, cap, ", \"pp\": {\"stages\": %d, \"microbatches\": %d, \"schedule\": \"%s\", \"bubble\": %.4f, "
-             "\"bubble_ideal\": %.4f, \"bytes_sent\": %.0f, \"peak_inflight\": %.0f, \"peak_act_bytes\": %.0f}",
-             p->K, p->o.microbatches, dt_pp_schedule_name(p->o.schedule), v[0] / p->K,
-             (double)(p->K - 1) / (p->o.microbatches + p->K - 1), v[1], mx[1], mx[0]);
+    /* each stage's peak resident memory (this pipeline's ranks) */
+    struct rusage ru;
+    double rss = getrusage(RUSAGE_SELF, &ru) == 0 ? (double)ru.ru_maxrss / 1024.0 : 0, all[DT_PP_MAX_STAGES];
+    if (p->K == 1) all[0] = rss;
+    else if (dt_comm_allgather(p->pp, &rss, all, 1, DT_F64) != DT_OK)
+        for (int i = 0; i < p->K; i++) all[i] = -1;
+    int k = snprintf(out, cap, ", \"pp\": {\"stages\": %d, \"microbatches\": %d, \"schedule\": \"%s\", "
+                     "\"bubble\": %.4f, \"bubble_ideal\": %.4f, \"bytes_sent\": %.0f, \"peak_inflight\": %.0f, "
+                     "\"peak_act_bytes\": %.0f, \"rss_mb\": [", p->K, p->o.microbatches,
+                     dt_pp_schedule_name(p->o.schedule), v[0] / p->K,
+                     (double)(p->K - 1) / (p->o.microbatches + p->K - 1), v[1], mx[1], mx[0]);
+    double top = 0;
+    for (int i = 0; i < p->K && k > 0 && (size_t)k < cap; i++) {
+        k += snprintf(out + k, cap - (size_t)k, "%s%.1f", i ? ", " : "", all[i]);
+        if (all[i] > top) top = all[i];
+    }
+    if (k > 0 && (size_t)k < cap) snprintf(out + k, cap - (size_t)k, "], \"rss_max_mb\": %.1f}", top);
 }
 
 static const dt_strategy_ops pp_ops = {.name = "pp", .train_step = dt_pp_train_step, .init = pp_init,

@@ -106,7 +106,7 @@ static void test_cut(void) {
     for (int k = 1; k < 4; k++) CHECK(first[k] > first[k - 1] && dt_pp_cut_valid(m, first[k]));
     char split[64];
     snprintf(split, sizeof split, "%d", first[2]);
-    int f2[3];
+    int f2[DT_PP_MAX_STAGES + 1];
     CHECK_OK(dt_pp_cut(m, 2, split, NULL, f2));
     CHECK(f2[1] == first[2]);
     CHECK_OK(dt_pp_cut(m, 2, dt_model_node_name(m, first[1]), NULL, f2));
