@@ -52,7 +52,7 @@ static int run_row(const layout *l, const char *model, int batch, int M, int ste
     snprintf(metrics, sizeof metrics, "%s/bench-parallel-%d-%d.jsonl", dir, l->ranks, (int)(l - g_rows));
     if (l->strategy) snprintf(spec, sizeof spec, l->strategy, M);
     snprintf(args, sizeof args, "--data kjv --model %s --batch %d --workers %d --max-steps %d --epochs 1000 "
-             "--optimizer adamw --lr 1e-3 --epoch-windows %d%s%s%s", model, batch / l->dp, l->ranks, steps,
+             "--optimizer adamw --lr 1e-3 --val-fraction 0 --epoch-windows %d%s%s%s", model, batch / l->dp, l->ranks, steps,
              batch * (steps + 1), spec[0] ? " --strategy '" : "", spec, spec[0] ? "'" : "");
     if (dt_bench_train_run(args, metrics, line, sizeof line)) return 1;
     *r = (result){.sps = dt_bench_json_field(line, "samples_per_s"), .bubble = dt_bench_json_field(line, "bubble"),
@@ -99,7 +99,7 @@ int dt_bench_parallel(int argc, char **argv) {
         const double tps = r.sps * tokens;
         if (i == 0) base = tps;
         if (l->pp && l->gpipe) gpipe_act[l->pp] = r.act;
-        const double rel = l->pp && !l->gpipe && gpipe_act[l->pp] > 0 ? r.act / gpipe_act[l->pp] : 0;
+        const double rel = l->pp && gpipe_act[l->pp] > 0 ? r.act / gpipe_act[l->pp] : 0;  /* of GPipe's, same K */
         printf("%-16s %5d %10.0f %6.2fx", l->label, l->ranks, tps, base > 0 ? tps / base : 0);
         if (l->pp) printf(" %7.3f %7.3f %12.0f %7.3f %12.0f", r.bubble, r.ideal, r.act, rel, r.bytes);
         else printf(" %7s %7s %12s %7s %12s", "-", "-", "-", "-", "-");

@@ -162,6 +162,8 @@ static const char TRAIN_USAGE[] =
     "  localsgd(sync_every=H)            local steps, models averaged every H (--sync-every)\n"
     "  ps(servers=S,staleness=S|inf,shards=dynamic|fixed,overlap=0|1)\n"
     "                                    parameter server (--servers, --staleness, --balance, --ps-overlap)\n"
+    "  pp(stages=K,microbatches=M,schedule=gpipe|1f1b,split=N1:N2)\n"
+    "                                    pipeline parallel (--pp, --microbatches, --pp-schedule, --pp-split)\n"
     "e.g. --strategy \"ps(servers=2,staleness=4)\". The flags in parentheses set the same options;\n"
     "a flag and a spec option that disagree are an error.\n\n"
     "Uneven workers: --strategy localsgd --sync-every H trains locally and averages the models every\n"
