@@ -29,9 +29,11 @@ int dt_cli_pp_parse(dt_cli_pp *o, dt_train_config *cfg, int workers) {
                            "need --pp K (the pipeline stages)");
     if (o->pp < 0 || (o->pp == 0 && !cfg->strategy))
         return dt_cli_usage("e.g. --pp 2 --workers 2", "--pp %d: need at least 1 stage", o->pp);
-    if (o->microbatches < 0) return dt_cli_usage("e.g. --microbatches 8", "--microbatches %d: need at least 1", o->microbatches);
+    if (o->microbatches < 0)
+        return dt_cli_usage("e.g. --microbatches 8", "--microbatches %d: need at least 1", o->microbatches);
     if (o->pp > 0 && !dt_comm_env_is_rank() && workers % o->pp != 0)
-        return dt_cli_usage("use --workers a multiple of --pp (the rest is data parallel: --workers 4 --pp 2 is dp2 x pp2)",
+        return dt_cli_usage("use --workers a multiple of --pp (the rest is data parallel: --workers 4 --pp 2 is "
+                            "dp2 x pp2)",
                            "--pp %d with --workers %d: the ranks do not divide into pipelines of %d stages", o->pp,
                            workers, o->pp);
     snprintf(o->spec, sizeof o->spec, "%s", cfg->strategy ? cfg->strategy : "pp");
@@ -42,7 +44,8 @@ int dt_cli_pp_parse(dt_cli_pp *o, dt_train_config *cfg, int workers) {
         r = add(o, "stages", num, flag);
     }
     if (!r && o->microbatches > 0) {
-        snprintf(num, sizeof num, "%d", o->microbatches), snprintf(flag, sizeof flag, "--microbatches %d", o->microbatches);
+        snprintf(num, sizeof num, "%d", o->microbatches);
+        snprintf(flag, sizeof flag, "--microbatches %d", o->microbatches);
         r = add(o, "microbatches", num, flag);
     }
     if (!r && o->schedule) {

@@ -192,8 +192,9 @@ static dt_status pp_setup(dt_strategy *s, dt_pp *p) {
     DT_TRY(find_users(p, m));
     DT_TRY(make_segments(s, p));
     const size_t nbuf = dt_model_num_buffers(m);
-    if (!(p->acts = calloc(2 * DT_PP_MAX_MICRO, sizeof *p->acts)) || !(p->slots = calloc(DT_PP_MAX_MICRO, sizeof *p->slots)) ||
-        (nbuf && !(p->buf_save = malloc(nbuf * sizeof(float)))))
+    p->acts = calloc(2 * DT_PP_MAX_MICRO, sizeof *p->acts);
+    p->slots = calloc(DT_PP_MAX_MICRO, sizeof *p->slots);
+    if (!p->acts || !p->slots || (nbuf && !(p->buf_save = malloc(nbuf * sizeof(float)))))
         return dt_error(DT_ENOMEM, "pp: out of memory");
     p->live = -1;
     s->data_rank = p->dp_i, s->data_world = p->DP, s->job_rank0 = 0;

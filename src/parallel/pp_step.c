@@ -113,8 +113,8 @@ static dt_status recv_now(step_ctx *c, dt_comm *comm, void *buf, size_t count, d
     if (st == DT_OK) st = dt_request_wait(&req);
     if (st != DT_OK) return fail(c->p, st, what, mb, peer);
     char name[24];
-    snprintf(name, sizeof name, "recv %s %d", strstr(what, "gradient") ? "grad" : strstr(what, "activ") ? "act" : "feed",
-             mb);
+    const char *kind = strstr(what, "gradient") ? "grad" : strstr(what, "activ") ? "act" : "feed";
+    snprintf(name, sizeof name, "recv %s %d", kind, mb);
     dt_trace_add(c->s->trace, name, 1, t0, dt_now(), c->s->step);
     return DT_OK;
 }
@@ -150,7 +150,8 @@ static dt_status forward(step_ctx *c, int j) {
     DT_TRY(take_slot(c, j, n));
     dt_pp_slot *sl = &p->slots[p->mb_slot[j]];
     if (p->stage > 0)
-        DT_TRY(recv_now(c, p->fwd, sl->in, (size_t)n * p->in_vals, DT_F32, p->stage - 1, j, "receiving the activation", j));
+        DT_TRY(recv_now(c, p->fwd, sl->in, (size_t)n * p->in_vals, DT_F32, p->stage - 1, j, "receiving the activation",
+                        j));
     if (p->reads_x[p->stage])
         DT_TRY(recv_now(c, p->data, sl->x, (size_t)n * p->x_vals, DT_I32, 0, 2 * j, "receiving the tokens", j));
     if (p->reads_y[p->stage] && c->b->feed.y)
@@ -165,8 +166,8 @@ static dt_status forward(step_ctx *c, int j) {
     if (p->stage == p->K - 1) {
         const float loss = dt_model_node_values(m, dt_model_loss_node(m))[0];
         if (!isfinite(loss))
-            return dt_error(DT_EINVAL, "training diverged: loss is %g at step %lld on rank %d (pipeline stage %d); lower "
-                            "--lr or set --clip", loss, (long long)c->b->step, p->rank, p->stage);
+            return dt_error(DT_EINVAL, "training diverged: loss is %g at step %lld on rank %d (pipeline stage %d); "
+                            "lower --lr or set --clip", loss, (long long)c->b->step, p->rank, p->stage);
         p->loss_sum += (double)loss * n;
     } else {
         memcpy(sl->out, dt_model_node_values(m, p->hi - 1), (size_t)n * p->out_vals * sizeof(float));
@@ -197,11 +198,18 @@ static dt_status backward(step_ctx *c, int j) {
     const int n = mb_n(c, j);
     dt_pp_slot *sl = &p->slots[p->mb_slot[j]];
     const bool last = p->stage == p->K - 1;
+    if (p->live != j) {  /* before the gradient arrives: the recomputation fills the wait */
+        const double tr = dt_now();
+        DT_TRY(recompute(c, j));
+        char rn[24];
+        snprintf(rn, sizeof rn, "R%d", j);
+        dt_trace_add(c->s->trace, rn, 0, tr, dt_now(), c->s->step);
+        p->busy += dt_now() - tr;
+    }
     if (!last)
         DT_TRY(recv_now(c, p->bwd, sl->gin, (size_t)n * p->out_vals, DT_F32, p->stage + 1, j,
                         "receiving the output gradient", j));
     const double t0 = dt_now();
-    if (p->live != j) DT_TRY(recompute(c, j));
     const float share = (float)((double)n * c->b->world / c->b->n_global);  /* of the global mean */
     DT_TRY(dt_model_backward_nodes(m, p->lo, p->hi, last ? NULL : sl->gin, share, NULL, NULL));
     char name[24];
@@ -231,7 +239,8 @@ static dt_status run_schedule(step_ctx *c) {
     dt_pp *p = c->p;
     dt_pp_schedule(p->o.schedule, p->stage, p->K, c->M, p->acts);
     if (p->stage == 0 && p->K > 1) DT_TRY(send_feeds(c));
-    for (int i = 0; i < 2 * c->M; i++) DT_TRY(p->acts[i].backward ? backward(c, p->acts[i].mb) : forward(c, p->acts[i].mb));
+    for (int i = 0; i < 2 * c->M; i++)
+        DT_TRY(p->acts[i].backward ? backward(c, p->acts[i].mb) : forward(c, p->acts[i].mb));
     for (int i = 0; i < p->nslots; i++) {
         dt_pp_slot *sl = &p->slots[i];
         dt_status st = wait_send(c, &sl->req_gout, sl->t_gout, "grad", sl->mb_gout);
@@ -250,7 +259,8 @@ static dt_status pass_loss(step_ctx *c) {
     dt_status st = DT_OK;
     if (p->stage == p->K - 1) st = dt_comm_send(p->data, &p->loss_sum, 1, DT_F64, 0, DT_COMM_TAG_MAX);
     else if (p->stage == 0) st = dt_comm_recv(p->data, &p->loss_sum, 1, DT_F64, p->K - 1, DT_COMM_TAG_MAX);
-    if (st != DT_OK) return fail(p, st, p->stage == 0 ? "receiving the loss" : "sending the loss", -1, p->stage ? 0 : p->K - 1);
+    if (st != DT_OK)
+        return fail(p, st, p->stage == 0 ? "receiving the loss" : "sending the loss", -1, p->stage ? 0 : p->K - 1);
     return DT_OK;
 }
 
