@@ -109,9 +109,12 @@ static void pp_report(dt_strategy *s, char *out, size_t cap) {
         for (int i = 0; i < p->K; i++) all[i] = -1;
     int k = snprintf(out, cap, ", \"pp\": {\"stages\": %d, \"microbatches\": %d, \"schedule\": \"%s\", "
                      "\"bubble\": %.4f, \"bubble_ideal\": %.4f, \"bytes_sent\": %.0f, \"peak_inflight\": %.0f, "
-                     "\"peak_act_bytes\": %.0f, \"rss_mb\": [", p->K, p->o.microbatches,
+                     "\"peak_act_bytes\": %.0f, \"cut\": [", p->K, p->o.microbatches,
                      dt_pp_schedule_name(p->o.schedule), v[0] / p->K,
                      (double)(p->K - 1) / (p->o.microbatches + p->K - 1), v[1], mx[1], mx[0]);
+    for (int i = 1; i < p->K && k > 0 && (size_t)k < cap; i++)  /* the cut: first node of stages 1.. */
+        k += snprintf(out + k, cap - (size_t)k, "%s%d", i > 1 ? ", " : "", p->first[i]);
+    if (k > 0 && (size_t)k < cap) k += snprintf(out + k, cap - (size_t)k, "], \"rss_mb\": [");
     double top = 0;
     for (int i = 0; i < p->K && k > 0 && (size_t)k < cap; i++) {
         k += snprintf(out + k, cap - (size_t)k, "%s%.1f", i ? ", " : "", all[i]);
@@ -180,7 +183,16 @@ static dt_status pp_setup(dt_strategy *s, dt_pp *p) {
                         "--workers %d)", p->K, world, p->K, p->K);
     p->DP = world / p->K, p->rank = dt_comm_rank(s->comm);
     p->stage = p->rank % p->K, p->dp_i = p->rank / p->K;
-    DT_TRY(dt_pp_cut(m, p->K, p->o.split, NULL, p->first));
+    double *cost = NULL;
+    if (p->o.measured && !p->o.split[0] && p->K > 1) {
+        if (!(cost = malloc(sizeof(double) * (size_t)dt_model_num_nodes(m)))) return dt_error(DT_ENOMEM, "pp: out of memory");
+        dt_status st = dt_pp_measure_costs(m, s->comm, 8, 3, cost);
+        if (st != DT_OK) free(cost);
+        DT_TRY(st);
+    }
+    dt_status cs = dt_pp_cut(m, p->K, p->o.split, cost, p->first);
+    free(cost);
+    DT_TRY(cs);
     p->lo = p->first[p->stage], p->hi = p->first[p->stage + 1];
     p->in_vals = p->stage > 0 ? dt_model_node_size(m, p->lo - 1) : 0;
     p->out_vals = p->stage < p->K - 1 ? dt_model_node_size(m, p->hi - 1) : 0;
@@ -238,6 +250,12 @@ static dt_status pp_set(void *opts, const char *key, const char *value) {
     if (!strcmp(key, "stages")) return int_opt(key, value, 1, DT_PP_MAX_STAGES, &o->stages);
     if (!strcmp(key, "microbatches")) return int_opt(key, value, 1, DT_PP_MAX_MICRO, &o->microbatches);
     if (!strcmp(key, "schedule")) return dt_pp_schedule_parse(value, &o->schedule);
+    if (!strcmp(key, "cost")) {
+        if (strcmp(value, "flops") && strcmp(value, "measured"))
+            return dt_error(DT_EINVAL, "--strategy pp: cost=%s: choose flops or measured", value);
+        o->measured = !strcmp(value, "measured");
+        return DT_OK;
+    }
     if (strlen(value) >= sizeof o->split)
         return dt_error(DT_EINVAL, "--pp-split %s: too long (at most %zu characters)", value, sizeof o->split - 1);
     snprintf(o->split, sizeof o->split, "%s", value);
@@ -248,6 +266,7 @@ static void pp_format(const void *opts, char *out, size_t cap) {
     const dt_pp_opts *o = opts;
     int k = snprintf(out, cap, "stages=%d,microbatches=%d,schedule=%s", o->stages,
                      o->microbatches ? o->microbatches : o->stages, dt_pp_schedule_name(o->schedule));
+    if (o->measured && k > 0 && (size_t)k < cap) k += snprintf(out + k, cap - (size_t)k, ",cost=measured");
     if (o->split[0] && k > 0 && (size_t)k < cap) snprintf(out + k, cap - (size_t)k, ",split=%s", o->split);
 }
 
@@ -259,7 +278,7 @@ static void pp_data_part(const void *opts, int rank, int size, int *data_rank, i
 }
 
 const dt_strategy_entry dt_strategy_pp_entry = {
-    .name = "pp", .help = "pp(stages=K,microbatches=M,schedule=gpipe|1f1b,split=N1:N2:...)",
-    .keys = "stages,microbatches,schedule,split", .opts_size = sizeof(dt_pp_opts), .defaults = pp_defaults,
+    .name = "pp", .help = "pp(stages=K,microbatches=M,schedule=gpipe|1f1b,cost=flops|measured,split=N1:N2:...)",
+    .keys = "stages,microbatches,schedule,cost,split", .opts_size = sizeof(dt_pp_opts), .defaults = pp_defaults,
     .set = pp_set, .create = pp_create, .format = pp_format, .needs_comm = true,
     .data_part = pp_data_part};

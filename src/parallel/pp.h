@@ -24,6 +24,7 @@ typedef struct {
     int microbatches;           /* M >= 1 per rank-batch (default K) */
     dt_pp_schedule_kind schedule;
     char split[160];            /* "" = balanced; else K-1 first nodes of stages 1..K-1, by index or name */
+    bool measured;              /* balance measured per-node seconds (pp_cost.c) instead of flops */
 } dt_pp_opts;
 
 /* ---- schedules (pp_schedule.c) ---- */
@@ -55,6 +56,10 @@ bool dt_pp_cut_valid(const dt_model *m, int k);
  * expensive stage is as cheap as the valid cuts allow; else split names the K-1 cuts
  * ("12:24:36" or node names "transformer.h.2.add2:..."). DT_EINVAL saying which cuts are valid. */
 dt_status dt_pp_cut(const dt_model *m, int K, const char *split, const double *cost, int *first);
+
+/* Per-node seconds of forward + backward at batch B (reps passes), measured on rank 0 of comm and
+ * broadcast into cost[num_nodes] on every rank (pp_cost.c). Collective over comm. */
+dt_status dt_pp_measure_costs(dt_model *m, dt_comm *comm, int B, int reps, double *cost);
 
 /* ---- the strategy's state (pp.c, pp_step.c) ---- */
 

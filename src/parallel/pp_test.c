@@ -118,6 +118,22 @@ static void test_cut(void) {
     snprintf(split, sizeof split, "%d", first[2]);
     CHECK(dt_pp_cut(m, 3, split, NULL, f2) == DT_EINVAL && strstr(dt_last_error(), "need 2 cuts"));
     CHECK(dt_pp_cut(m, 40, "", NULL, f2) == DT_EINVAL && strstr(dt_last_error(), "valid stage boundar"));
+    /* measured per-node seconds (one process): every node timed, the cut from them valid */
+    dt_comm *self;
+    dt_comm_config cc = dt_comm_config_default();
+    CHECK_OK(dt_comm_create(&self, &cc));
+    double *cost = calloc((size_t)n, sizeof(double)), sum = 0, mn = 1;
+    CHECK_OK(dt_pp_measure_costs(m, self, 4, 1, cost));
+    for (int i = 0; i < n; i++) sum += cost[i], mn = cost[i] < mn ? cost[i] : mn;
+    CHECK(sum > 0 && mn >= 0);
+    CHECK_OK(dt_pp_cut(m, 3, "", cost, first));
+    for (int k = 1; k < 3; k++) CHECK(first[k] > first[k - 1] && dt_pp_cut_valid(m, first[k]));
+    const float *grads = dt_model_grads(m);
+    size_t nz = 0;
+    for (size_t i = 0; i < dt_model_num_params(m); i++) nz += grads[i] != 0;
+    CHECK_MSG(nz == 0, "the probe left %zu gradients", nz);
+    free(cost);
+    dt_comm_destroy(self);
     dt_model_free(m);
 }
 
@@ -305,6 +321,14 @@ static void test_gpt_layouts(void) {
                 const double peak = metric(mpath, "peak_inflight"), want = sch ? (K < M ? K : M) : M;
                 CHECK_MSG(peak == want, "%s measured %g micro-batches in flight, expected %g", what, peak, want);
             }
+    if (!g_light) {  /* the cut from measured seconds trains the same */
+        char path[128];
+        snprintf(path, sizeof path, "%s/measured", g_dir);
+        run_cfg pp = {.model = GPT, .data = g_text, .strategy = "pp(stages=4,cost=measured)", .batch = 8, .steps = STEPS};
+        CHECK(run_ranks(4, &pp, path) == 0);
+        compare("gpt pp4 1f1b M=4 cost=measured:", n, g_ref, g_got, dt_test_read_floats(path, g_got, CAP + STEPS + 1),
+                STEPS);
+    }
     /* dp2 x pp2: two pipelines of batch 4 each = the global batch 8 of one worker */
     char path[128], m1[160], m2[160];
     snprintf(path, sizeof path, "%s/dp2pp2", g_dir);
