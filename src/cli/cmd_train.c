@@ -337,7 +337,7 @@ static void print_header(const train_opts *o, dt_trainer *t, dt_comm *comm, int 
                    "to let the servers go on without it\n");
     } else if (world > 1)
         printf("dtrain: %d ranks over %s, strategy %s, global batch %d%s\n", world, dt_comm_backend_name(comm),
-               spec, c->batch * world,
+               spec, c->batch * dt_strategy_spec_data_world(c->strategy ? c->strategy : "ddp", world),
                c->balance ? " (cut among the ranks by measured speed)" : "");
     fflush(stdout);
 }

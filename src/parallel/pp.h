@@ -104,6 +104,7 @@ typedef struct {
     size_t mb_bytes;               /* bytes one micro-batch in flight holds (largest seen) */
     double bubble_sum;             /* sum over steps of this stage's idle fraction */
     int64_t bubble_steps;
+    bool bubble_warm;              /* the first step's figure was dropped */
     double busy;                   /* compute seconds of the current step */
     uint64_t bytes_sent;
     double loss_sum;

@@ -320,7 +320,11 @@ dt_status dt_pp_train_step(dt_strategy *s, const dt_step_batch *b, dt_step_resul
     p->loss_sum = 0, p->busy = 0, p->live = -1, p->inflight = 0;
     dt_status st = run_schedule(c);
     const double t1 = dt_now();
-    if (st == DT_OK && t1 > t0 && c->M > 0) p->bubble_sum += 1.0 - p->busy / (t1 - t0), p->bubble_steps++;
+    /* the bubble of this step (the run's first step, which allocates, is left out when there are more) */
+    if (st == DT_OK && t1 > t0 && c->M > 0) {
+        if (p->bubble_steps == 1 && !p->bubble_warm) p->bubble_sum = 0, p->bubble_steps = 0, p->bubble_warm = true;
+        p->bubble_sum += 1.0 - p->busy / (t1 - t0), p->bubble_steps++;
+    }
     if (st == DT_OK) st = pass_loss(c);
     double busy = dt_now() - t0;
     if (st == DT_OK && b->compute_done) busy += b->compute_done(b->ctx, b->feed.n, busy);
