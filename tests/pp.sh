@@ -68,4 +68,20 @@ PY
 out=$(run --resume "$TMP/pp.st" --max-steps 16 2>&1) && ok "1 worker resumes the pp2 checkpoint" || bad "resume pp2 on 1: $out"
 out=$(run --resume "$TMP/one.st" --max-steps 16 --pp 2 --workers 2 --pp-split transformer.h.1.ln_1 2>&1) \
   && ok "pp2 (--pp-split by name) resumes the 1-worker checkpoint" || bad "resume 1 on pp2: $out"
+# ---- dp2 x pp2 over MPI: the same epoch loss as 1 worker at the same global batch ----
+if command -v mpirun >/dev/null && [ -n "$(ldd "$DT" 2>/dev/null | grep -i libmpi)" ]; then
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader,tcp
+  # OpenMPI itself leaks at exit: no leak report in sanitizer builds (ASan still checks accesses)
+  [ -n "${DTRAIN_SANITIZED:-}" ] && export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
+  out=$(timeout 240 mpirun -n 4 --oversubscribe --bind-to none "$DT" train --data "$D" --model "$M" --batch 4 \
+    --optimizer adamw --lr 3e-3 --quiet --seed 3 --max-steps 12 --pp 2 --metrics "$TMP/mpi.jsonl" 2>&1) \
+    || bad "mpirun dp2 x pp2: $out"
+  python3 - "$TMP/mpi.jsonl" "$TMP/one.jsonl" <<'PY' && ok "mpirun -n 4 --pp 2 (dp2 x pp2 over MPI) trains as 1 worker" || bad "mpi pp: $out"
+import json, sys
+p = [json.loads(l) for l in open(sys.argv[1])][-1]; o = [json.loads(l) for l in open(sys.argv[2])][-1]
+assert p["backend"] == "mpi" and abs(p["train_loss"] - o["train_loss"]) < 2e-5, (p, o)
+PY
+else
+  echo "note: mpirun or an MPI build not found; the MPI case is left out"
+fi
 finish
