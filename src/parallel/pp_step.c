@@ -26,7 +26,7 @@ typedef struct {
     dt_pp *p;
     const dt_step_batch *b;
     int M;
-    dt_request *data_req[2 * DT_PP_MAX_MICRO * 2];
+    dt_request **data_req;  /* stage 0: the tokens/targets sends, 2 per micro-batch and later stage */
     int ndata;
 } step_ctx;
 
@@ -317,6 +317,10 @@ dt_status dt_pp_train_step(dt_strategy *s, const dt_step_batch *b, dt_step_resul
     if (!c) return dt_error(DT_ENOMEM, "pp: out of memory");
     c->s = s, c->p = p, c->b = b;
     c->M = b->feed.n < p->o.microbatches ? b->feed.n : p->o.microbatches;
+    if (!(c->data_req = calloc((size_t)(2 * c->M * p->K + 1), sizeof *c->data_req))) {
+        free(c);
+        return dt_error(DT_ENOMEM, "pp: out of memory");
+    }
     p->loss_sum = 0, p->busy = 0, p->live = -1, p->inflight = 0;
     dt_status st = run_schedule(c);
     const double t1 = dt_now();
@@ -332,6 +336,7 @@ dt_status dt_pp_train_step(dt_strategy *s, const dt_step_batch *b, dt_step_resul
     if (st == DT_OK) st = update(c);
     dt_trace_add(s->trace, "update", 0, tu, dt_now(), b->step);
     if (st != DT_OK) dt_request_waitall(c->data_req, c->ndata);
+    free(c->data_req);
     free(c);
     DT_TRY(st);
     /* stage 0 reports the pipeline's samples and loss once (the trainer sums ranks' figures) */

@@ -6,7 +6,9 @@
  *  - pp2 and pp4 on the GPT with both schedules and M in {1, 2, K, 2K}, dp2 x pp2, and pp2 on the
  *    MLP and the CNN each give the losses of 20 steps and the final parameters of 1 worker at the
  *    same global batch, within 2e-5 absolute (float rounding of other GEMM shapes; the values are
- *    ~0.02-1 for parameters, ~4 for losses), with gradient clipping on;
+ *    ~0.02-1 for parameters, ~4 for losses), with gradient clipping on; so do a cut from measured
+ *    seconds, and a cut before transformer.wpe (stage 1 then receives the tokens) at uneven
+ *    micro-batches (M=3 of 8 samples);
  *  - the in-flight count and peak activation memory the run measured (metrics line);
  *  - checkpoints across layouts: saved under pp2 resumed on 1 worker, and the other way round;
  *  - a stage killed mid-run: every other rank fails (no hang) naming stage, rank and operation.
@@ -327,6 +329,13 @@ static void test_gpt_layouts(void) {
         run_cfg pp = {.model = GPT, .data = g_text, .strategy = "pp(stages=4,cost=measured)", .batch = 8, .steps = STEPS};
         CHECK(run_ranks(4, &pp, path) == 0);
         compare("gpt pp4 1f1b M=4 cost=measured:", n, g_ref, g_got, dt_test_read_floats(path, g_got, CAP + STEPS + 1),
+                STEPS);
+        /* stage 1 from transformer.wpe: it reads the tokens too, which travel from stage 0 */
+        snprintf(path, sizeof path, "%s/split", g_dir);
+        run_cfg sp = {.model = GPT, .data = g_text, .strategy = "pp(stages=2,microbatches=3,split=transformer.wpe)",
+                      .batch = 8, .steps = STEPS};
+        CHECK(run_ranks(2, &sp, path) == 0);
+        compare("gpt pp2 split=transformer.wpe M=3:", n, g_ref, g_got, dt_test_read_floats(path, g_got, CAP + STEPS + 1),
                 STEPS);
     }
     /* dp2 x pp2: two pipelines of batch 4 each = the global batch 8 of one worker */
