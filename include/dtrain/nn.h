@@ -219,6 +219,9 @@ dt_status dt_model_backward_nodes(dt_model *m, int lo, int hi, const float *dout
 /* For pipeline stages: the tensor table ids (parameters and buffers, a tied weight included) that
  * node uses, into ids[0..cap); returns how many there are (which may exceed cap). */
 int dt_model_node_tensors(const dt_model *m, int node, int *ids, int cap);
+/* The node whose memory holds node's values: node itself, or for an alias (flatten, reshape, a
+ * relu its maxpool applies) the node it aliases, followed to the end. */
+int dt_model_node_owner(const dt_model *m, int node);
 /* True when a node of [lo, hi) reads graph input k (feed order: 0 the data, 1 the targets). */
 bool dt_model_range_reads_input(const dt_model *m, int lo, int hi, int k);
 /* Values per sample of a node's output (1 for a loss). */

@@ -291,3 +291,5 @@ double dt_model_node_flops(const dt_model *m, int node, int B) {
 }
 
 size_t dt_model_node_size(const dt_model *m, int node) { return m->nodes[node].out_n; }
+
+int dt_model_node_owner(const dt_model *m, int node) { return owner((dt_model *)m, &m->nodes[node])->id; }

@@ -53,12 +53,12 @@ static dt_status pp_sync(dt_strategy *s) {
             return dt_error_wrap(st, "pipeline stage %d (rank %d): gathering tensor %s from stage %d", p->stage,
                                  p->rank, ti->name, owner_stage(p, t));
     }
-moments:
-    for (int t = 0; s->optim && t < dt_model_num_tensors(m); t++) {
+moments:  /* to the rank that writes checkpoints, rank 0 (stage 0 of pipeline 0) */
+    for (int t = 0; p->dp_i == 0 && t < dt_model_num_tensors(m); t++) {
         const dt_param_info *ti = dt_model_tensor(m, t);
         const int own = owner_stage(p, t);
         if (ti->is_buffer || (p->stage != 0 && p->stage != own)) continue;
-        for (int i = 0; i < dt_optim_num_states(s->optim); i++) {
+        for (int i = 0; i < p->nstates; i++) {
             float *full = dt_optim_state(s->optim, i, NULL) + ti->offset, *mine = seg_state(p, i, ti->offset);
             dt_status st = DT_OK;
             if (own == 0 && p->stage == 0) memcpy(full, mine, ti->numel * sizeof(float));
@@ -69,7 +69,7 @@ moments:
                                      p->stage, p->rank, ti->name);
         }
     }
-    if (s->optim && p->nseg) dt_optim_set_steps(s->optim, dt_optim_steps(p->seg[0].opt));
+    if (s->optim) dt_optim_set_steps(s->optim, p->steps0 + p->updates);
     return DT_OK;
 }
 
@@ -202,7 +202,12 @@ static dt_status pp_setup(dt_strategy *s, dt_pp *p) {
         p->reads_y[k] = k > 0 && dt_model_range_reads_input(m, p->first[k], p->first[k + 1], 1);
     }
     DT_TRY(find_users(p, m));
+    p->nstates = s->optim ? dt_optim_num_states(s->optim) : 0;
+    p->steps0 = s->optim ? dt_optim_steps(s->optim) : 0;
     DT_TRY(make_segments(s, p));
+    /* the trainer's whole-model moments are needed only where checkpoints are written (rank 0);
+     * elsewhere the stage's segments are all the optimizer state it keeps */
+    if (s->optim && p->rank != 0) dt_optim_free_state(s->optim);
     const size_t nbuf = dt_model_num_buffers(m);
     p->acts = calloc(2 * DT_PP_MAX_MICRO, sizeof *p->acts);
     p->slots = calloc(DT_PP_MAX_MICRO, sizeof *p->slots);

@@ -49,7 +49,7 @@ const char *dt_pp_schedule_name(dt_pp_schedule_kind kind);
 /* ---- the cut (pp_cut.c) ---- */
 
 /* True when the graph may be cut before node k: exactly one node below k (node k-1, not an
- * input) is read at k or above, and the loss stays above the cut. */
+ * input nor an alias of one) is read at k or above, and the loss stays above the cut. */
 bool dt_pp_cut_valid(const dt_model *m, int k);
 /* The first node of each stage: first[0] = 0, first[1..K) the cuts, first[K] = the node count.
  * split "" balances cost[] (per node, e.g. flops; NULL: flops at batch 1) so that the most
@@ -94,6 +94,8 @@ typedef struct {
     uint64_t *users;               /* per tensor: bit k set when stage k uses it */
     dt_pp_segment *seg;
     int nseg;
+    int nstates;                   /* optimizer moments per parameter (0 sgd, 1 momentum, 2 adam) */
+    int64_t steps0, updates;       /* optimizer steps at the start, updates since */
     dt_pp_slot *slots;
     int nslots, mb_slot[DT_PP_MAX_MICRO];
     dt_pp_action *acts;

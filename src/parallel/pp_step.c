@@ -304,6 +304,7 @@ static dt_status update(step_ctx *c) {
         }
     }
     for (int q = 0; q < p->nseg; q++) dt_optim_step(p->seg[q].opt, w + p->seg[q].lo, g + p->seg[q].lo, c->b->lr);
+    p->updates++;
     return DT_OK;
 }
 

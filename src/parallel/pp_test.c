@@ -380,6 +380,13 @@ static void test_seq_models(void) {
         CHECK(run_ranks(2, &pp, path) == 0);
         snprintf(what, sizeof what, "%s pp2 %s:", models[i], i ? "gpipe M=4" : "1f1b M=2");
         compare(what, n, g_ref, g_got, dt_test_read_floats(path, g_got, CAP + STEPS + 1), STEPS);
+        if (i == 0) {  /* the last stage holds only the loss: a stage without parameters */
+            pp.strategy = "pp(stages=2,microbatches=2,split=5)";
+            snprintf(path, sizeof path, "%s/mlp_split", g_dir);
+            CHECK(run_ranks(2, &pp, path) == 0);
+            compare("mlp pp2 split=5 (stage 1: the loss):", n, g_ref, g_got,
+                    dt_test_read_floats(path, g_got, CAP + STEPS + 1), STEPS);
+        }
     }
 }
 
