@@ -42,6 +42,9 @@ size_t dt_optim_size(const dt_optim *o);
 int64_t dt_optim_steps(const dt_optim *o);
 void dt_optim_set_steps(dt_optim *o, int64_t t);
 const dt_optim_config *dt_optim_config_of(const dt_optim *o);
+/* Frees the moment slabs (for a rank whose state lives in other optimizers, e.g. pipeline stages'
+ * segments): dt_optim_num_states returns 0 afterwards and dt_optim_step must not be called. */
+void dt_optim_free_state(dt_optim *o);
 
 /* ---- dynamic loss scaling (fp16) ---- */
 typedef struct {

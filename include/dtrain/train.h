@@ -139,6 +139,9 @@ const char *dt_trainer_last_checkpoint(const dt_trainer *t);
  * name (cap bytes), *servers (may be NULL) the ranks that serve instead of training (ps: the
  * first S ranks; 0 for the others). DT_EINVAL naming the strategy, option or value otherwise. */
 dt_status dt_strategy_spec_info(const char *spec, char *name, size_t cap, int *servers);
+/* The ranks among which spec splits each global batch in a job of world ranks (ddp: world; ps:
+ * the workers; pp: the pipelines, world / stages); world when spec is bad. */
+int dt_strategy_spec_data_world(const char *spec, int world);
 /* Writes spec with every option spelled out ("ps(servers=1,staleness=inf,shards=dynamic,overlap=0)")
  * to out (cap bytes); DT_EINVAL as dt_strategy_spec_info. */
 dt_status dt_strategy_spec_canonical(const char *spec, char *out, size_t cap);

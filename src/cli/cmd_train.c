@@ -2,6 +2,7 @@
  * progress lines (pipes), and one line per epoch with train/test loss, accuracy and speed. */
 #include "cli/cli.h"
 #include "cli/train_uneven.h"
+#include "cli/train_pp.h"
 #include "dtrain/dtrain.h"
 #include "run/ckpt_dir.h"
 #include "run/elastic.h"
@@ -165,6 +166,8 @@ static const char TRAIN_USAGE[] =
     "  localsgd(sync_every=H)            local steps, models averaged every H (--sync-every)\n"
     "  ps(servers=S,staleness=S|inf,shards=dynamic|fixed,overlap=0|1)\n"
     "                                    parameter server (--servers, --staleness, --balance, --ps-overlap)\n"
+    "  pp(stages=K,microbatches=M,schedule=gpipe|1f1b,split=N1:N2)\n"
+    "                                    pipeline parallel (--pp, --microbatches, --pp-schedule, --pp-split)\n"
     "e.g. --strategy \"ps(servers=2,staleness=4)\". The flags in parentheses set the same options;\n"
     "a flag and a spec option that disagree are an error.\n\n"
     "Uneven workers: --strategy localsgd --sync-every H trains locally and averages the models every\n"
@@ -180,7 +183,15 @@ static const char TRAIN_USAGE[] =
     "while it trains its next batch (server 0 hands out one batch ahead): each gradient is one\n"
     "step staler, the exchange no longer stalls the worker. A ps worker that dies is dropped and the\n"
     "others go on; rank 0 (server 0) evaluates and prints. --slow RANK:FACTOR is a testing and\n"
-    "benchmark aid that makes one rank FACTOR times slower by sleeping.";
+    "benchmark aid that makes one rank FACTOR times slower by sleeping.\n\n"
+    "Pipeline parallel: --pp K --workers N cuts the model into K stages (N/K pipelines, data parallel\n"
+    "between them: rank = dp * K + stage); --microbatches M (default K) splits each rank-batch;\n"
+    "--pp-schedule gpipe|1f1b (default 1f1b: at most K micro-batches in flight per stage). The cut\n"
+    "balances the stages' flops over the valid boundaries (where one activation crosses: block ends,\n"
+    "layers); --pp-split N1:N2:... gives the first node of stages 1..K-1 by index or name instead,\n"
+    "e.g. --pp 2 --pp-split 17 or --pp-split transformer.h.2.ln_1 (a bad one lists the valid ones).\n"
+    "Same as --strategy \"pp(stages=K,microbatches=M,schedule=1f1b,split=N1:N2)\". --save writes one\n"
+    "ordinary checkpoint any layout resumes; --timeline shows each stage's F/B micro-batches.";
 
 /* Everything `dtrain train` accepts: the trainer config plus the flags that shape it. */
 typedef struct {
@@ -192,6 +203,7 @@ typedef struct {
     bool nesterov, quiet, normalize;
     int workers, max_restarts;
     dt_cli_uneven uneven;
+    dt_cli_pp pp;                  /* --pp, --microbatches, --pp-schedule, --pp-split */
 } train_opts;
 
 /* Parses argv into o; returns -1 to continue, else the exit status (help, bad flags). */
@@ -243,6 +255,10 @@ static int parse_train_flags(int argc, char **argv, train_opts *o) {
         {"balance", DT_FLAG_STR, &o->uneven.balance, "MODE", "ddp/localsgd: static (default) or dynamic (cut batches by speed); ps: dynamic (default) or static"},
         {"ps-overlap", DT_FLAG_BOOL, &o->uneven.overlap, NULL, "ps: push/pull in the background while the worker trains its next batch (--staleness inf only)"},
         {"slow", DT_FLAG_STR, &o->uneven.slow, "RANK:F", "testing aid: rank RANK sleeps to run F times slower"},
+        {"pp", DT_FLAG_INT, &o->pp.pp, "K", "pipeline parallel: K stages (--workers a multiple of K; the rest is data parallel)"},
+        {"microbatches", DT_FLAG_INT, &o->pp.microbatches, "M", "pp: micro-batches per rank-batch (default K)"},
+        {"pp-schedule", DT_FLAG_STR, &o->pp.schedule, "NAME", "pp: gpipe or 1f1b (default)"},
+        {"pp-split", DT_FLAG_STR, &o->pp.split, "N1:N2", "pp: first node (index or name) of stages 1..K-1 (default: balanced by flops)"},
         {"backend", DT_FLAG_STR, &o->backend, "NAME", "transport between ranks: auto, shm or mpi"},
         {"bucket-mb", DT_FLAG_FLOAT, &o->bucket_mb, "MB", "ddp gradient bucket size in MB (0 = default 1)"},
         {"timeline", DT_FLAG_STR, &c->timeline, "FILE", "write a Chrome trace of every rank (Perfetto, chrome://tracing)"},
@@ -266,6 +282,7 @@ static int parse_train_flags(int argc, char **argv, train_opts *o) {
     if (o->elastic && o->workers < 2 && !dt_comm_env_is_rank())
         return dt_cli_usage("e.g. --workers 4 --elastic 2:4", "--elastic needs --workers N (N >= 2)");
     if (o->timeout < 0) return dt_cli_usage(NULL, "--timeout %g: must not be negative (0 = default)", o->timeout);
+    if ((r = dt_cli_pp_parse(&o->pp, c, o->workers)) != 0) return r;
     o->uneven.servers_given = dt_cli_flag_given(argc, argv, "servers");
     o->uneven.sync_every_given = dt_cli_flag_given(argc, argv, "sync-every");
     o->uneven.bucket_mb = o->bucket_mb;
@@ -330,7 +347,7 @@ static void print_header(const train_opts *o, dt_trainer *t, dt_comm *comm, int 
                    "to let the servers go on without it\n");
     } else if (world > 1)
         printf("dtrain: %d ranks over %s, strategy %s, global batch %d%s\n", world, dt_comm_backend_name(comm),
-               spec, c->batch * world,
+               spec, c->batch * dt_strategy_spec_data_world(c->strategy ? c->strategy : "ddp", world),
                c->balance ? " (cut among the ranks by measured speed)" : "");
     fflush(stdout);
 }

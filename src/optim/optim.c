@@ -150,6 +150,11 @@ int64_t dt_optim_steps(const dt_optim *o) { return o->t; }
 void dt_optim_set_steps(dt_optim *o, int64_t t) { o->t = t; }
 const dt_optim_config *dt_optim_config_of(const dt_optim *o) { return &o->cfg; }
 
+void dt_optim_free_state(dt_optim *o) {
+    dt_slab_free(&o->m);
+    dt_slab_free(&o->v);
+}
+
 float dt_clip_grad_norm(float *g, size_t n, float max_norm) {
     double ss = 0;
     for (size_t i = 0; i < n; i++) ss += (double)g[i] * g[i];

@@ -101,6 +101,7 @@ dt_status dt_trainer_write_metrics(FILE *f, const dt_epoch_info *e, const dt_tra
     const dt_loss_scaler *ls = dt_optim_loss_scaler(t->optim);
     if (ls) fprintf(f, ", \"loss_scale\": %.6g, \"skipped_steps\": %lld", ls->scale, (long long)ls->skipped);
     dt_balance_write_json(f, e);  /* per-worker figures, ps staleness */
+    fputs(t->strategy_report, f);  /* the strategy's own figures (pp: bubble, bytes), or nothing */
     fputs("}\n", f);
     if (fflush(f) != 0 || ferror(f)) return metrics_error(t, "writing the record of an epoch");
     return DT_OK;

@@ -41,6 +41,7 @@ struct dt_trainer {
     dt_balance *balance;      /* --slow sleep, --balance cut, per-worker figures (training ranks) */
     dt_worker_info *workers;  /* [dworld] */
     bool borrowed_data;       /* train/test are cfg.train_set/test_set: not freed here */
+    char strategy_report[512]; /* the strategy's figures for the epoch's metrics line (ops->report) */
 };
 
 /* The model's feed of a loader batch (features or token ids, and labels or next tokens). */
