@@ -70,6 +70,9 @@ typedef struct {
     double comm_wait_s;  /* time the step blocked on communication */
     int buckets;         /* buckets communicated this step */
     int early_buckets;   /* of which were started while backward was still running */
+    double bytes_sent;   /* gradient-sync bytes this rank sent (ring / allgather volume; 0: not counted) */
+    double bytes_raw;    /* what an uncompressed f32 allreduce would have handed over */
+    double ef_norm;      /* L2 norm of the error-feedback residual after the step (--compress) */
 } dt_step_stats;
 
 typedef struct dt_strategy dt_strategy;
