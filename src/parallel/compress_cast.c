@@ -5,6 +5,7 @@
 #include "parallel/grad_sync.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 /* ---- none ---- */
 
@@ -52,6 +53,10 @@ static void cast_free(dt_gs_bucket *b) {
 
 static void cast_bind(dt_gs_bucket *b, float *state) { ((cast_state *)b->st)->res = state; }
 
+static void cast_residual(const dt_gs_bucket *b, float *out) {
+    memcpy(out, ((const cast_state *)b->st)->res, (b->hi - b->lo) * sizeof(float));
+}
+
 static dt_status cast_start(dt_grad_sync *g, dt_gs_bucket *b, bool bf16) {
     cast_state *c = b->st;
     size_t n = b->hi - b->lo;
@@ -83,6 +88,8 @@ static dt_status fp16_advance(dt_grad_sync *g, dt_gs_bucket *b) { return cast_ad
 static dt_status bf16_advance(dt_grad_sync *g, dt_gs_bucket *b) { return cast_advance(g, b, true); }
 
 const dt_compressor dt_compress_fp16 = {.name = "fp16", .bucket_init = cast_init, .bucket_free = cast_free,
-                                        .start = fp16_start, .advance = fp16_advance, .bind_state = cast_bind};
+                                        .start = fp16_start, .advance = fp16_advance, .bind_state = cast_bind,
+                                        .residual = cast_residual};
 const dt_compressor dt_compress_bf16 = {.name = "bf16", .bucket_init = cast_init, .bucket_free = cast_free,
-                                        .start = bf16_start, .advance = bf16_advance, .bind_state = cast_bind};
+                                        .start = bf16_start, .advance = bf16_advance, .bind_state = cast_bind,
+                                        .residual = cast_residual};

@@ -2,9 +2,11 @@
  * by the rest) of a bucket travels as a rank-r product P Q^T. With error feedback M = grad + e:
  * P = M Q (Q warm-started from the last step), allreduce P (mean), orthonormalise P's columns
  * (Gram-Schmidt, twice), Q = M^T P, allreduce Q, then M ~ P Q^T and e = M - P Q^T. One-dimensional
- * tensors (biases) ride uncompressed with P. The two allreduces are two stages of the bucket: the
- * second starts when the first is done, from the poll in the backward hook, so it overlaps the
- * backward pass of earlier layers (PyTorch's hook waits in between: pytorch/pytorch#74148). The
+ * tensors (biases) ride uncompressed with P. The warm-start Q is orthonormalised first (PowerSGD
+ * spans the same space) and refilled where it lost rank, so full rank reproduces M. The two allreduces are two stages of the bucket: the
+ * second is issued when the next bucket starts (after the backward of the layers between them, so
+ * P has usually arrived), and runs while backward continues on earlier layers (PyTorch's hook
+ * waits for P before it returns: pytorch/pytorch#74148). The issue order is the same on every rank. The
  * checkpointed row of a bucket is [Q of each matrix | e of each matrix]. */
 #include "parallel/grad_sync.h"
 
@@ -88,21 +90,44 @@ static void psgd_bind(dt_gs_bucket *b, float *state) {
                            dt_rng_key(DT_RNG_USER + 15, ((uint64_t)b->lo << 8) + (uint64_t)i));
 }
 
-/* Orthonormalises the r columns of P (n x r, row-major) in place: Gram-Schmidt in double, run
- * twice for accuracy; a zero column stays zero. */
-static void orthonormalise(float *P, size_t n, size_t r) {
+static void psgd_residual(const dt_gs_bucket *b, float *out) {
+    const psgd_state *s = b->st;
+    for (int i = 0; i < s->nmat; i++)
+        memcpy(out + s->mat[i].off, s->e + s->mat[i].e, s->mat[i].n * s->mat[i].m * sizeof(float));
+}
+
+/* Projects column j of A (n x r, row-major) off columns 0..j-1 (twice, in double) and returns
+ * its remaining norm. */
+static double project_out(float *A, size_t n, size_t r, size_t j) {
     for (int pass = 0; pass < 2; pass++)
-        for (size_t j = 0; j < r; j++) {
-            for (size_t k = 0; k < j; k++) {
-                double d = 0;
-                for (size_t i = 0; i < n; i++) d += (double)P[i * r + j] * P[i * r + k];
-                for (size_t i = 0; i < n; i++) P[i * r + j] -= (float)(d * P[i * r + k]);
-            }
-            double nn = 0;
-            for (size_t i = 0; i < n; i++) nn += (double)P[i * r + j] * P[i * r + j];
-            double inv = nn > 1e-60 ? 1.0 / sqrt(nn) : 0.0;
-            for (size_t i = 0; i < n; i++) P[i * r + j] = (float)(P[i * r + j] * inv);
+        for (size_t k = 0; k < j; k++) {
+            double d = 0;
+            for (size_t i = 0; i < n; i++) d += (double)A[i * r + j] * A[i * r + k];
+            for (size_t i = 0; i < n; i++) A[i * r + j] -= (float)(d * A[i * r + k]);
         }
+    double nn = 0;
+    for (size_t i = 0; i < n; i++) nn += (double)A[i * r + j] * A[i * r + j];
+    return sqrt(nn);
+}
+
+/* Orthonormalises the r columns of A (n x r, row-major) in place (Gram-Schmidt). A column that
+ * collapses (its norm falls below 1e-4 of what it had: A lost rank) is zeroed, or with
+ * refill != 0 replaced by a random direction keyed by refill (the same on every rank): a warm-
+ * started Q that lost rank would otherwise never regain it. */
+static void orthonormalise(float *A, size_t n, size_t r, uint64_t refill) {
+    for (size_t j = 0; j < r; j++) {
+        double before = 0;
+        for (size_t i = 0; i < n; i++) before += (double)A[i * r + j] * A[i * r + j];
+        double after = project_out(A, n, r, j);
+        if (after <= 1e-4 * sqrt(before) || after == 0) {
+            after = 0;
+            for (size_t i = 0; refill && i < n; i++)
+                A[i * r + j] = dt_rng_uniform(0x5eed, refill + j, i) - 0.5f;
+            if (refill) after = project_out(A, n, r, j);
+        }
+        double inv = after > 0 ? 1.0 / after : 0.0;
+        for (size_t i = 0; i < n; i++) A[i * r + j] = (float)(A[i * r + j] * inv);
+    }
 }
 
 static dt_status psgd_start(dt_grad_sync *g, dt_gs_bucket *b) {
@@ -115,6 +140,8 @@ static dt_status psgd_start(dt_grad_sync *g, dt_gs_bucket *b) {
         const psgd_mat *x = &s->mat[i];
         float *M = b->x + x->off, *e = s->e + x->e;
         for (size_t j = 0; j < x->n * x->m; j++) M[j] += e[j];  /* error feedback */
+        /* warm start from last step's Q, orthonormal and of full rank (same span otherwise) */
+        orthonormalise(s->q + x->q, x->m, x->r, dt_rng_key(DT_RNG_USER + 16, (uint64_t)dt_grad_sync_step(g) << 20));
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)x->n, (int)x->r, (int)x->m, 1.0f, M, (int)x->m,
                     s->q + x->q, (int)x->r, 0.0f, pp + x->p, (int)x->r);
     }
@@ -136,7 +163,7 @@ static dt_status after_p(dt_grad_sync *g, dt_gs_bucket *b) {
     }
     for (int i = 0; i < s->nmat; i++) {
         const psgd_mat *x = &s->mat[i];
-        orthonormalise(pp + x->p, x->n, x->r);
+        orthonormalise(pp + x->p, x->n, x->r, 0);
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)x->m, (int)x->r, (int)x->n, 1.0f, b->x + x->off,
                     (int)x->m, pp + x->p, (int)x->r, 0.0f, s->q + x->q, (int)x->r);
     }
@@ -171,5 +198,6 @@ static dt_status psgd_advance(dt_grad_sync *g, dt_gs_bucket *b) {
     return b->stage == 1 ? after_p(g, b) : after_q(g, b);
 }
 
-const dt_compressor dt_compress_powersgd = {.name = "powersgd", .bucket_init = psgd_init, .bucket_free = psgd_free,
-                                            .start = psgd_start, .advance = psgd_advance, .bind_state = psgd_bind};
+const dt_compressor dt_compress_powersgd = {.name = "powersgd", .stages = 2, .bucket_init = psgd_init, .bucket_free = psgd_free,
+                                            .start = psgd_start, .advance = psgd_advance, .bind_state = psgd_bind,
+                                            .residual = psgd_residual};

@@ -64,6 +64,10 @@ static void topk_bind(dt_gs_bucket *b, float *state) {
     t->u = state + (b->hi - b->lo);  /* used only with momentum (then the row holds both) */
 }
 
+static void topk_residual(const dt_gs_bucket *b, float *out) {
+    memcpy(out, ((const topk_state *)b->st)->v, (b->hi - b->lo) * sizeof(float));
+}
+
 /* The k-th largest of a[0..n) (1 <= k <= n); reorders a (quickselect, Hoare partition). */
 static float kth_largest(float *a, size_t n, size_t k) {
     long lo = 0, hi = (long)n - 1, want = (long)k - 1;
@@ -151,4 +155,5 @@ static dt_status topk_advance(dt_grad_sync *g, dt_gs_bucket *b) {
 }
 
 const dt_compressor dt_compress_topk = {.name = "topk", .bucket_init = topk_init, .bucket_free = topk_free,
-                                        .start = topk_start, .advance = topk_advance, .bind_state = topk_bind};
+                                        .start = topk_start, .advance = topk_advance, .bind_state = topk_bind,
+                                        .residual = topk_residual};

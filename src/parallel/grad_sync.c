@@ -178,7 +178,18 @@ static void step_bucket(dt_grad_sync *g, dt_gs_bucket *b, dt_status (*fn)(dt_gra
     if (s != DT_OK) fail_bucket(g, b, s);
 }
 
+static int stages(const dt_grad_sync *g) { return g->c->stages > 0 ? g->c->stages : 1; }
+
+/* Waits for b's collective and moves it on (issuing its next stage, or unpacking the result). */
+static void wait_advance(dt_grad_sync *g, dt_gs_bucket *b) {
+    dt_status r = dt_request_wait(&b->req);
+    if (r != DT_OK) fail_bucket(g, b, r);
+    else step_bucket(g, b, g->c->advance);
+}
+
 void dt_grad_sync_start(dt_grad_sync *g, int i, float *x) {
+    for (int j = 0; j < i; j++)  /* PowerSGD's Q allreduce of earlier buckets, before this P */
+        while (g->b[j].stage > 0 && g->b[j].stage < stages(g) && !g->b[j].failed) wait_advance(g, &g->b[j]);
     dt_gs_bucket *b = &g->b[i];
     b->x = x + b->lo;
     b->t_issue = dt_now();
@@ -190,7 +201,7 @@ void dt_grad_sync_start(dt_grad_sync *g, int i, float *x) {
 void dt_grad_sync_poll(dt_grad_sync *g) {
     for (int i = 0; i < g->cfg.nb; i++) {
         dt_gs_bucket *b = &g->b[i];
-        while (b->stage > 0 && b->stage != DT_GS_DONE && b->req) {
+        while (b->stage == stages(g) && b->req) {
             bool done = false;
             dt_status r = dt_request_test(&b->req, &done);
             if (r != DT_OK) fail_bucket(g, b, r);
@@ -205,12 +216,7 @@ dt_status dt_grad_sync_finish(dt_grad_sync *g, int i) {
     dt_status first = DT_OK;
     while (b->stage != DT_GS_DONE && !b->failed) {
         if (b->stage == 0) return dt_error(DT_EINVAL, "gradient sync: bucket %d was never started", i);
-        dt_status r = dt_request_wait(&b->req);
-        if (r != DT_OK) {
-            fail_bucket(g, b, r);
-            break;
-        }
-        step_bucket(g, b, g->c->advance);
+        wait_advance(g, b);
     }
     if (b->failed)
         first = dt_error(g->err ? g->err : DT_EINTERNAL, "gradient sync (--compress %s) of bucket %d: %s", g->c->name,
@@ -222,6 +228,12 @@ dt_grad_sync_stats dt_grad_sync_step_stats(const dt_grad_sync *g) {
     dt_grad_sync_stats s = g->st;
     s.ef_norm = sqrt(g->ef_sq);
     return s;
+}
+
+void dt_grad_sync_residual(const dt_grad_sync *g, float *x) {
+    memset(x, 0, g->cfg.n * sizeof(float));
+    for (int i = 0; i < g->cfg.nb; i++)
+        if (g->c->residual) g->c->residual(&g->b[i], x + g->b[i].lo);
 }
 
 dt_status dt_grad_sync_gather_state(dt_grad_sync *g) {

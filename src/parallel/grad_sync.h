@@ -45,6 +45,8 @@ typedef struct dt_grad_sync dt_grad_sync;
 /* The hook table entry of one compressor. */
 typedef struct {
     const char *name;
+    int stages;           /* collectives per bucket (0 = 1). Stage s+1 of a bucket is issued when the
+                           * next bucket starts or at finish: the same order on every rank. */
     /* Allocates b->st for bucket b; *state_floats gets the error-feedback floats it keeps. */
     dt_status (*bucket_init)(dt_grad_sync *g, dt_gs_bucket *b, size_t *state_floats);
     void (*bucket_free)(dt_gs_bucket *b);
@@ -55,6 +57,8 @@ typedef struct {
     dt_status (*advance)(dt_grad_sync *g, dt_gs_bucket *b);
     /* Points state[0..state_floats) of the bucket at the checkpointed floats (row of this rank). */
     void (*bind_state)(dt_gs_bucket *b, float *state);
+    /* Writes what this rank has not sent yet (the residual, in the bucket's layout) to out[0..n). */
+    void (*residual)(const dt_gs_bucket *b, float *out);
 } dt_compressor;
 
 /* What the sync of one vector needs to know about it. */
@@ -81,14 +85,19 @@ void dt_grad_sync_destroy(dt_grad_sync *g);
 const dt_compressor *dt_grad_sync_compressor(const dt_grad_sync *g);
 /* Starts a step (the top-k ratio warm-up counts these steps). */
 void dt_grad_sync_begin_step(dt_grad_sync *g, int64_t step);
-/* Starts bucket i on x[lo, hi) (x: the whole vector); errors show at finish. */
+/* Starts bucket i on x[lo, hi) (x: the whole vector); errors show at finish. Buckets start in
+ * index order; earlier buckets waiting for a next stage get it issued first (it may wait for
+ * their previous collective). */
 void dt_grad_sync_start(dt_grad_sync *g, int i, float *x);
-/* Advances every started bucket whose collective has completed, never blocking. */
+/* Never blocking: a started bucket whose last collective has completed is unpacked. (A next stage
+ * is never issued here: completion order differs between ranks, issue order must not.) */
 void dt_grad_sync_poll(dt_grad_sync *g);
 /* Waits for bucket i to go through all its stages; its result is in x[lo, hi). */
 dt_status dt_grad_sync_finish(dt_grad_sync *g, int i);
 /* The figures of the current step (after every bucket finished). */
 dt_grad_sync_stats dt_grad_sync_step_stats(const dt_grad_sync *g);
+/* Writes this rank's error-feedback residual (what it has not sent yet) as a vector x[0..n). */
+void dt_grad_sync_residual(const dt_grad_sync *g, float *x);
 /* Makes the state checkpointable: allgathers every rank's error-feedback state so the one writer
  * (rank 0) holds all of them. Collective. */
 dt_status dt_grad_sync_gather_state(dt_grad_sync *g);
