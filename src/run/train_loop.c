@@ -23,6 +23,7 @@ typedef struct {
     int64_t samples;     /* this rank */
     int64_t steps;
     double compute_s, comm_wait_s;
+    double sync_bytes, sync_raw_bytes, ef_norm;  /* gradient sync (dt_step_stats) */
 } epoch_acc;
 
 /* --slow sleep and --balance timing between backward and the sync (dt_step_batch.compute_done). */
@@ -47,6 +48,8 @@ static dt_status train_step(dt_trainer *t, const dt_batch *b, epoch_acc *acc) {
     acc->loss_sum += r.loss_sum;
     acc->samples += r.n;
     acc->comm_wait_s += r.st.comm_wait_s;
+    acc->sync_bytes += r.st.bytes_sent, acc->sync_raw_bytes += r.st.bytes_raw;
+    if (r.st.bytes_raw > 0) acc->ef_norm = r.st.ef_norm;
     acc->compute_s += r.compute_s;
     acc->steps++;
     t->step++;
@@ -260,7 +263,8 @@ static dt_status end_epoch(dt_trainer *t, FILE *mf, const epoch_acc *acc, double
                        .epoch_steps = epoch_steps, .steps_per_epoch = (int64_t)dt_loader_batches(t->loader),
                        .global_batch = dt_trainer_step_batch(t) * t->dworld,
                        .lr = dt_lr_at(&c->lr, t->step > 0 ? t->step - 1 : 0),
-                       .nworkers = t->dworld, .workers = t->workers, .max_clock_gap = -1};
+                       .nworkers = t->dworld, .workers = t->workers, .max_clock_gap = -1,
+                       .sync_bytes = acc->sync_bytes, .sync_raw_bytes = acc->sync_raw_bytes, .ef_norm = acc->ef_norm};
     DT_TRY(dt_trainer_evaluate(t, &e.test_loss, &e.test_acc));
     e.wall_s = dt_now() - t->t_start;
     if (mf) DT_TRY(dt_trainer_write_metrics(mf, &e, t));

@@ -96,6 +96,10 @@ dt_status dt_trainer_write_metrics(FILE *f, const dt_epoch_info *e, const dt_tra
     if (e->steps_per_epoch > 0)  /* a partial epoch (--max-steps) or a loss over part of it (resumed) */
         fprintf(f, ", \"epoch_steps\": %lld, \"steps_per_epoch\": %lld, \"loss_steps\": %lld",
                 (long long)e->epoch_steps, (long long)e->steps_per_epoch, (long long)e->steps);
+    if (e->sync_raw_bytes > 0 && e->steps > 0)  /* gradient sync: bytes per step of rank 0, --compress */
+        fprintf(f, ", \"sync\": {\"bytes_per_step\": %.0f, \"raw_bytes_per_step\": %.0f, \"compression_ratio\": %.4g, "
+                   "\"ef_norm\": %.6g}", e->sync_bytes / (double)e->steps, e->sync_raw_bytes / (double)e->steps,
+                e->sync_bytes > 0 ? e->sync_raw_bytes / e->sync_bytes : 0.0, e->ef_norm);
     dt_balance_write_json(f, e);  /* per-worker figures, ps staleness */
     fputs("}\n", f);
     if (fflush(f) != 0 || ferror(f)) return metrics_error(t, "writing the record of an epoch");
