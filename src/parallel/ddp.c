@@ -17,6 +17,7 @@
 typedef struct {
     double bucket_mb;     /* gradient bucket (fusion buffer) size in MB, > 0 (default 1) */
     dt_compress_spec compress;  /* how buckets travel (default none: f32 allreduce) */
+    dt_comm_hier_mode allreduce;  /* auto (hierarchical when ranks span hosts), flat, hier */
 } ddp_opts;
 
 typedef struct {
@@ -168,7 +169,8 @@ static dt_status ddp_create(dt_strategy *s, const void *opts) {
     d->nbuf = dt_model_num_buffers(m);
     s->impl = d;
     s->ops = &ddp_ops;
-    dt_status st = make_sync(s, d, &op->compress);
+    dt_status st = dt_comm_set_hier(s->comm, op->allreduce);  /* collective: every rank creates ddp */
+    if (st == DT_OK) st = make_sync(s, d, &op->compress);
     if (st != DT_OK) ddp_destroy(s);
     return st;
 }
@@ -181,6 +183,13 @@ static void ddp_defaults(void *opts) {
 static dt_status ddp_set(void *opts, const char *key, const char *value) {
     ddp_opts *o = opts;
     if (!strcmp(key, "compress")) return dt_compress_parse(value, &o->compress);
+    if (!strcmp(key, "allreduce")) {
+        static const char *const names[] = {"auto", "flat", "hier"};
+        for (int i = 0; i < 3; i++)
+            if (!strcmp(value, names[i])) return o->allreduce = (dt_comm_hier_mode)i, DT_OK;
+        return dt_error(DT_EINVAL, "--strategy ddp: allreduce=%s: choose auto (hierarchical when the ranks span "
+                                   "hosts), flat or hier", value);
+    }
     char *end;
     double v = strtod(value, &end);
     if (*end || end == value || !(v > 0) || !isfinite(v) || v > 1e6)
@@ -192,16 +201,16 @@ static dt_status ddp_set(void *opts, const char *key, const char *value) {
 
 static void ddp_format(const void *opts, char *out, size_t cap) {
     const ddp_opts *o = opts;
-    if (o->compress.kind == DT_COMPRESS_NONE) {
-        snprintf(out, cap, "bucket_mb=%g", o->bucket_mb);
-        return;
-    }
-    char c[96];
+    static const char *const names[] = {"auto", "flat", "hier"};
+    char c[96], a[32] = "";
     dt_compress_format(&o->compress, c, sizeof c);
-    snprintf(out, cap, "bucket_mb=%g,compress=%s", o->bucket_mb, c);
+    if (o->allreduce != DT_HIER_AUTO) snprintf(a, sizeof a, ",allreduce=%s", names[o->allreduce]);
+    if (o->compress.kind == DT_COMPRESS_NONE) snprintf(out, cap, "bucket_mb=%g%s", o->bucket_mb, a);
+    else snprintf(out, cap, "bucket_mb=%g,compress=%s%s", o->bucket_mb, c, a);
 }
 
 const dt_strategy_entry dt_strategy_ddp_entry = {
-    .name = "ddp", .help = "ddp(bucket_mb=MB,compress=none|fp16|bf16|topk:R|powersgd:K)", .keys = "bucket_mb, compress",
+    .name = "ddp", .help = "ddp(bucket_mb=MB,compress=none|fp16|bf16|topk:R|powersgd:K,allreduce=auto|flat|hier)",
+    .keys = "bucket_mb, compress, allreduce",
     .opts_size = sizeof(ddp_opts),
     .defaults = ddp_defaults, .set = ddp_set, .create = ddp_create, .format = ddp_format, .needs_comm = true};
