@@ -102,18 +102,61 @@ dt_status dt_comm_set_hier(dt_comm *c, dt_comm_hier_mode mode) {
 bool dt_comm_hier_active(const dt_comm *c) { return c && c->hier && c->hier->on; }
 int dt_comm_hosts(const dt_comm *c) { return c && c->hier ? c->hier->hosts : 0; }
 
+/* Chunk k of the buffer: elements [k*chunk, k*chunk + n). */
+typedef struct {
+    const unsigned char *send;
+    unsigned char *recv;
+    size_t chunk, count, esz;
+} chunks;
+
+static size_t chunk_len(const chunks *c, size_t k) {
+    size_t off = k * c->chunk;
+    return c->count - off < c->chunk ? c->count - off : c->chunk;
+}
+
+/* The host's reduction of chunk k (into recv on the leader; a lone rank copies). */
+static dt_status local_reduce(dt_comm_hier *h, const chunks *c, size_t k, dt_dtype t, dt_redop op) {
+    size_t off = k * c->chunk * c->esz, n = chunk_len(c, k);
+    if (h->local) return dt_comm_reduce(h->local, c->send + off, h->local_rank == 0 ? c->recv + off : NULL, n, t, op, 0);
+    if (c->send != c->recv && n) memcpy(c->recv + off, c->send + off, n * c->esz);
+    return DT_OK;
+}
+
+/* Chunk k is reduced among the leaders (wait for *ia): broadcast it within the host (queued). */
+static dt_status spread(dt_comm_hier *h, const chunks *c, size_t k, dt_dtype t, dt_request **ia, dt_request **bc) {
+    if (h->leaders) DT_TRY(dt_request_wait(ia));
+    if (h->local) DT_TRY(dt_comm_ibroadcast(h->local, c->recv + k * c->chunk * c->esz, chunk_len(c, k), t, 0, bc));
+    return DT_OK;
+}
+
 dt_status dt_comm_hier_allreduce(dt_comm_hier *h, int world, const void *send, void *recv, size_t count, dt_dtype t,
                                  dt_redop op) {
+    /* DTRAIN_HIER_CHUNK=BYTES pipelines in chunks: while the leaders reduce chunk k across hosts,
+     * the host reduces chunk k+1 and broadcasts chunk k-1 (each communicator runs its ops in issue
+     * order). Default: one chunk (on the loaded 2-core test machine the extra progress threads
+     * cost more than the overlap gained; measure with bench/compress_cluster.sh) */
     dt_redop part = op == DT_OP_AVG ? DT_OP_SUM : op;
-    size_t bytes = count * dt_dtype_size(t);
-    const void *in = send;
-    if (h->local) {  /* leader: the host's reduction into recv; others contribute send */
-        DT_TRY(dt_comm_reduce(h->local, send, h->local_rank == 0 ? recv : NULL, count, t, part, 0));
-        in = recv;
-    } else if (send != recv && bytes)
-        memcpy(recv, send, bytes), in = recv;
-    if (h->leaders) DT_TRY(dt_comm_allreduce(h->leaders, in, recv, count, t, part));
-    if (h->local) DT_TRY(dt_comm_broadcast(h->local, recv, count, t, 0));
-    if (op == DT_OP_AVG) dt_reduce_scale(recv, count, t, world);
-    return DT_OK;
+    chunks c = {send, recv, 0, count, dt_dtype_size(t)};
+    const char *e = getenv("DTRAIN_HIER_CHUNK");
+    long cb = e ? atol(e) : 0;
+    c.chunk = cb >= 4096 ? (size_t)cb / c.esz : count ? count : 1;
+    size_t nch = count ? (count + c.chunk - 1) / c.chunk : 1;
+    dt_request **bc = calloc(nch, sizeof *bc), *ia = NULL;
+    if (!bc) return dt_error(DT_ENOMEM, "hierarchical allreduce: out of memory");
+    dt_status st = DT_OK;
+    for (size_t k = 0; k < nch && st == DT_OK; k++) {
+        st = local_reduce(h, &c, k, t, part);
+        if (st == DT_OK && k > 0) st = spread(h, &c, k - 1, t, &ia, &bc[k - 1]);
+        if (st == DT_OK && h->leaders) {
+            unsigned char *p = c.recv + k * c.chunk * c.esz;
+            st = dt_comm_iallreduce(h->leaders, p, p, chunk_len(&c, k), t, part, &ia);
+        }
+    }
+    if (st == DT_OK) st = spread(h, &c, nch - 1, t, &ia, &bc[nch - 1]);
+    dt_status w = dt_request_wait(&ia);
+    dt_status b = dt_request_waitall(bc, (int)nch);
+    free(bc);
+    if (st == DT_OK) st = w != DT_OK ? w : b;
+    if (st == DT_OK && op == DT_OP_AVG) dt_reduce_scale(recv, count, t, world);
+    return st;
 }
