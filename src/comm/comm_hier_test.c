@@ -3,7 +3,7 @@
  * hierarchical result must equal the flat one bit for bit. Layouts (host of each rank, named by
  * DTRAIN_HOSTNAME): 2 hosts x 2 ranks, 3 hosts x 1-2 ranks, interleaved hosts, one host forced;
  * every dtype and op, counts 0 .. 100003, in place, non-blocking; AUTO turns it on only where
- * ranks share a host and span hosts; FLAT turns it off.
+ * ranks share a host and span hosts; FLAT turns it off; pipelined in chunks (DTRAIN_HIER_CHUNK).
  * `comm_hier_test mpi` runs the same checks as one rank of an mpirun job across (emulated) hosts,
  * with real hostnames (tests/hier_netns.sh). */
 #include "comm/comm_testlib.h"
@@ -109,6 +109,11 @@ int main(int argc, char **argv) {
         printf("layout %d: %d ranks on hosts", k, n);
         for (int r = 0; r < n; r++) printf(" %s", ls[k].hosts[r]);
         printf(", mode %d: exact\n", (int)ls[k].mode);
+    }
+    setenv("DTRAIN_HIER_CHUNK", "65536", 1);  /* pipelined in 64 KiB chunks: the same exact results */
+    for (int k = 0; k < 2; k++) {
+        CHECK_MSG(dt_run_ranks(k ? 5 : 4, rank_main, &ls[k], 120) == 0, "layout %d pipelined failed", k);
+        printf("layout %d pipelined in 64 KiB chunks: exact\n", k);
     }
     return dt_test_summary("comm_hier_test");
 }
