@@ -44,6 +44,15 @@ if awk -v g="${got:-0}" -v w="$want" 'BEGIN { exit !(g > 0.95 * w && g < 1.05 * 
 else bad "topk:0.1 compression ratio ${got:-missing} (stated $want)"; fi
 grep -q '"ef_norm": [0-9]' "$TMP/m.jsonl" && ok "metrics carry the error-feedback norm" || bad "no ef_norm in the metrics"
 
+# a checkpoint without the state starts compression afresh; another number of ranks is refused
+"$DT" train "${COMMON[@]}" --max-steps 24 --resume "$TMP/fp16-b.st" --compress topk:0.1 >"$TMP/x.log" 2>&1 &&
+  ok "resume of a checkpoint without error-feedback state" || bad "resume without state: $(tail -2 "$TMP/x.log")"
+"$DT" train "${COMMON[@]}" --workers 3 --compress topk:0.1:momentum=0.9:warmup=5 --momentum 0 --max-steps 24 \
+  --resume "$TMP/topk-b.st" >"$TMP/y.log" 2>&1
+rc=$?
+if [ $rc -eq 78 ] && grep -q "resume with as many workers" "$TMP/y.log"; then ok "another number of ranks: exit 78, says what to do"
+else bad "another number of ranks: exit $rc: $(grep error "$TMP/y.log" | head -1)"; fi
+
 expect_fail "bad compressor" "--compress zip" "$DT" train "${COMMON[@]}" --compress zip
 expect_fail "bad ratio" "topk:2" "$DT" train "${COMMON[@]}" --compress topk:2
 expect_fail "compress with ps" "only ddp and localsgd" "$DT" train "${COMMON[@]}" --strategy ps --compress fp16

@@ -74,7 +74,8 @@ static dt_status ddp_step(dt_strategy *s, float lr, float clip, dt_step_stats *s
         if (r != DT_OK && first == DT_OK) first = r;
         if (s->trace) {
             char name[40];
-            snprintf(name, sizeof name, "%s b%d", dt_grad_sync_compressor(d->gs)->name, i);
+            const char *how = dt_grad_sync_compressor(d->gs)->name;  /* "allreduce b3", "topk b3" */
+            snprintf(name, sizeof name, "%s b%d", strcmp(how, "none") ? how : "allreduce", i);
             dt_trace_add(s->trace, name, 1, b->t_issue, dt_now(), s->step);
         }
     }

@@ -90,6 +90,8 @@ typedef struct {
     int64_t shape[4];
     size_t numel, offset;
     bool is_optim;  /* an optimizer moment (absent from weights-only checkpoints) */
+    const char *hint;  /* NULL, or: the piece is optional (a checkpoint without it leaves buf as it
+                        * is) and a restore of another shape fails with this advice */
 } dt_state_piece;
 /* Called with each piece; returning an error stops the visit with it. For a restore the visitor
  * writes into buf. */
