@@ -5,7 +5,8 @@
 # top-k under localsgd (stopped where it averages: a checkpoint averages first): the
 # error-feedback state of every rank is in the checkpoint. The metrics line reports bytes per
 # step and the compression ratio, which matches the stated one (top-k 0.1: 4n / (8 ceil(0.1 n)))
-# within 5%. Bad --compress values are usage errors that name the value.
+# within 5%. ddp with --allreduce hier (forced on one host) ends where flat ends. Bad --compress
+# and --allreduce values are usage errors that name the value.
 # Usage: bash tests/compress.sh BUILDDIR
 source "$(dirname "$0")/testlib.bash"
 
@@ -53,6 +54,26 @@ rc=$?
 if [ $rc -eq 78 ] && grep -q "resume with as many workers" "$TMP/y.log"; then ok "another number of ranks: exit 78, says what to do"
 else bad "another number of ranks: exit $rc: $(grep error "$TMP/y.log" | head -1)"; fi
 
+# ddp with the hierarchical allreduce forced (one host: every rank reduces through its leader)
+# ends where the flat ring ends, to float rounding
+for a in flat hier; do
+  "$DT" train "${COMMON[@]}" --workers 4 --allreduce $a --max-steps 20 --save "$TMP/ar-$a.st" >"$TMP/ar-$a.log" 2>&1 ||
+    bad "--allreduce $a: $(tail -2 "$TMP/ar-$a.log")"
+done
+d=$(python3 - "$TMP/ar-flat.st" "$TMP/ar-hier.st" <<'PY'
+import json, struct, sys
+def load(p):
+    b = open(p, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n]); d = b[8 + n:]
+    return {k: struct.unpack("<%df" % ((v["data_offsets"][1] - v["data_offsets"][0]) // 4),
+                             d[v["data_offsets"][0]:v["data_offsets"][1]]) for k, v in h.items() if k != "__metadata__"}
+a, b = load(sys.argv[1]), load(sys.argv[2])
+print(max(abs(x - y) for k in a if not k.startswith("optim") for x, y in zip(a[k], b[k])))
+PY
+)
+if awk -v d="${d:-1}" 'BEGIN { exit !(d < 1e-5) }'; then ok "--allreduce hier equals flat (max |diff| $d)"
+else bad "--allreduce hier differs from flat by ${d:-?}"; fi
+expect_fail "bad --allreduce" "allreduce=ring" "$DT" train "${COMMON[@]}" --allreduce ring
+expect_fail "--allreduce with localsgd" "only ddp allreduces" "$DT" train "${COMMON[@]}" --strategy localsgd --allreduce hier
 expect_fail "bad compressor" "--compress zip" "$DT" train "${COMMON[@]}" --compress zip
 expect_fail "bad ratio" "topk:2" "$DT" train "${COMMON[@]}" --compress topk:2
 expect_fail "compress with ps" "only ddp and localsgd" "$DT" train "${COMMON[@]}" --strategy ps --compress fp16
