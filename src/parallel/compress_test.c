@@ -117,10 +117,55 @@ static void test_identities(void) {
         for (size_t k = 0; k < sizeof texts / sizeof *texts; k++) {
             char job[64];
             snprintf(job, sizeof job, "cmpid%d_%d_%zu", (int)getpid(), W, k);
+            fflush(stdout);  /* the forked ranks would print what is buffered again */
             for (int r = 0; r < W; r++)
                 if (fork() == 0) _exit(identity_rank(texts[k], r, W, job) ? 1 : 0);
             CHECK_MSG(dt_test_wait_children() == 0, "%s on %d ranks failed", texts[k], W);
         }
+}
+
+static int cmp_desc(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* A bucket large enough for the sampled threshold (101000 values, one process): top-k keeps
+ * exactly the k largest magnitudes, bit for bit, and leaves the rest in the residual. */
+static void test_topk_large(void) {
+    dt_comm_config cc = dt_comm_config_default();
+    dt_comm *c;
+    dt_model *m;
+    CHECK_OK(dt_comm_create(&c, &cc));
+    CHECK_OK(dt_model_create_from_spec(&m, "linear(1000)", 1, 1, 100));
+    const size_t n = dt_model_num_params(m);
+    size_t lo = 0, hi = n;
+    dt_compress_spec cs;
+    CHECK_OK(dt_compress_parse("topk:0.01", &cs));
+    dt_grad_sync_config gc = {.comm = c, .model = m, .n = n, .lo = &lo, .hi = &hi, .nb = 1};
+    dt_grad_sync *gs;
+    CHECK_OK(dt_grad_sync_create(&gs, &cs, &gc));
+    float *x = malloc(n * sizeof *x), *g = malloc(n * sizeof *g), *mag = malloc(n * sizeof *mag);
+    float *res = malloc(n * sizeof *res);
+    for (int step = 0; step < 3; step++) {
+        g_of(g, n, 0, 50 + step);
+        dt_grad_sync_residual(gs, res);
+        for (size_t i = 0; i < n; i++) x[i] = g[i], mag[i] = fabsf(g[i] + res[i]);  /* what is up for sending */
+        qsort(mag, n, sizeof *mag, cmp_desc);
+        size_t k = (size_t)ceil(0.01 * (double)n);
+        dt_grad_sync_begin_step(gs, step);
+        dt_grad_sync_start(gs, 0, x);
+        CHECK_OK(dt_grad_sync_finish(gs, 0));
+        size_t sent = 0, wrong = 0;
+        for (size_t i = 0; i < n; i++)
+            if (x[i] != 0) sent++, wrong += fabsf(x[i]) < mag[k - 1];
+        CHECK_MSG(sent == k && wrong == 0, "step %d: %zu values sent (want %zu), %zu below the k-th magnitude %g",
+                  step, sent, k, wrong, mag[k - 1]);
+    }
+    printf("topk:0.01 on a %zu-value bucket: exactly the k largest magnitudes sent\n", n);
+    free(x), free(g), free(mag), free(res);
+    dt_grad_sync_destroy(gs);
+    dt_model_free(m);
+    dt_comm_destroy(c);
 }
 
 static void test_parse(void) {
@@ -138,6 +183,7 @@ static void test_parse(void) {
 
 /* Trains `spec` on W forked ranks; rank 0 writes the final parameters to path. */
 static int train_ranks(const char *spec, int W, const char *path, const char *job) {
+    fflush(stdout);
     for (int r = 0; r < W; r++) {
         if (fork() != 0) continue;
         dt_comm *c = dt_test_rank_comm(r, W, job);
@@ -190,6 +236,7 @@ static void test_trainer(void) {
 int main(void) {
     dt_test_write_toy_csv(g_dir, g_csv, "/tmp/dtrain-cmp-XXXXXX", 9);
     test_parse();
+    test_topk_large();
     test_identities();
     test_trainer();
     dt_test_remove_dir(g_dir);
