@@ -24,6 +24,36 @@ static void g_of(float *g, size_t n, int rank, int step) {
     dt_rng_fill_normal(g, n, 0.0f, 1.0f, 77, dt_rng_key(DT_RNG_USER + 1, (uint64_t)(rank * 100 + step)));
 }
 
+/* The step's figures: f32 bytes of the vector; top-k: k pairs of 8 bytes per bucket (ceil(density
+ * n), after the warm-up), at most W*k values set; casts: 2 bytes a value. */
+static void check_bytes(const dt_compress_spec *cs, dt_grad_sync_stats st, const float *x, size_t n, int W, int t) {
+    CHECK(st.raw_bytes == (double)n * 4);
+    if (cs->kind == DT_COMPRESS_TOPK) {
+        double d = cs->warmup && t < cs->warmup ? pow(cs->ratio, (t + 1.0) / cs->warmup) : cs->ratio;
+        double k = ceil(d * 68 - 1e-9) + ceil(d * 208 - 1e-9);
+        CHECK_MSG(st.payload_bytes == 8 * k, "topk step %d: %g payload bytes, want %g", t, st.payload_bytes, 8 * k);
+        size_t nz = 0;
+        for (size_t i = 0; i < n; i++) nz += x[i] != 0;
+        CHECK_MSG(nz <= (size_t)W * (size_t)k, "topk step %d: %zu values set, at most %g sent", t, nz, W * k);
+    }
+    if (cs->kind == DT_COMPRESS_FP16 || cs->kind == DT_COMPRESS_BF16) CHECK(st.payload_bytes == (double)n * 2);
+}
+
+/* True when every rank of c holds the same bits in x[0..n) (a hash compared by min and max). */
+static bool same_on_all_ranks(dt_comm *c, const float *x, size_t n) {
+    uint64_t h = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &x[i], 4);
+        h = h * 31 + u;
+    }
+    int64_t crc = (int64_t)(h >> 1), a = 0, b = 1;
+    if (dt_comm_allreduce(c, &crc, &a, 1, DT_I64, DT_OP_MIN) != DT_OK ||
+        dt_comm_allreduce(c, &crc, &b, 1, DT_I64, DT_OP_MAX) != DT_OK)
+        return false;
+    return a == b;
+}
+
 /* One rank of the identity test of compressor `text` on W ranks; returns its failures. */
 static int identity_rank(const char *text, int r, int W, const char *job) {
     dt_test_failures = 0;  /* a forked rank counts its own */
@@ -56,31 +86,11 @@ static int identity_rank(const char *text, int r, int W, const char *job) {
         dt_grad_sync_start(gs, 1, x);
         CHECK_OK(dt_grad_sync_finish(gs, 0));
         CHECK_OK(dt_grad_sync_finish(gs, 1));
-        dt_grad_sync_stats st = dt_grad_sync_step_stats(gs);
-        CHECK(st.raw_bytes == (double)n * 4);
-        if (cs.kind == DT_COMPRESS_TOPK) {  /* k pairs of 8 bytes per bucket, ceil(density * n) */
-            double d = cs.warmup && t < cs.warmup ? pow(cs.ratio, (t + 1.0) / cs.warmup) : cs.ratio;
-            double k = ceil(d * 68 - 1e-9) + ceil(d * 208 - 1e-9);
-            CHECK_MSG(st.payload_bytes == 8 * k, "topk step %d: %g payload bytes, want %g", t, st.payload_bytes, 8 * k);
-            size_t nz = 0;
-            for (size_t i = 0; i < n; i++) nz += x[i] != 0;
-            CHECK_MSG(nz <= (size_t)W * (size_t)k, "topk step %d: %zu values set, at most %g sent", t, nz, W * k);
-        }
-        if (cs.kind == DT_COMPRESS_FP16 || cs.kind == DT_COMPRESS_BF16) CHECK(st.payload_bytes == (double)n * 2);
+        check_bytes(&cs, dt_grad_sync_step_stats(gs), x, n, W, t);
         for (size_t i = 0; i < n; i++) sum_out[i] += x[i];
         double e = dt_test_maxdiff(x, mean, n);
         if (e > lossless_err[0]) lossless_err[0] = (float)e;
-        /* every rank holds the same bits */
-        uint64_t h = 0;
-        for (size_t i = 0; i < n; i++) {
-            uint32_t u;
-            memcpy(&u, &x[i], 4);
-            h = h * 31 + u;
-        }
-        int64_t crc = (int64_t)(h >> 1), a, b;
-        CHECK_OK(dt_comm_allreduce(c, &crc, &a, 1, DT_I64, DT_OP_MIN));
-        CHECK_OK(dt_comm_allreduce(c, &crc, &b, 1, DT_I64, DT_OP_MAX));
-        CHECK_MSG(a == b, "%s step %d: the ranks' results differ", text, t);
+        CHECK_MSG(same_on_all_ranks(c, x, n), "%s step %d: the ranks' results differ", text, t);
     }
     /* sum_t out_t + mean_r residual_r == sum_t mean_t g: nothing is lost, only delayed */
     dt_grad_sync_residual(gs, res);
