@@ -15,8 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { MAX_PIECES = 64 };
-
 typedef struct {
     size_t off, n, m, r;   /* matrix at bucket offset off, n x m, rank r */
     size_t p, q, e;        /* its P in pay (after the plain values), Q in the q row, e in the e row */
@@ -27,8 +25,8 @@ typedef struct {
 } psgd_plain;
 
 typedef struct {
-    psgd_mat mat[MAX_PIECES];
-    psgd_plain plain[MAX_PIECES];
+    psgd_mat *mat;         /* one per tensor at most (the model's tensor count) */
+    psgd_plain *plain;
     int nmat, nplain;
     size_t nplain_vals, np, nq, ne;
     float *pay;            /* [plain values | P of each matrix] */
@@ -41,8 +39,6 @@ static dt_status add_tensor(psgd_state *s, const dt_gs_bucket *b, const dt_param
     if (lo >= hi) return DT_OK;
     bool whole = lo == t->offset && hi == t->offset + t->numel;
     if (whole && t->ndim >= 2 && t->shape[0] > 1 && t->numel / (size_t)t->shape[0] > 1) {
-        if (s->nmat == MAX_PIECES) return dt_error(DT_EINVAL, "--compress powersgd: over %d matrices in one bucket; use "
-                                                              "a smaller --bucket-mb", MAX_PIECES);
         psgd_mat *x = &s->mat[s->nmat++];
         x->off = lo - b->lo, x->n = (size_t)t->shape[0], x->m = t->numel / x->n;
         x->r = (size_t)rank < x->n ? (size_t)rank : x->n;
@@ -51,8 +47,6 @@ static dt_status add_tensor(psgd_state *s, const dt_gs_bucket *b, const dt_param
         s->np += x->n * x->r, s->nq += x->m * x->r, s->ne += x->n * x->m;
         return DT_OK;
     }
-    if (s->nplain == MAX_PIECES) return dt_error(DT_EINVAL, "--compress powersgd: over %d vectors in one bucket; use a "
-                                                            "smaller --bucket-mb", MAX_PIECES);
     s->plain[s->nplain++] = (psgd_plain){lo - b->lo, hi - lo};
     s->nplain_vals += hi - lo;
     return DT_OK;
@@ -62,7 +56,9 @@ static dt_status psgd_init(dt_grad_sync *g, dt_gs_bucket *b, size_t *state_float
     const dt_grad_sync_config *c = dt_grad_sync_config_of(g);
     psgd_state *s = calloc(1, sizeof *s);
     b->st = s;
-    if (!s) return dt_error(DT_ENOMEM, "--compress powersgd: out of memory");
+    size_t nt = (size_t)dt_model_num_tensors(c->model) + 1;
+    if (s) s->mat = calloc(nt, sizeof *s->mat), s->plain = calloc(nt, sizeof *s->plain);
+    if (!s || !s->mat || !s->plain) return dt_error(DT_ENOMEM, "--compress powersgd: out of memory");
     for (int i = 0; i < dt_model_num_tensors(c->model); i++) {
         const dt_param_info *t = dt_model_tensor(c->model, i);
         if (!t->is_buffer) DT_TRY(add_tensor(s, b, t, dt_grad_sync_spec(g)->rank));
@@ -77,6 +73,7 @@ static void psgd_free(dt_gs_bucket *b) {
     psgd_state *s = b->st;
     if (!s) return;
     dt_free(s->pay);
+    free(s->mat), free(s->plain);
     free(s);
     b->st = NULL;
 }
