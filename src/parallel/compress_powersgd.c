@@ -7,7 +7,8 @@
  * second is issued when the next bucket starts (after the backward of the layers between them, so
  * P has usually arrived), and runs while backward continues on earlier layers (PyTorch's hook
  * waits for P before it returns: pytorch/pytorch#74148). The issue order is the same on every rank. The
- * checkpointed row of a bucket is [Q of each matrix | e of each matrix]. */
+ * checkpointed row of a bucket is [Q of each matrix | e of each matrix]. warmup=S: the first S steps
+ * are plain allreduces (PyTorch's start_powerSGD_iter). */
 #include "parallel/grad_sync.h"
 
 #include <cblas.h>
@@ -31,6 +32,7 @@ typedef struct {
     size_t nplain_vals, np, nq, ne;
     float *pay;            /* [plain values | P of each matrix] */
     float *q, *e;          /* in the checkpointed row */
+    bool plain_step;       /* this step is in the warm-up: a plain f32 allreduce of the bucket */
 } psgd_state;
 
 /* Adds tensor info's part of bucket b to the layout (plain or matrix). */
@@ -129,6 +131,12 @@ static void orthonormalise(float *A, size_t n, size_t r, uint64_t refill) {
 
 static dt_status psgd_start(dt_grad_sync *g, dt_gs_bucket *b) {
     psgd_state *s = b->st;
+    s->plain_step = dt_grad_sync_step(g) < dt_grad_sync_spec(g)->warmup;
+    if (s->plain_step) {  /* warm-up: uncompressed, no error feedback (the residual stays 0) */
+        dt_grad_sync_count(g, (b->hi - b->lo) * sizeof(float), false);
+        return dt_comm_iallreduce(dt_grad_sync_config_of(g)->comm, b->x, b->x, b->hi - b->lo, DT_F32, DT_OP_AVG,
+                                  &b->req);
+    }
     float *pp = s->pay + s->nplain_vals;
     size_t k = 0;
     for (int i = 0; i < s->nplain; i++, k += s->plain[i - 1].len)
@@ -152,9 +160,9 @@ static dt_status after_p(dt_grad_sync *g, dt_gs_bucket *b) {
     psgd_state *s = b->st;
     float *pp = s->pay + s->nplain_vals;
     size_t k = 0;
-    for (int i = 0; i < s->nplain; i++, k += s->plain[i - 1].len)
+    for (int i = 0; !s->plain_step && i < s->nplain; i++, k += s->plain[i - 1].len)
         memcpy(b->x + s->plain[i].off, s->pay + k, s->plain[i].len * sizeof(float));
-    if (s->nmat == 0) {
+    if (s->nmat == 0 || s->plain_step) {
         b->stage = DT_GS_DONE;
         return DT_OK;
     }

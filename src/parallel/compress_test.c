@@ -90,6 +90,8 @@ static int identity_rank(const char *text, int r, int W, const char *job) {
         for (size_t i = 0; i < n; i++) sum_out[i] += x[i];
         double e = dt_test_maxdiff(x, mean, n);
         if (e > lossless_err[0]) lossless_err[0] = (float)e;
+        if (cs.kind == DT_COMPRESS_POWERSGD && t < cs.warmup)  /* warm-up steps: plain allreduce */
+            CHECK_MSG(e <= 1e-6, "%s step %d (warm-up): result differs from the mean by %g", text, t, e);
         CHECK_MSG(same_on_all_ranks(c, x, n), "%s step %d: the ranks' results differ", text, t);
     }
     /* sum_t out_t + mean_r residual_r == sum_t mean_t g: nothing is lost, only delayed */
@@ -125,7 +127,7 @@ static int identity_rank(const char *text, int r, int W, const char *job) {
 
 static void test_identities(void) {
     const char *texts[] = {"none", "fp16", "bf16", "topk:1", "topk:0.1", "topk:0.05:momentum=0.9",
-                           "topk:0.02:warmup=4", "powersgd:1", "powersgd:2", "powersgd:16"};
+                           "topk:0.02:warmup=4", "powersgd:1", "powersgd:2", "powersgd:2:warmup=3", "powersgd:16"};
     for (int W = 2; W <= 3; W++)
         for (size_t k = 0; k < sizeof texts / sizeof *texts; k++) {
             char job[64];
@@ -187,7 +189,10 @@ static void test_parse(void) {
     CHECK(s.kind == DT_COMPRESS_TOPK && s.ratio == 0.01 && s.momentum == 0.9 && s.warmup == 100);
     CHECK_OK(dt_compress_parse("powersgd:4", &s));
     CHECK(s.kind == DT_COMPRESS_POWERSGD && s.rank == 4);
-    const char *bad[] = {"topk", "topk:0", "topk:1.5", "topk:0.1:foo=1", "powersgd:0", "powersgd:1.5", "zip"};
+    CHECK_OK(dt_compress_parse("powersgd:2:warmup=3", &s));
+    CHECK(s.kind == DT_COMPRESS_POWERSGD && s.rank == 2 && s.warmup == 3);
+    const char *bad[] = {"topk", "topk:0", "topk:1.5", "topk:0.1:foo=1", "powersgd:0", "powersgd:1.5",
+                         "powersgd:2:warmup=x", "zip"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         CHECK(dt_compress_parse(bad[i], &s) == DT_EINVAL);
         CHECK_MSG(strstr(dt_last_error(), bad[i]) != NULL, "the error names '%s': %s", bad[i], dt_last_error());

@@ -25,7 +25,8 @@ struct dt_grad_sync {
     char err_msg[512];
 };
 
-static const char *const FORMS = "none, fp16, bf16, topk:RATIO[:momentum=M][:warmup=STEPS] or powersgd:RANK";
+static const char *const FORMS =
+    "none, fp16, bf16, topk:RATIO[:momentum=M][:warmup=STEPS] or powersgd:RANK[:warmup=STEPS]";
 
 static dt_status bad(const char *text, const char *why) {
     return dt_error(DT_EINVAL, "--compress %s: %s (use %s, e.g. --compress topk:0.01)", text, why, FORMS);
@@ -68,8 +69,13 @@ dt_status dt_compress_parse(const char *text, dt_compress_spec *o) {
     if (!strncmp(text, "powersgd:", 9)) {
         double r;
         const char *e;
-        if (!num(text + 9, 1, 1e6, &r, &e) || *e || r != floor(r)) return bad(text, "the rank must be a whole number >= 1");
+        if (!num(text + 9, 1, 1e6, &r, &e) || r != floor(r)) return bad(text, "the rank must be a whole number >= 1");
         o->kind = DT_COMPRESS_POWERSGD, o->rank = (int)r;
+        if (!*e) return DT_OK;
+        double w;
+        if (strncmp(e, ":warmup=", 8) || !num(e + 8, 0, 1e9, &w, &e) || *e || w != floor(w))
+            return bad(text, "powersgd takes :warmup=STEPS (plain allreduce for the first STEPS steps)");
+        o->warmup = (int)w;
         return DT_OK;
     }
     return bad(text, "unknown compressor");
@@ -82,7 +88,10 @@ void dt_compress_format(const dt_compress_spec *s, char *out, size_t cap) {
     case DT_COMPRESS_TOPK:
         snprintf(out, cap, "topk:%g:momentum=%g:warmup=%d", s->ratio, s->momentum, s->warmup);
         break;
-    case DT_COMPRESS_POWERSGD: snprintf(out, cap, "powersgd:%d", s->rank); break;
+    case DT_COMPRESS_POWERSGD:
+        if (s->warmup) snprintf(out, cap, "powersgd:%d:warmup=%d", s->rank, s->warmup);
+        else snprintf(out, cap, "powersgd:%d", s->rank);
+        break;
     default: snprintf(out, cap, "none");
     }
 }

@@ -18,11 +18,12 @@ typedef struct {
     dt_compress_kind kind;
     double ratio;      /* topk: fraction of the values sent, (0, 1] */
     double momentum;   /* topk: DGC momentum correction (0 = off; then train with plain SGD) */
-    int warmup;        /* topk: steps over which the ratio falls from 1 to `ratio` (DGC warm-up) */
+    int warmup;        /* topk: steps over which the ratio falls from 1 to `ratio` (DGC warm-up);
+                        * powersgd: steps of plain allreduce first (PyTorch's start_powerSGD_iter) */
     int rank;          /* powersgd: rank r of the approximation, >= 1 */
 } dt_compress_spec;
 
-/* Parses "none", "fp16", "bf16", "topk:RATIO[:momentum=M][:warmup=STEPS]", "powersgd:RANK" into
+/* Parses "none", "fp16", "bf16", "topk:RATIO[:momentum=M][:warmup=STEPS]", "powersgd:RANK[:warmup=S]" into
  * *out; DT_EINVAL naming the text and the accepted forms. */
 dt_status dt_compress_parse(const char *text, dt_compress_spec *out);
 /* Writes the canonical text of spec (parsable by dt_compress_parse) to out. */
