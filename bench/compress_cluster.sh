@@ -2,7 +2,8 @@
 # Gradient compression and hierarchical allreduce on an emulated slow cluster (network namespaces
 # capped with tc tbf, scripts/netns-hosts; mpirun through its rsh agent), one run:
 #  1. 2 hosts x 1 rank at RATE_TRAIN (100mbit): the MLP on Fashion-MNIST, EPOCHS epochs of ddp
-#     (batch 32 per rank, Adam 1e-3) with --compress none, topk:0.01 and powersgd:2: time to test
+#     (batch 32 per rank, Adam 1e-3) with --compress none, topk:0.01, powersgd:2 and powersgd:2 after
+#     300 plain steps (COMPRESSORS="..." picks others; the first is the speedups' baseline): time to test
 #     accuracy 0.85 (epoch granularity: wall time at the end of the first epoch reaching it), the
 #     final accuracy, the bytes per step the compressor counted, the bytes it should send by its
 #     stated ratio, and the bytes host 1 really sent per step (veth counter, TCP/IP included);
@@ -10,7 +11,8 @@
 #     at 4 MiB and above (dtrain bench comm --allreduce flat,hier: both in the same job).
 # Prints the CPU, the kernel set, a table and one JSON line. Needs root, ip netns, mpirun and an
 # MPI build (else exits 77 with the reason). Figures depend on the machine's load: say so.
-#   bench/compress_cluster.sh [EPOCHS=3]      (RATE_TRAIN, RATE_COMM, DT override; PARTS=comm: part 2 only)
+#   bench/compress_cluster.sh [EPOCHS=3]      (RATE_TRAIN, RATE_COMM, DT, COMPRESSORS override;
+#                                              PARTS=train or PARTS=comm: one part only)
 set -u
 cd "$(dirname "$0")/.."
 EPOCHS=${1:-3} RATE_TRAIN=${RATE_TRAIN:-100mbit} RATE_COMM=${RATE_COMM:-1gbit}
@@ -41,7 +43,7 @@ echo "# kernels: $kern"
 PARTS=${PARTS:-train,comm}
 RATE=$RATE_TRAIN "$HOSTS" up "$NAME" 2 "$NET" || exit 1
 runs=()
-for c in none topk:0.01 powersgd:2; do
+for c in ${COMPRESSORS:-none topk:0.01 powersgd:2 powersgd:2:warmup=300}; do
   [ "${PARTS#*train}" = "$PARTS" ] && break
   b0=$(sent)
   mpi 2 1 "$DT" train --data fashion-mnist --model mlp --epochs "$EPOCHS" --batch 32 --optimizer adam --lr 0.001 \
@@ -50,6 +52,7 @@ for c in none topk:0.01 powersgd:2; do
 done
 "$HOSTS" down "$NAME" 2
 RATE=$RATE_COMM "$HOSTS" up "$NAME" 2 "$NET" || exit 1
+[ "${PARTS#*comm}" = "$PARTS" ] && : >"$T/comm.log" ||
 mpi 4 2 "$DT" bench comm --backend mpi --colls allreduce --sizes 4M,16M,64M --allreduce flat,hier --trials 2 \
   >"$T/comm.log" 2>&1 || { echo "FAIL: bench comm: $(tail -3 "$T/comm.log")"; exit 1; }
 
