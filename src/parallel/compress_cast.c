@@ -11,8 +11,12 @@
 
 static dt_status none_start(dt_grad_sync *g, dt_gs_bucket *b) {
     size_t n = b->hi - b->lo;
+    dt_comm *c = dt_grad_sync_config_of(g)->comm;
     dt_grad_sync_count(g, n * sizeof(float), false);
-    return dt_comm_iallreduce(dt_grad_sync_config_of(g)->comm, b->x, b->x, n, DT_F32, DT_OP_AVG, &b->req);
+    /* the last bucket runs here, blocking: nothing is left to overlap it with, and it saves the
+     * hand-off to the progress thread (finish then only unpacks) */
+    if (b->last) return dt_comm_allreduce(c, b->x, b->x, n, DT_F32, DT_OP_AVG);
+    return dt_comm_iallreduce(c, b->x, b->x, n, DT_F32, DT_OP_AVG, &b->req);
 }
 
 static dt_status none_advance(dt_grad_sync *g, dt_gs_bucket *b) {

@@ -141,7 +141,7 @@ dt_status dt_grad_sync_create(dt_grad_sync **out, const dt_compress_spec *spec, 
     g->b = calloc((size_t)cfg->nb, sizeof *g->b);
     dt_status s = g->c && g->b ? DT_OK : dt_error(DT_ENOMEM, "--compress: out of memory");
     for (int i = 0; s == DT_OK && i < cfg->nb; i++) {
-        g->b[i].lo = cfg->lo[i], g->b[i].hi = cfg->hi[i];
+        g->b[i].lo = cfg->lo[i], g->b[i].hi = cfg->hi[i], g->b[i].last = i == cfg->nb - 1;
         if (g->c->bucket_init) s = g->c->bucket_init(g, &g->b[i], &sizes[i]);
         g->state_n += sizes[i];
     }

@@ -36,6 +36,7 @@ typedef struct {
     dt_request *req;     /* the collective in flight, or NULL */
     int stage;           /* 0 idle, 1.. stage in flight, DT_GS_DONE finished */
     bool failed;
+    bool last;           /* the last bucket: started once backward is done, nothing left to overlap */
     double t_issue;
     void *st;            /* the compressor's state of this bucket */
 } dt_gs_bucket;
