@@ -31,7 +31,7 @@ mpi() {  # NP SLOTS CMD...
   printf '%s-1 slots=%s\n%s-2 slots=%s\n' "$NAME" "$slots" "$NAME" "$slots" >"$T/hf"
   mpirun --hostfile "$T/hf" -np "$np" --mca plm_rsh_agent "$HOSTS agent" --mca plm_rsh_no_tree_spawn 1 \
     --mca oob_tcp_if_include "$NET.0/24" --mca btl tcp,self --mca btl_tcp_if_include "$NET.0/24" \
-    --bind-to none --oversubscribe "$@"
+    --bind-to none --oversubscribe ${DTRAIN_HIER_CHUNK:+-x DTRAIN_HIER_CHUNK} "$@"
 }
 sent() { cat "/sys/class/net/$NAME-v1/statistics/rx_bytes"; }  # what host 1 sent into the bridge
 
