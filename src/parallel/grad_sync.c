@@ -176,12 +176,13 @@ void dt_grad_sync_count(dt_grad_sync *g, size_t payload, bool allgather) {
 
 void dt_grad_sync_add_ef(dt_grad_sync *g, double sq) { g->ef_sq += sq; }
 
-/* Runs one stage transition of b; a failure marks the bucket (finish reports it). */
+/* Marks b failed (finish reports the first failure of the step with its message). */
 static void fail_bucket(dt_grad_sync *g, dt_gs_bucket *b, dt_status s) {
     if (g->err == DT_OK) g->err = s, snprintf(g->err_msg, sizeof g->err_msg, "%s", dt_last_error());
     b->failed = true, b->stage = DT_GS_DONE;
 }
 
+/* Runs one stage transition of b; a failure marks the bucket. */
 static void step_bucket(dt_grad_sync *g, dt_gs_bucket *b, dt_status (*fn)(dt_grad_sync *, dt_gs_bucket *)) {
     dt_status s = fn(g, b);
     if (s != DT_OK) fail_bucket(g, b, s);
