@@ -156,6 +156,12 @@ const float *dt_model_node_grad(const dt_model *m, int node);
  * collectives); either may be NULL. */
 typedef void (*dt_node_hook_fn)(void *ctx, int node);
 void dt_model_set_node_hooks(dt_model *m, dt_node_hook_fn before_forward, dt_node_hook_fn after_backward, void *ctx);
+/* Called before a node's backward (ZeRO-3 gathers its parameters again), with the ctx of
+ * dt_model_set_node_hooks; NULL: none. */
+void dt_model_set_backward_hook(dt_model *m, dt_node_hook_fn before_backward);
+/* The tensors (dt_model_tensor ids, parameters and buffers, tied ones included) node reads,
+ * into idx[0..cap); returns how many it has (which may exceed cap). */
+int dt_model_node_tensors(const dt_model *m, int node, int *idx, int cap);
 
 /* ---- running ------------------------------------------------------------------------------ */
 

@@ -65,6 +65,7 @@ static dt_status ensure_batch(dt_model *m, int B) {
     return DT_OK;
 oom:
     free_activations(m);
+    if (dt_mem_limit_hit()) return dt_error_wrap(DT_ENOMEM, "model: activations for batch %d", B);
     return dt_error(DT_ENOMEM, "model: cannot allocate activations for batch %d", B);
 }
 
@@ -201,6 +202,7 @@ static dt_status backward_range(dt_model *m, int lo, int hi, dt_grad_ready_fn ho
     for (int i = hi - 1; i >= lo; i--) {
         dt_node *n = &m->nodes[i];
         if (!n->needs_grad || n->alias || n->input_index >= 0) continue;
+        if (m->before_backward) m->before_backward(m->hook_ctx, i);
         if (n->grad_set || i == m->loss) backward_node(m, n, &c);
         if (m->after_backward) m->after_backward(m->hook_ctx, i);
         if (hook) report_ready(m, n, hook, ctx);

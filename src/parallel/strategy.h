@@ -169,6 +169,8 @@ struct dt_strategy {
     int job_rank0;              /* job rank of data rank 0 */
     bool local_mean;            /* the step wants the mean gradient of the local batch (localsgd,
                                  * ps); else the rank's share of the global mean (ddp) */
+    bool grads_zeroed;          /* the strategy leaves the gradient slab zero after each step (ZeRO
+                                 * stage >= 2 gives its pages back): the step does not zero it */
     struct {                    /* the current step on this rank, set by the trainer before ops->step */
         int n;                  /* samples */
         int64_t epoch;
