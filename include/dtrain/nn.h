@@ -222,6 +222,10 @@ dt_status dt_model_forward_nodes(dt_model *m, const dt_feed *f, int lo, int hi);
 dt_status dt_model_backward_nodes(dt_model *m, int lo, int hi, const float *dout, float scale, dt_grad_ready_fn hook,
                                   void *ctx);
 
+/* Bytes of activation memory (values, gradients, saved tensors, scratch, workspace) a training
+ * run at batch B allocates. */
+size_t dt_model_activation_bytes(const dt_model *m, int B);
+
 /* Floating-point operations of one training step (forward + backward) at batch B. */
 double dt_model_train_flops(const dt_model *m, int B);
 

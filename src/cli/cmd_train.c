@@ -2,6 +2,7 @@
  * progress lines (pipes), and one line per epoch with train/test loss, accuracy and speed. */
 #include "cli/cli.h"
 #include "cli/train_uneven.h"
+#include "cli/train_mem.h"
 #include "dtrain/dtrain.h"
 #include "run/elastic.h"
 #include "run/launch.h"
@@ -187,6 +188,9 @@ typedef struct {
     bool nesterov, quiet, normalize;
     int workers, max_restarts;
     dt_cli_uneven uneven;
+    const char *mem_limit_text; /* --mem-limit, --dry-run, --zero (train_mem.c) */
+    size_t mem_limit;
+    bool dry_run;
 } train_opts;
 
 /* Parses argv into o; returns -1 to continue, else the exit status (help, bad flags). */
@@ -245,6 +249,9 @@ static int parse_train_flags(int argc, char **argv, train_opts *o) {
         {"keep", DT_FLAG_INT, &c->keep, "K", "keep only the newest K checkpoints in --checkpoint-dir (0 = all)"},
         {"elastic", DT_FLAG_STR, &o->elastic, "MIN:MAX", "with --workers: restart failed jobs from the last checkpoint"},
         {"max-restarts", DT_FLAG_INT, &o->max_restarts, "R", "with --elastic: give up after R restarts"},
+        {"zero", DT_FLAG_INT, &o->uneven.zero, "N", "ddp: ZeRO stage 1 (shard optimizer state), 2 (+ gradients), 3 (+ parameters)"},
+        {"mem-limit", DT_FLAG_STR, &o->mem_limit_text, "BYTES", "fail when a rank would hold more (K, M, G suffixes)"},
+        {"dry-run", DT_FLAG_BOOL, &o->dry_run, NULL, "print each rank's predicted memory for this layout and exit"},
     };
     int r = dt_flags_parse(argc, argv, 1, flags, (int)(sizeof flags / sizeof *flags), TRAIN_USAGE, NULL, 0, NULL,
                            NULL);
@@ -261,6 +268,8 @@ static int parse_train_flags(int argc, char **argv, train_opts *o) {
     o->uneven.servers_given = dt_cli_flag_given(argc, argv, "servers");
     o->uneven.sync_every_given = dt_cli_flag_given(argc, argv, "sync-every");
     o->uneven.bucket_mb = o->bucket_mb;
+    o->uneven.zero_given = dt_cli_flag_given(argc, argv, "zero");
+    if (o->mem_limit_text && (r = dt_cli_mem_limit_parse(o->mem_limit_text, &o->mem_limit)) != 0) return r;
     if ((r = dt_cli_uneven_parse(&o->uneven, c)) != 0) return r;
     return -1;
 }
@@ -396,6 +405,11 @@ static int run_rank(int argc, char **argv, train_opts *o, int job_ranks) {
         dt_cli_fail(hint, "%s", dt_last_error());
         return setup_exit(s);
     }
+    if ((r = dt_cli_mem_limit_apply(o->mem_limit, rank)) != 0) {
+        dt_trainer_free(t);
+        dt_comm_destroy(comm);
+        return r;
+    }
     const int64_t first_step = dt_trainer_step(t);
     if (!quiet) print_header(o, t, comm, world);
     s = dt_trainer_run(t);
@@ -429,6 +443,10 @@ int dt_cmd_train(int argc, char **argv) {
     int r = parse_train_flags(argc, argv, &o);
     if (r >= 0) return r;
     const int job_ranks = dt_cli_job_ranks(&o.cfg, o.workers); /* ps: servers + workers */
+    if (o.dry_run) {
+        if ((r = build_train_config(&o)) >= 0) return r;
+        return dt_cli_dry_run(&o.cfg, job_ranks, o.uneven.zero, o.bucket_mb, o.mem_limit);
+    }
     if (job_ranks > 1 && !dt_comm_env_is_rank()) {
         const dt_train_config *c = &o.cfg;
         const int S = dt_cli_servers(c);

@@ -69,6 +69,21 @@ oom:
     return dt_error(DT_ENOMEM, "model: cannot allocate activations for batch %d", B);
 }
 
+size_t dt_model_activation_bytes(const dt_model *m, int B) {
+    size_t bytes = 0, work = 0, maxact = 0;
+    for (int i = 0; i < m->n; i++) {  /* what ensure_batch allocates */
+        const dt_node *n = &m->nodes[i];
+        size_t vals = (size_t)B * n->out_n;
+        if (n->input_index >= 0 || n->alias) continue;
+        if (vals > maxact) maxact = vals;
+        bytes += vals * sizeof(float) * (n->needs_grad ? 2 : 1);
+        bytes += n->op->saved_bytes ? n->op->saved_bytes(m, n, B) : 0;
+        size_t w = n->op->workspace ? n->op->workspace(m, n, B) : 0;
+        if (w > work) work = w;
+    }
+    return bytes + ((size_t)m->nscratch * maxact + work) * sizeof(float);
+}
+
 static dt_run_ctx run_ctx(const dt_model *m) {
     return (dt_run_ctx){.be = m->be, .B = m->B, .train = m->train, .step = m->step, .seed = m->seed,
                         .params = m->params.data, .grads = m->grads.data, .buffers = m->buffers.data,
