@@ -5,6 +5,7 @@
 #ifndef DTRAIN_MEMPLAN_H
 #define DTRAIN_MEMPLAN_H
 
+#include "dtrain/comm.h"
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
 #include "dtrain/train.h"
@@ -38,6 +39,23 @@ dt_status dt_mem_plan_rank(dt_model *m, const dt_optim_config *o, const dt_mem_l
 /* The model of config c (--model, default mlp, over the shape of --data) with its slabs laid out
  * but nothing trained or written (no memory resident), for plans; free with dt_model_free. */
 dt_status dt_train_plan_model(const dt_train_config *c, dt_model **m);
+
+/* ---- measuring (dtrain bench zero) ---- */
+
+/* What one rank of a measured run held, as the OS counts it (bytes of resident memory). */
+typedef struct {
+    double base;         /* VmRSS before the model existed */
+    double setup_peak;   /* VmHWM once the strategy held its (sharded) state */
+    double peak;         /* VmHWM over the training steps (reset after set-up) */
+    double step_s;       /* mean seconds of a step after the first */
+    double activations;  /* dt_model_activation_bytes at the batch */
+} dt_mem_probe;
+
+/* Trains the GPT of gpt_spec under strategy spec (NULL or "single": one process, comm NULL)
+ * over comm for 1 + steps steps of batch synthetic sequences and fills *out; collective over
+ * comm. DT_EINVAL for a bad spec; the strategy's errors otherwise. */
+dt_status dt_mem_probe_gpt(const char *gpt_spec, const char *strategy, dt_comm *comm, int batch, int steps,
+                           dt_mem_probe *out);
 
 #ifdef __cplusplus
 }
