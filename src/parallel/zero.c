@@ -144,10 +144,6 @@ static void zero_begin(dt_strategy *s, int64_t step) {
     z->next = z->early = 0;
     z->fwd_calls = 0;
     for (int i = 0; i < z->nb; i++) z->b[i].issued = z->b[i].reduced = false;
-    if (z->ofull_ok) {  /* the whole optimizer state gathered for a checkpoint is stale now */
-        dt_slab_free(&z->ofull[0]), dt_slab_free(&z->ofull[1]);
-        z->ofull_ok = false;
-    }
     if (z->stage == 3 && z->full) dt_zero_params_release_all(s, z);
 }
 
@@ -245,7 +241,6 @@ static void zero_destroy(dt_strategy *s) {
     dt_zero_params_free(z);
     dt_model_set_node_hooks(s->model, NULL, NULL, NULL);
     dt_model_set_backward_hook(s->model, NULL);
-    dt_slab_free(&z->ofull[0]), dt_slab_free(&z->ofull[1]);
     dt_free(z->gsh);
     free(z->b), free(z->pp), free(z->gp), free(z->len);
     free(z);
@@ -312,5 +307,6 @@ dt_status dt_zero_create(dt_strategy *s, double bucket_mb, int stage) {
         return st;
     }
     s->grads_zeroed = stage >= 2;  /* the reduce leaves them zero */
+    s->shards_state = true;        /* every rank writes its shard of a checkpoint */
     return DT_OK;
 }

@@ -46,9 +46,6 @@ typedef struct {
     int64_t gathers;      /* parameter gathers issued (for the stats) */
     dt_status err;        /* first error of a hook, reported by the step */
     char errmsg[512];
-    /* checkpoints: the whole optimizer state gathered on rank 0 by sync */
-    dt_slab ofull[2];
-    bool ofull_ok;
 } zero;
 
 /* Stage 3 (zero_params.c): installs the node hooks and frees the parameters not owned. */
@@ -64,8 +61,8 @@ void dt_zero_params_free(zero *z);
 /* Records the first hook error (with the last error's message). */
 void dt_zero_hook_error(zero *z, dt_status st);
 
-/* Checkpoints (zero_state.c): sync (gathers the model, and the optimizer state to rank 0) and
- * the state visitor (rank 0: whole tensors from what sync gathered). */
+/* Checkpoints (zero_state.c): sync (stage 3: gathers the model) and the visitor of the pieces
+ * this rank owns. */
 dt_status dt_zero_sync(dt_strategy *s);
 dt_status dt_zero_visit_state(dt_strategy *s, dt_state_visit_fn fn, void *ctx);
 
