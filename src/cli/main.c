@@ -13,6 +13,7 @@ int dt_cmd_launch(int argc, char **argv);
 int dt_cmd_bench(int argc, char **argv);
 int dt_cmd_sample(int argc, char **argv);
 int dt_cmd_cache(int argc, char **argv);
+int dt_cmd_ckpt(int argc, char **argv);
 
 static const dt_command g_commands[] = {
     {"train", dt_cmd_train, "train a model (one process, --workers N, or one rank of a launch/mpirun job)"},
@@ -20,6 +21,7 @@ static const dt_command g_commands[] = {
     {"sample", dt_cmd_sample, "generate text with a GPT checkpoint"},
     {"launch", dt_cmd_launch, "run N local ranks of a program (rank env, prefixed output)"},
     {"bench", dt_cmd_bench, "benchmarks: train, ddp, async, fault, comm (tables + a JSON line)"},
+    {"ckpt", dt_cmd_ckpt, "checkpoint tools: consolidate a sharded checkpoint into one PyTorch-loadable file"},
     {"cache", dt_cmd_cache, "the shared decoded data-set cache: ls (list your files), clear (remove them)"},
     {NULL, NULL, NULL},
 };

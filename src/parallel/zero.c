@@ -3,8 +3,9 @@
  * last layer to the first) is cut into N equal chunks, one per rank, and the last rank also owns
  * the remainder (< N values): shards balanced by bytes to within N-1 values per bucket. A rank's
  * optimizer state covers its chunks only (dt_optim_shard).
- *   stage 1: gradients are averaged with allreduce (as ddp), each rank updates its chunks and the
- *            parameters are all-gathered.
+ *   stage 1: each bucket is reduce-scattered in place (the rank's chunk of the average lands in
+ *            the gradient slab), each rank updates its chunks and the parameters are all-gathered:
+ *            the traffic of one allreduce.
  *   stage 2: each bucket is reduce-scattered into the owner's packed gradient shard as soon as
  *            backward completes it (the grad-ready hook, as ddp's overlap); the bucket's gradient
  *            pages are then given back to the OS.
@@ -57,20 +58,20 @@ static void release_grads(dt_strategy *s, zbucket *b) {
 }
 
 /* Starts bucket i's gradient reduce (a failed start falls back to a blocking one in finish). */
+/* Where bucket b's reduce-scatter leaves this rank's chunk: stage 1 in place in the gradient slab
+ * (the communicator copies the bucket first), stage >= 2 in the packed shard. */
+static float *rs_dest(dt_strategy *s, const zero *z, const zbucket *b) {
+    return z->stage == 1 ? dt_model_grads(s->model) + b->own : z->gsh + b->at;
+}
+
 static void issue(dt_strategy *s, zero *z, int i) {
     zbucket *b = &z->b[i];
     float *g = dt_model_grads(s->model);
     b->t_issue = dt_now();
     b->issued = true;
     b->rs = b->rt = NULL;
-    if (z->stage == 1) {
-        b->rs_done = false, b->rt_done = true;
-        if (dt_comm_iallreduce(s->comm, g + b->lo, g + b->lo, b->hi - b->lo, DT_F32, DT_OP_AVG, &b->rs) != DT_OK)
-            b->rs = NULL;
-        return;
-    }
     b->rs_done = b->c == 0, b->rt_done = b->tail == 0;
-    if (b->c && dt_comm_ireduce_scatter(s->comm, g + b->lo, z->gsh + b->at, b->c, DT_F32, DT_OP_AVG, &b->rs) != DT_OK)
+    if (b->c && dt_comm_ireduce_scatter(s->comm, g + b->lo, rs_dest(s, z, b), b->c, DT_F32, DT_OP_AVG, &b->rs) != DT_OK)
         b->rs = NULL;
     float *t = g + b->lo + (size_t)z->N * b->c;
     if (b->tail && dt_comm_iallreduce(s->comm, t, t, b->tail, DT_F32, DT_OP_AVG, &b->rt) != DT_OK) b->rt = NULL;
@@ -93,12 +94,9 @@ static dt_status finish(dt_strategy *s, zero *z, int i) {
     float *g = dt_model_grads(s->model);
     float *t = g + b->lo + (size_t)z->N * b->c;
     dt_status st = DT_OK, st2 = DT_OK;
-    if (!b->rs_done && z->stage == 1)
+    if (!b->rs_done)
         st = b->rs ? dt_request_wait(&b->rs)
-                   : dt_comm_allreduce(s->comm, g + b->lo, g + b->lo, b->hi - b->lo, DT_F32, DT_OP_AVG);
-    else if (!b->rs_done)
-        st = b->rs ? dt_request_wait(&b->rs)
-                   : dt_comm_reduce_scatter(s->comm, g + b->lo, z->gsh + b->at, b->c, DT_F32, DT_OP_AVG);
+                   : dt_comm_reduce_scatter(s->comm, g + b->lo, rs_dest(s, z, b), b->c, DT_F32, DT_OP_AVG);
     if (!b->rt_done) st2 = b->rt ? dt_request_wait(&b->rt) : dt_comm_allreduce(s->comm, t, t, b->tail, DT_F32, DT_OP_AVG);
     b->rs_done = b->rt_done = true;
     if (st == DT_OK) st = st2;
@@ -193,7 +191,7 @@ static dt_status zero_step(dt_strategy *s, float lr, float clip, dt_step_stats *
         if (r != DT_OK && first == DT_OK) first = r;
         if (s->trace) {
             char name[32];
-            snprintf(name, sizeof name, "%s b%d", z->stage == 1 ? "allreduce" : "reduce_scatter", i);
+            snprintf(name, sizeof name, "reduce_scatter b%d", i);
             dt_trace_add(s->trace, name, 1, z->b[i].t_issue, dt_now(), s->step);
         }
     }
