@@ -3,9 +3,9 @@
  * last layer to the first) is cut into N equal chunks, one per rank, and the last rank also owns
  * the remainder (< N values): shards balanced by bytes to within N-1 values per bucket. A rank's
  * optimizer state covers its chunks only (dt_optim_shard).
- *   stage 1: each bucket is reduce-scattered in place (the rank's chunk of the average lands in
- *            the gradient slab), each rank updates its chunks and the parameters are all-gathered:
- *            the traffic of one allreduce.
+ *   stage 1: each bucket is reduce-scattered in place (the rank's chunk of the average lands at
+ *            the bucket's start in the gradient slab), each rank updates its chunks and the
+ *            parameters are all-gathered: the traffic of one allreduce, no copy.
  *   stage 2: each bucket is reduce-scattered into the owner's packed gradient shard as soon as
  *            backward completes it (the grad-ready hook, as ddp's overlap); the bucket's gradient
  *            pages are then given back to the OS.
@@ -58,10 +58,10 @@ static void release_grads(dt_strategy *s, zbucket *b) {
 }
 
 /* Starts bucket i's gradient reduce (a failed start falls back to a blocking one in finish). */
-/* Where bucket b's reduce-scatter leaves this rank's chunk: stage 1 in place in the gradient slab
- * (the communicator copies the bucket first), stage >= 2 in the packed shard. */
+/* Where bucket b's reduce-scatter leaves this rank's chunk: stage 1 in place at the start of the
+ * bucket in the gradient slab (comm.h's in-place form: no copy), stage >= 2 in the packed shard. */
 static float *rs_dest(dt_strategy *s, const zero *z, const zbucket *b) {
-    return z->stage == 1 ? dt_model_grads(s->model) + b->own : z->gsh + b->at;
+    return z->stage == 1 ? dt_model_grads(s->model) + b->lo : z->gsh + b->at;
 }
 
 static void issue(dt_strategy *s, zero *z, int i) {
@@ -81,9 +81,10 @@ static void issue(dt_strategy *s, zero *z, int i) {
 static void reduced(dt_strategy *s, zero *z, int i) {
     zbucket *b = &z->b[i];
     b->reduced = true;
+    float *g = dt_model_grads(s->model);
+    if (z->r == z->N - 1 && b->tail)  /* the tail follows the chunk in the reduced shard */
+        memmove(rs_dest(s, z, b) + b->c, g + b->lo + (size_t)z->N * b->c, b->tail * sizeof(float));
     if (z->stage == 1) return;
-    if (z->r == z->N - 1 && b->tail)
-        memcpy(z->gsh + b->at + b->c, dt_model_grads(s->model) + b->lo + (size_t)z->N * b->c, b->tail * sizeof(float));
     release_grads(s, b);
 }
 
@@ -273,7 +274,7 @@ static dt_status plan_shards(dt_strategy *s, zero *z, const dt_ddp_range *r) {
     float *p = dt_model_params(s->model), *g = dt_model_grads(s->model);
     for (int i = 0; i < z->nb; i++) {
         z->pp[i] = p + z->b[i].own;
-        z->gp[i] = z->stage >= 2 ? z->gsh + z->b[i].at : g + z->b[i].own;
+        z->gp[i] = z->stage >= 2 ? z->gsh + z->b[i].at : g + z->b[i].lo;  /* where rs_dest puts it */
     }
     return DT_OK;
 }
