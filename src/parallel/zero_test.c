@@ -9,12 +9,17 @@
  *  - every rank ends with the same parameters; the optimizer state of each rank is its shard;
  *  - a stage-3 checkpoint written at 4 ranks after 10 steps resumes at 2 ranks with stage 1 and
  *    at 1 rank without ZeRO, and both end at the parameters of an uninterrupted 4-rank ddp run;
- *  - shards: balanced chunks with the remainder to the last rank, every value owned once. */
+ *  - shards: balanced chunks with the remainder to the last rank, every value owned once;
+ *  - memory is real: at 4 ranks the optimizer keeps a quarter of the state, and the bytes the
+ *    allocator holds drop by the gradients (stage 2) and three quarters of the parameters
+ *    (stage 3) once the strategy starts, and stay down through training steps. */
 #include "core/test.h"
 #include "dtrain/dtrain.h"
 #include "parallel/parallel_testlib.h"
+#include "parallel/strategy.h"
 #include "parallel/zero.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -204,6 +209,63 @@ static void test_chunks(void) {
         }
 }
 
+/* In a forked rank: the bytes dt_alloc holds before and after ZeRO-`stage` starts and after 3 steps. */
+static int memory_rank(int stage, int r, int N, const char *job) {
+    dt_comm *c = dt_test_rank_comm(r, N, job);
+    dt_model *m;
+    dt_optim *o;
+    dt_strategy *s;
+    dt_optim_config oc = dt_optim_defaults(DT_OPTIM_ADAM);
+    if (dt_model_create_from_spec(&m, "linear(512) relu linear(512) relu linear(4)", 1, 1, 12) != DT_OK) return 2;
+    dt_model_init(m, 1);
+    if (dt_optim_create(&o, &oc, dt_model_num_params(m)) != DT_OK) return 2;
+    const double P = (double)dt_model_num_params(m), before = (double)dt_mem_used();
+    char spec[64];
+    snprintf(spec, sizeof spec, "ddp(bucket_mb=0.25,zero=%d)", stage);
+    if (dt_strategy_create(&s, spec, c, m, o, NULL) != DT_OK || s->ops->init(s) != DT_OK) return 3;
+    const double after = (double)dt_mem_used();
+    float x[8 * 12];
+    int32_t y[8];
+    for (int i = 0; i < 8 * 12; i++) x[i] = dt_rng_uniform(2, (uint64_t)r, (uint64_t)i);
+    for (int i = 0; i < 8; i++) y[i] = i % 4;
+    double worst = 0;
+    for (int k = 0; k < 3; k++) {
+        dt_step_batch b = {.feed = {.x = x, .y = y, .n = 8}, .n_global = 8 * N, .world = N, .accum = 1, .step = k,
+                           .lr = 0.01f};
+        dt_step_result res;
+        if (dt_strategy_train_step(s, &b, &res) != DT_OK) return 4;
+        if ((double)dt_mem_used() > worst) worst = (double)dt_mem_used();
+    }
+    /* expected drop: 3/4 of the optimizer's 8P bytes; stage >= 2 the 4P of gradients less the 4P/N
+     * shard they are reduced into; stage 3 3/4 of the parameters' 4P */
+    const double want = 6 * P + (stage >= 2 ? 4 * P - 4 * P / N : 0) + (stage == 3 ? 3 * P : 0);
+    int bad = 0;
+    if (fabs((double)dt_optim_size(o) - P / N) > 4 * 3) bad |= 1;  /* the shard: P/N within a few values a bucket */
+    if (before - after < 0.95 * want) bad |= 2;
+    if (worst - after > 0.5 * P * 4) bad |= 4;  /* steps bring back less than half the parameter bytes */
+    if (bad)
+        fprintf(stderr, "rank %d zero=%d: P %.0f, optimizer %zu, held %.0f -> %.0f (drop %.0f, want %.0f), steps %.0f\n",
+                r, stage, P, dt_optim_size(o), before, after, before - after, want, worst);
+    dt_strategy_destroy(s);
+    dt_optim_free(o);
+    dt_model_free(m);
+    dt_comm_destroy(c);
+    return bad ? 10 + bad : 0;
+}
+
+static void test_memory(void) {
+    for (int stage = 1; stage <= 3; stage++) {
+        char job[64];
+        snprintf(job, sizeof job, "z%dmem%d", (int)getpid(), stage);
+        for (int r = 0; r < 4; r++)
+            if (fork() == 0) _exit(memory_rank(stage, r, 4, job));
+        int failed = dt_test_wait_children();
+        CHECK_MSG(failed == 0, "zero=%d at 4 ranks: %d ranks hold more memory than their shard", stage, failed);
+        printf("memory zero=%d at 4 ranks: the allocator's bytes drop by the state not owned%s\n", stage,
+               failed ? " (FAILED)" : "");
+    }
+}
+
 /* A tiny IDX image set (8x8 u8, 10 classes, a class-dependent bright square) in DIR/img. */
 static void write_idx(const char *dir, const char *name, int n, int dims, uint64_t seed) {
     char p[200];
@@ -255,6 +317,7 @@ int main(void) {
     g_asan = getenv("DTRAIN_SANITIZED") != NULL;
     write_data();
     test_chunks();
+    test_memory();
     test_mlp();
     test_cnn();
     test_gpt();
