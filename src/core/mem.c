@@ -21,6 +21,12 @@ typedef struct {
     void *base;
 } blk;
 
+#if defined(__SANITIZE_ADDRESS__)
+enum { USE_MMAP = 0 };  /* under ASan large blocks stay on its heap, so overflows are still caught */
+#else
+enum { USE_MMAP = 1 };
+#endif
+
 static _Atomic size_t g_used, g_peak, g_limit;
 static _Thread_local bool g_hit;
 
@@ -52,6 +58,18 @@ void *dt_alloc(size_t bytes) {
     if (!charge(rounded, "an allocation")) return NULL;
     char *p;
     blk *h;
+    if (rounded >= BIG && !USE_MMAP) {  /* page-aligned on the heap, zeroed */
+        char *base = aligned_alloc(PAGE, PAGE + ((rounded + PAGE - 1) & ~(size_t)(PAGE - 1)));
+        if (!base) {
+            atomic_fetch_sub(&g_used, rounded);
+            return NULL;
+        }
+        p = base + PAGE;
+        memset(p, 0, rounded);
+        h = (blk *)(p - HDR);
+        *h = (blk){.magic = MEM_MAGIC, .bytes = rounded, .map = 0, .base = base};
+        return p;
+    }
     if (rounded >= BIG) {
         size_t map = PAGE + ((rounded + PAGE - 1) & ~(size_t)(PAGE - 1));
         void *base = mmap(NULL, map, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
