@@ -117,12 +117,25 @@ static bool part_done(zero *z, dt_request **rq, bool *done) {
 }
 
 /* Stage >= 2: completes the issued buckets whose reduce has finished, so that their gradient
- * pages go back while backward runs on. */
+ * pages go back while backward runs on, and waits for the oldest ones while more than
+ * ZERO_INFLIGHT are in flight: the gradient memory stays the shard plus a few buckets even when
+ * the communication falls behind. */
+enum { ZERO_INFLIGHT = 2 };
 static void poll(dt_strategy *s, zero *z) {
+    int inflight = 0;
     for (int i = 0; i < z->next; i++) {
         zbucket *b = &z->b[i];
-        if (b->reduced || !part_done(z, &b->rs, &b->rs_done) || !part_done(z, &b->rt, &b->rt_done)) continue;
+        if (b->reduced || !part_done(z, &b->rs, &b->rs_done) || !part_done(z, &b->rt, &b->rt_done)) {
+            inflight += !b->reduced;
+            continue;
+        }
         if (z->err == DT_OK) reduced(s, z, i);
+    }
+    for (int i = 0; i < z->next && inflight > ZERO_INFLIGHT; i++) {
+        if (z->b[i].reduced) continue;
+        dt_status st = finish(s, z, i);
+        if (st != DT_OK) dt_zero_hook_error(z, st), z->b[i].reduced = true;
+        inflight--;
     }
 }
 
