@@ -159,6 +159,7 @@ static const char TRAIN_USAGE[] =
     "Strategies: --strategy NAME or NAME(KEY=VALUE,...), one of\n"
     "  single                            one process (the default without ranks)\n"
     "  ddp(bucket_mb=MB)                 synchronous data parallel (the default with ranks; --bucket-mb)\n"
+    "  ddp(zero=1|2|3)                   ZeRO: shard optimizer state, + gradients, + parameters (--zero)\n"
     "  localsgd(sync_every=H)            local steps, models averaged every H (--sync-every)\n"
     "  ps(servers=S,staleness=S|inf,shards=dynamic|fixed,overlap=0|1)\n"
     "                                    parameter server (--servers, --staleness, --balance, --ps-overlap)\n"
