@@ -26,7 +26,8 @@ typedef struct {
 
 /* What one rank holds, in bytes (f32 master copies; Adam: 2 moments, SGD+momentum: 1). */
 typedef struct {
-    double params, grads, optim;  /* owned (ZeRO) or replicated state, the rank's tensor/stage part */
+    double params, grads, optim;  /* owned (ZeRO) or replicated state, the rank's tensor/stage part;
+                                   * ZeRO >= 2 grads include two buckets in flight */
     double gathered;              /* ZeRO-3: parameters gathered in flight (a layer and the next) */
     double activations;           /* the micro-batches in flight at once */
     double total;

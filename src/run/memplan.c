@@ -1,7 +1,7 @@
 /* Memory plans (dtrain/memplan.h): per rank, the bytes of its part of the parameters, gradients
  * and optimizer state (ZeRO: its shard of each of ddp's buckets, as zero.c cuts them; tensor
  * parallel: a tp-th; pipeline: the stage's share of the parameter slab cut evenly by count),
- * stage 3's gathered buckets and the activations of the micro-batches in flight (GPipe: all of
+ * stage 2-3's gradient buckets in flight, stage 3's gathered buckets and the activations of the micro-batches in flight (GPipe: all of
  * them, 1F1B: up to pp - stage). */
 #include "dtrain/memplan.h"
 #include "dtrain/models.h"
@@ -64,6 +64,7 @@ dt_status dt_mem_plan_rank(dt_model *m, const dt_optim_config *o, const dt_mem_l
     const int moments = o->kind != DT_OPTIM_SGD ? 2 : o->momentum > 0 ? 1 : 0;
     p->params = F * (l->zero >= 3 ? own : mine);
     p->grads = F * (l->zero >= 2 ? own : mine);
+    if (l->zero >= 2 && l->dp > 1) p->grads += F * big2;  /* buckets backward fills before their reduce ends */
     p->optim = F * moments * (l->zero >= 1 ? own : mine);
     if (l->zero >= 3 && l->dp > 1) p->gathered = F * big2 * (double)(l->dp - 1) / l->dp;
     int inflight = 1;
