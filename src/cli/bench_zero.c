@@ -1,7 +1,7 @@
 /* dtrain bench zero: per-rank peak resident memory, as the OS counts it (VmHWM), of a GPT
  * trained with plain ddp and ZeRO stages 1-3 at 1, 2 and 4 local ranks, next to the ZeRO paper's
  * formula (f32 Adam: 16Ψ, 8Ψ+8Ψ/N, 4Ψ+12Ψ/N, 16Ψ/N) plus the activations the graph allocates
- * (and stage 3's gathered buckets), and the step throughput of stages 1-3 against ddp at the
+ * (and stage 3's gathered buckets: the memory plan's two largest), and the step throughput of stages 1-3 against ddp at the
  * same rank count, measured in the same run. Each case forks its ranks (shared-memory
  * transport); the peak is reset (/proc/self/clear_refs) once the strategy holds its sharded
  * state, so it covers the training steps; the set-up peak (a full model initialised on every
@@ -111,7 +111,6 @@ int dt_bench_zero(int argc, char **argv) {
     if (dt_gpt_parse(spec, &g) != DT_OK || dt_gpt_create(&probe, &g) != DT_OK)
         return dt_cli_usage("e.g. --model gpt:L=8,H=12,C=768,T=64", "%s", dt_last_error());
     const double P = (double)dt_model_num_params(probe);
-    dt_model_free(probe);
     if (B < 1 || steps < 1) return dt_cli_usage(NULL, "--batch and --steps need at least 1");
     int ranks[4], stages[4];
     int nr = parse_list(ranks_s, ranks, 4), ns = parse_list(stages_s, stages, 4);
@@ -140,7 +139,12 @@ int dt_bench_zero(int argc, char **argv) {
                 if (q->setup_peak - q->base > setup) setup = q->setup_peak - q->base;
                 if (q->step_s > step) step = q->step_s;
             }
-            double want = formula(stages[k], N, P) + res[0].p.activations;
+            /* stage 3 adds the gathered layers in flight (the plan's: the two largest buckets) */
+            dt_mem_layout lay = {.dp = N, .tp = 1, .pp = 1, .zero = stages[k], .microbatches = 1, .batch = B};
+            dt_optim_config oc = dt_optim_defaults(DT_OPTIM_ADAM);
+            dt_mem_plan plan = {0};
+            if (dt_mem_plan_rank(probe, &oc, &lay, 0, &plan) != DT_OK) plan.gathered = 0;
+            double want = formula(stages[k], N, P) + res[0].p.activations + plan.gathered;
             if (stages[k] == 0) ddp_step = step;
             double vs = ddp_step > 0 ? ddp_step / step : 0;
             printf("%5d %5d %12.1f %12.1f %12.1f %12.1f %8.3f %10.3f %8.2fx\n", stages[k], N, peak / 1048576,
@@ -155,6 +159,7 @@ int dt_bench_zero(int argc, char **argv) {
         }
     }
     snprintf(json + jn, sizeof json - (size_t)jn, "]}");
+    dt_model_free(probe);
     printf("%s\n", json);
     return 0;
 }
