@@ -111,7 +111,10 @@ int dt_bench_zero(int argc, char **argv) {
     if (dt_gpt_parse(spec, &g) != DT_OK || dt_gpt_create(&probe, &g) != DT_OK)
         return dt_cli_usage("e.g. --model gpt:L=8,H=12,C=768,T=64", "%s", dt_last_error());
     const double P = (double)dt_model_num_params(probe);
-    if (B < 1 || steps < 1) return dt_cli_usage(NULL, "--batch and --steps need at least 1");
+    if (B < 1 || steps < 1) {
+        dt_model_free(probe);
+        return dt_cli_usage(NULL, "--batch and --steps need at least 1");
+    }
     int ranks[4], stages[4];
     int nr = parse_list(ranks_s, ranks, 4), ns = parse_list(stages_s, stages, 4);
     printf("# dtrain bench zero: %s, %.1fM parameters, batch %d x T %d per rank, adam f32, shm transport\n", spec,
