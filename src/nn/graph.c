@@ -246,3 +246,12 @@ int dt_model_find_tensor(const dt_model *m, const char *name) {
 void dt_model_set_node_hooks(dt_model *m, dt_node_hook_fn before_forward, dt_node_hook_fn after_backward, void *ctx) {
     m->before_forward = before_forward, m->after_backward = after_backward, m->hook_ctx = ctx;
 }
+
+void dt_model_set_backward_hook(dt_model *m, dt_node_hook_fn before_backward) { m->before_backward = before_backward; }
+
+int dt_model_node_tensors(const dt_model *m, int node, int *idx, int cap) {
+    if (node < 0 || node >= m->n) return 0;
+    const dt_node *n = &m->nodes[node];
+    for (int k = 0; k < n->ntensor && k < cap; k++) idx[k] = n->tensor[k];
+    return n->ntensor;
+}
