@@ -324,7 +324,11 @@ dt_status dt_checkpoint_restore_strategy(const char *path, dt_strategy *st, dt_c
         s = dt_error(DT_EFORMAT, "%s: checkpoint is for model '%s' but this run builds '%s'; pass the same --model",
                      path, info->spec, dt_model_spec(st->model));
     const char *steps = dt_st_meta(f, "dtrain.optim_steps");
-    if (s == DT_OK) s = dt_strategy_visit_state(st, restore_piece, f);
+    int64_t shards = 0;
+    if (s == DT_OK) s = meta_int(f, "dtrain.shards", false, 0, 1, 1 << 24, &shards);
+    /* a sharded checkpoint (ZeRO) holds whole-model state only: strategy-only state starts afresh */
+    if (s == DT_OK && shards > 0) s = dt_checkpoint_restore_shards(path, (int)shards, st->model, st->optim);
+    else if (s == DT_OK) s = dt_strategy_visit_state(st, restore_piece, f);
     if (s == DT_OK && st->optim && steps) dt_optim_set_steps(st->optim, strtoll(steps, NULL, 10));
     if (s == DT_OK) restore_loss_scale(f, st->optim);
     dt_st_close(f);
