@@ -24,11 +24,23 @@ ifeq ($(MPI),1)
   LDLIBS += $(shell mpicc --showme:link 2>/dev/null)
 endif
 
+# ONNX export (dtrain export): C code generated at build time by protoc-c from the schema Debian's
+# python3-onnx ships; on when protoc-c, the schema and libprotobuf-c are found (override ONNX=0).
+ONNX_PROTO ?= /usr/lib/python3/dist-packages/onnx/onnx.proto
+PROTOC_C   := $(shell command -v protoc-c 2>/dev/null)
+ONNX       ?= $(if $(and $(PROTOC_C),$(wildcard $(ONNX_PROTO)),$(shell pkg-config --exists libprotobuf-c && echo 1)),1,0)
+ifeq ($(ONNX),1)
+  CFLAGS += -DDT_HAVE_ONNX=1 -I$(BUILD)/gen
+  LDLIBS += -lprotobuf-c
+  GEN_O  := $(BUILD)/obj/gen/onnx.pb-c.o
+endif
+
 ALL_C    := $(wildcard src/*/*.c src/*/*/*.c)
 TEST_C   := $(filter %_test.c,$(ALL_C))
 CLI_C    := $(filter src/cli/%,$(filter-out $(TEST_C),$(ALL_C)))
 LIB_C    := $(filter-out $(TEST_C) $(CLI_C),$(ALL_C))
 LIB_O    := $(LIB_C:%.c=$(BUILD)/obj/%.o)
+LIB_O    += $(GEN_O)
 CLI_O    := $(CLI_C:%.c=$(BUILD)/obj/%.o)
 TEST_BIN := $(patsubst %.c,$(BUILD)/tests/%,$(notdir $(TEST_C)))
 
@@ -39,6 +51,17 @@ lib: $(BUILD)/libdtrain.a $(BUILD)/libdtrain.so
 $(BUILD)/obj/%.o: %.c Makefile
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/gen/onnx.pb-c.c: $(ONNX_PROTO)
+	@mkdir -p $(BUILD)/gen
+	cp $< $(BUILD)/gen/onnx.proto
+	cd $(BUILD)/gen && $(PROTOC_C) --c_out=. onnx.proto
+$(BUILD)/gen/onnx.pb-c.h: $(BUILD)/gen/onnx.pb-c.c
+	@:
+$(BUILD)/obj/gen/onnx.pb-c.o: $(BUILD)/gen/onnx.pb-c.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+$(BUILD)/obj/src/run/onnx_export.o: $(if $(GEN_O),$(BUILD)/gen/onnx.pb-c.h)
 
 $(BUILD)/libdtrain.a: $(LIB_O)
 	@rm -f $@

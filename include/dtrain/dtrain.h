@@ -13,5 +13,6 @@
 #include "dtrain/data.h"
 #include "dtrain/safetensors.h"
 #include "dtrain/comm.h"
+#include "dtrain/io.h"
 
 #endif

@@ -39,6 +39,10 @@ int dt_cli_setup_status(int s);
 /* The exit statuses, one line each, for the --help texts. */
 extern const char dt_cli_exit_help[];
 
+/* dtrain eval of --checkpoint/--weights/--model (cmd_io.c); returns the exit status. */
+int dt_cli_eval_source(const char *ckpt, const char *weights, const char *model, const char *data, int batch,
+                       int threads);
+
 /* Subcommands: each returns the process exit status. argv[0] is the subcommand name. */
 typedef struct {
     const char *name;

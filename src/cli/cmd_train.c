@@ -451,20 +451,26 @@ int dt_cmd_train(int argc, char **argv) {
 }
 
 static const char EVAL_USAGE[] =
-    "Usage: dtrain eval --checkpoint FILE [--data DIR] [--batch N]\n\n"
-    "Evaluates a checkpoint written by 'dtrain train --save' on the test split of a data set.";
+    "Usage: dtrain eval --checkpoint FILE [--data DIR] [--batch N]\n"
+    "       dtrain eval --weights FILE --model SPEC [--data DIR] [--batch N]\n\n"
+    "Evaluates a checkpoint written by 'dtrain train --save' on the test split of a data set, or a\n"
+    "plain safetensors weights file (PyTorch's save_file(model.state_dict()), --save-weights) of\n"
+    "the model --model SPEC, mapped by PyTorch names (F32, F16 or BF16).";
 
 int dt_cmd_eval(int argc, char **argv) {
-    const char *ckpt = NULL, *data = "fashion-mnist";
+    const char *ckpt = NULL, *data = "fashion-mnist", *weights = NULL, *model = NULL;
     int batch = 256, threads = 1;
     const dt_flag flags[] = {
         {"checkpoint", DT_FLAG_STR, &ckpt, "FILE", "checkpoint to evaluate (required)"},
         {"data", DT_FLAG_STR, &data, "DIR", "IDX directory, fashion-mnist, mnist, a .csv, or text:FILE / kjv for a GPT (its last 10%)"},
         {"batch", DT_FLAG_INT, &batch, "N", "evaluation batch size"},
         {"threads", DT_FLAG_INT, &threads, "N", "BLAS threads"},
+        {"weights", DT_FLAG_STR, &weights, "FILE", "a plain safetensors weights file (PyTorch state_dict names) instead of --checkpoint"},
+        {"model", DT_FLAG_STR, &model, "SPEC", "with --weights: the model the weights belong to (mlp, cnn, a spec, gpt:...)"},
     };
     int r = dt_flags_parse(argc, argv, 1, flags, (int)(sizeof flags / sizeof *flags), EVAL_USAGE, NULL, 0, NULL, NULL);
     if (r) return r < 0 ? 2 : 0;
+    if (weights || model) return dt_cli_eval_source(ckpt, weights, model, data, batch, threads);
     if (!ckpt) return dt_cli_usage("pass --checkpoint FILE (written by dtrain train --save)", "no --checkpoint given");
     if (batch < 1) return dt_cli_usage(NULL, "--batch %d: need at least 1", batch);
     if (threads < 1) return dt_cli_usage(NULL, "--threads %d: need at least 1", threads);

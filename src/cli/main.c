@@ -13,11 +13,15 @@ int dt_cmd_launch(int argc, char **argv);
 int dt_cmd_bench(int argc, char **argv);
 int dt_cmd_sample(int argc, char **argv);
 int dt_cmd_cache(int argc, char **argv);
+int dt_cmd_export(int argc, char **argv);
+int dt_cmd_predict(int argc, char **argv);
 
 static const dt_command g_commands[] = {
     {"train", dt_cmd_train, "train a model (one process, --workers N, or one rank of a launch/mpirun job)"},
     {"eval", dt_cmd_eval, "evaluate a checkpoint on a data set"},
     {"sample", dt_cmd_sample, "generate text with a GPT checkpoint"},
+    {"export", dt_cmd_export, "write a checkpoint's model as ONNX (onnxruntime, other tools)"},
+    {"predict", dt_cmd_predict, "write a model's predictions on a data set (CSV or JSON Lines)"},
     {"launch", dt_cmd_launch, "run N local ranks of a program (rank env, prefixed output)"},
     {"bench", dt_cmd_bench, "benchmarks: train, ddp, async, fault, comm (tables + a JSON line)"},
     {"cache", dt_cmd_cache, "the shared decoded data-set cache: ls (list your files), clear (remove them)"},

@@ -103,3 +103,7 @@ dt_status dt_model_load(dt_model **m, const char *checkpoint) {
     }
     return s;
 }
+
+dt_status dt_evaluate_dataset(dt_model *m, const dt_dataset *ds, int batch, float *loss, float *acc) {
+    return evaluate(m, ds, batch, NULL, loss, acc);
+}

@@ -59,6 +59,8 @@ static inline int dt_trainer_step_batch(const dt_trainer *t) {
  * with the last val_fraction as the test set, else an image/CSV data set. */
 dt_status dt_trainer_open_data(const char *data, const char *spec, double val_fraction, dt_dataset **train,
                                dt_dataset **test);
+/* Loss and accuracy of m over all of ds in batches of `batch` (one process). */
+dt_status dt_evaluate_dataset(dt_model *m, const dt_dataset *ds, int batch, float *loss, float *acc);
 /* Passes a note to cfg.on_note on rank 0 (printf-style). */
 void dt_trainer_note(const dt_trainer *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Rank 0 writes checkpoint_dir/ckpt-<step> and prunes to --keep; every rank restarts its timer. */
