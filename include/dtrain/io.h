@@ -38,6 +38,9 @@ dt_status dt_weights_spec(const char *path, char *spec, size_t cap, int *C, int 
  * the layer when the first layer cannot take it (a padded conv, a layernorm). m is unchanged. */
 dt_status dt_weights_save(const dt_model *m, const char *path, const dt_input_norm *norm, int C, int H, int W);
 
+/* DT_OK when dt_weights_save can fold norm into m's first layer, else its DT_EINVAL. */
+dt_status dt_weights_check_fold(const dt_model *m, const dt_input_norm *norm);
+
 /* Exports m as an ONNX model (IR 8, opset 17) to path (atomically): input "input" (N, C, H, W)
  * float, or "ids" (N, T) int32 for a GPT; output "logits" (N, classes), or (N, T, V). norm (may
  * be NULL or off) becomes Sub/Div nodes at the input. DT_ENOTSUP naming an op with no ONNX

@@ -63,8 +63,12 @@ static void on_epoch(void *ctx, const dt_epoch_info *e) {
         snprintf(part, sizeof part, " (%lld of %lld steps)", (long long)e->epoch_steps, (long long)e->steps_per_epoch);
     if (e->steps_per_epoch > 0 && e->steps < e->epoch_steps)
         snprintf(over, sizeof over, " (over its last %lld steps, since the resume)", (long long)e->steps);
-    printf("epoch %d/%d%s: train_loss %.4f%s test_loss %.4f test_acc %.4f %.0f samples/s (%.1fs)\n", e->epoch,
-           pc->epochs, part, e->train_loss, over, e->test_loss, e->test_acc, e->samples_per_s, e->epoch_s);
+    char val[96] = "";
+    if (!isnan(e->val_loss) && e->best_epoch > 0) /* --val-split */
+        snprintf(val, sizeof val, " val_loss %.4f val_acc %.4f%s", e->val_loss, e->val_acc,
+                 e->best_epoch == e->epoch ? " (best)" : "");
+    printf("epoch %d/%d%s: train_loss %.4f%s%s test_loss %.4f test_acc %.4f %.0f samples/s (%.1fs)\n", e->epoch,
+           pc->epochs, part, e->train_loss, over, val, e->test_loss, e->test_acc, e->samples_per_s, e->epoch_s);
     fflush(stdout);
 }
 
@@ -183,6 +187,7 @@ typedef struct {
     dt_train_config cfg;
     const char *optimizer, *schedule, *backend, *elastic;
     float lr, momentum, wd, beta1, beta2, eps, gamma, min_lr, bucket_mb, timeout, ckpt_secs, val_fraction;
+    float val_split;
     int64_t seed, warmup, step_size, max_steps;
     bool nesterov, quiet, normalize;
     int workers, max_restarts;
@@ -245,6 +250,11 @@ static int parse_train_flags(int argc, char **argv, train_opts *o) {
         {"keep", DT_FLAG_INT, &c->keep, "K", "keep only the newest K checkpoints in --checkpoint-dir (0 = all)"},
         {"elastic", DT_FLAG_STR, &o->elastic, "MIN:MAX", "with --workers: restart failed jobs from the last checkpoint"},
         {"max-restarts", DT_FLAG_INT, &o->max_restarts, "R", "with --elastic: give up after R restarts"},
+        {"weights", DT_FLAG_STR, &c->weights, "FILE", "start from plain safetensors weights (PyTorch state_dict names; with --model): fine-tuning"},
+        {"save-weights", DT_FLAG_STR, &c->save_weights, "FILE", "write a weights-only file after every epoch (strict torch load_state_dict; --normalize folded in)"},
+        {"val-split", DT_FLAG_FLOAT, &o->val_split, "F", "hold out fraction F of the training set (by --seed) to validate on after every epoch"},
+        {"early-stop", DT_FLAG_INT, &c->early_stop, "PATIENCE", "with --val-split: stop after PATIENCE epochs without a lower validation loss"},
+        {"keep-best", DT_FLAG_BOOL, &c->keep_best, NULL, "with --val-split and --save: also write the best epoch's checkpoint (NAME.best.safetensors)"},
     };
     int r = dt_flags_parse(argc, argv, 1, flags, (int)(sizeof flags / sizeof *flags), TRAIN_USAGE, NULL, 0, NULL,
                            NULL);
@@ -286,6 +296,7 @@ static int build_train_config(train_opts *o) {
     c->max_steps = o->max_steps;
     c->normalize = o->normalize;
     c->val_fraction = o->val_fraction;
+    c->val_split = o->val_split;
     c->checkpoint_secs = o->ckpt_secs;
     c->stop = &g_stop;
     return -1;

@@ -3,6 +3,7 @@
  * train_loop.c, evaluation in evaluate.c. */
 #include "run/trainer_internal.h"
 
+#include "dtrain/io.h"
 #include "dtrain/models.h"
 #include "run/checkpoint.h"
 #include "run/ckpt_dir.h"
@@ -44,6 +45,7 @@ void dt_trainer_free(dt_trainer *t) {
     dt_model_free(t->model);
     dt_dataset_free(t->train);
     dt_dataset_free(t->test);
+    dt_dataset_free(t->val);
     free(t);
 }
 
@@ -122,6 +124,7 @@ static dt_status check_config(const dt_train_config *c) {
     DT_TRY(check_writable("--save", c->save));
     DT_TRY(check_writable("--metrics", c->metrics));
     DT_TRY(check_writable("--timeline", c->timeline));
+    DT_TRY(check_writable("--save-weights", c->save_weights));
     if ((c->checkpoint_every > 0 || c->checkpoint_secs > 0 || c->keep > 0) && !c->checkpoint_dir)
         return dt_error(DT_EINVAL, "--checkpoint-every/--checkpoint-secs/--keep need --checkpoint-dir DIR");
     if (c->checkpoint_every < 0 || c->checkpoint_secs < 0 || c->keep < 0)
@@ -243,6 +246,7 @@ static dt_status check_batch(const dt_trainer *t, int max_batch) {
 static dt_status setup_data(dt_trainer *t, const char *spec, const char *resume, const dt_ckpt_info *info) {
     const dt_train_config *c = &t->cfg;
     DT_TRY(dt_trainer_open_data(c->data, spec, c->val_fraction, &t->train, &t->test));
+    DT_TRY(dt_trainer_split_val(t));
     dt_dataset_shape(t->train, &t->C, &t->H, &t->W);
     t->classes = dt_dataset_classes(t->train);
     if (c->normalize && dt_dataset_is_text(t->train))
@@ -281,6 +285,7 @@ static dt_status setup_model(dt_trainer *t, const char *spec) {
                              dt_model_spec(t->model), nout, c->data, t->classes - 1, t->classes);
     }
     dt_model_init(t->model, c->seed);
+    if (c->weights) DT_TRY(dt_weights_load(t->model, c->weights));  /* fine-tuning: start from them */
     return dt_optim_create(&t->optim, &c->optim, dt_model_num_params(t->model));
 }
 
@@ -303,6 +308,7 @@ static dt_status restore_and_normalize(dt_trainer *t, const char *resume, dt_ckp
     }
     if (!t->has_norm) return DT_OK;
     DT_TRY(dt_dataset_set_normalize(t->train, t->norm_mean, t->norm_std));
+    if (t->val) DT_TRY(dt_dataset_set_normalize(t->val, t->norm_mean, t->norm_std));
     return t->test ? dt_dataset_set_normalize(t->test, t->norm_mean, t->norm_std) : DT_OK;
 }
 
@@ -346,6 +352,7 @@ static dt_status trainer_setup(dt_trainer *t) {
     DT_TRY(resolve_resume(t));
     const char *resume = t->resume_path[0] ? t->resume_path : NULL;
     if (resume) DT_TRY(dt_checkpoint_read_info(resume, &info));
+    DT_TRY(dt_trainer_setup_val(t, resume, &info));
     const char *spec = c->model ? c->model : resume ? info.spec : "mlp";
     dt_status s = check_spec(spec);
     if (s != DT_OK) return spec == info.spec ? dt_error_wrap(DT_EFORMAT, "%s: its dtrain.model_spec", resume) : s;
@@ -362,7 +369,8 @@ static dt_status trainer_setup(dt_trainer *t) {
     DT_TRY(dt_strategy_create_with(&t->strategy, sentry, &sopts, t->world > 1 ? c->comm : NULL, t->model, t->optim,
                                    c->timeline ? &t->trace : NULL));
     DT_TRY(t->strategy->ops->init(t->strategy));
-    return setup_uneven(t);
+    DT_TRY(setup_uneven(t));
+    return dt_trainer_check_io(t);
 }
 
 dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
@@ -377,6 +385,7 @@ dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
     t->rank = cfg->comm ? dt_comm_rank(cfg->comm) : 0;
     t->world = cfg->comm ? dt_comm_size(cfg->comm) : 1;
     t->saved_step = -1;
+    t->best_val = INFINITY;
     dt_set_threads(cfg->threads);
     dt_status s = trainer_setup(t);
     if (s != DT_OK) {
@@ -405,6 +414,8 @@ static void fill_info(const dt_trainer *t, dt_ckpt_info *info) {
     info->lr = dt_lr_at(&t->cfg.lr, t->step);
     info->has_norm = t->has_norm;
     info->norm_mean = t->norm_mean, info->norm_std = t->norm_std;
+    info->val_split = t->val ? t->cfg.val_split : 0;
+    info->best_val = t->best_val, info->best_epoch = t->best_epoch, info->bad_epochs = t->bad_epochs;
 }
 
 dt_status dt_trainer_save(dt_trainer *t, const char *path) {

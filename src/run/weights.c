@@ -147,7 +147,8 @@ static int first_param_node(const dt_model *m) {
     return -1;
 }
 
-/* Folds norm into the tensors of the first layer, in the copy `params`/`buffers` of the slabs. */
+/* Folds norm into the tensors of the first layer, in the copy `params`/`buffers` of the slabs
+ * (NULL: only checks that it can). */
 static dt_status fold_norm(const dt_model *m, const dt_input_norm *norm, float *params, float *buffers) {
     const int i = first_param_node(m);
     const dt_node *n = i >= 0 ? &m->nodes[i] : NULL;
@@ -160,6 +161,7 @@ static dt_status fold_norm(const dt_model *m, const dt_input_norm *norm, float *
                         "takes it); train without --normalize to save plain weights, or export to ONNX, which keeps it",
                         norm->mean, norm->std, n ? " " : "", n ? n->name : "", n ? (k == DT_LAYER_CONV2D && n->a.pad ?
                         " (a padded conv: the zero padding is not the mean)" : "") : "");
+    if (!params) return DT_OK; /* only checking */
     const double mu = norm->mean, sd = norm->std;
     const dt_param_info *w = &m->tensors[n->tensor[0]], *b = &m->tensors[n->tensor[1]];
     if (k == DT_LAYER_BATCHNORM2D) { /* eval: (x' - rm) / sqrt(rv + eps) with x' = (x - mu) / sd */
@@ -179,6 +181,10 @@ static dt_status fold_norm(const dt_model *m, const dt_input_norm *norm, float *
         for (size_t j = 0; j < cols; j++) W[o * cols + j] = (float)(W[o * cols + j] / sd);
     }
     return DT_OK;
+}
+
+dt_status dt_weights_check_fold(const dt_model *m, const dt_input_norm *norm) {
+    return norm && norm->on ? fold_norm(m, norm, NULL, NULL) : DT_OK;
 }
 
 /* Adds the tensors, the batchnorm counters and a GPT's lm_head to w (data in params/buffers). */
