@@ -42,16 +42,38 @@ typedef struct {
     bool logits;
 } predict_opts;
 
+/* A GPT's window: its input ids, the argmax next byte at each position and (--logits) the (T, V)
+ * logits, as one JSON line (a CSV row holds the predictions only, separated by spaces). */
+static void write_window(FILE *f, bool json, bool logits, int64_t index, const int32_t *ids, const float *lg, int T,
+                         int V) {
+    fprintf(f, json ? "{\"index\":%lld,\"ids\":[" : "%lld,", (long long)index);
+    for (int t = 0; json && t < T; t++) fprintf(f, "%s%d", t ? "," : "", ids[t]);
+    fputs(json ? "],\"prediction\":[" : "", f);
+    for (int t = 0; t < T; t++) {
+        int best = 0;
+        for (int k = 1; k < V; k++)
+            if (lg[(size_t)t * V + k] > lg[(size_t)t * V + best]) best = k;
+        fprintf(f, "%s%d", t ? (json ? "," : " ") : "", best);
+    }
+    if (json && logits) {
+        fputs("],\"logits\":[", f);
+        for (size_t k = 0; k < (size_t)T * V; k++) fprintf(f, "%s%.9g", k ? "," : "", lg[k]);
+    }
+    fputs(json ? "]}\n" : "\n", f);
+}
+
 /* Runs m over ds (n samples) chunk by chunk and writes the rows to f. */
 static dt_status predict_rows(dt_model *m, const dt_dataset *ds, int64_t n, const predict_opts *o, FILE *f) {
-    enum { CHUNK = 512 };
-    const int in = dt_model_in_size(m), K = dt_model_out_size(m);
+    enum { CHUNK = 64 };
+    const int in = dt_model_in_size(m), K = dt_model_out_size(m), V = dt_model_classes(m);
+    const bool text = dt_dataset_is_text(ds);
     float *x = malloc((size_t)CHUNK * in * sizeof(float)), *lg = malloc((size_t)CHUNK * K * sizeof(float));
     int32_t *y = malloc(CHUNK * sizeof(int32_t));
     uint32_t *idx = malloc(CHUNK * sizeof(uint32_t));
     dt_status s = x && lg && y && idx ? DT_OK : dt_error(DT_ENOMEM, "predict: out of memory");
     const bool json = has_suffix(o->out, ".jsonl") || has_suffix(o->out, ".json");
-    if (s == DT_OK && !json) {
+    if (s == DT_OK && !json && text) fputs("index,prediction\n", f);
+    else if (s == DT_OK && !json) {
         fputs("index,label,prediction,probability", f);
         for (int k = 0; o->logits && k < K; k++) fprintf(f, ",logit_%d", k);
         fputc('\n', f);
@@ -59,9 +81,13 @@ static dt_status predict_rows(dt_model *m, const dt_dataset *ds, int64_t n, cons
     for (int64_t i = 0; s == DT_OK && i < n; i += CHUNK) {
         const int b = (int)(n - i < CHUNK ? n - i : CHUNK);
         for (int j = 0; j < b; j++) idx[j] = (uint32_t)(i + j);
-        if ((s = dt_dataset_batch(ds, idx, b, x, y)) != DT_OK) break;
+        int32_t *tok = (int32_t *)x;
+        if ((s = text ? dt_dataset_batch_tokens(ds, idx, b, tok, NULL) : dt_dataset_batch(ds, idx, b, x, y)) != DT_OK)
+            break;
         if ((s = dt_model_predict(m, x, b, lg)) != DT_OK) break;
-        for (int j = 0; j < b; j++) write_row(f, json, o->logits, i + j, y[j], lg + (size_t)j * K, K);
+        for (int j = 0; j < b; j++)
+            if (text) write_window(f, json, o->logits, i + j, tok + (size_t)j * in, lg + (size_t)j * K, in, V);
+            else write_row(f, json, o->logits, i + j, y[j], lg + (size_t)j * K, K);
     }
     free(x), free(lg), free(y), free(idx);
     return s;
@@ -100,7 +126,9 @@ static const char PREDICT_USAGE[] =
     "       dtrain predict --weights FILE --model SPEC [--data DIR] -o preds.csv|preds.jsonl\n\n"
     "Writes one line per sample of the test split (--split train: the training split): index,\n"
     "label, predicted class and its softmax probability; --logits adds every logit. A name ending\n"
-    "in .jsonl (or .json) gives JSON Lines, anything else CSV with a header line.";
+    "in .jsonl (or .json) gives JSON Lines, anything else CSV with a header line. For a GPT and\n"
+    "text data (its last 10%, or --split train) each line is a window: its ids, the most likely\n"
+    "next byte at every position and, with --logits, the (T, V) logits.";
 
 int dt_cmd_predict(int argc, char **argv) {
     const char *ckpt = NULL, *weights = NULL, *model = NULL;
@@ -134,11 +162,15 @@ int dt_cmd_predict(int argc, char **argv) {
     dt_status s = dt_model_source_spec(&src, spec, sizeof spec);
     if (s == DT_EINVAL) return dt_cli_usage(NULL, "%s", dt_last_error());
     if (s != DT_OK) return dt_cli_fail(NULL, "%s", dt_last_error()), dt_cli_setup_status(s);
-    if (dt_model_spec_is_gpt(spec))
-        return dt_cli_usage("continue text with 'dtrain sample --checkpoint FILE --prompt TEXT'",
-                            "dtrain predict takes image/CSV classifiers; %s is a GPT", spec);
     dt_dataset *train = NULL, *test = NULL;
-    if ((s = dt_dataset_open(&train, &test, o.data)) != DT_OK) {
+    const bool gpt = dt_model_spec_is_gpt(spec);
+    dt_gpt_config g;
+    if (gpt != dt_data_is_text(o.data))
+        return dt_cli_usage(gpt ? "pass --data text:FILE or --data kjv" : "pass an image or CSV --data",
+                            "--data %s does not fit model %s", o.data, spec);
+    if (gpt && (s = dt_gpt_parse(spec, &g)) == DT_OK) s = dt_dataset_open_text(&train, &test, o.data, g.T, 0.1);
+    else if (!gpt) s = dt_dataset_open(&train, &test, o.data);
+    if (s != DT_OK) {
         dt_cli_fail("check --data (an IDX directory, fashion-mnist, mnist or a .csv file)", "%s", dt_last_error());
         return dt_cli_setup_status(s);
     }

@@ -2,7 +2,7 @@
 // with those `dtrain predict --logits` wrote (JSON Lines), sample by sample.
 // usage: node onnx_run.js MODEL.onnx PREDS.jsonl INPUT N
 //   INPUT: an IDX images file (.gz): the first N images scaled to [0,1] as dtrain reads them;
-//          or ids:FILE:T: token windows of T bytes at i*T of FILE (a GPT's input)
+//          or "ids": each row's own "ids" (a GPT's windows)
 // Prints "max_abs_diff D over N samples" and exits 1 when D > 1e-4 or the argmax differs.
 const fs = require('fs');
 const zlib = require('zlib');
@@ -27,11 +27,9 @@ async function main() {
   const sess = await ort.InferenceSession.create(model);
   const inName = sess.inputNames[0];
   let feed;
-  if (input.startsWith('ids:')) {
-    const [, file, tStr] = input.split(':');
-    const T = parseInt(tStr, 10), bytes = fs.readFileSync(file);
-    const ids = new Int32Array(n * T);
-    for (let i = 0; i < n * T; i++) ids[i] = bytes[i];
+  if (input === 'ids') { // a GPT: the windows' ids as dtrain predict wrote them
+    const T = rows[0].ids.length, ids = new Int32Array(n * T);
+    rows.forEach((r, i) => ids.set(r.ids, i * T));
     feed = new ort.Tensor('int32', ids, [n, T]);
   } else {
     const { x, dims } = readIdx(input, n);
@@ -47,7 +45,7 @@ async function main() {
       maxd = Math.max(maxd, Math.abs(out[i * K + k] - r.logits[k]));
       if (out[i * K + k] > out[i * K + best]) best = k;
     }
-    if (r.prediction !== undefined && best !== r.prediction) wrong++;
+    if (typeof r.prediction === 'number' && best !== r.prediction) wrong++;
   });
   console.log(`max_abs_diff ${maxd.toExponential(3)} over ${n} samples (${K} logits each), ${wrong} argmax differences`);
   process.exit(maxd <= 1e-4 ? 0 : 1);
