@@ -88,7 +88,7 @@ dt_status dt_weights_load(dt_model *m, const char *path) {
         if (dt_st_find(f, p->name, &st) == DT_OK) check_tensor(&st, p, &r);
         else {
             fmt_shape(want, sizeof want, p->ndim, p->shape);
-            report_add(&r, "'%s' %s is missing%s", p->name, want, "");
+            report_add(&r, "'%s' (expected shape %s) is missing%s", p->name, want, "");
         }
     }
     for (int i = 0; i < dt_st_count(f); i++) { /* extra */
