@@ -120,6 +120,9 @@ static dt_status check_config(const dt_train_config *c) {
     if (c->lr.warmup_steps < 0) return dt_error(DT_EINVAL, "--warmup %lld: must not be negative", (long long)c->lr.warmup_steps);
     if (c->lr.kind == DT_LR_STEP && c->lr.step_size <= 0)
         return dt_error(DT_EINVAL, "--schedule step needs --step-size STEPS > 0");
+    if (c->weights && c->resume)
+        return dt_error(DT_EINVAL, "--weights %s starts a new run from plain weights, --resume %s continues one: pass "
+                        "one of them", c->weights, c->resume);
     if (c->max_steps < 0) return dt_error(DT_EINVAL, "--max-steps %lld: must not be negative", (long long)c->max_steps);
     DT_TRY(check_writable("--save", c->save));
     DT_TRY(check_writable("--metrics", c->metrics));
