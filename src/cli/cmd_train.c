@@ -462,11 +462,9 @@ int dt_cmd_train(int argc, char **argv) {
 }
 
 static const char EVAL_USAGE[] =
-    "Usage: dtrain eval --checkpoint FILE [--data DIR] [--batch N]\n"
-    "       dtrain eval --weights FILE --model SPEC [--data DIR] [--batch N]\n\n"
+    "Usage: dtrain eval --checkpoint FILE | --weights FILE --model SPEC [--data DIR] [--batch N]\n\n"
     "Evaluates a checkpoint written by 'dtrain train --save' on the test split of a data set, or a\n"
-    "plain safetensors weights file (PyTorch's save_file(model.state_dict()), --save-weights) of\n"
-    "the model --model SPEC, mapped by PyTorch names (F32, F16 or BF16).";
+    "plain safetensors weights file (PyTorch's save_file(model.state_dict())) by PyTorch names.";
 
 int dt_cmd_eval(int argc, char **argv) {
     const char *ckpt = NULL, *data = "fashion-mnist", *weights = NULL, *model = NULL;
