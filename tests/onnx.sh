@@ -2,7 +2,7 @@
 # input), the CNN preset, a spec using every sequential layer and a GPT passes python3-onnx's
 # full checker, and onnxruntime-node (npm) gives the logits `dtrain predict --logits` gives, to a
 # max abs difference of 1e-4, on the first 1000 Fashion-MNIST test images (200 under the
-# sanitizers) and 20 text windows. Skips, saying why, without node, onnxruntime-node (installed by
+# sanitizers, which also train fewer steps) and 20 text windows. Skips, saying why, without node, onnxruntime-node (installed by
 # scripts/install-deps into ~/.cache/dtrain/npm, or DTRAIN_NODE_MODULES), python3-onnx or the data.
 . "$(dirname "$0")/testlib.bash"
 ROOT=${DTRAIN_ROOT:-$(cd "$(dirname "$0")/.." && pwd)}
@@ -14,7 +14,9 @@ $PY -c "import onnx" 2>/dev/null || { echo "skip: $PY has no onnx (apt-get insta
 have_fmnist || { echo "skip: Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)"; exit 77; }
 out=$($DT export --checkpoint /nonexistent.st -o "$TMP/x.onnx" 2>&1)
 if grep -q "built without ONNX" <<<"$out"; then echo "skip: $out"; exit 77; fi
-N=$([ -n "${DTRAIN_SANITIZED:-}" ] && echo 200 || echo 1000)
+SAN=${DTRAIN_SANITIZED:+1}
+N=$([ -n "$SAN" ] && echo 200 || echo 1000)
+S=$([ -n "$SAN" ] && echo 4 || echo 1)  # fewer training steps under the sanitizers
 IMG=/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz
 export NODE_PATH="$MODS"
 
@@ -34,14 +36,14 @@ round_trip() {
   res=$(node "$ROOT/tests/tools/onnx_run.js" "$TMP/$name.onnx" "$TMP/$name.jsonl" "$input" "$n" 2>&1) \
     && ok "$name: checker ok ($chk); onnxruntime vs dtrain: $res" || bad "$name: $res"
 }
-round_trip mlp "$IMG" $N --model mlp --normalize --max-steps 60
-round_trip cnn "$IMG" $N --model cnn --max-steps 8 --batch 16
-round_trip spec "$IMG" $N --max-steps 20 --model \
+round_trip mlp "$IMG" $N --model mlp --normalize --max-steps $((60 / S))
+round_trip cnn "$IMG" $N --model cnn --max-steps $((8 / S)) --batch $((16 / S))
+round_trip spec "$IMG" $N --max-steps $((20 / S)) --model \
   "conv(6,3,pad=1) batchnorm gelu maxpool(2) conv(8,3,stride=2,bias=0) tanh avgpool(2) flatten dropout(0.2) layernorm linear(24,bias=0) sigmoid linear(10)"
 python3 -c "
 import random; random.seed(5); w='in the beginning god created the heaven and the earth .'.split()
 open('$TMP/c.txt','w').write(' '.join(random.choice(w) for _ in range(3000)))"
-round_trip gpt ids 20 --data "text:$TMP/c.txt" --model "gpt:L=2,H=2,C=32,T=16" --max-steps 10
+round_trip gpt ids 20 --data "text:$TMP/c.txt" --model "gpt:L=2,H=2,C=32,T=16" --max-steps $((12 / S))
 expect_fail "export needs -o" "no -o FILE given" $DT export --checkpoint "$TMP/mlp.st"
 expect_fail "export of a missing checkpoint names it" "/nonexistent.st" $DT export --checkpoint /nonexistent.st -o "$TMP/x.onnx"
 [ ! -e "$TMP/x.onnx" ] && ok "no ONNX file after a failed export" || bad "a failed export left $TMP/x.onnx"

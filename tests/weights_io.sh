@@ -44,14 +44,15 @@ grep -q "test_loss 0.5902 test_acc 0.7913" <<<"$out" && ok "train --weights star
 # ---- weights out: --save-weights ----
 $DT train --model mlp --normalize --max-steps $steps --quiet --save "$TMP/mlp.st" --save-weights "$TMP/mlp.w" >/dev/null \
   || bad "train mlp --save-weights"
-$DT predict --checkpoint "$TMP/mlp.st" --logits -o "$TMP/ck.jsonl" >/dev/null || bad "predict --checkpoint"
-$DT predict --weights "$TMP/mlp.w" --logits -o "$TMP/w.jsonl" >/dev/null || bad "predict --weights (spec from the file)"
+NP=$([ -n "$SAN" ] && echo 2000 || echo 10000)
+$DT predict --checkpoint "$TMP/mlp.st" --limit $NP --logits -o "$TMP/ck.jsonl" >/dev/null || bad "predict --checkpoint"
+$DT predict --weights "$TMP/mlp.w" --limit $NP --logits -o "$TMP/w.jsonl" >/dev/null || bad "predict --weights (spec from the file)"
 python3 - "$TMP/ck.jsonl" "$TMP/w.jsonl" <<'PY' && ok "the --save-weights file (normalisation folded) on raw inputs = the checkpoint on normalised ones" || bad "folded weights differ"
 import json, sys
 a = [json.loads(l) for l in open(sys.argv[1])]; b = [json.loads(l) for l in open(sys.argv[2])]
-assert len(a) == len(b) == 10000
+assert len(a) == len(b) and len(a) >= 2000
 d = max(abs(x - y) for r, s in zip(a, b) for x, y in zip(r["logits"], s["logits"]))
-print(f"max logit difference {d:.2e} over 10000 test images"); assert d <= 1e-4, d
+print(f"max logit difference {d:.2e} over {len(a)} test images"); assert d <= 1e-4, d
 PY
 SPEC_BN="conv(4,3) batchnorm relu maxpool(2) flatten linear(10)"
 $DT train --model "$SPEC_BN" --normalize --max-steps $steps --quiet --save "$TMP/bn.st" --save-weights "$TMP/bn.w" >/dev/null \

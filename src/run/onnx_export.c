@@ -123,7 +123,7 @@ static const char *ob_init(onnx_b *b, const char *name, const int64_t *dims, int
     if (!t || !d || !raw || !inits) return b->failed = true, name;
     b->inits = inits;
     onnx__tensor_proto__init(t);
-    memcpy(d, dims, sizeof *d * (size_t)ndim);
+    if (ndim) memcpy(d, dims, sizeof *d * (size_t)ndim);
     memcpy(raw, data, bytes);
     t->name = (char *)name, t->n_dims = (size_t)ndim, t->dims = d;
     t->has_data_type = 1, t->data_type = elem_type;
