@@ -69,6 +69,15 @@ for m in mlp bn; do
   $DT predict --checkpoint "$TMP/$m.st" --limit 300 --logits -o "$TMP/$m.jsonl" >/dev/null || bad "predict $m"
 done
 $DT predict --checkpoint "$TMP/g.st" --data "text:$TMP/c.txt" --limit 20 --logits -o "$TMP/g.jsonl" >/dev/null || bad "predict gpt"
+# predict: CSV with a header and one row per sample; errors leave no file
+$DT predict --checkpoint "$TMP/mlp.st" --limit 25 -o "$TMP/p.csv" >/dev/null || bad "predict csv"
+[ "$(head -1 "$TMP/p.csv")" = "index,label,prediction,probability" ] && [ "$(wc -l <"$TMP/p.csv")" -eq 26 ] \
+  && ok "predict writes CSV: a header and 25 rows" || bad "predict csv: $(head -3 "$TMP/p.csv")"
+expect_fail "predict of a GPT on image data" "does not fit model gpt" $DT predict --checkpoint "$TMP/g.st" -o "$TMP/x.csv"
+expect_fail "predict into a missing directory names it" "$TMP/no/p.csv" $DT predict --checkpoint "$TMP/mlp.st" -o "$TMP/no/p.csv"
+expect_fail "eval --model against another checkpoint's model" "leave out --model" \
+  $DT eval --checkpoint "$TMP/mlp.st" --model cnn
+[ ! -e "$TMP/x.csv" ] && ok "no predictions file after a refusal" || bad "a refused predict left $TMP/x.csv"
 if ! $PY -c "import torch" 2>/dev/null; then
   echo "note: $PY has no torch (apt-get install python3-torch): strict torch loads not checked"
   finish; exit
