@@ -125,6 +125,7 @@ $(BUILD)/fuzz_%: fuzz/fuzz_%.c fuzz/fuzz_common.h $(BUILD)/libdtrain.a
 fixtures:
 	/usr/bin/python3 tests/ref/gen_ref.py tests/ref
 	/usr/bin/python3 tests/ref/gen_gpt_ref.py tests/ref
+	/usr/bin/python3 tests/ref/gen_weights_ref.py tests/ref/weights
 
 # The libraries a program linking build/libdtrain.a needs (MPI included when built with it).
 print-ldlibs:
