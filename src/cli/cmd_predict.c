@@ -138,7 +138,7 @@ int dt_cmd_predict(int argc, char **argv) {
         {"checkpoint", DT_FLAG_STR, &ckpt, "FILE", "checkpoint of the model (dtrain train --save)"},
         {"weights", DT_FLAG_STR, &weights, "FILE", "or a plain safetensors weights file (with --model)"},
         {"model", DT_FLAG_STR, &model, "SPEC", "with --weights: the model the weights belong to"},
-        {"data", DT_FLAG_STR, &o.data, "DIR", "IDX directory, fashion-mnist, mnist or a .csv"},
+        {"data", DT_FLAG_STR, &o.data, "DIR", "IDX directory, fashion-mnist, mnist, a .csv, or text:FILE / kjv for a GPT"},
         {"split", DT_FLAG_STR, &o.split, "NAME", "test (default) or train"},
         {"limit", DT_FLAG_I64, &o.limit, "N", "only the first N samples (0 = all)"},
         {"logits", DT_FLAG_BOOL, &o.logits, NULL, "write every logit too"},
