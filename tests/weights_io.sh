@@ -41,24 +41,26 @@ out=$($DT train --weights "$W" --model "flatten linear(16) relu linear(10)" --ma
 grep -q "test_loss 0.5902 test_acc 0.7913" <<<"$out" && ok "train --weights starts from the file's weights" \
   || bad "train --weights: $out"
 
-# ---- weights out: --save-weights ----
-$DT train --model mlp --normalize --max-steps $steps --quiet --save "$TMP/mlp.st" --save-weights "$TMP/mlp.w" >/dev/null \
+# ---- weights out: --save-weights (trained on a subset: 3000 training, 2000 test images) ----
+FM="$TMP/fm"
+python3 "$ROOT/tests/tools/fmnist_subset.py" /usr/share/datasets/fashion-mnist "$FM" 3000 2000 || bad "fmnist subset"
+export DTRAIN_DATA_CACHE=0
+$DT train --data "$FM" --model mlp --normalize --max-steps $steps --quiet --save "$TMP/mlp.st" --save-weights "$TMP/mlp.w" >/dev/null \
   || bad "train mlp --save-weights"
-NP=$([ -n "$SAN" ] && echo 2000 || echo 10000)
-$DT predict --checkpoint "$TMP/mlp.st" --limit $NP --logits -o "$TMP/ck.jsonl" >/dev/null || bad "predict --checkpoint"
-$DT predict --weights "$TMP/mlp.w" --limit $NP --logits -o "$TMP/w.jsonl" >/dev/null || bad "predict --weights (spec from the file)"
+$DT predict --data "$FM" --checkpoint "$TMP/mlp.st" --logits -o "$TMP/ck.jsonl" >/dev/null || bad "predict --checkpoint"
+$DT predict --data "$FM" --weights "$TMP/mlp.w" --logits -o "$TMP/w.jsonl" >/dev/null || bad "predict --weights (spec from the file)"
 python3 - "$TMP/ck.jsonl" "$TMP/w.jsonl" <<'PY' && ok "the --save-weights file (normalisation folded) on raw inputs = the checkpoint on normalised ones" || bad "folded weights differ"
 import json, sys
 a = [json.loads(l) for l in open(sys.argv[1])]; b = [json.loads(l) for l in open(sys.argv[2])]
-assert len(a) == len(b) and len(a) >= 2000
+assert len(a) == len(b) == 2000
 d = max(abs(x - y) for r, s in zip(a, b) for x, y in zip(r["logits"], s["logits"]))
 print(f"max logit difference {d:.2e} over {len(a)} test images"); assert d <= 1e-4, d
 PY
 SPEC_BN="conv(4,3) batchnorm relu maxpool(2) flatten linear(10)"
-$DT train --model "$SPEC_BN" --normalize --max-steps $steps --quiet --save "$TMP/bn.st" --save-weights "$TMP/bn.w" >/dev/null \
+$DT train --data "$FM" --model "$SPEC_BN" --normalize --max-steps $steps --quiet --save "$TMP/bn.st" --save-weights "$TMP/bn.w" >/dev/null \
   || bad "train conv/batchnorm --save-weights"
 expect_fail "--save-weights refuses --normalize before a padded conv at start" "padded conv" \
-  $DT train --model "conv(4,3,pad=1) relu flatten linear(10)" --normalize --max-steps 1 --save-weights "$TMP/no.w"
+  $DT train --data "$FM" --model "conv(4,3,pad=1) relu flatten linear(10)" --normalize --max-steps 1 --save-weights "$TMP/no.w"
 [ ! -e "$TMP/no.w" ] && ok "no weights file after the refusal" || bad "a weights file was written after the refusal"
 python3 -c "
 import random; random.seed(3); w='and the lord spake unto moses saying .'.split()
@@ -66,15 +68,15 @@ open('$TMP/c.txt','w').write(' '.join(random.choice(w) for _ in range(3000)))"
 $DT train --data "text:$TMP/c.txt" --model "gpt:L=1,H=2,C=16,T=8" --max-steps 10 --quiet --save "$TMP/g.st" \
   --save-weights "$TMP/g.w" >/dev/null || bad "train gpt --save-weights"
 for m in mlp bn; do
-  $DT predict --checkpoint "$TMP/$m.st" --limit 300 --logits -o "$TMP/$m.jsonl" >/dev/null || bad "predict $m"
+  $DT predict --data "$FM" --checkpoint "$TMP/$m.st" --limit 300 --logits -o "$TMP/$m.jsonl" >/dev/null || bad "predict $m"
 done
 $DT predict --checkpoint "$TMP/g.st" --data "text:$TMP/c.txt" --limit 20 --logits -o "$TMP/g.jsonl" >/dev/null || bad "predict gpt"
 # predict: CSV with a header and one row per sample; errors leave no file
-$DT predict --checkpoint "$TMP/mlp.st" --limit 25 -o "$TMP/p.csv" >/dev/null || bad "predict csv"
+$DT predict --data "$FM" --checkpoint "$TMP/mlp.st" --limit 25 -o "$TMP/p.csv" >/dev/null || bad "predict csv"
 [ "$(head -1 "$TMP/p.csv")" = "index,label,prediction,probability" ] && [ "$(wc -l <"$TMP/p.csv")" -eq 26 ] \
   && ok "predict writes CSV: a header and 25 rows" || bad "predict csv: $(head -3 "$TMP/p.csv")"
-expect_fail "predict of a GPT on image data" "does not fit model gpt" $DT predict --checkpoint "$TMP/g.st" -o "$TMP/x.csv"
-expect_fail "predict into a missing directory names it" "$TMP/no/p.csv" $DT predict --checkpoint "$TMP/mlp.st" -o "$TMP/no/p.csv"
+expect_fail "predict of a GPT on image data" "does not fit model gpt" $DT predict --data "$FM" --checkpoint "$TMP/g.st" -o "$TMP/x.csv"
+expect_fail "predict into a missing directory names it" "$TMP/no/p.csv" $DT predict --data "$FM" --checkpoint "$TMP/mlp.st" -o "$TMP/no/p.csv"
 expect_fail "eval --model against another checkpoint's model" "leave out --model" \
   $DT eval --checkpoint "$TMP/mlp.st" --model cnn
 [ ! -e "$TMP/x.csv" ] && ok "no predictions file after a refusal" || bad "a refused predict left $TMP/x.csv"
