@@ -24,8 +24,10 @@ bepoch=$(python3 -c "
 import json,struct,sys; raw=open('$TMP/a.best.safetensors','rb').read(); n=struct.unpack('<Q',raw[:8])[0]
 print(json.loads(raw[8:8+n])['__metadata__']['dtrain.epoch'])" 2>&1)
 [ "$bepoch" = "$best" ] && ok "--keep-best kept the checkpoint of epoch $best" || bad "best checkpoint is of epoch '$bepoch', want $best"
-# interrupted after 4 epochs, resumed without --val-split: the same split, counters and end
-$DT train "${COMMON[@]}" --epochs 4 --early-stop 2 --save "$TMP/b.st" >/dev/null 2>&1 || bad "train 4 epochs"
+# interrupted one epoch after the best (the early-stop counter at 1), resumed without
+# --val-split: the same split, counters and end (a reset counter would train on past it)
+cut=$((last - 1))
+$DT train "${COMMON[@]}" --epochs $cut --early-stop 2 --save "$TMP/b.st" >/dev/null 2>&1 || bad "train $cut epochs"
 $DT train --resume "$TMP/b.st" --model mlp --epoch-windows 1000 --lr 0.02 --quiet --epochs 12 --early-stop 2 \
   --save "$TMP/b.st" --save-weights "$TMP/b.w" --metrics "$TMP/b.jsonl" >"$TMP/b.out" 2>&1 || bad "resume: $(cat "$TMP/b.out")"
 cmp -s "$TMP/a.w" "$TMP/b.w" && ok "the resumed run stops at the same epoch with the same weights, bit for bit" \
