@@ -14,5 +14,8 @@
 #include "dtrain/safetensors.h"
 #include "dtrain/comm.h"
 #include "dtrain/io.h"
+#include "dtrain/launch.h"
+#include "dtrain/train_options.h"
+#include "dtrain/tensorboard.h"
 
 #endif

@@ -153,6 +153,10 @@ typedef struct {
      * step next_unit names the next one (*unit < 0: none left). */
     void (*first_unit)(dt_strategy *s, const dt_unit_plan *plan, int64_t *epoch, int64_t *unit);
     void (*next_unit)(dt_strategy *s, int64_t *epoch, int64_t *unit);
+    /* Optional: appends the strategy's own figures of the run to the epoch's metrics line, as
+     * JSON members starting with ", " (pp: the bubble fraction, bytes sent, peak activations).
+     * Collective over the ranks (called on every training rank at each epoch's end). */
+    void (*report)(dt_strategy *s, char *out, size_t cap);
 } dt_strategy_ops;
 
 struct dt_strategy {
@@ -167,6 +171,8 @@ struct dt_strategy {
     dt_role role;
     int data_rank, data_world;  /* this rank's part of the data (ps workers: index among workers) */
     int job_rank0;              /* job rank of data rank 0 */
+    dt_comm *data_comm;         /* the ranks of this rank's data axis when they are not the job's ranks
+                                 * (pp: the stage's DP peers; owned by the strategy): the balancer's; NULL = comm */
     bool local_mean;            /* the step wants the mean gradient of the local batch (localsgd,
                                  * ps); else the rank's share of the global mean (ddp) */
     struct {                    /* the current step on this rank, set by the trainer before ops->step */
@@ -203,6 +209,9 @@ typedef struct {
     /* Writes every option as KEY=VALUE,... (the canonical spec's inside); NULL: no options. */
     void (*format)(const void *opts, char *out, size_t cap);
     bool needs_comm;          /* true: more than one rank; false: one process only */
+    /* Optional: this rank's part of the data when it is not (rank of size) and no servers
+     * (pp: the stages of a pipeline share their samples, so rank / stages of size / stages). */
+    void (*data_part)(const void *opts, int rank, int size, int *data_rank, int *data_world);
 } dt_strategy_entry;
 
 /* The entry named name, or NULL. */
@@ -236,6 +245,7 @@ bool dt_strategy_hands_out_batches(const dt_strategy *s);
 /* The strategies' entries (one per module). */
 extern const dt_strategy_entry dt_strategy_single_entry, dt_strategy_ddp_entry, dt_strategy_localsgd_entry,
     dt_strategy_ps_entry;
+extern const dt_strategy_entry dt_strategy_pp_entry;
 
 /* The data part of a rank under strategy e with opts before the strategy exists (for the
  * loader): with S = e->servers(opts) > 0 the workers are ranks S..size-1 and shard the data among

@@ -43,7 +43,7 @@ static dt_status train_step(dt_trainer *t, const dt_batch *b, epoch_acc *acc) {
                         .compute_done = compute_done, .ctx = t};
     dt_step_result r;
     DT_TRY(dt_strategy_train_step(st, &sb, &r));
-    DT_TRY(dt_balance_step_end(t->balance, t->dcomm, t->loader));
+    DT_TRY(dt_balance_step_end(t->balance, st->data_comm ? st->data_comm : t->dcomm, t->loader));
     acc->loss_sum += r.loss_sum;
     acc->samples += r.n;
     acc->comm_wait_s += r.st.comm_wait_s;
@@ -150,7 +150,11 @@ static dt_status stop_vote(const dt_trainer *t, bool *stop) {
 static dt_status save_interrupted(dt_trainer *t) {
     const dt_train_config *c = &t->cfg;
     dt_status s = DT_OK;
-    if (c->checkpoint_dir) s = dt_trainer_save_numbered(t);
+    /* the replicas agree first (localsgd averages, pp gathers the stages on rank 0), as for the
+     * numbered checkpoints (save_numbered syncs by itself) */
+    if (!c->checkpoint_dir && t->strategy->ops->sync) s = t->strategy->ops->sync(t->strategy);
+    if (s != DT_OK) {
+    } else if (c->checkpoint_dir) s = dt_trainer_save_numbered(t);
     else if (t->rank == 0) s = dt_trainer_save(t, c->save ? c->save : "dtrain-interrupted.safetensors");
     if (s != DT_OK) return dt_error_wrap(s, "stopped at step %lld but the checkpoint failed", (long long)t->step);
     if (c->checkpoint_dir)
@@ -250,7 +254,7 @@ static dt_status end_epoch(dt_trainer *t, FILE *mf, const epoch_acc *acc, double
                            int64_t epoch_steps) {
     const dt_train_config *c = &t->cfg;
     if (t->strategy->ops->sync) DT_TRY(t->strategy->ops->sync(t->strategy));
-    DT_TRY(dt_balance_epoch(t->balance, t->dcomm, epoch_s, t->workers));
+    DT_TRY(dt_balance_epoch(t->balance, t->strategy->data_comm ? t->strategy->data_comm : t->dcomm, epoch_s, t->workers));
     double sums[2] = {acc->loss_sum, (double)acc->samples};
     if (t->dcomm) DT_TRY(dt_comm_allreduce(t->dcomm, sums, sums, 2, DT_F64, DT_OP_SUM));
     dt_epoch_info e = {.epoch = (int)t->epoch + (finished ? 0 : 1), .global_step = t->step,
@@ -262,6 +266,7 @@ static dt_status end_epoch(dt_trainer *t, FILE *mf, const epoch_acc *acc, double
                        .global_batch = dt_trainer_step_batch(t) * t->dworld,
                        .lr = dt_lr_at(&c->lr, t->step > 0 ? t->step - 1 : 0),
                        .nworkers = t->dworld, .workers = t->workers, .max_clock_gap = -1};
+    if (t->strategy->ops->report) t->strategy->ops->report(t->strategy, t->strategy_report, sizeof t->strategy_report);
     DT_TRY(dt_trainer_evaluate(t, &e.test_loss, &e.test_acc));
     DT_TRY(dt_trainer_validate(t, &e));  /* --val-split, --early-stop, --keep-best */
     e.wall_s = dt_now() - t->t_start;

@@ -43,10 +43,13 @@ struct dt_trainer {
     dt_worker_info *workers;  /* [dworld] */
     /* --val-split, --early-stop, --keep-best (validation.c) */
     dt_dataset *val;          /* the held-out part of the training set, or NULL */
+    dt_dataset *own_train;    /* the training part when the data is borrowed (cfg.train_set), or NULL */
     float best_val;           /* lowest validation loss so far (INFINITY: none yet) */
     int64_t best_epoch;       /* its epoch (1-based; 0: none) */
     int64_t bad_epochs;       /* epochs since then without a lower one */
     bool early_stopped;       /* --early-stop ended the run */
+    bool borrowed_data;       /* train/test are cfg.train_set/test_set: not freed here */
+    char strategy_report[512]; /* the strategy's figures for the epoch's metrics line (ops->report) */
 };
 
 /* The model's feed of a loader batch (features or token ids, and labels or next tokens). */
