@@ -97,6 +97,11 @@ dt_status dt_trainer_write_metrics(FILE *f, const dt_epoch_info *e, const dt_tra
     if (e->steps_per_epoch > 0)  /* a partial epoch (--max-steps) or a loss over part of it (resumed) */
         fprintf(f, ", \"epoch_steps\": %lld, \"steps_per_epoch\": %lld, \"loss_steps\": %lld",
                 (long long)e->epoch_steps, (long long)e->steps_per_epoch, (long long)e->steps);
+    if (t->val) { /* --val-split */
+        char vl[32], va[32];
+        json_num(vl, sizeof vl, e->val_loss), json_num(va, sizeof va, e->val_acc);
+        fprintf(f, ", \"val_loss\": %s, \"val_acc\": %s, \"best_epoch\": %d", vl, va, e->best_epoch);
+    }
     fprintf(f, ", \"kernels\": \"%s\"", dt_kernels_describe());
     const dt_loss_scaler *ls = dt_optim_loss_scaler(t->optim);
     if (ls) fprintf(f, ", \"loss_scale\": %.6g, \"skipped_steps\": %lld", ls->scale, (long long)ls->skipped);
