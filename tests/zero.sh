@@ -79,8 +79,10 @@ rank_pid() {  # LAUNCHER-PID SLOT [NOT-PID]: pid of the child with DTRAIN_RANK=S
 }
 D="$TMP/ck"
 STEPS=${DTRAIN_SANITIZED:+120}
+# --slow 0:50 (rank 0 sleeps 49x its compute; ddp runs at its pace): the job outlasts both kills
+# on any machine, instead of finishing before the second victim is found
 $DT train --data "$TMP/d.csv" --model "linear(64) relu linear(4)" --workers 3 --zero 2 --batch 4 --epochs 50 \
-  --max-steps ${STEPS:-400} --quiet --elastic 2:3 --checkpoint-dir "$D" --checkpoint-every 20 >"$TMP/el.log" 2>&1 &
+  --max-steps ${STEPS:-400} --quiet --elastic 2:3 --checkpoint-dir "$D" --checkpoint-every 20 --slow 0:50 >"$TMP/el.log" 2>&1 &
 pid=$!
 v1=$(rank_pid $pid 2) && kill -9 "$v1"
 for i in $(seq 600); do ls "$D"/ckpt-*.safetensors >/dev/null 2>&1 && break; sleep 0.1; done

@@ -24,7 +24,11 @@ void dt_round_bf16(float *dst, const float *src, size_t n) {
 }
 
 void dt_round_f16(float *dst, const float *src, size_t n) {
+#if defined(__GNUC__) && !defined(__clang__)  /* GCC has _Float16 on every x86-64 (F16C or software) */
     for (size_t i = 0; i < n; i++) dst[i] = (float)(_Float16)src[i];
+#else  /* clang 14 has it only where AVX512-FP16 is enabled: core's conversions, the same rounding */
+    for (size_t i = 0; i < n; i++) dst[i] = dt_f16_to_f32(dt_f32_to_f16(src[i]));
+#endif
 }
 
 /* Per-thread scratch for the rounded copies (grown, never shrunk; freed at thread exit by no one:

@@ -21,16 +21,18 @@ static const char USAGE[] =
 static int consolidate(int argc, char **argv) {
     const char *in = NULL, *out = NULL;
     bool optim = false;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-o") || !strcmp(argv[i], "--out")) {
-            if (i + 1 == argc) return dt_cli_usage("e.g. -o model.safetensors", "%s needs a file name", argv[i]);
-            out = argv[++i];
-        } else if (!strcmp(argv[i], "--optimizer-state")) optim = true;
-        else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return puts(USAGE), 0;
-        else if (argv[i][0] == '-') return dt_cli_usage(USAGE, "ckpt consolidate: unknown flag '%s'", argv[i]);
-        else if (in) return dt_cli_usage(USAGE, "ckpt consolidate: one checkpoint at a time ('%s' and '%s')", in, argv[i]);
-        else in = argv[i];
-    }
+    const dt_flag flags[] = {
+        {"out", DT_FLAG_STR, &out, "OUT", "the file to write (also -o OUT)"},
+        {"optimizer-state", DT_FLAG_BOOL, &optim, NULL, "keep the optimizer moments (to --resume from OUT)"},
+    };
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "-o")) argv[i] = (char *)"--out";  /* the short form of --out */
+    const char *pos[2];
+    int npos = 0;
+    int r = dt_flags_parse(argc, argv, 1, flags, 2, USAGE, pos, 2, &npos, NULL);
+    if (r) return r < 0 ? 2 : 0;
+    if (npos > 1) return dt_cli_usage(USAGE, "ckpt consolidate: one checkpoint at a time ('%s' and '%s')", pos[0], pos[1]);
+    in = npos ? pos[0] : NULL;
     if (!in || !out) return dt_cli_usage(USAGE, "ckpt consolidate: need a checkpoint (DIR or FILE) and -o OUT");
     char path[4096];
     struct stat st;
@@ -55,6 +57,7 @@ static int consolidate(int argc, char **argv) {
 int dt_cmd_ckpt(int argc, char **argv) {
     if (argc >= 2 && !strcmp(argv[1], "consolidate")) return consolidate(argc - 1, argv + 1);
     bool help = argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"));
-    fprintf(help ? stdout : stderr, "%s\n", USAGE);
-    return help ? 0 : 2;
+    if (help) return consolidate(2, (char *[]){"consolidate", "--help", NULL});  /* its flag table */
+    return dt_cli_usage("run 'dtrain ckpt consolidate DIR|FILE -o OUT'", "ckpt: expected the subcommand consolidate%s%s",
+                        argc >= 2 ? ", got " : "", argc >= 2 ? argv[1] : "");
 }
