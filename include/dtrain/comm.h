@@ -119,6 +119,12 @@ const char *dt_comm_backend_name(const dt_comm *c);
 #define DT_COMM_UNDEFINED (-1)
 dt_status dt_comm_split(dt_comm *c, int color, int key, dt_comm **out);
 
+/* Bytes this rank's ops on c moved since it was created, counted as bus bytes (nccl-tests:
+ * allreduce 2(n-1)/n x size, allgather / reduce-scatter / alltoall (n-1)/n x the gathered size,
+ * broadcast / reduce / gather / scatter / send / recv the size; whatever algorithm ran), for
+ * metrics per mesh axis; *ops (may be NULL) gets the number of ops. 0 for a single process. */
+uint64_t dt_comm_bytes(const dt_comm *c, uint64_t *ops);
+
 /* Overrides the algorithm choice for later calls on this communicator (AUTO restores). */
 void dt_comm_set_algo(dt_comm *c, dt_comm_algo algo);
 

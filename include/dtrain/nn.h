@@ -156,6 +156,13 @@ const float *dt_model_node_grad(const dt_model *m, int node);
  * collectives); either may be NULL. */
 typedef void (*dt_node_hook_fn)(void *ctx, int node);
 void dt_model_set_node_hooks(dt_model *m, dt_node_hook_fn before_forward, dt_node_hook_fn after_backward, void *ctx);
+/* Called after a node's forward (tensor-parallel collectives on its values); NULL: none. Its own
+ * ctx, so it composes with the hooks above. */
+void dt_model_set_after_forward_hook(dt_model *m, dt_node_hook_fn after_forward, void *ctx);
+/* Writable views of a node's values / gradient of the current run, for a hook to reduce in place
+ * (NULL where none exist). Aliases resolve to the node that owns the memory. */
+float *dt_model_node_values_mut(dt_model *m, int node);
+float *dt_model_node_grad_mut(dt_model *m, int node);
 
 /* ---- running ------------------------------------------------------------------------------ */
 

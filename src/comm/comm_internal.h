@@ -6,6 +6,7 @@
 #include "comm/algo.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 
 typedef enum { RQ_COLL = 0, RQ_SEND, RQ_RECV } dt_rq_kind;
 
@@ -56,6 +57,7 @@ struct dt_comm {
     pthread_t thread;
     dt_request *qhead, *qtail;  /* issued, not started */
     dt_request *active;         /* non-blocking send/recv posted to the transport */
+    _Atomic uint64_t bytes, ops;  /* counters (dt_comm_bytes): bus bytes and ops that succeeded */
 };
 
 /* Runs one op to completion on the calling thread (collective) or posts it (non-blocking

@@ -246,3 +246,7 @@ int dt_model_find_tensor(const dt_model *m, const char *name) {
 void dt_model_set_node_hooks(dt_model *m, dt_node_hook_fn before_forward, dt_node_hook_fn after_backward, void *ctx) {
     m->before_forward = before_forward, m->after_backward = after_backward, m->hook_ctx = ctx;
 }
+
+void dt_model_set_after_forward_hook(dt_model *m, dt_node_hook_fn after_forward, void *ctx) {
+    m->after_forward = after_forward, m->after_forward_ctx = ctx;
+}

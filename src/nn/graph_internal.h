@@ -100,6 +100,8 @@ struct dt_model {
     size_t scratch_n;
     dt_node_hook_fn before_forward, after_backward;
     void *hook_ctx;
+    dt_node_hook_fn after_forward;
+    void *after_forward_ctx;
 };
 
 /* The op table of a kind (NULL for an unknown kind). */

@@ -19,6 +19,10 @@ static void single_ready(dt_strategy *s, size_t off, size_t n) {
 }
 
 void dt_strategy_apply_update(dt_strategy *s, float lr, float clip) {
+    if (s->update) {
+        s->update(s->update_ctx, lr, clip);
+        return;
+    }
     float *g = dt_model_grads(s->model);
     if (clip > 0) dt_clip_grad_norm(g, dt_model_num_params(s->model), clip);
     dt_optim_step(s->optim, dt_model_params(s->model), g, lr);

@@ -175,6 +175,13 @@ struct dt_strategy {
         double loss_sum;        /* sum of the per-sample losses */
         double busy_s;          /* forward+backward time (including a --slow sleep) */
     } cur;
+    /* set by the constructor where it differs (tp: the dp axis of its mesh); NULL = comm: the ranks
+     * that reduce epoch figures, evaluate and vote on stopping together (data_world of them) */
+    dt_comm *data_comm;
+    /* set on a strategy another one drives (tp's inner ddp over the dp axis): replaces the local
+     * clip-and-update of dt_strategy_apply_update (tp clips by the norm over its shards); NULL = local */
+    void (*update)(void *ctx, float lr, float clip);
+    void *update_ctx;
 };
 
 /* ---- the registry (registry.c): strategies by name, each with its options in its own struct ---- */
@@ -203,6 +210,9 @@ typedef struct {
     /* Writes every option as KEY=VALUE,... (the canonical spec's inside); NULL: no options. */
     void (*format)(const void *opts, char *out, size_t cap);
     bool needs_comm;          /* true: more than one rank; false: one process only */
+    /* Optional: this rank's part of the data when it is not (rank, size) or the servers' rule (tp:
+     * its dp coordinate of dp ranks); DT_EINVAL when size does not fit the options. */
+    dt_status (*data_part)(const void *opts, int rank, int size, int *data_rank, int *data_world);
 } dt_strategy_entry;
 
 /* The entry named name, or NULL. */
@@ -236,6 +246,7 @@ bool dt_strategy_hands_out_batches(const dt_strategy *s);
 /* The strategies' entries (one per module). */
 extern const dt_strategy_entry dt_strategy_single_entry, dt_strategy_ddp_entry, dt_strategy_localsgd_entry,
     dt_strategy_ps_entry;
+extern const dt_strategy_entry dt_strategy_tp_entry;
 
 /* The data part of a rank under strategy e with opts before the strategy exists (for the
  * loader): with S = e->servers(opts) > 0 the workers are ranks S..size-1 and shard the data among

@@ -149,8 +149,9 @@ static dt_status stop_vote(const dt_trainer *t, bool *stop) {
 static dt_status save_interrupted(dt_trainer *t) {
     const dt_train_config *c = &t->cfg;
     dt_status s = DT_OK;
-    if (c->checkpoint_dir) s = dt_trainer_save_numbered(t);
-    else if (t->rank == 0) s = dt_trainer_save(t, c->save ? c->save : "dtrain-interrupted.safetensors");
+    if (!c->checkpoint_dir && t->strategy->ops->sync) s = t->strategy->ops->sync(t->strategy);  /* tp: gather */
+    if (s == DT_OK && c->checkpoint_dir) s = dt_trainer_save_numbered(t);
+    else if (s == DT_OK && t->rank == 0) s = dt_trainer_save(t, c->save ? c->save : "dtrain-interrupted.safetensors");
     if (s != DT_OK) return dt_error_wrap(s, "stopped at step %lld but the checkpoint failed", (long long)t->step);
     if (c->checkpoint_dir)
         return dt_error(DT_EINTR, "stopped at step %lld; checkpoint %s; to continue, run the same command with "

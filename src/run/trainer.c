@@ -136,6 +136,8 @@ static dt_status setup_uneven(dt_trainer *t) {
     const dt_role role = t->strategy->role;
     const char *name = t->strategy->ops->name;
     t->dcomm = role == DT_ROLE_REPLICA && t->world > 1 ? c->comm : NULL;
+    if (t->dcomm && t->strategy->data_comm) t->dcomm = t->strategy->data_comm;  /* tp: its dp axis */
+    if (t->dworld == 1) t->dcomm = NULL;  /* one data rank (tp alone): nothing to reduce with */
     if (c->balance && strcmp(name, "ddp") != 0 && strcmp(name, "localsgd") != 0)
         return dt_error(DT_EINVAL, "--balance dynamic (cutting each global batch by speed) works with --strategy ddp or "
                         "localsgd, not %s%s", name, strcmp(name, "ps") ? "" : " (ps hands out batches by speed unless "
