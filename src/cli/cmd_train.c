@@ -2,6 +2,7 @@
  * progress lines (pipes), and one line per epoch with train/test loss, accuracy and speed. */
 #include "cli/cli.h"
 #include "cli/train_uneven.h"
+#include "cli/train_mesh.h"
 #include "dtrain/dtrain.h"
 #include "run/elastic.h"
 #include "run/launch.h"
@@ -161,6 +162,9 @@ static const char TRAIN_USAGE[] =
     "  localsgd(sync_every=H)            local steps, models averaged every H (--sync-every)\n"
     "  ps(servers=S,staleness=S|inf,shards=dynamic|fixed,overlap=0|1)\n"
     "                                    parameter server (--servers, --staleness, --balance, --ps-overlap)\n"
+    "  tp(tp=K,pp=1,bucket_mb=MB)        Megatron tensor parallel GPT (--tp K): K ranks per model copy,\n"
+    "                                    the other ranks data parallel; --workers N counts all ranks.\n"
+    "                                    Mesh order, TP innermost: rank = (dp_i*PP + pp_i)*TP + tp_i\n"
     "e.g. --strategy \"ps(servers=2,staleness=4)\". The flags in parentheses set the same options;\n"
     "a flag and a spec option that disagree are an error.\n\n"
     "Uneven workers: --strategy localsgd --sync-every H trains locally and averages the models every\n"
@@ -187,6 +191,7 @@ typedef struct {
     bool nesterov, quiet, normalize;
     int workers, max_restarts;
     dt_cli_uneven uneven;
+    int tp;                  /* --tp K (0: not given) */
 } train_opts;
 
 /* Parses argv into o; returns -1 to continue, else the exit status (help, bad flags). */
@@ -228,6 +233,7 @@ static int parse_train_flags(int argc, char **argv, train_opts *o) {
         {"metrics", DT_FLAG_STR, &c->metrics, "FILE", "write one JSON object per epoch (JSON Lines; appended when resuming)"},
         {"quiet", DT_FLAG_BOOL, &o->quiet, NULL, "no progress output, only the per-epoch lines"},
         {"workers", DT_FLAG_INT, &o->workers, "N", "run N local data-parallel worker processes"},
+        {"tp", DT_FLAG_INT, &o->tp, "K", "tensor parallel GPT over K ranks (--strategy tp); the rest of the ranks are data parallel"},
         {"strategy", DT_FLAG_STR, &c->strategy, "SPEC", "distribution strategy: ddp (default when > 1 rank), localsgd, ps, with options: ps(servers=2,staleness=4)"},
         {"servers", DT_FLAG_INT, &o->uneven.servers, "S", "ps: ranks holding the parameters (the first S ranks)"},
         {"staleness", DT_FLAG_STR, &o->uneven.staleness, "S", "ps: global batches a worker may run ahead of the oldest one in training (default inf: async)"},
@@ -262,6 +268,7 @@ static int parse_train_flags(int argc, char **argv, train_opts *o) {
     o->uneven.sync_every_given = dt_cli_flag_given(argc, argv, "sync-every");
     o->uneven.bucket_mb = o->bucket_mb;
     if ((r = dt_cli_uneven_parse(&o->uneven, c)) != 0) return r;
+    if ((r = dt_cli_mesh_parse(o->tp, c)) != 0) return r;
     return -1;
 }
 
@@ -320,7 +327,7 @@ static void print_header(const train_opts *o, dt_trainer *t, dt_comm *comm, int 
                    "to let the servers go on without it\n");
     } else if (world > 1)
         printf("dtrain: %d ranks over %s, strategy %s, global batch %d%s\n", world, dt_comm_backend_name(comm),
-               spec, c->batch * world,
+               spec, c->batch * (world / dt_cli_model_ranks(c)),
                c->balance ? " (cut among the ranks by measured speed)" : "");
     fflush(stdout);
 }
