@@ -49,6 +49,8 @@ typedef struct {
     int max_clock_gap;              /* ps: most steps a worker was let run ahead of the slowest live
                                      * one (dynamic assignment: rounds a batch was handed out ahead of
                                      * the oldest in training); <= --staleness; -1 when not ps */
+    uint64_t comm_bytes[3];         /* rank 0's bus bytes (dt_comm_bytes) per mesh axis since the start:
+                                     * [0] tensor parallel, [1] pipeline, [2] data parallel */
 } dt_epoch_info;
 
 typedef struct {

@@ -127,6 +127,12 @@ dt_status dt_strategy_default_train_step(dt_strategy *s, const dt_step_batch *b,
     return DT_OK;
 }
 
+void dt_strategy_axis_bytes(dt_strategy *s, uint64_t bytes[3]) {
+    bytes[0] = bytes[1] = bytes[2] = 0;
+    if (s->ops->axis_bytes) s->ops->axis_bytes(s, bytes);
+    else bytes[2] = dt_comm_bytes(s->comm, NULL);
+}
+
 dt_status dt_strategy_train_step(dt_strategy *s, const dt_step_batch *b, dt_step_result *r) {
     return s->ops->train_step ? s->ops->train_step(s, b, r) : dt_strategy_default_train_step(s, b, r);
 }

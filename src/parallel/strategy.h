@@ -153,6 +153,9 @@ typedef struct {
      * step next_unit names the next one (*unit < 0: none left). */
     void (*first_unit)(dt_strategy *s, const dt_unit_plan *plan, int64_t *epoch, int64_t *unit);
     void (*next_unit)(dt_strategy *s, int64_t *epoch, int64_t *unit);
+    /* Optional (NULL = everything on s->comm counts as the dp axis): this rank's bus bytes per mesh
+     * axis since the start, bytes[0] tp, [1] pp, [2] dp (dt_comm_bytes of each axis). */
+    void (*axis_bytes)(dt_strategy *s, uint64_t bytes[3]);
 } dt_strategy_ops;
 
 struct dt_strategy {
@@ -257,6 +260,9 @@ dt_status dt_strategy_data_part(const dt_strategy_entry *e, const void *opts, in
 
 /* Visits this rank's training state through ops->visit_state (see dt_state_piece). */
 dt_status dt_strategy_visit_state(dt_strategy *s, dt_state_visit_fn fn, void *ctx);
+
+/* This rank's bus bytes per mesh axis (tp, pp, dp) since the start (ops->axis_bytes or s->comm's). */
+void dt_strategy_axis_bytes(dt_strategy *s, uint64_t bytes[3]);
 
 /* Trains one step through the strategy's train_step (forward, loss, backward with the grad-ready
  * hook, sync, update). */

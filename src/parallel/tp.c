@@ -268,9 +268,16 @@ static void tp_destroy(dt_strategy *s) {
     s->impl = NULL;
 }
 
+static void tp_axis_bytes(dt_strategy *s, uint64_t bytes[3]) {
+    const tp *t = s->impl;
+    bytes[0] = dt_comm_bytes(t->mesh.tp_comm, NULL);
+    bytes[1] = dt_comm_bytes(t->mesh.pp_comm, NULL);
+    bytes[2] = dt_comm_bytes(t->mesh.dp_comm, NULL);
+}
+
 static const dt_strategy_ops tp_ops = {.name = "tp", .train_step = tp_train_step, .init = tp_init,
                                        .begin_step = tp_begin, .grad_ready = tp_ready, .step = tp_step,
-                                       .destroy = tp_destroy, .sync = tp_sync};
+                                       .destroy = tp_destroy, .sync = tp_sync, .axis_bytes = tp_axis_bytes};
 
 void dt_tp_counters_of(const dt_strategy *s, dt_tp_counters *c) {
     memset(c, 0, sizeof *c);

@@ -262,6 +262,7 @@ static dt_status end_epoch(dt_trainer *t, FILE *mf, const epoch_acc *acc, double
                        .global_batch = dt_trainer_step_batch(t) * t->dworld,
                        .lr = dt_lr_at(&c->lr, t->step > 0 ? t->step - 1 : 0),
                        .nworkers = t->dworld, .workers = t->workers, .max_clock_gap = -1};
+    dt_strategy_axis_bytes(t->strategy, e.comm_bytes);
     DT_TRY(dt_trainer_evaluate(t, &e.test_loss, &e.test_acc));
     e.wall_s = dt_now() - t->t_start;
     if (mf) DT_TRY(dt_trainer_write_metrics(mf, &e, t));

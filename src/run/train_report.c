@@ -96,6 +96,9 @@ dt_status dt_trainer_write_metrics(FILE *f, const dt_epoch_info *e, const dt_tra
     if (e->steps_per_epoch > 0)  /* a partial epoch (--max-steps) or a loss over part of it (resumed) */
         fprintf(f, ", \"epoch_steps\": %lld, \"steps_per_epoch\": %lld, \"loss_steps\": %lld",
                 (long long)e->epoch_steps, (long long)e->steps_per_epoch, (long long)e->steps);
+    if (t->world > 1)
+        fprintf(f, ", \"comm_bytes\": {\"tp\": %llu, \"pp\": %llu, \"dp\": %llu}", (unsigned long long)e->comm_bytes[0],
+                (unsigned long long)e->comm_bytes[1], (unsigned long long)e->comm_bytes[2]);
     dt_balance_write_json(f, e);  /* per-worker figures, ps staleness */
     fputs("}\n", f);
     if (fflush(f) != 0 || ferror(f)) return metrics_error(t, "writing the record of an epoch");
