@@ -249,6 +249,8 @@ static dt_status run_epoch_steps(dt_trainer *t, epoch_acc *acc, double t0, bool 
 static dt_status end_epoch(dt_trainer *t, FILE *mf, const epoch_acc *acc, double epoch_s, double wait0, bool finished,
                            int64_t epoch_steps) {
     const dt_train_config *c = &t->cfg;
+    uint64_t axis_bytes[3];  /* what the steps moved, before a sync (tp: the gather) adds to it */
+    dt_strategy_axis_bytes(t->strategy, axis_bytes);
     if (t->strategy->ops->sync) DT_TRY(t->strategy->ops->sync(t->strategy));
     DT_TRY(dt_balance_epoch(t->balance, t->dcomm, epoch_s, t->workers));
     double sums[2] = {acc->loss_sum, (double)acc->samples};
@@ -262,7 +264,7 @@ static dt_status end_epoch(dt_trainer *t, FILE *mf, const epoch_acc *acc, double
                        .global_batch = dt_trainer_step_batch(t) * t->dworld,
                        .lr = dt_lr_at(&c->lr, t->step > 0 ? t->step - 1 : 0),
                        .nworkers = t->dworld, .workers = t->workers, .max_clock_gap = -1};
-    dt_strategy_axis_bytes(t->strategy, e.comm_bytes);
+    memcpy(e.comm_bytes, axis_bytes, sizeof axis_bytes);
     DT_TRY(dt_trainer_evaluate(t, &e.test_loss, &e.test_acc));
     e.wall_s = dt_now() - t->t_start;
     if (mf) DT_TRY(dt_trainer_write_metrics(mf, &e, t));
