@@ -60,6 +60,13 @@ typedef struct {
     dt_tp_counters cnt;
 } tp;
 
+/* Wraps a failure on the tp axis: its ranks are world ranks (tp rank i = world rank base + i). */
+static dt_status tp_fail(const tp *t, dt_status st, const char *what, size_t n) {
+    const int base = dt_comm_rank(t->s->comm) - t->r;
+    return dt_error_wrap(st, "tensor parallel: %s %zu (tp rank %d of %d; tp rank i is world rank %d+i)", what, n, t->r,
+                         t->K, base);
+}
+
 /* One allreduce (sum) of the tp axis from a hook; counts its bytes; records a failure. */
 static void reduce(tp *t, float *buf, size_t n, bool block) {
     if (t->err != DT_OK || !t->mesh.tp_comm) return;
@@ -67,7 +74,7 @@ static void reduce(tp *t, float *buf, size_t n, bool block) {
     const double t0 = dt_now();
     dt_status st = dt_comm_allreduce(t->mesh.tp_comm, buf, buf, n, DT_F32, DT_OP_SUM);
     if (st != DT_OK) {
-        t->err = dt_error_wrap(st, "tensor parallel: allreduce of %zu values (tp rank %d of %d)", n, t->r, t->K);
+        t->err = tp_fail(t, st, "allreduce, values", n);
         return;
     }
     const uint64_t db = dt_comm_bytes(t->mesh.tp_comm, NULL) - b0;
@@ -135,7 +142,7 @@ static void tp_update(void *ctx, float lr, float clip) {
         }
         dt_status st = t->mesh.tp_comm ? dt_comm_allreduce(t->mesh.tp_comm, &ss, &ss, 1, DT_F64, DT_OP_SUM) : DT_OK;
         if (st != DT_OK) {
-            t->err = dt_error_wrap(st, "tensor parallel: gradient norm (tp rank %d of %d)", t->r, t->K);
+            t->err = tp_fail(t, st, "allreduce of the gradient norm, step", (size_t)t->s->step);
             return;
         }
         const float norm = (float)sqrt(ss), f = clip / (norm + 1e-6f);  /* as dt_clip_grad_norm */
@@ -224,7 +231,11 @@ static dt_status tp_train_step(dt_strategy *s, const dt_step_batch *b, dt_step_r
     if (t->ddp) {
         const uint64_t d0 = dt_comm_bytes(t->mesh.dp_comm, NULL);
         t->ddp->cur = s->cur;
-        DT_TRY(t->ddp->ops->step(t->ddp, b->lr, b->clip, &r->st));
+        dt_status st = t->ddp->ops->step(t->ddp, b->lr, b->clip, &r->st);
+        if (st != DT_OK)  /* dp rank j is world rank j*TP*PP + this rank's offset in its model copy */
+            return dt_error_wrap(st, "data-parallel axis of the mesh (dp rank %d of %d; dp rank j is world rank j*%d+%d)",
+                                 t->mesh.dp_rank, t->mesh.dp, t->mesh.tp * t->mesh.pp,
+                                 dt_comm_rank(s->comm) % (t->mesh.tp * t->mesh.pp));
         t->cnt.dp_bytes += dt_comm_bytes(t->mesh.dp_comm, NULL) - d0;
     } else {
         tp_update(t, b->lr, b->clip);

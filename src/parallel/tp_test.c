@@ -195,7 +195,7 @@ static void check_dead_rank(void) {
         fclose(f);
     }
     printf("tp2, rank 1 killed before step 3: rank 0 says \"%s\" (%.1f s)\n", msg, dt_now() - t0);
-    CHECK_MSG(strstr(msg, "rank 1") && strstr(msg, "allreduce") && strstr(msg, "tensor parallel"), "%s", msg);
+    CHECK_MSG(strstr(msg, "rank 1 died") && strstr(msg, "allreduce") && strstr(msg, "tensor parallel") && strstr(msg, "world rank 0+i"), "%s", msg);
 }
 
 static void check_divisibility(void) {
