@@ -1,4 +1,4 @@
-/* dtrain bench parallel: tensor parallelism against data parallelism and one worker on a GPT large
+/* dtrain bench tp: tensor parallelism against data parallelism and one worker on a GPT large
  * enough that communication is not free (default gpt:L=8,H=8,C=512,T=32), at one global batch, in
  * one run: tokens/s (and the ratio to 1 worker), every rank's peak RSS, the bytes each mesh axis
  * moved per step (the communicators' counters) and the check of the tp bytes inside the blocks
@@ -44,7 +44,7 @@ static void run_rank(const bench_case *k, int r, const char *data, const char *m
                      case_result *res) {
     dt_comm *comm = NULL;
     char job[64], spec[64];
-    snprintf(job, sizeof job, "benchpar%d%s", (int)getppid(), k->name);
+    snprintf(job, sizeof job, "benchtp%d%s", (int)getppid(), k->name);
     for (char *p = job; *p; p++) if (*p == 'x') *p = '_';
     dt_status s = DT_OK;
     if (k->ranks > 1) {
@@ -73,7 +73,7 @@ static void run_rank(const bench_case *k, int r, const char *data, const char *m
 
 static int run_case(const bench_case *k, const char *data, const char *model, int gb, int steps, case_result *out) {
     case_result *res = mmap(NULL, sizeof *res, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (res == MAP_FAILED) return dt_cli_fail(NULL, "bench parallel: cannot map shared memory");
+    if (res == MAP_FAILED) return dt_cli_fail(NULL, "bench tp: cannot map shared memory");
     memset(res, 0, sizeof *res);
     fflush(stdout);
     for (int r = 0; r < k->ranks; r++)
@@ -83,12 +83,12 @@ static int run_case(const bench_case *k, const char *data, const char *model, in
     *out = *res;
     munmap(res, sizeof *res);
     if (bad || out->failed || out->sps <= 0)
-        return dt_cli_fail(NULL, "bench parallel: case %s failed: %s", k->name, out->err[0] ? out->err : "a rank died");
+        return dt_cli_fail(NULL, "bench tp: case %s failed: %s", k->name, out->err[0] ? out->err : "a rank died");
     return 0;
 }
 
 static const char USAGE[] =
-    "Usage: dtrain bench parallel [--model GPT] [--batch GB] [--steps N]\n\n"
+    "Usage: dtrain bench tp [--model GPT] [--batch GB] [--steps N]\n\n"
     "Tensor parallel (tp2, tp4, dp2 x tp2) against 1 worker and ddp (2, 4 ranks) on a GPT at one global\n"
     "batch of GB sequences: tokens/s and the ratio to 1 worker, each rank's peak RSS, the MB each mesh\n"
     "axis moved per step, and the tp bytes inside the blocks against Megatron's 4 b s h x 2(t-1)/t per\n"
@@ -102,10 +102,10 @@ static int write_corpus(const char *dir, char *data, size_t cap) {
     const char *w[] = {"in ", "the ", "beginning ", "god ", "created ", "heaven ", "and ", "earth ", ".\n"};
     FILE *f = fopen(path, "w");
     for (int i = 0; f && ftell(f) < 65536; i++) fputs(w[dt_rng_u64(3, 1, (uint64_t)i) % 9], f);
-    return f && fclose(f) == 0 ? 0 : dt_cli_fail(NULL, "bench parallel: cannot write %s", path);
+    return f && fclose(f) == 0 ? 0 : dt_cli_fail(NULL, "bench tp: cannot write %s", path);
 }
 
-int dt_bench_parallel(int argc, char **argv) {
+int dt_bench_tp(int argc, char **argv) {
     const char *model = "gpt:L=8,H=8,C=512,T=32";
     int gb = 8, steps = 6;
     const dt_flag flags[] = {
@@ -119,16 +119,16 @@ int dt_bench_parallel(int argc, char **argv) {
     if (dt_gpt_parse(model, &g) != DT_OK) return dt_cli_usage(NULL, "%s", dt_last_error());
     if (gb < 4 || gb % 4 || steps < 1) return dt_cli_usage(NULL, "--batch %d --steps %d: need a multiple of 4 and >= 1", gb, steps);
     char dir[] = "/tmp/dtrain-bench-XXXXXX", data[300];
-    if (!mkdtemp(dir)) return dt_cli_fail(NULL, "bench parallel: cannot create a temporary directory");
+    if (!mkdtemp(dir)) return dt_cli_fail(NULL, "bench tp: cannot create a temporary directory");
     if (write_corpus(dir, data, sizeof data)) return 1;
     const bench_case cases[] = {{"1", 1, 1}, {"dp2", 1, 2}, {"dp4", 1, 4}, {"tp2", 2, 2}, {"tp4", 4, 4}, {"dp2xtp2", 2, 4}};
-    printf("# dtrain bench parallel: model %s, global batch %d x T %d tokens, %d steps per case (first included),\n"
+    printf("# dtrain bench tp: model %s, global batch %d x T %d tokens, %d steps per case (first included),\n"
            "# adamw, shm transport; the machine may be shared: compare rows of this one run\n", model, gb, g.T, steps);
     dt_bench_print_machine();
     printf("%-8s %5s %10s %7s %10s %10s %12s %12s  %s\n", "layout", "ranks", "tokens/s", "vs 1", "dp_MB/st", "tp_MB/st",
            "tp_B/step", "expected_B", "peak_rss_MB per rank");
     char json[8192];
-    int jn = snprintf(json, sizeof json, "{\"bench\": \"parallel\", \"model\": \"%s\", \"global_batch\": %d, \"cases\": [",
+    int jn = snprintf(json, sizeof json, "{\"bench\": \"tp\", \"model\": \"%s\", \"global_batch\": %d, \"cases\": [",
                       model, gb);
     double base = 0;
     int status = 0;
@@ -160,7 +160,7 @@ int dt_bench_parallel(int argc, char **argv) {
     }
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0) fprintf(stderr, "bench parallel: cannot remove %s\n", dir);
+    if (system(cmd) != 0) fprintf(stderr, "bench tp: cannot remove %s\n", dir);
     if (!status) printf("%s]}\n", json);
     return status;
 }
