@@ -169,33 +169,40 @@ static void check_clip(void) {
     CHECK(moved > 1e-3);  /* the clip acted */
 }
 
-/* Rank 1 of tp2 vanishes before step 3: rank 0 fails in a tp collective naming rank 1, no hang. */
-static void check_dead_rank(void) {
+/* Rank 1 of an N-rank tp(2) mesh (N 2: tp2; N 4: dp2 x tp2) vanishes before step 3: every other
+ * rank fails (no hang) with an error naming a dead or departed rank and the axis's collective. */
+static void check_dead_rank(int N) {
     char job[64], path[128];
-    snprintf(job, sizeof job, "tpdead%d", (int)getpid());
-    snprintf(path, sizeof path, "%s/dead.msg", g_dir);
-    for (int r = 0; r < 2; r++)
+    snprintf(job, sizeof job, "tpdead%d_%d", N, (int)getpid());
+    for (int r = 0; r < N; r++)
         if (fork() == 0) {
-            dt_comm *c = dt_test_rank_comm(r, 2, job);
+            dt_comm *c = dt_test_rank_comm(r, N, job);
             static float p[CAP];
             static rank_out ro;
             size_t n = 0;
             dt_status s = train("tp(tp=2)", c, 0, r == 1 ? 3 : -1, p, &n, &ro);
+            snprintf(path, sizeof path, "%s/dead%d.%d", g_dir, N, r);
             FILE *f = fopen(path, "w");
             if (f) fprintf(f, "%s", s == DT_OK ? "ok" : dt_last_error()), fclose(f);
             _exit(s == DT_EPEER || s == DT_ETIMEDOUT ? 0 : 4);
         }
     const double t0 = dt_now();
     CHECK(dt_test_wait_children() == 0);
-    char msg[1024] = "";
-    FILE *f = fopen(path, "r");
-    if (f) {
-        size_t k = fread(msg, 1, sizeof msg - 1, f);
-        msg[k] = 0;
-        fclose(f);
+    for (int r = 0; r < N; r++) {
+        if (r == 1) continue;
+        char msg[1024] = "";
+        snprintf(path, sizeof path, "%s/dead%d.%d", g_dir, N, r);
+        FILE *f = fopen(path, "r");
+        if (f) {
+            size_t k = fread(msg, 1, sizeof msg - 1, f);
+            msg[k] = 0;
+            fclose(f);
+        }
+        printf("%d ranks, rank 1 killed before step 3: rank %d says \"%s\" (%.1f s)\n", N, r, msg, dt_now() - t0);
+        CHECK_MSG((strstr(msg, "died") || strstr(msg, "left")) && strstr(msg, "allreduce") &&
+                  (strstr(msg, "tensor parallel") || strstr(msg, "data-parallel axis")), "rank %d: %s", r, msg);
+        if (r == 0) CHECK_MSG(strstr(msg, "rank 1 died") && strstr(msg, "world rank 0+i"), "%s", msg);
     }
-    printf("tp2, rank 1 killed before step 3: rank 0 says \"%s\" (%.1f s)\n", msg, dt_now() - t0);
-    CHECK_MSG(strstr(msg, "rank 1 died") && strstr(msg, "allreduce") && strstr(msg, "tensor parallel") && strstr(msg, "world rank 0+i"), "%s", msg);
 }
 
 static void check_divisibility(void) {
@@ -232,7 +239,8 @@ int main(void) {
     check_layout(4, 1);
     check_layout(2, 2);
     check_clip();
-    check_dead_rank();
+    check_dead_rank(2);
+    check_dead_rank(4);
     dt_test_remove_dir(g_dir);
     return dt_test_summary("tp_test");
 }
