@@ -5,6 +5,7 @@
 #    tensors by nanoGPT's names and shapes (those of a 1-worker file, which torch_load_gpt.sh loads
 #    into PyTorch), equal to 1 worker's at the same step; it resumes under 1 worker, dp2 and tp2;
 #    a 1-worker checkpoint resumes under dp2 x tp2; tp2 -> tp2 resumes bit for bit;
+#  - dp2 x tp2 over MPI (mpirun -n 4; skipped without mpirun and under the sanitizers);
 #  - errors: a --tp that does not divide the heads / width / vocabulary, nor the ranks, a non-GPT
 #    model, --tp with another --strategy.
 # Tolerance 1e-4 on parameters after 30 AdamW steps at lr 3e-3: 2-worker ddp differs from 1 worker
@@ -74,4 +75,19 @@ d=$(close "$TMP/one.st" "$TMP/r3.st" 1e-4) && ok "saved on 1 worker, resumed und
 run --tp 2 --workers 2 --batch 8 --max-steps 30 --resume "$TMP/htp.st" --save "$TMP/r4.st" >/dev/null 2>&1 || bad "tp2 -> tp2"
 d=$(close "$TMP/l22.st" "$TMP/r4.st" 0) && ok "saved under tp2, resumed under tp2: bitwise equal to the uninterrupted tp2 run" \
   || bad "tp2 -> tp2 resume differs: $d"
+
+# ---- the same mesh over MPI (dp2 x tp2 under mpirun) ----
+if [ -n "${DTRAIN_SANITIZED:-}" ]; then
+  echo "skip: the MPI layout under the sanitizers (mpirun's start alone takes ~10 s; comm_mpi.sh covers the transport)"
+elif command -v mpirun >/dev/null; then
+  ( export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader,tcp
+    [ -n "${DTRAIN_SANITIZED:-}" ] && export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
+    timeout 240 mpirun -n 4 --oversubscribe --bind-to none $DT train --data "$D" --model "$M" --optimizer adamw \
+      --lr 3e-3 --quiet --tp 2 --batch 4 --max-steps 30 --save "$TMP/mpi.st" >"$TMP/mpi.out" 2>&1 )
+  if grep -q "built without MPI" "$TMP/mpi.out"; then echo "skip: dtrain built without MPI"
+  else d=$(close "$TMP/one.st" "$TMP/mpi.st" 1e-4) && grep -q "done:" "$TMP/mpi.out" \
+    && ok "dp2 x tp2 over MPI (mpirun -n 4): within $d of 1 worker" || bad "mpi dp2 x tp2: $d $(tail -3 "$TMP/mpi.out")"; fi
+else
+  echo "skip: mpirun not found: the MPI layout is not checked"
+fi
 finish
