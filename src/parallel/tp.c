@@ -57,6 +57,7 @@ typedef struct {
     size_t cap;              /* samples ids/keep/dlogits/work hold */
     int B;                   /* samples of the current micro-batch */
     dt_status err;           /* the first failure inside a hook */
+    double comm_s;           /* this step's time in tp collectives */
     dt_tp_counters cnt;
 } tp;
 
@@ -73,6 +74,7 @@ static void reduce(tp *t, float *buf, size_t n, bool block) {
     const uint64_t b0 = dt_comm_bytes(t->mesh.tp_comm, NULL);
     const double t0 = dt_now();
     dt_status st = dt_comm_allreduce(t->mesh.tp_comm, buf, buf, n, DT_F32, DT_OP_SUM);
+    t->comm_s += dt_now() - t0;
     if (st != DT_OK) {
         t->err = tp_fail(t, st, "allreduce, values", n);
         return;
@@ -189,8 +191,12 @@ static dt_status micro_step(tp *t, const dt_step_batch *b, int lo, int hi, uint6
     double loss;
     int counted;
     const int32_t *y = (const int32_t *)b->feed.y + (size_t)lo * T;
+    const uint64_t x0 = dt_comm_bytes(t->mesh.tp_comm, NULL);
+    const double tx = dt_now();
     DT_TRY(dt_tp_xent(t->mesh.tp_comm, dt_model_output(t->local), y, f.n * T, Vl, t->r * Vl, t->g.V, -1, share,
                       t->dlogits, t->work, &loss, &counted));
+    t->comm_s += dt_now() - tx;  /* mostly its two allreduces */
+    t->cnt.other_bytes += dt_comm_bytes(t->mesh.tp_comm, NULL) - x0;
     if (!isfinite(loss))
         return dt_error(DT_EINVAL, "training diverged: loss is %g at step %lld on rank %d; lower --lr or set --clip", loss,
                         (long long)b->step, dt_comm_rank(t->s->comm));
@@ -211,7 +217,7 @@ static dt_status tp_train_step(dt_strategy *s, const dt_step_batch *b, dt_step_r
     s->step = b->step;
     if (t->ddp) t->ddp->ops->begin_step(t->ddp, b->step);
     dt_model_zero_grad(t->local);
-    const uint64_t tp0 = dt_comm_bytes(t->mesh.tp_comm, NULL), blk0 = t->cnt.block_bytes, oth0 = t->cnt.other_bytes;
+    t->comm_s = 0;
     DT_TRY(reserve(t, n));
     DT_TRY(map_ids(t, b->feed.x, n));
     const float weight = n == 0 ? 1.0f : (float)((double)n * b->world / b->n_global);  /* share of the global mean */
@@ -221,9 +227,6 @@ static dt_status tp_train_step(dt_strategy *s, const dt_step_batch *b, dt_step_r
         const float share = accum > 1 ? weight * (float)(hi - lo) / (float)n : weight;
         DT_TRY(micro_step(t, b, lo, hi, (uint64_t)(b->step * accum + k), share, k == accum - 1, &r->loss_sum));
     }
-    /* what the tp axis moved outside the hooks' counts: the loss's reductions */
-    t->cnt.other_bytes += dt_comm_bytes(t->mesh.tp_comm, NULL) - tp0 - (t->cnt.block_bytes - blk0) -
-                          (t->cnt.other_bytes - oth0);
     double busy = dt_now() - t0;
     if (b->compute_done) busy += b->compute_done(b->ctx, n, busy);
     s->cur.n = n, s->cur.loss_sum = r->loss_sum, s->cur.busy_s = busy;
@@ -241,6 +244,7 @@ static dt_status tp_train_step(dt_strategy *s, const dt_step_batch *b, dt_step_r
         tp_update(t, b->lr, b->clip);
     }
     DT_TRY(t->err);
+    r->st.comm_wait_s += t->comm_s;  /* the tp collectives block the step as the dp ones do */
     r->compute_s = dt_now() - t0 - r->st.comm_wait_s;
     return DT_OK;
 }

@@ -1,6 +1,6 @@
 /* Tensor parallelism and the mesh over real shared-memory ranks (forked processes), each layout
  * against one process at the same global batch of 8 on a GPT (gpt:L=2,H=4,C=32,T=16, V=256):
- *  - tp2, tp4 and dp2 x tp2 give the same loss at every one of 20 AdamW steps (|diff| <= 2e-5 of
+ *  - tp2, tp4 and dp2 x tp2 give the same loss at every one of 20 AdamW steps (|diff| <= 5e-6 of
  *    ~5.5 nats; seen <= 3e-7) and the same final whole parameters (max |diff| <= 5e-5 on values
  *    ~0.02-1, under 2% of one step of lr 3e-3; seen <= 2.2e-5): float rounding of other GEMM shapes
  *    and of the sums' order, which Adam's normalised steps amplify where a gradient is tiny;
@@ -140,7 +140,7 @@ static void check_layout(int tp, int dp) {
     const double dp_ = m == g_nref ? dt_test_maxdiff(g_ref, g_got, m) : 1e9;
     printf("tp%d x dp%d%s: max |loss - 1 worker| = %.3g over %d steps, max |params - 1 worker| = %.3g (%zu params)\n",
            tp, dp, g_accum > 1 ? " x 2 micro-batches" : "", dl, g_steps, dp_, m);
-    CHECK_MSG(dl <= 2e-5, "tp%d dp%d loss diff %g", tp, dp, dl);
+    CHECK_MSG(dl <= 5e-6, "tp%d dp%d loss diff %g", tp, dp, dl);
     CHECK_MSG(dp_ <= 5e-5, "tp%d dp%d param diff %g", tp, dp, dp_);
     /* Megatron: 4 allreduces of b s h values per block per step, 2(t-1)/t of them moved per rank */
     rank_out ro;
