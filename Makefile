@@ -32,7 +32,7 @@ LIB_O    := $(LIB_C:%.c=$(BUILD)/obj/%.o)
 CLI_O    := $(CLI_C:%.c=$(BUILD)/obj/%.o)
 TEST_BIN := $(patsubst %.c,$(BUILD)/tests/%,$(notdir $(TEST_C)))
 
-.PHONY: all lib test test-unit test-asan demo clean fixtures print-ldlibs fuzz fuzz-build fuzz-bins
+.PHONY: all lib test test-unit test-asan demo clean fixtures print-ldlibs fuzz fuzz-build fuzz-bins print-fuzz-targets
 all: $(BUILD)/dtrain $(BUILD)/libdtrain.a $(BUILD)/libdtrain.so $(TEST_BIN)
 lib: $(BUILD)/libdtrain.a $(BUILD)/libdtrain.so
 
@@ -77,12 +77,13 @@ demo:
 	$(MAKE) --no-print-directory $(BUILD)/dtrain
 	$(BUILD)/dtrain train --data fashion-mnist --model mlp --epochs 2 --batch 32 --optimizer adam --lr 0.001
 
-# libFuzzer targets (fuzz/fuzz_*.c: model spec, safetensors/checkpoint restore, IDX and gzip, CSV)
+# libFuzzer targets (fuzz/fuzz_*.c: model spec, safetensors/checkpoint restore, IDX and gzip, CSV,
+# text data, the parameter server's push protocol)
 # built with clang, ASan and UBSan in build-fuzz/; `make fuzz FUZZ_SECONDS=N` runs each for N
 # seconds (default 60) from its committed seed corpus (fuzz/corpus/NAME), failing on a crash, a
 # leak or an input slower than FUZZ_TIMEOUT seconds (a hang). `make test` runs them briefly
 # (tests/fuzz.sh). New crashers are saved in build-fuzz/crash-*.
-FUZZ_TARGETS := spec checkpoint idx csv
+FUZZ_TARGETS := spec checkpoint idx csv text ps
 FUZZ_SECONDS ?= 60
 FUZZ_TIMEOUT ?= 10
 FUZZ_BUILD := build-fuzz
@@ -94,6 +95,9 @@ fuzz-build:
 	  EXTRA_CFLAGS=-fsanitize=fuzzer-no-link fuzz-bins
 
 fuzz-bins: $(FUZZ_TARGETS:%=$(BUILD)/fuzz_%)
+
+print-fuzz-targets:
+	@echo $(FUZZ_TARGETS)
 
 $(BUILD)/fuzz_%: fuzz/fuzz_%.c fuzz/fuzz_common.h $(BUILD)/libdtrain.a
 	$(CC) $(CFLAGS) -I. -fsanitize=fuzzer -o $@ $< $(BUILD)/libdtrain.a $(LDFLAGS) $(LDLIBS)

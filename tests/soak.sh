@@ -22,7 +22,7 @@ echo "soak: $RUNS runs, seed $SEED"
 # MLP, a run a few seconds (long enough for the fault to land while it trains)
 awk 'BEGIN { srand(7); for (i = 0; i < 3000; i++) { y = i % 4; printf "%d", y; for (k = 0; k < 16; k++) printf ",%.3f", rand() + (k % 4 == y); printf "\n" } }' >"$TMP/train.csv"
 MODEL="linear(256) relu linear(256) relu linear(4)"
-hangs=0 wrong=0 lost=0 dup=0 leaked=0 done_ok=0 stopped_ok=0 landed=0
+hangs=0 wrong=0 lost=0 dup=0 leaked=0 done_ok=0 stopped_ok=0 landed=0 orphans=0 launcher_gone=0
 rank_pid() {  # LAUNCHER-PID RANK: pid of the child with DTRAIN_RANK=RANK
   local c
   for c in $(pgrep -P "$1"); do
@@ -62,6 +62,7 @@ for run in $(seq "$RUNS"); do
   done
   sleep "$delay"
   victim=$([ -n "$launcher" ] && rank_pid "$launcher" $victim_rank)
+  ranks=$([ -n "$launcher" ] && pgrep -P "$launcher" | tr '\n' ' ')
   hit=""
   case $fault in
     kill9) [ -n "$victim" ] && kill -9 "$victim" 2>/dev/null && hit=1 ;;
@@ -80,7 +81,15 @@ for run in $(seq "$RUNS"); do
   verdict=ok why=""
   # a hang is the 150 s deadline (exit 137 alone is a rank killed by SIGKILL, passed on)
   if [ $((SECONDS - t0)) -ge 149 ]; then verdict=FAIL why="hang (no end within 150 s, exit $rc)"; hangs=$((hangs + 1))
-  elif [ $rc -ne 0 ] && [ "$fault" != kill9-launcher ]; then
+  elif [ "$fault" = kill9-launcher ] && [ -n "$hit" ]; then
+    # the launcher is gone: its ranks must notice and end (no orphan keeps training or holds memory)
+    for _ in $(seq 100); do
+      alive=""; for p in $ranks; do kill -0 "$p" 2>/dev/null && alive="$alive $p"; done
+      [ -z "$alive" ] && break; sleep 0.1
+    done
+    if [ -n "$alive" ]; then verdict=FAIL why="launcher killed, ranks still running 10 s later:$alive"; orphans=$((orphans + 1)); kill -9 $alive 2>/dev/null
+    else launcher_gone=$((launcher_gone + 1)); why="launcher killed (exit $rc); its ranks ended"; fi
+  elif [ $rc -ne 0 ]; then
     # a failed job must blame the rank that was hit, and no other
     blamed=$(grep -oE "^dtrain train: rank [0-9]+ (was killed|is stopped|exited|failed)" "$L" | head -1 | grep -oE "rank [0-9]+" | grep -oE "[0-9]+")
     if [ -z "$victim" ] || [ "$blamed" = "$victim_rank" ] || { [ "$mode" = ps ] && grep -q "rank $victim_rank\b" "$L"; }; then
@@ -102,5 +111,5 @@ for run in $(seq "$RUNS"); do
   printf '%-4s run %2d %-32s after %ss: %s (%ds)\n' "$verdict" "$run" "$what" "$delay" "$why" $((SECONDS - t0))
   [ "$verdict" = ok ] && ok "soak run $run $what" || { bad "soak run $run $what"; tail -5 "$L" | sed 's/^/      /'; }
 done
-echo "soak: $RUNS runs (seed $SEED), $landed faults landed while the job ran: $done_ok finished, $stopped_ok stopped naming the culprit; $hangs hangs, $wrong wrong culprits, $lost damaged checkpoints, $dup duplicated metrics, $leaked shm leftovers"
+echo "soak: $RUNS runs (seed $SEED), $landed faults landed while the job ran: $done_ok finished, $stopped_ok stopped naming the culprit, $launcher_gone lost their launcher (kill -9) and ended; $hangs hangs, $wrong wrong culprits, $orphans orphaned ranks, $lost damaged checkpoints, $dup duplicated metrics, $leaked shm leftovers"
 finish

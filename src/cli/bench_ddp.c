@@ -60,6 +60,8 @@ int dt_bench_ddp(int argc, char **argv) {
     const struct { const char *model; int batch; double rate; } cases[] = {
         {"mlp", 32, 120000}, {"mlp", 128, 180000}, {"cnn", 128, 2400}};
     printf("# dtrain bench ddp: data %s, shm transport, ddp, adam; samples/s over all workers\n", data);
+    dt_bench_print_machine();
+    for (int w = 0; w < nw; w++) dt_bench_warn_cores(workers[w]);
     printf("%-5s %6s %8s %12s %8s %11s %11s %11s\n", "model", "batch", "workers", "samples/s", "speedup",
            "compute_ms", "commwait_ms", "datawait_ms");
     char json[4096];

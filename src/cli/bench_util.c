@@ -51,8 +51,22 @@ void dt_bench_print_machine(void) {
             break;
         }
     if (f) fclose(f);
-    printf("# cpu: %s (%ld cores online)\n", model, sysconf(_SC_NPROCESSORS_ONLN));
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    double load = -1;
+    if ((f = fopen("/proc/loadavg", "r")) && fscanf(f, "%lf", &load) != 1) load = -1;
+    if (f) fclose(f);
+    printf("# cpu: %s (%ld cores online; load average %.2f)\n", model, cores, load);
+    if (cores > 0 && load > 0.5 * (double)cores)
+        printf("# warning: the machine is loaded (load average %.2f on %ld cores): figures are lower and noisier\n",
+               load, cores);
     const char *by = getenv("DTRAIN_BLAS_REEXEC") && strcmp(getenv("DTRAIN_BLAS_REEXEC"), "0") ? " (OPENBLAS_CORETYPE set by dtrain: OpenBLAS did not know this CPU)"
                      : getenv("OPENBLAS_CORETYPE") ? " (OPENBLAS_CORETYPE set)" : "";
     printf("# openblas: %s kernels%s\n", dt_blas_corename(), by);
+}
+
+void dt_bench_warn_cores(int ranks) {
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (cores > 0 && ranks > cores)
+        printf("# warning: %d ranks on %ld cores: they share cores, so speed-ups are bounded by %ld\n", ranks, cores,
+               cores);
 }

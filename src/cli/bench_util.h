@@ -13,8 +13,12 @@ int dt_bench_train_run(const char *args, const char *metrics, char *line, size_t
 /* The number after "key": in a JSON line, or -1. */
 double dt_bench_json_field(const char *line, const char *key);
 
-/* Prints "# cpu: MODEL (N cores)" and "# openblas: CORE" (the kernel OpenBLAS chose) as comment
+/* Prints "# cpu: MODEL (N cores online; load average L)" (with a warning line when the machine
+ * is already loaded: load average above half the cores) and "# openblas: CORE" (the kernel OpenBLAS chose) as comment
  * lines of a benchmark table. */
 void dt_bench_print_machine(void);
+/* Prints a "# warning:" comment line when `ranks` processes outnumber the cores online (they
+ * then share cores: speed-ups are bounded by the core count). */
+void dt_bench_warn_cores(int ranks);
 
 #endif

@@ -66,6 +66,51 @@ static void drop(server *sv, int w, dt_status st) {
 }
 
 
+/* A push header from worker w is checked against what the server knows before anything in it
+ * is used: a hostile or corrupted header (a version from the future, a step behind the worker's
+ * clock, more samples than a batch, an epoch or unit outside the run) drops that worker, not the server. */
+dt_status dt_ps_push_check(const server *sv, int w, const ps_push *m) {
+    const ps_state *p = sv->p;
+    const char *bad = NULL;
+    if (m->n < 0 || m->n > sv->cfg->batch) bad = "sample count";
+    else if (m->version < 0 || m->version > sv->version) bad = "model version";
+    else if (m->step < sv->clock[w] || m->step >= sv->total) bad = "step";
+    else if (m->epoch < sv->ep0 || m->epoch - sv->ep0 >= sv->nep) bad = "epoch";
+    else if (!(m->lr >= 0.0f) || m->lr > 1e30f) bad = "learning rate";
+    else if (!p->dynamic && m->seq != -1) bad = "unit";
+    else if (p->dynamic && m->seq != -1 && (m->seq < 0 || dt_ps_seq_epoch(sv, m->seq) >= sv->nep)) bad = "unit";
+    if (!bad) return DT_OK;
+    return dt_error(DT_EFORMAT,
+                    "ps server rank %d: worker rank %d sent a push with an impossible %s (step %lld, version %lld "
+                    "of %lld, n %d, unit %lld); dropping it",
+                    p->me, p->S + w, bad, (long long)m->step, (long long)m->version, (long long)sv->version, m->n,
+                    (long long)m->seq);
+}
+
+/* Books a checked push of worker w (its optimizer step already applied when m->n > 0): staleness,
+ * the epoch's figures, the unit it trained, its clock. With the lock held. */
+void dt_ps_push_record(server *sv, int w, const ps_push *m) {
+    const ps_state *p = sv->p;
+    int64_t stale = sv->version - m->version;
+    sv->stale[stale < DT_STALENESS_BINS - 1 ? stale : DT_STALENESS_BINS - 1]++;
+    if (m->n > 0) sv->version++;
+    int64_t e = m->epoch - sv->ep0;
+    if (e >= 0 && e < sv->nep) {
+        sv->loss_sum[e] += m->loss_sum;
+        sv->samples[e] += m->n;
+        sv->wsamples[e * p->W + w] += m->n;
+        sv->wbusy[e * p->W + w] += m->busy_s;
+        sv->wait[e] += m->wait_s;
+        sv->pushes[e]++;
+    }
+    if (p->dynamic && m->seq >= 0) {
+        dt_ps_unit_in(sv, m->seq);
+        if (dt_ps_release(sv, w, m->seq)) sv->wunits[w]++;
+    }
+    sv->clock[w] = m->step + 1;
+    pthread_cond_broadcast(&sv->cv);
+}
+
 static void *handler_main(void *arg) {
     handler *h = arg;
     server *sv = h->sv;
@@ -102,27 +147,14 @@ static void *handler_main(void *arg) {
             }
             break;
         }
-        int64_t stale = sv->version - m.version;
-        sv->stale[stale < DT_STALENESS_BINS - 1 ? stale : DT_STALENESS_BINS - 1]++;
-        if (m.n > 0) {
-            dt_optim_step(sv->opt, sv->w, h->grad, m.lr);
-            sv->version++;
+        if ((st = dt_ps_push_check(sv, w, &m)) != DT_OK) {
+            drop(sv, w, st);
+            pthread_mutex_unlock(&sv->mu);
+            break;
         }
-        int64_t e = m.epoch - sv->ep0;
-        if (e >= 0 && e < sv->nep) {
-            sv->loss_sum[e] += m.loss_sum;
-            sv->samples[e] += m.n;
-            sv->wsamples[e * p->W + w] += m.n;
-            sv->wbusy[e * p->W + w] += m.busy_s;
-            sv->wait[e] += m.wait_s;
-            sv->pushes[e]++;
-        }
-        if (p->dynamic && m.seq >= 0) {
-            dt_ps_unit_in(sv, m.seq);
-            if (dt_ps_release(sv, w, m.seq)) sv->wunits[w]++;
-        }
-        int64_t clk = sv->clock[w] = m.step + 1;
-        pthread_cond_broadcast(&sv->cv);
+        if (m.n > 0) dt_optim_step(sv->opt, sv->w, h->grad, m.lr);
+        dt_ps_push_record(sv, w, &m);
+        int64_t clk = sv->clock[w];
         /* fixed shards, stale-synchronous: hold the answer while this worker is too far ahead of
          * the slowest (dynamic: dt_ps_assign() and dt_ps_pull() hold it instead) */
         while (!p->dynamic && p->staleness >= 0 && clk < total && clk - min_live(sv) > p->staleness && !sv->stopping)

@@ -64,6 +64,14 @@ struct server {
     int nnotes;
 };
 
+/* ---- a worker's push (ps_server.c); with the server lock held ---- */
+
+/* DT_OK when push m of worker w is possible here (counts, version, step, unit in range); else
+ * DT_EFORMAT naming the field. */
+dt_status dt_ps_push_check(const server *sv, int w, const ps_push *m);
+/* Records a checked push: staleness, epoch figures, the unit trained, w's clock; wakes waiters. */
+void dt_ps_push_record(server *sv, int w, const ps_push *m);
+
 /* ---- dynamic assignment (ps_assign.c); all with the server lock held ---- */
 
 /* Units a worker may hold at once (2 with overlap, else 1): its pending slots. */
