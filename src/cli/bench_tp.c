@@ -125,6 +125,7 @@ int dt_bench_tp(int argc, char **argv) {
     printf("# dtrain bench tp: model %s, global batch %d x T %d tokens, %d steps per case (first included),\n"
            "# adamw, shm transport; the machine may be shared: compare rows of this one run\n", model, gb, g.T, steps);
     dt_bench_print_machine();
+    dt_bench_warn_cores(4);  /* the 4-rank rows */
     printf("%-8s %5s %10s %7s %10s %10s %12s %12s  %s\n", "layout", "ranks", "tokens/s", "vs 1", "dp_MB/st", "tp_MB/st",
            "tp_B/step", "expected_B", "peak_rss_MB per rank");
     char json[8192];
