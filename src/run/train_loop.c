@@ -137,9 +137,11 @@ enum { STOP_VOTE_EVERY = 8 };
 static dt_status stop_vote(const dt_trainer *t, bool *stop) {
     int32_t mine = t->cfg.stop && *t->cfg.stop, any = mine;
     *stop = false;
-    if (t->dcomm) {
+    /* every replica rank votes, also those that share one data rank (a tp group), so that all stop together */
+    dt_comm *vote = t->strategy->role == DT_ROLE_REPLICA && t->world > 1 ? t->cfg.comm : NULL;
+    if (vote) {
         if (t->step % STOP_VOTE_EVERY != 0) return DT_OK;
-        DT_TRY(dt_comm_allreduce(t->dcomm, &mine, &any, 1, DT_I32, DT_OP_MAX));
+        DT_TRY(dt_comm_allreduce(vote, &mine, &any, 1, DT_I32, DT_OP_MAX));
     }
     *stop = any != 0;
     return DT_OK;
