@@ -7,6 +7,7 @@
  *  - the tp axis's byte counters equal Megatron's 4 b s h values x 2(t-1)/t per block per step;
  *  - --grad-accum 2 under tp2 and dp2 x tp2 gives the same steps;
  *  - --clip under tp clips by the norm of the whole gradient (same result as 1 process);
+ *  - a stop (SIGTERM) seen by rank 0 alone stops the whole tp group after one step, checkpointed;
  *  - a tp rank that dies mid-run is reported by its peer with the rank and the operation;
  *  - a tp that does not divide the heads, width and vocabulary is refused saying what divides;
  *  - mesh coordinates: rank = (dp_i PP + pp_i) TP + tp_i.
@@ -20,6 +21,7 @@
 #include "parallel/tp.h"
 
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -207,6 +209,43 @@ static void check_dead_rank(int N) {
     }
 }
 
+/* The stop flag (a SIGTERM) set on rank 0 alone: both tp ranks stop after the same step and the
+ * gathered checkpoint is written (a tp group is one data rank, yet every rank votes). */
+static volatile sig_atomic_t g_stop;
+static void stop_at_3(void *ctx, const dt_progress_info *p) {
+    (void)ctx;
+    if (p->global_step >= 3) g_stop = 1;
+}
+
+static void check_stop(void) {
+    char job[64], corpus[128], data[160], ck[128];
+    snprintf(job, sizeof job, "tpstop%d", (int)getpid());
+    snprintf(corpus, sizeof corpus, "%s/corpus.txt", g_dir);
+    snprintf(data, sizeof data, "text:%s", corpus);
+    snprintf(ck, sizeof ck, "%s/stop.safetensors", g_dir);
+    FILE *f = fopen(corpus, "w");
+    for (int i = 0; f && i < 4000; i++) fputc("the lord said unto moses .\n"[dt_rng_u64(4, 1, (uint64_t)i) % 27], f);
+    if (f) fclose(f);
+    for (int r = 0; r < 2; r++)
+        if (fork() == 0) {
+            dt_comm *c = dt_test_rank_comm(r, 2, job);
+            dt_train_config cfg = dt_train_defaults();
+            cfg.data = data, cfg.model = MODEL, cfg.batch = 4, cfg.epochs = 100, cfg.comm = c, cfg.strategy = "tp(tp=2)";
+            cfg.save = ck, cfg.stop = &g_stop, cfg.on_progress = stop_at_3, cfg.progress_interval_s = 1e-9;
+            dt_trainer *t = NULL;
+            dt_status s = dt_trainer_create(&t, &cfg);
+            if (s == DT_OK) s = dt_trainer_run(t);
+            if (s != DT_EINTR) fprintf(stderr, "rank %d: %s\n", r, dt_last_error());
+            dt_trainer_free(t);
+            _exit(s == DT_EINTR ? 0 : 4);
+        }
+    const int failed = dt_test_wait_children();
+    const bool saved = access(ck, R_OK) == 0;
+    printf("tp2: stop flag on rank 0 only: %d rank(s) did not stop cleanly, checkpoint %s\n", failed,
+           saved ? "written" : "MISSING");
+    CHECK(failed == 0 && saved);
+}
+
 static void check_divisibility(void) {
     dt_gpt_config g;
     CHECK_OK(dt_gpt_parse(MODEL, &g));
@@ -245,6 +284,7 @@ int main(void) {
     check_layout(2, 2);
     g_accum = 1;
     check_clip();
+    check_stop();
     check_dead_rank(2);
     check_dead_rank(4);
     dt_test_remove_dir(g_dir);
