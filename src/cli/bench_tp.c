@@ -20,7 +20,9 @@
 enum { MAX_RANKS = 8 };
 
 typedef struct {
-    double sps;                 /* rank 0: samples/s of the run (its only epoch, first step included) */
+    double sps;                 /* rank 0: samples/s of the steps after the first (warm-up: allocations) */
+    double el1, el;             /* rank 0: the epoch's elapsed time after step 1 and after the last step */
+    int64_t last;               /* rank 0: the last step seen */
     uint64_t bytes[3];          /* rank 0: tp, pp, dp bus bytes */
     int64_t steps;
     long rss_kb[MAX_RANKS];     /* every rank: peak RSS */
@@ -35,8 +37,14 @@ typedef struct {
 
 static void on_epoch(void *ctx, const dt_epoch_info *e) {
     case_result *r = ctx;
-    r->sps = e->samples_per_s, r->steps = e->steps;
+    r->steps = e->steps;
     memcpy(r->bytes, e->comm_bytes, sizeof r->bytes);
+}
+
+static void on_progress(void *ctx, const dt_progress_info *p) {
+    case_result *r = ctx;
+    if (p->global_step == 1) r->el1 = p->elapsed_s;
+    r->el = p->elapsed_s, r->last = p->global_step;
 }
 
 /* One rank of a case: trains, then records its peak RSS (rank 0 also the epoch figures). */
@@ -58,11 +66,12 @@ static void run_rank(const bench_case *k, int r, const char *data, const char *m
     cfg.optim = dt_optim_defaults(DT_OPTIM_ADAMW), cfg.lr.base_lr = 1e-3f, cfg.comm = comm;
     snprintf(spec, sizeof spec, "tp(tp=%d)", k->tp);
     cfg.strategy = k->tp > 1 ? spec : k->ranks > 1 ? "ddp" : NULL;
-    cfg.on_epoch = on_epoch, cfg.cb_ctx = res;
+    cfg.on_epoch = on_epoch, cfg.on_progress = on_progress, cfg.progress_interval_s = 1e-9, cfg.cb_ctx = res;
     dt_trainer *t = NULL;
     if (s == DT_OK) s = dt_trainer_create(&t, &cfg);
     if (s == DT_OK) s = dt_trainer_run(t);
     if (s != DT_OK) res->failed = 1, snprintf(res->err, sizeof res->err, "rank %d: %s", r, dt_last_error());
+    if (r == 0 && res->last > 1 && res->el > res->el1) res->sps = (double)(res->last - 1) * gb / (res->el - res->el1);
     dt_trainer_free(t);
     dt_comm_destroy(comm);
     struct rusage ru;
@@ -117,12 +126,13 @@ int dt_bench_tp(int argc, char **argv) {
     if (rc) return rc < 0 ? 2 : 0;
     dt_gpt_config g;
     if (dt_gpt_parse(model, &g) != DT_OK) return dt_cli_usage(NULL, "%s", dt_last_error());
-    if (gb < 4 || gb % 4 || steps < 1) return dt_cli_usage(NULL, "--batch %d --steps %d: need a multiple of 4 and >= 1", gb, steps);
+    if (gb < 4 || gb % 4 || steps < 2)
+        return dt_cli_usage(NULL, "--batch %d --steps %d: need a multiple of 4 and at least 2 steps", gb, steps);
     char dir[] = "/tmp/dtrain-bench-XXXXXX", data[300];
     if (!mkdtemp(dir)) return dt_cli_fail(NULL, "bench tp: cannot create a temporary directory");
     if (write_corpus(dir, data, sizeof data)) return 1;
     const bench_case cases[] = {{"1", 1, 1}, {"dp2", 1, 2}, {"dp4", 1, 4}, {"tp2", 2, 2}, {"tp4", 4, 4}, {"dp2xtp2", 2, 4}};
-    printf("# dtrain bench tp: model %s, global batch %d x T %d tokens, %d steps per case (first included),\n"
+    printf("# dtrain bench tp: model %s, global batch %d x T %d tokens, %d steps per case (timed after the first),\n"
            "# adamw, shm transport; the machine may be shared: compare rows of this one run\n", model, gb, g.T, steps);
     dt_bench_print_machine();
     dt_bench_warn_cores(4);  /* the 4-rank rows */
