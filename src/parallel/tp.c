@@ -317,12 +317,13 @@ static dt_status assign_roles(tp *t) {
     if (!t->role || !t->src) return dt_error(DT_ENOMEM, "tensor parallel: out of memory");
     for (int i = 0; i < n; i++) {
         const char *nm = dt_model_node_name(t->local, i);
-        char in[64] = "";
-        size_t plen = strlen(nm) > 12 ? strlen(nm) - 12 : 0;  /* "<p>.attn.c_attn" / "<p>.mlp.c_fc": prefix <p> */
+        const int len = (int)strlen(nm);
+        char in[64] = "";  /* the layer norm a column-parallel layer reads: "<block>.ln_1" / "<block>.ln_2" */
         if (ends_with(nm, ".attn.c_proj") || ends_with(nm, ".mlp.c_proj")) t->role[i] = ROLE_ROW;
-        else if (ends_with(nm, ".attn.c_attn")) t->role[i] = ROLE_COL, snprintf(in, sizeof in, "%.*s.ln_1", (int)plen, nm);
+        else if (ends_with(nm, ".attn.c_attn"))
+            t->role[i] = ROLE_COL, snprintf(in, sizeof in, "%.*s.ln_1", len - (int)strlen(".attn.c_attn"), nm);
         else if (ends_with(nm, ".mlp.c_fc"))
-            t->role[i] = ROLE_COL, snprintf(in, sizeof in, "%.*s.ln_2", (int)(strlen(nm) - 9), nm);
+            t->role[i] = ROLE_COL, snprintf(in, sizeof in, "%.*s.ln_2", len - (int)strlen(".mlp.c_fc"), nm);
         else if (!strcmp(nm, "lm_head")) t->role[i] = ROLE_HEAD, snprintf(in, sizeof in, "transformer.ln_f");
         else if (!strcmp(nm, "transformer.wte")) t->role[i] = ROLE_EMBED, t->wte = i;
         else if (!strcmp(nm, "transformer.embed")) t->role[i] = ROLE_EMBED_GRAD;
