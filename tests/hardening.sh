@@ -47,6 +47,15 @@ kept=$(cd "$TMP/keep" && ls ckpt-*.safetensors 2>/dev/null | tr '\n' ' ')
 [ "$kept" = "ckpt-0000000012.safetensors ckpt-0000000014.safetensors ckpt-0000000016.safetensors " ] \
   && ok "--keep 3 keeps the newest 3 of 8 checkpoints" || bad "--keep 3 kept: $kept"
 
+# ---- a rank killed while writing a checkpoint leaves DIR/ckpt-*.safetensors.tmp.<pid>: the
+# launcher removes such files of dead writers when its ranks end (here the ranks fail in set-up,
+# before any of them writes, so only the launcher can) ----
+mkdir -p "$TMP/stale"; sleep 0 & deadpid=$!; wait $deadpid
+touch "$TMP/stale/ckpt-0000000010.safetensors.tmp.$deadpid"
+$DT train --workers 2 --data "$TMP/missing.csv" --model mlp --checkpoint-dir "$TMP/stale" --quiet >/dev/null 2>&1
+[ -z "$(ls "$TMP/stale")" ] && ok "a dead writer's checkpoint temp file is removed by the launcher" \
+  || bad "left in the checkpoint directory: $(ls "$TMP/stale")"
+
 # ---- what is printed is true: a cut-short epoch, a loss over part of an epoch, a changed resume ----
 out=$($DT train --data "$TMP/d.csv" --model "linear(3)" --batch 8 --max-steps 5 --save "$TMP/p5.st" 2>&1)
 grep -q "epoch 1/1 (5 of 8 steps): train_loss" <<<"$out" && ok "--max-steps in mid-epoch: the line says 5 of 8 steps" \

@@ -4,6 +4,7 @@
 #include "cli/train_uneven.h"
 #include "cli/train_mesh.h"
 #include "dtrain/dtrain.h"
+#include "run/ckpt_dir.h"
 #include "run/elastic.h"
 #include "run/launch.h"
 
@@ -136,6 +137,7 @@ static int run_workers(int argc, char **argv, int workers, const char *elastic, 
         s = dt_launch_run(&lc, args, &res);
     }
     free(args);
+    if (checkpoint_dir) dt_ckpt_dir_prune(checkpoint_dir, 0);  /* a rank killed mid-write left its temp file */
     if (s == DT_EINTR && res.all_exited_0) return 0; /* preempted: the ranks checkpointed and said how to resume */
     if (s != DT_OK && res.failed_rank < 0 && res.exit_code == 0) return dt_cli_fail(NULL, "%s", dt_last_error());
     return res.exit_code;

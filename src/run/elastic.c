@@ -47,7 +47,10 @@ dt_status dt_elastic_run(const dt_elastic_config *c, dt_launch_result *res) {
         if (s == DT_OK || s == DT_EINTR) break;
         char ckpt[4096] = "none";
         bool found = false;
-        if (c->checkpoint_dir) dt_ckpt_dir_latest(c->checkpoint_dir, ckpt, sizeof ckpt, &found, NULL, NULL);
+        if (c->checkpoint_dir) {
+            dt_ckpt_dir_prune(c->checkpoint_dir, 0);  /* a rank killed mid-write left its temp file */
+            dt_ckpt_dir_latest(c->checkpoint_dir, ckpt, sizeof ckpt, &found, NULL, NULL);
+        }
         if (res->failed_rank < 0 && res->exit_code == 127) break; /* cannot start at all: no point retrying */
         if (res->failed_rank >= 0 && dt_exit_is_setup(res->exit_code)) { /* the same flags would fail again */
             say(c, "rank %d failed in set-up (exit %d: %s); not restarting: fix the command and run it again",
