@@ -200,6 +200,10 @@ dt_status dt_model_backward_loss(dt_model *m, float scale, dt_grad_ready_fn hook
 /* Backpropagates dout (B, out_size) of the output node of the last forward (no loss). */
 dt_status dt_model_backward(dt_model *m, const float *dout, dt_grad_ready_fn hook, void *ctx);
 void dt_model_zero_grad(dt_model *m);
+/* Frees the gradient slab of a model that is never differentiated (tensor parallel: the whole
+ * model only holds the gathered parameters); dt_model_grads is then NULL and backward must not be
+ * called. */
+void dt_model_release_grads(dt_model *m);
 
 /* ---- pipeline cuts: the graph cut at a node boundary k into stages [0, k) and [k, n) --------- *
  * Every stage may be a separate copy of the model (another process). A stage sizes its memory

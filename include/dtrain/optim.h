@@ -42,6 +42,9 @@ size_t dt_optim_size(const dt_optim *o);
 int64_t dt_optim_steps(const dt_optim *o);
 void dt_optim_set_steps(dt_optim *o, int64_t t);
 const dt_optim_config *dt_optim_config_of(const dt_optim *o);
+/* Frees the moment slabs of an optimizer whose state now lives elsewhere (tensor parallel: each
+ * rank's shard); dt_optim_num_states is then 0 and dt_optim_step must not be called. */
+void dt_optim_release_state(dt_optim *o);
 
 /* ---- learning-rate schedules ---- */
 typedef enum { DT_LR_CONSTANT, DT_LR_STEP, DT_LR_COSINE } dt_lr_kind;

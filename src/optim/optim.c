@@ -60,6 +60,11 @@ void dt_optim_free(dt_optim *o) {
     free(o);
 }
 
+void dt_optim_release_state(dt_optim *o) {
+    dt_slab_free(&o->m);
+    dt_slab_free(&o->v);
+}
+
 static void sgd_step(dt_optim *o, float *restrict p, const float *restrict g, float lr) {
     const float wd = o->cfg.weight_decay, mu = o->cfg.momentum;
     const size_t n = o->n;

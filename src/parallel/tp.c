@@ -13,7 +13,10 @@
  * communication). The remaining ranks of the world are data parallel: the mesh (mesh.h) splits
  * the world into tp and dp communicators and an inner ddp averages the shards' gradients over
  * the dp axis. The whole model (s->model) is the checkpoint's: scattered at start (a resume under
- * any layout), gathered by ops->sync before evaluation and checkpoints. */
+ * any layout), its parameters gathered by ops->sync on every rank before evaluation and
+ * checkpoints, its optimizer moments on world rank 0 only (which writes the checkpoints); its
+ * gradients and the whole optimizer's own moments are freed, so a rank keeps P whole parameters
+ * plus 4P/K of shards (world rank 0 2P more) instead of 4P. */
 #include "parallel/mesh.h"
 #include "parallel/strategy.h"
 #include "parallel/tp.h"
@@ -58,6 +61,8 @@ typedef struct {
     int B;                   /* samples of the current micro-batch */
     dt_status err;           /* the first failure inside a hook */
     double comm_s;           /* this step's time in tp collectives */
+    float *whole_m[2];       /* world rank 0: the whole optimizer moments, assembled by sync (the others
+                              * hold only their shards: the whole model's own moments are freed) */
     dt_tp_counters cnt;
 } tp;
 
@@ -264,11 +269,45 @@ static dt_status tp_step(dt_strategy *s, float lr, float clip, dt_step_stats *st
     return dt_error(DT_EINTERNAL, "tensor parallel trains through its own train_step (step %lld)", (long long)s->step);
 }
 
-/* The whole model and optimizer state from the shards, on every rank (before evaluation and
- * checkpoints, which use s->model and s->optim). */
+/* The whole parameters from the shards on every rank (evaluation), and the whole optimizer
+ * moments on world rank 0 (its tp group gathers them there), which writes the checkpoints. */
 static dt_status tp_sync(dt_strategy *s) {
     tp *t = s->impl;
-    return dt_tp_gather(t->mesh.tp_comm, s->model, s->optim, t->local, t->lopt, t->K);
+    const bool saver = dt_comm_rank(s->comm) == 0, group0 = t->mesh.dp_rank == 0 && t->mesh.pp_rank == 0;
+    for (int k = 0; saver && k < dt_optim_num_states(t->lopt); k++)
+        if (!t->whole_m[k] && !(t->whole_m[k] = dt_alloc(dt_model_num_params(s->model) * sizeof(float))))
+            return dt_error(DT_ENOMEM, "tensor parallel: out of memory for the whole optimizer state");
+    DT_TRY(dt_tp_gather(t->mesh.tp_comm, s->model, t->local, t->lopt, t->K, group0 ? t->whole_m : NULL));
+    dt_optim_set_steps(s->optim, dt_optim_steps(t->lopt));
+    return DT_OK;
+}
+
+/* The state for a checkpoint (world rank 0, after sync): the whole model's tensors, each with its
+ * whole optimizer moments. */
+static dt_status tp_visit(dt_strategy *s, dt_state_visit_fn fn, void *ctx) {
+    tp *t = s->impl;
+    const int ns = dt_optim_num_states(t->lopt);
+    if (ns > 0 && !t->whole_m[0])
+        return dt_error(DT_EINVAL, "tensor parallel: rank %d does not hold the whole optimizer state; world rank 0 "
+                        "assembles it (sync) and writes the checkpoints", dt_comm_rank(s->comm));
+    dt_model *m = s->model;
+    for (int i = 0; i < dt_model_num_tensors(m); i++) {
+        const dt_param_info *p = dt_model_tensor(m, i);
+        float *base = p->is_buffer ? dt_model_buffers(m) : dt_model_params(m);
+        dt_state_piece pc = {.name = p->name, .buf = {base + p->offset, DT_F32, p->numel, DT_DEVICE_CPU},
+                             .ndim = p->ndim, .numel = p->numel};
+        for (int d = 0; d < p->ndim; d++) pc.shape[d] = p->shape[d];
+        DT_TRY(fn(ctx, &pc));
+        for (int k = 0; !p->is_buffer && k < ns; k++) {
+            const char *sname;
+            dt_optim_state(t->lopt, k, &sname);
+            char name[96];
+            snprintf(name, sizeof name, "optim.%s.%s", sname, p->name);
+            pc.name = name, pc.buf.data = t->whole_m[k] + p->offset, pc.is_optim = true;
+            DT_TRY(fn(ctx, &pc));
+        }
+    }
+    return DT_OK;
 }
 
 static void tp_destroy(dt_strategy *s) {
@@ -279,6 +318,7 @@ static void tp_destroy(dt_strategy *s) {
     dt_optim_free(t->lopt);
     dt_mesh_free(&t->mesh);
     free(t->role), free(t->src), free(t->ids), free(t->keep), free(t->dlogits), free(t->work);
+    dt_free(t->whole_m[0]), dt_free(t->whole_m[1]);
     free(t);
     s->impl = NULL;
 }
@@ -292,7 +332,8 @@ static void tp_axis_bytes(dt_strategy *s, uint64_t bytes[3]) {
 
 static const dt_strategy_ops tp_ops = {.name = "tp", .train_step = tp_train_step, .init = tp_init,
                                        .begin_step = tp_begin, .grad_ready = tp_ready, .step = tp_step,
-                                       .destroy = tp_destroy, .sync = tp_sync, .axis_bytes = tp_axis_bytes};
+                                       .destroy = tp_destroy, .sync = tp_sync, .visit_state = tp_visit,
+                                       .axis_bytes = tp_axis_bytes};
 
 void dt_tp_counters_of(const dt_strategy *s, dt_tp_counters *c) {
     memset(c, 0, sizeof *c);
@@ -340,6 +381,10 @@ static dt_status setup(dt_strategy *s, tp *t, const tp_opts *o) {
     DT_TRY(dt_gpt_create_sharded(&t->local, &t->g, t->K));
     DT_TRY(dt_optim_create(&t->lopt, dt_optim_config_of(s->optim), dt_model_num_params(t->local)));
     DT_TRY(dt_tp_scatter(s->model, s->optim, t->local, t->lopt, t->K, t->r));
+    /* from here the whole model holds only the gathered parameters (evaluation, checkpoints): its
+     * gradients and the whole optimizer's moments are never used, so they are not kept */
+    dt_model_release_grads(s->model);
+    dt_optim_release_state(s->optim);
     DT_TRY(assign_roles(t));
     dt_model_set_after_forward_hook(t->local, after_forward, t);
     dt_model_set_node_hooks(t->local, NULL, after_backward, t);

@@ -29,9 +29,11 @@ void dt_tp_copy(dt_tp_split k, float *full, float *local, const dt_param_info *f
 /* Rank r's shard of the whole model (params) and optimizer (moments, step count) into the local
  * ones. DT_EINVAL when a local tensor has no whole counterpart. */
 dt_status dt_tp_scatter(dt_model *full, dt_optim *fo, dt_model *local, dt_optim *lo, int K, int r);
-/* The inverse, collective over comm (K ranks; NULL = one): every rank assembles the whole
- * parameters and optimizer state from all shards (an allgather per slab). */
-dt_status dt_tp_gather(dt_comm *comm, dt_model *full, dt_optim *fo, dt_model *local, dt_optim *lo, int K);
+/* The inverse, collective over comm (K ranks; NULL = one), tensor by tensor: every rank assembles
+ * the whole parameters and buffers into full (allgather); with moments != NULL (on every rank of
+ * comm alike) rank 0 also assembles each optimizer moment k of lo into moments[k] (whole-model
+ * slabs; gather to rank 0, the others' moments are unused). */
+dt_status dt_tp_gather(dt_comm *comm, dt_model *full, dt_model *local, dt_optim *lo, int K, float *const *moments);
 
 /* Vocabulary-parallel softmax cross-entropy (Megatron's): logits (N, Vl) hold vocabulary columns
  * [lo, lo + Vl) of the rank; targets (N) are global ids (ignore: does not count). Two allreduces

@@ -80,35 +80,46 @@ dt_status dt_tp_scatter(dt_model *full, dt_optim *fo, dt_model *local, dt_optim 
     return DT_OK;
 }
 
-/* Allgathers slab (n floats per rank) into all (K n) and writes every rank's part into whole. */
-static dt_status gather_slab(dt_comm *comm, float *whole, float *slab, size_t n, float *all, dt_model *full,
-                             dt_model *local, int K, bool buffers) {
-    if (comm) DT_TRY(dt_comm_allgather(comm, slab, all, n, DT_F32));
-    else memcpy(all, slab, n * sizeof(float));
-    for (int j = 0; j < dt_model_num_tensors(local); j++) {
-        const dt_param_info *lt = dt_model_tensor(local, j), *ft = whole_of(full, lt);
-        if (!ft) return DT_EINVAL;
-        if (lt->is_buffer != buffers) continue;
-        const dt_tp_split k = dt_tp_split_of(lt->name);
-        for (int q = 0; q < K; q++)
-            if (q == 0 || (k != DT_TP_REPL && k != DT_TP_RANK0))
-                dt_tp_copy(k, whole + ft->offset, all + (size_t)q * n + lt->offset, ft, K, q, false);
-    }
+/* Every rank's part of local tensor lt (values at src) into its whole tensor ft's place in whole
+ * (a slab's base): on every rank (to_all: allgather) or on rank 0 only (gather). tmp: K lt->numel. */
+static dt_status gather_tensor(dt_comm *comm, int K, const dt_param_info *ft, const dt_param_info *lt, const float *src,
+                               float *whole, float *tmp, bool to_all) {
+    const dt_tp_split k = dt_tp_split_of(lt->name);
+    if (!comm) memcpy(tmp, src, lt->numel * sizeof(float));
+    else if (to_all) DT_TRY(dt_comm_allgather(comm, src, tmp, lt->numel, DT_F32));
+    else DT_TRY(dt_comm_gather(comm, src, tmp, lt->numel, DT_F32, 0));
+    if (!to_all && comm && dt_comm_rank(comm) != 0) return DT_OK;
+    for (int q = 0; q < K; q++)
+        if (q == 0 || (k != DT_TP_REPL && k != DT_TP_RANK0))
+            dt_tp_copy(k, whole + ft->offset, tmp + (size_t)q * lt->numel, ft, K, q, false);
     return DT_OK;
 }
 
-dt_status dt_tp_gather(dt_comm *comm, dt_model *full, dt_optim *fo, dt_model *local, dt_optim *lo, int K) {
-    const size_t np = dt_model_num_params(local), nb = dt_model_num_buffers(local);
-    float *all = malloc((size_t)K * (np > nb ? np : nb) * sizeof(float) + sizeof(float));
-    if (!all) return dt_error(DT_ENOMEM, "tensor parallel: out of memory gathering the shards");
-    dt_status s = gather_slab(comm, dt_model_params(full), dt_model_params(local), np, all, full, local, K, false);
-    if (s == DT_OK && nb)
-        s = gather_slab(comm, dt_model_buffers(full), dt_model_buffers(local), nb, all, full, local, K, true);
-    for (int k = 0; s == DT_OK && fo && lo && k < dt_optim_num_states(lo); k++) {
-        const char *nm;
-        s = gather_slab(comm, dt_optim_state(fo, k, &nm), dt_optim_state(lo, k, &nm), np, all, full, local, K, false);
+/* The scratch of gather_tensor for the largest tensor of local. */
+static float *gather_scratch(const dt_model *local, int K) {
+    size_t most = 1;
+    for (int j = 0; j < dt_model_num_tensors(local); j++)
+        if (dt_model_tensor(local, j)->numel > most) most = dt_model_tensor(local, j)->numel;
+    float *tmp = malloc((size_t)K * most * sizeof(float));
+    if (!tmp) dt_error(DT_ENOMEM, "tensor parallel: out of memory gathering the shards");
+    return tmp;
+}
+
+dt_status dt_tp_gather(dt_comm *comm, dt_model *full, dt_model *local, dt_optim *lo, int K, float *const *moments) {
+    float *tmp = gather_scratch(local, K);
+    if (!tmp) return DT_ENOMEM;
+    dt_status s = DT_OK;
+    for (int j = 0; s == DT_OK && j < dt_model_num_tensors(local); j++) {
+        const dt_param_info *lt = dt_model_tensor(local, j), *ft = whole_of(full, lt);
+        if (!ft) s = DT_EINVAL;
+        float *lb = lt->is_buffer ? dt_model_buffers(local) : dt_model_params(local);
+        float *fb = lt->is_buffer ? dt_model_buffers(full) : dt_model_params(full);
+        if (s == DT_OK) s = gather_tensor(comm, K, ft, lt, lb + lt->offset, fb, tmp, true);
+        for (int k = 0; s == DT_OK && moments && !lt->is_buffer && k < dt_optim_num_states(lo); k++) {
+            const char *nm;
+            s = gather_tensor(comm, K, ft, lt, dt_optim_state(lo, k, &nm) + lt->offset, moments[k], tmp, false);
+        }
     }
-    if (s == DT_OK && fo && lo) dt_optim_set_steps(fo, dt_optim_steps(lo));
-    free(all);
+    free(tmp);
     return s == DT_OK ? DT_OK : dt_error_wrap(s, "tensor parallel: gathering the shards into the whole model");
 }
