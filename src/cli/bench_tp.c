@@ -1,6 +1,8 @@
 /* dtrain bench tp: tensor parallelism against data parallelism and one worker on a GPT large
  * enough that communication is not free (default gpt:L=8,H=8,C=512,T=32), at one global batch, in
- * one run: tokens/s (and the ratio to 1 worker), every rank's peak RSS, the bytes each mesh axis
+ * one run: tokens/s (and the ratio to 1 worker), every rank's peak RSS and its RSS at the end of
+ * the run (tp frees the whole model's gradients and optimizer moments once the shards hold
+ * them, but the trainer allocates them first, so the peak keeps them), the bytes each mesh axis
  * moved per step (the communicators' counters) and the check of the tp bytes inside the blocks
  * against Megatron's 4 b s h x 2(t-1)/t values per block per step. Each case forks its ranks
  * (shared memory) and trains through the library's trainer; a table, then one JSON line. */
@@ -26,6 +28,7 @@ typedef struct {
     uint64_t bytes[3];          /* rank 0: tp, pp, dp bus bytes */
     int64_t steps;
     long rss_kb[MAX_RANKS];     /* every rank: peak RSS */
+    long end_kb[MAX_RANKS];     /* every rank: RSS at the end of the run (the trainer still alive) */
     int failed;
     char err[256];
 } case_result;
@@ -70,6 +73,10 @@ static void run_rank(const bench_case *k, int r, const char *data, const char *m
     dt_trainer *t = NULL;
     if (s == DT_OK) s = dt_trainer_create(&t, &cfg);
     if (s == DT_OK) s = dt_trainer_run(t);
+    long pages = 0, resident = 0;
+    FILE *sf = fopen("/proc/self/statm", "r");
+    if (sf && fscanf(sf, "%ld %ld", &pages, &resident) == 2) res->end_kb[r] = resident * (sysconf(_SC_PAGESIZE) / 1024);
+    if (sf) fclose(sf);
     if (s != DT_OK) res->failed = 1, snprintf(res->err, sizeof res->err, "rank %d: %s", r, dt_last_error());
     if (r == 0 && res->last > 1 && res->el > res->el1) res->sps = (double)(res->last - 1) * gb / (res->el - res->el1);
     dt_trainer_free(t);
@@ -137,7 +144,7 @@ int dt_bench_tp(int argc, char **argv) {
     dt_bench_print_machine();
     dt_bench_warn_cores(4);  /* the 4-rank rows */
     printf("%-8s %5s %10s %7s %10s %10s %12s %12s  %s\n", "layout", "ranks", "tokens/s", "vs 1", "dp_MB/st", "tp_MB/st",
-           "tp_B/step", "expected_B", "peak_rss_MB per rank");
+           "tp_B/step", "expected_B", "RSS MB per rank: peak/at end");
     char json[8192];
     int jn = snprintf(json, sizeof json, "{\"bench\": \"tp\", \"model\": \"%s\", \"global_batch\": %d, \"cases\": [",
                       model, gb);
@@ -155,19 +162,21 @@ int dt_bench_tp(int argc, char **argv) {
         const int b = gb / (k->ranks / k->tp);
         const double ring = k->tp > 1 ? 2.0 * (k->tp - 1) / k->tp : 0, bsh = (double)b * g.T * g.C * 4;
         const double meg = 4.0 * bsh * g.L * ring, want = meg + (2.0 * bsh + 3.0 * b * g.T * 4) * ring;
-        char rss[128] = "", rss_json[128] = "";
-        for (int q = 0, rn = 0, jr = 0; q < k->ranks; q++) {
-            rn += snprintf(rss + rn, sizeof rss - (size_t)rn, "%s%.0f", q ? " " : "", r.rss_kb[q] / 1024.0);
+        char rss[160] = "", rss_json[128] = "", end_json[128] = "";
+        for (int q = 0, rn = 0, jr = 0, je = 0; q < k->ranks; q++) {
+            rn += snprintf(rss + rn, sizeof rss - (size_t)rn, "%s%.0f/%.0f", q ? " " : "", r.rss_kb[q] / 1024.0,
+                           r.end_kb[q] / 1024.0);
             jr += snprintf(rss_json + jr, sizeof rss_json - (size_t)jr, "%s%.0f", q ? ", " : "", r.rss_kb[q] / 1024.0);
+            je += snprintf(end_json + je, sizeof end_json - (size_t)je, "%s%.0f", q ? ", " : "", r.end_kb[q] / 1024.0);
         }
         printf("%-8s %5d %10.0f %6.2fx %10.3f %10.3f %12.0f %12.0f  %s\n", k->name, k->ranks, tps,
                base > 0 ? tps / base : 0, r.bytes[2] / st / 1e6, r.bytes[0] / st / 1e6, r.bytes[0] / st, want, rss);
         jn += snprintf(json + jn, sizeof json - (size_t)jn,
                        "%s{\"layout\": \"%s\", \"ranks\": %d, \"tp\": %d, \"tokens_per_s\": %.1f, \"vs_1\": %.3f, "
                        "\"dp_bytes_per_step\": %.0f, \"tp_bytes_per_step\": %.0f, \"tp_bytes_expected\": %.0f, "
-                       "\"megatron_block_bytes_per_step\": %.0f, \"peak_rss_mb\": [%s]}",
+                       "\"megatron_block_bytes_per_step\": %.0f, \"peak_rss_mb\": [%s], \"end_rss_mb\": [%s]}",
                        c ? ", " : "", k->name, k->ranks, k->tp, tps, base > 0 ? tps / base : 0, r.bytes[2] / st,
-                       r.bytes[0] / st, want, meg, rss_json);
+                       r.bytes[0] / st, want, meg, rss_json, end_json);
     }
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
