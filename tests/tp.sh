@@ -48,7 +48,7 @@ loss_of() { sed -n 's/.*train_loss \([0-9.]*\).*test_loss \([0-9.]*\).*/\1 \2/p'
 
 # ---- errors ----
 expect_fail "--tp must divide heads, width and vocabulary" "choose --tp 1, 2, 4" run --tp 3 --workers 3 --max-steps 1
-expect_fail "--tp must divide the ranks" "must divide the 2 ranks of the job" run --tp 4 --workers 2 --max-steps 1
+expect_fail "--tp must divide the ranks" "must divide the world size 2" run --tp 4 --workers 2 --max-steps 1
 expect_fail "--tp needs a GPT" "is not a GPT" \
   bash -c "printf '0,1,2\n1,3,4\n' > '$TMP/t_train.csv'; $DT train --data '$TMP/t_train.csv' --model 'linear(2)' --batch 1 --tp 2 --workers 2 --max-steps 1"
 expect_fail "--tp with another strategy" "tensor parallelism is its own strategy" run --tp 2 --strategy ddp --workers 2

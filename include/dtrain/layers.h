@@ -12,6 +12,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "dtrain/core.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -119,6 +120,25 @@ void dt_mse_backward(float *dpred, const float *pred, const float *target, size_
  * already set. The dtrain command re-executes itself with it; an embedding program can do the same. */
 const char *dt_blas_corename(void);
 const char *dt_blas_better_coretype(void);
+/* The decision of dt_blas_better_coretype on given facts: OpenBLAS's core name, the value of
+ * OPENBLAS_CORETYPE (NULL: unset) and the CPU's features (AVX-512 F/BW/VL/DQ; AVX2 and FMA). */
+const char *dt_blas_coretype_for(const char *core, const char *env, bool avx512, bool avx2_fma);
+
+/* ---- Kernel libraries and precision --------------------------------------------------------- *
+ * dt_kernels_select: the kernels new models run from now on in this process: "onednn" (the
+ * default where built) or "blas", with GEMMs (linear, matmul_t, conv) in "fp32", "bf16" or
+ * "fp16" (low-precision inputs, f32 accumulation; weights stay f32 masters). NULL keeps the
+ * current choice. DT_EINVAL naming the bad word; DT_ENOTSUP for onednn in a build without it.
+ * dt_kernels_describe: "onednn fp32" etc. of the current choice (static string). */
+dt_status dt_kernels_select(const char *kernels, const char *precision);
+const char *dt_kernels_describe(void);
+/* A one-line note when the chosen precision will be slow here (blas bf16/fp16 round then run
+ * sgemm; oneDNN 2.6 has no CPU fp16 GEMM; a CPU without AVX512-BF16 emulates bf16), else NULL. */
+const char *dt_kernels_note(void);
+/* Whether oneDNN is built in; the implementations oneDNN chose on this thread so far
+ * ("matmul(f32) brg:avx512_core; conv_fwd(f32) ..."), written to buf (n bytes). */
+bool dt_kernels_onednn_built(void);
+void dt_kernels_impls(char *buf, size_t n);
 
 /* ---- Initialisation (seeded, counter-based: element i uses index i of stream key) ---------- *
  * Kaiming-uniform as torch's default for Linear/Conv: U(-1/sqrt(fan_in), 1/sqrt(fan_in))

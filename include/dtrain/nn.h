@@ -227,6 +227,19 @@ dt_status dt_model_forward_nodes(dt_model *m, const dt_feed *f, int lo, int hi);
 dt_status dt_model_backward_nodes(dt_model *m, int lo, int hi, const float *dout, float scale, dt_grad_ready_fn hook,
                                   void *ctx);
 
+/* For pipeline stages: the tensor table ids (parameters and buffers, a tied weight included) that
+ * node uses, into ids[0..cap); returns how many there are (which may exceed cap). */
+int dt_model_node_tensors(const dt_model *m, int node, int *ids, int cap);
+/* The node whose memory holds node's values: node itself, or for an alias (flatten, reshape, a
+ * relu its maxpool applies) the node it aliases, followed to the end. */
+int dt_model_node_owner(const dt_model *m, int node);
+/* True when a node of [lo, hi) reads graph input k (feed order: 0 the data, 1 the targets). */
+bool dt_model_range_reads_input(const dt_model *m, int lo, int hi, int k);
+/* Values per sample of a node's output (1 for a loss). */
+size_t dt_model_node_size(const dt_model *m, int node);
+/* Floating-point operations of one node's training step (forward + backward) at batch B. */
+double dt_model_node_flops(const dt_model *m, int node, int B);
+
 /* Floating-point operations of one training step (forward + backward) at batch B. */
 double dt_model_train_flops(const dt_model *m, int B);
 

@@ -42,9 +42,34 @@ size_t dt_optim_size(const dt_optim *o);
 int64_t dt_optim_steps(const dt_optim *o);
 void dt_optim_set_steps(dt_optim *o, int64_t t);
 const dt_optim_config *dt_optim_config_of(const dt_optim *o);
-/* Frees the moment slabs of an optimizer whose state now lives elsewhere (tensor parallel: each
- * rank's shard); dt_optim_num_states is then 0 and dt_optim_step must not be called. */
-void dt_optim_release_state(dt_optim *o);
+/* Frees the moment slabs (for a rank whose state lives in other optimizers, e.g. pipeline stages'
+ * segments): dt_optim_num_states returns 0 afterwards and dt_optim_step must not be called. */
+void dt_optim_free_state(dt_optim *o);
+
+/* ---- dynamic loss scaling (fp16) ---- */
+typedef struct {
+    float scale;            /* current scale S */
+    float growth, backoff;  /* S *= growth after `interval` finite steps; S *= backoff on inf/NaN */
+    int interval;
+    int good;               /* finite steps since S last changed */
+    int64_t skipped;        /* steps skipped for inf/NaN gradients */
+} dt_loss_scaler;
+/* torch.cuda.amp.GradScaler's defaults: S = 65536, growth 2, backoff 0.5, interval 2000. */
+dt_loss_scaler dt_loss_scaler_default(void);
+/* DT_EINVAL naming the bad field of s. */
+dt_status dt_loss_scaler_check(const dt_loss_scaler *s);
+/* After the backward pass of a loss scaled by s->scale: when all n gradients are finite, divides
+ * them by the scale (in place), counts a good step (growing the scale after `interval`) and returns
+ * true; otherwise leaves g, backs the scale off, counts a skipped step and returns false: the
+ * caller must skip this update. */
+bool dt_loss_scaler_unscale(dt_loss_scaler *s, float *g, size_t n);
+/* Gives o a loss scaler (a copy of init; NULL = defaults), or removes it (enable = false); the
+ * strategies scale the loss gradient by dt_optim_loss_scale and unscale before the update. */
+dt_status dt_optim_set_loss_scaling(dt_optim *o, bool enable, const dt_loss_scaler *init);
+/* o's scaler, NULL when off. */
+dt_loss_scaler *dt_optim_loss_scaler(dt_optim *o);
+/* The current loss scale (1 when off). */
+float dt_optim_loss_scale(const dt_optim *o);
 
 /* ---- learning-rate schedules ---- */
 typedef enum { DT_LR_CONSTANT, DT_LR_STEP, DT_LR_COSINE } dt_lr_kind;

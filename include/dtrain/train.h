@@ -7,6 +7,7 @@
 #include "dtrain/comm.h"
 #include "dtrain/workers.h"
 #include "dtrain/core.h"
+#include "dtrain/data.h"
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
 
@@ -69,6 +70,9 @@ typedef struct {
     float clip_norm;          /* gradient-norm clipping, 0 = off */
     uint64_t seed;
     int threads;              /* BLAS threads, default 1 */
+    const char *kernels;      /* "onednn" (default where built) or "blas"; NULL: the process's choice */
+    const char *precision;    /* GEMM inputs "fp32" (NULL), "bf16" or "fp16" (f32 master weights and optimizer
+                               * state; fp16 adds dynamic loss scaling: single and ddp strategies) */
     bool normalize;           /* standardise inputs with the training set's mean/std */
     int64_t max_steps;        /* stop after this many steps in total (0 = run all epochs) */
     const char *save;         /* checkpoint written at the end (and after each epoch) */
@@ -100,6 +104,10 @@ typedef struct {
     void (*on_note)(void *ctx, const char *msg);  /* checkpoints written / skipped, resume notes */
     void *cb_ctx;
     double progress_interval_s;  /* minimum seconds between on_progress calls (default 0.2) */
+    /* in-memory data sets (dt_dataset_create) instead of `data`, borrowed: they must outlive the
+     * trainer, which sets their classes to the model's and their normalisation (cfg.normalize).
+     * test_set may be NULL (no evaluation). With a communicator every rank passes the same data. */
+    dt_dataset *train_set, *test_set;
 } dt_train_config;
 
 /* A config with the defaults of the `dtrain train` command (mlp, 1 epoch, batch 32, adam 1e-3). */
@@ -113,12 +121,16 @@ typedef struct dt_trainer dt_trainer;
 dt_status dt_trainer_create(dt_trainer **t, const dt_train_config *cfg);
 void dt_trainer_free(dt_trainer *t);
 /* Runs the remaining epochs (or up to max_steps), calling the callbacks; saves to cfg->save.
+ * Collective: with a communicator every rank of the job calls it (dt_trainer_create too).
  * Once the run has reached its end, another call returns DT_OK at once. DT_EINTR: stopped by
  * cfg->stop after writing a checkpoint (the message says how to continue). */
 dt_status dt_trainer_run(dt_trainer *t);
-/* Loss and accuracy of the current model on the test set (NaN, NaN if there is none). */
+/* Loss and accuracy of the current model on the test set (NaN, NaN if there is none).
+ * Collective: with a communicator, EVERY rank of the job must call it (each evaluates its shard
+ * and the sums are allreduced); a rank calling it alone fails with DT_EPEER naming that. */
 dt_status dt_trainer_evaluate(dt_trainer *t, float *loss, float *acc);
-/* Writes a checkpoint of the current state (model, optimizer, position, config). */
+/* Writes a checkpoint of the current state (model, optimizer, position, config). Not collective:
+ * it writes what this rank holds; in a job, call it on rank 0. */
 dt_status dt_trainer_save(dt_trainer *t, const char *path);
 dt_model *dt_trainer_model(dt_trainer *t);
 int64_t dt_trainer_step(const dt_trainer *t);
@@ -129,6 +141,9 @@ const char *dt_trainer_last_checkpoint(const dt_trainer *t);
  * name (cap bytes), *servers (may be NULL) the ranks that serve instead of training (ps: the
  * first S ranks; 0 for the others). DT_EINVAL naming the strategy, option or value otherwise. */
 dt_status dt_strategy_spec_info(const char *spec, char *name, size_t cap, int *servers);
+/* The ranks among which spec splits each global batch in a job of world ranks (ddp: world; ps:
+ * the workers; pp: the pipelines, world / stages); world when spec is bad. */
+int dt_strategy_spec_data_world(const char *spec, int world);
 /* Writes spec with every option spelled out ("ps(servers=1,staleness=inf,shards=dynamic,overlap=0)")
  * to out (cap bytes); DT_EINVAL as dt_strategy_spec_info. */
 dt_status dt_strategy_spec_canonical(const char *spec, char *out, size_t cap);

@@ -9,9 +9,11 @@
 #include "dtrain/layers.h"
 
 typedef struct dt_backend {
-    const char *name;   /* "cpu" */
+    const char *name;   /* the kernel library: "blas" or "onednn" */
     dt_device device;
     dt_dtype dtype;     /* compute dtype of the activations (DT_F32) */
+    dt_dtype precision; /* of the GEMM inputs (linear, matmul_t, conv): DT_F32, DT_BF16 or DT_F16;
+                         * accumulation and outputs stay f32, weights are f32 masters */
     void (*linear_forward)(float *out, const float *in, const float *w, const float *b, int B, int C, int OC);
     void (*linear_backward)(float *din, float *dw, float *db, const float *dout, const float *in, const float *w,
                             int B, int C, int OC);
@@ -66,5 +68,27 @@ typedef struct dt_backend {
 
 /* The CPU f32 backend (OpenBLAS GEMMs, vectorised C kernels). */
 const dt_backend *dt_backend_cpu(void);
+
+/* The backend of kernel library `kernels` ("blas", "onednn") with GEMM precision DT_F32, DT_BF16
+ * or DT_F16 (static tables). DT_EINVAL for another name or dtype, DT_ENOTSUP for onednn in a
+ * build without oneDNN. */
+dt_status dt_backend_find(const char *kernels, dt_dtype precision, const dt_backend **out);
+/* The backend new models take (dt_kernels_select; default onednn fp32 where built, else blas). */
+const dt_backend *dt_backend_default(void);
+
+/* The blas backend at bf16/fp16: inputs rounded to the precision (f32 values), then sgemm. */
+const dt_backend *dt_backend_blas_lowp(dt_dtype precision);
+/* Rounds n floats to the nearest bf16 / IEEE half value (to nearest even; NaN stays NaN; past the
+ * half range gives inf), kept as f32. dst == src is allowed. */
+void dt_round_bf16(float *dst, const float *src, size_t n);
+void dt_round_f16(float *dst, const float *src, size_t n);
+
+/* oneDNN (cpu_onednn*.c). The backend at a precision, NULL when built without oneDNN. */
+const dt_backend *dt_backend_onednn(dt_dtype precision);
+bool dt_onednn_built(void);
+/* Primitives this thread created so far (each is created once per op, shape and precision, then
+ * cached), and a summary of the implementations oneDNN chose ("matmul brg:avx512_core; ..."). */
+size_t dt_onednn_cache_misses(void);
+void dt_onednn_impls(char *buf, size_t n);
 
 #endif

@@ -2,9 +2,10 @@
 #include "backend/backend.h"
 
 static const dt_backend cpu = {
-    .name = "cpu",
+    .name = "blas",
     .device = DT_DEVICE_CPU,
     .dtype = DT_F32,
+    .precision = DT_F32,
     .linear_forward = dt_linear_forward,
     .linear_backward = dt_linear_backward,
     .conv2d_workspace = dt_conv2d_workspace,

@@ -10,15 +10,18 @@ char *openblas_get_corename(void);
 
 const char *dt_blas_corename(void) { return openblas_get_corename(); }
 
-const char *dt_blas_better_coretype(void) {
-    const char *env = getenv("OPENBLAS_CORETYPE");
-    if (env && *env) return NULL;  /* the user chose */
-    const char *core = openblas_get_corename();
-    if (!core || strcmp(core, "Prescott") != 0) return NULL;  /* a kernel set for this CPU */
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-        __builtin_cpu_supports("avx512dq"))
-        return "SkylakeX";
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
+const char *dt_blas_coretype_for(const char *core, const char *env, bool avx512, bool avx2_fma) {
+    if (env && *env) return NULL;                               /* the user chose */
+    if (!core || strcmp(core, "Prescott") != 0) return NULL;    /* a kernel set for this CPU */
+    if (avx512) return "SkylakeX";
+    if (avx2_fma) return "Haswell";
     return NULL;
+}
+
+const char *dt_blas_better_coretype(void) {
+    __builtin_cpu_init();
+    bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                  __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+    bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return dt_blas_coretype_for(openblas_get_corename(), getenv("OPENBLAS_CORETYPE"), avx512, avx2);
 }

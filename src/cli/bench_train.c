@@ -1,7 +1,10 @@
 /* dtrain bench train: single-worker training throughput (samples/s, achieved GFLOP/s) of the
  * reference models at the reference batch sizes, next to OpenBLAS sgemm's single-core rate,
- * as a table and one JSON line. Data is synthetic (fixed random batches in memory), so the
- * figure is the compute path alone: forward, loss, backward, optimizer step. */
+ * as a table and one JSON line: one row per model, kernel library and precision (--kernels,
+ * --precision, --vs-blas), each with its ratio to the first row of its case, and optionally
+ * PyTorch's rate on the same shapes (--vs-torch: bench/train_torch.py, one thread). Prints the
+ * CPU, OpenBLAS's core and the implementations oneDNN chose. Data is synthetic (fixed random
+ * batches in memory), so the figure is the compute path alone: forward, loss, backward, update. */
 #include "cli/bench_util.h"
 #include "cli/cli.h"
 #include "dtrain/dtrain.h"
@@ -84,23 +87,95 @@ static dt_status bench_model(const bench_case *bc, double *sps, double *gflops) 
 }
 
 static const char USAGE[] =
-    "Usage: dtrain bench train [--seconds S] [--threads N]\n\n"
+    "Usage: dtrain bench train [--seconds S] [--threads N] [--model NAME] [--batch N]\n"
+    "                          [--kernels onednn,blas] [--precision fp32,bf16,fp16] [--vs-blas] [--vs-torch]\n\n"
     "Single-worker training throughput of the reference models on synthetic data: MLP at batch 32\n"
     "and 128, CNN at batch 128 (Adam, 28x28 inputs), GPT L4 H4 C128 T64 at batch 12 (AdamW, random\n"
-    "bytes; tokens/s = samples/s x 64); plus OpenBLAS sgemm GFLOP/s for scale.";
+    "bytes; tokens/s = samples/s x 64); plus OpenBLAS sgemm GFLOP/s for scale. One row per kernel\n"
+    "library and precision in the lists (default: the default kernels, fp32; --vs-blas adds blas);\n"
+    "the ratio column compares each row with the first row of its case. --vs-torch adds PyTorch's\n"
+    "samples/s on the same model and batch (bench/train_torch.py, /usr/bin/python3, one thread).";
+
+/* The next comma-separated word of *list into w (cap bytes); false at the end. */
+static bool next_word(const char **list, char *w, size_t cap) {
+    const char *p = *list;
+    if (!p || !*p) return false;
+    size_t n = strcspn(p, ",");
+    snprintf(w, cap, "%.*s", (int)n, p);
+    *list = p[n] ? p + n + 1 : p + n;
+    return true;
+}
+
+/* PyTorch's samples/s of a case (bench/train_torch.py), or 0 when it cannot run. */
+static double torch_rate(const bench_case *bc) {
+    const char *root = getenv("DTRAIN_ROOT");
+    char cmd[1024], line[512];
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s%sbench/train_torch.py --model %s --batch %d --seconds %g 2>/dev/null",
+             root ? root : "", root ? "/" : "", bc->name, bc->batch, bc->min_s);
+    FILE *f = popen(cmd, "r");
+    double r = 0;
+    while (f && fgets(line, sizeof line, f)) {
+        const char *k = strstr(line, "\"samples_per_s\":");
+        if (k) r = atof(k + 16);
+    }
+    if (f) pclose(f);
+    return r;
+}
+
+/* The rows of one case: every kernel library x precision, each with its ratio to the first row
+ * (and to PyTorch's rate tr when vs_torch); appends each row's JSON object to json. */
+static dt_status bench_rows(const bench_case *bc, const char *kernels, const char *precisions, double sg, bool vs_torch,
+                            double tr, char *json, size_t cap, int *jn, int *done) {
+    char w[32], v[32];
+    double first = 0;
+    for (const char *l = kernels; next_word(&l, w, sizeof w);)
+        for (const char *q = precisions; next_word(&q, v, sizeof v);) {
+            double sps, gf;
+            DT_TRY(dt_kernels_select(w, v));
+            dt_status s = bench_model(bc, &sps, &gf);
+            if (s != DT_OK) return dt_error_wrap(s, "%s %s", w, v);
+            if (first == 0) first = sps;
+            const int T = dt_model_spec_is_gpt(bc->spec) ? 64 : 1;
+            printf("%-6s %6d %-8s %-5s %14.0f %12.0f %10.1f %9.0f%% %7.2fx", bc->name, bc->batch, w, v, sps, sps * T, gf,
+                   100 * gf / sg, sps / first);
+            if (vs_torch && tr > 0) printf(" %10.0f %8.2fx", tr, sps / tr);
+            else if (vs_torch) printf(" %10s %9s", "-", "-");
+            printf("\n");
+            fflush(stdout);
+            if (*jn < (int)cap - 300)
+                *jn += snprintf(json + *jn, cap - (size_t)*jn,
+                                "%s{\"model\": \"%s\", \"batch\": %d, \"kernels\": \"%s\", \"precision\": \"%s\", "
+                                "\"samples_per_s\": %.1f, \"tokens_per_s\": %.1f, \"gflops\": %.2f, \"torch_samples_per_s\": %.1f}",
+                                (*done)++ ? ", " : "", bc->name, bc->batch, w, v, sps, sps * T, gf, tr);
+        }
+    return DT_OK;
+}
 
 int dt_bench_train(int argc, char **argv) {
     float seconds = 3;
     int threads = 1, only_batch = 0;
-    const char *only_model = NULL;
+    bool vs_blas = false, vs_torch = false;
+    const char *only_model = NULL, *kernels = NULL, *precisions = "fp32";
     const dt_flag flags[] = {
         {"seconds", DT_FLAG_FLOAT, &seconds, "S", "time per case"},
         {"threads", DT_FLAG_INT, &threads, "N", "BLAS threads"},
         {"model", DT_FLAG_STR, &only_model, "NAME", "run only the cases of this model (mlp, cnn or gpt)"},
         {"batch", DT_FLAG_INT, &only_batch, "N", "run only the cases with this batch"},
+        {"kernels", DT_FLAG_STR, &kernels, "LIST", "kernel libraries, comma-separated: onednn, blas"},
+        {"precision", DT_FLAG_STR, &precisions, "LIST", "GEMM precisions, comma-separated: fp32, bf16, fp16"},
+        {"vs-blas", DT_FLAG_BOOL, &vs_blas, NULL, "add rows of the blas kernels"},
+        {"vs-torch", DT_FLAG_BOOL, &vs_torch, NULL, "add PyTorch's samples/s (python3-torch, one thread)"},
     };
-    int r = dt_flags_parse(argc, argv, 1, flags, 4, USAGE, NULL, 0, NULL, NULL);
+    int r = dt_flags_parse(argc, argv, 1, flags, 8, USAGE, NULL, 0, NULL, NULL);
     if (r) return r < 0 ? 2 : 0;
+    char deflib[16] = "";
+    sscanf(dt_kernels_describe(), "%15s", deflib);
+    if (!kernels) kernels = vs_blas ? (dt_kernels_onednn_built() ? "onednn,blas" : "blas") : deflib;
+    else if (vs_blas && !strstr(kernels, "blas")) return dt_cli_usage(NULL, "--vs-blas with --kernels %s: add blas to the list", kernels);
+    char w[32], v[32];
+    for (const char *l = kernels; next_word(&l, w, sizeof w);)  /* check every name before running */
+        for (const char *q = precisions; next_word(&q, v, sizeof v);)
+            if (dt_kernels_select(w, v) != DT_OK) return dt_cli_usage(NULL, "%s", dt_last_error());
     dt_set_threads(threads);
     const bench_case cases[] = {
         {"mlp", "mlp", 32, seconds},
@@ -112,24 +187,22 @@ int dt_bench_train(int argc, char **argv) {
     printf("# dtrain bench train: %d thread%s, synthetic data\n", threads, threads > 1 ? "s" : "");
     dt_bench_print_machine();
     printf("# sgemm 1024^3: %.1f GFLOP/s\n", sg);
-    printf("%-6s %6s %14s %12s %10s %10s\n", "model", "batch", "samples/s", "tokens/s", "GFLOP/s", "of sgemm");
-    char json[1024];
-    int jn = snprintf(json, sizeof json, "{\"bench\": \"train\", \"threads\": %d, \"sgemm_gflops\": %.2f, \"cases\": [",
-                      threads, sg);
+    printf("%-6s %6s %-8s %-5s %14s %12s %10s %10s %8s%s\n", "model", "batch", "kernels", "prec", "samples/s",
+           "tokens/s", "GFLOP/s", "of sgemm", "ratio", vs_torch ? "    torch/s  vs torch" : "");
+    char json[16384];
+    int jn = snprintf(json, sizeof json, "{\"bench\": \"train\", \"threads\": %d, \"sgemm_gflops\": %.2f, \"openblas_core\": \"%s\", \"cases\": [",
+                      threads, sg, dt_blas_corename());
     int done = 0;
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         if ((only_model && strcmp(only_model, cases[i].name)) || (only_batch && only_batch != cases[i].batch)) continue;
-        double sps, gf;
-        dt_status s = bench_model(&cases[i], &sps, &gf);
-        if (s != DT_OK) return dt_cli_fail(NULL, "bench %s: %s", cases[i].name, dt_last_error());
-        const int T = dt_model_spec_is_gpt(cases[i].spec) ? 64 : 1;
-        printf("%-6s %6d %14.0f %12.0f %10.1f %9.0f%%\n", cases[i].name, cases[i].batch, sps, sps * T, gf, 100 * gf / sg);
-        fflush(stdout);
-        jn += snprintf(json + jn, sizeof json - (size_t)jn,
-                       "%s{\"model\": \"%s\", \"batch\": %d, \"samples_per_s\": %.1f, \"tokens_per_s\": %.1f, "
-                       "\"gflops\": %.2f}", done++ ? ", " : "", cases[i].name, cases[i].batch, sps, sps * T, gf);
+        const double tr = vs_torch ? torch_rate(&cases[i]) : 0;
+        if (bench_rows(&cases[i], kernels, precisions, sg, vs_torch, tr, json, sizeof json, &jn, &done) != DT_OK)
+            return dt_cli_fail(NULL, "bench %s: %s", cases[i].name, dt_last_error());
     }
     if (!done) return dt_cli_usage("models: mlp (batch 32, 128), cnn (batch 128), gpt (batch 12)", "no benchmark case matches");
-    printf("%s]}\n", json);
+    char impls[1536];
+    dt_kernels_impls(impls, sizeof impls);
+    printf("# onednn chose: %s\n", impls[0] ? impls : "(not run)");
+    printf("%s], \"onednn_impls\": \"%s\"}\n", json, impls);
     return 0;
 }

@@ -3,6 +3,7 @@
 #define DT_CLI_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 typedef enum { DT_FLAG_BOOL, DT_FLAG_INT, DT_FLAG_I64, DT_FLAG_FLOAT, DT_FLAG_STR } dt_flag_type;
@@ -36,6 +37,11 @@ int dt_cli_usage(const char *hint, const char *fmt, ...) __attribute__((format(p
  * combination) -> 2, DT_EPEER/DT_ETIMEDOUT -> 75, a file, data set, checkpoint or model that
  * cannot be used (DT_EFORMAT, DT_ENOENT, DT_EIO, DT_EMISMATCH, DT_ENOTSUP) -> 78, else 1. */
 int dt_cli_setup_status(int s);
+/* When set, dt_flags_usage calls it instead of printing the help text (dtrain man renders the
+ * same tables as a man page). */
+extern void (*dt_flags_usage_hook)(const char *usage, const dt_flag *flags, int n);
+/* The " (default X)" that --help prints after a flag's help ("" when it prints none) into buf. */
+void dt_flag_default_text(const dt_flag *f, char *buf, size_t cap);
 /* The exit statuses, one line each, for the --help texts. */
 extern const char dt_cli_exit_help[];
 
@@ -45,5 +51,10 @@ typedef struct {
     int (*run)(int argc, char **argv);
     const char *summary;
 } dt_command;
+
+/* The subcommands of dtrain and of dtrain bench (NULL-terminated), and the text of dtrain --help. */
+const dt_command *dt_cli_commands(void);
+const dt_command *dt_bench_commands(void);
+void dt_cli_main_usage(void);
 
 #endif

@@ -10,6 +10,7 @@ int dt_bench_fault(int argc, char **argv);
 int dt_bench_comm(int argc, char **argv);
 int dt_bench_async(int argc, char **argv);
 int dt_bench_tp(int argc, char **argv);
+int dt_bench_parallel(int argc, char **argv);
 
 static const dt_command g_benches[] = {
     {"train", dt_bench_train, "single-worker training throughput (MLP b32/b128, CNN b128) and GFLOP/s"},
@@ -18,8 +19,11 @@ static const dt_command g_benches[] = {
     {"comm", dt_bench_comm, "collective bandwidth and latency per transport (nccl-tests style, -n ranks)"},
     {"async", dt_bench_async, "uneven workers (one slow): ddp, balanced ddp, localsgd, ps with SSP and async"},
     {"tp", dt_bench_tp, "tensor parallel (tp2, tp4, dp2 x tp2) vs ddp vs 1 worker on a GPT: tokens/s, peak RSS per rank, bytes per axis"},
+    {"parallel", dt_bench_parallel, "model-parallel layouts of a GPT: dp, pp (GPipe, 1F1B), dp x pp: tokens/s, bubble, memory"},
     {NULL, NULL, NULL},
 };
+
+const dt_command *dt_bench_commands(void) { return g_benches; }
 
 int dt_cmd_bench(int argc, char **argv) {
     if (argc >= 2)

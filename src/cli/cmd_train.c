@@ -3,6 +3,7 @@
 #include "cli/cli.h"
 #include "cli/train_uneven.h"
 #include "cli/train_mesh.h"
+#include "cli/train_pp.h"
 #include "dtrain/dtrain.h"
 #include "run/ckpt_dir.h"
 #include "run/elastic.h"
@@ -21,6 +22,7 @@ typedef struct {
     bool quiet, tty;
     int epochs;
     dt_epoch_info last;  /* the last finished epoch, for the closing line */
+    dt_tb_writer *tb;    /* --tensorboard (rank 0), or NULL */
 } progress_ctx;
 
 static void fmt_duration(char *buf, size_t cap, double s) {
@@ -68,6 +70,7 @@ static void on_epoch(void *ctx, const dt_epoch_info *e) {
     printf("epoch %d/%d%s: train_loss %.4f%s test_loss %.4f test_acc %.4f %.0f samples/s (%.1fs)\n", e->epoch,
            pc->epochs, part, e->train_loss, over, e->test_loss, e->test_acc, e->samples_per_s, e->epoch_s);
     fflush(stdout);
+    if (pc->tb) dt_tb_writer_epoch(pc->tb, e);  /* an error is kept and reported at the end */
 }
 
 static volatile sig_atomic_t g_stop;
@@ -167,6 +170,8 @@ static const char TRAIN_USAGE[] =
     "  tp(tp=K,pp=1,bucket_mb=MB)        Megatron tensor parallel GPT (--tp K): K ranks per model copy,\n"
     "                                    the other ranks data parallel; --workers N counts all ranks.\n"
     "                                    Mesh order, TP innermost: rank = (dp_i*PP + pp_i)*TP + tp_i\n"
+    "  pp(stages=K,microbatches=M,schedule=gpipe|1f1b,split=N1:N2)\n"
+    "                                    pipeline parallel (--pp, --microbatches, --pp-schedule, --pp-split)\n"
     "e.g. --strategy \"ps(servers=2,staleness=4)\". The flags in parentheses set the same options;\n"
     "a flag and a spec option that disagree are an error.\n\n"
     "Uneven workers: --strategy localsgd --sync-every H trains locally and averages the models every\n"
@@ -182,18 +187,28 @@ static const char TRAIN_USAGE[] =
     "while it trains its next batch (server 0 hands out one batch ahead): each gradient is one\n"
     "step staler, the exchange no longer stalls the worker. A ps worker that dies is dropped and the\n"
     "others go on; rank 0 (server 0) evaluates and prints. --slow RANK:FACTOR is a testing and\n"
-    "benchmark aid that makes one rank FACTOR times slower by sleeping.";
+    "benchmark aid that makes one rank FACTOR times slower by sleeping.\n\n"
+    "Pipeline parallel: --pp K --workers N cuts the model into K stages (N/K pipelines, data parallel\n"
+    "between them: rank = dp * K + stage); --microbatches M (default K) splits each rank-batch;\n"
+    "--pp-schedule gpipe|1f1b (default 1f1b: at most K micro-batches in flight per stage). The cut\n"
+    "balances the stages' flops over the valid boundaries (where one activation crosses: block ends,\n"
+    "layers); --pp-split N1:N2:... gives the first node of stages 1..K-1 by index or name instead,\n"
+    "e.g. --pp 2 --pp-split 17 or --pp-split transformer.h.2.ln_1 (a bad one lists the valid ones).\n"
+    "Same as --strategy \"pp(stages=K,microbatches=M,schedule=1f1b,split=N1:N2)\". --save writes one\n"
+    "ordinary checkpoint any layout resumes; --timeline shows each stage's F/B micro-batches.";
 
 /* Everything `dtrain train` accepts: the trainer config plus the flags that shape it. */
 typedef struct {
     dt_train_config cfg;
     const char *optimizer, *schedule, *backend, *elastic;
+    const char *tensorboard;
     float lr, momentum, wd, beta1, beta2, eps, gamma, min_lr, bucket_mb, timeout, ckpt_secs, val_fraction;
     int64_t seed, warmup, step_size, max_steps;
     bool nesterov, quiet, normalize;
     int workers, max_restarts;
     dt_cli_uneven uneven;
     int tp;                  /* --tp K (0: not given) */
+    dt_cli_pp pp;                  /* --pp, --microbatches, --pp-schedule, --pp-split */
 } train_opts;
 
 /* Parses argv into o; returns -1 to continue, else the exit status (help, bad flags). */
@@ -229,10 +244,13 @@ static int parse_train_flags(int argc, char **argv, train_opts *o) {
         {"normalize", DT_FLAG_BOOL, &o->normalize, NULL, "standardise inputs with the training set mean/std"},
         {"seed", DT_FLAG_I64, &o->seed, "N", "seed of init, shuffling and dropout"},
         {"threads", DT_FLAG_INT, &c->threads, "N", "BLAS threads of this worker"},
+        {"kernels", DT_FLAG_STR, &c->kernels, "LIB", "kernel library: onednn (default where built) or blas"},
+        {"precision", DT_FLAG_STR, &c->precision, "P", "GEMM inputs fp32 (default), bf16 or fp16 (f32 master weights; fp16: loss scaling)"},
         {"max-steps", DT_FLAG_I64, &o->max_steps, "N", "stop after N steps in total (ps: N batches per worker; 0 = all epochs)"},
         {"save", DT_FLAG_STR, &c->save, "FILE", "write a checkpoint (safetensors) after every epoch"},
         {"resume", DT_FLAG_STR, &c->resume, "FILE", "continue from a checkpoint (--save or --checkpoint-dir); auto = newest valid one in --checkpoint-dir"},
         {"metrics", DT_FLAG_STR, &c->metrics, "FILE", "write one JSON object per epoch (JSON Lines; appended when resuming)"},
+        {"tensorboard", DT_FLAG_STR, &o->tensorboard, "DIR", "write TensorBoard event files (scalars per epoch) into DIR"},
         {"quiet", DT_FLAG_BOOL, &o->quiet, NULL, "no progress output, only the per-epoch lines"},
         {"workers", DT_FLAG_INT, &o->workers, "N", "run N local data-parallel worker processes"},
         {"tp", DT_FLAG_INT, &o->tp, "K", "tensor parallel GPT over K ranks (--strategy tp); the rest of the ranks are data parallel"},
@@ -243,6 +261,10 @@ static int parse_train_flags(int argc, char **argv, train_opts *o) {
         {"balance", DT_FLAG_STR, &o->uneven.balance, "MODE", "ddp/localsgd: static (default) or dynamic (cut batches by speed); ps: dynamic (default) or static"},
         {"ps-overlap", DT_FLAG_BOOL, &o->uneven.overlap, NULL, "ps: push/pull in the background while the worker trains its next batch (--staleness inf only)"},
         {"slow", DT_FLAG_STR, &o->uneven.slow, "RANK:F", "testing aid: rank RANK sleeps to run F times slower"},
+        {"pp", DT_FLAG_INT, &o->pp.pp, "K", "pipeline parallel: K stages (--workers a multiple of K; the rest is data parallel)"},
+        {"microbatches", DT_FLAG_INT, &o->pp.microbatches, "M", "pp: micro-batches per rank-batch (default K)"},
+        {"pp-schedule", DT_FLAG_STR, &o->pp.schedule, "NAME", "pp: gpipe or 1f1b (default)"},
+        {"pp-split", DT_FLAG_STR, &o->pp.split, "N1:N2", "pp: first node (index or name) of stages 1..K-1 (default: balanced by flops)"},
         {"backend", DT_FLAG_STR, &o->backend, "NAME", "transport between ranks: auto, shm or mpi"},
         {"bucket-mb", DT_FLAG_FLOAT, &o->bucket_mb, "MB", "ddp gradient bucket size in MB (0 = default 1)"},
         {"timeline", DT_FLAG_STR, &c->timeline, "FILE", "write a Chrome trace of every rank (Perfetto, chrome://tracing)"},
@@ -266,6 +288,7 @@ static int parse_train_flags(int argc, char **argv, train_opts *o) {
     if (o->elastic && o->workers < 2 && !dt_comm_env_is_rank())
         return dt_cli_usage("e.g. --workers 4 --elastic 2:4", "--elastic needs --workers N (N >= 2)");
     if (o->timeout < 0) return dt_cli_usage(NULL, "--timeout %g: must not be negative (0 = default)", o->timeout);
+    if ((r = dt_cli_pp_parse(&o->pp, c, o->workers)) != 0) return r;
     o->uneven.servers_given = dt_cli_flag_given(argc, argv, "servers");
     o->uneven.sync_every_given = dt_cli_flag_given(argc, argv, "sync-every");
     o->uneven.bucket_mb = o->bucket_mb;
@@ -317,6 +340,8 @@ static void print_header(const train_opts *o, dt_trainer *t, dt_comm *comm, int 
     printf("dtrain: model %s (%zu parameters), data %s, batch %d, %s lr %g, seed %llu, %d thread%s\n",
            dt_model_spec(dt_trainer_model(t)), dt_model_num_params(dt_trainer_model(t)), c->data, c->batch,
            o->optimizer, o->lr, (unsigned long long)c->seed, c->threads, c->threads > 1 ? "s" : "");
+    printf("dtrain: kernels %s\n", dt_kernels_describe());
+    if (dt_kernels_note()) printf("dtrain: note: %s\n", dt_kernels_note());
     char spec[512] = "";
     if (world > 1 && dt_strategy_spec_canonical(c->strategy ? c->strategy : "ddp", spec, sizeof spec) != DT_OK)
         snprintf(spec, sizeof spec, "%s", c->strategy);
@@ -329,7 +354,7 @@ static void print_header(const train_opts *o, dt_trainer *t, dt_comm *comm, int 
                    "to let the servers go on without it\n");
     } else if (world > 1)
         printf("dtrain: %d ranks over %s, strategy %s, global batch %d%s\n", world, dt_comm_backend_name(comm),
-               spec, c->batch * (world / dt_cli_model_ranks(c)),
+               spec, c->batch * dt_strategy_spec_data_world(c->strategy ? c->strategy : "ddp", world),
                c->balance ? " (cut among the ranks by measured speed)" : "");
     fflush(stdout);
 }
@@ -383,6 +408,11 @@ static int run_rank(int argc, char **argv, train_opts *o, int job_ranks) {
     cfg.on_epoch = on_epoch;
     cfg.on_note = on_note;
     cfg.cb_ctx = &pc;
+    if (o->tensorboard && rank == 0 && dt_tb_writer_create(&pc.tb, o->tensorboard) != DT_OK) {
+        dt_comm_destroy(comm);
+        dt_cli_fail("give a directory you can write", "%s", dt_last_error());
+        return DT_EXIT_CONFIG;
+    }
 
     /* from here on SIGTERM/SIGINT mean: finish the step, checkpoint, exit 0 (a second one kills).
      * Set before the trainer's set-up, so a signal that arrives while this rank still loads (the
@@ -403,6 +433,7 @@ static int run_rank(int argc, char **argv, train_opts *o, int job_ranks) {
                                                                    : NULL;
         dt_comm_destroy(comm);
         dt_cli_fail(hint, "%s", dt_last_error());
+        dt_tb_writer_close(pc.tb);
         return setup_exit(s);
     }
     const int64_t first_step = dt_trainer_step(t);
@@ -412,6 +443,7 @@ static int run_rank(int argc, char **argv, train_opts *o, int job_ranks) {
     const int64_t last_step = dt_trainer_step(t);
     dt_trainer_free(t);
     dt_comm_destroy(comm);
+    if (dt_tb_writer_close(pc.tb) != DT_OK && s == DT_OK) return dt_cli_fail("check the disk", "%s", dt_last_error());
     if (s == DT_EINTR) {
         if (rank == 0) printf("dtrain: %s\n", dt_last_error());
         return 0;

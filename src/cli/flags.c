@@ -48,20 +48,34 @@ int dt_cli_setup_status(int s) {
     }
 }
 
+/* The default after a flag's help: the same text dtrain man prints (dt_flag_default_text). */
 static void print_default(const dt_flag *f) {
-    if (strstr(f->help, "default")) return; /* the help text states it (e.g. "0 = off, default 1") */
+    char buf[4200];
+    dt_flag_default_text(f, buf, sizeof buf);
+    fputs(buf, stdout);
+}
+
+void (*dt_flags_usage_hook)(const char *usage, const dt_flag *flags, int n);
+
+void dt_flag_default_text(const dt_flag *f, char *buf, size_t cap) {
+    buf[0] = 0;
+    if (strstr(f->help, "default")) return;
     switch (f->type) {
     case DT_FLAG_BOOL: break;
-    case DT_FLAG_INT: printf(" (default %d)", *(int *)f->value); break;
-    case DT_FLAG_I64: printf(" (default %lld)", (long long)*(int64_t *)f->value); break;
-    case DT_FLAG_FLOAT: printf(" (default %g)", *(float *)f->value); break;
+    case DT_FLAG_INT: snprintf(buf, cap, " (default %d)", *(int *)f->value); break;
+    case DT_FLAG_I64: snprintf(buf, cap, " (default %lld)", (long long)*(int64_t *)f->value); break;
+    case DT_FLAG_FLOAT: snprintf(buf, cap, " (default %g)", *(float *)f->value); break;
     case DT_FLAG_STR:
-        if (*(const char **)f->value) printf(" (default %s)", *(const char **)f->value);
+        if (*(const char **)f->value) snprintf(buf, cap, " (default %s)", *(const char **)f->value);
         break;
     }
 }
 
 void dt_flags_usage(const char *usage, const dt_flag *flags, int n) {
+    if (dt_flags_usage_hook) {
+        dt_flags_usage_hook(usage, flags, n);
+        return;
+    }
     printf("%s\n", usage);
     if (n) printf("\nFlags:\n");
     for (int i = 0; i < n; i++) {

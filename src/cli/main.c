@@ -13,6 +13,8 @@ int dt_cmd_launch(int argc, char **argv);
 int dt_cmd_bench(int argc, char **argv);
 int dt_cmd_sample(int argc, char **argv);
 int dt_cmd_cache(int argc, char **argv);
+int dt_cmd_plot(int argc, char **argv);
+int dt_cmd_man(int argc, char **argv);
 
 static const dt_command g_commands[] = {
     {"train", dt_cmd_train, "train a model (one process, --workers N, or one rank of a launch/mpirun job)"},
@@ -20,6 +22,8 @@ static const dt_command g_commands[] = {
     {"sample", dt_cmd_sample, "generate text with a GPT checkpoint"},
     {"launch", dt_cmd_launch, "run N local ranks of a program (rank env, prefixed output)"},
     {"bench", dt_cmd_bench, "benchmarks: train, ddp, async, fault, comm (tables + a JSON line)"},
+    {"plot", dt_cmd_plot, "draw loss, accuracy and throughput of --metrics files (PNG/SVG through gnuplot)"},
+    {"man", dt_cmd_man, "write the manual page dtrain(1), made from the flag tables of --help"},
     {"cache", dt_cmd_cache, "the shared decoded data-set cache: ls (list your files), clear (remove them)"},
     {NULL, NULL, NULL},
 };
@@ -42,6 +46,9 @@ static void usage(void) {
            "  DTRAIN_RANK, DTRAIN_WORLD_SIZE, DTRAIN_JOB_ID   set by dtrain launch / --workers; mpirun\n"
            "                          and srun ranks are found from their own variables\n\n%s\n", dt_cli_exit_help);
 }
+
+const dt_command *dt_cli_commands(void) { return g_commands; }
+void dt_cli_main_usage(void) { usage(); }
 
 /* OpenBLAS fell back to its generic kernels on a CPU it does not know: run again with the kernel
  * set the CPU supports (OPENBLAS_CORETYPE is read only when the library loads). Workers and

@@ -1,11 +1,9 @@
 /* dtrain train's model-parallel flags: --tp K makes the strategy tp(tp=K) (the mesh: TP
- * innermost, then PP, then DP; rank = (dp_i*PP + pp_i)*TP + tp_i), and says how many ranks hold
- * one copy of the model, for the header's global batch. */
+ * innermost, then PP, then DP; rank = (dp_i*PP + pp_i)*TP + tp_i). */
 #include "cli/train_mesh.h"
 #include "cli/cli.h"
 
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 static char g_spec[512];
@@ -16,6 +14,10 @@ int dt_cli_mesh_parse(int tp, dt_train_config *cfg) {
     char name[64] = "", num[16];
     if (cfg->strategy && dt_strategy_spec_info(cfg->strategy, name, sizeof name, NULL) != DT_OK)
         return dt_cli_usage(NULL, "%s", dt_last_error());
+    if (!strcmp(name, "pp"))
+        return dt_cli_usage("use --tp K or --pp K (the other ranks are data parallel)",
+                            "--tp %d with --pp: tensor and pipeline parallelism do not compose yet (the pipeline runs "
+                            "whole stages of the model)", tp);
     if (cfg->strategy && strcmp(name, "tp") != 0)
         return dt_cli_usage("drop --strategy (or use --strategy tp(...)): --tp is the tp strategy",
                             "--tp %d with --strategy %s: tensor parallelism is its own strategy (its other ranks are "
@@ -26,15 +28,4 @@ int dt_cli_mesh_parse(int tp, dt_train_config *cfg) {
                             dt_last_error());
     cfg->strategy = g_spec;
     return 0;
-}
-
-int dt_cli_model_ranks(const dt_train_config *cfg) {
-    char name[64] = "";
-    if (!cfg->strategy || dt_strategy_spec_info(cfg->strategy, name, sizeof name, NULL) != DT_OK || strcmp(name, "tp"))
-        return 1;
-    char canon[512];
-    if (dt_strategy_spec_canonical(cfg->strategy, canon, sizeof canon) != DT_OK) return 1;
-    const char *t = strstr(canon, "tp="), *p = strstr(canon, "pp=");
-    const int tp = t ? atoi(t + 3) : 1, pp = p ? atoi(p + 3) : 1;
-    return tp * pp > 0 ? tp * pp : 1;
 }

@@ -7,7 +7,5 @@
 /* --tp K (0 = not given): sets cfg->strategy to "tp(tp=K)", or adds tp=K to a --strategy tp(...)
  * spec; a --strategy of another name is a usage error. 0, or the exit status after printing it. */
 int dt_cli_mesh_parse(int tp, dt_train_config *cfg);
-/* Ranks that hold one copy of the model under cfg->strategy (tp x pp for tp, else 1). */
-int dt_cli_model_ranks(const dt_train_config *cfg);
 
 #endif

@@ -463,6 +463,8 @@ static void compare(const char *spec, int C, int H, int W, int B, int steps) {
 }
 
 int main(void) {
+    /* the frozen executor calls the blas kernels directly: the graph must run the same ones */
+    CHECK_OK(dt_kernels_select("blas", "fp32"));
     compare("mlp", 1, 28, 28, 32, 5);
     compare("cnn", 1, 28, 28, 8, 3);
     compare("conv(6,3,stride=2,pad=1) batchnorm relu maxpool(2) conv(4,2,bias=0) gelu avgpool(1) flatten dropout(0.3) "

@@ -13,7 +13,7 @@ dt_status dt_graph_create(dt_model **out) {
     dt_model *m = calloc(1, sizeof *m);
     if (!m) return dt_error(DT_ENOMEM, "model: out of memory");
     m->output = m->loss = -1;
-    m->be = dt_backend_cpu();
+    m->be = dt_backend_default();
     *out = m;
     return DT_OK;
 }

@@ -278,3 +278,29 @@ double dt_model_train_flops(const dt_model *m, int B) {
     }
     return f;
 }
+
+int dt_model_node_tensors(const dt_model *m, int node, int *ids, int cap) {
+    const dt_node *n = &m->nodes[node];
+    for (int k = 0; k < n->ntensor && k < cap; k++) ids[k] = n->tensor[k];
+    return n->ntensor;
+}
+
+bool dt_model_range_reads_input(const dt_model *m, int lo, int hi, int k) {
+    if (k < 0 || k >= m->ninputs) return false;
+    for (int i = lo < 0 ? 0 : lo; i < hi && i < m->n; i++)
+        for (int q = 0; q < m->nodes[i].nin; q++)
+            if (m->nodes[i].in[q] == m->inputs[k]) return true;
+    return false;
+}
+
+double dt_model_node_flops(const dt_model *m, int node, int B) {
+    const dt_node *n = &m->nodes[node];
+    if (!n->op->flops) return 0;
+    bool need_din = false;
+    for (int j = 0; j < n->nin; j++) need_din |= m->nodes[n->in[j]].needs_grad;
+    return n->op->flops(m, n, B, need_din);
+}
+
+size_t dt_model_node_size(const dt_model *m, int node) { return m->nodes[node].out_n; }
+
+int dt_model_node_owner(const dt_model *m, int node) { return owner((dt_model *)m, &m->nodes[node])->id; }

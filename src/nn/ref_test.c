@@ -8,6 +8,7 @@
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
 #include "nn/fixture.h"
+#include "backend/backend.h"
 
 #include <stdarg.h>
 #include <string.h>
@@ -41,7 +42,17 @@ static float *copy(const float *src, size_t n) {
 
 static float *zeros(size_t n) { return calloc(n ? n : 1, sizeof(float)); }
 
-#define TOL 1e-5
+/* The backend under test and its tolerance (relative to max|ref| of each tensor). fp32: 1e-5.
+ * bf16/fp16: the GEMM inputs are rounded to 8 / 11 significant bits (unit roundoff u = 2^-9 /
+ * 2^-12) and products are summed in f32, so an output carries about u times the size of its
+ * terms; through a model's 2-4 GEMMs (forward and backward) that grows a few-fold. The bound is
+ * 16u: 3e-2 for bf16 and 4e-3 for fp16 (measured worst cases are printed per case). A model's
+ * parameter gradients are then measured against its largest gradient (f32: at least 1e-3 of it):
+ * batchnorm's backward subtracts means, and that cancellation magnifies the rounding in the early
+ * layers' gradients relative to their own size (cnn, bf16: 0.1 of conv 3's own largest value). */
+static const dt_backend *g_be;
+static double g_tol = 1e-5;
+#define TOL g_tol
 
 /* ---- layers ------------------------------------------------------------------------------- */
 
@@ -51,8 +62,8 @@ static void ref_linear(void) {
     int B = (int)x->dims[0], C = (int)x->dims[1], OC = (int)w->dims[0];
     float *y = zeros((size_t)B * OC), *dx = zeros((size_t)B * C), *dw = zeros((size_t)OC * C), *db = zeros(OC);
     printf("linear %dx%d -> %d\n", B, C, OC);
-    dt_linear_forward(y, x->data, w->data, FX("linear.b"), B, C, OC);
-    dt_linear_backward(dx, dw, db, FX("linear.dy"), x->data, w->data, B, C, OC);
+    g_be->linear_forward(y, x->data, w->data, FX("linear.b"), B, C, OC);
+    g_be->linear_backward(dx, dw, db, FX("linear.dy"), x->data, w->data, B, C, OC);
     cmp("linear out", y, FX("linear.y"), (size_t)B * OC, TOL);
     cmp("linear din", dx, FX("linear.dx"), (size_t)B * C, TOL);
     cmp("linear dw", dw, FX("linear.dw"), (size_t)OC * C, TOL);
@@ -70,8 +81,8 @@ static void ref_conv(const char *name) {
     float *y = zeros(nout), *dx = zeros(nin), *dw = zeros(nw), *db = zeros(OC);
     printf("%s: B=%d C=%d %dx%d -> OC=%d K=%d stride=%d pad=%d\n", name, B, C, H, W, OC, K, S, P);
     const float *x = FX("%s.x", name), *w = FX("%s.w", name);
-    dt_conv2d_forward(y, x, w, FX("%s.b", name), work, B, C, H, W, OC, K, S, P);
-    dt_conv2d_backward(dx, dw, db, FX("%s.dy", name), x, w, work, B, C, H, W, OC, K, S, P);
+    g_be->conv2d_forward(y, x, w, FX("%s.b", name), work, B, C, H, W, OC, K, S, P);
+    g_be->conv2d_backward(dx, dw, db, FX("%s.dy", name), x, w, work, B, C, H, W, OC, K, S, P);
     char what[64];
     snprintf(what, sizeof what, "%s out", name), cmp(what, y, FX("%s.y", name), nout, TOL);
     snprintf(what, sizeof what, "%s din", name), cmp(what, dx, FX("%s.dx", name), nin, TOL);
@@ -90,8 +101,8 @@ static void ref_pool(const char *name, int is_max) {
     printf("%s: B=%d C=%d %dx%d K=%d S=%d\n", name, B, C, H, W, K, S);
     const float *x = FX("%s.x", name), *dy = FX("%s.dy", name);
     if (is_max) {
-        dt_maxpool2d_forward(y, am, x, B, C, H, W, K, S);
-        dt_maxpool2d_backward(dx, dy, am, B, C, H, W, K, S);
+        g_be->maxpool2d_forward(y, am, x, B, C, H, W, K, S);
+        g_be->maxpool2d_backward(dx, dy, am, B, C, H, W, K, S);
         /* torch's indices are per (H,W) plane; ours are flat over the whole input */
         const int32_t *idx = FXI("%s.idx", name);
         size_t bad = 0;
@@ -99,8 +110,8 @@ static void ref_pool(const char *name, int is_max) {
         printf("  %-40s %zu of %zu differ\n", "maxpool argmax vs torch indices", bad, nout);
         CHECK_MSG(bad == 0, "%s: %zu argmax indices differ from torch's", name, bad);
     } else {
-        dt_avgpool2d_forward(y, x, B, C, H, W, K, S);
-        dt_avgpool2d_backward(dx, dy, B, C, H, W, K, S);
+        g_be->avgpool2d_forward(y, x, B, C, H, W, K, S);
+        g_be->avgpool2d_backward(dx, dy, B, C, H, W, K, S);
     }
     char what[64];
     snprintf(what, sizeof what, "%s out", name), cmp(what, y, FX("%s.y", name), nout, TOL);
@@ -115,10 +126,10 @@ static void ref_activation(const char *name) {
     const float *x = xe->data, *dy = FX("%s.dy", name);
     float *y = zeros(n), *dx = zeros(n);
     printf("%s n=%zu\n", name, n);
-    if (!strcmp(name, "relu")) dt_relu_forward(y, x, n), dt_relu_backward(dx, dy, x, n);
-    if (!strcmp(name, "gelu")) dt_gelu_forward(y, x, n), dt_gelu_backward(dx, dy, x, n);
-    if (!strcmp(name, "tanh")) dt_tanh_forward(y, x, n), dt_tanh_backward(dx, dy, y, n);
-    if (!strcmp(name, "sigmoid")) dt_sigmoid_forward(y, x, n), dt_sigmoid_backward(dx, dy, y, n);
+    if (!strcmp(name, "relu")) g_be->relu_forward(y, x, n), g_be->relu_backward(dx, dy, x, n);
+    if (!strcmp(name, "gelu")) g_be->gelu_forward(y, x, n), g_be->gelu_backward(dx, dy, x, n);
+    if (!strcmp(name, "tanh")) g_be->tanh_forward(y, x, n), g_be->tanh_backward(dx, dy, y, n);
+    if (!strcmp(name, "sigmoid")) g_be->sigmoid_forward(y, x, n), g_be->sigmoid_backward(dx, dy, y, n);
     char what[64];
     snprintf(what, sizeof what, "%s out", name), cmp(what, y, FX("%s.y", name), n, TOL);
     snprintf(what, sizeof what, "%s din", name), cmp(what, dx, FX("%s.dx", name), n, TOL);
@@ -133,8 +144,8 @@ static void ref_layernorm(void) {
     float *y = zeros(n), *dx = zeros(n), *dw = zeros(C), *db = zeros(C), *mean = zeros(N), *rstd = zeros(N);
     const float *x = xe->data, *w = FX("layernorm.w");
     printf("layernorm %dx%d\n", N, C);
-    dt_layernorm_forward(y, mean, rstd, x, w, FX("layernorm.b"), N, C, 1e-5f);
-    dt_layernorm_backward(dx, dw, db, FX("layernorm.dy"), x, w, mean, rstd, N, C);
+    g_be->layernorm_forward(y, mean, rstd, x, w, FX("layernorm.b"), N, C, 1e-5f);
+    g_be->layernorm_backward(dx, dw, db, FX("layernorm.dy"), x, w, mean, rstd, N, C);
     cmp("layernorm out", y, FX("layernorm.y"), n, TOL);
     cmp("layernorm din", dx, FX("layernorm.dx"), n, TOL);
     cmp("layernorm dw", dw, FX("layernorm.dw"), C, TOL);
@@ -150,15 +161,15 @@ static void ref_batchnorm(void) {
     float *rm = copy(FX("batchnorm.rm0"), C), *rv = copy(FX("batchnorm.rv0"), C);
     const float *x = FX("batchnorm.x"), *w = FX("batchnorm.w"), *b = FX("batchnorm.b");
     printf("batchnorm2d B=%d C=%d HW=%d (train, then eval)\n", B, C, HW);
-    dt_batchnorm2d_forward_train(y, mean, rstd, rm, rv, x, w, b, B, C, HW, 0.1f, 1e-5f);
-    dt_batchnorm2d_backward(dx, dw, db, FX("batchnorm.dy"), x, w, mean, rstd, B, C, HW);
+    g_be->batchnorm2d_forward_train(y, mean, rstd, rm, rv, x, w, b, B, C, HW, 0.1f, 1e-5f);
+    g_be->batchnorm2d_backward(dx, dw, db, FX("batchnorm.dy"), x, w, mean, rstd, B, C, HW);
     cmp("batchnorm out", y, FX("batchnorm.y"), n, TOL);
     cmp("batchnorm din", dx, FX("batchnorm.dx"), n, TOL);
     cmp("batchnorm dw", dw, FX("batchnorm.dw"), C, TOL);
     cmp("batchnorm db", db, FX("batchnorm.db"), C, TOL);
     cmp("batchnorm running_mean", rm, FX("batchnorm.rm"), C, TOL);
     cmp("batchnorm running_var", rv, FX("batchnorm.rv"), C, TOL);
-    dt_batchnorm2d_forward_eval(y, x, w, b, rm, rv, B, C, HW, 1e-5f);
+    g_be->batchnorm2d_forward_eval(y, x, w, b, rm, rv, B, C, HW, 1e-5f);
     cmp("batchnorm eval out", y, FX("batchnorm.y_eval"), n, TOL);
     free(y), free(dx), free(dw), free(db), free(mean), free(rstd), free(rm), free(rv);
 }
@@ -179,8 +190,8 @@ static void ref_losses(void) {
     size_t n = FXN("mse.pred");
     float *dp = zeros(n);
     printf("mse n=%zu\n", n);
-    cmp1("mse loss", dt_mse_forward(FX("mse.pred"), FX("mse.target"), n), FX("mse.loss")[0], TOL);
-    dt_mse_backward(dp, FX("mse.pred"), FX("mse.target"), n, 1.0f);
+    cmp1("mse loss", g_be->mse_forward(FX("mse.pred"), FX("mse.target"), n), FX("mse.loss")[0], TOL);
+    g_be->mse_backward(dp, FX("mse.pred"), FX("mse.target"), n, 1.0f);
     cmp("mse dpred", dp, FX("mse.dpred"), n, TOL);
     free(dp);
 }
@@ -266,7 +277,7 @@ static void ref_model(const char *name) {
         const dt_fx_entry *e = t->is_buffer ? entry("%s.after.%s", name, t->name) : entry("%s.grad.%s", name, t->name);
         if (e && e->n == t->numel)
             cmp_floor(what, (t->is_buffer ? dt_model_buffers(m) : dt_model_grads(m)) + t->offset, e->data, t->numel,
-                      TOL, t->is_buffer ? 0 : 1e-3 * gscale);
+                      TOL, t->is_buffer ? 0 : (g_be->precision == DT_F32 ? 1e-3 : 1.0) * gscale);
     }
     CHECK_OK(dt_model_forward(m, x, B, false, 0, &logits));
     snprintf(what, sizeof what, "%s logits (eval)", name);
@@ -360,8 +371,15 @@ static void test_loader_errors(void) {
     remove(path);
 }
 
-int main(void) {
-    dt_set_threads(1);
+/* The layer kernels and the models through one backend at its precision. */
+static void ref_backend(const char *kernels, dt_dtype prec) {
+    if (dt_backend_find(kernels, prec, &g_be) != DT_OK) {
+        printf("== %s %s: not built (%s)\n", kernels, dt_dtype_name(prec), dt_last_error());
+        return;
+    }
+    CHECK_OK(dt_kernels_select(kernels, prec == DT_F32 ? "fp32" : prec == DT_BF16 ? "bf16" : "fp16"));
+    g_tol = prec == DT_F32 ? 1e-5 : prec == DT_BF16 ? 16 * 0x1p-9 : 16 * 0x1p-12;
+    printf("== backend %s %s, tolerance %.1e\n", kernels, dt_dtype_name(prec), g_tol);
     if (load("layers.dtref") == 0) {
         ref_linear();
         const char *convs[] = {"conv_same", "conv_s2p1", "conv_valid", "conv_k1", "conv_k5s2p2", "conv_ref2"};
@@ -381,6 +399,14 @@ int main(void) {
         ref_model("cnn");
         ref_model("mixed");
     }
+}
+
+int main(void) {
+    dt_set_threads(1);
+    static const dt_dtype precs[3] = {DT_F32, DT_BF16, DT_F16};
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < 3; i++) ref_backend(k ? "onednn" : "blas", precs[i]);
+    g_tol = 1e-5;
     if (load("optim.dtref") == 0) {
         const char *opts[] = {"sgd", "sgd_wd", "sgd_momentum", "sgd_momentum_wd", "sgd_nesterov",
                               "adam", "adam_wd", "adam_betas", "adamw", "adamw_wd"};

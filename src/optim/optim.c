@@ -11,6 +11,8 @@ struct dt_optim {
     size_t n;
     int64_t t;          /* completed steps */
     dt_slab m, v;       /* sgd: m = momentum buffer; adam: m, v moments */
+    bool scaling;       /* fp16: dynamic loss scaling on */
+    dt_loss_scaler ls;
 };
 
 dt_optim_config dt_optim_defaults(dt_optim_kind kind) {
@@ -58,11 +60,6 @@ void dt_optim_free(dt_optim *o) {
     dt_slab_free(&o->m);
     dt_slab_free(&o->v);
     free(o);
-}
-
-void dt_optim_release_state(dt_optim *o) {
-    dt_slab_free(&o->m);
-    dt_slab_free(&o->v);
 }
 
 static void sgd_step(dt_optim *o, float *restrict p, const float *restrict g, float lr) {
@@ -122,6 +119,17 @@ void dt_optim_step(dt_optim *o, float *params, const float *grads, float lr) {
     o->t++;
 }
 
+dt_status dt_optim_set_loss_scaling(dt_optim *o, bool enable, const dt_loss_scaler *init) {
+    dt_loss_scaler ls = init ? *init : dt_loss_scaler_default();
+    if (enable) DT_TRY(dt_loss_scaler_check(&ls));
+    o->scaling = enable;
+    o->ls = ls;
+    return DT_OK;
+}
+
+dt_loss_scaler *dt_optim_loss_scaler(dt_optim *o) { return o->scaling ? &o->ls : NULL; }
+float dt_optim_loss_scale(const dt_optim *o) { return o->scaling ? o->ls.scale : 1.0f; }
+
 int dt_optim_num_states(const dt_optim *o) { return (o->m.data != NULL) + (o->v.data != NULL); }
 
 float *dt_optim_state(dt_optim *o, int i, const char **name) {
@@ -141,6 +149,11 @@ size_t dt_optim_size(const dt_optim *o) { return o->n; }
 int64_t dt_optim_steps(const dt_optim *o) { return o->t; }
 void dt_optim_set_steps(dt_optim *o, int64_t t) { o->t = t; }
 const dt_optim_config *dt_optim_config_of(const dt_optim *o) { return &o->cfg; }
+
+void dt_optim_free_state(dt_optim *o) {
+    dt_slab_free(&o->m);
+    dt_slab_free(&o->v);
+}
 
 float dt_clip_grad_norm(float *g, size_t n, float max_norm) {
     double ss = 0;

@@ -32,11 +32,10 @@ dt_status dt_mesh_create(dt_mesh *m, dt_comm *world, int tp, int pp) {
     m->tp = tp, m->pp = pp, m->dp = size / (tp * pp);
     dt_mesh_coords(rank, tp, pp, &m->tp_rank, &m->pp_rank, &m->dp_rank);
     if (!world) return DT_OK;
-    /* each split is collective over the world: every rank calls all three, a size-1 axis with
-     * DT_COMM_UNDEFINED (no communicator) */
-    const int tp_color = m->tp > 1 ? m->dp_rank * pp + m->pp_rank : DT_COMM_UNDEFINED;
-    const int pp_color = m->pp > 1 ? m->dp_rank * tp + m->tp_rank : DT_COMM_UNDEFINED;
-    const int dp_color = m->dp > 1 ? m->pp_rank * tp + m->tp_rank : DT_COMM_UNDEFINED;
+    /* each split is collective over the world: every rank calls all three (an axis of one rank is
+     * a communicator of one, so the trainer's balancer can take the dp axis whatever its size) */
+    const int tp_color = m->dp_rank * pp + m->pp_rank, pp_color = m->dp_rank * tp + m->tp_rank,
+              dp_color = m->pp_rank * tp + m->tp_rank;
     dt_status s = dt_comm_split(world, tp_color, m->tp_rank, &m->tp_comm);
     if (s == DT_OK) s = dt_comm_split(world, pp_color, m->pp_rank, &m->pp_comm);
     if (s == DT_OK) s = dt_comm_split(world, dp_color, m->dp_rank, &m->dp_comm);

@@ -3,7 +3,7 @@
  * are next to each other, on one host):
  *     rank = (dp_i * PP + pp_i) * TP + tp_i
  * A strategy takes the communicator of its own axis: tensor parallel the tp one, a pipeline
- * strategy the pp one, DDP the dp one. An axis of one rank has no communicator (NULL). */
+ * strategy the pp one, DDP the dp one. An axis of one rank has a communicator of one. */
 #ifndef DT_PARALLEL_MESH_H
 #define DT_PARALLEL_MESH_H
 
@@ -12,7 +12,7 @@
 typedef struct {
     int tp, pp, dp;                 /* axis sizes; tp * pp * dp = the world size */
     int tp_rank, pp_rank, dp_rank;  /* this rank's coordinates */
-    dt_comm *tp_comm, *pp_comm, *dp_comm;  /* owned; NULL for an axis of size 1 */
+    dt_comm *tp_comm, *pp_comm, *dp_comm;  /* owned; NULL only for a world of one process */
 } dt_mesh;
 
 /* This rank's coordinates in a mesh of tp x pp (dp = the rest) from its world rank. */

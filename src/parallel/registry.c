@@ -10,7 +10,7 @@
 
 static const dt_strategy_entry *const g_entries[] = {&dt_strategy_single_entry, &dt_strategy_ddp_entry,
                                                      &dt_strategy_localsgd_entry, &dt_strategy_ps_entry,
-                                                     &dt_strategy_tp_entry};
+                                                     &dt_strategy_tp_entry, &dt_strategy_pp_entry};
 enum { N_ENTRIES = (int)(sizeof g_entries / sizeof *g_entries) };
 
 const dt_strategy_entry *const *dt_strategy_entries(int *n) {
@@ -218,7 +218,7 @@ dt_status dt_strategy_create(dt_strategy **out, const char *spec, dt_comm *comm,
 dt_status dt_strategy_data_part(const dt_strategy_entry *e, const void *opts, int rank, int size, int *data_rank,
                                 int *data_world) {
     *data_rank = rank, *data_world = size;
-    if (e->data_part) return e->data_part(opts, rank, size, data_rank, data_world);
+    if (e->data_part) e->data_part(opts, rank, size, data_rank, data_world);
     const int S = e->servers ? e->servers(opts) : 0;
     if (S <= 0) return DT_OK;
     if (S >= size)

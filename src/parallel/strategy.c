@@ -24,6 +24,8 @@ void dt_strategy_apply_update(dt_strategy *s, float lr, float clip) {
         return;
     }
     float *g = dt_model_grads(s->model);
+    dt_loss_scaler *ls = dt_optim_loss_scaler(s->optim);  /* fp16: unscale; skip the step on inf/NaN */
+    if (ls && !dt_loss_scaler_unscale(ls, g, dt_model_num_params(s->model))) return;
     if (clip > 0) dt_clip_grad_norm(g, dt_model_num_params(s->model), clip);
     dt_optim_step(s->optim, dt_model_params(s->model), g, lr);
 }
@@ -114,7 +116,7 @@ dt_status dt_strategy_default_train_step(dt_strategy *s, const dt_step_batch *b,
         const double tb = dt_now();
         dt_trace_add(s->trace, "forward", 0, tf, tb, b->step);
         const bool last = k == accum - 1;
-        const float share = accum > 1 ? weight * (float)f.n / (float)n : weight;
+        const float share = (accum > 1 ? weight * (float)f.n / (float)n : weight) * dt_optim_loss_scale(s->optim);
         DT_TRY(dt_model_backward_loss(s->model, share, last ? dt_strategy_grad_hook : NULL, s));
         dt_trace_add(s->trace, "backward", 0, tb, dt_now(), b->step);
     }

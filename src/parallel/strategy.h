@@ -156,6 +156,10 @@ typedef struct {
     /* Optional (NULL = everything on s->comm counts as the dp axis): this rank's bus bytes per mesh
      * axis since the start, bytes[0] tp, [1] pp, [2] dp (dt_comm_bytes of each axis). */
     void (*axis_bytes)(dt_strategy *s, uint64_t bytes[3]);
+    /* Optional: appends the strategy's own figures of the run to the epoch's metrics line, as
+     * JSON members starting with ", " (pp: the bubble fraction, bytes sent, peak activations).
+     * Collective over the ranks (called on every training rank at each epoch's end). */
+    void (*report)(dt_strategy *s, char *out, size_t cap);
 } dt_strategy_ops;
 
 struct dt_strategy {
@@ -170,6 +174,9 @@ struct dt_strategy {
     dt_role role;
     int data_rank, data_world;  /* this rank's part of the data (ps workers: index among workers) */
     int job_rank0;              /* job rank of data rank 0 */
+    dt_comm *data_comm;         /* the ranks of this rank's data axis when they are not the job's ranks
+                                 * (pp: the stage's DP peers, tp: its mesh's dp axis; owned by the strategy):
+                                 * the balancer's; NULL = comm */
     bool local_mean;            /* the step wants the mean gradient of the local batch (localsgd,
                                  * ps); else the rank's share of the global mean (ddp) */
     struct {                    /* the current step on this rank, set by the trainer before ops->step */
@@ -178,9 +185,6 @@ struct dt_strategy {
         double loss_sum;        /* sum of the per-sample losses */
         double busy_s;          /* forward+backward time (including a --slow sleep) */
     } cur;
-    /* set by the constructor where it differs (tp: the dp axis of its mesh); NULL = comm: the ranks
-     * that reduce epoch figures, evaluate and vote on stopping together (data_world of them) */
-    dt_comm *data_comm;
     /* set on a strategy another one drives (tp's inner ddp over the dp axis): replaces the local
      * clip-and-update of dt_strategy_apply_update (tp clips by the norm over its shards); NULL = local */
     void (*update)(void *ctx, float lr, float clip);
@@ -213,9 +217,9 @@ typedef struct {
     /* Writes every option as KEY=VALUE,... (the canonical spec's inside); NULL: no options. */
     void (*format)(const void *opts, char *out, size_t cap);
     bool needs_comm;          /* true: more than one rank; false: one process only */
-    /* Optional: this rank's part of the data when it is not (rank, size) or the servers' rule (tp:
-     * its dp coordinate of dp ranks); DT_EINVAL when size does not fit the options. */
-    dt_status (*data_part)(const void *opts, int rank, int size, int *data_rank, int *data_world);
+    /* Optional: this rank's part of the data when it is not (rank of size) and no servers
+     * (pp: the stages of a pipeline share their samples, so rank / stages of size / stages). */
+    void (*data_part)(const void *opts, int rank, int size, int *data_rank, int *data_world);
 } dt_strategy_entry;
 
 /* The entry named name, or NULL. */
@@ -250,6 +254,7 @@ bool dt_strategy_hands_out_batches(const dt_strategy *s);
 extern const dt_strategy_entry dt_strategy_single_entry, dt_strategy_ddp_entry, dt_strategy_localsgd_entry,
     dt_strategy_ps_entry;
 extern const dt_strategy_entry dt_strategy_tp_entry;
+extern const dt_strategy_entry dt_strategy_pp_entry;
 
 /* The data part of a rank under strategy e with opts before the strategy exists (for the
  * loader): with S = e->servers(opts) > 0 the workers are ranks S..size-1 and shard the data among

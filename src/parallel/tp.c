@@ -75,7 +75,7 @@ static dt_status tp_fail(const tp *t, dt_status st, const char *what, size_t n) 
 
 /* One allreduce (sum) of the tp axis from a hook; counts its bytes; records a failure. */
 static void reduce(tp *t, float *buf, size_t n, bool block) {
-    if (t->err != DT_OK || !t->mesh.tp_comm) return;
+    if (t->err != DT_OK || !t->mesh.tp_comm || t->K == 1) return;
     const uint64_t b0 = dt_comm_bytes(t->mesh.tp_comm, NULL);
     const double t0 = dt_now();
     dt_status st = dt_comm_allreduce(t->mesh.tp_comm, buf, buf, n, DT_F32, DT_OP_SUM);
@@ -234,8 +234,11 @@ static dt_status tp_train_step(dt_strategy *s, const dt_step_batch *b, dt_step_r
     }
     double busy = dt_now() - t0;
     if (b->compute_done) busy += b->compute_done(b->ctx, n, busy);
-    s->cur.n = n, s->cur.loss_sum = r->loss_sum, s->cur.busy_s = busy;
-    r->n = n;
+    /* the ranks of a tp group share their samples: tp rank 0 reports them (the epoch's figures are
+     * summed over every rank), as pipeline stage 0 does */
+    if (t->r != 0) r->loss_sum = 0;
+    s->cur.n = t->r == 0 ? n : 0, s->cur.loss_sum = r->loss_sum, s->cur.busy_s = busy;
+    r->n = s->cur.n;
     if (t->ddp) {
         const uint64_t d0 = dt_comm_bytes(t->mesh.dp_comm, NULL);
         t->ddp->cur = s->cur;
@@ -384,7 +387,7 @@ static dt_status setup(dt_strategy *s, tp *t, const tp_opts *o) {
     /* from here the whole model holds only the gathered parameters (evaluation, checkpoints): its
      * gradients and the whole optimizer's moments are never used, so they are not kept */
     dt_model_release_grads(s->model);
-    dt_optim_release_state(s->optim);
+    dt_optim_free_state(s->optim);
     DT_TRY(assign_roles(t));
     dt_model_set_after_forward_hook(t->local, after_forward, t);
     dt_model_set_node_hooks(t->local, NULL, after_backward, t);
@@ -406,8 +409,9 @@ static dt_status tp_create(dt_strategy *s, const void *opts) {
         return dt_error(DT_EINVAL, "--tp %d: tensor parallelism splits a GPT's heads, MLP and vocabulary; --model %s "
                         "is not a GPT (use --model gpt:L=..,H=..,C=..,T=.., or --strategy ddp)", o->tp, spec);
     if (o->pp > 1)
-        return dt_error(DT_ENOTSUP, "--tp %d --pp %d: the pipeline axis of the mesh needs the pipeline strategy, which "
-                        "this build does not have yet; use --tp alone (the other ranks are data parallel)", o->tp, o->pp);
+        return dt_error(DT_ENOTSUP, "--tp %d --pp %d: tensor and pipeline parallelism do not compose yet (the "
+                        "pipeline strategy runs whole stages); use --tp or --pp, the other ranks data parallel", o->tp,
+                        o->pp);
     tp *t = calloc(1, sizeof *t);
     if (!t) return dt_error(DT_ENOMEM, "tensor parallel: out of memory");
     t->s = s;
@@ -447,15 +451,14 @@ static void tp_format(const void *opts, char *out, size_t cap) {
     snprintf(out, cap, "tp=%d,pp=%d,bucket_mb=%g", o->tp, o->pp, o->bucket_mb);
 }
 
-static dt_status tp_data_part(const void *opts, int rank, int size, int *data_rank, int *data_world) {
+/* The dp coordinate of dp data ranks; a size that tp x pp does not divide keeps (rank, size): the
+ * mesh then refuses it when the strategy is made, saying what divides. */
+static void tp_data_part(const void *opts, int rank, int size, int *data_rank, int *data_world) {
     const tp_opts *o = opts;
-    if (size % (o->tp * o->pp) != 0)
-        return dt_error(DT_EINVAL, "--tp %d x --pp %d = %d ranks per model copy must divide the %d ranks of the job (the "
-                        "rest are data parallel); change --tp/--pp or --workers", o->tp, o->pp, o->tp * o->pp, size);
+    if (size % (o->tp * o->pp) != 0) return;
     int tr, pr;
     dt_mesh_coords(rank, o->tp, o->pp, &tr, &pr, data_rank);
     *data_world = size / (o->tp * o->pp);
-    return DT_OK;
 }
 
 const dt_strategy_entry dt_strategy_tp_entry = {

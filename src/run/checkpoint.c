@@ -112,6 +112,12 @@ static dt_status write_state(const char *path, dt_status (*visit)(void *src, dt_
     if (s == DT_OK) s = meta_i64(w, "dtrain.world_size", info->world_size);
     if (s == DT_OK && o) s = dt_st_writer_meta(w, "dtrain.optimizer", info->optimizer);
     if (s == DT_OK && o) s = meta_i64(w, "dtrain.optim_steps", dt_optim_steps(o));
+    if (s == DT_OK && o && dt_optim_loss_scaler(o)) {  /* fp16: "scale,good steps,skipped steps" */
+        const dt_loss_scaler *ls = dt_optim_loss_scaler(o);
+        char buf[64];
+        snprintf(buf, sizeof buf, "%.9g,%d,%" PRId64, ls->scale, ls->good, ls->skipped);
+        s = dt_st_writer_meta(w, "dtrain.loss_scale", buf);
+    }
     if (s == DT_OK) s = meta_f32(w, "dtrain.lr", info->lr);
     if (s == DT_OK && info->has_norm) s = meta_f32(w, "dtrain.norm_mean", info->norm_mean);
     if (s == DT_OK && info->has_norm) s = meta_f32(w, "dtrain.norm_std", info->norm_std);
@@ -248,6 +254,18 @@ static dt_status restore_piece(void *ctx, const dt_state_piece *p) {
     return DT_OK;
 }
 
+/* fp16: the loss scaler continues where it was (a checkpoint without one leaves it as it is). */
+static void restore_loss_scale(const dt_st_file *f, dt_optim *o) {
+    dt_loss_scaler *ls = o ? dt_optim_loss_scaler(o) : NULL;
+    const char *v = dt_st_meta(f, "dtrain.loss_scale");
+    dt_loss_scaler got = ls ? *ls : (dt_loss_scaler){0};
+    long long skipped = 0;
+    if (ls && v && sscanf(v, "%g,%d,%lld", &got.scale, &got.good, &skipped) == 3 && got.scale > 0) {
+        got.skipped = skipped;
+        *ls = got;
+    }
+}
+
 dt_status dt_checkpoint_restore(const char *path, dt_model *m, dt_optim *o, dt_ckpt_info *info) {
     dt_st_file *f = NULL;
     DT_TRY(dt_st_open(&f, path));
@@ -279,6 +297,7 @@ dt_status dt_checkpoint_restore(const char *path, dt_model *m, dt_optim *o, dt_c
     }
     if (s == DT_OK) s = dt_state_visit_model(m, o, restore_piece, f);
     if (s == DT_OK && o) dt_optim_set_steps(o, strtoll(steps, NULL, 10));
+    if (s == DT_OK) restore_loss_scale(f, o);
     dt_st_close(f);
     return s;
 }
@@ -293,6 +312,7 @@ dt_status dt_checkpoint_restore_strategy(const char *path, dt_strategy *st, dt_c
     const char *steps = dt_st_meta(f, "dtrain.optim_steps");
     if (s == DT_OK) s = dt_strategy_visit_state(st, restore_piece, f);
     if (s == DT_OK && st->optim && steps) dt_optim_set_steps(st->optim, strtoll(steps, NULL, 10));
+    if (s == DT_OK) restore_loss_scale(f, st->optim);
     dt_st_close(f);
     return s;
 }

@@ -49,11 +49,11 @@ static dt_status evaluate(dt_model *m, const dt_dataset *ds, int batch, dt_comm 
 dt_status dt_trainer_evaluate(dt_trainer *t, float *loss, float *acc) {
     *loss = *acc = NAN;
     if (!t->test) return DT_OK;
-    /* every replica rank holds the whole current model (tp gathers it in sync), so all share the
-     * test set, also the ranks of one data rank (a tp group) */
-    dt_comm *c = t->dcomm;
-    if (t->strategy && t->strategy->role == DT_ROLE_REPLICA && t->world > 1) c = t->cfg.comm;
-    return evaluate(t->model, t->test, t->cfg.batch, c, loss, acc);
+    dt_status s = evaluate(t->model, t->test, t->cfg.batch, t->dcomm, loss, acc);
+    if (s == DT_EPEER || s == DT_ETIMEDOUT)
+        return dt_error_wrap(s, "dt_trainer_evaluate is collective: every rank of the job must call it (rank %d of %d "
+                                "did; each evaluates its shard)", t->rank, t->world);
+    return s;
 }
 
 dt_status dt_evaluate_checkpoint(const char *checkpoint, const char *data, int batch, float *loss, float *acc,

@@ -243,6 +243,7 @@ static dt_status spawn(job *j, int rk, char *const argv[]) {
         return dt_error(DT_EIO, "cannot create pipes for rank %d: %s", rk, strerror(e));
     }
     pid_t parent = getpid();
+    if (j->cfg->child_main) fflush(NULL); /* no buffered output is written twice */
     pid_t pid = fork();
     if (pid < 0) {
         int e = errno;
@@ -265,6 +266,15 @@ static dt_status spawn(job *j, int rk, char *const argv[]) {
         sigset_t none;
         sigemptyset(&none);
         sigprocmask(SIG_SETMASK, &none, NULL);
+        if (j->cfg->child_main) { /* a forked worker: no exec, so close what exec would */
+            close(ex[1]);
+            close(out[0]);
+            close(err[0]);
+            environ = r->env;
+            int rc = j->cfg->child_main(j->cfg->child_ctx);
+            fflush(NULL);
+            _exit(rc);
+        }
         execvpe(argv[0], argv, r->env);
         int e = errno;
         if (write(ex[1], &e, sizeof e) < 0) { /* parent sees EOF and reports status 127 */ }
@@ -562,7 +572,7 @@ dt_status dt_launch_run(const dt_launch_config *cfg, char *const argv[], dt_laun
     memset(res, 0, sizeof *res);
     res->failed_rank = -1;
     res->exit_code = 1;
-    if (!cfg || cfg->nranks < 1 || !argv || !argv[0])
+    if (!cfg || cfg->nranks < 1 || (!cfg->child_main && (!argv || !argv[0])))
         return dt_error(DT_EINVAL, "launch needs nranks >= 1 and a program to run");
     if (cfg->job_id && !dt_comm_job_id_valid(cfg->job_id))
         return dt_error(DT_EINVAL, "job id '%.40s' must be 1-%d characters of letters, digits, '_' and '.'",

@@ -51,6 +51,11 @@ typedef struct {
      * launcher reports it ("rank 3 was killed by signal 9 (SIGKILL); the job goes on without
      * it") and keeps the others running; the job's result depends on the other ranks alone. */
     const bool *expendable;
+    /* Instead of exec'ing argv (then NULL): each rank is a fork of this process that runs
+     * child_main(child_ctx) with its rank environment and exits with what it returns
+     * (dt_launch_workers in dtrain/launch.h). */
+    int (*child_main)(void *ctx);
+    void *child_ctx;
 } dt_launch_config;
 
 typedef struct {

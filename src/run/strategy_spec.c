@@ -14,6 +14,15 @@ dt_status dt_strategy_spec_info(const char *spec, char *name, size_t cap, int *s
     return DT_OK;
 }
 
+int dt_strategy_spec_data_world(const char *spec, int world) {
+    dt_strategy_opts opts;
+    const dt_strategy_entry *e;
+    int dr, dw;
+    if (dt_strategy_parse(spec, &e, &opts) != DT_OK || dt_strategy_data_part(e, &opts, 0, world, &dr, &dw) != DT_OK)
+        return world;
+    return dw;
+}
+
 dt_status dt_strategy_spec_canonical(const char *spec, char *out, size_t cap) {
     dt_strategy_opts opts;
     const dt_strategy_entry *e;

@@ -43,7 +43,7 @@ static dt_status train_step(dt_trainer *t, const dt_batch *b, epoch_acc *acc) {
                         .compute_done = compute_done, .ctx = t};
     dt_step_result r;
     DT_TRY(dt_strategy_train_step(st, &sb, &r));
-    DT_TRY(dt_balance_step_end(t->balance, t->dcomm, t->loader));
+    DT_TRY(dt_balance_step_end(t->balance, st->data_comm ? st->data_comm : t->dcomm, t->loader));
     acc->loss_sum += r.loss_sum;
     acc->samples += r.n;
     acc->comm_wait_s += r.st.comm_wait_s;
@@ -137,11 +137,9 @@ enum { STOP_VOTE_EVERY = 8 };
 static dt_status stop_vote(const dt_trainer *t, bool *stop) {
     int32_t mine = t->cfg.stop && *t->cfg.stop, any = mine;
     *stop = false;
-    /* every replica rank votes, also those that share one data rank (a tp group), so that all stop together */
-    dt_comm *vote = t->strategy->role == DT_ROLE_REPLICA && t->world > 1 ? t->cfg.comm : NULL;
-    if (vote) {
+    if (t->dcomm) {
         if (t->step % STOP_VOTE_EVERY != 0) return DT_OK;
-        DT_TRY(dt_comm_allreduce(vote, &mine, &any, 1, DT_I32, DT_OP_MAX));
+        DT_TRY(dt_comm_allreduce(t->dcomm, &mine, &any, 1, DT_I32, DT_OP_MAX));
     }
     *stop = any != 0;
     return DT_OK;
@@ -151,9 +149,12 @@ static dt_status stop_vote(const dt_trainer *t, bool *stop) {
 static dt_status save_interrupted(dt_trainer *t) {
     const dt_train_config *c = &t->cfg;
     dt_status s = DT_OK;
-    if (!c->checkpoint_dir && t->strategy->ops->sync) s = t->strategy->ops->sync(t->strategy);  /* tp: gather */
-    if (s == DT_OK && c->checkpoint_dir) s = dt_trainer_save_numbered(t);
-    else if (s == DT_OK && t->rank == 0) s = dt_trainer_save(t, c->save ? c->save : "dtrain-interrupted.safetensors");
+    /* the replicas agree first (localsgd averages, pp gathers the stages on rank 0), as for the
+     * numbered checkpoints (save_numbered syncs by itself) */
+    if (!c->checkpoint_dir && t->strategy->ops->sync) s = t->strategy->ops->sync(t->strategy);
+    if (s != DT_OK) {
+    } else if (c->checkpoint_dir) s = dt_trainer_save_numbered(t);
+    else if (t->rank == 0) s = dt_trainer_save(t, c->save ? c->save : "dtrain-interrupted.safetensors");
     if (s != DT_OK) return dt_error_wrap(s, "stopped at step %lld but the checkpoint failed", (long long)t->step);
     if (c->checkpoint_dir)
         return dt_error(DT_EINTR, "stopped at step %lld; checkpoint %s; to continue, run the same command with "
@@ -254,7 +255,7 @@ static dt_status end_epoch(dt_trainer *t, FILE *mf, const epoch_acc *acc, double
     uint64_t axis_bytes[3];  /* what the steps moved, before a sync (tp: the gather) adds to it */
     dt_strategy_axis_bytes(t->strategy, axis_bytes);
     if (t->strategy->ops->sync) DT_TRY(t->strategy->ops->sync(t->strategy));
-    DT_TRY(dt_balance_epoch(t->balance, t->dcomm, epoch_s, t->workers));
+    DT_TRY(dt_balance_epoch(t->balance, t->strategy->data_comm ? t->strategy->data_comm : t->dcomm, epoch_s, t->workers));
     double sums[2] = {acc->loss_sum, (double)acc->samples};
     if (t->dcomm) DT_TRY(dt_comm_allreduce(t->dcomm, sums, sums, 2, DT_F64, DT_OP_SUM));
     dt_epoch_info e = {.epoch = (int)t->epoch + (finished ? 0 : 1), .global_step = t->step,
@@ -267,6 +268,7 @@ static dt_status end_epoch(dt_trainer *t, FILE *mf, const epoch_acc *acc, double
                        .lr = dt_lr_at(&c->lr, t->step > 0 ? t->step - 1 : 0),
                        .nworkers = t->dworld, .workers = t->workers, .max_clock_gap = -1};
     memcpy(e.comm_bytes, axis_bytes, sizeof axis_bytes);
+    if (t->strategy->ops->report) t->strategy->ops->report(t->strategy, t->strategy_report, sizeof t->strategy_report);
     DT_TRY(dt_trainer_evaluate(t, &e.test_loss, &e.test_acc));
     e.wall_s = dt_now() - t->t_start;
     if (mf) DT_TRY(dt_trainer_write_metrics(mf, &e, t));

@@ -1,5 +1,6 @@
 /* Trainer output: the JSON-Lines metrics record of an epoch and the gathered Chrome trace. */
 #include "run/trainer_internal.h"
+#include "dtrain/layers.h"
 
 #include <errno.h>
 #include <math.h>
@@ -99,7 +100,11 @@ dt_status dt_trainer_write_metrics(FILE *f, const dt_epoch_info *e, const dt_tra
     if (t->world > 1)
         fprintf(f, ", \"comm_bytes\": {\"tp\": %llu, \"pp\": %llu, \"dp\": %llu}", (unsigned long long)e->comm_bytes[0],
                 (unsigned long long)e->comm_bytes[1], (unsigned long long)e->comm_bytes[2]);
+    fprintf(f, ", \"kernels\": \"%s\"", dt_kernels_describe());
+    const dt_loss_scaler *ls = dt_optim_loss_scaler(t->optim);
+    if (ls) fprintf(f, ", \"loss_scale\": %.6g, \"skipped_steps\": %lld", ls->scale, (long long)ls->skipped);
     dt_balance_write_json(f, e);  /* per-worker figures, ps staleness */
+    fputs(t->strategy_report, f);  /* the strategy's own figures (pp: bubble, bytes), or nothing */
     fputs("}\n", f);
     if (fflush(f) != 0 || ferror(f)) return metrics_error(t, "writing the record of an epoch");
     return DT_OK;

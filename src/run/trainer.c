@@ -3,6 +3,7 @@
  * train_loop.c, evaluation in evaluate.c. */
 #include "run/trainer_internal.h"
 
+#include "dtrain/layers.h"
 #include "dtrain/models.h"
 #include "run/checkpoint.h"
 #include "run/ckpt_dir.h"
@@ -42,8 +43,10 @@ void dt_trainer_free(dt_trainer *t) {
     dt_loader_free(t->loader);
     dt_optim_free(t->optim);
     dt_model_free(t->model);
-    dt_dataset_free(t->train);
-    dt_dataset_free(t->test);
+    if (!t->borrowed_data) {
+        dt_dataset_free(t->train);
+        dt_dataset_free(t->test);
+    }
     free(t);
 }
 
@@ -136,8 +139,6 @@ static dt_status setup_uneven(dt_trainer *t) {
     const dt_role role = t->strategy->role;
     const char *name = t->strategy->ops->name;
     t->dcomm = role == DT_ROLE_REPLICA && t->world > 1 ? c->comm : NULL;
-    if (t->dcomm && t->strategy->data_comm) t->dcomm = t->strategy->data_comm;  /* tp: its dp axis */
-    if (t->dworld == 1) t->dcomm = NULL;  /* one data rank (tp alone): nothing to reduce with */
     if (c->balance && strcmp(name, "ddp") != 0 && strcmp(name, "localsgd") != 0)
         return dt_error(DT_EINVAL, "--balance dynamic (cutting each global batch by speed) works with --strategy ddp or "
                         "localsgd, not %s%s", name, strcmp(name, "ps") ? "" : " (ps hands out batches by speed unless "
@@ -244,7 +245,15 @@ static dt_status check_batch(const dt_trainer *t, int max_batch) {
 /* The data set for model `spec` and its checks against a resumed checkpoint's input shape. */
 static dt_status setup_data(dt_trainer *t, const char *spec, const char *resume, const dt_ckpt_info *info) {
     const dt_train_config *c = &t->cfg;
-    DT_TRY(dt_trainer_open_data(c->data, spec, c->val_fraction, &t->train, &t->test));
+    if (c->train_set) {
+        t->train = c->train_set, t->test = c->test_set, t->borrowed_data = true;
+        if (dt_model_spec_is_gpt(spec) != dt_dataset_is_text(t->train))
+            return dt_error(DT_EINVAL, "dt_train_config.train_set (%s) %s, but --model %s %s", c->data,
+                            dt_dataset_is_text(t->train) ? "is text" : "holds features", spec,
+                            dt_model_spec_is_gpt(spec) ? "reads token ids" : "reads features");
+    } else {
+        DT_TRY(dt_trainer_open_data(c->data, spec, c->val_fraction, &t->train, &t->test));
+    }
     dt_dataset_shape(t->train, &t->C, &t->H, &t->W);
     t->classes = dt_dataset_classes(t->train);
     if (c->normalize && dt_dataset_is_text(t->train))
@@ -353,11 +362,16 @@ static dt_status trainer_setup(dt_trainer *t) {
     if (s != DT_OK) return spec == info.spec ? dt_error_wrap(DT_EFORMAT, "%s: its dtrain.model_spec", resume) : s;
     DT_TRY(setup_data(t, spec, resume, &info));
     DT_TRY(setup_model(t, spec));
+    /* fp16: dynamic loss scaling (unscaled in dt_strategy_apply_update; its state is checkpointed) */
+    if (c->precision && !strcmp(c->precision, "fp16")) DT_TRY(dt_optim_set_loss_scaling(t->optim, true, NULL));
     DT_TRY(restore_and_normalize(t, resume, &info));
     const char *strategy = c->strategy ? c->strategy : t->world > 1 ? "ddp" : "single";
     dt_strategy_opts sopts;
     const dt_strategy_entry *sentry;
     DT_TRY(dt_strategy_parse(strategy, &sentry, &sopts));
+    if (dt_optim_loss_scaler(t->optim) && strcmp(sentry->name, "single") && strcmp(sentry->name, "ddp"))
+        return dt_error(DT_EINVAL, "--precision fp16: loss scaling works with --strategy single or ddp, not %s; "
+                                   "use --precision bf16", sentry->name);
     DT_TRY(setup_loader(t, sentry, &sopts, resume, &info));
     if (resume) check_resume_changes(t, &info, resume);
     if (c->timeline) DT_TRY(dt_trace_init(&t->trace, t->rank, 1 << 18, t->t_start));
@@ -370,10 +384,13 @@ static dt_status trainer_setup(dt_trainer *t) {
 dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
     *out = NULL;
     DT_TRY(check_config(cfg));
+    DT_TRY(dt_kernels_select(cfg->kernels, cfg->precision));
     if (cfg->save) dt_ckpt_remove_stale_temps(cfg->save); /* left by a run killed mid-write */
     dt_trainer *t = calloc(1, sizeof *t);
     if (!t) return dt_error(DT_ENOMEM, "trainer: out of memory");
     t->cfg = *cfg;
+    if (cfg->train_set)  /* data is unused: messages name the data set by its source */
+        t->cfg.data = dt_dataset_source(cfg->train_set)[0] ? dt_dataset_source(cfg->train_set) : "(in-memory data set)";
     t->lr_step = -1;
     t->t_start = dt_now();
     t->rank = cfg->comm ? dt_comm_rank(cfg->comm) : 0;

@@ -40,6 +40,8 @@ struct dt_trainer {
     dt_comm *dcomm;           /* the ranks that reduce epoch figures together; NULL = this one alone */
     dt_balance *balance;      /* --slow sleep, --balance cut, per-worker figures (training ranks) */
     dt_worker_info *workers;  /* [dworld] */
+    bool borrowed_data;       /* train/test are cfg.train_set/test_set: not freed here */
+    char strategy_report[512]; /* the strategy's figures for the epoch's metrics line (ops->report) */
 };
 
 /* The model's feed of a loader batch (features or token ids, and labels or next tokens). */

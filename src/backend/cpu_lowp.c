@@ -1,0 +1,124 @@
+/* Low-precision GEMMs on OpenBLAS, and the rounding they rest on. OpenBLAS 0.3.21 has no bf16
+ * or fp16 GEMM with f32 accumulation that dtrain can use, so the blas backend rounds the GEMM
+ * inputs (activations, weights, output gradients) to bf16/fp16 values kept as f32 and runs sgemm:
+ * the product of two bf16 or fp16 numbers is exact in f32, so this equals a native low-precision
+ * GEMM with f32 accumulation up to summation order. It is correct but SLOWER than fp32 (an extra
+ * pass over every input); oneDNN is the fast path. Bias and bias gradients stay f32. */
+#include "backend/backend.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/kern.h"
+
+void dt_round_bf16(float *dst, const float *src, size_t n) {
+    const uint32_t *restrict s = (const uint32_t *)src;
+    uint32_t *restrict d = (uint32_t *)dst;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u = s[i];
+        uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;  /* to nearest even */
+        uint32_t q = (u | 0x00400000u) & 0xffff0000u;                   /* NaN stays a (quiet) NaN */
+        d[i] = (u & 0x7fffffffu) > 0x7f800000u ? q : r;
+    }
+}
+
+void dt_round_f16(float *dst, const float *src, size_t n) {
+    for (size_t i = 0; i < n; i++) dst[i] = (float)(_Float16)src[i];
+}
+
+/* Per-thread scratch for the rounded copies (grown, never shrunk; freed at thread exit by no one:
+ * a few arrays of the largest activation, reachable from thread-local pointers). */
+static _Thread_local struct {
+    float *p[3];
+    size_t n[3];
+} scratch;
+
+static float *rounded(int slot, const float *src, size_t n, dt_dtype prec) {
+    if (n > scratch.n[slot]) {
+        float *p = realloc(scratch.p[slot], n * sizeof *p);
+        if (!p) abort();  /* a kernel cannot fail; out of memory here is fatal */
+        scratch.p[slot] = p, scratch.n[slot] = n;
+    }
+    if (prec == DT_BF16) dt_round_bf16(scratch.p[slot], src, n);
+    else dt_round_f16(scratch.p[slot], src, n);
+    return scratch.p[slot];
+}
+
+/* db (OC) += sums of dout (B, OC, HW) over B and HW, from the f32 gradient. */
+static void bias_grad(float *db, const float *dout, int B, int OC, size_t HW) {
+    for (int b = 0; b < B; b++)
+        for (int o = 0; o < OC; o++) db[o] += dt_nn_sum(dout + ((size_t)b * OC + o) * HW, HW);
+}
+
+static void linear_fwd(dt_dtype p, float *out, const float *in, const float *w, const float *b, int B, int C, int OC) {
+    if (B <= 0 || OC <= 0 || C <= 0) return dt_linear_forward(out, in, w, b, B, C, OC);
+    dt_linear_forward(out, rounded(0, in, (size_t)B * C, p), rounded(1, w, (size_t)OC * C, p), b, B, C, OC);
+}
+
+static void linear_bwd(dt_dtype p, float *din, float *dw, float *db, const float *dout, const float *in,
+                       const float *w, int B, int C, int OC) {
+    if (B <= 0 || OC <= 0 || C <= 0) return dt_linear_backward(din, dw, db, dout, in, w, B, C, OC);
+    if (db)
+        for (int i = 0; i < B; i++) {
+            const float *restrict row = dout + (size_t)i * OC;
+            for (int j = 0; j < OC; j++) db[j] += row[j];
+        }
+    dt_linear_backward(din, dw, NULL, rounded(0, dout, (size_t)B * OC, p), rounded(1, in, (size_t)B * C, p),
+                       rounded(2, w, (size_t)OC * C, p), B, C, OC);
+}
+
+static int out_hw(int H, int W, int K, int S, int P) { return ((H + 2 * P - K) / S + 1) * ((W + 2 * P - K) / S + 1); }
+
+static void conv_fwd(dt_dtype p, float *out, const float *in, const float *w, const float *b, float *work, int B, int C,
+                     int H, int W, int OC, int K, int S, int P) {
+    dt_conv2d_forward(out, rounded(0, in, (size_t)B * C * H * W, p), rounded(1, w, (size_t)OC * C * K * K, p), b, work,
+                      B, C, H, W, OC, K, S, P);
+}
+
+static void conv_bwd(dt_dtype p, float *din, float *dw, float *db, const float *dout, const float *in, const float *w,
+                     float *work, int B, int C, int H, int W, int OC, int K, int S, int P) {
+    size_t hw = (size_t)out_hw(H, W, K, S, P);
+    if (db) bias_grad(db, dout, B, OC, hw);
+    dt_conv2d_backward(din, dw, NULL, rounded(0, dout, (size_t)B * OC * hw, p), rounded(1, in, (size_t)B * C * H * W, p),
+                       rounded(2, w, (size_t)OC * C * K * K, p), work, B, C, H, W, OC, K, S, P);
+}
+
+#define DT_LOWP_WRAPPERS(sfx, P)                                                                                        \
+    static void linear_fwd_##sfx(float *out, const float *in, const float *w, const float *b, int B, int C, int OC) { \
+        linear_fwd(P, out, in, w, b, B, C, OC);                                                                         \
+    }                                                                                                                   \
+    static void linear_bwd_##sfx(float *din, float *dw, float *db, const float *dout, const float *in, const float *w, \
+                                 int B, int C, int OC) {                                                                \
+        linear_bwd(P, din, dw, db, dout, in, w, B, C, OC);                                                              \
+    }                                                                                                                   \
+    static void conv_fwd_##sfx(float *out, const float *in, const float *w, const float *b, float *work, int B, int C, \
+                               int H, int W, int OC, int K, int S, int Pd) {                                            \
+        conv_fwd(P, out, in, w, b, work, B, C, H, W, OC, K, S, Pd);                                                     \
+    }                                                                                                                   \
+    static void conv_bwd_##sfx(float *din, float *dw, float *db, const float *dout, const float *in, const float *w,   \
+                               float *work, int B, int C, int H, int W, int OC, int K, int S, int Pd) {                 \
+        conv_bwd(P, din, dw, db, dout, in, w, work, B, C, H, W, OC, K, S, Pd);                                          \
+    }
+DT_LOWP_WRAPPERS(bf16, DT_BF16)
+DT_LOWP_WRAPPERS(f16, DT_F16)
+
+static dt_backend bf16_table, f16_table;
+static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
+
+static void fill(dt_backend *t, dt_dtype p) {
+    *t = *dt_backend_cpu();
+    t->precision = p;
+    t->linear_forward = p == DT_BF16 ? linear_fwd_bf16 : linear_fwd_f16;
+    t->linear_backward = p == DT_BF16 ? linear_bwd_bf16 : linear_bwd_f16;
+    t->conv2d_forward = p == DT_BF16 ? conv_fwd_bf16 : conv_fwd_f16;
+    t->conv2d_backward = p == DT_BF16 ? conv_bwd_bf16 : conv_bwd_f16;
+}
+
+static void fill_tables(void) { fill(&bf16_table, DT_BF16), fill(&f16_table, DT_F16); }
+
+const dt_backend *dt_backend_blas_lowp(dt_dtype precision) {
+    if (precision != DT_BF16 && precision != DT_F16) return NULL;
+    pthread_once(&tables_once, fill_tables);
+    return precision == DT_BF16 ? &bf16_table : &f16_table;
+}

@@ -1,0 +1,78 @@
+/* Internals shared by the oneDNN kernel files (cpu_onednn.c: engine, primitive cache, matmul;
+ * cpu_onednn_conv.c: convolutions). Only compiled with DT_HAVE_DNNL. */
+#ifndef DT_BACKEND_ONEDNN_H
+#define DT_BACKEND_ONEDNN_H
+
+#include <oneapi/dnnl/dnnl.h>
+#include <stdbool.h>
+
+#include "backend/backend.h"
+
+enum { DT_DNNL_MATMUL = 1, DT_DNNL_CONV_FWD, DT_DNNL_CONV_BWD_DATA, DT_DNNL_CONV_BWD_W };
+#define DT_DNNL_KEY_INTS 12
+#define DT_DNNL_ARGS 6
+
+/* A cached primitive: the op, the input data type and the shape make the key. */
+typedef struct {
+    int op;
+    dnnl_data_type_t dt;
+    int d[DT_DNNL_KEY_INTS];
+} dt_dnnl_key;
+
+#define DT_DNNL_STEPS 6
+#define DT_DNNL_MEMS 10
+
+typedef struct {
+    dnnl_primitive_t p;
+    int nargs;
+    dnnl_exec_arg_t args[DT_DNNL_ARGS];
+} dt_dnnl_step;
+
+/* A cached computation: the main primitive with the reorders around it (plain torch layouts and
+ * f32 outside, the layout and precision oneDNN chose inside). */
+typedef struct {
+    dt_dnnl_key key;
+    bool used, failed;          /* failed: oneDNN has no primitive for it; the caller falls back */
+    int nsteps, nmem, npost;
+    dt_dnnl_step step[DT_DNNL_STEPS];
+    dnnl_memory_t mem[DT_DNNL_MEMS];
+    int ext[DT_DNNL_MEMS];      /* index into dt_dnnl_run's data pointers; -1: owned by oneDNN */
+    dnnl_memory_t post_from[3], post_to[3];  /* outputs reordered back after the main step */
+    float *tmp;                 /* conv backward weights: dw before it is added */
+    size_t tmp_n;
+    char impl[64];              /* oneDNN's impl info string of the main primitive */
+} dt_dnnl_entry;
+
+/* This thread's engine (created on first use). */
+dnnl_engine_t dt_dnnl_engine(void);
+/* The cached entry of key k, or a fresh slot (used = false) for the caller to build with the
+ * functions below and close with dt_dnnl_ready; NULL only when the cache cannot be set up. */
+dt_dnnl_entry *dt_dnnl_lookup(const dt_dnnl_key *k);
+/* A memory object of e: bound to data pointer `ext` at each run, or owned by oneDNN (ext < 0). */
+dnnl_memory_t dt_dnnl_mem(dt_dnnl_entry *e, const dnnl_memory_desc_t *md, int ext);
+/* Appends a primitive (created from pd, which is destroyed; pd NULL fails) with its args. */
+bool dt_dnnl_step_add(dt_dnnl_entry *e, dnnl_primitive_desc_t pd, int nargs, const int *arg, const dnnl_memory_t *m,
+                      bool main);
+/* An input in plain layout `plain` at data pointer ext, as the primitive wants it (`want`): the
+ * same memory, or an owned one filled by a reorder step (layout and dtype). NULL on failure. */
+dnnl_memory_t dt_dnnl_input(dt_dnnl_entry *e, const dnnl_memory_desc_t *plain, const dnnl_memory_desc_t *want, int ext);
+/* An output: the memory the primitive writes; a reorder back to `plain` runs after the main step. */
+dnnl_memory_t dt_dnnl_output(dt_dnnl_entry *e, const dnnl_memory_desc_t *plain, const dnnl_memory_desc_t *want, int ext);
+/* Closes a fresh entry after its main step (adds the output reorders); false (entry marked failed
+ * and emptied) when ok is false or a step could not be made. */
+bool dt_dnnl_ready(dt_dnnl_entry *e, bool ok);
+/* Runs e with the given data pointers on this thread's stream with dt_get_threads() OpenMP
+ * threads, and waits. */
+void dt_dnnl_run(dt_dnnl_entry *e, void *const *data);
+/* A plain memory descriptor of a dense tensor (row-major) or with explicit strides. */
+dnnl_memory_desc_t dt_dnnl_md(int ndim, const int64_t *dims, dnnl_data_type_t dt, const int64_t *strides);
+/* src rounded to precision p, as f32 (slot 0..2): the fallback when oneDNN lacks a kernel. */
+float *dt_dnnl_rounded(int slot, const float *src, size_t n, dt_dtype p);
+
+/* Convolutions at precision p (cpu_onednn_conv.c), the signatures of the backend table. */
+void dt_dnnl_conv_forward(dt_dtype p, float *out, const float *in, const float *w, const float *b, float *work, int B,
+                          int C, int H, int W, int OC, int K, int S, int P);
+void dt_dnnl_conv_backward(dt_dtype p, float *din, float *dw, float *db, const float *dout, const float *in,
+                           const float *w, float *work, int B, int C, int H, int W, int OC, int K, int S, int P);
+
+#endif

@@ -1,0 +1,155 @@
+/* dtrain man: the manual page dtrain(1) in troff (man(7) macros), made from the very tables that
+ * --help prints: every command's flag table (through dt_flags_usage_hook), the command lists of
+ * dtrain and dtrain bench, the environment of dtrain --help and the exit statuses. `make` writes
+ * it to build/dtrain.1 and `make install` installs it; tests/man.sh checks it against --help. */
+#include "cli/cli.h"
+#include "dtrain/dtrain.h"
+#include "run/launch.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static FILE *g_out;
+
+/* Text escaped for troff: backslashes, '-' as \-, a line start of '.' or '\'' guarded. */
+static void put_text(const char *s, bool line_start) {
+    for (; *s; s++) {
+        if (line_start && (*s == '.' || *s == '\'')) fputs("\\&", g_out);
+        line_start = *s == '\n';
+        if (*s == '\\') fputs("\\e", g_out);
+        else if (*s == '-') fputs("\\-", g_out);
+        else fputc(*s, g_out);
+    }
+}
+
+/* One command's usage text (as it is, in a no-fill block) and a tagged paragraph per flag. */
+static void man_usage(const char *usage, const dt_flag *flags, int n) {
+    fputs(".nf\n", g_out);
+    put_text(usage, true);
+    fputs("\n.fi\n", g_out);
+    for (int i = 0; i < n; i++) {
+        char dflt[4200];
+        dt_flag_default_text(&flags[i], dflt, sizeof dflt);
+        fputs(".TP\n\\fB", g_out);
+        put_text("--", false);
+        put_text(flags[i].name, false);
+        fputs("\\fR", g_out);
+        if (flags[i].meta) {
+            fputs(" \\fI", g_out);
+            put_text(flags[i].meta, false);
+            fputs("\\fR", g_out);
+        }
+        fputc('\n', g_out);
+        put_text(flags[i].help, true);
+        put_text(dflt, false);
+        fputc('\n', g_out);
+    }
+}
+
+/* The section of one command: its --help rendered through the hook. */
+static void man_command(const char *title, const dt_command *c) {
+    fputs(".SS \"", g_out);
+    put_text(title, false);
+    fputs("\"\n", g_out);
+    char *argv[] = {(char *)c->name, "--help", NULL};
+    fflush(stdout);
+    c->run(2, argv);
+}
+
+/* The text dtrain --help prints after "Environment:" up to the exit statuses. */
+static void man_environment(void) {
+    FILE *tmp = tmpfile();
+    if (!tmp) return;
+    fflush(stdout);
+    int saved = dup(1);
+    dup2(fileno(tmp), 1);
+    dt_cli_main_usage();
+    fflush(stdout);
+    dup2(saved, 1);
+    close(saved);
+    char buf[16384];
+    rewind(tmp);
+    size_t n = fread(buf, 1, sizeof buf - 1, tmp);
+    buf[n] = 0;
+    fclose(tmp);
+    char *env = strstr(buf, "Environment:\n"), *end = env ? strstr(env, dt_cli_exit_help) : NULL;
+    if (!env || !end) return;
+    *end = 0;
+    fputs(".SH ENVIRONMENT\n.nf\n", g_out);
+    put_text(env + strlen("Environment:\n"), true);
+    fputs(".fi\n", g_out);
+}
+
+static void man_page(void) {
+    fprintf(g_out, ".TH DTRAIN 1 \"\" \"dtrain %s\" \"User Commands\"\n", DTRAIN_VERSION);
+    fputs(".SH NAME\ndtrain \\- distributed deep\\-learning training in C\n"
+          ".SH SYNOPSIS\n.B dtrain\n.I COMMAND\n[\\fIFLAGS\\fR]\n.br\n.B dtrain\n.I COMMAND\n.B \\-\\-help\n"
+          ".SH DESCRIPTION\n", g_out);
+    put_text("dtrain trains neural networks in one process, on N local worker processes (--workers N) or as "
+             "the ranks of an MPI job (mpirun, srun). It is the command of libdtrain, a C11 library with the same "
+             "capabilities (pkg-config dtrain). Each command's flags follow; every flag takes --NAME VALUE or "
+             "--NAME=VALUE.\n", true);
+    fputs(".SH COMMANDS\n", g_out);
+    for (const dt_command *c = dt_cli_commands(); c->name; c++) {
+        fputs(".TP\n.B ", g_out);
+        put_text(c->name, false);
+        fputc('\n', g_out);
+        put_text(c->summary, true);
+        fputc('\n', g_out);
+    }
+    fputs(".SH OPTIONS\n", g_out);
+    void (*old)(const char *, const dt_flag *, int) = dt_flags_usage_hook;
+    dt_flags_usage_hook = man_usage;
+    char title[128];
+    for (const dt_command *c = dt_cli_commands(); c->name; c++) {
+        if (!strcmp(c->name, "bench")) {
+            for (const dt_command *b = dt_bench_commands(); b->name; b++) {
+                snprintf(title, sizeof title, "dtrain bench %s", b->name);
+                man_command(title, b);
+            }
+            continue;
+        }
+        snprintf(title, sizeof title, "dtrain %s", c->name);
+        man_command(title, c);
+    }
+    dt_flags_usage_hook = old;
+    man_environment();
+    fputs(".SH EXIT STATUS\n", g_out);
+    put_text(dt_cli_exit_help, true);
+    fputs("\n.SH SEE ALSO\n.BR mpirun (1),\n.BR gnuplot (1),\n.BR pkg-config (1);\n", g_out);
+    put_text("README.md and docs/ in the source tree.\n", true);
+}
+
+static const char MAN_USAGE[] =
+    "Usage: dtrain man [-o FILE]\n\n"
+    "Writes the manual page dtrain(1) (troff) to stdout or FILE, from the flag tables of every\n"
+    "command's --help. Read it with: dtrain man | man -l -";
+
+int dt_cmd_man(int argc, char **argv) {
+    const char *out = NULL;
+    const dt_flag flags[] = {{"output", DT_FLAG_STR, &out, "FILE", "write the page to FILE (also -o FILE)"}};
+    char **args = calloc((size_t)argc + 1, sizeof *args);
+    if (!args) return dt_cli_fail(NULL, "out of memory");
+    for (int i = 0; i < argc; i++) args[i] = strcmp(argv[i], "-o") ? argv[i] : "--output";
+    int r = dt_flags_parse(argc, args, 1, flags, 1, MAN_USAGE, NULL, 0, NULL, NULL);
+    free(args);
+    if (r) return r < 0 ? DT_EXIT_USAGE : 0;
+    char tmp[4200];
+    g_out = stdout;
+    if (out) {
+        snprintf(tmp, sizeof tmp, "%s.tmp.%d", out, (int)getpid());
+        if (!(g_out = fopen(tmp, "w"))) return dt_cli_fail(NULL, "-o %s: %s", out, strerror(errno));
+    }
+    man_page();
+    if (!out) return fflush(stdout) == 0 ? 0 : 1;
+    bool ok = fflush(g_out) == 0 && !ferror(g_out);
+    ok = fclose(g_out) == 0 && ok;
+    if (!ok || rename(tmp, out) != 0) {
+        unlink(tmp);
+        return dt_cli_fail("check the disk (free space, permissions)", "-o %s: cannot write it: %s", out, strerror(errno));
+    }
+    return 0;
+}

@@ -1,0 +1,289 @@
+/* Pipeline parallelism (GPipe, 1F1B): the strategy "pp(stages=K,microbatches=M,schedule=...,
+ * split=...)". The world is DP pipelines of K stages, rank = dp_i * K + pp_i (the mesh's order
+ * with TP = 1: TP innermost, then PP, then DP). Each stage runs the nodes [first[k], first[k+1])
+ * of the graph, cut where one activation crosses (pp_cut.c); activations and their gradients
+ * travel point to point between neighbours, tokens and targets from stage 0 to the stages that
+ * read them (pp_step.c). A stage updates only the parameters its nodes use, with optimizer state
+ * for those alone (segments of the slab); a tensor used by several stages (a tied embedding) has
+ * its gradient summed over them and is updated identically on each. Gradients of a stage are
+ * averaged over the DP axis. Before evaluation and checkpoints (ops->sync) every stage's tensors
+ * are broadcast to the whole pipeline and its optimizer moments sent to stage 0, so rank 0 writes
+ * one ordinary, layout-independent checkpoint; a resume reads the full file and each stage keeps
+ * its part. */
+#include "parallel/pp.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+static dt_status pp_init(dt_strategy *s) { return dt_strategy_verify_replicas(s->comm, s->model); }
+static void pp_begin(dt_strategy *s, int64_t step) { s->step = step; }
+static void pp_ready(dt_strategy *s, size_t off, size_t n) { (void)s, (void)off, (void)n; }
+static dt_status pp_step_unused(dt_strategy *s, float lr, float clip, dt_step_stats *st) {
+    (void)s, (void)lr, (void)clip, (void)st;
+    return dt_error(DT_EINTERNAL, "pp: the pipeline trains through its own train_step");
+}
+
+/* The lowest stage that uses tensor t (it broadcasts it and owns its share of the norm). */
+static int owner_stage(const dt_pp *p, int t) {
+    for (int k = 0; k < p->K; k++)
+        if (p->users[t] >> k & 1) return k;
+    return 0;
+}
+
+/* The optimizer state i of the segment holding slab offset off, or NULL. */
+static float *seg_state(dt_pp *p, int i, size_t off) {
+    for (int g = 0; g < p->nseg; g++)
+        if (off >= p->seg[g].lo && off < p->seg[g].hi)
+            return dt_optim_state(p->seg[g].opt, i, NULL) + (off - p->seg[g].lo);
+    return NULL;
+}
+
+/* Every tensor from its owner stage to the whole pipeline; optimizer moments to stage 0. */
+static dt_status pp_sync(dt_strategy *s) {
+    dt_pp *p = s->impl;
+    dt_model *m = s->model;
+    if (p->K == 1) goto moments;
+    for (int t = 0; t < dt_model_num_tensors(m); t++) {
+        const dt_param_info *ti = dt_model_tensor(m, t);
+        float *base = (ti->is_buffer ? dt_model_buffers(m) : dt_model_params(m)) + ti->offset;
+        dt_status st = dt_comm_broadcast(p->pp, base, ti->numel, DT_F32, owner_stage(p, t));
+        if (st != DT_OK)
+            return dt_error_wrap(st, "pipeline stage %d (rank %d): gathering tensor %s from stage %d", p->stage,
+                                 p->rank, ti->name, owner_stage(p, t));
+    }
+moments:  /* to the rank that writes checkpoints, rank 0 (stage 0 of pipeline 0) */
+    for (int t = 0; p->dp_i == 0 && t < dt_model_num_tensors(m); t++) {
+        const dt_param_info *ti = dt_model_tensor(m, t);
+        const int own = owner_stage(p, t);
+        if (ti->is_buffer || (p->stage != 0 && p->stage != own)) continue;
+        for (int i = 0; i < p->nstates; i++) {
+            float *full = dt_optim_state(s->optim, i, NULL) + ti->offset, *mine = seg_state(p, i, ti->offset);
+            dt_status st = DT_OK;
+            if (own == 0 && p->stage == 0) memcpy(full, mine, ti->numel * sizeof(float));
+            else if (p->stage == 0) st = dt_comm_recv(p->pp, full, ti->numel, DT_F32, own, DT_COMM_TAG_MAX - 1);
+            else st = dt_comm_send(p->pp, mine, ti->numel, DT_F32, 0, DT_COMM_TAG_MAX - 1);
+            if (st != DT_OK)
+                return dt_error_wrap(st, "pipeline stage %d (rank %d): sending the optimizer state of %s to stage 0",
+                                     p->stage, p->rank, ti->name);
+        }
+    }
+    if (s->optim) dt_optim_set_steps(s->optim, p->steps0 + p->updates);
+    return DT_OK;
+}
+
+static void pp_destroy(dt_strategy *s) {
+    dt_pp *p = s->impl;
+    if (!p) return;
+    for (int i = 0; i < p->nslots; i++) {
+        dt_pp_slot *sl = &p->slots[i];
+        dt_request_wait(&sl->req_out), dt_request_wait(&sl->req_gout);
+        free(sl->in), free(sl->out), free(sl->gin), free(sl->gout), free(sl->x), free(sl->y);
+    }
+    for (int g = 0; g < p->nseg; g++) dt_optim_free(p->seg[g].opt);
+    dt_comm *cs[] = {p->fwd, p->bwd, p->data, p->pp, p->dp};
+    for (size_t i = 0; i < sizeof cs / sizeof *cs; i++) dt_comm_destroy(cs[i]);
+    free(p->slots), free(p->seg), free(p->users), free(p->acts), free(p->buf_save);
+    free(p);
+    s->impl = NULL;
+}
+
+/* The figures of the run so far for the metrics line, reduced over the pipeline: the mean idle
+ * (bubble) fraction of the stages, bytes sent, the largest in-flight memory of a stage. */
+static void pp_report(dt_strategy *s, char *out, size_t cap) {
+    dt_pp *p = s->impl;
+    double v[3] = {p->bubble_steps ? p->bubble_sum / (double)p->bubble_steps : 0, (double)p->bytes_sent,
+                   (double)p->peak_inflight * (double)p->mb_bytes};
+    double mx[2] = {v[2], (double)p->peak_inflight};
+    if (p->K > 1 && (dt_comm_allreduce(p->pp, v, v, 2, DT_F64, DT_OP_SUM) != DT_OK ||
+                     dt_comm_allreduce(p->pp, mx, mx, 2, DT_F64, DT_OP_MAX) != DT_OK)) {
+        snprintf(out, cap, ", \"pp\": null");
+        return;
+    }
+    /* each stage's peak resident memory (this pipeline's ranks) */
+    struct rusage ru;
+    double rss = getrusage(RUSAGE_SELF, &ru) == 0 ? (double)ru.ru_maxrss / 1024.0 : 0, all[DT_PP_MAX_STAGES];
+    if (p->K == 1) all[0] = rss;
+    else if (dt_comm_allgather(p->pp, &rss, all, 1, DT_F64) != DT_OK)
+        for (int i = 0; i < p->K; i++) all[i] = -1;
+    int k = snprintf(out, cap, ", \"pp\": {\"stages\": %d, \"microbatches\": %d, \"schedule\": \"%s\", "
+                     "\"bubble\": %.4f, \"bubble_ideal\": %.4f, \"bytes_sent\": %.0f, \"peak_inflight\": %.0f, "
+                     "\"peak_act_bytes\": %.0f, \"cut\": [", p->K, p->o.microbatches,
+                     dt_pp_schedule_name(p->o.schedule), v[0] / p->K,
+                     (double)(p->K - 1) / (p->o.microbatches + p->K - 1), v[1], mx[1], mx[0]);
+    for (int i = 1; i < p->K && k > 0 && (size_t)k < cap; i++)  /* the cut: first node of stages 1.. */
+        k += snprintf(out + k, cap - (size_t)k, "%s%d", i > 1 ? ", " : "", p->first[i]);
+    if (k > 0 && (size_t)k < cap) k += snprintf(out + k, cap - (size_t)k, "], \"rss_mb\": [");
+    double top = 0;
+    for (int i = 0; i < p->K && k > 0 && (size_t)k < cap; i++) {
+        k += snprintf(out + k, cap - (size_t)k, "%s%.1f", i ? ", " : "", all[i]);
+        if (all[i] > top) top = all[i];
+    }
+    if (k > 0 && (size_t)k < cap) snprintf(out + k, cap - (size_t)k, "], \"rss_max_mb\": %.1f}", top);
+}
+
+static const dt_strategy_ops pp_ops = {.name = "pp", .train_step = dt_pp_train_step, .init = pp_init,
+                                       .begin_step = pp_begin, .grad_ready = pp_ready, .step = pp_step_unused,
+                                       .destroy = pp_destroy, .sync = pp_sync, .report = pp_report};
+
+/* users[t]: the stages whose nodes use tensor t. */
+static dt_status find_users(dt_pp *p, const dt_model *m) {
+    if (!(p->users = calloc((size_t)dt_model_num_tensors(m) + 1, sizeof *p->users)))
+        return dt_error(DT_ENOMEM, "pp: out of memory");
+    for (int k = 0; k < p->K; k++)
+        for (int i = p->first[k]; i < p->first[k + 1]; i++) {
+            int ids[8];
+            int n = dt_model_node_tensors(m, i, ids, 8);
+            for (int j = 0; j < n && j < 8; j++) p->users[ids[j]] |= (uint64_t)1 << k;
+        }
+    return DT_OK;
+}
+
+/* The slab ranges this stage updates (its tensors, merged where contiguous), each with an
+ * optimizer that starts from the trainer's (a resumed run's moments and step count). */
+static dt_status make_segments(dt_strategy *s, dt_pp *p) {
+    dt_model *m = s->model;
+    const int nt = dt_model_num_tensors(m);
+    if (!(p->seg = calloc((size_t)nt + 1, sizeof *p->seg))) return dt_error(DT_ENOMEM, "pp: out of memory");
+    for (int t = 0; t < nt; t++) {  /* tensors are laid out in table order, so offsets increase */
+        const dt_param_info *ti = dt_model_tensor(m, t);
+        if (ti->is_buffer || !(p->users[t] >> p->stage & 1) || ti->numel == 0) continue;
+        if (p->nseg && p->seg[p->nseg - 1].hi == ti->offset) p->seg[p->nseg - 1].hi += ti->numel;
+        else p->seg[p->nseg++] = (dt_pp_segment){.lo = ti->offset, .hi = ti->offset + ti->numel};
+    }
+    for (int g = 0; g < p->nseg && s->optim; g++) {
+        dt_pp_segment *sg = &p->seg[g];
+        DT_TRY(dt_optim_create(&sg->opt, dt_optim_config_of(s->optim), sg->hi - sg->lo));
+        dt_optim_set_steps(sg->opt, dt_optim_steps(s->optim));
+        for (int i = 0; i < dt_optim_num_states(s->optim); i++)
+            memcpy(dt_optim_state(sg->opt, i, NULL), dt_optim_state(s->optim, i, NULL) + sg->lo,
+                   (sg->hi - sg->lo) * sizeof(float));
+    }
+    return DT_OK;
+}
+
+/* The communicators: this pipeline's stages (and three duplicates, so that activations,
+ * gradients and fed tokens each keep their own order) and this stage's data-parallel peers. */
+static dt_status make_comms(dt_strategy *s, dt_pp *p) {
+    DT_TRY(dt_comm_split(s->comm, p->dp_i, p->stage, &p->pp));
+    DT_TRY(dt_comm_split(s->comm, p->stage, p->dp_i, &p->dp));
+    s->data_comm = p->dp;
+    if (p->K == 1) return DT_OK;
+    DT_TRY(dt_comm_split(p->pp, 0, p->stage, &p->fwd));
+    DT_TRY(dt_comm_split(p->pp, 0, p->stage, &p->bwd));
+    return dt_comm_split(p->pp, 0, p->stage, &p->data);
+}
+
+static dt_status pp_setup(dt_strategy *s, dt_pp *p) {
+    dt_model *m = s->model;
+    const int world = dt_comm_size(s->comm);
+    if (world % p->K)
+        return dt_error(DT_EINVAL, "--pp %d: the job has %d ranks, not a multiple of %d; start K x DP ranks (e.g. "
+                        "--workers %d)", p->K, world, p->K, p->K);
+    p->DP = world / p->K, p->rank = dt_comm_rank(s->comm);
+    p->stage = p->rank % p->K, p->dp_i = p->rank / p->K;
+    double *cost = NULL;
+    if (p->o.measured && !p->o.split[0] && p->K > 1) {
+        if (!(cost = malloc(sizeof(double) * (size_t)dt_model_num_nodes(m)))) return dt_error(DT_ENOMEM, "pp: out of memory");
+        dt_status st = dt_pp_measure_costs(m, s->comm, 8, 3, cost);
+        if (st != DT_OK) free(cost);
+        DT_TRY(st);
+    }
+    dt_status cs = dt_pp_cut(m, p->K, p->o.split, cost, p->first);
+    free(cost);
+    DT_TRY(cs);
+    p->lo = p->first[p->stage], p->hi = p->first[p->stage + 1];
+    p->in_vals = p->stage > 0 ? dt_model_node_size(m, p->lo - 1) : 0;
+    p->out_vals = p->stage < p->K - 1 ? dt_model_node_size(m, p->hi - 1) : 0;
+    p->x_vals = (size_t)dt_model_input_values(m, 0), p->y_vals = (size_t)dt_model_input_values(m, 1);
+    for (int k = 0; k < p->K; k++) {
+        p->reads_x[k] = k > 0 && dt_model_range_reads_input(m, p->first[k], p->first[k + 1], 0);
+        p->reads_y[k] = k > 0 && dt_model_range_reads_input(m, p->first[k], p->first[k + 1], 1);
+    }
+    DT_TRY(find_users(p, m));
+    p->nstates = s->optim ? dt_optim_num_states(s->optim) : 0;
+    p->steps0 = s->optim ? dt_optim_steps(s->optim) : 0;
+    DT_TRY(make_segments(s, p));
+    /* the trainer's whole-model moments are needed only where checkpoints are written (rank 0);
+     * elsewhere the stage's segments are all the optimizer state it keeps */
+    if (s->optim && p->rank != 0) dt_optim_free_state(s->optim);
+    const size_t nbuf = dt_model_num_buffers(m);
+    p->acts = calloc(2 * DT_PP_MAX_MICRO, sizeof *p->acts);
+    p->slots = calloc(DT_PP_MAX_MICRO, sizeof *p->slots);
+    if (!p->acts || !p->slots || (nbuf && !(p->buf_save = malloc(nbuf * sizeof(float)))))
+        return dt_error(DT_ENOMEM, "pp: out of memory");
+    p->live = -1;
+    s->data_rank = p->dp_i, s->data_world = p->DP, s->job_rank0 = 0;
+    return make_comms(s, p);
+}
+
+static dt_status pp_create(dt_strategy *s, const void *opts) {
+    dt_pp *p = calloc(1, sizeof *p);
+    if (!p) return dt_error(DT_ENOMEM, "pp: out of memory");
+    p->o = *(const dt_pp_opts *)opts;
+    p->K = p->o.stages;
+    if (p->o.microbatches == 0) p->o.microbatches = p->K;  /* default: M = K */
+    s->impl = p;
+    s->ops = &pp_ops;
+    dt_status st = pp_setup(s, p);
+    if (st != DT_OK) {
+        pp_destroy(s);
+        s->ops = NULL;
+    }
+    return st;
+}
+
+/* ---- options ---- */
+
+static void pp_defaults(void *opts) {
+    dt_pp_opts *o = opts;
+    *o = (dt_pp_opts){.stages = 2, .microbatches = 0, .schedule = DT_PP_1F1B};
+}
+
+static dt_status int_opt(const char *key, const char *value, int lo, int hi, int *out) {
+    char *end;
+    long v = strtol(value, &end, 10);
+    if (*end || end == value || v < lo || v > hi)
+        return dt_error(DT_EINVAL, "--strategy pp: %s=%s: need a whole number from %d to %d", key, value, lo, hi);
+    *out = (int)v;
+    return DT_OK;
+}
+
+static dt_status pp_set(void *opts, const char *key, const char *value) {
+    dt_pp_opts *o = opts;
+    if (!strcmp(key, "stages")) return int_opt(key, value, 1, DT_PP_MAX_STAGES, &o->stages);
+    if (!strcmp(key, "microbatches")) return int_opt(key, value, 1, DT_PP_MAX_MICRO, &o->microbatches);
+    if (!strcmp(key, "schedule")) return dt_pp_schedule_parse(value, &o->schedule);
+    if (!strcmp(key, "cost")) {
+        if (strcmp(value, "flops") && strcmp(value, "measured"))
+            return dt_error(DT_EINVAL, "--strategy pp: cost=%s: choose flops or measured", value);
+        o->measured = !strcmp(value, "measured");
+        return DT_OK;
+    }
+    if (strlen(value) >= sizeof o->split)
+        return dt_error(DT_EINVAL, "--pp-split %s: too long (at most %zu characters)", value, sizeof o->split - 1);
+    snprintf(o->split, sizeof o->split, "%s", value);
+    return DT_OK;
+}
+
+static void pp_format(const void *opts, char *out, size_t cap) {
+    const dt_pp_opts *o = opts;
+    int k = snprintf(out, cap, "stages=%d,microbatches=%d,schedule=%s", o->stages,
+                     o->microbatches ? o->microbatches : o->stages, dt_pp_schedule_name(o->schedule));
+    if (o->measured && k > 0 && (size_t)k < cap) k += snprintf(out + k, cap - (size_t)k, ",cost=measured");
+    if (o->split[0] && k > 0 && (size_t)k < cap) snprintf(out + k, cap - (size_t)k, ",split=%s", o->split);
+}
+
+/* Every stage of pipeline dp_i trains the same samples: the data is split over the DP axis only. */
+static void pp_data_part(const void *opts, int rank, int size, int *data_rank, int *data_world) {
+    const int K = ((const dt_pp_opts *)opts)->stages;
+    *data_world = size % K == 0 ? size / K : size;
+    *data_rank = size % K == 0 ? rank / K : rank;
+}
+
+const dt_strategy_entry dt_strategy_pp_entry = {
+    .name = "pp", .help = "pp(stages=K,microbatches=M,schedule=gpipe|1f1b,cost=flops|measured,split=N1:N2:...)",
+    .keys = "stages,microbatches,schedule,cost,split", .opts_size = sizeof(dt_pp_opts), .defaults = pp_defaults,
+    .set = pp_set, .create = pp_create, .format = pp_format, .needs_comm = true,
+    .data_part = pp_data_part};

@@ -1,0 +1,121 @@
+/* Pipeline parallelism, internal to src/parallel/pp*.c: the cut of the graph into stages
+ * (pp_cut.c), the micro-batch schedules GPipe and 1F1B as lists of actions (pp_schedule.c), the
+ * step that runs a schedule with point-to-point sends (pp_step.c) and the strategy itself (pp.c:
+ * options, communicators, optimizer segments, state for checkpoints, metrics).
+ *
+ * Rank order of the mesh (agreed with tensor parallelism): rank = (dp_i * PP + pp_i) * TP + tp_i,
+ * TP innermost; this strategy has TP = 1, so rank = dp_i * PP + pp_i. */
+#ifndef DT_PARALLEL_PP_H
+#define DT_PARALLEL_PP_H
+
+#include "parallel/strategy.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#define DT_PP_MAX_STAGES 64
+#define DT_PP_MAX_MICRO 1024
+
+typedef enum { DT_PP_GPIPE = 0, DT_PP_1F1B } dt_pp_schedule_kind;
+
+/* pp's options: "pp(stages=K,microbatches=M,schedule=gpipe|1f1b,split=N1:N2:...)". */
+typedef struct {
+    int stages;                 /* K >= 1; the world must be a multiple of K (the rest is DP) */
+    int microbatches;           /* M >= 1 per rank-batch (default K) */
+    dt_pp_schedule_kind schedule;
+    char split[160];            /* "" = balanced; else K-1 first nodes of stages 1..K-1, by index or name */
+    bool measured;              /* balance measured per-node seconds (pp_cost.c) instead of flops */
+} dt_pp_opts;
+
+/* ---- schedules (pp_schedule.c) ---- */
+
+/* One action of a stage: forward or backward of micro-batch mb. */
+typedef struct {
+    bool backward;
+    int mb;
+} dt_pp_action;
+
+/* The actions of stage s of K for M micro-batches under kind, into a[0..2M) (2M of them: each
+ * micro-batch once forward, once backward). GPipe: all forwards, then the backwards in reverse
+ * order. 1F1B: min(K-s-1, M) warm-up forwards, then one forward one backward, then the rest of the
+ * backwards, in micro-batch order. */
+void dt_pp_schedule(dt_pp_schedule_kind kind, int s, int K, int M, dt_pp_action *a);
+/* Most micro-batches forwarded and not yet backwarded at any point of a[0..n). */
+int dt_pp_schedule_peak(const dt_pp_action *a, int n);
+/* "gpipe" | "1f1b" -> kind; DT_EINVAL otherwise. */
+dt_status dt_pp_schedule_parse(const char *name, dt_pp_schedule_kind *kind);
+const char *dt_pp_schedule_name(dt_pp_schedule_kind kind);
+
+/* ---- the cut (pp_cut.c) ---- */
+
+/* True when the graph may be cut before node k: exactly one node below k (node k-1, not an
+ * input nor an alias of one) is read at k or above, and the loss stays above the cut. */
+bool dt_pp_cut_valid(const dt_model *m, int k);
+/* The first node of each stage: first[0] = 0, first[1..K) the cuts, first[K] = the node count.
+ * split "" balances cost[] (per node, e.g. flops; NULL: flops at batch 1) so that the most
+ * expensive stage is as cheap as the valid cuts allow; else split names the K-1 cuts
+ * ("12:24:36" or node names "transformer.h.2.add2:..."). DT_EINVAL saying which cuts are valid. */
+dt_status dt_pp_cut(const dt_model *m, int K, const char *split, const double *cost, int *first);
+
+/* Per-node seconds of forward + backward at batch B (reps passes), measured on rank 0 of comm and
+ * broadcast into cost[num_nodes] on every rank (pp_cost.c). Collective over comm. */
+dt_status dt_pp_measure_costs(dt_model *m, dt_comm *comm, int B, int reps, double *cost);
+
+/* ---- the strategy's state (pp.c, pp_step.c) ---- */
+
+/* Memory of one micro-batch in flight on this stage (taken at its forward, given back after its
+ * backward): the received stage input, the activation sent on, the gradients, fed tokens. */
+typedef struct {
+    float *in, *out, *gin, *gout;
+    int32_t *x, *y;
+    int cap;                      /* samples the buffers hold */
+    dt_request *req_out, *req_gout;
+    double t_out, t_gout;         /* when the sends were issued (for the timeline) */
+    int mb_gout;                  /* micro-batch of the gradient send */
+    bool used;
+} dt_pp_slot;
+
+/* A contiguous range of the parameter slab that this stage updates, with its own optimizer. */
+typedef struct {
+    size_t lo, hi;
+    dt_optim *opt;
+} dt_pp_segment;
+
+typedef struct {
+    dt_pp_opts o;
+    int K, DP, stage, dp_i, rank;  /* rank: in the strategy's communicator */
+    int first[DT_PP_MAX_STAGES + 1];
+    int lo, hi;                    /* this stage's nodes [lo, hi) */
+    dt_comm *pp, *fwd, *bwd, *data, *dp;  /* pp: the stages of this pipeline (fwd, bwd, data: its
+                                           * duplicates for activations, gradients, tokens) */
+    size_t in_vals, out_vals;      /* values per sample of the stage input (node lo-1) and output */
+    size_t x_vals, y_vals;         /* values per sample of the fed inputs */
+    bool reads_x[DT_PP_MAX_STAGES], reads_y[DT_PP_MAX_STAGES];
+    uint64_t *users;               /* per tensor: bit k set when stage k uses it */
+    dt_pp_segment *seg;
+    int nseg;
+    int nstates;                   /* optimizer moments per parameter (0 sgd, 1 momentum, 2 adam) */
+    int64_t steps0, updates;       /* optimizer steps at the start, updates since */
+    dt_pp_slot *slots;
+    int nslots, mb_slot[DT_PP_MAX_MICRO];
+    dt_pp_action *acts;
+    float *buf_save;               /* model buffers kept across a recomputed forward */
+    int live;                      /* micro-batch whose activations the model holds (-1: none) */
+    /* figures */
+    int inflight, peak_inflight;   /* micro-batches forwarded and not yet backwarded */
+    size_t mb_bytes;               /* bytes one micro-batch in flight holds (largest seen) */
+    double bubble_sum;             /* sum over steps of this stage's idle fraction */
+    int64_t bubble_steps;
+    bool bubble_warm;              /* the first step's figure was dropped */
+    double busy;                   /* compute seconds of the current step */
+    uint64_t bytes_sent;
+    double loss_sum;
+} dt_pp;
+
+/* Trains one step of b on this stage (pp_step.c): the schedule's micro-batches, then the
+ * gradient sums over shared tensors and the data-parallel axis, clipping and the update. */
+dt_status dt_pp_train_step(dt_strategy *s, const dt_step_batch *b, dt_step_result *r);
+/* The world rank of stage k of this pipeline. */
+static inline int dt_pp_world_rank(const dt_pp *p, int k) { return p->dp_i * p->K + k; }
+
+#endif

@@ -1,0 +1,349 @@
+/* One pipeline step on this stage (pp.h): the rank-batch is cut into M micro-batches, run by the
+ * schedule's actions; then the gradients of tensors several stages use are summed over them, each
+ * stage's gradients averaged over the DP axis, clipped by the global norm (its squares summed over
+ * the stages) and applied by the stage's own optimizer segments.
+ *
+ * Communication: activations go forward on their own communicator, gradients back on another,
+ * tokens and targets (and the loss for the report) between stage 0 and the stages that read them
+ * on a third; every send is non-blocking, each receive is posted when its action is next. Each
+ * communicator runs its ops in issue order, and on each one every stage issues them in
+ * micro-batch order of its direction, so the chains cannot wait on one another in a cycle.
+ *
+ * Memory: the model holds the activations of one micro-batch. A micro-batch in flight keeps only
+ * its stage input (and the output sent on); its backward recomputes the stage's forward from it
+ * unless the model still holds it (GPipe's re-materialisation; batchnorm running statistics are
+ * kept across the recomputation). */
+#include "parallel/pp.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Per-step context. */
+typedef struct {
+    dt_strategy *s;
+    dt_pp *p;
+    const dt_step_batch *b;
+    int M;
+    dt_request **data_req;  /* stage 0: the tokens/targets sends, 2 per micro-batch and later stage */
+    int ndata;
+} step_ctx;
+
+static int mb_lo(const step_ctx *c, int j) { return (int)((int64_t)c->b->feed.n * j / c->M); }
+static int mb_n(const step_ctx *c, int j) { return mb_lo(c, j + 1) - mb_lo(c, j); }
+static const int32_t *feed_x(const step_ctx *c, int j) {
+    return (const int32_t *)c->b->feed.x + (size_t)mb_lo(c, j) * c->p->x_vals;
+}
+static const int32_t *feed_y(const step_ctx *c, int j) {
+    return c->b->feed.y ? (const int32_t *)c->b->feed.y + (size_t)mb_lo(c, j) * c->p->y_vals : NULL;
+}
+
+static dt_status fail(const dt_pp *p, dt_status st, const char *what, int mb, int peer) {
+    return dt_error_wrap(st, "pipeline stage %d (rank %d): %s of micro-batch %d %s stage %d (rank %d)", p->stage,
+                         p->rank, what, mb, strstr(what, "send") ? "to" : "from", peer, dt_pp_world_rank(p, peer));
+}
+
+static dt_status grow(void **buf, size_t bytes) {
+    void *q = realloc(*buf, bytes ? bytes : 1);
+    if (!q) return dt_error(DT_ENOMEM, "pp: out of memory for a micro-batch of %zu bytes", bytes);
+    *buf = q;
+    return DT_OK;
+}
+
+/* Waits for a send issued at t0 and records it on lane 1 as "send WHAT mb". */
+static dt_status wait_send(step_ctx *c, dt_request **req, double t0, const char *what, int mb) {
+    if (!*req) return DT_OK;
+    dt_status st = dt_request_wait(req);
+    char name[24];
+    snprintf(name, sizeof name, "send %s %d", what, mb);
+    dt_trace_add(c->s->trace, name, 1, t0, dt_now(), c->s->step);
+    return st;
+}
+
+/* A free slot for micro-batch j with room for n samples (its earlier gradient send finished). */
+static dt_status take_slot(step_ctx *c, int j, int n) {
+    dt_pp *p = c->p;
+    int i = 0;
+    while (i < p->nslots && p->slots[i].used) i++;
+    if (i == p->nslots) p->nslots++;
+    dt_pp_slot *sl = &p->slots[i];
+    dt_status ws = wait_send(c, &sl->req_gout, sl->t_gout, "grad", sl->mb_gout);
+    if (ws != DT_OK) return fail(p, ws, "sending the input gradient", sl->mb_gout, p->stage - 1);
+    if (n > sl->cap) {
+        const size_t f = sizeof(float), in = (size_t)n * p->in_vals * f, out = (size_t)n * p->out_vals * f;
+        DT_TRY(grow((void **)&sl->in, in));
+        DT_TRY(grow((void **)&sl->gout, in));
+        DT_TRY(grow((void **)&sl->out, out));
+        DT_TRY(grow((void **)&sl->gin, out));
+        DT_TRY(grow((void **)&sl->x, (size_t)n * p->x_vals * 4));
+        DT_TRY(grow((void **)&sl->y, (size_t)n * p->y_vals * 4));
+        sl->cap = n;
+    }
+    const size_t bytes = (size_t)n * (p->in_vals + p->out_vals) * sizeof(float);  /* what it keeps in flight */
+    if (bytes > p->mb_bytes) p->mb_bytes = bytes;
+    sl->used = true;
+    p->mb_slot[j] = i;
+    return DT_OK;
+}
+
+/* Stage 0: every micro-batch's tokens and targets to the later stages that read them. */
+static dt_status send_feeds(step_ctx *c) {
+    dt_pp *p = c->p;
+    for (int j = 0; j < c->M; j++)
+        for (int k = 1; k < p->K; k++) {
+            const size_t n = (size_t)mb_n(c, j);
+            if (p->reads_x[k])
+                DT_TRY(dt_comm_isend(p->data, feed_x(c, j), n * p->x_vals, DT_I32, k, 2 * j, &c->data_req[c->ndata++]));
+            if (p->reads_y[k] && feed_y(c, j))
+                DT_TRY(dt_comm_isend(p->data, feed_y(c, j), n * p->y_vals, DT_I32, k, 2 * j + 1,
+                                     &c->data_req[c->ndata++]));
+            if (p->reads_x[k] || (p->reads_y[k] && feed_y(c, j))) p->bytes_sent += n * 4 *
+                ((p->reads_x[k] ? p->x_vals : 0) + (p->reads_y[k] && feed_y(c, j) ? p->y_vals : 0));
+        }
+    return DT_OK;
+}
+
+/* Receives (req, then waits) count values into buf; traced on lane 1. */
+static dt_status recv_now(step_ctx *c, dt_comm *comm, void *buf, size_t count, dt_dtype dt, int peer, int tag,
+                          const char *what, int mb) {
+    dt_request *req = NULL;
+    const double t0 = dt_now();
+    dt_status st = dt_comm_irecv(comm, buf, count, dt, peer, tag, &req);
+    if (st == DT_OK) st = dt_request_wait(&req);
+    if (st != DT_OK) return fail(c->p, st, what, mb, peer);
+    char name[24];
+    const char *kind = strstr(what, "gradient") ? "grad" : strstr(what, "activ") ? "act" : "feed";
+    snprintf(name, sizeof name, "recv %s %d", kind, mb);
+    dt_trace_add(c->s->trace, name, 1, t0, dt_now(), c->s->step);
+    return DT_OK;
+}
+
+/* The feed of micro-batch j on this stage: stage 0's own, elsewhere what it received. */
+static dt_feed stage_feed(step_ctx *c, int j) {
+    dt_pp *p = c->p;
+    const dt_pp_slot *sl = &p->slots[p->mb_slot[j]];
+    const bool last = p->stage == p->K - 1;
+    if (p->stage == 0) return (dt_feed){.x = feed_x(c, j), .y = last ? feed_y(c, j) : NULL, .n = mb_n(c, j)};
+    return (dt_feed){.x = p->reads_x[p->stage] ? sl->x : NULL, .y = p->reads_y[p->stage] && c->b->feed.y ? sl->y : NULL,
+                     .n = mb_n(c, j)};
+}
+
+/* Runs this stage's nodes on micro-batch j from its kept input. */
+static dt_status run_forward(step_ctx *c, int j) {
+    dt_pp *p = c->p;
+    dt_model *m = c->s->model;
+    const int n = mb_n(c, j);
+    DT_TRY(dt_model_prepare(m, n, true, (uint64_t)(c->b->step * c->M + j)));
+    if (p->stage > 0)
+        memcpy(dt_model_node_buffer(m, p->lo - 1), p->slots[p->mb_slot[j]].in, (size_t)n * p->in_vals * sizeof(float));
+    dt_feed f = stage_feed(c, j);
+    DT_TRY(dt_model_forward_nodes(m, &f, p->lo, p->hi));
+    p->live = j;
+    return DT_OK;
+}
+
+static dt_status forward(step_ctx *c, int j) {
+    dt_pp *p = c->p;
+    dt_model *m = c->s->model;
+    const int n = mb_n(c, j);
+    DT_TRY(take_slot(c, j, n));
+    dt_pp_slot *sl = &p->slots[p->mb_slot[j]];
+    if (p->stage > 0)
+        DT_TRY(recv_now(c, p->fwd, sl->in, (size_t)n * p->in_vals, DT_F32, p->stage - 1, j, "receiving the activation",
+                        j));
+    if (p->reads_x[p->stage])
+        DT_TRY(recv_now(c, p->data, sl->x, (size_t)n * p->x_vals, DT_I32, 0, 2 * j, "receiving the tokens", j));
+    if (p->reads_y[p->stage] && c->b->feed.y)
+        DT_TRY(recv_now(c, p->data, sl->y, (size_t)n * p->y_vals, DT_I32, 0, 2 * j + 1, "receiving the targets", j));
+    const double t0 = dt_now();
+    DT_TRY(run_forward(c, j));
+    char name[24];
+    snprintf(name, sizeof name, "F%d", j);
+    const double t1 = dt_now();
+    dt_trace_add(c->s->trace, name, 0, t0, t1, c->s->step);
+    p->busy += t1 - t0;
+    if (p->stage == p->K - 1) {
+        const float loss = dt_model_node_values(m, dt_model_loss_node(m))[0];
+        if (!isfinite(loss))
+            return dt_error(DT_EINVAL, "training diverged: loss is %g at step %lld on rank %d (pipeline stage %d); "
+                            "lower --lr or set --clip", loss, (long long)c->b->step, p->rank, p->stage);
+        p->loss_sum += (double)loss * n;
+    } else {
+        memcpy(sl->out, dt_model_node_values(m, p->hi - 1), (size_t)n * p->out_vals * sizeof(float));
+        sl->t_out = dt_now();
+        dt_status st = dt_comm_isend(p->fwd, sl->out, (size_t)n * p->out_vals, DT_F32, p->stage + 1, j, &sl->req_out);
+        if (st != DT_OK) return fail(p, st, "sending the activation", j, p->stage + 1);
+        p->bytes_sent += (uint64_t)n * p->out_vals * sizeof(float);
+    }
+    if (++p->inflight > p->peak_inflight) p->peak_inflight = p->inflight;
+    return DT_OK;
+}
+
+/* The forward again from the kept input, with the model's buffers (running statistics) as they
+ * were, so that they are updated once per micro-batch. */
+static dt_status recompute(step_ctx *c, int j) {
+    dt_pp *p = c->p;
+    dt_model *m = c->s->model;
+    const size_t nb = dt_model_num_buffers(m);
+    if (nb) memcpy(p->buf_save, dt_model_buffers(m), nb * sizeof(float));
+    dt_status st = run_forward(c, j);
+    if (nb) memcpy(dt_model_buffers(m), p->buf_save, nb * sizeof(float));
+    return st;
+}
+
+static dt_status backward(step_ctx *c, int j) {
+    dt_pp *p = c->p;
+    dt_model *m = c->s->model;
+    const int n = mb_n(c, j);
+    dt_pp_slot *sl = &p->slots[p->mb_slot[j]];
+    const bool last = p->stage == p->K - 1;
+    if (p->live != j) {  /* before the gradient arrives: the recomputation fills the wait */
+        const double tr = dt_now();
+        DT_TRY(recompute(c, j));
+        char rn[24];
+        snprintf(rn, sizeof rn, "R%d", j);
+        dt_trace_add(c->s->trace, rn, 0, tr, dt_now(), c->s->step);
+        p->busy += dt_now() - tr;
+    }
+    if (!last)
+        DT_TRY(recv_now(c, p->bwd, sl->gin, (size_t)n * p->out_vals, DT_F32, p->stage + 1, j,
+                        "receiving the output gradient", j));
+    const double t0 = dt_now();
+    const float share = (float)((double)n * c->b->world / c->b->n_global);  /* of the global mean */
+    DT_TRY(dt_model_backward_nodes(m, p->lo, p->hi, last ? NULL : sl->gin, share, NULL, NULL));
+    char name[24];
+    snprintf(name, sizeof name, "B%d", j);
+    const double t1 = dt_now();
+    dt_trace_add(c->s->trace, name, 0, t0, t1, c->s->step);
+    p->busy += t1 - t0;
+    if (p->stage > 0) {
+        const float *g = dt_model_node_grad(m, p->lo - 1);
+        const size_t cnt = (size_t)n * p->in_vals;
+        if (g) memcpy(sl->gout, g, cnt * sizeof(float));
+        else memset(sl->gout, 0, cnt * sizeof(float));
+        sl->t_gout = dt_now(), sl->mb_gout = j;
+        dt_status st = dt_comm_isend(p->bwd, sl->gout, cnt, DT_F32, p->stage - 1, j, &sl->req_gout);
+        if (st != DT_OK) return fail(p, st, "sending the input gradient", j, p->stage - 1);
+        p->bytes_sent += cnt * sizeof(float);
+    }
+    dt_status st = wait_send(c, &sl->req_out, sl->t_out, "act", j);
+    if (st != DT_OK) return fail(p, st, "sending the activation", j, p->stage + 1);
+    sl->used = false;
+    p->inflight--;
+    return DT_OK;
+}
+
+/* Runs the schedule of this stage over the step's micro-batches. */
+static dt_status run_schedule(step_ctx *c) {
+    dt_pp *p = c->p;
+    dt_pp_schedule(p->o.schedule, p->stage, p->K, c->M, p->acts);
+    if (p->stage == 0 && p->K > 1) DT_TRY(send_feeds(c));
+    for (int i = 0; i < 2 * c->M; i++)
+        DT_TRY(p->acts[i].backward ? backward(c, p->acts[i].mb) : forward(c, p->acts[i].mb));
+    for (int i = 0; i < p->nslots; i++) {
+        dt_pp_slot *sl = &p->slots[i];
+        dt_status st = wait_send(c, &sl->req_gout, sl->t_gout, "grad", sl->mb_gout);
+        if (st != DT_OK) return fail(p, st, "sending the input gradient", sl->mb_gout, p->stage - 1);
+    }
+    dt_status st = dt_request_waitall(c->data_req, c->ndata);
+    c->ndata = 0;
+    if (st != DT_OK) return dt_error_wrap(st, "pipeline stage 0 (rank %d): sending tokens and targets", p->rank);
+    return DT_OK;
+}
+
+/* The step's loss sum from the last stage to stage 0 (which reports it). */
+static dt_status pass_loss(step_ctx *c) {
+    dt_pp *p = c->p;
+    if (p->K == 1) return DT_OK;
+    dt_status st = DT_OK;
+    if (p->stage == p->K - 1) st = dt_comm_send(p->data, &p->loss_sum, 1, DT_F64, 0, DT_COMM_TAG_MAX);
+    else if (p->stage == 0) st = dt_comm_recv(p->data, &p->loss_sum, 1, DT_F64, p->K - 1, DT_COMM_TAG_MAX);
+    if (st != DT_OK)
+        return fail(p, st, p->stage == 0 ? "receiving the loss" : "sending the loss", -1, p->stage ? 0 : p->K - 1);
+    return DT_OK;
+}
+
+/* Sums the gradients of tensors that several stages use, averages over DP, clips, updates. */
+static dt_status update(step_ctx *c) {
+    dt_strategy *s = c->s;
+    dt_pp *p = c->p;
+    dt_model *m = s->model;
+    float *g = dt_model_grads(m), *w = dt_model_params(m);
+    for (int t = 0; p->K > 1 && t < dt_model_num_tensors(m); t++) {
+        const dt_param_info *ti = dt_model_tensor(m, t);
+        if (ti->is_buffer || !(p->users[t] & (p->users[t] - 1))) continue;  /* one user */
+        dt_status st = dt_comm_allreduce(p->pp, g + ti->offset, g + ti->offset, ti->numel, DT_F32, DT_OP_SUM);
+        if (st != DT_OK) return dt_error_wrap(st, "pipeline stage %d (rank %d): summing the gradient of %s shared by "
+                                              "stages", p->stage, p->rank, ti->name);
+        p->bytes_sent += ti->numel * sizeof(float);
+    }
+    for (int q = 0; p->DP > 1 && q < p->nseg; q++) {
+        dt_status st = dt_comm_allreduce(p->dp, g + p->seg[q].lo, g + p->seg[q].lo, p->seg[q].hi - p->seg[q].lo, DT_F32,
+                                         DT_OP_AVG);
+        if (st != DT_OK) return dt_error_wrap(st, "pipeline stage %d (rank %d): data-parallel gradient allreduce",
+                                              p->stage, p->rank);
+    }
+    if (p->DP > 1 && dt_model_num_buffers(m))
+        DT_TRY(dt_comm_broadcast(p->dp, dt_model_buffers(m), dt_model_num_buffers(m), DT_F32, 0));
+    if (c->b->clip > 0) {
+        double ss = 0;
+        for (int t = 0; t < dt_model_num_tensors(m); t++) {
+            const dt_param_info *ti = dt_model_tensor(m, t);
+            int own = 0;
+            while (own < p->K && !(p->users[t] >> own & 1)) own++;
+            if (ti->is_buffer || own != p->stage) continue;
+            for (size_t i = 0; i < ti->numel; i++) ss += (double)g[ti->offset + i] * g[ti->offset + i];
+        }
+        if (p->K > 1) DT_TRY(dt_comm_allreduce(p->pp, &ss, &ss, 1, DT_F64, DT_OP_SUM));
+        const float norm = (float)sqrt(ss), clip = c->b->clip;
+        if (norm > clip) {
+            const float k = clip / (norm + 1e-6f);  /* as dt_clip_grad_norm (torch adds 1e-6) */
+            for (int q = 0; q < p->nseg; q++)
+                for (size_t i = p->seg[q].lo; i < p->seg[q].hi; i++) g[i] *= k;
+        }
+    }
+    for (int q = 0; q < p->nseg; q++) dt_optim_step(p->seg[q].opt, w + p->seg[q].lo, g + p->seg[q].lo, c->b->lr);
+    p->updates++;
+    return DT_OK;
+}
+
+dt_status dt_pp_train_step(dt_strategy *s, const dt_step_batch *b, dt_step_result *r) {
+    dt_pp *p = s->impl;
+    const double t0 = dt_now();
+    memset(r, 0, sizeof *r);
+    s->ops->begin_step(s, b->step);
+    dt_model_zero_grad(s->model);
+    step_ctx *c = calloc(1, sizeof *c);
+    if (!c) return dt_error(DT_ENOMEM, "pp: out of memory");
+    c->s = s, c->p = p, c->b = b;
+    c->M = b->feed.n < p->o.microbatches ? b->feed.n : p->o.microbatches;
+    if (!(c->data_req = calloc((size_t)(2 * c->M * p->K + 1), sizeof *c->data_req))) {
+        free(c);
+        return dt_error(DT_ENOMEM, "pp: out of memory");
+    }
+    p->loss_sum = 0, p->busy = 0, p->live = -1, p->inflight = 0;
+    dt_status st = run_schedule(c);
+    const double t1 = dt_now();
+    /* the bubble of this step (the run's first step, which allocates, is left out when there are more) */
+    if (st == DT_OK && t1 > t0 && c->M > 0) {
+        if (p->bubble_steps == 1 && !p->bubble_warm) p->bubble_sum = 0, p->bubble_steps = 0, p->bubble_warm = true;
+        p->bubble_sum += 1.0 - p->busy / (t1 - t0), p->bubble_steps++;
+    }
+    if (st == DT_OK) st = pass_loss(c);
+    double busy = dt_now() - t0;
+    if (st == DT_OK && b->compute_done) busy += b->compute_done(b->ctx, b->feed.n, busy);
+    const double tu = dt_now();
+    if (st == DT_OK) st = update(c);
+    dt_trace_add(s->trace, "update", 0, tu, dt_now(), b->step);
+    if (st != DT_OK) dt_request_waitall(c->data_req, c->ndata);
+    free(c->data_req);
+    free(c);
+    DT_TRY(st);
+    /* stage 0 reports the pipeline's samples and loss once (the trainer sums ranks' figures) */
+    r->n = p->stage == 0 ? b->feed.n : 0;
+    r->loss_sum = p->stage == 0 ? p->loss_sum : 0;
+    s->cur.n = r->n, s->cur.loss_sum = r->loss_sum, s->cur.busy_s = busy;
+    r->compute_s = dt_now() - t0;
+    return DT_OK;
+}

@@ -1,0 +1,459 @@
+/* Pipeline parallelism (src/parallel/pp*.c):
+ *  - the schedules: every micro-batch once each way, 1F1B's in-flight count min(K, M) <= K and
+ *    GPipe's M (counted), and a simulation of the stages' dependencies that finishes (no cycle)
+ *    for every K <= 6, M <= 12, fewer micro-batches than stages included;
+ *  - the cut: balanced over valid boundaries, --pp-split by index and name, clear errors;
+ *  - pp2 and pp4 on the GPT with both schedules and M in {1, 2, K, 2K}, dp2 x pp2, and pp2 on the
+ *    MLP and the CNN each give the losses of 20 steps and the final parameters of 1 worker at the
+ *    same global batch, within 2e-5 absolute (float rounding of other GEMM shapes; the values are
+ *    ~0.02-1 for parameters, ~4 for losses), with gradient clipping on; so do a cut from measured
+ *    seconds, and a cut before transformer.wpe (stage 1 then receives the tokens) at uneven
+ *    micro-batches (M=3 of 8 samples);
+ *  - the in-flight count and peak activation memory the run measured (metrics line);
+ *  - checkpoints across layouts: saved under pp2 resumed on 1 worker, and the other way round;
+ *  - a stage killed mid-run: every other rank fails (no hang) naming stage, rank and operation.
+ * Under the sanitizers (DTRAIN_SANITIZED) a subset of the layouts runs. */
+#include "core/test.h"
+#include "dtrain/dtrain.h"
+#include "dtrain/models.h"
+#include "parallel/parallel_testlib.h"
+#include "parallel/pp.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char g_dir[64], g_text[160], g_idx[128];
+static const char *GPT = "gpt:L=4,H=2,C=16,T=16";
+enum { CAP = 1 << 18, STEPS = 20 };
+static bool g_light;
+
+/* ---- schedules ---- */
+
+/* Runs the K stages' action lists as a dependency simulation: F(j) on stage s needs F(j) done on
+ * s-1, B(j) needs B(j) done on s+1. Returns true when every action completes. */
+static bool simulate(dt_pp_schedule_kind kind, int K, int M) {
+    static dt_pp_action a[6][24];
+    static bool fdone[6][12], bdone[6][12];
+    int pos[6] = {0};
+    memset(fdone, 0, sizeof fdone), memset(bdone, 0, sizeof bdone);
+    for (int s = 0; s < K; s++) dt_pp_schedule(kind, s, K, M, a[s]);
+    for (bool moved = true; moved;) {
+        moved = false;
+        for (int s = 0; s < K; s++) {
+            if (pos[s] == 2 * M) continue;
+            const dt_pp_action x = a[s][pos[s]];
+            bool ok = x.backward ? fdone[s][x.mb] && (s == K - 1 || bdone[s + 1][x.mb]) : (s == 0 || fdone[s - 1][x.mb]);
+            if (!ok) continue;
+            (x.backward ? bdone : fdone)[s][x.mb] = true;
+            pos[s]++, moved = true;
+        }
+    }
+    for (int s = 0; s < K; s++)
+        if (pos[s] != 2 * M) return false;
+    return true;
+}
+
+static void test_schedules(void) {
+    for (int kind = 0; kind < 2; kind++)
+        for (int K = 1; K <= 6; K++)
+            for (int M = 1; M <= 12; M++) {
+                for (int s = 0; s < K; s++) {
+                    dt_pp_action a[24];
+                    int f[12] = {0}, b[12] = {0}, ok = 1;
+                    dt_pp_schedule((dt_pp_schedule_kind)kind, s, K, M, a);
+                    for (int i = 0; i < 2 * M; i++) {
+                        if (a[i].backward) ok &= f[a[i].mb] == 1, b[a[i].mb]++;
+                        else f[a[i].mb]++;
+                    }
+                    for (int j = 0; j < M; j++) ok &= f[j] == 1 && b[j] == 1;
+                    CHECK_MSG(ok, "%s K=%d M=%d stage %d: not every micro-batch once each way, forward first",
+                              dt_pp_schedule_name(kind), K, M, s);
+                    int peak = dt_pp_schedule_peak(a, 2 * M), want = kind == DT_PP_GPIPE ? M : (K - s < M ? K - s : M);
+                    CHECK_MSG(peak == want && (kind == DT_PP_GPIPE || peak <= K), "%s K=%d M=%d stage %d: %d in flight",
+                              dt_pp_schedule_name(kind), K, M, s, peak);
+                }
+                CHECK_MSG(simulate((dt_pp_schedule_kind)kind, K, M), "%s K=%d M=%d: the stages wait on each other",
+                          dt_pp_schedule_name(kind), K, M);
+            }
+    dt_pp_schedule_kind k;
+    CHECK(dt_pp_schedule_parse("zigzag", &k) == DT_EINVAL && strstr(dt_last_error(), "gpipe or 1f1b"));
+}
+
+/* ---- the cut ---- */
+
+static void test_cut(void) {
+    dt_model *m;
+    dt_gpt_config g;
+    CHECK_OK(dt_gpt_parse(GPT, &g));
+    CHECK_OK(dt_gpt_create(&m, &g));
+    int first[5], n = dt_model_num_nodes(m);
+    CHECK_OK(dt_pp_cut(m, 2, "", NULL, first));
+    CHECK(first[0] == 0 && first[2] == n && dt_pp_cut_valid(m, first[1]));
+    /* the balanced cut in 2 is the valid one with the cheapest larger half (brute force) */
+    double total = 0, pre = 0, best = 1e300, got = 0;
+    for (int i = 0; i < n; i++) total += dt_model_node_flops(m, i, 1);
+    for (int k = 1; k < n; k++) {
+        pre += dt_model_node_flops(m, k - 1, 1);
+        double worst = pre > total - pre ? pre : total - pre;
+        if (dt_pp_cut_valid(m, k) && worst < best) best = worst;
+        if (k == first[1]) got = worst;
+    }
+    printf("gpt L=4 in 2 stages: stage 1 starts at node %d (%s) of %d; larger half %.0f of %.0f flops\n", first[1],
+           dt_model_node_name(m, first[1]), n, got, total);
+    CHECK(got == best && got < 0.6 * total);
+    CHECK_OK(dt_pp_cut(m, 4, "", NULL, first));
+    for (int k = 1; k < 4; k++) CHECK(first[k] > first[k - 1] && dt_pp_cut_valid(m, first[k]));
+    char split[64];
+    snprintf(split, sizeof split, "%d", first[2]);
+    int f2[DT_PP_MAX_STAGES + 1];
+    CHECK_OK(dt_pp_cut(m, 2, split, NULL, f2));
+    CHECK(f2[1] == first[2]);
+    CHECK_OK(dt_pp_cut(m, 2, dt_model_node_name(m, first[1]), NULL, f2));
+    CHECK(f2[1] == first[1]);
+    int bad = 1;
+    while (bad < n && dt_pp_cut_valid(m, bad)) bad++;
+    snprintf(split, sizeof split, "%d", bad);  /* inside a block: two values cross */
+    CHECK(dt_pp_cut(m, 2, split, NULL, f2) == DT_EINVAL && strstr(dt_last_error(), "not a valid stage boundary"));
+    snprintf(split, sizeof split, "%d", first[2]);
+    CHECK(dt_pp_cut(m, 3, split, NULL, f2) == DT_EINVAL && strstr(dt_last_error(), "need 2 cuts"));
+    CHECK(dt_pp_cut(m, 40, "", NULL, f2) == DT_EINVAL && strstr(dt_last_error(), "valid stage boundar"));
+    /* measured per-node seconds (one process): every node timed, the cut from them valid */
+    dt_comm *self;
+    dt_comm_config cc = dt_comm_config_default();
+    CHECK_OK(dt_comm_create(&self, &cc));
+    double *cost = calloc((size_t)n, sizeof(double)), sum = 0, mn = 1;
+    CHECK_OK(dt_pp_measure_costs(m, self, 4, 1, cost));
+    for (int i = 0; i < n; i++) sum += cost[i], mn = cost[i] < mn ? cost[i] : mn;
+    CHECK(sum > 0 && mn >= 0);
+    CHECK_OK(dt_pp_cut(m, 3, "", cost, first));
+    for (int k = 1; k < 3; k++) CHECK(first[k] > first[k - 1] && dt_pp_cut_valid(m, first[k]));
+    const float *grads = dt_model_grads(m);
+    size_t nz = 0;
+    for (size_t i = 0; i < dt_model_num_params(m); i++) nz += grads[i] != 0;
+    CHECK_MSG(nz == 0, "the probe left %zu gradients", nz);
+    free(cost);
+    dt_comm_destroy(self);
+    dt_model_free(m);
+}
+
+/* ---- data ---- */
+
+static void write_be32(FILE *f, uint32_t v) {
+    unsigned char b[4] = {(unsigned char)(v >> 24), (unsigned char)(v >> 16), (unsigned char)(v >> 8), (unsigned char)v};
+    fwrite(b, 1, 4, f);
+}
+
+/* A tiny IDX image set (8x8, 10 classes): 96 training, 16 test images. */
+static void write_idx(void) {
+    snprintf(g_idx, sizeof g_idx, "%s/idx", g_dir);
+    char p[192];
+    snprintf(p, sizeof p, "mkdir -p %s", g_idx);
+    if (system(p) != 0) abort();
+    const char *names[2] = {"train", "t10k"};
+    for (int s = 0; s < 2; s++) {
+        const int n = s ? 16 : 96;
+        snprintf(p, sizeof p, "%s/%s-images-idx3-ubyte", g_idx, names[s]);
+        FILE *fi = fopen(p, "wb");
+        snprintf(p, sizeof p, "%s/%s-labels-idx1-ubyte", g_idx, names[s]);
+        FILE *fl = fopen(p, "wb");
+        if (!fi || !fl) abort();
+        write_be32(fi, 0x803), write_be32(fi, (uint32_t)n), write_be32(fi, 8), write_be32(fi, 8);
+        write_be32(fl, 0x801), write_be32(fl, (uint32_t)n);
+        for (int i = 0; i < n; i++) {
+            unsigned char y = (unsigned char)(dt_rng_u64(3, (uint64_t)s, (uint64_t)i) % 10);
+            fputc(y, fl);
+            for (int k = 0; k < 64; k++)
+                fputc((int)(dt_rng_u64(4, (uint64_t)(s * 1000 + i), (uint64_t)k) % 128) + (k % 10 == y ? 127 : 0), fi);
+        }
+        fclose(fi), fclose(fl);
+    }
+}
+
+static void write_corpus(void) {
+    snprintf(g_dir, sizeof g_dir, "/tmp/dtrain-pp-XXXXXX");
+    if (!mkdtemp(g_dir)) abort();
+    char path[128];
+    snprintf(path, sizeof path, "%s/corpus.txt", g_dir);
+    snprintf(g_text, sizeof g_text, "text:%s", path);
+    const char *words[] = {"the ", "lord ", "said ", "unto ", "moses ", "and ", "of ", "in ", "light ", "was ", ".\n"};
+    FILE *f = fopen(path, "w");
+    for (int i = 0; f && ftell(f) < 3001; i++) fputs(words[dt_rng_u64(9, 1, (uint64_t)i) % 11], f);
+    if (f) fclose(f);
+    write_idx();
+}
+
+/* ---- runs ---- */
+
+typedef struct {
+    const char *model, *data, *strategy;
+    int batch;
+    int64_t steps;
+    const char *save, *resume, *metrics;
+    int die_at;           /* > 0: rank 0 exits abruptly after this step */
+} run_cfg;
+
+typedef struct {
+    float loss[STEPS + 1];  /* the epoch's running mean loss after each step (rank 0) */
+    int die_at;
+} progress;
+
+static void on_progress(void *ctx, const dt_progress_info *p) {
+    progress *g = ctx;
+    if (p->global_step >= 1 && p->global_step <= STEPS) g->loss[p->global_step] = p->loss;
+    if (g->die_at && p->global_step == g->die_at) _exit(9);  /* a crash, without leaving the job */
+}
+
+static dt_status train(const run_cfg *rc, dt_comm *comm, float *out, size_t *n, progress *pg) {
+    dt_train_config cfg = dt_train_defaults();
+    cfg.data = rc->data;
+    cfg.model = rc->model;
+    cfg.epochs = 3;
+    cfg.batch = rc->batch;
+    cfg.max_steps = rc->steps;
+    cfg.seed = 5;
+    cfg.optim = dt_optim_defaults(DT_OPTIM_ADAMW);
+    cfg.lr.base_lr = 3e-3f;
+    cfg.clip_norm = 0.5f;
+    cfg.comm = comm;
+    cfg.strategy = rc->strategy;
+    cfg.save = rc->save;
+    cfg.resume = rc->resume;
+    cfg.metrics = rc->metrics;
+    cfg.on_progress = on_progress;
+    cfg.cb_ctx = pg;
+    cfg.progress_interval_s = 0;
+    pg->die_at = rc->die_at;
+    dt_trainer *t;
+    DT_TRY(dt_trainer_create(&t, &cfg));
+    dt_status s = dt_trainer_run(t);
+    *n = dt_model_num_params(dt_trainer_model(t));
+    if (s == DT_OK && *n <= CAP) memcpy(out, dt_model_params(dt_trainer_model(t)), *n * sizeof(float));
+    dt_trainer_free(t);
+    return s;
+}
+
+/* N forked ranks; rank 0 writes its parameters, then its losses, to path; each failed rank its
+ * message to path.err<R>. Returns the number of failed ranks. */
+static int run_ranks(int N, const run_cfg *rc, const char *path) {
+    static int job_no;
+    char job[64];
+    snprintf(job, sizeof job, "pptest%d_%d", (int)getpid(), job_no++);
+    for (int r = 0; r < N; r++)
+        if (fork() == 0) {
+            dt_comm *c = dt_test_rank_comm(r, N, job);
+            static float p[CAP + STEPS + 1];
+            static progress pg;
+            size_t n = 0;
+            dt_status s = train(rc, c, p, &n, &pg);
+            if (s != DT_OK) {
+                char ep[192];
+                snprintf(ep, sizeof ep, "%s.err%d", path, r);
+                FILE *f = fopen(ep, "w");
+                if (f) fprintf(f, "%s\n", dt_last_error()), fclose(f);
+                _exit(3);
+            }
+            memcpy(p + n, pg.loss, sizeof pg.loss);
+            if (r == 0 && dt_test_write_floats(path, p, n + STEPS + 1) != 0) _exit(5);
+            dt_comm_destroy(c);
+            _exit(0);
+        }
+    return dt_test_wait_children();
+}
+
+static float g_ref[CAP + STEPS + 1], g_got[CAP + STEPS + 1];
+
+/* The largest difference of parameters and of the losses of steps 1..steps. */
+static void compare(const char *what, size_t n, const float *ref, const float *got, size_t m, int steps) {
+    double dp = m == n + STEPS + 1 ? dt_test_maxdiff(ref, got, n) : 1e9, dl = 0;
+    for (int k = 1; k <= steps && dp < 1e9; k++) {
+        double d = (double)ref[n + k] - got[n + k];
+        if (d < 0) d = -d;
+        if (d > dl || d != d) dl = d != d ? 1e9 : d;
+    }
+    printf("%-34s max |param - 1 worker| %.2g, max |loss - 1 worker| %.2g over %d steps\n", what, dp, dl, steps);
+    CHECK_MSG(dp < 2e-5 && dl < 2e-5, "%s: parameters differ by %g, losses by %g", what, dp, dl);
+}
+
+/* One worker in this process: parameters then losses into out; *n the parameters. */
+static void reference(const run_cfg *rc, float *out, size_t *n) {
+    progress pg = {{0}, 0};
+    CHECK_OK(train(rc, NULL, out, n, &pg));
+    memcpy(out + *n, pg.loss, sizeof pg.loss);
+}
+
+/* A value "key": N in the last line of a metrics file. */
+static double metric(const char *path, const char *key) {
+    static char buf[1 << 14];
+    FILE *f = fopen(path, "r");
+    buf[0] = 0;
+    if (f) {
+        while (fgets(buf, sizeof buf, f)) {}
+        fclose(f);
+    }
+    char k[64];
+    snprintf(k, sizeof k, "\"%s\": ", key);
+    const char *p = strstr(buf, k);
+    return p ? atof(p + strlen(k)) : -1;
+}
+
+static void test_gpt_layouts(void) {
+    run_cfg one = {.model = GPT, .data = g_text, .batch = 8, .steps = STEPS};
+    size_t n = 0;
+    reference(&one, g_ref, &n);
+    const int Ms[2][4] = {{1, 2, 4, 0}, {1, 2, 4, 8}};
+    for (int ki = 0; ki < 2; ki++)
+        for (int sch = 0; sch < 2; sch++)
+            for (int mi = 0; mi < 4 && Ms[ki][mi]; mi++) {
+                const int K = ki ? 4 : 2, M = Ms[ki][mi];
+                if (g_light && !((K == 2 && sch == 1 && M == 1) || (K == 4 && sch == 1 && M == 2) ||
+                                 (K == 4 && sch == 0 && M == 8)))
+                    continue;
+                char spec[96], path[128], mpath[160], what[64];
+                snprintf(spec, sizeof spec, "pp(stages=%d,microbatches=%d,schedule=%s)", K, M, sch ? "1f1b" : "gpipe");
+                snprintf(path, sizeof path, "%s/pp%d_%d_%d", g_dir, K, M, sch);
+                snprintf(mpath, sizeof mpath, "%s.json", path);
+                run_cfg pp = {.model = GPT, .data = g_text, .strategy = spec, .batch = 8, .steps = STEPS, .metrics = mpath};
+                CHECK(run_ranks(K, &pp, path) == 0);
+                snprintf(what, sizeof what, "gpt pp%d %s M=%d:", K, sch ? "1f1b" : "gpipe", M);
+                compare(what, n, g_ref, g_got, dt_test_read_floats(path, g_got, CAP + STEPS + 1), STEPS);
+                /* the in-flight count the stages measured: 1F1B min(K, M) <= K, GPipe M */
+                const double peak = metric(mpath, "peak_inflight"), want = sch ? (K < M ? K : M) : M;
+                CHECK_MSG(peak == want, "%s measured %g micro-batches in flight, expected %g", what, peak, want);
+            }
+    if (!g_light) {  /* the cut from measured seconds trains the same */
+        char path[128];
+        snprintf(path, sizeof path, "%s/measured", g_dir);
+        run_cfg pp = {.model = GPT, .data = g_text, .strategy = "pp(stages=4,cost=measured)", .batch = 8, .steps = STEPS};
+        CHECK(run_ranks(4, &pp, path) == 0);
+        compare("gpt pp4 1f1b M=4 cost=measured:", n, g_ref, g_got, dt_test_read_floats(path, g_got, CAP + STEPS + 1),
+                STEPS);
+        /* stage 1 from transformer.wpe: it reads the tokens too, which travel from stage 0 */
+        snprintf(path, sizeof path, "%s/split", g_dir);
+        run_cfg sp = {.model = GPT, .data = g_text, .strategy = "pp(stages=2,microbatches=3,split=transformer.wpe)",
+                      .batch = 8, .steps = STEPS};
+        CHECK(run_ranks(2, &sp, path) == 0);
+        compare("gpt pp2 split=transformer.wpe M=3:", n, g_ref, g_got, dt_test_read_floats(path, g_got, CAP + STEPS + 1),
+                STEPS);
+    }
+    /* dp2 x pp2: two pipelines of batch 4 each = the global batch 8 of one worker */
+    char path[128], m1[160], m2[160];
+    snprintf(path, sizeof path, "%s/dp2pp2", g_dir);
+    snprintf(m1, sizeof m1, "%s/one.json", g_dir);
+    snprintf(m2, sizeof m2, "%s/dp2pp2.json", g_dir);
+    one.metrics = m1;
+    reference(&one, g_ref, &n);
+    run_cfg mesh = {.model = GPT, .data = g_text, .strategy = "pp(stages=2,microbatches=2,schedule=1f1b)", .batch = 4,
+                    .steps = STEPS, .metrics = m2};
+    CHECK(run_ranks(4, &mesh, path) == 0);
+    /* rank 0's running loss is its pipeline's half of the batch: the epoch's loss over both is compared */
+    compare("gpt dp2 x pp2 1f1b M=2:", n, g_ref, g_got, dt_test_read_floats(path, g_got, CAP + STEPS + 1), 0);
+    const double l1 = metric(m1, "train_loss"), l2 = metric(m2, "train_loss");
+    printf("gpt dp2 x pp2: train_loss over 20 steps %.6f, 1 worker %.6f\n", l2, l1);
+    CHECK(l1 > 0 && l2 > 0 && l1 - l2 < 2e-5 && l2 - l1 < 2e-5);
+}
+
+/* 1F1B's stash at M = 2K is K/M of GPipe's (the memory target), measured by the stages. */
+static void test_memory(void) {
+    if (g_light) return;
+    char a[128], b[128];
+    snprintf(a, sizeof a, "%s/pp4_8_0.json", g_dir);
+    snprintf(b, sizeof b, "%s/pp4_8_1.json", g_dir);
+    const double g = metric(a, "peak_act_bytes"), o = metric(b, "peak_act_bytes");
+    printf("pp4 M=8 peak activation bytes per stage: gpipe %.0f, 1f1b %.0f (ratio %.3f, K/M = 0.5)\n", g, o, o / g);
+    CHECK(g > 0 && o > 0 && o <= 0.5 * g * 1.1);
+}
+
+static void test_seq_models(void) {
+    const char *models[2] = {"mlp", "cnn"}, *specs[2] = {"pp(stages=2,microbatches=2,schedule=1f1b)",
+                                                        "pp(stages=2,microbatches=4,schedule=gpipe)"};
+    for (int i = 0; i < 2; i++) {
+        run_cfg one = {.model = models[i], .data = g_idx, .batch = 8, .steps = STEPS};
+        size_t n = 0;
+        reference(&one, g_ref, &n);
+        char path[128], what[64];
+        snprintf(path, sizeof path, "%s/%s", g_dir, models[i]);
+        run_cfg pp = one;
+        pp.strategy = specs[i];
+        CHECK(run_ranks(2, &pp, path) == 0);
+        snprintf(what, sizeof what, "%s pp2 %s:", models[i], i ? "gpipe M=4" : "1f1b M=2");
+        compare(what, n, g_ref, g_got, dt_test_read_floats(path, g_got, CAP + STEPS + 1), STEPS);
+        if (i == 0) {  /* the last stage holds only the loss: a stage without parameters */
+            pp.strategy = "pp(stages=2,microbatches=2,split=5)";
+            snprintf(path, sizeof path, "%s/mlp_split", g_dir);
+            CHECK(run_ranks(2, &pp, path) == 0);
+            compare("mlp pp2 split=5 (stage 1: the loss):", n, g_ref, g_got,
+                    dt_test_read_floats(path, g_got, CAP + STEPS + 1), STEPS);
+        }
+    }
+}
+
+/* Saved under pp2, resumed on one worker, and the reverse: both end as the uninterrupted run. */
+static void test_resume(void) {
+    run_cfg full = {.model = GPT, .data = g_text, .batch = 8, .steps = STEPS};
+    size_t n = 0, m = 0;
+    reference(&full, g_ref, &n);
+    char ck[128], path[128];
+    snprintf(ck, sizeof ck, "%s/pp2.safetensors", g_dir);
+    snprintf(path, sizeof path, "%s/half", g_dir);
+    run_cfg half = {.model = GPT, .data = g_text, .strategy = "pp(stages=2,microbatches=2)", .batch = 8, .steps = 10,
+                    .save = ck};
+    CHECK(run_ranks(2, &half, path) == 0);
+    run_cfg rest = {.model = GPT, .data = g_text, .batch = 8, .steps = STEPS, .resume = ck};
+    progress pg = {{0}, 0};
+    CHECK_OK(train(&rest, NULL, g_got, &m, &pg));
+    double d = m == n ? dt_test_maxdiff(g_ref, g_got, n) : 1e9;
+    printf("resume: 10 steps pp2 + 10 steps 1 worker vs 20 steps 1 worker: max |param diff| %.2g\n", d);
+    CHECK_MSG(d < 2e-5, "pp2 -> 1 worker resume differs by %g", d);
+    snprintf(ck, sizeof ck, "%s/one.safetensors", g_dir);
+    run_cfg first = {.model = GPT, .data = g_text, .batch = 8, .steps = 10, .save = ck};
+    CHECK_OK(train(&first, NULL, g_got, &m, &pg));
+    run_cfg again = {.model = GPT, .data = g_text, .strategy = "pp(stages=2,microbatches=4,schedule=gpipe)", .batch = 8,
+                     .steps = STEPS, .resume = ck};
+    CHECK(run_ranks(2, &again, path) == 0);
+    m = dt_test_read_floats(path, g_got, CAP + STEPS + 1);
+    d = m == n + STEPS + 1 ? dt_test_maxdiff(g_ref, g_got, n) : 1e9;
+    printf("resume: 10 steps 1 worker + 10 steps pp2 vs 20 steps 1 worker: max |param diff| %.2g\n", d);
+    CHECK_MSG(d < 2e-5, "1 worker -> pp2 resume differs by %g", d);
+}
+
+/* pp4: rank 0 (stage 0) dies after step 3; every other rank fails naming a stage, its rank and
+ * the operation, its neighbour naming rank 0. */
+static void test_killed_stage(void) {
+    char path[128];
+    snprintf(path, sizeof path, "%s/kill", g_dir);
+    run_cfg rc = {.model = GPT, .data = g_text, .strategy = "pp(stages=4,microbatches=4,schedule=1f1b)", .batch = 8,
+                  .steps = 1000, .die_at = 3};
+    setenv("DTRAIN_TIMEOUT", "60", 1);
+    CHECK(run_ranks(4, &rc, path) == 4);
+    for (int r = 1; r < 4; r++) {
+        char ep[160], msg[1024] = "";
+        snprintf(ep, sizeof ep, "%s.err%d", path, r);
+        FILE *f = fopen(ep, "r");
+        if (f) {
+            if (!fgets(msg, sizeof msg, f)) msg[0] = 0;
+            fclose(f);
+        }
+        printf("killed stage 0, rank %d says: %s", r, msg[0] ? msg : "(nothing)\n");
+        CHECK_MSG(strstr(msg, "pipeline stage") && strstr(msg, "(rank ") &&
+                      (strstr(msg, "receiving") || strstr(msg, "sending")),
+                  "rank %d: %s", r, msg);
+        if (r == 1) CHECK_MSG(strstr(msg, "stage 0 (rank 0)") != NULL, "rank 1 does not name rank 0: %s", msg);
+    }
+}
+
+int main(void) {
+    g_light = getenv("DTRAIN_SANITIZED") != NULL;
+    write_corpus();
+    test_schedules();
+    test_cut();
+    test_gpt_layouts();
+    test_memory();
+    test_seq_models();
+    test_resume();
+    test_killed_stage();
+    dt_test_remove_dir(g_dir);
+    return dt_test_summary("pp_test");
+}
