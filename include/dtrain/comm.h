@@ -119,6 +119,19 @@ const char *dt_comm_backend_name(const dt_comm *c);
 #define DT_COMM_UNDEFINED (-1)
 dt_status dt_comm_split(dt_comm *c, int color, int key, dt_comm **out);
 
+/* Hierarchical allreduce (comm_hier.c): shm reduce within each host, allreduce among one leader
+ * per host, shm broadcast. AUTO: on when the ranks span hosts and some host has several; FLAT:
+ * off; ON: forced (also on one host). Hosts are told apart by hostname (DTRAIN_HOSTNAME
+ * overrides it, for tests). */
+typedef enum { DT_HIER_AUTO = 0, DT_HIER_FLAT, DT_HIER_ON } dt_comm_hier_mode;
+typedef struct dt_comm_hier dt_comm_hier;
+/* Learns the host layout and sets up (or drops) the hierarchical allreduce for every later
+ * allreduce on c. Collective over c; call with no non-blocking op of c in flight. */
+dt_status dt_comm_set_hier(dt_comm *c, dt_comm_hier_mode mode);
+/* True when c's allreduce runs hierarchically. */
+bool dt_comm_hier_active(const dt_comm *c);
+/* Hosts c's ranks span, as dt_comm_set_hier found them (0 before it ran or with FLAT). */
+int dt_comm_hosts(const dt_comm *c);
 /* Bytes this rank's ops on c moved since it was created, counted as bus bytes (nccl-tests:
  * allreduce 2(n-1)/n x size, allgather / reduce-scatter / alltoall (n-1)/n x the gathered size,
  * broadcast / reduce / gather / scatter / send / recv the size; whatever algorithm ran), for

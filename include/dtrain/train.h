@@ -50,6 +50,10 @@ typedef struct {
     int max_clock_gap;              /* ps: most steps a worker was let run ahead of the slowest live
                                      * one (dynamic assignment: rounds a batch was handed out ahead of
                                      * the oldest in training); <= --staleness; -1 when not ps */
+    /* gradient sync (rank 0, summed over the epoch's steps; 0 where the strategy does not count) */
+    double sync_bytes;              /* bytes sent (ring / allgather volume of what the compressor handed over) */
+    double sync_raw_bytes;          /* what an uncompressed f32 allreduce would have handed over */
+    double ef_norm;                 /* --compress: error-feedback residual norm after the last step */
     uint64_t comm_bytes[3];         /* rank 0's bus bytes (dt_comm_bytes) per mesh axis since the start:
                                      * [0] tensor parallel, [1] pipeline, [2] data parallel */
 } dt_epoch_info;

@@ -27,6 +27,7 @@ typedef struct {
     int nsizes, iters, warmup, trials;
     const char *colls, *algo_name;
     dt_comm_algo algo;
+    const char *allreduce;  /* --allreduce: modes to compare ("flat,hier"), NULL = as created */
     row rows[MAX_ROWS];
     int nrows;
 } bench_opts;
@@ -215,6 +216,28 @@ static int run_backend(dt_comm *c, const char *backend, bench_opts *o) {
     return rc;
 }
 
+/* --allreduce flat,hier: the collectives once per mode, on the same ranks (A vs B in one run) */
+static int run_modes(dt_comm *c, bench_opts *o) {
+    static const char *const names[] = {"auto", "flat", "hier"};
+    char list[64];
+    snprintf(list, sizeof list, "%s", o->allreduce);
+    const char *algo = o->algo_name;
+    int rc = 0;
+    for (char *save = NULL, *m = strtok_r(list, ",", &save); m && rc == 0; m = strtok_r(NULL, ",", &save)) {
+        int k = 0;
+        while (k < 3 && strcmp(m, names[k])) k++;
+        if (k == 3) return dt_cli_usage("e.g. --allreduce flat,hier", "--allreduce %s: choose auto, flat or hier", m);
+        if (dt_comm_set_hier(c, (dt_comm_hier_mode)k) != DT_OK)
+            return dt_cli_fail(NULL, "bench comm: --allreduce %s: %s", m, dt_last_error());
+        o->algo_name = dt_comm_hier_active(c) ? "hier" : algo;
+        if (dt_comm_rank(c) == 0) printf("# allreduce %s: %d hosts, hierarchical %s\n", m, dt_comm_hosts(c),
+                                         dt_comm_hier_active(c) ? "on" : "off");
+        rc = run_backend(c, dt_comm_backend_name(c), o);
+    }
+    o->algo_name = algo;
+    return rc;
+}
+
 static void print_json(const bench_opts *o, int n) {
     printf("{\"bench\": \"comm\", \"ranks\": %d, \"dtype\": \"f32\", \"op\": \"sum\", \"results\": [", n);
     for (int i = 0; i < o->nrows; i++) {
@@ -245,7 +268,8 @@ static int rank_main(const char *backends, bench_opts *o, const dt_comm_config *
                                "bench comm: cannot start backend %s: %s", b, dt_last_error());
         n = dt_comm_size(c);
         root = dt_comm_rank(c) == 0;
-        rc = run_backend(c, dt_comm_backend_name(c), o);
+        if (o->allreduce) rc = run_modes(c, o);
+        else rc = run_backend(c, dt_comm_backend_name(c), o);
         dt_comm_destroy(c);
     }
     if (rc == 0 && root) print_json(o, n);
@@ -265,7 +289,7 @@ static const char USAGE[] =
 int dt_bench_comm(int argc, char **argv) {
     int ranks = 2, iters = 0, trials = 3;
     const char *sizes = "4K,64K,1M,4M,16M,64M", *colls = "allreduce,broadcast,reduce,allgather,reduce_scatter,alltoall";
-    const char *algo = "auto", *backend = NULL;
+    const char *algo = "auto", *backend = NULL, *allreduce = NULL;
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "-n")) argv[i] = "--ranks";
     const dt_flag flags[] = {
@@ -276,6 +300,7 @@ int dt_bench_comm(int argc, char **argv) {
         {"backend", DT_FLAG_STR, &backend, "B", "shm, mpi or a list (default: shm; under mpirun: mpi,shm)"},
         {"iters", DT_FLAG_INT, &iters, "I", "timed calls per size (0: about 256 MiB of traffic, 5..2000)"},
         {"trials", DT_FLAG_INT, &trials, "T", "timed runs per size; the fastest is reported"},
+        {"allreduce", DT_FLAG_STR, &allreduce, "LIST", "hierarchical allreduce modes to compare: flat,hier (or auto)"},
     };
     int pr = dt_flags_parse(argc, argv, 1, flags, (int)(sizeof flags / sizeof flags[0]), USAGE, NULL, 0, NULL, NULL);
     if (pr != 0) return pr < 0 ? 2 : 0;
@@ -286,6 +311,7 @@ int dt_bench_comm(int argc, char **argv) {
     o.warmup = -1;
     o.colls = colls;
     o.algo_name = algo;
+    o.allreduce = allreduce;
     if (parse_sizes(sizes, &o) != 0) return dt_cli_usage("e.g. --sizes 4K,1M,64M", "bad --sizes '%s'", sizes);
     if (dt_comm_algo_parse(algo, &o.algo) != DT_OK) return dt_cli_usage(NULL, "--algo: %s", dt_last_error());
     if (ranks < 1 || ranks > 64) return dt_cli_usage(NULL, "--ranks %d must be 1..64", ranks);

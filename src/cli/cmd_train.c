@@ -173,7 +173,9 @@ static const char TRAIN_USAGE[] =
     "  pp(stages=K,microbatches=M,schedule=gpipe|1f1b,split=N1:N2)\n"
     "                                    pipeline parallel (--pp, --microbatches, --pp-schedule, --pp-split)\n"
     "e.g. --strategy \"ps(servers=2,staleness=4)\". The flags in parentheses set the same options;\n"
-    "a flag and a spec option that disagree are an error.\n\n"
+    "a flag and a spec option that disagree are an error.\n"
+    "ddp and localsgd also take compress=C (--compress: none, fp16, bf16, topk:RATIO[:momentum=M]\n"
+    "[:warmup=S], powersgd:RANK, with error feedback) and ddp allreduce=auto|flat|hier (--allreduce).\n\n"
     "Uneven workers: --strategy localsgd --sync-every H trains locally and averages the models every\n"
     "H steps; --balance dynamic (ddp, localsgd) cuts each global batch by the workers' measured speed.\n"
     "--strategy ps --servers S: a parameter server; --workers N then starts S server ranks plus N\n"
@@ -267,6 +269,8 @@ static int parse_train_flags(int argc, char **argv, train_opts *o) {
         {"pp-split", DT_FLAG_STR, &o->pp.split, "N1:N2", "pp: first node (index or name) of stages 1..K-1 (default: balanced by flops)"},
         {"backend", DT_FLAG_STR, &o->backend, "NAME", "transport between ranks: auto, shm or mpi"},
         {"bucket-mb", DT_FLAG_FLOAT, &o->bucket_mb, "MB", "ddp gradient bucket size in MB (0 = default 1)"},
+        {"allreduce", DT_FLAG_STR, &o->uneven.allreduce, "MODE", "ddp: auto (hierarchical when ranks span hosts), flat or hier"},
+        {"compress", DT_FLAG_STR, &o->uneven.compress, "C", "ddp/localsgd: none, fp16, bf16, topk:RATIO[:momentum=M][:warmup=S], powersgd:RANK"},
         {"timeline", DT_FLAG_STR, &c->timeline, "FILE", "write a Chrome trace of every rank (Perfetto, chrome://tracing)"},
         {"timeout", DT_FLAG_FLOAT, &o->timeout, "S", "deadline of any wait for another rank, seconds (0 = DTRAIN_TIMEOUT or default 300)"},
         {"checkpoint-dir", DT_FLAG_STR, &c->checkpoint_dir, "DIR", "numbered checkpoints ckpt-STEP.safetensors go here (read by --resume auto)"},

@@ -53,6 +53,12 @@ static int check_flags(const dt_cli_uneven *u, const char *name) {
     if (u->bucket_mb > 0 && name[0] && strcmp(name, "ddp") != 0)
         return dt_cli_usage("add --strategy ddp, or drop --bucket-mb",
                            "--bucket-mb %g: only --strategy ddp has gradient buckets", u->bucket_mb);
+    if (u->compress && name[0] && strcmp(name, "ddp") != 0 && strcmp(name, "localsgd") != 0)
+        return dt_cli_usage("add --strategy ddp or --strategy localsgd, or drop --compress",
+                           "--compress %s: only ddp and localsgd compress what they send", u->compress);
+    if (u->allreduce && name[0] && strcmp(name, "ddp") != 0)
+        return dt_cli_usage("add --strategy ddp, or drop --allreduce",
+                           "--allreduce %s: only ddp allreduces gradients", u->allreduce);
     if (u->overlap && !ps)
         return dt_cli_usage("add --strategy ps (--staleness inf is its default), or drop --ps-overlap",
                            "--ps-overlap overlaps the push/pull of a ps worker: it needs --strategy ps");
@@ -85,7 +91,7 @@ static int compose_spec(dt_cli_uneven *u, dt_train_config *cfg, const char *name
     const bool ps = !strcmp(name, "ps");
     char num[64];
     int r = 0;
-    u->implicit_ddp = !cfg->strategy && u->bucket_mb > 0;
+    u->implicit_ddp = !cfg->strategy && (u->bucket_mb > 0 || u->compress || u->allreduce);
     snprintf(u->spec, sizeof u->spec, "%s", cfg->strategy ? cfg->strategy : u->implicit_ddp ? "ddp" : "");
     if (u->servers_given && !r) {
         snprintf(num, sizeof num, "%d", u->servers);
@@ -112,6 +118,16 @@ static int compose_spec(dt_cli_uneven *u, dt_train_config *cfg, const char *name
         char flag[80];
         snprintf(flag, sizeof flag, "--bucket-mb %g", u->bucket_mb);
         r = add_option(u, u->spec, "bucket_mb", num, flag);
+    }
+    if (u->compress && !r) {
+        char flag[96];
+        snprintf(flag, sizeof flag, "--compress %.60s", u->compress);
+        r = add_option(u, u->spec, "compress", u->compress, flag);
+    }
+    if (u->allreduce && !r) {
+        char flag[96];
+        snprintf(flag, sizeof flag, "--allreduce %.60s", u->allreduce);
+        r = add_option(u, u->spec, "allreduce", u->allreduce, flag);
     }
     if (!r && u->spec[0]) cfg->strategy = u->spec;
     return r;

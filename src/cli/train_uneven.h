@@ -13,6 +13,8 @@ typedef struct {
     int servers, sync_every;  /* --servers, --sync-every (default 1, 8) */
     bool overlap;           /* --ps-overlap */
     float bucket_mb;        /* --bucket-mb (0 = default) */
+    const char *compress;   /* --compress (ddp, localsgd), NULL = not given */
+    const char *allreduce;  /* --allreduce auto|flat|hier (ddp), NULL = not given */
     bool servers_given;     /* --servers / --sync-every on the command line */
     bool sync_every_given;
     bool implicit_ddp;      /* out: spec "ddp(...)" made from --bucket-mb without --strategy (one process drops it) */

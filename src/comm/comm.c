@@ -186,6 +186,7 @@ dt_status dt_comm_create_from_env(dt_comm **out, const dt_comm_config *cfg) {
 void dt_comm_destroy(dt_comm *c) {
     if (!c) return;
     dt_comm_stop_thread(c);
+    dt_comm_hier_free(c->hier);
     if (c->t) c->t->ops->destroy(c->t);
     for (int i = 0; i < 2; i++) dt_free(c->scratch.buf[i]);
     pthread_mutex_destroy(&c->mu);

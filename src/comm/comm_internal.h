@@ -57,8 +57,15 @@ struct dt_comm {
     pthread_t thread;
     dt_request *qhead, *qtail;  /* issued, not started */
     dt_request *active;         /* non-blocking send/recv posted to the transport */
+    struct dt_comm_hier *hier;  /* hierarchical allreduce (comm_hier.c), or NULL */
     _Atomic uint64_t bytes, ops;  /* counters (dt_comm_bytes): bus bytes and ops that succeeded */
 };
+
+/* Frees a hierarchical-allreduce setup (its sub-communicators); NULL is a no-op. */
+void dt_comm_hier_free(dt_comm_hier *h);
+/* The hierarchical allreduce of count elements (comm_hier.c); AVG divides by world at the end. */
+dt_status dt_comm_hier_allreduce(dt_comm_hier *h, int world, const void *send, void *recv, size_t count, dt_dtype t,
+                                 dt_redop op);
 
 /* Runs one op to completion on the calling thread (collective) or posts it (non-blocking
  * send/recv). Needs exclusive use of the transport. */

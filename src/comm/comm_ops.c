@@ -124,6 +124,9 @@ static dt_status coll_run(dt_comm *c, dt_request *r) {
     dt_transport *t = c->t;
     dt_status sst = stage_input(r);
     if (sst != DT_OK) return dt_comm_fail(c, sst);
+    if (r->op == DT_COLL_ALLREDUCE && c->hier && dt_comm_hier_active(c))  /* every rank takes this path */
+        return dt_comm_fail(c, dt_comm_hier_allreduce(c->hier, c->size, r->send, r->recv, r->count, r->dtype,
+                                                      r->redop));
     size_t esz = dt_dtype_size(r->dtype), bytes = r->count * esz;
     dt_coll_desc d = {.seq = ++c->seq, .op = (uint8_t)r->op, .dtype = (uint8_t)r->dtype,
                       .redop = (uint8_t)r->redop, .root = r->root, .count = r->count};

@@ -2,8 +2,11 @@
  * with allreduce in buckets (contiguous slices of the gradient slab, filled from the last
  * layer backwards) so that a bucket's non-blocking allreduce starts as soon as backward has
  * produced all of its gradients, while backward continues on earlier layers. The optimizer
- * step then waits for the buckets and updates every replica identically. */
-#include "parallel/strategy.h"
+ * step then waits for the buckets and updates every replica identically. How a bucket travels
+ * (plain allreduce, fp16/bf16, top-k, PowerSGD: "ddp(compress=...)", --compress) is the
+ * gradient-sync hook table's business (grad_sync.h); the backward hook also advances buckets in
+ * flight, so a compressor's second collective starts during backward. */
+#include "parallel/grad_sync.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -13,17 +16,18 @@
 /* ddp's options: "ddp(bucket_mb=MB)". */
 typedef struct {
     double bucket_mb;     /* gradient bucket (fusion buffer) size in MB, > 0 (default 1) */
+    dt_compress_spec compress;  /* how buckets travel (default none: f32 allreduce) */
+    dt_comm_hier_mode allreduce;  /* auto (hierarchical when ranks span hosts), flat, hier */
 } ddp_opts;
 
 typedef struct {
     size_t lo, hi;        /* slab range [lo, hi) */
-    dt_request *req;
     double t_issue;
-    bool issued;
 } bucket;
 
 typedef struct {
     bucket *b;
+    dt_grad_sync *gs;
     int nb;
     int next;             /* next bucket to issue (buckets complete in index order) */
     int early;            /* issued from the backward hook */
@@ -31,12 +35,8 @@ typedef struct {
 } ddp;
 
 static void issue(dt_strategy *s, ddp *d, int i) {
-    bucket *b = &d->b[i];
-    float *g = dt_model_grads(s->model) + b->lo;
-    b->t_issue = dt_now();
-    b->issued = true;
-    /* errors surface at wait time through the request (or as a NULL request: sync fallback) */
-    if (dt_comm_iallreduce(s->comm, g, g, b->hi - b->lo, DT_F32, DT_OP_AVG, &b->req) != DT_OK) b->req = NULL;
+    d->b[i].t_issue = dt_now();
+    dt_grad_sync_start(d->gs, i, dt_model_grads(s->model));  /* errors surface at finish */
 }
 
 static dt_status ddp_init(dt_strategy *s) { return dt_strategy_verify_replicas(s->comm, s->model); }
@@ -46,15 +46,15 @@ static void ddp_begin(dt_strategy *s, int64_t step) {
     s->step = step;
     d->next = 0;
     d->early = 0;
-    for (int i = 0; i < d->nb; i++) d->b[i].issued = false, d->b[i].req = NULL;
+    dt_grad_sync_begin_step(d->gs, step);
 }
 
 static void ddp_ready(dt_strategy *s, size_t off, size_t n) {
     ddp *d = s->impl;
     (void)n;
+    dt_grad_sync_poll(d->gs);  /* buckets in flight move on to their next stage */
     /* layers arrive last to first, so bucket `next` is complete once its lowest layer is. The
-     * last bucket (ending at offset 0) completes with backward itself: nothing is left to overlap
-     * it with, so step() reduces it on this thread and saves the hand-off to the progress thread */
+     * last bucket (ending at offset 0) completes with backward itself: step() starts it */
     while (d->next < d->nb - 1 && off <= d->b[d->next].lo) {
         issue(s, d, d->next++);
         d->early++;
@@ -65,24 +65,24 @@ static dt_status ddp_step(dt_strategy *s, float lr, float clip, dt_step_stats *s
     ddp *d = s->impl;
     memset(st, 0, sizeof *st);
     st->early_buckets = d->early;
-    while (d->next < d->nb - 1) issue(s, d, d->next++);  /* any earlier bucket the hook did not start */
-    d->b[d->nb - 1].t_issue = dt_now();                  /* the last one runs below, blocking */
+    while (d->next < d->nb) issue(s, d, d->next++);  /* any bucket the hook did not start, and the last */
     double t0 = dt_now();
     dt_status first = DT_OK;
     for (int i = 0; i < d->nb; i++) {
         bucket *b = &d->b[i];
-        dt_status r = b->req ? dt_request_wait(&b->req)
-                             : dt_comm_allreduce(s->comm, dt_model_grads(s->model) + b->lo,
-                                                 dt_model_grads(s->model) + b->lo, b->hi - b->lo, DT_F32, DT_OP_AVG);
+        dt_status r = dt_grad_sync_finish(d->gs, i);
         if (r != DT_OK && first == DT_OK) first = r;
         if (s->trace) {
-            char name[24];
-            snprintf(name, sizeof name, "allreduce b%d", i);
+            char name[40];
+            const char *how = dt_grad_sync_compressor(d->gs)->name;  /* "allreduce b3", "topk b3" */
+            snprintf(name, sizeof name, "%s b%d", strcmp(how, "none") ? how : "allreduce", i);
             dt_trace_add(s->trace, name, 1, b->t_issue, dt_now(), s->step);
         }
     }
     st->comm_wait_s = dt_now() - t0;
     st->buckets = d->nb;
+    dt_grad_sync_stats gst = dt_grad_sync_step_stats(d->gs);
+    st->bytes_sent = gst.wire_bytes, st->bytes_raw = gst.raw_bytes, st->ef_norm = gst.ef_norm;
     if (first != DT_OK) return dt_error_wrap(first, "gradient allreduce");
     if (d->nbuf) {
         /* keep batchnorm running statistics identical: rank 0's are the model's (as torch DDP) */
@@ -97,14 +97,38 @@ static dt_status ddp_step(dt_strategy *s, float lr, float clip, dt_step_stats *s
 static void ddp_destroy(dt_strategy *s) {
     ddp *d = s->impl;
     if (!d) return;
-    for (int i = 0; i < d->nb; i++) dt_request_wait(&d->b[i].req);
+    dt_grad_sync_destroy(d->gs);
     free(d->b);
     free(d);
     s->impl = NULL;
 }
 
+/* Before evaluation and checkpoints: rank 0 (the writer) gets every rank's error-feedback state. */
+static dt_status ddp_sync(dt_strategy *s) { return dt_grad_sync_gather_state(((ddp *)s->impl)->gs); }
+
+static dt_status ddp_visit(dt_strategy *s, dt_state_visit_fn fn, void *ctx) {
+    DT_TRY(dt_state_visit_model(s->model, s->optim, fn, ctx));
+    return dt_grad_sync_visit_state(((ddp *)s->impl)->gs, fn, ctx);
+}
+
 static const dt_strategy_ops ddp_ops = {.name = "ddp", .init = ddp_init, .begin_step = ddp_begin, .grad_ready = ddp_ready,
-                                        .step = ddp_step, .destroy = ddp_destroy};
+                                        .step = ddp_step, .destroy = ddp_destroy, .sync = ddp_sync,
+                                        .visit_state = ddp_visit};
+
+/* The gradient sync of d's buckets with compressor cs. */
+static dt_status make_sync(dt_strategy *s, ddp *d, const dt_compress_spec *cs) {
+    size_t *lo = calloc((size_t)d->nb, sizeof *lo), *hi = calloc((size_t)d->nb, sizeof *hi);
+    if (!lo || !hi) {
+        free(lo), free(hi);
+        return dt_error(DT_ENOMEM, "ddp: out of memory");
+    }
+    for (int i = 0; i < d->nb; i++) lo[i] = d->b[i].lo, hi[i] = d->b[i].hi;
+    dt_grad_sync_config gc = {.comm = s->comm, .model = s->model, .n = dt_model_num_params(s->model), .lo = lo,
+                              .hi = hi, .nb = d->nb};
+    dt_status st = dt_grad_sync_create(&d->gs, cs, &gc);
+    free(lo), free(hi);
+    return st;
+}
 
 static dt_status ddp_create(dt_strategy *s, const void *opts) {
     const ddp_opts *op = opts;
@@ -146,14 +170,27 @@ static dt_status ddp_create(dt_strategy *s, const void *opts) {
     d->nbuf = dt_model_num_buffers(m);
     s->impl = d;
     s->ops = &ddp_ops;
-    return DT_OK;
+    dt_status st = dt_comm_set_hier(s->comm, op->allreduce);  /* collective: every rank creates ddp */
+    if (st == DT_OK) st = make_sync(s, d, &op->compress);
+    if (st != DT_OK) ddp_destroy(s);
+    return st;
 }
 
-static void ddp_defaults(void *opts) { ((ddp_opts *)opts)->bucket_mb = 1.0; }
+static void ddp_defaults(void *opts) {
+    ((ddp_opts *)opts)->bucket_mb = 1.0;
+    dt_compress_parse("none", &((ddp_opts *)opts)->compress);
+}
 
 static dt_status ddp_set(void *opts, const char *key, const char *value) {
     ddp_opts *o = opts;
-    (void)key;  /* the only key: bucket_mb */
+    if (!strcmp(key, "compress")) return dt_compress_parse(value, &o->compress);
+    if (!strcmp(key, "allreduce")) {
+        static const char *const names[] = {"auto", "flat", "hier"};
+        for (int i = 0; i < 3; i++)
+            if (!strcmp(value, names[i])) return o->allreduce = (dt_comm_hier_mode)i, DT_OK;
+        return dt_error(DT_EINVAL, "--strategy ddp: allreduce=%s: choose auto (hierarchical when the ranks span "
+                                   "hosts), flat or hier", value);
+    }
     char *end;
     double v = strtod(value, &end);
     if (*end || end == value || !(v > 0) || !isfinite(v) || v > 1e6)
@@ -164,9 +201,17 @@ static dt_status ddp_set(void *opts, const char *key, const char *value) {
 }
 
 static void ddp_format(const void *opts, char *out, size_t cap) {
-    snprintf(out, cap, "bucket_mb=%g", ((const ddp_opts *)opts)->bucket_mb);
+    const ddp_opts *o = opts;
+    static const char *const names[] = {"auto", "flat", "hier"};
+    char c[96], a[32] = "";
+    dt_compress_format(&o->compress, c, sizeof c);
+    if (o->allreduce != DT_HIER_AUTO) snprintf(a, sizeof a, ",allreduce=%s", names[o->allreduce]);
+    if (o->compress.kind == DT_COMPRESS_NONE) snprintf(out, cap, "bucket_mb=%g%s", o->bucket_mb, a);
+    else snprintf(out, cap, "bucket_mb=%g,compress=%s%s", o->bucket_mb, c, a);
 }
 
 const dt_strategy_entry dt_strategy_ddp_entry = {
-    .name = "ddp", .help = "ddp(bucket_mb=MB)", .keys = "bucket_mb", .opts_size = sizeof(ddp_opts),
+    .name = "ddp", .help = "ddp(bucket_mb=MB,compress=none|fp16|bf16|topk:R|powersgd:K,allreduce=auto|flat|hier)",
+    .keys = "bucket_mb, compress, allreduce",
+    .opts_size = sizeof(ddp_opts),
     .defaults = ddp_defaults, .set = ddp_set, .create = ddp_create, .format = ddp_format, .needs_comm = true};

@@ -6,8 +6,11 @@
  * is exactly 1 and it is the plain mean. Optimizer state (momentum, Adam moments) stays local
  * to each rank: it is never averaged (the averaged parameters are taken up by every rank's own
  * optimizer). ops->sync averages at once (the trainer calls it before evaluation and
- * checkpoints, so those always see the common model). */
-#include "parallel/strategy.h"
+ * checkpoints, so those always see the common model). With compression ("localsgd(compress=...)",
+ * --compress) the average travels as the mean of the ranks' compressed deltas from the last
+ * common model (the gradient-sync table of grad_sync.h, one bucket, error feedback per rank);
+ * model buffers are still averaged exactly. */
+#include "parallel/grad_sync.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -17,6 +20,7 @@
 /* localsgd's options: "localsgd(sync_every=H)". */
 typedef struct {
     int sync_every;    /* local steps between model averages, >= 1 (default 8) */
+    dt_compress_spec compress;  /* how the average travels (default none: the f32 parameters) */
 } localsgd_opts;
 
 typedef struct {
@@ -25,13 +29,38 @@ typedef struct {
     int64_t samples;   /* samples since the last average (this rank) */
     float *flat;       /* params + buffers for the allreduce */
     size_t np, nb;
+    dt_grad_sync *gs;  /* with compression: the delta's sync; else NULL */
+    float *anchor;     /* with compression: the last common model */
+    int64_t avgs;      /* averages done (the sync's step counter) */
+    bool anchored;     /* anchor taken from the model (at the first step: after a resume's restore) */
 } localsgd;
 
 static dt_status lsgd_init(dt_strategy *s) { return dt_strategy_verify_replicas(s->comm, s->model); }
 
-static void lsgd_begin(dt_strategy *s, int64_t step) { s->step = step; }
+static void lsgd_begin(dt_strategy *s, int64_t step) {
+    localsgd *l = s->impl;
+    s->step = step;
+    if (l->anchor && !l->anchored) memcpy(l->anchor, dt_model_params(s->model), l->np * sizeof(float));
+    l->anchored = true;
+}
 
 static void lsgd_ready(dt_strategy *s, size_t off, size_t n) { (void)s, (void)off, (void)n; }
+
+/* The compressed average: x = anchor + mean_r(C(w_r (x_r - anchor))), buffers exactly. */
+static dt_status average_compressed(dt_strategy *s, float w) {
+    localsgd *l = s->impl;
+    float *p = dt_model_params(s->model), *buf = dt_model_buffers(s->model);
+    for (size_t i = 0; i < l->np; i++) l->flat[i] = w * (p[i] - l->anchor[i]);
+    dt_grad_sync_begin_step(l->gs, l->avgs++);
+    dt_grad_sync_start(l->gs, 0, l->flat);
+    DT_TRY(dt_grad_sync_finish(l->gs, 0));
+    for (size_t i = 0; i < l->np; i++) p[i] = l->anchor[i] + l->flat[i];
+    memcpy(l->anchor, p, l->np * sizeof(float));
+    if (!l->nb) return DT_OK;
+    for (size_t i = 0; i < l->nb; i++) l->flat[l->np + i] = w * buf[i];
+    DT_TRY(dt_comm_allreduce(s->comm, l->flat + l->np, buf, l->nb, DT_F32, DT_OP_AVG));
+    return DT_OK;
+}
 
 /* Sample-weighted mean of the replicas: sum_r w_r x_r / W with w_r = n_r * W / sum n. */
 static dt_status average(dt_strategy *s, double *wait_s) {
@@ -42,6 +71,14 @@ static dt_status average(dt_strategy *s, double *wait_s) {
     DT_TRY(dt_comm_allreduce(s->comm, &tot, &tot, 1, DT_F64, DT_OP_SUM));
     float w = tot > 0 ? (float)((double)l->samples * W / tot) : 1.0f;
     float *p = dt_model_params(s->model), *buf = dt_model_buffers(s->model);
+    if (l->gs) {
+        dt_status st = average_compressed(s, w);
+        if (st != DT_OK) return dt_error_wrap(st, "localsgd step %lld: compressed model average", (long long)s->step);
+        l->since = 0, l->samples = 0;
+        if (s->trace) dt_trace_add(s->trace, "average", 1, t0, dt_now(), s->step);
+        if (wait_s) *wait_s += dt_now() - t0;
+        return DT_OK;
+    }
     memcpy(l->flat, p, l->np * sizeof(float));
     if (l->nb) memcpy(l->flat + l->np, buf, l->nb * sizeof(float));
     if (w != 1.0f)
@@ -67,6 +104,10 @@ static dt_status lsgd_step(dt_strategy *s, float lr, float clip, dt_step_stats *
     if (l->since >= l->H) {
         DT_TRY(average(s, &st->comm_wait_s));
         st->buckets = 1;
+        if (l->gs) {
+            dt_grad_sync_stats g = dt_grad_sync_step_stats(l->gs);
+            st->bytes_sent = g.wire_bytes, st->bytes_raw = g.raw_bytes, st->ef_norm = g.ef_norm;
+        }
     }
     return DT_OK;
 }
@@ -74,20 +115,40 @@ static dt_status lsgd_step(dt_strategy *s, float lr, float clip, dt_step_stats *
 static dt_status lsgd_sync(dt_strategy *s) {
     localsgd *l = s->impl;
     /* every rank takes the same steps, so `since` agrees and either all average or none */
-    return l->since > 0 ? average(s, NULL) : DT_OK;
+    if (l->since > 0) DT_TRY(average(s, NULL));
+    return l->gs ? dt_grad_sync_gather_state(l->gs) : DT_OK;
+}
+
+static dt_status lsgd_visit(dt_strategy *s, dt_state_visit_fn fn, void *ctx) {
+    localsgd *l = s->impl;
+    DT_TRY(dt_state_visit_model(s->model, s->optim, fn, ctx));
+    return l->gs ? dt_grad_sync_visit_state(l->gs, fn, ctx) : DT_OK;
 }
 
 static void lsgd_destroy(dt_strategy *s) {
     localsgd *l = s->impl;
     if (!l) return;
     dt_free(l->flat);
+    dt_free(l->anchor);
+    dt_grad_sync_destroy(l->gs);
     free(l);
     s->impl = NULL;
 }
 
 static const dt_strategy_ops lsgd_ops = {.name = "localsgd", .init = lsgd_init, .begin_step = lsgd_begin,
                                          .grad_ready = lsgd_ready, .step = lsgd_step, .destroy = lsgd_destroy,
-                                         .sync = lsgd_sync};
+                                         .sync = lsgd_sync, .visit_state = lsgd_visit};
+
+/* With compression: the delta's sync (one bucket over the parameters) and the common model. */
+static dt_status make_sync(dt_strategy *s, localsgd *l, const dt_compress_spec *cs) {
+    if (cs->kind == DT_COMPRESS_NONE) return DT_OK;
+    l->anchor = dt_alloc(l->np * sizeof(float));
+    if (!l->anchor) return dt_error(DT_ENOMEM, "localsgd: out of memory for %zu parameters", l->np);
+    memcpy(l->anchor, dt_model_params(s->model), l->np * sizeof(float));  /* init verifies they agree */
+    size_t lo = 0, hi = l->np;
+    dt_grad_sync_config gc = {.comm = s->comm, .model = s->model, .n = l->np, .lo = &lo, .hi = &hi, .nb = 1};
+    return dt_grad_sync_create(&l->gs, cs, &gc);
+}
 
 static dt_status lsgd_create(dt_strategy *s, const void *opts) {
     const localsgd_opts *o = opts;
@@ -105,13 +166,18 @@ static dt_status lsgd_create(dt_strategy *s, const void *opts) {
     s->impl = l;
     s->ops = &lsgd_ops;
     s->local_mean = true;
-    return DT_OK;
+    dt_status st = make_sync(s, l, &o->compress);
+    if (st != DT_OK) lsgd_destroy(s);
+    return st;
 }
 
-static void lsgd_defaults(void *opts) { ((localsgd_opts *)opts)->sync_every = 8; }
+static void lsgd_defaults(void *opts) {
+    ((localsgd_opts *)opts)->sync_every = 8;
+    dt_compress_parse("none", &((localsgd_opts *)opts)->compress);
+}
 
 static dt_status lsgd_set(void *opts, const char *key, const char *value) {
-    (void)key;  /* the only key: sync_every */
+    if (!strcmp(key, "compress")) return dt_compress_parse(value, &((localsgd_opts *)opts)->compress);
     char *end;
     errno = 0;
     long v = strtol(value, &end, 10);
@@ -130,10 +196,14 @@ static dt_status lsgd_check(const void *opts) {
 }
 
 static void lsgd_format(const void *opts, char *out, size_t cap) {
-    snprintf(out, cap, "sync_every=%d", ((const localsgd_opts *)opts)->sync_every);
+    const localsgd_opts *o = opts;
+    char c[96];
+    dt_compress_format(&o->compress, c, sizeof c);
+    if (o->compress.kind == DT_COMPRESS_NONE) snprintf(out, cap, "sync_every=%d", o->sync_every);
+    else snprintf(out, cap, "sync_every=%d,compress=%s", o->sync_every, c);
 }
 
 const dt_strategy_entry dt_strategy_localsgd_entry = {
-    .name = "localsgd", .help = "localsgd(sync_every=H)", .keys = "sync_every", .opts_size = sizeof(localsgd_opts),
+    .name = "localsgd", .help = "localsgd(sync_every=H,compress=C)", .keys = "sync_every, compress", .opts_size = sizeof(localsgd_opts),
     .defaults = lsgd_defaults, .set = lsgd_set, .check = lsgd_check, .create = lsgd_create, .format = lsgd_format,
     .needs_comm = true};

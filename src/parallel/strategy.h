@@ -70,6 +70,9 @@ typedef struct {
     double comm_wait_s;  /* time the step blocked on communication */
     int buckets;         /* buckets communicated this step */
     int early_buckets;   /* of which were started while backward was still running */
+    double bytes_sent;   /* gradient-sync bytes this rank sent (ring / allgather volume; 0: not counted) */
+    double bytes_raw;    /* what an uncompressed f32 allreduce would have handed over */
+    double ef_norm;      /* L2 norm of the error-feedback residual after the step (--compress) */
 } dt_step_stats;
 
 typedef struct dt_strategy dt_strategy;
@@ -87,6 +90,8 @@ typedef struct {
     int64_t shape[4];
     size_t numel, offset;
     bool is_optim;  /* an optimizer moment (absent from weights-only checkpoints) */
+    const char *hint;  /* NULL, or: the piece is optional (a checkpoint without it leaves buf as it
+                        * is) and a restore of another shape fails with this advice */
 } dt_state_piece;
 /* Called with each piece; returning an error stops the visit with it. For a restore the visitor
  * writes into buf. */

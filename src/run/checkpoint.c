@@ -243,9 +243,14 @@ static dt_status restore_piece(void *ctx, const dt_state_piece *p) {
     const dt_st_file *f = ctx;
     dt_st_tensor st;
     dt_status s = dt_st_find(f, p->name, &st);
+    if (s != DT_OK && p->hint) return dt_error_clear(), DT_OK;  /* optional state: starts afresh */
     if (s != DT_OK) return s;
     bool same = st.t.dtype == DT_F32 && st.t.ndim == p->ndim;
     for (int d = 0; same && d < p->ndim; d++) same = st.t.shape[d] == p->shape[d];
+    if (!same && p->hint)
+        return dt_error(DT_EFORMAT, "%s: tensor '%s' has shape [%lld, %lld], this run's is [%lld, %lld]: %s", dt_st_path(f),
+                        p->name, (long long)st.t.shape[0], (long long)(st.t.ndim > 1 ? st.t.shape[1] : 1),
+                        (long long)p->shape[0], (long long)p->shape[1], p->hint);
     if (!same)
         return dt_error(DT_EFORMAT, "%s: tensor '%s' has dtype %s and %d dims, the model expects F32 with %d dims of "
                                     "the model's shape; was it written for another --model?",

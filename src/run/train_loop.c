@@ -23,6 +23,7 @@ typedef struct {
     int64_t samples;     /* this rank */
     int64_t steps;
     double compute_s, comm_wait_s;
+    double sync_bytes, sync_raw_bytes, ef_norm;  /* gradient sync (dt_step_stats) */
 } epoch_acc;
 
 /* --slow sleep and --balance timing between backward and the sync (dt_step_batch.compute_done). */
@@ -47,6 +48,8 @@ static dt_status train_step(dt_trainer *t, const dt_batch *b, epoch_acc *acc) {
     acc->loss_sum += r.loss_sum;
     acc->samples += r.n;
     acc->comm_wait_s += r.st.comm_wait_s;
+    acc->sync_bytes += r.st.bytes_sent, acc->sync_raw_bytes += r.st.bytes_raw;
+    if (r.st.bytes_raw > 0) acc->ef_norm = r.st.ef_norm;
     acc->compute_s += r.compute_s;
     acc->steps++;
     t->step++;
@@ -149,12 +152,12 @@ static dt_status stop_vote(const dt_trainer *t, bool *stop) {
 static dt_status save_interrupted(dt_trainer *t) {
     const dt_train_config *c = &t->cfg;
     dt_status s = DT_OK;
-    /* the replicas agree first (localsgd averages, pp gathers the stages on rank 0), as for the
-     * numbered checkpoints (save_numbered syncs by itself) */
-    if (!c->checkpoint_dir && t->strategy->ops->sync) s = t->strategy->ops->sync(t->strategy);
-    if (s != DT_OK) {
-    } else if (c->checkpoint_dir) s = dt_trainer_save_numbered(t);
-    else if (t->rank == 0) s = dt_trainer_save(t, c->save ? c->save : "dtrain-interrupted.safetensors");
+    if (c->checkpoint_dir) s = dt_trainer_save_numbered(t);  /* syncs by itself */
+    else {  /* every rank stops here (the stop is agreed): the replicas agree first (localsgd averages,
+             * pp gathers the stages on rank 0); sync is collective, as before a numbered save */
+        if (t->strategy->ops->sync) s = t->strategy->ops->sync(t->strategy);
+        if (s == DT_OK && t->rank == 0) s = dt_trainer_save(t, c->save ? c->save : "dtrain-interrupted.safetensors");
+    }
     if (s != DT_OK) return dt_error_wrap(s, "stopped at step %lld but the checkpoint failed", (long long)t->step);
     if (c->checkpoint_dir)
         return dt_error(DT_EINTR, "stopped at step %lld; checkpoint %s; to continue, run the same command with "
@@ -266,7 +269,8 @@ static dt_status end_epoch(dt_trainer *t, FILE *mf, const epoch_acc *acc, double
                        .epoch_steps = epoch_steps, .steps_per_epoch = (int64_t)dt_loader_batches(t->loader),
                        .global_batch = dt_trainer_step_batch(t) * t->dworld,
                        .lr = dt_lr_at(&c->lr, t->step > 0 ? t->step - 1 : 0),
-                       .nworkers = t->dworld, .workers = t->workers, .max_clock_gap = -1};
+                       .nworkers = t->dworld, .workers = t->workers, .max_clock_gap = -1,
+                       .sync_bytes = acc->sync_bytes, .sync_raw_bytes = acc->sync_raw_bytes, .ef_norm = acc->ef_norm};
     memcpy(e.comm_bytes, axis_bytes, sizeof axis_bytes);
     if (t->strategy->ops->report) t->strategy->ops->report(t->strategy, t->strategy_report, sizeof t->strategy_report);
     DT_TRY(dt_trainer_evaluate(t, &e.test_loss, &e.test_acc));

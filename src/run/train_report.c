@@ -103,6 +103,10 @@ dt_status dt_trainer_write_metrics(FILE *f, const dt_epoch_info *e, const dt_tra
     fprintf(f, ", \"kernels\": \"%s\"", dt_kernels_describe());
     const dt_loss_scaler *ls = dt_optim_loss_scaler(t->optim);
     if (ls) fprintf(f, ", \"loss_scale\": %.6g, \"skipped_steps\": %lld", ls->scale, (long long)ls->skipped);
+    if (e->sync_raw_bytes > 0 && e->steps > 0)  /* gradient sync: bytes per step of rank 0, --compress */
+        fprintf(f, ", \"sync\": {\"bytes_per_step\": %.0f, \"raw_bytes_per_step\": %.0f, \"compression_ratio\": %.4g, "
+                   "\"ef_norm\": %.6g}", e->sync_bytes / (double)e->steps, e->sync_raw_bytes / (double)e->steps,
+                e->sync_bytes > 0 ? e->sync_raw_bytes / e->sync_bytes : 0.0, e->ef_norm);
     dt_balance_write_json(f, e);  /* per-worker figures, ps staleness */
     fputs(t->strategy_report, f);  /* the strategy's own figures (pp: bubble, bytes), or nothing */
     fputs("}\n", f);

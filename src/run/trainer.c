@@ -377,6 +377,9 @@ static dt_status trainer_setup(dt_trainer *t) {
     if (c->timeline) DT_TRY(dt_trace_init(&t->trace, t->rank, 1 << 18, t->t_start));
     DT_TRY(dt_strategy_create_with(&t->strategy, sentry, &sopts, t->world > 1 ? c->comm : NULL, t->model, t->optim,
                                    c->timeline ? &t->trace : NULL));
+    /* state only the strategy holds (--compress error feedback) comes back through its visitor */
+    if (resume && t->strategy->ops->visit_state && t->strategy->role == DT_ROLE_REPLICA)
+        DT_TRY(dt_checkpoint_restore_strategy(resume, t->strategy, &info));
     DT_TRY(t->strategy->ops->init(t->strategy));
     return setup_uneven(t);
 }

@@ -1,0 +1,162 @@
+/* Hierarchical allreduce for ranks that span hosts: a shared-memory reduce to one leader per host,
+ * an allreduce among the leaders (over the parent's transport: MPI between hosts), and a
+ * shared-memory broadcast from each leader. Only the leaders' traffic crosses the network: with
+ * H hosts of L ranks a ring over all H*L ranks pushes 2(HL-1)/(HL) of the data through each host
+ * link, the leaders' ring 2(H-1)/H. dt_comm_set_hier learns the hosts (hostnames, allgathered;
+ * DTRAIN_HOSTNAME names the host instead, for tests on one machine), makes the per-host shm
+ * communicator and the leaders' split, and decides: AUTO turns it on when some host has more than
+ * one rank and there is more than one host. Then every allreduce of the communicator (blocking or
+ * not: the progress thread runs it the same way) goes this way. */
+#include "comm/comm_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "comm/reduce.h"
+
+enum { NAME = 64 };
+
+struct dt_comm_hier {
+    dt_comm *local;      /* the ranks of this host, over shm (NULL: alone on its host) */
+    dt_comm *leaders;    /* local rank 0 of every host (NULL elsewhere) */
+    int hosts, host, local_rank, local_size;
+    bool on;
+};
+
+static void host_name(char *out) {
+    const char *e = getenv("DTRAIN_HOSTNAME");
+    memset(out, 0, NAME);
+    if (e && *e) snprintf(out, NAME, "%s", e);
+    else if (gethostname(out, NAME - 1) != 0) snprintf(out, NAME, "unknown");
+}
+
+/* Host index (first-seen order), local rank and local size of each rank from the names. */
+static void layout(const char *names, int size, int rank, dt_comm_hier *h, int *host_of) {
+    h->hosts = 0;
+    for (int r = 0; r < size; r++) {
+        host_of[r] = -1;
+        for (int q = 0; q < r && host_of[r] < 0; q++)
+            if (!strncmp(names + (size_t)q * NAME, names + (size_t)r * NAME, NAME)) host_of[r] = host_of[q];
+        if (host_of[r] < 0) host_of[r] = h->hosts++;
+    }
+    h->host = host_of[rank];
+    h->local_rank = h->local_size = 0;
+    for (int r = 0; r < size; r++)
+        if (host_of[r] == h->host) h->local_rank += r < rank, h->local_size++;
+}
+
+void dt_comm_hier_free(dt_comm_hier *h) {
+    if (!h) return;
+    dt_comm_destroy(h->local);
+    dt_comm_destroy(h->leaders);
+    free(h);
+}
+
+/* The per-host shm communicator (job id: rank 0's base id, broadcast, and the host index). */
+static dt_status make_local(dt_comm *c, dt_comm_hier *h) {
+    char base[NAME] = {0};
+    if (c->rank == 0) snprintf(base, sizeof base, "hier%ldx%llu", (long)getpid(), (unsigned long long)c->splits);
+    DT_TRY(dt_comm_broadcast(c, base, sizeof base, DT_U8, 0));
+    if (h->local_size < 2) return DT_OK;
+    char job[2 * NAME];
+    snprintf(job, sizeof job, "%s.h%d", base, h->host);
+    dt_comm_config cc = dt_comm_config_default();
+    cc.rank = h->local_rank, cc.size = h->local_size, cc.job_id = job, cc.backend = DT_BACKEND_SHM;
+    cc.timeout_s = c->timeout_s, cc.timeout_knob = c->timeout_knob;
+    dt_status st = dt_comm_create(&h->local, &cc);
+    dt_log_set_rank(c->rank);  /* the sub-communicator set the log's rank to its own */
+    return st;
+}
+
+dt_status dt_comm_set_hier(dt_comm *c, dt_comm_hier_mode mode) {
+    if (!c) return dt_error(DT_EINVAL, "dt_comm_set_hier: communicator is NULL");
+    dt_comm_hier_free(c->hier);
+    c->hier = NULL;
+    if (mode == DT_HIER_FLAT || c->size == 1) return DT_OK;
+    char *names = calloc((size_t)c->size, NAME);
+    int *host_of = calloc((size_t)c->size, sizeof *host_of);
+    dt_comm_hier *h = calloc(1, sizeof *h);
+    dt_status st = names && host_of && h ? DT_OK : dt_error(DT_ENOMEM, "hierarchical allreduce: out of memory");
+    char mine[NAME];
+    host_name(mine);
+    if (st == DT_OK) st = dt_comm_allgather(c, mine, names, NAME, DT_U8);
+    if (st == DT_OK) {
+        layout(names, c->size, c->rank, h, host_of);
+        /* more than one host, and some host with more than one rank */
+        h->on = mode == DT_HIER_ON || (h->hosts > 1 && h->hosts < c->size);
+    }
+    if (st == DT_OK && h->on) st = make_local(c, h);
+    if (st == DT_OK && h->on) st = dt_comm_split(c, h->local_rank == 0 ? 0 : DT_COMM_UNDEFINED, h->host, &h->leaders);
+    free(names), free(host_of);
+    if (st != DT_OK || !h->on) {
+        if (st == DT_OK) c->hier = h;  /* off: kept for dt_comm_hosts */
+        else dt_comm_hier_free(h);
+        return st == DT_OK ? DT_OK : dt_error_wrap(st, "hierarchical allreduce setup");
+    }
+    c->hier = h;
+    return DT_OK;
+}
+
+bool dt_comm_hier_active(const dt_comm *c) { return c && c->hier && c->hier->on; }
+int dt_comm_hosts(const dt_comm *c) { return c && c->hier ? c->hier->hosts : 0; }
+
+/* Chunk k of the buffer: elements [k*chunk, k*chunk + n). */
+typedef struct {
+    const unsigned char *send;
+    unsigned char *recv;
+    size_t chunk, count, esz;
+} chunks;
+
+static size_t chunk_len(const chunks *c, size_t k) {
+    size_t off = k * c->chunk;
+    return c->count - off < c->chunk ? c->count - off : c->chunk;
+}
+
+/* The host's reduction of chunk k (into recv on the leader; a lone rank copies). */
+static dt_status local_reduce(dt_comm_hier *h, const chunks *c, size_t k, dt_dtype t, dt_redop op) {
+    size_t off = k * c->chunk * c->esz, n = chunk_len(c, k);
+    if (h->local) return dt_comm_reduce(h->local, c->send + off, h->local_rank == 0 ? c->recv + off : NULL, n, t, op, 0);
+    if (c->send != c->recv && n) memcpy(c->recv + off, c->send + off, n * c->esz);
+    return DT_OK;
+}
+
+/* Chunk k is reduced among the leaders (wait for *ia): broadcast it within the host (queued). */
+static dt_status spread(dt_comm_hier *h, const chunks *c, size_t k, dt_dtype t, dt_request **ia, dt_request **bc) {
+    if (h->leaders) DT_TRY(dt_request_wait(ia));
+    if (h->local) DT_TRY(dt_comm_ibroadcast(h->local, c->recv + k * c->chunk * c->esz, chunk_len(c, k), t, 0, bc));
+    return DT_OK;
+}
+
+dt_status dt_comm_hier_allreduce(dt_comm_hier *h, int world, const void *send, void *recv, size_t count, dt_dtype t,
+                                 dt_redop op) {
+    /* DTRAIN_HIER_CHUNK=BYTES pipelines in chunks: while the leaders reduce chunk k across hosts,
+     * the host reduces chunk k+1 and broadcasts chunk k-1 (each communicator runs its ops in issue
+     * order). Default: one chunk (on the loaded 2-core test machine the extra progress threads
+     * cost more than the overlap gained; measure with bench/compress_cluster.sh) */
+    dt_redop part = op == DT_OP_AVG ? DT_OP_SUM : op;
+    chunks c = {send, recv, 0, count, dt_dtype_size(t)};
+    const char *e = getenv("DTRAIN_HIER_CHUNK");
+    long cb = e ? atol(e) : 0;
+    c.chunk = cb >= 4096 ? (size_t)cb / c.esz : count ? count : 1;
+    size_t nch = count ? (count + c.chunk - 1) / c.chunk : 1;
+    dt_request **bc = calloc(nch, sizeof *bc), *ia = NULL;
+    if (!bc) return dt_error(DT_ENOMEM, "hierarchical allreduce: out of memory");
+    dt_status st = DT_OK;
+    for (size_t k = 0; k < nch && st == DT_OK; k++) {
+        st = local_reduce(h, &c, k, t, part);
+        if (st == DT_OK && k > 0) st = spread(h, &c, k - 1, t, &ia, &bc[k - 1]);
+        if (st == DT_OK && h->leaders) {
+            unsigned char *p = c.recv + k * c.chunk * c.esz;
+            st = dt_comm_iallreduce(h->leaders, p, p, chunk_len(&c, k), t, part, &ia);
+        }
+    }
+    if (st == DT_OK) st = spread(h, &c, nch - 1, t, &ia, &bc[nch - 1]);
+    dt_status w = dt_request_wait(&ia);
+    dt_status b = dt_request_waitall(bc, (int)nch);
+    free(bc);
+    if (st == DT_OK) st = w != DT_OK ? w : b;
+    if (st == DT_OK && op == DT_OP_AVG) dt_reduce_scale(recv, count, t, world);
+    return st;
+}

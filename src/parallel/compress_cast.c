@@ -1,0 +1,99 @@
+/* The plain and the cast entries of the gradient-sync table: "none" allreduces the f32 bucket as
+ * it is; "fp16" and "bf16" round it to 16 bits (half the bytes), allreduce those (the
+ * communicator reduces them in f32 and rounds once) and widen the mean again. The casts keep
+ * error feedback: the rounding error of this step is added to the next step's values. */
+#include "parallel/grad_sync.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- none ---- */
+
+static dt_status none_start(dt_grad_sync *g, dt_gs_bucket *b) {
+    size_t n = b->hi - b->lo;
+    dt_comm *c = dt_grad_sync_config_of(g)->comm;
+    dt_grad_sync_count(g, n * sizeof(float), false);
+    /* the last bucket runs here, blocking: nothing is left to overlap it with, and it saves the
+     * hand-off to the progress thread (finish then only unpacks) */
+    if (b->last) return dt_comm_allreduce(c, b->x, b->x, n, DT_F32, DT_OP_AVG);
+    return dt_comm_iallreduce(c, b->x, b->x, n, DT_F32, DT_OP_AVG, &b->req);
+}
+
+static dt_status none_advance(dt_grad_sync *g, dt_gs_bucket *b) {
+    (void)g;
+    b->stage = DT_GS_DONE;
+    return DT_OK;
+}
+
+const dt_compressor dt_compress_none = {.name = "none", .start = none_start, .advance = none_advance};
+
+/* ---- fp16 / bf16 ---- */
+
+typedef struct {
+    uint16_t *h;      /* the 16-bit payload */
+    float *res;       /* error feedback: what rounding took off last step (in the checkpointed row) */
+} cast_state;
+
+static dt_status cast_init(dt_grad_sync *g, dt_gs_bucket *b, size_t *state_floats) {
+    (void)g;
+    cast_state *c = calloc(1, sizeof *c);
+    if (c) c->h = dt_alloc((b->hi - b->lo) * sizeof(uint16_t));
+    if (!c || !c->h) {
+        free(c);
+        return dt_error(DT_ENOMEM, "--compress: out of memory for a %zu-value bucket", b->hi - b->lo);
+    }
+    b->st = c;
+    *state_floats = b->hi - b->lo;
+    return DT_OK;
+}
+
+static void cast_free(dt_gs_bucket *b) {
+    cast_state *c = b->st;
+    if (!c) return;
+    dt_free(c->h);
+    free(c);
+    b->st = NULL;
+}
+
+static void cast_bind(dt_gs_bucket *b, float *state) { ((cast_state *)b->st)->res = state; }
+
+static void cast_residual(const dt_gs_bucket *b, float *out) {
+    memcpy(out, ((const cast_state *)b->st)->res, (b->hi - b->lo) * sizeof(float));
+}
+
+static dt_status cast_start(dt_grad_sync *g, dt_gs_bucket *b, bool bf16) {
+    cast_state *c = b->st;
+    size_t n = b->hi - b->lo;
+    double sq = 0;
+    for (size_t i = 0; i < n; i++) {
+        float v = b->x[i] + c->res[i];
+        c->h[i] = bf16 ? dt_f32_to_bf16(v) : dt_f32_to_f16(v);
+        c->res[i] = v - (bf16 ? dt_bf16_to_f32(c->h[i]) : dt_f16_to_f32(c->h[i]));
+        sq += (double)c->res[i] * c->res[i];
+    }
+    dt_grad_sync_add_ef(g, sq);
+    dt_grad_sync_count(g, n * sizeof(uint16_t), false);
+    return dt_comm_iallreduce(dt_grad_sync_config_of(g)->comm, c->h, c->h, n, bf16 ? DT_BF16 : DT_F16, DT_OP_AVG,
+                              &b->req);
+}
+
+static dt_status fp16_start(dt_grad_sync *g, dt_gs_bucket *b) { return cast_start(g, b, false); }
+static dt_status bf16_start(dt_grad_sync *g, dt_gs_bucket *b) { return cast_start(g, b, true); }
+
+static dt_status cast_advance(dt_grad_sync *g, dt_gs_bucket *b, bool bf16) {
+    (void)g;
+    cast_state *c = b->st;
+    for (size_t i = 0; i < b->hi - b->lo; i++) b->x[i] = bf16 ? dt_bf16_to_f32(c->h[i]) : dt_f16_to_f32(c->h[i]);
+    b->stage = DT_GS_DONE;
+    return DT_OK;
+}
+
+static dt_status fp16_advance(dt_grad_sync *g, dt_gs_bucket *b) { return cast_advance(g, b, false); }
+static dt_status bf16_advance(dt_grad_sync *g, dt_gs_bucket *b) { return cast_advance(g, b, true); }
+
+const dt_compressor dt_compress_fp16 = {.name = "fp16", .bucket_init = cast_init, .bucket_free = cast_free,
+                                        .start = fp16_start, .advance = fp16_advance, .bind_state = cast_bind,
+                                        .residual = cast_residual};
+const dt_compressor dt_compress_bf16 = {.name = "bf16", .bucket_init = cast_init, .bucket_free = cast_free,
+                                        .start = bf16_start, .advance = bf16_advance, .bind_state = cast_bind,
+                                        .residual = cast_residual};

@@ -1,0 +1,262 @@
+/* Gradient compression tests over real shared-memory ranks (forked processes, W = 2 and 3):
+ * - every compressor: every rank gets bitwise the same result; the error-feedback identity holds
+ *   (the sum over steps of the synced mean plus the mean of the ranks' residuals equals the sum of
+ *   the mean gradients: what was not sent this step is sent later); top-k sends exactly k pairs per
+ *   bucket (bytes counted) and warms its ratio up; top-k 1.0, PowerSGD at full rank and "none"
+ *   give the plain mean; fp16/bf16 give it to their rounding;
+ * - trainer level: ddp with topk:1.0 and powersgd at full rank equal plain ddp, fp16/bf16 ddp
+ *   match fp32 ddp to a stated tolerance, localsgd with topk:1.0 equals plain localsgd.
+ * The parse of --compress texts (good and bad) is checked too. */
+#include "core/test.h"
+#include "parallel/grad_sync.h"
+#include "parallel/parallel_testlib.h"
+#include "dtrain/dtrain.h"
+
+#include <math.h>
+#include <string.h>
+#include <unistd.h>
+
+static char g_dir[64], g_csv[128];
+enum { T = 6, CAP = 4096 };
+#define SMALL_MODEL "linear(16) relu linear(4)"  /* 12 features: 276 parameters, 2 buckets below */
+
+static void g_of(float *g, size_t n, int rank, int step) {
+    dt_rng_fill_normal(g, n, 0.0f, 1.0f, 77, dt_rng_key(DT_RNG_USER + 1, (uint64_t)(rank * 100 + step)));
+}
+
+/* The step's figures: f32 bytes of the vector; top-k: k pairs of 8 bytes per bucket (ceil(density
+ * n), after the warm-up), at most W*k values set; casts: 2 bytes a value. */
+static void check_bytes(const dt_compress_spec *cs, dt_grad_sync_stats st, const float *x, size_t n, int W, int t) {
+    CHECK(st.raw_bytes == (double)n * 4);
+    if (cs->kind == DT_COMPRESS_TOPK) {
+        double d = cs->warmup && t < cs->warmup ? pow(cs->ratio, (t + 1.0) / cs->warmup) : cs->ratio;
+        double k = ceil(d * 68 - 1e-9) + ceil(d * 208 - 1e-9);
+        CHECK_MSG(st.payload_bytes == 8 * k, "topk step %d: %g payload bytes, want %g", t, st.payload_bytes, 8 * k);
+        size_t nz = 0;
+        for (size_t i = 0; i < n; i++) nz += x[i] != 0;
+        CHECK_MSG(nz <= (size_t)W * (size_t)k, "topk step %d: %zu values set, at most %g sent", t, nz, W * k);
+    }
+    if (cs->kind == DT_COMPRESS_FP16 || cs->kind == DT_COMPRESS_BF16) CHECK(st.payload_bytes == (double)n * 2);
+}
+
+/* True when every rank of c holds the same bits in x[0..n) (a hash compared by min and max). */
+static bool same_on_all_ranks(dt_comm *c, const float *x, size_t n) {
+    uint64_t h = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &x[i], 4);
+        h = h * 31 + u;
+    }
+    int64_t crc = (int64_t)(h >> 1), a = 0, b = 1;
+    if (dt_comm_allreduce(c, &crc, &a, 1, DT_I64, DT_OP_MIN) != DT_OK ||
+        dt_comm_allreduce(c, &crc, &b, 1, DT_I64, DT_OP_MAX) != DT_OK)
+        return false;
+    return a == b;
+}
+
+/* One rank of the identity test of compressor `text` on W ranks; returns its failures. */
+static int identity_rank(const char *text, int r, int W, const char *job) {
+    dt_test_failures = 0;  /* a forked rank counts its own */
+    dt_comm *c = dt_test_rank_comm(r, W, job);
+    dt_model *m;
+    CHECK_OK(dt_model_create_from_spec(&m, SMALL_MODEL, 1, 1, 12));
+    const size_t n = dt_model_num_params(m);
+    size_t lo[2] = {208, 0}, hi[2] = {n, 208};  /* the last layer's bucket first, as ddp issues them */
+    dt_compress_spec cs;
+    CHECK_OK(dt_compress_parse(text, &cs));
+    dt_grad_sync_config gc = {.comm = c, .model = m, .n = n, .lo = lo, .hi = hi, .nb = 2};
+    dt_grad_sync *gs;
+    CHECK_OK(dt_grad_sync_create(&gs, &cs, &gc));
+    static float x[CAP], g[CAP], mean[CAP], sum_out[CAP], sum_g[CAP], res[CAP], lossless_err[1];
+    memset(sum_out, 0, sizeof sum_out), memset(sum_g, 0, sizeof sum_g);
+    lossless_err[0] = 0;
+    const bool lossless = cs.kind == DT_COMPRESS_NONE || (cs.kind == DT_COMPRESS_TOPK && cs.ratio == 1.0 && !cs.warmup) ||
+                          (cs.kind == DT_COMPRESS_POWERSGD && cs.rank >= 16);
+    for (int t = 0; t < T; t++) {
+        memset(mean, 0, n * sizeof(float));
+        for (int q = 0; q < W; q++) {
+            g_of(g, n, q, t);
+            for (size_t i = 0; i < n; i++) mean[i] += g[i] / (float)W;
+        }
+        g_of(x, n, r, t);
+        for (size_t i = 0; i < n; i++) sum_g[i] += mean[i];
+        dt_grad_sync_begin_step(gs, t);
+        dt_grad_sync_start(gs, 0, x);
+        dt_grad_sync_poll(gs);
+        dt_grad_sync_start(gs, 1, x);
+        CHECK_OK(dt_grad_sync_finish(gs, 0));
+        CHECK_OK(dt_grad_sync_finish(gs, 1));
+        check_bytes(&cs, dt_grad_sync_step_stats(gs), x, n, W, t);
+        for (size_t i = 0; i < n; i++) sum_out[i] += x[i];
+        double e = dt_test_maxdiff(x, mean, n);
+        if (e > lossless_err[0]) lossless_err[0] = (float)e;
+        if (cs.kind == DT_COMPRESS_POWERSGD && t < cs.warmup)  /* warm-up steps: plain allreduce */
+            CHECK_MSG(e <= 1e-6, "%s step %d (warm-up): result differs from the mean by %g", text, t, e);
+        CHECK_MSG(same_on_all_ranks(c, x, n), "%s step %d: the ranks' results differ", text, t);
+    }
+    /* sum_t out_t + mean_r residual_r == sum_t mean_t g: nothing is lost, only delayed */
+    dt_grad_sync_residual(gs, res);
+    CHECK_OK(dt_comm_allreduce(c, res, res, n, DT_F32, DT_OP_AVG));
+    double worst = 0, scale = 0;
+    for (size_t i = 0; i < n; i++) {
+        worst = fmax(worst, fabs((double)sum_out[i] + res[i] - sum_g[i]));
+        scale = fmax(scale, fabs((double)sum_g[i]));
+    }
+    /* the casts round the mean once more on the way back (not fed back): their tolerance per step */
+    double ltol = cs.kind == DT_COMPRESS_POWERSGD ? 2e-4 : cs.kind == DT_COMPRESS_FP16 ? 2e-3
+                  : cs.kind == DT_COMPRESS_BF16 ? 2e-2 : 1e-6;
+    double rtol = cs.kind == DT_COMPRESS_POWERSGD ? 2e-4 : ltol > 1e-5 ? ltol : 2e-5;
+    if (cs.momentum == 0)  /* with momentum correction the velocities are what travels, not the gradients */
+        CHECK_MSG(worst <= rtol * (scale + 1), "%s: sum of sent + residual is off the sum of gradients by %g (scale %g)",
+                  text, worst, scale);
+    if (lossless || cs.kind == DT_COMPRESS_FP16 || cs.kind == DT_COMPRESS_BF16)
+        CHECK_MSG(lossless_err[0] <= ltol, "%s: result differs from the plain mean by %g (tolerance %g)", text,
+                  lossless_err[0], ltol);
+    if (r == 0 && cs.momentum == 0)
+        printf("%-26s W=%d: error-feedback identity off by %.3g (scale %.3g), max |result - mean| %.3g\n", text, W,
+               worst, scale, lossless_err[0]);
+    else if (r == 0)
+        printf("%-26s W=%d: ranks agree (with momentum correction the velocities travel: no gradient identity)\n",
+               text, W);
+    fflush(stdout);
+    dt_grad_sync_destroy(gs);
+    dt_model_free(m);
+    dt_comm_destroy(c);
+    return dt_test_failures;
+}
+
+static void test_identities(void) {
+    const char *texts[] = {"none", "fp16", "bf16", "topk:1", "topk:0.1", "topk:0.05:momentum=0.9",
+                           "topk:0.02:warmup=4", "powersgd:1", "powersgd:2", "powersgd:2:warmup=3", "powersgd:16"};
+    for (int W = 2; W <= 3; W++)
+        for (size_t k = 0; k < sizeof texts / sizeof *texts; k++) {
+            char job[64];
+            snprintf(job, sizeof job, "cmpid%d_%d_%zu", (int)getpid(), W, k);
+            fflush(stdout);  /* the forked ranks would print what is buffered again */
+            for (int r = 0; r < W; r++)
+                if (fork() == 0) _exit(identity_rank(texts[k], r, W, job) ? 1 : 0);
+            CHECK_MSG(dt_test_wait_children() == 0, "%s on %d ranks failed", texts[k], W);
+        }
+}
+
+static int cmp_desc(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* A bucket large enough for the sampled threshold (101000 values, one process): top-k keeps
+ * exactly the k largest magnitudes, bit for bit, and leaves the rest in the residual. */
+static void test_topk_large(void) {
+    dt_comm_config cc = dt_comm_config_default();
+    dt_comm *c;
+    dt_model *m;
+    CHECK_OK(dt_comm_create(&c, &cc));
+    CHECK_OK(dt_model_create_from_spec(&m, "linear(1000)", 1, 1, 100));
+    const size_t n = dt_model_num_params(m);
+    size_t lo = 0, hi = n;
+    dt_compress_spec cs;
+    CHECK_OK(dt_compress_parse("topk:0.01", &cs));
+    dt_grad_sync_config gc = {.comm = c, .model = m, .n = n, .lo = &lo, .hi = &hi, .nb = 1};
+    dt_grad_sync *gs;
+    CHECK_OK(dt_grad_sync_create(&gs, &cs, &gc));
+    float *x = malloc(n * sizeof *x), *g = malloc(n * sizeof *g), *mag = malloc(n * sizeof *mag);
+    float *res = malloc(n * sizeof *res);
+    for (int step = 0; step < 3; step++) {
+        g_of(g, n, 0, 50 + step);
+        dt_grad_sync_residual(gs, res);
+        for (size_t i = 0; i < n; i++) x[i] = g[i], mag[i] = fabsf(g[i] + res[i]);  /* what is up for sending */
+        qsort(mag, n, sizeof *mag, cmp_desc);
+        size_t k = (size_t)ceil(0.01 * (double)n);
+        dt_grad_sync_begin_step(gs, step);
+        dt_grad_sync_start(gs, 0, x);
+        CHECK_OK(dt_grad_sync_finish(gs, 0));
+        size_t sent = 0, wrong = 0;
+        for (size_t i = 0; i < n; i++)
+            if (x[i] != 0) sent++, wrong += fabsf(x[i]) < mag[k - 1];
+        CHECK_MSG(sent == k && wrong == 0, "step %d: %zu values sent (want %zu), %zu below the k-th magnitude %g",
+                  step, sent, k, wrong, mag[k - 1]);
+    }
+    printf("topk:0.01 on a %zu-value bucket: exactly the k largest magnitudes sent\n", n);
+    free(x), free(g), free(mag), free(res);
+    dt_grad_sync_destroy(gs);
+    dt_model_free(m);
+    dt_comm_destroy(c);
+}
+
+static void test_parse(void) {
+    dt_compress_spec s;
+    CHECK_OK(dt_compress_parse("topk:0.01:momentum=0.9:warmup=100", &s));
+    CHECK(s.kind == DT_COMPRESS_TOPK && s.ratio == 0.01 && s.momentum == 0.9 && s.warmup == 100);
+    CHECK_OK(dt_compress_parse("powersgd:4", &s));
+    CHECK(s.kind == DT_COMPRESS_POWERSGD && s.rank == 4);
+    CHECK_OK(dt_compress_parse("powersgd:2:warmup=3", &s));
+    CHECK(s.kind == DT_COMPRESS_POWERSGD && s.rank == 2 && s.warmup == 3);
+    const char *bad[] = {"topk", "topk:0", "topk:1.5", "topk:0.1:foo=1", "powersgd:0", "powersgd:1.5",
+                         "powersgd:2:warmup=x", "zip"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        CHECK(dt_compress_parse(bad[i], &s) == DT_EINVAL);
+        CHECK_MSG(strstr(dt_last_error(), bad[i]) != NULL, "the error names '%s': %s", bad[i], dt_last_error());
+    }
+}
+
+/* Trains `spec` on W forked ranks; rank 0 writes the final parameters to path. */
+static int train_ranks(const char *spec, int W, const char *path, const char *job) {
+    fflush(stdout);
+    for (int r = 0; r < W; r++) {
+        if (fork() != 0) continue;
+        dt_comm *c = dt_test_rank_comm(r, W, job);
+        dt_train_config cfg = dt_train_defaults();
+        cfg.data = g_csv, cfg.model = "linear(16) relu linear(16) relu linear(4)", cfg.epochs = 2, cfg.batch = 8;
+        cfg.max_steps = 24, cfg.seed = 5, cfg.comm = c, cfg.strategy = spec;
+        cfg.optim = dt_optim_defaults(DT_OPTIM_SGD);
+        cfg.lr.base_lr = 0.05f;
+        dt_trainer *t;
+        dt_status s = dt_trainer_create(&t, &cfg);
+        if (s == DT_OK) s = dt_trainer_run(t);
+        if (s != DT_OK) {
+            fprintf(stderr, "rank %d (%s): %s\n", r, spec, dt_last_error());
+            _exit(3);
+        }
+        dt_model *m = dt_trainer_model(t);
+        if (r == 0 && dt_test_write_floats(path, dt_model_params(m), dt_model_num_params(m)) != 0) _exit(4);
+        dt_trainer_free(t);
+        dt_comm_destroy(c);
+        _exit(0);
+    }
+    return dt_test_wait_children();
+}
+
+static void test_trainer(void) {
+    static float ref[CAP], got[CAP];
+    struct { const char *base, *spec; double tol; } cases[] = {
+        {"ddp(bucket_mb=0.0005)", "ddp(bucket_mb=0.0005,compress=topk:1)", 1e-5},
+        {"ddp(bucket_mb=0.0005)", "ddp(bucket_mb=0.0005,compress=powersgd:64)", 1e-5},
+        {"ddp(bucket_mb=0.0005)", "ddp(bucket_mb=0.0005,compress=fp16)", 1e-3},
+        {"ddp(bucket_mb=0.0005)", "ddp(bucket_mb=0.0005,compress=bf16)", 1e-2},
+        {"localsgd(sync_every=4)", "localsgd(sync_every=4,compress=topk:1)", 1e-5},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        char pa[128], pb[128], job[64];
+        snprintf(pa, sizeof pa, "%s/ref%zu", g_dir, k);
+        snprintf(pb, sizeof pb, "%s/got%zu", g_dir, k);
+        snprintf(job, sizeof job, "cmptr%d_%zua", (int)getpid(), k);
+        CHECK(train_ranks(cases[k].base, 2, pa, job) == 0);
+        snprintf(job, sizeof job, "cmptr%d_%zub", (int)getpid(), k);
+        CHECK(train_ranks(cases[k].spec, 2, pb, job) == 0);
+        size_t na = dt_test_read_floats(pa, ref, CAP), nb = dt_test_read_floats(pb, got, CAP);
+        double d = na == nb && na ? dt_test_maxdiff(ref, got, na) : INFINITY;
+        printf("trainer: %-44s vs %-24s 2 ranks, 24 steps: max |diff| %.3g (tolerance %g)\n", cases[k].spec,
+               cases[k].base, d, cases[k].tol);
+        CHECK_MSG(d <= cases[k].tol, "%s differs from %s by %g", cases[k].spec, cases[k].base, d);
+    }
+}
+
+int main(void) {
+    dt_test_write_toy_csv(g_dir, g_csv, "/tmp/dtrain-cmp-XXXXXX", 9);
+    test_parse();
+    test_topk_large();
+    test_identities();
+    test_trainer();
+    dt_test_remove_dir(g_dir);
+    return dt_test_summary("compress_test");
+}
