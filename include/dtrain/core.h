@@ -110,6 +110,29 @@ void dt_slab_free(dt_slab *s);
 void *dt_alloc(size_t bytes);
 void dt_free(void *p);
 
+/* ---- memory accounting (core/mem.c): the bytes of every dt_alloc block this process holds ---- *
+ * Blocks of 256 KiB and more are page-aligned anonymous mappings: their pages are resident only
+ * once written, and dt_mem_release gives whole pages back to the OS (ZeRO frees what a rank does
+ * not own). A limit (--mem-limit) makes dt_alloc and dt_mem_reacquire fail beyond it. */
+
+/* Sets the per-process limit in bytes (0 = none). DT_ENOMEM naming the limit and the bytes held
+ * when this process already holds more. */
+dt_status dt_mem_set_limit(size_t bytes);
+size_t dt_mem_limit(void);
+/* Bytes held now (dt_alloc blocks less released pages) and the most held so far. */
+size_t dt_mem_used(void);
+size_t dt_mem_peak(void);
+/* True when the last failed dt_alloc / dt_mem_reacquire of this thread failed on the limit (the
+ * last error then says so). */
+bool dt_mem_limit_hit(void);
+/* Gives the whole pages inside [p, p + bytes) back to the OS (they read as zeros afterwards) and
+ * stops counting them; p lies in a dt_alloc block. Returns the bytes given back. */
+size_t dt_mem_release(void *p, size_t bytes);
+/* Counts bytes released earlier that are about to be written again; DT_ENOMEM over the limit. */
+dt_status dt_mem_reacquire(size_t bytes);
+/* The peak resident set of this process as the OS counts it (VmHWM), in bytes; 0 if unknown. */
+size_t dt_mem_os_peak(void);
+
 /* ---- counter-based RNG -------------------------------------------------------------------- *
  * Philox-4x32-10. A draw is a pure function of (seed, purpose, index, lane) so results never
  * depend on the number of workers, the order of calls or on resuming. `purpose` separates

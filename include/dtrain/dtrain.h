@@ -16,5 +16,6 @@
 #include "dtrain/launch.h"
 #include "dtrain/train_options.h"
 #include "dtrain/tensorboard.h"
+#include "dtrain/memplan.h"
 
 #endif

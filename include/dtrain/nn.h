@@ -163,6 +163,12 @@ void dt_model_set_after_forward_hook(dt_model *m, dt_node_hook_fn after_forward,
  * (NULL where none exist). Aliases resolve to the node that owns the memory. */
 float *dt_model_node_values_mut(dt_model *m, int node);
 float *dt_model_node_grad_mut(dt_model *m, int node);
+/* Called before a node's backward (ZeRO-3 gathers its parameters again), with the ctx of
+ * dt_model_set_node_hooks; NULL: none. */
+void dt_model_set_backward_hook(dt_model *m, dt_node_hook_fn before_backward);
+/* The tensors (dt_model_tensor ids, parameters and buffers, tied ones included) node reads,
+ * into idx[0..cap); returns how many it has (which may exceed cap). */
+int dt_model_node_tensors(const dt_model *m, int node, int *idx, int cap);
 
 /* ---- running ------------------------------------------------------------------------------ */
 
@@ -227,9 +233,6 @@ dt_status dt_model_forward_nodes(dt_model *m, const dt_feed *f, int lo, int hi);
 dt_status dt_model_backward_nodes(dt_model *m, int lo, int hi, const float *dout, float scale, dt_grad_ready_fn hook,
                                   void *ctx);
 
-/* For pipeline stages: the tensor table ids (parameters and buffers, a tied weight included) that
- * node uses, into ids[0..cap); returns how many there are (which may exceed cap). */
-int dt_model_node_tensors(const dt_model *m, int node, int *ids, int cap);
 /* The node whose memory holds node's values: node itself, or for an alias (flatten, reshape, a
  * relu its maxpool applies) the node it aliases, followed to the end. */
 int dt_model_node_owner(const dt_model *m, int node);
@@ -239,6 +242,9 @@ bool dt_model_range_reads_input(const dt_model *m, int lo, int hi, int k);
 size_t dt_model_node_size(const dt_model *m, int node);
 /* Floating-point operations of one node's training step (forward + backward) at batch B. */
 double dt_model_node_flops(const dt_model *m, int node, int B);
+/* Bytes of activation memory (values, gradients, saved tensors, scratch, workspace) a training
+ * run at batch B allocates. */
+size_t dt_model_activation_bytes(const dt_model *m, int B);
 
 /* Floating-point operations of one training step (forward + backward) at batch B. */
 double dt_model_train_flops(const dt_model *m, int B);

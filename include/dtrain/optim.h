@@ -33,6 +33,15 @@ dt_status dt_optim_create(dt_optim **o, const dt_optim_config *cfg, size_t n);
 void dt_optim_free(dt_optim *o);
 /* One update: params[i] -= f(grads[i], state) with learning rate lr, i in [0,n). */
 void dt_optim_step(dt_optim *o, float *params, const float *grads, float lr);
+/* One update of nr ranges (a ZeRO shard): range k updates params[k][0..len[k]) from grads[k]
+ * with the state values that follow those of ranges 0..k-1; the lengths sum to at most
+ * dt_optim_size. Counts one step. */
+void dt_optim_step_ranges(dt_optim *o, int nr, float *const *params, const float *const *grads, const size_t *len,
+                          float lr);
+/* Keeps only the state of ranges [off[k], off[k]+len[k)) (packed in that order: this rank's
+ * shard), freeing the rest; dt_optim_size becomes the sum of len. DT_EINVAL for a range beyond
+ * the state, DT_ENOMEM leaves the optimizer as it was. */
+dt_status dt_optim_shard(dt_optim *o, int nr, const size_t *off, const size_t *len);
 
 /* State for checkpoints: moment slabs by index ("m"/"momentum", "v"), each of n floats, and the
  * step counter. */

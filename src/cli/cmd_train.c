@@ -4,6 +4,7 @@
 #include "cli/train_uneven.h"
 #include "cli/train_mesh.h"
 #include "cli/train_pp.h"
+#include "cli/train_mem.h"
 #include "dtrain/dtrain.h"
 #include "run/ckpt_dir.h"
 #include "run/elastic.h"
@@ -164,6 +165,7 @@ static const char TRAIN_USAGE[] =
     "Strategies: --strategy NAME or NAME(KEY=VALUE,...), one of\n"
     "  single                            one process (the default without ranks)\n"
     "  ddp(bucket_mb=MB)                 synchronous data parallel (the default with ranks; --bucket-mb)\n"
+    "  ddp(zero=1|2|3)                   ZeRO: shard optimizer state, + gradients, + parameters (--zero)\n"
     "  localsgd(sync_every=H)            local steps, models averaged every H (--sync-every)\n"
     "  ps(servers=S,staleness=S|inf,shards=dynamic|fixed,overlap=0|1)\n"
     "                                    parameter server (--servers, --staleness, --balance, --ps-overlap)\n"
@@ -211,6 +213,9 @@ typedef struct {
     dt_cli_uneven uneven;
     int tp;                  /* --tp K (0: not given) */
     dt_cli_pp pp;                  /* --pp, --microbatches, --pp-schedule, --pp-split */
+    const char *mem_limit_text; /* --mem-limit, --dry-run, --zero (train_mem.c) */
+    size_t mem_limit;
+    bool dry_run;
 } train_opts;
 
 /* Parses argv into o; returns -1 to continue, else the exit status (help, bad flags). */
@@ -279,6 +284,9 @@ static int parse_train_flags(int argc, char **argv, train_opts *o) {
         {"keep", DT_FLAG_INT, &c->keep, "K", "keep only the newest K checkpoints in --checkpoint-dir (0 = all)"},
         {"elastic", DT_FLAG_STR, &o->elastic, "MIN:MAX", "with --workers: restart failed jobs from the last checkpoint"},
         {"max-restarts", DT_FLAG_INT, &o->max_restarts, "R", "with --elastic: give up after R restarts"},
+        {"zero", DT_FLAG_INT, &o->uneven.zero, "N", "ddp: ZeRO stage 1 (shard optimizer state), 2 (+ gradients), 3 (+ parameters)"},
+        {"mem-limit", DT_FLAG_STR, &o->mem_limit_text, "BYTES", "fail when a rank would hold more (K, M, G suffixes)"},
+        {"dry-run", DT_FLAG_BOOL, &o->dry_run, NULL, "print each rank's predicted memory for this layout and exit"},
     };
     int r = dt_flags_parse(argc, argv, 1, flags, (int)(sizeof flags / sizeof *flags), TRAIN_USAGE, NULL, 0, NULL,
                            NULL);
@@ -296,6 +304,8 @@ static int parse_train_flags(int argc, char **argv, train_opts *o) {
     o->uneven.servers_given = dt_cli_flag_given(argc, argv, "servers");
     o->uneven.sync_every_given = dt_cli_flag_given(argc, argv, "sync-every");
     o->uneven.bucket_mb = o->bucket_mb;
+    o->uneven.zero_given = dt_cli_flag_given(argc, argv, "zero");
+    if (o->mem_limit_text && (r = dt_cli_mem_limit_parse(o->mem_limit_text, &o->mem_limit)) != 0) return r;
     if ((r = dt_cli_uneven_parse(&o->uneven, c)) != 0) return r;
     if ((r = dt_cli_mesh_parse(o->tp, c)) != 0) return r;
     return -1;
@@ -440,6 +450,11 @@ static int run_rank(int argc, char **argv, train_opts *o, int job_ranks) {
         dt_tb_writer_close(pc.tb);
         return setup_exit(s);
     }
+    if ((r = dt_cli_mem_limit_apply(o->mem_limit, rank)) != 0) {
+        dt_trainer_free(t);
+        dt_comm_destroy(comm);
+        return r;
+    }
     const int64_t first_step = dt_trainer_step(t);
     if (!quiet) print_header(o, t, comm, world);
     s = dt_trainer_run(t);
@@ -474,6 +489,10 @@ int dt_cmd_train(int argc, char **argv) {
     int r = parse_train_flags(argc, argv, &o);
     if (r >= 0) return r;
     const int job_ranks = dt_cli_job_ranks(&o.cfg, o.workers); /* ps: servers + workers */
+    if (o.dry_run) {
+        if ((r = build_train_config(&o)) >= 0) return r;
+        return dt_cli_dry_run(&o.cfg, job_ranks, o.uneven.zero, o.bucket_mb, o.mem_limit);
+    }
     if (job_ranks > 1 && !dt_comm_env_is_rank()) {
         const dt_train_config *c = &o.cfg;
         const int S = dt_cli_servers(c);

@@ -15,6 +15,7 @@ int dt_cmd_sample(int argc, char **argv);
 int dt_cmd_cache(int argc, char **argv);
 int dt_cmd_plot(int argc, char **argv);
 int dt_cmd_man(int argc, char **argv);
+int dt_cmd_ckpt(int argc, char **argv);
 
 static const dt_command g_commands[] = {
     {"train", dt_cmd_train, "train a model (one process, --workers N, or one rank of a launch/mpirun job)"},
@@ -24,6 +25,7 @@ static const dt_command g_commands[] = {
     {"bench", dt_cmd_bench, "benchmarks: train, ddp, async, fault, comm (tables + a JSON line)"},
     {"plot", dt_cmd_plot, "draw loss, accuracy and throughput of --metrics files (PNG/SVG through gnuplot)"},
     {"man", dt_cmd_man, "write the manual page dtrain(1), made from the flag tables of --help"},
+    {"ckpt", dt_cmd_ckpt, "checkpoint tools: consolidate a sharded checkpoint into one PyTorch-loadable file"},
     {"cache", dt_cmd_cache, "the shared decoded data-set cache: ls (list your files), clear (remove them)"},
     {NULL, NULL, NULL},
 };

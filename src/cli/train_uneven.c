@@ -59,6 +59,11 @@ static int check_flags(const dt_cli_uneven *u, const char *name) {
     if (u->allreduce && name[0] && strcmp(name, "ddp") != 0)
         return dt_cli_usage("add --strategy ddp, or drop --allreduce",
                            "--allreduce %s: only ddp allreduces gradients", u->allreduce);
+    if (u->zero_given && (u->zero < 0 || u->zero > 3))
+        return dt_cli_usage("e.g. --zero 2", "--zero %d: the ZeRO stage is 0, 1, 2 or 3", u->zero);
+    if (u->zero_given && name[0] && strcmp(name, "ddp") != 0)
+        return dt_cli_usage("add --strategy ddp, or drop --zero", "--zero %d: only --strategy ddp shards with ZeRO",
+                           u->zero);
     if (u->overlap && !ps)
         return dt_cli_usage("add --strategy ps (--staleness inf is its default), or drop --ps-overlap",
                            "--ps-overlap overlaps the push/pull of a ps worker: it needs --strategy ps");
@@ -91,7 +96,7 @@ static int compose_spec(dt_cli_uneven *u, dt_train_config *cfg, const char *name
     const bool ps = !strcmp(name, "ps");
     char num[64];
     int r = 0;
-    u->implicit_ddp = !cfg->strategy && (u->bucket_mb > 0 || u->compress || u->allreduce);
+    u->implicit_ddp = !cfg->strategy && (u->bucket_mb > 0 || u->compress || u->allreduce || u->zero_given);
     snprintf(u->spec, sizeof u->spec, "%s", cfg->strategy ? cfg->strategy : u->implicit_ddp ? "ddp" : "");
     if (u->servers_given && !r) {
         snprintf(num, sizeof num, "%d", u->servers);
@@ -128,6 +133,12 @@ static int compose_spec(dt_cli_uneven *u, dt_train_config *cfg, const char *name
         char flag[96];
         snprintf(flag, sizeof flag, "--allreduce %.60s", u->allreduce);
         r = add_option(u, u->spec, "allreduce", u->allreduce, flag);
+    }
+    if (u->zero_given && !r) {
+        snprintf(num, sizeof num, "%d", u->zero);
+        char flag[80];
+        snprintf(flag, sizeof flag, "--zero %d", u->zero);
+        r = add_option(u, u->spec, "zero", num, flag);
     }
     if (!r && u->spec[0]) cfg->strategy = u->spec;
     return r;

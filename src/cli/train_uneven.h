@@ -17,6 +17,8 @@ typedef struct {
     const char *allreduce;  /* --allreduce auto|flat|hier (ddp), NULL = not given */
     bool servers_given;     /* --servers / --sync-every on the command line */
     bool sync_every_given;
+    int zero;               /* --zero N (ddp's zero= option) */
+    bool zero_given;
     bool implicit_ddp;      /* out: spec "ddp(...)" made from --bucket-mb without --strategy (one process drops it) */
     char spec[512];         /* out: the spec cfg->strategy points to once the flags are in it */
 } dt_cli_uneven;

@@ -1,22 +1,14 @@
-/* Tensor views and flat slabs: 64-byte aligned zeroed memory that tensors point into. */
+/* Tensor views and flat slabs: 64-byte aligned zeroed memory (core/mem.c) that tensors point into. */
 #include "dtrain/core.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-void *dt_alloc(size_t bytes) {
-    size_t rounded = (bytes + 63) & ~(size_t)63;
-    if (rounded == 0) rounded = 64;
-    void *p = aligned_alloc(64, rounded);
-    if (p) memset(p, 0, rounded);
-    return p;
-}
-
-void dt_free(void *p) { free(p); }
-
 dt_status dt_slab_alloc(dt_slab *s, size_t n) {
     s->data = dt_alloc(n * sizeof(float));
     s->n = s->data ? n : 0;
+    if (!s->data && dt_mem_limit_hit())
+        return dt_error_wrap(DT_ENOMEM, "cannot allocate a slab of %zu floats (%.1f MB)", n, n * 4.0 / 1e6);
     if (!s->data) return dt_error(DT_ENOMEM, "cannot allocate a slab of %zu floats (%.1f MB)", n, n * 4.0 / 1e6);
     return DT_OK;
 }

@@ -255,3 +255,12 @@ void dt_model_set_node_hooks(dt_model *m, dt_node_hook_fn before_forward, dt_nod
 void dt_model_set_after_forward_hook(dt_model *m, dt_node_hook_fn after_forward, void *ctx) {
     m->after_forward = after_forward, m->after_forward_ctx = ctx;
 }
+
+void dt_model_set_backward_hook(dt_model *m, dt_node_hook_fn before_backward) { m->before_backward = before_backward; }
+
+int dt_model_node_tensors(const dt_model *m, int node, int *idx, int cap) {
+    if (node < 0 || node >= m->n) return 0;
+    const dt_node *n = &m->nodes[node];
+    for (int k = 0; k < n->ntensor && k < cap; k++) idx[k] = n->tensor[k];
+    return n->ntensor;
+}

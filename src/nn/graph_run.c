@@ -65,7 +65,23 @@ static dt_status ensure_batch(dt_model *m, int B) {
     return DT_OK;
 oom:
     free_activations(m);
+    if (dt_mem_limit_hit()) return dt_error_wrap(DT_ENOMEM, "model: activations for batch %d", B);
     return dt_error(DT_ENOMEM, "model: cannot allocate activations for batch %d", B);
+}
+
+size_t dt_model_activation_bytes(const dt_model *m, int B) {
+    size_t bytes = 0, work = 0, maxact = 0;
+    for (int i = 0; i < m->n; i++) {  /* what ensure_batch allocates */
+        const dt_node *n = &m->nodes[i];
+        size_t vals = (size_t)B * n->out_n;
+        if (n->input_index >= 0 || n->alias) continue;
+        if (vals > maxact) maxact = vals;
+        bytes += vals * sizeof(float) * (n->needs_grad ? 2 : 1);
+        bytes += n->op->saved_bytes ? n->op->saved_bytes(m, n, B) : 0;
+        size_t w = n->op->workspace ? n->op->workspace(m, n, B) : 0;
+        if (w > work) work = w;
+    }
+    return bytes + ((size_t)m->nscratch * maxact + work) * sizeof(float);
 }
 
 static dt_run_ctx run_ctx(const dt_model *m) {
@@ -212,6 +228,7 @@ static dt_status backward_range(dt_model *m, int lo, int hi, dt_grad_ready_fn ho
     for (int i = hi - 1; i >= lo; i--) {
         dt_node *n = &m->nodes[i];
         if (!n->needs_grad || n->alias || n->input_index >= 0) continue;
+        if (m->before_backward) m->before_backward(m->hook_ctx, i);
         if (n->grad_set || i == m->loss) backward_node(m, n, &c);
         if (m->after_backward) m->after_backward(m->hook_ctx, i);
         if (hook) report_ready(m, n, hook, ctx);
@@ -277,12 +294,6 @@ double dt_model_train_flops(const dt_model *m, int B) {
         f += n->op->flops(m, n, B, need_din);
     }
     return f;
-}
-
-int dt_model_node_tensors(const dt_model *m, int node, int *ids, int cap) {
-    const dt_node *n = &m->nodes[node];
-    for (int k = 0; k < n->ntensor && k < cap; k++) ids[k] = n->tensor[k];
-    return n->ntensor;
 }
 
 bool dt_model_range_reads_input(const dt_model *m, int lo, int hi, int k) {

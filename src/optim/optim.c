@@ -62,14 +62,14 @@ void dt_optim_free(dt_optim *o) {
     free(o);
 }
 
-static void sgd_step(dt_optim *o, float *restrict p, const float *restrict g, float lr) {
+/* The update of n values whose momentum buffer is buf (NULL without momentum). */
+static void sgd_update(const dt_optim *o, float *restrict p, const float *restrict g, float *restrict buf, size_t n,
+                       float lr) {
     const float wd = o->cfg.weight_decay, mu = o->cfg.momentum;
-    const size_t n = o->n;
     if (mu == 0) {
         for (size_t i = 0; i < n; i++) p[i] -= lr * (g[i] + wd * p[i]);
         return;
     }
-    float *restrict buf = o->m.data;
     /* torch: the buffer starts as the first gradient (mu_prev = 0 on the first step); the
      * branches are hoisted out of the loops so they vectorise */
     const float mu_prev = o->t == 0 ? 0.0f : mu;
@@ -89,7 +89,9 @@ static void sgd_step(dt_optim *o, float *restrict p, const float *restrict g, fl
     }
 }
 
-static void adam_step(dt_optim *o, float *restrict p, const float *restrict g, float lr) {
+/* The update of n values whose moments are m and v. */
+static void adam_update(const dt_optim *o, float *restrict p, const float *restrict g, float *restrict m,
+                        float *restrict v, size_t n, float lr) {
     const float b1 = o->cfg.beta1, b2 = o->cfg.beta2, eps = o->cfg.eps, wd = o->cfg.weight_decay;
     const bool decoupled = o->cfg.kind == DT_OPTIM_ADAMW;
     const float wd_l2 = decoupled ? 0.0f : wd;  /* adam: L2 term in the gradient */
@@ -97,8 +99,6 @@ static void adam_step(dt_optim *o, float *restrict p, const float *restrict g, f
     const float bc1 = (float)(1.0 - pow(b1, t));
     const float inv_bc2_sqrt = (float)(1.0 / sqrt(1.0 - pow(b2, t)));
     const float step = lr / bc1;
-    float *restrict m = o->m.data, *restrict v = o->v.data;
-    const size_t n = o->n;
     if (decoupled && wd != 0) {
         const float shrink = 1.0f - lr * wd;
         for (size_t i = 0; i < n; i++) p[i] *= shrink;
@@ -114,8 +114,8 @@ static void adam_step(dt_optim *o, float *restrict p, const float *restrict g, f
 }
 
 void dt_optim_step(dt_optim *o, float *params, const float *grads, float lr) {
-    if (o->cfg.kind == DT_OPTIM_SGD) sgd_step(o, params, grads, lr);
-    else adam_step(o, params, grads, lr);
+    if (o->cfg.kind == DT_OPTIM_SGD) sgd_update(o, params, grads, o->m.data, o->n, lr);
+    else adam_update(o, params, grads, o->m.data, o->v.data, o->n, lr);
     o->t++;
 }
 
@@ -129,6 +129,49 @@ dt_status dt_optim_set_loss_scaling(dt_optim *o, bool enable, const dt_loss_scal
 
 dt_loss_scaler *dt_optim_loss_scaler(dt_optim *o) { return o->scaling ? &o->ls : NULL; }
 float dt_optim_loss_scale(const dt_optim *o) { return o->scaling ? o->ls.scale : 1.0f; }
+void dt_optim_step_ranges(dt_optim *o, int nr, float *const *params, const float *const *grads, const size_t *len,
+                          float lr) {
+    size_t at = 0;
+    for (int k = 0; k < nr; k++) {
+        float *m = o->m.data ? o->m.data + at : NULL, *v = o->v.data ? o->v.data + at : NULL;
+        if (len[k] == 0) continue;
+        if (o->cfg.kind == DT_OPTIM_SGD) sgd_update(o, params[k], grads[k], m, len[k], lr);
+        else adam_update(o, params[k], grads[k], m, v, len[k], lr);
+        at += len[k];
+    }
+    o->t++;
+}
+
+/* Replaces slab *s by the values of ranges [off[k], off[k]+len[k]) packed in order. */
+static dt_status pack_slab(dt_slab *s, int nr, const size_t *off, const size_t *len, size_t total) {
+    if (!s->data) return DT_OK;
+    dt_slab packed;
+    DT_TRY(dt_slab_alloc(&packed, total ? total : 1));
+    size_t at = 0;
+    for (int k = 0; k < nr; k++) memcpy(packed.data + at, s->data + off[k], len[k] * sizeof(float)), at += len[k];
+    dt_slab_free(s);
+    *s = packed;
+    return DT_OK;
+}
+
+dt_status dt_optim_shard(dt_optim *o, int nr, const size_t *off, const size_t *len) {
+    size_t total = 0;
+    for (int k = 0; k < nr; k++) {
+        if (off[k] + len[k] > o->n)
+            return dt_error(DT_EINVAL, "optimizer: shard range [%zu, %zu) beyond its %zu values", off[k],
+                            off[k] + len[k], o->n);
+        total += len[k];
+    }
+    dt_slab m = o->m, v = o->v;
+    DT_TRY(pack_slab(&o->m, nr, off, len, total));
+    if (pack_slab(&o->v, nr, off, len, total) != DT_OK) {  /* keep the optimizer whole */
+        dt_slab_free(&o->m);
+        o->m = m, o->v = v;
+        return DT_ENOMEM;
+    }
+    o->n = total;
+    return DT_OK;
+}
 
 int dt_optim_num_states(const dt_optim *o) { return (o->m.data != NULL) + (o->v.data != NULL); }
 

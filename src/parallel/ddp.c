@@ -5,19 +5,23 @@
  * step then waits for the buckets and updates every replica identically. How a bucket travels
  * (plain allreduce, fp16/bf16, top-k, PowerSGD: "ddp(compress=...)", --compress) is the
  * gradient-sync hook table's business (grad_sync.h); the backward hook also advances buckets in
- * flight, so a compressor's second collective starts during backward. */
+ * flight, so a compressor's second collective starts during backward. With zero=N (ZeRO stage
+ * N, zero.c) the buckets are reduce-scattered into shards instead. */
 #include "parallel/grad_sync.h"
+#include "parallel/strategy.h"
+#include "parallel/zero.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* ddp's options: "ddp(bucket_mb=MB)". */
+/* ddp's options: "ddp(bucket_mb=MB,compress=C,allreduce=A,zero=N)". */
 typedef struct {
     double bucket_mb;     /* gradient bucket (fusion buffer) size in MB, > 0 (default 1) */
     dt_compress_spec compress;  /* how buckets travel (default none: f32 allreduce) */
     dt_comm_hier_mode allreduce;  /* auto (hierarchical when ranks span hosts), flat, hier */
+    int zero;             /* ZeRO stage 0..3 over the ranks (zero.c; 0: replicas) */
 } ddp_opts;
 
 typedef struct {
@@ -130,25 +134,22 @@ static dt_status make_sync(dt_strategy *s, ddp *d, const dt_compress_spec *cs) {
     return st;
 }
 
-static dt_status ddp_create(dt_strategy *s, const void *opts) {
-    const ddp_opts *op = opts;
-    ddp *d = calloc(1, sizeof *d);
-    if (!d) return dt_error(DT_ENOMEM, "ddp: out of memory");
-    double mb = op->bucket_mb > 0 ? op->bucket_mb : 1.0;
+dt_status dt_ddp_buckets(dt_model *m, double bucket_mb, dt_ddp_range **out, int *nb) {
+    *out = NULL, *nb = 0;
+    double mb = bucket_mb > 0 ? bucket_mb : 1.0;
     size_t cap_floats = (size_t)(mb * 1048576.0 / sizeof(float));
     if (cap_floats < 1) cap_floats = 1;
     /* layer ranges from the last layer backwards; a bucket closes once it reaches the cap */
-    dt_model *m = s->model;
     int nl = dt_model_num_tensors(m);
     size_t *lo = calloc((size_t)nl + 1, sizeof *lo);
-    d->b = calloc((size_t)nl + 1, sizeof *d->b);
-    if (!lo || !d->b) {
-        free(lo), free(d->b), free(d);
+    dt_ddp_range *b = calloc((size_t)nl + 1, sizeof *b);
+    if (!lo || !b) {
+        free(lo), free(b);
         return dt_error(DT_ENOMEM, "ddp: out of memory");
     }
     /* the lowest slab offset of each layer with parameters, from the tensor table */
     int nlo = 0, last_layer = -1;
-    for (int i = dt_model_num_tensors(m) - 1; i >= 0; i--) {
+    for (int i = nl - 1; i >= 0; i--) {
         const dt_param_info *t = dt_model_tensor(m, i);
         if (t->is_buffer) continue;
         if (t->layer == last_layer) lo[nlo - 1] = t->offset;  /* weight precedes its bias */
@@ -158,19 +159,38 @@ static dt_status ddp_create(dt_strategy *s, const void *opts) {
     for (int k = 0; k < nlo; k++) {
         bool last = k == nlo - 1;
         if (hi - lo[k] >= cap_floats || last) {
-            d->b[d->nb++] = (bucket){.lo = lo[k], .hi = hi};
+            b[(*nb)++] = (dt_ddp_range){.lo = lo[k], .hi = hi};
             hi = lo[k];
         }
     }
     free(lo);
-    if (d->nb == 0) {
-        free(d->b), free(d);
+    if (*nb == 0) {
+        free(b);
         return dt_error(DT_EINVAL, "ddp: the model has no parameters to synchronise");
     }
-    d->nbuf = dt_model_num_buffers(m);
+    *out = b;
+    return DT_OK;
+}
+
+static dt_status ddp_create(dt_strategy *s, const void *opts) {
+    const ddp_opts *op = opts;
+    if (op->zero > 0) return dt_zero_create(s, op->bucket_mb, op->zero);
+    ddp *d = calloc(1, sizeof *d);
+    if (!d) return dt_error(DT_ENOMEM, "ddp: out of memory");
+    dt_ddp_range *r;
+    dt_status st = dt_ddp_buckets(s->model, op->bucket_mb, &r, &d->nb);
+    if (st == DT_OK && !(d->b = calloc((size_t)d->nb, sizeof *d->b))) st = dt_error(DT_ENOMEM, "ddp: out of memory");
+    if (st != DT_OK) {
+        if (d->nb) free(r);
+        free(d);
+        return st;
+    }
+    for (int i = 0; i < d->nb; i++) d->b[i] = (bucket){.lo = r[i].lo, .hi = r[i].hi};
+    free(r);
+    d->nbuf = dt_model_num_buffers(s->model);
     s->impl = d;
     s->ops = &ddp_ops;
-    dt_status st = dt_comm_set_hier(s->comm, op->allreduce);  /* collective: every rank creates ddp */
+    st = dt_comm_set_hier(s->comm, op->allreduce);  /* collective: every rank creates ddp */
     if (st == DT_OK) st = make_sync(s, d, &op->compress);
     if (st != DT_OK) ddp_destroy(s);
     return st;
@@ -192,6 +212,7 @@ static dt_status ddp_set(void *opts, const char *key, const char *value) {
                                    "hosts), flat or hier", value);
     }
     char *end;
+    if (!strcmp(key, "zero")) return dt_zero_parse_stage(value, &o->zero);
     double v = strtod(value, &end);
     if (*end || end == value || !(v > 0) || !isfinite(v) || v > 1e6)
         return dt_error(DT_EINVAL, "--strategy ddp: bucket_mb=%s: need a size in MB above 0, e.g. bucket_mb=0.5",
@@ -203,15 +224,26 @@ static dt_status ddp_set(void *opts, const char *key, const char *value) {
 static void ddp_format(const void *opts, char *out, size_t cap) {
     const ddp_opts *o = opts;
     static const char *const names[] = {"auto", "flat", "hier"};
-    char c[96], a[32] = "";
+    char c[96], a[32] = "", z[24] = "";
     dt_compress_format(&o->compress, c, sizeof c);
     if (o->allreduce != DT_HIER_AUTO) snprintf(a, sizeof a, ",allreduce=%s", names[o->allreduce]);
-    if (o->compress.kind == DT_COMPRESS_NONE) snprintf(out, cap, "bucket_mb=%g%s", o->bucket_mb, a);
-    else snprintf(out, cap, "bucket_mb=%g,compress=%s%s", o->bucket_mb, c, a);
+    if (o->zero > 0) snprintf(z, sizeof z, ",zero=%d", o->zero);
+    if (o->compress.kind == DT_COMPRESS_NONE) snprintf(out, cap, "bucket_mb=%g%s%s", o->bucket_mb, a, z);
+    else snprintf(out, cap, "bucket_mb=%g,compress=%s%s%s", o->bucket_mb, c, a, z);
+}
+
+/* ZeRO reduce-scatters plain f32 buckets: a compressor does not apply to its shards. */
+static dt_status ddp_check(const void *opts) {
+    const ddp_opts *o = opts;
+    if (o->zero > 0 && o->compress.kind != DT_COMPRESS_NONE)
+        return dt_error(DT_EINVAL, "--strategy ddp: zero=%d with compress: ZeRO reduce-scatters f32 gradients into "
+                                   "shards; drop --compress or --zero", o->zero);
+    return DT_OK;
 }
 
 const dt_strategy_entry dt_strategy_ddp_entry = {
-    .name = "ddp", .help = "ddp(bucket_mb=MB,compress=none|fp16|bf16|topk:R|powersgd:K,allreduce=auto|flat|hier)",
-    .keys = "bucket_mb, compress, allreduce",
+    .name = "ddp",
+    .help = "ddp(bucket_mb=MB,compress=none|fp16|bf16|topk:R|powersgd:K,allreduce=auto|flat|hier,zero=0|1|2|3)",
+    .keys = "bucket_mb, compress, allreduce, zero",
     .opts_size = sizeof(ddp_opts),
-    .defaults = ddp_defaults, .set = ddp_set, .create = ddp_create, .format = ddp_format, .needs_comm = true};
+    .defaults = ddp_defaults, .set = ddp_set, .check = ddp_check, .create = ddp_create, .format = ddp_format, .needs_comm = true};

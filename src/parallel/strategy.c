@@ -100,7 +100,7 @@ dt_status dt_strategy_default_train_step(dt_strategy *s, const dt_step_batch *b,
     const int accum = b->accum > 1 ? b->accum : 1, n = b->feed.n;
     memset(r, 0, sizeof *r);
     s->ops->begin_step(s, b->step);
-    dt_model_zero_grad(s->model);
+    if (!s->grads_zeroed) dt_model_zero_grad(s->model);
     /* d loss: the rank's share of the global mean (ddp), or the local mean (localsgd, ps) */
     const float weight = s->local_mean || n == 0 ? 1.0f : (float)((double)n * b->world / b->n_global);
     for (int k = 0; k < accum && n > 0; k++) {

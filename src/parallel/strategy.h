@@ -184,6 +184,10 @@ struct dt_strategy {
                                  * the balancer's; NULL = comm */
     bool local_mean;            /* the step wants the mean gradient of the local batch (localsgd,
                                  * ps); else the rank's share of the global mean (ddp) */
+    bool grads_zeroed;          /* the strategy leaves the gradient slab zero after each step (ZeRO
+                                 * stage >= 2 gives its pages back): the step does not zero it */
+    bool shards_state;          /* each rank holds only its part of the state (ZeRO): every rank
+                                 * writes its shard of a checkpoint (dt_checkpoint_write_sharded) */
     struct {                    /* the current step on this rank, set by the trainer before ops->step */
         int n;                  /* samples */
         int64_t epoch;

@@ -287,81 +287,10 @@ static dt_status tp_sync(dt_strategy *s) {
     return DT_OK;
 }
 
-/* Piece [off, off + n) of whole tensor ft, held at buf. */
-static dt_status piece(dt_state_visit_fn fn, void *ctx, const char *name, const dt_param_info *ft, float *buf,
-                       size_t off, size_t n, bool optim) {
-    dt_state_piece p = {.name = name, .buf = {buf, DT_F32, n, DT_DEVICE_CPU}, .ndim = ft->ndim, .numel = ft->numel,
-                        .offset = off, .is_optim = optim};
-    for (int d = 0; d < ft->ndim; d++) p.shape[d] = ft->shape[d];
-    return fn(ctx, &p);
-}
-
-/* This rank's shard (local values at lb) of whole tensor ft as pieces, the layout of dt_tp_copy. */
-static dt_status visit_shard(const tp *t, dt_state_visit_fn fn, void *ctx, const char *name, const dt_param_info *ft,
-                             float *lb, bool optim) {
-    const size_t R = (size_t)ft->shape[0], Cc = ft->numel / R, K = (size_t)t->K, r = (size_t)t->r;
-    switch (dt_tp_split_of(ft->name)) {
-    case DT_TP_REPL: return piece(fn, ctx, name, ft, lb, 0, ft->numel, optim);
-    case DT_TP_RANK0: return r == 0 ? piece(fn, ctx, name, ft, lb, 0, ft->numel, optim) : DT_OK;
-    case DT_TP_ROWS: return piece(fn, ctx, name, ft, lb, r * (R / K) * Cc, R / K * Cc, optim);
-    case DT_TP_ROWS3:
-        for (size_t j = 0, lr = R / 3 / K; j < 3; j++)
-            DT_TRY(piece(fn, ctx, name, ft, lb + j * lr * Cc, (j * (R / 3) + r * lr) * Cc, lr * Cc, optim));
-        return DT_OK;
-    case DT_TP_COLS:
-        for (size_t row = 0, lc = Cc / K; row < R; row++)
-            DT_TRY(piece(fn, ctx, name, ft, lb + row * lc, row * Cc + r * lc, lc, optim));
-        return DT_OK;
-    }
-    return DT_OK;
-}
-
-/* Before a sync (a resume right after the strategy is made): this rank's shards, each with its
- * optimizer moments, as pieces of the whole tensors (DCP style), restored in place. */
-static dt_status visit_shards(dt_strategy *s, tp *t, dt_state_visit_fn fn, void *ctx) {
-    for (int j = 0; j < dt_model_num_tensors(t->local); j++) {
-        const dt_param_info *lt = dt_model_tensor(t->local, j);
-        const int i = dt_model_find_tensor(s->model, lt->name);
-        if (i < 0) return dt_error(DT_EINTERNAL, "tensor parallel: '%s' is not in the whole model", lt->name);
-        const dt_param_info *ft = dt_model_tensor(s->model, i);
-        float *lb = lt->is_buffer ? dt_model_buffers(t->local) : dt_model_params(t->local);
-        DT_TRY(visit_shard(t, fn, ctx, ft->name, ft, lb + lt->offset, false));
-        for (int k = 0; !lt->is_buffer && k < dt_optim_num_states(t->lopt); k++) {
-            const char *sname;
-            float *st = dt_optim_state(t->lopt, k, &sname);
-            char name[96];
-            snprintf(name, sizeof name, "optim.%s.%s", sname, ft->name);
-            DT_TRY(visit_shard(t, fn, ctx, name, ft, st + lt->offset, true));
-        }
-    }
-    return DT_OK;
-}
-
-/* The state: for a checkpoint (world rank 0 after sync, which every save follows) the whole
- * model's tensors, each with its whole optimizer moments; before that (or on another rank) the
- * rank's shards as pieces. */
+/* The state (tp_state.c): the whole on world rank 0 after a sync, else the rank's shards. */
 static dt_status tp_visit(dt_strategy *s, dt_state_visit_fn fn, void *ctx) {
     tp *t = s->impl;
-    const int ns = dt_optim_num_states(t->lopt);
-    if (!t->whole) return visit_shards(s, t, fn, ctx);
-    dt_model *m = s->model;
-    for (int i = 0; i < dt_model_num_tensors(m); i++) {
-        const dt_param_info *p = dt_model_tensor(m, i);
-        float *base = p->is_buffer ? dt_model_buffers(m) : dt_model_params(m);
-        dt_state_piece pc = {.name = p->name, .buf = {base + p->offset, DT_F32, p->numel, DT_DEVICE_CPU},
-                             .ndim = p->ndim, .numel = p->numel};
-        for (int d = 0; d < p->ndim; d++) pc.shape[d] = p->shape[d];
-        DT_TRY(fn(ctx, &pc));
-        for (int k = 0; !p->is_buffer && k < ns; k++) {
-            const char *sname;
-            dt_optim_state(t->lopt, k, &sname);
-            char name[96];
-            snprintf(name, sizeof name, "optim.%s.%s", sname, p->name);
-            pc.name = name, pc.buf.data = t->whole_m[k] + p->offset, pc.is_optim = true;
-            DT_TRY(fn(ctx, &pc));
-        }
-    }
-    return DT_OK;
+    return dt_tp_visit_state(s->model, t->local, t->lopt, t->K, t->r, t->whole, t->whole_m, fn, ctx);
 }
 
 static void tp_destroy(dt_strategy *s) {

@@ -10,6 +10,7 @@
 #include "dtrain/comm.h"
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
+#include "parallel/strategy.h"
 
 typedef enum {
     DT_TP_REPL = 0,  /* every rank holds the whole tensor (layer norms, positions) */
@@ -50,6 +51,12 @@ dt_status dt_tp_xent(dt_comm *comm, const float *logits, const int32_t *targets,
 typedef struct {
     uint64_t block_bytes, block_ops, other_bytes, dp_bytes;
 } dt_tp_counters;
+
+/* The state of rank r of K for a checkpoint visitor: whole (world rank 0 after a sync) the whole
+ * model full's tensors, each with its moments[k] (whole-model slabs of lo's states); else this
+ * rank's shards of local and lo as pieces of the whole tensors (restored in place). */
+dt_status dt_tp_visit_state(dt_model *full, dt_model *local, dt_optim *lo, int K, int r, bool whole,
+                            float *const *moments, dt_state_visit_fn fn, void *ctx);
 
 struct dt_strategy;
 /* The counters of a "tp" strategy (zeros for any other). */

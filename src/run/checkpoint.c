@@ -4,6 +4,7 @@
 
 #include "dtrain/dtrain.h"
 #include "dtrain/safetensors.h"
+#include "dtrain/models.h"
 #include "parallel/strategy.h"
 
 #include <errno.h>
@@ -87,11 +88,11 @@ static void write_ctx_free(write_ctx *c) {
 
 /* Writes the state visit(src) yields, with the optimizer's metadata when o != NULL. */
 static dt_status write_state(const char *path, dt_status (*visit)(void *src, dt_state_visit_fn fn, void *ctx),
-                             void *src, dt_optim *o, const dt_ckpt_info *info) {
+                             void *src, dt_optim *o, const dt_ckpt_info *info, int shards) {
     write_ctx c = {0};
     DT_TRY(dt_st_writer_create(&c.w));
     dt_st_writer *w = c.w;
-    dt_status s = visit(src, add_piece, &c);
+    dt_status s = visit ? visit(src, add_piece, &c) : DT_OK;
     for (int i = 0; s == DT_OK && i < c.n; i++)
         if (c.t[i].have != c.t[i].numel)
             s = dt_error(DT_EINTERNAL, "checkpoint: the pieces of '%s' cover %zu of its %zu elements (this rank does "
@@ -121,6 +122,7 @@ static dt_status write_state(const char *path, dt_status (*visit)(void *src, dt_
     if (s == DT_OK) s = meta_f32(w, "dtrain.lr", info->lr);
     if (s == DT_OK && info->has_norm) s = meta_f32(w, "dtrain.norm_mean", info->norm_mean);
     if (s == DT_OK && info->has_norm) s = meta_f32(w, "dtrain.norm_std", info->norm_std);
+    if (s == DT_OK && shards > 0) s = meta_i64(w, "dtrain.shards", shards);
     if (s == DT_OK) {
         s = dt_st_writer_write(w, path);
     }
@@ -145,11 +147,15 @@ static dt_status visit_strategy(void *src, dt_state_visit_fn fn, void *ctx) {
 
 dt_status dt_checkpoint_write(const char *path, dt_model *m, dt_optim *o, const dt_ckpt_info *info) {
     model_src ms = {m, o};
-    return write_state(path, visit_model, &ms, o, info);
+    return write_state(path, visit_model, &ms, o, info, 0);
 }
 
 dt_status dt_checkpoint_write_strategy(const char *path, dt_strategy *s, const dt_ckpt_info *info) {
-    return write_state(path, visit_strategy, s, s->optim, info);
+    return write_state(path, visit_strategy, s, s->optim, info, 0);
+}
+
+dt_status dt_checkpoint_write_index(const char *path, dt_optim *o, const dt_ckpt_info *info, int n) {
+    return write_state(path, NULL, NULL, o, info, n);
 }
 
 static dt_status need_meta(const dt_st_file *f, const char *key, const char **out) {
@@ -287,7 +293,7 @@ dt_status dt_checkpoint_restore(const char *path, dt_model *m, dt_optim *o, dt_c
         else if (strcmp(kind, dt_optim_name(dt_optim_config_of(o)->kind)) != 0)
             s = dt_error(DT_EFORMAT, "%s: checkpoint was trained with --optimizer %s, this run uses %s", path, kind,
                          dt_optim_name(dt_optim_config_of(o)->kind));
-        else if (dt_optim_num_states(o) > 0) {
+        else if (dt_optim_num_states(o) > 0 && !dt_st_meta(f, "dtrain.shards")) {
             /* momentum on/off changes the state tensors: say so instead of "no tensor named" */
             const char *sname;
             dt_optim_state(o, 0, &sname);
@@ -300,7 +306,10 @@ dt_status dt_checkpoint_restore(const char *path, dt_model *m, dt_optim *o, dt_c
                              path, sname);
         }
     }
-    if (s == DT_OK) s = dt_state_visit_model(m, o, restore_piece, f);
+    int64_t shards = 0;
+    if (s == DT_OK) s = meta_int(f, "dtrain.shards", false, 0, 1, 1 << 24, &shards);
+    if (s == DT_OK && shards > 0) s = dt_checkpoint_restore_shards(path, (int)shards, m, o);
+    else if (s == DT_OK) s = dt_state_visit_model(m, o, restore_piece, f);
     if (s == DT_OK && o) dt_optim_set_steps(o, strtoll(steps, NULL, 10));
     if (s == DT_OK) restore_loss_scale(f, o);
     dt_st_close(f);
@@ -319,5 +328,30 @@ dt_status dt_checkpoint_restore_strategy(const char *path, dt_strategy *st, dt_c
     if (s == DT_OK && st->optim && steps) dt_optim_set_steps(st->optim, strtoll(steps, NULL, 10));
     if (s == DT_OK) restore_loss_scale(f, st->optim);
     dt_st_close(f);
+    return s;
+}
+
+dt_status dt_checkpoint_consolidate(const char *in, const char *out, bool optim) {
+    dt_ckpt_info info;
+    DT_TRY(dt_checkpoint_read_info(in, &info));
+    dt_model *m = NULL;
+    dt_optim *o = NULL;
+    dt_status s = dt_model_build(&m, info.spec, info.C, info.H, info.W);
+    if (s != DT_OK) s = dt_error_wrap(DT_EFORMAT, "%s: its dtrain.model_spec", in);
+    dt_optim_kind kind = DT_OPTIM_ADAM;
+    if (s == DT_OK && optim) {
+        if (!info.optimizer[0] || dt_optim_parse(info.optimizer, &kind) != DT_OK)
+            s = dt_error(DT_EFORMAT, "%s: holds no optimizer state to consolidate; leave out --optimizer-state", in);
+    }
+    if (s == DT_OK && optim) {
+        dt_optim_config oc = dt_optim_defaults(kind);
+        if (kind == DT_OPTIM_SGD) oc.momentum = 0.9f;  /* a momentum buffer, when the file has one */
+        s = dt_optim_create(&o, &oc, dt_model_num_params(m));
+    }
+    dt_ckpt_info got;
+    if (s == DT_OK) s = dt_checkpoint_restore(in, m, o, &got);
+    if (s == DT_OK) s = dt_checkpoint_write(out, m, o, &info);
+    dt_optim_free(o);
+    dt_model_free(m);
     return s;
 }

@@ -38,4 +38,21 @@ dt_status dt_checkpoint_read_info(const char *path, dt_ckpt_info *info);
  * DT_EFORMAT naming the file and tensor when a tensor is missing or has another shape. */
 dt_status dt_checkpoint_restore(const char *path, dt_model *m, dt_optim *o, dt_ckpt_info *info);
 
+/* ---- sharded checkpoints (ckpt_shard.c): an index file plus one shard file per rank ---- */
+
+/* "<path>.rR-of-N": shard R of an N-shard checkpoint whose index is path. */
+void dt_ckpt_shard_path(char *out, size_t cap, const char *path, int r, int n);
+/* Collective over s->comm: every rank writes the pieces it owns (dt_strategy_visit_state) to its
+ * shard file, then rank 0 writes the index (written last: the checkpoint exists once it does).
+ * An error on any rank is reported on every rank, and no index is written. */
+dt_status dt_checkpoint_write_sharded(const char *path, dt_strategy *s, const dt_ckpt_info *info);
+/* Writes the index of an n-shard checkpoint: info (and o's metadata) with no tensors. */
+dt_status dt_checkpoint_write_index(const char *path, dt_optim *o, const dt_ckpt_info *info, int n);
+/* Restores the n shards of index path into whole tensors of m (and o when non-NULL); DT_EFORMAT
+ * naming the shard when one is missing, damaged, of another model or leaves a value unset. */
+dt_status dt_checkpoint_restore_shards(const char *path, int n, dt_model *m, dt_optim *o);
+/* Reads checkpoint `in` (one file or a sharded index) and writes it to `out` as one file, the
+ * model's tensors (and the optimizer state with `optim`), for PyTorch's safetensors loader. */
+dt_status dt_checkpoint_consolidate(const char *in, const char *out, bool optim);
+
 #endif

@@ -1,5 +1,6 @@
 /* Checkpoint directories: numbered files, newest-valid lookup with fallback, retention. */
 #include "run/ckpt_dir.h"
+#include "run/checkpoint.h"
 
 #include "dtrain/safetensors.h"
 
@@ -72,6 +73,39 @@ static dt_status list_steps(const char *dir, int64_t **steps, size_t *n) {
     return DT_OK;
 }
 
+/* The shards of a sharded checkpoint's index f (none: true) all open and validate. */
+static bool shards_valid(const char *path, const dt_st_file *f) {
+    const char *v = dt_st_meta(f, "dtrain.shards");
+    int n = v ? atoi(v) : 0;
+    for (int r = 0; r < n; r++) {
+        char shard[4200];
+        dt_ckpt_shard_path(shard, sizeof shard, path, r, n);
+        dt_st_file *g = NULL;
+        dt_status s = dt_st_open(&g, shard);
+        dt_st_close(g);
+        if (s != DT_OK) return false;
+    }
+    return true;
+}
+
+/* Removes the shard files "<path>.rR-of-N" of a checkpoint (any N). */
+static void remove_shards(const char *dir, const char *path) {
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    DIR *d = opendir(dir);
+    if (!d) return;
+    size_t n = strlen(base);
+    for (struct dirent *e; (e = readdir(d));) {
+        int r, k;
+        char tail[8];
+        if (strncmp(e->d_name, base, n) != 0 || sscanf(e->d_name + n, ".r%d-of-%d%7s", &r, &k, tail) != 2) continue;
+        char full[8192];
+        snprintf(full, sizeof full, "%s/%s", dir, e->d_name);
+        unlink(full);
+    }
+    closedir(d);
+}
+
 dt_status dt_ckpt_dir_latest(const char *dir, char *out, size_t cap, bool *found,
                              void (*report)(void *ctx, const char *path, const char *reason), void *ctx) {
     *found = false;
@@ -81,8 +115,8 @@ dt_status dt_ckpt_dir_latest(const char *dir, char *out, size_t cap, bool *found
     for (size_t i = 0; i < n && !*found; i++) {
         dt_ckpt_dir_path(out, cap, dir, steps[i]);
         dt_st_file *f = NULL;
-        if (dt_st_open(&f, out) == DT_OK) *found = true;
-        else if (report) report(ctx, out, dt_last_error());
+        if (dt_st_open(&f, out) == DT_OK) *found = shards_valid(out, f);
+        if (!*found && report) report(ctx, out, dt_last_error());
         dt_st_close(f);
     }
     free(steps);
@@ -138,6 +172,7 @@ dt_status dt_ckpt_dir_prune(const char *dir, int keep) {
         dt_ckpt_dir_path(path, sizeof path, dir, steps[i]);
         if (unlink(path) != 0 && errno != ENOENT && s == DT_OK)
             s = dt_error(DT_EIO, "--keep: cannot remove old checkpoint %s: %s", path, strerror(errno));
+        remove_shards(dir, path);
     }
     free(steps);
     return s;

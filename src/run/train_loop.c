@@ -156,7 +156,7 @@ static dt_status save_interrupted(dt_trainer *t) {
     else {  /* every rank stops here (the stop is agreed): the replicas agree first (localsgd averages,
              * pp gathers the stages on rank 0); sync is collective, as before a numbered save */
         if (t->strategy->ops->sync) s = t->strategy->ops->sync(t->strategy);
-        if (s == DT_OK && t->rank == 0) s = dt_trainer_save(t, c->save ? c->save : "dtrain-interrupted.safetensors");
+        if (s == DT_OK && (t->rank == 0 || t->strategy->shards_state)) s = dt_trainer_save(t, c->save ? c->save : "dtrain-interrupted.safetensors");
     }
     if (s != DT_OK) return dt_error_wrap(s, "stopped at step %lld but the checkpoint failed", (long long)t->step);
     if (c->checkpoint_dir)
@@ -277,7 +277,7 @@ static dt_status end_epoch(dt_trainer *t, FILE *mf, const epoch_acc *acc, double
     e.wall_s = dt_now() - t->t_start;
     if (mf) DT_TRY(dt_trainer_write_metrics(mf, &e, t));
     if (t->rank == 0 && c->on_epoch) c->on_epoch(c->cb_ctx, &e);
-    if (t->rank == 0 && c->save) DT_TRY(dt_trainer_save(t, c->save));
+    if ((t->rank == 0 || t->strategy->shards_state) && c->save) DT_TRY(dt_trainer_save(t, c->save));
     return DT_OK;
 }
 

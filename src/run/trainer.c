@@ -432,7 +432,8 @@ static void fill_info(const dt_trainer *t, dt_ckpt_info *info) {
 dt_status dt_trainer_save(dt_trainer *t, const char *path) {
     dt_ckpt_info info;
     fill_info(t, &info);
-    DT_TRY(dt_checkpoint_write_strategy(path, t->strategy, &info));
+    if (t->strategy->shards_state && t->strategy->comm) DT_TRY(dt_checkpoint_write_sharded(path, t->strategy, &info));
+    else DT_TRY(dt_checkpoint_write_strategy(path, t->strategy, &info));
     snprintf(t->last_ckpt, sizeof t->last_ckpt, "%s", path);
     return DT_OK;
 }
@@ -442,9 +443,10 @@ dt_status dt_trainer_save_numbered(dt_trainer *t) {
     if (t->strategy->ops->sync) DT_TRY(t->strategy->ops->sync(t->strategy));  /* localsgd: average first */
     t->last_ckpt_time = dt_now();
     t->saved_step = t->step;
-    if (t->rank != 0) return DT_OK;
+    if (t->rank != 0 && !t->strategy->shards_state) return DT_OK;
     char path[4096];
     dt_ckpt_dir_path(path, sizeof path, t->cfg.checkpoint_dir, t->step);
     DT_TRY(dt_trainer_save(t, path));
+    if (t->rank != 0) return DT_OK;  /* a sharded checkpoint: rank 0 prunes */
     return dt_ckpt_dir_prune(t->cfg.checkpoint_dir, t->cfg.keep);
 }

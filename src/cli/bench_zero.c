@@ -1,0 +1,168 @@
+/* dtrain bench zero: per-rank peak resident memory, as the OS counts it (VmHWM), of a GPT
+ * trained with plain ddp and ZeRO stages 1-3 at 1, 2 and 4 local ranks, next to the ZeRO paper's
+ * formula (f32 Adam: 16Ψ, 8Ψ+8Ψ/N, 4Ψ+12Ψ/N, 16Ψ/N) plus the activations the graph allocates
+ * (and stage 3's gathered buckets: the memory plan's two largest), and the step throughput of stages 1-3 against ddp at the
+ * same rank count, measured in the same run. Each case forks its ranks (shared-memory
+ * transport); the peak is reset (/proc/self/clear_refs) once the strategy holds its sharded
+ * state, so it covers the training steps; the set-up peak (a full model initialised on every
+ * rank before sharding) is printed beside it. */
+#include "cli/bench_util.h"
+#include "cli/cli.h"
+#include "dtrain/dtrain.h"
+#include "dtrain/models.h"
+#include "dtrain/memplan.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+typedef struct {
+    dt_mem_probe p;
+    int ok;
+} zcase;
+
+/* One rank of a case: 0 and *out filled, or 1. */
+static int rank_main(const char *spec, int stage, int N, int r, const char *job, int B, int steps, zcase *out) {
+    dt_comm *c = NULL;
+    dt_comm_config cc = dt_comm_config_default();
+    cc.rank = r, cc.size = N, cc.job_id = job, cc.timeout_s = 600;
+    if (dt_comm_create(&c, &cc) != DT_OK) return 1;
+    char strat[64];
+    snprintf(strat, sizeof strat, stage ? "ddp(zero=%d)" : N > 1 ? "ddp" : "single", stage);
+    dt_status s = dt_mem_probe_gpt(spec, strat, stage || N > 1 ? c : NULL, B, steps, &out->p);
+    if (s != DT_OK) fprintf(stderr, "bench zero: rank %d: %s\n", r, dt_last_error());
+    dt_comm_destroy(c);
+    out->ok = s == DT_OK;
+    return s != DT_OK;
+}
+
+/* Runs a case on N forked ranks; res[0..N) get each rank's figures. */
+static int run_case(const char *spec, int stage, int N, int B, int steps, zcase *res) {
+    zcase *shared = malloc(sizeof *shared * (size_t)N);
+    char dir[] = "/tmp/dtrain-bzero-XXXXXX", job[64];
+    if (!shared || !mkdtemp(dir)) return 1;
+    snprintf(job, sizeof job, "bzero%d_%d_%d", (int)getpid(), stage, N);
+    for (int r = 0; r < N; r++) {
+        fflush(stdout);
+        if (fork() == 0) {
+            zcase z = {0};
+            int rc = rank_main(spec, stage, N, r, job, B, steps, &z);
+            char p[128];
+            snprintf(p, sizeof p, "%s/r%d", dir, r);
+            FILE *f = fopen(p, "wb");
+            if (f) fwrite(&z, sizeof z, 1, f), fclose(f);
+            _exit(rc);
+        }
+    }
+    int failed = 0, st;
+    while (wait(&st) > 0) failed += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    for (int r = 0; r < N; r++) {
+        char p[128];
+        snprintf(p, sizeof p, "%s/r%d", dir, r);
+        FILE *f = fopen(p, "rb");
+        memset(&res[r], 0, sizeof res[r]);
+        if (f && fread(&res[r], sizeof res[r], 1, f) != 1) res[r].ok = 0;
+        if (f) fclose(f);
+        unlink(p);
+    }
+    rmdir(dir);
+    free(shared);
+    return failed;
+}
+
+/* The paper's bytes per rank of stage k at N ranks for P parameters (f32 Adam). */
+static double formula(int stage, int N, double P) {
+    switch (stage) {
+    case 0: return 16 * P;
+    case 1: return 8 * P + 8 * P / N;
+    case 2: return 4 * P + 12 * P / N;
+    default: return 16 * P / N;
+    }
+}
+
+static const char USAGE[] =
+    "Usage: dtrain bench zero [--model gpt:L=8,H=12,C=768,T=64] [--batch B] [--steps S] [--ranks LIST]\n"
+    "                         [--stages LIST]\n\n"
+    "Peak resident memory per rank (VmHWM, after set-up) and step time of ddp and ZeRO 1-3 on a GPT,\n"
+    "next to the ZeRO formula plus the activations; throughput of each stage relative to ddp.";
+
+static int parse_list(const char *s, int *v, int cap) {
+    int n = 0;
+    for (const char *p = s; p && *p && n < cap; p = strchr(p, ','), p = p ? p + 1 : NULL) v[n++] = atoi(p);
+    return n;
+}
+
+int dt_bench_zero(int argc, char **argv) {
+    const char *spec = "gpt:L=8,H=12,C=768,T=64", *ranks_s = "1,2,4", *stages_s = "0,1,2,3";
+    int B = 2, steps = 2;
+    const dt_flag flags[] = {
+        {"model", DT_FLAG_STR, &spec, "SPEC", "the GPT (at least 50M parameters for the paper's regime)"},
+        {"batch", DT_FLAG_INT, &B, "B", "sequences per rank per step"},
+        {"steps", DT_FLAG_INT, &steps, "S", "timed steps after one warm-up step"},
+        {"ranks", DT_FLAG_STR, &ranks_s, "LIST", "rank counts"},
+        {"stages", DT_FLAG_STR, &stages_s, "LIST", "ZeRO stages (0 = plain ddp)"},
+    };
+    int rc = dt_flags_parse(argc, argv, 1, flags, 5, USAGE, NULL, 0, NULL, NULL);
+    if (rc) return rc < 0 ? 2 : 0;
+    dt_gpt_config g;
+    dt_model *probe;
+    if (dt_gpt_parse(spec, &g) != DT_OK || dt_gpt_create(&probe, &g) != DT_OK)
+        return dt_cli_usage("e.g. --model gpt:L=8,H=12,C=768,T=64", "%s", dt_last_error());
+    const double P = (double)dt_model_num_params(probe);
+    if (B < 1 || steps < 1) {
+        dt_model_free(probe);
+        return dt_cli_usage(NULL, "--batch and --steps need at least 1");
+    }
+    int ranks[4], stages[4];
+    int nr = parse_list(ranks_s, ranks, 4), ns = parse_list(stages_s, stages, 4);
+    printf("# dtrain bench zero: %s, %.1fM parameters, batch %d x T %d per rank, adam f32, shm transport\n", spec,
+           P / 1e6, B, g.T);
+    dt_bench_print_machine();
+    printf("# the machine is shared (other jobs load its cores): step times are noisy, compare ratios\n");
+    printf("%5s %5s %12s %12s %12s %12s %8s %10s %9s\n", "stage", "ranks", "peak_MB", "formula_MB", "act_MB",
+           "setup_MB", "ratio", "step_s", "vs_ddp");
+    char json[8192];
+    int jn = snprintf(json, sizeof json, "{\"bench\": \"zero\", \"model\": \"%s\", \"params\": %.0f, \"cases\": [", spec, P);
+    int done = 0;
+    for (int i = 0; i < nr; i++) {
+        const int N = ranks[i];
+        double ddp_step = 0;
+        for (int k = 0; k < ns; k++) {
+            zcase res[8];
+            if (N < 1 || N > 8 || run_case(spec, stages[k], N, B, steps, res) != 0) {
+                printf("%5d %5d  failed\n", stages[k], N);
+                continue;
+            }
+            double peak = 0, setup = 0, step = 0;
+            for (int r = 0; r < N; r++) {
+                const dt_mem_probe *q = &res[r].p;
+                if (q->peak - q->base > peak) peak = q->peak - q->base;
+                if (q->setup_peak - q->base > setup) setup = q->setup_peak - q->base;
+                if (q->step_s > step) step = q->step_s;
+            }
+            /* stage 3 adds the gathered layers in flight (the plan's: the two largest buckets) */
+            dt_mem_layout lay = {.dp = N, .tp = 1, .pp = 1, .zero = stages[k], .microbatches = 1, .batch = B};
+            dt_optim_config oc = dt_optim_defaults(DT_OPTIM_ADAM);
+            dt_mem_plan plan = {0};
+            if (dt_mem_plan_rank(probe, &oc, &lay, 0, &plan) != DT_OK) plan.gathered = 0;
+            double want = formula(stages[k], N, P) + res[0].p.activations + plan.gathered;
+            if (stages[k] == 0) ddp_step = step;
+            double vs = ddp_step > 0 ? ddp_step / step : 0;
+            printf("%5d %5d %12.1f %12.1f %12.1f %12.1f %8.3f %10.3f %8.2fx\n", stages[k], N, peak / 1048576,
+                   want / 1048576, res[0].p.activations / 1048576, setup / 1048576, peak / want, step, vs);
+            fflush(stdout);
+            if (jn < (int)sizeof json - 256)
+                jn += snprintf(json + jn, sizeof json - (size_t)jn,
+                               "%s{\"stage\": %d, \"ranks\": %d, \"peak_bytes\": %.0f, \"formula_bytes\": %.0f, "
+                               "\"activation_bytes\": %.0f, \"setup_peak_bytes\": %.0f, \"step_s\": %.4f, "
+                               "\"throughput_vs_ddp\": %.3f}",
+                               done++ ? ", " : "", stages[k], N, peak, want, res[0].p.activations, setup, step, vs);
+        }
+    }
+    snprintf(json + jn, sizeof json - (size_t)jn, "]}");
+    dt_model_free(probe);
+    printf("%s\n", json);
+    return 0;
+}

@@ -1,0 +1,144 @@
+/* The allocator of the library's large buffers and its accounting: dt_alloc blocks (small ones
+ * from the C heap, large ones as page-aligned anonymous mappings that stay non-resident until
+ * written), the bytes held against a per-process limit (--mem-limit), page release for memory a
+ * ZeRO rank does not own, and the OS's own peak resident set (VmHWM). */
+#include "dtrain/core.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+enum { HDR = 64, PAGE = 4096, BIG = 256 * 1024 };
+#define MEM_MAGIC 0x64746d656d626c6bULL /* "dtmemblk" */
+
+typedef struct {
+    uint64_t magic;
+    size_t bytes;  /* counted bytes of the block */
+    size_t map;    /* mapping length (0: C heap) */
+    void *base;
+} blk;
+
+#if defined(__SANITIZE_ADDRESS__)
+enum { USE_MMAP = 0 };  /* under ASan large blocks stay on its heap, so overflows are still caught */
+#else
+enum { USE_MMAP = 1 };
+#endif
+
+static _Atomic size_t g_used, g_peak, g_limit;
+static _Thread_local bool g_hit;
+
+static void note_peak(size_t now) {
+    size_t p = atomic_load(&g_peak);
+    while (now > p && !atomic_compare_exchange_weak(&g_peak, &p, now)) {}
+}
+
+/* Counts bytes against the limit; false (with the error set) when they do not fit. */
+static bool charge(size_t bytes, const char *what) {
+    size_t lim = atomic_load(&g_limit);
+    size_t now = atomic_fetch_add(&g_used, bytes) + bytes;
+    if (lim && now > lim) {
+        atomic_fetch_sub(&g_used, bytes);
+        g_hit = true;
+        dt_error(DT_ENOMEM, "--mem-limit %zu bytes: %s of %zu bytes would hold %zu bytes on this rank; raise "
+                 "--mem-limit, use more ranks with --zero 3, or a smaller model or batch",
+                 lim, what, bytes, now);
+        return false;
+    }
+    note_peak(now);
+    return true;
+}
+
+void *dt_alloc(size_t bytes) {
+    size_t rounded = (bytes + 63) & ~(size_t)63;
+    if (rounded == 0) rounded = 64;
+    g_hit = false;
+    if (!charge(rounded, "an allocation")) return NULL;
+    char *p;
+    blk *h;
+    if (rounded >= BIG && !USE_MMAP) {  /* page-aligned on the heap, zeroed */
+        char *base = aligned_alloc(PAGE, PAGE + ((rounded + PAGE - 1) & ~(size_t)(PAGE - 1)));
+        if (!base) {
+            atomic_fetch_sub(&g_used, rounded);
+            return NULL;
+        }
+        p = base + PAGE;
+        memset(p, 0, rounded);
+        h = (blk *)(p - HDR);
+        *h = (blk){.magic = MEM_MAGIC, .bytes = rounded, .map = 0, .base = base};
+        return p;
+    }
+    if (rounded >= BIG) {
+        size_t map = PAGE + ((rounded + PAGE - 1) & ~(size_t)(PAGE - 1));
+        void *base = mmap(NULL, map, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (base == MAP_FAILED) {
+            atomic_fetch_sub(&g_used, rounded);
+            return NULL;
+        }
+        p = (char *)base + PAGE;  /* mapped pages are zero */
+        h = (blk *)(p - HDR);
+        *h = (blk){.magic = MEM_MAGIC, .bytes = rounded, .map = map, .base = base};
+        return p;
+    }
+    char *base = aligned_alloc(64, HDR + rounded);
+    if (!base) {
+        atomic_fetch_sub(&g_used, rounded);
+        return NULL;
+    }
+    p = base + HDR;
+    memset(p, 0, rounded);
+    h = (blk *)base;
+    *h = (blk){.magic = MEM_MAGIC, .bytes = rounded, .map = 0, .base = base};
+    return p;
+}
+
+void dt_free(void *p) {
+    if (!p) return;
+    blk *h = (blk *)((char *)p - HDR);
+    if (h->magic != MEM_MAGIC) abort();  /* not a dt_alloc block: a programmer error */
+    h->magic = 0;
+    atomic_fetch_sub(&g_used, h->bytes);
+    if (h->map) munmap(h->base, h->map);
+    else free(h->base);
+}
+
+dt_status dt_mem_set_limit(size_t bytes) {
+    atomic_store(&g_limit, bytes);
+    size_t now = atomic_load(&g_used);
+    if (bytes && now > bytes)
+        return dt_error(DT_ENOMEM, "--mem-limit %zu bytes: this rank already holds %zu bytes (parameters, gradients "
+                        "and optimizer state); raise --mem-limit or use more ranks with --zero 3", bytes, now);
+    return DT_OK;
+}
+
+size_t dt_mem_limit(void) { return atomic_load(&g_limit); }
+size_t dt_mem_used(void) { return atomic_load(&g_used); }
+size_t dt_mem_peak(void) { return atomic_load(&g_peak); }
+bool dt_mem_limit_hit(void) { return g_hit; }
+
+size_t dt_mem_release(void *p, size_t bytes) {
+    uintptr_t a = ((uintptr_t)p + PAGE - 1) & ~(uintptr_t)(PAGE - 1);
+    uintptr_t b = ((uintptr_t)p + bytes) & ~(uintptr_t)(PAGE - 1);
+    if (b <= a) return 0;
+    if (madvise((void *)a, b - a, MADV_DONTNEED) != 0) return 0;
+    atomic_fetch_sub(&g_used, b - a);
+    return b - a;
+}
+
+dt_status dt_mem_reacquire(size_t bytes) {
+    g_hit = false;
+    return charge(bytes, "gathering released memory") ? DT_OK : DT_ENOMEM;
+}
+
+size_t dt_mem_os_peak(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return 0;
+    char line[256];
+    size_t kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "VmHWM: %zu kB", &kb) == 1) break;
+    fclose(f);
+    return kb * 1024;
+}

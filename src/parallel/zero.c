@@ -1,0 +1,324 @@
+/* ZeRO stages 1-3 (Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion
+ * Parameter Models") over ddp's buckets. Every bucket (a slab range, filled by backward from the
+ * last layer to the first) is cut into N equal chunks, one per rank, and the last rank also owns
+ * the remainder (< N values): shards balanced by bytes to within N-1 values per bucket. A rank's
+ * optimizer state covers its chunks only (dt_optim_shard).
+ *   stage 1: each bucket is reduce-scattered in place (the rank's chunk of the average lands at
+ *            the bucket's start in the gradient slab), each rank updates its chunks and the
+ *            parameters are all-gathered: the traffic of one allreduce, no copy.
+ *   stage 2: each bucket is reduce-scattered into the owner's packed gradient shard as soon as
+ *            backward completes it (the grad-ready hook, as ddp's overlap); the bucket's gradient
+ *            pages are then given back to the OS.
+ *   stage 3: as stage 2, and a rank holds only its chunks of the parameters: zero_params.c gathers
+ *            each layer's bucket just before its forward and its backward and frees it after. */
+#include "parallel/zero_internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { PAGE = 4096 };
+
+dt_status dt_zero_parse_stage(const char *text, int *stage) {
+    if (text && text[0] >= '0' && text[0] <= '3' && !text[1]) {
+        *stage = text[0] - '0';
+        return DT_OK;
+    }
+    return dt_error(DT_EINVAL, "zero=%s: the ZeRO stage is 0 (replicas), 1 (shard the optimizer state), 2 (and the "
+                    "gradients) or 3 (and the parameters), e.g. --zero 2", text ? text : "");
+}
+
+void dt_zero_chunk(size_t n, int r, int N, size_t *off, size_t *len) {
+    size_t c = n / (size_t)N;
+    *off = (size_t)r * c;
+    *len = c + (r == N - 1 ? n - c * (size_t)N : 0);
+}
+
+void dt_zero_hook_error(zero *z, dt_status st) {
+    if (st == DT_OK || z->err != DT_OK) return;
+    z->err = st;
+    snprintf(z->errmsg, sizeof z->errmsg, "%s", dt_last_error());
+}
+
+/* Gives back bucket b's gradient pages (they read as zeros) and zeros its values on the pages
+ * shared with neighbours: afterwards its gradients are zero, for the next step. */
+static void release_grads(dt_strategy *s, zbucket *b) {
+    float *g = dt_model_grads(s->model);
+    char *lo = (char *)(g + b->lo), *hi = (char *)(g + b->hi);
+    b->grel = dt_mem_release(lo, (size_t)(hi - lo));
+    if (b->grel == 0) {
+        memset(lo, 0, (size_t)(hi - lo));
+    } else {
+        char *a = (char *)(((uintptr_t)lo + PAGE - 1) & ~(uintptr_t)(PAGE - 1)), *e = a + b->grel;
+        memset(lo, 0, (size_t)(a - lo));
+        memset(e, 0, (size_t)(hi - e));
+    }
+    b->gfree = true;
+}
+
+/* Starts bucket i's gradient reduce (a failed start falls back to a blocking one in finish). */
+/* Where bucket b's reduce-scatter leaves this rank's chunk: stage 1 in place at the start of the
+ * bucket in the gradient slab (comm.h's in-place form: no copy), stage >= 2 in the packed shard. */
+static float *rs_dest(dt_strategy *s, const zero *z, const zbucket *b) {
+    return z->stage == 1 ? dt_model_grads(s->model) + b->lo : z->gsh + b->at;
+}
+
+static void issue(dt_strategy *s, zero *z, int i) {
+    zbucket *b = &z->b[i];
+    float *g = dt_model_grads(s->model);
+    b->t_issue = dt_now();
+    b->issued = true;
+    b->rs = b->rt = NULL;
+    b->rs_done = b->c == 0, b->rt_done = b->tail == 0;
+    if (b->c && dt_comm_ireduce_scatter(s->comm, g + b->lo, rs_dest(s, z, b), b->c, DT_F32, DT_OP_AVG, &b->rs) != DT_OK)
+        b->rs = NULL;
+    float *t = g + b->lo + (size_t)z->N * b->c;
+    if (b->tail && dt_comm_iallreduce(s->comm, t, t, b->tail, DT_F32, DT_OP_AVG, &b->rt) != DT_OK) b->rt = NULL;
+}
+
+/* Bucket i's reduce is done: the tail into the last rank's shard, the gradient pages given back. */
+static void reduced(dt_strategy *s, zero *z, int i) {
+    zbucket *b = &z->b[i];
+    b->reduced = true;
+    float *g = dt_model_grads(s->model);
+    if (z->r == z->N - 1 && b->tail)  /* the tail follows the chunk in the reduced shard */
+        memmove(rs_dest(s, z, b) + b->c, g + b->lo + (size_t)z->N * b->c, b->tail * sizeof(float));
+    if (z->stage == 1) return;
+    release_grads(s, b);
+}
+
+/* Waits for bucket i's reduce (or runs it blocking where its start failed). */
+static dt_status finish(dt_strategy *s, zero *z, int i) {
+    zbucket *b = &z->b[i];
+    if (b->reduced) return DT_OK;
+    float *g = dt_model_grads(s->model);
+    float *t = g + b->lo + (size_t)z->N * b->c;
+    dt_status st = DT_OK, st2 = DT_OK;
+    if (!b->rs_done)
+        st = b->rs ? dt_request_wait(&b->rs)
+                   : dt_comm_reduce_scatter(s->comm, g + b->lo, rs_dest(s, z, b), b->c, DT_F32, DT_OP_AVG);
+    if (!b->rt_done) st2 = b->rt ? dt_request_wait(&b->rt) : dt_comm_allreduce(s->comm, t, t, b->tail, DT_F32, DT_OP_AVG);
+    b->rs_done = b->rt_done = true;
+    if (st == DT_OK) st = st2;
+    if (st == DT_OK) reduced(s, z, i);
+    return st;
+}
+
+/* Tests one part of a bucket's reduce: true when it is done (an error is kept for the step). */
+static bool part_done(zero *z, dt_request **rq, bool *done) {
+    if (*done) return true;
+    if (!*rq) return false;  /* not started: finish runs it */
+    bool d = false;
+    dt_status st = dt_request_test(rq, &d);
+    if (st != DT_OK) dt_zero_hook_error(z, st), d = true;
+    *done = d;
+    return d;
+}
+
+/* Stage >= 2: completes the issued buckets whose reduce has finished, so that their gradient
+ * pages go back while backward runs on, and waits for the oldest ones while more than
+ * ZERO_INFLIGHT are in flight: the gradient memory stays the shard plus a few buckets even when
+ * the communication falls behind. */
+enum { ZERO_INFLIGHT = 2 };
+static void poll(dt_strategy *s, zero *z) {
+    int inflight = 0;
+    for (int i = 0; i < z->next; i++) {
+        zbucket *b = &z->b[i];
+        if (b->reduced || !part_done(z, &b->rs, &b->rs_done) || !part_done(z, &b->rt, &b->rt_done)) {
+            inflight += !b->reduced;
+            continue;
+        }
+        if (z->err == DT_OK) reduced(s, z, i);
+    }
+    for (int i = 0; i < z->next && inflight > ZERO_INFLIGHT; i++) {
+        if (z->b[i].reduced) continue;
+        dt_status st = finish(s, z, i);
+        if (st != DT_OK) dt_zero_hook_error(z, st), z->b[i].reduced = true;
+        inflight--;
+    }
+}
+
+static void zero_ready(dt_strategy *s, size_t off, size_t n) {
+    zero *z = s->impl;
+    (void)n;
+    /* layers arrive last to first: bucket `next` is complete once its lowest layer is */
+    while (z->next < z->nb && off <= z->b[z->next].lo) {
+        issue(s, z, z->next++);
+        z->early++;
+    }
+    if (z->stage >= 2) poll(s, z);
+}
+
+static void zero_begin(dt_strategy *s, int64_t step) {
+    zero *z = s->impl;
+    s->step = step;
+    z->next = z->early = 0;
+    z->fwd_calls = 0;
+    for (int i = 0; i < z->nb; i++) z->b[i].issued = z->b[i].reduced = false;
+    if (z->stage == 3 && z->full) dt_zero_params_release_all(s, z);
+}
+
+/* --clip over the whole model: the norm from every rank's shard (torch's formula). */
+static dt_status clip_shard(dt_strategy *s, zero *z, float clip) {
+    double ss = 0;
+    for (int i = 0; i < z->nb; i++)
+        for (size_t k = 0; k < z->len[i]; k++) ss += (double)z->gp[i][k] * z->gp[i][k];
+    DT_TRY(dt_comm_allreduce(s->comm, &ss, &ss, 1, DT_F64, DT_OP_SUM));
+    float norm = (float)sqrt(ss);
+    if (!(norm > clip)) return DT_OK;
+    float f = clip / (norm + 1e-6f);
+    for (int i = 0; i < z->nb; i++)
+        for (size_t k = 0; k < z->len[i]; k++) ((float *)z->gp[i])[k] *= f;
+    return DT_OK;
+}
+
+/* Stages 1 and 2: every rank's updated chunks to every rank. */
+static dt_status gather_params(dt_strategy *s, zero *z) {
+    float *p = dt_model_params(s->model);
+    dt_status first = DT_OK;
+    for (int i = 0; i < z->nb; i++) {
+        zbucket *b = &z->b[i];
+        dt_status st = DT_OK;
+        if (b->c) st = dt_comm_iallgather(s->comm, p + b->own, p + b->lo, b->c, DT_F32, &b->rs);
+        if (st == DT_OK && b->tail)
+            st = dt_comm_ibroadcast(s->comm, p + b->lo + (size_t)z->N * b->c, b->tail, DT_F32, z->N - 1, &b->rt);
+        if (st != DT_OK && first == DT_OK) first = st;
+    }
+    for (int i = 0; i < z->nb; i++) {
+        dt_status a = dt_request_wait(&z->b[i].rs), c = dt_request_wait(&z->b[i].rt);
+        if (first == DT_OK) first = a != DT_OK ? a : c;
+    }
+    return first;
+}
+
+static dt_status zero_step(dt_strategy *s, float lr, float clip, dt_step_stats *st) {
+    zero *z = s->impl;
+    memset(st, 0, sizeof *st);
+    st->early_buckets = z->early;
+    if (z->stage == 3) dt_zero_params_replay(s, z);
+    while (z->next < z->nb) issue(s, z, z->next++);
+    const double t0 = dt_now();
+    dt_status first = DT_OK;
+    for (int i = 0; i < z->nb; i++) {
+        dt_status r = finish(s, z, i);
+        if (r != DT_OK && first == DT_OK) first = r;
+        if (s->trace) {
+            char name[32];
+            snprintf(name, sizeof name, "reduce_scatter b%d", i);
+            dt_trace_add(s->trace, name, 1, z->b[i].t_issue, dt_now(), s->step);
+        }
+    }
+    st->comm_wait_s = dt_now() - t0;
+    st->buckets = z->nb;
+    if (first != DT_OK) return dt_error_wrap(first, "ZeRO-%d gradient reduce", z->stage);
+    if (z->err != DT_OK) return dt_error(z->err, "ZeRO-%d: %s", z->stage, z->errmsg);
+    if (z->nbuf) DT_TRY(dt_comm_broadcast(s->comm, dt_model_buffers(s->model), z->nbuf, DT_F32, 0));
+    const double t1 = dt_now();
+    if (clip > 0) DT_TRY(clip_shard(s, z, clip));
+    dt_optim_step_ranges(s->optim, z->nb, z->pp, z->gp, z->len, lr);
+    if (s->trace) dt_trace_add(s->trace, "optimizer", 0, t1, dt_now(), s->step);
+    if (z->stage == 3) {
+        dt_zero_params_release_all(s, z);  /* the gathered copies are stale now */
+        return DT_OK;
+    }
+    const double t2 = dt_now();
+    dt_status g = gather_params(s, z);
+    st->comm_wait_s += dt_now() - t2;
+    if (s->trace) dt_trace_add(s->trace, "allgather params", 1, t2, dt_now(), s->step);
+    return g == DT_OK ? DT_OK : dt_error_wrap(g, "ZeRO-%d parameter allgather", z->stage);
+}
+
+static dt_status zero_init(dt_strategy *s) {
+    zero *z = s->impl;
+    DT_TRY(dt_strategy_verify_replicas(s->comm, s->model));
+    if (z->stage >= 2) {
+        /* nothing was written to the gradients yet: give their pages back until backward needs them */
+        for (int i = 0; i < z->nb; i++) release_grads(s, &z->b[i]);
+        DT_TRY(dt_zero_params_init(s, z));
+    }
+    return DT_OK;
+}
+
+static dt_status zero_train_step(dt_strategy *s, const dt_step_batch *b, dt_step_result *r) {
+    zero *z = s->impl;
+    z->accum = b->accum > 1 ? b->accum : 1;
+    return dt_strategy_default_train_step(s, b, r);
+}
+
+static void zero_destroy(dt_strategy *s) {
+    zero *z = s->impl;
+    if (!z) return;
+    for (int i = 0; i < z->nb; i++) dt_request_wait(&z->b[i].rs), dt_request_wait(&z->b[i].rt);
+    dt_zero_params_free(z);
+    dt_model_set_node_hooks(s->model, NULL, NULL, NULL);
+    dt_model_set_backward_hook(s->model, NULL);
+    dt_free(z->gsh);
+    free(z->b), free(z->pp), free(z->gp), free(z->len);
+    free(z);
+    s->impl = NULL;
+}
+
+static const dt_strategy_ops zero_ops = {.name = "zero", .train_step = zero_train_step, .init = zero_init,
+                                         .begin_step = zero_begin, .grad_ready = zero_ready, .step = zero_step,
+                                         .destroy = zero_destroy, .sync = dt_zero_sync,
+                                         .visit_state = dt_zero_visit_state};
+
+/* This rank's shard of every bucket, its packed gradient shard and the optimizer's ranges. */
+static dt_status plan_shards(dt_strategy *s, zero *z, const dt_ddp_range *r) {
+    if (!(z->b = calloc((size_t)z->nb, sizeof *z->b)) || !(z->pp = calloc((size_t)z->nb, sizeof *z->pp)) ||
+        !(z->gp = calloc((size_t)z->nb, sizeof *z->gp)) || !(z->len = calloc((size_t)z->nb, sizeof *z->len)))
+        return dt_error(DT_ENOMEM, "zero: out of memory");
+    size_t at = 0;
+    for (int i = 0; i < z->nb; i++) {
+        zbucket *b = &z->b[i];
+        size_t off, len, n = r[i].hi - r[i].lo;
+        dt_zero_chunk(n, z->r, z->N, &off, &len);
+        *b = (zbucket){.lo = r[i].lo, .hi = r[i].hi, .c = n / (size_t)z->N, .own = r[i].lo + off, .own_n = len,
+                       .at = at, .pst = ZP_RESIDENT, .rs_done = true, .rt_done = true};
+        b->tail = n - b->c * (size_t)z->N;
+        z->len[i] = len;
+        at += len;
+    }
+    z->nsh = at;
+    if (z->stage >= 2 && !(z->gsh = dt_alloc((at ? at : 1) * sizeof(float))))
+        return dt_mem_limit_hit() ? dt_error_wrap(DT_ENOMEM, "zero: the gradient shard")
+                                  : dt_error(DT_ENOMEM, "zero: out of memory for the gradient shard");
+    float *p = dt_model_params(s->model), *g = dt_model_grads(s->model);
+    for (int i = 0; i < z->nb; i++) {
+        z->pp[i] = p + z->b[i].own;
+        z->gp[i] = z->stage >= 2 ? z->gsh + z->b[i].at : g + z->b[i].lo;  /* where rs_dest puts it */
+    }
+    return DT_OK;
+}
+
+dt_status dt_zero_create(dt_strategy *s, double bucket_mb, int stage) {
+    if (stage < 1 || stage > 3) return dt_error(DT_EINVAL, "zero: stage %d (choose 1, 2 or 3)", stage);
+    if (!s->optim) return dt_error(DT_EINVAL, "zero: the strategy needs the optimizer it shards");
+    if (dt_optim_size(s->optim) != dt_model_num_params(s->model))
+        return dt_error(DT_EINVAL, "zero: the optimizer covers %zu values, the model has %zu parameters",
+                        dt_optim_size(s->optim), dt_model_num_params(s->model));
+    zero *z = calloc(1, sizeof *z);
+    if (!z) return dt_error(DT_ENOMEM, "zero: out of memory");
+    z->stage = stage, z->N = dt_comm_size(s->comm), z->r = dt_comm_rank(s->comm);
+    z->nbuf = dt_model_num_buffers(s->model);
+    s->impl = z;
+    s->ops = &zero_ops;
+    dt_ddp_range *r = NULL;
+    dt_status st = dt_ddp_buckets(s->model, bucket_mb, &r, &z->nb);
+    if (st == DT_OK) st = plan_shards(s, z, r);
+    free(r);
+    size_t *off = st == DT_OK ? malloc((size_t)z->nb * sizeof *off) : NULL;
+    if (st == DT_OK && !off) st = dt_error(DT_ENOMEM, "zero: out of memory");
+    for (int i = 0; st == DT_OK && i < z->nb; i++) off[i] = z->b[i].own;
+    if (st == DT_OK) st = dt_optim_shard(s->optim, z->nb, off, z->len);
+    free(off);
+    if (st != DT_OK) {
+        zero_destroy(s);
+        s->ops = NULL;
+        return st;
+    }
+    s->grads_zeroed = stage >= 2;  /* the reduce leaves them zero */
+    s->shards_state = true;        /* every rank writes its shard of a checkpoint */
+    return DT_OK;
+}

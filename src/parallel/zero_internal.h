@@ -1,0 +1,69 @@
+/* ZeRO's state shared by its files: the buckets with this rank's shard of each, the packed
+ * gradient shard and stage 3's parameter gathers. */
+#ifndef DT_PARALLEL_ZERO_INTERNAL_H
+#define DT_PARALLEL_ZERO_INTERNAL_H
+
+#include "parallel/zero.h"
+
+enum { ZP_RELEASED = 0, ZP_GATHERING, ZP_RESIDENT }; /* stage 3: a bucket's parameters */
+enum { ZERO_NODE_BUCKETS = 4 };                      /* buckets one node reads (its tensors) */
+
+typedef struct {
+    size_t lo, hi;        /* slab range */
+    size_t c, tail;       /* chunk per rank, and the rest (< N values) that the last rank owns */
+    size_t own, own_n;    /* this rank's shard in the slab: [own, own + own_n) */
+    size_t at;            /* its place in the packed shard (gradients, optimizer state) */
+    dt_request *rs, *rt;  /* the gradient reduce: chunks and tail */
+    bool rs_done, rt_done; /* each part finished (or empty) */
+    bool issued, reduced;
+    bool gfree;           /* stage >= 2: its gradient pages are given back */
+    size_t grel;          /* bytes given back from the gradient slab */
+    dt_request *ag, *bt;  /* stage 3: parameter gather of the chunks, broadcast of the tail */
+    int pst;              /* ZP_* */
+    size_t prel;          /* bytes given back from the parameter slab */
+    double t_issue;
+} zbucket;
+
+typedef struct {
+    int stage, N, r;
+    zbucket *b;
+    int nb;
+    int next, early;      /* next bucket to reduce; reduced from the backward hook */
+    float *gsh;           /* stage >= 2: the reduced gradients of the shard, packed */
+    size_t nsh;           /* values in the shard */
+    float **pp;           /* per bucket: the shard's parameters, gradients, lengths (optimizer) */
+    const float **gp;
+    size_t *len;
+    size_t nbuf;          /* model buffers broadcast every step (batchnorm running stats) */
+    /* stage 3 */
+    dt_comm *pcomm;       /* parameter gathers run on their own communicator (split of s->comm) */
+    int nnodes;
+    int *node_b;          /* node i reads buckets node_b[i*ZERO_NODE_BUCKETS + k] (-1: none) */
+    int *fwd_next, *bwd_next;  /* the next node with parameters in forward / backward order (-1) */
+    bool full;            /* every parameter gathered (after sync): the hooks do nothing */
+    int fwd_calls;        /* forward passes this step (hooks on the first node with parameters) */
+    int accum;            /* micro-batches of this step */
+    int64_t gathers;      /* parameter gathers issued (for the stats) */
+    dt_status err;        /* first error of a hook, reported by the step */
+    char errmsg[512];
+} zero;
+
+/* Stage 3 (zero_params.c): installs the node hooks and frees the parameters not owned. */
+dt_status dt_zero_params_init(dt_strategy *s, zero *z);
+/* Stage 3: gathers every bucket (sync, evaluation) and sets z->full; collective. */
+dt_status dt_zero_params_gather_all(dt_strategy *s, zero *z);
+/* Stage 3: frees every gathered bucket's parameters not owned (the start of a step). */
+void dt_zero_params_release_all(dt_strategy *s, zero *z);
+/* Stage 3: a rank that had no samples this step runs the hooks' gathers the others ran. */
+void dt_zero_params_replay(dt_strategy *s, zero *z);
+/* Stage 3: waits for the gathers in flight; frees the hooks' tables. */
+void dt_zero_params_free(zero *z);
+/* Records the first hook error (with the last error's message). */
+void dt_zero_hook_error(zero *z, dt_status st);
+
+/* Checkpoints (zero_state.c): sync (stage 3: gathers the model) and the visitor of the pieces
+ * this rank owns. */
+dt_status dt_zero_sync(dt_strategy *s);
+dt_status dt_zero_visit_state(dt_strategy *s, dt_state_visit_fn fn, void *ctx);
+
+#endif

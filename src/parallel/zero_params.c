@@ -1,0 +1,166 @@
+/* ZeRO's node hooks. Stage 3 keeps only this rank's chunks of the parameters: before a node's
+ * forward and again before its backward, the buckets holding its tensors (tied ones too) are
+ * all-gathered, the buckets of the next node with parameters (in that pass's order) are started
+ * one layer ahead so the gather overlaps this node's compute, and every other gathered bucket is
+ * freed (its pages not owned go back to the OS). The gathers run on a communicator of their own
+ * (a split of the strategy's), so their order never interleaves with the gradient reduces.
+ * Stage 2 uses the backward hook only to count the gradient pages backward is about to write
+ * again (--mem-limit). */
+#include "parallel/zero_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static const int *needs(const zero *z, int node) { return &z->node_b[node * ZERO_NODE_BUCKETS]; }
+
+static bool in_list(const int *l, int b) {
+    for (int k = 0; k < ZERO_NODE_BUCKETS && l[k] >= 0; k++)
+        if (l[k] == b) return true;
+    return false;
+}
+
+/* Starts gathering bucket i's parameters (nothing if they are here or on their way). */
+static void start(dt_strategy *s, zero *z, int i) {
+    zbucket *b = &z->b[i];
+    if (b->pst != ZP_RELEASED) return;
+    if (b->prel) dt_zero_hook_error(z, dt_mem_reacquire(b->prel));
+    b->prel = 0;
+    float *p = dt_model_params(s->model);
+    b->ag = b->bt = NULL;
+    if (b->c) dt_zero_hook_error(z, dt_comm_iallgather(z->pcomm, p + b->own, p + b->lo, b->c, DT_F32, &b->ag));
+    if (b->tail)
+        dt_zero_hook_error(z, dt_comm_ibroadcast(z->pcomm, p + b->lo + (size_t)z->N * b->c, b->tail, DT_F32, z->N - 1,
+                                                 &b->bt));
+    b->pst = ZP_GATHERING;
+    z->gathers++;
+}
+
+static void wait_gather(zero *z, zbucket *b) {
+    if (b->pst != ZP_GATHERING) return;
+    dt_zero_hook_error(z, dt_request_wait(&b->ag));
+    dt_zero_hook_error(z, dt_request_wait(&b->bt));
+    b->pst = ZP_RESIDENT;
+}
+
+/* Frees bucket i's parameters that this rank does not own. */
+static void release(dt_strategy *s, zero *z, int i) {
+    zbucket *b = &z->b[i];
+    wait_gather(z, b);
+    if (b->pst != ZP_RESIDENT) return;
+    float *p = dt_model_params(s->model);
+    b->prel = dt_mem_release(p + b->lo, (b->own - b->lo) * sizeof(float)) +
+              dt_mem_release(p + b->own + b->own_n, (b->hi - b->own - b->own_n) * sizeof(float));
+    b->pst = ZP_RELEASED;
+}
+
+/* node's buckets gathered now, next's started, every other one freed. */
+static void visit(dt_strategy *s, zero *z, int node, int next) {
+    const int *need = needs(z, node);
+    if (need[0] < 0) return;
+    for (int k = 0; k < ZERO_NODE_BUCKETS && need[k] >= 0; k++) start(s, z, need[k]);
+    for (int k = 0; k < ZERO_NODE_BUCKETS && need[k] >= 0; k++) wait_gather(z, &z->b[need[k]]);
+    const int *pre = next >= 0 ? needs(z, next) : NULL;
+    for (int k = 0; pre && k < ZERO_NODE_BUCKETS && pre[k] >= 0; k++) start(s, z, pre[k]);
+    for (int i = 0; i < z->nb; i++)
+        if (z->b[i].pst == ZP_RESIDENT && !in_list(need, i) && !(pre && in_list(pre, i))) release(s, z, i);
+}
+
+static void forward_hook(void *ctx, int node) {
+    dt_strategy *s = ctx;
+    zero *z = s->impl;
+    if (z->full || needs(z, node)[0] < 0) return;
+    if (z->bwd_next[node] < 0) z->fwd_calls++;  /* the first node with parameters: a new pass */
+    visit(s, z, node, z->fwd_next[node]);
+}
+
+static void backward_hook(void *ctx, int node) {
+    dt_strategy *s = ctx;
+    zero *z = s->impl;
+    const int *need = needs(z, node);
+    for (int k = 0; k < ZERO_NODE_BUCKETS && need[k] >= 0; k++) {  /* backward writes these gradients again */
+        zbucket *b = &z->b[need[k]];
+        if (b->gfree && b->grel) dt_zero_hook_error(z, dt_mem_reacquire(b->grel));
+        b->gfree = false, b->grel = 0;
+    }
+    if (z->stage == 3 && !z->full) visit(s, z, node, z->bwd_next[node]);
+}
+
+/* The bucket holding slab offset off. */
+static int bucket_of(const zero *z, size_t off) {
+    for (int i = 0; i < z->nb; i++)
+        if (off >= z->b[i].lo && off < z->b[i].hi) return i;
+    return -1;
+}
+
+/* node_b, fwd_next and bwd_next from the model's nodes and tensors. */
+static dt_status build_tables(dt_strategy *s, zero *z) {
+    dt_model *m = s->model;
+    const int n = z->nnodes = dt_model_num_nodes(m);
+    z->node_b = malloc((size_t)n * ZERO_NODE_BUCKETS * sizeof *z->node_b);
+    z->fwd_next = malloc((size_t)n * sizeof(int)), z->bwd_next = malloc((size_t)n * sizeof(int));
+    if (!z->node_b || !z->fwd_next || !z->bwd_next) return dt_error(DT_ENOMEM, "zero: out of memory");
+    for (int i = 0; i < n; i++) {
+        int *l = &z->node_b[i * ZERO_NODE_BUCKETS], nl = 0, idx[8];
+        for (int k = 0; k < ZERO_NODE_BUCKETS; k++) l[k] = -1;
+        int nt = dt_model_node_tensors(m, i, idx, 8);
+        for (int k = 0; k < nt && k < 8; k++) {
+            const dt_param_info *t = dt_model_tensor(m, idx[k]);
+            int b = t->is_buffer ? -1 : bucket_of(z, t->offset);
+            if (b < 0 || in_list(l, b)) continue;
+            if (nl == ZERO_NODE_BUCKETS)
+                return dt_error(DT_EINTERNAL, "zero: node '%s' reads more than %d buckets", dt_model_node_name(m, i),
+                                ZERO_NODE_BUCKETS);
+            l[nl++] = b;
+        }
+    }
+    for (int i = 0, last = -1; i < n; i++) {
+        z->bwd_next[i] = last;
+        if (z->node_b[i * ZERO_NODE_BUCKETS] >= 0) last = i;
+    }
+    for (int i = n - 1, last = -1; i >= 0; i--) {
+        z->fwd_next[i] = last;
+        if (z->node_b[i * ZERO_NODE_BUCKETS] >= 0) last = i;
+    }
+    return DT_OK;
+}
+
+dt_status dt_zero_params_init(dt_strategy *s, zero *z) {
+    DT_TRY(build_tables(s, z));
+    if (z->stage == 3) DT_TRY(dt_comm_split(s->comm, 0, z->r, &z->pcomm));
+    dt_model_set_node_hooks(s->model, z->stage == 3 ? forward_hook : NULL, NULL, s);
+    dt_model_set_backward_hook(s->model, backward_hook);
+    if (z->stage == 3) dt_zero_params_release_all(s, z);
+    return DT_OK;
+}
+
+dt_status dt_zero_params_gather_all(dt_strategy *s, zero *z) {
+    for (int i = 0; i < z->nb; i++) start(s, z, i);
+    for (int i = 0; i < z->nb; i++) wait_gather(z, &z->b[i]);
+    z->full = true;
+    if (z->err != DT_OK) return dt_error(z->err, "ZeRO-3 parameter gather: %s", z->errmsg);
+    return DT_OK;
+}
+
+void dt_zero_params_release_all(dt_strategy *s, zero *z) {
+    for (int i = 0; i < z->nb; i++) release(s, z, i);
+    z->full = false;
+}
+
+void dt_zero_params_replay(dt_strategy *s, zero *z) {
+    /* the other ranks ran accum forward and backward passes (each with at least one sample): run
+     * the gathers of the passes this rank did not, so every rank issues the same gathers */
+    for (int pass = z->fwd_calls; pass < z->accum; pass++) {
+        for (int i = 0; i < z->nnodes; i++)
+            if (needs(z, i)[0] >= 0) visit(s, z, i, z->fwd_next[i]);
+        for (int i = z->nnodes - 1; i >= 0; i--)
+            if (needs(z, i)[0] >= 0) visit(s, z, i, z->bwd_next[i]);
+    }
+}
+
+void dt_zero_params_free(zero *z) {
+    for (int i = 0; z->b && i < z->nb; i++) wait_gather(z, &z->b[i]);
+    dt_comm_destroy(z->pcomm);
+    z->pcomm = NULL;
+    free(z->node_b), free(z->fwd_next), free(z->bwd_next);
+    z->node_b = z->fwd_next = z->bwd_next = NULL;
+}

@@ -1,0 +1,170 @@
+/* Sharded checkpoints (DCP style). Every rank of a sharded strategy (ZeRO) writes the pieces of
+ * the training state it owns to "<path>.rR-of-N": one 1-d F32 tensor "<tensor>#<offset>" per
+ * piece, with the tensor's global shape in the metadata ("dtrain.shape.<tensor>"). Once every
+ * shard is durable, rank 0 writes the index <path> itself: the usual checkpoint metadata plus
+ * "dtrain.shards" = N and no tensors. The index is written last, so a checkpoint exists only
+ * when all of its shards do. Loading reads every shard into whole tensors, so a checkpoint
+ * resumes at any world size and ZeRO stage, or without ZeRO; `dtrain ckpt consolidate` writes
+ * it as one file. */
+#include "run/checkpoint.h"
+
+#include "dtrain/dtrain.h"
+#include "dtrain/safetensors.h"
+#include "parallel/strategy.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SHARD_KIND "dtrain-train-shard"
+
+void dt_ckpt_shard_path(char *out, size_t cap, const char *path, int r, int n) {
+    snprintf(out, cap, "%s.r%d-of-%d", path, r, n);
+}
+
+typedef struct {
+    dt_st_writer *w;
+    int pieces;
+} shard_ctx;
+
+static dt_status add_shard_piece(void *ctx, const dt_state_piece *p) {
+    shard_ctx *c = ctx;
+    if (p->buf.dtype != DT_F32 || p->buf.device != DT_DEVICE_CPU)
+        return dt_error(DT_ENOTSUP, "checkpoint: tensor '%s' is not f32 host memory", p->name);
+    if (p->offset + p->buf.count > p->numel)
+        return dt_error(DT_EINTERNAL, "checkpoint: piece [%zu, %zu) of '%s' exceeds its %zu elements", p->offset,
+                        p->offset + p->buf.count, p->name, p->numel);
+    if (p->buf.count == 0) return DT_OK;
+    char name[160], key[192], shape[96];
+    snprintf(name, sizeof name, "%s#%zu", p->name, p->offset);
+    const int64_t n = (int64_t)p->buf.count;
+    DT_TRY(dt_st_writer_add(c->w, name, DT_F32, 1, &n, p->buf.data));
+    size_t k = 0;
+    for (int d = 0; d < p->ndim && k < sizeof shape; d++)
+        k += (size_t)snprintf(shape + k, sizeof shape - k, "%s%" PRId64, d ? "," : "", p->shape[d]);
+    if (p->ndim == 0) snprintf(shape, sizeof shape, "scalar");
+    snprintf(key, sizeof key, "dtrain.shape.%s", name);
+    c->pieces++;
+    return dt_st_writer_meta(c->w, key, shape);
+}
+
+/* This rank's shard file. */
+static dt_status write_shard(const char *path, dt_strategy *s, const dt_ckpt_info *info, int r, int n) {
+    shard_ctx c = {0};
+    DT_TRY(dt_st_writer_create(&c.w));
+    char num[32], file[4200];
+    dt_status st = dt_st_writer_meta(c.w, "dtrain.kind", SHARD_KIND);
+    snprintf(num, sizeof num, "%d", r);
+    if (st == DT_OK) st = dt_st_writer_meta(c.w, "dtrain.shard", num);
+    snprintf(num, sizeof num, "%d", n);
+    if (st == DT_OK) st = dt_st_writer_meta(c.w, "dtrain.shards", num);
+    if (st == DT_OK) st = dt_st_writer_meta(c.w, "dtrain.model_spec", info->spec);
+    if (st == DT_OK) st = dt_strategy_visit_state(s, add_shard_piece, &c);
+    dt_ckpt_shard_path(file, sizeof file, path, r, n);
+    if (st == DT_OK) st = dt_st_writer_write(c.w, file);
+    dt_st_writer_destroy(c.w);
+    return st;
+}
+
+dt_status dt_checkpoint_write_sharded(const char *path, dt_strategy *s, const dt_ckpt_info *info) {
+    const int r = dt_comm_rank(s->comm), n = dt_comm_size(s->comm);
+    dt_status mine = write_shard(path, s, info, r, n);
+    char why[256] = "";
+    if (mine != DT_OK) snprintf(why, sizeof why, "%s", dt_last_error());
+    int32_t ok = mine == DT_OK, all = 0;
+    DT_TRY(dt_comm_allreduce(s->comm, &ok, &all, 1, DT_I32, DT_OP_MIN));
+    if (mine != DT_OK) return dt_error(mine, "checkpoint %s: rank %d's shard: %s", path, r, why);
+    if (!all) return dt_error(DT_EIO, "checkpoint %s: another rank could not write its shard; no index written", path);
+    dt_status st = r == 0 ? dt_checkpoint_write_index(path, s->optim, info, n) : DT_OK;
+    ok = st == DT_OK;
+    DT_TRY(dt_comm_allreduce(s->comm, &ok, &all, 1, DT_I32, DT_OP_MIN));
+    if (st != DT_OK) return st;
+    return all ? DT_OK : dt_error(DT_EIO, "checkpoint %s: rank 0 could not write the index", path);
+}
+
+/* Where piece `name` ("<tensor>" or "optim.<state>.<tensor>") of model m / optimizer o lives:
+ * *base (the tensor's first element) and *numel; DT_EFORMAT naming it when nothing matches. */
+static dt_status locate(const char *file, const char *name, dt_model *m, dt_optim *o, float **base, size_t *numel,
+                        bool *skip) {
+    *skip = false;
+    const char *tname = name;
+    float *slab = NULL;
+    if (!strncmp(name, "optim.", 6)) {
+        if (!o) return *skip = true, DT_OK;
+        const char *dot = strchr(name + 6, '.');
+        for (int k = 0; dot && k < dt_optim_num_states(o); k++) {
+            const char *sn;
+            float *st = dt_optim_state(o, k, &sn);
+            if (strlen(sn) == (size_t)(dot - name - 6) && !strncmp(sn, name + 6, strlen(sn))) slab = st;
+        }
+        if (!slab)
+            return dt_error(DT_EFORMAT, "%s: optimizer state '%s' does not match --optimizer %s; resume with the "
+                            "optimizer settings it was trained with", file, name,
+                            dt_optim_name(dt_optim_config_of(o)->kind));
+        tname = dot + 1;
+    }
+    int i = dt_model_find_tensor(m, tname);
+    if (i < 0) return dt_error(DT_EFORMAT, "%s: tensor '%s' is not in model '%s'", file, tname, dt_model_spec(m));
+    const dt_param_info *t = dt_model_tensor(m, i);
+    if (!slab) slab = t->is_buffer ? dt_model_buffers(m) : dt_model_params(m);
+    else if (t->is_buffer) return dt_error(DT_EFORMAT, "%s: optimizer state for buffer '%s'", file, tname);
+    *base = slab + t->offset, *numel = t->numel;
+    return DT_OK;
+}
+
+/* Copies the pieces of one shard file; *copied grows by the elements restored. */
+static dt_status restore_shard(const char *file, int r, int n, dt_model *m, dt_optim *o, size_t *copied) {
+    dt_st_file *f = NULL;
+    DT_TRY(dt_st_open(&f, file));
+    dt_status st = DT_OK;
+    const char *kind = dt_st_meta(f, "dtrain.kind"), *sh = dt_st_meta(f, "dtrain.shard"),
+               *shs = dt_st_meta(f, "dtrain.shards");
+    if (!kind || strcmp(kind, SHARD_KIND) || !sh || atoi(sh) != r || !shs || atoi(shs) != n)
+        st = dt_error(DT_EFORMAT, "%s: not shard %d of %d of this checkpoint (metadata dtrain.shard/shards)", file, r, n);
+    for (int i = 0; st == DT_OK && i < dt_st_count(f); i++) {
+        dt_st_tensor t;
+        dt_st_at(f, i, &t);
+        char name[160];
+        snprintf(name, sizeof name, "%s", t.name);
+        char *hash = strrchr(name, '#'), *end = NULL;
+        unsigned long long off = hash ? strtoull(hash + 1, &end, 10) : 0;
+        if (!hash || !end || *end || t.t.dtype != DT_F32 || t.t.ndim != 1) {
+            st = dt_error(DT_EFORMAT, "%s: tensor '%s' is not a piece 'NAME#OFFSET' of F32 values", file, t.name);
+            break;
+        }
+        *hash = 0;
+        float *base = NULL;
+        size_t numel = 0;
+        bool skip = false;
+        if ((st = locate(file, name, m, o, &base, &numel, &skip)) != DT_OK || skip) continue;
+        const size_t cnt = (size_t)t.t.shape[0];
+        if (off + cnt > numel) {
+            st = dt_error(DT_EFORMAT, "%s: piece [%llu, %llu) of '%s' lies beyond its %zu elements; the shard is not "
+                          "of this model", file, off, off + cnt, name, numel);
+            break;
+        }
+        memcpy(base + off, t.t.data, cnt * sizeof(float));
+        *copied += cnt;
+    }
+    dt_st_close(f);
+    return st;
+}
+
+dt_status dt_checkpoint_restore_shards(const char *path, int n, dt_model *m, dt_optim *o) {
+    size_t copied = 0, want = 0;
+    for (int i = 0; i < dt_model_num_tensors(m); i++) {
+        const dt_param_info *t = dt_model_tensor(m, i);
+        want += t->numel * (1 + (o && !t->is_buffer ? (size_t)dt_optim_num_states(o) : 0));
+    }
+    for (int r = 0; r < n; r++) {
+        char file[4200];
+        dt_ckpt_shard_path(file, sizeof file, path, r, n);
+        dt_status st = restore_shard(file, r, n, m, o, &copied);
+        if (st != DT_OK) return dt_error_wrap(DT_EFORMAT, "%s: shard %d of %d", path, r, n);
+    }
+    if (copied != want)
+        return dt_error(DT_EFORMAT, "%s: its %d shards hold %zu values, the model and optimizer %zu; a shard is of "
+                        "another run", path, n, copied, want);
+    return DT_OK;
+}

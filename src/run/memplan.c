@@ -1,0 +1,89 @@
+/* Memory plans (dtrain/memplan.h): per rank, the bytes of its part of the parameters, gradients
+ * and optimizer state (ZeRO: its shard of each of ddp's buckets, as zero.c cuts them; tensor
+ * parallel: a tp-th; pipeline: the stage's share of the parameter slab cut evenly by count),
+ * stage 2-3's gradient buckets in flight, stage 3's gathered buckets and the activations of the micro-batches in flight (GPipe: all of
+ * them, 1F1B: up to pp - stage). */
+#include "dtrain/memplan.h"
+#include "dtrain/models.h"
+#include "parallel/zero.h"
+#include "run/trainer_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static dt_status check_layout(const dt_mem_layout *l, int rank) {
+    if (l->dp < 1 || l->tp < 1 || l->pp < 1)
+        return dt_error(DT_EINVAL, "memory plan: dp %d, tp %d, pp %d: each axis needs at least 1 rank", l->dp, l->tp,
+                        l->pp);
+    if (l->zero < 0 || l->zero > 3) return dt_error(DT_EINVAL, "memory plan: zero %d: choose 0, 1, 2 or 3", l->zero);
+    if (l->microbatches < 1 || l->batch < 1)
+        return dt_error(DT_EINVAL, "memory plan: %d micro-batches of %d samples: need at least 1 of each",
+                        l->microbatches, l->batch);
+    if (l->schedule && strcmp(l->schedule, "gpipe") && strcmp(l->schedule, "1f1b"))
+        return dt_error(DT_EINVAL, "memory plan: schedule '%s': choose gpipe or 1f1b", l->schedule);
+    if (rank < 0 || rank >= l->dp * l->tp * l->pp)
+        return dt_error(DT_EINVAL, "memory plan: rank %d outside the %d ranks of dp %d x tp %d x pp %d", rank,
+                        l->dp * l->tp * l->pp, l->dp, l->tp, l->pp);
+    return DT_OK;
+}
+
+/* Values of the slab this rank's ZeRO shard owns, the largest two buckets' sizes, over [lo, hi). */
+static dt_status zero_share(dt_model *m, const dt_mem_layout *l, int dpi, size_t lo, size_t hi, double *own,
+                            double *big2) {
+    dt_ddp_range *b;
+    int nb;
+    DT_TRY(dt_ddp_buckets(m, l->bucket_mb, &b, &nb));
+    double o = 0, top[2] = {0, 0};
+    for (int i = 0; i < nb; i++) {
+        size_t a = b[i].lo > lo ? b[i].lo : lo, e = b[i].hi < hi ? b[i].hi : hi;
+        if (e <= a) continue;
+        size_t off, len;
+        dt_zero_chunk(e - a, dpi, l->dp, &off, &len);
+        o += (double)len;
+        double n = (double)(e - a);
+        if (n > top[0]) top[1] = top[0], top[0] = n;
+        else if (n > top[1]) top[1] = n;
+    }
+    free(b);
+    *own = o, *big2 = top[0] + top[1];
+    return DT_OK;
+}
+
+dt_status dt_mem_plan_rank(dt_model *m, const dt_optim_config *o, const dt_mem_layout *l, int rank, dt_mem_plan *p) {
+    memset(p, 0, sizeof *p);
+    DT_TRY(check_layout(l, rank));
+    const int dpi = rank % l->dp, stage = rank / (l->dp * l->tp);
+    const size_t P = dt_model_num_params(m);
+    const size_t lo = P * (size_t)stage / (size_t)l->pp, hi = P * (size_t)(stage + 1) / (size_t)l->pp;
+    const double mine = (double)(hi - lo) / l->tp, F = sizeof(float);
+    double own = mine, big2 = 0;
+    if (l->zero > 0 && l->dp > 1) {
+        DT_TRY(zero_share(m, l, dpi, lo, hi, &own, &big2));
+        own /= l->tp, big2 /= l->tp;
+    }
+    const int moments = o->kind != DT_OPTIM_SGD ? 2 : o->momentum > 0 ? 1 : 0;
+    p->params = F * (l->zero >= 3 ? own : mine);
+    p->grads = F * (l->zero >= 2 ? own : mine);
+    if (l->zero >= 2 && l->dp > 1) p->grads += F * big2;  /* buckets backward fills before their reduce ends */
+    p->optim = F * moments * (l->zero >= 1 ? own : mine);
+    if (l->zero >= 3 && l->dp > 1) p->gathered = F * big2 * (double)(l->dp - 1) / l->dp;
+    int inflight = 1;
+    if (l->pp > 1) {
+        const bool gpipe = l->schedule && !strcmp(l->schedule, "gpipe");
+        inflight = gpipe ? l->microbatches : (l->pp - stage < l->microbatches ? l->pp - stage : l->microbatches);
+    }
+    p->activations = (double)dt_model_activation_bytes(m, l->batch) / l->pp / l->tp * inflight;
+    p->total = p->params + p->grads + p->optim + p->gathered + p->activations;
+    return DT_OK;
+}
+
+dt_status dt_train_plan_model(const dt_train_config *c, dt_model **m) {
+    *m = NULL;
+    const char *spec = c->model ? c->model : "mlp";
+    dt_dataset *train = NULL, *test = NULL;
+    DT_TRY(dt_trainer_open_data(c->data, spec, c->val_fraction, &train, &test));
+    int C, H, W;
+    dt_dataset_shape(train, &C, &H, &W);
+    dt_dataset_free(train), dt_dataset_free(test);
+    return dt_model_build(m, spec, C, H, W);
+}

@@ -1,0 +1,78 @@
+/* Measured memory of a training rank (dtrain/memplan.h): a GPT, Adam and a strategy trained on
+ * synthetic tokens, with the OS's own resident-set accounting read around it (VmRSS, VmHWM;
+ * the peak is reset through /proc/self/clear_refs once the strategy holds its sharded state). */
+#include "dtrain/memplan.h"
+#include "dtrain/models.h"
+#include "parallel/strategy.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static double status_bytes(const char *key) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    size_t kb = 0, n = strlen(key);
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, key, n) && sscanf(line + n, ": %zu", &kb) == 1) break;
+    if (f) fclose(f);
+    return (double)kb * 1024;
+}
+
+static void reset_peak(void) {
+    FILE *f = fopen("/proc/self/clear_refs", "w");
+    if (f) fputs("5", f), fclose(f);
+}
+
+/* The steps on synthetic ids (each rank its own, from the counter-based generator). */
+static dt_status train_steps(dt_strategy *s, const dt_gpt_config *g, int B, int steps, int world, dt_mem_probe *out) {
+    const int r = s->comm ? dt_comm_rank(s->comm) : 0;
+    int32_t *x = malloc(sizeof(int32_t) * (size_t)B * g->T * 2);
+    if (!x) return dt_error(DT_ENOMEM, "memory probe: out of memory");
+    int32_t *y = x + (size_t)B * g->T;
+    for (int i = 0; i < B * g->T; i++) {
+        x[i] = (int32_t)(dt_rng_u64(3, (uint64_t)r, (uint64_t)i) % (uint64_t)g->V);
+        y[i] = (x[i] + 1) % g->V;
+    }
+    reset_peak();
+    double t0 = dt_now();
+    dt_status st = DT_OK;
+    for (int k = 0; k <= steps && st == DT_OK; k++) {
+        if (k == 1) t0 = dt_now();
+        dt_step_batch b = {.feed = {.x = x, .y = y, .n = B}, .n_global = B * world, .world = world, .accum = 1,
+                           .step = k, .lr = 1e-4f};
+        dt_step_result res;
+        st = dt_strategy_train_step(s, &b, &res);
+    }
+    out->step_s = (dt_now() - t0) / steps;
+    out->peak = status_bytes("VmHWM");
+    free(x);
+    return st;
+}
+
+dt_status dt_mem_probe_gpt(const char *gpt_spec, const char *strategy, dt_comm *comm, int batch, int steps,
+                           dt_mem_probe *out) {
+    memset(out, 0, sizeof *out);
+    if (batch < 1 || steps < 1) return dt_error(DT_EINVAL, "memory probe: batch %d, steps %d: need 1 or more", batch, steps);
+    out->base = status_bytes("VmRSS");
+    dt_gpt_config g;
+    DT_TRY(dt_gpt_parse(gpt_spec, &g));
+    dt_model *m = NULL;
+    dt_optim *o = NULL;
+    dt_strategy *s = NULL;
+    dt_optim_config oc = dt_optim_defaults(DT_OPTIM_ADAM);
+    dt_status st = dt_gpt_create(&m, &g);
+    if (st == DT_OK) dt_model_init(m, 1);
+    if (st == DT_OK) st = dt_optim_create(&o, &oc, dt_model_num_params(m));
+    if (st == DT_OK) st = dt_strategy_create(&s, strategy ? strategy : "single", comm, m, o, NULL);
+    if (st == DT_OK) st = s->ops->init(s);
+    if (st == DT_OK) {
+        out->setup_peak = status_bytes("VmHWM");
+        out->activations = (double)dt_model_activation_bytes(m, batch);
+        st = train_steps(s, &g, batch, steps, comm ? dt_comm_size(comm) : 1, out);
+    }
+    dt_strategy_destroy(s);
+    dt_optim_free(o);
+    dt_model_free(m);
+    return st;
+}
