@@ -56,15 +56,15 @@ ok "! grep -Ev '^\[[0-2]\] ' '$T/out' '$T/err' | grep -q ." "every line has a ra
 "$DT" launch -n 2 echo --passed-through >"$T/pt" 2>&1
 ok "[ \$(grep -c -- '--passed-through' '$T/pt') -eq 2 ]" "program flags after PROGRAM reach the ranks"
 
-# 3. a failing rank stops the others (children of ranks included), exit status and message
-t0=$(date +%s.%N)
-"$DT" launch -n 4 -- sh -c '[ $DTRAIN_RANK = 2 ] && { sleep 0.2; exit 3; }; sleep '$MARK'; echo never' >"$T/f3" 2>&1
+# 3. a failing rank stops the others (children of ranks included), exit status and message. With
+# a 60 s grace, "stopped by SIGTERM, not by the SIGKILL after the grace" is what the launcher says
+# (no wall-clock assertion: a loaded machine only makes it slower)
+"$DT" launch -n 4 --grace 60 -- sh -c '[ $DTRAIN_RANK = 2 ] && { sleep 0.2; exit 3; }; sleep '$MARK'; echo never' >"$T/f3" 2>&1
 rc=$?
-dt=$(echo "$(date +%s.%N) - $t0" | bc)
 ok "[ $rc -eq 3 ]" "exit status of a failing rank (got $rc)"
 ok "grep -qx 'dtrain launch: rank 2 exited with status 3; stopping 3 other ranks' '$T/f3'" "failure message: $(cat "$T/f3")"
 ok "! grep -q never '$T/f3'" "other ranks did not finish"
-ok "[ \$(echo '$dt < 4' | bc) -eq 1 ]" "stopped promptly, before the 5 s grace (${dt}s)"
+ok "! grep -q 'sending SIGKILL' '$T/f3'" "the others stopped on SIGTERM, before the grace ran out"
 ok "[ \$(leftovers) -eq 0 ]" "no leftover processes after a failure"
 
 "$DT" launch -n 2 -- sh -c '[ $DTRAIN_RANK = 1 ] && { sleep 0.2; kill -9 $$; }; sleep '$MARK >"$T/f9" 2>&1
@@ -73,28 +73,23 @@ ok "[ $rc -eq 137 ]" "exit status 128+9 for a killed rank (got $rc)"
 ok "grep -qx 'dtrain launch: rank 1 was killed by signal 9 (SIGKILL); stopping 1 other rank' '$T/f9'" "signal message: $(cat "$T/f9")"
 
 # 4. a rank that ignores SIGTERM is killed after the grace period
-t0=$(date +%s.%N)
 "$DT" launch -n 2 --grace 0.5 -- sh -c '[ $DTRAIN_RANK = 0 ] && { sleep 0.3; exit 1; }; trap "" TERM; sleep '$MARK >"$T/g" 2>&1
 rc=$?
-dt=$(echo "$(date +%s.%N) - $t0" | bc)
 ok "[ $rc -eq 1 ] && grep -q 'sending SIGKILL' '$T/g'" "grace period then SIGKILL (rc $rc): $(cat "$T/g")"
-ok "[ \$(echo '$dt < 4' | bc) -eq 1 ]" "SIGKILL after the 0.5 s grace period (${dt}s)"
 ok "[ \$(leftovers) -eq 0 ]" "no leftover processes after SIGKILL"
 
 # 5. SIGTERM (and SIGINT) to the launcher stops every rank promptly
 for sig in TERM INT; do
-  "$DT" launch -n 3 -- sh -c 'sleep '$MARK'; echo never' >"$T/s$sig" 2>&1 &
+  "$DT" launch -n 3 --grace 60 -- sh -c 'sleep '$MARK'; echo never' >"$T/s$sig" 2>&1 &
   pid=$!
   sleep 0.3
-  t0=$(date +%s.%N)
   kill -$sig $pid
   wait $pid
   rc=$?
-  dt=$(echo "$(date +%s.%N) - $t0" | bc)
   want=$((128 + $(kill -l $sig)))
   ok "[ $rc -eq $want ]" "launcher exit status after SIG$sig (got $rc, want $want)"
   ok "grep -qx 'dtrain launch: got SIG$sig; stopping 3 ranks' '$T/s$sig'" "SIG$sig message: $(cat "$T/s$sig")"
-  ok "[ \$(echo '$dt < 4' | bc) -eq 1 ]" "ranks stopped promptly after SIG$sig, before the 5 s grace (${dt}s)"
+  ok "! grep -q 'sending SIGKILL' '$T/s$sig' && ! grep -q never '$T/s$sig'" "ranks stopped on SIG$sig, before the grace ran out"
   ok "[ \$(leftovers) -eq 0 ]" "no leftover processes after SIG$sig"
 done
 

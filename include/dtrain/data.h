@@ -162,6 +162,12 @@ dt_status dt_dataset_set_normalize(dt_dataset *ds, float mean, float std);
  * whole data set; any output may be NULL. Text data sets give mean 0, std 1 (the identity: token
  * ids are not normalised). */
 void dt_dataset_stats(const dt_dataset *ds, double *mean, double *std);
+/* Splits a feature data set for --val-split: round(n * fraction) samples drawn by a (seed)-keyed
+ * permutation go to *val, the rest to *train (both copies in the original order, with ds's
+ * scale, normalisation and classes; ds is unchanged). The same seed gives the same split.
+ * DT_EINVAL for a fraction outside (0, 1) that leaves a side empty, or a text data set. */
+dt_status dt_dataset_split(const dt_dataset *ds, double fraction, uint64_t seed, dt_dataset **train,
+                           dt_dataset **val);
 
 /* Assembles a batch: x (n,C,H,W) f32 and y (n) int32 for samples indices[0..n). x or y may be
  * NULL to skip it. DT_EINVAL naming the position when an index is >= dt_dataset_len, and on a

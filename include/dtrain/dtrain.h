@@ -13,6 +13,7 @@
 #include "dtrain/data.h"
 #include "dtrain/safetensors.h"
 #include "dtrain/comm.h"
+#include "dtrain/io.h"
 #include "dtrain/launch.h"
 #include "dtrain/train_options.h"
 #include "dtrain/tensorboard.h"

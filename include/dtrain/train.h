@@ -47,6 +47,8 @@ typedef struct {
     const dt_worker_info *workers;  /* [nworkers] */
     const int64_t *staleness;       /* ps: [DT_STALENESS_BINS] gradients by staleness (server updates
                                      * applied between a worker's pull and its push), or NULL */
+    float val_loss, val_acc;        /* on the --val-split part (NaN without one) */
+    int best_epoch;                 /* --val-split: the epoch with the lowest validation loss so far */
     int max_clock_gap;              /* ps: most steps a worker was let run ahead of the slowest live
                                      * one (dynamic assignment: rounds a batch was handed out ahead of
                                      * the oldest in training); <= --staleness; -1 when not ps */
@@ -108,6 +110,17 @@ typedef struct {
     void (*on_note)(void *ctx, const char *msg);  /* checkpoints written / skipped, resume notes */
     void *cb_ctx;
     double progress_interval_s;  /* minimum seconds between on_progress calls (default 0.2) */
+    /* weights in and out, validation (include/dtrain/io.h) */
+    const char *weights;      /* start from this plain safetensors weights file (by PyTorch names), not from
+                               * the seeded init: fine-tuning; not with resume */
+    const char *save_weights; /* rank 0 writes a weights-only file (torch load_state_dict strict, --normalize
+                               * folded) here after every epoch */
+    double val_split;         /* hold out this fraction of the training set (by the seed) to validate on
+                               * after every epoch; 0 = off (a resumed run keeps its checkpoint's) */
+    int early_stop;           /* with val_split: stop after this many epochs without a lower validation
+                               * loss (0 = off) */
+    bool keep_best;           /* with val_split and save: also write the best validation epoch's checkpoint
+                               * to dt_train_best_path(save) */
     /* in-memory data sets (dt_dataset_create) instead of `data`, borrowed: they must outlive the
      * trainer, which sets their classes to the model's and their normalisation (cfg.normalize).
      * test_set may be NULL (no evaluation). With a communicator every rank passes the same data. */
@@ -157,6 +170,10 @@ dt_status dt_strategy_spec_canonical(const char *spec, char *out, size_t cap);
 dt_status dt_strategy_spec_add_option(const char *spec, const char *key, const char *value, char *out, size_t cap);
 /* The strategies' spec syntax, one per line ("ddp(bucket_mb=MB)\n..."); static storage. */
 const char *dt_strategy_spec_help(void);
+
+/* Where --keep-best writes the best epoch's checkpoint for --save path: "<stem>.best.safetensors"
+ * for "<stem>.safetensors", else "<path>.best" (into out, cap bytes). */
+void dt_train_best_path(const char *save, char *out, size_t cap);
 
 /* Builds the model a checkpoint was trained with (its dtrain.model_spec and input shape) and
  * loads its weights; the caller frees *m. */

@@ -68,8 +68,12 @@ static void on_epoch(void *ctx, const dt_epoch_info *e) {
         snprintf(part, sizeof part, " (%lld of %lld steps)", (long long)e->epoch_steps, (long long)e->steps_per_epoch);
     if (e->steps_per_epoch > 0 && e->steps < e->epoch_steps)
         snprintf(over, sizeof over, " (over its last %lld steps, since the resume)", (long long)e->steps);
-    printf("epoch %d/%d%s: train_loss %.4f%s test_loss %.4f test_acc %.4f %.0f samples/s (%.1fs)\n", e->epoch,
-           pc->epochs, part, e->train_loss, over, e->test_loss, e->test_acc, e->samples_per_s, e->epoch_s);
+    char val[96] = "";
+    if (!isnan(e->val_loss) && e->best_epoch > 0) /* --val-split */
+        snprintf(val, sizeof val, " val_loss %.4f val_acc %.4f%s", e->val_loss, e->val_acc,
+                 e->best_epoch == e->epoch ? " (best)" : "");
+    printf("epoch %d/%d%s: train_loss %.4f%s%s test_loss %.4f test_acc %.4f %.0f samples/s (%.1fs)\n", e->epoch,
+           pc->epochs, part, e->train_loss, over, val, e->test_loss, e->test_acc, e->samples_per_s, e->epoch_s);
     fflush(stdout);
     if (pc->tb) dt_tb_writer_epoch(pc->tb, e);  /* an error is kept and reported at the end */
 }
@@ -207,6 +211,7 @@ typedef struct {
     const char *optimizer, *schedule, *backend, *elastic;
     const char *tensorboard;
     float lr, momentum, wd, beta1, beta2, eps, gamma, min_lr, bucket_mb, timeout, ckpt_secs, val_fraction;
+    float val_split;
     int64_t seed, warmup, step_size, max_steps;
     bool nesterov, quiet, normalize;
     int workers, max_restarts;
@@ -287,6 +292,11 @@ static int parse_train_flags(int argc, char **argv, train_opts *o) {
         {"zero", DT_FLAG_INT, &o->uneven.zero, "N", "ddp: ZeRO stage 1 (shard optimizer state), 2 (+ gradients), 3 (+ parameters)"},
         {"mem-limit", DT_FLAG_STR, &o->mem_limit_text, "BYTES", "fail when a rank would hold more (K, M, G suffixes)"},
         {"dry-run", DT_FLAG_BOOL, &o->dry_run, NULL, "print each rank's predicted memory for this layout and exit"},
+        {"weights", DT_FLAG_STR, &c->weights, "FILE", "start from plain safetensors weights (PyTorch state_dict names; with --model): fine-tuning"},
+        {"save-weights", DT_FLAG_STR, &c->save_weights, "FILE", "write a weights-only file after every epoch (strict torch load_state_dict; --normalize folded in)"},
+        {"val-split", DT_FLAG_FLOAT, &o->val_split, "F", "hold out fraction F of the training set (by --seed) to validate on after every epoch"},
+        {"early-stop", DT_FLAG_INT, &c->early_stop, "PATIENCE", "with --val-split: stop after PATIENCE epochs without a lower validation loss"},
+        {"keep-best", DT_FLAG_BOOL, &c->keep_best, NULL, "with --val-split and --save: also write the best epoch's checkpoint (NAME.best.safetensors)"},
     };
     int r = dt_flags_parse(argc, argv, 1, flags, (int)(sizeof flags / sizeof *flags), TRAIN_USAGE, NULL, 0, NULL,
                            NULL);
@@ -332,6 +342,7 @@ static int build_train_config(train_opts *o) {
     c->max_steps = o->max_steps;
     c->normalize = o->normalize;
     c->val_fraction = o->val_fraction;
+    c->val_split = o->val_split;
     c->checkpoint_secs = o->ckpt_secs;
     c->stop = &g_stop;
     return -1;
@@ -515,20 +526,24 @@ int dt_cmd_train(int argc, char **argv) {
 }
 
 static const char EVAL_USAGE[] =
-    "Usage: dtrain eval --checkpoint FILE [--data DIR] [--batch N]\n\n"
-    "Evaluates a checkpoint written by 'dtrain train --save' on the test split of a data set.";
+    "Usage: dtrain eval --checkpoint FILE | --weights FILE --model SPEC [--data DIR] [--batch N]\n\n"
+    "Evaluates a checkpoint written by 'dtrain train --save' on the test split of a data set, or a\n"
+    "plain safetensors weights file (PyTorch's save_file(model.state_dict())) by PyTorch names.";
 
 int dt_cmd_eval(int argc, char **argv) {
-    const char *ckpt = NULL, *data = "fashion-mnist";
+    const char *ckpt = NULL, *data = "fashion-mnist", *weights = NULL, *model = NULL;
     int batch = 256, threads = 1;
     const dt_flag flags[] = {
         {"checkpoint", DT_FLAG_STR, &ckpt, "FILE", "checkpoint to evaluate (required)"},
         {"data", DT_FLAG_STR, &data, "DIR", "IDX directory, fashion-mnist, mnist, a .csv, or text:FILE / kjv for a GPT (its last 10%)"},
         {"batch", DT_FLAG_INT, &batch, "N", "evaluation batch size"},
         {"threads", DT_FLAG_INT, &threads, "N", "BLAS threads"},
+        {"weights", DT_FLAG_STR, &weights, "FILE", "a plain safetensors weights file (PyTorch state_dict names) instead of --checkpoint"},
+        {"model", DT_FLAG_STR, &model, "SPEC", "with --weights: the model the weights belong to (mlp, cnn, a spec, gpt:...)"},
     };
     int r = dt_flags_parse(argc, argv, 1, flags, (int)(sizeof flags / sizeof *flags), EVAL_USAGE, NULL, 0, NULL, NULL);
     if (r) return r < 0 ? 2 : 0;
+    if (weights || model) return dt_cli_eval_source(ckpt, weights, model, data, batch, threads);
     if (!ckpt) return dt_cli_usage("pass --checkpoint FILE (written by dtrain train --save)", "no --checkpoint given");
     if (batch < 1) return dt_cli_usage(NULL, "--batch %d: need at least 1", batch);
     if (threads < 1) return dt_cli_usage(NULL, "--threads %d: need at least 1", threads);

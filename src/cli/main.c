@@ -13,6 +13,8 @@ int dt_cmd_launch(int argc, char **argv);
 int dt_cmd_bench(int argc, char **argv);
 int dt_cmd_sample(int argc, char **argv);
 int dt_cmd_cache(int argc, char **argv);
+int dt_cmd_export(int argc, char **argv);
+int dt_cmd_predict(int argc, char **argv);
 int dt_cmd_plot(int argc, char **argv);
 int dt_cmd_man(int argc, char **argv);
 int dt_cmd_ckpt(int argc, char **argv);
@@ -21,6 +23,8 @@ static const dt_command g_commands[] = {
     {"train", dt_cmd_train, "train a model (one process, --workers N, or one rank of a launch/mpirun job)"},
     {"eval", dt_cmd_eval, "evaluate a checkpoint on a data set"},
     {"sample", dt_cmd_sample, "generate text with a GPT checkpoint"},
+    {"export", dt_cmd_export, "write a checkpoint's model as ONNX (onnxruntime, other tools)"},
+    {"predict", dt_cmd_predict, "write a model's predictions on a data set (CSV or JSON Lines)"},
     {"launch", dt_cmd_launch, "run N local ranks of a program (rank env, prefixed output)"},
     {"bench", dt_cmd_bench, "benchmarks: train, ddp, async, fault, comm (tables + a JSON line)"},
     {"plot", dt_cmd_plot, "draw loss, accuracy and throughput of --metrics files (PNG/SVG through gnuplot)"},

@@ -28,6 +28,16 @@ static dt_status meta_f32(dt_st_writer *w, const char *key, float v) {
     return dt_st_writer_meta(w, key, buf);
 }
 
+/* --val-split and the early-stop counters (a resumed run keeps the split and the counters). */
+static dt_status write_val_meta(dt_st_writer *w, const dt_ckpt_info *info) {
+    char buf[32];
+    snprintf(buf, sizeof buf, "%.17g", info->val_split);
+    DT_TRY(dt_st_writer_meta(w, "dtrain.val_split", buf));
+    if (info->best_epoch > 0) DT_TRY(meta_f32(w, "dtrain.best_val_loss", info->best_val));
+    DT_TRY(meta_i64(w, "dtrain.best_epoch", info->best_epoch));
+    return meta_i64(w, "dtrain.bad_epochs", info->bad_epochs);
+}
+
 /* Collects the pieces of the training state into the writer. Whole tensors are referenced; the
  * slices of a sharded tensor are assembled into a buffer of their own (kept until the write),
  * and every tensor must be whole by the end. */
@@ -123,6 +133,7 @@ static dt_status write_state(const char *path, dt_status (*visit)(void *src, dt_
     if (s == DT_OK && info->has_norm) s = meta_f32(w, "dtrain.norm_mean", info->norm_mean);
     if (s == DT_OK && info->has_norm) s = meta_f32(w, "dtrain.norm_std", info->norm_std);
     if (s == DT_OK && shards > 0) s = meta_i64(w, "dtrain.shards", shards);
+    if (s == DT_OK && info->val_split > 0) s = write_val_meta(w, info);
     if (s == DT_OK) {
         s = dt_st_writer_write(w, path);
     }
@@ -233,6 +244,15 @@ static dt_status parse_info(const dt_st_file *f, dt_ckpt_info *info) {
         DT_TRY(meta_float(f, "dtrain.norm_mean", 0, false, &info->norm_mean));
         DT_TRY(meta_float(f, "dtrain.norm_std", 1, true, &info->norm_std));
     }
+    info->best_val = INFINITY;
+    if ((v = dt_st_meta(f, "dtrain.val_split"))) {
+        info->val_split = strtod(v, &end);
+        if (*end || !(info->val_split > 0 && info->val_split < 1))
+            return dt_error(DT_EFORMAT, "%s: metadata dtrain.val_split='%.40s' is not a fraction in (0, 1)", dt_st_path(f), v);
+        DT_TRY(meta_int(f, "dtrain.best_epoch", false, 0, 0, INT32_MAX, &info->best_epoch));
+        DT_TRY(meta_int(f, "dtrain.bad_epochs", false, 0, 0, INT32_MAX, &info->bad_epochs));
+        if (info->best_epoch > 0) DT_TRY(meta_float(f, "dtrain.best_val_loss", INFINITY, false, &info->best_val));
+    }
     return DT_OK;
 }
 
@@ -324,7 +344,11 @@ dt_status dt_checkpoint_restore_strategy(const char *path, dt_strategy *st, dt_c
         s = dt_error(DT_EFORMAT, "%s: checkpoint is for model '%s' but this run builds '%s'; pass the same --model",
                      path, info->spec, dt_model_spec(st->model));
     const char *steps = dt_st_meta(f, "dtrain.optim_steps");
-    if (s == DT_OK) s = dt_strategy_visit_state(st, restore_piece, f);
+    int64_t shards = 0;
+    if (s == DT_OK) s = meta_int(f, "dtrain.shards", false, 0, 1, 1 << 24, &shards);
+    /* a sharded checkpoint (ZeRO) holds whole-model state only: strategy-only state starts afresh */
+    if (s == DT_OK && shards > 0) s = dt_checkpoint_restore_shards(path, (int)shards, st->model, st->optim);
+    else if (s == DT_OK) s = dt_strategy_visit_state(st, restore_piece, f);
     if (s == DT_OK && st->optim && steps) dt_optim_set_steps(st->optim, strtoll(steps, NULL, 10));
     if (s == DT_OK) restore_loss_scale(f, st->optim);
     dt_st_close(f);

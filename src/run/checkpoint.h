@@ -21,6 +21,9 @@ typedef struct {
     float lr;
     int has_norm;             /* inputs standardised with mean/std */
     float norm_mean, norm_std;
+    double val_split;         /* --val-split fraction (0: none) */
+    float best_val;           /* lowest validation loss so far (INFINITY: none) */
+    int64_t best_epoch, bad_epochs;  /* its epoch; epochs since without a lower one (--early-stop) */
 } dt_ckpt_info;
 
 typedef struct dt_strategy dt_strategy;

@@ -107,3 +107,11 @@ dt_status dt_model_load(dt_model **m, const char *checkpoint) {
     }
     return s;
 }
+
+dt_status dt_trainer_evaluate_on(dt_trainer *t, const dt_dataset *ds, float *loss, float *acc) {
+    return evaluate(t->model, ds, t->cfg.batch, t->dcomm, loss, acc);
+}
+
+dt_status dt_evaluate_dataset(dt_model *m, const dt_dataset *ds, int batch, float *loss, float *acc) {
+    return evaluate(m, ds, batch, NULL, loss, acc);
+}

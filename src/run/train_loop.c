@@ -83,6 +83,7 @@ static dt_status serve_epoch(void *ctx, const dt_serve_epoch *r) {
         e.lr = dt_lr_at(&c->lr, at > 0 ? at - 1 : 0);
     }
     DT_TRY(dt_trainer_evaluate(t, &e.test_loss, &e.test_acc));
+    e.val_loss = e.val_acc = NAN;
     e.wall_s = dt_now() - t->t_start;
     if (sc->mf) DT_TRY(dt_trainer_write_metrics(sc->mf, &e, t));
     if (c->on_epoch) c->on_epoch(c->cb_ctx, &e);
@@ -274,11 +275,12 @@ static dt_status end_epoch(dt_trainer *t, FILE *mf, const epoch_acc *acc, double
     memcpy(e.comm_bytes, axis_bytes, sizeof axis_bytes);
     if (t->strategy->ops->report) t->strategy->ops->report(t->strategy, t->strategy_report, sizeof t->strategy_report);
     DT_TRY(dt_trainer_evaluate(t, &e.test_loss, &e.test_acc));
+    DT_TRY(dt_trainer_validate(t, &e));  /* --val-split, --early-stop, --keep-best */
     e.wall_s = dt_now() - t->t_start;
     if (mf) DT_TRY(dt_trainer_write_metrics(mf, &e, t));
     if (t->rank == 0 && c->on_epoch) c->on_epoch(c->cb_ctx, &e);
     if ((t->rank == 0 || t->strategy->shards_state) && c->save) DT_TRY(dt_trainer_save(t, c->save));
-    return DT_OK;
+    return dt_trainer_save_weights(t);
 }
 
 dt_status dt_trainer_run(dt_trainer *t) {
@@ -299,7 +301,8 @@ dt_status dt_trainer_run(dt_trainer *t) {
     t->last_ckpt_time = dt_now();
     bool stop = false, ckpt_due = false, at_epoch_end = false;
     dt_status s = DT_OK;
-    while (t->epoch < c->epochs && s == DT_OK && !stop) {
+    if (c->early_stop > 0 && t->bad_epochs >= c->early_stop) t->early_stopped = true;  /* resumed after it */
+    while (t->epoch < c->epochs && s == DT_OK && !stop && !t->early_stopped) {
         if (c->max_steps && t->step >= c->max_steps) break;
         if ((s = dt_loader_start_epoch(t->loader, (uint64_t)t->epoch, (size_t)t->step_in_epoch)) != DT_OK) break;
         const double t0 = dt_now(), wait0 = dt_loader_wait_seconds(t->loader);

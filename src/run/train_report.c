@@ -100,6 +100,11 @@ dt_status dt_trainer_write_metrics(FILE *f, const dt_epoch_info *e, const dt_tra
     if (t->world > 1)
         fprintf(f, ", \"comm_bytes\": {\"tp\": %llu, \"pp\": %llu, \"dp\": %llu}", (unsigned long long)e->comm_bytes[0],
                 (unsigned long long)e->comm_bytes[1], (unsigned long long)e->comm_bytes[2]);
+    if (t->val) { /* --val-split */
+        char vl[32], va[32];
+        json_num(vl, sizeof vl, e->val_loss), json_num(va, sizeof va, e->val_acc);
+        fprintf(f, ", \"val_loss\": %s, \"val_acc\": %s, \"best_epoch\": %d", vl, va, e->best_epoch);
+    }
     fprintf(f, ", \"kernels\": \"%s\"", dt_kernels_describe());
     const dt_loss_scaler *ls = dt_optim_loss_scaler(t->optim);
     if (ls) fprintf(f, ", \"loss_scale\": %.6g, \"skipped_steps\": %lld", ls->scale, (long long)ls->skipped);

@@ -3,6 +3,7 @@
  * train_loop.c, evaluation in evaluate.c. */
 #include "run/trainer_internal.h"
 
+#include "dtrain/io.h"
 #include "dtrain/layers.h"
 #include "dtrain/models.h"
 #include "run/checkpoint.h"
@@ -47,6 +48,8 @@ void dt_trainer_free(dt_trainer *t) {
         dt_dataset_free(t->train);
         dt_dataset_free(t->test);
     }
+    dt_dataset_free(t->own_train);
+    dt_dataset_free(t->val);
     free(t);
 }
 
@@ -121,10 +124,14 @@ static dt_status check_config(const dt_train_config *c) {
     if (c->lr.warmup_steps < 0) return dt_error(DT_EINVAL, "--warmup %lld: must not be negative", (long long)c->lr.warmup_steps);
     if (c->lr.kind == DT_LR_STEP && c->lr.step_size <= 0)
         return dt_error(DT_EINVAL, "--schedule step needs --step-size STEPS > 0");
+    if (c->weights && c->resume)
+        return dt_error(DT_EINVAL, "--weights %s starts a new run from plain weights, --resume %s continues one: pass "
+                        "one of them", c->weights, c->resume);
     if (c->max_steps < 0) return dt_error(DT_EINVAL, "--max-steps %lld: must not be negative", (long long)c->max_steps);
     DT_TRY(check_writable("--save", c->save));
     DT_TRY(check_writable("--metrics", c->metrics));
     DT_TRY(check_writable("--timeline", c->timeline));
+    DT_TRY(check_writable("--save-weights", c->save_weights));
     if ((c->checkpoint_every > 0 || c->checkpoint_secs > 0 || c->keep > 0) && !c->checkpoint_dir)
         return dt_error(DT_EINVAL, "--checkpoint-every/--checkpoint-secs/--keep need --checkpoint-dir DIR");
     if (c->checkpoint_every < 0 || c->checkpoint_secs < 0 || c->keep < 0)
@@ -254,6 +261,7 @@ static dt_status setup_data(dt_trainer *t, const char *spec, const char *resume,
     } else {
         DT_TRY(dt_trainer_open_data(c->data, spec, c->val_fraction, &t->train, &t->test));
     }
+    DT_TRY(dt_trainer_split_val(t));
     dt_dataset_shape(t->train, &t->C, &t->H, &t->W);
     t->classes = dt_dataset_classes(t->train);
     if (c->normalize && dt_dataset_is_text(t->train))
@@ -292,6 +300,7 @@ static dt_status setup_model(dt_trainer *t, const char *spec) {
                              dt_model_spec(t->model), nout, c->data, t->classes - 1, t->classes);
     }
     dt_model_init(t->model, c->seed);
+    if (c->weights) DT_TRY(dt_weights_load(t->model, c->weights));  /* fine-tuning: start from them */
     return dt_optim_create(&t->optim, &c->optim, dt_model_num_params(t->model));
 }
 
@@ -314,6 +323,7 @@ static dt_status restore_and_normalize(dt_trainer *t, const char *resume, dt_ckp
     }
     if (!t->has_norm) return DT_OK;
     DT_TRY(dt_dataset_set_normalize(t->train, t->norm_mean, t->norm_std));
+    if (t->val) DT_TRY(dt_dataset_set_normalize(t->val, t->norm_mean, t->norm_std));
     return t->test ? dt_dataset_set_normalize(t->test, t->norm_mean, t->norm_std) : DT_OK;
 }
 
@@ -357,6 +367,7 @@ static dt_status trainer_setup(dt_trainer *t) {
     DT_TRY(resolve_resume(t));
     const char *resume = t->resume_path[0] ? t->resume_path : NULL;
     if (resume) DT_TRY(dt_checkpoint_read_info(resume, &info));
+    DT_TRY(dt_trainer_setup_val(t, resume, &info));
     const char *spec = c->model ? c->model : resume ? info.spec : "mlp";
     dt_status s = check_spec(spec);
     if (s != DT_OK) return spec == info.spec ? dt_error_wrap(DT_EFORMAT, "%s: its dtrain.model_spec", resume) : s;
@@ -377,11 +388,13 @@ static dt_status trainer_setup(dt_trainer *t) {
     if (c->timeline) DT_TRY(dt_trace_init(&t->trace, t->rank, 1 << 18, t->t_start));
     DT_TRY(dt_strategy_create_with(&t->strategy, sentry, &sopts, t->world > 1 ? c->comm : NULL, t->model, t->optim,
                                    c->timeline ? &t->trace : NULL));
-    /* state only the strategy holds (--compress error feedback) comes back through its visitor */
-    if (resume && t->strategy->ops->visit_state && t->strategy->role == DT_ROLE_REPLICA)
+    /* state only the strategy holds (--compress error feedback) comes back through its visitor (a
+     * sharding strategy, ZeRO, took its shards from the whole state restored above) */
+    if (resume && t->strategy->ops->visit_state && t->strategy->role == DT_ROLE_REPLICA && !t->strategy->shards_state)
         DT_TRY(dt_checkpoint_restore_strategy(resume, t->strategy, &info));
     DT_TRY(t->strategy->ops->init(t->strategy));
-    return setup_uneven(t);
+    DT_TRY(setup_uneven(t));
+    return dt_trainer_check_io(t);
 }
 
 dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
@@ -399,6 +412,7 @@ dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
     t->rank = cfg->comm ? dt_comm_rank(cfg->comm) : 0;
     t->world = cfg->comm ? dt_comm_size(cfg->comm) : 1;
     t->saved_step = -1;
+    t->best_val = INFINITY;
     dt_set_threads(cfg->threads);
     dt_status s = trainer_setup(t);
     if (s != DT_OK) {
@@ -427,6 +441,8 @@ static void fill_info(const dt_trainer *t, dt_ckpt_info *info) {
     info->lr = dt_lr_at(&t->cfg.lr, t->step);
     info->has_norm = t->has_norm;
     info->norm_mean = t->norm_mean, info->norm_std = t->norm_std;
+    info->val_split = t->val ? t->cfg.val_split : 0;
+    info->best_val = t->best_val, info->best_epoch = t->best_epoch, info->bad_epochs = t->bad_epochs;
 }
 
 dt_status dt_trainer_save(dt_trainer *t, const char *path) {

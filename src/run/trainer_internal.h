@@ -9,6 +9,7 @@
 #include "dtrain/data.h"
 #include "dtrain/train.h"
 #include "run/balance.h"
+#include "run/checkpoint.h"
 
 #include <stdio.h>
 
@@ -40,6 +41,13 @@ struct dt_trainer {
     dt_comm *dcomm;           /* the ranks that reduce epoch figures together; NULL = this one alone */
     dt_balance *balance;      /* --slow sleep, --balance cut, per-worker figures (training ranks) */
     dt_worker_info *workers;  /* [dworld] */
+    /* --val-split, --early-stop, --keep-best (validation.c) */
+    dt_dataset *val;          /* the held-out part of the training set, or NULL */
+    dt_dataset *own_train;    /* the training part when the data is borrowed (cfg.train_set), or NULL */
+    float best_val;           /* lowest validation loss so far (INFINITY: none yet) */
+    int64_t best_epoch;       /* its epoch (1-based; 0: none) */
+    int64_t bad_epochs;       /* epochs since then without a lower one */
+    bool early_stopped;       /* --early-stop ended the run */
     bool borrowed_data;       /* train/test are cfg.train_set/test_set: not freed here */
     char strategy_report[512]; /* the strategy's figures for the epoch's metrics line (ops->report) */
 };
@@ -61,6 +69,23 @@ static inline int dt_trainer_step_batch(const dt_trainer *t) {
  * with the last val_fraction as the test set, else an image/CSV data set. */
 dt_status dt_trainer_open_data(const char *data, const char *spec, double val_fraction, dt_dataset **train,
                                dt_dataset **test);
+/* --weights/--val-split/--early-stop/--keep-best rules; a resumed run (resume, info) keeps its
+ * checkpoint's split and early-stop counters. */
+dt_status dt_trainer_setup_val(dt_trainer *t, const char *resume, const dt_ckpt_info *info);
+/* After the strategy is made: --val-split/--save-weights need a replicated model, and
+ * --save-weights with --normalize a first layer that can take the statistics. */
+dt_status dt_trainer_check_io(dt_trainer *t);
+/* Loss and accuracy of the current model on ds (sharded over the replicas and reduced). */
+dt_status dt_trainer_evaluate_on(dt_trainer *t, const dt_dataset *ds, float *loss, float *acc);
+/* --val-split: splits t->train into training and validation parts (after the data is opened). */
+dt_status dt_trainer_split_val(dt_trainer *t);
+/* After an epoch's evaluation: the validation loss and accuracy into e (NaN without --val-split),
+ * the best epoch and the early-stop counter updated, --keep-best written (rank 0). */
+dt_status dt_trainer_validate(dt_trainer *t, dt_epoch_info *e);
+/* --save-weights: rank 0 writes the weights-only file. */
+dt_status dt_trainer_save_weights(dt_trainer *t);
+/* Loss and accuracy of m over all of ds in batches of `batch` (one process). */
+dt_status dt_evaluate_dataset(dt_model *m, const dt_dataset *ds, int batch, float *loss, float *acc);
 /* Passes a note to cfg.on_note on rank 0 (printf-style). */
 void dt_trainer_note(const dt_trainer *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Rank 0 writes checkpoint_dir/ckpt-<step> and prunes to --keep; every rank restarts its timer. */
