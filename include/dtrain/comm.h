@@ -132,6 +132,11 @@ dt_status dt_comm_set_hier(dt_comm *c, dt_comm_hier_mode mode);
 bool dt_comm_hier_active(const dt_comm *c);
 /* Hosts c's ranks span, as dt_comm_set_hier found them (0 before it ran or with FLAT). */
 int dt_comm_hosts(const dt_comm *c);
+/* Bytes this rank's ops on c moved since it was created, counted as bus bytes (nccl-tests:
+ * allreduce 2(n-1)/n x size, allgather / reduce-scatter / alltoall (n-1)/n x the gathered size,
+ * broadcast / reduce / gather / scatter / send / recv the size; whatever algorithm ran), for
+ * metrics per mesh axis; *ops (may be NULL) gets the number of ops. 0 for a single process. */
+uint64_t dt_comm_bytes(const dt_comm *c, uint64_t *ops);
 
 /* Overrides the algorithm choice for later calls on this communicator (AUTO restores). */
 void dt_comm_set_algo(dt_comm *c, dt_comm_algo algo);

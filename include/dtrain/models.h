@@ -29,6 +29,18 @@ void dt_gpt_format(char *buf, size_t cap, const dt_gpt_config *c);
  * N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)), biases 0, layer norms 1/0). */
 dt_status dt_gpt_create(dt_model **m, const dt_gpt_config *c);
 
+/* DT_OK when tp ranks can split c evenly (tp divides H, C and V); else DT_EINVAL naming --tp and
+ * listing the values that divide. */
+dt_status dt_gpt_check_tp(const dt_gpt_config *c, int tp);
+/* One tensor-parallel rank's shard of the GPT of c for tp ranks (Megatron-LM): the same node and
+ * tensor names, H/tp heads per block (c_attn (3C/tp, C): the rank's q, k and v rows), c_fc
+ * (4C/tp, C), the c_proj weights (C, C/tp) and (C, 4C/tp) (their outputs are partial sums), the
+ * token embedding / tied head (V/tp, C): a slice of the vocabulary; the output is the rank's
+ * (T, V/tp) logits and there is no loss node (the vocabulary-parallel loss needs the other
+ * ranks). Parameters are zero; the strategy copies them from the whole model. DT_EINVAL as
+ * dt_gpt_check_tp. */
+dt_status dt_gpt_create_sharded(dt_model **m, const dt_gpt_config *c, int tp);
+
 /* Sampling: temperature (0 = greedy), top-k (0 = all), seed of the counter-based draws. */
 typedef struct {
     float temperature;

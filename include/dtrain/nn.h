@@ -156,6 +156,13 @@ const float *dt_model_node_grad(const dt_model *m, int node);
  * collectives); either may be NULL. */
 typedef void (*dt_node_hook_fn)(void *ctx, int node);
 void dt_model_set_node_hooks(dt_model *m, dt_node_hook_fn before_forward, dt_node_hook_fn after_backward, void *ctx);
+/* Called after a node's forward (tensor-parallel collectives on its values); NULL: none. Its own
+ * ctx, so it composes with the hooks above. */
+void dt_model_set_after_forward_hook(dt_model *m, dt_node_hook_fn after_forward, void *ctx);
+/* Writable views of a node's values / gradient of the current run, for a hook to reduce in place
+ * (NULL where none exist). Aliases resolve to the node that owns the memory. */
+float *dt_model_node_values_mut(dt_model *m, int node);
+float *dt_model_node_grad_mut(dt_model *m, int node);
 /* Called before a node's backward (ZeRO-3 gathers its parameters again), with the ctx of
  * dt_model_set_node_hooks; NULL: none. */
 void dt_model_set_backward_hook(dt_model *m, dt_node_hook_fn before_backward);
@@ -199,6 +206,10 @@ dt_status dt_model_backward_loss(dt_model *m, float scale, dt_grad_ready_fn hook
 /* Backpropagates dout (B, out_size) of the output node of the last forward (no loss). */
 dt_status dt_model_backward(dt_model *m, const float *dout, dt_grad_ready_fn hook, void *ctx);
 void dt_model_zero_grad(dt_model *m);
+/* Frees the gradient slab of a model that is never differentiated (tensor parallel: the whole
+ * model only holds the gathered parameters); dt_model_grads is then NULL and backward must not be
+ * called. */
+void dt_model_release_grads(dt_model *m);
 
 /* ---- pipeline cuts: the graph cut at a node boundary k into stages [0, k) and [k, n) --------- *
  * Every stage may be a separate copy of the model (another process). A stage sizes its memory

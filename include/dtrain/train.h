@@ -56,6 +56,8 @@ typedef struct {
     double sync_bytes;              /* bytes sent (ring / allgather volume of what the compressor handed over) */
     double sync_raw_bytes;          /* what an uncompressed f32 allreduce would have handed over */
     double ef_norm;                 /* --compress: error-feedback residual norm after the last step */
+    uint64_t comm_bytes[3];         /* rank 0's bus bytes (dt_comm_bytes) per mesh axis since the start:
+                                     * [0] tensor parallel, [1] pipeline, [2] data parallel */
 } dt_epoch_info;
 
 typedef struct {

@@ -9,6 +9,7 @@ int dt_bench_ddp(int argc, char **argv);
 int dt_bench_fault(int argc, char **argv);
 int dt_bench_comm(int argc, char **argv);
 int dt_bench_async(int argc, char **argv);
+int dt_bench_tp(int argc, char **argv);
 int dt_bench_parallel(int argc, char **argv);
 int dt_bench_zero(int argc, char **argv);
 
@@ -18,6 +19,7 @@ static const dt_command g_benches[] = {
     {"ddp", dt_bench_ddp, "data-parallel throughput for 1, 2, 4 workers with the compute/comm/data split"},
     {"comm", dt_bench_comm, "collective bandwidth and latency per transport (nccl-tests style, -n ranks)"},
     {"async", dt_bench_async, "uneven workers (one slow): ddp, balanced ddp, localsgd, ps with SSP and async"},
+    {"tp", dt_bench_tp, "tensor parallel (tp2, tp4, dp2 x tp2) vs ddp vs 1 worker on a GPT: tokens/s, peak RSS per rank, bytes per axis"},
     {"parallel", dt_bench_parallel, "model-parallel layouts of a GPT: dp, pp (GPipe, 1F1B), dp x pp: tokens/s, bubble, memory"},
     {"zero", dt_bench_zero, "peak RSS per rank and throughput of ddp and ZeRO 1-3 on a GPT, next to the formula"},
     {NULL, NULL, NULL},

@@ -2,6 +2,7 @@
  * progress lines (pipes), and one line per epoch with train/test loss, accuracy and speed. */
 #include "cli/cli.h"
 #include "cli/train_uneven.h"
+#include "cli/train_mesh.h"
 #include "cli/train_pp.h"
 #include "cli/train_mem.h"
 #include "dtrain/dtrain.h"
@@ -172,6 +173,9 @@ static const char TRAIN_USAGE[] =
     "  localsgd(sync_every=H)            local steps, models averaged every H (--sync-every)\n"
     "  ps(servers=S,staleness=S|inf,shards=dynamic|fixed,overlap=0|1)\n"
     "                                    parameter server (--servers, --staleness, --balance, --ps-overlap)\n"
+    "  tp(tp=K,pp=1,bucket_mb=MB)        Megatron tensor parallel GPT (--tp K): K ranks per model copy,\n"
+    "                                    the other ranks data parallel; --workers N counts all ranks.\n"
+    "                                    Mesh order, TP innermost: rank = (dp_i*PP + pp_i)*TP + tp_i\n"
     "  pp(stages=K,microbatches=M,schedule=gpipe|1f1b,split=N1:N2)\n"
     "                                    pipeline parallel (--pp, --microbatches, --pp-schedule, --pp-split)\n"
     "e.g. --strategy \"ps(servers=2,staleness=4)\". The flags in parentheses set the same options;\n"
@@ -212,6 +216,7 @@ typedef struct {
     bool nesterov, quiet, normalize;
     int workers, max_restarts;
     dt_cli_uneven uneven;
+    int tp;                  /* --tp K (0: not given) */
     dt_cli_pp pp;                  /* --pp, --microbatches, --pp-schedule, --pp-split */
     const char *mem_limit_text; /* --mem-limit, --dry-run, --zero (train_mem.c) */
     size_t mem_limit;
@@ -260,6 +265,7 @@ static int parse_train_flags(int argc, char **argv, train_opts *o) {
         {"tensorboard", DT_FLAG_STR, &o->tensorboard, "DIR", "write TensorBoard event files (scalars per epoch) into DIR"},
         {"quiet", DT_FLAG_BOOL, &o->quiet, NULL, "no progress output, only the per-epoch lines"},
         {"workers", DT_FLAG_INT, &o->workers, "N", "run N local data-parallel worker processes"},
+        {"tp", DT_FLAG_INT, &o->tp, "K", "tensor parallel GPT over K ranks (--strategy tp); the rest of the ranks are data parallel"},
         {"strategy", DT_FLAG_STR, &c->strategy, "SPEC", "distribution strategy: ddp (default when > 1 rank), localsgd, ps, with options: ps(servers=2,staleness=4)"},
         {"servers", DT_FLAG_INT, &o->uneven.servers, "S", "ps: ranks holding the parameters (the first S ranks)"},
         {"staleness", DT_FLAG_STR, &o->uneven.staleness, "S", "ps: global batches a worker may run ahead of the oldest one in training (default inf: async)"},
@@ -311,6 +317,7 @@ static int parse_train_flags(int argc, char **argv, train_opts *o) {
     o->uneven.zero_given = dt_cli_flag_given(argc, argv, "zero");
     if (o->mem_limit_text && (r = dt_cli_mem_limit_parse(o->mem_limit_text, &o->mem_limit)) != 0) return r;
     if ((r = dt_cli_uneven_parse(&o->uneven, c)) != 0) return r;
+    if ((r = dt_cli_mesh_parse(o->tp, c)) != 0) return r;
     return -1;
 }
 

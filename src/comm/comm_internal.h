@@ -6,6 +6,7 @@
 #include "comm/algo.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 
 typedef enum { RQ_COLL = 0, RQ_SEND, RQ_RECV } dt_rq_kind;
 
@@ -57,6 +58,7 @@ struct dt_comm {
     dt_request *qhead, *qtail;  /* issued, not started */
     dt_request *active;         /* non-blocking send/recv posted to the transport */
     struct dt_comm_hier *hier;  /* hierarchical allreduce (comm_hier.c), or NULL */
+    _Atomic uint64_t bytes, ops;  /* counters (dt_comm_bytes): bus bytes and ops that succeeded */
 };
 
 /* Frees a hierarchical-allreduce setup (its sub-communicators); NULL is a no-op. */

@@ -179,7 +179,43 @@ static dt_status coll_run(dt_comm *c, dt_request *r) {
     return dt_comm_fail(c, st);
 }
 
+/* Bus bytes of op r on this rank (nccl-tests' convention: what a bandwidth-optimal algorithm
+ * moves per rank, whatever algorithm ran): allreduce 2(n-1)/n S, allgather / reduce-scatter
+ * (n-1)/n of the whole gathered S, broadcast / reduce / p2p S; 0 for barriers and splits. */
+static uint64_t bus_bytes(const dt_comm *c, const dt_request *r) {
+    const double n = c->size, S = (double)r->count * (double)dt_dtype_size(r->dtype);
+    if (r->kind != RQ_COLL) return (uint64_t)S;
+    switch (r->op) {
+    case DT_COLL_ALLREDUCE: return (uint64_t)(2.0 * (n - 1) / n * S + 0.5);
+    case DT_COLL_ALLGATHER: case DT_COLL_REDUCE_SCATTER: case DT_COLL_ALLTOALL: return (uint64_t)((n - 1) * S + 0.5);
+    case DT_COLL_BROADCAST: case DT_COLL_REDUCE: case DT_COLL_GATHER: case DT_COLL_SCATTER: return (uint64_t)S;
+    case DT_COLL_ALLGATHERV: {
+        uint64_t b = 0;
+        for (int i = 0; r->counts && i < c->size; i++)
+            if (i != c->rank) b += r->counts[i] * dt_dtype_size(r->dtype);
+        return b;
+    }
+    default: return 0;
+    }
+}
+
+static dt_status exec_op(dt_comm *c, dt_request *r);
+
 dt_status dt_comm_exec(dt_comm *c, dt_request *r) {
+    dt_status st = exec_op(c, r);
+    if (st == DT_OK && c->size > 1) {
+        atomic_fetch_add_explicit(&c->bytes, bus_bytes(c, r), memory_order_relaxed);
+        atomic_fetch_add_explicit(&c->ops, 1, memory_order_relaxed);
+    }
+    return st;
+}
+
+uint64_t dt_comm_bytes(const dt_comm *c, uint64_t *ops) {
+    if (ops) *ops = c ? atomic_load_explicit(&c->ops, memory_order_relaxed) : 0;
+    return c ? atomic_load_explicit(&c->bytes, memory_order_relaxed) : 0;
+}
+
+static dt_status exec_op(dt_comm *c, dt_request *r) {
     if (r->kind == RQ_COLL) return coll_run(c, r);
     r->deadline = dt_now() + c->timeout_s;
     memset(&r->treq, 0, sizeof r->treq);

@@ -2,7 +2,8 @@
  * position embeddings, L pre-LN blocks (ln_1 -> c_attn -> causal attention -> c_proj -> residual
  * add; ln_2 -> c_fc -> GELU -> c_proj -> residual add), a final layer norm and an output head tied
  * to the token embedding, then softmax cross-entropy against the next tokens. Node names are
- * nanoGPT's module paths, so tensors are named as in its state_dict. */
+ * nanoGPT's module paths, so tensors are named as in its state_dict. The sharded variant builds
+ * one tensor-parallel rank's part of it (Megatron-LM's layout; parallel/tp.c slices and runs it). */
 #include "dtrain/models.h"
 
 #include <math.h>
@@ -68,15 +69,17 @@ static dt_layer_spec op(dt_layer_kind kind, int out, float std) {
     return s;
 }
 
-/* x + c_proj(attention(c_attn(ln_1(x)))), then x + c_proj(gelu(c_fc(ln_2(x)))). */
-static int block(dt_model *m, const dt_gpt_config *c, int i, int x) {
+/* x + c_proj(attention(c_attn(ln_1(x)))), then x + c_proj(gelu(c_fc(ln_2(x)))); with tp > 1 the
+ * shard of one tensor-parallel rank: H/tp heads (c_attn 3C/tp wide), c_fc 4C/tp wide, the two
+ * c_proj reading C/tp and 4C/tp features (their outputs are partial sums, reduced by parallel/). */
+static int block(dt_model *m, const dt_gpt_config *c, int i, int x, int tp) {
     char p[32];
     snprintf(p, sizeof p, "transformer.h.%d", i);
     const float std = 0.02f, proj_std = 0.02f / sqrtf(2.0f * (float)c->L);
     dt_layer_spec ln = dt_layer_default(DT_LAYER_LAYERNORM), att = dt_layer_default(DT_LAYER_ATTENTION);
-    att.heads = c->H;
-    dt_layer_spec qkv = op(DT_LAYER_LINEAR, 3 * c->C, std), proj = op(DT_LAYER_LINEAR, c->C, proj_std);
-    dt_layer_spec fc = op(DT_LAYER_LINEAR, 4 * c->C, std), gelu = dt_layer_default(DT_LAYER_GELU);
+    att.heads = c->H / tp;
+    dt_layer_spec qkv = op(DT_LAYER_LINEAR, 3 * c->C / tp, std), proj = op(DT_LAYER_LINEAR, c->C, proj_std);
+    dt_layer_spec fc = op(DT_LAYER_LINEAR, 4 * c->C / tp, std), gelu = dt_layer_default(DT_LAYER_GELU);
     dt_layer_spec add = dt_layer_default(DT_LAYER_ADD);
     int a = node(m, p, "ln_1", &ln, x, -1);
     a = node(m, p, "attn.c_attn", &qkv, a, -1);
@@ -90,7 +93,8 @@ static int block(dt_model *m, const dt_gpt_config *c, int i, int x) {
     return node(m, p, "residual_mlp", &add, x, f);
 }
 
-dt_status dt_gpt_create(dt_model **out, const dt_gpt_config *c) {
+/* The whole GPT (tp 1) or one tensor-parallel rank's shard of it (no loss node then). */
+static dt_status create(dt_model **out, const dt_gpt_config *c, int tp) {
     *out = NULL;
     char spec[128];
     dt_gpt_format(spec, sizeof spec, c);
@@ -100,20 +104,20 @@ dt_status dt_gpt_create(dt_model **out, const dt_gpt_config *c) {
     int idx = dt_graph_input(m, "idx", DT_I32, 1, &c->T);
     int targets = dt_graph_input(m, "targets", DT_I32, 1, &c->T);
     dt_layer_spec wte = op(DT_LAYER_EMBEDDING, c->C, 0.02f), wpe = wte;
-    wte.num = c->V;
+    wte.num = c->V / tp;
     wpe.num = c->T, wpe.pos = true;
     dt_layer_spec add = dt_layer_default(DT_LAYER_ADD), ln = dt_layer_default(DT_LAYER_LAYERNORM);
     int tok = node(m, "transformer", "wte", &wte, idx, -1);
     int pos = node(m, "transformer", "wpe", &wpe, idx, -1);
     int x = node(m, "transformer", "embed", &add, tok, pos);
-    for (int i = 0; i < c->L; i++) x = block(m, c, i, x);
+    for (int i = 0; i < c->L; i++) x = block(m, c, i, x, tp);
     x = node(m, "transformer", "ln_f", &ln, x, -1);
-    dt_layer_spec head = op(DT_LAYER_MATMUL_T, c->V, 0.02f);
+    dt_layer_spec head = op(DT_LAYER_MATMUL_T, c->V / tp, 0.02f);
     head.tie = "transformer.wte.weight";
     int logits = node(m, "", "lm_head", &head, x, -1);
     dt_layer_spec xe = dt_layer_default(DT_LAYER_XENT);
     xe.ignore_index = -1;  /* nanoGPT's: a target of -1 does not count */
-    int loss = node(m, "", "loss", &xe, logits, targets);
+    int loss = tp == 1 ? node(m, "", "loss", &xe, logits, targets) : -1;
     dt_status s = dt_graph_finish(m, logits, loss, spec);
     if (s != DT_OK) {
         dt_model_free(m);
@@ -121,6 +125,29 @@ dt_status dt_gpt_create(dt_model **out, const dt_gpt_config *c) {
     }
     *out = m;
     return DT_OK;
+}
+
+dt_status dt_gpt_create(dt_model **out, const dt_gpt_config *c) { return create(out, c, 1); }
+
+dt_status dt_gpt_check_tp(const dt_gpt_config *c, int tp) {
+    if (tp >= 1 && c->H % tp == 0 && c->C % tp == 0 && c->V % tp == 0) return DT_OK;
+    char ok[128] = "";
+    size_t k = 0;
+    for (int d = 1; d <= c->H && k < sizeof ok; d++)
+        if (c->H % d == 0 && c->C % d == 0 && c->V % d == 0)
+            k += (size_t)snprintf(ok + k, sizeof ok - k, "%s%d", k ? ", " : "", d);
+    return dt_error(DT_EINVAL, "--tp %d: tensor parallelism splits the H=%d heads, the C=%d width (and 4C=%d of the "
+                    "MLP) and the V=%d vocabulary evenly, so it must divide each; choose --tp %s", tp, c->H, c->C,
+                    4 * c->C, c->V, ok);
+}
+
+dt_status dt_gpt_create_sharded(dt_model **out, const dt_gpt_config *c, int tp) {
+    *out = NULL;
+    char spec[128];
+    dt_gpt_format(spec, sizeof spec, c);
+    DT_TRY(check_config(spec, c));
+    DT_TRY(dt_gpt_check_tp(c, tp));
+    return create(out, c, tp);
 }
 
 dt_status dt_model_build(dt_model **m, const char *spec, int C, int H, int W) {

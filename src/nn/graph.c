@@ -229,7 +229,12 @@ float *dt_model_grads(dt_model *m) { return m->grads.data; }
 float *dt_model_buffers(dt_model *m) { return m->buffers.data; }
 int dt_model_num_tensors(const dt_model *m) { return m->ntensors; }
 const dt_param_info *dt_model_tensor(const dt_model *m, int i) { return &m->tensors[i]; }
-void dt_model_zero_grad(dt_model *m) { memset(m->grads.data, 0, m->grads.n * sizeof(float)); }
+void dt_model_zero_grad(dt_model *m) {
+    if (m->grads.data) memset(m->grads.data, 0, m->grads.n * sizeof(float));
+}
+void dt_model_release_grads(dt_model *m) {
+    dt_slab_free(&m->grads);
+}
 int dt_model_num_nodes(const dt_model *m) { return m->n; }
 const char *dt_model_node_name(const dt_model *m, int node) { return m->nodes[node].name; }
 dt_layer_kind dt_model_node_kind(const dt_model *m, int node) { return m->nodes[node].a.kind; }
@@ -245,6 +250,10 @@ int dt_model_find_tensor(const dt_model *m, const char *name) {
 
 void dt_model_set_node_hooks(dt_model *m, dt_node_hook_fn before_forward, dt_node_hook_fn after_backward, void *ctx) {
     m->before_forward = before_forward, m->after_backward = after_backward, m->hook_ctx = ctx;
+}
+
+void dt_model_set_after_forward_hook(dt_model *m, dt_node_hook_fn after_forward, void *ctx) {
+    m->after_forward = after_forward, m->after_forward_ctx = ctx;
 }
 
 void dt_model_set_backward_hook(dt_model *m, dt_node_hook_fn before_backward) { m->before_backward = before_backward; }

@@ -101,6 +101,8 @@ struct dt_model {
     dt_node_hook_fn before_forward, after_backward;
     dt_node_hook_fn before_backward;  /* dt_model_set_backward_hook (ZeRO-3 gathers), with hook_ctx */
     void *hook_ctx;
+    dt_node_hook_fn after_forward;
+    void *after_forward_ctx;
 };
 
 /* The op table of a kind (NULL for an unknown kind). */

@@ -103,6 +103,7 @@ static dt_status forward_range(dt_model *m, int lo, int hi) {
         }
         dt_status s = n->op->forward(m, n, &c);
         if (s != DT_OK) return s;
+        if (m->after_forward) m->after_forward(m->after_forward_ctx, i);
     }
     return DT_OK;
 }
@@ -157,6 +158,16 @@ int dt_model_cut_inputs(const dt_model *m, int k, int *nodes, int cap) {
         n++;
     }
     return n;
+}
+
+float *dt_model_node_values_mut(dt_model *m, int node) {
+    if (node < 0 || node >= m->n) return NULL;
+    return owner(m, &m->nodes[node])->out;
+}
+
+float *dt_model_node_grad_mut(dt_model *m, int node) {
+    if (node < 0 || node >= m->n) return NULL;
+    return owner(m, &m->nodes[node])->grad;
 }
 
 float *dt_model_node_buffer(dt_model *m, int node) {

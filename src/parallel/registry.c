@@ -10,7 +10,7 @@
 
 static const dt_strategy_entry *const g_entries[] = {&dt_strategy_single_entry, &dt_strategy_ddp_entry,
                                                      &dt_strategy_localsgd_entry, &dt_strategy_ps_entry,
-                                                     &dt_strategy_pp_entry};
+                                                     &dt_strategy_tp_entry, &dt_strategy_pp_entry};
 enum { N_ENTRIES = (int)(sizeof g_entries / sizeof *g_entries) };
 
 const dt_strategy_entry *const *dt_strategy_entries(int *n) {

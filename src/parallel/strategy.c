@@ -19,6 +19,10 @@ static void single_ready(dt_strategy *s, size_t off, size_t n) {
 }
 
 void dt_strategy_apply_update(dt_strategy *s, float lr, float clip) {
+    if (s->update) {
+        s->update(s->update_ctx, lr, clip);
+        return;
+    }
     float *g = dt_model_grads(s->model);
     dt_loss_scaler *ls = dt_optim_loss_scaler(s->optim);  /* fp16: unscale; skip the step on inf/NaN */
     if (ls && !dt_loss_scaler_unscale(ls, g, dt_model_num_params(s->model))) return;
@@ -123,6 +127,12 @@ dt_status dt_strategy_default_train_step(dt_strategy *s, const dt_step_batch *b,
     DT_TRY(s->ops->step(s, b->lr, b->clip, &r->st));
     r->compute_s = dt_now() - t0 - r->st.comm_wait_s;
     return DT_OK;
+}
+
+void dt_strategy_axis_bytes(dt_strategy *s, uint64_t bytes[3]) {
+    bytes[0] = bytes[1] = bytes[2] = 0;
+    if (s->ops->axis_bytes) s->ops->axis_bytes(s, bytes);
+    else bytes[2] = dt_comm_bytes(s->comm, NULL);
 }
 
 dt_status dt_strategy_train_step(dt_strategy *s, const dt_step_batch *b, dt_step_result *r) {

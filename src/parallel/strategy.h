@@ -158,6 +158,9 @@ typedef struct {
      * step next_unit names the next one (*unit < 0: none left). */
     void (*first_unit)(dt_strategy *s, const dt_unit_plan *plan, int64_t *epoch, int64_t *unit);
     void (*next_unit)(dt_strategy *s, int64_t *epoch, int64_t *unit);
+    /* Optional (NULL = everything on s->comm counts as the dp axis): this rank's bus bytes per mesh
+     * axis since the start, bytes[0] tp, [1] pp, [2] dp (dt_comm_bytes of each axis). */
+    void (*axis_bytes)(dt_strategy *s, uint64_t bytes[3]);
     /* Optional: appends the strategy's own figures of the run to the epoch's metrics line, as
      * JSON members starting with ", " (pp: the bubble fraction, bytes sent, peak activations).
      * Collective over the ranks (called on every training rank at each epoch's end). */
@@ -177,7 +180,8 @@ struct dt_strategy {
     int data_rank, data_world;  /* this rank's part of the data (ps workers: index among workers) */
     int job_rank0;              /* job rank of data rank 0 */
     dt_comm *data_comm;         /* the ranks of this rank's data axis when they are not the job's ranks
-                                 * (pp: the stage's DP peers; owned by the strategy): the balancer's; NULL = comm */
+                                 * (pp: the stage's DP peers, tp: its mesh's dp axis; owned by the strategy):
+                                 * the balancer's; NULL = comm */
     bool local_mean;            /* the step wants the mean gradient of the local batch (localsgd,
                                  * ps); else the rank's share of the global mean (ddp) */
     bool grads_zeroed;          /* the strategy leaves the gradient slab zero after each step (ZeRO
@@ -190,6 +194,10 @@ struct dt_strategy {
         double loss_sum;        /* sum of the per-sample losses */
         double busy_s;          /* forward+backward time (including a --slow sleep) */
     } cur;
+    /* set on a strategy another one drives (tp's inner ddp over the dp axis): replaces the local
+     * clip-and-update of dt_strategy_apply_update (tp clips by the norm over its shards); NULL = local */
+    void (*update)(void *ctx, float lr, float clip);
+    void *update_ctx;
 };
 
 /* ---- the registry (registry.c): strategies by name, each with its options in its own struct ---- */
@@ -254,6 +262,7 @@ bool dt_strategy_hands_out_batches(const dt_strategy *s);
 /* The strategies' entries (one per module). */
 extern const dt_strategy_entry dt_strategy_single_entry, dt_strategy_ddp_entry, dt_strategy_localsgd_entry,
     dt_strategy_ps_entry;
+extern const dt_strategy_entry dt_strategy_tp_entry;
 extern const dt_strategy_entry dt_strategy_pp_entry;
 
 /* The data part of a rank under strategy e with opts before the strategy exists (for the
@@ -265,6 +274,9 @@ dt_status dt_strategy_data_part(const dt_strategy_entry *e, const void *opts, in
 
 /* Visits this rank's training state through ops->visit_state (see dt_state_piece). */
 dt_status dt_strategy_visit_state(dt_strategy *s, dt_state_visit_fn fn, void *ctx);
+
+/* This rank's bus bytes per mesh axis (tp, pp, dp) since the start (ops->axis_bytes or s->comm's). */
+void dt_strategy_axis_bytes(dt_strategy *s, uint64_t bytes[3]);
 
 /* Trains one step through the strategy's train_step (forward, loss, backward with the grad-ready
  * hook, sync, update). */

@@ -15,9 +15,9 @@
 static void test_entries(void) {
     int n;
     const dt_strategy_entry *const *e = dt_strategy_entries(&n);
-    CHECK(n == 5);
-    const char *names[] = {"single", "ddp", "localsgd", "ps", "pp"};
-    for (int i = 0; i < n && i < 5; i++) {
+    CHECK(n == 6);
+    const char *names[] = {"single", "ddp", "localsgd", "ps", "tp", "pp"};
+    for (int i = 0; i < n && i < 6; i++) {
         CHECK(!strcmp(e[i]->name, names[i]));
         CHECK(dt_strategy_find(names[i]) == e[i]);
         CHECK_MSG(e[i]->opts_size <= sizeof(dt_strategy_opts), "%s: %zu bytes", e[i]->name, e[i]->opts_size);
@@ -67,9 +67,9 @@ static void fails(const char *spec, const char *want) {
 }
 
 static void test_errors(void) {
-    fails(NULL, "--strategy: no strategy given (choose single, ddp, localsgd, ps or pp)");
-    fails("psx", "--strategy psx: unknown strategy (choose single, ddp, localsgd, ps or pp)");
-    fails("psx(servers=2)", "--strategy psx: unknown strategy (choose single, ddp, localsgd, ps or pp)");
+    fails(NULL, "--strategy: no strategy given (choose single, ddp, localsgd, ps, tp or pp)");
+    fails("psx", "--strategy psx: unknown strategy (choose single, ddp, localsgd, ps, tp or pp)");
+    fails("psx(servers=2)", "--strategy psx: unknown strategy (choose single, ddp, localsgd, ps, tp or pp)");
     fails("ddp(staleness=2)", "--strategy ddp: unknown option 'staleness' (ddp takes bucket_mb, compress, allreduce, zero)");
     fails("single(x=1)", "--strategy single: unknown option 'x' (single takes no options)");
     fails("localsgd(servers=1)", "--strategy localsgd: unknown option 'servers' (localsgd takes sync_every, compress)");

@@ -256,6 +256,8 @@ static dt_status run_epoch_steps(dt_trainer *t, epoch_acc *acc, double t0, bool 
 static dt_status end_epoch(dt_trainer *t, FILE *mf, const epoch_acc *acc, double epoch_s, double wait0, bool finished,
                            int64_t epoch_steps) {
     const dt_train_config *c = &t->cfg;
+    uint64_t axis_bytes[3];  /* what the steps moved, before a sync (tp: the gather) adds to it */
+    dt_strategy_axis_bytes(t->strategy, axis_bytes);
     if (t->strategy->ops->sync) DT_TRY(t->strategy->ops->sync(t->strategy));
     DT_TRY(dt_balance_epoch(t->balance, t->strategy->data_comm ? t->strategy->data_comm : t->dcomm, epoch_s, t->workers));
     double sums[2] = {acc->loss_sum, (double)acc->samples};
@@ -270,6 +272,7 @@ static dt_status end_epoch(dt_trainer *t, FILE *mf, const epoch_acc *acc, double
                        .lr = dt_lr_at(&c->lr, t->step > 0 ? t->step - 1 : 0),
                        .nworkers = t->dworld, .workers = t->workers, .max_clock_gap = -1,
                        .sync_bytes = acc->sync_bytes, .sync_raw_bytes = acc->sync_raw_bytes, .ef_norm = acc->ef_norm};
+    memcpy(e.comm_bytes, axis_bytes, sizeof axis_bytes);
     if (t->strategy->ops->report) t->strategy->ops->report(t->strategy, t->strategy_report, sizeof t->strategy_report);
     DT_TRY(dt_trainer_evaluate(t, &e.test_loss, &e.test_acc));
     DT_TRY(dt_trainer_validate(t, &e));  /* --val-split, --early-stop, --keep-best */

@@ -97,6 +97,9 @@ dt_status dt_trainer_write_metrics(FILE *f, const dt_epoch_info *e, const dt_tra
     if (e->steps_per_epoch > 0)  /* a partial epoch (--max-steps) or a loss over part of it (resumed) */
         fprintf(f, ", \"epoch_steps\": %lld, \"steps_per_epoch\": %lld, \"loss_steps\": %lld",
                 (long long)e->epoch_steps, (long long)e->steps_per_epoch, (long long)e->steps);
+    if (t->world > 1)
+        fprintf(f, ", \"comm_bytes\": {\"tp\": %llu, \"pp\": %llu, \"dp\": %llu}", (unsigned long long)e->comm_bytes[0],
+                (unsigned long long)e->comm_bytes[1], (unsigned long long)e->comm_bytes[2]);
     if (t->val) { /* --val-split */
         char vl[32], va[32];
         json_num(vl, sizeof vl, e->val_loss), json_num(va, sizeof va, e->val_acc);

@@ -1,0 +1,447 @@
+/* Tensor parallelism (Megatron-LM), strategy "tp(tp=K,pp=1,bucket_mb=MB)" or --tp K: every rank
+ * of a tensor-parallel group holds its shard of a GPT (dt_gpt_create_sharded; tp_shard.c maps the
+ * tensors) and they run each layer together:
+ *  - a block's attention is split by heads (column-parallel c_attn, row-parallel c_proj) and its
+ *    MLP likewise (column-parallel c_fc, row-parallel c_proj). Each half does one allreduce forward
+ *    (g: the row-parallel output's partial sums) and one backward (f: the gradient of the
+ *    replicated input of the column-parallel layer): four per block per step, b*s*h values each;
+ *  - the token embedding and the tied head are split by vocabulary rows: the embedding's lookups
+ *    outside the rank's slice are zeros and one allreduce sums them; the head's logits stay on
+ *    their rank and the vocabulary-parallel cross-entropy (tp_xent.c) reduces only row maxima and
+ *    sums, one allreduce of the head's input gradient backward.
+ * The collectives run in the graph's after-forward and after-backward node hooks (nn/ knows no
+ * communication). The remaining ranks of the world are data parallel: the mesh (mesh.h) splits
+ * the world into tp and dp communicators and an inner ddp averages the shards' gradients over
+ * the dp axis. The whole model (s->model) is the checkpoint's: scattered at start (a resume under
+ * any layout), its parameters gathered by ops->sync on every rank before evaluation and
+ * checkpoints, its optimizer moments on world rank 0 only (which writes the checkpoints); its
+ * gradients and the whole optimizer's own moments are freed, so a rank keeps P whole parameters
+ * plus 4P/K of shards (world rank 0 2P more) instead of 4P. */
+#include "parallel/mesh.h"
+#include "parallel/strategy.h"
+#include "parallel/tp.h"
+#include "dtrain/models.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    int tp, pp;
+    double bucket_mb;  /* the inner ddp's buckets over the dp axis */
+} tp_opts;
+
+/* What a node's hooks do. */
+enum {
+    ROLE_NONE = 0,
+    ROLE_ROW,        /* row-parallel c_proj: allreduce its output (g); zero its bias gradient off rank 0 */
+    ROLE_COL,        /* column-parallel c_attn / c_fc: allreduce its input's gradient (f) */
+    ROLE_HEAD,       /* the tied head: allreduce its input's gradient */
+    ROLE_EMBED,      /* the token embedding: zero lookups outside the slice, allreduce */
+    ROLE_EMBED_GRAD, /* the embedding sum: zero the token rows outside the slice of its gradient */
+};
+
+typedef struct {
+    dt_strategy *s;
+    dt_mesh mesh;
+    int K, r;
+    dt_gpt_config g;
+    dt_model *local;
+    dt_optim *lopt;
+    dt_strategy *ddp;        /* over the dp axis; NULL with one data-parallel rank */
+    unsigned char *role;     /* per node of local */
+    int *src;                /* per node: the node whose gradient ROLE_COL / ROLE_HEAD reduce */
+    int wte;
+    int32_t *ids;            /* the step's ids mapped into the rank's vocabulary slice */
+    unsigned char *keep;     /* whether each id is in the slice */
+    const unsigned char *cur_keep;
+    float *dlogits, *work;
+    size_t cap;              /* samples ids/keep/dlogits/work hold */
+    int B;                   /* samples of the current micro-batch */
+    dt_status err;           /* the first failure inside a hook */
+    double comm_s;           /* this step's time in tp collectives */
+    bool whole;              /* this rank holds the whole state (world rank 0 after a sync) */
+    float *whole_m[2];       /* world rank 0: the whole optimizer moments, assembled by sync (the others
+                              * hold only their shards: the whole model's own moments are freed) */
+    dt_tp_counters cnt;
+} tp;
+
+/* Wraps a failure on the tp axis: its ranks are world ranks (tp rank i = world rank base + i). */
+static dt_status tp_fail(const tp *t, dt_status st, const char *what, size_t n) {
+    const int base = dt_comm_rank(t->s->comm) - t->r;
+    return dt_error_wrap(st, "tensor parallel: %s %zu (tp rank %d of %d; tp rank i is world rank %d+i)", what, n, t->r,
+                         t->K, base);
+}
+
+/* One allreduce (sum) of the tp axis from a hook; counts its bytes; records a failure. */
+static void reduce(tp *t, float *buf, size_t n, bool block) {
+    if (t->err != DT_OK || !t->mesh.tp_comm || t->K == 1) return;
+    const uint64_t b0 = dt_comm_bytes(t->mesh.tp_comm, NULL);
+    const double t0 = dt_now();
+    dt_status st = dt_comm_allreduce(t->mesh.tp_comm, buf, buf, n, DT_F32, DT_OP_SUM);
+    t->comm_s += dt_now() - t0;
+    if (st != DT_OK) {
+        t->err = tp_fail(t, st, "allreduce, values", n);
+        return;
+    }
+    const uint64_t db = dt_comm_bytes(t->mesh.tp_comm, NULL) - b0;
+    if (block) t->cnt.block_bytes += db, t->cnt.block_ops++;
+    else t->cnt.other_bytes += db;
+    dt_trace_add(t->s->trace, "tp allreduce", 1, t0, dt_now(), t->s->step);
+}
+
+static size_t btc(const tp *t) { return (size_t)t->B * (size_t)t->g.T * (size_t)t->g.C; }
+
+/* Zeroes the rows (of C values) of x whose id is outside the rank's slice. */
+static void zero_foreign(const tp *t, float *x) {
+    const size_t n = (size_t)t->B * (size_t)t->g.T;
+    for (size_t i = 0; i < n; i++)
+        if (!t->cur_keep[i]) memset(x + i * (size_t)t->g.C, 0, (size_t)t->g.C * sizeof(float));
+}
+
+static void after_forward(void *ctx, int node) {
+    tp *t = ctx;
+    switch (t->role[node]) {
+    case ROLE_ROW: reduce(t, dt_model_node_values_mut(t->local, node), btc(t), true); break;
+    case ROLE_EMBED: {
+        float *v = dt_model_node_values_mut(t->local, node);
+        zero_foreign(t, v);
+        reduce(t, v, btc(t), false);
+        break;
+    }
+    default: break;
+    }
+}
+
+static void after_backward(void *ctx, int node) {
+    tp *t = ctx;
+    switch (t->role[node]) {
+    case ROLE_ROW:
+        if (t->r != 0) {  /* the bias is rank 0's: the others hold zeros that must stay zeros */
+            char name[96];
+            snprintf(name, sizeof name, "%s.bias", dt_model_node_name(t->local, node));
+            int k = dt_model_find_tensor(t->local, name);
+            if (k >= 0) {
+                const dt_param_info *b = dt_model_tensor(t->local, k);
+                memset(dt_model_grads(t->local) + b->offset, 0, b->numel * sizeof(float));
+            }
+        }
+        break;
+    case ROLE_COL: reduce(t, dt_model_node_grad_mut(t->local, t->src[node]), btc(t), true); break;
+    case ROLE_HEAD: reduce(t, dt_model_node_grad_mut(t->local, t->src[node]), btc(t), false); break;
+    case ROLE_EMBED_GRAD: zero_foreign(t, dt_model_node_grad_mut(t->local, t->wte)); break;
+    default: break;
+    }
+}
+
+/* Clips by the norm of the whole gradient (every shard once, replicated tensors from rank 0),
+ * then updates the shard. The inner ddp calls it after averaging over the dp axis. */
+static void tp_update(void *ctx, float lr, float clip) {
+    tp *t = ctx;
+    float *g = dt_model_grads(t->local);
+    const size_t n = dt_model_num_params(t->local);
+    if (clip > 0 && t->err == DT_OK) {
+        double ss = 0;
+        for (int i = 0; i < dt_model_num_tensors(t->local); i++) {
+            const dt_param_info *p = dt_model_tensor(t->local, i);
+            if (p->is_buffer || (t->r != 0 && dt_tp_split_of(p->name) == DT_TP_REPL)) continue;
+            for (size_t k = 0; k < p->numel; k++) ss += (double)g[p->offset + k] * g[p->offset + k];
+        }
+        dt_status st = t->mesh.tp_comm ? dt_comm_allreduce(t->mesh.tp_comm, &ss, &ss, 1, DT_F64, DT_OP_SUM) : DT_OK;
+        if (st != DT_OK) {
+            t->err = tp_fail(t, st, "allreduce of the gradient norm, step", (size_t)t->s->step);
+            return;
+        }
+        const float norm = (float)sqrt(ss), f = clip / (norm + 1e-6f);  /* as dt_clip_grad_norm */
+        if (norm > clip)
+            for (size_t k = 0; k < n; k++) g[k] *= f;
+    }
+    dt_optim_step(t->lopt, dt_model_params(t->local), g, lr);
+}
+
+/* Grows the per-sample buffers to n samples. */
+static dt_status reserve(tp *t, int n) {
+    if ((size_t)n <= t->cap) return DT_OK;
+    const size_t N = (size_t)n * (size_t)t->g.T, Vl = (size_t)(t->g.V / t->K);
+    free(t->ids), free(t->keep), free(t->dlogits), free(t->work);
+    t->ids = malloc(N * sizeof *t->ids), t->keep = malloc(N), t->dlogits = malloc(N * Vl * sizeof(float));
+    t->work = malloc(3 * N * sizeof(float));
+    t->cap = t->ids && t->keep && t->dlogits && t->work ? (size_t)n : 0;
+    return t->cap ? DT_OK : dt_error(DT_ENOMEM, "tensor parallel: out of memory for a batch of %d", n);
+}
+
+/* The ids of the feed in the rank's vocabulary slice (others: row 0, masked); DT_EINVAL for an id
+ * outside the vocabulary, as the whole model's embedding says it. */
+static dt_status map_ids(tp *t, const int32_t *x, int n) {
+    const int T = t->g.T, Vl = t->g.V / t->K, lo = t->r * Vl;
+    for (size_t i = 0; i < (size_t)n * (size_t)T; i++) {
+        if (x[i] < 0 || x[i] >= t->g.V)
+            return dt_error(DT_EINVAL, "model: node 'transformer.wte': id %d of sample %zu, position %zu is outside "
+                            "[0, %d) (the vocabulary)", x[i], i / (size_t)T, i % (size_t)T, t->g.V);
+        t->keep[i] = x[i] >= lo && x[i] < lo + Vl;
+        t->ids[i] = t->keep[i] ? x[i] - lo : 0;
+    }
+    return DT_OK;
+}
+
+/* Forward, vocabulary-parallel loss and backward of samples [lo, hi) of the step. */
+static dt_status micro_step(tp *t, const dt_step_batch *b, int lo, int hi, uint64_t key, float share, bool last,
+                            double *loss_sum) {
+    const int T = t->g.T, Vl = t->g.V / t->K;
+    dt_feed f = {.x = t->ids + (size_t)lo * T, .y = NULL, .n = hi - lo};
+    t->B = f.n, t->cur_keep = t->keep + (size_t)lo * T;
+    const double tf = dt_now();
+    DT_TRY(dt_model_run(t->local, &f, true, key, NULL));
+    DT_TRY(t->err);
+    double loss;
+    int counted;
+    const int32_t *y = (const int32_t *)b->feed.y + (size_t)lo * T;
+    const uint64_t x0 = dt_comm_bytes(t->mesh.tp_comm, NULL);
+    const double tx = dt_now();
+    DT_TRY(dt_tp_xent(t->mesh.tp_comm, dt_model_output(t->local), y, f.n * T, Vl, t->r * Vl, t->g.V, -1, share,
+                      t->dlogits, t->work, &loss, &counted));
+    t->comm_s += dt_now() - tx;  /* mostly its two allreduces */
+    t->cnt.other_bytes += dt_comm_bytes(t->mesh.tp_comm, NULL) - x0;
+    if (!isfinite(loss))
+        return dt_error(DT_EINVAL, "training diverged: loss is %g at step %lld on rank %d; lower --lr or set --clip", loss,
+                        (long long)b->step, dt_comm_rank(t->s->comm));
+    *loss_sum += loss * f.n;
+    const double tb = dt_now();
+    dt_trace_add(t->s->trace, "forward", 0, tf, tb, b->step);
+    DT_TRY(dt_model_backward(t->local, t->dlogits, last && t->ddp ? dt_strategy_grad_hook : NULL, t->ddp));
+    DT_TRY(t->err);
+    dt_trace_add(t->s->trace, "backward", 0, tb, dt_now(), b->step);
+    return DT_OK;
+}
+
+static dt_status tp_train_step(dt_strategy *s, const dt_step_batch *b, dt_step_result *r) {
+    tp *t = s->impl;
+    const double t0 = dt_now();
+    const int accum = b->accum > 1 ? b->accum : 1, n = b->feed.n;
+    memset(r, 0, sizeof *r);
+    s->step = b->step;
+    if (t->ddp) t->ddp->ops->begin_step(t->ddp, b->step);
+    dt_model_zero_grad(t->local);
+    t->comm_s = 0;
+    DT_TRY(reserve(t, n));
+    DT_TRY(map_ids(t, b->feed.x, n));
+    const float weight = n == 0 ? 1.0f : (float)((double)n * b->world / b->n_global);  /* share of the global mean */
+    for (int k = 0; k < accum && n > 0; k++) {
+        const int lo = (int)((int64_t)n * k / accum), hi = (int)((int64_t)n * (k + 1) / accum);
+        if (hi == lo) continue;
+        const float share = accum > 1 ? weight * (float)(hi - lo) / (float)n : weight;
+        DT_TRY(micro_step(t, b, lo, hi, (uint64_t)(b->step * accum + k), share, k == accum - 1, &r->loss_sum));
+    }
+    double busy = dt_now() - t0;
+    if (b->compute_done) busy += b->compute_done(b->ctx, n, busy);
+    /* the ranks of a tp group share their samples: tp rank 0 reports them (the epoch's figures are
+     * summed over every rank), as pipeline stage 0 does */
+    if (t->r != 0) r->loss_sum = 0;
+    s->cur.n = t->r == 0 ? n : 0, s->cur.loss_sum = r->loss_sum, s->cur.busy_s = busy;
+    r->n = s->cur.n;
+    if (t->ddp) {
+        const uint64_t d0 = dt_comm_bytes(t->mesh.dp_comm, NULL);
+        t->ddp->cur = s->cur;
+        dt_status st = t->ddp->ops->step(t->ddp, b->lr, b->clip, &r->st);
+        if (st != DT_OK)  /* dp rank j is world rank j*TP*PP + this rank's offset in its model copy */
+            return dt_error_wrap(st, "data-parallel axis of the mesh (dp rank %d of %d; dp rank j is world rank j*%d+%d)",
+                                 t->mesh.dp_rank, t->mesh.dp, t->mesh.tp * t->mesh.pp,
+                                 dt_comm_rank(s->comm) % (t->mesh.tp * t->mesh.pp));
+        t->cnt.dp_bytes += dt_comm_bytes(t->mesh.dp_comm, NULL) - d0;
+    } else {
+        tp_update(t, b->lr, b->clip);
+    }
+    DT_TRY(t->err);
+    r->st.comm_wait_s += t->comm_s;  /* the tp collectives block the step as the dp ones do */
+    r->compute_s = dt_now() - t0 - r->st.comm_wait_s;
+    return DT_OK;
+}
+
+static dt_status tp_init(dt_strategy *s) {
+    tp *t = s->impl;
+    if (s->comm) DT_TRY(dt_strategy_verify_replicas(s->comm, s->model));  /* the whole model, before slicing */
+    return t->ddp ? t->ddp->ops->init(t->ddp) : DT_OK;
+}
+
+static void tp_begin(dt_strategy *s, int64_t step) { s->step = step; }
+static void tp_ready(dt_strategy *s, size_t off, size_t n) { (void)s, (void)off, (void)n; }
+
+static dt_status tp_step(dt_strategy *s, float lr, float clip, dt_step_stats *st) {
+    (void)lr, (void)clip;
+    memset(st, 0, sizeof *st);
+    return dt_error(DT_EINTERNAL, "tensor parallel trains through its own train_step (step %lld)", (long long)s->step);
+}
+
+/* The whole parameters from the shards on every rank (evaluation), and the whole optimizer
+ * moments on world rank 0 (its tp group gathers them there), which writes the checkpoints. */
+static dt_status tp_sync(dt_strategy *s) {
+    tp *t = s->impl;
+    const bool saver = dt_comm_rank(s->comm) == 0, group0 = t->mesh.dp_rank == 0 && t->mesh.pp_rank == 0;
+    for (int k = 0; saver && k < dt_optim_num_states(t->lopt); k++)
+        if (!t->whole_m[k] && !(t->whole_m[k] = dt_alloc(dt_model_num_params(s->model) * sizeof(float))))
+            return dt_error(DT_ENOMEM, "tensor parallel: out of memory for the whole optimizer state");
+    DT_TRY(dt_tp_gather(t->mesh.tp_comm, s->model, t->local, t->lopt, t->K, group0 ? t->whole_m : NULL));
+    dt_optim_set_steps(s->optim, dt_optim_steps(t->lopt));
+    t->whole = saver;
+    return DT_OK;
+}
+
+/* The state (tp_state.c): the whole on world rank 0 after a sync, else the rank's shards. */
+static dt_status tp_visit(dt_strategy *s, dt_state_visit_fn fn, void *ctx) {
+    tp *t = s->impl;
+    return dt_tp_visit_state(s->model, t->local, t->lopt, t->K, t->r, t->whole, t->whole_m, fn, ctx);
+}
+
+static void tp_destroy(dt_strategy *s) {
+    tp *t = s->impl;
+    if (!t) return;
+    dt_strategy_destroy(t->ddp);
+    dt_model_free(t->local);
+    dt_optim_free(t->lopt);
+    dt_mesh_free(&t->mesh);
+    free(t->role), free(t->src), free(t->ids), free(t->keep), free(t->dlogits), free(t->work);
+    dt_free(t->whole_m[0]), dt_free(t->whole_m[1]);
+    free(t);
+    s->impl = NULL;
+}
+
+static void tp_axis_bytes(dt_strategy *s, uint64_t bytes[3]) {
+    const tp *t = s->impl;
+    bytes[0] = dt_comm_bytes(t->mesh.tp_comm, NULL);
+    bytes[1] = dt_comm_bytes(t->mesh.pp_comm, NULL);
+    bytes[2] = dt_comm_bytes(t->mesh.dp_comm, NULL);
+}
+
+static const dt_strategy_ops tp_ops = {.name = "tp", .train_step = tp_train_step, .init = tp_init,
+                                       .begin_step = tp_begin, .grad_ready = tp_ready, .step = tp_step,
+                                       .destroy = tp_destroy, .sync = tp_sync, .visit_state = tp_visit,
+                                       .axis_bytes = tp_axis_bytes};
+
+void dt_tp_counters_of(const dt_strategy *s, dt_tp_counters *c) {
+    memset(c, 0, sizeof *c);
+    if (s && s->ops == &tp_ops) *c = ((const tp *)s->impl)->cnt;
+}
+
+static int find_node(const dt_model *m, const char *name) {
+    for (int i = 0; i < dt_model_num_nodes(m); i++)
+        if (!strcmp(dt_model_node_name(m, i), name)) return i;
+    return -1;
+}
+
+static bool ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && !strcmp(s + n - k, suffix);
+}
+
+/* The hooks' role of every node of the shard, by nanoGPT's module names. */
+static dt_status assign_roles(tp *t) {
+    const int n = dt_model_num_nodes(t->local);
+    t->role = calloc((size_t)n, 1), t->src = calloc((size_t)n, sizeof *t->src);
+    if (!t->role || !t->src) return dt_error(DT_ENOMEM, "tensor parallel: out of memory");
+    for (int i = 0; i < n; i++) {
+        const char *nm = dt_model_node_name(t->local, i);
+        const int len = (int)strlen(nm);
+        char in[64] = "";  /* the layer norm a column-parallel layer reads: "<block>.ln_1" / "<block>.ln_2" */
+        if (ends_with(nm, ".attn.c_proj") || ends_with(nm, ".mlp.c_proj")) t->role[i] = ROLE_ROW;
+        else if (ends_with(nm, ".attn.c_attn"))
+            t->role[i] = ROLE_COL, snprintf(in, sizeof in, "%.*s.ln_1", len - (int)strlen(".attn.c_attn"), nm);
+        else if (ends_with(nm, ".mlp.c_fc"))
+            t->role[i] = ROLE_COL, snprintf(in, sizeof in, "%.*s.ln_2", len - (int)strlen(".mlp.c_fc"), nm);
+        else if (!strcmp(nm, "lm_head")) t->role[i] = ROLE_HEAD, snprintf(in, sizeof in, "transformer.ln_f");
+        else if (!strcmp(nm, "transformer.wte")) t->role[i] = ROLE_EMBED, t->wte = i;
+        else if (!strcmp(nm, "transformer.embed")) t->role[i] = ROLE_EMBED_GRAD;
+        if (in[0] && (t->src[i] = find_node(t->local, in)) < 0)
+            return dt_error(DT_EINTERNAL, "tensor parallel: node '%s' has no input '%s'", nm, in);
+    }
+    return DT_OK;
+}
+
+/* The shard of the whole model s->model for this rank, its optimizer, hooks and the dp axis. */
+static dt_status setup(dt_strategy *s, tp *t, const tp_opts *o) {
+    DT_TRY(dt_mesh_create(&t->mesh, s->comm, o->tp, o->pp));
+    t->K = t->mesh.tp, t->r = t->mesh.tp_rank;
+    DT_TRY(dt_gpt_create_sharded(&t->local, &t->g, t->K));
+    DT_TRY(dt_optim_create(&t->lopt, dt_optim_config_of(s->optim), dt_model_num_params(t->local)));
+    DT_TRY(dt_tp_scatter(s->model, s->optim, t->local, t->lopt, t->K, t->r));
+    /* from here the whole model holds only the gathered parameters (evaluation, checkpoints): its
+     * gradients and the whole optimizer's moments are never used, so they are not kept */
+    dt_model_release_grads(s->model);
+    dt_optim_free_state(s->optim);
+    DT_TRY(assign_roles(t));
+    dt_model_set_after_forward_hook(t->local, after_forward, t);
+    dt_model_set_node_hooks(t->local, NULL, after_backward, t);
+    if (t->mesh.dp > 1) {
+        char spec[64];
+        snprintf(spec, sizeof spec, "ddp(bucket_mb=%g)", o->bucket_mb);
+        DT_TRY(dt_strategy_create(&t->ddp, spec, t->mesh.dp_comm, t->local, t->lopt, s->trace));
+        t->ddp->update = tp_update, t->ddp->update_ctx = t;
+    }
+    s->data_rank = t->mesh.dp_rank, s->data_world = t->mesh.dp;
+    s->data_comm = t->mesh.dp_comm;
+    return DT_OK;
+}
+
+static dt_status tp_create(dt_strategy *s, const void *opts) {
+    const tp_opts *o = opts;
+    const char *spec = dt_model_spec(s->model);
+    if (!dt_model_spec_is_gpt(spec))
+        return dt_error(DT_EINVAL, "--tp %d: tensor parallelism splits a GPT's heads, MLP and vocabulary; --model %s "
+                        "is not a GPT (use --model gpt:L=..,H=..,C=..,T=.., or --strategy ddp)", o->tp, spec);
+    if (o->pp > 1)
+        return dt_error(DT_ENOTSUP, "--tp %d --pp %d: tensor and pipeline parallelism do not compose yet (the "
+                        "pipeline strategy runs whole stages); use --tp or --pp, the other ranks data parallel", o->tp,
+                        o->pp);
+    tp *t = calloc(1, sizeof *t);
+    if (!t) return dt_error(DT_ENOMEM, "tensor parallel: out of memory");
+    t->s = s;
+    dt_status st = dt_gpt_parse(spec, &t->g);
+    if (st == DT_OK) st = setup(s, t, o);
+    s->impl = t;
+    if (st != DT_OK) {
+        tp_destroy(s);
+        return st;
+    }
+    s->ops = &tp_ops;
+    return DT_OK;
+}
+
+static void tp_defaults(void *opts) { *(tp_opts *)opts = (tp_opts){.tp = 2, .pp = 1, .bucket_mb = 1.0}; }
+
+static dt_status tp_set(void *opts, const char *key, const char *value) {
+    tp_opts *o = opts;
+    char *end;
+    if (!strcmp(key, "bucket_mb")) {
+        double v = strtod(value, &end);
+        if (*end || end == value || !(v > 0) || !isfinite(v) || v > 1e6)
+            return dt_error(DT_EINVAL, "--strategy tp: bucket_mb=%s: need a size in MB above 0, e.g. bucket_mb=0.5", value);
+        o->bucket_mb = v;
+        return DT_OK;
+    }
+    long v = strtol(value, &end, 10);
+    if (*end || end == value || v < 1 || v > 4096)
+        return dt_error(DT_EINVAL, "--strategy tp: %s=%s: need a number of ranks from 1 to 4096 (--%s K)", key, value, key);
+    if (!strcmp(key, "tp")) o->tp = (int)v;
+    else o->pp = (int)v;
+    return DT_OK;
+}
+
+static void tp_format(const void *opts, char *out, size_t cap) {
+    const tp_opts *o = opts;
+    snprintf(out, cap, "tp=%d,pp=%d,bucket_mb=%g", o->tp, o->pp, o->bucket_mb);
+}
+
+/* The dp coordinate of dp data ranks; a size that tp x pp does not divide keeps (rank, size): the
+ * mesh then refuses it when the strategy is made, saying what divides. */
+static void tp_data_part(const void *opts, int rank, int size, int *data_rank, int *data_world) {
+    const tp_opts *o = opts;
+    if (size % (o->tp * o->pp) != 0) return;
+    int tr, pr;
+    dt_mesh_coords(rank, o->tp, o->pp, &tr, &pr, data_rank);
+    *data_world = size / (o->tp * o->pp);
+}
+
+const dt_strategy_entry dt_strategy_tp_entry = {
+    .name = "tp", .help = "tp(tp=K,pp=1,bucket_mb=MB)  ranks: (dp_i*PP + pp_i)*TP + tp_i, TP innermost",
+    .keys = "tp,pp,bucket_mb", .opts_size = sizeof(tp_opts), .defaults = tp_defaults, .set = tp_set,
+    .create = tp_create, .format = tp_format, .needs_comm = true, .data_part = tp_data_part};

@@ -1,0 +1,95 @@
+# Tensor parallelism through the real command (dtrain train --tp K --workers N) on a small corpus
+# the test writes, against one process at the same global batch of 8:
+#  - tp2, tp4 and dp2 x tp2 end where 1 worker ends, and print the same losses;
+#  - checkpoints do not depend on the layout: --save under tp2 writes one file with the whole
+#    tensors by nanoGPT's names and shapes (those of a 1-worker file, which torch_load_gpt.sh loads
+#    into PyTorch), equal to 1 worker's at the same step; it resumes under 1 worker, dp2 and tp2;
+#    a 1-worker checkpoint resumes under dp2 x tp2; tp2 -> tp2 resumes bit for bit;
+#  - dp2 x tp2 over MPI (mpirun -n 4; skipped without mpirun and under the sanitizers);
+#  - errors: a --tp that does not divide the heads / width / vocabulary, nor the ranks, a non-GPT
+#    model, --tp with another --strategy.
+# Tolerance 1e-4 on parameters after 30 AdamW steps (10 under the sanitizers) at lr 3e-3: 2-worker ddp differs from 1 worker
+# by ~4e-5 here (float rounding of other GEMM shapes, which Adam's normalised steps amplify).
+. "$(dirname "$0")/testlib.bash"
+
+python3 - "$TMP/corpus.txt" <<'PY'
+import random, sys
+random.seed(7)
+words = "in the beginning god created heaven and earth . and the earth was without form".split()
+text = ""
+while len(text) < 40000:
+    text += " ".join(random.choice(words) for _ in range(12)) + "\n"
+open(sys.argv[1], "w").write(text)
+PY
+cat > "$TMP/cmp.py" <<'PY'
+# cmp.py A B TOL: same tensor names and shapes, max |A - B| <= TOL (prints it)
+import array, json, struct, sys
+def tensors(p):
+    raw = open(p, "rb").read(); n = struct.unpack("<Q", raw[:8])[0]; h = json.loads(raw[8:8 + n]); h.pop("__metadata__", None)
+    out = {}
+    for k, v in h.items():
+        a = array.array("f"); a.frombytes(raw[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]])
+        out[k] = (v["shape"], a)
+    return out
+a, b = tensors(sys.argv[1]), tensors(sys.argv[2])
+assert a.keys() == b.keys(), sorted(set(a) ^ set(b))
+assert all(a[k][0] == b[k][0] for k in a), [k for k in a if a[k][0] != b[k][0]]
+d = max(max(abs(x - y) for x, y in zip(a[k][1], b[k][1])) for k in a)
+print("%.3g" % d)
+sys.exit(0 if d <= float(sys.argv[3]) else 1)
+PY
+M="gpt:L=2,H=4,C=32,T=32"
+D="text:$TMP/corpus.txt"
+run() { $DT train --data "$D" --model "$M" --optimizer adamw --lr 3e-3 --quiet "$@"; }
+close() { python3 "$TMP/cmp.py" "$@"; }
+N=30 H=12  # steps, and where the resumed runs were saved (fewer under the sanitizers)
+[ -n "${DTRAIN_SANITIZED:-}" ] && N=10 H=4
+loss_of() { sed -n 's/.*train_loss \([0-9.]*\).*test_loss \([0-9.]*\).*/\1 \2/p' <<<"$1" | tail -1; }
+
+# ---- errors ----
+expect_fail "--tp must divide heads, width and vocabulary" "choose --tp 1, 2, 4" run --tp 3 --workers 3 --max-steps 1
+expect_fail "--tp must divide the ranks" "must divide the world size 2" run --tp 4 --workers 2 --max-steps 1
+expect_fail "--tp needs a GPT" "is not a GPT" \
+  bash -c "printf '0,1,2\n1,3,4\n' > '$TMP/t_train.csv'; $DT train --data '$TMP/t_train.csv' --model 'linear(2)' --batch 1 --tp 2 --workers 2 --max-steps 1"
+expect_fail "--tp with another strategy" "tensor parallelism is its own strategy" run --tp 2 --strategy ddp --workers 2
+
+# ---- layouts against 1 worker ----
+one=$(run --batch 8 --max-steps $N --save "$TMP/one.st" 2>&1) || bad "1 worker: $one"
+for lay in "2 2 8" "4 4 8" "2 4 4"; do
+  set -- $lay
+  out=$(run --tp "$1" --workers "$2" --batch "$3" --max-steps $N --save "$TMP/l$1$2.st" 2>&1) || bad "tp$1 on $2 ranks: $out"
+  d=$(close "$TMP/one.st" "$TMP/l$1$2.st" 1e-4) && [ "$(loss_of "$out")" = "$(loss_of "$one")" ] \
+    && ok "tp$1 x dp$(($2 / $1)) (--batch $3): losses $(loss_of "$out") as 1 worker, params within $d" \
+    || bad "tp$1 on $2 ranks: params $d, losses '$(loss_of "$out")' vs '$(loss_of "$one")'"
+done
+
+# ---- checkpoints across layouts ----
+run --batch 8 --max-steps $H --save "$TMP/h1.st" >/dev/null 2>&1 || bad "1 worker half"
+run --tp 2 --workers 2 --batch 8 --max-steps $H --save "$TMP/htp.st" >/dev/null 2>&1 || bad "tp2 half"
+d=$(close "$TMP/h1.st" "$TMP/htp.st" 2e-5) && ok "tp2 --save: one file, whole tensors by 1 worker's names and shapes, within $d" \
+  || bad "tp2 checkpoint vs 1 worker's: $d"
+run --batch 8 --max-steps $N --resume "$TMP/htp.st" --save "$TMP/r1.st" >/dev/null 2>&1 || bad "resume tp2 -> 1"
+d=$(close "$TMP/one.st" "$TMP/r1.st" 1e-4) && ok "saved under tp2, resumed on 1 worker: within $d" || bad "tp2 -> 1: $d"
+run --workers 2 --batch 4 --max-steps $N --resume "$TMP/htp.st" --save "$TMP/r2.st" >/dev/null 2>&1 || bad "resume tp2 -> dp2"
+d=$(close "$TMP/one.st" "$TMP/r2.st" 1e-4) && ok "saved under tp2, resumed under dp2: within $d" || bad "tp2 -> dp2: $d"
+run --tp 2 --workers 4 --batch 4 --max-steps $N --resume "$TMP/h1.st" --save "$TMP/r3.st" >/dev/null 2>&1 || bad "1 -> dp2 x tp2"
+d=$(close "$TMP/one.st" "$TMP/r3.st" 1e-4) && ok "saved on 1 worker, resumed under dp2 x tp2: within $d" || bad "1 -> dp2xtp2: $d"
+run --tp 2 --workers 2 --batch 8 --max-steps $N --resume "$TMP/htp.st" --save "$TMP/r4.st" >/dev/null 2>&1 || bad "tp2 -> tp2"
+d=$(close "$TMP/l22.st" "$TMP/r4.st" 0) && ok "saved under tp2, resumed under tp2: bitwise equal to the uninterrupted tp2 run" \
+  || bad "tp2 -> tp2 resume differs: $d"
+
+# ---- the same mesh over MPI (dp2 x tp2 under mpirun) ----
+if [ -n "${DTRAIN_SANITIZED:-}" ]; then
+  echo "skip: the MPI layout under the sanitizers (mpirun's start alone takes ~10 s; comm_mpi.sh covers the transport)"
+elif command -v mpirun >/dev/null; then
+  ( export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader,tcp
+    [ -n "${DTRAIN_SANITIZED:-}" ] && export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
+    timeout 240 mpirun -n 4 --oversubscribe --bind-to none $DT train --data "$D" --model "$M" --optimizer adamw \
+      --lr 3e-3 --quiet --tp 2 --batch 4 --max-steps $N --save "$TMP/mpi.st" >"$TMP/mpi.out" 2>&1 )
+  if grep -q "built without MPI" "$TMP/mpi.out"; then echo "skip: dtrain built without MPI"
+  else d=$(close "$TMP/one.st" "$TMP/mpi.st" 1e-4) && grep -q "done:" "$TMP/mpi.out" \
+    && ok "dp2 x tp2 over MPI (mpirun -n 4): within $d of 1 worker" || bad "mpi dp2 x tp2: $d $(tail -3 "$TMP/mpi.out")"; fi
+else
+  echo "skip: mpirun not found: the MPI layout is not checked"
+fi
+finish
