@@ -10,6 +10,7 @@ PKG_CFLAGS := $(shell pkg-config --cflags libcjson 2>/dev/null || echo -I/usr/in
 
 CFLAGS  := -std=c11 -D_GNU_SOURCE -Wall -Wextra -g -fPIC -pthread -fopenmp-simd -Iinclude -Isrc $(PKG_CFLAGS) $(OPT) $(EXTRA_CFLAGS)
 LDLIBS  := -lopenblas -lcjson -lz -lmvec -lm -pthread -lrt
+LDLIBS  += -lsodium -lgfshare
 
 ifeq ($(SAN),1)
   CFLAGS  += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
