@@ -166,4 +166,74 @@ double dt_fl_rdp_step(double q, double sigma, int alpha);
  * Mironov 2017, Prop. 3). *best_alpha (may be NULL) gets the order. */
 double dt_fl_dp_epsilon(double q, double sigma, int64_t steps, double delta, int *best_alpha);
 
+/* ---- connections (server side, non-blocking) ---------------------------------------------- */
+
+/* Parses "HOST:PORT" (IPv4 name or address; port 0 = any, for the listener) into addr. */
+struct sockaddr_in;
+dt_status dt_fl_parse_addr(const char *spec, const char *flag, struct sockaddr_in *addr);
+
+/* ---- server ------------------------------------------------------------------------------- */
+
+typedef struct {
+    const char *listen;        /* "ADDR:PORT" */
+    int rounds;                /* rounds to run in all (a resumed run continues to this) */
+    int clients_per_round;     /* C */
+    int min_clients;           /* connected clients needed before a round starts (default C) */
+    double round_timeout;      /* seconds a round waits for updates */
+    double wait_timeout;       /* seconds to wait for min_clients to connect */
+    int retries;               /* a round with no usable update is run again up to this often */
+    uint32_t epochs, batch;    /* local training; epochs 0 = FedSGD */
+    float lr, mu;
+    uint64_t seed;
+    double dp_clip, dp_noise, dp_delta;  /* DP-FedAvg: clip 0 = off */
+    int secure;                /* secure aggregation */
+    int sa_threshold;          /* Shamir threshold t (0: a majority of the round) */
+    double sa_range;           /* fixed-point: |update value| clamped to this */
+    const char *checkpoint;    /* global model file written after each round (NULL: none) */
+    int resume;                /* continue from checkpoint */
+    const char *metrics;       /* JSONL per round (NULL: none) */
+    int eval_every;            /* evaluate every N rounds (and the last) */
+    int quiet;
+} dt_fl_server_config;
+
+/* Round results, for the metrics line and for fl-sim's benchmark. */
+typedef struct {
+    int round, sampled, updates, dropped, retries;
+    double acc, loss, eps;     /* eps < 0: no DP */
+    double wall_s;             /* whole round */
+    double server_cpu_s;       /* the server thread's CPU time in the round, evaluation excluded */
+    uint64_t bytes_in, bytes_out;  /* payload+header bytes, all clients */
+} dt_fl_round_stats;
+
+typedef struct dt_fl_server dt_fl_server;
+typedef void (*dt_fl_round_fn)(void *ctx, const dt_fl_round_stats *st);
+
+/* Binds the listener and takes the initial global model from m (or the checkpoint on resume).
+ * m and test (may be NULL: no evaluation) stay owned by the caller and must outlive the server. */
+dt_status dt_fl_server_create(dt_fl_server **s, const dt_fl_server_config *cfg, dt_model *m, const dt_dataset *test);
+/* The port the listener got (for ":0"). */
+int dt_fl_server_port(const dt_fl_server *s);
+/* Runs the rounds; fn (may be NULL) is called after each. Ends by telling every client BYE. */
+dt_status dt_fl_server_run(dt_fl_server *s, dt_fl_round_fn fn, void *ctx);
+void dt_fl_server_destroy(dt_fl_server *s);
+
+/* ---- client ------------------------------------------------------------------------------- */
+
+typedef enum { DT_FL_FAULT_NONE, DT_FL_FAULT_DIE, DT_FL_FAULT_SILENT, DT_FL_FAULT_GARBAGE, DT_FL_FAULT_DROP_AFTER_MASK } dt_fl_fault;
+
+typedef struct {
+    const char *server;        /* "ADDR:PORT" */
+    uint64_t client_id;
+    double connect_timeout;    /* give up when the server cannot be reached this long */
+    double idle_timeout;       /* give up when the server sends nothing this long */
+    dt_fl_fault fault;         /* test hook: misbehave on the first model received */
+    int quiet;
+} dt_fl_client_config;
+
+/* Connects (reconnecting with exponential backoff 0.1 s .. 2 s while the server is away),
+ * trains on each model received and sends the update, until the server says BYE. m is the
+ * client's model (same spec as the server's), ds its local data. *rounds (may be NULL) gets the
+ * updates sent. DT_ETIMEDOUT naming the server when it stays away past connect_timeout. */
+dt_status dt_fl_client_run(const dt_fl_client_config *cfg, dt_model *m, const dt_dataset *ds, int *rounds);
+
 #endif
