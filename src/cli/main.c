@@ -13,6 +13,9 @@ int dt_cmd_launch(int argc, char **argv);
 int dt_cmd_bench(int argc, char **argv);
 int dt_cmd_sample(int argc, char **argv);
 int dt_cmd_cache(int argc, char **argv);
+int dt_cmd_fl_server(int argc, char **argv);
+int dt_cmd_fl_client(int argc, char **argv);
+int dt_cmd_fl_sim(int argc, char **argv);
 
 static const dt_command g_commands[] = {
     {"train", dt_cmd_train, "train a model (one process, --workers N, or one rank of a launch/mpirun job)"},
@@ -21,6 +24,9 @@ static const dt_command g_commands[] = {
     {"launch", dt_cmd_launch, "run N local ranks of a program (rank env, prefixed output)"},
     {"bench", dt_cmd_bench, "benchmarks: train, ddp, async, fault, comm (tables + a JSON line)"},
     {"cache", dt_cmd_cache, "the shared decoded data-set cache: ls (list your files), clear (remove them)"},
+    {"fl-server", dt_cmd_fl_server, "federated learning server: rounds over TCP (FedAvg/FedProx, secure agg, DP)"},
+    {"fl-client", dt_cmd_fl_client, "federated learning client: trains on its own data, sends updates"},
+    {"fl-sim", dt_cmd_fl_sim, "federated learning simulation: server + K client threads over loopback"},
     {NULL, NULL, NULL},
 };
 

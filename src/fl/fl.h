@@ -110,10 +110,14 @@ typedef struct {
     float mu;             /* FedProx proximal weight (0 = FedAvg) */
     uint32_t flags;       /* DT_FL_F_* */
     uint64_t seed;
+    float clip;           /* > 0: the client clips its update to this L2 norm (DP with secure aggregation) */
+    float range;          /* secure aggregation: fixed-point clamp of each value */
+    uint32_t frac;        /* secure aggregation: fixed-point fraction bits */
     uint32_t n;           /* parameters */
     const float *params;  /* points into the payload */
 } dt_fl_model_msg;
-#define DT_FL_F_SECURE 1u
+#define DT_FL_F_SECURE 1u      /* run the secure-aggregation exchange */
+#define DT_FL_F_UNWEIGHTED 2u  /* secure aggregation: weight 1 instead of the sample count (DP) */
 
 typedef struct {
     uint32_t round;

@@ -44,6 +44,9 @@ dt_status dt_fl_model_encode(dt_fl_buf *b, const dt_fl_model_msg *m) {
     dt_fl_put_f32(b, m->mu);
     dt_fl_put_u32(b, m->flags);
     dt_fl_put_u64(b, m->seed);
+    dt_fl_put_f32(b, m->clip);
+    dt_fl_put_f32(b, m->range);
+    dt_fl_put_u32(b, m->frac);
     dt_fl_put_u32(b, m->n);
     dt_fl_put_bytes(b, m->params, (size_t)m->n * 4);
     return done(b);
@@ -58,15 +61,21 @@ dt_status dt_fl_model_decode(const uint8_t *p, uint32_t len, dt_fl_model_msg *m)
     m->mu = dt_fl_get_f32(&c);
     m->flags = dt_fl_get_u32(&c);
     m->seed = dt_fl_get_u64(&c);
+    m->clip = dt_fl_get_f32(&c);
+    m->range = dt_fl_get_f32(&c);
+    m->frac = dt_fl_get_u32(&c);
     m->n = dt_fl_get_u32(&c);
     if (c.bad) return dt_error(DT_EFORMAT, "fl model: truncated header (%u bytes)", len);
     if (m->n == 0 || m->n > DT_FL_MAX_PARAMS)
         return dt_error(DT_EFORMAT, "fl model: %u parameters (limit %u)", m->n, DT_FL_MAX_PARAMS);
     if ((size_t)m->n * 4 != len - c.off)
         return dt_error(DT_EFORMAT, "fl model: %u parameters but %zu bytes of them", m->n, len - c.off);
-    if (m->epochs > 1000 || !(m->lr > 0) || !isfinite(m->lr) || !(m->mu >= 0) || !isfinite(m->mu))
-        return dt_error(DT_EFORMAT, "fl model: bad settings (epochs %u, lr %g, mu %g)", m->epochs, m->lr, m->mu);
-    m->params = (const float *)(p + c.off);  /* payloads are malloc'd; offset 36 keeps 4-byte alignment */
+    if (m->epochs > 1000 || !(m->lr > 0) || !isfinite(m->lr) || !(m->mu >= 0) || !isfinite(m->mu) ||
+        !(m->clip >= 0) || !isfinite(m->clip) || m->frac > 30 ||
+        ((m->flags & DT_FL_F_SECURE) && (!(m->range > 0) || !isfinite(m->range))))
+        return dt_error(DT_EFORMAT, "fl model: bad settings (epochs %u, lr %g, mu %g, clip %g, range %g, frac %u)",
+                        m->epochs, m->lr, m->mu, m->clip, m->range, m->frac);
+    m->params = (const float *)(p + c.off);  /* payloads are malloc'd; offset 48 keeps 4-byte alignment */
     return check_finite(p + c.off, m->n, "model");
 }
 

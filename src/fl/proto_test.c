@@ -113,7 +113,7 @@ static void test_messages(void) {
     CHECK(d.round == 3 && d.epochs == 2 && d.batch == 16 && d.n == 10 && d.seed == 9 && d.params[9] == 10);
     CHECK(dt_fl_model_decode(b.p, (uint32_t)b.n - 1, &d) == DT_EFORMAT);
     CHECK(dt_fl_model_decode(b.p, 20, &d) == DT_EFORMAT);
-    b.p[32] = 0xff, b.p[33] = 0xff, b.p[34] = 0xff, b.p[35] = 0x7f;  /* n = 2^31-1 */
+    b.p[44] = 0xff, b.p[45] = 0xff, b.p[46] = 0xff, b.p[47] = 0x7f;  /* n = 2^31-1 */
     CHECK(dt_fl_model_decode(b.p, (uint32_t)b.n, &d) == DT_EFORMAT && strstr(dt_last_error(), "limit"));
     dt_fl_buf_free(&b);
 
