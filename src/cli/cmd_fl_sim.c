@@ -126,7 +126,7 @@ int dt_cmd_fl_sim(int argc, char **argv) {
     r = make_shares(train, partition, k, (uint64_t)o.seed, (size_t)limit, cl);
     int with_data = 0;
     for (int c = 0; c < k; c++) with_data += cl[c].ds != NULL;
-    if (!o.min_clients || o.min_clients > with_data) o.sc.min_clients = with_data < o.cpr ? o.cpr : with_data;
+    o.sc.start_clients = with_data;  /* every client is in before round 1: a reproducible sample */
     dt_fl_server *s = NULL;
     dt_status st = r ? DT_OK : dt_fl_server_create(&s, &o.sc, m, test);
     if (!r && st != DT_OK) r = dt_cli_fail(NULL, "%s", dt_last_error()), r = dt_cli_setup_status(st);

@@ -183,6 +183,7 @@ typedef struct {
     int rounds;                /* rounds to run in all (a resumed run continues to this) */
     int clients_per_round;     /* C */
     int min_clients;           /* connected clients needed before a round starts (default C) */
+    int start_clients;         /* ... before the first round of this process (default min_clients) */
     double round_timeout;      /* seconds a round waits for updates */
     double wait_timeout;       /* seconds to wait for min_clients to connect */
     int retries;               /* a round with no usable update is run again up to this often */

@@ -73,6 +73,8 @@ int dt_fl_reader_feed(dt_fl_reader *r, const uint8_t *data, size_t n, size_t *us
         if (k > n) k = n;
         memcpy(r->hdr + r->have, data, k);
         r->have += (uint32_t)k, *used += k, data += k, n -= k;
+        if (r->have >= 4 && r->have < DT_FL_HEADER && get32(r->hdr) != DT_FL_MAGIC)  /* refuse a stranger early */
+            return dt_error(DT_EFORMAT, "fl frame: bad magic 0x%08x (not a dtrain fl peer?)", get32(r->hdr));
         if (r->have < DT_FL_HEADER) return 0;
         dt_status s = dt_fl_header_decode(r->hdr, r->max_len, &r->type, &r->len, &r->crc);
         if (s != DT_OK) return s;

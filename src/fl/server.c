@@ -70,7 +70,7 @@ dt_status dt_fl_server_create(dt_fl_server **out, const dt_fl_server_config *cfg
     dt_fl_server *s = calloc(1, sizeof *s);
     if (!s) return dt_error(DT_ENOMEM, "fl server: out of memory");
     s->cfg = *cfg, s->m = m, s->test = test, s->lfd = -1, s->np = dt_model_num_params(m);
-    if (s->cfg.min_clients < s->cfg.clients_per_round) s->cfg.min_clients = s->cfg.clients_per_round;
+    if (s->cfg.min_clients < 1) s->cfg.min_clients = s->cfg.clients_per_round;
     s->conns = calloc(DT_FL_MAX_CLIENTS, sizeof *s->conns);
     s->global = malloc(s->np * sizeof(float));
     dt_status st = s->conns && s->global ? DT_OK : dt_error(DT_ENOMEM, "fl server: out of memory");
@@ -150,6 +150,12 @@ static void select_clients(dt_fl_server *s, int attempt) {
     int pool[DT_FL_MAX_CLIENTS], n = 0;
     for (int i = 0; i < s->nconns; i++)
         if (s->conns[i].fd >= 0 && s->conns[i].registered) pool[n++] = i;
+    /* by client id: the sample must not depend on the order in which clients connected */
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && s->conns[pool[j - 1]].id > s->conns[pool[j]].id; j--) {
+            int t = pool[j];
+            pool[j] = pool[j - 1], pool[j - 1] = t;
+        }
     uint64_t key = dt_rng_key(DT_RNG_USER + 18, (uint64_t)s->round * 64 + (uint64_t)attempt);
     for (int i = n - 1; i > 0; i--) {
         int j = (int)(dt_rng_u64(s->cfg.seed, key, (uint64_t)i) % (uint64_t)(i + 1)), t = pool[i];
@@ -230,10 +236,12 @@ static void write_metrics(const dt_fl_server *s, const dt_fl_round_stats *st) {
         dt_log(DT_LOG_WARN, "fl server: cannot append to --metrics %s: %s", s->cfg.metrics, strerror(errno));
         return;
     }
-    fprintf(f, "{\"round\":%d,\"sampled\":%d,\"updates\":%d,\"dropped\":%d,\"retries\":%d,\"test_acc\":%.6f,"
-               "\"test_loss\":%.6f,\"epsilon\":%.6g,\"delta\":%g,\"wall_s\":%.6f,\"server_cpu_ms\":%.3f,"
+    char acc[32] = "null", loss[32] = "null";  /* not evaluated this round */
+    if (!isnan(st->acc)) snprintf(acc, sizeof acc, "%.6f", st->acc), snprintf(loss, sizeof loss, "%.6f", st->loss);
+    fprintf(f, "{\"round\":%d,\"sampled\":%d,\"updates\":%d,\"dropped\":%d,\"retries\":%d,\"test_acc\":%s,"
+               "\"test_loss\":%s,\"epsilon\":%.6g,\"delta\":%g,\"wall_s\":%.6f,\"server_cpu_ms\":%.3f,"
                "\"bytes_in\":%llu,\"bytes_out\":%llu,\"secure\":%s}\n",
-            st->round, st->sampled, st->updates, st->dropped, st->retries, st->acc, st->loss, st->eps,
+            st->round, st->sampled, st->updates, st->dropped, st->retries, acc, loss, st->eps,
             st->eps >= 0 ? s->cfg.dp_delta : 0, st->wall_s, 1e3 * st->server_cpu_s,
             (unsigned long long)st->bytes_in, (unsigned long long)st->bytes_out, s->cfg.secure ? "true" : "false");
     fclose(f);
@@ -252,7 +260,8 @@ static dt_status finish_round(dt_fl_server *s, const double *agg, dt_fl_round_st
         st->eps = dt_fl_dp_epsilon((double)s->cfg.clients_per_round / K, s->cfg.dp_noise, s->round, s->cfg.dp_delta, NULL);
     }
     if (s->cfg.checkpoint) {
-        dt_ckpt_info info = {.step = s->round, .epoch = s->round, .seed = s->cfg.seed, .world_size = 1, .lr = s->cfg.lr};
+        dt_ckpt_info info = {.step = s->round, .epoch = s->round, .seed = s->cfg.seed, .world_size = 1, .lr = s->cfg.lr,
+                             .batch = s->cfg.batch > 0 ? (int)s->cfg.batch : 1};
         snprintf(info.spec, sizeof info.spec, "%s", dt_model_spec(s->m));
         snprintf(info.optimizer, sizeof info.optimizer, "sgd");
         info.C = 1, info.H = 1, info.W = dt_model_in_size(s->m);
@@ -264,13 +273,15 @@ static dt_status finish_round(dt_fl_server *s, const double *agg, dt_fl_round_st
 
 static dt_status wait_clients(dt_fl_server *s) {
     double deadline = dt_now() + s->cfg.wait_timeout;
-    while (registered(s) < s->cfg.min_clients) {
+    int need = s->started || s->cfg.start_clients < s->cfg.min_clients ? s->cfg.min_clients : s->cfg.start_clients;
+    while (registered(s) < need) {
         if (dt_now() >= deadline)
             return dt_error(DT_ETIMEDOUT, "fl server: only %d of the %d clients needed (--min-clients) connected within "
                             "%.0f s (--wait-timeout); start more fl-client processes", registered(s),
-                            s->cfg.min_clients, s->cfg.wait_timeout);
+                            need, s->cfg.wait_timeout);
         dt_fl_server_pump(s, deadline);
     }
+    s->started = 1;
     return DT_OK;
 }
 

@@ -28,6 +28,7 @@ struct dt_fl_server {
     size_t np;
     float *global;
     int round;             /* rounds completed */
+    int started;           /* the first round of this process began */
     uint64_t bytes_in, bytes_out;
     /* the round in progress */
     int nsel;

@@ -104,6 +104,14 @@ static void wait_phase(dt_fl_server *s, double deadline) {
         if (!pending) return;
         dt_fl_server_pump(s, deadline);
     }
+    static const char *step[5] = {"", "public keys", "encrypted shares", "masked update", "unmasking shares"};
+    for (int i = 0; i < s->nsel; i++) {
+        int u = g.slot_of[i];
+        int late = g.phase == 1 ? !u : u && expected(s, u) && !g.have[u];
+        if (late && s->sel[i] >= 0)
+            dt_log(DT_LOG_WARN, "fl server: round %u: %s sent no %s by the deadline (%.1f s); going on without it",
+                   g.round, s->conns[s->sel[i]].name, step[g.phase], s->cfg.round_timeout);
+    }
 }
 
 static void next_phase(int phase) {
