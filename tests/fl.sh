@@ -6,8 +6,8 @@
 # Deadlines here are hang guards only; no outcome depends on speed.
 . "$(dirname "$0")/testlib.bash"
 have_fmnist || { echo "skip: Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)"; exit 77; }
-LIMIT=3000; ROUNDS=3
-[ -n "${DTRAIN_SANITIZED:-}" ] && { LIMIT=1000; ROUNDS=2; }
+LIMIT=3000; ROUNDS=3; ACC_MIN=0.4
+[ -n "${DTRAIN_SANITIZED:-}" ] && { LIMIT=1000; ROUNDS=2; ACC_MIN=0.3; }
 SIM=(timeout 300 "$DT" fl-sim --clients 6 --clients-per-round 4 --partition dirichlet:0.5 --train-limit $LIMIT
      --rounds $ROUNDS --lr 0.05 --quiet)
 
@@ -18,7 +18,7 @@ pa=$(grep -o '"final_acc":[0-9.]*' <<<"$p"); sa=$(grep -o '"final_acc":[0-9.]*' 
 if [ -n "$pa" ] && [ "$pa" = "$sa" ] && grep -q '"rounds":'$ROUNDS <<<"$s"; then ok "fl-sim: secure aggregation gives plain FedAvg's model ($pa)"
 else bad "fl-sim plain '$p' vs secure '$s': $(tail -3 "$TMP/p.err" "$TMP/s.err")"; fi
 acc=$(grep -o '"final_acc":[0-9.]*' <<<"$p" | cut -d: -f2)
-python3 -c "import sys; sys.exit(0 if float('${acc:-0}') > 0.4 else 1)" && ok "fl-sim learns (test acc $acc after $ROUNDS rounds)" || bad "fl-sim test acc '$acc'"
+python3 -c "import sys; sys.exit(0 if float('${acc:-0}') > $ACC_MIN else 1)" && ok "fl-sim learns (test acc $acc after $ROUNDS rounds)" || bad "fl-sim test acc '$acc'"
 b_plain=$(grep -o '"bytes_in_per_update":[0-9]*' <<<"$p" | cut -d: -f2); b_sec=$(grep -o '"bytes_in_per_update":[0-9]*' <<<"$s" | cut -d: -f2)
 python3 -c "import sys; sys.exit(0 if 0 < ${b_sec:-0} <= 2 * ${b_plain:-1} else 1)" && ok "secure aggregation bytes per client ${b_sec} <= 2x plain ${b_plain}" || bad "bytes $b_sec vs $b_plain"
 
