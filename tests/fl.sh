@@ -48,8 +48,11 @@ SRV=("$DT" fl-server --listen 127.0.0.1:$PORT --clients-per-round 3 --rounds $R 
 "${SRV[@]}" >"$TMP/srv1.log" 2>&1 & spid=$!
 for _ in $(seq 600); do grep -q listening "$TMP/srv1.log" && break; sleep 0.1; done
 cpids=()
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
 for i in 0 1 2; do
-  timeout 300 "$DT" fl-client --server 127.0.0.1:$PORT --data fashion-mnist --partition iid --clients 30 --client-index $i \
+  CL=("$DT" fl-client)  # the stand-alone client of `make client` (no MPI) plays client 2 when built
+  [ $i -eq 2 ] && [ -x "$ROOT/build-client/dtrain-fl-client" ] && [ -z "${DTRAIN_SANITIZED:-}" ] && CL=("$ROOT/build-client/dtrain-fl-client")
+  timeout 300 "${CL[@]}" --server 127.0.0.1:$PORT --data fashion-mnist --partition iid --clients 30 --client-index $i \
     >"$TMP/c$i.log" 2>&1 & cpids+=($!)
 done
 # a hostile peer: raw bytes to the server port; the server drops it and goes on
