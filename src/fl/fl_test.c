@@ -1,7 +1,7 @@
 /* Tests of federated training's arithmetic: FedAvg with one client, E=1 and one full-batch step
  * equals centralized SGD; FedAvg of full-batch steps over a split equals the centralized step on
  * the union (weights by sample count); FedProx pulls towards the global model; partitions cover
- * every sample; the RDP accountant matches the Gaussian mechanism's closed form at q = 1 and the
+ * every sample; E=1 local training is minibatch SGD in the shuffled order; the RDP accountant matches the Gaussian mechanism's closed form at q = 1 and the
  * published DP-SGD figure (Abadi et al. setting, TF-privacy tutorial). */
 #include "core/test.h"
 #include "dtrain/optim.h"
@@ -70,6 +70,26 @@ static void test_fedavg_equals_sgd(void) {
     for (size_t i = 0; i < np; i++) fed[i] = (float)(global[i] + acc[i]);
     double d2 = dt_test_maxdiff(fed, dt_model_params(c), np);
     CHECK_MSG(d2 < 1e-5, "2 clients weighted FedAvg vs SGD: max diff %g", d2);
+
+    /* E = 1 with batch 47 of 48 samples (a last batch of one) is minibatch SGD in the shuffled order */
+    cfg.batch = 47, cfg.round = 2;
+    CHECK_OK(dt_fl_local_train(m, all, global, &cfg, delta, &loss));
+    memcpy(dt_model_params(c), global, np * 4);
+    uint32_t order[NS];
+    dt_sampler_order(order, NS, cfg.seed ^ ((uint64_t)cfg.round << 20), 0, true);
+    for (int b0 = 0; b0 < NS; b0 += 47) {
+        int cnt = NS - b0 < 47 ? NS - b0 : 47;
+        CHECK_OK(dt_dataset_batch(all, order + b0, cnt, xb, yb));
+        dt_feed fb = {xb, yb, cnt};
+        dt_model_zero_grad(c);
+        CHECK_OK(dt_model_run(c, &fb, true, 0, NULL));
+        CHECK_OK(dt_model_backward_loss(c, 1.0f, NULL, NULL));
+        dt_optim_step(o, dt_model_params(c), dt_model_grads(c), 0.5f);
+    }
+    for (size_t i = 0; i < np; i++) fed[i] = global[i] + delta[i];
+    double d3 = dt_test_maxdiff(fed, dt_model_params(c), np);
+    CHECK_MSG(d3 < 1e-5, "E=1 B=47 local training vs minibatch SGD: max diff %g", d3);
+    cfg.round = 0;
 
     /* FedProx: with E=3 and mu > 0 the update is smaller than FedAvg's */
     cfg.epochs = 3, cfg.batch = 8;
