@@ -33,6 +33,14 @@ static int run_json(const char *exe, const char *args, char *line, size_t cap) {
     return 0;
 }
 
+/* The number after "key": in a JSON line (with or without a space after the colon), or -1. */
+static double field(const char *line, const char *key) {
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    const char *p = strstr(line, pat);
+    return p ? strtod(p + strlen(pat), NULL) : -1;
+}
+
 /* The noise multiplier whose epsilon after `rounds` rounds at rate q is `eps` (bisection). */
 static double sigma_for(double eps, double q, int rounds, double delta) {
     double lo = 0.3, hi = 100;
@@ -68,7 +76,7 @@ int dt_bench_fl(int argc, char **argv) {
     snprintf(args, sizeof args, "--data fashion-mnist --model mlp --epochs %d --batch 32 --optimizer sgd --lr 0.05", cep);
     unlink(metrics);
     if (dt_bench_train_run(args, metrics, line, sizeof line)) return 1;
-    double central = dt_bench_json_field(line, "test_acc");
+    double central = dt_bench_json_field(line, "test_acc");  /* dtrain train writes "key": value */
     double target = central - 0.03;
     printf("%-44s %10s %10s %14s %12s\n", "run", "rounds", "test acc", "rounds to tgt", "server ms/r");
     printf("%-44s %10d %10.4f %14s %12s\n", "centralized SGD (epochs; all 60k)", cep, central, "-", "-");
@@ -77,25 +85,25 @@ int dt_bench_fl(int argc, char **argv) {
     snprintf(args, sizeof args, "%s --rounds %d --local-epochs %d --batch 32 --lr 0.05 --target-acc %.4f%s", base, rounds,
              epochs, target, lim);
     if (run_json(exe, args, line, sizeof line)) return 1;
-    double fa = dt_bench_json_field(line, "best_acc"), fr = dt_bench_json_field(line, "rounds_to_target");
+    double fa = field(line, "best_acc"), fr = field(line, "rounds_to_target");
     printf("%-44s %10d %10.4f %14.0f %12.2f\n", "FedAvg E=1 B=32 (10 clients, dir 0.5)", rounds, fa, fr,
-           dt_bench_json_field(line, "server_cpu_ms_per_round"));
+           field(line, "server_cpu_ms_per_round"));
     snprintf(args, sizeof args, "%s --rounds %d --local-epochs 0 --lr 0.5 --target-acc %.4f --eval-every 5%s", base,
              sgd_rounds, target, lim);
     if (run_json(exe, args, line, sizeof line)) return 1;
-    double sa = dt_bench_json_field(line, "best_acc"), sr = dt_bench_json_field(line, "rounds_to_target");
+    double sa = field(line, "best_acc"), sr = field(line, "rounds_to_target");
     printf("%-44s %10d %10.4f %14.0f %12.2f\n", "FedSGD lr 0.5 (10 clients, dir 0.5)", sgd_rounds, sa, sr,
-           dt_bench_json_field(line, "server_cpu_ms_per_round"));
+           field(line, "server_cpu_ms_per_round"));
     /* overhead and bytes, 100 clients, 10 per round */
     double ms[2], bytes[2];
     for (int sec = 0; sec < 2; sec++) {
         snprintf(args, sizeof args, "fl-sim --clients 100 --clients-per-round 10 --partition iid --rounds 10 --quiet "
                  "--eval-every 100 --local-epochs 1 --lr 0.05%s%s", sec ? " --secure-agg" : "", lim);
         if (run_json(exe, args, line, sizeof line)) return 1;
-        ms[sec] = dt_bench_json_field(line, "server_cpu_ms_per_round");
-        bytes[sec] = dt_bench_json_field(line, "bytes_in_per_update");
+        ms[sec] = field(line, "server_cpu_ms_per_round");
+        bytes[sec] = field(line, "bytes_in_per_update");
         printf("%-44s %10d %10.4f %14s %12.2f\n", sec ? "100 clients, 10/round, secure aggregation" : "100 clients, 10/round, plain",
-               10, dt_bench_json_field(line, "final_acc"), "-", ms[sec]);
+               10, field(line, "final_acc"), "-", ms[sec]);
     }
     printf("# secure aggregation: %.0f bytes per client update vs %.0f plain (%.3fx); server CPU %.2fx\n", bytes[1],
            bytes[0], bytes[1] / bytes[0], ms[1] / ms[0]);
@@ -106,14 +114,14 @@ int dt_bench_fl(int argc, char **argv) {
         snprintf(args, sizeof args, "fl-sim --clients 100 --clients-per-round 10 --partition iid --rounds %d --quiet "
                  "--eval-every 100 --local-epochs 1 --lr 0.05 --dp-clip 0.5 --dp-noise %.4f%s", dp_rounds, sig[i], lim);
         if (run_json(exe, args, line, sizeof line)) return 1;
-        dacc[i] = dt_bench_json_field(line, "final_acc");
+        dacc[i] = field(line, "final_acc");
         printf("%-44s %10d %10.4f %14s %12s   (sigma %.3f, eps %.3f)\n", eps[i] == 1 ? "DP-FedAvg eps 1 (clip 0.5)" : eps[i] == 4 ? "DP-FedAvg eps 4" : "DP-FedAvg eps 8",
-               dp_rounds, dacc[i], "-", "-", sig[i], dt_bench_json_field(line, "epsilon"));
+               dp_rounds, dacc[i], "-", "-", sig[i], field(line, "epsilon"));
     }
     snprintf(args, sizeof args, "fl-sim --clients 100 --clients-per-round 10 --partition iid --rounds %d --quiet "
              "--eval-every 100 --local-epochs 1 --lr 0.05%s", dp_rounds, lim);
     if (run_json(exe, args, line, sizeof line)) return 1;
-    double nodp = dt_bench_json_field(line, "final_acc");
+    double nodp = field(line, "final_acc");
     printf("%-44s %10d %10.4f\n", "same without DP", dp_rounds, nodp);
     printf("{\"bench\":\"fl\",\"central_acc\":%.4f,\"target_acc\":%.4f,\"fedavg_acc\":%.4f,\"fedavg_rounds_to_target\":%.0f,"
            "\"fedsgd_acc\":%.4f,\"fedsgd_rounds_to_target\":%.0f,\"server_ms_per_round\":%.3f,\"server_ms_per_round_secure\":%.3f,"
