@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <math.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -331,6 +332,9 @@ dt_status dt_fl_server_run(dt_fl_server *s, dt_fl_round_fn fn, void *ctx) {
         if ((st = run_round(s, agg, &rs)) != DT_OK) break;
         write_metrics(s, &rs);
         if (fn) fn(ctx, &rs);
+        /* test hook: SIGKILL this server right after round N is checkpointed (no BYE, no flush) */
+        const char *kill_after = getenv("DTRAIN_FL_KILL_AFTER_ROUND");
+        if (kill_after && atoi(kill_after) == s->round) raise(SIGKILL);
     }
     free(agg);
     for (int i = 0; i < s->nconns; i++)
