@@ -93,6 +93,7 @@ void dt_fl_server_destroy(dt_fl_server *s) {
     dt_fl_conns_close(s);
     for (int i = 0; i < DT_FL_MAX_CLIENTS; i++) free(s->upd[i]);
     dt_fl_sa_server_free(s->sa);
+    dt_fl_server_sa_free(s);
     free(s->conns), free(s->global), free(s);
 }
 

@@ -38,6 +38,7 @@ struct dt_fl_server {
     uint32_t upd_samples[DT_FL_MAX_CLIENTS];
     int nupd, ndropped;
     dt_fl_sa_server *sa;            /* secure aggregation of the round (NULL: plain) */
+    struct dt_fl_sa_round *sar;     /* its exchange state (server_sa.c) */
 };
 
 /* Accepts, reads and writes whatever is ready, waiting at most until deadline; complete frames
@@ -52,6 +53,8 @@ void dt_fl_conn_drop(dt_fl_server *s, int c, const char *why);
 void dt_fl_conns_close(dt_fl_server *s);
 /* Pending output of every conn is flushed, or the deadline passed. */
 void dt_fl_server_flush(dt_fl_server *s, double deadline);
+/* Frees the secure-aggregation exchange state. */
+void dt_fl_server_sa_free(dt_fl_server *s);
 /* Handles one complete frame from conn c; returns non-zero to drop c (the error set says why). */
 int dt_fl_server_on_frame(dt_fl_server *s, int c, uint16_t type, const uint8_t *p, uint32_t len);
 
