@@ -70,5 +70,6 @@ if [ $src -eq 0 ] && [ $crc -eq 0 ] && [ "$last" = "$R" ] && grep -q "resumed fr
    && grep -q '"test_acc":0\.' <(tail -1 "$TMP/m.jsonl"); then
   ok "server killed after round $done1, resumed; 3 fl-client processes reconnected; round $R done"
 else bad "resume: server $src clients $crc last round '$last' (killed after $done1): $(cat "$TMP/srv2.log" "$TMP"/c*.log | tail -20)"; fi
+python3 -c "import json,sys; [json.loads(l) for l in open(sys.argv[1])]" "$TMP/m.jsonl" 2>/dev/null && ok "every --metrics line is JSON" || bad "metrics not JSON: $(cat "$TMP/m.jsonl")"
 grep -q "reconnecting" "$TMP/c0.log" && ok "the client logged its reconnect" || bad "no reconnect line: $(cat "$TMP/c0.log")"
 finish
