@@ -58,7 +58,7 @@ int dt_bench_fl(int argc, char **argv) {
     const dt_flag flags[] = {
         {"rounds", DT_FLAG_INT, &rounds, "N", "FedAvg rounds"},
         {"fedsgd-rounds", DT_FLAG_INT, &sgd_rounds, "N", "FedSGD rounds"},
-        {"local-epochs", DT_FLAG_INT, &epochs, "E", "FedAvg local epochs (and centralized epochs = E * rounds / 10, at least 1)"},
+        {"local-epochs", DT_FLAG_INT, &epochs, "E", "FedAvg local epochs (centralized SGD runs E * rounds epochs: the same passes over the data)"},
         {"train-limit", DT_FLAG_INT, &limit, "N", "training samples used (0 = all 60000)"},
         {"dp-rounds", DT_FLAG_INT, &dp_rounds, "N", "rounds of each DP run"},
     };
@@ -73,7 +73,7 @@ int dt_bench_fl(int argc, char **argv) {
     char lim[64] = "";
     if (limit) snprintf(lim, sizeof lim, " --train-limit %d", limit);
     /* centralized reference */
-    int cep = epochs * rounds / 10 > 0 ? epochs * rounds / 10 : 1;
+    int cep = epochs * rounds;  /* equal passes over the data: every FedAvg round trains all 10 clients E epochs */
     snprintf(args, sizeof args, "--data fashion-mnist --model mlp --epochs %d --batch 32 --optimizer sgd --lr 0.05", cep);
     unlink(metrics);
     if (dt_bench_train_run(args, metrics, line, sizeof line)) return 1;
