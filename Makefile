@@ -10,6 +10,7 @@ PKG_CFLAGS := $(shell pkg-config --cflags libcjson 2>/dev/null || echo -I/usr/in
 
 CFLAGS  := -std=c11 -D_GNU_SOURCE -Wall -Wextra -g -fPIC -pthread -fopenmp-simd -Iinclude -Isrc $(PKG_CFLAGS) $(OPT) $(EXTRA_CFLAGS)
 LDLIBS  := -lopenblas -lcjson -lz -lmvec -lm -pthread -lrt
+LDLIBS  += -lsodium -lgfshare
 
 ifeq ($(SAN),1)
   CFLAGS  += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
@@ -159,7 +160,7 @@ demo:
 # seconds (default 60) from its committed seed corpus (fuzz/corpus/NAME), failing on a crash, a
 # leak or an input slower than FUZZ_TIMEOUT seconds (a hang). `make test` runs them briefly
 # (tests/fuzz.sh). New crashers are saved in build-fuzz/crash-*.
-FUZZ_TARGETS := spec checkpoint idx csv text ps
+FUZZ_TARGETS := spec checkpoint idx csv text ps fl
 FUZZ_SECONDS ?= 60
 FUZZ_TIMEOUT ?= 10
 FUZZ_BUILD := build-fuzz
@@ -178,6 +179,15 @@ print-fuzz-targets:
 $(BUILD)/fuzz_%: fuzz/fuzz_%.c fuzz/fuzz_common.h $(BUILD)/libdtrain.a
 	$(CC) $(CFLAGS) -I. -fsanitize=fuzzer -o $@ $< $(BUILD)/libdtrain.a $(LDFLAGS) $(LDLIBS)
 
+# `make client`: the stand-alone federated-learning client for an edge box, without MPI (and, like
+# the whole build, without oneDNN): build-client/dtrain-fl-client (the fl-client command alone).
+.PHONY: client
+client:
+	@$(MAKE) --no-print-directory BUILD=build-client MPI=0 build-client/dtrain-fl-client
+
+$(BUILD)/dtrain-fl-client: src/cli/cmd_fl.c src/cli/flags.c $(BUILD)/libdtrain.a
+	$(CC) $(CFLAGS) -DDT_FL_CLIENT_MAIN $(LDFLAGS) -o $@ src/cli/cmd_fl.c src/cli/flags.c $(BUILD)/libdtrain.a $(LDLIBS)
+
 # Regenerates the PyTorch reference fixtures (needs Debian's python3-torch; CI does not).
 fixtures:
 	/usr/bin/python3 tests/ref/gen_ref.py tests/ref
@@ -190,5 +200,6 @@ print-ldlibs:
 
 clean:
 	rm -rf build build-asan build-fuzz
+	rm -rf build-client
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

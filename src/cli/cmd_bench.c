@@ -7,6 +7,7 @@
 int dt_bench_train(int argc, char **argv);
 int dt_bench_ddp(int argc, char **argv);
 int dt_bench_fault(int argc, char **argv);
+int dt_bench_fl(int argc, char **argv);
 int dt_bench_comm(int argc, char **argv);
 int dt_bench_async(int argc, char **argv);
 int dt_bench_tp(int argc, char **argv);
@@ -16,6 +17,7 @@ int dt_bench_zero(int argc, char **argv);
 static const dt_command g_benches[] = {
     {"train", dt_bench_train, "single-worker training throughput (MLP b32/b128, CNN b128) and GFLOP/s"},
     {"fault", dt_bench_fault, "recovery time after a killed worker, checkpoint overhead"},
+    {"fl", dt_bench_fl, "federated learning: FedAvg vs FedSGD vs centralized, server overhead, secure agg bytes, DP"},
     {"ddp", dt_bench_ddp, "data-parallel throughput for 1, 2, 4 workers with the compute/comm/data split"},
     {"comm", dt_bench_comm, "collective bandwidth and latency per transport (nccl-tests style, -n ranks)"},
     {"async", dt_bench_async, "uneven workers (one slow): ddp, balanced ddp, localsgd, ps with SSP and async"},

@@ -18,6 +18,9 @@ int dt_cmd_predict(int argc, char **argv);
 int dt_cmd_plot(int argc, char **argv);
 int dt_cmd_man(int argc, char **argv);
 int dt_cmd_ckpt(int argc, char **argv);
+int dt_cmd_fl_server(int argc, char **argv);
+int dt_cmd_fl_client(int argc, char **argv);
+int dt_cmd_fl_sim(int argc, char **argv);
 
 static const dt_command g_commands[] = {
     {"train", dt_cmd_train, "train a model (one process, --workers N, or one rank of a launch/mpirun job)"},
@@ -31,6 +34,9 @@ static const dt_command g_commands[] = {
     {"man", dt_cmd_man, "write the manual page dtrain(1), made from the flag tables of --help"},
     {"ckpt", dt_cmd_ckpt, "checkpoint tools: consolidate a sharded checkpoint into one PyTorch-loadable file"},
     {"cache", dt_cmd_cache, "the shared decoded data-set cache: ls (list your files), clear (remove them)"},
+    {"fl-server", dt_cmd_fl_server, "federated learning server: rounds over TCP (FedAvg/FedProx, secure agg, DP)"},
+    {"fl-client", dt_cmd_fl_client, "federated learning client: trains on its own data, sends updates"},
+    {"fl-sim", dt_cmd_fl_sim, "federated learning simulation: server + K client threads over loopback"},
     {NULL, NULL, NULL},
 };
 
