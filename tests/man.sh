@@ -21,13 +21,13 @@ def plain(s):
 def run(*args):
     return subprocess.run([dt, *args], capture_output=True, text=True).stdout
 # the command list
-cmds = re.findall(r"^  (\w+) ", run("--help").split("Commands:")[1].split("\n\n")[0], re.M)
+cmds = re.findall(r"^  ([\w-]+) ", run("--help").split("Commands:")[1].split("\n\n")[0], re.M)
 sect = page.split(".SH COMMANDS\n")[1].split(".SH ")[0]
-man_cmds = re.findall(r"^\.TP\n\.B (\S+)$", sect, re.M)
+man_cmds = [c.replace("\\-", "-") for c in re.findall(r"^\.TP\n\.B (\S+)$", sect, re.M)]
 print("commands", "ok" if cmds == man_cmds and len(cmds) >= 7 else "BAD %r vs %r" % (cmds, man_cmds))
 benches = re.findall(r"^  (\w+) ", run("bench", "--help").split("Benchmarks:")[1], re.M)
 want = [("dtrain " + c, [c]) for c in cmds if c != "bench"] + [("dtrain bench " + b, ["bench", b]) for b in benches]
-sections = dict(re.findall(r'^\.SS "([^"\n]*)"\n(.*?)(?=^\.S[SH] |\Z)', page, re.M | re.S))
+sections = {t.replace("\\-", "-"): b for t, b in re.findall(r'^\.SS "([^"\n]*)"\n(.*?)(?=^\.S[SH] |\Z)', page, re.M | re.S)}
 print("sections", "ok" if sorted(sections) == sorted(t for t, _ in want) else "BAD %r" % sorted(sections))
 nflags = 0
 for title, args in want:

@@ -31,15 +31,26 @@ void dt_round_f16(float *dst, const float *src, size_t n) {
 #endif
 }
 
-/* Per-thread scratch for the rounded copies (grown, never shrunk; freed at thread exit by no one:
- * a few arrays of the largest activation, reachable from thread-local pointers). */
+/* Per-thread scratch for the rounded copies (grown, never shrunk; freed when the thread exits,
+ * by a key destructor that runs while the thread's own scratch is still there). */
 static _Thread_local struct {
     float *p[3];
     size_t n[3];
 } scratch;
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+
+static void scratch_free(void *unused) {
+    (void)unused;
+    for (int k = 0; k < 3; k++) free(scratch.p[k]), scratch.p[k] = NULL, scratch.n[k] = 0;
+}
+
+static void scratch_key_make(void) { pthread_key_create(&scratch_key, scratch_free); }
 
 static float *rounded(int slot, const float *src, size_t n, dt_dtype prec) {
     if (n > scratch.n[slot]) {
+        pthread_once(&scratch_once, scratch_key_make);
+        pthread_setspecific(scratch_key, &scratch);
         float *p = realloc(scratch.p[slot], n * sizeof *p);
         if (!p) abort();  /* a kernel cannot fail; out of memory here is fatal */
         scratch.p[slot] = p, scratch.n[slot] = n;

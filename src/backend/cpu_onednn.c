@@ -30,8 +30,28 @@ static _Thread_local struct {
     size_t conv_n[3];
 } tls;
 
+/* A thread's cache goes when the thread does (fl-sim's client threads, a caller's worker pool):
+ * the key's destructor runs at thread exit, while the thread's own tls is still there. */
+static pthread_key_t tls_key;
+static pthread_once_t tls_once = PTHREAD_ONCE_INIT;
+
+static void entry_clear(dt_dnnl_entry *e);
+
+static void tls_free(void *unused) {
+    (void)unused;
+    for (int i = 0; i < tls.n; i++) entry_clear(&tls.e[i]);
+    for (int k = 0; k < 3; k++) free(tls.conv[k]), tls.conv[k] = NULL, tls.conv_n[k] = 0;
+    if (tls.stream) dnnl_stream_destroy(tls.stream);
+    if (tls.eng) dnnl_engine_destroy(tls.eng);
+    tls.stream = NULL, tls.eng = NULL, tls.n = tls.next = 0;
+}
+
+static void tls_key_make(void) { pthread_key_create(&tls_key, tls_free); }
+
 dnnl_engine_t dt_dnnl_engine(void) {
     if (!tls.eng) {
+        pthread_once(&tls_once, tls_key_make);
+        pthread_setspecific(tls_key, &tls);  /* non-NULL: the destructor runs for this thread */
         if (dnnl_engine_create(&tls.eng, dnnl_cpu, 0) != dnnl_success) return tls.eng = NULL;
         if (dnnl_stream_create(&tls.stream, tls.eng, dnnl_stream_default_flags) != dnnl_success) {
             dnnl_engine_destroy(tls.eng);
