@@ -96,7 +96,7 @@ for run in $(seq "$RUNS"); do
       stopped_ok=$((stopped_ok + 1)); why="stopped, exit $rc, names rank ${blamed:-$victim_rank}"
     else verdict=FAIL why="exit $rc blames rank '${blamed}' but rank $victim_rank was hit"; wrong=$((wrong + 1)); fi
   else
-    done_ok=$((done_ok + 1)); why="exit $rc$(grep -q 'done: test accuracy' "$L" && echo ", trained to the end")"
+    done_ok=$((done_ok + 1)); why="exit $rc$(grep -q 'dtrain: done:' "$L" && echo ", trained to the end")"
   fi
   for f in "$D"/ck/ckpt-*.safetensors "$D/ps.st"; do
     [ -f "$f" ] || continue

@@ -72,8 +72,10 @@ static void on_epoch(void *ctx, const dt_epoch_info *e) {
     if (!isnan(e->val_loss) && e->best_epoch > 0) /* --val-split */
         snprintf(val, sizeof val, " val_loss %.4f val_acc %.4f%s", e->val_loss, e->val_acc,
                  e->best_epoch == e->epoch ? " (best)" : "");
-    printf("epoch %d/%d%s: train_loss %.4f%s%s test_loss %.4f test_acc %.4f %.0f samples/s (%.1fs)\n", e->epoch,
-           pc->epochs, part, e->train_loss, over, val, e->test_loss, e->test_acc, e->samples_per_s, e->epoch_s);
+    char test[64] = " (no test set)";  /* not "nan": there is nothing to evaluate */
+    if (!isnan(e->test_loss)) snprintf(test, sizeof test, " test_loss %.4f test_acc %.4f", e->test_loss, e->test_acc);
+    printf("epoch %d/%d%s: train_loss %.4f%s%s%s %.0f samples/s (%.1fs)\n", e->epoch, pc->epochs, part,
+           e->train_loss, over, val, test, e->samples_per_s, e->epoch_s);
     fflush(stdout);
     if (pc->tb) dt_tb_writer_epoch(pc->tb, e);  /* an error is kept and reported at the end */
 }
@@ -484,9 +486,12 @@ static int run_rank(int argc, char **argv, train_opts *o, int job_ranks) {
         /* stopped because another rank died or stalled: say so to the launcher */
         return s == DT_EPEER || s == DT_ETIMEDOUT ? DT_EXIT_PEER : 1;
     }
-    if (pc.last.epoch > 0)
+    if (pc.last.epoch > 0 && !isnan(pc.last.test_loss))
         printf("dtrain: done: test accuracy %.4f, test loss %.4f after %lld steps (%.1fs)\n", pc.last.test_acc,
                pc.last.test_loss, (long long)pc.last.global_step, pc.last.wall_s);
+    else if (pc.last.epoch > 0)
+        printf("dtrain: done: %lld steps (%.1fs); no test set to evaluate on (a --data with a test split, or "
+               "--val-split F)\n", (long long)pc.last.global_step, pc.last.wall_s);
     if (!trained && rank == 0)
         printf("dtrain: nothing to train: already at step %lld, the end of --epochs %d%s\n", (long long)last_step,
                cfg.epochs, cfg.max_steps ? " or --max-steps" : "");
