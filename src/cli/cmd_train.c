@@ -1,9 +1,11 @@
-/* dtrain train / dtrain eval: flags -> dt_train_config, a progress bar (terminal) or plain
- * progress lines (pipes), and one line per epoch with train/test loss, accuracy and speed. */
+/* dtrain train / dtrain eval: flags -> dt_train_config, one rank or --workers N local ranks
+ * (supervised, --elastic), and the run's end lines. What rank 0 prints while it trains (the
+ * progress bar, one line per epoch) is in train_progress.c. */
 #include "cli/cli.h"
 #include "cli/train_uneven.h"
 #include "cli/train_mesh.h"
 #include "cli/train_pp.h"
+#include "cli/train_progress.h"
 #include "cli/train_mem.h"
 #include "dtrain/dtrain.h"
 #include "run/ckpt_dir.h"
@@ -19,77 +21,10 @@
 #include <strings.h>
 #include <unistd.h>
 
-typedef struct {
-    bool quiet, tty;
-    int epochs;
-    dt_epoch_info last;  /* the last finished epoch, for the closing line */
-    dt_tb_writer *tb;    /* --tensorboard (rank 0), or NULL */
-} progress_ctx;
-
-static void fmt_duration(char *buf, size_t cap, double s) {
-    if (s < 0 || !isfinite(s)) s = 0;
-    int t = (int)(s + 0.5);
-    if (t >= 3600) snprintf(buf, cap, "%d:%02d:%02d", t / 3600, t / 60 % 60, t % 60);
-    else snprintf(buf, cap, "%d:%02d", t / 60, t % 60);
-}
-
-static void on_progress(void *ctx, const dt_progress_info *p) {
-    progress_ctx *pc = ctx;
-    if (pc->quiet) return;
-    char eta[32];
-    fmt_duration(eta, sizeof eta, p->eta_s);
-    if (pc->tty) {
-        enum { WIDTH = 28 };
-        int fill = p->steps_per_epoch ? (int)(WIDTH * p->step_in_epoch / p->steps_per_epoch) : 0;
-        char bar[WIDTH + 1];
-        for (int i = 0; i < WIDTH; i++) bar[i] = i < fill ? '#' : '.';
-        bar[WIDTH] = '\0';
-        fprintf(stderr, "\r\033[Kepoch %d/%d [%s] %lld/%lld loss %.4f %.0f samples/s ETA %s", p->epoch + 1,
-                p->epochs, bar, (long long)p->step_in_epoch, (long long)p->steps_per_epoch, p->loss,
-                p->samples_per_s, eta);
-        fflush(stderr);
-    } else if (p->step_in_epoch < p->steps_per_epoch) {
-        /* plain lines for logs: at most one every few seconds */
-        static double last;
-        if (p->elapsed_s - last < 5.0 && last <= p->elapsed_s) return;
-        last = p->elapsed_s;
-        fprintf(stderr, "epoch %d/%d step %lld/%lld loss %.4f %.0f samples/s ETA %s\n", p->epoch + 1, p->epochs,
-                (long long)p->step_in_epoch, (long long)p->steps_per_epoch, p->loss, p->samples_per_s, eta);
-    }
-}
-
-static void on_epoch(void *ctx, const dt_epoch_info *e) {
-    progress_ctx *pc = ctx;
-    pc->last = *e;
-    if (pc->tty && !pc->quiet) fprintf(stderr, "\r\033[K");
-    /* say so when the epoch was cut short (--max-steps) or its loss covers only part of it (resumed) */
-    char part[64] = "", over[96] = "";
-    if (e->steps_per_epoch > 0 && e->epoch_steps < e->steps_per_epoch)
-        snprintf(part, sizeof part, " (%lld of %lld steps)", (long long)e->epoch_steps, (long long)e->steps_per_epoch);
-    if (e->steps_per_epoch > 0 && e->steps < e->epoch_steps)
-        snprintf(over, sizeof over, " (over its last %lld steps, since the resume)", (long long)e->steps);
-    char val[96] = "";
-    if (!isnan(e->val_loss) && e->best_epoch > 0) /* --val-split */
-        snprintf(val, sizeof val, " val_loss %.4f val_acc %.4f%s", e->val_loss, e->val_acc,
-                 e->best_epoch == e->epoch ? " (best)" : "");
-    char test[64] = " (no test set)";  /* not "nan": there is nothing to evaluate */
-    if (!isnan(e->test_loss)) snprintf(test, sizeof test, " test_loss %.4f test_acc %.4f", e->test_loss, e->test_acc);
-    printf("epoch %d/%d%s: train_loss %.4f%s%s%s %.0f samples/s (%.1fs)\n", e->epoch, pc->epochs, part,
-           e->train_loss, over, val, test, e->samples_per_s, e->epoch_s);
-    fflush(stdout);
-    if (pc->tb) dt_tb_writer_epoch(pc->tb, e);  /* an error is kept and reported at the end */
-}
-
 static volatile sig_atomic_t g_stop;
 static void on_stop_signal(int sig) {
     (void)sig;
     g_stop = 1;
-}
-
-static void on_note(void *ctx, const char *msg) {
-    (void)ctx;
-    printf("dtrain: %s\n", msg);
-    fflush(stdout);
 }
 
 static void print_launch_event(void *ctx, const char *msg) {
@@ -430,10 +365,10 @@ static int run_rank(int argc, char **argv, train_opts *o, int job_ranks) {
     dt_log_set_rank(world > 1 ? rank : -1);
     if (rank != 0) quiet = true;
     const bool tty = isatty(2) || (rank == 0 && getenv("DTRAIN_PROGRESS_TTY") && dt_comm_env_is_rank());
-    progress_ctx pc = {.quiet = quiet, .tty = tty, .epochs = cfg.epochs};
-    cfg.on_progress = on_progress;
-    cfg.on_epoch = on_epoch;
-    cfg.on_note = on_note;
+    dt_train_progress pc = {.quiet = quiet, .tty = tty, .epochs = cfg.epochs};
+    cfg.on_progress = dt_train_print_progress;
+    cfg.on_epoch = dt_train_print_epoch;
+    cfg.on_note = dt_train_print_note;
     cfg.cb_ctx = &pc;
     if (o->tensorboard && rank == 0 && dt_tb_writer_create(&pc.tb, o->tensorboard) != DT_OK) {
         dt_comm_destroy(comm);
