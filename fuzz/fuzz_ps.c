@@ -31,18 +31,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     sv.units = cfg.units_per_epoch;
     sv.total = p.dynamic ? INT64_MAX : cfg.epochs * cfg.units_per_epoch;
     sv.ep0 = cfg.start_epoch, sv.nep = cfg.epochs - cfg.start_epoch;
+    if (dt_ps_books_alloc(&sv) != DT_OK) return 0;
     pthread_mutex_init(&sv.mu, NULL);
     pthread_cond_init(&sv.cv, NULL);
-    sv.clock = calloc((size_t)W, sizeof *sv.clock);
-    sv.pending = malloc((size_t)W * 2 * sizeof *sv.pending);
-    sv.wunits = calloc((size_t)W, sizeof *sv.wunits);
-    sv.units_done = calloc((size_t)sv.nep, sizeof *sv.units_done);
-    sv.loss_sum = calloc((size_t)sv.nep, sizeof *sv.loss_sum);
-    sv.samples = calloc((size_t)sv.nep, sizeof *sv.samples);
-    sv.wsamples = calloc((size_t)(sv.nep * W), sizeof *sv.wsamples);
-    sv.wbusy = calloc((size_t)(sv.nep * W), sizeof *sv.wbusy);
-    sv.wait = calloc((size_t)sv.nep, sizeof *sv.wait);
-    sv.pushes = calloc((size_t)sv.nep, sizeof *sv.pushes);
     for (int k = 0; k < W * 2; k++) sv.pending[k] = k < W ? k : -1;  /* worker w starts holding seq w */
     while (size >= 1 + sizeof(ps_push)) {
         int w = data[0] % W;
@@ -53,8 +44,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (dt_ps_push_check(&sv, w, &m) == DT_OK) dt_ps_push_record(&sv, w, &m);
         pthread_mutex_unlock(&sv.mu);
     }
-    free(sv.clock), free(sv.pending), free(sv.wunits), free(sv.units_done), free(sv.loss_sum);
-    free(sv.samples), free(sv.wsamples), free(sv.wbusy), free(sv.wait), free(sv.pushes), free(sv.ahead);
+    dt_ps_books_free(&sv);
     pthread_cond_destroy(&sv.cv);
     pthread_mutex_destroy(&sv.mu);
     return 0;

@@ -4,24 +4,13 @@
 # ranks as soon as they exist: no check depends on how fast the machine trains.
 . "$(dirname "$0")/testlib.bash"
 if ! have_fmnist; then echo "skip: Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)"; exit 77; fi
-rank_pid() {  # LAUNCHER-PID SLOT [NOT-PID]: pid of the child with DTRAIN_RANK=SLOT (not NOT-PID), max 60 s
-  local i c
-  for i in $(seq 600); do
-    for c in $(pgrep -P "$1"); do
-      [ "$c" = "${3:-}" ] && continue
-      tr '\0' '\n' 2>/dev/null <"/proc/$c/environ" | grep -qx "DTRAIN_RANK=$2" && { echo "$c"; return 0; }
-    done
-    sleep 0.1
-  done
-  return 1
-}
 for slot in 1 0; do
   D="$TMP/ck$slot"
   $DT train --workers 2 --model mlp --batch 64 --epochs 1 --max-steps 400 --quiet --elastic 1:2 \
     --checkpoint-dir "$D" --checkpoint-every 100 --metrics "$TMP/m$slot.jsonl" >"$TMP/el$slot.log" 2>&1 &
   pid=$!
-  v1=$(rank_pid $pid $slot) && kill -9 "$v1"
-  v2=$(rank_pid $pid $slot "$v1") && kill -9 "$v2"
+  v1=$(wait_rank_pid $pid $slot) && kill -9 "$v1"
+  v2=$(wait_rank_pid $pid $slot "$v1") && kill -9 "$v2"
   wait $pid
   rc=$?
   log=$(cat "$TMP/el$slot.log")

@@ -66,17 +66,6 @@ PY
 else echo "note: no torch; the PyTorch load check is skipped"; fi
 
 # --elastic --zero 2: slot 2 of 3 is killed once at start and once after a checkpoint exists
-rank_pid() {  # LAUNCHER-PID SLOT [NOT-PID]: pid of the child with DTRAIN_RANK=SLOT (not NOT-PID), max 60 s
-  local i c
-  for i in $(seq 600); do
-    for c in $(pgrep -P "$1"); do
-      [ "$c" = "${3:-}" ] && continue
-      tr '\0' '\n' 2>/dev/null <"/proc/$c/environ" | grep -qx "DTRAIN_RANK=$2" && { echo "$c"; return 0; }
-    done
-    sleep 0.1
-  done
-  return 1
-}
 D="$TMP/ck"
 STEPS=${DTRAIN_SANITIZED:+120}
 # --slow 0:50 (rank 0 sleeps 49x its compute; ddp runs at its pace): the job outlasts both kills
@@ -84,9 +73,9 @@ STEPS=${DTRAIN_SANITIZED:+120}
 $DT train --data "$TMP/d.csv" --model "linear(64) relu linear(4)" --workers 3 --zero 2 --batch 4 --epochs 50 \
   --max-steps ${STEPS:-400} --quiet --elastic 2:3 --checkpoint-dir "$D" --checkpoint-every 20 --slow 0:50 >"$TMP/el.log" 2>&1 &
 pid=$!
-v1=$(rank_pid $pid 2) && kill -9 "$v1"
+v1=$(wait_rank_pid $pid 2) && kill -9 "$v1"
 for i in $(seq 600); do ls "$D"/ckpt-*.safetensors >/dev/null 2>&1 && break; sleep 0.1; done
-v2=$(rank_pid $pid 2 "$v1") && kill -9 "$v2"
+v2=$(wait_rank_pid $pid 2 "$v1") && kill -9 "$v2"
 wait $pid
 rc=$?
 log=$(cat "$TMP/el.log")

@@ -345,6 +345,38 @@ static dt_status epochs(server *sv) {
     return st;
 }
 
+/* The per-worker and per-epoch books (W = sv->p->W workers, sv->nep epochs), zeroed. */
+dt_status dt_ps_books_alloc(server *sv) {
+    const size_t W = (size_t)sv->p->W, E = (size_t)sv->nep;
+    sv->clock = calloc(W, sizeof *sv->clock);
+    sv->alive = calloc(W, sizeof *sv->alive);
+    sv->bye = calloc(W, sizeof *sv->bye);
+    sv->pending = calloc(W * 2, sizeof *sv->pending);
+    sv->requeue = calloc(W * 2, sizeof *sv->requeue);
+    sv->wunits = calloc(W, sizeof *sv->wunits);
+    sv->units_done = calloc(E, sizeof *sv->units_done);
+    sv->loss_sum = calloc(E, sizeof *sv->loss_sum);
+    sv->samples = calloc(E, sizeof *sv->samples);
+    sv->wsamples = calloc(E * W, sizeof *sv->wsamples);
+    sv->wbusy = calloc(E * W, sizeof *sv->wbusy);
+    sv->wait = calloc(E, sizeof *sv->wait);
+    sv->pushes = calloc(E, sizeof *sv->pushes);
+    if (sv->clock && sv->alive && sv->bye && sv->pending && sv->requeue && sv->wunits && sv->units_done &&
+        sv->loss_sum && sv->samples && sv->wsamples && sv->wbusy && sv->wait && sv->pushes)
+        return DT_OK;
+    dt_ps_books_free(sv);
+    return dt_error(DT_ENOMEM, "ps server: out of memory");
+}
+
+void dt_ps_books_free(server *sv) {
+    free(sv->clock), free(sv->alive), free(sv->bye), free(sv->pending), free(sv->requeue), free(sv->wunits);
+    free(sv->units_done), free(sv->ahead), free(sv->loss_sum), free(sv->samples), free(sv->wsamples);
+    free(sv->wbusy), free(sv->wait), free(sv->pushes);
+    sv->clock = NULL, sv->alive = NULL, sv->bye = NULL, sv->pending = sv->requeue = sv->wunits = NULL;
+    sv->units_done = sv->ahead = sv->samples = sv->wsamples = sv->pushes = NULL;
+    sv->loss_sum = sv->wbusy = sv->wait = NULL;
+}
+
 static void server_free(server *sv, handler *h) {
     for (int w = 0; h && w < sv->p->W; w++) {
         dt_free(h[w].grad);
@@ -353,20 +385,7 @@ static void server_free(server *sv, handler *h) {
     free(h);
     dt_optim_free(sv->opt);
     dt_free(sv->w);
-    free(sv->clock);
-    free(sv->alive);
-    free(sv->bye);
-    free(sv->pending);
-    free(sv->requeue);
-    free(sv->wunits);
-    free(sv->units_done);
-    free(sv->ahead);
-    free(sv->loss_sum);
-    free(sv->samples);
-    free(sv->wsamples);
-    free(sv->wbusy);
-    free(sv->wait);
-    free(sv->pushes);
+    dt_ps_books_free(sv);
     pthread_cond_destroy(&sv->cv);
     pthread_mutex_destroy(&sv->mu);
 }
@@ -390,23 +409,8 @@ dt_status dt_ps_serve(dt_strategy *s, const dt_serve_config *cfg) {
     pthread_cond_init(&sv.cv, NULL);
     handler *h = calloc((size_t)W, sizeof *h);
     sv.w = dt_alloc(sv.n * sizeof(float) + 1);
-    sv.clock = calloc((size_t)W, sizeof *sv.clock);
-    sv.alive = calloc((size_t)W, sizeof *sv.alive);
-    sv.bye = calloc((size_t)W, sizeof *sv.bye);
-    sv.pending = calloc((size_t)W * 2, sizeof *sv.pending);
-    sv.requeue = calloc((size_t)W * 2, sizeof *sv.requeue);
-    sv.wunits = calloc((size_t)W, sizeof *sv.wunits);
-    sv.units_done = calloc((size_t)sv.nep, sizeof *sv.units_done);
-    sv.loss_sum = calloc((size_t)sv.nep, sizeof *sv.loss_sum);
-    sv.samples = calloc((size_t)sv.nep, sizeof *sv.samples);
-    sv.wsamples = calloc((size_t)(sv.nep * W), sizeof *sv.wsamples);
-    sv.wbusy = calloc((size_t)(sv.nep * W), sizeof *sv.wbusy);
-    sv.wait = calloc((size_t)sv.nep, sizeof *sv.wait);
-    sv.pushes = calloc((size_t)sv.nep, sizeof *sv.pushes);
-    dt_status st = DT_OK;
-    if (!h || !sv.w || !sv.clock || !sv.alive || !sv.loss_sum || !sv.samples || !sv.wsamples || !sv.wbusy || !sv.wait || !sv.pushes || !sv.bye ||
-        !sv.pending || !sv.requeue || !sv.wunits || !sv.units_done)
-        st = dt_error(DT_ENOMEM, "ps server: out of memory");
+    dt_status st = dt_ps_books_alloc(&sv);
+    if (st == DT_OK && (!h || !sv.w)) st = dt_error(DT_ENOMEM, "ps server: out of memory");
     if (st == DT_OK) st = dt_optim_create(&sv.opt, dt_optim_config_of(s->optim), sv.n);
     if (st != DT_OK) {
         server_free(&sv, h);

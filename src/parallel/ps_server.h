@@ -64,6 +64,14 @@ struct server {
     int nnotes;
 };
 
+/* ---- the server's books (ps_server.c) ---- */
+
+/* Allocates sv's per-worker and per-epoch arrays for sv->p->W workers and sv->nep epochs, zeroed;
+ * DT_ENOMEM (nothing left allocated) otherwise. */
+dt_status dt_ps_books_alloc(server *sv);
+/* Frees them (the seqs above done_lo too); safe on a partial or freed set. */
+void dt_ps_books_free(server *sv);
+
 /* ---- a worker's push (ps_server.c); with the server lock held ---- */
 
 /* DT_OK when push m of worker w is possible here (counts, version, step, unit in range); else
