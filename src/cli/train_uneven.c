@@ -91,6 +91,19 @@ static int parse_staleness(const char *text, int *bound) {
     return 0;
 }
 
+/* add_option for a flag given as "FLAG VALUE" on the command line (messages name it so). */
+static int add_flag(dt_cli_uneven *u, const char *key, const char *value, const char *flag) {
+    char given[128];
+    snprintf(given, sizeof given, "%s %.60s", flag, value);
+    return add_option(u, u->spec, key, value, given);
+}
+
+static int add_int_flag(dt_cli_uneven *u, const char *key, int value, const char *flag) {
+    char num[16];
+    snprintf(num, sizeof num, "%d", value);
+    return add_flag(u, key, num, flag);
+}
+
 /* The strategy flags into the spec u->spec (from cfg->strategy); 0 or the exit status. */
 static int compose_spec(dt_cli_uneven *u, dt_train_config *cfg, const char *name) {
     const bool ps = !strcmp(name, "ps");
@@ -98,48 +111,19 @@ static int compose_spec(dt_cli_uneven *u, dt_train_config *cfg, const char *name
     int r = 0;
     u->implicit_ddp = !cfg->strategy && (u->bucket_mb > 0 || u->compress || u->allreduce || u->zero_given);
     snprintf(u->spec, sizeof u->spec, "%s", cfg->strategy ? cfg->strategy : u->implicit_ddp ? "ddp" : "");
-    if (u->servers_given && !r) {
-        snprintf(num, sizeof num, "%d", u->servers);
-        char flag[80];
-        snprintf(flag, sizeof flag, "--servers %d", u->servers);
-        r = add_option(u, u->spec, "servers", num, flag);
-    }
-    if (u->staleness && !r) {
-        char flag[96];
-        snprintf(flag, sizeof flag, "--staleness %.60s", u->staleness);
-        r = add_option(u, u->spec, "staleness", u->staleness, flag);
-    }
+    if (u->servers_given && !r) r = add_int_flag(u, "servers", u->servers, "--servers");
+    if (u->staleness && !r) r = add_flag(u, "staleness", u->staleness, "--staleness");
     if (ps && u->balance && !r)
         r = add_option(u, u->spec, "shards", strcmp(u->balance, "dynamic") ? "fixed" : "dynamic", "--balance");
     if (u->overlap && !r) r = add_option(u, u->spec, "overlap", "1", "--ps-overlap");
-    if (u->sync_every_given && !r) {
-        snprintf(num, sizeof num, "%d", u->sync_every);
-        char flag[80];
-        snprintf(flag, sizeof flag, "--sync-every %d", u->sync_every);
-        r = add_option(u, u->spec, "sync_every", num, flag);
-    }
+    if (u->sync_every_given && !r) r = add_int_flag(u, "sync_every", u->sync_every, "--sync-every");
     if (u->bucket_mb > 0 && !r) {
         snprintf(num, sizeof num, "%g", u->bucket_mb);
-        char flag[80];
-        snprintf(flag, sizeof flag, "--bucket-mb %g", u->bucket_mb);
-        r = add_option(u, u->spec, "bucket_mb", num, flag);
+        r = add_flag(u, "bucket_mb", num, "--bucket-mb");
     }
-    if (u->compress && !r) {
-        char flag[96];
-        snprintf(flag, sizeof flag, "--compress %.60s", u->compress);
-        r = add_option(u, u->spec, "compress", u->compress, flag);
-    }
-    if (u->allreduce && !r) {
-        char flag[96];
-        snprintf(flag, sizeof flag, "--allreduce %.60s", u->allreduce);
-        r = add_option(u, u->spec, "allreduce", u->allreduce, flag);
-    }
-    if (u->zero_given && !r) {
-        snprintf(num, sizeof num, "%d", u->zero);
-        char flag[80];
-        snprintf(flag, sizeof flag, "--zero %d", u->zero);
-        r = add_option(u, u->spec, "zero", num, flag);
-    }
+    if (u->compress && !r) r = add_flag(u, "compress", u->compress, "--compress");
+    if (u->allreduce && !r) r = add_flag(u, "allreduce", u->allreduce, "--allreduce");
+    if (u->zero_given && !r) r = add_int_flag(u, "zero", u->zero, "--zero");
     if (!r && u->spec[0]) cfg->strategy = u->spec;
     return r;
 }
