@@ -45,10 +45,6 @@ void dt_flag_default_text(const dt_flag *f, char *buf, size_t cap);
 /* The exit statuses, one line each, for the --help texts. */
 extern const char dt_cli_exit_help[];
 
-/* dtrain eval of --checkpoint/--weights/--model (cmd_io.c); returns the exit status. */
-int dt_cli_eval_source(const char *ckpt, const char *weights, const char *model, const char *data, int batch,
-                       int threads);
-
 /* Subcommands: each returns the process exit status. argv[0] is the subcommand name. */
 typedef struct {
     const char *name;

@@ -1,4 +1,4 @@
-/* dtrain export / dtrain predict, and dtrain eval of a plain weights file: a model from
+/* dtrain eval / dtrain export / dtrain predict: a model from
  * --checkpoint FILE, or --weights FILE with --model SPEC, written as ONNX or run over a data
  * set with its predictions written as CSV or JSON Lines (atomically: temp file, then rename). */
 #include "cli/cli.h"
@@ -11,7 +11,8 @@
 #include <string.h>
 #include <unistd.h>
 
-int dt_cli_eval_source(const char *ckpt, const char *weights, const char *model, const char *data, int batch,
+/* dtrain eval of --checkpoint/--weights/--model; returns the exit status. */
+static int eval_source(const char *ckpt, const char *weights, const char *model, const char *data, int batch,
                        int threads) {
     if (model && !weights && !ckpt)
         return dt_cli_usage("pass --weights FILE with --model SPEC", "--model %s needs --weights FILE", model);
@@ -101,5 +102,41 @@ int dt_cmd_export(int argc, char **argv) {
                     dt_last_error());
         return dt_cli_setup_status(s);
     }
+    return 0;
+}
+
+static const char EVAL_USAGE[] =
+    "Usage: dtrain eval --checkpoint FILE | --weights FILE --model SPEC [--data DIR] [--batch N]\n\n"
+    "Evaluates a checkpoint written by 'dtrain train --save' on the test split of a data set, or a\n"
+    "plain safetensors weights file (PyTorch's save_file(model.state_dict())) by PyTorch names.";
+
+int dt_cmd_eval(int argc, char **argv) {
+    const char *ckpt = NULL, *data = "fashion-mnist", *weights = NULL, *model = NULL;
+    int batch = 256, threads = 1;
+    const dt_flag flags[] = {
+        {"checkpoint", DT_FLAG_STR, &ckpt, "FILE", "checkpoint to evaluate (required)"},
+        {"data", DT_FLAG_STR, &data, "DIR", "IDX directory, fashion-mnist, mnist, a .csv, or text:FILE / kjv for a GPT (its last 10%)"},
+        {"batch", DT_FLAG_INT, &batch, "N", "evaluation batch size"},
+        {"threads", DT_FLAG_INT, &threads, "N", "BLAS threads"},
+        {"weights", DT_FLAG_STR, &weights, "FILE", "a plain safetensors weights file (PyTorch state_dict names) instead of --checkpoint"},
+        {"model", DT_FLAG_STR, &model, "SPEC", "with --weights: the model the weights belong to (mlp, cnn, a spec, gpt:...)"},
+    };
+    int r = dt_flags_parse(argc, argv, 1, flags, (int)(sizeof flags / sizeof *flags), EVAL_USAGE, NULL, 0, NULL, NULL);
+    if (r) return r < 0 ? 2 : 0;
+    if (weights || model) return eval_source(ckpt, weights, model, data, batch, threads);
+    if (!ckpt) return dt_cli_usage("pass --checkpoint FILE (written by dtrain train --save)", "no --checkpoint given");
+    if (batch < 1) return dt_cli_usage(NULL, "--batch %d: need at least 1", batch);
+    if (threads < 1) return dt_cli_usage(NULL, "--threads %d: need at least 1", threads);
+    dt_set_threads(threads);
+    float loss, acc;
+    int64_t n;
+    const char *split = "test";
+    dt_status s = dt_evaluate_checkpoint(ckpt, data, batch, &loss, &acc, &n, &split);
+    if (s != DT_OK) {
+        dt_cli_fail(NULL, "%s", dt_last_error());
+        return dt_cli_setup_status(s);
+    }
+    printf("eval: %lld samples, loss %.4f, accuracy %.4f%s\n", (long long)n, loss, acc,
+           strcmp(split, "test") ? " (training split: the data set has no test split)" : "");
     return 0;
 }
