@@ -1,4 +1,5 @@
-/* Shared helpers of the strategy tests: a small separable 4-class CSV data set in a temp dir. */
+/* Shared helpers of the strategy tests: small data sets in a temp dir (a separable 4-class CSV, a
+ * text corpus), forked ranks, parameter files. */
 #ifndef DT_DIST_TESTLIB_H
 #define DT_DIST_TESTLIB_H
 
@@ -26,6 +27,17 @@ static inline void dt_test_write_toy_csv(char *dir, char *csv, const char *tmpl,
             fprintf(f, ",%.5f", dt_rng_uniform(seed, 2, (uint64_t)(i * 12 + k)) + (k % 4 == y ? 1.5f : 0.0f));
         fprintf(f, "\n");
     }
+    fclose(f);
+}
+
+/* Writes 3001 bytes of varied English-like text to path (GPT tests: 187 windows of 16 and some for
+ * validation) and sets spec (cap bytes) to "text:PATH". Aborts when the file cannot be written. */
+static inline void dt_test_write_corpus(const char *path, char *spec, size_t cap) {
+    snprintf(spec, cap, "text:%s", path);
+    const char *words[] = {"the ", "lord ", "said ", "unto ", "moses ", "and ", "of ", "in ", "light ", "was ", ".\n"};
+    FILE *f = fopen(path, "w");
+    if (!f) abort();
+    for (int i = 0; ftell(f) < 3001; i++) fputs(words[dt_rng_u64(9, 1, (uint64_t)i) % 11], f);
     fclose(f);
 }
 

@@ -177,11 +177,7 @@ static void write_corpus(void) {
     if (!mkdtemp(g_dir)) abort();
     char path[128];
     snprintf(path, sizeof path, "%s/corpus.txt", g_dir);
-    snprintf(g_text, sizeof g_text, "text:%s", path);
-    const char *words[] = {"the ", "lord ", "said ", "unto ", "moses ", "and ", "of ", "in ", "light ", "was ", ".\n"};
-    FILE *f = fopen(path, "w");
-    for (int i = 0; f && ftell(f) < 3001; i++) fputs(words[dt_rng_u64(9, 1, (uint64_t)i) % 11], f);
-    if (f) fclose(f);
+    dt_test_write_corpus(path, g_text, sizeof g_text);
     write_idx();
 }
 

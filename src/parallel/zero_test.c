@@ -328,11 +328,7 @@ static void write_data(void) {
     write_idx(g_img, "t10k-labels-idx1-ubyte", 30, 1, 4);
     char p[200];
     snprintf(p, sizeof p, "%s/corpus.txt", g_dir);
-    snprintf(g_txt, sizeof g_txt, "text:%s", p);
-    const char *words[] = {"the ", "lord ", "said ", "unto ", "moses ", "and ", "of ", "in ", "light ", "was ", ".\n"};
-    FILE *f = fopen(p, "w");
-    for (int i = 0; f && ftell(f) < 3001; i++) fputs(words[dt_rng_u64(9, 1, (uint64_t)i) % 11], f);
-    if (f) fclose(f);
+    dt_test_write_corpus(p, g_txt, sizeof g_txt);
 }
 
 int main(void) {
