@@ -25,15 +25,13 @@ static dt_status pp_step_unused(dt_strategy *s, float lr, float clip, dt_step_st
     return dt_error(DT_EINTERNAL, "pp: the pipeline trains through its own train_step");
 }
 
-/* The lowest stage that uses tensor t (it broadcasts it and owns its share of the norm). */
-static int owner_stage(const dt_pp *p, int t) {
+int dt_pp_owner_stage(const dt_pp *p, int t) {
     for (int k = 0; k < p->K; k++)
         if (p->users[t] >> k & 1) return k;
     return 0;
 }
 
-/* The optimizer state i of the segment holding slab offset off, or NULL. */
-static float *seg_state(dt_pp *p, int i, size_t off) {
+float *dt_pp_seg_state(dt_pp *p, int i, size_t off) {
     for (int g = 0; g < p->nseg; g++)
         if (off >= p->seg[g].lo && off < p->seg[g].hi)
             return dt_optim_state(p->seg[g].opt, i, NULL) + (off - p->seg[g].lo);
@@ -44,22 +42,23 @@ static float *seg_state(dt_pp *p, int i, size_t off) {
 static dt_status pp_sync(dt_strategy *s) {
     dt_pp *p = s->impl;
     dt_model *m = s->model;
+    if (p->tp > 1) return dt_pp_tp_sync(s);
     if (p->K == 1) goto moments;
     for (int t = 0; t < dt_model_num_tensors(m); t++) {
         const dt_param_info *ti = dt_model_tensor(m, t);
         float *base = (ti->is_buffer ? dt_model_buffers(m) : dt_model_params(m)) + ti->offset;
-        dt_status st = dt_comm_broadcast(p->pp, base, ti->numel, DT_F32, owner_stage(p, t));
+        dt_status st = dt_comm_broadcast(p->pp, base, ti->numel, DT_F32, dt_pp_owner_stage(p, t));
         if (st != DT_OK)
             return dt_error_wrap(st, "pipeline stage %d (rank %d): gathering tensor %s from stage %d", p->stage,
-                                 p->rank, ti->name, owner_stage(p, t));
+                                 p->rank, ti->name, dt_pp_owner_stage(p, t));
     }
 moments:  /* to the rank that writes checkpoints, rank 0 (stage 0 of pipeline 0) */
     for (int t = 0; p->dp_i == 0 && t < dt_model_num_tensors(m); t++) {
         const dt_param_info *ti = dt_model_tensor(m, t);
-        const int own = owner_stage(p, t);
+        const int own = dt_pp_owner_stage(p, t);
         if (ti->is_buffer || (p->stage != 0 && p->stage != own)) continue;
         for (int i = 0; i < p->nstates; i++) {
-            float *full = dt_optim_state(s->optim, i, NULL) + ti->offset, *mine = seg_state(p, i, ti->offset);
+            float *full = dt_optim_state(s->optim, i, NULL) + ti->offset, *mine = dt_pp_seg_state(p, i, ti->offset);
             dt_status st = DT_OK;
             if (own == 0 && p->stage == 0) memcpy(full, mine, ti->numel * sizeof(float));
             else if (p->stage == 0) st = dt_comm_recv(p->pp, full, ti->numel, DT_F32, own, DT_COMM_TAG_MAX - 1);
@@ -82,8 +81,11 @@ static void pp_destroy(dt_strategy *s) {
         free(sl->in), free(sl->out), free(sl->gin), free(sl->gout), free(sl->x), free(sl->y);
     }
     for (int g = 0; g < p->nseg; g++) dt_optim_free(p->seg[g].opt);
-    dt_comm *cs[] = {p->fwd, p->bwd, p->data, p->pp, p->dp};
+    dt_comm *cs[] = {p->fwd, p->bwd, p->data};
     for (size_t i = 0; i < sizeof cs / sizeof *cs; i++) dt_comm_destroy(cs[i]);
+    dt_mesh_free(&p->mesh);
+    dt_tp_hooks_destroy(p->hooks);
+    if (p->m != s->model) dt_model_free(p->m);
     free(p->slots), free(p->seg), free(p->users), free(p->acts), free(p->buf_save);
     free(p);
     s->impl = NULL;
@@ -107,9 +109,9 @@ static void pp_report(dt_strategy *s, char *out, size_t cap) {
     if (p->K == 1) all[0] = rss;
     else if (dt_comm_allgather(p->pp, &rss, all, 1, DT_F64) != DT_OK)
         for (int i = 0; i < p->K; i++) all[i] = -1;
-    int k = snprintf(out, cap, ", \"pp\": {\"stages\": %d, \"microbatches\": %d, \"schedule\": \"%s\", "
+    int k = snprintf(out, cap, ", \"pp\": {\"stages\": %d, \"tp\": %d, \"microbatches\": %d, \"schedule\": \"%s\", "
                      "\"bubble\": %.4f, \"bubble_ideal\": %.4f, \"bytes_sent\": %.0f, \"peak_inflight\": %.0f, "
-                     "\"peak_act_bytes\": %.0f, \"cut\": [", p->K, p->o.microbatches,
+                     "\"peak_act_bytes\": %.0f, \"cut\": [", p->K, p->tp, p->o.microbatches,
                      dt_pp_schedule_name(p->o.schedule), v[0] / p->K,
                      (double)(p->K - 1) / (p->o.microbatches + p->K - 1), v[1], mx[1], mx[0]);
     for (int i = 1; i < p->K && k > 0 && (size_t)k < cap; i++)  /* the cut: first node of stages 1.. */
@@ -123,9 +125,30 @@ static void pp_report(dt_strategy *s, char *out, size_t cap) {
     if (k > 0 && (size_t)k < cap) snprintf(out + k, cap - (size_t)k, "], \"rss_max_mb\": %.1f}", top);
 }
 
+/* Bus bytes per mesh axis: tp (the stage's shard collectives), pp (this pipeline's sends, the
+ * shared tensors' sums, the sync), dp. */
+static void pp_axis_bytes(dt_strategy *s, uint64_t bytes[3]) {
+    const dt_pp *p = s->impl;
+    bytes[0] = dt_comm_bytes(p->mesh.tp_comm, NULL);
+    bytes[1] = dt_comm_bytes(p->pp, NULL) + dt_comm_bytes(p->fwd, NULL) + dt_comm_bytes(p->bwd, NULL) +
+               dt_comm_bytes(p->data, NULL);
+    bytes[2] = dt_comm_bytes(p->dp, NULL);
+}
+
 static const dt_strategy_ops pp_ops = {.name = "pp", .train_step = dt_pp_train_step, .init = pp_init,
                                        .begin_step = pp_begin, .grad_ready = pp_ready, .step = pp_step_unused,
-                                       .destroy = pp_destroy, .sync = pp_sync, .report = pp_report};
+                                       .destroy = pp_destroy, .sync = pp_sync, .report = pp_report,
+                                       .axis_bytes = pp_axis_bytes};
+
+void dt_pp_tp_counters(const dt_strategy *s, dt_tp_counters *c) {
+    const uint64_t dp = c->dp_bytes;
+    memset(c, 0, sizeof *c);
+    if (!s || s->ops != &pp_ops || !((const dt_pp *)s->impl)->hooks) return;
+    const dt_pp *p = s->impl;
+    c->dp_bytes = dp;
+    dt_tp_hooks_counters(p->hooks, c);
+    c->dp_bytes = dt_comm_bytes(p->dp, NULL);
+}
 
 /* users[t]: the stages whose nodes use tensor t. */
 static dt_status find_users(dt_pp *p, const dt_model *m) {
@@ -143,7 +166,7 @@ static dt_status find_users(dt_pp *p, const dt_model *m) {
 /* The slab ranges this stage updates (its tensors, merged where contiguous), each with an
  * optimizer that starts from the trainer's (a resumed run's moments and step count). */
 static dt_status make_segments(dt_strategy *s, dt_pp *p) {
-    dt_model *m = s->model;
+    dt_model *m = p->m;
     const int nt = dt_model_num_tensors(m);
     if (!(p->seg = calloc((size_t)nt + 1, sizeof *p->seg))) return dt_error(DT_ENOMEM, "pp: out of memory");
     for (int t = 0; t < nt; t++) {  /* tensors are laid out in table order, so offsets increase */
@@ -156,18 +179,19 @@ static dt_status make_segments(dt_strategy *s, dt_pp *p) {
         dt_pp_segment *sg = &p->seg[g];
         DT_TRY(dt_optim_create(&sg->opt, dt_optim_config_of(s->optim), sg->hi - sg->lo));
         dt_optim_set_steps(sg->opt, dt_optim_steps(s->optim));
-        for (int i = 0; i < dt_optim_num_states(s->optim); i++)
+        for (int i = 0; m == s->model && i < dt_optim_num_states(s->optim); i++)
             memcpy(dt_optim_state(sg->opt, i, NULL), dt_optim_state(s->optim, i, NULL) + sg->lo,
                    (sg->hi - sg->lo) * sizeof(float));
     }
+    if (m != s->model && s->optim) dt_pp_tp_scatter_moments(s, p);
     return DT_OK;
 }
 
-/* The communicators: this pipeline's stages (and three duplicates, so that activations,
- * gradients and fed tokens each keep their own order) and this stage's data-parallel peers. */
+/* The communicators: the mesh's pipeline (this tp index's stages) with three duplicates, so that
+ * activations, gradients and fed tokens each keep their own order, and this stage's data-parallel
+ * peers. */
 static dt_status make_comms(dt_strategy *s, dt_pp *p) {
-    DT_TRY(dt_comm_split(s->comm, p->dp_i, p->stage, &p->pp));
-    DT_TRY(dt_comm_split(s->comm, p->stage, p->dp_i, &p->dp));
+    p->pp = p->mesh.pp_comm, p->dp = p->mesh.dp_comm;
     s->data_comm = p->dp;
     if (p->K == 1) return DT_OK;
     DT_TRY(dt_comm_split(p->pp, 0, p->stage, &p->fwd));
@@ -175,24 +199,35 @@ static dt_status make_comms(dt_strategy *s, dt_pp *p) {
     return dt_comm_split(p->pp, 0, p->stage, &p->data);
 }
 
-static dt_status pp_setup(dt_strategy *s, dt_pp *p) {
-    dt_model *m = s->model;
+/* This rank's place in the dp x pp x tp mesh and its axes. */
+static dt_status place(dt_strategy *s, dt_pp *p) {
     const int world = dt_comm_size(s->comm);
-    if (world % p->K)
+    p->tp = p->o.tp > 0 ? p->o.tp : 1;
+    if (p->tp == 1 && world % p->K)
         return dt_error(DT_EINVAL, "--pp %d: the job has %d ranks, not a multiple of %d; start K x DP ranks (e.g. "
                         "--workers %d)", p->K, world, p->K, p->K);
-    p->DP = world / p->K, p->rank = dt_comm_rank(s->comm);
-    p->stage = p->rank % p->K, p->dp_i = p->rank / p->K;
+    DT_TRY(dt_mesh_create(&p->mesh, s->comm, p->tp, p->K));
+    p->DP = p->mesh.dp, p->rank = dt_comm_rank(s->comm);
+    p->stage = p->mesh.pp_rank, p->dp_i = p->mesh.dp_rank, p->tr = p->mesh.tp_rank;
+    return DT_OK;
+}
+
+static dt_status pp_setup(dt_strategy *s, dt_pp *p) {
+    DT_TRY(place(s, p));
     double *cost = NULL;
     if (p->o.measured && !p->o.split[0] && p->K > 1) {
-        if (!(cost = malloc(sizeof(double) * (size_t)dt_model_num_nodes(m)))) return dt_error(DT_ENOMEM, "pp: out of memory");
-        dt_status st = dt_pp_measure_costs(m, s->comm, 8, 3, cost);
+        const int n = dt_model_num_nodes(s->model);
+        if (!(cost = malloc(sizeof(double) * (size_t)n))) return dt_error(DT_ENOMEM, "pp: out of memory");
+        dt_status st = dt_pp_measure_costs(s->model, s->comm, 8, 3, cost);
         if (st != DT_OK) free(cost);
         DT_TRY(st);
     }
-    dt_status cs = dt_pp_cut(m, p->K, p->o.split, cost, p->first);
+    dt_status cs = dt_pp_cut(s->model, p->K, p->o.split, cost, p->first);  /* by the whole model's costs */
     free(cost);
     DT_TRY(cs);
+    p->m = s->model;
+    if (p->tp > 1) DT_TRY(dt_pp_tp_setup(s, p));
+    dt_model *m = p->m;
     p->lo = p->first[p->stage], p->hi = p->first[p->stage + 1];
     p->in_vals = p->stage > 0 ? dt_model_node_size(m, p->lo - 1) : 0;
     p->out_vals = p->stage < p->K - 1 ? dt_model_node_size(m, p->hi - 1) : 0;
@@ -201,6 +236,7 @@ static dt_status pp_setup(dt_strategy *s, dt_pp *p) {
         p->reads_x[k] = k > 0 && dt_model_range_reads_input(m, p->first[k], p->first[k + 1], 0);
         p->reads_y[k] = k > 0 && dt_model_range_reads_input(m, p->first[k], p->first[k + 1], 1);
     }
+    if (p->hooks && p->K > 1) p->reads_y[p->K - 1] = true;  /* the shard's loss is outside its graph */
     DT_TRY(find_users(p, m));
     p->nstates = s->optim ? dt_optim_num_states(s->optim) : 0;
     p->steps0 = s->optim ? dt_optim_steps(s->optim) : 0;
@@ -238,7 +274,7 @@ static dt_status pp_create(dt_strategy *s, const void *opts) {
 
 static void pp_defaults(void *opts) {
     dt_pp_opts *o = opts;
-    *o = (dt_pp_opts){.stages = 2, .microbatches = 0, .schedule = DT_PP_1F1B};
+    *o = (dt_pp_opts){.stages = 2, .tp = 1, .microbatches = 0, .schedule = DT_PP_1F1B};
 }
 
 static dt_status int_opt(const char *key, const char *value, int lo, int hi, int *out) {
@@ -253,6 +289,7 @@ static dt_status int_opt(const char *key, const char *value, int lo, int hi, int
 static dt_status pp_set(void *opts, const char *key, const char *value) {
     dt_pp_opts *o = opts;
     if (!strcmp(key, "stages")) return int_opt(key, value, 1, DT_PP_MAX_STAGES, &o->stages);
+    if (!strcmp(key, "tp")) return int_opt(key, value, 1, 4096, &o->tp);
     if (!strcmp(key, "microbatches")) return int_opt(key, value, 1, DT_PP_MAX_MICRO, &o->microbatches);
     if (!strcmp(key, "schedule")) return dt_pp_schedule_parse(value, &o->schedule);
     if (!strcmp(key, "cost")) {
@@ -271,19 +308,26 @@ static void pp_format(const void *opts, char *out, size_t cap) {
     const dt_pp_opts *o = opts;
     int k = snprintf(out, cap, "stages=%d,microbatches=%d,schedule=%s", o->stages,
                      o->microbatches ? o->microbatches : o->stages, dt_pp_schedule_name(o->schedule));
+    if (o->tp > 1 && k > 0 && (size_t)k < cap) k += snprintf(out + k, cap - (size_t)k, ",tp=%d", o->tp);
     if (o->measured && k > 0 && (size_t)k < cap) k += snprintf(out + k, cap - (size_t)k, ",cost=measured");
     if (o->split[0] && k > 0 && (size_t)k < cap) snprintf(out + k, cap - (size_t)k, ",split=%s", o->split);
 }
 
-/* Every stage of pipeline dp_i trains the same samples: the data is split over the DP axis only. */
+/* Every rank of model copy dp_i (its stages and their tp ranks) trains the same samples: the data
+ * is split over the DP axis only. A size that tp x K does not divide keeps (rank, size): the
+ * strategy then refuses it, saying what divides. */
 static void pp_data_part(const void *opts, int rank, int size, int *data_rank, int *data_world) {
-    const int K = ((const dt_pp_opts *)opts)->stages;
-    *data_world = size % K == 0 ? size / K : size;
-    *data_rank = size % K == 0 ? rank / K : rank;
+    const dt_pp_opts *o = opts;
+    const int per = o->stages * (o->tp > 0 ? o->tp : 1);
+    if (size % per != 0) return;
+    int tr, pr;
+    dt_mesh_coords(rank, o->tp > 0 ? o->tp : 1, o->stages, &tr, &pr, data_rank);
+    *data_world = size / per;
 }
 
 const dt_strategy_entry dt_strategy_pp_entry = {
-    .name = "pp", .help = "pp(stages=K,microbatches=M,schedule=gpipe|1f1b,cost=flops|measured,split=N1:N2:...)",
-    .keys = "stages,microbatches,schedule,cost,split", .opts_size = sizeof(dt_pp_opts), .defaults = pp_defaults,
+    .name = "pp", .help = "pp(stages=K,microbatches=M,schedule=gpipe|1f1b,cost=flops|measured,split=N1:N2:...,tp=T)  "
+                          "ranks: (dp_i*K + stage)*T + tp_i",
+    .keys = "stages,microbatches,schedule,cost,split,tp", .opts_size = sizeof(dt_pp_opts), .defaults = pp_defaults,
     .set = pp_set, .create = pp_create, .format = pp_format, .needs_comm = true,
     .data_part = pp_data_part};

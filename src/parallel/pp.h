@@ -3,12 +3,15 @@
  * step that runs a schedule with point-to-point sends (pp_step.c) and the strategy itself (pp.c:
  * options, communicators, optimizer segments, state for checkpoints, metrics).
  *
- * Rank order of the mesh (agreed with tensor parallelism): rank = (dp_i * PP + pp_i) * TP + tp_i,
- * TP innermost; this strategy has TP = 1, so rank = dp_i * PP + pp_i. */
+ * Rank order of the mesh (mesh.h): rank = (dp_i * PP + pp_i) * TP + tp_i, TP innermost. With
+ * tp=T > 1 each stage runs its cut of the tensor-parallel GPT shard over its T ranks (pp_tp.c:
+ * the shard, its hooks, the gathers of a sync); without, TP = 1 and rank = dp_i * PP + pp_i. */
 #ifndef DT_PARALLEL_PP_H
 #define DT_PARALLEL_PP_H
 
+#include "parallel/mesh.h"
 #include "parallel/strategy.h"
+#include "parallel/tp.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -20,7 +23,8 @@ typedef enum { DT_PP_GPIPE = 0, DT_PP_1F1B } dt_pp_schedule_kind;
 
 /* pp's options: "pp(stages=K,microbatches=M,schedule=gpipe|1f1b,split=N1:N2:...)". */
 typedef struct {
-    int stages;                 /* K >= 1; the world must be a multiple of K (the rest is DP) */
+    int stages;                 /* K >= 1; the world must be a multiple of tp x K (the rest is DP) */
+    int tp;                     /* T >= 1 tensor-parallel ranks per stage (a GPT's shards) */
     int microbatches;           /* M >= 1 per rank-batch (default K) */
     dt_pp_schedule_kind schedule;
     char split[160];            /* "" = balanced; else K-1 first nodes of stages 1..K-1, by index or name */
@@ -84,14 +88,19 @@ typedef struct {
 typedef struct {
     dt_pp_opts o;
     int K, DP, stage, dp_i, rank;  /* rank: in the strategy's communicator */
+    int tp, tr;                    /* tensor-parallel ranks per stage, this rank's index among them */
+    dt_mesh mesh;                  /* the dp x pp x tp axes (pp and dp below are its communicators) */
+    dt_model *m;                   /* the model the stage runs: s->model, or (tp > 1) the rank's shard */
+    dt_tp_hooks *hooks;            /* tp > 1: the shard's collectives over the stage's tp axis */
     int first[DT_PP_MAX_STAGES + 1];
     int lo, hi;                    /* this stage's nodes [lo, hi) */
-    dt_comm *pp, *fwd, *bwd, *data, *dp;  /* pp: the stages of this pipeline (fwd, bwd, data: its
-                                           * duplicates for activations, gradients, tokens) */
+    dt_comm *pp, *fwd, *bwd, *data, *dp;  /* pp: the stages of this pipeline, the ranks of this tp
+                                           * index (fwd, bwd, data: its duplicates for activations,
+                                           * gradients, tokens); pp and dp belong to the mesh */
     size_t in_vals, out_vals;      /* values per sample of the stage input (node lo-1) and output */
     size_t x_vals, y_vals;         /* values per sample of the fed inputs */
     bool reads_x[DT_PP_MAX_STAGES], reads_y[DT_PP_MAX_STAGES];
-    uint64_t *users;               /* per tensor: bit k set when stage k uses it */
+    uint64_t *users;               /* per tensor of m: bit k set when stage k uses it */
     dt_pp_segment *seg;
     int nseg;
     int nstates;                   /* optimizer moments per parameter (0 sgd, 1 momentum, 2 adam) */
@@ -115,7 +124,27 @@ typedef struct {
 /* Trains one step of b on this stage (pp_step.c): the schedule's micro-batches, then the
  * gradient sums over shared tensors and the data-parallel axis, clipping and the update. */
 dt_status dt_pp_train_step(dt_strategy *s, const dt_step_batch *b, dt_step_result *r);
-/* The world rank of stage k of this pipeline. */
-static inline int dt_pp_world_rank(const dt_pp *p, int k) { return p->dp_i * p->K + k; }
+/* The world rank of stage k of this pipeline (this rank's tp index). */
+static inline int dt_pp_world_rank(const dt_pp *p, int k) { return dt_mesh_rank(p->tp, p->K, p->tr, k, p->dp_i); }
+/* The lowest stage that uses tensor t of p->m (it owns the tensor's share of the norm, and its
+ * values and moments for a sync). */
+int dt_pp_owner_stage(const dt_pp *p, int t);
+/* The optimizer state i of the segment holding offset off of p->m's slab, or NULL. */
+float *dt_pp_seg_state(dt_pp *p, int i, size_t off);
+
+/* ---- stages of tensor-parallel shards (pp_tp.c) ---- */
+
+/* tp > 1: the rank's shard of s->model (a GPT) as p->m with the hooks over the stage's tp axis,
+ * its parameters scattered from s->model; the cut (from the whole model) ends at the shard's last
+ * node (the loss is computed outside its graph). DT_EINVAL for a model that is not a GPT. */
+dt_status dt_pp_tp_setup(dt_strategy *s, dt_pp *p);
+/* tp > 1: the segments' moments from the whole optimizer s->optim (a resumed run's). */
+void dt_pp_tp_scatter_moments(dt_strategy *s, dt_pp *p);
+/* tp > 1: every rank's s->model gets the whole current parameters (each tensor gathered over its
+ * owner stage's tp axis, then broadcast along the pipeline) and world rank 0's s->optim the whole
+ * moments. Collective over the job. */
+dt_status dt_pp_tp_sync(dt_strategy *s);
+/* The tp counters of a pp strategy (zeros without tp, or for another strategy). */
+void dt_pp_tp_counters(const dt_strategy *s, dt_tp_counters *c);
 
 #endif

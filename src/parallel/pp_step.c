@@ -9,6 +9,12 @@
  * communicator runs its ops in issue order, and on each one every stage issues them in
  * micro-batch order of its direction, so the chains cannot wait on one another in a cycle.
  *
+ * Tensor parallel stages (tp > 1): the stage runs its nodes of the rank's GPT shard, whose hooks
+ * reduce over the stage's tp axis (tp_hooks.c); the activations crossing a cut are replicated in
+ * it, so tp rank j of stage k talks to tp rank j of its neighbours. The ids go into each stage
+ * that reads them as they are and are mapped into its vocabulary slice there; the last stage's
+ * vocabulary-parallel loss (with the targets stage 0 sent it) is taken when its backward starts.
+ *
  * Memory: the model holds the activations of one micro-batch. A micro-batch in flight keeps only
  * its stage input (and the output sent on); its backward recomputes the stage's forward from it
  * unless the model still holds it (GPipe's re-materialisation; batchnorm running statistics are
@@ -119,41 +125,53 @@ static dt_status recv_now(step_ctx *c, dt_comm *comm, void *buf, size_t count, d
     return DT_OK;
 }
 
-/* The feed of micro-batch j on this stage: stage 0's own, elsewhere what it received. */
+/* The targets of micro-batch j on this stage: stage 0's own, elsewhere what it received. */
+static const int32_t *stage_targets(step_ctx *c, int j) {
+    dt_pp *p = c->p;
+    if (p->stage == 0) return feed_y(c, j);
+    return p->reads_y[p->stage] && c->b->feed.y ? p->slots[p->mb_slot[j]].y : NULL;
+}
+
+/* The feed of micro-batch j on this stage: stage 0's own, elsewhere what it received (a tp
+ * shard's ids mapped into its vocabulary slice). */
 static dt_feed stage_feed(step_ctx *c, int j) {
     dt_pp *p = c->p;
     const dt_pp_slot *sl = &p->slots[p->mb_slot[j]];
-    const bool last = p->stage == p->K - 1;
-    if (p->stage == 0) return (dt_feed){.x = feed_x(c, j), .y = last ? feed_y(c, j) : NULL, .n = mb_n(c, j)};
-    return (dt_feed){.x = p->reads_x[p->stage] ? sl->x : NULL, .y = p->reads_y[p->stage] && c->b->feed.y ? sl->y : NULL,
-                     .n = mb_n(c, j)};
+    const bool last = p->stage == p->K - 1, reads = p->stage == 0 || p->reads_x[p->stage];
+    const void *x = !reads ? NULL : p->hooks ? (const void *)dt_tp_hooks_ids(p->hooks, mb_lo(c, j))
+                                  : p->stage == 0 ? (const void *)feed_x(c, j) : (const void *)sl->x;
+    return (dt_feed){.x = x, .y = last || p->stage > 0 ? stage_targets(c, j) : NULL, .n = mb_n(c, j)};
 }
 
 /* Runs this stage's nodes on micro-batch j from its kept input. */
 static dt_status run_forward(step_ctx *c, int j) {
     dt_pp *p = c->p;
-    dt_model *m = c->s->model;
+    dt_model *m = p->m;
     const int n = mb_n(c, j);
     DT_TRY(dt_model_prepare(m, n, true, (uint64_t)(c->b->step * c->M + j)));
     if (p->stage > 0)
         memcpy(dt_model_node_buffer(m, p->lo - 1), p->slots[p->mb_slot[j]].in, (size_t)n * p->in_vals * sizeof(float));
     dt_feed f = stage_feed(c, j);
+    if (p->hooks) dt_tp_hooks_select(p->hooks, mb_lo(c, j), n);
     DT_TRY(dt_model_forward_nodes(m, &f, p->lo, p->hi));
+    if (p->hooks) DT_TRY(dt_tp_hooks_status(p->hooks));
     p->live = j;
     return DT_OK;
 }
 
 static dt_status forward(step_ctx *c, int j) {
     dt_pp *p = c->p;
-    dt_model *m = c->s->model;
+    dt_model *m = p->m;
     const int n = mb_n(c, j);
     DT_TRY(take_slot(c, j, n));
     dt_pp_slot *sl = &p->slots[p->mb_slot[j]];
     if (p->stage > 0)
         DT_TRY(recv_now(c, p->fwd, sl->in, (size_t)n * p->in_vals, DT_F32, p->stage - 1, j, "receiving the activation",
                         j));
-    if (p->reads_x[p->stage])
+    if (p->reads_x[p->stage]) {
         DT_TRY(recv_now(c, p->data, sl->x, (size_t)n * p->x_vals, DT_I32, 0, 2 * j, "receiving the tokens", j));
+        if (p->hooks) DT_TRY(dt_tp_hooks_map(p->hooks, sl->x, mb_lo(c, j), n, c->b->feed.n));
+    }
     if (p->reads_y[p->stage] && c->b->feed.y)
         DT_TRY(recv_now(c, p->data, sl->y, (size_t)n * p->y_vals, DT_I32, 0, 2 * j + 1, "receiving the targets", j));
     const double t0 = dt_now();
@@ -163,7 +181,9 @@ static dt_status forward(step_ctx *c, int j) {
     const double t1 = dt_now();
     dt_trace_add(c->s->trace, name, 0, t0, t1, c->s->step);
     p->busy += t1 - t0;
-    if (p->stage == p->K - 1) {
+    if (p->stage == p->K - 1 && p->hooks) {
+        /* the vocabulary-parallel loss is taken at the backward, from the activations it needs */
+    } else if (p->stage == p->K - 1) {
         const float loss = dt_model_node_values(m, dt_model_loss_node(m))[0];
         if (!isfinite(loss))
             return dt_error(DT_EINVAL, "training diverged: loss is %g at step %lld on rank %d (pipeline stage %d); "
@@ -184,7 +204,7 @@ static dt_status forward(step_ctx *c, int j) {
  * were, so that they are updated once per micro-batch. */
 static dt_status recompute(step_ctx *c, int j) {
     dt_pp *p = c->p;
-    dt_model *m = c->s->model;
+    dt_model *m = p->m;
     const size_t nb = dt_model_num_buffers(m);
     if (nb) memcpy(p->buf_save, dt_model_buffers(m), nb * sizeof(float));
     dt_status st = run_forward(c, j);
@@ -192,9 +212,24 @@ static dt_status recompute(step_ctx *c, int j) {
     return st;
 }
 
+/* The last stage of tp shards: the vocabulary-parallel loss of micro-batch j (the model holds its
+ * activations), added to the step's; *dout its logits' gradient, scaled by share. */
+static dt_status shard_loss(step_ctx *c, int j, float share, const float **dout) {
+    dt_pp *p = c->p;
+    const int n = mb_n(c, j);
+    double loss;
+    DT_TRY(dt_tp_hooks_loss(p->hooks, stage_targets(c, j), n, share, &loss));
+    if (!isfinite(loss))
+        return dt_error(DT_EINVAL, "training diverged: loss is %g at step %lld on rank %d (pipeline stage %d); "
+                        "lower --lr or set --clip", loss, (long long)c->b->step, p->rank, p->stage);
+    p->loss_sum += loss * n;
+    *dout = dt_tp_hooks_dlogits(p->hooks);
+    return DT_OK;
+}
+
 static dt_status backward(step_ctx *c, int j) {
     dt_pp *p = c->p;
-    dt_model *m = c->s->model;
+    dt_model *m = p->m;
     const int n = mb_n(c, j);
     dt_pp_slot *sl = &p->slots[p->mb_slot[j]];
     const bool last = p->stage == p->K - 1;
@@ -211,7 +246,13 @@ static dt_status backward(step_ctx *c, int j) {
                         "receiving the output gradient", j));
     const double t0 = dt_now();
     const float share = (float)((double)n * c->b->world / c->b->n_global);  /* of the global mean */
-    DT_TRY(dt_model_backward_nodes(m, p->lo, p->hi, last ? NULL : sl->gin, share, NULL, NULL));
+    const float *dout = last ? NULL : sl->gin;
+    if (p->hooks) {
+        if (last) DT_TRY(shard_loss(c, j, share, &dout));
+        dt_tp_hooks_select(p->hooks, mb_lo(c, j), n);
+    }
+    DT_TRY(dt_model_backward_nodes(m, p->lo, p->hi, dout, share, NULL, NULL));
+    if (p->hooks) DT_TRY(dt_tp_hooks_status(p->hooks));
     char name[24];
     snprintf(name, sizeof name, "B%d", j);
     const double t1 = dt_now();
@@ -239,6 +280,8 @@ static dt_status run_schedule(step_ctx *c) {
     dt_pp *p = c->p;
     dt_pp_schedule(p->o.schedule, p->stage, p->K, c->M, p->acts);
     if (p->stage == 0 && p->K > 1) DT_TRY(send_feeds(c));
+    if (p->stage == 0 && p->hooks && c->b->feed.n > 0)
+        DT_TRY(dt_tp_hooks_map(p->hooks, c->b->feed.x, 0, c->b->feed.n, c->b->feed.n));
     for (int i = 0; i < 2 * c->M; i++)
         DT_TRY(p->acts[i].backward ? backward(c, p->acts[i].mb) : forward(c, p->acts[i].mb));
     for (int i = 0; i < p->nslots; i++) {
@@ -266,9 +309,8 @@ static dt_status pass_loss(step_ctx *c) {
 
 /* Sums the gradients of tensors that several stages use, averages over DP, clips, updates. */
 static dt_status update(step_ctx *c) {
-    dt_strategy *s = c->s;
     dt_pp *p = c->p;
-    dt_model *m = s->model;
+    dt_model *m = p->m;
     float *g = dt_model_grads(m), *w = dt_model_params(m);
     for (int t = 0; p->K > 1 && t < dt_model_num_tensors(m); t++) {
         const dt_param_info *ti = dt_model_tensor(m, t);
@@ -292,10 +334,11 @@ static dt_status update(step_ctx *c) {
             const dt_param_info *ti = dt_model_tensor(m, t);
             int own = 0;
             while (own < p->K && !(p->users[t] >> own & 1)) own++;
-            if (ti->is_buffer || own != p->stage) continue;
+            if (ti->is_buffer || own != p->stage || (p->hooks && !dt_tp_in_norm(ti->name, p->tr))) continue;
             for (size_t i = 0; i < ti->numel; i++) ss += (double)g[ti->offset + i] * g[ti->offset + i];
         }
         if (p->K > 1) DT_TRY(dt_comm_allreduce(p->pp, &ss, &ss, 1, DT_F64, DT_OP_SUM));
+        if (p->tp > 1) DT_TRY(dt_comm_allreduce(p->mesh.tp_comm, &ss, &ss, 1, DT_F64, DT_OP_SUM));
         const float norm = (float)sqrt(ss), clip = c->b->clip;
         if (norm > clip) {
             const float k = clip / (norm + 1e-6f);  /* as dt_clip_grad_norm (torch adds 1e-6) */
@@ -313,7 +356,7 @@ dt_status dt_pp_train_step(dt_strategy *s, const dt_step_batch *b, dt_step_resul
     const double t0 = dt_now();
     memset(r, 0, sizeof *r);
     s->ops->begin_step(s, b->step);
-    dt_model_zero_grad(s->model);
+    dt_model_zero_grad(p->m);
     step_ctx *c = calloc(1, sizeof *c);
     if (!c) return dt_error(DT_ENOMEM, "pp: out of memory");
     c->s = s, c->p = p, c->b = b;
@@ -340,9 +383,10 @@ dt_status dt_pp_train_step(dt_strategy *s, const dt_step_batch *b, dt_step_resul
     free(c->data_req);
     free(c);
     DT_TRY(st);
-    /* stage 0 reports the pipeline's samples and loss once (the trainer sums ranks' figures) */
-    r->n = p->stage == 0 ? b->feed.n : 0;
-    r->loss_sum = p->stage == 0 ? p->loss_sum : 0;
+    /* stage 0 (its tp rank 0) reports the pipeline's samples and loss once (the trainer sums ranks' figures) */
+    const bool reports = p->stage == 0 && p->tr == 0;
+    r->n = reports ? b->feed.n : 0;
+    r->loss_sum = reports ? p->loss_sum : 0;
     s->cur.n = r->n, s->cur.loss_sum = r->loss_sum, s->cur.busy_s = busy;
     r->compute_s = dt_now() - t0;
     return DT_OK;

@@ -18,6 +18,7 @@
  * gradients and the whole optimizer's own moments are freed, so a rank keeps P whole parameters
  * plus 4P/K of shards (world rank 0 2P more) instead of 4P. */
 #include "parallel/mesh.h"
+#include "parallel/pp.h"
 #include "parallel/strategy.h"
 #include "parallel/tp.h"
 #include "dtrain/models.h"
@@ -32,16 +33,6 @@ typedef struct {
     double bucket_mb;  /* the inner ddp's buckets over the dp axis */
 } tp_opts;
 
-/* What a node's hooks do. */
-enum {
-    ROLE_NONE = 0,
-    ROLE_ROW,        /* row-parallel c_proj: allreduce its output (g); zero its bias gradient off rank 0 */
-    ROLE_COL,        /* column-parallel c_attn / c_fc: allreduce its input's gradient (f) */
-    ROLE_HEAD,       /* the tied head: allreduce its input's gradient */
-    ROLE_EMBED,      /* the token embedding: zero lookups outside the slice, allreduce */
-    ROLE_EMBED_GRAD, /* the embedding sum: zero the token rows outside the slice of its gradient */
-};
-
 typedef struct {
     dt_strategy *s;
     dt_mesh mesh;
@@ -50,21 +41,12 @@ typedef struct {
     dt_model *local;
     dt_optim *lopt;
     dt_strategy *ddp;        /* over the dp axis; NULL with one data-parallel rank */
-    unsigned char *role;     /* per node of local */
-    int *src;                /* per node: the node whose gradient ROLE_COL / ROLE_HEAD reduce */
-    int wte;
-    int32_t *ids;            /* the step's ids mapped into the rank's vocabulary slice */
-    unsigned char *keep;     /* whether each id is in the slice */
-    const unsigned char *cur_keep;
-    float *dlogits, *work;
-    size_t cap;              /* samples ids/keep/dlogits/work hold */
-    int B;                   /* samples of the current micro-batch */
-    dt_status err;           /* the first failure inside a hook */
-    double comm_s;           /* this step's time in tp collectives */
+    dt_tp_hooks *hooks;      /* the shard's collectives (tp_hooks.c) */
+    dt_status err;           /* a failure of the norm's allreduce inside tp_update */
     bool whole;              /* this rank holds the whole state (world rank 0 after a sync) */
     float *whole_m[2];       /* world rank 0: the whole optimizer moments, assembled by sync (the others
                               * hold only their shards: the whole model's own moments are freed) */
-    dt_tp_counters cnt;
+    uint64_t dp_bytes;       /* what the dp axis moved */
 } tp;
 
 /* Wraps a failure on the tp axis: its ranks are world ranks (tp rank i = world rank base + i). */
@@ -72,67 +54,6 @@ static dt_status tp_fail(const tp *t, dt_status st, const char *what, size_t n) 
     const int base = dt_comm_rank(t->s->comm) - t->r;
     return dt_error_wrap(st, "tensor parallel: %s %zu (tp rank %d of %d; tp rank i is world rank %d+i)", what, n, t->r,
                          t->K, base);
-}
-
-/* One allreduce (sum) of the tp axis from a hook; counts its bytes; records a failure. */
-static void reduce(tp *t, float *buf, size_t n, bool block) {
-    if (t->err != DT_OK || !t->mesh.tp_comm || t->K == 1) return;
-    const uint64_t b0 = dt_comm_bytes(t->mesh.tp_comm, NULL);
-    const double t0 = dt_now();
-    dt_status st = dt_comm_allreduce(t->mesh.tp_comm, buf, buf, n, DT_F32, DT_OP_SUM);
-    t->comm_s += dt_now() - t0;
-    if (st != DT_OK) {
-        t->err = tp_fail(t, st, "allreduce, values", n);
-        return;
-    }
-    const uint64_t db = dt_comm_bytes(t->mesh.tp_comm, NULL) - b0;
-    if (block) t->cnt.block_bytes += db, t->cnt.block_ops++;
-    else t->cnt.other_bytes += db;
-    dt_trace_add(t->s->trace, "tp allreduce", 1, t0, dt_now(), t->s->step);
-}
-
-static size_t btc(const tp *t) { return (size_t)t->B * (size_t)t->g.T * (size_t)t->g.C; }
-
-/* Zeroes the rows (of C values) of x whose id is outside the rank's slice. */
-static void zero_foreign(const tp *t, float *x) {
-    const size_t n = (size_t)t->B * (size_t)t->g.T;
-    for (size_t i = 0; i < n; i++)
-        if (!t->cur_keep[i]) memset(x + i * (size_t)t->g.C, 0, (size_t)t->g.C * sizeof(float));
-}
-
-static void after_forward(void *ctx, int node) {
-    tp *t = ctx;
-    switch (t->role[node]) {
-    case ROLE_ROW: reduce(t, dt_model_node_values_mut(t->local, node), btc(t), true); break;
-    case ROLE_EMBED: {
-        float *v = dt_model_node_values_mut(t->local, node);
-        zero_foreign(t, v);
-        reduce(t, v, btc(t), false);
-        break;
-    }
-    default: break;
-    }
-}
-
-static void after_backward(void *ctx, int node) {
-    tp *t = ctx;
-    switch (t->role[node]) {
-    case ROLE_ROW:
-        if (t->r != 0) {  /* the bias is rank 0's: the others hold zeros that must stay zeros */
-            char name[96];
-            snprintf(name, sizeof name, "%s.bias", dt_model_node_name(t->local, node));
-            int k = dt_model_find_tensor(t->local, name);
-            if (k >= 0) {
-                const dt_param_info *b = dt_model_tensor(t->local, k);
-                memset(dt_model_grads(t->local) + b->offset, 0, b->numel * sizeof(float));
-            }
-        }
-        break;
-    case ROLE_COL: reduce(t, dt_model_node_grad_mut(t->local, t->src[node]), btc(t), true); break;
-    case ROLE_HEAD: reduce(t, dt_model_node_grad_mut(t->local, t->src[node]), btc(t), false); break;
-    case ROLE_EMBED_GRAD: zero_foreign(t, dt_model_node_grad_mut(t->local, t->wte)); break;
-    default: break;
-    }
 }
 
 /* Clips by the norm of the whole gradient (every shard once, replicated tensors from rank 0),
@@ -145,7 +66,7 @@ static void tp_update(void *ctx, float lr, float clip) {
         double ss = 0;
         for (int i = 0; i < dt_model_num_tensors(t->local); i++) {
             const dt_param_info *p = dt_model_tensor(t->local, i);
-            if (p->is_buffer || (t->r != 0 && dt_tp_split_of(p->name) == DT_TP_REPL)) continue;
+            if (p->is_buffer || !dt_tp_in_norm(p->name, t->r)) continue;
             for (size_t k = 0; k < p->numel; k++) ss += (double)g[p->offset + k] * g[p->offset + k];
         }
         dt_status st = t->mesh.tp_comm ? dt_comm_allreduce(t->mesh.tp_comm, &ss, &ss, 1, DT_F64, DT_OP_SUM) : DT_OK;
@@ -160,57 +81,27 @@ static void tp_update(void *ctx, float lr, float clip) {
     dt_optim_step(t->lopt, dt_model_params(t->local), g, lr);
 }
 
-/* Grows the per-sample buffers to n samples. */
-static dt_status reserve(tp *t, int n) {
-    if ((size_t)n <= t->cap) return DT_OK;
-    const size_t N = (size_t)n * (size_t)t->g.T, Vl = (size_t)(t->g.V / t->K);
-    free(t->ids), free(t->keep), free(t->dlogits), free(t->work);
-    t->ids = malloc(N * sizeof *t->ids), t->keep = malloc(N), t->dlogits = malloc(N * Vl * sizeof(float));
-    t->work = malloc(3 * N * sizeof(float));
-    t->cap = t->ids && t->keep && t->dlogits && t->work ? (size_t)n : 0;
-    return t->cap ? DT_OK : dt_error(DT_ENOMEM, "tensor parallel: out of memory for a batch of %d", n);
-}
-
-/* The ids of the feed in the rank's vocabulary slice (others: row 0, masked); DT_EINVAL for an id
- * outside the vocabulary, as the whole model's embedding says it. */
-static dt_status map_ids(tp *t, const int32_t *x, int n) {
-    const int T = t->g.T, Vl = t->g.V / t->K, lo = t->r * Vl;
-    for (size_t i = 0; i < (size_t)n * (size_t)T; i++) {
-        if (x[i] < 0 || x[i] >= t->g.V)
-            return dt_error(DT_EINVAL, "model: node 'transformer.wte': id %d of sample %zu, position %zu is outside "
-                            "[0, %d) (the vocabulary)", x[i], i / (size_t)T, i % (size_t)T, t->g.V);
-        t->keep[i] = x[i] >= lo && x[i] < lo + Vl;
-        t->ids[i] = t->keep[i] ? x[i] - lo : 0;
-    }
-    return DT_OK;
-}
-
 /* Forward, vocabulary-parallel loss and backward of samples [lo, hi) of the step. */
 static dt_status micro_step(tp *t, const dt_step_batch *b, int lo, int hi, uint64_t key, float share, bool last,
                             double *loss_sum) {
-    const int T = t->g.T, Vl = t->g.V / t->K;
-    dt_feed f = {.x = t->ids + (size_t)lo * T, .y = NULL, .n = hi - lo};
-    t->B = f.n, t->cur_keep = t->keep + (size_t)lo * T;
+    const int T = t->g.T;
+    dt_feed f = {.x = dt_tp_hooks_ids(t->hooks, lo), .y = NULL, .n = hi - lo};
+    dt_tp_hooks_select(t->hooks, lo, f.n);
     const double tf = dt_now();
     DT_TRY(dt_model_run(t->local, &f, true, key, NULL));
-    DT_TRY(t->err);
+    DT_TRY(dt_tp_hooks_status(t->hooks));
     double loss;
-    int counted;
     const int32_t *y = (const int32_t *)b->feed.y + (size_t)lo * T;
-    const uint64_t x0 = dt_comm_bytes(t->mesh.tp_comm, NULL);
-    const double tx = dt_now();
-    DT_TRY(dt_tp_xent(t->mesh.tp_comm, dt_model_output(t->local), y, f.n * T, Vl, t->r * Vl, t->g.V, -1, share,
-                      t->dlogits, t->work, &loss, &counted));
-    t->comm_s += dt_now() - tx;  /* mostly its two allreduces */
-    t->cnt.other_bytes += dt_comm_bytes(t->mesh.tp_comm, NULL) - x0;
+    DT_TRY(dt_tp_hooks_loss(t->hooks, y, f.n, share, &loss));
     if (!isfinite(loss))
         return dt_error(DT_EINVAL, "training diverged: loss is %g at step %lld on rank %d; lower --lr or set --clip", loss,
                         (long long)b->step, dt_comm_rank(t->s->comm));
     *loss_sum += loss * f.n;
     const double tb = dt_now();
     dt_trace_add(t->s->trace, "forward", 0, tf, tb, b->step);
-    DT_TRY(dt_model_backward(t->local, t->dlogits, last && t->ddp ? dt_strategy_grad_hook : NULL, t->ddp));
-    DT_TRY(t->err);
+    DT_TRY(dt_model_backward(t->local, dt_tp_hooks_dlogits(t->hooks), last && t->ddp ? dt_strategy_grad_hook : NULL,
+                             t->ddp));
+    DT_TRY(dt_tp_hooks_status(t->hooks));
     dt_trace_add(t->s->trace, "backward", 0, tb, dt_now(), b->step);
     return DT_OK;
 }
@@ -223,9 +114,8 @@ static dt_status tp_train_step(dt_strategy *s, const dt_step_batch *b, dt_step_r
     s->step = b->step;
     if (t->ddp) t->ddp->ops->begin_step(t->ddp, b->step);
     dt_model_zero_grad(t->local);
-    t->comm_s = 0;
-    DT_TRY(reserve(t, n));
-    DT_TRY(map_ids(t, b->feed.x, n));
+    dt_tp_hooks_take_comm_s(t->hooks);
+    if (n > 0) DT_TRY(dt_tp_hooks_map(t->hooks, b->feed.x, 0, n, n));
     const float weight = n == 0 ? 1.0f : (float)((double)n * b->world / b->n_global);  /* share of the global mean */
     for (int k = 0; k < accum && n > 0; k++) {
         const int lo = (int)((int64_t)n * k / accum), hi = (int)((int64_t)n * (k + 1) / accum);
@@ -248,12 +138,12 @@ static dt_status tp_train_step(dt_strategy *s, const dt_step_batch *b, dt_step_r
             return dt_error_wrap(st, "data-parallel axis of the mesh (dp rank %d of %d; dp rank j is world rank j*%d+%d)",
                                  t->mesh.dp_rank, t->mesh.dp, t->mesh.tp * t->mesh.pp,
                                  dt_comm_rank(s->comm) % (t->mesh.tp * t->mesh.pp));
-        t->cnt.dp_bytes += dt_comm_bytes(t->mesh.dp_comm, NULL) - d0;
+        t->dp_bytes += dt_comm_bytes(t->mesh.dp_comm, NULL) - d0;
     } else {
         tp_update(t, b->lr, b->clip);
     }
     DT_TRY(t->err);
-    r->st.comm_wait_s += t->comm_s;  /* the tp collectives block the step as the dp ones do */
+    r->st.comm_wait_s += dt_tp_hooks_take_comm_s(t->hooks);  /* the tp collectives block the step as the dp ones do */
     r->compute_s = dt_now() - t0 - r->st.comm_wait_s;
     return DT_OK;
 }
@@ -300,7 +190,7 @@ static void tp_destroy(dt_strategy *s) {
     dt_model_free(t->local);
     dt_optim_free(t->lopt);
     dt_mesh_free(&t->mesh);
-    free(t->role), free(t->src), free(t->ids), free(t->keep), free(t->dlogits), free(t->work);
+    dt_tp_hooks_destroy(t->hooks);
     dt_free(t->whole_m[0]), dt_free(t->whole_m[1]);
     free(t);
     s->impl = NULL;
@@ -320,41 +210,13 @@ static const dt_strategy_ops tp_ops = {.name = "tp", .train_step = tp_train_step
 
 void dt_tp_counters_of(const dt_strategy *s, dt_tp_counters *c) {
     memset(c, 0, sizeof *c);
-    if (s && s->ops == &tp_ops) *c = ((const tp *)s->impl)->cnt;
-}
-
-static int find_node(const dt_model *m, const char *name) {
-    for (int i = 0; i < dt_model_num_nodes(m); i++)
-        if (!strcmp(dt_model_node_name(m, i), name)) return i;
-    return -1;
-}
-
-static bool ends_with(const char *s, const char *suffix) {
-    size_t n = strlen(s), k = strlen(suffix);
-    return n >= k && !strcmp(s + n - k, suffix);
-}
-
-/* The hooks' role of every node of the shard, by nanoGPT's module names. */
-static dt_status assign_roles(tp *t) {
-    const int n = dt_model_num_nodes(t->local);
-    t->role = calloc((size_t)n, 1), t->src = calloc((size_t)n, sizeof *t->src);
-    if (!t->role || !t->src) return dt_error(DT_ENOMEM, "tensor parallel: out of memory");
-    for (int i = 0; i < n; i++) {
-        const char *nm = dt_model_node_name(t->local, i);
-        const int len = (int)strlen(nm);
-        char in[64] = "";  /* the layer norm a column-parallel layer reads: "<block>.ln_1" / "<block>.ln_2" */
-        if (ends_with(nm, ".attn.c_proj") || ends_with(nm, ".mlp.c_proj")) t->role[i] = ROLE_ROW;
-        else if (ends_with(nm, ".attn.c_attn"))
-            t->role[i] = ROLE_COL, snprintf(in, sizeof in, "%.*s.ln_1", len - (int)strlen(".attn.c_attn"), nm);
-        else if (ends_with(nm, ".mlp.c_fc"))
-            t->role[i] = ROLE_COL, snprintf(in, sizeof in, "%.*s.ln_2", len - (int)strlen(".mlp.c_fc"), nm);
-        else if (!strcmp(nm, "lm_head")) t->role[i] = ROLE_HEAD, snprintf(in, sizeof in, "transformer.ln_f");
-        else if (!strcmp(nm, "transformer.wte")) t->role[i] = ROLE_EMBED, t->wte = i;
-        else if (!strcmp(nm, "transformer.embed")) t->role[i] = ROLE_EMBED_GRAD;
-        if (in[0] && (t->src[i] = find_node(t->local, in)) < 0)
-            return dt_error(DT_EINTERNAL, "tensor parallel: node '%s' has no input '%s'", nm, in);
+    if (s && s->ops == &tp_ops) {
+        const tp *t = s->impl;
+        c->dp_bytes = t->dp_bytes;
+        dt_tp_hooks_counters(t->hooks, c);
+    } else if (s) {
+        dt_pp_tp_counters(s, c);
     }
-    return DT_OK;
 }
 
 /* The shard of the whole model s->model for this rank, its optimizer, hooks and the dp axis. */
@@ -368,9 +230,8 @@ static dt_status setup(dt_strategy *s, tp *t, const tp_opts *o) {
      * gradients and the whole optimizer's moments are never used, so they are not kept */
     dt_model_release_grads(s->model);
     dt_optim_free_state(s->optim);
-    DT_TRY(assign_roles(t));
-    dt_model_set_after_forward_hook(t->local, after_forward, t);
-    dt_model_set_node_hooks(t->local, NULL, after_backward, t);
+    DT_TRY(dt_tp_hooks_create(&t->hooks, t->local, &t->g, t->mesh.tp_comm, t->K, t->r, dt_comm_rank(s->comm), s->trace,
+                              &s->step));
     if (t->mesh.dp > 1) {
         char spec[64];
         snprintf(spec, sizeof spec, "ddp(bucket_mb=%g)", o->bucket_mb);
@@ -388,10 +249,12 @@ static dt_status tp_create(dt_strategy *s, const void *opts) {
     if (!dt_model_spec_is_gpt(spec))
         return dt_error(DT_EINVAL, "--tp %d: tensor parallelism splits a GPT's heads, MLP and vocabulary; --model %s "
                         "is not a GPT (use --model gpt:L=..,H=..,C=..,T=.., or --strategy ddp)", o->tp, spec);
-    if (o->pp > 1)
-        return dt_error(DT_ENOTSUP, "--tp %d --pp %d: tensor and pipeline parallelism do not compose yet (the "
-                        "pipeline strategy runs whole stages); use --tp or --pp, the other ranks data parallel", o->tp,
-                        o->pp);
+    if (o->pp > 1) {  /* tp x pp: pipeline stages of shards (pp_tp.c), M = K micro-batches, 1F1B */
+        dt_pp_opts po;
+        dt_strategy_pp_entry.defaults(&po);
+        po.stages = o->pp, po.tp = o->tp;
+        return dt_strategy_pp_entry.create(s, &po);
+    }
     tp *t = calloc(1, sizeof *t);
     if (!t) return dt_error(DT_ENOMEM, "tensor parallel: out of memory");
     t->s = s;

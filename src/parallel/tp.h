@@ -8,6 +8,7 @@
 #define DT_PARALLEL_TP_H
 
 #include "dtrain/comm.h"
+#include "dtrain/models.h"
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
 #include "parallel/strategy.h"
@@ -36,6 +37,12 @@ dt_status dt_tp_scatter(dt_model *full, dt_optim *fo, dt_model *local, dt_optim 
  * slabs; gather to rank 0, the others' moments are unused). */
 dt_status dt_tp_gather(dt_comm *comm, dt_model *full, dt_model *local, dt_optim *lo, int K, float *const *moments);
 
+/* One tensor's gather: every rank's part of local tensor lt (its values at src) into dst, the
+ * whole tensor ft, on every rank of comm (to_all: allgather) or on its rank 0 only (gather).
+ * tmp: K x lt->numel floats. Collective over comm (NULL: one rank). */
+dt_status dt_tp_gather_tensor(dt_comm *comm, int K, const dt_param_info *ft, const dt_param_info *lt, const float *src,
+                              float *dst, float *tmp, bool to_all);
+
 /* Vocabulary-parallel softmax cross-entropy (Megatron's): logits (N, Vl) hold vocabulary columns
  * [lo, lo + Vl) of the rank; targets (N) are global ids (ignore: does not count). Two allreduces
  * over comm (row maxima; sums of exponentials with the target logits), full logits never leave the
@@ -59,7 +66,42 @@ dt_status dt_tp_visit_state(dt_model *full, dt_model *local, dt_optim *lo, int K
                             float *const *moments, dt_state_visit_fn fn, void *ctx);
 
 struct dt_strategy;
-/* The counters of a "tp" strategy (zeros for any other). */
+/* The counters of a "tp" strategy, or of a pipeline stage of a tp x pp mesh (zeros for any other). */
 void dt_tp_counters_of(const struct dt_strategy *s, dt_tp_counters *c);
+
+/* ---- the collectives of a shard as node hooks (tp_hooks.c) ---- */
+
+typedef struct dt_tp_hooks dt_tp_hooks;
+
+/* Installs on local (rank r of K's shard of the GPT g, dt_gpt_create_sharded) the node hooks that
+ * run tensor parallelism's collectives over comm (K ranks; NULL or K 1: none): four allreduces per
+ * block, the vocabulary-parallel embedding and head. world_rank names this rank in errors; trace
+ * (may be NULL) records each allreduce at step *step. The hooks hold the first failure of a
+ * collective (dt_tp_hooks_status): every later one is skipped. */
+dt_status dt_tp_hooks_create(dt_tp_hooks **h, dt_model *local, const dt_gpt_config *g, dt_comm *comm, int K, int r,
+                             int world_rank, dt_trace *trace, const int64_t *step);
+void dt_tp_hooks_destroy(dt_tp_hooks *h);
+/* Maps samples [lo, lo + n) of a step of `total` samples (x: their global token ids, n x T) into
+ * the rank's vocabulary slice (foreign ids: row 0, masked). DT_EINVAL for an id outside the
+ * vocabulary, as the whole model's embedding says it. */
+dt_status dt_tp_hooks_map(dt_tp_hooks *h, const int32_t *x, int lo, int n, int total);
+/* The mapped ids of sample lo on (the feed of the shard's embedding). */
+const int32_t *dt_tp_hooks_ids(const dt_tp_hooks *h, int lo);
+/* The samples [lo, lo + n) of the step that the next forward or backward of local runs. */
+void dt_tp_hooks_select(dt_tp_hooks *h, int lo, int n);
+/* The vocabulary-parallel loss of local's last output (n samples' logits of the rank's slice)
+ * against targets y (n x T global ids): *loss the mean, the logits' gradient (scale x d mean)
+ * in dt_tp_hooks_dlogits. Collective over the tp axis. */
+dt_status dt_tp_hooks_loss(dt_tp_hooks *h, const int32_t *y, int n, float scale, double *loss);
+const float *dt_tp_hooks_dlogits(const dt_tp_hooks *h);
+/* The first failure of a hook's collective (DT_OK: none). */
+dt_status dt_tp_hooks_status(const dt_tp_hooks *h);
+/* Seconds spent in the tp collectives since the last call. */
+double dt_tp_hooks_take_comm_s(dt_tp_hooks *h);
+/* The hooks' byte counters into c (c->dp_bytes is kept). */
+void dt_tp_hooks_counters(const dt_tp_hooks *h, dt_tp_counters *c);
+/* Whether tensor `name` of tp rank r counts in the norm of the whole gradient (each shard once,
+ * a replicated tensor on rank 0 only). */
+bool dt_tp_in_norm(const char *name, int r);
 
 #endif

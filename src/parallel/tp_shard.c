@@ -80,10 +80,8 @@ dt_status dt_tp_scatter(dt_model *full, dt_optim *fo, dt_model *local, dt_optim 
     return DT_OK;
 }
 
-/* Every rank's part of local tensor lt (values at src) into its whole tensor ft's place in whole
- * (a slab's base): on every rank (to_all: allgather) or on rank 0 only (gather). tmp: K lt->numel. */
-static dt_status gather_tensor(dt_comm *comm, int K, const dt_param_info *ft, const dt_param_info *lt, const float *src,
-                               float *whole, float *tmp, bool to_all) {
+dt_status dt_tp_gather_tensor(dt_comm *comm, int K, const dt_param_info *ft, const dt_param_info *lt, const float *src,
+                              float *dst, float *tmp, bool to_all) {
     const dt_tp_split k = dt_tp_split_of(lt->name);
     if (!comm) memcpy(tmp, src, lt->numel * sizeof(float));
     else if (to_all) DT_TRY(dt_comm_allgather(comm, src, tmp, lt->numel, DT_F32));
@@ -91,8 +89,14 @@ static dt_status gather_tensor(dt_comm *comm, int K, const dt_param_info *ft, co
     if (!to_all && comm && dt_comm_rank(comm) != 0) return DT_OK;
     for (int q = 0; q < K; q++)
         if (q == 0 || (k != DT_TP_REPL && k != DT_TP_RANK0))
-            dt_tp_copy(k, whole + ft->offset, tmp + (size_t)q * lt->numel, ft, K, q, false);
+            dt_tp_copy(k, dst, tmp + (size_t)q * lt->numel, ft, K, q, false);
     return DT_OK;
+}
+
+/* Every rank's part of local tensor lt into its whole tensor ft's place in whole (a slab's base). */
+static dt_status gather_tensor(dt_comm *comm, int K, const dt_param_info *ft, const dt_param_info *lt, const float *src,
+                               float *whole, float *tmp, bool to_all) {
+    return dt_tp_gather_tensor(comm, K, ft, lt, src, whole + ft->offset, tmp, to_all);
 }
 
 /* The scratch of gather_tensor for the largest tensor of local. */

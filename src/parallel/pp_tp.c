@@ -1,0 +1,116 @@
+/* Pipeline stages of tensor-parallel GPT shards, the tp x pp (x dp) mesh (pp.h): each rank holds
+ * its shard of the GPT (tp_shard.c: Megatron-LM's layout) and runs its stage's nodes of it with
+ * the tp hooks over the stage's tp ranks (tp_hooks.c). The cut is the whole model's; the shard has
+ * no loss node, so the last stage ends at the head and takes the vocabulary-parallel loss.
+ *
+ * State: the whole model (s->model) is the checkpoint's, as under tp or pp alone. The shard's
+ * parameters come from it at start (a resume under any layout), its moments from the whole
+ * optimizer into the stage's segments. A sync gathers each tensor over its owner stage's tp
+ * ranks, broadcasts it along the pipeline of every tp index (so every rank holds the whole model
+ * for evaluation), and gathers its moments to tp rank 0 of the owner stage, which sends them to
+ * world rank 0 (stage 0, tp 0, dp 0): one ordinary, layout-independent checkpoint. */
+#include "parallel/pp.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+dt_status dt_pp_tp_setup(dt_strategy *s, dt_pp *p) {
+    const char *spec = dt_model_spec(s->model);
+    if (!dt_model_spec_is_gpt(spec))
+        return dt_error(DT_EINVAL, "--tp %d --pp %d: tensor parallelism splits a GPT's heads, MLP and vocabulary; "
+                        "--model %s is not a GPT (use --model gpt:L=..,H=..,C=..,T=.., or --pp alone)", p->tp, p->K,
+                        spec);
+    dt_gpt_config g;
+    DT_TRY(dt_gpt_parse(spec, &g));
+    DT_TRY(dt_gpt_create_sharded(&p->m, &g, p->tp));
+    const int n = dt_model_num_nodes(p->m);
+    for (int i = 0; i < n; i++)
+        if (strcmp(dt_model_node_name(p->m, i), dt_model_node_name(s->model, i)) != 0)
+            return dt_error(DT_EINTERNAL, "--tp %d --pp %d: node %d of the shard is '%s', of the whole model '%s'", p->tp,
+                            p->K, i, dt_model_node_name(p->m, i), dt_model_node_name(s->model, i));
+    if (p->first[p->K - 1] >= n)
+        return dt_error(DT_EINVAL, "--tp %d --pp %d: the last stage would hold only the loss (it starts at node %d, "
+                        "'%s'); under tensor parallelism the loss goes with the head: cut earlier (--pp-split)", p->tp,
+                        p->K, p->first[p->K - 1], dt_model_node_name(s->model, p->first[p->K - 1]));
+    p->first[p->K] = n;
+    DT_TRY(dt_tp_scatter(s->model, NULL, p->m, NULL, p->tp, p->tr));
+    /* the whole model only receives gathered parameters (evaluation, checkpoints) */
+    dt_model_release_grads(s->model);
+    return dt_tp_hooks_create(&p->hooks, p->m, &g, p->mesh.tp_comm, p->tp, p->tr, p->rank, s->trace, &s->step);
+}
+
+/* The whole model's tensor of the shard's tensor j. */
+static const dt_param_info *whole_of(const dt_strategy *s, const dt_pp *p, int j) {
+    const int i = dt_model_find_tensor(s->model, dt_model_tensor(p->m, j)->name);
+    return i < 0 ? NULL : dt_model_tensor(s->model, i);
+}
+
+void dt_pp_tp_scatter_moments(dt_strategy *s, dt_pp *p) {
+    for (int j = 0; j < dt_model_num_tensors(p->m); j++) {
+        const dt_param_info *lt = dt_model_tensor(p->m, j), *ft = whole_of(s, p, j);
+        if (!ft || lt->is_buffer || !(p->users[j] >> p->stage & 1)) continue;
+        for (int k = 0; k < p->nstates; k++) {
+            float *full = dt_optim_state(s->optim, k, NULL), *mine = dt_pp_seg_state(p, k, lt->offset);
+            if (full && mine) dt_tp_copy(dt_tp_split_of(lt->name), full + ft->offset, mine, ft, p->tp, p->tr, true);
+        }
+    }
+}
+
+/* Moment k of tensor j (whole ft, shard lt) to world rank 0: gathered to tp rank 0 of the owner
+ * stage, sent from there to stage 0 when the owner is another stage. mom: ft->numel floats. */
+static dt_status sync_moment(dt_strategy *s, dt_pp *p, int j, int k, int own, float *tmp, float *mom) {
+    const dt_param_info *lt = dt_model_tensor(p->m, j), *ft = whole_of(s, p, j);
+    const bool saver = p->stage == 0 && p->tr == 0;
+    float *dst = saver ? dt_optim_state(s->optim, k, NULL) + ft->offset : mom;
+    if (p->stage == own) {
+        dt_status st = dt_tp_gather_tensor(p->mesh.tp_comm, p->tp, ft, lt, dt_pp_seg_state(p, k, lt->offset), dst, tmp,
+                                           false);
+        if (st != DT_OK)
+            return dt_error_wrap(st, "pipeline stage %d (rank %d): gathering the optimizer state of %s over the tp "
+                                 "axis", p->stage, p->rank, ft->name);
+    }
+    if (own == 0 || p->tr != 0 || (p->stage != own && p->stage != 0)) return DT_OK;
+    dt_status st = p->stage == 0 ? dt_comm_recv(p->pp, dst, ft->numel, DT_F32, own, DT_COMM_TAG_MAX - 1)
+                                 : dt_comm_send(p->pp, mom, ft->numel, DT_F32, 0, DT_COMM_TAG_MAX - 1);
+    if (st != DT_OK)
+        return dt_error_wrap(st, "pipeline stage %d (rank %d): %s the optimizer state of %s %s stage %d (rank %d)",
+                             p->stage, p->rank, p->stage == 0 ? "receiving" : "sending", ft->name,
+                             p->stage == 0 ? "from" : "to", p->stage == 0 ? own : 0,
+                             dt_pp_world_rank(p, p->stage == 0 ? own : 0));
+    return DT_OK;
+}
+
+/* Tensor j: its whole values on every rank, its moments on world rank 0. */
+static dt_status sync_tensor(dt_strategy *s, dt_pp *p, int j, float *tmp, float *mom) {
+    const dt_param_info *lt = dt_model_tensor(p->m, j), *ft = whole_of(s, p, j);
+    if (!ft) return dt_error(DT_EINTERNAL, "--tp --pp: the shard's tensor '%s' is not in the whole model", lt->name);
+    const int own = dt_pp_owner_stage(p, j);
+    float *whole = (lt->is_buffer ? dt_model_buffers(s->model) : dt_model_params(s->model)) + ft->offset;
+    const float *mine = (lt->is_buffer ? dt_model_buffers(p->m) : dt_model_params(p->m)) + lt->offset;
+    dt_status st = p->stage == own ? dt_tp_gather_tensor(p->mesh.tp_comm, p->tp, ft, lt, mine, whole, tmp, true) : DT_OK;
+    if (st != DT_OK)
+        return dt_error_wrap(st, "pipeline stage %d (rank %d): gathering tensor %s over the tp axis", p->stage, p->rank,
+                             ft->name);
+    if (p->K > 1 && (st = dt_comm_broadcast(p->pp, whole, ft->numel, DT_F32, own)) != DT_OK)
+        return dt_error_wrap(st, "pipeline stage %d (rank %d): gathering tensor %s from stage %d", p->stage, p->rank,
+                             ft->name, own);
+    for (int k = 0; !lt->is_buffer && s->optim && p->dp_i == 0 && k < p->nstates; k++)
+        DT_TRY(sync_moment(s, p, j, k, own, tmp, mom));
+    return DT_OK;
+}
+
+dt_status dt_pp_tp_sync(dt_strategy *s) {
+    dt_pp *p = s->impl;
+    size_t most_l = 1, most_w = 1;
+    for (int j = 0; j < dt_model_num_tensors(p->m); j++) {
+        const dt_param_info *ft = whole_of(s, p, j);
+        if (dt_model_tensor(p->m, j)->numel > most_l) most_l = dt_model_tensor(p->m, j)->numel;
+        if (ft && ft->numel > most_w) most_w = ft->numel;
+    }
+    float *tmp = malloc((size_t)p->tp * most_l * sizeof(float)), *mom = malloc(most_w * sizeof(float));
+    dt_status st = tmp && mom ? DT_OK : dt_error(DT_ENOMEM, "--tp --pp: out of memory gathering the shards");
+    for (int j = 0; st == DT_OK && j < dt_model_num_tensors(p->m); j++) st = sync_tensor(s, p, j, tmp, mom);
+    free(tmp), free(mom);
+    if (st == DT_OK && s->optim) dt_optim_set_steps(s->optim, p->steps0 + p->updates);
+    return st;
+}
