@@ -97,8 +97,14 @@ static void pp_report(dt_strategy *s, char *out, size_t cap) {
     dt_pp *p = s->impl;
     double v[3] = {p->bubble_steps ? p->bubble_sum / (double)p->bubble_steps : 0, (double)p->bytes_sent,
                    (double)p->peak_inflight * (double)p->mb_bytes};
-    double mx[2] = {v[2], (double)p->peak_inflight};
+    double mx[2] = {v[2], (double)p->peak_inflight}, tb[2] = {0, 0};  /* tb: the stages' tp block bytes, ops */
+    if (p->hooks) {
+        dt_tp_counters tc = {0};
+        dt_tp_hooks_counters(p->hooks, &tc);
+        tb[0] = (double)tc.block_bytes, tb[1] = (double)tc.block_ops;
+    }
     if (p->K > 1 && (dt_comm_allreduce(p->pp, v, v, 2, DT_F64, DT_OP_SUM) != DT_OK ||
+                     dt_comm_allreduce(p->pp, tb, tb, 2, DT_F64, DT_OP_SUM) != DT_OK ||
                      dt_comm_allreduce(p->pp, mx, mx, 2, DT_F64, DT_OP_MAX) != DT_OK)) {
         snprintf(out, cap, ", \"pp\": null");
         return;
@@ -111,9 +117,9 @@ static void pp_report(dt_strategy *s, char *out, size_t cap) {
         for (int i = 0; i < p->K; i++) all[i] = -1;
     int k = snprintf(out, cap, ", \"pp\": {\"stages\": %d, \"tp\": %d, \"microbatches\": %d, \"schedule\": \"%s\", "
                      "\"bubble\": %.4f, \"bubble_ideal\": %.4f, \"bytes_sent\": %.0f, \"peak_inflight\": %.0f, "
-                     "\"peak_act_bytes\": %.0f, \"cut\": [", p->K, p->tp, p->o.microbatches,
-                     dt_pp_schedule_name(p->o.schedule), v[0] / p->K,
-                     (double)(p->K - 1) / (p->o.microbatches + p->K - 1), v[1], mx[1], mx[0]);
+                     "\"peak_act_bytes\": %.0f, \"tp_block_bytes\": %.0f, \"tp_block_ops\": %.0f, \"cut\": [", p->K,
+                     p->tp, p->o.microbatches, dt_pp_schedule_name(p->o.schedule), v[0] / p->K,
+                     (double)(p->K - 1) / (p->o.microbatches + p->K - 1), v[1], mx[1], mx[0], tb[0], tb[1]);
     for (int i = 1; i < p->K && k > 0 && (size_t)k < cap; i++)  /* the cut: first node of stages 1.. */
         k += snprintf(out + k, cap - (size_t)k, "%s%d", i > 1 ? ", " : "", p->first[i]);
     if (k > 0 && (size_t)k < cap) k += snprintf(out + k, cap - (size_t)k, "], \"rss_mb\": [");
