@@ -2,7 +2,9 @@
 # --pp-schedule, --pp-split) on a small corpus: flag errors, a pp2 run whose timeline shows every
 # stage's forward/backward micro-batches and its sends and receives, whose metrics carry the
 # bubble and bytes, and whose --save is one ordinary checkpoint with the tensors (names, shapes,
-# values) of the same run on 1 worker, which 1 worker then resumes.
+# values) of the same run on 1 worker, which 1 worker then resumes; --tp 2 --pp 2 (pipeline stages
+# of tensor-parallel shards): its dry-run plan, a run equal to 1 worker (checkpoint, loss,
+# metrics per axis, timeline), its checkpoint resumed under dp4 and a 1-worker one under it.
 . "$(dirname "$0")/testlib.bash"
 
 python3 - "$TMP/corpus.txt" <<'PY'
@@ -68,6 +70,41 @@ PY
 out=$(run --resume "$TMP/pp.st" --max-steps 16 2>&1) && ok "1 worker resumes the pp2 checkpoint" || bad "resume pp2 on 1: $out"
 out=$(run --resume "$TMP/one.st" --max-steps 16 --pp 2 --workers 2 --pp-split transformer.h.1.ln_1 2>&1) \
   && ok "pp2 (--pp-split by name) resumes the 1-worker checkpoint" || bad "resume 1 on pp2: $out"
+# ---- tp x pp: --tp 2 --pp 2 on 4 ranks (stages of tensor-parallel shards) ----
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+diff_ok() { python3 "$ROOT/tests/tools/ckpt_diff.py" "$@" --abs; }
+expect_fail "--tp x --pp must divide the ranks" "must divide the world size 2" run --tp 2 --pp 2 --workers 2 --max-steps 1
+plan=$(run --tp 2 --pp 2 --workers 8 --microbatches 4 --dry-run 2>&1)
+grep -q "dp 2 x pp 2 x tp 2" <<<"$plan" && grep -q "^rank 7 (dp 1, stage 1, tp 1):" <<<"$plan" \
+  && grep -q "batch 2 x 4 micro-batches, schedule 1f1b" <<<"$plan" \
+  && ok "--dry-run --tp 2 --pp 2 --workers 8: the dp2 x pp2 x tp2 plan, every rank at its mesh place" \
+  || bad "dry run of the mesh: $plan"
+out=$(run --tp 2 --pp 2 --workers 4 --microbatches 2 --max-steps 12 --metrics "$TMP/tpp.jsonl" --save "$TMP/tpp.st" \
+  --timeline "$TMP/tpp_tl.json" 2>&1) || bad "tp2 x pp2 run: $out"
+d=$(diff_ok "$TMP/tpp.st" "$TMP/one.st" 2e-5) && ok "--tp 2 --pp 2: one checkpoint, the 1-worker tensors ($d)" \
+  || bad "tp2 x pp2 checkpoint vs 1 worker: $d"
+python3 - "$TMP/tpp.jsonl" "$TMP/one.jsonl" "$TMP/tpp_tl.json" <<'PY' && ok "tp2 x pp2 metrics: loss as 1 worker, bubble, bytes per axis; timeline: stages and tp allreduces" || bad "tp2 x pp2 metrics: $(tail -1 $TMP/tpp.jsonl)"
+import json, sys
+p = [json.loads(l) for l in open(sys.argv[1])][-1]; o = [json.loads(l) for l in open(sys.argv[2])][-1]
+pp, cb = p["pp"], p["comm_bytes"]
+assert pp["tp"] == 2 and pp["stages"] == 2 and 0 <= pp["bubble"] < 1 and pp["tp_block_bytes"] > 0, pp
+assert cb["tp"] > 0 and cb["pp"] > 0 and cb["dp"] == 0, cb
+assert abs(p["train_loss"] - o["train_loss"]) < 2e-5 and abs(p["test_loss"] - o["test_loss"]) < 2e-5, (p, o)
+d = json.load(open(sys.argv[3])); ev = d["traceEvents"] if isinstance(d, dict) else d
+names = {(e.get("pid"), e.get("name")) for e in ev if e.get("ph") == "X"}
+for r in range(4):
+    assert (r, "F0") in names and (r, "B1") in names and (r, "tp allreduce") in names, r
+assert (0, "send act 0") in names and (2, "recv act 0") in names and (1, "send act 0") in names and (3, "recv act 0") in names
+PY
+run --max-steps 16 --save "$TMP/one16.st" >/dev/null 2>&1 || bad "1 worker, 16 steps"
+out=$(run --resume "$TMP/tpp.st" --max-steps 16 --workers 4 --save "$TMP/r_dp4.st" --batch 2 2>&1) || bad "tp2xpp2 -> dp4: $out"
+d=$(diff_ok "$TMP/r_dp4.st" "$TMP/one16.st" 2e-5) && ok "saved under tp2 x pp2, resumed under dp4: as 1 worker ($d)" \
+  || bad "tp2 x pp2 -> dp4: $d"
+out=$(run --resume "$TMP/one.st" --max-steps 16 --tp 2 --pp 2 --workers 4 --pp-schedule gpipe --save "$TMP/r_tpp.st" 2>&1) \
+  || bad "1 -> tp2 x pp2: $out"
+d=$(diff_ok "$TMP/r_tpp.st" "$TMP/one16.st" 2e-5) && ok "saved on 1 worker, resumed under tp2 x pp2 (gpipe): as 1 worker ($d)" \
+  || bad "1 -> tp2 x pp2: $d"
+
 # ---- dp2 x pp2 over MPI: the same epoch loss as 1 worker at the same global batch ----
 if command -v mpirun >/dev/null && [ -n "$(ldd "$DT" 2>/dev/null | grep -i libmpi)" ]; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader,tcp

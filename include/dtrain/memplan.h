@@ -14,7 +14,8 @@
 extern "C" {
 #endif
 
-/* A layout. Rank r sits at data index r % dp, tensor index (r / dp) % tp, stage r / (dp * tp). */
+/* A layout. Rank r sits where the mesh puts it (TP innermost, then PP, then DP):
+ * r = (data index x pp + stage) x tp + tensor index. */
 typedef struct {
     int dp, tp, pp;        /* ranks on each axis (>= 1) */
     int zero;              /* ZeRO stage over the dp ranks, 0..3 */
@@ -31,6 +32,7 @@ typedef struct {
     double gathered;              /* ZeRO-3: parameters gathered in flight (a layer and the next) */
     double activations;           /* the micro-batches in flight at once */
     double total;
+    int dp_rank, stage, tp_rank;  /* the rank's coordinates in the layout */
 } dt_mem_plan;
 
 /* The plan of `rank` of layout l for model m trained with optimizer o. DT_EINVAL for a bad layout

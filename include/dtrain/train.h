@@ -161,6 +161,10 @@ dt_status dt_strategy_spec_info(const char *spec, char *name, size_t cap, int *s
 /* The ranks among which spec splits each global batch in a job of world ranks (ddp: world; ps:
  * the workers; pp: the pipelines, world / stages); world when spec is bad. */
 int dt_strategy_spec_data_world(const char *spec, int world);
+/* The model-parallel layout of spec: *tp tensor-parallel ranks, *pp pipeline stages (1 each for a
+ * data-parallel strategy), *microbatches per rank-batch and *schedule ("gpipe" or "1f1b", static)
+ * of the pipeline (1 and NULL without one). DT_EINVAL as dt_strategy_spec_info. */
+dt_status dt_strategy_spec_mesh(const char *spec, int *tp, int *pp, int *microbatches, const char **schedule);
 /* Writes spec with every option spelled out ("ps(servers=1,staleness=inf,shards=dynamic,overlap=0)")
  * to out (cap bytes); DT_EINVAL as dt_strategy_spec_info. */
 dt_status dt_strategy_spec_canonical(const char *spec, char *out, size_t cap);

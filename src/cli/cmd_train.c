@@ -202,7 +202,7 @@ static int parse_train_flags(int argc, char **argv, train_opts *o) {
         {"tensorboard", DT_FLAG_STR, &o->tensorboard, "DIR", "write TensorBoard event files (scalars per epoch) into DIR"},
         {"quiet", DT_FLAG_BOOL, &o->quiet, NULL, "no progress output, only the per-epoch lines"},
         {"workers", DT_FLAG_INT, &o->workers, "N", "run N local data-parallel worker processes"},
-        {"tp", DT_FLAG_INT, &o->tp, "K", "tensor parallel GPT over K ranks (--strategy tp); the rest of the ranks are data parallel"},
+        {"tp", DT_FLAG_INT, &o->tp, "K", "tensor parallel GPT over K ranks (--strategy tp; with --pp: K ranks per stage); the rest of the ranks are data parallel"},
         {"strategy", DT_FLAG_STR, &c->strategy, "SPEC", "distribution strategy: ddp (default when > 1 rank), localsgd, ps, with options: ps(servers=2,staleness=4)"},
         {"servers", DT_FLAG_INT, &o->uneven.servers, "S", "ps: ranks holding the parameters (the first S ranks)"},
         {"staleness", DT_FLAG_STR, &o->uneven.staleness, "S", "ps: global batches a worker may run ahead of the oldest one in training (default inf: async)"},

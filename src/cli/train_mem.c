@@ -35,28 +35,48 @@ int dt_cli_mem_limit_apply(size_t bytes, int rank) {
 
 static void row(const char *what, double b) { printf("  %-12s %14.0f bytes  %10.2f MB\n", what, b, b / 1048576.0); }
 
+/* The layout of the run's strategy (dp x tp x pp, the pipeline's micro-batches); 0 or the exit status. */
+static int plan_layout(const dt_train_config *c, int ranks, int zero, double bucket_mb, dt_mem_layout *l) {
+    int tp = 1, pp = 1, M = 1;
+    const char *schedule = NULL;
+    if (c->strategy && dt_strategy_spec_mesh(c->strategy, &tp, &pp, &M, &schedule) != DT_OK)
+        return dt_cli_usage(NULL, "%s", dt_last_error());
+    if (ranks % (tp * pp) != 0)
+        return dt_cli_usage("use --workers a multiple of tp x pp (the rest is data parallel)",
+                            "--dry-run: --tp %d x --pp %d = %d ranks per model copy do not divide the %d ranks", tp, pp,
+                            tp * pp, ranks);
+    const int accum = c->grad_accum > 1 ? c->grad_accum : 1, dp = ranks / (tp * pp);
+    /* a pipeline cuts the rank-batch into M micro-batches; --grad-accum runs micro-batches of --batch */
+    *l = (dt_mem_layout){.dp = dp, .tp = tp, .pp = pp, .zero = dp > 1 ? zero : 0, .microbatches = pp > 1 ? M : accum,
+                         .schedule = schedule, .batch = pp > 1 ? (c->batch + M - 1) / M : c->batch,
+                         .bucket_mb = bucket_mb};
+    return 0;
+}
+
 int dt_cli_dry_run(const dt_train_config *c, int ranks, int zero, double bucket_mb, size_t mem_limit) {
+    dt_mem_layout l;
+    int r = plan_layout(c, ranks, zero, bucket_mb, &l);
+    if (r) return r;
     dt_model *m;
     dt_status s = dt_train_plan_model(c, &m);
     if (s != DT_OK) {
         dt_cli_fail("check --model and --data", "%s", dt_last_error());
         return dt_cli_setup_status(s);
     }
-    const int accum = c->grad_accum > 1 ? c->grad_accum : 1;
-    dt_mem_layout l = {.dp = ranks, .tp = 1, .pp = 1, .zero = ranks > 1 ? zero : 0, .microbatches = accum,
-                       .batch = c->batch, .bucket_mb = bucket_mb};
     const size_t P = dt_model_num_params(m);
-    printf("dtrain: dry run: model %s, %zu parameters, %d rank%s, ZeRO stage %d, batch %d x %d micro-batch%s, %s\n",
-           dt_model_spec(m), P, ranks, ranks > 1 ? "s" : "", l.zero, c->batch, accum, accum > 1 ? "es" : "",
+    printf("dtrain: dry run: model %s, %zu parameters, %d rank%s (dp %d x pp %d x tp %d; rank = (dp_i*%d + stage)*%d "
+           "+ tp_i), ZeRO stage %d, batch %d x %d micro-batch%s%s%s, %s\n", dt_model_spec(m), P, ranks,
+           ranks > 1 ? "s" : "", l.dp, l.pp, l.tp, l.pp, l.tp, l.zero, l.batch, l.microbatches,
+           l.microbatches > 1 ? "es" : "", l.schedule ? ", schedule " : "", l.schedule ? l.schedule : "",
            dt_optim_name(c->optim.kind));
     int over = 0;
-    for (int r = 0; r < ranks; r++) {
+    for (int k = 0; k < ranks; k++) {
         dt_mem_plan p;
-        if (dt_mem_plan_rank(m, &c->optim, &l, r, &p) != DT_OK) {
+        if (dt_mem_plan_rank(m, &c->optim, &l, k, &p) != DT_OK) {
             dt_model_free(m);
             return dt_cli_usage(NULL, "%s", dt_last_error());
         }
-        printf("rank %d:\n", r);
+        printf("rank %d (dp %d, stage %d, tp %d):\n", k, p.dp_rank, p.stage, p.tp_rank);
         row("parameters", p.params), row("gradients", p.grads), row("optimizer", p.optim);
         if (p.gathered > 0) row("gathered", p.gathered);
         row("activations", p.activations), row("total", p.total);

@@ -1,5 +1,6 @@
-/* dtrain train's model-parallel flags: --tp K makes the strategy tp(tp=K) (the mesh: TP
- * innermost, then PP, then DP; rank = (dp_i*PP + pp_i)*TP + tp_i). */
+/* dtrain train's model-parallel flags: --tp K makes the strategy tp(tp=K), and with --pp P (whose
+ * flags made pp(stages=P,...)) pp(stages=P,...,tp=K): pipeline stages of tensor-parallel shards
+ * (the mesh: TP innermost, then PP, then DP; rank = (dp_i*PP + pp_i)*TP + tp_i). */
 #include "cli/train_mesh.h"
 #include "cli/cli.h"
 
@@ -14,18 +15,16 @@ int dt_cli_mesh_parse(int tp, dt_train_config *cfg) {
     char name[64] = "", num[16];
     if (cfg->strategy && dt_strategy_spec_info(cfg->strategy, name, sizeof name, NULL) != DT_OK)
         return dt_cli_usage(NULL, "%s", dt_last_error());
-    if (!strcmp(name, "pp"))
-        return dt_cli_usage("use --tp K or --pp K (the other ranks are data parallel)",
-                            "--tp %d with --pp: tensor and pipeline parallelism do not compose yet (the pipeline runs "
-                            "whole stages of the model)", tp);
-    if (cfg->strategy && strcmp(name, "tp") != 0)
+    const bool pp = !strcmp(name, "pp");  /* --tp a --pp b: pipeline stages of tensor-parallel shards */
+    if (cfg->strategy && !pp && strcmp(name, "tp") != 0)
         return dt_cli_usage("drop --strategy (or use --strategy tp(...)): --tp is the tp strategy",
                             "--tp %d with --strategy %s: tensor parallelism is its own strategy (its other ranks are "
                             "data parallel)", tp, cfg->strategy);
     snprintf(num, sizeof num, "%d", tp);
     if (dt_strategy_spec_add_option(cfg->strategy ? cfg->strategy : "tp", "tp", num, g_spec, sizeof g_spec) != DT_OK)
-        return dt_cli_usage("give the value once: as --tp or inside --strategy tp(tp=K)", "--tp %d: %s", tp,
-                            dt_last_error());
+        return dt_cli_usage(pp ? "give the value once: as --tp or inside --strategy pp(tp=K)"
+                               : "give the value once: as --tp or inside --strategy tp(tp=K)",
+                            "--tp %d: %s", tp, dt_last_error());
     cfg->strategy = g_spec;
     return 0;
 }

@@ -331,9 +331,15 @@ static void pp_data_part(const void *opts, int rank, int size, int *data_rank, i
     *data_world = size / per;
 }
 
+static void pp_mesh(const void *opts, int *tp, int *pp, int *microbatches, const char **schedule) {
+    const dt_pp_opts *o = opts;
+    *tp = o->tp > 0 ? o->tp : 1, *pp = o->stages, *microbatches = o->microbatches;
+    *schedule = dt_pp_schedule_name(o->schedule);
+}
+
 const dt_strategy_entry dt_strategy_pp_entry = {
     .name = "pp", .help = "pp(stages=K,microbatches=M,schedule=gpipe|1f1b,cost=flops|measured,split=N1:N2:...,tp=T)  "
                           "ranks: (dp_i*K + stage)*T + tp_i",
     .keys = "stages,microbatches,schedule,cost,split,tp", .opts_size = sizeof(dt_pp_opts), .defaults = pp_defaults,
     .set = pp_set, .create = pp_create, .format = pp_format, .needs_comm = true,
-    .data_part = pp_data_part};
+    .data_part = pp_data_part, .mesh = pp_mesh};

@@ -229,6 +229,9 @@ typedef struct {
     /* Optional: this rank's part of the data when it is not (rank of size) and no servers
      * (pp: the stages of a pipeline share their samples, so rank / stages of size / stages). */
     void (*data_part)(const void *opts, int rank, int size, int *data_rank, int *data_world);
+    /* Optional (NULL: tp = pp = 1): the model-parallel axes of opts (tp, pp: mesh.h) and the
+     * pipeline's micro-batches (0: as many as stages) and schedule ("gpipe" / "1f1b"). */
+    void (*mesh)(const void *opts, int *tp, int *pp, int *microbatches, const char **schedule);
 } dt_strategy_entry;
 
 /* The entry named name, or NULL. */

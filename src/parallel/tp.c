@@ -304,7 +304,12 @@ static void tp_data_part(const void *opts, int rank, int size, int *data_rank, i
     *data_world = size / (o->tp * o->pp);
 }
 
+static void tp_mesh(const void *opts, int *tp, int *pp, int *microbatches, const char **schedule) {
+    const tp_opts *o = opts;
+    *tp = o->tp, *pp = o->pp, *microbatches = o->pp, *schedule = "1f1b";  /* as the pipeline it makes */
+}
+
 const dt_strategy_entry dt_strategy_tp_entry = {
     .name = "tp", .help = "tp(tp=K,pp=1,bucket_mb=MB)  ranks: (dp_i*PP + pp_i)*TP + tp_i, TP innermost",
     .keys = "tp,pp,bucket_mb", .opts_size = sizeof(tp_opts), .defaults = tp_defaults, .set = tp_set,
-    .create = tp_create, .format = tp_format, .needs_comm = true, .data_part = tp_data_part};
+    .create = tp_create, .format = tp_format, .needs_comm = true, .data_part = tp_data_part, .mesh = tp_mesh};

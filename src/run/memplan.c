@@ -5,6 +5,7 @@
  * them, 1F1B: up to pp - stage). */
 #include "dtrain/memplan.h"
 #include "dtrain/models.h"
+#include "parallel/mesh.h"
 #include "parallel/zero.h"
 #include "run/trainer_internal.h"
 
@@ -52,7 +53,9 @@ static dt_status zero_share(dt_model *m, const dt_mem_layout *l, int dpi, size_t
 dt_status dt_mem_plan_rank(dt_model *m, const dt_optim_config *o, const dt_mem_layout *l, int rank, dt_mem_plan *p) {
     memset(p, 0, sizeof *p);
     DT_TRY(check_layout(l, rank));
-    const int dpi = rank % l->dp, stage = rank / (l->dp * l->tp);
+    int tpi, stage, dpi;
+    dt_mesh_coords(rank, l->tp, l->pp, &tpi, &stage, &dpi);
+    p->dp_rank = dpi, p->stage = stage, p->tp_rank = tpi;
     const size_t P = dt_model_num_params(m);
     const size_t lo = P * (size_t)stage / (size_t)l->pp, hi = P * (size_t)(stage + 1) / (size_t)l->pp;
     const double mine = (double)(hi - lo) / l->tp, F = sizeof(float);

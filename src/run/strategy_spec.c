@@ -23,6 +23,17 @@ int dt_strategy_spec_data_world(const char *spec, int world) {
     return dw;
 }
 
+dt_status dt_strategy_spec_mesh(const char *spec, int *tp, int *pp, int *microbatches, const char **schedule) {
+    dt_strategy_opts opts;
+    const dt_strategy_entry *e;
+    *tp = *pp = *microbatches = 1, *schedule = NULL;
+    DT_TRY(dt_strategy_parse(spec, &e, &opts));
+    if (e->mesh) e->mesh(&opts, tp, pp, microbatches, schedule);
+    if (*pp > 1 && *microbatches < 1) *microbatches = *pp;
+    if (*pp == 1) *microbatches = 1, *schedule = NULL;
+    return DT_OK;
+}
+
 dt_status dt_strategy_spec_canonical(const char *spec, char *out, size_t cap) {
     dt_strategy_opts opts;
     const dt_strategy_entry *e;

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Compares the F32 tensors of two dtrain checkpoints (safetensors): prints the largest
-|a - b| relative to the largest |b| of its tensor (optimizer state excluded with --params), and
-exits 1 when it exceeds TOL.
-Usage: ckpt_diff.py A B TOL [--params]"""
+|a - b| relative to the largest |b| of its tensor (absolute with --abs; optimizer state excluded
+with --params), and exits 1 when it exceeds TOL.
+Usage: ckpt_diff.py A B TOL [--params] [--abs]"""
 import array
 import json
 import struct
@@ -25,7 +25,7 @@ def tensors(path):
 
 def main():
     a, b, tol = tensors(sys.argv[1]), tensors(sys.argv[2]), float(sys.argv[3])
-    params = "--params" in sys.argv[4:]
+    params, absolute = "--params" in sys.argv[4:], "--abs" in sys.argv[4:]
     if set(a) != set(b):
         print("tensor names differ: %s" % sorted(set(a) ^ set(b)))
         sys.exit(1)
@@ -34,11 +34,11 @@ def main():
         if params and name.startswith("optim."):
             continue
         x, y = a[name], b[name]
-        scale = max((abs(v) for v in y), default=0.0) or 1.0
+        scale = 1.0 if absolute else max((abs(v) for v in y), default=0.0) or 1.0
         d = max((abs(p - q) for p, q in zip(x, y)), default=0.0) / scale
         if d > worst or d != d:
             worst, where = d, name
-    print("max rel diff %.3e (%s)" % (worst, where))
+    print("max %s diff %.3e (%s)" % ("abs" if absolute else "rel", worst, where))
     sys.exit(0 if worst <= tol else 1)
 
 
