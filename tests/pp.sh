@@ -118,6 +118,11 @@ import json, sys
 p = [json.loads(l) for l in open(sys.argv[1])][-1]; o = [json.loads(l) for l in open(sys.argv[2])][-1]
 assert p["backend"] == "mpi" and abs(p["train_loss"] - o["train_loss"]) < 2e-5, (p, o)
 PY
+  out=$(timeout 240 mpirun -n 4 --oversubscribe --bind-to none "$DT" train --data "$D" --model "$M" --batch 8 \
+    --optimizer adamw --lr 3e-3 --quiet --seed 3 --max-steps 12 --tp 2 --pp 2 --save "$TMP/mpi_tpp.st" 2>&1) \
+    || bad "mpirun tp2 x pp2: $out"
+  d=$(diff_ok "$TMP/mpi_tpp.st" "$TMP/one.st" 2e-5) && ok "mpirun -n 4 --tp 2 --pp 2 (tp2 x pp2 over MPI): as 1 worker ($d)" \
+    || bad "mpi tp2 x pp2: $d"
 else
   echo "note: mpirun or an MPI build not found; the MPI case is left out"
 fi
