@@ -1,10 +1,10 @@
 /* dtrain bench parallel: model-parallel layouts of one GPT side by side in one run, each the
  * real `dtrain train` command on the same global batch: 1 worker, dp2, pp2 and pp4 (GPipe and
- * 1F1B at M micro-batches) and dp2 x pp2. It prints tokens/s and the ratio to 1 worker, the
- * pipeline bubble measured from the stages' own timings next to GPipe's (K-1)/(M+K-1), the peak
- * activation memory a stage kept in flight (1F1B against GPipe's), bytes sent and the largest
- * per-rank peak RSS, as a table and one JSON line. The rows live in one table (g_rows) so that
- * other layouts (tensor parallel, meshes) add rows, not code. */
+ * 1F1B at M micro-batches), dp2 x pp2 and tp2 x pp2 (stages of tensor-parallel shards). It prints
+ * tokens/s and the ratio to 1 worker, the pipeline bubble measured from the stages' own timings
+ * next to GPipe's (K-1)/(M+K-1), the peak activation memory a stage kept in flight (1F1B against
+ * GPipe's), bytes sent and the largest per-rank peak RSS, as a table and one JSON line. The rows
+ * live in one table (g_rows) so that other layouts (tensor parallel, meshes) add rows, not code. */
 #include "cli/bench_util.h"
 #include "cli/cli.h"
 #include "dtrain/dtrain.h"
@@ -32,6 +32,7 @@ static const layout g_rows[] = {
     {"pp4 gpipe", 4, 1, "pp(stages=4,microbatches=%d,schedule=gpipe)", 4, true},
     {"pp4 1f1b", 4, 1, "pp(stages=4,microbatches=%d,schedule=1f1b)", 4, false},
     {"dp2 x pp2 1f1b", 4, 2, "pp(stages=2,microbatches=%d,schedule=1f1b)", 2, false},
+    {"tp2 x pp2 1f1b", 4, 1, "pp(stages=2,tp=2,microbatches=%d,schedule=1f1b)", 2, false},
 };
 
 typedef struct {
@@ -41,7 +42,8 @@ typedef struct {
 static const char USAGE[] =
     "Usage: dtrain bench parallel [--model SPEC] [--batch B] [--microbatches M] [--steps N] [--ranks LIST]\n\n"
     "Model-parallel layouts of one GPT on the King James Bible, each at global batch B (default 16\n"
-    "sequences): 1 worker, dp2, pp2/pp4 with GPipe and 1F1B at M micro-batches (default 8), dp2 x pp2.\n"
+    "sequences): 1 worker, dp2, pp2/pp4 with GPipe and 1F1B at M micro-batches (default 8), dp2 x pp2,\n"
+    "tp2 x pp2.\n"
     "tokens/s (and x 1 worker), the bubble measured from the trace next to (K-1)/(M+K-1), the peak\n"
     "activation bytes a stage kept in flight (and 1F1B / GPipe), bytes sent, and the largest peak RSS\n"
     "of a rank. --ranks 2 keeps the layouts of at most 2 ranks. Rows of 4 ranks on a machine of fewer\n"
