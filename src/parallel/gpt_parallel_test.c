@@ -50,13 +50,7 @@ static dt_status train(const run_cfg *rc, dt_comm *comm, float *out, size_t *n) 
     cfg.strategy = rc->strategy;
     cfg.save = rc->save;
     cfg.resume = rc->resume;
-    dt_trainer *t;
-    DT_TRY(dt_trainer_create(&t, &cfg));
-    dt_status s = dt_trainer_run(t);
-    *n = dt_model_num_params(dt_trainer_model(t));
-    if (s == DT_OK && *n <= CAP) memcpy(out, dt_model_params(dt_trainer_model(t)), *n * sizeof(float));
-    dt_trainer_free(t);
-    return s;
+    return dt_test_train_params(&cfg, out, CAP, n);
 }
 
 /* N forked ranks; the lowest training rank writes its parameters to path (ps: the server rank 0

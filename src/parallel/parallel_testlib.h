@@ -5,9 +5,11 @@
 
 #include "dtrain/comm.h"
 #include "dtrain/core.h"
+#include "dtrain/train.h"
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -52,6 +54,18 @@ static inline dt_comm *dt_test_rank_comm(int r, int n, const char *job) {
         _exit(2);
     }
     return c;
+}
+
+/* Trains cfg to its end: the trained parameters (when at most cap) into out, their number into
+ * *n; the run's status. */
+static inline dt_status dt_test_train_params(const dt_train_config *cfg, float *out, size_t cap, size_t *n) {
+    dt_trainer *t;
+    DT_TRY(dt_trainer_create(&t, cfg));
+    dt_status s = dt_trainer_run(t);
+    *n = dt_model_num_params(dt_trainer_model(t));
+    if (s == DT_OK && *n <= cap) memcpy(out, dt_model_params(dt_trainer_model(t)), *n * sizeof(float));
+    dt_trainer_free(t);
+    return s;
 }
 
 /* Writes n floats to path (a forked rank hands its parameters to the parent); 0 on success. */

@@ -55,13 +55,7 @@ static dt_status train(const run_cfg *rc, dt_comm *comm, float *out, size_t *n, 
     cfg.cb_ctx = pg;
     cfg.progress_interval_s = 0;
     pg->die_at = rc->die_at;
-    dt_trainer *t;
-    DT_TRY(dt_trainer_create(&t, &cfg));
-    dt_status s = dt_trainer_run(t);
-    *n = dt_model_num_params(dt_trainer_model(t));
-    if (s == DT_OK && *n <= CAP) memcpy(out, dt_model_params(dt_trainer_model(t)), *n * sizeof(float));
-    dt_trainer_free(t);
-    return s;
+    return dt_test_train_params(&cfg, out, CAP, n);
 }
 
 /* N forked ranks; rank 0 writes its parameters, then its losses, to path; each failed rank its
