@@ -311,13 +311,8 @@ static void test_killed_stage(void) {
     setenv("DTRAIN_TIMEOUT", "60", 1);
     CHECK(run_ranks(4, &rc, path) == 4);
     for (int r = 1; r < 4; r++) {
-        char ep[160], msg[1024] = "";
-        snprintf(ep, sizeof ep, "%s.err%d", path, r);
-        FILE *f = fopen(ep, "r");
-        if (f) {
-            if (!fgets(msg, sizeof msg, f)) msg[0] = 0;
-            fclose(f);
-        }
+        char msg[1024];
+        rank_error(path, r, msg, sizeof msg);
         printf("killed stage 0, rank %d says: %s", r, msg[0] ? msg : "(nothing)\n");
         CHECK_MSG(strstr(msg, "pipeline stage") && strstr(msg, "(rank ") &&
                       (strstr(msg, "receiving") || strstr(msg, "sending")),

@@ -86,6 +86,17 @@ static int run_ranks(int N, const run_cfg *rc, const char *path) {
     return dt_test_wait_children();
 }
 
+/* The first line of what failed rank r of a run_ranks(.., path) said ("" when nothing). */
+static void rank_error(const char *path, int r, char *msg, size_t cap) {
+    char ep[192];
+    snprintf(ep, sizeof ep, "%s.err%d", path, r);
+    msg[0] = 0;
+    FILE *f = fopen(ep, "r");
+    if (!f) return;
+    if (!fgets(msg, (int)cap, f)) msg[0] = 0;
+    fclose(f);
+}
+
 static float g_ref[CAP + STEPS + 1], g_got[CAP + STEPS + 1];
 
 /* The largest difference of parameters and of the losses of steps 1..steps. */

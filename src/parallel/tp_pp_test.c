@@ -26,7 +26,6 @@ static char g_dir[64], g_text[160];
 static const char *GPT = "gpt:L=2,H=2,C=16,T=16";
 enum { GB = 8, T = 16, C = 16, L = 2 };
 static bool g_light;
-static float g_ref[CAP + STEPS + 1], g_got[CAP + STEPS + 1];
 static size_t g_n;
 
 /* Runs N ranks of spec at `batch` per model copy and compares with the 1-worker reference. */
@@ -37,11 +36,9 @@ static void layout(int N, const char *spec, int batch, int steps, const char *wh
     const int failed = run_ranks(N, &rc, path);
     CHECK_MSG(failed == 0, "%s: %d rank(s) failed", what, failed);
     if (failed) {
-        char ep[160], msg[512] = "";
-        snprintf(ep, sizeof ep, "%s.err0", path);
-        FILE *f = fopen(ep, "r");
-        if (f && fgets(msg, sizeof msg, f)) printf("  rank 0: %s", msg);
-        if (f) fclose(f);
+        char msg[512];
+        rank_error(path, 0, msg, sizeof msg);
+        printf("  rank 0: %s\n", msg);
     }
     compare(what, g_n, g_ref, g_got, dt_test_read_floats(path, g_got, CAP + STEPS + 1), steps);
 }
@@ -160,13 +157,8 @@ static void test_killed_rank(void) {
     const double t0 = dt_now();
     CHECK(run_ranks(4, &rc, path) == 4);
     for (int r = 1; r < 4; r++) {
-        char ep[160], msg[1024] = "";
-        snprintf(ep, sizeof ep, "%s.err%d", path, r);
-        FILE *f = fopen(ep, "r");
-        if (f) {
-            if (!fgets(msg, sizeof msg, f)) msg[0] = 0;
-            fclose(f);
-        }
+        char msg[1024];
+        rank_error(path, r, msg, sizeof msg);
         printf("killed world rank 0 (stage 0, tp 0), rank %d says (%.1f s): %s", r, dt_now() - t0,
                msg[0] ? msg : "(nothing)\n");
         CHECK_MSG((strstr(msg, "pipeline stage") || strstr(msg, "tensor parallel")) && strstr(msg, "rank ") &&
