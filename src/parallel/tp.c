@@ -1,4 +1,5 @@
-/* Tensor parallelism (Megatron-LM), strategy "tp(tp=K,pp=1,bucket_mb=MB)" or --tp K: every rank
+/* Tensor parallelism (Megatron-LM), strategy "tp(tp=K,pp=1,bucket_mb=MB)" or --tp K (with pp=P > 1
+ * the pipeline of P stages of shards, pp.h / pp_tp.c): every rank
  * of a tensor-parallel group holds its shard of a GPT (dt_gpt_create_sharded; tp_shard.c maps the
  * tensors) and they run each layer together:
  *  - a block's attention is split by heads (column-parallel c_attn, row-parallel c_proj) and its
@@ -9,8 +10,8 @@
  *    outside the rank's slice are zeros and one allreduce sums them; the head's logits stay on
  *    their rank and the vocabulary-parallel cross-entropy (tp_xent.c) reduces only row maxima and
  *    sums, one allreduce of the head's input gradient backward.
- * The collectives run in the graph's after-forward and after-backward node hooks (nn/ knows no
- * communication). The remaining ranks of the world are data parallel: the mesh (mesh.h) splits
+ * The collectives run in the graph's after-forward and after-backward node hooks (tp_hooks.c; nn/
+ * knows no communication), the same hooks a pipeline stage of shards runs. The remaining ranks of the world are data parallel: the mesh (mesh.h) splits
  * the world into tp and dp communicators and an inner ddp averages the shards' gradients over
  * the dp axis. The whole model (s->model) is the checkpoint's: scattered at start (a resume under
  * any layout), its parameters gathered by ops->sync on every rank before evaluation and

@@ -79,6 +79,11 @@ static void test_layouts(void) {
         }
     /* the tp2 spelling of the same mesh: tp(tp=2,pp=2) is a pipeline of shards (M = K, 1F1B) */
     layout(4, "tp(tp=2,pp=2)", GB, STEPS, "tp(tp=2,pp=2):", NULL);
+    /* stage 1 from transformer.wpe: it receives the tokens, maps them into its vocabulary slice
+     * and masks the embedding's gradient with them; 3 uneven micro-batches of the 8 samples */
+    if (!g_light)
+        layout(4, "pp(stages=2,tp=2,microbatches=3,split=transformer.wpe)", GB, STEPS,
+               "tp2 x pp2 split=transformer.wpe M=3:", NULL);
 }
 
 /* dp2 x tp2 x pp2: two model copies of 4 samples each = the global batch 8 of one worker. */
