@@ -74,6 +74,9 @@ out=$(run --resume "$TMP/one.st" --max-steps 16 --pp 2 --workers 2 --pp-split tr
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 diff_ok() { python3 "$ROOT/tests/tools/ckpt_diff.py" "$@" --abs; }
 expect_fail "--tp x --pp must divide the ranks" "must divide the world size 2" run --tp 2 --pp 2 --workers 2 --max-steps 1
+expect_fail "--tp x --pp: the loss stays with the head" "the last stage would hold only the loss" \
+  run --tp 2 --pp 2 --workers 4 --pp-split loss --max-steps 1
+expect_fail "--tp x --pp: tp must divide the heads" "choose --tp 1, 2" run --tp 3 --pp 2 --workers 6 --max-steps 1
 plan=$(run --tp 2 --pp 2 --workers 8 --microbatches 4 --dry-run 2>&1)
 grep -q "dp 2 x pp 2 x tp 2" <<<"$plan" && grep -q "^rank 7 (dp 1, stage 1, tp 1):" <<<"$plan" \
   && grep -q "batch 2 x 4 micro-batches, schedule 1f1b" <<<"$plan" \
