@@ -4,6 +4,7 @@ set -u
 BUILD=${1:-${DTRAIN_BUILD:-build}}
 DT="$BUILD/dtrain"
 TMP=$(mktemp -d /tmp/dtrain-test.XXXXXX)
+export DTRAIN_TOOLS="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/tools"  # tests/tools: helpers the scripts share
 trap 'rm -rf "$TMP"' EXIT
 checks=0
 fails=0

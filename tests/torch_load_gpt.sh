@@ -13,36 +13,13 @@ $DT train --data "text:$TMP/c.txt" --model "$M" --batch 8 --optimizer adamw --lr
 ev=$($DT eval --checkpoint "$TMP/g.st" --data "text:$TMP/c.txt" 2>&1) || bad "eval: $ev"
 loss=$(sed -n 's/.*loss \([0-9.]*\),.*/\1/p' <<<"$ev")
 /usr/bin/python3 - "$TMP/g.st" "$TMP/c.txt" "$loss" <<'PY' && ok "nanoGPT-style torch model loads the checkpoint; val loss $loss matches" || bad "torch load"
-import json, math, struct, sys
-import torch, torch.nn as nn, torch.nn.functional as F
-raw = open(sys.argv[1], "rb").read(); n = struct.unpack("<Q", raw[:8])[0]; h = json.loads(raw[8:8 + n]); h.pop("__metadata__")
-sd = {k: torch.frombuffer(bytearray(raw[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]]), dtype=torch.float32).view(v["shape"])
-      for k, v in h.items() if not k.startswith("optim.")}
+import math, os, sys
+import torch, torch.nn.functional as F
+sys.path.insert(0, os.environ["DTRAIN_TOOLS"])
+from torch_models import gpt, load_safetensors
+sd = load_safetensors(sys.argv[1], skip_prefix="optim.")
 L, H, C, T, V = 2, 2, 32, 16, 256
-class Attn(nn.Module):
-    def __init__(s): super().__init__(); s.c_attn = nn.Linear(C, 3 * C); s.c_proj = nn.Linear(C, C)
-    def forward(s, x):
-        B = x.shape[0]; q, k, v = s.c_attn(x).split(C, 2)
-        q, k, v = (t.view(B, T, H, C // H).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True) if hasattr(F, "scaled_dot_product_attention") else \
-            F.softmax((q @ k.transpose(-2, -1) / math.sqrt(C // H)).masked_fill(~torch.tril(torch.ones(T, T, dtype=torch.bool)), float("-inf")), -1) @ v
-        return s.c_proj(y.transpose(1, 2).reshape(B, T, C))
-class MLP(nn.Module):
-    def __init__(s): super().__init__(); s.c_fc = nn.Linear(C, 4 * C); s.c_proj = nn.Linear(4 * C, C)
-    def forward(s, x): return s.c_proj(F.gelu(s.c_fc(x)))
-class Block(nn.Module):
-    def __init__(s): super().__init__(); s.ln_1 = nn.LayerNorm(C); s.attn = Attn(); s.ln_2 = nn.LayerNorm(C); s.mlp = MLP()
-    def forward(s, x): x = x + s.attn(s.ln_1(x)); return x + s.mlp(s.ln_2(x))
-class GPT(nn.Module):
-    def __init__(s):
-        super().__init__()
-        s.transformer = nn.ModuleDict(dict(wte=nn.Embedding(V, C), wpe=nn.Embedding(T, C), h=nn.ModuleList(Block() for _ in range(L)), ln_f=nn.LayerNorm(C)))
-        s.lm_head = nn.Linear(C, V, bias=False); s.transformer.wte.weight = s.lm_head.weight
-    def forward(s, idx):
-        x = s.transformer.wte(idx) + s.transformer.wpe(torch.arange(T))
-        for b in s.transformer.h: x = b(x)
-        return s.lm_head(s.transformer.ln_f(x))
-m = GPT()
+m = gpt(L, H, C, T, V)
 r = m.load_state_dict(sd, strict=False)
 assert r.missing_keys == ["lm_head.weight"] and not r.unexpected_keys, r
 data = open(sys.argv[2], "rb").read(); vlen = int(math.floor(len(data) * 0.1)); val = data[len(data) - vlen:]

@@ -85,14 +85,11 @@ if ! $PY -c "import torch" 2>/dev/null; then
   finish; exit
 fi
 $PY - "$TMP" <<'PY' && ok "torch load_state_dict(strict=True) takes the --save-weights files; logits = dtrain's" || bad "torch strict load"
-import gzip, json, math, struct, sys
-import torch, torch.nn as nn, torch.nn.functional as F
+import gzip, json, os, sys
+import torch, torch.nn as nn
+sys.path.insert(0, os.environ["DTRAIN_TOOLS"])
+from torch_models import gpt, load_safetensors as load
 tmp = sys.argv[1]
-def load(path):
-    raw = open(path, "rb").read(); n = struct.unpack("<Q", raw[:8])[0]; h = json.loads(raw[8:8 + n]); h.pop("__metadata__", None)
-    dt = {"F32": torch.float32, "I64": torch.int64}
-    return {k: torch.frombuffer(bytearray(raw[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]]), dtype=dt[v["dtype"]]).view(v["shape"])
-            for k, v in h.items()}
 def rows(path): return [json.loads(l) for l in open(path)]
 b = gzip.open("/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz").read()
 x = torch.frombuffer(bytearray(b[16:16 + 300 * 784]), dtype=torch.uint8).float().div(255).view(300, 1, 28, 28)
@@ -107,30 +104,7 @@ def check(model, path, preds, inp):
 check(nn.Sequential(nn.Flatten(), nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 10)), f"{tmp}/mlp.w", f"{tmp}/mlp.jsonl", x)
 check(nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(676, 10)),
       f"{tmp}/bn.w", f"{tmp}/bn.jsonl", x)
-L, H, C, T, V = 1, 2, 16, 8, 256
-class Attn(nn.Module):
-    def __init__(s): super().__init__(); s.c_attn = nn.Linear(C, 3 * C); s.c_proj = nn.Linear(C, C)
-    def forward(s, x):
-        B = x.shape[0]; q, k, v = s.c_attn(x).split(C, 2)
-        q, k, v = (t.view(B, T, H, C // H).transpose(1, 2) for t in (q, k, v))
-        a = (q @ k.transpose(-2, -1) / math.sqrt(C // H)).masked_fill(~torch.tril(torch.ones(T, T, dtype=torch.bool)), float("-inf"))
-        return s.c_proj((F.softmax(a, -1) @ v).transpose(1, 2).reshape(B, T, C))
-class MLP(nn.Module):
-    def __init__(s): super().__init__(); s.c_fc = nn.Linear(C, 4 * C); s.c_proj = nn.Linear(4 * C, C)
-    def forward(s, x): return s.c_proj(F.gelu(s.c_fc(x)))
-class Block(nn.Module):
-    def __init__(s): super().__init__(); s.ln_1 = nn.LayerNorm(C); s.attn = Attn(); s.ln_2 = nn.LayerNorm(C); s.mlp = MLP()
-    def forward(s, x): x = x + s.attn(s.ln_1(x)); return x + s.mlp(s.ln_2(x))
-class GPT(nn.Module):
-    def __init__(s):
-        super().__init__()
-        s.transformer = nn.ModuleDict(dict(wte=nn.Embedding(V, C), wpe=nn.Embedding(T, C), h=nn.ModuleList(Block() for _ in range(L)), ln_f=nn.LayerNorm(C)))
-        s.lm_head = nn.Linear(C, V, bias=False); s.transformer.wte.weight = s.lm_head.weight
-    def forward(s, idx):
-        x = s.transformer.wte(idx) + s.transformer.wpe(torch.arange(T))
-        for b in s.transformer.h: x = b(x)
-        return s.lm_head(s.transformer.ln_f(x))
 g = rows(f"{tmp}/g.jsonl")
-check(GPT(), f"{tmp}/g.w", f"{tmp}/g.jsonl", torch.tensor([r["ids"] for r in g]))
+check(gpt(1, 2, 16, 8), f"{tmp}/g.w", f"{tmp}/g.jsonl", torch.tensor([r["ids"] for r in g]))
 PY
 finish

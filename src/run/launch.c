@@ -1,7 +1,7 @@
 /* Local launcher/supervisor (see launch.h): fork+exec of N ranks in their own process groups,
  * a poll() loop relaying each rank's stdout/stderr as whole prefixed lines, signal forwarding,
  * stop-on-first-failure with a SIGTERM -> SIGKILL grace period, and shared-memory cleanup. */
-#include "run/launch.h"
+#include "run/launch_internal.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -18,45 +18,6 @@
 #include <time.h>
 #include <unistd.h>
 
-extern char **environ;
-
-#define LINE_CAP (64 * 1024) /* a longer line is relayed in pieces of this size */
-#define PEER_WAIT_S 0.5      /* after a DT_EXIT_PEER exit, how long to wait for the real culprit */
-#define ALL_STOPPED_S 1.0    /* every live rank stopped this long: they cannot finish */
-
-typedef struct {
-    int fd;        /* read end of the rank's pipe, -1 once closed */
-    int out;       /* where its lines go */
-    char *buf;     /* pending partial line */
-    size_t len;
-} stream;
-
-typedef struct {
-    pid_t pid;     /* 0 once reaped */
-    pid_t pgid;    /* its process group (= first pid), kept after reaping */
-    int status;    /* wait status once reaped */
-    int stop_sig;  /* the signal that stopped it (SIGSTOP ...) while it is stopped, else 0 */
-    bool abandoned; /* an expendable rank left stopped when the others were done: killed, not "lost" twice */
-    char **env;
-    stream s[2];   /* stdout, stderr */
-} rank;
-
-typedef struct {
-    const dt_launch_config *cfg;
-    dt_launch_result *res;
-    rank *r;
-    int n, live, open_fds;
-    int lost;      /* expendable ranks that failed */
-    struct pollfd *pfd;
-    int *pidx;     /* [2n+1] which rank stream each pfd entry is (-1: the signal pipe) */
-    /* supervision state */
-    dt_status st;
-    bool stopping;
-    int failed, peer, got_sig;
-    double grace, job_deadline, kill_deadline, drain_deadline;
-    double peer_deadline; /* a rank exited DT_EXIT_PEER: until then, wait for the culprit */
-    double all_stopped_since; /* every live rank is stopped (since then): they cannot finish */
-} job;
 
 static int g_sigpipe[2] = {-1, -1};
 static volatile sig_atomic_t g_active;
@@ -109,104 +70,6 @@ dt_status dt_launch_cleanup_shm(const char *job_id, int *removed) {
     return DT_OK;
 }
 
-/* Environment of one rank: the parent's minus DTRAIN_* rank variables and MPI/Slurm rank
- * variables, plus extra_env and the rank variables. */
-static char **rank_env(const dt_launch_config *cfg, int rank, const char *job_id) {
-    static const char *drop[] = {"DTRAIN_RANK=", "DTRAIN_WORLD_SIZE=", "DTRAIN_LOCAL_RANK=",
-                                 "DTRAIN_LOCAL_WORLD_SIZE=", "DTRAIN_JOB_ID=", "DTRAIN_LAUNCHER_PID=",
-                                 "OMPI_COMM_WORLD_", "PMI_RANK=", "PMI_SIZE=", "PMIX_RANK=",
-                                 "SLURM_PROCID=", "SLURM_LOCALID=", "SLURM_NTASKS="};
-    size_t ne = 0, nx = 0;
-    while (environ[ne]) ne++;
-    while (cfg->extra_env && cfg->extra_env[nx]) nx++;
-    char **env = calloc(ne + nx + 8, sizeof *env);
-    if (!env) return NULL;
-    size_t k = 0;
-    for (size_t i = 0; i < ne; i++) {
-        bool keep = true;
-        for (size_t d = 0; d < sizeof drop / sizeof *drop; d++)
-            if (!strncmp(environ[i], drop[d], strlen(drop[d]))) keep = false;
-        if (keep) env[k++] = strdup(environ[i]);
-    }
-    for (size_t i = 0; i < nx; i++) env[k++] = strdup(cfg->extra_env[i]);
-    char v[6][DT_JOB_ID_MAX + 32];
-    snprintf(v[0], sizeof v[0], "DTRAIN_RANK=%d", rank);
-    snprintf(v[1], sizeof v[1], "DTRAIN_WORLD_SIZE=%d", cfg->nranks);
-    snprintf(v[2], sizeof v[2], "DTRAIN_LOCAL_RANK=%d", rank);
-    snprintf(v[3], sizeof v[3], "DTRAIN_LOCAL_WORLD_SIZE=%d", cfg->nranks);
-    snprintf(v[4], sizeof v[4], "DTRAIN_JOB_ID=%s", job_id);
-    snprintf(v[5], sizeof v[5], "DTRAIN_LAUNCHER_PID=%ld", (long)getpid());
-    for (int i = 0; i < 6; i++) env[k++] = strdup(v[i]);
-    for (size_t i = 0; i < k; i++)
-        if (!env[i]) return env; /* caller frees; treated as ENOMEM */
-    return env;
-}
-
-static void free_env(char **env) {
-    if (!env) return;
-    for (char **p = env; *p; p++) free(*p);
-    free(env);
-}
-
-/* Writes all of buf to fd, retrying on EINTR; output errors (closed stdout) are dropped. */
-static void write_all(int fd, const char *buf, size_t n) {
-    while (n > 0) {
-        ssize_t w = write(fd, buf, n);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return;
-        buf += w;
-        n -= (size_t)w;
-    }
-}
-
-/* Relays the complete lines of s (all of it when flush), each prefixed, in one write. A piece
- * that a '\r' follows is relayed as it is, without a newline: a progress bar that redraws its
- * line ("\r\033[K...") reaches the terminal one redraw late instead of never. */
-static void relay(job *j, int rk, stream *s, bool flush) {
-    size_t start = 0, outn = 0;
-    char pre[24];
-    int pl = j->cfg->no_prefix ? 0 : snprintf(pre, sizeof pre, "[%d] ", rk);
-    size_t lines = 1;
-    for (size_t i = 0; i < s->len; i++) lines += s->buf[i] == '\n' || s->buf[i] == '\r'; /* a piece each */
-    char *out = malloc(s->len + lines * ((size_t)pl + 1));
-    if (!out) return;
-    for (size_t i = 0; i < s->len; i++) {
-        bool last = flush && i + 1 == s->len;
-        bool redraw = s->buf[i] != '\n' && i + 1 < s->len && s->buf[i + 1] == '\r';
-        if (s->buf[i] != '\n' && !last && !redraw && !(i - start + 1 >= LINE_CAP)) continue;
-        memcpy(out + outn, pre, (size_t)pl);
-        outn += (size_t)pl;
-        memcpy(out + outn, s->buf + start, i + 1 - start);
-        outn += i + 1 - start;
-        if (s->buf[i] != '\n' && !redraw) out[outn++] = '\n';
-        start = i + 1;
-    }
-    write_all(s->out, out, outn);
-    free(out);
-    memmove(s->buf, s->buf + start, s->len - start);
-    s->len -= start;
-}
-
-static void close_stream(job *j, int rk, stream *s) {
-    if (s->fd < 0) return;
-    relay(j, rk, s, true);
-    close(s->fd);
-    s->fd = -1;
-    j->open_fds--;
-}
-
-static void read_stream(job *j, int rk, stream *s) {
-    for (;;) {
-        ssize_t got = read(s->fd, s->buf + s->len, LINE_CAP - s->len);
-        if (got < 0 && errno == EINTR) continue;
-        if (got < 0 && errno == EAGAIN) return;
-        if (got <= 0) { close_stream(j, rk, s); return; }
-        s->len += (size_t)got;
-        relay(j, rk, s, false);
-        if (s->len < LINE_CAP) return;
-    }
-}
-
 /* Signals the process group of every rank (children of a rank included). After a rank was
  * reaped its group may live on in its children; a pgid is not reused while the group exists. */
 static void signal_ranks(job *j, int sig) {
@@ -227,77 +90,6 @@ static void describe(int status, char *out, size_t cap) {
     } else {
         snprintf(out, cap, "exited with status %d", exit_code_of(status));
     }
-}
-
-/* Starts rank rk; exec failure is reported through a close-on-exec pipe as an errno. */
-static dt_status spawn(job *j, int rk, char *const argv[]) {
-    rank *r = &j->r[rk];
-    int out[2] = {-1, -1}, err[2] = {-1, -1}, ex[2] = {-1, -1};
-    if (pipe2(out, O_CLOEXEC) || pipe2(err, O_CLOEXEC) || pipe2(ex, O_CLOEXEC)) {
-        int e = errno;
-        for (int i = 0; i < 2; i++) {
-            if (out[i] >= 0) close(out[i]);
-            if (err[i] >= 0) close(err[i]);
-            if (ex[i] >= 0) close(ex[i]);
-        }
-        return dt_error(DT_EIO, "cannot create pipes for rank %d: %s", rk, strerror(e));
-    }
-    pid_t parent = getpid();
-    if (j->cfg->child_main) fflush(NULL); /* no buffered output is written twice */
-    pid_t pid = fork();
-    if (pid < 0) {
-        int e = errno;
-        close(out[0]); close(out[1]); close(err[0]); close(err[1]); close(ex[0]); close(ex[1]);
-        return dt_error(DT_EIO, "cannot fork rank %d: %s", rk, strerror(e));
-    }
-    if (pid == 0) { /* child: only async-signal-safe calls until exec */
-        setpgid(0, 0);
-        prctl(PR_SET_PDEATHSIG, SIGTERM);
-        if (getppid() != parent) _exit(126);
-        int nul = open("/dev/null", O_RDONLY);
-        if (nul >= 0) { dup2(nul, 0); if (nul > 2) close(nul); }
-        dup2(out[1], 1);
-        dup2(err[1], 2);
-        signal(SIGPIPE, SIG_DFL);
-        signal(SIGINT, SIG_DFL);
-        signal(SIGTERM, SIG_DFL);
-        signal(SIGHUP, SIG_DFL);
-        signal(SIGCHLD, SIG_DFL);
-        sigset_t none;
-        sigemptyset(&none);
-        sigprocmask(SIG_SETMASK, &none, NULL);
-        if (j->cfg->child_main) { /* a forked worker: no exec, so close what exec would */
-            close(ex[1]);
-            close(out[0]);
-            close(err[0]);
-            environ = r->env;
-            int rc = j->cfg->child_main(j->cfg->child_ctx);
-            fflush(NULL);
-            _exit(rc);
-        }
-        execvpe(argv[0], argv, r->env);
-        int e = errno;
-        if (write(ex[1], &e, sizeof e) < 0) { /* parent sees EOF and reports status 127 */ }
-        _exit(127);
-    }
-    setpgid(pid, pid);
-    close(out[1]); close(err[1]); close(ex[1]);
-    r->pid = r->pgid = pid;
-    r->s[0] = (stream){out[0], j->cfg->out_fd ? j->cfg->out_fd : 1, r->s[0].buf, 0};
-    r->s[1] = (stream){err[0], j->cfg->err_fd ? j->cfg->err_fd : 2, r->s[1].buf, 0};
-    fcntl(out[0], F_SETFL, O_NONBLOCK);
-    fcntl(err[0], F_SETFL, O_NONBLOCK);
-    j->live++;
-    j->open_fds += 2;
-    int e = 0;
-    ssize_t got;
-    do got = read(ex[0], &e, sizeof e);
-    while (got < 0 && errno == EINTR);
-    close(ex[0]);
-    if (got == (ssize_t)sizeof e)
-        return dt_error(e == ENOENT ? DT_ENOENT : DT_EIO, "cannot run '%s' (rank %d): %s", argv[0],
-                        rk, strerror(e));
-    return DT_OK;
 }
 
 /* Reaps every rank that has exited and notes the ones stopped (SIGSTOP, SIGTSTP) or continued.
@@ -449,7 +241,7 @@ static bool check_deadlines(job *j, double now) {
     if (j->live == 0 && j->drain_deadline == 0) j->drain_deadline = now + 2.0;
     if (j->live == 0 && now >= j->drain_deadline) { /* a leftover child holds a pipe open */
         for (int i = 0; i < j->n; i++)
-            for (int k = 0; k < 2; k++) close_stream(j, i, &j->r[i].s[k]);
+            for (int k = 0; k < 2; k++) dt_launch_close_stream(j, i, &j->r[i].s[k]);
         return false;
     }
     return true;
@@ -510,7 +302,7 @@ static void poll_once(job *j, double now) {
     if (pr <= 0) return;
     if (j->pfd[0].revents) handle_signals(j);
     for (int p = 1; p < np; p++)
-        if (j->pfd[p].revents) read_stream(j, j->pidx[p] / 2, &j->r[j->pidx[p] / 2].s[j->pidx[p] % 2]);
+        if (j->pfd[p].revents) dt_launch_read_stream(j, j->pidx[p] / 2, &j->r[j->pidx[p] / 2].s[j->pidx[p] % 2]);
 }
 
 /* Allocates the job's ranks (environment, line buffers) and poll arrays. */
@@ -521,7 +313,7 @@ static dt_status job_prepare(job *j) {
     if (!j->r || !j->pfd || !j->pidx) return dt_error(DT_ENOMEM, "out of memory starting %d ranks", j->n);
     for (int i = 0; i < j->n; i++) {
         j->r[i].s[0].fd = j->r[i].s[1].fd = -1;
-        j->r[i].env = rank_env(j->cfg, i, j->res->job_id);
+        j->r[i].env = dt_launch_rank_env(j->cfg, i, j->res->job_id);
         j->r[i].s[0].buf = malloc(LINE_CAP);
         j->r[i].s[1].buf = malloc(LINE_CAP);
         if (!j->r[i].env || !j->r[i].s[0].buf || !j->r[i].s[1].buf)
@@ -532,7 +324,7 @@ static dt_status job_prepare(job *j) {
 
 static void job_free(job *j) {
     for (int i = 0; j->r && i < j->n; i++) {
-        free_env(j->r[i].env);
+        dt_launch_free_env(j->r[i].env);
         free(j->r[i].s[0].buf);
         free(j->r[i].s[1].buf);
     }
@@ -552,7 +344,7 @@ static void supervise(job *j, char *const argv[]) {
     j->job_deadline = cfg->timeout_s > 0 ? t0 + cfg->timeout_s : 0;
     j->failed = j->peer = -1;
     for (int i = 0; i < j->n; i++) {
-        j->st = spawn(j, i, argv);
+        j->st = dt_launch_spawn(j, i, argv);
         if (j->st != DT_OK) {
             j->res->exit_code = 127;
             stop_job(j, SIGTERM, dt_now());

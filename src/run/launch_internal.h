@@ -1,0 +1,59 @@
+/* The launcher's internals shared by its supervision loop (launch.c) and the start and output
+ * relay of one rank (launch_rank.c). */
+#ifndef DTRAIN_RUN_LAUNCH_INTERNAL_H
+#define DTRAIN_RUN_LAUNCH_INTERNAL_H
+#include "run/launch.h"
+
+#include <poll.h>
+#include <stdbool.h>
+#include <sys/types.h>
+
+#define LINE_CAP (64 * 1024) /* a longer line is relayed in pieces of this size */
+#define PEER_WAIT_S 0.5      /* after a DT_EXIT_PEER exit, how long to wait for the real culprit */
+#define ALL_STOPPED_S 1.0    /* every live rank stopped this long: they cannot finish */
+
+typedef struct {
+    int fd;        /* read end of the rank's pipe, -1 once closed */
+    int out;       /* where its lines go */
+    char *buf;     /* pending partial line */
+    size_t len;
+} stream;
+
+typedef struct {
+    pid_t pid;     /* 0 once reaped */
+    pid_t pgid;    /* its process group (= first pid), kept after reaping */
+    int status;    /* wait status once reaped */
+    int stop_sig;  /* the signal that stopped it (SIGSTOP ...) while it is stopped, else 0 */
+    bool abandoned; /* an expendable rank left stopped when the others were done: killed, not "lost" twice */
+    char **env;
+    stream s[2];   /* stdout, stderr */
+} rank;
+
+typedef struct {
+    const dt_launch_config *cfg;
+    dt_launch_result *res;
+    rank *r;
+    int n, live, open_fds;
+    int lost;      /* expendable ranks that failed */
+    struct pollfd *pfd;
+    int *pidx;     /* [2n+1] which rank stream each pfd entry is (-1: the signal pipe) */
+    /* supervision state */
+    dt_status st;
+    bool stopping;
+    int failed, peer, got_sig;
+    double grace, job_deadline, kill_deadline, drain_deadline;
+    double peer_deadline; /* a rank exited DT_EXIT_PEER: until then, wait for the culprit */
+    double all_stopped_since; /* every live rank is stopped (since then): they cannot finish */
+} job;
+
+/* The environment of rank `rank` (the parent's minus rank variables, plus the job's), freed
+ * with dt_launch_free_env; NULL or a NULL entry when out of memory. */
+char **dt_launch_rank_env(const dt_launch_config *cfg, int rank, const char *job_id);
+void dt_launch_free_env(char **env);
+/* Forks (and unless cfg->child_main, execs) rank rk with its pipes; counts it live. */
+dt_status dt_launch_spawn(job *j, int rk, char *const argv[]);
+/* Reads what rank rk wrote to s and relays its whole lines, prefixed; closes s at EOF. */
+void dt_launch_read_stream(job *j, int rk, stream *s);
+/* Relays what is left of s (a last partial line too) and closes it. */
+void dt_launch_close_stream(job *j, int rk, stream *s);
+#endif
