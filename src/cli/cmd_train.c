@@ -113,8 +113,9 @@ static const char TRAIN_USAGE[] =
     "  tp(tp=K,pp=1,bucket_mb=MB)        Megatron tensor parallel GPT (--tp K): K ranks per model copy,\n"
     "                                    the other ranks data parallel; --workers N counts all ranks.\n"
     "                                    Mesh order, TP innermost: rank = (dp_i*PP + pp_i)*TP + tp_i\n"
-    "  pp(stages=K,microbatches=M,schedule=gpipe|1f1b,split=N1:N2)\n"
-    "                                    pipeline parallel (--pp, --microbatches, --pp-schedule, --pp-split)\n"
+    "  pp(stages=K,microbatches=M,schedule=gpipe|1f1b,split=N1:N2,tp=T)\n"
+    "                                    pipeline parallel (--pp, --microbatches, --pp-schedule, --pp-split);\n"
+    "                                    tp=T (--tp T --pp K): each stage a tensor-parallel group of T ranks\n"
     "e.g. --strategy \"ps(servers=2,staleness=4)\". The flags in parentheses set the same options;\n"
     "a flag and a spec option that disagree are an error.\n"
     "ddp and localsgd also take compress=C (--compress: none, fp16, bf16, topk:RATIO[:momentum=M]\n"
@@ -140,7 +141,9 @@ static const char TRAIN_USAGE[] =
     "layers); --pp-split N1:N2:... gives the first node of stages 1..K-1 by index or name instead,\n"
     "e.g. --pp 2 --pp-split 17 or --pp-split transformer.h.2.ln_1 (a bad one lists the valid ones).\n"
     "Same as --strategy \"pp(stages=K,microbatches=M,schedule=1f1b,split=N1:N2)\". --save writes one\n"
-    "ordinary checkpoint any layout resumes; --timeline shows each stage's F/B micro-batches.";
+    "ordinary checkpoint any layout resumes; --timeline shows each stage's F/B micro-batches.\n"
+    "With --tp T each stage runs its cut of the tensor-parallel GPT over T ranks: --workers 8 --tp 2\n"
+    "--pp 2 is dp2 x pp2 x tp2, rank = (dp*K + stage)*T + tp.";
 
 /* Everything `dtrain train` accepts: the trainer config plus the flags that shape it. */
 typedef struct {
