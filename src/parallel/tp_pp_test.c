@@ -10,7 +10,7 @@
  *    worker, dp4, tp2 and pp2, and saved on 1 worker, resumed under tp2 x pp2: each ends within
  *    2e-5 of the uninterrupted 1-worker run;
  *  - a rank killed mid-run (stage 0, tp rank 0): every other rank fails, no hang, naming a rank
- *    and the operation.
+ *    and the operation; its tp peer and its pipeline neighbour name rank 0.
  * Under the sanitizers (DTRAIN_SANITIZED) a subset of the layouts runs. */
 #include "core/test.h"
 #include "dtrain/dtrain.h"
@@ -170,6 +170,9 @@ static void test_killed_rank(void) {
                       (strstr(msg, "receiving") || strstr(msg, "sending") || strstr(msg, "allreduce")) &&
                       (strstr(msg, "died") || strstr(msg, "left")),
                   "rank %d: %s", r, msg);
+        /* its tp peer fails in a tp allreduce, its pipeline neighbour receiving from it: both name rank 0 */
+        if (r == 1) CHECK_MSG(strstr(msg, "tensor parallel") && strstr(msg, "rank 0 died"), "rank 1: %s", msg);
+        if (r == 2) CHECK_MSG(strstr(msg, "from stage 0 (rank 0)") != NULL, "rank 2 does not name rank 0: %s", msg);
     }
 }
 
