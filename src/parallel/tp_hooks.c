@@ -175,11 +175,13 @@ void dt_tp_hooks_destroy(dt_tp_hooks *h) {
 
 dt_status dt_tp_hooks_map(dt_tp_hooks *h, const int32_t *x, int lo, int n, int total) {
     const size_t T = (size_t)h->g.T;
-    if ((size_t)total > h->cap) {
-        free(h->ids), free(h->keep);
-        h->ids = malloc((size_t)total * T * sizeof *h->ids), h->keep = malloc((size_t)total * T);
-        h->cap = h->ids && h->keep ? (size_t)total : 0;
-        if (!h->cap) return dt_error(DT_ENOMEM, "tensor parallel: out of memory for a batch of %d", total);
+    if ((size_t)total > h->cap) {  /* grown keeping what is mapped (a stage maps micro-batch by micro-batch) */
+        int32_t *ids = realloc(h->ids, (size_t)total * T * sizeof *h->ids);
+        if (ids) h->ids = ids;
+        unsigned char *keep = ids ? realloc(h->keep, (size_t)total * T) : NULL;
+        if (keep) h->keep = keep;
+        if (!ids || !keep) return dt_error(DT_ENOMEM, "tensor parallel: out of memory for a batch of %d", total);
+        h->cap = (size_t)total;
     }
     const int Vl = h->g.V / h->K, first = h->r * Vl;
     int32_t *ids = h->ids + (size_t)lo * T;
