@@ -191,6 +191,7 @@ void dt_comm_destroy(dt_comm *c) {
     for (int i = 0; i < 2; i++) dt_free(c->scratch.buf[i]);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cv);
+    free(c->world_of);
     free(c);
 }
 
@@ -242,6 +243,13 @@ dt_status dt_comm_split(dt_comm *c, int color, int key, dt_comm **out) {
         if (st == DT_OK) {
             st = comm_new(out, me, n, c->backend, nt, c->algo, c->timeout_s, c->timeout_knob);
             if (st != DT_OK && nt) nt->ops->destroy(nt);
+            if (st == DT_OK && !((*out)->world_of = malloc((size_t)n * sizeof(int)))) {
+                dt_comm_destroy(*out);
+                *out = NULL;
+                st = dt_error(DT_ENOMEM, "dt_comm_split: out of memory");
+            }
+            for (int i = 0; st == DT_OK && i < n; i++)
+                (*out)->world_of[i] = c->world_of ? c->world_of[members[i]] : members[i];
         }
     }
     free(all);

@@ -13,6 +13,14 @@
 
 dt_status dt_comm_fail(dt_comm *c, dt_status s) {
     if (s != DT_OK && c->failed == DT_OK) {
+        if (c->world_of) { /* the transport names ranks of this group: say which world ranks they are */
+            char list[160];
+            size_t n = 0;
+            for (int i = 0; i < c->size && n + 16 < sizeof list; i++)
+                n += (size_t)snprintf(list + n, sizeof list - n, "%s%d", i ? ", " : "", c->world_of[i]);
+            if (n + 16 >= sizeof list) snprintf(list + n, sizeof list - n, ", ...");
+            dt_error_wrap(s, "in a group of %d ranks (its ranks 0-%d are world ranks %s)", c->size, c->size - 1, list);
+        }
         snprintf(c->fail_msg, sizeof c->fail_msg, "%s", dt_last_error());
         c->failed = s;
     }

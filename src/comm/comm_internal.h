@@ -59,6 +59,7 @@ struct dt_comm {
     dt_request *active;         /* non-blocking send/recv posted to the transport */
     struct dt_comm_hier *hier;  /* hierarchical allreduce (comm_hier.c), or NULL */
     _Atomic uint64_t bytes, ops;  /* counters (dt_comm_bytes): bus bytes and ops that succeeded */
+    int *world_of;              /* a split's members as world ranks (named in its errors); NULL: the world */
 };
 
 /* Frees a hierarchical-allreduce setup (its sub-communicators); NULL is a no-op. */
