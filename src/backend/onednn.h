@@ -33,6 +33,7 @@ typedef struct {
 typedef struct {
     dt_dnnl_key key;
     bool used, failed;          /* failed: oneDNN has no primitive for it; the caller falls back */
+    unsigned long long last;    /* lookup clock of its last use (the cache evicts the oldest) */
     int nsteps, nmem, npost;
     dt_dnnl_step step[DT_DNNL_STEPS];
     dnnl_memory_t mem[DT_DNNL_MEMS];
