@@ -116,8 +116,11 @@ bool dt_dnnl_step_add(dt_dnnl_entry *e, dnnl_primitive_desc_t pd, int nargs, con
     bool ok = e->nsteps < DT_DNNL_STEPS;
     for (int i = 0; i < nargs; i++) ok &= m[i] != NULL;
     const char *impl = NULL;
-    if (ok && main && dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl)
-        snprintf(e->impl, sizeof e->impl, "%s", impl);
+    if (ok && main && dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl) {
+        size_t at = strlen(e->impl);  /* a second main primitive (conv_bwd: weights, then data) */
+        if (!at) snprintf(e->impl, sizeof e->impl, "%s", impl);
+        else if (strcmp(e->impl, impl)) snprintf(e->impl + at, sizeof e->impl - at, " + %s", impl);
+    }
     dt_dnnl_step *st = &e->step[e->nsteps];
     ok = ok && dnnl_primitive_create(&st->p, pd) == dnnl_success;
     dnnl_primitive_desc_destroy(pd);
@@ -205,7 +208,7 @@ size_t dt_onednn_cache_misses(void) { return tls.misses; }
 int dt_onednn_cache_capacity(void) { return DT_DNNL_CACHE; }
 
 void dt_onednn_impls(char *buf, size_t n) {
-    static const char *ops[] = {"", "matmul", "conv_fwd", "conv_bwd_data", "conv_bwd_weights"};
+    static const char *ops[] = {"", "matmul", "conv_fwd", "conv_bwd_data", "conv_bwd_weights", "conv_bwd"};
     size_t len = 0;
     buf[0] = 0;
     for (int i = 0; i < tls.n; i++) {
