@@ -89,6 +89,8 @@ bool dt_onednn_built(void);
 /* Primitives this thread created so far (each is created once per op, shape and precision, then
  * cached), and a summary of the implementations oneDNN chose ("matmul brg:avx512_core; ..."). */
 size_t dt_onednn_cache_misses(void);
+/* Entries a thread's primitive cache holds; past it the least recently used one is evicted. */
+int dt_onednn_cache_capacity(void);
 void dt_onednn_impls(char *buf, size_t n);
 
 #endif

@@ -10,22 +10,13 @@
 
 #include "backend/kern.h"
 
-#pragma omp declare simd notinbranch
-float expf(float);  /* libmvec's vector expf in the softmax rows */
-
 size_t dt_attention_workspace(int T) { return (size_t)T * T; }
 
 /* Row t of the scores: softmax over j <= t, zeros after. */
 static void causal_softmax_row(float *restrict row, int t, int T) {
     float mx = row[0];
     for (int j = 1; j <= t; j++) mx = row[j] > mx ? row[j] : mx;
-    float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-    for (int j = 0; j <= t; j++) {
-        row[j] = expf(row[j] - mx);
-        s += row[j];
-    }
-    const float inv = 1.0f / s;
+    const float inv = 1.0f / dt_nn_exp_sub_sum(row, row, t + 1, mx);
     for (int j = 0; j <= t; j++) row[j] *= inv;
     for (int j = t + 1; j < T; j++) row[j] = 0.0f;
 }

@@ -9,10 +9,6 @@
 
 #include "backend/kern.h"
 
-/* the softmax's exp through libmvec's vector expf (16 lanes on AVX-512) */
-#pragma omp declare simd notinbranch
-float expf(float);
-
 float dt_softmax_xent_ignore_forward(float *probs, const float *logits, const int32_t *labels, int N, int V,
                                      int ignore, int *counted) {
     int cnt = 0;
@@ -25,12 +21,7 @@ float dt_softmax_xent_ignore_forward(float *probs, const float *logits, const in
         cnt++;
         float mx = x[0];
         for (int i = 1; i < V; i++) mx = x[i] > mx ? x[i] : mx;
-        float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-        for (int i = 0; i < V; i++) {
-            p[i] = expf(x[i] - mx);
-            s += p[i];
-        }
+        const float s = dt_nn_exp_sub_sum(p, x, V, mx);
         const float inv = 1.0f / s;
         for (int i = 0; i < V; i++) p[i] *= inv;
         /* -log softmax(x)[y] = log(sum exp(x - mx)) - (x[y] - mx); a bad label gives NaN */

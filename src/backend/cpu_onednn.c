@@ -24,7 +24,8 @@ static _Thread_local struct {
     dnnl_engine_t eng;
     dnnl_stream_t stream;
     dt_dnnl_entry e[DT_DNNL_CACHE];
-    int n, next, threads;
+    int n, threads;
+    unsigned long long clock;   /* lookups so far: an entry's `last` */
     size_t misses;
     void *conv[3];
     size_t conv_n[3];
@@ -43,7 +44,7 @@ static void tls_free(void *unused) {
     for (int k = 0; k < 3; k++) free(tls.conv[k]), tls.conv[k] = NULL, tls.conv_n[k] = 0;
     if (tls.stream) dnnl_stream_destroy(tls.stream);
     if (tls.eng) dnnl_engine_destroy(tls.eng);
-    tls.stream = NULL, tls.eng = NULL, tls.n = tls.next = 0;
+    tls.stream = NULL, tls.eng = NULL, tls.n = 0;
 }
 
 static void tls_key_make(void) { pthread_key_create(&tls_key, tls_free); }
@@ -83,16 +84,19 @@ dt_dnnl_entry *dt_dnnl_lookup(const dt_dnnl_key *key) {
     dt_dnnl_key kt = *key, *k = &kt;
     kt.d[DT_DNNL_KEY_INTS - 1] = tls.threads;  /* a primitive is made for a thread count */
     for (int i = 0; i < tls.n; i++)
-        if (!memcmp(&tls.e[i].key, k, sizeof *k)) return &tls.e[i];
+        if (!memcmp(&tls.e[i].key, k, sizeof *k)) return tls.e[i].last = ++tls.clock, &tls.e[i];
     dt_dnnl_entry *e;
     if (tls.n < DT_DNNL_CACHE) e = &tls.e[tls.n++];
-    else {  /* full: evict round-robin */
-        e = &tls.e[tls.next];
-        tls.next = (tls.next + 1) % DT_DNNL_CACHE;
+    else {  /* full: evict the least recently used entry, never one that the op now running holds
+             * (a backward looks up two entries, then runs both) */
+        e = &tls.e[0];
+        for (int i = 1; i < DT_DNNL_CACHE; i++)
+            if (tls.e[i].last < e->last) e = &tls.e[i];
         entry_clear(e);
     }
     memset(e, 0, sizeof *e);
     e->key = *k;
+    e->last = ++tls.clock;
     tls.misses++;
     return e;
 }
@@ -112,8 +116,11 @@ bool dt_dnnl_step_add(dt_dnnl_entry *e, dnnl_primitive_desc_t pd, int nargs, con
     bool ok = e->nsteps < DT_DNNL_STEPS;
     for (int i = 0; i < nargs; i++) ok &= m[i] != NULL;
     const char *impl = NULL;
-    if (ok && main && dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl)
-        snprintf(e->impl, sizeof e->impl, "%s", impl);
+    if (ok && main && dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl) {
+        size_t at = strlen(e->impl);  /* a second main primitive (conv_bwd: weights, then data) */
+        if (!at) snprintf(e->impl, sizeof e->impl, "%s", impl);
+        else if (strcmp(e->impl, impl)) snprintf(e->impl + at, sizeof e->impl - at, " + %s", impl);
+    }
     dt_dnnl_step *st = &e->step[e->nsteps];
     ok = ok && dnnl_primitive_create(&st->p, pd) == dnnl_success;
     dnnl_primitive_desc_destroy(pd);
@@ -198,9 +205,10 @@ float *dt_dnnl_rounded(int slot, const float *src, size_t n, dt_dtype p) {
 }
 
 size_t dt_onednn_cache_misses(void) { return tls.misses; }
+int dt_onednn_cache_capacity(void) { return DT_DNNL_CACHE; }
 
 void dt_onednn_impls(char *buf, size_t n) {
-    static const char *ops[] = {"", "matmul", "conv_fwd", "conv_bwd_data", "conv_bwd_weights"};
+    static const char *ops[] = {"", "matmul", "conv_fwd", "conv_bwd_data", "conv_bwd_weights", "conv_bwd"};
     size_t len = 0;
     buf[0] = 0;
     for (int i = 0; i < tls.n; i++) {
@@ -378,6 +386,7 @@ bool dt_onednn_built(void) { return true; }
 const dt_backend *dt_backend_onednn(dt_dtype precision) { return (void)precision, NULL; }
 bool dt_onednn_built(void) { return false; }
 size_t dt_onednn_cache_misses(void) { return 0; }
+int dt_onednn_cache_capacity(void) { return 0; }
 void dt_onednn_impls(char *buf, size_t n) {
     if (n) snprintf(buf, n, "built without oneDNN");
 }

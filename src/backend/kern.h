@@ -3,6 +3,7 @@
 #ifndef DT_NN_KERN_H
 #define DT_NN_KERN_H
 
+#include <math.h>
 #include <stddef.h>
 
 /* GCC 12 at -O2 vectorises only loops whose trip count is a multiple of the vector width; the
@@ -38,6 +39,37 @@ static inline float dt_nn_dot(const float *restrict x, const float *restrict y, 
         for (int j = 0; j < DT_NN_LANES; j++) acc[j] += x[i + j] * y[i + j];
     float s = 0;
     for (; i < n; i++) s += x[i] * y[i];
+    for (int j = 0; j < DT_NN_LANES; j++) s += acc[j];
+    return s;
+}
+
+/* libmvec's vector expf (16 lanes on AVX-512) where a loop asks for it */
+#pragma omp declare simd notinbranch
+float expf(float);
+
+/* dst[i] = exp(src[i] - mx) for i < n; returns their sum (dst == src allowed). Whole blocks of 16
+ * go through the vector expf, and so does the tail, padded with -inf (exp gives 0): a softmax row
+ * of 10 classes or a causal attention row of t + 1 scores makes no scalar expf call. */
+static inline float dt_nn_exp_sub_sum(float *dst, const float *src, int n, float mx) {
+    float acc[DT_NN_LANES] = {0};
+    int i = 0;
+    for (; i + DT_NN_LANES <= n; i += DT_NN_LANES) {
+#pragma omp simd
+        for (int j = 0; j < DT_NN_LANES; j++) {
+            float e = expf(src[i + j] - mx);
+            dst[i + j] = e;
+            acc[j] += e;
+        }
+    }
+    if (i < n) {
+        float t[DT_NN_LANES];
+        const int r = n - i;
+        for (int j = 0; j < DT_NN_LANES; j++) t[j] = j < r ? src[i + j] - mx : -INFINITY;
+#pragma omp simd
+        for (int j = 0; j < DT_NN_LANES; j++) t[j] = expf(t[j]);
+        for (int j = 0; j < r; j++) dst[i + j] = t[j], acc[j] += t[j];
+    }
+    float s = 0;
     for (int j = 0; j < DT_NN_LANES; j++) s += acc[j];
     return s;
 }

@@ -8,7 +8,8 @@
 
 #include "backend/backend.h"
 
-enum { DT_DNNL_MATMUL = 1, DT_DNNL_CONV_FWD, DT_DNNL_CONV_BWD_DATA, DT_DNNL_CONV_BWD_W };
+/* DT_DNNL_CONV_BWD: backward data and weights in one entry (diff_dst reordered once) */
+enum { DT_DNNL_MATMUL = 1, DT_DNNL_CONV_FWD, DT_DNNL_CONV_BWD_DATA, DT_DNNL_CONV_BWD_W, DT_DNNL_CONV_BWD };
 #define DT_DNNL_KEY_INTS 12
 #define DT_DNNL_ARGS 6
 
@@ -19,8 +20,8 @@ typedef struct {
     int d[DT_DNNL_KEY_INTS];
 } dt_dnnl_key;
 
-#define DT_DNNL_STEPS 6
-#define DT_DNNL_MEMS 10
+#define DT_DNNL_STEPS 8
+#define DT_DNNL_MEMS 14
 
 typedef struct {
     dnnl_primitive_t p;
@@ -33,6 +34,7 @@ typedef struct {
 typedef struct {
     dt_dnnl_key key;
     bool used, failed;          /* failed: oneDNN has no primitive for it; the caller falls back */
+    unsigned long long last;    /* lookup clock of its last use (the cache evicts the oldest) */
     int nsteps, nmem, npost;
     dt_dnnl_step step[DT_DNNL_STEPS];
     dnnl_memory_t mem[DT_DNNL_MEMS];

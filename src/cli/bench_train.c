@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef struct {
     const char *name, *spec;
@@ -38,9 +39,18 @@ static double sgemm_gflops(int n, double min_s) {
     return 2.0 * n * n * (double)n * iters / t / 1e9;
 }
 
+/* CPU seconds this process has used (all its threads): less sensitive to a loaded machine than
+ * wall time, since time spent waiting for a core is not counted. */
+static double cpu_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 /* Trains `spec` on synthetic data (1x28x28 images and labels, or random token ids and next
- * tokens for a GPT) for at least min_s seconds; returns samples/s and GFLOP/s. */
-static dt_status bench_model(const bench_case *bc, double *sps, double *gflops) {
+ * tokens for a GPT) for at least min_s seconds; returns samples/s, samples per CPU second and
+ * GFLOP/s. */
+static dt_status bench_model(const bench_case *bc, double *sps, double *cps, double *gflops) {
     dt_model *m = NULL;
     dt_optim *o = NULL;
     DT_TRY(dt_model_build(&m, bc->spec, 1, 28, 28));
@@ -62,9 +72,9 @@ static dt_status bench_model(const bench_case *bc, double *sps, double *gflops) 
     }
     /* 3 untimed warm-up steps, then whole groups of 8 steps until min_s has passed */
     int64_t steps = 0;
-    double t0 = 0, t = 0;
+    double t0 = 0, t = 0, c0 = 0;
     for (int64_t i = 0; s == DT_OK; i++) {
-        if (i == 3) t0 = dt_now();
+        if (i == 3) t0 = dt_now(), c0 = cpu_now();
         dt_feed f = {.x = (const char *)x + (size_t)(i % NB) * B * in * DT_FEED_VALUE_BYTES, .y = y + (size_t)(i % NB) * B * ny, .n = B};
         float loss;
         if ((s = dt_model_run(m, &f, true, (uint64_t)i, &loss)) != DT_OK) break;
@@ -78,6 +88,7 @@ static dt_status bench_model(const bench_case *bc, double *sps, double *gflops) 
     }
     if (s == DT_OK) {
         *sps = (double)steps * B / t;
+        *cps = (double)steps * B / (cpu_now() - c0);
         *gflops = dt_model_train_flops(m, B) * (double)steps / t / 1e9;
     }
     dt_free(x), dt_free(y);
@@ -87,13 +98,15 @@ static dt_status bench_model(const bench_case *bc, double *sps, double *gflops) 
 }
 
 static const char USAGE[] =
-    "Usage: dtrain bench train [--seconds S] [--threads N] [--model NAME] [--batch N]\n"
-    "                          [--kernels onednn,blas] [--precision fp32,bf16,fp16] [--vs-blas] [--vs-torch]\n\n"
+    "Usage: dtrain bench train [--seconds S] [--threads N] [--model NAME] [--batch N] [--spec SPEC]\n"
+    "                          [--kernels onednn,blas] [--precision fp32,bf16,fp16] [--vs-blas] [--vs-torch]\n"
+    "                          [--repeat N]\n\n"
     "Single-worker training throughput of the reference models on synthetic data: MLP at batch 32\n"
     "and 128, CNN at batch 128 (Adam, 28x28 inputs), GPT L4 H4 C128 T64 at batch 12 (AdamW, random\n"
     "bytes; tokens/s = samples/s x 64); plus OpenBLAS sgemm GFLOP/s for scale. One row per kernel\n"
     "library and precision in the lists (default: the default kernels, fp32; --vs-blas adds blas);\n"
-    "the ratio column compares each row with the first row of its case. --vs-torch adds PyTorch's\n"
+    "the ratio column compares each row with the first row of its case; \"per cpu-s\" divides by the\n"
+    "process's CPU time instead of wall time (steadier on a loaded machine). --vs-torch adds PyTorch's\n"
     "samples/s on the same model and batch (bench/train_torch.py, /usr/bin/python3, one thread).";
 
 /* The next comma-separated word of *list into w (cap bytes); false at the end. */
@@ -130,14 +143,14 @@ static dt_status bench_rows(const bench_case *bc, const char *kernels, const cha
     double first = 0;
     for (const char *l = kernels; next_word(&l, w, sizeof w);)
         for (const char *q = precisions; next_word(&q, v, sizeof v);) {
-            double sps, gf;
+            double sps, cps, gf;
             DT_TRY(dt_kernels_select(w, v));
-            dt_status s = bench_model(bc, &sps, &gf);
+            dt_status s = bench_model(bc, &sps, &cps, &gf);
             if (s != DT_OK) return dt_error_wrap(s, "%s %s", w, v);
             if (first == 0) first = sps;
             const int T = dt_model_spec_is_gpt(bc->spec) ? 64 : 1;
-            printf("%-6s %6d %-8s %-5s %14.0f %12.0f %10.1f %9.0f%% %7.2fx", bc->name, bc->batch, w, v, sps, sps * T, gf,
-                   100 * gf / sg, sps / first);
+            printf("%-6s %6d %-8s %-5s %14.0f %12.0f %12.0f %10.1f %9.0f%% %7.2fx", bc->name, bc->batch, w, v, sps, cps,
+                   sps * T, gf, 100 * gf / sg, sps / first);
             if (vs_torch && tr > 0) printf(" %10.0f %8.2fx", tr, sps / tr);
             else if (vs_torch) printf(" %10s %9s", "-", "-");
             printf("\n");
@@ -145,17 +158,18 @@ static dt_status bench_rows(const bench_case *bc, const char *kernels, const cha
             if (*jn < (int)cap - 300)
                 *jn += snprintf(json + *jn, cap - (size_t)*jn,
                                 "%s{\"model\": \"%s\", \"batch\": %d, \"kernels\": \"%s\", \"precision\": \"%s\", "
-                                "\"samples_per_s\": %.1f, \"tokens_per_s\": %.1f, \"gflops\": %.2f, \"torch_samples_per_s\": %.1f}",
-                                (*done)++ ? ", " : "", bc->name, bc->batch, w, v, sps, sps * T, gf, tr);
+                                "\"samples_per_s\": %.1f, \"samples_per_cpu_s\": %.1f, \"tokens_per_s\": %.1f, \"gflops\": %.2f, "
+                                "\"torch_samples_per_s\": %.1f}",
+                                (*done)++ ? ", " : "", bc->name, bc->batch, w, v, sps, cps, sps * T, gf, tr);
         }
     return DT_OK;
 }
 
 int dt_bench_train(int argc, char **argv) {
     float seconds = 3;
-    int threads = 1, only_batch = 0;
+    int threads = 1, only_batch = 0, repeat = 1;
     bool vs_blas = false, vs_torch = false;
-    const char *only_model = NULL, *kernels = NULL, *precisions = "fp32";
+    const char *only_model = NULL, *kernels = NULL, *precisions = "fp32", *spec = NULL;
     const dt_flag flags[] = {
         {"seconds", DT_FLAG_FLOAT, &seconds, "S", "time per case"},
         {"threads", DT_FLAG_INT, &threads, "N", "BLAS threads"},
@@ -165,8 +179,10 @@ int dt_bench_train(int argc, char **argv) {
         {"precision", DT_FLAG_STR, &precisions, "LIST", "GEMM precisions, comma-separated: fp32, bf16, fp16"},
         {"vs-blas", DT_FLAG_BOOL, &vs_blas, NULL, "add rows of the blas kernels"},
         {"vs-torch", DT_FLAG_BOOL, &vs_torch, NULL, "add PyTorch's samples/s (python3-torch, one thread)"},
+        {"spec", DT_FLAG_STR, &spec, "SPEC", "run only this model spec (1x28x28 inputs) at --batch (default 128)"},
+        {"repeat", DT_FLAG_INT, &repeat, "N", "run the rows of each case N times, interleaved (A/B timing)"},
     };
-    int r = dt_flags_parse(argc, argv, 1, flags, 8, USAGE, NULL, 0, NULL, NULL);
+    int r = dt_flags_parse(argc, argv, 1, flags, 10, USAGE, NULL, 0, NULL, NULL);
     if (r) return r < 0 ? 2 : 0;
     char deflib[16] = "";
     sscanf(dt_kernels_describe(), "%15s", deflib);
@@ -177,27 +193,33 @@ int dt_bench_train(int argc, char **argv) {
         for (const char *q = precisions; next_word(&q, v, sizeof v);)
             if (dt_kernels_select(w, v) != DT_OK) return dt_cli_usage(NULL, "%s", dt_last_error());
     dt_set_threads(threads);
-    const bench_case cases[] = {
+    if (repeat < 1) return dt_cli_usage(NULL, "--repeat %d: give 1 or more", repeat);
+    const bench_case presets[] = {
         {"mlp", "mlp", 32, seconds},
         {"mlp", "mlp", 128, seconds},
         {"cnn", "cnn", 128, seconds},
         {"gpt", "gpt:L=4,H=4,C=128,T=64", 12, seconds},
     };
+    const bench_case custom[] = {{"spec", spec, only_batch ? only_batch : 128, seconds}};
+    const bench_case *cases = spec ? custom : presets;
+    const size_t ncases = spec ? 1 : sizeof presets / sizeof *presets;
     double sg = sgemm_gflops(1024, seconds < 1 ? seconds : 1);
     printf("# dtrain bench train: %d thread%s, synthetic data\n", threads, threads > 1 ? "s" : "");
     dt_bench_print_machine();
     printf("# sgemm 1024^3: %.1f GFLOP/s\n", sg);
-    printf("%-6s %6s %-8s %-5s %14s %12s %10s %10s %8s%s\n", "model", "batch", "kernels", "prec", "samples/s",
-           "tokens/s", "GFLOP/s", "of sgemm", "ratio", vs_torch ? "    torch/s  vs torch" : "");
+    printf("%-6s %6s %-8s %-5s %14s %12s %12s %10s %10s %8s%s\n", "model", "batch", "kernels", "prec", "samples/s",
+           "per cpu-s", "tokens/s", "GFLOP/s", "of sgemm", "ratio", vs_torch ? "    torch/s  vs torch" : "");
     char json[16384];
     int jn = snprintf(json, sizeof json, "{\"bench\": \"train\", \"threads\": %d, \"sgemm_gflops\": %.2f, \"openblas_core\": \"%s\", \"cases\": [",
                       threads, sg, dt_blas_corename());
     int done = 0;
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        if ((only_model && strcmp(only_model, cases[i].name)) || (only_batch && only_batch != cases[i].batch)) continue;
-        const double tr = vs_torch ? torch_rate(&cases[i]) : 0;
-        if (bench_rows(&cases[i], kernels, precisions, sg, vs_torch, tr, json, sizeof json, &jn, &done) != DT_OK)
-            return dt_cli_fail(NULL, "bench %s: %s", cases[i].name, dt_last_error());
+    for (size_t i = 0; i < ncases; i++) {
+        if (!spec && ((only_model && strcmp(only_model, cases[i].name)) || (only_batch && only_batch != cases[i].batch)))
+            continue;
+        const double tr = vs_torch && !spec ? torch_rate(&cases[i]) : 0;
+        for (int rep = 0; rep < repeat; rep++)
+            if (bench_rows(&cases[i], kernels, precisions, sg, vs_torch, tr, json, sizeof json, &jn, &done) != DT_OK)
+                return dt_cli_fail(NULL, "bench %s: %s", cases[i].name, dt_last_error());
     }
     if (!done) return dt_cli_usage("models: mlp (batch 32, 128), cnn (batch 128), gpt (batch 12)", "no benchmark case matches");
     char impls[1536];
