@@ -175,7 +175,8 @@ dt_status dt_dataset_batch(const dt_dataset *ds, const uint32_t *indices, int n,
                             ds->source[0] ? ds->source : "(memory)", ds->n);
     /* the samples sit at random places in a large array: the load of the sample three ahead
      * is started (prefetched) while this one converts, so batch assembly is not bound by the
-     * memory latency of each sample (2-3x faster; it matters where the loader shares a core) */
+     * memory latency of each sample (about half the CPU per MLP batch of 128; it matters where
+     * the loader shares a core with a training rank) */
     const size_t bytes = x ? ds->D * dt_dtype_size(ds->dtype) : 0;
     for (int i = 0; i < n; i++) {
         if (i + 3 < n) {

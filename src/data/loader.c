@@ -198,7 +198,7 @@ dt_status dt_loader_next(dt_loader *l, dt_batch *out) {
     pthread_mutex_lock(&l->mu);
     /* the previous batch's slot is free again: the worker is woken after the unlock, so that,
      * where it shares a core and preempts this thread, it does not find the lock held, sleep on
-     * it and cost two more switches (measured: ~1.5 context switches per step less) */
+     * it and cost two more switches (2 ranks, MLP b128: 3.8 -> 2.9 context switches per rank-step) */
     const bool freed = l->active && l->held;
     if (freed) l->held = false;
     pthread_mutex_unlock(&l->mu);
