@@ -172,7 +172,16 @@ void dt_copy_fence(void) {
     static void many_##S(T *out, T *out2, const void *const *in, int k, size_t n, dt_redop op, \
                          int div, bool nt) {                                                   \
         T acc[BLK];                                                                             \
-        for (size_t i = 0; i < n; i += BLK) {                                                   \
+        size_t i = 0;                                                                           \
+        for (; i + BLK <= n; i += BLK) { /* whole blocks: fixed sizes, so vector moves */       \
+            memcpy(acc, (const T *)in[0] + i, sizeof acc);                                      \
+            for (int r = 1; r < k; r++) into_##S(acc, (const T *)in[r] + i, BLK, op);           \
+            if (op == DT_OP_AVG)                                                                \
+                for (size_t j = 0; j < BLK; j++) acc[j] = DIV(acc[j], div);                     \
+            store_blk(out + i, acc, sizeof acc, nt);                                            \
+            if (out2) memcpy(out2 + i, acc, sizeof acc);                                        \
+        }                                                                                       \
+        for (; i < n; i += BLK) {                                                               \
             size_t m = n - i < BLK ? n - i : BLK;                                               \
             memcpy(acc, (const T *)in[0] + i, m * sizeof(T));                                   \
             for (int r = 1; r < k; r++) into_##S(acc, (const T *)in[r] + i, m, op);             \
