@@ -22,11 +22,11 @@ r = [json.loads(l) for l in open(sys.argv[1])][-1]
 assert r["world_size"] == 2 and r["global_batch"] == 64 and r["strategy"] == "ddp" and r["backend"] == "shm", r
 assert set(r["step_ms"]) == {"compute", "comm_wait", "data_wait"}, r
 PY
-# rank 0 waiting for a 5x slower rank 1 waits in communication: the MLP's gradients are one
+# rank 0 waiting for a 10x slower rank 1 waits in communication: the MLP's gradients are one
 # bucket, allreduced blocking as the step starts it, and that wait once hid in compute (the
-# injected sleep, 4x rank 1's compute, dominates any load noise)
-$DT train --workers 2 --model mlp --epochs 1 --max-steps 60 --batch 64 --slow 1:5 --quiet --metrics "$TMP/slow.jsonl" \
-  >"$TMP/slow.log" 2>&1 || bad "--slow 1:5: $(cat "$TMP/slow.log")"
+# injected sleep, 9x rank 1's compute, dominates any load noise)
+$DT train --workers 2 --model mlp --epochs 1 --max-steps 60 --batch 64 --slow 1:10 --quiet --metrics "$TMP/slow.jsonl" \
+  >"$TMP/slow.log" 2>&1 || bad "--slow 1:10: $(cat "$TMP/slow.log")"
 python3 - "$TMP/slow.jsonl" <<'PY' && ok "waiting for a slow rank is comm wait, not compute" || bad "comm wait split"
 import json, sys
 r = [json.loads(l) for l in open(sys.argv[1])][-1]["step_ms"]
