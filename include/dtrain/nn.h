@@ -112,10 +112,11 @@ bool dt_model_tensor_placed(const dt_model *m, int t);
 dt_status dt_model_tensor_ranges(const dt_model *m, const bool *keep, dt_range **own, int *nown);
 /* The placement: its ranges (NULL: whole) and their count. The pointer is the model's. */
 const dt_range *dt_model_placement(const dt_model *m, int *nown);
-/* The initial values of tensor t under seed (dt_model_init's, tensor by tensor) into out
- * (numel floats), placed or not: the node that declares t is initialised into the reserved slab
- * for the moment (its bytes charged meanwhile, given back after when unplaced). DT_ENOMEM. */
-dt_status dt_model_init_tensor(dt_model *m, int t, uint64_t seed, float *out);
+/* The values of tensor t into out (numel floats). A placed tensor (or buffer) gives what it
+ * holds; an unplaced one the initial values of the last dt_model_init's seed, the same as a whole
+ * model's: the node that declares t is initialised into the reserved slab for the moment (its
+ * bytes charged meanwhile, given back after). The node must declare no placed tensor. DT_ENOMEM. */
+dt_status dt_model_init_tensor(dt_model *m, int t, float *out);
 
 /* Builds the sequential model of layers[0..n) for inputs of shape (C,H,W) (C=1,H=1,W=features
  * for vectors), with an int32 label input and a softmax cross-entropy loss node. Linear layers on

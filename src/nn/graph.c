@@ -270,14 +270,13 @@ dt_status dt_model_place(dt_model *m, const dt_range *own, int nown) {
     return DT_OK;
 }
 
-dt_status dt_model_init_tensor(dt_model *m, int t, uint64_t seed, float *out) {
+dt_status dt_model_init_tensor(dt_model *m, int t, float *out) {
     const dt_param_info *p = &m->tensors[t];
     float *base = p->is_buffer ? m->buffers.data : m->params.data;
     const int d = m->last_user[t];
     dt_node *n = &m->nodes[d];
-    if (p->is_buffer || dt_model_tensor_placed(m, t) || !n->op->init) {
-        if (!p->is_buffer && !dt_model_tensor_placed(m, t)) memset(out, 0, p->numel * sizeof(float));
-        else memcpy(out, base + p->offset, p->numel * sizeof(float));  /* already initialised (or zeros) */
+    if (p->is_buffer || dt_model_tensor_placed(m, t) || !n->op->init) {  /* what it holds (zeros: no init) */
+        memcpy(out, base + p->offset, p->numel * sizeof(float));
         return DT_OK;
     }
     size_t lo = p->offset, hi = p->offset + p->numel;  /* the span of the node's own tensors */
@@ -288,7 +287,7 @@ dt_status dt_model_init_tensor(dt_model *m, int t, uint64_t seed, float *out) {
         if (q->offset + q->numel > hi) hi = q->offset + q->numel;
     }
     DT_TRY(dt_mem_charge((hi - lo) * sizeof(float), "initialising a tensor"));
-    n->op->init(m, n, m->params.data, seed);
+    n->op->init(m, n, m->params.data, m->seed);
     memcpy(out, base + p->offset, p->numel * sizeof(float));
     dt_mem_discard(m->params.data + lo, (hi - lo) * sizeof(float));
     dt_mem_uncharge((hi - lo) * sizeof(float));
