@@ -29,6 +29,13 @@ for layout in "--pp 4" "--tp 4"; do
   else bad "$layout under --mem-limit $LIM (exit $rc): $out"; fi
 done
 
+plan() { $DT train --data "text:$TMP/t.txt" --model $GPT --batch 4 --mem-limit $LIM --dry-run "$@" 2>&1; }
+p1=$(plan); pp4=$(plan --workers 4 --pp 4); tp4=$(plan --workers 4 --tp 4)
+if grep -q "some ranks would exceed it" <<<"$p1" && grep -q "every rank fits" <<<"$pp4" \
+   && grep -q "every rank fits" <<<"$tp4" && grep -q "tp 1 x pp 4" <<<"$pp4" && grep -q "tp 4 x pp 1" <<<"$tp4"; then
+  ok "--dry-run: 1 worker exceeds the limit, each rank of --pp 4 and of --tp 4 fits"
+else bad "--dry-run plans: $p1 / $pp4 / $tp4"; fi
+
 out=$($DT train --data "text:$TMP/t.txt" --model $GPT --batch 4 --max-steps 2 --workers 4 --pp 4 \
       --mem-limit $LIM 2>&1); rc=$?
 if [ $rc -ne 0 ] && grep -q "evaluation and checkpoints gather the whole model" <<<"$out"; then

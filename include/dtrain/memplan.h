@@ -14,7 +14,8 @@
 extern "C" {
 #endif
 
-/* A layout. Rank r sits at data index r % dp, tensor index (r / dp) % tp, stage r / (dp * tp). */
+/* A layout. Rank r = (dp_i * pp + pp_i) * tp + tp_i (the mesh's order, TP innermost), as pp.c and
+ * tp.c place them. */
 typedef struct {
     int dp, tp, pp;        /* ranks on each axis (>= 1) */
     int zero;              /* ZeRO stage over the dp ranks, 0..3 */

@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 int dt_cli_mem_limit_parse(const char *text, size_t *bytes) {
     char *end;
@@ -33,6 +34,26 @@ int dt_cli_mem_limit_apply(size_t bytes, int rank) {
     return 78;
 }
 
+/* The value of option key ("stages=") in a canonical strategy spec, or dflt. */
+static int spec_int(const char *canon, const char *key, int dflt) {
+    const char *at = strstr(canon, key);
+    return at ? atoi(at + strlen(key)) : dflt;
+}
+
+/* The tensor and pipeline axes of --strategy (tp(tp=K,pp=P) or pp(stages=K,...)); 1 and 1 else. */
+static void model_axes(const dt_train_config *c, dt_mem_layout *l) {
+    char canon[512];
+    if (!c->strategy || dt_strategy_spec_canonical(c->strategy, canon, sizeof canon) != DT_OK) return;
+    if (!strncmp(canon, "tp(", 3)) l->tp = spec_int(canon, "(tp=", 1), l->pp = spec_int(canon, ",pp=", 1);
+    if (!strncmp(canon, "pp(", 3)) {
+        l->pp = spec_int(canon, "(stages=", 1), l->microbatches = spec_int(canon, ",microbatches=", l->pp);
+        l->schedule = strstr(canon, "schedule=gpipe") ? "gpipe" : "1f1b";
+        l->batch = l->batch / l->microbatches > 0 ? l->batch / l->microbatches : 1;  /* one micro-batch */
+    }
+    if (l->tp * l->pp > 0 && l->dp % (l->tp * l->pp) == 0) l->dp /= l->tp * l->pp;
+    else l->tp = l->pp = 1;  /* the strategy refuses the job: plan it data parallel */
+}
+
 static void row(const char *what, double b) { printf("  %-12s %14.0f bytes  %10.2f MB\n", what, b, b / 1048576.0); }
 
 int dt_cli_dry_run(const dt_train_config *c, int ranks, int zero, double bucket_mb, size_t mem_limit) {
@@ -45,7 +66,9 @@ int dt_cli_dry_run(const dt_train_config *c, int ranks, int zero, double bucket_
     const int accum = c->grad_accum > 1 ? c->grad_accum : 1;
     dt_mem_layout l = {.dp = ranks, .tp = 1, .pp = 1, .zero = ranks > 1 ? zero : 0, .microbatches = accum,
                        .batch = c->batch, .bucket_mb = bucket_mb};
+    model_axes(c, &l);
     const size_t P = dt_model_num_params(m);
+    if (l.tp * l.pp > 1) printf("dtrain: dry run: tp %d x pp %d x dp %d\n", l.tp, l.pp, l.dp);
     printf("dtrain: dry run: model %s, %zu parameters, %d rank%s, ZeRO stage %d, batch %d x %d micro-batch%s, %s\n",
            dt_model_spec(m), P, ranks, ranks > 1 ? "s" : "", l.zero, c->batch, accum, accum > 1 ? "es" : "",
            dt_optim_name(c->optim.kind));

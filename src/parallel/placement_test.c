@@ -9,6 +9,7 @@
  * The runs train 2 steps without a test set, so no evaluation gathers the whole model. */
 #include "core/test.h"
 #include "dtrain/dtrain.h"
+#include "dtrain/memplan.h"
 #include "dtrain/models.h"
 #include "parallel/parallel_testlib.h"
 #include "parallel/pp.h"
@@ -115,6 +116,19 @@ int main(void) {
         CHECK_MSG(one[0] >= 16 * P, "1 worker holds %zu bytes, less than 16 x %zu", one[0], P);
         for (int r = 0; r < 2; r++) check_rank("pp2", r, pp[r], pp_owned(m, r), act, one[0]);
         for (int r = 0; r < 2; r++) check_rank("tp2", r, tp[r], tp_owned(m), act, one[0]);
+        /* --dry-run's plan (run/memplan.c) counts the same parameters per rank */
+        const dt_optim_config oc = dt_optim_defaults(DT_OPTIM_ADAM);
+        for (int r = 0; r < 2; r++) {
+            dt_mem_plan pl;
+            dt_mem_layout lp = {.dp = 1, .tp = 1, .pp = 2, .microbatches = 2, .batch = BATCH};
+            CHECK_OK(dt_mem_plan_rank(m, &oc, &lp, r, &pl));
+            CHECK_MSG(pl.params == 4.0 * (double)pp_owned(m, r), "pp2 rank %d: plan %.0f bytes, owned %zu", r, pl.params,
+                      pp_owned(m, r));
+            dt_mem_layout lt = {.dp = 1, .tp = 2, .pp = 1, .microbatches = 1, .batch = BATCH};
+            CHECK_OK(dt_mem_plan_rank(m, &oc, &lt, r, &pl));
+            CHECK_MSG(pl.params == 4.0 * (double)tp_owned(m), "tp2 rank %d: plan %.0f bytes, owned %zu", r, pl.params,
+                      tp_owned(m));
+        }
     }
     dt_model_free(m);
     dt_test_remove_dir(g_dir);
