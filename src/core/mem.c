@@ -44,7 +44,7 @@ static bool charge(size_t bytes, const char *what) {
         atomic_fetch_sub(&g_used, bytes);
         g_hit = true;
         dt_error(DT_ENOMEM, "--mem-limit %zu bytes: %s of %zu bytes would hold %zu bytes on this rank; raise "
-                 "--mem-limit, use more ranks with --zero 3, or a smaller model or batch",
+                 "--mem-limit, more ranks (--zero 3, --pp K, --tp K), or a smaller model or batch",
                  lim, what, bytes, now);
         return false;
     }
@@ -114,7 +114,8 @@ dt_status dt_mem_set_limit(size_t bytes) {
     size_t now = atomic_load(&g_used);
     if (bytes && now > bytes)
         return dt_error(DT_ENOMEM, "--mem-limit %zu bytes: this rank already holds %zu bytes (parameters, gradients "
-                        "and optimizer state); raise --mem-limit or use more ranks with --zero 3", bytes, now);
+                        "and optimizer state); raise --mem-limit or use more ranks with --zero 3, --pp K or --tp K",
+                        bytes, now);
     return DT_OK;
 }
 
