@@ -92,8 +92,9 @@ int dt_graph_node(dt_model *m, const char *name, const dt_layer_spec *spec, int 
  * in node order, weight before bias) and sets `spec` as the model's spec string. */
 dt_status dt_graph_finish(dt_model *m, int output, int loss, const char *spec);
 /* Before dt_graph_finish: leave the model unplaced, its parameters and gradients reserved (zero,
- * neither resident nor charged) until dt_model_place says which part this process holds. Without
- * it, dt_graph_finish places the whole model. */
+ * neither resident nor charged) until dt_model_place says which part this process holds; call
+ * that before anything else touches the model (until then it counts as whole, uncharged).
+ * Without it, dt_graph_finish places the whole model. */
 void dt_graph_defer_placement(dt_model *m);
 
 /* ---- placement: the part of the parameters (and their gradients) this process holds ---- *
