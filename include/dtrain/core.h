@@ -99,16 +99,35 @@ dt_tensor dt_tensor_view(void *data, dt_dtype dtype, int ndim, const int64_t *sh
  * (parameters, gradients, each optimizer moment: llm.c style). */
 typedef struct {
     float *data;
-    size_t n;  /* number of floats */
+    size_t n;       /* number of floats */
+    bool reserved;  /* made by dt_slab_reserve: only its placed values are charged */
+    size_t placed;  /* reserved: the bytes dt_slab_place charged */
 } dt_slab;
 
 /* Allocates n zeroed floats; on failure sets the last error and returns DT_ENOMEM. */
 dt_status dt_slab_alloc(dt_slab *s, size_t n);
 /* Frees the slab; safe on a zeroed or already freed slab. */
 void dt_slab_free(dt_slab *s);
+
+/* [lo, hi) of a slab, in values. */
+typedef struct {
+    size_t lo, hi;
+} dt_range;
+
+/* Reserves n floats that read as zeros: mapped, neither resident nor charged against --mem-limit
+ * until dt_slab_place makes a part of them this process's. DT_ENOMEM when the address space is
+ * short. */
+dt_status dt_slab_reserve(dt_slab *s, size_t n);
+/* Makes the values in own[0..nown) (sorted, disjoint ranges of a reserved slab) the part this
+ * process holds: their bytes are charged (DT_ENOMEM naming `what` and the limit when they do not
+ * fit; nothing changes then), the whole pages outside them given back (they read as zeros again).
+ * own NULL: the whole slab. A slab may be placed again, wider or narrower. */
+dt_status dt_slab_place(dt_slab *s, const dt_range *own, int nown, const char *what);
 /* Aligned allocation helpers used across the library (64-byte aligned, zeroed). NULL on failure. */
 void *dt_alloc(size_t bytes);
 void dt_free(void *p);
+/* As dt_alloc, but the block is not charged (its owner charges what it uses with dt_mem_charge). */
+void *dt_alloc_reserved(size_t bytes);
 
 /* ---- memory accounting (core/mem.c): the bytes of every dt_alloc block this process holds ---- *
  * Blocks of 256 KiB and more are page-aligned anonymous mappings: their pages are resident only
@@ -130,6 +149,13 @@ bool dt_mem_limit_hit(void);
 size_t dt_mem_release(void *p, size_t bytes);
 /* Counts bytes released earlier that are about to be written again; DT_ENOMEM over the limit. */
 dt_status dt_mem_reacquire(size_t bytes);
+/* Counts bytes against the limit for `what`; DT_ENOMEM naming it and the limit when they do not
+ * fit. dt_mem_uncharge stops counting them. */
+dt_status dt_mem_charge(size_t bytes, const char *what);
+void dt_mem_uncharge(size_t bytes);
+/* Gives the whole pages inside [p, p + bytes) back to the OS (they read as zeros afterwards)
+ * without changing what is counted (the owner of a reserved block counts). */
+void dt_mem_discard(void *p, size_t bytes);
 /* The peak resident set of this process as the OS counts it (VmHWM), in bytes; 0 if unknown. */
 size_t dt_mem_os_peak(void);
 

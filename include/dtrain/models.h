@@ -58,6 +58,11 @@ bool dt_model_spec_is_gpt(const char *spec);
 /* Any model from its spec: a GPT spec, or a sequential spec / preset for inputs of shape
  * (C,H,W). For a GPT, (C,H,W) are ignored (its input is T ids). */
 dt_status dt_model_build(dt_model **m, const char *spec, int C, int H, int W);
+/* As dt_model_build, but unplaced: no parameter or gradient memory is written or charged until
+ * dt_model_place (the trainer places the part its strategy says this rank holds). */
+dt_status dt_model_build_unplaced(dt_model **m, const char *spec, int C, int H, int W);
+/* The sequential model of spec, placed whole or (defer) unplaced. */
+dt_status dt_model_create_spec_placed(dt_model **m, const char *spec, int C, int H, int W, bool defer);
 
 #ifdef __cplusplus
 }

@@ -91,6 +91,33 @@ int dt_graph_node(dt_model *m, const char *name, const dt_layer_spec *spec, int 
  * loss node (xent or mse) whose first input is `output`, or -1. Lays out the slabs (parameters
  * in node order, weight before bias) and sets `spec` as the model's spec string. */
 dt_status dt_graph_finish(dt_model *m, int output, int loss, const char *spec);
+/* Before dt_graph_finish: leave the model unplaced, its parameters and gradients reserved (zero,
+ * neither resident nor charged) until dt_model_place says which part this process holds; call
+ * that before anything else touches the model (until then it counts as whole, uncharged).
+ * Without it, dt_graph_finish places the whole model. */
+void dt_graph_defer_placement(dt_model *m);
+
+/* ---- placement: the part of the parameters (and their gradients) this process holds ---- *
+ * A strategy decides it from the graph before anything is written (pipeline parallel: the
+ * tensors of its stage; tensor parallel: none of the whole model, whose shards live in another
+ * model). own[0..nown) are sorted, disjoint ranges of the parameter slab; a tensor is placed when
+ * it meets one. Their parameter and gradient bytes are charged against --mem-limit, the pages of
+ * the rest given back (they read as zeros). Only placed tensors are initialised, zeroed, saved
+ * and restored. own NULL: the whole model. DT_ENOMEM (nothing changed) when they do not fit. May
+ * be called again to widen (evaluation, checkpoints) or narrow the placement. */
+dt_status dt_model_place(dt_model *m, const dt_range *own, int nown);
+/* Whether parameter tensor t (or a buffer: always) is placed. */
+bool dt_model_tensor_placed(const dt_model *m, int t);
+/* The ranges of the parameter slab the tensors with keep[t] set cover, merged where contiguous
+ * (for dt_model_place; *own malloc'd, NULL with *nown 0 when none). DT_ENOMEM. */
+dt_status dt_model_tensor_ranges(const dt_model *m, const bool *keep, dt_range **own, int *nown);
+/* The placement: its ranges (NULL: whole) and their count. The pointer is the model's. */
+const dt_range *dt_model_placement(const dt_model *m, int *nown);
+/* The values of tensor t into out (numel floats). A placed tensor (or buffer) gives what it
+ * holds; an unplaced one the initial values of the last dt_model_init's seed, the same as a whole
+ * model's: the node that declares t is initialised into the reserved slab for the moment (its
+ * bytes charged meanwhile, given back after). The node must declare no placed tensor. DT_ENOMEM. */
+dt_status dt_model_init_tensor(dt_model *m, int t, float *out);
 
 /* Builds the sequential model of layers[0..n) for inputs of shape (C,H,W) (C=1,H=1,W=features
  * for vectors), with an int32 label input and a softmax cross-entropy loss node. Linear layers on
@@ -103,7 +130,7 @@ void dt_model_free(dt_model *m);
 
 /* Seeded initialisation (torch defaults: kaiming-uniform weights and biases for linear/conv,
  * ones/zeros for norms; N(0, init_std) where a node sets it). Depends only on (seed, layer),
- * never on world size. */
+ * never on world size. Only the nodes that declare a placed tensor are initialised. */
 void dt_model_init(dt_model *m, uint64_t seed);
 
 /* Canonical spec string (owned by the model). */

@@ -30,6 +30,8 @@ typedef struct dt_optim dt_optim;
 
 /* An optimizer for n parameters (a whole slab or one shard of it). */
 dt_status dt_optim_create(dt_optim **o, const dt_optim_config *cfg, size_t n);
+/* The same with only the moments of own[0..nown) placed (dt_optim_place; own NULL: all). */
+dt_status dt_optim_create_placed(dt_optim **o, const dt_optim_config *cfg, size_t n, const dt_range *own, int nown);
 void dt_optim_free(dt_optim *o);
 /* One update: params[i] -= f(grads[i], state) with learning rate lr, i in [0,n). */
 void dt_optim_step(dt_optim *o, float *params, const float *grads, float lr);
@@ -54,6 +56,12 @@ const dt_optim_config *dt_optim_config_of(const dt_optim *o);
 /* Frees the moment slabs (for a rank whose state lives in other optimizers, e.g. pipeline stages'
  * segments): dt_optim_num_states returns 0 afterwards and dt_optim_step must not be called. */
 void dt_optim_free_state(dt_optim *o);
+/* The part of the moments this process holds, as dt_slab_place (ranges of the parameter slab;
+ * own NULL: all): only they are charged against --mem-limit, the rest reads as zeros. A strategy
+ * that keeps its own optimizers (pipeline segments, tensor-parallel shards) narrows the
+ * trainer's to what it stages for checkpoints. DT_ENOMEM when they do not fit (the first moment
+ * may then be placed and the second not: the run stops there). */
+dt_status dt_optim_place(dt_optim *o, const dt_range *own, int nown);
 
 /* ---- dynamic loss scaling (fp16) ---- */
 typedef struct {

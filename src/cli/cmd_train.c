@@ -410,6 +410,8 @@ static int run_rank(int argc, char **argv, train_opts *o, int job_ranks) {
     if (!quiet) print_header(o, t, comm, world);
     s = dt_trainer_run(t);
     const bool trained = dt_trainer_step(t) > first_step;
+    if (o->mem_limit && s == DT_OK)  /* the accounted peak (core/mem.c), not the OS's resident set */
+        printf("dtrain: rank %d held at most %zu bytes of its --mem-limit %zu\n", rank, dt_mem_peak(), o->mem_limit);
     const int64_t last_step = dt_trainer_step(t);
     dt_trainer_free(t);
     dt_comm_destroy(comm);

@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 int dt_cli_mem_limit_parse(const char *text, size_t *bytes) {
     char *end;

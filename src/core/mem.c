@@ -1,7 +1,8 @@
 /* The allocator of the library's large buffers and its accounting: dt_alloc blocks (small ones
  * from the C heap, large ones as page-aligned anonymous mappings that stay non-resident until
- * written), the bytes held against a per-process limit (--mem-limit), page release for memory a
- * ZeRO rank does not own, and the OS's own peak resident set (VmHWM). */
+ * written), reserved blocks whose owner charges only the part it places (dt_slab_place), the
+ * bytes held against a per-process limit (--mem-limit), page release for memory a rank does not
+ * own, and the OS's own peak resident set (VmHWM). */
 #include "dtrain/core.h"
 
 #include <stdatomic.h>
@@ -43,7 +44,7 @@ static bool charge(size_t bytes, const char *what) {
         atomic_fetch_sub(&g_used, bytes);
         g_hit = true;
         dt_error(DT_ENOMEM, "--mem-limit %zu bytes: %s of %zu bytes would hold %zu bytes on this rank; raise "
-                 "--mem-limit, use more ranks with --zero 3, or a smaller model or batch",
+                 "--mem-limit, more ranks (--zero 3, --pp K, --tp K), or a smaller model or batch",
                  lim, what, bytes, now);
         return false;
     }
@@ -51,48 +52,52 @@ static bool charge(size_t bytes, const char *what) {
     return true;
 }
 
-void *dt_alloc(size_t bytes) {
-    size_t rounded = (bytes + 63) & ~(size_t)63;
-    if (rounded == 0) rounded = 64;
-    g_hit = false;
-    if (!charge(rounded, "an allocation")) return NULL;
+/* A block of bytes (rounded to 64) counted as `counted` of them (rounded, or 0 for a reserved one). */
+static void *alloc_block(size_t rounded, size_t counted) {
     char *p;
     blk *h;
     if (rounded >= BIG && !USE_MMAP) {  /* page-aligned on the heap, zeroed */
         char *base = aligned_alloc(PAGE, PAGE + ((rounded + PAGE - 1) & ~(size_t)(PAGE - 1)));
-        if (!base) {
-            atomic_fetch_sub(&g_used, rounded);
-            return NULL;
-        }
+        if (!base) return NULL;
         p = base + PAGE;
         memset(p, 0, rounded);
         h = (blk *)(p - HDR);
-        *h = (blk){.magic = MEM_MAGIC, .bytes = rounded, .map = 0, .base = base};
+        *h = (blk){.magic = MEM_MAGIC, .bytes = counted, .map = 0, .base = base};
         return p;
     }
     if (rounded >= BIG) {
         size_t map = PAGE + ((rounded + PAGE - 1) & ~(size_t)(PAGE - 1));
         void *base = mmap(NULL, map, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (base == MAP_FAILED) {
-            atomic_fetch_sub(&g_used, rounded);
-            return NULL;
-        }
+        if (base == MAP_FAILED) return NULL;
         p = (char *)base + PAGE;  /* mapped pages are zero */
         h = (blk *)(p - HDR);
-        *h = (blk){.magic = MEM_MAGIC, .bytes = rounded, .map = map, .base = base};
+        *h = (blk){.magic = MEM_MAGIC, .bytes = counted, .map = map, .base = base};
         return p;
     }
     char *base = aligned_alloc(64, HDR + rounded);
-    if (!base) {
-        atomic_fetch_sub(&g_used, rounded);
-        return NULL;
-    }
+    if (!base) return NULL;
     p = base + HDR;
     memset(p, 0, rounded);
     h = (blk *)base;
-    *h = (blk){.magic = MEM_MAGIC, .bytes = rounded, .map = 0, .base = base};
+    *h = (blk){.magic = MEM_MAGIC, .bytes = counted, .map = 0, .base = base};
     return p;
 }
+
+static size_t round64(size_t bytes) {
+    size_t rounded = (bytes + 63) & ~(size_t)63;
+    return rounded ? rounded : 64;
+}
+
+void *dt_alloc(size_t bytes) {
+    const size_t rounded = round64(bytes);
+    g_hit = false;
+    if (!charge(rounded, "an allocation")) return NULL;
+    void *p = alloc_block(rounded, rounded);
+    if (!p) atomic_fetch_sub(&g_used, rounded);
+    return p;
+}
+
+void *dt_alloc_reserved(size_t bytes) { return alloc_block(round64(bytes), 0); }
 
 void dt_free(void *p) {
     if (!p) return;
@@ -109,7 +114,8 @@ dt_status dt_mem_set_limit(size_t bytes) {
     size_t now = atomic_load(&g_used);
     if (bytes && now > bytes)
         return dt_error(DT_ENOMEM, "--mem-limit %zu bytes: this rank already holds %zu bytes (parameters, gradients "
-                        "and optimizer state); raise --mem-limit or use more ranks with --zero 3", bytes, now);
+                        "and optimizer state); raise --mem-limit or use more ranks with --zero 3, --pp K or --tp K",
+                        bytes, now);
     return DT_OK;
 }
 
@@ -118,14 +124,29 @@ size_t dt_mem_used(void) { return atomic_load(&g_used); }
 size_t dt_mem_peak(void) { return atomic_load(&g_peak); }
 bool dt_mem_limit_hit(void) { return g_hit; }
 
-size_t dt_mem_release(void *p, size_t bytes) {
+/* The whole pages inside [p, p + bytes) given back; their bytes, 0 when none (or madvise failed). */
+static size_t give_back(void *p, size_t bytes) {
     uintptr_t a = ((uintptr_t)p + PAGE - 1) & ~(uintptr_t)(PAGE - 1);
     uintptr_t b = ((uintptr_t)p + bytes) & ~(uintptr_t)(PAGE - 1);
     if (b <= a) return 0;
     if (madvise((void *)a, b - a, MADV_DONTNEED) != 0) return 0;
-    atomic_fetch_sub(&g_used, b - a);
     return b - a;
 }
+
+size_t dt_mem_release(void *p, size_t bytes) {
+    const size_t n = give_back(p, bytes);
+    atomic_fetch_sub(&g_used, n);
+    return n;
+}
+
+void dt_mem_discard(void *p, size_t bytes) { give_back(p, bytes); }
+
+dt_status dt_mem_charge(size_t bytes, const char *what) {
+    g_hit = false;
+    return charge(bytes, what) ? DT_OK : DT_ENOMEM;
+}
+
+void dt_mem_uncharge(size_t bytes) { atomic_fetch_sub(&g_used, bytes); }
 
 dt_status dt_mem_reacquire(size_t bytes) {
     g_hit = false;

@@ -51,8 +51,35 @@ static void test_limit(void) {
     CHECK(dt_mem_os_peak() > 0);
 }
 
+/* A reserved slab is charged only for what is placed; narrowing gives the other pages back (they
+ * read as zeros) and stops charging them; widening beyond the limit fails and changes nothing. */
+static void test_placement(void) {
+    const size_t used0 = dt_mem_used(), n = 1 << 20;  /* 4 MiB of floats */
+    dt_slab s;
+    CHECK_OK(dt_slab_reserve(&s, n));
+    CHECK(dt_mem_used() == used0);
+    const dt_range two[2] = {{0, 4096}, {n - 4096, n}};
+    CHECK_OK(dt_slab_place(&s, two, 2, "a test"));
+    CHECK(dt_mem_used() == used0 + 2 * 4096 * sizeof(float));
+    CHECK_OK(dt_slab_place(&s, NULL, 0, "a test"));  /* widen: all of it */
+    CHECK(dt_mem_used() == used0 + n * sizeof(float));
+    for (size_t i = 0; i < n; i++) s.data[i] = 1.0f;
+    CHECK_OK(dt_slab_place(&s, two, 2, "a test"));  /* narrow: the middle goes back */
+    CHECK(dt_mem_used() == used0 + 2 * 4096 * sizeof(float));
+    CHECK(s.data[0] == 1.0f && s.data[4095] == 1.0f && s.data[n - 1] == 1.0f && s.data[n - 4096] == 1.0f);
+    CHECK(s.data[8192] == 0.0f && s.data[n / 2] == 0.0f && s.data[n - 8192] == 0.0f);
+    CHECK_OK(dt_mem_set_limit(dt_mem_used() + 4096));
+    CHECK(dt_slab_place(&s, NULL, 0, "a test") == DT_ENOMEM && dt_mem_limit_hit());
+    CHECK_MSG(strstr(dt_last_error(), "a test") && strstr(dt_last_error(), "--mem-limit"), "%s", dt_last_error());
+    CHECK(dt_mem_used() == used0 + 2 * 4096 * sizeof(float) && s.data[0] == 1.0f);
+    CHECK_OK(dt_mem_set_limit(0));
+    dt_slab_free(&s);
+    CHECK(dt_mem_used() == used0);
+}
+
 int main(void) {
     test_blocks();
     test_limit();
+    test_placement();
     return dt_test_summary("mem_test");
 }

@@ -94,7 +94,7 @@ static int block(dt_model *m, const dt_gpt_config *c, int i, int x, int tp) {
 }
 
 /* The whole GPT (tp 1) or one tensor-parallel rank's shard of it (no loss node then). */
-static dt_status create(dt_model **out, const dt_gpt_config *c, int tp) {
+static dt_status create(dt_model **out, const dt_gpt_config *c, int tp, bool defer) {
     *out = NULL;
     char spec[128];
     dt_gpt_format(spec, sizeof spec, c);
@@ -118,6 +118,7 @@ static dt_status create(dt_model **out, const dt_gpt_config *c, int tp) {
     dt_layer_spec xe = dt_layer_default(DT_LAYER_XENT);
     xe.ignore_index = -1;  /* nanoGPT's: a target of -1 does not count */
     int loss = tp == 1 ? node(m, "", "loss", &xe, logits, targets) : -1;
+    if (defer) dt_graph_defer_placement(m);
     dt_status s = dt_graph_finish(m, logits, loss, spec);
     if (s != DT_OK) {
         dt_model_free(m);
@@ -127,7 +128,7 @@ static dt_status create(dt_model **out, const dt_gpt_config *c, int tp) {
     return DT_OK;
 }
 
-dt_status dt_gpt_create(dt_model **out, const dt_gpt_config *c) { return create(out, c, 1); }
+dt_status dt_gpt_create(dt_model **out, const dt_gpt_config *c) { return create(out, c, 1, false); }
 
 dt_status dt_gpt_check_tp(const dt_gpt_config *c, int tp) {
     if (tp >= 1 && c->H % tp == 0 && c->C % tp == 0 && c->V % tp == 0) return DT_OK;
@@ -147,7 +148,15 @@ dt_status dt_gpt_create_sharded(dt_model **out, const dt_gpt_config *c, int tp) 
     dt_gpt_format(spec, sizeof spec, c);
     DT_TRY(check_config(spec, c));
     DT_TRY(dt_gpt_check_tp(c, tp));
-    return create(out, c, tp);
+    return create(out, c, tp, false);
+}
+
+dt_status dt_model_build_unplaced(dt_model **m, const char *spec, int C, int H, int W) {
+    *m = NULL;
+    if (!dt_model_spec_is_gpt(spec)) return dt_model_create_spec_placed(m, spec, C, H, W, true);
+    dt_gpt_config c;
+    DT_TRY(dt_gpt_parse(spec, &c));
+    return create(m, &c, 1, true);
 }
 
 dt_status dt_model_build(dt_model **m, const char *spec, int C, int H, int W) {

@@ -8,7 +8,8 @@
 #include <stdint.h>
 #include <string.h>
 
-dt_status dt_model_create(dt_model **out, const dt_layer_spec *layers, int n, int C, int H, int W) {
+/* The model; defer: left unplaced (dt_graph_defer_placement). */
+static dt_status create(dt_model **out, const dt_layer_spec *layers, int n, int C, int H, int W, bool defer) {
     *out = NULL;
     if (n <= 0 || n > DT_MAX_LAYERS) return dt_error(DT_EINVAL, "model: %d layers (need 1..%d)", n, DT_MAX_LAYERS);
     if (C <= 0 || H <= 0 || W <= 0) return dt_error(DT_EINVAL, "model: bad input shape %dx%dx%d", C, H, W);
@@ -33,6 +34,7 @@ dt_status dt_model_create(dt_model **out, const dt_layer_spec *layers, int n, in
     int loss = dt_graph_node(m, "loss", &xe, -1, in2, 2);
     char spec[1024];
     dt_spec_format(spec, sizeof spec, layers, n);
+    if (defer) dt_graph_defer_placement(m);
     dt_status s = dt_graph_finish(m, x, loss, spec);
     if (s != DT_OK) {
         dt_model_free(m);
@@ -42,10 +44,18 @@ dt_status dt_model_create(dt_model **out, const dt_layer_spec *layers, int n, in
     return DT_OK;
 }
 
-dt_status dt_model_create_from_spec(dt_model **m, const char *spec, int C, int H, int W) {
+dt_status dt_model_create(dt_model **out, const dt_layer_spec *layers, int n, int C, int H, int W) {
+    return create(out, layers, n, C, H, W, false);
+}
+
+dt_status dt_model_create_spec_placed(dt_model **m, const char *spec, int C, int H, int W, bool defer) {
     dt_layer_spec layers[DT_MAX_LAYERS];
     int n;
     *m = NULL;
     DT_TRY(dt_spec_parse(spec, layers, DT_MAX_LAYERS, &n));
-    return dt_model_create(m, layers, n, C, H, W);
+    return create(m, layers, n, C, H, W, defer);
+}
+
+dt_status dt_model_create_from_spec(dt_model **m, const char *spec, int C, int H, int W) {
+    return dt_model_create_spec_placed(m, spec, C, H, W, false);
 }

@@ -172,8 +172,8 @@ static dt_status layout(dt_model *m) {
         if (shared > m->nscratch) m->nscratch = shared;
     }
     fuse_relu_maxpool(m);
-    DT_TRY(dt_slab_alloc(&m->params, np));
-    DT_TRY(dt_slab_alloc(&m->grads, np));
+    DT_TRY(dt_slab_reserve(&m->params, np));
+    DT_TRY(dt_slab_reserve(&m->grads, np));
     DT_TRY(dt_slab_alloc(&m->buffers, nb ? nb : 1));
     m->buffers.n = nb;
     return DT_OK;
@@ -196,6 +196,7 @@ dt_status dt_graph_finish(dt_model *m, int output, int loss, const char *spec) {
     m->output = output, m->loss = loss;
     snprintf(m->spec, sizeof m->spec, "%s", spec ? spec : "");
     dt_status s = layout(m);
+    if (s == DT_OK && !m->defer_place) s = dt_model_place(m, NULL, 0);
     if (s != DT_OK) return s;
     for (int i = 0; i < m->n; i++)  /* batchnorm running_var starts at 1 */
         if (m->nodes[i].a.kind == DT_LAYER_BATCHNORM2D) {
@@ -206,12 +207,91 @@ dt_status dt_graph_finish(dt_model *m, int output, int loss, const char *spec) {
     return DT_OK;
 }
 
+void dt_graph_defer_placement(dt_model *m) { m->defer_place = true; }
+
+/* Whether node i declares a parameter tensor that is not placed (its init would write there). */
+static bool declares_unplaced(const dt_model *m, int i) {
+    const dt_node *n = &m->nodes[i];
+    for (int k = 0; k < n->ntensor; k++)
+        if (m->last_user[n->tensor[k]] == i && !dt_model_tensor_placed(m, n->tensor[k])) return true;
+    return false;
+}
+
 void dt_model_init(dt_model *m, uint64_t seed) {
     m->seed = seed;
     for (int i = 0; i < m->n; i++) {
         dt_node *n = &m->nodes[i];
-        if (n->op->init) n->op->init(m, n, m->params.data, seed);
+        if (n->op->init && !declares_unplaced(m, i)) n->op->init(m, n, m->params.data, seed);
     }
+}
+
+bool dt_model_tensor_placed(const dt_model *m, int t) {
+    const dt_param_info *p = &m->tensors[t];
+    if (p->is_buffer || !m->own) return true;
+    for (int i = 0; i < m->nown; i++)
+        if (m->own[i].lo < p->offset + p->numel && p->offset < m->own[i].hi) return true;
+    return false;
+}
+
+const dt_range *dt_model_placement(const dt_model *m, int *nown) {
+    *nown = m->nown;
+    return m->own;
+}
+
+dt_status dt_model_tensor_ranges(const dt_model *m, const bool *keep, dt_range **own, int *nown) {
+    *own = NULL, *nown = 0;
+    dt_range *r = malloc(((size_t)m->ntensors + 1) * sizeof *r);
+    if (!r) return dt_error(DT_ENOMEM, "model: out of memory");
+    int n = 0;
+    for (int t = 0; t < m->ntensors; t++) {  /* parameter offsets increase in table order */
+        const dt_param_info *p = &m->tensors[t];
+        if (p->is_buffer || !keep[t] || p->numel == 0) continue;
+        if (n && r[n - 1].hi == p->offset) r[n - 1].hi += p->numel;
+        else r[n++] = (dt_range){p->offset, p->offset + p->numel};
+    }
+    if (n == 0) free(r), r = NULL;
+    *own = r, *nown = n;
+    return DT_OK;
+}
+
+dt_status dt_model_place(dt_model *m, const dt_range *own, int nown) {
+    dt_range *copy = NULL;
+    if (own && !(copy = malloc(((size_t)nown + 1) * sizeof *copy))) return dt_error(DT_ENOMEM, "model: out of memory");
+    if (own) memcpy(copy, own, (size_t)nown * sizeof *copy);
+    dt_status s = dt_slab_place(&m->params, own, nown, "placing the model's parameters");
+    if (s == DT_OK) s = dt_slab_place(&m->grads, own, nown, "placing the model's gradients");
+    if (s != DT_OK) {  /* the parameters as they were (narrowing back fits) */
+        (void)dt_slab_place(&m->params, m->own, m->nown, "");
+        free(copy);
+        return s;
+    }
+    free(m->own);
+    m->own = copy, m->nown = own ? nown : 0;
+    return DT_OK;
+}
+
+dt_status dt_model_init_tensor(dt_model *m, int t, float *out) {
+    const dt_param_info *p = &m->tensors[t];
+    float *base = p->is_buffer ? m->buffers.data : m->params.data;
+    const int d = m->last_user[t];
+    dt_node *n = &m->nodes[d];
+    if (p->is_buffer || dt_model_tensor_placed(m, t) || !n->op->init) {  /* what it holds (zeros: no init) */
+        memcpy(out, base + p->offset, p->numel * sizeof(float));
+        return DT_OK;
+    }
+    size_t lo = p->offset, hi = p->offset + p->numel;  /* the span of the node's own tensors */
+    for (int k = 0; k < n->ntensor; k++) {
+        const dt_param_info *q = &m->tensors[n->tensor[k]];
+        if (q->is_buffer || m->last_user[n->tensor[k]] != d) continue;
+        if (q->offset < lo) lo = q->offset;
+        if (q->offset + q->numel > hi) hi = q->offset + q->numel;
+    }
+    DT_TRY(dt_mem_charge((hi - lo) * sizeof(float), "initialising a tensor"));
+    n->op->init(m, n, m->params.data, m->seed);
+    memcpy(out, base + p->offset, p->numel * sizeof(float));
+    dt_mem_discard(m->params.data + lo, (hi - lo) * sizeof(float));
+    dt_mem_uncharge((hi - lo) * sizeof(float));
+    return DT_OK;
 }
 
 const char *dt_model_spec(const dt_model *m) { return m->spec; }
@@ -230,7 +310,10 @@ float *dt_model_buffers(dt_model *m) { return m->buffers.data; }
 int dt_model_num_tensors(const dt_model *m) { return m->ntensors; }
 const dt_param_info *dt_model_tensor(const dt_model *m, int i) { return &m->tensors[i]; }
 void dt_model_zero_grad(dt_model *m) {
-    if (m->grads.data) memset(m->grads.data, 0, m->grads.n * sizeof(float));
+    if (!m->grads.data) return;
+    if (!m->own) memset(m->grads.data, 0, m->grads.n * sizeof(float));
+    for (int i = 0; m->own && i < m->nown; i++)
+        memset(m->grads.data + m->own[i].lo, 0, (m->own[i].hi - m->own[i].lo) * sizeof(float));
 }
 void dt_model_release_grads(dt_model *m) {
     dt_slab_free(&m->grads);

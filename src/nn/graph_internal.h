@@ -87,6 +87,9 @@ struct dt_model {
                              * declared it (its gradient is final after that node's backward) */
     int ntensors, tensors_cap;
     dt_slab params, grads, buffers;
+    bool defer_place;       /* dt_graph_defer_placement: dt_graph_finish leaves it unplaced */
+    dt_range *own;          /* dt_model_place's ranges of the parameter slab (NULL: whole) */
+    int nown;
     uint64_t seed;
     const dt_backend *be;
     /* per batch */

@@ -34,6 +34,7 @@ void dt_model_free(dt_model *m) {
     free(m->nodes);
     free(m->tensors);
     free(m->last_user);
+    free(m->own);
     dt_slab_free(&m->params);
     dt_slab_free(&m->grads);
     dt_slab_free(&m->buffers);

@@ -38,6 +38,10 @@ dt_status dt_optim_parse(const char *name, dt_optim_kind *kind) {
 }
 
 dt_status dt_optim_create(dt_optim **out, const dt_optim_config *cfg, size_t n) {
+    return dt_optim_create_placed(out, cfg, n, NULL, 0);
+}
+
+dt_status dt_optim_create_placed(dt_optim **out, const dt_optim_config *cfg, size_t n, const dt_range *own, int nown) {
     *out = NULL;
     if ((unsigned)cfg->kind > DT_OPTIM_ADAMW) return dt_error(DT_EINVAL, "optimizer: unknown kind %d", cfg->kind);
     if (cfg->kind != DT_OPTIM_SGD && !(cfg->beta1 >= 0 && cfg->beta1 < 1 && cfg->beta2 >= 0 && cfg->beta2 < 1))
@@ -49,8 +53,8 @@ dt_status dt_optim_create(dt_optim **out, const dt_optim_config *cfg, size_t n) 
     o->cfg = *cfg;
     o->n = n;
     bool need_m = cfg->kind != DT_OPTIM_SGD || cfg->momentum > 0;
-    if ((need_m && dt_slab_alloc(&o->m, n) != DT_OK) ||
-        (cfg->kind != DT_OPTIM_SGD && dt_slab_alloc(&o->v, n) != DT_OK)) {
+    if ((need_m && dt_slab_reserve(&o->m, n) != DT_OK) ||
+        (cfg->kind != DT_OPTIM_SGD && dt_slab_reserve(&o->v, n) != DT_OK) || dt_optim_place(o, own, nown) != DT_OK) {
         dt_optim_free(o);
         return DT_ENOMEM;
     }
@@ -212,6 +216,11 @@ size_t dt_optim_size(const dt_optim *o) { return o->n; }
 int64_t dt_optim_steps(const dt_optim *o) { return o->t; }
 void dt_optim_set_steps(dt_optim *o, int64_t t) { o->t = t; }
 const dt_optim_config *dt_optim_config_of(const dt_optim *o) { return &o->cfg; }
+
+dt_status dt_optim_place(dt_optim *o, const dt_range *own, int nown) {
+    DT_TRY(dt_slab_place(&o->m, own, nown, "placing the optimizer state"));
+    return dt_slab_place(&o->v, own, nown, "placing the optimizer state");
+}
 
 void dt_optim_free_state(dt_optim *o) {
     dt_slab_free(&o->m);

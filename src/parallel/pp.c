@@ -6,10 +6,12 @@
  * read them (pp_step.c). A stage updates only the parameters its nodes use, with optimizer state
  * for those alone (segments of the slab); a tensor used by several stages (a tied embedding) has
  * its gradient summed over them and is updated identically on each. Gradients of a stage are
- * averaged over the DP axis. Before evaluation and checkpoints (ops->sync) every stage's tensors
- * are broadcast to the whole pipeline and its optimizer moments sent to stage 0, so rank 0 writes
- * one ordinary, layout-independent checkpoint; a resume reads the full file and each stage keeps
- * its part. */
+ * averaged over the DP axis. Memory: a stage holds parameters, gradients and optimizer state only
+ * for the tensors its nodes use, from set-up on (pp_place tells the trainer before anything is
+ * written; a resume restores only those). Before evaluation and checkpoints (ops->sync) the model
+ * is placed whole again, every stage's tensors are broadcast to the whole pipeline and its
+ * optimizer moments sent to stage 0, so rank 0 writes one ordinary, layout-independent checkpoint;
+ * the next step narrows the stage back (streaming them instead is not done yet). */
 #include "parallel/pp.h"
 
 #include <stdio.h>
@@ -17,8 +19,22 @@
 #include <string.h>
 #include <sys/resource.h>
 
-static dt_status pp_init(dt_strategy *s) { return dt_strategy_verify_replicas(s->comm, s->model); }
-static void pp_begin(dt_strategy *s, int64_t step) { s->step = step; }
+/* The stages of a pipeline hold different tensors: replicas are the same stage of each pipeline. */
+static dt_status pp_init(dt_strategy *s) { return dt_strategy_verify_replicas(((dt_pp *)s->impl)->dp, s->model); }
+
+/* The model (and rank 0's staging optimizer) back to what the stage holds after a sync widened
+ * them. A failure (out of memory for the ranges) leaves them whole: more held, nothing wrong. */
+static void narrow(dt_strategy *s, dt_pp *p) {
+    static const dt_range none = {0, 0};
+    if (!p->widened || dt_model_place(s->model, p->own ? p->own : &none, p->nown) != DT_OK) return;
+    if (s->optim && p->rank == 0 && dt_optim_place(s->optim, &none, 0) != DT_OK) return;
+    p->widened = false;
+}
+
+static void pp_begin(dt_strategy *s, int64_t step) {
+    s->step = step;
+    narrow(s, s->impl);
+}
 static void pp_ready(dt_strategy *s, size_t off, size_t n) { (void)s, (void)off, (void)n; }
 static dt_status pp_step_unused(dt_strategy *s, float lr, float clip, dt_step_stats *st) {
     (void)s, (void)lr, (void)clip, (void)st;
@@ -38,11 +54,26 @@ float *dt_pp_seg_state(dt_pp *p, int i, size_t off) {
     return NULL;
 }
 
+/* Evaluation and checkpoints read the whole model on every rank (not streamed yet): the model is
+ * placed whole for them (rank 0's optimizer too, which writes the checkpoints), charged against
+ * --mem-limit, and narrowed again at the next step. */
+static dt_status widen(dt_strategy *s, dt_pp *p) {
+    dt_status st = dt_model_place(s->model, NULL, 0);
+    if (st == DT_OK && s->optim && p->rank == 0) st = dt_optim_place(s->optim, NULL, 0);
+    p->widened = true;  /* narrow() puts back whatever was placed */
+    if (st != DT_OK)
+        return dt_error_wrap(st, "pipeline stage %d (rank %d): evaluation and checkpoints gather the whole model on "
+                             "every stage (rank 0 also its optimizer state); run without a test set (--val-fraction 0) "
+                             "and --save, or raise --mem-limit", p->stage, p->rank);
+    return DT_OK;
+}
+
 /* Every tensor from its owner stage to the whole pipeline; optimizer moments to stage 0. */
 static dt_status pp_sync(dt_strategy *s) {
     dt_pp *p = s->impl;
     dt_model *m = s->model;
-    if (p->tp > 1) return dt_pp_tp_sync(s);
+    if (p->tp > 1) return dt_pp_tp_sync(s);  /* the whole model stays placed under tp x pp */
+    DT_TRY(widen(s, p));
     if (p->K == 1) goto moments;
     for (int t = 0; t < dt_model_num_tensors(m); t++) {
         const dt_param_info *ti = dt_model_tensor(m, t);
@@ -83,10 +114,12 @@ static void pp_destroy(dt_strategy *s) {
     for (int g = 0; g < p->nseg; g++) dt_optim_free(p->seg[g].opt);
     dt_comm *cs[] = {p->fwd, p->bwd, p->data};
     for (size_t i = 0; i < sizeof cs / sizeof *cs; i++) dt_comm_destroy(cs[i]);
+    for (int t = 0; p->share && t < dt_model_num_tensors(p->m ? p->m : s->model); t++) dt_comm_destroy(p->share[t]);
+    free(p->share);
     dt_mesh_free(&p->mesh);
     dt_tp_hooks_destroy(p->hooks);
-    if (p->m != s->model) dt_model_free(p->m);
-    free(p->slots), free(p->seg), free(p->users), free(p->acts), free(p->buf_save);
+    if (p->m && p->m != s->model) dt_model_free(p->m);
+    free(p->slots), free(p->seg), free(p->users), free(p->acts), free(p->buf_save), free(p->own);
     free(p);
     s->impl = NULL;
 }
@@ -169,6 +202,37 @@ static dt_status find_users(dt_pp *p, const dt_model *m) {
     return DT_OK;
 }
 
+/* The ranges of the parameter slab that stage `stage` holds: the tensors its nodes use. */
+static dt_status stage_ranges(const dt_pp *p, const dt_model *m, int stage, dt_range **own, int *nown) {
+    const int nt = dt_model_num_tensors(m);
+    bool *keep = calloc((size_t)nt + 1, 1);
+    if (!keep) return dt_error(DT_ENOMEM, "pp: out of memory");
+    for (int t = 0; t < nt; t++) keep[t] = p->users[t] >> stage & 1;
+    dt_status s = dt_model_tensor_ranges(m, keep, own, nown);
+    free(keep);
+    return s;
+}
+
+/* The placement of entry.place: the tensors of this rank's stage, from the cut the strategy
+ * makes (by flops or --pp-split); the whole model where the cut needs measured costs first (rank
+ * 0 times every node), the world does not divide (the strategy refuses that), or under tp x pp
+ * (the stage runs its GPT shard; the whole model stays the checkpoint's copy, as under tp
+ * before placement: not narrowed yet). */
+static dt_status pp_place(const void *opts, const dt_model *m, int rank, int size, dt_range **own, int *nown,
+                          bool *whole) {
+    const dt_pp_opts *o = opts;
+    *whole = o->stages == 1 || (o->measured && !o->split[0]) || size % o->stages != 0 || o->tp > 1;
+    if (*whole) return DT_OK;
+    dt_pp *p = calloc(1, sizeof *p);
+    if (!p) return dt_error(DT_ENOMEM, "pp: out of memory");
+    p->K = o->stages;
+    dt_status s = dt_pp_cut(m, p->K, o->split, NULL, p->first);
+    if (s == DT_OK) s = find_users(p, m);
+    if (s == DT_OK) s = stage_ranges(p, m, rank % p->K, own, nown);
+    free(p->users), free(p);
+    return s;
+}
+
 /* The slab ranges this stage updates (its tensors, merged where contiguous), each with an
  * optimizer that starts from the trainer's (a resumed run's moments and step count). */
 static dt_status make_segments(dt_strategy *s, dt_pp *p) {
@@ -202,7 +266,15 @@ static dt_status make_comms(dt_strategy *s, dt_pp *p) {
     if (p->K == 1) return DT_OK;
     DT_TRY(dt_comm_split(p->pp, 0, p->stage, &p->fwd));
     DT_TRY(dt_comm_split(p->pp, 0, p->stage, &p->bwd));
-    return dt_comm_split(p->pp, 0, p->stage, &p->data);
+    DT_TRY(dt_comm_split(p->pp, 0, p->stage, &p->data));
+    /* a tensor that several stages use (a tied embedding): its users sum its gradient among
+     * themselves (the other stages hold no memory for it) */
+    const int nt = dt_model_num_tensors(p->m);  /* users[] is per tensor of the stage model */
+    if (!(p->share = calloc((size_t)nt + 1, sizeof *p->share))) return dt_error(DT_ENOMEM, "pp: out of memory");
+    for (int t = 0; t < nt; t++)
+        if (!dt_model_tensor(p->m, t)->is_buffer && (p->users[t] & (p->users[t] - 1)))
+            DT_TRY(dt_comm_split(p->pp, p->users[t] >> p->stage & 1 ? 0 : DT_COMM_UNDEFINED, p->stage, &p->share[t]));
+    return DT_OK;
 }
 
 /* This rank's place in the dp x pp x tp mesh and its axes. */
@@ -247,8 +319,14 @@ static dt_status pp_setup(dt_strategy *s, dt_pp *p) {
     p->nstates = s->optim ? dt_optim_num_states(s->optim) : 0;
     p->steps0 = s->optim ? dt_optim_steps(s->optim) : 0;
     DT_TRY(make_segments(s, p));
-    /* the trainer's whole-model moments are needed only where checkpoints are written (rank 0);
-     * elsewhere the stage's segments are all the optimizer state it keeps */
+    /* from here the stage holds only its tensors (the trainer placed no more unless the cut needed
+     * measured costs or a sharded checkpoint was restored), and the trainer's optimizer no moments:
+     * the segments are the stage's; rank 0 places them again to stage checkpoints */
+    if (p->tp == 1) {
+        DT_TRY(stage_ranges(p, m, p->stage, &p->own, &p->nown));
+        p->widened = true;
+        narrow(s, p);
+    }
     if (s->optim && p->rank != 0) dt_optim_free_state(s->optim);
     const size_t nbuf = dt_model_num_buffers(m);
     p->acts = calloc(2 * DT_PP_MAX_MICRO, sizeof *p->acts);
@@ -342,4 +420,4 @@ const dt_strategy_entry dt_strategy_pp_entry = {
                           "ranks: (dp_i*K + stage)*T + tp_i",
     .keys = "stages,microbatches,schedule,cost,split,tp", .opts_size = sizeof(dt_pp_opts), .defaults = pp_defaults,
     .set = pp_set, .create = pp_create, .format = pp_format, .needs_comm = true,
-    .data_part = pp_data_part, .mesh = pp_mesh};
+    .data_part = pp_data_part, .mesh = pp_mesh, .place = pp_place};

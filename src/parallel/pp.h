@@ -101,6 +101,10 @@ typedef struct {
     size_t x_vals, y_vals;         /* values per sample of the fed inputs */
     bool reads_x[DT_PP_MAX_STAGES], reads_y[DT_PP_MAX_STAGES];
     uint64_t *users;               /* per tensor of m: bit k set when stage k uses it */
+    dt_comm **share;               /* per tensor that several stages use: its users (NULL elsewhere) */
+    dt_range *own;                 /* the parameter slab ranges this stage holds (its tensors) */
+    int nown;
+    bool widened;                  /* a sync placed the whole model; the next step narrows it */
     dt_pp_segment *seg;
     int nseg;
     int nstates;                   /* optimizer moments per parameter (0 sgd, 1 momentum, 2 adam) */

@@ -314,8 +314,8 @@ static dt_status update(step_ctx *c) {
     float *g = dt_model_grads(m), *w = dt_model_params(m);
     for (int t = 0; p->K > 1 && t < dt_model_num_tensors(m); t++) {
         const dt_param_info *ti = dt_model_tensor(m, t);
-        if (ti->is_buffer || !(p->users[t] & (p->users[t] - 1))) continue;  /* one user */
-        dt_status st = dt_comm_allreduce(p->pp, g + ti->offset, g + ti->offset, ti->numel, DT_F32, DT_OP_SUM);
+        if (ti->is_buffer || !p->share[t]) continue;  /* one user, or not used here */
+        dt_status st = dt_comm_allreduce(p->share[t], g + ti->offset, g + ti->offset, ti->numel, DT_F32, DT_OP_SUM);
         if (st != DT_OK) return dt_error_wrap(st, "pipeline stage %d (rank %d): summing the gradient of %s shared by "
                                               "stages", p->stage, p->rank, ti->name);
         p->bytes_sent += ti->numel * sizeof(float);

@@ -215,6 +215,15 @@ dt_status dt_strategy_create(dt_strategy **out, const char *spec, dt_comm *comm,
     return dt_strategy_create_with(out, e, &opts, comm, m, o, trace);
 }
 
+dt_status dt_strategy_placement(const dt_strategy_entry *e, const void *opts, const dt_model *m, int rank, int size,
+                                dt_range **own, int *nown, bool *whole) {
+    *own = NULL, *nown = 0, *whole = true;
+    if (!e->place) return DT_OK;
+    dt_status s = e->place(opts, m, rank, size, own, nown, whole);
+    if (s != DT_OK || *whole) free(*own), *own = NULL, *nown = 0;
+    return s;
+}
+
 dt_status dt_strategy_data_part(const dt_strategy_entry *e, const void *opts, int rank, int size, int *data_rank,
                                 int *data_world) {
     *data_rank = rank, *data_world = size;

@@ -1,6 +1,6 @@
 /* The training state as pieces of tensors (dt_state_piece), for checkpoints that do not depend on
- * how a strategy lays it out: the replicated visitor (every tensor whole, with its optimizer
- * moments) and the strategy's entry point. */
+ * how a strategy lays it out: the replicated visitor (every placed tensor whole, with its
+ * optimizer moments) and the strategy's entry point. */
 #include "parallel/strategy.h"
 
 #include <stdio.h>
@@ -8,6 +8,7 @@
 dt_status dt_state_visit_model(dt_model *m, dt_optim *o, dt_state_visit_fn fn, void *ctx) {
     for (int i = 0; i < dt_model_num_tensors(m); i++) {
         const dt_param_info *t = dt_model_tensor(m, i);
+        if (!dt_model_tensor_placed(m, i)) continue;  /* another rank's (pipeline stages) */
         float *base = t->is_buffer ? dt_model_buffers(m) : dt_model_params(m);
         dt_state_piece p = {.name = t->name, .buf = {base + t->offset, DT_F32, t->numel, DT_DEVICE_CPU},
                             .ndim = t->ndim, .numel = t->numel};

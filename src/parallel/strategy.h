@@ -232,6 +232,11 @@ typedef struct {
     /* Optional (NULL: tp = pp = 1): the model-parallel axes of opts (tp, pp: mesh.h) and the
      * pipeline's micro-batches (0: as many as stages) and schedule ("gpipe" / "1f1b"). */
     void (*mesh)(const void *opts, int *tp, int *pp, int *microbatches, const char **schedule);
+    /* Optional: the part of the parameter slab of the (unplaced) model m that this rank holds,
+     * decided from the graph alone before any memory is written (dt_model_place's ranges, *own
+     * malloc'd; *whole true: all of it). NULL: the whole model. The strategy narrows the model
+     * to the same part after it is made (and widens it for evaluation and checkpoints). */
+    dt_status (*place)(const void *opts, const dt_model *m, int rank, int size, dt_range **own, int *nown, bool *whole);
 } dt_strategy_entry;
 
 /* The entry named name, or NULL. */
@@ -272,6 +277,10 @@ extern const dt_strategy_entry dt_strategy_pp_entry;
  * loader): with S = e->servers(opts) > 0 the workers are ranks S..size-1 and shard the data among
  * themselves, servers get data rank 0 of the workers (they never train). Others: rank of size.
  * DT_EINVAL when the servers leave no worker. */
+/* The placement of model m on this rank under the strategy (entry.place; whole without one):
+ * *own malloc'd, or NULL for the whole model (*nown 0) when *whole. */
+dt_status dt_strategy_placement(const dt_strategy_entry *e, const void *opts, const dt_model *m, int rank, int size,
+                                dt_range **own, int *nown, bool *whole);
 dt_status dt_strategy_data_part(const dt_strategy_entry *e, const void *opts, int rank, int size, int *data_rank,
                                 int *data_world);
 

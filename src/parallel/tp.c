@@ -13,11 +13,12 @@
  * The collectives run in the graph's after-forward and after-backward node hooks (tp_hooks.c; nn/
  * knows no communication), the same hooks a pipeline stage of shards runs. The remaining ranks of the world are data parallel: the mesh (mesh.h) splits
  * the world into tp and dp communicators and an inner ddp averages the shards' gradients over
- * the dp axis. The whole model (s->model) is the checkpoint's: scattered at start (a resume under
- * any layout), its parameters gathered by ops->sync on every rank before evaluation and
- * checkpoints, its optimizer moments on world rank 0 only (which writes the checkpoints); its
- * gradients and the whole optimizer's own moments are freed, so a rank keeps P whole parameters
- * plus 4P/K of shards (world rank 0 2P more) instead of 4P. */
+ * the dp axis. Memory: a rank holds only its shards (4P/K with Adam, plus the replicated small
+ * tensors) from set-up on: the trainer places none of the whole model (s->model, tp_place), whose
+ * tensors initialise the shards one at a time (dt_tp_scatter), and a resume restores the shards in
+ * place (tp_state.c). The whole model is the checkpoint's and evaluation's: ops->sync places it
+ * and gathers the parameters on every rank, the optimizer moments on world rank 0 (which writes
+ * the checkpoints); the next step frees that again (streaming instead is not done yet). */
 #include "parallel/mesh.h"
 #include "parallel/pp.h"
 #include "parallel/strategy.h"
@@ -45,6 +46,7 @@ typedef struct {
     dt_tp_hooks *hooks;      /* the shard's collectives (tp_hooks.c) */
     dt_status err;           /* a failure of the norm's allreduce inside tp_update */
     bool whole;              /* this rank holds the whole state (world rank 0 after a sync) */
+    bool widened;            /* a sync placed the whole model; the next step narrows it to nothing */
     float *whole_m[2];       /* world rank 0: the whole optimizer moments, assembled by sync (the others
                               * hold only their shards: the whole model's own moments are freed) */
     uint64_t dp_bytes;       /* what the dp axis moved */
@@ -107,9 +109,20 @@ static dt_status micro_step(tp *t, const dt_step_batch *b, int lo, int hi, uint6
     return DT_OK;
 }
 
+/* The whole model back to holding nothing (and world rank 0's whole moments freed) after a sync
+ * widened it for evaluation or a checkpoint: between syncs the shards are all a rank holds. */
+static void narrow(dt_strategy *s, tp *t) {
+    static const dt_range none = {0, 0};
+    if (!t->widened || dt_model_place(s->model, &none, 0) != DT_OK) return;  /* a failure: stays whole */
+    dt_free(t->whole_m[0]), dt_free(t->whole_m[1]);
+    t->whole_m[0] = t->whole_m[1] = NULL;
+    t->whole = t->widened = false;
+}
+
 static dt_status tp_train_step(dt_strategy *s, const dt_step_batch *b, dt_step_result *r) {
     tp *t = s->impl;
     const double t0 = dt_now();
+    narrow(s, t);
     const int accum = b->accum > 1 ? b->accum : 1, n = b->feed.n;
     memset(r, 0, sizeof *r);
     s->step = b->step;
@@ -150,8 +163,8 @@ static dt_status tp_train_step(dt_strategy *s, const dt_step_batch *b, dt_step_r
 }
 
 static dt_status tp_init(dt_strategy *s) {
-    tp *t = s->impl;
-    if (s->comm) DT_TRY(dt_strategy_verify_replicas(s->comm, s->model));  /* the whole model, before slicing */
+    tp *t = s->impl;  /* the same shards on every model copy (the whole model holds nothing now) */
+    if (t->mesh.dp_comm) DT_TRY(dt_strategy_verify_replicas(t->mesh.dp_comm, t->local));
     return t->ddp ? t->ddp->ops->init(t->ddp) : DT_OK;
 }
 
@@ -165,10 +178,18 @@ static dt_status tp_step(dt_strategy *s, float lr, float clip, dt_step_stats *st
 }
 
 /* The whole parameters from the shards on every rank (evaluation), and the whole optimizer
- * moments on world rank 0 (its tp group gathers them there), which writes the checkpoints. */
+ * moments on world rank 0 (its tp group gathers them there), which writes the checkpoints. The
+ * whole model is placed for it (charged against --mem-limit; streaming is not done yet) and
+ * narrowed again at the next step. */
 static dt_status tp_sync(dt_strategy *s) {
     tp *t = s->impl;
     const bool saver = dt_comm_rank(s->comm) == 0, group0 = t->mesh.dp_rank == 0 && t->mesh.pp_rank == 0;
+    t->widened = true;
+    dt_status ws = dt_model_place(s->model, NULL, 0);
+    if (ws != DT_OK)
+        return dt_error_wrap(ws, "tensor parallel (world rank %d): evaluation and checkpoints gather the whole model "
+                             "on every rank (rank 0 also its optimizer state); run without a test set (--val-fraction "
+                             "0) and --save, or raise --mem-limit", dt_comm_rank(s->comm));
     for (int k = 0; saver && k < dt_optim_num_states(t->lopt); k++)
         if (!t->whole_m[k] && !(t->whole_m[k] = dt_alloc(dt_model_num_params(s->model) * sizeof(float))))
             return dt_error(DT_ENOMEM, "tensor parallel: out of memory for the whole optimizer state");
@@ -227,10 +248,13 @@ static dt_status setup(dt_strategy *s, tp *t, const tp_opts *o) {
     DT_TRY(dt_gpt_create_sharded(&t->local, &t->g, t->K));
     DT_TRY(dt_optim_create(&t->lopt, dt_optim_config_of(s->optim), dt_model_num_params(t->local)));
     DT_TRY(dt_tp_scatter(s->model, s->optim, t->local, t->lopt, t->K, t->r));
-    /* from here the whole model holds only the gathered parameters (evaluation, checkpoints): its
-     * gradients and the whole optimizer's moments are never used, so they are not kept */
+    /* from here the whole model holds nothing between syncs (the trainer placed none of it unless
+     * a sharded checkpoint was restored): its gradients and the whole optimizer's moments are
+     * never used, so they are not kept */
     dt_model_release_grads(s->model);
     dt_optim_free_state(s->optim);
+    t->widened = true;  /* tp x pp (pp > 1) is the pipeline's (pp_tp.c), so here the mesh has pp = 1 */
+    narrow(s, t);
     DT_TRY(dt_tp_hooks_create(&t->hooks, t->local, &t->g, t->mesh.tp_comm, t->K, t->r, dt_comm_rank(s->comm), s->trace,
                               &s->step));
     if (t->mesh.dp > 1) {
@@ -310,7 +334,17 @@ static void tp_mesh(const void *opts, int *tp, int *pp, int *microbatches, const
     *tp = o->tp, *pp = o->pp, *microbatches = o->pp, *schedule = "1f1b";  /* as the pipeline it makes */
 }
 
+/* The placement of entry.place: none of the whole model (its shards live in the local model,
+ * initialised tensor by tensor); the whole of it where pipeline stages compose with tp. */
+static dt_status tp_place(const void *opts, const dt_model *m, int rank, int size, dt_range **own, int *nown,
+                          bool *whole) {
+    (void)m, (void)rank, (void)size;
+    *own = NULL, *nown = 0, *whole = ((const tp_opts *)opts)->pp > 1;
+    return DT_OK;
+}
+
 const dt_strategy_entry dt_strategy_tp_entry = {
     .name = "tp", .help = "tp(tp=K,pp=1,bucket_mb=MB)  ranks: (dp_i*PP + pp_i)*TP + tp_i, TP innermost",
     .keys = "tp,pp,bucket_mb", .opts_size = sizeof(tp_opts), .defaults = tp_defaults, .set = tp_set,
-    .create = tp_create, .format = tp_format, .needs_comm = true, .data_part = tp_data_part, .mesh = tp_mesh};
+    .create = tp_create, .format = tp_format, .needs_comm = true, .data_part = tp_data_part, .mesh = tp_mesh,
+    .place = tp_place};

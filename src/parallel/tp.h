@@ -29,7 +29,9 @@ dt_tp_split dt_tp_split_of(const char *name);
 void dt_tp_copy(dt_tp_split k, float *full, float *local, const dt_param_info *ft, int K, int r, bool to_local);
 
 /* Rank r's shard of the whole model (params) and optimizer (moments, step count) into the local
- * ones. DT_EINVAL when a local tensor has no whole counterpart. */
+ * ones. A whole tensor that is not placed (the trainer places none under tp) gives its initial
+ * values instead (dt_model_init_tensor, one tensor at a time) and fresh moments. DT_EINVAL when a
+ * local tensor has no whole counterpart. */
 dt_status dt_tp_scatter(dt_model *full, dt_optim *fo, dt_model *local, dt_optim *lo, int K, int r);
 /* The inverse, collective over comm (K ranks; NULL = one), tensor by tensor: every rank assembles
  * the whole parameters and buffers into full (allgather); with moments != NULL (on every rank of

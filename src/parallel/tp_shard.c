@@ -62,22 +62,43 @@ static const dt_param_info *whole_of(dt_model *full, const dt_param_info *lt) {
     return dt_model_tensor(full, i);
 }
 
+/* The largest tensor of m, in values. */
+static size_t largest_tensor(const dt_model *m) {
+    size_t most = 1;
+    for (int j = 0; j < dt_model_num_tensors(m); j++)
+        if (dt_model_tensor(m, j)->numel > most) most = dt_model_tensor(m, j)->numel;
+    return most;
+}
+
 dt_status dt_tp_scatter(dt_model *full, dt_optim *fo, dt_model *local, dt_optim *lo, int K, int r) {
-    for (int j = 0; j < dt_model_num_tensors(local); j++) {
+    float *tmp = NULL;  /* an unplaced whole tensor's initial values, one at a time */
+    dt_status st = DT_OK;
+    for (int j = 0; st == DT_OK && j < dt_model_num_tensors(local); j++) {
         const dt_param_info *lt = dt_model_tensor(local, j), *ft = whole_of(full, lt);
-        if (!ft) return DT_EINVAL;
+        if (!ft) {
+            st = DT_EINVAL;
+            break;
+        }
         const dt_tp_split k = dt_tp_split_of(lt->name);
-        float *fb = lt->is_buffer ? dt_model_buffers(full) : dt_model_params(full);
+        const int i = dt_model_find_tensor(full, lt->name);
+        float *fb = (lt->is_buffer ? dt_model_buffers(full) : dt_model_params(full)) + ft->offset;
         float *lb = lt->is_buffer ? dt_model_buffers(local) : dt_model_params(local);
-        dt_tp_copy(k, fb + ft->offset, lb + lt->offset, ft, K, r, true);
-        for (int s = 0; fo && lo && !lt->is_buffer && s < dt_optim_num_states(lo); s++) {
-            const char *nm;
+        const bool placed = dt_model_tensor_placed(full, i);
+        if (!placed && !tmp && !(tmp = malloc(largest_tensor(full) * sizeof(float)))) {
+            st = dt_error(DT_ENOMEM, "tensor parallel: out of memory initialising the shards");
+            break;
+        }
+        if (!placed && (st = dt_model_init_tensor(full, i, tmp)) != DT_OK) break;
+        dt_tp_copy(k, placed ? fb : tmp, lb + lt->offset, ft, K, r, true);
+        for (int s = 0; placed && fo && lo && !lt->is_buffer && s < dt_optim_num_states(lo); s++) {
+            const char *nm;  /* unplaced: fresh moments (a resume restores the shards in place after) */
             dt_tp_copy(k, dt_optim_state(fo, s, &nm) + ft->offset, dt_optim_state(lo, s, &nm) + lt->offset, ft, K, r,
                        true);
         }
     }
-    if (fo && lo) dt_optim_set_steps(lo, dt_optim_steps(fo));
-    return DT_OK;
+    free(tmp);
+    if (st == DT_OK && fo && lo) dt_optim_set_steps(lo, dt_optim_steps(fo));
+    return st;
 }
 
 dt_status dt_tp_gather_tensor(dt_comm *comm, int K, const dt_param_info *ft, const dt_param_info *lt, const float *src,
@@ -101,10 +122,7 @@ static dt_status gather_tensor(dt_comm *comm, int K, const dt_param_info *ft, co
 
 /* The scratch of gather_tensor for the largest tensor of local. */
 static float *gather_scratch(const dt_model *local, int K) {
-    size_t most = 1;
-    for (int j = 0; j < dt_model_num_tensors(local); j++)
-        if (dt_model_tensor(local, j)->numel > most) most = dt_model_tensor(local, j)->numel;
-    float *tmp = malloc((size_t)K * most * sizeof(float));
+    float *tmp = malloc((size_t)K * largest_tensor(local) * sizeof(float));
     if (!tmp) dt_error(DT_ENOMEM, "tensor parallel: out of memory gathering the shards");
     return tmp;
 }

@@ -264,6 +264,14 @@ dt_status dt_checkpoint_read_info(const char *path, dt_ckpt_info *info) {
     return s;
 }
 
+bool dt_checkpoint_is_sharded(const char *path) {
+    dt_st_file *f = NULL;
+    if (dt_st_open(&f, path) != DT_OK) return dt_error_clear(), false;
+    const bool sharded = dt_st_meta(f, "dtrain.shards") != NULL;
+    dt_st_close(f);
+    return sharded;
+}
+
 /* Copies the range of tensor p->name (F32 of p's global shape) that p holds from the file ctx. */
 static dt_status restore_piece(void *ctx, const dt_state_piece *p) {
     const dt_st_file *f = ctx;

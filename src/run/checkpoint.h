@@ -54,6 +54,9 @@ dt_status dt_checkpoint_write_index(const char *path, dt_optim *o, const dt_ckpt
 /* Restores the n shards of index path into whole tensors of m (and o when non-NULL); DT_EFORMAT
  * naming the shard when one is missing, damaged, of another model or leaves a value unset. */
 dt_status dt_checkpoint_restore_shards(const char *path, int n, dt_model *m, dt_optim *o);
+/* Whether path is the index of a sharded checkpoint (false when it cannot be read: its restore
+ * reports that). */
+bool dt_checkpoint_is_sharded(const char *path);
 /* Reads checkpoint `in` (one file or a sharded index) and writes it to `out` as one file, the
  * model's tensors (and the optimizer state with `optim`), for PyTorch's safetensors loader. */
 dt_status dt_checkpoint_consolidate(const char *in, const char *out, bool optim);

@@ -1,11 +1,14 @@
 /* Memory plans (dtrain/memplan.h): per rank, the bytes of its part of the parameters, gradients
- * and optimizer state (ZeRO: its shard of each of ddp's buckets, as zero.c cuts them; tensor
- * parallel: a tp-th; pipeline: the stage's share of the parameter slab cut evenly by count),
+ * and optimizer state (ZeRO: its shard of each of ddp's buckets, as zero.c cuts them; pipeline:
+ * the tensors its stage's nodes use under the flops cut pp.c places; tensor parallel: each tensor
+ * a tp-th where tp_shard.c splits it, else whole),
  * stage 2-3's gradient buckets in flight, stage 3's gathered buckets and the activations of the micro-batches in flight (GPipe: all of
  * them, 1F1B: up to pp - stage). */
 #include "dtrain/memplan.h"
 #include "dtrain/models.h"
 #include "parallel/mesh.h"
+#include "parallel/pp.h"
+#include "parallel/tp.h"
 #include "parallel/zero.h"
 #include "run/trainer_internal.h"
 
@@ -50,6 +53,32 @@ static dt_status zero_share(dt_model *m, const dt_mem_layout *l, int dpi, size_t
     return DT_OK;
 }
 
+/* Parameters `stage` holds: the tensors its nodes use under the flops cut (pp.c's placement),
+ * each a tp-th where tensor parallelism splits it (tp_shard.c), else whole. */
+static dt_status owned_params(dt_model *m, const dt_mem_layout *l, int stage, double *own) {
+    int first[DT_PP_MAX_STAGES + 1] = {0, dt_model_num_nodes(m)};
+    if (l->pp > DT_PP_MAX_STAGES) return dt_error(DT_EINVAL, "memory plan: pp %d: at most %d stages", l->pp, DT_PP_MAX_STAGES);
+    if (l->pp > 1) DT_TRY(dt_pp_cut(m, l->pp, "", NULL, first));
+    const int nt = dt_model_num_tensors(m);
+    bool *used = calloc((size_t)nt + 1, 1);
+    if (!used) return dt_error(DT_ENOMEM, "memory plan: out of memory");
+    for (int i = first[stage]; i < first[stage + 1]; i++) {
+        int ids[8];
+        const int n = dt_model_node_tensors(m, i, ids, 8);
+        for (int j = 0; j < n && j < 8; j++) used[ids[j]] = true;
+    }
+    double o = 0;
+    for (int t = 0; t < nt; t++) {
+        const dt_param_info *p = dt_model_tensor(m, t);
+        if (!used[t] || p->is_buffer) continue;
+        const dt_tp_split k = dt_tp_split_of(p->name);
+        o += l->tp > 1 && k != DT_TP_REPL && k != DT_TP_RANK0 ? (double)p->numel / l->tp : (double)p->numel;
+    }
+    free(used);
+    *own = o;
+    return DT_OK;
+}
+
 dt_status dt_mem_plan_rank(dt_model *m, const dt_optim_config *o, const dt_mem_layout *l, int rank, dt_mem_plan *p) {
     memset(p, 0, sizeof *p);
     DT_TRY(check_layout(l, rank));
@@ -57,12 +86,13 @@ dt_status dt_mem_plan_rank(dt_model *m, const dt_optim_config *o, const dt_mem_l
     dt_mesh_coords(rank, l->tp, l->pp, &tpi, &stage, &dpi);
     p->dp_rank = dpi, p->stage = stage, p->tp_rank = tpi;
     const size_t P = dt_model_num_params(m);
-    const size_t lo = P * (size_t)stage / (size_t)l->pp, hi = P * (size_t)(stage + 1) / (size_t)l->pp;
-    const double mine = (double)(hi - lo) / l->tp, F = sizeof(float);
-    double own = mine, big2 = 0;
-    if (l->zero > 0 && l->dp > 1) {
-        DT_TRY(zero_share(m, l, dpi, lo, hi, &own, &big2));
-        own /= l->tp, big2 /= l->tp;
+    const double F = sizeof(float);
+    double mine = 0, own, big2 = 0;
+    DT_TRY(owned_params(m, l, stage, &mine));
+    own = mine;
+    if (l->zero > 0 && l->dp > 1) {  /* ZeRO shards the data-parallel ranks' slab (no pipeline cut) */
+        DT_TRY(zero_share(m, l, dpi, 0, P, &own, &big2));
+        own *= mine / (double)P, big2 /= l->tp;
     }
     const int moments = o->kind != DT_OPTIM_SGD ? 2 : o->momentum > 0 ? 1 : 0;
     p->params = F * (l->zero >= 3 ? own : mine);
@@ -70,6 +100,11 @@ dt_status dt_mem_plan_rank(dt_model *m, const dt_optim_config *o, const dt_mem_l
     if (l->zero >= 2 && l->dp > 1) p->grads += F * big2;  /* buckets backward fills before their reduce ends */
     p->optim = F * moments * (l->zero >= 1 ? own : mine);
     if (l->zero >= 3 && l->dp > 1) p->gathered = F * big2 * (double)(l->dp - 1) / l->dp;
+    if (l->tp > 1 && l->pp > 1) {  /* tp x pp keeps the whole model as the checkpoint's copy (pp_tp.c), and world
+                                    * rank 0 its optimizer state: not narrowed yet */
+        p->params += F * (double)P;
+        if (rank == 0) p->optim += F * moments * (double)P;
+    }
     int inflight = 1;
     if (l->pp > 1) {
         const bool gpipe = l->schedule && !strcmp(l->schedule, "gpipe");

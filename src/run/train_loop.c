@@ -251,6 +251,15 @@ static dt_status run_epoch_steps(dt_trainer *t, epoch_acc *acc, double t0, bool 
     }
 }
 
+/* Whether the end of an epoch syncs the strategy: always, except where this rank holds only a
+ * part of the model (pipeline stages, tensor parallel) and nothing then reads the whole of it (no
+ * test or validation set, no --save or --save-weights): the sync would place and gather it all. */
+static bool needs_sync(const dt_trainer *t) {
+    int n;
+    const dt_train_config *c = &t->cfg;
+    return !dt_model_placement(t->model, &n) || t->test || t->val || c->save || c->save_weights;
+}
+
 /* The end of an epoch on the replicas: sync (localsgd), balance figures, the global training loss,
  * evaluation, the metrics line, the epoch callback and --save. */
 static dt_status end_epoch(dt_trainer *t, FILE *mf, const epoch_acc *acc, double epoch_s, double wait0, bool finished,
@@ -258,7 +267,7 @@ static dt_status end_epoch(dt_trainer *t, FILE *mf, const epoch_acc *acc, double
     const dt_train_config *c = &t->cfg;
     uint64_t axis_bytes[3];  /* what the steps moved, before a sync (tp: the gather) adds to it */
     dt_strategy_axis_bytes(t->strategy, axis_bytes);
-    if (t->strategy->ops->sync) DT_TRY(t->strategy->ops->sync(t->strategy));
+    if (t->strategy->ops->sync && needs_sync(t)) DT_TRY(t->strategy->ops->sync(t->strategy));
     DT_TRY(dt_balance_epoch(t->balance, t->strategy->data_comm ? t->strategy->data_comm : t->dcomm, epoch_s, t->workers));
     double sums[2] = {acc->loss_sum, (double)acc->samples};
     if (t->dcomm) DT_TRY(dt_comm_allreduce(t->dcomm, sums, sums, 2, DT_F64, DT_OP_SUM));

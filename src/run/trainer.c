@@ -277,10 +277,34 @@ static dt_status setup_data(dt_trainer *t, const char *spec, const char *resume,
     return DT_OK;
 }
 
-/* The model (its outputs checked against the data's classes), initialised, and its optimizer. */
-static dt_status setup_model(dt_trainer *t, const char *spec) {
+/* The model placed as the strategy says (only the part this rank holds is charged and
+ * initialised: pipeline stages their tensors, tensor parallelism none of the whole model), and
+ * the optimizer: a strategy that places keeps its optimizer state in optimizers of its own, so
+ * the trainer's holds only what a resume restores for it to take (nothing on a fresh run). A
+ * resume from a sharded (ZeRO) checkpoint, or --weights, places the whole model: they load every
+ * tensor, and the strategy narrows it after taking its part. */
+static dt_status place_model(dt_trainer *t, const dt_strategy_entry *se, const dt_strategy_opts *so, bool resume,
+                             bool whole_load) {
+    static const dt_range none = {0, 0};
+    dt_range *own = NULL;
+    int nown = 0;
+    bool whole = true;
+    if (!whole_load) DT_TRY(dt_strategy_placement(se, so, t->model, t->rank, t->world, &own, &nown, &whole));
+    const dt_range *part = whole ? NULL : own ? own : &none;
+    dt_status s = dt_model_place(t->model, part, nown);
+    if (s == DT_OK)
+        s = dt_optim_create_placed(&t->optim, &t->cfg.optim, dt_model_num_params(t->model),
+                                   whole ? NULL : resume ? part : &none, whole || resume ? nown : 0);
+    free(own);
+    return s;
+}
+
+/* The model (its outputs checked against the data's classes), placed, initialised, and its
+ * optimizer. */
+static dt_status setup_model(dt_trainer *t, const char *spec, const dt_strategy_entry *se, const dt_strategy_opts *so,
+                             const char *resume) {
     const dt_train_config *c = &t->cfg;
-    DT_TRY(dt_model_build(&t->model, spec, t->C, t->H, t->W));
+    DT_TRY(dt_model_build_unplaced(&t->model, spec, t->C, t->H, t->W));
     if (dt_model_num_params(t->model) == 0)
         return dt_error(DT_EINVAL, "model '%s' has no trainable parameters; add a linear or conv layer",
                         dt_model_spec(t->model));
@@ -299,9 +323,10 @@ static dt_status setup_model(dt_trainer *t, const char *spec) {
                                         "right, end the spec with linear(%d)",
                              dt_model_spec(t->model), nout, c->data, t->classes - 1, t->classes);
     }
+    DT_TRY(place_model(t, se, so, resume != NULL, (resume && dt_checkpoint_is_sharded(resume)) || c->weights));
     dt_model_init(t->model, c->seed);
     if (c->weights) DT_TRY(dt_weights_load(t->model, c->weights));  /* fine-tuning: start from them */
-    return dt_optim_create(&t->optim, &c->optim, dt_model_num_params(t->model));
+    return DT_OK;
 }
 
 /* Input normalisation (--normalize, or as the resumed run had it) and the resumed state. */
@@ -372,14 +397,14 @@ static dt_status trainer_setup(dt_trainer *t) {
     dt_status s = check_spec(spec);
     if (s != DT_OK) return spec == info.spec ? dt_error_wrap(DT_EFORMAT, "%s: its dtrain.model_spec", resume) : s;
     DT_TRY(setup_data(t, spec, resume, &info));
-    DT_TRY(setup_model(t, spec));
-    /* fp16: dynamic loss scaling (unscaled in dt_strategy_apply_update; its state is checkpointed) */
-    if (c->precision && !strcmp(c->precision, "fp16")) DT_TRY(dt_optim_set_loss_scaling(t->optim, true, NULL));
-    DT_TRY(restore_and_normalize(t, resume, &info));
     const char *strategy = c->strategy ? c->strategy : t->world > 1 ? "ddp" : "single";
     dt_strategy_opts sopts;
     const dt_strategy_entry *sentry;
     DT_TRY(dt_strategy_parse(strategy, &sentry, &sopts));
+    DT_TRY(setup_model(t, spec, sentry, &sopts, resume));
+    /* fp16: dynamic loss scaling (unscaled in dt_strategy_apply_update; its state is checkpointed) */
+    if (c->precision && !strcmp(c->precision, "fp16")) DT_TRY(dt_optim_set_loss_scaling(t->optim, true, NULL));
+    DT_TRY(restore_and_normalize(t, resume, &info));
     if (dt_optim_loss_scaler(t->optim) && strcmp(sentry->name, "single") && strcmp(sentry->name, "ddp"))
         return dt_error(DT_EINVAL, "--precision fp16: loss scaling works with --strategy single or ddp, not %s; "
                                    "use --precision bf16", sentry->name);

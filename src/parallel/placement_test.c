@@ -1,0 +1,137 @@
+/* Placement (dt_model_place through the strategy's entry.place): the bytes a rank is charged for
+ * (core/mem.c's accounting, dt_mem_peak: deterministic, not the OS's resident set) under pp2 and
+ * tp2 stay below a bound computed from the parameters that rank owns:
+ *   16 bytes (f32 parameter, gradient, two Adam moments) x owned + the whole graph's activations
+ *   at the batch + 1 MiB,
+ * where owned is counted here from the graph itself: pp, the tensors the nodes of the rank's stage
+ * use (the flops cut); tp, each tensor a tp-th where Megatron splits it, else whole. One worker is
+ * charged for the whole model (at least 16 x P), and each pp2 / tp2 rank less than 3/4 of that.
+ * The runs train 2 steps without a test set, so no evaluation gathers the whole model. */
+#include "core/test.h"
+#include "dtrain/dtrain.h"
+#include "dtrain/memplan.h"
+#include "dtrain/models.h"
+#include "parallel/parallel_testlib.h"
+#include "parallel/pp.h"
+#include "parallel/tp.h"
+
+#include <string.h>
+#include <unistd.h>
+
+static const char *GPT = "gpt:L=2,H=4,C=128,T=16";
+enum { BATCH = 4 };
+static char g_dir[64], g_text[192];
+
+/* Trains 2 steps under strategy (NULL: one worker) as rank r of n; writes dt_mem_peak to path. */
+static int run_rank(const char *strategy, int r, int n, const char *job, const char *path) {
+    dt_comm *c = n > 1 ? dt_test_rank_comm(r, n, job) : NULL;
+    dt_train_config cfg = dt_train_defaults();
+    cfg.data = g_text, cfg.model = GPT, cfg.batch = BATCH, cfg.max_steps = 2, cfg.val_fraction = 0;
+    cfg.strategy = strategy, cfg.comm = c, cfg.seed = 3;
+    dt_trainer *t;
+    dt_status s = dt_trainer_create(&t, &cfg);
+    if (s == DT_OK) s = dt_trainer_run(t);
+    const size_t peak = dt_mem_peak();
+    if (s == DT_OK) dt_trainer_free(t);
+    dt_comm_destroy(c);
+    if (s != DT_OK) {
+        fprintf(stderr, "rank %d (%s): %s\n", r, strategy ? strategy : "1 worker", dt_last_error());
+        return 3;
+    }
+    FILE *f = fopen(path, "w");
+    if (!f || fprintf(f, "%zu\n", peak) < 0 || fclose(f) != 0) return 4;
+    return 0;
+}
+
+/* The charged peak of each of n forked ranks under strategy into peak[]; false when one failed. */
+static bool measure(const char *strategy, int n, const char *tag, size_t *peak) {
+    char job[64], path[192];
+    snprintf(job, sizeof job, "place%s%d", tag, (int)getpid());
+    for (int r = 0; r < n; r++)
+        if (fork() == 0) {
+            snprintf(path, sizeof path, "%s/%s.%d", g_dir, tag, r);
+            _exit(run_rank(strategy, r, n, job, path));
+        }
+    if (dt_test_wait_children() != 0) return false;
+    for (int r = 0; r < n; r++) {
+        snprintf(path, sizeof path, "%s/%s.%d", g_dir, tag, r);
+        FILE *f = fopen(path, "r");
+        if (!f || fscanf(f, "%zu", &peak[r]) != 1) peak[r] = 0;
+        if (f) fclose(f);
+    }
+    return true;
+}
+
+/* Parameters stage k of the 2-stage flops cut holds: the tensors its nodes use. */
+static size_t pp_owned(dt_model *m, int k) {
+    int first[3];
+    CHECK_OK(dt_pp_cut(m, 2, "", NULL, first));
+    bool used[256] = {false};
+    for (int i = first[k]; i < first[k + 1]; i++) {
+        int ids[8];
+        const int nt = dt_model_node_tensors(m, i, ids, 8);
+        for (int j = 0; j < nt && j < 8; j++) used[ids[j]] = true;
+    }
+    size_t own = 0;
+    for (int t = 0; t < dt_model_num_tensors(m) && t < 256; t++)
+        if (used[t] && !dt_model_tensor(m, t)->is_buffer) own += dt_model_tensor(m, t)->numel;
+    return own;
+}
+
+/* Parameters a tp2 rank holds: split tensors halved, the rest whole. */
+static size_t tp_owned(dt_model *m) {
+    size_t own = 0;
+    for (int t = 0; t < dt_model_num_tensors(m); t++) {
+        const dt_param_info *p = dt_model_tensor(m, t);
+        const dt_tp_split k = dt_tp_split_of(p->name);
+        own += k == DT_TP_REPL || k == DT_TP_RANK0 ? p->numel : p->numel / 2;
+    }
+    return own;
+}
+
+static void check_rank(const char *what, int r, size_t peak, size_t owned, size_t act, size_t whole_peak) {
+    const double bound = 16.0 * (double)owned + (double)act + 1048576.0;
+    printf("%s rank %d: charged peak %zu bytes, bound 16 x %zu owned + %zu activations + 1 MiB = %.0f; 1 worker %zu\n",
+           what, r, peak, owned, act, bound, whole_peak);
+    CHECK_MSG(peak > 0 && (double)peak <= bound, "%s rank %d: peak %zu above the bound %.0f", what, r, peak, bound);
+    CHECK_MSG(peak < whole_peak / 4 * 3, "%s rank %d: peak %zu is not below 3/4 of 1 worker's %zu", what, r, peak,
+              whole_peak);
+}
+
+int main(void) {
+    snprintf(g_dir, sizeof g_dir, "/tmp/dtrain-place-XXXXXX");
+    if (!mkdtemp(g_dir)) return 1;
+    char path[128];
+    snprintf(path, sizeof path, "%s/text.txt", g_dir);
+    dt_test_write_corpus(path, g_text, sizeof g_text);
+    size_t one[1] = {0}, pp[2] = {0}, tp[2] = {0};
+    CHECK(measure(NULL, 1, "one", one));
+    CHECK(measure("pp(stages=2)", 2, "pp", pp));
+    CHECK(measure("tp(tp=2)", 2, "tp", tp));
+    dt_model *m = NULL;  /* built after the forks: its own charge stays out of their peaks */
+    CHECK_OK(dt_model_build(&m, GPT, 0, 0, 0));
+    if (m) {
+        const size_t P = dt_model_num_params(m), act = dt_model_activation_bytes(m, BATCH);
+        printf("1 worker: charged peak %zu bytes for %zu parameters (16 x P = %zu)\n", one[0], P, 16 * P);
+        CHECK_MSG(one[0] >= 16 * P, "1 worker holds %zu bytes, less than 16 x %zu", one[0], P);
+        for (int r = 0; r < 2; r++) check_rank("pp2", r, pp[r], pp_owned(m, r), act, one[0]);
+        for (int r = 0; r < 2; r++) check_rank("tp2", r, tp[r], tp_owned(m), act, one[0]);
+        /* --dry-run's plan (run/memplan.c) counts the same parameters per rank */
+        const dt_optim_config oc = dt_optim_defaults(DT_OPTIM_ADAM);
+        for (int r = 0; r < 2; r++) {
+            dt_mem_plan pl;
+            dt_mem_layout lp = {.dp = 1, .tp = 1, .pp = 2, .microbatches = 2, .batch = BATCH};
+            CHECK_OK(dt_mem_plan_rank(m, &oc, &lp, r, &pl));
+            CHECK_MSG(pl.params == 4.0 * (double)pp_owned(m, r), "pp2 rank %d: plan %.0f bytes, owned %zu", r, pl.params,
+                      pp_owned(m, r));
+            dt_mem_layout lt = {.dp = 1, .tp = 2, .pp = 1, .microbatches = 1, .batch = BATCH};
+            CHECK_OK(dt_mem_plan_rank(m, &oc, &lt, r, &pl));
+            CHECK_MSG(pl.params == 4.0 * (double)tp_owned(m), "tp2 rank %d: plan %.0f bytes, owned %zu", r, pl.params,
+                      tp_owned(m));
+        }
+    }
+    dt_model_free(m);
+    dt_test_remove_dir(g_dir);
+    printf("placement_test: %d checks, %d failures\n", dt_test_checks, dt_test_failures);
+    return dt_test_failures ? 1 : 0;
+}

@@ -1,0 +1,44 @@
+# Memory that is per rank from set-up on, with the real command: a GPT whose parameters, gradients
+# and Adam moments (16 bytes a parameter) exceed --mem-limit is refused on one worker (exit 78,
+# naming the limit) and trains under the same limit with --pp 4 and with --tp 4, each rank
+# reporting the bytes it was charged at most (core/mem.c's accounting, below the limit). The
+# limit is 10 bytes a parameter of the model, read from --dry-run. No test set and no --save:
+# evaluation and checkpoints still gather the whole model (not streamed yet), which the last
+# check shows refused under the same limit with a message saying so. No timing is checked.
+. "$(dirname "$0")/testlib.bash"
+awk 'BEGIN { srand(5); split("the lord said unto moses and of in light was", w, " ");
+       for (i = 0; i < 6000; i++) printf "%s%s", w[int(rand() * 10) + 1], (i % 13 == 12) ? ".\n" : " " }' >"$TMP/t.txt"
+GPT=gpt:L=4,H=4,C=256,T=32
+run() { $DT train --data "text:$TMP/t.txt" --model $GPT --batch 4 --max-steps 2 --val-fraction 0 "$@" 2>&1; }
+P=$($DT train --data "text:$TMP/t.txt" --model $GPT --dry-run 2>&1 | sed -n 's/.*, \([0-9]*\) parameters,.*/\1/p')
+LIM=$((10 * P))
+
+out=$(run --mem-limit $LIM); rc=$?
+if [ -n "$P" ] && [ $rc -eq 78 ] && grep -q -- "--mem-limit $LIM bytes: this rank already holds" <<<"$out"; then
+  ok "1 worker: $P parameters x 16 bytes exceed --mem-limit $LIM (exit 78)"
+else bad "1 worker under --mem-limit $LIM for $P parameters (exit $rc): $out"; fi
+
+# every rank trained and was charged at most the limit
+held() { grep -o 'rank [0-9]* held at most [0-9]* bytes' <<<"$1" | awk -v lim="$2" -v n="$3" \
+  '{ if ($5 + 0 > lim + 0) bad = 1; c++ } END { exit !(c == n && !bad) }'; }
+for layout in "--pp 4" "--tp 4"; do
+  out=$(run --workers 4 $layout --mem-limit $LIM); rc=$?
+  if [ $rc -eq 0 ] && grep -q "done: 2 steps" <<<"$out" && held "$out" $LIM 4; then
+    ok "$layout: 4 ranks train the same GPT under --mem-limit $LIM ($(grep -o 'held at most [0-9]*' <<<"$out" | \
+       awk '{ printf "%s%s", s, $4; s = ", " }') bytes)"
+  else bad "$layout under --mem-limit $LIM (exit $rc): $out"; fi
+done
+
+plan() { $DT train --data "text:$TMP/t.txt" --model $GPT --batch 4 --mem-limit $LIM --dry-run "$@" 2>&1; }
+p1=$(plan); pp4=$(plan --workers 4 --pp 4); tp4=$(plan --workers 4 --tp 4)
+if grep -q "some ranks would exceed it" <<<"$p1" && grep -q "every rank fits" <<<"$pp4" \
+   && grep -q "every rank fits" <<<"$tp4" && grep -q "dp 1 x pp 4 x tp 1" <<<"$pp4" && grep -q "dp 1 x pp 1 x tp 4" <<<"$tp4"; then
+  ok "--dry-run: 1 worker exceeds the limit, each rank of --pp 4 and of --tp 4 fits"
+else bad "--dry-run plans: $p1 / $pp4 / $tp4"; fi
+
+out=$($DT train --data "text:$TMP/t.txt" --model $GPT --batch 4 --max-steps 2 --workers 4 --pp 4 \
+      --mem-limit $LIM 2>&1); rc=$?
+if [ $rc -ne 0 ] && grep -q "evaluation and checkpoints gather the whole model" <<<"$out"; then
+  ok "--pp 4 with a test set: evaluation's whole-model gather is refused under the limit, saying why"
+else bad "--pp 4 with a test set under --mem-limit $LIM (exit $rc): $out"; fi
+finish
