@@ -258,6 +258,7 @@ static int parse_train_flags(int argc, char **argv, train_opts *o) {
     if (o->mem_limit_text && (r = dt_cli_mem_limit_parse(o->mem_limit_text, &o->mem_limit)) != 0) return r;
     if ((r = dt_cli_uneven_parse(&o->uneven, c)) != 0) return r;
     if ((r = dt_cli_mesh_parse(o->tp, c)) != 0) return r;
+    if ((r = dt_cli_pp_check_batch(c)) != 0) return r;
     return -1;
 }
 
