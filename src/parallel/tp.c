@@ -193,8 +193,9 @@ static dt_status tp_sync(dt_strategy *s) {
     for (int k = 0; saver && k < dt_optim_num_states(t->lopt); k++)
         if (!t->whole_m[k] && !(t->whole_m[k] = dt_alloc(dt_model_num_params(s->model) * sizeof(float))))
             return dt_mem_limit_hit()
-                       ? dt_error_wrap(DT_ENOMEM, "tensor parallel (world rank 0): checkpoints gather the whole "
-                                       "optimizer state on rank 0; run without --save, or raise --mem-limit")
+                       ? dt_error_wrap(DT_ENOMEM, "tensor parallel (world rank 0): evaluation and checkpoints "
+                                       "gather the whole optimizer state on rank 0; run without a test set "
+                                       "(--val-fraction 0) and --save, or raise --mem-limit")
                        : dt_error(DT_ENOMEM, "tensor parallel: out of memory for the whole optimizer state");
     DT_TRY(dt_tp_gather(t->mesh.tp_comm, s->model, t->local, t->lopt, t->K, group0 ? t->whole_m : NULL));
     dt_optim_set_steps(s->optim, dt_optim_steps(t->lopt));
