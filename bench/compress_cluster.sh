@@ -6,7 +6,9 @@
 #     300 plain steps (COMPRESSORS="..." picks others; the first is the speedups' baseline): time to test
 #     accuracy TARGET (0.85; epoch granularity: wall time at the end of the first epoch reaching it), the
 #     final accuracy, the bytes per step the compressor counted, the bytes it should send by its
-#     stated ratio, and the bytes host 1 really sent per step (veth counter, TCP/IP included);
+#     stated ratio, and the bytes host 1 really sent per step (veth counter: its data, TCP/IP/Ethernet
+#     headers, its ACKs of host 2's data, MPI's headers and dtrain's op check): over the whole run and
+#     over the steps after epoch 1 (without start-up: MPI wire-up, the parameter broadcast);
 #  2. 2 hosts x 2 ranks at RATE_COMM (1gbit): allreduce bus bandwidth, flat ring vs hierarchical,
 #     at 4 MiB and above (dtrain bench comm --allreduce flat,hier x3: interleaved in the same job,
 #     the best of each reported). Flat is what dtrain runs un-hierarchically (auto: Open MPI's
@@ -34,6 +36,8 @@ mpi() {  # NP SLOTS CMD...
     ${DTRAIN_HIER_LEADERS:+-x DTRAIN_HIER_LEADERS} "$@"
 }
 sent() { cat "/sys/class/net/$NAME-v1/statistics/rx_bytes"; }  # what host 1 sent into the bridge
+rcvd() { cat "/sys/class/net/$NAME-v1/statistics/tx_bytes"; }  # what the bridge sent host 1
+pkts() { cat "/sys/class/net/$NAME-v1/statistics/rx_packets"; }
 
 cpu=$(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -1)
 kern=$("$DT" bench train --model mlp --seconds 0.2 2>/dev/null | grep -E '^# (openblas|onednn|cpu)' | tr '\n' ' ')
@@ -47,10 +51,18 @@ PARTS=${PARTS:-train,comm}
 runs=()
 for c in ${COMPRESSORS:-none topk:0.01 powersgd:2 powersgd:2:warmup=300}; do
   [ "${PARTS#*train}" = "$PARTS" ] && break
-  b0=$(sent)
+  b0=$(sent) r0=$(rcvd) p0=$(pkts)
+  : >"$T/$c.jsonl"
   mpi 2 1 "$DT" train --data fashion-mnist --model "$MODEL" --epochs "$EPOCHS" --batch 32 --optimizer adam --lr 0.001 \
-    --compress "$c" --quiet --metrics "$T/$c.jsonl" >"$T/$c.log" 2>&1 || { echo "FAIL: $c: $(tail -3 "$T/$c.log")"; exit 1; }
-  runs+=("$c $(($(sent) - b0))")
+    --compress "$c" --quiet --metrics "$T/$c.jsonl" >"$T/$c.log" 2>&1 &
+  job=$! e1=
+  while kill -0 $job 2>/dev/null; do  # the counters when epoch 1 ends: the steps after it, without start-up
+    [ -z "$e1" ] && [ -s "$T/$c.jsonl" ] && e1="$(sent) $(rcvd) $(pkts)"
+    sleep 0.2
+  done
+  wait $job || { echo "FAIL: $c: $(tail -3 "$T/$c.log")"; exit 1; }
+  set -- ${e1:-$b0 $r0 $p0}
+  runs+=("$c $(($(sent) - b0)) $(($(rcvd) - r0)) $(($(pkts) - p0)) $(($(sent) - $1)) $(($(rcvd) - $2)) $(($(pkts) - $3))")
 done
 "$HOSTS" rate "$NAME" 2 "$RATE_COMM" || exit 1
 [ "${PARTS#*comm}" = "$PARTS" ] && : >"$T/comm.log" ||
@@ -85,7 +97,7 @@ def stated(c):  # bytes per step and rank by the compressor's own formula, bucke
     return 4 * sum(one(s) for b in buckets for s in b)
 rows, out = [], []
 for arg in sys.argv[7:]:
-    c, veth = arg.split()
+    c, veth, veth_in, veth_pkts, later, later_in, later_pkts = arg.split()
     recs = [json.loads(l) for l in open("%s/%s.jsonl" % (T, c))]
     hit = next((r for r in recs if r["test_acc"] >= target), None)
     steps = recs[-1]["step"]
@@ -94,20 +106,26 @@ for arg in sys.argv[7:]:
                      epoch_at_target=hit["epoch"] if hit else None, final_acc=recs[-1]["test_acc"],
                      wall_s=recs[-1]["wall_s"], step_ms=sum(r["epoch_s"] for r in recs) / steps * 1e3,
                      bytes_counted=sync.get("bytes_per_step"), bytes_stated=stated(c),
-                     veth_bytes_per_step=int(veth) / steps))
+                     veth_bytes_per_step=int(veth) / steps, veth_in_bytes_per_step=int(veth_in) / steps,
+                     veth_packets_per_step=int(veth_pkts) / steps))
+    if len(recs) > 1:  # after epoch 1: no start-up (MPI wire-up, the parameter broadcast, epoch 1's evaluation)
+        s2 = steps - recs[0]["step"]
+        rows[-1].update(later_veth_bytes_per_step=int(later) / s2, later_veth_in_bytes_per_step=int(later_in) / s2,
+                        later_veth_packets_per_step=int(later_pkts) / s2)
 base = rows[0] if rows else dict(epochs=0, time_to_target_s=None)
 print("\n# 2 hosts x 1 rank, links %s (tbf), %s (%d parameters, %d buckets), batch 32/rank, Adam 1e-3, %d epochs"
       % (rate_train, model, n, len(buckets), base["epochs"]))
-print("%-12s %10s %8s %9s %9s %12s %12s %12s %9s %9s" % ("compress", "t(%g) s" % target, "epoch", "final acc",
-      "step ms", "bytes/step", "stated", "veth B/step", "counted/", "speedup"))
+print("%-12s %10s %8s %9s %9s %12s %12s %12s %12s %9s %9s %9s" % ("compress", "t(%g) s" % target, "epoch", "final acc",
+      "step ms", "bytes/step", "stated", "veth B/step", "after ep.1", "veth/cnt", "counted/", "speedup"))
 for r in rows:
     sp = base["time_to_target_s"] / r["time_to_target_s"] if base["time_to_target_s"] and r["time_to_target_s"] else None
     r["speedup_to_target"] = sp
     r["counted_over_stated"] = r["bytes_counted"] / r["bytes_stated"] if r["bytes_counted"] else None
-    print("%-12s %10s %8s %9.4f %9.2f %12.0f %12.0f %12.0f %9.3f %9s" % (r["compress"],
+    later = r.get("later_veth_bytes_per_step", r["veth_bytes_per_step"])
+    print("%-12s %10s %8s %9.4f %9.2f %12.0f %12.0f %12.0f %12.0f %9.3f %9.3f %9s" % (r["compress"],
           "%.1f" % r["time_to_target_s"] if r["time_to_target_s"] else "-", r["epoch_at_target"] or "-", r["final_acc"],
-          r["step_ms"], r["bytes_counted"] or 0, r["bytes_stated"], r["veth_bytes_per_step"],
-          r["counted_over_stated"] or 0, "%.2fx" % sp if sp else "-"))
+          r["step_ms"], r["bytes_counted"] or 0, r["bytes_stated"], r["veth_bytes_per_step"], later,
+          later / r["bytes_counted"] if r["bytes_counted"] else 0, r["counted_over_stated"] or 0, "%.2fx" % sp if sp else "-"))
 res = {}
 for line in open(T + "/comm.log"):
     if line.startswith("{"):
