@@ -2,7 +2,8 @@
 # Tensor and pipeline parallelism across two emulated hosts (network namespaces with their own
 # hostnames, joined by mpirun through scripts/netns-hosts; traffic over TCP on the veths): --tp 2
 # and --pp 2 (one rank per host: every tensor-parallel allreduce and every activation crosses the
-# link) and dp2 x tp2 (2 ranks per host: tensor parallel within a host, data parallel across).
+# link), dp2 x tp2 (2 ranks per host: tensor parallel within a host, data parallel across) and
+# tp2 x pp2 (a pipeline stage per host, its tensor-parallel pair within it).
 # Each run equals the same layout on one host (shm workers): the train and test losses of every
 # epoch as printed, and the final parameters and optimizer state bit for bit (2-rank reductions
 # are exact in any order). Skips (77) without root / ip netns, mpirun or an MPI build; the hosts
@@ -67,5 +68,7 @@ check "tp2" --tp 2 --workers 2 --batch 8 -- 1,1 2 --tp 2 --batch 8
 check "pp2 (1F1B, 4 micro-batches)" --pp 2 --workers 2 --microbatches 4 --pp-schedule 1f1b --batch 8 -- \
   1,1 2 --pp 2 --microbatches 4 --pp-schedule 1f1b --batch 8
 check "dp2 x tp2" --tp 2 --workers 4 --batch 4 -- 2,2 4 --tp 2 --batch 4
+check "tp2 x pp2 (a stage per host)" --tp 2 --pp 2 --workers 4 --microbatches 2 --batch 8 -- \
+  2,2 4 --tp 2 --pp 2 --microbatches 2 --batch 8
 echo "mesh_netns: $checks checks, $fails failures"
 [ $fails -eq 0 ]
