@@ -65,6 +65,58 @@ PY
   else bad "PyTorch loss '$t' vs dtrain eval '$loss'"; fi
 else echo "note: no torch; the PyTorch load check is skipped"; fi
 
+# checkpoints between ZeRO and tensor parallelism, on a GPT (tp splits its heads, MLP and
+# vocabulary), against 1 worker at the same global batch of 8 (tp.sh's tolerance: 1e-4 after AdamW
+# steps at lr 3e-3, float rounding of other GEMM shapes): a --zero 3 checkpoint of 4 ranks (an
+# index and 4 shards) resumes under tp2 and dp2 x tp2, whose ranks read their tp shards from the
+# ZeRO shards; a tp2 checkpoint (one file) resumes under --zero 2 at 2 ranks and --zero 3 at 4
+awk 'BEGIN { srand(5); split("in the beginning god created heaven and earth . and the earth was without form", w, " ");
+       for (n = 0; n < 40000; ) { l = ""; for (k = 0; k < 12; k++) l = l (k ? " " : "") w[int(rand() * 16) + 1];
+       print l; n += length(l) + 1 } }' >"$TMP/corpus.txt"
+cat >"$TMP/cmp.py" <<'PY'
+# cmp.py A B TOL: the model tensors (optim.* left out) of A and B have the same names and shapes and
+# max |A - B| <= TOL (prints it)
+import array, json, struct, sys
+def tensors(p):
+    raw = open(p, "rb").read(); n = struct.unpack("<Q", raw[:8])[0]; h = json.loads(raw[8:8 + n]); h.pop("__metadata__", None)
+    out = {}
+    for k, v in h.items():
+        if k.startswith("optim."): continue
+        a = array.array("f"); a.frombytes(raw[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]])
+        out[k] = (v["shape"], a)
+    return out
+a, b = tensors(sys.argv[1]), tensors(sys.argv[2])
+assert a.keys() == b.keys(), sorted(set(a) ^ set(b))
+assert all(a[k][0] == b[k][0] for k in a), [k for k in a if a[k][0] != b[k][0]]
+d = max(max(abs(x - y) for x, y in zip(a[k][1], b[k][1])) for k in a)
+print("%.3g" % d)
+sys.exit(0 if d <= float(sys.argv[3]) else 1)
+PY
+gpt() { $DT train --data "text:$TMP/corpus.txt" --model "gpt:L=2,H=4,C=32,T=32" --optimizer adamw --lr 3e-3 --quiet "$@"; }
+close() { python3 "$TMP/cmp.py" "$@"; }
+N=16 H=8
+gpt --batch 8 --max-steps $N --save "$TMP/g1.st" >/dev/null 2>&1 || bad "gpt on 1 worker"
+gpt --workers 4 --zero 3 --batch 2 --max-steps $H --save "$TMP/gz3.st" >/dev/null 2>&1 || bad "gpt --zero 3 at 4 ranks, half"
+gpt --tp 2 --workers 2 --batch 8 --max-steps $H --save "$TMP/gtp.st" >/dev/null 2>&1 || bad "gpt tp2, half"
+[ -f "$TMP/gz3.st.r3-of-4" ] && [ ! -f "$TMP/gtp.st.r0-of-2" ] || bad "expected a 4-shard ZeRO checkpoint and a one-file tp2 one"
+for lay in "2 8" "4 4"; do
+  set -- $lay
+  out=$(gpt --tp 2 --workers "$1" --batch "$2" --max-steps $N --resume "$TMP/gz3.st" --save "$TMP/rtp$1.st" 2>&1) \
+    || bad "--zero 3 checkpoint resumed under tp2 on $1 ranks: $out"
+  d=$(close "$TMP/g1.st" "$TMP/rtp$1.st" 1e-4) \
+    && ok "saved at 4 ranks --zero 3, resumed under tp2 x dp$(($1 / 2)): params within $d of 1 worker's" \
+    || bad "--zero 3 -> tp2 x dp$(($1 / 2)): $d"
+done
+for lay in "2 2 4" "3 4 2"; do
+  set -- $lay
+  out=$(gpt --zero "$1" --workers "$2" --batch "$3" --max-steps $N --resume "$TMP/gtp.st" --save "$TMP/rz$1.st" 2>&1) \
+    || bad "tp2 checkpoint resumed under --zero $1 on $2 ranks: $out"
+  $DT ckpt consolidate "$TMP/rz$1.st" -o "$TMP/rz$1c.st" >/dev/null 2>&1 || bad "consolidate rz$1.st"
+  d=$(close "$TMP/g1.st" "$TMP/rz$1c.st" 1e-4) \
+    && ok "saved under tp2, resumed at $2 ranks --zero $1: params within $d of 1 worker's" \
+    || bad "tp2 -> --zero $1 at $2 ranks: $d"
+done
+
 # --elastic --zero 2: slot 2 of 3 is killed once at start and once after a checkpoint exists
 D="$TMP/ck"
 STEPS=${DTRAIN_SANITIZED:+120}
