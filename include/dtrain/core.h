@@ -130,6 +130,10 @@ bool dt_mem_limit_hit(void);
 size_t dt_mem_release(void *p, size_t bytes);
 /* Counts bytes released earlier that are about to be written again; DT_ENOMEM over the limit. */
 dt_status dt_mem_reacquire(size_t bytes);
+/* Maps the whole pages inside [p, p + bytes) writable now, zero-filled where released, in one call
+ * (MADV_POPULATE_WRITE) instead of a fault per page, and two where a page is read before it is
+ * written (accumulating into a released gradient). Contents are kept. A kernel without it: no-op. */
+void dt_mem_populate(void *p, size_t bytes);
 /* The peak resident set of this process as the OS counts it (VmHWM), in bytes; 0 if unknown. */
 size_t dt_mem_os_peak(void);
 
