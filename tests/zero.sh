@@ -1,4 +1,5 @@
-# ZeRO with the real command: --mem-limit refuses a model whose state (16 bytes a parameter with
+# ZeRO with the real command (also: checkpoints between ZeRO and tp2, --save-weights under ZeRO,
+# below): --mem-limit refuses a model whose state (16 bytes a parameter with
 # Adam) does not fit one rank, with exit 78 and a message naming the limit, while --zero 3 on 4
 # ranks trains it under the same limit; --dry-run predicts both; and --elastic with --zero 2
 # after kill -9 of one of 3 workers (the same slot twice: the supervisor drops it) finishes at

@@ -123,9 +123,9 @@ int dt_bench_zero(int argc, char **argv) {
     printf("# the machine is shared (other jobs load its cores): step times are noisy, compare ratios\n");
     printf("# cpu_s: CPU seconds of a step (user + system, all threads; the mean over the ranks): the load-robust\n"
            "# figure; faults: minor page faults of a step (pages given back and touched again); plan: --dry-run's\n"
-           "# bytes for the rank against the peak\n");
-    printf("%5s %5s %10s %10s %8s %9s %7s %7s %8s %8s %8s %7s %9s\n", "stage", "ranks", "peak_MB", "formula_MB",
-           "act_MB", "setup_MB", "ratio", "plan", "step_s", "vs_ddp", "cpu_s", "cpu_vs", "faults");
+           "# bytes for the rank against the peak; shm_MB: the transport's shared slots in the peak\n");
+    printf("%5s %5s %10s %10s %8s %9s %7s %7s %7s %8s %8s %8s %7s %9s\n", "stage", "ranks", "peak_MB", "formula_MB",
+           "act_MB", "setup_MB", "shm_MB", "ratio", "plan", "step_s", "vs_ddp", "cpu_s", "cpu_vs", "faults");
     char json[16384];
     int jn = snprintf(json, sizeof json, "{\"bench\": \"zero\", \"model\": \"%s\", \"params\": %.0f, \"cases\": [", spec, P);
     int done = 0;
@@ -154,8 +154,9 @@ int dt_bench_zero(int argc, char **argv) {
             double want = formula(stages[k], N, P) + res[0].p.activations + plan.gathered;
             if (stages[k] == 0) ddp_step = step, ddp_cpu = cpu;
             double vs = ddp_step > 0 ? ddp_step / step : 0, cvs = ddp_cpu > 0 ? ddp_cpu / cpu : 0;
-            printf("%5d %5d %10.1f %10.1f %8.1f %9.1f %7.3f %7.3f %8.3f %7.2fx %8.3f %6.2fx %9.0f\n", stages[k], N,
-                   peak / 1048576, want / 1048576, res[0].p.activations / 1048576, setup / 1048576, peak / want,
+            printf("%5d %5d %10.1f %10.1f %8.1f %9.1f %7.1f %7.3f %7.3f %8.3f %7.2fx %8.3f %6.2fx %9.0f\n", stages[k], N,
+                   peak / 1048576, want / 1048576, res[0].p.activations / 1048576, setup / 1048576,
+                   res[0].p.shmem / 1048576, peak / want,
                    plan.total > 0 ? peak / plan.total : 0, step, vs, cpu, cvs, faults);
             fflush(stdout);
             if (jn < (int)sizeof json - 256)

@@ -64,6 +64,7 @@ dt_status dt_mem_probe_gpt(const char *gpt_spec, const char *strategy, dt_comm *
     memset(out, 0, sizeof *out);
     if (batch < 1 || steps < 1) return dt_error(DT_EINVAL, "memory probe: batch %d, steps %d: need 1 or more", batch, steps);
     out->base = status_bytes("VmRSS");
+    const double shm0 = status_bytes("RssShmem");
     dt_gpt_config g;
     DT_TRY(dt_gpt_parse(gpt_spec, &g));
     dt_model *m = NULL;
@@ -79,6 +80,7 @@ dt_status dt_mem_probe_gpt(const char *gpt_spec, const char *strategy, dt_comm *
         out->setup_peak = status_bytes("VmHWM");
         out->activations = (double)dt_model_activation_bytes(m, batch);
         st = train_steps(s, &g, batch, steps, comm ? dt_comm_size(comm) : 1, out);
+        out->shmem = status_bytes("RssShmem") - shm0;
     }
     dt_strategy_destroy(s);
     dt_optim_free(o);
