@@ -96,6 +96,7 @@ PY
 gpt() { $DT train --data "text:$TMP/corpus.txt" --model "gpt:L=2,H=4,C=32,T=32" --optimizer adamw --lr 3e-3 --quiet "$@"; }
 close() { python3 "$TMP/cmp.py" "$@"; }
 N=16 H=8
+[ -n "${DTRAIN_SANITIZED:-}" ] && N=6 H=3  # fewer steps under the sanitizers
 gpt --batch 8 --max-steps $N --save "$TMP/g1.st" >/dev/null 2>&1 || bad "gpt on 1 worker"
 gpt --workers 4 --zero 3 --batch 2 --max-steps $H --save "$TMP/gz3.st" >/dev/null 2>&1 || bad "gpt --zero 3 at 4 ranks, half"
 gpt --tp 2 --workers 2 --batch 8 --max-steps $H --save "$TMP/gtp.st" >/dev/null 2>&1 || bad "gpt tp2, half"
