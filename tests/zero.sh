@@ -74,27 +74,8 @@ else echo "note: no torch; the PyTorch load check is skipped"; fi
 awk 'BEGIN { srand(5); split("in the beginning god created heaven and earth . and the earth was without form", w, " ");
        for (n = 0; n < 40000; ) { l = ""; for (k = 0; k < 12; k++) l = l (k ? " " : "") w[int(rand() * 16) + 1];
        print l; n += length(l) + 1 } }' >"$TMP/corpus.txt"
-cat >"$TMP/cmp.py" <<'PY'
-# cmp.py A B TOL: the model tensors (optim.* left out) of A and B have the same names and shapes and
-# max |A - B| <= TOL (prints it)
-import array, json, struct, sys
-def tensors(p):
-    raw = open(p, "rb").read(); n = struct.unpack("<Q", raw[:8])[0]; h = json.loads(raw[8:8 + n]); h.pop("__metadata__", None)
-    out = {}
-    for k, v in h.items():
-        if k.startswith("optim."): continue
-        a = array.array("f"); a.frombytes(raw[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]])
-        out[k] = (v["shape"], a)
-    return out
-a, b = tensors(sys.argv[1]), tensors(sys.argv[2])
-assert a.keys() == b.keys(), sorted(set(a) ^ set(b))
-assert all(a[k][0] == b[k][0] for k in a), [k for k in a if a[k][0] != b[k][0]]
-d = max(max(abs(x - y) for x, y in zip(a[k][1], b[k][1])) for k in a)
-print("%.3g" % d)
-sys.exit(0 if d <= float(sys.argv[3]) else 1)
-PY
 gpt() { $DT train --data "text:$TMP/corpus.txt" --model "gpt:L=2,H=4,C=32,T=32" --optimizer adamw --lr 3e-3 --quiet "$@"; }
-close() { python3 "$TMP/cmp.py" "$@"; }
+close() { python3 "$(dirname "$0")/st_maxdiff.py" "$@" --model-only; }
 N=16 H=8
 [ -n "${DTRAIN_SANITIZED:-}" ] && N=6 H=3  # fewer steps under the sanitizers
 gpt --batch 8 --max-steps $N --save "$TMP/g1.st" >/dev/null 2>&1 || bad "gpt on 1 worker"
