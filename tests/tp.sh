@@ -21,27 +21,10 @@ while len(text) < 40000:
     text += " ".join(random.choice(words) for _ in range(12)) + "\n"
 open(sys.argv[1], "w").write(text)
 PY
-cat > "$TMP/cmp.py" <<'PY'
-# cmp.py A B TOL: same tensor names and shapes, max |A - B| <= TOL (prints it)
-import array, json, struct, sys
-def tensors(p):
-    raw = open(p, "rb").read(); n = struct.unpack("<Q", raw[:8])[0]; h = json.loads(raw[8:8 + n]); h.pop("__metadata__", None)
-    out = {}
-    for k, v in h.items():
-        a = array.array("f"); a.frombytes(raw[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]])
-        out[k] = (v["shape"], a)
-    return out
-a, b = tensors(sys.argv[1]), tensors(sys.argv[2])
-assert a.keys() == b.keys(), sorted(set(a) ^ set(b))
-assert all(a[k][0] == b[k][0] for k in a), [k for k in a if a[k][0] != b[k][0]]
-d = max(max(abs(x - y) for x, y in zip(a[k][1], b[k][1])) for k in a)
-print("%.3g" % d)
-sys.exit(0 if d <= float(sys.argv[3]) else 1)
-PY
 M="gpt:L=2,H=4,C=32,T=32"
 D="text:$TMP/corpus.txt"
 run() { $DT train --data "$D" --model "$M" --optimizer adamw --lr 3e-3 --quiet "$@"; }
-close() { python3 "$TMP/cmp.py" "$@"; }
+close() { python3 "$(dirname "$0")/st_maxdiff.py" "$@"; }
 N=30 H=12  # steps, and where the resumed runs were saved (fewer under the sanitizers)
 [ -n "${DTRAIN_SANITIZED:-}" ] && N=10 H=4
 loss_of() { sed -n 's/.*train_loss \([0-9.]*\).*test_loss \([0-9.]*\).*/\1 \2/p' <<<"$1" | tail -1; }

@@ -1,4 +1,5 @@
-# ZeRO with the real command: --mem-limit refuses a model whose state (16 bytes a parameter with
+# ZeRO with the real command (also: checkpoints between ZeRO and tp2, --save-weights under ZeRO,
+# below): --mem-limit refuses a model whose state (16 bytes a parameter with
 # Adam) does not fit one rank, with exit 78 and a message naming the limit, while --zero 3 on 4
 # ranks trains it under the same limit; --dry-run predicts both; and --elastic with --zero 2
 # after kill -9 of one of 3 workers (the same slot twice: the supervisor drops it) finishes at
@@ -64,6 +65,59 @@ PY
     ok "PyTorch loads the consolidated file (strict) and gets dtrain's loss ($t vs $loss)"
   else bad "PyTorch loss '$t' vs dtrain eval '$loss'"; fi
 else echo "note: no torch; the PyTorch load check is skipped"; fi
+
+# checkpoints between ZeRO and tensor parallelism, on a GPT (tp splits its heads, MLP and
+# vocabulary), against 1 worker at the same global batch of 8 (tp.sh's tolerance: 1e-4 after AdamW
+# steps at lr 3e-3, float rounding of other GEMM shapes): a --zero 3 checkpoint of 4 ranks (an
+# index and 4 shards) resumes under tp2 and dp2 x tp2, whose ranks read their tp shards from the
+# ZeRO shards; a tp2 checkpoint (one file) resumes under --zero 2 at 2 ranks and --zero 3 at 4
+awk 'BEGIN { srand(5); split("in the beginning god created heaven and earth . and the earth was without form", w, " ");
+       for (n = 0; n < 40000; ) { l = ""; for (k = 0; k < 12; k++) l = l (k ? " " : "") w[int(rand() * 16) + 1];
+       print l; n += length(l) + 1 } }' >"$TMP/corpus.txt"
+gpt() { $DT train --data "text:$TMP/corpus.txt" --model "gpt:L=2,H=4,C=32,T=32" --optimizer adamw --lr 3e-3 --quiet "$@"; }
+close() { python3 "$(dirname "$0")/st_maxdiff.py" "$@" --model-only; }
+N=16 H=8
+[ -n "${DTRAIN_SANITIZED:-}" ] && N=6 H=3  # fewer steps under the sanitizers
+gpt --batch 8 --max-steps $N --save "$TMP/g1.st" >/dev/null 2>&1 || bad "gpt on 1 worker"
+gpt --workers 4 --zero 3 --batch 2 --max-steps $H --save "$TMP/gz3.st" >/dev/null 2>&1 || bad "gpt --zero 3 at 4 ranks, half"
+gpt --tp 2 --workers 2 --batch 8 --max-steps $H --save "$TMP/gtp.st" >/dev/null 2>&1 || bad "gpt tp2, half"
+[ -f "$TMP/gz3.st.r3-of-4" ] && [ ! -f "$TMP/gtp.st.r0-of-2" ] || bad "expected a 4-shard ZeRO checkpoint and a one-file tp2 one"
+for lay in "2 8" "4 4"; do
+  set -- $lay
+  out=$(gpt --tp 2 --workers "$1" --batch "$2" --max-steps $N --resume "$TMP/gz3.st" --save "$TMP/rtp$1.st" 2>&1) \
+    || bad "--zero 3 checkpoint resumed under tp2 on $1 ranks: $out"
+  d=$(close "$TMP/g1.st" "$TMP/rtp$1.st" 1e-4) \
+    && ok "saved at 4 ranks --zero 3, resumed under tp2 x dp$(($1 / 2)): params within $d of 1 worker's" \
+    || bad "--zero 3 -> tp2 x dp$(($1 / 2)): $d"
+done
+for lay in "2 2 4" "3 4 2"; do
+  set -- $lay
+  out=$(gpt --zero "$1" --workers "$2" --batch "$3" --max-steps $N --resume "$TMP/gtp.st" --save "$TMP/rz$1.st" 2>&1) \
+    || bad "tp2 checkpoint resumed under --zero $1 on $2 ranks: $out"
+  $DT ckpt consolidate "$TMP/rz$1.st" -o "$TMP/rz$1c.st" >/dev/null 2>&1 || bad "consolidate rz$1.st"
+  d=$(close "$TMP/g1.st" "$TMP/rz$1c.st" 1e-4) \
+    && ok "saved under tp2, resumed at $2 ranks --zero $1: params within $d of 1 worker's" \
+    || bad "tp2 -> --zero $1 at $2 ranks: $d"
+done
+
+# --save-weights under ZeRO: rank 0 assembles the whole model from the pieces every rank's state
+# visitor reports (as `ckpt consolidate` reads them from the shards): at 2 ranks the file of each
+# stage is byte for byte plain ddp's (--normalize folded in; a batchnorm's running stats come from
+# rank 0's buffers); at 3 ranks --zero 3's file holds the tensors of the checkpoint the same run
+# wrote, consolidated
+for z in 0 1 2 3; do
+  $DT train --data "$TMP/d.csv" --model "linear(16) batchnorm relu linear(4)" --batch 8 --epochs 2 --max-steps 60 \
+    --workers 2 --zero $z --normalize --quiet --save-weights "$TMP/w$z.st" >"$TMP/w$z.log" 2>&1 || bad "--save-weights --zero $z: $(cat "$TMP/w$z.log")"
+done
+for z in 1 2 3; do
+  cmp -s "$TMP/w0.st" "$TMP/w$z.st" && ok "--save-weights at 2 ranks --zero $z: the same file as plain ddp" \
+    || bad "--save-weights --zero $z differs from ddp's file"
+done
+$DT train --data "$TMP/d.csv" --model "$SMALL" --batch 8 --epochs 1 --max-steps 20 --workers 3 --zero 3 --quiet \
+  --save "$TMP/w3c.st" --save-weights "$TMP/w3w.st" >/dev/null 2>&1 || bad "--zero 3 at 3 ranks with --save-weights"
+$DT ckpt consolidate "$TMP/w3c.st" -o "$TMP/w3one.st" >/dev/null 2>&1 || bad "consolidate w3c.st"
+d=$(close "$TMP/w3one.st" "$TMP/w3w.st" 0) && ok "--save-weights at 3 ranks --zero 3: the consolidated checkpoint's tensors exactly" \
+  || bad "--save-weights at 3 ranks --zero 3 vs consolidate: $d"
 
 # --elastic --zero 2: slot 2 of 3 is killed once at start and once after a checkpoint exists
 D="$TMP/ck"

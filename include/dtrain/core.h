@@ -156,6 +156,10 @@ void dt_mem_uncharge(size_t bytes);
 /* Gives the whole pages inside [p, p + bytes) back to the OS (they read as zeros afterwards)
  * without changing what is counted (the owner of a reserved block counts). */
 void dt_mem_discard(void *p, size_t bytes);
+/* Maps the whole pages inside [p, p + bytes) writable now, zero-filled where released, in one call
+ * (MADV_POPULATE_WRITE) instead of a fault per page, and two where a page is read before it is
+ * written (accumulating into a released gradient). Contents are kept. A kernel without it: no-op. */
+void dt_mem_populate(void *p, size_t bytes);
 /* The peak resident set of this process as the OS counts it (VmHWM), in bytes; 0 if unknown. */
 size_t dt_mem_os_peak(void);
 

@@ -38,6 +38,11 @@ dt_status dt_weights_spec(const char *path, char *spec, size_t cap, int *C, int 
  * the layer when the first layer cannot take it (a padded conv, a layernorm). m is unchanged. */
 dt_status dt_weights_save(const dt_model *m, const char *path, const dt_input_norm *norm, int C, int H, int W);
 
+/* The same with the values taken from params and buffers (whole-model slabs in m's layout, e.g.
+ * assembled from the shards of the ranks) instead of m's own; norm is folded into them in place. */
+dt_status dt_weights_save_slabs(const dt_model *m, float *params, float *buffers, const char *path,
+                                const dt_input_norm *norm, int C, int H, int W);
+
 /* DT_OK when dt_weights_save can fold norm into m's first layer, else its DT_EINVAL. */
 dt_status dt_weights_check_fold(const dt_model *m, const dt_input_norm *norm);
 

@@ -54,6 +54,10 @@ typedef struct {
     double peak;         /* VmHWM over the training steps (reset after set-up) */
     double step_s;       /* mean seconds of a step after the first */
     double activations;  /* dt_model_activation_bytes at the batch */
+    double cpu_s;        /* mean CPU seconds of a step after the first (user + system, every thread of the rank) */
+    double faults;       /* mean minor page faults of a step after the first */
+    double shmem;        /* RssShmem after the steps less before: the transport's shared slots this rank
+                          * touched (in its peak; every rank that maps a page counts it whole) */
 } dt_mem_probe;
 
 /* Trains the GPT of gpt_spec under strategy spec (NULL or "single": one process, comm NULL)

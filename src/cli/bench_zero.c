@@ -121,26 +121,30 @@ int dt_bench_zero(int argc, char **argv) {
            P / 1e6, B, g.T);
     dt_bench_print_machine();
     printf("# the machine is shared (other jobs load its cores): step times are noisy, compare ratios\n");
-    printf("%5s %5s %12s %12s %12s %12s %8s %10s %9s\n", "stage", "ranks", "peak_MB", "formula_MB", "act_MB",
-           "setup_MB", "ratio", "step_s", "vs_ddp");
-    char json[8192];
+    printf("# cpu_s: CPU seconds of a step (user + system, all threads; the mean over the ranks): the load-robust\n"
+           "# figure; faults: minor page faults of a step (pages given back and touched again); plan: --dry-run's\n"
+           "# bytes for the rank against the peak; shm_MB: the transport's shared slots in the peak\n");
+    printf("%5s %5s %10s %10s %8s %9s %7s %7s %7s %8s %8s %8s %7s %9s\n", "stage", "ranks", "peak_MB", "formula_MB",
+           "act_MB", "setup_MB", "shm_MB", "ratio", "plan", "step_s", "vs_ddp", "cpu_s", "cpu_vs", "faults");
+    char json[16384];
     int jn = snprintf(json, sizeof json, "{\"bench\": \"zero\", \"model\": \"%s\", \"params\": %.0f, \"cases\": [", spec, P);
     int done = 0;
     for (int i = 0; i < nr; i++) {
         const int N = ranks[i];
-        double ddp_step = 0;
+        double ddp_step = 0, ddp_cpu = 0;
         for (int k = 0; k < ns; k++) {
             zcase res[8];
             if (N < 1 || N > 8 || run_case(spec, stages[k], N, B, steps, res) != 0) {
                 printf("%5d %5d  failed\n", stages[k], N);
                 continue;
             }
-            double peak = 0, setup = 0, step = 0;
+            double peak = 0, setup = 0, step = 0, cpu = 0, faults = 0;
             for (int r = 0; r < N; r++) {
                 const dt_mem_probe *q = &res[r].p;
                 if (q->peak - q->base > peak) peak = q->peak - q->base;
                 if (q->setup_peak - q->base > setup) setup = q->setup_peak - q->base;
                 if (q->step_s > step) step = q->step_s;
+                cpu += q->cpu_s / N, faults += q->faults / N;
             }
             /* stage 3 adds the gathered layers in flight (the plan's: the two largest buckets) */
             dt_mem_layout lay = {.dp = N, .tp = 1, .pp = 1, .zero = stages[k], .microbatches = 1, .batch = B};
@@ -148,17 +152,21 @@ int dt_bench_zero(int argc, char **argv) {
             dt_mem_plan plan = {0};
             if (dt_mem_plan_rank(probe, &oc, &lay, 0, &plan) != DT_OK) plan.gathered = 0;
             double want = formula(stages[k], N, P) + res[0].p.activations + plan.gathered;
-            if (stages[k] == 0) ddp_step = step;
-            double vs = ddp_step > 0 ? ddp_step / step : 0;
-            printf("%5d %5d %12.1f %12.1f %12.1f %12.1f %8.3f %10.3f %8.2fx\n", stages[k], N, peak / 1048576,
-                   want / 1048576, res[0].p.activations / 1048576, setup / 1048576, peak / want, step, vs);
+            if (stages[k] == 0) ddp_step = step, ddp_cpu = cpu;
+            double vs = ddp_step > 0 ? ddp_step / step : 0, cvs = ddp_cpu > 0 ? ddp_cpu / cpu : 0;
+            printf("%5d %5d %10.1f %10.1f %8.1f %9.1f %7.1f %7.3f %7.3f %8.3f %7.2fx %8.3f %6.2fx %9.0f\n", stages[k], N,
+                   peak / 1048576, want / 1048576, res[0].p.activations / 1048576, setup / 1048576,
+                   res[0].p.shmem / 1048576, peak / want,
+                   plan.total > 0 ? peak / plan.total : 0, step, vs, cpu, cvs, faults);
             fflush(stdout);
             if (jn < (int)sizeof json - 256)
                 jn += snprintf(json + jn, sizeof json - (size_t)jn,
                                "%s{\"stage\": %d, \"ranks\": %d, \"peak_bytes\": %.0f, \"formula_bytes\": %.0f, "
                                "\"activation_bytes\": %.0f, \"setup_peak_bytes\": %.0f, \"step_s\": %.4f, "
-                               "\"throughput_vs_ddp\": %.3f}",
-                               done++ ? ", " : "", stages[k], N, peak, want, res[0].p.activations, setup, step, vs);
+                               "\"throughput_vs_ddp\": %.3f, \"plan_bytes\": %.0f, \"cpu_s\": %.4f, "
+                               "\"cpu_vs_ddp\": %.3f, \"faults\": %.0f}",
+                               done++ ? ", " : "", stages[k], N, peak, want, res[0].p.activations, setup, step, vs,
+                               plan.total, cpu, cvs, faults);
         }
     }
     snprintf(json + jn, sizeof json - (size_t)jn, "]}");

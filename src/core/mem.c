@@ -148,6 +148,16 @@ dt_status dt_mem_charge(size_t bytes, const char *what) {
 
 void dt_mem_uncharge(size_t bytes) { atomic_fetch_sub(&g_used, bytes); }
 
+void dt_mem_populate(void *p, size_t bytes) {
+#ifdef MADV_POPULATE_WRITE
+    uintptr_t a = ((uintptr_t)p + PAGE - 1) & ~(uintptr_t)(PAGE - 1);
+    uintptr_t b = ((uintptr_t)p + bytes) & ~(uintptr_t)(PAGE - 1);
+    if (b > a) (void)madvise((void *)a, b - a, MADV_POPULATE_WRITE);  /* EINVAL before Linux 5.14: faults as before */
+#else
+    (void)p, (void)bytes;
+#endif
+}
+
 dt_status dt_mem_reacquire(size_t bytes) {
     g_hit = false;
     return charge(bytes, "gathering released memory") ? DT_OK : DT_ENOMEM;

@@ -289,6 +289,12 @@ dt_status dt_strategy_data_part(const dt_strategy_entry *e, const void *opts, in
 /* Visits this rank's training state through ops->visit_state (see dt_state_piece). */
 dt_status dt_strategy_visit_state(dt_strategy *s, dt_state_visit_fn fn, void *ctx);
 
+/* Collective over s->comm: the whole model's parameters and buffers written into params and
+ * buffers (whole-model slabs, m's layout; used on root only) on rank root, from the parameter and
+ * buffer pieces every rank's visitor reports (a sharded strategy: each rank its own). DT_EINTERNAL
+ * on root when the pieces do not cover the model. */
+dt_status dt_strategy_gather_model(dt_strategy *s, int root, float *params, float *buffers);
+
 /* This rank's bus bytes per mesh axis (tp, pp, dp) since the start (ops->axis_bytes or s->comm's). */
 void dt_strategy_axis_bytes(dt_strategy *s, uint64_t bytes[3]);
 

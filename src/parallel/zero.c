@@ -116,12 +116,15 @@ static bool part_done(zero *z, dt_request **rq, bool *done) {
     return d;
 }
 
+int dt_zero_inflight_cap(int stage) { return stage >= 3 ? 1 : 2; }
+
 /* Stage >= 2: completes the issued buckets whose reduce has finished, so that their gradient
  * pages go back while backward runs on, and waits for the oldest ones while more than
- * ZERO_INFLIGHT are in flight: the gradient memory stays the shard plus a few buckets even when
- * the communication falls behind. */
-enum { ZERO_INFLIGHT = 2 };
-static void poll(dt_strategy *s, zero *z) {
+ * dt_zero_inflight_cap are in flight: the gradient memory stays the shard plus a few buckets even
+ * when the communication falls behind. Also called before each node's backward (zero_params.c),
+ * so a bucket reduced meanwhile gives its pages back before the node writes new ones. */
+void dt_zero_poll(dt_strategy *s, zero *z) {
+    const int cap = dt_zero_inflight_cap(z->stage);
     int inflight = 0;
     for (int i = 0; i < z->next; i++) {
         zbucket *b = &z->b[i];
@@ -131,7 +134,7 @@ static void poll(dt_strategy *s, zero *z) {
         }
         if (z->err == DT_OK) reduced(s, z, i);
     }
-    for (int i = 0; i < z->next && inflight > ZERO_INFLIGHT; i++) {
+    for (int i = 0; i < z->next && inflight > cap; i++) {
         if (z->b[i].reduced) continue;
         dt_status st = finish(s, z, i);
         if (st != DT_OK) dt_zero_hook_error(z, st), z->b[i].reduced = true;
@@ -147,7 +150,7 @@ static void zero_ready(dt_strategy *s, size_t off, size_t n) {
         issue(s, z, z->next++);
         z->early++;
     }
-    if (z->stage >= 2) poll(s, z);
+    if (z->stage >= 2) dt_zero_poll(s, z);
 }
 
 static void zero_begin(dt_strategy *s, int64_t step) {

@@ -29,4 +29,8 @@ dt_status dt_zero_create(dt_strategy *s, double bucket_mb, int stage);
  * bucket start: N equal chunks of n / N, the remainder (< N) to the last rank. */
 void dt_zero_chunk(size_t n, int r, int N, size_t *off, size_t *len);
 
+/* Gradient buckets a rank of ZeRO stage (2 or 3) lets reduce while backward fills the next one
+ * (stage 3: one, so its gradients in flight are two buckets, as its parameter gathers are). */
+int dt_zero_inflight_cap(int stage);
+
 #endif

@@ -58,6 +58,9 @@ void dt_zero_params_release_all(dt_strategy *s, zero *z);
 void dt_zero_params_replay(dt_strategy *s, zero *z);
 /* Stage 3: waits for the gathers in flight; frees the hooks' tables. */
 void dt_zero_params_free(zero *z);
+/* Stage >= 2 (zero.c): gives back the gradient pages of the buckets whose reduce finished and waits
+ * for the oldest while more than dt_zero_inflight_cap(stage) are in flight. */
+void dt_zero_poll(dt_strategy *s, zero *z);
 /* Records the first hook error (with the last error's message). */
 void dt_zero_hook_error(zero *z, dt_status st);
 

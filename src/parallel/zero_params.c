@@ -77,12 +77,19 @@ static void backward_hook(void *ctx, int node) {
     dt_strategy *s = ctx;
     zero *z = s->impl;
     const int *need = needs(z, node);
-    for (int k = 0; k < ZERO_NODE_BUCKETS && need[k] >= 0; k++) {  /* backward writes these gradients again */
+    if (need[0] < 0) return;
+    /* first the parameters no longer needed go and the reduced buckets give their gradient pages
+     * back, then the pages backward is about to accumulate into come back (mapped at once) */
+    if (z->stage == 3 && !z->full) visit(s, z, node, z->bwd_next[node]);
+    if (z->stage >= 2) dt_zero_poll(s, z);
+    for (int k = 0; k < ZERO_NODE_BUCKETS && need[k] >= 0; k++) {
         zbucket *b = &z->b[need[k]];
-        if (b->gfree && b->grel) dt_zero_hook_error(z, dt_mem_reacquire(b->grel));
+        if (b->gfree && b->grel) {
+            dt_zero_hook_error(z, dt_mem_reacquire(b->grel));
+            dt_mem_populate(dt_model_grads(s->model) + b->lo, (b->hi - b->lo) * sizeof(float));
+        }
         b->gfree = false, b->grel = 0;
     }
-    if (z->stage == 3 && !z->full) visit(s, z, node, z->bwd_next[node]);
 }
 
 /* The bucket holding slab offset off. */

@@ -358,8 +358,9 @@ dt_status dt_checkpoint_restore_strategy(const char *path, dt_strategy *st, dt_c
     const char *steps = dt_st_meta(f, "dtrain.optim_steps");
     int64_t shards = 0;
     if (s == DT_OK) s = meta_int(f, "dtrain.shards", false, 0, 1, 1 << 24, &shards);
-    /* a sharded checkpoint (ZeRO) holds whole-model state only: strategy-only state starts afresh */
-    if (s == DT_OK && shards > 0) s = dt_checkpoint_restore_shards(path, (int)shards, st->model, st->optim);
+    /* a sharded checkpoint (ZeRO) holds whole-model state only: its pieces go into the ones the
+     * strategy reports (tp: its shards); strategy-only state starts afresh */
+    if (s == DT_OK && shards > 0) s = dt_checkpoint_restore_shards_into(path, (int)shards, st);
     else if (s == DT_OK) s = dt_strategy_visit_state(st, restore_piece, f);
     if (s == DT_OK && st->optim && steps) dt_optim_set_steps(st->optim, strtoll(steps, NULL, 10));
     if (s == DT_OK) restore_loss_scale(f, st->optim);

@@ -57,6 +57,12 @@ dt_status dt_checkpoint_restore_shards(const char *path, int n, dt_model *m, dt_
 /* Whether path is the index of a sharded checkpoint (false when it cannot be read: its restore
  * reports that). */
 bool dt_checkpoint_is_sharded(const char *path);
+/* Restores the n shards of index path into the pieces strategy s reports (dt_strategy_visit_state:
+ * a tensor-parallel rank's shards, a replica's whole tensors), one shard file in memory at a time:
+ * each piece gets its overlaps with the shards' pieces. Pieces with a hint (strategy-only state)
+ * are left as they are where no shard holds them. DT_EFORMAT naming the shard when one is missing,
+ * damaged or of another model, or when the shards leave a reported value unset. */
+dt_status dt_checkpoint_restore_shards_into(const char *path, int n, dt_strategy *s);
 /* Reads checkpoint `in` (one file or a sharded index) and writes it to `out` as one file, the
  * model's tensors (and the optimizer state with `optim`), for PyTorch's safetensors loader. */
 dt_status dt_checkpoint_consolidate(const char *in, const char *out, bool optim);

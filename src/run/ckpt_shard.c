@@ -168,3 +168,105 @@ dt_status dt_checkpoint_restore_shards(const char *path, int n, dt_model *m, dt_
                         "another run", path, n, copied, want);
     return DT_OK;
 }
+
+/* ---- restoring a sharded checkpoint into the pieces a strategy reports (tp, ddp's --compress) ---- */
+
+/* One piece of a shard file: values [off, off + n) of tensor name. */
+typedef struct {
+    char name[160];
+    size_t off, n;
+    const float *data;
+} file_piece;
+
+typedef struct {
+    const char *file;
+    file_piece *p;
+    int np;
+    size_t copied, want;  /* values restored from the shards, and the values the strategy reports */
+} piece_restore;
+
+static int piece_cmp(const void *a, const void *b) {
+    const file_piece *x = a, *y = b;
+    int c = strcmp(x->name, y->name);
+    return c ? c : (x->off > y->off) - (x->off < y->off);
+}
+
+/* The pieces of open shard f, sorted by (name, offset). */
+static dt_status list_pieces(const char *file, const dt_st_file *f, file_piece **out, int *np) {
+    const int n = dt_st_count(f);
+    file_piece *p = calloc((size_t)(n > 0 ? n : 1), sizeof *p);
+    if (!p) return dt_error(DT_ENOMEM, "%s: out of memory", file);
+    for (int i = 0; i < n; i++) {
+        dt_st_tensor t;
+        dt_st_at(f, i, &t);
+        const char *hash = strrchr(t.name, '#');
+        char *end = NULL;
+        unsigned long long off = hash ? strtoull(hash + 1, &end, 10) : 0;
+        if (!hash || !end || *end || t.t.dtype != DT_F32 || t.t.ndim != 1 || (size_t)(hash - t.name) >= sizeof p->name) {
+            free(p);
+            return dt_error(DT_EFORMAT, "%s: tensor '%s' is not a piece 'NAME#OFFSET' of F32 values", file, t.name);
+        }
+        snprintf(p[i].name, sizeof p[i].name, "%.*s", (int)(hash - t.name), t.name);
+        p[i].off = (size_t)off, p[i].n = (size_t)t.t.shape[0], p[i].data = t.t.data;
+    }
+    qsort(p, (size_t)n, sizeof *p, piece_cmp);
+    *out = p, *np = n;
+    return DT_OK;
+}
+
+/* Copies into piece q what the current shard holds of it (the overlaps with its pieces). */
+static dt_status restore_from_shard(void *ctx, const dt_state_piece *q) {
+    piece_restore *c = ctx;
+    int lo = 0, hi = c->np;  /* the first piece of q->name */
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (strcmp(c->p[mid].name, q->name) < 0) lo = mid + 1;
+        else hi = mid;
+    }
+    const size_t a = q->offset, b = q->offset + q->buf.count;
+    for (int i = lo; i < c->np && !strcmp(c->p[i].name, q->name) && c->p[i].off < b; i++) {
+        const file_piece *f = &c->p[i];
+        if (f->off + f->n > q->numel)
+            return dt_error(DT_EFORMAT, "%s: piece [%zu, %zu) of '%s' lies beyond its %zu elements; the shard is not "
+                            "of this model", c->file, f->off, f->off + f->n, q->name, q->numel);
+        const size_t x = f->off > a ? f->off : a, y = f->off + f->n < b ? f->off + f->n : b;
+        if (y <= x) continue;
+        memcpy((float *)q->buf.data + (x - a), f->data + (x - f->off), (y - x) * sizeof(float));
+        if (!q->hint) c->copied += y - x;
+    }
+    return DT_OK;
+}
+
+static dt_status count_wanted(void *ctx, const dt_state_piece *q) {
+    piece_restore *c = ctx;
+    if (q->buf.dtype != DT_F32 || q->buf.device != DT_DEVICE_CPU)
+        return dt_error(DT_ENOTSUP, "checkpoint: tensor '%s' is not f32 host memory", q->name);
+    if (!q->hint) c->want += q->buf.count;
+    return DT_OK;
+}
+
+dt_status dt_checkpoint_restore_shards_into(const char *path, int n, dt_strategy *s) {
+    piece_restore c = {0};
+    DT_TRY(dt_strategy_visit_state(s, count_wanted, &c));
+    for (int r = 0; r < n; r++) {  /* one shard in memory at a time */
+        char file[4200];
+        dt_ckpt_shard_path(file, sizeof file, path, r, n);
+        dt_st_file *f = NULL;
+        dt_status st = dt_st_open(&f, file);
+        const char *kind = st == DT_OK ? dt_st_meta(f, "dtrain.kind") : NULL, *sh = st == DT_OK ? dt_st_meta(f, "dtrain.shard") : NULL,
+                   *shs = st == DT_OK ? dt_st_meta(f, "dtrain.shards") : NULL;
+        if (st == DT_OK && (!kind || strcmp(kind, SHARD_KIND) || !sh || atoi(sh) != r || !shs || atoi(shs) != n))
+            st = dt_error(DT_EFORMAT, "%s: not shard %d of %d of this checkpoint (metadata dtrain.shard/shards)", file, r, n);
+        c.file = file;
+        if (st == DT_OK) st = list_pieces(file, f, &c.p, &c.np);
+        if (st == DT_OK) st = dt_strategy_visit_state(s, restore_from_shard, &c);
+        free(c.p);
+        c.p = NULL, c.np = 0;
+        dt_st_close(f);
+        if (st != DT_OK) return dt_error_wrap(DT_EFORMAT, "%s: shard %d of %d", path, r, n);
+    }
+    if (c.copied != c.want)
+        return dt_error(DT_EFORMAT, "%s: its %d shards hold %zu of the %zu values this rank restores; a shard is of "
+                        "another run", path, n, c.copied, c.want);
+    return DT_OK;
+}

@@ -31,13 +31,14 @@ static dt_status check_layout(const dt_mem_layout *l, int rank) {
     return DT_OK;
 }
 
-/* Values of the slab this rank's ZeRO shard owns, the largest two buckets' sizes, over [lo, hi). */
+/* Values of the slab this rank's ZeRO shard owns over [lo, hi), and the sizes of its largest
+ * buckets: big[0] the largest, big[1] the two largest, big[2] the three largest together. */
 static dt_status zero_share(dt_model *m, const dt_mem_layout *l, int dpi, size_t lo, size_t hi, double *own,
-                            double *big2) {
+                            double big[3]) {
     dt_ddp_range *b;
     int nb;
     DT_TRY(dt_ddp_buckets(m, l->bucket_mb, &b, &nb));
-    double o = 0, top[2] = {0, 0};
+    double o = 0, top[3] = {0, 0, 0};
     for (int i = 0; i < nb; i++) {
         size_t a = b[i].lo > lo ? b[i].lo : lo, e = b[i].hi < hi ? b[i].hi : hi;
         if (e <= a) continue;
@@ -45,11 +46,15 @@ static dt_status zero_share(dt_model *m, const dt_mem_layout *l, int dpi, size_t
         dt_zero_chunk(e - a, dpi, l->dp, &off, &len);
         o += (double)len;
         double n = (double)(e - a);
-        if (n > top[0]) top[1] = top[0], top[0] = n;
-        else if (n > top[1]) top[1] = n;
+        for (int k = 0; k < 3; k++)
+            if (n > top[k]) {
+                for (int j = 2; j > k; j--) top[j] = top[j - 1];
+                top[k] = n;
+                break;
+            }
     }
     free(b);
-    *own = o, *big2 = top[0] + top[1];
+    *own = o, big[0] = top[0], big[1] = top[0] + top[1], big[2] = big[1] + top[2];
     return DT_OK;
 }
 
@@ -87,19 +92,22 @@ dt_status dt_mem_plan_rank(dt_model *m, const dt_optim_config *o, const dt_mem_l
     p->dp_rank = dpi, p->stage = stage, p->tp_rank = tpi;
     const size_t P = dt_model_num_params(m);
     const double F = sizeof(float);
-    double mine = 0, own, big2 = 0;
+    double mine = 0, own, big[3] = {0, 0, 0};
     DT_TRY(owned_params(m, l, stage, &mine));
     own = mine;
     if (l->zero > 0 && l->dp > 1) {  /* ZeRO shards the data-parallel ranks' slab (no pipeline cut) */
-        DT_TRY(zero_share(m, l, dpi, 0, P, &own, &big2));
-        own *= mine / (double)P, big2 /= l->tp;
+        DT_TRY(zero_share(m, l, dpi, 0, P, &own, big));
+        own *= mine / (double)P;
+        for (int k = 0; k < 3; k++) big[k] /= l->tp;
     }
     const int moments = o->kind != DT_OPTIM_SGD ? 2 : o->momentum > 0 ? 1 : 0;
     p->params = F * (l->zero >= 3 ? own : mine);
     p->grads = F * (l->zero >= 2 ? own : mine);
-    if (l->zero >= 2 && l->dp > 1) p->grads += F * big2;  /* buckets backward fills before their reduce ends */
+    /* the bucket backward fills and the ones still reducing (zero.c lets dt_zero_inflight_cap run) */
+    if (l->zero >= 2 && l->dp > 1) p->grads += F * big[dt_zero_inflight_cap(l->zero)];
     p->optim = F * moments * (l->zero >= 1 ? own : mine);
-    if (l->zero >= 3 && l->dp > 1) p->gathered = F * big2 * (double)(l->dp - 1) / l->dp;
+    /* a node's buckets and the next node's, prefetched */
+    if (l->zero >= 3 && l->dp > 1) p->gathered = F * big[1] * (double)(l->dp - 1) / l->dp;
     if (l->tp > 1 && l->pp > 1) {  /* tp x pp keeps the whole model as the checkpoint's copy (pp_tp.c), and world
                                     * rank 0 its optimizer state: not narrowed yet */
         p->params += F * (double)P;

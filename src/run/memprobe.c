@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 static double status_bytes(const char *key) {
     FILE *f = fopen("/proc/self/status", "r");
@@ -24,6 +25,10 @@ static void reset_peak(void) {
     if (f) fputs("5", f), fclose(f);
 }
 
+static double cpu_seconds(const struct rusage *u) {
+    return (double)u->ru_utime.tv_sec + u->ru_utime.tv_usec * 1e-6 + (double)u->ru_stime.tv_sec + u->ru_stime.tv_usec * 1e-6;
+}
+
 /* The steps on synthetic ids (each rank its own, from the counter-based generator). */
 static dt_status train_steps(dt_strategy *s, const dt_gpt_config *g, int B, int steps, int world, dt_mem_probe *out) {
     const int r = s->comm ? dt_comm_rank(s->comm) : 0;
@@ -36,15 +41,19 @@ static dt_status train_steps(dt_strategy *s, const dt_gpt_config *g, int B, int 
     }
     reset_peak();
     double t0 = dt_now();
+    struct rusage u0 = {0}, u1;
     dt_status st = DT_OK;
     for (int k = 0; k <= steps && st == DT_OK; k++) {
-        if (k == 1) t0 = dt_now();
+        if (k == 1) t0 = dt_now(), getrusage(RUSAGE_SELF, &u0);
         dt_step_batch b = {.feed = {.x = x, .y = y, .n = B}, .n_global = B * world, .world = world, .accum = 1,
                            .step = k, .lr = 1e-4f};
         dt_step_result res;
         st = dt_strategy_train_step(s, &b, &res);
     }
     out->step_s = (dt_now() - t0) / steps;
+    getrusage(RUSAGE_SELF, &u1);
+    out->cpu_s = (cpu_seconds(&u1) - cpu_seconds(&u0)) / steps;
+    out->faults = (double)(u1.ru_minflt - u0.ru_minflt) / steps;
     out->peak = status_bytes("VmHWM");
     free(x);
     return st;
@@ -55,6 +64,7 @@ dt_status dt_mem_probe_gpt(const char *gpt_spec, const char *strategy, dt_comm *
     memset(out, 0, sizeof *out);
     if (batch < 1 || steps < 1) return dt_error(DT_EINVAL, "memory probe: batch %d, steps %d: need 1 or more", batch, steps);
     out->base = status_bytes("VmRSS");
+    const double shm0 = status_bytes("RssShmem");
     dt_gpt_config g;
     DT_TRY(dt_gpt_parse(gpt_spec, &g));
     dt_model *m = NULL;
@@ -70,6 +80,7 @@ dt_status dt_mem_probe_gpt(const char *gpt_spec, const char *strategy, dt_comm *
         out->setup_peak = status_bytes("VmHWM");
         out->activations = (double)dt_model_activation_bytes(m, batch);
         st = train_steps(s, &g, batch, steps, comm ? dt_comm_size(comm) : 1, out);
+        out->shmem = status_bytes("RssShmem") - shm0;
     }
     dt_strategy_destroy(s);
     dt_optim_free(o);

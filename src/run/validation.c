@@ -86,17 +86,33 @@ dt_status dt_trainer_check_io(dt_trainer *t) {
     if ((c->val_split > 0 || c->save_weights) && t->strategy->role != DT_ROLE_REPLICA)
         return dt_error(DT_EINVAL, "--%s works with --strategy single, ddp or localsgd, not %s",
                         c->val_split > 0 ? "val-split" : "save-weights", name);
-    if (c->save_weights && t->strategy->shards_state)  /* no rank holds the whole model */
-        return dt_error(DT_EINVAL, "--save-weights with --zero: each rank holds only its shard; write a checkpoint "
-                                   "with --save and turn it into weights with dtrain ckpt consolidate");
     if (!c->save_weights || !t->has_norm) return DT_OK;
     dt_input_norm norm = {.on = true, .mean = t->norm_mean, .std = t->norm_std};
     dt_status s = dt_weights_check_fold(t->model, &norm);
     return s == DT_OK ? s : dt_error_wrap(s, "--save-weights %s", c->save_weights);
 }
 
+/* A sharded strategy (ZeRO): no rank need hold the whole model, so rank 0 assembles it from the
+ * pieces every rank's state visitor reports (collective), then writes it as without sharding. */
+static dt_status save_gathered_weights(dt_trainer *t, const dt_input_norm *norm) {
+    dt_model *m = t->model;
+    const size_t np = dt_model_num_params(m), nb = dt_model_num_buffers(m);
+    float *slab = t->rank == 0 ? dt_alloc((np + nb + 1) * sizeof(float)) : NULL;
+    int32_t ok = t->rank != 0 || slab, all = 0;
+    dt_status s = dt_comm_allreduce(t->strategy->comm, &ok, &all, 1, DT_I32, DT_OP_MIN);
+    if (s == DT_OK && !all) s = dt_error(DT_ENOMEM, "--save-weights %s: rank 0 has no memory for the whole model's %zu "
+                                         "values", t->cfg.save_weights, np + nb);
+    if (s == DT_OK) s = dt_strategy_gather_model(t->strategy, 0, slab, slab + np);
+    if (s == DT_OK && t->rank == 0)
+        s = dt_weights_save_slabs(m, slab, slab + np, t->cfg.save_weights, norm, t->C, t->H, t->W);
+    dt_free(slab);
+    return s == DT_OK ? s : dt_error_wrap(s, "--save-weights %s", t->cfg.save_weights);
+}
+
 dt_status dt_trainer_save_weights(dt_trainer *t) {
-    if (!t->cfg.save_weights || t->rank != 0) return DT_OK;
+    if (!t->cfg.save_weights) return DT_OK;
     dt_input_norm norm = {.on = t->has_norm, .mean = t->norm_mean, .std = t->norm_std};
+    if (t->strategy->shards_state && t->strategy->comm) return save_gathered_weights(t, &norm);
+    if (t->rank != 0) return DT_OK;
     return dt_weights_save(t->model, t->cfg.save_weights, &norm, t->C, t->H, t->W);
 }

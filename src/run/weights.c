@@ -207,13 +207,9 @@ static dt_status add_tensors(const dt_model *m, dt_st_writer *w, const float *pa
     return DT_OK;
 }
 
-dt_status dt_weights_save(const dt_model *m, const char *path, const dt_input_norm *norm, int C, int H, int W) {
-    const size_t np = m->params.n, nb = m->buffers.n;
-    float *params = malloc((np + nb + 1) * sizeof(float)), *buffers = params + np;
+dt_status dt_weights_save_slabs(const dt_model *m, float *params, float *buffers, const char *path,
+                               const dt_input_norm *norm, int C, int H, int W) {
     dt_st_writer *w = NULL;
-    if (!params) return dt_error(DT_ENOMEM, "--save-weights %s: out of memory", path);
-    memcpy(params, m->params.data, np * sizeof(float));
-    if (nb) memcpy(buffers, m->buffers.data, nb * sizeof(float));
     dt_status s = norm && norm->on ? fold_norm(m, norm, params, buffers) : DT_OK;
     char shape[64];
     snprintf(shape, sizeof shape, "%d,%d,%d", C, H, W);
@@ -225,6 +221,16 @@ dt_status dt_weights_save(const dt_model *m, const char *path, const dt_input_no
     if (s == DT_OK && norm && norm->on) s = dt_st_writer_meta(w, "dtrain.normalize", "folded into the first layer");
     if (s == DT_OK) s = dt_st_writer_write(w, path);
     dt_st_writer_destroy(w);
+    return s;
+}
+
+dt_status dt_weights_save(const dt_model *m, const char *path, const dt_input_norm *norm, int C, int H, int W) {
+    const size_t np = m->params.n, nb = m->buffers.n;
+    float *params = malloc((np + nb + 1) * sizeof(float)), *buffers = params + np;
+    if (!params) return dt_error(DT_ENOMEM, "--save-weights %s: out of memory", path);
+    memcpy(params, m->params.data, np * sizeof(float));
+    if (nb) memcpy(buffers, m->buffers.data, nb * sizeof(float));
+    dt_status s = dt_weights_save_slabs(m, params, buffers, path, norm, C, H, W);
     free(params);
     return s;
 }
