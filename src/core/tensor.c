@@ -5,7 +5,7 @@
 #include <string.h>
 
 dt_status dt_slab_alloc(dt_slab *s, size_t n) {
-    s->data = dt_alloc(n * sizeof(float));
+    *s = (dt_slab){.data = dt_alloc(n * sizeof(float))};  /* not reserved: charged whole by dt_alloc */
     s->n = s->data ? n : 0;
     if (!s->data && dt_mem_limit_hit())
         return dt_error_wrap(DT_ENOMEM, "cannot allocate a slab of %zu floats (%.1f MB)", n, n * 4.0 / 1e6);
