@@ -256,8 +256,10 @@ static int parse_train_flags(int argc, char **argv, train_opts *o) {
     o->uneven.bucket_mb = o->bucket_mb;
     o->uneven.zero_given = dt_cli_flag_given(argc, argv, "zero");
     if (o->mem_limit_text && (r = dt_cli_mem_limit_parse(o->mem_limit_text, &o->mem_limit)) != 0) return r;
+    const bool mesh_zero = o->tp > 0 && o->uneven.zero_given;  /* --tp K --zero N: tp(tp=K,zero=N) */
+    if (mesh_zero) o->uneven.zero_given = false;
     if ((r = dt_cli_uneven_parse(&o->uneven, c)) != 0) return r;
-    if ((r = dt_cli_mesh_parse(o->tp, c)) != 0) return r;
+    if ((r = dt_cli_mesh_parse(o->tp, mesh_zero ? o->uneven.zero : -1, c)) != 0) return r;
     return -1;
 }
 
