@@ -7,7 +7,7 @@
 #    a 1-worker checkpoint resumes under dp2 x tp2; tp2 -> tp2 resumes bit for bit;
 #  - ZeRO over the mesh's dp axis (--tp 2 --workers 4 --zero 2): its checkpoint (the whole
 #    parameters and Adam moments, collected from the ZeRO shards) equals 1 worker's, and it resumes
-#    on 1 worker to where 1 worker ends (and a 1-worker checkpoint under --zero 1); --zero 3 with --tp and --zero with --pp are refused;
+#    on 1 worker to where 1 worker ends (and a 1-worker checkpoint under --zero 1); --zero 3 with --tp, --zero 2 with --pp and --zero with --tp --pp are refused
 #  - dp2 x tp2 over MPI (mpirun -n 4; skipped without mpirun and under the sanitizers);
 #  - errors: a --tp that does not divide the heads / width / vocabulary, nor the ranks, a non-GPT
 #    model, --tp with another --strategy.
@@ -56,7 +56,8 @@ expect_fail "--tp needs a GPT" "is not a GPT" \
   bash -c "printf '0,1,2\n1,3,4\n' > '$TMP/t_train.csv'; $DT train --data '$TMP/t_train.csv' --model 'linear(2)' --batch 1 --tp 2 --workers 2 --max-steps 1"
 expect_fail "--tp with another strategy" "tensor parallelism is its own strategy" run --tp 2 --strategy ddp --workers 2
 expect_fail "--zero 3 with --tp" "use --zero 1 or 2 with --tp" run --tp 2 --zero 3 --workers 4 --max-steps 1
-expect_fail "--zero with --pp" "not a pipeline's stages yet" run --pp 2 --zero 1 --workers 2 --max-steps 1
+expect_fail "--zero 2 with --pp" "only stage 1" run --pp 2 --zero 2 --workers 4 --max-steps 1
+expect_fail "--zero with --tp --pp" "does not shard a pipeline's stages yet" run --tp 2 --pp 2 --zero 1 --workers 8 --max-steps 1
 
 # ---- layouts against 1 worker ----
 one=$(run --batch 8 --max-steps $N --save "$TMP/one.st" 2>&1) || bad "1 worker: $one"
