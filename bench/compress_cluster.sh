@@ -1,39 +1,43 @@
 #!/usr/bin/env bash
 # Gradient compression and hierarchical allreduce on an emulated slow cluster (network namespaces
 # capped with tc tbf, scripts/netns-hosts; mpirun through its rsh agent), one run:
-#  1. 2 hosts x 1 rank at RATE_TRAIN (100mbit): the MLP on Fashion-MNIST, EPOCHS epochs of ddp
-#     (batch 32 per rank, Adam 1e-3) with --compress none, topk:0.01, powersgd:2 and powersgd:2 after
+#  1. 2 hosts x 1 rank at RATE_TRAIN (100mbit): MODEL (mlp; or cnn) on Fashion-MNIST, EPOCHS epochs of
+#     ddp (batch 32 per rank, Adam 1e-3) with --compress none, topk:0.01, powersgd:2 and powersgd:2 after
 #     300 plain steps (COMPRESSORS="..." picks others; the first is the speedups' baseline): time to test
-#     accuracy 0.85 (epoch granularity: wall time at the end of the first epoch reaching it), the
+#     accuracy TARGET (0.85; epoch granularity: wall time at the end of the first epoch reaching it), the
 #     final accuracy, the bytes per step the compressor counted, the bytes it should send by its
-#     stated ratio, and the bytes host 1 really sent per step (veth counter, TCP/IP included);
+#     stated ratio, and the bytes host 1 really sent per step (veth counter: its data, TCP/IP/Ethernet
+#     headers, its ACKs of host 2's data, MPI's headers and dtrain's op check): over the whole run and
+#     over the steps after epoch 1 (without start-up: MPI wire-up, the parameter broadcast);
 #  2. 2 hosts x 2 ranks at RATE_COMM (1gbit): allreduce bus bandwidth, flat ring vs hierarchical,
-#     at 4 MiB and above (dtrain bench comm --allreduce flat,hier: both in the same job).
+#     at 4 MiB and above (dtrain bench comm --allreduce flat,hier x3: interleaved in the same job,
+#     the best of each reported). Flat is what dtrain runs un-hierarchically (auto: Open MPI's
+#     MPI_Iallreduce, libnbc's ring at 4 ranks). Bound: at the link rate a flat ring pushes
+#     2(HL-1)/(HL) S through each host link, the leaders 2(H-1)/H S (= S, the least any allreduce
+#     across 2 hosts can send), so hier/flat <= 1.5 for 2 x 2 however fast the host-local part.
+#     DTRAIN_HIER_CHUNK / DTRAIN_HIER_LEADERS=2 try the chunk pipeline / 2 leaders per host.
 # Prints the CPU, the kernel set, a table and one JSON line. Needs root, ip netns, mpirun and an
 # MPI build (else exits 77 with the reason). Figures depend on the machine's load: say so.
-#   bench/compress_cluster.sh [EPOCHS=3]      (RATE_TRAIN, RATE_COMM, DT, COMPRESSORS override;
+#   bench/compress_cluster.sh [EPOCHS=3]      (RATE_TRAIN, RATE_COMM, DT, COMPRESSORS, MODEL, TARGET;
 #                                              PARTS=train or PARTS=comm: one part only)
 set -u
 cd "$(dirname "$0")/.."
-EPOCHS=${1:-3} RATE_TRAIN=${RATE_TRAIN:-100mbit} RATE_COMM=${RATE_COMM:-1gbit}
+EPOCHS=${1:-3} RATE_TRAIN=${RATE_TRAIN:-100mbit} RATE_COMM=${RATE_COMM:-1gbit} MODEL=${MODEL:-mlp} TARGET=${TARGET:-0.85}
 DT=$(cd "$(dirname "${DT:-build/dtrain}")" && pwd)/$(basename "${DT:-build/dtrain}")
-HOSTS="$PWD/scripts/netns-hosts" NET=10.77.0
-if ! why=$("$HOSTS" check 2>&1); then echo "skip: needs root and ip netns ($why)"; exit 77; fi
-command -v mpirun >/dev/null || { echo "skip: mpirun not found (install openmpi-bin)"; exit 77; }
-exec 9>/tmp/dtrain-netns.lock
-flock -w 300 9 || { echo "another netns run holds /tmp/dtrain-netns.lock"; exit 1; }
-NAME="dtb$$" T=$(mktemp -d)
-trap '"$HOSTS" down "$NAME" 2; rm -rf "$T"' EXIT
-trap 'exit 130' INT TERM
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+HOSTS="$PWD/scripts/netns-hosts"
+# 2 emulated hosts for the rest of the script (exits 77 without root, ip or mpirun; torn down at
+# the end, on failure or interrupt)
+[ -n "${NETNS_NAME:-}" ] || RATE=$RATE_TRAIN exec "$HOSTS" session dtb 2 bash "$0" "$@"
+NAME=$NETNS_NAME T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
 mpi() {  # NP SLOTS CMD...
   local np=$1 slots=$2; shift 2
-  printf '%s-1 slots=%s\n%s-2 slots=%s\n' "$NAME" "$slots" "$NAME" "$slots" >"$T/hf"
-  mpirun --hostfile "$T/hf" -np "$np" --mca plm_rsh_agent "$HOSTS agent" --mca plm_rsh_no_tree_spawn 1 \
-    --mca oob_tcp_if_include "$NET.0/24" --mca btl tcp,self --mca btl_tcp_if_include "$NET.0/24" \
-    --bind-to none --oversubscribe ${DTRAIN_HIER_CHUNK:+-x DTRAIN_HIER_CHUNK} "$@"
+  "$HOSTS" mpirun "$slots,$slots" -np "$np" ${DTRAIN_HIER_CHUNK:+-x DTRAIN_HIER_CHUNK} \
+    ${DTRAIN_HIER_LEADERS:+-x DTRAIN_HIER_LEADERS} "$@"
 }
 sent() { cat "/sys/class/net/$NAME-v1/statistics/rx_bytes"; }  # what host 1 sent into the bridge
+rcvd() { cat "/sys/class/net/$NAME-v1/statistics/tx_bytes"; }  # what the bridge sent host 1
+pkts() { cat "/sys/class/net/$NAME-v1/statistics/rx_packets"; }
 
 cpu=$(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -1)
 kern=$("$DT" bench train --model mlp --seconds 0.2 2>/dev/null | grep -E '^# (openblas|onednn|cpu)' | tr '\n' ' ')
@@ -41,66 +45,103 @@ echo "# cpu: $cpu ($(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg); other 
 echo "# kernels: $kern"
 
 PARTS=${PARTS:-train,comm}
-RATE=$RATE_TRAIN "$HOSTS" up "$NAME" 2 "$NET" || exit 1
+# the model's tensors (names, shapes) for the stated bytes: a 1-step local run's checkpoint
+"$DT" train --data fashion-mnist --model "$MODEL" --max-steps 1 --batch 8 --quiet --save "$T/shapes.st" >/dev/null 2>&1 ||
+  { echo "FAIL: cannot build --model $MODEL"; exit 1; }
 runs=()
 for c in ${COMPRESSORS:-none topk:0.01 powersgd:2 powersgd:2:warmup=300}; do
   [ "${PARTS#*train}" = "$PARTS" ] && break
-  b0=$(sent)
-  mpi 2 1 "$DT" train --data fashion-mnist --model mlp --epochs "$EPOCHS" --batch 32 --optimizer adam --lr 0.001 \
-    --compress "$c" --quiet --metrics "$T/$c.jsonl" >"$T/$c.log" 2>&1 || { echo "FAIL: $c: $(tail -3 "$T/$c.log")"; exit 1; }
-  runs+=("$c $(($(sent) - b0))")
+  b0=$(sent) r0=$(rcvd) p0=$(pkts)
+  : >"$T/$c.jsonl"
+  mpi 2 1 "$DT" train --data fashion-mnist --model "$MODEL" --epochs "$EPOCHS" --batch 32 --optimizer adam --lr 0.001 \
+    --compress "$c" --quiet --metrics "$T/$c.jsonl" >"$T/$c.log" 2>&1 &
+  job=$! e1=
+  while kill -0 $job 2>/dev/null; do  # the counters when epoch 1 ends: the steps after it, without start-up
+    [ -z "$e1" ] && [ -s "$T/$c.jsonl" ] && e1="$(sent) $(rcvd) $(pkts)"
+    sleep 0.2
+  done
+  wait $job || { echo "FAIL: $c: $(tail -3 "$T/$c.log")"; exit 1; }
+  set -- ${e1:-$b0 $r0 $p0}
+  runs+=("$c $(($(sent) - b0)) $(($(rcvd) - r0)) $(($(pkts) - p0)) $(($(sent) - $1)) $(($(rcvd) - $2)) $(($(pkts) - $3))")
 done
-"$HOSTS" down "$NAME" 2
-RATE=$RATE_COMM "$HOSTS" up "$NAME" 2 "$NET" || exit 1
+"$HOSTS" rate "$NAME" 2 "$RATE_COMM" || exit 1
 [ "${PARTS#*comm}" = "$PARTS" ] && : >"$T/comm.log" ||
-mpi 4 2 "$DT" bench comm --backend mpi --colls allreduce --sizes 4M,16M,64M --allreduce flat,hier --trials 2 \
+mpi 4 2 "$DT" bench comm --backend mpi --colls allreduce --sizes 4M,16M,64M --allreduce flat,hier,flat,hier,flat,hier --trials 2 --iters 16 --no-mpi-baseline \
   >"$T/comm.log" 2>&1 || { echo "FAIL: bench comm: $(tail -3 "$T/comm.log")"; exit 1; }
 
-python3 - "$T" "$RATE_TRAIN" "$RATE_COMM" "$cpu" "${runs[@]}" <<'PY'
-import json, math, sys
-T, rate_train, rate_comm, cpu = sys.argv[1:5]
-n = 784 * 128 + 128 + 128 * 10 + 10  # MLP parameters (one 1 MB bucket)
-def stated(c):  # bytes per step and rank by the compressor's own formula
+python3 - "$T" "$RATE_TRAIN" "$RATE_COMM" "$cpu" "$MODEL" "$TARGET" "${runs[@]}" <<'PY'
+import json, math, struct, sys
+T, rate_train, rate_comm, cpu, model, target = sys.argv[1:7]
+target = float(target)
+raw = open(T + "/shapes.st", "rb").read()
+hdr = json.loads(raw[8:8 + struct.unpack("<Q", raw[:8])[0]])
+tensors = [(k, v["shape"]) for k, v in sorted(((k, v) for k, v in hdr.items() if k != "__metadata__" and
+           not k.startswith("optim.")), key=lambda kv: kv[1]["data_offsets"][0])]
+layers = []  # [(layer, [shapes])] in slab order; ddp's buckets: whole layers from the last, 1 MB cap
+for k, shape in tensors:
+    if not layers or layers[-1][0] != k.split(".")[0]: layers.append((k.split(".")[0], []))
+    layers[-1][1].append(shape)
+buckets, cur = [], []
+for i, (_, shapes) in enumerate(reversed(layers)):
+    cur += shapes
+    if sum(math.prod(s) for s in cur) >= 262144 or i == len(layers) - 1: buckets.append(cur); cur = []
+n = sum(math.prod(s) for b in buckets for s in b)
+def stated(c):  # bytes per step and rank by the compressor's own formula, bucket by bucket
     if c == "none": return 4 * n
-    if c.startswith("topk:"): return 8 * math.ceil(float(c[5:]) * n - 1e-9)
+    if c.startswith("topk:"): return sum(8 * math.ceil(float(c[5:]) * sum(math.prod(s) for s in b) - 1e-9) for b in buckets)
     r = int(c.split(":")[1])
-    return 4 * ((128 + 784) * r + (10 + 128) * r + 128 + 10)
+    def one(s):  # a matrix (first dimension by the rest) as P (n x r) and Q (m x r); else plain
+        rows, cols = s[0], math.prod(s) // s[0]
+        if len(s) >= 2 and rows > 1 and cols > 1: return (rows + cols) * min(r, rows, cols)
+        return math.prod(s)
+    return 4 * sum(one(s) for b in buckets for s in b)
 rows, out = [], []
-for arg in sys.argv[5:] if len(sys.argv) > 5 else []:
-    c, veth = arg.split()
+for arg in sys.argv[7:]:
+    c, veth, veth_in, veth_pkts, later, later_in, later_pkts = arg.split()
     recs = [json.loads(l) for l in open("%s/%s.jsonl" % (T, c))]
-    hit = next((r for r in recs if r["test_acc"] >= 0.85), None)
+    hit = next((r for r in recs if r["test_acc"] >= target), None)
     steps = recs[-1]["step"]
     sync = recs[-1].get("sync", {})
-    rows.append(dict(compress=c, epochs=len(recs), time_to_085_s=hit["wall_s"] if hit else None,
-                     epoch_at_085=hit["epoch"] if hit else None, final_acc=recs[-1]["test_acc"],
+    rows.append(dict(compress=c, epochs=len(recs), time_to_target_s=hit["wall_s"] if hit else None,
+                     epoch_at_target=hit["epoch"] if hit else None, final_acc=recs[-1]["test_acc"],
                      wall_s=recs[-1]["wall_s"], step_ms=sum(r["epoch_s"] for r in recs) / steps * 1e3,
                      bytes_counted=sync.get("bytes_per_step"), bytes_stated=stated(c),
-                     veth_bytes_per_step=int(veth) / steps))
-base = rows[0] if rows else dict(epochs=0, time_to_085_s=None)
-print("\n# 2 hosts x 1 rank, links %s (tbf), MLP, batch 32/rank, Adam 1e-3, %d epochs" % (rate_train, base["epochs"]))
-print("%-12s %10s %8s %9s %9s %12s %12s %12s %9s %9s" % ("compress", "t(0.85) s", "epoch", "final acc",
-      "step ms", "bytes/step", "stated", "veth B/step", "counted/", "speedup"))
+                     veth_bytes_per_step=int(veth) / steps, veth_in_bytes_per_step=int(veth_in) / steps,
+                     veth_packets_per_step=int(veth_pkts) / steps))
+    if len(recs) > 1:  # after epoch 1: no start-up (MPI wire-up, the parameter broadcast, epoch 1's evaluation)
+        s2 = steps - recs[0]["step"]
+        rows[-1].update(later_veth_bytes_per_step=int(later) / s2, later_veth_in_bytes_per_step=int(later_in) / s2,
+                        later_veth_packets_per_step=int(later_pkts) / s2)
+base = rows[0] if rows else dict(epochs=0, time_to_target_s=None)
+print("\n# 2 hosts x 1 rank, links %s (tbf), %s (%d parameters, %d buckets), batch 32/rank, Adam 1e-3, %d epochs"
+      % (rate_train, model, n, len(buckets), base["epochs"]))
+print("%-12s %10s %8s %9s %9s %12s %12s %12s %12s %9s %9s %9s" % ("compress", "t(%g) s" % target, "epoch", "final acc",
+      "step ms", "bytes/step", "stated", "veth B/step", "after ep.1", "veth/cnt", "counted/", "speedup"))
 for r in rows:
-    sp = base["time_to_085_s"] / r["time_to_085_s"] if base["time_to_085_s"] and r["time_to_085_s"] else None
-    r["speedup_to_085"] = sp
+    sp = base["time_to_target_s"] / r["time_to_target_s"] if base["time_to_target_s"] and r["time_to_target_s"] else None
+    r["speedup_to_target"] = sp
     r["counted_over_stated"] = r["bytes_counted"] / r["bytes_stated"] if r["bytes_counted"] else None
-    print("%-12s %10s %8s %9.4f %9.2f %12.0f %12.0f %12.0f %9.3f %9s" % (r["compress"],
-          "%.1f" % r["time_to_085_s"] if r["time_to_085_s"] else "-", r["epoch_at_085"] or "-", r["final_acc"],
-          r["step_ms"], r["bytes_counted"] or 0, r["bytes_stated"], r["veth_bytes_per_step"],
-          r["counted_over_stated"] or 0, "%.2fx" % sp if sp else "-"))
+    later = r.get("later_veth_bytes_per_step", r["veth_bytes_per_step"])
+    print("%-12s %10s %8s %9.4f %9.2f %12.0f %12.0f %12.0f %12.0f %9.3f %9.3f %9s" % (r["compress"],
+          "%.1f" % r["time_to_target_s"] if r["time_to_target_s"] else "-", r["epoch_at_target"] or "-", r["final_acc"],
+          r["step_ms"], r["bytes_counted"] or 0, r["bytes_stated"], r["veth_bytes_per_step"], later,
+          later / r["bytes_counted"] if r["bytes_counted"] else 0, r["counted_over_stated"] or 0, "%.2fx" % sp if sp else "-"))
 res = {}
 for line in open(T + "/comm.log"):
     if line.startswith("{"):
         for x in json.loads(line)["results"]:
-            res.setdefault(x["bytes"], {})[x["algo"]] = x["busbw_gbs"]
+            if x["backend"] == "mpi":  # best of the interleaved repeats
+                d = res.setdefault(x["bytes"], {})
+                d[x["algo"]] = max(d.get(x["algo"], 0), x["busbw_gbs"])
 print("\n# 2 hosts x 2 ranks, links %s (tbf): allreduce busbw (GB/s), f32 sum, MPI transport" % rate_comm)
-print("%12s %10s %10s %8s" % ("bytes", "flat", "hier", "hier/flat"))
+link = {"gbit": 1e9, "mbit": 1e6}[rate_comm[-4:]] * float(rate_comm[:-4]) / 8 / 1e9  # GB/s
+print("%12s %10s %10s %8s %8s   (bound 1.50x; line rate: flat %.4f, hier %.4f GB/s busbw)" % ("bytes", "flat", "hier",
+      "hier/flat", "of line", link, 1.5 * link))
 hier = []
 for b in sorted(res):
     f, h = res[b].get("auto"), res[b].get("hier")
     hier.append(dict(bytes=b, flat_busbw_gbs=f, hier_busbw_gbs=h, ratio=h / f if f and h else None))
-    print("%12d %10.4f %10.4f %8.2fx" % (b, f or 0, h or 0, h / f if f and h else 0))
-print(json.dumps(dict(bench="compress_cluster", cpu=cpu, rate_train=rate_train, rate_comm=rate_comm, runs=rows,
+    print("%12d %10.4f %10.4f %8.2fx %7.0f%%" % (b, f or 0, h or 0, h / f if f and h else 0, 100 * (h or 0) / (1.5 * link)))
+print(json.dumps(dict(bench="compress_cluster", cpu=cpu, model=model, target_acc=target, rate_train=rate_train, rate_comm=rate_comm, runs=rows,
                       hier=hier)))
 PY

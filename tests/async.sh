@@ -131,7 +131,7 @@ for p in $(ps -o pid= --ppid $job); do
 done
 wait $job
 rc=$?
-named=$(grep -c 'pulling from server rank 0: rank 0 died\|pushing to server rank 0: rank 0 died' "$TMP/ksrv.log")
+named=$(grep -c 'pulling from server rank 0: .*rank 0 died\|pushing to server rank 0: .*rank 0 died' "$TMP/ksrv.log")
 if [ $rc -ne 0 ] && [ "$named" -ge 1 ] && grep -q "rank 0 was killed by signal 9" "$TMP/ksrv.log" \
    && ! grep -q "SIGSEGV\|signal 11\|Sanitizer" "$TMP/ksrv.log"; then
   ok "kill -9 of the ps server: $named of 2 workers name it, none crashes (job exit $rc)"

@@ -52,6 +52,10 @@ cmp -s "$TMP/a.st" "$TMP/b.st" && ok "same seed, same config: bitwise identical 
   || bad "two identical runs differ"
 run --model mlp --epochs 1 --max-steps 600 --batch 32 --seed 7 --save "$TMP/c.st" >/dev/null
 cmp -s "$TMP/a.st" "$TMP/c.st" && bad "different seeds give identical models" || ok "different seed differs"
+# consolidating a checkpoint onto itself would destroy it: refused, the file unchanged
+cp "$TMP/c.st" "$TMP/c.keep"
+expect_fail "ckpt consolidate -o its own input" "is the checkpoint it reads" $DT ckpt consolidate "$TMP/c.st" -o "$TMP/c.st"
+cmp -s "$TMP/c.st" "$TMP/c.keep" && ok "the checkpoint is unchanged" || bad "consolidate -o its input changed it"
 
 # resume mid-epoch and across an epoch boundary equals an uninterrupted run
 run --model mlp --epochs 2 --batch 128 --max-steps 700 --save "$TMP/full.st" >/dev/null

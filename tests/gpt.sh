@@ -59,6 +59,11 @@ def tensors(p):
 a, b = tensors(sys.argv[1]), tensors(sys.argv[2])
 assert a.keys() == b.keys() and all(a[k] == b[k] for k in a)
 PY
+# a resume whose epoch is now shorter than where the checkpoint stopped says why (exit 78)
+run --max-steps 60 --epoch-windows 8 --resume "$TMP/half.st" >"$TMP/ew.log" 2>&1
+rc=$?
+[ $rc -eq 78 ] && grep -q "stopped at batch 50 of epoch 1, but an epoch of this run has" "$TMP/ew.log" \
+  && ok "resume into a shorter epoch (--epoch-windows changed) is refused, exit 78" || bad "epoch-windows resume (exit $rc): $(cat "$TMP/ew.log")"
 
 # ---- 2 workers run the same job ----
 out=$($DT train --data "$D" --model "$M" --batch 4 --workers 2 --optimizer adamw --lr 3e-3 --max-steps 40 --quiet 2>&1) \

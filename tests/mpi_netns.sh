@@ -13,54 +13,37 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 HOSTS="$ROOT/scripts/netns-hosts"
 PROG="$(cd "$BUILD" && pwd)/tests/transport_mpi_test"
 COMM="$(cd "$BUILD" && pwd)/tests/comm_mpi_test"
-NET=10.77.0
 
-if ! why=$("$HOSTS" check 2>&1); then echo "skip: needs root and ip netns ($why)"; exit 77; fi
-command -v mpirun >/dev/null || { echo "skip: mpirun not found (install openmpi-bin)"; exit 77; }
 [ -x "$PROG" ] || { echo "FAIL: $PROG not built"; exit 1; }
 "$PROG" --probe-only >/dev/null 2>&1
 if [ $? -eq 77 ]; then echo "skip: built without MPI (install libopenmpi-dev and rebuild)"; exit 77; fi
+# 2 emulated hosts for the rest of the script (skips without root, ip or mpirun; torn down at the
+# end, on failure or interrupt)
+[ -n "${NETNS_NAME:-}" ] || exec "$HOSTS" session dtn 2 bash "$0" "$@"
 
-# one emulated cluster at a time on this machine (the subnet is fixed)
-exec 9>/tmp/dtrain-netns.lock
-flock -w 120 9 || { echo "FAIL: another mpi_netns run holds /tmp/dtrain-netns.lock"; exit 1; }
-# leftovers of a run that was killed before its trap ran
-for br in $(ip -o link show type bridge 2>/dev/null | awk -F': ' '{print $2}' | grep -E '^dtn[0-9]+-br$'); do
-  "$HOSTS" down "${br%-br}" 2
-done
-
-NAME="dtn$$"
 T=$(mktemp -d)
-cleanup() { "$HOSTS" down "$NAME" 2; rm -rf "$T"; }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-"$HOSTS" up "$NAME" 2 "$NET" || { echo "FAIL: could not create the emulated hosts"; exit 1; }
-printf '%s-1 slots=2\n%s-2 slots=2\n' "$NAME" "$NAME" >"$T/hostfile"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+trap 'rm -rf "$T"' EXIT
 # sanitizer builds: OpenMPI's components leak at exit (frames in unloaded modules that no
 # suppression can name); keep ASan's memory-error checks, drop its leak report
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
-mpi() {  # HOSTFILE mpirun-args...
-  local hf=$1; shift
-  timeout -k 5 120 mpirun --hostfile "$hf" --mca plm_rsh_agent "$HOSTS agent" \
-    --mca plm_rsh_no_tree_spawn 1 --mca oob_tcp_if_include "$NET.0/24" \
-    --mca btl tcp,self --mca btl_tcp_if_include "$NET.0/24" --bind-to none "$@"
+mpi() {  # SLOTS,... mpirun-args...
+  local slots=$1; shift
+  timeout -k 5 120 "$HOSTS" mpirun "$slots" "$@"
 }
-bytes() { cat "/sys/class/net/$NAME-v$1/statistics/rx_bytes"; }
+bytes() { cat "/sys/class/net/$NETNS_NAME-v$1/statistics/rx_bytes"; }
 
 fails=0
 ok() { if eval "$1"; then :; else fails=$((fails + 1)); echo "FAIL: $2"; fi; }
 
 rx1=$(bytes 1) rx2=$(bytes 2)
-mpi "$T/hostfile" -np 4 "$PROG" ok >"$T/ok.log" 2>&1
+mpi 2,2 -np 4 "$PROG" ok >"$T/ok.log" 2>&1
 rc=$?
 cat "$T/ok.log"
 ok "[ $rc -eq 0 ]" "mpirun across the hosts exited $rc"
 ok "[ \$(grep -c 'checks, 0 failures' '$T/ok.log') -eq 4 ]" "all 4 ranks pass the transport test"
-ok "[ \$(grep -o 'on host $NAME-[12]' '$T/ok.log' | sort -u | wc -l) -eq 2 ]" "ranks see two different hostnames"
+ok "[ \$(grep -o 'on host $NETNS_NAME-[12]' '$T/ok.log' | sort -u | wc -l) -eq 2 ]" "ranks see two different hostnames"
 if [ -x "$COMM" ]; then  # the public communicator (native and its own algorithms) across hosts
-  mpi "$T/hostfile" -np 4 "$COMM" >"$T/comm.log" 2>&1
+  mpi 2,2 -np 4 "$COMM" >"$T/comm.log" 2>&1
   rc=$?
   cat "$T/comm.log"
   ok "[ $rc -eq 0 ] && [ \$(grep -c 'checks, 0 failures' '$T/comm.log') -eq 4 ]" "communicator test across the hosts (exit $rc)"
@@ -70,9 +53,8 @@ echo "veth bytes sent by host 1: $d1, by host 2: $d2"
 ok "[ $d1 -gt 100000 ] && [ $d2 -gt 100000 ]" "traffic crossed the veths (host1 $d1 B, host2 $d2 B)"
 
 # allreduce 64 KiB .. 16 MiB, one rank per host: figures for the report, not an assertion
-printf '%s-1 slots=1\n%s-2 slots=1\n' "$NAME" "$NAME" >"$T/hostfile1"
 rx1=$(bytes 1)
-mpi "$T/hostfile1" -np 2 "$PROG" bench 64k 1m 16m >"$T/bench.log" 2>&1
+mpi 1,1 -np 2 "$PROG" bench 64k 1m 16m >"$T/bench.log" 2>&1
 rc=$?
 cat "$T/bench.log"
 ok "[ $rc -eq 0 ] && grep -q busbw '$T/bench.log'" "bandwidth run across the hosts (exit $rc)"
@@ -84,7 +66,7 @@ DATA=/usr/share/datasets/fashion-mnist
 if [ -x "$BUILD/dtrain" ] && [ -e "$DATA/train-images-idx3-ubyte.gz" ]; then
   DT="$(cd "$BUILD" && pwd)/dtrain"
   TRAIN=(train --data fashion-mnist --model mlp --epochs 1 --batch 32 --max-steps 100)
-  mpi "$T/hostfile1" -np 2 "$DT" "${TRAIN[@]}" >"$T/train_mpi.log" 2>&1
+  mpi 1,1 -np 2 "$DT" "${TRAIN[@]}" >"$T/train_mpi.log" 2>&1
   rc=$?
   "$DT" "${TRAIN[@]}" --workers 2 >"$T/train_shm.log" 2>&1
   a=$(grep -o 'test_loss [0-9.]*' "$T/train_mpi.log") b=$(grep -o 'test_loss [0-9.]*' "$T/train_shm.log")

@@ -23,6 +23,8 @@ run() { $DT train --data "$D" --model "$M" --batch 8 --optimizer adamw --lr 3e-3
 # ---- errors ----
 expect_fail "--pp must divide --workers" "do not divide into pipelines of 2" run --pp 2 --workers 3
 expect_fail "--microbatches needs --pp" "need --pp K" run --microbatches 4
+expect_fail "more micro-batches than samples" "micro-batches of at least one sample" run --pp 2 --workers 2 --batch 4 --microbatches 8
+expect_fail "an empty --pp-split cut" "an empty cut" run --pp 2 --workers 2 --pp-split "3:"
 expect_fail "--pp with another strategy" "--strategy ddp is another strategy" run --pp 2 --workers 2 --strategy ddp
 expect_fail "--pp against the spec" "sets stages=4" run --pp 2 --workers 2 --strategy "pp(stages=4)"
 expect_fail "a bad schedule" "choose gpipe or 1f1b" run --pp 2 --workers 2 --pp-schedule zigzag

@@ -28,6 +28,7 @@ typedef struct {
     const char *colls, *algo_name;
     dt_comm_algo algo;
     const char *allreduce;  /* --allreduce: modes to compare ("flat,hier"), NULL = as created */
+    bool no_baseline;       /* --no-mpi-baseline: leave out plain MPI_Allreduce */
     row rows[MAX_ROWS];
     int nrows;
 } bench_opts;
@@ -210,7 +211,7 @@ static int run_backend(dt_comm *c, const char *backend, bench_opts *o) {
     for (int i = 0; i < 6 && rc == 0; i++) {
         if (wants(o, g_colls[i])) rc = bench_one(c, backend, g_colls[i], o, send, recv);
     }
-    if (rc == 0 && !strcmp(backend, "mpi")) rc = mpi_baseline(c, o, send);
+    if (rc == 0 && !strcmp(backend, "mpi") && !o->no_baseline) rc = mpi_baseline(c, o, send);
     dt_free(send);
     dt_free(recv);
     return rc;
@@ -290,6 +291,7 @@ int dt_bench_comm(int argc, char **argv) {
     int ranks = 2, iters = 0, trials = 3;
     const char *sizes = "4K,64K,1M,4M,16M,64M", *colls = "allreduce,broadcast,reduce,allgather,reduce_scatter,alltoall";
     const char *algo = "auto", *backend = NULL, *allreduce = NULL;
+    bool no_baseline = false;
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "-n")) argv[i] = "--ranks";
     const dt_flag flags[] = {
@@ -301,6 +303,7 @@ int dt_bench_comm(int argc, char **argv) {
         {"iters", DT_FLAG_INT, &iters, "I", "timed calls per size (0: about 256 MiB of traffic, 5..2000)"},
         {"trials", DT_FLAG_INT, &trials, "T", "timed runs per size; the fastest is reported"},
         {"allreduce", DT_FLAG_STR, &allreduce, "LIST", "hierarchical allreduce modes to compare: flat,hier (or auto)"},
+        {"no-mpi-baseline", DT_FLAG_BOOL, &no_baseline, NULL, "leave out the plain MPI_Allreduce rows"},
     };
     int pr = dt_flags_parse(argc, argv, 1, flags, (int)(sizeof flags / sizeof flags[0]), USAGE, NULL, 0, NULL, NULL);
     if (pr != 0) return pr < 0 ? 2 : 0;
@@ -312,6 +315,7 @@ int dt_bench_comm(int argc, char **argv) {
     o.colls = colls;
     o.algo_name = algo;
     o.allreduce = allreduce;
+    o.no_baseline = no_baseline;
     if (parse_sizes(sizes, &o) != 0) return dt_cli_usage("e.g. --sizes 4K,1M,64M", "bad --sizes '%s'", sizes);
     if (dt_comm_algo_parse(algo, &o.algo) != DT_OK) return dt_cli_usage(NULL, "--algo: %s", dt_last_error());
     if (ranks < 1 || ranks > 64) return dt_cli_usage(NULL, "--ranks %d must be 1..64", ranks);

@@ -7,7 +7,9 @@
 #include "run/checkpoint.h"
 #include "run/ckpt_dir.h"
 
+#include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -17,6 +19,17 @@ static const char USAGE[] =
     "checkpoint or the index of a sharded one, whose shards FILE.rR-of-N lie beside it) as one\n"
     "safetensors file for PyTorch (safetensors.torch.load_file); --optimizer-state keeps the\n"
     "optimizer moments (then `dtrain train --resume OUT` continues from it).";
+
+/* Whether writing out would replace the checkpoint at path or one of its shards (path.rR-of-N). */
+static bool reads_from(const char *path, const char *out) {
+    struct stat a, b;
+    if (stat(out, &b) != 0) return false;  /* a new file replaces nothing */
+    if (stat(path, &a) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino) return true;
+    char rp[PATH_MAX], ro[PATH_MAX];
+    if (!realpath(path, rp) || !realpath(out, ro)) return false;
+    const size_t n = strlen(rp);
+    return !strncmp(ro, rp, n) && !strncmp(ro + n, ".r", 2) && strstr(ro + n, "-of-");
+}
 
 static int consolidate(int argc, char **argv) {
     const char *in = NULL, *out = NULL;
@@ -44,6 +57,12 @@ static int consolidate(int argc, char **argv) {
                         "ckpt consolidate: %s holds no valid checkpoint", in);
             return 78;
         }
+    }
+    if (reads_from(path, out)) {
+        dt_cli_fail("write the consolidated file elsewhere (e.g. -o model.safetensors), then move it if you want",
+                    "ckpt consolidate: -o %s is the checkpoint it reads (or one of its shards): writing it would "
+                    "destroy the checkpoint", out);
+        return 2;
     }
     dt_status s = dt_checkpoint_consolidate(path, out, optim);
     if (s != DT_OK) {

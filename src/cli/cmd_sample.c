@@ -44,7 +44,7 @@ int dt_cmd_sample(int argc, char **argv) {
     if (top_k < 0) return dt_cli_fail(NULL, "--top-k %d: must not be negative (0 = all)", top_k);
     if (threads < 1) return dt_cli_fail(NULL, "--threads %d: need at least 1", threads);
     size_t np = strlen(prompt);
-    if (np == 0) return dt_cli_fail("give --prompt at least one character", "--prompt is empty");
+    if (np == 0) return dt_cli_usage("give --prompt at least one character (the default is a newline)", "--prompt is empty");
     dt_set_threads(threads);
     dt_model *m;
     if (dt_model_load(&m, ckpt) != DT_OK) return dt_cli_fail(NULL, "%s", dt_last_error());

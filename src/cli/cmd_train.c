@@ -261,6 +261,7 @@ static int parse_train_flags(int argc, char **argv, train_opts *o) {
     if (mesh_zero) o->uneven.zero_given = false;
     if ((r = dt_cli_uneven_parse(&o->uneven, c)) != 0) return r;
     if ((r = dt_cli_mesh_parse(o->tp, mesh_zero ? o->uneven.zero : -1, c)) != 0) return r;
+    if ((r = dt_cli_pp_check_batch(c)) != 0) return r;
     return -1;
 }
 

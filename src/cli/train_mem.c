@@ -65,6 +65,10 @@ int dt_cli_dry_run(const dt_train_config *c, int ranks, int zero, double bucket_
         return dt_cli_setup_status(s);
     }
     const size_t P = dt_model_num_params(m);
+    /* whether the run reads the whole model (evaluation, checkpoints): image data has a test set,
+     * text data a validation part unless --val-fraction 0 */
+    const bool text = c->data && (!strncmp(c->data, "text:", 5) || !strcmp(c->data, "kjv"));
+    const bool syncs = (!text || c->val_fraction > 0) || c->save || c->save_weights || c->checkpoint_every > 0;
     printf("dtrain: dry run: model %s, %zu parameters, %d rank%s (dp %d x pp %d x tp %d; rank = (dp_i*%d + stage)*%d "
            "+ tp_i), ZeRO stage %d, batch %d x %d micro-batch%s%s%s, %s\n", dt_model_spec(m), P, ranks,
            ranks > 1 ? "s" : "", l.dp, l.pp, l.tp, l.pp, l.tp, l.zero, l.batch, l.microbatches,
@@ -81,11 +85,15 @@ int dt_cli_dry_run(const dt_train_config *c, int ranks, int zero, double bucket_
         row("parameters", p.params), row("gradients", p.grads), row("optimizer", p.optim);
         if (p.gathered > 0) row("gathered", p.gathered);
         row("activations", p.activations), row("total", p.total);
-        if (mem_limit && p.total > (double)mem_limit) over++;
+        if (p.sync > 0) row(syncs ? "at eval/ckpt" : "(eval/ckpt)", p.total + p.sync);
+        if (mem_limit && p.total + (syncs ? p.sync : 0) > (double)mem_limit) over++;
     }
+    if (syncs && l.tp * l.pp > 1 && !(l.tp > 1 && l.pp > 1))
+        printf("dtrain: evaluation and checkpoints gather the whole model on each rank (the 'at eval/ckpt' rows); "
+               "without a test or validation set, --save, --save-weights and checkpoints they do not\n");
     if (mem_limit)
         printf("dtrain: --mem-limit %zu bytes: %s\n", mem_limit,
                over ? "some ranks would exceed it" : "every rank fits");
     dt_model_free(m);
-    return 0;
+    return over ? 78 : 0;  /* as the run itself would stop */
 }

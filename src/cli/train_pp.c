@@ -59,3 +59,16 @@ int dt_cli_pp_parse(dt_cli_pp *o, dt_train_config *cfg, int workers) {
     if (!r) cfg->strategy = o->spec;
     return r;
 }
+
+int dt_cli_pp_check_batch(const dt_train_config *cfg) {
+    int tp = 1, pp = 1, M = 1;
+    const char *schedule = NULL;
+    if (!cfg->strategy || dt_strategy_spec_mesh(cfg->strategy, &tp, &pp, &M, &schedule) != DT_OK || pp < 2) return 0;
+    const int per_step = cfg->batch * (cfg->grad_accum > 1 ? cfg->grad_accum : 1);
+    if (M > per_step)
+        return dt_cli_usage("use --microbatches at most the samples of a step, or a larger --batch",
+                            "--microbatches %d with --batch %d%s: the pipeline cuts each step's %d samples into "
+                            "micro-batches of at least one sample", M, cfg->batch,
+                            cfg->grad_accum > 1 ? " x --grad-accum" : "", per_step);
+    return 0;
+}

@@ -16,5 +16,8 @@ typedef struct {
  * o->spec afterwards); workers is --workers (checked against K unless this process is a rank of
  * an outside launcher). 0, or the exit status after printing the error with a hint. */
 int dt_cli_pp_parse(dt_cli_pp *o, dt_train_config *cfg, int workers);
+/* 0 when the pipeline of cfg->strategy (if any) has at most as many micro-batches as a step has
+ * samples, else the exit status after printing the error with a hint. */
+int dt_cli_pp_check_batch(const dt_train_config *cfg);
 
 #endif

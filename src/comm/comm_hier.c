@@ -20,8 +20,9 @@ enum { NAME = 64 };
 
 struct dt_comm_hier {
     dt_comm *local;      /* the ranks of this host, over shm (NULL: alone on its host) */
-    dt_comm *leaders;    /* local rank 0 of every host (NULL elsewhere) */
+    dt_comm *leaders;    /* local rank j < slices of every host (NULL elsewhere): slice j's allreduce */
     int hosts, host, local_rank, local_size;
+    int slices;          /* leaders per host: each owns 1/slices of the buffer across hosts */
     bool on;
 };
 
@@ -45,6 +46,17 @@ static void layout(const char *names, int size, int rank, dt_comm_hier *h, int *
     h->local_rank = h->local_size = 0;
     for (int r = 0; r < size; r++)
         if (host_of[r] == h->host) h->local_rank += r < rank, h->local_size++;
+    /* slices: DTRAIN_HIER_LEADERS=N leaders per host, at most the fewest ranks any host has
+     * (default 1: on the loaded 2-core test machine 2 leaders measured no better; see
+     * bench/compress_cluster.sh) */
+    const char *e = getenv("DTRAIN_HIER_LEADERS");
+    h->slices = e && *e ? atoi(e) : 1;
+    for (int g = 0; g < h->hosts; g++) {
+        int n = 0;
+        for (int r = 0; r < size; r++) n += host_of[r] == g;
+        if (n < h->slices) h->slices = n;
+    }
+    if (h->slices < 1) h->slices = 1;
 }
 
 void dt_comm_hier_free(dt_comm_hier *h) {
@@ -88,7 +100,8 @@ dt_status dt_comm_set_hier(dt_comm *c, dt_comm_hier_mode mode) {
         h->on = mode == DT_HIER_ON || (h->hosts > 1 && h->hosts < c->size);
     }
     if (st == DT_OK && h->on) st = make_local(c, h);
-    if (st == DT_OK && h->on) st = dt_comm_split(c, h->local_rank == 0 ? 0 : DT_COMM_UNDEFINED, h->host, &h->leaders);
+    if (st == DT_OK && h->on)
+        st = dt_comm_split(c, h->local_rank < h->slices ? h->local_rank : DT_COMM_UNDEFINED, h->host, &h->leaders);
     free(names), free(host_of);
     if (st != DT_OK || !h->on) {
         if (st == DT_OK) c->hier = h;  /* off: kept for dt_comm_hosts */
@@ -129,8 +142,38 @@ static dt_status spread(dt_comm_hier *h, const chunks *c, size_t k, dt_dtype t, 
     return DT_OK;
 }
 
+/* Several leaders per host (h->slices = S >= 2): slice j of the buffer is reduced within the host
+ * to local rank j, allreduced across hosts among the local ranks j (the S slices' transfers run
+ * at once, over S connections, so no single process carries all the host's network traffic and
+ * reduction), then broadcast within the host from local rank j. */
+static dt_status sliced_allreduce(dt_comm_hier *h, const unsigned char *send, unsigned char *recv, size_t count,
+                                  dt_dtype t, dt_redop part) {
+    size_t esz = dt_dtype_size(t), base = count / (size_t)h->slices, rem = count % (size_t)h->slices;
+#define SLICE_OFF(j) ((size_t)(j) * base + ((size_t)(j) < rem ? (size_t)(j) : rem))
+    for (int j = 0; j < h->slices; j++) {
+        size_t off = SLICE_OFF(j) * esz, n = SLICE_OFF(j + 1) - SLICE_OFF(j);
+        DT_TRY(dt_comm_reduce(h->local, send + off, h->local_rank == j ? recv + off : NULL, n, t, part, j));
+    }
+    if (h->leaders) {
+        size_t off = SLICE_OFF(h->local_rank) * esz, n = SLICE_OFF(h->local_rank + 1) - SLICE_OFF(h->local_rank);
+        DT_TRY(dt_comm_allreduce(h->leaders, recv + off, recv + off, n, t, part));
+    }
+    for (int j = 0; j < h->slices; j++) {
+        size_t off = SLICE_OFF(j) * esz, n = SLICE_OFF(j + 1) - SLICE_OFF(j);
+        DT_TRY(dt_comm_broadcast(h->local, recv + off, n, t, j));
+    }
+#undef SLICE_OFF
+    return DT_OK;
+}
+
 dt_status dt_comm_hier_allreduce(dt_comm_hier *h, int world, const void *send, void *recv, size_t count, dt_dtype t,
                                  dt_redop op) {
+    if (h->slices > 1) {
+        dt_redop part = op == DT_OP_AVG ? DT_OP_SUM : op;
+        DT_TRY(sliced_allreduce(h, send, recv, count, t, part));
+        if (op == DT_OP_AVG) dt_reduce_scale(recv, count, t, world);
+        return DT_OK;
+    }
     /* DTRAIN_HIER_CHUNK=BYTES pipelines in chunks: while the leaders reduce chunk k across hosts,
      * the host reduces chunk k+1 and broadcasts chunk k-1 (each communicator runs its ops in issue
      * order). Default: one chunk (on the loaded 2-core test machine the extra progress threads

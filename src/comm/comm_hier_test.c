@@ -3,7 +3,8 @@
  * hierarchical result must equal the flat one bit for bit. Layouts (host of each rank, named by
  * DTRAIN_HOSTNAME): 2 hosts x 2 ranks, 3 hosts x 1-2 ranks, interleaved hosts, one host forced;
  * every dtype and op, counts 0 .. 100003, in place, non-blocking; AUTO turns it on only where
- * ranks share a host and span hosts; FLAT turns it off; pipelined in chunks (DTRAIN_HIER_CHUNK).
+ * ranks share a host and span hosts; FLAT turns it off; pipelined in chunks (DTRAIN_HIER_CHUNK);
+ * several leaders per host, each owning a slice (DTRAIN_HIER_LEADERS=2).
  * `comm_hier_test mpi` runs the same checks as one rank of an mpirun job across (emulated) hosts,
  * with real hostnames (tests/hier_netns.sh). */
 #include "comm/comm_testlib.h"
@@ -110,6 +111,18 @@ int main(int argc, char **argv) {
         for (int r = 0; r < n; r++) printf(" %s", ls[k].hosts[r]);
         printf(", mode %d: exact\n", (int)ls[k].mode);
     }
+    layout sliced[] = {
+        {{"a", "a", "b", "b"}, DT_HIER_AUTO, true, 2},           /* 2 hosts x 2 ranks, 2 leaders each */
+        {{"a", "b", "a", "b", "c", "c"}, DT_HIER_AUTO, true, 3}, /* 3 hosts x 2, interleaved */
+        {{"a", "a", "b", "c", "c"}, DT_HIER_AUTO, true, 3},      /* a host of 1: one leader per host */
+    };
+    setenv("DTRAIN_HIER_LEADERS", "2", 1);  /* 2 leaders per host, each owning a slice: exact too */
+    for (int k = 0; k < (lite ? 1 : 3); k++) {
+        int n = k == 0 ? 4 : k == 1 ? 6 : 5;
+        CHECK_MSG(dt_run_ranks(n, rank_main, &sliced[k], 120) == 0, "sliced layout %d failed", k);
+        printf("sliced layout %d (%d ranks, 2 leaders per host where every host has 2): exact\n", k, n);
+    }
+    unsetenv("DTRAIN_HIER_LEADERS");
     setenv("DTRAIN_HIER_CHUNK", "65536", 1);  /* pipelined in 64 KiB chunks: the same exact results */
     for (int k = 0; k < 2; k++) {
         CHECK_MSG(dt_run_ranks(k ? 5 : 4, rank_main, &ls[k], 120) == 0, "layout %d pipelined failed", k);

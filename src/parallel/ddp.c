@@ -192,6 +192,7 @@ static dt_status ddp_create(dt_strategy *s, const void *opts) {
     d->nbuf = dt_model_num_buffers(s->model);
     s->impl = d;
     s->ops = &ddp_ops;
+    s->sync_for_state_only = true;  /* the replicas are equal: only a checkpoint needs ddp_sync */
     st = dt_comm_set_hier(s->comm, op->allreduce);  /* collective: every rank creates ddp */
     if (st == DT_OK) st = make_sync(s, d, &op->compress);
     if (st != DT_OK) ddp_destroy(s);

@@ -42,6 +42,10 @@ static int split_node(const dt_model *m, const char *item) {
 static dt_status parse_split(const dt_model *m, int K, const char *split, int *first) {
     char buf[160];
     snprintf(buf, sizeof buf, "%s", split);
+    const size_t n = strlen(split);
+    if (split[0] == ':' || (n && split[n - 1] == ':') || strstr(split, "::"))
+        return dt_error(DT_EINVAL, "--pp-split %s: an empty cut; give %d stage boundar%s as N1:N2:... (node indices "
+                        "or names)", split, K - 1, K - 1 == 1 ? "y" : "ies");
     int c = 1;
     for (char *save = NULL, *tok = strtok_r(buf, ":", &save); tok; tok = strtok_r(NULL, ":", &save), c++) {
         if (c >= K)

@@ -186,6 +186,8 @@ struct dt_strategy {
                                  * ps); else the rank's share of the global mean (ddp) */
     bool grads_zeroed;          /* the strategy leaves the gradient slab zero after each step (ZeRO
                                  * stage >= 2 gives its pages back): the step does not zero it */
+    bool sync_for_state_only;   /* ops->sync only brings checkpoint state to the writer (ddp's error
+                                 * feedback): evaluation reads the model without it */
     bool shards_state;          /* each rank holds only its part of the state (ZeRO): every rank
                                  * writes its shard of a checkpoint (dt_checkpoint_write_sharded) */
     struct {                    /* the current step on this rank, set by the trainer before ops->step */

@@ -206,7 +206,11 @@ static dt_status tp_sync(dt_strategy *s) {
                              "0) and --save, or raise --mem-limit", dt_comm_rank(s->comm));
     for (int k = 0; saver && k < dt_optim_num_states(t->lopt); k++)
         if (!t->whole_m[k] && !(t->whole_m[k] = dt_alloc(dt_model_num_params(s->model) * sizeof(float))))
-            return dt_error(DT_ENOMEM, "tensor parallel: out of memory for the whole optimizer state");
+            return dt_mem_limit_hit()
+                       ? dt_error_wrap(DT_ENOMEM, "tensor parallel (world rank 0): evaluation and checkpoints "
+                                       "gather the whole optimizer state on rank 0; run without a test set "
+                                       "(--val-fraction 0) and --save, or raise --mem-limit")
+                       : dt_error(DT_ENOMEM, "tensor parallel: out of memory for the whole optimizer state");
     dt_optim *lo = t->lopt, *collected = NULL;  /* with ZeRO: dp rank 0 collects the dp axis's shards */
     if (t->zero) DT_TRY(dt_tp_zero_collect(t->mesh.dp_comm, t->local, t->lopt, t->bucket_mb, &collected));
     if (collected) lo = collected;

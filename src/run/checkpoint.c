@@ -213,7 +213,11 @@ static dt_status parse_info(const dt_st_file *f, dt_ckpt_info *info) {
     const char *v;
     DT_TRY(need_meta(f, "dtrain.kind", &v));
     if (strcmp(v, CKPT_KIND) != 0)
-        return dt_error(DT_EFORMAT, "%s: checkpoint kind '%s' is not '%s'", dt_st_path(f), v, CKPT_KIND);
+        return dt_error(DT_EFORMAT, "%s: checkpoint kind '%s' is not '%s'%s", dt_st_path(f), v, CKPT_KIND,
+                        !strcmp(v, "dtrain-weights") ? " (a weights file: start from it with dtrain train --weights "
+                                                       "FILE, or read it with dtrain eval --weights FILE)"
+                        : !strcmp(v, "dtrain-train-shard") ? " (one shard of a sharded checkpoint: pass its index, the "
+                                                             "file name without .rR-of-N)" : "");
     DT_TRY(need_meta(f, "dtrain.model_spec", &v));
     snprintf(info->spec, sizeof info->spec, "%s", v);
     DT_TRY(need_meta(f, "dtrain.input_shape", &v));

@@ -105,6 +105,12 @@ dt_status dt_mem_plan_rank(dt_model *m, const dt_optim_config *o, const dt_mem_l
         p->params += F * (double)P;
         if (rank == 0) p->optim += F * moments * (double)P;
     }
+    /* pp or tp alone: evaluation and checkpoints place the whole model on every rank, rank 0 also
+     * the whole optimizer state it writes (pp.c widen, tp.c tp_sync) */
+    if ((l->tp > 1) != (l->pp > 1)) {
+        p->sync = F * ((double)P - (l->pp > 1 ? mine : 0));
+        if (rank == 0) p->sync += F * moments * (double)P;
+    }
     int inflight = 1;
     if (l->pp > 1) {
         const bool gpipe = l->schedule && !strcmp(l->schedule, "gpipe");

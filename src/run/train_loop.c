@@ -253,10 +253,13 @@ static dt_status run_epoch_steps(dt_trainer *t, epoch_acc *acc, double t0, bool 
 
 /* Whether the end of an epoch syncs the strategy: always, except where this rank holds only a
  * part of the model (pipeline stages, tensor parallel) and nothing then reads the whole of it (no
- * test or validation set, no --save or --save-weights): the sync would place and gather it all. */
+ * test or validation set, no --save or --save-weights): the sync would place and gather it all;
+ * and where the sync only gathers checkpoint state (ddp's error feedback, 4 bytes a parameter from
+ * every rank) and no --save follows. */
 static bool needs_sync(const dt_trainer *t) {
     int n;
     const dt_train_config *c = &t->cfg;
+    if (t->strategy->sync_for_state_only) return c->save != NULL;  /* ddp: only the epoch's --save reads it */
     return !dt_model_placement(t->model, &n) || t->test || t->val || c->save || c->save_weights;
 }
 

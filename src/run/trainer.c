@@ -374,6 +374,11 @@ static dt_status setup_loader(dt_trainer *t, const dt_strategy_entry *se, const 
                         resume, info->world_size, info->batch, t->dworld, step_batch, (long long)t->step_in_epoch,
                         (long long)t->epoch + 1);
     }
+    if (resume && t->step_in_epoch > (int64_t)dt_loader_batches(t->loader))
+        return dt_error(DT_EFORMAT, "%s: it stopped at batch %lld of epoch %lld, but an epoch of this run has %zu "
+                        "batches (--epoch-windows, --batch or the data changed?); resume with the settings it was "
+                        "trained with", resume, (long long)t->step_in_epoch, (long long)t->epoch + 1,
+                        dt_loader_batches(t->loader));
     if (t->cfg.lr.kind == DT_LR_COSINE && t->cfg.lr.total_steps <= 0) {
         /* cosine decays over the whole run (after warm-up) unless told otherwise */
         int64_t total = (int64_t)c->epochs * (int64_t)dt_loader_batches(t->loader) - c->lr.warmup_steps;
