@@ -116,7 +116,7 @@ static const char TRAIN_USAGE[] =
     "  pp(stages=K,microbatches=M,schedule=gpipe|1f1b,split=N1:N2,tp=T)\n"
     "                                    pipeline parallel (--pp, --microbatches, --pp-schedule, --pp-split);\n"
     "                                    tp=T (--tp T --pp K): each stage a tensor-parallel group of T ranks\n"
-    "                                    zero=1|2 (tp), zero=1 (pp): ZeRO over the mesh's dp axis (--zero)\n"
+    "                                    zero=1|2|3 (tp), zero=1 (pp): ZeRO over the mesh's dp axis (--zero)\n"
     "e.g. --strategy \"ps(servers=2,staleness=4)\". The flags in parentheses set the same options;\n"
     "a flag and a spec option that disagree are an error.\n"
     "ddp and localsgd also take compress=C (--compress: none, fp16, bf16, topk:RATIO[:momentum=M]\n"
@@ -230,7 +230,7 @@ static int parse_train_flags(int argc, char **argv, train_opts *o) {
         {"keep", DT_FLAG_INT, &c->keep, "K", "keep only the newest K checkpoints in --checkpoint-dir (0 = all)"},
         {"elastic", DT_FLAG_STR, &o->elastic, "MIN:MAX", "with --workers: restart failed jobs from the last checkpoint"},
         {"max-restarts", DT_FLAG_INT, &o->max_restarts, "R", "with --elastic: give up after R restarts"},
-        {"zero", DT_FLAG_INT, &o->uneven.zero, "N", "ZeRO stage 1 (shard optimizer state), 2 (+ gradients), 3 (+ parameters); with --tp 1|2, with --pp 1"},
+        {"zero", DT_FLAG_INT, &o->uneven.zero, "N", "ZeRO stage 1 (shard optimizer state), 2 (+ gradients), 3 (+ parameters); also with --tp, with --pp 1"},
         {"mem-limit", DT_FLAG_STR, &o->mem_limit_text, "BYTES", "fail when a rank would hold more (K, M, G suffixes)"},
         {"dry-run", DT_FLAG_BOOL, &o->dry_run, NULL, "print each rank's predicted memory for this layout and exit"},
         {"weights", DT_FLAG_STR, &c->weights, "FILE", "start from plain safetensors weights (PyTorch state_dict names; with --model): fine-tuning"},

@@ -27,11 +27,8 @@ int dt_cli_mesh_parse(int tp, int zero, dt_train_config *cfg) {
                             "--tp %d: %s", tp, dt_last_error());
     cfg->strategy = g_spec;
     if (zero < 0) return 0;
-    if (zero == 3)
-        return dt_cli_usage("use --zero 1 or 2 with --tp (the dp axis of the mesh), or --zero 3 with plain ddp",
-                            "--zero 3 with --tp %d: stage 3 is not done over a mesh's dp axis yet", tp);
     if (pp)
-        return dt_cli_usage("use --zero 1 or 2 with --tp alone (dp x tp), --zero with plain ddp, or drop --zero",
+        return dt_cli_usage("use --zero 1, 2 or 3 with --tp alone (dp x tp), --zero with plain ddp, or drop --zero",
                             "--zero %d with --tp %d --pp: ZeRO does not shard a pipeline's stages yet", zero, tp);
     char with_zero[sizeof g_spec];
     snprintf(num, sizeof num, "%d", zero);

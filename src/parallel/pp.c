@@ -349,7 +349,7 @@ static dt_status pp_create(dt_strategy *s, const void *opts) {
     p->K = p->o.stages;
     if (p->o.zero && p->o.tp > 1) {
         const dt_status st = dt_error(DT_EINVAL, "--zero %d with --tp %d --pp %d: ZeRO does not shard a pipeline of "
-                                      "tensor-parallel stages yet; use --zero 1 with --pp alone, --zero 1 or 2 with --tp "
+                                      "tensor-parallel stages yet; use --zero 1 with --pp alone, --zero 1, 2 or 3 with --tp "
                                       "alone, or drop --zero", p->o.zero, p->o.tp, p->o.stages);
         free(p);
         return st;

@@ -34,7 +34,7 @@
 typedef struct {
     int tp, pp;
     double bucket_mb;  /* the inner ddp's buckets over the dp axis */
-    int zero;          /* ZeRO stage of the inner ddp over the dp axis (0: replicas; 1 or 2, tp_zero.c) */
+    int zero;          /* ZeRO stage of the inner ddp over the dp axis (0: replicas; 1-3, tp_zero.c) */
 } tp_opts;
 
 typedef struct {
@@ -211,6 +211,8 @@ static dt_status tp_sync(dt_strategy *s) {
                                        "gather the whole optimizer state on rank 0; run without a test set "
                                        "(--val-fraction 0) and --save, or raise --mem-limit")
                        : dt_error(DT_ENOMEM, "tensor parallel: out of memory for the whole optimizer state");
+    if (t->zero == 3) DT_TRY(t->ddp->ops->sync(t->ddp));  /* ZeRO-3: the shard's parameters gathered (until the
+                                                            * next step's begin_step frees them again) */
     dt_optim *lo = t->lopt, *collected = NULL;  /* with ZeRO: dp rank 0 collects the dp axis's shards */
     if (t->zero) DT_TRY(dt_tp_zero_collect(t->mesh.dp_comm, t->local, t->lopt, t->bucket_mb, &collected));
     if (collected) lo = collected;
@@ -312,7 +314,7 @@ static dt_status tp_create(dt_strategy *s, const void *opts) {
                         "is not a GPT (use --model gpt:L=..,H=..,C=..,T=.., or --strategy ddp)", o->tp, spec);
     if (o->zero && o->pp > 1)
         return dt_error(DT_EINVAL, "--zero %d with --tp %d --pp %d: ZeRO does not shard a pipeline's stages yet; use "
-                        "--zero 1 or 2 with --tp alone (dp x tp), or drop --zero", o->zero, o->tp, o->pp);
+                        "--zero 1, 2 or 3 with --tp alone (dp x tp), or drop --zero", o->zero, o->tp, o->pp);
     if (o->pp > 1) {  /* tp x pp: pipeline stages of shards (pp_tp.c), M = K micro-batches, 1F1B */
         dt_pp_opts po;
         dt_strategy_pp_entry.defaults(&po);
@@ -338,13 +340,7 @@ static void tp_defaults(void *opts) { *(tp_opts *)opts = (tp_opts){.tp = 2, .pp 
 static dt_status tp_set(void *opts, const char *key, const char *value) {
     tp_opts *o = opts;
     char *end;
-    if (!strcmp(key, "zero")) {
-        DT_TRY(dt_zero_parse_stage(value, &o->zero));
-        if (o->zero == 3)  /* its just-in-time gathers would need the shards' hooks in the same nodes */
-            return dt_error(DT_EINVAL, "--zero 3 with tensor parallelism: stage 3 is not done over a mesh's dp axis "
-                            "yet; use --zero 1 or 2 with --tp (the dp axis of the mesh), or --zero 3 with plain ddp");
-        return DT_OK;
-    }
+    if (!strcmp(key, "zero")) return dt_zero_parse_stage(value, &o->zero);
     if (!strcmp(key, "bucket_mb")) {
         double v = strtod(value, &end);
         if (*end || end == value || !(v > 0) || !isfinite(v) || v > 1e6)
@@ -391,7 +387,7 @@ static dt_status tp_place(const void *opts, const dt_model *m, int rank, int siz
 }
 
 const dt_strategy_entry dt_strategy_tp_entry = {
-    .name = "tp", .help = "tp(tp=K,pp=1,bucket_mb=MB,zero=0|1|2)  ranks: (dp_i*PP + pp_i)*TP + tp_i, TP innermost",
+    .name = "tp", .help = "tp(tp=K,pp=1,bucket_mb=MB,zero=0|1|2|3)  ranks: (dp_i*PP + pp_i)*TP + tp_i, TP innermost",
     .keys = "tp,pp,bucket_mb,zero", .opts_size = sizeof(tp_opts), .defaults = tp_defaults, .set = tp_set,
     .create = tp_create, .format = tp_format, .needs_comm = true, .data_part = tp_data_part, .mesh = tp_mesh,
     .place = tp_place};

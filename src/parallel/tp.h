@@ -110,7 +110,7 @@ void dt_tp_hooks_counters(const dt_tp_hooks *h, dt_tp_counters *c);
 bool dt_tp_in_norm(const char *name, int r);
 
 
-/* ---- ZeRO over the dp axis of the mesh (tp_zero.c; tp(tp=K,zero=1|2)) ---- */
+/* ---- ZeRO over the dp axis of the mesh (tp_zero.c; tp(tp=K,zero=1|2|3)) ---- */
 
 /* The ranges of the local slab that dp rank r of N owns under ZeRO on ddp's buckets of
  * bucket_mb (as zero.c cuts them), in the order its optimizer packs them. */

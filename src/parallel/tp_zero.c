@@ -1,5 +1,6 @@
-/* ZeRO over the data-parallel axis of a tensor-parallel mesh (tp(tp=K,zero=1|2)): tp's inner
- * ddp(zero=N) shards the shard's optimizer state (and gradients) over the dp axis, cutting ddp's
+/* ZeRO over the data-parallel axis of a tensor-parallel mesh (tp(tp=K,zero=1|2|3)): tp's inner
+ * ddp(zero=N) shards the shard's optimizer state (and gradients, and parameters: its node hooks
+ * chain with the shard's, tp_hooks.c) over the dp axis, cutting ddp's
  * buckets of the local model as zero.c does (dt_ddp_buckets, dt_zero_chunk: each dp rank's chunks
  * packed in bucket order). This file maps between that packed state and the whole local layout
  * that tp's gather (tp_shard.c) and state visitor (tp_state.c) read: a full local optimizer with
