@@ -5,6 +5,10 @@
 #    tensors by nanoGPT's names and shapes (those of a 1-worker file, which torch_load_gpt.sh loads
 #    into PyTorch), equal to 1 worker's at the same step; it resumes under 1 worker, dp2 and tp2;
 #    a 1-worker checkpoint resumes under dp2 x tp2; tp2 -> tp2 resumes bit for bit;
+#  - ZeRO over the mesh's dp axis (--tp 2 --workers 4 --zero 2 and 3): its checkpoint (the whole
+#    parameters and Adam moments, collected from the ZeRO shards) equals 1 worker's, and it resumes
+#    on 1 worker and under --zero 3 to where 1 worker ends (and a 1-worker checkpoint under --zero
+#    1); --zero 2 with --pp and --zero with --tp --pp are refused
 #  - dp2 x tp2 over MPI (mpirun -n 4; skipped without mpirun and under the sanitizers);
 #  - errors: a --tp that does not divide the heads / width / vocabulary, nor the ranks, a non-GPT
 #    model, --tp with another --strategy.
@@ -35,6 +39,8 @@ expect_fail "--tp must divide the ranks" "must divide the world size 2" run --tp
 expect_fail "--tp needs a GPT" "is not a GPT" \
   bash -c "printf '0,1,2\n1,3,4\n' > '$TMP/t_train.csv'; $DT train --data '$TMP/t_train.csv' --model 'linear(2)' --batch 1 --tp 2 --workers 2 --max-steps 1"
 expect_fail "--tp with another strategy" "tensor parallelism is its own strategy" run --tp 2 --strategy ddp --workers 2
+expect_fail "--zero 2 with --pp" "only stage 1" run --pp 2 --zero 2 --workers 4 --max-steps 1
+expect_fail "--zero with --tp --pp" "does not shard a pipeline's stages yet" run --tp 2 --pp 2 --zero 1 --workers 8 --max-steps 1
 
 # ---- layouts against 1 worker ----
 one=$(run --batch 8 --max-steps $N --save "$TMP/one.st" 2>&1) || bad "1 worker: $one"
@@ -60,6 +66,25 @@ d=$(close "$TMP/one.st" "$TMP/r3.st" 1e-4) && ok "saved on 1 worker, resumed und
 run --tp 2 --workers 2 --batch 8 --max-steps $N --resume "$TMP/htp.st" --save "$TMP/r4.st" >/dev/null 2>&1 || bad "tp2 -> tp2"
 d=$(close "$TMP/l22.st" "$TMP/r4.st" 0) && ok "saved under tp2, resumed under tp2: bitwise equal to the uninterrupted tp2 run" \
   || bad "tp2 -> tp2 resume differs: $d"
+
+# ---- ZeRO-2 over the dp axis of dp2 x tp2: checkpoint moments from the shards, resumed on 1 worker ----
+run --tp 2 --workers 4 --zero 2 --batch 4 --max-steps $H --save "$TMP/hz.st" >/dev/null 2>&1 || bad "dp2 x tp2 --zero 2 half"
+d=$(close "$TMP/h1.st" "$TMP/hz.st" 1e-4) && ok "dp2 x tp2 --zero 2 --save: parameters and Adam moments as 1 worker's, within $d" \
+  || bad "dp2 x tp2 --zero 2 checkpoint vs 1 worker's: $d"
+run --batch 8 --max-steps $N --resume "$TMP/hz.st" --save "$TMP/rz.st" >/dev/null 2>&1 || bad "resume zero2 dp2xtp2 -> 1"
+d=$(close "$TMP/one.st" "$TMP/rz.st" 1e-4) && ok "saved under dp2 x tp2 --zero 2, resumed on 1 worker: within $d" \
+  || bad "dp2 x tp2 --zero 2 -> 1: $d"
+run --tp 2 --workers 4 --zero 1 --batch 4 --max-steps $N --resume "$TMP/h1.st" --save "$TMP/rz1.st" >/dev/null 2>&1 \
+  || bad "resume 1 -> zero1 dp2xtp2"
+d=$(close "$TMP/one.st" "$TMP/rz1.st" 1e-4) && ok "saved on 1 worker, resumed under dp2 x tp2 --zero 1 (moments into the shards): within $d" \
+  || bad "1 -> dp2 x tp2 --zero 1: $d"
+run --tp 2 --workers 4 --zero 3 --batch 4 --max-steps $H --save "$TMP/hz3.st" >/dev/null 2>&1 || bad "dp2 x tp2 --zero 3 half"
+d=$(close "$TMP/h1.st" "$TMP/hz3.st" 1e-4) && ok "dp2 x tp2 --zero 3 --save: parameters and Adam moments as 1 worker's, within $d" \
+  || bad "dp2 x tp2 --zero 3 checkpoint vs 1 worker's: $d"
+run --tp 2 --workers 4 --zero 3 --batch 4 --max-steps $N --resume "$TMP/hz.st" --save "$TMP/rz3.st" >/dev/null 2>&1 \
+  || bad "resume zero2 -> zero3 dp2xtp2"
+d=$(close "$TMP/one.st" "$TMP/rz3.st" 1e-4) && ok "saved under dp2 x tp2 --zero 2, resumed under --zero 3: within $d" \
+  || bad "dp2 x tp2 --zero 2 -> --zero 3: $d"
 
 # ---- the same mesh over MPI (dp2 x tp2 under mpirun) ----
 if [ -n "${DTRAIN_SANITIZED:-}" ]; then

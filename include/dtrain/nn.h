@@ -193,6 +193,9 @@ float *dt_model_node_grad_mut(dt_model *m, int node);
 /* Called before a node's backward (ZeRO-3 gathers its parameters again), with the ctx of
  * dt_model_set_node_hooks; NULL: none. */
 void dt_model_set_backward_hook(dt_model *m, dt_node_hook_fn before_backward);
+/* The node hooks set now (any may be NULL), so that a second user can chain them. */
+void dt_model_node_hooks(const dt_model *m, dt_node_hook_fn *before_forward, dt_node_hook_fn *after_backward,
+                         dt_node_hook_fn *before_backward, void **ctx);
 /* The tensors (dt_model_tensor ids, parameters and buffers, tied ones included) node reads,
  * into idx[0..cap); returns how many it has (which may exceed cap). */
 int dt_model_node_tensors(const dt_model *m, int node, int *idx, int cap);

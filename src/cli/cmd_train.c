@@ -110,12 +110,13 @@ static const char TRAIN_USAGE[] =
     "  localsgd(sync_every=H)            local steps, models averaged every H (--sync-every)\n"
     "  ps(servers=S,staleness=S|inf,shards=dynamic|fixed,overlap=0|1)\n"
     "                                    parameter server (--servers, --staleness, --balance, --ps-overlap)\n"
-    "  tp(tp=K,pp=1,bucket_mb=MB)        Megatron tensor parallel GPT (--tp K): K ranks per model copy,\n"
+    "  tp(tp=K,pp=1,bucket_mb=MB,zero=N) Megatron tensor parallel GPT (--tp K): K ranks per model copy,\n"
     "                                    the other ranks data parallel; --workers N counts all ranks.\n"
     "                                    Mesh order, TP innermost: rank = (dp_i*PP + pp_i)*TP + tp_i\n"
     "  pp(stages=K,microbatches=M,schedule=gpipe|1f1b,split=N1:N2,tp=T)\n"
     "                                    pipeline parallel (--pp, --microbatches, --pp-schedule, --pp-split);\n"
     "                                    tp=T (--tp T --pp K): each stage a tensor-parallel group of T ranks\n"
+    "                                    zero=1|2|3 (tp), zero=1 (pp): ZeRO over the mesh's dp axis (--zero)\n"
     "e.g. --strategy \"ps(servers=2,staleness=4)\". The flags in parentheses set the same options;\n"
     "a flag and a spec option that disagree are an error.\n"
     "ddp and localsgd also take compress=C (--compress: none, fp16, bf16, topk:RATIO[:momentum=M]\n"
@@ -229,7 +230,7 @@ static int parse_train_flags(int argc, char **argv, train_opts *o) {
         {"keep", DT_FLAG_INT, &c->keep, "K", "keep only the newest K checkpoints in --checkpoint-dir (0 = all)"},
         {"elastic", DT_FLAG_STR, &o->elastic, "MIN:MAX", "with --workers: restart failed jobs from the last checkpoint"},
         {"max-restarts", DT_FLAG_INT, &o->max_restarts, "R", "with --elastic: give up after R restarts"},
-        {"zero", DT_FLAG_INT, &o->uneven.zero, "N", "ddp: ZeRO stage 1 (shard optimizer state), 2 (+ gradients), 3 (+ parameters)"},
+        {"zero", DT_FLAG_INT, &o->uneven.zero, "N", "ZeRO stage 1 (shard optimizer state), 2 (+ gradients), 3 (+ parameters); also with --tp, with --pp 1"},
         {"mem-limit", DT_FLAG_STR, &o->mem_limit_text, "BYTES", "fail when a rank would hold more (K, M, G suffixes)"},
         {"dry-run", DT_FLAG_BOOL, &o->dry_run, NULL, "print each rank's predicted memory for this layout and exit"},
         {"weights", DT_FLAG_STR, &c->weights, "FILE", "start from plain safetensors weights (PyTorch state_dict names; with --model): fine-tuning"},
@@ -256,8 +257,10 @@ static int parse_train_flags(int argc, char **argv, train_opts *o) {
     o->uneven.bucket_mb = o->bucket_mb;
     o->uneven.zero_given = dt_cli_flag_given(argc, argv, "zero");
     if (o->mem_limit_text && (r = dt_cli_mem_limit_parse(o->mem_limit_text, &o->mem_limit)) != 0) return r;
+    const bool mesh_zero = o->tp > 0 && o->uneven.zero_given;  /* --tp K --zero N: tp(tp=K,zero=N) */
+    if (mesh_zero) o->uneven.zero_given = false;
     if ((r = dt_cli_uneven_parse(&o->uneven, c)) != 0) return r;
-    if ((r = dt_cli_mesh_parse(o->tp, c)) != 0) return r;
+    if ((r = dt_cli_mesh_parse(o->tp, mesh_zero ? o->uneven.zero : -1, c)) != 0) return r;
     if ((r = dt_cli_pp_check_batch(c)) != 0) return r;
     return -1;
 }

@@ -341,6 +341,12 @@ void dt_model_set_after_forward_hook(dt_model *m, dt_node_hook_fn after_forward,
 
 void dt_model_set_backward_hook(dt_model *m, dt_node_hook_fn before_backward) { m->before_backward = before_backward; }
 
+void dt_model_node_hooks(const dt_model *m, dt_node_hook_fn *before_forward, dt_node_hook_fn *after_backward,
+                         dt_node_hook_fn *before_backward, void **ctx) {
+    *before_forward = m->before_forward, *after_backward = m->after_backward;
+    *before_backward = m->before_backward, *ctx = m->hook_ctx;
+}
+
 int dt_model_node_tensors(const dt_model *m, int node, int *idx, int cap) {
     if (node < 0 || node >= m->n) return 0;
     const dt_node *n = &m->nodes[node];

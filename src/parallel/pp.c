@@ -13,6 +13,7 @@
  * optimizer moments sent to stage 0, so rank 0 writes one ordinary, layout-independent checkpoint;
  * the next step narrows the stage back (streaming them instead is not done yet). */
 #include "parallel/pp.h"
+#include "parallel/zero.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,6 +35,7 @@ static void narrow(dt_strategy *s, dt_pp *p) {
 static void pp_begin(dt_strategy *s, int64_t step) {
     s->step = step;
     narrow(s, s->impl);
+    dt_pp_zero_uncollect(s->impl);  /* a sync's whole segment moments (ZeRO-1) back to the shards */
 }
 static void pp_ready(dt_strategy *s, size_t off, size_t n) { (void)s, (void)off, (void)n; }
 static dt_status pp_step_unused(dt_strategy *s, float lr, float clip, dt_step_stats *st) {
@@ -74,6 +76,7 @@ static dt_status pp_sync(dt_strategy *s) {
     dt_model *m = s->model;
     if (p->tp > 1) return dt_pp_tp_sync(s);  /* the whole model stays placed under tp x pp */
     DT_TRY(widen(s, p));
+    if (p->o.zero && p->DP > 1) DT_TRY(dt_pp_zero_collect(p));  /* DP rank 0: whole segment moments */
     if (p->K == 1) goto moments;
     for (int t = 0; t < dt_model_num_tensors(m); t++) {
         const dt_param_info *ti = dt_model_tensor(m, t);
@@ -111,7 +114,7 @@ static void pp_destroy(dt_strategy *s) {
         dt_request_wait(&sl->req_out), dt_request_wait(&sl->req_gout);
         free(sl->in), free(sl->out), free(sl->gin), free(sl->gout), free(sl->x), free(sl->y);
     }
-    for (int g = 0; g < p->nseg; g++) dt_optim_free(p->seg[g].opt);
+    for (int g = 0; g < p->nseg; g++) dt_optim_free(p->seg[g].opt), dt_optim_free(p->seg[g].shard);
     dt_comm *cs[] = {p->fwd, p->bwd, p->data};
     for (size_t i = 0; i < sizeof cs / sizeof *cs; i++) dt_comm_destroy(cs[i]);
     for (int t = 0; p->share && t < dt_model_num_tensors(p->m ? p->m : s->model); t++) dt_comm_destroy(p->share[t]);
@@ -335,7 +338,8 @@ static dt_status pp_setup(dt_strategy *s, dt_pp *p) {
         return dt_error(DT_ENOMEM, "pp: out of memory");
     p->live = -1;
     s->data_rank = p->dp_i, s->data_world = p->DP, s->job_rank0 = 0;
-    return make_comms(s, p);
+    DT_TRY(make_comms(s, p));
+    return p->o.zero && p->DP > 1 ? dt_pp_zero_shard(p) : DT_OK;
 }
 
 static dt_status pp_create(dt_strategy *s, const void *opts) {
@@ -343,6 +347,13 @@ static dt_status pp_create(dt_strategy *s, const void *opts) {
     if (!p) return dt_error(DT_ENOMEM, "pp: out of memory");
     p->o = *(const dt_pp_opts *)opts;
     p->K = p->o.stages;
+    if (p->o.zero && p->o.tp > 1) {
+        const dt_status st = dt_error(DT_EINVAL, "--zero %d with --tp %d --pp %d: ZeRO does not shard a pipeline of "
+                                      "tensor-parallel stages yet; use --zero 1 with --pp alone, --zero 1, 2 or 3 with --tp "
+                                      "alone, or drop --zero", p->o.zero, p->o.tp, p->o.stages);
+        free(p);
+        return st;
+    }
     if (p->o.microbatches == 0) p->o.microbatches = p->K;  /* default: M = K */
     s->impl = p;
     s->ops = &pp_ops;
@@ -374,6 +385,14 @@ static dt_status pp_set(void *opts, const char *key, const char *value) {
     dt_pp_opts *o = opts;
     if (!strcmp(key, "stages")) return int_opt(key, value, 1, DT_PP_MAX_STAGES, &o->stages);
     if (!strcmp(key, "tp")) return int_opt(key, value, 1, 4096, &o->tp);
+    if (!strcmp(key, "zero")) {
+        DT_TRY(dt_zero_parse_stage(value, &o->zero));
+        if (o->zero > 1)
+            return dt_error(DT_EINVAL, "--zero %d with a pipeline: only stage 1 (the optimizer state over the DP axis) is "
+                            "done for --pp; use --zero 1 with --pp, --zero 2 with --tp, or --zero 2|3 with plain ddp",
+                            o->zero);
+        return DT_OK;
+    }
     if (!strcmp(key, "microbatches")) return int_opt(key, value, 1, DT_PP_MAX_MICRO, &o->microbatches);
     if (!strcmp(key, "schedule")) return dt_pp_schedule_parse(value, &o->schedule);
     if (!strcmp(key, "cost")) {
@@ -393,6 +412,7 @@ static void pp_format(const void *opts, char *out, size_t cap) {
     int k = snprintf(out, cap, "stages=%d,microbatches=%d,schedule=%s", o->stages,
                      o->microbatches ? o->microbatches : o->stages, dt_pp_schedule_name(o->schedule));
     if (o->tp > 1 && k > 0 && (size_t)k < cap) k += snprintf(out + k, cap - (size_t)k, ",tp=%d", o->tp);
+    if (o->zero && k > 0 && (size_t)k < cap) k += snprintf(out + k, cap - (size_t)k, ",zero=%d", o->zero);
     if (o->measured && k > 0 && (size_t)k < cap) k += snprintf(out + k, cap - (size_t)k, ",cost=measured");
     if (o->split[0] && k > 0 && (size_t)k < cap) snprintf(out + k, cap - (size_t)k, ",split=%s", o->split);
 }
@@ -416,8 +436,8 @@ static void pp_mesh(const void *opts, int *tp, int *pp, int *microbatches, const
 }
 
 const dt_strategy_entry dt_strategy_pp_entry = {
-    .name = "pp", .help = "pp(stages=K,microbatches=M,schedule=gpipe|1f1b,cost=flops|measured,split=N1:N2:...,tp=T)  "
+    .name = "pp", .help = "pp(stages=K,microbatches=M,schedule=gpipe|1f1b,cost=flops|measured,split=N1:N2:...,tp=T,zero=0|1)  "
                           "ranks: (dp_i*K + stage)*T + tp_i",
-    .keys = "stages,microbatches,schedule,cost,split,tp", .opts_size = sizeof(dt_pp_opts), .defaults = pp_defaults,
+    .keys = "stages,microbatches,schedule,cost,split,tp,zero", .opts_size = sizeof(dt_pp_opts), .defaults = pp_defaults,
     .set = pp_set, .create = pp_create, .format = pp_format, .needs_comm = true,
     .data_part = pp_data_part, .mesh = pp_mesh, .place = pp_place};

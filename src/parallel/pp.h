@@ -29,6 +29,7 @@ typedef struct {
     dt_pp_schedule_kind schedule;
     char split[160];            /* "" = balanced; else K-1 first nodes of stages 1..K-1, by index or name */
     bool measured;              /* balance measured per-node seconds (pp_cost.c) instead of flops */
+    int zero;                   /* ZeRO stage over the DP axis: 0 or 1 (pp_zero.c) */
 } dt_pp_opts;
 
 /* ---- schedules (pp_schedule.c) ---- */
@@ -83,6 +84,10 @@ typedef struct {
 typedef struct {
     size_t lo, hi;
     dt_optim *opt;
+    bool zero;            /* ZeRO-1 (pp_zero.c): opt holds chunk [lo + zoff, lo + zoff + zlen) only */
+    size_t zoff, zlen;
+    bool whole;           /* after a sync on DP rank 0: opt is the whole segment's, shard the chunk's */
+    dt_optim *shard;
 } dt_pp_segment;
 
 typedef struct {
@@ -148,6 +153,16 @@ void dt_pp_tp_scatter_moments(dt_strategy *s, dt_pp *p);
  * owner stage's tp axis, then broadcast along the pipeline) and world rank 0's s->optim the whole
  * moments. Collective over the job. */
 dt_status dt_pp_tp_sync(dt_strategy *s);
+/* ---- ZeRO-1 over the DP axis (pp_zero.c; pp(zero=1), DP > 1, tp 1) ---- */
+/* Cuts every segment into this DP rank's chunk and shards its optimizer to it. */
+dt_status dt_pp_zero_shard(dt_pp *p);
+/* Updates this rank's chunk of every segment (w, g: the stage model's slabs, averaged and clipped)
+ * and all-gathers the chunks over the DP axis. */
+dt_status dt_pp_zero_update(dt_pp *p, float *w, const float *g, float lr);
+/* Collective over the DP axis: DP rank 0's segments get whole optimizers with every rank's chunk
+ * (for sync's moments); dt_pp_zero_uncollect (each step's start) puts the shards back. */
+dt_status dt_pp_zero_collect(dt_pp *p);
+void dt_pp_zero_uncollect(dt_pp *p);
 /* The tp counters of a pp strategy (zeros without tp, or for another strategy). */
 void dt_pp_tp_counters(const dt_strategy *s, dt_tp_counters *c);
 

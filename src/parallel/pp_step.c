@@ -346,7 +346,9 @@ static dt_status update(step_ctx *c) {
                 for (size_t i = p->seg[q].lo; i < p->seg[q].hi; i++) g[i] *= k;
         }
     }
-    for (int q = 0; q < p->nseg; q++) dt_optim_step(p->seg[q].opt, w + p->seg[q].lo, g + p->seg[q].lo, c->b->lr);
+    if (p->o.zero && p->DP > 1) DT_TRY(dt_pp_zero_update(p, w, g, c->b->lr));  /* each DP rank its chunk */
+    else
+        for (int q = 0; q < p->nseg; q++) dt_optim_step(p->seg[q].opt, w + p->seg[q].lo, g + p->seg[q].lo, c->b->lr);
     p->updates++;
     return DT_OK;
 }

@@ -11,6 +11,9 @@
  *    micro-batches (M=3 of 8 samples);
  *  - the in-flight count and peak activation memory the run measured (metrics line);
  *  - checkpoints across layouts: saved under pp2 resumed on 1 worker, and the other way round;
+ *  - ZeRO-1 over the DP axis (dp2 x pp2, pp(zero=1)): the parameters of 1 worker after 20 steps;
+ *    its checkpoint (moments collected from the shards) resumed on 1 worker, and a 1-worker
+ *    checkpoint resumed under it (moments cut into the shards), continue as 1 worker;
  *  - a stage killed mid-run: every other rank fails (no hang) naming stage, rank and operation.
  * Under the sanitizers (DTRAIN_SANITIZED) a subset of the layouts runs. */
 #include "core/test.h"
@@ -301,6 +304,37 @@ static void test_resume(void) {
     CHECK_MSG(d < 2e-5, "1 worker -> pp2 resume differs by %g", d);
 }
 
+/* ZeRO-1 over the DP axis of dp2 x pp2 against 1 worker: 20 steps, and resumes both ways at step 10. */
+static void test_zero(void) {
+    static const char *Z = "pp(stages=2,microbatches=2,zero=1)";
+    run_cfg full = {.model = GPT, .data = g_text, .batch = 8, .steps = STEPS};
+    size_t n = 0, m = 0;
+    reference(&full, g_ref, &n);
+    char ck[128], path[128];
+    snprintf(path, sizeof path, "%s/zero", g_dir);
+    run_cfg z = {.model = GPT, .data = g_text, .strategy = Z, .batch = 4, .steps = STEPS};
+    CHECK(run_ranks(4, &z, path) == 0);
+    compare("gpt dp2 x pp2 zero=1:", n, g_ref, g_got, dt_test_read_floats(path, g_got, CAP + STEPS + 1), 0);
+    snprintf(ck, sizeof ck, "%s/zero.safetensors", g_dir);
+    run_cfg half = {.model = GPT, .data = g_text, .strategy = Z, .batch = 4, .steps = 10, .save = ck};
+    CHECK(run_ranks(4, &half, path) == 0);
+    run_cfg rest = {.model = GPT, .data = g_text, .batch = 8, .steps = STEPS, .resume = ck};
+    progress pg = {{0}, 0};
+    CHECK_OK(train(&rest, NULL, g_got, &m, &pg));
+    double d = m == n ? dt_test_maxdiff(g_ref, g_got, n) : 1e9;
+    printf("resume: 10 steps dp2 x pp2 zero=1 + 10 steps 1 worker vs 20 steps 1 worker: max |param diff| %.2g\n", d);
+    CHECK_MSG(d < DT_PP_TEST_TOL, "dp2 x pp2 zero=1 -> 1 worker resume differs by %g", d);
+    snprintf(ck, sizeof ck, "%s/zone.safetensors", g_dir);
+    run_cfg first = {.model = GPT, .data = g_text, .batch = 8, .steps = 10, .save = ck};
+    CHECK_OK(train(&first, NULL, g_got, &m, &pg));
+    run_cfg again = {.model = GPT, .data = g_text, .strategy = Z, .batch = 4, .steps = STEPS, .resume = ck};
+    CHECK(run_ranks(4, &again, path) == 0);
+    m = dt_test_read_floats(path, g_got, CAP + STEPS + 1);
+    d = m >= n ? dt_test_maxdiff(g_ref, g_got, n) : 1e9;
+    printf("resume: 10 steps 1 worker + 10 steps dp2 x pp2 zero=1 vs 20 steps 1 worker: max |param diff| %.2g\n", d);
+    CHECK_MSG(d < DT_PP_TEST_TOL, "1 worker -> dp2 x pp2 zero=1 resume differs by %g", d);
+}
+
 /* pp4: rank 0 (stage 0) dies after step 3; every other rank fails naming a stage, its rank and
  * the operation, its neighbour naming rank 0. */
 static void test_killed_stage(void) {
@@ -329,6 +363,7 @@ int main(void) {
     test_gpt_layouts();
     test_memory();
     test_seq_models();
+    test_zero();
     test_resume();
     test_killed_stage();
     dt_test_remove_dir(g_dir);

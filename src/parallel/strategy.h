@@ -200,6 +200,11 @@ struct dt_strategy {
      * clip-and-update of dt_strategy_apply_update (tp clips by the norm over its shards); NULL = local */
     void (*update)(void *ctx, float lr, float clip);
     void *update_ctx;
+    /* the same for ZeRO, which clips and updates its own shards (tp(zero=N)): the sum of squares
+     * of a shard's gradient values g[0..n) at slab offset off that count in the norm (NULL: all),
+     * summed over norm_comm (NULL: comm; tp's world: each tp shard's part once) */
+    double (*norm_part)(void *ctx, size_t off, const float *g, size_t n);
+    dt_comm *norm_comm;
 };
 
 /* ---- the registry (registry.c): strategies by name, each with its options in its own struct ---- */

@@ -23,6 +23,7 @@
 #include "parallel/pp.h"
 #include "parallel/strategy.h"
 #include "parallel/tp.h"
+#include "parallel/zero.h"
 #include "dtrain/models.h"
 
 #include <math.h>
@@ -33,6 +34,7 @@
 typedef struct {
     int tp, pp;
     double bucket_mb;  /* the inner ddp's buckets over the dp axis */
+    int zero;          /* ZeRO stage of the inner ddp over the dp axis (0: replicas; 1-3, tp_zero.c) */
 } tp_opts;
 
 typedef struct {
@@ -50,6 +52,9 @@ typedef struct {
     float *whole_m[2];       /* world rank 0: the whole optimizer moments, assembled by sync (the others
                               * hold only their shards: the whole model's own moments are freed) */
     uint64_t dp_bytes;       /* what the dp axis moved */
+    int zero;                /* the inner ddp's ZeRO stage (0: none, or one dp rank) */
+    double bucket_mb;
+    dt_tp_zero_part mine;    /* with zero: the ranges of the local slab this dp rank's optimizer holds */
 } tp;
 
 /* Wraps a failure on the tp axis: its ranks are world ranks (tp rank i = world rank base + i). */
@@ -82,6 +87,12 @@ static void tp_update(void *ctx, float lr, float clip) {
             for (size_t k = 0; k < n; k++) g[k] *= f;
     }
     dt_optim_step(t->lopt, dt_model_params(t->local), g, lr);
+}
+
+/* ZeRO's clip (the inner ddp's shards of the local slab): the values that count in the whole norm. */
+static double tp_norm_part(void *ctx, size_t off, const float *g, size_t n) {
+    const tp *t = ctx;
+    return dt_tp_zero_norm_part(t->local, t->r, off, g, n);
 }
 
 /* Forward, vocabulary-parallel loss and backward of samples [lo, hi) of the step. */
@@ -127,7 +138,7 @@ static dt_status tp_train_step(dt_strategy *s, const dt_step_batch *b, dt_step_r
     memset(r, 0, sizeof *r);
     s->step = b->step;
     if (t->ddp) t->ddp->ops->begin_step(t->ddp, b->step);
-    dt_model_zero_grad(t->local);
+    if (!t->ddp || !t->ddp->grads_zeroed) dt_model_zero_grad(t->local);  /* ZeRO-2 leaves them zero */
     dt_tp_hooks_take_comm_s(t->hooks);
     if (n > 0) DT_TRY(dt_tp_hooks_map(t->hooks, b->feed.x, 0, n, n));
     const float weight = n == 0 ? 1.0f : (float)((double)n * b->world / b->n_global);  /* share of the global mean */
@@ -165,7 +176,10 @@ static dt_status tp_train_step(dt_strategy *s, const dt_step_batch *b, dt_step_r
 static dt_status tp_init(dt_strategy *s) {
     tp *t = s->impl;  /* the same shards on every model copy (the whole model holds nothing now) */
     if (t->mesh.dp_comm) DT_TRY(dt_strategy_verify_replicas(t->mesh.dp_comm, t->local));
-    return t->ddp ? t->ddp->ops->init(t->ddp) : DT_OK;
+    if (!t->ddp) return DT_OK;
+    DT_TRY(t->ddp->ops->init(t->ddp));
+    dt_tp_hooks_chain(t->hooks);  /* ZeRO-2's init set the model's node hooks: run ours and its */
+    return DT_OK;
 }
 
 static void tp_begin(dt_strategy *s, int64_t step) { s->step = step; }
@@ -197,7 +211,14 @@ static dt_status tp_sync(dt_strategy *s) {
                                        "gather the whole optimizer state on rank 0; run without a test set "
                                        "(--val-fraction 0) and --save, or raise --mem-limit")
                        : dt_error(DT_ENOMEM, "tensor parallel: out of memory for the whole optimizer state");
-    DT_TRY(dt_tp_gather(t->mesh.tp_comm, s->model, t->local, t->lopt, t->K, group0 ? t->whole_m : NULL));
+    if (t->zero == 3) DT_TRY(t->ddp->ops->sync(t->ddp));  /* ZeRO-3: the shard's parameters gathered (until the
+                                                            * next step's begin_step frees them again) */
+    dt_optim *lo = t->lopt, *collected = NULL;  /* with ZeRO: dp rank 0 collects the dp axis's shards */
+    if (t->zero) DT_TRY(dt_tp_zero_collect(t->mesh.dp_comm, t->local, t->lopt, t->bucket_mb, &collected));
+    if (collected) lo = collected;
+    dt_status st = dt_tp_gather(t->mesh.tp_comm, s->model, t->local, lo, t->K, group0 ? t->whole_m : NULL);
+    dt_optim_free(collected);
+    DT_TRY(st);
     dt_optim_set_steps(s->optim, dt_optim_steps(t->lopt));
     t->whole = saver;
     return DT_OK;
@@ -206,7 +227,15 @@ static dt_status tp_sync(dt_strategy *s) {
 /* The state (tp_state.c): the whole on world rank 0 after a sync, else the rank's shards. */
 static dt_status tp_visit(dt_strategy *s, dt_state_visit_fn fn, void *ctx) {
     tp *t = s->impl;
-    return dt_tp_visit_state(s->model, t->local, t->lopt, t->K, t->r, t->whole, t->whole_m, fn, ctx);
+    if (!t->zero || t->whole)
+        return dt_tp_visit_state(s->model, t->local, t->lopt, t->K, t->r, t->whole, t->whole_m, fn, ctx);
+    /* ZeRO: the shard's pieces through a whole local optimizer holding this dp rank's part */
+    dt_optim *w = NULL;
+    DT_TRY(dt_tp_zero_expand(t->local, t->lopt, &t->mine, &w));
+    dt_status st = dt_tp_visit_state(s->model, t->local, w, t->K, t->r, false, NULL, fn, ctx);
+    if (st == DT_OK) dt_tp_zero_pack(w, t->lopt, &t->mine);
+    dt_optim_free(w);
+    return st;
 }
 
 static void tp_destroy(dt_strategy *s) {
@@ -217,6 +246,7 @@ static void tp_destroy(dt_strategy *s) {
     dt_optim_free(t->lopt);
     dt_mesh_free(&t->mesh);
     dt_tp_hooks_destroy(t->hooks);
+    dt_tp_zero_part_free(&t->mine);
     dt_free(t->whole_m[0]), dt_free(t->whole_m[1]);
     free(t);
     s->impl = NULL;
@@ -262,10 +292,14 @@ static dt_status setup(dt_strategy *s, tp *t, const tp_opts *o) {
     DT_TRY(dt_tp_hooks_create(&t->hooks, t->local, &t->g, t->mesh.tp_comm, t->K, t->r, dt_comm_rank(s->comm), s->trace,
                               &s->step));
     if (t->mesh.dp > 1) {
-        char spec[64];
-        snprintf(spec, sizeof spec, "ddp(bucket_mb=%g)", o->bucket_mb);
+        char spec[96];
+        snprintf(spec, sizeof spec, "ddp(bucket_mb=%g,zero=%d)", o->bucket_mb, o->zero);
+        t->zero = o->zero, t->bucket_mb = o->bucket_mb;
+        if (t->zero)
+            DT_TRY(dt_tp_zero_ranges(t->local, o->bucket_mb, t->mesh.dp_rank, t->mesh.dp, &t->mine));
         DT_TRY(dt_strategy_create(&t->ddp, spec, t->mesh.dp_comm, t->local, t->lopt, s->trace));
         t->ddp->update = tp_update, t->ddp->update_ctx = t;
+        t->ddp->norm_part = tp_norm_part, t->ddp->norm_comm = s->comm;  /* ZeRO's clip: every shard once */
     }
     s->data_rank = t->mesh.dp_rank, s->data_world = t->mesh.dp;
     s->data_comm = t->mesh.dp_comm;
@@ -278,6 +312,9 @@ static dt_status tp_create(dt_strategy *s, const void *opts) {
     if (!dt_model_spec_is_gpt(spec))
         return dt_error(DT_EINVAL, "--tp %d: tensor parallelism splits a GPT's heads, MLP and vocabulary; --model %s "
                         "is not a GPT (use --model gpt:L=..,H=..,C=..,T=.., or --strategy ddp)", o->tp, spec);
+    if (o->zero && o->pp > 1)
+        return dt_error(DT_EINVAL, "--zero %d with --tp %d --pp %d: ZeRO does not shard a pipeline's stages yet; use "
+                        "--zero 1, 2 or 3 with --tp alone (dp x tp), or drop --zero", o->zero, o->tp, o->pp);
     if (o->pp > 1) {  /* tp x pp: pipeline stages of shards (pp_tp.c), M = K micro-batches, 1F1B */
         dt_pp_opts po;
         dt_strategy_pp_entry.defaults(&po);
@@ -303,6 +340,7 @@ static void tp_defaults(void *opts) { *(tp_opts *)opts = (tp_opts){.tp = 2, .pp 
 static dt_status tp_set(void *opts, const char *key, const char *value) {
     tp_opts *o = opts;
     char *end;
+    if (!strcmp(key, "zero")) return dt_zero_parse_stage(value, &o->zero);
     if (!strcmp(key, "bucket_mb")) {
         double v = strtod(value, &end);
         if (*end || end == value || !(v > 0) || !isfinite(v) || v > 1e6)
@@ -320,7 +358,8 @@ static dt_status tp_set(void *opts, const char *key, const char *value) {
 
 static void tp_format(const void *opts, char *out, size_t cap) {
     const tp_opts *o = opts;
-    snprintf(out, cap, "tp=%d,pp=%d,bucket_mb=%g", o->tp, o->pp, o->bucket_mb);
+    snprintf(out, cap, "tp=%d,pp=%d,bucket_mb=%g%s", o->tp, o->pp, o->bucket_mb, o->zero ? ",zero=" : "");
+    if (o->zero) snprintf(out + strlen(out), cap - strlen(out), "%d", o->zero);
 }
 
 /* The dp coordinate of dp data ranks; a size that tp x pp does not divide keeps (rank, size): the
@@ -348,7 +387,7 @@ static dt_status tp_place(const void *opts, const dt_model *m, int rank, int siz
 }
 
 const dt_strategy_entry dt_strategy_tp_entry = {
-    .name = "tp", .help = "tp(tp=K,pp=1,bucket_mb=MB)  ranks: (dp_i*PP + pp_i)*TP + tp_i, TP innermost",
-    .keys = "tp,pp,bucket_mb", .opts_size = sizeof(tp_opts), .defaults = tp_defaults, .set = tp_set,
+    .name = "tp", .help = "tp(tp=K,pp=1,bucket_mb=MB,zero=0|1|2|3)  ranks: (dp_i*PP + pp_i)*TP + tp_i, TP innermost",
+    .keys = "tp,pp,bucket_mb,zero", .opts_size = sizeof(tp_opts), .defaults = tp_defaults, .set = tp_set,
     .create = tp_create, .format = tp_format, .needs_comm = true, .data_part = tp_data_part, .mesh = tp_mesh,
     .place = tp_place};

@@ -83,6 +83,9 @@ typedef struct dt_tp_hooks dt_tp_hooks;
 dt_status dt_tp_hooks_create(dt_tp_hooks **h, dt_model *local, const dt_gpt_config *g, dt_comm *comm, int K, int r,
                              int world_rank, dt_trace *trace, const int64_t *step);
 void dt_tp_hooks_destroy(dt_tp_hooks *h);
+/* Re-installs the hooks after another strategy on local set its own (tp's inner ZeRO-2 sets a
+ * before-backward hook), calling those too: the shard's collectives first after a backward. */
+void dt_tp_hooks_chain(dt_tp_hooks *h);
 /* Maps samples [lo, lo + n) of a step of `total` samples (x: their global token ids, n x T) into
  * the rank's vocabulary slice (foreign ids: row 0, masked). DT_EINVAL for an id outside the
  * vocabulary, as the whole model's embedding says it. */
@@ -105,5 +108,27 @@ void dt_tp_hooks_counters(const dt_tp_hooks *h, dt_tp_counters *c);
 /* Whether tensor `name` of tp rank r counts in the norm of the whole gradient (each shard once,
  * a replicated tensor on rank 0 only). */
 bool dt_tp_in_norm(const char *name, int r);
+
+
+/* ---- ZeRO over the dp axis of the mesh (tp_zero.c; tp(tp=K,zero=1|2|3)) ---- */
+
+/* The ranges of the local slab that dp rank r of N owns under ZeRO on ddp's buckets of
+ * bucket_mb (as zero.c cuts them), in the order its optimizer packs them. */
+typedef struct {
+    int n;
+    size_t *off, *len, total;
+} dt_tp_zero_part;
+dt_status dt_tp_zero_ranges(dt_model *local, double bucket_mb, int r, int N, dt_tp_zero_part *p);
+void dt_tp_zero_part_free(dt_tp_zero_part *p);
+/* A whole local optimizer (dt_optim_free it) holding lo's packed moments (part mine) in place,
+ * zeros elsewhere; dt_tp_zero_pack copies part mine of it back into lo (and its step count). */
+dt_status dt_tp_zero_expand(dt_model *local, dt_optim *lo, const dt_tp_zero_part *mine, dt_optim **out);
+void dt_tp_zero_pack(dt_optim *whole, dt_optim *lo, const dt_tp_zero_part *mine);
+/* Collective over the dp axis dp: every dp rank's packed moments of lo to dp rank 0, which gets
+ * a whole local optimizer holding them all (*out; NULL on the other ranks). */
+dt_status dt_tp_zero_collect(dt_comm *dp, dt_model *local, dt_optim *lo, double bucket_mb, dt_optim **out);
+/* The sum of squares of gradient values g[0..n) (local slab [off, off + n)) that count in the
+ * norm of the whole gradient on tp rank r (dt_tp_in_norm). */
+double dt_tp_zero_norm_part(const dt_model *local, int r, size_t off, const float *g, size_t n);
 
 #endif

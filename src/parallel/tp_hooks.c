@@ -24,6 +24,8 @@ enum {
 
 struct dt_tp_hooks {
     dt_model *local;
+    dt_node_hook_fn inner_before_forward, inner_after_backward, inner_before_backward;  /* chained (ZeRO's) */
+    void *inner_ctx;
     dt_comm *comm;
     dt_gpt_config g;
     int K, r, world_rank;
@@ -165,6 +167,31 @@ dt_status dt_tp_hooks_create(dt_tp_hooks **out, dt_model *local, const dt_gpt_co
     dt_model_set_node_hooks(local, NULL, after_backward, h);
     *out = h;
     return DT_OK;
+}
+
+/* The hooks of a strategy that set its own after the shard's (tp's inner ZeRO), chained to these. */
+static void chained_before_forward(void *ctx, int node) {
+    dt_tp_hooks *h = ctx;
+    if (h->inner_before_forward) h->inner_before_forward(h->inner_ctx, node);
+}
+static void chained_before_backward(void *ctx, int node) {
+    dt_tp_hooks *h = ctx;
+    if (h->inner_before_backward) h->inner_before_backward(h->inner_ctx, node);
+}
+static void chained_after_backward(void *ctx, int node) {
+    dt_tp_hooks *h = ctx;
+    after_backward(h, node);
+    if (h->inner_after_backward) h->inner_after_backward(h->inner_ctx, node);
+}
+
+void dt_tp_hooks_chain(dt_tp_hooks *h) {
+    dt_node_hook_fn bf, ab, bb;
+    void *ctx;
+    dt_model_node_hooks(h->local, &bf, &ab, &bb, &ctx);
+    if (ctx == h) return;  /* ours are installed */
+    h->inner_before_forward = bf, h->inner_after_backward = ab, h->inner_before_backward = bb, h->inner_ctx = ctx;
+    dt_model_set_node_hooks(h->local, bf ? chained_before_forward : NULL, chained_after_backward, h);
+    dt_model_set_backward_hook(h->local, bb ? chained_before_backward : NULL);
 }
 
 void dt_tp_hooks_destroy(dt_tp_hooks *h) {

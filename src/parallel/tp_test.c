@@ -7,6 +7,9 @@
  *  - the tp axis's byte counters equal Megatron's 4 b s h values x 2(t-1)/t per block per step;
  *  - --grad-accum 2 under tp2 and dp2 x tp2 gives the same steps;
  *  - --clip under tp clips by the norm of the whole gradient (same result as 1 process);
+ *  - ZeRO 1, 2 and 3 over the dp axis (dp2 x tp2, tp(zero=N)): the same losses and parameters as
+ *    1 process, and the whole optimizer moments a checkpoint gets (rank 0 after sync, gathered from
+ *    the ZeRO shards) equal 1 process's (|diff| <= 5e-5); with --clip too; pp(zero=2) is refused;
  *  - a stop (SIGTERM) seen by rank 0 alone stops the whole tp group after one step, checkpointed;
  *  - a tp rank that dies mid-run is reported by its peer with the rank and the operation;
  *  - a tp that does not divide the heads, width and vocabulary is refused saying what divides;
@@ -31,6 +34,7 @@ static const char *MODEL = "gpt:L=2,H=4,C=32,T=16";
 enum { CAP = 1 << 17, GB = 8, T = 16, L = 2, C = 32, MAXSTEPS = 20 };
 static int g_steps = MAXSTEPS, g_accum = 1;
 static char g_dir[64];
+static float g_mom[2 * CAP];  /* after train: the whole optimizer moments the state visitor gives rank 0 */
 
 /* Global batch `step`: GB samples of T+1 tokens (ids, then the next ids as targets). */
 static void batch(int64_t step, int32_t *x, int32_t *y) {
@@ -40,6 +44,17 @@ static void batch(int64_t step, int32_t *x, int32_t *y) {
             if (t < T) x[i * T + t] = v;
             if (t > 0) y[i * T + t - 1] = v;
         }
+}
+
+/* A state piece "optim.<m|v>.<tensor>" into g_mom (moment k at k * CAP + the tensor's offset). */
+static dt_status take_moment(void *ctx, const dt_state_piece *p) {
+    dt_model *m = ctx;
+    const int k = !strncmp(p->name, "optim.v.", 8) ? 1 : !strncmp(p->name, "optim.m.", 8) ? 0 : -1;
+    const int i = k < 0 ? -1 : dt_model_find_tensor(m, p->name + 8);
+    if (i >= 0 && dt_model_tensor(m, i)->offset + p->offset + p->buf.count <= CAP)
+        memcpy(g_mom + (size_t)k * CAP + dt_model_tensor(m, i)->offset + p->offset, p->buf.data,
+               p->buf.count * sizeof(float));
+    return DT_OK;
 }
 
 typedef struct {
@@ -74,6 +89,8 @@ static dt_status train(const char *spec, dt_comm *comm, float clip, int die_afte
     }
     out->steps = g_steps;
     if (st == DT_OK && s->ops->sync) st = s->ops->sync(s);
+    memset(g_mom, 0, sizeof g_mom);
+    if (st == DT_OK && (!comm || dt_comm_rank(comm) == 0)) st = dt_strategy_visit_state(s, take_moment, m);
     dt_tp_counters_of(s, &out->cnt);
     *n = dt_model_num_params(m);
     if (st == DT_OK && *n <= CAP) memcpy(params, dt_model_params(m), *n * sizeof(float));
@@ -107,6 +124,8 @@ static int run_ranks(int N, const char *spec, const char *tag, float clip) {
             if (dt_test_write_floats(path, (const float *)&ro, sizeof ro / sizeof(float)) != 0) _exit(5);
             snprintf(path, sizeof path, "%s/%s.params", g_dir, tag);
             if (r == 0 && dt_test_write_floats(path, p, n) != 0) _exit(5);
+            snprintf(path, sizeof path, "%s/%s.moments", g_dir, tag);
+            if (r == 0 && dt_test_write_floats(path, g_mom, 2 * CAP) != 0) _exit(5);
             dt_comm_destroy(c);
             _exit(0);
         }
@@ -171,6 +190,55 @@ static void check_clip(void) {
     printf("tp2 --clip 0.05: max |params - 1 worker with the clip| = %.3g (the clip moved them by %.3g)\n", d, moved);
     CHECK_MSG(d <= 5e-5, "clip diff %g", d);
     CHECK(moved > 1e-3);  /* the clip acted */
+}
+
+/* ZeRO stage `zero` over the dp axis of dp2 x tp2 (clip > 0: --clip too) against one process:
+ * losses, parameters, and the whole moments rank 0's checkpoint gets from the ZeRO shards. */
+static void check_zero(int zero, float clip) {
+    static float ref[CAP], ref_mom[2 * CAP], got_mom[2 * CAP];
+    static rank_out ro1;
+    size_t n = 0;
+    CHECK_OK(train("single", NULL, clip, -1, ref, &n, &ro1));
+    memcpy(ref_mom, g_mom, sizeof ref_mom);
+    char spec[64], tag[16], path[128];
+    snprintf(spec, sizeof spec, "tp(tp=2,bucket_mb=0.01,zero=%d)", zero);
+    snprintf(tag, sizeof tag, "z%dc%d", zero, clip > 0);
+    CHECK(run_ranks(4, spec, tag, clip) == 0);
+    double dl = 0;
+    for (int k = 0; k < g_steps; k++) {
+        rank_out a, b;
+        read_out(tag, dt_mesh_rank(2, 1, 0, 0, 0), &a), read_out(tag, dt_mesh_rank(2, 1, 0, 0, 1), &b);
+        dl = fmax(dl, fabs((a.loss[k] + b.loss[k]) / GB - ro1.loss[k] / GB));
+    }
+    snprintf(path, sizeof path, "%s/%s.params", g_dir, tag);
+    const size_t m = dt_test_read_floats(path, g_got, CAP);
+    snprintf(path, sizeof path, "%s/%s.moments", g_dir, tag);
+    const size_t mm = dt_test_read_floats(path, got_mom, 2 * CAP);
+    const double dp_ = m == n ? dt_test_maxdiff(ref, g_got, n) : 1e9;
+    const double dm = mm == 2 * CAP ? fmax(dt_test_maxdiff(ref_mom, got_mom, n), dt_test_maxdiff(ref_mom + CAP, got_mom + CAP, n))
+                                    : 1e9;
+    double big = 0;  /* the moments are there (not all zeros) */
+    for (size_t i = 0; i < n; i++) big = fmax(big, fabs(ref_mom[i]));
+    printf("dp2 x tp2 zero=%d%s: max |loss - 1 worker| = %.3g, |params - 1 worker| = %.3g, |checkpoint moments - 1 "
+           "worker's| = %.3g (largest m %.3g)\n", zero, clip > 0 ? " --clip 0.05" : "", dl, dp_, dm, big);
+    CHECK_MSG(dl <= 5e-6, "zero=%d loss diff %g", zero, dl);
+    CHECK_MSG(dp_ <= 5e-5, "zero=%d param diff %g", zero, dp_);
+    CHECK_MSG(dm <= 5e-5 && big > 1e-4, "zero=%d moment diff %g", zero, dm);
+}
+
+/* ZeRO 2 over a pipeline's DP axis is refused, saying what works. */
+static void check_zero_refused(void) {
+    dt_model *m = NULL;
+    dt_optim *o = NULL;
+    dt_strategy *s = NULL;
+    CHECK_OK(dt_model_build(&m, MODEL, 0, 0, 0));
+    dt_optim_config oc = dt_optim_defaults(DT_OPTIM_ADAMW);
+    CHECK_OK(dt_optim_create(&o, &oc, dt_model_num_params(m)));
+    CHECK(dt_strategy_create(&s, "pp(stages=2,zero=2)", NULL, m, o, NULL) == DT_EINVAL && !s);
+    printf("pp(zero=2): %s\n", dt_last_error());
+    CHECK(strstr(dt_last_error(), "--zero 2") && strstr(dt_last_error(), "use --zero 1 with --pp"));
+    dt_optim_free(o);
+    dt_model_free(m);
 }
 
 /* Rank 1 of an N-rank tp(2) mesh (N 2: tp2; N 4: dp2 x tp2) vanishes before step 3: every other
@@ -284,6 +352,12 @@ int main(void) {
     check_layout(2, 2);
     g_accum = 1;
     check_clip();
+    check_zero(1, 0);
+    check_zero(2, 0);
+    check_zero(2, 0.05f);
+    check_zero(3, 0);
+    check_zero(3, 0.05f);
+    check_zero_refused();
     check_stop();
     check_dead_rank(2);
     check_dead_rank(4);

@@ -166,8 +166,10 @@ static void zero_begin(dt_strategy *s, int64_t step) {
 static dt_status clip_shard(dt_strategy *s, zero *z, float clip) {
     double ss = 0;
     for (int i = 0; i < z->nb; i++)
-        for (size_t k = 0; k < z->len[i]; k++) ss += (double)z->gp[i][k] * z->gp[i][k];
-    DT_TRY(dt_comm_allreduce(s->comm, &ss, &ss, 1, DT_F64, DT_OP_SUM));
+        if (s->norm_part) ss += s->norm_part(s->update_ctx, z->b[i].own, z->gp[i], z->len[i]);  /* tp's shard */
+        else
+            for (size_t k = 0; k < z->len[i]; k++) ss += (double)z->gp[i][k] * z->gp[i][k];
+    DT_TRY(dt_comm_allreduce(s->norm_comm ? s->norm_comm : s->comm, &ss, &ss, 1, DT_F64, DT_OP_SUM));
     float norm = (float)sqrt(ss);
     if (!(norm > clip)) return DT_OK;
     float f = clip / (norm + 1e-6f);

@@ -1,0 +1,111 @@
+/* ZeRO over the data-parallel axis of a tensor-parallel mesh (tp(tp=K,zero=1|2|3)): tp's inner
+ * ddp(zero=N) shards the shard's optimizer state (and gradients, and parameters: its node hooks
+ * chain with the shard's, tp_hooks.c) over the dp axis, cutting ddp's
+ * buckets of the local model as zero.c does (dt_ddp_buckets, dt_zero_chunk: each dp rank's chunks
+ * packed in bucket order). This file maps between that packed state and the whole local layout
+ * that tp's gather (tp_shard.c) and state visitor (tp_state.c) read: a full local optimizer with
+ * one rank's chunks in place (a resume restores into it, then packs back), or with every dp rank's
+ * chunks (collected on dp rank 0 for rank 0's checkpoint). It also gives ZeRO's clip the part of a
+ * shard's gradient that counts in the norm of the whole model (each tp shard once). */
+#include "parallel/tp.h"
+#include "parallel/zero.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+dt_status dt_tp_zero_ranges(dt_model *local, double bucket_mb, int r, int N, dt_tp_zero_part *p) {
+    memset(p, 0, sizeof *p);
+    dt_ddp_range *b = NULL;
+    int nb = 0;
+    DT_TRY(dt_ddp_buckets(local, bucket_mb, &b, &nb));
+    p->off = malloc((size_t)nb * sizeof *p->off), p->len = malloc((size_t)nb * sizeof *p->len);
+    if (!p->off || !p->len) {
+        free(b), dt_tp_zero_part_free(p);
+        return dt_error(DT_ENOMEM, "tensor parallel with ZeRO: out of memory");
+    }
+    for (int i = 0; i < nb; i++) {
+        size_t off, len;
+        dt_zero_chunk(b[i].hi - b[i].lo, r, N, &off, &len);
+        p->off[i] = b[i].lo + off, p->len[i] = len, p->total += len;
+    }
+    p->n = nb;
+    free(b);
+    return DT_OK;
+}
+
+void dt_tp_zero_part_free(dt_tp_zero_part *p) {
+    free(p->off), free(p->len);
+    memset(p, 0, sizeof *p);
+}
+
+/* Copies the packed values pk of part p into (to_full) or out of the whole local slab full. */
+static void move_part(const dt_tp_zero_part *p, float *full, float *pk, bool to_full) {
+    size_t at = 0;
+    for (int i = 0; i < p->n; at += p->len[i++])
+        if (to_full) memcpy(full + p->off[i], pk + at, p->len[i] * sizeof(float));
+        else memcpy(pk + at, full + p->off[i], p->len[i] * sizeof(float));
+}
+
+/* A whole local optimizer like lo (zeros, lo's step count). */
+static dt_status whole_like(dt_model *local, dt_optim *lo, dt_optim **out) {
+    DT_TRY(dt_optim_create(out, dt_optim_config_of(lo), dt_model_num_params(local)));
+    dt_optim_set_steps(*out, dt_optim_steps(lo));
+    return DT_OK;
+}
+
+dt_status dt_tp_zero_expand(dt_model *local, dt_optim *lo, const dt_tp_zero_part *mine, dt_optim **out) {
+    DT_TRY(whole_like(local, lo, out));
+    for (int k = 0; k < dt_optim_num_states(lo); k++)
+        move_part(mine, dt_optim_state(*out, k, NULL), dt_optim_state(lo, k, NULL), true);
+    return DT_OK;
+}
+
+void dt_tp_zero_pack(dt_optim *whole, dt_optim *lo, const dt_tp_zero_part *mine) {
+    for (int k = 0; k < dt_optim_num_states(lo); k++)
+        move_part(mine, dt_optim_state(whole, k, NULL), dt_optim_state(lo, k, NULL), false);
+    dt_optim_set_steps(lo, dt_optim_steps(whole));
+}
+
+enum { TAG_MOMENTS = 7301 };
+
+dt_status dt_tp_zero_collect(dt_comm *dp, dt_model *local, dt_optim *lo, double bucket_mb, dt_optim **out) {
+    *out = NULL;
+    const int N = dt_comm_size(dp), me = dt_comm_rank(dp), ns = dt_optim_num_states(lo);
+    dt_tp_zero_part p;
+    if (me != 0) {  /* send this rank's packed moments to dp rank 0 */
+        DT_TRY(dt_tp_zero_ranges(local, bucket_mb, me, N, &p));
+        dt_status st = DT_OK;
+        for (int k = 0; st == DT_OK && k < ns; k++)
+            st = dt_comm_send(dp, dt_optim_state(lo, k, NULL), p.total, DT_F32, 0, TAG_MOMENTS + k);
+        dt_tp_zero_part_free(&p);
+        return st;
+    }
+    DT_TRY(whole_like(local, lo, out));
+    float *tmp = NULL;
+    dt_status st = DT_OK;
+    for (int j = 0; st == DT_OK && j < N; j++) {
+        if ((st = dt_tp_zero_ranges(local, bucket_mb, j, N, &p)) != DT_OK) break;
+        if (j > 0 && !(tmp = realloc(tmp, (p.total ? p.total : 1) * sizeof(float))))
+            st = dt_error(DT_ENOMEM, "tensor parallel with ZeRO: out of memory collecting the optimizer state");
+        for (int k = 0; st == DT_OK && k < ns; k++) {
+            if (j > 0) st = dt_comm_recv(dp, tmp, p.total, DT_F32, j, TAG_MOMENTS + k);
+            if (st == DT_OK) move_part(&p, dt_optim_state(*out, k, NULL), j > 0 ? tmp : dt_optim_state(lo, k, NULL), true);
+        }
+        dt_tp_zero_part_free(&p);
+    }
+    free(tmp);
+    if (st != DT_OK) dt_optim_free(*out), *out = NULL;
+    return st;
+}
+
+double dt_tp_zero_norm_part(const dt_model *local, int r, size_t off, const float *g, size_t n) {
+    double ss = 0;
+    for (int i = 0; i < dt_model_num_tensors(local); i++) {
+        const dt_param_info *t = dt_model_tensor(local, i);
+        if (t->is_buffer || !dt_tp_in_norm(t->name, r)) continue;
+        const size_t lo = t->offset > off ? t->offset : off;
+        const size_t hi = t->offset + t->numel < off + n ? t->offset + t->numel : off + n;
+        for (size_t k = lo; k < hi; k++) ss += (double)g[k - off] * g[k - off];
+    }
+    return ss;
+}
