@@ -41,6 +41,8 @@ expect_fail "--tp needs a GPT" "is not a GPT" \
 expect_fail "--tp with another strategy" "tensor parallelism is its own strategy" run --tp 2 --strategy ddp --workers 2
 expect_fail "--zero 2 with --pp" "only stage 1" run --pp 2 --zero 2 --workers 4 --max-steps 1
 expect_fail "--zero with --tp --pp" "does not shard a pipeline's stages yet" run --tp 2 --pp 2 --zero 1 --workers 8 --max-steps 1
+expect_fail "--tp with --compress" "tensor parallelism runs its own collectives" run --tp 2 --compress fp16 --workers 2 --max-steps 1
+out=$(run --tp 2 --workers 2 --bucket-mb 4 --max-steps 2 2>&1) && ok "--tp 2 --bucket-mb 4 sets the dp axis buckets of tp" || bad "--tp with --bucket-mb: $out"
 
 # ---- layouts against 1 worker ----
 one=$(run --batch 8 --max-steps $N --save "$TMP/one.st" 2>&1) || bad "1 worker: $one"

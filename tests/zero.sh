@@ -42,8 +42,31 @@ out=$($DT ckpt consolidate "$TMP/sh.st" -o "$TMP/one.st" 2>&1) || bad "consolida
 e1=$($DT eval --checkpoint "$TMP/sh.st" --data "$TMP/d.csv" 2>&1); e2=$($DT eval --checkpoint "$TMP/one.st" --data "$TMP/d.csv" 2>&1)
 if [ -n "$e1" ] && [ "$e1" = "$e2" ] && grep -q "loss" <<<"$e1"; then ok "the consolidated file evaluates as the sharded one: $e1"
 else bad "eval sharded '$e1' vs consolidated '$e2'"; fi
+# a shard of another save under the same name (a crash between shards and index, a copied file)
+# is refused, not mixed in
+$DT train --data "$TMP/d.csv" --model "$SMALL" --batch 8 --epochs 1 --max-steps 6 --seed 9 --workers 2 --zero 3 --quiet \
+  --save "$TMP/sh9.st" >/dev/null 2>&1
+cp "$TMP/sh.st.r1-of-2" "$TMP/sh.keep"
+cp "$TMP/sh9.st.r1-of-2" "$TMP/sh.st.r1-of-2"
+expect_fail "a shard of another save is refused" "a shard of another save" \
+  $DT eval --checkpoint "$TMP/sh.st" --data "$TMP/d.csv"
+expect_fail "... also on resume" "a shard of another save" $DT train --data "$TMP/d.csv" --model "$SMALL" --batch 8 \
+  --epochs 1 --max-steps 12 --workers 2 --zero 3 --quiet --resume "$TMP/sh.st"
+mv "$TMP/sh.keep" "$TMP/sh.st.r1-of-2"
 rm -f "$TMP/sh.st.r1-of-2"
 expect_fail "a missing shard is named" "sh.st.r1-of-2" $DT eval --checkpoint "$TMP/sh.st" --data "$TMP/d.csv"
+
+# shards whose index never came (a save killed between them) are removed by the next save's
+# --keep pruning once a newer checkpoint exists
+OD="$TMP/orph"
+$DT train --data "$TMP/d.csv" --model "$SMALL" --batch 8 --epochs 1 --max-steps 20 --workers 2 --zero 2 --quiet \
+  --checkpoint-dir "$OD" --checkpoint-every 10 >/dev/null 2>&1
+rm -f "$OD/ckpt-0000000010.safetensors"  # the index of step 10 never written
+$DT train --data "$TMP/d.csv" --model "$SMALL" --batch 8 --epochs 1 --max-steps 30 --workers 2 --zero 2 --quiet \
+  --checkpoint-dir "$OD" --checkpoint-every 10 --resume auto >/dev/null 2>&1
+if [ -f "$OD/ckpt-0000000030.safetensors" ] && ! ls "$OD"/ckpt-0000000010.safetensors.r* >/dev/null 2>&1 \
+   && [ -f "$OD/ckpt-0000000020.safetensors.r0-of-2" ]; then ok "orphan shards of a save without an index are removed"
+else bad "orphan shards: $(ls "$OD")"; fi
 if /usr/bin/python3 -c "import torch" 2>/dev/null; then
   loss=$(sed -E 's/.*loss ([0-9.]+),.*/\1/' <<<"$e1")
   t=$(/usr/bin/python3 - "$TMP/one.st" "$TMP/d.csv" <<'PY'

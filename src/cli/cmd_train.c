@@ -257,10 +257,16 @@ static int parse_train_flags(int argc, char **argv, train_opts *o) {
     o->uneven.bucket_mb = o->bucket_mb;
     o->uneven.zero_given = dt_cli_flag_given(argc, argv, "zero");
     if (o->mem_limit_text && (r = dt_cli_mem_limit_parse(o->mem_limit_text, &o->mem_limit)) != 0) return r;
-    const bool mesh_zero = o->tp > 0 && o->uneven.zero_given;  /* --tp K --zero N: tp(tp=K,zero=N) */
+    /* --tp K takes --zero N and --bucket-mb MB as its own options (its inner ddp over the dp axis):
+     * tp(tp=K,zero=N,bucket_mb=MB) */
+    const bool mesh_zero = o->tp > 0 && o->uneven.zero_given;
+    const double mesh_bucket = o->tp > 0 ? o->uneven.bucket_mb : 0;
     if (mesh_zero) o->uneven.zero_given = false;
+    if (o->tp > 0) o->uneven.bucket_mb = 0;
     if ((r = dt_cli_uneven_parse(&o->uneven, c)) != 0) return r;
-    if ((r = dt_cli_mesh_parse(o->tp, mesh_zero ? o->uneven.zero : -1, c)) != 0) return r;
+    const dt_cli_mesh_flags mf = {.tp = o->tp, .zero = mesh_zero ? o->uneven.zero : -1, .bucket_mb = mesh_bucket,
+                                  .implicit_ddp = o->uneven.implicit_ddp};
+    if ((r = dt_cli_mesh_parse(&mf, c)) != 0) return r;
     if ((r = dt_cli_pp_check_batch(c)) != 0) return r;
     return -1;
 }

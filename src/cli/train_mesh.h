@@ -4,9 +4,17 @@
 
 #include "dtrain/train.h"
 
-/* --tp K (0 = not given): sets cfg->strategy to "tp(tp=K)", or adds tp=K to a --strategy tp(...)
- * spec; a --strategy of another name is a usage error. zero >= 0 (--zero N given): adds zero=N,
- * ZeRO over the mesh's dp axis (refused with --pp). 0, or the exit status after printing it. */
-int dt_cli_mesh_parse(int tp, int zero, dt_train_config *cfg);
+/* The flags tensor parallelism takes. */
+typedef struct {
+    int tp;             /* --tp K (0 = not given) */
+    int zero;           /* --zero N (-1 = not given): ZeRO over the mesh's dp axis */
+    double bucket_mb;   /* --bucket-mb MB (0 = not given): the dp axis's gradient buckets */
+    bool implicit_ddp;  /* cfg->strategy is the ddp(...) that --compress / --allreduce made */
+} dt_cli_mesh_flags;
+
+/* --tp K: sets cfg->strategy to "tp(tp=K)", or adds tp=K to a --strategy tp(...) or pp(...) spec
+ * (pipeline stages of tp shards); a --strategy of another name is a usage error. zero and
+ * bucket_mb become tp's options (both refused with --pp). 0, or the exit status after printing. */
+int dt_cli_mesh_parse(const dt_cli_mesh_flags *f, dt_train_config *cfg);
 
 #endif

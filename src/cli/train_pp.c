@@ -22,8 +22,11 @@ int dt_cli_pp_parse(dt_cli_pp *o, dt_train_config *cfg, int workers) {
     const bool any = o->pp || o->microbatches || o->schedule || o->split;
     if (!any) return 0;
     if (cfg->strategy && strcmp(name, "pp") != 0)
-        return dt_cli_usage("drop --strategy, or use --strategy pp", "--pp, --microbatches, --pp-schedule and "
-                           "--pp-split set pipeline parallelism; --strategy %s is another strategy", cfg->strategy);
+        return dt_cli_usage(!strcmp(name, "tp") ? "for stages of tensor-parallel shards use --tp K --pp P (or --strategy "
+                                                  "pp(stages=P,tp=K)) with the pipeline flags"
+                                                : "drop --strategy, or use --strategy pp",
+                            "--pp, --microbatches, --pp-schedule and --pp-split set pipeline parallelism; --strategy %s "
+                            "is another strategy", cfg->strategy);
     if (!cfg->strategy && !o->pp)
         return dt_cli_usage("e.g. --pp 2 --workers 2 --microbatches 4", "--microbatches, --pp-schedule and --pp-split "
                            "need --pp K (the pipeline stages)");

@@ -50,14 +50,20 @@ static int check_flags(const dt_cli_uneven *u, const char *name) {
                            "--sync-every %d: only --strategy localsgd averages models periodically", u->sync_every);
     if (u->bucket_mb < 0)
         return dt_cli_usage(NULL, "--bucket-mb %g: must not be negative (0 = default 1)", u->bucket_mb);
-    if (u->bucket_mb > 0 && name[0] && strcmp(name, "ddp") != 0)
-        return dt_cli_usage("add --strategy ddp, or drop --bucket-mb",
-                           "--bucket-mb %g: only --strategy ddp has gradient buckets", u->bucket_mb);
+    /* tensor and pipeline parallelism: the hint is to drop the flag, not to switch strategy */
+    const bool mp = !strcmp(name, "pp") || !strcmp(name, "tp");
+    if (u->bucket_mb > 0 && name[0] && strcmp(name, "ddp") != 0 && strcmp(name, "tp") != 0)
+        return dt_cli_usage(mp ? "drop --bucket-mb (a pipeline averages each stage's gradients in one allreduce)"
+                               : "add --strategy ddp, or drop --bucket-mb",
+                           "--bucket-mb %g: only ddp (and tp's data-parallel axis) has gradient buckets", u->bucket_mb);
     if (u->compress && name[0] && strcmp(name, "ddp") != 0 && strcmp(name, "localsgd") != 0)
-        return dt_cli_usage("add --strategy ddp or --strategy localsgd, or drop --compress",
+        return dt_cli_usage(mp ? "drop --compress (tensor and pipeline parallelism send activations and partial sums, "
+                                 "which are not compressed)"
+                               : "add --strategy ddp or --strategy localsgd, or drop --compress",
                            "--compress %s: only ddp and localsgd compress what they send", u->compress);
     if (u->allreduce && name[0] && strcmp(name, "ddp") != 0)
-        return dt_cli_usage("add --strategy ddp, or drop --allreduce",
+        return dt_cli_usage(mp ? "drop --allreduce (tensor and pipeline parallelism run their own collectives)"
+                               : "add --strategy ddp, or drop --allreduce",
                            "--allreduce %s: only ddp allreduces gradients", u->allreduce);
     if (u->zero_given && (u->zero < 0 || u->zero > 3))
         return dt_cli_usage("e.g. --zero 2", "--zero %d: the ZeRO stage is 0, 1, 2 or 3", u->zero);

@@ -98,7 +98,7 @@ static void write_ctx_free(write_ctx *c) {
 
 /* Writes the state visit(src) yields, with the optimizer's metadata when o != NULL. */
 static dt_status write_state(const char *path, dt_status (*visit)(void *src, dt_state_visit_fn fn, void *ctx),
-                             void *src, dt_optim *o, const dt_ckpt_info *info, int shards) {
+                             void *src, dt_optim *o, const dt_ckpt_info *info, int shards, const char *save_id) {
     write_ctx c = {0};
     DT_TRY(dt_st_writer_create(&c.w));
     dt_st_writer *w = c.w;
@@ -133,6 +133,7 @@ static dt_status write_state(const char *path, dt_status (*visit)(void *src, dt_
     if (s == DT_OK && info->has_norm) s = meta_f32(w, "dtrain.norm_mean", info->norm_mean);
     if (s == DT_OK && info->has_norm) s = meta_f32(w, "dtrain.norm_std", info->norm_std);
     if (s == DT_OK && shards > 0) s = meta_i64(w, "dtrain.shards", shards);
+    if (s == DT_OK && save_id) s = dt_st_writer_meta(w, "dtrain.save_id", save_id);
     if (s == DT_OK && info->val_split > 0) s = write_val_meta(w, info);
     if (s == DT_OK) {
         s = dt_st_writer_write(w, path);
@@ -158,15 +159,16 @@ static dt_status visit_strategy(void *src, dt_state_visit_fn fn, void *ctx) {
 
 dt_status dt_checkpoint_write(const char *path, dt_model *m, dt_optim *o, const dt_ckpt_info *info) {
     model_src ms = {m, o};
-    return write_state(path, visit_model, &ms, o, info, 0);
+    return write_state(path, visit_model, &ms, o, info, 0, NULL);
 }
 
 dt_status dt_checkpoint_write_strategy(const char *path, dt_strategy *s, const dt_ckpt_info *info) {
-    return write_state(path, visit_strategy, s, s->optim, info, 0);
+    return write_state(path, visit_strategy, s, s->optim, info, 0, NULL);
 }
 
-dt_status dt_checkpoint_write_index(const char *path, dt_optim *o, const dt_ckpt_info *info, int n) {
-    return write_state(path, NULL, NULL, o, info, n);
+dt_status dt_checkpoint_write_index(const char *path, dt_optim *o, const dt_ckpt_info *info, int n,
+                                    const char *save_id) {
+    return write_state(path, NULL, NULL, o, info, n, save_id);
 }
 
 static dt_status need_meta(const dt_st_file *f, const char *key, const char **out) {

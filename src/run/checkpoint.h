@@ -49,8 +49,10 @@ void dt_ckpt_shard_path(char *out, size_t cap, const char *path, int r, int n);
  * shard file, then rank 0 writes the index (written last: the checkpoint exists once it does).
  * An error on any rank is reported on every rank, and no index is written. */
 dt_status dt_checkpoint_write_sharded(const char *path, dt_strategy *s, const dt_ckpt_info *info);
-/* Writes the index of an n-shard checkpoint: info (and o's metadata) with no tensors. */
-dt_status dt_checkpoint_write_index(const char *path, dt_optim *o, const dt_ckpt_info *info, int n);
+/* Writes the index of an n-shard checkpoint: info (and o's metadata) with no tensors, and the id
+ * its shards carry (dtrain.save_id: a load refuses shards of another save). */
+dt_status dt_checkpoint_write_index(const char *path, dt_optim *o, const dt_ckpt_info *info, int n,
+                                    const char *save_id);
 /* Restores the n shards of index path into whole tensors of m (and o when non-NULL); DT_EFORMAT
  * naming the shard when one is missing, damaged, of another model or leaves a value unset. */
 dt_status dt_checkpoint_restore_shards(const char *path, int n, dt_model *m, dt_optim *o);

@@ -161,11 +161,32 @@ void dt_ckpt_remove_stale_temps(const char *path) {
     scan_temps(dir, slash ? slash + 1 : path, NULL);
 }
 
+/* Removes shard files "ckpt-<step>.safetensors.rR-of-N" older than step `newest` whose index is
+ * missing: a save that died between its shards and its index (nothing can load them). */
+static void remove_orphan_shards(const char *dir, int64_t newest) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    for (struct dirent *e; (e = readdir(d));) {
+        int64_t step;
+        int r, k, used = 0;
+        if (sscanf(e->d_name, PREFIX "%" SCNd64 SUFFIX ".r%d-of-%d%n", &step, &r, &k, &used) != 3 ||
+            e->d_name[used] || step >= newest)
+            continue;
+        char index[4096], full[8192];
+        dt_ckpt_dir_path(index, sizeof index, dir, step);
+        if (access(index, F_OK) == 0) continue;  /* a checkpoint's own shard */
+        snprintf(full, sizeof full, "%s/%s", dir, e->d_name);
+        unlink(full);
+    }
+    closedir(d);
+}
+
 dt_status dt_ckpt_dir_prune(const char *dir, int keep) {
     scan_temps(dir, PREFIX, SUFFIX); /* "ckpt-*.safetensors.tmp.<pid>" of killed ranks */
     int64_t *steps;
     size_t n;
     DT_TRY(list_steps(dir, &steps, &n));
+    if (n > 0) remove_orphan_shards(dir, steps[0]);
     dt_status s = DT_OK;
     for (size_t i = keep > 0 ? (size_t)keep : n; i < n; i++) {
         char path[4096];

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 #define SHARD_KIND "dtrain-train-shard"
 
@@ -50,11 +51,13 @@ static dt_status add_shard_piece(void *ctx, const dt_state_piece *p) {
 }
 
 /* This rank's shard file. */
-static dt_status write_shard(const char *path, dt_strategy *s, const dt_ckpt_info *info, int r, int n) {
+static dt_status write_shard(const char *path, dt_strategy *s, const dt_ckpt_info *info, int r, int n,
+                             const char *save_id) {
     shard_ctx c = {0};
     DT_TRY(dt_st_writer_create(&c.w));
     char num[32], file[4200];
     dt_status st = dt_st_writer_meta(c.w, "dtrain.kind", SHARD_KIND);
+    if (st == DT_OK) st = dt_st_writer_meta(c.w, "dtrain.save_id", save_id);
     snprintf(num, sizeof num, "%d", r);
     if (st == DT_OK) st = dt_st_writer_meta(c.w, "dtrain.shard", num);
     snprintf(num, sizeof num, "%d", n);
@@ -67,16 +70,29 @@ static dt_status write_shard(const char *path, dt_strategy *s, const dt_ckpt_inf
     return st;
 }
 
+/* One id for this save on every rank (rank 0's random draw): the shards and the index carry it,
+ * so shards left by another save under the same name (a crash between the shards and the
+ * index, a copied file) are refused instead of mixed in. */
+static dt_status agree_save_id(dt_comm *c, char *id, size_t cap) {
+    uint64_t v = 0;
+    if (dt_comm_rank(c) == 0 && getrandom(&v, sizeof v, 0) != (ssize_t)sizeof v) v = (uint64_t)(dt_now() * 1e9);
+    DT_TRY(dt_comm_broadcast(c, &v, 1, DT_I64, 0));
+    snprintf(id, cap, "%016" PRIx64, v);
+    return DT_OK;
+}
+
 dt_status dt_checkpoint_write_sharded(const char *path, dt_strategy *s, const dt_ckpt_info *info) {
     const int r = dt_comm_rank(s->comm), n = dt_comm_size(s->comm);
-    dt_status mine = write_shard(path, s, info, r, n);
+    char id[24];
+    DT_TRY(agree_save_id(s->comm, id, sizeof id));
+    dt_status mine = write_shard(path, s, info, r, n, id);
     char why[256] = "";
     if (mine != DT_OK) snprintf(why, sizeof why, "%s", dt_last_error());
     int32_t ok = mine == DT_OK, all = 0;
     DT_TRY(dt_comm_allreduce(s->comm, &ok, &all, 1, DT_I32, DT_OP_MIN));
     if (mine != DT_OK) return dt_error(mine, "checkpoint %s: rank %d's shard: %s", path, r, why);
     if (!all) return dt_error(DT_EIO, "checkpoint %s: another rank could not write its shard; no index written", path);
-    dt_status st = r == 0 ? dt_checkpoint_write_index(path, s->optim, info, n) : DT_OK;
+    dt_status st = r == 0 ? dt_checkpoint_write_index(path, s->optim, info, n, id) : DT_OK;
     ok = st == DT_OK;
     DT_TRY(dt_comm_allreduce(s->comm, &ok, &all, 1, DT_I32, DT_OP_MIN));
     if (st != DT_OK) return st;
@@ -113,15 +129,36 @@ static dt_status locate(const char *file, const char *name, dt_model *m, dt_opti
     return DT_OK;
 }
 
+/* The id the index at path gives its shards ("" for a checkpoint written before ids). */
+static void index_save_id(const char *path, char *id, size_t cap) {
+    dt_st_file *f = NULL;
+    id[0] = 0;
+    if (dt_st_open(&f, path) != DT_OK) return;  /* its restore reported it already */
+    const char *v = dt_st_meta(f, "dtrain.save_id");
+    if (v) snprintf(id, cap, "%s", v);
+    dt_st_close(f);
+}
+
+/* DT_OK when f (file) is shard r of n of the save with id (any, when id is ""). */
+static dt_status check_shard(const dt_st_file *f, const char *file, int r, int n, const char *id) {
+    const char *kind = dt_st_meta(f, "dtrain.kind"), *sh = dt_st_meta(f, "dtrain.shard"),
+               *shs = dt_st_meta(f, "dtrain.shards"), *sid = dt_st_meta(f, "dtrain.save_id");
+    if (!kind || strcmp(kind, SHARD_KIND) || !sh || atoi(sh) != r || !shs || atoi(shs) != n)
+        return dt_error(DT_EFORMAT, "%s: not shard %d of %d of this checkpoint (metadata dtrain.shard/shards)", file, r,
+                        n);
+    if (id[0] && (!sid || strcmp(sid, id)))
+        return dt_error(DT_EFORMAT, "%s: a shard of another save (its dtrain.save_id %s, the index's %s): the index "
+                        "and its shards were not written together (a crash between them, or a copied file); resume "
+                        "from an older checkpoint", file, sid ? sid : "(none)", id);
+    return DT_OK;
+}
+
 /* Copies the pieces of one shard file; *copied grows by the elements restored. */
-static dt_status restore_shard(const char *file, int r, int n, dt_model *m, dt_optim *o, size_t *copied) {
+static dt_status restore_shard(const char *file, int r, int n, const char *id, dt_model *m, dt_optim *o,
+                               size_t *copied) {
     dt_st_file *f = NULL;
     DT_TRY(dt_st_open(&f, file));
-    dt_status st = DT_OK;
-    const char *kind = dt_st_meta(f, "dtrain.kind"), *sh = dt_st_meta(f, "dtrain.shard"),
-               *shs = dt_st_meta(f, "dtrain.shards");
-    if (!kind || strcmp(kind, SHARD_KIND) || !sh || atoi(sh) != r || !shs || atoi(shs) != n)
-        st = dt_error(DT_EFORMAT, "%s: not shard %d of %d of this checkpoint (metadata dtrain.shard/shards)", file, r, n);
+    dt_status st = check_shard(f, file, r, n, id);
     for (int i = 0; st == DT_OK && i < dt_st_count(f); i++) {
         dt_st_tensor t;
         dt_st_at(f, i, &t);
@@ -157,10 +194,12 @@ dt_status dt_checkpoint_restore_shards(const char *path, int n, dt_model *m, dt_
         const dt_param_info *t = dt_model_tensor(m, i);
         want += t->numel * (1 + (o && !t->is_buffer ? (size_t)dt_optim_num_states(o) : 0));
     }
+    char id[64];
+    index_save_id(path, id, sizeof id);
     for (int r = 0; r < n; r++) {
         char file[4200];
         dt_ckpt_shard_path(file, sizeof file, path, r, n);
-        dt_status st = restore_shard(file, r, n, m, o, &copied);
+        dt_status st = restore_shard(file, r, n, id, m, o, &copied);
         if (st != DT_OK) return dt_error_wrap(DT_EFORMAT, "%s: shard %d of %d", path, r, n);
     }
     if (copied != want)
@@ -248,15 +287,14 @@ static dt_status count_wanted(void *ctx, const dt_state_piece *q) {
 dt_status dt_checkpoint_restore_shards_into(const char *path, int n, dt_strategy *s) {
     piece_restore c = {0};
     DT_TRY(dt_strategy_visit_state(s, count_wanted, &c));
+    char id[64];
+    index_save_id(path, id, sizeof id);
     for (int r = 0; r < n; r++) {  /* one shard in memory at a time */
         char file[4200];
         dt_ckpt_shard_path(file, sizeof file, path, r, n);
         dt_st_file *f = NULL;
         dt_status st = dt_st_open(&f, file);
-        const char *kind = st == DT_OK ? dt_st_meta(f, "dtrain.kind") : NULL, *sh = st == DT_OK ? dt_st_meta(f, "dtrain.shard") : NULL,
-                   *shs = st == DT_OK ? dt_st_meta(f, "dtrain.shards") : NULL;
-        if (st == DT_OK && (!kind || strcmp(kind, SHARD_KIND) || !sh || atoi(sh) != r || !shs || atoi(shs) != n))
-            st = dt_error(DT_EFORMAT, "%s: not shard %d of %d of this checkpoint (metadata dtrain.shard/shards)", file, r, n);
+        if (st == DT_OK) st = check_shard(f, file, r, n, id);
         c.file = file;
         if (st == DT_OK) st = list_pieces(file, f, &c.p, &c.np);
         if (st == DT_OK) st = dt_strategy_visit_state(s, restore_from_shard, &c);
