@@ -56,6 +56,13 @@ mv "$TMP/sh.keep" "$TMP/sh.st.r1-of-2"
 rm -f "$TMP/sh.st.r1-of-2"
 expect_fail "a missing shard is named" "sh.st.r1-of-2" $DT eval --checkpoint "$TMP/sh.st" --data "$TMP/d.csv"
 
+# --timeline shows stage 3's parameter all-gathers beside its gradient reduce-scatters
+$DT train --data "$TMP/d.csv" --model "$SMALL" --batch 8 --epochs 1 --max-steps 4 --workers 2 --zero 3 --quiet \
+  --timeline "$TMP/z3.json" >/dev/null 2>&1
+ag=$(grep -o '"allgather b[0-9]*"' "$TMP/z3.json" 2>/dev/null | wc -l); rs=$(grep -o '"reduce_scatter b[0-9]*"' "$TMP/z3.json" 2>/dev/null | wc -l)
+[ "$ag" -gt 0 ] && [ "$rs" -gt 0 ] && ok "--zero 3 timeline: $ag parameter all-gathers, $rs reduce-scatters" \
+  || bad "--zero 3 timeline: $ag all-gathers, $rs reduce-scatters"
+
 # shards whose index never came (a save killed between them) are removed by the next save's
 # --keep pruning once a newer checkpoint exists
 OD="$TMP/orph"

@@ -22,6 +22,7 @@ typedef struct {
     int pst;              /* ZP_* */
     size_t prel;          /* bytes given back from the parameter slab */
     double t_issue;
+    double t_gather;      /* stage 3: when its parameter gather started (the timeline's span) */
 } zbucket;
 
 typedef struct {

@@ -8,6 +8,7 @@
  * again (--mem-limit). */
 #include "parallel/zero_internal.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -32,20 +33,27 @@ static void start(dt_strategy *s, zero *z, int i) {
         dt_zero_hook_error(z, dt_comm_ibroadcast(z->pcomm, p + b->lo + (size_t)z->N * b->c, b->tail, DT_F32, z->N - 1,
                                                  &b->bt));
     b->pst = ZP_GATHERING;
+    b->t_gather = dt_now();
     z->gathers++;
 }
 
-static void wait_gather(zero *z, zbucket *b) {
+/* Waits for bucket b's gather; with s, --timeline shows it from its start to here. */
+static void wait_gather(dt_strategy *s, zero *z, zbucket *b) {
     if (b->pst != ZP_GATHERING) return;
     dt_zero_hook_error(z, dt_request_wait(&b->ag));
     dt_zero_hook_error(z, dt_request_wait(&b->bt));
     b->pst = ZP_RESIDENT;
+    if (s && s->trace) {
+        char name[32];
+        snprintf(name, sizeof name, "allgather b%d", (int)(b - z->b));
+        dt_trace_add(s->trace, name, 1, b->t_gather, dt_now(), s->step);
+    }
 }
 
 /* Frees bucket i's parameters that this rank does not own. */
 static void release(dt_strategy *s, zero *z, int i) {
     zbucket *b = &z->b[i];
-    wait_gather(z, b);
+    wait_gather(s, z, b);
     if (b->pst != ZP_RESIDENT) return;
     float *p = dt_model_params(s->model);
     b->prel = dt_mem_release(p + b->lo, (b->own - b->lo) * sizeof(float)) +
@@ -58,7 +66,7 @@ static void visit(dt_strategy *s, zero *z, int node, int next) {
     const int *need = needs(z, node);
     if (need[0] < 0) return;
     for (int k = 0; k < ZERO_NODE_BUCKETS && need[k] >= 0; k++) start(s, z, need[k]);
-    for (int k = 0; k < ZERO_NODE_BUCKETS && need[k] >= 0; k++) wait_gather(z, &z->b[need[k]]);
+    for (int k = 0; k < ZERO_NODE_BUCKETS && need[k] >= 0; k++) wait_gather(s, z, &z->b[need[k]]);
     const int *pre = next >= 0 ? needs(z, next) : NULL;
     for (int k = 0; pre && k < ZERO_NODE_BUCKETS && pre[k] >= 0; k++) start(s, z, pre[k]);
     for (int i = 0; i < z->nb; i++)
@@ -142,7 +150,7 @@ dt_status dt_zero_params_init(dt_strategy *s, zero *z) {
 
 dt_status dt_zero_params_gather_all(dt_strategy *s, zero *z) {
     for (int i = 0; i < z->nb; i++) start(s, z, i);
-    for (int i = 0; i < z->nb; i++) wait_gather(z, &z->b[i]);
+    for (int i = 0; i < z->nb; i++) wait_gather(s, z, &z->b[i]);
     z->full = true;
     if (z->err != DT_OK) return dt_error(z->err, "ZeRO-3 parameter gather: %s", z->errmsg);
     return DT_OK;
@@ -165,7 +173,7 @@ void dt_zero_params_replay(dt_strategy *s, zero *z) {
 }
 
 void dt_zero_params_free(zero *z) {
-    for (int i = 0; z->b && i < z->nb; i++) wait_gather(z, &z->b[i]);
+    for (int i = 0; z->b && i < z->nb; i++) wait_gather(NULL, z, &z->b[i]);
     dt_comm_destroy(z->pcomm);
     z->pcomm = NULL;
     free(z->node_b), free(z->fwd_next), free(z->bwd_next);
