@@ -374,7 +374,11 @@ static int run_rank(int argc, char **argv, train_opts *o, int job_ranks) {
         return r;
     }
     if (world > 1) cfg.comm = comm;
-    if (world == 1 && o->uneven.implicit_ddp) cfg.strategy = NULL;  /* --bucket-mb of one process: nothing to bucket */
+    if (world == 1 && o->uneven.implicit_ddp) {  /* --bucket-mb, --compress, --zero of one process: nothing to do */
+        cfg.strategy = NULL;
+        if (o->uneven.zero_given && o->uneven.zero > 0)
+            fprintf(stderr, "dtrain: note: --zero %d with one worker shards nothing (use --workers N)\n", o->uneven.zero);
+    }
     dt_log_set_rank(world > 1 ? rank : -1);
     if (rank != 0) quiet = true;
     const bool tty = isatty(2) || (rank == 0 && getenv("DTRAIN_PROGRESS_TTY") && dt_comm_env_is_rank());
