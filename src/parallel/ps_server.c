@@ -78,7 +78,9 @@ dt_status dt_ps_push_check(const server *sv, int w, const ps_push *m) {
     else if (m->epoch < sv->ep0 || m->epoch - sv->ep0 >= sv->nep) bad = "epoch";
     else if (!(m->lr >= 0.0f) || m->lr > 1e30f) bad = "learning rate";
     else if (!p->dynamic && m->seq != -1) bad = "unit";
-    else if (p->dynamic && m->seq != -1 && (m->seq < 0 || dt_ps_seq_epoch(sv, m->seq) >= sv->nep)) bad = "unit";
+    else if (p->dynamic && m->seq != -1 &&  /* bounded first: the epoch of a huge seq overflows */
+             (m->seq < 0 || m->seq >= sv->nep * sv->units || dt_ps_seq_epoch(sv, m->seq) >= sv->nep))
+        bad = "unit";
     if (!bad) return DT_OK;
     return dt_error(DT_EFORMAT,
                     "ps server rank %d: worker rank %d sent a push with an impossible %s (step %lld, version %lld "
