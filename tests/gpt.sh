@@ -4,15 +4,7 @@
 # mistakes a new user makes get clear errors.
 . "$(dirname "$0")/testlib.bash"
 
-python3 - "$TMP/corpus.txt" <<'PY'
-import random, sys
-random.seed(7)
-words = "in the beginning god created heaven and earth . and the earth was without form".split()
-text = ""
-while len(text) < 40000:
-    text += " ".join(random.choice(words) for _ in range(12)) + "\n"
-open(sys.argv[1], "w").write(text)
-PY
+python3 "$DTRAIN_TOOLS/word_corpus.py" "$TMP/corpus.txt" 7 40000
 M="gpt:L=1,H=2,C=32,T=32"
 D="text:$TMP/corpus.txt"
 run() { $DT train --data "$D" --model "$M" --batch 8 --optimizer adamw --lr 3e-3 --quiet "$@"; }

@@ -23,15 +23,7 @@ if [ $? -eq 77 ]; then echo "skip: built without MPI (install libopenmpi-dev and
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"  # OpenMPI's own leaks at exit
-python3 - "$T/corpus.txt" <<'PY'
-import random, sys
-random.seed(11)
-words = "in the beginning god created heaven and earth . and the earth was without form".split()
-text = ""
-while len(text) < 3000:
-    text += " ".join(random.choice(words) for _ in range(12)) + "\n"
-open(sys.argv[1], "w").write(text)
-PY
+python3 "$ROOT/tests/tools/word_corpus.py" "$T/corpus.txt" 11 3000
 TRAIN=(train --data "text:$T/corpus.txt" --model "gpt:L=2,H=4,C=32,T=32" --optimizer adamw --lr 3e-3 --seed 5 --epochs 3)
 epochs() { grep -o 'epoch [0-9]*/[0-9]*[^:]*: train_loss [0-9.]* test_loss [0-9.]*' "$1"; }
 checks=0 fails=0

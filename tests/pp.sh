@@ -7,15 +7,7 @@
 # metrics per axis, timeline), its checkpoint resumed under dp4 and a 1-worker one under it.
 . "$(dirname "$0")/testlib.bash"
 
-python3 - "$TMP/corpus.txt" <<'PY'
-import random, sys
-random.seed(7)
-words = "in the beginning god created heaven and earth . and the earth was without form".split()
-text = ""
-while len(text) < 20000:
-    text += " ".join(random.choice(words) for _ in range(12)) + "\n"
-open(sys.argv[1], "w").write(text)
-PY
+python3 "$DTRAIN_TOOLS/word_corpus.py" "$TMP/corpus.txt" 7 20000
 M="gpt:L=2,H=2,C=16,T=16"
 D="text:$TMP/corpus.txt"
 run() { $DT train --data "$D" --model "$M" --batch 8 --optimizer adamw --lr 3e-3 --quiet --seed 3 "$@"; }
