@@ -256,8 +256,10 @@ static dt_status epochs(server *sv) {
         pthread_mutex_lock(&sv->mu);
         double next_progress = dt_now() + cfg->progress_s;
         bool stop = false;
-        while (sv->nlive > 0 && min_live(sv) < end && !(dyn && sv->units_done[e] >= need) && !sv->oom &&
-               !(stop = cfg->stop && *cfg->stop)) {
+        /* the stop is read first: the workers leave at a stop, and a serving thread woken only by
+         * the last one leaving (nlive 0) must still take it for the stop, not for "all are gone" */
+        while (!(stop = cfg->stop && *cfg->stop) && sv->nlive > 0 && min_live(sv) < end &&
+               !(dyn && sv->units_done[e] >= need) && !sv->oom) {
             wait_until(sv, next_progress);
             flush_notes(sv);  /* short callbacks (a line each) run under the lock */
             if (dt_now() >= next_progress) {

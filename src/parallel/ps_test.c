@@ -245,6 +245,10 @@ typedef struct {
     int count[DEPOCHS][DN];            /* times each sample index was trained, over all workers */
     int ucount[DEPOCHS][DUNITS];       /* times each unit was trained */
     int reports, complete, rep_samples[DEPOCHS], rep_w[DEPOCHS][DW];
+    volatile sig_atomic_t stop;        /* the servers' stop flag (a SIGTERM handler's, in a real run) */
+    int left;                          /* workers that have left (dyn_job.stop_after) */
+    dt_status serve_status;            /* server 0's serve() */
+    char serve_msg[200];
 } dyn_result;
 
 static dyn_result *g_dyn;
@@ -277,6 +281,9 @@ typedef struct {
     bool overlap;        /* --ps-overlap (the dying worker drains first: it dies holding two units) */
     int max_steps;       /* steps per worker (0: all epochs) */
     int start_in;        /* a resumed run: the position's step_in_epoch (rounds of DW units) in epoch 0 */
+    int stop_after;      /* a stop as SIGTERM makes it, in the order that hid it once: the first
+                          * workers leave after this many units, then the last sets the servers'
+                          * stop flag while their serving thread sleeps, and leaves too (0: none) */
 } dyn_job;
 
 /* One rank of S servers + DW workers: the data set's single feature is the sample index, so a
@@ -310,7 +317,13 @@ static int dyn_rank(int r, const char *job, const dyn_job *dj) {
         dt_serve_config cfg = {.steps_per_epoch = (int64_t)dt_sampler_batches(DN, DB, DW, false), .epochs = DEPOCHS,
                                .batch = DB, .progress_s = 1, .units_per_epoch = DUNITS, .on_epoch = dyn_epoch,
                                .max_steps = dj->max_steps, .start_step_in_epoch = dj->start_in};
+        if (dj->stop_after) cfg.stop = &g_dyn->stop, cfg.progress_s = 600;  /* woken by the workers only */
         st = s->ops->serve(s, &cfg);
+        if (r == 0) {
+            g_dyn->serve_status = st;
+            snprintf(g_dyn->serve_msg, sizeof g_dyn->serve_msg, "%s", st != DT_OK ? dt_last_error() : "");
+        }
+        if (dj->stop_after && st == DT_EINTR) st = DT_OK;
     } else if (st == DT_OK) {
         const int w = r - dj->servers;
         int64_t ep, u, step = 0;
@@ -320,6 +333,14 @@ static int dyn_rank(int r, const char *job, const dyn_job *dj) {
         else s->ops->first_unit(s, &plan, &ep, &u);  /* seq w (overlap: and W + w held ahead) */
         if (st == DT_OK && (int)ep * DUNITS + u != dj->start_in * DW + w) st = dt_error(DT_EINTERNAL, "first unit");
         while (st == DT_OK && u >= 0 && ep < DEPOCHS && (!dj->max_steps || step < dj->max_steps)) {
+            if (dj->stop_after && g_dyn->units[w] == dj->stop_after) {
+                if (w < DW - 1) break;  /* leaves (the server notes it) */
+                while (__atomic_load_n(&g_dyn->left, __ATOMIC_ACQUIRE) < DW - 1) nap_ms(1);
+                nap_ms(100);  /* the server has booked the last push: its serving thread sleeps */
+                g_dyn->stop = 1;
+                nap_ms(100);
+                break;  /* the last one leaving wakes the serving thread */
+            }
             dt_batch b;
             if ((st = dt_loader_take(l, (uint64_t)ep, (size_t)u, &b)) != DT_OK) break;
             int idx[DB];
@@ -343,6 +364,7 @@ static int dyn_rank(int r, const char *job, const dyn_job *dj) {
     }
     if (st != DT_OK) fprintf(stderr, "dynamic rank %d: %s\n", r, dt_last_error());
     dt_strategy_destroy(s);
+    if (dj->stop_after && r >= dj->servers) __atomic_fetch_add(&g_dyn->left, 1, __ATOMIC_RELEASE);
     dt_optim_free(o);
     dt_model_free(m);
     dt_loader_free(l);
@@ -480,6 +502,19 @@ static void test_dynamic_resume_max_steps(void) {
     }
 }
 
+/* A stop (SIGTERM) that reaches the server while its workers are leaving is a stop, however the
+ * leaves and the flag interleave. Once, in CI, all 3 workers of `dtrain train --strategy ps` left
+ * before the serving thread looked at the flag, and the run failed with "all 3 workers are gone"
+ * instead of writing its checkpoint: the loop read the live count before the flag. */
+static void test_dynamic_stop(void) {
+    dyn_job dj = {.servers = 1, .staleness = -1, .slow_ms = 2, .die_w = -1, .stop_after = 5};
+    CHECK(dyn_run("dynstop", &dj) == 0);
+    printf("stop while the workers leave (2 leave, the flag is set, the last leaves): server: %s\n",
+           g_dyn->serve_msg);
+    CHECK_MSG(g_dyn->serve_status == DT_EINTR && strstr(g_dyn->serve_msg, "stopped by a signal"),
+              "server 0 returned %d: %s", (int)g_dyn->serve_status, g_dyn->serve_msg);
+}
+
 /* The largest staleness (updates a gradient missed) in a histogram; DT_STALENESS_BINS - 1 means
  * that or more. */
 static int max_stale(const int64_t *stale) {
@@ -570,6 +605,7 @@ int main(void) {
     test_overlap();
     test_overlap_trainer();
     test_dynamic_resume_max_steps();
+    test_dynamic_stop();
     test_staleness_bound();
     test_dynamic_bound();
     test_dead_worker();
