@@ -391,6 +391,7 @@ dt_status dt_launch_run(const dt_launch_config *cfg, char *const argv[], dt_laun
         sigaction(g_sigs[i], &sa, &old[i]);
     }
     supervise(&j, argv);
+    dt_launch_note_repeats(&j, cfg->notify, cfg->notify_ctx);
     st = j.st;
     if (st == DT_OK) res->exit_code = 0;
     res->lost = j.lost;

@@ -17,7 +17,17 @@ typedef struct {
     int out;       /* where its lines go */
     char *buf;     /* pending partial line */
     size_t len;
+    bool hide_hint; /* the last line was a repeated error: its HINT line is not relayed either */
 } stream;
+
+/* An error line ("dtrain: error: ...") a rank relayed: the same text from another rank (a
+ * set-up error every rank meets) is counted here instead of printed again. */
+#define LAUNCH_ERRS 4
+#define LAUNCH_ERR_CAP 512
+typedef struct {
+    char text[LAUNCH_ERR_CAP];
+    int rank, repeats;
+} relayed_error;
 
 typedef struct {
     pid_t pid;     /* 0 once reaped */
@@ -44,6 +54,8 @@ typedef struct {
     double grace, job_deadline, kill_deadline, drain_deadline;
     double peer_deadline; /* a rank exited DT_EXIT_PEER: until then, wait for the culprit */
     double all_stopped_since; /* every live rank is stopped (since then): they cannot finish */
+    relayed_error errs[LAUNCH_ERRS];
+    int nerrs;
 } job;
 
 /* The environment of rank `rank` (the parent's minus rank variables, plus the job's), freed
@@ -54,6 +66,9 @@ void dt_launch_free_env(char **env);
 dt_status dt_launch_spawn(job *j, int rk, char *const argv[]);
 /* Reads what rank rk wrote to s and relays its whole lines, prefixed; closes s at EOF. */
 void dt_launch_read_stream(job *j, int rk, stream *s);
+/* The notify lines for errors that more than one rank printed ("2 other ranks printed the same
+ * error as rank 0"), one per error, once the job is over. */
+void dt_launch_note_repeats(const job *j, void (*say)(void *ctx, const char *msg), void *ctx);
 /* Relays what is left of s (a last partial line too) and closes it. */
 void dt_launch_close_stream(job *j, int rk, stream *s);
 #endif

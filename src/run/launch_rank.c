@@ -63,6 +63,43 @@ static void write_all(int fd, const char *buf, size_t n) {
     }
 }
 
+/* Whether the line piece (n bytes, no newline) rank rk wrote to stderr repeats an error line
+ * another rank already relayed, or is the HINT that follows such a one: it is then counted, not
+ * relayed. Errors that name a rank or a file of their own differ and are all relayed. */
+static bool repeated_error(job *j, int rk, stream *s, const char *line, size_t n) {
+    static const char err[] = "dtrain: error: ", hint[] = "HINT: ";
+    if (s != &j->r[rk].s[1]) return false;
+    if (n >= sizeof hint - 1 && !memcmp(line, hint, sizeof hint - 1)) return s->hide_hint;
+    s->hide_hint = false;
+    if (n < sizeof err - 1 || memcmp(line, err, sizeof err - 1) || n >= LAUNCH_ERR_CAP) return false;
+    for (int k = 0; k < j->nerrs; k++) {
+        relayed_error *e = &j->errs[k];
+        if (strlen(e->text) == n && !memcmp(e->text, line, n)) {
+            if (e->rank == rk) return false;  /* a rank repeating itself is relayed as it is */
+            e->repeats++;
+            return s->hide_hint = true;
+        }
+    }
+    if (j->nerrs < LAUNCH_ERRS) {
+        relayed_error *e = &j->errs[j->nerrs++];
+        memcpy(e->text, line, n);
+        e->text[n] = 0;
+        e->rank = rk, e->repeats = 0;
+    }
+    return false;
+}
+
+void dt_launch_note_repeats(const job *j, void (*say)(void *ctx, const char *msg), void *ctx) {
+    for (int k = 0; say && k < j->nerrs; k++) {
+        const relayed_error *e = &j->errs[k];
+        if (e->repeats == 0) continue;
+        char msg[128];
+        snprintf(msg, sizeof msg, "%d other rank%s printed the same error as rank %d", e->repeats,
+                 e->repeats == 1 ? "" : "s", e->rank);
+        say(ctx, msg);
+    }
+}
+
 /* Relays the complete lines of s (all of it when flush), each prefixed, in one write. A piece
  * that a '\r' follows is relayed as it is, without a newline: a progress bar that redraws its
  * line ("\r\033[K...") reaches the terminal one redraw late instead of never. */
@@ -78,6 +115,11 @@ static void relay(job *j, int rk, stream *s, bool flush) {
         bool last = flush && i + 1 == s->len;
         bool redraw = s->buf[i] != '\n' && i + 1 < s->len && s->buf[i + 1] == '\r';
         if (s->buf[i] != '\n' && !last && !redraw && !(i - start + 1 >= LINE_CAP)) continue;
+        const size_t n = i + 1 - start - (s->buf[i] == '\n');
+        if (repeated_error(j, rk, s, s->buf + start, n)) {
+            start = i + 1;
+            continue;
+        }
         memcpy(out + outn, pre, (size_t)pl);
         outn += (size_t)pl;
         memcpy(out + outn, s->buf + start, i + 1 - start);
@@ -165,8 +207,8 @@ dt_status dt_launch_spawn(job *j, int rk, char *const argv[]) {
     setpgid(pid, pid);
     close(out[1]); close(err[1]); close(ex[1]);
     r->pid = r->pgid = pid;
-    r->s[0] = (stream){out[0], j->cfg->out_fd ? j->cfg->out_fd : 1, r->s[0].buf, 0};
-    r->s[1] = (stream){err[0], j->cfg->err_fd ? j->cfg->err_fd : 2, r->s[1].buf, 0};
+    r->s[0] = (stream){.fd = out[0], .out = j->cfg->out_fd ? j->cfg->out_fd : 1, .buf = r->s[0].buf};
+    r->s[1] = (stream){.fd = err[0], .out = j->cfg->err_fd ? j->cfg->err_fd : 2, .buf = r->s[1].buf};
     fcntl(out[0], F_SETFL, O_NONBLOCK);
     fcntl(err[0], F_SETFL, O_NONBLOCK);
     j->live++;
