@@ -74,9 +74,9 @@ static dt_status widen(dt_strategy *s, dt_pp *p) {
 static dt_status pp_sync(dt_strategy *s) {
     dt_pp *p = s->impl;
     dt_model *m = s->model;
+    if (p->o.zero && p->DP > 1) DT_TRY(dt_pp_zero_collect(p));  /* DP rank 0: whole segment moments */
     if (p->tp > 1) return dt_pp_tp_sync(s);  /* the whole model stays placed under tp x pp */
     DT_TRY(widen(s, p));
-    if (p->o.zero && p->DP > 1) DT_TRY(dt_pp_zero_collect(p));  /* DP rank 0: whole segment moments */
     if (p->K == 1) goto moments;
     for (int t = 0; t < dt_model_num_tensors(m); t++) {
         const dt_param_info *ti = dt_model_tensor(m, t);
@@ -119,6 +119,7 @@ static void pp_destroy(dt_strategy *s) {
     for (size_t i = 0; i < sizeof cs / sizeof *cs; i++) dt_comm_destroy(cs[i]);
     for (int t = 0; p->share && t < dt_model_num_tensors(p->m ? p->m : s->model); t++) dt_comm_destroy(p->share[t]);
     free(p->share);
+    dt_free(p->gsh);
     dt_mesh_free(&p->mesh);
     dt_tp_hooks_destroy(p->hooks);
     if (p->m && p->m != s->model) dt_model_free(p->m);
@@ -339,7 +340,7 @@ static dt_status pp_setup(dt_strategy *s, dt_pp *p) {
     p->live = -1;
     s->data_rank = p->dp_i, s->data_world = p->DP, s->job_rank0 = 0;
     DT_TRY(make_comms(s, p));
-    return p->o.zero && p->DP > 1 ? dt_pp_zero_shard(p) : DT_OK;
+    return p->o.zero && p->DP > 1 ? dt_pp_zero_shard(p) : DT_OK;  /* after the segments took the moments */
 }
 
 static dt_status pp_create(dt_strategy *s, const void *opts) {
@@ -347,13 +348,6 @@ static dt_status pp_create(dt_strategy *s, const void *opts) {
     if (!p) return dt_error(DT_ENOMEM, "pp: out of memory");
     p->o = *(const dt_pp_opts *)opts;
     p->K = p->o.stages;
-    if (p->o.zero && p->o.tp > 1) {
-        const dt_status st = dt_error(DT_EINVAL, "--zero %d with --tp %d --pp %d: ZeRO does not shard a pipeline of "
-                                      "tensor-parallel stages yet; use --zero 1 with --pp alone, --zero 1, 2 or 3 with --tp "
-                                      "alone, or drop --zero", p->o.zero, p->o.tp, p->o.stages);
-        free(p);
-        return st;
-    }
     if (p->o.microbatches == 0) p->o.microbatches = p->K;  /* default: M = K */
     s->impl = p;
     s->ops = &pp_ops;
@@ -387,10 +381,11 @@ static dt_status pp_set(void *opts, const char *key, const char *value) {
     if (!strcmp(key, "tp")) return int_opt(key, value, 1, 4096, &o->tp);
     if (!strcmp(key, "zero")) {
         DT_TRY(dt_zero_parse_stage(value, &o->zero));
-        if (o->zero > 1)
-            return dt_error(DT_EINVAL, "--zero %d with a pipeline: only stage 1 (the optimizer state over the DP axis) is "
-                            "done for --pp; use --zero 1 with --pp, --zero 2 with --tp, or --zero 2|3 with plain ddp",
-                            o->zero);
+        if (o->zero > 2)
+            return dt_error(DT_EINVAL, "--zero 3 with a pipeline: ZeRO-3 would gather each layer's parameters over the DP "
+                            "axis before the forward and the backward of every micro-batch, M times a step's gathers "
+                            "(DeepSpeed refuses ZeRO-2/3 with its pipeline for this reason); use --zero 1 or 2 with --pp, "
+                            "more stages (--pp) to hold less per rank, or --zero 3 with plain ddp or --tp alone");
         return DT_OK;
     }
     if (!strcmp(key, "microbatches")) return int_opt(key, value, 1, DT_PP_MAX_MICRO, &o->microbatches);
@@ -436,7 +431,7 @@ static void pp_mesh(const void *opts, int *tp, int *pp, int *microbatches, const
 }
 
 const dt_strategy_entry dt_strategy_pp_entry = {
-    .name = "pp", .help = "pp(stages=K,microbatches=M,schedule=gpipe|1f1b,cost=flops|measured,split=N1:N2:...,tp=T,zero=0|1)  "
+    .name = "pp", .help = "pp(stages=K,microbatches=M,schedule=gpipe|1f1b,cost=flops|measured,split=N1:N2:...,tp=T,zero=0|1|2)  "
                           "ranks: (dp_i*K + stage)*T + tp_i",
     .keys = "stages,microbatches,schedule,cost,split,tp,zero", .opts_size = sizeof(dt_pp_opts), .defaults = pp_defaults,
     .set = pp_set, .create = pp_create, .format = pp_format, .needs_comm = true,
