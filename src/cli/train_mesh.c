@@ -50,6 +50,9 @@ int dt_cli_mesh_parse(const dt_cli_mesh_flags *f, dt_train_config *cfg) {
     if (zero >= 0) {
         snprintf(num, sizeof num, "%d", zero);
         r = add_tp_option("zero", num, "--zero");
+        /* the pipeline's own check (it refuses --zero 3, saying why) before any rank starts */
+        if (!r && pp && dt_strategy_spec_info(g_spec, NULL, 0, NULL) != DT_OK)
+            return dt_cli_usage(NULL, "%s", dt_last_error());
     }
     if (!r && f->bucket_mb > 0) {
         char mb[32];
