@@ -4,7 +4,9 @@
 # bubble and bytes, and whose --save is one ordinary checkpoint with the tensors (names, shapes,
 # values) of the same run on 1 worker, which 1 worker then resumes; --tp 2 --pp 2 (pipeline stages
 # of tensor-parallel shards): its dry-run plan, a run equal to 1 worker (checkpoint, loss,
-# metrics per axis, timeline), its checkpoint resumed under dp4 and a 1-worker one under it.
+# metrics per axis, timeline), its checkpoint resumed under dp4 and a 1-worker one under it;
+# ZeRO over the DP axis: --pp 2 --zero 2 and --tp 2 --pp 2 --zero 1|2 give 1 worker's checkpoint,
+# resume to and from 1 worker, and --zero 3 with a pipeline is refused saying why.
 . "$(dirname "$0")/testlib.bash"
 
 python3 "$DTRAIN_TOOLS/word_corpus.py" "$TMP/corpus.txt" 7 20000
@@ -101,6 +103,31 @@ out=$(run --resume "$TMP/one.st" --max-steps 16 --tp 2 --pp 2 --workers 4 --pp-s
   || bad "1 -> tp2 x pp2: $out"
 d=$(diff_ok "$TMP/r_tpp.st" "$TMP/one16.st" 2e-5) && ok "saved on 1 worker, resumed under tp2 x pp2 (gpipe): as 1 worker ($d)" \
   || bad "1 -> tp2 x pp2: $d"
+
+# ---- ZeRO over the pipeline's DP axis: --pp 2 --zero 2 (dp2 x pp2), --tp 2 --pp 2 --zero 1|2 (dp2 x tp2 x pp2) ----
+expect_fail "--zero 3 with --pp says why" "M times a step's gathers (DeepSpeed refuses" run --pp 2 --zero 3 --workers 4 --max-steps 1
+expect_fail "--zero 3 with --tp --pp says why" "ZeRO-3 would gather each layer's parameters" \
+  run --tp 2 --pp 2 --zero 3 --workers 8 --max-steps 1
+plan=$(run --pp 2 --zero 2 --workers 4 --batch 4 --dry-run 2>&1)
+grep -q "ZeRO stage 2" <<<"$plan" && grep -q "^rank 3 (dp 1, stage 1, tp 0):" <<<"$plan" \
+  && ok "--dry-run --pp 2 --zero 2 --workers 4: the dp2 x pp2 ZeRO-2 plan" || bad "dry run of pp zero 2: $plan"
+out=$(run --pp 2 --zero 2 --workers 4 --batch 4 --microbatches 2 --max-steps 12 --save "$TMP/ppz2.st" 2>&1) \
+  || bad "pp2 zero 2: $out"
+d=$(diff_ok "$TMP/ppz2.st" "$TMP/one.st" 2e-5) && ok "--pp 2 --zero 2 (dp2 x pp2): its checkpoint is 1 worker's ($d)" \
+  || bad "pp2 zero 2 vs 1 worker: $d"
+for z in 1 2; do
+  out=$(run --tp 2 --pp 2 --zero $z --workers 8 --batch 4 --microbatches 2 --max-steps 12 --save "$TMP/tppz$z.st" 2>&1) \
+    || bad "tp2 x pp2 zero $z: $out"
+  d=$(diff_ok "$TMP/tppz$z.st" "$TMP/one.st" 2e-5) \
+    && ok "--tp 2 --pp 2 --zero $z (dp2 x tp2 x pp2): its checkpoint is 1 worker's ($d)" || bad "tp2 x pp2 zero $z: $d"
+done
+out=$(run --resume "$TMP/tppz1.st" --max-steps 16 --save "$TMP/r_z1.st" 2>&1) || bad "tp2 x pp2 zero 1 -> 1: $out"
+d=$(diff_ok "$TMP/r_z1.st" "$TMP/one16.st" 2e-5) && ok "saved under --tp 2 --pp 2 --zero 1, resumed on 1 worker ($d)" \
+  || bad "tp2 x pp2 zero 1 -> 1 worker: $d"
+out=$(run --resume "$TMP/one.st" --max-steps 16 --tp 2 --pp 2 --zero 2 --workers 8 --batch 4 --save "$TMP/r_z2.st" 2>&1) \
+  || bad "1 -> tp2 x pp2 zero 2: $out"
+d=$(diff_ok "$TMP/r_z2.st" "$TMP/one16.st" 2e-5) && ok "saved on 1 worker, resumed under --tp 2 --pp 2 --zero 2 ($d)" \
+  || bad "1 -> tp2 x pp2 zero 2: $d"
 
 # ---- dp2 x pp2 over MPI: the same epoch loss as 1 worker at the same global batch ----
 if command -v mpirun >/dev/null && [ -n "$(ldd "$DT" 2>/dev/null | grep -i libmpi)" ]; then
