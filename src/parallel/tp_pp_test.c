@@ -166,7 +166,9 @@ static double params_vs_one(int N, const char *spec, int batch, const char *resu
     size_t m = 0;
     if (N == 1) {
         progress pg = {{0}, 0};
-        CHECK_OK(train(&rc, NULL, g_got, &m, &pg));
+        const dt_status st = train(&rc, NULL, g_got, &m, &pg);
+        CHECK_MSG(st == DT_OK, "%s: %s", tag, dt_last_error());
+        if (st != DT_OK) return 1e9;
     } else {
         const int failed = run_ranks(N, &rc, path);
         char msg[512];
