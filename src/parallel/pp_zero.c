@@ -57,7 +57,10 @@ dt_status dt_pp_zero_shard(dt_pp *p) {
 dt_status dt_pp_zero_reacquire(dt_pp *p) {
     const size_t n = p->grel;
     p->grel = 0;
-    return n ? dt_mem_reacquire(n) : DT_OK;
+    if (!n || dt_mem_reacquire(n) == DT_OK) return DT_OK;
+    return dt_error_wrap(DT_ENOMEM, "pipeline stage %d (rank %d): ZeRO-2 holds the stage's whole gradients while its "
+                         "micro-batches accumulate (%zu bytes given back between steps); raise --mem-limit or use more "
+                         "stages (--pp)", p->stage, p->rank, n);
 }
 
 dt_status dt_pp_zero_reduce(dt_pp *p, float *g) {
