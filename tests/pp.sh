@@ -108,6 +108,8 @@ d=$(diff_ok "$TMP/r_tpp.st" "$TMP/one16.st" 2e-5) && ok "saved on 1 worker, resu
 expect_fail "--zero 3 with --pp says why" "M times a step's gathers (DeepSpeed refuses" run --pp 2 --zero 3 --workers 4 --max-steps 1
 expect_fail "--zero 3 with --tp --pp says why" "ZeRO-3 would gather each layer's parameters" \
   run --tp 2 --pp 2 --zero 3 --workers 8 --max-steps 1
+out=$(run --pp 2 --zero 2 --workers 2 --max-steps 1 2>&1) && grep -q "zero 2 on one model copy (2 ranks) shards nothing" \
+  <<<"$out" && ok "--pp 2 --zero 2 on 2 ranks (one pipeline) says it shards nothing" || bad "pp zero on dp 1: $out"
 plan=$(run --pp 2 --zero 2 --workers 4 --batch 4 --dry-run 2>&1)
 grep -q "ZeRO stage 2" <<<"$plan" && grep -q "^rank 3 (dp 1, stage 1, tp 0):" <<<"$plan" \
   && ok "--dry-run --pp 2 --zero 2 --workers 4: the dp2 x pp2 ZeRO-2 plan" || bad "dry run of pp zero 2: $plan"
