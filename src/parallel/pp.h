@@ -29,7 +29,7 @@ typedef struct {
     dt_pp_schedule_kind schedule;
     char split[160];            /* "" = balanced; else K-1 first nodes of stages 1..K-1, by index or name */
     bool measured;              /* balance measured per-node seconds (pp_cost.c) instead of flops */
-    int zero;                   /* ZeRO stage over the DP axis: 0, 1 or 2 (pp_zero.c; 3 is refused) */
+    int zero;                   /* ZeRO stage over the DP axis: 0-3 (pp_zero.c, pp_zero3.c; 3 without tp) */
 } dt_pp_opts;
 
 /* ---- schedules (pp_schedule.c) ---- */
@@ -87,6 +87,8 @@ typedef struct {
     bool zero;            /* ZeRO (pp_zero.c): opt holds chunk [lo + zoff, lo + zoff + zlen) only */
     size_t zoff, zlen;
     size_t gat;           /* ZeRO-2: the chunk's averaged gradient at p->gsh + gat */
+    bool resident;        /* ZeRO-3: every DP rank's chunk of the values is here (gathered) */
+    size_t prel;          /* ZeRO-3: parameter bytes given back while it is not */
     bool whole;           /* after a sync on DP rank 0: opt is the whole segment's, shard the chunk's */
     dt_optim *shard;
 } dt_pp_segment;
@@ -117,6 +119,10 @@ typedef struct {
     int64_t steps0, updates;       /* optimizer steps at the start, updates since */
     float *gsh;                    /* ZeRO-2: this DP rank's averaged gradient chunks, packed (gat) */
     size_t grel;                   /* ZeRO-2: gradient bytes given back after the last reduce */
+    int *seg_of;                   /* ZeRO-3: per tensor of m, its segment (one per tensor), or -1 */
+    bool zfull;                    /* ZeRO-3: every segment gathered (sync, evaluation): hooks idle */
+    dt_status zerr;                /* ZeRO-3: the first error of a node hook's gather */
+    char zmsg[384];
     dt_pp_slot *slots;
     int nslots, mb_slot[DT_PP_MAX_MICRO];
     dt_pp_action *acts;
@@ -184,6 +190,18 @@ dt_status dt_pp_zero_update(dt_pp *p, float *w, const float *g, float lr);
  * (for sync's moments); dt_pp_zero_uncollect (each step's start) puts the shards back. */
 dt_status dt_pp_zero_collect(dt_pp *p);
 void dt_pp_zero_uncollect(dt_pp *p);
+/* ---- ZeRO-3 over the DP axis (pp_zero3.c; pp(zero=3), DP > 1, tp 1) ---- */
+/* Installs the node hooks that gather a node's tensors over the DP axis before its forward and
+ * its backward (one segment per tensor). After dt_pp_zero_shard. */
+dt_status dt_pp_zero3_setup(dt_pp *p);
+/* Gives back every gathered segment's values outside this rank's chunk (the start of a run, after
+ * each update, the first step after a sync). */
+void dt_pp_zero3_release_all(dt_pp *p);
+/* Gathers every segment (sync: evaluation and checkpoints read the whole stage); collective over
+ * the DP axis. The hooks then do nothing until dt_pp_zero3_release_all. */
+dt_status dt_pp_zero3_gather_all(dt_pp *p);
+/* The first error a hook's gather met since the last call (DT_OK: none); clears it. */
+dt_status dt_pp_zero3_status(dt_pp *p);
 /* The tp counters of a pp strategy (zeros without tp, or for another strategy). */
 void dt_pp_tp_counters(const dt_strategy *s, dt_tp_counters *c);
 

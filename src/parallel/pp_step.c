@@ -155,6 +155,7 @@ static dt_status run_forward(step_ctx *c, int j) {
     if (p->hooks) dt_tp_hooks_select(p->hooks, mb_lo(c, j), n);
     DT_TRY(dt_model_forward_nodes(m, &f, p->lo, p->hi));
     if (p->hooks) DT_TRY(dt_tp_hooks_status(p->hooks));
+    if (p->seg_of) DT_TRY(dt_pp_zero3_status(p));  /* ZeRO-3: the hooks' parameter gathers */
     p->live = j;
     return DT_OK;
 }
@@ -253,6 +254,7 @@ static dt_status backward(step_ctx *c, int j) {
     }
     DT_TRY(dt_model_backward_nodes(m, p->lo, p->hi, dout, share, NULL, NULL));
     if (p->hooks) DT_TRY(dt_tp_hooks_status(p->hooks));
+    if (p->seg_of) DT_TRY(dt_pp_zero3_status(p));
     char name[24];
     snprintf(name, sizeof name, "B%d", j);
     const double t1 = dt_now();

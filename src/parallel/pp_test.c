@@ -319,14 +319,16 @@ static void test_zero(int stage) {
     CHECK(run_ranks(4, &z, path) == 0);
     snprintf(what, sizeof what, "gpt dp2 x pp2 zero=%d:", stage);
     compare(what, n, g_ref, g_got, dt_test_read_floats(path, g_got, CAP + STEPS + 1), 0);
-    if (stage == 2 && !g_light) {  /* 1 worker at batch 12 = dp3 x 4 */
+    if (stage >= 2 && !g_light) {  /* 1 worker at batch 12 = dp3 x 4 */
         static float ref12[CAP + STEPS + 1];
         run_cfg one12 = {.model = GPT, .data = g_text, .batch = 12, .steps = STEPS};
         reference(&one12, ref12, &n);
-        run_cfg z3 = {.model = GPT, .data = g_text, .strategy = "pp(stages=2,microbatches=3,schedule=gpipe,zero=2)",
-                      .batch = 4, .steps = STEPS};
+        char spec[80];
+        snprintf(spec, sizeof spec, "pp(stages=2,microbatches=3,schedule=gpipe,zero=%d)", stage);
+        run_cfg z3 = {.model = GPT, .data = g_text, .strategy = spec, .batch = 4, .steps = STEPS};
         CHECK(run_ranks(6, &z3, path) == 0);
-        compare("gpt dp3 x pp2 gpipe M=3 zero=2:", n, ref12, g_got, dt_test_read_floats(path, g_got, CAP + STEPS + 1), 0);
+        snprintf(what, sizeof what, "gpt dp3 x pp2 gpipe M=3 zero=%d:", stage);
+        compare(what, n, ref12, g_got, dt_test_read_floats(path, g_got, CAP + STEPS + 1), 0);
     }
     snprintf(ck, sizeof ck, "%s/zero%d.safetensors", g_dir, stage);
     run_cfg half = {.model = GPT, .data = g_text, .strategy = Z, .batch = 4, .steps = 10, .save = ck};
@@ -380,6 +382,7 @@ int main(void) {
     test_seq_models();
     test_zero(1);
     test_zero(2);
+    test_zero(3);
     test_resume();
     test_killed_stage();
     dt_test_remove_dir(g_dir);

@@ -110,6 +110,11 @@ dt_status dt_pp_zero_update(dt_pp *p, float *w, const float *g, float lr) {
         dt_pp_segment *sg = &p->seg[q];
         dt_optim_step(sg->opt, w + sg->lo + sg->zoff, g ? g + sg->lo + sg->zoff : p->gsh + sg->gat, lr);
     }
+    if (p->seg_of) {  /* ZeRO-3: the stale copies go; each node gathers the new values when it runs */
+        free(counts);
+        dt_pp_zero3_release_all(p);
+        return DT_OK;
+    }
     for (int q = 0; st == DT_OK && q < p->nseg; q++) {  /* every DP rank's updated chunk to every one */
         const dt_pp_segment *sg = &p->seg[q];
         for (int j = 0; j < p->DP; j++) {
