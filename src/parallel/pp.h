@@ -165,7 +165,7 @@ void dt_pp_tp_scatter_moments(dt_strategy *s, dt_pp *p);
  * owner stage's tp axis, then broadcast along the pipeline) and world rank 0's s->optim the whole
  * moments. Collective over the job. */
 dt_status dt_pp_tp_sync(dt_strategy *s);
-/* ---- ZeRO over the DP axis (pp_zero.c; pp(zero=1|2), DP > 1, any tp) ---- */
+/* ---- ZeRO over the DP axis (pp_zero.c; pp(zero=1|2|3), DP > 1, any tp; stage 3: pp_zero3.c, tp 1) ---- */
 /* Cuts every segment into this DP rank's chunk and shards its optimizer to it; ZeRO-2 also
  * allocates the packed gradient shard and gives the gradient pages back. */
 dt_status dt_pp_zero_shard(dt_pp *p);

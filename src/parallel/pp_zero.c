@@ -1,4 +1,5 @@
-/* ZeRO over the data-parallel axis of a pipeline (pp(stages=K,zero=1|2), with or without tp):
+/* ZeRO over the data-parallel axis of a pipeline (pp(stages=K,zero=1|2|3), with or without tp;
+ * stage 3's parameter gathers are pp_zero3.c's):
  * each of a stage's DP ranks keeps the optimizer moments of its chunk of every segment only
  * (dt_zero_chunk: DP equal chunks, the remainder to the last rank), updates that chunk after the
  * DP average and the clip, and the chunks are then all-gathered, so every replica of the stage

@@ -2,7 +2,7 @@
  * and optimizer state (ZeRO: its shard of each of ddp's buckets, as zero.c cuts them; pipeline:
  * the tensors its stage's nodes use under the flops cut pp.c places; tensor parallel: each tensor
  * a tp-th where tp_shard.c splits it, else whole),
- * stage 2-3's gradient buckets in flight (a pipeline's stage 2: its whole gradients and the shard), stage 3's gathered buckets and the activations of the micro-batches in flight (GPipe: all of
+ * stage 2-3's gradient buckets in flight (a pipeline's stage 2-3: its whole gradients and the shard), stage 3's gathered buckets and the activations of the micro-batches in flight (GPipe: all of
  * them, 1F1B: up to pp - stage). */
 #include "dtrain/memplan.h"
 #include "dtrain/models.h"
