@@ -125,9 +125,9 @@ static void pp_destroy(dt_strategy *s) {
     dt_comm *cs[] = {p->fwd, p->bwd, p->data};
     for (size_t i = 0; i < sizeof cs / sizeof *cs; i++) dt_comm_destroy(cs[i]);
     for (int t = 0; p->share && t < dt_model_num_tensors(p->m ? p->m : s->model); t++) dt_comm_destroy(p->share[t]);
+    if (p->seg_of && p->m) dt_model_set_node_hooks(p->m, NULL, NULL, NULL), dt_model_set_backward_hook(p->m, NULL);
     free(p->share), free(p->seg_of);
     dt_free(p->gsh);
-    if (p->seg_of && p->m) dt_model_set_node_hooks(p->m, NULL, NULL, NULL), dt_model_set_backward_hook(p->m, NULL);
     dt_mesh_free(&p->mesh);
     dt_tp_hooks_destroy(p->hooks);
     if (p->m && p->m != s->model) dt_model_free(p->m);

@@ -11,7 +11,7 @@
  *    micro-batches (M=3 of 8 samples);
  *  - the in-flight count and peak activation memory the run measured (metrics line);
  *  - checkpoints across layouts: saved under pp2 resumed on 1 worker, and the other way round;
- *  - ZeRO-1 and ZeRO-2 over the DP axis (dp2 x pp2, pp(zero=1|2); ZeRO-2 also dp3 x pp2, whose
+ *  - ZeRO 1, 2 and 3 over the DP axis (dp2 x pp2, pp(zero=1|2|3); 2 and 3 also dp3 x pp2, whose
  *    chunks have remainders): the parameters of 1 worker after 20 steps; each checkpoint
  *    (moments collected from the shards) resumed on 1 worker, and a 1-worker checkpoint resumed
  *    under it (moments cut into the shards), continue as 1 worker;
@@ -306,7 +306,7 @@ static void test_resume(void) {
 }
 
 /* ZeRO-z over the DP axis of dp2 x pp2 against 1 worker: 20 steps, and resumes both ways at step
- * 10; ZeRO-2 also over dp3 x pp2 (GPipe, M=3 uneven micro-batches) against 1 worker at batch 12:
+ * 10; ZeRO-2 and 3 also over dp3 x pp2 (GPipe, M=3 uneven micro-batches) against 1 worker at batch 12:
  * the last DP rank's chunks take the remainders of the segments (multiples of 16 values). */
 static void test_zero(int stage) {
     char Z[64], what[64], ck[128], path[128];
