@@ -5,8 +5,8 @@
 # values) of the same run on 1 worker, which 1 worker then resumes; --tp 2 --pp 2 (pipeline stages
 # of tensor-parallel shards): its dry-run plan, a run equal to 1 worker (checkpoint, loss,
 # metrics per axis, timeline), its checkpoint resumed under dp4 and a 1-worker one under it;
-# ZeRO over the DP axis: --pp 2 --zero 2|3 and --tp 2 --pp 2 --zero 1|2 give 1 worker's checkpoint,
-# resume to and from 1 worker, and --zero 3 with --tp --pp is refused saying why.
+# ZeRO over the DP axis: --pp 2 --zero 2|3 and --tp 2 --pp 2 --zero 1|2|3 give 1 worker's
+# checkpoint and resume to and from 1 worker.
 . "$(dirname "$0")/testlib.bash"
 
 python3 "$DTRAIN_TOOLS/word_corpus.py" "$TMP/corpus.txt" 7 20000
@@ -104,9 +104,8 @@ out=$(run --resume "$TMP/one.st" --max-steps 16 --tp 2 --pp 2 --workers 4 --pp-s
 d=$(diff_ok "$TMP/r_tpp.st" "$TMP/one16.st" 2e-5) && ok "saved on 1 worker, resumed under tp2 x pp2 (gpipe): as 1 worker ($d)" \
   || bad "1 -> tp2 x pp2: $d"
 
-# ---- ZeRO over the pipeline's DP axis: --pp 2 --zero 2|3 (dp2 x pp2), --tp 2 --pp 2 --zero 1|2 (dp2 x tp2 x pp2) ----
-expect_fail "--zero 3 with --tp --pp says why" "the node hooks that the tensor-parallel shard's collectives use" \
-  run --tp 2 --pp 2 --zero 3 --workers 8 --max-steps 1
+# ---- ZeRO over the pipeline's DP axis: --pp 2 --zero 2|3 (dp2 x pp2), --tp 2 --pp 2 --zero 1|2|3 (dp2 x tp2 x pp2) ----
+expect_fail "--zero 4 with --tp --pp" "3 (and the parameters)" run --tp 2 --pp 2 --zero 4 --workers 8 --max-steps 1
 out=$(run --pp 2 --zero 2 --workers 2 --max-steps 1 2>&1) && grep -q "zero 2 on one model copy (2 ranks) shards nothing" \
   <<<"$out" && ok "--pp 2 --zero 2 on 2 ranks (one pipeline) says it shards nothing" || bad "pp zero on dp 1: $out"
 plan=$(run --pp 2 --zero 2 --workers 4 --batch 4 --dry-run 2>&1)
@@ -124,7 +123,7 @@ import json, sys
 p = [json.loads(l) for l in open(sys.argv[1])][-1]; o = [json.loads(l) for l in open(sys.argv[2])][-1]
 assert abs(p["train_loss"] - o["train_loss"]) < 2e-5 and abs(p["test_loss"] - o["test_loss"]) < 2e-5, (p, o)
 PY
-for z in 1 2; do
+for z in 1 2 3; do
   out=$(run --tp 2 --pp 2 --zero $z --workers 8 --batch 4 --microbatches 2 --max-steps 12 --save "$TMP/tppz$z.st" 2>&1) \
     || bad "tp2 x pp2 zero $z: $out"
   d=$(diff_ok "$TMP/tppz$z.st" "$TMP/one.st" 2e-5) \

@@ -116,7 +116,7 @@ static const char TRAIN_USAGE[] =
     "  pp(stages=K,microbatches=M,schedule=gpipe|1f1b,split=N1:N2,tp=T)\n"
     "                                    pipeline parallel (--pp, --microbatches, --pp-schedule, --pp-split);\n"
     "                                    tp=T (--tp T --pp K): each stage a tensor-parallel group of T ranks\n"
-    "                                    zero=1|2|3 (tp, pp), zero=1|2 (tp x pp): ZeRO over the dp axis (--zero)\n"
+    "                                    zero=1|2|3 (tp, pp, tp x pp): ZeRO over the mesh's dp axis (--zero)\n"
     "e.g. --strategy \"ps(servers=2,staleness=4)\". The flags in parentheses set the same options;\n"
     "a flag and a spec option that disagree are an error.\n"
     "ddp and localsgd also take compress=C (--compress: none, fp16, bf16, topk:RATIO[:momentum=M]\n"

@@ -1,7 +1,7 @@
 /* dtrain train's model-parallel flags: --tp K makes the strategy tp(tp=K), and with --pp P (whose
  * flags made pp(stages=P,...)) pp(stages=P,...,tp=K): pipeline stages of tensor-parallel shards
  * (the mesh: TP innermost, then PP, then DP; rank = (dp_i*PP + pp_i)*TP + tp_i). --zero N goes
- * into either spec (pp refuses stage 3 with tp, saying why). */
+ * into either spec. */
 #include "cli/train_mesh.h"
 #include "cli/cli.h"
 
@@ -50,7 +50,7 @@ int dt_cli_mesh_parse(const dt_cli_mesh_flags *f, dt_train_config *cfg) {
     if (zero >= 0) {
         snprintf(num, sizeof num, "%d", zero);
         r = add_tp_option("zero", num, "--zero");
-        /* the pipeline's own check (it refuses --zero 3 with --tp, saying why) before any rank starts */
+        /* the pipeline's own check of the stage before any rank starts */
         if (!r && pp && dt_strategy_spec_info(g_spec, NULL, 0, NULL) != DT_OK)
             return dt_cli_usage(NULL, "%s", dt_last_error());
     }

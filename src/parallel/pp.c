@@ -354,23 +354,11 @@ static dt_status pp_setup(dt_strategy *s, dt_pp *p) {
     return p->o.zero >= 3 ? dt_pp_zero3_setup(p) : DT_OK;
 }
 
-/* ZeRO-3 under tp x pp is not done: its gathers would need the node hooks the shard's collectives use. */
-static dt_status zero3_tp_refused(const dt_pp_opts *o) {
-    return dt_error(DT_EINVAL, "--zero 3 with --tp %d --pp %d: ZeRO-3's parameter gathers would run in the node hooks "
-                    "that the tensor-parallel shard's collectives use; not done yet: use --zero 1 or 2 with --tp --pp, "
-                    "or --zero 3 with --pp or --tp alone", o->tp, o->stages);
-}
-
 static dt_status pp_create(dt_strategy *s, const void *opts) {
     dt_pp *p = calloc(1, sizeof *p);
     if (!p) return dt_error(DT_ENOMEM, "pp: out of memory");
     p->o = *(const dt_pp_opts *)opts;
     p->K = p->o.stages;
-    if (p->o.zero == 3 && p->o.tp > 1) {
-        const dt_status st = zero3_tp_refused(&p->o);
-        free(p);
-        return st;
-    }
     if (p->o.microbatches == 0) p->o.microbatches = p->K;  /* default: M = K */
     s->impl = p;
     s->ops = &pp_ops;
@@ -401,10 +389,8 @@ static dt_status int_opt(const char *key, const char *value, int lo, int hi, int
 static dt_status pp_set(void *opts, const char *key, const char *value) {
     dt_pp_opts *o = opts;
     if (!strcmp(key, "stages")) return int_opt(key, value, 1, DT_PP_MAX_STAGES, &o->stages);
-    if (!strcmp(key, "tp") || !strcmp(key, "zero")) {  /* ZeRO 0-3, 3 not with tp (refused as soon as both are known) */
-        DT_TRY(!strcmp(key, "tp") ? int_opt(key, value, 1, 4096, &o->tp) : dt_zero_parse_stage(value, &o->zero));
-        return o->zero == 3 && o->tp > 1 ? zero3_tp_refused(o) : DT_OK;
-    }
+    if (!strcmp(key, "tp")) return int_opt(key, value, 1, 4096, &o->tp);
+    if (!strcmp(key, "zero")) return dt_zero_parse_stage(value, &o->zero);
     if (!strcmp(key, "microbatches")) return int_opt(key, value, 1, DT_PP_MAX_MICRO, &o->microbatches);
     if (!strcmp(key, "schedule")) return dt_pp_schedule_parse(value, &o->schedule);
     if (!strcmp(key, "cost")) {

@@ -29,7 +29,7 @@ typedef struct {
     dt_pp_schedule_kind schedule;
     char split[160];            /* "" = balanced; else K-1 first nodes of stages 1..K-1, by index or name */
     bool measured;              /* balance measured per-node seconds (pp_cost.c) instead of flops */
-    int zero;                   /* ZeRO stage over the DP axis: 0-3 (pp_zero.c, pp_zero3.c; 3 without tp) */
+    int zero;                   /* ZeRO stage over the DP axis: 0-3 (pp_zero.c, pp_zero3.c) */
 } dt_pp_opts;
 
 /* ---- schedules (pp_schedule.c) ---- */
@@ -165,7 +165,7 @@ void dt_pp_tp_scatter_moments(dt_strategy *s, dt_pp *p);
  * owner stage's tp axis, then broadcast along the pipeline) and world rank 0's s->optim the whole
  * moments. Collective over the job. */
 dt_status dt_pp_tp_sync(dt_strategy *s);
-/* ---- ZeRO over the DP axis (pp_zero.c; pp(zero=1|2|3), DP > 1, any tp; stage 3: pp_zero3.c, tp 1) ---- */
+/* ---- ZeRO over the DP axis (pp_zero.c; pp(zero=1|2|3), DP > 1, any tp; stage 3's gathers: pp_zero3.c) ---- */
 /* Cuts every segment into this DP rank's chunk and shards its optimizer to it; ZeRO-2 also
  * allocates the packed gradient shard and gives the gradient pages back. */
 dt_status dt_pp_zero_shard(dt_pp *p);
@@ -190,9 +190,9 @@ dt_status dt_pp_zero_update(dt_pp *p, float *w, const float *g, float lr);
  * (for sync's moments); dt_pp_zero_uncollect (each step's start) puts the shards back. */
 dt_status dt_pp_zero_collect(dt_pp *p);
 void dt_pp_zero_uncollect(dt_pp *p);
-/* ---- ZeRO-3 over the DP axis (pp_zero3.c; pp(zero=3), DP > 1, tp 1) ---- */
+/* ---- ZeRO-3 over the DP axis (pp_zero3.c; pp(zero=3), DP > 1, any tp) ---- */
 /* Installs the node hooks that gather a node's tensors over the DP axis before its forward and
- * its backward (one segment per tensor). After dt_pp_zero_shard. */
+ * its backward (one segment per tensor), chained with a tp shard's. After dt_pp_zero_shard. */
 dt_status dt_pp_zero3_setup(dt_pp *p);
 /* Gives back every gathered segment's values outside this rank's chunk (the start of a run, after
  * each update, the first step after a sync). */

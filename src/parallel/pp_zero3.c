@@ -1,4 +1,5 @@
-/* ZeRO stage 3 over the data-parallel axis of a pipeline (pp(stages=K,zero=3), tp 1): on top of
+/* ZeRO stage 3 over the data-parallel axis of a pipeline (pp(stages=K,zero=3), with or without tp:
+ * under tp the stage model is the rank's shard, whose collectives' hooks chain with these): on top of
  * stage 2 (pp_zero.c: optimizer state and gradients sharded), a stage's DP ranks keep only their
  * chunk of each parameter segment (one segment per tensor here, so a node gathers only its own
  * tensors). Node hooks gather a node's tensors over the DP axis before its forward and again
@@ -89,6 +90,7 @@ dt_status dt_pp_zero3_setup(dt_pp *p) {
     for (int q = 0; q < p->nseg; q++) p->seg[q].resident = true;  /* whole until init gives them back */
     dt_model_set_node_hooks(p->m, node_hook, NULL, p);
     dt_model_set_backward_hook(p->m, node_hook);
+    if (p->hooks) dt_tp_hooks_chain(p->hooks);  /* tp x pp: the shard's collectives after its backward, ours before */
     return DT_OK;
 }
 
