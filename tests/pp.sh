@@ -4,7 +4,9 @@
 # bubble and bytes, and whose --save is one ordinary checkpoint with the tensors (names, shapes,
 # values) of the same run on 1 worker, which 1 worker then resumes; --tp 2 --pp 2 (pipeline stages
 # of tensor-parallel shards): its dry-run plan, a run equal to 1 worker (checkpoint, loss,
-# metrics per axis, timeline), its checkpoint resumed under dp4 and a 1-worker one under it.
+# metrics per axis, timeline), its checkpoint resumed under dp4 and a 1-worker one under it;
+# ZeRO over the DP axis: --pp 2 --zero 2|3 and --tp 2 --pp 2 --zero 1|2|3 give 1 worker's
+# checkpoint and resume to and from 1 worker.
 . "$(dirname "$0")/testlib.bash"
 
 python3 "$DTRAIN_TOOLS/word_corpus.py" "$TMP/corpus.txt" 7 20000
@@ -101,6 +103,41 @@ out=$(run --resume "$TMP/one.st" --max-steps 16 --tp 2 --pp 2 --workers 4 --pp-s
   || bad "1 -> tp2 x pp2: $out"
 d=$(diff_ok "$TMP/r_tpp.st" "$TMP/one16.st" 2e-5) && ok "saved on 1 worker, resumed under tp2 x pp2 (gpipe): as 1 worker ($d)" \
   || bad "1 -> tp2 x pp2: $d"
+
+# ---- ZeRO over the pipeline's DP axis: --pp 2 --zero 2|3 (dp2 x pp2), --tp 2 --pp 2 --zero 1|2|3 (dp2 x tp2 x pp2) ----
+expect_fail "--zero 4 with --tp --pp" "3 (and the parameters)" run --tp 2 --pp 2 --zero 4 --workers 8 --max-steps 1
+out=$(run --pp 2 --zero 2 --workers 2 --max-steps 1 2>&1) && grep -q "zero 2 on one model copy (2 ranks) shards nothing" \
+  <<<"$out" && ok "--pp 2 --zero 2 on 2 ranks (one pipeline) says it shards nothing" || bad "pp zero on dp 1: $out"
+plan=$(run --pp 2 --zero 2 --workers 4 --batch 4 --dry-run 2>&1)
+grep -q "ZeRO stage 2" <<<"$plan" && grep -q "^rank 3 (dp 1, stage 1, tp 0):" <<<"$plan" \
+  && ok "--dry-run --pp 2 --zero 2 --workers 4: the dp2 x pp2 ZeRO-2 plan" || bad "dry run of pp zero 2: $plan"
+out=$(run --pp 2 --zero 2 --workers 4 --batch 4 --microbatches 2 --max-steps 12 --save "$TMP/ppz2.st" 2>&1) \
+  || bad "pp2 zero 2: $out"
+d=$(diff_ok "$TMP/ppz2.st" "$TMP/one.st" 2e-5) && ok "--pp 2 --zero 2 (dp2 x pp2): its checkpoint is 1 worker's ($d)" \
+  || bad "pp2 zero 2 vs 1 worker: $d"
+out=$(run --pp 2 --zero 3 --workers 4 --batch 4 --microbatches 2 --max-steps 12 --save "$TMP/ppz3.st" \
+  --metrics "$TMP/ppz3.jsonl" 2>&1) || bad "pp2 zero 3: $out"
+d=$(diff_ok "$TMP/ppz3.st" "$TMP/one.st" 2e-5) && python3 - "$TMP/ppz3.jsonl" "$TMP/one.jsonl" <<'PY' \
+  && ok "--pp 2 --zero 3 (dp2 x pp2): its checkpoint is 1 worker's ($d), and its train and test loss" || bad "pp2 zero 3: $d"
+import json, sys
+p = [json.loads(l) for l in open(sys.argv[1])][-1]; o = [json.loads(l) for l in open(sys.argv[2])][-1]
+assert abs(p["train_loss"] - o["train_loss"]) < 2e-5 and abs(p["test_loss"] - o["test_loss"]) < 2e-5, (p, o)
+PY
+zs="1 2 3"; [ -n "${DTRAIN_SANITIZED:-}" ] && zs="3"  # 8 ranks each: one stage under the sanitizers
+for z in $zs; do
+  out=$(run --tp 2 --pp 2 --zero $z --workers 8 --batch 4 --microbatches 2 --max-steps 12 --save "$TMP/tppz$z.st" 2>&1) \
+    || bad "tp2 x pp2 zero $z: $out"
+  d=$(diff_ok "$TMP/tppz$z.st" "$TMP/one.st" 2e-5) \
+    && ok "--tp 2 --pp 2 --zero $z (dp2 x tp2 x pp2): its checkpoint is 1 worker's ($d)" || bad "tp2 x pp2 zero $z: $d"
+done
+z=${zs%% *} zin=2; [ -n "${DTRAIN_SANITIZED:-}" ] && zin=3
+out=$(run --resume "$TMP/tppz$z.st" --max-steps 16 --save "$TMP/r_z$z.st" 2>&1) || bad "tp2 x pp2 zero $z -> 1: $out"
+d=$(diff_ok "$TMP/r_z$z.st" "$TMP/one16.st" 2e-5) && ok "saved under --tp 2 --pp 2 --zero $z, resumed on 1 worker ($d)" \
+  || bad "tp2 x pp2 zero $z -> 1 worker: $d"
+out=$(run --resume "$TMP/one.st" --max-steps 16 --tp 2 --pp 2 --zero $zin --workers 8 --batch 4 --save "$TMP/r_zin.st" \
+  2>&1) || bad "1 -> tp2 x pp2 zero $zin: $out"
+d=$(diff_ok "$TMP/r_zin.st" "$TMP/one16.st" 2e-5) && ok "saved on 1 worker, resumed under --tp 2 --pp 2 --zero $zin ($d)" \
+  || bad "1 -> tp2 x pp2 zero $zin: $d"
 
 # ---- dp2 x pp2 over MPI: the same epoch loss as 1 worker at the same global batch ----
 if command -v mpirun >/dev/null && [ -n "$(ldd "$DT" 2>/dev/null | grep -i libmpi)" ]; then

@@ -8,7 +8,7 @@
 #  - ZeRO over the mesh's dp axis (--tp 2 --workers 4 --zero 2 and 3): its checkpoint (the whole
 #    parameters and Adam moments, collected from the ZeRO shards) equals 1 worker's, and it resumes
 #    on 1 worker and under --zero 3 to where 1 worker ends (and a 1-worker checkpoint under --zero
-#    1); --zero 2 with --pp and --zero with --tp --pp are refused
+#    1) (pp.sh runs ZeRO over a pipeline's dp axis)
 #  - dp2 x tp2 over MPI (mpirun -n 4; skipped without mpirun and under the sanitizers);
 #  - errors: a --tp that does not divide the heads / width / vocabulary, nor the ranks, a non-GPT
 #    model, --tp with another --strategy.
@@ -31,8 +31,6 @@ expect_fail "--tp must divide the ranks" "must divide the world size 2" run --tp
 expect_fail "--tp needs a GPT" "is not a GPT" \
   bash -c "printf '0,1,2\n1,3,4\n' > '$TMP/t_train.csv'; $DT train --data '$TMP/t_train.csv' --model 'linear(2)' --batch 1 --tp 2 --workers 2 --max-steps 1"
 expect_fail "--tp with another strategy" "tensor parallelism is its own strategy" run --tp 2 --strategy ddp --workers 2
-expect_fail "--zero 2 with --pp" "only stage 1" run --pp 2 --zero 2 --workers 4 --max-steps 1
-expect_fail "--zero with --tp --pp" "does not shard a pipeline's stages yet" run --tp 2 --pp 2 --zero 1 --workers 8 --max-steps 1
 expect_fail "--tp with --compress" "tensor parallelism runs its own collectives" run --tp 2 --compress fp16 --workers 2 --max-steps 1
 out=$(run --tp 2 --workers 2 --bucket-mb 4 --max-steps 2 2>&1) && ok "--tp 2 --bucket-mb 4 sets the dp axis buckets of tp" || bad "--tp with --bucket-mb: $out"
 

@@ -116,7 +116,7 @@ static const char TRAIN_USAGE[] =
     "  pp(stages=K,microbatches=M,schedule=gpipe|1f1b,split=N1:N2,tp=T)\n"
     "                                    pipeline parallel (--pp, --microbatches, --pp-schedule, --pp-split);\n"
     "                                    tp=T (--tp T --pp K): each stage a tensor-parallel group of T ranks\n"
-    "                                    zero=1|2|3 (tp), zero=1 (pp): ZeRO over the mesh's dp axis (--zero)\n"
+    "                                    zero=1|2|3 (tp, pp, tp x pp): ZeRO over the mesh's dp axis (--zero)\n"
     "e.g. --strategy \"ps(servers=2,staleness=4)\". The flags in parentheses set the same options;\n"
     "a flag and a spec option that disagree are an error.\n"
     "ddp and localsgd also take compress=C (--compress: none, fp16, bf16, topk:RATIO[:momentum=M]\n"
@@ -379,6 +379,11 @@ static int run_rank(int argc, char **argv, train_opts *o, int job_ranks) {
         if (o->uneven.zero_given && o->uneven.zero > 0)
             fprintf(stderr, "dtrain: note: --zero %d with one worker shards nothing (use --workers N)\n", o->uneven.zero);
     }
+    /* --tp / --pp with --zero on exactly one model copy: the data-parallel axis ZeRO shards over is 1 rank */
+    if (world > 1 && rank == 0 && o->uneven.zero > 0 && dt_cli_flag_given(argc, argv, "zero") && cfg.strategy &&
+        dt_strategy_spec_data_world(cfg.strategy, world) == 1)
+        fprintf(stderr, "dtrain: note: --zero %d on one model copy (%d ranks) shards nothing: its data-parallel axis has "
+                "1 rank (use more copies, e.g. --workers %d)\n", o->uneven.zero, world, 2 * world);
     dt_log_set_rank(world > 1 ? rank : -1);
     if (rank != 0) quiet = true;
     const bool tty = isatty(2) || (rank == 0 && getenv("DTRAIN_PROGRESS_TTY") && dt_comm_env_is_rank());

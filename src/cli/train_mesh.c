@@ -1,6 +1,7 @@
 /* dtrain train's model-parallel flags: --tp K makes the strategy tp(tp=K), and with --pp P (whose
  * flags made pp(stages=P,...)) pp(stages=P,...,tp=K): pipeline stages of tensor-parallel shards
- * (the mesh: TP innermost, then PP, then DP; rank = (dp_i*PP + pp_i)*TP + tp_i). */
+ * (the mesh: TP innermost, then PP, then DP; rank = (dp_i*PP + pp_i)*TP + tp_i). --zero N goes
+ * into either spec. */
 #include "cli/train_mesh.h"
 #include "cli/cli.h"
 
@@ -42,9 +43,6 @@ int dt_cli_mesh_parse(const dt_cli_mesh_flags *f, dt_train_config *cfg) {
                                : "give the value once: as --tp or inside --strategy tp(tp=K)",
                             "--tp %d: %s", tp, dt_last_error());
     cfg->strategy = g_spec;
-    if (pp && zero >= 0)
-        return dt_cli_usage("use --zero 1, 2 or 3 with --tp alone (dp x tp), --zero with plain ddp, or drop --zero",
-                            "--zero %d with --tp %d --pp: ZeRO does not shard a pipeline's stages yet", zero, tp);
     if (pp && f->bucket_mb > 0)
         return dt_cli_usage("drop --bucket-mb (a pipeline averages each stage's gradients in one allreduce)",
                             "--bucket-mb %g with --tp %d --pp: the pipeline has no gradient buckets", f->bucket_mb, tp);
@@ -52,6 +50,9 @@ int dt_cli_mesh_parse(const dt_cli_mesh_flags *f, dt_train_config *cfg) {
     if (zero >= 0) {
         snprintf(num, sizeof num, "%d", zero);
         r = add_tp_option("zero", num, "--zero");
+        /* the pipeline's own check of the stage before any rank starts */
+        if (!r && pp && dt_strategy_spec_info(g_spec, NULL, 0, NULL) != DT_OK)
+            return dt_cli_usage(NULL, "%s", dt_last_error());
     }
     if (!r && f->bucket_mb > 0) {
         char mb[32];

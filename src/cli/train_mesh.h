@@ -13,8 +13,9 @@ typedef struct {
 } dt_cli_mesh_flags;
 
 /* --tp K: sets cfg->strategy to "tp(tp=K)", or adds tp=K to a --strategy tp(...) or pp(...) spec
- * (pipeline stages of tp shards); a --strategy of another name is a usage error. zero and
- * bucket_mb become tp's options (both refused with --pp). 0, or the exit status after printing. */
+ * (pipeline stages of tp shards); a --strategy of another name is a usage error. zero becomes
+ * tp's or pp's option (pp checks it before any rank starts), bucket_mb tp's (refused with --pp).
+ * 0, or the exit status after printing. */
 int dt_cli_mesh_parse(const dt_cli_mesh_flags *f, dt_train_config *cfg);
 
 #endif

@@ -68,7 +68,7 @@ static int check_flags(const dt_cli_uneven *u, const char *name) {
     if (u->zero_given && (u->zero < 0 || u->zero > 3))
         return dt_cli_usage("e.g. --zero 2", "--zero %d: the ZeRO stage is 0, 1, 2 or 3", u->zero);
     if (u->zero_given && name[0] && strcmp(name, "ddp") != 0 && strcmp(name, "tp") != 0 && strcmp(name, "pp") != 0)
-        return dt_cli_usage("use --strategy ddp, --tp K (ZeRO 1-3 over the mesh's dp axis) or --pp K (ZeRO 1), or "
+        return dt_cli_usage("use --strategy ddp, --tp K (ZeRO 1-3 over the mesh's dp axis) or --pp K (ZeRO 1-3), or "
                             "drop --zero", "--zero %d: only --strategy ddp shards with ZeRO, and tp and pp over their "
                             "dp axis; --strategy %s does not", u->zero, name);
     if (u->overlap && !ps)

@@ -6,6 +6,8 @@
  * where owned is counted here from the graph itself: pp, the tensors the nodes of the rank's stage
  * use (the flops cut); tp, each tensor a tp-th where Megatron splits it, else whole. One worker is
  * charged for the whole model (at least 16 x P), and each pp2 / tp2 rank less than 3/4 of that.
+ * pp's ZeRO-2 gives its stage's gradient pages back after each step, ZeRO-3 also its parameters
+ * (test_pp_zero).
  * The runs train 2 steps without a test set, so no evaluation gathers the whole model. */
 #include "core/test.h"
 #include "dtrain/dtrain.h"
@@ -22,7 +24,8 @@ static const char *GPT = "gpt:L=2,H=4,C=128,T=16";
 enum { BATCH = 4 };
 static char g_dir[64], g_text[192];
 
-/* Trains 2 steps under strategy (NULL: one worker) as rank r of n; writes dt_mem_peak to path. */
+/* Trains 2 steps under strategy (NULL: one worker) as rank r of n; writes dt_mem_peak and what it
+ * holds after the last step (dt_mem_used, between steps) to path. */
 static int run_rank(const char *strategy, int r, int n, const char *job, const char *path) {
     dt_comm *c = n > 1 ? dt_test_rank_comm(r, n, job) : NULL;
     dt_train_config cfg = dt_train_defaults();
@@ -31,7 +34,7 @@ static int run_rank(const char *strategy, int r, int n, const char *job, const c
     dt_trainer *t;
     dt_status s = dt_trainer_create(&t, &cfg);
     if (s == DT_OK) s = dt_trainer_run(t);
-    const size_t peak = dt_mem_peak();
+    const size_t peak = dt_mem_peak(), held = dt_mem_used();
     if (s == DT_OK) dt_trainer_free(t);
     dt_comm_destroy(c);
     if (s != DT_OK) {
@@ -39,12 +42,13 @@ static int run_rank(const char *strategy, int r, int n, const char *job, const c
         return 3;
     }
     FILE *f = fopen(path, "w");
-    if (!f || fprintf(f, "%zu\n", peak) < 0 || fclose(f) != 0) return 4;
+    if (!f || fprintf(f, "%zu %zu\n", peak, held) < 0 || fclose(f) != 0) return 4;
     return 0;
 }
 
-/* The charged peak of each of n forked ranks under strategy into peak[]; false when one failed. */
-static bool measure(const char *strategy, int n, const char *tag, size_t *peak) {
+/* The charged peak of each of n forked ranks under strategy into peak[] (and what each held after
+ * its last step into held[], unless NULL); false when one failed. */
+static bool measure_held(const char *strategy, int n, const char *tag, size_t *peak, size_t *held) {
     char job[64], path[192];
     snprintf(job, sizeof job, "place%s%d", tag, (int)getpid());
     for (int r = 0; r < n; r++)
@@ -56,10 +60,16 @@ static bool measure(const char *strategy, int n, const char *tag, size_t *peak) 
     for (int r = 0; r < n; r++) {
         snprintf(path, sizeof path, "%s/%s.%d", g_dir, tag, r);
         FILE *f = fopen(path, "r");
-        if (!f || fscanf(f, "%zu", &peak[r]) != 1) peak[r] = 0;
+        size_t h = 0;
+        if (!f || fscanf(f, "%zu %zu", &peak[r], &h) != 2) peak[r] = 0;
+        if (held) held[r] = h;
         if (f) fclose(f);
     }
     return true;
+}
+
+static bool measure(const char *strategy, int n, const char *tag, size_t *peak) {
+    return measure_held(strategy, n, tag, peak, NULL);
 }
 
 /* Parameters stage k of the 2-stage flops cut holds: the tensors its nodes use. */
@@ -76,6 +86,33 @@ static size_t pp_owned(dt_model *m, int k) {
     for (int t = 0; t < dt_model_num_tensors(m) && t < 256; t++)
         if (used[t] && !dt_model_tensor(m, t)->is_buffer) own += dt_model_tensor(m, t)->numel;
     return own;
+}
+
+/* pp ZeRO-2 and ZeRO-3 over dp2 x pp2 against ZeRO-1 (pp_zero.c, pp_zero3.c). ZeRO-2: after a
+ * step each rank holds its stage's gradients no longer, only its half of them (4 x owned / 2
+ * bytes less, less a page per segment edge); its peak is ZeRO-1's plus that half (the step
+ * accumulates the whole gradients before one reduce-scatter: 8 Psi + 12 Psi/N, not the paper's
+ * 4 Psi + 12 Psi/N). ZeRO-3: after a step also only half of the parameters (less a page per
+ * tensor edge), and a peak below ZeRO-2's by about as much (one node's tensors gathered). */
+static void test_pp_zero(dt_model *m) {
+    size_t p1[4] = {0}, h1[4] = {0}, p2[4] = {0}, h2[4] = {0}, p3[4] = {0}, h3[4] = {0};
+    CHECK(measure_held("pp(stages=2,zero=1)", 4, "z1", p1, h1));
+    CHECK(measure_held("pp(stages=2,zero=2)", 4, "z2", p2, h2));
+    CHECK(measure_held("pp(stages=2,zero=3)", 4, "z3", p3, h3));
+    for (int r = 0; r < 4; r++) {
+        const double own = (double)pp_owned(m, r % 2), half = 4.0 * own / 2, slack = 65536;
+        printf("dp2 x pp2 rank %d (stage %d, %.0f parameters): held after a step zero=1 %zu, zero=2 %zu, zero=3 %zu "
+               "bytes (steps of ~%.0f); peak %zu, %zu, %zu\n", r, r % 2, own, h1[r], h2[r], h3[r], half, p1[r], p2[r],
+               p3[r]);
+        CHECK_MSG((double)h1[r] - (double)h2[r] >= half - slack, "pp zero=2 rank %d holds %zu bytes after a step, "
+                  "zero=1 %zu: the gradient pages were not given back", r, h2[r], h1[r]);
+        CHECK_MSG((double)p2[r] <= (double)p1[r] + half + slack, "pp zero=2 rank %d peak %zu above zero=1's %zu + the "
+                  "shard", r, p2[r], p1[r]);
+        CHECK_MSG((double)h2[r] - (double)h3[r] >= half - 4 * slack, "pp zero=3 rank %d holds %zu bytes after a step, "
+                  "zero=2 %zu: the parameter pages were not given back", r, h3[r], h2[r]);
+        CHECK_MSG((double)p3[r] <= (double)p2[r] - half / 2, "pp zero=3 rank %d peak %zu not below zero=2's %zu by "
+                  "a quarter of its parameters", r, p3[r], p2[r]);
+    }
 }
 
 /* Parameters a tp2 rank holds: split tensors halved, the rest whole. */
@@ -130,6 +167,7 @@ int main(void) {
                       tp_owned(m));
         }
     }
+    if (m) test_pp_zero(m);
     dt_model_free(m);
     dt_test_remove_dir(g_dir);
     printf("placement_test: %d checks, %d failures\n", dt_test_checks, dt_test_failures);

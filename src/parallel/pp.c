@@ -21,7 +21,12 @@
 #include <sys/resource.h>
 
 /* The stages of a pipeline hold different tensors: replicas are the same stage of each pipeline. */
-static dt_status pp_init(dt_strategy *s) { return dt_strategy_verify_replicas(((dt_pp *)s->impl)->dp, s->model); }
+static dt_status pp_init(dt_strategy *s) {
+    dt_pp *p = s->impl;
+    DT_TRY(dt_strategy_verify_replicas(p->dp, s->model));
+    if (p->seg_of) dt_pp_zero3_release_all(p);  /* ZeRO-3: from here each rank holds its chunks */
+    return DT_OK;
+}
 
 /* The model (and rank 0's staging optimizer) back to what the stage holds after a sync widened
  * them. A failure (out of memory for the ranges) leaves them whole: more held, nothing wrong. */
@@ -36,6 +41,7 @@ static void pp_begin(dt_strategy *s, int64_t step) {
     s->step = step;
     narrow(s, s->impl);
     dt_pp_zero_uncollect(s->impl);  /* a sync's whole segment moments (ZeRO-1) back to the shards */
+    if (((dt_pp *)s->impl)->zfull) dt_pp_zero3_release_all(s->impl);  /* and its gathered parameters (ZeRO-3) */
 }
 static void pp_ready(dt_strategy *s, size_t off, size_t n) { (void)s, (void)off, (void)n; }
 static dt_status pp_step_unused(dt_strategy *s, float lr, float clip, dt_step_stats *st) {
@@ -74,9 +80,10 @@ static dt_status widen(dt_strategy *s, dt_pp *p) {
 static dt_status pp_sync(dt_strategy *s) {
     dt_pp *p = s->impl;
     dt_model *m = s->model;
+    if (p->o.zero && p->DP > 1) DT_TRY(dt_pp_zero_collect(p));  /* DP rank 0: whole segment moments */
+    if (p->seg_of) DT_TRY(dt_pp_zero3_gather_all(p));  /* ZeRO-3: the stage's whole parameters */
     if (p->tp > 1) return dt_pp_tp_sync(s);  /* the whole model stays placed under tp x pp */
     DT_TRY(widen(s, p));
-    if (p->o.zero && p->DP > 1) DT_TRY(dt_pp_zero_collect(p));  /* DP rank 0: whole segment moments */
     if (p->K == 1) goto moments;
     for (int t = 0; t < dt_model_num_tensors(m); t++) {
         const dt_param_info *ti = dt_model_tensor(m, t);
@@ -118,7 +125,9 @@ static void pp_destroy(dt_strategy *s) {
     dt_comm *cs[] = {p->fwd, p->bwd, p->data};
     for (size_t i = 0; i < sizeof cs / sizeof *cs; i++) dt_comm_destroy(cs[i]);
     for (int t = 0; p->share && t < dt_model_num_tensors(p->m ? p->m : s->model); t++) dt_comm_destroy(p->share[t]);
-    free(p->share);
+    if (p->seg_of && p->m) dt_model_set_node_hooks(p->m, NULL, NULL, NULL), dt_model_set_backward_hook(p->m, NULL);
+    free(p->share), free(p->seg_of);
+    dt_free(p->gsh);
     dt_mesh_free(&p->mesh);
     dt_tp_hooks_destroy(p->hooks);
     if (p->m && p->m != s->model) dt_model_free(p->m);
@@ -245,7 +254,8 @@ static dt_status make_segments(dt_strategy *s, dt_pp *p) {
     for (int t = 0; t < nt; t++) {  /* tensors are laid out in table order, so offsets increase */
         const dt_param_info *ti = dt_model_tensor(m, t);
         if (ti->is_buffer || !(p->users[t] >> p->stage & 1) || ti->numel == 0) continue;
-        if (p->nseg && p->seg[p->nseg - 1].hi == ti->offset) p->seg[p->nseg - 1].hi += ti->numel;
+        const bool merge = p->o.zero < 3 || p->DP == 1;  /* ZeRO-3: one per tensor, gathered by its nodes */
+        if (merge && p->nseg && p->seg[p->nseg - 1].hi == ti->offset) p->seg[p->nseg - 1].hi += ti->numel;
         else p->seg[p->nseg++] = (dt_pp_segment){.lo = ti->offset, .hi = ti->offset + ti->numel};
     }
     for (int g = 0; g < p->nseg && s->optim; g++) {
@@ -339,7 +349,9 @@ static dt_status pp_setup(dt_strategy *s, dt_pp *p) {
     p->live = -1;
     s->data_rank = p->dp_i, s->data_world = p->DP, s->job_rank0 = 0;
     DT_TRY(make_comms(s, p));
-    return p->o.zero && p->DP > 1 ? dt_pp_zero_shard(p) : DT_OK;
+    if (!p->o.zero || p->DP == 1) return DT_OK;
+    DT_TRY(dt_pp_zero_shard(p));  /* after the segments took the moments */
+    return p->o.zero >= 3 ? dt_pp_zero3_setup(p) : DT_OK;
 }
 
 static dt_status pp_create(dt_strategy *s, const void *opts) {
@@ -347,13 +359,6 @@ static dt_status pp_create(dt_strategy *s, const void *opts) {
     if (!p) return dt_error(DT_ENOMEM, "pp: out of memory");
     p->o = *(const dt_pp_opts *)opts;
     p->K = p->o.stages;
-    if (p->o.zero && p->o.tp > 1) {
-        const dt_status st = dt_error(DT_EINVAL, "--zero %d with --tp %d --pp %d: ZeRO does not shard a pipeline of "
-                                      "tensor-parallel stages yet; use --zero 1 with --pp alone, --zero 1, 2 or 3 with --tp "
-                                      "alone, or drop --zero", p->o.zero, p->o.tp, p->o.stages);
-        free(p);
-        return st;
-    }
     if (p->o.microbatches == 0) p->o.microbatches = p->K;  /* default: M = K */
     s->impl = p;
     s->ops = &pp_ops;
@@ -385,14 +390,7 @@ static dt_status pp_set(void *opts, const char *key, const char *value) {
     dt_pp_opts *o = opts;
     if (!strcmp(key, "stages")) return int_opt(key, value, 1, DT_PP_MAX_STAGES, &o->stages);
     if (!strcmp(key, "tp")) return int_opt(key, value, 1, 4096, &o->tp);
-    if (!strcmp(key, "zero")) {
-        DT_TRY(dt_zero_parse_stage(value, &o->zero));
-        if (o->zero > 1)
-            return dt_error(DT_EINVAL, "--zero %d with a pipeline: only stage 1 (the optimizer state over the DP axis) is "
-                            "done for --pp; use --zero 1 with --pp, --zero 2 with --tp, or --zero 2|3 with plain ddp",
-                            o->zero);
-        return DT_OK;
-    }
+    if (!strcmp(key, "zero")) return dt_zero_parse_stage(value, &o->zero);
     if (!strcmp(key, "microbatches")) return int_opt(key, value, 1, DT_PP_MAX_MICRO, &o->microbatches);
     if (!strcmp(key, "schedule")) return dt_pp_schedule_parse(value, &o->schedule);
     if (!strcmp(key, "cost")) {
@@ -436,7 +434,7 @@ static void pp_mesh(const void *opts, int *tp, int *pp, int *microbatches, const
 }
 
 const dt_strategy_entry dt_strategy_pp_entry = {
-    .name = "pp", .help = "pp(stages=K,microbatches=M,schedule=gpipe|1f1b,cost=flops|measured,split=N1:N2:...,tp=T,zero=0|1)  "
+    .name = "pp", .help = "pp(stages=K,microbatches=M,schedule=gpipe|1f1b,cost=flops|measured,split=N1:N2:...,tp=T,zero=0|1|2|3)  "
                           "ranks: (dp_i*K + stage)*T + tp_i",
     .keys = "stages,microbatches,schedule,cost,split,tp,zero", .opts_size = sizeof(dt_pp_opts), .defaults = pp_defaults,
     .set = pp_set, .create = pp_create, .format = pp_format, .needs_comm = true,

@@ -29,7 +29,7 @@ typedef struct {
     dt_pp_schedule_kind schedule;
     char split[160];            /* "" = balanced; else K-1 first nodes of stages 1..K-1, by index or name */
     bool measured;              /* balance measured per-node seconds (pp_cost.c) instead of flops */
-    int zero;                   /* ZeRO stage over the DP axis: 0 or 1 (pp_zero.c) */
+    int zero;                   /* ZeRO stage over the DP axis: 0-3 (pp_zero.c, pp_zero3.c) */
 } dt_pp_opts;
 
 /* ---- schedules (pp_schedule.c) ---- */
@@ -84,8 +84,11 @@ typedef struct {
 typedef struct {
     size_t lo, hi;
     dt_optim *opt;
-    bool zero;            /* ZeRO-1 (pp_zero.c): opt holds chunk [lo + zoff, lo + zoff + zlen) only */
+    bool zero;            /* ZeRO (pp_zero.c): opt holds chunk [lo + zoff, lo + zoff + zlen) only */
     size_t zoff, zlen;
+    size_t gat;           /* ZeRO-2: the chunk's averaged gradient at p->gsh + gat */
+    bool resident;        /* ZeRO-3: every DP rank's chunk of the values is here (gathered) */
+    size_t prel;          /* ZeRO-3: parameter bytes given back while it is not */
     bool whole;           /* after a sync on DP rank 0: opt is the whole segment's, shard the chunk's */
     dt_optim *shard;
 } dt_pp_segment;
@@ -114,6 +117,12 @@ typedef struct {
     int nseg;
     int nstates;                   /* optimizer moments per parameter (0 sgd, 1 momentum, 2 adam) */
     int64_t steps0, updates;       /* optimizer steps at the start, updates since */
+    float *gsh;                    /* ZeRO-2: this DP rank's averaged gradient chunks, packed (gat) */
+    size_t grel;                   /* ZeRO-2: gradient bytes given back after the last reduce */
+    int *seg_of;                   /* ZeRO-3: per tensor of m, its segment (one per tensor), or -1 */
+    bool zfull;                    /* ZeRO-3: every segment gathered (sync, evaluation): hooks idle */
+    dt_status zerr;                /* ZeRO-3: the first error of a node hook's gather */
+    char zmsg[384];
     dt_pp_slot *slots;
     int nslots, mb_slot[DT_PP_MAX_MICRO];
     dt_pp_action *acts;
@@ -138,6 +147,9 @@ static inline int dt_pp_world_rank(const dt_pp *p, int k) { return dt_mesh_rank(
 /* The lowest stage that uses tensor t of p->m (it owns the tensor's share of the norm, and its
  * values and moments for a sync). */
 int dt_pp_owner_stage(const dt_pp *p, int t);
+/* Whether tensor t of p->m counts in this rank's share of the global gradient norm: a parameter
+ * that this stage owns (dt_pp_owner_stage), under tp the shard's part once (dt_tp_in_norm). */
+bool dt_pp_in_norm(const dt_pp *p, int t);
 /* The optimizer state i of the segment holding offset off of p->m's slab, or NULL. */
 float *dt_pp_seg_state(dt_pp *p, int i, size_t off);
 
@@ -153,16 +165,43 @@ void dt_pp_tp_scatter_moments(dt_strategy *s, dt_pp *p);
  * owner stage's tp axis, then broadcast along the pipeline) and world rank 0's s->optim the whole
  * moments. Collective over the job. */
 dt_status dt_pp_tp_sync(dt_strategy *s);
-/* ---- ZeRO-1 over the DP axis (pp_zero.c; pp(zero=1), DP > 1, tp 1) ---- */
-/* Cuts every segment into this DP rank's chunk and shards its optimizer to it. */
+/* ---- ZeRO over the DP axis (pp_zero.c; pp(zero=1|2|3), DP > 1, any tp; stage 3's gathers: pp_zero3.c) ---- */
+/* Cuts every segment into this DP rank's chunk and shards its optimizer to it; ZeRO-2 also
+ * allocates the packed gradient shard and gives the gradient pages back. */
 dt_status dt_pp_zero_shard(dt_pp *p);
-/* Updates this rank's chunk of every segment (w, g: the stage model's slabs, averaged and clipped)
- * and all-gathers the chunks over the DP axis. */
+/* ZeRO-2, before the step's first backward: counts the gradient pages given back again (they
+ * are written anew); DT_ENOMEM over --mem-limit. */
+dt_status dt_pp_zero_reacquire(dt_pp *p);
+/* ZeRO-2, after the step's micro-batches (g: the stage model's gradient slab, the sums over the
+ * stages of shared tensors done): each segment reduce-scattered (averaged) over the DP axis into
+ * this rank's chunk of p->gsh, then its gradient pages given back (they read as zeros, so the
+ * next step needs no zeroing). */
+dt_status dt_pp_zero_reduce(dt_pp *p, float *g);
+/* ZeRO-2: the sum of squares of this rank's gradient chunks that count in the global norm
+ * (dt_pp_in_norm's tensors). */
+double dt_pp_zero_norm_part(const dt_pp *p);
+/* ZeRO-2: scales this rank's gradient chunks by k (the clip). */
+void dt_pp_zero_scale(dt_pp *p, float k);
+/* Updates this rank's chunk of every segment (w: the stage model's slab; g: its gradient slab,
+ * averaged and clipped, under ZeRO-1; NULL under ZeRO-2: the chunks of p->gsh) and all-gathers
+ * the chunks over the DP axis. */
 dt_status dt_pp_zero_update(dt_pp *p, float *w, const float *g, float lr);
 /* Collective over the DP axis: DP rank 0's segments get whole optimizers with every rank's chunk
  * (for sync's moments); dt_pp_zero_uncollect (each step's start) puts the shards back. */
 dt_status dt_pp_zero_collect(dt_pp *p);
 void dt_pp_zero_uncollect(dt_pp *p);
+/* ---- ZeRO-3 over the DP axis (pp_zero3.c; pp(zero=3), DP > 1, any tp) ---- */
+/* Installs the node hooks that gather a node's tensors over the DP axis before its forward and
+ * its backward (one segment per tensor), chained with a tp shard's. After dt_pp_zero_shard. */
+dt_status dt_pp_zero3_setup(dt_pp *p);
+/* Gives back every gathered segment's values outside this rank's chunk (the start of a run, after
+ * each update, the first step after a sync). */
+void dt_pp_zero3_release_all(dt_pp *p);
+/* Gathers every segment (sync: evaluation and checkpoints read the whole stage); collective over
+ * the DP axis. The hooks then do nothing until dt_pp_zero3_release_all. */
+dt_status dt_pp_zero3_gather_all(dt_pp *p);
+/* The first error a hook's gather met since the last call (DT_OK: none); clears it. */
+dt_status dt_pp_zero3_status(dt_pp *p);
 /* The tp counters of a pp strategy (zeros without tp, or for another strategy). */
 void dt_pp_tp_counters(const dt_strategy *s, dt_tp_counters *c);
 

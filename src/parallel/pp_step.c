@@ -155,6 +155,7 @@ static dt_status run_forward(step_ctx *c, int j) {
     if (p->hooks) dt_tp_hooks_select(p->hooks, mb_lo(c, j), n);
     DT_TRY(dt_model_forward_nodes(m, &f, p->lo, p->hi));
     if (p->hooks) DT_TRY(dt_tp_hooks_status(p->hooks));
+    if (p->seg_of) DT_TRY(dt_pp_zero3_status(p));  /* ZeRO-3: the hooks' parameter gathers */
     p->live = j;
     return DT_OK;
 }
@@ -253,6 +254,7 @@ static dt_status backward(step_ctx *c, int j) {
     }
     DT_TRY(dt_model_backward_nodes(m, p->lo, p->hi, dout, share, NULL, NULL));
     if (p->hooks) DT_TRY(dt_tp_hooks_status(p->hooks));
+    if (p->seg_of) DT_TRY(dt_pp_zero3_status(p));
     char name[24];
     snprintf(name, sizeof name, "B%d", j);
     const double t1 = dt_now();
@@ -307,6 +309,51 @@ static dt_status pass_loss(step_ctx *c) {
     return DT_OK;
 }
 
+bool dt_pp_in_norm(const dt_pp *p, int t) {
+    const dt_param_info *ti = dt_model_tensor(p->m, t);
+    return !ti->is_buffer && dt_pp_owner_stage(p, t) == p->stage && (p->users[t] >> p->stage & 1) &&
+           (!p->hooks || dt_tp_in_norm(ti->name, p->tr));
+}
+
+/* The gradients of this stage over the DP axis: averaged in place (one allreduce per segment),
+ * or under ZeRO-2 reduce-scattered into this rank's chunks (pp_zero.c). */
+static dt_status dp_average(dt_pp *p, float *g) {
+    if (p->DP == 1) return DT_OK;
+    if (p->o.zero >= 2) return dt_pp_zero_reduce(p, g);
+    for (int q = 0; q < p->nseg; q++) {
+        dt_status st = dt_comm_allreduce(p->dp, g + p->seg[q].lo, g + p->seg[q].lo, p->seg[q].hi - p->seg[q].lo, DT_F32,
+                                         DT_OP_AVG);
+        if (st != DT_OK) return dt_error_wrap(st, "pipeline stage %d (rank %d): data-parallel gradient allreduce",
+                                              p->stage, p->rank);
+    }
+    return DT_OK;
+}
+
+/* --clip: the global norm from every stage's (and tp shard's) part, each tensor once; under
+ * ZeRO-2 from every DP rank's chunks. Scales what the update reads. */
+static dt_status clip_grads(dt_pp *p, float *g, float clip) {
+    const bool sharded = p->o.zero >= 2 && p->DP > 1;
+    double ss = 0;
+    if (sharded) ss = dt_pp_zero_norm_part(p);
+    else
+        for (int t = 0; t < dt_model_num_tensors(p->m); t++) {
+            const dt_param_info *ti = dt_model_tensor(p->m, t);
+            if (!dt_pp_in_norm(p, t)) continue;
+            for (size_t i = 0; i < ti->numel; i++) ss += (double)g[ti->offset + i] * g[ti->offset + i];
+        }
+    if (sharded) DT_TRY(dt_comm_allreduce(p->dp, &ss, &ss, 1, DT_F64, DT_OP_SUM));
+    if (p->K > 1) DT_TRY(dt_comm_allreduce(p->pp, &ss, &ss, 1, DT_F64, DT_OP_SUM));
+    if (p->tp > 1) DT_TRY(dt_comm_allreduce(p->mesh.tp_comm, &ss, &ss, 1, DT_F64, DT_OP_SUM));
+    const float norm = (float)sqrt(ss);
+    if (!(norm > clip)) return DT_OK;
+    const float k = clip / (norm + 1e-6f);  /* as dt_clip_grad_norm (torch adds 1e-6) */
+    if (sharded) dt_pp_zero_scale(p, k);
+    else
+        for (int q = 0; q < p->nseg; q++)
+            for (size_t i = p->seg[q].lo; i < p->seg[q].hi; i++) g[i] *= k;
+    return DT_OK;
+}
+
 /* Sums the gradients of tensors that several stages use, averages over DP, clips, updates. */
 static dt_status update(step_ctx *c) {
     dt_pp *p = c->p;
@@ -320,33 +367,12 @@ static dt_status update(step_ctx *c) {
                                               "stages", p->stage, p->rank, ti->name);
         p->bytes_sent += ti->numel * sizeof(float);
     }
-    for (int q = 0; p->DP > 1 && q < p->nseg; q++) {
-        dt_status st = dt_comm_allreduce(p->dp, g + p->seg[q].lo, g + p->seg[q].lo, p->seg[q].hi - p->seg[q].lo, DT_F32,
-                                         DT_OP_AVG);
-        if (st != DT_OK) return dt_error_wrap(st, "pipeline stage %d (rank %d): data-parallel gradient allreduce",
-                                              p->stage, p->rank);
-    }
+    DT_TRY(dp_average(p, g));
     if (p->DP > 1 && dt_model_num_buffers(m))
         DT_TRY(dt_comm_broadcast(p->dp, dt_model_buffers(m), dt_model_num_buffers(m), DT_F32, 0));
-    if (c->b->clip > 0) {
-        double ss = 0;
-        for (int t = 0; t < dt_model_num_tensors(m); t++) {
-            const dt_param_info *ti = dt_model_tensor(m, t);
-            int own = 0;
-            while (own < p->K && !(p->users[t] >> own & 1)) own++;
-            if (ti->is_buffer || own != p->stage || (p->hooks && !dt_tp_in_norm(ti->name, p->tr))) continue;
-            for (size_t i = 0; i < ti->numel; i++) ss += (double)g[ti->offset + i] * g[ti->offset + i];
-        }
-        if (p->K > 1) DT_TRY(dt_comm_allreduce(p->pp, &ss, &ss, 1, DT_F64, DT_OP_SUM));
-        if (p->tp > 1) DT_TRY(dt_comm_allreduce(p->mesh.tp_comm, &ss, &ss, 1, DT_F64, DT_OP_SUM));
-        const float norm = (float)sqrt(ss), clip = c->b->clip;
-        if (norm > clip) {
-            const float k = clip / (norm + 1e-6f);  /* as dt_clip_grad_norm (torch adds 1e-6) */
-            for (int q = 0; q < p->nseg; q++)
-                for (size_t i = p->seg[q].lo; i < p->seg[q].hi; i++) g[i] *= k;
-        }
-    }
-    if (p->o.zero && p->DP > 1) DT_TRY(dt_pp_zero_update(p, w, g, c->b->lr));  /* each DP rank its chunk */
+    if (c->b->clip > 0) DT_TRY(clip_grads(p, g, c->b->clip));
+    if (p->o.zero && p->DP > 1) /* each DP rank its chunk (ZeRO-2: of the reduced shard) */
+        DT_TRY(dt_pp_zero_update(p, w, p->o.zero >= 2 ? NULL : g, c->b->lr));
     else
         for (int q = 0; q < p->nseg; q++) dt_optim_step(p->seg[q].opt, w + p->seg[q].lo, g + p->seg[q].lo, c->b->lr);
     p->updates++;
@@ -358,7 +384,8 @@ dt_status dt_pp_train_step(dt_strategy *s, const dt_step_batch *b, dt_step_resul
     const double t0 = dt_now();
     memset(r, 0, sizeof *r);
     s->ops->begin_step(s, b->step);
-    dt_model_zero_grad(p->m);
+    if (p->o.zero >= 2 && p->DP > 1) DT_TRY(dt_pp_zero_reacquire(p));  /* the reduce left them zero, given back */
+    else dt_model_zero_grad(p->m);
     step_ctx *c = calloc(1, sizeof *c);
     if (!c) return dt_error(DT_ENOMEM, "pp: out of memory");
     c->s = s, c->p = p, c->b = b;

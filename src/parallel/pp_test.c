@@ -11,9 +11,10 @@
  *    micro-batches (M=3 of 8 samples);
  *  - the in-flight count and peak activation memory the run measured (metrics line);
  *  - checkpoints across layouts: saved under pp2 resumed on 1 worker, and the other way round;
- *  - ZeRO-1 over the DP axis (dp2 x pp2, pp(zero=1)): the parameters of 1 worker after 20 steps;
- *    its checkpoint (moments collected from the shards) resumed on 1 worker, and a 1-worker
- *    checkpoint resumed under it (moments cut into the shards), continue as 1 worker;
+ *  - ZeRO 1, 2 and 3 over the DP axis (dp2 x pp2, pp(zero=1|2|3); 2 and 3 also dp3 x pp2, whose
+ *    chunks have remainders): the parameters of 1 worker after 20 steps; each checkpoint
+ *    (moments collected from the shards) resumed on 1 worker, and a 1-worker checkpoint resumed
+ *    under it (moments cut into the shards), continue as 1 worker;
  *  - a stage killed mid-run: every other rank fails (no hang) naming stage, rank and operation.
  * Under the sanitizers (DTRAIN_SANITIZED) a subset of the layouts runs. */
 #include "core/test.h"
@@ -304,35 +305,51 @@ static void test_resume(void) {
     CHECK_MSG(d < 2e-5, "1 worker -> pp2 resume differs by %g", d);
 }
 
-/* ZeRO-1 over the DP axis of dp2 x pp2 against 1 worker: 20 steps, and resumes both ways at step 10. */
-static void test_zero(void) {
-    static const char *Z = "pp(stages=2,microbatches=2,zero=1)";
+/* ZeRO-z over the DP axis of dp2 x pp2 against 1 worker: 20 steps, and resumes both ways at step
+ * 10; ZeRO-2 and 3 also over dp3 x pp2 (GPipe, M=3 uneven micro-batches) against 1 worker at batch 12:
+ * the last DP rank's chunks take the remainders of the segments (multiples of 16 values). */
+static void test_zero(int stage) {
+    char Z[64], what[64], ck[128], path[128];
+    snprintf(Z, sizeof Z, "pp(stages=2,microbatches=2,zero=%d)", stage);
     run_cfg full = {.model = GPT, .data = g_text, .batch = 8, .steps = STEPS};
     size_t n = 0, m = 0;
     reference(&full, g_ref, &n);
-    char ck[128], path[128];
-    snprintf(path, sizeof path, "%s/zero", g_dir);
+    snprintf(path, sizeof path, "%s/zero%d", g_dir, stage);
     run_cfg z = {.model = GPT, .data = g_text, .strategy = Z, .batch = 4, .steps = STEPS};
     CHECK(run_ranks(4, &z, path) == 0);
-    compare("gpt dp2 x pp2 zero=1:", n, g_ref, g_got, dt_test_read_floats(path, g_got, CAP + STEPS + 1), 0);
-    snprintf(ck, sizeof ck, "%s/zero.safetensors", g_dir);
+    snprintf(what, sizeof what, "gpt dp2 x pp2 zero=%d:", stage);
+    compare(what, n, g_ref, g_got, dt_test_read_floats(path, g_got, CAP + STEPS + 1), 0);
+    if (stage >= 2 && !g_light) {  /* 1 worker at batch 12 = dp3 x 4 */
+        static float ref12[CAP + STEPS + 1];
+        run_cfg one12 = {.model = GPT, .data = g_text, .batch = 12, .steps = STEPS};
+        reference(&one12, ref12, &n);
+        char spec[80];
+        snprintf(spec, sizeof spec, "pp(stages=2,microbatches=3,schedule=gpipe,zero=%d)", stage);
+        run_cfg z3 = {.model = GPT, .data = g_text, .strategy = spec, .batch = 4, .steps = STEPS};
+        CHECK(run_ranks(6, &z3, path) == 0);
+        snprintf(what, sizeof what, "gpt dp3 x pp2 gpipe M=3 zero=%d:", stage);
+        compare(what, n, ref12, g_got, dt_test_read_floats(path, g_got, CAP + STEPS + 1), 0);
+    }
+    snprintf(ck, sizeof ck, "%s/zero%d.safetensors", g_dir, stage);
     run_cfg half = {.model = GPT, .data = g_text, .strategy = Z, .batch = 4, .steps = 10, .save = ck};
     CHECK(run_ranks(4, &half, path) == 0);
     run_cfg rest = {.model = GPT, .data = g_text, .batch = 8, .steps = STEPS, .resume = ck};
     progress pg = {{0}, 0};
     CHECK_OK(train(&rest, NULL, g_got, &m, &pg));
     double d = m == n ? dt_test_maxdiff(g_ref, g_got, n) : 1e9;
-    printf("resume: 10 steps dp2 x pp2 zero=1 + 10 steps 1 worker vs 20 steps 1 worker: max |param diff| %.2g\n", d);
-    CHECK_MSG(d < DT_PP_TEST_TOL, "dp2 x pp2 zero=1 -> 1 worker resume differs by %g", d);
-    snprintf(ck, sizeof ck, "%s/zone.safetensors", g_dir);
+    printf("resume: 10 steps dp2 x pp2 zero=%d + 10 steps 1 worker vs 20 steps 1 worker: max |param diff| %.2g\n", stage,
+           d);
+    CHECK_MSG(d < DT_PP_TEST_TOL, "dp2 x pp2 zero=%d -> 1 worker resume differs by %g", stage, d);
+    snprintf(ck, sizeof ck, "%s/zone%d.safetensors", g_dir, stage);
     run_cfg first = {.model = GPT, .data = g_text, .batch = 8, .steps = 10, .save = ck};
     CHECK_OK(train(&first, NULL, g_got, &m, &pg));
     run_cfg again = {.model = GPT, .data = g_text, .strategy = Z, .batch = 4, .steps = STEPS, .resume = ck};
     CHECK(run_ranks(4, &again, path) == 0);
     m = dt_test_read_floats(path, g_got, CAP + STEPS + 1);
     d = m >= n ? dt_test_maxdiff(g_ref, g_got, n) : 1e9;
-    printf("resume: 10 steps 1 worker + 10 steps dp2 x pp2 zero=1 vs 20 steps 1 worker: max |param diff| %.2g\n", d);
-    CHECK_MSG(d < DT_PP_TEST_TOL, "1 worker -> dp2 x pp2 zero=1 resume differs by %g", d);
+    printf("resume: 10 steps 1 worker + 10 steps dp2 x pp2 zero=%d vs 20 steps 1 worker: max |param diff| %.2g\n", stage,
+           d);
+    CHECK_MSG(d < DT_PP_TEST_TOL, "1 worker -> dp2 x pp2 zero=%d resume differs by %g", stage, d);
 }
 
 /* pp4: rank 0 (stage 0) dies after step 3; every other rank fails naming a stage, its rank and
@@ -363,7 +380,9 @@ int main(void) {
     test_gpt_layouts();
     test_memory();
     test_seq_models();
-    test_zero();
+    test_zero(1);
+    test_zero(2);
+    test_zero(3);
     test_resume();
     test_killed_stage();
     dt_test_remove_dir(g_dir);

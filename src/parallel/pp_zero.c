@@ -1,25 +1,106 @@
-/* ZeRO stage 1 over the data-parallel axis of a pipeline (pp(stages=K,zero=1)): each of a stage's
- * DP ranks keeps the optimizer moments of its chunk of every segment only (dt_zero_chunk: DP
- * equal chunks, the remainder to the last rank), updates that chunk after the DP average and
- * the clip, and the chunks are then all-gathered, so every replica of the stage holds the same
- * parameters. For checkpoints, sync collects the chunks' moments on DP rank 0 (whose stages send
- * them on to rank 0) into whole segment optimizers, which the next step frees again. */
+/* ZeRO over the data-parallel axis of a pipeline (pp(stages=K,zero=1|2|3), with or without tp;
+ * stage 3's parameter gathers are pp_zero3.c's):
+ * each of a stage's DP ranks keeps the optimizer moments of its chunk of every segment only
+ * (dt_zero_chunk: DP equal chunks, the remainder to the last rank), updates that chunk after the
+ * DP average and the clip, and the chunks are then all-gathered, so every replica of the stage
+ * holds the same parameters. The segments are ranges of the stage model's slab (p->m: under tp
+ * the rank's GPT shard), so tp x pp shards its local tensors the same way. For checkpoints, sync
+ * collects the chunks' moments on DP rank 0 (whose stages send them on to rank 0) into whole
+ * segment optimizers, which the next step frees again.
+ *
+ * ZeRO-2 adds the gradients: after the step's last micro-batch each segment is reduce-scattered
+ * (averaged) into this rank's packed chunk (p->gsh), and the segment's gradient pages are given
+ * back to the OS. The micro-batches accumulate into the stage's whole gradient slab first: one
+ * reduce-scatter per step, not one per micro-batch (M x the traffic, which is why DeepSpeed
+ * refuses ZeRO-2 with its pipeline). Memory per rank, Psi = the stage's parameters, N = DP, f32
+ * Adam: during the step 4 Psi (parameters) + 4 Psi (whole gradients, while backward runs) +
+ * 4 Psi/N (gradient shard) + 8 Psi/N (moments) = 8 Psi + 12 Psi/N, against the paper's
+ * 4 Psi + 12 Psi/N (which needs each bucket reduced and freed during every micro-batch's
+ * backward); between steps (evaluation, checkpoints) it is 4 Psi + 12 Psi/N. */
 #include "parallel/pp.h"
 #include "parallel/zero.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-enum { TAG_PP_ZERO = 7400 };
+enum { TAG_PP_ZERO = 7400, PAGE = 4096 };
+
+/* ZeRO-2: gives back segment sg's gradient pages (they read as zeros) and zeros its values on the
+ * pages it shares with neighbours: its gradients are zero afterwards, for the next step. */
+static size_t release_grads(float *g, const dt_pp_segment *sg) {
+    char *lo = (char *)(g + sg->lo), *hi = (char *)(g + sg->hi);
+    const size_t rel = dt_mem_release(lo, (size_t)(hi - lo));
+    char *a = (char *)(((uintptr_t)lo + PAGE - 1) & ~(uintptr_t)(PAGE - 1)), *e = rel ? a + rel : hi;
+    memset(lo, 0, (size_t)((rel ? a : hi) - lo));
+    if (rel) memset(e, 0, (size_t)(hi - e));
+    return rel;
+}
 
 dt_status dt_pp_zero_shard(dt_pp *p) {
+    size_t at = 0;
     for (int q = 0; q < p->nseg; q++) {
         dt_pp_segment *sg = &p->seg[q];
         dt_zero_chunk(sg->hi - sg->lo, p->dp_i, p->DP, &sg->zoff, &sg->zlen);
-        sg->zero = true;
+        sg->zero = true, sg->gat = at, at += sg->zlen;
         if (sg->opt) DT_TRY(dt_optim_shard(sg->opt, 1, &sg->zoff, &sg->zlen));
     }
+    if (p->o.zero < 2) return DT_OK;
+    if (!(p->gsh = dt_alloc((at ? at : 1) * sizeof(float))))
+        return dt_mem_limit_hit() ? dt_error_wrap(DT_ENOMEM, "pipeline stage %d: the ZeRO-2 gradient shard", p->stage)
+                                  : dt_error(DT_ENOMEM, "pp: out of memory for the ZeRO-2 gradient shard");
+    memset(p->gsh, 0, (at ? at : 1) * sizeof(float));
+    float *g = dt_model_grads(p->m);  /* nothing written yet: the pages go back until backward needs them */
+    for (int q = 0; q < p->nseg; q++) p->grel += release_grads(g, &p->seg[q]);
     return DT_OK;
+}
+
+dt_status dt_pp_zero_reacquire(dt_pp *p) {
+    const size_t n = p->grel;
+    p->grel = 0;
+    if (!n || dt_mem_reacquire(n) == DT_OK) return DT_OK;
+    return dt_error_wrap(DT_ENOMEM, "pipeline stage %d (rank %d): ZeRO-2 holds the stage's whole gradients while its "
+                         "micro-batches accumulate (%zu bytes given back between steps); raise --mem-limit or use more "
+                         "stages (--pp)", p->stage, p->rank, n);
+}
+
+dt_status dt_pp_zero_reduce(dt_pp *p, float *g) {
+    dt_status st = DT_OK;
+    for (int q = 0; st == DT_OK && q < p->nseg; q++) {
+        const dt_pp_segment *sg = &p->seg[q];
+        const size_t n = sg->hi - sg->lo, c = n / (size_t)p->DP, tail = n - c * (size_t)p->DP;
+        float *t = g + sg->lo + c * (size_t)p->DP;
+        if (c) st = dt_comm_reduce_scatter(p->dp, g + sg->lo, p->gsh + sg->gat, c, DT_F32, DT_OP_AVG);
+        if (st == DT_OK && tail) st = dt_comm_allreduce(p->dp, t, t, tail, DT_F32, DT_OP_AVG);
+        if (st == DT_OK && tail && p->dp_i == p->DP - 1) memcpy(p->gsh + sg->gat + c, t, tail * sizeof(float));
+        if (st == DT_OK) p->grel += release_grads(g, sg);
+    }
+    return st == DT_OK ? DT_OK
+                       : dt_error_wrap(st, "pipeline stage %d (rank %d): ZeRO-2 gradient reduce-scatter over the "
+                                           "data-parallel axis", p->stage, p->rank);
+}
+
+double dt_pp_zero_norm_part(const dt_pp *p) {
+    double ss = 0;
+    for (int t = 0; t < dt_model_num_tensors(p->m); t++) {
+        const dt_param_info *ti = dt_model_tensor(p->m, t);
+        if (ti->is_buffer || !dt_pp_in_norm(p, t)) continue;
+        for (int q = 0; q < p->nseg; q++) {  /* the tensor's part in this rank's chunk of its segment */
+            const dt_pp_segment *sg = &p->seg[q];
+            const size_t c0 = sg->lo + sg->zoff, c1 = c0 + sg->zlen;
+            const size_t a = ti->offset > c0 ? ti->offset : c0, e = ti->offset + ti->numel < c1 ? ti->offset + ti->numel : c1;
+            for (size_t i = a; i < e; i++) {
+                const double v = p->gsh[sg->gat + (i - c0)];
+                ss += v * v;
+            }
+        }
+    }
+    return ss;
+}
+
+void dt_pp_zero_scale(dt_pp *p, float k) {
+    for (int q = 0; q < p->nseg; q++)
+        for (size_t i = 0; i < p->seg[q].zlen; i++) p->gsh[p->seg[q].gat + i] *= k;
 }
 
 dt_status dt_pp_zero_update(dt_pp *p, float *w, const float *g, float lr) {
@@ -28,7 +109,12 @@ dt_status dt_pp_zero_update(dt_pp *p, float *w, const float *g, float lr) {
     dt_status st = DT_OK;
     for (int q = 0; q < p->nseg; q++) {
         dt_pp_segment *sg = &p->seg[q];
-        dt_optim_step(sg->opt, w + sg->lo + sg->zoff, g + sg->lo + sg->zoff, lr);
+        dt_optim_step(sg->opt, w + sg->lo + sg->zoff, g ? g + sg->lo + sg->zoff : p->gsh + sg->gat, lr);
+    }
+    if (p->seg_of) {  /* ZeRO-3: the stale copies go; each node gathers the new values when it runs */
+        free(counts);
+        dt_pp_zero3_release_all(p);
+        return DT_OK;
     }
     for (int q = 0; st == DT_OK && q < p->nseg; q++) {  /* every DP rank's updated chunk to every one */
         const dt_pp_segment *sg = &p->seg[q];
@@ -40,8 +126,8 @@ dt_status dt_pp_zero_update(dt_pp *p, float *w, const float *g, float lr) {
     }
     free(counts);
     return st == DT_OK ? DT_OK
-                       : dt_error_wrap(st, "pipeline stage %d (rank %d): ZeRO-1 parameter allgather over the "
-                                           "data-parallel axis", p->stage, p->rank);
+                       : dt_error_wrap(st, "pipeline stage %d (rank %d): ZeRO-%d parameter allgather over the "
+                                           "data-parallel axis", p->stage, p->rank, p->o.zero);
 }
 
 dt_status dt_pp_zero_collect(dt_pp *p) {
@@ -74,8 +160,8 @@ dt_status dt_pp_zero_collect(dt_pp *p) {
         sg->shard = sg->opt, sg->opt = w, sg->whole = true;
     }
     return st == DT_OK ? DT_OK
-                       : dt_error_wrap(st, "pipeline stage %d (rank %d): collecting the ZeRO-1 optimizer shards over "
-                                           "the data-parallel axis", p->stage, p->rank);
+                       : dt_error_wrap(st, "pipeline stage %d (rank %d): collecting the ZeRO-%d optimizer shards over "
+                                           "the data-parallel axis", p->stage, p->rank, p->o.zero);
 }
 
 void dt_pp_zero_uncollect(dt_pp *p) {

@@ -312,13 +312,15 @@ static dt_status tp_create(dt_strategy *s, const void *opts) {
     if (!dt_model_spec_is_gpt(spec))
         return dt_error(DT_EINVAL, "--tp %d: tensor parallelism splits a GPT's heads, MLP and vocabulary; --model %s "
                         "is not a GPT (use --model gpt:L=..,H=..,C=..,T=.., or --strategy ddp)", o->tp, spec);
-    if (o->zero && o->pp > 1)
-        return dt_error(DT_EINVAL, "--zero %d with --tp %d --pp %d: ZeRO does not shard a pipeline's stages yet; use "
-                        "--zero 1, 2 or 3 with --tp alone (dp x tp), or drop --zero", o->zero, o->tp, o->pp);
     if (o->pp > 1) {  /* tp x pp: pipeline stages of shards (pp_tp.c), M = K micro-batches, 1F1B */
         dt_pp_opts po;
         dt_strategy_pp_entry.defaults(&po);
         po.stages = o->pp, po.tp = o->tp;
+        if (o->zero) {  /* pp's ZeRO over the DP axis (pp_zero.c), which refuses stage 3 */
+            char z[4];
+            snprintf(z, sizeof z, "%d", o->zero);
+            DT_TRY(dt_strategy_pp_entry.set(&po, "zero", z));
+        }
         return dt_strategy_pp_entry.create(s, &po);
     }
     tp *t = calloc(1, sizeof *t);

@@ -9,6 +9,9 @@
  *  - checkpoints across layouts: saved under tp2 x pp2 after 10 steps, resumed for 10 more on 1
  *    worker, dp4, tp2 and pp2, and saved on 1 worker, resumed under tp2 x pp2: each ends within
  *    2e-5 of the uninterrupted 1-worker run;
+ *  - ZeRO 1, 2 and 3 over the DP axis of dp2 x tp2 x pp2 (pp_zero.c, pp_zero3.c on each rank's
+ *    shard segments): 20 steps as 1 worker (parameters, epoch loss), and checkpoints across layouts:
+ *    saved under it after 10 steps resumed on 1 worker, and a 1-worker one resumed under it;
  *  - a rank killed mid-run (stage 0, tp rank 0): every other rank fails, no hang, naming a rank
  *    and the operation; its tp peer and its pipeline neighbour name rank 0.
  * Under the sanitizers (DTRAIN_SANITIZED) a subset of the layouts runs. */
@@ -151,6 +154,81 @@ static void test_resume(void) {
     CHECK_MSG(d < DT_PP_TEST_TOL, "1 worker -> tp2 x pp2 resume differs by %g", d);
 }
 
+/* The final parameters of N ranks under spec, trained 20 steps from the checkpoint resume (NULL:
+ * from the start), or of 1 worker in this process (N 1), against the 1-worker run; *dl: its
+ * epoch loss minus 1 worker's (from the metrics), when asked. */
+static double params_vs_one(int N, const char *spec, int batch, const char *resume, const char *tag, double *dl) {
+    char path[128], mp[128];
+    snprintf(path, sizeof path, "%s/%s", g_dir, tag);
+    snprintf(mp, sizeof mp, "%s/%s.json", g_dir, tag);
+    run_cfg rc = {.model = GPT, .data = g_text, .strategy = spec, .batch = batch, .steps = STEPS, .resume = resume,
+                  .metrics = dl ? mp : NULL};
+    size_t m = 0;
+    if (N == 1) {
+        progress pg = {{0}, 0};
+        const dt_status st = train(&rc, NULL, g_got, &m, &pg);
+        CHECK_MSG(st == DT_OK, "%s: %s", tag, dt_last_error());
+        if (st != DT_OK) return 1e9;
+    } else {
+        const int failed = run_ranks(N, &rc, path);
+        char msg[512];
+        rank_error(path, 0, msg, sizeof msg);
+        CHECK_MSG(failed == 0, "%s: %d rank(s) failed; rank 0: %s", tag, failed, msg);
+        m = dt_test_read_floats(path, g_got, CAP + STEPS + 1);
+        m = m == g_n + STEPS + 1 ? g_n : 0;
+    }
+    if (dl) {
+        char m1[128];
+        snprintf(m1, sizeof m1, "%s/zone.json", g_dir);
+        const double a = metric(mp, "train_loss"), b = metric(m1, "train_loss");
+        *dl = a > 0 && b > 0 ? a - b : 1e9;
+    }
+    return m == g_n ? dt_test_maxdiff(g_ref, g_got, g_n) : 1e9;
+}
+
+/* ZeRO 1, 2 and 3 over the DP axis of dp2 x tp2 x pp2 (each rank's shard tensors of its stage
+ * cut over its 2 DP peers; stage 3's gathers in node hooks chained with the shard's): 20 steps as 1 worker (parameters, epoch loss); saved after 10 steps,
+ * resumed on 1 worker; a 1-worker checkpoint of step 10 resumed under it. */
+static void test_zero(void) {
+    char one_ck[128], ck[128], spec[96], tag[32];
+    snprintf(one_ck, sizeof one_ck, "%s/zone.safetensors", g_dir);
+    char m1[128];
+    snprintf(m1, sizeof m1, "%s/zone.json", g_dir);
+    run_cfg one = {.model = GPT, .data = g_text, .batch = GB, .steps = STEPS, .metrics = m1};
+    progress pg = {{0}, 0};
+    size_t m = 0;
+    CHECK_OK(train(&one, NULL, g_got, &m, &pg));  /* the 1-worker epoch loss */
+    run_cfg first = {.model = GPT, .data = g_text, .batch = GB, .steps = 10, .save = one_ck};
+    CHECK_OK(train(&first, NULL, g_got, &m, &pg));
+    for (int z = 1; z <= 3; z++) {
+        if (g_light && z != 3) continue;
+        snprintf(spec, sizeof spec, "pp(stages=2,tp=2,microbatches=2,schedule=%s,zero=%d)", z == 1 ? "1f1b" : "gpipe",
+                 z);
+        double dl = 0;
+        snprintf(tag, sizeof tag, "z%d", z);
+        double d = params_vs_one(8, spec, GB / 2, NULL, tag, &dl);
+        printf("dp2 x tp2 x pp2 zero=%d: max |param - 1 worker| %.2g, |epoch loss - 1 worker| %.2g over 20 steps\n", z,
+               d, dl < 0 ? -dl : dl);
+        CHECK_MSG(d < DT_PP_TEST_TOL && dl < DT_PP_TEST_TOL && -dl < DT_PP_TEST_TOL, "dp2 x tp2 x pp2 zero=%d: params "
+                  "differ by %g, loss by %g", z, d, dl);
+        snprintf(ck, sizeof ck, "%s/z%d.safetensors", g_dir, z);
+        snprintf(tag, sizeof tag, "zh%d", z);
+        char path[128];
+        snprintf(path, sizeof path, "%s/%s", g_dir, tag);
+        run_cfg half = {.model = GPT, .data = g_text, .strategy = spec, .batch = GB / 2, .steps = 10, .save = ck};
+        CHECK(run_ranks(8, &half, path) == 0);
+        d = params_vs_one(1, NULL, GB, ck, "zr1", NULL);
+        printf("resume: 10 steps dp2 x tp2 x pp2 zero=%d + 10 steps 1 worker vs 20 steps 1 worker: max |param diff| "
+               "%.2g\n", z, d);
+        CHECK_MSG(d < DT_PP_TEST_TOL, "dp2 x tp2 x pp2 zero=%d -> 1 worker resume differs by %g", z, d);
+        snprintf(tag, sizeof tag, "za%d", z);
+        d = params_vs_one(8, spec, GB / 2, one_ck, tag, NULL);
+        printf("resume: 10 steps 1 worker + 10 steps dp2 x tp2 x pp2 zero=%d vs 20 steps 1 worker: max |param diff| "
+               "%.2g\n", z, d);
+        CHECK_MSG(d < DT_PP_TEST_TOL, "1 worker -> dp2 x tp2 x pp2 zero=%d resume differs by %g", z, d);
+    }
+}
+
 /* tp2 x pp2: world rank 0 (stage 0, tp rank 0) dies after step 3; every other rank fails (no
  * hang) naming a rank and the operation. */
 static void test_killed_rank(void) {
@@ -190,6 +268,7 @@ int main(void) {
     test_layouts();
     test_dp_mesh();
     test_resume();
+    test_zero();
     test_killed_rank();
     dt_test_remove_dir(g_dir);
     return dt_test_summary("tp_pp_test");

@@ -2,7 +2,7 @@
  * and optimizer state (ZeRO: its shard of each of ddp's buckets, as zero.c cuts them; pipeline:
  * the tensors its stage's nodes use under the flops cut pp.c places; tensor parallel: each tensor
  * a tp-th where tp_shard.c splits it, else whole),
- * stage 2-3's gradient buckets in flight, stage 3's gathered buckets and the activations of the micro-batches in flight (GPipe: all of
+ * stage 2-3's gradient buckets in flight (a pipeline's stage 2-3: its whole gradients and the shard), stage 3's gathered buckets and the activations of the micro-batches in flight (GPipe: all of
  * them, 1F1B: up to pp - stage). */
 #include "dtrain/memplan.h"
 #include "dtrain/models.h"
@@ -104,7 +104,10 @@ dt_status dt_mem_plan_rank(dt_model *m, const dt_optim_config *o, const dt_mem_l
     p->params = F * (l->zero >= 3 ? own : mine);
     p->grads = F * (l->zero >= 2 ? own : mine);
     /* the bucket backward fills and the ones still reducing (zero.c lets dt_zero_inflight_cap run) */
-    if (l->zero >= 2 && l->dp > 1) p->grads += F * big[dt_zero_inflight_cap(l->zero)];
+    if (l->zero >= 2 && l->dp > 1 && l->pp == 1) p->grads += F * big[dt_zero_inflight_cap(l->zero)];
+    /* a pipeline's ZeRO-2 (pp_zero.c) accumulates the step's micro-batches into the stage's whole
+     * gradients, then reduce-scatters them into the shard: both at the peak */
+    if (l->zero >= 2 && l->dp > 1 && l->pp > 1) p->grads = F * (mine + own);
     p->optim = F * moments * (l->zero >= 1 ? own : mine);
     /* a node's buckets and the next node's, prefetched */
     if (l->zero >= 3 && l->dp > 1) p->gathered = F * big[1] * (double)(l->dp - 1) / l->dp;
