@@ -109,11 +109,23 @@ static dt_status mismatch(dt_mpi_transport *t, const dt_coll_desc *theirs, const
                        dt_coll_desc_call_str(mine, b, sizeof b), (unsigned long long)mine->seq); /* notifies the others */
 }
 
+/* Whether own op seq waits (or, not decided yet, may wait) for the left rank's descriptor of it. */
+static bool expects(const dt_mpi_transport *t, uint64_t seq) {
+    int k = SLOT(seq);
+    return t->hist[k].seq == seq && (t->hist_state[k] == OP_SENT || t->hist_state[k] == OP_NEW);
+}
+
+/* expect_lo to the first own op that waits for the left rank's descriptor (or past the last). */
+static void advance_expect(dt_mpi_transport *t) {
+    while (t->expect_lo <= t->check_seq && !expects(t, t->expect_lo)) t->expect_lo++;
+}
+
 /* The left rank's descriptor L: 1 handled, 0 not yet (it is ahead of us), or the error. */
 static int take_left(dt_mpi_transport *t, const dt_coll_desc *L, dt_status *err) {
-    while (t->expect_lo <= t->check_seq && t->expect_lo < L->seq) { /* it skipped ops we sent */
+    advance_expect(t);
+    if (t->expect_lo <= t->check_seq && t->expect_lo < L->seq) { /* it skipped an op we sent */
         int k = SLOT(t->expect_lo);
-        if (t->hist_state[k] == OP_SENT) {
+        {
             char b[96], c[96];
             *err = dt_mpi_fail(t, DT_EMISMATCH, "rank %d called an allreduce or allgather (checked in-band) but rank %d "
                                "called %s at #%llu (rank %d's next op is %s)", left_of(t), t->base.rank,
@@ -121,7 +133,6 @@ static int take_left(dt_mpi_transport *t, const dt_coll_desc *L, dt_status *err)
                                left_of(t), dt_coll_desc_str(L, c, sizeof c));
             return -1;
         }
-        t->expect_lo++;
     }
     if (L->seq > t->check_seq) return 0;
     int k = SLOT(L->seq);
@@ -129,7 +140,7 @@ static int take_left(dt_mpi_transport *t, const dt_coll_desc *L, dt_status *err)
         if (!dt_coll_desc_match(L, &t->hist[k])) { *err = mismatch(t, L, &t->hist[k]); return -1; }
         if (t->hist_state[k] == OP_SENT) t->hist_state[k] = OP_MATCHED;
     }
-    while (t->expect_lo <= t->check_seq && t->hist_state[SLOT(t->expect_lo)] != OP_SENT) t->expect_lo++;
+    advance_expect(t);
     return 1;
 }
 
@@ -167,7 +178,7 @@ dt_status dt_mpi_check_begin(dt_transport *tt, const dt_coll_desc *d) {
         LOCK();
         if (t->hist_sreq[k] != MPI_REQUEST_NULL) MPI_Test(&t->hist_sreq[k], &sf, MPI_STATUS_IGNORE);
         UNLOCK();
-        if (sf && (t->hist_state[k] != OP_SENT || t->expect_lo > t->hist[k].seq)) break;
+        if (sf && !expects(t, t->hist[k].seq)) break;
         DT_TRY(dt_mpi_progress_internal(t));
         double now = dt_now();
         int pid;
@@ -188,6 +199,7 @@ dt_status dt_mpi_check_begin(dt_transport *tt, const dt_coll_desc *d) {
     t->hist_state[k] = OP_NEW;
     t->hist_probed[k] = 0;
     t->check_seq = d->seq;
+    advance_expect(t); /* past the ops before this one that wait for nothing */
     return DT_OK;
 }
 
