@@ -145,7 +145,7 @@ dt_status dt_mpi_progress_internal(dt_mpi_transport *t) {
 static void req_get(const dt_treq *r, MPI_Request *m) { memcpy(m, r->priv.u, 2 * sizeof *m); }
 static void req_set(dt_treq *r, const MPI_Request *m) { memcpy(r->priv.u, m, 2 * sizeof *m); }
 
-static dt_status post(dt_mpi_transport *t, bool recv, int peer, int tag, int mtag, void *buf,
+dt_status dt_mpi_post(dt_mpi_transport *t, bool recv, int peer, int tag, int mtag, void *buf,
                       size_t bytes, dt_treq *req) {
     if (t->broken) return dt_error(t->err, "%s", t->errmsg);
     DT_TRY(dt_mpi_check_flush(t)); /* the op's descriptor before its first message */
@@ -197,12 +197,12 @@ static dt_status check_tag(int tag) {
 
 static dt_status mpi_isend(dt_transport *tt, int peer, int tag, const void *buf, size_t bytes, dt_treq *req) {
     DT_TRY(check_tag(tag));
-    return post((dt_mpi_transport *)tt, false, peer, tag, to_mtag(tag), (void *)buf, bytes, req);
+    return dt_mpi_post((dt_mpi_transport *)tt, false, peer, tag, to_mtag(tag), (void *)buf, bytes, req);
 }
 
 static dt_status mpi_irecv(dt_transport *tt, int peer, int tag, void *buf, size_t bytes, dt_treq *req) {
     DT_TRY(check_tag(tag));
-    return post((dt_mpi_transport *)tt, true, peer, tag, to_mtag(tag), buf, bytes, req);
+    return dt_mpi_post((dt_mpi_transport *)tt, true, peer, tag, to_mtag(tag), buf, bytes, req);
 }
 
 static const char *tag_str(int tag, char *buf, size_t n) {
@@ -321,7 +321,7 @@ static dt_status check_dead(dt_mpi_transport *t, dt_treq *const *reqs, int n) {
     return DT_OK;
 }
 
-static dt_status mpi_waitall(dt_transport *tt, dt_treq *const *reqs, int n, double deadline) {
+dt_status dt_mpi_waitall(dt_transport *tt, dt_treq *const *reqs, int n, double deadline) {
     dt_mpi_transport *t = (dt_mpi_transport *)tt;
     double t0 = dt_now(), next_live = t0 + DT_MPI_LIVE_PERIOD, bytes = 0;
     for (int i = 0; i < n; i++) bytes += reqs[i] && !reqs[i]->done ? (double)reqs[i]->bytes : 0;
@@ -363,7 +363,7 @@ static void mpi_abort(dt_transport *tt, dt_status s, const char *msg) {
 
 /* ---- creation, split, destroy -------------------------------------------------------------- */
 
-static dt_status wrap(MPI_Comm comm, double timeout_s, dt_transport **out) {
+dt_status dt_mpi_wrap(MPI_Comm comm, double timeout_s, dt_transport **out) {
     dt_mpi_transport *t = calloc(1, sizeof *t);
     if (!t) return dt_error(DT_ENOMEM, "out of memory creating the MPI transport");
     t->base.ops = &g_ops;
@@ -427,70 +427,8 @@ dt_status dt_transport_mpi_create(dt_transport **out, const dt_transport_params 
         double until = dt_now() + (p && p->timeout_s > 0 ? p->timeout_s : 300);
         if (s == DT_OK && (s = dt_mpi_live_init(comm, until)) != DT_OK) MPI_Comm_free(&comm);
     }
-    if (s == DT_OK) s = wrap(comm, p ? p->timeout_s : 0, out);
+    if (s == DT_OK) s = dt_mpi_wrap(comm, p ? p->timeout_s : 0, out);
     UNLOCK();
-    return s;
-}
-
-/* Split: the members first meet (bounded by the deadline) on the parent, then build the
- * communicator with MPI_Comm_create_group, which only the members call. */
-static dt_status mpi_split(dt_transport *tt, int color, const int *members, int new_size, int new_rank,
-                           uint64_t split_id, double deadline, dt_transport **out) {
-    dt_mpi_transport *t = (dt_mpi_transport *)tt;
-    *out = NULL;
-    if (new_size < 1 || members[new_rank] != tt->rank)
-        return dt_error(DT_EINVAL, "split: rank %d is not member %d of its group", tt->rank, new_rank);
-    uint64_t mine[2] = {split_id, (uint64_t)(int64_t)color}, *theirs = NULL;
-    dt_treq *reqs = calloc((size_t)new_size, sizeof *reqs);
-    dt_treq **rp = calloc((size_t)new_size, sizeof *rp);
-    if (new_size > 1) theirs = calloc((size_t)new_size * 2, sizeof *theirs);
-    dt_status s = reqs && rp && (new_size == 1 || theirs) ? DT_OK : dt_error(DT_ENOMEM, "split: out of memory");
-    int nr = 0;
-    if (s == DT_OK && new_rank == 0) { /* the leader collects everyone, then releases them */
-        for (int i = 1; i < new_size && s == DT_OK; i++, nr++)
-            s = post(t, true, members[i], DT_COMM_TAG_MAX + 1, DT_MPI_TAG_SPLIT, theirs + 2 * i, sizeof mine, &reqs[i]);
-        for (int i = 1; i <= nr; i++) rp[i - 1] = &reqs[i];
-        if (s == DT_OK && nr > 0) s = mpi_waitall(tt, rp, nr, deadline);
-        for (int i = 1; i < new_size && s == DT_OK; i++)
-            if (memcmp(theirs + 2 * i, mine, sizeof mine))
-                s = dt_mpi_fail(t, DT_EMISMATCH, "split: rank %d is in a different split or color than rank %d",
-                                members[i], tt->rank);
-        for (int i = 1; i < new_size && s == DT_OK; i++) {
-            s = post(t, false, members[i], DT_COMM_TAG_MAX + 1, DT_MPI_TAG_SPLIT, mine, sizeof mine, &reqs[i]);
-            rp[i - 1] = &reqs[i];
-        }
-        if (s == DT_OK && new_size > 1) s = mpi_waitall(tt, rp, new_size - 1, deadline);
-    } else if (s == DT_OK) {
-        uint64_t back[2];
-        s = post(t, false, members[0], DT_COMM_TAG_MAX + 1, DT_MPI_TAG_SPLIT, mine, sizeof mine, &reqs[0]);
-        if (s == DT_OK) s = post(t, true, members[0], DT_COMM_TAG_MAX + 1, DT_MPI_TAG_SPLIT, back, sizeof back, &reqs[1]);
-        rp[0] = &reqs[0];
-        rp[1] = &reqs[1];
-        if (s == DT_OK) s = mpi_waitall(tt, rp, 2, deadline);
-    }
-    free(reqs);
-    free(rp);
-    free(theirs);
-    if (s != DT_OK) return s;
-
-    MPI_Group parent, group;
-    MPI_Comm comm = MPI_COMM_NULL;
-    LOCK();
-    MPI_Comm_group(t->comm, &parent);
-    int rc = MPI_Group_incl(parent, new_size, members, &group);
-    if (rc == MPI_SUCCESS) {
-        rc = MPI_Comm_create_group(t->comm, group, (int)(split_id % 32768), &comm);
-        MPI_Group_free(&group);
-    }
-    MPI_Group_free(&parent);
-    if (rc == MPI_SUCCESS) s = wrap(comm, t->timeout_s, out);
-    UNLOCK();
-    if (rc != MPI_SUCCESS) {
-        char e[256];
-        return dt_mpi_fail(t, DT_EPEER, "split: MPI_Comm_create_group failed: %s", dt_mpi_errstr(rc, e, sizeof e));
-    }
-    if (s == DT_OK && (*out)->rank != new_rank)
-        return dt_error(DT_EINTERNAL, "split: MPI gave rank %d, expected %d", (*out)->rank, new_rank);
     return s;
 }
 
@@ -533,12 +471,12 @@ static const dt_transport_ops g_ops = {
     .isend = mpi_isend,
     .irecv = mpi_irecv,
     .test = mpi_test,
-    .waitall = mpi_waitall,
+    .waitall = dt_mpi_waitall,
     .wake = mpi_wake,
     .begin = dt_mpi_check_begin,
     .coll = dt_mpi_coll,
     .abort = mpi_abort,
-    .split = mpi_split,
+    .split = dt_mpi_split,
     .destroy = mpi_destroy,
 };
 

@@ -1,5 +1,6 @@
-/* Internals of the MPI transport shared by transport_mpi.c (point-to-point, creation, split,
- * abort, destroy) and transport_mpi_coll.c (native MPI collectives and the benchmark baseline).
+/* Internals of the MPI transport shared by transport_mpi.c (point-to-point, creation, abort,
+ * destroy), transport_mpi_split.c, transport_mpi_check.c (the op check) and transport_mpi_coll.c
+ * (native MPI collectives and the benchmark baseline).
  * Only compiled with DT_HAVE_MPI. */
 #ifndef DT_COMM_TRANSPORT_MPI_H
 #define DT_COMM_TRANSPORT_MPI_H
@@ -105,6 +106,16 @@ static inline int dt_mpi_world_of(const dt_mpi_transport *t, int r) { return t->
 bool dt_mpi_world_lost(void);
 /* The first rank of t whose process is gone (its pid in *pid), or -1. */
 int dt_mpi_any_gone(const dt_mpi_transport *t, int *pid);
+/* Posts an MPI receive (recv) or send of bytes at buf with peer on MPI tag mtag (tag: the caller's,
+ * for messages) into req, on t's pending list. */
+dt_status dt_mpi_post(dt_mpi_transport *t, bool recv, int peer, int tag, int mtag, void *buf, size_t bytes,
+                      dt_treq *req);
+/* ops->waitall; wraps comm (a duplicate or a new group) as a transport (under dt_mpi_lock). */
+dt_status dt_mpi_waitall(dt_transport *tt, dt_treq *const *reqs, int n, double deadline);
+dt_status dt_mpi_wrap(MPI_Comm comm, double timeout_s, dt_transport **out);
+/* ops->split (transport_mpi_split.c). */
+dt_status dt_mpi_split(dt_transport *tt, int color, const int *members, int new_size, int new_rank,
+                       uint64_t split_id, double deadline, dt_transport **out);
 /* The op check (transport_mpi_check.c). Sets up / releases its channel on t (at create / destroy). */
 void dt_mpi_check_init(dt_mpi_transport *t);
 void dt_mpi_check_free(dt_mpi_transport *t);
