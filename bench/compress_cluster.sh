@@ -9,7 +9,12 @@
 #     stated ratio, and the bytes host 1 really sent per step (veth counter: its data, TCP/IP/Ethernet
 #     headers, its ACKs of host 2's data, MPI's headers and dtrain's op check): over the whole run and
 #     over the steps after epoch 1 (without start-up: MPI wire-up, the parameter broadcast);
-#  2. 2 hosts x 2 ranks at RATE_COMM (1gbit): allreduce bus bandwidth, flat ring vs hierarchical,
+#  2. the bytes per step without start-up, exactly: per compressor two runs of WIRE_STEPS="100 500"
+#     steps, the difference, at three levels against the stated bytes: the TCP stream (veth bytes
+#     less 66 B a packet: what MPI wrote), the veth, and MTU frames (66 B a TCP segment, what a
+#     real 1500 B-MTU NIC would add); with and without dtrain's op check (WIRE_CHECKS="1 0");
+#     the ratio column compares uncompressed/compressed veth bytes with the stated ratio;
+#  3. 2 hosts x 2 ranks at RATE_COMM (1gbit): allreduce bus bandwidth, flat ring vs hierarchical,
 #     at 4 MiB and above (dtrain bench comm --allreduce flat,hier x3: interleaved in the same job,
 #     the best of each reported). Flat is what dtrain runs un-hierarchically (auto: Open MPI's
 #     MPI_Iallreduce, libnbc's ring at 4 ranks). Bound: at the link rate a flat ring pushes
@@ -19,7 +24,8 @@
 # Prints the CPU, the kernel set, a table and one JSON line. Needs root, ip netns, mpirun and an
 # MPI build (else exits 77 with the reason). Figures depend on the machine's load: say so.
 #   bench/compress_cluster.sh [EPOCHS=3]      (RATE_TRAIN, RATE_COMM, DT, COMPRESSORS, MODEL, TARGET;
-#                                              PARTS=train or PARTS=comm: one part only)
+#                                              WIRE_STEPS, WIRE_CHECKS; PARTS=train, wire or comm
+#                                              (comma-separated): only those parts)
 set -u
 cd "$(dirname "$0")/.."
 EPOCHS=${1:-3} RATE_TRAIN=${RATE_TRAIN:-100mbit} RATE_COMM=${RATE_COMM:-1gbit} MODEL=${MODEL:-mlp} TARGET=${TARGET:-0.85}
