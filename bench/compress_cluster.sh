@@ -9,7 +9,12 @@
 #     stated ratio, and the bytes host 1 really sent per step (veth counter: its data, TCP/IP/Ethernet
 #     headers, its ACKs of host 2's data, MPI's headers and dtrain's op check): over the whole run and
 #     over the steps after epoch 1 (without start-up: MPI wire-up, the parameter broadcast);
-#  2. 2 hosts x 2 ranks at RATE_COMM (1gbit): allreduce bus bandwidth, flat ring vs hierarchical,
+#  2. the bytes per step without start-up, exactly: per compressor two runs of WIRE_STEPS="100 500"
+#     steps, the difference, at three levels against the stated bytes: the TCP stream (veth bytes
+#     less 66 B a packet: what MPI wrote), the veth, and MTU frames (66 B a TCP segment, what a
+#     real 1500 B-MTU NIC would add); with and without dtrain's op check (WIRE_CHECKS="1 0");
+#     the ratio column compares uncompressed/compressed veth bytes with the stated ratio;
+#  3. 2 hosts x 2 ranks at RATE_COMM (1gbit): allreduce bus bandwidth, flat ring vs hierarchical,
 #     at 4 MiB and above (dtrain bench comm --allreduce flat,hier x3: interleaved in the same job,
 #     the best of each reported). Flat is what dtrain runs un-hierarchically (auto: Open MPI's
 #     MPI_Iallreduce, libnbc's ring at 4 ranks). Bound: at the link rate a flat ring pushes
@@ -19,7 +24,8 @@
 # Prints the CPU, the kernel set, a table and one JSON line. Needs root, ip netns, mpirun and an
 # MPI build (else exits 77 with the reason). Figures depend on the machine's load: say so.
 #   bench/compress_cluster.sh [EPOCHS=3]      (RATE_TRAIN, RATE_COMM, DT, COMPRESSORS, MODEL, TARGET;
-#                                              PARTS=train or PARTS=comm: one part only)
+#                                              WIRE_STEPS, WIRE_CHECKS; PARTS=train, wire or comm
+#                                              (comma-separated): only those parts)
 set -u
 cd "$(dirname "$0")/.."
 EPOCHS=${1:-3} RATE_TRAIN=${RATE_TRAIN:-100mbit} RATE_COMM=${RATE_COMM:-1gbit} MODEL=${MODEL:-mlp} TARGET=${TARGET:-0.85}
@@ -44,7 +50,21 @@ kern=$("$DT" bench train --model mlp --seconds 0.2 2>/dev/null | grep -E '^# (op
 echo "# cpu: $cpu ($(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg); other jobs share this machine)"
 echo "# kernels: $kern"
 
-PARTS=${PARTS:-train,comm}
+PARTS=${PARTS:-train,wire,comm}
+# bytes host 1 sent per step, start-up excluded exactly: two runs of WIRE_STEPS="A B" steps (both in
+# epoch 1, so the same start-up, broadcast and final evaluation), the difference over B - A steps;
+# veth bytes and packets (one Ethernet/IP/TCP header, 66 B with timestamps, per packet: tbf's 256 kB
+# burst passes GSO packets whole) and host 1's TCP segments (/proc/net/snmp OutSegs: the MSS-sized
+# frames a real NIC would send); WIRE_CHECKS="1 0" with and without dtrain's op check (DTRAIN_MPI_CHECK)
+segs() { ip netns exec "$NAME-1" awk '$1 == "Tcp:" { if (!h) { for (i = 2; i <= NF; i++) if ($i == "OutSegs") k = i; h = 1 } else print $k }' /proc/net/snmp; }
+wire_one() {  # COMPRESS STEPS CHECK -> "bytes packets segments"
+  local b0 p0 s0
+  b0=$(sent) p0=$(pkts) s0=$(segs)
+  DTRAIN_MPI_CHECK=$3 mpi 2 1 -x DTRAIN_MPI_CHECK "$DT" train --data fashion-mnist --model "$MODEL" --max-steps "$2" --batch 32 \
+    --optimizer adam --lr 0.001 --compress "$1" --quiet >"$T/wire.log" 2>&1 || { echo "FAIL: $1 $2 steps: $(tail -3 "$T/wire.log")" >&2; return 1; }
+  echo "$(($(sent) - b0)) $(($(pkts) - p0)) $(($(segs) - s0))"
+}
+wires=()
 # the model's tensors (names, shapes) for the stated bytes: a 1-step local run's checkpoint
 "$DT" train --data fashion-mnist --model "$MODEL" --max-steps 1 --batch 8 --quiet --save "$T/shapes.st" >/dev/null 2>&1 ||
   { echo "FAIL: cannot build --model $MODEL"; exit 1; }
@@ -64,15 +84,28 @@ for c in ${COMPRESSORS:-none topk:0.01 powersgd:2 powersgd:2:warmup=300}; do
   set -- ${e1:-$b0 $r0 $p0}
   runs+=("$c $(($(sent) - b0)) $(($(rcvd) - r0)) $(($(pkts) - p0)) $(($(sent) - $1)) $(($(rcvd) - $2)) $(($(pkts) - $3))")
 done
+set -- ${WIRE_STEPS:-100 500}
+wa=$1 wb=$2
+for c in ${COMPRESSORS:-none topk:0.01 powersgd:2 powersgd:2:warmup=300}; do
+  [ "${PARTS#*wire}" = "$PARTS" ] && break
+  case $c in *warmup=*) continue ;; esac  # plain steps first: not one format per step
+  for chk in ${WIRE_CHECKS:-1 0}; do
+    a=$(wire_one "$c" "$wa" "$chk") && b=$(wire_one "$c" "$wb" "$chk") || exit 1
+    wires+=("$c $chk $wa $a $wb $b")
+  done
+done
+tsopt=$(ip netns exec "$NAME-1" cat /proc/sys/net/ipv4/tcp_timestamps)
 "$HOSTS" rate "$NAME" 2 "$RATE_COMM" || exit 1
 [ "${PARTS#*comm}" = "$PARTS" ] && : >"$T/comm.log" ||
 mpi 4 2 "$DT" bench comm --backend mpi --colls allreduce --sizes 4M,16M,64M --allreduce flat,hier,flat,hier,flat,hier --trials 2 --iters 16 --no-mpi-baseline \
   >"$T/comm.log" 2>&1 || { echo "FAIL: bench comm: $(tail -3 "$T/comm.log")"; exit 1; }
 
-python3 - "$T" "$RATE_TRAIN" "$RATE_COMM" "$cpu" "$MODEL" "$TARGET" "${runs[@]}" <<'PY'
+python3 - "$T" "$RATE_TRAIN" "$RATE_COMM" "$cpu" "$MODEL" "$TARGET" "$tsopt" "${#runs[@]}" "${runs[@]}" "${wires[@]}" <<'PY'
 import json, math, struct, sys
-T, rate_train, rate_comm, cpu, model, target = sys.argv[1:7]
-target = float(target)
+T, rate_train, rate_comm, cpu, model, target, tsopt, nruns = sys.argv[1:9]
+target, nruns = float(target), int(nruns)
+run_args, wire_args = sys.argv[9:9 + nruns], sys.argv[9 + nruns:]
+HDR = 66 if tsopt.strip() != "0" else 54  # Ethernet 14 + IPv4 20 + TCP 20 (+ 12 timestamp option)
 raw = open(T + "/shapes.st", "rb").read()
 hdr = json.loads(raw[8:8 + struct.unpack("<Q", raw[:8])[0]])
 tensors = [(k, v["shape"]) for k, v in sorted(((k, v) for k, v in hdr.items() if k != "__metadata__" and
@@ -96,7 +129,7 @@ def stated(c):  # bytes per step and rank by the compressor's own formula, bucke
         return math.prod(s)
     return 4 * sum(one(s) for b in buckets for s in b)
 rows, out = [], []
-for arg in sys.argv[7:]:
+for arg in run_args:
     c, veth, veth_in, veth_pkts, later, later_in, later_pkts = arg.split()
     recs = [json.loads(l) for l in open("%s/%s.jsonl" % (T, c))]
     hit = next((r for r in recs if r["test_acc"] >= target), None)
@@ -126,6 +159,32 @@ for r in rows:
           "%.1f" % r["time_to_target_s"] if r["time_to_target_s"] else "-", r["epoch_at_target"] or "-", r["final_acc"],
           r["step_ms"], r["bytes_counted"] or 0, r["bytes_stated"], r["veth_bytes_per_step"], later,
           later / r["bytes_counted"] if r["bytes_counted"] else 0, r["counted_over_stated"] or 0, "%.2fx" % sp if sp else "-"))
+wire = []
+for arg in wire_args:
+    c, chk, na, ba, pa, sa, nb, bb, pb, sb = arg.split()
+    n_ = int(nb) - int(na)
+    b, p, sg = (int(bb) - int(ba)) / n_, (int(pb) - int(pa)) / n_, (int(sb) - int(sa)) / n_
+    st = stated(c.split(":warmup")[0]) if "warmup" not in c else None
+    wire.append(dict(compress=c, check=chk == "1", steps=[int(na), int(nb)], veth_bytes_per_step=b, veth_packets_per_step=p,
+                     tcp_segments_per_step=sg, tcp_payload_bytes_per_step=b - HDR * p, bytes_stated=st,
+                     mtu_frame_bytes_per_step=b - HDR * p + HDR * sg))
+if wire:
+    nonef = {w["check"]: w for w in wire if w["compress"] == "none"}
+    print("\n# bytes host 1 sent per step (start-up excluded: runs of %d and %d steps, the difference), links %s;"
+          " TCP stream = veth - %d B x packets (what MPI wrote: payload, MPI headers, op checks, the stop vote);"
+          " MTU frames = TCP stream + %d B x TCP segments (a real NIC at MTU 1500)" % (wire[0]["steps"][0], wire[0]["steps"][1], rate_train, HDR, HDR))
+    print("%-24s %6s %10s %10s %9s %9s %10s %9s %11s %9s %8s %9s" % ("compress", "check", "stated", "TCP stream", "/stated",
+          "veth", "/stated", "packets", "MTU frames", "/stated", "segments", "ratio err"))
+    for w in wire:
+        s_ = w["bytes_stated"]
+        base = nonef.get(w["check"])
+        # the compression ratio on the wire (uncompressed veth bytes / these) against the stated one
+        if s_ and base: w["veth_ratio_over_stated_ratio"] = (base["veth_bytes_per_step"] / w["veth_bytes_per_step"]) / (4 * n / s_)
+        print("%-24s %6s %10s %10.0f %9s %9.0f %10s %9.2f %11.0f %9s %8.2f %9s" % (w["compress"], "on" if w["check"] else "off",
+              "%d" % s_ if s_ else "-", w["tcp_payload_bytes_per_step"], "%+.1f%%" % (100 * (w["tcp_payload_bytes_per_step"] / s_ - 1)) if s_ else "-",
+              w["veth_bytes_per_step"], "%+.1f%%" % (100 * (w["veth_bytes_per_step"] / s_ - 1)) if s_ else "-", w["veth_packets_per_step"],
+              w["mtu_frame_bytes_per_step"], "%+.1f%%" % (100 * (w["mtu_frame_bytes_per_step"] / s_ - 1)) if s_ else "-",
+              w["tcp_segments_per_step"], "%+.1f%%" % (100 * (1 / w["veth_ratio_over_stated_ratio"] - 1)) if "veth_ratio_over_stated_ratio" in w else "-"))
 res = {}
 for line in open(T + "/comm.log"):
     if line.startswith("{"):
@@ -143,5 +202,5 @@ for b in sorted(res):
     hier.append(dict(bytes=b, flat_busbw_gbs=f, hier_busbw_gbs=h, ratio=h / f if f and h else None))
     print("%12d %10.4f %10.4f %8.2fx %7.0f%%" % (b, f or 0, h or 0, h / f if f and h else 0, 100 * (h or 0) / (1.5 * link)))
 print(json.dumps(dict(bench="compress_cluster", cpu=cpu, model=model, target_acc=target, rate_train=rate_train, rate_comm=rate_comm, runs=rows,
-                      hier=hier)))
+                      wire=wire, hier=hier)))
 PY

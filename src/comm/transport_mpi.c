@@ -1,8 +1,8 @@
 /* The MPI transport (OpenMPI/MPICH under mpirun/srun): tagged point-to-point over
  * MPI_Isend/MPI_Irecv on a private communicator, completed by polling MPI_Test with a short
  * backoff so every wait has a deadline (never an unbounded MPI_Wait); errors come back as
- * statuses (MPI_ERRORS_RETURN) naming the peer and the op. Also: op-descriptor checks with the
- * ring neighbours (mismatched collectives become DT_EMISMATCH instead of a hang), abort notices
+ * statuses (MPI_ERRORS_RETURN) naming the peer and the op. Also: the op check (mismatched
+ * collectives become DT_EMISMATCH instead of a hang: transport_mpi_check.c), abort notices
  * to every rank, split via MPI_Comm_create_group after a bounded rendezvous, MPI_Finalize when
  * the last transport goes. A wait also notices within DT_MPI_LIVE_PERIOD that a peer on this host
  * died (transport_mpi_live.c): MPI itself never says so. Native collectives are in
@@ -118,7 +118,7 @@ static const char *op_str(dt_mpi_transport *t, char *buf, size_t n) {
     return buf;
 }
 
-/* ---- internal channels: abort notices and descriptor checks ------------------------------- */
+/* ---- internal channels: abort notices and the op check ------------------------------------ */
 
 dt_status dt_mpi_progress_internal(dt_mpi_transport *t) {
     if (t->broken) return dt_error(t->err, "%s", t->errmsg);
@@ -136,69 +136,7 @@ dt_status dt_mpi_progress_internal(dt_mpi_transport *t) {
                  t->abort_buf[sizeof s] == 'A' ? "aborted" : "failed", t->abort_buf + sizeof s + 1);
         return set_broken(t, s < 0 ? (dt_status)s : DT_EPEER, msg);
     }
-    while (t->desc_checked < t->desc_posted) {
-        int k = (int)(t->desc_checked % DT_MPI_DESC_SLOTS), rf = 0, sf = 0;
-        LOCK();
-        MPI_Test(&t->desc_rreq[k], &rf, MPI_STATUS_IGNORE);
-        MPI_Test(&t->desc_sreq[k], &sf, MPI_STATUS_IGNORE);
-        UNLOCK();
-        if (!rf) break;
-        if (!dt_coll_desc_match(&t->desc_left[k], &t->desc_mine[k])) {
-            char a[96], b[96];
-            int left = (t->base.rank + t->base.size - 1) % t->base.size;
-            return dt_mpi_fail(t, DT_EMISMATCH, "rank %d called %s but rank %d called %s at #%llu",
-                               left, dt_coll_desc_call_str(&t->desc_left[k], a, sizeof a), t->base.rank,
-                               dt_coll_desc_call_str(&t->desc_mine[k], b, sizeof b),
-                               (unsigned long long)t->desc_mine[k].seq); /* notifies the others */
-        }
-        if (!sf) break; /* slot is reusable once our send is done too */
-        t->desc_checked++;
-    }
-    return DT_OK;
-}
-
-static dt_status mpi_begin(dt_transport *tt, const dt_coll_desc *d) {
-    dt_mpi_transport *t = (dt_mpi_transport *)tt;
-    t->cur = *d;
-    if (!t->check || d->op == DT_COLL_SEND || d->op == DT_COLL_RECV) return DT_OK;
-    dt_mpi_idle idle = {0};
-    double deadline = dt_now() + t->timeout_s;
-    double next_live = dt_now() + DT_MPI_LIVE_PERIOD;
-    const int left = (tt->rank + tt->size - 1) % tt->size;
-    while (t->desc_posted - t->desc_checked >= DT_MPI_DESC_SLOTS) { /* left rank far behind */
-        DT_TRY(dt_mpi_progress_internal(t));
-        double now = dt_now();
-        int pid;
-        char b[96];
-        if (now >= next_live) {
-            if ((pid = dt_mpi_peer_gone(t, left)) != 0)
-                return dt_mpi_fail(t, DT_EPEER, "rank %d died %d ops behind rank %d at %s: its process (world rank %d, "
-                                   "pid %d) is gone", left, DT_MPI_DESC_SLOTS, tt->rank, op_str(t, b, sizeof b),
-                                   dt_mpi_world_of(t, left), pid);
-            next_live = now + DT_MPI_LIVE_PERIOD;
-        }
-        if (now > deadline)
-            return dt_mpi_fail(t, DT_ETIMEDOUT, "rank %d is %d ops behind rank %d at %s", left, DT_MPI_DESC_SLOTS,
-                               tt->rank, op_str(t, b, sizeof b));
-        dt_mpi_backoff(&idle);
-    }
-    int k = (int)(t->desc_posted % DT_MPI_DESC_SLOTS);
-    t->desc_mine[k] = *d;
-    int right = (tt->rank + 1) % tt->size;
-    LOCK();
-    int rc = MPI_Irecv(&t->desc_left[k], (int)sizeof(dt_coll_desc), MPI_BYTE, left, DT_MPI_TAG_DESC,
-                       t->comm, &t->desc_rreq[k]);
-    if (rc == MPI_SUCCESS)
-        rc = MPI_Isend(&t->desc_mine[k], (int)sizeof(dt_coll_desc), MPI_BYTE, right, DT_MPI_TAG_DESC,
-                       t->comm, &t->desc_sreq[k]);
-    UNLOCK();
-    if (rc != MPI_SUCCESS) {
-        char e[256];
-        return dt_mpi_fail(t, DT_EPEER, "MPI could not post the op check to rank %d: %s", right,
-                           dt_mpi_errstr(rc, e, sizeof e));
-    }
-    t->desc_posted++;
-    return DT_OK;
+    return dt_mpi_check_progress(t);
 }
 
 /* ---- point-to-point ------------------------------------------------------------------------ */
@@ -207,9 +145,10 @@ static dt_status mpi_begin(dt_transport *tt, const dt_coll_desc *d) {
 static void req_get(const dt_treq *r, MPI_Request *m) { memcpy(m, r->priv.u, 2 * sizeof *m); }
 static void req_set(dt_treq *r, const MPI_Request *m) { memcpy(r->priv.u, m, 2 * sizeof *m); }
 
-static dt_status post(dt_mpi_transport *t, bool recv, int peer, int tag, int mtag, void *buf,
+dt_status dt_mpi_post(dt_mpi_transport *t, bool recv, int peer, int tag, int mtag, void *buf,
                       size_t bytes, dt_treq *req) {
     if (t->broken) return dt_error(t->err, "%s", t->errmsg);
+    DT_TRY(dt_mpi_check_flush(t)); /* the op's descriptor before its first message */
     if (peer < 0 || peer >= t->base.size)
         return dt_error(DT_EINVAL, "peer rank %d out of range 0..%d", peer, t->base.size - 1);
     _Static_assert(2 * sizeof(MPI_Request) <= 2 * sizeof(uint64_t), "MPI_Request fits priv");
@@ -258,12 +197,12 @@ static dt_status check_tag(int tag) {
 
 static dt_status mpi_isend(dt_transport *tt, int peer, int tag, const void *buf, size_t bytes, dt_treq *req) {
     DT_TRY(check_tag(tag));
-    return post((dt_mpi_transport *)tt, false, peer, tag, to_mtag(tag), (void *)buf, bytes, req);
+    return dt_mpi_post((dt_mpi_transport *)tt, false, peer, tag, to_mtag(tag), (void *)buf, bytes, req);
 }
 
 static dt_status mpi_irecv(dt_transport *tt, int peer, int tag, void *buf, size_t bytes, dt_treq *req) {
     DT_TRY(check_tag(tag));
-    return post((dt_mpi_transport *)tt, true, peer, tag, to_mtag(tag), buf, bytes, req);
+    return dt_mpi_post((dt_mpi_transport *)tt, true, peer, tag, to_mtag(tag), buf, bytes, req);
 }
 
 static const char *tag_str(int tag, char *buf, size_t n) {
@@ -316,9 +255,9 @@ static void finish(dt_mpi_transport *t, dt_treq *r, int rc, MPI_Status *st, int 
 /* Tests every pending request once; *progressed is set when one completed. */
 static dt_status progress_all(dt_mpi_transport *t, bool *progressed) {
     *progressed = false;
-    uint64_t checked = t->desc_checked;
+    uint64_t checked = t->check_events;
     DT_TRY(dt_mpi_progress_internal(t));
-    if (t->desc_checked != checked) *progressed = true;
+    if (t->check_events != checked) *progressed = true;
     for (dt_treq **pp = &t->pending; *pp;) {
         dt_treq *r = *pp;
         MPI_Request m[2];
@@ -382,7 +321,7 @@ static dt_status check_dead(dt_mpi_transport *t, dt_treq *const *reqs, int n) {
     return DT_OK;
 }
 
-static dt_status mpi_waitall(dt_transport *tt, dt_treq *const *reqs, int n, double deadline) {
+dt_status dt_mpi_waitall(dt_transport *tt, dt_treq *const *reqs, int n, double deadline) {
     dt_mpi_transport *t = (dt_mpi_transport *)tt;
     double t0 = dt_now(), next_live = t0 + DT_MPI_LIVE_PERIOD, bytes = 0;
     for (int i = 0; i < n; i++) bytes += reqs[i] && !reqs[i]->done ? (double)reqs[i]->bytes : 0;
@@ -424,7 +363,7 @@ static void mpi_abort(dt_transport *tt, dt_status s, const char *msg) {
 
 /* ---- creation, split, destroy -------------------------------------------------------------- */
 
-static dt_status wrap(MPI_Comm comm, double timeout_s, dt_transport **out) {
+dt_status dt_mpi_wrap(MPI_Comm comm, double timeout_s, dt_transport **out) {
     dt_mpi_transport *t = calloc(1, sizeof *t);
     if (!t) return dt_error(DT_ENOMEM, "out of memory creating the MPI transport");
     t->base.ops = &g_ops;
@@ -436,7 +375,7 @@ static dt_status wrap(MPI_Comm comm, double timeout_s, dt_transport **out) {
     t->world = dt_mpi_live_ranks(comm, t->base.size); /* NULL: no dead-peer checks, deadlines only */
     const char *chk = getenv("DTRAIN_MPI_CHECK");
     t->check = t->base.size > 1 && !(chk && !strcmp(chk, "0"));
-    for (int i = 0; i < DT_MPI_DESC_SLOTS; i++) t->desc_sreq[i] = t->desc_rreq[i] = MPI_REQUEST_NULL;
+    dt_mpi_check_init(t);
     MPI_Irecv(t->abort_buf, (int)sizeof t->abort_buf, MPI_BYTE, MPI_ANY_SOURCE, DT_MPI_TAG_ABORT, comm,
               &t->abort_req);
     g_live++;
@@ -459,8 +398,12 @@ dt_status dt_transport_mpi_create(dt_transport **out, const dt_transport_params 
     } else if (!inited) {
         /* OpenMPI's non-blocking allreduce defaults to algorithms about 2x slower than its
          * blocking one at 1 MiB; reduce-scatter+allgather (Rabenseifner) matched MPI_Allreduce
-         * within ~5% at 64 KiB-16 MiB (transport_mpi_test bench). A user setting wins. */
-        setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "3", 0);
+         * within ~5% at 64 KiB-16 MiB (transport_mpi_test bench). A user setting wins.
+         * At 2 ranks recursive doubling sends the same bytes (each rank its S once, not S/2
+         * twice) in half the messages: on a 100 Mbit/s link a PowerSGD step of two ~8 KB
+         * allreduces sent ~2 packets (~130 B of TCP/IP headers and ACKs, 1.5%) less. */
+        const char *np = getenv("OMPI_COMM_WORLD_SIZE");
+        setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", np && !strcmp(np, "2") ? "4" : "3", 0);
         if (MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS)
             s = dt_error(DT_EIO, "MPI_Init_thread failed: start the ranks with mpirun or srun");
         else g_we_init = true;
@@ -484,70 +427,8 @@ dt_status dt_transport_mpi_create(dt_transport **out, const dt_transport_params 
         double until = dt_now() + (p && p->timeout_s > 0 ? p->timeout_s : 300);
         if (s == DT_OK && (s = dt_mpi_live_init(comm, until)) != DT_OK) MPI_Comm_free(&comm);
     }
-    if (s == DT_OK) s = wrap(comm, p ? p->timeout_s : 0, out);
+    if (s == DT_OK) s = dt_mpi_wrap(comm, p ? p->timeout_s : 0, out);
     UNLOCK();
-    return s;
-}
-
-/* Split: the members first meet (bounded by the deadline) on the parent, then build the
- * communicator with MPI_Comm_create_group, which only the members call. */
-static dt_status mpi_split(dt_transport *tt, int color, const int *members, int new_size, int new_rank,
-                           uint64_t split_id, double deadline, dt_transport **out) {
-    dt_mpi_transport *t = (dt_mpi_transport *)tt;
-    *out = NULL;
-    if (new_size < 1 || members[new_rank] != tt->rank)
-        return dt_error(DT_EINVAL, "split: rank %d is not member %d of its group", tt->rank, new_rank);
-    uint64_t mine[2] = {split_id, (uint64_t)(int64_t)color}, *theirs = NULL;
-    dt_treq *reqs = calloc((size_t)new_size, sizeof *reqs);
-    dt_treq **rp = calloc((size_t)new_size, sizeof *rp);
-    if (new_size > 1) theirs = calloc((size_t)new_size * 2, sizeof *theirs);
-    dt_status s = reqs && rp && (new_size == 1 || theirs) ? DT_OK : dt_error(DT_ENOMEM, "split: out of memory");
-    int nr = 0;
-    if (s == DT_OK && new_rank == 0) { /* the leader collects everyone, then releases them */
-        for (int i = 1; i < new_size && s == DT_OK; i++, nr++)
-            s = post(t, true, members[i], DT_COMM_TAG_MAX + 1, DT_MPI_TAG_SPLIT, theirs + 2 * i, sizeof mine, &reqs[i]);
-        for (int i = 1; i <= nr; i++) rp[i - 1] = &reqs[i];
-        if (s == DT_OK && nr > 0) s = mpi_waitall(tt, rp, nr, deadline);
-        for (int i = 1; i < new_size && s == DT_OK; i++)
-            if (memcmp(theirs + 2 * i, mine, sizeof mine))
-                s = dt_mpi_fail(t, DT_EMISMATCH, "split: rank %d is in a different split or color than rank %d",
-                                members[i], tt->rank);
-        for (int i = 1; i < new_size && s == DT_OK; i++) {
-            s = post(t, false, members[i], DT_COMM_TAG_MAX + 1, DT_MPI_TAG_SPLIT, mine, sizeof mine, &reqs[i]);
-            rp[i - 1] = &reqs[i];
-        }
-        if (s == DT_OK && new_size > 1) s = mpi_waitall(tt, rp, new_size - 1, deadline);
-    } else if (s == DT_OK) {
-        uint64_t back[2];
-        s = post(t, false, members[0], DT_COMM_TAG_MAX + 1, DT_MPI_TAG_SPLIT, mine, sizeof mine, &reqs[0]);
-        if (s == DT_OK) s = post(t, true, members[0], DT_COMM_TAG_MAX + 1, DT_MPI_TAG_SPLIT, back, sizeof back, &reqs[1]);
-        rp[0] = &reqs[0];
-        rp[1] = &reqs[1];
-        if (s == DT_OK) s = mpi_waitall(tt, rp, 2, deadline);
-    }
-    free(reqs);
-    free(rp);
-    free(theirs);
-    if (s != DT_OK) return s;
-
-    MPI_Group parent, group;
-    MPI_Comm comm = MPI_COMM_NULL;
-    LOCK();
-    MPI_Comm_group(t->comm, &parent);
-    int rc = MPI_Group_incl(parent, new_size, members, &group);
-    if (rc == MPI_SUCCESS) {
-        rc = MPI_Comm_create_group(t->comm, group, (int)(split_id % 32768), &comm);
-        MPI_Group_free(&group);
-    }
-    MPI_Group_free(&parent);
-    if (rc == MPI_SUCCESS) s = wrap(comm, t->timeout_s, out);
-    UNLOCK();
-    if (rc != MPI_SUCCESS) {
-        char e[256];
-        return dt_mpi_fail(t, DT_EPEER, "split: MPI_Comm_create_group failed: %s", dt_mpi_errstr(rc, e, sizeof e));
-    }
-    if (s == DT_OK && (*out)->rank != new_rank)
-        return dt_error(DT_EINTERNAL, "split: MPI gave rank %d, expected %d", (*out)->rank, new_rank);
     return s;
 }
 
@@ -572,13 +453,7 @@ static void mpi_destroy(dt_transport *tt) {
         MPI_Cancel(&t->abort_req);
         MPI_Request_free(&t->abort_req);
     }
-    for (int i = 0; i < DT_MPI_DESC_SLOTS; i++) {
-        if (t->desc_rreq[i] != MPI_REQUEST_NULL) {
-            MPI_Cancel(&t->desc_rreq[i]);
-            MPI_Request_free(&t->desc_rreq[i]);
-        }
-        if (t->desc_sreq[i] != MPI_REQUEST_NULL) MPI_Request_free(&t->desc_sreq[i]);
-    }
+    dt_mpi_check_free(t);
     MPI_Comm_free(&t->comm);
     if (--g_live == 0 && g_we_init && !skip_finalize()) {
         MPI_Type_free(&g_block);
@@ -596,12 +471,12 @@ static const dt_transport_ops g_ops = {
     .isend = mpi_isend,
     .irecv = mpi_irecv,
     .test = mpi_test,
-    .waitall = mpi_waitall,
+    .waitall = dt_mpi_waitall,
     .wake = mpi_wake,
-    .begin = mpi_begin,
+    .begin = dt_mpi_check_begin,
     .coll = dt_mpi_coll,
     .abort = mpi_abort,
-    .split = mpi_split,
+    .split = dt_mpi_split,
     .destroy = mpi_destroy,
 };
 

@@ -1,5 +1,6 @@
-/* Internals of the MPI transport shared by transport_mpi.c (point-to-point, creation, split,
- * abort, destroy) and transport_mpi_coll.c (native MPI collectives and the benchmark baseline).
+/* Internals of the MPI transport shared by transport_mpi.c (point-to-point, creation, abort,
+ * destroy), transport_mpi_split.c, transport_mpi_check.c (the op check) and transport_mpi_coll.c
+ * (native MPI collectives and the benchmark baseline).
  * Only compiled with DT_HAVE_MPI. */
 #ifndef DT_COMM_TRANSPORT_MPI_H
 #define DT_COMM_TRANSPORT_MPI_H
@@ -18,7 +19,11 @@
 #define DT_MPI_TAG_DESC (DT_COMM_TAG_MAX + 2)  /* op descriptors to the ring neighbour */
 #define DT_MPI_TAG_SPLIT (DT_COMM_TAG_MAX + 3) /* split rendezvous */
 #define DT_MPI_TAG_ABORT (DT_COMM_TAG_MAX + 4) /* abort notices */
-#define DT_MPI_DESC_SLOTS 64
+#define DT_MPI_DESC_SLOTS 64 /* own ops remembered for the check; the most a rank runs ahead of its left */
+#define DT_MPI_DESC_RECVS 4  /* receives posted for the left rank's descriptors */
+#define DT_MPI_PROBE_S 0.2   /* an in-band-checked op waiting this long sends its descriptor after all */
+#define DT_MPI_INBAND_MAX ((size_t)256 << 10) /* in-band check up to this many bytes per rank */
+#define DT_MPI_INBAND_RANKS 16 /* and this many ranks (the sums of its check words stay exact in f32) */
 
 typedef struct {
     dt_transport base;
@@ -33,12 +38,22 @@ typedef struct {
     /* abort notices from any rank */
     MPI_Request abort_req;
     char abort_buf[576], abort_out[576];  /* int status, kind 'A'/'F', message */
-    /* descriptor check with the ring neighbours: op k's descriptor goes to rank+1, rank-1's
-     * arrives in the same slot; checked in order as they complete */
+    /* the op check (transport_mpi_check.c): every collective either carries check words in its
+     * own data (in-band: native allreduce / allgather up to DT_MPI_INBAND_MAX) or sends its
+     * descriptor to rank+1, which compares it with its own op of that seq (and rank-1's to us) */
     bool check;
-    uint64_t desc_posted, desc_checked;
-    dt_coll_desc desc_mine[DT_MPI_DESC_SLOTS], desc_left[DT_MPI_DESC_SLOTS];
-    MPI_Request desc_sreq[DT_MPI_DESC_SLOTS], desc_rreq[DT_MPI_DESC_SLOTS];
+    uint64_t check_seq;              /* seq of the latest op begun here (0: none yet) */
+    uint64_t expect_lo;              /* no op below it still waits for the left rank's descriptor */
+    uint64_t check_events;           /* descriptors of the left rank handled (progress) */
+    uint64_t desc_sent;              /* descriptors sent (counters, tests) */
+    dt_coll_desc hist[DT_MPI_DESC_SLOTS];      /* own ops by seq % SLOTS */
+    unsigned char hist_state[DT_MPI_DESC_SLOTS], hist_probed[DT_MPI_DESC_SLOTS];
+    MPI_Request hist_sreq[DT_MPI_DESC_SLOTS];
+    dt_coll_desc left_buf[DT_MPI_DESC_RECVS];  /* the left rank's descriptors, taken in order */
+    MPI_Request left_rreq[DT_MPI_DESC_RECVS];
+    unsigned left_head;
+    void *stage;                     /* in-band staging buffer */
+    size_t stage_cap;
     int *world;                      /* [size] MPI_COMM_WORLD rank of each rank (dead-peer checks) */
 } dt_mpi_transport;
 
@@ -91,6 +106,37 @@ static inline int dt_mpi_world_of(const dt_mpi_transport *t, int r) { return t->
 bool dt_mpi_world_lost(void);
 /* The first rank of t whose process is gone (its pid in *pid), or -1. */
 int dt_mpi_any_gone(const dt_mpi_transport *t, int *pid);
+/* Posts an MPI receive (recv) or send of bytes at buf with peer on MPI tag mtag (tag: the caller's,
+ * for messages) into req, on t's pending list. */
+dt_status dt_mpi_post(dt_mpi_transport *t, bool recv, int peer, int tag, int mtag, void *buf, size_t bytes,
+                      dt_treq *req);
+/* ops->waitall; wraps comm (a duplicate or a new group) as a transport (under dt_mpi_lock). */
+dt_status dt_mpi_waitall(dt_transport *tt, dt_treq *const *reqs, int n, double deadline);
+dt_status dt_mpi_wrap(MPI_Comm comm, double timeout_s, dt_transport **out);
+/* ops->split (transport_mpi_split.c). */
+dt_status dt_mpi_split(dt_transport *tt, int color, const int *members, int new_size, int new_rank,
+                       uint64_t split_id, double deadline, dt_transport **out);
+/* The op check (transport_mpi_check.c). Sets up / releases its channel on t (at create / destroy). */
+void dt_mpi_check_init(dt_mpi_transport *t);
+void dt_mpi_check_free(dt_mpi_transport *t);
+/* ops->begin: records op d (the rank's next collective); blocks (bounded) while the left rank is
+ * DT_MPI_DESC_SLOTS ops behind. The descriptor goes out at dt_mpi_check_decide or the op's first
+ * message, whichever comes first. */
+dt_status dt_mpi_check_begin(dt_transport *tt, const dt_coll_desc *d);
+/* The current op is checked in-band (true: no descriptor unless it stalls) or not (sent now). */
+dt_status dt_mpi_check_decide(dt_mpi_transport *t, bool inband);
+/* Sends the current op's descriptor if it is not decided yet (before its first p2p message). */
+dt_status dt_mpi_check_flush(dt_mpi_transport *t);
+/* Handles the left rank's descriptors that arrived (called by dt_mpi_progress_internal). */
+dt_status dt_mpi_check_progress(dt_mpi_transport *t);
+/* Whether the current op still waits for the left rank's descriptor of it. */
+bool dt_mpi_check_waiting(const dt_mpi_transport *t);
+/* An in-band op has waited `waited` seconds: from DT_MPI_PROBE_S on, its descriptor goes out once. */
+dt_status dt_mpi_check_stalled(dt_mpi_transport *t, double waited);
+/* Native allreduce / allgather with the check words in their data (when dt_mpi_inband_ok). */
+bool dt_mpi_inband_ok(const dt_mpi_transport *t, const dt_coll_args *a);
+dt_status dt_mpi_inband_coll(dt_mpi_transport *t, const dt_coll_args *a, MPI_Datatype ty, MPI_Op mop,
+                             dt_status (*wait)(dt_mpi_transport *, MPI_Request *, const dt_coll_args *));
 /* The native collective entry of the vtable (transport_mpi_coll.c). */
 dt_status dt_mpi_coll(dt_transport *tt, const dt_coll_args *a);
 

@@ -82,6 +82,7 @@ static dt_status wait_req(dt_mpi_transport *t, MPI_Request *req, const dt_coll_a
         int rc = MPI_Test(req, &flag, MPI_STATUS_IGNORE);
         pthread_mutex_unlock(&dt_mpi_lock);
         if (rc != MPI_SUCCESS) { /* often a mismatched op: give the checks a moment to say so */
+            if (dt_mpi_check_stalled(t, DT_MPI_PROBE_S) != DT_OK) return dt_error(t->err, "%s", t->errmsg);
             for (double end = dt_now() + 0.5; dt_now() < end && dt_mpi_progress_internal(t) == DT_OK;)
                 dt_mpi_backoff(&idle);
             if (t->broken) return dt_error(t->err, "%s", t->errmsg);
@@ -91,6 +92,7 @@ static dt_status wait_req(dt_mpi_transport *t, MPI_Request *req, const dt_coll_a
         if (flag) return DT_OK;
         DT_TRY(dt_mpi_progress_internal(t)); /* abort notices, mismatched ops */
         double now = dt_now();
+        DT_TRY(dt_mpi_check_stalled(t, now - t0)); /* a rank may be in another op: say which */
         if (now >= next_live) {
             next_live = now + DT_MPI_LIVE_PERIOD;
             int pid, dead = dt_mpi_any_gone(t, &pid);
@@ -126,11 +128,17 @@ dt_status dt_mpi_coll(dt_transport *tt, const dt_coll_args *a) {
     if (n > (size_t)INT_MAX || (op != DT_COLL_ALLREDUCE && op != DT_COLL_BROADCAST && op != DT_COLL_REDUCE &&
                                 (size_t)size * n > (size_t)INT_MAX))
         return DT_ENOTSUP;
+    MPI_Op mop = mpi_op((dt_redop)a->d.redop);
+    if (dt_mpi_inband_ok(t, a)) {
+        dt_status s = dt_mpi_inband_coll(t, a, ty, mop, wait_req);
+        if (s == DT_OK && a->d.redop == DT_OP_AVG && op == DT_COLL_ALLREDUCE) divide(a->recv, n, dt, size);
+        return s;
+    }
+    DT_TRY(dt_mpi_check_decide(t, false)); /* the descriptor goes to the right rank now */
     int cnt = (int)n;
     const void *send = a->send;
     void *recv = a->recv;
     const void *sb = send;
-    MPI_Op mop = mpi_op((dt_redop)a->d.redop);
     MPI_Request req = MPI_REQUEST_NULL;
     int *icounts = NULL, *idispls = NULL, rc = MPI_SUCCESS;
     char *rblk = recv ? (char *)recv + (size_t)rank * nb : NULL;
@@ -214,13 +222,13 @@ dt_status dt_mpi_coll(dt_transport *tt, const dt_coll_args *a) {
     /* A rank can finish its part early (a broadcast root): before reporting success, see the
      * left neighbour's descriptor of this op, so a mismatch is an error and not garbage. */
     double next_live = dt_now() + DT_MPI_LIVE_PERIOD;
-    for (dt_mpi_idle idle = {0}; s == DT_OK && t->check && t->desc_checked < t->desc_posted;) {
+    for (dt_mpi_idle idle = {0}; s == DT_OK && dt_mpi_check_waiting(t);) {
         s = dt_mpi_progress_internal(t);
         int left = (rank + size - 1) % size, pid;
         char o[96];
         if (s == DT_OK && dt_now() >= next_live) {
             if ((pid = dt_mpi_peer_gone(t, left)) != 0 && (s = dt_mpi_progress_internal(t)) == DT_OK &&
-                t->desc_checked < t->desc_posted)
+                dt_mpi_check_waiting(t))
                 s = dt_mpi_fail(t, DT_EPEER, "rank %d died before it started %s (rank %d waited): its process (world "
                                 "rank %d, pid %d) is gone", left, dt_coll_desc_str(&a->d, o, sizeof o), rank,
                                 dt_mpi_world_of(t, left), pid);
@@ -229,7 +237,7 @@ dt_status dt_mpi_coll(dt_transport *tt, const dt_coll_args *a) {
         if (s == DT_OK && dt_now() >= a->deadline)
             s = dt_mpi_fail(t, DT_ETIMEDOUT, "timed out in %s on rank %d waiting for rank %d to start it",
                             dt_coll_desc_str(&a->d, o, sizeof o), rank, left);
-        if (s == DT_OK && t->desc_checked < t->desc_posted) dt_mpi_backoff(&idle);
+        if (s == DT_OK && dt_mpi_check_waiting(t)) dt_mpi_backoff(&idle);
     }
     free(icounts);
     free(idispls);

@@ -79,8 +79,9 @@ static double w_gather(size_t i, void *c) { size_t n = ((ctx_t *)c)->count; retu
 static double w_scatter(size_t i, void *c) { size_t n = ((ctx_t *)c)->count; return val(((ctx_t *)c)->rank, (size_t)R * n + i); }
 static double w_a2a(size_t i, void *c) { size_t n = ((ctx_t *)c)->count; return val((int)(i / n), (size_t)R * n + i % n); }
 
-static void test_collectives(dt_transport *t) {
-    const size_t n = 1000;
+/* n = 1000: allreduce and allgather carry the op check in their data (in-band); 40000 x 8 bytes
+ * is over DT_MPI_INBAND_MAX, so f64/i64 take the descriptor message */
+static void test_collectives(dt_transport *t, size_t n) {
     const dt_dtype red_types[] = {DT_F32, DT_F64, DT_I32, DT_I64};
     const dt_redop ops[] = {DT_OP_SUM, DT_OP_AVG, DT_OP_MAX, DT_OP_MIN, DT_OP_PROD};
     char *in = malloc(n * 8 * (size_t)N), *out = malloc(n * 8 * (size_t)N);
@@ -204,7 +205,14 @@ static int mode_ok(void) {
     gethostname(host, sizeof host);
     printf("rank %d/%d on host %s\n", R, N, host);
     test_p2p(t);
-    test_collectives(t);
+    test_collectives(t, 1000);
+    test_collectives(t, 40000);
+    /* more in-band ops in a row than the op check remembers (64), then ops by message: a stale
+     * expectation of the check must not turn them into a false mismatch */
+    float one = 1, sum = 0;
+    for (int i = 0; i < 200; i++) CHECK_OK(coll(t, DT_COLL_ALLREDUCE, DT_F32, DT_OP_SUM, -1, 1, &one, &sum, NULL, NULL));
+    for (int i = 0; i < 3; i++) CHECK_OK(coll(t, DT_COLL_BROADCAST, DT_F32, DT_OP_SUM, 0, 1, &one, &one, NULL, NULL));
+    CHECK_MSG(sum == (float)N, "in-band allreduce of ones: %g, not %d", sum, N);
     /* split: even and odd ranks; rank order reversed inside the group */
     int color = R % 2, members[8], ns = 0;
     for (int r = N - 1; r >= 0; r--)
@@ -305,6 +313,34 @@ static int mode_errors(void) {
     CHECK_MSG(st == DT_EMISMATCH, "rank %d: %s %s", R, dt_status_str(st), dt_last_error());
     CHECK_MSG(strstr(dt_last_error(), "but rank") && strstr(dt_last_error(), "broadcast"), "%s", dt_last_error());
     printf("rank %d mismatch: %s\n", R, dt_last_error());
+    /* 3b. mismatches the in-band check words catch (MPI completes them: same bytes) or that hang
+     * MPI (the stalled op sends its descriptor after DT_MPI_PROBE_S) */
+    struct { int op[2]; dt_dtype dt[2]; dt_redop rop[2]; size_t n[2]; const char *want; } inb[] = {
+        {{DT_COLL_ALLREDUCE, DT_COLL_ALLREDUCE}, {DT_F32, DT_F32}, {DT_OP_SUM, DT_OP_MAX}, {4, 4}, "allreduce(f32 x 4, max)"},
+        {{DT_COLL_ALLGATHER, DT_COLL_ALLGATHER}, {DT_F32, DT_I32}, {0, 0}, {3, 3}, "allgather(i32 x 3)"},
+        {{DT_COLL_ALLREDUCE, DT_COLL_ALLREDUCE}, {DT_I32, DT_I32}, {DT_OP_MIN, DT_OP_MIN}, {4, 2}, "allreduce(i32 x 2, min)"},
+        {{DT_COLL_ALLREDUCE, DT_COLL_BARRIER}, {DT_F32, DT_F32}, {DT_OP_SUM, 0}, {4, 0}, "barrier"},
+    };
+    for (int c = 0; c < (int)(sizeof inb / sizeof *inb); c++) {
+        dt_transport *s3b = fresh(w, 20 + (uint64_t)c);
+        int odd = R == N - 1; /* the last rank calls the other op */
+        float big[8] = {0}, got[8 * 8];
+        dt_coll_args b = {.d = {.seq = 1, .op = (uint8_t)inb[c].op[odd], .dtype = (uint8_t)inb[c].dt[odd],
+                                .redop = (uint8_t)inb[c].rop[odd], .count = inb[c].n[odd], .root = -1},
+                          .send = big, .recv = got, .algo = DT_ALGO_NATIVE, .deadline = dt_now() + 10};
+        double t0 = dt_now();
+        st = s3b->ops->begin(s3b, &b.d);
+        if (st == DT_OK) st = s3b->ops->coll(s3b, &b);
+        if (st == DT_OK) { /* finished its part with garbage: it hears it in its next wait */
+            memset(&q, 0, sizeof q);
+            CHECK_OK(s3b->ops->irecv(s3b, (R + 1) % N, 1, y, 4, &q));
+            st = s3b->ops->waitall(s3b, &qp, 1, dt_now() + 10);
+        }
+        CHECK_MSG(st == DT_EMISMATCH && strstr(dt_last_error(), inb[c].want) && strstr(dt_last_error(), "but "),
+                  "case %d rank %d: %s %s", c, R, dt_status_str(st), dt_last_error());
+        CHECK_MSG(dt_now() - t0 < 5, "case %d rank %d: the mismatch took %.1f s", c, R, dt_now() - t0);
+        printf("rank %d in-band %d: %s\n", R, c, dt_last_error());
+    }
     /* 4. abort: rank 2 aborts, the others wait for a message that never comes and learn why */
     dt_transport *s4 = fresh(w, 13);
     memset(&q, 0, sizeof q);
