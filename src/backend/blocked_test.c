@@ -2,8 +2,9 @@
  * *_blocked entries: tiling and overlapping windows, odd sizes, ties and NaNs; blocked and NCHW
  * outputs), and the oneDNN f32 table's blocked convolutions (every in/out layout pair, with and
  * without din, bias) against the cpu kernels; the reorders round-trip; the graph's layout plan
- * (which values of a model are blocked; ref_test runs the reference CNN through the chain
- * against torch). Pooling must match bitwise (the same comparisons
+ * (which values of a model are blocked), and models with chains on the oneDNN kernels against
+ * the same models on the blas ones (ref_test also runs the reference CNN against torch). Pooling
+ * must match bitwise (the same comparisons
  * choose the same maxima); convolutions within 2e-5 of the largest value (f32 sums in another
  * order). */
 #include "backend/backend.h"
@@ -171,10 +172,51 @@ static void test_plan(void) {
     for (int i = 0; i < n; i++) CHECK(!bl[i]);
 }
 
+/* A model whose chains are blocked on the oneDNN f32 kernels equals the same model on the blas
+ * kernels (NCHW throughout): logits and every parameter gradient within 2e-5 of their largest
+ * value, after the same forward and backward; a second oneDNN copy gives bitwise the same. */
+static void test_model_vs_blas(const char *spec) {
+    dt_model *m[3] = {NULL, NULL, NULL};
+    const char *lib[3] = {"blas", "onednn", "onednn"};
+    const int B = 3, C = 1, H = 12, W = 12;
+    float *x = rnd((size_t)B * C * H * W, 21);
+    int32_t y[3] = {1, 4, 3};
+    const float *logits[3] = {NULL, NULL, NULL};
+    for (int k = 0; k < 3; k++) {
+        if (dt_kernels_select(lib[k], "fp32") != DT_OK) break;
+        CHECK_OK(dt_model_create_from_spec(&m[k], spec, C, H, W));
+        if (!m[k]) break;
+        dt_model_init(m[k], 9);
+        dt_model_zero_grad(m[k]);
+        dt_feed f = {x, y, B};
+        float loss;
+        CHECK_OK(dt_model_run(m[k], &f, true, 0, &loss));
+        CHECK_OK(dt_model_backward_loss(m[k], 1.0f, NULL, NULL));
+        logits[k] = dt_model_output(m[k]);
+    }
+    if (m[0] && m[1]) {
+        const size_t np = dt_model_num_params(m[0]), nl = (size_t)B * dt_model_out_size(m[0]);
+        CHECK_MSG(rel_diff(logits[1], logits[0], nl) < 2e-5, "%s: logits differ by %g", spec, rel_diff(logits[1], logits[0], nl));
+        CHECK_MSG(rel_diff(dt_model_grads(m[1]), dt_model_grads(m[0]), np) < 2e-5, "%s: gradients differ by %g", spec,
+                  rel_diff(dt_model_grads(m[1]), dt_model_grads(m[0]), np));
+    }
+    if (m[1] && m[2]) {
+        const size_t np = dt_model_num_params(m[1]), nl = (size_t)B * dt_model_out_size(m[1]);
+        CHECK_MSG(!memcmp(logits[1], logits[2], nl * 4) && !memcmp(dt_model_grads(m[1]), dt_model_grads(m[2]), np * 4),
+                  "%s: two oneDNN runs differ", spec);
+    }
+    dt_model_free(m[0]), dt_model_free(m[1]), dt_model_free(m[2]);
+    free(x);
+    CHECK_OK(dt_kernels_select("blas", "fp32"));
+}
+
 int main(void) {
     test_reorders();
     test_pool();
     test_conv();
     test_plan();
+    test_model_vs_blas("cnn");
+    test_model_vs_blas("conv(16,3) relu conv(16,3) maxpool(2) conv(32,3,stride=2,pad=1) flatten linear(10)");
+    test_model_vs_blas("conv(16,3,pad=1) maxpool(3,stride=2) conv(16,1) maxpool(2) conv(16,1) batchnorm relu flatten linear(5)");
     return dt_test_summary("blocked_test");
 }
