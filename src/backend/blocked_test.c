@@ -84,7 +84,8 @@ static void test_pool(void) {
     pool_case(2, 16, 9, 9, 3, 2);    /* overlapping windows: din sums */
     pool_case(1, 16, 6, 6, 3, 3);
     pool_case(1, 16, 5, 5, 1, 1);
-    pool_case(1, 16, 4, 141, 2, 2);  /* output rows longer than the 64-position chunk */
+    pool_case(1, 16, 4, 141, 2, 2);  /* long output rows */
+    pool_case(2, 16, 40, 38, 2, 2);  /* more output positions than a 256-position chunk */
 }
 
 /* max |a - b| / max |b| (0 when b is all zero) */

@@ -56,29 +56,44 @@ static inline void window_max16(float *m_out, int32_t *idx_out, const float *x, 
 #define WINDOW_MAX window_max
 #endif
 
+/* y[j] = m[j * 16], a[j] = idx[j * 16] for j < n: one channel of pooled 16-channel vectors. */
+static inline void transpose_lane(float *restrict y, int32_t *restrict a, const float *restrict m,
+                                  const int32_t *restrict idx, size_t n) {
+    size_t j = 0;
+#if defined(__AVX512F__)
+    const __m512i stride = _mm512_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240);
+    for (; j + 16 <= n; j += 16) {
+        _mm512_storeu_ps(y + j, _mm512_i32gather_ps(stride, m + j * BL, 4));
+        _mm512_storeu_si512(a + j, _mm512_i32gather_epi32(stride, idx + j * BL, 4));
+    }
+#endif
+    for (; j < n; j++) y[j] = m[j * BL], a[j] = idx[j * BL];
+}
+
+#define CHUNK 256  /* output positions of a block pooled before an NCHW output is written */
+
 void dt_maxpool2d_forward_blocked(float *out, int32_t *argmax, const float *in, int B, int C, int H, int W, int K,
                                   int S, bool out_bl) {
     const int OH = (H - K) / S + 1, OW = (W - K) / S + 1, CB = C / BL;
     if (OH <= 0 || OW <= 0) return;
     const size_t HW = (size_t)H * W, OHW = (size_t)OH * OW;
-    float row_m[64 * BL];     /* NCHW output: one output row of the block, then 16 plane rows */
-    int32_t row_i[64 * BL];
+    float tm[CHUNK * BL];     /* NCHW output: CHUNK positions of the block, then 16 plane rows */
+    int32_t ti[CHUNK * BL];
     for (size_t blk = 0; blk < (size_t)B * CB; blk++) {
         const float *x = in + blk * HW * BL;
         const int32_t base = (int32_t)(blk * HW * BL);
-        for (int oy = 0; oy < OH; oy++)
-            for (int ox0 = 0; ox0 < OW; ox0 += 64) {
-                const int nx = OW - ox0 < 64 ? OW - ox0 : 64;
-                const size_t o = (size_t)oy * OW + ox0;
-                float *m = out_bl ? out + (blk * OHW + o) * BL : row_m;
-                int32_t *idx = out_bl ? argmax + (blk * OHW + o) * BL : row_i;
-                for (int j = 0; j < nx; j++)
-                    WINDOW_MAX(m + j * BL, idx + j * BL, x, W, oy * S, (ox0 + j) * S, K, base);
-                if (out_bl) continue;
-                for (int c = 0; c < BL; c++)  /* plane (n, blk % CB * 16 + c) of the NCHW output */
-                    for (int j = 0; j < nx; j++)
-                        out[(blk * BL + c) * OHW + o + j] = m[j * BL + c], argmax[(blk * BL + c) * OHW + o + j] = idx[j * BL + c];
+        for (size_t p0 = 0; p0 < OHW; p0 += CHUNK) {
+            const size_t np = OHW - p0 < CHUNK ? OHW - p0 : CHUNK;
+            float *m = out_bl ? out + (blk * OHW + p0) * BL : tm;
+            int32_t *idx = out_bl ? argmax + (blk * OHW + p0) * BL : ti;
+            for (size_t j = 0; j < np; j++) {
+                const int oy = (int)((p0 + j) / OW), ox = (int)((p0 + j) % OW);
+                WINDOW_MAX(m + j * BL, idx + j * BL, x, W, oy * S, ox * S, K, base);
             }
+            if (out_bl) continue;
+            for (int c = 0; c < BL; c++)  /* plane (n, blk % CB * 16 + c) of the NCHW output */
+                transpose_lane(out + (blk * BL + c) * OHW + p0, argmax + (blk * BL + c) * OHW + p0, tm + c, ti + c, np);
+        }
     }
 }
 
