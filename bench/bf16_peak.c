@@ -26,61 +26,41 @@ static double cpu_now(void) {
     return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
-/* Instructions per second of 24 independent f32 FMAs per iteration; *sink keeps the result. */
-static double rate_fma_ps(float *sink) {
-#define DECL(i) __m512 a##i = _mm512_set1_ps((float)(i) * 1e-9f);
-    ACC24(DECL)
-    __m512 x = _mm512_set1_ps(1.0001f), y = _mm512_set1_ps(0.9999f);
-    __asm__ volatile("" : "+v"(x), "+v"(y));
-    double t = cpu_now();
-    for (long n = 0; n < ITERS; n++) {
-#define FMA(i) a##i = _mm512_fmadd_ps(x, y, a##i);
-        ACC24(FMA)
+/* rate_NAME(sink): instructions per second of 24 independent accumulators a0..a23 (declared and
+ * initialised by INIT(i), distinct so that the compiler cannot merge them), each updated by
+ * STEP(i) once per iteration, with operands x, y of type OPND set to X, Y and hidden from the
+ * optimiser; REDUCE(i) folds an accumulator into the float s kept in *sink. */
+#define RATE(NAME, INIT, OPND, X, Y, STEP, REDUCE)            \
+    static double rate_##NAME(float *sink) {                  \
+        ACC24(INIT)                                           \
+        OPND x = X, y = Y;                                    \
+        __asm__ volatile("" : "+v"(x), "+v"(y));              \
+        double t = cpu_now();                                 \
+        for (long n = 0; n < ITERS; n++) { ACC24(STEP) }      \
+        t = cpu_now() - t;                                    \
+        float s = 0;                                          \
+        ACC24(REDUCE)                                         \
+        *sink += s;                                           \
+        return ITERS * 24.0 / t;                              \
     }
-    t = cpu_now() - t;
-    float s = 0;
-#define SUM(i) s += _mm512_reduce_add_ps(a##i);
-    ACC24(SUM)
-    *sink += s;
-    return ITERS * 24.0 / t;
-}
+
+#define INIT_PS(i) __m512 a##i = _mm512_set1_ps((float)(i) * 1e-9f);
+#define SUM_PS(i) s += _mm512_reduce_add_ps(a##i);
+#define FMA_PS(i) a##i = _mm512_fmadd_ps(x, y, a##i);
+RATE(fma_ps, INIT_PS, __m512, _mm512_set1_ps(1.0001f), _mm512_set1_ps(0.9999f), FMA_PS, SUM_PS)
 
 #if defined(__AVX512BF16__)
-static double rate_dpbf16(float *sink) {
-    ACC24(DECL)
-    __m512bh x = (__m512bh)_mm512_set1_epi16(0x3f80), y = (__m512bh)_mm512_set1_epi16(0x3f80);
-    __asm__ volatile("" : "+v"(x), "+v"(y));
-    double t = cpu_now();
-    for (long n = 0; n < ITERS; n++) {
-#define DP(i) a##i = _mm512_dpbf16_ps(a##i, x, y);
-        ACC24(DP)
-    }
-    t = cpu_now() - t;
-    float s = 0;
-    ACC24(SUM)
-    *sink += s;
-    return ITERS * 24.0 / t;
-}
+#define DP_BF16(i) a##i = _mm512_dpbf16_ps(a##i, x, y);
+RATE(dpbf16, INIT_PS, __m512bh, (__m512bh)_mm512_set1_epi16(0x3f80), (__m512bh)_mm512_set1_epi16(0x3f80),
+     DP_BF16, SUM_PS)
 #endif
 
 #if defined(__AVX512FP16__)
-static double rate_fma_ph(float *sink) {
-#define DECLH(i) __m512h h##i = _mm512_set1_ph((_Float16)((float)(i) * 1e-3f));
-    ACC24(DECLH)
-    __m512h x = _mm512_set1_ph((_Float16)1.0f), y = _mm512_set1_ph((_Float16)0.0001f);
-    __asm__ volatile("" : "+v"(x), "+v"(y));
-    double t = cpu_now();
-    for (long n = 0; n < ITERS; n++) {
-#define FMAH(i) h##i = _mm512_fmadd_ph(x, y, h##i);
-        ACC24(FMAH)
-    }
-    t = cpu_now() - t;
-    float s = 0;
-#define SUMH(i) s += (float)_mm512_reduce_add_ph(h##i);
-    ACC24(SUMH)
-    *sink += s;
-    return ITERS * 24.0 / t;
-}
+#define INIT_PH(i) __m512h a##i = _mm512_set1_ph((_Float16)((float)(i) * 1e-3f));
+#define FMA_PH(i) a##i = _mm512_fmadd_ph(x, y, a##i);
+#define SUM_PH(i) s += (float)_mm512_reduce_add_ph(a##i);
+RATE(fma_ph, INIT_PH, __m512h, _mm512_set1_ph((_Float16)1.0f), _mm512_set1_ph((_Float16)0.0001f), FMA_PH,
+     SUM_PH)
 #endif
 
 static double best_of(double (*f)(float *), float *sink) {
