@@ -1,7 +1,10 @@
 /* oneDNN convolutions: forward, backward data and backward weights on NCHW activations and OIHW
- * weights (torch's layouts), cached per shape and precision like the matmuls (cpu_onednn.c).
- * Backward weights writes into a per-primitive scratch that is then ADDED to dw (the backend
- * contract accumulates parameter gradients; oneDNN overwrites); db sums the f32 gradient. */
+ * weights (torch's layouts), cached per shape and precision like the matmuls (cpu_onednn.c); at
+ * f32 also on blocked nChw16c activations (the *_blocked entries: a conv chain of the graph,
+ * graph_layout.c), which oneDNN's kernels read and write without reorders. Backward weights
+ * writes into a per-primitive scratch that is then ADDED to dw (the backend contract accumulates
+ * parameter gradients; oneDNN overwrites); db sums the f32 gradient (blocked: oneDNN's backward
+ * weights sums it in the same pass). */
 #include "backend/backend.h"
 
 #if DT_HAVE_DNNL
@@ -184,11 +187,12 @@ static conv_shape shape_of(int B, int C, int H, int W, int OC, int K, int S, int
 
 static const dt_backend *fallback(dt_dtype p) { return p == DT_F32 ? dt_backend_cpu() : dt_backend_blas_lowp(p); }
 
-/* At f32, a convolution over fewer than 16 input channels (the reference CNN's first layer, C = 1)
- * runs as im2col + sgemm, which writes NCHW directly: oneDNN's kernel wants its (B,OC,H,W)
- * output and gradient in the blocked nChw16c layout, and the two reorders of that large tensor
- * cost more than the convolution itself (measured: 1.5x faster per CPU-second on a conv(32,3)
- * model, +15% on the reference CNN). At bf16/fp16 oneDNN keeps it (its kernel then also converts). */
+/* At f32, a convolution over fewer than 16 input channels with NCHW output runs as im2col + sgemm,
+ * which writes NCHW directly: oneDNN's kernel wants its (B,OC,H,W) output and gradient in the
+ * blocked nChw16c layout, and the two reorders of that large tensor cost more than the
+ * convolution itself (measured: 1.5x faster per CPU-second on a conv(32,3) model). When the graph
+ * keeps the output blocked (the reference CNN's first layer, C = 1), oneDNN runs it with no
+ * reorder. At bf16/fp16 oneDNN keeps it (its kernel then also converts). */
 static bool prefers_im2col(dt_dtype p, int C) { return p == DT_F32 && C < 16; }
 
 /* The plain fallback of a blocked convolution (oneDNN made no primitive): NCHW copies around the
