@@ -3,7 +3,9 @@
 src/nn/spec.c, torch layouts) trained with Adam (lr 1e-3) on 8 fixed random batches of 1x28x28
 images, and the GPT of bench/gpt_torch.py (AdamW), float32, ONE thread (torch.set_num_threads(1)),
 in Debian's PyTorch default environment. 3 untimed warm-up steps, then steps until --seconds
-have passed. Prints one JSON line: {"model": ..., "batch": ..., "samples_per_s": ..., "steps": ...}.
+have passed. Prints one JSON line: {"model": ..., "batch": ..., "samples_per_s": ..., "steps": ...,
+"samples_per_cpu_s": ...} (per second of the process's CPU time: steadier on a loaded machine;
+not for gpt).
 
     /usr/bin/python3 bench/train_torch.py --model mlp|cnn|gpt --batch 128 [--seconds 3]
 """
@@ -57,15 +59,16 @@ def main():
 
     for i in range(3):
         step(i)
-    n, t0 = 0, time.perf_counter()
+    n, t0, c0 = 0, time.perf_counter(), time.process_time()
     while True:
         step(n)
         n += 1
         dt = time.perf_counter() - t0
         if n % 8 == 0 and dt >= a.seconds:
             break
+    cpu = time.process_time() - c0
     print(json.dumps({"model": a.model, "batch": a.batch, "samples_per_s": n * a.batch / dt, "steps": n,
-                      "threads": torch.get_num_threads()}))
+                      "threads": torch.get_num_threads(), "samples_per_cpu_s": n * a.batch / cpu if cpu > 0 else 0}))
 
 
 if __name__ == "__main__":

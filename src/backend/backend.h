@@ -25,6 +25,21 @@ typedef struct dt_backend {
     void (*maxpool2d_forward)(float *out, int32_t *argmax, const float *in, int B, int C, int H, int W, int K, int S);
     void (*maxpool2d_backward)(float *din, const float *dout, const int32_t *argmax, int B, int C, int H, int W, int K,
                                int S);
+    /* Blocked activations: oneDNN's nChw16c, (B, C/16, H, W, 16), for C a multiple of 16 (the
+     * same count of values as NCHW). A backend with conv2d_*_blocked runs conv -> relu -> maxpool
+     * chains in it (the graph plans which values are blocked, nn/graph_layout.c); NULL where not.
+     * in_bl / out_bl: whether in (and din) / out (and dout) are blocked; at least one is. */
+    void (*conv2d_forward_blocked)(float *out, const float *in, const float *w, const float *b, int B, int C, int H,
+                                   int W, int OC, int K, int stride, int pad, bool in_bl, bool out_bl);
+    void (*conv2d_backward_blocked)(float *din, float *dw, float *db, const float *dout, const float *in,
+                                    const float *w, int B, int C, int H, int W, int OC, int K, int stride, int pad,
+                                    bool in_bl, bool out_bl);
+    /* Max pooling of a blocked input: out (and dout) blocked when out_bl, else NCHW; argmax holds
+     * flat indices into the blocked input. din is blocked. */
+    void (*maxpool2d_forward_blocked)(float *out, int32_t *argmax, const float *in, int B, int C, int H, int W, int K,
+                                      int S, bool out_bl);
+    void (*maxpool2d_backward_blocked)(float *din, const float *dout, const int32_t *argmax, int B, int C, int H,
+                                       int W, int K, int S, bool out_bl);
     void (*avgpool2d_forward)(float *out, const float *in, int B, int C, int H, int W, int K, int S);
     void (*avgpool2d_backward)(float *din, const float *dout, int B, int C, int H, int W, int K, int S);
     void (*relu_forward)(float *out, const float *in, size_t n);

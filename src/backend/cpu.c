@@ -1,5 +1,6 @@
 /* The CPU f32 backend table: the kernels of src/backend/cpu_*.c. */
 #include "backend/backend.h"
+#include "backend/blocked.h"
 
 static const dt_backend cpu = {
     .name = "blas",
@@ -13,6 +14,8 @@ static const dt_backend cpu = {
     .conv2d_backward = dt_conv2d_backward,
     .maxpool2d_forward = dt_maxpool2d_forward,
     .maxpool2d_backward = dt_maxpool2d_backward,
+    .maxpool2d_forward_blocked = dt_maxpool2d_forward_blocked,
+    .maxpool2d_backward_blocked = dt_maxpool2d_backward_blocked,
     .avgpool2d_forward = dt_avgpool2d_forward,
     .avgpool2d_backward = dt_avgpool2d_backward,
     .relu_forward = dt_relu_forward,

@@ -369,6 +369,8 @@ static void fill_tables(void) {
         t->linear_backward = i == 0 ? lb_f32 : i == 1 ? lb_bf16 : lb_f16;
         t->conv2d_forward = i == 0 ? cf_f32 : i == 1 ? cf_bf16 : cf_f16;
         t->conv2d_backward = i == 0 ? cb_f32 : i == 1 ? cb_bf16 : cb_f16;
+        if (i == 0)  /* f32 runs conv chains in oneDNN's blocked layout (bf16/fp16 convert at each conv) */
+            t->conv2d_forward_blocked = dt_dnnl_conv_forward_blocked, t->conv2d_backward_blocked = dt_dnnl_conv_backward_blocked;
     }
 }
 

@@ -1,31 +1,38 @@
 /* oneDNN convolutions: forward, backward data and backward weights on NCHW activations and OIHW
- * weights (torch's layouts), cached per shape and precision like the matmuls (cpu_onednn.c).
- * Backward weights writes into a per-primitive scratch that is then ADDED to dw (the backend
- * contract accumulates parameter gradients; oneDNN overwrites); db sums the f32 gradient. */
+ * weights (torch's layouts), cached per shape and precision like the matmuls (cpu_onednn.c); at
+ * f32 also on blocked nChw16c activations (the *_blocked entries: a conv chain of the graph,
+ * graph_layout.c), which oneDNN's kernels read and write without reorders. Backward weights
+ * writes into a per-primitive scratch that is then ADDED to dw (the backend contract accumulates
+ * parameter gradients; oneDNN overwrites); db sums the f32 gradient (blocked: oneDNN's backward
+ * weights sums it in the same pass). */
 #include "backend/backend.h"
 
 #if DT_HAVE_DNNL
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/blocked.h"
 #include "backend/onednn.h"
 #include "backend/kern.h"
 
 typedef struct {
     int B, C, H, W, OC, K, S, P, OH, OW;
     bool bias;
+    bool in_bl, out_bl;     /* in (din) / out (dout) outside are blocked nChw16c, else NCHW */
 } conv_shape;
 
 static dnnl_data_type_t dnnl_type(dt_dtype p) { return p == DT_BF16 ? dnnl_bf16 : p == DT_F16 ? dnnl_f16 : dnnl_f32; }
 
-/* The plain f32 descriptors of src (NCHW), weights (OIHW), dst (NCHW) and bias; with `any` the
- * first three leave the layout to oneDNN at dtype dt (dst and diff_weights stay f32). */
+/* The outside f32 descriptors of src (NCHW, or nChw16c when in_bl), weights (OIHW), dst (NCHW or
+ * nChw16c when out_bl) and bias; with `any` the first three leave the layout to oneDNN at dtype
+ * dt (dst and diff_weights stay f32). */
 static void conv_mds(const conv_shape *s, bool any, dnnl_data_type_t dt, dnnl_memory_desc_t md[4]) {
     const dnnl_dims_t src = {s->B, s->C, s->H, s->W}, w = {s->OC, s->C, s->K, s->K}, dst = {s->B, s->OC, s->OH, s->OW},
                       b = {s->OC};
-    dnnl_memory_desc_init_by_tag(&md[0], 4, src, any ? dt : dnnl_f32, any ? dnnl_format_tag_any : dnnl_nchw);
+    const dnnl_format_tag_t ts = s->in_bl ? dnnl_nChw16c : dnnl_nchw, td = s->out_bl ? dnnl_nChw16c : dnnl_nchw;
+    dnnl_memory_desc_init_by_tag(&md[0], 4, src, any ? dt : dnnl_f32, any ? dnnl_format_tag_any : ts);
     dnnl_memory_desc_init_by_tag(&md[1], 4, w, any ? dt : dnnl_f32, any ? dnnl_format_tag_any : dnnl_oihw);
-    dnnl_memory_desc_init_by_tag(&md[2], 4, dst, any ? dt : dnnl_f32, any ? dnnl_format_tag_any : dnnl_nchw);
+    dnnl_memory_desc_init_by_tag(&md[2], 4, dst, any ? dt : dnnl_f32, any ? dnnl_format_tag_any : td);
     dnnl_memory_desc_init_by_tag(&md[3], 1, b, dnnl_f32, dnnl_x);
 }
 
@@ -61,7 +68,8 @@ static bool build_forward(dt_dnnl_entry *e, const conv_shape *s, const dnnl_memo
 }
 
 /* The backward-weights (weights) or backward-data primitive descriptor: the gradient it writes
- * (diff_weights or diff_src) f32, the others at the precision; NULL when oneDNN has none. */
+ * (diff_weights or diff_src) f32, the others at the precision; NULL when oneDNN has none. With
+ * s->bias backward weights also writes diff_bias (f32). */
 static dnnl_primitive_desc_t backward_pd(const conv_shape *s, dnnl_data_type_t dt, bool weights) {
     dnnl_memory_desc_t md[4];
     conv_mds(s, true, dt, md);
@@ -71,8 +79,8 @@ static dnnl_primitive_desc_t backward_pd(const conv_shape *s, dnnl_data_type_t d
     dnnl_primitive_desc_t pd = NULL, hint = forward_pd(s, dt, false);
     dnnl_status_t st_init =
         !hint     ? dnnl_unimplemented
-        : weights ? dnnl_convolution_backward_weights_desc_init(&d, dnnl_convolution_direct, &md[0], &md[1], NULL,
-                                                                &md[2], st, pad, pad)
+        : weights ? dnnl_convolution_backward_weights_desc_init(&d, dnnl_convolution_direct, &md[0], &md[1],
+                                                                s->bias ? &md[3] : NULL, &md[2], st, pad, pad)
                   : dnnl_convolution_backward_data_desc_init(&d, dnnl_convolution_direct, &md[0], &md[1], &md[2], st,
                                                              pad, pad);
     if (st_init != dnnl_success || dnnl_primitive_desc_create(&pd, &d, NULL, dt_dnnl_engine(), hint) != dnnl_success)
@@ -90,14 +98,16 @@ static bool add_backward_data(dt_dnnl_entry *e, const dnnl_memory_desc_t *plain,
     return dt_dnnl_step_add(e, pd, 3, arg, m, true);
 }
 
-/* The backward-weights step of pd: in at data pointer `in_i`, the dw scratch at `dw_i`. */
+/* The backward-weights step of pd: in at data pointer `in_i`, the dw scratch at `dw_i` (e->tmp;
+ * with s->bias the db scratch after it, at data pointer dw_i + 2: see conv_backward). */
 static bool add_backward_weights(dt_dnnl_entry *e, const conv_shape *s, const dnnl_memory_desc_t *plain,
-                                 dnnl_primitive_desc_t pd, dnnl_memory_t dd, int in_i, int dw_i) {
+                                 dnnl_primitive_desc_t pd, dnnl_memory_t dd, int in_i, int dw_i, int db_i) {
     dnnl_memory_desc_t q[2] = {chosen(pd, dnnl_query_src_md), chosen(pd, dnnl_query_diff_weights_md)};
-    dnnl_memory_t m[3] = {dt_dnnl_input(e, &plain[0], &q[0], in_i), dt_dnnl_output(e, &plain[1], &q[1], dw_i), dd};
-    const int arg[3] = {DNNL_ARG_SRC, DNNL_ARG_DIFF_WEIGHTS, DNNL_ARG_DIFF_DST};
-    if (!dt_dnnl_step_add(e, pd, 3, arg, m, true)) return false;
-    e->tmp_n = (size_t)s->OC * s->C * s->K * s->K;
+    dnnl_memory_t m[4] = {dt_dnnl_input(e, &plain[0], &q[0], in_i), dt_dnnl_output(e, &plain[1], &q[1], dw_i), dd,
+                          s->bias ? dt_dnnl_mem(e, &plain[3], db_i) : NULL};
+    const int arg[4] = {DNNL_ARG_SRC, DNNL_ARG_DIFF_WEIGHTS, DNNL_ARG_DIFF_DST, DNNL_ARG_DIFF_BIAS};
+    if (!dt_dnnl_step_add(e, pd, s->bias ? 4 : 3, arg, m, true)) return false;
+    e->tmp_n = (size_t)s->OC * s->C * s->K * s->K + (s->bias ? (size_t)s->OC : 0);
     return (e->tmp = malloc(e->tmp_n * sizeof(float))) != NULL;
 }
 
@@ -108,9 +118,9 @@ static dnnl_memory_t diff_dst_of(dt_dnnl_entry *e, const dnnl_memory_desc_t *pla
     return dt_dnnl_input(e, &plain[2], &q, dout_i);
 }
 
-/* One backward op: data {din, w, dout} (data), {in, dw scratch, dout} (weights), or both in one
- * entry, {in, dw scratch, dout, w, din}, where dout is reordered once for the two primitives
- * when they want the same layout. */
+/* One backward op: data {din, w, dout} (data), {in, dw scratch, dout[, db scratch]} (weights), or
+ * both in one entry, {in, dw scratch, dout, w, din[, db scratch]}, where dout is reordered once for
+ * the two primitives when they want the same layout; the db scratch with s->bias. */
 static bool build_backward(dt_dnnl_entry *e, int op, const conv_shape *s, const dnnl_memory_desc_t *plain) {
     const bool wts = op != DT_DNNL_CONV_BWD_DATA, data = op != DT_DNNL_CONV_BWD_W;
     dnnl_primitive_desc_t pw = wts ? backward_pd(s, e->key.dt, true) : NULL;
@@ -120,7 +130,7 @@ static bool build_backward(dt_dnnl_entry *e, int op, const conv_shape *s, const 
         ok = add_backward_data(e, plain, pd, diff_dst_of(e, plain, pd, 2), 1, 0);
         pd = NULL;
     } else if (ok && op == DT_DNNL_CONV_BWD_W) {
-        ok = add_backward_weights(e, s, plain, pw, diff_dst_of(e, plain, pw, 2), 0, 1);
+        ok = add_backward_weights(e, s, plain, pw, diff_dst_of(e, plain, pw, 2), 0, 1, 3);
         pw = NULL;
     } else if (ok) {
         dnnl_memory_desc_t qw = chosen(pw, dnnl_query_diff_dst_md), qd = chosen(pd, dnnl_query_diff_dst_md);
@@ -128,7 +138,7 @@ static bool build_backward(dt_dnnl_entry *e, int op, const conv_shape *s, const 
         dnnl_memory_t ddd = dnnl_memory_desc_equal(&qw, &qd) ? ddw : diff_dst_of(e, plain, pd, 2);
         ok = ddw && ddd;
         if (ok) {  /* each add destroys its pd, also when it fails */
-            ok = add_backward_weights(e, s, plain, pw, ddw, 0, 1);
+            ok = add_backward_weights(e, s, plain, pw, ddw, 0, 1, 5);
             pw = NULL;
         }
         if (ok) {
@@ -145,7 +155,7 @@ static bool build_backward(dt_dnnl_entry *e, int op, const conv_shape *s, const 
  * Outside it takes f32 NCHW/OIHW; reorders convert to the layout and dtype oneDNN chose. */
 static dt_dnnl_entry *conv_entry(int op, const conv_shape *s, dt_dtype p) {
     dt_dnnl_key k = {.op = op, .dt = dnnl_type(p),
-                     .d = {s->B, s->C, s->H, s->W, s->OC, s->K, s->S, s->P, s->bias}};
+                     .d = {s->B, s->C, s->H, s->W, s->OC, s->K, s->S, s->P, s->bias, s->in_bl | s->out_bl << 1}};
     dt_dnnl_entry *e = dt_dnnl_lookup(&k);
     if (!e || e->used) return e && !e->failed ? e : NULL;
     dnnl_memory_desc_t plain[4];
@@ -169,50 +179,131 @@ static void *input(int slot, const float *x, size_t n, dt_dtype p, bool round) {
     return p != DT_F32 && round ? (void *)dt_dnnl_rounded(slot, x, n, p) : (void *)x;
 }
 
-static conv_shape shape_of(int B, int C, int H, int W, int OC, int K, int S, int P, bool bias) {
-    conv_shape s = {B, C, H, W, OC, K, S, P, (H + 2 * P - K) / S + 1, (W + 2 * P - K) / S + 1, bias};
+static conv_shape shape_of(int B, int C, int H, int W, int OC, int K, int S, int P, bool bias, bool in_bl,
+                           bool out_bl) {
+    conv_shape s = {B, C, H, W, OC, K, S, P, (H + 2 * P - K) / S + 1, (W + 2 * P - K) / S + 1, bias, in_bl, out_bl};
     return s;
 }
 
 static const dt_backend *fallback(dt_dtype p) { return p == DT_F32 ? dt_backend_cpu() : dt_backend_blas_lowp(p); }
 
-/* At f32, a convolution over fewer than 16 input channels (the reference CNN's first layer, C = 1)
- * runs as im2col + sgemm, which writes NCHW directly: oneDNN's kernel wants its (B,OC,H,W)
- * output and gradient in the blocked nChw16c layout, and the two reorders of that large tensor
- * cost more than the convolution itself (measured: 1.5x faster per CPU-second on a conv(32,3)
- * model, +15% on the reference CNN). At bf16/fp16 oneDNN keeps it (its kernel then also converts). */
+/* At f32, a convolution over fewer than 16 input channels with NCHW output runs as im2col + sgemm,
+ * which writes NCHW directly: oneDNN's kernel wants its (B,OC,H,W) output and gradient in the
+ * blocked nChw16c layout, and the two reorders of that large tensor cost more than the
+ * convolution itself (measured: 1.5x faster per CPU-second on a conv(32,3) model). When the graph
+ * keeps the output blocked (the reference CNN's first layer, C = 1), oneDNN runs it with no
+ * reorder. At bf16/fp16 oneDNN keeps it (its kernel then also converts). */
 static bool prefers_im2col(dt_dtype p, int C) { return p == DT_F32 && C < 16; }
 
-void dt_dnnl_conv_forward(dt_dtype p, float *out, const float *in, const float *w, const float *b, float *work, int B,
-                          int C, int H, int W, int OC, int K, int S, int P) {
-    conv_shape s = shape_of(B, C, H, W, OC, K, S, P, b != NULL);
+/* The plain fallback of a blocked convolution (oneDNN made no primitive): NCHW copies around the
+ * cpu kernels. Each call allocates; kernels cannot fail, so out of memory aborts. x NULL: no copy. */
+static float *plain_copy(const float *x, bool bl, int B, int C, int HW) {
+    float *d = malloc((size_t)B * C * HW * sizeof(float) + 4);
+    if (!d) abort();
+    if (x && bl) dt_blocked_to_nchw(d, x, B, C, HW);
+    else if (x) memcpy(d, x, (size_t)B * C * HW * sizeof(float));
+    return d;
+}
+
+static void blocked_back(float *dst, float *plain, bool bl, int B, int C, int HW) {
+    if (bl) dt_blocked_from_nchw(dst, plain, B, C, HW);
+    else memcpy(dst, plain, (size_t)B * C * HW * sizeof(float));
+    free(plain);
+}
+
+static void fallback_forward(const conv_shape *s, float *out, const float *in, const float *w, const float *b) {
+    const dt_backend *be = dt_backend_cpu();
+    float *x = plain_copy(in, s->in_bl, s->B, s->C, s->H * s->W), *y = plain_copy(NULL, false, s->B, s->OC, s->OH * s->OW);
+    float *work = malloc(be->conv2d_workspace(s->B, s->C, s->H, s->W, s->OC, s->K, s->S, s->P) * sizeof(float) + 4);
+    if (!work) abort();
+    be->conv2d_forward(y, x, w, b, work, s->B, s->C, s->H, s->W, s->OC, s->K, s->S, s->P);
+    blocked_back(out, y, s->out_bl, s->B, s->OC, s->OH * s->OW);
+    free(x), free(work);
+}
+
+static void fallback_backward(const conv_shape *s, float *din, float *dw, float *db, const float *dout, const float *in,
+                              const float *w) {
+    const dt_backend *be = dt_backend_cpu();
+    const int HW = s->H * s->W;
+    float *x = plain_copy(in, s->in_bl, s->B, s->C, HW), *g = plain_copy(dout, s->out_bl, s->B, s->OC, s->OH * s->OW);
+    float *dx = din ? plain_copy(NULL, false, s->B, s->C, HW) : NULL;
+    float *work = malloc(be->conv2d_workspace(s->B, s->C, s->H, s->W, s->OC, s->K, s->S, s->P) * sizeof(float) + 4);
+    if (!work) abort();
+    be->conv2d_backward(dx, dw, db, g, x, w, work, s->B, s->C, s->H, s->W, s->OC, s->K, s->S, s->P);
+    if (dx) blocked_back(din, dx, s->in_bl, s->B, s->C, HW);
+    free(x), free(g), free(work);
+}
+
+/* The forward of s at precision p (s->in_bl, s->out_bl: the layouts outside). */
+static void conv_forward(dt_dtype p, const conv_shape *s, float *out, const float *in, const float *w, const float *b,
+                         float *work) {
+    const bool blocked = s->in_bl || s->out_bl;
     bool round;
-    dt_dnnl_entry *e = B > 0 && !prefers_im2col(p, C) ? conv_plan(DT_DNNL_CONV_FWD, &s, p, &round) : NULL;
-    if (!e) return fallback(p)->conv2d_forward(out, in, w, b, work, B, C, H, W, OC, K, S, P);
-    void *data[4] = {input(0, in, (size_t)B * C * H * W, p, round), input(1, w, (size_t)OC * C * K * K, p, round), out,
-                     (void *)b};
+    dt_dnnl_entry *e = s->B > 0 && (blocked || !prefers_im2col(p, s->C)) ? conv_plan(DT_DNNL_CONV_FWD, s, p, &round) : NULL;
+    if (!e && blocked) return fallback_forward(s, out, in, w, b);
+    if (!e)
+        return fallback(p)->conv2d_forward(out, in, w, b, work, s->B, s->C, s->H, s->W, s->OC, s->K, s->S, s->P);
+    void *data[4] = {input(0, in, (size_t)s->B * s->C * s->H * s->W, p, round),
+                     input(1, w, (size_t)s->OC * s->C * s->K * s->K, p, round), out, (void *)b};
     dt_dnnl_run(e, data);
 }
 
-void dt_dnnl_conv_backward(dt_dtype p, float *din, float *dw, float *db, const float *dout, const float *in,
-                           const float *w, float *work, int B, int C, int H, int W, int OC, int K, int S, int P) {
-    conv_shape s = shape_of(B, C, H, W, OC, K, S, P, false);  /* backward primitives have no bias */
-    if (prefers_im2col(p, C)) return fallback(p)->conv2d_backward(din, dw, db, dout, in, w, work, B, C, H, W, OC, K, S, P);
+void dt_dnnl_conv_forward(dt_dtype p, float *out, const float *in, const float *w, const float *b, float *work, int B,
+                          int C, int H, int W, int OC, int K, int S, int P) {
+    conv_shape s = shape_of(B, C, H, W, OC, K, S, P, b != NULL, false, false);
+    conv_forward(p, &s, out, in, w, b, work);
+}
+
+void dt_dnnl_conv_forward_blocked(float *out, const float *in, const float *w, const float *b, int B, int C, int H,
+                                  int W, int OC, int K, int S, int P, bool in_bl, bool out_bl) {
+    conv_shape s = shape_of(B, C, H, W, OC, K, S, P, b != NULL, in_bl, out_bl);
+    conv_forward(DT_F32, &s, out, in, w, b, NULL);
+}
+
+/* The backward of s at precision p (layouts outside as in conv_forward). */
+static void conv_backward(dt_dtype p, const conv_shape *cs, float *din, float *dw, float *db, const float *dout,
+                          const float *in, const float *w, float *work) {
+    conv_shape s = *cs;
+    /* blocked (f32): oneDNN's backward weights also sums db, in the pass that reads dout anyway;
+     * NCHW: db is summed below from the f32 gradient (at bf16/fp16 oneDNN would sum rounded dout) */
+    s.bias = db && dw && (s.in_bl || s.out_bl);
+    const int B = s.B, C = s.C, H = s.H, W = s.W, OC = s.OC, K = s.K, S = s.S, P = s.P;
+    const bool blocked = s.in_bl || s.out_bl;
+    if (!blocked && prefers_im2col(p, C))
+        return fallback(p)->conv2d_backward(din, dw, db, dout, in, w, work, B, C, H, W, OC, K, S, P);
     const int op = din && dw ? DT_DNNL_CONV_BWD : din ? DT_DNNL_CONV_BWD_DATA : DT_DNNL_CONV_BWD_W;
     bool rd = false;
     dt_dnnl_entry *e = (din || dw) && B > 0 ? conv_plan(op, &s, p, &rd) : NULL;
+    if (!e && blocked) return fallback_backward(&s, din, dw, db, dout, in, w);
     if (!e) return fallback(p)->conv2d_backward(din, dw, db, dout, in, w, work, B, C, H, W, OC, K, S, P);
     size_t nout = (size_t)B * OC * s.OH * s.OW, nw = (size_t)OC * C * K * K;
     /* data pointers in the order the entry's op takes them (build_backward) */
     void *g = input(1, dout, nout, p, rd), *x = dw ? input(0, in, (size_t)B * C * H * W, p, rd) : NULL;
     void *wt = din ? input(2, w, nw, p, rd) : NULL;
-    void *both[5] = {x, e->tmp, g, wt, din}, *data_only[3] = {din, wt, g}, *w_only[3] = {x, e->tmp, g};
+    float *dbs = s.bias ? e->tmp + nw : NULL;  /* oneDNN's db */
+    void *both[6] = {x, e->tmp, g, wt, din, dbs}, *data_only[3] = {din, wt, g}, *w_only[4] = {x, e->tmp, g, dbs};
     dt_dnnl_run(e, op == DT_DNNL_CONV_BWD ? both : op == DT_DNNL_CONV_BWD_DATA ? data_only : w_only);
     if (dw)
         for (size_t i = 0; i < nw; i++) dw[i] += e->tmp[i];
-    if (db)  /* from the f32 gradient at every precision */
+    if (dbs)
+        for (int o = 0; o < OC; o++) db[o] += dbs[o];
+    else if (db && s.out_bl)  /* din only: no backward-weights pass to sum it */
+        dt_blocked_channel_sums(db, dout, B, OC, s.OH * s.OW);
+    else if (db)  /* from the f32 gradient at every precision */
         for (int n = 0; n < B; n++)
             for (int o = 0; o < OC; o++) db[o] += dt_nn_sum(dout + ((size_t)n * OC + o) * s.OH * s.OW, (size_t)s.OH * s.OW);
+}
+
+void dt_dnnl_conv_backward(dt_dtype p, float *din, float *dw, float *db, const float *dout, const float *in,
+                           const float *w, float *work, int B, int C, int H, int W, int OC, int K, int S, int P) {
+    conv_shape s = shape_of(B, C, H, W, OC, K, S, P, false, false, false);
+    conv_backward(p, &s, din, dw, db, dout, in, w, work);
+}
+
+void dt_dnnl_conv_backward_blocked(float *din, float *dw, float *db, const float *dout, const float *in, const float *w,
+                                   int B, int C, int H, int W, int OC, int K, int S, int P, bool in_bl, bool out_bl) {
+    conv_shape s = shape_of(B, C, H, W, OC, K, S, P, false, in_bl, out_bl);
+    conv_backward(DT_F32, &s, din, dw, db, dout, in, w, NULL);
 }
 
 #endif

@@ -107,7 +107,8 @@ static const char USAGE[] =
     "library and precision in the lists (default: the default kernels, fp32; --vs-blas adds blas);\n"
     "the ratio column compares each row with the first row of its case; \"per cpu-s\" divides by the\n"
     "process's CPU time instead of wall time (steadier on a loaded machine). --vs-torch adds PyTorch's\n"
-    "samples/s on the same model and batch (bench/train_torch.py, /usr/bin/python3, one thread).";
+    "samples/s on the same model and batch (bench/train_torch.py, /usr/bin/python3, one thread), and\n"
+    "its samples per CPU-second beside dtrain's (\"vs (cpu)\": per cpu-s / torch's; not for gpt).";
 
 /* The next comma-separated word of *list into w (cap bytes); false at the end. */
 static bool next_word(const char **list, char *w, size_t cap) {
@@ -120,16 +121,21 @@ static bool next_word(const char **list, char *w, size_t cap) {
 }
 
 /* PyTorch's samples/s of a case (bench/train_torch.py), or 0 when it cannot run. */
-static double torch_rate(const bench_case *bc) {
+typedef struct {
+    double wall, cpu;  /* samples per second of wall time and of the process's CPU time (0: unknown) */
+} torch_rates;
+
+static torch_rates torch_rate(const bench_case *bc) {
     const char *root = getenv("DTRAIN_ROOT");
     char cmd[1024], line[512];
     snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s%sbench/train_torch.py --model %s --batch %d --seconds %g 2>/dev/null",
              root ? root : "", root ? "/" : "", bc->name, bc->batch, bc->min_s);
     FILE *f = popen(cmd, "r");
-    double r = 0;
+    torch_rates r = {0, 0};
     while (f && fgets(line, sizeof line, f)) {
-        const char *k = strstr(line, "\"samples_per_s\":");
-        if (k) r = atof(k + 16);
+        const char *k = strstr(line, "\"samples_per_s\":"), *c = strstr(line, "\"samples_per_cpu_s\":");
+        if (k) r.wall = atof(k + 16);
+        if (c) r.cpu = atof(c + 20);
     }
     if (f) pclose(f);
     return r;
@@ -138,7 +144,8 @@ static double torch_rate(const bench_case *bc) {
 /* The rows of one case: every kernel library x precision, each with its ratio to the first row
  * (and to PyTorch's rate tr when vs_torch); appends each row's JSON object to json. */
 static dt_status bench_rows(const bench_case *bc, const char *kernels, const char *precisions, double sg, bool vs_torch,
-                            double tr, char *json, size_t cap, int *jn, int *done) {
+                            torch_rates trs, char *json, size_t cap, int *jn, int *done) {
+    const double tr = trs.wall;
     char w[32], v[32];
     double first = 0;
     for (const char *l = kernels; next_word(&l, w, sizeof w);)
@@ -153,14 +160,16 @@ static dt_status bench_rows(const bench_case *bc, const char *kernels, const cha
                    sps * T, gf, 100 * gf / sg, sps / first);
             if (vs_torch && tr > 0) printf(" %10.0f %8.2fx", tr, sps / tr);
             else if (vs_torch) printf(" %10s %9s", "-", "-");
+            if (vs_torch && trs.cpu > 0) printf(" %12.0f %8.2fx", trs.cpu, cps / trs.cpu);
+            else if (vs_torch) printf(" %12s %9s", "-", "-");
             printf("\n");
             fflush(stdout);
             if (*jn < (int)cap - 300)
                 *jn += snprintf(json + *jn, cap - (size_t)*jn,
                                 "%s{\"model\": \"%s\", \"batch\": %d, \"kernels\": \"%s\", \"precision\": \"%s\", "
                                 "\"samples_per_s\": %.1f, \"samples_per_cpu_s\": %.1f, \"tokens_per_s\": %.1f, \"gflops\": %.2f, "
-                                "\"torch_samples_per_s\": %.1f}",
-                                (*done)++ ? ", " : "", bc->name, bc->batch, w, v, sps, cps, sps * T, gf, tr);
+                                "\"torch_samples_per_s\": %.1f, \"torch_samples_per_cpu_s\": %.1f}",
+                                (*done)++ ? ", " : "", bc->name, bc->batch, w, v, sps, cps, sps * T, gf, tr, trs.cpu);
         }
     return DT_OK;
 }
@@ -208,7 +217,7 @@ int dt_bench_train(int argc, char **argv) {
     dt_bench_print_machine();
     printf("# sgemm 1024^3: %.1f GFLOP/s\n", sg);
     printf("%-6s %6s %-8s %-5s %14s %12s %12s %10s %10s %8s%s\n", "model", "batch", "kernels", "prec", "samples/s",
-           "per cpu-s", "tokens/s", "GFLOP/s", "of sgemm", "ratio", vs_torch ? "    torch/s  vs torch" : "");
+           "per cpu-s", "tokens/s", "GFLOP/s", "of sgemm", "ratio", vs_torch ? "    torch/s  vs torch  torch/cpu-s  vs (cpu)" : "");
     char json[16384];
     int jn = snprintf(json, sizeof json, "{\"bench\": \"train\", \"threads\": %d, \"sgemm_gflops\": %.2f, \"openblas_core\": \"%s\", \"cases\": [",
                       threads, sg, dt_blas_corename());
@@ -216,7 +225,7 @@ int dt_bench_train(int argc, char **argv) {
     for (size_t i = 0; i < ncases; i++) {
         if (!spec && ((only_model && strcmp(only_model, cases[i].name)) || (only_batch && only_batch != cases[i].batch)))
             continue;
-        const double tr = vs_torch && !spec ? torch_rate(&cases[i]) : 0;
+        const torch_rates tr = vs_torch && !spec ? torch_rate(&cases[i]) : (torch_rates){0, 0};
         for (int rep = 0; rep < repeat; rep++)
             if (bench_rows(&cases[i], kernels, precisions, sg, vs_torch, tr, json, sizeof json, &jn, &done) != DT_OK)
                 return dt_cli_fail(NULL, "bench %s: %s", cases[i].name, dt_last_error());

@@ -172,6 +172,7 @@ static dt_status layout(dt_model *m) {
         if (shared > m->nscratch) m->nscratch = shared;
     }
     fuse_relu_maxpool(m);
+    dt_graph_plan_layouts(m);
     DT_TRY(dt_slab_reserve(&m->params, np));
     DT_TRY(dt_slab_reserve(&m->grads, np));
     DT_TRY(dt_slab_alloc(&m->buffers, nb ? nb : 1));

@@ -42,6 +42,8 @@ struct dt_node {
     bool alias;             /* values and gradient are its first input's memory (flatten, reshape,
                              * a relu the following maxpool applies) */
     bool fused_relu;        /* maxpool: applies the relu of its input node to its 4x smaller output */
+    bool blocked;           /* values and gradient in the backend's blocked layout (nChw16c) inside a
+                             * conv -> relu -> maxpool chain (graph_layout.c), else NCHW */
     bool needs_grad;        /* has parameters upstream (or its own): backward must reach it */
     /* run time */
     float *out;             /* (B, out_n) values; input nodes: the fed memory */
@@ -121,6 +123,14 @@ dt_status dt_graph_fail(dt_model *m, const dt_node *n, const char *fmt, ...) __a
 /* Helpers for ops */
 static inline const dt_node *dt_node_input(const dt_model *m, const dt_node *n, int j) { return &m->nodes[n->in[j]]; }
 static inline const float *dt_node_in(const dt_model *m, const dt_node *n, int j) { return m->nodes[n->in[j]].out; }
+/* Whether input j's values (and gradient) are blocked: those of the node owning its memory. */
+static inline bool dt_node_in_blocked(const dt_model *m, const dt_node *n, int j) {
+    const dt_node *p = &m->nodes[n->in[j]];
+    while (p->alias) p = &m->nodes[p->in[0]];
+    return p->blocked;
+}
+/* Plans which values are blocked (graph_layout.c); after the relu -> maxpool fusion. */
+void dt_graph_plan_layouts(dt_model *m);
 static inline size_t dt_node_tensor_off(const dt_model *m, const dt_node *n, int k) {
     return m->tensors[n->tensor[k]].offset;
 }

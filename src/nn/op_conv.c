@@ -1,4 +1,5 @@
-/* Op: 2-d convolution on (C,H,W) samples, weight (OC,C,K,K), torch's nn.Conv2d layout. */
+/* Op: 2-d convolution on (C,H,W) samples, weight (OC,C,K,K), torch's nn.Conv2d layout. Its
+ * input and values may be in the backend's blocked layout (n->blocked, graph_layout.c). */
 #include "nn/graph_internal.h"
 
 /* The input's (C,H,W); a vector counts as (1,1,W). */
@@ -53,6 +54,12 @@ static dt_status conv_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
     int C, H, W;
     dt_node_chw(dt_node_input(m, n, 0), &C, &H, &W);
     const float *b = s->bias ? c->params + dt_node_tensor_off(m, n, 1) : NULL;
+    const bool in_bl = dt_node_in_blocked(m, n, 0);
+    if (in_bl || n->blocked) {
+        c->be->conv2d_forward_blocked(n->out, dt_node_in(m, n, 0), c->params + dt_node_tensor_off(m, n, 0), b, c->B, C,
+                                      H, W, s->out, s->k, s->stride, s->pad, in_bl, n->blocked);
+        return DT_OK;
+    }
     c->be->conv2d_forward(n->out, dt_node_in(m, n, 0), c->params + dt_node_tensor_off(m, n, 0), b, c->work, c->B, C, H,
                           W, s->out, s->k, s->stride, s->pad);
     return DT_OK;
@@ -63,6 +70,13 @@ static void conv_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float *c
     int C, H, W;
     dt_node_chw(dt_node_input(m, n, 0), &C, &H, &W);
     float *db = s->bias ? c->grads + dt_node_tensor_off(m, n, 1) : NULL;
+    const bool in_bl = dt_node_in_blocked(m, n, 0);
+    if (in_bl || n->blocked) {
+        c->be->conv2d_backward_blocked(din[0], c->grads + dt_node_tensor_off(m, n, 0), db, n->grad, dt_node_in(m, n, 0),
+                                       c->params + dt_node_tensor_off(m, n, 0), c->B, C, H, W, s->out, s->k, s->stride,
+                                       s->pad, in_bl, n->blocked);
+        return;
+    }
     c->be->conv2d_backward(din[0], c->grads + dt_node_tensor_off(m, n, 0), db, n->grad, dt_node_in(m, n, 0),
                            c->params + dt_node_tensor_off(m, n, 0), c->work, c->B, C, H, W, s->out, s->k, s->stride,
                            s->pad);

@@ -1,5 +1,6 @@
 /* Ops: max and average pooling over (C,H,W) samples, windows K with stride S, no padding. A
- * maxpool right after a relu applies that relu to its own (smaller) output (n->fused_relu). */
+ * maxpool right after a relu applies that relu to its own (smaller) output (n->fused_relu). A
+ * maxpool of blocked values (a conv chain, graph_layout.c) writes blocked or NCHW (n->blocked). */
 #include "nn/graph_internal.h"
 
 static dt_status pool_infer(dt_model *m, dt_node *n) {
@@ -24,7 +25,11 @@ static size_t maxpool_saved(const dt_model *m, const dt_node *n, int B) {
 static dt_status maxpool_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
     int C, H, W;
     dt_node_chw(dt_node_input(m, n, 0), &C, &H, &W);
-    c->be->maxpool2d_forward(n->out, n->saved, dt_node_in(m, n, 0), c->B, C, H, W, n->a.k, n->a.stride);
+    if (dt_node_in_blocked(m, n, 0))
+        c->be->maxpool2d_forward_blocked(n->out, n->saved, dt_node_in(m, n, 0), c->B, C, H, W, n->a.k, n->a.stride,
+                                         n->blocked);
+    else
+        c->be->maxpool2d_forward(n->out, n->saved, dt_node_in(m, n, 0), c->B, C, H, W, n->a.k, n->a.stride);
     if (n->fused_relu) c->be->relu_forward(n->out, n->out, (size_t)c->B * n->out_n);
     return DT_OK;
 }
@@ -34,7 +39,10 @@ static void maxpool_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float
     dt_node_chw(dt_node_input(m, n, 0), &C, &H, &W);
     /* the fused relu's gradient on the pooled output, in place (the gradient is this node's) */
     if (n->fused_relu) c->be->relu_backward(n->grad, n->grad, n->out, (size_t)c->B * n->out_n);
-    if (din[0]) c->be->maxpool2d_backward(din[0], n->grad, n->saved, c->B, C, H, W, n->a.k, n->a.stride);
+    if (din[0] && dt_node_in_blocked(m, n, 0))
+        c->be->maxpool2d_backward_blocked(din[0], n->grad, n->saved, c->B, C, H, W, n->a.k, n->a.stride, n->blocked);
+    else if (din[0])
+        c->be->maxpool2d_backward(din[0], n->grad, n->saved, c->B, C, H, W, n->a.k, n->a.stride);
 }
 
 const dt_op dt_op_maxpool2d = {.name = "maxpool", .min_in = 1, .max_in = 1, .infer = pool_infer,

@@ -1,0 +1,25 @@
+/* Blocked activations (oneDNN's nChw16c: (B, C/16, H, W, 16), C a multiple of 16): the max
+ * pooling kernels of the backend table's *_blocked entries and whole-tensor reorders
+ * (cpu_blocked.c). */
+#ifndef DT_BACKEND_BLOCKED_H
+#define DT_BACKEND_BLOCKED_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define DT_BLOCK 16
+
+/* Max pooling of a blocked in (B, C, H, W): out blocked when out_bl, else NCHW; argmax (at the
+ * output's positions) holds flat indices into in. Backward OVERWRITES din (blocked). */
+void dt_maxpool2d_forward_blocked(float *out, int32_t *argmax, const float *in, int B, int C, int H, int W, int K,
+                                  int S, bool out_bl);
+void dt_maxpool2d_backward_blocked(float *din, const float *dout, const int32_t *argmax, int B, int C, int H, int W,
+                                   int K, int S, bool out_bl);
+/* dst (blocked) = src (NCHW) and back; HW = H * W. */
+void dt_blocked_from_nchw(float *dst, const float *src, int B, int C, int HW);
+void dt_blocked_to_nchw(float *dst, const float *src, int B, int C, int HW);
+/* acc[c] += the sum of channel c of a blocked x over the batch and the plane. */
+void dt_blocked_channel_sums(float *acc, const float *x, int B, int C, int HW);
+
+#endif
