@@ -1,7 +1,8 @@
 # Data-parallel training end to end with the real command: 2 local workers (shm) reach the
-# accuracy band of 1 worker; the same job under mpirun (MPI backend); a bucket's allreduce
-# overlaps backward (timeline); errors name the rank; and, where root and ip netns allow, the
-# same training across two emulated hosts (network namespaces + mpirun over TCP).
+# accuracy band of 1 worker and, at the same global batch, its parameters (MLP, CNN); the same job
+# under mpirun (MPI backend); a bucket's allreduce overlaps backward (timeline); errors name the
+# rank; and, where root and ip netns allow, the same training across two emulated hosts (network
+# namespaces + mpirun over TCP).
 . "$(dirname "$0")/testlib.bash"
 if ! have_fmnist; then echo "skip: Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)"; exit 77; fi
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -32,6 +33,19 @@ import json, sys
 r = [json.loads(l) for l in open(sys.argv[1])][-1]["step_ms"]
 assert r["comm_wait"] > r["compute"], r
 PY
+
+# 2 workers x 32 give 1 worker x 64's parameters on the real models, with the default buckets
+# (MLP: one 400 KB bucket; CNN: 1.6 MB and 75 KB), which two shm ranks reduce whole: plain SGD,
+# so the tolerance is float rounding (1e-7 measured; Adam's first steps, g/sqrt(v), turn rounding
+# of near-zero gradients into whole steps of lr); a bucket left unaveraged is off by about 2e-3
+for m in "mlp 20" "cnn 4"; do
+  set -- $m
+  $DT train --model $1 --optimizer sgd --batch 64 --max-steps $2 --epochs 1 --quiet --save "$TMP/eq1.st" >/dev/null 2>&1 \
+    && $DT train --workers 2 --model $1 --optimizer sgd --batch 32 --max-steps $2 --epochs 1 --quiet --save "$TMP/eq2.st" \
+      >/dev/null 2>&1 || bad "$1 equivalence runs failed"
+  d=$(python3 "$DTRAIN_TOOLS/ckpt_diff.py" "$TMP/eq1.st" "$TMP/eq2.st" 1e-5 --params) \
+    && ok "$1: 2 workers x 32 = 1 worker x 64 after $2 SGD steps ($d)" || bad "$1: 2 workers differ from 1: $d"
+done
 
 # the same job on the MPI transport
 if command -v mpirun >/dev/null && $DT train --help >/dev/null; then

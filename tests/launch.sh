@@ -30,6 +30,22 @@ PMI_RANK=5 OMPI_COMM_WORLD_RANK=5 OMPI_COMM_WORLD_SIZE=8 SLURM_PROCID=5 "$DT" la
   sh -c 'echo "vars ${PMI_RANK:-u}${OMPI_COMM_WORLD_RANK:-u}${OMPI_COMM_WORLD_SIZE:-u}${SLURM_PROCID:-u} $DTRAIN_RANK"' >"$T/nest" 2>&1
 ok "grep -qx '\[0\] vars uuuu 0' '$T/nest' && grep -qx '\[1\] vars uuuu 1' '$T/nest' && grep -q 'started by mpirun/srun' '$T/nest'" "launcher strips mpirun/srun rank variables: $(cat "$T/nest")"
 
+# binding: each of N <= CPUs ranks gets a slice of the launcher's CPUs of its own (two ranks of a
+# synchronous job never share a core); more ranks than CPUs, or DTRAIN_BIND=none, leave the OS to
+# place them; another DTRAIN_BIND value is refused with the choices
+cpus() { "$DT" launch -n "$1" -- sh -c 'grep Cpus_allowed_list /proc/self/status' 2>&1 | sort | awk '{print $NF}' | tr '\n' ' '; }
+all=$(sh -c 'grep Cpus_allowed_list /proc/self/status' | awk '{print $NF}') nc=$(nproc)
+if [ "$nc" -ge 2 ]; then
+  b=$(cpus 2)
+  ok "[ \$(echo $b | wc -w) -eq 2 ] && [ \"\$(echo $b | cut -d' ' -f1)\" != \"\$(echo $b | cut -d' ' -f2)\" ] && [ \"\$(echo $b | cut -d' ' -f1)\" != '$all' ]" "2 ranks on $nc CPUs bound apart: $b (all: $all)"
+  b=$(DTRAIN_BIND=none cpus 2)
+  ok "[ \"$b\" = \"$all $all \" ]" "DTRAIN_BIND=none leaves every CPU to both ranks: $b"
+  b=$(cpus $((nc + 1)))
+  ok "[ \$(echo $b | tr ' ' '\\n' | sort -u) = '$all' ]" "$((nc + 1)) ranks on $nc CPUs are not bound: $b"
+else echo "note: one CPU, the binding checks are skipped"; fi
+out=$(DTRAIN_BIND=cores "$DT" launch -n 2 -- true 2>&1)
+ok "[ $? -ne 0 ] && grep -q 'DTRAIN_BIND=cores: use core' <<<\"\$out\"" "DTRAIN_BIND=cores refused: $out"
+
 # 2. prefixes and whole lines: lines written in pieces, on stdout and stderr, plus a long line
 #    and a partial last line; every line must come out intact with its own rank's prefix
 cat >"$T/talk.sh" <<'EOF'

@@ -55,6 +55,9 @@ static void usage(void) {
            "                          when OpenBLAS does not know the CPU (bench prints the choice;\n"
            "                          DTRAIN_BLAS_REEXEC=0 keeps OpenBLAS's own choice)\n"
            "  DTRAIN_COMM_ALGO=NAME   force a collective algorithm: ring, rd, rhd, tree, direct, native\n"
+           "  DTRAIN_BIND=core|none   dtrain launch / --workers: each rank on a slice of the CPUs of its\n"
+           "                          own when the ranks are at least 2 and no more than the CPUs\n"
+           "                          (core, the default), or where the OS puts it (none)\n"
            "  DTRAIN_RANK, DTRAIN_WORLD_SIZE, DTRAIN_JOB_ID   set by dtrain launch / --workers; mpirun\n"
            "                          and srun ranks are found from their own variables\n\n%s\n", dt_cli_exit_help);
 }

@@ -58,6 +58,35 @@ static void test_allreduce(dt_comm *c, int R, int N, void *send, void *recv) {
     dt_comm_set_algo(c, DT_ALGO_AUTO);
 }
 
+/* Counts around multiples of the shm chunk (the one this run set, or the default 512 KiB): two
+ * ranks reduce buffers of up to four chunks whole (one, two and four chunks here) and larger ones
+ * in slices; in place (DDP's buckets) and not; reduce to a root, whose peer only posts. */
+static void test_allreduce_chunks(dt_comm *c, int R, int N, void *send, void *recv, size_t cap) {
+    const char *e = getenv("DTRAIN_SHM_CHUNK");
+    const size_t chunk = e && *e ? (size_t)atoll(e) : 512u << 10, ce = chunk / 4;
+    const size_t counts[] = {ce, ce + 1, 3 * ce + 5, 4 * ce, 4 * ce + 1};
+    for (int ci = 0; ci < 5; ci++)
+        for (int k = 0; k < 3; k++) {
+            size_t n = counts[ci];
+            if (n * 4 > cap) continue;
+            const dt_redop op = k == 1 ? DT_OP_SUM : DT_OP_AVG;
+            unsigned char *src = k == 0 ? (unsigned char *)recv : (unsigned char *)send;
+            for (size_t i = 0; i < n; i++) dt_test_put(src, DT_F32, i, dt_test_input(op, R, i));
+            if (k) memset(recv, 0xee, n * 4);
+            if (k == 2) {  /* reduce to rank N-1: only it has the result */
+                CHECK_OK(dt_comm_reduce(c, send, recv, n, DT_F32, op, N - 1));
+                if (R != N - 1) continue;
+            } else {
+                CHECK_OK(dt_comm_allreduce(c, src, recv, n, DT_F32, op));
+            }
+            red_ctx x = {op, DT_F32, N};
+            int bad = first_bad(recv, DT_F32, n, want_red, &x);
+            CHECK_MSG(bad < 0, "%s %s n=%zu (%zu-byte chunks) size %d: first bad [%d]",
+                      k == 2 ? "reduce" : k == 0 ? "in-place allreduce" : "allreduce", dt_redop_name(op), n, chunk, N,
+                      bad);
+        }
+}
+
 typedef struct { int r; } mv_ctx;
 static double want_mv(size_t i, void *ctx) { return dt_test_vmove(((mv_ctx *)ctx)->r, i); }
 
@@ -252,6 +281,7 @@ static void run_all(dt_comm *c, int R, int N) {
     size_t cap = (size_t)BIG * 8 * 8 + 4096;
     unsigned char *send = malloc(cap), *recv = malloc(cap);
     test_allreduce(c, R, N, send, recv);
+    test_allreduce_chunks(c, R, N, send, recv, cap);
     test_broadcast_reduce(c, R, N, send, recv);
     test_gathers(c, R, N, send, recv);
     test_reduce_scatter(c, R, N, send, recv);
@@ -295,16 +325,17 @@ static int mpi_main(void) {
 }
 
 int main(int argc, char **argv) {
-    static const int sizes[] = {1, 2, 3, 4, 5, 7, 8};
+    static const int sizes[] = {1, 2, 3, 4, 5, 7, 8, 2};
     if (argc > 1 && !strcmp(argv[1], "mpi")) return mpi_main();
     int only = argc > 1 ? atoi(argv[1]) : 0;
     /* some sizes also run with small shm chunks/fragments, streaming stores everywhere, or no
      * whole-buffer fast path, so the pipelines rotate their slots many times */
-    static const char *const env[7][4] = {
+    static const char *const env[8][4] = {
         {NULL}, {"DTRAIN_SHM_CHUNK", "16384", "DTRAIN_SHM_NT", "65536"},
         {"DTRAIN_SHM_SMALL", "0", "DTRAIN_SHM_FRAG", "4096"}, {NULL},
-        {"DTRAIN_SHM_CHUNK", "16384", "DTRAIN_SHM_NT", "0"}, {"DTRAIN_SHM_SMALL", "0", "DTRAIN_SHM_CHUNK", "20480"}, {NULL}};
-    for (int k = 0; k < 7; k++) {
+        {"DTRAIN_SHM_CHUNK", "16384", "DTRAIN_SHM_NT", "0"}, {"DTRAIN_SHM_SMALL", "0", "DTRAIN_SHM_CHUNK", "20480"}, {NULL},
+        {NULL}};  /* two ranks again with the default geometry (DDP's: buckets up to 2 MiB reduced whole) */
+    for (int k = 0; k < 8; k++) {
         int n = sizes[k];
         if (only && n != only) continue;
         unsetenv("DTRAIN_SHM_CHUNK"), unsetenv("DTRAIN_SHM_NT"), unsetenv("DTRAIN_SHM_SMALL"), unsetenv("DTRAIN_SHM_FRAG");

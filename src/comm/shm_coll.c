@@ -1,8 +1,9 @@
 /* shm transport, direct shared-buffer collectives: every rank copies its input chunk into its
  * own slot in the segment, then reads the peers' slots directly (no messages). Allreduce: small
- * chunks are reduced whole by every rank after one synchronisation; large chunks are split in
- * n cache-line-aligned slices, rank r reduces slice r from all slots (rank order, so results
- * are identical everywhere) and the others copy it. Ranks synchronise through per-rank phase
+ * buffers (and, between two ranks, up to 2 MiB: DDP's gradient buckets) are reduced whole by
+ * every rank after one synchronisation per chunk; large ones are split in n cache-line-aligned
+ * slices, rank r reduces slice r from all slots (rank order, so results are identical
+ * everywhere) and the others copy it. Ranks synchronise through per-rank phase
  * counters (every rank runs the same phase sequence); slots rotate, a slot is reused once all
  * ranks passed the phase that ended its previous use. */
 #include "comm/reduce.h"
@@ -161,24 +162,40 @@ static dt_status ar_collect(ar_state *st, size_t k) {
     return DT_OK;
 }
 
-/* small: one synchronisation, every rank (reduce: the root) reduces the whole chunk itself */
-static dt_status ar_small(dt_shm *s, const dt_coll_args *a, size_t esz, bool gather) {
+/* whole: every rank (reduce: the root) reduces every chunk itself from its own buffer and the
+ * peers' slots (rank order: the same bits everywhere): one synchronisation per chunk and no wait
+ * for a peer's reduction. All chunks (at most d_slots) are posted before the first wait. For
+ * small buffers with any number of ranks, and for up to 2 MiB with two ranks: there each rank
+ * reads as many of the peer's bytes as in the sliced pipeline, which copies a quarter less but
+ * makes the rank that arrives last wait for the other's reduction too, a wake-up when that one
+ * slept (measured under load: 500 us median after both arrived, against 70 us here). */
+enum { WHOLE_MAX_CHUNKS = 16, WHOLE2_MAX_BYTES = 2 << 20 };
+
+static dt_status ar_whole(dt_shm *s, const dt_coll_args *a, size_t esz, bool gather) {
     const void *in[256];
-    size_t m = a->d.count;
-    uint64_t slot;
-    DT_TRY(take_slot(s, &slot, a->deadline));
-    if (m) memcpy(shm_dslot(s, s->me, slot), a->send, m * esz);
-    advance(s);
-    if (!gather) {
-        release_slot(s, slot);
-        return DT_OK;
+    size_t count = a->d.count, ce = s->hdr->d_chunk / esz, K = count ? (count + ce - 1) / ce : 1;
+    uint64_t slot[WHOLE_MAX_CHUNKS], posted[WHOLE_MAX_CHUNKS];
+    const unsigned char *src = a->send;
+    unsigned char *dst = a->recv;
+    for (size_t k = 0; k < K; k++) {
+        size_t off = k * ce, m = count - off < ce ? count - off : ce;
+        DT_TRY(take_slot(s, &slot[k], a->deadline));
+        if (m) memcpy(shm_dslot(s, s->me, slot[k]), src + off * esz, m * esz);
+        advance(s);
+        posted[k] = s->myphase;
     }
-    DT_TRY(wait_phase(s, -1, s->myphase, a->deadline));
-    DT_TRY(check_all(s));
-    for (int r = 0; r < s->n; r++) in[r] = r == s->me ? a->send : (const void *)shm_dslot(s, r, slot);
     dt_redop op = (dt_redop)a->d.redop;
-    if (m) dt_reduce_many(a->recv, NULL, in, s->n, m, (dt_dtype)a->d.dtype, op, op == DT_OP_AVG ? s->n : 1);
-    release_slot(s, slot);
+    for (size_t k = 0; k < K; k++) {
+        size_t off = k * ce, m = count - off < ce ? count - off : ce;
+        if (gather) {
+            DT_TRY(wait_phase(s, -1, posted[k], a->deadline));
+            if (k == 0) DT_TRY(check_all(s));
+            for (int r = 0; r < s->n; r++)
+                in[r] = r == s->me ? (const void *)(src + off * esz) : (const void *)shm_dslot(s, r, slot[k]);
+            if (m) dt_reduce_many(dst + off * esz, NULL, in, s->n, m, (dt_dtype)a->d.dtype, op, op == DT_OP_AVG ? s->n : 1);
+        }
+        release_slot(s, slot[k]);
+    }
     return DT_OK;
 }
 
@@ -189,7 +206,10 @@ static dt_status d_allreduce(dt_shm *s, const dt_coll_args *a) {
     size_t esz = dt_dtype_size((dt_dtype)a->d.dtype), count = a->d.count;
     if (s->n > 256) return DT_ENOTSUP;
     bool gather = a->d.op == DT_COLL_ALLREDUCE || a->d.root == s->me;
-    if (count * esz <= s->hdr->small_bytes && count * esz <= s->hdr->d_chunk) return ar_small(s, a, esz, gather);
+    size_t bytes = count * esz, chunks = (bytes + s->hdr->d_chunk - 1) / s->hdr->d_chunk;
+    if ((bytes <= s->hdr->small_bytes && chunks <= 1) ||
+        (s->n == 2 && bytes <= WHOLE2_MAX_BYTES && chunks <= s->hdr->d_slots && chunks <= WHOLE_MAX_CHUNKS))
+        return ar_whole(s, a, esz, gather);
     ar_state st = {.s = s, .a = a, .esz = esz, .ce = s->hdr->d_chunk / esz, .gather = gather};
     st.nt = gather && count * esz >= nt_bytes(); /* streaming stores only into the private result */
     size_t K = (count + st.ce - 1) / st.ce;

@@ -375,6 +375,7 @@ dt_status dt_launch_run(const dt_launch_config *cfg, char *const argv[], dt_laun
 
     job j = {.cfg = cfg, .res = res, .n = cfg->nranks};
     dt_status st = job_prepare(&j);
+    if (st == DT_OK) st = dt_launch_bind(&j);
     if (st == DT_OK && pipe2(g_sigpipe, O_CLOEXEC | O_NONBLOCK))
         st = dt_error(DT_EIO, "cannot create the launcher's signal pipe: %s", strerror(errno));
     if (st != DT_OK) {

@@ -5,6 +5,7 @@
 #include "run/launch.h"
 
 #include <poll.h>
+#include <sched.h>
 #include <stdbool.h>
 #include <sys/types.h>
 
@@ -37,6 +38,8 @@ typedef struct {
     bool abandoned; /* an expendable rank left stopped when the others were done: killed, not "lost" twice */
     char **env;
     stream s[2];   /* stdout, stderr */
+    bool bound;    /* runs on `cpus` only (its slice of the launcher's CPUs) */
+    cpu_set_t cpus;
 } rank;
 
 typedef struct {
@@ -57,6 +60,12 @@ typedef struct {
     relayed_error errs[LAUNCH_ERRS];
     int nerrs;
 } job;
+
+/* Gives each of the job's ranks an equal slice of the launcher's allowed CPUs (rank r the r-th)
+ * when there are at least two ranks and no more ranks than CPUs, unless DTRAIN_BIND=none; two
+ * ranks of a synchronous job then never share a core, and a rank's threads (loader, comm) stay
+ * beside it. DT_EINVAL for another DTRAIN_BIND value. */
+dt_status dt_launch_bind(job *j);
 
 /* The environment of rank `rank` (the parent's minus rank variables, plus the job's), freed
  * with dt_launch_free_env; NULL or a NULL entry when out of memory. */

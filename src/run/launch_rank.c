@@ -46,6 +46,26 @@ char **dt_launch_rank_env(const dt_launch_config *cfg, int rank, const char *job
     return env;
 }
 
+dt_status dt_launch_bind(job *j) {
+    const char *b = getenv("DTRAIN_BIND");
+    if (b && *b && strcmp(b, "core") && strcmp(b, "none"))
+        return dt_error(DT_EINVAL, "DTRAIN_BIND=%s: use core (each local rank on a slice of the CPUs of its own when "
+                                   "they are at least as many as the ranks; the default) or none (the OS places them)", b);
+    cpu_set_t all;
+    if ((b && !strcmp(b, "none")) || j->n < 2 || sched_getaffinity(0, sizeof all, &all)) return DT_OK;
+    int cpu[CPU_SETSIZE], nc = 0;
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, &all)) cpu[nc++] = c;
+    if (nc < j->n) return DT_OK;  /* more ranks than CPUs: the OS balances them */
+    for (int i = 0; i < j->n; i++) {
+        rank *r = &j->r[i];
+        CPU_ZERO(&r->cpus);
+        for (int k = nc * i / j->n; k < nc * (i + 1) / j->n; k++) CPU_SET(cpu[k], &r->cpus);
+        r->bound = true;
+    }
+    return DT_OK;
+}
+
 void dt_launch_free_env(char **env) {
     if (!env) return;
     for (char **p = env; *p; p++) free(*p);
@@ -190,6 +210,7 @@ dt_status dt_launch_spawn(job *j, int rk, char *const argv[]) {
         sigset_t none;
         sigemptyset(&none);
         sigprocmask(SIG_SETMASK, &none, NULL);
+        if (r->bound) sched_setaffinity(0, sizeof r->cpus, &r->cpus); /* its threads inherit it */
         if (j->cfg->child_main) { /* a forked worker: no exec, so close what exec would */
             close(ex[1]);
             close(out[0]);

@@ -119,6 +119,18 @@ dt_status dt_trainer_write_metrics(FILE *f, const dt_epoch_info *e, const dt_tra
     return DT_OK;
 }
 
+/* Ranks on one host (the shm transport, or a layout of one host) read the same monotonic clock:
+ * their events move to the earliest rank's time zero, so one instant is one place on every lane
+ * (the arrival skew at a collective can be read off; each rank's zero is its own start otherwise). */
+static dt_status align_clocks(dt_trainer *t, dt_comm *c) {
+    if (strcmp(dt_comm_backend_name(c), "shm") && dt_comm_hosts(c) != 1) return DT_OK;
+    double zero;
+    DT_TRY(dt_comm_allreduce(c, &t->trace.zero, &zero, 1, DT_F64, DT_OP_MIN));
+    for (size_t i = 0; i < t->trace.n; i++) t->trace.ev[i].ts += t->trace.zero - zero;
+    t->trace.zero = zero;
+    return DT_OK;
+}
+
 /* Gathers every rank's timeline events on rank 0 and writes the Chrome trace there. */
 dt_status dt_trainer_write_timeline(dt_trainer *t) {
     if (t->trace.dropped)
@@ -127,6 +139,7 @@ dt_status dt_trainer_write_timeline(dt_trainer *t) {
     dt_comm *c = t->world > 1 ? t->cfg.comm : NULL;
     const size_t esz = sizeof(dt_trace_event);
     if (!c) return dt_trace_write_json(t->cfg.timeline, t->trace.ev, t->trace.n);
+    DT_TRY(align_clocks(t, c));
     int W = t->world;
     int64_t mine = (int64_t)t->trace.n;
     int64_t *counts = calloc((size_t)W, sizeof *counts);
