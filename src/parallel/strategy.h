@@ -73,6 +73,7 @@ typedef struct {
     double bytes_sent;   /* gradient-sync bytes this rank sent (ring / allgather volume; 0: not counted) */
     double bytes_raw;    /* what an uncompressed f32 allreduce would have handed over */
     double ef_norm;      /* L2 norm of the error-feedback residual after the step (--compress) */
+    double gathered_peak_bytes;  /* ZeRO-3: the most gathered parameter bytes not owned held at once */
 } dt_step_stats;
 
 typedef struct dt_strategy dt_strategy;

@@ -160,6 +160,7 @@ static void zero_begin(dt_strategy *s, int64_t step) {
     z->fwd_calls = 0;
     for (int i = 0; i < z->nb; i++) z->b[i].issued = z->b[i].reduced = false;
     if (z->stage == 3 && z->full) dt_zero_params_release_all(s, z);
+    z->gath_peak = z->gath_now;
 }
 
 /* --clip over the whole model: the norm from every rank's shard (torch's formula). */
@@ -225,6 +226,7 @@ static dt_status zero_step(dt_strategy *s, float lr, float clip, dt_step_stats *
     if (s->trace) dt_trace_add(s->trace, "optimizer", 0, t1, dt_now(), s->step);
     if (z->stage == 3) {
         dt_zero_params_release_all(s, z);  /* the gathered copies are stale now */
+        st->gathered_peak_bytes = (double)z->gath_peak;
         return DT_OK;
     }
     const double t2 = dt_now();

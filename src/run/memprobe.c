@@ -49,6 +49,7 @@ static dt_status train_steps(dt_strategy *s, const dt_gpt_config *g, int B, int 
                            .step = k, .lr = 1e-4f};
         dt_step_result res;
         st = dt_strategy_train_step(s, &b, &res);
+        if (st == DT_OK && res.st.gathered_peak_bytes > out->gathered) out->gathered = res.st.gathered_peak_bytes;
     }
     out->step_s = (dt_now() - t0) / steps;
     getrusage(RUSAGE_SELF, &u1);
