@@ -320,5 +320,7 @@ void dt_strategy_apply_update(dt_strategy *s, float lr, float clip);
 /* Verifies that every rank of comm holds bitwise identical model parameters and buffers
  * (checksum allreduce); DT_EMISMATCH naming a differing rank otherwise. */
 dt_status dt_strategy_verify_replicas(dt_comm *comm, dt_model *m);
+/* The same; params false: only the parameter count and the buffers (ranks holding other shards). */
+dt_status dt_strategy_verify_model(dt_comm *comm, dt_model *m, bool params);
 
 #endif

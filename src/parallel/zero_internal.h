@@ -28,6 +28,7 @@ typedef struct {
 
 typedef struct {
     int stage, N, r;
+    bool placed;          /* the model came placed to this rank's shards (dt_zero_place) */
     zbucket *b;
     int nb;
     int next, early;      /* next bucket to reduce; reduced from the backward hook */
