@@ -7,8 +7,8 @@
  * against ddp at the same rank count, measured in the same run. The row is the rank furthest above
  * its own formula. Each case forks its ranks (shared-memory
  * transport); the peak is reset (/proc/self/clear_refs) once the strategy holds its sharded
- * state, so it covers the training steps; the set-up peak (a full model initialised on every
- * rank before sharding) is printed beside it. */
+ * state, so it covers the training steps; the set-up peak is printed beside it (stages 0-2 hold
+ * the whole parameters; stage 3 places the rank's shards before initialising them, as the trainer). */
 #include "cli/bench_util.h"
 #include "cli/cli.h"
 #include "dtrain/dtrain.h"
