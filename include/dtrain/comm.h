@@ -24,7 +24,8 @@
  * Environment: DTRAIN_TIMEOUT (seconds, default 300) deadline of every blocking wait;
  * DTRAIN_COMM_ALGO (auto|ring|rd|rhd|tree|direct|native) forces an algorithm; tuning knobs for
  * benchmarks: DTRAIN_COMM_SEG (pipelining segment of our algorithms, bytes), and for shm
- * DTRAIN_SHM_CHUNK (direct-collective chunk), DTRAIN_SHM_FRAG (channel fragment),
+ * DTRAIN_SHM_CHUNK (direct-collective chunk; default 512 KiB cut so that the n ranks' slots fit
+ * DTRAIN_SHM_DIRECT, default 4 MiB: every rank maps all of them), DTRAIN_SHM_FRAG (channel fragment),
  * DTRAIN_SHM_SMALL (allreduce size reduced whole by every rank), DTRAIN_SHM_NT (results at least
  * this large use streaming stores), DTRAIN_SHM_SPIN_US (spin before sleeping on a futex; default
  * 50 us, 0 when there are more ranks than cores).

@@ -58,6 +58,8 @@ typedef struct {
     double faults;       /* mean minor page faults of a step after the first */
     double shmem;        /* RssShmem after the steps less before: the transport's shared slots this rank
                           * touched (in its peak; every rank that maps a page counts it whole) */
+    double gathered;     /* ZeRO-3: the most gathered parameter bytes not owned that the rank held at once
+                          * (counted where the gathers start and their pages are given back); else 0 */
 } dt_mem_probe;
 
 /* Trains the GPT of gpt_spec under strategy spec (NULL or "single": one process, comm NULL)

@@ -130,7 +130,9 @@ void dt_model_free(dt_model *m);
 
 /* Seeded initialisation (torch defaults: kaiming-uniform weights and biases for linear/conv,
  * ones/zeros for norms; N(0, init_std) where a node sets it). Depends only on (seed, layer),
- * never on world size. Only the nodes that declare a placed tensor are initialised. */
+ * never on world size. Only the nodes that declare a placed tensor are initialised; a tensor
+ * placed in part (ZeRO-3's shards) is initialised whole and what lies outside the placement is
+ * given back at once. */
 void dt_model_init(dt_model *m, uint64_t seed);
 
 /* Canonical spec string (owned by the model). */

@@ -286,6 +286,19 @@ static void sleep_ms(double ms) {
     nanosleep(&ts, NULL);
 }
 
+/* Bytes per direct slot. Every rank maps and touches every rank's slots (it reads its peers'),
+ * so the direct area, n ranks x slots x chunk, is resident in each rank of the communicator: the
+ * default chunk (512 KiB) is cut so that the area stays within DTRAIN_SHM_DIRECT (default 4 MiB,
+ * the two-rank size), and a rank's shared memory does not grow with the world size (4 ranks:
+ * 256 KiB chunks, 8: 128 KiB). A DTRAIN_SHM_CHUNK that is set is taken as it is. */
+static size_t direct_chunk(int n, uint32_t slots) {
+    const char *e = getenv("DTRAIN_SHM_CHUNK");
+    if (e && *e) return env_size("DTRAIN_SHM_CHUNK", 512 << 10, 16 << 10, 64 << 20);
+    size_t area = env_size("DTRAIN_SHM_DIRECT", 4 << 20, 64 << 10, (size_t)1 << 30);
+    size_t chunk = area / ((size_t)n * slots) / 4096 * 4096;
+    return chunk > 512 << 10 ? 512 << 10 : chunk < 16 << 10 ? 16 << 10 : chunk;
+}
+
 /* geometry, chosen by rank 0 (from its environment) and read by everyone from the header */
 static void layout(shm_header *h, int n) {
     h->slots[0] = n <= 8 ? 8 : 4;
@@ -294,7 +307,7 @@ static void layout(shm_header *h, int n) {
     h->slot_bytes[1] = n <= 16 ? 32 << 10 : 8 << 10;
     h->small_bytes = (uint32_t)env_size("DTRAIN_SHM_SMALL", 16 << 10, 0, 1 << 30);
     h->d_slots = 4;
-    h->d_chunk = align_up(env_size("DTRAIN_SHM_CHUNK", 512 << 10, 16 << 10, 64 << 20), 4096);
+    h->d_chunk = align_up(direct_chunk(n, h->d_slots), 4096);
     h->off_ranks = align_up(sizeof(shm_header), 4096);
     h->off_chans = align_up(h->off_ranks + (size_t)n * sizeof(shm_rank), 4096);
     for (int k = 0; k < SHM_KINDS; k++)

@@ -210,19 +210,44 @@ dt_status dt_graph_finish(dt_model *m, int output, int loss, const char *spec) {
 
 void dt_graph_defer_placement(dt_model *m) { m->defer_place = true; }
 
-/* Whether node i declares a parameter tensor that is not placed (its init would write there). */
-static bool declares_unplaced(const dt_model *m, int i) {
+/* Whether node i declares parameter tensors and none of them is placed (its init would only
+ * write memory this process does not hold). */
+static bool declares_none_placed(const dt_model *m, int i) {
     const dt_node *n = &m->nodes[i];
-    for (int k = 0; k < n->ntensor; k++)
-        if (m->last_user[n->tensor[k]] == i && !dt_model_tensor_placed(m, n->tensor[k])) return true;
-    return false;
+    bool declares = false;
+    for (int k = 0; k < n->ntensor; k++) {
+        if (m->last_user[n->tensor[k]] != i || m->tensors[n->tensor[k]].is_buffer) continue;
+        if (dt_model_tensor_placed(m, n->tensor[k])) return false;
+        declares = true;
+    }
+    return declares;
+}
+
+/* Gives back the pages node i's init wrote outside the placed ranges: a tensor only partly
+ * placed (a ZeRO shard cuts it) is initialised whole, as on one worker, and keeps its placed part. */
+static void discard_unplaced(dt_model *m, int i) {
+    const dt_node *n = &m->nodes[i];
+    for (int k = 0; k < n->ntensor; k++) {
+        const dt_param_info *p = &m->tensors[n->tensor[k]];
+        if (p->is_buffer || m->last_user[n->tensor[k]] != i) continue;
+        size_t at = p->offset;
+        const size_t end = p->offset + p->numel;
+        for (int r = 0; r <= m->nown && at < end; r++) {  /* the ranges are in slab order */
+            size_t lo = r < m->nown ? m->own[r].lo : end;
+            if (lo > end) lo = end;
+            if (lo > at) dt_mem_discard(m->params.data + at, (lo - at) * sizeof(float));
+            if (r < m->nown && m->own[r].hi > at) at = m->own[r].hi;
+        }
+    }
 }
 
 void dt_model_init(dt_model *m, uint64_t seed) {
     m->seed = seed;
     for (int i = 0; i < m->n; i++) {
         dt_node *n = &m->nodes[i];
-        if (n->op->init && !declares_unplaced(m, i)) n->op->init(m, n, m->params.data, seed);
+        if (!n->op->init || declares_none_placed(m, i)) continue;
+        n->op->init(m, n, m->params.data, seed);
+        if (m->own) discard_unplaced(m, i);
     }
 }
 

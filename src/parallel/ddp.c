@@ -244,9 +244,19 @@ static dt_status ddp_check(const void *opts) {
     return DT_OK;
 }
 
+/* The placement of entry.place: ZeRO-3 holds its shards of the parameters from set-up on (zero.c's
+ * chunks of the buckets); replicas and stages 1-2 the whole model. */
+static dt_status ddp_place(const void *opts, const dt_model *m, int rank, int size, dt_range **own, int *nown,
+                           bool *whole) {
+    const ddp_opts *o = opts;
+    *own = NULL, *nown = 0, *whole = o->zero < 3 || size < 2;
+    return *whole ? DT_OK : dt_zero_place(m, o->bucket_mb, rank, size, own, nown);
+}
+
 const dt_strategy_entry dt_strategy_ddp_entry = {
     .name = "ddp",
     .help = "ddp(bucket_mb=MB,compress=none|fp16|bf16|topk:R|powersgd:K,allreduce=auto|flat|hier,zero=0|1|2|3)",
     .keys = "bucket_mb, compress, allreduce, zero",
     .opts_size = sizeof(ddp_opts),
-    .defaults = ddp_defaults, .set = ddp_set, .check = ddp_check, .create = ddp_create, .format = ddp_format, .needs_comm = true};
+    .defaults = ddp_defaults, .set = ddp_set, .check = ddp_check, .create = ddp_create, .format = ddp_format, .needs_comm = true,
+    .place = ddp_place};

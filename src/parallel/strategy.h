@@ -73,6 +73,7 @@ typedef struct {
     double bytes_sent;   /* gradient-sync bytes this rank sent (ring / allgather volume; 0: not counted) */
     double bytes_raw;    /* what an uncompressed f32 allreduce would have handed over */
     double ef_norm;      /* L2 norm of the error-feedback residual after the step (--compress) */
+    double gathered_peak_bytes;  /* ZeRO-3: the most gathered parameter bytes not owned held at once */
 } dt_step_stats;
 
 typedef struct dt_strategy dt_strategy;
@@ -319,5 +320,7 @@ void dt_strategy_apply_update(dt_strategy *s, float lr, float clip);
 /* Verifies that every rank of comm holds bitwise identical model parameters and buffers
  * (checksum allreduce); DT_EMISMATCH naming a differing rank otherwise. */
 dt_status dt_strategy_verify_replicas(dt_comm *comm, dt_model *m);
+/* The same; params false: only the parameter count and the buffers (ranks holding other shards). */
+dt_status dt_strategy_verify_model(dt_comm *comm, dt_model *m, bool params);
 
 #endif

@@ -160,6 +160,7 @@ static void zero_begin(dt_strategy *s, int64_t step) {
     z->fwd_calls = 0;
     for (int i = 0; i < z->nb; i++) z->b[i].issued = z->b[i].reduced = false;
     if (z->stage == 3 && z->full) dt_zero_params_release_all(s, z);
+    z->gath_peak = z->gath_now;
 }
 
 /* --clip over the whole model: the norm from every rank's shard (torch's formula). */
@@ -225,6 +226,7 @@ static dt_status zero_step(dt_strategy *s, float lr, float clip, dt_step_stats *
     if (s->trace) dt_trace_add(s->trace, "optimizer", 0, t1, dt_now(), s->step);
     if (z->stage == 3) {
         dt_zero_params_release_all(s, z);  /* the gathered copies are stale now */
+        st->gathered_peak_bytes = (double)z->gath_peak;
         return DT_OK;
     }
     const double t2 = dt_now();
@@ -236,7 +238,8 @@ static dt_status zero_step(dt_strategy *s, float lr, float clip, dt_step_stats *
 
 static dt_status zero_init(dt_strategy *s) {
     zero *z = s->impl;
-    DT_TRY(dt_strategy_verify_replicas(s->comm, s->model));
+    /* placed (stage 3): each rank holds other values, only the shape and buffers can agree */
+    DT_TRY(dt_strategy_verify_model(s->comm, s->model, !z->placed));
     if (z->stage >= 2) {
         /* nothing was written to the gradients yet: give their pages back until backward needs them */
         for (int i = 0; i < z->nb; i++) release_grads(s, &z->b[i]);
@@ -297,6 +300,47 @@ static dt_status plan_shards(dt_strategy *s, zero *z, const dt_ddp_range *r) {
     return DT_OK;
 }
 
+dt_status dt_zero_place(const dt_model *m, double bucket_mb, int rank, int size, dt_range **own, int *nown) {
+    dt_ddp_range *b = NULL;
+    int nb = 0;
+    *own = NULL, *nown = 0;
+    DT_TRY(dt_ddp_buckets((dt_model *)m, bucket_mb, &b, &nb));
+    dt_range *r = malloc((size_t)nb * sizeof *r);
+    if (!r) {
+        free(b);
+        return dt_error(DT_ENOMEM, "zero: out of memory");
+    }
+    for (int i = 0; i < nb; i++) {  /* the buckets run from the end of the slab to its start */
+        size_t off, len;
+        const dt_ddp_range *k = &b[nb - 1 - i];
+        dt_zero_chunk(k->hi - k->lo, rank, size, &off, &len);
+        r[i] = (dt_range){k->lo + off, k->lo + off + len};
+    }
+    free(b);
+    *own = r, *nown = nb;
+    return DT_OK;
+}
+
+/* A model placed by dt_zero_place (stage 3 from set-up on) becomes whole again in the allocator's
+ * books (nothing of it becomes resident: the pages not owned were never written or were given
+ * back), so the stage's own release and gather charge and uncharge as for a whole model; any
+ * other placement is refused. */
+static dt_status take_placed(dt_strategy *s, zero *z, double bucket_mb) {
+    int n = 0, k = 0;
+    const dt_range *have = dt_model_placement(s->model, &n);
+    if (!have) return DT_OK;
+    dt_range *want = NULL;
+    if (z->stage == 3) DT_TRY(dt_zero_place(s->model, bucket_mb, z->r, z->N, &want, &k));
+    const bool same = want && k == n && !memcmp(want, have, (size_t)n * sizeof *want);
+    free(want);
+    if (!same)
+        return dt_error(DT_EINVAL, "zero: stage %d on rank %d of %d needs %s, but the model is placed in another part; "
+                        "place it by the strategy's entry (dt_strategy_placement) or not at all",
+                        z->stage, z->r, z->N, z->stage == 3 ? "its shards of the buckets" : "the whole model");
+    z->placed = true;
+    return dt_model_place(s->model, NULL, 0);
+}
+
 dt_status dt_zero_create(dt_strategy *s, double bucket_mb, int stage) {
     if (stage < 1 || stage > 3) return dt_error(DT_EINVAL, "zero: stage %d (choose 1, 2 or 3)", stage);
     if (!s->optim) return dt_error(DT_EINVAL, "zero: the strategy needs the optimizer it shards");
@@ -310,7 +354,8 @@ dt_status dt_zero_create(dt_strategy *s, double bucket_mb, int stage) {
     s->impl = z;
     s->ops = &zero_ops;
     dt_ddp_range *r = NULL;
-    dt_status st = dt_ddp_buckets(s->model, bucket_mb, &r, &z->nb);
+    dt_status st = take_placed(s, z, bucket_mb);
+    if (st == DT_OK) st = dt_ddp_buckets(s->model, bucket_mb, &r, &z->nb);
     if (st == DT_OK) st = plan_shards(s, z, r);
     free(r);
     size_t *off = st == DT_OK ? malloc((size_t)z->nb * sizeof *off) : NULL;

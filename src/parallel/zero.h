@@ -29,6 +29,12 @@ dt_status dt_zero_create(dt_strategy *s, double bucket_mb, int stage);
  * bucket start: N equal chunks of n / N, the remainder (< N) to the last rank. */
 void dt_zero_chunk(size_t n, int r, int N, size_t *off, size_t *len);
 
+/* Stage 3's placement (ddp's entry.place): the ranges of m's parameter slab that rank of size
+ * owns, its chunk of each of ddp's buckets at bucket_mb, in slab order (*own malloc'd). The model
+ * is placed to them before it is initialised, so no rank ever holds the whole model; dt_zero_create
+ * takes a model placed so. DT_ENOMEM, DT_EINVAL for a model without parameters. */
+dt_status dt_zero_place(const dt_model *m, double bucket_mb, int rank, int size, dt_range **own, int *nown);
+
 /* Gradient buckets a rank of ZeRO stage (2 or 3) lets reduce while backward fills the next one
  * (stage 3: one, so its gradients in flight are two buckets, as its parameter gathers are). */
 int dt_zero_inflight_cap(int stage);

@@ -21,12 +21,14 @@ typedef struct {
     dt_request *ag, *bt;  /* stage 3: parameter gather of the chunks, broadcast of the tail */
     int pst;              /* ZP_* */
     size_t prel;          /* bytes given back from the parameter slab */
+    bool counted;         /* stage 3: its gathered values not owned are in zero.gath_now */
     double t_issue;
     double t_gather;      /* stage 3: when its parameter gather started (the timeline's span) */
 } zbucket;
 
 typedef struct {
     int stage, N, r;
+    bool placed;          /* the model came placed to this rank's shards (dt_zero_place) */
     zbucket *b;
     int nb;
     int next, early;      /* next bucket to reduce; reduced from the backward hook */
@@ -45,6 +47,7 @@ typedef struct {
     int fwd_calls;        /* forward passes this step (hooks on the first node with parameters) */
     int accum;            /* micro-batches of this step */
     int64_t gathers;      /* parameter gathers issued (for the stats) */
+    size_t gath_now, gath_peak;  /* bytes of gathered parameters not owned held now, and the most this step */
     dt_status err;        /* first error of a hook, reported by the step */
     char errmsg[512];
 } zero;

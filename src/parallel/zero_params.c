@@ -34,6 +34,9 @@ static void start(dt_strategy *s, zero *z, int i) {
                                                  &b->bt));
     b->pst = ZP_GATHERING;
     b->t_gather = dt_now();
+    b->counted = true;  /* the values it writes that this rank does not own (--mem-limit charges the pages) */
+    z->gath_now += (b->hi - b->lo - b->own_n) * sizeof(float);
+    if (z->gath_now > z->gath_peak) z->gath_peak = z->gath_now;
     z->gathers++;
 }
 
@@ -59,6 +62,8 @@ static void release(dt_strategy *s, zero *z, int i) {
     b->prel = dt_mem_release(p + b->lo, (b->own - b->lo) * sizeof(float)) +
               dt_mem_release(p + b->own + b->own_n, (b->hi - b->own - b->own_n) * sizeof(float));
     b->pst = ZP_RELEASED;
+    if (b->counted) z->gath_now -= (b->hi - b->lo - b->own_n) * sizeof(float);
+    b->counted = false;
 }
 
 /* node's buckets gathered now, next's started, every other one freed. */

@@ -49,6 +49,7 @@ static dt_status train_steps(dt_strategy *s, const dt_gpt_config *g, int B, int 
                            .step = k, .lr = 1e-4f};
         dt_step_result res;
         st = dt_strategy_train_step(s, &b, &res);
+        if (st == DT_OK && res.st.gathered_peak_bytes > out->gathered) out->gathered = res.st.gathered_peak_bytes;
     }
     out->step_s = (dt_now() - t0) / steps;
     getrusage(RUSAGE_SELF, &u1);
@@ -56,6 +57,23 @@ static dt_status train_steps(dt_strategy *s, const dt_gpt_config *g, int B, int 
     out->faults = (double)(u1.ru_minflt - u0.ru_minflt) / steps;
     out->peak = status_bytes("VmHWM");
     free(x);
+    return st;
+}
+
+/* The model placed and initialised as the strategy's entry says (ZeRO-3: this rank's shards), and
+ * the optimizer (a placing strategy's holds nothing until the strategy shards it). */
+static dt_status place(const dt_strategy_entry *e, const dt_strategy_opts *so, dt_model *m, dt_comm *comm,
+                       const dt_optim_config *oc, dt_optim **o) {
+    static const dt_range none = {0, 0};
+    dt_range *own = NULL;
+    int nown = 0;
+    bool whole = true;
+    DT_TRY(dt_strategy_placement(e, so, m, comm ? dt_comm_rank(comm) : 0, comm ? dt_comm_size(comm) : 1, &own, &nown,
+                                 &whole));
+    dt_status st = dt_model_place(m, whole ? NULL : own ? own : &none, nown);
+    if (st == DT_OK) dt_model_init(m, 1);
+    if (st == DT_OK) st = dt_optim_create_placed(o, oc, dt_model_num_params(m), whole ? NULL : &none, 0);
+    free(own);
     return st;
 }
 
@@ -71,10 +89,12 @@ dt_status dt_mem_probe_gpt(const char *gpt_spec, const char *strategy, dt_comm *
     dt_optim *o = NULL;
     dt_strategy *s = NULL;
     dt_optim_config oc = dt_optim_defaults(DT_OPTIM_ADAM);
-    dt_status st = dt_gpt_create(&m, &g);
-    if (st == DT_OK) dt_model_init(m, 1);
-    if (st == DT_OK) st = dt_optim_create(&o, &oc, dt_model_num_params(m));
-    if (st == DT_OK) st = dt_strategy_create(&s, strategy ? strategy : "single", comm, m, o, NULL);
+    const dt_strategy_entry *e = NULL;
+    dt_strategy_opts so;
+    dt_status st = dt_strategy_parse(strategy ? strategy : "single", &e, &so);
+    if (st == DT_OK) st = dt_model_build_unplaced(&m, gpt_spec, 0, 0, 0);
+    if (st == DT_OK) st = place(e, &so, m, comm, &oc, &o);  /* as the trainer: the strategy's part only */
+    if (st == DT_OK) st = dt_strategy_create_with(&s, e, &so, comm, m, o, NULL);
     if (st == DT_OK) st = s->ops->init(s);
     if (st == DT_OK) {
         out->setup_peak = status_bytes("VmHWM");
