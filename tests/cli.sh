@@ -10,6 +10,16 @@ expect_fail "bad spec quotes token+position" "bad token 'maxpol(2)' at position 
   $DT train --model "conv(32,3,pad=1) relu maxpol(2) flatten linear(10)" --data "$TMP/none"
 expect_fail "unknown optimizer" "unknown optimizer 'adamx'" $DT train --optimizer adamx
 expect_fail "missing data dir" "$TMP/nodata" $DT train --data "$TMP/nodata"
+# the outputs are probed before training (an epoch is not spent to find out), once for the job
+expect_fail "--save into a directory that takes no file" "--save /proc/x.st: cannot write into /proc" \
+  $DT train --save /proc/x.st --max-steps 1
+expect_fail "--save of a directory" "--save $TMP: is a directory" $DT train --save "$TMP" --max-steps 1
+expect_fail "--save-weights without its directory" "--save-weights $TMP/no/w.st: cannot write into $TMP/no" \
+  $DT train --save-weights "$TMP/no/w.st" --max-steps 1
+out=$($DT train --workers 2 --checkpoint-dir /proc/ck --max-steps 1 2>&1); rc=$?
+if [ $rc -eq 78 ] && [ "$(grep -c 'checkpoint-dir /proc/ck: cannot write' <<<"$out")" = 1 ] && ! grep -q '^\[' <<<"$out"
+then ok "--checkpoint-dir that cannot be made: exit 78 before any rank starts"
+else bad "--checkpoint-dir /proc/ck (exit $rc): $out"; fi
 expect_fail "eval needs checkpoint" "no --checkpoint given" $DT eval
 expect_fail "unknown command" "unknown command 'trian'" $DT trian
 printf '0,1,2\n1,3,4\n99,5,6\n2,1,1\n' >"$TMP/bad_train.csv"

@@ -7,6 +7,7 @@
 #include "cli/train_pp.h"
 #include "cli/train_progress.h"
 #include "cli/train_mem.h"
+#include "cli/train_outputs.h"
 #include "dtrain/dtrain.h"
 #include "run/ckpt_dir.h"
 #include "run/elastic.h"
@@ -230,7 +231,7 @@ static int parse_train_flags(int argc, char **argv, train_opts *o) {
         {"keep", DT_FLAG_INT, &c->keep, "K", "keep only the newest K checkpoints in --checkpoint-dir (0 = all)"},
         {"elastic", DT_FLAG_STR, &o->elastic, "MIN:MAX", "with --workers: restart failed jobs from the last checkpoint"},
         {"max-restarts", DT_FLAG_INT, &o->max_restarts, "R", "with --elastic: give up after R restarts"},
-        {"zero", DT_FLAG_INT, &o->uneven.zero, "N", "ZeRO stage 1 (shard optimizer state), 2 (+ gradients), 3 (+ parameters); also with --tp, with --pp 1"},
+        {"zero", DT_FLAG_INT, &o->uneven.zero, "N", "ZeRO stage 1 (shard optimizer state), 2 (+ gradients), 3 (+ parameters), over the data-parallel ranks; also with --tp, --pp and --tp --pp"},
         {"mem-limit", DT_FLAG_STR, &o->mem_limit_text, "BYTES", "fail when a rank would hold more (K, M, G suffixes)"},
         {"dry-run", DT_FLAG_BOOL, &o->dry_run, NULL, "print each rank's predicted memory for this layout and exit"},
         {"weights", DT_FLAG_STR, &c->weights, "FILE", "start from plain safetensors weights (PyTorch state_dict names; with --model): fine-tuning"},
@@ -468,6 +469,7 @@ int dt_cmd_train(int argc, char **argv) {
         if ((r = build_train_config(&o)) >= 0) return r;
         return dt_cli_dry_run(&o.cfg, job_ranks, o.uneven.zero, o.bucket_mb, o.mem_limit);
     }
+    if ((r = dt_cli_check_outputs(&o.cfg)) >= 0) return r;  /* before an epoch is spent (and once, not per rank) */
     if (job_ranks > 1 && !dt_comm_env_is_rank()) {
         const dt_train_config *c = &o.cfg;
         const int S = dt_cli_servers(c);

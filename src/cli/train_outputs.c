@@ -1,0 +1,71 @@
+/* dtrain train: the outputs (--save, --save-weights, --checkpoint-dir) are probed before the run. */
+#include "cli/train_outputs.h"
+
+#include "cli/cli.h"
+#include "run/launch.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* Makes and removes a file in dir: 0, or the errno of the failure. */
+static int probe_dir(const char *dir) {
+    char p[PATH_MAX];
+    if (snprintf(p, sizeof p, "%s/.dtrain-probe-XXXXXX", dir) >= (int)sizeof p) return ENAMETOOLONG;
+    int fd = mkstemp(p);
+    if (fd < 0) return errno;
+    close(fd);
+    unlink(p);
+    return 0;
+}
+
+/* The directory a file of path goes into ("." for a bare name), in out. */
+static void dir_of(const char *path, char *out, size_t cap) {
+    const char *slash = strrchr(path, '/');
+    if (!slash) snprintf(out, cap, ".");
+    else if (slash == path) snprintf(out, cap, "/");
+    else snprintf(out, cap, "%.*s", (int)(slash - path), path);
+}
+
+static int check_file(const char *flag, const char *path) {
+    struct stat st;
+    if (!path) return -1;
+    if (!*path) return dt_cli_fail("give a file name", "--%s '': empty path", flag), DT_EXIT_CONFIG;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+        return dt_cli_fail("give a file name, e.g. --save DIR/model.safetensors", "--%s %s: is a directory", flag,
+                           path), DT_EXIT_CONFIG;
+    char dir[PATH_MAX];
+    dir_of(path, dir, sizeof dir);
+    int e = probe_dir(dir);
+    if (e == 0) return -1;
+    dt_cli_fail("give a path in a directory that exists and that you can write",
+                "--%s %s: cannot write into %s (%s)", flag, path, dir, strerror(e));
+    return DT_EXIT_CONFIG;
+}
+
+static int check_dir(const char *flag, const char *dir) {
+    struct stat st;
+    if (!dir) return -1;
+    if (stat(dir, &st) == 0 && !S_ISDIR(st.st_mode))
+        return dt_cli_fail("give a directory", "--%s %s: is a file, not a directory", flag, dir), DT_EXIT_CONFIG;
+    /* a directory that does not exist yet is made by the run: its parent must take it */
+    char parent[PATH_MAX];
+    if (stat(dir, &st) == 0) snprintf(parent, sizeof parent, "%s", dir);
+    else dir_of(dir, parent, sizeof parent);
+    int e = probe_dir(parent);
+    if (e == 0) return -1;
+    dt_cli_fail("give a directory you can write (it is made if its parent exists)", "--%s %s: cannot write into %s (%s)",
+                flag, dir, parent, strerror(e));
+    return DT_EXIT_CONFIG;
+}
+
+int dt_cli_check_outputs(const dt_train_config *c) {
+    int r;
+    if ((r = check_file("save", c->save)) >= 0) return r;
+    if ((r = check_file("save-weights", c->save_weights)) >= 0) return r;
+    return check_dir("checkpoint-dir", c->checkpoint_dir);
+}

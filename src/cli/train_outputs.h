@@ -1,0 +1,13 @@
+/* dtrain train: the files a run will write are checked before it trains (train_outputs.c). */
+#ifndef DT_CLI_TRAIN_OUTPUTS_H
+#define DT_CLI_TRAIN_OUTPUTS_H
+
+#include "dtrain/train.h"
+
+/* Whether --save, --save-weights and --checkpoint-dir can be written: a file is made and removed
+ * in each one's directory (as root, permission bits alone do not say: /proc, a read-only mount).
+ * -1 when they can, else exit 78 after naming the flag, the path and what to do. An epoch of
+ * training is not spent to find out at its end. */
+int dt_cli_check_outputs(const dt_train_config *c);
+
+#endif
