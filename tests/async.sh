@@ -190,6 +190,7 @@ done
 expect_fail "bad --balance" "--balance sideways: unknown mode" $DT train --strategy ps --balance sideways
 expect_fail "--slow on a server" "is a ps server" $DT train --workers 2 --strategy ps --slow 0:2 --max-steps 1
 expect_fail "bad --staleness" "--staleness" $DT train --strategy ps --staleness soon
+expect_fail "--dry-run does not plan ps" "not --strategy ps" $DT train --workers 3 --strategy ps --dry-run
 expect_fail "--ps-overlap needs ps" "add --strategy ps" $DT train --workers 2 --ps-overlap --max-steps 1
 expect_fail "--ps-overlap with fixed shards" "drop --balance static" $DT train --strategy ps --balance static --ps-overlap
 expect_fail "--ps-overlap with a bound" "use --staleness inf" $DT train --strategy ps --staleness 2 --ps-overlap

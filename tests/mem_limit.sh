@@ -31,14 +31,14 @@ done
 
 plan() { $DT train --data "text:$TMP/t.txt" --model $GPT --batch 4 --val-fraction 0 --mem-limit $LIM --dry-run "$@" 2>&1; }
 p1=$(plan); pp4=$(plan --workers 4 --pp 4); tp4=$(plan --workers 4 --tp 4)
-if grep -q "some ranks would exceed it" <<<"$p1" && grep -q "every rank fits" <<<"$pp4" \
+if grep -q "1 of 1 rank would exceed it (rank 0)" <<<"$p1" && grep -q "every rank fits" <<<"$pp4" \
    && grep -q "every rank fits" <<<"$tp4" && grep -q "dp 1 x pp 4 x tp 1" <<<"$pp4" && grep -q "dp 1 x pp 1 x tp 4" <<<"$tp4"; then
   ok "--dry-run: 1 worker exceeds the limit, each rank of --pp 4 and of --tp 4 fits"
 else bad "--dry-run plans: $p1 / $pp4 / $tp4"; fi
 # with a validation set every rank gathers the whole model to evaluate: the plan says so and
 # exits as the run would (78)
 out=$($DT train --data "text:$TMP/t.txt" --model $GPT --batch 4 --mem-limit $LIM --dry-run --workers 4 --pp 4 2>&1); rc=$?
-if [ $rc -eq 78 ] && grep -q "at eval/ckpt" <<<"$out" && grep -q "some ranks would exceed it" <<<"$out"; then
+if [ $rc -eq 78 ] && grep -q "at eval/ckpt" <<<"$out" && grep -q "of 4 ranks would exceed it (rank" <<<"$out"; then
   ok "--dry-run counts evaluation's whole-model gather and exits 78 over the limit"
 else bad "--dry-run with a validation set (exit $rc): $out"; fi
 

@@ -22,7 +22,7 @@ else bad "4 ranks --zero 3 under --mem-limit $LIM (exit $rc): $out"; fi
 
 plan() { $DT train --data "$TMP/d.csv" --model "$BIG" --batch 8 --mem-limit $LIM --dry-run "$@" 2>&1; }
 p1=$(plan); p4=$(plan --workers 4 --zero 3)
-if grep -q "some ranks would exceed it" <<<"$p1" && grep -q "every rank fits" <<<"$p4" \
+if grep -q "1 of 1 rank would exceed it (rank 0)" <<<"$p1" && grep -q "every rank fits" <<<"$p4" \
    && [ "$(grep -c '^rank ' <<<"$p4")" = 4 ]; then ok "--dry-run: 1 rank exceeds the limit, 4 ranks at stage 3 fit"
 else bad "--dry-run plans: $p1 / $p4"; fi
 

@@ -4,6 +4,7 @@
  * a later allocation or gather beyond it fails with an error naming the limit. --dry-run prints
  * the memory plan (dtrain/memplan.h) of every rank and exits. */
 #include "cli/train_mem.h"
+#include "cli/train_uneven.h"
 
 #include "dtrain/dtrain.h"
 
@@ -55,6 +56,11 @@ static int plan_layout(const dt_train_config *c, int ranks, int zero, double buc
 }
 
 int dt_cli_dry_run(const dt_train_config *c, int ranks, int zero, double bucket_mb, size_t mem_limit) {
+    if (dt_cli_is_ps(c))
+        return dt_cli_usage("run it with --mem-limit to see what each rank holds",
+                            "--dry-run plans ddp, ZeRO, tp and pp layouts, not --strategy ps (its servers hold a "
+                            "shard of the parameters and the optimizer state each, its workers a replica without "
+                            "optimizer state)");
     dt_mem_layout l;
     int r = plan_layout(c, ranks, zero, bucket_mb, &l);
     if (r) return r;
@@ -75,6 +81,7 @@ int dt_cli_dry_run(const dt_train_config *c, int ranks, int zero, double bucket_
            l.microbatches > 1 ? "es" : "", l.schedule ? ", schedule " : "", l.schedule ? l.schedule : "",
            dt_optim_name(c->optim.kind));
     int over = 0;
+    char over_ranks[160] = "";
     for (int k = 0; k < ranks; k++) {
         dt_mem_plan p;
         if (dt_mem_plan_rank(m, &c->optim, &l, k, &p) != DT_OK) {
@@ -86,14 +93,21 @@ int dt_cli_dry_run(const dt_train_config *c, int ranks, int zero, double bucket_
         if (p.gathered > 0) row("gathered", p.gathered);
         row("activations", p.activations), row("total", p.total);
         if (p.sync > 0) row(syncs ? "at eval/ckpt" : "(eval/ckpt)", p.total + p.sync);
-        if (mem_limit && p.total + (syncs ? p.sync : 0) > (double)mem_limit) over++;
+        if (mem_limit && p.total + (syncs ? p.sync : 0) > (double)mem_limit) {
+            size_t n = strlen(over_ranks);
+            if (n + 16 < sizeof over_ranks) snprintf(over_ranks + n, sizeof over_ranks - n, "%s%d", over ? ", " : "", k);
+            else if (!strstr(over_ranks, "...")) snprintf(over_ranks + n, sizeof over_ranks - n, ", ...");
+            over++;
+        }
     }
     if (syncs && l.tp * l.pp > 1 && !(l.tp > 1 && l.pp > 1))
         printf("dtrain: evaluation and checkpoints gather the whole model on each rank (the 'at eval/ckpt' rows); "
                "without a test or validation set, --save, --save-weights and checkpoints they do not\n");
-    if (mem_limit)
-        printf("dtrain: --mem-limit %zu bytes: %s\n", mem_limit,
-               over ? "some ranks would exceed it" : "every rank fits");
+    if (mem_limit && !over) printf("dtrain: --mem-limit %zu bytes: every rank fits\n", mem_limit);
+    else if (mem_limit)
+        dt_cli_fail("raise --mem-limit, or spread the model further (--zero 3, --tp, --pp, more --workers)",
+                    "--mem-limit %zu bytes: %d of %d rank%s would exceed it (rank%s %s)", mem_limit, over, ranks,
+                    ranks == 1 ? "" : "s", over == 1 ? "" : "s", over_ranks);
     dt_model_free(m);
     return over ? 78 : 0;  /* as the run itself would stop */
 }
