@@ -17,6 +17,9 @@
 #include "comm/reduce.h"
 
 enum { NAME = 64 };
+/* Pipeline chunk: a sweep at 2 hosts x 2 ranks, 1 Gbit/s (one job, 4/16/64 MiB; README) had 1 MiB
+ * best or within noise of the best at every size, 512 KiB and 2 MiB worse at 16 MiB; buffers up
+ * to 1 MiB stay one piece (no per-chunk cost where there is little to hide) */
 #define DEFAULT_CHUNK (1u << 20)
 
 struct dt_comm_hier {
@@ -64,9 +67,10 @@ static void layout(const char *names, int size, int rank, dt_comm_hier *h, int *
         if (n < h->slices) h->slices = n;
     }
     if (h->slices < 1) h->slices = 1;
-    /* DTRAIN_HIER_CHUNK=BYTES: the pipeline's chunk (0: one piece); default DEFAULT_CHUNK */
+    /* DTRAIN_HIER_CHUNK=BYTES: the pipeline's chunk (0: one piece); default DEFAULT_CHUNK across
+     * hosts, none on one (forced on: no link to hide the host's phases behind) */
     e = getenv("DTRAIN_HIER_CHUNK");
-    h->chunk_bytes = e && *e ? (size_t)atoll(e) : DEFAULT_CHUNK;
+    h->chunk_bytes = e && *e ? (size_t)atoll(e) : h->hosts > 1 ? DEFAULT_CHUNK : 0;
     e = getenv("DTRAIN_HIER_PROFILE");
     h->profile = e && *e && strcmp(e, "0");
 }
