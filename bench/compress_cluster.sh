@@ -14,12 +14,14 @@
 #     less 66 B a packet: what MPI wrote), the veth, and MTU frames (66 B a TCP segment, what a
 #     real 1500 B-MTU NIC would add); with and without dtrain's op check (WIRE_CHECKS="1 0");
 #     the ratio column compares uncompressed/compressed veth bytes with the stated ratio;
-#  3. 2 hosts x 2 ranks at RATE_COMM (1gbit): allreduce bus bandwidth, flat ring vs hierarchical,
-#     at 4 MiB and above (dtrain bench comm --allreduce flat,hier x3: interleaved in the same job,
-#     the best of each reported). Flat is what dtrain runs un-hierarchically (auto: Open MPI's
-#     MPI_Iallreduce, libnbc's ring at 4 ranks). Bound: at the link rate a flat ring pushes
-#     2(HL-1)/(HL) S through each host link, the leaders 2(H-1)/H S (= S, the least any allreduce
-#     across 2 hosts can send), so hier/flat <= 1.5 for 2 x 2 however fast the host-local part.
+#  3. 2 hosts x 2 ranks at RATE_COMM (1gbit): allreduce bus bandwidth, flat vs hierarchical, at
+#     4 MiB and above (dtrain bench comm --allreduce flat,flat:ring,hier x3: interleaved in the
+#     same job, the best of each reported). Flat is what dtrain runs un-hierarchically (auto: Open
+#     MPI's MPI_Iallreduce, libnbc's Rabenseifner at 4 ranks: its recursive halving pairs ranks
+#     0-1 and 2-3 first, so only a quarter of the buffer crosses hosts each way, twice: S per host
+#     link, as much as the hierarchical leaders send; bound 1.0x), flat:ring dtrain's own ring
+#     over all ranks (2(HL-1)/(HL) S = 1.5 S through each host link; the leaders' 2(H-1)/H S = S
+#     is the least any allreduce across 2 hosts can send, so hier/ring <= 1.5 for 2 x 2).
 #     DTRAIN_HIER_CHUNK / DTRAIN_HIER_LEADERS=2 try the chunk pipeline / 2 leaders per host.
 # Prints the CPU, the kernel set, a table and one JSON line. Needs root, ip netns, mpirun and an
 # MPI build (else exits 77 with the reason). Figures depend on the machine's load: say so.
@@ -97,7 +99,7 @@ done
 tsopt=$(ip netns exec "$NAME-1" cat /proc/sys/net/ipv4/tcp_timestamps)
 "$HOSTS" rate "$NAME" 2 "$RATE_COMM" || exit 1
 [ "${PARTS#*comm}" = "$PARTS" ] && : >"$T/comm.log" ||
-mpi 4 2 "$DT" bench comm --backend mpi --colls allreduce --sizes 4M,16M,64M --allreduce flat,hier,flat,hier,flat,hier --trials 2 --iters 16 --no-mpi-baseline \
+mpi 4 2 "$DT" bench comm --backend mpi --colls allreduce --sizes 4M,16M,64M --allreduce flat,flat:ring,hier,flat,flat:ring,hier,flat,flat:ring,hier --trials 2 --iters 16 --no-mpi-baseline \
   >"$T/comm.log" 2>&1 || { echo "FAIL: bench comm: $(tail -3 "$T/comm.log")"; exit 1; }
 
 python3 - "$T" "$RATE_TRAIN" "$RATE_COMM" "$cpu" "$MODEL" "$TARGET" "$tsopt" "${#runs[@]}" "${runs[@]}" "${wires[@]}" <<'PY'
@@ -194,13 +196,15 @@ for line in open(T + "/comm.log"):
                 d[x["algo"]] = max(d.get(x["algo"], 0), x["busbw_gbs"])
 print("\n# 2 hosts x 2 ranks, links %s (tbf): allreduce busbw (GB/s), f32 sum, MPI transport" % rate_comm)
 link = {"gbit": 1e9, "mbit": 1e6}[rate_comm[-4:]] * float(rate_comm[:-4]) / 8 / 1e9  # GB/s
-print("%12s %10s %10s %8s %8s   (bound 1.50x; line rate: flat %.4f, hier %.4f GB/s busbw)" % ("bytes", "flat", "hier",
-      "hier/flat", "of line", link, 1.5 * link))
+print("%12s %10s %10s %10s %9s %9s %8s   (bounds 1.0x, 1.5x; line rate: flat %.4f, ring %.4f, hier %.4f GB/s busbw)" % (
+      "bytes", "flat", "ring", "hier", "hier/flat", "hier/ring", "of line", 1.5 * link, link, 1.5 * link))
 hier = []
 for b in sorted(res):
-    f, h = res[b].get("auto"), res[b].get("hier")
-    hier.append(dict(bytes=b, flat_busbw_gbs=f, hier_busbw_gbs=h, ratio=h / f if f and h else None))
-    print("%12d %10.4f %10.4f %8.2fx %7.0f%%" % (b, f or 0, h or 0, h / f if f and h else 0, 100 * (h or 0) / (1.5 * link)))
+    f, r, h = res[b].get("auto"), res[b].get("auto:ring"), res[b].get("hier")
+    hier.append(dict(bytes=b, flat_busbw_gbs=f, ring_busbw_gbs=r, hier_busbw_gbs=h, ratio=h / f if f and h else None,
+                     ratio_ring=h / r if r and h else None))
+    print("%12d %10.4f %10.4f %10.4f %8.2fx %8.2fx %7.0f%%" % (b, f or 0, r or 0, h or 0, h / f if f and h else 0,
+          h / r if r and h else 0, 100 * (h or 0) / (1.5 * link)))
 print(json.dumps(dict(bench="compress_cluster", cpu=cpu, model=model, target_acc=target, rate_train=rate_train, rate_comm=rate_comm, runs=rows,
                       wire=wire, hier=hier)))
 PY

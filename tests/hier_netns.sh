@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Hierarchical allreduce across emulated hosts (network namespaces joined by mpirun through the
 # rsh agent of scripts/netns-hosts, real hostnames): 2 hosts x 2 ranks (one leader per host, and
-# two), 3 hosts x 1-2 ranks (2, 1, 2). On every rank the layout turns the hierarchical path on by
+# two), 3 hosts x 1-2 ranks (2, 1, 2), both also pipelined in chunks with a remainder. On every rank the layout turns the hierarchical path on by
 # itself, and every dtype, op and count reduces exactly (comm_hier_test mpi: the expected result computed on each rank).
 # Skips (77) without root / ip netns, mpirun or an MPI build. Cleans up even on failure or
 # interrupt. Usage: bash tests/hier_netns.sh BUILDDIR
@@ -41,5 +41,9 @@ layout() {  # NAME NP SLOTS,... [mpirun -x ...]
 layout "2 hosts x 2 ranks" 4 2,2
 layout "2 hosts x 2 ranks, 2 leaders per host" 4 2,2 -x DTRAIN_HIER_LEADERS=2
 layout "3 hosts x 1-2 ranks" 5 2,1,2
+# pipelined in 40000 B chunks: several whole chunks and a remainder chunk (f32 x 100003: 10 + 3
+# elements), chunk k's inter-host allreduce over MPI overlapping the host's reduce and broadcast
+layout "2 hosts x 2 ranks, pipelined in 40000 B chunks" 4 2,2 -x DTRAIN_HIER_CHUNK=40000
+layout "3 hosts x 1-2 ranks, pipelined in 40000 B chunks" 5 2,1,2 -x DTRAIN_HIER_CHUNK=40000
 [ $fails -eq 0 ] && echo "hier_netns: passed" || echo "hier_netns: $fails failures"
 [ $fails -eq 0 ]

@@ -129,6 +129,9 @@ typedef struct dt_comm_hier dt_comm_hier;
 /* Learns the host layout and sets up (or drops) the hierarchical allreduce for every later
  * allreduce on c. Collective over c; call with no non-blocking op of c in flight. */
 dt_status dt_comm_set_hier(dt_comm *c, dt_comm_hier_mode mode);
+/* Pipeline chunk of the hierarchical allreduce in bytes (0: no pipelining; the default comes
+ * from DTRAIN_HIER_CHUNK or comm_hier.c). Call after dt_comm_set_hier, on every rank alike. */
+dt_status dt_comm_set_hier_chunk(dt_comm *c, size_t bytes);
 /* True when c's allreduce runs hierarchically. */
 bool dt_comm_hier_active(const dt_comm *c);
 /* Hosts c's ranks span, as dt_comm_set_hier found them (0 before it ran or with FLAT). */

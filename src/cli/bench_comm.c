@@ -16,7 +16,8 @@
 #define MAX_ROWS 512
 
 typedef struct {
-    const char *backend, *coll, *algo;
+    const char *backend, *coll;
+    char algo[32];
     size_t bytes, count;
     double us, algbw, busbw;
     bool wrong;
@@ -28,6 +29,7 @@ typedef struct {
     const char *colls, *algo_name;
     dt_comm_algo algo;
     const char *allreduce;  /* --allreduce: modes to compare ("flat,hier"), NULL = as created */
+    char mode_name[32];     /* the --allreduce mode running, as rows name it ("hier:1M") */
     bool no_baseline;       /* --no-mpi-baseline: leave out plain MPI_Allreduce */
     row rows[MAX_ROWS];
     int nrows;
@@ -35,17 +37,28 @@ typedef struct {
 
 static const char *const g_colls[] = {"allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall"};
 
+/* One size at s ("4M", "64K", "1024"): the bytes in *out, *end past it; false if none */
+static bool parse_size(const char *s, size_t *out, char **end) {
+    double v = strtod(s, end);
+    if (*end == s || v < 0) return false;
+    if (**end == 'K' || **end == 'k') v *= 1024, (*end)++;
+    else if (**end == 'M' || **end == 'm') v *= 1024 * 1024, (*end)++;
+    else if (**end == 'G' || **end == 'g') v *= 1024.0 * 1024 * 1024, (*end)++;
+    if (**end == 'B' || **end == 'b') (*end)++;
+    *out = (size_t)v;
+    return true;
+}
+
+static bool parse_one_size(const char *s, size_t *out) {
+    char *end;
+    return parse_size(s, out, &end) && !*end;
+}
+
 static int parse_sizes(const char *s, bench_opts *o) {
     o->nsizes = 0;
     while (*s && o->nsizes < MAX_SIZES) {
         char *end;
-        double v = strtod(s, &end);
-        if (end == s || v < 0) return -1;
-        if (*end == 'K' || *end == 'k') v *= 1024, end++;
-        else if (*end == 'M' || *end == 'm') v *= 1024 * 1024, end++;
-        else if (*end == 'G' || *end == 'g') v *= 1024.0 * 1024 * 1024, end++;
-        if (*end == 'B' || *end == 'b') end++;
-        o->sizes[o->nsizes++] = (size_t)v;
+        if (!parse_size(s, &o->sizes[o->nsizes++], &end)) return -1;
         if (*end == ',') end++;
         else if (*end) return -1;
         s = end;
@@ -125,7 +138,7 @@ static int bench_one(dt_comm *c, const char *backend, const char *coll, bench_op
             row *w = &o->rows[o->nrows++];
             w->backend = backend;
             w->coll = coll;
-            w->algo = o->algo_name;
+            snprintf(w->algo, sizeof w->algo, "%s", o->algo_name);
             w->bytes = bytes;
             w->count = count;
             w->us = worst / iters * 1e6;
@@ -220,20 +233,34 @@ static int run_backend(dt_comm *c, const char *backend, bench_opts *o) {
 /* --allreduce flat,hier: the collectives once per mode, on the same ranks (A vs B in one run) */
 static int run_modes(dt_comm *c, bench_opts *o) {
     static const char *const names[] = {"auto", "flat", "hier"};
-    char list[64];
+    char list[512];
+    if (strlen(o->allreduce) >= sizeof list) return dt_cli_usage(NULL, "--allreduce: the list is too long (at most %zu characters)", sizeof list - 1);
     snprintf(list, sizeof list, "%s", o->allreduce);
     const char *algo = o->algo_name;
     int rc = 0;
     for (char *save = NULL, *m = strtok_r(list, ",", &save); m && rc == 0; m = strtok_r(NULL, ",", &save)) {
+        char *arg = strchr(m, ':');  /* hier:CHUNK (bytes, K/M suffix; 0: no pipelining), flat:ALGO */
+        if (arg) *arg++ = '\0';
         int k = 0;
         while (k < 3 && strcmp(m, names[k])) k++;
-        if (k == 3) return dt_cli_usage("e.g. --allreduce flat,hier", "--allreduce %s: choose auto, flat or hier", m);
-        if (dt_comm_set_hier(c, (dt_comm_hier_mode)k) != DT_OK)
+        if (k == 3)
+            return dt_cli_usage("e.g. --allreduce flat,hier,flat:ring,hier:1M", "--allreduce %s: choose auto, flat[:ALGO] or hier[:CHUNK]", m);
+        size_t chunk_bytes = 0;
+        dt_comm_algo flat_algo = o->algo;
+        if (arg && k == 2 && !parse_one_size(arg, &chunk_bytes))
+            return dt_cli_usage("e.g. --allreduce hier:1M (0: no pipelining)", "--allreduce hier:%s: the chunk is one size in bytes", arg);
+        if (arg && k != 2 && dt_comm_algo_parse(arg, &flat_algo) != DT_OK)
+            return dt_cli_usage("e.g. --allreduce flat:ring", "--allreduce %s:%s: %s", m, arg, dt_last_error());
+        if (dt_comm_set_hier(c, (dt_comm_hier_mode)k) != DT_OK || (arg && k == 2 && dt_comm_set_hier_chunk(c, chunk_bytes) != DT_OK))
             return dt_cli_fail(NULL, "bench comm: --allreduce %s: %s", m, dt_last_error());
-        o->algo_name = dt_comm_hier_active(c) ? "hier" : algo;
-        if (dt_comm_rank(c) == 0) printf("# allreduce %s: %d hosts, hierarchical %s\n", m, dt_comm_hosts(c),
-                                         dt_comm_hier_active(c) ? "on" : "off");
+        dt_comm_set_algo(c, flat_algo);
+        snprintf(o->mode_name, sizeof o->mode_name, "%s%s%s", dt_comm_hier_active(c) ? "hier" : algo, arg ? ":" : "",
+                 arg ? arg : "");
+        o->algo_name = o->mode_name;
+        if (dt_comm_rank(c) == 0) printf("# allreduce %s%s%s: %d hosts, hierarchical %s\n", m, arg ? ":" : "", arg ? arg : "",
+                                         dt_comm_hosts(c), dt_comm_hier_active(c) ? "on" : "off");
         rc = run_backend(c, dt_comm_backend_name(c), o);
+        dt_comm_set_algo(c, o->algo);
     }
     o->algo_name = algo;
     return rc;

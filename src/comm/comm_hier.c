@@ -17,13 +17,23 @@
 #include "comm/reduce.h"
 
 enum { NAME = 64 };
+/* Pipeline chunk: a sweep at 2 hosts x 2 ranks, 1 Gbit/s (one job, 4/16/64 MiB; README) had 1 MiB
+ * best or within noise of the best at every size, 512 KiB and 2 MiB worse at 16 MiB; buffers up
+ * to 1 MiB stay one piece (no per-chunk cost where there is little to hide) */
+#define DEFAULT_CHUNK (1u << 20)
 
 struct dt_comm_hier {
     dt_comm *local;      /* the ranks of this host, over shm (NULL: alone on its host) */
     dt_comm *leaders;    /* local rank j < slices of every host (NULL elsewhere): slice j's allreduce */
     int hosts, host, local_rank, local_size;
     int slices;          /* leaders per host: each owns 1/slices of the buffer across hosts */
-    bool on;
+    size_t chunk_bytes;  /* pipeline chunk (0: the whole buffer in one piece) */
+    bool on, profile;
+    /* DTRAIN_HIER_PROFILE=1: seconds in the host reduce, waiting for the leaders' allreduce, in
+     * the final wait for the broadcasts, and in all, summed over calls (printed when freed) */
+    double t_reduce, t_inter, t_tail, t_all;
+    long calls;
+    size_t prof_bytes;  /* the size those calls had (a new size prints them; under 64 KiB: not counted) */
 };
 
 static void host_name(char *out) {
@@ -57,10 +67,28 @@ static void layout(const char *names, int size, int rank, dt_comm_hier *h, int *
         if (n < h->slices) h->slices = n;
     }
     if (h->slices < 1) h->slices = 1;
+    /* DTRAIN_HIER_CHUNK=BYTES: the pipeline's chunk (0: one piece); default DEFAULT_CHUNK across
+     * hosts, none on one (forced on: no link to hide the host's phases behind) */
+    e = getenv("DTRAIN_HIER_CHUNK");
+    h->chunk_bytes = e && *e ? (size_t)atoll(e) : h->hosts > 1 ? DEFAULT_CHUNK : 0;
+    e = getenv("DTRAIN_HIER_PROFILE");
+    h->profile = e && *e && strcmp(e, "0");
+}
+
+/* Prints the profile of the calls so far (one size) and starts over. */
+static void profile_print(dt_comm_hier *h) {
+    if (!h->calls) return;
+    double n = (double)h->calls;
+    fprintf(stderr, "hier profile: host %d local rank %d%s: %ld calls of %zu B, chunk %zu B: reduce %.1f ms, wait inter "
+            "%.1f ms, wait broadcast %.1f ms, total %.1f ms per call\n", h->host, h->local_rank,
+            h->leaders ? " (leader)" : "", h->calls, h->prof_bytes, h->chunk_bytes, 1e3 * h->t_reduce / n,
+            1e3 * h->t_inter / n, 1e3 * h->t_tail / n, 1e3 * h->t_all / n);
+    h->t_reduce = h->t_inter = h->t_tail = h->t_all = 0, h->calls = 0;
 }
 
 void dt_comm_hier_free(dt_comm_hier *h) {
     if (!h) return;
+    if (h->profile) profile_print(h);
     dt_comm_destroy(h->local);
     dt_comm_destroy(h->leaders);
     free(h);
@@ -135,13 +163,6 @@ static dt_status local_reduce(dt_comm_hier *h, const chunks *c, size_t k, dt_dty
     return DT_OK;
 }
 
-/* Chunk k is reduced among the leaders (wait for *ia): broadcast it within the host (queued). */
-static dt_status spread(dt_comm_hier *h, const chunks *c, size_t k, dt_dtype t, dt_request **ia, dt_request **bc) {
-    if (h->leaders) DT_TRY(dt_request_wait(ia));
-    if (h->local) DT_TRY(dt_comm_ibroadcast(h->local, c->recv + k * c->chunk * c->esz, chunk_len(c, k), t, 0, bc));
-    return DT_OK;
-}
-
 /* Several leaders per host (h->slices = S >= 2): slice j of the buffer is reduced within the host
  * to local rank j, allreduced across hosts among the local ranks j (the S slices' transfers run
  * at once, over S connections, so no single process carries all the host's network traffic and
@@ -168,38 +189,58 @@ static dt_status sliced_allreduce(dt_comm_hier *h, const unsigned char *send, un
 
 dt_status dt_comm_hier_allreduce(dt_comm_hier *h, int world, const void *send, void *recv, size_t count, dt_dtype t,
                                  dt_redop op) {
+    dt_redop part = op == DT_OP_AVG ? DT_OP_SUM : op;
     if (h->slices > 1) {
-        dt_redop part = op == DT_OP_AVG ? DT_OP_SUM : op;
         DT_TRY(sliced_allreduce(h, send, recv, count, t, part));
         if (op == DT_OP_AVG) dt_reduce_scale(recv, count, t, world);
         return DT_OK;
     }
-    /* DTRAIN_HIER_CHUNK=BYTES pipelines in chunks: while the leaders reduce chunk k across hosts,
-     * the host reduces chunk k+1 and broadcasts chunk k-1 (each communicator runs its ops in issue
-     * order). Default: one chunk (on the loaded 2-core test machine the extra progress threads
-     * cost more than the overlap gained; measure with bench/compress_cluster.sh) */
-    dt_redop part = op == DT_OP_AVG ? DT_OP_SUM : op;
+    /* Pipelined in chunks of h->chunk_bytes: chunk k's allreduce among the leaders is queued as
+     * soon as the host has reduced it, behind chunk k-1's (each communicator runs its ops in issue
+     * order on its progress thread, so the link always has the next chunk waiting); when chunk
+     * k-1's has finished its broadcast within the host is queued, and the host reduces chunk k+1
+     * while chunk k crosses the network. What the link does not hide: the first chunk's reduce
+     * and the last chunk's broadcast. */
+    bool prof = h->profile && count * dt_dtype_size(t) >= 65536;
+    if (prof && count * dt_dtype_size(t) != h->prof_bytes) profile_print(h), h->prof_bytes = count * dt_dtype_size(t);
+    double t0 = prof ? dt_now() : 0, t1;
     chunks c = {send, recv, 0, count, dt_dtype_size(t)};
-    const char *e = getenv("DTRAIN_HIER_CHUNK");
-    long cb = e ? atol(e) : 0;
-    c.chunk = cb >= 4096 ? (size_t)cb / c.esz : count ? count : 1;
+    size_t per = h->chunk_bytes / c.esz;
+    c.chunk = per && per < count ? per : count ? count : 1;
     size_t nch = count ? (count + c.chunk - 1) / c.chunk : 1;
-    dt_request **bc = calloc(nch, sizeof *bc), *ia = NULL;
+    dt_request **bc = calloc(2 * nch, sizeof *bc), **ia = bc + nch;
     if (!bc) return dt_error(DT_ENOMEM, "hierarchical allreduce: out of memory");
     dt_status st = DT_OK;
-    for (size_t k = 0; k < nch && st == DT_OK; k++) {
-        st = local_reduce(h, &c, k, t, part);
-        if (st == DT_OK && k > 0) st = spread(h, &c, k - 1, t, &ia, &bc[k - 1]);
-        if (st == DT_OK && h->leaders) {
-            unsigned char *p = c.recv + k * c.chunk * c.esz;
-            st = dt_comm_iallreduce(h->leaders, p, p, chunk_len(&c, k), t, part, &ia);
+    for (size_t k = 0; k <= nch && st == DT_OK; k++) {
+        if (k < nch) {
+            t1 = prof ? dt_now() : 0;
+            st = local_reduce(h, &c, k, t, part);
+            if (prof) h->t_reduce += dt_now() - t1;
+            if (st == DT_OK && h->leaders) {
+                unsigned char *p = c.recv + k * c.chunk * c.esz;
+                st = dt_comm_iallreduce(h->leaders, p, p, chunk_len(&c, k), t, part, &ia[k]);
+            }
+        }
+        if (st == DT_OK && k > 0) {
+            t1 = prof ? dt_now() : 0;
+            if (h->leaders) st = dt_request_wait(&ia[k - 1]);
+            if (prof) h->t_inter += dt_now() - t1;
+            if (st == DT_OK && h->local)
+                st = dt_comm_ibroadcast(h->local, c.recv + (k - 1) * c.chunk * c.esz, chunk_len(&c, k - 1), t, 0,
+                                        &bc[k - 1]);
         }
     }
-    if (st == DT_OK) st = spread(h, &c, nch - 1, t, &ia, &bc[nch - 1]);
-    dt_status w = dt_request_wait(&ia);
-    dt_status b = dt_request_waitall(bc, (int)nch);
+    t1 = prof ? dt_now() : 0;
+    dt_status w = dt_request_waitall(bc, (int)(2 * nch));  /* also the leaders' ops an error left queued */
+    if (prof) h->t_tail += dt_now() - t1, h->t_all += dt_now() - t0, h->calls++;
     free(bc);
-    if (st == DT_OK) st = w != DT_OK ? w : b;
+    if (st == DT_OK) st = w;
     if (st == DT_OK && op == DT_OP_AVG) dt_reduce_scale(recv, count, t, world);
     return st;
+}
+
+dt_status dt_comm_set_hier_chunk(dt_comm *c, size_t bytes) {
+    if (!c) return dt_error(DT_EINVAL, "dt_comm_set_hier_chunk: communicator is NULL");
+    if (c->hier) c->hier->chunk_bytes = bytes;
+    return DT_OK;
 }

@@ -3,7 +3,8 @@
  * hierarchical result must equal the flat one bit for bit. Layouts (host of each rank, named by
  * DTRAIN_HOSTNAME): 2 hosts x 2 ranks, 3 hosts x 1-2 ranks, interleaved hosts, one host forced;
  * every dtype and op, counts 0 .. 100003, in place, non-blocking; AUTO turns it on only where
- * ranks share a host and span hosts; FLAT turns it off; pipelined in chunks (DTRAIN_HIER_CHUNK);
+ * ranks share a host and span hosts; FLAT turns it off; pipelined in chunks with a remainder
+ * (DTRAIN_HIER_CHUNK, dt_comm_set_hier_chunk);
  * several leaders per host, each owning a slice (DTRAIN_HIER_LEADERS=2).
  * `comm_hier_test mpi` runs the same checks as one rank of an mpirun job across (emulated) hosts,
  * with real hostnames (tests/hier_netns.sh). */
@@ -49,6 +50,7 @@ typedef struct {
     dt_comm_hier_mode mode;
     bool want_on;
     int want_hosts;
+    size_t chunk;  /* > 0: dt_comm_set_hier_chunk(c, chunk) after setup */
 } layout;
 
 static int rank_main(int r, int n, const char *job, void *arg) {
@@ -57,6 +59,7 @@ static int rank_main(int r, int n, const char *job, void *arg) {
     dt_comm *c;
     CHECK_OK(dt_test_comm(&c, r, n, job, DT_ALGO_AUTO, 60));
     CHECK_OK(dt_comm_set_hier(c, l->mode));
+    if (l->chunk) CHECK_OK(dt_comm_set_hier_chunk(c, l->chunk));
     CHECK_MSG(dt_comm_hier_active(c) == l->want_on, "rank %d: hierarchical %s, want %s", r,
               dt_comm_hier_active(c) ? "on" : "off", l->want_on ? "on" : "off");
     CHECK_MSG(l->mode == DT_HIER_FLAT || dt_comm_hosts(c) == l->want_hosts, "rank %d: %d hosts, want %d", r,
@@ -93,13 +96,13 @@ int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "mpi")) return mpi_main();
     const int lite = getenv("DTRAIN_SANITIZED") != NULL;
     layout ls[] = {
-        {{"a", "a", "b", "b"}, DT_HIER_AUTO, true, 2},          /* 2 hosts x 2 ranks */
-        {{"a", "a", "b", "c", "c"}, DT_HIER_AUTO, true, 3},     /* 3 hosts x 1-2 ranks */
-        {{"a", "b", "a", "b", "c"}, DT_HIER_AUTO, true, 3},     /* hosts interleaved in rank order */
-        {{"a", "b", "c"}, DT_HIER_AUTO, false, 3},              /* one rank per host: nothing to gain */
-        {{"a", "a", "a"}, DT_HIER_AUTO, false, 1},              /* one host */
-        {{"a", "a", "a"}, DT_HIER_ON, true, 1},                 /* forced */
-        {{"a", "a", "b", "b"}, DT_HIER_FLAT, false, 0},         /* forced off */
+        {{"a", "a", "b", "b"}, DT_HIER_AUTO, true, 2, 0},          /* 2 hosts x 2 ranks */
+        {{"a", "a", "b", "c", "c"}, DT_HIER_AUTO, true, 3, 0},     /* 3 hosts x 1-2 ranks */
+        {{"a", "b", "a", "b", "c"}, DT_HIER_AUTO, true, 3, 0},     /* hosts interleaved in rank order */
+        {{"a", "b", "c"}, DT_HIER_AUTO, false, 3, 0},              /* one rank per host: nothing to gain */
+        {{"a", "a", "a"}, DT_HIER_AUTO, false, 1, 0},              /* one host */
+        {{"a", "a", "a"}, DT_HIER_ON, true, 1, 0},                 /* forced */
+        {{"a", "a", "b", "b"}, DT_HIER_FLAT, false, 0, 0},         /* forced off */
     };
     int nl = (int)(sizeof ls / sizeof *ls);
     for (int k = 0; k < nl; k++) {
@@ -112,9 +115,9 @@ int main(int argc, char **argv) {
         printf(", mode %d: exact\n", (int)ls[k].mode);
     }
     layout sliced[] = {
-        {{"a", "a", "b", "b"}, DT_HIER_AUTO, true, 2},           /* 2 hosts x 2 ranks, 2 leaders each */
-        {{"a", "b", "a", "b", "c", "c"}, DT_HIER_AUTO, true, 3}, /* 3 hosts x 2, interleaved */
-        {{"a", "a", "b", "c", "c"}, DT_HIER_AUTO, true, 3},      /* a host of 1: one leader per host */
+        {{"a", "a", "b", "b"}, DT_HIER_AUTO, true, 2, 0},           /* 2 hosts x 2 ranks, 2 leaders each */
+        {{"a", "b", "a", "b", "c", "c"}, DT_HIER_AUTO, true, 3, 0}, /* 3 hosts x 2, interleaved */
+        {{"a", "a", "b", "c", "c"}, DT_HIER_AUTO, true, 3, 0},      /* a host of 1: one leader per host */
     };
     setenv("DTRAIN_HIER_LEADERS", "2", 1);  /* 2 leaders per host, each owning a slice: exact too */
     for (int k = 0; k < (lite ? 1 : 3); k++) {
@@ -123,10 +126,18 @@ int main(int argc, char **argv) {
         printf("sliced layout %d (%d ranks, 2 leaders per host where every host has 2): exact\n", k, n);
     }
     unsetenv("DTRAIN_HIER_LEADERS");
-    setenv("DTRAIN_HIER_CHUNK", "65536", 1);  /* pipelined in 64 KiB chunks: the same exact results */
+    /* pipelined: 64 KiB chunks from the environment (f32 x 100003: 6 whole chunks and a
+     * remainder), then 40000 B chunks set through the API (f32: 10 whole chunks of 10000 and a
+     * remainder of 3; f64: 20 and 3; halves 5 and 3; 131 elements: one short chunk) */
+    setenv("DTRAIN_HIER_CHUNK", "65536", 1);
+    CHECK_MSG(dt_run_ranks(4, rank_main, &ls[0], 120) == 0, "layout 0 pipelined (64 KiB, environment) failed");
+    printf("layout 0 pipelined in 64 KiB chunks (DTRAIN_HIER_CHUNK): exact\n");
+    unsetenv("DTRAIN_HIER_CHUNK");
     for (int k = 0; k < 2; k++) {
-        CHECK_MSG(dt_run_ranks(k ? 5 : 4, rank_main, &ls[k], 120) == 0, "layout %d pipelined failed", k);
-        printf("layout %d pipelined in 64 KiB chunks: exact\n", k);
+        layout l = ls[k];
+        l.chunk = 40000;
+        CHECK_MSG(dt_run_ranks(k ? 5 : 4, rank_main, &l, 120) == 0, "layout %d pipelined (40000 B chunks) failed", k);
+        printf("layout %d pipelined in 40000 B chunks (dt_comm_set_hier_chunk; remainder chunks): exact\n", k);
     }
     return dt_test_summary("comm_hier_test");
 }
