@@ -88,7 +88,7 @@ elif ! command -v mpirun >/dev/null || grep -q "built without MPI" "$TMP/mpi.log
   echo "note: skip emulated hosts: no MPI"
 else
   exec 9>/tmp/dtrain-netns.lock
-  flock -w 120 9 || bad "netns lock busy"
+  flock -w "${NETNS_LOCK_WAIT:-300}" 9 || bad "netns lock busy (another emulated cluster held it for ${NETNS_LOCK_WAIT:-300} s)"
   NAME="dtd$$" NET=10.78.0
   trap '"$HOSTS" down "$NAME" 2; rm -rf "$TMP"' EXIT
   "$HOSTS" up "$NAME" 2 "$NET" || bad "cannot create emulated hosts"

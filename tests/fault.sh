@@ -109,9 +109,12 @@ for seed in $SEEDS; do
 done
 
 # ---- a stalled rank: the watchdog names it ----
-$DT "${SLOW[@]}" --epochs 3 --timeout 2 >"$TMP/stall.log" 2>&1 &
+# stopped once training is under way (a checkpoint is out), not during set-up: on a slow
+# (sanitized, loaded) machine 0.3 s after start can still be the ranks' set-up exchange
+rm -rf "$D"
+$DT "${SLOW[@]}" --epochs 3 --timeout 2 --checkpoint-dir "$D" --checkpoint-every 20 >"$TMP/stall.log" 2>&1 &
 pid=$!
-wait_started $pid && sleep 0.3
+wait_started $pid "$D/ckpt-*.safetensors" && sleep 0.3
 victim=$(pgrep -P $pid | tail -1)
 [ -n "$victim" ] && [ "$victim" != "$pid" ] && kill -STOP "$victim"
 wait $pid
