@@ -111,15 +111,11 @@ dt_status dt_mem_plan_rank(dt_model *m, const dt_optim_config *o, const dt_mem_l
     p->optim = F * moments * (l->zero >= 1 ? own : mine);
     /* a node's buckets and the next node's, prefetched */
     if (l->zero >= 3 && l->dp > 1) p->gathered = F * big[1] * (double)(l->dp - 1) / l->dp;
-    if (l->tp > 1 && l->pp > 1) {  /* tp x pp keeps the whole model as the checkpoint's copy (pp_tp.c), and world
-                                    * rank 0 its optimizer state: not narrowed yet */
-        p->params += F * (double)P;
-        if (rank == 0) p->optim += F * moments * (double)P;
-    }
-    /* pp or tp alone: evaluation and checkpoints place the whole model on every rank, rank 0 also
-     * the whole optimizer state it writes (pp.c widen, tp.c tp_sync) */
-    if ((l->tp > 1) != (l->pp > 1)) {
-        p->sync = F * ((double)P - (l->pp > 1 ? mine : 0));
+    /* pp, tp, tp x pp: evaluation and checkpoints place the whole model on every rank, rank 0 also
+     * the whole optimizer state it writes (pp.c widen, tp.c tp_sync); a pp stage alone already
+     * holds its tensors of it, tp and tp x pp none (their shards are another model's) */
+    if (l->tp > 1 || l->pp > 1) {
+        p->sync = F * ((double)P - (l->pp > 1 && l->tp == 1 ? mine : 0));
         if (rank == 0) p->sync += F * moments * (double)P;
     }
     int inflight = 1;
