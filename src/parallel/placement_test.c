@@ -77,16 +77,21 @@ static bool measure(const char *strategy, int n, const char *tag, size_t *peak) 
     return measure_held(strategy, n, tag, peak, NULL);
 }
 
-/* Parameters stage k of the 2-stage flops cut holds: the tensors its nodes use. */
-static size_t pp_owned(dt_model *m, int k) {
+/* used[t]: tensor t is used by the nodes of stage k of the 2-stage flops cut. */
+static void stage_used(dt_model *m, int k, bool used[256]) {
     int first[3];
     CHECK_OK(dt_pp_cut(m, 2, "", NULL, first));
-    bool used[256] = {false};
     for (int i = first[k]; i < first[k + 1]; i++) {
         int ids[8];
         const int nt = dt_model_node_tensors(m, i, ids, 8);
         for (int j = 0; j < nt && j < 8; j++) used[ids[j]] = true;
     }
+}
+
+/* Parameters stage k of the 2-stage flops cut holds: the tensors its nodes use. */
+static size_t pp_owned(dt_model *m, int k) {
+    bool used[256] = {false};
+    stage_used(m, k, used);
     size_t own = 0;
     for (int t = 0; t < dt_model_num_tensors(m) && t < 256; t++)
         if (used[t] && !dt_model_tensor(m, t)->is_buffer) own += dt_model_tensor(m, t)->numel;
@@ -138,14 +143,8 @@ static size_t tp_owned(dt_model *m) { return tp_owned_of(m, NULL); }
 /* Parameters a tp2 x pp2 rank of stage k holds: its stage's tensors (the 2-stage flops cut), split
  * ones halved. */
 static size_t tppp_owned(dt_model *m, int k) {
-    int first[3];
-    CHECK_OK(dt_pp_cut(m, 2, "", NULL, first));
     bool used[256] = {false};
-    for (int i = first[k]; i < first[k + 1]; i++) {
-        int ids[8];
-        const int nt = dt_model_node_tensors(m, i, ids, 8);
-        for (int j = 0; j < nt && j < 8; j++) used[ids[j]] = true;
-    }
+    stage_used(m, k, used);
     return tp_owned_of(m, used);
 }
 
