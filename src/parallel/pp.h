@@ -157,9 +157,10 @@ float *dt_pp_seg_state(dt_pp *p, int i, size_t off);
 
 /* ---- stages of tensor-parallel shards (pp_tp.c) ---- */
 
-/* tp > 1: the rank's shard of s->model (a GPT) as p->m with the hooks over the stage's tp axis,
- * its parameters scattered from s->model; the cut (from the whole model) ends at the shard's last
- * node (the loss is computed outside its graph). DT_EINVAL for a model that is not a GPT. */
+/* tp > 1: the rank's shard of s->model (a GPT) as p->m, unplaced (dt_pp_tp_place places the
+ * stage's tensors), with the hooks over the stage's tp axis; the cut (from the whole model) ends at
+ * the shard's last node (the loss is computed outside its graph). DT_EINVAL for a model that is
+ * not a GPT. */
 dt_status dt_pp_tp_setup(dt_strategy *s, dt_pp *p);
 /* tp > 1: places the shard p->m for own[0..nown) (the stage's tensors; NULL: none) and copies
  * their parts of s->model into it (an unplaced whole tensor: its initial values). DT_ENOMEM. */
