@@ -1,7 +1,8 @@
 # Memory that is per rank from set-up on, with the real command: a GPT whose parameters, gradients
 # and Adam moments (16 bytes a parameter) exceed --mem-limit is refused on one worker (exit 78,
-# naming the limit) and trains under the same limit with --pp 4 and with --tp 4, each rank
-# reporting the bytes it was charged at most (core/mem.c's accounting, below the limit). The
+# naming the limit) and trains under the same limit with --pp 4, --tp 4 and --tp 2 --pp 2, each
+# rank reporting the bytes it was charged at most (core/mem.c's accounting, below the limit);
+# --dry-run's per-rank total for --tp 2 --pp 2 is within 3% of what each rank held at most. The
 # limit is 10 bytes a parameter of the model, read from --dry-run. No test set and no --save:
 # evaluation and checkpoints still gather the whole model (not streamed yet), which the last
 # check shows refused under the same limit with a message saying so. No timing is checked.
@@ -21,13 +22,25 @@ else bad "1 worker under --mem-limit $LIM for $P parameters (exit $rc): $out"; f
 # every rank trained and was charged at most the limit
 held() { grep -o 'rank [0-9]* held at most [0-9]* bytes' <<<"$1" | awk -v lim="$2" -v n="$3" \
   '{ if ($5 + 0 > lim + 0) bad = 1; c++ } END { exit !(c == n && !bad) }'; }
-for layout in "--pp 4" "--tp 4"; do
+for layout in "--pp 4" "--tp 4" "--tp 2 --pp 2"; do
   out=$(run --workers 4 $layout --mem-limit $LIM); rc=$?
+  [ "$layout" = "--tp 2 --pp 2" ] && tppp_out=$out
   if [ $rc -eq 0 ] && grep -q "done: 2 steps" <<<"$out" && held "$out" $LIM 4; then
     ok "$layout: 4 ranks train the same GPT under --mem-limit $LIM ($(grep -o 'held at most [0-9]*' <<<"$out" | \
        awk '{ printf "%s%s", s, $4; s = ", " }') bytes)"
   else bad "$layout under --mem-limit $LIM (exit $rc): $out"; fi
 done
+
+# the plan of each tp2 x pp2 rank against what that rank held at most
+tppp_plan=$($DT train --data "text:$TMP/t.txt" --model $GPT --batch 4 --val-fraction 0 --workers 4 --tp 2 --pp 2 \
+            --mem-limit $LIM --dry-run 2>&1)
+cmp=$( { sed -n 's/^rank \([0-9]*\) (.*/P \1/p; s/^  total *\([0-9]*\) bytes.*/T \1/p' <<<"$tppp_plan";
+         grep -o 'rank [0-9]* held at most [0-9]*' <<<"$tppp_out" | awk '{ print "H", $2, $6 }'; } | awk '
+  $1 == "P" { r = $2 } $1 == "T" { plan[r] = $2 } $1 == "H" { held[$2] = $3 }
+  END { for (r = 0; r < 4; r++) { d = plan[r] / held[r] - 1; if (!(held[r] > 0) || d > 0.03 || d < -0.03) bad = 1;
+          printf "%srank %d plan %d held %d", r ? ", " : "", r, plan[r], held[r] } if (bad) printf " MISMATCH" }')
+if [ -n "$cmp" ] && ! grep -q MISMATCH <<<"$cmp"; then ok "--tp 2 --pp 2: --dry-run within 3% of each rank's held bytes ($cmp)"
+else bad "--tp 2 --pp 2: --dry-run against held ($cmp): $tppp_plan"; fi
 
 plan() { $DT train --data "text:$TMP/t.txt" --model $GPT --batch 4 --val-fraction 0 --mem-limit $LIM --dry-run "$@" 2>&1; }
 p1=$(plan); pp4=$(plan --workers 4 --pp 4); tp4=$(plan --workers 4 --tp 4)

@@ -32,8 +32,8 @@ typedef struct {
     double gathered;              /* ZeRO-3: parameters gathered in flight (a layer and the next) */
     double activations;           /* the micro-batches in flight at once */
     double total;                 /* while training */
-    double sync;                  /* more while evaluation and checkpoints gather the whole model (pp or tp
-                                   * alone; rank 0 also the optimizer state it writes); not in total */
+    double sync;                  /* more while evaluation and checkpoints gather the whole model (pp, tp,
+                                   * tp x pp; rank 0 also the optimizer state it writes); not in total */
     int dp_rank, stage, tp_rank;  /* the rank's coordinates in the layout */
 } dt_mem_plan;
 

@@ -40,6 +40,9 @@ dt_status dt_gpt_check_tp(const dt_gpt_config *c, int tp);
  * ranks). Parameters are zero; the strategy copies them from the whole model. DT_EINVAL as
  * dt_gpt_check_tp. */
 dt_status dt_gpt_create_sharded(dt_model **m, const dt_gpt_config *c, int tp);
+/* The same shard left unplaced (dt_graph_defer_placement): nothing written or charged until
+ * dt_model_place says which of its tensors this rank holds (a tp x pp stage: its own). */
+dt_status dt_gpt_create_sharded_unplaced(dt_model **m, const dt_gpt_config *c, int tp);
 
 /* Sampling: temperature (0 = greedy), top-k (0 = all), seed of the counter-based draws. */
 typedef struct {

@@ -142,13 +142,21 @@ dt_status dt_gpt_check_tp(const dt_gpt_config *c, int tp) {
                     4 * c->C, c->V, ok);
 }
 
-dt_status dt_gpt_create_sharded(dt_model **out, const dt_gpt_config *c, int tp) {
+static dt_status create_sharded(dt_model **out, const dt_gpt_config *c, int tp, bool defer) {
     *out = NULL;
     char spec[128];
     dt_gpt_format(spec, sizeof spec, c);
     DT_TRY(check_config(spec, c));
     DT_TRY(dt_gpt_check_tp(c, tp));
-    return create(out, c, tp, false);
+    return create(out, c, tp, defer);
+}
+
+dt_status dt_gpt_create_sharded(dt_model **out, const dt_gpt_config *c, int tp) {
+    return create_sharded(out, c, tp, false);
+}
+
+dt_status dt_gpt_create_sharded_unplaced(dt_model **out, const dt_gpt_config *c, int tp) {
+    return create_sharded(out, c, tp, true);
 }
 
 dt_status dt_model_build_unplaced(dt_model **m, const char *spec, int C, int H, int W) {

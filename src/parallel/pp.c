@@ -8,7 +8,8 @@
  * its gradient summed over them and is updated identically on each. Gradients of a stage are
  * averaged over the DP axis. Memory: a stage holds parameters, gradients and optimizer state only
  * for the tensors its nodes use, from set-up on (pp_place tells the trainer before anything is
- * written; a resume restores only those). Before evaluation and checkpoints (ops->sync) the model
+ * written; a resume restores only those; under tp x pp the trainer places none of the whole model
+ * and the stage places its tensors' shards, pp_tp.c). Before evaluation and checkpoints (ops->sync) the model
  * is placed whole again, every stage's tensors are broadcast to the whole pipeline and its
  * optimizer moments sent to stage 0, so rank 0 writes one ordinary, layout-independent checkpoint;
  * the next step narrows the stage back (streaming them instead is not done yet). */
@@ -20,10 +21,16 @@
 #include <string.h>
 #include <sys/resource.h>
 
-/* The stages of a pipeline hold different tensors: replicas are the same stage of each pipeline. */
+/* The stages of a pipeline hold different tensors: replicas are the same stage of each pipeline.
+ * ZeRO shards the segments here, after a resume restored them whole (under tp x pp through
+ * dt_pp_tp_visit_state, after the strategy was made). */
 static dt_status pp_init(dt_strategy *s) {
     dt_pp *p = s->impl;
-    DT_TRY(dt_strategy_verify_replicas(p->dp, s->model));
+    DT_TRY(dt_strategy_verify_replicas(p->dp, p->m));
+    if (p->o.zero && p->DP > 1 && !(p->nseg && p->seg[0].zero)) {
+        DT_TRY(dt_pp_zero_shard(p));
+        if (p->o.zero >= 3) DT_TRY(dt_pp_zero3_setup(p));
+    }
     if (p->seg_of) dt_pp_zero3_release_all(p);  /* ZeRO-3: from here each rank holds its chunks */
     return DT_OK;
 }
@@ -34,7 +41,7 @@ static void narrow(dt_strategy *s, dt_pp *p) {
     static const dt_range none = {0, 0};
     if (!p->widened || dt_model_place(s->model, p->own ? p->own : &none, p->nown) != DT_OK) return;
     if (s->optim && p->rank == 0 && dt_optim_place(s->optim, &none, 0) != DT_OK) return;
-    p->widened = false;
+    p->widened = p->whole = false;
 }
 
 static void pp_begin(dt_strategy *s, int64_t step) {
@@ -82,8 +89,12 @@ static dt_status pp_sync(dt_strategy *s) {
     dt_model *m = s->model;
     if (p->o.zero && p->DP > 1) DT_TRY(dt_pp_zero_collect(p));  /* DP rank 0: whole segment moments */
     if (p->seg_of) DT_TRY(dt_pp_zero3_gather_all(p));  /* ZeRO-3: the stage's whole parameters */
-    if (p->tp > 1) return dt_pp_tp_sync(s);  /* the whole model stays placed under tp x pp */
     DT_TRY(widen(s, p));
+    if (p->tp > 1) {  /* the stages' shards gathered into the whole model */
+        DT_TRY(dt_pp_tp_sync(s));
+        p->whole = p->rank == 0;
+        return DT_OK;
+    }
     if (p->K == 1) goto moments;
     for (int t = 0; t < dt_model_num_tensors(m); t++) {
         const dt_param_info *ti = dt_model_tensor(m, t);
@@ -186,15 +197,17 @@ static void pp_axis_bytes(dt_strategy *s, uint64_t bytes[3]) {
     bytes[2] = dt_comm_bytes(p->dp, NULL);
 }
 
-static const dt_strategy_ops pp_ops = {.name = "pp", .train_step = dt_pp_train_step, .init = pp_init,
-                                       .begin_step = pp_begin, .grad_ready = pp_ready, .step = pp_step_unused,
-                                       .destroy = pp_destroy, .sync = pp_sync, .report = pp_report,
-                                       .axis_bytes = pp_axis_bytes};
+#define PP_OPS .name = "pp", .train_step = dt_pp_train_step, .init = pp_init, .begin_step = pp_begin, \
+               .grad_ready = pp_ready, .step = pp_step_unused, .destroy = pp_destroy, .sync = pp_sync, \
+               .report = pp_report, .axis_bytes = pp_axis_bytes
+static const dt_strategy_ops pp_ops = {PP_OPS};
+/* tp x pp: the stage's shards are state only the strategy holds (a resume restores them in place) */
+static const dt_strategy_ops pp_tp_ops = {PP_OPS, .visit_state = dt_pp_tp_visit_state};
 
 void dt_pp_tp_counters(const dt_strategy *s, dt_tp_counters *c) {
     const uint64_t dp = c->dp_bytes;
     memset(c, 0, sizeof *c);
-    if (!s || s->ops != &pp_ops || !((const dt_pp *)s->impl)->hooks) return;
+    if (!s || (s->ops != &pp_ops && s->ops != &pp_tp_ops) || !((const dt_pp *)s->impl)->hooks) return;
     const dt_pp *p = s->impl;
     c->dp_bytes = dp;
     dt_tp_hooks_counters(p->hooks, c);
@@ -226,15 +239,15 @@ static dt_status stage_ranges(const dt_pp *p, const dt_model *m, int stage, dt_r
 }
 
 /* The placement of entry.place: the tensors of this rank's stage, from the cut the strategy
- * makes (by flops or --pp-split); the whole model where the cut needs measured costs first (rank
- * 0 times every node), the world does not divide (the strategy refuses that), or under tp x pp
- * (the stage runs its GPT shard; the whole model stays the checkpoint's copy, as under tp
- * before placement: not narrowed yet). */
+ * makes (by flops or --pp-split); under tp x pp none (the stage places its tensors' shards in its
+ * GPT shard, pp_tp.c, as tp does); the whole model where the cut needs measured costs first (rank
+ * 0 times every node) or the world does not divide (the strategy refuses that). */
 static dt_status pp_place(const void *opts, const dt_model *m, int rank, int size, dt_range **own, int *nown,
                           bool *whole) {
     const dt_pp_opts *o = opts;
-    *whole = o->stages == 1 || (o->measured && !o->split[0]) || size % o->stages != 0 || o->tp > 1;
-    if (*whole) return DT_OK;
+    const int tp = o->tp > 0 ? o->tp : 1;
+    *whole = (o->measured && !o->split[0]) || size % (o->stages * tp) != 0 || (o->stages == 1 && tp == 1);
+    if (*whole || tp > 1) return DT_OK;
     dt_pp *p = calloc(1, sizeof *p);
     if (!p) return dt_error(DT_ENOMEM, "pp: out of memory");
     p->K = o->stages;
@@ -329,17 +342,24 @@ static dt_status pp_setup(dt_strategy *s, dt_pp *p) {
     }
     if (p->hooks && p->K > 1) p->reads_y[p->K - 1] = true;  /* the shard's loss is outside its graph */
     DT_TRY(find_users(p, m));
+    if (p->tp > 1) {  /* the shard holds the stage's tensors only */
+        dt_range *mine = NULL;
+        int nmine = 0;
+        DT_TRY(stage_ranges(p, m, p->stage, &mine, &nmine));
+        dt_status ps = dt_pp_tp_place(s, p, mine, nmine);
+        free(mine);
+        DT_TRY(ps);
+    }
     p->nstates = s->optim ? dt_optim_num_states(s->optim) : 0;
     p->steps0 = s->optim ? dt_optim_steps(s->optim) : 0;
     DT_TRY(make_segments(s, p));
     /* from here the stage holds only its tensors (the trainer placed no more unless the cut needed
-     * measured costs or a sharded checkpoint was restored), and the trainer's optimizer no moments:
-     * the segments are the stage's; rank 0 places them again to stage checkpoints */
-    if (p->tp == 1) {
-        DT_TRY(stage_ranges(p, m, p->stage, &p->own, &p->nown));
-        p->widened = true;
-        narrow(s, p);
-    }
+     * measured costs or a sharded checkpoint was restored; under tp x pp none of the whole model),
+     * and the trainer's optimizer no moments: the segments are the stage's; rank 0 places them
+     * again to stage checkpoints */
+    if (p->tp == 1) DT_TRY(stage_ranges(p, m, p->stage, &p->own, &p->nown));
+    p->widened = true;
+    narrow(s, p);
     if (s->optim && p->rank != 0) dt_optim_free_state(s->optim);
     const size_t nbuf = dt_model_num_buffers(m);
     p->acts = calloc(2 * DT_PP_MAX_MICRO, sizeof *p->acts);
@@ -348,10 +368,7 @@ static dt_status pp_setup(dt_strategy *s, dt_pp *p) {
         return dt_error(DT_ENOMEM, "pp: out of memory");
     p->live = -1;
     s->data_rank = p->dp_i, s->data_world = p->DP, s->job_rank0 = 0;
-    DT_TRY(make_comms(s, p));
-    if (!p->o.zero || p->DP == 1) return DT_OK;
-    DT_TRY(dt_pp_zero_shard(p));  /* after the segments took the moments */
-    return p->o.zero >= 3 ? dt_pp_zero3_setup(p) : DT_OK;
+    return make_comms(s, p);  /* ZeRO shards the segments in pp_init */
 }
 
 static dt_status pp_create(dt_strategy *s, const void *opts) {
@@ -361,7 +378,7 @@ static dt_status pp_create(dt_strategy *s, const void *opts) {
     p->K = p->o.stages;
     if (p->o.microbatches == 0) p->o.microbatches = p->K;  /* default: M = K */
     s->impl = p;
-    s->ops = &pp_ops;
+    s->ops = p->o.tp > 1 ? &pp_tp_ops : &pp_ops;
     dt_status st = pp_setup(s, p);
     if (st != DT_OK) {
         pp_destroy(s);

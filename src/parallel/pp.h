@@ -113,6 +113,8 @@ typedef struct {
     dt_range *own;                 /* the parameter slab ranges this stage holds (its tensors) */
     int nown;
     bool widened;                  /* a sync placed the whole model; the next step narrows it */
+    bool whole;                    /* tp > 1, world rank 0 after a sync: s->model and s->optim hold the
+                                    * whole state (the checkpoint's pieces) */
     dt_pp_segment *seg;
     int nseg;
     int nstates;                   /* optimizer moments per parameter (0 sgd, 1 momentum, 2 adam) */
@@ -155,10 +157,18 @@ float *dt_pp_seg_state(dt_pp *p, int i, size_t off);
 
 /* ---- stages of tensor-parallel shards (pp_tp.c) ---- */
 
-/* tp > 1: the rank's shard of s->model (a GPT) as p->m with the hooks over the stage's tp axis,
- * its parameters scattered from s->model; the cut (from the whole model) ends at the shard's last
- * node (the loss is computed outside its graph). DT_EINVAL for a model that is not a GPT. */
+/* tp > 1: the rank's shard of s->model (a GPT) as p->m, unplaced (dt_pp_tp_place places the
+ * stage's tensors), with the hooks over the stage's tp axis; the cut (from the whole model) ends at
+ * the shard's last node (the loss is computed outside its graph). DT_EINVAL for a model that is
+ * not a GPT. */
 dt_status dt_pp_tp_setup(dt_strategy *s, dt_pp *p);
+/* tp > 1: places the shard p->m for own[0..nown) (the stage's tensors; NULL: none) and copies
+ * their parts of s->model into it (an unplaced whole tensor: its initial values). DT_ENOMEM. */
+dt_status dt_pp_tp_place(dt_strategy *s, dt_pp *p, const dt_range *own, int nown);
+/* tp > 1: the state for checkpoints: after a sync on world rank 0 (p->whole) the whole model and
+ * optimizer; else the stage's shards and their segments' moments as pieces of the whole tensors
+ * (a resume restores them in place: before ZeRO shards the segments). */
+dt_status dt_pp_tp_visit_state(dt_strategy *s, dt_state_visit_fn fn, void *ctx);
 /* tp > 1: the segments' moments from the whole optimizer s->optim (a resumed run's). */
 void dt_pp_tp_scatter_moments(dt_strategy *s, dt_pp *p);
 /* tp > 1: every rank's s->model gets the whole current parameters (each tensor gathered over its

@@ -3,14 +3,18 @@
  * the tp hooks over the stage's tp ranks (tp_hooks.c). The cut is the whole model's; the shard has
  * no loss node, so the last stage ends at the head and takes the vocabulary-parallel loss.
  *
- * State: the whole model (s->model) is the checkpoint's, as under tp or pp alone. The shard's
- * parameters come from it at start (a resume under any layout), its moments from the whole
- * optimizer into the stage's segments. A sync gathers each tensor over its owner stage's tp
- * ranks, broadcasts it along the pipeline of every tp index (so every rank holds the whole model
- * for evaluation), and gathers its moments to tp rank 0 of the owner stage, which sends them to
- * world rank 0 (stage 0, tp 0, dp 0): one ordinary, layout-independent checkpoint. */
+ * Memory, from set-up on: the trainer places none of the whole model (s->model, pp_place / tp_place),
+ * and the shard (p->m) is placed only for the stage's tensors (their tp parts; the replicated ones
+ * whole), initialised one whole tensor at a time (dt_tp_scatter); a resume restores those shards
+ * in place (dt_pp_tp_visit_state, before ZeRO shards the segments in pp_init). The whole model is
+ * the checkpoint's and evaluation's: a sync places it (pp.c widen) and gathers each tensor over
+ * its owner stage's tp ranks, broadcasts it along the pipeline of every tp index (so every rank
+ * holds the whole model for evaluation), and gathers its moments to tp rank 0 of the owner stage,
+ * which sends them to world rank 0 (stage 0, tp 0, dp 0): one ordinary, layout-independent
+ * checkpoint. The next step narrows the whole model to nothing again. */
 #include "parallel/pp.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,7 +26,7 @@ dt_status dt_pp_tp_setup(dt_strategy *s, dt_pp *p) {
                         spec);
     dt_gpt_config g;
     DT_TRY(dt_gpt_parse(spec, &g));
-    DT_TRY(dt_gpt_create_sharded(&p->m, &g, p->tp));
+    DT_TRY(dt_gpt_create_sharded_unplaced(&p->m, &g, p->tp));
     const int n = dt_model_num_nodes(p->m);
     for (int i = 0; i < n; i++)
         if (strcmp(dt_model_node_name(p->m, i), dt_model_node_name(s->model, i)) != 0)
@@ -33,10 +37,18 @@ dt_status dt_pp_tp_setup(dt_strategy *s, dt_pp *p) {
                         "'%s'); under tensor parallelism the loss goes with the head: cut earlier (--pp-split)", p->tp,
                         p->K, p->first[p->K - 1], dt_model_node_name(s->model, p->first[p->K - 1]));
     p->first[p->K] = n;
-    DT_TRY(dt_tp_scatter(s->model, NULL, p->m, NULL, p->tp, p->tr));
     /* the whole model only receives gathered parameters (evaluation, checkpoints) */
     dt_model_release_grads(s->model);
     return dt_tp_hooks_create(&p->hooks, p->m, &g, p->mesh.tp_comm, p->tp, p->tr, p->rank, s->trace, &s->step);
+}
+
+dt_status dt_pp_tp_place(dt_strategy *s, dt_pp *p, const dt_range *own, int nown) {
+    static const dt_range none = {0, 0};
+    dt_status st = dt_model_place(p->m, own ? own : &none, nown);
+    if (st != DT_OK)
+        return dt_error_wrap(st, "pipeline stage %d, tp rank %d (rank %d): placing the stage's shard", p->stage, p->tr,
+                             p->rank);
+    return dt_tp_scatter(s->model, NULL, p->m, NULL, p->tp, p->tr);
 }
 
 /* The whole model's tensor of the shard's tensor j. */
@@ -96,6 +108,32 @@ static dt_status sync_tensor(dt_strategy *s, dt_pp *p, int j, float *tmp, float 
                              ft->name, own);
     for (int k = 0; !lt->is_buffer && s->optim && p->dp_i == 0 && k < p->nstates; k++)
         DT_TRY(sync_moment(s, p, j, k, own, tmp, mom));
+    return DT_OK;
+}
+
+dt_status dt_pp_tp_visit_state(dt_strategy *s, dt_state_visit_fn fn, void *ctx) {
+    dt_pp *p = s->impl;
+    if (p->whole) return dt_state_visit_model(s->model, s->optim, fn, ctx);
+    for (int g = 0; g < p->nseg; g++)
+        if (p->seg[g].zero && !p->seg[g].whole)
+            return dt_error(DT_EINTERNAL, "--tp %d --pp %d: the stage's state is ZeRO-sharded; its pieces are visited "
+                            "before pp_init shards it, or after a sync", p->tp, p->K);
+    for (int j = 0; j < dt_model_num_tensors(p->m); j++) {
+        const dt_param_info *lt = dt_model_tensor(p->m, j), *ft = whole_of(s, p, j);
+        if (!(p->users[j] >> p->stage & 1)) continue;  /* another stage's */
+        if (!ft) return dt_error(DT_EINTERNAL, "--tp --pp: the shard's tensor '%s' is not in the whole model", lt->name);
+        float *lb = (lt->is_buffer ? dt_model_buffers(p->m) : dt_model_params(p->m)) + lt->offset;
+        DT_TRY(dt_tp_visit_shard(p->tp, p->tr, fn, ctx, ft->name, ft, lb, false));
+        for (int k = 0; !lt->is_buffer && k < p->nstates; k++) {
+            const char *sname = "";
+            float *mine = dt_pp_seg_state(p, k, lt->offset);
+            if (!mine) continue;
+            dt_optim_state(p->seg[0].opt, k, &sname);  /* the segments' optimizers are one kind */
+            char name[96];
+            snprintf(name, sizeof name, "optim.%s.%s", sname, ft->name);
+            DT_TRY(dt_tp_visit_shard(p->tp, p->tr, fn, ctx, name, ft, mine, true));
+        }
+    }
     return DT_OK;
 }
 

@@ -380,11 +380,11 @@ static void tp_mesh(const void *opts, int *tp, int *pp, int *microbatches, const
 }
 
 /* The placement of entry.place: none of the whole model (its shards live in the local model,
- * initialised tensor by tensor); the whole of it where pipeline stages compose with tp. */
+ * initialised tensor by tensor; with pp > 1 a stage's shard holds only the stage's, pp_tp.c). */
 static dt_status tp_place(const void *opts, const dt_model *m, int rank, int size, dt_range **own, int *nown,
                           bool *whole) {
-    (void)m, (void)rank, (void)size;
-    *own = NULL, *nown = 0, *whole = ((const tp_opts *)opts)->pp > 1;
+    (void)opts, (void)m, (void)rank, (void)size;
+    *own = NULL, *nown = 0, *whole = false;
     return DT_OK;
 }
 

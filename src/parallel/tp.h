@@ -30,8 +30,9 @@ void dt_tp_copy(dt_tp_split k, float *full, float *local, const dt_param_info *f
 
 /* Rank r's shard of the whole model (params) and optimizer (moments, step count) into the local
  * ones. A whole tensor that is not placed (the trainer places none under tp) gives its initial
- * values instead (dt_model_init_tensor, one tensor at a time) and fresh moments. DT_EINVAL when a
- * local tensor has no whole counterpart. */
+ * values instead (dt_model_init_tensor, one tensor at a time) and fresh moments. Only local's
+ * placed tensors are written (a tp x pp stage places its own). DT_EINVAL when a local tensor has
+ * no whole counterpart. */
 dt_status dt_tp_scatter(dt_model *full, dt_optim *fo, dt_model *local, dt_optim *lo, int K, int r);
 /* The inverse, collective over comm (K ranks; NULL = one), tensor by tensor: every rank assembles
  * the whole parameters and buffers into full (allgather); with moments != NULL (on every rank of
@@ -66,6 +67,11 @@ typedef struct {
  * rank's shards of local and lo as pieces of the whole tensors (restored in place). */
 dt_status dt_tp_visit_state(dt_model *full, dt_model *local, dt_optim *lo, int K, int r, bool whole,
                             float *const *moments, dt_state_visit_fn fn, void *ctx);
+
+/* Rank r of K's shard of whole tensor ft (its local values at lb, dt_tp_copy's layout) as pieces
+ * of the whole tensor, named name (optim: a moment), to fn. */
+dt_status dt_tp_visit_shard(int K, int r, dt_state_visit_fn fn, void *ctx, const char *name, const dt_param_info *ft,
+                            float *lb, bool optim);
 
 struct dt_strategy;
 /* The counters of a "tp" strategy, or of a pipeline stage of a tp x pp mesh (zeros for any other). */

@@ -79,6 +79,7 @@ dt_status dt_tp_scatter(dt_model *full, dt_optim *fo, dt_model *local, dt_optim 
             st = DT_EINVAL;
             break;
         }
+        if (!dt_model_tensor_placed(local, j)) continue;  /* another stage's (tp x pp) */
         const dt_tp_split k = dt_tp_split_of(lt->name);
         const int i = dt_model_find_tensor(full, lt->name);
         float *fb = (lt->is_buffer ? dt_model_buffers(full) : dt_model_params(full)) + ft->offset;

@@ -15,8 +15,7 @@ static dt_status piece(dt_state_visit_fn fn, void *ctx, const char *name, const 
     return fn(ctx, &p);
 }
 
-/* This rank's shard (local values at lb) of whole tensor ft as pieces, the layout of dt_tp_copy. */
-static dt_status visit_shard(int Ki, int ri, dt_state_visit_fn fn, void *ctx, const char *name, const dt_param_info *ft,
+dt_status dt_tp_visit_shard(int Ki, int ri, dt_state_visit_fn fn, void *ctx, const char *name, const dt_param_info *ft,
                              float *lb, bool optim) {
     const size_t R = (size_t)ft->shape[0], Cc = ft->numel / R, K = (size_t)Ki, r = (size_t)ri;
     switch (dt_tp_split_of(ft->name)) {
@@ -45,13 +44,13 @@ static dt_status visit_shards(dt_model *full, dt_model *local, dt_optim *lo, int
         if (i < 0) return dt_error(DT_EINTERNAL, "tensor parallel: '%s' is not in the whole model", lt->name);
         const dt_param_info *ft = dt_model_tensor(full, i);
         float *lb = lt->is_buffer ? dt_model_buffers(local) : dt_model_params(local);
-        DT_TRY(visit_shard(K, r, fn, ctx, ft->name, ft, lb + lt->offset, false));
+        DT_TRY(dt_tp_visit_shard(K, r, fn, ctx, ft->name, ft, lb + lt->offset, false));
         for (int k = 0; !lt->is_buffer && k < dt_optim_num_states(lo); k++) {
             const char *sname;
             float *st = dt_optim_state(lo, k, &sname);
             char name[96];
             snprintf(name, sizeof name, "optim.%s.%s", sname, ft->name);
-            DT_TRY(visit_shard(K, r, fn, ctx, name, ft, st + lt->offset, true));
+            DT_TRY(dt_tp_visit_shard(K, r, fn, ctx, name, ft, st + lt->offset, true));
         }
     }
     return DT_OK;

@@ -2,8 +2,9 @@
  * and optimizer state (ZeRO: its shard of each of ddp's buckets, as zero.c cuts them; pipeline:
  * the tensors its stage's nodes use under the flops cut pp.c places; tensor parallel: each tensor
  * a tp-th where tp_shard.c splits it, else whole),
- * stage 2-3's gradient buckets in flight (a pipeline's stage 2-3: its whole gradients and the shard), stage 3's gathered buckets and the activations of the micro-batches in flight (GPipe: all of
- * them, 1F1B: up to pp - stage). */
+ * stage 2-3's gradient buckets in flight (a pipeline's stage 2-3: its whole gradients and the
+ * shard), stage 3's gathered buckets and the activations its graph allocates at a micro-batch
+ * (graph_activations). */
 #include "dtrain/memplan.h"
 #include "dtrain/models.h"
 #include "parallel/mesh.h"
@@ -84,6 +85,27 @@ static dt_status owned_params(dt_model *m, const dt_mem_layout *l, int stage, do
     return DT_OK;
 }
 
+/* The activations the rank's graph allocates at its (micro-)batch: every node's, once (a pipeline
+ * stage runs its micro-batches through the one graph, recomputing a forward rather than keeping
+ * several in it; the sent and received activations are not charged); under tp the graph is the
+ * rank's GPT shard (tp_shard.c), whose residual stream stays whole. */
+static dt_status graph_activations(const dt_model *m, const dt_mem_layout *l, double *out) {
+    if (l->tp == 1) {
+        *out = (double)dt_model_activation_bytes(m, l->batch);
+        return DT_OK;
+    }
+    dt_gpt_config g;
+    dt_model *shard = NULL;
+    if (!dt_model_spec_is_gpt(dt_model_spec(m)))
+        return dt_error(DT_EINVAL, "memory plan: --tp %d splits a GPT's heads, MLP and vocabulary; --model %s is not "
+                        "a GPT (use --model gpt:L=..,H=..,C=..,T=..)", l->tp, dt_model_spec(m));
+    DT_TRY(dt_gpt_parse(dt_model_spec(m), &g));
+    DT_TRY(dt_gpt_create_sharded_unplaced(&shard, &g, l->tp));  /* laid out, nothing written */
+    *out = (double)dt_model_activation_bytes(shard, l->batch);
+    dt_model_free(shard);
+    return DT_OK;
+}
+
 dt_status dt_mem_plan_rank(dt_model *m, const dt_optim_config *o, const dt_mem_layout *l, int rank, dt_mem_plan *p) {
     memset(p, 0, sizeof *p);
     DT_TRY(check_layout(l, rank));
@@ -111,23 +133,14 @@ dt_status dt_mem_plan_rank(dt_model *m, const dt_optim_config *o, const dt_mem_l
     p->optim = F * moments * (l->zero >= 1 ? own : mine);
     /* a node's buckets and the next node's, prefetched */
     if (l->zero >= 3 && l->dp > 1) p->gathered = F * big[1] * (double)(l->dp - 1) / l->dp;
-    if (l->tp > 1 && l->pp > 1) {  /* tp x pp keeps the whole model as the checkpoint's copy (pp_tp.c), and world
-                                    * rank 0 its optimizer state: not narrowed yet */
-        p->params += F * (double)P;
-        if (rank == 0) p->optim += F * moments * (double)P;
-    }
-    /* pp or tp alone: evaluation and checkpoints place the whole model on every rank, rank 0 also
-     * the whole optimizer state it writes (pp.c widen, tp.c tp_sync) */
-    if ((l->tp > 1) != (l->pp > 1)) {
-        p->sync = F * ((double)P - (l->pp > 1 ? mine : 0));
+    /* pp, tp, tp x pp: evaluation and checkpoints place the whole model on every rank, rank 0 also
+     * the whole optimizer state it writes (pp.c widen, tp.c tp_sync); a pp stage alone already
+     * holds its tensors of it, tp and tp x pp none (their shards are another model's) */
+    if (l->tp > 1 || l->pp > 1) {
+        p->sync = F * ((double)P - (l->pp > 1 && l->tp == 1 ? mine : 0));
         if (rank == 0) p->sync += F * moments * (double)P;
     }
-    int inflight = 1;
-    if (l->pp > 1) {
-        const bool gpipe = l->schedule && !strcmp(l->schedule, "gpipe");
-        inflight = gpipe ? l->microbatches : (l->pp - stage < l->microbatches ? l->pp - stage : l->microbatches);
-    }
-    p->activations = (double)dt_model_activation_bytes(m, l->batch) / l->pp / l->tp * inflight;
+    DT_TRY(graph_activations(m, l, &p->activations));
     p->total = p->params + p->grads + p->optim + p->gathered + p->activations;
     return DT_OK;
 }
