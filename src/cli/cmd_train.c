@@ -7,6 +7,7 @@
 #include "cli/train_pp.h"
 #include "cli/train_progress.h"
 #include "cli/train_mem.h"
+#include "cli/train_resume.h"
 #include "dtrain/dtrain.h"
 #include "run/ckpt_dir.h"
 #include "run/elastic.h"
@@ -271,8 +272,9 @@ static int parse_train_flags(int argc, char **argv, train_opts *o) {
     return -1;
 }
 
-/* Turns the optimizer and schedule flags into the trainer config; -1 = fine, else exit status. */
-static int build_train_config(train_opts *o) {
+/* Turns the optimizer and schedule flags into the trainer config (with --resume, the ones not
+ * given are the checkpoint's); -1 = fine, else exit status. */
+static int build_train_config(int argc, char **argv, train_opts *o) {
     dt_train_config *c = &o->cfg;
     if (dt_optim_parse(o->optimizer, &c->optim.kind) != DT_OK)
         return dt_cli_usage("use --optimizer sgd, adam or adamw", "%s", dt_last_error());
@@ -295,6 +297,7 @@ static int build_train_config(train_opts *o) {
     c->val_split = o->val_split;
     c->checkpoint_secs = o->ckpt_secs;
     c->stop = &g_stop;
+    dt_cli_resume_settings(argc, argv, c);
     return -1;
 }
 
@@ -314,7 +317,7 @@ static void print_header(const train_opts *o, dt_trainer *t, dt_comm *comm, int 
     const dt_train_config *c = &o->cfg;
     printf("dtrain: model %s (%zu parameters), data %s, batch %d, %s lr %g, seed %llu, %d thread%s\n",
            dt_model_spec(dt_trainer_model(t)), dt_model_num_params(dt_trainer_model(t)), c->data, c->batch,
-           o->optimizer, o->lr, (unsigned long long)c->seed, c->threads, c->threads > 1 ? "s" : "");
+           dt_optim_name(c->optim.kind), c->lr.base_lr, (unsigned long long)c->seed, c->threads, c->threads > 1 ? "s" : "");
     printf("dtrain: kernels %s\n", dt_kernels_describe());
     if (dt_kernels_note()) printf("dtrain: note: %s\n", dt_kernels_note());
     char spec[512] = "";
@@ -465,7 +468,7 @@ int dt_cmd_train(int argc, char **argv) {
     if (r >= 0) return r;
     const int job_ranks = dt_cli_job_ranks(&o.cfg, o.workers); /* ps: servers + workers */
     if (o.dry_run) {
-        if ((r = build_train_config(&o)) >= 0) return r;
+        if ((r = build_train_config(argc, argv, &o)) >= 0) return r;
         return dt_cli_dry_run(&o.cfg, job_ranks, o.uneven.zero, o.bucket_mb, o.mem_limit);
     }
     if (job_ranks > 1 && !dt_comm_env_is_rank()) {
@@ -485,6 +488,6 @@ int dt_cmd_train(int argc, char **argv) {
         free(expendable);
         return rc;
     }
-    if ((r = build_train_config(&o)) >= 0) return r;
+    if ((r = build_train_config(argc, argv, &o)) >= 0) return r;
     return run_rank(argc, argv, &o, job_ranks);
 }
