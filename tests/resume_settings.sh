@@ -21,6 +21,13 @@ grep -q "batch 4, adamw lr 0.01, seed 7" <<<"$out" && ok "the header shows the c
 grep -q "other settings" <<<"$out" && bad "a resume with no flags changed announces a change: $out" \
   || ok "a resume that changes nothing announces nothing"
 
+# the same through --resume auto (the newest checkpoint in --checkpoint-dir)
+$DT train "${D[@]}" "${M[@]}" "${SET[@]}" --max-steps 3 --checkpoint-dir "$TMP/ck" --checkpoint-every 3 --quiet \
+  >/dev/null 2>&1 || bad "checkpoint-dir run"
+out=$($DT train "${D[@]}" --max-steps 6 --resume auto --checkpoint-dir "$TMP/ck" --save "$TMP/auto.st" --quiet 2>&1)
+cmp -s "$TMP/full.st" "$TMP/auto.st" && ok "--resume auto with no training flags equals the uninterrupted run" \
+  || bad "--resume auto with the checkpoint's settings differs: $out"
+
 # ---- a different --lr (or --seed) given is announced once, also with 2 workers ----
 out=$($DT train "${D[@]}" --max-steps 6 --resume "$TMP/half.st" --lr 0.005 --quiet 2>&1) || bad "resume --lr: $out"
 n=$(grep -c "other settings: --lr 0.005 (the checkpoint's run: 0.01)" <<<"$out")

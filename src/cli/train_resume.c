@@ -43,9 +43,12 @@ void dt_cli_resume_settings(int argc, char **argv, dt_train_config *c) {
     bool found = true;
     if (strcmp(c->resume, "auto") != 0) snprintf(path, sizeof path, "%s", c->resume);
     else if (!c->checkpoint_dir || dt_ckpt_dir_latest(c->checkpoint_dir, path, sizeof path, &found, NULL, NULL) != DT_OK)
-        return;
+        found = false;
     dt_ckpt_info info;
-    if (!found || dt_checkpoint_read_info(path, &info) != DT_OK) return;
+    if (!found || dt_checkpoint_read_info(path, &info) != DT_OK) {
+        dt_error_clear();
+        return;
+    }
     take_optimizer(argc, argv, c, &info);
     if (!GIVEN("seed")) c->seed = info.seed;
     if (info.has_settings) {
