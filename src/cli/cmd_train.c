@@ -8,6 +8,7 @@
 #include "cli/train_progress.h"
 #include "cli/train_mem.h"
 #include "cli/train_outputs.h"
+#include "cli/train_resume.h"
 #include "dtrain/dtrain.h"
 #include "run/ckpt_dir.h"
 #include "run/elastic.h"
@@ -202,7 +203,7 @@ static int parse_train_flags(int argc, char **argv, train_opts *o) {
         {"precision", DT_FLAG_STR, &c->precision, "P", "GEMM inputs fp32 (default), bf16 or fp16 (f32 master weights; fp16: loss scaling)"},
         {"max-steps", DT_FLAG_I64, &o->max_steps, "N", "stop after N steps in total (ps: N batches per worker; 0 = all epochs)"},
         {"save", DT_FLAG_STR, &c->save, "FILE", "write a checkpoint (safetensors) after every epoch"},
-        {"resume", DT_FLAG_STR, &c->resume, "FILE", "continue from a checkpoint (--save or --checkpoint-dir); auto = newest valid one in --checkpoint-dir"},
+        {"resume", DT_FLAG_STR, &c->resume, "FILE", "continue from a checkpoint (--save or --checkpoint-dir; auto = newest valid one in --checkpoint-dir); the training flags left out (--optimizer, --lr, schedule, --seed, --batch, ...) are the checkpoint's"},
         {"metrics", DT_FLAG_STR, &c->metrics, "FILE", "write one JSON object per epoch (JSON Lines; appended when resuming)"},
         {"tensorboard", DT_FLAG_STR, &o->tensorboard, "DIR", "write TensorBoard event files (scalars per epoch) into DIR"},
         {"quiet", DT_FLAG_BOOL, &o->quiet, NULL, "no progress output, only the per-epoch lines"},
@@ -272,8 +273,9 @@ static int parse_train_flags(int argc, char **argv, train_opts *o) {
     return -1;
 }
 
-/* Turns the optimizer and schedule flags into the trainer config; -1 = fine, else exit status. */
-static int build_train_config(train_opts *o) {
+/* Turns the optimizer and schedule flags into the trainer config (with --resume, the ones not
+ * given are the checkpoint's); -1 = fine, else exit status. */
+static int build_train_config(int argc, char **argv, train_opts *o) {
     dt_train_config *c = &o->cfg;
     if (dt_optim_parse(o->optimizer, &c->optim.kind) != DT_OK)
         return dt_cli_usage("use --optimizer sgd, adam or adamw", "%s", dt_last_error());
@@ -296,6 +298,7 @@ static int build_train_config(train_opts *o) {
     c->val_split = o->val_split;
     c->checkpoint_secs = o->ckpt_secs;
     c->stop = &g_stop;
+    dt_cli_resume_settings(argc, argv, c);
     return -1;
 }
 
@@ -315,7 +318,7 @@ static void print_header(const train_opts *o, dt_trainer *t, dt_comm *comm, int 
     const dt_train_config *c = &o->cfg;
     printf("dtrain: model %s (%zu parameters), data %s, batch %d, %s lr %g, seed %llu, %d thread%s\n",
            dt_model_spec(dt_trainer_model(t)), dt_model_num_params(dt_trainer_model(t)), c->data, c->batch,
-           o->optimizer, o->lr, (unsigned long long)c->seed, c->threads, c->threads > 1 ? "s" : "");
+           dt_optim_name(c->optim.kind), c->lr.base_lr, (unsigned long long)c->seed, c->threads, c->threads > 1 ? "s" : "");
     printf("dtrain: kernels %s\n", dt_kernels_describe());
     if (dt_kernels_note()) printf("dtrain: note: %s\n", dt_kernels_note());
     char spec[512] = "";
@@ -466,7 +469,7 @@ int dt_cmd_train(int argc, char **argv) {
     if (r >= 0) return r;
     const int job_ranks = dt_cli_job_ranks(&o.cfg, o.workers); /* ps: servers + workers */
     if (o.dry_run) {
-        if ((r = build_train_config(&o)) >= 0) return r;
+        if ((r = build_train_config(argc, argv, &o)) >= 0) return r;
         return dt_cli_dry_run(&o.cfg, job_ranks, o.uneven.zero, o.bucket_mb, o.mem_limit);
     }
     if ((r = dt_cli_check_outputs(&o.cfg)) >= 0) return r;  /* before an epoch is spent (and once, not per rank) */
@@ -487,6 +490,6 @@ int dt_cmd_train(int argc, char **argv) {
         free(expendable);
         return rc;
     }
-    if ((r = build_train_config(&o)) >= 0) return r;
+    if ((r = build_train_config(argc, argv, &o)) >= 0) return r;
     return run_rank(argc, argv, &o, job_ranks);
 }

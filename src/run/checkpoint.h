@@ -6,6 +6,8 @@
 
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
+#include "dtrain/safetensors.h"
+#include "dtrain/train.h"
 
 /* Position and identity of a run, stored in a checkpoint's metadata. */
 typedef struct {
@@ -24,9 +26,25 @@ typedef struct {
     double val_split;         /* --val-split fraction (0: none) */
     float best_val;           /* lowest validation loss so far (INFINITY: none) */
     int64_t best_epoch, bad_epochs;  /* its epoch; epochs since without a lower one (--early-stop) */
+    /* the run's training settings (dtrain.settings; absent in checkpoints of older versions) */
+    bool has_settings;
+    dt_lr_schedule sched;     /* --lr, --schedule, --warmup, --step-size, --gamma, --min-lr (no total_steps) */
+    dt_optim_config optim_cfg; /* the optimizer's hyper-parameters (kind: from `optimizer`) */
+    float clip;               /* --clip */
+    int grad_accum;           /* --grad-accum (batch above is batch x grad_accum) */
 } dt_ckpt_info;
 
 typedef struct dt_strategy dt_strategy;
+
+/* ckpt_settings.c: info's training settings as the metadata "dtrain.settings"
+ * ("lr=0.01,schedule=cosine,...,grad_accum=1"), and back (has_settings = false when absent;
+ * DT_EFORMAT naming the key when a value is bad; keys it does not know are skipped). */
+dt_status dt_ckpt_settings_write(dt_st_writer *w, const dt_ckpt_info *info);
+dt_status dt_ckpt_settings_parse(const dt_st_file *f, dt_ckpt_info *info);
+/* Describes into what[cap] ("" when none) the settings of c that differ from the checkpoint's
+ * info: "--lr 0.005 (the checkpoint's run: 0.01); --seed 3 (...)"; without stored settings only
+ * the learning rate at the resumed step, the seed and the batch. */
+void dt_ckpt_settings_changes(const dt_ckpt_info *info, const dt_train_config *c, char *what, size_t cap);
 
 /* Writes the training state the strategy reports (dt_strategy_visit_state: whole tensors, or the
  * slices of sharded ones when this rank holds all of them) and info atomically to path. */

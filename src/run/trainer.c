@@ -198,20 +198,13 @@ dt_status dt_trainer_open_data(const char *data, const char *spec, double val_fr
     return dt_dataset_open_text(train, test, data, g.T, val_fraction);
 }
 
-/* A resumed run whose flags change its learning rate or batch is no longer the run that wrote the
- * checkpoint: say what changed (the resume itself is allowed: fine-tuning does exactly this). */
+/* A resumed run whose flags change a training setting is no longer the run that wrote the
+ * checkpoint: say once what changed (the resume itself is allowed: fine-tuning does exactly this;
+ * the command line takes every setting it is not given from the checkpoint, so these are
+ * deliberate). */
 static void check_resume_changes(const dt_trainer *t, const dt_ckpt_info *info, const char *path) {
-    const dt_train_config *c = &t->cfg;
-    const float lr = dt_lr_at(&c->lr, info->step);
-    char what[512] = "";
-    size_t len = 0;
-    if (info->lr > 0 && fabsf(lr - info->lr) > 1e-6f * info->lr)
-        len += (size_t)snprintf(what + len, sizeof what - len, "the learning rate at step %lld is %g with these flags "
-                                "(--lr, --schedule, --warmup, --epochs), the checkpoint's run used %g",
-                                (long long)info->step, lr, info->lr);
-    if (info->batch > 0 && info->batch != c->batch && info->step_in_epoch == 0 && len < sizeof what)
-        snprintf(what + len, sizeof what - len, "%s--batch %d, the checkpoint's run used %d", len ? "; " : "", c->batch,
-                 info->batch);
+    char what[1024];
+    dt_ckpt_settings_changes(info, &t->cfg, what, sizeof what);
     if (what[0])
         dt_trainer_note(t, "resuming %s with other settings: %s. This continues as a different run, not the one "
                            "that wrote the checkpoint", path, what);
@@ -271,9 +264,6 @@ static dt_status setup_data(dt_trainer *t, const char *spec, const char *resume,
     if (info->C != t->C || info->H != t->H || info->W != t->W)
         return dt_error(DT_EMISMATCH, "%s: checkpoint expects inputs %dx%dx%d but --data %s has %dx%dx%d", resume,
                         info->C, info->H, info->W, c->data, t->C, t->H, t->W);
-    if (info->seed != c->seed)
-        dt_log(DT_LOG_WARN, "resuming with --seed %llu over checkpoint seed %llu", (unsigned long long)c->seed,
-               (unsigned long long)info->seed);
     return DT_OK;
 }
 
@@ -469,6 +459,11 @@ static void fill_info(const dt_trainer *t, dt_ckpt_info *info) {
     info->world_size = t->dworld;  /* data-parallel ranks (ps: the workers) */
     snprintf(info->optimizer, sizeof info->optimizer, "%s", dt_optim_name(t->cfg.optim.kind));
     info->lr = dt_lr_at(&t->cfg.lr, t->step);
+    info->has_settings = true;
+    info->sched = t->cfg.lr;
+    info->optim_cfg = t->cfg.optim;
+    info->clip = t->cfg.clip_norm;
+    info->grad_accum = t->cfg.grad_accum > 1 ? t->cfg.grad_accum : 1;
     info->has_norm = t->has_norm;
     info->norm_mean = t->norm_mean, info->norm_std = t->norm_std;
     info->val_split = t->val ? t->cfg.val_split : 0;

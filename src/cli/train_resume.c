@@ -1,0 +1,68 @@
+/* dtrain train --resume FILE continues the run that wrote FILE: the flags a user leaves out
+ * are that run's, not dtrain's defaults (--model already was). */
+#include "cli/train_resume.h"
+
+#include "cli/cli.h"
+#include "run/checkpoint.h"
+#include "run/ckpt_dir.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#define GIVEN(flag) dt_cli_flag_given(argc, argv, flag)
+
+/* The optimizer and its hyper-parameters: another kind first takes that kind's defaults for the
+ * ones not given, then the checkpoint's own values where it stores them. */
+static void take_optimizer(int argc, char **argv, dt_train_config *c, const dt_ckpt_info *info) {
+    dt_optim_config *o = &c->optim;
+    dt_optim_kind kind;
+    if (!GIVEN("optimizer") && info->optimizer[0] && dt_optim_parse(info->optimizer, &kind) == DT_OK &&
+        kind != o->kind) {
+        const dt_optim_config d = dt_optim_defaults(kind);
+        o->kind = kind;
+        if (!GIVEN("momentum")) o->momentum = d.momentum;
+        if (!GIVEN("nesterov")) o->nesterov = d.nesterov;
+        if (!GIVEN("weight-decay")) o->weight_decay = d.weight_decay;
+        if (!GIVEN("beta1")) o->beta1 = d.beta1;
+        if (!GIVEN("beta2")) o->beta2 = d.beta2;
+        if (!GIVEN("eps")) o->eps = d.eps;
+    }
+    if (!info->has_settings || info->optim_cfg.kind != o->kind) return;  /* another optimizer: refused later */
+    const dt_optim_config *p = &info->optim_cfg;
+    if (!GIVEN("momentum")) o->momentum = p->momentum;
+    if (!GIVEN("nesterov")) o->nesterov = p->nesterov;
+    if (!GIVEN("weight-decay")) o->weight_decay = p->weight_decay;
+    if (!GIVEN("beta1")) o->beta1 = p->beta1;
+    if (!GIVEN("beta2")) o->beta2 = p->beta2;
+    if (!GIVEN("eps")) o->eps = p->eps;
+}
+
+void dt_cli_resume_settings(int argc, char **argv, dt_train_config *c) {
+    if (!c->resume) return;
+    char path[4096];
+    bool found = true;
+    if (strcmp(c->resume, "auto") != 0) snprintf(path, sizeof path, "%s", c->resume);
+    else if (!c->checkpoint_dir || dt_ckpt_dir_latest(c->checkpoint_dir, path, sizeof path, &found, NULL, NULL) != DT_OK)
+        found = false;
+    dt_ckpt_info info;
+    if (!found || dt_checkpoint_read_info(path, &info) != DT_OK) {
+        dt_error_clear();
+        return;
+    }
+    take_optimizer(argc, argv, c, &info);
+    if (!GIVEN("seed")) c->seed = info.seed;
+    if (info.has_settings) {
+        const dt_lr_schedule *w = &info.sched;
+        if (!GIVEN("lr")) c->lr.base_lr = w->base_lr;
+        if (!GIVEN("schedule")) c->lr.kind = w->kind;
+        if (!GIVEN("warmup")) c->lr.warmup_steps = w->warmup_steps;
+        if (!GIVEN("step-size")) c->lr.step_size = w->step_size;
+        if (!GIVEN("gamma")) c->lr.gamma = w->gamma;
+        if (!GIVEN("min-lr")) c->lr.min_lr = w->min_lr;
+        if (!GIVEN("clip")) c->clip_norm = info.clip;
+        if (!GIVEN("grad-accum")) c->grad_accum = info.grad_accum;
+    }
+    /* the stored batch is a step's: --batch x --grad-accum */
+    const int accum = c->grad_accum > 1 ? c->grad_accum : 1;
+    if (!GIVEN("batch") && info.batch > 0 && info.batch % accum == 0) c->batch = info.batch / accum;
+}

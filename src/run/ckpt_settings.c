@@ -1,0 +1,137 @@
+/* A checkpoint's training settings (dtrain.settings): what a resume that leaves a flag out takes
+ * from the checkpoint, and what it compares the flags it is given against. */
+#include "run/checkpoint.h"
+
+#include "dtrain/dtrain.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define KEY "dtrain.settings"
+
+static const char *const g_schedules[] = {"constant", "step", "cosine"};
+
+dt_status dt_ckpt_settings_write(dt_st_writer *w, const dt_ckpt_info *info) {
+    const dt_lr_schedule *l = &info->sched;
+    const dt_optim_config *o = &info->optim_cfg;
+    const int k = (int)l->kind >= 0 && (int)l->kind < 3 ? (int)l->kind : 0;
+    char buf[512];
+    snprintf(buf, sizeof buf,
+             "lr=%.9g,schedule=%s,warmup=%" PRId64 ",step_size=%" PRId64 ",gamma=%.9g,min_lr=%.9g,momentum=%.9g,"
+             "nesterov=%d,weight_decay=%.9g,beta1=%.9g,beta2=%.9g,eps=%.9g,clip=%.9g,grad_accum=%d",
+             l->base_lr, g_schedules[k], l->warmup_steps, l->step_size, l->gamma, l->min_lr, o->momentum,
+             o->nesterov ? 1 : 0, o->weight_decay, o->beta1, o->beta2, o->eps, info->clip,
+             info->grad_accum > 1 ? info->grad_accum : 1);
+    return dt_st_writer_meta(w, KEY, buf);
+}
+
+typedef enum { S_FLOAT, S_I64, S_BOOL, S_INT, S_SCHED } setting_kind;
+
+/* Sets the setting `name` of info from text v; false when v is not a value of its kind. */
+static bool set_setting(dt_ckpt_info *info, const char *name, const char *v) {
+    dt_lr_schedule *l = &info->sched;
+    dt_optim_config *o = &info->optim_cfg;
+    const struct { const char *name; setting_kind kind; void *p; } keys[] = {
+        {"lr", S_FLOAT, &l->base_lr}, {"schedule", S_SCHED, &l->kind}, {"warmup", S_I64, &l->warmup_steps},
+        {"step_size", S_I64, &l->step_size}, {"gamma", S_FLOAT, &l->gamma}, {"min_lr", S_FLOAT, &l->min_lr},
+        {"momentum", S_FLOAT, &o->momentum}, {"nesterov", S_BOOL, &o->nesterov},
+        {"weight_decay", S_FLOAT, &o->weight_decay}, {"beta1", S_FLOAT, &o->beta1}, {"beta2", S_FLOAT, &o->beta2},
+        {"eps", S_FLOAT, &o->eps}, {"clip", S_FLOAT, &info->clip}, {"grad_accum", S_INT, &info->grad_accum},
+    };
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
+        if (strcmp(keys[i].name, name)) continue;
+        char *end;
+        errno = 0;
+        if (keys[i].kind == S_SCHED) return dt_lr_parse(v, keys[i].p) == DT_OK;
+        if (keys[i].kind == S_FLOAT) {
+            const float x = strtof(v, &end);
+            if (end == v || *end || !isfinite(x)) return false;
+            *(float *)keys[i].p = x;
+            return true;
+        }
+        const long long x = strtoll(v, &end, 10);
+        if (errno || end == v || *end || x < 0) return false;
+        if (keys[i].kind == S_BOOL) *(bool *)keys[i].p = x != 0;
+        else if (keys[i].kind == S_INT) *(int *)keys[i].p = x < 1 || x > 65536 ? -1 : (int)x;
+        else *(int64_t *)keys[i].p = x;
+        return keys[i].kind != S_INT || *(int *)keys[i].p > 0;
+    }
+    return true;  /* a setting of a newer version: not used here */
+}
+
+dt_status dt_ckpt_settings_parse(const dt_st_file *f, dt_ckpt_info *info) {
+    info->has_settings = false;
+    const char *v = dt_st_meta(f, KEY);
+    if (!v) return DT_OK;
+    char buf[1024];
+    if (strlen(v) >= sizeof buf)
+        return dt_error(DT_EFORMAT, "%s: metadata %s is too long; the checkpoint is damaged", dt_st_path(f), KEY);
+    snprintf(buf, sizeof buf, "%s", v);
+    info->grad_accum = 1;
+    char *save = NULL;
+    for (char *kv = strtok_r(buf, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(kv, '=');
+        if (eq) *eq = '\0';
+        if (!eq || !set_setting(info, kv, eq + 1))
+            return dt_error(DT_EFORMAT, "%s: metadata %s has a bad entry '%.40s%s%.40s'; the checkpoint is damaged or "
+                            "was not written by dtrain", dt_st_path(f), KEY, kv, eq ? "=" : "", eq ? eq + 1 : "");
+    }
+    if (!(info->sched.base_lr > 0))
+        return dt_error(DT_EFORMAT, "%s: metadata %s: lr=%g is not a positive learning rate", dt_st_path(f), KEY,
+                        info->sched.base_lr);
+    info->has_settings = true;
+    return DT_OK;
+}
+
+/* Appends "; --FLAG NOW (the checkpoint's run: THEN)" to what[*len] when now and then differ. */
+static void note_change(char *what, size_t cap, size_t *len, const char *flag, double now, double then) {
+    if (now == then || (then != 0 && fabs(now - then) <= 1e-6 * fabs(then)) || *len >= cap) return;
+    *len += (size_t)snprintf(what + *len, cap - *len, "%s--%s %g (the checkpoint's run: %g)", *len ? "; " : "", flag,
+                             now, then);
+}
+
+void dt_ckpt_settings_changes(const dt_ckpt_info *info, const dt_train_config *c, char *what, size_t cap) {
+    size_t len = 0;
+    what[0] = '\0';
+    if (info->has_settings) {
+        const dt_lr_schedule *l = &c->lr, *w = &info->sched;
+        const dt_optim_config *o = &c->optim, *p = &info->optim_cfg;
+        note_change(what, cap, &len, "lr", l->base_lr, w->base_lr);
+        if (l->kind != w->kind && len < cap)
+            len += (size_t)snprintf(what + len, cap - len, "%sanother --schedule", len ? "; " : "");
+        note_change(what, cap, &len, "warmup", (double)l->warmup_steps, (double)w->warmup_steps);
+        if (l->kind == DT_LR_STEP) note_change(what, cap, &len, "step-size", (double)l->step_size, (double)w->step_size);
+        if (l->kind == DT_LR_STEP) note_change(what, cap, &len, "gamma", l->gamma, w->gamma);
+        if (l->kind == DT_LR_COSINE) note_change(what, cap, &len, "min-lr", l->min_lr, w->min_lr);
+        if (o->kind == p->kind && o->kind == DT_OPTIM_SGD) {
+            note_change(what, cap, &len, "momentum", o->momentum, p->momentum);
+            note_change(what, cap, &len, "nesterov", o->nesterov, p->nesterov);
+        }
+        if (o->kind == p->kind && o->kind != DT_OPTIM_SGD) {
+            note_change(what, cap, &len, "beta1", o->beta1, p->beta1);
+            note_change(what, cap, &len, "beta2", o->beta2, p->beta2);
+            note_change(what, cap, &len, "eps", o->eps, p->eps);
+        }
+        if (o->kind == p->kind) note_change(what, cap, &len, "weight-decay", o->weight_decay, p->weight_decay);
+        note_change(what, cap, &len, "clip", c->clip_norm, info->clip);
+        if (info->step_in_epoch == 0)
+            note_change(what, cap, &len, "grad-accum", c->grad_accum > 1 ? c->grad_accum : 1, info->grad_accum);
+    }
+    const float lr = dt_lr_at(&c->lr, info->step);
+    if (!len && info->lr > 0 && fabsf(lr - info->lr) > 1e-6f * info->lr)
+        len += (size_t)snprintf(what + len, cap - len, "the learning rate at step %lld is %g with these flags "
+                                "(--lr, --schedule, --warmup, --epochs), the checkpoint's run used %g",
+                                (long long)info->step, lr, info->lr);
+    if (info->seed != c->seed && len < cap)
+        len += (size_t)snprintf(what + len, cap - len, "%s--seed %llu (the checkpoint's run: %llu)", len ? "; " : "",
+                                (unsigned long long)c->seed, (unsigned long long)info->seed);
+    if (info->batch > 0 && info->batch != c->batch * (c->grad_accum > 1 ? c->grad_accum : 1) &&
+        info->step_in_epoch == 0 && len < cap)
+        snprintf(what + len, cap - len, "%s--batch %d, the checkpoint's run used %d", len ? "; " : "", c->batch,
+                 info->batch);
+}
+

@@ -1,0 +1,57 @@
+# --resume FILE continues the run that wrote FILE: the training settings the command line leaves
+# out (--optimizer and its hyper-parameters, --lr and the schedule, --seed, --batch, --grad-accum,
+# --clip, --model) are the checkpoint's, so a resume with none of them equals the uninterrupted
+# run bit for bit; a setting given that differs from the checkpoint's is announced once (rank 0).
+. "$(dirname "$0")/testlib.bash"
+
+python3 "$DTRAIN_TOOLS/word_corpus.py" "$TMP/corpus.txt" 7 20000
+D=(--data "text:$TMP/corpus.txt" --val-fraction 0.05)
+M=(--model gpt:L=1,H=2,C=16,T=16)
+
+# ---- adamw at --lr 0.01 --seed 7, saved at step 3, resumed with no training flags ----
+SET=(--batch 4 --lr 0.01 --seed 7 --optimizer adamw)
+$DT train "${D[@]}" "${M[@]}" "${SET[@]}" --max-steps 6 --save "$TMP/full.st" --quiet >/dev/null 2>&1 || bad "full run"
+$DT train "${D[@]}" "${M[@]}" "${SET[@]}" --max-steps 3 --save "$TMP/half.st" --quiet >/dev/null 2>&1 || bad "half run"
+out=$($DT train "${D[@]}" --max-steps 6 --resume "$TMP/half.st" --save "$TMP/res.st" 2>&1) || bad "resume: $out"
+cmp -s "$TMP/full.st" "$TMP/res.st" \
+  && ok "resume without --lr/--seed/--optimizer/--batch/--model equals the uninterrupted run bit for bit" \
+  || bad "resume with the checkpoint's settings differs from the uninterrupted run: $out"
+grep -q "batch 4, adamw lr 0.01, seed 7" <<<"$out" && ok "the header shows the checkpoint's optimizer, lr and seed" \
+  || bad "header: $out"
+grep -q "other settings" <<<"$out" && bad "a resume with no flags changed announces a change: $out" \
+  || ok "a resume that changes nothing announces nothing"
+
+# the same through --resume auto (the newest checkpoint in --checkpoint-dir)
+$DT train "${D[@]}" "${M[@]}" "${SET[@]}" --max-steps 3 --checkpoint-dir "$TMP/ck" --checkpoint-every 3 --quiet \
+  >/dev/null 2>&1 || bad "checkpoint-dir run"
+out=$($DT train "${D[@]}" --max-steps 6 --resume auto --checkpoint-dir "$TMP/ck" --save "$TMP/auto.st" --quiet 2>&1)
+cmp -s "$TMP/full.st" "$TMP/auto.st" && ok "--resume auto with no training flags equals the uninterrupted run" \
+  || bad "--resume auto with the checkpoint's settings differs: $out"
+
+# ---- a different --lr (or --seed) given is announced once, also with 2 workers ----
+out=$($DT train "${D[@]}" --max-steps 6 --resume "$TMP/half.st" --lr 0.005 --quiet 2>&1) || bad "resume --lr: $out"
+n=$(grep -c "other settings: --lr 0.005 (the checkpoint's run: 0.01)" <<<"$out")
+[ "$n" = 1 ] && ok "a resume with another --lr says so once" || bad "--lr change announced $n times: $out"
+out=$($DT train "${D[@]}" --max-steps 6 --resume "$TMP/half.st" --seed 9 --workers 2 --quiet 2>&1) \
+  || bad "resume --seed on 2 workers: $out"
+n=$(grep -c -- "--seed 9 (the checkpoint's run: 7)" <<<"$out")
+[ "$n" = 1 ] && ! grep -q "warn" <<<"$out" && ok "2 workers: another --seed is announced once (rank 0), no per-rank warning" \
+  || bad "--seed change on 2 workers announced $n times: $out"
+
+# ---- sgd with momentum, a step schedule, clipping and gradient accumulation ----
+SET=(--batch 2 --grad-accum 2 --optimizer sgd --momentum 0.9 --nesterov --lr 0.05 --schedule step --step-size 2
+     --gamma 0.5 --weight-decay 0.001 --clip 0.5 --seed 3)
+$DT train "${D[@]}" "${M[@]}" "${SET[@]}" --max-steps 6 --save "$TMP/full2.st" --quiet >/dev/null 2>&1 || bad "full sgd"
+$DT train "${D[@]}" "${M[@]}" "${SET[@]}" --max-steps 3 --save "$TMP/half2.st" --quiet >/dev/null 2>&1 || bad "half sgd"
+out=$($DT train "${D[@]}" --max-steps 6 --resume "$TMP/half2.st" --save "$TMP/res2.st" --quiet 2>&1) || bad "resume sgd: $out"
+cmp -s "$TMP/full2.st" "$TMP/res2.st" \
+  && ok "sgd/nesterov, step schedule, --clip, --grad-accum: the resume without flags equals the uninterrupted run" \
+  || bad "sgd resume with the checkpoint's settings differs: $out"
+out=$($DT train "${D[@]}" --max-steps 6 --resume "$TMP/half2.st" --gamma 0.9 --momentum 0.5 --quiet 2>&1)
+grep -q -- "--gamma 0.9 (the checkpoint's run: 0.5); --momentum 0.5 (the checkpoint's run: 0.9)" <<<"$out" \
+  && ok "changed schedule and optimizer hyper-parameters are named" || bad "hyper-parameter change: $out"
+
+# ---- another optimizer given explicitly is still refused (its state cannot carry over) ----
+expect_fail "resume with another --optimizer is refused" "trained with --optimizer adamw" \
+  $DT train "${D[@]}" --max-steps 6 --resume "$TMP/half.st" --optimizer sgd
+finish
