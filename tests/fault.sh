@@ -2,7 +2,8 @@
 # (mid-epoch too), resume on another world size, damaged checkpoints rejected and skipped by
 # --resume auto, SIGTERM checkpoints and exits 0, a killed worker under --elastic (several
 # seeds) still finishes with the undisturbed accuracy and intact checkpoints, and a stalled rank
-# (SIGSTOP) makes the watchdog name it.
+# (SIGSTOP) makes the watchdog name it; after a kill -9 under tp2 x pp2 the ranks that only
+# followed print one line naming the world rank they lost.
 . "$(dirname "$0")/testlib.bash"
 if ! have_fmnist; then echo "skip: Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)"; exit 77; fi
 acc_of() { grep -o 'done: test accuracy [0-9.]*' "$1" | awk '{print $4}'; }
@@ -127,4 +128,23 @@ grep -q "rank 1 is stopped (SIGSTOP)" "$TMP/stall.log" && ! grep -q "rank 0 exit
   && grep -q "raise --timeout" "$TMP/stall.log" && ! grep -q "DTRAIN_TIMEOUT" "$TMP/stall.log" \
   && ok "the launcher names stopped rank 1 as the culprit; the hint says --timeout" \
   || bad "culprit/hint after SIGSTOP: $(cat "$TMP/stall.log")"
+# ---- kill -9 of world rank 3 of a tp2 x pp2 job: the launcher blames it; each rank that only
+# followed prints at most one line, naming the world rank it lost (no error + hint of its own) ----
+$DT train --workers 4 --tp 2 --pp 2 --data kjv --model gpt:L=2,H=2,C=32,T=32 --batch 4 --val-fraction 0 \
+  --max-steps 100000 >"$TMP/k4.log" 2>&1 &
+pid=$!
+for _ in $(seq 300); do grep -q "4 ranks over" "$TMP/k4.log" && break; sleep 0.1; done
+victim=$(wait_rank_pid $pid 3) && sleep 0.5 && kill -9 "$victim" || kill $pid  # no rank 3: no endless run
+wait $pid
+rc=$?
+follow_ok=1
+for r in 0 1 2; do
+  lines=$(grep -c "^\[$r\] .*\(error\|HINT\|stopped: \)" "$TMP/k4.log")
+  named=$(grep -c "^\[$r\] dtrain: stopped: world rank [0-3] failed (see its message, or the launcher's)$" "$TMP/k4.log")
+  [ "$lines" -le 1 ] && [ "$lines" -eq "$named" ] || follow_ok=0
+done
+if [ $rc -eq 137 ] && [ $follow_ok = 1 ] && grep -q "^dtrain train: rank 3 was killed by signal 9" "$TMP/k4.log" \
+   && grep -q "^\[[12]\] dtrain: stopped: world rank 3 failed" "$TMP/k4.log" && ! grep -q "^dtrain train: rank [012] \|SIGSEGV\|Sanitizer" "$TMP/k4.log"; then
+  ok "kill -9 of world rank 3 (tp2 x pp2): the launcher blames it, the others say in one line whom they lost"
+else bad "kill -9 of world rank 3 under tp2 x pp2 (exit $rc): $(cat "$TMP/k4.log")"; fi
 finish

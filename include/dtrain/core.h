@@ -38,6 +38,14 @@ dt_status dt_error(dt_status s, const char *fmt, ...) __attribute__((format(prin
 dt_status dt_error_wrap(dt_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Clears this thread's last error. */
 void dt_error_clear(void);
+/* Like dt_error, and records which peer rank the error blames (a rank that died or left): the
+ * caller can then tell "only followed a peer's failure" from a failure of its own. dt_error and
+ * dt_error_clear forget the peer; dt_error_wrap keeps it. Returns s. */
+dt_status dt_error_peer(dt_status s, int peer, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* The peer rank the last error on this thread blames, or -1 (none, or not a peer failure). */
+int dt_last_error_peer(void);
+/* Sets (or with -1 forgets) the peer of the current last error, e.g. after copying the message over. */
+void dt_error_set_peer(int peer);
 
 #define DT_TRY(x)                         \
     do {                                  \

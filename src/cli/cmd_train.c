@@ -445,6 +445,10 @@ static int run_rank(int argc, char **argv, train_opts *o, int job_ranks) {
     }
     if (s != DT_OK) {
         if (world == 1) return dt_cli_fail(NULL, "%s", dt_last_error());
+        if (s == DT_EPEER && dt_last_error_peer() >= 0) { /* it only followed: the culprit says why */
+            fprintf(stderr, "dtrain: stopped: world rank %d failed (see its message, or the launcher's)\n", dt_last_error_peer());
+            return DT_EXIT_PEER;
+        }
         dt_cli_fail(NULL, "rank %d: %s", rank, dt_last_error());
         /* stopped because another rank died or stalled: say so to the launcher */
         return s == DT_EPEER || s == DT_ETIMEDOUT ? DT_EXIT_PEER : 1;

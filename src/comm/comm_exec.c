@@ -11,9 +11,28 @@
 #include <string.h>
 #include <time.h>
 
+/* A transport error names the ranks of its own group ("rank 0 left ..."): say which world rank
+ * the blamed peer is, in its message ("world rank 4 left ...") and in dt_last_error_peer. */
+static void name_world_peer(dt_comm *c) {
+    const int p = dt_last_error_peer();
+    if (p < 0 || p >= c->size) {
+        dt_error_set_peer(-1);
+        return;
+    }
+    const int w = c->world_of[p];
+    char head[24], msg[512];
+    int n = snprintf(head, sizeof head, "rank %d ", p);
+    if (!strncmp(dt_last_error(), head, (size_t)n)) {
+        snprintf(msg, sizeof msg, "world rank %d %s", w, dt_last_error() + n);
+        dt_error(DT_EPEER, "%s", msg);
+    }
+    dt_error_set_peer(w);
+}
+
 dt_status dt_comm_fail(dt_comm *c, dt_status s) {
     if (s != DT_OK && c->failed == DT_OK) {
         if (c->world_of) { /* the transport names ranks of this group: say which world ranks they are */
+            name_world_peer(c);
             char list[160];
             size_t n = 0;
             for (int i = 0; i < c->size && n + 16 < sizeof list; i++)
@@ -22,6 +41,7 @@ dt_status dt_comm_fail(dt_comm *c, dt_status s) {
             dt_error_wrap(s, "in a group of %d ranks (its ranks 0-%d are world ranks %s)", c->size, c->size - 1, list);
         }
         snprintf(c->fail_msg, sizeof c->fail_msg, "%s", dt_last_error());
+        c->fail_peer = dt_last_error_peer();
         c->failed = s;
     }
     return s;
@@ -30,6 +50,7 @@ dt_status dt_comm_fail(dt_comm *c, dt_status s) {
 static void finish(dt_comm *c, dt_request *r, dt_status st) {
     r->status = st;
     if (st != DT_OK) snprintf(r->msg, sizeof r->msg, "%s", dt_last_error());
+    r->peer = st != DT_OK ? dt_last_error_peer() : -1;
     r->done = true;
     (void)c;
 }
@@ -62,12 +83,16 @@ void dt_comm_release(dt_comm *c) {
     pthread_mutex_unlock(&c->mu);
 }
 
-static dt_status failed_error(dt_comm *c) { return dt_error(c->failed, "%s", c->fail_msg); }
+dt_status dt_comm_failed_error(dt_comm *c) {
+    dt_error(c->failed, "%s", c->fail_msg);
+    dt_error_set_peer(c->fail_peer);
+    return c->failed;
+}
 
 dt_status dt_comm_run(dt_comm *c, dt_request *r) {
-    if (c->failed) return failed_error(c);
+    if (c->failed) return dt_comm_failed_error(c);
     dt_comm_acquire(c);
-    dt_status st = c->failed ? failed_error(c) : dt_comm_exec(c, r);
+    dt_status st = c->failed ? dt_comm_failed_error(c) : dt_comm_exec(c, r);
     if (st == DT_OK && r->kind != RQ_COLL && !r->treq.done) {
         dt_treq *w = &r->treq;
         st = dt_comm_fail(c, c->t->ops->waitall(c->t, &w, 1, r->deadline));
@@ -102,7 +127,7 @@ static void *progress_main(void *arg) {
             if (!c->qhead) c->qtail = NULL;
             c->busy = true;
             pthread_mutex_unlock(&c->mu);
-            dt_status st = c->failed ? failed_error(c) : dt_comm_exec(c, r);
+            dt_status st = c->failed ? dt_comm_failed_error(c) : dt_comm_exec(c, r);
             pthread_mutex_lock(&c->mu);
             c->busy = false;
             if (st != DT_OK || r->kind == RQ_COLL || r->treq.done) finish(c, r, st);
@@ -120,7 +145,7 @@ static void *progress_main(void *arg) {
             for (dt_request *r = c->active; r; r = r->next)
                 if (r->deadline < until) until = r->deadline;
             pthread_mutex_unlock(&c->mu);
-            dt_status st = c->failed ? failed_error(c) : idle_round(c, until);
+            dt_status st = c->failed ? dt_comm_failed_error(c) : idle_round(c, until);
             if (st != DT_OK) dt_comm_fail(c, st);
             now = dt_now();
             pthread_mutex_lock(&c->mu);
@@ -194,7 +219,10 @@ void dt_comm_stop_thread(dt_comm *c) {
 static dt_status req_result(dt_request **req) {
     dt_request *r = *req;
     dt_status st = r->status;
-    if (st != DT_OK) dt_error(st, "%s", r->msg);
+    if (st != DT_OK) {
+        dt_error(st, "%s", r->msg);
+        dt_error_set_peer(r->peer);
+    }
     free(r->tmp);
     free(r);
     *req = NULL;

@@ -35,6 +35,7 @@ struct dt_request {
     size_t stage_bytes;
     void *stage_dst;
     char msg[512];
+    int peer;            /* the world rank a failure blames (dt_last_error_peer), or -1 */
     struct dt_request *next;
 };
 
@@ -50,6 +51,7 @@ struct dt_comm {
     size_t seg_bytes;
     dt_status failed;         /* first transport-level failure: every later call returns it */
     char fail_msg[512];
+    int fail_peer;            /* the world rank that failure blames, or -1 */
     /* execution: one op at a time, in issue order, on the caller or the progress thread */
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -81,6 +83,8 @@ void dt_comm_acquire(dt_comm *c);
 void dt_comm_release(dt_comm *c);
 /* Records a transport failure so every later call fails with the same message. Returns s. */
 dt_status dt_comm_fail(dt_comm *c, dt_status s);
+/* c's first failure again, as this thread's last error (with its peer). Returns it. */
+dt_status dt_comm_failed_error(dt_comm *c);
 /* Stops the progress thread after it finished every queued op. */
 void dt_comm_stop_thread(dt_comm *c);
 /* Internal allgather of `bytes` per rank (used by split), as collective #seq. */

@@ -20,7 +20,7 @@ static dt_status check(dt_comm *c, const char *fn, dt_dtype t, bool reduce, dt_r
     if (reduce && (unsigned)op >= DT_OP_COUNT) return dt_error(DT_EINVAL, "%s: unknown reduction op %d", fn, (int)op);
     if (root != -1 && (root < 0 || root >= c->size))
         return dt_error(DT_EINVAL, "%s: root %d is not a rank of this communicator (size %d)", fn, root, c->size);
-    if (c->failed) return dt_error(c->failed, "%s", c->fail_msg);
+    if (c->failed) return dt_comm_failed_error(c);
     return DT_OK;
 }
 

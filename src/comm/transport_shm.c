@@ -189,7 +189,7 @@ static dt_status slow_checks(dt_shm *s, double deadline, double now, bool idle, 
                 return DT_OK;
             }
             s->broken = true;
-            return dt_error(DT_EPEER, "rank %d %s during %s", p,
+            return dt_error_peer(DT_EPEER, p, "rank %d %s during %s", p,
                             st == 1 ? "died" : "left (destroyed its communicator)", what_str(s, what, sizeof what, rq));
         }
         if (!idle && !rq) DT_TRY(dt_shm_check_peer(s, p));
@@ -415,7 +415,7 @@ static dt_status attach(dt_shm *s, double deadline) {
         double now = dt_now();
         for (int p = 0; p < s->n; p++)
             if (shm_rank_at(s, p)->pid > 0 && peer_state(s, p) == 1)
-                return dt_error(DT_EPEER, "rank %d died while job '%s' was starting", p, s->job);
+                return dt_error_peer(DT_EPEER, p, "rank %d died while job '%s' was starting", p, s->job);
         if (now > deadline) {
             char missing[256] = "";
             size_t len = 0;

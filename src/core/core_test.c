@@ -86,6 +86,16 @@ static void test_errors_and_slabs(void) {
     CHECK(strcmp(dt_last_error(), "cannot open x.bin") == 0);
     dt_error_wrap(DT_EIO, "loading model");
     CHECK(strcmp(dt_last_error(), "loading model: cannot open x.bin") == 0);
+    CHECK(dt_last_error_peer() == -1);
+    /* the peer an error blames survives wrapping; a new error or a clear forgets it */
+    CHECK(dt_error_peer(DT_EPEER, 3, "rank 3 died") == DT_EPEER && dt_last_error_peer() == 3);
+    dt_error_wrap(DT_EPEER, "step 1");
+    CHECK(dt_last_error_peer() == 3 && strcmp(dt_last_error(), "step 1: rank 3 died") == 0);
+    dt_error(DT_EIO, "disk full");
+    CHECK(dt_last_error_peer() == -1);
+    dt_error_peer(DT_EPEER, 1, "rank 1 left");
+    dt_error_clear();
+    CHECK(dt_last_error_peer() == -1);
     dt_slab s;
     CHECK_OK(dt_slab_alloc(&s, 1000));
     CHECK(((uintptr_t)s.data & 63) == 0 && s.data[999] == 0.0f);

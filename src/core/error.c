@@ -7,6 +7,7 @@
 
 #define DT_ERRMSG_MAX 1024
 static _Thread_local char g_errmsg[DT_ERRMSG_MAX];
+static _Thread_local int g_errpeer = -1; /* the peer rank the last error blames, or -1 */
 
 const char *dt_status_str(dt_status s) {
     switch (s) {
@@ -28,13 +29,30 @@ const char *dt_status_str(dt_status s) {
 
 const char *dt_last_error(void) { return g_errmsg; }
 
-void dt_error_clear(void) { g_errmsg[0] = '\0'; }
+void dt_error_clear(void) {
+    g_errmsg[0] = '\0';
+    g_errpeer = -1;
+}
+
+int dt_last_error_peer(void) { return g_errpeer; }
+
+void dt_error_set_peer(int peer) { g_errpeer = peer < 0 ? -1 : peer; }
 
 dt_status dt_error(dt_status s, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(g_errmsg, sizeof g_errmsg, fmt, ap);
     va_end(ap);
+    g_errpeer = -1;
+    return s;
+}
+
+dt_status dt_error_peer(dt_status s, int peer, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(g_errmsg, sizeof g_errmsg, fmt, ap);
+    va_end(ap);
+    dt_error_set_peer(peer);
     return s;
 }
 
