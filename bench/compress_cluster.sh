@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Gradient compression and hierarchical allreduce on an emulated slow cluster (network namespaces
 # capped with tc tbf, scripts/netns-hosts; mpirun through its rsh agent), one run:
-#  1. 2 hosts x 1 rank at RATE_TRAIN (100mbit): MODEL (mlp; or cnn) on Fashion-MNIST, EPOCHS epochs of
+#  1. 2 hosts x 1 rank at each link rate of RATE_TRAIN (100mbit; a list, e.g. "100mbit 1gbit", gives the
+#     table of time to accuracy per compressor and link rate): MODEL (mlp; or cnn) on Fashion-MNIST, EPOCHS epochs of
 #     ddp (batch 32 per rank, Adam 1e-3) with --compress none, topk:0.01, powersgd:2 and powersgd:2 after
 #     300 plain steps (COMPRESSORS="..." picks others; the first is the speedups' baseline): time to test
 #     accuracy TARGET (0.85; epoch granularity: wall time at the end of the first epoch reaching it), the
@@ -35,7 +36,8 @@ DT=$(cd "$(dirname "${DT:-build/dtrain}")" && pwd)/$(basename "${DT:-build/dtrai
 HOSTS="$PWD/scripts/netns-hosts"
 # 2 emulated hosts for the rest of the script (exits 77 without root, ip or mpirun; torn down at
 # the end, on failure or interrupt)
-[ -n "${NETNS_NAME:-}" ] || RATE=$RATE_TRAIN exec "$HOSTS" session dtb 2 bash "$0" "$@"
+read -ra RATES <<<"$RATE_TRAIN"
+[ -n "${NETNS_NAME:-}" ] || RATE=${RATES[0]} exec "$HOSTS" session dtb 2 bash "$0" "$@"
 NAME=$NETNS_NAME T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 mpi() {  # NP SLOTS CMD...
@@ -71,21 +73,25 @@ wires=()
 "$DT" train --data fashion-mnist --model "$MODEL" --max-steps 1 --batch 8 --quiet --save "$T/shapes.st" >/dev/null 2>&1 ||
   { echo "FAIL: cannot build --model $MODEL"; exit 1; }
 runs=()
-for c in ${COMPRESSORS:-none topk:0.01 powersgd:2 powersgd:2:warmup=300}; do
+for rt in "${RATES[@]}"; do
   [ "${PARTS#*train}" = "$PARTS" ] && break
-  b0=$(sent) r0=$(rcvd) p0=$(pkts)
-  : >"$T/$c.jsonl"
-  mpi 2 1 "$DT" train --data fashion-mnist --model "$MODEL" --epochs "$EPOCHS" --batch 32 --optimizer adam --lr 0.001 \
-    --compress "$c" --quiet --metrics "$T/$c.jsonl" >"$T/$c.log" 2>&1 &
-  job=$! e1=
-  while kill -0 $job 2>/dev/null; do  # the counters when epoch 1 ends: the steps after it, without start-up
-    [ -z "$e1" ] && [ -s "$T/$c.jsonl" ] && e1="$(sent) $(rcvd) $(pkts)"
-    sleep 0.2
+  "$HOSTS" rate "$NAME" 2 "$rt" || exit 1
+  for c in ${COMPRESSORS:-none topk:0.01 powersgd:2 powersgd:2:warmup=300}; do
+    b0=$(sent) r0=$(rcvd) p0=$(pkts) f="$T/$rt-$c"
+    : >"$f.jsonl"
+    mpi 2 1 "$DT" train --data fashion-mnist --model "$MODEL" --epochs "$EPOCHS" --batch 32 --optimizer adam --lr 0.001 \
+      --compress "$c" --quiet --metrics "$f.jsonl" >"$f.log" 2>&1 &
+    job=$! e1=
+    while kill -0 $job 2>/dev/null; do  # the counters when epoch 1 ends: the steps after it, without start-up
+      [ -z "$e1" ] && [ -s "$f.jsonl" ] && e1="$(sent) $(rcvd) $(pkts)"
+      sleep 0.2
+    done
+    wait $job || { echo "FAIL: $c at $rt: $(tail -3 "$f.log")"; exit 1; }
+    set -- ${e1:-$b0 $r0 $p0}
+    runs+=("$rt $c $(($(sent) - b0)) $(($(rcvd) - r0)) $(($(pkts) - p0)) $(($(sent) - $1)) $(($(rcvd) - $2)) $(($(pkts) - $3))")
   done
-  wait $job || { echo "FAIL: $c: $(tail -3 "$T/$c.log")"; exit 1; }
-  set -- ${e1:-$b0 $r0 $p0}
-  runs+=("$c $(($(sent) - b0)) $(($(rcvd) - r0)) $(($(pkts) - p0)) $(($(sent) - $1)) $(($(rcvd) - $2)) $(($(pkts) - $3))")
 done
+"$HOSTS" rate "$NAME" 2 "${RATES[0]}" || exit 1  # the bytes per step at the first rate
 set -- ${WIRE_STEPS:-100 500}
 wa=$1 wb=$2
 for c in ${COMPRESSORS:-none topk:0.01 powersgd:2 powersgd:2:warmup=300}; do
@@ -102,7 +108,7 @@ tsopt=$(ip netns exec "$NAME-1" cat /proc/sys/net/ipv4/tcp_timestamps)
 mpi 4 2 "$DT" bench comm --backend mpi --colls allreduce --sizes 4M,16M,64M --allreduce flat,flat:ring,hier,flat,flat:ring,hier,flat,flat:ring,hier --trials 2 --iters 16 --no-mpi-baseline \
   >"$T/comm.log" 2>&1 || { echo "FAIL: bench comm: $(tail -3 "$T/comm.log")"; exit 1; }
 
-python3 - "$T" "$RATE_TRAIN" "$RATE_COMM" "$cpu" "$MODEL" "$TARGET" "$tsopt" "${#runs[@]}" "${runs[@]}" "${wires[@]}" <<'PY'
+python3 - "$T" "${RATES[0]}" "$RATE_COMM" "$cpu" "$MODEL" "$TARGET" "$tsopt" "${#runs[@]}" "${runs[@]}" "${wires[@]}" <<'PY'
 import json, math, struct, sys
 T, rate_train, rate_comm, cpu, model, target, tsopt, nruns = sys.argv[1:9]
 target, nruns = float(target), int(nruns)
@@ -132,12 +138,12 @@ def stated(c):  # bytes per step and rank by the compressor's own formula, bucke
     return 4 * sum(one(s) for b in buckets for s in b)
 rows, out = [], []
 for arg in run_args:
-    c, veth, veth_in, veth_pkts, later, later_in, later_pkts = arg.split()
-    recs = [json.loads(l) for l in open("%s/%s.jsonl" % (T, c))]
+    rt, c, veth, veth_in, veth_pkts, later, later_in, later_pkts = arg.split()
+    recs = [json.loads(l) for l in open("%s/%s-%s.jsonl" % (T, rt, c))]
     hit = next((r for r in recs if r["test_acc"] >= target), None)
     steps = recs[-1]["step"]
     sync = recs[-1].get("sync", {})
-    rows.append(dict(compress=c, epochs=len(recs), time_to_target_s=hit["wall_s"] if hit else None,
+    rows.append(dict(link=rt, compress=c, epochs=len(recs), time_to_target_s=hit["wall_s"] if hit else None,
                      epoch_at_target=hit["epoch"] if hit else None, final_acc=recs[-1]["test_acc"],
                      wall_s=recs[-1]["wall_s"], step_ms=sum(r["epoch_s"] for r in recs) / steps * 1e3,
                      bytes_counted=sync.get("bytes_per_step"), bytes_stated=stated(c),
@@ -147,17 +153,19 @@ for arg in run_args:
         s2 = steps - recs[0]["step"]
         rows[-1].update(later_veth_bytes_per_step=int(later) / s2, later_veth_in_bytes_per_step=int(later_in) / s2,
                         later_veth_packets_per_step=int(later_pkts) / s2)
-base = rows[0] if rows else dict(epochs=0, time_to_target_s=None)
+bases = {}  # each link rate's first compressor: the baseline of its speedups
+for r in rows: bases.setdefault(r["link"], r)
 print("\n# 2 hosts x 1 rank, links %s (tbf), %s (%d parameters, %d buckets), batch 32/rank, Adam 1e-3, %d epochs"
-      % (rate_train, model, n, len(buckets), base["epochs"]))
-print("%-12s %10s %8s %9s %9s %12s %12s %12s %12s %9s %9s %9s" % ("compress", "t(%g) s" % target, "epoch", "final acc",
+      % (" / ".join(bases) or rate_train, model, n, len(buckets), rows[0]["epochs"] if rows else 0))
+print("%-8s %-12s %10s %8s %9s %9s %12s %12s %12s %12s %9s %9s %9s" % ("link", "compress", "t(%g) s" % target, "epoch", "final acc",
       "step ms", "bytes/step", "stated", "veth B/step", "after ep.1", "veth/cnt", "counted/", "speedup"))
 for r in rows:
+    base = bases[r["link"]]
     sp = base["time_to_target_s"] / r["time_to_target_s"] if base["time_to_target_s"] and r["time_to_target_s"] else None
     r["speedup_to_target"] = sp
     r["counted_over_stated"] = r["bytes_counted"] / r["bytes_stated"] if r["bytes_counted"] else None
     later = r.get("later_veth_bytes_per_step", r["veth_bytes_per_step"])
-    print("%-12s %10s %8s %9.4f %9.2f %12.0f %12.0f %12.0f %12.0f %9.3f %9.3f %9s" % (r["compress"],
+    print("%-8s %-12s %10s %8s %9.4f %9.2f %12.0f %12.0f %12.0f %12.0f %9.3f %9.3f %9s" % (r["link"], r["compress"],
           "%.1f" % r["time_to_target_s"] if r["time_to_target_s"] else "-", r["epoch_at_target"] or "-", r["final_acc"],
           r["step_ms"], r["bytes_counted"] or 0, r["bytes_stated"], r["veth_bytes_per_step"], later,
           later / r["bytes_counted"] if r["bytes_counted"] else 0, r["counted_over_stated"] or 0, "%.2fx" % sp if sp else "-"))
