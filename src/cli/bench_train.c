@@ -107,8 +107,9 @@ static const char USAGE[] =
     "library and precision in the lists (default: the default kernels, fp32; --vs-blas adds blas);\n"
     "the ratio column compares each row with the first row of its case; \"per cpu-s\" divides by the\n"
     "process's CPU time instead of wall time (steadier on a loaded machine). --vs-torch adds PyTorch's\n"
-    "samples/s on the same model and batch (bench/train_torch.py, /usr/bin/python3, one thread: OpenBLAS pinned too), and\n"
-    "its samples per CPU-second beside dtrain's (\"vs (cpu)\": per cpu-s / torch's; not for gpt).";
+    "samples/s on the same model and batch (bench/train_torch.py, /usr/bin/python3, one thread, its\n"
+    "OpenBLAS pinned too), and its samples per CPU-second beside dtrain's (\"vs (cpu)\": per cpu-s /\n"
+    "torch's; not for gpt).";
 
 /* The next comma-separated word of *list into w (cap bytes); false at the end. */
 static bool next_word(const char **list, char *w, size_t cap) {
