@@ -1,6 +1,8 @@
 /* The write probe of a run's outputs (writable.h): mkstemp in the directory, then unlink. */
 #include "run/writable.h"
 
+#include "core/sys.h"
+
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -19,9 +21,6 @@ int dt_dir_probe_write(const char *dir) {
 }
 
 int dt_path_probe_write(const char *path, char *dir, size_t cap) {
-    const char *slash = strrchr(path, '/');
-    if (!slash) snprintf(dir, cap, ".");
-    else if (slash == path) snprintf(dir, cap, "/");
-    else snprintf(dir, cap, "%.*s", (int)(slash - path), path);
+    if (dt_path_dir(dir, cap, path) >= cap) return ENAMETOOLONG;
     return dt_dir_probe_write(dir);
 }

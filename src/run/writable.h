@@ -10,9 +10,9 @@
  * the probe's name does not fit PATH_MAX). Leaves nothing behind. */
 int dt_dir_probe_write(const char *dir);
 
-/* The same probe for a file to be created at path: its directory (the text before the last '/',
- * "/" for a file in the root, "." for a bare name) into dir (cap bytes, truncated like
- * snprintf), then dt_dir_probe_write of it. 0 or the errno of the failure. */
+/* The same probe for a file to be created at path: its directory (dt_path_dir: the text before
+ * the last '/', "/" for a file in the root, "." for a bare name) into dir (cap bytes), then
+ * dt_dir_probe_write of it. 0 or the errno of the failure (ENAMETOOLONG when dir did not fit). */
 int dt_path_probe_write(const char *path, char *dir, size_t cap);
 
 #endif
