@@ -10,14 +10,12 @@
 #include "run/ckpt_dir.h"
 #include "run/writable.h"
 
-#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/sysinfo.h>
-#include <unistd.h>
 
 dt_train_config dt_train_defaults(void) {
     dt_train_config c = {
