@@ -3,6 +3,8 @@
 #ifndef DT_DATA_TESTLIB_H
 #define DT_DATA_TESTLIB_H
 
+#include "core/test.h"
+
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,11 +15,7 @@ static char dt_test_dir[256];
 /* Makes dt_test_dir from tmpl ("/tmp/NAME-XXXXXX") and points DTRAIN_DATA_CACHE into it: 0, or -1
  * after saying why. */
 static inline int dt_test_dir_make(const char *tmpl) {
-    snprintf(dt_test_dir, sizeof dt_test_dir, "%s", tmpl);
-    if (!mkdtemp(dt_test_dir)) {
-        perror("mkdtemp");
-        return -1;
-    }
+    if (dt_test_mkdtemp(dt_test_dir, sizeof dt_test_dir, tmpl) != 0) return -1;
     char cache[300];
     snprintf(cache, sizeof cache, "%s/cache", dt_test_dir);
     setenv("DTRAIN_DATA_CACHE", cache, 1);
