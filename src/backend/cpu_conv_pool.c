@@ -73,11 +73,32 @@ static void pad_sample(const dt_conv_pool_shape *s, const work *k, const float *
                    (size_t)s->W * sizeof(float));
 }
 
-/* Conv row cy of one channel block (weights wv, bias bv) into r[0..CW). Four outputs at a time:
- * four independent sums hide the FMA latency. */
+/* conv_row for 3x3 kernels: eight outputs at a time, each (c, ky)'s three taps in registers. */
+static int conv_row3(const dt_conv_pool_shape *s, const work *k, v16 *restrict r, const v16 *restrict wv, v16 bv, int cy) {
+    int cx = 0;
+    for (; cx + 8 <= k->CW; cx += 8) {
+        v16 a0 = bv, a1 = bv, a2 = bv, a3 = bv, a4 = bv, a5 = bv, a6 = bv, a7 = bv;
+        for (int c = 0; c < s->C; c++)
+            for (int ky = 0; ky < 3; ky++) {
+                const float *x = k->xp + ((size_t)c * k->HP + cy + ky) * k->WP + cx;
+                const v16 *w = wv + (c * 3 + ky) * 3;
+                for (int kx = 0; kx < 3; kx++) {
+                    const v16 t = w[kx];
+                    a0 += t * x[kx], a1 += t * x[kx + 1], a2 += t * x[kx + 2], a3 += t * x[kx + 3];
+                    a4 += t * x[kx + 4], a5 += t * x[kx + 5], a6 += t * x[kx + 6], a7 += t * x[kx + 7];
+                }
+            }
+        r[cx] = a0, r[cx + 1] = a1, r[cx + 2] = a2, r[cx + 3] = a3;
+        r[cx + 4] = a4, r[cx + 5] = a5, r[cx + 6] = a6, r[cx + 7] = a7;
+    }
+    return cx;
+}
+
+/* Conv row cy of one channel block (weights wv, bias bv) into r[0..CW). Several outputs at a time:
+ * independent sums hide the FMA latency. */
 static void conv_row(const dt_conv_pool_shape *s, const work *k, v16 *restrict r, const v16 *restrict wv, v16 bv, int cy) {
     const int K = s->K, CW = k->CW;
-    int cx = 0;
+    int cx = K == 3 ? conv_row3(s, k, r, wv, bv, cy) : 0;
     for (; cx + 4 <= CW; cx += 4) {
         v16 a0 = bv, a1 = bv, a2 = bv, a3 = bv;
         const v16 *wt = wv;
@@ -148,10 +169,31 @@ void dt_conv_pool_forward(const dt_conv_pool_shape *s, float *out, int32_t *win,
     work_free(&k);
 }
 
+/* weight_row for 3x3 kernels: each (c, ky)'s three taps at once (one load of g for three), over
+ * even and odd columns: six independent sums. */
+static void weight_row3(const dt_conv_pool_shape *s, const work *k, v16 *restrict acc, const v16 *restrict g, int ncx,
+                        int cy) {
+    for (int c = 0; c < s->C; c++)
+        for (int ky = 0; ky < 3; ky++) {
+            const float *x = k->xp + ((size_t)c * k->HP + cy + ky) * k->WP;
+            v16 e0 = {0}, e1 = {0}, e2 = {0}, o0 = {0}, o1 = {0}, o2 = {0};
+            int cx = 0;
+            for (; cx + 2 <= ncx; cx += 2) {
+                const v16 ge = g[cx], go = g[cx + 1];
+                e0 += ge * x[cx], e1 += ge * x[cx + 1], e2 += ge * x[cx + 2];
+                o0 += go * x[cx + 1], o1 += go * x[cx + 2], o2 += go * x[cx + 3];
+            }
+            if (cx < ncx) e0 += g[cx] * x[cx], e1 += g[cx] * x[cx + 1], e2 += g[cx] * x[cx + 2];
+            v16 *a = acc + (c * 3 + ky) * 3;
+            a[0] += e0 + o0, a[1] += e1 + o1, a[2] += e2 + o2;
+        }
+}
+
 /* dw of one conv row: acc[t] += sum over the row's columns cx of g[cx] * x(tap t, cx). */
 static void weight_row(const dt_conv_pool_shape *s, const work *k, v16 *restrict acc, const v16 *restrict g, int ncx,
                        int cy) {
     const int K = s->K;
+    if (K == 3) return weight_row3(s, k, acc, g, ncx, cy);
     v16 *a = acc;
     for (int c = 0; c < s->C; c++)
         for (int ky = 0; ky < K; ky++)
