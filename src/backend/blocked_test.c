@@ -141,6 +141,8 @@ static void test_conv(void) {
         conv_case(be, 3, 1, 9, 9, 16, 3, 1, 1, false, true, d);   /* a first layer: NCHW in, C 1 */
         conv_case(be, 1, 3, 8, 7, 32, 5, 2, 2, false, true, d);
         conv_case(be, 2, 16, 5, 5, 16, 1, 1, 0, true, true, d);
+        conv_case(be, 3, 32, 14, 14, 64, 3, 1, 1, true, false, d);  /* the CNN's second conv (Winograd on AVX-512) */
+        conv_case(be, 2, 16, 9, 11, 16, 3, 1, 0, false, true, d);    /* Winograd: tiles past the edge, NCHW in */
     }
 }
 
