@@ -43,10 +43,10 @@ typedef struct dt_backend {
     void (*maxpool2d_backward_blocked)(float *din, const float *dout, const int32_t *argmax, int B, int C, int H,
                                        int W, int K, int S, bool out_bl);
     /* conv -> (relu) -> maxpool of a first layer in one pass (backend/conv_pool.h), f32; NULL where not */
-    void (*conv_pool_forward)(const dt_conv_pool_shape *s, float *out, int32_t *win, const float *in, const float *w,
+    void (*conv_pool_forward)(const dt_conv_pool_shape *s, float *out, uint8_t *win, const float *in, const float *w,
                               const float *b);
-    void (*conv_pool_backward)(const dt_conv_pool_shape *s, float *dw, float *db, const float *dout, const float *out,
-                               const int32_t *win, const float *in);
+    void (*conv_pool_backward)(const dt_conv_pool_shape *s, float *dw, float *db, const float *dout, const uint8_t *win,
+                               const float *in);
     void (*avgpool2d_forward)(float *out, const float *in, int B, int C, int H, int W, int K, int S);
     void (*avgpool2d_backward)(float *din, const float *dout, int B, int C, int H, int W, int K, int S);
     void (*relu_forward)(float *out, const float *in, size_t n);

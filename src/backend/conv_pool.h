@@ -18,14 +18,17 @@ typedef struct {
     bool out_bl;  /* the pooled output (and its gradient) blocked nChw16c, else NCHW */
 } dt_conv_pool_shape;
 
+/* win[i] where the relu stopped pooled value i's gradient (its max was not positive). */
+#define DT_CONV_POOL_STOP 255
+
 /* out: the pooled values; win: for each, the position (py * PK + px) of the window's max, which
  * the pooled value came from (the first max wins, a NaN replaces it: the maxpool kernels' rule),
- * in out's layout. */
-void dt_conv_pool_forward(const dt_conv_pool_shape *s, float *out, int32_t *win, const float *in, const float *w,
+ * or DT_CONV_POOL_STOP; in out's layout, one byte each (PK * PK < 255). */
+void dt_conv_pool_forward(const dt_conv_pool_shape *s, float *out, uint8_t *win, const float *in, const float *w,
                           const float *b);
 /* dw (OC, C, K, K) and db (OC; NULL: no bias) ACCUMULATE the gradient of the chain from dout
- * (out's layout) and the forward's out and win. The input gets no gradient. */
-void dt_conv_pool_backward(const dt_conv_pool_shape *s, float *dw, float *db, const float *dout, const float *out,
-                           const int32_t *win, const float *in);
+ * (out's layout) and the forward's win. The input gets no gradient. */
+void dt_conv_pool_backward(const dt_conv_pool_shape *s, float *dw, float *db, const float *dout, const uint8_t *win,
+                           const float *in);
 
 #endif

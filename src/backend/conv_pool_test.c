@@ -31,7 +31,7 @@ static double rel(const float *a, const float *b, size_t n) {
 
 typedef struct {
     float *out, *dw, *db;
-    int32_t *win;  /* window positions */
+    int32_t *win;  /* window positions (DT_CONV_POOL_STOP where the relu stops the gradient) */
 } result;
 
 /* The unfused chain on the cpu kernels: conv, maxpool, relu; backward through all three. */
@@ -47,11 +47,11 @@ static result reference(const dt_conv_pool_shape *s, const float *x, const float
     memcpy(r.dw, dw0, nw * 4);
     be->conv2d_forward(y, x, w, b, work, s->B, s->C, s->H, s->W, s->OC, s->K, 1, s->P);
     be->maxpool2d_forward(r.out, am, y, s->B, s->OC, CH, CW, s->PK, s->PK);
-    if (s->relu) be->relu_forward(r.out, r.out, no);
     for (size_t i = 0; i < no; i++) {  /* the argmax's flat index in its plane -> (py, px) in its window */
         const int p = am[i] % (CH * CW), cy = p / CW, cx = p % CW;
-        r.win[i] = cy % s->PK * s->PK + cx % s->PK;
+        r.win[i] = s->relu && !(r.out[i] > 0) ? DT_CONV_POOL_STOP : cy % s->PK * s->PK + cx % s->PK;
     }
+    if (s->relu) be->relu_forward(r.out, r.out, no);
     if (s->relu) be->relu_backward(gg, g, r.out, no);
     else memcpy(gg, g, no * 4);
     be->maxpool2d_backward(dy, gg, am, s->B, s->OC, CH, CW, s->PK, s->PK);
@@ -65,20 +65,24 @@ static result fused(const dt_conv_pool_shape *s, const float *x, const float *w,
     const size_t nw = (size_t)s->OC * s->C * s->K * s->K;
     const int OHW = (int)(no / ((size_t)s->B * s->OC));
     result r = {malloc(no * 4), malloc(nw * 4), calloc((size_t)s->OC, 4), malloc(no * 4)};
+    uint8_t *wb = malloc(no);
     memcpy(r.dw, dw0, nw * 4);
     float *gb = s->out_bl ? malloc(no * 4) : (float *)g;
     if (s->out_bl) dt_blocked_from_nchw(gb, g, s->B, s->OC, OHW);
-    dt_conv_pool_forward(s, r.out, r.win, x, w, b);
-    dt_conv_pool_backward(s, r.dw, b ? r.db : NULL, gb, r.out, r.win, x);
+    dt_conv_pool_forward(s, r.out, wb, x, w, b);
+    dt_conv_pool_backward(s, r.dw, b ? r.db : NULL, gb, wb, x);
+    float *wf = malloc(no * 4);  /* the positions as floats, to reorder them with the values */
+    for (size_t i = 0; i < no; i++) wf[i] = wb[i];
     if (s->out_bl) {  /* back to NCHW to compare */
-        float *o = malloc(no * 4), *wf = malloc(no * 4);
+        float *o = malloc(no * 4);
         dt_blocked_to_nchw(o, r.out, s->B, s->OC, OHW);
-        for (size_t i = 0; i < no; i++) wf[i] = (float)r.win[i];
-        dt_blocked_to_nchw(r.out, wf, s->B, s->OC, OHW);  /* r.out as scratch for the positions */
-        for (size_t i = 0; i < no; i++) r.win[i] = (int32_t)r.out[i];
         memcpy(r.out, o, no * 4);
-        free(o), free(wf), free(gb);
+        dt_blocked_to_nchw(o, wf, s->B, s->OC, OHW);
+        memcpy(wf, o, no * 4);
+        free(o), free(gb);
     }
+    for (size_t i = 0; i < no; i++) r.win[i] = (int32_t)wf[i];
+    free(wf), free(wb);
     return r;
 }
 

@@ -3,7 +3,8 @@
  * SSE ones, so the same code runs (and is tested) on every x86-64 CPU. Forward computes the conv
  * rows of one pooled row into a small buffer and pools them; backward rebuilds the conv's
  * gradient of those rows from the pooled gradient and the window positions (the gradient is the
- * pooled one at the max's position where the relu passed, 0 elsewhere) and takes the weight
+ * pooled one at the max's position where the relu passed, 0 elsewhere: one byte per pooled value
+ * says which, so backward reads 5 bytes per value, not 12) and takes the weight
  * gradient from it. Each sample's input is copied into a zero-padded plane first, so no loop
  * tests the border. Sums run in a fixed order: results are deterministic. */
 #include "backend/conv_pool.h"
@@ -22,6 +23,7 @@
 
 typedef float v16 __attribute__((vector_size(BL * sizeof(float))));
 typedef int32_t v16i __attribute__((vector_size(BL * sizeof(int32_t))));
+typedef uint8_t v16b __attribute__((vector_size(BL)));
 
 static inline v16 load(const float *p) {
     v16 v;
@@ -141,12 +143,16 @@ static void pool_row(const dt_conv_pool_shape *s, const work *k) {
                 m = select_v(t, v, m);
                 at = (t & (py * PK + px)) | (at & ~t);
             }
-        if (s->relu) m = select_v(m > 0, m, (v16){0});
+        if (s->relu) {  /* relu(max): 0 and no gradient where the max is not positive */
+            const v16i pass = m > 0;
+            m = select_v(pass, m, (v16){0});
+            at = (at & pass) | (DT_CONV_POOL_STOP & ~pass);
+        }
         k->row_y[ox] = m, k->row_w[ox] = at;
     }
 }
 
-void dt_conv_pool_forward(const dt_conv_pool_shape *s, float *out, int32_t *win, const float *in, const float *w,
+void dt_conv_pool_forward(const dt_conv_pool_shape *s, float *out, uint8_t *win, const float *in, const float *w,
                           const float *b) {
     work k = work_of(s, w);
     for (int n = 0; n < s->B; n++) {
@@ -159,9 +165,10 @@ void dt_conv_pool_forward(const dt_conv_pool_shape *s, float *out, int32_t *win,
                 pool_row(s, &k);
                 for (int ox = 0; ox < k.OW; ox++) {
                     size_t ls, o = out_at(s, &k, n, ob, oy, ox, &ls);
-                    if (ls == 1) memcpy(out + o, &k.row_y[ox], sizeof(v16)), memcpy(win + o, &k.row_w[ox], sizeof(v16i));
+                    const v16b wb = __builtin_convertvector(k.row_w[ox], v16b);
+                    if (ls == 1) memcpy(out + o, &k.row_y[ox], sizeof(v16)), memcpy(win + o, &wb, sizeof wb);
                     else
-                        for (int l = 0; l < BL; l++) out[o + l * ls] = k.row_y[ox][l], win[o + l * ls] = k.row_w[ox][l];
+                        for (int l = 0; l < BL; l++) out[o + l * ls] = k.row_y[ox][l], win[o + l * ls] = wb[l];
                 }
             }
         }
@@ -208,24 +215,24 @@ static void weight_row(const dt_conv_pool_shape *s, const work *k, v16 *restrict
             }
 }
 
-/* The pooled gradient of (n, ob, oy) into row_g, 0 where the relu did not pass; its sum into db. */
-static void load_grad_row(const dt_conv_pool_shape *s, work *k, const float *dout, const float *out, const int32_t *win,
-                          int n, int ob, int oy, v16 *db) {
+/* The pooled gradient of (n, ob, oy) into row_g, 0 where the relu stopped it, and the window
+ * positions into row_w; the gradient's sum into db. */
+static void load_grad_row(const dt_conv_pool_shape *s, work *k, const float *dout, const uint8_t *win, int n, int ob,
+                          int oy, v16 *db) {
     for (int ox = 0; ox < k->OW; ox++) {
         size_t ls, o = out_at(s, k, n, ob, oy, ox, &ls);
-        if (ls == 1)
-            memcpy(&k->row_g[ox], dout + o, sizeof(v16)), memcpy(&k->row_y[ox], out + o, sizeof(v16)),
-                memcpy(&k->row_w[ox], win + o, sizeof(v16i));
+        v16b wb;
+        if (ls == 1) memcpy(&k->row_g[ox], dout + o, sizeof(v16)), memcpy(&wb, win + o, sizeof wb);
         else
-            for (int l = 0; l < BL; l++)
-                k->row_g[ox][l] = dout[o + l * ls], k->row_y[ox][l] = out[o + l * ls], k->row_w[ox][l] = win[o + l * ls];
-        if (s->relu) k->row_g[ox] = select_v(k->row_y[ox] > 0, k->row_g[ox], (v16){0});
+            for (int l = 0; l < BL; l++) k->row_g[ox][l] = dout[o + l * ls], wb[l] = win[o + l * ls];
+        k->row_w[ox] = __builtin_convertvector(wb, v16i);
+        k->row_g[ox] = select_v(k->row_w[ox] != DT_CONV_POOL_STOP, k->row_g[ox], (v16){0});
         *db += k->row_g[ox];
     }
 }
 
-void dt_conv_pool_backward(const dt_conv_pool_shape *s, float *dw, float *db, const float *dout, const float *out,
-                           const int32_t *win, const float *in) {
+void dt_conv_pool_backward(const dt_conv_pool_shape *s, float *dw, float *db, const float *dout, const uint8_t *win,
+                           const float *in) {
     work k = work_of(s, NULL);
     const int OB = s->OC / BL, PK = s->PK, ncx = k.OW * PK;
     v16 *tot = alloc_or_die((size_t)OB * (k.T + 1) * sizeof(v16)), *smp = alloc_or_die((size_t)(k.T + 1) * sizeof(v16));
@@ -235,7 +242,7 @@ void dt_conv_pool_backward(const dt_conv_pool_shape *s, float *dw, float *db, co
         for (int ob = 0; ob < OB; ob++) {
             memset(smp, 0, (size_t)(k.T + 1) * sizeof(v16));  /* the sample's sums, then added: shorter sums */
             for (int oy = 0; oy < k.OH; oy++) {
-                load_grad_row(s, &k, dout, out, win, n, ob, oy, &smp[k.T]);
+                load_grad_row(s, &k, dout, win, n, ob, oy, &smp[k.T]);
                 for (int py = 0; py < PK; py++) {
                     v16 *gc = k.rows;  /* the conv's gradient on row oy * PK + py */
                     for (int ox = 0; ox < k.OW; ox++)

@@ -26,7 +26,7 @@ static bool fusable(dt_model *m, const dt_node *p, const dt_node *conv) {
     int C, H, W;
     dt_node_chw(&m->nodes[conv->in[0]], &C, &H, &W);
     return conv->consumers == 1 && conv->id != m->output && conv->a.stride == 1 && !in->needs_grad &&
-           C <= MAX_FUSED_C && conv->shape[0] % 16 == 0 && p->a.k == p->a.stride && p->shape[1] > 0 && p->shape[2] > 0 &&
+           C <= MAX_FUSED_C && conv->shape[0] % 16 == 0 && p->a.k == p->a.stride && p->a.k < 16 && p->shape[1] > 0 && p->shape[2] > 0 &&
            !dt_node_in_blocked(m, conv, 0);
 }
 

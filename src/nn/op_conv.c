@@ -82,8 +82,7 @@ static void conv_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float *c
     if (n->fused_pool >= 0) {  /* from the pool's gradient; the input needs none (graph_fuse.c) */
         const dt_node *p = &m->nodes[n->fused_pool];
         const dt_conv_pool_shape cs = dt_node_conv_pool_shape(m, n);
-        c->be->conv_pool_backward(&cs, c->grads + dt_node_tensor_off(m, n, 0), db, p->grad, p->out, p->saved,
-                                  dt_node_in(m, n, 0));
+        c->be->conv_pool_backward(&cs, c->grads + dt_node_tensor_off(m, n, 0), db, p->grad, p->saved, dt_node_in(m, n, 0));
         return;
     }
     if (in_bl || n->blocked) {

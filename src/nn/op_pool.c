@@ -21,7 +21,7 @@ static dt_status pool_infer(dt_model *m, dt_node *n) {
 
 static size_t maxpool_saved(const dt_model *m, const dt_node *n, int B) {
     (void)m;
-    return (size_t)B * n->out_n * sizeof(int32_t);
+    return (size_t)B * n->out_n * (n->fused_conv ? 1 : sizeof(int32_t));  /* argmax, or conv_pool's window bytes */
 }
 
 static dt_status maxpool_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
