@@ -1,12 +1,12 @@
 /* The fused conv -> relu -> maxpool kernels (cpu_conv_pool.c) against the unfused chain of the
  * cpu kernels (im2col conv, NCHW max pooling, relu): pooled values within 1e-5 of the largest,
- * the window positions equal to the reference argmax, and dw / db (accumulated onto nonzero
- * values) within 1e-5 relative; NCHW and blocked outputs; the 1-channel 3x3 case of the CNN,
- * several channels, other kernel and window sizes, an odd plane whose last row and column no
- * window covers, no relu, no bias; two runs bitwise equal. Then the graph's plan: which convs
- * fuse (oneDNN f32 only; not when the input needs a gradient, windows overlap or the input has
- * many channels), and the model through the fused
- * path equal to the blas (unfused) one. */
+ * the window positions equal to the reference argmax (and the relu's stops), dw / db
+ * (accumulated onto nonzero values) within 1e-5 relative; NCHW and blocked outputs; the CNN's
+ * 1-channel 3x3 conv with 2x2 windows (pooled in registers, its own code) and 3 channels, other
+ * kernel and window sizes, an odd plane whose last row and column no window covers, no relu, no
+ * bias; two runs bitwise equal. Then the graph's plan: which convs fuse (oneDNN f32 only; not
+ * when the input needs a gradient, windows overlap or the input has many channels), and models
+ * through the fused path equal to the blas (unfused) ones. */
 #include "backend/backend.h"
 #include "backend/blocked.h"
 #include "backend/conv_pool.h"
@@ -112,6 +112,7 @@ static void test_kernels(void) {
     kernel_case(3, 1, 28, 28, 32, 3, 1, 2, true, true, true);   /* the reference CNN's first layer */
     kernel_case(3, 1, 28, 28, 32, 3, 1, 2, true, true, false);
     kernel_case(2, 1, 9, 11, 16, 3, 1, 2, true, true, true);    /* the last row and column in no window */
+    kernel_case(2, 3, 10, 10, 16, 3, 1, 2, true, true, true);   /* 3 channels (RGB) */
     kernel_case(2, 3, 11, 7, 16, 5, 2, 3, false, true, false);  /* 3 channels, 5x5, 3x3 windows, no relu */
     kernel_case(2, 2, 8, 10, 32, 1, 0, 2, true, false, true);   /* 1x1, no bias */
     kernel_case(1, 4, 6, 6, 16, 3, 0, 4, true, true, false);    /* one 4x4 window per plane */

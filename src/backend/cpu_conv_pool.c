@@ -130,6 +130,20 @@ static size_t out_at(const dt_conv_pool_shape *s, const work *k, int n, int ob, 
     return s->out_bl ? (((size_t)n * (s->OC / BL) + ob) * OHW + p) * BL : ((size_t)n * s->OC + (size_t)ob * BL) * OHW + p;
 }
 
+/* One step of a window's max: v (at window position q) replaces m when larger or NaN. */
+static inline void max_step(v16 *m, v16i *at, v16 v, int q) {
+    const v16i t = (v > *m) | (v != v);
+    *m = select_v(t, v, *m);
+    *at = (t & q) | (*at & ~t);
+}
+
+/* The relu after the pool: 0 and no gradient where the max is not positive. */
+static inline void relu_step(v16 *m, v16i *at) {
+    const v16i pass = *m > 0;
+    *m = select_v(pass, *m, (v16){0});
+    *at = (*at & pass) | (DT_CONV_POOL_STOP & ~pass);
+}
+
 /* Pools rows[0..PK) (the conv rows of pooled row oy) into row_y / row_w. */
 static void pool_row(const dt_conv_pool_shape *s, const work *k) {
     const int PK = s->PK;
@@ -137,19 +151,54 @@ static void pool_row(const dt_conv_pool_shape *s, const work *k) {
         v16 m = k->rows[ox * PK];
         v16i at = (v16i){0};
         for (int py = 0; py < PK; py++)
-            for (int px = !py; px < PK; px++) {  /* window order; (0, 0) is m's start */
-                const v16 v = k->rows[(size_t)py * k->CW + ox * PK + px];
-                const v16i t = (v > m) | (v != v);
-                m = select_v(t, v, m);
-                at = (t & (py * PK + px)) | (at & ~t);
-            }
-        if (s->relu) {  /* relu(max): 0 and no gradient where the max is not positive */
-            const v16i pass = m > 0;
-            m = select_v(pass, m, (v16){0});
-            at = (at & pass) | (DT_CONV_POOL_STOP & ~pass);
-        }
+            for (int px = !py; px < PK; px++)  /* window order; (0, 0) is m's start */
+                max_step(&m, &at, k->rows[(size_t)py * k->CW + ox * PK + px], py * PK + px);
+        if (s->relu) relu_step(&m, &at);
         k->row_y[ox] = m, k->row_w[ox] = at;
     }
+}
+
+/* 3x3 convs and 2x2 windows: the conv's 2 x NC block at (2 oy, 2 ox0) summed in registers and
+ * pooled there, into row_y / row_w [ox0, ox0 + NC / 2); NC is 4 or 2 (a constant once inlined). */
+static inline __attribute__((always_inline)) void conv_pool_block(const dt_conv_pool_shape *s, const work *k,
+                                                                  const v16 *restrict wv, v16 bv, int oy, int ox0,
+                                                                  const int NC) {
+    v16 a0[4] = {bv, bv, bv, bv}, a1[4] = {bv, bv, bv, bv};  /* conv rows 2 oy and 2 oy + 1 */
+    for (int c = 0; c < s->C; c++)
+        for (int t = 0; t < 4; t++) {  /* input row 2 oy + t: tap row t of a0, t - 1 of a1 */
+            const float *x = k->xp + ((size_t)c * k->HP + 2 * oy + t) * k->WP + 2 * ox0;
+            for (int kx = 0; kx < 3; kx++) {
+                if (t < 3) {
+                    const v16 w = wv[(c * 3 + t) * 3 + kx];
+                    for (int j = 0; j < NC; j++) a0[j] += w * x[kx + j];
+                }
+                if (t > 0) {
+                    const v16 w = wv[(c * 3 + t - 1) * 3 + kx];
+                    for (int j = 0; j < NC; j++) a1[j] += w * x[kx + j];
+                }
+            }
+        }
+    for (int q = 0; q < NC / 2; q++) {
+        v16 m = a0[2 * q];
+        v16i at = (v16i){0};
+        max_step(&m, &at, a0[2 * q + 1], 1);
+        max_step(&m, &at, a1[2 * q], 2);
+        max_step(&m, &at, a1[2 * q + 1], 3);
+        if (s->relu) relu_step(&m, &at);
+        k->row_y[ox0 + q] = m, k->row_w[ox0 + q] = at;
+    }
+}
+
+/* Pooled row oy of one channel block into row_y / row_w. */
+static void conv_pool_row(const dt_conv_pool_shape *s, const work *k, const v16 *wv, v16 bv, int oy) {
+    if (s->K == 3 && s->PK == 2) {
+        int ox = 0;
+        for (; ox + 2 <= k->OW; ox += 2) conv_pool_block(s, k, wv, bv, oy, ox, 4);
+        if (ox < k->OW) conv_pool_block(s, k, wv, bv, oy, ox, 2);
+        return;
+    }
+    for (int py = 0; py < s->PK; py++) conv_row(s, k, k->rows + (size_t)py * k->CW, wv, bv, oy * s->PK + py);
+    pool_row(s, k);
 }
 
 void dt_conv_pool_forward(const dt_conv_pool_shape *s, float *out, uint8_t *win, const float *in, const float *w,
@@ -160,9 +209,7 @@ void dt_conv_pool_forward(const dt_conv_pool_shape *s, float *out, uint8_t *win,
         for (int ob = 0; ob < s->OC / BL; ob++) {
             const v16 bv = b ? load(b + ob * BL) : (v16){0};
             for (int oy = 0; oy < k.OH; oy++) {
-                for (int py = 0; py < s->PK; py++)
-                    conv_row(s, &k, k.rows + (size_t)py * k.CW, k.wv + (size_t)ob * k.T, bv, oy * s->PK + py);
-                pool_row(s, &k);
+                conv_pool_row(s, &k, k.wv + (size_t)ob * k.T, bv, oy);
                 for (int ox = 0; ox < k.OW; ox++) {
                     size_t ls, o = out_at(s, &k, n, ob, oy, ox, &ls);
                     const v16b wb = __builtin_convertvector(k.row_w[ox], v16b);
