@@ -218,7 +218,8 @@ int main(void) {
     test_pool();
     test_conv();
     test_plan();
-    test_model_vs_blas("cnn");
+    test_model_vs_blas("cnn");  /* its first conv fused with its pool (conv_pool_test) */
+    test_model_vs_blas("conv(16,5,pad=2) maxpool(2) conv(16,3) relu maxpool(2) flatten linear(5)");  /* fused, no relu */
     test_model_vs_blas("conv(16,3) relu conv(16,3) maxpool(2) conv(32,3,stride=2,pad=1) flatten linear(10)");
     test_model_vs_blas("conv(16,3,pad=1) maxpool(3,stride=2) conv(16,1) maxpool(2) conv(16,1) batchnorm relu flatten linear(5)");
     return dt_test_summary("blocked_test");

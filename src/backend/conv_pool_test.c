@@ -5,8 +5,8 @@
  * 1-channel 3x3 conv with 2x2 windows (pooled in registers, its own code) and 3 channels, other
  * kernel and window sizes, an odd plane whose last row and column no window covers, no relu, no
  * bias; two runs bitwise equal. Then the graph's plan: which convs fuse (oneDNN f32 only; not
- * when the input needs a gradient, windows overlap or the input has many channels), and models
- * through the fused path equal to the blas (unfused) ones. */
+ * when the input needs a gradient, windows overlap or the input has many channels). Models through
+ * the fused path against the blas (unfused) ones: blocked_test. */
 #include "backend/backend.h"
 #include "backend/blocked.h"
 #include "backend/conv_pool.h"
@@ -150,41 +150,8 @@ static void test_plan(void) {
     CHECK_OK(dt_kernels_select("blas", "fp32"));
 }
 
-/* A model through the fused path (oneDNN f32) equals the blas one: logits and gradients within
- * 2e-5 of their largest value after one forward and backward; the fused conv has no values. */
-static void test_model(const char *spec) {
-    dt_model *m[2] = {NULL, NULL};
-    const char *lib[2] = {"blas", "onednn"};
-    const int B = 3;
-    float *x = rnd((size_t)B * 144, 21);
-    int32_t y[3] = {1, 3, 2};
-    for (int k = 0; k < 2; k++) {
-        if (dt_kernels_select(lib[k], "fp32") != DT_OK) break;
-        CHECK_OK(dt_model_create_from_spec(&m[k], spec, 1, 12, 12));
-        if (!m[k]) break;
-        dt_model_init(m[k], 9);
-        dt_model_zero_grad(m[k]);
-        dt_feed f = {x, y, B};
-        float loss;
-        CHECK_OK(dt_model_run(m[k], &f, true, 0, &loss));
-        CHECK_OK(dt_model_backward_loss(m[k], 1.0f, NULL, NULL));
-    }
-    if (m[0] && m[1]) {
-        const size_t np = dt_model_num_params(m[0]), nl = (size_t)B * dt_model_out_size(m[0]);
-        CHECK(dt_model_node_fused(m[1], 1) && dt_model_node_values(m[1], 1) == NULL);
-        CHECK_MSG(rel(dt_model_output(m[1]), dt_model_output(m[0]), nl) < 2e-5, "%s: logits differ", spec);
-        CHECK_MSG(rel(dt_model_grads(m[1]), dt_model_grads(m[0]), np) < 2e-5, "%s: gradients differ by %g", spec,
-                  rel(dt_model_grads(m[1]), dt_model_grads(m[0]), np));
-    }
-    dt_model_free(m[0]), dt_model_free(m[1]);
-    free(x);
-    CHECK_OK(dt_kernels_select("blas", "fp32"));
-}
-
 int main(void) {
     test_kernels();
     test_plan();
-    test_model("cnn");
-    test_model("conv(16,5,pad=2) maxpool(2) conv(16,3) relu maxpool(2) flatten linear(4)");
     return dt_test_summary("conv_pool_test");
 }
