@@ -1,12 +1,13 @@
 /* conv -> relu -> max pool in one pass (conv_pool.h), on 16 output channels at a time: vectors of
  * GCC's vector extension, which the compiler lowers to one AVX-512 register, two AVX2 ones or four
- * SSE ones, so the same code runs (and is tested) on every x86-64 CPU. Forward computes the conv
- * rows of one pooled row into a small buffer and pools them; backward rebuilds the conv's
- * gradient of those rows from the pooled gradient and the window positions (the gradient is the
- * pooled one at the max's position where the relu passed, 0 elsewhere: one byte per pooled value
- * says which, so backward reads 5 bytes per value, not 12) and takes the weight
- * gradient from it. Each sample's input is copied into a zero-padded plane first, so no loop
- * tests the border. Sums run in a fixed order: results are deterministic. */
+ * SSE ones, so the same code runs (and is tested) on every x86-64 CPU. Forward sums the conv's
+ * outputs of one pooled row and pools them: for 3x3 convs with 2x2 windows (a CNN's usual first
+ * layer) a 2 x 4 block at a time in registers, otherwise whole conv rows through a small buffer.
+ * It keeps one byte per pooled value: the max's window position, or a mark where the relu stops
+ * the gradient. Backward rebuilds the conv's gradient of each pooled row from those bytes and the
+ * pooled gradient (the pooled one at the max's position, 0 elsewhere; 5 bytes read per pooled
+ * value) and sums the weight gradient from it. Each sample's input is copied into a zero-padded
+ * plane first, so no loop tests the border. Sums run in a fixed order: results are deterministic. */
 #include "backend/conv_pool.h"
 
 #include <stdlib.h>
