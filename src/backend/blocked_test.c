@@ -141,6 +141,8 @@ static void test_conv(void) {
         conv_case(be, 3, 1, 9, 9, 16, 3, 1, 1, false, true, d);   /* a first layer: NCHW in, C 1 */
         conv_case(be, 1, 3, 8, 7, 32, 5, 2, 2, false, true, d);
         conv_case(be, 2, 16, 5, 5, 16, 1, 1, 0, true, true, d);
+        conv_case(be, 3, 32, 14, 14, 64, 3, 1, 1, true, false, d);  /* the CNN's second conv (Winograd on AVX-512) */
+        conv_case(be, 2, 16, 9, 11, 16, 3, 1, 0, false, true, d);    /* Winograd: tiles past the edge, NCHW in */
     }
 }
 
@@ -216,7 +218,8 @@ int main(void) {
     test_pool();
     test_conv();
     test_plan();
-    test_model_vs_blas("cnn");
+    test_model_vs_blas("cnn");  /* its first conv fused with its pool (conv_pool_test) */
+    test_model_vs_blas("conv(16,5,pad=2) maxpool(2) conv(16,3) relu maxpool(2) flatten linear(5)");  /* fused, no relu */
     test_model_vs_blas("conv(16,3) relu conv(16,3) maxpool(2) conv(32,3,stride=2,pad=1) flatten linear(10)");
     test_model_vs_blas("conv(16,3,pad=1) maxpool(3,stride=2) conv(16,1) maxpool(2) conv(16,1) batchnorm relu flatten linear(5)");
     return dt_test_summary("blocked_test");

@@ -371,6 +371,8 @@ static void fill_tables(void) {
         t->conv2d_backward = i == 0 ? cb_f32 : i == 1 ? cb_bf16 : cb_f16;
         if (i == 0)  /* f32 runs conv chains in oneDNN's blocked layout (bf16/fp16 convert at each conv) */
             t->conv2d_forward_blocked = dt_dnnl_conv_forward_blocked, t->conv2d_backward_blocked = dt_dnnl_conv_backward_blocked;
+        if (i == 0)  /* and a first conv with its relu and maxpool in one pass (blas stays the unfused reference) */
+            t->conv_pool_forward = dt_conv_pool_forward, t->conv_pool_backward = dt_conv_pool_backward;
     }
 }
 
