@@ -350,6 +350,14 @@ static void linear_backward(dt_dtype p, float *din, float *dw, float *db, const 
     static void cb_##sfx(float *din, float *dw, float *db, const float *dout, const float *in, const float *w,         \
                          float *work, int B, int C, int H, int W, int OC, int K, int S, int Pd) {                       \
         dt_dnnl_conv_backward(P, din, dw, db, dout, in, w, work, B, C, H, W, OC, K, S, Pd);                             \
+    }                                                                                                                   \
+    static void cfb_##sfx(float *out, const float *in, const float *w, const float *b, int B, int C, int H, int W,     \
+                          int OC, int K, int S, int Pd, bool in_bl, bool out_bl) {                                      \
+        dt_dnnl_conv_forward_blocked_lowp(P, out, in, w, b, B, C, H, W, OC, K, S, Pd, in_bl, out_bl);                   \
+    }                                                                                                                   \
+    static void cbb_##sfx(float *din, float *dw, float *db, const float *dout, const float *in, const float *w, int B, \
+                          int C, int H, int W, int OC, int K, int S, int Pd, bool in_bl, bool out_bl) {                 \
+        dt_dnnl_conv_backward_blocked_lowp(P, din, dw, db, dout, in, w, B, C, H, W, OC, K, S, Pd, in_bl, out_bl);       \
     }
 DT_ONEDNN_WRAPPERS(f32, DT_F32)
 DT_ONEDNN_WRAPPERS(bf16, DT_BF16)
@@ -369,8 +377,10 @@ static void fill_tables(void) {
         t->linear_backward = i == 0 ? lb_f32 : i == 1 ? lb_bf16 : lb_f16;
         t->conv2d_forward = i == 0 ? cf_f32 : i == 1 ? cf_bf16 : cf_f16;
         t->conv2d_backward = i == 0 ? cb_f32 : i == 1 ? cb_bf16 : cb_f16;
-        if (i == 0)  /* f32 runs conv chains in oneDNN's blocked layout (bf16/fp16 convert at each conv) */
-            t->conv2d_forward_blocked = dt_dnnl_conv_forward_blocked, t->conv2d_backward_blocked = dt_dnnl_conv_backward_blocked;
+        /* conv chains run in oneDNN's blocked layout; at bf16/fp16 the values stay f32 blocked
+         * and each conv converts them (a cast, no transpose) */
+        t->conv2d_forward_blocked = i == 0 ? cfb_f32 : i == 1 ? cfb_bf16 : cfb_f16;
+        t->conv2d_backward_blocked = i == 0 ? cbb_f32 : i == 1 ? cbb_bf16 : cbb_f16;
     }
 }
 

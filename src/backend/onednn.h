@@ -81,5 +81,11 @@ void dt_dnnl_conv_forward_blocked(float *out, const float *in, const float *w, c
                                   int W, int OC, int K, int S, int P, bool in_bl, bool out_bl);
 void dt_dnnl_conv_backward_blocked(float *din, float *dw, float *db, const float *dout, const float *in, const float *w,
                                    int B, int C, int H, int W, int OC, int K, int S, int P, bool in_bl, bool out_bl);
+/* The same at bf16/fp16 (p): f32 blocked values outside, converted by the primitive's reorders. */
+void dt_dnnl_conv_forward_blocked_lowp(dt_dtype p, float *out, const float *in, const float *w, const float *b, int B,
+                                       int C, int H, int W, int OC, int K, int S, int P, bool in_bl, bool out_bl);
+void dt_dnnl_conv_backward_blocked_lowp(dt_dtype p, float *din, float *dw, float *db, const float *dout,
+                                        const float *in, const float *w, int B, int C, int H, int W, int OC, int K,
+                                        int S, int P, bool in_bl, bool out_bl);
 
 #endif
