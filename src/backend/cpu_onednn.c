@@ -271,7 +271,11 @@ static dt_dnnl_entry *mm_entry(const mm_shape *s, dt_dtype p) {
     dnnl_memory_t m[4] = {0};
     if (!pd) return dt_dnnl_ready(e, false), NULL;
     if (lowp) md[1] = *dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
-    for (int i = 0; i < nargs; i++) m[i] = lowp && i < 2 ? dt_dnnl_input(e, &ext[i], &md[i], i) : dt_dnnl_mem(e, &md[i], i);
+    /* B row-major in a VNNI layout: packed by dt_dnnl_vnni_pack at each run (cpu_onednn_pack.c) */
+    const int nb = lowp && k.dt == dnnl_bf16 && s->sb[1] == 1 ? dt_dnnl_vnni_block(&md[1], s->K, s->N) : 0;
+    if (nb && (e->tmp = malloc(dnnl_memory_desc_get_size(&md[1])))) e->pack_nb = nb, e->pack_kp = dt_dnnl_vnni_padded_k(&md[1]);
+    for (int i = 0; i < nargs; i++)
+        m[i] = lowp && i < 2 && !(i == 1 && e->pack_nb) ? dt_dnnl_input(e, &ext[i], &md[i], i) : dt_dnnl_mem(e, &md[i], i);
     return dt_dnnl_ready(e, dt_dnnl_step_add(e, pd, nargs, arg, m, true)) ? e : NULL;
 }
 
@@ -281,10 +285,11 @@ typedef struct {
     dt_dnnl_entry *e;
     dt_dtype p;
     bool round;
+    const mm_shape *s;
 } mm_plan;
 
 static bool mm_prepare(mm_plan *pl, const mm_shape *s, dt_dtype p) {
-    pl->p = p, pl->round = false;
+    pl->p = p, pl->round = false, pl->s = s;
     if ((pl->e = mm_entry(s, p))) return true;
     pl->round = p != DT_F32;
     return pl->round && (pl->e = mm_entry(s, DT_F32));
@@ -297,6 +302,10 @@ static const void *mm_operand(const mm_plan *pl, int slot, const float *x, size_
 }
 
 static void mm_run(const mm_plan *pl, float *c, const void *a, const void *b, const float *bias) {
+    if (pl->e->pack_nb) {
+        dt_dnnl_vnni_pack(pl->e->tmp, b, pl->s->K, pl->s->N, pl->s->sb[0], pl->e->pack_nb, pl->e->pack_kp);
+        b = pl->e->tmp;
+    }
     void *data[4] = {(void *)a, (void *)b, c, (void *)bias};
     dt_dnnl_run(pl->e, data);
 }
