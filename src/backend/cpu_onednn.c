@@ -230,6 +230,7 @@ typedef struct {
     int M, N, K;
     int64_t sa[2], sb[2];
     bool bias, accumulate;
+    bool a_bf16;  /* at bf16: A arrives cast already (dt_dnnl_cast_bf16), not f32 */
 } mm_shape;
 
 static dnnl_data_type_t dnnl_type(dt_dtype p) { return p == DT_BF16 ? dnnl_bf16 : p == DT_F16 ? dnnl_f16 : dnnl_f32; }
@@ -238,7 +239,7 @@ static dnnl_data_type_t dnnl_type(dt_dtype p) { return p == DT_BF16 ? dnnl_bf16 
 static dt_dnnl_entry *mm_entry(const mm_shape *s, dt_dtype p) {
     dt_dnnl_key k = {.op = DT_DNNL_MATMUL, .dt = dnnl_type(p),
                      .d = {s->M, s->N, s->K, (int)s->sa[0], (int)s->sa[1], (int)s->sb[0], (int)s->sb[1], s->bias,
-                           s->accumulate}};
+                           s->accumulate, s->a_bf16 && p == DT_BF16}};
     dt_dnnl_entry *e = dt_dnnl_lookup(&k);
     if (!e || e->used) return e && !e->failed ? e : NULL;
     int64_t ad[2] = {s->M, s->K}, bd[2] = {s->K, s->N}, cd[2] = {s->M, s->N}, biasd[2] = {1, s->N};
@@ -275,7 +276,8 @@ static dt_dnnl_entry *mm_entry(const mm_shape *s, dt_dtype p) {
     const int nb = lowp && k.dt == dnnl_bf16 && s->sb[1] == 1 ? dt_dnnl_vnni_block(&md[1], s->K, s->N) : 0;
     if (nb && (e->tmp = malloc(dnnl_memory_desc_get_size(&md[1])))) e->pack_nb = nb, e->pack_kp = dt_dnnl_vnni_padded_k(&md[1]);
     for (int i = 0; i < nargs; i++)
-        m[i] = lowp && i < 2 && !(i == 1 && e->pack_nb) ? dt_dnnl_input(e, &ext[i], &md[i], i) : dt_dnnl_mem(e, &md[i], i);
+        m[i] = lowp && i < 2 && !(i == 1 && e->pack_nb) && !(i == 0 && k.d[9]) ? dt_dnnl_input(e, &ext[i], &md[i], i)
+                                                                                : dt_dnnl_mem(e, &md[i], i);
     return dt_dnnl_ready(e, dt_dnnl_step_add(e, pd, nargs, arg, m, true)) ? e : NULL;
 }
 
@@ -322,22 +324,41 @@ static void linear_forward(dt_dtype p, float *out, const float *in, const float 
     mm_run(&pl, out, mm_operand(&pl, 0, in, (size_t)B * C), mm_operand(&pl, 1, w, (size_t)OC * C), b);
 }
 
-static void linear_backward(dt_dtype p, float *din, float *dw, float *db, const float *dout, const float *in,
-                            const float *w, int B, int C, int OC) {
-    /* dw (OC,C) += dout^T (OC,B) @ in (B,C);  din (B,C) = dout (B,OC) @ w (OC,C) */
-    mm_shape sw = {.M = OC, .N = C, .K = B, .sa = {1, OC}, .sb = {C, 1}, .accumulate = true};
-    mm_shape sd = {.M = B, .N = C, .K = OC, .sa = {OC, 1}, .sb = {C, 1}};
-    mm_plan pw = {0}, pd = {0};
-    if (B <= 0 || OC <= 0 || C <= 0 || (dw && !mm_prepare(&pw, &sw, p)) || (din && !mm_prepare(&pd, &sd, p)))
-        return fallback(p)->linear_backward(din, dw, db, dout, in, w, B, C, OC);
-    /* dout is rounded once when both GEMMs take it the same way (fallback), else passed as is */
-    const void *d = mm_operand(dw ? &pw : &pd, 0, dout, (size_t)B * OC);
-    if (dw) mm_run(&pw, dw, d, mm_operand(&pw, 1, in, (size_t)B * C), NULL);
+/* db (OC) += the column sums of dout (B, OC); db NULL: nothing. */
+static void bias_sums(float *db, const float *dout, int B, int OC) {
     if (db)
         for (int i = 0; i < B; i++) {
             const float *restrict row = dout + (size_t)i * OC;
             for (int j = 0; j < OC; j++) db[j] += row[j];
         }
+}
+
+static void linear_backward(dt_dtype p, float *din, float *dw, float *db, const float *dout, const float *in,
+                            const float *w, int B, int C, int OC) {
+    /* dw (OC,C) += dout^T (OC,B) @ in (B,C);  din (B,C) = dout (B,OC) @ w (OC,C) */
+    /* at bf16 where the CPU casts fast, dout is cast once for both GEMMs (else each converts it) */
+    const bool cast = p == DT_BF16 && dw && din && dt_dnnl_cast_fast();
+    mm_shape sw = {.M = OC, .N = C, .K = B, .sa = {1, OC}, .sb = {C, 1}, .accumulate = true, .a_bf16 = cast};
+    mm_shape sd = {.M = B, .N = C, .K = OC, .sa = {OC, 1}, .sb = {C, 1}, .a_bf16 = cast};
+    mm_plan pw = {0}, pd = {0};
+    if (B <= 0 || OC <= 0 || C <= 0 || (dw && !mm_prepare(&pw, &sw, p)) || (din && !mm_prepare(&pd, &sd, p)))
+        return fallback(p)->linear_backward(din, dw, db, dout, in, w, B, C, OC);
+    if (cast && !pw.round && !pd.round) {  /* both native bf16 entries, keyed to take the cast */
+        void *d16 = grow(0, (size_t)B * OC * sizeof(uint16_t));
+        dt_dnnl_cast_bf16(d16, dout, (size_t)B * OC);
+        mm_run(&pw, dw, d16, in, NULL);
+        bias_sums(db, dout, B, OC);
+        return mm_run(&pd, din, d16, w, NULL);
+    }
+    if (cast) {  /* an f32 fallback entry: the a_bf16 key never reached a bf16 entry */
+        sw.a_bf16 = sd.a_bf16 = false;
+        if (!mm_prepare(&pw, &sw, p) || !mm_prepare(&pd, &sd, p))
+            return fallback(p)->linear_backward(din, dw, db, dout, in, w, B, C, OC);
+    }
+    /* dout is rounded once when both GEMMs take it the same way (fallback), else passed as is */
+    const void *d = mm_operand(dw ? &pw : &pd, 0, dout, (size_t)B * OC);
+    if (dw) mm_run(&pw, dw, d, mm_operand(&pw, 1, in, (size_t)B * C), NULL);
+    bias_sums(db, dout, B, OC);
     if (din) {
         if (dw && pw.round != pd.round) d = mm_operand(&pd, 0, dout, (size_t)B * OC);
         mm_run(&pd, din, d, mm_operand(&pd, 2, w, (size_t)OC * C), NULL);

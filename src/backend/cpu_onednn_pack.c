@@ -1,5 +1,6 @@
-/* bf16 packing of a GEMM's B operand into oneDNN's VNNI layout BA16a{nb}b2a, done here instead of
- * by a oneDNN reorder. oneDNN 2.6's generic reorder (jit:uni) converts f32 to that layout at a
+/* bf16 packing of a GEMM's B operand into oneDNN's VNNI layout BA16a{nb}b2a, and plain f32 -> bf16
+ * casts of an A operand that two GEMMs share (a linear layer's output gradient), done here
+ * instead of by oneDNN reorders (one per GEMM). oneDNN 2.6's generic reorder (jit:uni) converts f32 to that layout at a
  * fifth of the speed of a plain f32 -> bf16 cast (measured on Zen 4: 768x512 in 0.5 ms against
  * 0.08 ms), and the GPT's linear layers pack an activation or a weight for every GEMM. With
  * AVX512-BF16, two rows are rounded in one vcvtne2ps2bf16 and interleaved in one vpermw. Only
@@ -13,8 +14,10 @@
 
 #include "backend/onednn.h"
 
+bool dt_dnnl_cast_fast(void) { return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw"); }
+
 int dt_dnnl_vnni_block(const dnnl_memory_desc_t *md, int64_t K, int64_t N) {
-    if (!__builtin_cpu_supports("avx512bf16") || !__builtin_cpu_supports("avx512bw")) return 0;
+    if (!dt_dnnl_cast_fast()) return 0;
     static const dnnl_format_tag_t tags[4] = {dnnl_BA16a16b2a, dnnl_BA16a32b2a, dnnl_BA16a48b2a, dnnl_BA16a64b2a};
     const dnnl_dims_t d = {K, N};
     for (int i = 0; i < 4; i++) {
@@ -53,6 +56,17 @@ void dt_dnnl_vnni_pack(void *dst, const float *src, int K, int N, int64_t ld, in
     uint16_t *d = dst;
     for (int j = 0; j < NB; j++)
         for (int i = 0; i < KB; i++) pack_block(d + ((size_t)j * KB + i) * 16 * nb, src, ld, K, N, 16 * i, nb * j, nb);
+}
+
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) void dt_dnnl_cast_bf16(void *dst, const float *src, size_t n) {
+    uint16_t *d = dst;
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32)
+        _mm512_storeu_si512(d + i, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + i + 16), _mm512_loadu_ps(src + i)));
+    for (; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
+        _mm256_mask_storeu_epi16(d + i, m, (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, src + i)));
+    }
 }
 
 #endif

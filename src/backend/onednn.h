@@ -88,6 +88,10 @@ void dt_dnnl_conv_forward_blocked_lowp(dt_dtype p, float *out, const float *in, 
 void dt_dnnl_conv_backward_blocked_lowp(dt_dtype p, float *din, float *dw, float *db, const float *dout,
                                         const float *in, const float *w, int B, int C, int H, int W, int OC, int K,
                                         int S, int P, bool in_bl, bool out_bl);
+/* Whether this CPU runs the casts and packing below (AVX512-BF16); where not, oneDNN's reorders
+ * convert. dst (n bf16) = src (n f32) rounded to nearest even. */
+bool dt_dnnl_cast_fast(void);
+void dt_dnnl_cast_bf16(void *dst, const float *src, size_t n);
 /* The GEMM B operand's bf16 VNNI packing (cpu_onednn_pack.c): the N block nb of md when it is
  * oneDNN's BA16a{nb}b2a layout of a (K, N) bf16 matrix and this CPU has AVX512-BF16, else 0. */
 int dt_dnnl_vnni_block(const dnnl_memory_desc_t *md, int64_t K, int64_t N);
