@@ -272,8 +272,10 @@ static dt_dnnl_entry *mm_entry(const mm_shape *s, dt_dtype p) {
     dnnl_memory_t m[4] = {0};
     if (!pd) return dt_dnnl_ready(e, false), NULL;
     if (lowp) md[1] = *dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
-    /* B row-major in a VNNI layout: packed by dt_dnnl_vnni_pack at each run (cpu_onednn_pack.c) */
-    const int nb = lowp && k.dt == dnnl_bf16 && s->sb[1] == 1 ? dt_dnnl_vnni_block(&md[1], s->K, s->N) : 0;
+    /* B dense (row- or column-major) in a VNNI layout: packed by dt_dnnl_vnni_pack at each run
+     * (cpu_onednn_pack.c) */
+    const bool dense = s->sb[1] == 1 || s->sb[0] == 1;
+    const int nb = lowp && k.dt == dnnl_bf16 && dense ? dt_dnnl_vnni_block(&md[1], s->K, s->N) : 0;
     if (nb && (e->tmp = malloc(dnnl_memory_desc_get_size(&md[1])))) e->pack_nb = nb, e->pack_kp = dt_dnnl_vnni_padded_k(&md[1]);
     for (int i = 0; i < nargs; i++)
         m[i] = lowp && i < 2 && !(i == 1 && e->pack_nb) && !(i == 0 && k.d[9]) ? dt_dnnl_input(e, &ext[i], &md[i], i)
@@ -305,7 +307,9 @@ static const void *mm_operand(const mm_plan *pl, int slot, const float *x, size_
 
 static void mm_run(const mm_plan *pl, float *c, const void *a, const void *b, const float *bias) {
     if (pl->e->pack_nb) {
-        dt_dnnl_vnni_pack(pl->e->tmp, b, pl->s->K, pl->s->N, pl->s->sb[0], pl->e->pack_nb, pl->e->pack_kp);
+        const mm_shape *s = pl->s;
+        const bool cols = s->sb[1] != 1;
+        dt_dnnl_vnni_pack(pl->e->tmp, b, s->K, s->N, cols ? s->sb[1] : s->sb[0], pl->e->pack_nb, pl->e->pack_kp, cols);
         b = pl->e->tmp;
     }
     void *data[4] = {(void *)a, (void *)b, c, (void *)bias};

@@ -51,11 +51,35 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) static void pack_block(ui
     }
 }
 
-void dt_dnnl_vnni_pack(void *dst, const float *src, int K, int N, int64_t ld, int nb, int Kp) {
+/* The same block from a column-major B (element (k, n) at src[n * ld + k], a linear layer's
+ * weight as the forward's w^T): each column's 16 values of the block are 8 pairs already, cast
+ * to 8 32-bit words; then for each pair row a gather takes the 16 columns' words. */
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) static void pack_block_t(uint16_t *dst, const float *src,
+                                                                                 int64_t ld, int K, int N, int k0,
+                                                                                 int n0, int nb) {
+    uint32_t w[64][8];  /* [column][pair]: 64 >= nb */
+    const int left = K - k0;
+    const __mmask16 m = left >= 16 ? 0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
+    for (int n = 0; n < nb; n++) {
+        const __m512 v = n0 + n < N ? _mm512_maskz_loadu_ps(m, src + (int64_t)(n0 + n) * ld + k0) : _mm512_setzero_ps();
+        _mm256_storeu_si256((__m256i *)w[n], (__m256i)_mm512_cvtneps_pbh(v));
+    }
+    const __m512i at = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                          _mm512_set1_epi32(8));
+    for (int kp = 0; kp < 8; kp++)
+        for (int n = 0; n < nb; n += 16)
+            _mm512_storeu_si512(dst + ((size_t)kp * nb + n) * 2, _mm512_i32gather_epi32(at, &w[n][kp], 4));
+}
+
+void dt_dnnl_vnni_pack(void *dst, const float *src, int K, int N, int64_t ld, int nb, int Kp, bool cols) {
     const int KB = Kp / 16, NB = (N + nb - 1) / nb;
     uint16_t *d = dst;
     for (int j = 0; j < NB; j++)
-        for (int i = 0; i < KB; i++) pack_block(d + ((size_t)j * KB + i) * 16 * nb, src, ld, K, N, 16 * i, nb * j, nb);
+        for (int i = 0; i < KB; i++) {
+            uint16_t *blk = d + ((size_t)j * KB + i) * 16 * nb;
+            if (cols) pack_block_t(blk, src, ld, K, N, 16 * i, nb * j, nb);
+            else pack_block(blk, src, ld, K, N, 16 * i, nb * j, nb);
+        }
 }
 
 __attribute__((target("avx512f,avx512bw,avx512bf16"))) void dt_dnnl_cast_bf16(void *dst, const float *src, size_t n) {

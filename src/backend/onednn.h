@@ -98,7 +98,8 @@ int dt_dnnl_vnni_block(const dnnl_memory_desc_t *md, int64_t K, int64_t N);
 /* The rows md's layout pads K to (oneDNN pads to a multiple of 32, not only of 16). */
 int dt_dnnl_vnni_padded_k(const dnnl_memory_desc_t *md);
 /* dst (BA16a{nb}b2a bf16, K padded to Kp rows and N to a multiple of nb, padding zero) = src
- * (K, N) f32 rows of leading dimension ld, rounded to nearest even. */
-void dt_dnnl_vnni_pack(void *dst, const float *src, int K, int N, int64_t ld, int nb, int Kp);
+ * (K, N) f32 rounded to nearest even: row-major with leading dimension ld, or with cols
+ * column-major ((k, n) at src[n * ld + k]). */
+void dt_dnnl_vnni_pack(void *dst, const float *src, int K, int N, int64_t ld, int nb, int Kp, bool cols);
 
 #endif

@@ -19,13 +19,15 @@ static float *rnd(size_t n, uint64_t key) {
 
 /* oneDNN's reorder of src (K, N, leading dimension ld) into the tag's bf16 layout, compared with
  * dt_dnnl_vnni_pack at block nb. */
-static void pack_case(int K, int N, int ld, dnnl_format_tag_t tag, int nb) {
+/* ld: of the rows (row-major), past N by as much as the columns' (column-major) past K. */
+static void pack_case(int K, int N, int ld, dnnl_format_tag_t tag, int nb, bool cols) {
     dnnl_engine_t eng = dt_dnnl_engine();
-    const int64_t dims[2] = {K, N}, strides[2] = {ld, 1};
+    if (cols) ld = K + ld - N;
+    const int64_t dims[2] = {K, N}, strides[2] = {cols ? 1 : ld, cols ? ld : 1};
     dnnl_memory_desc_t from = dt_dnnl_md(2, dims, dnnl_f32, strides), to;
     const dnnl_dims_t d = {K, N};
     CHECK(dnnl_memory_desc_init_by_tag(&to, 2, d, dnnl_bf16, tag) == dnnl_success);
-    float *src = rnd((size_t)K * ld, (uint64_t)(K * 1000 + N));
+    float *src = rnd((size_t)(cols ? N : K) * ld, (uint64_t)(K * 1000 + N));
     src[0] = 1.00390625f;  /* halfway between two bf16 values: to even */
     const size_t bytes = dnnl_memory_desc_get_size(&to);
     uint16_t *want = calloc(bytes, 1), *got = malloc(bytes);
@@ -43,11 +45,11 @@ static void pack_case(int K, int N, int ld, dnnl_format_tag_t tag, int nb) {
     CHECK(dnnl_primitive_execute(r, st, 2, args) == dnnl_success);
     dnnl_stream_wait(st);
     CHECK_MSG(dt_dnnl_vnni_block(&to, K, N) == nb, "K%d N%d: block %d, want %d", K, N, dt_dnnl_vnni_block(&to, K, N), nb);
-    dt_dnnl_vnni_pack(got, src, K, N, ld, nb, dt_dnnl_vnni_padded_k(&to));
+    dt_dnnl_vnni_pack(got, src, K, N, ld, nb, dt_dnnl_vnni_padded_k(&to), cols);
     size_t bad = 0;
     for (size_t i = 0; i < bytes / 2; i++) bad += got[i] != want[i];
-    CHECK_MSG(bad == 0, "K%d N%d ld%d nb%d: %zu of %zu bf16 values differ from oneDNN's reorder", K, N, ld, nb, bad,
-              bytes / 2);
+    CHECK_MSG(bad == 0, "K%d N%d ld%d nb%d %s: %zu of %zu bf16 values differ from oneDNN's reorder", K, N, ld, nb,
+              cols ? "column-major" : "row-major", bad, bytes / 2);
     dnnl_stream_destroy(st), dnnl_primitive_destroy(r), dnnl_primitive_desc_destroy(pd);
     dnnl_memory_destroy(mf), dnnl_memory_destroy(mt);
     free(src), free(want), free(got);
@@ -83,12 +85,14 @@ int main(void) {
         printf("pack_test: no AVX512-BF16 here: oneDNN's reorders pack, nothing of ours to test\n");
         CHECK(dt_dnnl_vnni_block(NULL, 1, 1) == 0);
     } else {
-        pack_case(64, 128, 128, dnnl_BA16a64b2a, 64);
-        pack_case(768, 512, 512, dnnl_BA16a64b2a, 64);
-        pack_case(37, 100, 130, dnnl_BA16a64b2a, 64);  /* partial blocks, ld > N */
-        pack_case(17, 10, 10, dnnl_BA16a16b2a, 16);
-        pack_case(33, 40, 41, dnnl_BA16a32b2a, 32);
-        pack_case(16, 48, 48, dnnl_BA16a48b2a, 48);
+        for (int cols = 0; cols < 2; cols++) {  /* row-major, then column-major (a weight as w^T) */
+            pack_case(64, 128, 128, dnnl_BA16a64b2a, 64, cols);
+            pack_case(768, 512, 512, dnnl_BA16a64b2a, 64, cols);
+            pack_case(37, 100, 130, dnnl_BA16a64b2a, 64, cols);  /* partial blocks, ld past the matrix */
+            pack_case(17, 10, 10, dnnl_BA16a16b2a, 16, cols);
+            pack_case(33, 40, 41, dnnl_BA16a32b2a, 32, cols);
+            pack_case(16, 48, 48, dnnl_BA16a48b2a, 48, cols);
+        }
     }
     linear_case(768, 128, 512);
     linear_case(37, 100, 70);
