@@ -3,8 +3,10 @@
  * weights) at f32, bf16 or fp16 inputs with f32 accumulation; every other op reuses the cpu
  * kernels. Primitives are created once per op, shape and precision and cached per thread, so a
  * short last batch costs one creation, not one per step. oneDNN runs OpenMP threads: their
- * number follows dt_set_threads (--threads). Without oneDNN (DNNL=0) only the stubs at the end
- * are compiled. */
+ * number follows dt_set_threads (--threads). At bf16 on a CPU with AVX512-BF16 the GEMMs' B
+ * operands are packed and a linear layer's output gradient is cast by our code
+ * (cpu_onednn_pack.c), not by oneDNN's reorders. Without oneDNN (DNNL=0) only the stubs at the
+ * end are compiled. */
 #include "backend/backend.h"
 
 #include <pthread.h>
@@ -384,7 +386,13 @@ static void linear_backward(dt_dtype p, float *din, float *dw, float *db, const 
     static void cb_##sfx(float *din, float *dw, float *db, const float *dout, const float *in, const float *w,         \
                          float *work, int B, int C, int H, int W, int OC, int K, int S, int Pd) {                       \
         dt_dnnl_conv_backward(P, din, dw, db, dout, in, w, work, B, C, H, W, OC, K, S, Pd);                             \
-    }                                                                                                                   \
+    }
+DT_ONEDNN_WRAPPERS(f32, DT_F32)
+DT_ONEDNN_WRAPPERS(bf16, DT_BF16)
+DT_ONEDNN_WRAPPERS(f16, DT_F16)
+
+/* the blocked convolutions at bf16 and fp16 (f32 has its own entries) */
+#define DT_ONEDNN_BLOCKED_WRAPPERS(sfx, P)                                                                              \
     static void cfb_##sfx(float *out, const float *in, const float *w, const float *b, int B, int C, int H, int W,     \
                           int OC, int K, int S, int Pd, bool in_bl, bool out_bl) {                                      \
         dt_dnnl_conv_forward_blocked_lowp(P, out, in, w, b, B, C, H, W, OC, K, S, Pd, in_bl, out_bl);                   \
@@ -393,9 +401,8 @@ static void linear_backward(dt_dtype p, float *din, float *dw, float *db, const 
                           int C, int H, int W, int OC, int K, int S, int Pd, bool in_bl, bool out_bl) {                 \
         dt_dnnl_conv_backward_blocked_lowp(P, din, dw, db, dout, in, w, B, C, H, W, OC, K, S, Pd, in_bl, out_bl);       \
     }
-DT_ONEDNN_WRAPPERS(f32, DT_F32)
-DT_ONEDNN_WRAPPERS(bf16, DT_BF16)
-DT_ONEDNN_WRAPPERS(f16, DT_F16)
+DT_ONEDNN_BLOCKED_WRAPPERS(bf16, DT_BF16)
+DT_ONEDNN_BLOCKED_WRAPPERS(f16, DT_F16)
 
 static dt_backend tables[3];
 static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
@@ -413,8 +420,8 @@ static void fill_tables(void) {
         t->conv2d_backward = i == 0 ? cb_f32 : i == 1 ? cb_bf16 : cb_f16;
         /* conv chains run in oneDNN's blocked layout; at bf16/fp16 the values stay f32 blocked
          * and each conv converts them (a cast, no transpose) */
-        t->conv2d_forward_blocked = i == 0 ? cfb_f32 : i == 1 ? cfb_bf16 : cfb_f16;
-        t->conv2d_backward_blocked = i == 0 ? cbb_f32 : i == 1 ? cbb_bf16 : cbb_f16;
+        t->conv2d_forward_blocked = i == 0 ? dt_dnnl_conv_forward_blocked : i == 1 ? cfb_bf16 : cfb_f16;
+        t->conv2d_backward_blocked = i == 0 ? dt_dnnl_conv_backward_blocked : i == 1 ? cbb_bf16 : cbb_f16;
     }
 }
 

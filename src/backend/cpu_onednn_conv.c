@@ -1,10 +1,10 @@
 /* oneDNN convolutions: forward, backward data and backward weights on NCHW activations and OIHW
- * weights (torch's layouts), cached per shape and precision like the matmuls (cpu_onednn.c); at
- * f32 also on blocked nChw16c activations (the *_blocked entries: a conv chain of the graph,
- * graph_layout.c), which oneDNN's kernels read and write without reorders. Backward weights
- * writes into a per-primitive scratch that is then ADDED to dw (the backend contract accumulates
- * parameter gradients; oneDNN overwrites); db sums the f32 gradient (blocked: oneDNN's backward
- * weights sums it in the same pass). */
+ * weights (torch's layouts), cached per shape and precision like the matmuls (cpu_onednn.c); also
+ * on blocked nChw16c activations (the *_blocked entries: a conv chain of the graph,
+ * graph_layout.c), which oneDNN's kernels read and write without reorders at f32 and with a
+ * cast only at bf16/fp16. Backward weights writes into a per-primitive scratch that is then
+ * ADDED to dw (the backend contract accumulates parameter gradients; oneDNN overwrites); db sums
+ * the f32 gradient (blocked f32: oneDNN's backward weights sums it in the same pass). */
 #include "backend/backend.h"
 
 #if DT_HAVE_DNNL
