@@ -114,10 +114,10 @@ static const char USAGE[] =
     "library and precision in the lists (default: the default kernels, fp32; --vs-blas adds blas);\n"
     "the ratio column compares each row with the first row of its case; \"per cpu-s\" divides by the\n"
     "process's CPU time instead of wall time (steadier on a loaded machine). --vs-torch adds PyTorch's\n"
-    "samples/s on the same model and batch (bench/train_torch.py, /usr/bin/python3, one thread), and\n"
-    "its samples per CPU-second beside dtrain's (\"vs (cpu)\": per cpu-s / torch's; not for gpt).\n"
-    "--profile prints, before each row, the milliseconds per step of each node's forward and backward\n"
-    "and of the optimizer (wall time; oneDNN's primitives: ONEDNN_VERBOSE=profile).";
+    "samples/s on the same model and batch (bench/train_torch.py, /usr/bin/python3, one thread, its\n"
+    "OpenBLAS pinned too), and its samples per CPU-second beside dtrain's (\"vs (cpu)\": per cpu-s /\n"
+    "torch's; not for gpt). --profile prints, before each row, the CPU milliseconds per step of each\n"
+    "node's forward and backward and of the optimizer (oneDNN's primitives: ONEDNN_VERBOSE=profile).";
 
 /* The next comma-separated word of *list into w (cap bytes); false at the end. */
 static bool next_word(const char **list, char *w, size_t cap) {
