@@ -1,10 +1,10 @@
 /* oneDNN convolutions: forward, backward data and backward weights on NCHW activations and OIHW
- * weights (torch's layouts), cached per shape and precision like the matmuls (cpu_onednn.c); at
- * f32 also on blocked nChw16c activations (the *_blocked entries: a conv chain of the graph,
- * graph_layout.c), which oneDNN's kernels read and write without reorders. Backward weights
- * writes into a per-primitive scratch that is then ADDED to dw (the backend contract accumulates
- * parameter gradients; oneDNN overwrites); db sums the f32 gradient (blocked: oneDNN's backward
- * weights sums it in the same pass). */
+ * weights (torch's layouts), cached per shape and precision like the matmuls (cpu_onednn.c); also
+ * on blocked nChw16c activations (the *_blocked entries: a conv chain of the graph,
+ * graph_layout.c), which oneDNN's kernels read and write without reorders at f32 and with a
+ * cast only at bf16/fp16. Backward weights writes into a per-primitive scratch that is then
+ * ADDED to dw (the backend contract accumulates parameter gradients; oneDNN overwrites); db sums
+ * the f32 gradient (blocked f32: oneDNN's backward weights sums it in the same pass). */
 #include "backend/backend.h"
 
 #if DT_HAVE_DNNL
@@ -297,7 +297,7 @@ static void conv_backward(dt_dtype p, const conv_shape *cs, float *din, float *d
     conv_shape s = *cs;
     /* blocked (f32): oneDNN's backward weights also sums db, in the pass that reads dout anyway;
      * NCHW: db is summed below from the f32 gradient (at bf16/fp16 oneDNN would sum rounded dout) */
-    s.bias = db && dw && (s.in_bl || s.out_bl);
+    s.bias = db && dw && (s.in_bl || s.out_bl) && p == DT_F32;
     const int B = s.B, C = s.C, H = s.H, W = s.W, OC = s.OC, K = s.K, S = s.S, P = s.P;
     const bool blocked = s.in_bl || s.out_bl;
     if (!blocked && prefers_im2col(p, C))
@@ -318,7 +318,7 @@ static void conv_backward(dt_dtype p, const conv_shape *cs, float *din, float *d
         for (size_t i = 0; i < nw; i++) dw[i] += e->tmp[i];
     if (dbs)
         for (int o = 0; o < OC; o++) db[o] += dbs[o];
-    else if (db && s.out_bl)  /* din only: no backward-weights pass to sum it */
+    else if (db && s.out_bl)  /* din only, or bf16/fp16 (db from the f32 gradient) */
         dt_blocked_channel_sums(db, dout, B, OC, s.OH * s.OW);
     else if (db)  /* from the f32 gradient at every precision */
         for (int n = 0; n < B; n++)
@@ -335,6 +335,28 @@ void dt_dnnl_conv_backward_blocked(float *din, float *dw, float *db, const float
                                    int B, int C, int H, int W, int OC, int K, int S, int P, bool in_bl, bool out_bl) {
     conv_shape s = shape_of(B, C, H, W, OC, K, S, P, false, in_bl, out_bl);
     conv_backward(DT_F32, &s, din, dw, db, dout, in, w, NULL);
+}
+
+/* Blocked convolutions at bf16/fp16 (the lowp tables' *_blocked entries): the values outside stay
+ * f32 nChw16c, and the primitive's reorders only convert them to the precision (no transpose);
+ * the output and din are written f32 blocked directly. db is summed from the f32 gradient.
+ * A convolution over fewer than 16 input channels runs at f32: vdpbf16ps multiplies channel
+ * pairs, so with C = 1 (the CNN's first layer) oneDNN's bf16 kernel pads half its lanes and is no
+ * faster than f32, while converting its large output gradient to bf16 costs a pass more
+ * (measured on AVX512-BF16: the layer 2x slower than at f32). */
+static dt_dtype blocked_precision(dt_dtype p, int C) { return C < 16 ? DT_F32 : p; }
+
+void dt_dnnl_conv_forward_blocked_lowp(dt_dtype p, float *out, const float *in, const float *w, const float *b, int B,
+                                       int C, int H, int W, int OC, int K, int S, int P, bool in_bl, bool out_bl) {
+    conv_shape s = shape_of(B, C, H, W, OC, K, S, P, b != NULL, in_bl, out_bl);
+    conv_forward(blocked_precision(p, C), &s, out, in, w, b, NULL);
+}
+
+void dt_dnnl_conv_backward_blocked_lowp(dt_dtype p, float *din, float *dw, float *db, const float *dout,
+                                        const float *in, const float *w, int B, int C, int H, int W, int OC, int K,
+                                        int S, int P, bool in_bl, bool out_bl) {
+    conv_shape s = shape_of(B, C, H, W, OC, K, S, P, false, in_bl, out_bl);
+    conv_backward(blocked_precision(p, C), &s, din, dw, db, dout, in, w, NULL);
 }
 
 #endif
