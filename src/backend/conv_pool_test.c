@@ -4,7 +4,7 @@
  * (accumulated onto nonzero values) within 1e-5 relative; NCHW and blocked outputs; the CNN's
  * 1-channel 3x3 conv with 2x2 windows (pooled in registers, its own code) and 3 channels, other
  * kernel and window sizes, an odd plane whose last row and column no window covers, no relu, no
- * bias; two runs bitwise equal. Then the graph's plan: which convs fuse (oneDNN f32 only; not
+ * bias; two runs bitwise equal. Then the graph's plan: which convs fuse (oneDNN at every precision; not
  * when the input needs a gradient, windows overlap or the input has many channels). Models through
  * the fused path against the blas (unfused) ones: blocked_test. */
 #include "backend/backend.h"
@@ -119,21 +119,25 @@ static void test_kernels(void) {
 }
 
 /* Which nodes of spec (1x12x12 inputs) fuse, on the kernels of lib. */
-static void fused_of(const char *lib, const char *spec, bool *fz, int *n) {
+static void fused_of_at(const char *lib, const char *prec, const char *spec, bool *fz, int *n) {
     dt_model *m = NULL;
     *n = 0;
-    if (dt_kernels_select(lib, "fp32") != DT_OK) return;
+    if (dt_kernels_select(lib, prec) != DT_OK) return;
     CHECK_OK(dt_model_create_from_spec(&m, spec, 1, 12, 12));
     *n = m ? m->n : 0;
     for (int i = 0; i < *n; i++) fz[i] = dt_model_node_fused(m, i);
     dt_model_free(m);
 }
 
+static void fused_of(const char *lib, const char *spec, bool *fz, int *n) { fused_of_at(lib, "fp32", spec, fz, n); }
+
 static void test_plan(void) {
     bool fz[32];
     int n;
     const bool have = dt_backend_onednn(DT_F32) != NULL;
     fused_of("onednn", "cnn", fz, &n);  /* input, conv, relu, maxpool, conv, relu, maxpool, ... */
+    if (have) CHECK(n > 6 && fz[1] && fz[2] && !fz[3] && !fz[4] && !fz[6]);
+    fused_of_at("onednn", "bf16", "cnn", fz, &n);  /* bf16 runs a conv over 1 channel at f32: fused too */
     if (have) CHECK(n > 6 && fz[1] && fz[2] && !fz[3] && !fz[4] && !fz[6]);
     fused_of("onednn", "conv(16,3) maxpool(3,stride=2) flatten linear(4)", fz, &n);  /* overlapping windows */
     for (int i = 0; i < n; i++) CHECK(!fz[i]);

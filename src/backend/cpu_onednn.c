@@ -422,8 +422,10 @@ static void fill_tables(void) {
          * and each conv converts them (a cast, no transpose) */
         t->conv2d_forward_blocked = i == 0 ? dt_dnnl_conv_forward_blocked : i == 1 ? cfb_bf16 : cfb_f16;
         t->conv2d_backward_blocked = i == 0 ? dt_dnnl_conv_backward_blocked : i == 1 ? cbb_bf16 : cbb_f16;
-        if (i == 0)  /* and a first conv with its relu and maxpool in one pass (blas stays the unfused reference) */
-            t->conv_pool_forward = dt_conv_pool_forward, t->conv_pool_backward = dt_conv_pool_backward;
+        /* and a first conv (<= 4 input channels) with its relu and maxpool in one f32 pass, at every
+         * precision: bf16/fp16 run convs over < 16 input channels at f32 anyway (blas stays the
+         * unfused reference) */
+        t->conv_pool_forward = dt_conv_pool_forward, t->conv_pool_backward = dt_conv_pool_backward;
     }
 }
 
