@@ -392,6 +392,7 @@ static int run_rank(int argc, char **argv, train_opts *o, int job_ranks) {
     if (rank != 0) quiet = true;
     const bool tty = isatty(2) || (rank == 0 && getenv("DTRAIN_PROGRESS_TTY") && dt_comm_env_is_rank());
     dt_train_progress pc = {.quiet = quiet, .tty = tty, .epochs = cfg.epochs};
+    cfg.keep_sharded = true;  /* nothing reads the whole model after the run (tp, pp: it may not fit) */
     cfg.on_progress = dt_train_print_progress;
     cfg.on_epoch = dt_train_print_epoch;
     cfg.on_note = dt_train_print_note;
