@@ -136,9 +136,8 @@ static dt_status write_state(const char *path, dt_status (*visit)(void *src, dt_
     if (s == DT_OK && shards > 0) s = meta_i64(w, "dtrain.shards", shards);
     if (s == DT_OK && save_id) s = dt_st_writer_meta(w, "dtrain.save_id", save_id);
     if (s == DT_OK && info->val_split > 0) s = write_val_meta(w, info);
-    if (s == DT_OK) {
-        s = dt_st_writer_write(w, path);
-    }
+    if (s == DT_OK) s = dt_st_writer_write(w, path);
+    if (s == DT_OK) dt_ckpt_remove_stale_shards(path, shards);  /* an earlier save's with other ranks */
     dt_st_writer_destroy(w);
     write_ctx_free(&c);
     return s;

@@ -63,6 +63,10 @@ dt_status dt_checkpoint_restore(const char *path, dt_model *m, dt_optim *o, dt_c
 
 /* "<path>.rR-of-N": shard R of an N-shard checkpoint whose index is path. */
 void dt_ckpt_shard_path(char *out, size_t cap, const char *path, int r, int n);
+/* Removes the shard files "<path>.rR-of-M" in path's directory that are not shards of an n-shard
+ * checkpoint (M != n, or R >= M; n 0: every one): what an earlier save under path with another
+ * number of ranks left. Called once the new checkpoint is in place (index or file renamed). */
+void dt_ckpt_remove_stale_shards(const char *path, int n);
 /* Collective over s->comm: every rank writes the pieces it owns (dt_strategy_visit_state) to its
  * shard file, then rank 0 writes the index (written last: the checkpoint exists once it does).
  * An error on any rank is reported on every rank, and no index is written. */
