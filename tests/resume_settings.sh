@@ -25,6 +25,10 @@ grep -q "other settings" <<<"$out" && bad "a resume with no flags changed announ
 # the same through --resume auto (the newest checkpoint in --checkpoint-dir)
 $DT train "${D[@]}" "${M[@]}" "${SET[@]}" --max-steps 3 --checkpoint-dir "$TMP/ck" --checkpoint-every 3 --quiet \
   >/dev/null 2>&1 || bad "checkpoint-dir run"
+out=$($DT train "${D[@]}" --max-steps 6 --resume "$TMP/ck" --save "$TMP/dir.st" 2>&1)
+cmp -s "$TMP/full.st" "$TMP/dir.st" && grep -q "resume $TMP/ck: its newest usable checkpoint" <<<"$out" \
+  && ok "--resume DIR takes the directory's newest checkpoint, named, and equals the uninterrupted run" \
+  || bad "--resume DIR: $out"
 out=$($DT train "${D[@]}" --max-steps 6 --resume auto --checkpoint-dir "$TMP/ck" --save "$TMP/auto.st" --quiet 2>&1)
 cmp -s "$TMP/full.st" "$TMP/auto.st" && ok "--resume auto with no training flags equals the uninterrupted run" \
   || bad "--resume auto with the checkpoint's settings differs: $out"

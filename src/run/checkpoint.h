@@ -53,6 +53,10 @@ dt_status dt_checkpoint_write_strategy(const char *path, dt_strategy *s, const d
 dt_status dt_checkpoint_restore_strategy(const char *path, dt_strategy *s, dt_ckpt_info *info);
 /* Writes model (+ optimizer if non-NULL) and info atomically to path. */
 dt_status dt_checkpoint_write(const char *path, dt_model *m, dt_optim *o, const dt_ckpt_info *info);
+/* The checkpoint file that path names, into out: path itself, or for a directory the newest usable
+ * checkpoint in it (its numbered ckpt-<step> files; damaged ones skipped, as --resume auto picks),
+ * then *from_dir is true. DT_ENOENT naming the directory when it holds none. */
+dt_status dt_checkpoint_resolve(const char *path, char *out, size_t cap, bool *from_dir);
 /* Reads only the metadata of a checkpoint (validates the whole file). */
 dt_status dt_checkpoint_read_info(const char *path, dt_ckpt_info *info);
 /* Restores tensors into a model built with the same spec (and the optimizer if non-NULL);
