@@ -9,6 +9,8 @@
  * it as one file. */
 #include "run/checkpoint.h"
 
+#include "core/sys.h"
+
 #include "dtrain/dtrain.h"
 #include "dtrain/safetensors.h"
 #include "parallel/strategy.h"
@@ -30,8 +32,7 @@ void dt_ckpt_shard_path(char *out, size_t cap, const char *path, int r, int n) {
 void dt_ckpt_remove_stale_shards(const char *path, int n) {
     const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
     char dir[4096];
-    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
-    if (slash == path) snprintf(dir, sizeof dir, "/");
+    if (dt_path_dir(dir, sizeof dir, path) >= sizeof dir) return;
     DIR *d = opendir(dir);
     if (!d) return;  /* nothing to tidy that can be seen */
     const size_t len = strlen(base);
