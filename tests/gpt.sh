@@ -1,7 +1,8 @@
 # Integration tests of the GPT path through the real command, on a small corpus the test writes:
 # train (1 and 2 workers), the checkpoint carries nanoGPT's tensor names, eval agrees with the
-# run's own evaluation, resume continues bit for bit, sample is deterministic per seed, and the
-# mistakes a new user makes get clear errors.
+# run's own evaluation, resume continues bit for bit, sample is deterministic per seed, its exit
+# statuses follow dtrain's convention (0, 1, 2, 78), eval and sample take a --checkpoint-dir
+# directory, and the mistakes a new user makes get clear errors.
 . "$(dirname "$0")/testlib.bash"
 
 python3 "$DTRAIN_TOOLS/word_corpus.py" "$TMP/corpus.txt" 7 40000
@@ -75,4 +76,27 @@ expect_fail "sample refuses an image model" "not a language model" \
   bash -c "$DT train --data '$TMP/none.csv' --quiet 2>/dev/null; printf '0,1,2\n1,3,4\n' > '$TMP/t_train.csv'; \
            $DT train --data '$TMP/t_train.csv' --model 'linear(2)' --batch 2 --max-steps 1 --quiet --save '$TMP/img.st' >/dev/null 2>&1; \
            $DT sample --checkpoint '$TMP/img.st'"
+
+# ---- exit statuses of sample (dtrain train --help's convention) ----
+rc_of() { "$@" >/dev/null 2>&1; echo $?; }
+printf 'not a checkpoint' >"$TMP/junk.st"; mkdir -p "$TMP/emptyd"
+got="$(rc_of $DT sample --checkpoint "$TMP/g.st" --tokens 3) $(rc_of $DT sample) $(rc_of $DT sample --bogus)"
+got="$got $(rc_of $DT sample --checkpoint "$TMP/g.st" --tokens -1) $(rc_of $DT sample --checkpoint "$TMP/g.st" --top-k -2)"
+got="$got $(rc_of $DT sample --checkpoint "$TMP/g.st" --temperature 200) $(rc_of $DT sample --checkpoint "$TMP/nope.st")"
+got="$got $(rc_of $DT sample --checkpoint "$TMP/junk.st") $(rc_of $DT sample --checkpoint "$TMP/img.st")"
+got="$got $(rc_of $DT sample --checkpoint "$TMP/emptyd")"
+[ "$got" = "0 2 2 2 2 2 78 78 78 78" ] \
+  && ok "sample exits 0; 2 for no --checkpoint, an unknown flag or a bad value; 78 for a missing, damaged, non-GPT or empty one" \
+  || bad "sample exit statuses (want 0 2 2 2 2 2 78 78 78 78): $got"
+
+# ---- eval and sample take a --checkpoint-dir directory: its newest usable checkpoint ----
+run --max-steps 6 --checkpoint-dir "$TMP/gd" --checkpoint-every 3 >/dev/null 2>&1 || bad "checkpoint-dir run"
+last="$TMP/gd/ckpt-0000000006.safetensors"
+sd=$($DT sample --checkpoint "$TMP/gd" --prompt "the" --tokens 20 --temperature 0 2>"$TMP/sd.err")
+sf=$($DT sample --checkpoint "$last" --prompt "the" --tokens 20 --temperature 0 2>/dev/null)
+ed=$($DT eval --checkpoint "$TMP/gd" --data "$D" 2>"$TMP/ed.err"); ef=$($DT eval --checkpoint "$last" --data "$D" 2>&1)
+if [ -n "$sd" ] && [ "$sd" = "$sf" ] && [ -n "$ed" ] && [ "$ed" = "$ef" ] && grep -q "ckpt-0000000006" "$TMP/sd.err" \
+   && grep -q "ckpt-0000000006" "$TMP/ed.err"; then
+  ok "eval and sample of a --checkpoint-dir use its newest checkpoint and name it ($ed)"
+else bad "a checkpoint directory: sample '$sd' vs '$sf'; eval '$ed' vs '$ef'; $(cat "$TMP/sd.err" "$TMP/ed.err")"; fi
 finish

@@ -3,9 +3,10 @@
 # naming the limit) and trains under the same limit with --pp 4, --tp 4 and --tp 2 --pp 2, each
 # rank reporting the bytes it was charged at most (core/mem.c's accounting, below the limit);
 # --dry-run's per-rank total for --tp 2 --pp 2 is within 3% of what each rank held at most. The
-# limit is 10 bytes a parameter of the model, read from --dry-run. No test set and no --save:
-# evaluation and checkpoints still gather the whole model (not streamed yet), which the last
-# check shows refused under the same limit with a message saying so. No timing is checked.
+# limit is 10 bytes a parameter of the model, read from --dry-run. With a test set each layout
+# evaluates on its shards under the same limit, with the 1-worker loss and accuracy; --save still
+# gathers the whole model (not streamed yet), which the last check shows refused under the limit
+# with a message saying so. No timing is checked.
 . "$(dirname "$0")/testlib.bash"
 awk 'BEGIN { srand(5); split("the lord said unto moses and of in light was", w, " ");
        for (i = 0; i < 6000; i++) printf "%s%s", w[int(rand() * 10) + 1], (i % 13 == 12) ? ".\n" : " " }' >"$TMP/t.txt"
@@ -48,16 +49,31 @@ if grep -q "1 of 1 rank would exceed it (rank 0)" <<<"$p1" && grep -q "every ran
    && grep -q "every rank fits" <<<"$tp4" && grep -q "dp 1 x pp 4 x tp 1" <<<"$pp4" && grep -q "dp 1 x pp 1 x tp 4" <<<"$tp4"; then
   ok "--dry-run: 1 worker exceeds the limit, each rank of --pp 4 and of --tp 4 fits"
 else bad "--dry-run plans: $p1 / $pp4 / $tp4"; fi
-# with a validation set every rank gathers the whole model to evaluate: the plan says so and
-# exits as the run would (78)
+# with a validation set tp and pp evaluate on their shards: the plan fits; --save gathers the
+# whole model to write it: the plan says so and exits as the run would (78)
 out=$($DT train --data "text:$TMP/t.txt" --model $GPT --batch 4 --mem-limit $LIM --dry-run --workers 4 --pp 4 2>&1); rc=$?
-if [ $rc -eq 78 ] && grep -q "at eval/ckpt" <<<"$out" && grep -q "of 4 ranks would exceed it (rank" <<<"$out"; then
-  ok "--dry-run counts evaluation's whole-model gather and exits 78 over the limit"
-else bad "--dry-run with a validation set (exit $rc): $out"; fi
+out2=$($DT train --data "text:$TMP/t.txt" --model $GPT --batch 4 --mem-limit $LIM --dry-run --workers 4 --pp 4 \
+       --save "$TMP/never.ckpt" 2>&1); rc2=$?
+if [ $rc -eq 0 ] && grep -q "every rank fits" <<<"$out" && [ $rc2 -eq 78 ] && grep -q "at eval/ckpt" <<<"$out2" \
+   && grep -q "of 4 ranks would exceed it (rank" <<<"$out2"; then
+  ok "--dry-run: a validation set fits (evaluated on the shards), --save counts the whole-model gather and exits 78"
+else bad "--dry-run with a validation set (exit $rc): $out / with --save (exit $rc2): $out2"; fi
+
+# the epoch's evaluation under the same limit: on the shards, the 1-worker loss and accuracy
+# (the single worker runs without the limit, which it cannot train under)
+fig() { grep -o 'test accuracy [0-9.]*, test loss [0-9.]*' <<<"$1"; }
+one=$(fig "$($DT train --data "text:$TMP/t.txt" --model $GPT --batch 4 --max-steps 2 2>&1)")
+for layout in "--pp 4" "--tp 4" "--tp 2 --pp 2"; do
+  out=$($DT train --data "text:$TMP/t.txt" --model $GPT --batch 4 --max-steps 2 --workers 4 $layout \
+        --mem-limit $LIM 2>&1); rc=$?
+  if [ -n "$one" ] && [ $rc -eq 0 ] && [ "$(fig "$out")" = "$one" ] && held "$out" $LIM 4; then
+    ok "$layout with a test set: evaluated under --mem-limit $LIM on the shards, as 1 worker ($one)"
+  else bad "$layout with a test set under --mem-limit $LIM (exit $rc; 1 worker: $one): $out"; fi
+done
 
 out=$($DT train --data "text:$TMP/t.txt" --model $GPT --batch 4 --max-steps 2 --workers 4 --pp 4 \
-      --mem-limit $LIM 2>&1); rc=$?
-if [ $rc -ne 0 ] && grep -q "evaluation and checkpoints gather the whole model" <<<"$out"; then
-  ok "--pp 4 with a test set: evaluation's whole-model gather is refused under the limit, saying why"
-else bad "--pp 4 with a test set under --mem-limit $LIM (exit $rc): $out"; fi
+      --mem-limit $LIM --save "$TMP/p.ckpt" 2>&1); rc=$?
+if [ $rc -ne 0 ] && grep -q "checkpoints (and with --zero 3 evaluation) gather the whole model" <<<"$out"; then
+  ok "--pp 4 with --save: the checkpoint's whole-model gather is refused under the limit, saying why"
+else bad "--pp 4 with --save under --mem-limit $LIM (exit $rc): $out"; fi
 finish

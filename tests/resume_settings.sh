@@ -1,7 +1,8 @@
 # --resume FILE continues the run that wrote FILE: the training settings the command line leaves
 # out (--optimizer and its hyper-parameters, --lr and the schedule, --seed, --batch, --grad-accum,
 # --clip, --model) are the checkpoint's, so a resume with none of them equals the uninterrupted
-# run bit for bit; a setting given that differs from the checkpoint's is announced once (rank 0).
+# run bit for bit; a setting given that differs from the checkpoint's is announced once (rank 0);
+# the batch is compared as a step's samples (--batch x --grad-accum).
 . "$(dirname "$0")/testlib.bash"
 
 python3 "$DTRAIN_TOOLS/word_corpus.py" "$TMP/corpus.txt" 7 20000
@@ -24,6 +25,10 @@ grep -q "other settings" <<<"$out" && bad "a resume with no flags changed announ
 # the same through --resume auto (the newest checkpoint in --checkpoint-dir)
 $DT train "${D[@]}" "${M[@]}" "${SET[@]}" --max-steps 3 --checkpoint-dir "$TMP/ck" --checkpoint-every 3 --quiet \
   >/dev/null 2>&1 || bad "checkpoint-dir run"
+out=$($DT train "${D[@]}" --max-steps 6 --resume "$TMP/ck" --save "$TMP/dir.st" 2>&1)
+cmp -s "$TMP/full.st" "$TMP/dir.st" && grep -q "resume $TMP/ck: its newest usable checkpoint" <<<"$out" \
+  && ok "--resume DIR takes the directory's newest checkpoint, named, and equals the uninterrupted run" \
+  || bad "--resume DIR: $out"
 out=$($DT train "${D[@]}" --max-steps 6 --resume auto --checkpoint-dir "$TMP/ck" --save "$TMP/auto.st" --quiet 2>&1)
 cmp -s "$TMP/full.st" "$TMP/auto.st" && ok "--resume auto with no training flags equals the uninterrupted run" \
   || bad "--resume auto with the checkpoint's settings differs: $out"
@@ -50,6 +55,21 @@ cmp -s "$TMP/full2.st" "$TMP/res2.st" \
 out=$($DT train "${D[@]}" --max-steps 6 --resume "$TMP/half2.st" --gamma 0.9 --momentum 0.5 --quiet 2>&1)
 grep -q -- "--gamma 0.9 (the checkpoint's run: 0.5); --momentum 0.5 (the checkpoint's run: 0.9)" <<<"$out" \
   && ok "changed schedule and optimizer hyper-parameters are named" || bad "hyper-parameter change: $out"
+
+# ---- the batch at an epoch's end: a step's samples (--batch x --grad-accum) are compared ----
+# the same samples a step with another split is no batch change (only --grad-accum is named);
+# a different number is named in both runs' flags, never as "--batch 8 ... used 8"
+awk 'BEGIN { srand(7); for (i = 0; i < 96; i++) { y = int(rand() * 4); printf "%d", y;
+       for (k = 0; k < 6; k++) printf ",%.4f", rand() + (k % 4 == y ? 1.5 : 0); printf "\n" } }' >"$TMP/b.csv"
+B=(--data "$TMP/b.csv" --model "linear(8) relu linear(4)")
+$DT train "${B[@]}" --batch 8 --epochs 1 --save "$TMP/b8.st" --quiet >/dev/null 2>&1 || bad "batch-8 run"
+note() { $DT train "${B[@]}" --epochs 2 --resume "$TMP/b8.st" "$@" --quiet 2>&1 | grep "other settings"; }
+same=$(note --batch 8); split=$(note --batch 4 --grad-accum 2); more=$(note --batch 8 --grad-accum 2)
+if [ -z "$same" ] && grep -q -- "other settings: --grad-accum 2 (the checkpoint's run: 1)\. " <<<"$split" \
+   && grep -q -- "--batch 8 x --grad-accum 2 = 16 samples a step (the checkpoint's run: 8 x 1 = 8)" <<<"$more" \
+   && ! grep -q -- "--batch 8, the checkpoint's run used 8" <<<"$more"; then
+  ok "batch notes: none for the same batch; --batch 4 x --grad-accum 2 names only --grad-accum; 16 a step against 8 is named"
+else bad "batch notes: same '$same'; 4 x 2 '$split'; 8 x 2 '$more'"; fi
 
 # ---- another optimizer given explicitly is still refused (its state cannot carry over) ----
 expect_fail "resume with another --optimizer is refused" "trained with --optimizer adamw" \

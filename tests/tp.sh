@@ -9,6 +9,8 @@
 #    parameters and Adam moments, collected from the ZeRO shards) equals 1 worker's, and it resumes
 #    on 1 worker and under --zero 3 to where 1 worker ends (and a 1-worker checkpoint under --zero
 #    1) (pp.sh runs ZeRO over a pipeline's dp axis)
+#  - the epoch's evaluation runs on the shards (tp4, tp2 x pp2) with the loss and accuracy of the
+#    whole model (dtrain eval of the run's checkpoint);
 #  - dp2 x tp2 over MPI (mpirun -n 4; skipped without mpirun and under the sanitizers);
 #  - errors: a --tp that does not divide the heads / width / vocabulary, nor the ranks, a non-GPT
 #    model, --tp with another --strategy.
@@ -77,6 +79,24 @@ run --tp 2 --workers 4 --zero 3 --batch 4 --max-steps $N --resume "$TMP/hz.st" -
   || bad "resume zero2 -> zero3 dp2xtp2"
 d=$(close "$TMP/one.st" "$TMP/rz3.st" 1e-4) && ok "saved under dp2 x tp2 --zero 2, resumed under --zero 3: within $d" \
   || bad "dp2 x tp2 --zero 2 -> --zero 3: $d"
+
+# ---- evaluation on the shards (the whole model is not gathered for it) ----
+# the run's own test figures against `dtrain eval` of its checkpoint (the whole model, one
+# process). Under tp4 the byte vocabulary's slices split space (slice 0) from letters (slice 1),
+# so the argmax really crosses ranks; tp2 x pp2 also runs the pipeline's evaluation.
+awk 'BEGIN { srand(5); split("the lord said unto moses and of in light was", w, " ");
+       for (i = 0; i < 6000; i++) printf "%s%s", w[int(rand() * 10) + 1], (i % 13 == 12) ? ".\n" : " " }' >"$TMP/ev.txt"
+figs() { grep -o 'test accuracy [0-9.]*, test loss [0-9.]*' <<<"$1" | awk '{ print $3, $6 }' | tr -d ,; }
+for layout in "--tp 4 --workers 4" "--tp 2 --pp 2 --workers 4"; do
+  out=$($DT train --data "text:$TMP/ev.txt" --model gpt:L=2,H=4,C=64,T=32 --batch 8 --max-steps 40 $layout \
+        --save "$TMP/ev.st" 2>&1); rc=$?
+  mine=$(figs "$out")
+  whole=$($DT eval --checkpoint "$TMP/ev.st" --data "text:$TMP/ev.txt" 2>&1 | sed -n 's/.*loss \([0-9.]*\), accuracy \([0-9.]*\).*/\2 \1/p')
+  if [ $rc -eq 0 ] && [ -n "$mine" ] && [ -n "$whole" ] && awk -v a="$mine" -v b="$whole" 'BEGIN { split(a, x, " ");
+       split(b, y, " "); d1 = x[1] - y[1]; d2 = x[2] - y[2]; exit !(d1 * d1 < 1e-6 && d2 * d2 < 1e-6) }'; then
+    ok "$layout: the epoch's evaluation on the shards (accuracy, loss $mine) equals the whole model's ($whole)"
+  else bad "$layout: evaluation on the shards ($mine) against dtrain eval of its checkpoint ($whole), exit $rc: $out"; fi
+done
 
 # ---- the same mesh over MPI (dp2 x tp2 under mpirun) ----
 if [ -n "${DTRAIN_SANITIZED:-}" ]; then

@@ -1,7 +1,8 @@
 # ZeRO with the real command (also: checkpoints between ZeRO and tp2, --save-weights under ZeRO,
 # below): --mem-limit refuses a model whose state (16 bytes a parameter with
 # Adam) does not fit one rank, with exit 78 and a message naming the limit, while --zero 3 on 4
-# ranks trains it under the same limit; --dry-run predicts both; and --elastic with --zero 2
+# ranks trains it under the same limit; --dry-run predicts both; a re-save with fewer ranks
+# removes the earlier save's extra shards; and --elastic with --zero 2
 # after kill -9 of one of 3 workers (the same slot twice: the supervisor drops it) finishes at
 # 2 workers from the newest checkpoint. No check depends on how fast the machine runs.
 . "$(dirname "$0")/testlib.bash"
@@ -55,6 +56,21 @@ expect_fail "... also on resume" "a shard of another save" $DT train --data "$TM
 mv "$TMP/sh.keep" "$TMP/sh.st.r1-of-2"
 rm -f "$TMP/sh.st.r1-of-2"
 expect_fail "a missing shard is named" "sh.st.r1-of-2" $DT eval --checkpoint "$TMP/sh.st" --data "$TMP/d.csv"
+
+# a save replaces the checkpoint under its name: saved by 4 ranks, then by 2, then by 1 (one
+# file), each leaves only its own files (the new index or file first, then the earlier save's
+# shards removed) and loads
+RS="$TMP/resave.st"
+resave() { $DT train --data "$TMP/d.csv" --model "$SMALL" --batch 8 --epochs 1 --max-steps 6 --quiet --save "$RS" "$@" \
+           >/dev/null 2>&1; }
+files() { (cd "$TMP" && ls resave.st* | tr '\n' ' '); }
+resave --workers 4 --zero 2; f4=$(files)
+resave --workers 2 --zero 2; f2=$(files); v2=$($DT eval --checkpoint "$RS" --data "$TMP/d.csv" 2>&1); r2=$?
+resave; f1=$(files); v1=$($DT eval --checkpoint "$RS" --data "$TMP/d.csv" 2>&1); r1=$?
+if [ "$f4" = "resave.st resave.st.r0-of-4 resave.st.r1-of-4 resave.st.r2-of-4 resave.st.r3-of-4 " ] \
+   && [ "$f2" = "resave.st resave.st.r0-of-2 resave.st.r1-of-2 " ] && [ $r2 -eq 0 ] && [ "$f1" = "resave.st " ] \
+   && [ $r1 -eq 0 ]; then ok "a re-save with fewer ranks leaves only its own files (4 ranks: $f4; 2: $f2; 1: $f1)"
+else bad "re-save files: 4 ranks '$f4', 2 ranks '$f2' (eval $r2: $v2), 1 rank '$f1' (eval $r1: $v1)"; fi
 
 # --timeline shows stage 3's parameter all-gathers beside its gradient reduce-scatters
 $DT train --data "$TMP/d.csv" --model "$SMALL" --batch 8 --epochs 1 --max-steps 4 --workers 2 --zero 3 --quiet \

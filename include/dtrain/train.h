@@ -121,6 +121,11 @@ typedef struct {
                                * loss (0 = off) */
     bool keep_best;           /* with val_split and save: also write the best validation epoch's checkpoint
                                * to dt_train_best_path(save) */
+    bool keep_sharded;        /* tensor and pipeline parallelism (which evaluate on their shards): the
+                               * run ends without gathering the whole model into dt_trainer_model (it
+                               * may not fit where the shards do; `dtrain train` sets it); false: with
+                               * a test set the model is gathered once at the end, as the epochs'
+                               * evaluation gathered it before (without one, only checkpoints do) */
     /* in-memory data sets (dt_dataset_create) instead of `data`, borrowed: they must outlive the
      * trainer, which sets their classes to the model's and their normalisation (cfg.normalize).
      * test_set may be NULL (no evaluation). With a communicator every rank passes the same data. */

@@ -37,6 +37,9 @@ int dt_cli_usage(const char *hint, const char *fmt, ...) __attribute__((format(p
  * combination) -> 2, DT_EPEER/DT_ETIMEDOUT -> 75, a file, data set, checkpoint or model that
  * cannot be used (DT_EFORMAT, DT_ENOENT, DT_EIO, DT_EMISMATCH, DT_ENOTSUP) -> 78, else 1. */
 int dt_cli_setup_status(int s);
+/* The checkpoint file of --FLAG path (a file, or the newest usable one of a directory of numbered
+ * checkpoints, named on stderr) into out; 0, or the exit status after printing why (78: none). */
+int dt_cli_checkpoint(const char *flag, const char *path, char *out, size_t cap);
 /* When set, dt_flags_usage calls it instead of printing the help text (dtrain man renders the
  * same tables as a man page). */
 extern void (*dt_flags_usage_hook)(const char *usage, const dt_flag *flags, int n);

@@ -75,7 +75,7 @@ static const char EXPORT_USAGE[] =
 int dt_cmd_export(int argc, char **argv) {
     const char *ckpt = NULL, *weights = NULL, *model = NULL, *out = NULL, *shape = NULL;
     const dt_flag flags[] = {
-        {"checkpoint", DT_FLAG_STR, &ckpt, "FILE", "checkpoint to export (dtrain train --save)"},
+        {"checkpoint", DT_FLAG_STR, &ckpt, "FILE", "checkpoint to export (dtrain train --save), or a --checkpoint-dir directory"},
         {"weights", DT_FLAG_STR, &weights, "FILE", "or a plain safetensors weights file (with --model)"},
         {"model", DT_FLAG_STR, &model, "SPEC", "with --weights: the model the weights belong to"},
         {"input-shape", DT_FLAG_STR, &shape, "C,H,W", "with a foreign --weights file: the input shape (default 1,28,28)"},
@@ -87,6 +87,9 @@ int dt_cmd_export(int argc, char **argv) {
     free(args);
     if (r) return r < 0 ? 2 : 0;
     if (!out) return dt_cli_usage("e.g. dtrain export --checkpoint mlp.safetensors -o mlp.onnx", "no -o FILE given");
+    char file[4096];
+    if (ckpt && (r = dt_cli_checkpoint("checkpoint", ckpt, file, sizeof file)) != 0) return r;
+    if (ckpt) ckpt = file;
     dt_model_source src = {.checkpoint = ckpt, .weights = weights, .model = model};
     dt_model *m = NULL;
     dt_input_norm norm;
@@ -106,15 +109,16 @@ int dt_cmd_export(int argc, char **argv) {
 }
 
 static const char EVAL_USAGE[] =
-    "Usage: dtrain eval --checkpoint FILE | --weights FILE --model SPEC [--data DIR] [--batch N]\n\n"
-    "Evaluates a checkpoint written by 'dtrain train --save' on the test split of a data set, or a\n"
-    "plain safetensors weights file (PyTorch's save_file(model.state_dict())) by PyTorch names.";
+    "Usage: dtrain eval --checkpoint FILE|DIR | --weights FILE --model SPEC [--data DIR] [--batch N]\n\n"
+    "Evaluates a checkpoint written by 'dtrain train --save' (or the newest usable one of a\n"
+    "--checkpoint-dir directory) on the test split of a data set, or a plain safetensors weights\n"
+    "file (PyTorch's save_file(model.state_dict())) by PyTorch names.";
 
 int dt_cmd_eval(int argc, char **argv) {
     const char *ckpt = NULL, *data = "fashion-mnist", *weights = NULL, *model = NULL;
     int batch = 256, threads = 1;
     const dt_flag flags[] = {
-        {"checkpoint", DT_FLAG_STR, &ckpt, "FILE", "checkpoint to evaluate (required)"},
+        {"checkpoint", DT_FLAG_STR, &ckpt, "FILE", "checkpoint to evaluate, or a --checkpoint-dir directory (its newest usable one)"},
         {"data", DT_FLAG_STR, &data, "DIR", "IDX directory, fashion-mnist, mnist, a .csv, or text:FILE / kjv for a GPT (its last 10%)"},
         {"batch", DT_FLAG_INT, &batch, "N", "evaluation batch size"},
         {"threads", DT_FLAG_INT, &threads, "N", "BLAS threads"},
@@ -123,6 +127,9 @@ int dt_cmd_eval(int argc, char **argv) {
     };
     int r = dt_flags_parse(argc, argv, 1, flags, (int)(sizeof flags / sizeof *flags), EVAL_USAGE, NULL, 0, NULL, NULL);
     if (r) return r < 0 ? 2 : 0;
+    char file[4096];
+    if (ckpt && (r = dt_cli_checkpoint("checkpoint", ckpt, file, sizeof file)) != 0) return r;
+    if (ckpt) ckpt = file;
     if (weights || model) return eval_source(ckpt, weights, model, data, batch, threads);
     if (!ckpt) return dt_cli_usage("pass --checkpoint FILE (written by dtrain train --save)", "no --checkpoint given");
     if (batch < 1) return dt_cli_usage(NULL, "--batch %d: need at least 1", batch);

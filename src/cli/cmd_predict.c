@@ -135,7 +135,7 @@ int dt_cmd_predict(int argc, char **argv) {
     predict_opts o = {.data = "fashion-mnist", .split = "test"};
     int threads = 1;
     const dt_flag flags[] = {
-        {"checkpoint", DT_FLAG_STR, &ckpt, "FILE", "checkpoint of the model (dtrain train --save)"},
+        {"checkpoint", DT_FLAG_STR, &ckpt, "FILE", "checkpoint of the model (dtrain train --save), or a --checkpoint-dir directory"},
         {"weights", DT_FLAG_STR, &weights, "FILE", "or a plain safetensors weights file (with --model)"},
         {"model", DT_FLAG_STR, &model, "SPEC", "with --weights: the model the weights belong to"},
         {"data", DT_FLAG_STR, &o.data, "DIR", "IDX directory, fashion-mnist, mnist, a .csv, or text:FILE / kjv for a GPT"},
@@ -156,6 +156,9 @@ int dt_cmd_predict(int argc, char **argv) {
         return dt_cli_usage(NULL, "--split %s: use test or train", o.split);
     if (o.limit < 0) return dt_cli_usage(NULL, "--limit %lld: must not be negative", (long long)o.limit);
     if (threads < 1) return dt_cli_usage(NULL, "--threads %d: need at least 1", threads);
+    char file[4096];
+    if (ckpt && (r = dt_cli_checkpoint("checkpoint", ckpt, file, sizeof file)) != 0) return r;
+    if (ckpt) ckpt = file;
     dt_set_threads(threads);
     dt_model_source src = {.checkpoint = ckpt, .weights = weights, .model = model};
     char spec[1024];

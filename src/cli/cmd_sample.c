@@ -1,18 +1,22 @@
 /* dtrain sample: generates text with a trained GPT checkpoint (byte tokens): the prompt, then
- * --tokens more bytes drawn with --temperature and --top-k, printed as they come. */
+ * --tokens more bytes drawn with --temperature and --top-k, printed as they come.
+ * Exit status: 0; 1 at run time; 2 a wrong flag or a prompt outside the vocabulary; 78 a checkpoint
+ * that cannot be read, or a model that is not a GPT. */
 #include "cli/cli.h"
 #include "dtrain/dtrain.h"
 #include "dtrain/models.h"
+#include "run/launch.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 static const char SAMPLE_USAGE[] =
-    "Usage: dtrain sample --checkpoint FILE [--prompt TEXT] [--tokens N] [--temperature T] [--top-k K] [--seed S]\n\n"
-    "Generates text with a GPT trained on bytes (dtrain train --model gpt --data kjv --save FILE).\n"
-    "The prompt is fed as bytes; the model continues it for --tokens bytes. --temperature 0 is\n"
-    "greedy; --top-k 0 samples from every byte. The same seed gives the same text.\n\n"
+    "Usage: dtrain sample --checkpoint FILE|DIR [--prompt TEXT] [--tokens N] [--temperature T] [--top-k K] [--seed S]\n\n"
+    "Generates text with a GPT trained on bytes (dtrain train --model gpt --data kjv --save FILE;\n"
+    "a --checkpoint-dir directory gives its newest usable checkpoint). The prompt is fed as bytes;\n"
+    "the model continues it for --tokens bytes. --temperature 0 is greedy; --top-k 0 samples from\n"
+    "every byte. The same seed gives the same text.\n\n"
     "Example: dtrain sample --checkpoint kjv.safetensors --prompt \"In the beginning\" --tokens 200";
 
 static void put_token(void *ctx, int32_t tok) {
@@ -21,13 +25,43 @@ static void put_token(void *ctx, int32_t tok) {
     fflush(stdout);
 }
 
+/* The flags' values; 0, or the exit status (2) after saying which is wrong. */
+static int check_flags(const char *ckpt, const char *prompt, int ntok, float temperature, int top_k, int threads) {
+    if (!ckpt) return dt_cli_usage("pass --checkpoint FILE (written by dtrain train --model gpt --save FILE)",
+                                   "no --checkpoint given");
+    if (ntok < 0 || ntok > 1000000) return dt_cli_usage(NULL, "--tokens %d: need 0..1000000", ntok);
+    if (!(temperature >= 0) || temperature > 100) return dt_cli_usage(NULL, "--temperature %g: need 0..100", temperature);
+    if (top_k < 0) return dt_cli_usage(NULL, "--top-k %d: must not be negative (0 = all)", top_k);
+    if (threads < 1) return dt_cli_usage(NULL, "--threads %d: need at least 1", threads);
+    if (!prompt[0]) return dt_cli_usage("give --prompt at least one character (the default is a newline)", "--prompt is empty");
+    return 0;
+}
+
+/* The GPT of the checkpoint (file), able to take the prompt's bytes; 0, or the exit status: 78 for
+ * a checkpoint or model that cannot be used, 2 for a prompt outside its vocabulary. */
+static int open_gpt(const char *file, const char *prompt, dt_model **m) {
+    dt_status s = dt_model_load(m, file);
+    if (s != DT_OK) return dt_cli_fail(NULL, "%s", dt_last_error()), dt_cli_setup_status(s == DT_EINVAL ? DT_EFORMAT : s);
+    if (dt_model_in_dtype(*m) != DT_I32)
+        return dt_cli_fail("sample from a GPT trained on text (dtrain train --model gpt --data kjv --save FILE)",
+                           "--checkpoint %s: model '%s' is not a language model (it takes no token ids)", file,
+                           dt_model_spec(*m)), DT_EXIT_CONFIG;
+    const int V = dt_model_classes(*m);
+    for (size_t i = 0; prompt[i]; i++)
+        if ((unsigned char)prompt[i] >= V)
+            return dt_cli_usage("give a prompt of the bytes the model was trained on",
+                                "--prompt: byte %u at position %zu is outside the model's vocabulary [0, %d)",
+                                (unsigned char)prompt[i], i, V);
+    return 0;
+}
+
 int dt_cmd_sample(int argc, char **argv) {
     const char *ckpt = NULL, *prompt = "\n";
     int ntok = 200, top_k = 40, threads = 1;
     float temperature = 0.8f;
     int64_t seed = 1;
     const dt_flag flags[] = {
-        {"checkpoint", DT_FLAG_STR, &ckpt, "FILE", "GPT checkpoint (required)"},
+        {"checkpoint", DT_FLAG_STR, &ckpt, "FILE", "GPT checkpoint, or a --checkpoint-dir directory (its newest usable one; required)"},
         {"prompt", DT_FLAG_STR, &prompt, "TEXT", "text to continue (default a newline)"},
         {"tokens", DT_FLAG_INT, &ntok, "N", "bytes to generate"},
         {"temperature", DT_FLAG_FLOAT, &temperature, "T", "softmax temperature (0 = greedy)"},
@@ -36,18 +70,17 @@ int dt_cmd_sample(int argc, char **argv) {
         {"threads", DT_FLAG_INT, &threads, "N", "BLAS threads"},
     };
     int r = dt_flags_parse(argc, argv, 1, flags, (int)(sizeof flags / sizeof *flags), SAMPLE_USAGE, NULL, 0, NULL, NULL);
-    if (r) return r < 0 ? 2 : 0;
-    if (!ckpt) return dt_cli_fail("pass --checkpoint FILE (written by dtrain train --model gpt --save FILE)",
-                                  "no --checkpoint given");
-    if (ntok < 0 || ntok > 1000000) return dt_cli_fail(NULL, "--tokens %d: need 0..1000000", ntok);
-    if (!(temperature >= 0) || temperature > 100) return dt_cli_fail(NULL, "--temperature %g: need 0..100", temperature);
-    if (top_k < 0) return dt_cli_fail(NULL, "--top-k %d: must not be negative (0 = all)", top_k);
-    if (threads < 1) return dt_cli_fail(NULL, "--threads %d: need at least 1", threads);
-    size_t np = strlen(prompt);
-    if (np == 0) return dt_cli_usage("give --prompt at least one character (the default is a newline)", "--prompt is empty");
+    if (r) return r < 0 ? DT_EXIT_USAGE : 0;
+    if ((r = check_flags(ckpt, prompt, ntok, temperature, top_k, threads)) != 0) return r;
+    char file[4096];
+    if ((r = dt_cli_checkpoint("checkpoint", ckpt, file, sizeof file)) != 0) return r;
     dt_set_threads(threads);
-    dt_model *m;
-    if (dt_model_load(&m, ckpt) != DT_OK) return dt_cli_fail(NULL, "%s", dt_last_error());
+    dt_model *m = NULL;
+    if ((r = open_gpt(file, prompt, &m)) != 0) {
+        dt_model_free(m);
+        return r;
+    }
+    const size_t np = strlen(prompt);
     int32_t *ids = malloc(np * sizeof *ids);
     if (!ids) {
         dt_model_free(m);
@@ -60,6 +93,6 @@ int dt_cmd_sample(int argc, char **argv) {
     putchar('\n');
     free(ids);
     dt_model_free(m);
-    if (s != DT_OK) return dt_cli_fail(NULL, "--checkpoint %s: %s", ckpt, dt_last_error());
+    if (s != DT_OK) return dt_cli_fail(NULL, "--checkpoint %s: %s", file, dt_last_error());  /* at run time: 1 */
     return 0;
 }

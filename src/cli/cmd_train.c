@@ -203,7 +203,7 @@ static int parse_train_flags(int argc, char **argv, train_opts *o) {
         {"precision", DT_FLAG_STR, &c->precision, "P", "GEMM inputs fp32 (default), bf16 or fp16 (f32 master weights; fp16: loss scaling)"},
         {"max-steps", DT_FLAG_I64, &o->max_steps, "N", "stop after N steps in total (ps: N batches per worker; 0 = all epochs)"},
         {"save", DT_FLAG_STR, &c->save, "FILE", "write a checkpoint (safetensors) after every epoch"},
-        {"resume", DT_FLAG_STR, &c->resume, "FILE", "continue from a checkpoint (--save or --checkpoint-dir; auto = newest valid one in --checkpoint-dir); the training flags left out (--optimizer, --lr, schedule, --seed, --batch, ...) are the checkpoint's"},
+        {"resume", DT_FLAG_STR, &c->resume, "FILE", "continue from a checkpoint (a --save file, or a directory of numbered ones: its newest usable one; auto = that of --checkpoint-dir); the training flags left out (--optimizer, --lr, schedule, --seed, --batch, ...) are the checkpoint's"},
         {"metrics", DT_FLAG_STR, &c->metrics, "FILE", "write one JSON object per epoch (JSON Lines; appended when resuming)"},
         {"tensorboard", DT_FLAG_STR, &o->tensorboard, "DIR", "write TensorBoard event files (scalars per epoch) into DIR"},
         {"quiet", DT_FLAG_BOOL, &o->quiet, NULL, "no progress output, only the per-epoch lines"},
@@ -392,6 +392,7 @@ static int run_rank(int argc, char **argv, train_opts *o, int job_ranks) {
     if (rank != 0) quiet = true;
     const bool tty = isatty(2) || (rank == 0 && getenv("DTRAIN_PROGRESS_TTY") && dt_comm_env_is_rank());
     dt_train_progress pc = {.quiet = quiet, .tty = tty, .epochs = cfg.epochs};
+    cfg.keep_sharded = true;  /* nothing reads the whole model after the run (tp, pp: it may not fit) */
     cfg.on_progress = dt_train_print_progress;
     cfg.on_epoch = dt_train_print_epoch;
     cfg.on_note = dt_train_print_note;

@@ -1,6 +1,7 @@
 /* Table-driven flag parsing and usage text for every dtrain subcommand. */
 #include "cli/cli.h"
 #include "dtrain/core.h"
+#include "run/checkpoint.h"
 #include "run/launch.h"
 
 #include <errno.h>
@@ -46,6 +47,14 @@ int dt_cli_setup_status(int s) {
     case DT_EFORMAT: case DT_ENOENT: case DT_EIO: case DT_EMISMATCH: case DT_ENOTSUP: return DT_EXIT_CONFIG;
     default: return 1;
     }
+}
+
+int dt_cli_checkpoint(const char *flag, const char *path, char *out, size_t cap) {
+    bool from_dir;
+    dt_status s = dt_checkpoint_resolve(path, out, cap, &from_dir);
+    if (s != DT_OK) return dt_cli_fail(NULL, "--%s %s", flag, dt_last_error()), dt_cli_setup_status(s);
+    if (from_dir) fprintf(stderr, "dtrain: --%s %s: its newest usable checkpoint, %s\n", flag, path, out);
+    return 0;
 }
 
 /* The default after a flag's help: the same text dtrain man prints (dt_flag_default_text). */

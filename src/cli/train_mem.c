@@ -71,10 +71,12 @@ int dt_cli_dry_run(const dt_train_config *c, int ranks, int zero, double bucket_
         return dt_cli_setup_status(s);
     }
     const size_t P = dt_model_num_params(m);
-    /* whether the run reads the whole model (evaluation, checkpoints): image data has a test set,
-     * text data a validation part unless --val-fraction 0 */
+    /* whether the run reads the whole model: checkpoints; evaluation (image data has a test set,
+     * text data a validation part unless --val-fraction 0) only where ZeRO-3 shards the data-parallel
+     * axis, else tp and pp evaluate on their shards */
     const bool text = c->data && (!strncmp(c->data, "text:", 5) || !strcmp(c->data, "kjv"));
-    const bool syncs = (!text || c->val_fraction > 0) || c->save || c->save_weights || c->checkpoint_every > 0;
+    const bool evals = (!text || c->val_fraction > 0) && l.zero >= 3 && l.dp > 1;
+    const bool syncs = evals || c->save || c->save_weights || c->checkpoint_every > 0;
     printf("dtrain: dry run: model %s, %zu parameters, %d rank%s (dp %d x pp %d x tp %d; rank = (dp_i*%d + stage)*%d "
            "+ tp_i), ZeRO stage %d, batch %d x %d micro-batch%s%s%s, %s\n", dt_model_spec(m), P, ranks,
            ranks > 1 ? "s" : "", l.dp, l.pp, l.tp, l.pp, l.tp, l.zero, l.batch, l.microbatches,
@@ -101,8 +103,8 @@ int dt_cli_dry_run(const dt_train_config *c, int ranks, int zero, double bucket_
         }
     }
     if (syncs && l.tp * l.pp > 1 && !(l.tp > 1 && l.pp > 1))
-        printf("dtrain: evaluation and checkpoints gather the whole model on each rank (the 'at eval/ckpt' rows); "
-               "without a test or validation set, --save, --save-weights and checkpoints they do not\n");
+        printf("dtrain: checkpoints (and evaluation under --zero 3) gather the whole model on each rank (the 'at "
+               "eval/ckpt' rows); without --save, --save-weights and checkpoints they do not\n");
     if (mem_limit && !over) printf("dtrain: --mem-limit %zu bytes: every rank fits\n", mem_limit);
     else if (mem_limit)
         dt_cli_fail("raise --mem-limit, or spread the model further (--zero 3, --tp, --pp, more --workers)",

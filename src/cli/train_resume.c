@@ -41,7 +41,8 @@ void dt_cli_resume_settings(int argc, char **argv, dt_train_config *c) {
     if (!c->resume) return;
     char path[4096];
     bool found = true;
-    if (strcmp(c->resume, "auto") != 0) snprintf(path, sizeof path, "%s", c->resume);
+    bool from_dir;
+    if (strcmp(c->resume, "auto") != 0) found = dt_checkpoint_resolve(c->resume, path, sizeof path, &from_dir) == DT_OK;
     else if (!c->checkpoint_dir || dt_ckpt_dir_latest(c->checkpoint_dir, path, sizeof path, &found, NULL, NULL) != DT_OK)
         found = false;
     dt_ckpt_info info;

@@ -318,3 +318,18 @@ double dt_model_node_flops(const dt_model *m, int node, int B) {
 size_t dt_model_node_size(const dt_model *m, int node) { return m->nodes[node].out_n; }
 
 int dt_model_node_owner(const dt_model *m, int node) { return owner((dt_model *)m, &m->nodes[node])->id; }
+
+int64_t dt_model_count_correct(const dt_model *m, const int32_t *labels, int n) {
+    const int V = dt_model_classes(m);
+    const int64_t rows = (int64_t)n * (dt_model_out_size(m) / V);
+    const float *logits = dt_model_output(m);
+    int64_t correct = 0;
+    for (int64_t i = 0; i < rows; i++) {
+        const float *row = logits + (size_t)i * V;
+        int best = 0;
+        for (int k = 1; k < V; k++)
+            if (row[k] > row[best]) best = k;
+        correct += best == labels[i];
+    }
+    return correct;
+}

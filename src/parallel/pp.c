@@ -9,8 +9,9 @@
  * averaged over the DP axis. Memory: a stage holds parameters, gradients and optimizer state only
  * for the tensors its nodes use, from set-up on (pp_place tells the trainer before anything is
  * written; a resume restores only those; under tp x pp the trainer places none of the whole model
- * and the stage places its tensors' shards, pp_tp.c). Before evaluation and checkpoints (ops->sync) the model
- * is placed whole again, every stage's tensors are broadcast to the whole pipeline and its
+ * and the stage places its tensors' shards, pp_tp.c). Evaluation runs on the stages (pp_eval.c). Before
+ * checkpoints (and evaluation under ZeRO-3, whose gathers it cannot run) ops->sync
+ * places the model whole again, every stage's tensors are broadcast to the whole pipeline and its
  * optimizer moments sent to stage 0, so rank 0 writes one ordinary, layout-independent checkpoint;
  * the next step narrows the stage back (streaming them instead is not done yet). */
 #include "parallel/pp.h"
@@ -69,17 +70,17 @@ float *dt_pp_seg_state(dt_pp *p, int i, size_t off) {
     return NULL;
 }
 
-/* Evaluation and checkpoints read the whole model on every rank (not streamed yet): the model is
- * placed whole for them (rank 0's optimizer too, which writes the checkpoints), charged against
+/* Checkpoints (and evaluation under ZeRO-3) read the whole model on every rank (not streamed yet;
+ * evaluation otherwise runs on the stages, pp_eval.c): the model is placed whole for them (rank 0's optimizer too, which writes the checkpoints), charged against
  * --mem-limit, and narrowed again at the next step. */
 static dt_status widen(dt_strategy *s, dt_pp *p) {
     dt_status st = dt_model_place(s->model, NULL, 0);
     if (st == DT_OK && s->optim && p->rank == 0) st = dt_optim_place(s->optim, NULL, 0);
     p->widened = true;  /* narrow() puts back whatever was placed */
     if (st != DT_OK)
-        return dt_error_wrap(st, "pipeline stage %d (rank %d): evaluation and checkpoints gather the whole model on "
-                             "every stage (rank 0 also its optimizer state); run without a test set (--val-fraction 0) "
-                             "and --save, or raise --mem-limit", p->stage, p->rank);
+        return dt_error_wrap(st, "pipeline stage %d (rank %d): checkpoints (and with --zero 3 evaluation) gather the "
+                             "whole model on every stage (rank 0 also its optimizer state); run without --save, "
+                             "--save-weights and --checkpoint-every, or raise --mem-limit", p->stage, p->rank);
     return DT_OK;
 }
 
@@ -199,7 +200,7 @@ static void pp_axis_bytes(dt_strategy *s, uint64_t bytes[3]) {
 
 #define PP_OPS .name = "pp", .train_step = dt_pp_train_step, .init = pp_init, .begin_step = pp_begin, \
                .grad_ready = pp_ready, .step = pp_step_unused, .destroy = pp_destroy, .sync = pp_sync, \
-               .report = pp_report, .axis_bytes = pp_axis_bytes
+               .report = pp_report, .axis_bytes = pp_axis_bytes, .eval_batch = dt_pp_eval_batch
 static const dt_strategy_ops pp_ops = {PP_OPS};
 /* tp x pp: the stage's shards are state only the strategy holds (a resume restores them in place) */
 static const dt_strategy_ops pp_tp_ops = {PP_OPS, .visit_state = dt_pp_tp_visit_state};
@@ -379,6 +380,9 @@ static dt_status pp_create(dt_strategy *s, const void *opts) {
     if (p->o.microbatches == 0) p->o.microbatches = p->K;  /* default: M = K */
     s->impl = p;
     s->ops = p->o.tp > 1 ? &pp_tp_ops : &pp_ops;
+    /* ZeRO-3's forward gathers over the DP axis, whose ranks evaluate different numbers of
+     * batches: there evaluation reads the model a sync gathered */
+    s->evaluates_sharded = !(p->o.zero >= 3 && dt_comm_size(s->comm) > p->K * (p->o.tp > 0 ? p->o.tp : 1));
     dt_status st = pp_setup(s, p);
     if (st != DT_OK) {
         pp_destroy(s);

@@ -144,6 +144,9 @@ typedef struct {
 /* Trains one step of b on this stage (pp_step.c): the schedule's micro-batches, then the
  * gradient sums over shared tensors and the data-parallel axis, clipping and the update. */
 dt_status dt_pp_train_step(dt_strategy *s, const dt_step_batch *b, dt_step_result *r);
+/* Evaluates feed f on this stage (pp_eval.c; ops->eval_batch): the micro-batches forward
+ * through the pipeline, the last stage's tp rank 0 adds the loss, correct rows and samples. */
+dt_status dt_pp_eval_batch(dt_strategy *s, const dt_feed *f, double *loss_sum, int64_t *correct, int64_t *n);
 /* The world rank of stage k of this pipeline (this rank's tp index). */
 static inline int dt_pp_world_rank(const dt_pp *p, int k) { return dt_mesh_rank(p->tp, p->K, p->tr, k, p->dp_i); }
 /* The lowest stage that uses tensor t of p->m (it owns the tensor's share of the norm, and its

@@ -166,6 +166,12 @@ typedef struct {
      * JSON members starting with ", " (pp: the bubble fraction, bytes sent, peak activations).
      * Collective over the ranks (called on every training rank at each epoch's end). */
     void (*report)(dt_strategy *s, char *out, size_t cap);
+    /* Optional, used where s->evaluates_sharded: evaluates feed f (this model copy's samples, the
+     * same on each of its ranks) without gradients on the model as the step holds it (tp shards,
+     * pp stages), holding no more than a training step does. One rank of each model copy adds the
+     * sum over f's samples of their loss to *loss_sum, its correct rows (dt_model_count_correct) to
+     * *correct and f->n to *n; the others add nothing. Collective over the model copy's ranks. */
+    dt_status (*eval_batch)(dt_strategy *s, const dt_feed *f, double *loss_sum, int64_t *correct, int64_t *n);
 } dt_strategy_ops;
 
 struct dt_strategy {
@@ -189,6 +195,8 @@ struct dt_strategy {
                                  * stage >= 2 gives its pages back): the step does not zero it */
     bool sync_for_state_only;   /* ops->sync only brings checkpoint state to the writer (ddp's error
                                  * feedback): evaluation reads the model without it */
+    bool evaluates_sharded;     /* evaluation runs ops->eval_batch on the data part's batches (tp, pp:
+                                 * the model stays sharded; no ops->sync gathers it for evaluation) */
     bool shards_state;          /* each rank holds only its part of the state (ZeRO): every rank
                                  * writes its shard of a checkpoint (dt_checkpoint_write_sharded) */
     struct {                    /* the current step on this rank, set by the trainer before ops->step */

@@ -16,7 +16,8 @@
  * the dp axis. Memory: a rank holds only its shards (4P/K with Adam, plus the replicated small
  * tensors) from set-up on: the trainer places none of the whole model (s->model, tp_place), whose
  * tensors initialise the shards one at a time (dt_tp_scatter), and a resume restores the shards in
- * place (tp_state.c). The whole model is the checkpoint's and evaluation's: ops->sync places it
+ * place (tp_state.c). Evaluation runs on the shards (tp_eval_batch). The whole model is the
+ * checkpoint's (and under ZeRO-3 evaluation's): ops->sync places it
  * and gathers the parameters on every rank, the optimizer moments on world rank 0 (which writes
  * the checkpoints); the next step frees that again (streaming instead is not done yet). */
 #include "parallel/mesh.h"
@@ -191,8 +192,8 @@ static dt_status tp_step(dt_strategy *s, float lr, float clip, dt_step_stats *st
     return dt_error(DT_EINTERNAL, "tensor parallel trains through its own train_step (step %lld)", (long long)s->step);
 }
 
-/* The whole parameters from the shards on every rank (evaluation), and the whole optimizer
- * moments on world rank 0 (its tp group gathers them there), which writes the checkpoints. The
+/* The whole parameters from the shards on every rank (checkpoints; evaluation under ZeRO-3), and
+ * the whole optimizer moments on world rank 0 (its tp group gathers them there), which writes the checkpoints. The
  * whole model is placed for it (charged against --mem-limit; streaming is not done yet) and
  * narrowed again at the next step. */
 static dt_status tp_sync(dt_strategy *s) {
@@ -201,15 +202,15 @@ static dt_status tp_sync(dt_strategy *s) {
     t->widened = true;
     dt_status ws = dt_model_place(s->model, NULL, 0);
     if (ws != DT_OK)
-        return dt_error_wrap(ws, "tensor parallel (world rank %d): evaluation and checkpoints gather the whole model "
-                             "on every rank (rank 0 also its optimizer state); run without a test set (--val-fraction "
-                             "0) and --save, or raise --mem-limit", dt_comm_rank(s->comm));
+        return dt_error_wrap(ws, "tensor parallel (world rank %d): checkpoints (and with --zero 3 evaluation) gather "
+                             "the whole model on every rank (rank 0 also its optimizer state); run without --save, "
+                             "--save-weights and --checkpoint-every, or raise --mem-limit", dt_comm_rank(s->comm));
     for (int k = 0; saver && k < dt_optim_num_states(t->lopt); k++)
         if (!t->whole_m[k] && !(t->whole_m[k] = dt_alloc(dt_model_num_params(s->model) * sizeof(float))))
             return dt_mem_limit_hit()
-                       ? dt_error_wrap(DT_ENOMEM, "tensor parallel (world rank 0): evaluation and checkpoints "
-                                       "gather the whole optimizer state on rank 0; run without a test set "
-                                       "(--val-fraction 0) and --save, or raise --mem-limit")
+                       ? dt_error_wrap(DT_ENOMEM, "tensor parallel (world rank 0): checkpoints gather the whole "
+                                       "optimizer state on rank 0; run without --save, --save-weights and "
+                                       "--checkpoint-every, or raise --mem-limit")
                        : dt_error(DT_ENOMEM, "tensor parallel: out of memory for the whole optimizer state");
     if (t->zero == 3) DT_TRY(t->ddp->ops->sync(t->ddp));  /* ZeRO-3: the shard's parameters gathered (until the
                                                             * next step's begin_step frees them again) */
@@ -221,6 +222,24 @@ static dt_status tp_sync(dt_strategy *s) {
     DT_TRY(st);
     dt_optim_set_steps(s->optim, dt_optim_steps(t->lopt));
     t->whole = saver;
+    return DT_OK;
+}
+
+/* Evaluation on the shards (ops->eval_batch): the step's forward without gradients, the
+ * vocabulary-parallel loss and argmax; tp rank 0 reports. The whole model is not gathered. */
+static dt_status tp_eval_batch(dt_strategy *s, const dt_feed *f, double *loss_sum, int64_t *correct, int64_t *n) {
+    tp *t = s->impl;
+    if (f->n == 0) return DT_OK;  /* the whole tp group has the same samples */
+    DT_TRY(dt_tp_hooks_map(t->hooks, f->x, 0, f->n, f->n));
+    dt_tp_hooks_select(t->hooks, 0, f->n);
+    dt_feed lf = {.x = dt_tp_hooks_ids(t->hooks, 0), .y = NULL, .n = f->n};
+    DT_TRY(dt_model_run(t->local, &lf, false, 0, NULL));
+    DT_TRY(dt_tp_hooks_status(t->hooks));
+    double loss;
+    int64_t c = 0;
+    DT_TRY(dt_tp_hooks_loss(t->hooks, f->y, f->n, 1.0f, &loss));
+    DT_TRY(dt_tp_hooks_correct(t->hooks, f->y, f->n, &c));
+    if (t->r == 0) *loss_sum += loss * f->n, *correct += c, *n += f->n;
     return DT_OK;
 }
 
@@ -262,7 +281,7 @@ static void tp_axis_bytes(dt_strategy *s, uint64_t bytes[3]) {
 static const dt_strategy_ops tp_ops = {.name = "tp", .train_step = tp_train_step, .init = tp_init,
                                        .begin_step = tp_begin, .grad_ready = tp_ready, .step = tp_step,
                                        .destroy = tp_destroy, .sync = tp_sync, .visit_state = tp_visit,
-                                       .axis_bytes = tp_axis_bytes};
+                                       .axis_bytes = tp_axis_bytes, .eval_batch = tp_eval_batch};
 
 void dt_tp_counters_of(const dt_strategy *s, dt_tp_counters *c) {
     memset(c, 0, sizeof *c);
@@ -334,6 +353,8 @@ static dt_status tp_create(dt_strategy *s, const void *opts) {
         return st;
     }
     s->ops = &tp_ops;
+    s->evaluates_sharded = t->zero != 3;  /* ZeRO-3's forward gathers over the dp axis, whose ranks
+                                           * evaluate different numbers of batches: sync gathers it */
     return DT_OK;
 }
 

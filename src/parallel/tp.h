@@ -105,6 +105,10 @@ void dt_tp_hooks_select(dt_tp_hooks *h, int lo, int n);
  * in dt_tp_hooks_dlogits. Collective over the tp axis. */
 dt_status dt_tp_hooks_loss(dt_tp_hooks *h, const int32_t *y, int n, float scale, double *loss);
 const float *dt_tp_hooks_dlogits(const dt_tp_hooks *h);
+/* After dt_tp_hooks_loss of the same n samples: adds to *correct the rows whose largest logit
+ * over the whole vocabulary (the first of equal ones) is the target y (n x T global ids), as
+ * dt_model_count_correct of the whole model. Collective over the tp axis (two allreduces of n x T). */
+dt_status dt_tp_hooks_correct(dt_tp_hooks *h, const int32_t *y, int n, int64_t *correct);
 /* The first failure of a hook's collective (DT_OK: none). */
 dt_status dt_tp_hooks_status(const dt_tp_hooks *h);
 /* Seconds spent in the tp collectives since the last call. */

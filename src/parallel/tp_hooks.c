@@ -251,6 +251,30 @@ dt_status dt_tp_hooks_loss(dt_tp_hooks *h, const int32_t *y, int n, float scale,
 
 const float *dt_tp_hooks_dlogits(const dt_tp_hooks *h) { return h->dlogits; }
 
+dt_status dt_tp_hooks_correct(dt_tp_hooks *h, const int32_t *y, int n, int64_t *correct) {
+    const size_t N = (size_t)n * (size_t)h->g.T, Vl = (size_t)(h->g.V / h->K);
+    if ((size_t)n > h->lcap) return dt_error(DT_EINTERNAL, "tensor parallel: dt_tp_hooks_correct before the loss");
+    float *mx = h->work, *at = h->work + N;  /* per row: the slice's largest logit, its global id */
+    const float *z = dt_model_output(h->local);
+    for (size_t i = 0; i < N; i++) {
+        size_t best = 0;
+        for (size_t v = 1; v < Vl; v++)
+            if (z[i * Vl + v] > z[i * Vl + best]) best = v;
+        mx[i] = z[i * Vl + best], at[i] = (float)(h->r * Vl + best);  /* exact: V < 2^24 */
+    }
+    const uint64_t x0 = dt_comm_bytes(h->comm, NULL);
+    dt_status st = h->K > 1 ? dt_comm_allreduce(h->comm, mx, mx, N, DT_F32, DT_OP_MAX) : DT_OK;
+    for (size_t i = 0; st == DT_OK && i < N; i++)  /* the first of equal maxima, as one model's argmax */
+        if (z[i * Vl + ((size_t)at[i] - h->r * Vl)] < mx[i]) at[i] = (float)h->g.V;
+    if (st == DT_OK && h->K > 1) st = dt_comm_allreduce(h->comm, at, at, N, DT_F32, DT_OP_MIN);
+    h->cnt.other_bytes += dt_comm_bytes(h->comm, NULL) - x0;
+    if (st != DT_OK) return tp_fail(h, st, "accuracy allreduce, rows", N);
+    int64_t c = 0;
+    for (size_t i = 0; i < N; i++) c += (int32_t)at[i] == y[i];
+    *correct += c;
+    return DT_OK;
+}
+
 dt_status dt_tp_hooks_status(const dt_tp_hooks *h) { return h->err; }
 
 double dt_tp_hooks_take_comm_s(dt_tp_hooks *h) {

@@ -1,6 +1,7 @@
 /* Training checkpoints: model tensors, optimizer state and run position in one safetensors
  * file. Integrity (CRCs, atomic replace) comes from the safetensors layer. */
 #include "run/checkpoint.h"
+#include "run/ckpt_dir.h"
 
 #include "dtrain/dtrain.h"
 #include "dtrain/safetensors.h"
@@ -13,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #define CKPT_KIND "dtrain-train-state"
 
@@ -136,9 +138,8 @@ static dt_status write_state(const char *path, dt_status (*visit)(void *src, dt_
     if (s == DT_OK && shards > 0) s = meta_i64(w, "dtrain.shards", shards);
     if (s == DT_OK && save_id) s = dt_st_writer_meta(w, "dtrain.save_id", save_id);
     if (s == DT_OK && info->val_split > 0) s = write_val_meta(w, info);
-    if (s == DT_OK) {
-        s = dt_st_writer_write(w, path);
-    }
+    if (s == DT_OK) s = dt_st_writer_write(w, path);
+    if (s == DT_OK) dt_ckpt_remove_stale_shards(path, shards);  /* an earlier save's with other ranks */
     dt_st_writer_destroy(w);
     write_ctx_free(&c);
     return s;
@@ -262,6 +263,21 @@ static dt_status parse_info(const dt_st_file *f, dt_ckpt_info *info) {
     }
     DT_TRY(dt_ckpt_settings_parse(f, info));
     if (info->has_settings && info->optimizer[0]) (void)dt_optim_parse(info->optimizer, &info->optim_cfg.kind);
+    return DT_OK;
+}
+
+dt_status dt_checkpoint_resolve(const char *path, char *out, size_t cap, bool *from_dir) {
+    struct stat st;
+    *from_dir = stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+    if (!*from_dir) {
+        if ((size_t)snprintf(out, cap, "%s", path) >= cap) return dt_error(DT_EINVAL, "%s: path too long", path);
+        return DT_OK;
+    }
+    bool found;
+    DT_TRY(dt_ckpt_dir_latest(path, out, cap, &found, NULL, NULL));
+    if (!found)
+        return dt_error(DT_ENOENT, "%s: a directory without a usable checkpoint (ckpt-<step>.safetensors, written by "
+                        "dtrain train --checkpoint-dir); pass a checkpoint file or such a directory", path);
     return DT_OK;
 }
 

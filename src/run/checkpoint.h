@@ -53,6 +53,10 @@ dt_status dt_checkpoint_write_strategy(const char *path, dt_strategy *s, const d
 dt_status dt_checkpoint_restore_strategy(const char *path, dt_strategy *s, dt_ckpt_info *info);
 /* Writes model (+ optimizer if non-NULL) and info atomically to path. */
 dt_status dt_checkpoint_write(const char *path, dt_model *m, dt_optim *o, const dt_ckpt_info *info);
+/* The checkpoint file that path names, into out: path itself, or for a directory the newest usable
+ * checkpoint in it (its numbered ckpt-<step> files; damaged ones skipped, as --resume auto picks),
+ * then *from_dir is true. DT_ENOENT naming the directory when it holds none. */
+dt_status dt_checkpoint_resolve(const char *path, char *out, size_t cap, bool *from_dir);
 /* Reads only the metadata of a checkpoint (validates the whole file). */
 dt_status dt_checkpoint_read_info(const char *path, dt_ckpt_info *info);
 /* Restores tensors into a model built with the same spec (and the optimizer if non-NULL);
@@ -63,6 +67,10 @@ dt_status dt_checkpoint_restore(const char *path, dt_model *m, dt_optim *o, dt_c
 
 /* "<path>.rR-of-N": shard R of an N-shard checkpoint whose index is path. */
 void dt_ckpt_shard_path(char *out, size_t cap, const char *path, int r, int n);
+/* Removes the shard files "<path>.rR-of-M" in path's directory that are not shards of an n-shard
+ * checkpoint (M != n, or R >= M; n 0: every one): what an earlier save under path with another
+ * number of ranks left. Called once the new checkpoint is in place (index or file renamed). */
+void dt_ckpt_remove_stale_shards(const char *path, int n);
 /* Collective over s->comm: every rank writes the pieces it owns (dt_strategy_visit_state) to its
  * shard file, then rank 0 writes the index (written last: the checkpoint exists once it does).
  * An error on any rank is reported on every rank, and no index is written. */

@@ -129,9 +129,19 @@ void dt_ckpt_settings_changes(const dt_ckpt_info *info, const dt_train_config *c
     if (info->seed != c->seed && len < cap)
         len += (size_t)snprintf(what + len, cap - len, "%s--seed %llu (the checkpoint's run: %llu)", len ? "; " : "",
                                 (unsigned long long)c->seed, (unsigned long long)info->seed);
-    if (info->batch > 0 && info->batch != c->batch * (c->grad_accum > 1 ? c->grad_accum : 1) &&
-        info->step_in_epoch == 0 && len < cap)
-        snprintf(what + len, cap - len, "%s--batch %d, the checkpoint's run used %d", len ? "; " : "", c->batch,
+    /* the stored batch is a step's (--batch x --grad-accum): what a step trains is compared, and
+     * named in the flags of both runs (a changed --grad-accum alone is noted above) */
+    const int accum = c->grad_accum > 1 ? c->grad_accum : 1, then_accum = info->grad_accum > 1 ? info->grad_accum : 1;
+    if (info->batch <= 0 || info->batch == c->batch * accum || info->step_in_epoch != 0 || len >= cap) return;
+    if (info->has_settings && info->batch % then_accum == 0 && (accum > 1 || then_accum > 1))
+        snprintf(what + len, cap - len, "%s--batch %d x --grad-accum %d = %d samples a step (the checkpoint's run: "
+                 "%d x %d = %d)", len ? "; " : "", c->batch, accum, c->batch * accum, info->batch / then_accum,
+                 then_accum, info->batch);
+    else if (info->has_settings)
+        snprintf(what + len, cap - len, "%s--batch %d (the checkpoint's run: %d)", len ? "; " : "", c->batch * accum,
                  info->batch);
+    else
+        snprintf(what + len, cap - len, "%s%d samples a step (--batch x --grad-accum; the checkpoint's run: %d)",
+                 len ? "; " : "", c->batch * accum, info->batch);
 }
 

@@ -3,10 +3,13 @@
  * piece, with the tensor's global shape in the metadata ("dtrain.shape.<tensor>"). Once every
  * shard is durable, rank 0 writes the index <path> itself: the usual checkpoint metadata plus
  * "dtrain.shards" = N and no tensors. The index is written last, so a checkpoint exists only
- * when all of its shards do. Loading reads every shard into whole tensors, so a checkpoint
+ * when all of its shards do; once it is in place, the shards of an earlier save under the same path
+ * with another number of ranks are removed (dt_ckpt_remove_stale_shards). Loading reads every shard into whole tensors, so a checkpoint
  * resumes at any world size and ZeRO stage, or without ZeRO; `dtrain ckpt consolidate` writes
  * it as one file. */
 #include "run/checkpoint.h"
+
+#include "core/sys.h"
 
 #include "dtrain/dtrain.h"
 #include "dtrain/safetensors.h"
@@ -16,12 +19,33 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/random.h>
+#include <unistd.h>
 
 #define SHARD_KIND "dtrain-train-shard"
 
 void dt_ckpt_shard_path(char *out, size_t cap, const char *path, int r, int n) {
     snprintf(out, cap, "%s.r%d-of-%d", path, r, n);
+}
+
+void dt_ckpt_remove_stale_shards(const char *path, int n) {
+    const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
+    char dir[4096];
+    if (dt_path_dir(dir, sizeof dir, path) >= sizeof dir) return;
+    DIR *d = opendir(dir);
+    if (!d) return;  /* nothing to tidy that can be seen */
+    const size_t len = strlen(base);
+    for (struct dirent *e; (e = readdir(d));) {
+        int r, k, used = 0;
+        if (strncmp(e->d_name, base, len) != 0 || sscanf(e->d_name + len, ".r%d-of-%d%n", &r, &k, &used) != 2 ||
+            e->d_name[len + (size_t)used] != 0 || (k == n && r >= 0 && r < n))
+            continue;
+        char full[8192];
+        snprintf(full, sizeof full, "%s/%s", dir, e->d_name);
+        unlink(full);
+    }
+    closedir(d);
 }
 
 typedef struct {

@@ -8,33 +8,35 @@
 #include <math.h>
 #include <stdlib.h>
 
-/* Loss and accuracy of model on a whole data set, in batches of `batch`; with comm, each rank
- * evaluates its shard and the sums are reduced. Accuracy counts every row of the output (a label
- * per sample, or a next token per position). */
-static dt_status evaluate(dt_model *m, const dt_dataset *ds, int batch, dt_comm *comm, float *loss, float *acc) {
+/* Loss and accuracy of model m on a whole data set, in batches of `batch`; with comm, each rank
+ * evaluates its shard and the sums are reduced. With a strategy that evaluates sharded (tp, pp)
+ * the shards are the data parts (s->data_rank of data_world): the ranks of a model copy run each
+ * batch together through ops->eval_batch, one of them adding its figures. Accuracy counts every
+ * row of the output (a label per sample, or a next token per position). */
+static dt_status evaluate(dt_model *m, dt_strategy *st, const dt_dataset *ds, int batch, dt_comm *comm, float *loss,
+                          float *acc) {
+    const bool sharded = st && st->evaluates_sharded && st->ops->eval_batch;
     dt_loader *l = NULL;
     dt_loader_config lc = {.batch = batch, .shuffle = false, .rank = comm ? dt_comm_rank(comm) : 0,
                            .world = comm ? dt_comm_size(comm) : 1, .prefetch = -1};
+    if (sharded) lc.rank = st->data_rank, lc.world = st->data_world;
     DT_TRY(dt_loader_create(&l, ds, &lc));
     dt_status s = dt_loader_start_epoch(l, 0, 0);
     double sum_loss = 0;
     int64_t correct = 0, n = 0;
-    const int V = dt_model_classes(m), rows = dt_model_out_size(m) / V;
+    const int rows = dt_model_out_size(m) / dt_model_classes(m);
     dt_batch b;
     while (s == DT_OK && (s = dt_loader_next(l, &b)) == DT_OK) {
-        if (b.n == 0) continue;
         dt_feed f = dt_trainer_feed(&b);
+        if (sharded) {  /* a batch of 0 too: the copy's ranks skip it together */
+            s = st->ops->eval_batch(st, &f, &sum_loss, &correct, &n);
+            continue;
+        }
+        if (b.n == 0) continue;
         float bl;
         if ((s = dt_model_run(m, &f, false, 0, &bl)) != DT_OK) break;
         sum_loss += (double)bl * b.n;
-        const float *logits = dt_model_output(m);
-        for (int64_t i = 0; i < (int64_t)b.n * rows; i++) {
-            const float *row = logits + (size_t)i * V;
-            int best = 0;
-            for (int k = 1; k < V; k++)
-                if (row[k] > row[best]) best = k;
-            correct += best == b.y[i];
-        }
+        correct += dt_model_count_correct(m, b.y, b.n);
         n += b.n;
     }
     dt_loader_free(l);
@@ -49,7 +51,7 @@ static dt_status evaluate(dt_model *m, const dt_dataset *ds, int batch, dt_comm 
 dt_status dt_trainer_evaluate(dt_trainer *t, float *loss, float *acc) {
     *loss = *acc = NAN;
     if (!t->test) return DT_OK;
-    dt_status s = evaluate(t->model, t->test, t->cfg.batch, t->dcomm, loss, acc);
+    dt_status s = evaluate(t->model, t->strategy, t->test, t->cfg.batch, t->dcomm, loss, acc);
     if (s == DT_EPEER || s == DT_ETIMEDOUT)
         return dt_error_wrap(s, "dt_trainer_evaluate is collective: every rank of the job must call it (rank %d of %d "
                                 "did; each evaluates its shard)", t->rank, t->world);
@@ -86,7 +88,7 @@ dt_status dt_evaluate_checkpoint(const char *checkpoint, const char *data, int b
     }
     if (info.has_norm && (s = dt_dataset_set_normalize((dt_dataset *)ds, info.norm_mean, info.norm_std)) != DT_OK)
         goto done;
-    s = evaluate(m, ds, batch, NULL, loss, acc);
+    s = evaluate(m, NULL, ds, batch, NULL, loss, acc);
     *samples = (int64_t)dt_dataset_len(ds);
 done:
     dt_model_free(m);
@@ -109,9 +111,9 @@ dt_status dt_model_load(dt_model **m, const char *checkpoint) {
 }
 
 dt_status dt_trainer_evaluate_on(dt_trainer *t, const dt_dataset *ds, float *loss, float *acc) {
-    return evaluate(t->model, ds, t->cfg.batch, t->dcomm, loss, acc);
+    return evaluate(t->model, NULL, ds, t->cfg.batch, t->dcomm, loss, acc);
 }
 
 dt_status dt_evaluate_dataset(dt_model *m, const dt_dataset *ds, int batch, float *loss, float *acc) {
-    return evaluate(m, ds, batch, NULL, loss, acc);
+    return evaluate(m, NULL, ds, batch, NULL, loss, acc);
 }

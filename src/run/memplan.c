@@ -133,7 +133,8 @@ dt_status dt_mem_plan_rank(dt_model *m, const dt_optim_config *o, const dt_mem_l
     p->optim = F * moments * (l->zero >= 1 ? own : mine);
     /* a node's buckets and the next node's, prefetched */
     if (l->zero >= 3 && l->dp > 1) p->gathered = F * big[1] * (double)(l->dp - 1) / l->dp;
-    /* pp, tp, tp x pp: evaluation and checkpoints place the whole model on every rank, rank 0 also
+    /* pp, tp, tp x pp: checkpoints (and evaluation under ZeRO-3 over dp; otherwise it runs on the
+     * shards) place the whole model on every rank, rank 0 also
      * the whole optimizer state it writes (pp.c widen, tp.c tp_sync); a pp stage alone already
      * holds its tensors of it, tp and tp x pp none (their shards are another model's) */
     if (l->tp > 1 || l->pp > 1) {

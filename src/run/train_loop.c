@@ -260,7 +260,8 @@ static bool needs_sync(const dt_trainer *t) {
     int n;
     const dt_train_config *c = &t->cfg;
     if (t->strategy->sync_for_state_only) return c->save != NULL;  /* ddp: only the epoch's --save reads it */
-    return !dt_model_placement(t->model, &n) || t->test || t->val || c->save || c->save_weights;
+    const bool eval_whole = t->test && !t->strategy->evaluates_sharded;  /* tp, pp evaluate on their shards */
+    return !dt_model_placement(t->model, &n) || eval_whole || t->val || c->save || c->save_weights;
 }
 
 /* The end of an epoch on the replicas: sync (localsgd), balance figures, the global training loss,
@@ -336,6 +337,11 @@ dt_status dt_trainer_run(dt_trainer *t) {
         ckpt_due = false;
         at_epoch_end = false;
     }
+    /* tp, pp evaluated on their shards: dt_trainer_model gets the whole model once at the end, as the
+     * epochs' evaluation gathered it before (unless keep_sharded, or a --save of the last epoch did) */
+    if (s == DT_OK && !stop && t->test && t->strategy->evaluates_sharded && t->strategy->ops->sync &&
+        !c->keep_sharded && !c->save && !c->save_weights)
+        s = t->strategy->ops->sync(t->strategy);
     if (s != DT_OK && at_epoch_end)
         s = dt_error_wrap(s, "end of epoch %lld (evaluation, metrics, checkpoint) after step %lld",
                           (long long)(t->step_in_epoch ? t->epoch + 1 : t->epoch), (long long)t->step);

@@ -71,8 +71,10 @@ static dt_status resolve_resume(dt_trainer *t) {
     const dt_train_config *c = &t->cfg;
     t->resume_path[0] = '\0';
     if (!c->resume) return DT_OK;
-    if (strcmp(c->resume, "auto") != 0) {
-        snprintf(t->resume_path, sizeof t->resume_path, "%s", c->resume);
+    if (strcmp(c->resume, "auto") != 0) {  /* a file, or a directory's newest usable checkpoint */
+        bool from_dir;
+        DT_TRY(dt_checkpoint_resolve(c->resume, t->resume_path, sizeof t->resume_path, &from_dir));
+        if (from_dir) dt_trainer_note(t, "--resume %s: its newest usable checkpoint, %s", c->resume, t->resume_path);
         return DT_OK;
     }
     if (!c->checkpoint_dir)
