@@ -57,20 +57,23 @@ static void release_grads(dt_strategy *s, zbucket *b) {
     b->gfree = true;
 }
 
-/* Starts bucket i's gradient reduce (a failed start falls back to a blocking one in finish). */
 /* Where bucket b's reduce-scatter leaves this rank's chunk: stage 1 in place at the start of the
  * bucket in the gradient slab (comm.h's in-place form: no copy), stage >= 2 in the packed shard. */
 static float *rs_dest(dt_strategy *s, const zero *z, const zbucket *b) {
     return z->stage == 1 ? dt_model_grads(s->model) + b->lo : z->gsh + b->at;
 }
 
-static void issue(dt_strategy *s, zero *z, int i) {
+/* Starts bucket i's reduce, non-blocking on the communicator's progress thread; with `blocking`
+ * nothing starts and finish() runs it on the caller's thread (the step's last bucket: nothing is
+ * left to overlap it with, and a rank whose core the progress thread shares pays two switches). */
+static void issue(dt_strategy *s, zero *z, int i, bool blocking) {
     zbucket *b = &z->b[i];
     float *g = dt_model_grads(s->model);
     b->t_issue = dt_now();
     b->issued = true;
     b->rs = b->rt = NULL;
     b->rs_done = b->c == 0, b->rt_done = b->tail == 0;
+    if (blocking) return;
     if (b->c && dt_comm_ireduce_scatter(s->comm, g + b->lo, rs_dest(s, z, b), b->c, DT_F32, DT_OP_AVG, &b->rs) != DT_OK)
         b->rs = NULL;
     float *t = g + b->lo + (size_t)z->N * b->c;
@@ -145,9 +148,12 @@ void dt_zero_poll(dt_strategy *s, zero *z) {
 static void zero_ready(dt_strategy *s, size_t off, size_t n) {
     zero *z = s->impl;
     (void)n;
-    /* layers arrive last to first: bucket `next` is complete once its lowest layer is */
-    while (z->next < z->nb && off <= z->b[z->next].lo) {
-        issue(s, z, z->next++);
+    /* layers arrive last to first: bucket `next` is complete once its lowest layer is. Stage 1
+     * leaves the last bucket (complete with backward itself) to the step, which runs it blocking;
+     * stages 2 and 3 start it here, so that its gradient pages go back at once */
+    const int upto = z->stage == 1 ? z->nb - 1 : z->nb;
+    while (z->next < upto && off <= z->b[z->next].lo) {
+        issue(s, z, z->next++, false);
         z->early++;
     }
     if (z->stage >= 2) dt_zero_poll(s, z);
@@ -179,23 +185,17 @@ static dt_status clip_shard(dt_strategy *s, zero *z, float clip) {
     return DT_OK;
 }
 
-/* Stages 1 and 2: every rank's updated chunks to every rank. */
+/* Stages 1 and 2: every rank's updated chunks to every rank, blocking on the caller's thread: the
+ * step waits for all of them anyway, and the progress thread would only add two thread switches
+ * (on a rank bound to one core they are on the critical path: MLP b128 on two ranks, see ddp.c) */
 static dt_status gather_params(dt_strategy *s, zero *z) {
     float *p = dt_model_params(s->model);
-    dt_status first = DT_OK;
     for (int i = 0; i < z->nb; i++) {
         zbucket *b = &z->b[i];
-        dt_status st = DT_OK;
-        if (b->c) st = dt_comm_iallgather(s->comm, p + b->own, p + b->lo, b->c, DT_F32, &b->rs);
-        if (st == DT_OK && b->tail)
-            st = dt_comm_ibroadcast(s->comm, p + b->lo + (size_t)z->N * b->c, b->tail, DT_F32, z->N - 1, &b->rt);
-        if (st != DT_OK && first == DT_OK) first = st;
+        if (b->c) DT_TRY(dt_comm_allgather(s->comm, p + b->own, p + b->lo, b->c, DT_F32));
+        if (b->tail) DT_TRY(dt_comm_broadcast(s->comm, p + b->lo + (size_t)z->N * b->c, b->tail, DT_F32, z->N - 1));
     }
-    for (int i = 0; i < z->nb; i++) {
-        dt_status a = dt_request_wait(&z->b[i].rs), c = dt_request_wait(&z->b[i].rt);
-        if (first == DT_OK) first = a != DT_OK ? a : c;
-    }
-    return first;
+    return DT_OK;
 }
 
 static dt_status zero_step(dt_strategy *s, float lr, float clip, dt_step_stats *st) {
@@ -203,8 +203,8 @@ static dt_status zero_step(dt_strategy *s, float lr, float clip, dt_step_stats *
     memset(st, 0, sizeof *st);
     st->early_buckets = z->early;
     if (z->stage == 3) dt_zero_params_replay(s, z);
-    while (z->next < z->nb) issue(s, z, z->next++);
-    const double t0 = dt_now();
+    const double t0 = dt_now();  /* the blocking last bucket is communication (as ddp's) */
+    while (z->next < z->nb) issue(s, z, z->next, z->next == z->nb - 1), z->next++;
     dt_status first = DT_OK;
     for (int i = 0; i < z->nb; i++) {
         dt_status r = finish(s, z, i);
