@@ -8,11 +8,14 @@ one thread, float32. Prints one JSON line: {"tokens_per_s": ..., "steps": ..., "
 import argparse
 import json
 import math
+import os
 import time
 
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
+os.environ["OPENBLAS_NUM_THREADS"] = "1"  # one thread: torch.set_num_threads does not reach OpenBLAS's pool
+os.environ["OMP_NUM_THREADS"] = "1"
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 
 class Block(nn.Module):

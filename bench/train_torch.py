@@ -1,8 +1,12 @@
 #!/usr/bin/python3
 """PyTorch side of `dtrain bench train --vs-torch`: the reference MLP and CNN (the presets of
 src/nn/spec.c, torch layouts) trained with Adam (lr 1e-3) on 8 fixed random batches of 1x28x28
-images, and the GPT of bench/gpt_torch.py (AdamW), float32, ONE thread (torch.set_num_threads(1)),
-in Debian's PyTorch default environment. 3 untimed warm-up steps, then steps until --seconds
+images, and the GPT of bench/gpt_torch.py (AdamW), float32, ONE thread, in Debian's PyTorch
+default environment otherwise. One thread means torch.set_num_threads(1) AND OPENBLAS_NUM_THREADS=1
+(+ OMP_NUM_THREADS=1) set before torch loads: Debian's PyTorch does its Linear layers through the
+system OpenBLAS, whose own thread pool set_num_threads does not reach. Measured on a 2-core AMD EPYC,
+set_num_threads(1) alone used 2 CPU-seconds per second (MLP b128 76k samples/s wall, 39k per
+CPU-second; pinned: 64-70k wall = per CPU-second). 3 untimed warm-up steps, then steps until --seconds
 have passed. Prints one JSON line: {"model": ..., "batch": ..., "samples_per_s": ..., "steps": ...,
 "samples_per_cpu_s": ...} (per second of the process's CPU time: steadier on a loaded machine;
 not for gpt).
@@ -16,8 +20,10 @@ import subprocess
 import sys
 import time
 
-import torch
-import torch.nn as nn
+os.environ["OPENBLAS_NUM_THREADS"] = "1"  # before torch loads OpenBLAS (see above)
+os.environ["OMP_NUM_THREADS"] = "1"
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
 
 
 def build(name):

@@ -1,11 +1,11 @@
 # The kernel libraries and GEMM precisions end to end with the real command: oneDNN runs are
 # bitwise repeatable; --kernels blas and onednn train to the same model (to float rounding); a
 # bf16 run stopped and resumed is bitwise identical to the uninterrupted one (checkpoints keep
-# f32 master weights); DDP with 2 workers equals 1 worker at the same global batch to float
-# rounding, at fp32 and bf16; fp16 reports its loss scale in the metrics and its checkpoints keep
-# it (a resumed fp16 run is bitwise exact too); bad --kernels and
-# --precision values, and fp16 with a strategy that cannot unscale, are refused by name. In a
-# build without oneDNN, --kernels onednn says what to install and the rest runs on blas.
+# f32 master weights), and so is a CNN's (blocked bf16 conv chains); DDP with 2 workers equals 1
+# worker at the same global batch to float rounding, at fp32 and bf16; fp16 reports its loss
+# scale in the metrics and its checkpoints keep it (a resumed fp16 run is bitwise exact too); bad
+# --kernels and --precision values, and fp16 with a strategy that cannot unscale, are refused by
+# name. In a build without oneDNN, --kernels onednn says what to install and the rest runs on blas.
 . "$(dirname "$0")/testlib.bash"
 if ! have_fmnist; then echo "skip: Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)"; exit 77; fi
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -40,6 +40,16 @@ run --kernels $LIB --precision bf16 --max-steps $((S / 2)) --batch 32 --save "$T
 run --kernels $LIB --precision bf16 --max-steps $S --batch 32 --resume "$TMP/half.st" --save "$TMP/res.st" >/dev/null
 cmp -s "$TMP/full.st" "$TMP/res.st" && ok "bf16 resumed at step $((S / 2)) is bitwise identical to the straight run" \
   || bad "bf16 resume differs: $(diff_ok "$TMP/full.st" "$TMP/res.st" 0)"
+# the CNN at bf16 (blocked conv chains, casts and packing of our own where the CPU has
+# AVX512-BF16): twice the same, and resumed == straight, bit for bit
+runc() { $DT train --data fashion-mnist --model cnn --epochs 1 --quiet --kernels $LIB --precision bf16 --batch 32 "$@"; }
+runc --max-steps 12 --save "$TMP/c_full.st" >/dev/null || bad "cnn bf16 run"
+runc --max-steps 12 --save "$TMP/c_again.st" >/dev/null
+runc --max-steps 6 --save "$TMP/c_half.st" >/dev/null
+runc --max-steps 12 --resume "$TMP/c_half.st" --save "$TMP/c_res.st" >/dev/null
+cmp -s "$TMP/c_full.st" "$TMP/c_again.st" && cmp -s "$TMP/c_full.st" "$TMP/c_res.st" \
+  && ok "cnn bf16: two runs and a run resumed at step 6 are bitwise identical" \
+  || bad "cnn bf16 differs: again $(diff_ok "$TMP/c_full.st" "$TMP/c_again.st" 0), resumed $(diff_ok "$TMP/c_full.st" "$TMP/c_res.st" 0)"
 r=$(python3 - "$TMP/a.jsonl" "$TMP/full.jsonl" <<'PY'
 import json, sys
 a, b = ([json.loads(l) for l in open(f)][-1] for f in sys.argv[1:3])

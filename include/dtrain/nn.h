@@ -181,6 +181,9 @@ int dt_model_loss_node(const dt_model *m);
  * last backward (NULL where none was computed). Valid until the next forward. */
 const float *dt_model_node_values(const dt_model *m, int node);
 const float *dt_model_node_grad(const dt_model *m, int node);
+/* Whether a node's values are never written: a conv computed together with the maxpool after it
+ * (its values and gradient are then NULL; no pipeline stage may end there). */
+bool dt_model_node_fused(const dt_model *m, int node);
 /* Called before a node's forward and after its backward (ZeRO-3 gathers, tensor-parallel
  * collectives); either may be NULL. */
 typedef void (*dt_node_hook_fn)(void *ctx, int node);

@@ -8,6 +8,8 @@
 #include "dtrain/core.h"
 #include "dtrain/layers.h"
 
+#include "backend/conv_pool.h"
+
 typedef struct dt_backend {
     const char *name;   /* the kernel library: "blas" or "onednn" */
     dt_device device;
@@ -40,6 +42,11 @@ typedef struct dt_backend {
                                       int S, bool out_bl);
     void (*maxpool2d_backward_blocked)(float *din, const float *dout, const int32_t *argmax, int B, int C, int H,
                                        int W, int K, int S, bool out_bl);
+    /* conv -> (relu) -> maxpool of a first layer in one pass (backend/conv_pool.h), f32; NULL where not */
+    void (*conv_pool_forward)(const dt_conv_pool_shape *s, float *out, uint8_t *win, const float *in, const float *w,
+                              const float *b);
+    void (*conv_pool_backward)(const dt_conv_pool_shape *s, float *dw, float *db, const float *dout, const uint8_t *win,
+                               const float *in);
     void (*avgpool2d_forward)(float *out, const float *in, int B, int C, int H, int W, int K, int S);
     void (*avgpool2d_backward)(float *din, const float *dout, int B, int C, int H, int W, int K, int S);
     void (*relu_forward)(float *out, const float *in, size_t n);

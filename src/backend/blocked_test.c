@@ -95,10 +95,17 @@ static double rel_diff(const float *a, const float *b, size_t n) {
     return m > 0 ? d / m : d;
 }
 
-/* One convolution case through be's blocked entries against the cpu kernels. */
+/* The NCHW kernels a blocked convolution of be over C input channels must agree with: the cpu
+ * kernels at f32; at bf16/fp16 the blas kernels at that precision (inputs rounded, f32 sums:
+ * the same products as oneDNN's), or f32 where C < 16 (cpu_onednn_conv.c runs those at f32). */
+static const dt_backend *conv_reference(const dt_backend *be, int C) {
+    return be->precision == DT_F32 || C < 16 ? dt_backend_cpu() : dt_backend_blas_lowp(be->precision);
+}
+
+/* One convolution case through be's blocked entries against the NCHW reference kernels. */
 static void conv_case(const dt_backend *be, int B, int C, int H, int W, int OC, int K, int S, int P, bool in_bl,
                       bool out_bl, bool with_din) {
-    const dt_backend *cpu = dt_backend_cpu();
+    const dt_backend *cpu = conv_reference(be, C);
     const int OH = (H + 2 * P - K) / S + 1, OW = (W + 2 * P - K) / S + 1, HW = H * W, OHW = OH * OW;
     const size_t nin = (size_t)B * C * HW, nout = (size_t)B * OC * OHW, nw = (size_t)OC * C * K * K;
     float *x = rnd(nin, 11), *w = rnd(nw, 12), *b = rnd(OC, 13), *dy = rnd(nout, 14);
@@ -135,12 +142,19 @@ static void test_conv(void) {
         return;
     }
     CHECK(be->conv2d_forward_blocked && be->conv2d_backward_blocked);
-    for (int d = 0; d < 2; d++) {
-        conv_case(be, 2, 16, 7, 6, 32, 3, 1, 1, true, true, d);
-        conv_case(be, 2, 32, 6, 6, 16, 3, 2, 1, true, false, d);  /* the chain's end: NCHW out */
-        conv_case(be, 3, 1, 9, 9, 16, 3, 1, 1, false, true, d);   /* a first layer: NCHW in, C 1 */
-        conv_case(be, 1, 3, 8, 7, 32, 5, 2, 2, false, true, d);
-        conv_case(be, 2, 16, 5, 5, 16, 1, 1, 0, true, true, d);
+    for (int p = 0; p < 3; p++) {  /* f32, then bf16 and fp16: f32 blocked values, converted inside */
+        const dt_dtype prec[3] = {DT_F32, DT_BF16, DT_F16};
+        CHECK_OK(dt_backend_find("onednn", prec[p], &be));
+        CHECK(be->conv2d_forward_blocked && be->conv2d_backward_blocked);
+        for (int d = 0; d < 2; d++) {
+            conv_case(be, 2, 16, 7, 6, 32, 3, 1, 1, true, true, d);
+            conv_case(be, 2, 32, 6, 6, 16, 3, 2, 1, true, false, d);  /* the chain's end: NCHW out */
+            conv_case(be, 3, 1, 9, 9, 16, 3, 1, 1, false, true, d);   /* a first layer: NCHW in, C 1 */
+            conv_case(be, 1, 3, 8, 7, 32, 5, 2, 2, false, true, d);
+            conv_case(be, 2, 16, 5, 5, 16, 1, 1, 0, true, true, d);
+            conv_case(be, 3, 32, 14, 14, 64, 3, 1, 1, true, false, d);  /* the CNN's second conv (Winograd at f32 on AVX-512) */
+            conv_case(be, 2, 16, 9, 11, 16, 3, 1, 0, false, true, d);    /* Winograd: tiles past the edge, NCHW in */
+        }
     }
 }
 
@@ -168,23 +182,34 @@ static void test_plan(void) {
     CHECK(!bl[5]);           /* batchnorm reads it */
     plan_of("conv(8,3) maxpool(2) conv(16,3) flatten linear(4)", 1, 12, 12, bl, &n);
     CHECK(!bl[1] && !bl[2] && !bl[3]);  /* 8 channels; a flatten reads the conv */
+    if (have) {  /* bf16 plans the same blocked chains */
+        CHECK_OK(dt_kernels_select("onednn", "bf16"));
+        plan_of("cnn", 1, 12, 12, bl, &n);
+        CHECK(n > 6 && bl[1] && bl[3] && bl[4] && !bl[6]);
+    }
     CHECK_OK(dt_kernels_select("blas", "fp32"));
     plan_of("cnn", 1, 12, 12, bl, &n);
     for (int i = 0; i < n; i++) CHECK(!bl[i]);
+    CHECK_OK(dt_kernels_select("blas", "bf16"));
+    plan_of("cnn", 1, 12, 12, bl, &n);
+    for (int i = 0; i < n; i++) CHECK(!bl[i]);
+    CHECK_OK(dt_kernels_select("blas", "fp32"));
 }
 
-/* A model whose chains are blocked on the oneDNN f32 kernels equals the same model on the blas
- * kernels (NCHW throughout): logits and every parameter gradient within 2e-5 of their largest
- * value, after the same forward and backward; a second oneDNN copy gives bitwise the same. */
-static void test_model_vs_blas(const char *spec) {
+/* A model whose chains are blocked on the oneDNN kernels at precision prec equals the same model
+ * on the blas f32 kernels (NCHW throughout): logits and every parameter gradient within tol of
+ * their largest value, after the same forward and backward; a second oneDNN copy gives bitwise
+ * the same. */
+static void test_model_vs_blas(const char *spec, const char *prec, double tol) {
     dt_model *m[3] = {NULL, NULL, NULL};
     const char *lib[3] = {"blas", "onednn", "onednn"};
+    const char *pr[3] = {"fp32", prec, prec};  /* the reference: blas at f32, NCHW throughout */
     const int B = 3, C = 1, H = 12, W = 12;
     float *x = rnd((size_t)B * C * H * W, 21);
     int32_t y[3] = {1, 4, 3};
     const float *logits[3] = {NULL, NULL, NULL};
     for (int k = 0; k < 3; k++) {
-        if (dt_kernels_select(lib[k], "fp32") != DT_OK) break;
+        if (dt_kernels_select(lib[k], pr[k]) != DT_OK) break;
         CHECK_OK(dt_model_create_from_spec(&m[k], spec, C, H, W));
         if (!m[k]) break;
         dt_model_init(m[k], 9);
@@ -197,14 +222,15 @@ static void test_model_vs_blas(const char *spec) {
     }
     if (m[0] && m[1]) {
         const size_t np = dt_model_num_params(m[0]), nl = (size_t)B * dt_model_out_size(m[0]);
-        CHECK_MSG(rel_diff(logits[1], logits[0], nl) < 2e-5, "%s: logits differ by %g", spec, rel_diff(logits[1], logits[0], nl));
-        CHECK_MSG(rel_diff(dt_model_grads(m[1]), dt_model_grads(m[0]), np) < 2e-5, "%s: gradients differ by %g", spec,
+        CHECK_MSG(rel_diff(logits[1], logits[0], nl) < tol, "%s %s: logits differ by %g", spec, prec,
+                  rel_diff(logits[1], logits[0], nl));
+        CHECK_MSG(rel_diff(dt_model_grads(m[1]), dt_model_grads(m[0]), np) < tol, "%s %s: gradients differ by %g", spec, prec,
                   rel_diff(dt_model_grads(m[1]), dt_model_grads(m[0]), np));
     }
     if (m[1] && m[2]) {
         const size_t np = dt_model_num_params(m[1]), nl = (size_t)B * dt_model_out_size(m[1]);
         CHECK_MSG(!memcmp(logits[1], logits[2], nl * 4) && !memcmp(dt_model_grads(m[1]), dt_model_grads(m[2]), np * 4),
-                  "%s: two oneDNN runs differ", spec);
+                  "%s %s: two oneDNN runs differ", spec, prec);
     }
     dt_model_free(m[0]), dt_model_free(m[1]), dt_model_free(m[2]);
     free(x);
@@ -216,8 +242,13 @@ int main(void) {
     test_pool();
     test_conv();
     test_plan();
-    test_model_vs_blas("cnn");
-    test_model_vs_blas("conv(16,3) relu conv(16,3) maxpool(2) conv(32,3,stride=2,pad=1) flatten linear(10)");
-    test_model_vs_blas("conv(16,3,pad=1) maxpool(3,stride=2) conv(16,1) maxpool(2) conv(16,1) batchnorm relu flatten linear(5)");
+    const char *specs[4] = {"cnn",  /* its first conv fused with its pool at f32 (conv_pool_test) */
+                            "conv(16,3) relu conv(16,3) maxpool(2) conv(32,3,stride=2,pad=1) flatten linear(10)",
+                            "conv(16,5,pad=2) maxpool(2) conv(16,3) relu maxpool(2) flatten linear(5)",  /* fused, no relu */
+                            "conv(16,3,pad=1) maxpool(3,stride=2) conv(16,1) maxpool(2) conv(16,1) batchnorm relu flatten linear(5)"};
+    /* bf16: blocked oneDNN within bf16's rounding of f32 (3e-2); not the batchnorm model, whose
+     * 12 values per channel amplify rounding noise (0.09 apart, as are blas bf16 and f32) */
+    for (int i = 0; i < 4; i++) test_model_vs_blas(specs[i], "fp32", 2e-5);
+    for (int i = 0; i < 3; i++) test_model_vs_blas(specs[i], "bf16", 3e-2);
     return dt_test_summary("blocked_test");
 }

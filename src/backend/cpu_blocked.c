@@ -142,14 +142,24 @@ void dt_maxpool2d_backward_blocked(float *din, const float *dout, const int32_t 
         for (size_t i = 0; OH > 0 && OW > 0 && i < (size_t)B * C * OHW; i++) din[argmax[i]] += dout[i];
         return;
     }
+    float tg[CHUNK * BL];  /* NCHW dout: CHUNK positions of the block's 16 planes, transposed */
+    int32_t ta[CHUNK * BL];
     for (size_t blk = 0; blk < (size_t)B * CB; blk++) {
         float *x = din + blk * HW * BL;
         const int32_t base = (int32_t)(blk * HW * BL);
-        for (int oy = 0; oy < OH; oy++)
-            for (int ox = 0; ox < OW; ox++) {
-                const size_t p = (size_t)oy * OW + ox, o = out_bl ? (blk * OHW + p) * BL : blk * BL * OHW + p;
-                unpool_window(x, dout + o, argmax + o, out_bl ? 1 : OHW, W, oy * S, ox * S, K, base);
+        for (size_t p0 = 0; p0 < OHW; p0 += CHUNK) {
+            const size_t np = OHW - p0 < CHUNK ? OHW - p0 : CHUNK;
+            const float *g = out_bl ? dout + (blk * OHW + p0) * BL : tg;
+            const int32_t *a = out_bl ? argmax + (blk * OHW + p0) * BL : ta;
+            if (!out_bl)  /* one pass of plain loads and stores: gathers across 16 planes are slow */
+                for (int c = 0; c < BL; c++)
+                    for (size_t j = 0; j < np; j++)
+                        tg[j * BL + c] = dout[(blk * BL + c) * OHW + p0 + j], ta[j * BL + c] = argmax[(blk * BL + c) * OHW + p0 + j];
+            for (size_t j = 0; j < np; j++) {
+                const int oy = (int)((p0 + j) / OW), ox = (int)((p0 + j) % OW);
+                unpool_window(x, g + j * BL, a + j * BL, 1, W, oy * S, ox * S, K, base);
             }
+        }
     }
 }
 

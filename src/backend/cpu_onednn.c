@@ -3,8 +3,10 @@
  * weights) at f32, bf16 or fp16 inputs with f32 accumulation; every other op reuses the cpu
  * kernels. Primitives are created once per op, shape and precision and cached per thread, so a
  * short last batch costs one creation, not one per step. oneDNN runs OpenMP threads: their
- * number follows dt_set_threads (--threads). Without oneDNN (DNNL=0) only the stubs at the end
- * are compiled. */
+ * number follows dt_set_threads (--threads). At bf16 on a CPU with AVX512-BF16 the GEMMs' B
+ * operands are packed and a linear layer's output gradient is cast by our code
+ * (cpu_onednn_pack.c), not by oneDNN's reorders. Without oneDNN (DNNL=0) only the stubs at the
+ * end are compiled. */
 #include "backend/backend.h"
 
 #include <pthread.h>
@@ -230,6 +232,7 @@ typedef struct {
     int M, N, K;
     int64_t sa[2], sb[2];
     bool bias, accumulate;
+    bool a_bf16;  /* at bf16: A arrives cast already (dt_dnnl_cast_bf16), not f32 */
 } mm_shape;
 
 static dnnl_data_type_t dnnl_type(dt_dtype p) { return p == DT_BF16 ? dnnl_bf16 : p == DT_F16 ? dnnl_f16 : dnnl_f32; }
@@ -238,7 +241,7 @@ static dnnl_data_type_t dnnl_type(dt_dtype p) { return p == DT_BF16 ? dnnl_bf16 
 static dt_dnnl_entry *mm_entry(const mm_shape *s, dt_dtype p) {
     dt_dnnl_key k = {.op = DT_DNNL_MATMUL, .dt = dnnl_type(p),
                      .d = {s->M, s->N, s->K, (int)s->sa[0], (int)s->sa[1], (int)s->sb[0], (int)s->sb[1], s->bias,
-                           s->accumulate}};
+                           s->accumulate, s->a_bf16 && p == DT_BF16}};
     dt_dnnl_entry *e = dt_dnnl_lookup(&k);
     if (!e || e->used) return e && !e->failed ? e : NULL;
     int64_t ad[2] = {s->M, s->K}, bd[2] = {s->K, s->N}, cd[2] = {s->M, s->N}, biasd[2] = {1, s->N};
@@ -271,7 +274,14 @@ static dt_dnnl_entry *mm_entry(const mm_shape *s, dt_dtype p) {
     dnnl_memory_t m[4] = {0};
     if (!pd) return dt_dnnl_ready(e, false), NULL;
     if (lowp) md[1] = *dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
-    for (int i = 0; i < nargs; i++) m[i] = lowp && i < 2 ? dt_dnnl_input(e, &ext[i], &md[i], i) : dt_dnnl_mem(e, &md[i], i);
+    /* B dense (row- or column-major) in a VNNI layout: packed by dt_dnnl_vnni_pack at each run
+     * (cpu_onednn_pack.c) */
+    const bool dense = s->sb[1] == 1 || s->sb[0] == 1;
+    const int nb = lowp && k.dt == dnnl_bf16 && dense ? dt_dnnl_vnni_block(&md[1], s->K, s->N) : 0;
+    if (nb && (e->tmp = malloc(dnnl_memory_desc_get_size(&md[1])))) e->pack_nb = nb, e->pack_kp = dt_dnnl_vnni_padded_k(&md[1]);
+    for (int i = 0; i < nargs; i++)
+        m[i] = lowp && i < 2 && !(i == 1 && e->pack_nb) && !(i == 0 && k.d[9]) ? dt_dnnl_input(e, &ext[i], &md[i], i)
+                                                                                : dt_dnnl_mem(e, &md[i], i);
     return dt_dnnl_ready(e, dt_dnnl_step_add(e, pd, nargs, arg, m, true)) ? e : NULL;
 }
 
@@ -281,10 +291,11 @@ typedef struct {
     dt_dnnl_entry *e;
     dt_dtype p;
     bool round;
+    const mm_shape *s;
 } mm_plan;
 
 static bool mm_prepare(mm_plan *pl, const mm_shape *s, dt_dtype p) {
-    pl->p = p, pl->round = false;
+    pl->p = p, pl->round = false, pl->s = s;
     if ((pl->e = mm_entry(s, p))) return true;
     pl->round = p != DT_F32;
     return pl->round && (pl->e = mm_entry(s, DT_F32));
@@ -297,6 +308,12 @@ static const void *mm_operand(const mm_plan *pl, int slot, const float *x, size_
 }
 
 static void mm_run(const mm_plan *pl, float *c, const void *a, const void *b, const float *bias) {
+    if (pl->e->pack_nb) {
+        const mm_shape *s = pl->s;
+        const bool cols = s->sb[1] != 1;
+        dt_dnnl_vnni_pack(pl->e->tmp, b, s->K, s->N, cols ? s->sb[1] : s->sb[0], pl->e->pack_nb, pl->e->pack_kp, cols);
+        b = pl->e->tmp;
+    }
     void *data[4] = {(void *)a, (void *)b, c, (void *)bias};
     dt_dnnl_run(pl->e, data);
 }
@@ -313,22 +330,41 @@ static void linear_forward(dt_dtype p, float *out, const float *in, const float 
     mm_run(&pl, out, mm_operand(&pl, 0, in, (size_t)B * C), mm_operand(&pl, 1, w, (size_t)OC * C), b);
 }
 
-static void linear_backward(dt_dtype p, float *din, float *dw, float *db, const float *dout, const float *in,
-                            const float *w, int B, int C, int OC) {
-    /* dw (OC,C) += dout^T (OC,B) @ in (B,C);  din (B,C) = dout (B,OC) @ w (OC,C) */
-    mm_shape sw = {.M = OC, .N = C, .K = B, .sa = {1, OC}, .sb = {C, 1}, .accumulate = true};
-    mm_shape sd = {.M = B, .N = C, .K = OC, .sa = {OC, 1}, .sb = {C, 1}};
-    mm_plan pw = {0}, pd = {0};
-    if (B <= 0 || OC <= 0 || C <= 0 || (dw && !mm_prepare(&pw, &sw, p)) || (din && !mm_prepare(&pd, &sd, p)))
-        return fallback(p)->linear_backward(din, dw, db, dout, in, w, B, C, OC);
-    /* dout is rounded once when both GEMMs take it the same way (fallback), else passed as is */
-    const void *d = mm_operand(dw ? &pw : &pd, 0, dout, (size_t)B * OC);
-    if (dw) mm_run(&pw, dw, d, mm_operand(&pw, 1, in, (size_t)B * C), NULL);
+/* db (OC) += the column sums of dout (B, OC); db NULL: nothing. */
+static void bias_sums(float *db, const float *dout, int B, int OC) {
     if (db)
         for (int i = 0; i < B; i++) {
             const float *restrict row = dout + (size_t)i * OC;
             for (int j = 0; j < OC; j++) db[j] += row[j];
         }
+}
+
+static void linear_backward(dt_dtype p, float *din, float *dw, float *db, const float *dout, const float *in,
+                            const float *w, int B, int C, int OC) {
+    /* dw (OC,C) += dout^T (OC,B) @ in (B,C);  din (B,C) = dout (B,OC) @ w (OC,C) */
+    /* at bf16 where the CPU casts fast, dout is cast once for both GEMMs (else each converts it) */
+    const bool cast = p == DT_BF16 && dw && din && dt_dnnl_cast_fast();
+    mm_shape sw = {.M = OC, .N = C, .K = B, .sa = {1, OC}, .sb = {C, 1}, .accumulate = true, .a_bf16 = cast};
+    mm_shape sd = {.M = B, .N = C, .K = OC, .sa = {OC, 1}, .sb = {C, 1}, .a_bf16 = cast};
+    mm_plan pw = {0}, pd = {0};
+    if (B <= 0 || OC <= 0 || C <= 0 || (dw && !mm_prepare(&pw, &sw, p)) || (din && !mm_prepare(&pd, &sd, p)))
+        return fallback(p)->linear_backward(din, dw, db, dout, in, w, B, C, OC);
+    if (cast && !pw.round && !pd.round) {  /* both native bf16 entries, keyed to take the cast */
+        void *d16 = grow(0, (size_t)B * OC * sizeof(uint16_t));
+        dt_dnnl_cast_bf16(d16, dout, (size_t)B * OC);
+        mm_run(&pw, dw, d16, in, NULL);
+        bias_sums(db, dout, B, OC);
+        return mm_run(&pd, din, d16, w, NULL);
+    }
+    if (cast) {  /* an f32 fallback entry: the a_bf16 key never reached a bf16 entry */
+        sw.a_bf16 = sd.a_bf16 = false;
+        if (!mm_prepare(&pw, &sw, p) || !mm_prepare(&pd, &sd, p))
+            return fallback(p)->linear_backward(din, dw, db, dout, in, w, B, C, OC);
+    }
+    /* dout is rounded once when both GEMMs take it the same way (fallback), else passed as is */
+    const void *d = mm_operand(dw ? &pw : &pd, 0, dout, (size_t)B * OC);
+    if (dw) mm_run(&pw, dw, d, mm_operand(&pw, 1, in, (size_t)B * C), NULL);
+    bias_sums(db, dout, B, OC);
     if (din) {
         if (dw && pw.round != pd.round) d = mm_operand(&pd, 0, dout, (size_t)B * OC);
         mm_run(&pd, din, d, mm_operand(&pd, 2, w, (size_t)OC * C), NULL);
@@ -355,6 +391,19 @@ DT_ONEDNN_WRAPPERS(f32, DT_F32)
 DT_ONEDNN_WRAPPERS(bf16, DT_BF16)
 DT_ONEDNN_WRAPPERS(f16, DT_F16)
 
+/* the blocked convolutions at bf16 and fp16 (f32 has its own entries) */
+#define DT_ONEDNN_BLOCKED_WRAPPERS(sfx, P)                                                                              \
+    static void cfb_##sfx(float *out, const float *in, const float *w, const float *b, int B, int C, int H, int W,     \
+                          int OC, int K, int S, int Pd, bool in_bl, bool out_bl) {                                      \
+        dt_dnnl_conv_forward_blocked_lowp(P, out, in, w, b, B, C, H, W, OC, K, S, Pd, in_bl, out_bl);                   \
+    }                                                                                                                   \
+    static void cbb_##sfx(float *din, float *dw, float *db, const float *dout, const float *in, const float *w, int B, \
+                          int C, int H, int W, int OC, int K, int S, int Pd, bool in_bl, bool out_bl) {                 \
+        dt_dnnl_conv_backward_blocked_lowp(P, din, dw, db, dout, in, w, B, C, H, W, OC, K, S, Pd, in_bl, out_bl);       \
+    }
+DT_ONEDNN_BLOCKED_WRAPPERS(bf16, DT_BF16)
+DT_ONEDNN_BLOCKED_WRAPPERS(f16, DT_F16)
+
 static dt_backend tables[3];
 static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
 
@@ -369,8 +418,14 @@ static void fill_tables(void) {
         t->linear_backward = i == 0 ? lb_f32 : i == 1 ? lb_bf16 : lb_f16;
         t->conv2d_forward = i == 0 ? cf_f32 : i == 1 ? cf_bf16 : cf_f16;
         t->conv2d_backward = i == 0 ? cb_f32 : i == 1 ? cb_bf16 : cb_f16;
-        if (i == 0)  /* f32 runs conv chains in oneDNN's blocked layout (bf16/fp16 convert at each conv) */
-            t->conv2d_forward_blocked = dt_dnnl_conv_forward_blocked, t->conv2d_backward_blocked = dt_dnnl_conv_backward_blocked;
+        /* conv chains run in oneDNN's blocked layout; at bf16/fp16 the values stay f32 blocked
+         * and each conv converts them (a cast, no transpose) */
+        t->conv2d_forward_blocked = i == 0 ? dt_dnnl_conv_forward_blocked : i == 1 ? cfb_bf16 : cfb_f16;
+        t->conv2d_backward_blocked = i == 0 ? dt_dnnl_conv_backward_blocked : i == 1 ? cbb_bf16 : cbb_f16;
+        /* and a first conv (<= 4 input channels) with its relu and maxpool in one f32 pass, at every
+         * precision: bf16/fp16 run convs over < 16 input channels at f32 anyway (blas stays the
+         * unfused reference) */
+        t->conv_pool_forward = dt_conv_pool_forward, t->conv_pool_backward = dt_conv_pool_backward;
     }
 }
 

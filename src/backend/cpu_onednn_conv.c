@@ -1,10 +1,10 @@
 /* oneDNN convolutions: forward, backward data and backward weights on NCHW activations and OIHW
- * weights (torch's layouts), cached per shape and precision like the matmuls (cpu_onednn.c); at
- * f32 also on blocked nChw16c activations (the *_blocked entries: a conv chain of the graph,
- * graph_layout.c), which oneDNN's kernels read and write without reorders. Backward weights
- * writes into a per-primitive scratch that is then ADDED to dw (the backend contract accumulates
- * parameter gradients; oneDNN overwrites); db sums the f32 gradient (blocked: oneDNN's backward
- * weights sums it in the same pass). */
+ * weights (torch's layouts), cached per shape and precision like the matmuls (cpu_onednn.c); also
+ * on blocked nChw16c activations (the *_blocked entries: a conv chain of the graph,
+ * graph_layout.c), which oneDNN's kernels read and write without reorders at f32 and with a
+ * cast only at bf16/fp16. Backward weights writes into a per-primitive scratch that is then
+ * ADDED to dw (the backend contract accumulates parameter gradients; oneDNN overwrites); db sums
+ * the f32 gradient (blocked f32: oneDNN's backward weights sums it in the same pass). */
 #include "backend/backend.h"
 
 #if DT_HAVE_DNNL
@@ -36,19 +36,42 @@ static void conv_mds(const conv_shape *s, bool any, dnnl_data_type_t dt, dnnl_me
     dnnl_memory_desc_init_by_tag(&md[3], 1, b, dnnl_f32, dnnl_x);
 }
 
-/* The forward primitive descriptor (dst f32), NULL when oneDNN has none. */
-static dnnl_primitive_desc_t forward_pd(const conv_shape *s, dnnl_data_type_t dt, bool bias) {
+/* f32 3x3 stride-1 convolutions over 16+ channels try Winograd F(4x4, 3x3) first (2.25x fewer
+ * multiplications; its transforms round a little more than a direct sum, within the tests'
+ * 2e-5): on the reference CNN's second conv it made the forward 1.4x and the two backward passes
+ * 1.3x faster than oneDNN's direct kernels (AVX-512, one thread). oneDNN has it only where the CPU
+ * has AVX-512; elsewhere (or for shapes it rejects) the direct kernel is used, as always at
+ * bf16/fp16. */
+static bool try_winograd(const conv_shape *s, dnnl_data_type_t dt) {
+    return dt == dnnl_f32 && s->K == 3 && s->S == 1 && s->C >= 16 && s->OC >= 16;
+}
+
+/* The forward primitive descriptor (dst f32) with algorithm alg, NULL when oneDNN has none. */
+static dnnl_primitive_desc_t forward_pd_alg(const conv_shape *s, dnnl_data_type_t dt, bool bias, dnnl_alg_kind_t alg) {
     dnnl_memory_desc_t md[4];
     conv_mds(s, true, dt, md);
     md[2].data_type = dnnl_f32;
     dnnl_dims_t st = {s->S, s->S}, pad = {s->P, s->P};
     dnnl_convolution_desc_t d;
     dnnl_primitive_desc_t pd = NULL;
-    if (dnnl_convolution_forward_desc_init(&d, dnnl_forward_training, dnnl_convolution_direct, &md[0], &md[1],
-                                           bias ? &md[3] : NULL, &md[2], st, pad, pad) != dnnl_success ||
+    if (dnnl_convolution_forward_desc_init(&d, dnnl_forward_training, alg, &md[0], &md[1], bias ? &md[3] : NULL, &md[2],
+                                           st, pad, pad) != dnnl_success ||
         dnnl_primitive_desc_create(&pd, &d, NULL, dt_dnnl_engine(), NULL) != dnnl_success)
         return NULL;
     return pd;
+}
+
+/* The algorithm of s's convolutions: Winograd where oneDNN has it for s (try_winograd), else direct. */
+static dnnl_alg_kind_t conv_alg(const conv_shape *s, dnnl_data_type_t dt) {
+    if (!try_winograd(s, dt)) return dnnl_convolution_direct;
+    dnnl_primitive_desc_t pd = forward_pd_alg(s, dt, false, dnnl_convolution_winograd);
+    if (!pd) return dnnl_convolution_direct;
+    dnnl_primitive_desc_destroy(pd);
+    return dnnl_convolution_winograd;
+}
+
+static dnnl_primitive_desc_t forward_pd(const conv_shape *s, dnnl_data_type_t dt, bool bias) {
+    return forward_pd_alg(s, dt, bias, conv_alg(s, dt));
 }
 
 static dnnl_memory_desc_t chosen(dnnl_primitive_desc_t pd, dnnl_query_t what) {
@@ -67,26 +90,34 @@ static bool build_forward(dt_dnnl_entry *e, const conv_shape *s, const dnnl_memo
     return dt_dnnl_step_add(e, pd, s->bias ? 4 : 3, arg, m, true);
 }
 
-/* The backward-weights (weights) or backward-data primitive descriptor: the gradient it writes
- * (diff_weights or diff_src) f32, the others at the precision; NULL when oneDNN has none. With
- * s->bias backward weights also writes diff_bias (f32). */
-static dnnl_primitive_desc_t backward_pd(const conv_shape *s, dnnl_data_type_t dt, bool weights) {
+/* The backward-weights (weights) or backward-data primitive descriptor with algorithm alg: the
+ * gradient it writes (diff_weights or diff_src) f32, the others at the precision; NULL when
+ * oneDNN has none. With s->bias backward weights also writes diff_bias (f32). */
+static dnnl_primitive_desc_t backward_pd_alg(const conv_shape *s, dnnl_data_type_t dt, bool weights,
+                                             dnnl_alg_kind_t alg) {
     dnnl_memory_desc_t md[4];
     conv_mds(s, true, dt, md);
     md[weights ? 1 : 0].data_type = dnnl_f32;
     dnnl_dims_t st = {s->S, s->S}, pad = {s->P, s->P};
     dnnl_convolution_desc_t d;
-    dnnl_primitive_desc_t pd = NULL, hint = forward_pd(s, dt, false);
+    dnnl_primitive_desc_t pd = NULL, hint = forward_pd_alg(s, dt, false, alg);
     dnnl_status_t st_init =
         !hint     ? dnnl_unimplemented
-        : weights ? dnnl_convolution_backward_weights_desc_init(&d, dnnl_convolution_direct, &md[0], &md[1],
-                                                                s->bias ? &md[3] : NULL, &md[2], st, pad, pad)
-                  : dnnl_convolution_backward_data_desc_init(&d, dnnl_convolution_direct, &md[0], &md[1], &md[2], st,
-                                                             pad, pad);
+        : weights ? dnnl_convolution_backward_weights_desc_init(&d, alg, &md[0], &md[1], s->bias ? &md[3] : NULL,
+                                                                &md[2], st, pad, pad)
+                  : dnnl_convolution_backward_data_desc_init(&d, alg, &md[0], &md[1], &md[2], st, pad, pad);
     if (st_init != dnnl_success || dnnl_primitive_desc_create(&pd, &d, NULL, dt_dnnl_engine(), hint) != dnnl_success)
         pd = NULL;
     if (hint) dnnl_primitive_desc_destroy(hint);
     return pd;
+}
+
+/* That of s's algorithm (conv_alg), or the direct one where oneDNN has no Winograd kernel for
+ * this pass (the gradients of the Winograd forward, from a direct sum: as accurate). */
+static dnnl_primitive_desc_t backward_pd(const conv_shape *s, dnnl_data_type_t dt, bool weights) {
+    const dnnl_alg_kind_t alg = conv_alg(s, dt);
+    dnnl_primitive_desc_t pd = backward_pd_alg(s, dt, weights, alg);
+    return pd || alg == dnnl_convolution_direct ? pd : backward_pd_alg(s, dt, weights, dnnl_convolution_direct);
 }
 
 /* The backward-data step of pd: din at data pointer `din_i`, w at `w_i`, diff_dst memory dd. */
@@ -266,7 +297,7 @@ static void conv_backward(dt_dtype p, const conv_shape *cs, float *din, float *d
     conv_shape s = *cs;
     /* blocked (f32): oneDNN's backward weights also sums db, in the pass that reads dout anyway;
      * NCHW: db is summed below from the f32 gradient (at bf16/fp16 oneDNN would sum rounded dout) */
-    s.bias = db && dw && (s.in_bl || s.out_bl);
+    s.bias = db && dw && (s.in_bl || s.out_bl) && p == DT_F32;
     const int B = s.B, C = s.C, H = s.H, W = s.W, OC = s.OC, K = s.K, S = s.S, P = s.P;
     const bool blocked = s.in_bl || s.out_bl;
     if (!blocked && prefers_im2col(p, C))
@@ -287,7 +318,7 @@ static void conv_backward(dt_dtype p, const conv_shape *cs, float *din, float *d
         for (size_t i = 0; i < nw; i++) dw[i] += e->tmp[i];
     if (dbs)
         for (int o = 0; o < OC; o++) db[o] += dbs[o];
-    else if (db && s.out_bl)  /* din only: no backward-weights pass to sum it */
+    else if (db && s.out_bl)  /* din only, or bf16/fp16 (db from the f32 gradient) */
         dt_blocked_channel_sums(db, dout, B, OC, s.OH * s.OW);
     else if (db)  /* from the f32 gradient at every precision */
         for (int n = 0; n < B; n++)
@@ -304,6 +335,28 @@ void dt_dnnl_conv_backward_blocked(float *din, float *dw, float *db, const float
                                    int B, int C, int H, int W, int OC, int K, int S, int P, bool in_bl, bool out_bl) {
     conv_shape s = shape_of(B, C, H, W, OC, K, S, P, false, in_bl, out_bl);
     conv_backward(DT_F32, &s, din, dw, db, dout, in, w, NULL);
+}
+
+/* Blocked convolutions at bf16/fp16 (the lowp tables' *_blocked entries): the values outside stay
+ * f32 nChw16c, and the primitive's reorders only convert them to the precision (no transpose);
+ * the output and din are written f32 blocked directly. db is summed from the f32 gradient.
+ * A convolution over fewer than 16 input channels runs at f32: vdpbf16ps multiplies channel
+ * pairs, so with C = 1 (the CNN's first layer) oneDNN's bf16 kernel pads half its lanes and is no
+ * faster than f32, while converting its large output gradient to bf16 costs a pass more
+ * (measured on AVX512-BF16: the layer 2x slower than at f32). */
+static dt_dtype blocked_precision(dt_dtype p, int C) { return C < 16 ? DT_F32 : p; }
+
+void dt_dnnl_conv_forward_blocked_lowp(dt_dtype p, float *out, const float *in, const float *w, const float *b, int B,
+                                       int C, int H, int W, int OC, int K, int S, int P, bool in_bl, bool out_bl) {
+    conv_shape s = shape_of(B, C, H, W, OC, K, S, P, b != NULL, in_bl, out_bl);
+    conv_forward(blocked_precision(p, C), &s, out, in, w, b, NULL);
+}
+
+void dt_dnnl_conv_backward_blocked_lowp(dt_dtype p, float *din, float *dw, float *db, const float *dout,
+                                        const float *in, const float *w, int B, int C, int H, int W, int OC, int K,
+                                        int S, int P, bool in_bl, bool out_bl) {
+    conv_shape s = shape_of(B, C, H, W, OC, K, S, P, false, in_bl, out_bl);
+    conv_backward(blocked_precision(p, C), &s, din, dw, db, dout, in, w, NULL);
 }
 
 #endif

@@ -40,7 +40,8 @@ typedef struct {
     dnnl_memory_t mem[DT_DNNL_MEMS];
     int ext[DT_DNNL_MEMS];      /* index into dt_dnnl_run's data pointers; -1: owned by oneDNN */
     dnnl_memory_t post_from[3], post_to[3];  /* outputs reordered back after the main step */
-    float *tmp;                 /* conv backward weights: dw before it is added */
+    float *tmp;                 /* conv backward weights: dw before it is added; matmul: packed B */
+    int pack_nb, pack_kp;       /* matmul: B goes in packed by dt_dnnl_vnni_pack with this block (0: not) */
     size_t tmp_n;
     char impl[64];              /* oneDNN's impl info string of the main primitive */
 } dt_dnnl_entry;
@@ -81,5 +82,24 @@ void dt_dnnl_conv_forward_blocked(float *out, const float *in, const float *w, c
                                   int W, int OC, int K, int S, int P, bool in_bl, bool out_bl);
 void dt_dnnl_conv_backward_blocked(float *din, float *dw, float *db, const float *dout, const float *in, const float *w,
                                    int B, int C, int H, int W, int OC, int K, int S, int P, bool in_bl, bool out_bl);
+/* The same at bf16/fp16 (p): f32 blocked values outside, converted by the primitive's reorders. */
+void dt_dnnl_conv_forward_blocked_lowp(dt_dtype p, float *out, const float *in, const float *w, const float *b, int B,
+                                       int C, int H, int W, int OC, int K, int S, int P, bool in_bl, bool out_bl);
+void dt_dnnl_conv_backward_blocked_lowp(dt_dtype p, float *din, float *dw, float *db, const float *dout,
+                                        const float *in, const float *w, int B, int C, int H, int W, int OC, int K,
+                                        int S, int P, bool in_bl, bool out_bl);
+/* Whether this CPU runs the casts and packing below (AVX512-BF16); where not, oneDNN's reorders
+ * convert. dst (n bf16) = src (n f32) rounded to nearest even. */
+bool dt_dnnl_cast_fast(void);
+void dt_dnnl_cast_bf16(void *dst, const float *src, size_t n);
+/* The GEMM B operand's bf16 VNNI packing (cpu_onednn_pack.c): the N block nb of md when it is
+ * oneDNN's BA16a{nb}b2a layout of a (K, N) bf16 matrix and this CPU has AVX512-BF16, else 0. */
+int dt_dnnl_vnni_block(const dnnl_memory_desc_t *md, int64_t K, int64_t N);
+/* The rows md's layout pads K to (oneDNN pads to a multiple of 32, not only of 16). */
+int dt_dnnl_vnni_padded_k(const dnnl_memory_desc_t *md);
+/* dst (BA16a{nb}b2a bf16, K padded to Kp rows and N to a multiple of nb, padding zero) = src
+ * (K, N) f32 rounded to nearest even: row-major with leading dimension ld, or with cols
+ * column-major ((k, n) at src[n * ld + k]). */
+void dt_dnnl_vnni_pack(void *dst, const float *src, int K, int N, int64_t ld, int nb, int Kp, bool cols);
 
 #endif

@@ -5,6 +5,7 @@
  * PyTorch's rate on the same shapes (--vs-torch: bench/train_torch.py, one thread). Prints the
  * CPU, OpenBLAS's core and the implementations oneDNN chose. Data is synthetic (fixed random
  * batches in memory), so the figure is the compute path alone: forward, loss, backward, update. */
+#include "cli/bench_profile.h"
 #include "cli/bench_util.h"
 #include "cli/cli.h"
 #include "dtrain/dtrain.h"
@@ -50,7 +51,7 @@ static double cpu_now(void) {
 /* Trains `spec` on synthetic data (1x28x28 images and labels, or random token ids and next
  * tokens for a GPT) for at least min_s seconds; returns samples/s, samples per CPU second and
  * GFLOP/s. */
-static dt_status bench_model(const bench_case *bc, double *sps, double *cps, double *gflops) {
+static dt_status bench_model(const bench_case *bc, bool profile, double *sps, double *cps, double *gflops) {
     dt_model *m = NULL;
     dt_optim *o = NULL;
     DT_TRY(dt_model_build(&m, bc->spec, 1, 28, 28));
@@ -58,6 +59,8 @@ static dt_status bench_model(const bench_case *bc, double *sps, double *cps, dou
     const bool tokens = dt_model_in_dtype(m) == DT_I32;
     dt_optim_config oc = dt_optim_defaults(tokens ? DT_OPTIM_ADAMW : DT_OPTIM_ADAM);
     dt_status s = dt_optim_create(&o, &oc, dt_model_num_params(m));
+    dt_bench_profile *prof = profile && s == DT_OK ? dt_bench_profile_attach(m) : NULL;
+    if (profile && s == DT_OK && !prof) s = dt_error(DT_ENOMEM, "bench: out of memory");
     enum { NB = 8 };
     const int B = bc->batch, V = dt_model_classes(m), in = dt_model_in_size(m), ny = dt_model_input_values(m, 1);
     void *x = dt_alloc((size_t)NB * B * in * DT_FEED_VALUE_BYTES);
@@ -75,12 +78,15 @@ static dt_status bench_model(const bench_case *bc, double *sps, double *cps, dou
     double t0 = 0, t = 0, c0 = 0;
     for (int64_t i = 0; s == DT_OK; i++) {
         if (i == 3) t0 = dt_now(), c0 = cpu_now();
+        if (prof) dt_bench_profile_enable(prof, i >= 3);
         dt_feed f = {.x = (const char *)x + (size_t)(i % NB) * B * in * DT_FEED_VALUE_BYTES, .y = y + (size_t)(i % NB) * B * ny, .n = B};
         float loss;
         if ((s = dt_model_run(m, &f, true, (uint64_t)i, &loss)) != DT_OK) break;
         dt_model_zero_grad(m);
         if ((s = dt_model_backward_loss(m, 1.0f, NULL, NULL)) != DT_OK) break;
+        if (prof) dt_bench_profile_optim(prof, true);
         dt_optim_step(o, dt_model_params(m), dt_model_grads(m), 1e-3f);
+        if (prof) dt_bench_profile_optim(prof, false);
         if (i >= 3 && (i - 3) % 8 == 7 && (t = dt_now() - t0) >= bc->min_s) {
             steps = i - 2;
             break;
@@ -91,6 +97,7 @@ static dt_status bench_model(const bench_case *bc, double *sps, double *cps, dou
         *cps = (double)steps * B / (cpu_now() - c0);
         *gflops = dt_model_train_flops(m, B) * (double)steps / t / 1e9;
     }
+    if (prof) dt_bench_profile_print(prof, m, steps, s == DT_OK ? B / *cps : 0);
     dt_free(x), dt_free(y);
     dt_optim_free(o);
     dt_model_free(m);
@@ -100,15 +107,17 @@ static dt_status bench_model(const bench_case *bc, double *sps, double *cps, dou
 static const char USAGE[] =
     "Usage: dtrain bench train [--seconds S] [--threads N] [--model NAME] [--batch N] [--spec SPEC]\n"
     "                          [--kernels onednn,blas] [--precision fp32,bf16,fp16] [--vs-blas] [--vs-torch]\n"
-    "                          [--repeat N]\n\n"
+    "                          [--repeat N] [--profile]\n\n"
     "Single-worker training throughput of the reference models on synthetic data: MLP at batch 32\n"
     "and 128, CNN at batch 128 (Adam, 28x28 inputs), GPT L4 H4 C128 T64 at batch 12 (AdamW, random\n"
     "bytes; tokens/s = samples/s x 64); plus OpenBLAS sgemm GFLOP/s for scale. One row per kernel\n"
     "library and precision in the lists (default: the default kernels, fp32; --vs-blas adds blas);\n"
     "the ratio column compares each row with the first row of its case; \"per cpu-s\" divides by the\n"
     "process's CPU time instead of wall time (steadier on a loaded machine). --vs-torch adds PyTorch's\n"
-    "samples/s on the same model and batch (bench/train_torch.py, /usr/bin/python3, one thread), and\n"
-    "its samples per CPU-second beside dtrain's (\"vs (cpu)\": per cpu-s / torch's; not for gpt).";
+    "samples/s on the same model and batch (bench/train_torch.py, /usr/bin/python3, one thread, its\n"
+    "OpenBLAS pinned too), and its samples per CPU-second beside dtrain's (\"vs (cpu)\": per cpu-s /\n"
+    "torch's; not for gpt). --profile prints, before each row, the CPU milliseconds per step of each\n"
+    "node's forward and backward and of the optimizer (oneDNN's primitives: ONEDNN_VERBOSE=profile).";
 
 /* The next comma-separated word of *list into w (cap bytes); false at the end. */
 static bool next_word(const char **list, char *w, size_t cap) {
@@ -143,7 +152,7 @@ static torch_rates torch_rate(const bench_case *bc) {
 
 /* The rows of one case: every kernel library x precision, each with its ratio to the first row
  * (and to PyTorch's rate tr when vs_torch); appends each row's JSON object to json. */
-static dt_status bench_rows(const bench_case *bc, const char *kernels, const char *precisions, double sg, bool vs_torch,
+static dt_status bench_rows(const bench_case *bc, const char *kernels, const char *precisions, double sg, bool vs_torch, bool profile,
                             torch_rates trs, char *json, size_t cap, int *jn, int *done) {
     const double tr = trs.wall;
     char w[32], v[32];
@@ -152,7 +161,7 @@ static dt_status bench_rows(const bench_case *bc, const char *kernels, const cha
         for (const char *q = precisions; next_word(&q, v, sizeof v);) {
             double sps, cps, gf;
             DT_TRY(dt_kernels_select(w, v));
-            dt_status s = bench_model(bc, &sps, &cps, &gf);
+            dt_status s = bench_model(bc, profile, &sps, &cps, &gf);
             if (s != DT_OK) return dt_error_wrap(s, "%s %s", w, v);
             if (first == 0) first = sps;
             const int T = dt_model_spec_is_gpt(bc->spec) ? 64 : 1;
@@ -177,7 +186,7 @@ static dt_status bench_rows(const bench_case *bc, const char *kernels, const cha
 int dt_bench_train(int argc, char **argv) {
     float seconds = 3;
     int threads = 1, only_batch = 0, repeat = 1;
-    bool vs_blas = false, vs_torch = false;
+    bool vs_blas = false, vs_torch = false, profile = false;
     const char *only_model = NULL, *kernels = NULL, *precisions = "fp32", *spec = NULL;
     const dt_flag flags[] = {
         {"seconds", DT_FLAG_FLOAT, &seconds, "S", "time per case"},
@@ -190,8 +199,9 @@ int dt_bench_train(int argc, char **argv) {
         {"vs-torch", DT_FLAG_BOOL, &vs_torch, NULL, "add PyTorch's samples/s (python3-torch, one thread)"},
         {"spec", DT_FLAG_STR, &spec, "SPEC", "run only this model spec (1x28x28 inputs) at --batch (default 128)"},
         {"repeat", DT_FLAG_INT, &repeat, "N", "run the rows of each case N times, interleaved (A/B timing)"},
+        {"profile", DT_FLAG_BOOL, &profile, NULL, "print each node's forward and backward ms per step"},
     };
-    int r = dt_flags_parse(argc, argv, 1, flags, 10, USAGE, NULL, 0, NULL, NULL);
+    int r = dt_flags_parse(argc, argv, 1, flags, 11, USAGE, NULL, 0, NULL, NULL);
     if (r) return r < 0 ? 2 : 0;
     char deflib[16] = "";
     sscanf(dt_kernels_describe(), "%15s", deflib);
@@ -227,7 +237,7 @@ int dt_bench_train(int argc, char **argv) {
             continue;
         const torch_rates tr = vs_torch && !spec ? torch_rate(&cases[i]) : (torch_rates){0, 0};
         for (int rep = 0; rep < repeat; rep++)
-            if (bench_rows(&cases[i], kernels, precisions, sg, vs_torch, tr, json, sizeof json, &jn, &done) != DT_OK)
+            if (bench_rows(&cases[i], kernels, precisions, sg, vs_torch, profile, tr, json, sizeof json, &jn, &done) != DT_OK)
                 return dt_cli_fail(NULL, "bench %s: %s", cases[i].name, dt_last_error());
     }
     if (!done) return dt_cli_usage("models: mlp (batch 32, 128), cnn (batch 128), gpt (batch 12)", "no benchmark case matches");

@@ -3,33 +3,12 @@
 
 #include "cli/cli.h"
 #include "run/launch.h"
+#include "run/writable.h"
 
-#include <errno.h>
 #include <limits.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
-
-/* Makes and removes a file in dir: 0, or the errno of the failure. */
-static int probe_dir(const char *dir) {
-    char p[PATH_MAX];
-    if (snprintf(p, sizeof p, "%s/.dtrain-probe-XXXXXX", dir) >= (int)sizeof p) return ENAMETOOLONG;
-    int fd = mkstemp(p);
-    if (fd < 0) return errno;
-    close(fd);
-    unlink(p);
-    return 0;
-}
-
-/* The directory a file of path goes into ("." for a bare name), in out. */
-static void dir_of(const char *path, char *out, size_t cap) {
-    const char *slash = strrchr(path, '/');
-    if (!slash) snprintf(out, cap, ".");
-    else if (slash == path) snprintf(out, cap, "/");
-    else snprintf(out, cap, "%.*s", (int)(slash - path), path);
-}
 
 static int check_file(const char *flag, const char *path) {
     struct stat st;
@@ -39,8 +18,7 @@ static int check_file(const char *flag, const char *path) {
         return dt_cli_fail("give a file name, e.g. --save DIR/model.safetensors", "--%s %s: is a directory", flag,
                            path), DT_EXIT_CONFIG;
     char dir[PATH_MAX];
-    dir_of(path, dir, sizeof dir);
-    int e = probe_dir(dir);
+    int e = dt_path_probe_write(path, dir, sizeof dir);
     if (e == 0) return -1;
     dt_cli_fail("give a path in a directory that exists and that you can write",
                 "--%s %s: cannot write into %s (%s)", flag, path, dir, strerror(e));
@@ -54,9 +32,13 @@ static int check_dir(const char *flag, const char *dir) {
         return dt_cli_fail("give a directory", "--%s %s: is a file, not a directory", flag, dir), DT_EXIT_CONFIG;
     /* a directory that does not exist yet is made by the run: its parent must take it */
     char parent[PATH_MAX];
-    if (stat(dir, &st) == 0) snprintf(parent, sizeof parent, "%s", dir);
-    else dir_of(dir, parent, sizeof parent);
-    int e = probe_dir(parent);
+    int e;
+    if (stat(dir, &st) == 0) {
+        snprintf(parent, sizeof parent, "%s", dir);
+        e = dt_dir_probe_write(parent);
+    } else {
+        e = dt_path_probe_write(dir, parent, sizeof parent);
+    }
     if (e == 0) return -1;
     dt_cli_fail("give a directory you can write (it is made if its parent exists)", "--%s %s: cannot write into %s (%s)",
                 flag, dir, parent, strerror(e));

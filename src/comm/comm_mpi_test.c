@@ -6,6 +6,7 @@
  * integers so every result is exact and compared bit for bit.
  * Run plainly it starts itself with mpirun -np 2, 3 and 4; exit 77 when built without MPI. */
 #include "comm/comm_testlib.h"
+#include "comm/mpi_testlib.h"
 #include "core/test.h"
 #include "dtrain/comm.h"
 
@@ -204,31 +205,14 @@ int main(void) {
     printf("skip: built without MPI (install libopenmpi-dev and rebuild)\n");
     return 77;
 #else
-    if (system("command -v mpirun >/dev/null 2>&1") != 0) {
-        printf("skip: mpirun not found (install openmpi-bin)\n");
-        return 77;
-    }
-    char self[512], cmd[1024], out[1 << 15];
-    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (len <= 0) return 1;
-    self[len] = 0;
-    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-    char asan[512]; /* OpenMPI leaks at exit: under ASan check memory errors, not its leaks */
-    snprintf(asan, sizeof asan, "%s%sdetect_leaks=0", getenv("ASAN_OPTIONS") ? getenv("ASAN_OPTIONS") : "",
-             getenv("ASAN_OPTIONS") ? ":" : "");
-    setenv("ASAN_OPTIONS", asan, 1);
+    int skip = dt_mpi_test_launch_env();
+    if (skip) return skip;
+    static char out[1 << 15];
     for (int np = 2; np <= 4; np++) {
         double t0 = dt_now();
-        snprintf(cmd, sizeof cmd, "timeout -k 5 150 mpirun -np %d --oversubscribe --bind-to none %s 2>&1", np, self);
-        FILE *p = popen(cmd, "r");
-        if (!p) return 1;
-        size_t n = fread(out, 1, sizeof out - 1, p);
-        out[n] = 0;
-        int st = pclose(p), passed = 0;
-        for (char *s = out; (s = strstr(s, ", 0 failures")); s++) passed++;
-        CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 0 && passed == np, "mpirun -np %d: %d of %d ranks passed:\n%s",
-                  np, passed, np, out);
+        int rc = dt_mpi_test_mpirun(np, 150, "--oversubscribe --bind-to none", "", out, sizeof out);
+        int passed = dt_mpi_test_count(out, ", 0 failures");
+        CHECK_MSG(rc == 0 && passed == np, "mpirun -np %d: %d of %d ranks passed:\n%s", np, passed, np, out);
         printf("%d ranks over MPI: %s (%.1f s)\n", np, passed == np ? "passed" : "FAILED", dt_now() - t0);
     }
     return dt_test_summary("comm_mpi_test");

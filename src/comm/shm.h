@@ -1,5 +1,6 @@
-/* Internals of the shm transport shared by transport_shm.c (segment, liveness, waiting,
- * point-to-point channels) and shm_coll.c (direct shared-buffer collectives).
+/* Internals of the shm transport shared by transport_shm.c (attach, liveness, waiting),
+ * shm_segment.c (the segment's name, slot geometry, creation and opening), shm_p2p.c
+ * (point-to-point channels) and shm_coll.c (direct shared-buffer collectives).
  *
  * Segment "/dtrain-<job>" (mode 0600, created O_EXCL by rank 0, unlinked by the last rank to
  * attach, so a crash after start-up leaves nothing in /dev/shm):
@@ -17,6 +18,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <time.h>
 
 #define SHM_MAGIC 0x6474726e73686d31ull /* "dtrnshm1" */
 #define SHM_VERSION 1
@@ -131,6 +133,22 @@ static inline shm_frag *shm_frag_at(dt_shm *s, shm_chan *c, int kind, uint64_t i
 }
 static inline unsigned char *shm_dslot(dt_shm *s, int r, uint64_t slot) {
     return s->seg + s->hdr->off_direct + ((size_t)r * s->hdr->d_slots + (size_t)slot) * s->hdr->d_chunk;
+}
+
+/* The segment (shm_segment.c). The shm name "/dtrain-<job>" into out (n bytes); DT_EINVAL for a
+ * missing or malformed job id. */
+dt_status dt_shm_job_name(char *out, size_t n, const char *job);
+/* Rank 0: creates s->name (O_EXCL, 0600) sized by the slot geometry its environment chooses,
+ * maps it into s->seg / s->hdr, initialises the header and the ranks' liveness mutexes, then
+ * sets ready. Unlinks the name again when it fails after creating it. */
+dt_status dt_shm_segment_create(dt_shm *s);
+/* The other ranks: opens and maps s->name once rank 0 has created and initialised it (polling
+ * until deadline), checking its magic, version, size and world size. */
+dt_status dt_shm_segment_open(dt_shm *s, double deadline);
+
+static inline void dt_shm_sleep_ms(double ms) {
+    struct timespec ts = {0, (long)(ms * 1e6)};
+    nanosleep(&ts, NULL);
 }
 
 /* Rings rank r's doorbell if it sleeps (call after publishing what it waits for). */

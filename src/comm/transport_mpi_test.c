@@ -3,12 +3,13 @@
  * point-to-point, every native collective with several dtypes and ops, in-place forms, split,
  * the benchmark baseline), then "errors" mode with 3 ranks (deadline -> DT_ETIMEDOUT naming the
  * rank, wrong receive size and mismatched collectives -> DT_EMISMATCH, abort reaching every
- * rank), then "dead" mode with 3 ranks under mpirun --enable-recovery (a killed rank is DT_EPEER
+ * rank; the mismatches only the in-band check words catch are transport_mpi_inband_test.c), then "dead" mode with 3 ranks under mpirun --enable-recovery (a killed rank is DT_EPEER
  * on the ranks waiting for it within seconds, not at their deadline). Expected values are
  * computed on every rank. Exit 77 when built without MPI.
  * Under mpirun directly: `transport_mpi_test [ok|errors|dead|bench SIZE...]` runs one mode (used by
  * tests/mpi_netns.sh across emulated hosts). */
 #include "comm/comm_testlib.h"
+#include "comm/mpi_testlib.h"
 #include "comm/transport.h"
 #include "core/test.h"
 #ifdef DT_HAVE_MPI
@@ -32,7 +33,6 @@ int main(void) {
 #else
 
 static int R, N; /* this rank, world size */
-static uint64_t g_seq;
 
 static double val(int r, size_t i) { return (double)(((r * 7 + (int)i * 3) % 5) + 1); }
 
@@ -51,17 +51,6 @@ static double expect_reduce(size_t i, dt_redop op, dt_dtype t) {
         else acc = acc / N;
     }
     return acc;
-}
-
-/* Runs one native collective through the vtable like the communicator: begin, then coll. */
-static dt_status coll(dt_transport *t, int op, dt_dtype dt, dt_redop rop, int root, size_t count,
-                      const void *send, void *recv, const size_t *counts, const size_t *displs) {
-    dt_coll_args a = {.d = {.seq = ++g_seq, .op = (uint8_t)op, .dtype = (uint8_t)dt, .redop = (uint8_t)rop,
-                            .root = root, .count = count},
-                      .send = send, .recv = recv, .counts = counts, .displs = displs,
-                      .algo = DT_ALGO_NATIVE, .deadline = dt_now() + 30};
-    DT_TRY(t->ops->begin(t, &a.d));
-    return t->ops->coll(t, &a);
 }
 
 static size_t mismatches(const void *buf, dt_dtype t, size_t n, double (*want)(size_t, void *), void *ctx) {
@@ -91,17 +80,19 @@ static void test_collectives(dt_transport *t, size_t n) {
             ctx_t c = {ops[oi], dt, 0, n};
             for (int inplace = 0; inplace < 2; inplace++) { /* allreduce */
                 for (size_t i = 0; i < n; i++) dt_test_put(in, dt, i, val(R, i));
-                CHECK_OK(coll(t, DT_COLL_ALLREDUCE, dt, ops[oi], -1, n, in, inplace ? in : out, NULL, NULL));
+                CHECK_OK(dt_mpi_test_coll(t, DT_COLL_ALLREDUCE, dt, ops[oi], -1, n, in, inplace ? in : out, NULL,
+                                          NULL));
                 CHECK_MSG(mismatches(inplace ? in : out, dt, n, w_reduce, &c) == 0, "allreduce %s %s inplace=%d",
                           dt_dtype_name(dt), dt_redop_name(ops[oi]), inplace);
             }
             int root = 1 % N; /* reduce, in place at the root */
             for (size_t i = 0; i < n; i++) dt_test_put(in, dt, i, val(R, i));
-            CHECK_OK(coll(t, DT_COLL_REDUCE, dt, ops[oi], root, n, in, R == root ? in : NULL, NULL, NULL));
+            CHECK_OK(dt_mpi_test_coll(t, DT_COLL_REDUCE, dt, ops[oi], root, n, in, R == root ? in : NULL, NULL, NULL));
             if (R == root) CHECK_MSG(mismatches(in, dt, n, w_reduce, &c) == 0, "reduce %s %s", dt_dtype_name(dt), dt_redop_name(ops[oi]));
             for (int inplace = 0; inplace < 2; inplace++) { /* reduce_scatter */
                 for (size_t i = 0; i < n * (size_t)N; i++) dt_test_put(in, dt, i, val(R, i));
-                CHECK_OK(coll(t, DT_COLL_REDUCE_SCATTER, dt, ops[oi], -1, n, in, inplace ? in : out, NULL, NULL));
+                CHECK_OK(dt_mpi_test_coll(t, DT_COLL_REDUCE_SCATTER, dt, ops[oi], -1, n, in, inplace ? in : out,
+                                          NULL, NULL));
                 CHECK_MSG(mismatches(inplace ? in : out, dt, n, w_rs, &c) == 0, "reduce_scatter %s %s inplace=%d",
                           dt_dtype_name(dt), dt_redop_name(ops[oi]), inplace);
             }
@@ -123,19 +114,19 @@ static void test_collectives(dt_transport *t, size_t n) {
         int root = N - 1;
         ctx_t c = {DT_OP_SUM, dt, root, n};
         for (size_t i = 0; i < n; i++) dt_test_put(in, dt, i, R == root ? val(root, i) : -1);
-        CHECK_OK(coll(t, DT_COLL_BROADCAST, dt, DT_OP_SUM, root, n, in, in, NULL, NULL));
+        CHECK_OK(dt_mpi_test_coll(t, DT_COLL_BROADCAST, dt, DT_OP_SUM, root, n, in, in, NULL, NULL));
         CHECK_MSG(mismatches(in, dt, n, w_bcast, &c) == 0, "broadcast %s", dt_dtype_name(dt));
         for (int mode = 0; mode < 3; mode++) { /* allgather: separate, in place (send == own block or == recv) */
             memset(out, 0xff, n * es * (size_t)N);
             char *src = mode == 0 ? in : mode == 1 ? out + (size_t)R * n * es : out;
             for (size_t i = 0; i < n; i++) dt_test_put(mode ? out + (size_t)R * n * es : in, dt, i, val(R, i));
-            CHECK_OK(coll(t, DT_COLL_ALLGATHER, dt, DT_OP_SUM, -1, n, src, out, NULL, NULL));
+            CHECK_OK(dt_mpi_test_coll(t, DT_COLL_ALLGATHER, dt, DT_OP_SUM, -1, n, src, out, NULL, NULL));
             CHECK_MSG(mismatches(out, dt, n * (size_t)N, w_gather, &c) == 0, "allgather %s mode %d", dt_dtype_name(dt), mode);
         }
         size_t counts[8], displs[8], tot = 0; /* allgatherv: rank r gives r+1 elements */
         for (int r = 0; r < N; r++) { counts[r] = (size_t)r + 1; displs[r] = tot; tot += counts[r]; }
         for (size_t i = 0; i < counts[R]; i++) dt_test_put(in, dt, i, val(R, i));
-        CHECK_OK(coll(t, DT_COLL_ALLGATHERV, dt, DT_OP_SUM, -1, counts[R], in, out, counts, displs));
+        CHECK_OK(dt_mpi_test_coll(t, DT_COLL_ALLGATHERV, dt, DT_OP_SUM, -1, counts[R], in, out, counts, displs));
         size_t bad = 0;
         for (int r = 0; r < N; r++)
             for (size_t i = 0; i < counts[r]; i++) bad += dt_test_get(out, dt, displs[r] + i) != val(r, i);
@@ -144,18 +135,18 @@ static void test_collectives(dt_transport *t, size_t n) {
         memset(out, 0, n * es * (size_t)N);
         char *gsrc = R == 0 ? out : in;
         for (size_t i = 0; i < n; i++) dt_test_put(gsrc, dt, i, val(R, i));
-        CHECK_OK(coll(t, DT_COLL_GATHER, dt, DT_OP_SUM, 0, n, gsrc, R == 0 ? out : NULL, NULL, NULL));
+        CHECK_OK(dt_mpi_test_coll(t, DT_COLL_GATHER, dt, DT_OP_SUM, 0, n, gsrc, R == 0 ? out : NULL, NULL, NULL));
         if (R == 0) CHECK_MSG(mismatches(out, dt, n * (size_t)N, w_gather, &c) == 0, "gather %s", dt_dtype_name(dt));
         c.rank = root; /* scatter from the last rank, in place at the root */
         for (size_t i = 0; i < n * (size_t)N; i++) dt_test_put(in, dt, i, R == root ? val(root, i) : -1);
         char *sdst = R == root ? in + (size_t)root * n * es : out;
-        CHECK_OK(coll(t, DT_COLL_SCATTER, dt, DT_OP_SUM, root, n, in, sdst, NULL, NULL));
+        CHECK_OK(dt_mpi_test_coll(t, DT_COLL_SCATTER, dt, DT_OP_SUM, root, n, in, sdst, NULL, NULL));
         CHECK_MSG(mismatches(sdst, dt, n, w_scatter, &c) == 0, "scatter %s", dt_dtype_name(dt));
         for (size_t i = 0; i < n * (size_t)N; i++) dt_test_put(in, dt, i, val(R, i));
-        CHECK_OK(coll(t, DT_COLL_ALLTOALL, dt, DT_OP_SUM, -1, n, in, out, NULL, NULL));
+        CHECK_OK(dt_mpi_test_coll(t, DT_COLL_ALLTOALL, dt, DT_OP_SUM, -1, n, in, out, NULL, NULL));
         CHECK_MSG(mismatches(out, dt, n * (size_t)N, w_a2a, &c) == 0, "alltoall %s", dt_dtype_name(dt));
     }
-    CHECK_OK(coll(t, DT_COLL_BARRIER, DT_F32, DT_OP_SUM, -1, 0, NULL, NULL, NULL, NULL));
+    CHECK_OK(dt_mpi_test_coll(t, DT_COLL_BARRIER, DT_F32, DT_OP_SUM, -1, 0, NULL, NULL, NULL, NULL));
     free(in);
     free(out);
 }
@@ -210,8 +201,10 @@ static int mode_ok(void) {
     /* more in-band ops in a row than the op check remembers (64), then ops by message: a stale
      * expectation of the check must not turn them into a false mismatch */
     float one = 1, sum = 0;
-    for (int i = 0; i < 200; i++) CHECK_OK(coll(t, DT_COLL_ALLREDUCE, DT_F32, DT_OP_SUM, -1, 1, &one, &sum, NULL, NULL));
-    for (int i = 0; i < 3; i++) CHECK_OK(coll(t, DT_COLL_BROADCAST, DT_F32, DT_OP_SUM, 0, 1, &one, &one, NULL, NULL));
+    for (int i = 0; i < 200; i++)
+        CHECK_OK(dt_mpi_test_coll(t, DT_COLL_ALLREDUCE, DT_F32, DT_OP_SUM, -1, 1, &one, &sum, NULL, NULL));
+    for (int i = 0; i < 3; i++)
+        CHECK_OK(dt_mpi_test_coll(t, DT_COLL_BROADCAST, DT_F32, DT_OP_SUM, 0, 1, &one, &one, NULL, NULL));
     CHECK_MSG(sum == (float)N, "in-band allreduce of ones: %g, not %d", sum, N);
     /* split: even and odd ranks; rank order reversed inside the group */
     int color = R % 2, members[8], ns = 0;
@@ -220,7 +213,7 @@ static int mode_ok(void) {
     int nr = 0;
     while (members[nr] != R) nr++;
     dt_transport *s = NULL;
-    dt_coll_desc sd = {.seq = ++g_seq, .op = DT_COLL_SPLIT, .root = -1};
+    dt_coll_desc sd = {.seq = ++dt_mpi_test_seq, .op = DT_COLL_SPLIT, .root = -1};
     CHECK_OK(t->ops->begin(t, &sd));
     CHECK_OK(t->ops->split(t, color, members, ns, nr, 1, dt_now() + 30, &s));
     if (s) {
@@ -250,15 +243,6 @@ static int mode_ok(void) {
     return dt_test_summary(name);
 }
 
-/* A fresh transport over all ranks for each error case (each failure breaks its transport). */
-static dt_transport *fresh(dt_transport *w, uint64_t id) {
-    int members[8];
-    for (int r = 0; r < N; r++) members[r] = r;
-    dt_transport *s = NULL;
-    CHECK_OK(w->ops->split(w, 0, members, N, R, id, dt_now() + 30, &s));
-    return s;
-}
-
 static int mode_errors(void) {
     dt_transport *w = NULL;
     CHECK_OK(dt_transport_mpi_create(&w, &(dt_transport_params){.timeout_s = 30}));
@@ -267,7 +251,7 @@ static int mode_errors(void) {
     N = w->size;
     int x[4] = {0}, y[4] = {0};
     /* 1. deadline: rank 0 waits 0.3 s for rank 1, which never sends */
-    dt_transport *s = fresh(w, 10);
+    dt_transport *s = dt_mpi_test_fresh(w, 10);
     dt_treq q = {0}, *qp = &q;
     if (R == 0) {
         CHECK_OK(s->ops->irecv(s, 1, 7, x, sizeof x, &q));
@@ -285,7 +269,7 @@ static int mode_errors(void) {
         printf("rank %d timeout notice: %s\n", R, dt_last_error());
     }
     /* 2. receive of the wrong size */
-    dt_transport *s2 = fresh(w, 11);
+    dt_transport *s2 = dt_mpi_test_fresh(w, 11);
     memset(&q, 0, sizeof q);
     if (R == 0) {
         CHECK_OK(s2->ops->isend(s2, 1, 3, x, 8, &q));
@@ -297,7 +281,7 @@ static int mode_errors(void) {
         printf("rank %d size: %s\n", R, dt_last_error());
     }
     /* 3. mismatched collectives: rank 0 broadcasts while the others allreduce */
-    dt_transport *s3 = fresh(w, 12);
+    dt_transport *s3 = dt_mpi_test_fresh(w, 12);
     dt_coll_args a = {.d = {.seq = 1, .op = R == 0 ? DT_COLL_BROADCAST : DT_COLL_ALLREDUCE, .dtype = DT_F32,
                             .count = 4, .root = R == 0 ? 0 : -1},
                       .send = x, .recv = y, .algo = DT_ALGO_NATIVE, .deadline = dt_now() + 10};
@@ -313,36 +297,8 @@ static int mode_errors(void) {
     CHECK_MSG(st == DT_EMISMATCH, "rank %d: %s %s", R, dt_status_str(st), dt_last_error());
     CHECK_MSG(strstr(dt_last_error(), "but rank") && strstr(dt_last_error(), "broadcast"), "%s", dt_last_error());
     printf("rank %d mismatch: %s\n", R, dt_last_error());
-    /* 3b. mismatches the in-band check words catch (MPI completes them: same bytes) or that hang
-     * MPI (the stalled op sends its descriptor after DT_MPI_PROBE_S) */
-    struct { int op[2]; dt_dtype dt[2]; dt_redop rop[2]; size_t n[2]; const char *want; } inb[] = {
-        {{DT_COLL_ALLREDUCE, DT_COLL_ALLREDUCE}, {DT_F32, DT_F32}, {DT_OP_SUM, DT_OP_MAX}, {4, 4}, "allreduce(f32 x 4, max)"},
-        {{DT_COLL_ALLGATHER, DT_COLL_ALLGATHER}, {DT_F32, DT_I32}, {0, 0}, {3, 3}, "allgather(i32 x 3)"},
-        {{DT_COLL_ALLREDUCE, DT_COLL_ALLREDUCE}, {DT_I32, DT_I32}, {DT_OP_MIN, DT_OP_MIN}, {4, 2}, "allreduce(i32 x 2, min)"},
-        {{DT_COLL_ALLREDUCE, DT_COLL_BARRIER}, {DT_F32, DT_F32}, {DT_OP_SUM, 0}, {4, 0}, "barrier"},
-    };
-    for (int c = 0; c < (int)(sizeof inb / sizeof *inb); c++) {
-        dt_transport *s3b = fresh(w, 20 + (uint64_t)c);
-        int odd = R == N - 1; /* the last rank calls the other op */
-        float big[8] = {0}, got[8 * 8];
-        dt_coll_args b = {.d = {.seq = 1, .op = (uint8_t)inb[c].op[odd], .dtype = (uint8_t)inb[c].dt[odd],
-                                .redop = (uint8_t)inb[c].rop[odd], .count = inb[c].n[odd], .root = -1},
-                          .send = big, .recv = got, .algo = DT_ALGO_NATIVE, .deadline = dt_now() + 10};
-        double t0 = dt_now();
-        st = s3b->ops->begin(s3b, &b.d);
-        if (st == DT_OK) st = s3b->ops->coll(s3b, &b);
-        if (st == DT_OK) { /* finished its part with garbage: it hears it in its next wait */
-            memset(&q, 0, sizeof q);
-            CHECK_OK(s3b->ops->irecv(s3b, (R + 1) % N, 1, y, 4, &q));
-            st = s3b->ops->waitall(s3b, &qp, 1, dt_now() + 10);
-        }
-        CHECK_MSG(st == DT_EMISMATCH && strstr(dt_last_error(), inb[c].want) && strstr(dt_last_error(), "but "),
-                  "case %d rank %d: %s %s", c, R, dt_status_str(st), dt_last_error());
-        CHECK_MSG(dt_now() - t0 < 5, "case %d rank %d: the mismatch took %.1f s", c, R, dt_now() - t0);
-        printf("rank %d in-band %d: %s\n", R, c, dt_last_error());
-    }
     /* 4. abort: rank 2 aborts, the others wait for a message that never comes and learn why */
-    dt_transport *s4 = fresh(w, 13);
+    dt_transport *s4 = dt_mpi_test_fresh(w, 13);
     memset(&q, 0, sizeof q);
     if (R == 2) {
         s4->ops->abort(s4, DT_EINVAL, "rank 2 found a NaN in its gradients");
@@ -358,8 +314,8 @@ static int mode_errors(void) {
     fflush(stdout);
     /* everyone has reported before anyone exits: a rank leaving without MPI_Finalize (on purpose
      * after failures, peers may be stuck) makes mpirun kill the rest */
-    g_seq = 0;
-    CHECK_OK(coll(w, DT_COLL_BARRIER, DT_F32, DT_OP_SUM, -1, 0, NULL, NULL, NULL, NULL));
+    dt_mpi_test_seq = 0;
+    CHECK_OK(dt_mpi_test_coll(w, DT_COLL_BARRIER, DT_F32, DT_OP_SUM, -1, 0, NULL, NULL, NULL, NULL));
     s->ops->destroy(s);
     s2->ops->destroy(s2);
     s3->ops->destroy(s3);
@@ -379,8 +335,9 @@ static int mode_dead(void) {
     N = w->size;
     int members[2] = {1, 2};
     if (R > 0) CHECK_OK(w->ops->split(w, 1, members, 2, R - 1, 20, dt_now() + 30, &pair));
-    g_seq = 0;
-    CHECK_OK(coll(w, DT_COLL_BARRIER, DT_F32, DT_OP_SUM, -1, 0, NULL, NULL, NULL, NULL)); /* pairs are made */
+    dt_mpi_test_seq = 0;
+    /* the pairs are made */
+    CHECK_OK(dt_mpi_test_coll(w, DT_COLL_BARRIER, DT_F32, DT_OP_SUM, -1, 0, NULL, NULL, NULL, NULL));
     if (R == 2) raise(SIGKILL);
     int x[4] = {0};
     double t0 = dt_now();
@@ -443,13 +400,13 @@ static int mode_bench(int nsizes, char **sizes) {
             double t0 = 0;
             for (int i = 0; i < iters + 2; i++) {
                 if (i == 2) t0 = dt_now();
-                x.d.seq = ++g_seq;
+                x.d.seq = ++dt_mpi_test_seq;
                 x.deadline = dt_now() + 60;
                 CHECK_OK(t->ops->begin(t, &x.d));
                 CHECK_OK(t->ops->coll(t, &x));
             }
             double mine = (dt_now() - t0) / iters * 1e6, worst = 0;
-            x = (dt_coll_args){.d = {.seq = ++g_seq, .op = DT_COLL_ALLREDUCE, .dtype = DT_F64, .redop = DT_OP_MAX,
+            x = (dt_coll_args){.d = {.seq = ++dt_mpi_test_seq, .op = DT_COLL_ALLREDUCE, .dtype = DT_F64, .redop = DT_OP_MAX,
                                      .count = 1}, .send = &mine, .recv = &worst, .algo = DT_ALGO_NATIVE,
                                .deadline = dt_now() + 60};
             CHECK_OK(t->ops->begin(t, &x.d));
@@ -464,22 +421,6 @@ static int mode_bench(int nsizes, char **sizes) {
     }
     t->ops->destroy(t);
     return dt_test_failures ? 1 : 0;
-}
-
-static int run_mpirun(int np, const char *mode, char *out, size_t cap) {
-    char cmd[1024], self[512];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0) return -1;
-    self[n] = 0;
-    snprintf(cmd, sizeof cmd,
-             "timeout -k 5 90 mpirun -np %d %s--oversubscribe --bind-to none --mca btl self,vader,tcp %s %s 2>&1", np,
-             !strcmp(mode, "errors") ? "--quiet " : !strcmp(mode, "dead") ? "--quiet --enable-recovery " : "", self, mode);
-    FILE *p = popen(cmd, "r");
-    if (!p) return -1;
-    size_t len = fread(out, 1, cap - 1, p);
-    out[len] = 0;
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
 }
 
 /* The polling loop's naps (pure arithmetic): none while a collective's data can still be moving
@@ -497,6 +438,9 @@ static void test_naps(void) {
     CHECK(dt_mpi_nap_ns(&small, 0.0005, 200e-6) == 0 && dt_mpi_nap_ns(&small, 0.002, 200e-6) == 5000);
 }
 
+/* mpirun's flags for every mode: any number of ranks on this machine, shared memory and TCP */
+#define FLAGS "--oversubscribe --bind-to none --mca btl self,vader,tcp"
+
 int main(int argc, char **argv) {
     if (!getenv("OMPI_COMM_WORLD_SIZE")) test_naps();
     if (getenv("OMPI_COMM_WORLD_SIZE")) {
@@ -505,39 +449,27 @@ int main(int argc, char **argv) {
         return argc > 1 && !strcmp(argv[1], "errors") ? mode_errors() : mode_ok();
     }
     if (argc > 1 && !strcmp(argv[1], "--probe-only")) return 0; /* built with MPI */
-    if (system("command -v mpirun >/dev/null 2>&1") != 0) {
-        printf("skip: mpirun not found (install openmpi-bin)\n");
-        return 77;
-    }
-    /* OpenMPI itself leaks at exit; under ASan keep checking memory errors, not its leaks */
-    char asan[512];
-    snprintf(asan, sizeof asan, "%s%sdetect_leaks=0", getenv("ASAN_OPTIONS") ? getenv("ASAN_OPTIONS") : "",
-             getenv("ASAN_OPTIONS") ? ":" : "");
-    setenv("ASAN_OPTIONS", asan, 1);
-    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+    int skip = dt_mpi_test_launch_env();
+    if (skip) return skip;
     static char out[1 << 16];
     for (int np = 2; np <= 4; np++) {
         double t0 = dt_now();
-        int rc = run_mpirun(np, "ok", out, sizeof out);
+        int rc = dt_mpi_test_mpirun(np, 90, FLAGS, "ok", out, sizeof out);
         CHECK_MSG(rc == 0, "mpirun -np %d exited %d:\n%s", np, rc, out);
-        int passed = 0;
-        for (char *p = out; (p = strstr(p, ", 0 failures")); p++) passed++;
+        int passed = dt_mpi_test_count(out, ", 0 failures");
         CHECK_MSG(passed == np, "%d of %d ranks passed:\n%s", passed, np, out);
         printf("ok mode, %d ranks: %s (%.1f s)\n", np, rc == 0 && passed == np ? "passed" : "FAILED", dt_now() - t0);
     }
     /* errors mode ends without MPI_Finalize on purpose, so mpirun's own status is not checked */
     double t0 = dt_now();
-    run_mpirun(3, "errors", out, sizeof out);
-    int passed = 0;
-    for (char *p = out; (p = strstr(p, "checks, 0 failures")); p++) passed++;
+    dt_mpi_test_mpirun(3, 90, "--quiet " FLAGS, "errors", out, sizeof out);
+    int passed = dt_mpi_test_count(out, "checks, 0 failures");
     CHECK_MSG(passed == 3, "errors mode: %d of 3 ranks passed:\n%s", passed, out);
     printf("errors mode, 3 ranks: %s (%.1f s)\n", passed == 3 ? "passed" : "FAILED", dt_now() - t0);
     /* a killed rank: mpirun --enable-recovery keeps the others (and exits 0 whatever they do) */
     t0 = dt_now();
-    run_mpirun(3, "dead", out, sizeof out);
-    passed = 0;
-    for (char *p = out; (p = strstr(p, "checks, 0 failures")); p++) passed++;
+    dt_mpi_test_mpirun(3, 90, "--quiet --enable-recovery " FLAGS, "dead", out, sizeof out);
+    passed = dt_mpi_test_count(out, "checks, 0 failures");
     CHECK_MSG(passed == 2, "dead mode: %d of 2 surviving ranks passed:\n%s", passed, out);
     printf("dead mode, 3 ranks, rank 2 killed: %s (%.1f s)\n", passed == 2 ? "passed" : "FAILED", dt_now() - t0);
     return dt_test_summary("transport_mpi_test");

@@ -1,14 +1,14 @@
 /* The shm transport: one POSIX shared-memory segment per job (layout in shm.h), created by
  * rank 0 with O_EXCL and mode 0600 and unlinked by the last rank to attach, so nothing is left
  * in /dev/shm even after a crash (only a crash before every rank attached can leave the name;
- * dt_comm_shm_cleanup removes it). This file: creation, split, destroy, liveness (robust
+ * dt_comm_shm_cleanup removes it). This file: attach, create, split, destroy, liveness (robust
  * mutexes + kill(pid, 0)), the job-wide abort word, and the wait loop (bounded spin, then
- * FUTEX_WAIT on the own doorbell in 100 ms slices). Point-to-point is in shm_p2p.c, direct
- * collectives in shm_coll.c. */
+ * FUTEX_WAIT on the own doorbell in 100 ms slices). The segment's name, slot geometry, creation
+ * and opening are in shm_segment.c, point-to-point in shm_p2p.c, direct collectives in
+ * shm_coll.c. */
 #include "comm/shm.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
 #include <linux/futex.h>
 #include <sched.h>
@@ -17,13 +17,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
 static const dt_transport_ops dt_shm_ops;
-static void sleep_ms(double ms);
 
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -46,36 +44,6 @@ void dt_shm_ring(dt_shm *s, int r) {
         atomic_fetch_add(&R->bell, 1);
         futex_wake(&R->bell);
     }
-}
-
-static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
-
-static size_t env_size(const char *name, size_t dflt, size_t lo, size_t hi) {
-    const char *e = getenv(name);
-    if (!e || !*e) return dflt;
-    char *end;
-    unsigned long long v = strtoull(e, &end, 10);
-    if (*end == 'k' || *end == 'K') v <<= 10;
-    else if (*end == 'm' || *end == 'M') v <<= 20;
-    return v < lo ? lo : v > hi ? hi : (size_t)v;
-}
-
-static dt_status job_name(char *out, size_t n, const char *job) {
-    if (!job || !*job)
-        return dt_error(DT_EINVAL, "shm transport needs a job id (DTRAIN_JOB_ID or dt_comm_config.job_id)");
-    if (!dt_comm_job_id_valid(job))
-        return dt_error(DT_EINVAL, "job id '%.40s%s' must be 1-%d characters of letters, digits, '_' and '.'", job,
-                        strlen(job) > 40 ? "..." : "", DT_COMM_JOB_ID_MAX);
-    snprintf(out, n, "/dtrain-%s", job);
-    return DT_OK;
-}
-
-dt_status dt_comm_shm_cleanup(const char *job_id) {
-    char name[256];
-    DT_TRY(job_name(name, sizeof name, job_id));
-    if (shm_unlink(name) != 0 && errno != ENOENT)
-        return dt_error(DT_EIO, "cannot remove /dev/shm%s: %s", name, strerror(errno));
-    return DT_OK;
 }
 
 /* ---- liveness, descriptors, abort ---- */
@@ -264,7 +232,7 @@ dt_status dt_shm_block(dt_shm *s, dt_shm_poll poll, void *arg, double deadline, 
             return DT_OK;
         }
         if (now >= s->next_check || now >= deadline) {
-            if (s->check_delay_s > 0) sleep_ms(s->check_delay_s * 1e3);
+            if (s->check_delay_s > 0) dt_shm_sleep_ms(s->check_delay_s * 1e3);
             bool again = false;
             st = slow_checks(s, deadline, now, stop_on_progress, poll, arg, &again);
             if (st != DT_OK) { atomic_store(&me->sleeping, 0); return st; }
@@ -279,121 +247,7 @@ dt_status dt_shm_block(dt_shm *s, dt_shm_poll poll, void *arg, double deadline, 
     }
 }
 
-/* ---- creation ---- */
-
-static void sleep_ms(double ms) {
-    struct timespec ts = {0, (long)(ms * 1e6)};
-    nanosleep(&ts, NULL);
-}
-
-/* Bytes per direct slot. Every rank maps and touches every rank's slots (it reads its peers'),
- * so the direct area, n ranks x slots x chunk, is resident in each rank of the communicator: the
- * default chunk (512 KiB) is cut so that the area stays within DTRAIN_SHM_DIRECT (default 4 MiB,
- * the two-rank size), and a rank's shared memory does not grow with the world size (4 ranks:
- * 256 KiB chunks, 8: 128 KiB). A DTRAIN_SHM_CHUNK that is set is taken as it is. */
-static size_t direct_chunk(int n, uint32_t slots) {
-    const char *e = getenv("DTRAIN_SHM_CHUNK");
-    if (e && *e) return env_size("DTRAIN_SHM_CHUNK", 512 << 10, 16 << 10, 64 << 20);
-    size_t area = env_size("DTRAIN_SHM_DIRECT", 4 << 20, 64 << 10, (size_t)1 << 30);
-    size_t chunk = area / ((size_t)n * slots) / 4096 * 4096;
-    return chunk > 512 << 10 ? 512 << 10 : chunk < 16 << 10 ? 16 << 10 : chunk;
-}
-
-/* geometry, chosen by rank 0 (from its environment) and read by everyone from the header */
-static void layout(shm_header *h, int n) {
-    h->slots[0] = n <= 8 ? 8 : 4;
-    h->slot_bytes[0] = (uint32_t)align_up(env_size("DTRAIN_SHM_FRAG", n <= 16 ? 64 << 10 : 16 << 10, 4 << 10, 4 << 20), 64);
-    h->slots[1] = 4;
-    h->slot_bytes[1] = n <= 16 ? 32 << 10 : 8 << 10;
-    h->small_bytes = (uint32_t)env_size("DTRAIN_SHM_SMALL", 16 << 10, 0, 1 << 30);
-    h->d_slots = 4;
-    h->d_chunk = align_up(direct_chunk(n, h->d_slots), 4096);
-    h->off_ranks = align_up(sizeof(shm_header), 4096);
-    h->off_chans = align_up(h->off_ranks + (size_t)n * sizeof(shm_rank), 4096);
-    for (int k = 0; k < SHM_KINDS; k++)
-        h->chan_bytes[k] = align_up(sizeof(shm_chan) + h->slots[k] * (sizeof(shm_frag) + h->slot_bytes[k]), 4096);
-    h->off_direct = h->off_chans + (size_t)n * (size_t)n * (h->chan_bytes[0] + h->chan_bytes[1]);
-    h->total_bytes = h->off_direct + (size_t)n * h->d_slots * h->d_chunk;
-}
-
-static dt_status create_segment(dt_shm *s) {
-    int fd = shm_open(s->name, O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd < 0) {
-        if (errno == EEXIST)
-            return dt_error(DT_EIO, "shared-memory segment /dev/shm%s already exists: another job uses id '%s' or a "
-                            "crashed one left it; remove /dev/shm%s or use a new job id", s->name, s->job, s->name);
-        return dt_error(DT_EIO, "cannot create shared memory /dev/shm%s: %s", s->name, strerror(errno));
-    }
-    shm_header tmp = {0};
-    layout(&tmp, s->n);
-    if (ftruncate(fd, (off_t)tmp.total_bytes) != 0) {
-        int e = errno;
-        close(fd);
-        shm_unlink(s->name);
-        return dt_error(DT_EIO, "cannot size shared memory /dev/shm%s to %llu bytes: %s (is /dev/shm full?)", s->name,
-                        (unsigned long long)tmp.total_bytes, strerror(e));
-    }
-    void *m = mmap(NULL, tmp.total_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (m == MAP_FAILED) {
-        shm_unlink(s->name);
-        return dt_error(DT_EIO, "cannot map shared memory /dev/shm%s: %s", s->name, strerror(errno));
-    }
-    s->seg = m;
-    s->seg_bytes = tmp.total_bytes;
-    s->hdr = m;
-    tmp.magic = SHM_MAGIC;
-    tmp.version = SHM_VERSION;
-    tmp.size = (uint32_t)s->n;
-    memcpy(s->hdr, &tmp, sizeof tmp);
-    pthread_mutexattr_t a;
-    pthread_mutexattr_init(&a);
-    pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
-    pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
-    for (int r = 0; r < s->n; r++) pthread_mutex_init(&shm_rank_at(s, r)->alive, &a);
-    pthread_mutexattr_destroy(&a);
-    atomic_store(&s->hdr->ready, 1);
-    return DT_OK;
-}
-
-static dt_status open_segment(dt_shm *s, double deadline) {
-    double wait = 0.5;
-    for (;;) {
-        int fd = shm_open(s->name, O_RDWR, 0);
-        if (fd >= 0) {
-            struct stat st;
-            if (fstat(fd, &st) == 0 && (size_t)st.st_size >= sizeof(shm_header)) {
-                void *m = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-                close(fd);
-                if (m == MAP_FAILED) return dt_error(DT_EIO, "cannot map /dev/shm%s: %s", s->name, strerror(errno));
-                s->seg = m;
-                s->seg_bytes = (size_t)st.st_size;
-                s->hdr = m;
-                while (!atomic_load(&s->hdr->ready)) {
-                    if (dt_now() > deadline)
-                        return dt_error(DT_ETIMEDOUT, "rank 0 of job '%s' created /dev/shm%s but never initialised it",
-                                        s->job, s->name);
-                    sleep_ms(1);
-                }
-                shm_header *h = s->hdr;
-                if (h->magic != SHM_MAGIC || h->version != SHM_VERSION || h->total_bytes != s->seg_bytes)
-                    return dt_error(DT_EFORMAT, "/dev/shm%s is not a dtrain segment of this version; remove it", s->name);
-                if ((int)h->size != s->n)
-                    return dt_error(DT_EMISMATCH, "job '%s' has world size %u but rank %d was started with world size %d",
-                                    s->job, h->size, s->me, s->n);
-                return DT_OK;
-            }
-            close(fd);
-        } else if (errno != ENOENT) {
-            return dt_error(DT_EIO, "cannot open shared memory /dev/shm%s: %s", s->name, strerror(errno));
-        }
-        if (dt_now() > deadline)
-            return dt_error(DT_ETIMEDOUT, "rank %d timed out waiting for rank 0 to create the segment of job '%s' "
-                            "(/dev/shm%s): is rank 0 running with the same DTRAIN_JOB_ID?", s->me, s->job, s->name);
-        sleep_ms(wait);
-        if (wait < 5) wait *= 1.5;
-    }
-}
+/* ---- creation (the segment itself: shm_segment.c) ---- */
 
 static dt_status attach(dt_shm *s, double deadline) {
     shm_rank *me = shm_rank_at(s, s->me);
@@ -442,7 +296,7 @@ dt_status dt_transport_shm_create(dt_transport **out, const dt_transport_params 
     s->base.size = s->n = p->size;
     s->timeout_s = p->timeout_s > 0 ? p->timeout_s : 300;
     s->waiting_on = -1;
-    dt_status st = job_name(s->name, sizeof s->name, p->job_id);
+    dt_status st = dt_shm_job_name(s->name, sizeof s->name, p->job_id);
     if (st != DT_OK) { free(s); return st; }
     snprintf(s->job, sizeof s->job, "%s", p->job_id);
     size_t n = (size_t)s->n;
@@ -463,7 +317,7 @@ dt_status dt_transport_shm_create(dt_transport **out, const dt_transport_params 
     const char *cd = getenv("DTRAIN_SHM_TEST_CHECK_DELAY_MS");
     s->check_delay_s = cd && *cd ? atof(cd) * 1e-3 : 0;
     double deadline = dt_now() + s->timeout_s;
-    st = s->me == 0 ? create_segment(s) : open_segment(s, deadline);
+    st = s->me == 0 ? dt_shm_segment_create(s) : dt_shm_segment_open(s, deadline);
     if (st == DT_OK) st = attach(s, deadline);
     if (st == DT_OK) {
         s->slot_free = calloc(s->hdr->d_slots, sizeof *s->slot_free);

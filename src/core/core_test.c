@@ -1,5 +1,6 @@
 /* Tests for core: dtype conversion (bf16/f16 rounding and specials), RNG determinism and
- * statistics, error messages and slabs. */
+ * statistics, error messages and slabs, the directory part of a path. */
+#include "core/sys.h"
 #include "core/test.h"
 #include "dtrain/core.h"
 
@@ -106,11 +107,33 @@ static void test_errors_and_slabs(void) {
     CHECK(dt_tensor_numel(&t) == 12);
 }
 
+/* dt_path_dir: the text before the last '/', "/" for the root, "." without one; snprintf's
+ * length and truncation */
+static void test_path_dir(void) {
+    static const char *cases[][2] = {
+        {"a/b/c.st", "a/b"},  {"/abs/x", "/abs"}, {"a/b/", "a/b"}, {"dir/", "dir"}, {"bare.st", "."},
+        {"", "."},            {"/x.st", "/"},     {"/", "/"},      {"./x", "."},    {"../up/x", "../up"},
+        {"//x", "/"},         {"a//b", "a/"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char out[16] = "junk";
+        size_t n = dt_path_dir(out, sizeof out, cases[i][0]);
+        CHECK_MSG(!strcmp(out, cases[i][1]) && n == strlen(cases[i][1]), "dt_path_dir(\"%s\") = \"%s\" (%zu), want \"%s\"",
+                  cases[i][0], out, n, cases[i][1]);
+    }
+    char small[4];
+    CHECK(dt_path_dir(small, sizeof small, "abcdef/x") == 6 && !strcmp(small, "abc"));
+    CHECK(dt_path_dir(small, 1, "abcdef/x") == 6 && small[0] == '\0');
+    CHECK(dt_path_dir(NULL, 0, "ab/x") == 2);
+    CHECK(dt_path_dir(small, sizeof small, "x") == 1 && !strcmp(small, "."));
+}
+
 int main(void) {
     test_bf16();
     test_f16();
     test_convert();
     test_rng();
     test_errors_and_slabs();
+    test_path_dir();
     return dt_test_summary("core_test");
 }

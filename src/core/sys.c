@@ -1,5 +1,6 @@
-/* Process-level services: BLAS thread count, monotonic clock, and stderr logging. */
+/* Process-level services: BLAS thread count, monotonic clock, stderr logging, and path names. */
 #include "dtrain/core.h"
+#include "core/sys.h"
 
 #include <cblas.h>
 #include <stdarg.h>
@@ -52,4 +53,16 @@ void dt_log(dt_log_level lvl, const char *fmt, ...) {
     vsnprintf(buf + n, sizeof buf - (size_t)n, fmt, ap);
     va_end(ap);
     fprintf(stderr, "%s\n", buf);
+}
+
+size_t dt_path_dir(char *out, size_t cap, const char *path) {
+    const char *slash = strrchr(path, '/');
+    const char *dir = !slash ? "." : path;
+    size_t n = !slash ? 1 : slash == path ? 1 : (size_t)(slash - path);
+    if (cap) {
+        size_t k = n < cap - 1 ? n : cap - 1;
+        memcpy(out, dir, k);
+        out[k] = '\0';
+    }
+    return n;
 }

@@ -46,6 +46,17 @@ static inline double dt_test_maxdiff(const float *a, const float *b, size_t n) {
     return m;
 }
 
+/* Makes a temporary directory from tmpl ("/tmp/NAME-XXXXXX") into dir (cap bytes): 0, or -1
+ * after saying why. */
+static inline int dt_test_mkdtemp(char *dir, size_t cap, const char *tmpl) {
+    snprintf(dir, cap, "%s", tmpl);
+    if (!mkdtemp(dir)) {
+        perror("mkdtemp");
+        return -1;
+    }
+    return 0;
+}
+
 /* Prints "name: N checks, M failures" and returns the process exit code. */
 static inline int dt_test_summary(const char *name) {
     printf("%s: %d checks, %d failures\n", name, dt_test_checks, dt_test_failures);

@@ -1,7 +1,9 @@
-/* Tests for the data layer's readers: IDX round trips (every dtype, several ranks, raw and
- * gzip'd), corrupt and mismatched files, IDX directories and aliases, CSV files, scaling and
- * normalisation. Test files are written by hand (big-endian bytes) into a mkdtemp directory. */
+/* Tests for the data layer's IDX reader and in-memory data sets: IDX round trips (every dtype,
+ * several ranks, raw and gzip'd), corrupt and mismatched files, IDX directories and aliases,
+ * scaling and normalisation. Test files are written by hand (big-endian bytes) into a mkdtemp
+ * directory. The CSV reader's tests are csv_test.c. */
 #include "core/test.h"
+#include "data/data_testlib.h"
 #include "dtrain/data.h"
 
 #include <stdio.h>
@@ -10,28 +12,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
-
-static char g_dir[256];
-
-static const char *tpath(const char *name) {
-    static char buf[4][512];
-    static int k;
-    k = (k + 1) % 4;
-    snprintf(buf[k], sizeof buf[k], "%s/%s", g_dir, name);
-    return buf[k];
-}
-
-static void write_bytes(const char *path, const void *p, size_t n, bool gz) {
-    if (gz) {
-        gzFile f = gzopen(path, "wb");
-        if (n) gzwrite(f, p, (unsigned)n);
-        gzclose(f);
-    } else {
-        FILE *f = fopen(path, "wb");
-        fwrite(p, 1, n, f);
-        fclose(f);
-    }
-}
 
 /* Writes an IDX file: header for (code, ndim, dims), then count elements of esz bytes given in
  * host order, stored big-endian. Returns the size in bytes. */
@@ -45,7 +25,7 @@ static size_t write_idx(const char *path, int code, int ndim, const uint32_t *di
     const unsigned char *s = data;
     for (size_t i = 0; i < count; i++)
         for (size_t j = 0; j < esz; j++) *p++ = s[i * esz + esz - 1 - j]; /* little-endian host -> BE */
-    write_bytes(path, b, n, gz);
+    dt_test_write_bytes(path, b, n, gz);
     free(b);
     return n;
 }
@@ -72,7 +52,7 @@ static void test_idx_roundtrip(void) {
                     default: ((double *)src)[i] = v / 3; break;
                     }
                 }
-                const char *p = tpath(gz ? "rt.idx.gz" : "rt.idx");
+                const char *p = dt_test_path(gz ? "rt.idx.gz" : "rt.idx");
                 write_idx(p, types[ti].code, ranks[si], shapes[si], src, types[ti].esz, gz);
                 dt_idx x;
                 CHECK_OK(dt_idx_read(p, &x));
@@ -88,11 +68,11 @@ static void test_idx_roundtrip(void) {
     /* a gzip'd file without a .gz name and a raw one with it: detection is by magic */
     uint8_t v[3] = {1, 2, 3};
     uint32_t d = 3;
-    write_idx(tpath("named.gz"), 0x08, 1, &d, v, 1, false);
-    write_idx(tpath("plain"), 0x08, 1, &d, v, 1, true);
+    write_idx(dt_test_path("named.gz"), 0x08, 1, &d, v, 1, false);
+    write_idx(dt_test_path("plain"), 0x08, 1, &d, v, 1, true);
     dt_idx a, b;
-    CHECK_OK(dt_idx_read(tpath("named.gz"), &a));
-    CHECK_OK(dt_idx_read(tpath("plain"), &b));
+    CHECK_OK(dt_idx_read(dt_test_path("named.gz"), &a));
+    CHECK_OK(dt_idx_read(dt_test_path("plain"), &b));
     CHECK(a.count == 3 && b.count == 3 && !memcmp(a.data, v, 3) && !memcmp(b.data, v, 3));
     dt_idx_free(&a);
     dt_idx_free(&b);
@@ -111,52 +91,52 @@ static void expect_idx_error(const char *path, dt_status st, const char *n1, con
 }
 
 static void test_idx_errors(void) {
-    expect_idx_error(tpath("does-not-exist"), DT_ENOENT, "cannot open", NULL);
+    expect_idx_error(dt_test_path("does-not-exist"), DT_ENOENT, "cannot open", NULL);
     for (int gz = 0; gz < 2; gz++) {
-        const char *p = tpath(gz ? "bad.gz" : "bad");
+        const char *p = dt_test_path(gz ? "bad.gz" : "bad");
         unsigned char magic[] = {0x01, 0x02, 0x08, 0x01, 0, 0, 0, 1, 9};
-        write_bytes(p, magic, sizeof magic, gz);
+        dt_test_write_bytes(p, magic, sizeof magic, gz);
         expect_idx_error(p, DT_EFORMAT, "not an IDX file", "01 02 08 01");
         unsigned char shorthdr[] = {0, 0};
-        write_bytes(p, shorthdr, sizeof shorthdr, gz);
+        dt_test_write_bytes(p, shorthdr, sizeof shorthdr, gz);
         expect_idx_error(p, DT_EFORMAT, "truncated header", NULL);
-        write_bytes(p, "", 0, gz);
+        dt_test_write_bytes(p, "", 0, gz);
         expect_idx_error(p, DT_EFORMAT, "truncated header", NULL);
         unsigned char shortdims[] = {0, 0, 0x08, 3, 0, 0, 0, 2, 0, 0};
-        write_bytes(p, shortdims, sizeof shortdims, gz);
+        dt_test_write_bytes(p, shortdims, sizeof shortdims, gz);
         expect_idx_error(p, DT_EFORMAT, "truncated header", "3 dims");
         unsigned char badtype[] = {0, 0, 0x0A, 1, 0, 0, 0, 1, 0};
-        write_bytes(p, badtype, sizeof badtype, gz);
+        dt_test_write_bytes(p, badtype, sizeof badtype, gz);
         expect_idx_error(p, DT_EFORMAT, "unsupported IDX data type 0x0a", NULL);
         /* body cut short: 5 items of 2x2 i32 (16 bytes each), 50 bytes of data */
         unsigned char body[4 + 12 + 50] = {0, 0, 0x0C, 3, 0, 0, 0, 5, 0, 0, 0, 2, 0, 0, 0, 2};
-        write_bytes(p, body, sizeof body, gz);
+        dt_test_write_bytes(p, body, sizeof body, gz);
         expect_idx_error(p, DT_EFORMAT, "truncated: header says 5 items of 16 bytes", gz ? "file holds 50 bytes" : NULL);
         /* trailing garbage */
         unsigned char trail[] = {0, 0, 0x08, 1, 0, 0, 0, 2, 7, 8, 9, 9};
-        write_bytes(p, trail, sizeof trail, gz);
+        dt_test_write_bytes(p, trail, sizeof trail, gz);
         expect_idx_error(p, DT_EFORMAT, "2 bytes of trailing data", NULL);
     }
     /* raw truncation names the exact size too */
     unsigned char body[4 + 12 + 50] = {0, 0, 0x0C, 3, 0, 0, 0, 5, 0, 0, 0, 2, 0, 0, 0, 2};
-    write_bytes(tpath("cut"), body, sizeof body, false);
-    expect_idx_error(tpath("cut"), DT_EFORMAT, "file holds 50 bytes of data", NULL);
+    dt_test_write_bytes(dt_test_path("cut"), body, sizeof body, false);
+    expect_idx_error(dt_test_path("cut"), DT_EFORMAT, "file holds 50 bytes of data", NULL);
     /* a gzip file cut in the middle of the deflate stream */
     uint8_t big[4096];
     for (size_t i = 0; i < sizeof big; i++) big[i] = (uint8_t)(i * 2654435761u >> 13);
     uint32_t d = sizeof big;
-    write_idx(tpath("cut.gz"), 0x08, 1, &d, big, 1, true);
+    write_idx(dt_test_path("cut.gz"), 0x08, 1, &d, big, 1, true);
     struct stat st;
-    stat(tpath("cut.gz"), &st);
-    CHECK(truncate(tpath("cut.gz"), st.st_size / 2) == 0);
-    expect_idx_error(tpath("cut.gz"), DT_EFORMAT, "truncated", "cut short");
+    stat(dt_test_path("cut.gz"), &st);
+    CHECK(truncate(dt_test_path("cut.gz"), st.st_size / 2) == 0);
+    expect_idx_error(dt_test_path("cut.gz"), DT_EFORMAT, "truncated", "cut short");
     /* corrupt deflate data after a valid gzip header */
     unsigned char junk[64] = {0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 3};
     memset(junk + 10, 0xff, sizeof junk - 10);
-    write_bytes(tpath("junk.gz"), junk, sizeof junk, false);
-    expect_idx_error(tpath("junk.gz"), DT_EFORMAT, "gzip", NULL);
+    dt_test_write_bytes(dt_test_path("junk.gz"), junk, sizeof junk, false);
+    expect_idx_error(dt_test_path("junk.gz"), DT_EFORMAT, "gzip", NULL);
     /* a directory is not a file */
-    expect_idx_error(g_dir, DT_EIO, "directory", NULL);
+    expect_idx_error(dt_test_dir, DT_EIO, "directory", NULL);
 }
 
 /* The gzip reader is strict: no trailer, trailing garbage or a bad CRC are errors naming the
@@ -167,39 +147,39 @@ static void test_gzip_strict(void) {
     uint32_t d = sizeof big;
     struct stat st;
     /* all the data but no trailer (CRC-32, length): accepted before */
-    write_idx(tpath("notrailer.gz"), 0x08, 1, &d, big, 1, true);
-    stat(tpath("notrailer.gz"), &st);
-    CHECK(truncate(tpath("notrailer.gz"), st.st_size - 8) == 0);
-    expect_idx_error(tpath("notrailer.gz"), DT_EFORMAT, "before its CRC/length trailer", NULL);
+    write_idx(dt_test_path("notrailer.gz"), 0x08, 1, &d, big, 1, true);
+    stat(dt_test_path("notrailer.gz"), &st);
+    CHECK(truncate(dt_test_path("notrailer.gz"), st.st_size - 8) == 0);
+    expect_idx_error(dt_test_path("notrailer.gz"), DT_EFORMAT, "before its CRC/length trailer", NULL);
     /* trailing garbage after a complete member: accepted before (zlib's gzread ignores it) */
-    write_idx(tpath("garbage.gz"), 0x08, 1, &d, big, 1, true);
-    stat(tpath("garbage.gz"), &st);
-    FILE *gf = fopen(tpath("garbage.gz"), "ab");
+    write_idx(dt_test_path("garbage.gz"), 0x08, 1, &d, big, 1, true);
+    stat(dt_test_path("garbage.gz"), &st);
+    FILE *gf = fopen(dt_test_path("garbage.gz"), "ab");
     fputs("garbage", gf);
     fclose(gf);
     char where[64];
     snprintf(where, sizeof where, "trailing garbage after the gzip data (at byte %lld)", (long long)st.st_size);
-    expect_idx_error(tpath("garbage.gz"), DT_EFORMAT, where, NULL);
+    expect_idx_error(dt_test_path("garbage.gz"), DT_EFORMAT, where, NULL);
     /* a CRC that does not match the data */
-    write_idx(tpath("crc.gz"), 0x08, 1, &d, big, 1, true);
-    stat(tpath("crc.gz"), &st);
-    gf = fopen(tpath("crc.gz"), "r+b");
+    write_idx(dt_test_path("crc.gz"), 0x08, 1, &d, big, 1, true);
+    stat(dt_test_path("crc.gz"), &st);
+    gf = fopen(dt_test_path("crc.gz"), "r+b");
     unsigned char c0 = 0;
     CHECK(fseek(gf, st.st_size - 8, SEEK_SET) == 0 && fread(&c0, 1, 1, gf) == 1);
     CHECK(fseek(gf, st.st_size - 8, SEEK_SET) == 0 && fputc(c0 ^ 1, gf) != EOF);
     fclose(gf);
-    expect_idx_error(tpath("crc.gz"), DT_EFORMAT, "incorrect data check", NULL);
+    expect_idx_error(dt_test_path("crc.gz"), DT_EFORMAT, "incorrect data check", NULL);
     /* two members one after the other are one valid gzip file (as gunzip reads them) */
     unsigned char head[12] = {0, 0, 0x08, 1, 0, 0, 0, 8, 1, 2, 3, 4}, tail[4] = {5, 6, 7, 8};
-    write_bytes(tpath("two.gz"), head, sizeof head, true);
+    dt_test_write_bytes(dt_test_path("two.gz"), head, sizeof head, true);
     char two[4096];
-    snprintf(two, sizeof two, "%s.2", tpath("two.gz"));
-    write_bytes(two, tail, sizeof tail, true);
+    snprintf(two, sizeof two, "%s.2", dt_test_path("two.gz"));
+    dt_test_write_bytes(two, tail, sizeof tail, true);
     char cmd[8300];
-    snprintf(cmd, sizeof cmd, "cat '%s' >> '%s'", two, tpath("two.gz"));
+    snprintf(cmd, sizeof cmd, "cat '%s' >> '%s'", two, dt_test_path("two.gz"));
     CHECK(system(cmd) == 0);
     dt_idx two_x;
-    CHECK_OK(dt_idx_read(tpath("two.gz"), &two_x));
+    CHECK_OK(dt_idx_read(dt_test_path("two.gz"), &two_x));
     CHECK(two_x.count == 8 && ((uint8_t *)two_x.data)[7] == 8);
     dt_idx_free(&two_x);
 }
@@ -220,9 +200,9 @@ static void write_pair(const char *img, const char *lab, uint32_t n, uint32_t h,
 }
 
 static void test_idx_dataset(void) {
-    write_pair(tpath("im"), tpath("lb"), 20, 3, 4, 7, false);
+    write_pair(dt_test_path("im"), dt_test_path("lb"), 20, 3, 4, 7, false);
     dt_dataset *ds;
-    CHECK_OK(dt_dataset_open_idx(&ds, tpath("im"), tpath("lb")));
+    CHECK_OK(dt_dataset_open_idx(&ds, dt_test_path("im"), dt_test_path("lb")));
     int C, H, W;
     dt_dataset_shape(ds, &C, &H, &W);
     CHECK(C == 1 && H == 3 && W == 4 && dt_dataset_len(ds) == 20 && dt_dataset_classes(ds) == 7);
@@ -266,30 +246,30 @@ static void test_idx_dataset(void) {
     dt_dataset_free(NULL);
 
     /* count mismatch names both files */
-    write_pair(tpath("im2"), tpath("lb2"), 21, 3, 4, 7, true);
-    CHECK(dt_dataset_open_idx(&ds, tpath("im"), tpath("lb2")) == DT_EFORMAT && ds == NULL);
-    CHECK_MSG(strstr(dt_last_error(), "21 labels") && strstr(dt_last_error(), "20 images") && strstr(dt_last_error(), tpath("lb2")),
+    write_pair(dt_test_path("im2"), dt_test_path("lb2"), 21, 3, 4, 7, true);
+    CHECK(dt_dataset_open_idx(&ds, dt_test_path("im"), dt_test_path("lb2")) == DT_EFORMAT && ds == NULL);
+    CHECK_MSG(strstr(dt_last_error(), "21 labels") && strstr(dt_last_error(), "20 images") && strstr(dt_last_error(), dt_test_path("lb2")),
               "%s", dt_last_error());
     /* a negative label names its index; float labels are refused; labels must be 1-dim */
     int32_t lab[20];
     for (int i = 0; i < 20; i++) lab[i] = i == 13 ? -2 : i % 3;
     uint32_t n = 20, d2[2] = {20, 1};
-    write_idx(tpath("lbneg"), 0x0C, 1, &n, lab, 4, false);
-    CHECK(dt_dataset_open_idx(&ds, tpath("im"), tpath("lbneg")) == DT_EFORMAT);
+    write_idx(dt_test_path("lbneg"), 0x0C, 1, &n, lab, 4, false);
+    CHECK(dt_dataset_open_idx(&ds, dt_test_path("im"), dt_test_path("lbneg")) == DT_EFORMAT);
     CHECK_MSG(strstr(dt_last_error(), "sample 13") && strstr(dt_last_error(), "-2"), "%s", dt_last_error());
     float flab[20] = {0};
-    write_idx(tpath("lbf"), 0x0D, 1, &n, flab, 4, false);
-    CHECK(dt_dataset_open_idx(&ds, tpath("im"), tpath("lbf")) == DT_EFORMAT && strstr(dt_last_error(), "integers"));
-    write_idx(tpath("lb2d"), 0x0C, 2, d2, lab, 4, false);
-    CHECK(dt_dataset_open_idx(&ds, tpath("im"), tpath("lb2d")) == DT_EFORMAT && strstr(dt_last_error(), "1 dim"));
+    write_idx(dt_test_path("lbf"), 0x0D, 1, &n, flab, 4, false);
+    CHECK(dt_dataset_open_idx(&ds, dt_test_path("im"), dt_test_path("lbf")) == DT_EFORMAT && strstr(dt_last_error(), "integers"));
+    write_idx(dt_test_path("lb2d"), 0x0C, 2, d2, lab, 4, false);
+    CHECK(dt_dataset_open_idx(&ds, dt_test_path("im"), dt_test_path("lb2d")) == DT_EFORMAT && strstr(dt_last_error(), "1 dim"));
     /* 2-dim rows -> (1,1,n); 4-dim -> (C,H,W); f32 samples pass through unchanged */
     float rows[6] = {1.5f, -2, 3, 4, 5, 6.25f};
     uint32_t rd[2] = {2, 3}, r4[4] = {1, 2, 3, 1};
-    write_idx(tpath("rows"), 0x0D, 2, rd, rows, 4, true);
+    write_idx(dt_test_path("rows"), 0x0D, 2, rd, rows, 4, true);
     uint8_t two[2] = {1, 0};
     uint32_t two_n = 2, one_n = 1;
-    write_idx(tpath("two"), 0x08, 1, &two_n, two, 1, false);
-    CHECK_OK(dt_dataset_open_idx(&ds, tpath("rows"), tpath("two")));
+    write_idx(dt_test_path("two"), 0x08, 1, &two_n, two, 1, false);
+    CHECK_OK(dt_dataset_open_idx(&ds, dt_test_path("rows"), dt_test_path("two")));
     dt_dataset_shape(ds, &C, &H, &W);
     CHECK(C == 1 && H == 1 && W == 3 && dt_dataset_classes(ds) == 2);
     uint32_t ii[2] = {1, 0};
@@ -297,9 +277,9 @@ static void test_idx_dataset(void) {
     CHECK_OK(dt_dataset_batch(ds, ii, 2, xr, NULL));
     CHECK(xr[0] == 4 && xr[2] == 6.25f && xr[3] == 1.5f && xr[4] == -2);
     dt_dataset_free(ds);
-    write_idx(tpath("r4"), 0x08, 4, r4, rows, 1, false);
-    write_idx(tpath("one"), 0x08, 1, &one_n, two, 1, false);
-    CHECK_OK(dt_dataset_open_idx(&ds, tpath("r4"), tpath("one")));
+    write_idx(dt_test_path("r4"), 0x08, 4, r4, rows, 1, false);
+    write_idx(dt_test_path("one"), 0x08, 1, &one_n, two, 1, false);
+    CHECK_OK(dt_dataset_open_idx(&ds, dt_test_path("r4"), dt_test_path("one")));
     dt_dataset_shape(ds, &C, &H, &W);
     CHECK(C == 2 && H == 3 && W == 1);
     dt_dataset_free(ds);
@@ -309,8 +289,8 @@ static void test_idx_dataset(void) {
  * feature rows (idx2), raw or .gz; only idx3 names were looked for. */
 static void test_open_dir_general(void) {
     char d4[300], d2[300], p[400];
-    snprintf(d4, sizeof d4, "%s/idx4", g_dir);
-    snprintf(d2, sizeof d2, "%s/idx2", g_dir);
+    snprintf(d4, sizeof d4, "%s/idx4", dt_test_dir);
+    snprintf(d2, sizeof d2, "%s/idx2", dt_test_dir);
     mkdir(d4, 0755);
     mkdir(d2, 0755);
     uint8_t px[6 * 2 * 2 * 3], lab[6] = {0, 1, 2, 0, 1, 2};
@@ -356,16 +336,16 @@ static void test_open_dir_general(void) {
 
 static void test_open_dir_and_alias(void) {
     char dir[300];
-    snprintf(dir, sizeof dir, "%s/fashion-mnist", g_dir);
+    snprintf(dir, sizeof dir, "%s/fashion-mnist", dt_test_dir);
     mkdir(dir, 0755);
     char a[400], b[400];
     snprintf(a, sizeof a, "%s/train-images-idx3-ubyte.gz", dir);
     snprintf(b, sizeof b, "%s/train-labels-idx1-ubyte", dir);
     /* train labels raw, train images gzip'd: mixing is fine */
     write_pair(a, b, 30, 2, 2, 4, false);
-    write_pair(a, tpath("unused"), 30, 2, 2, 4, true);
+    write_pair(a, dt_test_path("unused"), 30, 2, 2, 4, true);
     dt_dataset *tr, *te;
-    setenv("DTRAIN_DATASETS", g_dir, 1);
+    setenv("DTRAIN_DATASETS", dt_test_dir, 1);
     /* the test files are missing: the alias says what to install */
     CHECK(dt_dataset_open(&tr, &te, "fashion-mnist") == DT_ENOENT && tr == NULL && te == NULL);
     CHECK_MSG(strstr(dt_last_error(), "apt-get install dataset-fashion-mnist") && strstr(dt_last_error(), "t10k-images-idx3-ubyte"),
@@ -391,96 +371,8 @@ static void test_open_dir_and_alias(void) {
     write_pair(a, b, 9, 2, 3, 6, false);
     CHECK(dt_dataset_open(&tr, &te, dir) == DT_EFORMAT && strstr(dt_last_error(), "differs from the train set"));
     unsetenv("DTRAIN_DATASETS");
-    CHECK(dt_dataset_open(&tr, &te, tpath("nowhere")) == DT_ENOENT && strstr(dt_last_error(), "nowhere"));
-    CHECK(dt_dataset_open(&tr, &te, tpath("im")) == DT_EINVAL);
-}
-
-static void write_text(const char *path, const char *text, bool gz) { write_bytes(path, text, strlen(text), gz); }
-
-static void test_csv(void) {
-    dt_dataset *ds, *te;
-    /* header (auto), label first, pixel data -> u8 and scaled */
-    write_text(tpath("a.csv"), "label,p1,p2,p3\n3,0,255,17\n1, 2 ,3,4\r\n\n0,9,8,7\n", false);
-    CHECK_OK(dt_dataset_open_csv(&ds, tpath("a.csv"), NULL));
-    int C, H, W;
-    dt_dataset_shape(ds, &C, &H, &W);
-    CHECK(dt_dataset_len(ds) == 3 && C == 1 && H == 1 && W == 3 && dt_dataset_classes(ds) == 4 && dt_dataset_dtype(ds) == DT_U8);
-    uint32_t idx[3] = {0, 1, 2};
-    float x[9];
-    int32_t y[3];
-    CHECK_OK(dt_dataset_batch(ds, idx, 3, x, y));
-    CHECK(y[0] == 3 && y[1] == 1 && y[2] == 0);
-    CHECK(x[0] == 0 && x[1] == 1.0f && x[2] == (float)(17 / 255.0) && x[3] == (float)(2 / 255.0) && x[8] == (float)(7 / 255.0));
-    dt_dataset_free(ds);
-    /* no header, label last, float features -> f32 unscaled; the switch from u8 mid-file keeps
-     * earlier rows; gzip'd */
-    write_text(tpath("b.csv.gz"), "1,2,0\n3,4,1\n0.5,-1e3,2\n7,8,1\n", true);
-    dt_csv_options o = {.label_col = -1};
-    CHECK_OK(dt_dataset_open_csv(&ds, tpath("b.csv.gz"), &o));
-    CHECK(dt_dataset_len(ds) == 4 && dt_dataset_dtype(ds) == DT_F32 && dt_dataset_classes(ds) == 3);
-    float xb[8];
-    int32_t yb[4];
-    uint32_t i4[4] = {0, 1, 2, 3};
-    CHECK_OK(dt_dataset_batch(ds, i4, 4, xb, yb));
-    CHECK(xb[0] == 1 && xb[1] == 2 && xb[2] == 3 && xb[3] == 4 && xb[4] == 0.5f && xb[5] == -1000 && xb[6] == 7 && xb[7] == 8);
-    CHECK(yb[0] == 0 && yb[1] == 1 && yb[2] == 2 && yb[3] == 1);
-    dt_dataset_free(ds);
-    /* explicit options: header yes, no scaling, a shape, a class count */
-    write_text(tpath("c.csv"), "a,b,c,d,e\n1,10,20,30,40\n0,1,2,3,4\n", false);
-    o = (dt_csv_options){.header = DT_CSV_YES, .scale = DT_CSV_NO, .shape = {1, 2, 2}, .classes = 5};
-    CHECK_OK(dt_dataset_open_csv(&ds, tpath("c.csv"), &o));
-    dt_dataset_shape(ds, &C, &H, &W);
-    CHECK(C == 1 && H == 2 && W == 2 && dt_dataset_classes(ds) == 5);
-    CHECK_OK(dt_dataset_batch(ds, idx, 1, x, y));
-    CHECK(x[0] == 10 && x[3] == 40 && y[0] == 1);
-    dt_dataset_free(ds);
-    o.shape[2] = 3;
-    CHECK(dt_dataset_open_csv(&ds, tpath("c.csv"), &o) == DT_EINVAL && strstr(dt_last_error(), "shape"));
-    /* errors name the file and the line */
-    write_text(tpath("d.csv"), "1,2,3\n0,4,5\n1,x7,6\n", false);
-    CHECK(dt_dataset_open_csv(&ds, tpath("d.csv"), NULL) == DT_EFORMAT && ds == NULL);
-    CHECK_MSG(strstr(dt_last_error(), "d.csv:3: column 2: 'x7' is not a number"), "%s", dt_last_error());
-    write_text(tpath("e.csv"), "1,2,3\n0,4,5\n\n1,6\n", false);
-    CHECK(dt_dataset_open_csv(&ds, tpath("e.csv"), NULL) == DT_EFORMAT);
-    CHECK_MSG(strstr(dt_last_error(), "e.csv:4: 2 fields, expected 3"), "%s", dt_last_error());
-    write_text(tpath("f.csv"), "1,2,3\n0,4,5\n2.5,1,1\n", false);
-    CHECK(dt_dataset_open_csv(&ds, tpath("f.csv"), NULL) == DT_EFORMAT && strstr(dt_last_error(), "f.csv:3: label '2.5'"));
-    write_text(tpath("g.csv"), "1,2,3\n-1,4,5\n", false);
-    CHECK(dt_dataset_open_csv(&ds, tpath("g.csv"), NULL) == DT_EFORMAT && strstr(dt_last_error(), "g.csv:2: label '-1'"));
-    o = (dt_csv_options){.classes = 2};
-    write_text(tpath("h.csv"), "1,2,3\n0,4,5\n2,4,5\n", false);
-    CHECK(dt_dataset_open_csv(&ds, tpath("h.csv"), &o) == DT_EFORMAT && strstr(dt_last_error(), "h.csv:3: label '2'") &&
-          strstr(dt_last_error(), "[0, 2)"));
-    o = (dt_csv_options){.header = DT_CSV_NO};
-    CHECK(dt_dataset_open_csv(&ds, tpath("a.csv"), &o) == DT_EFORMAT && strstr(dt_last_error(), "a.csv:1: column 1: 'label'"));
-    write_text(tpath("empty.csv"), "label,x\n", false);
-    CHECK(dt_dataset_open_csv(&ds, tpath("empty.csv"), NULL) == DT_EFORMAT && strstr(dt_last_error(), "no data rows"));
-    CHECK(dt_dataset_open_csv(&ds, tpath("none.csv"), NULL) == DT_ENOENT && strstr(dt_last_error(), "none.csv"));
-    /* a long line (beyond the reader's first buffer) */
-    size_t F = 300000;
-    char *big = malloc(F * 4 + 16), *p = big;
-    p += sprintf(p, "1");
-    for (size_t i = 0; i < F; i++) p += sprintf(p, ",%d", (int)(i % 200));
-    sprintf(p, "\n");
-    write_text(tpath("long.csv"), big, false);
-    free(big);
-    CHECK_OK(dt_dataset_open_csv(&ds, tpath("long.csv"), NULL));
-    CHECK(dt_dataset_len(ds) == 1);
-    dt_dataset_shape(ds, NULL, NULL, &W);
-    CHECK(W == (int)F);
-    dt_dataset_free(ds);
-    /* dt_dataset_open on a .csv: the test set is the "train" -> "test" sibling when it exists */
-    write_text(tpath("mnist_train.csv"), "label,a,b\n0,1,2\n1,3,4\n", false);
-    CHECK_OK(dt_dataset_open(&ds, &te, tpath("mnist_train.csv")));
-    CHECK(ds && te == NULL && dt_dataset_len(ds) == 2);
-    dt_dataset_free(ds);
-    write_text(tpath("mnist_test.csv"), "label,a,b\n2,1,2\n", false);
-    CHECK_OK(dt_dataset_open(&ds, &te, tpath("mnist_train.csv")));
-    CHECK(ds && te && dt_dataset_len(te) == 1 && dt_dataset_classes(ds) == 3 && dt_dataset_classes(te) == 3);
-    dt_dataset_free(ds);
-    dt_dataset_free(te);
-    write_text(tpath("mnist_test.csv"), "label,a\n2,1\n", false);
-    CHECK(dt_dataset_open(&ds, &te, tpath("mnist_train.csv")) == DT_EFORMAT && ds == NULL && te == NULL);
+    CHECK(dt_dataset_open(&tr, &te, dt_test_path("nowhere")) == DT_ENOENT && strstr(dt_last_error(), "nowhere"));
+    CHECK(dt_dataset_open(&tr, &te, dt_test_path("im")) == DT_EINVAL);
 }
 
 static void test_create(void) {
@@ -528,25 +420,14 @@ static void test_create(void) {
 }
 
 int main(void) {
-    snprintf(g_dir, sizeof g_dir, "/tmp/dtrain-data-test-XXXXXX");
-    if (!mkdtemp(g_dir)) {
-        perror("mkdtemp");
-        return 1;
-    }
-    /* IDX opens go through the shared cache: keep its files in the temp dir, not /dev/shm */
-    char cache[300];
-    snprintf(cache, sizeof cache, "%s/cache", g_dir);
-    setenv("DTRAIN_DATA_CACHE", cache, 1);
+    if (dt_test_dir_make("/tmp/dtrain-data-test-XXXXXX") != 0) return 1;
     test_idx_roundtrip();
     test_idx_errors();
     test_gzip_strict();
     test_idx_dataset();
     test_open_dir_and_alias();
     test_open_dir_general();
-    test_csv();
     test_create();
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_dir);
+    dt_test_dir_remove();
     return dt_test_summary("data_test");
 }

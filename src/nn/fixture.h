@@ -94,6 +94,18 @@ static inline int dt_fx_load(dt_fx *f, const char *file, char *err, size_t errca
     return dt_fx_load_path(f, path, err, errcap);
 }
 
+/* Frees f and loads tests/ref/<file> into it (dt_fx_load); a file that does not load is a failed
+ * check with the loader's message (needs core/test.h). Returns 0, or -1 after that failure. */
+static inline int dt_fx_reload(dt_fx *f, const char *file) {
+    char err[768];
+    dt_fx_free(f);
+    if (dt_fx_load(f, file, err, sizeof err) != 0) {
+        CHECK_MSG(0, "%s", err);
+        return -1;
+    }
+    return 0;
+}
+
 /* The entry called name, or NULL. */
 static inline const dt_fx_entry *dt_fx_find(const dt_fx *f, const char *name) {
     for (int i = 0; i < f->count; i++)

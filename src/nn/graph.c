@@ -51,6 +51,7 @@ static dt_node *new_node(dt_model *m, const char *name) {
     n->id = m->n;
     n->layer = m->n;
     n->input_index = -1;
+    n->fused_pool = -1;
     snprintf(n->name, sizeof n->name, "%s", name && *name ? name : "");
     if (!n->name[0]) snprintf(n->name, sizeof n->name, "%d", n->id);
     return n;
@@ -173,6 +174,7 @@ static dt_status layout(dt_model *m) {
     }
     fuse_relu_maxpool(m);
     dt_graph_plan_layouts(m);
+    dt_graph_fuse_conv_pool(m);
     DT_TRY(dt_slab_reserve(&m->params, np));
     DT_TRY(dt_slab_reserve(&m->grads, np));
     DT_TRY(dt_slab_alloc(&m->buffers, nb ? nb : 1));

@@ -42,6 +42,9 @@ struct dt_node {
     bool alias;             /* values and gradient are its first input's memory (flatten, reshape,
                              * a relu the following maxpool applies) */
     bool fused_relu;        /* maxpool: applies the relu of its input node to its 4x smaller output */
+    int fused_pool;         /* conv: the id of the maxpool whose values (and relu) it computes in one
+                             * pass (backend conv_pool), never writing its own; -1: none */
+    bool fused_conv;        /* maxpool: its values come from the conv before it (fused_pool) */
     bool blocked;           /* values and gradient in the backend's blocked layout (nChw16c) inside a
                              * conv -> relu -> maxpool chain (graph_layout.c), else NCHW */
     bool needs_grad;        /* has parameters upstream (or its own): backward must reach it */
@@ -131,6 +134,10 @@ static inline bool dt_node_in_blocked(const dt_model *m, const dt_node *n, int j
 }
 /* Plans which values are blocked (graph_layout.c); after the relu -> maxpool fusion. */
 void dt_graph_plan_layouts(dt_model *m);
+/* Marks the convs computed together with their maxpool (graph_fuse.c), after the layout plan. */
+void dt_graph_fuse_conv_pool(dt_model *m);
+/* The fused chain of conv node n (n->fused_pool >= 0) at the current batch. */
+dt_conv_pool_shape dt_node_conv_pool_shape(const dt_model *m, const dt_node *conv);
 static inline size_t dt_node_tensor_off(const dt_model *m, const dt_node *n, int k) {
     return m->tensors[n->tensor[k]].offset;
 }

@@ -50,9 +50,10 @@ static dt_status ensure_batch(dt_model *m, int B) {
         dt_node *n = &m->nodes[i];
         size_t vals = (size_t)B * n->out_n;
         if (n->input_index >= 0 || n->alias) continue;
+        if (n->fused_pool >= 0) vals = 0;  /* never written (graph_fuse.c) */
         if (vals > maxact) maxact = vals;
-        if (!(n->out = dt_alloc(vals * sizeof(float)))) goto oom;
-        if (n->needs_grad && !(n->grad = dt_alloc(vals * sizeof(float)))) goto oom;
+        if (vals && !(n->out = dt_alloc(vals * sizeof(float)))) goto oom;
+        if (vals && n->needs_grad && !(n->grad = dt_alloc(vals * sizeof(float)))) goto oom;
         size_t sb = n->op->saved_bytes ? n->op->saved_bytes(m, n, B) : 0;
         if (sb && !(n->saved = dt_alloc(sb))) goto oom;
         size_t w = n->op->workspace ? n->op->workspace(m, n, B) : 0;
@@ -76,6 +77,7 @@ size_t dt_model_activation_bytes(const dt_model *m, int B) {
         const dt_node *n = &m->nodes[i];
         size_t vals = (size_t)B * n->out_n;
         if (n->input_index >= 0 || n->alias) continue;
+        if (n->fused_pool >= 0) vals = 0;
         if (vals > maxact) maxact = vals;
         bytes += vals * sizeof(float) * (n->needs_grad ? 2 : 1);
         bytes += n->op->saved_bytes ? n->op->saved_bytes(m, n, B) : 0;

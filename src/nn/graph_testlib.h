@@ -1,11 +1,13 @@
-/* Helpers shared by the graph tests (graph_ref_test.c, graph_gradcheck_test.c), test-only and
- * header-only: graph building shorthands, a tensor's parameter or gradient view by name, and
- * array comparisons that print the max difference of every case. */
+/* Helpers shared by the graph tests (graph_ref_test.c, graph_gradcheck_test.c, gpt_ref_test.c),
+ * test-only and header-only: graph building shorthands, a tensor's parameter or gradient view by
+ * name, array comparisons that print the max difference of every case, and a run over every
+ * kernel table and precision. */
 #ifndef DT_NN_GRAPH_TESTLIB_H
 #define DT_NN_GRAPH_TESTLIB_H
 
 #include "core/test.h"
 #include "dtrain/core.h"
+#include "dtrain/layers.h"
 #include "dtrain/nn.h"
 
 #include <math.h>
@@ -146,6 +148,25 @@ static inline float *gt_copy(const float *src, size_t n) {
     float *p = malloc((n ? n : 1) * sizeof *p);
     if (src) memcpy(p, src, n * sizeof *p);
     return p;
+}
+
+/* Runs fn once per kernel table and precision this build has (blas, then onednn; fp32, bf16,
+ * fp16), each selected first (dt_kernels_select); a table not built is said and skipped. tol is
+ * the precision's tolerance: fp32 1e-5; bf16/fp16 16 unit roundoffs of the rounded GEMM inputs
+ * (2^-9 / 2^-12: 3e-2 / 4e-3), as ref_test.c argues. */
+static inline void gt_each_kernels(void (*fn)(double tol)) {
+    static const char *const precs[3] = {"fp32", "bf16", "fp16"};
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < 3; i++) {
+            const char *lib = k ? "onednn" : "blas";
+            if (dt_kernels_select(lib, precs[i]) != DT_OK) {
+                printf("== %s %s: not built (%s)\n", lib, precs[i], dt_last_error());
+                continue;
+            }
+            const double tol = i == 0 ? 1e-5 : i == 1 ? 16 * 0x1p-9 : 16 * 0x1p-12;
+            printf("== kernels %s, tolerance %.1e\n", dt_kernels_describe(), tol);
+            fn(tol);
+        }
 }
 
 #endif

@@ -1,5 +1,6 @@
 /* Op: 2-d convolution on (C,H,W) samples, weight (OC,C,K,K), torch's nn.Conv2d layout. Its
- * input and values may be in the backend's blocked layout (n->blocked, graph_layout.c). */
+ * input and values may be in the backend's blocked layout (n->blocked, graph_layout.c). A conv
+ * fused with its maxpool (n->fused_pool, graph_fuse.c) writes that pool's values instead. */
 #include "nn/graph_internal.h"
 
 /* The input's (C,H,W); a vector counts as (1,1,W). */
@@ -44,6 +45,7 @@ static void conv_init(dt_model *m, dt_node *n, float *p, uint64_t seed) {
 
 static size_t conv_workspace(const dt_model *m, const dt_node *n, int B) {
     const dt_layer_spec *s = &n->a;
+    if (n->fused_pool >= 0) return 0;
     int C, H, W;
     dt_node_chw(dt_node_input(m, n, 0), &C, &H, &W);
     return dt_conv2d_workspace(B, C, H, W, s->out, s->k, s->stride, s->pad);
@@ -55,6 +57,12 @@ static dt_status conv_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
     dt_node_chw(dt_node_input(m, n, 0), &C, &H, &W);
     const float *b = s->bias ? c->params + dt_node_tensor_off(m, n, 1) : NULL;
     const bool in_bl = dt_node_in_blocked(m, n, 0);
+    if (n->fused_pool >= 0) {
+        dt_node *p = &m->nodes[n->fused_pool];
+        const dt_conv_pool_shape cs = dt_node_conv_pool_shape(m, n);
+        c->be->conv_pool_forward(&cs, p->out, p->saved, dt_node_in(m, n, 0), c->params + dt_node_tensor_off(m, n, 0), b);
+        return DT_OK;
+    }
     if (in_bl || n->blocked) {
         c->be->conv2d_forward_blocked(n->out, dt_node_in(m, n, 0), c->params + dt_node_tensor_off(m, n, 0), b, c->B, C,
                                       H, W, s->out, s->k, s->stride, s->pad, in_bl, n->blocked);
@@ -71,6 +79,12 @@ static void conv_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float *c
     dt_node_chw(dt_node_input(m, n, 0), &C, &H, &W);
     float *db = s->bias ? c->grads + dt_node_tensor_off(m, n, 1) : NULL;
     const bool in_bl = dt_node_in_blocked(m, n, 0);
+    if (n->fused_pool >= 0) {  /* from the pool's gradient; the input needs none (graph_fuse.c) */
+        const dt_node *p = &m->nodes[n->fused_pool];
+        const dt_conv_pool_shape cs = dt_node_conv_pool_shape(m, n);
+        c->be->conv_pool_backward(&cs, c->grads + dt_node_tensor_off(m, n, 0), db, p->grad, p->saved, dt_node_in(m, n, 0));
+        return;
+    }
     if (in_bl || n->blocked) {
         c->be->conv2d_backward_blocked(din[0], c->grads + dt_node_tensor_off(m, n, 0), db, n->grad, dt_node_in(m, n, 0),
                                        c->params + dt_node_tensor_off(m, n, 0), c->B, C, H, W, s->out, s->k, s->stride,

@@ -1,6 +1,8 @@
 /* Ops: max and average pooling over (C,H,W) samples, windows K with stride S, no padding. A
  * maxpool right after a relu applies that relu to its own (smaller) output (n->fused_relu). A
- * maxpool of blocked values (a conv chain, graph_layout.c) writes blocked or NCHW (n->blocked). */
+ * maxpool of blocked values (a conv chain, graph_layout.c) writes blocked or NCHW (n->blocked). A
+ * maxpool fused with the conv before it (n->fused_conv, graph_fuse.c) runs nothing itself: the
+ * conv writes its values and window positions and reads its gradient. */
 #include "nn/graph_internal.h"
 
 static dt_status pool_infer(dt_model *m, dt_node *n) {
@@ -19,12 +21,13 @@ static dt_status pool_infer(dt_model *m, dt_node *n) {
 
 static size_t maxpool_saved(const dt_model *m, const dt_node *n, int B) {
     (void)m;
-    return (size_t)B * n->out_n * sizeof(int32_t);
+    return (size_t)B * n->out_n * (n->fused_conv ? 1 : sizeof(int32_t));  /* argmax, or conv_pool's window bytes */
 }
 
 static dt_status maxpool_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
     int C, H, W;
     dt_node_chw(dt_node_input(m, n, 0), &C, &H, &W);
+    if (n->fused_conv) return DT_OK;
     if (dt_node_in_blocked(m, n, 0))
         c->be->maxpool2d_forward_blocked(n->out, n->saved, dt_node_in(m, n, 0), c->B, C, H, W, n->a.k, n->a.stride,
                                          n->blocked);
@@ -37,6 +40,7 @@ static dt_status maxpool_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
 static void maxpool_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float *const *din) {
     int C, H, W;
     dt_node_chw(dt_node_input(m, n, 0), &C, &H, &W);
+    if (n->fused_conv) return;
     /* the fused relu's gradient on the pooled output, in place (the gradient is this node's) */
     if (n->fused_relu) c->be->relu_backward(n->grad, n->grad, n->out, (size_t)c->B * n->out_n);
     if (din[0] && dt_node_in_blocked(m, n, 0))

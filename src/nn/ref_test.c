@@ -330,15 +330,7 @@ static void ref_clip(const char *name) {
     free(g);
 }
 
-static int load(const char *file) {
-    char err[768];
-    dt_fx_free(&g_fx);
-    if (dt_fx_load(&g_fx, file, err, sizeof err) != 0) {
-        CHECK_MSG(0, "%s", err);
-        return -1;
-    }
-    return 0;
-}
+static int load(const char *file) { return dt_fx_reload(&g_fx, file); }
 
 /* The loader refuses damaged files with a message naming the file and the fix. */
 static void test_loader_errors(void) {

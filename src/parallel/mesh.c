@@ -10,6 +10,13 @@ void dt_mesh_coords(int rank, int tp, int pp, int *tp_rank, int *pp_rank, int *d
     *dp_rank = rank / (tp * pp);
 }
 
+void dt_mesh_data_part(int rank, int size, int tp, int pp, int *data_rank, int *data_world) {
+    if (size % (tp * pp) != 0) return;
+    int tr, pr;
+    dt_mesh_coords(rank, tp, pp, &tr, &pr, data_rank);
+    *data_world = size / (tp * pp);
+}
+
 int dt_mesh_rank(int tp, int pp, int tp_rank, int pp_rank, int dp_rank) { return (dp_rank * pp + pp_rank) * tp + tp_rank; }
 
 /* "1, 2 or 4": the divisors of n. */

@@ -17,6 +17,11 @@ typedef struct {
 
 /* This rank's coordinates in a mesh of tp x pp (dp = the rest) from its world rank. */
 void dt_mesh_coords(int rank, int tp, int pp, int *tp_rank, int *pp_rank, int *dp_rank);
+/* The data part of a rank in a mesh of tp x pp: every rank of one model copy (its stages and
+ * their tp ranks) trains the same samples, so the data is split over the dp axis only (*data_rank
+ * = the dp coordinate of *data_world = size / (tp * pp)). A size that tp x pp does not divide
+ * leaves both as they are (the strategy then refuses it, saying what divides). */
+void dt_mesh_data_part(int rank, int size, int tp, int pp, int *data_rank, int *data_world);
 /* The world rank at coordinates (tp_rank, pp_rank, dp_rank). */
 int dt_mesh_rank(int tp, int pp, int tp_rank, int pp_rank, int dp_rank);
 

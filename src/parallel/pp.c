@@ -432,16 +432,11 @@ static void pp_format(const void *opts, char *out, size_t cap) {
     if (o->split[0] && k > 0 && (size_t)k < cap) snprintf(out + k, cap - (size_t)k, ",split=%s", o->split);
 }
 
-/* Every rank of model copy dp_i (its stages and their tp ranks) trains the same samples: the data
- * is split over the DP axis only. A size that tp x K does not divide keeps (rank, size): the
- * strategy then refuses it, saying what divides. */
+/* The data part of entry.data_part: the dp axis of the tp x K mesh (dt_mesh_data_part; a size it
+ * does not divide is refused when the strategy is made). */
 static void pp_data_part(const void *opts, int rank, int size, int *data_rank, int *data_world) {
     const dt_pp_opts *o = opts;
-    const int per = o->stages * (o->tp > 0 ? o->tp : 1);
-    if (size % per != 0) return;
-    int tr, pr;
-    dt_mesh_coords(rank, o->tp > 0 ? o->tp : 1, o->stages, &tr, &pr, data_rank);
-    *data_world = size / per;
+    dt_mesh_data_part(rank, size, o->tp > 0 ? o->tp : 1, o->stages, data_rank, data_world);
 }
 
 static void pp_mesh(const void *opts, int *tp, int *pp, int *microbatches, const char **schedule) {

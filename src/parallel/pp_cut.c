@@ -14,6 +14,7 @@ bool dt_pp_cut_valid(const dt_model *m, int k) {
     if (k < 1 || k >= n || (loss >= 0 && k > loss)) return false;
     /* the crossing values need memory of their own: not a graph input, nor an alias of one */
     if (dt_model_node_kind(m, dt_model_node_owner(m, k - 1)) == DT_LAYER_INPUT) return false;
+    if (dt_model_node_fused(m, k - 1)) return false;  /* its values are computed with the next node's */
     int in[2];
     return dt_model_cut_inputs(m, k, in, 2) == 1 && in[0] == k - 1;
 }

@@ -88,6 +88,24 @@ static void test_schedules(void) {
 
 /* ---- the cut ---- */
 
+/* No stage ends on a conv that its maxpool computes with (dt_model_node_fused: its values are
+ * never written), nor on its relu; the boundary after the pool is valid. On the oneDNN f32
+ * kernels, which fuse the CNN's first conv. */
+static void test_cut_fused(void) {
+    if (dt_kernels_select("onednn", "fp32") != DT_OK) return;
+    dt_model *m = NULL;
+    CHECK_OK(dt_model_build(&m, "cnn", 1, 28, 28));
+    if (m) {
+        CHECK(dt_model_node_fused(m, 1) && dt_model_node_fused(m, 2) && !dt_model_node_fused(m, 3));
+        CHECK(!dt_pp_cut_valid(m, 2) && !dt_pp_cut_valid(m, 3) && dt_pp_cut_valid(m, 4));
+    }
+    dt_model_free(m);
+    CHECK_OK(dt_kernels_select("blas", "fp32"));
+    CHECK_OK(dt_model_build(&m, "cnn", 1, 28, 28));
+    if (m) CHECK(!dt_model_node_fused(m, 1) && dt_pp_cut_valid(m, 2));
+    dt_model_free(m);
+}
+
 static void test_cut(void) {
     dt_model *m;
     dt_gpt_config g;
@@ -377,6 +395,7 @@ int main(void) {
     write_corpus();
     test_schedules();
     test_cut();
+    test_cut_fused();
     test_gpt_layouts();
     test_memory();
     test_seq_models();

@@ -155,6 +155,22 @@ static void test_data_part(void) {
     CHECK_OK(dt_strategy_parse("localsgd(sync_every=2)", &e, &o));
     CHECK_OK(dt_strategy_data_part(e, &o, 1, 2, &dr, &dw));
     CHECK(dr == 1 && dw == 2);
+    /* a tp x pp mesh (either strategy's spelling, TP innermost) splits the data over dp only; a
+     * world it does not divide keeps (rank, size) */
+    const char *mesh[][2] = {{"tp(tp=2,pp=2)", "tp(tp=2)"}, {"pp(stages=2,tp=2)", "pp(stages=3)"}};
+    for (int k = 0; k < 2; k++) {
+        CHECK_OK(dt_strategy_parse(mesh[k][0], &e, &o));
+        int bad = 0;
+        for (int r = 0; r < 8; r++) {
+            CHECK_OK(dt_strategy_data_part(e, &o, r, 8, &dr, &dw));
+            bad += dr != r / 4 || dw != 2;
+        }
+        CHECK_OK(dt_strategy_data_part(e, &o, 5, 6, &dr, &dw));
+        CHECK_MSG(bad == 0 && dr == 5 && dw == 6, "%s: %d ranks off; rank 5 of 6 -> %d of %d", mesh[k][0], bad, dr, dw);
+        CHECK_OK(dt_strategy_parse(mesh[k][1], &e, &o));
+        CHECK_OK(dt_strategy_data_part(e, &o, 5, 6, &dr, &dw));
+        CHECK_MSG(dr == (k ? 1 : 2) && dw == (k ? 2 : 3), "%s: rank 5 of 6 -> %d of %d", mesh[k][1], dr, dw);
+    }
 }
 
 /* A 2-layer model on 12 features and one step of 4 samples; returns the step's buckets (-1: error). */

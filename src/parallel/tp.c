@@ -365,14 +365,11 @@ static void tp_format(const void *opts, char *out, size_t cap) {
     if (o->zero) snprintf(out + strlen(out), cap - strlen(out), "%d", o->zero);
 }
 
-/* The dp coordinate of dp data ranks; a size that tp x pp does not divide keeps (rank, size): the
- * mesh then refuses it when the strategy is made, saying what divides. */
+/* The data part of entry.data_part: the dp axis of the tp x pp mesh (dt_mesh_data_part; a size
+ * it does not divide is refused when the strategy is made). */
 static void tp_data_part(const void *opts, int rank, int size, int *data_rank, int *data_world) {
     const tp_opts *o = opts;
-    if (size % (o->tp * o->pp) != 0) return;
-    int tr, pr;
-    dt_mesh_coords(rank, o->tp, o->pp, &tr, &pr, data_rank);
-    *data_world = size / (o->tp * o->pp);
+    dt_mesh_data_part(rank, size, o->tp, o->pp, data_rank, data_world);
 }
 
 static void tp_mesh(const void *opts, int *tp, int *pp, int *microbatches, const char **schedule) {

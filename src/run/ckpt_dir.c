@@ -2,6 +2,7 @@
 #include "run/ckpt_dir.h"
 #include "run/checkpoint.h"
 
+#include "core/sys.h"
 #include "dtrain/safetensors.h"
 
 #include <dirent.h>
@@ -154,10 +155,8 @@ static void scan_temps(const char *dir, const char *prefix, const char *suffix) 
 
 void dt_ckpt_remove_stale_temps(const char *path) {
     char dir[4096];
+    dt_path_dir(dir, sizeof dir, path);
     const char *slash = strrchr(path, '/');
-    if (!slash) snprintf(dir, sizeof dir, ".");
-    else if (slash == path) snprintf(dir, sizeof dir, "/");
-    else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
     scan_temps(dir, slash ? slash + 1 : path, NULL);
 }
 

@@ -2,6 +2,7 @@
  * checkpoint atomically (temp file + fsync + rename + directory fsync) with per-tensor and
  * header CRC32s. The layout and reserved keys are described in include/dtrain/safetensors.h. */
 #include "dtrain/safetensors.h"
+#include "core/sys.h"
 
 #include <cJSON.h>
 #include <errno.h>
@@ -228,9 +229,10 @@ static dt_status write_all(int fd, const void *p, size_t n, const char *tmp) {
 
 /* fsync of the directory holding path, so the rename itself is durable. */
 static dt_status sync_dir(const char *path) {
-    const char *slash = strrchr(path, '/');
-    char *dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
+    size_t cap = strlen(path) + 2; /* room for "." */
+    char *dir = malloc(cap);
     if (!dir) return dt_error(DT_ENOMEM, "out of memory");
+    dt_path_dir(dir, cap, path);
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     dt_status s = DT_OK;
     if (fd < 0 || fsync(fd) != 0)

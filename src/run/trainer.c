@@ -8,15 +8,14 @@
 #include "dtrain/models.h"
 #include "run/checkpoint.h"
 #include "run/ckpt_dir.h"
+#include "run/writable.h"
 
-#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/sysinfo.h>
-#include <unistd.h>
 
 dt_train_config dt_train_defaults(void) {
     dt_train_config c = {
@@ -91,13 +90,8 @@ static dt_status resolve_resume(dt_trainer *t) {
 static dt_status check_writable(const char *flag, const char *path) {
     if (!path) return DT_OK;
     char dir[4096];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (!slash) snprintf(dir, sizeof dir, ".");
-    else if (slash == dir) dir[1] = '\0';
-    else *slash = '\0';
-    if (access(dir, W_OK) != 0)
-        return dt_error(DT_EIO, "%s %s: cannot write into directory %s: %s", flag, path, dir, strerror(errno));
+    int e = dt_path_probe_write(path, dir, sizeof dir);
+    if (e) return dt_error(DT_EIO, "%s %s: cannot write into directory %s: %s", flag, path, dir, strerror(e));
     return DT_OK;
 }
 

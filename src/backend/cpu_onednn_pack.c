@@ -1,0 +1,96 @@
+/* bf16 packing of a GEMM's B operand into oneDNN's VNNI layout BA16a{nb}b2a, and plain f32 -> bf16
+ * casts of an A operand that two GEMMs share (a linear layer's output gradient), done here
+ * instead of by oneDNN reorders (one per GEMM). oneDNN 2.6's generic reorder (jit:uni) converts f32 to that layout at a
+ * fifth of the speed of a plain f32 -> bf16 cast (measured on Zen 4: 768x512 in 0.5 ms against
+ * 0.08 ms), and the GPT's linear layers pack an activation or a weight for every GEMM. With
+ * AVX512-BF16, two rows are rounded in one vcvtne2ps2bf16 and interleaved in one vpermw. Only
+ * used where the CPU has AVX512-BF16 and oneDNN chose one of these layouts (dt_dnnl_vnni_block);
+ * elsewhere oneDNN's reorder runs as before. The rounding is the same: to nearest even. */
+#include "backend/backend.h"
+
+#if DT_HAVE_DNNL
+#include <immintrin.h>
+#include <string.h>
+
+#include "backend/onednn.h"
+
+bool dt_dnnl_cast_fast(void) { return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw"); }
+
+int dt_dnnl_vnni_block(const dnnl_memory_desc_t *md, int64_t K, int64_t N) {
+    if (!dt_dnnl_cast_fast()) return 0;
+    static const dnnl_format_tag_t tags[4] = {dnnl_BA16a16b2a, dnnl_BA16a32b2a, dnnl_BA16a48b2a, dnnl_BA16a64b2a};
+    const dnnl_dims_t d = {K, N};
+    for (int i = 0; i < 4; i++) {
+        dnnl_memory_desc_t t;
+        if (dnnl_memory_desc_init_by_tag(&t, 2, d, dnnl_bf16, tags[i]) == dnnl_success && dnnl_memory_desc_equal(&t, md))
+            return 16 * (i + 1);
+    }
+    return 0;
+}
+
+int dt_dnnl_vnni_padded_k(const dnnl_memory_desc_t *md) { return (int)md->padded_dims[0]; }
+
+
+
+/* One 16 x nb block: rows k0.. (pairs interleaved) of columns n0..n0+nb, zeros past K and N. */
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) static void pack_block(uint16_t *dst, const float *src,
+                                                                               int64_t ld, int K, int N, int k0,
+                                                                               int n0, int nb) {
+    const __m512i inter = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                                           21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    for (int kp = 0; kp < 8; kp++) {
+        const int ka = k0 + 2 * kp, kb = ka + 1;
+        for (int n = 0; n < nb; n += 16) {
+            const int left = N - n0 - n;
+            const __mmask16 m = left >= 16 ? 0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
+            const __m512 a = ka < K ? _mm512_maskz_loadu_ps(m, src + ka * ld + n0 + n) : _mm512_setzero_ps();
+            const __m512 b = kb < K ? _mm512_maskz_loadu_ps(m, src + kb * ld + n0 + n) : _mm512_setzero_ps();
+            const __m512i r = (__m512i)_mm512_cvtne2ps_pbh(b, a);  /* a's 16 values, then b's */
+            _mm512_storeu_si512(dst + ((size_t)kp * nb + n) * 2, _mm512_permutexvar_epi16(inter, r));
+        }
+    }
+}
+
+/* The same block from a column-major B (element (k, n) at src[n * ld + k], a linear layer's
+ * weight as the forward's w^T): each column's 16 values of the block are 8 pairs already, cast
+ * to 8 32-bit words; then for each pair row a gather takes the 16 columns' words. */
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) static void pack_block_t(uint16_t *dst, const float *src,
+                                                                                 int64_t ld, int K, int N, int k0,
+                                                                                 int n0, int nb) {
+    uint32_t w[64][8];  /* [column][pair]: 64 >= nb */
+    const int left = K - k0;
+    const __mmask16 m = left >= 16 ? 0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
+    for (int n = 0; n < nb; n++) {
+        const __m512 v = n0 + n < N ? _mm512_maskz_loadu_ps(m, src + (int64_t)(n0 + n) * ld + k0) : _mm512_setzero_ps();
+        _mm256_storeu_si256((__m256i *)w[n], (__m256i)_mm512_cvtneps_pbh(v));
+    }
+    const __m512i at = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                          _mm512_set1_epi32(8));
+    for (int kp = 0; kp < 8; kp++)
+        for (int n = 0; n < nb; n += 16)
+            _mm512_storeu_si512(dst + ((size_t)kp * nb + n) * 2, _mm512_i32gather_epi32(at, &w[n][kp], 4));
+}
+
+void dt_dnnl_vnni_pack(void *dst, const float *src, int K, int N, int64_t ld, int nb, int Kp, bool cols) {
+    const int KB = Kp / 16, NB = (N + nb - 1) / nb;
+    uint16_t *d = dst;
+    for (int j = 0; j < NB; j++)
+        for (int i = 0; i < KB; i++) {
+            uint16_t *blk = d + ((size_t)j * KB + i) * 16 * nb;
+            if (cols) pack_block_t(blk, src, ld, K, N, 16 * i, nb * j, nb);
+            else pack_block(blk, src, ld, K, N, 16 * i, nb * j, nb);
+        }
+}
+
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) void dt_dnnl_cast_bf16(void *dst, const float *src, size_t n) {
+    uint16_t *d = dst;
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32)
+        _mm512_storeu_si512(d + i, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + i + 16), _mm512_loadu_ps(src + i)));
+    for (; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
+        _mm256_mask_storeu_epi16(d + i, m, (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, src + i)));
+    }
+}
+
+#endif
