@@ -216,8 +216,11 @@ static dt_status zero_step(dt_strategy *s, float lr, float clip, dt_step_stats *
     }
     st->comm_wait_s = dt_now() - t0;
     st->buckets = z->nb;
-    if (first != DT_OK) return dt_error_wrap(first, "ZeRO-%d gradient reduce", z->stage);
-    if (z->err != DT_OK) return dt_error(z->err, "ZeRO-%d: %s", z->stage, z->errmsg);
+    char who[32];  /* what errors call the strategy: ddp's sharded update is no ZeRO to its user */
+    if (z->replica) snprintf(who, sizeof who, "ddp (update=shard)");
+    else snprintf(who, sizeof who, "ZeRO-%d", z->stage);
+    if (first != DT_OK) return dt_error_wrap(first, "%s gradient reduce", who);
+    if (z->err != DT_OK) return dt_error(z->err, "%s: %s", who, z->errmsg);
     if (z->nbuf) DT_TRY(dt_comm_broadcast(s->comm, dt_model_buffers(s->model), z->nbuf, DT_F32, 0));
     const double t1 = dt_now();
     if (clip > 0) DT_TRY(clip_shard(s, z, clip));
@@ -233,7 +236,7 @@ static dt_status zero_step(dt_strategy *s, float lr, float clip, dt_step_stats *
     dt_status g = dt_zero_gather_slab(s, z, dt_model_params(s->model));
     st->comm_wait_s += dt_now() - t2;
     if (s->trace) dt_trace_add(s->trace, "allgather params", 1, t2, dt_now(), s->step);
-    return g == DT_OK ? DT_OK : dt_error_wrap(g, "ZeRO-%d parameter allgather", z->stage);
+    return g == DT_OK ? DT_OK : dt_error_wrap(g, "%s parameter allgather", who);
 }
 
 static dt_status zero_init(dt_strategy *s) {
