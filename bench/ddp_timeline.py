@@ -24,7 +24,7 @@ def load(path):
         if e.get("ph") != "X":
             continue
         name = e["name"]
-        if name.split(" ")[0] in ("allreduce", "fp16", "bf16", "topk", "powersgd"):
+        if name.split(" ")[0] in ("allreduce", "fp16", "bf16", "topk", "powersgd", "reduce_scatter"):
             name = "bucket " + name.split(" b")[-1]
         steps.setdefault(e["args"]["step"], {}).setdefault(e["pid"], {})[name] = (e["ts"], e["ts"] + e["dur"])
     return steps
@@ -35,25 +35,29 @@ def main():
         sys.exit(__doc__)
     steps, skip = load(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 20
     ranks = sorted({r for s in steps.values() for r in s})
-    want = {"forward", "backward", "optimizer"}
+    want = {"forward", "backward"}  # one worker (strategy single) traces no optimizer span
     ks = [k for k in sorted(steps) if k >= skip and len(steps[k]) == len(ranks)
           and all(want <= set(steps[k][r]) for r in ranks)]
-    if len(ranks) < 2 or not ks:
-        sys.exit("%s: need a trace of 2 or more ddp ranks with steps after %d" % (sys.argv[1], skip))
-    last = "bucket %d" % max(int(n.split()[1]) for n in steps[ks[0]][ranks[0]] if n.startswith("bucket "))
+    if not ks:
+        sys.exit("%s: need a trace of ddp ranks (or one worker) with steps after %d" % (sys.argv[1], skip))
+    buckets = [int(n.split()[1]) for n in steps[ks[0]][ranks[0]] if n.startswith("bucket ")]
+    last = "bucket %d" % max(buckets) if buckets else "none"
     rows = {}
     add = lambda name, v: rows.setdefault(name, []).append(v)
     for i, k in enumerate(ks):
         s = steps[k]
         arrive = {r: s[r]["backward"][1] for r in ranks}
         first, final = min(arrive, key=arrive.get), max(arrive, key=arrive.get)
-        add("arrival skew (last - first)", arrive[final] - arrive[first])
-        if last in s[final] and last in s[first]:
+        if len(ranks) > 1:
+            add("arrival skew (last - first)", arrive[final] - arrive[first])
+        if len(ranks) > 1 and last in s[final] and last in s[first]:
             add("after all arrived: last rank", s[final][last][1] - arrive[final])
             add("after all arrived: first rank", s[first][last][1] - arrive[final])
         for r in ranks:
             add("compute (forward + backward)", s[r]["backward"][1] - s[r]["forward"][0])
-            add("optimizer", s[r]["optimizer"][1] - s[r]["optimizer"][0])
+            for part in ("optimizer", "allgather params"):  # the latter: ZeRO stages 1-2
+                if part in s[r]:
+                    add(part, s[r][part][1] - s[r][part][0])
             nxt = steps.get(k + 1, {}).get(r, {})
             if i + 1 < len(ks) and ks[i + 1] == k + 1 and "data" in nxt:
                 add("taking the next batch", nxt["data"][1] - nxt["data"][0])

@@ -40,6 +40,11 @@ void dt_optim_step(dt_optim *o, float *params, const float *grads, float lr);
  * dt_optim_size. Counts one step. */
 void dt_optim_step_ranges(dt_optim *o, int nr, float *const *params, const float *const *grads, const size_t *len,
                           float lr);
+/* As dt_optim_step_ranges on a whole (unsharded) optimizer: range k uses the state values
+ * [off[k], off[k] + len[k]) (off[k] is the range's place in the full slab). The state outside the
+ * ranges is left as it was. Counts one step. */
+void dt_optim_step_at(dt_optim *o, int nr, float *const *params, const float *const *grads, const size_t *off,
+                      const size_t *len, float lr);
 /* Keeps only the state of ranges [off[k], off[k]+len[k)) (packed in that order: this rank's
  * shard), freeing the rest; dt_optim_size becomes the sum of len. DT_EINVAL for a range beyond
  * the state, DT_ENOMEM leaves the optimizer as it was. */

@@ -31,12 +31,15 @@ static double children_cpu_s(void) {
 }
 
 /* One `dtrain train` run of `steps` steps: its last metrics line and the CPU seconds it took. */
+static const char *g_strategy; /* --strategy SPEC passed to every run, or NULL */
+
 static int train_once(const char *data, const char *model, int batch, int workers, int steps, const char *dir,
                       char *line, size_t cap, double *cpu_s) {
     char metrics[PATH_MAX], args[1024];
     snprintf(metrics, sizeof metrics, "%s/bench-%s-%d-%d.jsonl", dir, model, batch, workers);
-    snprintf(args, sizeof args, "--data '%s' --model %s --batch %d --workers %d --max-steps %d --epochs 1000", data,
-             model, batch, workers, steps);
+    int an = snprintf(args, sizeof args, "--data '%s' --model %s --batch %d --workers %d --max-steps %d --epochs 1000",
+                      data, model, batch, workers, steps);
+    if (g_strategy && workers > 1) snprintf(args + an, sizeof args - (size_t)an, " --strategy '%s'", g_strategy);
     double c0 = children_cpu_s();
     int rc = dt_bench_train_run(args, metrics, line, cap);
     *cpu_s = children_cpu_s() - c0;
@@ -59,13 +62,14 @@ static int run_case(const char *data, const char *model, int batch, int workers,
 }
 
 static const char USAGE[] =
-    "Usage: dtrain bench ddp [--data DIR] [--workers LIST] [--seconds S]\n\n"
+    "Usage: dtrain bench ddp [--data DIR] [--workers LIST] [--seconds S] [--model NAME] [--strategy SPEC]\n\n"
     "Data-parallel throughput of `dtrain train --workers N` on the real data set: MLP at per-worker\n"
     "batch 32 and 128, CNN at 128; samples/s over all workers, speed-up over 1 worker, the\n"
     "per-step time split (compute, communication wait, data wait) of rank 0, and the CPU time per\n"
     "sample of all ranks and threads (cpu_us) with the speed-up it allows where every rank has a\n"
     "core of its own (cpu_scaling = workers x cpu_us(1 worker) / cpu_us; idle waits not counted),\n"
-    "which the load of a shared machine barely moves.";
+    "which the load of a shared machine barely moves. --strategy gives the runs of 2 or more workers a\n"
+    "strategy spec (default: ddp's own), e.g. --strategy 'ddp(zero=1)'.";
 
 int dt_bench_ddp(int argc, char **argv) {
     const char *data = "fashion-mnist", *workers_list = "1,2,4", *only = NULL;
@@ -75,8 +79,9 @@ int dt_bench_ddp(int argc, char **argv) {
         {"workers", DT_FLAG_STR, &workers_list, "LIST", "comma-separated worker counts"},
         {"seconds", DT_FLAG_FLOAT, &seconds, "S", "approximate training time per case"},
         {"model", DT_FLAG_STR, &only, "NAME", "only the cases of this model (mlp or cnn)"},
+        {"strategy", DT_FLAG_STR, &g_strategy, "SPEC", "strategy spec of the multi-worker runs (default ddp)"},
     };
-    int rc = dt_flags_parse(argc, argv, 1, flags, 4, USAGE, NULL, 0, NULL, NULL);
+    int rc = dt_flags_parse(argc, argv, 1, flags, 5, USAGE, NULL, 0, NULL, NULL);
     if (rc) return rc < 0 ? 2 : 0;
     char dir[] = "/tmp/dtrain-bench-XXXXXX";
     if (!mkdtemp(dir)) return dt_cli_fail(NULL, "bench ddp: cannot create a temporary directory");
@@ -90,7 +95,8 @@ int dt_bench_ddp(int argc, char **argv) {
     /* rough single-worker rates so each case runs about `seconds` */
     const struct { const char *model; int batch; double rate; } cases[] = {
         {"mlp", 32, 120000}, {"mlp", 128, 180000}, {"cnn", 128, 2400}};
-    printf("# dtrain bench ddp: data %s, shm transport, ddp, adam; samples/s over all workers\n", data);
+    printf("# dtrain bench ddp: data %s, shm transport, %s, adam; samples/s over all workers\n", data,
+           g_strategy ? g_strategy : "ddp");
     dt_bench_print_machine();
     for (int w = 0; w < nw; w++) dt_bench_warn_cores(workers[w]);
     printf("%-5s %6s %8s %12s %8s %11s %11s %11s %9s %11s\n", "model", "batch", "workers", "samples/s", "speedup",

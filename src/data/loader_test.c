@@ -1,7 +1,8 @@
 /* Tests for the sampler and the prefetching loader: permutations are deterministic, uniform and
  * complete; shards are disjoint and cover the epoch; the loader hands out exactly the batches
  * dt_dataset_batch builds over the sampler order, with or without prefetch, under any thread
- * timing, and from any skip_batches position. */
+ * timing, and from any skip_batches position, also from the loader's copy of a larger set on
+ * huge pages. */
 #include "core/test.h"
 #include "dtrain/data.h"
 
@@ -146,7 +147,9 @@ static dt_dataset *make_ds(void) {
  * order; sleeps a little every few batches when jitter is set so the worker runs ahead or
  * behind. Returns the number of batches read. */
 static size_t check_epoch(dt_loader *l, const dt_dataset *ds, const dt_loader_config *cfg, uint64_t epoch, size_t skip, int jitter) {
-    size_t n = dt_dataset_len(ds), D = 30;
+    int C, H, W;
+    dt_dataset_shape(ds, &C, &H, &W);
+    size_t n = dt_dataset_len(ds), D = (size_t)C * H * W;
     uint32_t *order = malloc(n * sizeof *order);
     dt_sampler_order(order, n, cfg->seed, epoch, cfg->shuffle);
     float *want = malloc((size_t)cfg->batch * D * sizeof(float));
@@ -228,6 +231,29 @@ static void test_loader(dt_dataset *ds) {
     dt_loader_free(l);
 }
 
+/* A feature set of 4-256 MiB is read from the loader's copy on huge pages (loader.c's hot_copy):
+ * its batches are still exactly dt_dataset_batch's over the original, at two ranks and the end
+ * of the epoch included. */
+static void test_hot_copy(void) {
+    enum { N = 5003, C = 1, H = 25, W = 40 };  /* 5 MB of u8 samples */
+    uint8_t *x = malloc((size_t)N * H * W);
+    int32_t *y = malloc(N * sizeof *y);
+    uint32_t r = 12345;
+    for (size_t i = 0; i < (size_t)N * H * W; i++) x[i] = (uint8_t)((r = r * 1664525u + 1013904223u) >> 24);
+    for (int i = 0; i < N; i++) y[i] = i % 7;
+    dt_dataset *ds = NULL;
+    CHECK_OK(dt_dataset_create(&ds, DT_U8, x, y, N, C, H, W, 7));
+    free(x), free(y);
+    for (int rank = 0; rank < 2 && ds; rank++) {
+        dt_loader_config cfg = {.batch = 64, .shuffle = true, .seed = 5, .rank = rank, .world = 2, .prefetch = 2};
+        dt_loader *l;
+        CHECK_OK(dt_loader_create(&l, ds, &cfg));
+        CHECK(check_epoch(l, ds, &cfg, 1, 0, 0) == dt_loader_batches(l));
+        dt_loader_free(l);
+    }
+    dt_dataset_free(ds);
+}
+
 /* Several ranks' loaders together hand out every sample exactly once per epoch. */
 static void test_loader_ranks(dt_dataset *ds) {
     enum { W = 3 };
@@ -271,6 +297,7 @@ int main(void) {
         test_loader(ds);
         test_loader_ranks(ds);
     }
+    test_hot_copy();
     dt_dataset_free(ds);
     return dt_test_summary("loader_test");
 }

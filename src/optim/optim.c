@@ -153,10 +153,12 @@ dt_status dt_optim_set_loss_scaling(dt_optim *o, bool enable, const dt_loss_scal
 
 dt_loss_scaler *dt_optim_loss_scaler(dt_optim *o) { return o->scaling ? &o->ls : NULL; }
 float dt_optim_loss_scale(const dt_optim *o) { return o->scaling ? o->ls.scale : 1.0f; }
-void dt_optim_step_ranges(dt_optim *o, int nr, float *const *params, const float *const *grads, const size_t *len,
-                          float lr) {
+/* Ranges k of params/grads with the state at off[k] (off NULL: packed, one after another). */
+static void step_ranges(dt_optim *o, int nr, float *const *params, const float *const *grads, const size_t *off,
+                        const size_t *len, float lr) {
     size_t at = 0;
     for (int k = 0; k < nr; k++) {
+        if (off) at = off[k];
         float *m = o->m.data ? o->m.data + at : NULL, *v = o->v.data ? o->v.data + at : NULL;
         if (len[k] == 0) continue;
         if (o->cfg.kind == DT_OPTIM_SGD) sgd_update(o, params[k], grads[k], m, len[k], lr);
@@ -164,6 +166,16 @@ void dt_optim_step_ranges(dt_optim *o, int nr, float *const *params, const float
         at += len[k];
     }
     o->t++;
+}
+
+void dt_optim_step_ranges(dt_optim *o, int nr, float *const *params, const float *const *grads, const size_t *len,
+                          float lr) {
+    step_ranges(o, nr, params, grads, NULL, len, lr);
+}
+
+void dt_optim_step_at(dt_optim *o, int nr, float *const *params, const float *const *grads, const size_t *off,
+                      const size_t *len, float lr) {
+    step_ranges(o, nr, params, grads, off, len, lr);
 }
 
 /* Replaces slab *s by the values of ranges [off[k], off[k]+len[k]) packed in order. */

@@ -70,7 +70,7 @@ static void test_errors(void) {
     fails(NULL, "--strategy: no strategy given (choose single, ddp, localsgd, ps, tp or pp)");
     fails("psx", "--strategy psx: unknown strategy (choose single, ddp, localsgd, ps, tp or pp)");
     fails("psx(servers=2)", "--strategy psx: unknown strategy (choose single, ddp, localsgd, ps, tp or pp)");
-    fails("ddp(staleness=2)", "--strategy ddp: unknown option 'staleness' (ddp takes bucket_mb, compress, allreduce, zero)");
+    fails("ddp(staleness=2)", "--strategy ddp: unknown option 'staleness' (ddp takes bucket_mb, compress, allreduce, zero, update)");
     fails("single(x=1)", "--strategy single: unknown option 'x' (single takes no options)");
     fails("localsgd(servers=1)", "--strategy localsgd: unknown option 'servers' (localsgd takes sync_every, compress)");
     fails("ps(bucket_mb=1)",
@@ -132,7 +132,7 @@ static void test_add(void) {
     adds("ddp", "bucket_mb", "0.5", "ddp(bucket_mb=0.5)", NULL);
     adds("ps(servers=2)", "servers", "3", NULL, "--strategy ps(servers=2) sets servers=2");
     adds("ps(staleness=3)", "staleness", "inf", NULL, "--strategy ps(staleness=3) sets staleness=3");
-    adds("ddp", "staleness", "4", NULL, "--strategy ddp: unknown option 'staleness' (ddp takes bucket_mb, compress, allreduce, zero)");
+    adds("ddp", "staleness", "4", NULL, "--strategy ddp: unknown option 'staleness' (ddp takes bucket_mb, compress, allreduce, zero, update)");
     adds("ps(servers=x)", "servers", "3", NULL, "--strategy ps: servers=x: not a whole number of ranks");
 }
 

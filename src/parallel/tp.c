@@ -312,7 +312,8 @@ static dt_status setup(dt_strategy *s, tp *t, const tp_opts *o) {
                               &s->step));
     if (t->mesh.dp > 1) {
         char spec[96];
-        snprintf(spec, sizeof spec, "ddp(bucket_mb=%g,zero=%d)", o->bucket_mb, o->zero);
+        snprintf(spec, sizeof spec, "ddp(bucket_mb=%g,zero=%d%s)", o->bucket_mb, o->zero,
+                 o->zero ? "" : ",update=full");  /* tp_update is the update: not ddp's sharded one */
         t->zero = o->zero, t->bucket_mb = o->bucket_mb;
         if (t->zero)
             DT_TRY(dt_tp_zero_ranges(t->local, o->bucket_mb, t->mesh.dp_rank, t->mesh.dp, &t->mine));

@@ -57,20 +57,23 @@ static void release_grads(dt_strategy *s, zbucket *b) {
     b->gfree = true;
 }
 
-/* Starts bucket i's gradient reduce (a failed start falls back to a blocking one in finish). */
 /* Where bucket b's reduce-scatter leaves this rank's chunk: stage 1 in place at the start of the
  * bucket in the gradient slab (comm.h's in-place form: no copy), stage >= 2 in the packed shard. */
 static float *rs_dest(dt_strategy *s, const zero *z, const zbucket *b) {
     return z->stage == 1 ? dt_model_grads(s->model) + b->lo : z->gsh + b->at;
 }
 
-static void issue(dt_strategy *s, zero *z, int i) {
+/* Starts bucket i's reduce, non-blocking on the communicator's progress thread; with `blocking`
+ * nothing starts and finish() runs it on the caller's thread (the step's last bucket: nothing is
+ * left to overlap it with, and a rank whose core the progress thread shares pays two switches). */
+static void issue(dt_strategy *s, zero *z, int i, bool blocking) {
     zbucket *b = &z->b[i];
     float *g = dt_model_grads(s->model);
     b->t_issue = dt_now();
     b->issued = true;
     b->rs = b->rt = NULL;
     b->rs_done = b->c == 0, b->rt_done = b->tail == 0;
+    if (blocking) return;
     if (b->c && dt_comm_ireduce_scatter(s->comm, g + b->lo, rs_dest(s, z, b), b->c, DT_F32, DT_OP_AVG, &b->rs) != DT_OK)
         b->rs = NULL;
     float *t = g + b->lo + (size_t)z->N * b->c;
@@ -145,9 +148,12 @@ void dt_zero_poll(dt_strategy *s, zero *z) {
 static void zero_ready(dt_strategy *s, size_t off, size_t n) {
     zero *z = s->impl;
     (void)n;
-    /* layers arrive last to first: bucket `next` is complete once its lowest layer is */
-    while (z->next < z->nb && off <= z->b[z->next].lo) {
-        issue(s, z, z->next++);
+    /* layers arrive last to first: bucket `next` is complete once its lowest layer is. Stage 1
+     * leaves the last bucket (complete with backward itself) to the step, which runs it blocking;
+     * stages 2 and 3 start it here, so that its gradient pages go back at once */
+    const int upto = z->stage == 1 ? z->nb - 1 : z->nb;
+    while (z->next < upto && off <= z->b[z->next].lo) {
+        issue(s, z, z->next++, false);
         z->early++;
     }
     if (z->stage >= 2) dt_zero_poll(s, z);
@@ -179,23 +185,16 @@ static dt_status clip_shard(dt_strategy *s, zero *z, float clip) {
     return DT_OK;
 }
 
-/* Stages 1 and 2: every rank's updated chunks to every rank. */
-static dt_status gather_params(dt_strategy *s, zero *z) {
-    float *p = dt_model_params(s->model);
-    dt_status first = DT_OK;
+/* Blocking on the caller's thread: the step waits for all of them anyway, and the progress thread
+ * would only add two thread switches (on a rank bound to one core they are on the critical path:
+ * MLP b128 on two ranks, see ddp.c). */
+dt_status dt_zero_gather_slab(dt_strategy *s, zero *z, float *p) {
     for (int i = 0; i < z->nb; i++) {
         zbucket *b = &z->b[i];
-        dt_status st = DT_OK;
-        if (b->c) st = dt_comm_iallgather(s->comm, p + b->own, p + b->lo, b->c, DT_F32, &b->rs);
-        if (st == DT_OK && b->tail)
-            st = dt_comm_ibroadcast(s->comm, p + b->lo + (size_t)z->N * b->c, b->tail, DT_F32, z->N - 1, &b->rt);
-        if (st != DT_OK && first == DT_OK) first = st;
+        if (b->c) DT_TRY(dt_comm_allgather(s->comm, p + b->own, p + b->lo, b->c, DT_F32));
+        if (b->tail) DT_TRY(dt_comm_broadcast(s->comm, p + b->lo + (size_t)z->N * b->c, b->tail, DT_F32, z->N - 1));
     }
-    for (int i = 0; i < z->nb; i++) {
-        dt_status a = dt_request_wait(&z->b[i].rs), c = dt_request_wait(&z->b[i].rt);
-        if (first == DT_OK) first = a != DT_OK ? a : c;
-    }
-    return first;
+    return DT_OK;
 }
 
 static dt_status zero_step(dt_strategy *s, float lr, float clip, dt_step_stats *st) {
@@ -203,8 +202,8 @@ static dt_status zero_step(dt_strategy *s, float lr, float clip, dt_step_stats *
     memset(st, 0, sizeof *st);
     st->early_buckets = z->early;
     if (z->stage == 3) dt_zero_params_replay(s, z);
-    while (z->next < z->nb) issue(s, z, z->next++);
-    const double t0 = dt_now();
+    const double t0 = dt_now();  /* the blocking last bucket is communication (as ddp's) */
+    while (z->next < z->nb) issue(s, z, z->next, z->next == z->nb - 1), z->next++;
     dt_status first = DT_OK;
     for (int i = 0; i < z->nb; i++) {
         dt_status r = finish(s, z, i);
@@ -217,12 +216,16 @@ static dt_status zero_step(dt_strategy *s, float lr, float clip, dt_step_stats *
     }
     st->comm_wait_s = dt_now() - t0;
     st->buckets = z->nb;
-    if (first != DT_OK) return dt_error_wrap(first, "ZeRO-%d gradient reduce", z->stage);
-    if (z->err != DT_OK) return dt_error(z->err, "ZeRO-%d: %s", z->stage, z->errmsg);
+    char who[32];  /* what errors call the strategy: ddp's sharded update is no ZeRO to its user */
+    if (z->replica) snprintf(who, sizeof who, "ddp (update=shard)");
+    else snprintf(who, sizeof who, "ZeRO-%d", z->stage);
+    if (first != DT_OK) return dt_error_wrap(first, "%s gradient reduce", who);
+    if (z->err != DT_OK) return dt_error(z->err, "%s: %s", who, z->errmsg);
     if (z->nbuf) DT_TRY(dt_comm_broadcast(s->comm, dt_model_buffers(s->model), z->nbuf, DT_F32, 0));
     const double t1 = dt_now();
     if (clip > 0) DT_TRY(clip_shard(s, z, clip));
-    dt_optim_step_ranges(s->optim, z->nb, z->pp, z->gp, z->len, lr);
+    if (z->replica) dt_optim_step_at(s->optim, z->nb, z->pp, z->gp, z->soff, z->len, lr);
+    else dt_optim_step_ranges(s->optim, z->nb, z->pp, z->gp, z->len, lr);
     if (s->trace) dt_trace_add(s->trace, "optimizer", 0, t1, dt_now(), s->step);
     if (z->stage == 3) {
         dt_zero_params_release_all(s, z);  /* the gathered copies are stale now */
@@ -230,10 +233,10 @@ static dt_status zero_step(dt_strategy *s, float lr, float clip, dt_step_stats *
         return DT_OK;
     }
     const double t2 = dt_now();
-    dt_status g = gather_params(s, z);
+    dt_status g = dt_zero_gather_slab(s, z, dt_model_params(s->model));
     st->comm_wait_s += dt_now() - t2;
     if (s->trace) dt_trace_add(s->trace, "allgather params", 1, t2, dt_now(), s->step);
-    return g == DT_OK ? DT_OK : dt_error_wrap(g, "ZeRO-%d parameter allgather", z->stage);
+    return g == DT_OK ? DT_OK : dt_error_wrap(g, "%s parameter allgather", who);
 }
 
 static dt_status zero_init(dt_strategy *s) {
@@ -262,7 +265,7 @@ static void zero_destroy(dt_strategy *s) {
     dt_model_set_node_hooks(s->model, NULL, NULL, NULL);
     dt_model_set_backward_hook(s->model, NULL);
     dt_free(z->gsh);
-    free(z->b), free(z->pp), free(z->gp), free(z->len);
+    free(z->b), free(z->pp), free(z->gp), free(z->len), free(z->soff);
     free(z);
     s->impl = NULL;
 }
@@ -271,6 +274,11 @@ static const dt_strategy_ops zero_ops = {.name = "zero", .train_step = zero_trai
                                          .begin_step = zero_begin, .grad_ready = zero_ready, .step = zero_step,
                                          .destroy = zero_destroy, .sync = dt_zero_sync,
                                          .visit_state = dt_zero_visit_state};
+/* ddp(update=shard): stage 1's step, ddp's name, state and checkpoints */
+static const dt_strategy_ops zero_update_ops = {.name = "ddp", .train_step = zero_train_step, .init = zero_init,
+                                                .begin_step = zero_begin, .grad_ready = zero_ready,
+                                                .step = zero_step, .destroy = zero_destroy,
+                                                .sync = dt_zero_replica_sync, .visit_state = dt_zero_replica_visit};
 
 /* This rank's shard of every bucket, its packed gradient shard and the optimizer's ranges. */
 static dt_status plan_shards(dt_strategy *s, zero *z, const dt_ddp_range *r) {
@@ -341,7 +349,8 @@ static dt_status take_placed(dt_strategy *s, zero *z, double bucket_mb) {
     return dt_model_place(s->model, NULL, 0);
 }
 
-dt_status dt_zero_create(dt_strategy *s, double bucket_mb, int stage) {
+/* stage 1..3; replica: ddp(update=shard) (stage 1, the optimizer kept whole) */
+static dt_status create(dt_strategy *s, double bucket_mb, int stage, bool replica) {
     if (stage < 1 || stage > 3) return dt_error(DT_EINVAL, "zero: stage %d (choose 1, 2 or 3)", stage);
     if (!s->optim) return dt_error(DT_EINVAL, "zero: the strategy needs the optimizer it shards");
     if (dt_optim_size(s->optim) != dt_model_num_params(s->model))
@@ -350,9 +359,10 @@ dt_status dt_zero_create(dt_strategy *s, double bucket_mb, int stage) {
     zero *z = calloc(1, sizeof *z);
     if (!z) return dt_error(DT_ENOMEM, "zero: out of memory");
     z->stage = stage, z->N = dt_comm_size(s->comm), z->r = dt_comm_rank(s->comm);
+    z->replica = replica;
     z->nbuf = dt_model_num_buffers(s->model);
     s->impl = z;
-    s->ops = &zero_ops;
+    s->ops = replica ? &zero_update_ops : &zero_ops;
     dt_ddp_range *r = NULL;
     dt_status st = take_placed(s, z, bucket_mb);
     if (st == DT_OK) st = dt_ddp_buckets(s->model, bucket_mb, &r, &z->nb);
@@ -361,14 +371,20 @@ dt_status dt_zero_create(dt_strategy *s, double bucket_mb, int stage) {
     size_t *off = st == DT_OK ? malloc((size_t)z->nb * sizeof *off) : NULL;
     if (st == DT_OK && !off) st = dt_error(DT_ENOMEM, "zero: out of memory");
     for (int i = 0; st == DT_OK && i < z->nb; i++) off[i] = z->b[i].own;
-    if (st == DT_OK) st = dt_optim_shard(s->optim, z->nb, off, z->len);
-    free(off);
+    if (st == DT_OK && !replica) st = dt_optim_shard(s->optim, z->nb, off, z->len);
+    if (replica) z->soff = off;  /* the shard's state stays in place in the whole optimizer */
+    else free(off);
     if (st != DT_OK) {
         zero_destroy(s);
         s->ops = NULL;
         return st;
     }
     s->grads_zeroed = stage >= 2;  /* the reduce leaves them zero */
-    s->shards_state = true;        /* every rank writes its shard of a checkpoint */
+    s->shards_state = !replica;    /* every rank writes its shard of a checkpoint (replica: rank 0 all) */
+    s->sync_for_state_only = replica;  /* the parameters are whole; only the moments need gathering */
     return DT_OK;
 }
+
+dt_status dt_zero_create(dt_strategy *s, double bucket_mb, int stage) { return create(s, bucket_mb, stage, false); }
+
+dt_status dt_zero_create_update(dt_strategy *s, double bucket_mb) { return create(s, bucket_mb, 1, true); }

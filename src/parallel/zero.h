@@ -25,6 +25,13 @@ dt_status dt_zero_parse_stage(const char *text, int *stage);
  * parameter (stage 3) memory this rank does not own. */
 dt_status dt_zero_create(dt_strategy *s, double bucket_mb, int stage);
 
+/* ddp(update=shard): s (comm, model, optim set) keeps ddp's replicas, results and checkpoints, but
+ * each step reduce-scatters the gradient buckets, updates only this rank's shard (ZeRO stage 1's
+ * step, the optimizer kept whole) and all-gathers the parameters: the bytes of one allreduce and
+ * 1/N of the optimizer's work. The moments outside the shard are stale until the strategy's sync
+ * (before a checkpoint) gathers them. */
+dt_status dt_zero_create_update(dt_strategy *s, double bucket_mb);
+
 /* The shard of a bucket of n values that rank r of N owns: [*off, *off + *len) relative to the
  * bucket start: N equal chunks of n / N, the remainder (< N) to the last rank. */
 void dt_zero_chunk(size_t n, int r, int N, size_t *off, size_t *len);

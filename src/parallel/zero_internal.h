@@ -28,6 +28,9 @@ typedef struct {
 
 typedef struct {
     int stage, N, r;
+    bool replica;         /* ddp(update=shard): stage 1 with the optimizer whole (stale outside the
+                           * shard until sync gathers it) and ddp's checkpoints (dt_zero_create_update) */
+    size_t *soff;         /* replica: per bucket, the shard's place in the whole optimizer state */
     bool placed;          /* the model came placed to this rank's shards (dt_zero_place) */
     zbucket *b;
     int nb;
@@ -68,9 +71,17 @@ void dt_zero_poll(dt_strategy *s, zero *z);
 /* Records the first hook error (with the last error's message). */
 void dt_zero_hook_error(zero *z, dt_status st);
 
+/* Stages 1-2 (zero.c): every rank's chunks of slab `base` (parameters, or an optimizer moment of
+ * ddp(update=shard)) to every rank, in place, blocking. Collective. */
+dt_status dt_zero_gather_slab(dt_strategy *s, zero *z, float *base);
+
 /* Checkpoints (zero_state.c): sync (stage 3: gathers the model) and the visitor of the pieces
  * this rank owns. */
 dt_status dt_zero_sync(dt_strategy *s);
 dt_status dt_zero_visit_state(dt_strategy *s, dt_state_visit_fn fn, void *ctx);
+/* ddp(update=shard): sync gathers every rank's shard of the optimizer moments (the replicas then
+ * hold the whole state, as ddp's), and the state is visited as ddp's (rank 0 writes it all). */
+dt_status dt_zero_replica_sync(dt_strategy *s);
+dt_status dt_zero_replica_visit(dt_strategy *s, dt_state_visit_fn fn, void *ctx);
 
 #endif

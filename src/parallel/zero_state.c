@@ -2,7 +2,7 @@
  * bucket, cut at tensor boundaries: parameters and optimizer moments; rank 0 also the model's
  * buffers), so every value is written exactly once, by its owner, into that rank's shard of a
  * sharded checkpoint (run/ckpt_shard.c). sync gathers the whole model on every rank (stage 3)
- * for evaluation. */
+ * for evaluation. ddp(update=shard) keeps ddp's checkpoints: sync gathers the optimizer moments. */
 #include "parallel/zero_internal.h"
 
 #include <stdio.h>
@@ -52,4 +52,15 @@ dt_status dt_zero_visit_state(dt_strategy *s, dt_state_visit_fn fn, void *ctx) {
         for (int b = 0; b < z->nb; b++) DT_TRY(visit_owned(s, z, &z->b[b], t, fn, ctx));
     }
     return DT_OK;
+}
+
+dt_status dt_zero_replica_sync(dt_strategy *s) {
+    zero *z = s->impl;
+    for (int k = 0; k < dt_optim_num_states(s->optim); k++)
+        DT_TRY(dt_zero_gather_slab(s, z, dt_optim_state(s->optim, k, NULL)));
+    return DT_OK;
+}
+
+dt_status dt_zero_replica_visit(dt_strategy *s, dt_state_visit_fn fn, void *ctx) {
+    return dt_state_visit_model(s->model, s->optim, fn, ctx);
 }
