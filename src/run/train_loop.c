@@ -245,7 +245,9 @@ static dt_status run_epoch_steps(dt_trainer *t, epoch_acc *acc, double t0, bool 
         if (*stop || (c->max_steps && t->step >= c->max_steps)) return DT_ENOENT;
         /* a checkpoint at an epoch's last step waits for the epoch's end (so it resumes after it) */
         if (*ckpt_due && t->step_in_epoch < spe) {
-            DT_TRY(dt_trainer_save_numbered(t));
+            if ((s = dt_trainer_save_numbered(t)) != DT_OK)  /* its sync is a collective: say when */
+                return dt_error_wrap(s, "checkpoint after step %lld (epoch %lld)", (long long)t->step,
+                                     (long long)t->epoch + 1);
             *ckpt_due = false;
         }
     }
