@@ -58,33 +58,24 @@ const char *dt_mpi_errstr(int code, char *buf, size_t n) {
     return buf;
 }
 
-dt_status dt_mpi_error(const dt_mpi_transport *t) {
-    return dt_error_peer(t->err, t->blamed - 1, "%s", t->errmsg);
-}
-
-/* Marks t broken with status s and message msg, blaming rank peer (-1: none; first error wins);
- * returns the error. */
-static dt_status set_broken(dt_mpi_transport *t, dt_status s, int peer, const char *msg) {
+/* Marks t broken with status s and message msg (first error wins); returns the error. */
+static dt_status set_broken(dt_mpi_transport *t, dt_status s, const char *msg) {
     if (!t->broken) {
         snprintf(t->errmsg, sizeof t->errmsg, "%s", msg);
         t->broken = true;
         t->err = s;
-        t->blamed = peer >= 0 ? peer + 1 : 0;
         g_failed = true;
     }
-    return dt_mpi_error(t);
+    return dt_error(t->err, "%s", t->errmsg);
 }
 
-#define NOTICE_HEAD (2 * sizeof(int) + 1)  /* status, 1 + blamed rank, kind; then the message */
-
-/* Sends a notice (status, the rank t's error blames, kind 'A' abort / 'F' failure, message) to
- * every other rank so their waits fail now instead of at their deadlines; best effort, never
- * waits. */
+/* Sends a notice (status, kind 'A' abort / 'F' failure, message) to every other rank so their
+ * waits fail now instead of at their deadlines; best effort, never waits. */
 static void notify_all(dt_mpi_transport *t, char kind, dt_status s, const char *msg) {
-    int head[2] = {(int)s, t->blamed};
-    memcpy(t->abort_out, head, sizeof head);
-    t->abort_out[sizeof head] = kind;
-    snprintf(t->abort_out + NOTICE_HEAD, sizeof t->abort_out - NOTICE_HEAD, "%s", msg);
+    int si = (int)s;
+    memcpy(t->abort_out, &si, sizeof si);
+    t->abort_out[sizeof si] = kind;
+    snprintf(t->abort_out + sizeof si + 1, sizeof t->abort_out - sizeof si - 1, "%s", msg);
     LOCK();
     for (int p = 0; p < t->base.size; p++) {
         if (p == t->base.rank) continue;
@@ -96,30 +87,17 @@ static void notify_all(dt_mpi_transport *t, char kind, dt_status s, const char *
     UNLOCK();
 }
 
-static dt_status vfail(dt_mpi_transport *t, dt_status s, int peer, const char *fmt, va_list ap) {
+dt_status dt_mpi_fail(dt_mpi_transport *t, dt_status s, const char *fmt, ...) {
     if (!t->broken) {
         char msg[sizeof t->errmsg];
+        va_list ap;
+        va_start(ap, fmt);
         vsnprintf(msg, sizeof msg, fmt, ap);
-        set_broken(t, s, peer, msg);
+        va_end(ap);
+        set_broken(t, s, msg);
         if (t->base.size > 1) notify_all(t, 'F', s, t->errmsg);
     }
-    return dt_mpi_error(t);
-}
-
-dt_status dt_mpi_fail(dt_mpi_transport *t, dt_status s, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    dt_status r = vfail(t, s, -1, fmt, ap);
-    va_end(ap);
-    return r;
-}
-
-dt_status dt_mpi_fail_peer(dt_mpi_transport *t, dt_status s, int peer, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    dt_status r = vfail(t, s, peer, fmt, ap);
-    va_end(ap);
-    return r;
+    return dt_error(t->err, "%s", t->errmsg);
 }
 
 static double g_spin_s = 200e-6; /* spin window; DTRAIN_MPI_SPIN_US overrides (read at create) */
@@ -143,21 +121,20 @@ static const char *op_str(dt_mpi_transport *t, char *buf, size_t n) {
 /* ---- internal channels: abort notices and the op check ------------------------------------ */
 
 dt_status dt_mpi_progress_internal(dt_mpi_transport *t) {
-    if (t->broken) return dt_mpi_error(t);
+    if (t->broken) return dt_error(t->err, "%s", t->errmsg);
     int flag = 0;
     MPI_Status st;
     LOCK();
     if (t->abort_req != MPI_REQUEST_NULL) MPI_Test(&t->abort_req, &flag, &st);
     UNLOCK();
-    if (flag) {  /* the rank that told us failed: its error's culprit, else that rank, is to blame */
-        int head[2];
+    if (flag) {
+        int s;
         char msg[sizeof t->errmsg];
-        memcpy(head, t->abort_buf, sizeof head);
+        memcpy(&s, t->abort_buf, sizeof s);
         t->abort_buf[sizeof t->abort_buf - 1] = 0;
         snprintf(msg, sizeof msg, "rank %d %s: %s", st.MPI_SOURCE,
-                 t->abort_buf[sizeof head] == 'A' ? "aborted" : "failed", t->abort_buf + NOTICE_HEAD);
-        const int blamed = head[1] > 0 && head[1] <= t->base.size ? head[1] - 1 : st.MPI_SOURCE;
-        return set_broken(t, head[0] < 0 ? (dt_status)head[0] : DT_EPEER, blamed, msg);
+                 t->abort_buf[sizeof s] == 'A' ? "aborted" : "failed", t->abort_buf + sizeof s + 1);
+        return set_broken(t, s < 0 ? (dt_status)s : DT_EPEER, msg);
     }
     return dt_mpi_check_progress(t);
 }
@@ -170,7 +147,7 @@ static void req_set(dt_treq *r, const MPI_Request *m) { memcpy(r->priv.u, m, 2 *
 
 dt_status dt_mpi_post(dt_mpi_transport *t, bool recv, int peer, int tag, int mtag, void *buf,
                       size_t bytes, dt_treq *req) {
-    if (t->broken) return dt_mpi_error(t);
+    if (t->broken) return dt_error(t->err, "%s", t->errmsg);
     DT_TRY(dt_mpi_check_flush(t)); /* the op's descriptor before its first message */
     if (peer < 0 || peer >= t->base.size)
         return dt_error(DT_EINVAL, "peer rank %d out of range 0..%d", peer, t->base.size - 1);
@@ -252,8 +229,8 @@ static void finish(dt_mpi_transport *t, dt_treq *r, int rc, MPI_Status *st, int 
                 r->status = dt_mpi_fail(t, DT_EMISMATCH, "rank %d sent more than the %zu bytes rank %d expected (%s) during %s",
                                         r->peer, r->bytes, t->base.rank, tg, o);
             else
-                r->status = dt_mpi_fail_peer(t, DT_EPEER, r->peer, "lost rank %d during %s (%s of %zu bytes, %s): "
-                                             "MPI: %s", r->peer, o, recv ? "receive" : "send", r->bytes, tg, e);
+                r->status = dt_mpi_fail(t, DT_EPEER, "lost rank %d during %s (%s of %zu bytes, %s): MPI: %s",
+                                        r->peer, o, recv ? "receive" : "send", r->bytes, tg, e);
             return;
         }
     }
@@ -296,7 +273,7 @@ static dt_status progress_all(dt_mpi_transport *t, bool *progressed) {
         *pp = r->next;
         r->next = NULL;
         *progressed = true;
-        if (t->broken) return dt_mpi_error(t);
+        if (t->broken) return dt_error(t->err, "%s", t->errmsg);
     }
     return DT_OK;
 }
@@ -306,7 +283,7 @@ static dt_status mpi_test(dt_transport *tt, dt_treq *req, bool *done) {
     bool progressed;
     dt_status s = progress_all(t, &progressed);
     *done = req->done;
-    if (req->done && req->status != DT_OK) return dt_error_peer(req->status, t->blamed - 1, "%s", t->errmsg);
+    if (req->done && req->status != DT_OK) return dt_error(req->status, "%s", t->errmsg);
     return s;
 }
 
@@ -337,8 +314,8 @@ static dt_status check_dead(dt_mpi_transport *t, dt_treq *const *reqs, int n) {
         DT_TRY(progress_all(t, &progressed)); /* its last messages may be in already */
         if (r->done) continue;
         char o[96], tg[32];
-        return dt_mpi_fail_peer(t, DT_EPEER, r->peer, "rank %d died during %s (%s of %zu bytes, %s): its process "
-                                "(world rank %d, pid %d) is gone", r->peer, op_str(t, o, sizeof o), r->priv.u[3] ? "receive" : "send",
+        return dt_mpi_fail(t, DT_EPEER, "rank %d died during %s (%s of %zu bytes, %s): its process (world rank %d, "
+                           "pid %d) is gone", r->peer, op_str(t, o, sizeof o), r->priv.u[3] ? "receive" : "send",
                            r->bytes, tag_str(r->tag, tg, sizeof tg), dt_mpi_world_of(t, r->peer), pid);
     }
     return DT_OK;
@@ -360,8 +337,7 @@ dt_status dt_mpi_waitall(dt_transport *tt, dt_treq *const *reqs, int n, double d
                 if (reqs[i] && !reqs[i]->done) all = false;
             if (all) {
                 for (int i = 0; i < n; i++)
-                    if (reqs[i] && reqs[i]->status != DT_OK)
-                        return dt_error_peer(reqs[i]->status, t->blamed - 1, "%s", t->errmsg);
+                    if (reqs[i] && reqs[i]->status != DT_OK) return dt_error(reqs[i]->status, "%s", t->errmsg);
                 return DT_OK;
             }
         }
@@ -382,7 +358,7 @@ static void mpi_abort(dt_transport *tt, dt_status s, const char *msg) {
     dt_mpi_transport *t = (dt_mpi_transport *)tt;
     if (t->broken) return;
     notify_all(t, 'A', s, msg ? msg : "aborted");
-    set_broken(t, s < 0 ? s : DT_EPEER, -1, msg ? msg : "aborted");
+    set_broken(t, s < 0 ? s : DT_EPEER, msg ? msg : "aborted");
 }
 
 /* ---- creation, split, destroy -------------------------------------------------------------- */

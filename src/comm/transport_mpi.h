@@ -35,12 +35,9 @@ typedef struct {
     bool broken;                     /* an error happened: later waits fail at once */
     dt_status err;
     char errmsg[560];
-    int blamed;                      /* 1 + the rank of t the error blames (it died, or failed and told
-                                      * us, dt_error_peer); 0: none */
     /* abort notices from any rank */
     MPI_Request abort_req;
-    char abort_buf[576], abort_out[576];  /* int status, int 1 + the rank it blames (0: none), kind
-                                           * 'A'/'F', message */
+    char abort_buf[576], abort_out[576];  /* int status, kind 'A'/'F', message */
     /* the op check (transport_mpi_check.c): every collective either carries check words in its
      * own data (in-band: native allreduce / allgather up to DT_MPI_INBAND_MAX) or sends its
      * descriptor to rank+1, which compares it with its own op of that seq (and rank-1's to us) */
@@ -67,12 +64,6 @@ extern pthread_mutex_t dt_mpi_lock;
  * waits fail with "rank R failed: ..."), and returns s with that last error. */
 dt_status dt_mpi_fail(dt_mpi_transport *t, dt_status s, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-/* The same for an error that blames rank peer of t (it died or is gone): the last error records
- * it (dt_error_peer), here and on the ranks told, so that they can say in one line whom they lost. */
-dt_status dt_mpi_fail_peer(dt_mpi_transport *t, dt_status s, int peer, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-/* t's error as this thread's last error (with the peer it blames); returns t->err. */
-dt_status dt_mpi_error(const dt_mpi_transport *t);
 /* Advances the internal channels (abort notices, descriptor checks); DT_OK or the error. */
 dt_status dt_mpi_progress_internal(dt_mpi_transport *t);
 /* Idle state of a polling loop: poll (yielding the core) for a short spin window after the last

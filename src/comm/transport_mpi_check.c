@@ -185,8 +185,8 @@ dt_status dt_mpi_check_begin(dt_transport *tt, const dt_coll_desc *d) {
         char b[96];
         if (now >= next_live) {
             if ((pid = dt_mpi_peer_gone(t, left)) != 0)
-                return dt_mpi_fail_peer(t, DT_EPEER, left, "rank %d died %d ops behind rank %d at %s: its process "
-                                        "(world rank %d, pid %d) is gone", left, DT_MPI_DESC_SLOTS, tt->rank, dt_coll_desc_str(d, b, sizeof b),
+                return dt_mpi_fail(t, DT_EPEER, "rank %d died %d ops behind rank %d at %s: its process (world rank %d, "
+                                   "pid %d) is gone", left, DT_MPI_DESC_SLOTS, tt->rank, dt_coll_desc_str(d, b, sizeof b),
                                    dt_mpi_world_of(t, left), pid);
             next_live = now + DT_MPI_LIVE_PERIOD;
         }
@@ -261,7 +261,7 @@ static dt_status inband_failed(dt_mpi_transport *t, const dt_coll_args *a) {
         s = dt_mpi_progress_internal(t);
         if (s == DT_OK) dt_mpi_backoff(&idle);
     }
-    if (t->broken) return dt_mpi_error(t);
+    if (t->broken) return dt_error(t->err, "%s", t->errmsg);
     char o[96];
     return dt_mpi_fail(t, DT_EMISMATCH, "rank %d called %s but another rank called a different collective at #%llu "
                        "(its check words in the data disagree)", t->base.rank,

@@ -82,10 +82,10 @@ static dt_status wait_req(dt_mpi_transport *t, MPI_Request *req, const dt_coll_a
         int rc = MPI_Test(req, &flag, MPI_STATUS_IGNORE);
         pthread_mutex_unlock(&dt_mpi_lock);
         if (rc != MPI_SUCCESS) { /* often a mismatched op: give the checks a moment to say so */
-            if (dt_mpi_check_stalled(t, DT_MPI_PROBE_S) != DT_OK) return dt_mpi_error(t);
+            if (dt_mpi_check_stalled(t, DT_MPI_PROBE_S) != DT_OK) return dt_error(t->err, "%s", t->errmsg);
             for (double end = dt_now() + 0.5; dt_now() < end && dt_mpi_progress_internal(t) == DT_OK;)
                 dt_mpi_backoff(&idle);
-            if (t->broken) return dt_mpi_error(t);
+            if (t->broken) return dt_error(t->err, "%s", t->errmsg);
             return dt_mpi_fail(t, DT_EPEER, "%s failed during %s on rank %d: %s", mpi_name(a->d.op),
                                dt_coll_desc_str(&a->d, o, sizeof o), t->base.rank, dt_mpi_errstr(rc, e, sizeof e));
         }
@@ -101,8 +101,8 @@ static dt_status wait_req(dt_mpi_transport *t, MPI_Request *req, const dt_coll_a
                 rc = MPI_Test(req, &flag, MPI_STATUS_IGNORE);
                 pthread_mutex_unlock(&dt_mpi_lock);
                 if (rc == MPI_SUCCESS && flag) return DT_OK;
-                return dt_mpi_fail_peer(t, DT_EPEER, dead, "rank %d died during %s (%s) on rank %d: its process (world "
-                                        "rank %d, pid %d) is gone", dead, dt_coll_desc_str(&a->d, o, sizeof o), mpi_name(a->d.op),
+                return dt_mpi_fail(t, DT_EPEER, "rank %d died during %s (%s) on rank %d: its process (world rank %d, "
+                                   "pid %d) is gone", dead, dt_coll_desc_str(&a->d, o, sizeof o), mpi_name(a->d.op),
                                    t->base.rank, dt_mpi_world_of(t, dead), pid);
             }
         }
@@ -118,7 +118,7 @@ static dt_status wait_req(dt_mpi_transport *t, MPI_Request *req, const dt_coll_a
 dt_status dt_mpi_coll(dt_transport *tt, const dt_coll_args *a) {
     dt_mpi_transport *t = (dt_mpi_transport *)tt;
     if (!use_native(a)) return DT_ENOTSUP;
-    if (t->broken) return dt_mpi_error(t);
+    if (t->broken) return dt_error(t->err, "%s", t->errmsg);
     int op = a->d.op, size = tt->size, rank = tt->rank, root = a->d.root;
     dt_dtype dt = (dt_dtype)a->d.dtype;
     bool reduce = op == DT_COLL_ALLREDUCE || op == DT_COLL_REDUCE || op == DT_COLL_REDUCE_SCATTER;
@@ -229,8 +229,8 @@ dt_status dt_mpi_coll(dt_transport *tt, const dt_coll_args *a) {
         if (s == DT_OK && dt_now() >= next_live) {
             if ((pid = dt_mpi_peer_gone(t, left)) != 0 && (s = dt_mpi_progress_internal(t)) == DT_OK &&
                 dt_mpi_check_waiting(t))
-                s = dt_mpi_fail_peer(t, DT_EPEER, left, "rank %d died before it started %s (rank %d waited): its process "
-                                     "(world rank %d, pid %d) is gone", left, dt_coll_desc_str(&a->d, o, sizeof o), rank,
+                s = dt_mpi_fail(t, DT_EPEER, "rank %d died before it started %s (rank %d waited): its process (world "
+                                "rank %d, pid %d) is gone", left, dt_coll_desc_str(&a->d, o, sizeof o), rank,
                                 dt_mpi_world_of(t, left), pid);
             next_live = dt_now() + DT_MPI_LIVE_PERIOD;
         }

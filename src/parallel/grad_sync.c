@@ -21,10 +21,8 @@ struct dt_grad_sync {
     float *state;            /* [world][state_n]; row `rank` is live */
     dt_grad_sync_stats st;
     double ef_sq;
-    dt_status err;           /* the first failure of a stage this step, its message and the peer it
-                              * blames (dt_last_error_peer: a follower says so in one line) */
+    dt_status err;           /* the first failure of a stage this step, and its message */
     char err_msg[512];
-    int err_peer;
 };
 
 static const char *const FORMS =
@@ -180,8 +178,7 @@ void dt_grad_sync_add_ef(dt_grad_sync *g, double sq) { g->ef_sq += sq; }
 
 /* Marks b failed (finish reports the first failure of the step with its message). */
 static void fail_bucket(dt_grad_sync *g, dt_gs_bucket *b, dt_status s) {
-    if (g->err == DT_OK)
-        g->err = s, g->err_peer = dt_last_error_peer(), snprintf(g->err_msg, sizeof g->err_msg, "%s", dt_last_error());
+    if (g->err == DT_OK) g->err = s, snprintf(g->err_msg, sizeof g->err_msg, "%s", dt_last_error());
     b->failed = true, b->stage = DT_GS_DONE;
 }
 
@@ -231,11 +228,9 @@ dt_status dt_grad_sync_finish(dt_grad_sync *g, int i) {
         if (b->stage == 0) return dt_error(DT_EINVAL, "gradient sync: bucket %d was never started", i);
         wait_advance(g, b);
     }
-    if (b->failed) {
+    if (b->failed)
         first = dt_error(g->err ? g->err : DT_EINTERNAL, "gradient sync (--compress %s) of bucket %d: %s", g->c->name,
                          i, g->err_msg);
-        dt_error_set_peer(g->err_peer);
-    }
     return first;
 }
 
