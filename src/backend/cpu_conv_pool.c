@@ -22,7 +22,7 @@
 
 /* 64-byte vectors pass by value between the static functions below; without AVX-512 GCC warns
  * that their ABI differs, which matters only across files */
-#if defined(__GNUC__) && !defined(__clang__)
+#if defined(__GNUC__)  /* gcc and clang: the vectors pass between static functions only */
 #pragma GCC diagnostic ignored "-Wpsabi"
 #endif
 
@@ -38,8 +38,6 @@ static inline v16 load(const float *p) {
     return v;
 }
 
-static inline void store(float *p, v16 v) { memcpy(p, &v, sizeof v); }
-static inline v16 splat(float x) { return (v16){0} + x; }
 static inline v16 select_v(v16i t, v16 a, v16 b) { return (v16)(((v16i)a & t) | ((v16i)b & ~t)); }
 
 /* The per-call state: the padded sample, the weights of each 16-channel block as [tap][16]

@@ -14,7 +14,7 @@
 
 #include "backend/onednn.h"
 
-bool dt_dnnl_cast_fast(void) { return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw"); }
+bool dt_dnnl_cast_fast(void) { return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"); }
 
 int dt_dnnl_vnni_block(const dnnl_memory_desc_t *md, int64_t K, int64_t N) {
     if (!dt_dnnl_cast_fast()) return 0;
@@ -33,7 +33,7 @@ int dt_dnnl_vnni_padded_k(const dnnl_memory_desc_t *md) { return (int)md->padded
 
 
 /* One 16 x nb block: rows k0.. (pairs interleaved) of columns n0..n0+nb, zeros past K and N. */
-__attribute__((target("avx512f,avx512bw,avx512bf16"))) static void pack_block(uint16_t *dst, const float *src,
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) static void pack_block(uint16_t *dst, const float *src,
                                                                                int64_t ld, int K, int N, int k0,
                                                                                int n0, int nb) {
     const __m512i inter = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
@@ -54,7 +54,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) static void pack_block(ui
 /* The same block from a column-major B (element (k, n) at src[n * ld + k], a linear layer's
  * weight as the forward's w^T): each column's 16 values of the block are 8 pairs already, cast
  * to 8 32-bit words; then for each pair row a gather takes the 16 columns' words. */
-__attribute__((target("avx512f,avx512bw,avx512bf16"))) static void pack_block_t(uint16_t *dst, const float *src,
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) static void pack_block_t(uint16_t *dst, const float *src,
                                                                                  int64_t ld, int K, int N, int k0,
                                                                                  int n0, int nb) {
     uint32_t w[64][8];  /* [column][pair]: 64 >= nb */
@@ -82,7 +82,7 @@ void dt_dnnl_vnni_pack(void *dst, const float *src, int K, int N, int64_t ld, in
         }
 }
 
-__attribute__((target("avx512f,avx512bw,avx512bf16"))) void dt_dnnl_cast_bf16(void *dst, const float *src, size_t n) {
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void dt_dnnl_cast_bf16(void *dst, const float *src, size_t n) {
     uint16_t *d = dst;
     size_t i = 0;
     for (; i + 32 <= n; i += 32)
