@@ -159,7 +159,7 @@ static dt_status bench_rows(const bench_case *bc, const char *kernels, const cha
     double first = 0;
     for (const char *l = kernels; next_word(&l, w, sizeof w);)
         for (const char *q = precisions; next_word(&q, v, sizeof v);) {
-            double sps, cps, gf;
+            double sps = 0, cps = 0, gf = 0;
             DT_TRY(dt_kernels_select(w, v));
             dt_status s = bench_model(bc, profile, &sps, &cps, &gf);
             if (s != DT_OK) return dt_error_wrap(s, "%s %s", w, v);
