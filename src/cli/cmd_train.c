@@ -9,6 +9,7 @@
 #include "cli/train_mem.h"
 #include "cli/train_outputs.h"
 #include "cli/train_resume.h"
+#include "cli/train_usage.h"
 #include "dtrain/dtrain.h"
 #include "run/ckpt_dir.h"
 #include "run/elastic.h"
@@ -89,66 +90,6 @@ static int run_workers(int argc, char **argv, int workers, const char *elastic, 
     if (s != DT_OK && res.failed_rank < 0 && res.exit_code == 0) return dt_cli_fail(NULL, "%s", dt_last_error());
     return res.exit_code;
 }
-
-static const char TRAIN_USAGE[] =
-    "Usage: dtrain train [FLAGS]\n\n"
-    "Trains a model: in one process, on N local workers (--workers N), or as one rank of a job\n"
-    "started by 'dtrain launch' or mpirun/srun.\n"
-    "Example: dtrain train --data fashion-mnist --model mlp --epochs 2 --batch 32 --optimizer adam --lr 0.001\n"
-    "Model specs are layers separated by spaces, e.g.\n"
-    "  \"conv(32,3,pad=1) relu maxpool(2) flatten linear(128) relu linear(10)\"\n"
-    "layers: linear(out[,bias=0]) conv(out,k[,stride=,pad=,bias=]) maxpool(k[,stride=]) avgpool(k[,stride=])\n"
-    "        relu gelu tanh sigmoid dropout(p) flatten layernorm([eps=]) batchnorm([eps=,momentum=])\n"
-    "aliases: dense = linear, conv2d = conv, maxpool2d, avgpool2d, ln = layernorm, batchnorm2d = batchnorm.\n"
-    "No softmax layer: the loss (softmax cross-entropy) applies it; end with the last linear layer.\n"
-    "presets: mlp (784-128-10, ReLU), cnn (the spec above with a second conv(64,3,pad=1) relu maxpool(2))\n\n"
-    "Data parallel: --workers N starts N local ranks (shared memory); 'mpirun -np N dtrain train ...'\n"
-    "or 'dtrain launch -n N -- dtrain train ...' run the same job. --batch is per rank; each step\n"
-    "averages gradients over the global batch of N*batch samples (--strategy ddp).\n\n"
-    "Strategies: --strategy NAME or NAME(KEY=VALUE,...), one of\n"
-    "  single                            one process (the default without ranks)\n"
-    "  ddp(bucket_mb=MB)                 synchronous data parallel (the default with ranks; --bucket-mb)\n"
-    "  ddp(zero=1|2|3)                   ZeRO: shard optimizer state, + gradients, + parameters (--zero)\n"
-    "  localsgd(sync_every=H)            local steps, models averaged every H (--sync-every)\n"
-    "  ps(servers=S,staleness=S|inf,shards=dynamic|fixed,overlap=0|1)\n"
-    "                                    parameter server (--servers, --staleness, --balance, --ps-overlap)\n"
-    "  tp(tp=K,pp=1,bucket_mb=MB,zero=N) Megatron tensor parallel GPT (--tp K): K ranks per model copy,\n"
-    "                                    the other ranks data parallel; --workers N counts all ranks.\n"
-    "                                    Mesh order, TP innermost: rank = (dp_i*PP + pp_i)*TP + tp_i\n"
-    "  pp(stages=K,microbatches=M,schedule=gpipe|1f1b,split=N1:N2,tp=T)\n"
-    "                                    pipeline parallel (--pp, --microbatches, --pp-schedule, --pp-split);\n"
-    "                                    tp=T (--tp T --pp K): each stage a tensor-parallel group of T ranks\n"
-    "                                    zero=1|2|3 (tp, pp, tp x pp): ZeRO over the mesh's dp axis (--zero)\n"
-    "e.g. --strategy \"ps(servers=2,staleness=4)\". The flags in parentheses set the same options;\n"
-    "a flag and a spec option that disagree are an error.\n"
-    "ddp and localsgd also take compress=C (--compress: none, fp16, bf16, topk:RATIO[:momentum=M]\n"
-    "[:warmup=S], powersgd:RANK, with error feedback) and ddp allreduce=auto|flat|hier (--allreduce)\n"
-    "and update=auto|full|shard (full: allreduce, every rank updates all; shard: reduce-scatter, each\n"
-    "rank updates its part, allgather; the same results; auto: shard where the ranks share a host).\n\n"
-    "Uneven workers: --strategy localsgd --sync-every H trains locally and averages the models every\n"
-    "H steps; --balance dynamic (ddp, localsgd) cuts each global batch by the workers' measured speed.\n"
-    "--strategy ps --servers S: a parameter server; --workers N then starts S server ranks plus N\n"
-    "workers (under mpirun/launch the first S ranks serve). Servers shard the parameters and apply\n"
-    "the optimizer as pushes arrive. The workers take the next batch from server 0 as they finish\n"
-    "one (--balance dynamic, the default for ps), so a slow worker trains fewer; --staleness S holds\n"
-    "a batch back while it is more than S global batches (rounds of N) ahead of the oldest batch\n"
-    "still being trained (0 = synchronous, inf = fully asynchronous). --balance static gives each\n"
-    "worker 1/N of every epoch and counts S in its own steps (classic SSP: the slowest sets the\n"
-    "pace). --ps-overlap (with --staleness inf) runs a worker's push and pull in the background\n"
-    "while it trains its next batch (server 0 hands out one batch ahead): each gradient is one\n"
-    "step staler, the exchange no longer stalls the worker. A ps worker that dies is dropped and the\n"
-    "others go on; rank 0 (server 0) evaluates and prints. --slow RANK:FACTOR is a testing and\n"
-    "benchmark aid that makes one rank FACTOR times slower by sleeping.\n\n"
-    "Pipeline parallel: --pp K --workers N cuts the model into K stages (N/K pipelines, data parallel\n"
-    "between them: rank = dp * K + stage); --microbatches M (default K) splits each rank-batch;\n"
-    "--pp-schedule gpipe|1f1b (default 1f1b: at most K micro-batches in flight per stage). The cut\n"
-    "balances the stages' flops over the valid boundaries (where one activation crosses: block ends,\n"
-    "layers); --pp-split N1:N2:... gives the first node of stages 1..K-1 by index or name instead,\n"
-    "e.g. --pp 2 --pp-split 17 or --pp-split transformer.h.2.ln_1 (a bad one lists the valid ones).\n"
-    "Same as --strategy \"pp(stages=K,microbatches=M,schedule=1f1b,split=N1:N2)\". --save writes one\n"
-    "ordinary checkpoint any layout resumes; --timeline shows each stage's F/B micro-batches.\n"
-    "With --tp T each stage runs its cut of the tensor-parallel GPT over T ranks: --workers 8 --tp 2\n"
-    "--pp 2 is dp2 x pp2 x tp2, rank = (dp*K + stage)*T + tp.";
 
 /* Everything `dtrain train` accepts: the trainer config plus the flags that shape it. */
 typedef struct {
@@ -243,7 +184,7 @@ static int parse_train_flags(int argc, char **argv, train_opts *o) {
         {"early-stop", DT_FLAG_INT, &c->early_stop, "PATIENCE", "with --val-split: stop after PATIENCE epochs without a lower validation loss"},
         {"keep-best", DT_FLAG_BOOL, &c->keep_best, NULL, "with --val-split and --save: also write the best epoch's checkpoint (NAME.best.safetensors)"},
     };
-    int r = dt_flags_parse(argc, argv, 1, flags, (int)(sizeof flags / sizeof *flags), TRAIN_USAGE, NULL, 0, NULL,
+    int r = dt_flags_parse(argc, argv, 1, flags, (int)(sizeof flags / sizeof *flags), dt_train_usage, NULL, 0, NULL,
                            NULL);
     if (r) return r < 0 ? 2 : 0;
     if (o->workers < 1) return dt_cli_usage(NULL, "--workers %d: need at least 1", o->workers);
