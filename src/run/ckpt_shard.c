@@ -3,10 +3,10 @@
  * piece, with the tensor's global shape in the metadata ("dtrain.shape.<tensor>"). Once every
  * shard is durable, rank 0 writes the index <path> itself: the usual checkpoint metadata plus
  * "dtrain.shards" = N and no tensors. The index is written last, so a checkpoint exists only
- * when all of its shards do; once it is in place, the shards of an earlier save under the same path
- * with another number of ranks are removed (dt_ckpt_remove_stale_shards). Loading reads every shard into whole tensors, so a checkpoint
- * resumes at any world size and ZeRO stage, or without ZeRO; `dtrain ckpt consolidate` writes
- * it as one file. */
+ * when all of its shards do; once it is in place, the shards of an earlier save under the same
+ * path with another number of ranks are removed (dt_ckpt_remove_stale_shards). Loading reads every
+ * shard into whole tensors, so a checkpoint resumes at any world size and ZeRO stage, or without
+ * ZeRO; `dtrain ckpt consolidate` writes it as one file. */
 #include "run/checkpoint.h"
 
 #include "core/sys.h"
