@@ -149,6 +149,10 @@ dt_status dt_pp_train_step(dt_strategy *s, const dt_step_batch *b, dt_step_resul
 dt_status dt_pp_eval_batch(dt_strategy *s, const dt_feed *f, double *loss_sum, int64_t *correct, int64_t *n);
 /* The world rank of stage k of this pipeline (this rank's tp index). */
 static inline int dt_pp_world_rank(const dt_pp *p, int k) { return dt_mesh_rank(p->tp, p->K, p->tr, k, p->dp_i); }
+
+/* Wraps st, an error of a point-to-point link, as "pipeline stage S (rank R): WHAT of micro-batch
+ * MB to|from stage P (rank W)" ("to" when what names a send); returns st. pp_step.c. */
+dt_status dt_pp_link_error(const dt_pp *p, dt_status st, const char *what, int mb, int peer);
 /* The lowest stage that uses tensor t of p->m (it owns the tensor's share of the norm, and its
  * values and moments for a sync). */
 int dt_pp_owner_stage(const dt_pp *p, int t);

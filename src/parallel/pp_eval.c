@@ -7,14 +7,6 @@
  * no tokens travel. Nothing of the whole model is placed. */
 #include "parallel/pp.h"
 
-#include <stdio.h>
-#include <string.h>
-
-static dt_status fail(const dt_pp *p, dt_status st, const char *what, int mb, int peer) {
-    return dt_error_wrap(st, "pipeline stage %d (rank %d): evaluation: %s of micro-batch %d %s stage %d (rank %d)",
-                         p->stage, p->rank, what, mb, peer < p->stage ? "from" : "to", peer,
-                         dt_pp_world_rank(p, peer));
-}
 
 /* Micro-batch j: samples [lo, lo + n) of f through this stage; the last stage adds its figures. */
 static dt_status eval_micro(dt_pp *p, const dt_feed *f, int j, int lo, int n, double *loss_sum, int64_t *correct) {
@@ -24,7 +16,7 @@ static dt_status eval_micro(dt_pp *p, const dt_feed *f, int j, int lo, int n, do
     if (p->stage > 0) {
         dt_status st = dt_comm_recv(p->fwd, dt_model_node_buffer(m, p->lo - 1), (size_t)n * p->in_vals, DT_F32,
                                     p->stage - 1, j);
-        if (st != DT_OK) return fail(p, st, "receiving the activation", j, p->stage - 1);
+        if (st != DT_OK) return dt_pp_link_error(p, st, "evaluation: receiving the activation", j, p->stage - 1);
     }
     const int32_t *y = f->y ? (const int32_t *)f->y + (size_t)lo * p->y_vals : NULL;
     const void *x = p->hooks ? (const void *)dt_tp_hooks_ids(p->hooks, lo)
@@ -36,7 +28,7 @@ static dt_status eval_micro(dt_pp *p, const dt_feed *f, int j, int lo, int n, do
     if (!last) {
         dt_status st = dt_comm_send(p->fwd, dt_model_node_values(m, p->hi - 1), (size_t)n * p->out_vals, DT_F32,
                                     p->stage + 1, j);
-        if (st != DT_OK) return fail(p, st, "sending the activation", j, p->stage + 1);
+        if (st != DT_OK) return dt_pp_link_error(p, st, "evaluation: sending the activation", j, p->stage + 1);
         p->bytes_sent += (uint64_t)n * p->out_vals * sizeof(float);
         return DT_OK;
     }

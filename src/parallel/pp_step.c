@@ -45,7 +45,7 @@ static const int32_t *feed_y(const step_ctx *c, int j) {
     return c->b->feed.y ? (const int32_t *)c->b->feed.y + (size_t)mb_lo(c, j) * c->p->y_vals : NULL;
 }
 
-static dt_status fail(const dt_pp *p, dt_status st, const char *what, int mb, int peer) {
+dt_status dt_pp_link_error(const dt_pp *p, dt_status st, const char *what, int mb, int peer) {
     return dt_error_wrap(st, "pipeline stage %d (rank %d): %s of micro-batch %d %s stage %d (rank %d)", p->stage,
                          p->rank, what, mb, strstr(what, "send") ? "to" : "from", peer, dt_pp_world_rank(p, peer));
 }
@@ -75,7 +75,7 @@ static dt_status take_slot(step_ctx *c, int j, int n) {
     if (i == p->nslots) p->nslots++;
     dt_pp_slot *sl = &p->slots[i];
     dt_status ws = wait_send(c, &sl->req_gout, sl->t_gout, "grad", sl->mb_gout);
-    if (ws != DT_OK) return fail(p, ws, "sending the input gradient", sl->mb_gout, p->stage - 1);
+    if (ws != DT_OK) return dt_pp_link_error(p, ws, "sending the input gradient", sl->mb_gout, p->stage - 1);
     if (n > sl->cap) {
         const size_t f = sizeof(float), in = (size_t)n * p->in_vals * f, out = (size_t)n * p->out_vals * f;
         DT_TRY(grow((void **)&sl->in, in));
@@ -117,7 +117,7 @@ static dt_status recv_now(step_ctx *c, dt_comm *comm, void *buf, size_t count, d
     const double t0 = dt_now();
     dt_status st = dt_comm_irecv(comm, buf, count, dt, peer, tag, &req);
     if (st == DT_OK) st = dt_request_wait(&req);
-    if (st != DT_OK) return fail(c->p, st, what, mb, peer);
+    if (st != DT_OK) return dt_pp_link_error(c->p, st, what, mb, peer);
     char name[24];
     const char *kind = strstr(what, "gradient") ? "grad" : strstr(what, "activ") ? "act" : "feed";
     snprintf(name, sizeof name, "recv %s %d", kind, mb);
@@ -194,7 +194,7 @@ static dt_status forward(step_ctx *c, int j) {
         memcpy(sl->out, dt_model_node_values(m, p->hi - 1), (size_t)n * p->out_vals * sizeof(float));
         sl->t_out = dt_now();
         dt_status st = dt_comm_isend(p->fwd, sl->out, (size_t)n * p->out_vals, DT_F32, p->stage + 1, j, &sl->req_out);
-        if (st != DT_OK) return fail(p, st, "sending the activation", j, p->stage + 1);
+        if (st != DT_OK) return dt_pp_link_error(p, st, "sending the activation", j, p->stage + 1);
         p->bytes_sent += (uint64_t)n * p->out_vals * sizeof(float);
     }
     if (++p->inflight > p->peak_inflight) p->peak_inflight = p->inflight;
@@ -267,11 +267,11 @@ static dt_status backward(step_ctx *c, int j) {
         else memset(sl->gout, 0, cnt * sizeof(float));
         sl->t_gout = dt_now(), sl->mb_gout = j;
         dt_status st = dt_comm_isend(p->bwd, sl->gout, cnt, DT_F32, p->stage - 1, j, &sl->req_gout);
-        if (st != DT_OK) return fail(p, st, "sending the input gradient", j, p->stage - 1);
+        if (st != DT_OK) return dt_pp_link_error(p, st, "sending the input gradient", j, p->stage - 1);
         p->bytes_sent += cnt * sizeof(float);
     }
     dt_status st = wait_send(c, &sl->req_out, sl->t_out, "act", j);
-    if (st != DT_OK) return fail(p, st, "sending the activation", j, p->stage + 1);
+    if (st != DT_OK) return dt_pp_link_error(p, st, "sending the activation", j, p->stage + 1);
     sl->used = false;
     p->inflight--;
     return DT_OK;
@@ -289,7 +289,7 @@ static dt_status run_schedule(step_ctx *c) {
     for (int i = 0; i < p->nslots; i++) {
         dt_pp_slot *sl = &p->slots[i];
         dt_status st = wait_send(c, &sl->req_gout, sl->t_gout, "grad", sl->mb_gout);
-        if (st != DT_OK) return fail(p, st, "sending the input gradient", sl->mb_gout, p->stage - 1);
+        if (st != DT_OK) return dt_pp_link_error(p, st, "sending the input gradient", sl->mb_gout, p->stage - 1);
     }
     dt_status st = dt_request_waitall(c->data_req, c->ndata);
     c->ndata = 0;
@@ -305,7 +305,7 @@ static dt_status pass_loss(step_ctx *c) {
     if (p->stage == p->K - 1) st = dt_comm_send(p->data, &p->loss_sum, 1, DT_F64, 0, DT_COMM_TAG_MAX);
     else if (p->stage == 0) st = dt_comm_recv(p->data, &p->loss_sum, 1, DT_F64, p->K - 1, DT_COMM_TAG_MAX);
     if (st != DT_OK)
-        return fail(p, st, p->stage == 0 ? "receiving the loss" : "sending the loss", -1, p->stage ? 0 : p->K - 1);
+        return dt_pp_link_error(p, st, p->stage == 0 ? "receiving the loss" : "sending the loss", -1, p->stage ? 0 : p->K - 1);
     return DT_OK;
 }
 
