@@ -7,7 +7,6 @@
  * no tokens travel. Nothing of the whole model is placed. */
 #include "parallel/pp.h"
 
-
 /* Micro-batch j: samples [lo, lo + n) of f through this stage; the last stage adds its figures. */
 static dt_status eval_micro(dt_pp *p, const dt_feed *f, int j, int lo, int n, double *loss_sum, int64_t *correct) {
     dt_model *m = p->m;
