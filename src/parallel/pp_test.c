@@ -283,7 +283,12 @@ static void test_seq_models(void) {
         pp.strategy = specs[i];
         CHECK(run_ranks(2, &pp, path) == 0);
         snprintf(what, sizeof what, "%s pp2 %s:", models[i], i ? "gpipe M=4" : "1f1b M=2");
-        compare(what, n, g_ref, g_got, dt_test_read_floats(path, g_got, CAP + STEPS + 1), STEPS);
+        /* The CNN's parameters get 1e-4: a ReLU pre-activation within rounding of zero can flip
+         * between micro-batch and full-batch shapes, and AdamW turns the flipped, tiny gradient of a
+         * dense weight into a step of lr size (seen: 2.2e-5 on one dense weight, Zen 5, ASan build;
+         * 2.6e-6 optimized). Its losses still meet DT_PP_TEST_TOL. */
+        compare_within(what, n, g_ref, g_got, dt_test_read_floats(path, g_got, CAP + STEPS + 1), STEPS,
+                       i ? 1e-4 : DT_PP_TEST_TOL);
         if (i == 0) {  /* the last stage holds only the loss: a stage without parameters */
             pp.strategy = "pp(stages=2,microbatches=2,split=5)";
             snprintf(path, sizeof path, "%s/mlp_split", g_dir);
