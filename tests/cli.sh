@@ -16,6 +16,12 @@ expect_fail "--save into a directory that takes no file" "--save /proc/x.st: can
 expect_fail "--save of a directory" "--save $TMP: is a directory" $DT train --save "$TMP" --max-steps 1
 expect_fail "--save-weights without its directory" "--save-weights $TMP/no/w.st: cannot write into $TMP/no" \
   $DT train --save-weights "$TMP/no/w.st" --max-steps 1
+# predict and export probe their -o the same way, before any model is read: exit 78, not a late 1
+for c in predict export; do
+  out=$($DT $c --checkpoint "$TMP/none.st" -o "$TMP/no/out" 2>&1); rc=$?
+  [ $rc -eq 78 ] && grep -q -- "-o $TMP/no/out: cannot write into $TMP/no" <<<"$out" \
+    && ok "$c -o without its directory: exit 78 naming it" || bad "$c -o $TMP/no/out (exit $rc): $out"
+done
 out=$($DT train --workers 2 --checkpoint-dir /proc/ck --max-steps 1 2>&1); rc=$?
 if [ $rc -eq 78 ] && [ "$(grep -c 'checkpoint-dir /proc/ck: cannot write' <<<"$out")" = 1 ] && ! grep -q '^\[' <<<"$out"
 then ok "--checkpoint-dir that cannot be made: exit 78 before any rank starts"
