@@ -5,6 +5,10 @@
 
 # ---- errors that need no data ----
 expect_fail "unknown flag" "unknown flag '--epoch'" $DT train --epoch 2
+expect_fail "a near miss names the flag" "did you mean --epochs?" $DT train --epoch 2
+expect_fail "a swap of two letters names the flag" "did you mean --batch?" $DT train --bacth 2
+out=$($DT train --frobnicate 2 2>&1)
+grep -q "did you mean" <<<"$out" && bad "--frobnicate got a suggestion: $out" || ok "no suggestion for a far miss"
 expect_fail "bad flag value" "flag --batch needs an integer, got 'x'" $DT train --batch x
 expect_fail "bad spec quotes token+position" "bad token 'maxpol(2)' at position 23" \
   $DT train --model "conv(32,3,pad=1) relu maxpol(2) flatten linear(10)" --data "$TMP/none"
