@@ -444,6 +444,7 @@ dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
 dt_model *dt_trainer_model(dt_trainer *t) { return t->model; }
 const char *dt_trainer_last_checkpoint(const dt_trainer *t) { return t->last_ckpt; }
 int64_t dt_trainer_step(const dt_trainer *t) { return t->step; }
+const char *dt_trainer_strategy_choice(const dt_trainer *t) { return t->strategy ? t->strategy->choice : NULL; }
 
 static void fill_info(const dt_trainer *t, dt_ckpt_info *info) {
     memset(info, 0, sizeof *info);
