@@ -20,6 +20,8 @@ expect_fail "--save into a directory that takes no file" "--save /proc/x.st: can
 expect_fail "--save of a directory" "--save $TMP: is a directory" $DT train --save "$TMP" --max-steps 1
 expect_fail "--save-weights without its directory" "--save-weights $TMP/no/w.st: cannot write into $TMP/no" \
   $DT train --save-weights "$TMP/no/w.st" --max-steps 1
+expect_fail "bench train: a negative --seconds" "--seconds -1: give 0 to 3600" $DT bench train --seconds -1
+expect_fail "bench train: --threads 0" "--threads 0: need at least 1" $DT bench train --threads 0
 # predict and export probe their -o the same way, before any model is read: exit 78, not a late 1
 for c in predict export; do
   out=$($DT $c --checkpoint "$TMP/none.st" -o "$TMP/no/out" 2>&1); rc=$?
