@@ -5,6 +5,10 @@
 
 # ---- errors that need no data ----
 expect_fail "unknown flag" "unknown flag '--epoch'" $DT train --epoch 2
+expect_fail "a near miss names the flag" "did you mean --epochs?" $DT train --epoch 2
+expect_fail "a swap of two letters names the flag" "did you mean --batch?" $DT train --bacth 2
+out=$($DT train --frobnicate 2 2>&1)
+grep -q "did you mean" <<<"$out" && bad "--frobnicate got a suggestion: $out" || ok "no suggestion for a far miss"
 expect_fail "bad flag value" "flag --batch needs an integer, got 'x'" $DT train --batch x
 expect_fail "bad spec quotes token+position" "bad token 'maxpol(2)' at position 23" \
   $DT train --model "conv(32,3,pad=1) relu maxpol(2) flatten linear(10)" --data "$TMP/none"
@@ -16,6 +20,14 @@ expect_fail "--save into a directory that takes no file" "--save /proc/x.st: can
 expect_fail "--save of a directory" "--save $TMP: is a directory" $DT train --save "$TMP" --max-steps 1
 expect_fail "--save-weights without its directory" "--save-weights $TMP/no/w.st: cannot write into $TMP/no" \
   $DT train --save-weights "$TMP/no/w.st" --max-steps 1
+expect_fail "bench train: a negative --seconds" "--seconds -1: give 0 to 3600" $DT bench train --seconds -1
+expect_fail "bench train: --threads 0" "--threads 0: need at least 1" $DT bench train --threads 0
+# predict and export probe their -o the same way, before any model is read: exit 78, not a late 1
+for c in predict export; do
+  out=$($DT $c --checkpoint "$TMP/none.st" -o "$TMP/no/out" 2>&1); rc=$?
+  [ $rc -eq 78 ] && grep -q -- "-o $TMP/no/out: cannot write into $TMP/no" <<<"$out" \
+    && ok "$c -o without its directory: exit 78 naming it" || bad "$c -o $TMP/no/out (exit $rc): $out"
+done
 out=$($DT train --workers 2 --checkpoint-dir /proc/ck --max-steps 1 2>&1); rc=$?
 if [ $rc -eq 78 ] && [ "$(grep -c 'checkpoint-dir /proc/ck: cannot write' <<<"$out")" = 1 ] && ! grep -q '^\[' <<<"$out"
 then ok "--checkpoint-dir that cannot be made: exit 78 before any rank starts"

@@ -63,6 +63,17 @@ d=$(python3 "$DTRAIN_TOOLS/ckpt_diff.py" "$TMP/u_full.st" "$TMP/u_shard.st" 0 --
   && ok "ddp(update=shard) = ddp(update=full) to the bit, Adam moments included, and after a resume ($d; $d2)" \
   || bad "update=shard differs from update=full: $d $d2"
 
+# the header says once what update=auto chose (and why); a given update= is in the spec instead
+out=$($DT train --workers 2 --model mlp --max-steps 2 --epochs 1 2>&1)
+[ "$(grep -c 'strategy ddp(bucket_mb=1), update=shard (auto: the ranks share one host), global batch' <<<"$out")" = 1 ] \
+  && ok "the header names update=auto's choice on one host, once" || bad "auto's choice not in the header: $out"
+out=$($DT train --workers 2 --model mlp --max-steps 2 --epochs 1 --compress fp16 2>&1)
+grep -q 'update=full (auto: a compressor needs the allreduce)' <<<"$out" \
+  && ok "the header says why auto kept the allreduce (a compressor)" || bad "compress: $out"
+out=$($DT train --workers 2 --model mlp --max-steps 2 --epochs 1 --strategy "ddp(update=full)" 2>&1)
+grep -q 'strategy ddp(bucket_mb=1,update=full), global batch' <<<"$out" && ! grep -q auto <<<"$out" \
+  && ok "a given update= is not reported as auto's" || bad "update=full: $out"
+
 # the same job on the MPI transport
 if command -v mpirun >/dev/null && $DT train --help >/dev/null; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -114,7 +125,7 @@ else
   rx=$(cat "/sys/class/net/$NAME-v1/statistics/rx_bytes")
   ASAN_OPTIONS=$ASAN_MPI timeout -k 5 180 mpirun --hostfile "$TMP/hosts" --mca plm_rsh_agent "$HOSTS agent" --mca plm_rsh_no_tree_spawn 1 \
     --mca oob_tcp_if_include "$NET.0/24" --mca btl tcp,self --mca btl_tcp_if_include "$NET.0/24" --bind-to none \
-    -np 2 $DT train --backend mpi --model mlp --epochs 1 --batch 32 --max-steps 400 --quiet \
+    -np 2 $DT train --backend mpi --model mlp --epochs 1 --batch 32 --max-steps 400 \
     --metrics "$TMP/netns.jsonl" >"$TMP/netns.log" 2>&1
   rc=$?
   sent=$(( $(cat "/sys/class/net/$NAME-v1/statistics/rx_bytes") - rx ))
@@ -123,6 +134,8 @@ else
      && python3 -c "import sys; sys.exit(0 if float('$an') > 0.75 else 1)"; then
     ok "2 emulated hosts: test_acc $an after 400 steps, $sent bytes over the veth"
   else bad "emulated hosts (exit $rc, $sent bytes): $(tail -5 "$TMP/netns.log")"; fi
+  grep -q 'update=full (auto: the ranks span hosts)' "$TMP/netns.log" \
+    && ok "2 emulated hosts: the header says auto kept the allreduce" || bad "no auto choice: $(head -5 "$TMP/netns.log")"
 
   # a host dies mid-run: the MPI job fails; relaunched on the surviving host with --resume auto
   # it continues from the newest checkpoint (which does not depend on the number of ranks)

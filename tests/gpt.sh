@@ -11,9 +11,9 @@ D="text:$TMP/corpus.txt"
 run() { $DT train --data "$D" --model "$M" --batch 8 --optimizer adamw --lr 3e-3 --quiet "$@"; }
 
 # ---- errors ----
-expect_fail "gpt on image data is refused" "reads token ids: give it text" \
+expect_fail "gpt on image data is refused" "reads token ids: give it --data text:FILE" \
   $DT train --model "$M" --data "$TMP/none.csv"
-expect_fail "text with a layer stack is refused" "train it with --model gpt" $DT train --data "$D" --model mlp
+expect_fail "text with a layer stack is refused" "takes no token ids: use a --model gpt" $DT train --data "$D" --model mlp
 expect_fail "a bad gpt spec names the key" "unknown key 'Q'" $DT train --data "$D" --model "gpt:Q=1"
 expect_fail "heads must divide the width" "multiple of the H=3 heads" $DT train --data "$D" --model "gpt:C=32,H=3"
 expect_fail "missing corpus" "$TMP/nope.txt" $DT train --data "text:$TMP/nope.txt" --model "$M"

@@ -118,6 +118,8 @@ rc=$?
 ok "[ $rc -eq 127 ] && grep -q \"cannot run '/nonexistent/prog'\" '$T/ne'" "missing program (rc $rc): $(cat "$T/ne")"
 "$DT" launch -- true >"$T/u" 2>&1
 ok "[ $? -ne 0 ] && grep -q 'missing -n N' '$T/u'" "missing -n is an error"
+"$DT" launch -n 0 -- true >"$T/n0" 2>&1
+ok "[ $? -eq 2 ] && grep -q -- '-n 0: need at least 1 rank' '$T/n0'" "-n 0 is a bad value, not a missing flag: $(cat "$T/n0")"
 
 # 7. leftover shared memory of the job is removed, other jobs' is kept; job id "data" does not
 #    touch the data-set cache (/dev/shm/dtrain-data-<key>.v1)

@@ -27,6 +27,17 @@ if grep -q "1 of 1 rank would exceed it (rank 0)" <<<"$p1" && grep -q "every ran
    && [ "$(grep -c '^rank ' <<<"$p4")" = 4 ]; then ok "--dry-run: 1 rank exceeds the limit, 4 ranks at stage 3 fit"
 else bad "--dry-run plans: $p1 / $p4"; fi
 
+# a ZeRO-3 rank that passes set-up but not a step's gather (limit: the plan's total less half the
+# gathered bytes) fails naming the step, the stage, what it did and the bucket
+SMALL="linear(256) relu linear(256) relu linear(4)"
+pz=$($DT train --data "$TMP/d.csv" --model "$SMALL" --batch 8 --workers 2 --zero 3 --dry-run 2>&1)
+tot=$(awk '/^  total/ { print $2; exit }' <<<"$pz"); gat=$(awk '/^  gathered/ { print $2; exit }' <<<"$pz")
+out=$($DT train --data "$TMP/d.csv" --model "$SMALL" --batch 8 --workers 2 --zero 3 --max-steps 3 \
+      --mem-limit $((tot - gat / 2)) --quiet 2>&1); rc=$?
+if [ $rc -eq 1 ] && grep -Eq 'step 1 \(epoch 1, batch 1\): ZeRO-3: [a-z ]+ of bucket 0 of 1: --mem-limit' <<<"$out"
+then ok "a ZeRO-3 step beyond --mem-limit names the step, the operation and the bucket"
+else bad "ZeRO-3 step beyond the limit (plan $tot, gathered $gat; exit $rc): $out"; fi
+
 expect_fail "--zero outside 0..3 is a usage error" "--zero 4: the ZeRO stage is 0, 1, 2 or 3" \
   $DT train --data "$TMP/d.csv" --workers 2 --zero 4
 expect_fail "--zero with another strategy" "only --strategy ddp shards with ZeRO" \

@@ -283,6 +283,15 @@ typedef struct {
  * order the sampler cuts into batches, dt_loader_batches, dt_loader_take's units) is epoch_len
  * samples when set. Call dt_loader_start_epoch before dt_loader_next. */
 dt_status dt_loader_create(dt_loader **out, const dt_dataset *ds, const dt_loader_config *cfg);
+/* The bytes of the private copy on huge pages that a shuffling loader of ds reads its samples
+ * from (a feature set of 4-256 MiB: the shuffle's random reads are TLB misses on the shared
+ * cache's 4 KiB pages), rounded up to 2 MiB huge pages; 0 when a loader of ds makes none (text,
+ * smaller or larger sets). The copy is charged to the memory accounting (dt_mem_charge: it counts
+ * against --mem-limit); a loader makes none where the charge does not fit a limit already set, when
+ * it does not shuffle, or where madvise refuses huge pages. */
+size_t dt_loader_copy_bytes(const dt_dataset *ds);
+/* The bytes of that copy loader l holds: dt_loader_copy_bytes of its data set, or 0. */
+size_t dt_loader_copy_held(const dt_loader *l);
 /* Starts (or restarts) an epoch at batch skip_batches, abandoning any epoch in progress: a resumed
  * run gets exactly the batches it would have had. DT_EINVAL if skip_batches > dt_loader_batches. */
 dt_status dt_loader_start_epoch(dt_loader *l, uint64_t epoch, size_t skip_batches);

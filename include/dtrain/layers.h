@@ -123,6 +123,11 @@ const char *dt_blas_better_coretype(void);
 /* The decision of dt_blas_better_coretype on given facts: OpenBLAS's core name, the value of
  * OPENBLAS_CORETYPE (NULL: unset) and the CPU's features (AVX-512 F/BW/VL/DQ; AVX2 and FMA). */
 const char *dt_blas_coretype_for(const char *core, const char *env, bool avx512, bool avx2_fma);
+/* Whether OpenBLAS's kernel set `core` leaves AVX-512 unused on a CPU that has it (avx512): true
+ * for any set but SkylakeX, Cooperlake and SapphireRapids (e.g. "Haswell" or "Zen" forced by
+ * OPENBLAS_CORETYPE). dt_blas_avx512_unused asks it of this process's OpenBLAS and CPU. */
+bool dt_blas_core_misses_avx512(const char *core, bool avx512);
+bool dt_blas_avx512_unused(void);
 
 /* ---- Kernel libraries and precision --------------------------------------------------------- *
  * dt_kernels_select: the kernels new models run from now on in this process: "onednn" (the

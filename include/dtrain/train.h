@@ -158,6 +158,9 @@ dt_model *dt_trainer_model(dt_trainer *t);
 int64_t dt_trainer_step(const dt_trainer *t);
 /* Path of the last checkpoint written or resumed from ("" if none). */
 const char *dt_trainer_last_checkpoint(const dt_trainer *t);
+/* What the strategy chose at set-up where its spec left the choice open, e.g. ddp(update=auto):
+ * "update=shard (auto: the ranks share one host)"; NULL when it chose nothing. Static text. */
+const char *dt_trainer_strategy_choice(const dt_trainer *t);
 
 /* Strategy specs (dt_train_config.strategy). Parses and checks spec: name gets the strategy's
  * name (cap bytes), *servers (may be NULL) the ranks that serve instead of training (ps: the

@@ -18,10 +18,23 @@ const char *dt_blas_coretype_for(const char *core, const char *env, bool avx512,
     return NULL;
 }
 
-const char *dt_blas_better_coretype(void) {
+bool dt_blas_core_misses_avx512(const char *core, bool avx512) {
+    static const char *const avx512_sets[] = {"SkylakeX", "Cooperlake", "SapphireRapids"};
+    if (!avx512 || !core) return false;
+    for (size_t i = 0; i < sizeof avx512_sets / sizeof *avx512_sets; i++)
+        if (!strcmp(core, avx512_sets[i])) return false;
+    return true;
+}
+
+static bool cpu_avx512(void) {
     __builtin_cpu_init();
-    bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                  __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-    bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+}
+
+const char *dt_blas_better_coretype(void) {
+    bool avx512 = cpu_avx512(), avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     return dt_blas_coretype_for(openblas_get_corename(), getenv("OPENBLAS_CORETYPE"), avx512, avx2);
 }
+
+bool dt_blas_avx512_unused(void) { return dt_blas_core_misses_avx512(openblas_get_corename(), cpu_avx512()); }

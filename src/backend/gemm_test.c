@@ -158,6 +158,12 @@ static void test_blas_core(void) {
     CHECK(dt_blas_coretype_for("SkylakeX", NULL, true, true) == NULL);
     CHECK(dt_blas_coretype_for("Haswell", NULL, true, true) == NULL);
     CHECK(dt_blas_coretype_for(NULL, NULL, true, true) == NULL);
+    /* OPENBLAS_CORETYPE=Haswell (or Zen) on an AVX-512 CPU leaves AVX-512 unused: worth a note. */
+    CHECK(dt_blas_core_misses_avx512("Haswell", true) && dt_blas_core_misses_avx512("Zen", true));
+    CHECK(dt_blas_core_misses_avx512("Prescott", true));
+    CHECK(!dt_blas_core_misses_avx512("SkylakeX", true) && !dt_blas_core_misses_avx512("Cooperlake", true));
+    CHECK(!dt_blas_core_misses_avx512("SapphireRapids", true));
+    CHECK(!dt_blas_core_misses_avx512("Haswell", false) && !dt_blas_core_misses_avx512(NULL, true));
     const char *core = dt_blas_corename();
     CHECK(core && *core);
     printf("OpenBLAS core here: %s\n", core ? core : "?");

@@ -211,6 +211,9 @@ int dt_bench_train(int argc, char **argv) {
     for (const char *l = kernels; next_word(&l, w, sizeof w);)  /* check every name before running */
         for (const char *q = precisions; next_word(&q, v, sizeof v);)
             if (dt_kernels_select(w, v) != DT_OK) return dt_cli_usage(NULL, "%s", dt_last_error());
+    if (!(seconds >= 0) || seconds > 3600)
+        return dt_cli_usage("e.g. --seconds 1 (0: 8 timed steps per case)", "--seconds %g: give 0 to 3600", seconds);
+    if (threads < 1) return dt_cli_usage(NULL, "--threads %d: need at least 1", threads);
     dt_set_threads(threads);
     if (repeat < 1) return dt_cli_usage(NULL, "--repeat %d: give 1 or more", repeat);
     const bench_case presets[] = {

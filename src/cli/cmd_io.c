@@ -2,6 +2,7 @@
  * --checkpoint FILE, or --weights FILE with --model SPEC, written as ONNX or run over a data
  * set with its predictions written as CSV or JSON Lines (atomically: temp file, then rename). */
 #include "cli/cli.h"
+#include "cli/train_outputs.h"
 #include "dtrain/dtrain.h"
 #include "dtrain/models.h"
 
@@ -87,6 +88,7 @@ int dt_cmd_export(int argc, char **argv) {
     free(args);
     if (r) return r < 0 ? 2 : 0;
     if (!out) return dt_cli_usage("e.g. dtrain export --checkpoint mlp.safetensors -o mlp.onnx", "no -o FILE given");
+    if ((r = dt_cli_check_output_file("-o", out)) >= 0) return r;
     char file[4096];
     if (ckpt && (r = dt_cli_checkpoint("checkpoint", ckpt, file, sizeof file)) != 0) return r;
     if (ckpt) ckpt = file;

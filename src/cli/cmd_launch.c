@@ -58,8 +58,12 @@ int dt_cmd_launch(int argc, char **argv) {
     free(fargv);
     if (rc > 0) return 0;
     if (rc < 0) return 2;
+    bool n_given = false;  /* -n 0 is a bad value, not a missing flag */
+    for (int i = 1; i < prog && i < argc; i++)
+        n_given |= !strcmp(argv[i], "-n") || !strcmp(argv[i], "--n") || !strncmp(argv[i], "--n=", 4);
     if (n < 1)
-        return dt_cli_usage("e.g. dtrain launch -n 4 -- ./my_worker --flag", n == 0 ? "missing -n N (number of ranks)" : "-n must be >= 1, got %d", n);
+        return dt_cli_usage("e.g. dtrain launch -n 4 -- ./my_worker --flag", n_given ? "-n %d: need at least 1 rank"
+                                                                                     : "missing -n N (number of ranks)", n);
     if (prog >= argc)
         return dt_cli_usage("e.g. dtrain launch -n 4 -- ./my_worker --flag", "missing the program to launch");
     if (timeout < 0 || grace < 0) return dt_cli_usage(NULL, "--timeout and --grace must be >= 0");

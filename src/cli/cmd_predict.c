@@ -3,6 +3,7 @@
  * softmax probability and, with --logits, every logit; CSV or JSON Lines by the file's suffix.
  * Written to a temp file in the same directory and renamed: no half-written file. */
 #include "cli/cli.h"
+#include "cli/train_outputs.h"
 #include "dtrain/dtrain.h"
 #include "dtrain/models.h"
 
@@ -156,6 +157,7 @@ int dt_cmd_predict(int argc, char **argv) {
         return dt_cli_usage(NULL, "--split %s: use test or train", o.split);
     if (o.limit < 0) return dt_cli_usage(NULL, "--limit %lld: must not be negative", (long long)o.limit);
     if (threads < 1) return dt_cli_usage(NULL, "--threads %d: need at least 1", threads);
+    if ((r = dt_cli_check_output_file("-o", o.out)) >= 0) return r;
     char file[4096];
     if (ckpt && (r = dt_cli_checkpoint("checkpoint", ckpt, file, sizeof file)) != 0) return r;
     if (ckpt) ckpt = file;

@@ -274,10 +274,13 @@ static void print_header(const train_opts *o, dt_trainer *t, dt_comm *comm, int 
         if (!strcmp(dt_comm_backend_name(comm), "mpi") && ompi_ends_job_on_death())
             printf("dtrain: note: mpirun ends the whole job if a worker dies; start it with 'mpirun --enable-recovery' "
                    "to let the servers go on without it\n");
-    } else if (world > 1)
-        printf("dtrain: %d ranks over %s, strategy %s, global batch %d%s\n", world, dt_comm_backend_name(comm),
-               spec, c->batch * dt_strategy_spec_data_world(c->strategy ? c->strategy : "ddp", world),
+    } else if (world > 1) {
+        const char *choice = dt_trainer_strategy_choice(t);
+        printf("dtrain: %d ranks over %s, strategy %s%s%s, global batch %d%s\n", world, dt_comm_backend_name(comm),
+               spec, choice ? ", " : "", choice ? choice : "",
+               c->batch * dt_strategy_spec_data_world(c->strategy ? c->strategy : "ddp", world),
                c->balance ? " (cut among the ranks by measured speed)" : "");
+    }
     fflush(stdout);
 }
 

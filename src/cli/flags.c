@@ -140,6 +140,41 @@ static const char *type_word(dt_flag_type t) {
     }
 }
 
+/* Edit distance of a[0..la) and b (insertions, deletions, substitutions, swaps of neighbours),
+ * or 3 when it is more than 2: only near misses matter. */
+static int near_distance(const char *a, size_t la, const char *b) {
+    size_t lb = strlen(b);
+    if (la > 64 || lb > 64 || (la > lb ? la - lb : lb - la) > 2) return 3;
+    int d[65][65];
+    for (size_t i = 0; i <= la; i++) d[i][0] = (int)i;
+    for (size_t j = 0; j <= lb; j++) d[0][j] = (int)j;
+    for (size_t i = 1; i <= la; i++)
+        for (size_t j = 1; j <= lb; j++) {
+            int v = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+            if (d[i - 1][j] + 1 < v) v = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < v) v = d[i][j - 1] + 1;
+            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] && d[i - 2][j - 2] + 1 < v)
+                v = d[i - 2][j - 2] + 1;
+            d[i][j] = v;
+        }
+    return d[la][lb] > 2 ? 3 : d[la][lb];
+}
+
+/* The flag an unknown --name most likely meant: the one that starts with it if only one does,
+ * else the nearest within 2 edits (1 for names of up to 4 letters) when no other is as near. */
+static const dt_flag *suggest_flag(const char *name, size_t len, const dt_flag *flags, int n) {
+    const dt_flag *prefix = NULL, *near = NULL;
+    int nprefix = 0, best = 3, nbest = 0;
+    for (int k = 0; k < n; k++) {
+        if (len >= 3 && !strncmp(flags[k].name, name, len)) prefix = &flags[k], nprefix++;
+        int d = near_distance(name, len, flags[k].name);
+        if (d < best) best = d, near = &flags[k], nbest = 1;
+        else if (d == best) nbest++;
+    }
+    if (nprefix == 1) return prefix;
+    return nbest == 1 && best <= (len <= 4 ? 1 : 2) ? near : NULL;
+}
+
 int dt_flags_parse(int argc, char **argv, int first, const dt_flag *flags, int n, const char *usage,
                    const char **pos, int max_pos, int *npos, int *rest) {
     if (npos) *npos = 0;
@@ -168,7 +203,12 @@ int dt_flags_parse(int argc, char **argv, int first, const dt_flag *flags, int n
         for (int k = 0; k < n; k++)
             if (strlen(flags[k].name) == len && !strncmp(flags[k].name, name, len)) f = &flags[k];
         if (!f) {
-            dt_cli_usage("run with --help to see the accepted flags", "unknown flag '--%.*s'", (int)len, name);
+            const dt_flag *g = suggest_flag(name, len, flags, n);
+            char hint[128];
+            snprintf(hint, sizeof hint, "did you mean --%s? (run with --help to see the accepted flags)",
+                     g ? g->name : "");
+            dt_cli_usage(g ? hint : "run with --help to see the accepted flags", "unknown flag '--%.*s'", (int)len,
+                         name);
             return -1;
         }
         const char *v = eq ? eq + 1 : NULL;

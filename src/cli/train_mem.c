@@ -70,6 +70,13 @@ int dt_cli_dry_run(const dt_train_config *c, int ranks, int zero, double bucket_
         dt_cli_fail("check --model and --data", "%s", dt_last_error());
         return dt_cli_setup_status(s);
     }
+    /* each rank's loader reads a shuffled feature set from a private huge-page copy (charged) */
+    size_t copy = 0;
+    if ((s = dt_train_plan_loader(c, &copy)) != DT_OK) {
+        dt_model_free(m);
+        dt_cli_fail("check --data and --val-split", "%s", dt_last_error());
+        return dt_cli_setup_status(s);
+    }
     const size_t P = dt_model_num_params(m);
     /* whether the run reads the whole model: checkpoints; evaluation (image data has a test set,
      * text data a validation part unless --val-fraction 0) only where ZeRO-3 shards the data-parallel
@@ -93,9 +100,11 @@ int dt_cli_dry_run(const dt_train_config *c, int ranks, int zero, double bucket_
         printf("rank %d (dp %d, stage %d, tp %d):\n", k, p.dp_rank, p.stage, p.tp_rank);
         row("parameters", p.params), row("gradients", p.grads), row("optimizer", p.optim);
         if (p.gathered > 0) row("gathered", p.gathered);
-        row("activations", p.activations), row("total", p.total);
-        if (p.sync > 0) row(syncs ? "at eval/ckpt" : "(eval/ckpt)", p.total + p.sync);
-        if (mem_limit && p.total + (syncs ? p.sync : 0) > (double)mem_limit) {
+        row("activations", p.activations);
+        if (copy) row("loader copy", (double)copy);
+        row("total", p.total + (double)copy);
+        if (p.sync > 0) row(syncs ? "at eval/ckpt" : "(eval/ckpt)", p.total + (double)copy + p.sync);
+        if (mem_limit && p.total + (double)copy + (syncs ? p.sync : 0) > (double)mem_limit) {
             size_t n = strlen(over_ranks);
             if (n + 16 < sizeof over_ranks) snprintf(over_ranks + n, sizeof over_ranks - n, "%s%d", over ? ", " : "", k);
             else if (!strstr(over_ranks, "...")) snprintf(over_ranks + n, sizeof over_ranks - n, ", ...");
@@ -105,6 +114,9 @@ int dt_cli_dry_run(const dt_train_config *c, int ranks, int zero, double bucket_
     if (syncs && l.tp * l.pp > 1 && !(l.tp > 1 && l.pp > 1))
         printf("dtrain: checkpoints (and evaluation under --zero 3) gather the whole model on each rank (the 'at "
                "eval/ckpt' rows); without --save, --save-weights and checkpoints they do not\n");
+    if (copy)
+        printf("dtrain: 'loader copy': each rank reads its shuffled samples from a private copy of the training set "
+               "on huge pages (where madvise allows them)\n");
     if (mem_limit && !over) printf("dtrain: --mem-limit %zu bytes: every rank fits\n", mem_limit);
     else if (mem_limit)
         dt_cli_fail("raise --mem-limit, or spread the model further (--zero 3, --tp, --pp, more --workers)",

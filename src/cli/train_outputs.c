@@ -1,4 +1,5 @@
-/* dtrain train: the outputs (--save, --save-weights, --checkpoint-dir) are probed before the run. */
+/* dtrain train: the outputs (--save, --save-weights, --checkpoint-dir) are probed before the run;
+ * dtrain predict and export probe their -o FILE the same way. */
 #include "cli/train_outputs.h"
 
 #include "cli/cli.h"
@@ -10,18 +11,18 @@
 #include <string.h>
 #include <sys/stat.h>
 
-static int check_file(const char *flag, const char *path) {
+int dt_cli_check_output_file(const char *flag, const char *path) {
     struct stat st;
     if (!path) return -1;
-    if (!*path) return dt_cli_fail("give a file name", "--%s '': empty path", flag), DT_EXIT_CONFIG;
+    if (!*path) return dt_cli_fail("give a file name", "%s '': empty path", flag), DT_EXIT_CONFIG;
     if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
-        return dt_cli_fail("give a file name, e.g. --save DIR/model.safetensors", "--%s %s: is a directory", flag,
-                           path), DT_EXIT_CONFIG;
+        return dt_cli_fail("give a file name, e.g. DIR/model.safetensors", "%s %s: is a directory", flag, path),
+               DT_EXIT_CONFIG;
     char dir[PATH_MAX];
     int e = dt_path_probe_write(path, dir, sizeof dir);
     if (e == 0) return -1;
     dt_cli_fail("give a path in a directory that exists and that you can write",
-                "--%s %s: cannot write into %s (%s)", flag, path, dir, strerror(e));
+                "%s %s: cannot write into %s (%s)", flag, path, dir, strerror(e));
     return DT_EXIT_CONFIG;
 }
 
@@ -47,7 +48,7 @@ static int check_dir(const char *flag, const char *dir) {
 
 int dt_cli_check_outputs(const dt_train_config *c) {
     int r;
-    if ((r = check_file("save", c->save)) >= 0) return r;
-    if ((r = check_file("save-weights", c->save_weights)) >= 0) return r;
+    if ((r = dt_cli_check_output_file("--save", c->save)) >= 0) return r;
+    if ((r = dt_cli_check_output_file("--save-weights", c->save_weights)) >= 0) return r;
     return check_dir("checkpoint-dir", c->checkpoint_dir);
 }

@@ -9,5 +9,8 @@
  * -1 when they can, else exit 78 after naming the flag, the path and what to do. An epoch of
  * training is not spent to find out at its end. */
 int dt_cli_check_outputs(const dt_train_config *c);
+/* The same check of one output file given by flag (its text, "--save" or "-o"): -1 when a file
+ * can be made in its directory and it is not a directory, else exit 78 after naming both. */
+int dt_cli_check_output_file(const char *flag, const char *path);
 
 #endif

@@ -55,20 +55,34 @@ struct dt_loader {
  * (madvise: where the kernel allows them): MLP b128 batch assembly from cold caches 55 -> 30 us
  * (bench: random batches with 64 MiB touched between them), the loader's CPU per batch in a
  * 2-rank job (one core each, the loader beside its rank) 55-62 -> 40-52 us (load 7.5). It costs a
- * private copy per process (47 MB for Fashion-MNIST) beside the shared one. Skipped under --mem-limit
- * (the copy is not in the memory plan) and where madvise refuses huge pages. */
+ * private copy per process (47 MB for Fashion-MNIST) beside the shared one: charged to the memory
+ * accounting (--mem-limit) and in --dry-run's plan (dt_loader_copy_bytes). Skipped where the charge
+ * does not fit a limit already set (the loader then reads the shared pages), for a loader that does
+ * not shuffle (evaluation reads in order: a copy would cost what it saves) and where madvise
+ * refuses huge pages. */
 enum { HOT_MIN = 4 << 20, HOT_MAX = 256 << 20, HUGE = 2 << 20 };
 
-static void hot_copy(dt_loader *l) {
-    const dt_dataset *ds = l->ds;
+static size_t hot_bytes(const dt_dataset *ds) {
     const size_t bytes = ds->T ? 0 : ds->n * ds->D * dt_dtype_size(ds->dtype);
-    if (bytes < HOT_MIN || bytes > HOT_MAX || dt_mem_limit() > 0) return;
-    const size_t len = (bytes + HUGE - 1) / HUGE * HUGE + HUGE;  /* room to align to a huge page */
+    return bytes < HOT_MIN || bytes > HOT_MAX ? 0 : bytes;
+}
+
+size_t dt_loader_copy_bytes(const dt_dataset *ds) { return (hot_bytes(ds) + HUGE - 1) / HUGE * HUGE; }
+
+/* the mapping has one huge page more, to align the copy; that page is never written */
+size_t dt_loader_copy_held(const dt_loader *l) { return l->hot_map ? l->hot_len - HUGE : 0; }
+
+static void hot_copy(dt_loader *l, bool shuffle) {
+    const dt_dataset *ds = l->ds;
+    const size_t bytes = hot_bytes(ds);
+    if (!bytes || !shuffle || dt_mem_charge(dt_loader_copy_bytes(ds), "the loader's huge-page copy") != DT_OK)
+        return;
+    const size_t len = dt_loader_copy_bytes(ds) + HUGE;  /* room to align to a huge page */
     char *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (m == MAP_FAILED) return;
-    char *a = (char *)(((uintptr_t)m + HUGE - 1) & ~(uintptr_t)(HUGE - 1));
-    if (madvise(a, len - (size_t)(a - m), MADV_HUGEPAGE) != 0) {
-        munmap(m, len);
+    char *a = m == MAP_FAILED ? NULL : (char *)(((uintptr_t)m + HUGE - 1) & ~(uintptr_t)(HUGE - 1));
+    if (!a || madvise(a, len - (size_t)(a - m), MADV_HUGEPAGE) != 0) {
+        if (a) munmap(m, len);
+        dt_mem_uncharge(dt_loader_copy_bytes(ds));
         return;
     }
     memcpy(a, ds->x, bytes);
@@ -167,7 +181,7 @@ dt_status dt_loader_create(dt_loader **out, const dt_dataset *ds, const dt_loade
     dt_loader *l = calloc(1, sizeof *l);
     if (!l) return dt_error(DT_ENOMEM, "loader: out of memory");
     l->ds = ds;
-    hot_copy(l);
+    hot_copy(l, c.shuffle);
     l->cfg = c;
     l->nbatches = nb;
     l->n = n;
@@ -359,6 +373,6 @@ void dt_loader_free(dt_loader *l) {
     dt_free(l->ybuf);
     free(l->slot_n);
     free(l->cut);
-    if (l->hot_map) munmap(l->hot_map, l->hot_len);
+    if (l->hot_map) munmap(l->hot_map, l->hot_len), dt_mem_uncharge(l->hot_len - HUGE);
     free(l);
 }

@@ -4,10 +4,12 @@
  * timing, and from any skip_batches position, also from the loader's copy of a larger set on
  * huge pages. */
 #include "core/test.h"
+#include "dtrain/core.h"
 #include "dtrain/data.h"
 
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 static bool is_permutation(const uint32_t *o, size_t n) {
     char *seen = calloc(n ? n : 1, 1);
@@ -244,13 +246,52 @@ static void test_hot_copy(void) {
     dt_dataset *ds = NULL;
     CHECK_OK(dt_dataset_create(&ds, DT_U8, x, y, N, C, H, W, 7));
     free(x), free(y);
+    /* the copy's size as --dry-run plans it: the samples rounded up to 2 MiB pages */
+    const size_t want = ds ? dt_loader_copy_bytes(ds) : 0;
+    CHECK_MSG(want == 6u << 20, "dt_loader_copy_bytes %zu, want 3 pages of 2 MiB for %d bytes", want, N * H * W);
+    const bool thp = access("/sys/kernel/mm/transparent_hugepage/enabled", F_OK) == 0;  /* madvise takes it */
     for (int rank = 0; rank < 2 && ds; rank++) {
         dt_loader_config cfg = {.batch = 64, .shuffle = true, .seed = 5, .rank = rank, .world = 2, .prefetch = 2};
         dt_loader *l;
         CHECK_OK(dt_loader_create(&l, ds, &cfg));
+        if (thp) CHECK_MSG(dt_loader_copy_held(l) == want, "rank %d holds %zu", rank, dt_loader_copy_held(l));
         CHECK(check_epoch(l, ds, &cfg, 1, 0, 0) == dt_loader_batches(l));
         dt_loader_free(l);
     }
+    /* no copy for a loader that reads in order (evaluation); the copy is charged to the memory
+     * accounting while the loader holds it, and not made where it does not fit a limit */
+    dt_loader_config seq = {.batch = 64, .shuffle = false, .prefetch = 2}, shuf = seq;
+    shuf.shuffle = true;
+    dt_loader *l = NULL;
+    const size_t used = dt_mem_used();
+    size_t own = 0;  /* the loader's own buffers */
+    if (ds && dt_loader_create(&l, ds, &seq) == DT_OK) {
+        CHECK_MSG(dt_loader_copy_held(l) == 0, "an in-order loader copied %zu bytes", dt_loader_copy_held(l));
+        own = dt_mem_used() - used;
+        CHECK(check_epoch(l, ds, &seq, 1, 0, 0) == dt_loader_batches(l));
+        dt_loader_free(l);
+    }
+    if (thp && ds && dt_loader_create(&l, ds, &shuf) == DT_OK) {
+        CHECK_MSG(dt_loader_copy_held(l) == want && dt_mem_used() == used + own + want, "held %zu, charged %zu of %zu",
+                  dt_loader_copy_held(l), dt_mem_used() - used - own, want);
+        dt_loader_free(l);
+        CHECK_MSG(dt_mem_used() == used, "%zu bytes still charged after the loader's free", dt_mem_used() - used);
+    }
+    CHECK_OK(dt_mem_set_limit(used + own + want - 1));
+    if (ds && dt_loader_create(&l, ds, &shuf) == DT_OK) {
+        CHECK_MSG(dt_loader_copy_held(l) == 0 && dt_mem_used() == used + own, "a copy beyond --mem-limit: held %zu",
+                  dt_loader_copy_held(l));
+        CHECK(check_epoch(l, ds, &shuf, 1, 0, 0) == dt_loader_batches(l));  /* from the shared pages */
+        dt_loader_free(l);
+    }
+    CHECK_OK(dt_mem_set_limit(0));
+    /* none for a set under 4 MiB */
+    dt_dataset *small = NULL;
+    uint8_t xs[64 * 10] = {0};
+    int32_t ys[64] = {0};
+    CHECK_OK(dt_dataset_create(&small, DT_U8, xs, ys, 64, 1, 1, 10, 2));
+    CHECK(small && dt_loader_copy_bytes(small) == 0);
+    dt_dataset_free(small);
     dt_dataset_free(ds);
 }
 

@@ -193,11 +193,24 @@ static bool sharded_update(const dt_strategy *s, const ddp_opts *op) {
            dt_comm_size(s->comm) > 1 && dt_comm_hosts(s->comm) == 1 && !dt_comm_hier_active(s->comm);
 }
 
+/* What update=auto chose and why, for the run's header (static text); NULL when update was given. */
+static const char *auto_choice(const dt_strategy *s, const ddp_opts *op, bool shard) {
+    if (op->update != UPDATE_AUTO) return NULL;
+    if (shard) return "update=shard (auto: the ranks share one host)";
+    if (op->compress.kind != DT_COMPRESS_NONE) return "update=full (auto: a compressor needs the allreduce)";
+    if (s->optim && dt_optim_loss_scaler(s->optim)) return "update=full (auto: fp16 loss scaling skips whole steps)";
+    if (dt_comm_size(s->comm) < 2) return "update=full (auto: one rank)";
+    return "update=full (auto: the ranks span hosts)";
+}
+
 static dt_status ddp_create(dt_strategy *s, const void *opts) {
     const ddp_opts *op = opts;
     if (op->zero > 0) return dt_zero_create(s, op->bucket_mb, op->zero);
     DT_TRY(dt_comm_set_hier(s->comm, op->allreduce));  /* collective: every rank creates ddp */
-    if (sharded_update(s, op)) return dt_zero_create_update(s, op->bucket_mb);
+    const bool shard = sharded_update(s, op);
+    if (shard) DT_TRY(dt_zero_create_update(s, op->bucket_mb));
+    s->choice = auto_choice(s, op, shard);
+    if (shard) return DT_OK;
     ddp *d = calloc(1, sizeof *d);
     if (!d) return dt_error(DT_ENOMEM, "ddp: out of memory");
     dt_ddp_range *r;

@@ -199,6 +199,8 @@ struct dt_strategy {
                                  * the model stays sharded; no ops->sync gathers it for evaluation) */
     bool shards_state;          /* each rank holds only its part of the state (ZeRO): every rank
                                  * writes its shard of a checkpoint (dt_checkpoint_write_sharded) */
+    const char *choice;         /* what the strategy chose at set-up where its spec left it open
+                                 * ("update=shard (auto: one host)"; static text), NULL when nothing */
     struct {                    /* the current step on this rank, set by the trainer before ops->step */
         int n;                  /* samples */
         int64_t epoch;

@@ -35,10 +35,10 @@ void dt_zero_chunk(size_t n, int r, int N, size_t *off, size_t *len) {
     *len = c + (r == N - 1 ? n - c * (size_t)N : 0);
 }
 
-void dt_zero_hook_error(zero *z, dt_status st) {
+void dt_zero_hook_error(zero *z, dt_status st, const char *what, int bucket) {
     if (st == DT_OK || z->err != DT_OK) return;
     z->err = st;
-    snprintf(z->errmsg, sizeof z->errmsg, "%s", dt_last_error());
+    snprintf(z->errmsg, sizeof z->errmsg, "%s of bucket %d of %d: %s", what, bucket, z->nb, dt_last_error());
 }
 
 /* Gives back bucket b's gradient pages (they read as zeros) and zeros its values on the pages
@@ -109,12 +109,12 @@ static dt_status finish(dt_strategy *s, zero *z, int i) {
 }
 
 /* Tests one part of a bucket's reduce: true when it is done (an error is kept for the step). */
-static bool part_done(zero *z, dt_request **rq, bool *done) {
+static bool part_done(zero *z, int i, dt_request **rq, bool *done) {
     if (*done) return true;
     if (!*rq) return false;  /* not started: finish runs it */
     bool d = false;
     dt_status st = dt_request_test(rq, &d);
-    if (st != DT_OK) dt_zero_hook_error(z, st), d = true;
+    if (st != DT_OK) dt_zero_hook_error(z, st, "gradient reduce-scatter", i), d = true;
     *done = d;
     return d;
 }
@@ -131,7 +131,7 @@ void dt_zero_poll(dt_strategy *s, zero *z) {
     int inflight = 0;
     for (int i = 0; i < z->next; i++) {
         zbucket *b = &z->b[i];
-        if (b->reduced || !part_done(z, &b->rs, &b->rs_done) || !part_done(z, &b->rt, &b->rt_done)) {
+        if (b->reduced || !part_done(z, i, &b->rs, &b->rs_done) || !part_done(z, i, &b->rt, &b->rt_done)) {
             inflight += !b->reduced;
             continue;
         }
@@ -140,7 +140,7 @@ void dt_zero_poll(dt_strategy *s, zero *z) {
     for (int i = 0; i < z->next && inflight > cap; i++) {
         if (z->b[i].reduced) continue;
         dt_status st = finish(s, z, i);
-        if (st != DT_OK) dt_zero_hook_error(z, st), z->b[i].reduced = true;
+        if (st != DT_OK) dt_zero_hook_error(z, st, "gradient reduce-scatter", i), z->b[i].reduced = true;
         inflight--;
     }
 }
@@ -191,8 +191,10 @@ static dt_status clip_shard(dt_strategy *s, zero *z, float clip) {
 dt_status dt_zero_gather_slab(dt_strategy *s, zero *z, float *p) {
     for (int i = 0; i < z->nb; i++) {
         zbucket *b = &z->b[i];
-        if (b->c) DT_TRY(dt_comm_allgather(s->comm, p + b->own, p + b->lo, b->c, DT_F32));
-        if (b->tail) DT_TRY(dt_comm_broadcast(s->comm, p + b->lo + (size_t)z->N * b->c, b->tail, DT_F32, z->N - 1));
+        dt_status st = b->c ? dt_comm_allgather(s->comm, p + b->own, p + b->lo, b->c, DT_F32) : DT_OK;
+        if (st == DT_OK && b->tail)
+            st = dt_comm_broadcast(s->comm, p + b->lo + (size_t)z->N * b->c, b->tail, DT_F32, z->N - 1);
+        if (st != DT_OK) return dt_error_wrap(st, "allgather of bucket %d of %d", i, z->nb);
     }
     return DT_OK;
 }
@@ -205,9 +207,10 @@ static dt_status zero_step(dt_strategy *s, float lr, float clip, dt_step_stats *
     const double t0 = dt_now();  /* the blocking last bucket is communication (as ddp's) */
     while (z->next < z->nb) issue(s, z, z->next, z->next == z->nb - 1), z->next++;
     dt_status first = DT_OK;
+    int first_b = -1;
     for (int i = 0; i < z->nb; i++) {
         dt_status r = finish(s, z, i);
-        if (r != DT_OK && first == DT_OK) first = r;
+        if (r != DT_OK && first == DT_OK) first = r, first_b = i;
         if (s->trace) {
             char name[32];
             snprintf(name, sizeof name, "reduce_scatter b%d", i);
@@ -219,11 +222,12 @@ static dt_status zero_step(dt_strategy *s, float lr, float clip, dt_step_stats *
     char who[32];  /* what errors call the strategy: ddp's sharded update is no ZeRO to its user */
     if (z->replica) snprintf(who, sizeof who, "ddp (update=shard)");
     else snprintf(who, sizeof who, "ZeRO-%d", z->stage);
-    if (first != DT_OK) return dt_error_wrap(first, "%s gradient reduce", who);
+    if (first != DT_OK) return dt_error_wrap(first, "%s gradient reduce-scatter of bucket %d of %d", who, first_b, z->nb);
     if (z->err != DT_OK) return dt_error(z->err, "%s: %s", who, z->errmsg);
-    if (z->nbuf) DT_TRY(dt_comm_broadcast(s->comm, dt_model_buffers(s->model), z->nbuf, DT_F32, 0));
+    dt_status st2 = z->nbuf ? dt_comm_broadcast(s->comm, dt_model_buffers(s->model), z->nbuf, DT_F32, 0) : DT_OK;
+    if (st2 != DT_OK) return dt_error_wrap(st2, "%s broadcast of the model buffers (batchnorm statistics)", who);
     const double t1 = dt_now();
-    if (clip > 0) DT_TRY(clip_shard(s, z, clip));
+    if (clip > 0 && (st2 = clip_shard(s, z, clip)) != DT_OK) return dt_error_wrap(st2, "%s --clip norm allreduce", who);
     if (z->replica) dt_optim_step_at(s->optim, z->nb, z->pp, z->gp, z->soff, z->len, lr);
     else dt_optim_step_ranges(s->optim, z->nb, z->pp, z->gp, z->len, lr);
     if (s->trace) dt_trace_add(s->trace, "optimizer", 0, t1, dt_now(), s->step);
@@ -236,7 +240,7 @@ static dt_status zero_step(dt_strategy *s, float lr, float clip, dt_step_stats *
     dt_status g = dt_zero_gather_slab(s, z, dt_model_params(s->model));
     st->comm_wait_s += dt_now() - t2;
     if (s->trace) dt_trace_add(s->trace, "allgather params", 1, t2, dt_now(), s->step);
-    return g == DT_OK ? DT_OK : dt_error_wrap(g, "%s parameter allgather", who);
+    return g == DT_OK ? DT_OK : dt_error_wrap(g, "%s parameter", who);
 }
 
 static dt_status zero_init(dt_strategy *s) {

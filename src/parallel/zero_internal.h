@@ -68,8 +68,8 @@ void dt_zero_params_free(zero *z);
 /* Stage >= 2 (zero.c): gives back the gradient pages of the buckets whose reduce finished and waits
  * for the oldest while more than dt_zero_inflight_cap(stage) are in flight. */
 void dt_zero_poll(dt_strategy *s, zero *z);
-/* Records the first hook error (with the last error's message). */
-void dt_zero_hook_error(zero *z, dt_status st);
+/* Records the first hook error: "WHAT of bucket B of NB: " and the last error's message. */
+void dt_zero_hook_error(zero *z, dt_status st, const char *what, int bucket);
 
 /* Stages 1-2 (zero.c): every rank's chunks of slab `base` (parameters, or an optimizer moment of
  * ddp(update=shard)) to every rank, in place, blocking. Collective. */

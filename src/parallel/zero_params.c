@@ -24,14 +24,16 @@ static bool in_list(const int *l, int b) {
 static void start(dt_strategy *s, zero *z, int i) {
     zbucket *b = &z->b[i];
     if (b->pst != ZP_RELEASED) return;
-    if (b->prel) dt_zero_hook_error(z, dt_mem_reacquire(b->prel));
+    if (b->prel) dt_zero_hook_error(z, dt_mem_reacquire(b->prel), "parameter gather", i);
     b->prel = 0;
     float *p = dt_model_params(s->model);
     b->ag = b->bt = NULL;
-    if (b->c) dt_zero_hook_error(z, dt_comm_iallgather(z->pcomm, p + b->own, p + b->lo, b->c, DT_F32, &b->ag));
+    if (b->c)
+        dt_zero_hook_error(z, dt_comm_iallgather(z->pcomm, p + b->own, p + b->lo, b->c, DT_F32, &b->ag),
+                           "parameter allgather", i);
     if (b->tail)
         dt_zero_hook_error(z, dt_comm_ibroadcast(z->pcomm, p + b->lo + (size_t)z->N * b->c, b->tail, DT_F32, z->N - 1,
-                                                 &b->bt));
+                                                 &b->bt), "parameter broadcast", i);
     b->pst = ZP_GATHERING;
     b->t_gather = dt_now();
     b->counted = true;  /* the values it writes that this rank does not own (--mem-limit charges the pages) */
@@ -43,8 +45,8 @@ static void start(dt_strategy *s, zero *z, int i) {
 /* Waits for bucket b's gather; with s, --timeline shows it from its start to here. */
 static void wait_gather(dt_strategy *s, zero *z, zbucket *b) {
     if (b->pst != ZP_GATHERING) return;
-    dt_zero_hook_error(z, dt_request_wait(&b->ag));
-    dt_zero_hook_error(z, dt_request_wait(&b->bt));
+    dt_zero_hook_error(z, dt_request_wait(&b->ag), "parameter allgather", (int)(b - z->b));
+    dt_zero_hook_error(z, dt_request_wait(&b->bt), "parameter broadcast", (int)(b - z->b));
     b->pst = ZP_RESIDENT;
     if (s && s->trace) {
         char name[32];
@@ -98,7 +100,7 @@ static void backward_hook(void *ctx, int node) {
     for (int k = 0; k < ZERO_NODE_BUCKETS && need[k] >= 0; k++) {
         zbucket *b = &z->b[need[k]];
         if (b->gfree && b->grel) {
-            dt_zero_hook_error(z, dt_mem_reacquire(b->grel));
+            dt_zero_hook_error(z, dt_mem_reacquire(b->grel), "gradient pages", need[k]);
             dt_mem_populate(dt_model_grads(s->model) + b->lo, (b->hi - b->lo) * sizeof(float));
         }
         b->gfree = false, b->grel = 0;
@@ -157,7 +159,7 @@ dt_status dt_zero_params_gather_all(dt_strategy *s, zero *z) {
     for (int i = 0; i < z->nb; i++) start(s, z, i);
     for (int i = 0; i < z->nb; i++) wait_gather(s, z, &z->b[i]);
     z->full = true;
-    if (z->err != DT_OK) return dt_error(z->err, "ZeRO-3 parameter gather: %s", z->errmsg);
+    if (z->err != DT_OK) return dt_error(z->err, "ZeRO-%d: %s", z->stage, z->errmsg);
     return DT_OK;
 }
 

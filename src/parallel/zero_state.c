@@ -56,8 +56,13 @@ dt_status dt_zero_visit_state(dt_strategy *s, dt_state_visit_fn fn, void *ctx) {
 
 dt_status dt_zero_replica_sync(dt_strategy *s) {
     zero *z = s->impl;
-    for (int k = 0; k < dt_optim_num_states(s->optim); k++)
-        DT_TRY(dt_zero_gather_slab(s, z, dt_optim_state(s->optim, k, NULL)));
+    for (int k = 0; k < dt_optim_num_states(s->optim); k++) {
+        const char *name;
+        dt_status st = dt_zero_gather_slab(s, z, dt_optim_state(s->optim, k, &name));
+        if (st != DT_OK)
+            return dt_error_wrap(st, "ddp (update=shard): the optimizer's '%s' moments, gathered for a checkpoint",
+                                 name);
+    }
     return DT_OK;
 }
 

@@ -76,7 +76,7 @@ dt_status dt_launch_spawn(job *j, int rk, char *const argv[]);
 /* Reads what rank rk wrote to s and relays its whole lines, prefixed; closes s at EOF. */
 void dt_launch_read_stream(job *j, int rk, stream *s);
 /* The notify lines for errors that more than one rank printed ("2 other ranks printed the same
- * error as rank 0"), one per error, once the job is over. */
+ * error (shown once, from rank 0)"), one per error, once the job is over. */
 void dt_launch_note_repeats(const job *j, void (*say)(void *ctx, const char *msg), void *ctx);
 /* Relays what is left of s (a last partial line too) and closes it. */
 void dt_launch_close_stream(job *j, int rk, stream *s);

@@ -114,8 +114,8 @@ void dt_launch_note_repeats(const job *j, void (*say)(void *ctx, const char *msg
         const relayed_error *e = &j->errs[k];
         if (e->repeats == 0) continue;
         char msg[128];
-        snprintf(msg, sizeof msg, "%d other rank%s printed the same error as rank %d", e->repeats,
-                 e->repeats == 1 ? "" : "s", e->rank);
+        snprintf(msg, sizeof msg, "%d other rank%s printed the same error (shown once, from rank %d)",
+                 e->repeats, e->repeats == 1 ? "" : "s", e->rank);
         say(ctx, msg);
     }
 }

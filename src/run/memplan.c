@@ -146,6 +146,16 @@ dt_status dt_mem_plan_rank(dt_model *m, const dt_optim_config *o, const dt_mem_l
     return DT_OK;
 }
 
+dt_status dt_train_plan_loader(const dt_train_config *c, size_t *bytes) {
+    *bytes = 0;
+    dt_dataset *train = NULL, *test = NULL, *part = NULL, *val = NULL;
+    DT_TRY(dt_trainer_open_data(c->data, c->model ? c->model : "mlp", c->val_fraction, &train, &test));
+    dt_status s = c->val_split > 0 ? dt_dataset_split(train, c->val_split, c->seed, &part, &val) : DT_OK;
+    if (s == DT_OK) *bytes = dt_loader_copy_bytes(part ? part : train);
+    dt_dataset_free(part), dt_dataset_free(val), dt_dataset_free(train), dt_dataset_free(test);
+    return s;
+}
+
 dt_status dt_train_plan_model(const dt_train_config *c, dt_model **m) {
     *m = NULL;
     const char *spec = c->model ? c->model : "mlp";

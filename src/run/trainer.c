@@ -183,9 +183,11 @@ dt_status dt_trainer_open_data(const char *data, const char *spec, double val_fr
                               dt_dataset **test) {
     const bool text = dt_data_is_text(data), gpt = dt_model_spec_is_gpt(spec);
     if (text != gpt)
-        return dt_error(DT_EINVAL, text ? "--data %s is text (byte tokens): train it with --model gpt[:L=..,H=..,C=..,T=..]"
-                                        : "--model %s reads token ids: give it text, --data text:FILE or --data kjv",
-                        text ? data : spec);
+        return dt_error(DT_EINVAL, text ? "--data %s is text (byte tokens) and model '%s' takes no token ids: use a "
+                                          "--model gpt[:L=..,H=..,C=..,T=..] (or its checkpoint)"
+                                        : "--data %s is not text and model '%s' reads token ids: give it --data "
+                                          "text:FILE or --data kjv",
+                        data, spec);
     if (!text) return dt_dataset_open(train, test, data);
     dt_gpt_config g;
     DT_TRY(dt_gpt_parse(spec, &g));
@@ -442,6 +444,7 @@ dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
 dt_model *dt_trainer_model(dt_trainer *t) { return t->model; }
 const char *dt_trainer_last_checkpoint(const dt_trainer *t) { return t->last_ckpt; }
 int64_t dt_trainer_step(const dt_trainer *t) { return t->step; }
+const char *dt_trainer_strategy_choice(const dt_trainer *t) { return t->strategy ? t->strategy->choice : NULL; }
 
 static void fill_info(const dt_trainer *t, dt_ckpt_info *info) {
     memset(info, 0, sizeof *info);
