@@ -146,37 +146,34 @@ static inline __attribute__((always_inline)) void transpose16(__m512 r[16]) {
 #endif
 
 /* y[c * ys + j] = v[j * 16 + c] for c < 16, j < n (32-bit values): n 16-channel vectors of a
- * block to 16 NCHW plane rows. v holds n rounded up to 16 vectors (the rest is read, not used). */
+ * block to 16 NCHW plane rows. */
 static void vectors_to_planes(uint32_t *restrict y, size_t ys, const uint32_t *restrict v, size_t n) {
-#if defined(__AVX512F__)
     size_t j = 0;
+#if defined(__AVX512F__)
     for (; j + 16 <= n; j += 16) {
         __m512 r[16];
         for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(v + (j + i) * BL);
         transpose16(r);
         for (int c = 0; c < BL; c++) _mm512_storeu_ps(y + c * ys + j, r[c]);
     }
-#else
-    size_t j = 0;
 #endif
-    for (int c = 0; c < BL; c++)
+    for (int c = 0; c < BL; c++)  /* the tail */
         for (size_t i = j; i < n; i++) y[c * ys + i] = v[i * BL + c];
 }
 
-/* v[j * 16 + c] = y[c * ys + j]: the inverse (v gets n rounded up to 16 vectors, zeros past n). */
+/* v[j * 16 + c] = y[c * ys + j]: the inverse. */
 static void planes_to_vectors(uint32_t *restrict v, const uint32_t *restrict y, size_t ys, size_t n) {
+    size_t j = 0;
 #if defined(__AVX512F__)
-    for (size_t j = 0; j < n; j += 16) {
-        const __mmask16 k = (__mmask16)(n - j >= 16 ? 0xFFFFu : (1u << (n - j)) - 1);
+    for (; j + 16 <= n; j += 16) {
         __m512 r[16];
-        for (int c = 0; c < BL; c++) r[c] = _mm512_maskz_loadu_ps(k, y + c * ys + j);
+        for (int c = 0; c < BL; c++) r[c] = _mm512_loadu_ps(y + c * ys + j);
         transpose16(r);
         for (int i = 0; i < 16; i++) _mm512_storeu_ps(v + (j + i) * BL, r[i]);
     }
-#else
-    for (int c = 0; c < BL; c++)
-        for (size_t j = 0; j < n; j++) v[j * BL + c] = y[c * ys + j];
 #endif
+    for (int c = 0; c < BL; c++)  /* the tail (the 49th of a 7x7 plane): plain moves beat a transpose */
+        for (size_t i = j; i < n; i++) v[i * BL + c] = y[c * ys + i];
 }
 
 /* Output positions p0 .. p0 + np - 1 (of rows OW long) of one block, 16 channels each. */
@@ -207,7 +204,7 @@ static inline __attribute__((always_inline)) void pool_forward(float *out, int32
     if (OH <= 0 || OW <= 0) return;
     const size_t HW = (size_t)H * W, OHW = (size_t)OH * OW, vsize = bf16 ? 2 : 4;
     float tm[CHUNK * BL];     /* NCHW output: CHUNK positions of the block, then 16 plane rows */
-    int32_t ti[CHUNK * BL];   /* (CHUNK a multiple of 16: vectors_to_planes reads whole 16s) */
+    int32_t ti[CHUNK * BL];
     for (size_t blk = 0; blk < (size_t)B * CB; blk++) {
         const void *x = (const char *)in + blk * HW * BL * vsize;
         const int32_t base = (int32_t)(blk * HW * BL);
