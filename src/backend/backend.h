@@ -10,6 +10,11 @@
 
 #include "backend/conv_pool.h"
 
+/* The layout of a blocked convolution's input or output outside: NCHW f32, blocked nChw16c f32, or
+ * blocked with bf16 values (uint16_t, in the first half of the float buffer: the graph keeps those
+ * between bf16 convs and max pools, nn/graph_layout.c). */
+typedef enum { DT_LAYOUT_NCHW = 0, DT_LAYOUT_BLOCKED = 1, DT_LAYOUT_BLOCKED_BF16 = 2 } dt_layout;
+
 typedef struct dt_backend {
     const char *name;   /* the kernel library: "blas" or "onednn" */
     dt_device device;
@@ -30,18 +35,27 @@ typedef struct dt_backend {
     /* Blocked activations: oneDNN's nChw16c, (B, C/16, H, W, 16), for C a multiple of 16 (the
      * same count of values as NCHW). A backend with conv2d_*_blocked runs conv -> relu -> maxpool
      * chains in it (the graph plans which values are blocked, nn/graph_layout.c); NULL where not.
-     * in_bl / out_bl: whether in (and din) / out (and dout) are blocked; at least one is. */
+     * in_l / out_l: the layouts of in / out (and dout); at least one is blocked; din is f32 in
+     * in's layout (blocked f32 for a bf16 in). bf16 layouts only where conv2d_bf16_values(C). */
     void (*conv2d_forward_blocked)(float *out, const float *in, const float *w, const float *b, int B, int C, int H,
-                                   int W, int OC, int K, int stride, int pad, bool in_bl, bool out_bl);
+                                   int W, int OC, int K, int stride, int pad, dt_layout in_l, dt_layout out_l);
     void (*conv2d_backward_blocked)(float *din, float *dw, float *db, const float *dout, const float *in,
                                     const float *w, int B, int C, int H, int W, int OC, int K, int stride, int pad,
-                                    bool in_bl, bool out_bl);
+                                    dt_layout in_l, dt_layout out_l);
+    /* Whether a blocked conv over C input channels takes and writes DT_LAYOUT_BLOCKED_BF16 values
+     * (it runs at bf16); NULL: never (the graph then keeps no bf16 values). */
+    bool (*conv2d_bf16_values)(int C);
     /* Max pooling of a blocked input: out (and dout) blocked when out_bl, else NCHW; argmax holds
      * flat indices into the blocked input. din is blocked. */
     void (*maxpool2d_forward_blocked)(float *out, int32_t *argmax, const float *in, int B, int C, int H, int W, int K,
                                       int S, bool out_bl);
     void (*maxpool2d_backward_blocked)(float *din, const float *dout, const int32_t *argmax, int B, int C, int H,
                                        int W, int K, int S, bool out_bl);
+    /* The same of a blocked bf16 input (din bf16 too); out and dout f32. NULL where not. */
+    void (*maxpool2d_forward_blocked_bf16)(float *out, int32_t *argmax, const uint16_t *in, int B, int C, int H, int W,
+                                           int K, int S, bool out_bl);
+    void (*maxpool2d_backward_blocked_bf16)(uint16_t *din, const float *dout, const int32_t *argmax, int B, int C,
+                                            int H, int W, int K, int S, bool out_bl);
     /* conv -> (relu) -> maxpool of a first layer in one pass (backend/conv_pool.h), f32; NULL where not */
     void (*conv_pool_forward)(const dt_conv_pool_shape *s, float *out, uint8_t *win, const float *in, const float *w,
                               const float *b);

@@ -16,10 +16,18 @@ void dt_maxpool2d_forward_blocked(float *out, int32_t *argmax, const float *in, 
                                   int S, bool out_bl);
 void dt_maxpool2d_backward_blocked(float *din, const float *dout, const int32_t *argmax, int B, int C, int H, int W,
                                    int K, int S, bool out_bl);
+/* The same of a bf16 in (uint16_t), din bf16: the maxima and argmax of the f32 pool of in's
+ * values, din its gradient rounded to bf16 (sums of overlapping windows in f32, rounded once). */
+void dt_maxpool2d_forward_blocked_bf16(float *out, int32_t *argmax, const uint16_t *in, int B, int C, int H, int W,
+                                       int K, int S, bool out_bl);
+void dt_maxpool2d_backward_blocked_bf16(uint16_t *din, const float *dout, const int32_t *argmax, int B, int C, int H,
+                                        int W, int K, int S, bool out_bl);
 /* dst (blocked) = src (NCHW) and back; HW = H * W. */
 void dt_blocked_from_nchw(float *dst, const float *src, int B, int C, int HW);
 void dt_blocked_to_nchw(float *dst, const float *src, int B, int C, int HW);
 /* acc[c] += the sum of channel c of a blocked x over the batch and the plane. */
 void dt_blocked_channel_sums(float *acc, const float *x, int B, int C, int HW);
+/* The same of a bf16 x (uint16_t values in a float buffer), summed in f32. */
+void dt_blocked_channel_sums_bf16(float *acc, const float *x, int B, int C, int HW);
 
 #endif

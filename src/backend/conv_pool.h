@@ -16,14 +16,16 @@ typedef struct {
     int B, C, H, W, OC, K, P, PK;
     bool relu;    /* a relu between the conv and the pool (applied to the pooled value) */
     bool out_bl;  /* the pooled output (and its gradient) blocked nChw16c, else NCHW */
+    bool out_bf16;  /* out_bl: the pooled values stored bf16 (uint16_t; their gradient stays f32) */
 } dt_conv_pool_shape;
 
 /* win[i] where the relu stopped pooled value i's gradient (its max was not positive). */
 #define DT_CONV_POOL_STOP 255
 
-/* out: the pooled values; win: for each, the position (py * PK + px) of the window's max, which
- * the pooled value came from (the first max wins, a NaN replaces it: the maxpool kernels' rule),
- * or DT_CONV_POOL_STOP; in out's layout, one byte each (PK * PK < 255). */
+/* out: the pooled values (uint16_t bf16 ones, rounded, with s->out_bf16); win: for each, the
+ * position (py * PK + px) of the window's max, which the pooled value came from (the first max
+ * wins, a NaN replaces it: the maxpool kernels' rule), or DT_CONV_POOL_STOP; in out's layout, one
+ * byte each (PK * PK < 255). */
 void dt_conv_pool_forward(const dt_conv_pool_shape *s, float *out, uint8_t *win, const float *in, const float *w,
                           const float *b);
 /* dw (OC, C, K, K) and db (OC; NULL: no bias) ACCUMULATE the gradient of the chain from dout

@@ -89,7 +89,7 @@ static result fused(const dt_conv_pool_shape *s, const float *x, const float *w,
 static void free_result(result *r) { free(r->out), free(r->dw), free(r->db), free(r->win); }
 
 static void kernel_case(int B, int C, int H, int W, int OC, int K, int P, int PK, bool relu, bool bias, bool out_bl) {
-    const dt_conv_pool_shape s = {B, C, H, W, OC, K, P, PK, relu, out_bl};
+    const dt_conv_pool_shape s = {B, C, H, W, OC, K, P, PK, relu, out_bl, false};
     const int OH = (H + 2 * P - K + 1) / PK, OW = (W + 2 * P - K + 1) / PK;
     const size_t nx = (size_t)B * C * H * W, nw = (size_t)OC * C * K * K, no = (size_t)B * OC * OH * OW;
     float *x = rnd(nx, 1), *w = rnd(nw, 2), *b = bias ? rnd((size_t)OC, 3) : NULL, *g = rnd(no, 4), *dw0 = rnd(nw, 5);

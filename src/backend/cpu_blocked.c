@@ -2,29 +2,60 @@
  * layout a oneDNN convolution reads and writes without reorders (backend.h). Max pooling reads
  * a blocked input and writes a blocked or NCHW output (the end of a conv chain); each window
  * step handles 16 channels at once. Ties and NaNs as the NCHW kernel (cpu_pool.c): the first max
- * wins, a NaN replaces the max (the last NaN wins). The reorders convert whole tensors. */
+ * wins, a NaN replaces the max (the last NaN wins). An NCHW output (and its gradient) moves
+ * between the 16-channel vectors and the 16 planes by in-register 16x16 transposes. The
+ * reorders convert whole tensors. */
 #include "backend/blocked.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend/kern.h"
+#include "dtrain/core.h"
 
 #define BL 16
 
+/* Value i of x: f32, or bf16 (uint16_t) when bf16 (a constant in every inlined caller). */
+static inline float value_at(const void *x, size_t i, bool bf16) {
+    if (!bf16) return ((const float *)x)[i];
+    const uint32_t u = (uint32_t)((const uint16_t *)x)[i] << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
 /* Maxima of one output position over its KxK window, for the 16 channels of block x (H x W x 16
- * values); idx gets their flat indices into the whole input (base: the block's first one). */
-static inline void window_max(float *restrict m, int32_t *restrict idx, const float *restrict x, int W, int y0,
-                              int x0, int K, int32_t base) {
-    for (int c = 0; c < BL; c++) m[c] = x[((size_t)y0 * W + x0) * BL + c], idx[c] = base + (y0 * W + x0) * BL + c;
+ * values, f32 or bf16); idx gets their flat indices into the whole input (base: the block's
+ * first one). */
+static inline void window_max(float *restrict m, int32_t *restrict idx, const void *restrict x, int W, int y0, int x0,
+                              int K, int32_t base, bool bf16) {
+    for (int c = 0; c < BL; c++)
+        m[c] = value_at(x, ((size_t)y0 * W + x0) * BL + c, bf16), idx[c] = base + (y0 * W + x0) * BL + c;
     for (int ky = 0; ky < K; ky++)
         for (int kx = 0; kx < K; kx++) {
             if (!ky && !kx) continue;
             const int32_t at = ((y0 + ky) * W + x0 + kx) * BL;
-            const float *restrict v = x + at;
             for (int c = 0; c < BL; c++) {
-                const int t = (v[c] > m[c]) | (v[c] != v[c]);
-                m[c] = t ? v[c] : m[c];
+                const float v = value_at(x, (size_t)at + c, bf16);
+                const int t = (v > m[c]) | (v != v);
+                m[c] = t ? v : m[c];
                 idx[c] = t ? base + at + c : idx[c];
+            }
+        }
+}
+
+/* din of one output position whose KxK window no other window overlaps (K == S): each window
+ * value gets the gradient where the argmax points, 0 elsewhere (rounded to bf16 for a bf16 din);
+ * g, am: the position's 16 channels. */
+static inline void unpool_window(void *restrict din, const float *restrict g, const int32_t *restrict am, int W, int y0,
+                                 int x0, int K, int32_t base, bool bf16) {
+    for (int ky = 0; ky < K; ky++)
+        for (int kx = 0; kx < K; kx++) {
+            const int32_t at = ((y0 + ky) * W + x0 + kx) * BL;
+            for (int c = 0; c < BL; c++) {
+                const float v = am[c] == base + at + c ? g[c] : 0.0f;
+                if (bf16) ((uint16_t *)din)[at + c] = dt_f32_to_bf16(v);
+                else ((float *)din)[at + c] = v;
             }
         }
 }
@@ -32,18 +63,38 @@ static inline void window_max(float *restrict m, int32_t *restrict idx, const fl
 #if defined(__AVX512F__)
 #include <immintrin.h>
 
-/* The same for one 16-channel vector (AVX-512): v > m or v is NaN replaces m. */
-static inline void window_max16(float *m_out, int32_t *idx_out, const float *x, int W, int y0, int x0, int K,
-                                int32_t base) {
+/* 16 values at x + i: f32, or bf16 widened (exact). */
+static inline __attribute__((always_inline)) __m512 load16(const void *x, size_t i, bool bf16) {
+    if (!bf16) return _mm512_loadu_ps((const float *)x + i);
+    const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)x + i));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* v rounded to bf16 (to nearest even, NaN stays a quiet NaN: dt_f32_to_bf16's rule). */
+static inline __m256i bf16_of16(__m512 v) {
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)),
+                                       _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)));
+    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    const __m512i q = _mm512_or_si512(u, _mm512_set1_epi32(0x00400000));
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_mask_blend_epi32(nan, r, q), 16));
+}
+
+/* window_max for one 16-channel vector (AVX-512): v > m or v is NaN replaces m. Inlined into
+ * each caller so that a constant K (the 2x2 pools of CNNs) unrolls: called through a loop over a
+ * variable K it ran 4x slower (a 128x64x14x14 pool to a blocked output: 1.3 ms against 0.2-0.3
+ * on Zen 5, one thread, loaded machine). */
+static inline __attribute__((always_inline)) void window_max16(float *m_out, int32_t *idx_out, const void *x, int W,
+                                                               int y0, int x0, int K, int32_t base, bool bf16) {
     const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    int32_t at = (y0 * W + x0) * BL;
-    __m512 m = _mm512_loadu_ps(x + at);
-    __m512i idx = _mm512_add_epi32(_mm512_set1_epi32(base + at), lane);
+    const int32_t at0 = (y0 * W + x0) * BL;
+    __m512 m = load16(x, (size_t)at0, bf16);
+    __m512i idx = _mm512_add_epi32(_mm512_set1_epi32(base + at0), lane);
     for (int ky = 0; ky < K; ky++)
         for (int kx = 0; kx < K; kx++) {
             if (!ky && !kx) continue;
-            at = ((y0 + ky) * W + x0 + kx) * BL;
-            __m512 v = _mm512_loadu_ps(x + at);
+            const int32_t at = at0 + (ky * W + kx) * BL;
+            __m512 v = load16(x, (size_t)at, bf16);
             __mmask16 t = _mm512_cmp_ps_mask(v, m, _CMP_GT_OQ) | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
             m = _mm512_mask_blend_ps(t, m, v);
             idx = _mm512_mask_blend_epi32(t, idx, _mm512_add_epi32(_mm512_set1_epi32(base + at), lane));
@@ -51,116 +102,183 @@ static inline void window_max16(float *m_out, int32_t *idx_out, const float *x, 
     _mm512_storeu_ps(m_out, m);
     _mm512_storeu_si512(idx_out, idx);
 }
+
+static inline __attribute__((always_inline)) void unpool_window16(void *din, const float *g, const int32_t *am, int W,
+                                                                  int y0, int x0, int K, int32_t base, bool bf16) {
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512 gv = _mm512_loadu_ps(g);
+    const __m512i av = _mm512_loadu_si512(am);
+    for (int ky = 0; ky < K; ky++)
+        for (int kx = 0; kx < K; kx++) {
+            const int32_t at = ((y0 + ky) * W + x0 + kx) * BL;
+            const __mmask16 hit = _mm512_cmpeq_epi32_mask(av, _mm512_add_epi32(_mm512_set1_epi32(base + at), lane));
+            const __m512 v = _mm512_maskz_mov_ps(hit, gv);
+            if (bf16) _mm256_storeu_si256((__m256i *)((uint16_t *)din + at), bf16_of16(v));
+            else _mm512_storeu_ps((float *)din + at, v);
+        }
+}
 #define WINDOW_MAX window_max16
+#define UNPOOL_WINDOW unpool_window16
 #else
 #define WINDOW_MAX window_max
+#define UNPOOL_WINDOW unpool_window
 #endif
 
-/* y[j] = m[j * 16], a[j] = idx[j * 16] for j < n: one channel of pooled 16-channel vectors. */
-static inline void transpose_lane(float *restrict y, int32_t *restrict a, const float *restrict m,
-                                  const int32_t *restrict idx, size_t n) {
+#if defined(__AVX512F__)
+/* r[i] lane j <-> r[j] lane i: a 16x16 transpose of 32-bit values in 64 shuffles. */
+static inline __attribute__((always_inline)) void transpose16(__m512 r[16]) {
+    __m512 t[16];
+    for (int i = 0; i < 8; i++)
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]), t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    for (int i = 0; i < 4; i++) {
+        const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]),
+                      c = _mm512_castps_pd(t[4 * i + 2]), d = _mm512_castps_pd(t[4 * i + 3]);
+        r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c)), r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+        r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d)), r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+    }
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 4; j++)
+            t[8 * i + j] = _mm512_shuffle_f32x4(r[8 * i + j], r[8 * i + j + 4], 0x88),
+                      t[8 * i + j + 4] = _mm512_shuffle_f32x4(r[8 * i + j], r[8 * i + j + 4], 0xdd);
+    for (int j = 0; j < 8; j++)
+        r[j] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0x88), r[j + 8] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0xdd);
+}
+#endif
+
+/* y[c * ys + j] = v[j * 16 + c] for c < 16, j < n (32-bit values): n 16-channel vectors of a
+ * block to 16 NCHW plane rows. */
+static void vectors_to_planes(uint32_t *restrict y, size_t ys, const uint32_t *restrict v, size_t n) {
     size_t j = 0;
 #if defined(__AVX512F__)
-    const __m512i stride = _mm512_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240);
     for (; j + 16 <= n; j += 16) {
-        _mm512_storeu_ps(y + j, _mm512_i32gather_ps(stride, m + j * BL, 4));
-        _mm512_storeu_si512(a + j, _mm512_i32gather_epi32(stride, idx + j * BL, 4));
+        __m512 r[16];
+        for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(v + (j + i) * BL);
+        transpose16(r);
+        for (int c = 0; c < BL; c++) _mm512_storeu_ps(y + c * ys + j, r[c]);
     }
 #endif
-    for (; j < n; j++) y[j] = m[j * BL], a[j] = idx[j * BL];
+    for (int c = 0; c < BL; c++)  /* the tail */
+        for (size_t i = j; i < n; i++) y[c * ys + i] = v[i * BL + c];
+}
+
+/* v[j * 16 + c] = y[c * ys + j]: the inverse. */
+static void planes_to_vectors(uint32_t *restrict v, const uint32_t *restrict y, size_t ys, size_t n) {
+    size_t j = 0;
+#if defined(__AVX512F__)
+    for (; j + 16 <= n; j += 16) {
+        __m512 r[16];
+        for (int c = 0; c < BL; c++) r[c] = _mm512_loadu_ps(y + c * ys + j);
+        transpose16(r);
+        for (int i = 0; i < 16; i++) _mm512_storeu_ps(v + (j + i) * BL, r[i]);
+    }
+#endif
+    for (int c = 0; c < BL; c++)  /* the tail (the 49th of a 7x7 plane): plain moves beat a transpose */
+        for (size_t i = j; i < n; i++) v[i * BL + c] = y[c * ys + i];
+}
+
+/* Output positions p0 .. p0 + np - 1 (of rows OW long) of one block, 16 channels each. */
+static inline __attribute__((always_inline)) void pool_chunk(float *m, int32_t *idx, const void *x, int W, int OW,
+                                                             size_t p0, size_t np, int K, int S, int32_t base,
+                                                             bool bf16) {
+    for (size_t j = 0, oy = p0 / OW, ox = p0 % OW; j < np; j++) {
+        WINDOW_MAX(m + j * BL, idx + j * BL, x, W, (int)oy * S, (int)ox * S, K, base, bf16);
+        if (++ox == (size_t)OW) ox = 0, oy++;
+    }
+}
+
+/* The windows of output positions p0 .. p0 + np - 1 of one block (g, a: their vectors). */
+static inline __attribute__((always_inline)) void unpool_chunk(void *x, const float *g, const int32_t *a, int W, int OW,
+                                                               size_t p0, size_t np, int K, int32_t base, bool bf16) {
+    for (size_t j = 0, oy = p0 / OW, ox = p0 % OW; j < np; j++) {
+        UNPOOL_WINDOW(x, g + j * BL, a + j * BL, W, (int)oy * K, (int)ox * K, K, base, bf16);
+        if (++ox == (size_t)OW) ox = 0, oy++;
+    }
 }
 
 #define CHUNK 256  /* output positions of a block pooled before an NCHW output is written */
 
-void dt_maxpool2d_forward_blocked(float *out, int32_t *argmax, const float *in, int B, int C, int H, int W, int K,
-                                  int S, bool out_bl) {
+static inline __attribute__((always_inline)) void pool_forward(float *out, int32_t *argmax, const void *in, int B,
+                                                               int C, int H, int W, int K, int S, bool out_bl,
+                                                               bool bf16) {
     const int OH = (H - K) / S + 1, OW = (W - K) / S + 1, CB = C / BL;
     if (OH <= 0 || OW <= 0) return;
-    const size_t HW = (size_t)H * W, OHW = (size_t)OH * OW;
+    const size_t HW = (size_t)H * W, OHW = (size_t)OH * OW, vsize = bf16 ? 2 : 4;
     float tm[CHUNK * BL];     /* NCHW output: CHUNK positions of the block, then 16 plane rows */
     int32_t ti[CHUNK * BL];
     for (size_t blk = 0; blk < (size_t)B * CB; blk++) {
-        const float *x = in + blk * HW * BL;
+        const void *x = (const char *)in + blk * HW * BL * vsize;
         const int32_t base = (int32_t)(blk * HW * BL);
         for (size_t p0 = 0; p0 < OHW; p0 += CHUNK) {
             const size_t np = OHW - p0 < CHUNK ? OHW - p0 : CHUNK;
             float *m = out_bl ? out + (blk * OHW + p0) * BL : tm;
             int32_t *idx = out_bl ? argmax + (blk * OHW + p0) * BL : ti;
-            for (size_t j = 0; j < np; j++) {
-                const int oy = (int)((p0 + j) / OW), ox = (int)((p0 + j) % OW);
-                WINDOW_MAX(m + j * BL, idx + j * BL, x, W, oy * S, ox * S, K, base);
-            }
+            if (K == 2) pool_chunk(m, idx, x, W, OW, p0, np, 2, S, base, bf16);
+            else pool_chunk(m, idx, x, W, OW, p0, np, K, S, base, bf16);
             if (out_bl) continue;
-            for (int c = 0; c < BL; c++)  /* plane (n, blk % CB * 16 + c) of the NCHW output */
-                transpose_lane(out + (blk * BL + c) * OHW + p0, argmax + (blk * BL + c) * OHW + p0, tm + c, ti + c, np);
+            /* planes (n, blk % CB * 16 + c) of the NCHW output */
+            vectors_to_planes((uint32_t *)out + blk * BL * OHW + p0, OHW, (const uint32_t *)tm, np);
+            vectors_to_planes((uint32_t *)argmax + blk * BL * OHW + p0, OHW, (const uint32_t *)ti, np);
         }
     }
 }
 
-/* din of one output position whose KxK window no other window overlaps (K == S): each window
- * value gets the gradient where the argmax points, 0 elsewhere. Channel c's gradient and argmax
- * are at g[c * gs], am[c * gs] (gs 1: a blocked output, OH * OW: NCHW). */
-#if defined(__AVX512F__)
-static inline void unpool_window(float *din, const float *g, const int32_t *am, size_t gs, int W, int y0, int x0, int K,
-                                 int32_t base) {
-    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    __m512 gv;
-    __m512i av;
-    if (gs == 1) gv = _mm512_loadu_ps(g), av = _mm512_loadu_si512(am);
-    else {
-        const __m512i at = _mm512_mullo_epi32(lane, _mm512_set1_epi32((int)gs));
-        gv = _mm512_i32gather_ps(at, g, 4), av = _mm512_i32gather_epi32(at, am, 4);
-    }
-    for (int ky = 0; ky < K; ky++)
-        for (int kx = 0; kx < K; kx++) {
-            const int32_t at = ((y0 + ky) * W + x0 + kx) * BL;
-            const __mmask16 hit = _mm512_cmpeq_epi32_mask(av, _mm512_add_epi32(_mm512_set1_epi32(base + at), lane));
-            _mm512_storeu_ps(din + at, _mm512_maskz_mov_ps(hit, gv));
-        }
+void dt_maxpool2d_forward_blocked(float *out, int32_t *argmax, const float *in, int B, int C, int H, int W, int K,
+                                  int S, bool out_bl) {
+    pool_forward(out, argmax, in, B, C, H, W, K, S, out_bl, false);
 }
-#else
-static inline void unpool_window(float *restrict din, const float *restrict g, const int32_t *restrict am, size_t gs,
-                                 int W, int y0, int x0, int K, int32_t base) {
-    float gv[BL];
-    int32_t av[BL];
-    for (int c = 0; c < BL; c++) gv[c] = g[c * gs], av[c] = am[c * gs];
-    for (int ky = 0; ky < K; ky++)
-        for (int kx = 0; kx < K; kx++) {
-            const int32_t at = ((y0 + ky) * W + x0 + kx) * BL;
-            for (int c = 0; c < BL; c++) din[at + c] = av[c] == base + at + c ? gv[c] : 0.0f;
-        }
-}
-#endif
 
-void dt_maxpool2d_backward_blocked(float *din, const float *dout, const int32_t *argmax, int B, int C, int H, int W,
-                                   int K, int S, bool out_bl) {
+void dt_maxpool2d_forward_blocked_bf16(float *out, int32_t *argmax, const uint16_t *in, int B, int C, int H, int W,
+                                       int K, int S, bool out_bl) {
+    pool_forward(out, argmax, in, B, C, H, W, K, S, out_bl, true);
+}
+
+/* Overlapping windows or input values outside every window: a scatter (dout and argmax share
+ * the output's layout), summed in f32; a bf16 din is rounded once at the end. */
+static void unpool_scatter(void *din, const float *dout, const int32_t *argmax, size_t nin, size_t nout, bool bf16) {
+    float *d = bf16 ? malloc(nin * sizeof(float) + 4) : din;
+    if (!d) abort();  /* kernels cannot fail; out of memory here is fatal */
+    memset(d, 0, nin * sizeof(float));
+    for (size_t i = 0; i < nout; i++) d[argmax[i]] += dout[i];
+    if (!bf16) return;
+    for (size_t i = 0; i < nin; i++) ((uint16_t *)din)[i] = dt_f32_to_bf16(d[i]);
+    free(d);
+}
+
+static inline __attribute__((always_inline)) void pool_backward(void *din, const float *dout, const int32_t *argmax,
+                                                                int B, int C, int H, int W, int K, int S, bool out_bl,
+                                                                bool bf16) {
     const int OH = (H - K) / S + 1, OW = (W - K) / S + 1, CB = C / BL;
     const bool tiles = K == S && OH * S == H && OW * S == W;  /* every input value in exactly one window */
-    const size_t HW = (size_t)H * W, OHW = (size_t)OH * OW;
-    if (!tiles || OH <= 0 || OW <= 0) {  /* a scatter: dout and argmax share the output's layout */
-        memset(din, 0, (size_t)B * C * HW * sizeof(float));
-        for (size_t i = 0; OH > 0 && OW > 0 && i < (size_t)B * C * OHW; i++) din[argmax[i]] += dout[i];
-        return;
-    }
+    const size_t HW = (size_t)H * W, OHW = (size_t)OH * OW, vsize = bf16 ? 2 : 4;
+    if (!tiles || OH <= 0 || OW <= 0)
+        return unpool_scatter(din, dout, argmax, (size_t)B * C * HW, OH > 0 && OW > 0 ? (size_t)B * C * OHW : 0, bf16);
     float tg[CHUNK * BL];  /* NCHW dout: CHUNK positions of the block's 16 planes, transposed */
     int32_t ta[CHUNK * BL];
     for (size_t blk = 0; blk < (size_t)B * CB; blk++) {
-        float *x = din + blk * HW * BL;
+        void *x = (char *)din + blk * HW * BL * vsize;
         const int32_t base = (int32_t)(blk * HW * BL);
         for (size_t p0 = 0; p0 < OHW; p0 += CHUNK) {
             const size_t np = OHW - p0 < CHUNK ? OHW - p0 : CHUNK;
             const float *g = out_bl ? dout + (blk * OHW + p0) * BL : tg;
             const int32_t *a = out_bl ? argmax + (blk * OHW + p0) * BL : ta;
-            if (!out_bl)  /* one pass of plain loads and stores: gathers across 16 planes are slow */
-                for (int c = 0; c < BL; c++)
-                    for (size_t j = 0; j < np; j++)
-                        tg[j * BL + c] = dout[(blk * BL + c) * OHW + p0 + j], ta[j * BL + c] = argmax[(blk * BL + c) * OHW + p0 + j];
-            for (size_t j = 0; j < np; j++) {
-                const int oy = (int)((p0 + j) / OW), ox = (int)((p0 + j) % OW);
-                unpool_window(x, g + j * BL, a + j * BL, 1, W, oy * S, ox * S, K, base);
+            if (!out_bl) {
+                planes_to_vectors((uint32_t *)tg, (const uint32_t *)dout + blk * BL * OHW + p0, OHW, np);
+                planes_to_vectors((uint32_t *)ta, (const uint32_t *)argmax + blk * BL * OHW + p0, OHW, np);
             }
+            if (K == 2) unpool_chunk(x, g, a, W, OW, p0, np, 2, base, bf16);
+            else unpool_chunk(x, g, a, W, OW, p0, np, K, base, bf16);
         }
     }
+}
+
+void dt_maxpool2d_backward_blocked(float *din, const float *dout, const int32_t *argmax, int B, int C, int H, int W,
+                                   int K, int S, bool out_bl) {
+    pool_backward(din, dout, argmax, B, C, H, W, K, S, out_bl, false);
+}
+
+void dt_maxpool2d_backward_blocked_bf16(uint16_t *din, const float *dout, const int32_t *argmax, int B, int C, int H,
+                                        int W, int K, int S, bool out_bl) {
+    pool_backward(din, dout, argmax, B, C, H, W, K, S, out_bl, true);
 }
 
 void dt_blocked_from_nchw(float *restrict dst, const float *restrict src, int B, int C, int HW) {
@@ -183,6 +301,18 @@ void dt_blocked_channel_sums(float *restrict acc, const float *restrict x, int B
         const float *restrict v = x + blk * HW * BL;
         for (int p = 0; p < HW; p++)
             for (int c = 0; c < BL; c++) s[c] += v[(size_t)p * BL + c];
+        float *restrict a = acc + blk % (C / BL) * BL;
+        for (int c = 0; c < BL; c++) a[c] += s[c];
+    }
+}
+
+void dt_blocked_channel_sums_bf16(float *restrict acc, const float *restrict x, int B, int C, int HW) {
+    const uint16_t *restrict h = (const uint16_t *)x;
+    for (size_t blk = 0; blk < (size_t)B * (C / BL); blk++) {
+        float s[BL] = {0};
+        const uint16_t *restrict v = h + blk * HW * BL;
+        for (int p = 0; p < HW; p++)
+            for (int c = 0; c < BL; c++) s[c] += value_at(v, (size_t)p * BL + c, true);
         float *restrict a = acc + blk % (C / BL) * BL;
         for (int c = 0; c < BL; c++) a[c] += s[c];
     }

@@ -31,6 +31,8 @@
 typedef float v16 __attribute__((vector_size(BL * sizeof(float))));
 typedef int32_t v16i __attribute__((vector_size(BL * sizeof(int32_t))));
 typedef uint8_t v16b __attribute__((vector_size(BL)));
+typedef uint32_t v16u __attribute__((vector_size(BL * sizeof(uint32_t))));
+typedef uint16_t v16h __attribute__((vector_size(BL * sizeof(uint16_t))));
 
 static inline v16 load(const float *p) {
     v16 v;
@@ -39,6 +41,13 @@ static inline v16 load(const float *p) {
 }
 
 static inline v16 select_v(v16i t, v16 a, v16 b) { return (v16)(((v16i)a & t) | ((v16i)b & ~t)); }
+
+/* v rounded to bf16: to nearest even, NaN stays a quiet NaN (dt_f32_to_bf16's rule). */
+static inline v16h bf16_of(v16 v) {
+    const v16u u = (v16u)v, r = u + 0x7fffu + ((u >> 16) & 1u), q = u | 0x00400000u;
+    const v16u nan = (v16u)(v != v);
+    return __builtin_convertvector(((q & nan) | (r & ~nan)) >> 16, v16h);
+}
 
 /* The per-call state: the padded sample, the weights of each 16-channel block as [tap][16]
  * vectors (tap = (c * K + ky) * K + kx), and room for PK conv rows and one pooled row. */
@@ -218,7 +227,10 @@ void dt_conv_pool_forward(const dt_conv_pool_shape *s, float *out, uint8_t *win,
                 for (int ox = 0; ox < k.OW; ox++) {
                     size_t ls, o = out_at(s, &k, n, ob, oy, ox, &ls);
                     const v16b wb = __builtin_convertvector(k.row_w[ox], v16b);
-                    if (ls == 1) memcpy(out + o, &k.row_y[ox], sizeof(v16)), memcpy(win + o, &wb, sizeof wb);
+                    if (s->out_bf16) {  /* blocked (ls 1): 16 bf16 values */
+                        const v16h h = bf16_of(k.row_y[ox]);
+                        memcpy((uint16_t *)out + o, &h, sizeof h), memcpy(win + o, &wb, sizeof wb);
+                    } else if (ls == 1) memcpy(out + o, &k.row_y[ox], sizeof(v16)), memcpy(win + o, &wb, sizeof wb);
                     else
                         for (int l = 0; l < BL; l++) out[o + l * ls] = k.row_y[ox][l], win[o + l * ls] = wb[l];
                 }

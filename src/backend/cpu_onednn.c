@@ -17,6 +17,7 @@
 #if DT_HAVE_DNNL
 #include <omp.h>
 
+#include "backend/blocked.h"
 #include "backend/onednn.h"
 #include "backend/kern.h"
 
@@ -394,12 +395,12 @@ DT_ONEDNN_WRAPPERS(f16, DT_F16)
 /* the blocked convolutions at bf16 and fp16 (f32 has its own entries) */
 #define DT_ONEDNN_BLOCKED_WRAPPERS(sfx, P)                                                                              \
     static void cfb_##sfx(float *out, const float *in, const float *w, const float *b, int B, int C, int H, int W,     \
-                          int OC, int K, int S, int Pd, bool in_bl, bool out_bl) {                                      \
-        dt_dnnl_conv_forward_blocked_lowp(P, out, in, w, b, B, C, H, W, OC, K, S, Pd, in_bl, out_bl);                   \
+                          int OC, int K, int S, int Pd, dt_layout in_l, dt_layout out_l) {                              \
+        dt_dnnl_conv_forward_blocked_lowp(P, out, in, w, b, B, C, H, W, OC, K, S, Pd, in_l, out_l);                     \
     }                                                                                                                   \
     static void cbb_##sfx(float *din, float *dw, float *db, const float *dout, const float *in, const float *w, int B, \
-                          int C, int H, int W, int OC, int K, int S, int Pd, bool in_bl, bool out_bl) {                 \
-        dt_dnnl_conv_backward_blocked_lowp(P, din, dw, db, dout, in, w, B, C, H, W, OC, K, S, Pd, in_bl, out_bl);       \
+                          int C, int H, int W, int OC, int K, int S, int Pd, dt_layout in_l, dt_layout out_l) {         \
+        dt_dnnl_conv_backward_blocked_lowp(P, din, dw, db, dout, in, w, B, C, H, W, OC, K, S, Pd, in_l, out_l);         \
     }
 DT_ONEDNN_BLOCKED_WRAPPERS(bf16, DT_BF16)
 DT_ONEDNN_BLOCKED_WRAPPERS(f16, DT_F16)
@@ -426,6 +427,12 @@ static void fill_tables(void) {
          * precision: bf16/fp16 run convs over < 16 input channels at f32 anyway (blas stays the
          * unfused reference) */
         t->conv_pool_forward = dt_conv_pool_forward, t->conv_pool_backward = dt_conv_pool_backward;
+        /* at bf16 the values between bf16 convs and max pools may stay bf16 (nn/graph_layout.c) */
+        if (i == 1) {
+            t->conv2d_bf16_values = dt_dnnl_conv_bf16_values;
+            t->maxpool2d_forward_blocked_bf16 = dt_maxpool2d_forward_blocked_bf16;
+            t->maxpool2d_backward_blocked_bf16 = dt_maxpool2d_backward_blocked_bf16;
+        }
     }
 }
 

@@ -18,22 +18,29 @@
 typedef struct {
     int B, C, H, W, OC, K, S, P, OH, OW;
     bool bias;
-    bool in_bl, out_bl;     /* in (din) / out (dout) outside are blocked nChw16c, else NCHW */
+    dt_layout in_l, out_l;  /* of in / out (and dout) outside; din is f32 in in's layout (blocked f32
+                             * for bf16 in) */
+    bool in_bl, out_bl;     /* in (din) / out (dout) blocked nChw16c (f32 or bf16), else NCHW */
 } conv_shape;
+
+static bool has_bf16(const conv_shape *s) { return s->in_l == DT_LAYOUT_BLOCKED_BF16 || s->out_l == DT_LAYOUT_BLOCKED_BF16; }
 
 static dnnl_data_type_t dnnl_type(dt_dtype p) { return p == DT_BF16 ? dnnl_bf16 : p == DT_F16 ? dnnl_f16 : dnnl_f32; }
 
-/* The outside f32 descriptors of src (NCHW, or nChw16c when in_bl), weights (OIHW), dst (NCHW or
- * nChw16c when out_bl) and bias; with `any` the first three leave the layout to oneDNN at dtype
- * dt (dst and diff_weights stay f32). */
-static void conv_mds(const conv_shape *s, bool any, dnnl_data_type_t dt, dnnl_memory_desc_t md[4]) {
+static dnnl_data_type_t layout_type(dt_layout l) { return l == DT_LAYOUT_BLOCKED_BF16 ? dnnl_bf16 : dnnl_f32; }
+
+/* The outside descriptors of src (NCHW, or nChw16c when in_bl; bf16 for a bf16 layout), weights
+ * (OIHW, f32), dst (likewise), bias and diff_src (f32 in src's layout); with `any` the first three
+ * leave the layout to oneDNN at dtype dt (dst and diff_weights: see the pds). */
+static void conv_mds(const conv_shape *s, bool any, dnnl_data_type_t dt, dnnl_memory_desc_t md[5]) {
     const dnnl_dims_t src = {s->B, s->C, s->H, s->W}, w = {s->OC, s->C, s->K, s->K}, dst = {s->B, s->OC, s->OH, s->OW},
                       b = {s->OC};
     const dnnl_format_tag_t ts = s->in_bl ? dnnl_nChw16c : dnnl_nchw, td = s->out_bl ? dnnl_nChw16c : dnnl_nchw;
-    dnnl_memory_desc_init_by_tag(&md[0], 4, src, any ? dt : dnnl_f32, any ? dnnl_format_tag_any : ts);
+    dnnl_memory_desc_init_by_tag(&md[0], 4, src, any ? dt : layout_type(s->in_l), any ? dnnl_format_tag_any : ts);
     dnnl_memory_desc_init_by_tag(&md[1], 4, w, any ? dt : dnnl_f32, any ? dnnl_format_tag_any : dnnl_oihw);
-    dnnl_memory_desc_init_by_tag(&md[2], 4, dst, any ? dt : dnnl_f32, any ? dnnl_format_tag_any : td);
+    dnnl_memory_desc_init_by_tag(&md[2], 4, dst, any ? dt : layout_type(s->out_l), any ? dnnl_format_tag_any : td);
     dnnl_memory_desc_init_by_tag(&md[3], 1, b, dnnl_f32, dnnl_x);
+    dnnl_memory_desc_init_by_tag(&md[4], 4, src, dnnl_f32, any ? dnnl_format_tag_any : ts);
 }
 
 /* f32 3x3 stride-1 convolutions over 16+ channels try Winograd F(4x4, 3x3) first (2.25x fewer
@@ -46,11 +53,12 @@ static bool try_winograd(const conv_shape *s, dnnl_data_type_t dt) {
     return dt == dnnl_f32 && s->K == 3 && s->S == 1 && s->C >= 16 && s->OC >= 16;
 }
 
-/* The forward primitive descriptor (dst f32) with algorithm alg, NULL when oneDNN has none. */
+/* The forward primitive descriptor (dst f32, or bf16 for a bf16 out_l) with algorithm alg, NULL
+ * when oneDNN has none. */
 static dnnl_primitive_desc_t forward_pd_alg(const conv_shape *s, dnnl_data_type_t dt, bool bias, dnnl_alg_kind_t alg) {
-    dnnl_memory_desc_t md[4];
+    dnnl_memory_desc_t md[5];
     conv_mds(s, true, dt, md);
-    md[2].data_type = dnnl_f32;
+    md[2].data_type = layout_type(s->out_l);
     dnnl_dims_t st = {s->S, s->S}, pad = {s->P, s->P};
     dnnl_convolution_desc_t d;
     dnnl_primitive_desc_t pd = NULL;
@@ -95,7 +103,7 @@ static bool build_forward(dt_dnnl_entry *e, const conv_shape *s, const dnnl_memo
  * oneDNN has none. With s->bias backward weights also writes diff_bias (f32). */
 static dnnl_primitive_desc_t backward_pd_alg(const conv_shape *s, dnnl_data_type_t dt, bool weights,
                                              dnnl_alg_kind_t alg) {
-    dnnl_memory_desc_t md[4];
+    dnnl_memory_desc_t md[5];
     conv_mds(s, true, dt, md);
     md[weights ? 1 : 0].data_type = dnnl_f32;
     dnnl_dims_t st = {s->S, s->S}, pad = {s->P, s->P};
@@ -124,7 +132,7 @@ static dnnl_primitive_desc_t backward_pd(const conv_shape *s, dnnl_data_type_t d
 static bool add_backward_data(dt_dnnl_entry *e, const dnnl_memory_desc_t *plain, dnnl_primitive_desc_t pd,
                               dnnl_memory_t dd, int w_i, int din_i) {
     dnnl_memory_desc_t q[2] = {chosen(pd, dnnl_query_diff_src_md), chosen(pd, dnnl_query_weights_md)};
-    dnnl_memory_t m[3] = {dt_dnnl_output(e, &plain[0], &q[0], din_i), dt_dnnl_input(e, &plain[1], &q[1], w_i), dd};
+    dnnl_memory_t m[3] = {dt_dnnl_output(e, &plain[4], &q[0], din_i), dt_dnnl_input(e, &plain[1], &q[1], w_i), dd};
     const int arg[3] = {DNNL_ARG_DIFF_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DIFF_DST};
     return dt_dnnl_step_add(e, pd, 3, arg, m, true);
 }
@@ -186,10 +194,10 @@ static bool build_backward(dt_dnnl_entry *e, int op, const conv_shape *s, const 
  * Outside it takes f32 NCHW/OIHW; reorders convert to the layout and dtype oneDNN chose. */
 static dt_dnnl_entry *conv_entry(int op, const conv_shape *s, dt_dtype p) {
     dt_dnnl_key k = {.op = op, .dt = dnnl_type(p),
-                     .d = {s->B, s->C, s->H, s->W, s->OC, s->K, s->S, s->P, s->bias, s->in_bl | s->out_bl << 1}};
+                     .d = {s->B, s->C, s->H, s->W, s->OC, s->K, s->S, s->P, s->bias, (int)s->in_l | (int)s->out_l << 2}};
     dt_dnnl_entry *e = dt_dnnl_lookup(&k);
     if (!e || e->used) return e && !e->failed ? e : NULL;
-    dnnl_memory_desc_t plain[4];
+    dnnl_memory_desc_t plain[5];
     conv_mds(s, false, dnnl_f32, plain);
     bool ok = op == DT_DNNL_CONV_FWD ? build_forward(e, s, plain) : build_backward(e, op, s, plain);
     return dt_dnnl_ready(e, ok) ? e : NULL;
@@ -210,9 +218,10 @@ static void *input(int slot, const float *x, size_t n, dt_dtype p, bool round) {
     return p != DT_F32 && round ? (void *)dt_dnnl_rounded(slot, x, n, p) : (void *)x;
 }
 
-static conv_shape shape_of(int B, int C, int H, int W, int OC, int K, int S, int P, bool bias, bool in_bl,
-                           bool out_bl) {
-    conv_shape s = {B, C, H, W, OC, K, S, P, (H + 2 * P - K) / S + 1, (W + 2 * P - K) / S + 1, bias, in_bl, out_bl};
+static conv_shape shape_of(int B, int C, int H, int W, int OC, int K, int S, int P, bool bias, dt_layout in_l,
+                           dt_layout out_l) {
+    conv_shape s = {B, C, H, W, OC, K, S, P, (H + 2 * P - K) / S + 1, (W + 2 * P - K) / S + 1, bias, in_l, out_l,
+                    in_l != DT_LAYOUT_NCHW, out_l != DT_LAYOUT_NCHW};
     return s;
 }
 
@@ -265,10 +274,48 @@ static void fallback_backward(const conv_shape *s, float *din, float *dw, float 
     free(x), free(g), free(work);
 }
 
-/* The forward of s at precision p (s->in_bl, s->out_bl: the layouts outside). */
+/* bf16 values outside where the entry at p cannot take them (oneDNN has no bf16 kernel for s, or
+ * none at all): f32 blocked copies around the f32 path. Each call allocates (a fallback); out
+ * of memory aborts, as kernels cannot fail. */
+static float *widened(const float *x, dt_layout l, size_t n) {
+    float *d = malloc(n * sizeof(float) + 4);
+    if (!d) abort();
+    if (x && l == DT_LAYOUT_BLOCKED_BF16) dt_convert(d, DT_F32, x, DT_BF16, n);
+    else if (x) memcpy(d, x, n * sizeof(float));
+    return d;
+}
+
+static conv_shape f32_layouts(const conv_shape *s) {
+    conv_shape t = *s;
+    if (t.in_l == DT_LAYOUT_BLOCKED_BF16) t.in_l = DT_LAYOUT_BLOCKED;
+    if (t.out_l == DT_LAYOUT_BLOCKED_BF16) t.out_l = DT_LAYOUT_BLOCKED;
+    return t;
+}
+
+static void conv_forward(dt_dtype p, const conv_shape *s, float *out, const float *in, const float *w, const float *b,
+                         float *work);
+
+static void widened_forward(dt_dtype p, const conv_shape *s, float *out, const float *in, const float *w,
+                            const float *b) {
+    const size_t nin = (size_t)s->B * s->C * s->H * s->W, nout = (size_t)s->B * s->OC * s->OH * s->OW;
+    const conv_shape t = f32_layouts(s);
+    float *x = s->in_l == DT_LAYOUT_BLOCKED_BF16 ? widened(in, s->in_l, nin) : (float *)in;
+    float *y = s->out_l == DT_LAYOUT_BLOCKED_BF16 ? widened(NULL, s->out_l, nout) : out;
+    conv_forward(p, &t, y, x, w, b, NULL);
+    if (y != out) dt_convert(out, DT_BF16, y, DT_F32, nout), free(y);
+    if (x != in) free(x);
+}
+
+/* The forward of s at precision p (s->in_l, s->out_l: the layouts outside). */
 static void conv_forward(dt_dtype p, const conv_shape *s, float *out, const float *in, const float *w, const float *b,
                          float *work) {
     const bool blocked = s->in_bl || s->out_bl;
+    if (has_bf16(s)) {  /* only the entry at p (bf16) takes them as they are */
+        dt_dnnl_entry *e = s->B > 0 && p == DT_BF16 ? conv_entry(DT_DNNL_CONV_FWD, s, p) : NULL;
+        if (!e) return widened_forward(p, s, out, in, w, b);
+        void *data[4] = {(void *)in, (void *)w, out, (void *)b};
+        return dt_dnnl_run(e, data);
+    }
     bool round;
     dt_dnnl_entry *e = s->B > 0 && (blocked || !prefers_im2col(p, s->C)) ? conv_plan(DT_DNNL_CONV_FWD, s, p, &round) : NULL;
     if (!e && blocked) return fallback_forward(s, out, in, w, b);
@@ -281,23 +328,68 @@ static void conv_forward(dt_dtype p, const conv_shape *s, float *out, const floa
 
 void dt_dnnl_conv_forward(dt_dtype p, float *out, const float *in, const float *w, const float *b, float *work, int B,
                           int C, int H, int W, int OC, int K, int S, int P) {
-    conv_shape s = shape_of(B, C, H, W, OC, K, S, P, b != NULL, false, false);
+    conv_shape s = shape_of(B, C, H, W, OC, K, S, P, b != NULL, DT_LAYOUT_NCHW, DT_LAYOUT_NCHW);
     conv_forward(p, &s, out, in, w, b, work);
 }
 
 void dt_dnnl_conv_forward_blocked(float *out, const float *in, const float *w, const float *b, int B, int C, int H,
-                                  int W, int OC, int K, int S, int P, bool in_bl, bool out_bl) {
-    conv_shape s = shape_of(B, C, H, W, OC, K, S, P, b != NULL, in_bl, out_bl);
+                                  int W, int OC, int K, int S, int P, dt_layout in_l, dt_layout out_l) {
+    conv_shape s = shape_of(B, C, H, W, OC, K, S, P, b != NULL, in_l, out_l);
     conv_forward(DT_F32, &s, out, in, w, b, NULL);
+}
+
+static void conv_backward(dt_dtype p, const conv_shape *cs, float *din, float *dw, float *db, const float *dout,
+                          const float *in, const float *w, float *work);
+
+static void widened_backward(dt_dtype p, const conv_shape *s, float *din, float *dw, float *db, const float *dout,
+                             const float *in, const float *w) {
+    const size_t nin = (size_t)s->B * s->C * s->H * s->W, nout = (size_t)s->B * s->OC * s->OH * s->OW;
+    const conv_shape t = f32_layouts(s);
+    float *x = dw && s->in_l == DT_LAYOUT_BLOCKED_BF16 ? widened(in, s->in_l, nin) : (float *)in;
+    float *g = s->out_l == DT_LAYOUT_BLOCKED_BF16 ? widened(dout, s->out_l, nout) : (float *)dout;
+    conv_backward(p, &t, din, dw, db, g, x, w, NULL);
+    if (x != in) free(x);
+    if (g != dout) free(g);
+}
+
+/* db (OC) += the sums of dout (in s->out_l) over the batch and the plane, in f32. */
+static void bias_sums(const conv_shape *s, float *db, const float *dout) {
+    const int OHW = s->OH * s->OW;
+    if (s->out_l == DT_LAYOUT_BLOCKED_BF16) dt_blocked_channel_sums_bf16(db, dout, s->B, s->OC, OHW);
+    else if (s->out_l == DT_LAYOUT_BLOCKED) dt_blocked_channel_sums(db, dout, s->B, s->OC, OHW);
+    else
+        for (int n = 0; n < s->B; n++)
+            for (int o = 0; o < s->OC; o++) db[o] += dt_nn_sum(dout + ((size_t)n * s->OC + o) * OHW, (size_t)OHW);
 }
 
 /* The backward of s at precision p (layouts outside as in conv_forward). */
 static void conv_backward(dt_dtype p, const conv_shape *cs, float *din, float *dw, float *db, const float *dout,
                           const float *in, const float *w, float *work) {
     conv_shape s = *cs;
-    /* blocked (f32): oneDNN's backward weights also sums db, in the pass that reads dout anyway;
-     * NCHW: db is summed below from the f32 gradient (at bf16/fp16 oneDNN would sum rounded dout) */
-    s.bias = db && dw && (s.in_bl || s.out_bl) && p == DT_F32;
+    /* blocked f32 or bf16 dout: oneDNN's backward weights also sums db, in the pass that reads dout
+     * anyway (from the bf16 gradient the graph keeps, as torch's autocast); else db is summed
+     * below from the f32 gradient (at bf16/fp16 oneDNN would sum rounded dout) */
+    s.bias = db && dw && (s.in_bl || s.out_bl) && (p == DT_F32 || s.out_l == DT_LAYOUT_BLOCKED_BF16);
+    if (has_bf16(&s) && (!(din || dw) || s.B <= 0)) {
+        if (db && s.B > 0) bias_sums(&s, db, dout);  /* no din, no dw */
+        return;
+    }
+    if (has_bf16(&s)) {  /* only the entry at p (bf16) takes them as they are */
+        const int op = din && dw ? DT_DNNL_CONV_BWD : din ? DT_DNNL_CONV_BWD_DATA : DT_DNNL_CONV_BWD_W;
+        dt_dnnl_entry *e = p == DT_BF16 ? conv_entry(op, &s, p) : NULL;
+        if (!e) return widened_backward(p, cs, din, dw, db, dout, in, w);
+        const size_t nw = (size_t)s.OC * s.C * s.K * s.K;
+        float *dbs = s.bias ? e->tmp + nw : NULL;
+        void *both[6] = {(void *)in, e->tmp, (void *)dout, (void *)w, din, dbs}, *data_only[3] = {din, (void *)w, (void *)dout},
+             *w_only[4] = {(void *)in, e->tmp, (void *)dout, dbs};
+        dt_dnnl_run(e, op == DT_DNNL_CONV_BWD ? both : op == DT_DNNL_CONV_BWD_DATA ? data_only : w_only);
+        if (dw)
+            for (size_t i = 0; i < nw; i++) dw[i] += e->tmp[i];
+        if (dbs)
+            for (int o = 0; o < s.OC; o++) db[o] += dbs[o];
+        else if (db) bias_sums(&s, db, dout);
+        return;
+    }
     const int B = s.B, C = s.C, H = s.H, W = s.W, OC = s.OC, K = s.K, S = s.S, P = s.P;
     const bool blocked = s.in_bl || s.out_bl;
     if (!blocked && prefers_im2col(p, C))
@@ -327,35 +419,41 @@ static void conv_backward(dt_dtype p, const conv_shape *cs, float *din, float *d
 
 void dt_dnnl_conv_backward(dt_dtype p, float *din, float *dw, float *db, const float *dout, const float *in,
                            const float *w, float *work, int B, int C, int H, int W, int OC, int K, int S, int P) {
-    conv_shape s = shape_of(B, C, H, W, OC, K, S, P, false, false, false);
+    conv_shape s = shape_of(B, C, H, W, OC, K, S, P, false, DT_LAYOUT_NCHW, DT_LAYOUT_NCHW);
     conv_backward(p, &s, din, dw, db, dout, in, w, work);
 }
 
 void dt_dnnl_conv_backward_blocked(float *din, float *dw, float *db, const float *dout, const float *in, const float *w,
-                                   int B, int C, int H, int W, int OC, int K, int S, int P, bool in_bl, bool out_bl) {
-    conv_shape s = shape_of(B, C, H, W, OC, K, S, P, false, in_bl, out_bl);
+                                   int B, int C, int H, int W, int OC, int K, int S, int P, dt_layout in_l,
+                                   dt_layout out_l) {
+    conv_shape s = shape_of(B, C, H, W, OC, K, S, P, false, in_l, out_l);
     conv_backward(DT_F32, &s, din, dw, db, dout, in, w, NULL);
 }
 
-/* Blocked convolutions at bf16/fp16 (the lowp tables' *_blocked entries): the values outside stay
- * f32 nChw16c, and the primitive's reorders only convert them to the precision (no transpose);
- * the output and din are written f32 blocked directly. db is summed from the f32 gradient.
+/* Blocked convolutions at bf16/fp16 (the lowp tables' *_blocked entries). Values kept f32
+ * nChw16c outside are converted by the primitive's reorders (no transpose); those the graph keeps
+ * at bf16 (DT_LAYOUT_BLOCKED_BF16: between bf16 convs and max pools, nn/graph_layout.c) reach the
+ * kernel as they are, and the output is written at bf16 for them, f32 blocked otherwise; din is
+ * f32. db is summed from the f32 gradient, or by oneDNN from a bf16 one.
  * A convolution over fewer than 16 input channels runs at f32: vdpbf16ps multiplies channel
  * pairs, so with C = 1 (the CNN's first layer) oneDNN's bf16 kernel pads half its lanes and is no
  * faster than f32, while converting its large output gradient to bf16 costs a pass more
  * (measured on AVX512-BF16: the layer 2x slower than at f32). */
 static dt_dtype blocked_precision(dt_dtype p, int C) { return C < 16 ? DT_F32 : p; }
 
+bool dt_dnnl_conv_bf16_values(int C) { return blocked_precision(DT_BF16, C) == DT_BF16; }
+
 void dt_dnnl_conv_forward_blocked_lowp(dt_dtype p, float *out, const float *in, const float *w, const float *b, int B,
-                                       int C, int H, int W, int OC, int K, int S, int P, bool in_bl, bool out_bl) {
-    conv_shape s = shape_of(B, C, H, W, OC, K, S, P, b != NULL, in_bl, out_bl);
+                                       int C, int H, int W, int OC, int K, int S, int P, dt_layout in_l,
+                                       dt_layout out_l) {
+    conv_shape s = shape_of(B, C, H, W, OC, K, S, P, b != NULL, in_l, out_l);
     conv_forward(blocked_precision(p, C), &s, out, in, w, b, NULL);
 }
 
 void dt_dnnl_conv_backward_blocked_lowp(dt_dtype p, float *din, float *dw, float *db, const float *dout,
                                         const float *in, const float *w, int B, int C, int H, int W, int OC, int K,
-                                        int S, int P, bool in_bl, bool out_bl) {
-    conv_shape s = shape_of(B, C, H, W, OC, K, S, P, false, in_bl, out_bl);
+                                        int S, int P, dt_layout in_l, dt_layout out_l) {
+    conv_shape s = shape_of(B, C, H, W, OC, K, S, P, false, in_l, out_l);
     conv_backward(blocked_precision(p, C), &s, din, dw, db, dout, in, w, NULL);
 }
 

@@ -79,15 +79,20 @@ void dt_dnnl_conv_backward(dt_dtype p, float *din, float *dw, float *db, const f
                            const float *w, float *work, int B, int C, int H, int W, int OC, int K, int S, int P);
 /* f32 convolutions with blocked (nChw16c) values outside: the backend table's *_blocked entries. */
 void dt_dnnl_conv_forward_blocked(float *out, const float *in, const float *w, const float *b, int B, int C, int H,
-                                  int W, int OC, int K, int S, int P, bool in_bl, bool out_bl);
+                                  int W, int OC, int K, int S, int P, dt_layout in_l, dt_layout out_l);
 void dt_dnnl_conv_backward_blocked(float *din, float *dw, float *db, const float *dout, const float *in, const float *w,
-                                   int B, int C, int H, int W, int OC, int K, int S, int P, bool in_bl, bool out_bl);
-/* The same at bf16/fp16 (p): f32 blocked values outside, converted by the primitive's reorders. */
+                                   int B, int C, int H, int W, int OC, int K, int S, int P, dt_layout in_l,
+                                   dt_layout out_l);
+/* The same at bf16/fp16 (p): f32 blocked values outside, converted by the primitive's reorders,
+ * or bf16 blocked ones (DT_LAYOUT_BLOCKED_BF16) as they are. */
 void dt_dnnl_conv_forward_blocked_lowp(dt_dtype p, float *out, const float *in, const float *w, const float *b, int B,
-                                       int C, int H, int W, int OC, int K, int S, int P, bool in_bl, bool out_bl);
+                                       int C, int H, int W, int OC, int K, int S, int P, dt_layout in_l,
+                                       dt_layout out_l);
 void dt_dnnl_conv_backward_blocked_lowp(dt_dtype p, float *din, float *dw, float *db, const float *dout,
                                         const float *in, const float *w, int B, int C, int H, int W, int OC, int K,
-                                        int S, int P, bool in_bl, bool out_bl);
+                                        int S, int P, dt_layout in_l, dt_layout out_l);
+/* Whether a blocked convolution over C input channels runs at bf16 and so takes bf16 values. */
+bool dt_dnnl_conv_bf16_values(int C);
 /* Whether this CPU runs the casts and packing below (AVX512-BF16); where not, oneDNN's reorders
  * convert. dst (n bf16) = src (n f32) rounded to nearest even. */
 bool dt_dnnl_cast_fast(void);

@@ -47,6 +47,8 @@ struct dt_node {
     bool fused_conv;        /* maxpool: its values come from the conv before it (fused_pool) */
     bool blocked;           /* values and gradient in the backend's blocked layout (nChw16c) inside a
                              * conv -> relu -> maxpool chain (graph_layout.c), else NCHW */
+    bool bf16, grad_bf16;   /* blocked values / gradient stored bf16 (uint16_t, the first half of
+                             * out / grad) between bf16 convs and maxpools (graph_layout.c) */
     bool needs_grad;        /* has parameters upstream (or its own): backward must reach it */
     /* run time */
     float *out;             /* (B, out_n) values; input nodes: the fed memory */
@@ -132,8 +134,22 @@ static inline bool dt_node_in_blocked(const dt_model *m, const dt_node *n, int j
     while (p->alias) p = &m->nodes[p->in[0]];
     return p->blocked;
 }
+/* Whether input j's values / gradient are stored bf16 (dt_node.bf16, grad_bf16). */
+static inline bool dt_node_in_bf16(const dt_model *m, const dt_node *n, int j) {
+    const dt_node *p = &m->nodes[n->in[j]];
+    while (p->alias) p = &m->nodes[p->in[0]];
+    return p->bf16;
+}
+static inline bool dt_node_in_grad_bf16(const dt_model *m, const dt_node *n, int j) {
+    const dt_node *p = &m->nodes[n->in[j]];
+    while (p->alias) p = &m->nodes[p->in[0]];
+    return p->grad_bf16;
+}
 /* Plans which values are blocked (graph_layout.c); after the relu -> maxpool fusion. */
 void dt_graph_plan_layouts(dt_model *m);
+/* Plans which blocked values (and gradients) are stored bf16 (graph_layout.c); after the
+ * conv -> maxpool fusion. */
+void dt_graph_plan_bf16(dt_model *m);
 /* Marks the convs computed together with their maxpool (graph_fuse.c), after the layout plan. */
 void dt_graph_fuse_conv_pool(dt_model *m);
 /* The fused chain of conv node n (n->fused_pool >= 0) at the current batch. */

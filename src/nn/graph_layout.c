@@ -4,7 +4,12 @@
  * stays blocked), and so does a conv whose values anything else reads. A value is blocked when
  * its channels are a multiple of 16, it is not the output, and every node that reads it is a
  * conv or a maxpool (a relu fused into the maxpool reads nothing itself). Every copy of a model
- * (pipeline stages) plans the same layouts, so values sent between them agree. */
+ * (pipeline stages) plans the same layouts, so values sent between them agree.
+ * At bf16, where the backend's blocked convs take bf16 values, a blocked value that only bf16
+ * convs and maxpools touch is stored bf16 (half the bytes, and no conv converts it): a conv's
+ * values and gradient when a maxpool is its only reader (the pool reads bf16 and writes the
+ * gradient once), and the values a fused conv -> maxpool (graph_fuse.c) writes when only bf16
+ * convs read them (their gradient, which the convs' backward data writes, stays f32). */
 #include "nn/graph_internal.h"
 
 static const dt_node *owner_of(const dt_model *m, const dt_node *n) {
@@ -38,5 +43,45 @@ void dt_graph_plan_layouts(dt_model *m) {
             n->blocked = n->shape[0] % 16 == 0 && readers_take_blocked(m, i);
         else if (n->a.kind == DT_LAYER_MAXPOOL2D)
             n->blocked = dt_node_in_blocked(m, n, 0) && readers_take_blocked(m, i);
+    }
+}
+
+/* The nodes (not aliases) that read node i's memory: their count, and whether each passes `ok`. */
+static int readers(const dt_model *m, int i, bool (*ok)(const dt_model *, const dt_node *), bool *all) {
+    int n = 0;
+    *all = true;
+    for (int j = 0; j < m->n; j++) {
+        const dt_node *r = &m->nodes[j];
+        if (r->alias) continue;
+        for (int k = 0; k < r->nin; k++)
+            if (owner_of(m, &m->nodes[r->in[k]])->id == i) n++, *all &= ok(m, r);
+    }
+    return n;
+}
+
+static bool bf16_conv(const dt_model *m, const dt_node *r) {
+    int C, H, W;
+    dt_node_chw(&m->nodes[r->in[0]], &C, &H, &W);
+    return r->a.kind == DT_LAYER_CONV2D && r->fused_pool < 0 && m->be->conv2d_bf16_values(C);
+}
+
+static bool blocked_maxpool(const dt_model *m, const dt_node *r) {
+    return r->a.kind == DT_LAYER_MAXPOOL2D && !r->fused_conv && dt_node_in_blocked(m, r, 0);
+}
+
+void dt_graph_plan_bf16(dt_model *m) {
+    const dt_backend *be = m->be;
+    for (int i = 0; i < m->n; i++) m->nodes[i].bf16 = m->nodes[i].grad_bf16 = false;
+    if (!be || be->precision != DT_BF16 || !be->conv2d_bf16_values || !be->maxpool2d_forward_blocked_bf16 ||
+        !be->maxpool2d_backward_blocked_bf16)
+        return;
+    for (int i = 0; i < m->n; i++) {
+        dt_node *n = &m->nodes[i];
+        if (!n->blocked || n->alias || i == m->output) continue;
+        bool all;
+        if (n->a.kind == DT_LAYER_CONV2D && n->fused_pool < 0 && bf16_conv(m, n))
+            n->bf16 = n->grad_bf16 = readers(m, i, blocked_maxpool, &all) == 1 && all;
+        else if (n->a.kind == DT_LAYER_MAXPOOL2D && n->fused_conv)
+            n->bf16 = readers(m, i, bf16_conv, &all) > 0 && all;
     }
 }

@@ -1,0 +1,237 @@
+/* The bf16 blocked values (dt_layout DT_LAYOUT_BLOCKED_BF16, kept by the graph between bf16
+ * convs and max pools at bf16): max pooling of bf16 values against the f32 pool of the same
+ * values (bitwise: the same comparisons pick the same maxima; din is the f32 gradient rounded to
+ * bf16, bitwise where windows tile the input); the oneDNN bf16 table's convolutions with bf16
+ * inputs / outputs against the blas bf16 kernels on the same values (an output rounded to bf16:
+ * within half a bf16 step of the largest value, 2^-9 < 4e-3; the f32 gradients within 2e-5, the
+ * f32 sums' order), including the widened fallback where a conv cannot take bf16 (fp16 table,
+ * fewer than 16 input channels); the fused conv -> pool's bf16 store (its f32 values rounded,
+ * bitwise); the graph's bf16 plan. */
+#include "backend/backend.h"
+#include "backend/blocked.h"
+#include "core/test.h"
+#include "dtrain/core.h"
+#include "dtrain/nn.h"
+#include "nn/graph_internal.h"
+
+#include <string.h>
+
+static float *rnd(size_t n, uint64_t key) {
+    float *x = malloc((n ? n : 1) * sizeof *x + 4);
+    dt_rng_fill_uniform(x, n, -1, 1, 5, key);
+    return x;
+}
+
+/* The n values of x rounded to bf16: as f32 values (rounded), as bf16 ones (bf16_of: uint16_t
+ * in a float buffer, as the graph keeps them). */
+static float *rounded(const float *x, size_t n) {
+    float *r = malloc(n * sizeof(float) + 4);
+    for (size_t i = 0; i < n; i++) r[i] = dt_bf16_to_f32(dt_f32_to_bf16(x[i]));
+    return r;
+}
+
+static float *bf16_of(const float *x, size_t n) {
+    float *h = malloc(n * sizeof(float) + 4);
+    for (size_t i = 0; i < n; i++) ((uint16_t *)h)[i] = dt_f32_to_bf16(x[i]);
+    return h;
+}
+
+static float *widen(const float *h, size_t n) {
+    float *y = malloc(n * sizeof(float) + 4);
+    for (size_t i = 0; i < n; i++) y[i] = dt_bf16_to_f32(((const uint16_t *)h)[i]);
+    return y;
+}
+
+static float *blocked_of(const float *x, int B, int C, int HW) {
+    float *y = malloc((size_t)B * C * HW * sizeof *y + 4);
+    dt_blocked_from_nchw(y, x, B, C, HW);
+    return y;
+}
+
+static float *nchw_of(const float *x, int B, int C, int HW) {
+    float *y = malloc((size_t)B * C * HW * sizeof *y + 4);
+    dt_blocked_to_nchw(y, x, B, C, HW);
+    return y;
+}
+
+/* max |a - b| / max |b| (0 when b is all zero) */
+static double rel_diff(const float *a, const float *b, size_t n) {
+    double m = 0, d = 0;
+    for (size_t i = 0; i < n; i++) m = fmax(m, fabs(b[i])), d = fmax(d, fabs(a[i] - b[i]));
+    return m > 0 ? d / m : d;
+}
+
+/* One pooling case: the bf16 entries against the f32 blocked ones on the same (rounded) values. */
+static void pool_case(int B, int C, int H, int W, int K, int S) {
+    const int OH = (H - K) / S + 1, OW = (W - K) / S + 1, HW = H * W, OHW = OH * OW;
+    const size_t nin = (size_t)B * C * HW, nout = (size_t)B * C * OHW;
+    const bool tiles = K == S && OH * S == H && OW * S == W;
+    float *x = rnd(nin, (uint64_t)(H * 100 + K * 10 + S) + 5);
+    for (size_t i = 0; i < nin; i += 5) x[i] = x[i + 1 < nin ? i + 1 : i];  /* ties */
+    x[2] = NAN, x[nin / 3] = NAN;
+    float *xb = blocked_of(x, B, C, HW), *xr = rounded(xb, nin), *xh = bf16_of(xb, nin);
+    float *y = malloc(nout * 4), *yh = malloc(nout * 4), *dy = rnd(nout, 78);
+    float *dx = malloc(nin * 4), *dxh = malloc(nin * 4);
+    int32_t *am = malloc(nout * 4), *amh = malloc(nout * 4);
+    for (int out_bl = 0; out_bl < 2; out_bl++) {
+        dt_maxpool2d_forward_blocked(y, am, xr, B, C, H, W, K, S, out_bl);
+        dt_maxpool2d_forward_blocked_bf16(yh, amh, (const uint16_t *)xh, B, C, H, W, K, S, out_bl);
+        CHECK_MSG(!memcmp(y, yh, nout * 4) && !memcmp(am, amh, nout * 4), "bf16 maxpool %dx%d K%d S%d out_bl %d: values differ",
+                  H, W, K, S, out_bl);
+        dt_maxpool2d_backward_blocked(dx, dy, am, B, C, H, W, K, S, out_bl);
+        dt_maxpool2d_backward_blocked_bf16((uint16_t *)dxh, dy, amh, B, C, H, W, K, S, out_bl);
+        size_t bad = 0;
+        for (size_t i = 0; i < nin; i++) bad += ((uint16_t *)dxh)[i] != dt_f32_to_bf16(dx[i]);
+        CHECK_MSG(bad == 0 || !tiles, "bf16 maxpool %dx%d K%d S%d out_bl %d: %zu din values differ", H, W, K, S, out_bl, bad);
+        float *dxw = widen(dxh, nin);
+        CHECK_MSG(rel_diff(dxw, dx, nin) < 4e-3, "bf16 maxpool %dx%d K%d S%d: din differs by %g", H, W, K, S,
+                  rel_diff(dxw, dx, nin));
+        free(dxw);
+    }
+    free(x), free(xb), free(xr), free(xh), free(y), free(yh), free(dy), free(dx), free(dxh), free(am), free(amh);
+}
+
+static void test_pool(void) {
+    pool_case(2, 32, 14, 14, 2, 2);  /* the CNN's second pool (tail of 1 in a 49-position plane) */
+    pool_case(1, 16, 7, 9, 2, 2);    /* odd sizes: a row and a column outside every window */
+    pool_case(2, 16, 9, 9, 3, 2);    /* overlapping windows: din sums */
+    pool_case(1, 16, 4, 141, 2, 2);  /* long output rows */
+    pool_case(1, 16, 40, 38, 2, 2);  /* more output positions than a 256-position chunk */
+}
+
+static const char *lname(dt_layout l) { return l == DT_LAYOUT_NCHW ? "nchw" : l == DT_LAYOUT_BLOCKED ? "blocked" : "bf16"; }
+
+/* One convolution through be's blocked entries with layouts in_l / out_l (one of them bf16)
+ * against the NCHW kernels at be's precision (f32 where C < 16, as cpu_onednn_conv.c runs those)
+ * on the same values. */
+static void conv_case(const dt_backend *be, int B, int C, int H, int W, int OC, int K, int S, int P, dt_layout in_l,
+                      dt_layout out_l, bool with_din) {
+    const dt_backend *ref = be->precision == DT_F32 || C < 16 ? dt_backend_cpu() : dt_backend_blas_lowp(be->precision);
+    const int OH = (H + 2 * P - K) / S + 1, OW = (W + 2 * P - K) / S + 1, HW = H * W, OHW = OH * OW;
+    const size_t nin = (size_t)B * C * HW, nout = (size_t)B * OC * OHW, nw = (size_t)OC * C * K * K;
+    float *x0 = rnd(nin, 31), *w = rnd(nw, 32), *b = rnd(OC, 33), *dy0 = rnd(nout, 34);
+    float *xr = rounded(x0, nin), *dyr = rounded(dy0, nout);  /* the values both sides see */
+    /* the reference, NCHW */
+    float *y = malloc(nout * 4), *dx = malloc(nin * 4), *dw = calloc(nw, 4), *db = calloc(OC, 4);
+    float *work = malloc(ref->conv2d_workspace(B, C, H, W, OC, K, S, P) * 4 + 4);
+    ref->conv2d_forward(y, xr, w, b, work, B, C, H, W, OC, K, S, P);
+    ref->conv2d_backward(with_din ? dx : NULL, dw, db, dyr, xr, w, work, B, C, H, W, OC, K, S, P);
+    /* be's inputs in their layouts */
+    float *xbl = in_l != DT_LAYOUT_NCHW ? blocked_of(xr, B, C, HW) : NULL;  /* blocked: C a multiple of 16 */
+    float *dybl = out_l != DT_LAYOUT_NCHW ? blocked_of(dyr, B, OC, OHW) : NULL;
+    float *xh = in_l == DT_LAYOUT_BLOCKED_BF16 ? bf16_of(xbl, nin) : NULL;
+    float *dyh = out_l == DT_LAYOUT_BLOCKED_BF16 ? bf16_of(dybl, nout) : NULL;
+    float *xi = in_l == DT_LAYOUT_NCHW ? xr : xh ? xh : xbl, *dyi = out_l == DT_LAYOUT_NCHW ? dyr : dyh ? dyh : dybl;
+    float *yb = malloc(nout * 4), *dxb = malloc(nin * 4), *dwb = calloc(nw, 4), *dbb = calloc(OC, 4);
+    be->conv2d_forward_blocked(yb, xi, w, b, B, C, H, W, OC, K, S, P, in_l, out_l);
+    be->conv2d_backward_blocked(with_din ? dxb : NULL, dwb, dbb, dyi, xi, w, B, C, H, W, OC, K, S, P, in_l, out_l);
+    float *yw = out_l == DT_LAYOUT_BLOCKED_BF16 ? widen(yb, nout) : NULL;
+    float *yn = out_l == DT_LAYOUT_NCHW ? yb : nchw_of(yw ? yw : yb, B, OC, OHW);
+    float *dxn = in_l == DT_LAYOUT_NCHW ? dxb : nchw_of(dxb, B, C, HW);  /* din is f32 */
+    const double ty = out_l == DT_LAYOUT_BLOCKED_BF16 ? 4e-3 : 2e-5;
+    CHECK_MSG(rel_diff(yn, y, nout) < ty, "%s conv C%d OC%d %dx%d K%d in %s out %s: out %g", dt_dtype_name(be->precision),
+              C, OC, H, W, K, lname(in_l), lname(out_l), rel_diff(yn, y, nout));
+    if (with_din)
+        CHECK_MSG(rel_diff(dxn, dx, nin) < 2e-5, "conv C%d in %s out %s: din %g", C, lname(in_l), lname(out_l),
+                  rel_diff(dxn, dx, nin));
+    CHECK_MSG(rel_diff(dwb, dw, nw) < 2e-5, "conv C%d in %s out %s: dw %g", C, lname(in_l), lname(out_l),
+              rel_diff(dwb, dw, nw));
+    CHECK_MSG(rel_diff(dbb, db, OC) < 2e-5, "conv C%d in %s out %s: db %g", C, lname(in_l), lname(out_l),
+              rel_diff(dbb, db, OC));
+    if (yn != yb) free(yn);
+    if (dxn != dxb) free(dxn);
+    free(yw), free(x0), free(w), free(b), free(dy0), free(xr), free(xh), free(dyr), free(dyh), free(y), free(dx), free(dw);
+    free(db), free(work), free(xbl), free(dybl), free(yb), free(dxb), free(dwb), free(dbb);
+}
+
+static void test_conv(void) {
+    const dt_backend *be = NULL;
+    if (dt_backend_find("onednn", DT_BF16, &be) != DT_OK) {
+        printf("built without oneDNN: no bf16 blocked values to test\n");
+        return;
+    }
+    CHECK(be->conv2d_bf16_values && be->conv2d_bf16_values(16) && !be->conv2d_bf16_values(1));
+    const dt_layout N = DT_LAYOUT_NCHW, L = DT_LAYOUT_BLOCKED, H = DT_LAYOUT_BLOCKED_BF16;
+    for (int d = 0; d < 2; d++) {
+        conv_case(be, 3, 32, 14, 14, 64, 3, 1, 1, H, H, d);  /* the CNN's second conv */
+        conv_case(be, 2, 16, 7, 6, 32, 3, 1, 1, H, L, d);
+        conv_case(be, 2, 16, 7, 6, 32, 3, 1, 1, L, H, d);
+        conv_case(be, 2, 32, 6, 6, 16, 3, 2, 1, H, N, d);    /* the chain's end: NCHW out */
+        conv_case(be, 1, 16, 5, 5, 16, 1, 1, 0, N, H, d);
+        conv_case(be, 2, 1, 9, 9, 16, 3, 1, 1, N, H, d);     /* C < 16 runs at f32: widened around it */
+    }
+    CHECK_OK(dt_backend_find("onednn", DT_F16, &be));  /* no bf16 kernels: widened around fp16 */
+    conv_case(be, 2, 16, 7, 6, 32, 3, 1, 1, H, H, true);
+    conv_case(be, 2, 16, 7, 6, 32, 3, 1, 1, L, H, false);
+}
+
+/* The fused conv -> relu -> pool storing bf16: its f32 values rounded, the same window bytes;
+ * with relu 2 the conv passes its input through (the centre tap 1, no bias) and the inputs lie
+ * halfway between bf16 values, where rounding to nearest even decides. */
+static void test_conv_pool(void) {
+    for (int relu = 0; relu < 3; relu++) {
+        const dt_conv_pool_shape s = {2, 1, 12, 12, 32, 3, 1, 2, relu > 0, true, false};
+        dt_conv_pool_shape sh = s;
+        sh.out_bf16 = true;
+        const size_t nx = (size_t)s.B * s.C * s.H * s.W, nw = (size_t)s.OC * s.C * 9, no = (size_t)s.B * s.OC * 6 * 6;
+        float *x = rnd(nx, 41), *w = rnd(nw, 42), *b = rnd(s.OC, 43), *y = malloc(no * 4), *yh = malloc(no * 4);
+        uint8_t *win = malloc(no), *winh = malloc(no);
+        x[5] = NAN;  /* a NaN window: rounded to a quiet NaN */
+        if (relu == 2) {
+            memset(w, 0, nw * sizeof *w), memset(b, 0, (size_t)s.OC * sizeof *b);
+            for (int o = 0; o < s.OC; o++) w[o * 9 + 4] = 1;
+            for (size_t i = 0; i < nx; i++) x[i] = 1.0f + (float)(i % 5) / 128 + 1.0f / 256;  /* ties */
+        }
+        dt_conv_pool_forward(&s, y, win, x, w, b);
+        dt_conv_pool_forward(&sh, yh, winh, x, w, b);
+        size_t bad = 0;
+        for (size_t i = 0; i < no; i++) bad += ((uint16_t *)yh)[i] != dt_f32_to_bf16(y[i]);
+        CHECK_MSG(bad == 0 && !memcmp(win, winh, no), "conv_pool bf16 relu %d: %zu values differ", relu, bad);
+        free(x), free(w), free(b), free(y), free(yh), free(win), free(winh);
+    }
+}
+
+/* The bf16 flags the graph plans for spec on the current kernels. */
+static void plan_of(const char *spec, bool *bf, bool *gbf, int *n) {
+    dt_model *m = NULL;
+    CHECK_OK(dt_model_create_from_spec(&m, spec, 1, 28, 28));
+    *n = m ? m->n : 0;
+    for (int i = 0; i < *n; i++) bf[i] = m->nodes[i].bf16, gbf[i] = m->nodes[i].grad_bf16;
+    dt_model_free(m);
+}
+
+static void test_plan(void) {
+    bool bf[32], gbf[32];
+    int n;
+    if (dt_kernels_select("onednn", "bf16") == DT_OK) {
+        plan_of("cnn", bf, gbf, &n);
+        /* input, conv (fused), relu, maxpool (fused: values bf16), conv (values and gradient bf16),
+         * relu, maxpool (NCHW out), flatten, linear ... */
+        CHECK(n > 8 && bf[3] && !gbf[3] && bf[4] && gbf[4]);
+        for (int i = 0; i < n; i++) CHECK(i == 3 || i == 4 || (!bf[i] && !gbf[i]));
+        plan_of("conv(16,3) relu conv(16,3) maxpool(2) conv(16,3) maxpool(2) conv(16,3) flatten linear(10)", bf, gbf, &n);
+        CHECK(!bf[1]);              /* over 1 channel (f32), read by an unfused relu */
+        CHECK(bf[3] && gbf[3]);     /* over 16, read by a maxpool only */
+        CHECK(!bf[4] && !gbf[4]);   /* an unfused maxpool writes f32 */
+        CHECK(bf[5] && gbf[5]);
+        CHECK(!bf[6] && !bf[7]);    /* likewise; a flatten reads the last conv */
+        plan_of("conv(16,3) relu maxpool(2) maxpool(2) conv(16,3) relu maxpool(2) flatten linear(10)", bf, gbf, &n);
+        CHECK(!bf[3]);              /* a fused pool read by a maxpool, not a conv */
+        CHECK(!bf[4] && bf[5] && gbf[5]);
+        CHECK_OK(dt_kernels_select("onednn", "fp32"));
+        plan_of("cnn", bf, gbf, &n);
+        for (int i = 0; i < n; i++) CHECK(!bf[i] && !gbf[i]);
+    }
+    CHECK_OK(dt_kernels_select("blas", "bf16"));
+    plan_of("cnn", bf, gbf, &n);
+    for (int i = 0; i < n; i++) CHECK(!bf[i] && !gbf[i]);
+    CHECK_OK(dt_kernels_select("blas", "fp32"));
+}
+
+int main(void) {
+    test_pool();
+    test_conv();
+    test_conv_pool();
+    test_plan();
+    return dt_test_summary("blocked_bf16_test");
+}
