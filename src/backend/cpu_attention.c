@@ -1,16 +1,26 @@
-/* Causal multi-head self-attention on OpenBLAS sgemm, per (batch, head): scores = q k^T / sqrt(hs)
- * (T x T), a causal softmax per row, out = P v. The q/k/v heads are read in place from the
- * (B,T,3C) rows with leading dimension 3C, and the output heads written with leading dimension C,
- * so no transposes are copied. Backward recomputes nothing: P is kept in att. */
+/* Causal multi-head self-attention: the public kernels pick the fused one for the CPU's widest
+ * vectors (cpu_attention_vec.c: AVX-512 or AVX2 + FMA), else run the OpenBLAS one here: sgemm
+ * per (batch, head), scores = q k^T / sqrt(hs) (T x T), a causal softmax per row, out = P v. The
+ * q/k/v heads are read in place from the (B,T,3C) rows with leading dimension 3C, and the output
+ * heads written with leading dimension C, so no transposes are copied. Backward recomputes
+ * nothing: P is kept in att. */
 #include "dtrain/layers.h"
 
 #include <cblas.h>
 #include <math.h>
 #include <string.h>
 
+#include "backend/attention.h"
 #include "backend/kern.h"
 
-size_t dt_attention_workspace(int T) { return (size_t)T * T; }
+size_t dt_attention_workspace(int T, int C, int NH) {
+    const size_t hs = (size_t)(C / NH), Tp = (size_t)(T + 15) / 16 * 16, Tr = (size_t)(T + 3) / 4 * 4;
+    const size_t hsp = (hs + 15) / 16 * 16, t = (size_t)T;
+    const size_t blas = t * t, fwd = Tr * hsp + hs * Tp + t * hsp + 4 * Tp;
+    const size_t bwd = Tr * hsp + hs * Tp + 2 * t * hsp + 2 * Tr * Tp;
+    const size_t m = blas > fwd ? blas : fwd;
+    return m > bwd ? m : bwd;
+}
 
 /* Row t of the scores: softmax over j <= t, zeros after. */
 static void causal_softmax_row(float *restrict row, int t, int T) {
@@ -21,7 +31,7 @@ static void causal_softmax_row(float *restrict row, int t, int T) {
     for (int j = t + 1; j < T; j++) row[j] = 0.0f;
 }
 
-void dt_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
+static void blas_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
     const int hs = C / NH, ld = 3 * C;
     const float scale = 1.0f / sqrtf((float)hs);
     for (int b = 0; b < B; b++)
@@ -35,8 +45,8 @@ void dt_attention_forward(float *out, float *att, const float *qkv, int B, int T
         }
 }
 
-void dt_attention_backward(float *dqkv, float *work, const float *dout, const float *qkv, const float *att, int B,
-                           int T, int C, int NH) {
+static void blas_backward(float *dqkv, float *work, const float *dout, const float *qkv, const float *att, int B,
+                          int T, int C, int NH) {
     const int hs = C / NH, ld = 3 * C;
     const float scale = 1.0f / sqrtf((float)hs);
     for (int b = 0; b < B; b++)
@@ -63,4 +73,48 @@ void dt_attention_backward(float *dqkv, float *work, const float *dout, const fl
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, scale, dS, T, k, ld, 0.0f, dq, ld);
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, scale, dS, T, q, ld, 0.0f, dk, ld);
         }
+}
+
+int dt_att_supported(dt_att_kind k) {
+    switch (k) {
+    case DT_ATT_BLAS: return 1;
+    case DT_ATT_AVX2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case DT_ATT_AVX512: return __builtin_cpu_supports("avx512f");
+    default: return 0;
+    }
+}
+
+const char *dt_att_name(dt_att_kind k) {
+    static const char *names[DT_ATT_NKINDS] = {"blas", "avx2", "avx512"};
+    return k >= 0 && k < DT_ATT_NKINDS ? names[k] : "?";
+}
+
+dt_att_kind dt_att_best(void) {
+    return dt_att_supported(DT_ATT_AVX512) ? DT_ATT_AVX512 : dt_att_supported(DT_ATT_AVX2) ? DT_ATT_AVX2 : DT_ATT_BLAS;
+}
+
+void dt_att_forward(dt_att_kind k, float *out, float *att, float *work, const float *qkv, int B, int T, int C, int NH) {
+    switch (k) {
+    case DT_ATT_AVX512: dt_attention_forward_avx512(out, att, work, qkv, B, T, C, NH); break;
+    case DT_ATT_AVX2: dt_attention_forward_avx2(out, att, work, qkv, B, T, C, NH); break;
+    default: blas_forward(out, att, qkv, B, T, C, NH); break;
+    }
+}
+
+void dt_att_backward(dt_att_kind k, float *dqkv, float *work, const float *dout, const float *qkv, const float *att,
+                     int B, int T, int C, int NH) {
+    switch (k) {
+    case DT_ATT_AVX512: dt_attention_backward_avx512(dqkv, work, dout, qkv, att, B, T, C, NH); break;
+    case DT_ATT_AVX2: dt_attention_backward_avx2(dqkv, work, dout, qkv, att, B, T, C, NH); break;
+    default: blas_backward(dqkv, work, dout, qkv, att, B, T, C, NH); break;
+    }
+}
+
+void dt_attention_forward(float *out, float *att, float *work, const float *qkv, int B, int T, int C, int NH) {
+    dt_att_forward(dt_att_best(), out, att, work, qkv, B, T, C, NH);
+}
+
+void dt_attention_backward(float *dqkv, float *work, const float *dout, const float *qkv, const float *att, int B,
+                           int T, int C, int NH) {
+    dt_att_backward(dt_att_best(), dqkv, work, dout, qkv, att, B, T, C, NH);
 }

@@ -1,0 +1,272 @@
+/* Template of the fused causal attention (cpu_attention_vec.c includes it once per vector width).
+ * Before including, define AV_VL (lanes: 8 or 16), AV_TARGET (a GCC target string) and AV_SUFFIX
+ * (a name suffix: avx2, avx512). It defines dt_attention_forward_<suffix> and
+ * dt_attention_backward_<suffix>, declared in backend/attention.h.
+ *
+ * Per (batch, head) the operands are packed into the workspace, zero padded to whole vectors:
+ * row-padded copies (rows to a multiple of 4, columns to AV_VL) of q (scaled by 1/sqrt(hs)), k,
+ * v and dout, and transposed copies of k (forward) and v (backward). Every product is then one
+ * micro-kernel: 4 output rows x 1 or 2 vectors of columns, an FMA of a broadcast scalar with a
+ * vector per step. Blocks above the diagonal are skipped (the causal half), the scale, mask and
+ * softmax run on a block of 4 score rows while they are in L1, and the exp is a polynomial
+ * (Cephes' expf, ~1 ulp) with no libm call. The order of every sum is fixed: runs are bitwise
+ * reproducible. */
+
+#define AV_CAT2(a, b) a##_##b
+#define AV_CAT(a, b) AV_CAT2(a, b)
+#define AV(x) AV_CAT(x, AV_SUFFIX)
+#define AV_FN static inline __attribute__((target(AV_TARGET), always_inline))
+
+typedef float AV(vf) __attribute__((vector_size(AV_VL * 4)));
+typedef int32_t AV(vi) __attribute__((vector_size(AV_VL * 4)));
+typedef float AV(vfu) __attribute__((vector_size(AV_VL * 4), aligned(4), may_alias));
+#define vf AV(vf)
+#define vi AV(vi)
+#define vfu AV(vfu)
+
+#if AV_VL == 16
+#define AV_SET1(s) ((vf)_mm512_set1_ps(s))
+#define AV_FMA(a, b, c) ((vf)_mm512_fmadd_ps((__m512)(a), (__m512)(b), (__m512)(c)))
+#define AV_MAX(a, b) ((vf)_mm512_max_ps((__m512)(a), (__m512)(b)))
+#else
+#define AV_SET1(s) ((vf)_mm256_set1_ps(s))
+#define AV_FMA(a, b, c) ((vf)_mm256_fmadd_ps((__m256)(a), (__m256)(b), (__m256)(c)))
+#define AV_MAX(a, b) ((vf)_mm256_max_ps((__m256)(a), (__m256)(b)))
+#endif
+#define AV_LOAD(p) (*(const vfu *)(p))
+#define AV_STORE(p, v) (*(vfu *)(p) = (v))
+
+/* exp(x) for x <= 0: Cephes' expf on x clamped to >= -87 (the result stays a normal float). */
+AV_FN vf AV(exp)(vf x) {
+    x = AV_MAX(x, AV_SET1(-87.0f));
+    const vf magic = AV_SET1(12582912.0f); /* 1.5 * 2^23: adding it rounds to an integer */
+    const vf n = AV_FMA(x, AV_SET1(1.44269504088896341f), magic) - magic;
+    vf r = AV_FMA(n, AV_SET1(-0.693359375f), x);
+    r = AV_FMA(n, AV_SET1(2.12194440e-4f), r);
+    vf p = AV_SET1(1.9875691500e-4f);
+    p = AV_FMA(p, r, AV_SET1(1.3981999507e-3f));
+    p = AV_FMA(p, r, AV_SET1(8.3334519073e-3f));
+    p = AV_FMA(p, r, AV_SET1(4.1665795894e-2f));
+    p = AV_FMA(p, r, AV_SET1(1.6666665459e-1f));
+    p = AV_FMA(p, r, AV_SET1(5.0000001201e-1f));
+    p = AV_FMA(p, r * r, r + AV_SET1(1.0f));
+    const vi e = (__builtin_convertvector(n, vi) + 127) << 23;
+    return p * (vf)e;
+}
+
+/* Horizontal sum and max: a fixed tree of halvings (the same order every run). */
+#if AV_VL == 16
+AV_FN float AV(hsum)(vf v) { return _mm512_reduce_add_ps((__m512)v); }
+AV_FN float AV(hmax)(vf v) { return _mm512_reduce_max_ps((__m512)v); }
+#else
+AV_FN float AV(hsum)(vf v) {
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128((__m256)v), _mm256_extractf128_ps((__m256)v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    return _mm_cvtss_f32(_mm_add_ss(x, _mm_shuffle_ps(x, x, 1)));
+}
+AV_FN float AV(hmax)(vf v) {
+    __m128 x = _mm_max_ps(_mm256_castps256_ps128((__m256)v), _mm256_extractf128_ps((__m256)v, 1));
+    x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+    return _mm_cvtss_f32(_mm_max_ss(x, _mm_shuffle_ps(x, x, 1)));
+}
+#endif
+
+/* The first n <= AV_VL lanes of v to dst. */
+AV_FN void AV(store_n)(float *dst, vf v, int n) {
+    if (n <= 0) return;
+    if (n >= AV_VL) {
+        AV_STORE(dst, v);
+        return;
+    }
+    float t[AV_VL];
+    AV_STORE(t, v);
+    memcpy(dst, t, (size_t)n * sizeof(float));
+}
+
+/* acc[r][c] = sum_{k<K} a[r*ar + k*ak] * b[k*ldb + c*AV_VL], 4 rows r, NC = 1 or 2 vectors c. */
+#define AV_MICRO(NC)                                                                                         \
+    AV_FN void AV(micro##NC)(vf acc[4][2], int K, const float *a, size_t ar, size_t ak, const float *b,     \
+                             size_t ldb) {                                                                \
+        vf c00 = {0}, c10 = {0}, c20 = {0}, c30 = {0}, c01 = {0}, c11 = {0}, c21 = {0}, c31 = {0};         \
+        for (int k = 0; k < K; k++) {                                                                     \
+            const float *bk = b + (size_t)k * ldb, *ak_ = a + (size_t)k * ak;                              \
+            const vf b0 = AV_LOAD(bk);                                                                     \
+            const vf a0 = AV_SET1(ak_[0]), a1 = AV_SET1(ak_[ar]), a2 = AV_SET1(ak_[2 * ar]),                \
+                     a3 = AV_SET1(ak_[3 * ar]);                                                            \
+            c00 = AV_FMA(a0, b0, c00), c10 = AV_FMA(a1, b0, c10);                                          \
+            c20 = AV_FMA(a2, b0, c20), c30 = AV_FMA(a3, b0, c30);                                          \
+            if (NC == 2) {                                                                                 \
+                const vf b1 = AV_LOAD(bk + AV_VL);                                                         \
+                c01 = AV_FMA(a0, b1, c01), c11 = AV_FMA(a1, b1, c11);                                      \
+                c21 = AV_FMA(a2, b1, c21), c31 = AV_FMA(a3, b1, c31);                                      \
+            }                                                                                              \
+        }                                                                                                  \
+        acc[0][0] = c00, acc[1][0] = c10, acc[2][0] = c20, acc[3][0] = c30;                                \
+        acc[0][1] = c01, acc[1][1] = c11, acc[2][1] = c21, acc[3][1] = c31;                                \
+    }
+AV_MICRO(1)
+AV_MICRO(2)
+#undef AV_MICRO
+
+/* out rows (4 x n cols, row stride ldo; only rows < nrows stored) = A (4 x K) B (K x n), A
+ * element (r, k) at a[r*ar + k*ak], B rows of ldb floats (padded to whole vectors). */
+AV_FN void AV(gemm4)(float *out, size_t ldo, int nrows, int n, int K, const float *a, size_t ar, size_t ak,
+                     const float *b, size_t ldb) {
+    vf acc[4][2];
+    for (int c = 0; c < n; c += 2 * AV_VL) {
+        const int two = c + AV_VL < n;
+        if (two) AV(micro2)(acc, K, a, ar, ak, b + c, ldb);
+        else AV(micro1)(acc, K, a, ar, ak, b + c, ldb);
+        for (int r = 0; r < nrows; r++) {
+            AV(store_n)(out + r * ldo + c, acc[r][0], n - c);
+            if (two) AV(store_n)(out + r * ldo + c + AV_VL, acc[r][1], n - c - AV_VL);
+        }
+    }
+}
+
+#define AV_UP(x, m) (((x) + (m)-1) / (m) * (m))
+
+/* dst (rows x ldd, zero padded) = scale * src (n x cols, row stride lds), n <= rows, cols <= ldd. */
+static void AV(pack_rows)(float *dst, int rows, int ldd, const float *src, size_t lds, int n, int cols, float scale) {
+    for (int t = 0; t < rows; t++) {
+        float *d = dst + (size_t)t * ldd;
+        int j = 0;
+        if (t < n)
+            for (; j < cols; j++) d[j] = src[(size_t)t * lds + j] * scale;
+        for (; j < ldd; j++) d[j] = 0.0f;
+    }
+}
+
+/* dst (cols x ldd, zero padded past n) = src^T, src (n x cols, row stride lds). */
+static void AV(pack_cols)(float *dst, int ldd, const float *src, size_t lds, int n, int cols) {
+    for (int d = 0; d < cols; d++) {
+        float *o = dst + (size_t)d * ldd;
+        for (int j = 0; j < n; j++) o[j] = src[(size_t)j * lds + d];
+        for (int j = n; j < ldd; j++) o[j] = 0.0f;
+    }
+}
+
+/* Score rows t0 .. t0+3 into S (4 x Tp): S = Qs Kt over the column vectors left of the diagonal. */
+AV_FN void AV(scores)(float *S, int Tp, int t0, int T, int hs, const float *Qs, int hsp, const float *Kt) {
+    const int tmax = t0 + 4 < T ? t0 + 4 : T;
+    AV(gemm4)(S, Tp, 4, AV_UP(tmax, AV_VL), hs, Qs + (size_t)t0 * hsp, hsp, 1, Kt, Tp);
+}
+
+/* Causal softmax of score row t in place (Tp floats): lanes j <= t, zeros up to Tp. */
+AV_FN void AV(softmax_row)(float *row, int t, int Tp) {
+    const int nc = t / AV_VL + 1;
+    vi lane;
+    for (int i = 0; i < AV_VL; i++) lane[i] = i;
+    const vi tv = (vi){0} + t;
+    vf mx = AV_SET1(-INFINITY);
+    for (int c = 0; c < nc; c++) {
+        const vi keep = lane + c * AV_VL <= tv;
+        const vf s = (vf)(((vi)AV_LOAD(row + c * AV_VL) & keep) | ((vi)AV_SET1(-INFINITY) & ~keep));
+        mx = AV_MAX(mx, s);
+    }
+    const vf m = AV_SET1(AV(hmax)(mx));
+    vf sum = {0};
+    for (int c = 0; c < nc; c++) {
+        const vi keep = lane + c * AV_VL <= tv;
+        const vf e = (vf)((vi)AV(exp)(AV_LOAD(row + c * AV_VL) - m) & keep);
+        AV_STORE(row + c * AV_VL, e);
+        sum += e;
+    }
+    const vf inv = AV_SET1(1.0f / AV(hsum)(sum));
+    for (int c = 0; c < nc; c++) AV_STORE(row + c * AV_VL, AV_LOAD(row + c * AV_VL) * inv);
+    for (int j = nc * AV_VL; j < Tp; j++) row[j] = 0.0f;
+}
+
+__attribute__((target(AV_TARGET))) void AV(dt_attention_forward)(float *out, float *att, float *work,
+                                                                 const float *qkv, int B, int T, int C, int NH) {
+    const int hs = C / NH, ld = 3 * C, Tp = AV_UP(T, AV_VL), Tr = AV_UP(T, 4), hsp = AV_UP(hs, AV_VL);
+    const float scale = 1.0f / sqrtf((float)hs);
+    float *Qs = work, *Kt = Qs + (size_t)Tr * hsp, *Vp = Kt + (size_t)hs * Tp, *S = Vp + (size_t)T * hsp;
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++) {
+            const float *q = qkv + (size_t)b * T * ld + (size_t)h * hs, *k = q + C, *v = q + 2 * C;
+            float *P = att + ((size_t)b * NH + h) * T * T, *o = out + (size_t)b * T * C + (size_t)h * hs;
+            AV(pack_rows)(Qs, Tr, hsp, q, ld, T, hs, scale);
+            AV(pack_cols)(Kt, Tp, k, ld, T, hs);
+            AV(pack_rows)(Vp, T, hsp, v, ld, T, hs, 1.0f);
+            for (int t0 = 0; t0 < T; t0 += 4) {
+                const int rows = T - t0 < 4 ? T - t0 : 4;
+                AV(scores)(S, Tp, t0, T, hs, Qs, hsp, Kt);
+                for (int r = 0; r < rows; r++) {
+                    const int t = t0 + r;
+                    AV(softmax_row)(S + (size_t)r * Tp, t, Tp);
+                    memcpy(P + (size_t)t * T, S + (size_t)r * Tp, (size_t)T * sizeof(float));
+                }
+                for (int r = rows; r < 4; r++) memset(S + (size_t)r * Tp, 0, (size_t)Tp * sizeof(float));
+                /* out rows t0.. = P rows (nonzero up to column t0 + rows) times v */
+                AV(gemm4)(o + (size_t)t0 * C, (size_t)C, rows, hs, t0 + rows, S, Tp, 1, Vp, hsp);
+            }
+        }
+}
+
+__attribute__((target(AV_TARGET))) void AV(dt_attention_backward)(float *dqkv, float *work, const float *dout,
+                                                                  const float *qkv, const float *att, int B, int T,
+                                                                  int C, int NH) {
+    const int hs = C / NH, ld = 3 * C, Tp = AV_UP(T, AV_VL), Tr = AV_UP(T, 4), hsp = AV_UP(hs, AV_VL);
+    const float scale = 1.0f / sqrtf((float)hs);
+    float *dOp = work, *Vt = dOp + (size_t)Tr * hsp, *Kp = Vt + (size_t)hs * Tp, *Qp = Kp + (size_t)T * hsp;
+    float *dS = Qp + (size_t)T * hsp, *Pp = dS + (size_t)Tr * Tp;
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++) {
+            const size_t row0 = (size_t)b * T * ld + (size_t)h * hs;
+            const float *q = qkv + row0, *k = q + C, *v = q + 2 * C;
+            float *dq = dqkv + row0, *dk = dq + C, *dv = dq + 2 * C;
+            const float *P = att + ((size_t)b * NH + h) * T * T;
+            const float *dO = dout + (size_t)b * T * C + (size_t)h * hs;
+            AV(pack_rows)(dOp, Tr, hsp, dO, C, T, hs, 1.0f);
+            AV(pack_cols)(Vt, Tp, v, ld, T, hs);
+            AV(pack_rows)(Kp, T, hsp, k, ld, T, hs, 1.0f);
+            AV(pack_rows)(Qp, T, hsp, q, ld, T, hs, 1.0f);
+            AV(pack_rows)(Pp, Tr, Tp, P, T, T, T, 1.0f);
+            /* dS rows = P * (dP - sum_j P dP) * scale, dP = dO v^T left of the diagonal */
+            for (int t0 = 0; t0 < T; t0 += 4) {
+                const int rows = T - t0 < 4 ? T - t0 : 4;
+                float *S = dS + (size_t)t0 * Tp;
+                AV(scores)(S, Tp, t0, T, hs, dOp, hsp, Vt);
+                for (int r = 0; r < 4; r++) {
+                    float *d = S + (size_t)r * Tp;
+                    const float *p = Pp + (size_t)(t0 + r) * Tp;
+                    if (r >= rows) {
+                        memset(d, 0, (size_t)Tp * sizeof(float));
+                        continue;
+                    }
+                    const int nc = (t0 + r) / AV_VL + 1;
+                    vf acc = {0};
+                    for (int c = 0; c < nc; c++) acc = AV_FMA(AV_LOAD(p + c * AV_VL), AV_LOAD(d + c * AV_VL), acc);
+                    const vf dot = AV_SET1(AV(hsum)(acc)), sc = AV_SET1(scale);
+                    for (int c = 0; c < nc; c++)
+                        AV_STORE(d + c * AV_VL, AV_LOAD(p + c * AV_VL) * (AV_LOAD(d + c * AV_VL) - dot) * sc);
+                    for (int j = nc * AV_VL; j < Tp; j++) d[j] = 0.0f;
+                }
+            }
+            for (int t0 = 0; t0 < T; t0 += 4) {
+                const int rows = T - t0 < 4 ? T - t0 : 4;
+                /* dq rows t0.. = dS rows (nonzero up to column t0 + rows) times k */
+                AV(gemm4)(dq + (size_t)t0 * ld, (size_t)ld, rows, hs, t0 + rows, dS + (size_t)t0 * Tp, Tp, 1, Kp, hsp);
+                /* dk rows j0 = t0.. = dS^T: column j of dS (nonzero from row j) times q; dv likewise P^T dO */
+                AV(gemm4)(dk + (size_t)t0 * ld, (size_t)ld, rows, hs, T - t0, dS + (size_t)t0 * Tp + t0, 1, Tp,
+                          Qp + (size_t)t0 * hsp, hsp);
+                AV(gemm4)(dv + (size_t)t0 * ld, (size_t)ld, rows, hs, T - t0, Pp + (size_t)t0 * Tp + t0, 1, Tp,
+                          dOp + (size_t)t0 * hsp, hsp);
+            }
+        }
+}
+
+#undef vf
+#undef vi
+#undef vfu
+#undef AV_SET1
+#undef AV_FMA
+#undef AV_MAX
+#undef AV_LOAD
+#undef AV_STORE
+#undef AV_UP
+#undef AV_FN
+#undef AV
+#undef AV_CAT
+#undef AV_CAT2
