@@ -83,45 +83,57 @@ AV_FN void AV(store_n)(float *dst, vf v, int n) {
     memcpy(dst, t, (size_t)n * sizeof(float));
 }
 
-/* acc[r][c] = sum_{k<K} a[r*ar + k*ak] * b[k*ldb + c*AV_VL], 4 rows r, NC = 1 or 2 vectors c. */
-#define AV_MICRO(NC)                                                                                         \
-    AV_FN void AV(micro##NC)(vf acc[4][2], int K, const float *a, size_t ar, size_t ak, const float *b,     \
-                             size_t ldb) {                                                                \
-        vf c00 = {0}, c10 = {0}, c20 = {0}, c30 = {0}, c01 = {0}, c11 = {0}, c21 = {0}, c31 = {0};         \
-        for (int k = 0; k < K; k++) {                                                                     \
-            const float *bk = b + (size_t)k * ldb, *ak_ = a + (size_t)k * ak;                              \
-            const vf b0 = AV_LOAD(bk);                                                                     \
-            const vf a0 = AV_SET1(ak_[0]), a1 = AV_SET1(ak_[ar]), a2 = AV_SET1(ak_[2 * ar]),                \
-                     a3 = AV_SET1(ak_[3 * ar]);                                                            \
-            c00 = AV_FMA(a0, b0, c00), c10 = AV_FMA(a1, b0, c10);                                          \
-            c20 = AV_FMA(a2, b0, c20), c30 = AV_FMA(a3, b0, c30);                                          \
-            if (NC == 2) {                                                                                 \
-                const vf b1 = AV_LOAD(bk + AV_VL);                                                         \
-                c01 = AV_FMA(a0, b1, c01), c11 = AV_FMA(a1, b1, c11);                                      \
-                c21 = AV_FMA(a2, b1, c21), c31 = AV_FMA(a3, b1, c31);                                      \
-            }                                                                                              \
-        }                                                                                                  \
-        acc[0][0] = c00, acc[1][0] = c10, acc[2][0] = c20, acc[3][0] = c30;                                \
-        acc[0][1] = c01, acc[1][1] = c11, acc[2][1] = c21, acc[3][1] = c31;                                \
+/* acc[r][c] = sum_{k<K} a_r[k*ak] * b[k*ldb + c*AV_VL] for 4 rows r (a_r = a[r]) and NC vectors c. */
+#define AV_MICRO(NC)                                                                                       \
+    AV_FN void AV(micro##NC)(vf acc[4][4], int K, const float *const a[4], size_t ak, const float *b,      \
+                             size_t ldb) {                                                              \
+        vf c[4][NC];                                                                                     \
+        _Pragma("GCC unroll 16") for (int i = 0; i < 4 * NC; i++) c[i / NC][i % NC] = (vf){0};           \
+        for (int k = 0; k < K; k++) {                                                                   \
+            const float *bk = b + (size_t)k * ldb;                                                       \
+            const size_t o = (size_t)k * ak;                                                             \
+            vf bv[NC];                                                                                   \
+            _Pragma("GCC unroll 4") for (int j = 0; j < NC; j++) bv[j] = AV_LOAD(bk + j * AV_VL);        \
+            _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) {                                        \
+                const vf av = AV_SET1(a[r][o]);                                                          \
+                _Pragma("GCC unroll 4") for (int j = 0; j < NC; j++) c[r][j] = AV_FMA(av, bv[j], c[r][j]); \
+            }                                                                                            \
+        }                                                                                                \
+        _Pragma("GCC unroll 16") for (int i = 0; i < 4 * NC; i++) acc[i / NC][i % NC] = c[i / NC][i % NC]; \
     }
 AV_MICRO(1)
 AV_MICRO(2)
+AV_MICRO(3)
+AV_MICRO(4)
 #undef AV_MICRO
 
-/* out rows (4 x n cols, row stride ldo; only rows < nrows stored) = A (4 x K) B (K x n), A
- * element (r, k) at a[r*ar + k*ak], B rows of ldb floats (padded to whole vectors). */
+/* out rows (4 x n, row stride ldo; rows < nrows stored) = A (4 x K) B (K x n). A's element (r, k)
+ * is a[r*ar + k*ak]; rows past nrows read row nrows - 1 instead (so nothing past A's end is
+ * read); B's rows (ldb floats apart) are read in whole vectors, up to n rounded up. */
 AV_FN void AV(gemm4)(float *out, size_t ldo, int nrows, int n, int K, const float *a, size_t ar, size_t ak,
                      const float *b, size_t ldb) {
-    vf acc[4][2];
-    for (int c = 0; c < n; c += 2 * AV_VL) {
-        const int two = c + AV_VL < n;
-        if (two) AV(micro2)(acc, K, a, ar, ak, b + c, ldb);
-        else AV(micro1)(acc, K, a, ar, ak, b + c, ldb);
-        for (int r = 0; r < nrows; r++) {
-            AV(store_n)(out + r * ldo + c, acc[r][0], n - c);
-            if (two) AV(store_n)(out + r * ldo + c + AV_VL, acc[r][1], n - c - AV_VL);
+    const float *const rows[4] = {a, a + (nrows > 1 ? ar : 0), a + (nrows > 2 ? 2 * ar : (nrows - 1) * ar),
+                                  a + (nrows > 3 ? 3 * ar : (nrows - 1) * ar)};
+    vf acc[4][4];
+    for (int c = 0; c < n; c += 4 * AV_VL) {
+        const int nv = (n - c + AV_VL - 1) / AV_VL < 4 ? (n - c + AV_VL - 1) / AV_VL : 4;
+        switch (nv) {
+        case 1: AV(micro1)(acc, K, rows, ak, b + c, ldb); break;
+        case 2: AV(micro2)(acc, K, rows, ak, b + c, ldb); break;
+        case 3: AV(micro3)(acc, K, rows, ak, b + c, ldb); break;
+        default: AV(micro4)(acc, K, rows, ak, b + c, ldb); break;
         }
+        for (int r = 0; r < nrows; r++)
+            for (int j = 0; j < nv; j++) AV(store_n)(out + r * ldo + c + j * AV_VL, acc[r][j], n - c - j * AV_VL);
     }
+}
+
+/* The first n lanes from p, zeros after (n < AV_VL reads only n floats). */
+AV_FN vf AV(load_n)(const float *p, int n) {
+    if (n >= AV_VL) return AV_LOAD(p);
+    float t[AV_VL] = {0};
+    memcpy(t, p, (size_t)(n > 0 ? n : 0) * sizeof(float));
+    return AV_LOAD(t);
 }
 
 #define AV_UP(x, m) (((x) + (m)-1) / (m) * (m))
@@ -146,29 +158,25 @@ static void AV(pack_cols)(float *dst, int ldd, const float *src, size_t lds, int
     }
 }
 
-/* Score rows t0 .. t0+3 into S (4 x Tp): S = Qs Kt over the column vectors left of the diagonal. */
-AV_FN void AV(scores)(float *S, int Tp, int t0, int T, int hs, const float *Qs, int hsp, const float *Kt) {
-    const int tmax = t0 + 4 < T ? t0 + 4 : T;
-    AV(gemm4)(S, Tp, 4, AV_UP(tmax, AV_VL), hs, Qs + (size_t)t0 * hsp, hsp, 1, Kt, Tp);
-}
-
-/* Causal softmax of score row t in place (Tp floats): lanes j <= t, zeros up to Tp. */
-AV_FN void AV(softmax_row)(float *row, int t, int Tp) {
+/* Causal softmax of score row t in place (Tp floats): softmax of scale * s over lanes j <= t,
+ * zeros up to Tp. */
+AV_FN void AV(softmax_row)(float *row, int t, int Tp, float scale) {
     const int nc = t / AV_VL + 1;
     vi lane;
     for (int i = 0; i < AV_VL; i++) lane[i] = i;
     const vi tv = (vi){0} + t;
+    const vf sc = AV_SET1(scale);
     vf mx = AV_SET1(-INFINITY);
     for (int c = 0; c < nc; c++) {
         const vi keep = lane + c * AV_VL <= tv;
-        const vf s = (vf)(((vi)AV_LOAD(row + c * AV_VL) & keep) | ((vi)AV_SET1(-INFINITY) & ~keep));
+        const vf s = (vf)(((vi)(AV_LOAD(row + c * AV_VL) * sc) & keep) | ((vi)AV_SET1(-INFINITY) & ~keep));
         mx = AV_MAX(mx, s);
     }
     const vf m = AV_SET1(AV(hmax)(mx));
     vf sum = {0};
     for (int c = 0; c < nc; c++) {
         const vi keep = lane + c * AV_VL <= tv;
-        const vf e = (vf)((vi)AV(exp)(AV_LOAD(row + c * AV_VL) - m) & keep);
+        const vf e = (vf)((vi)AV(exp)(AV_LOAD(row + c * AV_VL) * sc - m) & keep);
         AV_STORE(row + c * AV_VL, e);
         sum += e;
     }
@@ -177,29 +185,35 @@ AV_FN void AV(softmax_row)(float *row, int t, int Tp) {
     for (int j = nc * AV_VL; j < Tp; j++) row[j] = 0.0f;
 }
 
+/* A head's (T x hs) block of rows ld floats apart, for reading in whole vectors: itself where hs
+ * is a whole number of vectors, else a zero-padded copy in pad (T x hsp). Sets *ldo. */
+static const float *AV(rows_of)(float *pad, const float *x, size_t ld, int T, int hs, int hsp, size_t *ldo) {
+    if (hs == hsp) return *ldo = ld, x;
+    AV(pack_rows)(pad, T, hsp, x, ld, T, hs, 1.0f);
+    return *ldo = (size_t)hsp, pad;
+}
+
 __attribute__((target(AV_TARGET))) void AV(dt_attention_forward)(float *out, float *att, float *work,
                                                                  const float *qkv, int B, int T, int C, int NH) {
-    const int hs = C / NH, ld = 3 * C, Tp = AV_UP(T, AV_VL), Tr = AV_UP(T, 4), hsp = AV_UP(hs, AV_VL);
+    const int hs = C / NH, ld = 3 * C, Tp = AV_UP(T, AV_VL), hsp = AV_UP(hs, AV_VL);
     const float scale = 1.0f / sqrtf((float)hs);
-    float *Qs = work, *Kt = Qs + (size_t)Tr * hsp, *Vp = Kt + (size_t)hs * Tp, *S = Vp + (size_t)T * hsp;
+    float *Kt = work, *Vp = Kt + (size_t)hs * Tp, *S = Vp + (size_t)T * hsp;
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++) {
-            const float *q = qkv + (size_t)b * T * ld + (size_t)h * hs, *k = q + C, *v = q + 2 * C;
+            const float *q = qkv + (size_t)b * T * ld + (size_t)h * hs, *k = q + C;
             float *P = att + ((size_t)b * NH + h) * T * T, *o = out + (size_t)b * T * C + (size_t)h * hs;
-            AV(pack_rows)(Qs, Tr, hsp, q, ld, T, hs, scale);
+            size_t ldv;
+            const float *v = AV(rows_of)(Vp, q + 2 * C, ld, T, hs, hsp, &ldv);
             AV(pack_cols)(Kt, Tp, k, ld, T, hs);
-            AV(pack_rows)(Vp, T, hsp, v, ld, T, hs, 1.0f);
             for (int t0 = 0; t0 < T; t0 += 4) {
                 const int rows = T - t0 < 4 ? T - t0 : 4;
-                AV(scores)(S, Tp, t0, T, hs, Qs, hsp, Kt);
+                /* scores of rows t0.. left of the diagonal's vector, their softmax, then out = P v */
+                AV(gemm4)(S, Tp, rows, AV_UP(t0 + rows, AV_VL), hs, q + (size_t)t0 * ld, ld, 1, Kt, Tp);
                 for (int r = 0; r < rows; r++) {
-                    const int t = t0 + r;
-                    AV(softmax_row)(S + (size_t)r * Tp, t, Tp);
-                    memcpy(P + (size_t)t * T, S + (size_t)r * Tp, (size_t)T * sizeof(float));
+                    AV(softmax_row)(S + (size_t)r * Tp, t0 + r, Tp, scale);
+                    memcpy(P + (size_t)(t0 + r) * T, S + (size_t)r * Tp, (size_t)T * sizeof(float));
                 }
-                for (int r = rows; r < 4; r++) memset(S + (size_t)r * Tp, 0, (size_t)Tp * sizeof(float));
-                /* out rows t0.. = P rows (nonzero up to column t0 + rows) times v */
-                AV(gemm4)(o + (size_t)t0 * C, (size_t)C, rows, hs, t0 + rows, S, Tp, 1, Vp, hsp);
+                AV(gemm4)(o + (size_t)t0 * C, (size_t)C, rows, hs, t0 + rows, S, Tp, 1, v, ldv);
             }
         }
 }
@@ -207,52 +221,47 @@ __attribute__((target(AV_TARGET))) void AV(dt_attention_forward)(float *out, flo
 __attribute__((target(AV_TARGET))) void AV(dt_attention_backward)(float *dqkv, float *work, const float *dout,
                                                                   const float *qkv, const float *att, int B, int T,
                                                                   int C, int NH) {
-    const int hs = C / NH, ld = 3 * C, Tp = AV_UP(T, AV_VL), Tr = AV_UP(T, 4), hsp = AV_UP(hs, AV_VL);
+    const int hs = C / NH, ld = 3 * C, Tp = AV_UP(T, AV_VL), hsp = AV_UP(hs, AV_VL);
     const float scale = 1.0f / sqrtf((float)hs);
-    float *dOp = work, *Vt = dOp + (size_t)Tr * hsp, *Kp = Vt + (size_t)hs * Tp, *Qp = Kp + (size_t)T * hsp;
-    float *dS = Qp + (size_t)T * hsp, *Pp = dS + (size_t)Tr * Tp;
+    float *Vt = work, *dS = Vt + (size_t)hs * Tp, *pad = dS + (size_t)T * Tp;
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++) {
             const size_t row0 = (size_t)b * T * ld + (size_t)h * hs;
-            const float *q = qkv + row0, *k = q + C, *v = q + 2 * C;
+            const float *q = qkv + row0;
             float *dq = dqkv + row0, *dk = dq + C, *dv = dq + 2 * C;
             const float *P = att + ((size_t)b * NH + h) * T * T;
             const float *dO = dout + (size_t)b * T * C + (size_t)h * hs;
-            AV(pack_rows)(dOp, Tr, hsp, dO, C, T, hs, 1.0f);
-            AV(pack_cols)(Vt, Tp, v, ld, T, hs);
-            AV(pack_rows)(Kp, T, hsp, k, ld, T, hs, 1.0f);
-            AV(pack_rows)(Qp, T, hsp, q, ld, T, hs, 1.0f);
-            AV(pack_rows)(Pp, Tr, Tp, P, T, T, T, 1.0f);
-            /* dS rows = P * (dP - sum_j P dP) * scale, dP = dO v^T left of the diagonal */
+            size_t ldk, ldq, ldo;
+            const float *kr = AV(rows_of)(pad, q + C, ld, T, hs, hsp, &ldk);
+            const float *qr = AV(rows_of)(pad + (size_t)T * hsp, q, ld, T, hs, hsp, &ldq);
+            const float *dOr = AV(rows_of)(pad + (size_t)2 * T * hsp, dO, C, T, hs, hsp, &ldo);
+            AV(pack_cols)(Vt, Tp, q + 2 * C, ld, T, hs);
+            /* dS rows = P * (dP - sum_j P dP) * scale, dP = dO v^T left of the diagonal's vector */
             for (int t0 = 0; t0 < T; t0 += 4) {
                 const int rows = T - t0 < 4 ? T - t0 : 4;
                 float *S = dS + (size_t)t0 * Tp;
-                AV(scores)(S, Tp, t0, T, hs, dOp, hsp, Vt);
-                for (int r = 0; r < 4; r++) {
+                AV(gemm4)(S, Tp, rows, AV_UP(t0 + rows, AV_VL), hs, dO + (size_t)t0 * C, C, 1, Vt, Tp);
+                for (int r = 0; r < rows; r++) {
+                    const int t = t0 + r, nc = t / AV_VL + 1;
                     float *d = S + (size_t)r * Tp;
-                    const float *p = Pp + (size_t)(t0 + r) * Tp;
-                    if (r >= rows) {
-                        memset(d, 0, (size_t)Tp * sizeof(float));
-                        continue;
-                    }
-                    const int nc = (t0 + r) / AV_VL + 1;
+                    const float *p = P + (size_t)t * T;
                     vf acc = {0};
-                    for (int c = 0; c < nc; c++) acc = AV_FMA(AV_LOAD(p + c * AV_VL), AV_LOAD(d + c * AV_VL), acc);
+                    for (int c = 0; c < nc; c++) acc = AV_FMA(AV(load_n)(p + c * AV_VL, T - c * AV_VL), AV_LOAD(d + c * AV_VL), acc);
                     const vf dot = AV_SET1(AV(hsum)(acc)), sc = AV_SET1(scale);
                     for (int c = 0; c < nc; c++)
-                        AV_STORE(d + c * AV_VL, AV_LOAD(p + c * AV_VL) * (AV_LOAD(d + c * AV_VL) - dot) * sc);
+                        AV_STORE(d + c * AV_VL, AV(load_n)(p + c * AV_VL, T - c * AV_VL) * (AV_LOAD(d + c * AV_VL) - dot) * sc);
                     for (int j = nc * AV_VL; j < Tp; j++) d[j] = 0.0f;
                 }
             }
             for (int t0 = 0; t0 < T; t0 += 4) {
                 const int rows = T - t0 < 4 ? T - t0 : 4;
                 /* dq rows t0.. = dS rows (nonzero up to column t0 + rows) times k */
-                AV(gemm4)(dq + (size_t)t0 * ld, (size_t)ld, rows, hs, t0 + rows, dS + (size_t)t0 * Tp, Tp, 1, Kp, hsp);
-                /* dk rows j0 = t0.. = dS^T: column j of dS (nonzero from row j) times q; dv likewise P^T dO */
+                AV(gemm4)(dq + (size_t)t0 * ld, (size_t)ld, rows, hs, t0 + rows, dS + (size_t)t0 * Tp, Tp, 1, kr, ldk);
+                /* dk rows t0.. = columns t0.. of dS (nonzero from row t0) times q; dv likewise P^T dO */
                 AV(gemm4)(dk + (size_t)t0 * ld, (size_t)ld, rows, hs, T - t0, dS + (size_t)t0 * Tp + t0, 1, Tp,
-                          Qp + (size_t)t0 * hsp, hsp);
-                AV(gemm4)(dv + (size_t)t0 * ld, (size_t)ld, rows, hs, T - t0, Pp + (size_t)t0 * Tp + t0, 1, Tp,
-                          dOp + (size_t)t0 * hsp, hsp);
+                          qr + (size_t)t0 * ldq, ldq);
+                AV(gemm4)(dv + (size_t)t0 * ld, (size_t)ld, rows, hs, T - t0, P + (size_t)t0 * T + t0, 1, T,
+                          dOr + (size_t)t0 * ldo, ldo);
             }
         }
 }
