@@ -126,7 +126,7 @@ static void check_naive_gradient(void) {
     free(x), free(g), free(out), free(P), free(dx), free(tmp);
 }
 
-static void check_shape(dt_att_kind kind, int B, int T, int C, int NH) {
+static void check_shape(dt_isa kind, int B, int T, int C, int NH) {
     const size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C, np = (size_t)B * NH * T * T;
     const size_t nw = dt_attention_workspace(T, C, NH);
     float *qkv = malloc(nq * 4), *dout = malloc(no * 4), *out = malloc(no * 4), *att = malloc(np * 4);
@@ -150,14 +150,14 @@ static void check_shape(dt_att_kind kind, int B, int T, int C, int NH) {
         int guard_ok = 1;
         for (int i = 0; i < GUARD; i++) guard_ok &= work[nw + i] == 12345.0f;
         CHECK_MSG(guard_ok, "%s B=%d T=%d C=%d NH=%d: wrote past dt_attention_workspace (%zu floats)",
-                  dt_att_name(kind), B, T, C, NH, nw);
+                  dt_isa_name(kind), B, T, C, NH, nw);
     }
     const double eo = rel(out, od, no), ep = rel(att, Pd, np), ed = rel(dqkv, dxd, nq);
     size_t above = 0;
     for (size_t bh = 0; bh < (size_t)B * NH; bh++)
         for (int t = 0; t < T; t++)
             for (int j = t + 1; j < T; j++) above += att[(bh * T + t) * T + j] != 0.0f;
-    const char *nm = dt_att_name(kind);
+    const char *nm = dt_isa_name(kind);
     CHECK_MSG(eo < 2e-5, "%s B=%d T=%d C=%d NH=%d: out off by %.3g (relative)", nm, B, T, C, NH, eo);
     CHECK_MSG(ep < 2e-5, "%s B=%d T=%d C=%d NH=%d: probabilities off by %.3g", nm, B, T, C, NH, ep);
     CHECK_MSG(ed < 5e-5, "%s B=%d T=%d C=%d NH=%d: dqkv off by %.3g (relative)", nm, B, T, C, NH, ed);
@@ -175,17 +175,17 @@ int main(void) {
     static const int shapes[][4] = {{2, 5, 8, 2},   {1, 1, 32, 2},  {1, 17, 48, 3}, {3, 33, 64, 2},
                                     {2, 64, 128, 4}, {1, 70, 40, 1}, {2, 19, 144, 3}, {1, 16, 32, 1}};
     int ran = 0;
-    for (int k = 0; k < DT_ATT_NKINDS; k++) {
-        if (!dt_att_supported((dt_att_kind)k)) {
-            printf("attention %s: not on this CPU, skipped\n", dt_att_name((dt_att_kind)k));
+    for (int k = 0; k < DT_ISA_COUNT; k++) {
+        if (!dt_isa_supported((dt_isa)k)) {
+            printf("attention %s: not on this CPU, skipped\n", dt_isa_name((dt_isa)k));
             continue;
         }
         ran++;
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
-            check_shape((dt_att_kind)k, shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3]);
-        printf("attention %s: %zu shapes\n", dt_att_name((dt_att_kind)k), sizeof shapes / sizeof shapes[0]);
+            check_shape((dt_isa)k, shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3]);
+        printf("attention %s: %zu shapes\n", dt_isa_name((dt_isa)k), sizeof shapes / sizeof shapes[0]);
     }
     CHECK(ran >= 1);
-    printf("dt_attention_forward runs %s here\n", dt_att_name(dt_att_best()));
+    printf("dt_attention_forward runs %s here (portable: OpenBLAS)\n", dt_isa_name(dt_isa_best()));
     return dt_test_summary("attention_test");
 }

@@ -3,85 +3,15 @@
  * (a name suffix: avx2, avx512). It defines dt_attention_forward_<suffix> and
  * dt_attention_backward_<suffix>, declared in backend/attention.h.
  *
- * Per (batch, head) the operands are packed into the workspace, zero padded to whole vectors:
- * row-padded copies (rows to a multiple of 4, columns to AV_VL) of q (scaled by 1/sqrt(hs)), k,
- * v and dout, and transposed copies of k (forward) and v (backward). Every product is then one
- * micro-kernel: 4 output rows x 1 or 2 vectors of columns, an FMA of a broadcast scalar with a
- * vector per step. Blocks above the diagonal are skipped (the causal half), the scale, mask and
+ * Per (batch, head) k (forward) or v (backward) is transposed into the workspace; q, k, v, dout
+ * and the kept probabilities are read in place (zero-padded copies only where the head size is
+ * not a whole number of vectors). Every product is then one micro-kernel: 4 output rows x 1-4
+ * vectors of columns, an FMA of a broadcast scalar with a vector per step. Blocks above the diagonal are skipped (the causal half), the scale, mask and
  * softmax run on a block of 4 score rows while they are in L1, and the exp is a polynomial
  * (Cephes' expf, ~1 ulp) with no libm call. The order of every sum is fixed: runs are bitwise
  * reproducible. */
 
-#define AV_CAT2(a, b) a##_##b
-#define AV_CAT(a, b) AV_CAT2(a, b)
-#define AV(x) AV_CAT(x, AV_SUFFIX)
-#define AV_FN static inline __attribute__((target(AV_TARGET), always_inline))
-
-typedef float AV(vf) __attribute__((vector_size(AV_VL * 4)));
-typedef int32_t AV(vi) __attribute__((vector_size(AV_VL * 4)));
-typedef float AV(vfu) __attribute__((vector_size(AV_VL * 4), aligned(4), may_alias));
-#define vf AV(vf)
-#define vi AV(vi)
-#define vfu AV(vfu)
-
-#if AV_VL == 16
-#define AV_SET1(s) ((vf)_mm512_set1_ps(s))
-#define AV_FMA(a, b, c) ((vf)_mm512_fmadd_ps((__m512)(a), (__m512)(b), (__m512)(c)))
-#define AV_MAX(a, b) ((vf)_mm512_max_ps((__m512)(a), (__m512)(b)))
-#else
-#define AV_SET1(s) ((vf)_mm256_set1_ps(s))
-#define AV_FMA(a, b, c) ((vf)_mm256_fmadd_ps((__m256)(a), (__m256)(b), (__m256)(c)))
-#define AV_MAX(a, b) ((vf)_mm256_max_ps((__m256)(a), (__m256)(b)))
-#endif
-#define AV_LOAD(p) (*(const vfu *)(p))
-#define AV_STORE(p, v) (*(vfu *)(p) = (v))
-
-/* exp(x) for x <= 0: Cephes' expf on x clamped to >= -87 (the result stays a normal float). */
-AV_FN vf AV(exp)(vf x) {
-    x = AV_MAX(x, AV_SET1(-87.0f));
-    const vf magic = AV_SET1(12582912.0f); /* 1.5 * 2^23: adding it rounds to an integer */
-    const vf n = AV_FMA(x, AV_SET1(1.44269504088896341f), magic) - magic;
-    vf r = AV_FMA(n, AV_SET1(-0.693359375f), x);
-    r = AV_FMA(n, AV_SET1(2.12194440e-4f), r);
-    vf p = AV_SET1(1.9875691500e-4f);
-    p = AV_FMA(p, r, AV_SET1(1.3981999507e-3f));
-    p = AV_FMA(p, r, AV_SET1(8.3334519073e-3f));
-    p = AV_FMA(p, r, AV_SET1(4.1665795894e-2f));
-    p = AV_FMA(p, r, AV_SET1(1.6666665459e-1f));
-    p = AV_FMA(p, r, AV_SET1(5.0000001201e-1f));
-    p = AV_FMA(p, r * r, r + AV_SET1(1.0f));
-    const vi e = (__builtin_convertvector(n, vi) + 127) << 23;
-    return p * (vf)e;
-}
-
-/* Horizontal sum and max: a fixed tree of halvings (the same order every run). */
-#if AV_VL == 16
-AV_FN float AV(hsum)(vf v) { return _mm512_reduce_add_ps((__m512)v); }
-AV_FN float AV(hmax)(vf v) { return _mm512_reduce_max_ps((__m512)v); }
-#else
-AV_FN float AV(hsum)(vf v) {
-    __m128 x = _mm_add_ps(_mm256_castps256_ps128((__m256)v), _mm256_extractf128_ps((__m256)v, 1));
-    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-    return _mm_cvtss_f32(_mm_add_ss(x, _mm_shuffle_ps(x, x, 1)));
-}
-AV_FN float AV(hmax)(vf v) {
-    __m128 x = _mm_max_ps(_mm256_castps256_ps128((__m256)v), _mm256_extractf128_ps((__m256)v, 1));
-    x = _mm_max_ps(x, _mm_movehl_ps(x, x));
-    return _mm_cvtss_f32(_mm_max_ss(x, _mm_shuffle_ps(x, x, 1)));
-}
-#endif
-
-/* The first n <= AV_VL lanes of v to dst. */
-AV_FN void AV(store_n)(float *dst, vf v, int n) {
-    if (n <= 0) return;
-    if (n >= AV_VL) {
-        AV_STORE(dst, v);
-        return;
-    }
-    float t[AV_VL];
-    AV_STORE(t, v);
-    memcpy(dst, t, (size_t)n * sizeof(float));
-}
+#include "backend/vecmath.h"
 
 /* acc[r][c] = sum_{k<K} a_r[k*ak] * b[k*ldb + c*AV_VL] for 4 rows r (a_r = a[r]) and NC vectors c. */
 #define AV_MICRO(NC)                                                                                       \
@@ -126,14 +56,6 @@ AV_FN void AV(gemm4)(float *out, size_t ldo, int nrows, int n, int K, const floa
         for (int r = 0; r < nrows; r++)
             for (int j = 0; j < nv; j++) AV(store_n)(out + r * ldo + c + j * AV_VL, acc[r][j], n - c - j * AV_VL);
     }
-}
-
-/* The first n lanes from p, zeros after (n < AV_VL reads only n floats). */
-AV_FN vf AV(load_n)(const float *p, int n) {
-    if (n >= AV_VL) return AV_LOAD(p);
-    float t[AV_VL] = {0};
-    memcpy(t, p, (size_t)(n > 0 ? n : 0) * sizeof(float));
-    return AV_LOAD(t);
 }
 
 #define AV_UP(x, m) (((x) + (m)-1) / (m) * (m))
@@ -266,16 +188,5 @@ __attribute__((target(AV_TARGET))) void AV(dt_attention_backward)(float *dqkv, f
         }
 }
 
-#undef vf
-#undef vi
-#undef vfu
-#undef AV_SET1
-#undef AV_FMA
-#undef AV_MAX
-#undef AV_LOAD
-#undef AV_STORE
 #undef AV_UP
-#undef AV_FN
-#undef AV
-#undef AV_CAT
-#undef AV_CAT2
+#include "backend/vecmath_end.h"

@@ -76,46 +76,28 @@ static void blas_backward(float *dqkv, float *work, const float *dout, const flo
         }
 }
 
-int dt_att_supported(dt_att_kind k) {
+void dt_att_forward(dt_isa k, float *out, float *att, float *work, const float *qkv, int B, int T, int C, int NH) {
     switch (k) {
-    case DT_ATT_BLAS: return 1;
-    case DT_ATT_AVX2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    case DT_ATT_AVX512: return __builtin_cpu_supports("avx512f");
-    default: return 0;
-    }
-}
-
-const char *dt_att_name(dt_att_kind k) {
-    static const char *names[DT_ATT_NKINDS] = {"blas", "avx2", "avx512"};
-    return k >= 0 && k < DT_ATT_NKINDS ? names[k] : "?";
-}
-
-dt_att_kind dt_att_best(void) {
-    return dt_att_supported(DT_ATT_AVX512) ? DT_ATT_AVX512 : dt_att_supported(DT_ATT_AVX2) ? DT_ATT_AVX2 : DT_ATT_BLAS;
-}
-
-void dt_att_forward(dt_att_kind k, float *out, float *att, float *work, const float *qkv, int B, int T, int C, int NH) {
-    switch (k) {
-    case DT_ATT_AVX512: dt_attention_forward_avx512(out, att, work, qkv, B, T, C, NH); break;
-    case DT_ATT_AVX2: dt_attention_forward_avx2(out, att, work, qkv, B, T, C, NH); break;
+    case DT_ISA_AVX512: dt_attention_forward_avx512(out, att, work, qkv, B, T, C, NH); break;
+    case DT_ISA_AVX2: dt_attention_forward_avx2(out, att, work, qkv, B, T, C, NH); break;
     default: blas_forward(out, att, qkv, B, T, C, NH); break;
     }
 }
 
-void dt_att_backward(dt_att_kind k, float *dqkv, float *work, const float *dout, const float *qkv, const float *att,
+void dt_att_backward(dt_isa k, float *dqkv, float *work, const float *dout, const float *qkv, const float *att,
                      int B, int T, int C, int NH) {
     switch (k) {
-    case DT_ATT_AVX512: dt_attention_backward_avx512(dqkv, work, dout, qkv, att, B, T, C, NH); break;
-    case DT_ATT_AVX2: dt_attention_backward_avx2(dqkv, work, dout, qkv, att, B, T, C, NH); break;
+    case DT_ISA_AVX512: dt_attention_backward_avx512(dqkv, work, dout, qkv, att, B, T, C, NH); break;
+    case DT_ISA_AVX2: dt_attention_backward_avx2(dqkv, work, dout, qkv, att, B, T, C, NH); break;
     default: blas_backward(dqkv, work, dout, qkv, att, B, T, C, NH); break;
     }
 }
 
 void dt_attention_forward(float *out, float *att, float *work, const float *qkv, int B, int T, int C, int NH) {
-    dt_att_forward(dt_att_best(), out, att, work, qkv, B, T, C, NH);
+    dt_att_forward(dt_isa_best(), out, att, work, qkv, B, T, C, NH);
 }
 
 void dt_attention_backward(float *dqkv, float *work, const float *dout, const float *qkv, const float *att, int B,
                            int T, int C, int NH) {
-    dt_att_backward(dt_att_best(), dqkv, work, dout, qkv, att, B, T, C, NH);
+    dt_att_backward(dt_isa_best(), dqkv, work, dout, qkv, att, B, T, C, NH);
 }

@@ -13,9 +13,6 @@
 #define AV_TARGET "avx512f"
 #define AV_SUFFIX avx512
 #include "backend/attention_vec.h"
-#undef AV_VL
-#undef AV_TARGET
-#undef AV_SUFFIX
 
 #define AV_VL 8
 #define AV_TARGET "avx2,fma"
