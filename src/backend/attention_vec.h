@@ -5,53 +5,59 @@
  *
  * Per (batch, head) k (forward) or v (backward) is transposed into the workspace; q, k, v, dout
  * and the kept probabilities are read in place (zero-padded copies only where the head size is
- * not a whole number of vectors). Every product is then one micro-kernel: 4 output rows x 1-4
- * vectors of columns, an FMA of a broadcast scalar with a vector per step. Blocks above the diagonal are skipped (the causal half), the scale, mask and
- * softmax run on a block of 4 score rows while they are in L1, and the exp is a polynomial
+ * not a whole number of vectors). Every product is then one micro-kernel: 8 output rows x 1-2
+ * vectors of columns (AVX-512) or 6 x 1-2 (AVX2), an FMA of a broadcast scalar with a vector per
+ * step. Blocks above the diagonal are skipped (the causal half), the scale, mask and softmax run
+ * on a block of score rows while they are in L1, and the exp is a polynomial
  * (Cephes' expf, ~1 ulp) with no libm call. The order of every sum is fixed: runs are bitwise
  * reproducible. */
 
 #include "backend/vecmath.h"
 
-/* acc[r][c] = sum_{k<K} a_r[k*ak] * b[k*ldb + c*AV_VL] for 4 rows r (a_r = a[r]) and NC vectors c. */
+/* Rows per block: 8 where there are 32 vector registers, else 6 (AVX2's 16: 12 accumulators, 2
+ * vectors of b, a broadcast). */
+#if AV_VL == 16
+#define AV_R 8
+#else
+#define AV_R 6
+#endif
+#define AV_NCMAX 2
+
+/* acc[r][c] = sum_{k<K} a_r[k*ak] * b[k*ldb + c*AV_VL] for AV_R rows r (a_r = a[r]), NC vectors c. */
 #define AV_MICRO(NC)                                                                                       \
-    AV_FN void AV(micro##NC)(vf acc[4][4], int K, const float *const a[4], size_t ak, const float *b,      \
-                             size_t ldb) {                                                              \
-        vf c[4][NC];                                                                                     \
-        _Pragma("GCC unroll 16") for (int i = 0; i < 4 * NC; i++) c[i / NC][i % NC] = (vf){0};           \
+    AV_FN void AV(micro##NC)(vf acc[AV_R][AV_NCMAX], int K, const float *const a[AV_R], size_t ak,        \
+                             const float *b, size_t ldb) {                                              \
+        vf c[AV_R][NC];                                                                                  \
+        _Pragma("GCC unroll 16") for (int i = 0; i < AV_R * NC; i++) c[i / NC][i % NC] = (vf){0};        \
         for (int k = 0; k < K; k++) {                                                                   \
             const float *bk = b + (size_t)k * ldb;                                                       \
             const size_t o = (size_t)k * ak;                                                             \
             vf bv[NC];                                                                                   \
             _Pragma("GCC unroll 4") for (int j = 0; j < NC; j++) bv[j] = AV_LOAD(bk + j * AV_VL);        \
-            _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) {                                        \
+            _Pragma("GCC unroll 8") for (int r = 0; r < AV_R; r++) {                                     \
                 const vf av = AV_SET1(a[r][o]);                                                          \
                 _Pragma("GCC unroll 4") for (int j = 0; j < NC; j++) c[r][j] = AV_FMA(av, bv[j], c[r][j]); \
             }                                                                                            \
         }                                                                                                \
-        _Pragma("GCC unroll 16") for (int i = 0; i < 4 * NC; i++) acc[i / NC][i % NC] = c[i / NC][i % NC]; \
+        _Pragma("GCC unroll 16") for (int i = 0; i < AV_R * NC; i++) acc[i / NC][i % NC] = c[i / NC][i % NC]; \
     }
 AV_MICRO(1)
 AV_MICRO(2)
-AV_MICRO(3)
-AV_MICRO(4)
 #undef AV_MICRO
 
-/* out rows (4 x n, row stride ldo; rows < nrows stored) = A (4 x K) B (K x n). A's element (r, k)
- * is a[r*ar + k*ak]; rows past nrows read row nrows - 1 instead (so nothing past A's end is
- * read); B's rows (ldb floats apart) are read in whole vectors, up to n rounded up. */
-AV_FN void AV(gemm4)(float *out, size_t ldo, int nrows, int n, int K, const float *a, size_t ar, size_t ak,
-                     const float *b, size_t ldb) {
-    const float *const rows[4] = {a, a + (nrows > 1 ? ar : 0), a + (nrows > 2 ? 2 * ar : (nrows - 1) * ar),
-                                  a + (nrows > 3 ? 3 * ar : (nrows - 1) * ar)};
-    vf acc[4][4];
-    for (int c = 0; c < n; c += 4 * AV_VL) {
-        const int nv = (n - c + AV_VL - 1) / AV_VL < 4 ? (n - c + AV_VL - 1) / AV_VL : 4;
+/* out rows (AV_R x n, row stride ldo; rows < nrows stored) = A (AV_R x K) B (K x n). A's element
+ * (r, k) is a[r*ar + k*ak]; rows past nrows read row nrows - 1 instead (so nothing past A's end
+ * is read); B's rows (ldb floats apart) are read in whole vectors, up to n rounded up. */
+AV_FN void AV(gemm)(float *out, size_t ldo, int nrows, int n, int K, const float *a, size_t ar, size_t ak,
+                    const float *b, size_t ldb) {
+    const float *rows[AV_R];
+    for (int r = 0; r < AV_R; r++) rows[r] = a + (size_t)(r < nrows ? r : nrows - 1) * ar;
+    vf acc[AV_R][AV_NCMAX];
+    for (int c = 0; c < n; c += AV_NCMAX * AV_VL) {
+        const int left = (n - c + AV_VL - 1) / AV_VL, nv = left < AV_NCMAX ? left : AV_NCMAX;
         switch (nv) {
         case 1: AV(micro1)(acc, K, rows, ak, b + c, ldb); break;
-        case 2: AV(micro2)(acc, K, rows, ak, b + c, ldb); break;
-        case 3: AV(micro3)(acc, K, rows, ak, b + c, ldb); break;
-        default: AV(micro4)(acc, K, rows, ak, b + c, ldb); break;
+        default: AV(micro2)(acc, K, rows, ak, b + c, ldb); break;
         }
         for (int r = 0; r < nrows; r++)
             for (int j = 0; j < nv; j++) AV(store_n)(out + r * ldo + c + j * AV_VL, acc[r][j], n - c - j * AV_VL);
@@ -127,15 +133,15 @@ __attribute__((target(AV_TARGET))) void AV(dt_attention_forward)(float *out, flo
             size_t ldv;
             const float *v = AV(rows_of)(Vp, q + 2 * C, ld, T, hs, hsp, &ldv);
             AV(pack_cols)(Kt, Tp, k, ld, T, hs);
-            for (int t0 = 0; t0 < T; t0 += 4) {
-                const int rows = T - t0 < 4 ? T - t0 : 4;
+            for (int t0 = 0; t0 < T; t0 += AV_R) {
+                const int rows = T - t0 < AV_R ? T - t0 : AV_R;
                 /* scores of rows t0.. left of the diagonal's vector, their softmax, then out = P v */
-                AV(gemm4)(S, Tp, rows, AV_UP(t0 + rows, AV_VL), hs, q + (size_t)t0 * ld, ld, 1, Kt, Tp);
+                AV(gemm)(S, Tp, rows, AV_UP(t0 + rows, AV_VL), hs, q + (size_t)t0 * ld, ld, 1, Kt, Tp);
                 for (int r = 0; r < rows; r++) {
                     AV(softmax_row)(S + (size_t)r * Tp, t0 + r, Tp, scale);
                     memcpy(P + (size_t)(t0 + r) * T, S + (size_t)r * Tp, (size_t)T * sizeof(float));
                 }
-                AV(gemm4)(o + (size_t)t0 * C, (size_t)C, rows, hs, t0 + rows, S, Tp, 1, v, ldv);
+                AV(gemm)(o + (size_t)t0 * C, (size_t)C, rows, hs, t0 + rows, S, Tp, 1, v, ldv);
             }
         }
 }
@@ -159,10 +165,10 @@ __attribute__((target(AV_TARGET))) void AV(dt_attention_backward)(float *dqkv, f
             const float *dOr = AV(rows_of)(pad + (size_t)2 * T * hsp, dO, C, T, hs, hsp, &ldo);
             AV(pack_cols)(Vt, Tp, q + 2 * C, ld, T, hs);
             /* dS rows = P * (dP - sum_j P dP) * scale, dP = dO v^T left of the diagonal's vector */
-            for (int t0 = 0; t0 < T; t0 += 4) {
-                const int rows = T - t0 < 4 ? T - t0 : 4;
+            for (int t0 = 0; t0 < T; t0 += AV_R) {
+                const int rows = T - t0 < AV_R ? T - t0 : AV_R;
                 float *S = dS + (size_t)t0 * Tp;
-                AV(gemm4)(S, Tp, rows, AV_UP(t0 + rows, AV_VL), hs, dO + (size_t)t0 * C, C, 1, Vt, Tp);
+                AV(gemm)(S, Tp, rows, AV_UP(t0 + rows, AV_VL), hs, dO + (size_t)t0 * C, C, 1, Vt, Tp);
                 for (int r = 0; r < rows; r++) {
                     const int t = t0 + r, nc = t / AV_VL + 1;
                     float *d = S + (size_t)r * Tp;
@@ -175,18 +181,20 @@ __attribute__((target(AV_TARGET))) void AV(dt_attention_backward)(float *dqkv, f
                     for (int j = nc * AV_VL; j < Tp; j++) d[j] = 0.0f;
                 }
             }
-            for (int t0 = 0; t0 < T; t0 += 4) {
-                const int rows = T - t0 < 4 ? T - t0 : 4;
+            for (int t0 = 0; t0 < T; t0 += AV_R) {
+                const int rows = T - t0 < AV_R ? T - t0 : AV_R;
                 /* dq rows t0.. = dS rows (nonzero up to column t0 + rows) times k */
-                AV(gemm4)(dq + (size_t)t0 * ld, (size_t)ld, rows, hs, t0 + rows, dS + (size_t)t0 * Tp, Tp, 1, kr, ldk);
+                AV(gemm)(dq + (size_t)t0 * ld, (size_t)ld, rows, hs, t0 + rows, dS + (size_t)t0 * Tp, Tp, 1, kr, ldk);
                 /* dk rows t0.. = columns t0.. of dS (nonzero from row t0) times q; dv likewise P^T dO */
-                AV(gemm4)(dk + (size_t)t0 * ld, (size_t)ld, rows, hs, T - t0, dS + (size_t)t0 * Tp + t0, 1, Tp,
+                AV(gemm)(dk + (size_t)t0 * ld, (size_t)ld, rows, hs, T - t0, dS + (size_t)t0 * Tp + t0, 1, Tp,
                           qr + (size_t)t0 * ldq, ldq);
-                AV(gemm4)(dv + (size_t)t0 * ld, (size_t)ld, rows, hs, T - t0, P + (size_t)t0 * T + t0, 1, T,
+                AV(gemm)(dv + (size_t)t0 * ld, (size_t)ld, rows, hs, T - t0, P + (size_t)t0 * T + t0, 1, T,
                           dOr + (size_t)t0 * ldo, ldo);
             }
         }
 }
 
 #undef AV_UP
+#undef AV_R
+#undef AV_NCMAX
 #include "backend/vecmath_end.h"

@@ -14,11 +14,11 @@
 #include "backend/kern.h"
 
 /* The fused kernels' buffers at 16 lanes (8 need no more): the transposed k or v (hs x Tp); a
- * block of 4 score rows (forward) or all T rows of dS (backward); zero-padded copies of v (forward)
+ * block of 8 score rows (forward) or all T rows of dS (backward); zero-padded copies of v (forward)
  * or of k, q and dout (backward) where hs is not a whole number of vectors. OpenBLAS: T x T. */
 size_t dt_attention_workspace(int T, int C, int NH) {
     const size_t hs = (size_t)(C / NH), t = (size_t)T, Tp = (t + 15) / 16 * 16, hsp = (hs + 15) / 16 * 16;
-    const size_t blas = t * t, fwd = hs * Tp + 4 * Tp + t * hsp, bwd = hs * Tp + t * Tp + 3 * t * hsp;
+    const size_t blas = t * t, fwd = hs * Tp + 8 * Tp + t * hsp, bwd = hs * Tp + t * Tp + 3 * t * hsp;
     const size_t m = blas > fwd ? blas : fwd;
     return m > bwd ? m : bwd;
 }
