@@ -50,8 +50,10 @@ static void gelu_backward_libm(float *din, const float *dout, const float *x, si
 
 void dt_gelu_forward_isa(dt_isa isa, float *out, const float *in, size_t n) {
     switch (isa) {
+#if DT_ISA_X86
     case DT_ISA_AVX512: dt_gelu_forward_avx512(out, in, n); break;
     case DT_ISA_AVX2: dt_gelu_forward_avx2(out, in, n); break;
+#endif
     default: gelu_forward_libm(out, in, n); break;
     }
 }
@@ -59,8 +61,10 @@ void dt_gelu_forward_isa(dt_isa isa, float *out, const float *in, size_t n) {
 void dt_gelu_backward_isa(dt_isa isa, float *din, const float *dout, const float *x, size_t n) {
     if (!din) return; /* nothing to propagate (first layer) */
     switch (isa) {
+#if DT_ISA_X86
     case DT_ISA_AVX512: dt_gelu_backward_avx512(din, dout, x, n); break;
     case DT_ISA_AVX2: dt_gelu_backward_avx2(din, dout, x, n); break;
+#endif
     default: gelu_backward_libm(din, dout, x, n); break;
     }
 }

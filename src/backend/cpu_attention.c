@@ -78,8 +78,10 @@ static void blas_backward(float *dqkv, float *work, const float *dout, const flo
 
 void dt_att_forward(dt_isa k, float *out, float *att, float *work, const float *qkv, int B, int T, int C, int NH) {
     switch (k) {
+#if DT_ISA_X86
     case DT_ISA_AVX512: dt_attention_forward_avx512(out, att, work, qkv, B, T, C, NH); break;
     case DT_ISA_AVX2: dt_attention_forward_avx2(out, att, work, qkv, B, T, C, NH); break;
+#endif
     default: blas_forward(out, att, qkv, B, T, C, NH); break;
     }
 }
@@ -87,8 +89,10 @@ void dt_att_forward(dt_isa k, float *out, float *att, float *work, const float *
 void dt_att_backward(dt_isa k, float *dqkv, float *work, const float *dout, const float *qkv, const float *att,
                      int B, int T, int C, int NH) {
     switch (k) {
+#if DT_ISA_X86
     case DT_ISA_AVX512: dt_attention_backward_avx512(dqkv, work, dout, qkv, att, B, T, C, NH); break;
     case DT_ISA_AVX2: dt_attention_backward_avx2(dqkv, work, dout, qkv, att, B, T, C, NH); break;
+#endif
     default: blas_backward(dqkv, work, dout, qkv, att, B, T, C, NH); break;
     }
 }

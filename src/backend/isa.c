@@ -4,8 +4,10 @@
 int dt_isa_supported(dt_isa isa) {
     switch (isa) {
     case DT_ISA_PORTABLE: return 1;
+#if DT_ISA_X86
     case DT_ISA_AVX2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     case DT_ISA_AVX512: return __builtin_cpu_supports("avx512f");
+#endif
     default: return 0;
     }
 }

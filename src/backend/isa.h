@@ -4,6 +4,13 @@
 #ifndef DT_BACKEND_ISA_H
 #define DT_BACKEND_ISA_H
 
+/* The vector copies exist on x86 only; elsewhere every kernel runs its portable version. */
+#if defined(__x86_64__) || defined(__i386__)
+#define DT_ISA_X86 1
+#else
+#define DT_ISA_X86 0
+#endif
+
 typedef enum { DT_ISA_PORTABLE, DT_ISA_AVX2, DT_ISA_AVX512, DT_ISA_COUNT } dt_isa;
 
 /* Whether this CPU runs isa; the widest one it runs; a name ("portable", "avx2", "avx512"). */
