@@ -89,9 +89,9 @@ void dt_add_forward(float *out, const float *a, const float *b, size_t n);
  * qkv (B,T,3C): q, k, v side by side in each row, head h in columns [h*hs, (h+1)*hs), hs = C/NH.
  * out (B,T,C) = softmax(q k^T / sqrt(hs), causal) v, heads side by side; att (B,NH,T,T) keeps the
  * probabilities (zeros above the diagonal) for backward. Backward overwrites dqkv (B,T,3C);
- * work holds dt_attention_workspace(T) floats. */
-void dt_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
-size_t dt_attention_workspace(int T);
+ * work (scratch of both) holds dt_attention_workspace(T, C, NH) floats. */
+void dt_attention_forward(float *out, float *att, float *work, const float *qkv, int B, int T, int C, int NH);
+size_t dt_attention_workspace(int T, int C, int NH);
 void dt_attention_backward(float *dqkv, float *work, const float *dout, const float *qkv, const float *att, int B,
                            int T, int C, int NH);
 

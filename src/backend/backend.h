@@ -90,8 +90,8 @@ typedef struct dt_backend {
     void (*pos_embedding_forward)(float *out, const float *w, int B, int T, int C);
     void (*pos_embedding_backward)(float *dw, const float *dout, int B, int T, int C);
     void (*add_forward)(float *out, const float *a, const float *b, size_t n);
-    void (*attention_forward)(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
-    size_t (*attention_workspace)(int T);
+    void (*attention_forward)(float *out, float *att, float *work, const float *qkv, int B, int T, int C, int NH);
+    size_t (*attention_workspace)(int T, int C, int NH);
     void (*attention_backward)(float *dqkv, float *work, const float *dout, const float *qkv, const float *att, int B,
                                int T, int C, int NH);
     float (*xent_forward)(float *probs, const float *logits, const int32_t *labels, int N, int V, int ignore,

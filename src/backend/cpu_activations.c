@@ -1,11 +1,12 @@
 /* Elementwise activations (ReLU, exact-erf GELU, tanh, sigmoid) and inverted dropout with a
- * counter-based mask. Forward may run in place (out == in); backward overwrites din. */
+ * counter-based mask. GELU runs its vector copy (cpu_gelu_vec.c) where the CPU has one. Forward may run in place (out == in); backward overwrites din. */
 #include "dtrain/core.h"
 #include "dtrain/layers.h"
 
 #include <math.h>
 #include <string.h>
 
+#include "backend/gelu.h"
 #include "backend/kern.h"
 
 /* GELU's erf and exp, tanh, and sigmoid's exp through glibc's vector math library (libmvec,
@@ -27,7 +28,8 @@ void dt_relu_backward(float *din, const float *dout, const float *x, size_t n) {
     for (size_t i = 0; i < n; i++) din[i] = x[i] > 0.0f ? dout[i] : 0.0f;
 }
 
-void dt_gelu_forward(float *out, const float *in, size_t n) {
+/* The portable GELU: libm's (or libmvec's) erff and expf. */
+static void gelu_forward_libm(float *out, const float *in, size_t n) {
 #pragma omp simd
     for (size_t i = 0; i < n; i++) {
         float x = in[i];
@@ -35,8 +37,7 @@ void dt_gelu_forward(float *out, const float *in, size_t n) {
     }
 }
 
-void dt_gelu_backward(float *din, const float *dout, const float *x, size_t n) {
-    if (!din) return; /* nothing to propagate (first layer) */
+static void gelu_backward_libm(float *din, const float *dout, const float *x, size_t n) {
     const float inv_sqrt_2pi = 0.39894228040143267794f;
 #pragma omp simd
     for (size_t i = 0; i < n; i++) {
@@ -45,6 +46,33 @@ void dt_gelu_backward(float *din, const float *dout, const float *x, size_t n) {
         float pdf = inv_sqrt_2pi * expf(-0.5f * v * v);
         din[i] = dout[i] * (cdf + v * pdf);
     }
+}
+
+void dt_gelu_forward_isa(dt_isa isa, float *out, const float *in, size_t n) {
+    switch (isa) {
+#if DT_ISA_X86
+    case DT_ISA_AVX512: dt_gelu_forward_avx512(out, in, n); break;
+    case DT_ISA_AVX2: dt_gelu_forward_avx2(out, in, n); break;
+#endif
+    default: gelu_forward_libm(out, in, n); break;
+    }
+}
+
+void dt_gelu_backward_isa(dt_isa isa, float *din, const float *dout, const float *x, size_t n) {
+    if (!din) return; /* nothing to propagate (first layer) */
+    switch (isa) {
+#if DT_ISA_X86
+    case DT_ISA_AVX512: dt_gelu_backward_avx512(din, dout, x, n); break;
+    case DT_ISA_AVX2: dt_gelu_backward_avx2(din, dout, x, n); break;
+#endif
+    default: gelu_backward_libm(din, dout, x, n); break;
+    }
+}
+
+void dt_gelu_forward(float *out, const float *in, size_t n) { dt_gelu_forward_isa(dt_isa_best(), out, in, n); }
+
+void dt_gelu_backward(float *din, const float *dout, const float *x, size_t n) {
+    dt_gelu_backward_isa(dt_isa_best(), din, dout, x, n);
 }
 
 void dt_tanh_forward(float *out, const float *in, size_t n) {

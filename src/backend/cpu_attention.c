@@ -1,16 +1,27 @@
-/* Causal multi-head self-attention on OpenBLAS sgemm, per (batch, head): scores = q k^T / sqrt(hs)
- * (T x T), a causal softmax per row, out = P v. The q/k/v heads are read in place from the
- * (B,T,3C) rows with leading dimension 3C, and the output heads written with leading dimension C,
- * so no transposes are copied. Backward recomputes nothing: P is kept in att. */
+/* Causal multi-head self-attention: the public kernels pick the fused one for the CPU's widest
+ * vectors (cpu_attention_vec.c: AVX-512 or AVX2 + FMA), else run the OpenBLAS one here: sgemm
+ * per (batch, head), scores = q k^T / sqrt(hs) (T x T), a causal softmax per row, out = P v. The
+ * q/k/v heads are read in place from the (B,T,3C) rows with leading dimension 3C, and the output
+ * heads written with leading dimension C, so no transposes are copied. Backward recomputes
+ * nothing: P is kept in att. */
 #include "dtrain/layers.h"
 
 #include <cblas.h>
 #include <math.h>
 #include <string.h>
 
+#include "backend/attention.h"
 #include "backend/kern.h"
 
-size_t dt_attention_workspace(int T) { return (size_t)T * T; }
+/* The fused kernels' buffers at 16 lanes (8 need no more): the transposed k or v (hs x Tp); a
+ * block of 8 score rows (forward) or all T rows of dS (backward); zero-padded copies of v (forward)
+ * or of k, q and dout (backward) where hs is not a whole number of vectors. OpenBLAS: T x T. */
+size_t dt_attention_workspace(int T, int C, int NH) {
+    const size_t hs = (size_t)(C / NH), t = (size_t)T, Tp = (t + 15) / 16 * 16, hsp = (hs + 15) / 16 * 16;
+    const size_t blas = t * t, fwd = hs * Tp + 8 * Tp + t * hsp, bwd = hs * Tp + t * Tp + 3 * t * hsp;
+    const size_t m = blas > fwd ? blas : fwd;
+    return m > bwd ? m : bwd;
+}
 
 /* Row t of the scores: softmax over j <= t, zeros after. */
 static void causal_softmax_row(float *restrict row, int t, int T) {
@@ -21,7 +32,7 @@ static void causal_softmax_row(float *restrict row, int t, int T) {
     for (int j = t + 1; j < T; j++) row[j] = 0.0f;
 }
 
-void dt_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
+static void blas_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
     const int hs = C / NH, ld = 3 * C;
     const float scale = 1.0f / sqrtf((float)hs);
     for (int b = 0; b < B; b++)
@@ -35,8 +46,8 @@ void dt_attention_forward(float *out, float *att, const float *qkv, int B, int T
         }
 }
 
-void dt_attention_backward(float *dqkv, float *work, const float *dout, const float *qkv, const float *att, int B,
-                           int T, int C, int NH) {
+static void blas_backward(float *dqkv, float *work, const float *dout, const float *qkv, const float *att, int B,
+                          int T, int C, int NH) {
     const int hs = C / NH, ld = 3 * C;
     const float scale = 1.0f / sqrtf((float)hs);
     for (int b = 0; b < B; b++)
@@ -63,4 +74,34 @@ void dt_attention_backward(float *dqkv, float *work, const float *dout, const fl
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, scale, dS, T, k, ld, 0.0f, dq, ld);
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, scale, dS, T, q, ld, 0.0f, dk, ld);
         }
+}
+
+void dt_att_forward(dt_isa k, float *out, float *att, float *work, const float *qkv, int B, int T, int C, int NH) {
+    switch (k) {
+#if DT_ISA_X86
+    case DT_ISA_AVX512: dt_attention_forward_avx512(out, att, work, qkv, B, T, C, NH); break;
+    case DT_ISA_AVX2: dt_attention_forward_avx2(out, att, work, qkv, B, T, C, NH); break;
+#endif
+    default: blas_forward(out, att, qkv, B, T, C, NH); break;
+    }
+}
+
+void dt_att_backward(dt_isa k, float *dqkv, float *work, const float *dout, const float *qkv, const float *att,
+                     int B, int T, int C, int NH) {
+    switch (k) {
+#if DT_ISA_X86
+    case DT_ISA_AVX512: dt_attention_backward_avx512(dqkv, work, dout, qkv, att, B, T, C, NH); break;
+    case DT_ISA_AVX2: dt_attention_backward_avx2(dqkv, work, dout, qkv, att, B, T, C, NH); break;
+#endif
+    default: blas_backward(dqkv, work, dout, qkv, att, B, T, C, NH); break;
+    }
+}
+
+void dt_attention_forward(float *out, float *att, float *work, const float *qkv, int B, int T, int C, int NH) {
+    dt_att_forward(dt_isa_best(), out, att, work, qkv, B, T, C, NH);
+}
+
+void dt_attention_backward(float *dqkv, float *work, const float *dout, const float *qkv, const float *att, int B,
+                           int T, int C, int NH) {
+    dt_att_backward(dt_isa_best(), dqkv, work, dout, qkv, att, B, T, C, NH);
 }

@@ -20,6 +20,7 @@ float dt_softmax_xent_ignore_forward(float *probs, const float *logits, const in
         if (y == ignore) continue;
         cnt++;
         float mx = x[0];
+#pragma omp simd reduction(max : mx) /* the max is exact in any order; lanes keep the loop vectorised */
         for (int i = 1; i < V; i++) mx = x[i] > mx ? x[i] : mx;
         const float s = dt_nn_exp_sub_sum(p, x, V, mx);
         const float inv = 1.0f / s;

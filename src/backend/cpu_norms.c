@@ -35,6 +35,21 @@ static float dev_dot(const float *restrict g, const float *restrict x, size_t n,
     return s;
 }
 
+/* *sg = sum of g[i], *sgx = sum of g[i] * (x[i] - m) for g = dy * w, vectorised (the simd
+ * reduction lets the compiler split the sums into lanes; one serial chain each took LayerNorm's
+ * backward ~4 cycles a value). */
+static void scaled_sums(float *sg, float *sgx, const float *restrict dy, const float *restrict w,
+                        const float *restrict x, size_t n, float m) {
+    float s = 0, t = 0;
+#pragma omp simd reduction(+ : s, t)
+    for (size_t i = 0; i < n; i++) {
+        const float g = dy[i] * w[i];
+        s += g;
+        t += g * (x[i] - m);
+    }
+    *sg = s, *sgx = t;
+}
+
 void dt_layernorm_forward(float *out, float *mean, float *rstd, const float *in, const float *w, const float *b,
                           int N, int C, float eps) {
     for (int r = 0; r < N; r++) {
@@ -66,11 +81,7 @@ void dt_layernorm_backward(float *din, float *dw, float *db, const float *dout, 
         /* g = dy * w; din = rs * (g - mean(g) - xhat * mean(g * xhat)) */
         float sg = 0.0f, sgx = 0.0f;
         if (w) {
-            for (int i = 0; i < C; i++) {
-                float g = dy[i] * w[i];
-                sg += g;
-                sgx += g * (x[i] - m);
-            }
+            scaled_sums(&sg, &sgx, dy, w, x, (size_t)C, m);
         } else {
             sg = dt_nn_sum(dy, (size_t)C);
             sgx = dev_dot(dy, x, (size_t)C, m);

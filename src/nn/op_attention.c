@@ -31,13 +31,13 @@ static size_t attention_workspace(const dt_model *m, const dt_node *n, int B) {
     (void)B;
     int T, C;
     dims(m, n, &T, &C);
-    return m->be->attention_workspace(T);
+    return m->be->attention_workspace(T, C, n->a.heads);
 }
 
 static dt_status attention_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
     int T, C;
     dims(m, n, &T, &C);
-    c->be->attention_forward(n->out, n->saved, dt_node_in(m, n, 0), c->B, T, C, n->a.heads);
+    c->be->attention_forward(n->out, n->saved, c->work, dt_node_in(m, n, 0), c->B, T, C, n->a.heads);
     return DT_OK;
 }
 

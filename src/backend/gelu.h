@@ -1,0 +1,20 @@
+/* The exact-erf GELU kernels behind dt_gelu_forward/backward (include/dtrain/layers.h): an AVX-512
+ * and an AVX2 + FMA copy (cpu_gelu_vec.c), with erf and exp as polynomials (< 1 ulp erf, Norbert
+ * Juffa's erff; Cephes' expf) instead of libmvec's calls, and the portable libm loop
+ * (cpu_activations.c). Same arguments as the public functions. */
+#ifndef DT_BACKEND_GELU_H
+#define DT_BACKEND_GELU_H
+
+#include <stddef.h>
+
+#include "backend/isa.h"
+
+void dt_gelu_forward_isa(dt_isa isa, float *out, const float *in, size_t n);
+void dt_gelu_backward_isa(dt_isa isa, float *din, const float *dout, const float *x, size_t n);
+
+void dt_gelu_forward_avx512(float *out, const float *in, size_t n);
+void dt_gelu_backward_avx512(float *din, const float *dout, const float *x, size_t n);
+void dt_gelu_forward_avx2(float *out, const float *in, size_t n);
+void dt_gelu_backward_avx2(float *din, const float *dout, const float *x, size_t n);
+
+#endif

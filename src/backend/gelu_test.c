@@ -1,0 +1,73 @@
+/* The GELU kernels (backend/gelu.h), every copy this CPU runs (portable libm, AVX2, AVX-512),
+ * against GELU in double (erf from libm): forward x Phi(x) and backward dout (Phi(x) + x phi(x))
+ * on a dense grid over [-12, 12], around the erf polynomial's switch at |x| / sqrt(2) = 0.9277,
+ * at 0, +-1e-30 and +-1e4, with a length that is not a whole number of vectors (the tail);
+ * in-place forward; two runs bitwise equal. From x = 0.25 up (no cancellation) the forward is
+ * within 2.5 units of 2^-23 relative. Elsewhere the tolerance: 3e-7 x max(1, |x|) absolute, times
+ * max(1, |dout|) backward (the float formula's own cancellation where Phi is near 0 bounds what
+ * any copy can do). */
+#include "backend/gelu.h"
+#include "core/test.h"
+#include "dtrain/core.h"
+
+#include <string.h>
+
+static double gelu_ref(double x) { return 0.5 * x * (1.0 + erf(x / sqrt(2.0))); }
+static double gelu_grad_ref(double x) {
+    return 0.5 * (1.0 + erf(x / sqrt(2.0))) + x * exp(-0.5 * x * x) / sqrt(2.0 * M_PI);
+}
+
+static void check_isa(dt_isa isa, const float *x, const float *g, size_t n) {
+    float *y = malloc(n * 4), *y2 = malloc(n * 4), *d = malloc(n * 4), *d2 = malloc(n * 4);
+    dt_gelu_forward_isa(isa, y, x, n);
+    dt_gelu_backward_isa(isa, d, g, x, n);
+    double wf = 0, wb = 0, wr = 0;
+    size_t bf = 0, bb = 0, br = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double xi = x[i], tol = 3e-7 * (fabs(xi) > 1 ? fabs(xi) : 1);
+        const double ef = fabs(y[i] - gelu_ref(xi)) / tol;
+        const double eb = fabs(d[i] - g[i] * gelu_grad_ref(xi)) / (tol * (fabs(g[i]) > 1 ? fabs(g[i]) : 1));
+        if (!(ef <= wf)) wf = ef, bf = i;
+        if (xi >= 0.25 && xi < 1e3) { /* no cancellation: relative error in units of 2^-23 */
+            const double er = fabs(y[i] - gelu_ref(xi)) / (gelu_ref(xi) * 0x1p-23);
+            if (!(er <= wr)) wr = er, br = i;
+        }
+        if (!(eb <= wb)) wb = eb, bb = i;
+    }
+    CHECK_MSG(wf <= 1, "%s: gelu(%.9g) = %.9g, want %.9g", dt_isa_name(isa), x[bf], y[bf], gelu_ref(x[bf]));
+    CHECK_MSG(wr <= 2.5, "%s: gelu(%.9g) = %.9g, want %.9g (%.2f units of 2^-23)", dt_isa_name(isa), x[br], y[br],
+              gelu_ref(x[br]), wr);
+    CHECK_MSG(wb <= 1, "%s: gelu'(%.9g) dout = %.9g, want %.9g", dt_isa_name(isa), x[bb], d[bb],
+              g[bb] * gelu_grad_ref(x[bb]));
+    memcpy(y2, x, n * 4);
+    dt_gelu_forward_isa(isa, y2, y2, n);
+    dt_gelu_backward_isa(isa, d2, g, x, n);
+    CHECK_MSG(!memcmp(y, y2, n * 4) && !memcmp(d, d2, n * 4), "%s: in place or a second run differs",
+              dt_isa_name(isa));
+    printf("gelu %s: forward within %.2f (%.2f units of 2^-23 from x = 0.25), backward within %.2f of the tolerance\n",
+           dt_isa_name(isa), wf, wr, wb);
+    free(y), free(y2), free(d), free(d2);
+}
+
+int main(void) {
+    const float special[] = {0.0f, -0.0f, 1e-30f, -1e-30f, 1e4f, -1e4f, 1.3119f, -1.3119f, 1.3120f, -1.3120f, 1.31201f, -1.31201f};
+    const size_t ns = sizeof special / sizeof special[0], ngrid = 240001, n = ns + ngrid + 7;
+    float *x = malloc(n * 4), *g = malloc(n * 4);
+    memcpy(x, special, sizeof special);
+    for (size_t i = 0; i < ngrid; i++) x[ns + i] = -12.0f + 24.0f * (float)i / (float)(ngrid - 1);
+    for (size_t i = ns + ngrid; i < n; i++) x[i] = 0.5f * (float)(i - ns - ngrid) - 1.5f;
+    dt_rng_fill_uniform(g, n, -2, 2, 9, 1);
+    int ran = 0;
+    for (int k = 0; k < DT_ISA_COUNT; k++) {
+        if (!dt_isa_supported((dt_isa)k)) {
+            printf("gelu %s: not on this CPU, skipped\n", dt_isa_name((dt_isa)k));
+            continue;
+        }
+        ran++;
+        check_isa((dt_isa)k, x, g, n);
+        check_isa((dt_isa)k, x + 3, g + 3, 13); /* shorter than one vector */
+    }
+    CHECK(ran >= 1);
+    free(x), free(g);
+    return dt_test_summary("gelu_test");
+}

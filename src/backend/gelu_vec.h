@@ -1,0 +1,60 @@
+/* Template of the vector GELU (cpu_gelu_vec.c includes it once per width, after defining AV_VL,
+ * AV_TARGET and AV_SUFFIX as for vecmath.h): dt_gelu_forward_<suffix>, dt_gelu_backward_<suffix>. */
+#include "backend/vecmath.h"
+
+/* erf(a), max error < 1 ulp: Norbert Juffa's erff (a polynomial in a^2 below |a| = 0.9277, and
+ * 1 - exp(polynomial in |a|) above), both halves computed and one selected per lane. */
+AV_FN vf AV(erf)(vf a) {
+    const vi sign = (vi){0} + (int32_t)0x80000000;
+    const vf t = (vf)((vi)a & ~sign), s = a * a;
+    vf r = AV_FMA(AV_SET1(-1.72853470e-5f), t, AV_SET1(3.83197126e-4f));
+    const vf u = AV_FMA(AV_SET1(-3.88396438e-3f), t, AV_SET1(2.42546219e-2f));
+    r = AV_FMA(r, s, u);
+    r = AV_FMA(r, t, AV_SET1(-1.06777877e-1f));
+    r = AV_FMA(r, t, AV_SET1(-6.34846687e-1f));
+    r = AV_FMA(r, t, AV_SET1(-1.28717512e-1f));
+    r = AV_FMA(r, t, -t);
+    r = AV_SET1(1.0f) - AV(exp)(r);
+    r = (vf)(((vi)r & ~sign) | ((vi)a & sign));
+    vf p = AV_SET1(-5.96761703e-4f);
+    p = AV_FMA(p, s, AV_SET1(4.99119423e-3f));
+    p = AV_FMA(p, s, AV_SET1(-2.67681349e-2f));
+    p = AV_FMA(p, s, AV_SET1(1.12819925e-1f));
+    p = AV_FMA(p, s, AV_SET1(-3.76125336e-1f));
+    p = AV_FMA(p, s, AV_SET1(1.28379166e-1f));
+    p = AV_FMA(p, a, a);
+    const vi big = t > AV_SET1(0.927734375f);
+    return (vf)(((vi)r & big) | ((vi)p & ~big));
+}
+
+AV_FN vf AV(gelu)(vf x) {
+    const vf h = x * AV_SET1(0.5f);
+    return AV_FMA(h, AV(erf)(x * AV_SET1((float)M_SQRT1_2)), h);
+}
+
+/* d gelu / dx = Phi(x) + x phi(x) */
+AV_FN vf AV(gelu_grad)(vf x) {
+    const vf cdf = AV_FMA(AV_SET1(0.5f), AV(erf)(x * AV_SET1((float)M_SQRT1_2)), AV_SET1(0.5f));
+    const vf e = x * x * AV_SET1(-0.5f);
+    const vi live = e >= AV_SET1(-87.0f); /* exp underflows to 0 below */
+    const vf pdf = (vf)((vi)(AV(exp)(e) * AV_SET1(0.39894228040143267794f)) & live);
+    return AV_FMA(x, pdf, cdf);
+}
+
+__attribute__((target(AV_TARGET))) void AV(dt_gelu_forward)(float *out, const float *in, size_t n) {
+    size_t i = 0;
+    for (; i + AV_VL <= n; i += AV_VL) AV_STORE(out + i, AV(gelu)(AV_LOAD(in + i)));
+    if (i < n) AV(store_n)(out + i, AV(gelu)(AV(load_n)(in + i, (int)(n - i))), (int)(n - i));
+}
+
+__attribute__((target(AV_TARGET))) void AV(dt_gelu_backward)(float *din, const float *dout, const float *x,
+                                                             size_t n) {
+    size_t i = 0;
+    for (; i + AV_VL <= n; i += AV_VL) AV_STORE(din + i, AV_LOAD(dout + i) * AV(gelu_grad)(AV_LOAD(x + i)));
+    if (i < n) {
+        const int r = (int)(n - i);
+        AV(store_n)(din + i, AV(load_n)(dout + i, r) * AV(gelu_grad)(AV(load_n)(x + i, r)), r);
+    }
+}
+
+#include "backend/vecmath_end.h"
