@@ -13,14 +13,10 @@
 #include "dtrain/core.h"
 #include "dtrain/nn.h"
 #include "nn/graph_internal.h"
+#include "backend/blocked_testlib.h"
 
 #include <string.h>
 
-static float *rnd(size_t n, uint64_t key) {
-    float *x = malloc((n ? n : 1) * sizeof *x + 4);
-    dt_rng_fill_uniform(x, n, -1, 1, 5, key);
-    return x;
-}
 
 /* The n values of x rounded to bf16: as f32 values (rounded), as bf16 ones (bf16_of: uint16_t
  * in a float buffer, as the graph keeps them). */
@@ -39,18 +35,6 @@ static float *bf16_of(const float *x, size_t n) {
 static float *widen(const float *h, size_t n) {
     float *y = malloc(n * sizeof(float) + 4);
     for (size_t i = 0; i < n; i++) y[i] = dt_bf16_to_f32(((const uint16_t *)h)[i]);
-    return y;
-}
-
-static float *blocked_of(const float *x, int B, int C, int HW) {
-    float *y = malloc((size_t)B * C * HW * sizeof *y + 4);
-    dt_blocked_from_nchw(y, x, B, C, HW);
-    return y;
-}
-
-static float *nchw_of(const float *x, int B, int C, int HW) {
-    float *y = malloc((size_t)B * C * HW * sizeof *y + 4);
-    dt_blocked_to_nchw(y, x, B, C, HW);
     return y;
 }
 

@@ -13,26 +13,10 @@
 #include "dtrain/core.h"
 #include "dtrain/nn.h"
 #include "nn/graph_internal.h"
+#include "backend/blocked_testlib.h"
 
 #include <string.h>
 
-static float *rnd(size_t n, uint64_t key) {
-    float *x = malloc((n ? n : 1) * sizeof *x);
-    dt_rng_fill_uniform(x, n, -1, 1, 5, key);
-    return x;
-}
-
-static float *blocked_of(const float *x, int B, int C, int HW) {
-    float *y = malloc((size_t)B * C * HW * sizeof *y + 4);
-    dt_blocked_from_nchw(y, x, B, C, HW);
-    return y;
-}
-
-static float *nchw_of(const float *x, int B, int C, int HW) {
-    float *y = malloc((size_t)B * C * HW * sizeof *y + 4);
-    dt_blocked_to_nchw(y, x, B, C, HW);
-    return y;
-}
 
 static void test_reorders(void) {
     const int B = 2, C = 32, HW = 5;
