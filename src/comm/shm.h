@@ -21,7 +21,7 @@
 #include <time.h>
 
 #define SHM_MAGIC 0x6474726e73686d31ull /* "dtrnshm1" */
-#define SHM_VERSION 1
+#define SHM_VERSION 2 /* 2: rank blocks record their CPUs (shm_rank.cpus) */
 #define SHM_LINE 128
 #define SHM_DESC_RING 8
 #define SHM_KINDS 2 /* 0: collective channel, 1: user point-to-point */
