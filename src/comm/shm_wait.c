@@ -15,7 +15,9 @@
  * update: a reduce-scatter and an allgather per step): from the late rank's post to the early
  * rank's resume, summed over both collectives, mean 13-22 us a step with the old 50 us spin that
  * yielded (per-run means 6-39), 4.6 us (2-6) with 200 us without yields; 100 us without yields
- * 14, 500 us 9 (longer spins are cut by the scheduler's time slice). */
+ * 14, 500 us 9 (longer spins are cut by the scheduler's time slice). Rank 0's communication wait
+ * per step (dtrain train's step_ms.comm_wait, 9 interleaved pairs of runs at load 4.6-6.7): mean
+ * 80 -> 66 us, median 81 -> 71. */
 #include "comm/shm.h"
 
 #include <sched.h>
