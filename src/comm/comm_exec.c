@@ -117,13 +117,8 @@ static dt_status idle_round(dt_comm *c, double until) {
     return c->t->ops->waitall(c->t, NULL, 0, until);
 }
 
-static _Thread_local bool g_on_progress;
-
-bool dt_comm_on_progress_thread(void) { return g_on_progress; }
-
 static void *progress_main(void *arg) {
     dt_comm *c = arg;
-    g_on_progress = true;
     pthread_mutex_lock(&c->mu);
     for (;;) {
         if (c->qhead && !c->busy) {

@@ -117,7 +117,8 @@ typedef struct {
     uint64_t myphase, gchunk;
     uint64_t *slot_free;             /* [d_slots]: phase all ranks pass once done with the slot */
     /* waiting */
-    dt_shm_wait_policy wait_fg, wait_bg; /* the caller's thread; the communicator's progress thread */
+    pthread_t owner;                 /* the creating thread: waits there use wait_fg, elsewhere wait_bg */
+    dt_shm_wait_policy wait_fg, wait_bg; /* the rank's own thread; its progress and helper threads */
     uint64_t blocked[2];             /* dt_shm_block calls with wait_fg, with wait_bg (for tests) */
     double next_check;
     double check_delay_s;            /* DTRAIN_SHM_TEST_CHECK_DELAY_MS: tests widen the poll -> slow check gap */
@@ -162,7 +163,8 @@ static inline void dt_shm_sleep_ms(double ms) {
 }
 
 /* The wait policy (shm_wait.c) where the job's ranks outnumber the CPUs they may run on together
- * (over), on a communicator's progress thread (background) or the caller's; env_us: the value of
+ * (over), on a thread other than the one that created the transport (background: the
+ * communicator's progress thread, ps's exchange and handler threads) or on that one; env_us: the value of
  * DTRAIN_SHM_SPIN_US (NULL or "" for the default), the spin of both threads in microseconds. */
 dt_shm_wait_policy dt_shm_wait_policy_for(bool over, bool background, const char *env_us);
 /* Records the CPUs this rank may run on in its rank block (before it attaches). */

@@ -4,10 +4,12 @@
  *   - more ranks than the CPUs they may run on together (oversubscribed: 8 ranks on 2 cores, or
  *     ranks pinned to a shared core): no spin, two yields, then sleep, so that the peer being
  *     waited for gets the core at once;
- *   - the caller's own thread (a blocking collective: DDP's last bucket, its parameter allgather):
- *     it has nothing else to run, so it spins without yielding, SPIN_US;
- *   - a communicator's progress thread (non-blocking ops during backward): it shares its core with
- *     the compute thread, so it spins shorter, SPIN_BG_US, and yields every 16 rounds.
+ *   - the thread that created the transport, the rank's own (a blocking collective: DDP's last
+ *     bucket, its parameter allgather): it has nothing else to run, so it spins without yielding,
+ *     SPIN_US;
+ *   - any other thread (the communicator's progress thread running non-blocking ops during
+ *     backward, ps's exchange and handler threads): it shares its core with the compute thread,
+ *     so it spins shorter, SPIN_BG_US, and yields every 16 rounds (as every wait did before).
  * Why the caller spins 200 us and does not yield: a wait that outlasts the spin sleeps, and the wake
  * of a sleeping rank costs the late rank a futex call and the early rank a scheduling delay (more
  * when another process took its core); a yield hands the core to any other runnable process for

@@ -1,13 +1,15 @@
 /* How the shm transport waits (shm_wait.c): the policy's arithmetic; the oversubscription it
  * derives from the CPUs every rank may run on (ranks pinned to one shared CPU: no spin; to CPUs of
- * their own: the caller's long spin); which thread uses which policy (the caller's thread for a
- * blocking collective, the progress thread for a non-blocking one); and that a job still finishes
+ * their own: the caller's long spin); which thread uses which policy (the creating thread for a
+ * blocking collective, the progress thread for a non-blocking one, a helper thread for a blocking
+ * one); and that a job still finishes
  * promptly and right when its ranks outnumber the cores (DDP's step pattern: reduce-scatter,
  * allgather, a small allreduce; 8 ranks on the machine, 2 ranks pinned to one CPU). */
 #include "comm/comm_internal.h"
 #include "comm/comm_testlib.h"
 #include "comm/shm.h"
 
+#include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
 
@@ -55,6 +57,14 @@ static int test_cpus(int R, int N, const char *job, void *arg) {
                    s->wait_fg.spin_yields, s->wait_bg.spin_yields);
     t->ops->destroy(t);
     return dt_test_failures;
+}
+
+/* A blocking allreduce on a thread of its own (as ps's exchange thread): it must wait as a helper. */
+static void *helper_allreduce(void *arg) {
+    dt_comm *c = arg;
+    int32_t v = 1, sum = 0;
+    dt_status st = dt_comm_allreduce(c, &v, &sum, 1, DT_I32, DT_OP_SUM);
+    return st == DT_OK && sum == dt_comm_size(c) ? c : NULL;
 }
 
 /* DDP's step on n floats: in-place reduce-scatter (avg), allgather, a 1-value allreduce (the stop
@@ -109,6 +119,15 @@ static int test_steps(int R, int N, const char *job, void *arg) {
     if (a->nb) CHECK_MSG(s->blocked[1] > 0, "rank %d: no wait of the %d non-blocking reduce-scatters ran on the "
                                             "progress thread's policy", R, a->nb);
     CHECK_MSG(s->blocked[0] > 0, "rank %d: no wait of the blocking ops ran on the caller's policy", R);
+    /* rank 0 comes late, so that every other rank's helper waits */
+    if (R == 0) dt_shm_sleep_ms(20);
+    const uint64_t fg = s->blocked[0], bg = s->blocked[1];
+    pthread_t th;
+    void *ok = NULL;
+    CHECK(pthread_create(&th, NULL, helper_allreduce, c) == 0 && pthread_join(th, &ok) == 0);
+    CHECK_MSG(ok == c, "rank %d: the helper thread's allreduce failed", R);
+    if (R != 0) CHECK_MSG(s->blocked[1] > bg && s->blocked[0] == fg, "rank %d: a helper thread's wait took the %s "
+                          "policy", R, s->blocked[0] > fg ? "caller's" : "no");
     free(g);
     dt_comm_destroy(c);
     return dt_test_failures;

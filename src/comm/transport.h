@@ -148,10 +148,6 @@ typedef struct {
 /* shm: POSIX shared memory + futexes, local ranks of one job (transport_shm.c). */
 dt_status dt_transport_shm_create(dt_transport **out, const dt_transport_params *p);
 
-/* True on a communicator's progress thread (the one that runs non-blocking ops, comm_exec.c),
- * false on the caller's: a transport may wait differently there (it shares a core with compute). */
-bool dt_comm_on_progress_thread(void);
-
 /* mpi: OpenMPI/MPICH (transport_mpi.c). Initialises MPI if needed (MPI_THREAD_SERIALIZED at
  * least: a progress thread may call in) and finalises it in destroy if it initialised it.
  * Without DT_HAVE_MPI: returns DT_ENOTSUP "built without MPI: install libopenmpi-dev and rebuild". */

@@ -194,7 +194,7 @@ static dt_status slow_checks(dt_shm *s, double deadline, double now, bool idle, 
 
 dt_status dt_shm_block(dt_shm *s, dt_shm_poll poll, void *arg, double deadline, bool stop_on_progress) {
     shm_rank *me = shm_rank_at(s, s->me);
-    const bool bg = dt_comm_on_progress_thread();
+    const bool bg = !pthread_equal(pthread_self(), s->owner); /* a progress or helper thread */
     const dt_shm_wait_policy *w = bg ? &s->wait_bg : &s->wait_fg;
     s->blocked[bg]++;
     double spin_until = 0;
@@ -299,6 +299,7 @@ dt_status dt_transport_shm_create(dt_transport **out, const dt_transport_params 
     s->base.size = s->n = p->size;
     s->timeout_s = p->timeout_s > 0 ? p->timeout_s : 300;
     s->waiting_on = -1;
+    s->owner = pthread_self();
     dt_status st = dt_shm_job_name(s->name, sizeof s->name, p->job_id);
     if (st != DT_OK) { free(s); return st; }
     snprintf(s->job, sizeof s->job, "%s", p->job_id);
