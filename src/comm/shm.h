@@ -21,10 +21,11 @@
 #include <time.h>
 
 #define SHM_MAGIC 0x6474726e73686d31ull /* "dtrnshm1" */
-#define SHM_VERSION 1
+#define SHM_VERSION 2 /* 2: rank blocks record their CPUs (shm_rank.cpus) */
 #define SHM_LINE 128
 #define SHM_DESC_RING 8
 #define SHM_KINDS 2 /* 0: collective channel, 1: user point-to-point */
+#define SHM_MAX_CPUS 1024 /* CPUs a rank block records (shm_rank.cpus) */
 
 typedef struct {
     uint64_t magic;
@@ -53,7 +54,16 @@ typedef struct {
     char pad2[SHM_LINE - 8];
     _Atomic uint64_t cur_seq;        /* seq of the newest posted descriptor */
     dt_coll_desc desc[SHM_DESC_RING];
+    uint64_t cpus[SHM_MAX_CPUS / 64]; /* the CPUs the rank may run on, written before it attaches */
 } shm_rank;
+
+/* How dt_shm_block waits (shm_wait.c): spin_s seconds of spinning (yielding every 16 rounds if
+ * spin_yields), then `yields` sched_yield()s, then sleep on the doorbell. */
+typedef struct {
+    double spin_s;
+    bool spin_yields;
+    int yields;
+} dt_shm_wait_policy;
 
 typedef struct {
     _Atomic uint64_t tail;           /* written by the sender */
@@ -107,8 +117,9 @@ typedef struct {
     uint64_t myphase, gchunk;
     uint64_t *slot_free;             /* [d_slots]: phase all ranks pass once done with the slot */
     /* waiting */
-    double spin_s;
-    int yields;
+    pthread_t owner;                 /* the creating thread: waits there use wait_fg, elsewhere wait_bg */
+    dt_shm_wait_policy wait_fg, wait_bg; /* the rank's own thread; its progress and helper threads */
+    uint64_t blocked[2];             /* dt_shm_block calls with wait_fg, with wait_bg (for tests) */
     double next_check;
     double check_delay_s;            /* DTRAIN_SHM_TEST_CHECK_DELAY_MS: tests widen the poll -> slow check gap */
     int waiting_on;                  /* peer the current wait needs, for timeout messages */
@@ -150,6 +161,16 @@ static inline void dt_shm_sleep_ms(double ms) {
     struct timespec ts = {0, (long)(ms * 1e6)};
     nanosleep(&ts, NULL);
 }
+
+/* The wait policy (shm_wait.c) where the job's ranks outnumber the CPUs they may run on together
+ * (over), on a thread other than the one that created the transport (background: the
+ * communicator's progress thread, ps's exchange and handler threads) or on that one; env_us: the value of
+ * DTRAIN_SHM_SPIN_US (NULL or "" for the default), the spin of both threads in microseconds. */
+dt_shm_wait_policy dt_shm_wait_policy_for(bool over, bool background, const char *env_us);
+/* Records the CPUs this rank may run on in its rank block (before it attaches). */
+void dt_shm_publish_cpus(dt_shm *s);
+/* The number of CPUs that some rank of the job may run on (after every rank attached). */
+int dt_shm_job_cpus(dt_shm *s);
 
 /* Rings rank r's doorbell if it sleeps (call after publishing what it waits for). */
 void dt_shm_ring(dt_shm *s, int r);

@@ -3,9 +3,9 @@
  * in /dev/shm even after a crash (only a crash before every rank attached can leave the name;
  * dt_comm_shm_cleanup removes it). This file: attach, create, split, destroy, liveness (robust
  * mutexes + kill(pid, 0)), the job-wide abort word, and the wait loop (bounded spin, then
- * FUTEX_WAIT on the own doorbell in 100 ms slices). The segment's name, slot geometry, creation
- * and opening are in shm_segment.c, point-to-point in shm_p2p.c, direct collectives in
- * shm_coll.c. */
+ * FUTEX_WAIT on the own doorbell in 100 ms slices; how long and how it spins: shm_wait.c). The
+ * segment's name, slot geometry, creation and opening are in shm_segment.c, point-to-point in
+ * shm_p2p.c, direct collectives in shm_coll.c. */
 #include "comm/shm.h"
 
 #include <errno.h>
@@ -194,6 +194,9 @@ static dt_status slow_checks(dt_shm *s, double deadline, double now, bool idle, 
 
 dt_status dt_shm_block(dt_shm *s, dt_shm_poll poll, void *arg, double deadline, bool stop_on_progress) {
     shm_rank *me = shm_rank_at(s, s->me);
+    const bool bg = !pthread_equal(pthread_self(), s->owner); /* a progress or helper thread */
+    const dt_shm_wait_policy *w = bg ? &s->wait_bg : &s->wait_fg;
+    s->blocked[bg]++;
     double spin_until = 0;
     int yields = 0;
     unsigned spins = 0;
@@ -205,16 +208,16 @@ dt_status dt_shm_block(dt_shm *s, dt_shm_poll poll, void *arg, double deadline, 
         if (r == 2) { spin_until = 0; yields = 0; continue; }
         if (atomic_load_explicit(&s->hdr->abort_state, memory_order_acquire) == 2) return abort_error(s);
         if (stop_on_progress && atomic_exchange(&s->woken, 0)) return DT_OK;
-        if (s->spin_s > 0) {
+        if (w->spin_s > 0) { /* the policy: shm_wait.c */
             double now = dt_now();
-            if (spin_until == 0) spin_until = now + s->spin_s;
+            if (spin_until == 0) spin_until = now + w->spin_s;
             if (now < spin_until) {
                 for (int i = 0; i < 32; i++) cpu_relax();
-                if ((++spins & 15) == 0) sched_yield(); /* lets a peer sharing this core run */
+                if (w->spin_yields && (++spins & 15) == 0) sched_yield(); /* lets the compute thread run */
                 continue;
             }
         }
-        if (yields < s->yields) { yields++; sched_yield(); continue; }
+        if (yields < w->yields) { yields++; sched_yield(); continue; }
         /* sleep: announce, re-check, then FUTEX_WAIT on the doorbell */
         atomic_store(&me->sleeping, 1);
         uint32_t bell = atomic_load(&me->bell);
@@ -296,6 +299,7 @@ dt_status dt_transport_shm_create(dt_transport **out, const dt_transport_params 
     s->base.size = s->n = p->size;
     s->timeout_s = p->timeout_s > 0 ? p->timeout_s : 300;
     s->waiting_on = -1;
+    s->owner = pthread_self();
     dt_status st = dt_shm_job_name(s->name, sizeof s->name, p->job_id);
     if (st != DT_OK) { free(s); return st; }
     snprintf(s->job, sizeof s->job, "%s", p->job_id);
@@ -309,16 +313,20 @@ dt_status dt_transport_shm_create(dt_transport **out, const dt_transport_params 
         shm_destroy(&s->base);
         return dt_error(DT_ENOMEM, "out of memory creating the shm transport");
     }
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    const char *spin = getenv("DTRAIN_SHM_SPIN_US");
-    bool over = ncpu > 0 && s->n > ncpu;
-    s->spin_s = (spin && *spin ? atof(spin) : over ? 0 : 50) * 1e-6;
-    s->yields = over ? 2 : 0;
     const char *cd = getenv("DTRAIN_SHM_TEST_CHECK_DELAY_MS");
     s->check_delay_s = cd && *cd ? atof(cd) * 1e-3 : 0;
     double deadline = dt_now() + s->timeout_s;
     st = s->me == 0 ? dt_shm_segment_create(s) : dt_shm_segment_open(s, deadline);
-    if (st == DT_OK) st = attach(s, deadline);
+    if (st == DT_OK) {
+        dt_shm_publish_cpus(s);
+        st = attach(s, deadline);
+    }
+    if (st == DT_OK) {  /* every rank has published its CPUs: oversubscribed if they share fewer */
+        const char *spin = getenv("DTRAIN_SHM_SPIN_US");
+        const bool over = s->n > dt_shm_job_cpus(s);
+        s->wait_fg = dt_shm_wait_policy_for(over, false, spin);
+        s->wait_bg = dt_shm_wait_policy_for(over, true, spin);
+    }
     if (st == DT_OK) {
         s->slot_free = calloc(s->hdr->d_slots, sizeof *s->slot_free);
         if (!s->slot_free) st = dt_error(DT_ENOMEM, "out of memory creating the shm transport");
