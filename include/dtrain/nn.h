@@ -178,7 +178,10 @@ dt_layer_kind dt_model_node_kind(const dt_model *m, int node);
 int dt_model_output_node(const dt_model *m);
 int dt_model_loss_node(const dt_model *m);
 /* A node's values of the last forward ((B, values per sample), f32) and their gradient of the
- * last backward (NULL where none was computed). Valid until the next forward. */
+ * last backward (NULL where none was computed). Valid until the next forward. Inside a CNN's
+ * conv -> maxpool chain the backend's layout applies instead: blocked nChw16c, and at bf16 a
+ * conv's values (and gradient) as bf16 in the first half of the memory (nn/graph_layout.c);
+ * pipeline stages pass them on as they are. */
 const float *dt_model_node_values(const dt_model *m, int node);
 const float *dt_model_node_grad(const dt_model *m, int node);
 /* Whether a node's values are never written: a conv computed together with the maxpool after it

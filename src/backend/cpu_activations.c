@@ -1,5 +1,6 @@
 /* Elementwise activations (ReLU, exact-erf GELU, tanh, sigmoid) and inverted dropout with a
- * counter-based mask. GELU runs its vector copy (cpu_gelu_vec.c) where the CPU has one. Forward may run in place (out == in); backward overwrites din. */
+ * counter-based mask. GELU runs its vector copy (cpu_gelu_vec.c) where the CPU has one, else the
+ * libm loop below. Forward may run in place (out == in); backward overwrites din. */
 #include "dtrain/core.h"
 #include "dtrain/layers.h"
 

@@ -183,6 +183,10 @@ dt_status dt_model_forward_nodes(dt_model *m, const dt_feed *f, int lo, int hi) 
     if (m->cap_B == 0 || f->n != m->B)
         return dt_error(DT_EINVAL, "model: forward_nodes of %d samples after dt_model_prepare of %d", f->n, m->B);
     bind_feed(m, f);
+    /* aliases below lo (a stage's first node may read one: a relu its maxpool applies) point at
+     * their owner's memory, which the previous stage's values were received into */
+    for (int i = 0; i < lo; i++)
+        if (m->nodes[i].alias) m->nodes[i].out = owner(m, &m->nodes[i])->out;
     return forward_range(m, lo, hi);
 }
 

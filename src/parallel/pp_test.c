@@ -2,7 +2,9 @@
  *  - the schedules: every micro-batch once each way, 1F1B's in-flight count min(K, M) <= K and
  *    GPipe's M (counted), and a simulation of the stages' dependencies that finishes (no cycle)
  *    for every K <= 6, M <= 12, fewer micro-batches than stages included;
- *  - the cut: balanced over valid boundaries, --pp-split by index and name, clear errors;
+ *  - the cut: balanced over valid boundaries, --pp-split by index and name, clear errors; the CNN
+ *    (f32, bf16) cut at each valid boundary into two copies gives the whole model's loss and
+ *    gradients bitwise;
  *  - pp2 and pp4 on the GPT with both schedules and M in {1, 2, K, 2K}, dp2 x pp2, and pp2 on the
  *    MLP and the CNN each give the losses of 20 steps and the final parameters of 1 worker at the
  *    same global batch, within 2e-5 absolute (float rounding of other GEMM shapes; the values are
@@ -104,6 +106,66 @@ static void test_cut_fused(void) {
     CHECK_OK(dt_model_build(&m, "cnn", 1, 28, 28));
     if (m) CHECK(!dt_model_node_fused(m, 1) && dt_pp_cut_valid(m, 2));
     dt_model_free(m);
+}
+
+/* The CNN cut at each valid boundary into two model copies (as two stages would hold it), at
+ * f32 and at bf16 (its blocked values between conv 2 and its maxpool stored bf16): the stages'
+ * loss and gradients are the whole model's, bitwise. A cut after the relu its maxpool applies
+ * hands stage 1 an alias (relu of conv 2's memory) below its first node. */
+static void test_cut_every_boundary(void) {
+    static const char *prec[2] = {"fp32", "bf16"};
+    enum { B = 4, NX = B * 784 };
+    float *x = malloc(NX * sizeof(float));
+    int32_t y[B] = {3, 1, 4, 1};
+    dt_rng_fill_uniform(x, NX, 0, 1, 11, 0);
+    for (int p = 0; p < 2; p++) {
+        if (dt_kernels_select("onednn", prec[p]) != DT_OK) continue;
+        dt_model *mf = NULL, *m1 = NULL, *m2 = NULL;
+        CHECK_OK(dt_model_build(&mf, "cnn", 1, 28, 28));
+        if (!mf) continue;
+        dt_model_init(mf, 5);
+        dt_feed f = {.x = x, .y = y, .n = B};
+        float lf;
+        CHECK_OK(dt_model_run(mf, &f, true, 0, &lf));
+        dt_model_zero_grad(mf);
+        CHECK_OK(dt_model_backward_loss(mf, 1.0f, NULL, NULL));
+        const int n = dt_model_num_nodes(mf);
+        const size_t P = dt_model_num_params(mf);
+        int cuts = 0;
+        for (int k = 1; k < n; k++) {
+            if (!dt_pp_cut_valid(mf, k)) continue;
+            cuts++;
+            CHECK_OK(dt_model_build(&m1, "cnn", 1, 28, 28));
+            CHECK_OK(dt_model_build(&m2, "cnn", 1, 28, 28));
+            if (!m1 || !m2) break;
+            dt_model_init(m1, 5), dt_model_init(m2, 5);
+            CHECK_OK(dt_model_prepare(m1, B, true, 0));
+            CHECK_OK(dt_model_forward_nodes(m1, &f, 0, k));
+            CHECK_OK(dt_model_prepare(m2, B, true, 0));
+            memcpy(dt_model_node_buffer(m2, k - 1), dt_model_node_values(m1, k - 1),
+                   B * dt_model_node_size(m1, k - 1) * sizeof(float));  /* "send" */
+            CHECK_OK(dt_model_forward_nodes(m2, &f, k, n));
+            const float l2 = dt_model_node_values(m2, dt_model_loss_node(m2))[0];
+            CHECK_MSG(l2 == lf, "cnn %s cut at %d (%s): stage loss %.9g, whole model %.9g", prec[p], k,
+                      dt_model_node_name(mf, k), l2, lf);
+            dt_model_zero_grad(m1), dt_model_zero_grad(m2);
+            CHECK_OK(dt_model_backward_nodes(m2, k, n, NULL, 1.0f, NULL, NULL));
+            const float *gb = dt_model_node_grad(m2, k - 1);  /* "send back" */
+            CHECK(gb != NULL);
+            if (gb) CHECK_OK(dt_model_backward_nodes(m1, 0, k, gb, 1.0f, NULL, NULL));
+            size_t bad = 0;
+            for (size_t i = 0; i < P; i++) bad += dt_model_grads(m1)[i] + dt_model_grads(m2)[i] != dt_model_grads(mf)[i];
+            CHECK_MSG(bad == 0, "cnn %s cut at %d (%s): %zu of %zu gradients differ from the whole model's", prec[p],
+                      k, dt_model_node_name(mf, k), bad, P);
+            dt_model_free(m1), dt_model_free(m2);
+            m1 = m2 = NULL;
+        }
+        printf("cnn %s: %d valid cuts, each gives the whole model's loss and gradients\n", prec[p], cuts);
+        CHECK(cuts >= 4);
+        dt_model_free(m1), dt_model_free(m2), dt_model_free(mf);
+    }
+    CHECK_OK(dt_kernels_select("blas", "fp32"));  /* as test_cut_fused leaves it */
+    free(x);
 }
 
 static void test_cut(void) {
@@ -401,6 +463,7 @@ int main(void) {
     test_schedules();
     test_cut();
     test_cut_fused();
+    test_cut_every_boundary();
     test_gpt_layouts();
     test_memory();
     test_seq_models();
