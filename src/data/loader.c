@@ -196,7 +196,6 @@ dt_status dt_loader_create(dt_loader **out, const dt_dataset *ds, const dt_loade
     dt_loader *l = calloc(1, sizeof *l);
     if (!l) return dt_error(DT_ENOMEM, "loader: out of memory");
     l->ds = ds;
-    hot_copy(l, c.shuffle);
     l->cfg = c;
     l->nbatches = nb;
     l->n = n;
@@ -215,9 +214,11 @@ dt_status dt_loader_create(dt_loader **out, const dt_dataset *ds, const dt_loade
     pthread_cond_init(&l->cv_work, NULL);
     pthread_cond_init(&l->cv_ready, NULL);
     if (!l->order || !(l->xbuf || l->tokbuf) || !l->ybuf || !l->slot_n) {
+        const int nslots = l->nslots;
         dt_loader_free(l);
-        return dt_error(DT_ENOMEM, "loader: out of memory for %d buffers of %d samples", l->nslots, c.max_batch);
+        return dt_error(DT_ENOMEM, "loader: out of memory for %d buffers of %d samples", nslots, c.max_batch);
     }
+    hot_copy(l, c.shuffle);  /* after the buffers: the copy is what a --mem-limit leaves out */
     if (c.prefetch > 0) {
         /* the worker blocks every signal, so SIGINT/SIGTERM reach the training thread */
         sigset_t all, old;

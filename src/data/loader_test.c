@@ -284,7 +284,8 @@ static void test_hot_copy(void) {
         CHECK_MSG(dt_mem_used() == used, "%zu bytes still charged after the loader's free", dt_mem_used() - used);
     }
     CHECK_OK(dt_mem_set_limit(used + own + want - 1));
-    if (ds && dt_loader_create(&l, ds, &shuf) == DT_OK) {
+    CHECK_MSG(!ds || dt_loader_create(&l, ds, &shuf) == DT_OK, "under a limit the copy does not fit: %s", dt_last_error());
+    if (ds && l) {
         CHECK_MSG(dt_loader_copy_held(l) == 0 && dt_mem_used() == used + own, "a copy beyond --mem-limit: held %zu",
                   dt_loader_copy_held(l));
         CHECK(check_epoch(l, ds, &shuf, 1, 0, 0) == dt_loader_batches(l));  /* from the shared pages */
