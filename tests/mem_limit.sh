@@ -81,13 +81,15 @@ else bad "--pp 4 with --save under --mem-limit $LIM (exit $rc): $out"; fi
 # the plan (a 'loader copy' row, in the total) and charged, so the plan's total is within 3% of
 # what each rank of the Fashion-MNIST MLP held at most
 if have_fmnist; then
-  fplan=$($DT train --model mlp --workers 2 --dry-run --mem-limit 1G 2>&1)
-  fout=$($DT train --model mlp --workers 2 --max-steps 5 --epochs 1 --mem-limit 1G --quiet 2>&1)
+  for split in "" "--val-split 0.1"; do  # with --val-split: the copy of the training part (a view)
+  fplan=$($DT train --model mlp --workers 2 $split --dry-run --mem-limit 1G 2>&1)
+  fout=$($DT train --model mlp --workers 2 $split --max-steps 5 --epochs 1 --mem-limit 1G --quiet 2>&1)
   copy=$(awk '/^  loader copy/ { print $3; exit }' <<<"$fplan"); tot=$(awk '/^  total/ { print $2; exit }' <<<"$fplan")
   if [ -n "$copy" ] && [ "$copy" -gt 40000000 ] && grep -q "every rank fits" <<<"$fplan" &&
      grep -o 'rank [0-9]* held at most [0-9]*' <<<"$fout" | awk -v t="$tot" '{ d = t / $6 - 1; if (d > 0.03 || d < -0.03) bad = 1; c++ }
        END { exit !(c == 2 && !bad) }'; then
-    ok "Fashion-MNIST: the plan's loader copy ($copy bytes) and total ($tot) match what each rank held (within 3%)"
-  else bad "Fashion-MNIST plan (copy $copy, total $tot) against held: $fplan / $fout"; fi
+    ok "Fashion-MNIST${split:+ $split}: the plan's loader copy ($copy bytes) and total ($tot) match what each rank held (within 3%)"
+  else bad "Fashion-MNIST${split:+ $split} plan (copy $copy, total $tot) against held: $fplan / $fout"; fi
+  done
 else echo "note: Fashion-MNIST not installed: loader copy plan skipped"; fi
 finish

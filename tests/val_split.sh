@@ -3,7 +3,8 @@
 # epochs after the best one, whose checkpoint --keep-best keeps; an interrupted run resumed
 # (without repeating --val-split) keeps the split and the counters and ends exactly as the
 # uninterrupted one, bit for bit; 2 workers at the same global batch validate as 1 does; and the
-# flags' rules are errors naming them. Needs Fashion-MNIST.
+# flags' rules are errors naming them; the parts cost a rank no memory outside its plan. Needs
+# Fashion-MNIST.
 . "$(dirname "$0")/testlib.bash"
 have_fmnist || { echo "skip: Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)"; exit 77; }
 COMMON=(--model mlp --epoch-windows 1000 --val-split 0.05 --lr 0.02 --seed 42 --quiet)
@@ -47,6 +48,25 @@ for x, y in zip(a, b):
     assert abs(x["val_loss"] - y["val_loss"]) < 1e-4 and abs(x["val_acc"] - y["val_acc"]) < 2e-3
 assert len(a) == len(b) == 2
 PY
+# the parts are views of the one data set, not copies (47 MB more per rank, in no plan): what a
+# rank holds in private memory (RssAnon, sampled while it trains) changes with --val-split 0.1 as
+# its --dry-run total does (the loader's copy of 54000 samples, not 60000), within 4 MB
+anon_peak() {  # peak RssAnon (bytes) of a command, sampled every 20 ms
+  "$@" >/dev/null 2>&1 & local pid=$! peak=0 p
+  while kill -0 $pid 2>/dev/null; do
+    p=$(awk '/^RssAnon:/ { print $2 * 1024 }' /proc/$pid/status 2>/dev/null)
+    [ -n "$p" ] && [ "$p" -gt "$peak" ] && peak=$p
+    sleep 0.02
+  done
+  wait $pid && echo $peak
+}
+plan_total() { $DT train --model mlp "$@" --dry-run 2>&1 | awk '/^  total/ { print $2; exit }'; }
+a1=$(anon_peak $DT train --model mlp --epochs 2 --seed 1 --quiet --val-split 0.1); a0=$(anon_peak $DT train --model mlp --epochs 2 --seed 1 --quiet)
+p1=$(plan_total --val-split 0.1); p0=$(plan_total)
+if [ -n "$a1" ] && [ -n "$a0" ] && [ -n "$p1" ] && [ -n "$p0" ] && awk -v a1="$a1" -v a0="$a0" -v p1="$p1" -v p0="$p0" \
+     'BEGIN { d = (a1 - a0) - (p1 - p0); exit !(d < 4e6 && d > -4e6) }'; then
+  ok "--val-split 0.1 changes a rank's private memory as its plan (held $a0 -> $a1 bytes, plan $p0 -> $p1)"
+else bad "--val-split 0.1: held $a0 -> $a1 bytes, plan $p0 -> $p1: a copy outside the plan?"; fi
 expect_fail "--early-stop needs --val-split" "--early-stop needs --val-split" $DT train --model mlp --early-stop 2 --max-steps 1
 expect_fail "--keep-best needs --save" "add --save FILE" $DT train --model mlp --val-split 0.1 --keep-best --max-steps 1
 expect_fail "--val-split out of range" "--val-split 1.5" $DT train --model mlp --val-split 1.5 --max-steps 1

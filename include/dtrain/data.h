@@ -163,8 +163,10 @@ dt_status dt_dataset_set_normalize(dt_dataset *ds, float mean, float std);
  * ids are not normalised). */
 void dt_dataset_stats(const dt_dataset *ds, double *mean, double *std);
 /* Splits a feature data set for --val-split: round(n * fraction) samples drawn by a (seed)-keyed
- * permutation go to *val, the rest to *train (both copies in the original order, with ds's
- * scale, normalisation and classes; ds is unchanged). The same seed gives the same split.
+ * permutation go to *val, the rest to *train (both in the original order, with ds's scale,
+ * normalisation and classes; ds is unchanged). The parts are views that read ds's samples (no
+ * copy) and keep ds alive: ds may be freed before them (each is freed with dt_dataset_free).
+ * Threads may split one set at once. The same seed gives the same split.
  * DT_EINVAL for a fraction outside (0, 1) that leaves a side empty, or a text data set. */
 dt_status dt_dataset_split(const dt_dataset *ds, double fraction, uint64_t seed, dt_dataset **train,
                            dt_dataset **val);

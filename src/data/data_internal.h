@@ -54,7 +54,13 @@ struct dt_dataset {
     char cache[PATH_MAX]; /* the cache file map came from ("" when private) */
     int T;             /* text: the window (x holds text_len bytes, y is NULL); 0 = features */
     size_t text_len;   /* text: bytes of this set (train or validation part of the file) */
+    dt_dataset *base;  /* a view (--val-split's parts): x and y are base's, sample i is its rows[i] */
+    uint32_t *rows;    /* a view: its samples' indices in base (owned), else NULL */
+    int refs;          /* views holding this set beside its owner (atomic): dt_dataset_free waits for them */
 };
+
+/* The index in ds->x and ds->y of sample i of ds (its base's row for a view). */
+static inline size_t dt_dataset_row(const dt_dataset *ds, size_t i) { return ds->rows ? ds->rows[i] : i; }
 
 /* Allocates a zeroed data set with scale 1, mean 0, std 1. NULL on failure (error set). */
 dt_dataset *dt_dataset_alloc(void);

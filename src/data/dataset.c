@@ -26,7 +26,13 @@ dt_dataset *dt_dataset_alloc(void) {
 
 void dt_dataset_free(dt_dataset *ds) {
     if (!ds) return;
-    if (ds->map) {
+    /* a view still reads it: the last holder to go frees it (atomic: threads may split one
+     * borrowed set, each its own views) */
+    if (__atomic_fetch_sub(&ds->refs, 1, __ATOMIC_ACQ_REL) > 0) return;
+    if (ds->base) {
+        free(ds->rows);
+        dt_dataset_free(ds->base);
+    } else if (ds->map) {
         munmap(ds->map, ds->map_len);
     } else {
         free(ds->x);
@@ -58,7 +64,7 @@ void dt_dataset_update_lut(dt_dataset *ds) {
 dt_status dt_dataset_check_labels(dt_dataset *ds, int classes, const char *what) {
     int32_t mx = -1;
     for (size_t i = 0; i < ds->n; i++) {
-        int32_t v = ds->y[i];
+        int32_t v = ds->y[dt_dataset_row(ds, i)];
         if (classes <= 0 && v >= DT_MAX_CLASSES)
             return dt_error(DT_EFORMAT, "%s: label %d of sample %zu is too large: at most %d classes (labels 0..%d)",
                             what, v, i, DT_MAX_CLASSES, DT_MAX_CLASSES - 1);
@@ -113,8 +119,10 @@ void dt_dataset_stats(const dt_dataset *ds, double *mean, double *std) {
     double m = 0, var = 0;
     if (total && (ds->dtype == DT_U8 || ds->dtype == DT_I8)) {
         uint64_t hist[256] = {0};
-        const uint8_t *p = ds->x;
-        for (size_t i = 0; i < total; i++) hist[p[i]]++;
+        for (size_t r = 0; r < ds->n; r++) {
+            const uint8_t *p = (const uint8_t *)ds->x + dt_dataset_row(ds, r) * ds->D;
+            for (size_t j = 0; j < ds->D; j++) hist[p[j]]++;
+        }
         double s = 0, s2 = 0;
         for (int b = 0; b < 256; b++) {
             double raw = ds->dtype == DT_I8 ? (double)(int8_t)(uint8_t)b : (double)b;
@@ -126,11 +134,13 @@ void dt_dataset_stats(const dt_dataset *ds, double *mean, double *std) {
         var = s2 / (double)total - m * m;
     } else if (total) {
         /* Welford: stable for large float data */
-        for (size_t i = 0; i < total; i++) {
-            double v = raw_at(ds, i) * ds->scale, d = v - m;
-            m += d / (double)(i + 1);
-            var += d * (v - m);
-        }
+        size_t i = 0;
+        for (size_t r = 0; r < ds->n; r++)
+            for (size_t j = 0, off = dt_dataset_row(ds, r) * ds->D; j < ds->D; j++, i++) {
+                double v = raw_at(ds, off + j) * ds->scale, d = v - m;
+                m += d / (double)(i + 1);
+                var += d * (v - m);
+            }
         var /= (double)total;
     }
     if (mean) *mean = m;
@@ -140,7 +150,7 @@ void dt_dataset_stats(const dt_dataset *ds, double *mean, double *std) {
 /* ---- batch assembly (the hot path) -------------------------------------------------------- */
 
 static void convert_sample(const dt_dataset *ds, size_t idx, float *restrict dst) {
-    size_t D = ds->D, off = idx * D;
+    size_t D = ds->D, off = dt_dataset_row(ds, idx) * D;
     if (ds->dtype == DT_U8 && ds->scale == 1.0 / 255 && ds->mean == 0.0 && ds->std == 1.0) {
         /* the common case, u8/255: fixed-size chunks let -O2 vectorise it (1.7x the table
          * lookup); the f32 division gives exactly the table's values for all 256 bytes */
@@ -180,11 +190,12 @@ dt_status dt_dataset_batch(const dt_dataset *ds, const uint32_t *indices, int n,
     const size_t bytes = x ? ds->D * dt_dtype_size(ds->dtype) : 0;
     for (int i = 0; i < n; i++) {
         if (i + 3 < n) {
-            for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch((const char *)ds->x + indices[i + 3] * bytes + o);
-            if (y) __builtin_prefetch(&ds->y[indices[i + 3]]);
+            const size_t ahead = dt_dataset_row(ds, indices[i + 3]);
+            for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch((const char *)ds->x + ahead * bytes + o);
+            if (y) __builtin_prefetch(&ds->y[ahead]);
         }
         if (x) convert_sample(ds, indices[i], x + (size_t)i * ds->D);
-        if (y) y[i] = ds->y[indices[i]];
+        if (y) y[i] = ds->y[dt_dataset_row(ds, indices[i])];
     }
     return DT_OK;
 }

@@ -67,7 +67,14 @@ static size_t hot_bytes(const dt_dataset *ds) {
     return bytes < HOT_MIN || bytes > HOT_MAX ? 0 : bytes;
 }
 
-size_t dt_loader_copy_bytes(const dt_dataset *ds) { return (hot_bytes(ds) + HUGE - 1) / HUGE * HUGE; }
+/* A view (--val-split's training part) is gathered into the copy, its labels after the samples. */
+static size_t hot_labels_at(const dt_dataset *ds) { return (hot_bytes(ds) + 63) / 64 * 64; }
+static size_t hot_total(const dt_dataset *ds) {
+    const size_t bytes = hot_bytes(ds);
+    return bytes && ds->rows ? hot_labels_at(ds) + ds->n * sizeof(int32_t) : bytes;
+}
+
+size_t dt_loader_copy_bytes(const dt_dataset *ds) { return (hot_total(ds) + HUGE - 1) / HUGE * HUGE; }
 
 /* the mapping has one huge page more, to align the copy; that page is never written */
 size_t dt_loader_copy_held(const dt_loader *l) { return l->hot_map ? l->hot_len - HUGE : 0; }
@@ -85,10 +92,18 @@ static void hot_copy(dt_loader *l, bool shuffle) {
         dt_mem_uncharge(dt_loader_copy_bytes(ds));
         return;
     }
-    memcpy(a, ds->x, bytes);
     l->hot = *ds;
     l->hot.x = a;
     l->hot.map = NULL, l->hot.map_len = 0;
+    if (ds->rows) { /* a view: its samples and labels in its order, read as a set of its own */
+        const size_t row = ds->D * dt_dtype_size(ds->dtype);
+        int32_t *y = (int32_t *)(void *)(a + hot_labels_at(ds));
+        for (size_t i = 0; i < ds->n; i++) {
+            memcpy(a + i * row, (const char *)ds->x + (size_t)ds->rows[i] * row, row);
+            y[i] = ds->y[ds->rows[i]];
+        }
+        l->hot.y = y, l->hot.rows = NULL, l->hot.base = NULL;
+    } else memcpy(a, ds->x, bytes);
     l->hot_map = m, l->hot_len = len;
     l->ds = &l->hot;
 }
@@ -203,7 +218,7 @@ dt_status dt_loader_create(dt_loader **out, const dt_dataset *ds, const dt_loade
         dt_loader_free(l);
         return dt_error(DT_ENOMEM, "loader: out of memory for %d buffers of %d samples", nslots, c.max_batch);
     }
-    hot_copy(l, c.shuffle);  /* after the buffers: the copy only speeds up, it takes what they leave of a limit */
+    hot_copy(l, c.shuffle);  /* after the buffers: the copy is what a --mem-limit leaves out */
     if (c.prefetch > 0) {
         /* the worker blocks every signal, so SIGINT/SIGTERM reach the training thread */
         sigset_t all, old;

@@ -2,7 +2,7 @@
  * complete; shards are disjoint and cover the epoch; the loader hands out exactly the batches
  * dt_dataset_batch builds over the sampler order, with or without prefetch, under any thread
  * timing, and from any skip_batches position, also from the loader's copy of a larger set on
- * huge pages. */
+ * huge pages (and of a --val-split view of it). */
 #include "core/test.h"
 #include "dtrain/core.h"
 #include "dtrain/data.h"
@@ -233,19 +233,25 @@ static void test_loader(dt_dataset *ds) {
     dt_loader_free(l);
 }
 
+/* n random u8 samples of 1 x h x w, labels i % 7. */
+static dt_dataset *random_set(int n, int h, int w) {
+    uint8_t *x = malloc((size_t)n * h * w);
+    int32_t *y = malloc(n * sizeof *y);
+    uint32_t r = 12345;
+    for (size_t i = 0; i < (size_t)n * h * w; i++) x[i] = (uint8_t)((r = r * 1664525u + 1013904223u) >> 24);
+    for (int i = 0; i < n; i++) y[i] = i % 7;
+    dt_dataset *ds = NULL;
+    CHECK_OK(dt_dataset_create(&ds, DT_U8, x, y, (size_t)n, 1, h, w, 7));
+    free(x), free(y);
+    return ds;
+}
+
 /* A feature set of 4-256 MiB is read from the loader's copy on huge pages (loader.c's hot_copy):
  * its batches are still exactly dt_dataset_batch's over the original, at two ranks and the end
  * of the epoch included. */
 static void test_hot_copy(void) {
-    enum { N = 5003, C = 1, H = 25, W = 40 };  /* 5 MB of u8 samples */
-    uint8_t *x = malloc((size_t)N * H * W);
-    int32_t *y = malloc(N * sizeof *y);
-    uint32_t r = 12345;
-    for (size_t i = 0; i < (size_t)N * H * W; i++) x[i] = (uint8_t)((r = r * 1664525u + 1013904223u) >> 24);
-    for (int i = 0; i < N; i++) y[i] = i % 7;
-    dt_dataset *ds = NULL;
-    CHECK_OK(dt_dataset_create(&ds, DT_U8, x, y, N, C, H, W, 7));
-    free(x), free(y);
+    enum { N = 5003, H = 25, W = 40 };  /* 5 MB of u8 samples */
+    dt_dataset *ds = random_set(N, H, W);
     /* the copy's size as --dry-run plans it: the samples rounded up to 2 MiB pages */
     const size_t want = ds ? dt_loader_copy_bytes(ds) : 0;
     CHECK_MSG(want == 6u << 20, "dt_loader_copy_bytes %zu, want 3 pages of 2 MiB for %d bytes", want, N * H * W);
@@ -278,8 +284,7 @@ static void test_hot_copy(void) {
         CHECK_MSG(dt_mem_used() == used, "%zu bytes still charged after the loader's free", dt_mem_used() - used);
     }
     CHECK_OK(dt_mem_set_limit(used + own + want - 1));
-    l = NULL;
-    if (ds) CHECK_OK(dt_loader_create(&l, ds, &shuf));  /* the buffers fit: the loader runs, without the copy */
+    CHECK_MSG(!ds || dt_loader_create(&l, ds, &shuf) == DT_OK, "under a limit the copy does not fit: %s", dt_last_error());
     if (ds && l) {
         CHECK_MSG(dt_loader_copy_held(l) == 0 && dt_mem_used() == used + own, "a copy beyond --mem-limit: held %zu",
                   dt_loader_copy_held(l));
@@ -287,6 +292,24 @@ static void test_hot_copy(void) {
         dt_loader_free(l);
     }
     CHECK_OK(dt_mem_set_limit(0));
+    /* --val-split's training part, a view: the copy gathers its samples and their labels (after
+     * them: 6288 samples of 1000 bytes fill 3 pages but for their labels, so 4 are planned), and
+     * hands out the view's own batches */
+    dt_dataset *big = random_set(6500, H, W), *tr = NULL, *va = NULL;
+    if (big && dt_dataset_split(big, 0.0326, 3, &tr, &va) == DT_OK) {
+        const size_t n = dt_dataset_len(tr), vwant = dt_loader_copy_bytes(tr);
+        CHECK_MSG(n == 6288 && vwant == 8u << 20, "%zu samples, dt_loader_copy_bytes %zu", n, vwant);
+        for (int rank = 0; rank < 2; rank++) {
+            dt_loader_config cfg = {.batch = 64, .shuffle = true, .seed = 5, .rank = rank, .world = 2, .prefetch = 2};
+            CHECK_OK(dt_loader_create(&l, tr, &cfg));
+            if (thp) CHECK_MSG(dt_loader_copy_held(l) == vwant, "a view's copy: rank %d holds %zu", rank,
+                               dt_loader_copy_held(l));
+            CHECK(check_epoch(l, tr, &cfg, 2, 0, 0) == dt_loader_batches(l));
+            dt_loader_free(l);
+        }
+        CHECK_MSG(dt_mem_used() == used, "%zu bytes still charged", dt_mem_used() - used);
+    }
+    dt_dataset_free(tr), dt_dataset_free(va), dt_dataset_free(big);
     /* none for a set under 4 MiB */
     dt_dataset *small = NULL;
     uint8_t xs[64 * 10] = {0};

@@ -1,11 +1,15 @@
 /* --val-split: dt_dataset_split partitions the samples (disjoint, together all of them, each part
  * in the original order, round(n*F) in validation) by the seed alone: the same seed gives the
  * same split, another seed another; values, labels, scale and normalisation carry over; bad
- * fractions and text data sets are refused. */
+ * fractions and text data sets are refused; the parts are views, bitwise what copies would give. */
 #include "core/test.h"
 #include "dtrain/data.h"
 
+#include <stdlib.h>
 #include <string.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 enum { N = 101, D = 3 };
 
@@ -72,6 +76,82 @@ static void test_partition(void) {
     dt_dataset_free(ds);
 }
 
+/* The parts are views of ds: every batch of a part is bitwise the batch a copy of those samples
+ * gives (the bytes, labels and statistics of ds's rows; the f32 path too), also after ds was
+ * freed (the parts keep it), and they hold no copy of the samples (glibc's malloc counters). */
+static void test_view(dt_dtype dt) {
+    enum { M = 20000, E = 5 };
+    uint8_t *xu = malloc(M * E), *gu = malloc(M * E);
+    float *xf = malloc(M * E * sizeof(float)), *gf = malloc(M * E * sizeof(float));
+    int32_t *y = malloc(M * sizeof *y), *gy = malloc(M * sizeof *gy);
+    uint32_t r = 7;
+    for (int i = 0; i < M * E; i++) {
+        r = r * 1664525u + 1013904223u;
+        xu[i] = (uint8_t)(r >> 24), xf[i] = (float)(r >> 8) / 65536.0f - 100.0f;
+    }
+    for (int i = 0; i < M; i++) y[i] = (int)(r = r * 1664525u + 1013904223u) >> 29 & 7;
+    const void *x = dt == DT_U8 ? (const void *)xu : (const void *)xf;
+    const size_t es = dt == DT_U8 ? 1 : sizeof(float);
+    dt_dataset *ds = NULL, *tr = NULL, *va = NULL;
+    CHECK_OK(dt_dataset_create(&ds, dt, x, y, M, 1, 1, E, 8));
+    CHECK_OK(dt_dataset_set_normalize(ds, 0.25f, 2.0f));
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 33)
+    struct mallinfo2 m0 = mallinfo2();
+    CHECK_OK(dt_dataset_split(ds, 0.25, 9, &tr, &va));
+    struct mallinfo2 m1 = mallinfo2();
+    const size_t grew = (m1.uordblks + m1.hblkhd) - (m0.uordblks + m0.hblkhd);
+    CHECK_MSG(grew < M * sizeof(uint32_t) + (64 << 10), "the split allocated %zu bytes: a copy of "
+              "the samples (%zu bytes)?", grew, (size_t)M * E * es);
+#else
+    CHECK_OK(dt_dataset_split(ds, 0.25, 9, &tr, &va));
+#endif
+    uint32_t *all = malloc(M * sizeof *all), *src = malloc(M * sizeof *src);
+    float *bx = malloc(M * E * sizeof(float)), *cx = malloc(M * E * sizeof(float));
+    int32_t *by = malloc(M * sizeof *by), *cy = malloc(M * sizeof *cy);
+    for (int i = 0; i < M; i++) all[i] = (uint32_t)i;
+    /* the original index of each sample of a part: its bytes are unique in ds (random rows) */
+    dt_dataset *parts[2] = {va, tr};
+    uint32_t *ids[2] = {NULL, NULL};
+    for (int p = 0; p < 2; p++) {
+        dt_dataset *part = parts[p];
+        const size_t n = dt_dataset_len(part);
+        ids[p] = malloc(n * sizeof(uint32_t));
+        CHECK_OK(dt_dataset_batch(ds, all, M, cx, cy));
+        CHECK_OK(dt_dataset_batch(part, all, (int)n, bx, by));
+        size_t found = 0;
+        for (size_t i = 0, k = 0; i < n; i++) {
+            while (k < M && memcmp(bx + i * E, cx + k * E, E * sizeof(float))) k++;
+            if (k < M) ids[p][i] = (uint32_t)k++, found++;
+        }
+        CHECK_MSG(found == n, "%zu of %zu samples of the part are ds's samples in order", found, n);
+    }
+    CHECK(dt_dataset_len(va) + dt_dataset_len(tr) == M);
+    dt_dataset_free(ds);  /* the parts keep its samples */
+    for (int p = 0; p < 2; p++) {
+        dt_dataset *part = parts[p], *copy = NULL;
+        const size_t n = dt_dataset_len(part);
+        for (size_t i = 0; i < n; i++) {
+            memcpy(dt == DT_U8 ? (void *)(gu + i * E) : (void *)(gf + i * E), (const char *)x + ids[p][i] * E * es, E * es);
+            gy[i] = y[ids[p][i]];
+        }
+        CHECK_OK(dt_dataset_create(&copy, dt, dt == DT_U8 ? (const void *)gu : (const void *)gf, gy, n, 1, 1, E, 8));
+        CHECK_OK(dt_dataset_set_normalize(copy, 0.25f, 2.0f));
+        for (size_t i = 0; i < n; i++) src[i] = (uint32_t)(n - 1 - i);  /* any order */
+        CHECK_OK(dt_dataset_batch(part, src, (int)n, bx, by));
+        CHECK_OK(dt_dataset_batch(copy, src, (int)n, cx, cy));
+        CHECK_MSG(memcmp(bx, cx, n * E * sizeof(float)) == 0 && memcmp(by, cy, n * sizeof(int32_t)) == 0,
+                  "part %d's batches differ from a copy's", p);
+        double m[2], sd[2];
+        dt_dataset_stats(part, &m[0], &sd[0]);
+        dt_dataset_stats(copy, &m[1], &sd[1]);
+        CHECK_MSG(m[0] == m[1] && sd[0] == sd[1], "part %d: stats %.17g %.17g, a copy's %.17g %.17g", p, m[0], sd[0],
+                  m[1], sd[1]);
+        dt_dataset_free(copy), free(ids[p]);
+    }
+    dt_dataset_free(va), dt_dataset_free(tr);
+    free(xu), free(gu), free(xf), free(gf), free(y), free(gy), free(all), free(src), free(bx), free(cx), free(by), free(cy);
+}
+
 static void test_refusals(void) {
     dt_dataset *ds = make(), *tr = (dt_dataset *)1, *va = (dt_dataset *)1;
     const double bad[4] = {0, 1, -0.1, 0.001};  /* 0.001 of 101 rounds to no sample */
@@ -85,6 +165,8 @@ static void test_refusals(void) {
 
 int main(void) {
     test_partition();
+    test_view(DT_U8);
+    test_view(DT_F32);
     test_refusals();
     return dt_test_summary("split_test");
 }
