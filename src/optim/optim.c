@@ -106,26 +106,16 @@ __attribute__((noinline)) static void adam_loop(const dt_optim *o, float *restri
     const float bc1 = (float)(1.0 - pow(b1, t));
     const float inv_bc2_sqrt = (float)(1.0 / sqrt(1.0 - pow(b2, t)));
     const float step = lr / bc1;
-    if (decoupled && wd != 0) {
-        /* adamw: p = p * (1 - lr wd) - update, in one pass (the same roundings as two) */
-        const float shrink = 1.0f - lr * wd;
-        for (size_t i = 0; i < n; i++) {
-            const float pi = p[i] * shrink, gi = g[i] + wd_l2 * pi;
-            float mi = b1 * m[i] + (1 - b1) * gi;
-            float vi = b2 * v[i] + (1 - b2) * gi * gi;
-            m[i] = mi;
-            v[i] = vi;
-            p[i] = pi - step * mi / (sqrtf(vi) * inv_bc2_sqrt + eps);
-        }
-        return;
-    }
+    /* adamw: p = p * (1 - lr wd) - update, in one pass (the same roundings as two); adam: shrink 1
+     * (p * 1.0f is p exactly) and the L2 term in the gradient */
+    const float shrink = decoupled ? 1.0f - lr * wd : 1.0f;
     for (size_t i = 0; i < n; i++) {
-        float gi = g[i] + wd_l2 * p[i];
+        const float pi = p[i] * shrink, gi = g[i] + wd_l2 * pi;
         float mi = b1 * m[i] + (1 - b1) * gi;
         float vi = b2 * v[i] + (1 - b2) * gi * gi;
         m[i] = mi;
         v[i] = vi;
-        p[i] -= step * mi / (sqrtf(vi) * inv_bc2_sqrt + eps);
+        p[i] = pi - step * mi / (sqrtf(vi) * inv_bc2_sqrt + eps);
     }
 }
 
