@@ -119,7 +119,6 @@ typedef struct {
     /* waiting */
     pthread_t owner;                 /* the creating thread: waits there use wait_fg, elsewhere wait_bg */
     dt_shm_wait_policy wait_fg, wait_bg; /* the rank's own thread; its progress and helper threads */
-    uint64_t blocked[2];             /* dt_shm_block calls with wait_fg, with wait_bg (for tests) */
     double next_check;
     double check_delay_s;            /* DTRAIN_SHM_TEST_CHECK_DELAY_MS: tests widen the poll -> slow check gap */
     int waiting_on;                  /* peer the current wait needs, for timeout messages */
@@ -171,6 +170,11 @@ dt_shm_wait_policy dt_shm_wait_policy_for(bool over, bool background, const char
 void dt_shm_publish_cpus(dt_shm *s);
 /* The number of CPUs that some rank of the job may run on (after every rank attached). */
 int dt_shm_job_cpus(dt_shm *s);
+/* The policy dt_shm_block waits with on the calling thread: wait_fg on the thread that created
+ * the transport (the rank's own), wait_bg on any other (the progress thread, helpers). */
+static inline const dt_shm_wait_policy *dt_shm_wait_here(const dt_shm *s) {
+    return pthread_equal(pthread_self(), s->owner) ? &s->wait_fg : &s->wait_bg;
+}
 
 /* Rings rank r's doorbell if it sleeps (call after publishing what it waits for). */
 void dt_shm_ring(dt_shm *s, int r);

@@ -194,9 +194,7 @@ static dt_status slow_checks(dt_shm *s, double deadline, double now, bool idle, 
 
 dt_status dt_shm_block(dt_shm *s, dt_shm_poll poll, void *arg, double deadline, bool stop_on_progress) {
     shm_rank *me = shm_rank_at(s, s->me);
-    const bool bg = !pthread_equal(pthread_self(), s->owner); /* a progress or helper thread */
-    const dt_shm_wait_policy *w = bg ? &s->wait_bg : &s->wait_fg;
-    s->blocked[bg]++;
+    const dt_shm_wait_policy *w = dt_shm_wait_here(s);
     double spin_until = 0;
     int yields = 0;
     unsigned spins = 0;
