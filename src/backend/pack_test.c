@@ -1,7 +1,8 @@
 /* The bf16 VNNI packing of GEMM B operands (cpu_onednn_pack.c) against oneDNN's own reorder to
  * the same layout: bitwise equal bytes, padding included, for full and partial blocks and a
  * leading dimension wider than N; then the bf16 linear layer on the onednn backend (which packs
- * where the CPU allows) against the blas bf16 kernels (inputs rounded, sgemm). */
+ * where the CPU allows) against the blas bf16 kernels (inputs rounded, sgemm), its bias gradient
+ * included. */
 #include "core/test.h"
 
 #include <string.h>
@@ -68,14 +69,14 @@ static void linear_case(int B, int C, int OC) {
         t->linear_forward(y[k], x, w, b, B, C, OC);
         t->linear_backward(dx[k], dw[k], db[k], dy, x, w, B, C, OC);
     }
-    double e[3] = {0}, m[3] = {0};
-    const float *a[3] = {y[1], dx[1], dw[1]}, *r[3] = {y[0], dx[0], dw[0]};
-    const size_t n[3] = {(size_t)B * OC, (size_t)B * C, (size_t)OC * C};
-    for (int q = 0; q < 3; q++)
+    double e[4] = {0}, m[4] = {0};
+    const float *a[4] = {y[1], dx[1], dw[1], db[1]}, *r[4] = {y[0], dx[0], dw[0], db[0]};
+    const size_t n[4] = {(size_t)B * OC, (size_t)B * C, (size_t)OC * C, (size_t)OC};
+    for (int q = 0; q < 4; q++)
         for (size_t i = 0; i < n[q]; i++) m[q] = fmax(m[q], fabs(r[q][i])), e[q] = fmax(e[q], fabs(a[q][i] - r[q][i]));
-    for (int q = 0; q < 3; q++)
+    for (int q = 0; q < 4; q++)
         CHECK_MSG(e[q] <= 1e-5 * m[q], "linear B%d C%d OC%d: %s differs by %g of %g", B, C, OC,
-                  q == 0 ? "out" : q == 1 ? "din" : "dw", e[q], m[q]);
+                  q == 0 ? "out" : q == 1 ? "din" : q == 2 ? "dw" : "db", e[q], m[q]);
     for (int k = 0; k < 2; k++) free(y[k]), free(dx[k]), free(dw[k]), free(db[k]);
     free(x), free(w), free(b), free(dy);
 }
