@@ -419,6 +419,43 @@ static void test_create(void) {
     dt_dataset_free(ds);
 }
 
+/* The u8/255 fast path (a mul and an fma, not a division) against the plain f32 division, bit for
+ * bit: 256 samples of odd D = 2 * 64 + 7 with pixel j of sample s = (s + 7j) & 255, so every
+ * position (the vectorised chunks and the scalar tail) sees each of the 256 byte values once; the
+ * batch is gathered in a shuffled order with an odd count (labels too). */
+static void test_u8_unit_exact(void) {
+    enum { N = 256, D = 135 };
+    static uint8_t px[N * D];
+    static float got[N * D];
+    int32_t lab[N], ylab[N];
+    uint32_t idx[N];
+    for (int s = 0; s < N; s++) {
+        for (int j = 0; j < D; j++) px[s * D + j] = (uint8_t)((s + 7 * j) & 255);
+        lab[s] = s % 10;
+        idx[s] = (uint32_t)((s * 97 + 13) % N); /* 97 odd: a permutation of 0..255 */
+    }
+    volatile float d255 = 255.0f; /* the division itself, never folded into a multiply */
+    dt_dataset *ds;
+    CHECK_OK(dt_dataset_create(&ds, DT_U8, px, lab, N, 1, 1, D, 10));
+    for (int n = N - 1; n <= N; n++) {
+        memset(got, 0xff, sizeof got);
+        CHECK_OK(dt_dataset_batch(ds, idx, n, got, ylab));
+        int bad = 0, badlab = 0, first = -1;
+        for (int i = 0; i < n; i++) {
+            for (int j = 0; j < D; j++) {
+                uint8_t b = px[idx[i] * D + j];
+                float want = (float)b / d255;
+                if (memcmp(&got[i * D + j], &want, sizeof want)) bad++, first = first < 0 ? b : first;
+            }
+            badlab += ylab[i] != lab[idx[i]];
+        }
+        CHECK_MSG(bad == 0, "batch of %d: %d u8/255 values differ from the f32 division (first: byte %d)", n, bad, first);
+        CHECK_MSG(badlab == 0, "batch of %d: %d labels gathered wrong", n, badlab);
+        CHECK_MSG(n == N || got[n * D] != got[n * D], "batch of %d wrote past its end", n); /* still 0xff: a NaN */
+    }
+    dt_dataset_free(ds);
+}
+
 int main(void) {
     if (dt_test_dir_make("/tmp/dtrain-data-test-XXXXXX") != 0) return 1;
     test_idx_roundtrip();
@@ -428,6 +465,7 @@ int main(void) {
     test_open_dir_and_alias();
     test_open_dir_general();
     test_create();
+    test_u8_unit_exact();
     dt_test_dir_remove();
     return dt_test_summary("data_test");
 }
