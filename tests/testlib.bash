@@ -26,15 +26,16 @@ finish() {
 }
 
 # wait_rank_pid LAUNCHER-PID SLOT [NOT-PID]: the pid of the launcher's child whose environment says
-# DTRAIN_RANK=SLOT (and that is not NOT-PID: a replacement after a kill); waits up to 60 s for it
+# DTRAIN_RANK=SLOT (and that is not NOT-PID: a replacement after a kill); waits up to 60 s for it,
+# looking every 20 ms (a replacement rank can finish a short job within 100 ms on a fast CPU)
 wait_rank_pid() {
   local i c
-  for i in $(seq 600); do
+  for i in $(seq 3000); do
     for c in $(pgrep -P "$1"); do
       [ "$c" = "${3:-}" ] && continue
       tr '\0' '\n' 2>/dev/null <"/proc/$c/environ" | grep -qx "DTRAIN_RANK=$2" && { echo "$c"; return 0; }
     done
-    sleep 0.1
+    sleep 0.02
   done
   return 1
 }
