@@ -75,7 +75,7 @@ expect_fail "wrong model spec rejected" "pass the same --model" $DT train --mode
 EP4=4 EP3=3
 [ -n "${DTRAIN_SANITIZED:-}" ] && EP4=1 EP3=1
 rm -rf "$D"
-$DT "${SLOW[@]}" --epochs $EP4 --checkpoint-dir "$D" >"$TMP/term.log" 2>&1 &
+$DT "${SLOW[@]}" --epochs $EP4 --slow 0:4 --checkpoint-dir "$D" >"$TMP/term.log" 2>&1 &  # still training 0.5 s in
 pid=$!
 wait_started $pid && sleep 0.5
 kill -TERM $pid
@@ -93,7 +93,11 @@ SEEDS="1 2 3"
 [ -n "${DTRAIN_SANITIZED:-}" ] && SEEDS=1 && echo "note: sanitizer build: one elastic kill seed (3 in the optimized pass)"
 for seed in $SEEDS; do
   rm -rf "$D"
-  $DT "${SLOW[@]}" --epochs $EP3 --elastic 1:2 --checkpoint-dir "$D" --checkpoint-every 200 --keep 3 >"$TMP/el.log" 2>&1 &
+  # --slow 0:4 (rank 0 naps 3x its compute, the other waits for it; the numbers are the calm run's):
+  # a kill up to 1 s after the first checkpoint still lands while it trains (unslowed, the 3 epochs
+  # took 1.2 s on a Zen 5 and seed 2's kill came after the end)
+  $DT "${SLOW[@]}" --epochs $EP3 --slow 0:4 --elastic 1:2 --checkpoint-dir "$D" --checkpoint-every 200 --keep 3 \
+    >"$TMP/el.log" 2>&1 &
   pid=$!
   wait_started $pid "$D/ckpt-*.safetensors"
   sleep "$(python3 -c "import random; random.seed($seed); print(round(random.uniform(0.0, 1.0), 2))")"
