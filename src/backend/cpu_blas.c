@@ -1,6 +1,7 @@
 /* Which kernels OpenBLAS runs. Debian's OpenBLAS 0.3.21 does not know newer CPUs (seen: Intel
  * family 6 model 207, with AVX-512 and AMX) and falls back to its generic "Prescott" kernels,
  * 3-4x slower; OPENBLAS_CORETYPE, read when the library loads, picks a kernel set by hand. */
+#include "backend/isa.h"
 #include "dtrain/layers.h"
 
 #include <stdlib.h>
@@ -33,8 +34,8 @@ static bool cpu_avx512(void) {
 }
 
 const char *dt_blas_better_coretype(void) {
-    bool avx512 = cpu_avx512(), avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    return dt_blas_coretype_for(openblas_get_corename(), getenv("OPENBLAS_CORETYPE"), avx512, avx2);
+    return dt_blas_coretype_for(openblas_get_corename(), getenv("OPENBLAS_CORETYPE"), cpu_avx512(),
+                                dt_isa_supported(DT_ISA_AVX2));
 }
 
 bool dt_blas_avx512_unused(void) { return dt_blas_core_misses_avx512(openblas_get_corename(), cpu_avx512()); }
