@@ -122,6 +122,12 @@ void dt_round_f16(float *dst, const float *src, size_t n);
 /* oneDNN (cpu_onednn*.c). The backend at a precision, NULL when built without oneDNN. */
 const dt_backend *dt_backend_onednn(dt_dtype precision);
 bool dt_onednn_built(void);
+/* Whether oneDNN's bf16 kernels are native here (AVX512-BF16; every AMX CPU has it too). Where
+ * not, oneDNN 2.6 emulates bf16 with f32 FMAs plus conversions in its inner loops, measured 3.6x
+ * slower than its f32 kernels on an Ice Lake Xeon (MLP, batch 128), so the onednn bf16 table
+ * rounds the inputs to bf16 and runs its f32 kernels instead, as for fp16: the same products
+ * (a bf16 product is exact in f32) and f32 sums, in another order. */
+bool dt_onednn_bf16_native(void);
 /* Primitives this thread created so far (each is created once per op, shape and precision, then
  * cached), and a summary of the implementations oneDNN chose ("matmul brg:avx512_core; ..."). */
 size_t dt_onednn_cache_misses(void);

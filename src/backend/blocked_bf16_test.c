@@ -134,7 +134,10 @@ static void test_conv(void) {
         printf("built without oneDNN: no bf16 blocked values to test\n");
         return;
     }
-    CHECK(be->conv2d_bf16_values && be->conv2d_bf16_values(16) && !be->conv2d_bf16_values(1));
+    /* native bf16: convs over >= 16 channels take bf16 values; emulated (no AVX512-BF16), none do,
+     * and the cases below run the widened fallback around f32 kernels on rounded inputs */
+    CHECK(be->conv2d_bf16_values && be->conv2d_bf16_values(16) == dt_onednn_bf16_native() &&
+          !be->conv2d_bf16_values(1));
     const dt_layout N = DT_LAYOUT_NCHW, L = DT_LAYOUT_BLOCKED, H = DT_LAYOUT_BLOCKED_BF16;
     for (int d = 0; d < 2; d++) {
         conv_case(be, 3, 32, 14, 14, 64, 3, 1, 1, H, H, d);  /* the CNN's second conv */
@@ -175,39 +178,57 @@ static void test_conv_pool(void) {
     }
 }
 
-/* The bf16 flags the graph plans for spec on the current kernels. */
-static void plan_of(const char *spec, bool *bf, bool *gbf, int *n) {
+/* The bf16 flags the graph plans for spec on the current kernels, or replanned with table t. */
+static void plan_of(const char *spec, bool *bf, bool *gbf, int *n, const dt_backend *t) {
     dt_model *m = NULL;
     CHECK_OK(dt_model_create_from_spec(&m, spec, 1, 28, 28));
     *n = m ? m->n : 0;
+    if (m && t) m->be = t, dt_graph_plan_bf16(m);
     for (int i = 0; i < *n; i++) bf[i] = m->nodes[i].bf16, gbf[i] = m->nodes[i].grad_bf16;
     dt_model_free(m);
+}
+
+static bool sixteen_or_more(int C) { return C >= 16; }
+
+/* The plan where convs over >= 16 channels take bf16 values (t NULL: the real native table). */
+static void check_native_plan(const dt_backend *t) {
+    bool bf[32], gbf[32];
+    int n;
+    plan_of("cnn", bf, gbf, &n, t);
+    /* input, conv (fused), relu, maxpool (fused: values bf16), conv (values and gradient bf16),
+     * relu, maxpool (NCHW out), flatten, linear ... */
+    CHECK(n > 8 && bf[3] && !gbf[3] && bf[4] && gbf[4]);
+    for (int i = 0; i < n; i++) CHECK(i == 3 || i == 4 || (!bf[i] && !gbf[i]));
+    plan_of("conv(16,3) relu conv(16,3) maxpool(2) conv(16,3) maxpool(2) conv(16,3) flatten linear(10)", bf, gbf, &n, t);
+    CHECK(!bf[1]);              /* over 1 channel (f32), read by an unfused relu */
+    CHECK(bf[3] && gbf[3]);     /* over 16, read by a maxpool only */
+    CHECK(!bf[4] && !gbf[4]);   /* an unfused maxpool writes f32 */
+    CHECK(bf[5] && gbf[5]);
+    CHECK(!bf[6] && !bf[7]);    /* likewise; a flatten reads the last conv */
+    plan_of("conv(16,3) relu maxpool(2) maxpool(2) conv(16,3) relu maxpool(2) flatten linear(10)", bf, gbf, &n, t);
+    CHECK(!bf[3]);              /* a fused pool read by a maxpool, not a conv */
+    CHECK(!bf[4] && bf[5] && gbf[5]);
 }
 
 static void test_plan(void) {
     bool bf[32], gbf[32];
     int n;
-    if (dt_kernels_select("onednn", "bf16") == DT_OK) {
-        plan_of("cnn", bf, gbf, &n);
-        /* input, conv (fused), relu, maxpool (fused: values bf16), conv (values and gradient bf16),
-         * relu, maxpool (NCHW out), flatten, linear ... */
-        CHECK(n > 8 && bf[3] && !gbf[3] && bf[4] && gbf[4]);
-        for (int i = 0; i < n; i++) CHECK(i == 3 || i == 4 || (!bf[i] && !gbf[i]));
-        plan_of("conv(16,3) relu conv(16,3) maxpool(2) conv(16,3) maxpool(2) conv(16,3) flatten linear(10)", bf, gbf, &n);
-        CHECK(!bf[1]);              /* over 1 channel (f32), read by an unfused relu */
-        CHECK(bf[3] && gbf[3]);     /* over 16, read by a maxpool only */
-        CHECK(!bf[4] && !gbf[4]);   /* an unfused maxpool writes f32 */
-        CHECK(bf[5] && gbf[5]);
-        CHECK(!bf[6] && !bf[7]);    /* likewise; a flatten reads the last conv */
-        plan_of("conv(16,3) relu maxpool(2) maxpool(2) conv(16,3) relu maxpool(2) flatten linear(10)", bf, gbf, &n);
-        CHECK(!bf[3]);              /* a fused pool read by a maxpool, not a conv */
-        CHECK(!bf[4] && bf[5] && gbf[5]);
+    const dt_backend *be = NULL;
+    if (dt_kernels_select("onednn", "bf16") == DT_OK && dt_backend_find("onednn", DT_BF16, &be) == DT_OK) {
+        if (dt_onednn_bf16_native()) check_native_plan(NULL);
+        else {  /* no native bf16 convs: every value stays f32 */
+            plan_of("cnn", bf, gbf, &n, NULL);
+            for (int i = 0; i < n; i++) CHECK(!bf[i] && !gbf[i]);
+        }
+        dt_backend t = *be;  /* the plan itself, on any CPU: a table whose convs take bf16 values */
+        t.conv2d_bf16_values = sixteen_or_more;
+        check_native_plan(&t);
         CHECK_OK(dt_kernels_select("onednn", "fp32"));
-        plan_of("cnn", bf, gbf, &n);
+        plan_of("cnn", bf, gbf, &n, NULL);
         for (int i = 0; i < n; i++) CHECK(!bf[i] && !gbf[i]);
     }
     CHECK_OK(dt_kernels_select("blas", "bf16"));
-    plan_of("cnn", bf, gbf, &n);
+    plan_of("cnn", bf, gbf, &n, NULL);
     for (int i = 0; i < n; i++) CHECK(!bf[i] && !gbf[i]);
     CHECK_OK(dt_kernels_select("blas", "fp32"));
 }

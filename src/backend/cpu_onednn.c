@@ -5,8 +5,9 @@
  * short last batch costs one creation, not one per step. oneDNN runs OpenMP threads: their
  * number follows dt_set_threads (--threads). At bf16 on a CPU with AVX512-BF16 the GEMMs' B
  * operands are packed and a linear layer's output gradient is cast by our code
- * (cpu_onednn_pack.c), not by oneDNN's reorders. Without oneDNN (DNNL=0) only the stubs at the
- * end are compiled. */
+ * (cpu_onednn_pack.c), not by oneDNN's reorders. On a CPU without it, bf16 GEMMs and convolutions
+ * run oneDNN's f32 kernels on inputs rounded to bf16 (dt_onednn_bf16_native). Without oneDNN
+ * (DNNL=0) only the stubs at the end are compiled. */
 #include "backend/backend.h"
 
 #include <pthread.h>
@@ -238,8 +239,12 @@ typedef struct {
 
 static dnnl_data_type_t dnnl_type(dt_dtype p) { return p == DT_BF16 ? dnnl_bf16 : p == DT_F16 ? dnnl_f16 : dnnl_f32; }
 
-/* The entry of s with inputs of dtype p (f32 when p is), NULL when oneDNN has none. */
+bool dt_onednn_bf16_native(void) { return __builtin_cpu_supports("avx512bf16"); }
+
+/* The entry of s with inputs of dtype p (f32 when p is), NULL when oneDNN has none (or only an
+ * emulated bf16 one: dt_onednn_bf16_native). */
 static dt_dnnl_entry *mm_entry(const mm_shape *s, dt_dtype p) {
+    if (p == DT_BF16 && !dt_onednn_bf16_native()) return NULL;
     dt_dnnl_key k = {.op = DT_DNNL_MATMUL, .dt = dnnl_type(p),
                      .d = {s->M, s->N, s->K, (int)s->sa[0], (int)s->sa[1], (int)s->sb[0], (int)s->sb[1], s->bias,
                            s->accumulate, s->a_bf16 && p == DT_BF16}};
@@ -449,6 +454,7 @@ bool dt_onednn_built(void) { return true; }
 
 const dt_backend *dt_backend_onednn(dt_dtype precision) { return (void)precision, NULL; }
 bool dt_onednn_built(void) { return false; }
+bool dt_onednn_bf16_native(void) { return false; }
 size_t dt_onednn_cache_misses(void) { return 0; }
 int dt_onednn_cache_capacity(void) { return 0; }
 void dt_onednn_impls(char *buf, size_t n) {

@@ -193,6 +193,7 @@ static bool build_backward(dt_dnnl_entry *e, int op, const conv_shape *s, const 
 /* The entry of op (DT_DNNL_CONV_*) for s with GEMM inputs of dtype p; NULL when oneDNN has none.
  * Outside it takes f32 NCHW/OIHW; reorders convert to the layout and dtype oneDNN chose. */
 static dt_dnnl_entry *conv_entry(int op, const conv_shape *s, dt_dtype p) {
+    if (p == DT_BF16 && !dt_onednn_bf16_native()) return NULL;  /* emulated: the f32 entry, rounded */
     dt_dnnl_key k = {.op = op, .dt = dnnl_type(p),
                      .d = {s->B, s->C, s->H, s->W, s->OC, s->K, s->S, s->P, s->bias, (int)s->in_l | (int)s->out_l << 2}};
     dt_dnnl_entry *e = dt_dnnl_lookup(&k);
@@ -441,7 +442,7 @@ void dt_dnnl_conv_backward_blocked(float *din, float *dw, float *db, const float
  * (measured on AVX512-BF16: the layer 2x slower than at f32). */
 static dt_dtype blocked_precision(dt_dtype p, int C) { return C < 16 ? DT_F32 : p; }
 
-bool dt_dnnl_conv_bf16_values(int C) { return blocked_precision(DT_BF16, C) == DT_BF16; }
+bool dt_dnnl_conv_bf16_values(int C) { return dt_onednn_bf16_native() && blocked_precision(DT_BF16, C) == DT_BF16; }
 
 void dt_dnnl_conv_forward_blocked_lowp(dt_dtype p, float *out, const float *in, const float *w, const float *b, int B,
                                        int C, int H, int W, int OC, int K, int S, int P, dt_layout in_l,

@@ -64,9 +64,9 @@ const char *dt_kernels_note(void) {
     if (be->precision == DT_F16)
         return "oneDNN 2.6 has no fp16 GEMM on CPUs: inputs are rounded to fp16, then f32 oneDNN GEMMs "
                "(correct, not faster than fp32)";
-    __builtin_cpu_init();
-    if (!__builtin_cpu_supports("avx512bf16"))
-        return "this CPU lacks AVX512-BF16/AMX: oneDNN emulates bf16, which will be slow";
+    if (!dt_onednn_bf16_native())
+        return "this CPU lacks AVX512-BF16/AMX: inputs are rounded to bf16, then f32 oneDNN GEMMs "
+               "(correct, slower than fp32)";
     return NULL;
 }
 
