@@ -169,25 +169,49 @@ static void test_blas_core(void) {
     printf("OpenBLAS core here: %s\n", core ? core : "?");
 }
 
-/* The vector rounding helpers equal core's scalar conversions, specials included. */
+/* n values of x rounded by the vector helpers against core's scalar conversions (bitwise; NaN
+ * as any NaN); the counts of differing values. */
+static void rounding_misses(const float *x, float *y, float *z, size_t n, size_t *bad_b, size_t *bad_h) {
+    dt_round_bf16(y, x, n);
+    dt_round_f16(z, x, n);
+    *bad_b = *bad_h = 0;
+    for (size_t i = 0; i < n; i++) {
+        float b = dt_bf16_to_f32(dt_f32_to_bf16(x[i])), h = dt_f16_to_f32(dt_f32_to_f16(x[i]));
+        *bad_b += !(memcmp(&b, &y[i], 4) == 0 || (isnan(b) && isnan(y[i])));
+        *bad_h += !(memcmp(&h, &z[i], 4) == 0 || (isnan(h) && isnan(z[i])));
+    }
+}
+
+/* The vector rounding helpers equal core's scalar conversions: specials, normal values, an odd
+ * length (the vector loops' tails), and every 509th float bit pattern (8.4 million: each
+ * exponent, fp16 subnormals, overflow, ties, both signs, NaNs). */
 static void test_rounding(void) {
-    enum { N = 4096 };
-    float x[N], y[N], z[N];
+    enum { N = 4096 + 7 };
+    static float x[N], y[N], z[N];
     dt_rng_fill_normal(x, N, 0, 1000, 5, 5);
     const float specials[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 65504.0f, 65520.0f, 1e6f, 3.4e38f, 1e-8f, 6e-5f,
                               1.00390625f, 1.001953125f, -2.5e-41f};
     memcpy(x, specials, sizeof specials);
-    dt_round_bf16(y, x, N);
-    dt_round_f16(z, x, N);
-    size_t bad_b = 0, bad_h = 0;
-    for (int i = 0; i < N; i++) {
-        float b = dt_bf16_to_f32(dt_f32_to_bf16(x[i])), h = dt_f16_to_f32(dt_f32_to_f16(x[i]));
-        bad_b += !(memcmp(&b, &y[i], 4) == 0 || (isnan(b) && isnan(y[i])));
-        bad_h += !(memcmp(&h, &z[i], 4) == 0 || (isnan(h) && isnan(z[i])));
-    }
+    size_t bad_b, bad_h;
+    rounding_misses(x, y, z, N, &bad_b, &bad_h);
     CHECK_MSG(bad_b == 0, "dt_round_bf16 differs from dt_f32_to_bf16 at %zu values", bad_b);
     CHECK_MSG(bad_h == 0, "dt_round_f16 differs from dt_f32_to_f16 at %zu values", bad_h);
     CHECK(isinf(z[6]) && z[5] == 65504.0f);  /* past the half range is inf: what loss scaling catches */
+    enum { M = 1 << 16 };
+    static float a[M], ya[M], za[M];
+    size_t sweep_b = 0, sweep_h = 0;
+    uint64_t bits = 0;
+    while (bits < (1ull << 32)) {
+        size_t m = 0;
+        for (; m < M && bits < (1ull << 32); m++, bits += 509) {
+            uint32_t u = (uint32_t)bits;
+            memcpy(&a[m], &u, 4);
+        }
+        rounding_misses(a, ya, za, m, &bad_b, &bad_h);
+        sweep_b += bad_b, sweep_h += bad_h;
+    }
+    CHECK_MSG(sweep_b == 0, "dt_round_bf16 differs from dt_f32_to_bf16 at %zu of the swept values", sweep_b);
+    CHECK_MSG(sweep_h == 0, "dt_round_f16 differs from dt_f32_to_f16 at %zu of the swept values", sweep_h);
 }
 
 /* oneDNN: one primitive per op and shape; alternating a full and a short batch creates each once;
