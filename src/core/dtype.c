@@ -4,6 +4,10 @@
 #include <math.h>
 #include <string.h>
 
+#if defined(__AVX512F__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
+
 static const struct { const char *name; size_t size; } g_dtypes[DT_DTYPE_COUNT] = {
     [DT_F32] = {"F32", 4}, [DT_F64] = {"F64", 8}, [DT_BF16] = {"BF16", 2}, [DT_F16] = {"F16", 2},
     [DT_I32] = {"I32", 4}, [DT_I64] = {"I64", 8}, [DT_U8] = {"U8", 1},     [DT_I8] = {"I8", 1},
@@ -93,22 +97,105 @@ static void store_f64(void *p, dt_dtype t, size_t i, double v) {
     }
 }
 
+/* Vector forms of the four f32 <-> bf16/f16 array conversions (--compress fp16/bf16 each step,
+ * bf16 values around convolutions, checkpoints): each converts a prefix of the array (whole
+ * vectors) and returns its length; the scalar loops below do the rest. They give the scalar
+ * functions' bits: bf16 by the same integer steps; f16 by the CPU's converts (round to nearest
+ * even, like lrintf in the default mode), except that a vector holding a NaN is left to the
+ * scalar code, which writes the one quiet NaN where the CPU would keep the payload. */
+#ifdef __AVX512F__
+static size_t f32_to_bf16_vec(uint16_t *d, const float *s, size_t n) {
+    const __m512i lsb = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7fff), quiet = _mm512_set1_epi32(0x40),
+                  abs = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512i u = _mm512_loadu_si512(s + i);
+        const __m512i r = _mm512_srli_epi32(
+            _mm512_add_epi32(_mm512_add_epi32(u, half), _mm512_and_si512(_mm512_srli_epi32(u, 16), lsb)), 16);
+        const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs), inf);
+        const __m512i h = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), quiet);
+        _mm256_storeu_si256((__m256i *)(d + i), _mm512_cvtepi32_epi16(h));
+    }
+    return i;
+}
+
+static size_t bf16_to_f32_vec(float *d, const uint16_t *s, size_t n) {
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_si512(d + i, _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(s + i))), 16));
+    return i;
+}
+
+static size_t f32_to_f16_vec(uint16_t *d, const float *s, size_t n) {
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 x = _mm512_loadu_ps(s + i);
+        if (_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q)) break;
+        _mm256_storeu_si256((__m256i *)(d + i), _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+    return i;
+}
+
+static size_t f16_to_f32_vec(float *d, const uint16_t *s, size_t n) {
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 x = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + i)));
+        if (_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q)) break;
+        _mm512_storeu_ps(d + i, x);
+    }
+    return i;
+}
+#else
+static size_t f32_to_bf16_vec(uint16_t *d, const float *s, size_t n) { return (void)d, (void)s, (void)n, 0; }
+static size_t bf16_to_f32_vec(float *d, const uint16_t *s, size_t n) { return (void)d, (void)s, (void)n, 0; }
+#ifdef __F16C__
+static size_t f32_to_f16_vec(uint16_t *d, const float *s, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 x = _mm256_loadu_ps(s + i);
+        if (_mm256_movemask_ps(_mm256_cmp_ps(x, x, _CMP_UNORD_Q))) break;
+        _mm_storeu_si128((__m128i *)(d + i), _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+    return i;
+}
+
+static size_t f16_to_f32_vec(float *d, const uint16_t *s, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i)));
+        if (_mm256_movemask_ps(_mm256_cmp_ps(x, x, _CMP_UNORD_Q))) break;
+        _mm256_storeu_ps(d + i, x);
+    }
+    return i;
+}
+#else
+static size_t f32_to_f16_vec(uint16_t *d, const float *s, size_t n) { return (void)d, (void)s, (void)n, 0; }
+static size_t f16_to_f32_vec(float *d, const uint16_t *s, size_t n) { return (void)d, (void)s, (void)n, 0; }
+#endif
+#endif
+
+/* dst (n values of type dt) = src (type st); the f32 <-> bf16/f16 cases run the vector forms up
+ * to a vector holding a NaN (f16), then the scalar functions from there on. */
 void dt_convert(void *dst, dt_dtype dt, const void *src, dt_dtype st, size_t n) {
     if (dt == st) {
         memcpy(dst, src, n * dt_dtype_size(dt));
         return;
     }
+    uint16_t *h = dst;
+    float *f = dst;
+    const uint16_t *hs = src;
+    const float *fs = src;
     /* fast paths for the training hot spots */
     if (st == DT_F32 && dt == DT_BF16) {
-        for (size_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = dt_f32_to_bf16(((const float *)src)[i]);
+        for (size_t i = f32_to_bf16_vec(h, fs, n); i < n; i++) h[i] = dt_f32_to_bf16(fs[i]);
     } else if (st == DT_BF16 && dt == DT_F32) {
-        for (size_t i = 0; i < n; i++) ((float *)dst)[i] = dt_bf16_to_f32(((const uint16_t *)src)[i]);
+        for (size_t i = bf16_to_f32_vec(f, hs, n); i < n; i++) f[i] = dt_bf16_to_f32(hs[i]);
     } else if (st == DT_F32 && dt == DT_F16) {
-        for (size_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = dt_f32_to_f16(((const float *)src)[i]);
+        for (size_t i = f32_to_f16_vec(h, fs, n); i < n; i++) h[i] = dt_f32_to_f16(fs[i]);
     } else if (st == DT_F16 && dt == DT_F32) {
-        for (size_t i = 0; i < n; i++) ((float *)dst)[i] = dt_f16_to_f32(((const uint16_t *)src)[i]);
+        for (size_t i = f16_to_f32_vec(f, hs, n); i < n; i++) f[i] = dt_f16_to_f32(hs[i]);
     } else if (st == DT_U8 && dt == DT_F32) {
-        for (size_t i = 0; i < n; i++) ((float *)dst)[i] = ((const uint8_t *)src)[i];
+        for (size_t i = 0; i < n; i++) f[i] = ((const uint8_t *)src)[i];
     } else {
         for (size_t i = 0; i < n; i++) store_f64(dst, dt, i, load_f64(src, st, i));
     }

@@ -125,6 +125,49 @@ static int identity_rank(const char *text, int r, int W, const char *job) {
     return dt_test_failures;
 }
 
+/* The casts on a 101000-value bucket (one process, past the conversion blocks, an odd tail):
+ * each step sends v = g + residual rounded to fp16/bf16, and the new residual is exactly
+ * v - round(v), for every value; the gradients span fp16's subnormals up to 2. */
+static void test_cast_exact(void) {
+    dt_comm_config cc = dt_comm_config_default();
+    dt_comm *c;
+    dt_model *m;
+    CHECK_OK(dt_comm_create(&c, &cc));
+    CHECK_OK(dt_model_create_from_spec(&m, "linear(1000)", 1, 1, 100));
+    const size_t n = dt_model_num_params(m);
+    size_t lo = 0, hi = n;
+    float *x = malloc(n * sizeof *x), *v = malloc(n * sizeof *v), *res = malloc(n * sizeof *res);
+    for (int bf16 = 0; bf16 < 2; bf16++) {
+        dt_compress_spec cs;
+        CHECK_OK(dt_compress_parse(bf16 ? "bf16" : "fp16", &cs));
+        dt_grad_sync_config gc = {.comm = c, .model = m, .n = n, .lo = &lo, .hi = &hi, .nb = 1};
+        dt_grad_sync *gs;
+        CHECK_OK(dt_grad_sync_create(&gs, &cs, &gc));
+        size_t bad_sent = 0, bad_res = 0;
+        for (int step = 0; step < 3; step++) {
+            g_of(x, n, 0, 60 + step);
+            for (size_t i = 0; i < n; i++) x[i] = ldexpf(x[i], -(int)(i % 26));  /* 2^-25 .. 2 */
+            dt_grad_sync_residual(gs, res);
+            for (size_t i = 0; i < n; i++) v[i] = x[i] + res[i];
+            dt_grad_sync_begin_step(gs, step);
+            dt_grad_sync_start(gs, 0, x);
+            CHECK_OK(dt_grad_sync_finish(gs, 0));
+            dt_grad_sync_residual(gs, res);
+            for (size_t i = 0; i < n; i++) {
+                float r = bf16 ? dt_bf16_to_f32(dt_f32_to_bf16(v[i])) : dt_f16_to_f32(dt_f32_to_f16(v[i]));
+                bad_sent += x[i] != r, bad_res += res[i] != v[i] - r;
+            }
+        }
+        CHECK_MSG(bad_sent == 0 && bad_res == 0, "%s: %zu values sent and %zu residuals not exact (of 3 x %zu)",
+                  cs.kind == DT_COMPRESS_BF16 ? "bf16" : "fp16", bad_sent, bad_res, n);
+        dt_grad_sync_destroy(gs);
+    }
+    printf("fp16, bf16 on a %zu-value bucket: sent values and residuals exact\n", n);
+    free(x), free(v), free(res);
+    dt_model_free(m);
+    dt_comm_destroy(c);
+}
+
 static void test_identities(void) {
     const char *texts[] = {"none", "fp16", "bf16", "topk:1", "topk:0.1", "topk:0.05:momentum=0.9",
                            "topk:0.02:warmup=4", "powersgd:1", "powersgd:2", "powersgd:2:warmup=3", "powersgd:16"};
@@ -255,6 +298,7 @@ int main(void) {
     dt_test_write_toy_csv(g_dir, g_csv, "/tmp/dtrain-cmp-XXXXXX", 9);
     test_parse();
     test_topk_large();
+    test_cast_exact();
     test_identities();
     test_trainer();
     dt_test_remove_dir(g_dir);
