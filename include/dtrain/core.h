@@ -134,6 +134,8 @@ dt_status dt_slab_place(dt_slab *s, const dt_range *own, int nown, const char *w
 /* Aligned allocation helpers used across the library (64-byte aligned, zeroed). NULL on failure. */
 void *dt_alloc(size_t bytes);
 void dt_free(void *p);
+/* The bytes dt_alloc(bytes) holds and charges against --mem-limit: bytes rounded up to 64 (64 for 0). */
+size_t dt_alloc_size(size_t bytes);
 /* As dt_alloc, but the block is not charged (its owner charges what it uses with dt_mem_charge). */
 void *dt_alloc_reserved(size_t bytes);
 

@@ -284,7 +284,8 @@ size_t dt_model_node_size(const dt_model *m, int node);
 /* Floating-point operations of one node's training step (forward + backward) at batch B. */
 double dt_model_node_flops(const dt_model *m, int node, int B);
 /* Bytes of activation memory (values, gradients, saved tensors, scratch, workspace) a training
- * run at batch B allocates. */
+ * run at batch B allocates: those of the blocks dt_model_prepare takes, as --mem-limit counts
+ * them (dt_alloc_size; a value or gradient stored bf16 has an f32 one's room). */
 size_t dt_model_activation_bytes(const dt_model *m, int B);
 
 /* Floating-point operations of one training step (forward + backward) at batch B. */

@@ -88,6 +88,8 @@ static size_t round64(size_t bytes) {
     return rounded ? rounded : 64;
 }
 
+size_t dt_alloc_size(size_t bytes) { return round64(bytes); }
+
 void *dt_alloc(size_t bytes) {
     const size_t rounded = round64(bytes);
     g_hit = false;

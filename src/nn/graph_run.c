@@ -41,6 +41,24 @@ void dt_model_free(dt_model *m) {
     free(m);
 }
 
+/* What ensure_batch gives node n at batch B, in bytes (0: nothing), and its workspace in floats.
+ * A value or gradient stored bf16 (dt_node.bf16, grad_bf16) has the 4 bytes of an f32 one as
+ * well, of which it fills the first half: a pipeline sends, receives and copies a node's values
+ * and gradient as B * out_n floats (pp_step.c, pp_eval.c, dt_model_backward_nodes). */
+typedef struct {
+    size_t vals, grad, saved, work;
+} node_mem;
+
+static node_mem node_mem_of(const dt_model *m, const dt_node *n, int B) {
+    node_mem r = {0, 0, 0, 0};
+    if (n->input_index >= 0 || n->alias) return r;  /* the fed memory; the owner's */
+    if (n->fused_pool < 0) r.vals = (size_t)B * n->out_n * sizeof(float);  /* else never written (graph_fuse.c) */
+    r.grad = n->needs_grad ? r.vals : 0;
+    r.saved = n->op->saved_bytes ? n->op->saved_bytes(m, n, B) : 0;
+    r.work = n->op->workspace ? n->op->workspace(m, n, B) : 0;
+    return r;
+}
+
 /* (Re)allocates activation memory for batch B. */
 static dt_status ensure_batch(dt_model *m, int B) {
     if (B <= m->cap_B) return DT_OK;
@@ -48,21 +66,17 @@ static dt_status ensure_batch(dt_model *m, int B) {
     size_t work = 0, maxact = 0;
     for (int i = 0; i < m->n; i++) {
         dt_node *n = &m->nodes[i];
-        size_t vals = (size_t)B * n->out_n;
-        if (n->input_index >= 0 || n->alias) continue;
-        if (n->fused_pool >= 0) vals = 0;  /* never written (graph_fuse.c) */
-        if (vals > maxact) maxact = vals;
-        if (vals && !(n->out = dt_alloc(vals * sizeof(float)))) goto oom;
-        if (vals && n->needs_grad && !(n->grad = dt_alloc(vals * sizeof(float)))) goto oom;
-        size_t sb = n->op->saved_bytes ? n->op->saved_bytes(m, n, B) : 0;
-        if (sb && !(n->saved = dt_alloc(sb))) goto oom;
-        size_t w = n->op->workspace ? n->op->workspace(m, n, B) : 0;
-        if (w > work) work = w;
+        const node_mem r = node_mem_of(m, n, B);
+        if (r.vals > maxact) maxact = r.vals;
+        if (r.vals && !(n->out = dt_alloc(r.vals))) goto oom;
+        if (r.grad && !(n->grad = dt_alloc(r.grad))) goto oom;
+        if (r.saved && !(n->saved = dt_alloc(r.saved))) goto oom;
+        if (r.work > work) work = r.work;
     }
     for (int k = 0; k < m->nscratch; k++)
-        if (!(m->scratch[k] = dt_alloc(maxact * sizeof(float)))) goto oom;
+        if (!(m->scratch[k] = dt_alloc(maxact))) goto oom;
     if (work && !(m->work = dt_alloc(work * sizeof(float)))) goto oom;
-    m->work_n = work, m->scratch_n = maxact;
+    m->work_n = work, m->scratch_n = maxact / sizeof(float);
     m->cap_B = B;
     return DT_OK;
 oom:
@@ -71,20 +85,18 @@ oom:
     return dt_error(DT_ENOMEM, "model: cannot allocate activations for batch %d", B);
 }
 
+/* The bytes dt_alloc holds for a block of `bytes` (0: none allocated). */
+static size_t held(size_t bytes) { return bytes ? dt_alloc_size(bytes) : 0; }
+
 size_t dt_model_activation_bytes(const dt_model *m, int B) {
     size_t bytes = 0, work = 0, maxact = 0;
-    for (int i = 0; i < m->n; i++) {  /* what ensure_batch allocates */
-        const dt_node *n = &m->nodes[i];
-        size_t vals = (size_t)B * n->out_n;
-        if (n->input_index >= 0 || n->alias) continue;
-        if (n->fused_pool >= 0) vals = 0;
-        if (vals > maxact) maxact = vals;
-        bytes += vals * sizeof(float) * (n->needs_grad ? 2 : 1);
-        bytes += n->op->saved_bytes ? n->op->saved_bytes(m, n, B) : 0;
-        size_t w = n->op->workspace ? n->op->workspace(m, n, B) : 0;
-        if (w > work) work = w;
+    for (int i = 0; i < m->n; i++) {  /* the blocks ensure_batch allocates */
+        const node_mem r = node_mem_of(m, &m->nodes[i], B);
+        if (r.vals > maxact) maxact = r.vals;
+        bytes += held(r.vals) + held(r.grad) + held(r.saved);
+        if (r.work > work) work = r.work;
     }
-    return bytes + ((size_t)m->nscratch * maxact + work) * sizeof(float);
+    return bytes + (size_t)m->nscratch * dt_alloc_size(maxact) + held(work * sizeof(float));
 }
 
 static dt_run_ctx run_ctx(const dt_model *m) {
