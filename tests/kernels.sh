@@ -1,7 +1,8 @@
 # The kernel libraries and GEMM precisions end to end with the real command: oneDNN runs are
 # bitwise repeatable; --kernels blas and onednn train to the same model (to float rounding); a
 # bf16 run stopped and resumed is bitwise identical to the uninterrupted one (checkpoints keep
-# f32 master weights), and so is a CNN's (blocked bf16 conv chains); DDP with 2 workers equals 1
+# f32 master weights, and their --precision for a resume that leaves it out; another one given
+# is named), and so is a CNN's (blocked bf16 conv chains); DDP with 2 workers equals 1
 # worker at the same global batch to float rounding, at fp32 and bf16; fp16 reports its loss
 # scale in the metrics and its checkpoints keep it (a resumed fp16 run is bitwise exact too); bad
 # --kernels and --precision values, and fp16 with a strategy that cannot unscale, are refused by
@@ -40,6 +41,15 @@ run --kernels $LIB --precision bf16 --max-steps $((S / 2)) --batch 32 --save "$T
 run --kernels $LIB --precision bf16 --max-steps $S --batch 32 --resume "$TMP/half.st" --save "$TMP/res.st" >/dev/null
 cmp -s "$TMP/full.st" "$TMP/res.st" && ok "bf16 resumed at step $((S / 2)) is bitwise identical to the straight run" \
   || bad "bf16 resume differs: $(diff_ok "$TMP/full.st" "$TMP/res.st" 0)"
+# the checkpoint keeps its --precision: a resume that leaves it out continues at bf16, one that
+# gives another says so
+out=$(run --kernels $LIB --max-steps $S --batch 32 --resume "$TMP/half.st" --save "$TMP/res_noprec.st" 2>&1)
+cmp -s "$TMP/full.st" "$TMP/res_noprec.st" && ! grep -q "other settings" <<<"$out" \
+  && ok "bf16 resumed without --precision continues at bf16, bitwise identical to the straight run" \
+  || bad "bf16 resume without --precision: $out $(diff_ok "$TMP/full.st" "$TMP/res_noprec.st" 0)"
+out=$(run --kernels $LIB --precision fp32 --max-steps $S --batch 32 --resume "$TMP/half.st" 2>&1)
+grep -q -- "other settings: --precision fp32 (the checkpoint's run: bf16)" <<<"$out" \
+  && ok "a bf16 checkpoint resumed at --precision fp32 names the change" || bad "bf16 resumed at fp32: $out"
 # the CNN at bf16 (blocked conv chains, casts and packing of our own where the CPU has
 # AVX512-BF16): twice the same, and resumed == straight, bit for bit
 runc() { $DT train --data fashion-mnist --model cnn --epochs 1 --quiet --kernels $LIB --precision bf16 --batch 32 "$@"; }

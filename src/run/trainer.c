@@ -463,6 +463,8 @@ static void fill_info(const dt_trainer *t, dt_ckpt_info *info) {
     info->optim_cfg = t->cfg.optim;
     info->clip = t->cfg.clip_norm;
     info->grad_accum = t->cfg.grad_accum > 1 ? t->cfg.grad_accum : 1;
+    const char *prec = dt_ckpt_precision_name(t->cfg.precision);
+    snprintf(info->precision, sizeof info->precision, "%s", prec ? prec : "");
     info->has_norm = t->has_norm;
     info->norm_mean = t->norm_mean, info->norm_std = t->norm_std;
     info->val_split = t->val ? t->cfg.val_split : 0;
