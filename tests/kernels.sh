@@ -108,6 +108,17 @@ r = [json.loads(l) for l in open(sys.argv[1])][-1]
 assert r["loss_scale"] == 1024 and r["skipped_steps"] == 7, r
 PY
 
+# bench train says what a row's precision runs as, as train does (this CPU: bf16 without
+# AVX512-BF16 runs f32 kernels on rounded inputs), in the table's notes and the JSON line
+note=$($DT train --data fashion-mnist --model mlp --kernels $LIB --precision bf16 --max-steps 1 2>&1 | sed -n 's/^dtrain: note: //p')
+b=$($DT bench train --seconds 0 --model mlp --batch 128 --kernels $LIB --precision fp32,bf16 2>&1)
+if [ -n "$note" ]; then
+  grep -qF "# note ($LIB bf16 rows): $note" <<<"$b" && grep -qF "\"notes\": [{\"rows\": \"$LIB bf16\", \"note\": \"$note\"}]" <<<"$b" \
+    && ok "bench train notes what $LIB bf16 runs as: $note" || bad "bench train lacks the note '$note': $b"
+else
+  grep -q '"notes": \[\]' <<<"$b" && ok "$LIB bf16 runs its own kernels here: bench train notes nothing" \
+    || bad "bench train notes: $b"
+fi
 expect_fail "--kernels foo is refused" "--kernels foo: unknown kernel library (use onednn or blas)" run --kernels foo --max-steps 1
 expect_fail "--precision fp8 is refused" "--precision fp8: unknown precision (use fp32, bf16 or fp16)" run --precision fp8 --max-steps 1
 expect_fail "fp16 with localsgd is refused" "loss scaling works with --strategy single or ddp, not localsgd" \
