@@ -123,6 +123,13 @@ expect_fail "--kernels foo is refused" "--kernels foo: unknown kernel library (u
 expect_fail "--precision fp8 is refused" "--precision fp8: unknown precision (use fp32, bf16 or fp16)" run --precision fp8 --max-steps 1
 expect_fail "fp16 with localsgd is refused" "loss scaling works with --strategy single or ddp, not localsgd" \
   run --precision fp16 --workers 2 --strategy localsgd --max-steps 1
+# refused before the data is read (a rank stopped while loading printed a second, wrong error)
+expect_fail "fp16 with localsgd is refused before the data is read" "loss scaling works with --strategy single or ddp" \
+  $DT train --data "$TMP/no-such-data" --precision fp16 --workers 2 --strategy localsgd --max-steps 1 --quiet
+# the alias f16 is fp16 with its loss scaling (it ran fp16 GEMMs unscaled)
+run --kernels $LIB --precision f16 --max-steps 2 --metrics "$TMP/f16.jsonl" >/dev/null 2>&1
+grep -q '"loss_scale": 65536' "$TMP/f16.jsonl" && ok "--precision f16 scales the loss as fp16 does" \
+  || bad "--precision f16: $(cat "$TMP/f16.jsonl")"
 # the error-feedback residual of a compressor would keep an overflow's inf for good (with
 # --compress fp16 the scaled gradients overflow at once: 198 of 300 steps were skipped)
 expect_fail "fp16 with --compress is refused" "--precision fp16 with --compress fp16: the compressor's error feedback" \
