@@ -20,6 +20,10 @@ expect_fail "--save into a directory that takes no file" "--save /proc/x.st: can
 expect_fail "--save of a directory" "--save $TMP: is a directory" $DT train --save "$TMP" --max-steps 1
 expect_fail "--save-weights without its directory" "--save-weights $TMP/no/w.st: cannot write into $TMP/no" \
   $DT train --save-weights "$TMP/no/w.st" --max-steps 1
+# dtrain --help's bench line names every benchmark that dtrain bench --help lists
+line=$($DT --help | grep '^  bench ')
+missing=$($DT bench --help | sed -n 's/^  \([a-z]*\) .*/\1/p' | while read -r b; do grep -qw "$b" <<<"$line" || echo "$b"; done)
+[ -z "$missing" ] && ok "dtrain --help names every benchmark" || bad "dtrain --help's bench line lacks: $missing ($line)"
 expect_fail "bench train: a negative --seconds" "--seconds -1: give 0 to 3600" $DT bench train --seconds -1
 expect_fail "bench train: --threads 0" "--threads 0: need at least 1" $DT bench train --threads 0
 # predict and export probe their -o the same way, before any model is read: exit 78, not a late 1

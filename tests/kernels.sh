@@ -1,10 +1,11 @@
 # The kernel libraries and GEMM precisions end to end with the real command: oneDNN runs are
 # bitwise repeatable; --kernels blas and onednn train to the same model (to float rounding); a
 # bf16 run stopped and resumed is bitwise identical to the uninterrupted one (checkpoints keep
-# f32 master weights), and so is a CNN's (blocked bf16 conv chains); DDP with 2 workers equals 1
+# f32 master weights, and their --precision for a resume that leaves it out; another one given
+# is named), and so is a CNN's (blocked bf16 conv chains); DDP with 2 workers equals 1
 # worker at the same global batch to float rounding, at fp32 and bf16; fp16 reports its loss
 # scale in the metrics and its checkpoints keep it (a resumed fp16 run is bitwise exact too); bad
-# --kernels and --precision values, and fp16 with a strategy that cannot unscale, are refused by
+# --kernels and --precision values, and fp16 with a strategy that cannot unscale or with --compress, are refused by
 # name. In a build without oneDNN, --kernels onednn says what to install and the rest runs on blas.
 . "$(dirname "$0")/testlib.bash"
 if ! have_fmnist; then echo "skip: Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)"; exit 77; fi
@@ -40,6 +41,15 @@ run --kernels $LIB --precision bf16 --max-steps $((S / 2)) --batch 32 --save "$T
 run --kernels $LIB --precision bf16 --max-steps $S --batch 32 --resume "$TMP/half.st" --save "$TMP/res.st" >/dev/null
 cmp -s "$TMP/full.st" "$TMP/res.st" && ok "bf16 resumed at step $((S / 2)) is bitwise identical to the straight run" \
   || bad "bf16 resume differs: $(diff_ok "$TMP/full.st" "$TMP/res.st" 0)"
+# the checkpoint keeps its --precision: a resume that leaves it out continues at bf16, one that
+# gives another says so
+out=$(run --kernels $LIB --max-steps $S --batch 32 --resume "$TMP/half.st" --save "$TMP/res_noprec.st" 2>&1)
+cmp -s "$TMP/full.st" "$TMP/res_noprec.st" && ! grep -q "other settings" <<<"$out" \
+  && ok "bf16 resumed without --precision continues at bf16, bitwise identical to the straight run" \
+  || bad "bf16 resume without --precision: $out $(diff_ok "$TMP/full.st" "$TMP/res_noprec.st" 0)"
+out=$(run --kernels $LIB --precision fp32 --max-steps $S --batch 32 --resume "$TMP/half.st" 2>&1)
+grep -q -- "other settings: --precision fp32 (the checkpoint's run: bf16)" <<<"$out" \
+  && ok "a bf16 checkpoint resumed at --precision fp32 names the change" || bad "bf16 resumed at fp32: $out"
 # the CNN at bf16 (blocked conv chains, casts and packing of our own where the CPU has
 # AVX512-BF16): twice the same, and resumed == straight, bit for bit
 runc() { $DT train --data fashion-mnist --model cnn --epochs 1 --quiet --kernels $LIB --precision bf16 --batch 32 "$@"; }
@@ -98,8 +108,30 @@ r = [json.loads(l) for l in open(sys.argv[1])][-1]
 assert r["loss_scale"] == 1024 and r["skipped_steps"] == 7, r
 PY
 
+# bench train says what a row's precision runs as, as train does (this CPU: bf16 without
+# AVX512-BF16 runs f32 kernels on rounded inputs), in the table's notes and the JSON line
+note=$($DT train --data fashion-mnist --model mlp --kernels $LIB --precision bf16 --max-steps 1 2>&1 | sed -n 's/^dtrain: note: //p')
+b=$($DT bench train --seconds 0 --model mlp --batch 128 --kernels $LIB --precision fp32,bf16 2>&1)
+if [ -n "$note" ]; then
+  grep -qF "# note ($LIB bf16 rows): $note" <<<"$b" && grep -qF "\"notes\": [{\"rows\": \"$LIB bf16\", \"note\": \"$note\"}]" <<<"$b" \
+    && ok "bench train notes what $LIB bf16 runs as: $note" || bad "bench train lacks the note '$note': $b"
+else
+  grep -q '"notes": \[\]' <<<"$b" && ok "$LIB bf16 runs its own kernels here: bench train notes nothing" \
+    || bad "bench train notes: $b"
+fi
 expect_fail "--kernels foo is refused" "--kernels foo: unknown kernel library (use onednn or blas)" run --kernels foo --max-steps 1
 expect_fail "--precision fp8 is refused" "--precision fp8: unknown precision (use fp32, bf16 or fp16)" run --precision fp8 --max-steps 1
 expect_fail "fp16 with localsgd is refused" "loss scaling works with --strategy single or ddp, not localsgd" \
   run --precision fp16 --workers 2 --strategy localsgd --max-steps 1
+# refused before the data is read (a rank stopped while loading printed a second, wrong error)
+expect_fail "fp16 with localsgd is refused before the data is read" "loss scaling works with --strategy single or ddp" \
+  $DT train --data "$TMP/no-such-data" --precision fp16 --workers 2 --strategy localsgd --max-steps 1 --quiet
+# the alias f16 is fp16 with its loss scaling (it ran fp16 GEMMs unscaled)
+run --kernels $LIB --precision f16 --max-steps 2 --metrics "$TMP/f16.jsonl" >/dev/null 2>&1
+grep -q '"loss_scale": 65536' "$TMP/f16.jsonl" && ok "--precision f16 scales the loss as fp16 does" \
+  || bad "--precision f16: $(cat "$TMP/f16.jsonl")"
+# the error-feedback residual of a compressor would keep an overflow's inf for good (with
+# --compress fp16 the scaled gradients overflow at once: 198 of 300 steps were skipped)
+expect_fail "fp16 with --compress is refused" "--precision fp16 with --compress fp16: the compressor's error feedback" \
+  run --precision fp16 --workers 2 --compress fp16 --max-steps 1
 finish

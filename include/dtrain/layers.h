@@ -138,7 +138,8 @@ bool dt_blas_avx512_unused(void);
 dt_status dt_kernels_select(const char *kernels, const char *precision);
 const char *dt_kernels_describe(void);
 /* A one-line note when the chosen precision will be slow here (blas bf16/fp16 round then run
- * sgemm; oneDNN 2.6 has no CPU fp16 GEMM; a CPU without AVX512-BF16 emulates bf16), else NULL. */
+ * sgemm; oneDNN 2.6 has no CPU fp16 GEMM; on a CPU without AVX512-BF16 oneDNN's bf16 rounds the
+ * inputs, then runs f32 kernels), else NULL (static text). */
 const char *dt_kernels_note(void);
 /* Whether oneDNN is built in; the implementations oneDNN chose on this thread so far
  * ("matmul(f32) brg:avx512_core; conv_fwd(f32) ..."), written to buf (n bytes). */

@@ -3,8 +3,10 @@
  * as a table and one JSON line: one row per model, kernel library and precision (--kernels,
  * --precision, --vs-blas), each with its ratio to the first row of its case, and optionally
  * PyTorch's rate on the same shapes (--vs-torch: bench/train_torch.py, one thread). Prints the
- * CPU, OpenBLAS's core and the implementations oneDNN chose. Data is synthetic (fixed random
- * batches in memory), so the figure is the compute path alone: forward, loss, backward, update. */
+ * CPU, OpenBLAS's core, the implementations oneDNN chose and what a row's precision runs as
+ * where that is not its own kernels (dt_kernels_note: bf16 without AVX512-BF16, fp16, blas).
+ * Data is synthetic (fixed random batches in memory), so the figure is the compute path alone:
+ * forward, loss, backward, update. */
 #include "cli/bench_profile.h"
 #include "cli/bench_util.h"
 #include "cli/cli.h"
@@ -117,7 +119,10 @@ static const char USAGE[] =
     "samples/s on the same model and batch (bench/train_torch.py, /usr/bin/python3, one thread, its\n"
     "OpenBLAS pinned too), and its samples per CPU-second beside dtrain's (\"vs (cpu)\": per cpu-s /\n"
     "torch's; not for gpt). --profile prints, before each row, the CPU milliseconds per step of each\n"
-    "node's forward and backward and of the optimizer (oneDNN's primitives: ONEDNN_VERBOSE=profile).";
+    "node's forward and backward and of the optimizer (oneDNN's primitives: ONEDNN_VERBOSE=profile).\n"
+    "The end prints the implementations oneDNN chose and a note for rows whose precision runs on\n"
+    "other kernels (bf16 on a CPU without AVX512-BF16/AMX, fp16, blas: inputs rounded, f32 GEMMs),\n"
+    "also in the JSON line (\"notes\").";
 
 /* The next comma-separated word of *list into w (cap bytes); false at the end. */
 static bool next_word(const char **list, char *w, size_t cap) {
@@ -150,10 +155,31 @@ static torch_rates torch_rate(const bench_case *bc) {
     return r;
 }
 
+/* The notes of the kernel choices the rows ran (dt_kernels_note: static texts, each kept once),
+ * with the "kernels precision" of the rows that had it ("blas bf16, blas fp16"). */
+typedef struct {
+    const char *text[8];
+    char rows[8][128];
+    int n;
+} bench_notes;
+
+static void notes_add(bench_notes *nt, const char *kernels, const char *precision) {
+    const char *t = dt_kernels_note();
+    int i = 0;
+    while (i < nt->n && nt->text[i] != t) i++;
+    if (!t || i == 8) return;
+    if (i == nt->n) nt->text[nt->n++] = t;
+    char *r = nt->rows[i];
+    const size_t len = strlen(r);
+    char row[80];
+    snprintf(row, sizeof row, "%.31s %.31s", kernels, precision);
+    if (!strstr(r, row)) snprintf(r + len, sizeof nt->rows[0] - len, "%s%s", len ? ", " : "", row);
+}
+
 /* The rows of one case: every kernel library x precision, each with its ratio to the first row
  * (and to PyTorch's rate tr when vs_torch); appends each row's JSON object to json. */
 static dt_status bench_rows(const bench_case *bc, const char *kernels, const char *precisions, double sg, bool vs_torch, bool profile,
-                            torch_rates trs, char *json, size_t cap, int *jn, int *done) {
+                            torch_rates trs, bench_notes *notes, char *json, size_t cap, int *jn, int *done) {
     const double tr = trs.wall;
     char w[32], v[32];
     double first = 0;
@@ -161,6 +187,7 @@ static dt_status bench_rows(const bench_case *bc, const char *kernels, const cha
         for (const char *q = precisions; next_word(&q, v, sizeof v);) {
             double sps = 0, cps = 0, gf = 0;
             DT_TRY(dt_kernels_select(w, v));
+            notes_add(notes, w, v);
             dt_status s = bench_model(bc, profile, &sps, &cps, &gf);
             if (s != DT_OK) return dt_error_wrap(s, "%s %s", w, v);
             if (first == 0) first = sps;
@@ -235,18 +262,25 @@ int dt_bench_train(int argc, char **argv) {
     int jn = snprintf(json, sizeof json, "{\"bench\": \"train\", \"threads\": %d, \"sgemm_gflops\": %.2f, \"openblas_core\": \"%s\", \"cases\": [",
                       threads, sg, dt_blas_corename());
     int done = 0;
+    bench_notes notes = {.n = 0};
     for (size_t i = 0; i < ncases; i++) {
         if (!spec && ((only_model && strcmp(only_model, cases[i].name)) || (only_batch && only_batch != cases[i].batch)))
             continue;
         const torch_rates tr = vs_torch && !spec ? torch_rate(&cases[i]) : (torch_rates){0, 0};
         for (int rep = 0; rep < repeat; rep++)
-            if (bench_rows(&cases[i], kernels, precisions, sg, vs_torch, profile, tr, json, sizeof json, &jn, &done) != DT_OK)
+            if (bench_rows(&cases[i], kernels, precisions, sg, vs_torch, profile, tr, &notes, json, sizeof json, &jn,
+                           &done) != DT_OK)
                 return dt_cli_fail(NULL, "bench %s: %s", cases[i].name, dt_last_error());
     }
     if (!done) return dt_cli_usage("models: mlp (batch 32, 128), cnn (batch 128), gpt (batch 12)", "no benchmark case matches");
     char impls[1536];
     dt_kernels_impls(impls, sizeof impls);
     printf("# onednn chose: %s\n", impls[0] ? impls : "(not run)");
+    for (int i = 0; i < notes.n; i++) printf("# note (%s rows): %s\n", notes.rows[i], notes.text[i]);
+    if (jn < (int)sizeof json - 64) jn += snprintf(json + jn, sizeof json - (size_t)jn, "], \"notes\": [");
+    for (int i = 0; i < notes.n && jn < (int)sizeof json - 400; i++)
+        jn += snprintf(json + jn, sizeof json - (size_t)jn, "%s{\"rows\": \"%s\", \"note\": \"%s\"}", i ? ", " : "",
+                       notes.rows[i], notes.text[i]);
     printf("%s], \"onednn_impls\": \"%s\"}\n", json, impls);
     return 0;
 }

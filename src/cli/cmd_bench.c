@@ -15,7 +15,7 @@ int dt_bench_parallel(int argc, char **argv);
 int dt_bench_zero(int argc, char **argv);
 
 static const dt_command g_benches[] = {
-    {"train", dt_bench_train, "single-worker training throughput (MLP b32/b128, CNN b128) and GFLOP/s"},
+    {"train", dt_bench_train, "single-worker training throughput (MLP b32/b128, CNN b128, GPT b12) and GFLOP/s"},
     {"fault", dt_bench_fault, "recovery time after a killed worker, checkpoint overhead"},
     {"fl", dt_bench_fl, "federated learning: FedAvg vs FedSGD vs centralized, server overhead, secure agg bytes, DP"},
     {"ddp", dt_bench_ddp, "data-parallel throughput for 1, 2, 4 workers with the compute/comm/data split"},

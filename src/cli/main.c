@@ -29,7 +29,7 @@ static const dt_command g_commands[] = {
     {"export", dt_cmd_export, "write a checkpoint's model as ONNX (onnxruntime, other tools)"},
     {"predict", dt_cmd_predict, "write a model's predictions on a data set (CSV or JSON Lines)"},
     {"launch", dt_cmd_launch, "run N local ranks of a program (rank env, prefixed output)"},
-    {"bench", dt_cmd_bench, "benchmarks: train, ddp, async, fault, comm (tables + a JSON line)"},
+    {"bench", dt_cmd_bench, "benchmarks: train, ddp, comm, async, fault, fl, tp, parallel, zero (tables + a JSON line)"},
     {"plot", dt_cmd_plot, "draw loss, accuracy and throughput of --metrics files (PNG/SVG through gnuplot)"},
     {"man", dt_cmd_man, "write the manual page dtrain(1), made from the flag tables of --help"},
     {"ckpt", dt_cmd_ckpt, "checkpoint tools: consolidate a sharded checkpoint into one PyTorch-loadable file"},

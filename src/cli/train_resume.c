@@ -1,5 +1,5 @@
 /* dtrain train --resume FILE continues the run that wrote FILE: the flags a user leaves out
- * are that run's, not dtrain's defaults (--model already was). */
+ * are that run's, not dtrain's defaults (--model already was; --precision too). */
 #include "cli/train_resume.h"
 
 #include "cli/cli.h"
@@ -62,6 +62,7 @@ void dt_cli_resume_settings(int argc, char **argv, dt_train_config *c) {
         if (!GIVEN("min-lr")) c->lr.min_lr = w->min_lr;
         if (!GIVEN("clip")) c->clip_norm = info.clip;
         if (!GIVEN("grad-accum")) c->grad_accum = info.grad_accum;
+        if (!GIVEN("precision") && info.precision[0]) c->precision = dt_ckpt_precision_name(info.precision);
     }
     /* the stored batch is a step's: --batch x --grad-accum */
     const int accum = c->grad_accum > 1 ? c->grad_accum : 1;

@@ -9,6 +9,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,6 +57,10 @@ static dt_status run_bible(const char *prog, int fd, const char *where) {
     while (waitpid(pid, &ws, 0) < 0)
         if (errno != EINTR) return dt_error(DT_EIO, "--data kjv: waiting for %s: %s", prog, strerror(errno));
     struct stat st;
+    if (WIFSIGNALED(ws) && (WTERMSIG(ws) == SIGTERM || WTERMSIG(ws) == SIGINT || WTERMSIG(ws) == SIGHUP))
+        return dt_error(DT_EIO, "--data kjv: `%s -f " KJV_RANGE "` was stopped by signal %d (%s) before it finished "
+                        "writing %s; nothing is wrong with it: run again", prog, WTERMSIG(ws), strsignal(WTERMSIG(ws)),
+                        where);
     if (!WIFEXITED(ws) || WEXITSTATUS(ws) != 0)
         return dt_error(DT_EIO, "--data kjv: `%s -f " KJV_RANGE "` failed (%s %d) writing %s: check that bible-kjv and "
                         "bible-kjv-text are installed (scripts/install-deps)", prog, WIFEXITED(ws) ? "exit status" : "signal",

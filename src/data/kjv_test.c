@@ -2,7 +2,8 @@
  * distinct bytes (73), the cache file written once and reused (atomically, by 4 processes that
  * start together), a damaged (empty) cache file rebuilt, DTRAIN_DATA_CACHE=0 generating into
  * memory with the same bytes, and the validation split. Skips (exit 77) when `bible` is not
- * installed. Everything lives in a mkdtemp directory, removed at the end. */
+ * installed. A bible stopped by SIGTERM is reported as stopped, not as a missing package.
+ * Everything lives in a mkdtemp directory, removed at the end. */
 #include "core/test.h"
 #include "dtrain/data.h"
 
@@ -153,6 +154,26 @@ int main(void) {
     if (tr) CHECK(dt_dataset_len(tr) == len - 1 && strstr(dt_dataset_source(tr), "in memory"));
     dt_dataset_free(tr);
     free(text);
+
+    /* a bible stopped by a signal (a job stopping this rank) is not blamed on the packages */
+    char bin[400], fake[420], newpath[8192];
+    snprintf(bin, sizeof bin, "%s/bin", g_dir);
+    snprintf(fake, sizeof fake, "%s/bible", bin);
+    FILE *fb = mkdir(bin, 0700) == 0 ? fopen(fake, "w") : NULL;
+    if (fb) {
+        fputs("#!/bin/sh\nkill -TERM $$\n", fb);
+        fclose(fb);
+        chmod(fake, 0700);
+    }
+    const char *old_path = getenv("PATH");
+    snprintf(newpath, sizeof newpath, "%s:%s", bin, old_path ? old_path : "/usr/bin:/bin");
+    setenv("PATH", newpath, 1);
+    snprintf(bad, sizeof bad, "%s/cache-stopped", g_dir);
+    setenv("DTRAIN_DATA_CACHE", bad, 1);
+    CHECK(dt_dataset_open_text(&tr, NULL, "kjv", T, 0) == DT_EIO);
+    CHECK_MSG(strstr(dt_last_error(), "was stopped by signal 15") && !strstr(dt_last_error(), "installed"), "%s",
+              dt_last_error());
+    setenv("PATH", old_path ? old_path : "/usr/bin:/bin", 1);
 
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);

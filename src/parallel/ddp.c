@@ -205,6 +205,13 @@ static const char *auto_choice(const dt_strategy *s, const ddp_opts *op, bool sh
 
 static dt_status ddp_create(dt_strategy *s, const void *opts) {
     const ddp_opts *op = opts;
+    if (op->compress.kind != DT_COMPRESS_NONE && s->optim && dt_optim_loss_scaler(s->optim)) {
+        char c[64];
+        dt_compress_format(&op->compress, c, sizeof c);
+        return dt_error(DT_EINVAL, "--precision fp16 with --compress %s: the compressor's error feedback would keep "
+                                   "the inf of an overflowing step (how loss scaling finds its scale) and every later "
+                                   "step would be skipped; use --precision bf16 with --compress, or drop --compress", c);
+    }
     if (op->zero > 0) return dt_zero_create(s, op->bucket_mb, op->zero);
     DT_TRY(dt_comm_set_hier(s->comm, op->allreduce));  /* collective: every rank creates ddp */
     const bool shard = sharded_update(s, op);

@@ -32,6 +32,7 @@ typedef struct {
     dt_optim_config optim_cfg; /* the optimizer's hyper-parameters (kind: from `optimizer`) */
     float clip;               /* --clip */
     int grad_accum;           /* --grad-accum (batch above is batch x grad_accum) */
+    char precision[8];        /* --precision: "fp32", "bf16", "fp16" ("": not stored, older versions) */
 } dt_ckpt_info;
 
 typedef struct dt_strategy dt_strategy;
@@ -41,6 +42,9 @@ typedef struct dt_strategy dt_strategy;
  * DT_EFORMAT naming the key when a value is bad; keys it does not know are skipped). */
 dt_status dt_ckpt_settings_write(dt_st_writer *w, const dt_ckpt_info *info);
 dt_status dt_ckpt_settings_parse(const dt_st_file *f, dt_ckpt_info *info);
+/* The name a --precision value is stored under ("fp32" for NULL, "f32" and "fp32"; "bf16";
+ * "fp16" for "f16" and "fp16"), static text; NULL when p is no precision. */
+const char *dt_ckpt_precision_name(const char *p);
 /* Describes into what[cap] ("" when none) the settings of c that differ from the checkpoint's
  * info: "--lr 0.005 (the checkpoint's run: 0.01); --seed 3 (...)"; without stored settings only
  * the learning rate at the resumed step, the seed and the batch. */

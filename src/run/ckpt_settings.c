@@ -22,14 +22,21 @@ dt_status dt_ckpt_settings_write(dt_st_writer *w, const dt_ckpt_info *info) {
     char buf[512];
     snprintf(buf, sizeof buf,
              "lr=%.9g,schedule=%s,warmup=%" PRId64 ",step_size=%" PRId64 ",gamma=%.9g,min_lr=%.9g,momentum=%.9g,"
-             "nesterov=%d,weight_decay=%.9g,beta1=%.9g,beta2=%.9g,eps=%.9g,clip=%.9g,grad_accum=%d",
+             "nesterov=%d,weight_decay=%.9g,beta1=%.9g,beta2=%.9g,eps=%.9g,clip=%.9g,grad_accum=%d%s%s",
              l->base_lr, g_schedules[k], l->warmup_steps, l->step_size, l->gamma, l->min_lr, o->momentum,
              o->nesterov ? 1 : 0, o->weight_decay, o->beta1, o->beta2, o->eps, info->clip,
-             info->grad_accum > 1 ? info->grad_accum : 1);
+             info->grad_accum > 1 ? info->grad_accum : 1, info->precision[0] ? ",precision=" : "", info->precision);
     return dt_st_writer_meta(w, KEY, buf);
 }
 
-typedef enum { S_FLOAT, S_I64, S_BOOL, S_INT, S_SCHED } setting_kind;
+const char *dt_ckpt_precision_name(const char *p) {
+    if (!p || !strcmp(p, "fp32") || !strcmp(p, "f32")) return "fp32";
+    if (!strcmp(p, "bf16")) return "bf16";
+    if (!strcmp(p, "fp16") || !strcmp(p, "f16")) return "fp16";
+    return NULL;
+}
+
+typedef enum { S_FLOAT, S_I64, S_BOOL, S_INT, S_SCHED, S_PREC } setting_kind;
 
 /* Sets the setting `name` of info from text v; false when v is not a value of its kind. */
 static bool set_setting(dt_ckpt_info *info, const char *name, const char *v) {
@@ -41,12 +48,18 @@ static bool set_setting(dt_ckpt_info *info, const char *name, const char *v) {
         {"momentum", S_FLOAT, &o->momentum}, {"nesterov", S_BOOL, &o->nesterov},
         {"weight_decay", S_FLOAT, &o->weight_decay}, {"beta1", S_FLOAT, &o->beta1}, {"beta2", S_FLOAT, &o->beta2},
         {"eps", S_FLOAT, &o->eps}, {"clip", S_FLOAT, &info->clip}, {"grad_accum", S_INT, &info->grad_accum},
+        {"precision", S_PREC, info->precision},
     };
     for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
         if (strcmp(keys[i].name, name)) continue;
         char *end;
         errno = 0;
         if (keys[i].kind == S_SCHED) return dt_lr_parse(v, keys[i].p) == DT_OK;
+        if (keys[i].kind == S_PREC) {
+            const char *name = dt_ckpt_precision_name(v);
+            if (name) snprintf(info->precision, sizeof info->precision, "%s", name);
+            return name != NULL;
+        }
         if (keys[i].kind == S_FLOAT) {
             const float x = strtof(v, &end);
             if (end == v || *end || !isfinite(x)) return false;
@@ -65,6 +78,7 @@ static bool set_setting(dt_ckpt_info *info, const char *name, const char *v) {
 
 dt_status dt_ckpt_settings_parse(const dt_st_file *f, dt_ckpt_info *info) {
     info->has_settings = false;
+    info->precision[0] = '\0';
     const char *v = dt_st_meta(f, KEY);
     if (!v) return DT_OK;
     char buf[1024];
@@ -120,6 +134,10 @@ void dt_ckpt_settings_changes(const dt_ckpt_info *info, const dt_train_config *c
         note_change(what, cap, &len, "clip", c->clip_norm, info->clip);
         if (info->step_in_epoch == 0)
             note_change(what, cap, &len, "grad-accum", c->grad_accum > 1 ? c->grad_accum : 1, info->grad_accum);
+        const char *prec = dt_ckpt_precision_name(c->precision);
+        if (info->precision[0] && prec && strcmp(prec, info->precision) && len < cap)
+            len += (size_t)snprintf(what + len, cap - len, "%s--precision %s (the checkpoint's run: %s)", len ? "; " : "",
+                                    prec, info->precision);
     }
     const float lr = dt_lr_at(&c->lr, info->step);
     if (!len && info->lr > 0 && fabsf(lr - info->lr) > 1e-6f * info->lr)

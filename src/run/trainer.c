@@ -389,18 +389,21 @@ static dt_status trainer_setup(dt_trainer *t) {
     const char *spec = c->model ? c->model : resume ? info.spec : "mlp";
     dt_status s = check_spec(spec);
     if (s != DT_OK) return spec == info.spec ? dt_error_wrap(DT_EFORMAT, "%s: its dtrain.model_spec", resume) : s;
-    DT_TRY(setup_data(t, spec, resume, &info));
     const char *strategy = c->strategy ? c->strategy : t->world > 1 ? "ddp" : "single";
     dt_strategy_opts sopts;
     const dt_strategy_entry *sentry;
     DT_TRY(dt_strategy_parse(strategy, &sentry, &sopts));
-    DT_TRY(setup_model(t, spec, sentry, &sopts, resume));
-    /* fp16: dynamic loss scaling (unscaled in dt_strategy_apply_update; its state is checkpointed) */
-    if (c->precision && !strcmp(c->precision, "fp16")) DT_TRY(dt_optim_set_loss_scaling(t->optim, true, NULL));
-    DT_TRY(restore_and_normalize(t, resume, &info));
-    if (dt_optim_loss_scaler(t->optim) && strcmp(sentry->name, "single") && strcmp(sentry->name, "ddp"))
+    /* fp16: dynamic loss scaling (unscaled in dt_strategy_apply_update; its state is checkpointed);
+     * refused before any data is read, so no rank is stopped while it loads */
+    const char *prec = dt_ckpt_precision_name(c->precision);  /* "f16" is fp16 too */
+    const bool fp16 = prec && !strcmp(prec, "fp16");
+    if (fp16 && strcmp(sentry->name, "single") && strcmp(sentry->name, "ddp"))
         return dt_error(DT_EINVAL, "--precision fp16: loss scaling works with --strategy single or ddp, not %s; "
                                    "use --precision bf16", sentry->name);
+    DT_TRY(setup_data(t, spec, resume, &info));
+    DT_TRY(setup_model(t, spec, sentry, &sopts, resume));
+    if (fp16) DT_TRY(dt_optim_set_loss_scaling(t->optim, true, NULL));
+    DT_TRY(restore_and_normalize(t, resume, &info));
     DT_TRY(setup_loader(t, sentry, &sopts, resume, &info));
     if (resume) check_resume_changes(t, &info, resume);
     if (c->timeline) DT_TRY(dt_trace_init(&t->trace, t->rank, 1 << 18, t->t_start));
@@ -463,6 +466,8 @@ static void fill_info(const dt_trainer *t, dt_ckpt_info *info) {
     info->optim_cfg = t->cfg.optim;
     info->clip = t->cfg.clip_norm;
     info->grad_accum = t->cfg.grad_accum > 1 ? t->cfg.grad_accum : 1;
+    const char *prec = dt_ckpt_precision_name(t->cfg.precision);
+    snprintf(info->precision, sizeof info->precision, "%s", prec ? prec : "");
     info->has_norm = t->has_norm;
     info->norm_mean = t->norm_mean, info->norm_std = t->norm_std;
     info->val_split = t->val ? t->cfg.val_split : 0;
