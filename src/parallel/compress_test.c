@@ -125,15 +125,21 @@ static int identity_rank(const char *text, int r, int W, const char *job) {
     return dt_test_failures;
 }
 
+/* A one-process communicator and a linear(1000) model over 100 inputs: one bucket of 101000
+ * values (past the casts' conversion blocks, with an odd tail; large enough for top-k's sample). */
+static void one_process_bucket(dt_comm **c, dt_model **m) {
+    dt_comm_config cc = dt_comm_config_default();
+    CHECK_OK(dt_comm_create(c, &cc));
+    CHECK_OK(dt_model_create_from_spec(m, "linear(1000)", 1, 1, 100));
+}
+
 /* The casts on a 101000-value bucket (one process, past the conversion blocks, an odd tail):
  * each step sends v = g + residual rounded to fp16/bf16, and the new residual is exactly
  * v - round(v), for every value; the gradients span fp16's subnormals up to 2. */
 static void test_cast_exact(void) {
-    dt_comm_config cc = dt_comm_config_default();
     dt_comm *c;
     dt_model *m;
-    CHECK_OK(dt_comm_create(&c, &cc));
-    CHECK_OK(dt_model_create_from_spec(&m, "linear(1000)", 1, 1, 100));
+    one_process_bucket(&c, &m);
     const size_t n = dt_model_num_params(m);
     size_t lo = 0, hi = n;
     float *x = malloc(n * sizeof *x), *v = malloc(n * sizeof *v), *res = malloc(n * sizeof *res);
@@ -190,11 +196,9 @@ static int cmp_desc(const void *a, const void *b) {
 /* A bucket large enough for the sampled threshold (101000 values, one process): top-k keeps
  * exactly the k largest magnitudes, bit for bit, and leaves the rest in the residual. */
 static void test_topk_large(void) {
-    dt_comm_config cc = dt_comm_config_default();
     dt_comm *c;
     dt_model *m;
-    CHECK_OK(dt_comm_create(&c, &cc));
-    CHECK_OK(dt_model_create_from_spec(&m, "linear(1000)", 1, 1, 100));
+    one_process_bucket(&c, &m);
     const size_t n = dt_model_num_params(m);
     size_t lo = 0, hi = n;
     dt_compress_spec cs;
