@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "backend/kern.h"
+#include "backend/vec_native.h"
 #include "dtrain/core.h"
 
 #define BL 16
@@ -22,42 +23,6 @@ static inline float value_at(const void *x, size_t i, bool bf16) {
     float f;
     memcpy(&f, &u, sizeof f);
     return f;
-}
-
-/* Maxima of one output position over its KxK window, for the 16 channels of block x (H x W x 16
- * values, f32 or bf16); idx gets their flat indices into the whole input (base: the block's
- * first one). */
-static inline void window_max(float *restrict m, int32_t *restrict idx, const void *restrict x, int W, int y0, int x0,
-                              int K, int32_t base, bool bf16) {
-    for (int c = 0; c < BL; c++)
-        m[c] = value_at(x, ((size_t)y0 * W + x0) * BL + c, bf16), idx[c] = base + (y0 * W + x0) * BL + c;
-    for (int ky = 0; ky < K; ky++)
-        for (int kx = 0; kx < K; kx++) {
-            if (!ky && !kx) continue;
-            const int32_t at = ((y0 + ky) * W + x0 + kx) * BL;
-            for (int c = 0; c < BL; c++) {
-                const float v = value_at(x, (size_t)at + c, bf16);
-                const int t = (v > m[c]) | (v != v);
-                m[c] = t ? v : m[c];
-                idx[c] = t ? base + at + c : idx[c];
-            }
-        }
-}
-
-/* din of one output position whose KxK window no other window overlaps (K == S): each window
- * value gets the gradient where the argmax points, 0 elsewhere (rounded to bf16 for a bf16 din);
- * g, am: the position's 16 channels. */
-static inline void unpool_window(void *restrict din, const float *restrict g, const int32_t *restrict am, int W, int y0,
-                                 int x0, int K, int32_t base, bool bf16) {
-    for (int ky = 0; ky < K; ky++)
-        for (int kx = 0; kx < K; kx++) {
-            const int32_t at = ((y0 + ky) * W + x0 + kx) * BL;
-            for (int c = 0; c < BL; c++) {
-                const float v = am[c] == base + at + c ? g[c] : 0.0f;
-                if (bf16) ((uint16_t *)din)[at + c] = dt_f32_to_bf16(v);
-                else ((float *)din)[at + c] = v;
-            }
-        }
 }
 
 #if defined(__AVX512F__)
@@ -120,8 +85,59 @@ static inline __attribute__((always_inline)) void unpool_window16(void *din, con
 #define WINDOW_MAX window_max16
 #define UNPOOL_WINDOW unpool_window16
 #else
-#define WINDOW_MAX window_max
-#define UNPOOL_WINDOW unpool_window
+/* Without AVX-512: the same steps on GCC vectors as wide as the registers (backend/vec_native.h),
+ * BL / VW of them per window position. */
+
+/* VW values at x + i: f32, or bf16 widened (exact). */
+static inline __attribute__((always_inline)) vf load_vw(const void *x, size_t i, bool bf16) {
+    return bf16 ? vf_from_bf16((const uint16_t *)x + i) : vf_load((const float *)x + i);
+}
+
+/* Maxima of one output position over its KxK window, for the 16 channels of block x (H x W x 16
+ * values, f32 or bf16); idx gets their flat indices into the whole input (base: the block's
+ * first one). Inlined (see window_max16). */
+static inline __attribute__((always_inline)) void window_max_vw(float *m_out, int32_t *idx_out, const void *x, int W,
+                                                                int y0, int x0, int K, int32_t base, bool bf16) {
+    const int32_t at0 = (y0 * W + x0) * BL;
+    for (int h = 0; h < BL; h += VW) {
+        vf m = load_vw(x, (size_t)at0 + h, bf16);
+        vi idx = vi_lanes() + (base + at0 + h);
+        for (int ky = 0; ky < K; ky++)
+            for (int kx = 0; kx < K; kx++) {
+                if (!ky && !kx) continue;
+                const int32_t at = at0 + (ky * W + kx) * BL + h;
+                const vf v = load_vw(x, (size_t)at, bf16);
+                const vi t = (v > m) | (v != v);
+                m = vf_select(t, v, m);
+                idx = (t & (vi_lanes() + (base + at))) | (idx & ~t);
+            }
+        vf_store(m_out + h, m);
+        memcpy(idx_out + h, &idx, sizeof idx);
+    }
+}
+
+/* din of one output position whose KxK window no other window overlaps (K == S): each window
+ * value gets the gradient where the argmax points, 0 elsewhere (rounded to bf16 for a bf16 din);
+ * g, am: the position's 16 channels. */
+static inline __attribute__((always_inline)) void unpool_window_vw(void *din, const float *g, const int32_t *am, int W,
+                                                                   int y0, int x0, int K, int32_t base, bool bf16) {
+    for (int h = 0; h < BL; h += VW) {
+        const vf gv = vf_load(g + h);
+        vi av;
+        memcpy(&av, am + h, sizeof av);
+        for (int ky = 0; ky < K; ky++)
+            for (int kx = 0; kx < K; kx++) {
+                const int32_t at = ((y0 + ky) * W + x0 + kx) * BL + h;
+                const vf v = (vf)((vi)gv & (av == vi_lanes() + (base + at)));
+                if (bf16) {
+                    const vh r = vf_to_bf16(v);
+                    memcpy((uint16_t *)din + at, &r, sizeof r);
+                } else vf_store((float *)din + at, v);
+            }
+    }
+}
+#define WINDOW_MAX window_max_vw
+#define UNPOOL_WINDOW unpool_window_vw
 #endif
 
 #if defined(__AVX512F__)

@@ -1,17 +1,21 @@
-/* conv -> relu -> max pool in one pass (conv_pool.h), on 16 output channels at a time: vectors of
- * GCC's vector extension, which the compiler lowers to one AVX-512 register, two AVX2 ones or four
- * SSE ones, so the same code runs (and is tested) on every x86-64 CPU. Forward sums the conv's
- * outputs of one pooled row and pools them: for 3x3 convs with 2x2 windows (a CNN's usual first
- * layer) a 2 x 4 block at a time in registers, otherwise whole conv rows through a small buffer.
- * It keeps one byte per pooled value: the max's window position, or a mark where the relu stops
- * the gradient. Backward rebuilds the conv's gradient of each pooled row from those bytes and the
- * pooled gradient (the pooled one at the max's position, 0 elsewhere; 5 bytes read per pooled
- * value) and sums the weight gradient from it. Each sample's input is copied into a zero-padded
- * plane first, so no loop tests the border. Sums run in a fixed order: results are deterministic. */
+/* conv -> relu -> max pool in one pass (conv_pool.h), on VW output channels at a time: vectors of
+ * GCC's vector extension as wide as the CPU's registers (16 floats with AVX-512, 8 with AVX, 4
+ * with SSE: backend/vec_native.h), so the same code runs (and is tested) on every x86-64 CPU.
+ * Forward sums the conv's outputs of one pooled row and pools them: for 3x3 convs with 2x2
+ * windows (a CNN's usual first layer) a 2 x 4 block at a time in registers, otherwise whole conv
+ * rows through a small buffer. It keeps one byte per pooled value: the max's window position, or
+ * a mark where the relu stops the gradient. Backward rebuilds the conv's gradient of each pooled
+ * row from those bytes and the pooled gradient (the pooled one at the max's position, 0
+ * elsewhere; 5 bytes read per pooled value) and sums the weight gradient from it. Each sample's
+ * input is copied into a zero-padded plane first, so no loop tests the border. Sums run in a
+ * fixed order: results are deterministic. */
 #include "backend/conv_pool.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "backend/vec_native.h"
 
 /* a * b + c as one fused multiply-add where the CPU has one (ISO C mode turns contraction off) */
 #if defined(__clang__)
@@ -20,42 +24,21 @@
 #pragma GCC optimize("fp-contract=fast")
 #endif
 
-/* 64-byte vectors pass by value between the static functions below; without AVX-512 GCC warns
- * that their ABI differs, which matters only across files */
+/* vectors pass by value between the static functions below; GCC notes that the ABI of such
+ * arguments changed, which matters only across files */
 #if defined(__GNUC__)  /* gcc and clang: the vectors pass between static functions only */
 #pragma GCC diagnostic ignored "-Wpsabi"
 #endif
 
-#define BL 16
+#define BL 16  /* channels per block of the blocked layout (nChw16c) */
 
-typedef float v16 __attribute__((vector_size(BL * sizeof(float))));
-typedef int32_t v16i __attribute__((vector_size(BL * sizeof(int32_t))));
-typedef uint8_t v16b __attribute__((vector_size(BL)));
-typedef uint32_t v16u __attribute__((vector_size(BL * sizeof(uint32_t))));
-typedef uint16_t v16h __attribute__((vector_size(BL * sizeof(uint16_t))));
-
-static inline v16 load(const float *p) {
-    v16 v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-static inline v16 select_v(v16i t, v16 a, v16 b) { return (v16)(((v16i)a & t) | ((v16i)b & ~t)); }
-
-/* v rounded to bf16: to nearest even, NaN stays a quiet NaN (dt_f32_to_bf16's rule). */
-static inline v16h bf16_of(v16 v) {
-    const v16u u = (v16u)v, r = u + 0x7fffu + ((u >> 16) & 1u), q = u | 0x00400000u;
-    const v16u nan = (v16u)(v != v);
-    return __builtin_convertvector(((q & nan) | (r & ~nan)) >> 16, v16h);
-}
-
-/* The per-call state: the padded sample, the weights of each 16-channel block as [tap][16]
+/* The per-call state: the padded sample, the weights of each VW-channel group as [tap][VW]
  * vectors (tap = (c * K + ky) * K + kx), and room for PK conv rows and one pooled row. */
 typedef struct {
     int HP, WP, CH, CW, OH, OW, T;
     float *xp;
-    v16 *wv, *rows, *row_g, *row_y;
-    v16i *row_w;
+    vf *wv, *rows, *row_g, *row_y;
+    vi *row_w;
 } work;
 
 static void *alloc_or_die(size_t n) {
@@ -69,13 +52,13 @@ static work work_of(const dt_conv_pool_shape *s, const float *w) {
     k.CH = k.HP - s->K + 1, k.CW = k.WP - s->K + 1, k.OH = k.CH / s->PK, k.OW = k.CW / s->PK;
     k.xp = alloc_or_die((size_t)s->C * k.HP * k.WP * sizeof(float) + BL * sizeof(float));
     memset(k.xp, 0, (size_t)s->C * k.HP * k.WP * sizeof(float) + BL * sizeof(float));
-    k.wv = alloc_or_die((size_t)s->OC / BL * k.T * sizeof(v16));
+    k.wv = alloc_or_die((size_t)s->OC / VW * k.T * sizeof(vf));
     for (int o = 0; o < s->OC; o++)
-        for (int t = 0; t < k.T; t++) k.wv[(size_t)(o / BL) * k.T + t][o % BL] = w ? w[(size_t)o * k.T + t] : 0.0f;
-    k.rows = alloc_or_die((size_t)s->PK * k.CW * sizeof(v16));
-    k.row_g = alloc_or_die((size_t)k.OW * sizeof(v16));
-    k.row_y = alloc_or_die((size_t)k.OW * sizeof(v16));
-    k.row_w = alloc_or_die((size_t)k.OW * sizeof(v16i));
+        for (int t = 0; t < k.T; t++) k.wv[(size_t)(o / VW) * k.T + t][o % VW] = w ? w[(size_t)o * k.T + t] : 0.0f;
+    k.rows = alloc_or_die((size_t)s->PK * k.CW * sizeof(vf));
+    k.row_g = alloc_or_die((size_t)k.OW * sizeof(vf));
+    k.row_y = alloc_or_die((size_t)k.OW * sizeof(vf));
+    k.row_w = alloc_or_die((size_t)k.OW * sizeof(vi));
     return k;
 }
 
@@ -90,16 +73,16 @@ static void pad_sample(const dt_conv_pool_shape *s, const work *k, const float *
 }
 
 /* conv_row for 3x3 kernels: eight outputs at a time, each (c, ky)'s three taps in registers. */
-static int conv_row3(const dt_conv_pool_shape *s, const work *k, v16 *restrict r, const v16 *restrict wv, v16 bv, int cy) {
+static int conv_row3(const dt_conv_pool_shape *s, const work *k, vf *restrict r, const vf *restrict wv, vf bv, int cy) {
     int cx = 0;
     for (; cx + 8 <= k->CW; cx += 8) {
-        v16 a0 = bv, a1 = bv, a2 = bv, a3 = bv, a4 = bv, a5 = bv, a6 = bv, a7 = bv;
+        vf a0 = bv, a1 = bv, a2 = bv, a3 = bv, a4 = bv, a5 = bv, a6 = bv, a7 = bv;
         for (int c = 0; c < s->C; c++)
             for (int ky = 0; ky < 3; ky++) {
                 const float *x = k->xp + ((size_t)c * k->HP + cy + ky) * k->WP + cx;
-                const v16 *w = wv + (c * 3 + ky) * 3;
+                const vf *w = wv + (c * 3 + ky) * 3;
                 for (int kx = 0; kx < 3; kx++) {
-                    const v16 t = w[kx];
+                    const vf t = w[kx];
                     a0 += t * x[kx], a1 += t * x[kx + 1], a2 += t * x[kx + 2], a3 += t * x[kx + 3];
                     a4 += t * x[kx + 4], a5 += t * x[kx + 5], a6 += t * x[kx + 6], a7 += t * x[kx + 7];
                 }
@@ -112,12 +95,12 @@ static int conv_row3(const dt_conv_pool_shape *s, const work *k, v16 *restrict r
 
 /* Conv row cy of one channel block (weights wv, bias bv) into r[0..CW). Several outputs at a time:
  * independent sums hide the FMA latency. */
-static void conv_row(const dt_conv_pool_shape *s, const work *k, v16 *restrict r, const v16 *restrict wv, v16 bv, int cy) {
+static void conv_row(const dt_conv_pool_shape *s, const work *k, vf *restrict r, const vf *restrict wv, vf bv, int cy) {
     const int K = s->K, CW = k->CW;
     int cx = K == 3 ? conv_row3(s, k, r, wv, bv, cy) : 0;
     for (; cx + 4 <= CW; cx += 4) {
-        v16 a0 = bv, a1 = bv, a2 = bv, a3 = bv;
-        const v16 *wt = wv;
+        vf a0 = bv, a1 = bv, a2 = bv, a3 = bv;
+        const vf *wt = wv;
         for (int c = 0; c < s->C; c++)
             for (int ky = 0; ky < K; ky++) {
                 const float *x = k->xp + ((size_t)c * k->HP + cy + ky) * k->WP + cx;
@@ -127,8 +110,8 @@ static void conv_row(const dt_conv_pool_shape *s, const work *k, v16 *restrict r
         r[cx] = a0, r[cx + 1] = a1, r[cx + 2] = a2, r[cx + 3] = a3;
     }
     for (; cx < CW; cx++) {
-        v16 a = bv;
-        const v16 *wt = wv;
+        vf a = bv;
+        const vf *wt = wv;
         for (int c = 0; c < s->C; c++)
             for (int ky = 0; ky < K; ky++)
                 for (int kx = 0; kx < K; kx++, wt++) a += *wt * k->xp[((size_t)c * k->HP + cy + ky) * k->WP + cx + kx];
@@ -136,25 +119,27 @@ static void conv_row(const dt_conv_pool_shape *s, const work *k, v16 *restrict r
     }
 }
 
-/* Where channel l of (sample n, block ob, pooled row oy, column ox) lives in out's layout, with
- * *ls the stride between the block's channels. */
+/* Where the first channel of (sample n, channel group ob: channels ob * VW on, pooled row oy,
+ * column ox) lives in out's layout, with *ls the stride between the group's channels (a group
+ * lies inside one 16-channel block, as VW divides 16). */
 static size_t out_at(const dt_conv_pool_shape *s, const work *k, int n, int ob, int oy, int ox, size_t *ls) {
-    const size_t OHW = (size_t)k->OH * k->OW, p = (size_t)oy * k->OW + ox;
+    const size_t OHW = (size_t)k->OH * k->OW, p = (size_t)oy * k->OW + ox, c0 = (size_t)ob * VW;
     *ls = s->out_bl ? 1 : OHW;
-    return s->out_bl ? (((size_t)n * (s->OC / BL) + ob) * OHW + p) * BL : ((size_t)n * s->OC + (size_t)ob * BL) * OHW + p;
+    return s->out_bl ? (((size_t)n * (s->OC / BL) + c0 / BL) * OHW + p) * BL + c0 % BL
+                     : ((size_t)n * s->OC + c0) * OHW + p;
 }
 
 /* One step of a window's max: v (at window position q) replaces m when larger or NaN. */
-static inline void max_step(v16 *m, v16i *at, v16 v, int q) {
-    const v16i t = (v > *m) | (v != v);
-    *m = select_v(t, v, *m);
+static inline void max_step(vf *m, vi *at, vf v, int q) {
+    const vi t = (v > *m) | (v != v);
+    *m = vf_select(t, v, *m);
     *at = (t & q) | (*at & ~t);
 }
 
 /* The relu after the pool: 0 and no gradient where the max is not positive. */
-static inline void relu_step(v16 *m, v16i *at) {
-    const v16i pass = *m > 0;
-    *m = select_v(pass, *m, (v16){0});
+static inline void relu_step(vf *m, vi *at) {
+    const vi pass = *m > 0;
+    *m = vf_select(pass, *m, (vf){0});
     *at = (*at & pass) | (DT_CONV_POOL_STOP & ~pass);
 }
 
@@ -162,8 +147,8 @@ static inline void relu_step(v16 *m, v16i *at) {
 static void pool_row(const dt_conv_pool_shape *s, const work *k) {
     const int PK = s->PK;
     for (int ox = 0; ox < k->OW; ox++) {
-        v16 m = k->rows[ox * PK];
-        v16i at = (v16i){0};
+        vf m = k->rows[ox * PK];
+        vi at = (vi){0};
         for (int py = 0; py < PK; py++)
             for (int px = !py; px < PK; px++)  /* window order; (0, 0) is m's start */
                 max_step(&m, &at, k->rows[(size_t)py * k->CW + ox * PK + px], py * PK + px);
@@ -175,26 +160,26 @@ static void pool_row(const dt_conv_pool_shape *s, const work *k) {
 /* 3x3 convs and 2x2 windows: the conv's 2 x NC block at (2 oy, 2 ox0) summed in registers and
  * pooled there, into row_y / row_w [ox0, ox0 + NC / 2); NC is 4 or 2 (a constant once inlined). */
 static inline __attribute__((always_inline)) void conv_pool_block(const dt_conv_pool_shape *s, const work *k,
-                                                                  const v16 *restrict wv, v16 bv, int oy, int ox0,
+                                                                  const vf *restrict wv, vf bv, int oy, int ox0,
                                                                   const int NC) {
-    v16 a0[4] = {bv, bv, bv, bv}, a1[4] = {bv, bv, bv, bv};  /* conv rows 2 oy and 2 oy + 1 */
+    vf a0[4] = {bv, bv, bv, bv}, a1[4] = {bv, bv, bv, bv};  /* conv rows 2 oy and 2 oy + 1 */
     for (int c = 0; c < s->C; c++)
         for (int t = 0; t < 4; t++) {  /* input row 2 oy + t: tap row t of a0, t - 1 of a1 */
             const float *x = k->xp + ((size_t)c * k->HP + 2 * oy + t) * k->WP + 2 * ox0;
             for (int kx = 0; kx < 3; kx++) {
                 if (t < 3) {
-                    const v16 w = wv[(c * 3 + t) * 3 + kx];
+                    const vf w = wv[(c * 3 + t) * 3 + kx];
                     for (int j = 0; j < NC; j++) a0[j] += w * x[kx + j];
                 }
                 if (t > 0) {
-                    const v16 w = wv[(c * 3 + t - 1) * 3 + kx];
+                    const vf w = wv[(c * 3 + t - 1) * 3 + kx];
                     for (int j = 0; j < NC; j++) a1[j] += w * x[kx + j];
                 }
             }
         }
     for (int q = 0; q < NC / 2; q++) {
-        v16 m = a0[2 * q];
-        v16i at = (v16i){0};
+        vf m = a0[2 * q];
+        vi at = (vi){0};
         max_step(&m, &at, a0[2 * q + 1], 1);
         max_step(&m, &at, a1[2 * q], 2);
         max_step(&m, &at, a1[2 * q + 1], 3);
@@ -204,7 +189,7 @@ static inline __attribute__((always_inline)) void conv_pool_block(const dt_conv_
 }
 
 /* Pooled row oy of one channel block into row_y / row_w. */
-static void conv_pool_row(const dt_conv_pool_shape *s, const work *k, const v16 *wv, v16 bv, int oy) {
+static void conv_pool_row(const dt_conv_pool_shape *s, const work *k, const vf *wv, vf bv, int oy) {
     if (s->K == 3 && s->PK == 2) {
         int ox = 0;
         for (; ox + 2 <= k->OW; ox += 2) conv_pool_block(s, k, wv, bv, oy, ox, 4);
@@ -220,19 +205,19 @@ void dt_conv_pool_forward(const dt_conv_pool_shape *s, float *out, uint8_t *win,
     work k = work_of(s, w);
     for (int n = 0; n < s->B; n++) {
         pad_sample(s, &k, in, n);
-        for (int ob = 0; ob < s->OC / BL; ob++) {
-            const v16 bv = b ? load(b + ob * BL) : (v16){0};
+        for (int ob = 0; ob < s->OC / VW; ob++) {
+            const vf bv = b ? vf_load(b + ob * VW) : (vf){0};
             for (int oy = 0; oy < k.OH; oy++) {
                 conv_pool_row(s, &k, k.wv + (size_t)ob * k.T, bv, oy);
                 for (int ox = 0; ox < k.OW; ox++) {
                     size_t ls, o = out_at(s, &k, n, ob, oy, ox, &ls);
-                    const v16b wb = __builtin_convertvector(k.row_w[ox], v16b);
-                    if (s->out_bf16) {  /* blocked (ls 1): 16 bf16 values */
-                        const v16h h = bf16_of(k.row_y[ox]);
+                    const vb wb = __builtin_convertvector(k.row_w[ox], vb);
+                    if (s->out_bf16) {  /* blocked (ls 1): VW bf16 values */
+                        const vh h = vf_to_bf16(k.row_y[ox]);
                         memcpy((uint16_t *)out + o, &h, sizeof h), memcpy(win + o, &wb, sizeof wb);
-                    } else if (ls == 1) memcpy(out + o, &k.row_y[ox], sizeof(v16)), memcpy(win + o, &wb, sizeof wb);
+                    } else if (ls == 1) memcpy(out + o, &k.row_y[ox], sizeof(vf)), memcpy(win + o, &wb, sizeof wb);
                     else
-                        for (int l = 0; l < BL; l++) out[o + l * ls] = k.row_y[ox][l], win[o + l * ls] = wb[l];
+                        for (int l = 0; l < VW; l++) out[o + l * ls] = k.row_y[ox][l], win[o + l * ls] = wb[l];
                 }
             }
         }
@@ -242,35 +227,35 @@ void dt_conv_pool_forward(const dt_conv_pool_shape *s, float *out, uint8_t *win,
 
 /* weight_row for 3x3 kernels: each (c, ky)'s three taps at once (one load of g for three), over
  * even and odd columns: six independent sums. */
-static void weight_row3(const dt_conv_pool_shape *s, const work *k, v16 *restrict acc, const v16 *restrict g, int ncx,
+static void weight_row3(const dt_conv_pool_shape *s, const work *k, vf *restrict acc, const vf *restrict g, int ncx,
                         int cy) {
     for (int c = 0; c < s->C; c++)
         for (int ky = 0; ky < 3; ky++) {
             const float *x = k->xp + ((size_t)c * k->HP + cy + ky) * k->WP;
-            v16 e0 = {0}, e1 = {0}, e2 = {0}, o0 = {0}, o1 = {0}, o2 = {0};
+            vf e0 = {0}, e1 = {0}, e2 = {0}, o0 = {0}, o1 = {0}, o2 = {0};
             int cx = 0;
             for (; cx + 2 <= ncx; cx += 2) {
-                const v16 ge = g[cx], go = g[cx + 1];
+                const vf ge = g[cx], go = g[cx + 1];
                 e0 += ge * x[cx], e1 += ge * x[cx + 1], e2 += ge * x[cx + 2];
                 o0 += go * x[cx + 1], o1 += go * x[cx + 2], o2 += go * x[cx + 3];
             }
             if (cx < ncx) e0 += g[cx] * x[cx], e1 += g[cx] * x[cx + 1], e2 += g[cx] * x[cx + 2];
-            v16 *a = acc + (c * 3 + ky) * 3;
+            vf *a = acc + (c * 3 + ky) * 3;
             a[0] += e0 + o0, a[1] += e1 + o1, a[2] += e2 + o2;
         }
 }
 
 /* dw of one conv row: acc[t] += sum over the row's columns cx of g[cx] * x(tap t, cx). */
-static void weight_row(const dt_conv_pool_shape *s, const work *k, v16 *restrict acc, const v16 *restrict g, int ncx,
+static void weight_row(const dt_conv_pool_shape *s, const work *k, vf *restrict acc, const vf *restrict g, int ncx,
                        int cy) {
     const int K = s->K;
     if (K == 3) return weight_row3(s, k, acc, g, ncx, cy);
-    v16 *a = acc;
+    vf *a = acc;
     for (int c = 0; c < s->C; c++)
         for (int ky = 0; ky < K; ky++)
             for (int kx = 0; kx < K; kx++, a++) {
                 const float *x = k->xp + ((size_t)c * k->HP + cy + ky) * k->WP + kx;
-                v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+                vf a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
                 int cx = 0;
                 for (; cx + 4 <= ncx; cx += 4)
                     a0 += g[cx] * x[cx], a1 += g[cx + 1] * x[cx + 1], a2 += g[cx + 2] * x[cx + 2], a3 += g[cx + 3] * x[cx + 3];
@@ -282,15 +267,15 @@ static void weight_row(const dt_conv_pool_shape *s, const work *k, v16 *restrict
 /* The pooled gradient of (n, ob, oy) into row_g, 0 where the relu stopped it, and the window
  * positions into row_w; the gradient's sum into db. */
 static void load_grad_row(const dt_conv_pool_shape *s, work *k, const float *dout, const uint8_t *win, int n, int ob,
-                          int oy, v16 *db) {
+                          int oy, vf *db) {
     for (int ox = 0; ox < k->OW; ox++) {
         size_t ls, o = out_at(s, k, n, ob, oy, ox, &ls);
-        v16b wb;
-        if (ls == 1) memcpy(&k->row_g[ox], dout + o, sizeof(v16)), memcpy(&wb, win + o, sizeof wb);
+        vb wb;
+        if (ls == 1) memcpy(&k->row_g[ox], dout + o, sizeof(vf)), memcpy(&wb, win + o, sizeof wb);
         else
-            for (int l = 0; l < BL; l++) k->row_g[ox][l] = dout[o + l * ls], wb[l] = win[o + l * ls];
-        k->row_w[ox] = __builtin_convertvector(wb, v16i);
-        k->row_g[ox] = select_v(k->row_w[ox] != DT_CONV_POOL_STOP, k->row_g[ox], (v16){0});
+            for (int l = 0; l < VW; l++) k->row_g[ox][l] = dout[o + l * ls], wb[l] = win[o + l * ls];
+        k->row_w[ox] = __builtin_convertvector(wb, vi);
+        k->row_g[ox] = vf_select(k->row_w[ox] != DT_CONV_POOL_STOP, k->row_g[ox], (vf){0});
         *db += k->row_g[ox];
     }
 }
@@ -298,20 +283,20 @@ static void load_grad_row(const dt_conv_pool_shape *s, work *k, const float *dou
 void dt_conv_pool_backward(const dt_conv_pool_shape *s, float *dw, float *db, const float *dout, const uint8_t *win,
                            const float *in) {
     work k = work_of(s, NULL);
-    const int OB = s->OC / BL, PK = s->PK, ncx = k.OW * PK;
-    v16 *tot = alloc_or_die((size_t)OB * (k.T + 1) * sizeof(v16)), *smp = alloc_or_die((size_t)(k.T + 1) * sizeof(v16));
-    memset(tot, 0, (size_t)OB * (k.T + 1) * sizeof(v16));
+    const int OB = s->OC / VW, PK = s->PK, ncx = k.OW * PK;
+    vf *tot = alloc_or_die((size_t)OB * (k.T + 1) * sizeof(vf)), *smp = alloc_or_die((size_t)(k.T + 1) * sizeof(vf));
+    memset(tot, 0, (size_t)OB * (k.T + 1) * sizeof(vf));
     for (int n = 0; n < s->B; n++) {
         pad_sample(s, &k, in, n);
         for (int ob = 0; ob < OB; ob++) {
-            memset(smp, 0, (size_t)(k.T + 1) * sizeof(v16));  /* the sample's sums, then added: shorter sums */
+            memset(smp, 0, (size_t)(k.T + 1) * sizeof(vf));  /* the sample's sums, then added: shorter sums */
             for (int oy = 0; oy < k.OH; oy++) {
                 load_grad_row(s, &k, dout, win, n, ob, oy, &smp[k.T]);
                 for (int py = 0; py < PK; py++) {
-                    v16 *gc = k.rows;  /* the conv's gradient on row oy * PK + py */
+                    vf *gc = k.rows;  /* the conv's gradient on row oy * PK + py */
                     for (int ox = 0; ox < k.OW; ox++)
                         for (int px = 0; px < PK; px++)
-                            gc[ox * PK + px] = select_v(k.row_w[ox] == py * PK + px, k.row_g[ox], (v16){0});
+                            gc[ox * PK + px] = vf_select(k.row_w[ox] == py * PK + px, k.row_g[ox], (vf){0});
                     weight_row(s, &k, smp, gc, ncx, oy * PK + py);
                 }
             }
@@ -319,9 +304,9 @@ void dt_conv_pool_backward(const dt_conv_pool_shape *s, float *dw, float *db, co
         }
     }
     for (int o = 0; o < s->OC; o++) {
-        const v16 *v = tot + (size_t)(o / BL) * (k.T + 1);
-        for (int t = 0; t < k.T; t++) dw[(size_t)o * k.T + t] += v[t][o % BL];
-        if (db) db[o] += v[k.T][o % BL];
+        const vf *v = tot + (size_t)(o / VW) * (k.T + 1);
+        for (int t = 0; t < k.T; t++) dw[(size_t)o * k.T + t] += v[t][o % VW];
+        if (db) db[o] += v[k.T][o % VW];
     }
     free(tot), free(smp);
     work_free(&k);
