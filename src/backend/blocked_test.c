@@ -1,4 +1,4 @@
-/* The blocked-layout (nChw16c) kernels against the NCHW ones: max pooling (the cpu table's
+/* The blocked-layout (nChw16c, or nChw8c without AVX-512) kernels against the NCHW ones: max pooling (the cpu table's
  * *_blocked entries: tiling and overlapping windows, odd sizes, ties and NaNs; blocked and NCHW
  * outputs), and the oneDNN f32 table's blocked convolutions (every in/out layout pair, with and
  * without din, bias) against the cpu kernels; the reorders round-trip; the graph's layout plan
@@ -22,9 +22,9 @@ static void test_reorders(void) {
     const int B = 2, C = 32, HW = 5;
     float *x = rnd((size_t)B * C * HW, 1), *b = blocked_of(x, B, C, HW), *y = nchw_of(b, B, C, HW);
     CHECK(!memcmp(x, y, (size_t)B * C * HW * sizeof *x));
-    CHECK(b[16 * HW] == x[16 * HW]);  /* (n 0, c 16, p 0) is the first value of block 1 */
-    CHECK(b[1] == x[HW]);             /* channel 1 of position 0 */
-    CHECK(b[16] == x[1]);             /* channel 0 of position 1 */
+    CHECK(b[DT_BLOCK * HW] == x[DT_BLOCK * HW]);  /* (n 0, c DT_BLOCK, p 0) is the first value of block 1 */
+    CHECK(b[1] == x[HW]);                         /* channel 1 of position 0 */
+    CHECK(b[DT_BLOCK] == x[1]);                   /* channel 0 of position 1 */
     float acc[32] = {0}, want[32] = {0};
     dt_blocked_channel_sums(acc, b, B, C, HW);
     for (int n = 0; n < B; n++)

@@ -1,5 +1,5 @@
 /* Shared helpers of the blocked-layout tests (blocked_test.c, blocked_bf16_test.c): random
- * values and copies of an NCHW tensor in the blocked nChw16c layout and back (malloc'd, 4 bytes
+ * values and copies of an NCHW tensor in the blocked layout (blocked.h) and back (malloc'd, 4 bytes
  * of slack so that a kernel's overrun shows under ASan rather than corrupting a neighbour).
  * Include after backend/blocked.h and core/test.h. */
 #ifndef DT_BACKEND_BLOCKED_TESTLIB_H

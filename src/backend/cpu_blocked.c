@@ -1,10 +1,10 @@
-/* Kernels on blocked activations, oneDNN's nChw16c: (B, C/16, H, W, 16), C a multiple of 16, the
- * layout a oneDNN convolution reads and writes without reorders (backend.h). Max pooling reads
- * a blocked input and writes a blocked or NCHW output (the end of a conv chain); each window
- * step handles 16 channels at once. Ties and NaNs as the NCHW kernel (cpu_pool.c): the first max
- * wins, a NaN replaces the max (the last NaN wins). An NCHW output (and its gradient) moves
- * between the 16-channel vectors and the 16 planes by in-register 16x16 transposes. The
- * reorders convert whole tensors. */
+/* Kernels on blocked activations, oneDNN's nChw16c or nChw8c: (B, C/BL, H, W, BL) with BL =
+ * DT_BLOCK (blocked.h), the layout a oneDNN convolution reads and writes without reorders
+ * (backend.h). Max pooling reads a blocked input and writes a blocked or NCHW output (the end of
+ * a conv chain); each window step handles BL channels at once. Ties and NaNs as the NCHW kernel
+ * (cpu_pool.c): the first max wins, a NaN replaces the max (the last NaN wins). An NCHW output
+ * (and its gradient) moves between the BL-channel vectors and the BL planes by in-register
+ * BL x BL transposes. The reorders convert whole tensors. */
 #include "backend/blocked.h"
 
 #include <stdlib.h>
@@ -14,7 +14,7 @@
 #include "backend/vec_native.h"
 #include "dtrain/core.h"
 
-#define BL 16
+#define BL DT_BLOCK
 
 /* Value i of x: f32, or bf16 (uint16_t) when bf16 (a constant in every inlined caller). */
 static inline float value_at(const void *x, size_t i, bool bf16) {
@@ -93,7 +93,7 @@ static inline __attribute__((always_inline)) vf load_vw(const void *x, size_t i,
     return bf16 ? vf_from_bf16((const uint16_t *)x + i) : vf_load((const float *)x + i);
 }
 
-/* Maxima of one output position over its KxK window, for the 16 channels of block x (H x W x 16
+/* Maxima of one output position over its KxK window, for the BL channels of block x (H x W x BL
  * values, f32 or bf16); idx gets their flat indices into the whole input (base: the block's
  * first one). Inlined (see window_max16). */
 static inline __attribute__((always_inline)) void window_max_vw(float *m_out, int32_t *idx_out, const void *x, int W,
@@ -118,7 +118,7 @@ static inline __attribute__((always_inline)) void window_max_vw(float *m_out, in
 
 /* din of one output position whose KxK window no other window overlaps (K == S): each window
  * value gets the gradient where the argmax points, 0 elsewhere (rounded to bf16 for a bf16 din);
- * g, am: the position's 16 channels. */
+ * g, am: the position's BL channels. */
 static inline __attribute__((always_inline)) void unpool_window_vw(void *din, const float *g, const int32_t *am, int W,
                                                                    int y0, int x0, int K, int32_t base, bool bf16) {
     for (int h = 0; h < BL; h += VW) {
@@ -159,40 +159,65 @@ static inline __attribute__((always_inline)) void transpose16(__m512 r[16]) {
     for (int j = 0; j < 8; j++)
         r[j] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0x88), r[j + 8] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0xdd);
 }
+#define TRANSPOSE transpose16
+typedef __m512 tvec;
+#define TLOAD _mm512_loadu_ps
+#define TSTORE _mm512_storeu_ps
+#elif defined(__AVX__)
+#include <immintrin.h>
+
+/* The same of 8x8 (BL 8 without AVX-512) in 24 shuffles. */
+static inline __attribute__((always_inline)) void transpose8(__m256 r[8]) {
+    __m256 t[8], u[8];
+    for (int i = 0; i < 4; i++)
+        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]), t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    for (int i = 0; i < 2; i++) {
+        u[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+        u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xee);
+        u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+        u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xee);
+    }
+    for (int i = 0; i < 4; i++)
+        r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20), r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+}
+#define TRANSPOSE transpose8
+typedef __m256 tvec;
+#define TLOAD _mm256_loadu_ps
+#define TSTORE _mm256_storeu_ps
 #endif
 
-/* y[c * ys + j] = v[j * 16 + c] for c < 16, j < n (32-bit values): n 16-channel vectors of a
- * block to 16 NCHW plane rows. */
+/* y[c * ys + j] = v[j * BL + c] for c < BL, j < n (32-bit values): n BL-channel vectors of a
+ * block to BL NCHW plane rows. */
 static void vectors_to_planes(uint32_t *restrict y, size_t ys, const uint32_t *restrict v, size_t n) {
     size_t j = 0;
-#if defined(__AVX512F__)
-    for (; j + 16 <= n; j += 16) {
-        __m512 r[16];
-        for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(v + (j + i) * BL);
-        transpose16(r);
-        for (int c = 0; c < BL; c++) _mm512_storeu_ps(y + c * ys + j, r[c]);
+#if defined(TRANSPOSE)
+    for (; j + BL <= n; j += BL) {
+        tvec r[BL];
+        for (int i = 0; i < BL; i++) r[i] = TLOAD((const float *)v + (j + i) * BL);
+        TRANSPOSE(r);
+        for (int c = 0; c < BL; c++) TSTORE((float *)y + c * ys + j, r[c]);
     }
 #endif
     for (int c = 0; c < BL; c++)  /* the tail */
         for (size_t i = j; i < n; i++) y[c * ys + i] = v[i * BL + c];
 }
 
-/* v[j * 16 + c] = y[c * ys + j]: the inverse. */
+/* v[j * BL + c] = y[c * ys + j]: the inverse. */
 static void planes_to_vectors(uint32_t *restrict v, const uint32_t *restrict y, size_t ys, size_t n) {
     size_t j = 0;
-#if defined(__AVX512F__)
-    for (; j + 16 <= n; j += 16) {
-        __m512 r[16];
-        for (int c = 0; c < BL; c++) r[c] = _mm512_loadu_ps(y + c * ys + j);
-        transpose16(r);
-        for (int i = 0; i < 16; i++) _mm512_storeu_ps(v + (j + i) * BL, r[i]);
+#if defined(TRANSPOSE)
+    for (; j + BL <= n; j += BL) {
+        tvec r[BL];
+        for (int c = 0; c < BL; c++) r[c] = TLOAD((const float *)y + c * ys + j);
+        TRANSPOSE(r);
+        for (int i = 0; i < BL; i++) TSTORE((float *)v + (j + i) * BL, r[i]);
     }
 #endif
     for (int c = 0; c < BL; c++)  /* the tail (the 49th of a 7x7 plane): plain moves beat a transpose */
         for (size_t i = j; i < n; i++) v[i * BL + c] = y[c * ys + i];
 }
 
-/* Output positions p0 .. p0 + np - 1 (of rows OW long) of one block, 16 channels each. */
+/* Output positions p0 .. p0 + np - 1 (of rows OW long) of one block, BL channels each. */
 static inline __attribute__((always_inline)) void pool_chunk(float *m, int32_t *idx, const void *x, int W, int OW,
                                                              size_t p0, size_t np, int K, int S, int32_t base,
                                                              bool bf16) {
@@ -219,7 +244,7 @@ static inline __attribute__((always_inline)) void pool_forward(float *out, int32
     const int OH = (H - K) / S + 1, OW = (W - K) / S + 1, CB = C / BL;
     if (OH <= 0 || OW <= 0) return;
     const size_t HW = (size_t)H * W, OHW = (size_t)OH * OW, vsize = bf16 ? 2 : 4;
-    float tm[CHUNK * BL];     /* NCHW output: CHUNK positions of the block, then 16 plane rows */
+    float tm[CHUNK * BL];     /* NCHW output: CHUNK positions of the block, then BL plane rows */
     int32_t ti[CHUNK * BL];
     for (size_t blk = 0; blk < (size_t)B * CB; blk++) {
         const void *x = (const char *)in + blk * HW * BL * vsize;
@@ -231,7 +256,7 @@ static inline __attribute__((always_inline)) void pool_forward(float *out, int32
             if (K == 2) pool_chunk(m, idx, x, W, OW, p0, np, 2, S, base, bf16);
             else pool_chunk(m, idx, x, W, OW, p0, np, K, S, base, bf16);
             if (out_bl) continue;
-            /* planes (n, blk % CB * 16 + c) of the NCHW output */
+            /* planes (n, blk % CB * BL + c) of the NCHW output */
             vectors_to_planes((uint32_t *)out + blk * BL * OHW + p0, OHW, (const uint32_t *)tm, np);
             vectors_to_planes((uint32_t *)argmax + blk * BL * OHW + p0, OHW, (const uint32_t *)ti, np);
         }

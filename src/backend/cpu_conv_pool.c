@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/blocked.h"
 #include "backend/vec_native.h"
 
 /* a * b + c as one fused multiply-add where the CPU has one (ISO C mode turns contraction off) */
@@ -30,7 +31,7 @@
 #pragma GCC diagnostic ignored "-Wpsabi"
 #endif
 
-#define BL 16  /* channels per block of the blocked layout (nChw16c) */
+#define BL DT_BLOCK  /* channels per block of the blocked layout (blocked.h) */
 
 /* The per-call state: the padded sample, the weights of each VW-channel group as [tap][VW]
  * vectors (tap = (c * K + ky) * K + kx), and room for PK conv rows and one pooled row. */

@@ -35,7 +35,8 @@ static dnnl_data_type_t layout_type(dt_layout l) { return l == DT_LAYOUT_BLOCKED
 static void conv_mds(const conv_shape *s, bool any, dnnl_data_type_t dt, dnnl_memory_desc_t md[5]) {
     const dnnl_dims_t src = {s->B, s->C, s->H, s->W}, w = {s->OC, s->C, s->K, s->K}, dst = {s->B, s->OC, s->OH, s->OW},
                       b = {s->OC};
-    const dnnl_format_tag_t ts = s->in_bl ? dnnl_nChw16c : dnnl_nchw, td = s->out_bl ? dnnl_nChw16c : dnnl_nchw;
+    const dnnl_format_tag_t bl = DT_BLOCK == 16 ? dnnl_nChw16c : dnnl_nChw8c;
+    const dnnl_format_tag_t ts = s->in_bl ? bl : dnnl_nchw, td = s->out_bl ? bl : dnnl_nchw;
     dnnl_memory_desc_init_by_tag(&md[0], 4, src, any ? dt : layout_type(s->in_l), any ? dnnl_format_tag_any : ts);
     dnnl_memory_desc_init_by_tag(&md[1], 4, w, any ? dt : dnnl_f32, any ? dnnl_format_tag_any : dnnl_oihw);
     dnnl_memory_desc_init_by_tag(&md[2], 4, dst, any ? dt : layout_type(s->out_l), any ? dnnl_format_tag_any : td);
