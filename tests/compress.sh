@@ -29,6 +29,8 @@ resume_exact() {  # NAME ARGS...: 24 steps straight == STOP (11) steps, then res
 resume_exact topk --compress topk:0.1:momentum=0.9:warmup=5 --momentum 0
 resume_exact powersgd --compress powersgd:2 --bucket-mb 0.001
 resume_exact fp16 --compress fp16
+# fp16 GEMMs with loss scaling: the scaler and the error feedback at its scale both resume
+resume_exact fp16-scaled --compress fp16 --precision fp16
 # localsgd averages before a checkpoint (so it is the common model): stop where it averages anyway
 STOP=12 resume_exact localsgd --strategy "localsgd(sync_every=3)" --compress topk:0.2
 

@@ -174,6 +174,78 @@ static void test_cast_exact(void) {
     dt_comm_destroy(c);
 }
 
+/* Loss scaling's hook (dt_grad_sync_rescale_state) on fp16, top-k and PowerSGD buckets: after a
+ * step whose gradients hold an inf (the overflow that makes loss scaling skip the step), the
+ * residual holds inf or NaN; the skip clears it, and the next steps send finite values. A finite
+ * residual is multiplied by the scale's change, and a NaN left in it (not sent) is zeroed. */
+static dt_status state_row(void *ctx, const dt_state_piece *p) {
+    *(float **)ctx = p->buf.data;
+    return DT_OK;
+}
+
+static void test_rescale_state(void) {
+    dt_comm *c;
+    dt_model *m;
+    one_process_bucket(&c, &m);
+    const size_t n = dt_model_num_params(m);
+    size_t lo = 0, hi = n;
+    float *x = malloc(n * sizeof *x), *r0 = malloc(n * sizeof *r0), *r1 = malloc(n * sizeof *r1);
+    const char *texts[] = {"fp16", "topk:0.1", "powersgd:2"};
+    for (size_t k = 0; k < sizeof texts / sizeof *texts; k++) {
+        dt_compress_spec cs;
+        CHECK_OK(dt_compress_parse(texts[k], &cs));
+        dt_grad_sync_config gc = {.comm = c, .model = m, .n = n, .lo = &lo, .hi = &hi, .nb = 1};
+        dt_grad_sync *gs;
+        CHECK_OK(dt_grad_sync_create(&gs, &cs, &gc));
+        size_t bad = 0, nonzero = 0, unscaled = 0, kept_nan = 0;
+        for (int step = 0; step < 4; step++) {
+            g_of(x, n, 0, 70 + step);
+            if (step == 1) x[n / 3] = INFINITY;
+            dt_grad_sync_begin_step(gs, step);
+            dt_grad_sync_start(gs, 0, x);
+            CHECK_OK(dt_grad_sync_finish(gs, 0));
+            dt_grad_sync_residual(gs, r0);
+            if (step == 1) {
+                size_t inf = 0;
+                for (size_t i = 0; i < n; i++) inf += !isfinite(r0[i]) || !isfinite(x[i]);
+                CHECK_MSG(inf > 0, "%s: an inf gradient left no inf in the result or the residual", texts[k]);
+                dt_grad_sync_rescale_state(gs, 0.5f, true);  /* the step is skipped */
+                dt_grad_sync_residual(gs, r1);
+                for (size_t i = 0; i < n; i++) nonzero += r1[i] != 0;
+            } else {
+                for (size_t i = 0; i < n; i++) bad += !isfinite(x[i]) || !isfinite(r0[i]);
+                if (step == 2) {  /* a NaN in the state that was not sent: zeroed, the rest kept */
+                    float *row = NULL;
+                    CHECK_OK(dt_grad_sync_visit_state(gs, state_row, &row));
+                    size_t at = 0;
+                    while (at < n && r0[at] == 0) at++;  /* a value of the residual (PowerSGD: of e) */
+                    for (size_t i = 0; row && i < n; i++) kept_nan += row[i] == r0[at];  /* where it is in the row */
+                    for (size_t i = 0; row && i < n; i++)
+                        if (row[i] == r0[at]) row[i] = NAN;
+                    dt_grad_sync_rescale_state(gs, 1.0f, false);
+                    dt_grad_sync_residual(gs, r1);
+                    for (size_t i = 0; i < n; i++) bad += i == at ? r1[i] != 0 : r1[i] != r0[i];
+                    kept_nan = kept_nan == 0;  /* 1: the value was not found in the row */
+                }
+                if (step == 3) {
+                    dt_grad_sync_rescale_state(gs, 2.0f, false);  /* the scale grew */
+                    dt_grad_sync_residual(gs, r1);
+                    for (size_t i = 0; i < n; i++) unscaled += r1[i] != 2.0f * r0[i];
+                }
+            }
+        }
+        CHECK_MSG(nonzero == 0, "%s: %zu residual values survived the skipped step", texts[k], nonzero);
+        CHECK_MSG(bad == 0, "%s: %zu values not finite in the steps after the skip", texts[k], bad);
+        CHECK_MSG(unscaled == 0, "%s: %zu residual values not doubled with the scale", texts[k], unscaled);
+        CHECK_MSG(kept_nan == 0, "%s: the residual's value not found in the state row", texts[k]);
+        dt_grad_sync_destroy(gs);
+    }
+    printf("fp16, topk, powersgd: a skipped step clears the residual, a scale change rescales it\n");
+    free(x), free(r0), free(r1);
+    dt_model_free(m);
+    dt_comm_destroy(c);
+}
+
 static void test_identities(void) {
     const char *texts[] = {"none", "fp16", "bf16", "topk:1", "topk:0.1", "topk:0.05:momentum=0.9",
                            "topk:0.02:warmup=4", "powersgd:1", "powersgd:2", "powersgd:2:warmup=3", "powersgd:16"};
@@ -303,6 +375,7 @@ int main(void) {
     test_parse();
     test_topk_large();
     test_cast_exact();
+    test_rescale_state();
     test_identities();
     test_trainer();
     dt_test_remove_dir(g_dir);

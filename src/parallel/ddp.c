@@ -102,7 +102,11 @@ static dt_status ddp_step(dt_strategy *s, float lr, float clip, dt_step_stats *s
         DT_TRY(dt_comm_broadcast(s->comm, dt_model_buffers(s->model), d->nbuf, DT_F32, 0));
     }
     double t1 = dt_now();
+    dt_loss_scaler *ls = s->optim ? dt_optim_loss_scaler(s->optim) : NULL;
+    const float scale0 = ls ? ls->scale : 1.0f;
+    const int64_t skipped0 = ls ? ls->skipped : 0;
     dt_strategy_apply_update(s, lr, clip);
+    if (ls) dt_grad_sync_rescale_state(d->gs, ls->scale / scale0, ls->skipped != skipped0);
     if (s->trace) dt_trace_add(s->trace, "optimizer", 0, t1, dt_now(), s->step);
     return DT_OK;
 }
@@ -205,13 +209,6 @@ static const char *auto_choice(const dt_strategy *s, const ddp_opts *op, bool sh
 
 static dt_status ddp_create(dt_strategy *s, const void *opts) {
     const ddp_opts *op = opts;
-    if (op->compress.kind != DT_COMPRESS_NONE && s->optim && dt_optim_loss_scaler(s->optim)) {
-        char c[64];
-        dt_compress_format(&op->compress, c, sizeof c);
-        return dt_error(DT_EINVAL, "--precision fp16 with --compress %s: the compressor's error feedback would keep "
-                                   "the inf of an overflowing step (how loss scaling finds its scale) and every later "
-                                   "step would be skipped; use --precision bf16 with --compress, or drop --compress", c);
-    }
     if (op->zero > 0) return dt_zero_create(s, op->bucket_mb, op->zero);
     DT_TRY(dt_comm_set_hier(s->comm, op->allreduce));  /* collective: every rank creates ddp */
     const bool shard = sharded_update(s, op);

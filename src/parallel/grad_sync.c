@@ -246,6 +246,19 @@ void dt_grad_sync_residual(const dt_grad_sync *g, float *x) {
         if (g->c->residual) g->c->residual(&g->b[i], x + g->b[i].lo);
 }
 
+void dt_grad_sync_rescale_state(dt_grad_sync *g, float factor, bool clear) {
+    if (!g->state_n) return;
+    float *restrict row = g->state + (size_t)g->rank * g->state_n;
+    if (clear) {
+        memset(row, 0, g->state_n * sizeof(float));
+        return;
+    }
+    for (size_t i = 0; i < g->state_n; i++) {
+        const float v = row[i] * factor;
+        row[i] = v - v == 0.0f ? v : 0.0f;  /* inf and NaN (v - v is NaN) go */
+    }
+}
+
 dt_status dt_grad_sync_gather_state(dt_grad_sync *g) {
     if (!g->state_n || g->world == 1) return DT_OK;
     float *mine = g->state + (size_t)g->rank * g->state_n;
