@@ -135,8 +135,14 @@ install: $(BUILD)/dtrain $(BUILD)/libdtrain.a $(BUILD)/libdtrain.so $(BUILD)/dtr
 $(BUILD)/dtrain.1: $(BUILD)/dtrain
 	DTRAIN_BLAS_REEXEC=0 $(BUILD)/dtrain man -o $@
 
+# The builds that `make test` and `make demo` start use every core unless make got a -j already
+# (a plain `make test`, as CI runs it, built serially: about 3 of its minutes on 2 cores).
+JOBS ?= $(shell nproc 2>/dev/null || echo 1)
+PAR = $(if $(findstring j,$(firstword $(MAKEFLAGS)))$(findstring -j,$(MAKEFLAGS)),,-j$(JOBS))
+
 # The whole suite: unit tests, integration scripts (tests/*.sh), then the sanitizer subset.
-test: all
+test:
+	@$(MAKE) --no-print-directory $(PAR) all
 	@tests/run-tests $(BUILD); a=$$?; \
 	$(MAKE) --no-print-directory test-asan; b=$$?; \
 	echo "===="; tests/run-tests --total $(BUILD) build-asan && [ $$a -eq 0 ] && [ $$b -eq 0 ]
@@ -146,12 +152,12 @@ test-unit: all
 
 # ASan+UBSan build in its own tree (build-asan/): every unit test and integration script.
 test-asan:
-	$(MAKE) --no-print-directory BUILD=build-asan SAN=1 OPT=-O1 all
+	$(MAKE) --no-print-directory $(PAR) BUILD=build-asan SAN=1 OPT=-O1 all
 	DTRAIN_SANITIZED=1 tests/run-tests build-asan
 
 demo: 
 	@scripts/install-deps
-	$(MAKE) --no-print-directory $(BUILD)/dtrain
+	$(MAKE) --no-print-directory $(PAR) $(BUILD)/dtrain
 	$(BUILD)/dtrain train --data fashion-mnist --model mlp --epochs 2 --batch 32 --optimizer adam --lr 0.001
 
 # libFuzzer targets (fuzz/fuzz_*.c: model spec, safetensors/checkpoint restore, IDX and gzip, CSV,
@@ -168,7 +174,7 @@ fuzz: fuzz-build
 	tests/fuzz-run $(FUZZ_BUILD) $(FUZZ_SECONDS) $(FUZZ_TIMEOUT) $(FUZZ_TARGETS)
 
 fuzz-build:
-	@$(MAKE) --no-print-directory BUILD=$(FUZZ_BUILD) CC=clang SAN=1 MPI=0 OPT="-O1 -gline-tables-only" \
+	@$(MAKE) --no-print-directory $(PAR) BUILD=$(FUZZ_BUILD) CC=clang SAN=1 MPI=0 OPT="-O1 -gline-tables-only" \
 	  EXTRA_CFLAGS=-fsanitize=fuzzer-no-link fuzz-bins
 
 fuzz-bins: $(FUZZ_TARGETS:%=$(BUILD)/fuzz_%)
