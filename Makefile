@@ -138,7 +138,7 @@ $(BUILD)/dtrain.1: $(BUILD)/dtrain
 # The builds that `make test` and `make demo` start use every core unless make got a -j already
 # (a plain `make test`, as CI runs it, built serially: about 3 of its minutes on 2 cores).
 JOBS ?= $(shell nproc 2>/dev/null || echo 1)
-PAR = $(if $(findstring j,$(firstword $(MAKEFLAGS)))$(findstring -j,$(MAKEFLAGS)),,-j$(JOBS))
+PAR = $(if $(filter -j%,$(MAKEFLAGS)),,-j$(JOBS))
 
 # The whole suite: unit tests, integration scripts (tests/*.sh), then the sanitizer subset.
 test:

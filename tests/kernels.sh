@@ -5,7 +5,7 @@
 # is named), and so is a CNN's (blocked bf16 conv chains); DDP with 2 workers equals 1
 # worker at the same global batch to float rounding, at fp32 and bf16; fp16 reports its loss
 # scale in the metrics and its checkpoints keep it (a resumed fp16 run is bitwise exact too); bad
-# --kernels and --precision values, and fp16 with a strategy that cannot unscale or with --compress, are refused by
+# --kernels and --precision values, and fp16 with a strategy that cannot unscale, are refused by
 # name. In a build without oneDNN, --kernels onednn says what to install and the rest runs on blas.
 . "$(dirname "$0")/testlib.bash"
 if ! have_fmnist; then echo "skip: Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)"; exit 77; fi

@@ -89,6 +89,11 @@ static float kth_largest(float *a, size_t n, size_t k) {
     return a[want];
 }
 
+/* The selection's magnitude of v: |v|, and inf for a NaN, so that a NaN (fp16 loss scaling's
+ * overflow) is always sent, every rank sees it and skips the step; without an order for NaN the
+ * selection could pack fewer than k values. */
+static inline float mag_of(float v) { return v != v ? INFINITY : fabsf(v); }
+
 /* The k-th largest |v[i]|, exact. Large buckets first pass a threshold from a strided sample of
  * 4096 values that about 2k values exceed (DGC's sampled threshold), then look for the k-th among
  * those; when fewer than k pass, among all n. */
@@ -96,15 +101,15 @@ static float kth_magnitude(topk_state *t, size_t n, size_t k) {
     const size_t m = 4096;
     if (n >= 4 * m && k * 8 < n) {
         size_t stride = n / m, ks = (size_t)ceil(2.0 * (double)k * (double)m / (double)n) + 8, c = 0;
-        for (size_t j = 0; j < m; j++) t->mag[j] = fabsf(t->v[j * stride]);
+        for (size_t j = 0; j < m; j++) t->mag[j] = mag_of(t->v[j * stride]);
         float approx = kth_largest(t->mag, m, ks < m ? ks : m);
         for (size_t i = 0; i < n; i++) {
-            float a = fabsf(t->v[i]);
+            float a = mag_of(t->v[i]);
             if (a >= approx) t->mag[c++] = a;
         }
         if (c >= k) return kth_largest(t->mag, c, k);  /* the k largest all pass the threshold */
     }
-    for (size_t i = 0; i < n; i++) t->mag[i] = fabsf(t->v[i]);
+    for (size_t i = 0; i < n; i++) t->mag[i] = mag_of(t->v[i]);
     return kth_largest(t->mag, n, k);
 }
 
@@ -113,11 +118,11 @@ static float kth_magnitude(topk_state *t, size_t n, size_t k) {
 static double select_topk(topk_state *t, size_t n, size_t k, bool momentum) {
     float thr = kth_magnitude(t, n, k);
     size_t above = 0;
-    for (size_t i = 0; i < n; i++) above += fabsf(t->v[i]) > thr;
+    for (size_t i = 0; i < n; i++) above += mag_of(t->v[i]) > thr;
     size_t ties = k - above, m = 0;
     double sq = 0;
     for (size_t i = 0; i < n; i++) {
-        float a = fabsf(t->v[i]);
+        float a = mag_of(t->v[i]);
         bool take = a > thr || (a == thr && ties > 0 && (ties--, true));
         if (take && m < k) {
             t->send[2 * m] = (int32_t)i;
