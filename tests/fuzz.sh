@@ -1,5 +1,5 @@
 # The libFuzzer targets in short form (issue 11): builds them (clang, ASan+UBSan, build-fuzz/) and
-# runs each for DTRAIN_FUZZ_SECONDS (default 4: about 30 s of fuzzing in all) from its
+# runs each for DTRAIN_FUZZ_SECONDS (default 2: about 15 s of fuzzing in all) from its
 # committed seeds; a crash, leak or hang (-timeout 10) fails. Runs in the optimized pass only (the
 # targets carry their own sanitizers). `make fuzz FUZZ_SECONDS=N` is the long form.
 . "$(dirname "$0")/testlib.bash"
@@ -11,7 +11,7 @@ fi
 if make -C "$ROOT" --no-print-directory fuzz-build >"$TMP/build.log" 2>&1; then ok "fuzz targets build"
 else bad "fuzz targets do not build: $(tail -20 "$TMP/build.log")"; finish; exit 1; fi
 targets=$(make -s -C "$ROOT" --no-print-directory print-fuzz-targets)
-out=$("$ROOT/tests/fuzz-run" "$ROOT/build-fuzz" "${DTRAIN_FUZZ_SECONDS:-4}" 10 $targets 2>&1)
+out=$("$ROOT/tests/fuzz-run" "$ROOT/build-fuzz" "${DTRAIN_FUZZ_SECONDS:-2}" 10 $targets 2>&1)
 rc=$?
 echo "$out"
 [ $rc -eq 0 ] && ok "$(wc -w <<<"$targets") fuzz targets ($targets): no crash, leak or hang" || bad "a fuzz target failed (inputs saved in build-fuzz/)"
