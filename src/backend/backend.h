@@ -10,7 +10,7 @@
 
 #include "backend/conv_pool.h"
 
-/* The layout of a blocked convolution's input or output outside: NCHW f32, blocked nChw16c f32, or
+/* The layout of a blocked convolution's input or output outside: NCHW f32, blocked f32 (nChw16c or nChw8c: backend/blocked.h), or
  * blocked with bf16 values (uint16_t, in the first half of the float buffer: the graph keeps those
  * between bf16 convs and max pools, nn/graph_layout.c). */
 typedef enum { DT_LAYOUT_NCHW = 0, DT_LAYOUT_BLOCKED = 1, DT_LAYOUT_BLOCKED_BF16 = 2 } dt_layout;
@@ -32,7 +32,7 @@ typedef struct dt_backend {
     void (*maxpool2d_forward)(float *out, int32_t *argmax, const float *in, int B, int C, int H, int W, int K, int S);
     void (*maxpool2d_backward)(float *din, const float *dout, const int32_t *argmax, int B, int C, int H, int W, int K,
                                int S);
-    /* Blocked activations: oneDNN's nChw16c, (B, C/16, H, W, 16), for C a multiple of 16 (the
+    /* Blocked activations: oneDNN's nChw16c or nChw8c (DT_BLOCK, backend/blocked.h), for C a multiple of 16 (the
      * same count of values as NCHW). A backend with conv2d_*_blocked runs conv -> relu -> maxpool
      * chains in it (the graph plans which values are blocked, nn/graph_layout.c); NULL where not.
      * in_l / out_l: the layouts of in / out (and dout); at least one is blocked; din is f32 in

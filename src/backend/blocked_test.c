@@ -1,5 +1,5 @@
-/* The blocked-layout (nChw16c, or nChw8c without AVX-512) kernels against the NCHW ones: max pooling (the cpu table's
- * *_blocked entries: tiling and overlapping windows, odd sizes, ties and NaNs; blocked and NCHW
+/* The blocked-layout (nChw16c; nChw8c without AVX-512) kernels against the NCHW ones: max
+ * pooling (the cpu table's *_blocked entries: tiling and overlapping windows, odd sizes, ties and NaNs; blocked and NCHW
  * outputs), and the oneDNN f32 table's blocked convolutions (every in/out layout pair, with and
  * without din, bias) against the cpu kernels; the reorders round-trip; the graph's layout plan
  * (which values of a model are blocked), and models with chains on the oneDNN kernels against

@@ -122,7 +122,8 @@ static void conv_row(const dt_conv_pool_shape *s, const work *k, vf *restrict r,
 
 /* Where the first channel of (sample n, channel group ob: channels ob * VW on, pooled row oy,
  * column ox) lives in out's layout, with *ls the stride between the group's channels (a group
- * lies inside one 16-channel block, as VW divides 16). */
+ * lies inside one block, as VW divides BL). */
+_Static_assert(BL % VW == 0, "a channel group of VW must lie inside one block of the layout");
 static size_t out_at(const dt_conv_pool_shape *s, const work *k, int n, int ob, int oy, int ox, size_t *ls) {
     const size_t OHW = (size_t)k->OH * k->OW, p = (size_t)oy * k->OW + ox, c0 = (size_t)ob * VW;
     *ls = s->out_bl ? 1 : OHW;

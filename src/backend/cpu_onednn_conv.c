@@ -1,6 +1,6 @@
 /* oneDNN convolutions: forward, backward data and backward weights on NCHW activations and OIHW
  * weights (torch's layouts), cached per shape and precision like the matmuls (cpu_onednn.c); also
- * on blocked nChw16c activations (the *_blocked entries: a conv chain of the graph,
+ * on blocked activations, nChw16c or nChw8c (DT_BLOCK; the *_blocked entries: a conv chain of the graph,
  * graph_layout.c), which oneDNN's kernels read and write without reorders at f32 and with a
  * cast only at bf16/fp16. Backward weights writes into a per-primitive scratch that is then
  * ADDED to dw (the backend contract accumulates parameter gradients; oneDNN overwrites); db sums
@@ -20,7 +20,7 @@ typedef struct {
     bool bias;
     dt_layout in_l, out_l;  /* of in / out (and dout) outside; din is f32 in in's layout (blocked f32
                              * for bf16 in) */
-    bool in_bl, out_bl;     /* in (din) / out (dout) blocked nChw16c (f32 or bf16), else NCHW */
+    bool in_bl, out_bl;     /* in (din) / out (dout) blocked (f32 or bf16), else NCHW */
 } conv_shape;
 
 static bool has_bf16(const conv_shape *s) { return s->in_l == DT_LAYOUT_BLOCKED_BF16 || s->out_l == DT_LAYOUT_BLOCKED_BF16; }
@@ -29,7 +29,7 @@ static dnnl_data_type_t dnnl_type(dt_dtype p) { return p == DT_BF16 ? dnnl_bf16 
 
 static dnnl_data_type_t layout_type(dt_layout l) { return l == DT_LAYOUT_BLOCKED_BF16 ? dnnl_bf16 : dnnl_f32; }
 
-/* The outside descriptors of src (NCHW, or nChw16c when in_bl; bf16 for a bf16 layout), weights
+/* The outside descriptors of src (NCHW, or blocked when in_bl; bf16 for a bf16 layout), weights
  * (OIHW, f32), dst (likewise), bias and diff_src (f32 in src's layout); with `any` the first three
  * leave the layout to oneDNN at dtype dt (dst and diff_weights: see the pds). */
 static void conv_mds(const conv_shape *s, bool any, dnnl_data_type_t dt, dnnl_memory_desc_t md[5]) {
@@ -231,7 +231,7 @@ static const dt_backend *fallback(dt_dtype p) { return p == DT_F32 ? dt_backend_
 
 /* At f32, a convolution over fewer than 16 input channels with NCHW output runs as im2col + sgemm,
  * which writes NCHW directly: oneDNN's kernel wants its (B,OC,H,W) output and gradient in the
- * blocked nChw16c layout, and the two reorders of that large tensor cost more than the
+ * blocked layout, and the two reorders of that large tensor cost more than the
  * convolution itself (measured: 1.5x faster per CPU-second on a conv(32,3) model). When the graph
  * keeps the output blocked (the reference CNN's first layer, C = 1), oneDNN runs it with no
  * reorder. At bf16/fp16 oneDNN keeps it (its kernel then also converts). */
@@ -433,7 +433,7 @@ void dt_dnnl_conv_backward_blocked(float *din, float *dw, float *db, const float
 }
 
 /* Blocked convolutions at bf16/fp16 (the lowp tables' *_blocked entries). Values kept f32
- * nChw16c outside are converted by the primitive's reorders (no transpose); those the graph keeps
+ * blocked outside are converted by the primitive's reorders (no transpose); those the graph keeps
  * at bf16 (DT_LAYOUT_BLOCKED_BF16: between bf16 convs and max pools, nn/graph_layout.c) reach the
  * kernel as they are, and the output is written at bf16 for them, f32 blocked otherwise; din is
  * f32. db is summed from the f32 gradient, or by oneDNN from a bf16 one.

@@ -77,7 +77,7 @@ void dt_dnnl_conv_forward(dt_dtype p, float *out, const float *in, const float *
                           int C, int H, int W, int OC, int K, int S, int P);
 void dt_dnnl_conv_backward(dt_dtype p, float *din, float *dw, float *db, const float *dout, const float *in,
                            const float *w, float *work, int B, int C, int H, int W, int OC, int K, int S, int P);
-/* f32 convolutions with blocked (nChw16c) values outside: the backend table's *_blocked entries. */
+/* f32 convolutions with blocked (DT_BLOCK) values outside: the backend table's *_blocked entries. */
 void dt_dnnl_conv_forward_blocked(float *out, const float *in, const float *w, const float *b, int B, int C, int H,
                                   int W, int OC, int K, int S, int P, dt_layout in_l, dt_layout out_l);
 void dt_dnnl_conv_backward_blocked(float *din, float *dw, float *db, const float *dout, const float *in, const float *w,

@@ -45,7 +45,7 @@ struct dt_node {
     int fused_pool;         /* conv: the id of the maxpool whose values (and relu) it computes in one
                              * pass (backend conv_pool), never writing its own; -1: none */
     bool fused_conv;        /* maxpool: its values come from the conv before it (fused_pool) */
-    bool blocked;           /* values and gradient in the backend's blocked layout (nChw16c) inside a
+    bool blocked;           /* values and gradient in the backend's blocked layout (backend/blocked.h) inside a
                              * conv -> relu -> maxpool chain (graph_layout.c), else NCHW */
     bool bf16, grad_bf16;   /* blocked values / gradient stored bf16 (uint16_t, the first half of
                              * out / grad) between bf16 convs and maxpools (graph_layout.c) */

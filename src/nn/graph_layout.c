@@ -1,4 +1,4 @@
-/* Activation layouts: where the backend has blocked convolutions (oneDNN's nChw16c, backend.h),
+/* Activation layouts: where the backend has blocked convolutions (oneDNN's nChw16c or nChw8c, backend.h),
  * a chain conv -> (relu) -> maxpool -> conv ... keeps its values and gradients blocked, so that
  * the convolutions run without reordering them; the chain's last maxpool writes NCHW (its input
  * stays blocked), and so does a conv whose values anything else reads. A value is blocked when

@@ -106,7 +106,8 @@ static dt_status ddp_step(dt_strategy *s, float lr, float clip, dt_step_stats *s
     const float scale0 = ls ? ls->scale : 1.0f;
     const int64_t skipped0 = ls ? ls->skipped : 0;
     dt_strategy_apply_update(s, lr, clip);
-    if (ls) dt_grad_sync_rescale_state(d->gs, ls->scale / scale0, ls->skipped != skipped0);
+    if (ls && (ls->skipped != skipped0 || ls->scale != scale0))  /* the error feedback is at the loss scale */
+        dt_grad_sync_rescale_state(d->gs, ls->skipped != skipped0 ? 0.0f : ls->scale / scale0);
     if (s->trace) dt_trace_add(s->trace, "optimizer", 0, t1, dt_now(), s->step);
     return DT_OK;
 }

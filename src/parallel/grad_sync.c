@@ -246,10 +246,10 @@ void dt_grad_sync_residual(const dt_grad_sync *g, float *x) {
         if (g->c->residual) g->c->residual(&g->b[i], x + g->b[i].lo);
 }
 
-void dt_grad_sync_rescale_state(dt_grad_sync *g, float factor, bool clear) {
+void dt_grad_sync_rescale_state(dt_grad_sync *g, float factor) {
     if (!g->state_n) return;
     float *restrict row = g->state + (size_t)g->rank * g->state_n;
-    if (clear) {
+    if (factor == 0.0f) {
         memset(row, 0, g->state_n * sizeof(float));
         return;
     }

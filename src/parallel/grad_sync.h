@@ -102,12 +102,11 @@ dt_grad_sync_stats dt_grad_sync_step_stats(const dt_grad_sync *g);
 void dt_grad_sync_residual(const dt_grad_sync *g, float *x);
 /* For dynamic loss scaling (fp16): the error-feedback state holds gradients at the loss scale of
  * the step that kept them, so when the scale changes by `factor` after a step, this rank's state
- * is multiplied by it (values that are not finite are zeroed: an overflow that was not sent,
- * e.g. a NaN top-k left out); with clear (the step was skipped: its gradients overflowed and the
- * state took the inf in), it is zeroed, losing the feedback of earlier steps that was not yet
- * sent. PowerSGD's warm-start Q, in the same row, is orthonormalised before use, and a zeroed
- * column is redrawn. */
-void dt_grad_sync_rescale_state(dt_grad_sync *g, float factor, bool clear);
+ * is multiplied by it (a value that is not finite is zeroed); factor 0 after a skipped step (its
+ * gradients overflowed and the state took the inf in) zeroes it, losing the feedback of earlier
+ * steps that was not yet sent. PowerSGD's warm-start Q, in the same row, is orthonormalised
+ * before use, and a zeroed column is redrawn. */
+void dt_grad_sync_rescale_state(dt_grad_sync *g, float factor);
 /* Makes the state checkpointable: allgathers every rank's error-feedback state so the one writer
  * (rank 0) holds all of them. Collective. */
 dt_status dt_grad_sync_gather_state(dt_grad_sync *g);

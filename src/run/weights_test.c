@@ -171,9 +171,10 @@ static void test_predict(void) {
     /* predict runs batches of 256: the forward of the same batches, bitwise (not one forward of
      * all 300: oneDNN's AVX2 GEMM (gemm:jit) sums some rows in another order at another M, e.g.
      * rows 174-175 and 254-255 of 300 against 256, by an ulp) */
+    enum { PREDICT_BATCH = 256 };  /* dt_model_predict's */
     float *ref = malloc(sizeof(float) * N * 4);
-    for (int i = 0; i < N; i += 256) {
-        const int b = N - i < 256 ? N - i : 256;
+    for (int i = 0; i < N; i += PREDICT_BATCH) {
+        const int b = N - i < PREDICT_BATCH ? N - i : PREDICT_BATCH;
         const float *y;
         CHECK_OK(dt_model_forward(m, x + (size_t)i * 9, b, false, 0, &y));
         memcpy(ref + (size_t)i * 4, y, sizeof(float) * (size_t)b * 4);
