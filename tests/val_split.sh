@@ -61,12 +61,18 @@ anon_peak() {  # peak RssAnon (bytes) of a command, sampled every 20 ms
   wait $pid && echo $peak
 }
 plan_total() { $DT train --model mlp "$@" --dry-run 2>&1 | awk '/^  total/ { print $2; exit }'; }
-a1=$(anon_peak $DT train --model mlp --epochs 2 --seed 1 --quiet --val-split 0.1); a0=$(anon_peak $DT train --model mlp --epochs 2 --seed 1 --quiet)
-p1=$(plan_total --val-split 0.1); p0=$(plan_total)
-if [ -n "$a1" ] && [ -n "$a0" ] && [ -n "$p1" ] && [ -n "$p0" ] && awk -v a1="$a1" -v a0="$a0" -v p1="$p1" -v p0="$p0" \
-     'BEGIN { d = (a1 - a0) - (p1 - p0); exit !(d < 4e6 && d > -4e6) }'; then
-  ok "--val-split 0.1 changes a rank's private memory as its plan (held $a0 -> $a1 bytes, plan $p0 -> $p1)"
-else bad "--val-split 0.1: held $a0 -> $a1 bytes, plan $p0 -> $p1: a copy outside the plan?"; fi
+# ASan's quarantine (freed blocks held back, up to 256 MB) and shadow move RssAnon by more than
+# the bound (seen: -10 MB against a plan's -4 MB), so the measurement runs in the optimized pass
+if [ -n "${DTRAIN_SANITIZED:-}" ]; then
+  echo "note: sanitizer build: the RssAnon check runs in the optimized pass only"
+else
+  a1=$(anon_peak $DT train --model mlp --epochs 2 --seed 1 --quiet --val-split 0.1); a0=$(anon_peak $DT train --model mlp --epochs 2 --seed 1 --quiet)
+  p1=$(plan_total --val-split 0.1); p0=$(plan_total)
+  if [ -n "$a1" ] && [ -n "$a0" ] && [ -n "$p1" ] && [ -n "$p0" ] && awk -v a1="$a1" -v a0="$a0" -v p1="$p1" -v p0="$p0" \
+       'BEGIN { d = (a1 - a0) - (p1 - p0); exit !(d < 4e6 && d > -4e6) }'; then
+    ok "--val-split 0.1 changes a rank's private memory as its plan (held $a0 -> $a1 bytes, plan $p0 -> $p1)"
+  else bad "--val-split 0.1: held $a0 -> $a1 bytes, plan $p0 -> $p1: a copy outside the plan?"; fi
+fi
 expect_fail "--early-stop needs --val-split" "--early-stop needs --val-split" $DT train --model mlp --early-stop 2 --max-steps 1
 expect_fail "--keep-best needs --save" "add --save FILE" $DT train --model mlp --val-split 0.1 --keep-best --max-steps 1
 expect_fail "--val-split out of range" "--val-split 1.5" $DT train --model mlp --val-split 1.5 --max-steps 1
