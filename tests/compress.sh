@@ -6,7 +6,8 @@
 # stopped by SIGTERM: the error-feedback state of every rank is in the checkpoint. The metrics line reports bytes per
 # step and the compression ratio, which matches the stated one (top-k 0.1: 4n / (8 ceil(0.1 n)))
 # within 5%. ddp with --allreduce hier (forced on one host) ends where flat ends. Bad --compress
-# and --allreduce values are usage errors that name the value.
+# and --allreduce values are usage errors that name the value. The residual is reported, and
+# carried across a resume that changes --precision, in gradient units (fp16 keeps it scaled).
 # Usage: bash tests/compress.sh BUILDDIR
 source "$(dirname "$0")/testlib.bash"
 
@@ -31,6 +32,20 @@ resume_exact powersgd --compress powersgd:2 --bucket-mb 0.001
 resume_exact fp16 --compress fp16
 # fp16 GEMMs with loss scaling: the scaler and the error feedback at its scale both resume
 resume_exact fp16-scaled --compress fp16 --precision fp16
+# the residual is kept at fp16's loss scale: the metrics report it divided by the scale, and a
+# resume that changes --precision across fp16 converts it (else one step later it is 65536x off)
+ef_at_12() {  # PRECISION [RESUME]: ef_norm of step 12 of a top-k run
+  "$DT" train "${COMMON[@]}" --compress topk:0.1 --precision "$1" --max-steps 12 ${2:+--resume "$2"} \
+    --metrics "$TMP/ef-$1.jsonl" >/dev/null 2>&1 && grep -o '"ef_norm": [0-9.e+-]*' "$TMP/ef-$1.jsonl" | tail -1 | awk '{print $2}'
+}
+for from in fp16 fp32; do
+  "$DT" train "${COMMON[@]}" --compress topk:0.1 --precision $from --max-steps 11 --save "$TMP/ef-$from.st" >/dev/null 2>&1
+done
+e16=$(ef_at_12 fp16); e32=$(ef_at_12 fp32); e16from32=$(ef_at_12 fp16 "$TMP/ef-fp32.st"); e32from16=$(ef_at_12 fp32 "$TMP/ef-fp16.st")
+if awk -v a="${e16:-0}" -v b="${e32:-0}" -v c="${e16from32:-0}" -v d="${e32from16:-0}" 'BEGIN {
+     exit !(b > 0 && a / b > 0.8 && a / b < 1.25 && c / b > 0.8 && c / b < 1.25 && d / b > 0.8 && d / b < 1.25) }'; then
+  ok "error-feedback norm at step 12: fp16 $e16, fp32 $e32, resumed across precisions $e16from32 and $e32from16"
+else bad "error-feedback norm at step 12: fp16 ${e16:-?}, fp32 ${e32:-?}, fp32->fp16 resume ${e16from32:-?}, fp16->fp32 resume ${e32from16:-?}: not in gradient units"; fi
 # localsgd averages before a checkpoint (so it is the common model): stop where it averages anyway
 STOP=12 resume_exact localsgd --strategy "localsgd(sync_every=3)" --compress topk:0.2
 

@@ -95,15 +95,15 @@ static dt_status ddp_step(dt_strategy *s, float lr, float clip, dt_step_stats *s
     st->comm_wait_s = dt_now() - t0;
     st->buckets = d->nb;
     dt_grad_sync_stats gst = dt_grad_sync_step_stats(d->gs);
-    st->bytes_sent = gst.wire_bytes, st->bytes_raw = gst.raw_bytes, st->ef_norm = gst.ef_norm;
+    dt_loss_scaler *ls = s->optim ? dt_optim_loss_scaler(s->optim) : NULL;
+    const float scale0 = ls ? ls->scale : 1.0f;  /* this step's gradients, and so its residual, carry it */
+    st->bytes_sent = gst.wire_bytes, st->bytes_raw = gst.raw_bytes, st->ef_norm = gst.ef_norm / scale0;
     if (first != DT_OK) return dt_error_wrap(first, "gradient allreduce");
     if (d->nbuf) {
         /* keep batchnorm running statistics identical: rank 0's are the model's (as torch DDP) */
         DT_TRY(dt_comm_broadcast(s->comm, dt_model_buffers(s->model), d->nbuf, DT_F32, 0));
     }
     double t1 = dt_now();
-    dt_loss_scaler *ls = s->optim ? dt_optim_loss_scaler(s->optim) : NULL;
-    const float scale0 = ls ? ls->scale : 1.0f;
     const int64_t skipped0 = ls ? ls->skipped : 0;
     dt_strategy_apply_update(s, lr, clip);
     if (ls && (ls->skipped != skipped0 || ls->scale != scale0))  /* the error feedback is at the loss scale */

@@ -72,7 +72,8 @@ typedef struct {
     int early_buckets;   /* of which were started while backward was still running */
     double bytes_sent;   /* gradient-sync bytes this rank sent (ring / allgather volume; 0: not counted) */
     double bytes_raw;    /* what an uncompressed f32 allreduce would have handed over */
-    double ef_norm;      /* L2 norm of the error-feedback residual after the step (--compress) */
+    double ef_norm;      /* L2 norm of the error-feedback residual after the step (--compress), in
+                          * gradient units (fp16: divided by the loss scale) */
     double gathered_peak_bytes;  /* ZeRO-3: the most gathered parameter bytes not owned held at once */
 } dt_step_stats;
 

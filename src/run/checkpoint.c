@@ -369,6 +369,30 @@ dt_status dt_checkpoint_restore(const char *path, dt_model *m, dt_optim *o, dt_c
     return s;
 }
 
+/* The loss scale a checkpoint's run trained at (1 without fp16's). */
+static float checkpoint_loss_scale(const dt_st_file *f) {
+    const char *v = dt_st_meta(f, "dtrain.loss_scale");
+    float scale = 0;
+    return v && sscanf(v, "%g", &scale) == 1 && scale > 0 && isfinite(scale) ? scale : 1.0f;
+}
+
+/* restore_piece, and the error-feedback residual ("compress.<name>.state") multiplied by
+ * ef_factor: it holds gradients at the loss scale of the run that wrote it (fp16), so a resume
+ * at another scale (--precision changed across fp16) converts it. */
+typedef struct {
+    const dt_st_file *f;
+    float ef_factor;
+} restore_ctx;
+
+static dt_status restore_piece_rescaled(void *ctx, const dt_state_piece *p) {
+    const restore_ctx *c = ctx;
+    DT_TRY(restore_piece((void *)c->f, p));
+    const size_t n = strlen(p->name);
+    if (c->ef_factor != 1.0f && !strncmp(p->name, "compress.", 9) && n > 6 && !strcmp(p->name + n - 6, ".state"))
+        for (size_t i = 0; i < p->buf.count; i++) ((float *)p->buf.data)[i] *= c->ef_factor;
+    return DT_OK;
+}
+
 dt_status dt_checkpoint_restore_strategy(const char *path, dt_strategy *st, dt_ckpt_info *info) {
     dt_st_file *f = NULL;
     DT_TRY(dt_st_open(&f, path));
@@ -382,7 +406,12 @@ dt_status dt_checkpoint_restore_strategy(const char *path, dt_strategy *st, dt_c
     /* a sharded checkpoint (ZeRO) holds whole-model state only: its pieces go into the ones the
      * strategy reports (tp: its shards); strategy-only state starts afresh */
     if (s == DT_OK && shards > 0) s = dt_checkpoint_restore_shards_into(path, (int)shards, st);
-    else if (s == DT_OK) s = dt_strategy_visit_state(st, restore_piece, f);
+    else if (s == DT_OK) {
+        restore_loss_scale(f, st->optim);
+        const dt_loss_scaler *ls = st->optim ? dt_optim_loss_scaler(st->optim) : NULL;
+        restore_ctx c = {.f = f, .ef_factor = (ls ? ls->scale : 1.0f) / checkpoint_loss_scale(f)};
+        s = dt_strategy_visit_state(st, restore_piece_rescaled, &c);
+    }
     if (s == DT_OK && st->optim && steps) dt_optim_set_steps(st->optim, strtoll(steps, NULL, 10));
     if (s == DT_OK) restore_loss_scale(f, st->optim);
     dt_st_close(f);
