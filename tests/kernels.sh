@@ -7,6 +7,7 @@
 # scale in the metrics and its checkpoints keep it (a resumed fp16 run is bitwise exact too); bad
 # --kernels and --precision values, and fp16 with a strategy that cannot unscale, are refused by
 # name. In a build without oneDNN, --kernels onednn says what to install and the rest runs on blas.
+# The blocked conv/pool kernels also run at 4 lanes (an x86-64-v2 build) against a block of 8.
 . "$(dirname "$0")/testlib.bash"
 if ! have_fmnist; then echo "skip: Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)"; exit 77; fi
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -144,4 +145,17 @@ assert r["skipped_steps"] <= 3 and r["loss_scale"] >= 1024, r
 assert abs(acc[0] - acc[1]) < 0.02, acc
 PY
 done
+
+# The blocked kernels at another vector width: an x86-64-v2 build (SSE, 4 lanes) against oneDNN's
+# block of 8, where a channel group is half a block (the tree is valgrind.sh's, same flags)
+if [ -z "${DTRAIN_SANITIZED:-}" ] && grep -q sse4_2 /proc/cpuinfo; then
+  BLK_TESTS=(conv_pool_test blocked_test blocked_bf16_test)
+  if make -s -j"$(nproc)" -C "$ROOT" BUILD=build-vg OPT="-O1 -march=x86-64-v2" "${BLK_TESTS[@]/#/build-vg/tests/}" \
+       >"$TMP/vg-build.log" 2>&1; then
+    for t in "${BLK_TESTS[@]}"; do
+      "$ROOT/build-vg/tests/$t" >"$TMP/$t.log" 2>&1 && ok "x86-64-v2 build (4 lanes, block 8): $(tail -1 "$TMP/$t.log")" \
+        || bad "x86-64-v2 build: $(grep -m3 FAIL "$TMP/$t.log")"
+    done
+  else bad "cannot build the x86-64-v2 blocked kernel tests: $(tail -3 "$TMP/vg-build.log")"; fi
+fi
 finish
