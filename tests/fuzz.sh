@@ -1,5 +1,5 @@
 # The libFuzzer targets in short form (issue 11): builds them (clang, ASan+UBSan, build-fuzz/) and
-# runs each for DTRAIN_FUZZ_SECONDS (default 2: about 15 s of fuzzing in all) from its
+# runs each for DTRAIN_FUZZ_SECONDS (default 2; as many at once as there are cores) from its
 # committed seeds; a crash, leak or hang (-timeout 10) fails. Runs in the optimized pass only (the
 # targets carry their own sanitizers). `make fuzz FUZZ_SECONDS=N` is the long form.
 . "$(dirname "$0")/testlib.bash"

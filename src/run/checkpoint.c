@@ -405,15 +405,14 @@ dt_status dt_checkpoint_restore_strategy(const char *path, dt_strategy *st, dt_c
     if (s == DT_OK) s = meta_int(f, "dtrain.shards", false, 0, 1, 1 << 24, &shards);
     /* a sharded checkpoint (ZeRO) holds whole-model state only: its pieces go into the ones the
      * strategy reports (tp: its shards); strategy-only state starts afresh */
+    if (s == DT_OK) restore_loss_scale(f, st->optim);
     if (s == DT_OK && shards > 0) s = dt_checkpoint_restore_shards_into(path, (int)shards, st);
     else if (s == DT_OK) {
-        restore_loss_scale(f, st->optim);
         const dt_loss_scaler *ls = st->optim ? dt_optim_loss_scaler(st->optim) : NULL;
         restore_ctx c = {.f = f, .ef_factor = (ls ? ls->scale : 1.0f) / checkpoint_loss_scale(f)};
         s = dt_strategy_visit_state(st, restore_piece_rescaled, &c);
     }
     if (s == DT_OK && st->optim && steps) dt_optim_set_steps(st->optim, strtoll(steps, NULL, 10));
-    if (s == DT_OK) restore_loss_scale(f, st->optim);
     dt_st_close(f);
     return s;
 }
