@@ -127,6 +127,9 @@ expect_fail "fp16 with localsgd is refused" "loss scaling works with --strategy 
 # refused before the data is read (a rank stopped while loading printed a second, wrong error)
 expect_fail "fp16 with localsgd is refused before the data is read" "loss scaling works with --strategy single or ddp" \
   $DT train --data "$TMP/no-such-data" --precision fp16 --workers 2 --strategy localsgd --max-steps 1 --quiet
+# an fp16 checkpoint resumed under localsgd without --precision: the message says where fp16 came from
+expect_fail "an fp16 checkpoint resumed with localsgd is refused by name" "f_half.st was trained at fp16, and a resume keeps it unless told" \
+  run --workers 2 --strategy localsgd --batch 32 --max-steps $S --resume "$TMP/f_half.st"
 # the alias f16 is fp16 with its loss scaling (it ran fp16 GEMMs unscaled)
 run --kernels $LIB --precision f16 --max-steps 2 --metrics "$TMP/f16.jsonl" >/dev/null 2>&1
 grep -q '"loss_scale": 65536' "$TMP/f16.jsonl" && ok "--precision f16 scales the loss as fp16 does" \

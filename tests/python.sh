@@ -8,7 +8,7 @@ PY=/usr/bin/python3
 [ -n "${DTRAIN_SANITIZED:-}" ] && { echo "skip: an ASan libdtrain.so cannot be loaded into an uninstrumented python3"; exit 77; }
 $PY -c "import cffi, numpy" 2>/dev/null || { echo "skip: python3-cffi or python3-numpy is missing (apt-get install python3-cffi python3-numpy)"; exit 77; }
 have_fmnist || { echo "skip: Fashion-MNIST is missing (apt-get install dataset-fashion-mnist)"; exit 77; }
-export DTRAIN_LIB="$BUILD/libdtrain.so" PYTHONPATH="$ROOT/python"
+export DTRAIN_LIB="$(cd "$BUILD" && pwd)/libdtrain.so" PYTHONPATH="$ROOT/python"  # absolute: dlopen reads a relative one from the cwd
 S=30
 $DT train --data fashion-mnist --model mlp --batch 32 --max-steps $S --metrics "$TMP/cli.jsonl" --save "$TMP/cli.safetensors" \
   --quiet >/dev/null 2>&1 || bad "dtrain train failed"

@@ -397,9 +397,15 @@ static dt_status trainer_setup(dt_trainer *t) {
      * refused before any data is read, so no rank is stopped while it loads */
     const char *prec = dt_ckpt_precision_name(c->precision);  /* "f16" is fp16 too */
     const bool fp16 = prec && !strcmp(prec, "fp16");
-    if (fp16 && strcmp(sentry->name, "single") && strcmp(sentry->name, "ddp"))
+    if (fp16 && strcmp(sentry->name, "single") && strcmp(sentry->name, "ddp")) {
+        const char *ck = resume ? dt_ckpt_precision_name(info.precision) : NULL;
+        if (ck && !strcmp(ck, "fp16"))  /* a resume without --precision takes the checkpoint's */
+            return dt_error(DT_EINVAL, "--precision fp16 (%s was trained at fp16, and a resume keeps it unless told): "
+                                       "loss scaling works with --strategy single or ddp, not %s; resume with "
+                                       "--precision bf16 or fp32", resume, sentry->name);
         return dt_error(DT_EINVAL, "--precision fp16: loss scaling works with --strategy single or ddp, not %s; "
                                    "use --precision bf16", sentry->name);
+    }
     DT_TRY(setup_data(t, spec, resume, &info));
     DT_TRY(setup_model(t, spec, sentry, &sopts, resume));
     if (fp16) DT_TRY(dt_optim_set_loss_scaling(t->optim, true, NULL));
