@@ -77,7 +77,8 @@ typedef struct {
     double payload_bytes;    /* bytes this rank handed to the collectives */
     double wire_bytes;       /* bytes this rank sends with bandwidth-optimal algorithms (ring) */
     double raw_bytes;        /* f32 bytes a plain allreduce would have handed over */
-    double ef_norm;          /* L2 norm of this rank's error-feedback residual after the step */
+    double ef_norm;          /* L2 norm of this rank's error-feedback residual after the step, as kept
+                              * (fp16: at the loss scale; dt_step_stats.ef_norm divides it out) */
 } dt_grad_sync_stats;
 
 /* Creates the sync of spec for cfg; the hook entry is chosen from spec->kind. */

@@ -318,16 +318,24 @@ static dt_status restore_piece(void *ctx, const dt_state_piece *p) {
     return DT_OK;
 }
 
+/* The checkpoint's fp16 loss scaler ("scale,good steps,skipped steps"): false where it has none
+ * or it does not parse to a positive finite scale. */
+static bool checkpoint_loss_scaler(const dt_st_file *f, dt_loss_scaler *got) {
+    const char *v = dt_st_meta(f, "dtrain.loss_scale");
+    dt_loss_scaler r = *got;
+    long long skipped = 0;
+    if (!v || sscanf(v, "%g,%d,%lld", &r.scale, &r.good, &skipped) != 3 || !(r.scale > 0) || !isfinite(r.scale))
+        return false;
+    r.skipped = skipped;
+    *got = r;
+    return true;
+}
+
 /* fp16: the loss scaler continues where it was (a checkpoint without one leaves it as it is). */
 static void restore_loss_scale(const dt_st_file *f, dt_optim *o) {
     dt_loss_scaler *ls = o ? dt_optim_loss_scaler(o) : NULL;
-    const char *v = dt_st_meta(f, "dtrain.loss_scale");
     dt_loss_scaler got = ls ? *ls : (dt_loss_scaler){0};
-    long long skipped = 0;
-    if (ls && v && sscanf(v, "%g,%d,%lld", &got.scale, &got.good, &skipped) == 3 && got.scale > 0) {
-        got.skipped = skipped;
-        *ls = got;
-    }
+    if (ls && checkpoint_loss_scaler(f, &got)) *ls = got;
 }
 
 dt_status dt_checkpoint_restore(const char *path, dt_model *m, dt_optim *o, dt_ckpt_info *info) {
@@ -369,16 +377,10 @@ dt_status dt_checkpoint_restore(const char *path, dt_model *m, dt_optim *o, dt_c
     return s;
 }
 
-/* The loss scale a checkpoint's run trained at (1 without fp16's). */
-static float checkpoint_loss_scale(const dt_st_file *f) {
-    const char *v = dt_st_meta(f, "dtrain.loss_scale");
-    float scale = 0;
-    return v && sscanf(v, "%g", &scale) == 1 && scale > 0 && isfinite(scale) ? scale : 1.0f;
-}
-
-/* restore_piece, and the error-feedback residual ("compress.<name>.state") multiplied by
- * ef_factor: it holds gradients at the loss scale of the run that wrote it (fp16), so a resume
- * at another scale (--precision changed across fp16) converts it. */
+/* restore_piece, and the error-feedback residual ("compress.<name>.state") that the file holds
+ * multiplied by ef_factor: it holds gradients at the loss scale of the run that wrote it (fp16),
+ * so a resume at another scale (--precision changed across fp16) converts it. A factor that is
+ * not finite (scales far apart) clears it, as a skipped step does (dt_grad_sync_rescale_state). */
 typedef struct {
     const dt_st_file *f;
     float ef_factor;
@@ -388,8 +390,13 @@ static dt_status restore_piece_rescaled(void *ctx, const dt_state_piece *p) {
     const restore_ctx *c = ctx;
     DT_TRY(restore_piece((void *)c->f, p));
     const size_t n = strlen(p->name);
-    if (c->ef_factor != 1.0f && !strncmp(p->name, "compress.", 9) && n > 6 && !strcmp(p->name + n - 6, ".state"))
-        for (size_t i = 0; i < p->buf.count; i++) ((float *)p->buf.data)[i] *= c->ef_factor;
+    dt_st_tensor st;
+    if (c->ef_factor == 1.0f || strncmp(p->name, "compress.", 9) || n < 6 || strcmp(p->name + n - 6, ".state") ||
+        dt_st_find(c->f, p->name, &st) != DT_OK)  /* not in the file: the state starts afresh, as it is */
+        return dt_error_clear(), DT_OK;
+    float *x = p->buf.data;
+    const float k = isfinite(c->ef_factor) ? c->ef_factor : 0.0f;
+    for (size_t i = 0; i < p->buf.count; i++) x[i] = k == 0.0f ? 0.0f : x[i] * k;
     return DT_OK;
 }
 
@@ -409,7 +416,9 @@ dt_status dt_checkpoint_restore_strategy(const char *path, dt_strategy *st, dt_c
     if (s == DT_OK && shards > 0) s = dt_checkpoint_restore_shards_into(path, (int)shards, st);
     else if (s == DT_OK) {
         const dt_loss_scaler *ls = st->optim ? dt_optim_loss_scaler(st->optim) : NULL;
-        restore_ctx c = {.f = f, .ef_factor = (ls ? ls->scale : 1.0f) / checkpoint_loss_scale(f)};
+        dt_loss_scaler ck = {.scale = 1.0f};  /* the checkpoint's scale: 1 without fp16 */
+        checkpoint_loss_scaler(f, &ck);
+        restore_ctx c = {.f = f, .ef_factor = (ls ? ls->scale : 1.0f) / ck.scale};
         s = dt_strategy_visit_state(st, restore_piece_rescaled, &c);
     }
     if (s == DT_OK && st->optim && steps) dt_optim_set_steps(st->optim, strtoll(steps, NULL, 10));

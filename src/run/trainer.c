@@ -400,8 +400,8 @@ static dt_status trainer_setup(dt_trainer *t) {
     if (fp16 && strcmp(sentry->name, "single") && strcmp(sentry->name, "ddp")) {
         const char *ck = resume ? dt_ckpt_precision_name(info.precision) : NULL;
         if (ck && !strcmp(ck, "fp16"))  /* a resume without --precision takes the checkpoint's */
-            return dt_error(DT_EINVAL, "--precision fp16 (%s was trained at fp16, and a resume keeps it unless told): "
-                                       "loss scaling works with --strategy single or ddp, not %s; resume with "
+            return dt_error(DT_EINVAL, "--precision fp16 (given, or kept from %s, which was trained at fp16): loss "
+                                       "scaling works with --strategy single or ddp, not %s; resume with "
                                        "--precision bf16 or fp32", resume, sentry->name);
         return dt_error(DT_EINVAL, "--precision fp16: loss scaling works with --strategy single or ddp, not %s; "
                                    "use --precision bf16", sentry->name);
