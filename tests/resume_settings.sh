@@ -1,6 +1,7 @@
 # --resume FILE continues the run that wrote FILE: the training settings the command line leaves
 # out (--optimizer and its hyper-parameters, --lr and the schedule, --seed, --batch, --grad-accum,
-# --clip, --model) are the checkpoint's, so a resume with none of them equals the uninterrupted
+# --clip, --model, and a ddp/localsgd strategy with options such as --compress) are the
+# checkpoint's, so a resume with none of them equals the uninterrupted
 # run bit for bit; a setting given that differs from the checkpoint's is announced once (rank 0);
 # the batch is compared as a step's samples (--batch x --grad-accum).
 . "$(dirname "$0")/testlib.bash"
@@ -70,6 +71,30 @@ if [ -z "$same" ] && grep -q -- "other settings: --grad-accum 2 (the checkpoint'
    && ! grep -q -- "--batch 8, the checkpoint's run used 8" <<<"$more"; then
   ok "batch notes: none for the same batch; --batch 4 x --grad-accum 2 names only --grad-accum; 16 a step against 8 is named"
 else bad "batch notes: same '$same'; 4 x 2 '$split'; 8 x 2 '$more'"; fi
+
+# ---- the strategy of a data-parallel run with options (--compress, localsgd) is the checkpoint's
+# too: resumed with no strategy flag it equals the uninterrupted run; another one given is named;
+# on one worker it is dropped with a note (as --compress of one worker is)
+W1=(--data "$TMP/b.csv" --model "linear(8) relu linear(4)" --batch 8 --epochs 3 --seed 3 --optimizer sgd --lr 0.05 --quiet)
+W=("${W1[@]}" --workers 2)
+for strat in "--compress powersgd:2" "--strategy localsgd --sync-every 4"; do
+  tag=$(tr -dc 'a-z0-9' <<<"$strat")
+  $DT train "${W[@]}" $strat --max-steps 24 --save "$TMP/$tag-a.st" >/dev/null 2>&1 || bad "$strat: straight run"
+  $DT train "${W[@]}" $strat --max-steps 12 --save "$TMP/$tag-b.st" >/dev/null 2>&1 || bad "$strat: first half"
+  out=$($DT train "${W[@]}" --max-steps 24 --resume "$TMP/$tag-b.st" --save "$TMP/$tag-c.st" 2>&1)
+  cmp -s "$TMP/$tag-a.st" "$TMP/$tag-c.st" && ! grep -q "other settings" <<<"$out" \
+    && ok "$strat: a resume with no strategy flag continues it, bit for bit" \
+    || bad "$strat: the resume without the flags differs from the uninterrupted run: $out"
+done
+out=$($DT train "${W[@]}" --strategy ddp --max-steps 24 --resume "$TMP/strategylocalsgdsyncevery4-b.st" 2>&1)
+grep -q -- "other settings: --strategy ddp (the checkpoint's run: localsgd(sync_every=4))" <<<"$out" \
+  && ok "another --strategy given is named in the resume's note" || bad "strategy change note: $out"
+out=$($DT train "${W1[@]}" --max-steps 24 --resume "$TMP/compresspowersgd2-b.st" 2>&1)
+grep -q "the checkpoint's --strategy ddp(compress=powersgd:2) needs more than one rank" <<<"$out" \
+  && ok "a one-worker resume of a compressed run says it drops the compression" || bad "one-worker resume: $out"
+out=$($DT train "${B[@]}" --compress topk:0.1 --max-steps 2 2>&1)
+grep -q "note: --compress topk:0.1 with one worker sends nothing to compress" <<<"$out" \
+  && ok "--compress on one worker is noted, not silently ignored" || bad "--compress on one worker: $out"
 
 # ---- another optimizer given explicitly is still refused (its state cannot carry over) ----
 expect_fail "resume with another --optimizer is refused" "trained with --optimizer adamw" \

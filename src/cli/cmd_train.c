@@ -107,6 +107,7 @@ typedef struct {
     const char *mem_limit_text; /* --mem-limit, --dry-run, --zero (train_mem.c) */
     size_t mem_limit;
     bool dry_run;
+    bool strategy_from_ckpt;  /* --resume took the checkpoint's strategy spec (train_resume.h) */
 } train_opts;
 
 /* Parses argv into o; returns -1 to continue, else the exit status (help, bad flags). */
@@ -241,7 +242,7 @@ static int build_train_config(int argc, char **argv, train_opts *o) {
     c->val_split = o->val_split;
     c->checkpoint_secs = o->ckpt_secs;
     c->stop = &g_stop;
-    dt_cli_resume_settings(argc, argv, c);
+    o->strategy_from_ckpt = dt_cli_resume_settings(argc, argv, c);
     return -1;
 }
 
@@ -328,6 +329,14 @@ static int run_rank(int argc, char **argv, train_opts *o, int job_ranks) {
         cfg.strategy = NULL;
         if (o->uneven.zero_given && o->uneven.zero > 0)
             fprintf(stderr, "dtrain: note: --zero %d with one worker shards nothing (use --workers N)\n", o->uneven.zero);
+        if (o->uneven.compress && strcmp(o->uneven.compress, "none"))
+            fprintf(stderr, "dtrain: note: --compress %s with one worker sends nothing to compress (use --workers N)\n",
+                    o->uneven.compress);
+    }
+    if (world == 1 && o->strategy_from_ckpt) {  /* the checkpoint's ddp/localsgd/ps needs more ranks */
+        fprintf(stderr, "dtrain: note: the checkpoint's --strategy %s needs more than one rank; this resume trains on "
+                "one (add --workers N to continue it)\n", cfg.strategy);
+        cfg.strategy = NULL;
     }
     /* --tp / --pp with --zero on exactly one model copy: the data-parallel axis ZeRO shards over is 1 rank */
     if (world > 1 && rank == 0 && o->uneven.zero > 0 && dt_cli_flag_given(argc, argv, "zero") && cfg.strategy &&

@@ -37,8 +37,22 @@ static void take_optimizer(int argc, char **argv, dt_train_config *c, const dt_c
     if (!GIVEN("eps")) o->eps = p->eps;
 }
 
-void dt_cli_resume_settings(int argc, char **argv, dt_train_config *c) {
-    if (!c->resume) return;
+/* The checkpoint's strategy spec when the command line named none and it is one a data-parallel
+ * resume continues (ddp, localsgd, ps with their options; tp and pp layouts are the flags' to
+ * choose: a resume may change them). Static storage. */
+static const char *strategy_to_take(const dt_train_config *c, const dt_ckpt_info *info) {
+    static char spec[sizeof info->strategy];
+    char name[32];
+    if (c->strategy || !info->strategy[0] || !strcmp(info->strategy, "ddp") || !strcmp(info->strategy, "single") ||
+        dt_strategy_spec_info(info->strategy, name, sizeof name, NULL) != DT_OK)
+        return dt_error_clear(), NULL;
+    if (strcmp(name, "ddp") && strcmp(name, "localsgd") && strcmp(name, "ps")) return NULL;
+    snprintf(spec, sizeof spec, "%s", info->strategy);
+    return spec;
+}
+
+bool dt_cli_resume_settings(int argc, char **argv, dt_train_config *c) {
+    if (!c->resume) return false;
     char path[4096];
     bool found = true;
     bool from_dir;
@@ -48,7 +62,7 @@ void dt_cli_resume_settings(int argc, char **argv, dt_train_config *c) {
     dt_ckpt_info info;
     if (!found || dt_checkpoint_read_info(path, &info) != DT_OK) {
         dt_error_clear();
-        return;
+        return false;
     }
     take_optimizer(argc, argv, c, &info);
     if (!GIVEN("seed")) c->seed = info.seed;
@@ -67,4 +81,7 @@ void dt_cli_resume_settings(int argc, char **argv, dt_train_config *c) {
     /* the stored batch is a step's: --batch x --grad-accum */
     const int accum = c->grad_accum > 1 ? c->grad_accum : 1;
     if (!GIVEN("batch") && info.batch > 0 && info.batch % accum == 0) c->batch = info.batch / accum;
+    const char *spec = strategy_to_take(c, &info);
+    if (spec) c->strategy = spec;
+    return spec != NULL;
 }

@@ -33,6 +33,8 @@ typedef struct {
     float clip;               /* --clip */
     int grad_accum;           /* --grad-accum (batch above is batch x grad_accum) */
     char precision[8];        /* --precision: "fp32", "bf16", "fp16" ("": not stored, older versions) */
+    char strategy[256];       /* the strategy spec it trained with (dtrain.strategy: "ddp", "single",
+                               * "localsgd(sync_every=4)", "ddp(compress=topk:0.1)"; "": older versions) */
 } dt_ckpt_info;
 
 typedef struct dt_strategy dt_strategy;
@@ -45,10 +47,12 @@ dt_status dt_ckpt_settings_parse(const dt_st_file *f, dt_ckpt_info *info);
 /* The name a --precision value is stored under ("fp32" for NULL, "f32" and "fp32"; "bf16";
  * "fp16" for "f16" and "fp16"), static text; NULL when p is no precision. */
 const char *dt_ckpt_precision_name(const char *p);
-/* Describes into what[cap] ("" when none) the settings of c that differ from the checkpoint's
- * info: "--lr 0.005 (the checkpoint's run: 0.01); --seed 3 (...)"; without stored settings only
- * the learning rate at the resumed step, the seed and the batch. */
-void dt_ckpt_settings_changes(const dt_ckpt_info *info, const dt_train_config *c, char *what, size_t cap);
+/* Describes into what[cap] ("" when none) the settings of c, and the strategy spec this run
+ * trains with, that differ from the checkpoint's info: "--strategy ddp (the checkpoint's run:
+ * localsgd(sync_every=4)); --lr 0.005 (the checkpoint's run: 0.01); --seed 3 (...)"; without
+ * stored settings only the learning rate at the resumed step, the seed and the batch. */
+void dt_ckpt_settings_changes(const dt_ckpt_info *info, const dt_train_config *c, const char *strategy, char *what,
+                              size_t cap);
 
 /* Writes the training state the strategy reports (dt_strategy_visit_state: whole tensors, or the
  * slices of sharded ones when this rank holds all of them) and info atomically to path. */

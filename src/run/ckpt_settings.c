@@ -108,9 +108,17 @@ static void note_change(char *what, size_t cap, size_t *len, const char *flag, d
                              now, then);
 }
 
-void dt_ckpt_settings_changes(const dt_ckpt_info *info, const dt_train_config *c, char *what, size_t cap) {
+/* The default strategies ("single" for one rank, "ddp" for more) are a change of the number of
+ * ranks, which the resume reports on its own: only other specs are compared. */
+static bool plain_strategy(const char *s) { return !strcmp(s, "single") || !strcmp(s, "ddp"); }
+
+void dt_ckpt_settings_changes(const dt_ckpt_info *info, const dt_train_config *c, const char *strategy, char *what,
+                              size_t cap) {
     size_t len = 0;
     what[0] = '\0';
+    if (info->strategy[0] && strategy && strcmp(strategy, info->strategy) &&
+        !(plain_strategy(strategy) && plain_strategy(info->strategy)))
+        len += (size_t)snprintf(what, cap, "--strategy %s (the checkpoint's run: %s)", strategy, info->strategy);
     if (info->has_settings) {
         const dt_lr_schedule *l = &c->lr, *w = &info->sched;
         const dt_optim_config *o = &c->optim, *p = &info->optim_cfg;

@@ -196,13 +196,18 @@ dt_status dt_trainer_open_data(const char *data, const char *spec, double val_fr
     return dt_dataset_open_text(train, test, data, g.T, val_fraction);
 }
 
+/* The strategy spec this run trains with: the configured one, else ddp (more than one rank) or single. */
+const char *dt_trainer_strategy_spec(const dt_trainer *t) {
+    return t->cfg.strategy ? t->cfg.strategy : t->world > 1 ? "ddp" : "single";
+}
+
 /* A resumed run whose flags change a training setting is no longer the run that wrote the
  * checkpoint: say once what changed (the resume itself is allowed: fine-tuning does exactly this;
  * the command line takes every setting it is not given from the checkpoint, so these are
  * deliberate). */
 static void check_resume_changes(const dt_trainer *t, const dt_ckpt_info *info, const char *path) {
     char what[1024];
-    dt_ckpt_settings_changes(info, &t->cfg, what, sizeof what);
+    dt_ckpt_settings_changes(info, &t->cfg, dt_trainer_strategy_spec(t), what, sizeof what);
     if (what[0])
         dt_trainer_note(t, "resuming %s with other settings: %s. This continues as a different run, not the one "
                            "that wrote the checkpoint", path, what);
@@ -389,7 +394,7 @@ static dt_status trainer_setup(dt_trainer *t) {
     const char *spec = c->model ? c->model : resume ? info.spec : "mlp";
     dt_status s = check_spec(spec);
     if (s != DT_OK) return spec == info.spec ? dt_error_wrap(DT_EFORMAT, "%s: its dtrain.model_spec", resume) : s;
-    const char *strategy = c->strategy ? c->strategy : t->world > 1 ? "ddp" : "single";
+    const char *strategy = dt_trainer_strategy_spec(t);
     dt_strategy_opts sopts;
     const dt_strategy_entry *sentry;
     DT_TRY(dt_strategy_parse(strategy, &sentry, &sopts));
@@ -474,6 +479,7 @@ static void fill_info(const dt_trainer *t, dt_ckpt_info *info) {
     info->grad_accum = t->cfg.grad_accum > 1 ? t->cfg.grad_accum : 1;
     const char *prec = dt_ckpt_precision_name(t->cfg.precision);
     snprintf(info->precision, sizeof info->precision, "%s", prec ? prec : "");
+    snprintf(info->strategy, sizeof info->strategy, "%s", dt_trainer_strategy_spec(t));
     info->has_norm = t->has_norm;
     info->norm_mean = t->norm_mean, info->norm_std = t->norm_std;
     info->val_split = t->val ? t->cfg.val_split : 0;

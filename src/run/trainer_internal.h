@@ -102,4 +102,7 @@ dt_status dt_trainer_close_metrics(dt_trainer *t, FILE *f, dt_status s);
 /* Gathers every rank's timeline events on rank 0 and writes the Chrome trace there. */
 dt_status dt_trainer_write_timeline(dt_trainer *t);
 
+/* The strategy spec this run trains with: the configured one, else "ddp" (more than one rank) or "single". */
+const char *dt_trainer_strategy_spec(const dt_trainer *t);
+
 #endif
