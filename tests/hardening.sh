@@ -130,4 +130,31 @@ if have_fmnist; then
     || bad "cache clear left: $(ls "$TMP/cache")"
   unset DTRAIN_DATA_CACHE
 fi
+
+# ---- outputs through symbolic links and onto devices: a link keeps pointing at the file it names
+# (the rename replaces that file, not the link); a device, FIFO or descriptor (/dev/null,
+# /dev/stdout, /dev/fd/1) is refused up front, exit 2, naming the flag, and stays what it was;
+# --metrics, which is appended to, still streams to /dev/stdout
+mkdir -p "$TMP/real"
+$DT "${TR[@]}" --epochs 1 --save "$TMP/real/m.st" >/dev/null 2>&1
+$DT "${TR[@]}" --epochs 2 --save "$TMP/direct.st" >/dev/null 2>&1
+ln -s real/m.st "$TMP/m-link.st"
+$DT "${TR[@]}" --epochs 2 --save "$TMP/m-link.st" >/dev/null 2>&1 && [ -L "$TMP/m-link.st" ] && cmp -s "$TMP/real/m.st" "$TMP/direct.st" \
+  && ok "--save through a symbolic link writes the file it names and keeps the link" \
+  || bad "--save through a link: $(ls -l "$TMP/m-link.st" "$TMP/real/")"
+ln -s real/p.csv "$TMP/p-link.csv"
+$DT predict --checkpoint "$TMP/real/m.st" --data "$TMP/d.csv" -o "$TMP/p-link.csv" >/dev/null 2>&1 && [ -L "$TMP/p-link.csv" ] \
+  && [ -s "$TMP/real/p.csv" ] && ok "predict -o through a link writes the file it names" || bad "predict -o link: $(ls -l "$TMP")"
+refused() {  # NAME CMD...: exit 2 naming NAME, and the devices are still devices
+  local name=$1 out rc; shift
+  out=$("$@" 2>&1 >/dev/null); rc=$?
+  [ $rc -eq 2 ] && grep -qF -- "$name: not a regular file" <<<"$out" && [ -c /dev/null ] && [ -c /dev/full ] && [ -L /dev/stdout ] \
+    && ok "$name is refused (exit 2) and left as it is" || bad "$name: exit $rc: $out"
+}
+refused "--save /dev/null" $DT "${TR[@]}" --epochs 1 --save /dev/null
+refused "--timeline /dev/stdout" $DT "${TR[@]}" --epochs 1 --timeline /dev/stdout
+refused "-o /dev/fd/1" $DT predict --checkpoint "$TMP/real/m.st" --data "$TMP/d.csv" -o /dev/fd/1
+refused "-o /dev/full" $DT export --checkpoint "$TMP/real/m.st" -o /dev/full
+$DT "${TR[@]}" --epochs 1 --metrics /dev/stdout 2>/dev/null | grep -q '"epoch": 1' \
+  && ok "--metrics /dev/stdout streams the records" || bad "--metrics /dev/stdout"
 finish

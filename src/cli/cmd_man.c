@@ -5,6 +5,7 @@
 #include "cli/cli.h"
 #include "dtrain/dtrain.h"
 #include "run/launch.h"
+#include "run/writable.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -137,17 +138,18 @@ int dt_cmd_man(int argc, char **argv) {
     int r = dt_flags_parse(argc, args, 1, flags, 1, MAN_USAGE, NULL, 0, NULL, NULL);
     free(args);
     if (r) return r < 0 ? DT_EXIT_USAGE : 0;
-    char tmp[4200];
+    char tmp[4200], dest[4096];  /* dest: -o, or the file a symbolic link -o names leads to */
     g_out = stdout;
     if (out) {
-        snprintf(tmp, sizeof tmp, "%s.tmp.%d", out, (int)getpid());
+        if (dt_output_path("-o", out, dest, sizeof dest) != DT_OK) return dt_cli_usage(NULL, "%s", dt_last_error());
+        snprintf(tmp, sizeof tmp, "%s.tmp.%d", dest, (int)getpid());
         if (!(g_out = fopen(tmp, "w"))) return dt_cli_fail(NULL, "-o %s: %s", out, strerror(errno));
     }
     man_page();
     if (!out) return fflush(stdout) == 0 ? 0 : 1;
     bool ok = fflush(g_out) == 0 && !ferror(g_out);
     ok = fclose(g_out) == 0 && ok;
-    if (!ok || rename(tmp, out) != 0) {
+    if (!ok || rename(tmp, dest) != 0) {
         unlink(tmp);
         return dt_cli_fail("check the disk (free space, permissions)", "-o %s: cannot write it: %s", out, strerror(errno));
     }

@@ -4,6 +4,7 @@
  * temporary file beside the output and renamed, so a failed plot leaves no half-written file. */
 #include "cli/cli.h"
 #include "run/launch.h"
+#include "run/writable.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -232,13 +233,14 @@ static int plot(const char **files, int nfiles, const char *out, const char *tit
     plot_run runs[MAX_RUNS] = {{0}};
     int rc = 0;
     for (int i = 0; i < nfiles && rc == 0; i++) rc = read_run(&runs[i], files[i]);
-    char dir[] = "/tmp/dtrain-plot.XXXXXX", tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d%s", out, (int)getpid(), svg ? ".svg" : ".png");
+    char dir[] = "/tmp/dtrain-plot.XXXXXX", tmp[4200], dest[4096];  /* dest: -o, or where its link leads */
+    if (rc == 0 && dt_output_path("-o", out, dest, sizeof dest) != DT_OK) rc = dt_cli_usage(NULL, "%s", dt_last_error());
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d%s", rc == 0 ? dest : out, (int)getpid(), svg ? ".svg" : ".png");
     if (rc == 0 && !mkdtemp(dir)) rc = dt_cli_fail(NULL, "cannot make a temporary directory: %s", strerror(errno));
     else if (rc == 0) {
         rc = write_script(runs, nfiles, dir, tmp, svg, title ? title : "dtrain runs", xcol);
         if (rc == 0) rc = run_gnuplot(dir);
-        if (rc == 0 && rename(tmp, out) != 0) rc = dt_cli_fail(NULL, "-o %s: cannot write it: %s", out, strerror(errno));
+        if (rc == 0 && rename(tmp, dest) != 0) rc = dt_cli_fail(NULL, "-o %s: cannot write it: %s", out, strerror(errno));
         unlink(tmp);
         char p[4300];
         const char *names[] = {"plot.gp", "gnuplot.log"};

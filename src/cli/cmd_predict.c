@@ -6,6 +6,7 @@
 #include "cli/train_outputs.h"
 #include "dtrain/dtrain.h"
 #include "dtrain/models.h"
+#include "run/writable.h"
 
 #include <errno.h>
 #include <math.h>
@@ -104,14 +105,15 @@ static int run_predict(dt_model *m, const dt_input_norm *norm, dt_dataset *train
         return dt_cli_fail(NULL, "%s", dt_last_error());
     int64_t n = (int64_t)dt_dataset_len(ds);
     if (o->limit > 0 && o->limit < n) n = o->limit;
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", o->out, (int)getpid());
+    char dest[4096], tmp[4200];  /* -o, or the file a symbolic link -o names leads to */
+    if (dt_output_path("-o", o->out, dest, sizeof dest) != DT_OK) return dt_cli_usage(NULL, "%s", dt_last_error());
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", dest, (int)getpid());
     FILE *f = fopen(tmp, "w");
     if (!f) return dt_cli_fail("check that the directory exists and is writable", "-o %s: %s", o->out, strerror(errno));
     dt_status s = predict_rows(m, ds, n, o, f);
     if (fflush(f) != 0 || ferror(f)) s = s != DT_OK ? s : dt_error(DT_EIO, "-o %s: %s", o->out, strerror(errno));
     if (fclose(f) != 0 && s == DT_OK) s = dt_error(DT_EIO, "-o %s: %s", o->out, strerror(errno));
-    if (s == DT_OK && rename(tmp, o->out) != 0) s = dt_error(DT_EIO, "-o %s: %s", o->out, strerror(errno));
+    if (s == DT_OK && rename(tmp, dest) != 0) s = dt_error(DT_EIO, "-o %s: %s", o->out, strerror(errno));
     if (s != DT_OK) {
         unlink(tmp);
         dt_cli_fail(NULL, "%s", dt_last_error());

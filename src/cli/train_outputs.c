@@ -18,8 +18,9 @@ int dt_cli_check_output_file(const char *flag, const char *path) {
     if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
         return dt_cli_fail("give a file name, e.g. DIR/model.safetensors", "%s %s: is a directory", flag, path),
                DT_EXIT_CONFIG;
-    char dir[PATH_MAX];
-    int e = dt_path_probe_write(path, dir, sizeof dir);
+    char file[PATH_MAX], dir[PATH_MAX];  /* file: path, or where a symbolic link there leads */
+    if (dt_output_path(flag, path, file, sizeof file) != DT_OK) return dt_cli_usage(NULL, "%s", dt_last_error());
+    int e = dt_path_probe_write(file, dir, sizeof dir);
     if (e == 0) return -1;
     dt_cli_fail("give a path in a directory that exists and that you can write",
                 "%s %s: cannot write into %s (%s)", flag, path, dir, strerror(e));

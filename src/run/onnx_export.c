@@ -5,6 +5,7 @@
 #include "dtrain/io.h"
 
 #include "nn/graph_internal.h"
+#include "run/writable.h"
 
 #include <errno.h>
 #include <math.h>
@@ -327,7 +328,9 @@ static Onnx__ValueInfoProto *value_info(onnx_b *b, const char *name, int elem, c
 }
 
 /* Packs the model and writes it atomically (temp file, fsync, rename). */
-static dt_status write_model(const Onnx__ModelProto *mp, const char *path) {
+static dt_status write_model(const Onnx__ModelProto *mp, const char *named) {
+    char path[4096];  /* named, or the file a symbolic link named leads to */
+    DT_TRY(dt_output_path("export", named, path, sizeof path));
     size_t len = onnx__model_proto__get_packed_size(mp);
     uint8_t *buf = malloc(len ? len : 1);
     if (!buf) return dt_error(DT_ENOMEM, "export %s: out of memory (%zu bytes)", path, len);

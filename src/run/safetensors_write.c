@@ -3,6 +3,7 @@
  * header CRC32s. The layout and reserved keys are described in include/dtrain/safetensors.h. */
 #include "dtrain/safetensors.h"
 #include "core/sys.h"
+#include "run/writable.h"
 
 #include <cJSON.h>
 #include <errno.h>
@@ -243,7 +244,9 @@ static dt_status sync_dir(const char *path) {
     return s;
 }
 
-dt_status dt_st_writer_write(const dt_st_writer *w, const char *path) {
+dt_status dt_st_writer_write(const dt_st_writer *w, const char *named) {
+    char path[4096];  /* the file to replace: named, or where a symbolic link named leads */
+    DT_TRY(dt_output_path("", named, path, sizeof path));
     int *ord = data_order(w);
     if (!ord) return dt_error(DT_ENOMEM, "out of memory writing %s", path);
     char *hdr = NULL;

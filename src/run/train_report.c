@@ -2,10 +2,13 @@
 #include "run/trainer_internal.h"
 #include "dtrain/layers.h"
 
+#include "run/writable.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static dt_status metrics_error(const dt_trainer *t, const char *what) {
@@ -21,10 +24,13 @@ static long long line_step(const char *line) {
 
 /* Rewrites path without the records of steps after `step` (those of a run resumed from there). */
 static dt_status drop_records_after(dt_trainer *t, int64_t step) {
-    const char *path = t->cfg.metrics;
+    struct stat st;
+    if (stat(t->cfg.metrics, &st) == 0 && !S_ISREG(st.st_mode)) return DT_OK;  /* a stream (/dev/stdout): as it is */
+    char path[4096];  /* the file, or the one a symbolic link leads to */
+    DT_TRY(dt_output_path("--metrics", t->cfg.metrics, path, sizeof path));
     FILE *in = fopen(path, "r");
     if (!in) return DT_OK; /* nothing written yet */
-    char tmp[4096];
+    char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
     FILE *out = fopen(tmp, "w");
     if (!out) {
@@ -131,6 +137,13 @@ static dt_status align_clocks(dt_trainer *t, dt_comm *c) {
     return DT_OK;
 }
 
+/* Writes the Chrome trace to --timeline (or the file a symbolic link there leads to). */
+static dt_status write_trace(const dt_trainer *t, const dt_trace_event *ev, size_t n) {
+    char path[4096];
+    DT_TRY(dt_output_path("--timeline", t->cfg.timeline, path, sizeof path));
+    return dt_trace_write_json(path, ev, n);
+}
+
 /* Gathers every rank's timeline events on rank 0 and writes the Chrome trace there. */
 dt_status dt_trainer_write_timeline(dt_trainer *t) {
     if (t->trace.dropped)
@@ -138,7 +151,7 @@ dt_status dt_trainer_write_timeline(dt_trainer *t) {
                         t->trace.n, t->trace.dropped);
     dt_comm *c = t->world > 1 ? t->cfg.comm : NULL;
     const size_t esz = sizeof(dt_trace_event);
-    if (!c) return dt_trace_write_json(t->cfg.timeline, t->trace.ev, t->trace.n);
+    if (!c) return write_trace(t, t->trace.ev, t->trace.n);
     DT_TRY(align_clocks(t, c));
     int W = t->world;
     int64_t mine = (int64_t)t->trace.n;
@@ -154,7 +167,7 @@ dt_status dt_trainer_write_timeline(dt_trainer *t) {
     dt_trace_event *all = s == DT_OK ? calloc(total ? total : 1, esz) : NULL;
     if (s == DT_OK && !all) s = dt_error(DT_ENOMEM, "timeline: out of memory for %zu events", total);
     if (s == DT_OK) s = dt_comm_allgatherv(c, t->trace.ev, all, bytes, NULL, DT_U8);
-    if (s == DT_OK && t->rank == 0) s = dt_trace_write_json(t->cfg.timeline, all, total);
+    if (s == DT_OK && t->rank == 0) s = write_trace(t, all, total);
     free(all), free(counts), free(bytes);
     return s;
 }

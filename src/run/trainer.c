@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/sysinfo.h>
 
 dt_train_config dt_train_defaults(void) {
@@ -88,11 +89,17 @@ static dt_status resolve_resume(dt_trainer *t) {
     return DT_OK;
 }
 
-/* Fails early (not after an epoch) when the directory of an output file is missing or read-only. */
-static dt_status check_writable(const char *flag, const char *path) {
+/* Fails early (not after an epoch) when the directory of an output file is missing or read-only,
+ * or, for an output replaced by a rename (replaced), when it names a device, FIFO or descriptor
+ * (dt_output_path; a symbolic link: the directory of the file it leads to). */
+static dt_status check_writable(const char *flag, const char *path, bool replaced) {
     if (!path) return DT_OK;
-    char dir[4096];
-    int e = dt_path_probe_write(path, dir, sizeof dir);
+    char file[4096], dir[4096];
+    if (replaced) DT_TRY(dt_output_path(flag, path, file, sizeof file));
+    else snprintf(file, sizeof file, "%s", path);
+    struct stat st;
+    if (!replaced && stat(path, &st) == 0 && !S_ISREG(st.st_mode)) return DT_OK;  /* appended to: /dev/stdout */
+    int e = dt_path_probe_write(file, dir, sizeof dir);
     if (e) return dt_error(DT_EIO, "%s %s: cannot write into directory %s: %s", flag, path, dir, strerror(e));
     return DT_OK;
 }
@@ -124,10 +131,10 @@ static dt_status check_config(const dt_train_config *c) {
         return dt_error(DT_EINVAL, "--weights %s starts a new run from plain weights, --resume %s continues one: pass "
                         "one of them", c->weights, c->resume);
     if (c->max_steps < 0) return dt_error(DT_EINVAL, "--max-steps %lld: must not be negative", (long long)c->max_steps);
-    DT_TRY(check_writable("--save", c->save));
-    DT_TRY(check_writable("--metrics", c->metrics));
-    DT_TRY(check_writable("--timeline", c->timeline));
-    DT_TRY(check_writable("--save-weights", c->save_weights));
+    DT_TRY(check_writable("--save", c->save, true));
+    DT_TRY(check_writable("--metrics", c->metrics, false));  /* appended (a resume rewrites a file only) */
+    DT_TRY(check_writable("--timeline", c->timeline, true));
+    DT_TRY(check_writable("--save-weights", c->save_weights, true));
     if ((c->checkpoint_every > 0 || c->checkpoint_secs > 0 || c->keep > 0) && !c->checkpoint_dir)
         return dt_error(DT_EINVAL, "--checkpoint-every/--checkpoint-secs/--keep need --checkpoint-dir DIR");
     if (c->checkpoint_every < 0 || c->checkpoint_secs < 0 || c->keep < 0)

@@ -5,6 +5,8 @@
 
 #include <stddef.h>
 
+#include "dtrain/core.h"
+
 /* Makes and removes an empty file "dir/.dtrain-probe-XXXXXX" (mkstemp): 0 when this process can
  * create files in the existing directory dir, else the errno of the failure (ENAMETOOLONG when
  * the probe's name does not fit PATH_MAX). Leaves nothing behind. */
@@ -14,5 +16,15 @@ int dt_dir_probe_write(const char *dir);
  * the last '/', "/" for a file in the root, "." for a bare name) into dir (cap bytes), then
  * dt_dir_probe_write of it. 0 or the errno of the failure (ENAMETOOLONG when dir did not fit). */
 int dt_path_probe_write(const char *path, char *dir, size_t cap);
+
+/* The file an output written to `path` (a temp file beside it, then a rename) must replace, into
+ * out (cap bytes): path itself when it does not exist or is a regular file; for a symbolic link,
+ * the file it leads to (followed to the end, relative links from their own directory), so the
+ * rename replaces that file and keeps the link. DT_EINVAL naming `what` (the flag, e.g. "-o", or
+ * "") for an existing path that is not a regular file (a device such as /dev/null, a FIFO, a
+ * directory) and for a process's descriptors (/dev/stdout, /dev/fd/N, /proc/.../fd/N: a rename
+ * would replace the file behind them, e.g. a shell's redirect): a rename would put a file in its
+ * place. DT_EINVAL too for a link loop or a result longer than cap. */
+dt_status dt_output_path(const char *what, const char *path, char *out, size_t cap);
 
 #endif
