@@ -6,7 +6,8 @@
 # limit is 10 bytes a parameter of the model, read from --dry-run. With a test set each layout
 # evaluates on its shards under the same limit, with the 1-worker loss and accuracy; --save still
 # gathers the whole model (not streamed yet), which the last check shows refused under the limit
-# with a message saying so. No timing is checked.
+# with a message saying so. A model larger than the machine is planned by --dry-run and refused,
+# naming the machine's memory, by a run. No timing is checked.
 . "$(dirname "$0")/testlib.bash"
 awk 'BEGIN { srand(5); split("the lord said unto moses and of in light was", w, " ");
        for (i = 0; i < 6000; i++) printf "%s%s", w[int(rand() * 10) + 1], (i % 13 == 12) ? ".\n" : " " }' >"$TMP/t.txt"
@@ -92,4 +93,17 @@ if have_fmnist; then
   else bad "Fashion-MNIST${split:+ $split} plan (copy $copy, total $tot) against held: $fplan / $fout"; fi
   done
 else echo "note: Fashion-MNIST not installed: loader copy plan skipped"; fi
+
+# a model larger than the machine: --dry-run plans it without reserving its memory (it failed to
+# reserve the slab), and a run that would place it is refused naming the machine's memory, not
+# killed by the kernel on a page fault (412 GB of parameters; not on a machine that has that)
+BIG=gpt:L=128,H=64,C=8192,T=64
+out=$($DT train --data "text:$TMP/t.txt" --model $BIG --dry-run --workers 8 --zero 3 2>&1); rc=$?
+[ $rc -eq 0 ] && grep -q "103095484416 parameters" <<<"$out" && grep -q "^rank 7 " <<<"$out" \
+  && ok "--dry-run of a 103G-parameter GPT prints each rank's plan" || bad "--dry-run of $BIG: exit $rc: $(head -3 <<<"$out")"
+if [ "$(awk '/^MemTotal:/ { print $2 }' /proc/meminfo)" -lt 400000000 ]; then
+  out=$($DT train --data "text:$TMP/t.txt" --model $BIG --max-steps 1 2>&1); rc=$?
+  [ $rc -eq 1 ] && grep -q "more than this machine's [0-9]* bytes of memory" <<<"$out" \
+    && ok "a run that would place 412 GB is refused naming the machine's memory (exit 1)" || bad "$BIG run: exit $rc: $out"
+fi
 finish

@@ -37,9 +37,30 @@ static void note_peak(size_t now) {
 }
 
 /* Counts bytes against the limit; false (with the error set) when they do not fit. */
+/* The machine's physical memory in bytes (0: unknown). */
+static size_t phys_bytes(void) {
+    static size_t cached;
+    if (!cached) {
+        const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+        cached = pages > 0 && page > 0 ? (size_t)pages * (size_t)page : SIZE_MAX;
+    }
+    return cached == SIZE_MAX ? 0 : cached;
+}
+
 static bool charge(size_t bytes, const char *what) {
     size_t lim = atomic_load(&g_limit);
     size_t now = atomic_fetch_add(&g_used, bytes) + bytes;
+    /* reserved blocks are address space only (MAP_NORESERVE): without a --mem-limit, what is placed
+     * must still fit the machine, or the kernel would kill the rank on a page fault instead */
+    const size_t phys = lim ? 0 : phys_bytes();
+    if (phys && now > phys) {
+        atomic_fetch_sub(&g_used, bytes);
+        g_hit = true;  /* the machine's memory acts as the limit */
+        dt_error(DT_ENOMEM, "%s of %zu bytes would hold %zu bytes on this rank, more than this machine's %zu bytes of "
+                 "memory; use more ranks (--zero 3, --pp K, --tp K) or a smaller model or batch (dtrain train "
+                 "--dry-run prints each rank's plan)", what, bytes, now, phys);
+        return false;
+    }
     if (lim && now > lim) {
         atomic_fetch_sub(&g_used, bytes);
         g_hit = true;
@@ -67,7 +88,11 @@ static void *alloc_block(size_t rounded, size_t counted) {
     }
     if (rounded >= BIG) {
         size_t map = PAGE + ((rounded + PAGE - 1) & ~(size_t)(PAGE - 1));
-        void *base = mmap(NULL, map, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        /* a reserved block (counted 0: its pages are charged as they are placed) is address space
+         * only: MAP_NORESERVE, or the kernel's overcommit check refuses a model larger than memory
+         * that ZeRO-3, tp or pp would place a part of */
+        const int flags = MAP_PRIVATE | MAP_ANONYMOUS | (counted ? 0 : MAP_NORESERVE);
+        void *base = mmap(NULL, map, PROT_READ | PROT_WRITE, flags, -1, 0);
         if (base == MAP_FAILED) return NULL;
         p = (char *)base + PAGE;  /* mapped pages are zero */
         h = (blk *)(p - HDR);

@@ -287,10 +287,13 @@ dt_status dt_model_place(dt_model *m, const dt_range *own, int nown) {
     dt_range *copy = NULL;
     if (own && !(copy = malloc(((size_t)nown + 1) * sizeof *copy))) return dt_error(DT_ENOMEM, "model: out of memory");
     if (own) memcpy(copy, own, (size_t)nown * sizeof *copy);
+    const bool was_placed = m->params.placed > 0;
     dt_status s = dt_slab_place(&m->params, own, nown, "placing the model's parameters");
-    if (s == DT_OK) s = dt_slab_place(&m->grads, own, nown, "placing the model's gradients");
-    if (s != DT_OK) {  /* the parameters as they were (narrowing back fits) */
-        (void)dt_slab_place(&m->params, m->own, m->nown, "");
+    if (s != DT_OK) return free(copy), s;
+    if ((s = dt_slab_place(&m->grads, own, nown, "placing the model's gradients")) != DT_OK) {
+        /* the parameters as they were: narrowing back, or nothing placed, fits (and keeps the error) */
+        const dt_range none = {0, 0};
+        (void)dt_slab_place(&m->params, was_placed ? m->own : &none, was_placed ? m->nown : 0, "");
         free(copy);
         return s;
     }

@@ -164,5 +164,5 @@ dt_status dt_train_plan_model(const dt_train_config *c, dt_model **m) {
     int C, H, W;
     dt_dataset_shape(train, &C, &H, &W);
     dt_dataset_free(train), dt_dataset_free(test);
-    return dt_model_build(m, spec, C, H, W);
+    return dt_model_build_unplaced(m, spec, C, H, W);  /* shapes only: nothing is written or charged */
 }
