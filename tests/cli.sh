@@ -111,4 +111,7 @@ run --model "flatten linear(64) gelu dropout(0.1) layernorm linear(10)" --optimi
 run --model "conv(4,3,stride=2,pad=1) batchnorm tanh avgpool(2) flatten linear(10) sigmoid linear(10)" \
   --optimizer adamw --schedule step --step-size 10 --max-steps 30 --normalize >/dev/null \
   && ok "adamw, step schedule, batchnorm, avgpool, tanh, sigmoid, --normalize" || bad "adamw/bn run"
+out=$($DT bench train --model foo --seconds 0 2>/dev/null); rc=$?
+[ $rc -eq 2 ] && [ -z "$out" ] && $DT bench train --model foo --seconds 0 2>&1 | grep -q "no benchmark case matches --model foo" \
+  && ok "bench train --model foo: exit 2 naming it, before anything is measured or printed" || bad "bench train --model foo: exit $rc: $out"
 finish

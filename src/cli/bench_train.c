@@ -252,6 +252,16 @@ int dt_bench_train(int argc, char **argv) {
     const bench_case custom[] = {{"spec", spec, only_batch ? only_batch : 128, seconds}};
     const bench_case *cases = spec ? custom : presets;
     const size_t ncases = spec ? 1 : sizeof presets / sizeof *presets;
+    int matches = 0;  /* refused before anything is measured or printed */
+    for (size_t i = 0; i < ncases; i++)
+        matches += spec || ((!only_model || !strcmp(only_model, cases[i].name)) && (!only_batch || only_batch == cases[i].batch));
+    if (!matches) {
+        char batch[32] = "";
+        if (only_batch) snprintf(batch, sizeof batch, " --batch %d", only_batch);
+        return dt_cli_usage("models: mlp (batch 32, 128), cnn (batch 128), gpt (batch 12); or --spec SPEC --batch N",
+                            "no benchmark case matches%s%s%s", only_model ? " --model " : "", only_model ? only_model : "",
+                            batch);
+    }
     double sg = sgemm_gflops(1024, seconds < 1 ? seconds : 1);
     printf("# dtrain bench train: %d thread%s, synthetic data\n", threads, threads > 1 ? "s" : "");
     dt_bench_print_machine();
