@@ -23,6 +23,19 @@ grep -q "batch 4, adamw lr 0.01, seed 7" <<<"$out" && ok "the header shows the c
 grep -q "other settings" <<<"$out" && bad "a resume with no flags changed announces a change: $out" \
   || ok "a resume that changes nothing announces nothing"
 
+# the data set is the checkpoint's too (dtrain.data, files as absolute paths): a resume, eval and
+# predict without --data, from another directory, use the text file the run trained on
+mkdir -p "$TMP/elsewhere"
+DTA=$(cd "$(dirname "$DT")" && pwd)/dtrain
+out=$(cd "$TMP/elsewhere" && $DTA train --max-steps 6 --resume "$TMP/half.st" --save "$TMP/nodata.st" 2>&1)
+cmp -s "$TMP/full.st" "$TMP/nodata.st" && ok "resume without --data (from another directory) trains on the checkpoint's data" \
+  || bad "resume without --data: $out"
+want=$($DT eval --checkpoint "$TMP/half.st" --data "text:$TMP/corpus.txt" 2>&1); got=$(cd "$TMP/elsewhere" && $DTA eval --checkpoint "$TMP/half.st" 2>&1)
+[ -n "$want" ] && [ "$want" = "$got" ] && grep -q "^eval: " <<<"$got" && ok "eval without --data evaluates on the checkpoint's data" \
+  || bad "eval without --data: '$got' against '$want'"
+(cd "$TMP/elsewhere" && $DTA predict --checkpoint "$TMP/half.st" --limit 2 -o p.jsonl 2>&1) | grep -q "of --data text:$TMP/corpus.txt" \
+  && ok "predict without --data names the checkpoint's data" || bad "predict without --data"
+
 # the same through --resume auto (the newest checkpoint in --checkpoint-dir)
 $DT train "${D[@]}" "${M[@]}" "${SET[@]}" --max-steps 3 --checkpoint-dir "$TMP/ck" --checkpoint-every 3 --quiet \
   >/dev/null 2>&1 || bad "checkpoint-dir run"

@@ -117,11 +117,11 @@ static const char EVAL_USAGE[] =
     "file (PyTorch's save_file(model.state_dict())) by PyTorch names.";
 
 int dt_cmd_eval(int argc, char **argv) {
-    const char *ckpt = NULL, *data = "fashion-mnist", *weights = NULL, *model = NULL;
+    const char *ckpt = NULL, *data = NULL, *weights = NULL, *model = NULL;
     int batch = 256, threads = 1;
     const dt_flag flags[] = {
         {"checkpoint", DT_FLAG_STR, &ckpt, "FILE", "checkpoint to evaluate, or a --checkpoint-dir directory (its newest usable one)"},
-        {"data", DT_FLAG_STR, &data, "DIR", "IDX directory, fashion-mnist, mnist, a .csv, or text:FILE / kjv for a GPT (its last 10%)"},
+        {"data", DT_FLAG_STR, &data, "DIR", "IDX directory, fashion-mnist, mnist, a .csv, or text:FILE / kjv for a GPT (the part the run held out, --val-fraction); default: the checkpoint's, else fashion-mnist"},
         {"batch", DT_FLAG_INT, &batch, "N", "evaluation batch size"},
         {"threads", DT_FLAG_INT, &threads, "N", "BLAS threads"},
         {"weights", DT_FLAG_STR, &weights, "FILE", "a plain safetensors weights file (PyTorch state_dict names) instead of --checkpoint"},
@@ -132,6 +132,8 @@ int dt_cmd_eval(int argc, char **argv) {
     char file[4096];
     if (ckpt && (r = dt_cli_checkpoint("checkpoint", ckpt, file, sizeof file)) != 0) return r;
     if (ckpt) ckpt = file;
+    char trained_on[1024];
+    data = data ? data : dt_cli_checkpoint_data(ckpt, trained_on, sizeof trained_on);
     if (weights || model) return eval_source(ckpt, weights, model, data, batch, threads);
     if (!ckpt) return dt_cli_usage("pass --checkpoint FILE (written by dtrain train --save)", "no --checkpoint given");
     if (batch < 1) return dt_cli_usage(NULL, "--batch %d: need at least 1", batch);

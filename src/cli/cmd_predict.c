@@ -130,18 +130,18 @@ static const char PREDICT_USAGE[] =
     "Writes one line per sample of the test split (--split train: the training split): index,\n"
     "label, predicted class and its softmax probability; --logits adds every logit. A name ending\n"
     "in .jsonl (or .json) gives JSON Lines, anything else CSV with a header line. For a GPT and\n"
-    "text data (its last 10%, or --split train) each line is a window: its ids, the most likely\n"
+    "text data (the part the run held out, or --split train) each line is a window: its ids, the most likely\n"
     "next byte at every position and, with --logits, the (T, V) logits.";
 
 int dt_cmd_predict(int argc, char **argv) {
     const char *ckpt = NULL, *weights = NULL, *model = NULL;
-    predict_opts o = {.data = "fashion-mnist", .split = "test"};
+    predict_opts o = {.data = NULL, .split = "test"};
     int threads = 1;
     const dt_flag flags[] = {
         {"checkpoint", DT_FLAG_STR, &ckpt, "FILE", "checkpoint of the model (dtrain train --save), or a --checkpoint-dir directory"},
         {"weights", DT_FLAG_STR, &weights, "FILE", "or a plain safetensors weights file (with --model)"},
         {"model", DT_FLAG_STR, &model, "SPEC", "with --weights: the model the weights belong to"},
-        {"data", DT_FLAG_STR, &o.data, "DIR", "IDX directory, fashion-mnist, mnist, a .csv, or text:FILE / kjv for a GPT"},
+        {"data", DT_FLAG_STR, &o.data, "DIR", "IDX directory, fashion-mnist, mnist, a .csv, or text:FILE / kjv for a GPT; default: the checkpoint's, else fashion-mnist"},
         {"split", DT_FLAG_STR, &o.split, "NAME", "test (default) or train"},
         {"limit", DT_FLAG_I64, &o.limit, "N", "only the first N samples (0 = all)"},
         {"logits", DT_FLAG_BOOL, &o.logits, NULL, "write every logit too"},
@@ -163,6 +163,8 @@ int dt_cmd_predict(int argc, char **argv) {
     char file[4096];
     if (ckpt && (r = dt_cli_checkpoint("checkpoint", ckpt, file, sizeof file)) != 0) return r;
     if (ckpt) ckpt = file;
+    char trained_on[1024];
+    if (!o.data) o.data = dt_cli_checkpoint_data(ckpt, trained_on, sizeof trained_on);
     dt_set_threads(threads);
     dt_model_source src = {.checkpoint = ckpt, .weights = weights, .model = model};
     char spec[1024];
@@ -175,7 +177,7 @@ int dt_cmd_predict(int argc, char **argv) {
     if (gpt != dt_data_is_text(o.data))
         return dt_cli_usage(gpt ? "pass --data text:FILE or --data kjv" : "pass an image or CSV --data",
                             "--data %s does not fit model %s", o.data, spec);
-    if (gpt && (s = dt_gpt_parse(spec, &g)) == DT_OK) s = dt_dataset_open_text(&train, &test, o.data, g.T, 0.1);
+    if (gpt && (s = dt_gpt_parse(spec, &g)) == DT_OK) s = dt_dataset_open_text(&train, &test, o.data, g.T, dt_cli_checkpoint_val_fraction(ckpt));
     else if (!gpt) s = dt_dataset_open(&train, &test, o.data);
     if (s != DT_OK) {
         dt_cli_fail("check --data (an IDX directory, fashion-mnist, mnist or a .csv file)", "%s", dt_last_error());

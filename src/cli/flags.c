@@ -57,6 +57,20 @@ int dt_cli_checkpoint(const char *flag, const char *path, char *out, size_t cap)
     return 0;
 }
 
+double dt_cli_checkpoint_val_fraction(const char *checkpoint) {
+    dt_ckpt_info info;
+    if (!checkpoint || dt_checkpoint_read_info(checkpoint, &info) != DT_OK) return dt_error_clear(), 0.1;
+    return info.val_fraction > 0 ? info.val_fraction : 0.1;
+}
+
+const char *dt_cli_checkpoint_data(const char *checkpoint, char *out, size_t cap) {
+    dt_ckpt_info info;
+    if (!checkpoint || dt_checkpoint_read_info(checkpoint, &info) != DT_OK || !info.data[0] ||
+        (size_t)snprintf(out, cap, "%s", info.data) >= cap)
+        return dt_error_clear(), "fashion-mnist";  /* a checkpoint that cannot be read is reported later */
+    return out;
+}
+
 /* The default after a flag's help: the same text dtrain man prints (dt_flag_default_text). */
 static void print_default(const dt_flag *f) {
     char buf[4200];

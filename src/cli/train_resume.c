@@ -65,6 +65,8 @@ bool dt_cli_resume_settings(int argc, char **argv, dt_train_config *c) {
         return false;
     }
     take_optimizer(argc, argv, c, &info);
+    static char data[sizeof info.data];  /* the data set it trained on (--data left out) */
+    if (!GIVEN("data") && info.data[0]) c->data = strcpy(data, info.data);
     if (!GIVEN("seed")) c->seed = info.seed;
     if (info.has_settings) {
         const dt_lr_schedule *w = &info.sched;
@@ -77,6 +79,7 @@ bool dt_cli_resume_settings(int argc, char **argv, dt_train_config *c) {
         if (!GIVEN("clip")) c->clip_norm = info.clip;
         if (!GIVEN("grad-accum")) c->grad_accum = info.grad_accum;
         if (!GIVEN("precision") && info.precision[0]) c->precision = dt_ckpt_precision_name(info.precision);
+        if (!GIVEN("val-fraction") && info.val_fraction >= 0) c->val_fraction = info.val_fraction;
     }
     /* the stored batch is a step's: --batch x --grad-accum */
     const int accum = c->grad_accum > 1 ? c->grad_accum : 1;

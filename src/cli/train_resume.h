@@ -5,8 +5,8 @@
 #include "dtrain/train.h"
 
 /* With c->resume (a file, or auto: the newest valid one in c->checkpoint_dir), every training
- * setting argv does not give (--optimizer and its hyper-parameters, --lr and the schedule,
- * --seed, --batch, --grad-accum, --clip, --precision) is set in c to the checkpoint's; a
+ * setting argv does not give (--data, --optimizer and its hyper-parameters, --lr and the
+ * schedule, --seed, --batch, --grad-accum, --clip, --precision) is set in c to the checkpoint's; a
  * checkpoint of an older version without dtrain.settings gives only its optimizer, seed and
  * batch. So is the strategy of a ddp, localsgd or ps run with options (--compress, --sync-every,
  * --bucket-mb, ...) when no flag named one (c->strategy NULL): true then (the caller drops it

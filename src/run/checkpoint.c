@@ -134,6 +134,7 @@ static dt_status write_state(const char *path, dt_status (*visit)(void *src, dt_
     if (s == DT_OK) s = meta_f32(w, "dtrain.lr", info->lr);
     if (s == DT_OK && info->has_settings) s = dt_ckpt_settings_write(w, info);
     if (s == DT_OK && info->strategy[0]) s = dt_st_writer_meta(w, "dtrain.strategy", info->strategy);
+    if (s == DT_OK && info->data[0]) s = dt_st_writer_meta(w, "dtrain.data", info->data);
     if (s == DT_OK && info->has_norm) s = meta_f32(w, "dtrain.norm_mean", info->norm_mean);
     if (s == DT_OK && info->has_norm) s = meta_f32(w, "dtrain.norm_std", info->norm_std);
     if (s == DT_OK && shards > 0) s = meta_i64(w, "dtrain.shards", shards);
@@ -263,11 +264,15 @@ static dt_status parse_info(const dt_st_file *f, dt_ckpt_info *info) {
         if (info->best_epoch > 0) DT_TRY(meta_float(f, "dtrain.best_val_loss", INFINITY, false, &info->best_val));
     }
     DT_TRY(dt_ckpt_settings_parse(f, info));
-    info->strategy[0] = '\0';
-    if ((v = dt_st_meta(f, "dtrain.strategy"))) {
-        if (strlen(v) >= sizeof info->strategy)
-            return dt_error(DT_EFORMAT, "%s: metadata dtrain.strategy is too long; the checkpoint is damaged", dt_st_path(f));
-        snprintf(info->strategy, sizeof info->strategy, "%s", v);
+    const struct { const char *key; char *to; size_t cap; } texts[] = {
+        {"dtrain.strategy", info->strategy, sizeof info->strategy}, {"dtrain.data", info->data, sizeof info->data}};
+    for (size_t i = 0; i < sizeof texts / sizeof *texts; i++) {
+        texts[i].to[0] = '\0';
+        if (!(v = dt_st_meta(f, texts[i].key))) continue;
+        if (strlen(v) >= texts[i].cap)
+            return dt_error(DT_EFORMAT, "%s: metadata %s is too long; the checkpoint is damaged", dt_st_path(f),
+                            texts[i].key);
+        snprintf(texts[i].to, texts[i].cap, "%s", v);
     }
     if (info->has_settings && info->optimizer[0]) (void)dt_optim_parse(info->optimizer, &info->optim_cfg.kind);
     return DT_OK;

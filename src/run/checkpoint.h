@@ -33,6 +33,8 @@ typedef struct {
     float clip;               /* --clip */
     int grad_accum;           /* --grad-accum (batch above is batch x grad_accum) */
     char precision[8];        /* --precision: "fp32", "bf16", "fp16" ("": not stored, older versions) */
+    double val_fraction;      /* --val-fraction (text: the held-out last part; -1: not stored, older versions) */
+    char data[1024];          /* the --data it trained on (files as absolute paths; dtrain.data; "": older) */
     char strategy[256];       /* the strategy spec it trained with (dtrain.strategy: "ddp", "single",
                                * "localsgd(sync_every=4)", "ddp(compress=topk:0.1)"; "": older versions) */
 } dt_ckpt_info;

@@ -22,10 +22,11 @@ dt_status dt_ckpt_settings_write(dt_st_writer *w, const dt_ckpt_info *info) {
     char buf[512];
     snprintf(buf, sizeof buf,
              "lr=%.9g,schedule=%s,warmup=%" PRId64 ",step_size=%" PRId64 ",gamma=%.9g,min_lr=%.9g,momentum=%.9g,"
-             "nesterov=%d,weight_decay=%.9g,beta1=%.9g,beta2=%.9g,eps=%.9g,clip=%.9g,grad_accum=%d%s%s",
+             "nesterov=%d,weight_decay=%.9g,beta1=%.9g,beta2=%.9g,eps=%.9g,clip=%.9g,grad_accum=%d,val_fraction=%.17g%s%s",
              l->base_lr, g_schedules[k], l->warmup_steps, l->step_size, l->gamma, l->min_lr, o->momentum,
              o->nesterov ? 1 : 0, o->weight_decay, o->beta1, o->beta2, o->eps, info->clip,
-             info->grad_accum > 1 ? info->grad_accum : 1, info->precision[0] ? ",precision=" : "", info->precision);
+             info->grad_accum > 1 ? info->grad_accum : 1, info->val_fraction >= 0 ? info->val_fraction : 0.1,
+             info->precision[0] ? ",precision=" : "", info->precision);
     return dt_st_writer_meta(w, KEY, buf);
 }
 
@@ -36,7 +37,7 @@ const char *dt_ckpt_precision_name(const char *p) {
     return NULL;
 }
 
-typedef enum { S_FLOAT, S_I64, S_BOOL, S_INT, S_SCHED, S_PREC } setting_kind;
+typedef enum { S_FLOAT, S_DOUBLE, S_I64, S_BOOL, S_INT, S_SCHED, S_PREC } setting_kind;
 
 /* Sets the setting `name` of info from text v; false when v is not a value of its kind. */
 static bool set_setting(dt_ckpt_info *info, const char *name, const char *v) {
@@ -48,7 +49,7 @@ static bool set_setting(dt_ckpt_info *info, const char *name, const char *v) {
         {"momentum", S_FLOAT, &o->momentum}, {"nesterov", S_BOOL, &o->nesterov},
         {"weight_decay", S_FLOAT, &o->weight_decay}, {"beta1", S_FLOAT, &o->beta1}, {"beta2", S_FLOAT, &o->beta2},
         {"eps", S_FLOAT, &o->eps}, {"clip", S_FLOAT, &info->clip}, {"grad_accum", S_INT, &info->grad_accum},
-        {"precision", S_PREC, info->precision},
+        {"precision", S_PREC, info->precision}, {"val_fraction", S_DOUBLE, &info->val_fraction},
     };
     for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
         if (strcmp(keys[i].name, name)) continue;
@@ -59,6 +60,12 @@ static bool set_setting(dt_ckpt_info *info, const char *name, const char *v) {
             const char *name = dt_ckpt_precision_name(v);
             if (name) snprintf(info->precision, sizeof info->precision, "%s", name);
             return name != NULL;
+        }
+        if (keys[i].kind == S_DOUBLE) {
+            const double x = strtod(v, &end);
+            if (end == v || *end || !(x >= 0 && x <= 0.5)) return false;
+            *(double *)keys[i].p = x;
+            return true;
         }
         if (keys[i].kind == S_FLOAT) {
             const float x = strtof(v, &end);
@@ -79,6 +86,7 @@ static bool set_setting(dt_ckpt_info *info, const char *name, const char *v) {
 dt_status dt_ckpt_settings_parse(const dt_st_file *f, dt_ckpt_info *info) {
     info->has_settings = false;
     info->precision[0] = '\0';
+    info->val_fraction = -1;
     const char *v = dt_st_meta(f, KEY);
     if (!v) return DT_OK;
     char buf[1024];
@@ -140,6 +148,9 @@ void dt_ckpt_settings_changes(const dt_ckpt_info *info, const dt_train_config *c
         }
         if (o->kind == p->kind) note_change(what, cap, &len, "weight-decay", o->weight_decay, p->weight_decay);
         note_change(what, cap, &len, "clip", c->clip_norm, info->clip);
+        const bool text = c->data && (!strncmp(c->data, "text:", 5) || !strcmp(c->data, "kjv"));
+        if (text && info->val_fraction >= 0)  /* another held-out part: other training windows */
+            note_change(what, cap, &len, "val-fraction", c->val_fraction, info->val_fraction);
         if (info->step_in_epoch == 0)
             note_change(what, cap, &len, "grad-accum", c->grad_accum > 1 ? c->grad_accum : 1, info->grad_accum);
         const char *prec = dt_ckpt_precision_name(c->precision);

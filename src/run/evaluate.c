@@ -64,7 +64,8 @@ dt_status dt_evaluate_checkpoint(const char *checkpoint, const char *data, int b
     DT_TRY(dt_checkpoint_read_info(checkpoint, &info));
     dt_dataset *train = NULL, *test = NULL;
     dt_model *m = NULL;
-    dt_status s = dt_trainer_open_data(data, info.spec, 0.1, &train, &test);
+    /* text: the part the run held out (its --val-fraction; 0.1 in checkpoints that do not say) */
+    dt_status s = dt_trainer_open_data(data, info.spec, info.val_fraction > 0 ? info.val_fraction : 0.1, &train, &test);
     if (s != DT_OK) return s;
     const dt_dataset *ds = test ? test : train;
     *split = test ? "test" : "train";

@@ -10,6 +10,7 @@
 #include "run/ckpt_dir.h"
 #include "run/writable.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -467,6 +468,21 @@ const char *dt_trainer_last_checkpoint(const dt_trainer *t) { return t->last_ckp
 int64_t dt_trainer_step(const dt_trainer *t) { return t->step; }
 const char *dt_trainer_strategy_choice(const dt_trainer *t) { return t->strategy ? t->strategy->choice : NULL; }
 
+/* data (a --data value) into out with files as absolute paths, so a later eval or resume from
+ * another directory finds them: text:FILE, a .csv or an IDX directory that exists; names such as
+ * kjv or fashion-mnist as they are; "" for NULL or a value that does not fit. */
+static void data_name_absolute(const char *data, char *out, size_t cap) {
+    out[0] = '\0';
+    if (!data) return;
+    const bool text = !strncmp(data, "text:", 5);
+    const char *file = text ? data + 5 : data;
+    if (!text && (!strcmp(data, "kjv") || !strcmp(data, "fashion-mnist") || !strcmp(data, "mnist"))) file = "";
+    char real[PATH_MAX];
+    struct stat st;
+    const bool path = *file && stat(file, &st) == 0 && realpath(file, real);
+    if ((size_t)snprintf(out, cap, "%s%s", text ? "text:" : "", path ? real : data + (text ? 5 : 0)) >= cap) out[0] = '\0';
+}
+
 static void fill_info(const dt_trainer *t, dt_ckpt_info *info) {
     memset(info, 0, sizeof *info);
     snprintf(info->spec, sizeof info->spec, "%s", dt_model_spec(t->model));
@@ -487,6 +503,8 @@ static void fill_info(const dt_trainer *t, dt_ckpt_info *info) {
     const char *prec = dt_ckpt_precision_name(t->cfg.precision);
     snprintf(info->precision, sizeof info->precision, "%s", prec ? prec : "");
     snprintf(info->strategy, sizeof info->strategy, "%s", dt_trainer_strategy_spec(t));
+    data_name_absolute(t->cfg.data, info->data, sizeof info->data);
+    info->val_fraction = t->cfg.val_fraction;
     info->has_norm = t->has_norm;
     info->norm_mean = t->norm_mean, info->norm_std = t->norm_std;
     info->val_split = t->val ? t->cfg.val_split : 0;
