@@ -114,4 +114,7 @@ run --model "conv(4,3,stride=2,pad=1) batchnorm tanh avgpool(2) flatten linear(1
 out=$($DT bench train --model foo --seconds 0 2>/dev/null); rc=$?
 [ $rc -eq 2 ] && [ -z "$out" ] && $DT bench train --model foo --seconds 0 2>&1 | grep -q "no benchmark case matches --model foo" \
   && ok "bench train --model foo: exit 2 naming it, before anything is measured or printed" || bad "bench train --model foo: exit $rc: $out"
+n=$(( $(nproc) + 1 ))
+$DT train --data fashion-mnist --model mlp --max-steps 2 --threads $n 2>&1 \
+  | grep -q "note: --threads $n on $(nproc) cores" && ok "--threads above the cores is noted" || bad "no note for --threads $n"
 finish

@@ -111,5 +111,9 @@ expect_fail "bad --allreduce" "allreduce=ring" "$DT" train "${COMMON[@]}" --allr
 expect_fail "--allreduce with localsgd" "only ddp allreduces" "$DT" train "${COMMON[@]}" --strategy localsgd --allreduce hier
 expect_fail "bad compressor" "--compress zip" "$DT" train "${COMMON[@]}" --compress zip
 expect_fail "bad ratio" "topk:2" "$DT" train "${COMMON[@]}" --compress topk:2
+out=$("$DT" train "${COMMON[@]}" --compress zip 2>&1)
+grep -q "^HINT: e.g. --compress topk:0.01" <<<"$out" && ! grep -q "NAME(KEY=VALUE" <<<"$out" \
+  && ok "a bad --compress hints at compressors, not the strategy grammar" || bad "bad --compress hint: $out"
+expect_fail "a compressor with a parenthesis" "not a compressor" "$DT" train "${COMMON[@]}" --compress "topk:0.1)"
 expect_fail "compress with ps" "only ddp and localsgd" "$DT" train "${COMMON[@]}" --strategy ps --compress fp16
 finish

@@ -265,6 +265,10 @@ static void print_header(const train_opts *o, dt_trainer *t, dt_comm *comm, int 
            dt_optim_name(c->optim.kind), c->lr.base_lr, (unsigned long long)c->seed, c->threads, c->threads > 1 ? "s" : "");
     printf("dtrain: kernels %s\n", dt_kernels_describe());
     if (dt_kernels_note()) printf("dtrain: note: %s\n", dt_kernels_note());
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (cores > 0 && c->threads > cores)
+        printf("dtrain: note: --threads %d on %ld cores: the threads take turns on them (slower than --threads %ld)\n",
+               c->threads, cores, cores);
     char spec[512] = "";
     if (world > 1 && dt_strategy_spec_canonical(c->strategy ? c->strategy : "ddp", spec, sizeof spec) != DT_OK)
         snprintf(spec, sizeof spec, "%s", c->strategy);

@@ -165,6 +165,16 @@ int dt_cli_uneven_parse(dt_cli_uneven *u, dt_train_config *cfg) {
         cfg->slow_rank = (int)rk;
         cfg->slow_factor = (float)f;
     }
+    if (u->compress) {  /* a bad compressor: its own message and hint, not the strategy grammar */
+        char probe[160];
+        if (strpbrk(u->compress, "(),") || strlen(u->compress) > 120)
+            return dt_cli_usage("e.g. --compress topk:0.01, --compress powersgd:2 or --compress fp16",
+                                "--compress %.120s: not a compressor (NAME or NAME:ARGS, with no '(', ')' or ',')",
+                                u->compress);
+        snprintf(probe, sizeof probe, "ddp(compress=%s)", u->compress);
+        if (dt_strategy_spec_info(probe, NULL, 0, NULL) != DT_OK)
+            return dt_cli_usage("e.g. --compress topk:0.01, --compress powersgd:2 or --compress fp16", "%s", dt_last_error());
+    }
     if ((r = compose_spec(u, cfg, name)) != 0) return r;
     if (cfg->strategy && dt_strategy_spec_info(cfg->strategy, NULL, 0, NULL) != DT_OK)  /* the rules between options */
         return dt_cli_usage(spec_hint(), "%s", dt_last_error());
