@@ -36,7 +36,6 @@ static void note_peak(size_t now) {
     while (now > p && !atomic_compare_exchange_weak(&g_peak, &p, now)) {}
 }
 
-/* Counts bytes against the limit; false (with the error set) when they do not fit. */
 /* The machine's physical memory in bytes (0: unknown). */
 static size_t phys_bytes(void) {
     static size_t cached;
@@ -47,6 +46,8 @@ static size_t phys_bytes(void) {
     return cached == SIZE_MAX ? 0 : cached;
 }
 
+/* Counts bytes against the limit (or, without one, the machine's memory); false (with the error
+ * set) when they do not fit. */
 static bool charge(size_t bytes, const char *what) {
     size_t lim = atomic_load(&g_limit);
     size_t now = atomic_fetch_add(&g_used, bytes) + bytes;
