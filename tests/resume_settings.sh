@@ -109,6 +109,29 @@ out=$($DT train "${B[@]}" --compress topk:0.1 --max-steps 2 2>&1)
 grep -q "note: --compress topk:0.1 with one worker sends nothing to compress" <<<"$out" \
   && ok "--compress on one worker is noted, not silently ignored" || bad "--compress on one worker: $out"
 
+# layouts stay the flags': a ZeRO checkpoint resumed without --zero is named, not taken
+$DT train "${W[@]}" --zero 1 --max-steps 12 --save "$TMP/z1.st" >/dev/null 2>&1 || bad "--zero 1 run"
+out=$($DT train "${W[@]}" --max-steps 24 --resume "$TMP/z1.st" 2>&1)
+grep -qF -- "--strategy ddp (the checkpoint's run: ddp(zero=1))" <<<"$out" && ok "a ZeRO checkpoint resumed without --zero: the change is named" \
+  || bad "ZeRO resume note: $out"
+# the data path is stored absolute with its links kept (train.csv -> a store blob keeps test.csv
+# beside it); a stored path that is not there is noted, with what to do
+mkdir -p "$TMP/store" "$TMP/ds"
+cp "$TMP/b.csv" "$TMP/store/blob1"
+ln -s ../store/blob1 "$TMP/ds/train.csv"
+(cd "$TMP/ds" && $DTA train --data train.csv --model "linear(8) relu linear(4)" --epochs 1 --save "$TMP/lk.st" --quiet >/dev/null 2>&1)
+out=$(cd "$TMP/elsewhere" && $DTA eval --checkpoint "$TMP/lk.st" 2>&1)
+grep -q "^eval: [0-9]* samples" <<<"$out" && ok "eval from elsewhere of a run on a symlinked csv finds it by its link" || bad "symlinked data: $out"
+python3 "$DTRAIN_TOOLS/ckpt_meta.py" "$TMP/lk.st" "$TMP/moved.st" dtrain.data=/nonexistent/train.csv
+out=$($DT eval --checkpoint "$TMP/moved.st" 2>&1)
+grep -q "trained on --data /nonexistent/train.csv, which is not on this machine; pass --data" <<<"$out" \
+  && ok "a stored data path that is not here is noted, saying to pass --data" || bad "moved data: $out"
+# a resume streaming its metrics to /dev/stdout that goes into a file appends, as a fresh run does
+$DT train "${B[@]}" --epochs 2 --resume "$TMP/b8.st" --metrics /dev/stdout --quiet >"$TMP/m.out" 2>"$TMP/m.err" \
+  && grep -q '^{"epoch": 2, ' "$TMP/m.out" && grep -q "^dtrain: resumed from" "$TMP/m.out" \
+  && ok "a resume with --metrics /dev/stdout into a file: the records go into that stream, intact" \
+  || bad "resume to /dev/stdout: $(cat "$TMP/m.out" "$TMP/m.err")"
+
 # ---- another optimizer given explicitly is still refused (its state cannot carry over) ----
 expect_fail "resume with another --optimizer is refused" "trained with --optimizer adamw" \
   $DT train "${D[@]}" --max-steps 6 --resume "$TMP/half.st" --optimizer sgd

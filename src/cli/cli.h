@@ -43,6 +43,9 @@ int dt_cli_checkpoint(const char *flag, const char *path, char *out, size_t cap)
 /* The --data a checkpoint's run trained on (dtrain.data, into out), the default of eval and
  * predict; "fashion-mnist" without a checkpoint or where it stores none (older versions). */
 const char *dt_cli_checkpoint_data(const char *checkpoint, char *out, size_t cap);
+/* Whether the --data a checkpoint stores (an absolute path, or a name) is on this machine; false
+ * after a note on stderr that says to pass --data. */
+bool dt_cli_checkpoint_data_here(const char *checkpoint, const char *data);
 /* Text data: the fraction a checkpoint's run held out at the end (its --val-fraction; 0.1 without
  * a checkpoint, where it stores none or held out nothing). */
 double dt_cli_checkpoint_val_fraction(const char *checkpoint);

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 const char dt_cli_exit_help[] =
     "Exit status: 0 done; 1 failed at run time (I/O, memory, a diverged run); 2 wrong command line\n"
@@ -63,12 +64,21 @@ double dt_cli_checkpoint_val_fraction(const char *checkpoint) {
     return info.val_fraction > 0 ? info.val_fraction : 0.1;
 }
 
+bool dt_cli_checkpoint_data_here(const char *checkpoint, const char *data) {
+    const char *file = !strncmp(data, "text:", 5) ? data + 5 : data;
+    struct stat st;
+    if (*file != '/' || stat(file, &st) == 0) return true;  /* a name (kjv, fashion-mnist), or there */
+    fprintf(stderr, "dtrain: note: %s was trained on --data %s, which is not on this machine; pass --data to use "
+            "another copy\n", checkpoint, data);
+    return false;
+}
+
 const char *dt_cli_checkpoint_data(const char *checkpoint, char *out, size_t cap) {
     dt_ckpt_info info;
     if (!checkpoint || dt_checkpoint_read_info(checkpoint, &info) != DT_OK || !info.data[0] ||
         (size_t)snprintf(out, cap, "%s", info.data) >= cap)
         return dt_error_clear(), "fashion-mnist";  /* a checkpoint that cannot be read is reported later */
-    return out;
+    return dt_cli_checkpoint_data_here(checkpoint, out) ? out : "fashion-mnist";
 }
 
 /* The default after a flag's help: the same text dtrain man prints (dt_flag_default_text). */

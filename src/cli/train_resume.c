@@ -38,15 +38,17 @@ static void take_optimizer(int argc, char **argv, dt_train_config *c, const dt_c
 }
 
 /* The checkpoint's strategy spec when the command line named none and it is one a data-parallel
- * resume continues (ddp, localsgd, ps with their options; tp and pp layouts are the flags' to
- * choose: a resume may change them). Static storage. */
+ * resume continues as it was: ddp or localsgd with options (--compress, --sync-every,
+ * --bucket-mb, --allreduce). Layouts stay the flags' to choose, as a resume may change them: ZeRO,
+ * tp, pp, and ps (whose servers are ranks the launcher counts before any checkpoint is read).
+ * Static storage. */
 static const char *strategy_to_take(const dt_train_config *c, const dt_ckpt_info *info) {
     static char spec[sizeof info->strategy];
     char name[32];
     if (c->strategy || !info->strategy[0] || !strcmp(info->strategy, "ddp") || !strcmp(info->strategy, "single") ||
         dt_strategy_spec_info(info->strategy, name, sizeof name, NULL) != DT_OK)
         return dt_error_clear(), NULL;
-    if (strcmp(name, "ddp") && strcmp(name, "localsgd") && strcmp(name, "ps")) return NULL;
+    if ((strcmp(name, "ddp") && strcmp(name, "localsgd")) || strstr(info->strategy, "zero=")) return NULL;
     snprintf(spec, sizeof spec, "%s", info->strategy);
     return spec;
 }
@@ -66,7 +68,7 @@ bool dt_cli_resume_settings(int argc, char **argv, dt_train_config *c) {
     }
     take_optimizer(argc, argv, c, &info);
     static char data[sizeof info.data];  /* the data set it trained on (--data left out) */
-    if (!GIVEN("data") && info.data[0]) c->data = strcpy(data, info.data);
+    if (!GIVEN("data") && info.data[0] && dt_cli_checkpoint_data_here(path, info.data)) c->data = strcpy(data, info.data);
     if (!GIVEN("seed")) c->seed = info.seed;
     if (info.has_settings) {
         const dt_lr_schedule *w = &info.sched;

@@ -59,7 +59,8 @@ static bool charge(size_t bytes, const char *what) {
         g_hit = true;  /* the machine's memory acts as the limit */
         dt_error(DT_ENOMEM, "%s of %zu bytes would hold %zu bytes on this rank, more than this machine's %zu bytes of "
                  "memory; use more ranks (--zero 3, --pp K, --tp K) or a smaller model or batch (dtrain train "
-                 "--dry-run prints each rank's plan)", what, bytes, now, phys);
+                 "--dry-run prints each rank's plan), or set --mem-limit BYTES yourself to count on swap", what, bytes,
+                 now, phys);
         return false;
     }
     if (lim && now > lim) {

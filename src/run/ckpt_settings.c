@@ -124,9 +124,12 @@ void dt_ckpt_settings_changes(const dt_ckpt_info *info, const dt_train_config *c
                               size_t cap) {
     size_t len = 0;
     what[0] = '\0';
-    if (info->strategy[0] && strategy && strcmp(strategy, info->strategy) &&
-        !(plain_strategy(strategy) && plain_strategy(info->strategy)))
+    char now[512], then[512];  /* compared spelled out: "ddp" is "ddp(bucket_mb=1)" */
+    if (info->strategy[0] && strategy && !(plain_strategy(strategy) && plain_strategy(info->strategy)) &&
+        (dt_strategy_spec_canonical(strategy, now, sizeof now) != DT_OK ||
+         dt_strategy_spec_canonical(info->strategy, then, sizeof then) != DT_OK || strcmp(now, then)))
         len += (size_t)snprintf(what, cap, "--strategy %s (the checkpoint's run: %s)", strategy, info->strategy);
+    dt_error_clear();
     if (info->has_settings) {
         const dt_lr_schedule *l = &c->lr, *w = &info->sched;
         const dt_optim_config *o = &c->optim, *p = &info->optim_cfg;

@@ -27,7 +27,8 @@ static dt_status drop_records_after(dt_trainer *t, int64_t step) {
     struct stat st;
     if (stat(t->cfg.metrics, &st) == 0 && !S_ISREG(st.st_mode)) return DT_OK;  /* a stream (/dev/stdout): as it is */
     char path[4096];  /* the file, or the one a symbolic link leads to */
-    DT_TRY(dt_output_path("--metrics", t->cfg.metrics, path, sizeof path));
+    if (dt_output_path("--metrics", t->cfg.metrics, path, sizeof path) != DT_OK)
+        return dt_error_clear(), DT_OK;  /* a descriptor (/dev/stdout into a file): appended to, as it is */
     FILE *in = fopen(path, "r");
     if (!in) return DT_OK; /* nothing written yet */
     char tmp[4200];
@@ -64,7 +65,10 @@ dt_status dt_trainer_open_metrics(dt_trainer *t, FILE **out) {
     *out = NULL;
     if (!t->cfg.metrics || t->rank != 0) return DT_OK;
     if (t->cfg.resume) DT_TRY(drop_records_after(t, t->step));
-    *out = fopen(t->cfg.metrics, t->cfg.resume ? "a" : "w");
+    const int fd = dt_path_descriptor(t->cfg.metrics);  /* --metrics /dev/stdout: into that very stream */
+    const int mine = fd >= 0 ? dup(fd) : -1;
+    *out = fd >= 0 ? (mine >= 0 ? fdopen(mine, "a") : NULL) : fopen(t->cfg.metrics, t->cfg.resume ? "a" : "w");
+    if (!*out && mine >= 0) close(mine);
     if (!*out) return metrics_error(t, "opening for writing");
     return DT_OK;
 }

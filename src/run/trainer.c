@@ -18,6 +18,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/sysinfo.h>
+#include <unistd.h>
 
 dt_train_config dt_train_defaults(void) {
     dt_train_config c = {
@@ -468,19 +469,21 @@ const char *dt_trainer_last_checkpoint(const dt_trainer *t) { return t->last_ckp
 int64_t dt_trainer_step(const dt_trainer *t) { return t->step; }
 const char *dt_trainer_strategy_choice(const dt_trainer *t) { return t->strategy ? t->strategy->choice : NULL; }
 
-/* data (a --data value) into out with files as absolute paths, so a later eval or resume from
- * another directory finds them: text:FILE, a .csv or an IDX directory that exists; names such as
- * kjv or fashion-mnist as they are; "" for NULL or a value that does not fit. */
+/* data (a --data value) into out with files as absolute paths (symbolic links kept), so a later
+ * eval or resume from another directory finds them: text:FILE, a .csv or an IDX directory that
+ * exists; names such as kjv or fashion-mnist as they are; "" for NULL or a value that does not fit. */
 static void data_name_absolute(const char *data, char *out, size_t cap) {
     out[0] = '\0';
     if (!data) return;
     const bool text = !strncmp(data, "text:", 5);
     const char *file = text ? data + 5 : data;
     if (!text && (!strcmp(data, "kjv") || !strcmp(data, "fashion-mnist") || !strcmp(data, "mnist"))) file = "";
-    char real[PATH_MAX];
+    char cwd[PATH_MAX];  /* absolute, links kept (train.csv -> a store blob keeps its name and test.csv) */
     struct stat st;
-    const bool path = *file && stat(file, &st) == 0 && realpath(file, real);
-    if ((size_t)snprintf(out, cap, "%s%s", text ? "text:" : "", path ? real : data + (text ? 5 : 0)) >= cap) out[0] = '\0';
+    const bool rel = *file && *file != '/' && stat(file, &st) == 0 && getcwd(cwd, sizeof cwd);
+    if ((size_t)snprintf(out, cap, "%s%s%s%s", text ? "text:" : "", rel ? cwd : "", rel ? "/" : "", data + (text ? 5 : 0)) >=
+        cap)
+        out[0] = '\0';
 }
 
 static void fill_info(const dt_trainer *t, dt_ckpt_info *info) {
@@ -502,7 +505,8 @@ static void fill_info(const dt_trainer *t, dt_ckpt_info *info) {
     info->grad_accum = t->cfg.grad_accum > 1 ? t->cfg.grad_accum : 1;
     const char *prec = dt_ckpt_precision_name(t->cfg.precision);
     snprintf(info->precision, sizeof info->precision, "%s", prec ? prec : "");
-    snprintf(info->strategy, sizeof info->strategy, "%s", dt_trainer_strategy_spec(t));
+    const char *strategy = dt_trainer_strategy_spec(t);  /* a spec too long to keep is not kept (not cut) */
+    if (strlen(strategy) < sizeof info->strategy) snprintf(info->strategy, sizeof info->strategy, "%s", strategy);
     data_name_absolute(t->cfg.data, info->data, sizeof info->data);
     info->val_fraction = t->cfg.val_fraction;
     info->has_norm = t->has_norm;

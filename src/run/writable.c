@@ -41,6 +41,16 @@ static bool names_descriptor(const char *p) {
            (!strncmp(p, "/proc/", 6) && strstr(p, "/fd/") != NULL);
 }
 
+int dt_path_descriptor(const char *path) {
+    static const char *const std[] = {"/dev/stdin", "/dev/stdout", "/dev/stderr"};
+    for (int i = 0; i < 3; i++)
+        if (!strcmp(path, std[i])) return i;
+    const char *n = !strncmp(path, "/dev/fd/", 8) ? path + 8 : !strncmp(path, "/proc/self/fd/", 14) ? path + 14 : NULL;
+    char *end;
+    const long fd = n && *n ? strtol(n, &end, 10) : -1;
+    return fd >= 0 && fd < 1 << 20 && !*end ? (int)fd : -1;
+}
+
 dt_status dt_output_path(const char *what, const char *path, char *out, size_t cap) {
     const char *sep = *what ? " " : "";
     char cur[PATH_MAX], link[PATH_MAX], next[2 * PATH_MAX];

@@ -27,4 +27,9 @@ int dt_path_probe_write(const char *path, char *dir, size_t cap);
  * place. DT_EINVAL too for a link loop or a result longer than cap. */
 dt_status dt_output_path(const char *what, const char *path, char *out, size_t cap);
 
+/* The descriptor of this process that path names (/dev/stdout 1, /dev/stderr 2, /dev/fd/N and
+ * /proc/self/fd/N: N), else -1. A stream written to one goes through that descriptor (fdopen of a
+ * dup): opening the path anew would truncate, or write past, the file a shell redirect opened. */
+int dt_path_descriptor(const char *path);
+
 #endif

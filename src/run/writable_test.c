@@ -97,6 +97,9 @@ static void test_output_path(const char *tmp) {
                       strstr(dt_last_error(), "--timeline ") && strstr(dt_last_error(), "not a regular file"),
                   "%s: %s", refused[i], dt_last_error());
     CHECK(dt_output_path("", p, out, 4) == DT_EINVAL && strstr(dt_last_error(), "too long"));
+    CHECK(dt_path_descriptor("/dev/stdout") == 1 && dt_path_descriptor("/dev/stderr") == 2);
+    CHECK(dt_path_descriptor("/dev/fd/7") == 7 && dt_path_descriptor("/proc/self/fd/3") == 3);
+    CHECK(dt_path_descriptor("/dev/fd/") == -1 && dt_path_descriptor("/dev/fd/1x") == -1 && dt_path_descriptor(p) == -1);
     const char *made[] = {"sub/l1", "l2", "dangling", "loop", "plain.st"};
     for (int i = 0; i < 5; i++) snprintf(q, sizeof q, "%s/%s", tmp, made[i]), unlink(q);
     snprintf(q, sizeof q, "%s/sub", tmp);
