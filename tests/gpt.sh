@@ -1,7 +1,8 @@
 # Integration tests of the GPT path through the real command, on a small corpus the test writes:
 # train (1 and 2 workers), the checkpoint carries nanoGPT's tensor names, eval agrees with the
 # run's own evaluation, resume continues bit for bit, sample is deterministic per seed, its exit
-# statuses follow dtrain's convention (0, 1, 2, 78), eval and sample take a --checkpoint-dir
+# statuses follow dtrain's convention (0, 1, 2, 78), sample reads --weights as it reads the
+# checkpoint, eval and sample take a --checkpoint-dir
 # directory, and the mistakes a new user makes get clear errors.
 . "$(dirname "$0")/testlib.bash"
 
@@ -19,10 +20,10 @@ expect_fail "heads must divide the width" "multiple of the H=3 heads" $DT train 
 expect_fail "missing corpus" "$TMP/nope.txt" $DT train --data "text:$TMP/nope.txt" --model "$M"
 expect_fail "val fraction range" "--val-fraction 0.9" run --val-fraction 0.9
 expect_fail "--normalize on text is refused" "drop --normalize" run --normalize --max-steps 1
-expect_fail "sample needs a checkpoint" "no --checkpoint given" $DT sample
+expect_fail "sample needs a checkpoint" "no --checkpoint or --weights given" $DT sample
 
 # ---- training, checkpoint names, eval ----
-out=$(run --max-steps 150 --save "$TMP/g.st" --metrics "$TMP/g.jsonl" 2>&1) || bad "train gpt: $out"
+out=$(run --max-steps 150 --save "$TMP/g.st" --save-weights "$TMP/g.w" --metrics "$TMP/g.jsonl" 2>&1) || bad "train gpt: $out"
 python3 - "$TMP/g.jsonl" "$TMP/g.st" <<'PY' && ok "gpt learns (val loss < 2.2) and the checkpoint has nanoGPT names" || bad "gpt run: $out"
 import json, struct, sys
 r = [json.loads(l) for l in open(sys.argv[1])][-1]
@@ -73,6 +74,10 @@ s3=$($DT sample --checkpoint "$TMP/g.st" --prompt "the earth" --tokens 60 --seed
 [ "$s1" = "$s2" ] && [ "$s1" != "$s3" ] && [ "${#s1}" -ge 69 ] && ok "sample: same seed same text, another seed other text" \
   || bad "sample: '$s1' / '$s2' / '$s3'"
 grep -q "^the earth" <<<"$s1" && ok "sample continues the prompt" || bad "sample: '$s1'"
+# the same model as plain weights (--save-weights: nanoGPT's names) gives the same text
+w1=$($DT sample --weights "$TMP/g.w" --prompt "the earth" --tokens 60 --seed 4 2>&1)
+[ "$w1" = "$s1" ] && ok "sample --weights (the run's --save-weights) gives the checkpoint's text" \
+  || bad "sample --weights: '$w1' against '$s1'"
 g=$($DT sample --checkpoint "$TMP/g.st" --prompt "the earth" --tokens 30 --temperature 0 2>&1)
 python3 -c "import sys; t=sys.argv[1]; sys.exit(0 if set(t) <= set('abcdefghijklmnopqrstuvwxyz .\n') else 1)" "$g" \
   && ok "greedy sample stays in the corpus alphabet" || bad "greedy sample: '$g'"
