@@ -40,15 +40,18 @@ int dt_cli_setup_status(int s);
 /* The checkpoint file of --FLAG path (a file, or the newest usable one of a directory of numbered
  * checkpoints, named on stderr) into out; 0, or the exit status after printing why (78: none). */
 int dt_cli_checkpoint(const char *flag, const char *path, char *out, size_t cap);
-/* The --data a checkpoint's run trained on (dtrain.data, into out), the default of eval and
- * predict; "fashion-mnist" without a checkpoint or where it stores none (older versions). */
-const char *dt_cli_checkpoint_data(const char *checkpoint, char *out, size_t cap);
+/* What a checkpoint's run trained on, the defaults of eval and predict: its --data (dtrain.data;
+ * "fashion-mnist" without a checkpoint, where it stores none, or where it is not on this machine)
+ * and, for text, the fraction it held out at the end (its --val-fraction; 0.1 where it stores
+ * none or held out nothing). */
+typedef struct {
+    char data[1024];
+    double val_fraction;
+} dt_cli_trained_on;
+void dt_cli_checkpoint_trained_on(const char *checkpoint, dt_cli_trained_on *t);
 /* Whether the --data a checkpoint stores (an absolute path, or a name) is on this machine; false
  * after a note on stderr that says to pass --data. */
 bool dt_cli_checkpoint_data_here(const char *checkpoint, const char *data);
-/* Text data: the fraction a checkpoint's run held out at the end (its --val-fraction; 0.1 without
- * a checkpoint, where it stores none or held out nothing). */
-double dt_cli_checkpoint_val_fraction(const char *checkpoint);
 /* When set, dt_flags_usage calls it instead of printing the help text (dtrain man renders the
  * same tables as a man page). */
 extern void (*dt_flags_usage_hook)(const char *usage, const dt_flag *flags, int n);

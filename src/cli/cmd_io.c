@@ -132,8 +132,8 @@ int dt_cmd_eval(int argc, char **argv) {
     char file[4096];
     if (ckpt && (r = dt_cli_checkpoint("checkpoint", ckpt, file, sizeof file)) != 0) return r;
     if (ckpt) ckpt = file;
-    char trained_on[1024];
-    data = data ? data : dt_cli_checkpoint_data(ckpt, trained_on, sizeof trained_on);
+    dt_cli_trained_on trained;
+    if (!data) dt_cli_checkpoint_trained_on(ckpt, &trained), data = trained.data;
     if (weights || model) return eval_source(ckpt, weights, model, data, batch, threads);
     if (!ckpt) return dt_cli_usage("pass --checkpoint FILE (written by dtrain train --save)", "no --checkpoint given");
     if (batch < 1) return dt_cli_usage(NULL, "--batch %d: need at least 1", batch);

@@ -163,8 +163,9 @@ int dt_cmd_predict(int argc, char **argv) {
     char file[4096];
     if (ckpt && (r = dt_cli_checkpoint("checkpoint", ckpt, file, sizeof file)) != 0) return r;
     if (ckpt) ckpt = file;
-    char trained_on[1024];
-    if (!o.data) o.data = dt_cli_checkpoint_data(ckpt, trained_on, sizeof trained_on);
+    dt_cli_trained_on trained;
+    dt_cli_checkpoint_trained_on(ckpt, &trained);
+    if (!o.data) o.data = trained.data;
     dt_set_threads(threads);
     dt_model_source src = {.checkpoint = ckpt, .weights = weights, .model = model};
     char spec[1024];
@@ -177,7 +178,7 @@ int dt_cmd_predict(int argc, char **argv) {
     if (gpt != dt_data_is_text(o.data))
         return dt_cli_usage(gpt ? "pass --data text:FILE or --data kjv" : "pass an image or CSV --data",
                             "--data %s does not fit model %s", o.data, spec);
-    if (gpt && (s = dt_gpt_parse(spec, &g)) == DT_OK) s = dt_dataset_open_text(&train, &test, o.data, g.T, dt_cli_checkpoint_val_fraction(ckpt));
+    if (gpt && (s = dt_gpt_parse(spec, &g)) == DT_OK) s = dt_dataset_open_text(&train, &test, o.data, g.T, trained.val_fraction);
     else if (!gpt) s = dt_dataset_open(&train, &test, o.data);
     if (s != DT_OK) {
         dt_cli_fail("check --data (an IDX directory, fashion-mnist, mnist or a .csv file)", "%s", dt_last_error());

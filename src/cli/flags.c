@@ -58,12 +58,6 @@ int dt_cli_checkpoint(const char *flag, const char *path, char *out, size_t cap)
     return 0;
 }
 
-double dt_cli_checkpoint_val_fraction(const char *checkpoint) {
-    dt_ckpt_info info;
-    if (!checkpoint || dt_checkpoint_read_info(checkpoint, &info) != DT_OK) return dt_error_clear(), 0.1;
-    return info.val_fraction > 0 ? info.val_fraction : 0.1;
-}
-
 bool dt_cli_checkpoint_data_here(const char *checkpoint, const char *data) {
     const char *file = !strncmp(data, "text:", 5) ? data + 5 : data;
     struct stat st;
@@ -73,12 +67,13 @@ bool dt_cli_checkpoint_data_here(const char *checkpoint, const char *data) {
     return false;
 }
 
-const char *dt_cli_checkpoint_data(const char *checkpoint, char *out, size_t cap) {
-    dt_ckpt_info info;
-    if (!checkpoint || dt_checkpoint_read_info(checkpoint, &info) != DT_OK || !info.data[0] ||
-        (size_t)snprintf(out, cap, "%s", info.data) >= cap)
-        return dt_error_clear(), "fashion-mnist";  /* a checkpoint that cannot be read is reported later */
-    return dt_cli_checkpoint_data_here(checkpoint, out) ? out : "fashion-mnist";
+void dt_cli_checkpoint_trained_on(const char *checkpoint, dt_cli_trained_on *t) {
+    snprintf(t->data, sizeof t->data, "fashion-mnist");
+    t->val_fraction = 0.1;
+    dt_ckpt_info info;  /* one read of the file; one that cannot be read is reported later */
+    if (!checkpoint || dt_checkpoint_read_info(checkpoint, &info) != DT_OK) return (void)dt_error_clear();
+    if (info.val_fraction > 0) t->val_fraction = info.val_fraction;
+    if (info.data[0] && dt_cli_checkpoint_data_here(checkpoint, info.data)) snprintf(t->data, sizeof t->data, "%s", info.data);
 }
 
 /* The default after a flag's help: the same text dtrain man prints (dt_flag_default_text). */

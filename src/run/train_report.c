@@ -8,7 +8,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 static dt_status metrics_error(const dt_trainer *t, const char *what) {
@@ -24,11 +23,9 @@ static long long line_step(const char *line) {
 
 /* Rewrites path without the records of steps after `step` (those of a run resumed from there). */
 static dt_status drop_records_after(dt_trainer *t, int64_t step) {
-    struct stat st;
-    if (stat(t->cfg.metrics, &st) == 0 && !S_ISREG(st.st_mode)) return DT_OK;  /* a stream (/dev/stdout): as it is */
     char path[4096];  /* the file, or the one a symbolic link leads to */
     if (dt_output_path("--metrics", t->cfg.metrics, path, sizeof path) != DT_OK)
-        return dt_error_clear(), DT_OK;  /* a descriptor (/dev/stdout into a file): appended to, as it is */
+        return dt_error_clear(), DT_OK;  /* a stream or descriptor (/dev/stdout): appended to, as it is */
     FILE *in = fopen(path, "r");
     if (!in) return DT_OK; /* nothing written yet */
     char tmp[4200];
