@@ -337,7 +337,7 @@ static int run_rank(int argc, char **argv, train_opts *o, int job_ranks) {
             fprintf(stderr, "dtrain: note: --compress %s with one worker sends nothing to compress (use --workers N)\n",
                     o->uneven.compress);
     }
-    if (world == 1 && o->strategy_from_ckpt) {  /* the checkpoint's ddp/localsgd/ps needs more ranks */
+    if (world == 1 && o->strategy_from_ckpt) {  /* the checkpoint's ddp/localsgd needs more ranks */
         fprintf(stderr, "dtrain: note: the checkpoint's --strategy %s needs more than one rank; this resume trains on "
                 "one (add --workers N to continue it)\n", cfg.strategy);
         cfg.strategy = NULL;
