@@ -24,6 +24,14 @@ typedef struct dt_backend {
     void (*linear_forward)(float *out, const float *in, const float *w, const float *b, int B, int C, int OC);
     void (*linear_backward)(float *din, float *dw, float *db, const float *dout, const float *in, const float *w,
                             int B, int C, int OC);
+    /* The same with a bf16 in (uint16_t: the values a linear would round anyway, stored so by the
+     * layer before it, nn/graph_layout.c), for a backend whose linear_bf16_values() is true
+     * (its GEMMs run at bf16, so a bf16 in gives the same result as the f32 one it was rounded
+     * from); NULL where not. */
+    bool (*linear_bf16_values)(void);
+    void (*linear_forward_bf16)(float *out, const uint16_t *in, const float *w, const float *b, int B, int C, int OC);
+    void (*linear_backward_bf16)(float *din, float *dw, float *db, const float *dout, const uint16_t *in,
+                                 const float *w, int B, int C, int OC);
     size_t (*conv2d_workspace)(int B, int C, int H, int W, int OC, int K, int stride, int pad);
     void (*conv2d_forward)(float *out, const float *in, const float *w, const float *b, float *work, int B, int C,
                            int H, int W, int OC, int K, int stride, int pad);
@@ -118,6 +126,10 @@ const dt_backend *dt_backend_blas_lowp(dt_dtype precision);
  * half range gives inf), kept as f32. dst == src is allowed. */
 void dt_round_bf16(float *dst, const float *src, size_t n);
 void dt_round_f16(float *dst, const float *src, size_t n);
+/* dst (n bf16) = src (n f32) rounded to nearest even (NaN stays a quiet NaN), with AVX512-BF16
+ * where the CPU has it; and back (exact). */
+void dt_cast_bf16(uint16_t *dst, const float *src, size_t n);
+void dt_widen_bf16(float *dst, const uint16_t *src, size_t n);
 
 /* oneDNN (cpu_onednn*.c). The backend at a precision, NULL when built without oneDNN. */
 const dt_backend *dt_backend_onednn(dt_dtype precision);

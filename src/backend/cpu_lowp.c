@@ -47,6 +47,41 @@ void dt_round_f16(float *dst, const float *src, size_t n) {
 #endif
 }
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+/* With AVX512-BF16: 32 values rounded in one vcvtne2ps2bf16 (to nearest even, as below). */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) static void cast_bf16_native(uint16_t *d,
+                                                                                            const float *src,
+                                                                                            size_t n) {
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32)
+        _mm512_storeu_si512(d + i, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + i + 16), _mm512_loadu_ps(src + i)));
+    for (; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
+        _mm256_mask_storeu_epi16(d + i, m, (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, src + i)));
+    }
+}
+#endif
+
+void dt_cast_bf16(uint16_t *dst, const float *src, size_t n) {
+#if defined(__x86_64__)
+    if (__builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl"))
+        return cast_bf16_native(dst, src, n);
+#endif
+    const uint32_t *s = (const uint32_t *)src;
+    for (size_t i = 0; i < n; i++) {  /* dt_round_bf16's steps, GCC vectorises them */
+        const uint32_t u = s[i];
+        const uint32_t r = u + 0x7fffu + ((u >> 16) & 1u), q = u | 0x00400000u;
+        dst[i] = (uint16_t)(((u & 0x7fffffffu) > 0x7f800000u ? q : r) >> 16);
+    }
+}
+
+void dt_widen_bf16(float *dst, const uint16_t *src, size_t n) {
+    uint32_t *d = (uint32_t *)dst;
+    for (size_t i = 0; i < n; i++) d[i] = (uint32_t)src[i] << 16;
+}
+
 /* Per-thread scratch for the rounded copies (grown, never shrunk; freed when the thread exits,
  * by a key destructor that runs while the thread's own scratch is still there). */
 static _Thread_local struct {

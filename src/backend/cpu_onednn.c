@@ -31,8 +31,8 @@ static _Thread_local struct {
     int n, threads;
     unsigned long long clock;   /* lookups so far: an entry's `last` */
     size_t misses;
-    void *conv[3];
-    size_t conv_n[3];
+    void *conv[4];
+    size_t conv_n[4];
 } tls;
 
 /* A thread's cache goes when the thread does (fl-sim's client threads, a caller's worker pool):
@@ -45,7 +45,7 @@ static void entry_clear(dt_dnnl_entry *e);
 static void tls_free(void *unused) {
     (void)unused;
     for (int i = 0; i < tls.n; i++) entry_clear(&tls.e[i]);
-    for (int k = 0; k < 3; k++) free(tls.conv[k]), tls.conv[k] = NULL, tls.conv_n[k] = 0;
+    for (int k = 0; k < 4; k++) free(tls.conv[k]), tls.conv[k] = NULL, tls.conv_n[k] = 0;
     if (tls.stream) dnnl_stream_destroy(tls.stream);
     if (tls.eng) dnnl_engine_destroy(tls.eng);
     tls.stream = NULL, tls.eng = NULL, tls.n = 0;
@@ -234,7 +234,8 @@ typedef struct {
     int M, N, K;
     int64_t sa[2], sb[2];
     bool bias, accumulate;
-    bool a_bf16;  /* at bf16: A arrives cast already (dt_dnnl_cast_bf16), not f32 */
+    bool a_bf16;  /* at bf16: A arrives cast already (dt_cast_bf16), not f32 */
+    bool b_bf16;  /* at bf16: B arrives as bf16 values (row-major), not f32 */
 } mm_shape;
 
 static dnnl_data_type_t dnnl_type(dt_dtype p) { return p == DT_BF16 ? dnnl_bf16 : p == DT_F16 ? dnnl_f16 : dnnl_f32; }
@@ -247,7 +248,7 @@ static dt_dnnl_entry *mm_entry(const mm_shape *s, dt_dtype p) {
     if (p == DT_BF16 && !dt_onednn_bf16_native()) return NULL;
     dt_dnnl_key k = {.op = DT_DNNL_MATMUL, .dt = dnnl_type(p),
                      .d = {s->M, s->N, s->K, (int)s->sa[0], (int)s->sa[1], (int)s->sb[0], (int)s->sb[1], s->bias,
-                           s->accumulate, s->a_bf16 && p == DT_BF16}};
+                           s->accumulate, s->a_bf16 && p == DT_BF16, s->b_bf16 && p == DT_BF16}};
     dt_dnnl_entry *e = dt_dnnl_lookup(&k);
     if (!e || e->used) return e && !e->failed ? e : NULL;
     int64_t ad[2] = {s->M, s->K}, bd[2] = {s->K, s->N}, cd[2] = {s->M, s->N}, biasd[2] = {1, s->N};
@@ -256,7 +257,8 @@ static dt_dnnl_entry *mm_entry(const mm_shape *s, dt_dtype p) {
     /* low precision: B in the layout oneDNN wants (bf16 brgemm takes pairs interleaved, VNNI);
      * f32 inputs outside, reorders convert A and B */
     const bool lowp = k.dt != dnnl_f32;
-    const dnnl_memory_desc_t ext[2] = {dt_dnnl_md(2, ad, dnnl_f32, s->sa), dt_dnnl_md(2, bd, dnnl_f32, s->sb)};
+    const dnnl_memory_desc_t ext[2] = {dt_dnnl_md(2, ad, dnnl_f32, s->sa),
+                                       dt_dnnl_md(2, bd, k.d[10] ? dnnl_bf16 : dnnl_f32, s->sb)};
     if (lowp) {
         const dnnl_dims_t b2 = {s->K, s->N};
         dnnl_memory_desc_init_by_tag(&md[1], 2, b2, k.dt, dnnl_format_tag_any);
@@ -282,7 +284,7 @@ static dt_dnnl_entry *mm_entry(const mm_shape *s, dt_dtype p) {
     if (lowp) md[1] = *dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
     /* B dense (row- or column-major) in a VNNI layout: packed by dt_dnnl_vnni_pack at each run
      * (cpu_onednn_pack.c) */
-    const bool dense = s->sb[1] == 1 || s->sb[0] == 1;
+    const bool dense = s->sb[1] == 1 || (s->sb[0] == 1 && !k.d[10]);  /* bf16 B: row-major only */
     const int nb = lowp && k.dt == dnnl_bf16 && dense ? dt_dnnl_vnni_block(&md[1], s->K, s->N) : 0;
     if (nb && (e->tmp = malloc(dnnl_memory_desc_get_size(&md[1])))) e->pack_nb = nb, e->pack_kp = dt_dnnl_vnni_padded_k(&md[1]);
     for (int i = 0; i < nargs; i++)
@@ -317,7 +319,10 @@ static void mm_run(const mm_plan *pl, float *c, const void *a, const void *b, co
     if (pl->e->pack_nb) {
         const mm_shape *s = pl->s;
         const bool cols = s->sb[1] != 1;
-        dt_dnnl_vnni_pack(pl->e->tmp, b, s->K, s->N, cols ? s->sb[1] : s->sb[0], pl->e->pack_nb, pl->e->pack_kp, cols);
+        if (pl->e->key.d[10]) dt_dnnl_vnni_pack_bf16(pl->e->tmp, b, s->K, s->N, s->sb[0], pl->e->pack_nb, pl->e->pack_kp);
+        else
+            dt_dnnl_vnni_pack(pl->e->tmp, b, s->K, s->N, cols ? s->sb[1] : s->sb[0], pl->e->pack_nb, pl->e->pack_kp,
+                              cols);
         b = pl->e->tmp;
     }
     void *data[4] = {(void *)a, (void *)b, c, (void *)bias};
@@ -336,6 +341,33 @@ static void linear_forward(dt_dtype p, float *out, const float *in, const float 
     mm_run(&pl, out, mm_operand(&pl, 0, in, (size_t)B * C), mm_operand(&pl, 1, w, (size_t)OC * C), b);
 }
 
+/* in (n bf16) widened to f32 (slot 3): for a GEMM that has no bf16 entry here (rounding it again
+ * to bf16 gives the same values). */
+static const float *widened(const uint16_t *in, size_t n) {
+    float *f = grow(3, n * sizeof(float) + 4);
+    dt_widen_bf16(f, in, n);
+    return f;
+}
+
+/* The bf16 table's linear of a bf16 in: a native entry takes it as A as it is. */
+static void lf_bf16_in(float *out, const uint16_t *in, const float *w, const float *b, int B, int C, int OC) {
+    mm_shape s = {.M = B, .N = OC, .K = C, .sa = {C, 1}, .sb = {1, C}, .bias = b != NULL, .a_bf16 = true};
+    mm_plan pl;
+    if (B > 0 && OC > 0 && C > 0 && mm_prepare(&pl, &s, DT_BF16) && !pl.round) return mm_run(&pl, out, in, w, b);
+    linear_forward(DT_BF16, out, widened(in, (size_t)B * C), w, b, B, C, OC);
+}
+
+/* d16 (B, OC) = dout cast to bf16, and db (OC; NULL: none) += dout's column sums, row by row (the
+ * row is summed while the cast has it in cache; each column is summed in row order, as before). */
+static void cast_and_bias_sums(uint16_t *d16, float *db, const float *dout, int B, int OC) {
+    for (int i = 0; i < B; i++) {
+        const float *restrict row = dout + (size_t)i * OC;
+        dt_cast_bf16(d16 + (size_t)i * OC, row, (size_t)OC);
+        if (db)
+            for (int j = 0; j < OC; j++) db[j] += row[j];
+    }
+}
+
 /* db (OC) += the column sums of dout (B, OC); db NULL: nothing. */
 static void bias_sums(float *db, const float *dout, int B, int OC) {
     if (db)
@@ -345,37 +377,54 @@ static void bias_sums(float *db, const float *dout, int B, int OC) {
         }
 }
 
-static void linear_backward(dt_dtype p, float *din, float *dw, float *db, const float *dout, const float *in,
-                            const float *w, int B, int C, int OC) {
-    /* dw (OC,C) += dout^T (OC,B) @ in (B,C);  din (B,C) = dout (B,OC) @ w (OC,C) */
+/* dw (OC,C) += dout^T (OC,B) @ in (B,C);  din (B,C) = dout (B,OC) @ w (OC,C). in is f32, or bf16
+ * (in16, at bf16: a native dw entry packs it as it is; in is NULL then). */
+static void linear_backward_of(dt_dtype p, float *din, float *dw, float *db, const float *dout, const float *in,
+                               const uint16_t *in16, const float *w, int B, int C, int OC) {
     /* at bf16 where the CPU casts fast, dout is cast once for both GEMMs (else each converts it) */
     const bool cast = p == DT_BF16 && dw && din && dt_dnnl_cast_fast();
-    mm_shape sw = {.M = OC, .N = C, .K = B, .sa = {1, OC}, .sb = {C, 1}, .accumulate = true, .a_bf16 = cast};
+    mm_shape sw = {.M = OC, .N = C, .K = B, .sa = {1, OC}, .sb = {C, 1}, .accumulate = true, .a_bf16 = cast,
+                   .b_bf16 = in16 != NULL};
     mm_shape sd = {.M = B, .N = C, .K = OC, .sa = {OC, 1}, .sb = {C, 1}, .a_bf16 = cast};
     mm_plan pw = {0}, pd = {0};
-    if (B <= 0 || OC <= 0 || C <= 0 || (dw && !mm_prepare(&pw, &sw, p)) || (din && !mm_prepare(&pd, &sd, p)))
-        return fallback(p)->linear_backward(din, dw, db, dout, in, w, B, C, OC);
+    const bool ok = B > 0 && OC > 0 && C > 0 && (!dw || mm_prepare(&pw, &sw, p)) && (!din || mm_prepare(&pd, &sd, p));
+    if (in16 && (!ok || (dw && pw.round)))  /* no native dw entry for a bf16 in */
+        return linear_backward_of(p, din, dw, db, dout, widened(in16, (size_t)B * C), NULL, w, B, C, OC);
+    if (!ok) return fallback(p)->linear_backward(din, dw, db, dout, in, w, B, C, OC);
+    const void *b_in = in16 ? (const void *)in16 : (const void *)in;
     if (cast && !pw.round && !pd.round) {  /* both native bf16 entries, keyed to take the cast */
-        void *d16 = grow(0, (size_t)B * OC * sizeof(uint16_t));
-        dt_dnnl_cast_bf16(d16, dout, (size_t)B * OC);
-        mm_run(&pw, dw, d16, in, NULL);
-        bias_sums(db, dout, B, OC);
+        uint16_t *d16 = grow(0, (size_t)B * OC * sizeof(uint16_t));
+        cast_and_bias_sums(d16, db, dout, B, OC);
+        mm_run(&pw, dw, d16, b_in, NULL);
         return mm_run(&pd, din, d16, w, NULL);
     }
     if (cast) {  /* an f32 fallback entry: the a_bf16 key never reached a bf16 entry */
         sw.a_bf16 = sd.a_bf16 = false;
         if (!mm_prepare(&pw, &sw, p) || !mm_prepare(&pd, &sd, p))
-            return fallback(p)->linear_backward(din, dw, db, dout, in, w, B, C, OC);
+            return linear_backward_of(p, din, dw, db, dout, in ? in : widened(in16, (size_t)B * C), NULL, w, B, C, OC);
     }
     /* dout is rounded once when both GEMMs take it the same way (fallback), else passed as is */
     const void *d = mm_operand(dw ? &pw : &pd, 0, dout, (size_t)B * OC);
-    if (dw) mm_run(&pw, dw, d, mm_operand(&pw, 1, in, (size_t)B * C), NULL);
+    if (dw) mm_run(&pw, dw, d, in16 ? b_in : mm_operand(&pw, 1, in, (size_t)B * C), NULL);
     bias_sums(db, dout, B, OC);
     if (din) {
         if (dw && pw.round != pd.round) d = mm_operand(&pd, 0, dout, (size_t)B * OC);
         mm_run(&pd, din, d, mm_operand(&pd, 2, w, (size_t)OC * C), NULL);
     }
 }
+
+static void linear_backward(dt_dtype p, float *din, float *dw, float *db, const float *dout, const float *in,
+                            const float *w, int B, int C, int OC) {
+    linear_backward_of(p, din, dw, db, dout, in, NULL, w, B, C, OC);
+}
+
+static void lb_bf16_in(float *din, float *dw, float *db, const float *dout, const uint16_t *in, const float *w, int B,
+                       int C, int OC) {
+    linear_backward_of(DT_BF16, din, dw, db, dout, NULL, in, w, B, C, OC);
+}
+
+/* Whether the bf16 table's linears take bf16 values: where its GEMMs are native bf16. */
+static bool linear_bf16_values(void) { return dt_onednn_bf16_native() && dt_dnnl_cast_fast(); }
 
 #define DT_ONEDNN_WRAPPERS(sfx, P)                                                                                      \
     static void lf_##sfx(float *out, const float *in, const float *w, const float *b, int B, int C, int OC) {         \
@@ -434,6 +483,8 @@ static void fill_tables(void) {
         t->conv_pool_forward = dt_conv_pool_forward, t->conv_pool_backward = dt_conv_pool_backward;
         /* at bf16 the values between bf16 convs and max pools may stay bf16 (nn/graph_layout.c) */
         if (i == 1) {
+            t->linear_bf16_values = linear_bf16_values;
+            t->linear_forward_bf16 = lf_bf16_in, t->linear_backward_bf16 = lb_bf16_in;
             t->conv2d_bf16_values = dt_dnnl_conv_bf16_values;
             t->maxpool2d_forward_blocked_bf16 = dt_maxpool2d_forward_blocked_bf16;
             t->maxpool2d_backward_blocked_bf16 = dt_maxpool2d_backward_blocked_bf16;

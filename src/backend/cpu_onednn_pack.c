@@ -1,6 +1,5 @@
-/* bf16 packing of a GEMM's B operand into oneDNN's VNNI layout BA16a{nb}b2a, and plain f32 -> bf16
- * casts of an A operand that two GEMMs share (a linear layer's output gradient), done here
- * instead of by oneDNN reorders (one per GEMM). oneDNN 2.6's generic reorder (jit:uni) converts f32 to that layout at a
+/* bf16 packing of a GEMM's B operand into oneDNN's VNNI layout BA16a{nb}b2a (from f32, rounded,
+ * or from bf16 values), done here instead of by oneDNN reorders. oneDNN 2.6's generic reorder (jit:uni) converts f32 to that layout at a
  * fifth of the speed of a plain f32 -> bf16 cast (measured on Zen 4: 768x512 in 0.5 ms against
  * 0.08 ms), and the GPT's linear layers pack an activation or a weight for every GEMM. With
  * AVX512-BF16, two rows are rounded in one vcvtne2ps2bf16 and interleaved in one vpermw. Only
@@ -71,6 +70,33 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) static void pack
             _mm512_storeu_si512(dst + ((size_t)kp * nb + n) * 2, _mm512_i32gather_epi32(at, &w[n][kp], 4));
 }
 
+/* The same block from bf16 rows (a value the graph stores bf16, nn/graph_layout.c): no rounding,
+ * the two rows' 16 values side by side, then interleaved. */
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static void pack_block_bf16(uint16_t *dst, const uint16_t *src,
+                                                                                 int64_t ld, int K, int N, int k0,
+                                                                                 int n0, int nb) {
+    const __m512i inter = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                                           21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    for (int kp = 0; kp < 8; kp++) {
+        const int ka = k0 + 2 * kp, kb = ka + 1;
+        for (int n = 0; n < nb; n += 16) {
+            const int left = N - n0 - n;
+            const __mmask16 m = left >= 16 ? 0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
+            const __m256i a = ka < K ? _mm256_maskz_loadu_epi16(m, src + ka * ld + n0 + n) : _mm256_setzero_si256();
+            const __m256i b = kb < K ? _mm256_maskz_loadu_epi16(m, src + kb * ld + n0 + n) : _mm256_setzero_si256();
+            const __m512i r = _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+            _mm512_storeu_si512(dst + ((size_t)kp * nb + n) * 2, _mm512_permutexvar_epi16(inter, r));
+        }
+    }
+}
+
+void dt_dnnl_vnni_pack_bf16(void *dst, const uint16_t *src, int K, int N, int64_t ld, int nb, int Kp) {
+    const int KB = Kp / 16, NB = (N + nb - 1) / nb;
+    uint16_t *d = dst;
+    for (int j = 0; j < NB; j++)
+        for (int i = 0; i < KB; i++) pack_block_bf16(d + ((size_t)j * KB + i) * 16 * nb, src, ld, K, N, 16 * i, nb * j, nb);
+}
+
 void dt_dnnl_vnni_pack(void *dst, const float *src, int K, int N, int64_t ld, int nb, int Kp, bool cols) {
     const int KB = Kp / 16, NB = (N + nb - 1) / nb;
     uint16_t *d = dst;
@@ -80,17 +106,6 @@ void dt_dnnl_vnni_pack(void *dst, const float *src, int K, int N, int64_t ld, in
             if (cols) pack_block_t(blk, src, ld, K, N, 16 * i, nb * j, nb);
             else pack_block(blk, src, ld, K, N, 16 * i, nb * j, nb);
         }
-}
-
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void dt_dnnl_cast_bf16(void *dst, const float *src, size_t n) {
-    uint16_t *d = dst;
-    size_t i = 0;
-    for (; i + 32 <= n; i += 32)
-        _mm512_storeu_si512(d + i, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + i + 16), _mm512_loadu_ps(src + i)));
-    for (; i < n; i += 16) {
-        const __mmask16 m = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
-        _mm256_mask_storeu_epi16(d + i, m, (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, src + i)));
-    }
 }
 
 #endif

@@ -93,10 +93,9 @@ void dt_dnnl_conv_backward_blocked_lowp(dt_dtype p, float *din, float *dw, float
                                         int S, int P, dt_layout in_l, dt_layout out_l);
 /* Whether a blocked convolution over C input channels runs at bf16 and so takes bf16 values. */
 bool dt_dnnl_conv_bf16_values(int C);
-/* Whether this CPU runs the casts and packing below (AVX512-BF16); where not, oneDNN's reorders
- * convert. dst (n bf16) = src (n f32) rounded to nearest even. */
+/* Whether this CPU runs the packing below and dt_cast_bf16 natively (AVX512-BF16); where not,
+ * oneDNN's reorders convert. */
 bool dt_dnnl_cast_fast(void);
-void dt_dnnl_cast_bf16(void *dst, const float *src, size_t n);
 /* The GEMM B operand's bf16 VNNI packing (cpu_onednn_pack.c): the N block nb of md when it is
  * oneDNN's BA16a{nb}b2a layout of a (K, N) bf16 matrix and this CPU has AVX512-BF16, else 0. */
 int dt_dnnl_vnni_block(const dnnl_memory_desc_t *md, int64_t K, int64_t N);
@@ -106,5 +105,7 @@ int dt_dnnl_vnni_padded_k(const dnnl_memory_desc_t *md);
  * (K, N) f32 rounded to nearest even: row-major with leading dimension ld, or with cols
  * column-major ((k, n) at src[n * ld + k]). */
 void dt_dnnl_vnni_pack(void *dst, const float *src, int K, int N, int64_t ld, int nb, int Kp, bool cols);
+/* The same from a row-major (K, N) bf16 src (leading dimension ld), copied as it is. */
+void dt_dnnl_vnni_pack_bf16(void *dst, const uint16_t *src, int K, int N, int64_t ld, int nb, int Kp);
 
 #endif

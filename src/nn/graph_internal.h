@@ -47,8 +47,9 @@ struct dt_node {
     bool fused_conv;        /* maxpool: its values come from the conv before it (fused_pool) */
     bool blocked;           /* values and gradient in the backend's blocked layout (backend/blocked.h) inside a
                              * conv -> relu -> maxpool chain (graph_layout.c), else NCHW */
-    bool bf16, grad_bf16;   /* blocked values / gradient stored bf16 (uint16_t, the first half of
-                             * out / grad) between bf16 convs and maxpools (graph_layout.c) */
+    bool bf16, grad_bf16;   /* values / gradient stored bf16 (uint16_t, the first half of out /
+                             * grad): blocked ones between bf16 convs and maxpools, and values only
+                             * bf16 linears read (graph_layout.c) */
     bool needs_grad;        /* has parameters upstream (or its own): backward must reach it */
     /* run time */
     float *out;             /* (B, out_n) values; input nodes: the fed memory */
@@ -145,6 +146,12 @@ static inline bool dt_node_in_grad_bf16(const dt_model *m, const dt_node *n, int
     while (p->alias) p = &m->nodes[p->in[0]];
     return p->grad_bf16;
 }
+/* A node that writes bf16 values outside a conv chain (n->bf16: a layernorm, relu, gelu or
+ * attention) computes them in f32 pieces of at most this many floats of the workspace, each then
+ * rounded into its values (dt_cast_bf16). */
+#define DT_BF16_PIECE 8192
+static inline uint16_t *dt_node_out_bf16(const dt_node *n) { return (uint16_t *)(void *)n->out; }
+
 /* Plans which values are blocked (graph_layout.c); after the relu -> maxpool fusion. */
 void dt_graph_plan_layouts(dt_model *m);
 /* Plans which blocked values (and gradients) are stored bf16 (graph_layout.c); after the

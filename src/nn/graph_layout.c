@@ -9,7 +9,8 @@
  * convs and maxpools touch is stored bf16 (half the bytes, and no conv converts it): a conv's
  * values and gradient when a maxpool is its only reader (the pool reads bf16 and writes the
  * gradient once), and the values a fused conv -> maxpool (graph_fuse.c) writes when only bf16
- * convs read them (their gradient, which the convs' backward data writes, stays f32). */
+ * convs read them (their gradient, which the convs' backward data writes, stays f32). Values
+ * that only bf16 linears read are stored bf16 too (plan_linear_inputs); their gradient stays f32. */
 #include "nn/graph_internal.h"
 
 static const dt_node *owner_of(const dt_model *m, const dt_node *n) {
@@ -69,9 +70,38 @@ static bool blocked_maxpool(const dt_model *m, const dt_node *r) {
     return r->a.kind == DT_LAYER_MAXPOOL2D && !r->fused_conv && dt_node_in_blocked(m, r, 0);
 }
 
+static bool bf16_linear(const dt_model *m, const dt_node *r) {
+    (void)m;
+    return r->a.kind == DT_LAYER_LINEAR || r->a.kind == DT_LAYER_MATMUL_T;
+}
+
+/* Ops that can write bf16 values (op_layernorm.c, op_activation.c, op_attention.c) and whose
+ * backward does not read them (relu and gelu read their input, not their output). */
+static bool writes_bf16(const dt_node *n) {
+    return n->a.kind == DT_LAYER_LAYERNORM || n->a.kind == DT_LAYER_GELU || n->a.kind == DT_LAYER_RELU ||
+           n->a.kind == DT_LAYER_ATTENTION;
+}
+
+/* Values that only bf16 linears read (a GPT's layernorms, GELUs and attention outputs, an MLP's
+ * relu), stored bf16: each linear would round them to bf16 anyway, so the result is the same,
+ * with half the bytes written and read and no conversion in front of the GEMMs. */
+static void plan_linear_inputs(dt_model *m) {
+    const dt_backend *be = m->be;
+    if (!be || be->precision != DT_BF16 || !be->linear_bf16_values || !be->linear_bf16_values() ||
+        !be->linear_forward_bf16 || !be->linear_backward_bf16)
+        return;
+    for (int i = 0; i < m->n; i++) {
+        dt_node *n = &m->nodes[i];
+        if (n->alias || n->blocked || n->input_index >= 0 || i == m->output || !writes_bf16(n)) continue;
+        bool all;
+        n->bf16 = readers(m, i, bf16_linear, &all) > 0 && all;
+    }
+}
+
 void dt_graph_plan_bf16(dt_model *m) {
     const dt_backend *be = m->be;
     for (int i = 0; i < m->n; i++) m->nodes[i].bf16 = m->nodes[i].grad_bf16 = false;
+    plan_linear_inputs(m);
     if (!be || be->precision != DT_BF16 || !be->conv2d_bf16_values || !be->maxpool2d_forward_blocked_bf16 ||
         !be->maxpool2d_backward_blocked_bf16)
         return;

@@ -66,6 +66,7 @@ static void check_bf16_cnn(void) {
     }
     dt_backend t = *be;
     t.conv2d_bf16_values = sixteen_or_more;
+    t.linear_bf16_values = NULL;  /* the conv chain's plan alone (the GPT below has the linears') */
     dt_model *m = NULL;
     CHECK_OK(dt_model_build(&m, "cnn", 1, 28, 28));
     if (!m) return;
@@ -90,8 +91,30 @@ static void check_bf16_cnn(void) {
     dt_model_free(m);
 }
 
+static bool yes(void) { return true; }
+
+/* A GPT whose layernorms, attention outputs and GELUs are stored bf16 (graph_bf16_test's plan):
+ * their pieces' workspace is counted. */
+static void check_bf16_gpt(void) {
+    const dt_backend *be = NULL;
+    if (dt_kernels_select("onednn", "bf16") != DT_OK || dt_backend_find("onednn", DT_BF16, &be) != DT_OK) return;
+    dt_backend t = *be;
+    t.linear_bf16_values = yes;
+    dt_model *m = NULL;
+    CHECK_OK(dt_model_build(&m, "gpt:L=2,H=2,C=32,T=8", 0, 0, 0));
+    if (!m) return;
+    m->be = &t;
+    dt_graph_plan_bf16(m);
+    int nbf = 0;
+    for (int i = 0; i < m->n; i++) nbf += m->nodes[i].bf16;
+    CHECK_MSG(nbf == 9, "gpt at bf16: %d nodes with bf16 values (want 9)", nbf);
+    check_batches(m, "gpt at bf16 (bf16 values into linears)", dt_mem_used());
+    dt_model_free(m);
+}
+
 int main(void) {
     check_bf16_cnn();
+    check_bf16_gpt();
     check_spec("onednn", "fp32", "cnn", 1, 28, 28);  /* fused conv -> maxpool, blocked values, aliases */
     check_spec("onednn", "bf16", "cnn", 1, 28, 28);  /* this CPU's own bf16 plan */
     check_spec("blas", "fp32", "cnn", 1, 28, 28);

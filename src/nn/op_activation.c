@@ -13,13 +13,29 @@ dt_status dt_op_same_shape(dt_model *m, dt_node *n) {
 
 #define COUNT(c, n) ((size_t)(c)->B * (n)->out_n)
 
+static void act(const dt_backend *be, int kind, float *out, const float *x, size_t count) {
+    switch (kind) {
+    case DT_LAYER_RELU: be->relu_forward(out, x, count); break;
+    case DT_LAYER_GELU: be->gelu_forward(out, x, count); break;
+    case DT_LAYER_TANH: be->tanh_forward(out, x, count); break;
+    default: be->sigmoid_forward(out, x, count); break;
+    }
+}
+
+/* bf16 values (relu, gelu: graph_layout.c) go through the workspace in pieces. */
+static size_t act_workspace(const dt_model *m, const dt_node *n, int B) {
+    (void)m, (void)B;
+    return n->bf16 ? DT_BF16_PIECE : 0;
+}
+
 static dt_status act_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
     const float *x = dt_node_in(m, n, 0);
-    switch (n->a.kind) {
-    case DT_LAYER_RELU: c->be->relu_forward(n->out, x, COUNT(c, n)); break;
-    case DT_LAYER_GELU: c->be->gelu_forward(n->out, x, COUNT(c, n)); break;
-    case DT_LAYER_TANH: c->be->tanh_forward(n->out, x, COUNT(c, n)); break;
-    default: c->be->sigmoid_forward(n->out, x, COUNT(c, n)); break;
+    const size_t count = COUNT(c, n);
+    if (!n->bf16) return act(c->be, n->a.kind, n->out, x, count), DT_OK;
+    for (size_t i = 0; i < count; i += DT_BF16_PIECE) {
+        const size_t k = count - i < DT_BF16_PIECE ? count - i : DT_BF16_PIECE;
+        act(c->be, n->a.kind, c->work, x + i, k);
+        dt_cast_bf16(dt_node_out_bf16(n) + i, c->work, k);
     }
     return DT_OK;
 }
@@ -36,8 +52,8 @@ static void act_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float *co
 }
 
 #define ACT(id, nm) \
-    const dt_op id = {.name = nm, .min_in = 1, .max_in = 1, .infer = dt_op_same_shape, .forward = act_forward, \
-                      .backward = act_backward}
+    const dt_op id = {.name = nm, .min_in = 1, .max_in = 1, .infer = dt_op_same_shape, .workspace = act_workspace, \
+                      .forward = act_forward, .backward = act_backward}
 ACT(dt_op_relu, "relu");
 ACT(dt_op_gelu, "gelu");
 ACT(dt_op_tanh, "tanh");

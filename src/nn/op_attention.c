@@ -31,13 +31,22 @@ static size_t attention_workspace(const dt_model *m, const dt_node *n, int B) {
     (void)B;
     int T, C;
     dims(m, n, &T, &C);
-    return m->be->attention_workspace(T, C, n->a.heads);
+    /* bf16 values (graph_layout.c): a sample's f32 output after the kernel's own */
+    return m->be->attention_workspace(T, C, n->a.heads) + (n->bf16 ? (size_t)T * C : 0);
 }
 
 static dt_status attention_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
     int T, C;
     dims(m, n, &T, &C);
-    c->be->attention_forward(n->out, n->saved, c->work, dt_node_in(m, n, 0), c->B, T, C, n->a.heads);
+    const int NH = n->a.heads;
+    const float *qkv = dt_node_in(m, n, 0);
+    if (!n->bf16) return c->be->attention_forward(n->out, n->saved, c->work, qkv, c->B, T, C, NH), DT_OK;
+    float *f = c->work + c->be->attention_workspace(T, C, NH);
+    const size_t tc = (size_t)T * C;
+    for (int b = 0; b < c->B; b++) {  /* a sample at a time (the kernel's samples are independent) */
+        c->be->attention_forward(f, (float *)n->saved + (size_t)b * NH * T * T, c->work, qkv + 3 * tc * b, 1, T, C, NH);
+        dt_cast_bf16(dt_node_out_bf16(n) + tc * b, f, tc);
+    }
     return DT_OK;
 }
 

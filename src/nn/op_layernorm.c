@@ -29,11 +29,27 @@ static void layernorm_init(dt_model *m, dt_node *n, float *p, uint64_t seed) {
     memset(p + dt_node_tensor_off(m, n, 1), 0, C * sizeof(float));
 }
 
+/* Rows per piece of bf16 values (graph_layout.c), at least one. */
+static int piece_rows(int C) { return C < DT_BF16_PIECE ? DT_BF16_PIECE / C : 1; }
+
+static size_t layernorm_workspace(const dt_model *m, const dt_node *n, int B) {
+    (void)m, (void)B;
+    const int C = width(n);
+    return n->bf16 ? (size_t)piece_rows(C) * C : 0;
+}
+
 static dt_status layernorm_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
     const int C = width(n), N = c->B * (int)(n->out_n / (size_t)C);
     float *mean = n->saved, *rstd = mean + N;
-    c->be->layernorm_forward(n->out, mean, rstd, dt_node_in(m, n, 0), c->params + dt_node_tensor_off(m, n, 0),
-                             c->params + dt_node_tensor_off(m, n, 1), N, C, n->a.eps);
+    const float *in = dt_node_in(m, n, 0), *w = c->params + dt_node_tensor_off(m, n, 0),
+                *b = c->params + dt_node_tensor_off(m, n, 1);
+    if (!n->bf16) return c->be->layernorm_forward(n->out, mean, rstd, in, w, b, N, C, n->a.eps), DT_OK;
+    for (int r = 0; r < N; r += piece_rows(C)) {
+        const int k = N - r < piece_rows(C) ? N - r : piece_rows(C);
+        const size_t at = (size_t)r * C;
+        c->be->layernorm_forward(c->work, mean + r, rstd + r, in + at, w, b, k, C, n->a.eps);
+        dt_cast_bf16(dt_node_out_bf16(n) + at, c->work, (size_t)k * C);
+    }
     return DT_OK;
 }
 
@@ -45,5 +61,5 @@ static void layernorm_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, flo
 }
 
 const dt_op dt_op_layernorm = {.name = "layernorm", .min_in = 1, .max_in = 1, .infer = layernorm_infer,
-                               .saved_bytes = layernorm_saved, .init = layernorm_init, .forward = layernorm_forward,
+                               .saved_bytes = layernorm_saved, .workspace = layernorm_workspace, .init = layernorm_init, .forward = layernorm_forward,
                                .backward = layernorm_backward};
