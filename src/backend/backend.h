@@ -129,6 +129,7 @@ void dt_round_f16(float *dst, const float *src, size_t n);
 /* dst (n bf16) = src (n f32) rounded to nearest even (NaN stays a quiet NaN), with AVX512-BF16
  * where the CPU has it; and back (exact). */
 void dt_cast_bf16(uint16_t *dst, const float *src, size_t n);
+bool dt_cast_bf16_native(void);  /* whether dt_cast_bf16 runs AVX512-BF16 here */
 void dt_widen_bf16(float *dst, const uint16_t *src, size_t n);
 
 /* oneDNN (cpu_onednn*.c). The backend at a precision, NULL when built without oneDNN. */

@@ -20,15 +20,15 @@
 #include <immintrin.h>
 #endif
 
+/* The f32 bits of u rounded to bf16 (the upper 16; to nearest even, NaN stays a quiet NaN). */
+static inline uint32_t bf16_rounded_bits(uint32_t u) {
+    return (u & 0x7fffffffu) > 0x7f800000u ? u | 0x00400000u : u + 0x7fffu + ((u >> 16) & 1u);
+}
+
 void dt_round_bf16(float *dst, const float *src, size_t n) {  /* GCC vectorises this loop itself */
     const uint32_t *s = (const uint32_t *)src;
     uint32_t *d = (uint32_t *)dst;
-    for (size_t i = 0; i < n; i++) {
-        uint32_t u = s[i];
-        uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;  /* to nearest even */
-        uint32_t q = (u | 0x00400000u) & 0xffff0000u;                   /* NaN stays a (quiet) NaN */
-        d[i] = (u & 0x7fffffffu) > 0x7f800000u ? q : r;
-    }
+    for (size_t i = 0; i < n; i++) d[i] = bf16_rounded_bits(s[i]) & 0xffff0000u;
 }
 
 void dt_round_f16(float *dst, const float *src, size_t n) {
@@ -63,18 +63,21 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) static void cast
 }
 #endif
 
+bool dt_cast_bf16_native(void) {
+#if defined(__x86_64__)
+    return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl");
+#else
+    return false;
+#endif
+}
+
 void dt_cast_bf16(uint16_t *dst, const float *src, size_t n) {
 #if defined(__x86_64__)
-    if (__builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl"))
-        return cast_bf16_native(dst, src, n);
+    if (dt_cast_bf16_native()) return cast_bf16_native(dst, src, n);
 #endif
     const uint32_t *s = (const uint32_t *)src;
-    for (size_t i = 0; i < n; i++) {  /* dt_round_bf16's steps, GCC vectorises them */
-        const uint32_t u = s[i];
-        const uint32_t r = u + 0x7fffu + ((u >> 16) & 1u), q = u | 0x00400000u;
-        dst[i] = (uint16_t)(((u & 0x7fffffffu) > 0x7f800000u ? q : r) >> 16);
-    }
+    for (size_t i = 0; i < n; i++) dst[i] = (uint16_t)(bf16_rounded_bits(s[i]) >> 16);
 }
 
 void dt_widen_bf16(float *dst, const uint16_t *src, size_t n) {

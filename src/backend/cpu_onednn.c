@@ -3,10 +3,10 @@
  * weights) at f32, bf16 or fp16 inputs with f32 accumulation; every other op reuses the cpu
  * kernels. Primitives are created once per op, shape and precision and cached per thread, so a
  * short last batch costs one creation, not one per step. oneDNN runs OpenMP threads: their
- * number follows dt_set_threads (--threads). At bf16 on a CPU with AVX512-BF16 the GEMMs' B
- * operands are packed and a linear layer's output gradient is cast by our code
- * (cpu_onednn_pack.c), not by oneDNN's reorders. On a CPU without it, bf16 GEMMs and convolutions
- * run oneDNN's f32 kernels on inputs rounded to bf16 (dt_onednn_bf16_native). Without oneDNN
+ * number follows dt_set_threads (--threads). The matmuls and linear layers are in
+ * cpu_onednn_matmul.c, the convolutions in cpu_onednn_conv.c; this file has the engine, the
+ * primitive cache and the tables. On a CPU without AVX512-BF16, bf16 GEMMs and convolutions run
+ * oneDNN's f32 kernels on inputs rounded to bf16 (dt_onednn_bf16_native). Without oneDNN
  * (DNNL=0) only the stubs at the end are compiled. */
 #include "backend/backend.h"
 
@@ -192,7 +192,7 @@ dnnl_memory_desc_t dt_dnnl_md(int ndim, const int64_t *dims, dnnl_data_type_t dt
     return md;
 }
 
-static void *grow(int slot, size_t bytes) {
+void *dt_dnnl_scratch(int slot, size_t bytes) {
     if (bytes > tls.conv_n[slot]) {
         void *p = realloc(tls.conv[slot], bytes);
         if (!p) abort();  /* kernels cannot fail; out of memory here is fatal */
@@ -202,7 +202,7 @@ static void *grow(int slot, size_t bytes) {
 }
 
 float *dt_dnnl_rounded(int slot, const float *src, size_t n, dt_dtype p) {
-    float *d = grow(slot, n * sizeof(float) + 4);
+    float *d = dt_dnnl_scratch(slot, n * sizeof(float) + 4);
     if (p == DT_BF16) dt_round_bf16(d, src, n);
     else dt_round_f16(d, src, n);
     return d;
@@ -228,211 +228,15 @@ void dt_onednn_impls(char *buf, size_t n) {
     }
 }
 
-/* ---- matmul: C(M,N) (+)= A(M,K) @ B(K,N) [+ bias(N)], A and B strided, C row-major ----------- */
-
-typedef struct {
-    int M, N, K;
-    int64_t sa[2], sb[2];
-    bool bias, accumulate;
-    bool a_bf16;  /* at bf16: A arrives cast already (dt_cast_bf16), not f32 */
-    bool b_bf16;  /* at bf16: B arrives as bf16 values (row-major), not f32 */
-} mm_shape;
-
-static dnnl_data_type_t dnnl_type(dt_dtype p) { return p == DT_BF16 ? dnnl_bf16 : p == DT_F16 ? dnnl_f16 : dnnl_f32; }
-
 bool dt_onednn_bf16_native(void) { return __builtin_cpu_supports("avx512bf16"); }
-
-/* The entry of s with inputs of dtype p (f32 when p is), NULL when oneDNN has none (or only an
- * emulated bf16 one: dt_onednn_bf16_native). */
-static dt_dnnl_entry *mm_entry(const mm_shape *s, dt_dtype p) {
-    if (p == DT_BF16 && !dt_onednn_bf16_native()) return NULL;
-    dt_dnnl_key k = {.op = DT_DNNL_MATMUL, .dt = dnnl_type(p),
-                     .d = {s->M, s->N, s->K, (int)s->sa[0], (int)s->sa[1], (int)s->sb[0], (int)s->sb[1], s->bias,
-                           s->accumulate, s->a_bf16 && p == DT_BF16, s->b_bf16 && p == DT_BF16}};
-    dt_dnnl_entry *e = dt_dnnl_lookup(&k);
-    if (!e || e->used) return e && !e->failed ? e : NULL;
-    int64_t ad[2] = {s->M, s->K}, bd[2] = {s->K, s->N}, cd[2] = {s->M, s->N}, biasd[2] = {1, s->N};
-    dnnl_memory_desc_t md[4] = {dt_dnnl_md(2, ad, k.dt, s->sa), dt_dnnl_md(2, bd, k.dt, s->sb),
-                                dt_dnnl_md(2, cd, dnnl_f32, NULL), dt_dnnl_md(2, biasd, dnnl_f32, NULL)};
-    /* low precision: B in the layout oneDNN wants (bf16 brgemm takes pairs interleaved, VNNI);
-     * f32 inputs outside, reorders convert A and B */
-    const bool lowp = k.dt != dnnl_f32;
-    const dnnl_memory_desc_t ext[2] = {dt_dnnl_md(2, ad, dnnl_f32, s->sa),
-                                       dt_dnnl_md(2, bd, k.d[10] ? dnnl_bf16 : dnnl_f32, s->sb)};
-    if (lowp) {
-        const dnnl_dims_t b2 = {s->K, s->N};
-        dnnl_memory_desc_init_by_tag(&md[1], 2, b2, k.dt, dnnl_format_tag_any);
-    }
-    int arg[4] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_BIAS};
-    dnnl_matmul_desc_t desc;
-    dnnl_primitive_attr_t attr = NULL;
-    dnnl_post_ops_t po = NULL;
-    dnnl_primitive_desc_t pd = NULL;
-    if (dnnl_matmul_desc_init(&desc, &md[0], &md[1], s->bias ? &md[3] : NULL, &md[2]) == dnnl_success &&
-        dnnl_primitive_attr_create(&attr) == dnnl_success) {
-        if (s->accumulate && dnnl_post_ops_create(&po) == dnnl_success) {
-            dnnl_post_ops_append_sum(po, 1.0f);
-            dnnl_primitive_attr_set_post_ops(attr, po);
-        }
-        if (dnnl_primitive_desc_create(&pd, &desc, attr, tls.eng, NULL) != dnnl_success) pd = NULL;
-    }
-    if (po) dnnl_post_ops_destroy(po);
-    if (attr) dnnl_primitive_attr_destroy(attr);
-    const int nargs = s->bias ? 4 : 3;
-    dnnl_memory_t m[4] = {0};
-    if (!pd) return dt_dnnl_ready(e, false), NULL;
-    if (lowp) md[1] = *dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
-    /* B dense (row- or column-major) in a VNNI layout: packed by dt_dnnl_vnni_pack at each run
-     * (cpu_onednn_pack.c) */
-    const bool dense = s->sb[1] == 1 || (s->sb[0] == 1 && !k.d[10]);  /* bf16 B: row-major only */
-    const int nb = lowp && k.dt == dnnl_bf16 && dense ? dt_dnnl_vnni_block(&md[1], s->K, s->N) : 0;
-    if (nb && (e->tmp = malloc(dnnl_memory_desc_get_size(&md[1])))) e->pack_nb = nb, e->pack_kp = dt_dnnl_vnni_padded_k(&md[1]);
-    for (int i = 0; i < nargs; i++)
-        m[i] = lowp && i < 2 && !(i == 1 && e->pack_nb) && !(i == 0 && k.d[9]) ? dt_dnnl_input(e, &ext[i], &md[i], i)
-                                                                                : dt_dnnl_mem(e, &md[i], i);
-    return dt_dnnl_ready(e, dt_dnnl_step_add(e, pd, nargs, arg, m, true)) ? e : NULL;
-}
-
-/* A matmul ready to run at precision p: the entry, and whether the inputs go in as f32 (f32, or
- * native low precision: its reorders convert) or rounded to p (oneDNN lacks the kernel at p). */
-typedef struct {
-    dt_dnnl_entry *e;
-    dt_dtype p;
-    bool round;
-    const mm_shape *s;
-} mm_plan;
-
-static bool mm_prepare(mm_plan *pl, const mm_shape *s, dt_dtype p) {
-    pl->p = p, pl->round = false, pl->s = s;
-    if ((pl->e = mm_entry(s, p))) return true;
-    pl->round = p != DT_F32;
-    return pl->round && (pl->e = mm_entry(s, DT_F32));
-}
-
-/* x (n floats) as plan pl takes it: as is (f32, or a native low-precision entry, whose reorders
- * convert), or rounded to the precision (the f32 fallback; slot 0..2). */
-static const void *mm_operand(const mm_plan *pl, int slot, const float *x, size_t n) {
-    return pl->p != DT_F32 && pl->round ? (const void *)dt_dnnl_rounded(slot, x, n, pl->p) : x;
-}
-
-static void mm_run(const mm_plan *pl, float *c, const void *a, const void *b, const float *bias) {
-    if (pl->e->pack_nb) {
-        const mm_shape *s = pl->s;
-        const bool cols = s->sb[1] != 1;
-        if (pl->e->key.d[10]) dt_dnnl_vnni_pack_bf16(pl->e->tmp, b, s->K, s->N, s->sb[0], pl->e->pack_nb, pl->e->pack_kp);
-        else
-            dt_dnnl_vnni_pack(pl->e->tmp, b, s->K, s->N, cols ? s->sb[1] : s->sb[0], pl->e->pack_nb, pl->e->pack_kp,
-                              cols);
-        b = pl->e->tmp;
-    }
-    void *data[4] = {(void *)a, (void *)b, c, (void *)bias};
-    dt_dnnl_run(pl->e, data);
-}
-
-/* The blas kernels at precision p: the fallback where oneDNN has no primitive or a dim is 0. */
-static const dt_backend *fallback(dt_dtype p) { return p == DT_F32 ? dt_backend_cpu() : dt_backend_blas_lowp(p); }
-
-static void linear_forward(dt_dtype p, float *out, const float *in, const float *w, const float *b, int B, int C,
-                           int OC) {
-    mm_shape s = {.M = B, .N = OC, .K = C, .sa = {C, 1}, .sb = {1, C}, .bias = b != NULL};
-    mm_plan pl;
-    if (B <= 0 || OC <= 0 || C <= 0 || !mm_prepare(&pl, &s, p))
-        return fallback(p)->linear_forward(out, in, w, b, B, C, OC);
-    mm_run(&pl, out, mm_operand(&pl, 0, in, (size_t)B * C), mm_operand(&pl, 1, w, (size_t)OC * C), b);
-}
-
-/* in (n bf16) widened to f32 (slot 3): for a GEMM that has no bf16 entry here (rounding it again
- * to bf16 gives the same values). */
-static const float *widened(const uint16_t *in, size_t n) {
-    float *f = grow(3, n * sizeof(float) + 4);
-    dt_widen_bf16(f, in, n);
-    return f;
-}
-
-/* The bf16 table's linear of a bf16 in: a native entry takes it as A as it is. */
-static void lf_bf16_in(float *out, const uint16_t *in, const float *w, const float *b, int B, int C, int OC) {
-    mm_shape s = {.M = B, .N = OC, .K = C, .sa = {C, 1}, .sb = {1, C}, .bias = b != NULL, .a_bf16 = true};
-    mm_plan pl;
-    if (B > 0 && OC > 0 && C > 0 && mm_prepare(&pl, &s, DT_BF16) && !pl.round) return mm_run(&pl, out, in, w, b);
-    linear_forward(DT_BF16, out, widened(in, (size_t)B * C), w, b, B, C, OC);
-}
-
-/* d16 (B, OC) = dout cast to bf16, and db (OC; NULL: none) += dout's column sums, row by row (the
- * row is summed while the cast has it in cache; each column is summed in row order, as before). */
-static void cast_and_bias_sums(uint16_t *d16, float *db, const float *dout, int B, int OC) {
-    for (int i = 0; i < B; i++) {
-        const float *restrict row = dout + (size_t)i * OC;
-        dt_cast_bf16(d16 + (size_t)i * OC, row, (size_t)OC);
-        if (db)
-            for (int j = 0; j < OC; j++) db[j] += row[j];
-    }
-}
-
-/* db (OC) += the column sums of dout (B, OC); db NULL: nothing. */
-static void bias_sums(float *db, const float *dout, int B, int OC) {
-    if (db)
-        for (int i = 0; i < B; i++) {
-            const float *restrict row = dout + (size_t)i * OC;
-            for (int j = 0; j < OC; j++) db[j] += row[j];
-        }
-}
-
-/* dw (OC,C) += dout^T (OC,B) @ in (B,C);  din (B,C) = dout (B,OC) @ w (OC,C). in is f32, or bf16
- * (in16, at bf16: a native dw entry packs it as it is; in is NULL then). */
-static void linear_backward_of(dt_dtype p, float *din, float *dw, float *db, const float *dout, const float *in,
-                               const uint16_t *in16, const float *w, int B, int C, int OC) {
-    /* at bf16 where the CPU casts fast, dout is cast once for both GEMMs (else each converts it) */
-    const bool cast = p == DT_BF16 && dw && din && dt_dnnl_cast_fast();
-    mm_shape sw = {.M = OC, .N = C, .K = B, .sa = {1, OC}, .sb = {C, 1}, .accumulate = true, .a_bf16 = cast,
-                   .b_bf16 = in16 != NULL};
-    mm_shape sd = {.M = B, .N = C, .K = OC, .sa = {OC, 1}, .sb = {C, 1}, .a_bf16 = cast};
-    mm_plan pw = {0}, pd = {0};
-    const bool ok = B > 0 && OC > 0 && C > 0 && (!dw || mm_prepare(&pw, &sw, p)) && (!din || mm_prepare(&pd, &sd, p));
-    if (in16 && (!ok || (dw && pw.round)))  /* no native dw entry for a bf16 in */
-        return linear_backward_of(p, din, dw, db, dout, widened(in16, (size_t)B * C), NULL, w, B, C, OC);
-    if (!ok) return fallback(p)->linear_backward(din, dw, db, dout, in, w, B, C, OC);
-    const void *b_in = in16 ? (const void *)in16 : (const void *)in;
-    if (cast && !pw.round && !pd.round) {  /* both native bf16 entries, keyed to take the cast */
-        uint16_t *d16 = grow(0, (size_t)B * OC * sizeof(uint16_t));
-        cast_and_bias_sums(d16, db, dout, B, OC);
-        mm_run(&pw, dw, d16, b_in, NULL);
-        return mm_run(&pd, din, d16, w, NULL);
-    }
-    if (cast) {  /* an f32 fallback entry: the a_bf16 key never reached a bf16 entry */
-        sw.a_bf16 = sd.a_bf16 = false;
-        if (!mm_prepare(&pw, &sw, p) || !mm_prepare(&pd, &sd, p))
-            return linear_backward_of(p, din, dw, db, dout, in ? in : widened(in16, (size_t)B * C), NULL, w, B, C, OC);
-    }
-    /* dout is rounded once when both GEMMs take it the same way (fallback), else passed as is */
-    const void *d = mm_operand(dw ? &pw : &pd, 0, dout, (size_t)B * OC);
-    if (dw) mm_run(&pw, dw, d, in16 ? b_in : mm_operand(&pw, 1, in, (size_t)B * C), NULL);
-    bias_sums(db, dout, B, OC);
-    if (din) {
-        if (dw && pw.round != pd.round) d = mm_operand(&pd, 0, dout, (size_t)B * OC);
-        mm_run(&pd, din, d, mm_operand(&pd, 2, w, (size_t)OC * C), NULL);
-    }
-}
-
-static void linear_backward(dt_dtype p, float *din, float *dw, float *db, const float *dout, const float *in,
-                            const float *w, int B, int C, int OC) {
-    linear_backward_of(p, din, dw, db, dout, in, NULL, w, B, C, OC);
-}
-
-static void lb_bf16_in(float *din, float *dw, float *db, const float *dout, const uint16_t *in, const float *w, int B,
-                       int C, int OC) {
-    linear_backward_of(DT_BF16, din, dw, db, dout, NULL, in, w, B, C, OC);
-}
-
-/* Whether the bf16 table's linears take bf16 values: where its GEMMs are native bf16. */
-static bool linear_bf16_values(void) { return dt_onednn_bf16_native() && dt_dnnl_cast_fast(); }
 
 #define DT_ONEDNN_WRAPPERS(sfx, P)                                                                                      \
     static void lf_##sfx(float *out, const float *in, const float *w, const float *b, int B, int C, int OC) {         \
-        linear_forward(P, out, in, w, b, B, C, OC);                                                                     \
+        dt_dnnl_linear_forward(P, out, in, w, b, B, C, OC);                                                             \
     }                                                                                                                   \
     static void lb_##sfx(float *din, float *dw, float *db, const float *dout, const float *in, const float *w, int B,  \
                          int C, int OC) {                                                                               \
-        linear_backward(P, din, dw, db, dout, in, w, B, C, OC);                                                         \
+        dt_dnnl_linear_backward(P, din, dw, db, dout, in, w, B, C, OC);                                                 \
     }                                                                                                                   \
     static void cf_##sfx(float *out, const float *in, const float *w, const float *b, float *work, int B, int C,       \
                          int H, int W, int OC, int K, int S, int Pd) {                                                  \
@@ -483,8 +287,8 @@ static void fill_tables(void) {
         t->conv_pool_forward = dt_conv_pool_forward, t->conv_pool_backward = dt_conv_pool_backward;
         /* at bf16 the values between bf16 convs and max pools may stay bf16 (nn/graph_layout.c) */
         if (i == 1) {
-            t->linear_bf16_values = linear_bf16_values;
-            t->linear_forward_bf16 = lf_bf16_in, t->linear_backward_bf16 = lb_bf16_in;
+            t->linear_bf16_values = dt_dnnl_linear_bf16_values;
+            t->linear_forward_bf16 = dt_dnnl_linear_forward_bf16, t->linear_backward_bf16 = dt_dnnl_linear_backward_bf16;
             t->conv2d_bf16_values = dt_dnnl_conv_bf16_values;
             t->maxpool2d_forward_blocked_bf16 = dt_maxpool2d_forward_blocked_bf16;
             t->maxpool2d_backward_blocked_bf16 = dt_maxpool2d_backward_blocked_bf16;

@@ -13,7 +13,7 @@
 
 #include "backend/onednn.h"
 
-bool dt_dnnl_cast_fast(void) { return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"); }
+bool dt_dnnl_cast_fast(void) { return dt_cast_bf16_native(); }
 
 int dt_dnnl_vnni_block(const dnnl_memory_desc_t *md, int64_t K, int64_t N) {
     if (!dt_dnnl_cast_fast()) return 0;
@@ -31,20 +31,35 @@ int dt_dnnl_vnni_padded_k(const dnnl_memory_desc_t *md) { return (int)md->padded
 
 
 
-/* One 16 x nb block: rows k0.. (pairs interleaved) of columns n0..n0+nb, zeros past K and N. */
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) static void pack_block(uint16_t *dst, const float *src,
-                                                                               int64_t ld, int K, int N, int k0,
-                                                                               int n0, int nb) {
+/* Rows ka and kb's 16 values from column n: f32 rounded (to nearest even), or bf16 as they are;
+ * zeros past K (ka, kb) and past the mask's columns. Row ka's values are in the low half. */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"), always_inline)) static inline __m512i
+row_pair(const void *src, bool bf16, int64_t ld, int K, int ka, int kb, int64_t n, __mmask16 m) {
+    if (bf16) {
+        const uint16_t *s = src;
+        const __m256i a = ka < K ? _mm256_maskz_loadu_epi16(m, s + ka * ld + n) : _mm256_setzero_si256();
+        const __m256i b = kb < K ? _mm256_maskz_loadu_epi16(m, s + kb * ld + n) : _mm256_setzero_si256();
+        return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+    }
+    const float *s = src;
+    const __m512 a = ka < K ? _mm512_maskz_loadu_ps(m, s + ka * ld + n) : _mm512_setzero_ps();
+    const __m512 b = kb < K ? _mm512_maskz_loadu_ps(m, s + kb * ld + n) : _mm512_setzero_ps();
+    return (__m512i)_mm512_cvtne2ps_pbh(b, a);  /* a's 16 values, then b's */
+}
+
+/* One 16 x nb block of a row-major src (f32, or bf16 values: a value the graph stores bf16,
+ * nn/graph_layout.c): rows k0.. (pairs interleaved) of columns n0..n0+nb, zeros past K and N. */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) static void pack_block(uint16_t *dst, const void *src,
+                                                                               bool bf16, int64_t ld, int K, int N,
+                                                                               int k0, int n0, int nb) {
     const __m512i inter = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
                                            21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     for (int kp = 0; kp < 8; kp++) {
-        const int ka = k0 + 2 * kp, kb = ka + 1;
+        const int ka = k0 + 2 * kp;
         for (int n = 0; n < nb; n += 16) {
             const int left = N - n0 - n;
             const __mmask16 m = left >= 16 ? 0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
-            const __m512 a = ka < K ? _mm512_maskz_loadu_ps(m, src + ka * ld + n0 + n) : _mm512_setzero_ps();
-            const __m512 b = kb < K ? _mm512_maskz_loadu_ps(m, src + kb * ld + n0 + n) : _mm512_setzero_ps();
-            const __m512i r = (__m512i)_mm512_cvtne2ps_pbh(b, a);  /* a's 16 values, then b's */
+            const __m512i r = row_pair(src, bf16, ld, K, ka, ka + 1, n0 + n, m);
             _mm512_storeu_si512(dst + ((size_t)kp * nb + n) * 2, _mm512_permutexvar_epi16(inter, r));
         }
     }
@@ -70,41 +85,14 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) static void pack
             _mm512_storeu_si512(dst + ((size_t)kp * nb + n) * 2, _mm512_i32gather_epi32(at, &w[n][kp], 4));
 }
 
-/* The same block from bf16 rows (a value the graph stores bf16, nn/graph_layout.c): no rounding,
- * the two rows' 16 values side by side, then interleaved. */
-__attribute__((target("avx512f,avx512bw,avx512vl"))) static void pack_block_bf16(uint16_t *dst, const uint16_t *src,
-                                                                                 int64_t ld, int K, int N, int k0,
-                                                                                 int n0, int nb) {
-    const __m512i inter = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
-                                           21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-    for (int kp = 0; kp < 8; kp++) {
-        const int ka = k0 + 2 * kp, kb = ka + 1;
-        for (int n = 0; n < nb; n += 16) {
-            const int left = N - n0 - n;
-            const __mmask16 m = left >= 16 ? 0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
-            const __m256i a = ka < K ? _mm256_maskz_loadu_epi16(m, src + ka * ld + n0 + n) : _mm256_setzero_si256();
-            const __m256i b = kb < K ? _mm256_maskz_loadu_epi16(m, src + kb * ld + n0 + n) : _mm256_setzero_si256();
-            const __m512i r = _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
-            _mm512_storeu_si512(dst + ((size_t)kp * nb + n) * 2, _mm512_permutexvar_epi16(inter, r));
-        }
-    }
-}
-
-void dt_dnnl_vnni_pack_bf16(void *dst, const uint16_t *src, int K, int N, int64_t ld, int nb, int Kp) {
-    const int KB = Kp / 16, NB = (N + nb - 1) / nb;
-    uint16_t *d = dst;
-    for (int j = 0; j < NB; j++)
-        for (int i = 0; i < KB; i++) pack_block_bf16(d + ((size_t)j * KB + i) * 16 * nb, src, ld, K, N, 16 * i, nb * j, nb);
-}
-
-void dt_dnnl_vnni_pack(void *dst, const float *src, int K, int N, int64_t ld, int nb, int Kp, bool cols) {
+void dt_dnnl_vnni_pack(void *dst, const void *src, dt_vnni_src kind, int K, int N, int64_t ld, int nb, int Kp) {
     const int KB = Kp / 16, NB = (N + nb - 1) / nb;
     uint16_t *d = dst;
     for (int j = 0; j < NB; j++)
         for (int i = 0; i < KB; i++) {
             uint16_t *blk = d + ((size_t)j * KB + i) * 16 * nb;
-            if (cols) pack_block_t(blk, src, ld, K, N, 16 * i, nb * j, nb);
-            else pack_block(blk, src, ld, K, N, 16 * i, nb * j, nb);
+            if (kind == DT_VNNI_F32_COLS) pack_block_t(blk, src, ld, K, N, 16 * i, nb * j, nb);
+            else pack_block(blk, src, kind == DT_VNNI_BF16_ROWS, ld, K, N, 16 * i, nb * j, nb);
         }
 }
 

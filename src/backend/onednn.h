@@ -69,8 +69,21 @@ bool dt_dnnl_ready(dt_dnnl_entry *e, bool ok);
 void dt_dnnl_run(dt_dnnl_entry *e, void *const *data);
 /* A plain memory descriptor of a dense tensor (row-major) or with explicit strides. */
 dnnl_memory_desc_t dt_dnnl_md(int ndim, const int64_t *dims, dnnl_data_type_t dt, const int64_t *strides);
+/* This thread's scratch slot 0..3 (grown to `bytes`, kept for the thread's life). */
+void *dt_dnnl_scratch(int slot, size_t bytes);
 /* src rounded to precision p, as f32 (slot 0..2): the fallback when oneDNN lacks a kernel. */
 float *dt_dnnl_rounded(int slot, const float *src, size_t n, dt_dtype p);
+
+/* Linear layers at precision p (cpu_onednn_matmul.c), the signatures of the backend table; and
+ * the bf16 table's entries for a bf16 in (backend.h: linear_bf16_values). */
+void dt_dnnl_linear_forward(dt_dtype p, float *out, const float *in, const float *w, const float *b, int B, int C,
+                            int OC);
+void dt_dnnl_linear_backward(dt_dtype p, float *din, float *dw, float *db, const float *dout, const float *in,
+                             const float *w, int B, int C, int OC);
+bool dt_dnnl_linear_bf16_values(void);
+void dt_dnnl_linear_forward_bf16(float *out, const uint16_t *in, const float *w, const float *b, int B, int C, int OC);
+void dt_dnnl_linear_backward_bf16(float *din, float *dw, float *db, const float *dout, const uint16_t *in,
+                                  const float *w, int B, int C, int OC);
 
 /* Convolutions at precision p (cpu_onednn_conv.c), the signatures of the backend table. */
 void dt_dnnl_conv_forward(dt_dtype p, float *out, const float *in, const float *w, const float *b, float *work, int B,
@@ -102,10 +115,10 @@ int dt_dnnl_vnni_block(const dnnl_memory_desc_t *md, int64_t K, int64_t N);
 /* The rows md's layout pads K to (oneDNN pads to a multiple of 32, not only of 16). */
 int dt_dnnl_vnni_padded_k(const dnnl_memory_desc_t *md);
 /* dst (BA16a{nb}b2a bf16, K padded to Kp rows and N to a multiple of nb, padding zero) = src
- * (K, N) f32 rounded to nearest even: row-major with leading dimension ld, or with cols
- * column-major ((k, n) at src[n * ld + k]). */
-void dt_dnnl_vnni_pack(void *dst, const float *src, int K, int N, int64_t ld, int nb, int Kp, bool cols);
-/* The same from a row-major (K, N) bf16 src (leading dimension ld), copied as it is. */
-void dt_dnnl_vnni_pack_bf16(void *dst, const uint16_t *src, int K, int N, int64_t ld, int nb, int Kp);
+ * (K, N): f32 rounded to nearest even, row-major with leading dimension ld (DT_VNNI_F32_ROWS) or
+ * column-major ((k, n) at src[n * ld + k], DT_VNNI_F32_COLS); or bf16 values, row-major, copied
+ * as they are (DT_VNNI_BF16_ROWS). */
+typedef enum { DT_VNNI_F32_ROWS, DT_VNNI_F32_COLS, DT_VNNI_BF16_ROWS } dt_vnni_src;
+void dt_dnnl_vnni_pack(void *dst, const void *src, dt_vnni_src kind, int K, int N, int64_t ld, int nb, int Kp);
 
 #endif

@@ -46,7 +46,7 @@ static void pack_case(int K, int N, int ld, dnnl_format_tag_t tag, int nb, bool 
     CHECK(dnnl_primitive_execute(r, st, 2, args) == dnnl_success);
     dnnl_stream_wait(st);
     CHECK_MSG(dt_dnnl_vnni_block(&to, K, N) == nb, "K%d N%d: block %d, want %d", K, N, dt_dnnl_vnni_block(&to, K, N), nb);
-    dt_dnnl_vnni_pack(got, src, K, N, ld, nb, dt_dnnl_vnni_padded_k(&to), cols);
+    dt_dnnl_vnni_pack(got, src, cols ? DT_VNNI_F32_COLS : DT_VNNI_F32_ROWS, K, N, ld, nb, dt_dnnl_vnni_padded_k(&to));
     size_t bad = 0;
     for (size_t i = 0; i < bytes / 2; i++) bad += got[i] != want[i];
     CHECK_MSG(bad == 0, "K%d N%d ld%d nb%d %s: %zu of %zu bf16 values differ from oneDNN's reorder", K, N, ld, nb,

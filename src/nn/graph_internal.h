@@ -151,6 +151,9 @@ static inline bool dt_node_in_grad_bf16(const dt_model *m, const dt_node *n, int
  * rounded into its values (dt_cast_bf16). */
 #define DT_BF16_PIECE 8192
 static inline uint16_t *dt_node_out_bf16(const dt_node *n) { return (uint16_t *)(void *)n->out; }
+static inline const uint16_t *dt_node_in_bf16_values(const dt_model *m, const dt_node *n, int j) {
+    return (const uint16_t *)(const void *)dt_node_in(m, n, j);
+}
 
 /* Plans which values are blocked (graph_layout.c); after the relu -> maxpool fusion. */
 void dt_graph_plan_layouts(dt_model *m);

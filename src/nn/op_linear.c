@@ -52,7 +52,7 @@ static dt_status linear_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
     const float *b = n->a.bias ? c->params + dt_node_tensor_off(m, n, 1) : NULL;
     const float *w = c->params + dt_node_tensor_off(m, n, 0);
     if (dt_node_in_bf16(m, n, 0))  /* stored bf16 by the node before (graph_layout.c) */
-        c->be->linear_forward_bf16(n->out, (const uint16_t *)(const void *)dt_node_in(m, n, 0), w, b, c->B * rows, C,
+        c->be->linear_forward_bf16(n->out, dt_node_in_bf16_values(m, n, 0), w, b, c->B * rows, C,
                                    n->a.out);
     else c->be->linear_forward(n->out, dt_node_in(m, n, 0), w, b, c->B * rows, C, n->a.out);
     return DT_OK;
@@ -65,7 +65,7 @@ static void linear_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float 
     float *dw = c->grads + dt_node_tensor_off(m, n, 0);
     const float *w = c->params + dt_node_tensor_off(m, n, 0);
     if (dt_node_in_bf16(m, n, 0))
-        c->be->linear_backward_bf16(din[0], dw, db, n->grad, (const uint16_t *)(const void *)dt_node_in(m, n, 0), w,
+        c->be->linear_backward_bf16(din[0], dw, db, n->grad, dt_node_in_bf16_values(m, n, 0), w,
                                     c->B * rows, C, n->a.out);
     else c->be->linear_backward(din[0], dw, db, n->grad, dt_node_in(m, n, 0), w, c->B * rows, C, n->a.out);
 }
