@@ -12,8 +12,23 @@
 
 /* The layout of a blocked convolution's input or output outside: NCHW f32, blocked f32 (nChw16c or nChw8c: backend/blocked.h), or
  * blocked with bf16 values (uint16_t, in the first half of the float buffer: the graph keeps those
- * between bf16 convs and max pools, nn/graph_layout.c). */
-typedef enum { DT_LAYOUT_NCHW = 0, DT_LAYOUT_BLOCKED = 1, DT_LAYOUT_BLOCKED_BF16 = 2 } dt_layout;
+ * between bf16 convs and max pools, nn/graph_layout.c); or the same two in NHWC, the layout of a
+ * chain whose bf16 convs want it (conv2d_bf16_nhwc). */
+typedef enum {
+    DT_LAYOUT_NCHW = 0,
+    DT_LAYOUT_BLOCKED = 1,
+    DT_LAYOUT_BLOCKED_BF16 = 2,
+    DT_LAYOUT_NHWC = 3,
+    DT_LAYOUT_NHWC_BF16 = 4
+} dt_layout;
+
+static inline bool dt_layout_bf16(dt_layout l) { return l == DT_LAYOUT_BLOCKED_BF16 || l == DT_LAYOUT_NHWC_BF16; }
+static inline bool dt_layout_nhwc(dt_layout l) { return l == DT_LAYOUT_NHWC || l == DT_LAYOUT_NHWC_BF16; }
+/* The layout of a chain's value: NCHW outside a chain, else blocked or NHWC (nhwc), bf16 or f32. */
+static inline dt_layout dt_layout_of(bool chain, bool nhwc, bool bf16) {
+    if (!chain) return DT_LAYOUT_NCHW;
+    return nhwc ? (bf16 ? DT_LAYOUT_NHWC_BF16 : DT_LAYOUT_NHWC) : bf16 ? DT_LAYOUT_BLOCKED_BF16 : DT_LAYOUT_BLOCKED;
+}
 
 typedef struct dt_backend {
     const char *name;   /* the kernel library: "blas" or "onednn" */
@@ -53,17 +68,21 @@ typedef struct dt_backend {
     /* Whether a blocked conv over C input channels takes and writes DT_LAYOUT_BLOCKED_BF16 values
      * (it runs at bf16); NULL: never (the graph then keeps no bf16 values). */
     bool (*conv2d_bf16_values)(int C);
-    /* Max pooling of a blocked input: out (and dout) blocked when out_bl, else NCHW; argmax holds
-     * flat indices into the blocked input. din is blocked. */
+    /* Whether its bf16 convs run fastest on NHWC values (oneDNN's AMX kernels: nChw16c costs them
+     * a reorder of each input and output); the graph then keeps the chains of a bf16 model NHWC
+     * (DT_LAYOUT_NHWC*, nhwc below) instead of blocked. NULL: never. */
+    bool (*conv2d_bf16_nhwc)(void);
+    /* Max pooling of a blocked input (NHWC with nhwc): out (and dout) in that layout when out_bl,
+     * else NCHW; argmax holds flat indices into the input. din is in the input's layout. */
     void (*maxpool2d_forward_blocked)(float *out, int32_t *argmax, const float *in, int B, int C, int H, int W, int K,
-                                      int S, bool out_bl);
+                                      int S, bool out_bl, bool nhwc);
     void (*maxpool2d_backward_blocked)(float *din, const float *dout, const int32_t *argmax, int B, int C, int H,
-                                       int W, int K, int S, bool out_bl);
+                                       int W, int K, int S, bool out_bl, bool nhwc);
     /* The same of a blocked bf16 input (din bf16 too); out and dout f32. NULL where not. */
     void (*maxpool2d_forward_blocked_bf16)(float *out, int32_t *argmax, const uint16_t *in, int B, int C, int H, int W,
-                                           int K, int S, bool out_bl);
+                                           int K, int S, bool out_bl, bool nhwc);
     void (*maxpool2d_backward_blocked_bf16)(uint16_t *din, const float *dout, const int32_t *argmax, int B, int C,
-                                            int H, int W, int K, int S, bool out_bl);
+                                            int H, int W, int K, int S, bool out_bl, bool nhwc);
     /* conv -> (relu) -> maxpool of a first layer in one pass (backend/conv_pool.h), f32; NULL where not */
     void (*conv_pool_forward)(const dt_conv_pool_shape *s, float *out, uint8_t *win, const float *in, const float *w,
                               const float *b);

@@ -1,7 +1,8 @@
 /* Blocked activations (oneDNN's nChw16c, (B, C/16, H, W, 16), or nChw8c, with DT_BLOCK
  * channels per block; the graph blocks only C a multiple of 16, so plans do not depend on it): the
  * max pooling kernels of the backend table's *_blocked entries and whole-tensor reorders
- * (cpu_blocked.c). */
+ * (cpu_blocked.c). With nhwc the "blocked" values are NHWC, (B, H, W, C), instead: the layout of
+ * a chain whose bf16 convolutions want it (oneDNN's AMX kernels, backend.h conv2d_bf16_nhwc). */
 #ifndef DT_BACKEND_BLOCKED_H
 #define DT_BACKEND_BLOCKED_H
 
@@ -21,21 +22,21 @@
 /* Max pooling of a blocked in (B, C, H, W): out blocked when out_bl, else NCHW; argmax (at the
  * output's positions) holds flat indices into in. Backward OVERWRITES din (blocked). */
 void dt_maxpool2d_forward_blocked(float *out, int32_t *argmax, const float *in, int B, int C, int H, int W, int K,
-                                  int S, bool out_bl);
+                                  int S, bool out_bl, bool nhwc);
 void dt_maxpool2d_backward_blocked(float *din, const float *dout, const int32_t *argmax, int B, int C, int H, int W,
-                                   int K, int S, bool out_bl);
+                                   int K, int S, bool out_bl, bool nhwc);
 /* The same of a bf16 in (uint16_t), din bf16: the maxima and argmax of the f32 pool of in's
  * values, din its gradient rounded to bf16 (sums of overlapping windows in f32, rounded once). */
 void dt_maxpool2d_forward_blocked_bf16(float *out, int32_t *argmax, const uint16_t *in, int B, int C, int H, int W,
-                                       int K, int S, bool out_bl);
+                                       int K, int S, bool out_bl, bool nhwc);
 void dt_maxpool2d_backward_blocked_bf16(uint16_t *din, const float *dout, const int32_t *argmax, int B, int C, int H,
-                                        int W, int K, int S, bool out_bl);
+                                        int W, int K, int S, bool out_bl, bool nhwc);
 /* dst (blocked) = src (NCHW) and back; HW = H * W. */
-void dt_blocked_from_nchw(float *dst, const float *src, int B, int C, int HW);
-void dt_blocked_to_nchw(float *dst, const float *src, int B, int C, int HW);
+void dt_blocked_from_nchw(float *dst, const float *src, int B, int C, int HW, bool nhwc);
+void dt_blocked_to_nchw(float *dst, const float *src, int B, int C, int HW, bool nhwc);
 /* acc[c] += the sum of channel c of a blocked x over the batch and the plane. */
-void dt_blocked_channel_sums(float *acc, const float *x, int B, int C, int HW);
+void dt_blocked_channel_sums(float *acc, const float *x, int B, int C, int HW, bool nhwc);
 /* The same of a bf16 x (uint16_t values in a float buffer), summed in f32. */
-void dt_blocked_channel_sums_bf16(float *acc, const float *x, int B, int C, int HW);
+void dt_blocked_channel_sums_bf16(float *acc, const float *x, int B, int C, int HW, bool nhwc);
 
 #endif

@@ -6,7 +6,8 @@
  * within half a bf16 step of the largest value, 2^-9 < 4e-3; the f32 gradients within 2e-5, the
  * f32 sums' order), including the widened fallback where a conv cannot take bf16 (fp16 table,
  * fewer than 16 input channels); the fused conv -> pool's bf16 store (its f32 values rounded,
- * bitwise); the graph's bf16 plan. */
+ * bitwise); the graph's bf16 plan; the NHWC chain (where oneDNN's bf16 convs want it) against the
+ * blocked one. */
 #include "backend/backend.h"
 #include "backend/blocked.h"
 #include "core/test.h"
@@ -46,24 +47,24 @@ static double rel_diff(const float *a, const float *b, size_t n) {
 }
 
 /* One pooling case: the bf16 entries against the f32 blocked ones on the same (rounded) values. */
-static void pool_case(int B, int C, int H, int W, int K, int S) {
+static void pool_case(int B, int C, int H, int W, int K, int S, bool nhwc) {
     const int OH = (H - K) / S + 1, OW = (W - K) / S + 1, HW = H * W, OHW = OH * OW;
     const size_t nin = (size_t)B * C * HW, nout = (size_t)B * C * OHW;
     const bool tiles = K == S && OH * S == H && OW * S == W;
     float *x = rnd(nin, (uint64_t)(H * 100 + K * 10 + S) + 5);
     for (size_t i = 0; i < nin; i += 5) x[i] = x[i + 1 < nin ? i + 1 : i];  /* ties */
     x[2] = NAN, x[nin / 3] = NAN;
-    float *xb = blocked_of(x, B, C, HW), *xr = rounded(xb, nin), *xh = bf16_of(xb, nin);
+    float *xb = blocked_of(x, B, C, HW, nhwc), *xr = rounded(xb, nin), *xh = bf16_of(xb, nin);
     float *y = malloc(nout * 4), *yh = malloc(nout * 4), *dy = rnd(nout, 78);
     float *dx = malloc(nin * 4), *dxh = malloc(nin * 4);
     int32_t *am = malloc(nout * 4), *amh = malloc(nout * 4);
     for (int out_bl = 0; out_bl < 2; out_bl++) {
-        dt_maxpool2d_forward_blocked(y, am, xr, B, C, H, W, K, S, out_bl);
-        dt_maxpool2d_forward_blocked_bf16(yh, amh, (const uint16_t *)xh, B, C, H, W, K, S, out_bl);
-        CHECK_MSG(!memcmp(y, yh, nout * 4) && !memcmp(am, amh, nout * 4), "bf16 maxpool %dx%d K%d S%d out_bl %d: values differ",
-                  H, W, K, S, out_bl);
-        dt_maxpool2d_backward_blocked(dx, dy, am, B, C, H, W, K, S, out_bl);
-        dt_maxpool2d_backward_blocked_bf16((uint16_t *)dxh, dy, amh, B, C, H, W, K, S, out_bl);
+        dt_maxpool2d_forward_blocked(y, am, xr, B, C, H, W, K, S, out_bl, nhwc);
+        dt_maxpool2d_forward_blocked_bf16(yh, amh, (const uint16_t *)xh, B, C, H, W, K, S, out_bl, nhwc);
+        CHECK_MSG(!memcmp(y, yh, nout * 4) && !memcmp(am, amh, nout * 4),
+                  "bf16 maxpool %dx%d K%d S%d out_bl %d nhwc %d: values differ", H, W, K, S, out_bl, nhwc);
+        dt_maxpool2d_backward_blocked(dx, dy, am, B, C, H, W, K, S, out_bl, nhwc);
+        dt_maxpool2d_backward_blocked_bf16((uint16_t *)dxh, dy, amh, B, C, H, W, K, S, out_bl, nhwc);
         size_t bad = 0;
         for (size_t i = 0; i < nin; i++) bad += ((uint16_t *)dxh)[i] != dt_f32_to_bf16(dx[i]);
         CHECK_MSG(bad == 0 || !tiles, "bf16 maxpool %dx%d K%d S%d out_bl %d: %zu din values differ", H, W, K, S, out_bl, bad);
@@ -76,14 +77,19 @@ static void pool_case(int B, int C, int H, int W, int K, int S) {
 }
 
 static void test_pool(void) {
-    pool_case(2, 32, 14, 14, 2, 2);  /* the CNN's second pool (tail of 1 in a 49-position plane) */
-    pool_case(1, 16, 7, 9, 2, 2);    /* odd sizes: a row and a column outside every window */
-    pool_case(2, 16, 9, 9, 3, 2);    /* overlapping windows: din sums */
-    pool_case(1, 16, 4, 141, 2, 2);  /* long output rows */
-    pool_case(1, 16, 40, 38, 2, 2);  /* more output positions than a 256-position chunk */
+    for (int nhwc = 0; nhwc < 2; nhwc++) {
+        pool_case(2, 32, 14, 14, 2, 2, nhwc);  /* the CNN's second pool (tail of 1 in a 49-position plane) */
+        pool_case(1, 16, 7, 9, 2, 2, nhwc);    /* odd sizes: a row and a column outside every window */
+        pool_case(2, 16, 9, 9, 3, 2, nhwc);    /* overlapping windows: din sums */
+        pool_case(1, 16, 4, 141, 2, 2, nhwc);  /* long output rows */
+        pool_case(1, 16, 40, 38, 2, 2, nhwc);  /* more output positions than a 256-position chunk */
+    }
 }
 
-static const char *lname(dt_layout l) { return l == DT_LAYOUT_NCHW ? "nchw" : l == DT_LAYOUT_BLOCKED ? "blocked" : "bf16"; }
+static const char *lname(dt_layout l) {
+    static const char *const names[5] = {"nchw", "blocked", "bf16", "nhwc", "nhwc bf16"};
+    return names[l];
+}
 
 /* One convolution through be's blocked entries with layouts in_l / out_l (one of them bf16)
  * against the NCHW kernels at be's precision (f32 where C < 16, as cpu_onednn_conv.c runs those)
@@ -101,18 +107,19 @@ static void conv_case(const dt_backend *be, int B, int C, int H, int W, int OC, 
     ref->conv2d_forward(y, xr, w, b, work, B, C, H, W, OC, K, S, P);
     ref->conv2d_backward(with_din ? dx : NULL, dw, db, dyr, xr, w, work, B, C, H, W, OC, K, S, P);
     /* be's inputs in their layouts */
-    float *xbl = in_l != DT_LAYOUT_NCHW ? blocked_of(xr, B, C, HW) : NULL;  /* blocked: C a multiple of 16 */
-    float *dybl = out_l != DT_LAYOUT_NCHW ? blocked_of(dyr, B, OC, OHW) : NULL;
-    float *xh = in_l == DT_LAYOUT_BLOCKED_BF16 ? bf16_of(xbl, nin) : NULL;
-    float *dyh = out_l == DT_LAYOUT_BLOCKED_BF16 ? bf16_of(dybl, nout) : NULL;
+    const bool in_nhwc = dt_layout_nhwc(in_l), out_nhwc = dt_layout_nhwc(out_l);
+    float *xbl = in_l != DT_LAYOUT_NCHW ? blocked_of(xr, B, C, HW, in_nhwc) : NULL;  /* blocked: C a multiple of 16 */
+    float *dybl = out_l != DT_LAYOUT_NCHW ? blocked_of(dyr, B, OC, OHW, out_nhwc) : NULL;
+    float *xh = dt_layout_bf16(in_l) ? bf16_of(xbl, nin) : NULL;
+    float *dyh = dt_layout_bf16(out_l) ? bf16_of(dybl, nout) : NULL;
     float *xi = in_l == DT_LAYOUT_NCHW ? xr : xh ? xh : xbl, *dyi = out_l == DT_LAYOUT_NCHW ? dyr : dyh ? dyh : dybl;
     float *yb = malloc(nout * 4), *dxb = malloc(nin * 4), *dwb = calloc(nw, 4), *dbb = calloc(OC, 4);
     be->conv2d_forward_blocked(yb, xi, w, b, B, C, H, W, OC, K, S, P, in_l, out_l);
     be->conv2d_backward_blocked(with_din ? dxb : NULL, dwb, dbb, dyi, xi, w, B, C, H, W, OC, K, S, P, in_l, out_l);
-    float *yw = out_l == DT_LAYOUT_BLOCKED_BF16 ? widen(yb, nout) : NULL;
-    float *yn = out_l == DT_LAYOUT_NCHW ? yb : nchw_of(yw ? yw : yb, B, OC, OHW);
-    float *dxn = in_l == DT_LAYOUT_NCHW ? dxb : nchw_of(dxb, B, C, HW);  /* din is f32 */
-    const double ty = out_l == DT_LAYOUT_BLOCKED_BF16 ? 4e-3 : 2e-5;
+    float *yw = dt_layout_bf16(out_l) ? widen(yb, nout) : NULL;
+    float *yn = out_l == DT_LAYOUT_NCHW ? yb : nchw_of(yw ? yw : yb, B, OC, OHW, out_nhwc);
+    float *dxn = in_l == DT_LAYOUT_NCHW ? dxb : nchw_of(dxb, B, C, HW, in_nhwc);  /* din is f32 */
+    const double ty = dt_layout_bf16(out_l) ? 4e-3 : 2e-5;
     CHECK_MSG(rel_diff(yn, y, nout) < ty, "%s conv C%d OC%d %dx%d K%d in %s out %s: out %g", dt_dtype_name(be->precision),
               C, OC, H, W, K, lname(in_l), lname(out_l), rel_diff(yn, y, nout));
     if (with_din)
@@ -139,6 +146,7 @@ static void test_conv(void) {
     CHECK(be->conv2d_bf16_values && be->conv2d_bf16_values(16) == dt_onednn_bf16_native() &&
           !be->conv2d_bf16_values(1));
     const dt_layout N = DT_LAYOUT_NCHW, L = DT_LAYOUT_BLOCKED, H = DT_LAYOUT_BLOCKED_BF16;
+    const dt_layout NL = DT_LAYOUT_NHWC, NH = DT_LAYOUT_NHWC_BF16;
     for (int d = 0; d < 2; d++) {
         conv_case(be, 3, 32, 14, 14, 64, 3, 1, 1, H, H, d);  /* the CNN's second conv */
         conv_case(be, 2, 16, 7, 6, 32, 3, 1, 1, H, L, d);
@@ -146,25 +154,32 @@ static void test_conv(void) {
         conv_case(be, 2, 32, 6, 6, 16, 3, 2, 1, H, N, d);    /* the chain's end: NCHW out */
         conv_case(be, 1, 16, 5, 5, 16, 1, 1, 0, N, H, d);
         conv_case(be, 2, 1, 9, 9, 16, 3, 1, 1, N, H, d);     /* C < 16 runs at f32: widened around it */
+        /* NHWC (where oneDNN's bf16 convs want it, m->nhwc) */
+        conv_case(be, 3, 32, 14, 14, 64, 3, 1, 1, NH, NH, d);
+        conv_case(be, 2, 16, 7, 6, 32, 3, 1, 1, NH, NL, d);
+        conv_case(be, 2, 16, 7, 6, 32, 3, 1, 1, NL, NH, d);
+        conv_case(be, 2, 32, 6, 6, 16, 3, 2, 1, NH, N, d);
+        conv_case(be, 2, 1, 9, 9, 16, 3, 1, 1, N, NH, d);
     }
     CHECK_OK(dt_backend_find("onednn", DT_F16, &be));  /* no bf16 kernels: widened around fp16 */
     conv_case(be, 2, 16, 7, 6, 32, 3, 1, 1, H, H, true);
     conv_case(be, 2, 16, 7, 6, 32, 3, 1, 1, L, H, false);
+    conv_case(be, 2, 16, 7, 6, 32, 3, 1, 1, NH, NH, true);
 }
 
 /* The fused conv -> relu -> pool storing bf16: its f32 values rounded, the same window bytes;
  * with relu 2 the conv passes its input through (the centre tap 1, no bias) and the inputs lie
- * halfway between bf16 values, where rounding to nearest even decides. */
+ * halfway between bf16 values, where rounding to nearest even decides. Blocked and NHWC. */
 static void test_conv_pool(void) {
-    for (int relu = 0; relu < 3; relu++) {
-        const dt_conv_pool_shape s = {2, 1, 12, 12, 32, 3, 1, 2, relu > 0, true, false};
+    for (int relu = 0; relu < 6; relu++) {
+        const dt_conv_pool_shape s = {2, 1, 12, 12, 32, 3, 1, 2, relu % 3 > 0, true, relu >= 3, false};
         dt_conv_pool_shape sh = s;
         sh.out_bf16 = true;
         const size_t nx = (size_t)s.B * s.C * s.H * s.W, nw = (size_t)s.OC * s.C * 9, no = (size_t)s.B * s.OC * 6 * 6;
         float *x = rnd(nx, 41), *w = rnd(nw, 42), *b = rnd(s.OC, 43), *y = malloc(no * 4), *yh = malloc(no * 4);
         uint8_t *win = malloc(no), *winh = malloc(no);
         x[5] = NAN;  /* a NaN window: rounded to a quiet NaN */
-        if (relu == 2) {
+        if (relu % 3 == 2) {
             memset(w, 0, nw * sizeof *w), memset(b, 0, (size_t)s.OC * sizeof *b);
             for (int o = 0; o < s.OC; o++) w[o * 9 + 4] = 1;
             for (size_t i = 0; i < nx; i++) x[i] = 1.0f + (float)(i % 5) / 128 + 1.0f / 256;  /* ties */
@@ -235,10 +250,72 @@ static void test_plan(void) {
     CHECK_OK(dt_kernels_select("blas", "fp32"));
 }
 
+static bool yes(void) { return true; }
+static bool no(void) { return false; }
+
+/* The CNN at bf16 with its chain in NHWC (t's conv2d_bf16_nhwc: yes) or blocked (no), replanned. */
+static dt_model *cnn_with(const dt_backend *t) {
+    dt_model *m = NULL;
+    CHECK_OK(dt_model_create_from_spec(&m, "cnn", 1, 28, 28));
+    if (!m) return NULL;
+    dt_model_init(m, 3);
+    m->be = t;
+    dt_graph_plan_layouts(m);
+    dt_graph_fuse_conv_pool(m);
+    dt_graph_plan_bf16(m);
+    return m;
+}
+
+/* The NHWC chain against the blocked one: the same plan otherwise, and 3 steps of training
+ * (plain SGD) with the same losses and gradients: bitwise where the CPU has native bf16 convs
+ * (the same oneDNN kernels run, on values reordered outside them or not), within 1e-4 where
+ * they are emulated (f32 kernels on rounded values, whose order of sums may differ by layout). */
+static void test_nhwc_chain(void) {
+    const dt_backend *be = NULL;
+    if (dt_kernels_select("onednn", "bf16") != DT_OK || dt_backend_find("onednn", DT_BF16, &be) != DT_OK) return;
+    CHECK(be->conv2d_bf16_nhwc && (!be->conv2d_bf16_nhwc() || dt_onednn_bf16_native()));
+    printf("oneDNN's bf16 convs want NHWC here: %s\n", be->conv2d_bf16_nhwc() ? "yes" : "no");
+    dt_backend on = *be, off = *be;
+    on.conv2d_bf16_nhwc = yes, off.conv2d_bf16_nhwc = no;
+    dt_model *a = cnn_with(&on), *b = cnn_with(&off), *d = NULL;
+    CHECK_OK(dt_model_create_from_spec(&d, "cnn", 1, 28, 28));  /* the default plan */
+    if (a && b && d) {
+        CHECK(a->nhwc && !b->nhwc && d->nhwc == be->conv2d_bf16_nhwc());
+        for (int i = 0; i < a->n; i++)
+            CHECK_MSG(a->nodes[i].blocked == b->nodes[i].blocked && a->nodes[i].bf16 == b->nodes[i].bf16 &&
+                          a->nodes[i].grad_bf16 == b->nodes[i].grad_bf16,
+                      "cnn node %s: the NHWC plan differs from the blocked one", a->nodes[i].name);
+        enum { B = 6 };
+        float *x = rnd((size_t)B * 784, 51);
+        int32_t y[B] = {1, 7, 3, 0, 9, 4};
+        const dt_feed f = {.x = x, .y = y, .n = B};
+        const size_t np = dt_model_num_params(a);
+        const double tol = dt_onednn_bf16_native() ? 0 : 1e-4;
+        for (int step = 0; step < 3; step++) {
+            float la = 0, lb = 0;
+            dt_model_zero_grad(a), dt_model_zero_grad(b);
+            CHECK_OK(dt_model_run(a, &f, true, 0, &la));
+            CHECK_OK(dt_model_run(b, &f, true, 0, &lb));
+            CHECK_OK(dt_model_backward_loss(a, 1.0f, NULL, NULL));
+            CHECK_OK(dt_model_backward_loss(b, 1.0f, NULL, NULL));
+            const float *ga = dt_model_grads(a), *gb = dt_model_grads(b);
+            const double dg = rel_diff(ga, gb, np);
+            CHECK_MSG(tol ? fabs(la - lb) <= tol * fabs(lb) && dg <= tol : la == lb && !memcmp(ga, gb, np * 4),
+                      "cnn step %d: loss %.9g NHWC, %.9g blocked; gradients differ by %g", step, la, lb, dg);
+            float *pa = dt_model_params(a), *pb = dt_model_params(b);
+            for (size_t i = 0; i < np; i++) pa[i] -= 0.05f * ga[i], pb[i] -= 0.05f * gb[i];
+        }
+        free(x);
+    }
+    dt_model_free(a), dt_model_free(b), dt_model_free(d);
+    CHECK_OK(dt_kernels_select("blas", "fp32"));
+}
+
 int main(void) {
     test_pool();
     test_conv();
     test_conv_pool();
     test_plan();
+    test_nhwc_chain();
     return dt_test_summary("blocked_bf16_test");
 }

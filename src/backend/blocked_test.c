@@ -20,22 +20,25 @@
 
 static void test_reorders(void) {
     const int B = 2, C = 32, HW = 5;
-    float *x = rnd((size_t)B * C * HW, 1), *b = blocked_of(x, B, C, HW), *y = nchw_of(b, B, C, HW);
-    CHECK(!memcmp(x, y, (size_t)B * C * HW * sizeof *x));
-    CHECK(b[DT_BLOCK * HW] == x[DT_BLOCK * HW]);  /* (n 0, c DT_BLOCK, p 0) is the first value of block 1 */
-    CHECK(b[1] == x[HW]);                         /* channel 1 of position 0 */
-    CHECK(b[DT_BLOCK] == x[1]);                   /* channel 0 of position 1 */
-    float acc[32] = {0}, want[32] = {0};
-    dt_blocked_channel_sums(acc, b, B, C, HW);
-    for (int n = 0; n < B; n++)
-        for (int c = 0; c < C; c++)
-            for (int p = 0; p < HW; p++) want[c] += x[((size_t)n * C + c) * HW + p];
-    CHECK(dt_test_maxdiff(acc, want, 32) < 1e-5);
-    free(x), free(b), free(y);
+    for (int nhwc = 0; nhwc < 2; nhwc++) {
+        float *x = rnd((size_t)B * C * HW, 1), *b = blocked_of(x, B, C, HW, nhwc), *y = nchw_of(b, B, C, HW, nhwc);
+        CHECK(!memcmp(x, y, (size_t)B * C * HW * sizeof *x));
+        CHECK(b[1] == x[HW]);  /* channel 1 of position 0 */
+        if (nhwc) CHECK(b[C] == x[1] && b[C * HW] == x[C * HW]);  /* position 1; sample 1 */
+        else CHECK(b[DT_BLOCK * HW] == x[DT_BLOCK * HW] && b[DT_BLOCK] == x[1]);  /* block 1; position 1 */
+        float acc[32] = {0}, want[32] = {0};
+        dt_blocked_channel_sums(acc, b, B, C, HW, nhwc);
+        for (int n = 0; n < B; n++)
+            for (int c = 0; c < C; c++)
+                for (int p = 0; p < HW; p++) want[c] += x[((size_t)n * C + c) * HW + p];
+        CHECK(dt_test_maxdiff(acc, want, 32) < 1e-5);
+        free(x), free(b), free(y);
+    }
 }
 
-/* One pooling case: blocked forward (blocked and NCHW outputs) and backward equal the NCHW ones. */
-static void pool_case(int B, int C, int H, int W, int K, int S) {
+/* One pooling case: blocked (or NHWC) forward, with outputs in that layout and NCHW, and
+ * backward equal the NCHW ones. */
+static void pool_case(int B, int C, int H, int W, int K, int S, bool nhwc) {
     const dt_backend *be = dt_backend_cpu();
     const int OH = (H - K) / S + 1, OW = (W - K) / S + 1, HW = H * W, OHW = OH * OW;
     const size_t nin = (size_t)B * C * HW, nout = (size_t)B * C * OHW;
@@ -46,16 +49,17 @@ static void pool_case(int B, int C, int H, int W, int K, int S) {
     int32_t *am = malloc(nout * sizeof *am), *amb = malloc(nout * sizeof *amb);
     be->maxpool2d_forward(y, am, x, B, C, H, W, K, S);
     be->maxpool2d_backward(dx, dy, am, B, C, H, W, K, S);
-    float *xb = blocked_of(x, B, C, HW), *yb = malloc(nout * sizeof *yb), *dxb = malloc(nin * sizeof *dxb);
+    float *xb = blocked_of(x, B, C, HW, nhwc), *yb = malloc(nout * sizeof *yb), *dxb = malloc(nin * sizeof *dxb);
     for (int out_bl = 0; out_bl < 2; out_bl++) {
-        be->maxpool2d_forward_blocked(yb, amb, xb, B, C, H, W, K, S, out_bl);
-        float *yn = out_bl ? nchw_of(yb, B, C, OHW) : yb;
-        CHECK_MSG(!memcmp(yn, y, nout * sizeof *y), "maxpool %dx%d K%d S%d out_bl %d: values differ", H, W, K, S, out_bl);
-        float *dyb = out_bl ? blocked_of(dy, B, C, OHW) : dy;
-        be->maxpool2d_backward_blocked(dxb, dyb, amb, B, C, H, W, K, S, out_bl);
-        float *dxn = nchw_of(dxb, B, C, HW);
-        CHECK_MSG(dt_test_maxdiff(dxn, dx, nin) <= 1e-6, "maxpool %dx%d K%d S%d out_bl %d: din differs by %g", H, W, K,
-                  S, out_bl, dt_test_maxdiff(dxn, dx, nin));
+        be->maxpool2d_forward_blocked(yb, amb, xb, B, C, H, W, K, S, out_bl, nhwc);
+        float *yn = out_bl ? nchw_of(yb, B, C, OHW, nhwc) : yb;
+        CHECK_MSG(!memcmp(yn, y, nout * sizeof *y), "maxpool %dx%d K%d S%d out_bl %d nhwc %d: values differ", H, W, K, S,
+                  out_bl, nhwc);
+        float *dyb = out_bl ? blocked_of(dy, B, C, OHW, nhwc) : dy;
+        be->maxpool2d_backward_blocked(dxb, dyb, amb, B, C, H, W, K, S, out_bl, nhwc);
+        float *dxn = nchw_of(dxb, B, C, HW, nhwc);
+        CHECK_MSG(dt_test_maxdiff(dxn, dx, nin) <= 1e-6, "maxpool %dx%d K%d S%d out_bl %d nhwc %d: din differs by %g", H,
+                  W, K, S, out_bl, nhwc, dt_test_maxdiff(dxn, dx, nin));
         if (out_bl) free(yn), free(dyb);
         free(dxn);
     }
@@ -63,13 +67,17 @@ static void pool_case(int B, int C, int H, int W, int K, int S) {
 }
 
 static void test_pool(void) {
-    pool_case(2, 16, 8, 8, 2, 2);    /* windows tile the input */
-    pool_case(1, 32, 7, 9, 2, 2);    /* odd sizes: a row and a column outside every window */
-    pool_case(2, 16, 9, 9, 3, 2);    /* overlapping windows: din sums */
-    pool_case(1, 16, 6, 6, 3, 3);
-    pool_case(1, 16, 5, 5, 1, 1);
-    pool_case(1, 16, 4, 141, 2, 2);  /* long output rows */
-    pool_case(2, 16, 40, 38, 2, 2);  /* more output positions than a 256-position chunk */
+    for (int nhwc = 0; nhwc < 2; nhwc++) {
+        pool_case(2, 16, 8, 8, 2, 2, nhwc);    /* windows tile the input */
+        pool_case(1, 32, 7, 9, 2, 2, nhwc);    /* odd sizes: a row and a column outside every window */
+        pool_case(2, 16, 9, 9, 3, 2, nhwc);    /* overlapping windows: din sums */
+        pool_case(1, 16, 6, 6, 3, 3, nhwc);
+        pool_case(1, 16, 5, 5, 1, 1, nhwc);
+        pool_case(1, 16, 4, 141, 2, 2, nhwc);  /* long output rows */
+        pool_case(2, 16, 40, 38, 2, 2, nhwc);  /* more output positions than a 256-position chunk */
+        pool_case(2, 48, 6, 6, 2, 2, nhwc);    /* three channel blocks per position */
+        pool_case(1, 32, 40, 38, 2, 2, nhwc);  /* two blocks, two chunks */
+    }
 }
 
 /* max |a - b| / max |b| (0 when b is all zero) */
@@ -87,8 +95,10 @@ static const dt_backend *conv_reference(const dt_backend *be, int C) {
 }
 
 /* One convolution case through be's blocked entries against the NCHW reference kernels. */
-static void conv_case(const dt_backend *be, int B, int C, int H, int W, int OC, int K, int S, int P, bool in_bl,
-                      bool out_bl, bool with_din) {
+static void conv_case(const dt_backend *be, int B, int C, int H, int W, int OC, int K, int S, int P, dt_layout in_l,
+                      dt_layout out_l, bool with_din) {
+    const bool in_bl = in_l != DT_LAYOUT_NCHW, out_bl = out_l != DT_LAYOUT_NCHW;
+    const bool in_nhwc = dt_layout_nhwc(in_l), out_nhwc = dt_layout_nhwc(out_l);
     const dt_backend *cpu = conv_reference(be, C);
     const int OH = (H + 2 * P - K) / S + 1, OW = (W + 2 * P - K) / S + 1, HW = H * W, OHW = OH * OW;
     const size_t nin = (size_t)B * C * HW, nout = (size_t)B * OC * OHW, nw = (size_t)OC * C * K * K;
@@ -97,20 +107,20 @@ static void conv_case(const dt_backend *be, int B, int C, int H, int W, int OC, 
     float *work = malloc(cpu->conv2d_workspace(B, C, H, W, OC, K, S, P) * 4 + 4);
     cpu->conv2d_forward(y, x, w, b, work, B, C, H, W, OC, K, S, P);
     cpu->conv2d_backward(with_din ? dx : NULL, dw, db, dy, x, w, work, B, C, H, W, OC, K, S, P);
-    float *xi = in_bl ? blocked_of(x, B, C, HW) : x, *dyi = out_bl ? blocked_of(dy, B, OC, OHW) : dy;
+    float *xi = in_bl ? blocked_of(x, B, C, HW, in_nhwc) : x, *dyi = out_bl ? blocked_of(dy, B, OC, OHW, out_nhwc) : dy;
     float *yb = malloc(nout * 4), *dxb = malloc(nin * 4), *dwb = calloc(nw, 4), *dbb = calloc(OC, 4);
-    be->conv2d_forward_blocked(yb, xi, w, b, B, C, H, W, OC, K, S, P, in_bl, out_bl);
-    be->conv2d_backward_blocked(with_din ? dxb : NULL, dwb, dbb, dyi, xi, w, B, C, H, W, OC, K, S, P, in_bl, out_bl);
-    float *yn = out_bl ? nchw_of(yb, B, OC, OHW) : yb, *dxn = in_bl ? nchw_of(dxb, B, C, HW) : dxb;
-    const char *l[2] = {"nchw", "blocked"};
+    be->conv2d_forward_blocked(yb, xi, w, b, B, C, H, W, OC, K, S, P, in_l, out_l);
+    be->conv2d_backward_blocked(with_din ? dxb : NULL, dwb, dbb, dyi, xi, w, B, C, H, W, OC, K, S, P, in_l, out_l);
+    float *yn = out_bl ? nchw_of(yb, B, OC, OHW, out_nhwc) : yb, *dxn = in_bl ? nchw_of(dxb, B, C, HW, in_nhwc) : dxb;
+    const char *l[4] = {"nchw", "blocked", "", "nhwc"};
     CHECK_MSG(rel_diff(yn, y, nout) < 2e-5, "conv C%d OC%d %dx%d K%d S%d P%d in %s out %s: out %g", C, OC, H, W, K, S, P,
-              l[in_bl], l[out_bl], rel_diff(yn, y, nout));
+              l[in_l], l[out_l], rel_diff(yn, y, nout));
     if (with_din)
-        CHECK_MSG(rel_diff(dxn, dx, nin) < 2e-5, "conv C%d OC%d in %s out %s: din %g", C, OC, l[in_bl], l[out_bl],
+        CHECK_MSG(rel_diff(dxn, dx, nin) < 2e-5, "conv C%d OC%d in %s out %s: din %g", C, OC, l[in_l], l[out_l],
                   rel_diff(dxn, dx, nin));
-    CHECK_MSG(rel_diff(dwb, dw, nw) < 2e-5, "conv C%d OC%d in %s out %s: dw %g", C, OC, l[in_bl], l[out_bl],
+    CHECK_MSG(rel_diff(dwb, dw, nw) < 2e-5, "conv C%d OC%d in %s out %s: dw %g", C, OC, l[in_l], l[out_l],
               rel_diff(dwb, dw, nw));
-    CHECK_MSG(rel_diff(dbb, db, OC) < 2e-5, "conv C%d OC%d in %s out %s: db %g", C, OC, l[in_bl], l[out_bl],
+    CHECK_MSG(rel_diff(dbb, db, OC) < 2e-5, "conv C%d OC%d in %s out %s: db %g", C, OC, l[in_l], l[out_l],
               rel_diff(dbb, db, OC));
     if (in_bl) free(xi), free(dxn);
     if (out_bl) free(dyi), free(yn);
@@ -130,14 +140,20 @@ static void test_conv(void) {
         const dt_dtype prec[3] = {DT_F32, DT_BF16, DT_F16};
         CHECK_OK(dt_backend_find("onednn", prec[p], &be));
         CHECK(be->conv2d_forward_blocked && be->conv2d_backward_blocked);
+        const dt_layout N = DT_LAYOUT_NCHW, L = DT_LAYOUT_BLOCKED, H = DT_LAYOUT_NHWC;
         for (int d = 0; d < 2; d++) {
-            conv_case(be, 2, 16, 7, 6, 32, 3, 1, 1, true, true, d);
-            conv_case(be, 2, 32, 6, 6, 16, 3, 2, 1, true, false, d);  /* the chain's end: NCHW out */
-            conv_case(be, 3, 1, 9, 9, 16, 3, 1, 1, false, true, d);   /* a first layer: NCHW in, C 1 */
-            conv_case(be, 1, 3, 8, 7, 32, 5, 2, 2, false, true, d);
-            conv_case(be, 2, 16, 5, 5, 16, 1, 1, 0, true, true, d);
-            conv_case(be, 3, 32, 14, 14, 64, 3, 1, 1, true, false, d);  /* the CNN's second conv (Winograd at f32 on AVX-512) */
-            conv_case(be, 2, 16, 9, 11, 16, 3, 1, 0, false, true, d);    /* Winograd: tiles past the edge, NCHW in */
+            conv_case(be, 2, 16, 7, 6, 32, 3, 1, 1, L, L, d);
+            conv_case(be, 2, 32, 6, 6, 16, 3, 2, 1, L, N, d);  /* the chain's end: NCHW out */
+            conv_case(be, 3, 1, 9, 9, 16, 3, 1, 1, N, L, d);   /* a first layer: NCHW in, C 1 */
+            conv_case(be, 1, 3, 8, 7, 32, 5, 2, 2, N, L, d);
+            conv_case(be, 2, 16, 5, 5, 16, 1, 1, 0, L, L, d);
+            conv_case(be, 3, 32, 14, 14, 64, 3, 1, 1, L, N, d);  /* the CNN's second conv (Winograd at f32 on AVX-512) */
+            conv_case(be, 2, 16, 9, 11, 16, 3, 1, 0, N, L, d);   /* Winograd: tiles past the edge, NCHW in */
+            /* NHWC chains (a bf16 model's where oneDNN's bf16 convs want them) */
+            conv_case(be, 3, 32, 14, 14, 64, 3, 1, 1, H, H, d);
+            conv_case(be, 2, 32, 6, 6, 16, 3, 2, 1, H, N, d);
+            conv_case(be, 3, 1, 9, 9, 16, 3, 1, 1, N, H, d);
+            conv_case(be, 2, 16, 7, 6, 32, 3, 1, 1, H, L, d);
         }
     }
 }

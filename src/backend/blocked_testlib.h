@@ -1,5 +1,5 @@
 /* Shared helpers of the blocked-layout tests (blocked_test.c, blocked_bf16_test.c): random
- * values and copies of an NCHW tensor in the blocked layout (blocked.h) and back (malloc'd, 4 bytes
+ * values and copies of an NCHW tensor in the blocked or NHWC layout (blocked.h) and back (malloc'd, 4 bytes
  * of slack so that a kernel's overrun shows under ASan rather than corrupting a neighbour).
  * Include after backend/blocked.h and core/test.h. */
 #ifndef DT_BACKEND_BLOCKED_TESTLIB_H
@@ -13,15 +13,16 @@ static float *rnd(size_t n, uint64_t key) {
     return x;
 }
 
-static float *blocked_of(const float *x, int B, int C, int HW) {
+/* x (NCHW) blocked, or NHWC with nhwc (blocked.h); and back */
+static float *blocked_of(const float *x, int B, int C, int HW, bool nhwc) {
     float *y = malloc((size_t)B * C * HW * sizeof *y + 4);
-    dt_blocked_from_nchw(y, x, B, C, HW);
+    dt_blocked_from_nchw(y, x, B, C, HW, nhwc);
     return y;
 }
 
-static float *nchw_of(const float *x, int B, int C, int HW) {
+static float *nchw_of(const float *x, int B, int C, int HW, bool nhwc) {
     float *y = malloc((size_t)B * C * HW * sizeof *y + 4);
-    dt_blocked_to_nchw(y, x, B, C, HW);
+    dt_blocked_to_nchw(y, x, B, C, HW, nhwc);
     return y;
 }
 

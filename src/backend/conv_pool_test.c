@@ -1,7 +1,7 @@
 /* The fused conv -> relu -> maxpool kernels (cpu_conv_pool.c) against the unfused chain of the
  * cpu kernels (im2col conv, NCHW max pooling, relu): pooled values within 1e-5 of the largest,
  * the window positions equal to the reference argmax (and the relu's stops), dw / db
- * (accumulated onto nonzero values) within 1e-5 relative; NCHW and blocked outputs; the CNN's
+ * (accumulated onto nonzero values) within 1e-5 relative; NCHW, blocked and NHWC outputs; the CNN's
  * 1-channel 3x3 conv with 2x2 windows (pooled in registers, its own code) and 3 channels, other
  * kernel and window sizes, an odd plane whose last row and column no window covers, no relu, no
  * bias; two runs bitwise equal. Then the graph's plan: which convs fuse (oneDNN at every precision; not
@@ -68,16 +68,16 @@ static result fused(const dt_conv_pool_shape *s, const float *x, const float *w,
     uint8_t *wb = malloc(no);
     memcpy(r.dw, dw0, nw * 4);
     float *gb = s->out_bl ? malloc(no * 4) : (float *)g;
-    if (s->out_bl) dt_blocked_from_nchw(gb, g, s->B, s->OC, OHW);
+    if (s->out_bl) dt_blocked_from_nchw(gb, g, s->B, s->OC, OHW, s->out_nhwc);
     dt_conv_pool_forward(s, r.out, wb, x, w, b);
     dt_conv_pool_backward(s, r.dw, b ? r.db : NULL, gb, wb, x);
     float *wf = malloc(no * 4);  /* the positions as floats, to reorder them with the values */
     for (size_t i = 0; i < no; i++) wf[i] = wb[i];
     if (s->out_bl) {  /* back to NCHW to compare */
         float *o = malloc(no * 4);
-        dt_blocked_to_nchw(o, r.out, s->B, s->OC, OHW);
+        dt_blocked_to_nchw(o, r.out, s->B, s->OC, OHW, s->out_nhwc);
         memcpy(r.out, o, no * 4);
-        dt_blocked_to_nchw(o, wf, s->B, s->OC, OHW);
+        dt_blocked_to_nchw(o, wf, s->B, s->OC, OHW, s->out_nhwc);
         memcpy(wf, o, no * 4);
         free(o), free(gb);
     }
@@ -88,8 +88,11 @@ static result fused(const dt_conv_pool_shape *s, const float *x, const float *w,
 
 static void free_result(result *r) { free(r->out), free(r->dw), free(r->db), free(r->win); }
 
-static void kernel_case(int B, int C, int H, int W, int OC, int K, int P, int PK, bool relu, bool bias, bool out_bl) {
-    const dt_conv_pool_shape s = {B, C, H, W, OC, K, P, PK, relu, out_bl, false};
+enum { NCHW, BLOCKED, NHWC };  /* the output's layout */
+
+static void kernel_case(int B, int C, int H, int W, int OC, int K, int P, int PK, bool relu, bool bias, int layout) {
+    const bool out_bl = layout != NCHW;
+    const dt_conv_pool_shape s = {B, C, H, W, OC, K, P, PK, relu, out_bl, layout == NHWC, false};
     const int OH = (H + 2 * P - K + 1) / PK, OW = (W + 2 * P - K + 1) / PK;
     const size_t nx = (size_t)B * C * H * W, nw = (size_t)OC * C * K * K, no = (size_t)B * OC * OH * OW;
     float *x = rnd(nx, 1), *w = rnd(nw, 2), *b = bias ? rnd((size_t)OC, 3) : NULL, *g = rnd(no, 4), *dw0 = rnd(nw, 5);
@@ -109,13 +112,16 @@ static void kernel_case(int B, int C, int H, int W, int OC, int K, int P, int PK
 }
 
 static void test_kernels(void) {
-    kernel_case(3, 1, 28, 28, 32, 3, 1, 2, true, true, true);   /* the reference CNN's first layer */
-    kernel_case(3, 1, 28, 28, 32, 3, 1, 2, true, true, false);
-    kernel_case(2, 1, 9, 11, 16, 3, 1, 2, true, true, true);    /* the last row and column in no window */
-    kernel_case(2, 3, 10, 10, 16, 3, 1, 2, true, true, true);   /* 3 channels (RGB) */
-    kernel_case(2, 3, 11, 7, 16, 5, 2, 3, false, true, false);  /* 3 channels, 5x5, 3x3 windows, no relu */
-    kernel_case(2, 2, 8, 10, 32, 1, 0, 2, true, false, true);   /* 1x1, no bias */
-    kernel_case(1, 4, 6, 6, 16, 3, 0, 4, true, true, false);    /* one 4x4 window per plane */
+    kernel_case(3, 1, 28, 28, 32, 3, 1, 2, true, true, BLOCKED);  /* the reference CNN's first layer */
+    kernel_case(3, 1, 28, 28, 32, 3, 1, 2, true, true, NCHW);
+    kernel_case(3, 1, 28, 28, 32, 3, 1, 2, true, true, NHWC);     /* its layout at bf16 on AMX */
+    kernel_case(2, 1, 9, 11, 16, 3, 1, 2, true, true, BLOCKED);   /* the last row and column in no window */
+    kernel_case(2, 1, 9, 11, 48, 3, 1, 2, true, true, NHWC);
+    kernel_case(2, 3, 10, 10, 16, 3, 1, 2, true, true, BLOCKED);  /* 3 channels (RGB) */
+    kernel_case(2, 3, 11, 7, 16, 5, 2, 3, false, true, NCHW);     /* 3 channels, 5x5, 3x3 windows, no relu */
+    kernel_case(2, 3, 11, 7, 32, 5, 2, 3, false, true, NHWC);
+    kernel_case(2, 2, 8, 10, 32, 1, 0, 2, true, false, BLOCKED);  /* 1x1, no bias */
+    kernel_case(1, 4, 6, 6, 16, 3, 0, 4, true, true, NCHW);       /* one 4x4 window per plane */
 }
 
 /* Which nodes of spec (1x12x12 inputs) fuse, on the kernels of lib. */

@@ -1,7 +1,9 @@
 /* Kernels on blocked activations, oneDNN's nChw16c or nChw8c: (B, C/BL, H, W, BL) with BL =
  * DT_BLOCK (blocked.h), the layout a oneDNN convolution reads and writes without reorders
- * (backend.h). Max pooling reads a blocked input and writes a blocked or NCHW output (the end of
- * a conv chain); each window step handles BL channels at once. Ties and NaNs as the NCHW kernel
+ * (backend.h), or NHWC, (B, H, W, C), the one its AMX bf16 convolutions take: there each BL
+ * channels of a sample are a block whose positions lie C apart instead of BL. Max pooling reads
+ * a blocked input and writes a blocked or NCHW output (the end of a conv chain); each window
+ * step handles BL channels at once. Ties and NaNs as the NCHW kernel
  * (cpu_pool.c): the first max wins, a NaN replaces the max (the last NaN wins). An NCHW output
  * (and its gradient) moves between the BL-channel vectors and the BL planes by in-register
  * BL x BL transposes. The reorders convert whole tensors. */
@@ -50,15 +52,15 @@ static inline __m256i bf16_of16(__m512 v) {
  * variable K it ran 4x slower (a 128x64x14x14 pool to a blocked output: 1.3 ms against 0.2-0.3
  * on Zen 5, one thread, loaded machine). */
 static inline __attribute__((always_inline)) void window_max16(float *m_out, int32_t *idx_out, const void *x, int W,
-                                                               int y0, int x0, int K, int32_t base, bool bf16) {
+                                                               int ps, int y0, int x0, int K, int32_t base, bool bf16) {
     const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const int32_t at0 = (y0 * W + x0) * BL;
+    const int32_t at0 = (y0 * W + x0) * ps;
     __m512 m = load16(x, (size_t)at0, bf16);
     __m512i idx = _mm512_add_epi32(_mm512_set1_epi32(base + at0), lane);
     for (int ky = 0; ky < K; ky++)
         for (int kx = 0; kx < K; kx++) {
             if (!ky && !kx) continue;
-            const int32_t at = at0 + (ky * W + kx) * BL;
+            const int32_t at = at0 + (ky * W + kx) * ps;
             __m512 v = load16(x, (size_t)at, bf16);
             __mmask16 t = _mm512_cmp_ps_mask(v, m, _CMP_GT_OQ) | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
             m = _mm512_mask_blend_ps(t, m, v);
@@ -69,13 +71,14 @@ static inline __attribute__((always_inline)) void window_max16(float *m_out, int
 }
 
 static inline __attribute__((always_inline)) void unpool_window16(void *din, const float *g, const int32_t *am, int W,
-                                                                  int y0, int x0, int K, int32_t base, bool bf16) {
+                                                                  int ps, int y0, int x0, int K, int32_t base,
+                                                                  bool bf16) {
     const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const __m512 gv = _mm512_loadu_ps(g);
     const __m512i av = _mm512_loadu_si512(am);
     for (int ky = 0; ky < K; ky++)
         for (int kx = 0; kx < K; kx++) {
-            const int32_t at = ((y0 + ky) * W + x0 + kx) * BL;
+            const int32_t at = ((y0 + ky) * W + x0 + kx) * ps;
             const __mmask16 hit = _mm512_cmpeq_epi32_mask(av, _mm512_add_epi32(_mm512_set1_epi32(base + at), lane));
             const __m512 v = _mm512_maskz_mov_ps(hit, gv);
             if (bf16) _mm256_storeu_si256((__m256i *)((uint16_t *)din + at), bf16_of16(v));
@@ -97,15 +100,16 @@ static inline __attribute__((always_inline)) vf load_vw(const void *x, size_t i,
  * values, f32 or bf16); idx gets their flat indices into the whole input (base: the block's
  * first one). Inlined (see window_max16). */
 static inline __attribute__((always_inline)) void window_max_vw(float *m_out, int32_t *idx_out, const void *x, int W,
-                                                                int y0, int x0, int K, int32_t base, bool bf16) {
-    const int32_t at0 = (y0 * W + x0) * BL;
+                                                                int ps, int y0, int x0, int K, int32_t base,
+                                                                bool bf16) {
+    const int32_t at0 = (y0 * W + x0) * ps;
     for (int h = 0; h < BL; h += VW) {
         vf m = load_vw(x, (size_t)at0 + h, bf16);
         vi idx = vi_lanes() + (base + at0 + h);
         for (int ky = 0; ky < K; ky++)
             for (int kx = 0; kx < K; kx++) {
                 if (!ky && !kx) continue;
-                const int32_t at = at0 + (ky * W + kx) * BL + h;
+                const int32_t at = at0 + (ky * W + kx) * ps + h;
                 const vf v = load_vw(x, (size_t)at, bf16);
                 const vi t = (v > m) | (v != v);
                 m = vf_select(t, v, m);
@@ -120,14 +124,15 @@ static inline __attribute__((always_inline)) void window_max_vw(float *m_out, in
  * value gets the gradient where the argmax points, 0 elsewhere (rounded to bf16 for a bf16 din);
  * g, am: the position's BL channels. */
 static inline __attribute__((always_inline)) void unpool_window_vw(void *din, const float *g, const int32_t *am, int W,
-                                                                   int y0, int x0, int K, int32_t base, bool bf16) {
+                                                                   int ps, int y0, int x0, int K, int32_t base,
+                                                                   bool bf16) {
     for (int h = 0; h < BL; h += VW) {
         const vf gv = vf_load(g + h);
         vi av;
         memcpy(&av, am + h, sizeof av);
         for (int ky = 0; ky < K; ky++)
             for (int kx = 0; kx < K; kx++) {
-                const int32_t at = ((y0 + ky) * W + x0 + kx) * BL + h;
+                const int32_t at = ((y0 + ky) * W + x0 + kx) * ps + h;
                 const vf v = (vf)((vi)gv & (av == vi_lanes() + (base + at)));
                 if (bf16) {
                     const vh r = vf_to_bf16(v);
@@ -217,21 +222,29 @@ static void planes_to_vectors(uint32_t *restrict v, const uint32_t *restrict y, 
         for (size_t i = j; i < n; i++) v[i * BL + c] = y[c * ys + i];
 }
 
-/* Output positions p0 .. p0 + np - 1 (of rows OW long) of one block, BL channels each. */
-static inline __attribute__((always_inline)) void pool_chunk(float *m, int32_t *idx, const void *x, int W, int OW,
-                                                             size_t p0, size_t np, int K, int S, int32_t base,
-                                                             bool bf16) {
+/* Where block blk (sample blk / CB, channels blk % CB * BL on) of a (B, C, HW) tensor starts:
+ * blocked, (B, C/BL, HW, BL), or NHWC, (B, HW, C); the step between its positions is BL or C. */
+static inline size_t block_at(size_t blk, int CB, size_t HW, bool nhwc) {
+    return nhwc ? (blk / CB * HW * CB + blk % CB) * BL : blk * HW * BL;
+}
+
+/* Output positions p0 .. p0 + np - 1 (of rows OW long) of one block; ps, os: the steps between
+ * the block's input and output positions. */
+static inline __attribute__((always_inline)) void pool_chunk(float *m, int32_t *idx, const void *x, int W, int ps,
+                                                             int OW, int os, size_t p0, size_t np, int K, int S,
+                                                             int32_t base, bool bf16) {
     for (size_t j = 0, oy = p0 / OW, ox = p0 % OW; j < np; j++) {
-        WINDOW_MAX(m + j * BL, idx + j * BL, x, W, (int)oy * S, (int)ox * S, K, base, bf16);
+        WINDOW_MAX(m + j * os, idx + j * os, x, W, ps, (int)oy * S, (int)ox * S, K, base, bf16);
         if (++ox == (size_t)OW) ox = 0, oy++;
     }
 }
 
-/* The windows of output positions p0 .. p0 + np - 1 of one block (g, a: their vectors). */
-static inline __attribute__((always_inline)) void unpool_chunk(void *x, const float *g, const int32_t *a, int W, int OW,
-                                                               size_t p0, size_t np, int K, int32_t base, bool bf16) {
+/* The windows of output positions p0 .. p0 + np - 1 of one block (g, a: their vectors, os apart). */
+static inline __attribute__((always_inline)) void unpool_chunk(void *x, const float *g, const int32_t *a, int W, int ps,
+                                                               int OW, int os, size_t p0, size_t np, int K,
+                                                               int32_t base, bool bf16) {
     for (size_t j = 0, oy = p0 / OW, ox = p0 % OW; j < np; j++) {
-        UNPOOL_WINDOW(x, g + j * BL, a + j * BL, W, (int)oy * K, (int)ox * K, K, base, bf16);
+        UNPOOL_WINDOW(x, g + j * os, a + j * os, W, ps, (int)oy * K, (int)ox * K, K, base, bf16);
         if (++ox == (size_t)OW) ox = 0, oy++;
     }
 }
@@ -240,21 +253,23 @@ static inline __attribute__((always_inline)) void unpool_chunk(void *x, const fl
 
 static inline __attribute__((always_inline)) void pool_forward(float *out, int32_t *argmax, const void *in, int B,
                                                                int C, int H, int W, int K, int S, bool out_bl,
-                                                               bool bf16) {
-    const int OH = (H - K) / S + 1, OW = (W - K) / S + 1, CB = C / BL;
+                                                               bool nhwc, bool bf16) {
+    const int OH = (H - K) / S + 1, OW = (W - K) / S + 1, CB = C / BL, ps = nhwc ? C : BL;
     if (OH <= 0 || OW <= 0) return;
     const size_t HW = (size_t)H * W, OHW = (size_t)OH * OW, vsize = bf16 ? 2 : 4;
     float tm[CHUNK * BL];     /* NCHW output: CHUNK positions of the block, then BL plane rows */
     int32_t ti[CHUNK * BL];
     for (size_t blk = 0; blk < (size_t)B * CB; blk++) {
-        const void *x = (const char *)in + blk * HW * BL * vsize;
-        const int32_t base = (int32_t)(blk * HW * BL);
+        const size_t at = block_at(blk, CB, HW, nhwc), out_at = block_at(blk, CB, OHW, nhwc);
+        const void *x = (const char *)in + at * vsize;
+        const int32_t base = (int32_t)at;
         for (size_t p0 = 0; p0 < OHW; p0 += CHUNK) {
             const size_t np = OHW - p0 < CHUNK ? OHW - p0 : CHUNK;
-            float *m = out_bl ? out + (blk * OHW + p0) * BL : tm;
-            int32_t *idx = out_bl ? argmax + (blk * OHW + p0) * BL : ti;
-            if (K == 2) pool_chunk(m, idx, x, W, OW, p0, np, 2, S, base, bf16);
-            else pool_chunk(m, idx, x, W, OW, p0, np, K, S, base, bf16);
+            float *m = out_bl ? out + out_at + p0 * ps : tm;
+            int32_t *idx = out_bl ? argmax + out_at + p0 * ps : ti;
+            const int os = out_bl ? ps : BL;
+            if (K == 2) pool_chunk(m, idx, x, W, ps, OW, os, p0, np, 2, S, base, bf16);
+            else pool_chunk(m, idx, x, W, ps, OW, os, p0, np, K, S, base, bf16);
             if (out_bl) continue;
             /* planes (n, blk % CB * BL + c) of the NCHW output */
             vectors_to_planes((uint32_t *)out + blk * BL * OHW + p0, OHW, (const uint32_t *)tm, np);
@@ -264,13 +279,13 @@ static inline __attribute__((always_inline)) void pool_forward(float *out, int32
 }
 
 void dt_maxpool2d_forward_blocked(float *out, int32_t *argmax, const float *in, int B, int C, int H, int W, int K,
-                                  int S, bool out_bl) {
-    pool_forward(out, argmax, in, B, C, H, W, K, S, out_bl, false);
+                                  int S, bool out_bl, bool nhwc) {
+    pool_forward(out, argmax, in, B, C, H, W, K, S, out_bl, nhwc, false);
 }
 
 void dt_maxpool2d_forward_blocked_bf16(float *out, int32_t *argmax, const uint16_t *in, int B, int C, int H, int W,
-                                       int K, int S, bool out_bl) {
-    pool_forward(out, argmax, in, B, C, H, W, K, S, out_bl, true);
+                                       int K, int S, bool out_bl, bool nhwc) {
+    pool_forward(out, argmax, in, B, C, H, W, K, S, out_bl, nhwc, true);
 }
 
 /* Overlapping windows or input values outside every window: a scatter (dout and argmax share
@@ -287,8 +302,8 @@ static void unpool_scatter(void *din, const float *dout, const int32_t *argmax, 
 
 static inline __attribute__((always_inline)) void pool_backward(void *din, const float *dout, const int32_t *argmax,
                                                                 int B, int C, int H, int W, int K, int S, bool out_bl,
-                                                                bool bf16) {
-    const int OH = (H - K) / S + 1, OW = (W - K) / S + 1, CB = C / BL;
+                                                                bool nhwc, bool bf16) {
+    const int OH = (H - K) / S + 1, OW = (W - K) / S + 1, CB = C / BL, ps = nhwc ? C : BL;
     const bool tiles = K == S && OH * S == H && OW * S == W;  /* every input value in exactly one window */
     const size_t HW = (size_t)H * W, OHW = (size_t)OH * OW, vsize = bf16 ? 2 : 4;
     if (!tiles || OH <= 0 || OW <= 0)
@@ -296,65 +311,68 @@ static inline __attribute__((always_inline)) void pool_backward(void *din, const
     float tg[CHUNK * BL];  /* NCHW dout: CHUNK positions of the block's 16 planes, transposed */
     int32_t ta[CHUNK * BL];
     for (size_t blk = 0; blk < (size_t)B * CB; blk++) {
-        void *x = (char *)din + blk * HW * BL * vsize;
-        const int32_t base = (int32_t)(blk * HW * BL);
+        const size_t at = block_at(blk, CB, HW, nhwc), out_at = block_at(blk, CB, OHW, nhwc);
+        void *x = (char *)din + at * vsize;
+        const int32_t base = (int32_t)at;
         for (size_t p0 = 0; p0 < OHW; p0 += CHUNK) {
             const size_t np = OHW - p0 < CHUNK ? OHW - p0 : CHUNK;
-            const float *g = out_bl ? dout + (blk * OHW + p0) * BL : tg;
-            const int32_t *a = out_bl ? argmax + (blk * OHW + p0) * BL : ta;
+            const float *g = out_bl ? dout + out_at + p0 * ps : tg;
+            const int32_t *a = out_bl ? argmax + out_at + p0 * ps : ta;
+            const int os = out_bl ? ps : BL;
             if (!out_bl) {
                 planes_to_vectors((uint32_t *)tg, (const uint32_t *)dout + blk * BL * OHW + p0, OHW, np);
                 planes_to_vectors((uint32_t *)ta, (const uint32_t *)argmax + blk * BL * OHW + p0, OHW, np);
             }
-            if (K == 2) unpool_chunk(x, g, a, W, OW, p0, np, 2, base, bf16);
-            else unpool_chunk(x, g, a, W, OW, p0, np, K, base, bf16);
+            if (K == 2) unpool_chunk(x, g, a, W, ps, OW, os, p0, np, 2, base, bf16);
+            else unpool_chunk(x, g, a, W, ps, OW, os, p0, np, K, base, bf16);
         }
     }
 }
 
 void dt_maxpool2d_backward_blocked(float *din, const float *dout, const int32_t *argmax, int B, int C, int H, int W,
-                                   int K, int S, bool out_bl) {
-    pool_backward(din, dout, argmax, B, C, H, W, K, S, out_bl, false);
+                                   int K, int S, bool out_bl, bool nhwc) {
+    pool_backward(din, dout, argmax, B, C, H, W, K, S, out_bl, nhwc, false);
 }
 
 void dt_maxpool2d_backward_blocked_bf16(uint16_t *din, const float *dout, const int32_t *argmax, int B, int C, int H,
-                                        int W, int K, int S, bool out_bl) {
-    pool_backward(din, dout, argmax, B, C, H, W, K, S, out_bl, true);
+                                        int W, int K, int S, bool out_bl, bool nhwc) {
+    pool_backward(din, dout, argmax, B, C, H, W, K, S, out_bl, nhwc, true);
 }
 
-void dt_blocked_from_nchw(float *restrict dst, const float *restrict src, int B, int C, int HW) {
+/* Where (sample n, channel c, position p) of a (B, C, HW) tensor lives, blocked or NHWC. */
+static inline size_t chain_index(int n, int c, int p, int C, int HW, bool nhwc) {
+    return nhwc ? ((size_t)n * HW + p) * C + c : (((size_t)n * (C / BL) + c / BL) * HW + p) * BL + c % BL;
+}
+
+void dt_blocked_from_nchw(float *restrict dst, const float *restrict src, int B, int C, int HW, bool nhwc) {
     for (int n = 0; n < B; n++)
         for (int c = 0; c < C; c++)
-            for (int p = 0; p < HW; p++)
-                dst[(((size_t)n * (C / BL) + c / BL) * HW + p) * BL + c % BL] = src[((size_t)n * C + c) * HW + p];
+            for (int p = 0; p < HW; p++) dst[chain_index(n, c, p, C, HW, nhwc)] = src[((size_t)n * C + c) * HW + p];
 }
 
-void dt_blocked_to_nchw(float *restrict dst, const float *restrict src, int B, int C, int HW) {
+void dt_blocked_to_nchw(float *restrict dst, const float *restrict src, int B, int C, int HW, bool nhwc) {
     for (int n = 0; n < B; n++)
         for (int c = 0; c < C; c++)
-            for (int p = 0; p < HW; p++)
-                dst[((size_t)n * C + c) * HW + p] = src[(((size_t)n * (C / BL) + c / BL) * HW + p) * BL + c % BL];
+            for (int p = 0; p < HW; p++) dst[((size_t)n * C + c) * HW + p] = src[chain_index(n, c, p, C, HW, nhwc)];
 }
 
-void dt_blocked_channel_sums(float *restrict acc, const float *restrict x, int B, int C, int HW) {
-    for (size_t blk = 0; blk < (size_t)B * (C / BL); blk++) {
+static inline __attribute__((always_inline)) void channel_sums(float *restrict acc, const void *restrict x, int B,
+                                                               int C, int HW, bool nhwc, bool bf16) {
+    const int CB = C / BL, ps = nhwc ? C : BL;
+    for (size_t blk = 0; blk < (size_t)B * CB; blk++) {
         float s[BL] = {0};
-        const float *restrict v = x + blk * HW * BL;
+        const size_t at = block_at(blk, CB, (size_t)HW, nhwc);
         for (int p = 0; p < HW; p++)
-            for (int c = 0; c < BL; c++) s[c] += v[(size_t)p * BL + c];
-        float *restrict a = acc + blk % (C / BL) * BL;
+            for (int c = 0; c < BL; c++) s[c] += value_at(x, at + (size_t)p * ps + c, bf16);
+        float *restrict a = acc + blk % CB * BL;
         for (int c = 0; c < BL; c++) a[c] += s[c];
     }
 }
 
-void dt_blocked_channel_sums_bf16(float *restrict acc, const float *restrict x, int B, int C, int HW) {
-    const uint16_t *restrict h = (const uint16_t *)x;
-    for (size_t blk = 0; blk < (size_t)B * (C / BL); blk++) {
-        float s[BL] = {0};
-        const uint16_t *restrict v = h + blk * HW * BL;
-        for (int p = 0; p < HW; p++)
-            for (int c = 0; c < BL; c++) s[c] += value_at(v, (size_t)p * BL + c, true);
-        float *restrict a = acc + blk % (C / BL) * BL;
-        for (int c = 0; c < BL; c++) a[c] += s[c];
-    }
+void dt_blocked_channel_sums(float *restrict acc, const float *restrict x, int B, int C, int HW, bool nhwc) {
+    channel_sums(acc, x, B, C, HW, nhwc, false);
+}
+
+void dt_blocked_channel_sums_bf16(float *restrict acc, const float *restrict x, int B, int C, int HW, bool nhwc) {
+    channel_sums(acc, x, B, C, HW, nhwc, true);
 }

@@ -127,6 +127,7 @@ _Static_assert(BL % VW == 0, "a channel group of VW must lie inside one block of
 static size_t out_at(const dt_conv_pool_shape *s, const work *k, int n, int ob, int oy, int ox, size_t *ls) {
     const size_t OHW = (size_t)k->OH * k->OW, p = (size_t)oy * k->OW + ox, c0 = (size_t)ob * VW;
     *ls = s->out_bl ? 1 : OHW;
+    if (s->out_bl && s->out_nhwc) return ((size_t)n * OHW + p) * s->OC + c0;
     return s->out_bl ? (((size_t)n * (s->OC / BL) + c0 / BL) * OHW + p) * BL + c0 % BL
                      : ((size_t)n * s->OC + c0) * OHW + p;
 }
@@ -214,7 +215,7 @@ void dt_conv_pool_forward(const dt_conv_pool_shape *s, float *out, uint8_t *win,
                 for (int ox = 0; ox < k.OW; ox++) {
                     size_t ls, o = out_at(s, &k, n, ob, oy, ox, &ls);
                     const vb wb = __builtin_convertvector(k.row_w[ox], vb);
-                    if (s->out_bf16) {  /* blocked (ls 1): VW bf16 values */
+                    if (s->out_bf16) {  /* blocked or NHWC (ls 1): VW bf16 values */
                         const vh h = vf_to_bf16(k.row_y[ox]);
                         memcpy((uint16_t *)out + o, &h, sizeof h), memcpy(win + o, &wb, sizeof wb);
                     } else if (ls == 1) memcpy(out + o, &k.row_y[ox], sizeof(vf)), memcpy(win + o, &wb, sizeof wb);

@@ -290,6 +290,7 @@ static void fill_tables(void) {
             t->linear_bf16_values = dt_dnnl_linear_bf16_values;
             t->linear_forward_bf16 = dt_dnnl_linear_forward_bf16, t->linear_backward_bf16 = dt_dnnl_linear_backward_bf16;
             t->conv2d_bf16_values = dt_dnnl_conv_bf16_values;
+            t->conv2d_bf16_nhwc = dt_dnnl_conv_bf16_nhwc;
             t->maxpool2d_forward_blocked_bf16 = dt_maxpool2d_forward_blocked_bf16;
             t->maxpool2d_backward_blocked_bf16 = dt_maxpool2d_backward_blocked_bf16;
         }

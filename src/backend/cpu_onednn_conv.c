@@ -8,6 +8,7 @@
 #include "backend/backend.h"
 
 #if DT_HAVE_DNNL
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,23 +21,28 @@ typedef struct {
     bool bias;
     dt_layout in_l, out_l;  /* of in / out (and dout) outside; din is f32 in in's layout (blocked f32
                              * for bf16 in) */
-    bool in_bl, out_bl;     /* in (din) / out (dout) blocked (f32 or bf16), else NCHW */
+    bool in_bl, out_bl;     /* in (din) / out (dout) blocked or NHWC (f32 or bf16), else NCHW */
 } conv_shape;
 
-static bool has_bf16(const conv_shape *s) { return s->in_l == DT_LAYOUT_BLOCKED_BF16 || s->out_l == DT_LAYOUT_BLOCKED_BF16; }
+static bool has_bf16(const conv_shape *s) { return dt_layout_bf16(s->in_l) || dt_layout_bf16(s->out_l); }
 
 static dnnl_data_type_t dnnl_type(dt_dtype p) { return p == DT_BF16 ? dnnl_bf16 : p == DT_F16 ? dnnl_f16 : dnnl_f32; }
 
-static dnnl_data_type_t layout_type(dt_layout l) { return l == DT_LAYOUT_BLOCKED_BF16 ? dnnl_bf16 : dnnl_f32; }
+static dnnl_data_type_t layout_type(dt_layout l) { return dt_layout_bf16(l) ? dnnl_bf16 : dnnl_f32; }
 
-/* The outside descriptors of src (NCHW, or blocked when in_bl; bf16 for a bf16 layout), weights
+static dnnl_format_tag_t layout_tag(dt_layout l) {
+    if (l == DT_LAYOUT_NCHW) return dnnl_nchw;
+    if (dt_layout_nhwc(l)) return dnnl_nhwc;
+    return DT_BLOCK == 16 ? dnnl_nChw16c : dnnl_nChw8c;
+}
+
+/* The outside descriptors of src (in in_l: NCHW, blocked or NHWC; bf16 for a bf16 layout), weights
  * (OIHW, f32), dst (likewise), bias and diff_src (f32 in src's layout); with `any` the first three
  * leave the layout to oneDNN at dtype dt (dst and diff_weights: see the pds). */
 static void conv_mds(const conv_shape *s, bool any, dnnl_data_type_t dt, dnnl_memory_desc_t md[5]) {
     const dnnl_dims_t src = {s->B, s->C, s->H, s->W}, w = {s->OC, s->C, s->K, s->K}, dst = {s->B, s->OC, s->OH, s->OW},
                       b = {s->OC};
-    const dnnl_format_tag_t bl = DT_BLOCK == 16 ? dnnl_nChw16c : dnnl_nChw8c;
-    const dnnl_format_tag_t ts = s->in_bl ? bl : dnnl_nchw, td = s->out_bl ? bl : dnnl_nchw;
+    const dnnl_format_tag_t ts = layout_tag(s->in_l), td = layout_tag(s->out_l);
     dnnl_memory_desc_init_by_tag(&md[0], 4, src, any ? dt : layout_type(s->in_l), any ? dnnl_format_tag_any : ts);
     dnnl_memory_desc_init_by_tag(&md[1], 4, w, any ? dt : dnnl_f32, any ? dnnl_format_tag_any : dnnl_oihw);
     dnnl_memory_desc_init_by_tag(&md[2], 4, dst, any ? dt : layout_type(s->out_l), any ? dnnl_format_tag_any : td);
@@ -239,27 +245,28 @@ static bool prefers_im2col(dt_dtype p, int C) { return p == DT_F32 && C < 16; }
 
 /* The plain fallback of a blocked convolution (oneDNN made no primitive): NCHW copies around the
  * cpu kernels. Each call allocates; kernels cannot fail, so out of memory aborts. x NULL: no copy. */
-static float *plain_copy(const float *x, bool bl, int B, int C, int HW) {
+static float *plain_copy(const float *x, dt_layout l, int B, int C, int HW) {
     float *d = malloc((size_t)B * C * HW * sizeof(float) + 4);
     if (!d) abort();
-    if (x && bl) dt_blocked_to_nchw(d, x, B, C, HW);
+    if (x && l != DT_LAYOUT_NCHW) dt_blocked_to_nchw(d, x, B, C, HW, dt_layout_nhwc(l));
     else if (x) memcpy(d, x, (size_t)B * C * HW * sizeof(float));
     return d;
 }
 
-static void blocked_back(float *dst, float *plain, bool bl, int B, int C, int HW) {
-    if (bl) dt_blocked_from_nchw(dst, plain, B, C, HW);
+static void blocked_back(float *dst, float *plain, dt_layout l, int B, int C, int HW) {
+    if (l != DT_LAYOUT_NCHW) dt_blocked_from_nchw(dst, plain, B, C, HW, dt_layout_nhwc(l));
     else memcpy(dst, plain, (size_t)B * C * HW * sizeof(float));
     free(plain);
 }
 
 static void fallback_forward(const conv_shape *s, float *out, const float *in, const float *w, const float *b) {
     const dt_backend *be = dt_backend_cpu();
-    float *x = plain_copy(in, s->in_bl, s->B, s->C, s->H * s->W), *y = plain_copy(NULL, false, s->B, s->OC, s->OH * s->OW);
+    float *x = plain_copy(in, s->in_l, s->B, s->C, s->H * s->W);
+    float *y = plain_copy(NULL, DT_LAYOUT_NCHW, s->B, s->OC, s->OH * s->OW);
     float *work = malloc(be->conv2d_workspace(s->B, s->C, s->H, s->W, s->OC, s->K, s->S, s->P) * sizeof(float) + 4);
     if (!work) abort();
     be->conv2d_forward(y, x, w, b, work, s->B, s->C, s->H, s->W, s->OC, s->K, s->S, s->P);
-    blocked_back(out, y, s->out_bl, s->B, s->OC, s->OH * s->OW);
+    blocked_back(out, y, s->out_l, s->B, s->OC, s->OH * s->OW);
     free(x), free(work);
 }
 
@@ -267,12 +274,12 @@ static void fallback_backward(const conv_shape *s, float *din, float *dw, float 
                               const float *w) {
     const dt_backend *be = dt_backend_cpu();
     const int HW = s->H * s->W;
-    float *x = plain_copy(in, s->in_bl, s->B, s->C, HW), *g = plain_copy(dout, s->out_bl, s->B, s->OC, s->OH * s->OW);
-    float *dx = din ? plain_copy(NULL, false, s->B, s->C, HW) : NULL;
+    float *x = plain_copy(in, s->in_l, s->B, s->C, HW), *g = plain_copy(dout, s->out_l, s->B, s->OC, s->OH * s->OW);
+    float *dx = din ? plain_copy(NULL, DT_LAYOUT_NCHW, s->B, s->C, HW) : NULL;
     float *work = malloc(be->conv2d_workspace(s->B, s->C, s->H, s->W, s->OC, s->K, s->S, s->P) * sizeof(float) + 4);
     if (!work) abort();
     be->conv2d_backward(dx, dw, db, g, x, w, work, s->B, s->C, s->H, s->W, s->OC, s->K, s->S, s->P);
-    if (dx) blocked_back(din, dx, s->in_bl, s->B, s->C, HW);
+    if (dx) blocked_back(din, dx, s->in_l, s->B, s->C, HW);
     free(x), free(g), free(work);
 }
 
@@ -282,15 +289,15 @@ static void fallback_backward(const conv_shape *s, float *din, float *dw, float 
 static float *widened(const float *x, dt_layout l, size_t n) {
     float *d = malloc(n * sizeof(float) + 4);
     if (!d) abort();
-    if (x && l == DT_LAYOUT_BLOCKED_BF16) dt_convert(d, DT_F32, x, DT_BF16, n);
+    if (x && dt_layout_bf16(l)) dt_convert(d, DT_F32, x, DT_BF16, n);
     else if (x) memcpy(d, x, n * sizeof(float));
     return d;
 }
 
 static conv_shape f32_layouts(const conv_shape *s) {
     conv_shape t = *s;
-    if (t.in_l == DT_LAYOUT_BLOCKED_BF16) t.in_l = DT_LAYOUT_BLOCKED;
-    if (t.out_l == DT_LAYOUT_BLOCKED_BF16) t.out_l = DT_LAYOUT_BLOCKED;
+    if (dt_layout_bf16(t.in_l)) t.in_l = t.in_l == DT_LAYOUT_NHWC_BF16 ? DT_LAYOUT_NHWC : DT_LAYOUT_BLOCKED;
+    if (dt_layout_bf16(t.out_l)) t.out_l = t.out_l == DT_LAYOUT_NHWC_BF16 ? DT_LAYOUT_NHWC : DT_LAYOUT_BLOCKED;
     return t;
 }
 
@@ -301,8 +308,8 @@ static void widened_forward(dt_dtype p, const conv_shape *s, float *out, const f
                             const float *b) {
     const size_t nin = (size_t)s->B * s->C * s->H * s->W, nout = (size_t)s->B * s->OC * s->OH * s->OW;
     const conv_shape t = f32_layouts(s);
-    float *x = s->in_l == DT_LAYOUT_BLOCKED_BF16 ? widened(in, s->in_l, nin) : (float *)in;
-    float *y = s->out_l == DT_LAYOUT_BLOCKED_BF16 ? widened(NULL, s->out_l, nout) : out;
+    float *x = dt_layout_bf16(s->in_l) ? widened(in, s->in_l, nin) : (float *)in;
+    float *y = dt_layout_bf16(s->out_l) ? widened(NULL, s->out_l, nout) : out;
     conv_forward(p, &t, y, x, w, b, NULL);
     if (y != out) dt_convert(out, DT_BF16, y, DT_F32, nout), free(y);
     if (x != in) free(x);
@@ -347,8 +354,8 @@ static void widened_backward(dt_dtype p, const conv_shape *s, float *din, float 
                              const float *in, const float *w) {
     const size_t nin = (size_t)s->B * s->C * s->H * s->W, nout = (size_t)s->B * s->OC * s->OH * s->OW;
     const conv_shape t = f32_layouts(s);
-    float *x = dw && s->in_l == DT_LAYOUT_BLOCKED_BF16 ? widened(in, s->in_l, nin) : (float *)in;
-    float *g = s->out_l == DT_LAYOUT_BLOCKED_BF16 ? widened(dout, s->out_l, nout) : (float *)dout;
+    float *x = dw && dt_layout_bf16(s->in_l) ? widened(in, s->in_l, nin) : (float *)in;
+    float *g = dt_layout_bf16(s->out_l) ? widened(dout, s->out_l, nout) : (float *)dout;
     conv_backward(p, &t, din, dw, db, g, x, w, NULL);
     if (x != in) free(x);
     if (g != dout) free(g);
@@ -357,8 +364,8 @@ static void widened_backward(dt_dtype p, const conv_shape *s, float *din, float 
 /* db (OC) += the sums of dout (in s->out_l) over the batch and the plane, in f32. */
 static void bias_sums(const conv_shape *s, float *db, const float *dout) {
     const int OHW = s->OH * s->OW;
-    if (s->out_l == DT_LAYOUT_BLOCKED_BF16) dt_blocked_channel_sums_bf16(db, dout, s->B, s->OC, OHW);
-    else if (s->out_l == DT_LAYOUT_BLOCKED) dt_blocked_channel_sums(db, dout, s->B, s->OC, OHW);
+    if (dt_layout_bf16(s->out_l)) dt_blocked_channel_sums_bf16(db, dout, s->B, s->OC, OHW, dt_layout_nhwc(s->out_l));
+    else if (s->out_l != DT_LAYOUT_NCHW) dt_blocked_channel_sums(db, dout, s->B, s->OC, OHW, dt_layout_nhwc(s->out_l));
     else
         for (int n = 0; n < s->B; n++)
             for (int o = 0; o < s->OC; o++) db[o] += dt_nn_sum(dout + ((size_t)n * s->OC + o) * OHW, (size_t)OHW);
@@ -371,7 +378,7 @@ static void conv_backward(dt_dtype p, const conv_shape *cs, float *din, float *d
     /* blocked f32 or bf16 dout: oneDNN's backward weights also sums db, in the pass that reads dout
      * anyway (from the bf16 gradient the graph keeps, as torch's autocast); else db is summed
      * below from the f32 gradient (at bf16/fp16 oneDNN would sum rounded dout) */
-    s.bias = db && dw && (s.in_bl || s.out_bl) && (p == DT_F32 || s.out_l == DT_LAYOUT_BLOCKED_BF16);
+    s.bias = db && dw && (s.in_bl || s.out_bl) && (p == DT_F32 || dt_layout_bf16(s.out_l));
     if (has_bf16(&s) && (!(din || dw) || s.B <= 0)) {
         if (db && s.B > 0) bias_sums(&s, db, dout);  /* no din, no dw */
         return;
@@ -412,11 +419,8 @@ static void conv_backward(dt_dtype p, const conv_shape *cs, float *din, float *d
         for (size_t i = 0; i < nw; i++) dw[i] += e->tmp[i];
     if (dbs)
         for (int o = 0; o < OC; o++) db[o] += dbs[o];
-    else if (db && s.out_bl)  /* din only, or bf16/fp16 (db from the f32 gradient) */
-        dt_blocked_channel_sums(db, dout, B, OC, s.OH * s.OW);
-    else if (db)  /* from the f32 gradient at every precision */
-        for (int n = 0; n < B; n++)
-            for (int o = 0; o < OC; o++) db[o] += dt_nn_sum(dout + ((size_t)n * OC + o) * s.OH * s.OW, (size_t)s.OH * s.OW);
+    else if (db)  /* din only, or bf16/fp16: from the f32 gradient */
+        bias_sums(&s, db, dout);
 }
 
 void dt_dnnl_conv_backward(dt_dtype p, float *din, float *dw, float *db, const float *dout, const float *in,
@@ -444,6 +448,26 @@ void dt_dnnl_conv_backward_blocked(float *din, float *dw, float *db, const float
 static dt_dtype blocked_precision(dt_dtype p, int C) { return C < 16 ? DT_F32 : p; }
 
 bool dt_dnnl_conv_bf16_values(int C) { return dt_onednn_bf16_native() && blocked_precision(DT_BF16, C) == DT_BF16; }
+
+/* Whether oneDNN's bf16 convolution here takes NHWC: the src layout it picks, left free, for the
+ * reference CNN's second conv (32 -> 64 channels, 3x3, 14x14). Its AMX kernels pick NHWC (acdb);
+ * the AVX512-BF16 ones nChw16c. Asked once. */
+static bool bf16_nhwc;
+static void ask_bf16_nhwc(void) {
+    const conv_shape s = shape_of(64, 32, 14, 14, 64, 3, 1, 1, false, DT_LAYOUT_BLOCKED, DT_LAYOUT_BLOCKED);
+    dnnl_primitive_desc_t pd = dt_onednn_bf16_native() ? forward_pd(&s, dnnl_bf16, false) : NULL;
+    if (!pd) return;
+    const dnnl_memory_desc_t src = chosen(pd, dnnl_query_src_md);
+    bf16_nhwc = src.format_kind == dnnl_blocked && src.format_desc.blocking.inner_nblks == 0 &&
+                src.format_desc.blocking.strides[1] == 1;
+    dnnl_primitive_desc_destroy(pd);
+}
+
+bool dt_dnnl_conv_bf16_nhwc(void) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, ask_bf16_nhwc);
+    return bf16_nhwc;
+}
 
 void dt_dnnl_conv_forward_blocked_lowp(dt_dtype p, float *out, const float *in, const float *w, const float *b, int B,
                                        int C, int H, int W, int OC, int K, int S, int P, dt_layout in_l,

@@ -106,6 +106,8 @@ void dt_dnnl_conv_backward_blocked_lowp(dt_dtype p, float *din, float *dw, float
                                         int S, int P, dt_layout in_l, dt_layout out_l);
 /* Whether a blocked convolution over C input channels runs at bf16 and so takes bf16 values. */
 bool dt_dnnl_conv_bf16_values(int C);
+/* Whether oneDNN's bf16 convolutions here want NHWC values (its AMX kernels) rather than blocked. */
+bool dt_dnnl_conv_bf16_nhwc(void);
 /* Whether this CPU runs the packing below and dt_cast_bf16 natively (AVX512-BF16); where not,
  * oneDNN's reorders convert. */
 bool dt_dnnl_cast_fast(void);

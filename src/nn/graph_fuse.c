@@ -49,7 +49,7 @@ dt_conv_pool_shape dt_node_conv_pool_shape(const dt_model *m, const dt_node *con
     dt_node_chw(&m->nodes[conv->in[0]], &C, &H, &W);
     return (dt_conv_pool_shape){.B = m->B, .C = C, .H = H, .W = W, .OC = conv->a.out, .K = conv->a.k,
                                 .P = conv->a.pad, .PK = p->a.k, .relu = p->fused_relu, .out_bl = p->blocked,
-                                .out_bf16 = p->bf16};
+                                .out_nhwc = m->nhwc, .out_bf16 = p->bf16};
 }
 
 bool dt_model_node_fused(const dt_model *m, int node) {

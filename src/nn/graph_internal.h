@@ -100,6 +100,8 @@ struct dt_model {
     int nown;
     uint64_t seed;
     const dt_backend *be;
+    bool nhwc;              /* the blocked values of its conv chains are NHWC instead (the backend's bf16
+                             * convs want it: backend.h conv2d_bf16_nhwc; graph_layout.c) */
     /* per batch */
     int cap_B, B;
     bool train;

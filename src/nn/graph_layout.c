@@ -1,4 +1,5 @@
-/* Activation layouts: where the backend has blocked convolutions (oneDNN's nChw16c or nChw8c, backend.h),
+/* Activation layouts: where the backend has blocked convolutions (oneDNN's nChw16c or nChw8c, backend.h;
+ * NHWC instead at bf16 where the backend's bf16 convs want it, m->nhwc: oneDNN's AMX kernels),
  * a chain conv -> (relu) -> maxpool -> conv ... keeps its values and gradients blocked, so that
  * the convolutions run without reordering them; the chain's last maxpool writes NCHW (its input
  * stays blocked), and so does a conv whose values anything else reads. A value is blocked when
@@ -36,6 +37,7 @@ void dt_graph_plan_layouts(dt_model *m) {
     const dt_backend *be = m->be;
     const bool can = be && be->conv2d_forward_blocked && be->conv2d_backward_blocked && be->maxpool2d_forward_blocked &&
                      be->maxpool2d_backward_blocked;
+    m->nhwc = can && be->precision == DT_BF16 && be->conv2d_bf16_nhwc && be->conv2d_bf16_nhwc();
     for (int i = 0; i < m->n; i++) {
         dt_node *n = &m->nodes[i];
         n->blocked = false;

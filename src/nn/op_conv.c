@@ -1,12 +1,9 @@
 /* Op: 2-d convolution on (C,H,W) samples, weight (OC,C,K,K), torch's nn.Conv2d layout. Its
- * input and values may be in the backend's blocked layout (n->blocked, graph_layout.c), at bf16
+ * input and values may be in the backend's blocked or NHWC layout (n->blocked, m->nhwc: graph_layout.c), at bf16
  * stored as bf16 (n->bf16). A conv fused with its maxpool (n->fused_pool, graph_fuse.c) writes
  * that pool's values instead. */
 #include "nn/graph_internal.h"
 
-static dt_layout layout_of(bool blocked, bool bf16) {
-    return !blocked ? DT_LAYOUT_NCHW : bf16 ? DT_LAYOUT_BLOCKED_BF16 : DT_LAYOUT_BLOCKED;
-}
 
 /* The input's (C,H,W); a vector counts as (1,1,W). */
 void dt_node_chw(const dt_node *in, int *C, int *H, int *W) {
@@ -70,8 +67,8 @@ static dt_status conv_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
     }
     if (in_bl || n->blocked) {
         c->be->conv2d_forward_blocked(n->out, dt_node_in(m, n, 0), c->params + dt_node_tensor_off(m, n, 0), b, c->B, C,
-                                      H, W, s->out, s->k, s->stride, s->pad, layout_of(in_bl, dt_node_in_bf16(m, n, 0)),
-                                      layout_of(n->blocked, n->bf16));
+                                      H, W, s->out, s->k, s->stride, s->pad, dt_layout_of(in_bl, m->nhwc, dt_node_in_bf16(m, n, 0)),
+                                      dt_layout_of(n->blocked, m->nhwc, n->bf16));
         return DT_OK;
     }
     c->be->conv2d_forward(n->out, dt_node_in(m, n, 0), c->params + dt_node_tensor_off(m, n, 0), b, c->work, c->B, C, H,
@@ -94,8 +91,8 @@ static void conv_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float *c
     if (in_bl || n->blocked) {
         c->be->conv2d_backward_blocked(din[0], c->grads + dt_node_tensor_off(m, n, 0), db, n->grad, dt_node_in(m, n, 0),
                                        c->params + dt_node_tensor_off(m, n, 0), c->B, C, H, W, s->out, s->k, s->stride,
-                                       s->pad, layout_of(in_bl, dt_node_in_bf16(m, n, 0)),
-                                       layout_of(n->blocked, n->grad_bf16));
+                                       s->pad, dt_layout_of(in_bl, m->nhwc, dt_node_in_bf16(m, n, 0)),
+                                       dt_layout_of(n->blocked, m->nhwc, n->grad_bf16));
         return;
     }
     c->be->conv2d_backward(din[0], c->grads + dt_node_tensor_off(m, n, 0), db, n->grad, dt_node_in(m, n, 0),

@@ -31,10 +31,10 @@ static dt_status maxpool_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
     if (n->fused_conv) return DT_OK;
     if (dt_node_in_bf16(m, n, 0))
         c->be->maxpool2d_forward_blocked_bf16(n->out, n->saved, (const uint16_t *)dt_node_in(m, n, 0), c->B, C, H, W,
-                                              n->a.k, n->a.stride, n->blocked);
+                                              n->a.k, n->a.stride, n->blocked, m->nhwc);
     else if (dt_node_in_blocked(m, n, 0))
         c->be->maxpool2d_forward_blocked(n->out, n->saved, dt_node_in(m, n, 0), c->B, C, H, W, n->a.k, n->a.stride,
-                                         n->blocked);
+                                         n->blocked, m->nhwc);
     else
         c->be->maxpool2d_forward(n->out, n->saved, dt_node_in(m, n, 0), c->B, C, H, W, n->a.k, n->a.stride);
     if (n->fused_relu) c->be->relu_forward(n->out, n->out, (size_t)c->B * n->out_n);
@@ -49,9 +49,10 @@ static void maxpool_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float
     if (n->fused_relu) c->be->relu_backward(n->grad, n->grad, n->out, (size_t)c->B * n->out_n);
     if (din[0] && dt_node_in_grad_bf16(m, n, 0))
         c->be->maxpool2d_backward_blocked_bf16((uint16_t *)din[0], n->grad, n->saved, c->B, C, H, W, n->a.k,
-                                               n->a.stride, n->blocked);
+                                               n->a.stride, n->blocked, m->nhwc);
     else if (din[0] && dt_node_in_blocked(m, n, 0))
-        c->be->maxpool2d_backward_blocked(din[0], n->grad, n->saved, c->B, C, H, W, n->a.k, n->a.stride, n->blocked);
+        c->be->maxpool2d_backward_blocked(din[0], n->grad, n->saved, c->B, C, H, W, n->a.k, n->a.stride, n->blocked,
+                                          m->nhwc);
     else if (din[0])
         c->be->maxpool2d_backward(din[0], n->grad, n->saved, c->B, C, H, W, n->a.k, n->a.stride);
 }
