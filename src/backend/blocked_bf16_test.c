@@ -160,6 +160,10 @@ static void test_conv(void) {
         conv_case(be, 2, 16, 7, 6, 32, 3, 1, 1, NL, NH, d);
         conv_case(be, 2, 32, 6, 6, 16, 3, 2, 1, NH, N, d);
         conv_case(be, 2, 1, 9, 9, 16, 3, 1, 1, N, NH, d);
+        /* backward data as a forward conv on flipped weights, padding K-1-P (stride 1) */
+        conv_case(be, 2, 16, 8, 7, 32, 3, 1, 0, NH, NH, d);
+        conv_case(be, 2, 32, 9, 9, 16, 5, 1, 1, NH, NH, d);
+        conv_case(be, 1, 16, 6, 6, 32, 1, 1, 0, NH, NL, d);
     }
     CHECK_OK(dt_backend_find("onednn", DT_F16, &be));  /* no bf16 kernels: widened around fp16 */
     conv_case(be, 2, 16, 7, 6, 32, 3, 1, 1, H, H, true);
@@ -267,9 +271,10 @@ static dt_model *cnn_with(const dt_backend *t) {
 }
 
 /* The NHWC chain against the blocked one: the same plan otherwise, and 3 steps of training
- * (plain SGD) with the same losses and gradients: bitwise where the CPU has native bf16 convs
- * (the same oneDNN kernels run, on values reordered outside them or not), within 1e-4 where
- * they are emulated (f32 kernels on rounded values, whose order of sums may differ by layout). */
+ * (plain SGD) with the same losses and gradients: within 1e-6 where the CPU has native bf16
+ * convs (the same products, summed in f32 by other kernels: the NHWC chain's backward data runs
+ * as a forward conv, cpu_onednn_conv.c; measured 4e-8), within 1e-4 where they are emulated (f32
+ * kernels on rounded values, whose order of sums may differ by layout). */
 static void test_nhwc_chain(void) {
     const dt_backend *be = NULL;
     if (dt_kernels_select("onednn", "bf16") != DT_OK || dt_backend_find("onednn", DT_BF16, &be) != DT_OK) return;
@@ -290,7 +295,7 @@ static void test_nhwc_chain(void) {
         int32_t y[B] = {1, 7, 3, 0, 9, 4};
         const dt_feed f = {.x = x, .y = y, .n = B};
         const size_t np = dt_model_num_params(a);
-        const double tol = dt_onednn_bf16_native() ? 0 : 1e-4;
+        const double tol = dt_onednn_bf16_native() ? 1e-6 : 1e-4;
         for (int step = 0; step < 3; step++) {
             float la = 0, lb = 0;
             dt_model_zero_grad(a), dt_model_zero_grad(b);
@@ -300,7 +305,7 @@ static void test_nhwc_chain(void) {
             CHECK_OK(dt_model_backward_loss(b, 1.0f, NULL, NULL));
             const float *ga = dt_model_grads(a), *gb = dt_model_grads(b);
             const double dg = rel_diff(ga, gb, np);
-            CHECK_MSG(tol ? fabs(la - lb) <= tol * fabs(lb) && dg <= tol : la == lb && !memcmp(ga, gb, np * 4),
+            CHECK_MSG(fabs(la - lb) <= tol * fabs(lb) && dg <= tol,
                       "cnn step %d: loss %.9g NHWC, %.9g blocked; gradients differ by %g", step, la, lb, dg);
             float *pa = dt_model_params(a), *pb = dt_model_params(b);
             for (size_t i = 0; i < np; i++) pa[i] -= 0.05f * ga[i], pb[i] -= 0.05f * gb[i];

@@ -24,6 +24,13 @@ typedef struct {
     bool in_bl, out_bl;     /* in (din) / out (dout) blocked or NHWC (f32 or bf16), else NCHW */
 } conv_shape;
 
+static conv_shape shape_of(int B, int C, int H, int W, int OC, int K, int S, int P, bool bias, dt_layout in_l,
+                           dt_layout out_l) {
+    conv_shape s = {B, C, H, W, OC, K, S, P, (H + 2 * P - K) / S + 1, (W + 2 * P - K) / S + 1, bias, in_l, out_l,
+                    in_l != DT_LAYOUT_NCHW, out_l != DT_LAYOUT_NCHW};
+    return s;
+}
+
 static bool has_bf16(const conv_shape *s) { return dt_layout_bf16(s->in_l) || dt_layout_bf16(s->out_l); }
 
 static dnnl_data_type_t dnnl_type(dt_dtype p) { return p == DT_BF16 ? dnnl_bf16 : p == DT_F16 ? dnnl_f16 : dnnl_f32; }
@@ -144,6 +151,37 @@ static bool add_backward_data(dt_dnnl_entry *e, const dnnl_memory_desc_t *plain,
     return dt_dnnl_step_add(e, pd, 3, arg, m, true);
 }
 
+/* Backward data as a forward convolution, where stride is 1: din = conv(dout, w') with
+ * w'(c, o, i, j) = w(o, c, K-1-i, K-1-j) (dt_conv_flip_weights) and padding K-1-P. oneDNN's
+ * backward-data kernels for its AMX bf16 convs are slower than its forward ones (brgconv):
+ * measured on the reference CNN's second conv (batch 128, one thread), 4.6 ms against 3.3 ms with
+ * the f32 din written in the same pass. Only for NHWC bf16 values (the AMX chain, m->nhwc),
+ * where it was measured. */
+static bool data_as_forward(const conv_shape *s, dnnl_data_type_t dt) {
+    return dt == dnnl_bf16 && s->S == 1 && s->P <= s->K - 1 && dt_layout_nhwc(s->in_l) && dt_layout_bf16(s->out_l);
+}
+
+/* data_as_forward's convolution: dout as src, the flipped weights, din (f32, in in's layout) as dst. */
+static conv_shape data_shape(const conv_shape *s) {
+    return shape_of(s->B, s->OC, s->OH, s->OW, s->C, s->K, 1, s->K - 1 - s->P, false, s->out_l,
+                    dt_layout_nhwc(s->in_l) ? DT_LAYOUT_NHWC : DT_LAYOUT_BLOCKED);
+}
+
+/* The step of data_as_forward with its pd (data_shape's forward): dout at data pointer dout_i,
+ * the flipped weights at w_i, din at din_i. */
+static bool add_data_as_forward(dt_dnnl_entry *e, const conv_shape *s, dnnl_primitive_desc_t pd, int dout_i, int w_i,
+                                int din_i) {
+    const conv_shape t = data_shape(s);
+    dnnl_memory_desc_t plain[5];
+    conv_mds(&t, false, dnnl_f32, plain);
+    dnnl_memory_desc_t q[3] = {chosen(pd, dnnl_query_src_md), chosen(pd, dnnl_query_weights_md),
+                               chosen(pd, dnnl_query_dst_md)};
+    dnnl_memory_t m[3] = {dt_dnnl_input(e, &plain[0], &q[0], dout_i), dt_dnnl_input(e, &plain[1], &q[1], w_i),
+                          dt_dnnl_output(e, &plain[2], &q[2], din_i)};
+    const int arg[3] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST};
+    return e->w_flipped = dt_dnnl_step_add(e, pd, 3, arg, m, true);
+}
+
 /* The backward-weights step of pd: in at data pointer `in_i`, the dw scratch at `dw_i` (e->tmp;
  * with s->bias the db scratch after it, at data pointer dw_i + 2: see conv_backward). */
 static bool add_backward_weights(dt_dnnl_entry *e, const conv_shape *s, const dnnl_memory_desc_t *plain,
@@ -170,6 +208,16 @@ static dnnl_memory_t diff_dst_of(dt_dnnl_entry *e, const dnnl_memory_desc_t *pla
 static bool build_backward(dt_dnnl_entry *e, int op, const conv_shape *s, const dnnl_memory_desc_t *plain) {
     const bool wts = op != DT_DNNL_CONV_BWD_DATA, data = op != DT_DNNL_CONV_BWD_W;
     dnnl_primitive_desc_t pw = wts ? backward_pd(s, e->key.dt, true) : NULL;
+    const conv_shape t = data_shape(s);
+    dnnl_primitive_desc_t pf = data && (!wts || pw) && data_as_forward(s, e->key.dt)
+                                   ? forward_pd_alg(&t, dnnl_bf16, false, dnnl_convolution_direct)
+                                   : NULL;
+    if (pf) {  /* data {in, dw scratch, dout, flipped w, din[, db scratch]} or {din, flipped w, dout} */
+        bool ok = !wts || add_backward_weights(e, s, plain, pw, diff_dst_of(e, plain, pw, 2), 0, 1, 5);
+        if (ok) return add_data_as_forward(e, s, pf, 2, wts ? 3 : 1, wts ? 4 : 0);
+        dnnl_primitive_desc_destroy(pf);
+        return false;
+    }
     dnnl_primitive_desc_t pd = data ? backward_pd(s, e->key.dt, false) : NULL;
     bool ok = (!wts || pw) && (!data || pd);
     if (ok && op == DT_DNNL_CONV_BWD_DATA) {
@@ -224,13 +272,6 @@ static dt_dnnl_entry *conv_plan(int op, const conv_shape *s, dt_dtype p, bool *r
  * reorder), or rounded to p (the f32 fallback when oneDNN lacks the kernel at p). */
 static void *input(int slot, const float *x, size_t n, dt_dtype p, bool round) {
     return p != DT_F32 && round ? (void *)dt_dnnl_rounded(slot, x, n, p) : (void *)x;
-}
-
-static conv_shape shape_of(int B, int C, int H, int W, int OC, int K, int S, int P, bool bias, dt_layout in_l,
-                           dt_layout out_l) {
-    conv_shape s = {B, C, H, W, OC, K, S, P, (H + 2 * P - K) / S + 1, (W + 2 * P - K) / S + 1, bias, in_l, out_l,
-                    in_l != DT_LAYOUT_NCHW, out_l != DT_LAYOUT_NCHW};
-    return s;
 }
 
 static const dt_backend *fallback(dt_dtype p) { return p == DT_F32 ? dt_backend_cpu() : dt_backend_blas_lowp(p); }
@@ -371,6 +412,17 @@ static void bias_sums(const conv_shape *s, float *db, const float *dout) {
             for (int o = 0; o < s->OC; o++) db[o] += dt_nn_sum(dout + ((size_t)n * s->OC + o) * OHW, (size_t)OHW);
 }
 
+/* w' (C, OC, K, K) of data_as_forward: w' (c, o, i, j) = w (o, c, K-1-i, K-1-j), in this thread's
+ * scratch slot 3. */
+static const float *flipped_weights(const float *w, int OC, int C, int K) {
+    const int KK = K * K;
+    float *f = dt_dnnl_scratch(3, (size_t)OC * C * KK * sizeof(float));
+    for (int o = 0; o < OC; o++)
+        for (int c = 0; c < C; c++)
+            for (int k = 0; k < KK; k++) f[((size_t)c * OC + o) * KK + KK - 1 - k] = w[((size_t)o * C + c) * KK + k];
+    return f;
+}
+
 /* The backward of s at precision p (layouts outside as in conv_forward). */
 static void conv_backward(dt_dtype p, const conv_shape *cs, float *din, float *dw, float *db, const float *dout,
                           const float *in, const float *w, float *work) {
@@ -389,6 +441,7 @@ static void conv_backward(dt_dtype p, const conv_shape *cs, float *din, float *d
         if (!e) return widened_backward(p, cs, din, dw, db, dout, in, w);
         const size_t nw = (size_t)s.OC * s.C * s.K * s.K;
         float *dbs = s.bias ? e->tmp + nw : NULL;
+        if (e->w_flipped) w = flipped_weights(w, s.OC, s.C, s.K);
         void *both[6] = {(void *)in, e->tmp, (void *)dout, (void *)w, din, dbs}, *data_only[3] = {din, (void *)w, (void *)dout},
              *w_only[4] = {(void *)in, e->tmp, (void *)dout, dbs};
         dt_dnnl_run(e, op == DT_DNNL_CONV_BWD ? both : op == DT_DNNL_CONV_BWD_DATA ? data_only : w_only);
