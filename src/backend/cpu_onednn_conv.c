@@ -152,7 +152,7 @@ static bool add_backward_data(dt_dnnl_entry *e, const dnnl_memory_desc_t *plain,
 }
 
 /* Backward data as a forward convolution, where stride is 1: din = conv(dout, w') with
- * w'(c, o, i, j) = w(o, c, K-1-i, K-1-j) (dt_conv_flip_weights) and padding K-1-P. oneDNN's
+ * w'(c, o, i, j) = w(o, c, K-1-i, K-1-j) (flipped_weights) and padding K-1-P. oneDNN's
  * backward-data kernels for its AMX bf16 convs are slower than its forward ones (brgconv):
  * measured on the reference CNN's second conv (batch 128, one thread), 4.6 ms against 3.3 ms with
  * the f32 din written in the same pass. Only for NHWC bf16 values (the AMX chain, m->nhwc),

@@ -42,7 +42,7 @@ typedef struct {
     dnnl_memory_t post_from[3], post_to[3];  /* outputs reordered back after the main step */
     float *tmp;                 /* conv backward weights: dw before it is added; matmul: packed B */
     int pack_nb, pack_kp;       /* matmul: B goes in packed by dt_dnnl_vnni_pack with this block (0: not) */
-    bool w_flipped;             /* conv backward data runs as a forward conv: w goes in as dt_conv_flip_weights */
+    bool w_flipped;             /* conv backward data runs as a forward conv: w goes in flipped (cpu_onednn_conv.c) */
     size_t tmp_n;
     char impl[64];              /* oneDNN's impl info string of the main primitive */
 } dt_dnnl_entry;
