@@ -94,6 +94,8 @@ typedef struct dt_backend {
     void (*relu_backward)(float *din, const float *dout, const float *x, size_t n);
     void (*gelu_forward)(float *out, const float *in, size_t n);
     void (*gelu_backward)(float *din, const float *dout, const float *x, size_t n);
+    /* gelu_forward's values rounded to bf16 as dt_cast_bf16 rounds them, in the same pass */
+    void (*gelu_forward_bf16)(uint16_t *out, const float *in, size_t n);
     void (*tanh_forward)(float *out, const float *in, size_t n);
     void (*tanh_backward)(float *din, const float *dout, const float *y, size_t n);
     void (*sigmoid_forward)(float *out, const float *in, size_t n);

@@ -1,6 +1,7 @@
 /* The CPU f32 backend table: the kernels of src/backend/cpu_*.c. */
 #include "backend/backend.h"
 #include "backend/blocked.h"
+#include "backend/gelu.h"
 
 static const dt_backend cpu = {
     .name = "blas",
@@ -22,6 +23,7 @@ static const dt_backend cpu = {
     .relu_backward = dt_relu_backward,
     .gelu_forward = dt_gelu_forward,
     .gelu_backward = dt_gelu_backward,
+    .gelu_forward_bf16 = dt_gelu_forward_bf16,
     .tanh_forward = dt_tanh_forward,
     .tanh_backward = dt_tanh_backward,
     .sigmoid_forward = dt_sigmoid_forward,

@@ -7,6 +7,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "backend/backend.h"
 #include "backend/gelu.h"
 #include "backend/kern.h"
 
@@ -59,6 +60,21 @@ void dt_gelu_forward_isa(dt_isa isa, float *out, const float *in, size_t n) {
     }
 }
 
+void dt_gelu_forward_bf16_isa(dt_isa isa, uint16_t *out, const float *in, size_t n) {
+    const bool native = dt_cast_bf16_native();
+#if DT_ISA_X86
+    if (isa == DT_ISA_AVX512) return native ? dt_gelu_forward_bf16_avx512bf16(out, in, n) : dt_gelu_forward_bf16_avx512(out, in, n);
+    if (isa == DT_ISA_AVX2 && !native) return dt_gelu_forward_bf16_avx2(out, in, n);
+#endif
+    /* the portable copy, or AVX2 where dt_cast_bf16 rounds with AVX512-BF16 (denormals to zero) */
+    for (size_t i = 0; i < n; i += 256) {
+        float piece[256];
+        const size_t k = n - i < 256 ? n - i : 256;
+        dt_gelu_forward_isa(isa, piece, in + i, k);
+        dt_cast_bf16(out + i, piece, k);
+    }
+}
+
 void dt_gelu_backward_isa(dt_isa isa, float *din, const float *dout, const float *x, size_t n) {
     if (!din) return; /* nothing to propagate (first layer) */
     switch (isa) {
@@ -71,6 +87,10 @@ void dt_gelu_backward_isa(dt_isa isa, float *din, const float *dout, const float
 }
 
 void dt_gelu_forward(float *out, const float *in, size_t n) { dt_gelu_forward_isa(dt_isa_best(), out, in, n); }
+
+void dt_gelu_forward_bf16(uint16_t *out, const float *in, size_t n) {
+    dt_gelu_forward_bf16_isa(dt_isa_best(), out, in, n);
+}
 
 void dt_gelu_backward(float *din, const float *dout, const float *x, size_t n) {
     dt_gelu_backward_isa(dt_isa_best(), din, dout, x, n);

@@ -6,12 +6,23 @@
 #define DT_BACKEND_GELU_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "backend/isa.h"
 
 void dt_gelu_forward_isa(dt_isa isa, float *out, const float *in, size_t n);
 void dt_gelu_backward_isa(dt_isa isa, float *din, const float *dout, const float *x, size_t n);
 
+/* GELU's values rounded to bf16 (out: n bf16), bitwise dt_gelu_forward then dt_cast_bf16, in one
+ * pass: the vector copies round in their registers (AVX512-BF16's instruction where dt_cast_bf16
+ * uses it, which flushes denormals; AVX2 then goes through pieces), the portable one through a
+ * piece on the stack. */
+void dt_gelu_forward_bf16_isa(dt_isa isa, uint16_t *out, const float *in, size_t n);
+void dt_gelu_forward_bf16(uint16_t *out, const float *in, size_t n);
+
+void dt_gelu_forward_bf16_avx512(uint16_t *out, const float *in, size_t n);
+void dt_gelu_forward_bf16_avx512bf16(uint16_t *out, const float *in, size_t n);
+void dt_gelu_forward_bf16_avx2(uint16_t *out, const float *in, size_t n);
 void dt_gelu_forward_avx512(float *out, const float *in, size_t n);
 void dt_gelu_backward_avx512(float *din, const float *dout, const float *x, size_t n);
 void dt_gelu_forward_avx2(float *out, const float *in, size_t n);

@@ -2,10 +2,12 @@
  * against GELU in double (erf from libm): forward x Phi(x) and backward dout (Phi(x) + x phi(x))
  * on a dense grid over [-12, 12], around the erf polynomial's switch at |x| / sqrt(2) = 0.9277,
  * at 0, +-1e-30 and +-1e4, with a length that is not a whole number of vectors (the tail);
- * in-place forward; two runs bitwise equal. From x = 0.25 up (no cancellation) the forward is
+ * in-place forward; two runs bitwise equal; the bf16-out forward bitwise equal to the f32 forward
+ * rounded by dt_cast_bf16 (with NaN, infinities, denormals and ties among the inputs). From x = 0.25 up (no cancellation) the forward is
  * within 2.5 units of 2^-23 relative. Elsewhere the tolerance: 3e-7 x max(1, |x|) absolute, times
  * max(1, |dout|) backward (the float formula's own cancellation where Phi is near 0 bounds what
  * any copy can do). */
+#include "backend/backend.h"
 #include "backend/gelu.h"
 #include "core/test.h"
 #include "dtrain/core.h"
@@ -49,6 +51,44 @@ static void check_isa(dt_isa isa, const float *x, const float *g, size_t n) {
     free(y), free(y2), free(d), free(d2);
 }
 
+/* dt_gelu_forward_bf16_isa == dt_gelu_forward_isa then dt_cast_bf16, bit for bit, at every
+ * length from 0 to 40 (the vector tails) and on the whole of x. */
+static void check_bf16_isa(dt_isa isa, const float *x, size_t n) {
+    float *y = malloc(n * 4);
+    uint16_t *want = malloc(n * 2), *got = malloc(n * 2 + 2);
+    dt_gelu_forward_isa(isa, y, x, n);
+    dt_cast_bf16(want, y, n);
+    size_t bad = n;
+    for (size_t len = 0; len <= 40 && len <= n; len++) {
+        memset(got, 0xa5, n * 2 + 2);
+        dt_gelu_forward_bf16_isa(isa, got, x, len);
+        for (size_t i = 0; i < len && bad == n; i++)
+            if (got[i] != want[i]) bad = i;
+        CHECK_MSG(got[len] == 0xa5a5, "%s: bf16 gelu of %zu values wrote past them", dt_isa_name(isa), len);
+    }
+    dt_gelu_forward_bf16_isa(isa, got, x, n);
+    for (size_t i = 0; i < n && bad == n; i++)
+        if (got[i] != want[i]) bad = i;
+#if DT_ISA_X86
+    /* the integer rounding of the vector copies (what runs without AVX512-BF16) against
+     * dt_round_bf16's portable one, on this CPU too */
+    void (*soft)(uint16_t *, const float *, size_t) =
+        isa == DT_ISA_AVX512 ? dt_gelu_forward_bf16_avx512 : isa == DT_ISA_AVX2 ? dt_gelu_forward_bf16_avx2 : NULL;
+    if (soft && bad == n) {
+        dt_round_bf16(y, y, n);
+        soft(got, x, n);
+        for (size_t i = 0; i < n && bad == n; i++) {
+            uint32_t b;
+            memcpy(&b, &y[i], 4);
+            if (got[i] != b >> 16) bad = i, want[i] = (uint16_t)(b >> 16);
+        }
+    }
+#endif
+    CHECK_MSG(bad == n, "%s: bf16 gelu(%.9g) = 0x%04x, want 0x%04x (gelu then dt_cast_bf16)", dt_isa_name(isa),
+              bad < n ? x[bad] : 0.0f, bad < n ? got[bad] : 0, bad < n ? want[bad] : 0);
+    free(y), free(want), free(got);
+}
+
 int main(void) {
     const float special[] = {0.0f, -0.0f, 1e-30f, -1e-30f, 1e4f, -1e4f, 1.3119f, -1.3119f, 1.3120f, -1.3120f, 1.31201f, -1.31201f};
     const size_t ns = sizeof special / sizeof special[0], ngrid = 240001, n = ns + ngrid + 7;
@@ -57,6 +97,15 @@ int main(void) {
     for (size_t i = 0; i < ngrid; i++) x[ns + i] = -12.0f + 24.0f * (float)i / (float)(ngrid - 1);
     for (size_t i = ns + ngrid; i < n; i++) x[i] = 0.5f * (float)(i - ns - ngrid) - 1.5f;
     dt_rng_fill_uniform(g, n, -2, 2, 9, 1);
+    /* values whose bf16 rounding is delicate: NaN (quiet and signalling), infinities, denormal
+     * inputs and outputs, and GELUs near a rounding tie */
+    float odd[48];
+    const uint32_t bits[] = {0x7fc00000u, 0x7f800001u, 0xff800000u, 0x7f800000u, 0x00000001u, 0x80400000u,
+                             0x00800000u, 0x80800000u, 0x3f808000u, 0x3f818000u, 0xbf808000u, 0x40000000u};
+    for (size_t i = 0; i < 48; i++) {
+        uint32_t b = bits[i % 12] + (uint32_t)(i / 12);
+        memcpy(&odd[i], &b, 4);
+    }
     int ran = 0;
     for (int k = 0; k < DT_ISA_COUNT; k++) {
         if (!dt_isa_supported((dt_isa)k)) {
@@ -66,6 +115,8 @@ int main(void) {
         ran++;
         check_isa((dt_isa)k, x, g, n);
         check_isa((dt_isa)k, x + 3, g + 3, 13); /* shorter than one vector */
+        check_bf16_isa((dt_isa)k, x, n);
+        check_bf16_isa((dt_isa)k, odd, sizeof odd / sizeof odd[0]);
     }
     CHECK(ran >= 1);
     free(x), free(g);

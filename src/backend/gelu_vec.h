@@ -1,5 +1,6 @@
 /* Template of the vector GELU (cpu_gelu_vec.c includes it once per width, after defining AV_VL,
- * AV_TARGET and AV_SUFFIX as for vecmath.h): dt_gelu_forward_<suffix>, dt_gelu_backward_<suffix>. */
+ * AV_TARGET and AV_SUFFIX as for vecmath.h): dt_gelu_forward_<suffix>, dt_gelu_backward_<suffix>
+ * and dt_gelu_forward_bf16_<suffix> (bf16 out); with AV_BF16_NATIVE only the last. */
 #include "backend/vecmath.h"
 
 /* erf(a), max error < 1 ulp: Norbert Juffa's erff (a polynomial in a^2 below |a| = 0.9277, and
@@ -41,6 +42,13 @@ AV_FN vf AV(gelu_grad)(vf x) {
     return AV_FMA(x, pdf, cdf);
 }
 
+__attribute__((target(AV_TARGET))) void AV(dt_gelu_forward_bf16)(uint16_t *out, const float *in, size_t n) {
+    size_t i = 0;
+    for (; i + AV_VL <= n; i += AV_VL) AV(store_bf16_n)(out + i, AV(gelu)(AV_LOAD(in + i)), AV_VL);
+    if (i < n) AV(store_bf16_n)(out + i, AV(gelu)(AV(load_n)(in + i, (int)(n - i))), (int)(n - i));
+}
+
+#if !defined(AV_BF16_NATIVE)
 __attribute__((target(AV_TARGET))) void AV(dt_gelu_forward)(float *out, const float *in, size_t n) {
     size_t i = 0;
     for (; i + AV_VL <= n; i += AV_VL) AV_STORE(out + i, AV(gelu)(AV_LOAD(in + i)));
@@ -56,5 +64,6 @@ __attribute__((target(AV_TARGET))) void AV(dt_gelu_backward)(float *din, const f
         AV(store_n)(din + i, AV(load_n)(dout + i, r) * AV(gelu_grad)(AV(load_n)(x + i, r)), r);
     }
 }
+#endif
 
 #include "backend/vecmath_end.h"

@@ -14,9 +14,13 @@
 typedef float AV(vf) __attribute__((vector_size(AV_VL * 4)));
 typedef int32_t AV(vi) __attribute__((vector_size(AV_VL * 4)));
 typedef float AV(vfu) __attribute__((vector_size(AV_VL * 4), aligned(4), may_alias));
+typedef uint32_t AV(vu) __attribute__((vector_size(AV_VL * 4)));
+typedef uint16_t AV(vh) __attribute__((vector_size(AV_VL * 2)));
 #define vf AV(vf)
 #define vi AV(vi)
 #define vfu AV(vfu)
+#define vu AV(vu)
+#define vh AV(vh)
 
 #if AV_VL == 16
 #define AV_SET1(s) ((vf)_mm512_set1_ps(s))
@@ -83,4 +87,22 @@ AV_FN vf AV(load_n)(const float *p, int n) {
     float t[AV_VL] = {0};
     memcpy(t, p, (size_t)(n > 0 ? n : 0) * sizeof(float));
     return AV_LOAD(t);
+}
+
+/* The first n <= AV_VL lanes of v rounded to bf16 into dst, as dt_cast_bf16 rounds them: with
+ * AV_BF16_NATIVE (a section whose AV_TARGET has avx512bf16) one vcvtneps2bf16, which dt_cast_bf16
+ * runs where the CPU has it; else to nearest even in integer steps, NaN a quiet NaN (its
+ * portable rounding). */
+AV_FN void AV(store_bf16_n)(uint16_t *dst, vf v, int n) {
+    if (n <= 0) return;
+#if defined(AV_BF16_NATIVE)
+    const __m256i h = (__m256i)_mm512_cvtneps_pbh((__m512)v);
+    if (n >= AV_VL) _mm256_storeu_si256((__m256i *)(void *)dst, h);
+    else _mm256_mask_storeu_epi16(dst, (__mmask16)((1u << n) - 1), h);
+#else
+    const vu u = (vu)v, nan = (vu)((u & 0x7fffffffu) > 0x7f800000u);
+    const vu r = ((u | 0x00400000u) & nan) | ((u + 0x7fffu + ((u >> 16) & 1u)) & ~nan);
+    const vh h = __builtin_convertvector(r >> 16, vh);
+    memcpy(dst, &h, (size_t)(n < AV_VL ? n : AV_VL) * sizeof(uint16_t));
+#endif
 }

@@ -2,6 +2,9 @@
 #undef vf
 #undef vi
 #undef vfu
+#undef vu
+#undef vh
+#undef AV_BF16_NATIVE
 #undef AV_SET1
 #undef AV_FMA
 #undef AV_MAX

@@ -22,16 +22,22 @@ static void act(const dt_backend *be, int kind, float *out, const float *x, size
     }
 }
 
-/* bf16 values (relu, gelu: graph_layout.c) go through the workspace in pieces. */
+/* bf16 values (relu, gelu: graph_layout.c): a GELU rounds them in its own pass where the backend
+ * has one (gelu_forward_bf16), else they go through the workspace in pieces. */
+static bool act_rounds_itself(const dt_backend *be, const dt_node *n) {
+    return n->a.kind == DT_LAYER_GELU && be->gelu_forward_bf16;
+}
+
 static size_t act_workspace(const dt_model *m, const dt_node *n, int B) {
-    (void)m, (void)B;
-    return n->bf16 ? DT_BF16_PIECE : 0;
+    (void)B;
+    return n->bf16 && !act_rounds_itself(m->be, n) ? DT_BF16_PIECE : 0;
 }
 
 static dt_status act_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
     const float *x = dt_node_in(m, n, 0);
     const size_t count = COUNT(c, n);
     if (!n->bf16) return act(c->be, n->a.kind, n->out, x, count), DT_OK;
+    if (act_rounds_itself(c->be, n)) return c->be->gelu_forward_bf16(dt_node_out_bf16(n), x, count), DT_OK;
     for (size_t i = 0; i < count; i += DT_BF16_PIECE) {
         const size_t k = count - i < DT_BF16_PIECE ? count - i : DT_BF16_PIECE;
         act(c->be, n->a.kind, c->work, x + i, k);
