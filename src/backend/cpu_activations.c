@@ -63,7 +63,8 @@ void dt_gelu_forward_isa(dt_isa isa, float *out, const float *in, size_t n) {
 void dt_gelu_forward_bf16_isa(dt_isa isa, uint16_t *out, const float *in, size_t n) {
     const bool native = dt_cast_bf16_native();
 #if DT_ISA_X86
-    if (isa == DT_ISA_AVX512) return native ? dt_gelu_forward_bf16_avx512bf16(out, in, n) : dt_gelu_forward_bf16_avx512(out, in, n);
+    if (isa == DT_ISA_AVX512)
+        return native ? dt_gelu_forward_bf16_avx512bf16(out, in, n) : dt_gelu_forward_bf16_avx512(out, in, n);
     if (isa == DT_ISA_AVX2 && !native) return dt_gelu_forward_bf16_avx2(out, in, n);
 #endif
     /* the portable copy, or AVX2 where dt_cast_bf16 rounds with AVX512-BF16 (denormals to zero) */

@@ -3,10 +3,10 @@
  * on a dense grid over [-12, 12], around the erf polynomial's switch at |x| / sqrt(2) = 0.9277,
  * at 0, +-1e-30 and +-1e4, with a length that is not a whole number of vectors (the tail);
  * in-place forward; two runs bitwise equal; the bf16-out forward bitwise equal to the f32 forward
- * rounded by dt_cast_bf16 (with NaN, infinities, denormals and ties among the inputs). From x = 0.25 up (no cancellation) the forward is
- * within 2.5 units of 2^-23 relative. Elsewhere the tolerance: 3e-7 x max(1, |x|) absolute, times
- * max(1, |dout|) backward (the float formula's own cancellation where Phi is near 0 bounds what
- * any copy can do). */
+ * rounded by dt_cast_bf16 (with NaN, infinities, denormals and ties among the inputs). From
+ * x = 0.25 up (no cancellation) the forward is within 2.5 units of 2^-23 relative. Elsewhere the
+ * tolerance: 3e-7 x max(1, |x|) absolute, times max(1, |dout|) backward (the float formula's own
+ * cancellation where Phi is near 0 bounds what any copy can do). */
 #include "backend/backend.h"
 #include "backend/gelu.h"
 #include "core/test.h"
