@@ -47,6 +47,11 @@ typedef struct dt_backend {
     void (*linear_forward_bf16)(float *out, const uint16_t *in, const float *w, const float *b, int B, int C, int OC);
     void (*linear_backward_bf16)(float *din, float *dw, float *db, const float *dout, const uint16_t *in,
                                  const float *w, int B, int C, int OC);
+    /* And with a bf16 dout too (a gradient the op after it rounds, graph_layout.c): the GEMMs take
+     * it as they would take the f32 one rounded; db sums the bf16 values. Where no native GEMM
+     * runs, dout is widened in place (its buffer holds B * OC floats). NULL where not. */
+    void (*linear_backward_bf16_grad)(float *din, float *dw, float *db, uint16_t *dout, const uint16_t *in,
+                                      const float *w, int B, int C, int OC);
     size_t (*conv2d_workspace)(int B, int C, int H, int W, int OC, int K, int stride, int pad);
     void (*conv2d_forward)(float *out, const float *in, const float *w, const float *b, float *work, int B, int C,
                            int H, int W, int OC, int K, int stride, int pad);
@@ -96,6 +101,8 @@ typedef struct dt_backend {
     void (*gelu_backward)(float *din, const float *dout, const float *x, size_t n);
     /* gelu_forward's values rounded to bf16 as dt_cast_bf16 rounds them, in the same pass */
     void (*gelu_forward_bf16)(uint16_t *out, const float *in, size_t n);
+    /* gelu_backward's din rounded to bf16 the same way (a gradient stored bf16, graph_layout.c) */
+    void (*gelu_backward_bf16)(uint16_t *din, const float *dout, const float *x, size_t n);
     void (*tanh_forward)(float *out, const float *in, size_t n);
     void (*tanh_backward)(float *din, const float *dout, const float *y, size_t n);
     void (*sigmoid_forward)(float *out, const float *in, size_t n);

@@ -24,6 +24,7 @@ static const dt_backend cpu = {
     .gelu_forward = dt_gelu_forward,
     .gelu_backward = dt_gelu_backward,
     .gelu_forward_bf16 = dt_gelu_forward_bf16,
+    .gelu_backward_bf16 = dt_gelu_backward_bf16,
     .tanh_forward = dt_tanh_forward,
     .tanh_backward = dt_tanh_backward,
     .sigmoid_forward = dt_sigmoid_forward,

@@ -76,6 +76,22 @@ void dt_gelu_forward_bf16_isa(dt_isa isa, uint16_t *out, const float *in, size_t
     }
 }
 
+void dt_gelu_backward_bf16_isa(dt_isa isa, uint16_t *din, const float *dout, const float *x, size_t n) {
+    if (!din) return;
+    const bool native = dt_cast_bf16_native();
+#if DT_ISA_X86
+    if (isa == DT_ISA_AVX512)
+        return native ? dt_gelu_backward_bf16_avx512bf16(din, dout, x, n) : dt_gelu_backward_bf16_avx512(din, dout, x, n);
+    if (isa == DT_ISA_AVX2 && !native) return dt_gelu_backward_bf16_avx2(din, dout, x, n);
+#endif
+    for (size_t i = 0; i < n; i += 256) {  /* as dt_gelu_forward_bf16_isa */
+        float piece[256];
+        const size_t k = n - i < 256 ? n - i : 256;
+        dt_gelu_backward_isa(isa, piece, dout + i, x + i, k);
+        dt_cast_bf16(din + i, piece, k);
+    }
+}
+
 void dt_gelu_backward_isa(dt_isa isa, float *din, const float *dout, const float *x, size_t n) {
     if (!din) return; /* nothing to propagate (first layer) */
     switch (isa) {
@@ -91,6 +107,10 @@ void dt_gelu_forward(float *out, const float *in, size_t n) { dt_gelu_forward_is
 
 void dt_gelu_forward_bf16(uint16_t *out, const float *in, size_t n) {
     dt_gelu_forward_bf16_isa(dt_isa_best(), out, in, n);
+}
+
+void dt_gelu_backward_bf16(uint16_t *din, const float *dout, const float *x, size_t n) {
+    dt_gelu_backward_bf16_isa(dt_isa_best(), din, dout, x, n);
 }
 
 void dt_gelu_backward(float *din, const float *dout, const float *x, size_t n) {

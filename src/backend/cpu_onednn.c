@@ -289,6 +289,7 @@ static void fill_tables(void) {
         if (i == 1) {
             t->linear_bf16_values = dt_dnnl_linear_bf16_values;
             t->linear_forward_bf16 = dt_dnnl_linear_forward_bf16, t->linear_backward_bf16 = dt_dnnl_linear_backward_bf16;
+            t->linear_backward_bf16_grad = dt_dnnl_linear_backward_bf16_grad;
             t->conv2d_bf16_values = dt_dnnl_conv_bf16_values;
             t->conv2d_bf16_nhwc = dt_dnnl_conv_bf16_nhwc;
             t->maxpool2d_forward_blocked_bf16 = dt_maxpool2d_forward_blocked_bf16;

@@ -8,6 +8,7 @@
 
 #if DT_HAVE_DNNL
 #include <stdlib.h>
+#include <string.h>
 
 #include "backend/onednn.h"
 
@@ -200,6 +201,43 @@ void dt_dnnl_linear_backward(dt_dtype p, float *din, float *dw, float *db, const
 void dt_dnnl_linear_backward_bf16(float *din, float *dw, float *db, const float *dout, const uint16_t *in, const float *w, int B,
                        int C, int OC) {
     linear_backward_of(DT_BF16, din, dw, db, dout, NULL, in, w, B, C, OC);
+}
+
+/* db (OC; NULL: none) += the column sums of the bf16 dout (B, OC), in row order. */
+static void bias_sums_bf16(float *db, const uint16_t *dout, int B, int OC) {
+    if (db)
+        for (int i = 0; i < B; i++) {
+            const uint16_t *restrict row = dout + (size_t)i * OC;
+            for (int j = 0; j < OC; j++) {
+                const uint32_t u = (uint32_t)row[j] << 16;
+                float v;
+                memcpy(&v, &u, sizeof v);
+                db[j] += v;
+            }
+        }
+}
+
+/* The bf16 table's linear of a bf16 in and a bf16 dout: both native GEMMs take dout as it is (as
+ * linear_backward_of takes its cast); else dout is widened where it lies (exact; the buffer holds
+ * B * OC floats, the last value first) and goes the f32 way. */
+void dt_dnnl_linear_backward_bf16_grad(float *din, float *dw, float *db, uint16_t *dout, const uint16_t *in,
+                                       const float *w, int B, int C, int OC) {
+    mm_shape sw = {.M = OC, .N = C, .K = B, .sa = {1, OC}, .sb = {C, 1}, .accumulate = true, .a_bf16 = true,
+                   .b_bf16 = true};
+    mm_shape sd = {.M = B, .N = C, .K = OC, .sa = {OC, 1}, .sb = {C, 1}, .a_bf16 = true};
+    mm_plan pw, pd;
+    bias_sums_bf16(db, dout, B, OC);
+    if (B > 0 && OC > 0 && C > 0 && dw && din && dt_dnnl_cast_fast() && mm_prepare(&pw, &sw, DT_BF16) && !pw.round &&
+        mm_prepare(&pd, &sd, DT_BF16) && !pd.round) {
+        mm_run(&pw, dw, dout, in, NULL);
+        return mm_run(&pd, din, dout, w, NULL);
+    }
+    float *f = (float *)(void *)dout;
+    for (size_t i = (size_t)B * OC; i-- > 0;) {
+        const uint32_t u = (uint32_t)dout[i] << 16;
+        memcpy(&f[i], &u, sizeof u);
+    }
+    linear_backward_of(DT_BF16, din, dw, NULL, f, NULL, in, w, B, C, OC);
 }
 
 /* Whether the bf16 table's linears take bf16 values: where its GEMMs are native bf16. */

@@ -19,10 +19,16 @@ void dt_gelu_backward_isa(dt_isa isa, float *din, const float *dout, const float
  * piece on the stack. */
 void dt_gelu_forward_bf16_isa(dt_isa isa, uint16_t *out, const float *in, size_t n);
 void dt_gelu_forward_bf16(uint16_t *out, const float *in, size_t n);
+/* The same for the backward: din (n bf16) = dt_gelu_backward's din rounded by dt_cast_bf16. */
+void dt_gelu_backward_bf16_isa(dt_isa isa, uint16_t *din, const float *dout, const float *x, size_t n);
+void dt_gelu_backward_bf16(uint16_t *din, const float *dout, const float *x, size_t n);
 
 void dt_gelu_forward_bf16_avx512(uint16_t *out, const float *in, size_t n);
 void dt_gelu_forward_bf16_avx512bf16(uint16_t *out, const float *in, size_t n);
 void dt_gelu_forward_bf16_avx2(uint16_t *out, const float *in, size_t n);
+void dt_gelu_backward_bf16_avx512(uint16_t *din, const float *dout, const float *x, size_t n);
+void dt_gelu_backward_bf16_avx512bf16(uint16_t *din, const float *dout, const float *x, size_t n);
+void dt_gelu_backward_bf16_avx2(uint16_t *din, const float *dout, const float *x, size_t n);
 void dt_gelu_forward_avx512(float *out, const float *in, size_t n);
 void dt_gelu_backward_avx512(float *din, const float *dout, const float *x, size_t n);
 void dt_gelu_forward_avx2(float *out, const float *in, size_t n);

@@ -2,8 +2,9 @@
  * against GELU in double (erf from libm): forward x Phi(x) and backward dout (Phi(x) + x phi(x))
  * on a dense grid over [-12, 12], around the erf polynomial's switch at |x| / sqrt(2) = 0.9277,
  * at 0, +-1e-30 and +-1e4, with a length that is not a whole number of vectors (the tail);
- * in-place forward; two runs bitwise equal; the bf16-out forward bitwise equal to the f32 forward
- * rounded by dt_cast_bf16 (with NaN, infinities, denormals and ties among the inputs). From
+ * in-place forward; two runs bitwise equal; the bf16-out forward and backward bitwise equal to the
+ * f32 ones rounded by dt_cast_bf16 (with NaN, infinities, denormals and ties among the inputs and
+ * the douts). From
  * x = 0.25 up (no cancellation) the forward is within 2.5 units of 2^-23 relative. Elsewhere the
  * tolerance: 3e-7 x max(1, |x|) absolute, times max(1, |dout|) backward (the float formula's own
  * cancellation where Phi is near 0 bounds what any copy can do). */
@@ -51,32 +52,43 @@ static void check_isa(dt_isa isa, const float *x, const float *g, size_t n) {
     free(y), free(y2), free(d), free(d2);
 }
 
+/* The f32 GELU of x (g NULL) or its backward for dout g, and the same rounded to bf16 in the pass. */
+static void gelu_f32(dt_isa isa, float *y, const float *x, const float *g, size_t n) {
+    if (g) dt_gelu_backward_isa(isa, y, g, x, n);
+    else dt_gelu_forward_isa(isa, y, x, n);
+}
+static void gelu_bf16(dt_isa isa, uint16_t *y, const float *x, const float *g, size_t n) {
+    if (g) dt_gelu_backward_bf16_isa(isa, y, g, x, n);
+    else dt_gelu_forward_bf16_isa(isa, y, x, n);
+}
+
 /* dt_gelu_forward_bf16_isa == dt_gelu_forward_isa then dt_cast_bf16, bit for bit, at every
- * length from 0 to 40 (the vector tails) and on the whole of x. */
-static void check_bf16_isa(dt_isa isa, const float *x, size_t n) {
+ * length from 0 to 40 (the vector tails) and on the whole of x; with dout g, the same for
+ * dt_gelu_backward_bf16_isa and dt_gelu_backward_isa. */
+static void check_bf16_isa(dt_isa isa, const float *x, const float *g, size_t n) {
+    const char *what = g ? "gelu backward" : "gelu";
     float *y = malloc(n * 4);
     uint16_t *want = malloc(n * 2), *got = malloc(n * 2 + 2);
-    dt_gelu_forward_isa(isa, y, x, n);
+    gelu_f32(isa, y, x, g, n);
     dt_cast_bf16(want, y, n);
     size_t bad = n;
     for (size_t len = 0; len <= 40 && len <= n; len++) {
         memset(got, 0xa5, n * 2 + 2);
-        dt_gelu_forward_bf16_isa(isa, got, x, len);
+        gelu_bf16(isa, got, x, g, len);
         for (size_t i = 0; i < len && bad == n; i++)
             if (got[i] != want[i]) bad = i;
-        CHECK_MSG(got[len] == 0xa5a5, "%s: bf16 gelu of %zu values wrote past them", dt_isa_name(isa), len);
+        CHECK_MSG(got[len] == 0xa5a5, "%s: bf16 %s of %zu values wrote past them", dt_isa_name(isa), what, len);
     }
-    dt_gelu_forward_bf16_isa(isa, got, x, n);
+    gelu_bf16(isa, got, x, g, n);
     for (size_t i = 0; i < n && bad == n; i++)
         if (got[i] != want[i]) bad = i;
 #if DT_ISA_X86
     /* the integer rounding of the vector copies (what runs without AVX512-BF16) against
      * dt_round_bf16's portable one, on this CPU too */
-    void (*soft)(uint16_t *, const float *, size_t) =
-        isa == DT_ISA_AVX512 ? dt_gelu_forward_bf16_avx512 : isa == DT_ISA_AVX2 ? dt_gelu_forward_bf16_avx2 : NULL;
-    if (soft && bad == n) {
+    if ((isa == DT_ISA_AVX512 || isa == DT_ISA_AVX2) && bad == n) {
         dt_round_bf16(y, y, n);
-        soft(got, x, n);
+        if (g) (isa == DT_ISA_AVX512 ? dt_gelu_backward_bf16_avx512 : dt_gelu_backward_bf16_avx2)(got, g, x, n);
+        else (isa == DT_ISA_AVX512 ? dt_gelu_forward_bf16_avx512 : dt_gelu_forward_bf16_avx2)(got, x, n);
         for (size_t i = 0; i < n && bad == n; i++) {
             uint32_t b;
             memcpy(&b, &y[i], 4);
@@ -84,8 +96,9 @@ static void check_bf16_isa(dt_isa isa, const float *x, size_t n) {
         }
     }
 #endif
-    CHECK_MSG(bad == n, "%s: bf16 gelu(%.9g) = 0x%04x, want 0x%04x (gelu then dt_cast_bf16)", dt_isa_name(isa),
-              bad < n ? x[bad] : 0.0f, bad < n ? got[bad] : 0, bad < n ? want[bad] : 0);
+    CHECK_MSG(bad == n, "%s: bf16 %s(%.9g, dout %.9g) = 0x%04x, want 0x%04x (f32 then dt_cast_bf16)",
+              dt_isa_name(isa), what, bad < n ? x[bad] : 0.0f, bad < n && g ? g[bad] : 0.0f, bad < n ? got[bad] : 0,
+              bad < n ? want[bad] : 0);
     free(y), free(want), free(got);
 }
 
@@ -115,8 +128,11 @@ int main(void) {
         ran++;
         check_isa((dt_isa)k, x, g, n);
         check_isa((dt_isa)k, x + 3, g + 3, 13); /* shorter than one vector */
-        check_bf16_isa((dt_isa)k, x, n);
-        check_bf16_isa((dt_isa)k, odd, sizeof odd / sizeof odd[0]);
+        check_bf16_isa((dt_isa)k, x, NULL, n);
+        check_bf16_isa((dt_isa)k, odd, NULL, sizeof odd / sizeof odd[0]);
+        check_bf16_isa((dt_isa)k, x, g, n);
+        check_bf16_isa((dt_isa)k, odd, g, sizeof odd / sizeof odd[0]);
+        check_bf16_isa((dt_isa)k, g, odd, sizeof odd / sizeof odd[0]);  /* the odd values as dout */
     }
     CHECK(ran >= 1);
     free(x), free(g);

@@ -85,6 +85,8 @@ bool dt_dnnl_linear_bf16_values(void);
 void dt_dnnl_linear_forward_bf16(float *out, const uint16_t *in, const float *w, const float *b, int B, int C, int OC);
 void dt_dnnl_linear_backward_bf16(float *din, float *dw, float *db, const float *dout, const uint16_t *in,
                                   const float *w, int B, int C, int OC);
+void dt_dnnl_linear_backward_bf16_grad(float *din, float *dw, float *db, uint16_t *dout, const uint16_t *in,
+                                       const float *w, int B, int C, int OC);
 
 /* Convolutions at precision p (cpu_onednn_conv.c), the signatures of the backend table. */
 void dt_dnnl_conv_forward(dt_dtype p, float *out, const float *in, const float *w, const float *b, float *work, int B,

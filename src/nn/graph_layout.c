@@ -11,7 +11,8 @@
  * values and gradient when a maxpool is its only reader (the pool reads bf16 and writes the
  * gradient once), and the values a fused conv -> maxpool (graph_fuse.c) writes when only bf16
  * convs read them (their gradient, which the convs' backward data writes, stays f32). Values
- * that only bf16 linears read are stored bf16 too (plan_linear_inputs); their gradient stays f32. */
+ * that only bf16 linears read are stored bf16 too (plan_linear_inputs); their gradient stays f32.
+ * So does a bf16 linear's gradient where a GELU is its only reader (plan_linear_grads). */
 #include "nn/graph_internal.h"
 
 static const dt_node *owner_of(const dt_model *m, const dt_node *n) {
@@ -100,10 +101,33 @@ static void plan_linear_inputs(dt_model *m) {
     }
 }
 
+static bool gelu(const dt_model *m, const dt_node *r) {
+    (void)m;
+    return r->a.kind == DT_LAYER_GELU;
+}
+
+/* The gradient of a linear that takes bf16 values and whose only reader is a GELU (a GPT's c_fc),
+ * stored bf16: the GELU's backward rounds it as it writes it, which the linear's GEMMs would do
+ * anyway (the same bits), and the linear reads half the bytes. Its bias gradient then sums the
+ * rounded values (within bf16 rounding of the f32 sums, as autocast's does). */
+static void plan_linear_grads(dt_model *m) {
+    const dt_backend *be = m->be;
+    if (!be || be->precision != DT_BF16 || !be->gelu_backward_bf16 || !be->linear_backward_bf16_grad) return;
+    for (int i = 0; i < m->n; i++) {
+        dt_node *n = &m->nodes[i];
+        if (n->alias || n->input_index >= 0 || i == m->output || n->a.kind != DT_LAYER_LINEAR ||
+            !dt_node_in_bf16(m, n, 0))
+            continue;
+        bool all;
+        n->grad_bf16 = readers(m, i, gelu, &all) == 1 && all;
+    }
+}
+
 void dt_graph_plan_bf16(dt_model *m) {
     const dt_backend *be = m->be;
     for (int i = 0; i < m->n; i++) m->nodes[i].bf16 = m->nodes[i].grad_bf16 = false;
     plan_linear_inputs(m);
+    plan_linear_grads(m);
     if (!be || be->precision != DT_BF16 || !be->conv2d_bf16_values || !be->maxpool2d_forward_blocked_bf16 ||
         !be->maxpool2d_backward_blocked_bf16)
         return;

@@ -51,7 +51,11 @@ static void act_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float *co
     const float *x = dt_node_in(m, n, 0);
     switch (n->a.kind) {
     case DT_LAYER_RELU: c->be->relu_backward(din[0], n->grad, x, COUNT(c, n)); break;
-    case DT_LAYER_GELU: c->be->gelu_backward(din[0], n->grad, x, COUNT(c, n)); break;
+    case DT_LAYER_GELU:
+        if (dt_node_in_grad_bf16(m, n, 0))  /* a bf16 linear's gradient (graph_layout.c) */
+            c->be->gelu_backward_bf16((uint16_t *)(void *)din[0], n->grad, x, COUNT(c, n));
+        else c->be->gelu_backward(din[0], n->grad, x, COUNT(c, n));
+        break;
     case DT_LAYER_TANH: c->be->tanh_backward(din[0], n->grad, n->out, COUNT(c, n)); break;
     default: c->be->sigmoid_backward(din[0], n->grad, n->out, COUNT(c, n)); break;
     }

@@ -64,7 +64,10 @@ static void linear_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float 
     float *db = n->a.bias ? c->grads + dt_node_tensor_off(m, n, 1) : NULL;
     float *dw = c->grads + dt_node_tensor_off(m, n, 0);
     const float *w = c->params + dt_node_tensor_off(m, n, 0);
-    if (dt_node_in_bf16(m, n, 0))
+    if (n->grad_bf16)  /* bf16 values in and a bf16 gradient (graph_layout.c) */
+        c->be->linear_backward_bf16_grad(din[0], dw, db, (uint16_t *)(void *)n->grad,
+                                         dt_node_in_bf16_values(m, n, 0), w, c->B * rows, C, n->a.out);
+    else if (dt_node_in_bf16(m, n, 0))
         c->be->linear_backward_bf16(din[0], dw, db, n->grad, dt_node_in_bf16_values(m, n, 0), w,
                                     c->B * rows, C, n->a.out);
     else c->be->linear_backward(din[0], dw, db, n->grad, dt_node_in(m, n, 0), w, c->B * rows, C, n->a.out);

@@ -108,20 +108,19 @@ static void test_cut_fused(void) {
     dt_model_free(m);
 }
 
-/* The CNN cut at each valid boundary into two model copies (as two stages would hold it), at
- * f32 and at bf16 (its blocked values between conv 2 and its maxpool stored bf16): the stages'
- * loss and gradients are the whole model's, bitwise. A cut after the relu its maxpool applies
- * hands stage 1 an alias (relu of conv 2's memory) below its first node. */
-static void test_cut_every_boundary(void) {
+/* A model (spec, input C x H x W) cut at each valid boundary into two model copies (as two
+ * stages would hold it), at f32 and at bf16: the stages' loss and gradients are the whole
+ * model's, bitwise. The CNN at bf16 has blocked values between conv 2 and its maxpool stored
+ * bf16; the GPT's valid cuts lie between its blocks (the residual stream), where the cut before
+ * lm_head sends ln_f's bf16 values as the bytes they are (graph_layout.c). A cut after the relu
+ * its maxpool applies hands stage 1 an alias (relu of conv 2's memory) below its first node. */
+static void cut_every_boundary(const char *spec, int C, int H, int W, const void *x, const int32_t *y, int B,
+                               int min_cuts) {
     static const char *prec[2] = {"fp32", "bf16"};
-    enum { B = 4, NX = B * 784 };
-    float *x = malloc(NX * sizeof(float));
-    int32_t y[B] = {3, 1, 4, 1};
-    dt_rng_fill_uniform(x, NX, 0, 1, 11, 0);
     for (int p = 0; p < 2; p++) {
         if (dt_kernels_select("onednn", prec[p]) != DT_OK) continue;
         dt_model *mf = NULL, *m1 = NULL, *m2 = NULL;
-        CHECK_OK(dt_model_build(&mf, "cnn", 1, 28, 28));
+        CHECK_OK(dt_model_build(&mf, spec, C, H, W));
         if (!mf) continue;
         dt_model_init(mf, 5);
         dt_feed f = {.x = x, .y = y, .n = B};
@@ -135,8 +134,8 @@ static void test_cut_every_boundary(void) {
         for (int k = 1; k < n; k++) {
             if (!dt_pp_cut_valid(mf, k)) continue;
             cuts++;
-            CHECK_OK(dt_model_build(&m1, "cnn", 1, 28, 28));
-            CHECK_OK(dt_model_build(&m2, "cnn", 1, 28, 28));
+            CHECK_OK(dt_model_build(&m1, spec, C, H, W));
+            CHECK_OK(dt_model_build(&m2, spec, C, H, W));
             if (!m1 || !m2) break;
             dt_model_init(m1, 5), dt_model_init(m2, 5);
             CHECK_OK(dt_model_prepare(m1, B, true, 0));
@@ -146,8 +145,8 @@ static void test_cut_every_boundary(void) {
                    B * dt_model_node_size(m1, k - 1) * sizeof(float));  /* "send" */
             CHECK_OK(dt_model_forward_nodes(m2, &f, k, n));
             const float l2 = dt_model_node_values(m2, dt_model_loss_node(m2))[0];
-            CHECK_MSG(l2 == lf, "cnn %s cut at %d (%s): stage loss %.9g, whole model %.9g", prec[p], k,
-                      dt_model_node_name(mf, k), l2, lf);
+            CHECK_MSG(l2 == lf, "%s %s cut at %d (%s): stage loss %.9g, whole model %.9g", spec, prec[p],
+                      k, dt_model_node_name(mf, k), l2, lf);
             dt_model_zero_grad(m1), dt_model_zero_grad(m2);
             CHECK_OK(dt_model_backward_nodes(m2, k, n, NULL, 1.0f, NULL, NULL));
             const float *gb = dt_model_node_grad(m2, k - 1);  /* "send back" */
@@ -155,16 +154,26 @@ static void test_cut_every_boundary(void) {
             if (gb) CHECK_OK(dt_model_backward_nodes(m1, 0, k, gb, 1.0f, NULL, NULL));
             size_t bad = 0;
             for (size_t i = 0; i < P; i++) bad += dt_model_grads(m1)[i] + dt_model_grads(m2)[i] != dt_model_grads(mf)[i];
-            CHECK_MSG(bad == 0, "cnn %s cut at %d (%s): %zu of %zu gradients differ from the whole model's", prec[p],
-                      k, dt_model_node_name(mf, k), bad, P);
+            CHECK_MSG(bad == 0, "%s %s cut at %d (%s): %zu of %zu gradients differ from the whole model's", spec,
+                      prec[p], k, dt_model_node_name(mf, k), bad, P);
             dt_model_free(m1), dt_model_free(m2);
             m1 = m2 = NULL;
         }
-        printf("cnn %s: %d valid cuts, each gives the whole model's loss and gradients\n", prec[p], cuts);
-        CHECK(cuts >= 4);
+        printf("%s %s: %d valid cuts, each gives the whole model's loss and gradients\n", spec, prec[p], cuts);
+        CHECK(cuts >= min_cuts);
         dt_model_free(m1), dt_model_free(m2), dt_model_free(mf);
     }
     CHECK_OK(dt_kernels_select("blas", "fp32"));  /* as test_cut_fused leaves it */
+}
+
+static void test_cut_every_boundary(void) {
+    enum { B = 4, NX = B * 784, T = 8 };
+    float *x = malloc(NX * sizeof(float));
+    int32_t y[B] = {3, 1, 4, 1}, ids[B * T], next[B * T];
+    dt_rng_fill_uniform(x, NX, 0, 1, 11, 0);
+    cut_every_boundary("cnn", 1, 28, 28, x, y, B, 4);
+    for (int i = 0; i < B * T; i++) ids[i] = (i * 13 + 1) % 64, next[i] = (i * 7 + 3) % 64;
+    cut_every_boundary("gpt:L=2,H=2,C=32,T=8,V=64", 0, 0, 0, ids, next, B, 2);
     free(x);
 }
 
