@@ -4,8 +4,9 @@
  * its input to bf16 anyway). The plan needs linears that take bf16 values, which the onednn bf16
  * table has only where the CPU has AVX512-BF16; on any CPU it is made with a copy of that table
  * whose predicate says yes (its kernels widen the values back where oneDNN has no bf16 GEMM, so
- * the comparison holds everywhere). And the gradients of plan_linear_grads (a c_fc's, which its
- * GELU rounds to bf16): the same GEMM results, the bias gradients within bf16 rounding. */
+ * the comparison holds everywhere). And the gradients of plan_linear_grads (a c_fc's and a
+ * c_attn's, which the GELU and the attention round to bf16): the same GEMM results, the bias
+ * gradients within bf16 rounding. */
 #include "backend/backend.h"
 #include "core/test.h"
 #include "dtrain/core.h"
@@ -38,7 +39,8 @@ static bool ends_with(const char *s, const char *tail) {
 }
 
 /* The GPT's layernorms, attention outputs and GELUs are stored bf16, nothing else; of the
- * gradients, the c_fc's (a GELU its only reader) where the table has the entries for it. */
+ * gradients, the c_fc's and c_attn's (a GELU, an attention their only reader) where the table
+ * has the entries for it. */
 static void check_gpt_plan(const dt_backend *t) {
     dt_model *m = build("gpt:L=2,H=2,C=32,T=8,V=64", 0, 0, 0, t);
     if (!m) return;
@@ -47,7 +49,8 @@ static void check_gpt_plan(const dt_backend *t) {
         const dt_node *n = &m->nodes[i];
         const bool want = ends_with(n->name, "ln_1") || ends_with(n->name, "ln_2") || ends_with(n->name, "ln_f") ||
                           ends_with(n->name, "attn.attention") || ends_with(n->name, "mlp.gelu");
-        const bool want_grad = ends_with(n->name, "mlp.c_fc") && t->gelu_backward_bf16 && t->linear_backward_bf16_grad;
+        const bool want_grad = (ends_with(n->name, "mlp.c_fc") || ends_with(n->name, "attn.c_attn")) &&
+                               t->gelu_backward_bf16 && t->linear_backward_bf16_grad;
         CHECK_MSG(n->bf16 == want && n->grad_bf16 == want_grad, "gpt node %s: bf16 %d (want %d), gradient bf16 %d",
                   n->name, n->bf16, want, n->grad_bf16);
         nbf += n->bf16;
@@ -129,10 +132,11 @@ static void check_same(const dt_backend *be, const char *spec, int C, int H, int
     dt_model_free(a), dt_model_free(b);
 }
 
-/* The GPT with and without bf16 c_fc gradients (both with bf16 values), one step: the loss and
- * every gradient bitwise equal but the c_fc biases' (the GEMMs take the same rounded values),
- * and each of those within the rounding of its terms: |db - db32| <= 2^-8 * sum |dout| plus the
- * f32 sums' own rounding (B * T terms, 2^-24 each, bounded by 2^-20 * sum |dout|). */
+/* The GPT with and without bf16 c_fc and c_attn gradients (both with bf16 values), one step: the
+ * loss and every gradient bitwise equal but those linears' biases' (the GEMMs take the same
+ * rounded values), and each of those within the rounding of its terms: |db - db32| <= 2^-8 *
+ * sum |dout| plus the f32 sums' own rounding (B * T terms, 2^-24 each, bounded by 2^-20 *
+ * sum |dout|). */
 static void check_grads(const dt_backend *be, const int32_t *ids, int B) {
     dt_backend on = *be, off = *be;
     on.linear_bf16_values = off.linear_bf16_values = yes;
@@ -176,11 +180,12 @@ static void check_grads(const dt_backend *be, const int32_t *ids, int B) {
                       n->name, j, ga[off0 + j], gb[off0 + j], tol);
         }
     }
-    CHECK_MSG(planned == 2, "gpt: %d linears with bf16 gradients (want the 2 c_fc)", planned);
+    CHECK_MSG(planned == 4, "gpt: %d linears with bf16 gradients (want the 2 c_fc and 2 c_attn)", planned);
     size_t other = 0;
     for (size_t i = 0; bias && i < np; i++) other += !bias[i] && memcmp(&ga[i], &gb[i], sizeof(float));
-    CHECK_MSG(other == 0, "gpt: %zu gradients besides the c_fc biases differ with bf16 gradients", other);
-    printf("%s: bf16 c_fc gradients: %d of the %d biases' gradients differ, worst %.3f of the rounding bound; "
+    CHECK_MSG(other == 0, "gpt: %zu gradients besides the c_fc and c_attn biases differ with bf16 gradients",
+              other);
+    printf("%s: bf16 c_fc and c_attn gradients: %d of the %d biases' gradients differ, worst %.3f of the rounding bound; "
            "the other %zu equal bitwise\n", spec, diff, nbias, worst, np - (size_t)nbias);
     free(bias), free(y);
     dt_model_free(a), dt_model_free(b);

@@ -12,7 +12,8 @@
  * gradient once), and the values a fused conv -> maxpool (graph_fuse.c) writes when only bf16
  * convs read them (their gradient, which the convs' backward data writes, stays f32). Values
  * that only bf16 linears read are stored bf16 too (plan_linear_inputs); their gradient stays f32.
- * So does a bf16 linear's gradient where a GELU is its only reader (plan_linear_grads). */
+ * So does a bf16 linear's gradient where a GELU or an attention is its only reader
+ * (plan_linear_grads). */
 #include "nn/graph_internal.h"
 
 static const dt_node *owner_of(const dt_model *m, const dt_node *n) {
@@ -101,15 +102,16 @@ static void plan_linear_inputs(dt_model *m) {
     }
 }
 
-static bool gelu(const dt_model *m, const dt_node *r) {
+/* Ops whose backward can write its input's gradient bf16 (op_activation.c, op_attention.c). */
+static bool rounds_grad(const dt_model *m, const dt_node *r) {
     (void)m;
-    return r->a.kind == DT_LAYER_GELU;
+    return r->a.kind == DT_LAYER_GELU || r->a.kind == DT_LAYER_ATTENTION;
 }
 
-/* The gradient of a linear that takes bf16 values and whose only reader is a GELU (a GPT's c_fc),
- * stored bf16: the GELU's backward rounds it as it writes it, which the linear's GEMMs would do
- * anyway (the same bits), and the linear reads half the bytes. Its bias gradient then sums the
- * rounded values (within bf16 rounding of the f32 sums, as autocast's does). */
+/* The gradient of a linear that takes bf16 values and whose only reader is a GELU or an attention
+ * (a GPT's c_fc and c_attn), stored bf16: that backward rounds it as it writes it, which the
+ * linear's GEMMs would do anyway (the same bits), and the linear reads half the bytes. Its bias
+ * gradient then sums the rounded values (within bf16 rounding of the f32 sums, as autocast's). */
 static void plan_linear_grads(dt_model *m) {
     const dt_backend *be = m->be;
     if (!be || be->precision != DT_BF16 || !be->gelu_backward_bf16 || !be->linear_backward_bf16_grad) return;
@@ -119,7 +121,7 @@ static void plan_linear_grads(dt_model *m) {
             !dt_node_in_bf16(m, n, 0))
             continue;
         bool all;
-        n->grad_bf16 = readers(m, i, gelu, &all) == 1 && all;
+        n->grad_bf16 = readers(m, i, rounds_grad, &all) == 1 && all;
     }
 }
 

@@ -31,8 +31,10 @@ static size_t attention_workspace(const dt_model *m, const dt_node *n, int B) {
     (void)B;
     int T, C;
     dims(m, n, &T, &C);
-    /* bf16 values (graph_layout.c): a sample's f32 output after the kernel's own */
-    return m->be->attention_workspace(T, C, n->a.heads) + (n->bf16 ? (size_t)T * C : 0);
+    /* bf16 values (graph_layout.c): a sample's f32 output after the kernel's own; a bf16 input
+     * gradient: a sample's f32 one */
+    const size_t out = n->bf16 ? (size_t)T * C : 0, grad = dt_node_in_grad_bf16(m, n, 0) ? (size_t)3 * T * C : 0;
+    return m->be->attention_workspace(T, C, n->a.heads) + (out > grad ? out : grad);
 }
 
 static dt_status attention_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
@@ -54,7 +56,19 @@ static void attention_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, flo
     if (!din[0]) return;
     int T, C;
     dims(m, n, &T, &C);
-    c->be->attention_backward(din[0], c->work, n->grad, dt_node_in(m, n, 0), n->saved, c->B, T, C, n->a.heads);
+    const int NH = n->a.heads;
+    const float *qkv = dt_node_in(m, n, 0);
+    if (!dt_node_in_grad_bf16(m, n, 0))
+        return c->be->attention_backward(din[0], c->work, n->grad, qkv, n->saved, c->B, T, C, NH);
+    /* the c_attn's gradient stored bf16 (graph_layout.c): a sample at a time, then rounded */
+    float *f = c->work + c->be->attention_workspace(T, C, NH);
+    uint16_t *d16 = (uint16_t *)(void *)din[0];
+    const size_t tc = (size_t)T * C;
+    for (int b = 0; b < c->B; b++) {
+        c->be->attention_backward(f, c->work, n->grad + tc * b, qkv + 3 * tc * b,
+                                  (const float *)n->saved + (size_t)b * NH * T * T, 1, T, C, NH);
+        dt_cast_bf16(d16 + 3 * tc * b, f, 3 * tc);
+    }
 }
 
 static double attention_flops(const dt_model *m, const dt_node *n, int B, bool need_din) {
