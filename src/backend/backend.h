@@ -52,6 +52,13 @@ typedef struct dt_backend {
      * runs, dout is widened in place (its buffer holds B * OC floats). NULL where not. */
     void (*linear_backward_bf16_grad)(float *din, float *dw, float *db, uint16_t *dout, const uint16_t *in,
                                       const float *w, int B, int C, int OC);
+    /* And a bf16 in with a bf16 out (values an op after it reads bf16: graph_layout.c), or with a
+     * bf16 din (its input's gradient stored bf16): the GEMM's f32 sums rounded to bf16 where the
+     * GEMM writes them. NULL where not. */
+    void (*linear_forward_bf16io)(uint16_t *out, const uint16_t *in, const float *w, const float *b, int B, int C,
+                                  int OC);
+    void (*linear_backward_bf16_din)(uint16_t *din, float *dw, float *db, const float *dout, const uint16_t *in,
+                                     const float *w, int B, int C, int OC);
     size_t (*conv2d_workspace)(int B, int C, int H, int W, int OC, int K, int stride, int pad);
     void (*conv2d_forward)(float *out, const float *in, const float *w, const float *b, float *work, int B, int C,
                            int H, int W, int OC, int K, int stride, int pad);
@@ -103,6 +110,10 @@ typedef struct dt_backend {
     void (*gelu_forward_bf16)(uint16_t *out, const float *in, size_t n);
     /* gelu_backward's din rounded to bf16 the same way (a gradient stored bf16, graph_layout.c) */
     void (*gelu_backward_bf16)(uint16_t *din, const float *dout, const float *x, size_t n);
+    /* Both with bf16 x and dout too (all of a GELU's values and gradients bf16, graph_layout.c):
+     * the f32 kernels on the widened values, rounded as above */
+    void (*gelu_forward_bf16io)(uint16_t *out, const uint16_t *in, size_t n);
+    void (*gelu_backward_bf16io)(uint16_t *din, const uint16_t *dout, const uint16_t *x, size_t n);
     void (*tanh_forward)(float *out, const float *in, size_t n);
     void (*tanh_backward)(float *din, const float *dout, const float *y, size_t n);
     void (*sigmoid_forward)(float *out, const float *in, size_t n);

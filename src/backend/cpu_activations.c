@@ -92,6 +92,40 @@ void dt_gelu_backward_bf16_isa(dt_isa isa, uint16_t *din, const float *dout, con
     }
 }
 
+/* The bf16-in copies, picked as dt_gelu_forward_bf16_isa picks; the others widen pieces. */
+void dt_gelu_forward_bf16io_isa(dt_isa isa, uint16_t *out, const uint16_t *in, size_t n) {
+    const bool native = dt_cast_bf16_native();
+#if DT_ISA_X86
+    if (isa == DT_ISA_AVX512)
+        return native ? dt_gelu_forward_bf16io_avx512bf16(out, in, n) : dt_gelu_forward_bf16io_avx512(out, in, n);
+    if (isa == DT_ISA_AVX2 && !native) return dt_gelu_forward_bf16io_avx2(out, in, n);
+#endif
+    for (size_t i = 0; i < n; i += 256) {
+        float piece[256];
+        const size_t k = n - i < 256 ? n - i : 256;
+        dt_widen_bf16(piece, in + i, k);
+        dt_gelu_forward_bf16_isa(isa, out + i, piece, k);
+    }
+}
+
+void dt_gelu_backward_bf16io_isa(dt_isa isa, uint16_t *din, const uint16_t *dout, const uint16_t *x, size_t n) {
+    if (!din) return;
+    const bool native = dt_cast_bf16_native();
+#if DT_ISA_X86
+    if (isa == DT_ISA_AVX512)
+        return native ? dt_gelu_backward_bf16io_avx512bf16(din, dout, x, n)
+                      : dt_gelu_backward_bf16io_avx512(din, dout, x, n);
+    if (isa == DT_ISA_AVX2 && !native) return dt_gelu_backward_bf16io_avx2(din, dout, x, n);
+#endif
+    for (size_t i = 0; i < n; i += 256) {
+        float d[256], xs[256];
+        const size_t k = n - i < 256 ? n - i : 256;
+        dt_widen_bf16(d, dout + i, k);
+        dt_widen_bf16(xs, x + i, k);
+        dt_gelu_backward_bf16_isa(isa, din + i, d, xs, k);
+    }
+}
+
 void dt_gelu_backward_isa(dt_isa isa, float *din, const float *dout, const float *x, size_t n) {
     if (!din) return; /* nothing to propagate (first layer) */
     switch (isa) {
@@ -107,6 +141,14 @@ void dt_gelu_forward(float *out, const float *in, size_t n) { dt_gelu_forward_is
 
 void dt_gelu_forward_bf16(uint16_t *out, const float *in, size_t n) {
     dt_gelu_forward_bf16_isa(dt_isa_best(), out, in, n);
+}
+
+void dt_gelu_forward_bf16io(uint16_t *out, const uint16_t *in, size_t n) {
+    dt_gelu_forward_bf16io_isa(dt_isa_best(), out, in, n);
+}
+
+void dt_gelu_backward_bf16io(uint16_t *din, const uint16_t *dout, const uint16_t *x, size_t n) {
+    dt_gelu_backward_bf16io_isa(dt_isa_best(), din, dout, x, n);
 }
 
 void dt_gelu_backward_bf16(uint16_t *din, const float *dout, const float *x, size_t n) {

@@ -31,8 +31,8 @@ static _Thread_local struct {
     int n, threads;
     unsigned long long clock;   /* lookups so far: an entry's `last` */
     size_t misses;
-    void *conv[4];
-    size_t conv_n[4];
+    void *conv[DT_DNNL_SCRATCH_SLOTS];
+    size_t conv_n[DT_DNNL_SCRATCH_SLOTS];
 } tls;
 
 /* A thread's cache goes when the thread does (fl-sim's client threads, a caller's worker pool):
@@ -45,7 +45,7 @@ static void entry_clear(dt_dnnl_entry *e);
 static void tls_free(void *unused) {
     (void)unused;
     for (int i = 0; i < tls.n; i++) entry_clear(&tls.e[i]);
-    for (int k = 0; k < 4; k++) free(tls.conv[k]), tls.conv[k] = NULL, tls.conv_n[k] = 0;
+    for (int k = 0; k < DT_DNNL_SCRATCH_SLOTS; k++) free(tls.conv[k]), tls.conv[k] = NULL, tls.conv_n[k] = 0;
     if (tls.stream) dnnl_stream_destroy(tls.stream);
     if (tls.eng) dnnl_engine_destroy(tls.eng);
     tls.stream = NULL, tls.eng = NULL, tls.n = 0;
@@ -290,6 +290,8 @@ static void fill_tables(void) {
             t->linear_bf16_values = dt_dnnl_linear_bf16_values;
             t->linear_forward_bf16 = dt_dnnl_linear_forward_bf16, t->linear_backward_bf16 = dt_dnnl_linear_backward_bf16;
             t->linear_backward_bf16_grad = dt_dnnl_linear_backward_bf16_grad;
+            t->linear_forward_bf16io = dt_dnnl_linear_forward_bf16io;
+            t->linear_backward_bf16_din = dt_dnnl_linear_backward_bf16_din;
             t->conv2d_bf16_values = dt_dnnl_conv_bf16_values;
             t->conv2d_bf16_nhwc = dt_dnnl_conv_bf16_nhwc;
             t->maxpool2d_forward_blocked_bf16 = dt_maxpool2d_forward_blocked_bf16;

@@ -20,6 +20,7 @@ typedef struct {
     bool bias, accumulate;
     bool a_bf16;  /* at bf16: A arrives cast already (dt_cast_bf16), not f32 */
     bool b_bf16;  /* at bf16: B arrives as bf16 values (row-major), not f32 */
+    bool c_bf16;  /* at bf16: C is written bf16 (oneDNN rounds it), not f32; never accumulated */
 } mm_shape;
 
 static dnnl_data_type_t dnnl_type(dt_dtype p) { return p == DT_BF16 ? dnnl_bf16 : p == DT_F16 ? dnnl_f16 : dnnl_f32; }
@@ -30,12 +31,14 @@ static dt_dnnl_entry *mm_entry(const mm_shape *s, dt_dtype p) {
     if (p == DT_BF16 && !dt_onednn_bf16_native()) return NULL;
     dt_dnnl_key k = {.op = DT_DNNL_MATMUL, .dt = dnnl_type(p),
                      .d = {s->M, s->N, s->K, (int)s->sa[0], (int)s->sa[1], (int)s->sb[0], (int)s->sb[1], s->bias,
-                           s->accumulate, s->a_bf16 && p == DT_BF16, s->b_bf16 && p == DT_BF16}};
+                           s->accumulate, s->a_bf16 && p == DT_BF16, s->b_bf16 && p == DT_BF16,
+                           s->c_bf16 && p == DT_BF16}};
     dt_dnnl_entry *e = dt_dnnl_lookup(&k);
     if (!e || e->used) return e && !e->failed ? e : NULL;
     int64_t ad[2] = {s->M, s->K}, bd[2] = {s->K, s->N}, cd[2] = {s->M, s->N}, biasd[2] = {1, s->N};
     dnnl_memory_desc_t md[4] = {dt_dnnl_md(2, ad, k.dt, s->sa), dt_dnnl_md(2, bd, k.dt, s->sb),
-                                dt_dnnl_md(2, cd, dnnl_f32, NULL), dt_dnnl_md(2, biasd, dnnl_f32, NULL)};
+                                dt_dnnl_md(2, cd, k.d[11] ? dnnl_bf16 : dnnl_f32, NULL),
+                                dt_dnnl_md(2, biasd, dnnl_f32, NULL)};
     /* low precision: B in the layout oneDNN wants (bf16 brgemm takes pairs interleaved, VNNI);
      * f32 inputs outside, reorders convert A and B */
     const bool lowp = k.dt != dnnl_f32;
@@ -88,6 +91,7 @@ static bool mm_prepare(mm_plan *pl, const mm_shape *s, dt_dtype p) {
     pl->p = p, pl->round = false, pl->s = s;
     if ((pl->e = mm_entry(s, p))) return true;
     pl->round = p != DT_F32;
+    if (s->c_bf16) return false;  /* a bf16 C only from a native entry */
     return pl->round && (pl->e = mm_entry(s, DT_F32));
 }
 
@@ -97,7 +101,7 @@ static const void *mm_operand(const mm_plan *pl, int slot, const float *x, size_
     return pl->p != DT_F32 && pl->round ? (const void *)dt_dnnl_rounded(slot, x, n, pl->p) : x;
 }
 
-static void mm_run(const mm_plan *pl, float *c, const void *a, const void *b, const float *bias) {
+static void mm_run(const mm_plan *pl, void *c, const void *a, const void *b, const float *bias) {
     if (pl->e->pack_nb) {
         const mm_shape *s = pl->s;
         const dt_vnni_src kind = pl->e->key.d[10] ? DT_VNNI_BF16_ROWS : s->sb[1] != 1 ? DT_VNNI_F32_COLS : DT_VNNI_F32_ROWS;
@@ -238,6 +242,37 @@ void dt_dnnl_linear_backward_bf16_grad(float *din, float *dw, float *db, uint16_
         memcpy(&f[i], &u, sizeof u);
     }
     linear_backward_of(DT_BF16, din, dw, NULL, f, NULL, in, w, B, C, OC);
+}
+
+/* The bf16 table's linears of a bf16 in with a bf16 out (out, B x OC) or a bf16 din (B x C): the
+ * native GEMM writes it rounded; else the f32 result (slot 4) is rounded by dt_cast_bf16. */
+void dt_dnnl_linear_forward_bf16io(uint16_t *out, const uint16_t *in, const float *w, const float *b, int B, int C,
+                                   int OC) {
+    mm_shape s = {.M = B, .N = OC, .K = C, .sa = {C, 1}, .sb = {1, C}, .bias = b != NULL, .a_bf16 = true,
+                  .c_bf16 = true};
+    mm_plan pl;
+    if (B > 0 && OC > 0 && C > 0 && mm_prepare(&pl, &s, DT_BF16)) return mm_run(&pl, out, in, w, b);
+    float *f = dt_dnnl_scratch(4, (size_t)B * OC * sizeof(float));
+    dt_dnnl_linear_forward_bf16(f, in, w, b, B, C, OC);
+    dt_cast_bf16(out, f, (size_t)B * OC);
+}
+
+void dt_dnnl_linear_backward_bf16_din(uint16_t *din, float *dw, float *db, const float *dout, const uint16_t *in,
+                                      const float *w, int B, int C, int OC) {
+    mm_shape sw = {.M = OC, .N = C, .K = B, .sa = {1, OC}, .sb = {C, 1}, .accumulate = true, .a_bf16 = true,
+                   .b_bf16 = true};
+    mm_shape sd = {.M = B, .N = C, .K = OC, .sa = {OC, 1}, .sb = {C, 1}, .a_bf16 = true, .c_bf16 = true};
+    mm_plan pw, pd;
+    if (B > 0 && OC > 0 && C > 0 && dw && din && dt_dnnl_cast_fast() && mm_prepare(&pw, &sw, DT_BF16) && !pw.round &&
+        mm_prepare(&pd, &sd, DT_BF16)) {  /* as linear_backward_of's native path, din written bf16 */
+        uint16_t *d16 = dt_dnnl_scratch(0, (size_t)B * OC * sizeof(uint16_t));
+        cast_and_bias_sums(d16, db, dout, B, OC);
+        mm_run(&pw, dw, d16, in, NULL);
+        return mm_run(&pd, din, d16, w, NULL);
+    }
+    float *f = din ? dt_dnnl_scratch(4, (size_t)B * C * sizeof(float)) : NULL;
+    linear_backward_of(DT_BF16, f, dw, db, dout, NULL, in, w, B, C, OC);
+    if (din) dt_cast_bf16(din, f, (size_t)B * C);
 }
 
 /* Whether the bf16 table's linears take bf16 values: where its GEMMs are native bf16. */

@@ -23,6 +23,18 @@ void dt_gelu_forward_bf16(uint16_t *out, const float *in, size_t n);
 void dt_gelu_backward_bf16_isa(dt_isa isa, uint16_t *din, const float *dout, const float *x, size_t n);
 void dt_gelu_backward_bf16(uint16_t *din, const float *dout, const float *x, size_t n);
 
+/* And with bf16 x and dout: the f32 kernels on the widened values, rounded as above. */
+void dt_gelu_forward_bf16io_isa(dt_isa isa, uint16_t *out, const uint16_t *in, size_t n);
+void dt_gelu_forward_bf16io(uint16_t *out, const uint16_t *in, size_t n);
+void dt_gelu_backward_bf16io_isa(dt_isa isa, uint16_t *din, const uint16_t *dout, const uint16_t *x, size_t n);
+void dt_gelu_backward_bf16io(uint16_t *din, const uint16_t *dout, const uint16_t *x, size_t n);
+
+void dt_gelu_forward_bf16io_avx512(uint16_t *out, const uint16_t *in, size_t n);
+void dt_gelu_forward_bf16io_avx512bf16(uint16_t *out, const uint16_t *in, size_t n);
+void dt_gelu_forward_bf16io_avx2(uint16_t *out, const uint16_t *in, size_t n);
+void dt_gelu_backward_bf16io_avx512(uint16_t *din, const uint16_t *dout, const uint16_t *x, size_t n);
+void dt_gelu_backward_bf16io_avx512bf16(uint16_t *din, const uint16_t *dout, const uint16_t *x, size_t n);
+void dt_gelu_backward_bf16io_avx2(uint16_t *din, const uint16_t *dout, const uint16_t *x, size_t n);
 void dt_gelu_forward_bf16_avx512(uint16_t *out, const float *in, size_t n);
 void dt_gelu_forward_bf16_avx512bf16(uint16_t *out, const float *in, size_t n);
 void dt_gelu_forward_bf16_avx2(uint16_t *out, const float *in, size_t n);

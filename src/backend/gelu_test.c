@@ -4,7 +4,7 @@
  * at 0, +-1e-30 and +-1e4, with a length that is not a whole number of vectors (the tail);
  * in-place forward; two runs bitwise equal; the bf16-out forward and backward bitwise equal to the
  * f32 ones rounded by dt_cast_bf16 (with NaN, infinities, denormals and ties among the inputs and
- * the douts). From
+ * the douts), and the bf16-in ones to those on the widened values. From
  * x = 0.25 up (no cancellation) the forward is within 2.5 units of 2^-23 relative. Elsewhere the
  * tolerance: 3e-7 x max(1, |x|) absolute, times max(1, |dout|) backward (the float formula's own
  * cancellation where Phi is near 0 bounds what any copy can do). */
@@ -72,16 +72,17 @@ static void check_bf16_isa(dt_isa isa, const float *x, const float *g, size_t n)
     gelu_f32(isa, y, x, g, n);
     dt_cast_bf16(want, y, n);
     size_t bad = n;
+    uint16_t seen = 0;  /* the wrong value found */
     for (size_t len = 0; len <= 40 && len <= n; len++) {
         memset(got, 0xa5, n * 2 + 2);
         gelu_bf16(isa, got, x, g, len);
         for (size_t i = 0; i < len && bad == n; i++)
-            if (got[i] != want[i]) bad = i;
+            if (got[i] != want[i]) bad = i, seen = got[i];
         CHECK_MSG(got[len] == 0xa5a5, "%s: bf16 %s of %zu values wrote past them", dt_isa_name(isa), what, len);
     }
     gelu_bf16(isa, got, x, g, n);
     for (size_t i = 0; i < n && bad == n; i++)
-        if (got[i] != want[i]) bad = i;
+        if (got[i] != want[i]) bad = i, seen = got[i];
 #if DT_ISA_X86
     /* the integer rounding of the vector copies (what runs without AVX512-BF16) against
      * dt_round_bf16's portable one, on this CPU too */
@@ -92,14 +93,40 @@ static void check_bf16_isa(dt_isa isa, const float *x, const float *g, size_t n)
         for (size_t i = 0; i < n && bad == n; i++) {
             uint32_t b;
             memcpy(&b, &y[i], 4);
-            if (got[i] != b >> 16) bad = i, want[i] = (uint16_t)(b >> 16);
+            if (got[i] != b >> 16) bad = i, seen = got[i], want[i] = (uint16_t)(b >> 16);
         }
     }
 #endif
     CHECK_MSG(bad == n, "%s: bf16 %s(%.9g, dout %.9g) = 0x%04x, want 0x%04x (f32 then dt_cast_bf16)",
-              dt_isa_name(isa), what, bad < n ? x[bad] : 0.0f, bad < n && g ? g[bad] : 0.0f, bad < n ? got[bad] : 0,
+              dt_isa_name(isa), what, bad < n ? x[bad] : 0.0f, bad < n && g ? g[bad] : 0.0f, seen,
               bad < n ? want[bad] : 0);
     free(y), free(want), free(got);
+}
+
+/* dt_gelu_forward_bf16io_isa on bf16 x (g NULL), or dt_gelu_backward_bf16io_isa with bf16 dout
+ * g, == the bf16-out kernels on the widened values, bit for bit, at every length from 0 to 40 and
+ * on the whole of x (x and g rounded to bf16 first). */
+static void check_bf16io_isa(dt_isa isa, const float *x, const float *g, size_t n) {
+    const char *what = g ? "gelu backward" : "gelu";
+    uint16_t *x16 = malloc(n * 2), *g16 = malloc(n * 2), *want = malloc(n * 2), *got = malloc(n * 2 + 2);
+    float *xw = malloc(n * 4), *gw = malloc(n * 4);
+    dt_cast_bf16(x16, x, n), dt_widen_bf16(xw, x16, n);
+    if (g) dt_cast_bf16(g16, g, n), dt_widen_bf16(gw, g16, n);
+    gelu_bf16(isa, want, xw, g ? gw : NULL, n);
+    size_t bad = n;
+    uint16_t seen = 0;  /* the wrong value found */
+    for (size_t len = 0; len <= n; len = len < 40 ? len + 1 : (len < n ? n : n + 1)) {
+        memset(got, 0xa5, n * 2 + 2);
+        if (g) dt_gelu_backward_bf16io_isa(isa, got, g16, x16, len);
+        else dt_gelu_forward_bf16io_isa(isa, got, x16, len);
+        for (size_t i = 0; i < len && bad == n; i++)
+            if (got[i] != want[i]) bad = i, seen = got[i];
+        CHECK_MSG(got[len] == 0xa5a5, "%s: bf16-in %s of %zu values wrote past them", dt_isa_name(isa), what, len);
+    }
+    CHECK_MSG(bad == n, "%s: bf16-in %s(%.9g, dout %.9g) = 0x%04x, want 0x%04x (widened, then the bf16-out kernel)",
+              dt_isa_name(isa), what, bad < n ? xw[bad] : 0.0f, bad < n && g ? gw[bad] : 0.0f, seen,
+              bad < n ? want[bad] : 0);
+    free(x16), free(g16), free(want), free(got), free(xw), free(gw);
 }
 
 int main(void) {
@@ -133,6 +160,10 @@ int main(void) {
         check_bf16_isa((dt_isa)k, x, g, n);
         check_bf16_isa((dt_isa)k, odd, g, sizeof odd / sizeof odd[0]);
         check_bf16_isa((dt_isa)k, g, odd, sizeof odd / sizeof odd[0]);  /* the odd values as dout */
+        check_bf16io_isa((dt_isa)k, x, NULL, n);
+        check_bf16io_isa((dt_isa)k, x, g, n);
+        check_bf16io_isa((dt_isa)k, odd, g, sizeof odd / sizeof odd[0]);
+        check_bf16io_isa((dt_isa)k, g, odd, sizeof odd / sizeof odd[0]);
     }
     CHECK(ran >= 1);
     free(x), free(g);

@@ -1,7 +1,8 @@
 /* Template of the vector GELU (cpu_gelu_vec.c includes it once per width, after defining AV_VL,
  * AV_TARGET and AV_SUFFIX as for vecmath.h): dt_gelu_forward_<suffix>, dt_gelu_backward_<suffix>
- * and dt_gelu_forward_bf16_<suffix>, dt_gelu_backward_bf16_<suffix> (bf16 out); with AV_BF16_NATIVE
- * only the last two. */
+ * and dt_gelu_forward_bf16_<suffix>, dt_gelu_backward_bf16_<suffix> (bf16 out),
+ * dt_gelu_forward_bf16io_<suffix>, dt_gelu_backward_bf16io_<suffix> (bf16 in and out); with
+ * AV_BF16_NATIVE only the last four. */
 #include "backend/vecmath.h"
 
 /* erf(a), max error < 1 ulp: Norbert Juffa's erff (a polynomial in a^2 below |a| = 0.9277, and
@@ -57,6 +58,24 @@ __attribute__((target(AV_TARGET))) void AV(dt_gelu_backward_bf16)(uint16_t *din,
     if (i < n) {
         const int r = (int)(n - i);
         AV(store_bf16_n)(din + i, AV(load_n)(dout + i, r) * AV(gelu_grad)(AV(load_n)(x + i, r)), r);
+    }
+}
+
+/* bf16 x, dout and results (the values widened in registers) */
+__attribute__((target(AV_TARGET))) void AV(dt_gelu_forward_bf16io)(uint16_t *out, const uint16_t *in, size_t n) {
+    size_t i = 0;
+    for (; i + AV_VL <= n; i += AV_VL) AV(store_bf16_n)(out + i, AV(gelu)(AV(load_bf16)(in + i)), AV_VL);
+    if (i < n) AV(store_bf16_n)(out + i, AV(gelu)(AV(load_bf16_n)(in + i, (int)(n - i))), (int)(n - i));
+}
+
+__attribute__((target(AV_TARGET))) void AV(dt_gelu_backward_bf16io)(uint16_t *din, const uint16_t *dout,
+                                                                    const uint16_t *x, size_t n) {
+    size_t i = 0;
+    for (; i + AV_VL <= n; i += AV_VL)
+        AV(store_bf16_n)(din + i, AV(load_bf16)(dout + i) * AV(gelu_grad)(AV(load_bf16)(x + i)), AV_VL);
+    if (i < n) {
+        const int r = (int)(n - i);
+        AV(store_bf16_n)(din + i, AV(load_bf16_n)(dout + i, r) * AV(gelu_grad)(AV(load_bf16_n)(x + i, r)), r);
     }
 }
 

@@ -10,7 +10,8 @@
 
 /* DT_DNNL_CONV_BWD: backward data and weights in one entry (diff_dst reordered once) */
 enum { DT_DNNL_MATMUL = 1, DT_DNNL_CONV_FWD, DT_DNNL_CONV_BWD_DATA, DT_DNNL_CONV_BWD_W, DT_DNNL_CONV_BWD };
-#define DT_DNNL_KEY_INTS 12
+#define DT_DNNL_KEY_INTS 13
+#define DT_DNNL_SCRATCH_SLOTS 5
 #define DT_DNNL_ARGS 6
 
 /* A cached primitive: the op, the input data type and the shape make the key. */
@@ -70,7 +71,7 @@ bool dt_dnnl_ready(dt_dnnl_entry *e, bool ok);
 void dt_dnnl_run(dt_dnnl_entry *e, void *const *data);
 /* A plain memory descriptor of a dense tensor (row-major) or with explicit strides. */
 dnnl_memory_desc_t dt_dnnl_md(int ndim, const int64_t *dims, dnnl_data_type_t dt, const int64_t *strides);
-/* This thread's scratch slot 0..3 (grown to `bytes`, kept for the thread's life). */
+/* This thread's scratch slot 0..DT_DNNL_SCRATCH_SLOTS - 1 (grown to `bytes`, kept for the thread's life). */
 void *dt_dnnl_scratch(int slot, size_t bytes);
 /* src rounded to precision p, as f32 (slot 0..2): the fallback when oneDNN lacks a kernel. */
 float *dt_dnnl_rounded(int slot, const float *src, size_t n, dt_dtype p);
@@ -85,6 +86,10 @@ bool dt_dnnl_linear_bf16_values(void);
 void dt_dnnl_linear_forward_bf16(float *out, const uint16_t *in, const float *w, const float *b, int B, int C, int OC);
 void dt_dnnl_linear_backward_bf16(float *din, float *dw, float *db, const float *dout, const uint16_t *in,
                                   const float *w, int B, int C, int OC);
+void dt_dnnl_linear_forward_bf16io(uint16_t *out, const uint16_t *in, const float *w, const float *b, int B, int C,
+                                   int OC);
+void dt_dnnl_linear_backward_bf16_din(uint16_t *din, float *dw, float *db, const float *dout, const uint16_t *in,
+                                      const float *w, int B, int C, int OC);
 void dt_dnnl_linear_backward_bf16_grad(float *din, float *dw, float *db, uint16_t *dout, const uint16_t *in,
                                        const float *w, int B, int C, int OC);
 

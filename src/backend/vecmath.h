@@ -16,11 +16,13 @@ typedef int32_t AV(vi) __attribute__((vector_size(AV_VL * 4)));
 typedef float AV(vfu) __attribute__((vector_size(AV_VL * 4), aligned(4), may_alias));
 typedef uint32_t AV(vu) __attribute__((vector_size(AV_VL * 4)));
 typedef uint16_t AV(vh) __attribute__((vector_size(AV_VL * 2)));
+typedef uint16_t AV(vhu) __attribute__((vector_size(AV_VL * 2), aligned(2), may_alias));
 #define vf AV(vf)
 #define vi AV(vi)
 #define vfu AV(vfu)
 #define vu AV(vu)
 #define vh AV(vh)
+#define vhu AV(vhu)
 
 #if AV_VL == 16
 #define AV_SET1(s) ((vf)_mm512_set1_ps(s))
@@ -87,6 +89,15 @@ AV_FN vf AV(load_n)(const float *p, int n) {
     float t[AV_VL] = {0};
     memcpy(t, p, (size_t)(n > 0 ? n : 0) * sizeof(float));
     return AV_LOAD(t);
+}
+
+/* AV_VL bf16 values from p, widened (exact); the first n of them, zeros after (reads only n). */
+AV_FN vf AV(load_bf16)(const uint16_t *p) { return (vf)(__builtin_convertvector(*(const vhu *)p, vu) << 16); }
+AV_FN vf AV(load_bf16_n)(const uint16_t *p, int n) {
+    if (n >= AV_VL) return AV(load_bf16)(p);
+    vh h = {0};
+    memcpy(&h, p, (size_t)(n > 0 ? n : 0) * sizeof(uint16_t));
+    return (vf)(__builtin_convertvector(h, vu) << 16);
 }
 
 /* The first n <= AV_VL lanes of v rounded to bf16 into dst, as dt_cast_bf16 rounds them: with

@@ -4,6 +4,7 @@
 #undef vfu
 #undef vu
 #undef vh
+#undef vhu
 #undef AV_BF16_NATIVE
 #undef AV_SET1
 #undef AV_FMA

@@ -13,7 +13,8 @@
  * convs read them (their gradient, which the convs' backward data writes, stays f32). Values
  * that only bf16 linears read are stored bf16 too (plan_linear_inputs); their gradient stays f32.
  * So does a bf16 linear's gradient where a GELU or an attention is its only reader
- * (plan_linear_grads). */
+ * (plan_linear_grads), and, around a GELU between two bf16 linears, the first linear's values
+ * and the GELU's gradient (plan_gelu_between_linears: the one plan that changes results). */
 #include "nn/graph_internal.h"
 
 static const dt_node *owner_of(const dt_model *m, const dt_node *n) {
@@ -125,11 +126,39 @@ static void plan_linear_grads(dt_model *m) {
     }
 }
 
+static bool linear_of_f32_grad(const dt_model *m, const dt_node *r) {
+    (void)m;
+    return r->a.kind == DT_LAYER_LINEAR && !r->grad_bf16;
+}
+
+/* A GELU between two bf16 linears (a GPT's MLP: c_fc -> gelu -> c_proj), once the GELU's values
+ * and c_fc's gradient are bf16: c_fc writes its values bf16 too, and c_proj the GELU's gradient
+ * (the GEMMs round their f32 sums as they store them), so that all four buffers around the GELU
+ * are bf16. This one rounds where the f32 plan does not: the GELU reads x and dout rounded to
+ * bf16 (as autocast's bf16 linear outputs are); graph_bf16_test bounds the difference. */
+static void plan_gelu_between_linears(dt_model *m) {
+    const dt_backend *be = m->be;
+    if (!be || !be->gelu_forward_bf16io || !be->gelu_backward_bf16io || !be->linear_forward_bf16io ||
+        !be->linear_backward_bf16_din)
+        return;
+    for (int i = 0; i < m->n; i++) {
+        dt_node *g = &m->nodes[i];
+        if (g->alias || g->a.kind != DT_LAYER_GELU || !g->bf16 || g->in[0] < 0) continue;
+        dt_node *f = &m->nodes[g->in[0]];
+        bool all;
+        if (f->alias || f->a.kind != DT_LAYER_LINEAR || !f->grad_bf16 || f->bf16 ||
+            readers(m, i, linear_of_f32_grad, &all) != 1 || !all)
+            continue;
+        f->bf16 = g->grad_bf16 = true;
+    }
+}
+
 void dt_graph_plan_bf16(dt_model *m) {
     const dt_backend *be = m->be;
     for (int i = 0; i < m->n; i++) m->nodes[i].bf16 = m->nodes[i].grad_bf16 = false;
     plan_linear_inputs(m);
     plan_linear_grads(m);
+    plan_gelu_between_linears(m);
     if (!be || be->precision != DT_BF16 || !be->conv2d_bf16_values || !be->maxpool2d_forward_blocked_bf16 ||
         !be->maxpool2d_backward_blocked_bf16)
         return;

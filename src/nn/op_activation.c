@@ -37,6 +37,8 @@ static dt_status act_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
     const float *x = dt_node_in(m, n, 0);
     const size_t count = COUNT(c, n);
     if (!n->bf16) return act(c->be, n->a.kind, n->out, x, count), DT_OK;
+    if (dt_node_in_bf16(m, n, 0))  /* bf16 x too (graph_layout.c) */
+        return c->be->gelu_forward_bf16io(dt_node_out_bf16(n), dt_node_in_bf16_values(m, n, 0), count), DT_OK;
     if (act_rounds_itself(c->be, n)) return c->be->gelu_forward_bf16(dt_node_out_bf16(n), x, count), DT_OK;
     for (size_t i = 0; i < count; i += DT_BF16_PIECE) {
         const size_t k = count - i < DT_BF16_PIECE ? count - i : DT_BF16_PIECE;
@@ -52,7 +54,10 @@ static void act_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float *co
     switch (n->a.kind) {
     case DT_LAYER_RELU: c->be->relu_backward(din[0], n->grad, x, COUNT(c, n)); break;
     case DT_LAYER_GELU:
-        if (dt_node_in_grad_bf16(m, n, 0))  /* a bf16 linear's gradient (graph_layout.c) */
+        if (n->grad_bf16)  /* x, dout and din bf16 (graph_layout.c) */
+            c->be->gelu_backward_bf16io((uint16_t *)(void *)din[0], (const uint16_t *)(const void *)n->grad,
+                                        dt_node_in_bf16_values(m, n, 0), COUNT(c, n));
+        else if (dt_node_in_grad_bf16(m, n, 0))  /* a bf16 linear's gradient (graph_layout.c) */
             c->be->gelu_backward_bf16((uint16_t *)(void *)din[0], n->grad, x, COUNT(c, n));
         else c->be->gelu_backward(din[0], n->grad, x, COUNT(c, n));
         break;

@@ -51,7 +51,10 @@ static dt_status linear_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
     dims(m, n, &C, &rows);
     const float *b = n->a.bias ? c->params + dt_node_tensor_off(m, n, 1) : NULL;
     const float *w = c->params + dt_node_tensor_off(m, n, 0);
-    if (dt_node_in_bf16(m, n, 0))  /* stored bf16 by the node before (graph_layout.c) */
+    if (n->bf16)  /* bf16 in and out (graph_layout.c) */
+        c->be->linear_forward_bf16io(dt_node_out_bf16(n), dt_node_in_bf16_values(m, n, 0), w, b, c->B * rows, C,
+                                     n->a.out);
+    else if (dt_node_in_bf16(m, n, 0))  /* stored bf16 by the node before (graph_layout.c) */
         c->be->linear_forward_bf16(n->out, dt_node_in_bf16_values(m, n, 0), w, b, c->B * rows, C,
                                    n->a.out);
     else c->be->linear_forward(n->out, dt_node_in(m, n, 0), w, b, c->B * rows, C, n->a.out);
@@ -67,6 +70,9 @@ static void linear_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float 
     if (n->grad_bf16)  /* bf16 values in and a bf16 gradient (graph_layout.c) */
         c->be->linear_backward_bf16_grad(din[0], dw, db, (uint16_t *)(void *)n->grad,
                                          dt_node_in_bf16_values(m, n, 0), w, c->B * rows, C, n->a.out);
+    else if (din[0] && dt_node_in_grad_bf16(m, n, 0))  /* bf16 values in, their gradient out bf16 */
+        c->be->linear_backward_bf16_din((uint16_t *)(void *)din[0], dw, db, n->grad, dt_node_in_bf16_values(m, n, 0),
+                                        w, c->B * rows, C, n->a.out);
     else if (dt_node_in_bf16(m, n, 0))
         c->be->linear_backward_bf16(din[0], dw, db, n->grad, dt_node_in_bf16_values(m, n, 0), w,
                                     c->B * rows, C, n->a.out);
