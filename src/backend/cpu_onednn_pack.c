@@ -67,22 +67,35 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) static void pack
 
 /* The same block from a column-major B (element (k, n) at src[n * ld + k], a linear layer's
  * weight as the forward's w^T): each column's 16 values of the block are 8 pairs already, cast
- * to 8 32-bit words; then for each pair row a gather takes the 16 columns' words. */
+ * to 8 32-bit words; 16 columns' words (two columns a register, 8 registers) are then transposed
+ * in registers into the block's 8 pair rows of those 16 columns: an 8 x 8 transpose of words in
+ * each 256-bit half (unpacks of 32 and 64 bits, then 128-bit lanes picked across two registers). */
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) static void pack_block_t(uint16_t *dst, const float *src,
                                                                                  int64_t ld, int K, int N, int k0,
                                                                                  int n0, int nb) {
-    uint32_t w[64][8];  /* [column][pair]: 64 >= nb */
     const int left = K - k0;
     const __mmask16 m = left >= 16 ? 0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
-    for (int n = 0; n < nb; n++) {
-        const __m512 v = n0 + n < N ? _mm512_maskz_loadu_ps(m, src + (int64_t)(n0 + n) * ld + k0) : _mm512_setzero_ps();
-        _mm256_storeu_si256((__m256i *)w[n], (__m256i)_mm512_cvtneps_pbh(v));
+    const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13), hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+    for (int n = 0; n < nb; n += 16) {
+        __m512i z[8], a[8], b[8];
+        for (int j = 0; j < 8; j++) {  /* z[j]: column n + j's 8 words, then column n + j + 8's */
+            const int ca = n0 + n + j, cb = ca + 8;
+            const __m512 va = ca < N ? _mm512_maskz_loadu_ps(m, src + (int64_t)ca * ld + k0) : _mm512_setzero_ps();
+            const __m512 vb = cb < N ? _mm512_maskz_loadu_ps(m, src + (int64_t)cb * ld + k0) : _mm512_setzero_ps();
+            z[j] = _mm512_inserti64x4(_mm512_castsi256_si512((__m256i)_mm512_cvtneps_pbh(va)),
+                                      (__m256i)_mm512_cvtneps_pbh(vb), 1);
+        }
+        for (int j = 0; j < 8; j += 2)
+            a[j] = _mm512_unpacklo_epi32(z[j], z[j + 1]), a[j + 1] = _mm512_unpackhi_epi32(z[j], z[j + 1]);
+        for (int j = 0; j < 8; j += 4) {  /* b[j + q], 128-bit lane L: word 4L + q of columns j..j+3 */
+            b[j] = _mm512_unpacklo_epi64(a[j], a[j + 2]), b[j + 1] = _mm512_unpackhi_epi64(a[j], a[j + 2]);
+            b[j + 2] = _mm512_unpacklo_epi64(a[j + 1], a[j + 3]), b[j + 3] = _mm512_unpackhi_epi64(a[j + 1], a[j + 3]);
+        }
+        for (int q = 0; q < 4; q++) {  /* pair rows q (lanes 0, 2) and q + 4 (lanes 1, 3) */
+            _mm512_storeu_si512(dst + ((size_t)q * nb + n) * 2, _mm512_permutex2var_epi64(b[q], lo, b[q + 4]));
+            _mm512_storeu_si512(dst + ((size_t)(q + 4) * nb + n) * 2, _mm512_permutex2var_epi64(b[q], hi, b[q + 4]));
+        }
     }
-    const __m512i at = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                          _mm512_set1_epi32(8));
-    for (int kp = 0; kp < 8; kp++)
-        for (int n = 0; n < nb; n += 16)
-            _mm512_storeu_si512(dst + ((size_t)kp * nb + n) * 2, _mm512_i32gather_epi32(at, &w[n][kp], 4));
 }
 
 void dt_dnnl_vnni_pack(void *dst, const void *src, dt_vnni_src kind, int K, int N, int64_t ld, int nb, int Kp) {
