@@ -81,7 +81,8 @@ void dt_gelu_backward_bf16_isa(dt_isa isa, uint16_t *din, const float *dout, con
     const bool native = dt_cast_bf16_native();
 #if DT_ISA_X86
     if (isa == DT_ISA_AVX512)
-        return native ? dt_gelu_backward_bf16_avx512bf16(din, dout, x, n) : dt_gelu_backward_bf16_avx512(din, dout, x, n);
+        return native ? dt_gelu_backward_bf16_avx512bf16(din, dout, x, n)
+                      : dt_gelu_backward_bf16_avx512(din, dout, x, n);
     if (isa == DT_ISA_AVX2 && !native) return dt_gelu_backward_bf16_avx2(din, dout, x, n);
 #endif
     for (size_t i = 0; i < n; i += 256) {  /* as dt_gelu_forward_bf16_isa */

@@ -98,15 +98,23 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) static void pack
     }
 }
 
+/* Row-major sources are read a block row at a time (whole rows: 1.3-2.8x faster than column
+ * strips at the GPT's and the CNN's shapes), column-major ones a block column at a time (its
+ * columns read down, as they lie). */
 void dt_dnnl_vnni_pack(void *dst, const void *src, dt_vnni_src kind, int K, int N, int64_t ld, int nb, int Kp) {
     const int KB = Kp / 16, NB = (N + nb - 1) / nb;
     uint16_t *d = dst;
-    for (int j = 0; j < NB; j++)
-        for (int i = 0; i < KB; i++) {
-            uint16_t *blk = d + ((size_t)j * KB + i) * 16 * nb;
-            if (kind == DT_VNNI_F32_COLS) pack_block_t(blk, src, ld, K, N, 16 * i, nb * j, nb);
-            else pack_block(blk, src, kind == DT_VNNI_BF16_ROWS, ld, K, N, 16 * i, nb * j, nb);
-        }
+    const size_t blk = (size_t)16 * nb;
+    if (kind == DT_VNNI_F32_COLS) {
+        for (int j = 0; j < NB; j++)
+            for (int i = 0; i < KB; i++)
+                pack_block_t(d + ((size_t)j * KB + i) * blk, src, ld, K, N, 16 * i, nb * j, nb);
+        return;
+    }
+    const bool bf16 = kind == DT_VNNI_BF16_ROWS;
+    for (int i = 0; i < KB; i++)
+        for (int j = 0; j < NB; j++)
+            pack_block(d + ((size_t)j * KB + i) * blk, src, bf16, ld, K, N, 16 * i, nb * j, nb);
 }
 
 #endif

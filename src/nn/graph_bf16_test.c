@@ -209,8 +209,8 @@ static void check_grads(const dt_backend *be, const int32_t *ids, int B) {
     for (size_t i = 0; bias && i < np; i++) other += !bias[i] && memcmp(&ga[i], &gb[i], sizeof(float));
     CHECK_MSG(other == 0, "gpt: %zu gradients besides the c_fc and c_attn biases differ with bf16 gradients",
               other);
-    printf("%s: bf16 c_fc and c_attn gradients: %d of the %d biases' gradients differ, worst %.3f of the rounding bound; "
-           "the other %zu equal bitwise\n", spec, diff, nbias, worst, np - (size_t)nbias);
+    printf("%s: bf16 c_fc and c_attn gradients: %d of the %d biases' gradients differ, worst %.3f of the rounding "
+           "bound; the other %zu equal bitwise\n", spec, diff, nbias, worst, np - (size_t)nbias);
     free(bias);
     dt_model_free(a), dt_model_free(b);
 }
