@@ -60,70 +60,74 @@ void dt_gelu_forward_isa(dt_isa isa, float *out, const float *in, size_t n) {
     }
 }
 
-void dt_gelu_forward_bf16_isa(dt_isa isa, uint16_t *out, const float *in, size_t n) {
+/* The vector copy of a bf16-out GELU kernel whose rounding is dt_cast_bf16's on this CPU (NULL:
+ * none; the caller rounds f32 pieces with dt_cast_bf16): AVX-512's with AVX512-BF16 where the CPU
+ * has it, else its integer rounding; AVX2's only where the cast is not native (the instruction
+ * flushes denormals, the integer rounding does not). */
+enum { COPY_NONE, COPY_AVX512BF16, COPY_AVX512, COPY_AVX2 };
+static int bf16_copy(dt_isa isa) {
     const bool native = dt_cast_bf16_native();
+    if (isa == DT_ISA_AVX512) return native ? COPY_AVX512BF16 : COPY_AVX512;
+    return isa == DT_ISA_AVX2 && !native ? COPY_AVX2 : COPY_NONE;
+}
 #if DT_ISA_X86
-    if (isa == DT_ISA_AVX512)
-        return native ? dt_gelu_forward_bf16_avx512bf16(out, in, n) : dt_gelu_forward_bf16_avx512(out, in, n);
-    if (isa == DT_ISA_AVX2 && !native) return dt_gelu_forward_bf16_avx2(out, in, n);
+#define BF16_COPY(isa, name)                                     \
+    (bf16_copy(isa) == COPY_AVX512BF16 ? name##_avx512bf16    \
+     : bf16_copy(isa) == COPY_AVX512   ? name##_avx512        \
+     : bf16_copy(isa) == COPY_AVX2     ? name##_avx2          \
+                                       : NULL)
+#else
+#define BF16_COPY(isa, name) NULL
 #endif
-    /* the portable copy, or AVX2 where dt_cast_bf16 rounds with AVX512-BF16 (denormals to zero) */
-    for (size_t i = 0; i < n; i += 256) {
-        float piece[256];
-        const size_t k = n - i < 256 ? n - i : 256;
-        dt_gelu_forward_isa(isa, piece, in + i, k);
-        dt_cast_bf16(out + i, piece, k);
+
+enum { PIECE = 256 };  /* floats of a stack piece */
+
+void dt_gelu_forward_bf16_isa(dt_isa isa, uint16_t *out, const float *in, size_t n) {
+    void (*k)(uint16_t *, const float *, size_t) = BF16_COPY(isa, dt_gelu_forward_bf16);
+    if (k) return k(out, in, n);
+    for (size_t i = 0; i < n; i += PIECE) {
+        float piece[PIECE];
+        const size_t m = n - i < PIECE ? n - i : PIECE;
+        dt_gelu_forward_isa(isa, piece, in + i, m);
+        dt_cast_bf16(out + i, piece, m);
     }
 }
 
 void dt_gelu_backward_bf16_isa(dt_isa isa, uint16_t *din, const float *dout, const float *x, size_t n) {
     if (!din) return;
-    const bool native = dt_cast_bf16_native();
-#if DT_ISA_X86
-    if (isa == DT_ISA_AVX512)
-        return native ? dt_gelu_backward_bf16_avx512bf16(din, dout, x, n)
-                      : dt_gelu_backward_bf16_avx512(din, dout, x, n);
-    if (isa == DT_ISA_AVX2 && !native) return dt_gelu_backward_bf16_avx2(din, dout, x, n);
-#endif
-    for (size_t i = 0; i < n; i += 256) {  /* as dt_gelu_forward_bf16_isa */
-        float piece[256];
-        const size_t k = n - i < 256 ? n - i : 256;
-        dt_gelu_backward_isa(isa, piece, dout + i, x + i, k);
-        dt_cast_bf16(din + i, piece, k);
+    void (*k)(uint16_t *, const float *, const float *, size_t) = BF16_COPY(isa, dt_gelu_backward_bf16);
+    if (k) return k(din, dout, x, n);
+    for (size_t i = 0; i < n; i += PIECE) {
+        float piece[PIECE];
+        const size_t m = n - i < PIECE ? n - i : PIECE;
+        dt_gelu_backward_isa(isa, piece, dout + i, x + i, m);
+        dt_cast_bf16(din + i, piece, m);
     }
 }
 
-/* The bf16-in copies, picked as dt_gelu_forward_bf16_isa picks; the others widen pieces. */
+/* The bf16-in kernels: the vector copies widen in registers; else pieces are widened, then the
+ * bf16-out kernel runs on them. */
 void dt_gelu_forward_bf16io_isa(dt_isa isa, uint16_t *out, const uint16_t *in, size_t n) {
-    const bool native = dt_cast_bf16_native();
-#if DT_ISA_X86
-    if (isa == DT_ISA_AVX512)
-        return native ? dt_gelu_forward_bf16io_avx512bf16(out, in, n) : dt_gelu_forward_bf16io_avx512(out, in, n);
-    if (isa == DT_ISA_AVX2 && !native) return dt_gelu_forward_bf16io_avx2(out, in, n);
-#endif
-    for (size_t i = 0; i < n; i += 256) {
-        float piece[256];
-        const size_t k = n - i < 256 ? n - i : 256;
-        dt_widen_bf16(piece, in + i, k);
-        dt_gelu_forward_bf16_isa(isa, out + i, piece, k);
+    void (*k)(uint16_t *, const uint16_t *, size_t) = BF16_COPY(isa, dt_gelu_forward_bf16io);
+    if (k) return k(out, in, n);
+    for (size_t i = 0; i < n; i += PIECE) {
+        float piece[PIECE];
+        const size_t m = n - i < PIECE ? n - i : PIECE;
+        dt_widen_bf16(piece, in + i, m);
+        dt_gelu_forward_bf16_isa(isa, out + i, piece, m);
     }
 }
 
 void dt_gelu_backward_bf16io_isa(dt_isa isa, uint16_t *din, const uint16_t *dout, const uint16_t *x, size_t n) {
     if (!din) return;
-    const bool native = dt_cast_bf16_native();
-#if DT_ISA_X86
-    if (isa == DT_ISA_AVX512)
-        return native ? dt_gelu_backward_bf16io_avx512bf16(din, dout, x, n)
-                      : dt_gelu_backward_bf16io_avx512(din, dout, x, n);
-    if (isa == DT_ISA_AVX2 && !native) return dt_gelu_backward_bf16io_avx2(din, dout, x, n);
-#endif
-    for (size_t i = 0; i < n; i += 256) {
-        float d[256], xs[256];
-        const size_t k = n - i < 256 ? n - i : 256;
-        dt_widen_bf16(d, dout + i, k);
-        dt_widen_bf16(xs, x + i, k);
-        dt_gelu_backward_bf16_isa(isa, din + i, d, xs, k);
+    void (*k)(uint16_t *, const uint16_t *, const uint16_t *, size_t) = BF16_COPY(isa, dt_gelu_backward_bf16io);
+    if (k) return k(din, dout, x, n);
+    for (size_t i = 0; i < n; i += PIECE) {
+        float d[PIECE], xs[PIECE];
+        const size_t m = n - i < PIECE ? n - i : PIECE;
+        dt_widen_bf16(d, dout + i, m);
+        dt_widen_bf16(xs, x + i, m);
+        dt_gelu_backward_bf16_isa(isa, din + i, d, xs, m);
     }
 }
 
