@@ -122,13 +122,9 @@ dt_status dt_shm_mismatch(dt_shm *s, int p, const dt_coll_desc *theirs) {
     return abort_error(s);
 }
 
-/* A collective's data may all have arrived while a peer found a mismatch and aborted the job (and
- * then left, its descriptors gone): the abort word is read here too, so that the collective
- * reports the mismatch instead of success. */
 dt_status dt_shm_check_peer(dt_shm *s, int p) {
     dt_coll_desc d;
     if (!s->in_coll || p == s->me) return DT_OK;
-    if (atomic_load(&s->hdr->abort_state) == 2) return abort_error(s);
     if (dt_shm_peer_desc(s, p, s->cur.seq, &d) && !dt_coll_desc_match(&s->cur, &d)) return dt_shm_mismatch(s, p, &d);
     return DT_OK;
 }
