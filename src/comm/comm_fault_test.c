@@ -2,10 +2,15 @@
  * DT_EPEER naming it, the op and its sequence number, within seconds), mismatched collectives
  * (DT_EMISMATCH naming both sides, direct and ring paths), deadlines (DT_ETIMEDOUT naming the
  * missing rank), a rank that leaves, a p2p size mismatch, and /dev/shm left clean after a
- * normal job and after a crash. */
+ * normal job and after a crash. Two ranks that find the same failure race to publish it: the
+ * loser returns the winner's reason once it is written (it returned DT_OK when it read the
+ * status first), or its own when the winner leaves before it finishes. */
 #include "comm/comm_testlib.h"
+#include "comm/shm.h"
 
+#include <pthread.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 typedef struct {
     double kill_time;   /* set by the parent right after kill -9 */
@@ -200,7 +205,53 @@ static int left_after_done_rank(int R, int N, const char *job, void *arg) {
     return dt_test_failures;
 }
 
+/* The winner of the abort race, a thread of rank 0 still writing its reason, finishes after 50 ms. */
+static void *finish_abort(void *arg) {
+    dt_shm *s = arg;
+    usleep(50000);
+    s->hdr->abort_status = DT_ETIMEDOUT;
+    snprintf(s->hdr->abort_msg, sizeof s->hdr->abort_msg, "the winner's reason");
+    atomic_store(&s->hdr->abort_state, 2);
+    return NULL;
+}
+
+/* Rank 0 loses the race to publish an abort. arg 1: a thread of its own is the winner and
+ * finishes; 0: rank 1 is the winner and leaves without finishing. No time bound: the loser waits
+ * for as long as the winner lives. */
+static int abort_race_rank(int R, int N, const char *job, void *arg) {
+    const bool finishes = *(const int *)arg;
+    dt_transport *t = NULL;
+    dt_transport_params p = {.rank = R, .size = N, .local_rank = R, .job_id = job, .timeout_s = 30};
+    CHECK_OK(dt_transport_shm_create(&t, &p));
+    if (!t) return 1;
+    dt_shm *s = (dt_shm *)t;
+    if (R == 1 && !finishes) {
+        int32_t zero = 0;
+        CHECK(atomic_compare_exchange_strong(&s->hdr->abort_state, &zero, 3 + 1));
+    }
+    if (R == 0) {
+        pthread_t th;
+        if (finishes) {
+            int32_t zero = 0;
+            CHECK(atomic_compare_exchange_strong(&s->hdr->abort_state, &zero, 3 + 0));
+            CHECK(pthread_create(&th, NULL, finish_abort, s) == 0);
+        } else {
+            while (atomic_load(&s->hdr->abort_state) != 3 + 1) sched_yield();  /* rank 1 took it */
+        }
+        const dt_status st = dt_shm_fail(s, DT_EMISMATCH, "the loser's reason");
+        if (finishes) pthread_join(th, NULL);
+        const char *want = finishes ? "the winner's reason" : "the loser's reason";
+        CHECK_MSG(st == (finishes ? DT_ETIMEDOUT : DT_EMISMATCH) && strstr(dt_last_error(), want),
+                  "the loser of the abort race (the winner %s) got %s: %s", finishes ? "finishes" : "leaves",
+                  dt_status_str(st), dt_last_error());
+    }
+    t->ops->destroy(t);
+    return dt_test_failures;
+}
+
 int main(void) {
+    for (int finishes = 1; finishes >= 0; finishes--)
+        CHECK_MSG(dt_run_ranks(2, abort_race_rank, &finishes, 30) == 0, "abort race");
     run_kill(4, 2);
     run_kill(3, 0);
     run_kill(2, 1);

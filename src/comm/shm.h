@@ -38,7 +38,7 @@ typedef struct {
     uint64_t d_chunk;                /* bytes per direct slot */
     uint64_t off_ranks, off_chans, off_direct, chan_bytes[SHM_KINDS];
     _Atomic uint32_t ready, attached;
-    _Atomic int32_t abort_state;     /* 0 none, 1 being written, 2 set */
+    _Atomic int32_t abort_state;     /* 0 none, 2 set, 3 + r being written by rank r */
     int32_t abort_status;
     char abort_msg[512];
 } shm_header;
@@ -183,8 +183,11 @@ typedef int (*dt_shm_poll)(dt_shm *s, void *arg, dt_status *st);
 /* Spins briefly, then sleeps on the own doorbell until poll() says done; checks the deadline,
  * the job's abort flag, peer liveness and posted descriptors. `what` names the op in errors. */
 dt_status dt_shm_block(dt_shm *s, dt_shm_poll poll, void *arg, double deadline, bool stop_on_progress);
-/* Publishes a job-wide failure (first one wins) and wakes every rank. */
+/* Publishes a job-wide failure (first one wins; a later caller waits until the first one's is
+ * written, or its writer died or left) and wakes every rank. */
 void dt_shm_abort(dt_shm *s, dt_status st, const char *msg);
+/* dt_shm_abort, the transport marked broken, and the job's abort returned as the error. */
+dt_status dt_shm_fail(dt_shm *s, dt_status st, const char *msg);
 /* Reads peer p's descriptor for `seq` consistently; false if it has not posted that seq. */
 bool dt_shm_peer_desc(dt_shm *s, int p, uint64_t seq, dt_coll_desc *out);
 /* Checks peer p's posted descriptor for the current op; on a mismatch aborts the job and

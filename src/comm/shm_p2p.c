@@ -48,9 +48,7 @@ static dt_status size_mismatch(dt_shm *s, int peer, int tag, uint64_t sent, size
         snprintf(msg, sizeof msg, "rank %d sent %llu bytes with tag %d but rank %d posted a receive of %zu bytes",
                  peer, (unsigned long long)sent, tag, s->me, want);
     }
-    dt_shm_abort(s, DT_EMISMATCH, msg);
-    s->broken = true;
-    return dt_error((dt_status)s->hdr->abort_status, "%s", s->hdr->abort_msg);
+    return dt_shm_fail(s, DT_EMISMATCH, msg);
 }
 
 /* copies as many fragments of the queued sends to `peer` as the channel has room for */

@@ -85,13 +85,26 @@ bool dt_shm_peer_desc(dt_shm *s, int p, uint64_t seq, dt_coll_desc *out) {
     return s2 == seq;
 }
 
+/* Waits, yielding, until the abort rank abort_state - 3 is writing is published, or that rank
+ * dies or leaves before it is. */
+static void wait_abort_published(dt_shm *s) {
+    for (;;) {
+        const int32_t st = atomic_load_explicit(&s->hdr->abort_state, memory_order_acquire);
+        if (st < 3) return;
+        if (st - 3 != s->me && peer_state(s, st - 3) != 0) return;
+        sched_yield();
+    }
+}
+
 void dt_shm_abort(dt_shm *s, dt_status st, const char *msg) {
     shm_header *h = s->hdr;
     int32_t zero = 0;
-    if (atomic_compare_exchange_strong(&h->abort_state, &zero, 1)) {
+    if (atomic_compare_exchange_strong(&h->abort_state, &zero, 3 + s->me)) {
         h->abort_status = st;
         snprintf(h->abort_msg, sizeof h->abort_msg, "%s", msg);
         atomic_store(&h->abort_state, 2);
+    } else {
+        wait_abort_published(s);
     }
     for (int r = 0; r < s->n; r++) {
         shm_rank *R = shm_rank_at(s, r);
@@ -100,9 +113,24 @@ void dt_shm_abort(dt_shm *s, dt_status st, const char *msg) {
     }
 }
 
+/* The job's abort as an error, read only once its writer has finished (abort_state 2: before,
+ * abort_status still reads 0, DT_OK); else the transport's own failure. */
 static dt_status abort_error(dt_shm *s) {
     s->broken = true;
-    return dt_error((dt_status)s->hdr->abort_status, "%s", s->hdr->abort_msg);
+    if (atomic_load_explicit(&s->hdr->abort_state, memory_order_acquire) == 2)
+        return dt_error((dt_status)s->hdr->abort_status, "%s", s->hdr->abort_msg);
+    return dt_error(DT_EPEER, "the shm transport failed earlier; create a new communicator");
+}
+
+/* Aborts the job with st / msg, or joins the abort another rank is publishing (two ranks that
+ * find the same mismatch race for it), and returns the job's abort: the loser of the race used to
+ * read the winner's status before it was written, and a mismatched collective returned DT_OK. */
+dt_status dt_shm_fail(dt_shm *s, dt_status st, const char *msg) {
+    dt_shm_abort(s, st, msg);
+    s->broken = true;
+    if (atomic_load_explicit(&s->hdr->abort_state, memory_order_acquire) == 2)
+        return dt_error((dt_status)s->hdr->abort_status, "%s", s->hdr->abort_msg);
+    return dt_error(st, "%s", msg);  /* its writer died or left first: our own reason */
 }
 
 dt_status dt_shm_mismatch(dt_shm *s, int p, const dt_coll_desc *theirs) {
@@ -118,8 +146,7 @@ dt_status dt_shm_mismatch(dt_shm *s, int p, const dt_coll_desc *theirs) {
     else
         snprintf(msg, sizeof msg, "rank %d called %s at #%llu but rank %d called %s at #%llu", a, sa,
                  (unsigned long long)qa, b, sb, (unsigned long long)qb);
-    dt_shm_abort(s, DT_EMISMATCH, msg);
-    return abort_error(s);
+    return dt_shm_fail(s, DT_EMISMATCH, msg);
 }
 
 dt_status dt_shm_check_peer(dt_shm *s, int p) {
@@ -183,8 +210,7 @@ static dt_status slow_checks(dt_shm *s, double deadline, double now, bool idle, 
             snprintf(msg, sizeof msg, "%s on rank %d timed out; raise %s (seconds) if the job is only slow",
                      what_str(s, what, sizeof what, rq), s->me, s->base.timeout_knob);
         if (!rq) { /* a collective: fail the whole job so no rank goes on alone */
-            dt_shm_abort(s, DT_ETIMEDOUT, msg);
-            return abort_error(s);
+            return dt_shm_fail(s, DT_ETIMEDOUT, msg);
         }
         s->broken = true;
         return dt_error(DT_ETIMEDOUT, "%s", msg);
