@@ -8,7 +8,6 @@
 
 #if DT_HAVE_DNNL
 #include <stdlib.h>
-#include <string.h>
 
 #include "backend/onednn.h"
 
@@ -161,6 +160,17 @@ static void bias_sums(float *db, const float *dout, int B, int OC) {
         }
 }
 
+/* Both native bf16 GEMMs of a linear's backward, keyed to take dout cast (a_bf16): dout is cast
+ * once (slot 0) with db's sums, then dw (OC,C) += d16^T @ in and din = d16 @ w (f32, or bf16 where
+ * pd was keyed with c_bf16). */
+static void native_backward(const mm_plan *pw, const mm_plan *pd, void *din, float *dw, float *db, const float *dout,
+                            const void *in, const float *w, int B, int OC) {
+    uint16_t *d16 = dt_dnnl_scratch(0, (size_t)B * OC * sizeof(uint16_t));
+    cast_and_bias_sums(d16, db, dout, B, OC);
+    mm_run(pw, dw, d16, in, NULL);
+    mm_run(pd, din, d16, w, NULL);
+}
+
 /* dw (OC,C) += dout^T (OC,B) @ in (B,C);  din (B,C) = dout (B,OC) @ w (OC,C). in is f32, or bf16
  * (in16, at bf16: a native dw entry packs it as it is; in is NULL then). */
 static void linear_backward_of(dt_dtype p, float *din, float *dw, float *db, const float *dout, const float *in,
@@ -176,12 +186,8 @@ static void linear_backward_of(dt_dtype p, float *din, float *dw, float *db, con
         return linear_backward_of(p, din, dw, db, dout, widened(in16, (size_t)B * C), NULL, w, B, C, OC);
     if (!ok) return fallback(p)->linear_backward(din, dw, db, dout, in, w, B, C, OC);
     const void *b_in = in16 ? (const void *)in16 : (const void *)in;
-    if (cast && !pw.round && !pd.round) {  /* both native bf16 entries, keyed to take the cast */
-        uint16_t *d16 = dt_dnnl_scratch(0, (size_t)B * OC * sizeof(uint16_t));
-        cast_and_bias_sums(d16, db, dout, B, OC);
-        mm_run(&pw, dw, d16, b_in, NULL);
-        return mm_run(&pd, din, d16, w, NULL);
-    }
+    if (cast && !pw.round && !pd.round)  /* both native bf16 entries, keyed to take the cast */
+        return native_backward(&pw, &pd, din, dw, db, dout, b_in, w, B, OC);
     if (cast) {  /* an f32 fallback entry: the a_bf16 key never reached a bf16 entry */
         sw.a_bf16 = sd.a_bf16 = false;
         if (!mm_prepare(&pw, &sw, p) || !mm_prepare(&pd, &sd, p))
@@ -207,17 +213,15 @@ void dt_dnnl_linear_backward_bf16(float *din, float *dw, float *db, const float 
     linear_backward_of(DT_BF16, din, dw, db, dout, NULL, in, w, B, C, OC);
 }
 
-/* db (OC; NULL: none) += the column sums of the bf16 dout (B, OC), in row order. */
+/* db (OC; NULL: none) += the column sums of the bf16 dout (B, OC), in row order (each row
+ * widened a piece at a time). */
 static void bias_sums_bf16(float *db, const uint16_t *dout, int B, int OC) {
-    if (db)
-        for (int i = 0; i < B; i++) {
-            const uint16_t *restrict row = dout + (size_t)i * OC;
-            for (int j = 0; j < OC; j++) {
-                const uint32_t u = (uint32_t)row[j] << 16;
-                float v;
-                memcpy(&v, &u, sizeof v);
-                db[j] += v;
-            }
+    float piece[256];
+    for (int i = 0; db && i < B; i++)
+        for (int j0 = 0; j0 < OC; j0 += 256) {
+            const int m = OC - j0 < 256 ? OC - j0 : 256;
+            dt_widen_bf16(piece, dout + (size_t)i * OC + j0, (size_t)m);
+            for (int j = 0; j < m; j++) db[j0 + j] += piece[j];
         }
 }
 
@@ -237,10 +241,7 @@ void dt_dnnl_linear_backward_bf16_grad(float *din, float *dw, float *db, uint16_
         return mm_run(&pd, din, dout, w, NULL);
     }
     float *f = (float *)(void *)dout;
-    for (size_t i = (size_t)B * OC; i-- > 0;) {
-        const uint32_t u = (uint32_t)dout[i] << 16;
-        memcpy(&f[i], &u, sizeof u);
-    }
+    for (size_t i = (size_t)B * OC; i-- > 0;) f[i] = dt_bf16_to_f32(dout[i]);  /* in place: the last first */
     linear_backward_of(DT_BF16, din, dw, NULL, f, NULL, in, w, B, C, OC);
 }
 
@@ -264,12 +265,8 @@ void dt_dnnl_linear_backward_bf16_din(uint16_t *din, float *dw, float *db, const
     mm_shape sd = {.M = B, .N = C, .K = OC, .sa = {OC, 1}, .sb = {C, 1}, .a_bf16 = true, .c_bf16 = true};
     mm_plan pw, pd;
     if (B > 0 && OC > 0 && C > 0 && dw && din && dt_dnnl_cast_fast() && mm_prepare(&pw, &sw, DT_BF16) && !pw.round &&
-        mm_prepare(&pd, &sd, DT_BF16)) {  /* as linear_backward_of's native path, din written bf16 */
-        uint16_t *d16 = dt_dnnl_scratch(0, (size_t)B * OC * sizeof(uint16_t));
-        cast_and_bias_sums(d16, db, dout, B, OC);
-        mm_run(&pw, dw, d16, in, NULL);
-        return mm_run(&pd, din, d16, w, NULL);
-    }
+        mm_prepare(&pd, &sd, DT_BF16))  /* as linear_backward_of's native path, din written bf16 */
+        return native_backward(&pw, &pd, din, dw, db, dout, in, w, B, OC);
     float *f = din ? dt_dnnl_scratch(4, (size_t)B * C * sizeof(float)) : NULL;
     linear_backward_of(DT_BF16, f, dw, db, dout, NULL, in, w, B, C, OC);
     if (din) dt_cast_bf16(din, f, (size_t)B * C);

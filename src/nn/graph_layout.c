@@ -143,7 +143,7 @@ static void plan_gelu_between_linears(dt_model *m) {
         return;
     for (int i = 0; i < m->n; i++) {
         dt_node *g = &m->nodes[i];
-        if (g->alias || g->a.kind != DT_LAYER_GELU || !g->bf16 || g->in[0] < 0) continue;
+        if (g->alias || g->a.kind != DT_LAYER_GELU || !g->bf16) continue;
         dt_node *f = &m->nodes[g->in[0]];
         bool all;
         if (f->alias || f->a.kind != DT_LAYER_LINEAR || !f->grad_bf16 || f->bf16 ||
