@@ -192,9 +192,12 @@ dnnl_memory_desc_t dt_dnnl_md(int ndim, const int64_t *dims, dnnl_data_type_t dt
     return md;
 }
 
+void *dt_dnnl_alloc(size_t bytes) { return aligned_alloc(64, (bytes + 63) & ~(size_t)63); }
+
 void *dt_dnnl_scratch(int slot, size_t bytes) {
     if (bytes > tls.conv_n[slot]) {
-        void *p = realloc(tls.conv[slot], bytes);
+        free(tls.conv[slot]);
+        void *p = dt_dnnl_alloc(bytes);
         if (!p) abort();  /* kernels cannot fail; out of memory here is fatal */
         tls.conv[slot] = p, tls.conv_n[slot] = bytes;
     }

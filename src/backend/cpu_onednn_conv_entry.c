@@ -170,7 +170,7 @@ static bool add_backward_weights(dt_dnnl_entry *e, const conv_shape *s, const dn
     const int arg[4] = {DNNL_ARG_SRC, DNNL_ARG_DIFF_WEIGHTS, DNNL_ARG_DIFF_DST, DNNL_ARG_DIFF_BIAS};
     if (!dt_dnnl_step_add(e, pd, s->bias ? 4 : 3, arg, m, true)) return false;
     e->tmp_n = (size_t)s->OC * s->C * s->K * s->K + (s->bias ? (size_t)s->OC : 0);
-    return (e->tmp = malloc(e->tmp_n * sizeof(float))) != NULL;
+    return (e->tmp = dt_dnnl_alloc(e->tmp_n * sizeof(float))) != NULL;
 }
 
 /* diff_dst (plain at data pointer dout_i) as pd wants it. */

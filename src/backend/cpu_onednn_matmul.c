@@ -70,7 +70,7 @@ static dt_dnnl_entry *mm_entry(const mm_shape *s, dt_dtype p) {
      * (cpu_onednn_pack.c) */
     const bool dense = s->sb[1] == 1 || (s->sb[0] == 1 && !k.d[10]);  /* bf16 B: row-major only */
     const int nb = lowp && k.dt == dnnl_bf16 && dense ? dt_dnnl_vnni_block(&md[1], s->K, s->N) : 0;
-    if (nb && (e->tmp = malloc(dnnl_memory_desc_get_size(&md[1])))) e->pack_nb = nb, e->pack_kp = dt_dnnl_vnni_padded_k(&md[1]);
+    if (nb && (e->tmp = dt_dnnl_alloc(dnnl_memory_desc_get_size(&md[1])))) e->pack_nb = nb, e->pack_kp = dt_dnnl_vnni_padded_k(&md[1]);
     for (int i = 0; i < nargs; i++)
         m[i] = lowp && i < 2 && !(i == 1 && e->pack_nb) && !(i == 0 && k.d[9]) ? dt_dnnl_input(e, &ext[i], &md[i], i)
                                                                                 : dt_dnnl_mem(e, &md[i], i);

@@ -2,7 +2,7 @@
  * the same layout: bitwise equal bytes, padding included, for full and partial blocks and a
  * leading dimension wider than N; then the bf16 linear layer on the onednn backend (which packs
  * where the CPU allows) against the blas bf16 kernels (inputs rounded, sgemm), its bias gradient
- * included. */
+ * included; and that the buffers our code hands oneDNN are 64-byte aligned. */
 #include "core/test.h"
 
 #include <string.h>
@@ -81,7 +81,26 @@ static void linear_case(int B, int C, int OC) {
     free(x), free(w), free(b), free(dy);
 }
 
+/* The buffers our code hands oneDNN (packed B operands, cast inputs, scratch) start on 64-byte
+ * lines, at every size and after every growth: AMX rows that straddle lines ran a bf16 GEMM up to
+ * 2.6x slower (cpu_onednn.c). */
+static void alignment_case(void) {
+    const size_t sizes[] = {1, 2, 3, 17, 100, 4099, 200001, 1u << 20};
+    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+        void *p = dt_dnnl_alloc(sizes[i]);
+        CHECK_MSG(p && ((uintptr_t)p & 63) == 0, "dt_dnnl_alloc(%zu) gave %p, not 64-byte aligned", sizes[i], p);
+        memset(p, 1, sizes[i]);  /* all of it is ours (ASan checks) */
+        free(p);
+        for (int slot = 0; slot < DT_DNNL_SCRATCH_SLOTS; slot++) {
+            void *q = dt_dnnl_scratch(slot, sizes[i]);
+            CHECK_MSG(((uintptr_t)q & 63) == 0, "scratch slot %d at %zu bytes: %p, not 64-byte aligned", slot, sizes[i], q);
+            memset(q, 2, sizes[i]);
+        }
+    }
+}
+
 int main(void) {
+    alignment_case();
     if (!__builtin_cpu_supports("avx512bf16")) {
         printf("pack_test: no AVX512-BF16 here: oneDNN's reorders pack, nothing of ours to test\n");
         CHECK(dt_dnnl_vnni_block(NULL, 1, 1) == 0);
