@@ -214,7 +214,7 @@ void dt_conv_pool_forward(const dt_conv_pool_shape *s, float *out, uint8_t *win,
                 conv_pool_row(s, &k, k.wv + (size_t)ob * k.T, bv, oy);
                 for (int ox = 0; ox < k.OW; ox++) {
                     size_t ls, o = out_at(s, &k, n, ob, oy, ox, &ls);
-                    const vb wb = __builtin_convertvector(k.row_w[ox], vb);
+                    const vb wb = vi_low8(k.row_w[ox]);
                     if (s->out_bf16) {  /* blocked or NHWC (ls 1): VW bf16 values */
                         const vh h = vf_to_bf16(k.row_y[ox]);
                         memcpy((uint16_t *)out + o, &h, sizeof h), memcpy(win + o, &wb, sizeof wb);
@@ -271,16 +271,20 @@ static void weight_row(const dt_conv_pool_shape *s, const work *k, vf *restrict 
  * positions into row_w; the gradient's sum into db. */
 static void load_grad_row(const dt_conv_pool_shape *s, work *k, const float *dout, const uint8_t *win, int n, int ob,
                           int oy, vf *db) {
+    vf sum = *db;
     for (int ox = 0; ox < k->OW; ox++) {
         size_t ls, o = out_at(s, k, n, ob, oy, ox, &ls);
         vb wb;
-        if (ls == 1) memcpy(&k->row_g[ox], dout + o, sizeof(vf)), memcpy(&wb, win + o, sizeof wb);
+        vf g;  /* in registers: a store of halves read back whole cannot be forwarded (a stall) */
+        if (ls == 1) g = vf_load(dout + o), memcpy(&wb, win + o, sizeof wb);
         else
-            for (int l = 0; l < VW; l++) k->row_g[ox][l] = dout[o + l * ls], wb[l] = win[o + l * ls];
-        k->row_w[ox] = __builtin_convertvector(wb, vi);
-        k->row_g[ox] = vf_select(k->row_w[ox] != DT_CONV_POOL_STOP, k->row_g[ox], (vf){0});
-        *db += k->row_g[ox];
+            for (int l = 0; l < VW; l++) g[l] = dout[o + l * ls], wb[l] = win[o + l * ls];
+        const vi w = __builtin_convertvector(wb, vi);
+        g = vf_select(w != DT_CONV_POOL_STOP, g, (vf){0});
+        k->row_w[ox] = w, k->row_g[ox] = g;
+        sum += g;
     }
+    *db = sum;
 }
 
 void dt_conv_pool_backward(const dt_conv_pool_shape *s, float *dw, float *db, const float *dout, const uint8_t *win,
