@@ -85,14 +85,16 @@ typedef struct dt_backend {
      * (DT_LAYOUT_NHWC*, nhwc below) instead of blocked. NULL: never. */
     bool (*conv2d_bf16_nhwc)(void);
     /* Max pooling of a blocked input (NHWC with nhwc): out (and dout) in that layout when out_bl,
-     * else NCHW; argmax holds flat indices into the input. din is in the input's layout. */
+     * else NCHW; argmax holds flat indices into the input. din is in the input's layout. relu:
+     * the relu after the pool applied too (0 where the max is not > 0, NaN included, and argmax
+     * -1 there, so backward sends that gradient nowhere: relu's backward included). */
     void (*maxpool2d_forward_blocked)(float *out, int32_t *argmax, const float *in, int B, int C, int H, int W, int K,
-                                      int S, bool out_bl, bool nhwc);
+                                      int S, bool out_bl, bool nhwc, bool relu);
     void (*maxpool2d_backward_blocked)(float *din, const float *dout, const int32_t *argmax, int B, int C, int H,
                                        int W, int K, int S, bool out_bl, bool nhwc);
     /* The same of a blocked bf16 input (din bf16 too); out and dout f32. NULL where not. */
     void (*maxpool2d_forward_blocked_bf16)(float *out, int32_t *argmax, const uint16_t *in, int B, int C, int H, int W,
-                                           int K, int S, bool out_bl, bool nhwc);
+                                           int K, int S, bool out_bl, bool nhwc, bool relu);
     void (*maxpool2d_backward_blocked_bf16)(uint16_t *din, const float *dout, const int32_t *argmax, int B, int C,
                                             int H, int W, int K, int S, bool out_bl, bool nhwc);
     /* conv -> (relu) -> maxpool of a first layer in one pass (backend/conv_pool.h), f32; NULL where not */

@@ -22,13 +22,13 @@
 /* Max pooling of a blocked in (B, C, H, W): out blocked when out_bl, else NCHW; argmax (at the
  * output's positions) holds flat indices into in. Backward OVERWRITES din (blocked). */
 void dt_maxpool2d_forward_blocked(float *out, int32_t *argmax, const float *in, int B, int C, int H, int W, int K,
-                                  int S, bool out_bl, bool nhwc);
+                                  int S, bool out_bl, bool nhwc, bool relu);
 void dt_maxpool2d_backward_blocked(float *din, const float *dout, const int32_t *argmax, int B, int C, int H, int W,
                                    int K, int S, bool out_bl, bool nhwc);
 /* The same of a bf16 in (uint16_t), din bf16: the maxima and argmax of the f32 pool of in's
  * values, din its gradient rounded to bf16 (sums of overlapping windows in f32, rounded once). */
 void dt_maxpool2d_forward_blocked_bf16(float *out, int32_t *argmax, const uint16_t *in, int B, int C, int H, int W,
-                                       int K, int S, bool out_bl, bool nhwc);
+                                       int K, int S, bool out_bl, bool nhwc, bool relu);
 void dt_maxpool2d_backward_blocked_bf16(uint16_t *din, const float *dout, const int32_t *argmax, int B, int C, int H,
                                         int W, int K, int S, bool out_bl, bool nhwc);
 /* dst (blocked) = src (NCHW) and back; HW = H * W. */

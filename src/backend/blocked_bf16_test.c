@@ -58,11 +58,12 @@ static void pool_case(int B, int C, int H, int W, int K, int S, bool nhwc) {
     float *y = malloc(nout * 4), *yh = malloc(nout * 4), *dy = rnd(nout, 78);
     float *dx = malloc(nin * 4), *dxh = malloc(nin * 4);
     int32_t *am = malloc(nout * 4), *amh = malloc(nout * 4);
-    for (int out_bl = 0; out_bl < 2; out_bl++) {
-        dt_maxpool2d_forward_blocked(y, am, xr, B, C, H, W, K, S, out_bl, nhwc);
-        dt_maxpool2d_forward_blocked_bf16(yh, amh, (const uint16_t *)xh, B, C, H, W, K, S, out_bl, nhwc);
+    for (int v = 0; v < 4; v++) {
+        const bool out_bl = v & 1, relu = v >> 1;
+        dt_maxpool2d_forward_blocked(y, am, xr, B, C, H, W, K, S, out_bl, nhwc, relu);
+        dt_maxpool2d_forward_blocked_bf16(yh, amh, (const uint16_t *)xh, B, C, H, W, K, S, out_bl, nhwc, relu);
         CHECK_MSG(!memcmp(y, yh, nout * 4) && !memcmp(am, amh, nout * 4),
-                  "bf16 maxpool %dx%d K%d S%d out_bl %d nhwc %d: values differ", H, W, K, S, out_bl, nhwc);
+                  "bf16 maxpool %dx%d K%d S%d out_bl %d nhwc %d relu %d: values differ", H, W, K, S, out_bl, nhwc, relu);
         dt_maxpool2d_backward_blocked(dx, dy, am, B, C, H, W, K, S, out_bl, nhwc);
         dt_maxpool2d_backward_blocked_bf16((uint16_t *)dxh, dy, amh, B, C, H, W, K, S, out_bl, nhwc);
         size_t bad = 0;

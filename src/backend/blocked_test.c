@@ -37,8 +37,9 @@ static void test_reorders(void) {
 }
 
 /* One pooling case: blocked (or NHWC) forward, with outputs in that layout and NCHW, and
- * backward equal the NCHW ones. */
-static void pool_case(int B, int C, int H, int W, int K, int S, bool nhwc) {
+ * backward equal the NCHW ones; with relu, the NCHW ones followed by relu's kernels (forward on
+ * the pooled values, backward on their gradient). */
+static void pool_case(int B, int C, int H, int W, int K, int S, bool nhwc, bool relu) {
     const dt_backend *be = dt_backend_cpu();
     const int OH = (H - K) / S + 1, OW = (W - K) / S + 1, HW = H * W, OHW = OH * OW;
     const size_t nin = (size_t)B * C * HW, nout = (size_t)B * C * OHW;
@@ -48,36 +49,42 @@ static void pool_case(int B, int C, int H, int W, int K, int S, bool nhwc) {
     float *y = malloc(nout * sizeof *y), *dy = rnd(nout, 77), *dx = malloc(nin * sizeof *dx);
     int32_t *am = malloc(nout * sizeof *am), *amb = malloc(nout * sizeof *amb);
     be->maxpool2d_forward(y, am, x, B, C, H, W, K, S);
+    if (relu) {
+        be->relu_forward(y, y, nout);
+        be->relu_backward(dy, dy, y, nout);  /* dy: the gradient the pool's backward then gets */
+    }
     be->maxpool2d_backward(dx, dy, am, B, C, H, W, K, S);
     float *xb = blocked_of(x, B, C, HW, nhwc), *yb = malloc(nout * sizeof *yb), *dxb = malloc(nin * sizeof *dxb);
     for (int out_bl = 0; out_bl < 2; out_bl++) {
-        be->maxpool2d_forward_blocked(yb, amb, xb, B, C, H, W, K, S, out_bl, nhwc);
+        be->maxpool2d_forward_blocked(yb, amb, xb, B, C, H, W, K, S, out_bl, nhwc, relu);
         float *yn = out_bl ? nchw_of(yb, B, C, OHW, nhwc) : yb;
-        CHECK_MSG(!memcmp(yn, y, nout * sizeof *y), "maxpool %dx%d K%d S%d out_bl %d nhwc %d: values differ", H, W, K, S,
-                  out_bl, nhwc);
-        float *dyb = out_bl ? blocked_of(dy, B, C, OHW, nhwc) : dy;
+        CHECK_MSG(!memcmp(yn, y, nout * sizeof *y), "maxpool %dx%d K%d S%d out_bl %d nhwc %d relu %d: values differ", H, W,
+                  K, S, out_bl, nhwc, relu);
+        /* the gradient as the graph has it: with relu, not yet zeroed where relu stops it */
+        float *dyg = rnd(nout, 77), *dyb = out_bl ? blocked_of(dyg, B, C, OHW, nhwc) : dyg;
         be->maxpool2d_backward_blocked(dxb, dyb, amb, B, C, H, W, K, S, out_bl, nhwc);
         float *dxn = nchw_of(dxb, B, C, HW, nhwc);
-        CHECK_MSG(dt_test_maxdiff(dxn, dx, nin) <= 1e-6, "maxpool %dx%d K%d S%d out_bl %d nhwc %d: din differs by %g", H,
-                  W, K, S, out_bl, nhwc, dt_test_maxdiff(dxn, dx, nin));
+        CHECK_MSG(dt_test_maxdiff(dxn, dx, nin) <= 1e-6, "maxpool %dx%d K%d S%d out_bl %d nhwc %d relu %d: din differs by %g",
+                  H, W, K, S, out_bl, nhwc, relu, dt_test_maxdiff(dxn, dx, nin));
         if (out_bl) free(yn), free(dyb);
-        free(dxn);
+        free(dxn), free(dyg);
     }
     free(x), free(y), free(dy), free(dx), free(am), free(amb), free(xb), free(yb), free(dxb);
 }
 
 static void test_pool(void) {
-    for (int nhwc = 0; nhwc < 2; nhwc++) {
-        pool_case(2, 16, 8, 8, 2, 2, nhwc);    /* windows tile the input */
-        pool_case(1, 32, 7, 9, 2, 2, nhwc);    /* odd sizes: a row and a column outside every window */
-        pool_case(2, 16, 9, 9, 3, 2, nhwc);    /* overlapping windows: din sums */
-        pool_case(1, 16, 6, 6, 3, 3, nhwc);
-        pool_case(1, 16, 5, 5, 1, 1, nhwc);
-        pool_case(1, 16, 4, 141, 2, 2, nhwc);  /* long output rows */
-        pool_case(2, 16, 40, 38, 2, 2, nhwc);  /* more output positions than a 256-position chunk */
-        pool_case(2, 48, 6, 6, 2, 2, nhwc);    /* three channel blocks per position */
-        pool_case(1, 32, 40, 38, 2, 2, nhwc);  /* two blocks, two chunks */
-    }
+    for (int nhwc = 0; nhwc < 2; nhwc++)
+        for (int relu = 0; relu < 2; relu++) {
+            pool_case(2, 16, 8, 8, 2, 2, nhwc, relu);    /* windows tile the input */
+            pool_case(1, 32, 7, 9, 2, 2, nhwc, relu);    /* odd sizes: a row and a column outside every window */
+            pool_case(2, 16, 9, 9, 3, 2, nhwc, relu);    /* overlapping windows: din sums */
+            pool_case(1, 16, 6, 6, 3, 3, nhwc, relu);
+            pool_case(1, 16, 5, 5, 1, 1, nhwc, relu);
+            pool_case(1, 16, 4, 141, 2, 2, nhwc, relu);  /* long output rows */
+            pool_case(2, 16, 40, 38, 2, 2, nhwc, relu);  /* more output positions than a 256-position chunk */
+            pool_case(2, 48, 6, 6, 2, 2, nhwc, relu);    /* three channel blocks per position */
+            pool_case(1, 32, 40, 38, 2, 2, nhwc, relu);  /* two blocks, two chunks */
+        }
 }
 
 /* max |a - b| / max |b| (0 when b is all zero) */

@@ -52,7 +52,8 @@ static inline __m256i bf16_of16(__m512 v) {
  * variable K it ran 4x slower (a 128x64x14x14 pool to a blocked output: 1.3 ms against 0.2-0.3
  * on Zen 5, one thread, loaded machine). */
 static inline __attribute__((always_inline)) void window_max16(float *m_out, int32_t *idx_out, const void *x, int W,
-                                                               int ps, int y0, int x0, int K, int32_t base, bool bf16) {
+                                                               int ps, int y0, int x0, int K, int32_t base, bool bf16,
+                                                               bool relu) {
     const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const int32_t at0 = (y0 * W + x0) * ps;
     __m512 m = load16(x, (size_t)at0, bf16);
@@ -66,6 +67,10 @@ static inline __attribute__((always_inline)) void window_max16(float *m_out, int
             m = _mm512_mask_blend_ps(t, m, v);
             idx = _mm512_mask_blend_epi32(t, idx, _mm512_add_epi32(_mm512_set1_epi32(base + at), lane));
         }
+    if (relu) {  /* the relu after the pool: 0 and no window position (-1: no gradient) where m > 0 fails */
+        const __mmask16 pass = _mm512_cmp_ps_mask(m, _mm512_setzero_ps(), _CMP_GT_OQ);
+        m = _mm512_maskz_mov_ps(pass, m), idx = _mm512_mask_blend_epi32(pass, _mm512_set1_epi32(-1), idx);
+    }
     _mm512_storeu_ps(m_out, m);
     _mm512_storeu_si512(idx_out, idx);
 }
@@ -101,7 +106,7 @@ static inline __attribute__((always_inline)) vf load_vw(const void *x, size_t i,
  * first one). Inlined (see window_max16). */
 static inline __attribute__((always_inline)) void window_max_vw(float *m_out, int32_t *idx_out, const void *x, int W,
                                                                 int ps, int y0, int x0, int K, int32_t base,
-                                                                bool bf16) {
+                                                                bool bf16, bool relu) {
     const int32_t at0 = (y0 * W + x0) * ps;
     for (int h = 0; h < BL; h += VW) {
         vf m = load_vw(x, (size_t)at0 + h, bf16);
@@ -115,6 +120,10 @@ static inline __attribute__((always_inline)) void window_max_vw(float *m_out, in
                 m = vf_select(t, v, m);
                 idx = (t & (vi_lanes() + (base + at))) | (idx & ~t);
             }
+        if (relu) {  /* as window_max16 */
+            const vi pass = m > 0;
+            m = vf_select(pass, m, (vf){0}), idx = (idx & pass) | ~pass;
+        }
         vf_store(m_out + h, m);
         memcpy(idx_out + h, &idx, sizeof idx);
     }
@@ -232,9 +241,9 @@ static inline size_t block_at(size_t blk, int CB, size_t HW, bool nhwc) {
  * the block's input and output positions. */
 static inline __attribute__((always_inline)) void pool_chunk(float *m, int32_t *idx, const void *x, int W, int ps,
                                                              int OW, int os, size_t p0, size_t np, int K, int S,
-                                                             int32_t base, bool bf16) {
+                                                             int32_t base, bool bf16, bool relu) {
     for (size_t j = 0, oy = p0 / OW, ox = p0 % OW; j < np; j++) {
-        WINDOW_MAX(m + j * os, idx + j * os, x, W, ps, (int)oy * S, (int)ox * S, K, base, bf16);
+        WINDOW_MAX(m + j * os, idx + j * os, x, W, ps, (int)oy * S, (int)ox * S, K, base, bf16, relu);
         if (++ox == (size_t)OW) ox = 0, oy++;
     }
 }
@@ -253,7 +262,7 @@ static inline __attribute__((always_inline)) void unpool_chunk(void *x, const fl
 
 static inline __attribute__((always_inline)) void pool_forward(float *out, int32_t *argmax, const void *in, int B,
                                                                int C, int H, int W, int K, int S, bool out_bl,
-                                                               bool nhwc, bool bf16) {
+                                                               bool nhwc, bool relu, bool bf16) {
     const int OH = (H - K) / S + 1, OW = (W - K) / S + 1, CB = C / BL, ps = nhwc ? C : BL;
     if (OH <= 0 || OW <= 0) return;
     const size_t HW = (size_t)H * W, OHW = (size_t)OH * OW, vsize = bf16 ? 2 : 4;
@@ -268,8 +277,8 @@ static inline __attribute__((always_inline)) void pool_forward(float *out, int32
             float *m = out_bl ? out + out_at + p0 * ps : tm;
             int32_t *idx = out_bl ? argmax + out_at + p0 * ps : ti;
             const int os = out_bl ? ps : BL;
-            if (K == 2) pool_chunk(m, idx, x, W, ps, OW, os, p0, np, 2, S, base, bf16);
-            else pool_chunk(m, idx, x, W, ps, OW, os, p0, np, K, S, base, bf16);
+            if (K == 2) pool_chunk(m, idx, x, W, ps, OW, os, p0, np, 2, S, base, bf16, relu);
+            else pool_chunk(m, idx, x, W, ps, OW, os, p0, np, K, S, base, bf16, relu);
             if (out_bl) continue;
             /* planes (n, blk % CB * BL + c) of the NCHW output */
             vectors_to_planes((uint32_t *)out + blk * BL * OHW + p0, OHW, (const uint32_t *)tm, np);
@@ -279,22 +288,24 @@ static inline __attribute__((always_inline)) void pool_forward(float *out, int32
 }
 
 void dt_maxpool2d_forward_blocked(float *out, int32_t *argmax, const float *in, int B, int C, int H, int W, int K,
-                                  int S, bool out_bl, bool nhwc) {
-    pool_forward(out, argmax, in, B, C, H, W, K, S, out_bl, nhwc, false);
+                                  int S, bool out_bl, bool nhwc, bool relu) {
+    pool_forward(out, argmax, in, B, C, H, W, K, S, out_bl, nhwc, relu, false);
 }
 
 void dt_maxpool2d_forward_blocked_bf16(float *out, int32_t *argmax, const uint16_t *in, int B, int C, int H, int W,
-                                       int K, int S, bool out_bl, bool nhwc) {
-    pool_forward(out, argmax, in, B, C, H, W, K, S, out_bl, nhwc, true);
+                                       int K, int S, bool out_bl, bool nhwc, bool relu) {
+    pool_forward(out, argmax, in, B, C, H, W, K, S, out_bl, nhwc, relu, true);
 }
 
 /* Overlapping windows or input values outside every window: a scatter (dout and argmax share
- * the output's layout), summed in f32; a bf16 din is rounded once at the end. */
+ * the output's layout), summed in f32; a bf16 din is rounded once at the end. An argmax of -1
+ * (the fused relu stopped it) sends nothing. */
 static void unpool_scatter(void *din, const float *dout, const int32_t *argmax, size_t nin, size_t nout, bool bf16) {
     float *d = bf16 ? malloc(nin * sizeof(float) + 4) : din;
     if (!d) abort();  /* kernels cannot fail; out of memory here is fatal */
     memset(d, 0, nin * sizeof(float));
-    for (size_t i = 0; i < nout; i++) d[argmax[i]] += dout[i];
+    for (size_t i = 0; i < nout; i++)
+        if (argmax[i] >= 0) d[argmax[i]] += dout[i];
     if (!bf16) return;
     for (size_t i = 0; i < nin; i++) ((uint16_t *)din)[i] = dt_f32_to_bf16(d[i]);
     free(d);

@@ -1,5 +1,6 @@
 /* Ops: max and average pooling over (C,H,W) samples, windows K with stride S, no padding. A
- * maxpool right after a relu applies that relu to its own (smaller) output (n->fused_relu). A
+ * maxpool right after a relu applies that relu to its own (smaller) output (n->fused_relu; the
+ * blocked kernels in the same pass, an NCHW pool by relu's kernels after it). A
  * maxpool of blocked values (a conv chain, graph_layout.c) writes blocked or NCHW (n->blocked);
  * it reads bf16 ones and writes their gradient at bf16 where the conv before keeps them so. A
  * maxpool fused with the conv before it (n->fused_conv, graph_fuse.c) runs nothing itself: the
@@ -29,15 +30,17 @@ static dt_status maxpool_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
     int C, H, W;
     dt_node_chw(dt_node_input(m, n, 0), &C, &H, &W);
     if (n->fused_conv) return DT_OK;
+    /* the blocked kernels apply the fused relu themselves (and so its backward: argmax -1) */
     if (dt_node_in_bf16(m, n, 0))
         c->be->maxpool2d_forward_blocked_bf16(n->out, n->saved, (const uint16_t *)dt_node_in(m, n, 0), c->B, C, H, W,
-                                              n->a.k, n->a.stride, n->blocked, m->nhwc);
+                                              n->a.k, n->a.stride, n->blocked, m->nhwc, n->fused_relu);
     else if (dt_node_in_blocked(m, n, 0))
         c->be->maxpool2d_forward_blocked(n->out, n->saved, dt_node_in(m, n, 0), c->B, C, H, W, n->a.k, n->a.stride,
-                                         n->blocked, m->nhwc);
-    else
+                                         n->blocked, m->nhwc, n->fused_relu);
+    else {
         c->be->maxpool2d_forward(n->out, n->saved, dt_node_in(m, n, 0), c->B, C, H, W, n->a.k, n->a.stride);
-    if (n->fused_relu) c->be->relu_forward(n->out, n->out, (size_t)c->B * n->out_n);
+        if (n->fused_relu) c->be->relu_forward(n->out, n->out, (size_t)c->B * n->out_n);
+    }
     return DT_OK;
 }
 
@@ -45,8 +48,10 @@ static void maxpool_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float
     int C, H, W;
     dt_node_chw(dt_node_input(m, n, 0), &C, &H, &W);
     if (n->fused_conv) return;
-    /* the fused relu's gradient on the pooled output, in place (the gradient is this node's) */
-    if (n->fused_relu) c->be->relu_backward(n->grad, n->grad, n->out, (size_t)c->B * n->out_n);
+    /* the fused relu's gradient on the pooled output, in place (the gradient is this node's);
+     * the blocked kernels' argmax has it already */
+    if (n->fused_relu && !dt_node_in_bf16(m, n, 0) && !dt_node_in_blocked(m, n, 0))
+        c->be->relu_backward(n->grad, n->grad, n->out, (size_t)c->B * n->out_n);
     if (din[0] && dt_node_in_grad_bf16(m, n, 0))
         c->be->maxpool2d_backward_blocked_bf16((uint16_t *)din[0], n->grad, n->saved, c->B, C, H, W, n->a.k,
                                                n->a.stride, n->blocked, m->nhwc);
