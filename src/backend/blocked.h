@@ -26,9 +26,10 @@ void dt_maxpool2d_forward_blocked(float *out, int32_t *argmax, const float *in, 
 void dt_maxpool2d_backward_blocked(float *din, const float *dout, const int32_t *argmax, int B, int C, int H, int W,
                                    int K, int S, bool out_bl, bool nhwc);
 /* The same of a bf16 in (uint16_t), din bf16: the maxima and argmax of the f32 pool of in's
- * values, din its gradient rounded to bf16 (sums of overlapping windows in f32, rounded once). */
-void dt_maxpool2d_forward_blocked_bf16(float *out, int32_t *argmax, const uint16_t *in, int B, int C, int H, int W,
-                                       int K, int S, bool out_bl, bool nhwc, bool relu);
+ * values, din its gradient rounded to bf16 (sums of overlapping windows in f32, rounded once).
+ * out_bf16 with an NCHW out (!out_bl): out is bf16 (the maxima are bf16 values: exact). */
+void dt_maxpool2d_forward_blocked_bf16(void *out, int32_t *argmax, const uint16_t *in, int B, int C, int H, int W,
+                                       int K, int S, bool out_bl, bool nhwc, bool relu, bool out_bf16);
 void dt_maxpool2d_backward_blocked_bf16(uint16_t *din, const float *dout, const int32_t *argmax, int B, int C, int H,
                                         int W, int K, int S, bool out_bl, bool nhwc);
 /* dst (blocked) = src (NCHW) and back; HW = H * W. */

@@ -61,9 +61,24 @@ static void pool_case(int B, int C, int H, int W, int K, int S, bool nhwc) {
     for (int v = 0; v < 4; v++) {
         const bool out_bl = v & 1, relu = v >> 1;
         dt_maxpool2d_forward_blocked(y, am, xr, B, C, H, W, K, S, out_bl, nhwc, relu);
-        dt_maxpool2d_forward_blocked_bf16(yh, amh, (const uint16_t *)xh, B, C, H, W, K, S, out_bl, nhwc, relu);
+        dt_maxpool2d_forward_blocked_bf16(yh, amh, (const uint16_t *)xh, B, C, H, W, K, S, out_bl, nhwc, relu, false);
         CHECK_MSG(!memcmp(y, yh, nout * 4) && !memcmp(am, amh, nout * 4),
                   "bf16 maxpool %dx%d K%d S%d out_bl %d nhwc %d relu %d: values differ", H, W, K, S, out_bl, nhwc, relu);
+        if (!out_bl) {  /* bf16 values out: the same values, exactly, and the same argmax */
+            uint16_t *y16 = malloc(nout * 2);
+            memset(amh, 0, nout * 4);
+            dt_maxpool2d_forward_blocked_bf16(y16, amh, (const uint16_t *)xh, B, C, H, W, K, S, false, nhwc, relu, true);
+            size_t bad = 0;
+            for (size_t i = 0; i < nout; i++) {
+                uint32_t u;
+                memcpy(&u, &y[i], 4);
+                bad += ((uint32_t)y16[i] << 16) != u;
+            }
+            CHECK_MSG(bad == 0 && !memcmp(am, amh, nout * 4),
+                      "bf16 maxpool %dx%d K%d S%d nhwc %d relu %d, bf16 out: %zu values differ", H, W, K, S, nhwc, relu,
+                      bad);
+            free(y16);
+        }
         dt_maxpool2d_backward_blocked(dx, dy, am, B, C, H, W, K, S, out_bl, nhwc);
         dt_maxpool2d_backward_blocked_bf16((uint16_t *)dxh, dy, amh, B, C, H, W, K, S, out_bl, nhwc);
         size_t bad = 0;
@@ -198,16 +213,22 @@ static void test_conv_pool(void) {
     }
 }
 
-/* The bf16 flags the graph plans for spec on the current kernels, or replanned with table t. */
-static void plan_of(const char *spec, bool *bf, bool *gbf, int *n, const dt_backend *t) {
+/* The bf16 flags the graph plans for spec on the current kernels, or replanned with table t;
+ * linears: with the plans of bf16 linears' inputs too (else the conv chain's plan alone: the
+ * relu between the linears is graph_bf16_test's). */
+static void plan_with(const char *spec, bool *bf, bool *gbf, int *n, const dt_backend *t, bool linears) {
     dt_model *m = NULL;
     CHECK_OK(dt_model_create_from_spec(&m, spec, 1, 28, 28));
     *n = m ? m->n : 0;
-    /* the conv chain's plan alone: the relu between the linears is graph_bf16_test's */
     dt_backend c;
-    if (m) c = t ? *t : *m->be, c.linear_bf16_values = NULL, m->be = &c, dt_graph_plan_bf16(m);
+    if (m) c = t ? *t : *m->be, c.linear_bf16_values = linears ? c.linear_bf16_values : NULL, m->be = &c,
+    dt_graph_plan_bf16(m);
     for (int i = 0; i < *n; i++) bf[i] = m->nodes[i].bf16, gbf[i] = m->nodes[i].grad_bf16;
     dt_model_free(m);
+}
+
+static void plan_of(const char *spec, bool *bf, bool *gbf, int *n, const dt_backend *t) {
+    plan_with(spec, bf, gbf, n, t, false);
 }
 
 static bool sixteen_or_more(int C) { return C >= 16; }
@@ -230,6 +251,15 @@ static void check_native_plan(const dt_backend *t) {
     plan_of("conv(16,3) relu maxpool(2) maxpool(2) conv(16,3) relu maxpool(2) flatten linear(10)", bf, gbf, &n, t);
     CHECK(!bf[3]);              /* a fused pool read by a maxpool, not a conv */
     CHECK(!bf[4] && bf[5] && gbf[5]);
+    const dt_backend *tb = t ? t : dt_backend_default();
+    if (!tb->linear_bf16_values || !tb->linear_bf16_values() || !tb->linear_forward_bf16) return;
+    /* with bf16 linears: the chain's last pool (NCHW out) of bf16 values, read by flatten ->
+     * linear only, stores them bf16 (exact); the relu between the linears too */
+    plan_with("cnn", bf, gbf, &n, t, true);
+    CHECK(n > 9 && bf[3] && bf[4] && bf[6] && !gbf[6] && bf[9]);
+    for (int i = 0; i < n; i++) CHECK(i == 3 || i == 4 || i == 6 || i == 9 || (!bf[i] && !gbf[i]));
+    plan_with("conv(16,3) conv(16,3) relu maxpool(2) maxpool(2) flatten linear(10)", bf, gbf, &n, t, true);
+    CHECK(!bf[4] && !bf[5]);    /* a pool read by a pool, and one of f32 values, stay f32 */
 }
 
 static void test_plan(void) {

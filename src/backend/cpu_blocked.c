@@ -260,14 +260,26 @@ static inline __attribute__((always_inline)) void unpool_chunk(void *x, const fl
 
 #define CHUNK 256  /* output positions of a block pooled before an NCHW output is written */
 
-static inline __attribute__((always_inline)) void pool_forward(float *out, int32_t *argmax, const void *in, int B,
+/* n bf16 values (f32 whose low 16 bits are 0: maxima of bf16 values, or 0) into y: exact. */
+static void narrow_bf16(uint16_t *restrict y, const float *restrict v, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, v + i, sizeof u);
+        y[i] = (uint16_t)(u >> 16);
+    }
+}
+
+/* out_bf16 (a bf16 in, an NCHW out): the output values stored bf16, which they are exactly. */
+static inline __attribute__((always_inline)) void pool_forward(void *out_v, int32_t *argmax, const void *in, int B,
                                                                int C, int H, int W, int K, int S, bool out_bl,
-                                                               bool nhwc, bool relu, bool bf16) {
+                                                               bool nhwc, bool relu, bool bf16, bool out_bf16) {
     const int OH = (H - K) / S + 1, OW = (W - K) / S + 1, CB = C / BL, ps = nhwc ? C : BL;
     if (OH <= 0 || OW <= 0) return;
     const size_t HW = (size_t)H * W, OHW = (size_t)OH * OW, vsize = bf16 ? 2 : 4;
+    float *out = out_v;
     float tm[CHUNK * BL];     /* NCHW output: CHUNK positions of the block, then BL plane rows */
     int32_t ti[CHUNK * BL];
+    float tp[out_bf16 ? CHUNK * BL : 1];  /* a bf16 NCHW output: the BL plane rows at f32 */
     for (size_t blk = 0; blk < (size_t)B * CB; blk++) {
         const size_t at = block_at(blk, CB, HW, nhwc), out_at = block_at(blk, CB, OHW, nhwc);
         const void *x = (const char *)in + at * vsize;
@@ -281,7 +293,11 @@ static inline __attribute__((always_inline)) void pool_forward(float *out, int32
             else pool_chunk(m, idx, x, W, ps, OW, os, p0, np, K, S, base, bf16, relu);
             if (out_bl) continue;
             /* planes (n, blk % CB * BL + c) of the NCHW output */
-            vectors_to_planes((uint32_t *)out + blk * BL * OHW + p0, OHW, (const uint32_t *)tm, np);
+            if (out_bf16) {
+                vectors_to_planes((uint32_t *)tp, np, (const uint32_t *)tm, np);
+                for (int c = 0; c < BL; c++)
+                    narrow_bf16((uint16_t *)out_v + (blk * BL + c) * OHW + p0, tp + (size_t)c * np, np);
+            } else vectors_to_planes((uint32_t *)out + blk * BL * OHW + p0, OHW, (const uint32_t *)tm, np);
             vectors_to_planes((uint32_t *)argmax + blk * BL * OHW + p0, OHW, (const uint32_t *)ti, np);
         }
     }
@@ -289,12 +305,13 @@ static inline __attribute__((always_inline)) void pool_forward(float *out, int32
 
 void dt_maxpool2d_forward_blocked(float *out, int32_t *argmax, const float *in, int B, int C, int H, int W, int K,
                                   int S, bool out_bl, bool nhwc, bool relu) {
-    pool_forward(out, argmax, in, B, C, H, W, K, S, out_bl, nhwc, relu, false);
+    pool_forward(out, argmax, in, B, C, H, W, K, S, out_bl, nhwc, relu, false, false);
 }
 
-void dt_maxpool2d_forward_blocked_bf16(float *out, int32_t *argmax, const uint16_t *in, int B, int C, int H, int W,
-                                       int K, int S, bool out_bl, bool nhwc, bool relu) {
-    pool_forward(out, argmax, in, B, C, H, W, K, S, out_bl, nhwc, relu, true);
+void dt_maxpool2d_forward_blocked_bf16(void *out, int32_t *argmax, const uint16_t *in, int B, int C, int H, int W,
+                                       int K, int S, bool out_bl, bool nhwc, bool relu, bool out_bf16) {
+    if (out_bf16 && !out_bl) pool_forward(out, argmax, in, B, C, H, W, K, S, false, nhwc, relu, true, true);
+    else pool_forward(out, argmax, in, B, C, H, W, K, S, out_bl, nhwc, relu, true, false);
 }
 
 /* Overlapping windows or input values outside every window: a scatter (dout and argmax share

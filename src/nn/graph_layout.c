@@ -171,4 +171,16 @@ void dt_graph_plan_bf16(dt_model *m) {
         else if (n->a.kind == DT_LAYER_MAXPOOL2D && n->fused_conv)
             n->bf16 = readers(m, i, bf16_conv, &all) > 0 && all;
     }
+    /* The pool at a chain's end (NCHW out) of bf16 values that only bf16 linears read (the CNN's
+     * flatten -> linear): its maxima are bf16 values, stored so exactly, and the linear skips
+     * its cast. Its backward does not read them (a fused relu is in its argmax). */
+    if (!be->linear_bf16_values || !be->linear_bf16_values() || !be->linear_forward_bf16 || !be->linear_backward_bf16)
+        return;
+    for (int i = 0; i < m->n; i++) {
+        dt_node *n = &m->nodes[i];
+        bool all;
+        if (n->a.kind == DT_LAYER_MAXPOOL2D && !n->fused_conv && !n->blocked && !n->alias && i != m->output &&
+            dt_node_in_bf16(m, n, 0))
+            n->bf16 = readers(m, i, bf16_linear, &all) > 0 && all;
+    }
 }

@@ -33,7 +33,7 @@ static dt_status maxpool_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
     /* the blocked kernels apply the fused relu themselves (and so its backward: argmax -1) */
     if (dt_node_in_bf16(m, n, 0))
         c->be->maxpool2d_forward_blocked_bf16(n->out, n->saved, (const uint16_t *)dt_node_in(m, n, 0), c->B, C, H, W,
-                                              n->a.k, n->a.stride, n->blocked, m->nhwc, n->fused_relu);
+                                              n->a.k, n->a.stride, n->blocked, m->nhwc, n->fused_relu, n->bf16);
     else if (dt_node_in_blocked(m, n, 0))
         c->be->maxpool2d_forward_blocked(n->out, n->saved, dt_node_in(m, n, 0), c->B, C, H, W, n->a.k, n->a.stride,
                                          n->blocked, m->nhwc, n->fused_relu);
