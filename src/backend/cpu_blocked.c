@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/backend.h"
 #include "backend/kern.h"
 #include "backend/vec_native.h"
 #include "dtrain/core.h"
@@ -260,16 +261,8 @@ static inline __attribute__((always_inline)) void unpool_chunk(void *x, const fl
 
 #define CHUNK 256  /* output positions of a block pooled before an NCHW output is written */
 
-/* n bf16 values (f32 whose low 16 bits are 0: maxima of bf16 values, or 0) into y: exact. */
-static void narrow_bf16(uint16_t *restrict y, const float *restrict v, size_t n) {
-    for (size_t i = 0; i < n; i++) {
-        uint32_t u;
-        memcpy(&u, v + i, sizeof u);
-        y[i] = (uint16_t)(u >> 16);
-    }
-}
-
-/* out_bf16 (a bf16 in, an NCHW out): the output values stored bf16, which they are exactly. */
+/* out_bf16 (a bf16 in, an NCHW out): the output values stored bf16 (dt_cast_bf16), which they
+ * are exactly: maxima of bf16 values, or 0. */
 static inline __attribute__((always_inline)) void pool_forward(void *out_v, int32_t *argmax, const void *in, int B,
                                                                int C, int H, int W, int K, int S, bool out_bl,
                                                                bool nhwc, bool relu, bool bf16, bool out_bf16) {
@@ -296,7 +289,7 @@ static inline __attribute__((always_inline)) void pool_forward(void *out_v, int3
             if (out_bf16) {
                 vectors_to_planes((uint32_t *)tp, np, (const uint32_t *)tm, np);
                 for (int c = 0; c < BL; c++)
-                    narrow_bf16((uint16_t *)out_v + (blk * BL + c) * OHW + p0, tp + (size_t)c * np, np);
+                    dt_cast_bf16((uint16_t *)out_v + (blk * BL + c) * OHW + p0, tp + (size_t)c * np, np);
             } else vectors_to_planes((uint32_t *)out + blk * BL * OHW + p0, OHW, (const uint32_t *)tm, np);
             vectors_to_planes((uint32_t *)argmax + blk * BL * OHW + p0, OHW, (const uint32_t *)ti, np);
         }

@@ -26,11 +26,16 @@ static size_t maxpool_saved(const dt_model *m, const dt_node *n, int B) {
     return (size_t)B * n->out_n * (n->fused_conv ? 1 : sizeof(int32_t));  /* argmax, or conv_pool's window bytes */
 }
 
+/* Whether the blocked kernels pool n (bf16 or blocked f32 values): they apply a fused relu
+ * themselves, its backward included (argmax -1). */
+static bool pools_blocked(const dt_model *m, const dt_node *n) {
+    return dt_node_in_bf16(m, n, 0) || dt_node_in_blocked(m, n, 0);
+}
+
 static dt_status maxpool_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
     int C, H, W;
     dt_node_chw(dt_node_input(m, n, 0), &C, &H, &W);
     if (n->fused_conv) return DT_OK;
-    /* the blocked kernels apply the fused relu themselves (and so its backward: argmax -1) */
     if (dt_node_in_bf16(m, n, 0))
         c->be->maxpool2d_forward_blocked_bf16(n->out, n->saved, (const uint16_t *)dt_node_in(m, n, 0), c->B, C, H, W,
                                               n->a.k, n->a.stride, n->blocked, m->nhwc, n->fused_relu, n->bf16);
@@ -48,9 +53,8 @@ static void maxpool_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float
     int C, H, W;
     dt_node_chw(dt_node_input(m, n, 0), &C, &H, &W);
     if (n->fused_conv) return;
-    /* the fused relu's gradient on the pooled output, in place (the gradient is this node's);
-     * the blocked kernels' argmax has it already */
-    if (n->fused_relu && !dt_node_in_bf16(m, n, 0) && !dt_node_in_blocked(m, n, 0))
+    /* the fused relu's gradient on the pooled output, in place (the gradient is this node's) */
+    if (n->fused_relu && !pools_blocked(m, n))
         c->be->relu_backward(n->grad, n->grad, n->out, (size_t)c->B * n->out_n);
     if (din[0] && dt_node_in_grad_bf16(m, n, 0))
         c->be->maxpool2d_backward_blocked_bf16((uint16_t *)din[0], n->grad, n->saved, c->B, C, H, W, n->a.k,
