@@ -117,6 +117,11 @@ typedef struct dt_backend {
      * the f32 kernels on the widened values, rounded as above */
     void (*gelu_forward_bf16io)(uint16_t *out, const uint16_t *in, size_t n);
     void (*gelu_backward_bf16io)(uint16_t *din, const uint16_t *dout, const uint16_t *x, size_t n);
+    /* gelu_forward_bf16io that also stores dydx = gelu'(x) (n bf16) from the same erf, and the
+     * backward from it, din = dout * dydx rounded; a GELU whose x, values and gradients are all
+     * bf16 keeps dydx from forward to backward (op_activation.c) */
+    void (*gelu_forward_bf16io_grad)(uint16_t *out, uint16_t *dydx, const uint16_t *in, size_t n);
+    void (*gelu_backward_bf16io_from_grad)(uint16_t *din, const uint16_t *dout, const uint16_t *dydx, size_t n);
     void (*tanh_forward)(float *out, const float *in, size_t n);
     void (*tanh_backward)(float *din, const float *dout, const float *y, size_t n);
     void (*sigmoid_forward)(float *out, const float *in, size_t n);

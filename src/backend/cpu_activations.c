@@ -131,6 +131,37 @@ void dt_gelu_backward_bf16io_isa(dt_isa isa, uint16_t *din, const uint16_t *dout
     }
 }
 
+/* Else pieces: widened x through the bf16-out forward, and its backward for dout 1; widened dout
+ * times widened dydx, rounded by dt_cast_bf16. */
+void dt_gelu_forward_bf16io_grad_isa(dt_isa isa, uint16_t *out, uint16_t *dydx, const uint16_t *in, size_t n) {
+    void (*k)(uint16_t *, uint16_t *, const uint16_t *, size_t) = BF16_COPY(isa, dt_gelu_forward_bf16io_grad);
+    if (k) return k(out, dydx, in, n);
+    float one[PIECE];
+    for (size_t j = 0; j < PIECE; j++) one[j] = 1.0f;
+    for (size_t i = 0; i < n; i += PIECE) {
+        float piece[PIECE];
+        const size_t m = n - i < PIECE ? n - i : PIECE;
+        dt_widen_bf16(piece, in + i, m);
+        dt_gelu_forward_bf16_isa(isa, out + i, piece, m);
+        dt_gelu_backward_bf16_isa(isa, dydx + i, one, piece, m);
+    }
+}
+
+void dt_gelu_backward_bf16io_from_grad_isa(dt_isa isa, uint16_t *din, const uint16_t *dout, const uint16_t *dydx,
+                                           size_t n) {
+    if (!din) return;
+    void (*k)(uint16_t *, const uint16_t *, const uint16_t *, size_t) = BF16_COPY(isa, dt_gelu_backward_bf16io_from_grad);
+    if (k) return k(din, dout, dydx, n);
+    for (size_t i = 0; i < n; i += PIECE) {
+        float d[PIECE], g[PIECE];
+        const size_t m = n - i < PIECE ? n - i : PIECE;
+        dt_widen_bf16(d, dout + i, m);
+        dt_widen_bf16(g, dydx + i, m);
+        for (size_t j = 0; j < m; j++) d[j] *= g[j];
+        dt_cast_bf16(din + i, d, m);
+    }
+}
+
 void dt_gelu_backward_isa(dt_isa isa, float *din, const float *dout, const float *x, size_t n) {
     if (!din) return; /* nothing to propagate (first layer) */
     switch (isa) {
@@ -154,6 +185,14 @@ void dt_gelu_forward_bf16io(uint16_t *out, const uint16_t *in, size_t n) {
 
 void dt_gelu_backward_bf16io(uint16_t *din, const uint16_t *dout, const uint16_t *x, size_t n) {
     dt_gelu_backward_bf16io_isa(dt_isa_best(), din, dout, x, n);
+}
+
+void dt_gelu_forward_bf16io_grad(uint16_t *out, uint16_t *dydx, const uint16_t *in, size_t n) {
+    dt_gelu_forward_bf16io_grad_isa(dt_isa_best(), out, dydx, in, n);
+}
+
+void dt_gelu_backward_bf16io_from_grad(uint16_t *din, const uint16_t *dout, const uint16_t *dydx, size_t n) {
+    dt_gelu_backward_bf16io_from_grad_isa(dt_isa_best(), din, dout, dydx, n);
 }
 
 void dt_gelu_backward_bf16(uint16_t *din, const float *dout, const float *x, size_t n) {

@@ -29,6 +29,21 @@ void dt_gelu_forward_bf16io(uint16_t *out, const uint16_t *in, size_t n);
 void dt_gelu_backward_bf16io_isa(dt_isa isa, uint16_t *din, const uint16_t *dout, const uint16_t *x, size_t n);
 void dt_gelu_backward_bf16io(uint16_t *din, const uint16_t *dout, const uint16_t *x, size_t n);
 
+/* The bf16-in forward that also stores dydx = gelu'(x) (n bf16, rounded as the values are:
+ * dt_gelu_backward_bf16io's din for dout 1), and the backward from it: din = dout * dydx rounded
+ * (bf16 in and out). The backward then computes no erf or exp: the forward shares its erf. */
+void dt_gelu_forward_bf16io_grad_isa(dt_isa isa, uint16_t *out, uint16_t *dydx, const uint16_t *in, size_t n);
+void dt_gelu_forward_bf16io_grad(uint16_t *out, uint16_t *dydx, const uint16_t *in, size_t n);
+void dt_gelu_backward_bf16io_from_grad_isa(dt_isa isa, uint16_t *din, const uint16_t *dout, const uint16_t *dydx,
+                                           size_t n);
+void dt_gelu_backward_bf16io_from_grad(uint16_t *din, const uint16_t *dout, const uint16_t *dydx, size_t n);
+
+void dt_gelu_forward_bf16io_grad_avx512(uint16_t *out, uint16_t *dydx, const uint16_t *in, size_t n);
+void dt_gelu_forward_bf16io_grad_avx512bf16(uint16_t *out, uint16_t *dydx, const uint16_t *in, size_t n);
+void dt_gelu_forward_bf16io_grad_avx2(uint16_t *out, uint16_t *dydx, const uint16_t *in, size_t n);
+void dt_gelu_backward_bf16io_from_grad_avx512(uint16_t *din, const uint16_t *dout, const uint16_t *dydx, size_t n);
+void dt_gelu_backward_bf16io_from_grad_avx512bf16(uint16_t *din, const uint16_t *dout, const uint16_t *dydx, size_t n);
+void dt_gelu_backward_bf16io_from_grad_avx2(uint16_t *din, const uint16_t *dout, const uint16_t *dydx, size_t n);
 void dt_gelu_forward_bf16io_avx512(uint16_t *out, const uint16_t *in, size_t n);
 void dt_gelu_forward_bf16io_avx512bf16(uint16_t *out, const uint16_t *in, size_t n);
 void dt_gelu_forward_bf16io_avx2(uint16_t *out, const uint16_t *in, size_t n);

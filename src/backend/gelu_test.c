@@ -129,6 +129,39 @@ static void check_bf16io_isa(dt_isa isa, const float *x, const float *g, size_t 
     free(x16), free(g16), free(want), free(got), free(xw), free(gw);
 }
 
+/* dt_gelu_forward_bf16io_grad_isa's values == dt_gelu_forward_bf16io_isa's and its dydx ==
+ * dt_gelu_backward_bf16io_isa's din for dout 1, bit for bit; dt_gelu_backward_bf16io_from_grad_isa
+ * == widened dout times widened dydx, rounded by dt_cast_bf16; at every length from 0 to 40 and on
+ * the whole of x, nothing written past the end. g: the douts. */
+static void check_keep_grad_isa(dt_isa isa, const float *x, const float *g, size_t n) {
+    uint16_t *x16 = malloc(n * 2), *g16 = malloc(n * 2), *one = malloc(n * 2), *wy = malloc(n * 2),
+             *wd = malloc(n * 2), *wb = malloc(n * 2), *y = malloc(n * 2 + 2), *d = malloc(n * 2 + 2),
+             *b = malloc(n * 2 + 2);
+    float *p = malloc(n * 4), *q = malloc(n * 4);
+    dt_cast_bf16(x16, x, n), dt_cast_bf16(g16, g, n);
+    for (size_t i = 0; i < n; i++) one[i] = 0x3f80;  /* 1.0 */
+    dt_gelu_forward_bf16io_isa(isa, wy, x16, n);
+    dt_gelu_backward_bf16io_isa(isa, wd, one, x16, n);
+    dt_widen_bf16(p, g16, n), dt_widen_bf16(q, wd, n);
+    for (size_t i = 0; i < n; i++) p[i] *= q[i];
+    dt_cast_bf16(wb, p, n);
+    size_t bad = n;
+    const char *what = "";
+    for (size_t len = 0; len <= n; len = len < 40 ? len + 1 : (len < n ? n : n + 1)) {
+        memset(y, 0xa5, n * 2 + 2), memset(d, 0xa5, n * 2 + 2), memset(b, 0xa5, n * 2 + 2);
+        dt_gelu_forward_bf16io_grad_isa(isa, y, d, x16, len);
+        dt_gelu_backward_bf16io_from_grad_isa(isa, b, g16, wd, len);
+        for (size_t i = 0; i < len && bad == n; i++)
+            if (y[i] != wy[i] || d[i] != wd[i] || b[i] != wb[i])
+                bad = i, what = y[i] != wy[i] ? "value" : d[i] != wd[i] ? "derivative" : "backward from it";
+        CHECK_MSG(y[len] == 0xa5a5 && d[len] == 0xa5a5 && b[len] == 0xa5a5,
+                  "%s: gelu keeping its derivative, %zu values: wrote past them", dt_isa_name(isa), len);
+    }
+    CHECK_MSG(bad == n, "%s: gelu keeping its derivative: the %s at x = %.9g, dout %.9g differs", dt_isa_name(isa),
+              what, bad < n ? x[bad] : 0.0f, bad < n ? g[bad] : 0.0f);
+    free(x16), free(g16), free(one), free(wy), free(wd), free(wb), free(y), free(d), free(b), free(p), free(q);
+}
+
 int main(void) {
     const float special[] = {0.0f, -0.0f, 1e-30f, -1e-30f, 1e4f, -1e4f, 1.3119f, -1.3119f, 1.3120f, -1.3120f, 1.31201f, -1.31201f};
     const size_t ns = sizeof special / sizeof special[0], ngrid = 240001, n = ns + ngrid + 7;
@@ -164,6 +197,9 @@ int main(void) {
         check_bf16io_isa((dt_isa)k, x, g, n);
         check_bf16io_isa((dt_isa)k, odd, g, sizeof odd / sizeof odd[0]);
         check_bf16io_isa((dt_isa)k, g, odd, sizeof odd / sizeof odd[0]);
+        check_keep_grad_isa((dt_isa)k, x, g, n);
+        check_keep_grad_isa((dt_isa)k, odd, g, sizeof odd / sizeof odd[0]);
+        check_keep_grad_isa((dt_isa)k, g, odd, sizeof odd / sizeof odd[0]);
     }
     CHECK(ran >= 1);
     free(x), free(g);

@@ -1,8 +1,9 @@
 /* Template of the vector GELU (cpu_gelu_vec.c includes it once per width, after defining AV_VL,
  * AV_TARGET and AV_SUFFIX as for vecmath.h): dt_gelu_forward_<suffix>, dt_gelu_backward_<suffix>
  * and dt_gelu_forward_bf16_<suffix>, dt_gelu_backward_bf16_<suffix> (bf16 out),
- * dt_gelu_forward_bf16io_<suffix>, dt_gelu_backward_bf16io_<suffix> (bf16 in and out); with
- * AV_BF16_NATIVE only the last four. */
+ * dt_gelu_forward_bf16io_<suffix>, dt_gelu_backward_bf16io_<suffix> (bf16 in and out),
+ * dt_gelu_forward_bf16io_grad_<suffix>, dt_gelu_backward_bf16io_from_grad_<suffix> (the same with
+ * the derivative kept from forward to backward); with AV_BF16_NATIVE only the last six. */
 #include "backend/vecmath.h"
 
 /* erf(a), max error < 1 ulp: Norbert Juffa's erff (a polynomial in a^2 below |a| = 0.9277, and
@@ -30,19 +31,22 @@ AV_FN vf AV(erf)(vf a) {
     return (vf)(((vi)r & big) | ((vi)p & ~big));
 }
 
-AV_FN vf AV(gelu)(vf x) {
+/* GELU and its derivative from x and erf(x / sqrt 2), so that one erf can serve both */
+AV_FN vf AV(erf_of)(vf x) { return AV(erf)(x * AV_SET1((float)M_SQRT1_2)); }
+AV_FN vf AV(gelu_of)(vf x, vf erf) {
     const vf h = x * AV_SET1(0.5f);
-    return AV_FMA(h, AV(erf)(x * AV_SET1((float)M_SQRT1_2)), h);
+    return AV_FMA(h, erf, h);
 }
-
 /* d gelu / dx = Phi(x) + x phi(x) */
-AV_FN vf AV(gelu_grad)(vf x) {
-    const vf cdf = AV_FMA(AV_SET1(0.5f), AV(erf)(x * AV_SET1((float)M_SQRT1_2)), AV_SET1(0.5f));
+AV_FN vf AV(gelu_grad_of)(vf x, vf erf) {
+    const vf cdf = AV_FMA(AV_SET1(0.5f), erf, AV_SET1(0.5f));
     const vf e = x * x * AV_SET1(-0.5f);
     const vi live = e >= AV_SET1(-87.0f); /* exp underflows to 0 below */
     const vf pdf = (vf)((vi)(AV(exp)(e) * AV_SET1(0.39894228040143267794f)) & live);
     return AV_FMA(x, pdf, cdf);
 }
+AV_FN vf AV(gelu)(vf x) { return AV(gelu_of)(x, AV(erf_of)(x)); }
+AV_FN vf AV(gelu_grad)(vf x) { return AV(gelu_grad_of)(x, AV(erf_of)(x)); }
 
 __attribute__((target(AV_TARGET))) void AV(dt_gelu_forward_bf16)(uint16_t *out, const float *in, size_t n) {
     size_t i = 0;
@@ -76,6 +80,32 @@ __attribute__((target(AV_TARGET))) void AV(dt_gelu_backward_bf16io)(uint16_t *di
     if (i < n) {
         const int r = (int)(n - i);
         AV(store_bf16_n)(din + i, AV(load_bf16_n)(dout + i, r) * AV(gelu_grad)(AV(load_bf16_n)(x + i, r)), r);
+    }
+}
+
+/* bf16 x; the values and the derivative dy/dx rounded to bf16, one erf for both; the backward
+ * then multiplies dout by dy/dx (bf16 in and out) */
+AV_FN void AV(gelu_and_grad_bf16)(uint16_t *out, uint16_t *dydx, vf x, int r) {
+    const vf e = AV(erf_of)(x);
+    AV(store_bf16_n)(out, AV(gelu_of)(x, e), r);
+    AV(store_bf16_n)(dydx, AV(gelu_grad_of)(x, e), r);
+}
+
+__attribute__((target(AV_TARGET))) void AV(dt_gelu_forward_bf16io_grad)(uint16_t *out, uint16_t *dydx,
+                                                                      const uint16_t *in, size_t n) {
+    size_t i = 0;
+    for (; i + AV_VL <= n; i += AV_VL) AV(gelu_and_grad_bf16)(out + i, dydx + i, AV(load_bf16)(in + i), AV_VL);
+    if (i < n) AV(gelu_and_grad_bf16)(out + i, dydx + i, AV(load_bf16_n)(in + i, (int)(n - i)), (int)(n - i));
+}
+
+__attribute__((target(AV_TARGET))) void AV(dt_gelu_backward_bf16io_from_grad)(uint16_t *din, const uint16_t *dout,
+                                                                            const uint16_t *dydx, size_t n) {
+    size_t i = 0;
+    for (; i + AV_VL <= n; i += AV_VL)
+        AV(store_bf16_n)(din + i, AV(load_bf16)(dout + i) * AV(load_bf16)(dydx + i), AV_VL);
+    if (i < n) {
+        const int r = (int)(n - i);
+        AV(store_bf16_n)(din + i, AV(load_bf16_n)(dout + i, r) * AV(load_bf16_n)(dydx + i, r), r);
     }
 }
 

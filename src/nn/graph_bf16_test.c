@@ -229,9 +229,14 @@ static void check_gelu_plan(const dt_backend *be, const int32_t *ids, int B) {
     float la = 0, lb = 0;
     gpt_step_pair(&on, &off, ids, B, &a, &b, &la, &lb);
     if (!a) return;
-    int planned = 0;
-    for (int i = 0; i < a->n; i++) planned += a->nodes[i].a.kind == DT_LAYER_GELU && a->nodes[i].grad_bf16;
+    int planned = 0, keep = 0;
+    for (int i = 0; i < a->n; i++) {
+        const dt_node *g = &a->nodes[i];
+        planned += g->a.kind == DT_LAYER_GELU && g->grad_bf16;
+        keep += g->a.kind == DT_LAYER_GELU && g->saved != NULL;  /* their derivative (op_activation.c) */
+    }
     CHECK_MSG(planned == 2, "gpt: %d GELUs with bf16 values and gradients around them (want 2)", planned);
+    CHECK_MSG(keep == (on.gelu_forward_bf16io_grad ? 2 : 0), "gpt: %d GELUs keep their derivative", keep);
     const double dl = fabs((double)la - lb) / fabs((double)lb);
     CHECK_MSG(dl <= 0x1p-10, "gpt with the GELU plan: loss %.9g, without %.9g", la, lb);
     double worst = 0;
