@@ -19,8 +19,10 @@
 #define DT_BLOCK 8
 #endif
 
-/* Max pooling of a blocked in (B, C, H, W): out blocked when out_bl, else NCHW; argmax (at the
- * output's positions) holds flat indices into in. Backward OVERWRITES din (blocked). */
+/* Max pooling of a blocked in (B, C, H, W): out blocked when out_bl, else NCHW; argmax holds
+ * flat indices into in, at the output's positions (with an NCHW out where the windows tile the
+ * input, in the blocked order instead: only the backward reads it). Backward OVERWRITES din
+ * (blocked). */
 void dt_maxpool2d_forward_blocked(float *out, int32_t *argmax, const float *in, int B, int C, int H, int W, int K,
                                   int S, bool out_bl, bool nhwc, bool relu);
 void dt_maxpool2d_backward_blocked(float *din, const float *dout, const int32_t *argmax, int B, int C, int H, int W,

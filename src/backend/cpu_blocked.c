@@ -261,14 +261,22 @@ static inline __attribute__((always_inline)) void unpool_chunk(void *x, const fl
 
 #define CHUNK 256  /* output positions of a block pooled before an NCHW output is written */
 
-/* out_bf16 (a bf16 in, an NCHW out): the output values stored bf16 (dt_cast_bf16), which they
- * are exactly: maxima of bf16 values, or 0. */
+/* Whether every input value lies in exactly one window (the backward then unpools window by
+ * window; else it scatters through argmax). */
+static inline bool tiling(int H, int W, int K, int S, int OH, int OW) { return K == S && OH * S == H && OW * S == W; }
+
+/* argmax's layout with an NCHW output: where the windows tile the input, only the pool's own
+ * backward reads it, so it stays in the block's vector order (block blk's positions from
+ * blk * OHW * BL, BL channels each) and neither pass transposes it; else it is NCHW like dout,
+ * for the scatter. out_bf16 (a bf16 in, an NCHW out): the output values stored bf16
+ * (dt_cast_bf16), which they are exactly: maxima of bf16 values, or 0. */
 static inline __attribute__((always_inline)) void pool_forward(void *out_v, int32_t *argmax, const void *in, int B,
                                                                int C, int H, int W, int K, int S, bool out_bl,
                                                                bool nhwc, bool relu, bool bf16, bool out_bf16) {
     const int OH = (H - K) / S + 1, OW = (W - K) / S + 1, CB = C / BL, ps = nhwc ? C : BL;
     if (OH <= 0 || OW <= 0) return;
     const size_t HW = (size_t)H * W, OHW = (size_t)OH * OW, vsize = bf16 ? 2 : 4;
+    const bool a_vectors = !out_bl && tiling(H, W, K, S, OH, OW);
     float *out = out_v;
     float tm[CHUNK * BL];     /* NCHW output: CHUNK positions of the block, then BL plane rows */
     int32_t ti[CHUNK * BL];
@@ -280,7 +288,7 @@ static inline __attribute__((always_inline)) void pool_forward(void *out_v, int3
         for (size_t p0 = 0; p0 < OHW; p0 += CHUNK) {
             const size_t np = OHW - p0 < CHUNK ? OHW - p0 : CHUNK;
             float *m = out_bl ? out + out_at + p0 * ps : tm;
-            int32_t *idx = out_bl ? argmax + out_at + p0 * ps : ti;
+            int32_t *idx = out_bl ? argmax + out_at + p0 * ps : a_vectors ? argmax + (blk * OHW + p0) * BL : ti;
             const int os = out_bl ? ps : BL;
             if (K == 2) pool_chunk(m, idx, x, W, ps, OW, os, p0, np, 2, S, base, bf16, relu);
             else pool_chunk(m, idx, x, W, ps, OW, os, p0, np, K, S, base, bf16, relu);
@@ -291,7 +299,7 @@ static inline __attribute__((always_inline)) void pool_forward(void *out_v, int3
                 for (int c = 0; c < BL; c++)
                     dt_cast_bf16((uint16_t *)out_v + (blk * BL + c) * OHW + p0, tp + (size_t)c * np, np);
             } else vectors_to_planes((uint32_t *)out + blk * BL * OHW + p0, OHW, (const uint32_t *)tm, np);
-            vectors_to_planes((uint32_t *)argmax + blk * BL * OHW + p0, OHW, (const uint32_t *)ti, np);
+            if (!a_vectors) vectors_to_planes((uint32_t *)argmax + blk * BL * OHW + p0, OHW, (const uint32_t *)ti, np);
         }
     }
 }
@@ -325,12 +333,11 @@ static inline __attribute__((always_inline)) void pool_backward(void *din, const
                                                                 int B, int C, int H, int W, int K, int S, bool out_bl,
                                                                 bool nhwc, bool bf16) {
     const int OH = (H - K) / S + 1, OW = (W - K) / S + 1, CB = C / BL, ps = nhwc ? C : BL;
-    const bool tiles = K == S && OH * S == H && OW * S == W;  /* every input value in exactly one window */
+    const bool tiles = tiling(H, W, K, S, OH, OW);
     const size_t HW = (size_t)H * W, OHW = (size_t)OH * OW, vsize = bf16 ? 2 : 4;
     if (!tiles || OH <= 0 || OW <= 0)
         return unpool_scatter(din, dout, argmax, (size_t)B * C * HW, OH > 0 && OW > 0 ? (size_t)B * C * OHW : 0, bf16);
     float tg[CHUNK * BL];  /* NCHW dout: CHUNK positions of the block's 16 planes, transposed */
-    int32_t ta[CHUNK * BL];
     for (size_t blk = 0; blk < (size_t)B * CB; blk++) {
         const size_t at = block_at(blk, CB, HW, nhwc), out_at = block_at(blk, CB, OHW, nhwc);
         void *x = (char *)din + at * vsize;
@@ -338,12 +345,9 @@ static inline __attribute__((always_inline)) void pool_backward(void *din, const
         for (size_t p0 = 0; p0 < OHW; p0 += CHUNK) {
             const size_t np = OHW - p0 < CHUNK ? OHW - p0 : CHUNK;
             const float *g = out_bl ? dout + out_at + p0 * ps : tg;
-            const int32_t *a = out_bl ? argmax + out_at + p0 * ps : ta;
+            const int32_t *a = out_bl ? argmax + out_at + p0 * ps : argmax + (blk * OHW + p0) * BL;
             const int os = out_bl ? ps : BL;
-            if (!out_bl) {
-                planes_to_vectors((uint32_t *)tg, (const uint32_t *)dout + blk * BL * OHW + p0, OHW, np);
-                planes_to_vectors((uint32_t *)ta, (const uint32_t *)argmax + blk * BL * OHW + p0, OHW, np);
-            }
+            if (!out_bl) planes_to_vectors((uint32_t *)tg, (const uint32_t *)dout + blk * BL * OHW + p0, OHW, np);
             if (K == 2) unpool_chunk(x, g, a, W, ps, OW, os, p0, np, 2, base, bf16);
             else unpool_chunk(x, g, a, W, ps, OW, os, p0, np, K, base, bf16);
         }
