@@ -83,19 +83,21 @@ static void AV(pack_rows)(float *dst, int rows, int ldd, const float *src, size_
  * scalar loads (they were 16 % of the attention's time). */
 #define AV_TX(c, m) ((c) & (m) ? AV_VL + ((c) ^ (m)) : (c))
 #define AV_TY(c, m) ((c) & (m) ? AV_VL + (c) : ((c) ^ (m)))
+/* __builtin_shufflevector (GCC >= 12 and clang; the fuzz build uses clang) takes the lane
+ * indices as constants, so the mask is an argument list. */
 #if AV_VL == 16
 #define AV_TMASK(F, m)                                                                                    \
-    (vi) { F(0, m), F(1, m), F(2, m), F(3, m), F(4, m), F(5, m), F(6, m), F(7, m), F(8, m), F(9, m),      \
-           F(10, m), F(11, m), F(12, m), F(13, m), F(14, m), F(15, m) }
+    F(0, m), F(1, m), F(2, m), F(3, m), F(4, m), F(5, m), F(6, m), F(7, m), F(8, m), F(9, m), F(10, m),   \
+        F(11, m), F(12, m), F(13, m), F(14, m), F(15, m)
 #else
-#define AV_TMASK(F, m) (vi){F(0, m), F(1, m), F(2, m), F(3, m), F(4, m), F(5, m), F(6, m), F(7, m)}
+#define AV_TMASK(F, m) F(0, m), F(1, m), F(2, m), F(3, m), F(4, m), F(5, m), F(6, m), F(7, m)
 #endif
 #define AV_TSTAGE(v, m)                                                                                   \
     for (int i = 0; i < AV_VL; i++)                                                                      \
         if (!(i & (m))) {                                                                                \
             const vf x = v[i], y = v[i | (m)];                                                           \
-            v[i] = __builtin_shuffle(x, y, AV_TMASK(AV_TX, m));                                          \
-            v[i | (m)] = __builtin_shuffle(x, y, AV_TMASK(AV_TY, m));                                    \
+            v[i] = __builtin_shufflevector(x, y, AV_TMASK(AV_TX, m));                                    \
+            v[i | (m)] = __builtin_shufflevector(x, y, AV_TMASK(AV_TY, m));                              \
         }
 
 /* dst[c * ldd + r] = src[r * lds + c] for an AV_VL x AV_VL block. */
