@@ -93,11 +93,12 @@ typedef struct dt_backend {
     void (*maxpool2d_backward_blocked)(float *din, const float *dout, const int32_t *argmax, int B, int C, int H,
                                        int W, int K, int S, bool out_bl, bool nhwc);
     /* The same of a blocked bf16 input (din bf16 too); out f32, or bf16 with out_bf16 and an NCHW
-     * out (the maxima are bf16 values: exact); dout f32. NULL where not. */
+     * out (the maxima are bf16 values: exact); dout f32, or bf16 with dout_bf16 and an NCHW out.
+     * NULL where not. */
     void (*maxpool2d_forward_blocked_bf16)(void *out, int32_t *argmax, const uint16_t *in, int B, int C, int H, int W,
                                            int K, int S, bool out_bl, bool nhwc, bool relu, bool out_bf16);
-    void (*maxpool2d_backward_blocked_bf16)(uint16_t *din, const float *dout, const int32_t *argmax, int B, int C,
-                                            int H, int W, int K, int S, bool out_bl, bool nhwc);
+    void (*maxpool2d_backward_blocked_bf16)(uint16_t *din, const void *dout, const int32_t *argmax, int B, int C,
+                                            int H, int W, int K, int S, bool out_bl, bool nhwc, bool dout_bf16);
     /* conv -> (relu) -> maxpool of a first layer in one pass (backend/conv_pool.h), f32; NULL where not */
     void (*conv_pool_forward)(const dt_conv_pool_shape *s, float *out, uint8_t *win, const float *in, const float *w,
                               const float *b);

@@ -80,10 +80,26 @@ static void pool_case(int B, int C, int H, int W, int K, int S, bool nhwc) {
             free(y16);
         }
         dt_maxpool2d_backward_blocked(dx, dy, am, B, C, H, W, K, S, out_bl, nhwc);
-        dt_maxpool2d_backward_blocked_bf16((uint16_t *)dxh, dy, amh, B, C, H, W, K, S, out_bl, nhwc);
+        dt_maxpool2d_backward_blocked_bf16((uint16_t *)dxh, dy, amh, B, C, H, W, K, S, out_bl, nhwc, false);
         size_t bad = 0;
         for (size_t i = 0; i < nin; i++) bad += ((uint16_t *)dxh)[i] != dt_f32_to_bf16(dx[i]);
         CHECK_MSG(bad == 0 || !tiles, "bf16 maxpool %dx%d K%d S%d out_bl %d: %zu din values differ", H, W, K, S, out_bl, bad);
+        if (!out_bl) {  /* a bf16 dout (NCHW): the f32 backward of the rounded dout, rounded; exact where tiling */
+            uint16_t *dy16 = malloc(nout * 2), *dxb = malloc(nin * 2);
+            float *dyr = malloc(nout * 4), *dxr = malloc(nin * 4);
+            dt_cast_bf16(dy16, dy, nout), dt_widen_bf16(dyr, dy16, nout);
+            dt_maxpool2d_backward_blocked(dxr, dyr, am, B, C, H, W, K, S, false, nhwc);
+            dt_maxpool2d_backward_blocked_bf16(dxb, dy16, amh, B, C, H, W, K, S, false, nhwc, true);
+            size_t off = 0, exact = 0;
+            for (size_t i = 0; i < nin; i++) {
+                off += dxb[i] != dt_f32_to_bf16(dxr[i]);
+                exact += dxb[i] != ((uint16_t *)dxh)[i];
+            }
+            CHECK_MSG(off == 0 && (exact == 0 || !tiles),
+                      "bf16 maxpool %dx%d K%d S%d nhwc %d, bf16 dout: %zu din values differ from the rounded dout's, "
+                      "%zu from the f32 dout's", H, W, K, S, nhwc, off, exact);
+            free(dy16), free(dxb), free(dyr), free(dxr);
+        }
         float *dxw = widen(dxh, nin);
         CHECK_MSG(rel_diff(dxw, dx, nin) < 4e-3, "bf16 maxpool %dx%d K%d S%d: din differs by %g", H, W, K, S,
                   rel_diff(dxw, dx, nin));
@@ -254,10 +270,14 @@ static void check_native_plan(const dt_backend *t) {
     const dt_backend *tb = t ? t : dt_backend_default();
     if (!tb->linear_bf16_values || !tb->linear_bf16_values() || !tb->linear_forward_bf16) return;
     /* with bf16 linears: the chain's last pool (NCHW out) of bf16 values, read by flatten ->
-     * linear only, stores them bf16 (exact); the relu between the linears too */
+     * linear only, stores them bf16 (exact); the relu between the linears too. Its windows tile
+     * its input, so the linear writes its gradient bf16 too (exact as well). */
+    const bool din16 = tb->linear_backward_bf16_din != NULL;
     plan_with("cnn", bf, gbf, &n, t, true);
-    CHECK(n > 9 && bf[3] && bf[4] && bf[6] && !gbf[6] && bf[9]);
+    CHECK(n > 9 && bf[3] && bf[4] && bf[6] && gbf[6] == din16 && bf[9]);
     for (int i = 0; i < n; i++) CHECK(i == 3 || i == 4 || i == 6 || i == 9 || (!bf[i] && !gbf[i]));
+    plan_with("conv(16,3) conv(16,4) relu maxpool(2) flatten linear(10)", bf, gbf, &n, t, true);
+    CHECK(n > 6 && bf[4] && !gbf[4]);  /* 23 x 23 into 2 x 2 windows: not tiling, its gradient f32 */
     plan_with("conv(16,3) conv(16,3) relu maxpool(2) maxpool(2) flatten linear(10)", bf, gbf, &n, t, true);
     CHECK(!bf[4] && !bf[5]);    /* a pool read by a pool, and one of f32 values, stay f32 */
 }

@@ -329,15 +329,26 @@ static void unpool_scatter(void *din, const float *dout, const int32_t *argmax, 
     free(d);
 }
 
-static inline __attribute__((always_inline)) void pool_backward(void *din, const float *dout, const int32_t *argmax,
+/* dout_bf16 (an NCHW dout, bf16 din): dout is bf16 (uint16_t) too, each plane row's chunk widened
+ * before it is transposed; exact where the windows tile the input, since each din value is then
+ * one dout value or 0, rounded once either way. */
+static inline __attribute__((always_inline)) void pool_backward(void *din, const void *dout_v, const int32_t *argmax,
                                                                 int B, int C, int H, int W, int K, int S, bool out_bl,
-                                                                bool nhwc, bool bf16) {
+                                                                bool nhwc, bool bf16, bool dout_bf16) {
     const int OH = (H - K) / S + 1, OW = (W - K) / S + 1, CB = C / BL, ps = nhwc ? C : BL;
     const bool tiles = tiling(H, W, K, S, OH, OW);
     const size_t HW = (size_t)H * W, OHW = (size_t)OH * OW, vsize = bf16 ? 2 : 4;
-    if (!tiles || OH <= 0 || OW <= 0)
-        return unpool_scatter(din, dout, argmax, (size_t)B * C * HW, OH > 0 && OW > 0 ? (size_t)B * C * OHW : 0, bf16);
+    const size_t nout = OH > 0 && OW > 0 ? (size_t)B * C * OHW : 0;
+    const float *dout = dout_v;
+    if (!tiles || OH <= 0 || OW <= 0) {
+        float *wide = dout_bf16 ? malloc(nout * sizeof(float) + 4) : NULL;
+        if (dout_bf16 && !wide) abort();  /* kernels cannot fail; out of memory here is fatal */
+        if (dout_bf16) dt_widen_bf16(wide, dout_v, nout);
+        unpool_scatter(din, dout_bf16 ? wide : dout, argmax, (size_t)B * C * HW, nout, bf16);
+        return free(wide);
+    }
     float tg[CHUNK * BL];  /* NCHW dout: CHUNK positions of the block's 16 planes, transposed */
+    float tw[dout_bf16 ? CHUNK * BL : 1];  /* a bf16 NCHW dout: the BL plane rows widened */
     for (size_t blk = 0; blk < (size_t)B * CB; blk++) {
         const size_t at = block_at(blk, CB, HW, nhwc), out_at = block_at(blk, CB, OHW, nhwc);
         void *x = (char *)din + at * vsize;
@@ -347,7 +358,11 @@ static inline __attribute__((always_inline)) void pool_backward(void *din, const
             const float *g = out_bl ? dout + out_at + p0 * ps : tg;
             const int32_t *a = out_bl ? argmax + out_at + p0 * ps : argmax + (blk * OHW + p0) * BL;
             const int os = out_bl ? ps : BL;
-            if (!out_bl) planes_to_vectors((uint32_t *)tg, (const uint32_t *)dout + blk * BL * OHW + p0, OHW, np);
+            if (!out_bl && dout_bf16) {
+                for (int c = 0; c < BL; c++)
+                    dt_widen_bf16(tw + (size_t)c * np, (const uint16_t *)dout_v + (blk * BL + c) * OHW + p0, np);
+                planes_to_vectors((uint32_t *)tg, (const uint32_t *)tw, np, np);
+            } else if (!out_bl) planes_to_vectors((uint32_t *)tg, (const uint32_t *)dout + blk * BL * OHW + p0, OHW, np);
             if (K == 2) unpool_chunk(x, g, a, W, ps, OW, os, p0, np, 2, base, bf16);
             else unpool_chunk(x, g, a, W, ps, OW, os, p0, np, K, base, bf16);
         }
@@ -356,12 +371,13 @@ static inline __attribute__((always_inline)) void pool_backward(void *din, const
 
 void dt_maxpool2d_backward_blocked(float *din, const float *dout, const int32_t *argmax, int B, int C, int H, int W,
                                    int K, int S, bool out_bl, bool nhwc) {
-    pool_backward(din, dout, argmax, B, C, H, W, K, S, out_bl, nhwc, false);
+    pool_backward(din, dout, argmax, B, C, H, W, K, S, out_bl, nhwc, false, false);
 }
 
-void dt_maxpool2d_backward_blocked_bf16(uint16_t *din, const float *dout, const int32_t *argmax, int B, int C, int H,
-                                        int W, int K, int S, bool out_bl, bool nhwc) {
-    pool_backward(din, dout, argmax, B, C, H, W, K, S, out_bl, nhwc, true);
+void dt_maxpool2d_backward_blocked_bf16(uint16_t *din, const void *dout, const int32_t *argmax, int B, int C, int H,
+                                        int W, int K, int S, bool out_bl, bool nhwc, bool dout_bf16) {
+    if (dout_bf16 && !out_bl) pool_backward(din, dout, argmax, B, C, H, W, K, S, false, nhwc, true, true);
+    else pool_backward(din, dout, argmax, B, C, H, W, K, S, out_bl, nhwc, true, false);
 }
 
 /* Where (sample n, channel c, position p) of a (B, C, HW) tensor lives, blocked or NHWC. */

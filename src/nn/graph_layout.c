@@ -80,6 +80,12 @@ static bool bf16_linear(const dt_model *m, const dt_node *r) {
     return r->a.kind == DT_LAYER_LINEAR || r->a.kind == DT_LAYER_MATMUL_T;
 }
 
+/* A linear (op_linear.c writes its din bf16 where its input's gradient is: matmul_t does not). */
+static bool linear_of_pool_grad(const dt_model *m, const dt_node *r) {
+    (void)m;
+    return r->a.kind == DT_LAYER_LINEAR;
+}
+
 /* Ops that can write bf16 values (op_layernorm.c, op_activation.c, op_attention.c) and whose
  * backward does not read them (relu and gelu read their input, not their output). */
 static bool writes_bf16(const dt_node *n) {
@@ -173,14 +179,24 @@ void dt_graph_plan_bf16(dt_model *m) {
     }
     /* The pool at a chain's end (NCHW out) of bf16 values that only bf16 linears read (the CNN's
      * flatten -> linear): its maxima are bf16 values, stored so exactly, and the linear skips
-     * its cast. Its backward does not read them (a fused relu is in its argmax). */
+     * its cast. Its backward does not read them (a fused relu is in its argmax). Where its
+     * windows tile its input and one linear reads it, that linear writes the pool's gradient
+     * bf16 as well: each value of the pool's bf16 din is one of them or 0, so rounding them
+     * first changes nothing (blocked_bf16_test). */
     if (!be->linear_bf16_values || !be->linear_bf16_values() || !be->linear_forward_bf16 || !be->linear_backward_bf16)
         return;
     for (int i = 0; i < m->n; i++) {
         dt_node *n = &m->nodes[i];
         bool all;
-        if (n->a.kind == DT_LAYER_MAXPOOL2D && !n->fused_conv && !n->blocked && !n->alias && i != m->output &&
-            dt_node_in_bf16(m, n, 0))
-            n->bf16 = readers(m, i, bf16_linear, &all) > 0 && all;
+        if (n->a.kind != DT_LAYER_MAXPOOL2D || n->fused_conv || n->blocked || n->alias || i == m->output ||
+            !dt_node_in_bf16(m, n, 0))
+            continue;
+        const int readers_n = readers(m, i, bf16_linear, &all);
+        n->bf16 = readers_n > 0 && all;
+        int C, H, W;
+        dt_node_chw(dt_node_input(m, n, 0), &C, &H, &W);
+        n->grad_bf16 = n->bf16 && readers_n == 1 && readers(m, i, linear_of_pool_grad, &all) == 1 && all &&
+                       be->linear_backward_bf16_din && dt_node_in_grad_bf16(m, n, 0) && n->a.k == n->a.stride &&
+                       H % n->a.k == 0 && W % n->a.k == 0;
     }
 }

@@ -58,7 +58,7 @@ static void maxpool_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float
         c->be->relu_backward(n->grad, n->grad, n->out, (size_t)c->B * n->out_n);
     if (din[0] && dt_node_in_grad_bf16(m, n, 0))
         c->be->maxpool2d_backward_blocked_bf16((uint16_t *)din[0], n->grad, n->saved, c->B, C, H, W, n->a.k,
-                                               n->a.stride, n->blocked, m->nhwc);
+                                               n->a.stride, n->blocked, m->nhwc, n->grad_bf16);
     else if (din[0] && dt_node_in_blocked(m, n, 0))
         c->be->maxpool2d_backward_blocked(din[0], n->grad, n->saved, c->B, C, H, W, n->a.k, n->a.stride, n->blocked,
                                           m->nhwc);
