@@ -137,6 +137,10 @@ dt_status dt_comm_set_hier_chunk(dt_comm *c, size_t bytes);
 bool dt_comm_hier_active(const dt_comm *c);
 /* Hosts c's ranks span, as dt_comm_set_hier found them (0 before it ran or with FLAT). */
 int dt_comm_hosts(const dt_comm *c);
+/* The CPUs that c's ranks on this host may run on together (their affinity masks' union), with
+ * *ranks, how many of c's ranks run there; 0 (and *ranks 0) where the transport cannot tell (mpi)
+ * and for a single process. */
+int dt_comm_host_cpus(const dt_comm *c, int *ranks);
 /* Bytes this rank's ops on c moved since it was created, counted as bus bytes (nccl-tests:
  * allreduce 2(n-1)/n x size, allgather / reduce-scatter / alltoall (n-1)/n x the gathered size,
  * broadcast / reduce / gather / scatter / send / recv the size; whatever algorithm ran), for

@@ -255,6 +255,11 @@ typedef struct dt_loader dt_loader;
 /* Batches a loader prefetches when its config says prefetch -1 (each is one buffer of max_batch). */
 #define DT_LOADER_DEFAULT_PREFETCH 3
 
+/* The prefetch for a rank's training loader: 0 (batches built on the rank's own thread) where
+ * `ranks` ranks of `threads` threads each take all `cpus` CPUs they may run on together, so that a
+ * loader thread would only preempt its rank; else -1 (the default). cpus 0 means unknown: -1. */
+int dt_loader_prefetch_for(int ranks, int threads, int cpus);
+
 typedef struct {
     int batch;         /* samples per rank per step (> 0) */
     bool shuffle;      /* shuffle every epoch (by seed, epoch) */

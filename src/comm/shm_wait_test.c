@@ -50,6 +50,9 @@ static int test_cpus(int R, int N, const char *job, void *arg) {
     const int want = a->pin_shared ? 1 : 2;
     CHECK_MSG(dt_shm_job_cpus(s) == want, "rank %d: the job's ranks may run on %d CPUs, want %d", R,
               dt_shm_job_cpus(s), want);
+    int ranks = 0;
+    const int host = t->ops->host_cpus(t, &ranks);
+    CHECK_MSG(host == want && ranks == N, "rank %d: host_cpus %d with %d ranks, want %d with %d", R, host, ranks, want, N);
     if (a->pin_shared) CHECK_MSG(s->wait_fg.spin_s == 0 && s->wait_fg.yields == 2, "2 ranks on one CPU: spin %g s",
                                  s->wait_fg.spin_s);
     else CHECK_MSG(s->wait_fg.spin_s > 0 && !s->wait_fg.spin_yields && s->wait_bg.spin_yields,
@@ -87,6 +90,9 @@ static int test_steps(int R, int N, const char *job, void *arg) {
     dt_comm *c = NULL;
     CHECK_OK(dt_test_comm(&c, R, N, job, DT_ALGO_AUTO, 60));
     if (!c) return 1;
+    int here = 0;  /* what the trainer asks to choose its loader thread (dt_loader_prefetch_for) */
+    const int host = dt_comm_host_cpus(c, &here);
+    CHECK_MSG(here == N && host >= 1 && (!a->pin_shared || host == 1), "rank %d: %d CPUs for %d ranks here", R, host, here);
     const size_t per = 1000 + 3, n = per * (size_t)N;
     float *g = malloc(n * sizeof *g);
     int bad = 0;

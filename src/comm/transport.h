@@ -127,6 +127,9 @@ typedef struct dt_transport_ops {
      * be 1), right after an allgather of (color, key) on the parent. NULL = not supported. */
     dt_status (*split)(dt_transport *t, int color, const int *members, int new_size, int new_rank,
                        uint64_t split_id, double deadline, dt_transport **out);
+    /* The CPUs this transport's ranks on this host may run on together, with *ranks (how many
+     * of them run there); 0 when the transport does not know. May be NULL. */
+    int (*host_cpus)(dt_transport *t, int *ranks);
     /* Frees everything (does not touch outstanding dt_treq storage). NULL t is a no-op. */
     void (*destroy)(dt_transport *t);
 } dt_transport_ops;

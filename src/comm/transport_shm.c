@@ -431,6 +431,13 @@ static dt_status shm_split(dt_transport *t, int color, const int *members, int n
     return st;
 }
 
+/* Every rank of a shm transport is on this host; their CPUs are the union they published. */
+static int shm_host_cpus(dt_transport *t, int *ranks) {
+    dt_shm *s = (dt_shm *)t;
+    *ranks = s->n;
+    return dt_shm_job_cpus(s);
+}
+
 static const dt_transport_ops dt_shm_ops = {
     .name = "shm",
     .isend = dt_shm_isend,
@@ -442,5 +449,6 @@ static const dt_transport_ops dt_shm_ops = {
     .coll = dt_shm_coll,
     .abort = shm_abort,
     .split = shm_split,
+    .host_cpus = shm_host_cpus,
     .destroy = shm_destroy,
 };

@@ -355,7 +355,19 @@ static void test_loader_ranks(dt_dataset *ds) {
     }
 }
 
+/* Where the ranks (times their threads) take every CPU, batches are built on the rank's thread. */
+static void test_prefetch_for(void) {
+    CHECK(dt_loader_prefetch_for(2, 1, 2) == 0);
+    CHECK(dt_loader_prefetch_for(8, 1, 2) == 0);
+    CHECK(dt_loader_prefetch_for(2, 2, 4) == 0);
+    CHECK(dt_loader_prefetch_for(1, 1, 2) == -1);  /* a core to spare: the thread stays */
+    CHECK(dt_loader_prefetch_for(2, 1, 4) == -1);
+    CHECK(dt_loader_prefetch_for(2, 1, 0) == -1);  /* the transport cannot tell */
+    CHECK(dt_loader_prefetch_for(0, 1, 2) == -1);
+}
+
 int main(void) {
+    test_prefetch_for();
     test_order();
     test_shards();
     dt_dataset *ds = make_ds();

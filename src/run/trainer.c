@@ -352,6 +352,14 @@ static dt_status restore_and_normalize(dt_trainer *t, const char *resume, dt_ckp
     return t->test ? dt_dataset_set_normalize(t->test, t->norm_mean, t->norm_std) : DT_OK;
 }
 
+/* Batches built on the rank's own thread where the job's ranks take every CPU of this host
+ * (dt_loader_prefetch_for). */
+static int loader_prefetch(const dt_trainer *t) {
+    int ranks = 0;
+    const int cpus = t->world > 1 ? dt_comm_host_cpus(t->cfg.comm, &ranks) : 0;
+    return dt_loader_prefetch_for(ranks, t->cfg.threads, cpus);
+}
+
 /* This rank's part of the data under the strategy and the loader over it; a resume on another
  * global batch continues after the samples already seen this epoch. */
 static dt_status setup_loader(dt_trainer *t, const dt_strategy_entry *se, const dt_strategy_opts *so,
@@ -362,7 +370,7 @@ static dt_status setup_loader(dt_trainer *t, const dt_strategy_entry *se, const 
     const int max_batch = c->balance ? step_batch * t->dworld : step_batch;  /* a balanced cut may be larger */
     DT_TRY(check_batch(t, max_batch));
     dt_loader_config lc = {.batch = step_batch, .epoch_len = (size_t)c->epoch_windows, .shuffle = true,
-                           .seed = c->seed, .rank = t->drank, .world = t->dworld, .prefetch = -1,
+                           .seed = c->seed, .rank = t->drank, .world = t->dworld, .prefetch = loader_prefetch(t),
                            .max_batch = max_batch};
     DT_TRY(dt_loader_create(&t->loader, t->train, &lc));
     if (resume && (info->world_size != t->dworld || info->batch != step_batch) && t->step_in_epoch > 0) {
