@@ -30,6 +30,10 @@ static inline dt_layout dt_layout_of(bool chain, bool nhwc, bool bf16) {
     return nhwc ? (bf16 ? DT_LAYOUT_NHWC_BF16 : DT_LAYOUT_NHWC) : bf16 ? DT_LAYOUT_BLOCKED_BF16 : DT_LAYOUT_BLOCKED;
 }
 
+/* A max pool's windows tile its input (K == S, H and W multiples of K): each input position is
+ * in exactly one window. The blocked pool kernels and the bf16 plan (graph_layout.c) decide by it. */
+static inline bool dt_pool_windows_tile(int H, int W, int K, int S) { return K == S && H % K == 0 && W % K == 0; }
+
 typedef struct dt_backend {
     const char *name;   /* the kernel library: "blas" or "onednn" */
     dt_device device;

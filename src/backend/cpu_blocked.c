@@ -263,7 +263,6 @@ static inline __attribute__((always_inline)) void unpool_chunk(void *x, const fl
 
 /* Whether every input value lies in exactly one window (the backward then unpools window by
  * window; else it scatters through argmax). */
-static inline bool tiling(int H, int W, int K, int S, int OH, int OW) { return K == S && OH * S == H && OW * S == W; }
 
 /* argmax's layout with an NCHW output: where the windows tile the input, only the pool's own
  * backward reads it, so it stays in the block's vector order (block blk's positions from
@@ -276,7 +275,7 @@ static inline __attribute__((always_inline)) void pool_forward(void *out_v, int3
     const int OH = (H - K) / S + 1, OW = (W - K) / S + 1, CB = C / BL, ps = nhwc ? C : BL;
     if (OH <= 0 || OW <= 0) return;
     const size_t HW = (size_t)H * W, OHW = (size_t)OH * OW, vsize = bf16 ? 2 : 4;
-    const bool a_vectors = !out_bl && tiling(H, W, K, S, OH, OW);
+    const bool a_vectors = !out_bl && dt_pool_windows_tile(H, W, K, S);
     float *out = out_v;
     float tm[CHUNK * BL];     /* NCHW output: CHUNK positions of the block, then BL plane rows */
     int32_t ti[CHUNK * BL];
@@ -336,7 +335,7 @@ static inline __attribute__((always_inline)) void pool_backward(void *din, const
                                                                 int B, int C, int H, int W, int K, int S, bool out_bl,
                                                                 bool nhwc, bool bf16, bool dout_bf16) {
     const int OH = (H - K) / S + 1, OW = (W - K) / S + 1, CB = C / BL, ps = nhwc ? C : BL;
-    const bool tiles = tiling(H, W, K, S, OH, OW);
+    const bool tiles = dt_pool_windows_tile(H, W, K, S);
     const size_t HW = (size_t)H * W, OHW = (size_t)OH * OW, vsize = bf16 ? 2 : 4;
     const size_t nout = OH > 0 && OW > 0 ? (size_t)B * C * OHW : 0;
     const float *dout = dout_v;
@@ -376,8 +375,9 @@ void dt_maxpool2d_backward_blocked(float *din, const float *dout, const int32_t 
 
 void dt_maxpool2d_backward_blocked_bf16(uint16_t *din, const void *dout, const int32_t *argmax, int B, int C, int H,
                                         int W, int K, int S, bool out_bl, bool nhwc, bool dout_bf16) {
-    if (dout_bf16 && !out_bl) pool_backward(din, dout, argmax, B, C, H, W, K, S, false, nhwc, true, true);
-    else pool_backward(din, dout, argmax, B, C, H, W, K, S, out_bl, nhwc, true, false);
+    if (!dout_bf16) pool_backward(din, dout, argmax, B, C, H, W, K, S, out_bl, nhwc, true, false);
+    else if (!out_bl) pool_backward(din, dout, argmax, B, C, H, W, K, S, false, nhwc, true, true);
+    else abort();  /* a bf16 dout is an NCHW one only (blocked.h): read as f32 it would be garbage */
 }
 
 /* Where (sample n, channel c, position p) of a (B, C, HW) tensor lives, blocked or NHWC. */

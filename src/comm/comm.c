@@ -197,6 +197,11 @@ void dt_comm_destroy(dt_comm *c) {
 
 int dt_comm_rank(const dt_comm *c) { return c ? c->rank : 0; }
 int dt_comm_size(const dt_comm *c) { return c ? c->size : 1; }
+int dt_comm_host_cpus(const dt_comm *c, int *ranks) {
+    *ranks = 0;
+    if (!c || !c->t || !c->t->ops->host_cpus) return 0;
+    return c->t->ops->host_cpus(c->t, ranks);
+}
 const char *dt_comm_backend_name(const dt_comm *c) {
     return c && c->t ? c->t->ops->name : "self";
 }

@@ -143,12 +143,6 @@ dt_status dt_comm_set_hier(dt_comm *c, dt_comm_hier_mode mode) {
 bool dt_comm_hier_active(const dt_comm *c) { return c && c->hier && c->hier->on; }
 int dt_comm_hosts(const dt_comm *c) { return c && c->hier ? c->hier->hosts : 0; }
 
-int dt_comm_host_cpus(const dt_comm *c, int *ranks) {
-    *ranks = 0;
-    if (!c || !c->t || !c->t->ops->host_cpus) return 0;
-    return c->t->ops->host_cpus(c->t, ranks);
-}
-
 /* Chunk k of the buffer: elements [k*chunk, k*chunk + n). */
 typedef struct {
     const unsigned char *send;

@@ -176,7 +176,8 @@ static void *worker_main(void *arg) {
 /* Without a core of its own a loader thread runs by preempting its rank, which the peers then wait
  * for at the next collective: each rank's loader costs the step in turn, where the ranks' own
  * threads build their batches at the same time. Measured (MLP 784-128-10 b128, 2 ranks on a
- * 2-core AMX Xeon VM, shm; epochs 2-3 of 3 interleaved runs each): 505 -> 518 k samples/s. */
+ * 2-core AMX Xeon VM, shm; dtrain train --workers 2 --epochs 3, epochs 2-3 of 4 pairs of runs
+ * interleaved with the build that kept the thread): 491.8 -> 507.9 k samples/s. */
 int dt_loader_prefetch_for(int ranks, int threads, int cpus) {
     return cpus > 0 && (long)ranks * (threads > 0 ? threads : 1) >= cpus ? 0 : -1;
 }

@@ -80,8 +80,9 @@ static bool bf16_linear(const dt_model *m, const dt_node *r) {
     return r->a.kind == DT_LAYER_LINEAR || r->a.kind == DT_LAYER_MATMUL_T;
 }
 
-/* A linear (op_linear.c writes its din bf16 where its input's gradient is: matmul_t does not). */
-static bool linear_of_pool_grad(const dt_model *m, const dt_node *r) {
+/* A reader whose backward can write its input's gradient bf16 (op_linear.c's linear; matmul_t's
+ * cannot). */
+static bool writes_bf16_din(const dt_model *m, const dt_node *r) {
     (void)m;
     return r->a.kind == DT_LAYER_LINEAR;
 }
@@ -195,8 +196,8 @@ void dt_graph_plan_bf16(dt_model *m) {
         n->bf16 = readers_n > 0 && all;
         int C, H, W;
         dt_node_chw(dt_node_input(m, n, 0), &C, &H, &W);
-        n->grad_bf16 = n->bf16 && readers_n == 1 && readers(m, i, linear_of_pool_grad, &all) == 1 && all &&
-                       be->linear_backward_bf16_din && dt_node_in_grad_bf16(m, n, 0) && n->a.k == n->a.stride &&
-                       H % n->a.k == 0 && W % n->a.k == 0;
+        n->grad_bf16 = n->bf16 && readers_n == 1 && readers(m, i, writes_bf16_din, &all) == 1 && all &&
+                       be->linear_backward_bf16_din && dt_node_in_grad_bf16(m, n, 0) &&
+                       dt_pool_windows_tile(H, W, n->a.k, n->a.stride);
     }
 }

@@ -356,7 +356,7 @@ static dt_status restore_and_normalize(dt_trainer *t, const char *resume, dt_ckp
  * (dt_loader_prefetch_for). */
 static int loader_prefetch(const dt_trainer *t) {
     int ranks = 0;
-    const int cpus = t->world > 1 ? dt_comm_host_cpus(t->cfg.comm, &ranks) : 0;
+    const int cpus = dt_comm_host_cpus(t->cfg.comm, &ranks);  /* 0 for a single process */
     return dt_loader_prefetch_for(ranks, t->cfg.threads, cpus);
 }
 
