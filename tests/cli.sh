@@ -38,6 +38,11 @@ then ok "--checkpoint-dir that cannot be made: exit 78 before any rank starts"
 else bad "--checkpoint-dir /proc/ck (exit $rc): $out"; fi
 expect_fail "eval needs checkpoint" "no --checkpoint given" $DT eval
 expect_fail "unknown command" "unknown command 'trian'" $DT trian
+expect_fail "a mistyped command gets a suggestion" "did you mean 'dtrain train'?" $DT trian
+expect_fail "a mistyped benchmark gets a suggestion" "did you mean 'dtrain bench train'?" $DT bench trian
+out=$($DT frobnicate 2>&1)
+grep -q "did you mean" <<<"$out" && bad "dtrain frobnicate got a suggestion: $out" || ok "no command suggested for a far miss"
+expect_fail "a flag with one dash names the flag" "did you mean --epochs? (flags take two dashes" $DT train -epochs 2
 printf '0,1,2\n1,3,4\n99,5,6\n2,1,1\n' >"$TMP/bad_train.csv"
 expect_fail "a label beyond the model names its sample" "label 99 of sample 2 is outside [0, 3)" \
   $DT train --data "$TMP/bad_train.csv" --model "linear(3)"
@@ -48,6 +53,21 @@ for f in data model epochs batch optimizer lr seed threads save resume metrics q
   grep -q -- "--$f" <<<"$help" || bad "train --help lacks --$f"
 done
 ok "train --help documents the flags"
+# train --help: the description first (before any flag), then the flags in their groups, each once
+first_flag=$(grep -n -m1 '^  --' <<<"$help" | cut -d: -f1)
+desc=$(grep -n -m1 '^Trains a model' <<<"$help" | cut -d: -f1)
+[ -n "$desc" ] && [ "$desc" -lt 5 ] && [ "$desc" -lt "$first_flag" ] && [ "$first_flag" -lt 15 ] \
+  && ok "train --help: the description comes first, the flags by line $first_flag" \
+  || bad "train --help: description at line ${desc:-none}, first flag at $first_flag"
+groups=$(grep -E '^[A-Z][A-Za-z ]+:$' <<<"$help" | tr '\n' '|')
+[ "$groups" = "Data:|Model:|Optimisation:|Parallelism:|Outputs:|Checkpoints and faults:|Advanced:|" ] \
+  && ok "train --help groups its flags" || bad "train --help groups: $groups"
+dups=$(grep -o '^  --[a-z0-9-]*' <<<"$help" | sort | uniq -d)
+nflags=$(grep -c '^  --[a-z]' <<<"$help")
+[ -z "$dups" ] && [ "$nflags" -ge 60 ] && ok "train --help lists each of its $nflags flags once" \
+  || bad "train --help lists twice: $dups ($nflags flags)"
+grep -A2 '^Parallelism:' <<<"$help" | grep -q -- '--workers' && grep -A1 '^Data:' <<<"$help" | grep -q -- '--data' \
+  && ok "train --help: --data under Data, --workers under Parallelism" || bad "train --help: groups hold the wrong flags"
 
 if ! have_fmnist; then
   echo "skip: Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)"

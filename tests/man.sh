@@ -41,6 +41,24 @@ for title, args in want:
     nflags += len(lines)
     print(title.replace(" ", "_"), "ok" if good else "BAD\n  help: %r\n  man:  %r" % (
         [l for l in lines if l not in man_lines], [l for l in man_lines if l not in lines]))
+# dtrain train's flag groups and the notes after them, as --help prints them
+train_help, train_sect = run("train", "--help"), sections.get("dtrain train", "")
+hgroups = re.findall(r"^([A-Z][A-Za-z ]+):\n  --", train_help, re.M)
+mgroups = [plain(g) for g in re.findall(r"^\.PP\n\\fB(.*):\\fR$", train_sect, re.M)]
+print("train_groups", "ok" if hgroups == mgroups and len(hgroups) >= 7 else "BAD %r vs %r" % (hgroups, mgroups))
+blocks = [plain(b) for b in re.findall(r"^\.nf\n(.*?)\n\.fi$", train_sect, re.M | re.S)]
+print("train_notes", "ok" if len(blocks) == 2 and all(b in " ".join(train_help.split()) for b in blocks)
+      and "Strategies:" in blocks[1] else "BAD %d blocks" % len(blocks))
+# EXAMPLES: each command's flags are ones its dtrain command takes (flags, then --help, exit 0)
+import shlex
+ex = page.split(".SH EXAMPLES\n")[1].split(".SH ")[0] if ".SH EXAMPLES\n" in page else ""
+cmds = [plain(l) for b in re.findall(r"^\.nf\n(.*?)\n\.fi$", ex, re.M | re.S) for l in b.split("\n")]
+badex = []
+for c in cmds:
+    args = shlex.split(c)
+    r = subprocess.run([dt] + args[args.index("dtrain") + 1:] + ["--help"], capture_output=True, text=True)
+    if r.returncode != 0: badex.append("%s: %s" % (c, r.stderr.strip()[:200]))
+print("examples", "ok" if len(cmds) >= 12 and not badex else "BAD %d commands: %r" % (len(cmds), badex), len(cmds))
 env = sorted(set(re.findall(r"\b[A-Z][A-Z_]+=", run("--help"))))
 envsect = plain(page.split(".SH ENVIRONMENT\n")[1].split(".SH ")[0]) if ".SH ENVIRONMENT" in page else ""
 print("environment", "ok" if env and all(v in envsect for v in env) else "BAD %r" % [v for v in env if v not in envsect])

@@ -28,6 +28,39 @@ int dt_flags_parse(int argc, char **argv, int first, const dt_flag *flags, int n
 bool dt_cli_flag_given(int argc, char **argv, const char *name);
 /* Prints the usage text and one line per flag with its default. */
 void dt_flags_usage(const char *usage, const dt_flag *flags, int n);
+
+/* A titled group of flags in --help and the man page. names: flag names without dashes, separated
+ * by spaces, listed in that order; a name the table lacks is skipped (a flag not built in). */
+typedef struct {
+    const char *title;
+    const char *names;
+} dt_flag_group;
+/* A command's help around its flag table. usage: the usage line and a short description (printed
+ * first); groups: NULL-title-terminated, or NULL for one "Flags:" list; a flag that no group names
+ * is listed under the group titled "Advanced" (one is added last where none is given), so a flag
+ * added to a table without a group still shows; notes: text after the flags (may be NULL). */
+typedef struct {
+    const char *usage;
+    const dt_flag_group *groups;
+    const char *notes;
+} dt_flag_help;
+/* dt_flags_parse with a grouped --help. */
+int dt_flags_parse_help(int argc, char **argv, int first, const dt_flag *flags, int n, const dt_flag_help *help,
+                        const char **pos, int max_pos, int *npos, int *rest);
+/* Prints the grouped help: usage, each group's flags, "--help", notes, the exit statuses. */
+void dt_flags_usage_help(const dt_flag_help *help, const dt_flag *flags, int n);
+/* The order --help lists the flags in: order[i] is the table index of the i-th flag listed and
+ * group[i] its group (an index into help->groups; the number of groups for an added "Advanced").
+ * Both arrays hold n; every flag is listed exactly once. Returns the number of groups shown. */
+int dt_flags_help_order(const dt_flag_help *help, const dt_flag *flags, int n, int *order, int *group);
+/* The title of group g of dt_flags_help_order ("Advanced" past the given groups, "Flags" without). */
+const char *dt_flags_group_title(const dt_flag_help *help, int g);
+/* When set, dt_flags_usage_help (and so dt_flags_usage) calls it instead of printing (dtrain man);
+ * it takes precedence over dt_flags_usage_hook. */
+extern void (*dt_flags_help_hook)(const dt_flag_help *help, const dt_flag *flags, int n);
+/* The name among names[0..n) that word[0..len) most likely means: the only one it is a prefix of
+ * (3+ letters), else the only nearest within 2 edits (1 for words of up to 4 letters); NULL if none. */
+const char *dt_cli_suggest(const char *word, size_t len, const char *const *names, int n);
 /* Prints "dtrain: error: MESSAGE" and, when hint is non-NULL, "HINT: hint" to stderr; returns 1
  * (a failure at run time). */
 int dt_cli_fail(const char *hint, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

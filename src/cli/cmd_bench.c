@@ -35,7 +35,14 @@ int dt_cmd_bench(int argc, char **argv) {
             if (!strcmp(argv[1], b->name)) return b->run(argc - 1, argv + 1);
     bool help = argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"));
     FILE *out = help ? stdout : stderr;
-    if (argc >= 2 && !help) fprintf(stderr, "dtrain: error: unknown benchmark '%s'\n", argv[1]);
+    if (argc >= 2 && !help) {
+        const char *names[sizeof g_benches / sizeof *g_benches];
+        int n = 0;
+        for (const dt_command *b = g_benches; b->name; b++) names[n++] = b->name;
+        const char *g = dt_cli_suggest(argv[1], strlen(argv[1]), names, n);
+        fprintf(stderr, "dtrain: error: unknown benchmark '%s'\n", argv[1]);
+        if (g) fprintf(stderr, "HINT: did you mean 'dtrain bench %s'?\n", g);
+    }
     fprintf(out, "Usage: dtrain bench NAME [FLAGS]\n\nBenchmarks:\n");
     for (const dt_command *b = g_benches; b->name; b++) fprintf(out, "  %-8s %s\n", b->name, b->summary);
     return help ? 0 : 2;

@@ -1,6 +1,7 @@
 /* dtrain man: the manual page dtrain(1) in troff (man(7) macros), made from the very tables that
- * --help prints: every command's flag table (through dt_flags_usage_hook), the command lists of
- * dtrain and dtrain bench, the environment of dtrain --help and the exit statuses. `make` writes
+ * --help prints: every command's flag table in its groups (through dt_flags_help_hook), the command
+ * lists of dtrain and dtrain bench, the environment of dtrain --help and the exit statuses; then
+ * EXAMPLES. `make` writes
  * it to build/dtrain.1 and `make install` installs it; tests/man.sh checks it against --help. */
 #include "cli/cli.h"
 #include "dtrain/dtrain.h"
@@ -26,27 +27,54 @@ static void put_text(const char *s, bool line_start) {
     }
 }
 
-/* One command's usage text (as it is, in a no-fill block) and a tagged paragraph per flag. */
-static void man_usage(const char *usage, const dt_flag *flags, int n) {
-    fputs(".nf\n", g_out);
-    put_text(usage, true);
-    fputs("\n.fi\n", g_out);
-    for (int i = 0; i < n; i++) {
-        char dflt[4200];
-        dt_flag_default_text(&flags[i], dflt, sizeof dflt);
-        fputs(".TP\n\\fB", g_out);
-        put_text("--", false);
-        put_text(flags[i].name, false);
+/* One flag's tagged paragraph: name, metavar, help and default, as --help prints them. */
+static void man_flag(const dt_flag *f) {
+    char dflt[4200];
+    dt_flag_default_text(f, dflt, sizeof dflt);
+    fputs(".TP\n\\fB", g_out);
+    put_text("--", false);
+    put_text(f->name, false);
+    fputs("\\fR", g_out);
+    if (f->meta) {
+        fputs(" \\fI", g_out);
+        put_text(f->meta, false);
         fputs("\\fR", g_out);
-        if (flags[i].meta) {
-            fputs(" \\fI", g_out);
-            put_text(flags[i].meta, false);
-            fputs("\\fR", g_out);
+    }
+    fputc('\n', g_out);
+    put_text(f->help, true);
+    put_text(dflt, false);
+    fputc('\n', g_out);
+}
+
+/* Text as it is, in a no-fill block. */
+static void man_block(const char *text) {
+    fputs(".nf\n", g_out);
+    put_text(text, true);
+    fputs("\n.fi\n", g_out);
+}
+
+/* One command's help: its usage text, the flags under their group titles (in --help's order,
+ * dt_flags_help_order), then its notes. */
+static void man_help(const dt_flag_help *help, const dt_flag *flags, int n) {
+    int *order = calloc((size_t)n + 1, sizeof *order), *group = calloc((size_t)n + 1, sizeof *group);
+    if (!order || !group) {
+        free(order), free(group);
+        return;
+    }
+    man_block(help->usage);
+    int ng = dt_flags_help_order(help, flags, n, order, group);
+    for (int i = 0; i < n; i++) {
+        if (ng > 1 && (i == 0 || group[i] != group[i - 1])) {
+            fputs(".PP\n\\fB", g_out);
+            put_text(dt_flags_group_title(help, group[i]), false);
+            fputs(":\\fR\n", g_out);
         }
-        fputc('\n', g_out);
-        put_text(flags[i].help, true);
-        put_text(dflt, false);
-        fputc('\n', g_out);
+        man_flag(&flags[order[i]]);
+    }
+    free(order), free(group);
+    if (help->notes) {
+        fputs(".PP\n", g_out);
+        man_block(help->notes);
     }
 }
 
@@ -84,6 +112,50 @@ static void man_environment(void) {
     fputs(".fi\n", g_out);
 }
 
+/* EXAMPLES: what a user runs first, each a sentence and its commands (tests/man.sh checks that
+ * every flag they give is one the command takes). */
+static const struct {
+    const char *what, *cmds;
+} g_examples[] = {
+    {"Train the reference MLP on Fashion-MNIST, keeping a checkpoint and one JSON line of metrics per epoch; "
+     "then evaluate the checkpoint and continue the run for two more epochs (bit for bit as if it had not stopped):",
+     "dtrain train --data fashion-mnist --model mlp --epochs 2 --save mlp.safetensors --metrics mlp.jsonl\n"
+     "dtrain eval --checkpoint mlp.safetensors\n"
+     "dtrain train --resume mlp.safetensors --epochs 4 --save mlp.safetensors"},
+    {"Draw its loss and accuracy curves, write its predictions, export it to ONNX:",
+     "dtrain plot mlp.jsonl -o mlp.png\n"
+     "dtrain predict --checkpoint mlp.safetensors -o preds.csv\n"
+     "dtrain export --checkpoint mlp.safetensors -o mlp.onnx"},
+    {"Hold out 10% of the training set, stop after 3 epochs without progress, keep the best epoch:",
+     "dtrain train --model cnn --epochs 20 --val-split 0.1 --early-stop 3 --keep-best --save cnn.safetensors"},
+    {"The same job on 4 local worker processes, and as 8 MPI ranks on the hosts of a hostfile:",
+     "dtrain train --workers 4 --model cnn --batch 32\n"
+     "mpirun -np 8 --hostfile hosts dtrain train --model cnn --batch 32"},
+    {"Survive dead workers: checkpoint every 200 steps, restart from the newest checkpoint with 2 to 4 workers:",
+     "dtrain train --workers 4 --elastic 2:4 --checkpoint-dir ck --checkpoint-every 200 --keep 3"},
+    {"A byte-level GPT on the King James Bible, then text from it:",
+     "dtrain train --data kjv --model gpt:L=4,H=4,C=128,T=64 --batch 12 --optimizer adamw --max-steps 2000 "
+     "--save kjv.safetensors\n"
+     "dtrain sample --checkpoint kjv.safetensors --prompt \"And God said\" --tokens 200 --temperature 0.8"},
+    {"The GPT split over 2 ranks by tensor parallelism (2 copies on 4 workers); the memory each rank would "
+     "hold under ZeRO stage 3, without training:",
+     "dtrain train --data kjv --model gpt --batch 8 --tp 2 --workers 4\n"
+     "dtrain train --data kjv --model gpt --workers 4 --zero 3 --dry-run"},
+    {"Fine-tune the weights of a PyTorch state_dict saved with safetensors:",
+     "dtrain train --weights model.safetensors --model mlp --epochs 1 --lr 1e-4 --save tuned.safetensors"},
+};
+
+static void man_examples(void) {
+    fputs(".SH EXAMPLES\n", g_out);
+    for (size_t i = 0; i < sizeof g_examples / sizeof *g_examples; i++) {
+        fputs(".PP\n", g_out);
+        put_text(g_examples[i].what, true);
+        fputs("\n.RS\n", g_out);
+        man_block(g_examples[i].cmds);
+        fputs(".RE\n", g_out);
+    }
+}
+
 static void man_page(void) {
     fprintf(g_out, ".TH DTRAIN 1 \"\" \"dtrain %s\" \"User Commands\"\n", DTRAIN_VERSION);
     fputs(".SH NAME\ndtrain \\- distributed deep\\-learning training in C\n"
@@ -102,8 +174,8 @@ static void man_page(void) {
         fputc('\n', g_out);
     }
     fputs(".SH OPTIONS\n", g_out);
-    void (*old)(const char *, const dt_flag *, int) = dt_flags_usage_hook;
-    dt_flags_usage_hook = man_usage;
+    void (*old)(const dt_flag_help *, const dt_flag *, int) = dt_flags_help_hook;
+    dt_flags_help_hook = man_help;
     char title[128];
     for (const dt_command *c = dt_cli_commands(); c->name; c++) {
         if (!strcmp(c->name, "bench")) {
@@ -116,11 +188,13 @@ static void man_page(void) {
         snprintf(title, sizeof title, "dtrain %s", c->name);
         man_command(title, c);
     }
-    dt_flags_usage_hook = old;
+    dt_flags_help_hook = old;
     man_environment();
     fputs(".SH EXIT STATUS\n", g_out);
     put_text(dt_cli_exit_help, true);
-    fputs("\n.SH SEE ALSO\n.BR mpirun (1),\n.BR gnuplot (1),\n.BR pkg-config (1);\n", g_out);
+    fputc('\n', g_out);
+    man_examples();
+    fputs(".SH SEE ALSO\n.BR mpirun (1),\n.BR gnuplot (1),\n.BR pkg-config (1);\n", g_out);
     put_text("README.md and docs/ in the source tree.\n", true);
 }
 

@@ -185,8 +185,8 @@ static int parse_train_flags(int argc, char **argv, train_opts *o) {
         {"early-stop", DT_FLAG_INT, &c->early_stop, "PATIENCE", "with --val-split: stop after PATIENCE epochs without a lower validation loss"},
         {"keep-best", DT_FLAG_BOOL, &c->keep_best, NULL, "with --val-split and --save: also write the best epoch's checkpoint (NAME.best.safetensors)"},
     };
-    int r = dt_flags_parse(argc, argv, 1, flags, (int)(sizeof flags / sizeof *flags), dt_train_usage, NULL, 0, NULL,
-                           NULL);
+    int r = dt_flags_parse_help(argc, argv, 1, flags, (int)(sizeof flags / sizeof *flags), &dt_train_help, NULL, 0,
+                                NULL, NULL);
     if (r) return r < 0 ? 2 : 0;
     if (o->workers < 1) return dt_cli_usage(NULL, "--workers %d: need at least 1", o->workers);
     if (dt_cli_flag_given(argc, argv, "max-restarts") && !o->elastic)

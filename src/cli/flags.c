@@ -99,23 +99,102 @@ void dt_flag_default_text(const dt_flag *f, char *buf, size_t cap) {
     }
 }
 
-void dt_flags_usage(const char *usage, const dt_flag *flags, int n) {
-    if (dt_flags_usage_hook) {
-        dt_flags_usage_hook(usage, flags, n);
+void (*dt_flags_help_hook)(const dt_flag_help *help, const dt_flag *flags, int n);
+
+/* Whether the space-separated list names holds name. */
+static bool names_hold(const char *names, const char *name) {
+    size_t len = strlen(name);
+    for (const char *p = names; *p;) {
+        while (*p == ' ') p++;
+        size_t w = strcspn(p, " ");
+        if (w == len && !strncmp(p, name, len)) return true;
+        p += w;
+    }
+    return false;
+}
+
+static int group_count(const dt_flag_help *help) {
+    int g = 0;
+    while (help->groups && help->groups[g].title) g++;
+    return g;
+}
+
+/* The group that collects the flags no group names: the one titled "Advanced", else one past the
+ * given groups. */
+static int advanced_group(const dt_flag_help *help) {
+    int ng = group_count(help);
+    for (int g = 0; g < ng; g++)
+        if (!strcmp(help->groups[g].title, "Advanced")) return g;
+    return ng;
+}
+
+const char *dt_flags_group_title(const dt_flag_help *help, int g) {
+    if (!help->groups) return "Flags";
+    return g < group_count(help) ? help->groups[g].title : "Advanced";
+}
+
+int dt_flags_help_order(const dt_flag_help *help, const dt_flag *flags, int n, int *order, int *group) {
+    int ng = group_count(help), adv = advanced_group(help), m = 0;
+    if (!help->groups) {
+        for (int k = 0; k < n; k++) order[k] = k, group[k] = 0;
+        return n ? 1 : 0;
+    }
+    for (int g = 0; g <= ng; g++) {
+        const char *names = g < ng ? help->groups[g].names : "";
+        for (const char *p = names; *p;) {  /* the group's names, in its order */
+            while (*p == ' ') p++;
+            size_t w = strcspn(p, " ");
+            for (int k = 0; k < n && w; k++) {
+                if (strlen(flags[k].name) != w || strncmp(flags[k].name, p, w)) continue;
+                bool placed = false;  /* named by an earlier group (or twice in this one) */
+                for (int i = 0; i < m; i++) placed |= order[i] == k;
+                if (!placed) order[m] = k, group[m++] = g;
+            }
+            p += w;
+        }
+        if (g != adv) continue;
+        for (int k = 0; k < n; k++) {  /* then every flag that no group names */
+            bool named = false;
+            for (int h = 0; h < ng; h++) named |= names_hold(help->groups[h].names, flags[k].name);
+            if (!named) order[m] = k, group[m++] = g;
+        }
+    }
+    int shown = 0;
+    for (int i = 0; i < m; i++) shown += i == 0 || group[i] != group[i - 1];
+    return shown;
+}
+
+void dt_flags_usage_help(const dt_flag_help *help, const dt_flag *flags, int n) {
+    if (dt_flags_help_hook || dt_flags_usage_hook) {
+        if (dt_flags_help_hook) dt_flags_help_hook(help, flags, n);
+        else dt_flags_usage_hook(help->usage, flags, n);
         return;
     }
-    printf("%s\n", usage);
-    if (n) printf("\nFlags:\n");
+    int *order = calloc((size_t)n + 1, sizeof *order), *group = calloc((size_t)n + 1, sizeof *group);
+    if (!order || !group) {
+        free(order), free(group);
+        return (void)dt_cli_fail(NULL, "out of memory");
+    }
+    dt_flags_help_order(help, flags, n, order, group);
+    printf("%s\n", help->usage);
     for (int i = 0; i < n; i++) {
+        const dt_flag *f = &flags[order[i]];
+        if (i == 0 || group[i] != group[i - 1]) printf("\n%s:\n", dt_flags_group_title(help, group[i]));
         char left[64];
-        snprintf(left, sizeof left, "--%s%s%s", flags[i].name, flags[i].meta ? " " : "",
-                 flags[i].meta ? flags[i].meta : "");
-        printf("  %-24s %s", left, flags[i].help);
-        print_default(&flags[i]);
+        snprintf(left, sizeof left, "--%s%s%s", f->name, f->meta ? " " : "", f->meta ? f->meta : "");
+        printf("  %-24s %s", left, f->help);
+        print_default(f);
         printf("\n");
     }
-    printf("  %-24s %s\n", "--help", "show this help");
+    free(order), free(group);
+    printf("%s  %-24s %s\n", n && help->groups ? "\n" : "", "--help", "show this help");
+    if (help->notes) printf("\n%s\n", help->notes);
     printf("\n%s\n", dt_cli_exit_help);
+}
+
+void dt_flags_usage(const char *usage, const dt_flag *flags, int n) {
+    const dt_flag_help help = {.usage = usage};
+    dt_flags_usage_help(&help, flags, n);
 }
 
 static int set_value(const dt_flag *f, const char *v) {
@@ -179,23 +258,43 @@ static int near_distance(const char *a, size_t la, const char *b) {
     return d[la][lb] > 2 ? 3 : d[la][lb];
 }
 
-/* The flag an unknown --name most likely meant: the one that starts with it if only one does,
- * else the nearest within 2 edits (1 for names of up to 4 letters) when no other is as near. */
-static const dt_flag *suggest_flag(const char *name, size_t len, const dt_flag *flags, int n) {
-    const dt_flag *prefix = NULL, *near = NULL;
+const char *dt_cli_suggest(const char *word, size_t len, const char *const *names, int n) {
+    const char *prefix = NULL, *near = NULL;
     int nprefix = 0, best = 3, nbest = 0;
     for (int k = 0; k < n; k++) {
-        if (len >= 3 && !strncmp(flags[k].name, name, len)) prefix = &flags[k], nprefix++;
-        int d = near_distance(name, len, flags[k].name);
-        if (d < best) best = d, near = &flags[k], nbest = 1;
+        if (len >= 3 && !strncmp(names[k], word, len)) prefix = names[k], nprefix++;
+        int d = near_distance(word, len, names[k]);
+        if (d < best) best = d, near = names[k], nbest = 1;
         else if (d == best) nbest++;
     }
     if (nprefix == 1) return prefix;
     return nbest == 1 && best <= (len <= 4 ? 1 : 2) ? near : NULL;
 }
 
-int dt_flags_parse(int argc, char **argv, int first, const dt_flag *flags, int n, const char *usage,
-                   const char **pos, int max_pos, int *npos, int *rest) {
+/* The flag an unknown --name most likely meant (dt_cli_suggest over the table's names). */
+static const char *suggest_flag(const char *name, size_t len, const dt_flag *flags, int n) {
+    const char **names = calloc((size_t)n + 1, sizeof *names);
+    if (!names) return NULL;
+    for (int k = 0; k < n; k++) names[k] = flags[k].name;
+    const char *g = dt_cli_suggest(name, len, names, n);
+    free(names);
+    return g;
+}
+
+/* "-epochs" for "--epochs": a usage error that names the flag (true), or not a flag's name (false). */
+static bool single_dash_flag(const char *a, const dt_flag *flags, int n) {
+    if (a[0] != '-' || !((a[1] >= 'a' && a[1] <= 'z') || (a[1] >= 'A' && a[1] <= 'Z'))) return false;
+    size_t len = strcspn(a + 1, "=");
+    const char *g = suggest_flag(a + 1, len, flags, n);
+    if (!g) return false;
+    char hint[128];
+    snprintf(hint, sizeof hint, "did you mean --%s? (flags take two dashes; run with --help to see them)", g);
+    dt_cli_usage(hint, "unknown flag '%.*s'", (int)len + 1, a);
+    return true;
+}
+
+int dt_flags_parse_help(int argc, char **argv, int first, const dt_flag *flags, int n, const dt_flag_help *help,
+                        const char **pos, int max_pos, int *npos, int *rest) {
     if (npos) *npos = 0;
     if (rest) *rest = argc;
     for (int i = first; i < argc; i++) {
@@ -205,10 +304,11 @@ int dt_flags_parse(int argc, char **argv, int first, const dt_flag *flags, int n
             continue;
         }
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            dt_flags_usage(usage, flags, n);
+            dt_flags_usage_help(help, flags, n);
             return 1;
         }
         if (strncmp(a, "--", 2) != 0) {
+            if (single_dash_flag(a, flags, n)) return -1;
             if (!pos || !npos || *npos >= max_pos) {
                 dt_cli_usage("run with --help to see the accepted flags", "unexpected argument '%s'", a);
                 return -1;
@@ -222,10 +322,10 @@ int dt_flags_parse(int argc, char **argv, int first, const dt_flag *flags, int n
         for (int k = 0; k < n; k++)
             if (strlen(flags[k].name) == len && !strncmp(flags[k].name, name, len)) f = &flags[k];
         if (!f) {
-            const dt_flag *g = suggest_flag(name, len, flags, n);
+            const char *g = suggest_flag(name, len, flags, n);
             char hint[128];
             snprintf(hint, sizeof hint, "did you mean --%s? (run with --help to see the accepted flags)",
-                     g ? g->name : "");
+                     g ? g : "");
             dt_cli_usage(g ? hint : "run with --help to see the accepted flags", "unknown flag '--%.*s'", (int)len,
                          name);
             return -1;
@@ -248,6 +348,12 @@ int dt_flags_parse(int argc, char **argv, int first, const dt_flag *flags, int n
         }
     }
     return 0;
+}
+
+int dt_flags_parse(int argc, char **argv, int first, const dt_flag *flags, int n, const char *usage,
+                   const char **pos, int max_pos, int *npos, int *rest) {
+    const dt_flag_help help = {.usage = usage};
+    return dt_flags_parse_help(argc, argv, first, flags, n, &help, pos, max_pos, npos, rest);
 }
 
 bool dt_cli_flag_given(int argc, char **argv, const char *name) {

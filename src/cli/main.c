@@ -93,5 +93,11 @@ int main(int argc, char **argv) {
     }
     for (const dt_command *c = g_commands; c->name; c++)
         if (!strcmp(argv[1], c->name)) return c->run(argc - 1, argv + 1);
-    return dt_cli_usage("run 'dtrain --help' for the list of commands", "unknown command '%s'", argv[1]);
+    const char *names[sizeof g_commands / sizeof *g_commands];
+    int n = 0;
+    for (const dt_command *c = g_commands; c->name; c++) names[n++] = c->name;
+    const char *g = dt_cli_suggest(argv[1], strlen(argv[1]), names, n);
+    char hint[128];
+    snprintf(hint, sizeof hint, "did you mean 'dtrain %s'? (run 'dtrain --help' for the list of commands)", g ? g : "");
+    return dt_cli_usage(g ? hint : "run 'dtrain --help' for the list of commands", "unknown command '%s'", argv[1]);
 }

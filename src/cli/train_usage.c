@@ -1,19 +1,39 @@
-/* dtrain train --help: the command's usage text (its flags' lines come from the flag table in
- * cmd_train.c). */
+/* dtrain train --help: the description printed first, the groups its flags are listed in, and
+ * the notes after them (the flags' lines come from the flag table in cmd_train.c). dtrain man
+ * renders the same. */
 #include "cli/train_usage.h"
 
 const char dt_train_usage[] =
     "Usage: dtrain train [FLAGS]\n\n"
-    "Trains a model: in one process, on N local workers (--workers N), or as one rank of a job\n"
-    "started by 'dtrain launch' or mpirun/srun.\n"
-    "Example: dtrain train --data fashion-mnist --model mlp --epochs 2 --batch 32 --optimizer adam --lr 0.001\n"
+    "Trains a model on a data set: in one process, on N local workers (--workers N), or as one rank\n"
+    "of a job started by 'dtrain launch' or mpirun/srun. Writes checkpoints, metrics and plots as it\n"
+    "goes, and resumes bit for bit. The same seed and flags give the same weights.\n"
+    "Example: dtrain train --data fashion-mnist --model mlp --epochs 2 --batch 32 --optimizer adam --lr 0.001";
+
+/* A flag no group names (one added later) is listed under Advanced. Names the table lacks are
+ * skipped: --eval-every, --eval-batches and --log-every belong with the outputs once built. */
+const dt_flag_group dt_train_groups[] = {
+    {"Data", "data val-split val-fraction epoch-windows normalize"},
+    {"Model", "model weights precision"},
+    {"Optimisation", "epochs max-steps batch grad-accum optimizer lr schedule warmup step-size gamma min-lr "
+                     "momentum nesterov weight-decay beta1 beta2 eps clip seed early-stop"},
+    {"Parallelism", "workers strategy zero tp pp microbatches pp-schedule pp-split servers staleness sync-every "
+                    "balance ps-overlap compress allreduce bucket-mb backend mem-limit dry-run"},
+    {"Outputs", "save save-weights keep-best metrics tensorboard eval-every eval-batches log-every timeline quiet"},
+    {"Checkpoints and faults", "resume checkpoint-dir checkpoint-every checkpoint-secs keep elastic max-restarts timeout"},
+    {"Advanced", "threads kernels slow"},
+    {NULL, NULL},
+};
+
+const char dt_train_notes[] =
     "Model specs are layers separated by spaces, e.g.\n"
     "  \"conv(32,3,pad=1) relu maxpool(2) flatten linear(128) relu linear(10)\"\n"
     "layers: linear(out[,bias=0]) conv(out,k[,stride=,pad=,bias=]) maxpool(k[,stride=]) avgpool(k[,stride=])\n"
     "        relu gelu tanh sigmoid dropout(p) flatten layernorm([eps=]) batchnorm([eps=,momentum=])\n"
     "aliases: dense = linear, conv2d = conv, maxpool2d, avgpool2d, ln = layernorm, batchnorm2d = batchnorm.\n"
     "No softmax layer: the loss (softmax cross-entropy) applies it; end with the last linear layer.\n"
-    "presets: mlp (784-128-10, ReLU), cnn (the spec above with a second conv(64,3,pad=1) relu maxpool(2))\n\n"
+    "presets: mlp (784-128-10, ReLU), cnn (the spec above with a second conv(64,3,pad=1) relu maxpool(2)),\n"
+    "gpt[:L=,H=,C=,T=,V=] (a decoder-only transformer for text data).\n\n"
     "Data parallel: --workers N starts N local ranks (shared memory); 'mpirun -np N dtrain train ...'\n"
     "or 'dtrain launch -n N -- dtrain train ...' run the same job. --batch is per rank; each step\n"
     "averages gradients over the global batch of N*batch samples (--strategy ddp).\n\n"
@@ -32,32 +52,8 @@ const char dt_train_usage[] =
     "                                    tp=T (--tp T --pp K): each stage a tensor-parallel group of T ranks\n"
     "                                    zero=1|2|3 (tp, pp, tp x pp): ZeRO over the mesh's dp axis (--zero)\n"
     "e.g. --strategy \"ps(servers=2,staleness=4)\". The flags in parentheses set the same options;\n"
-    "a flag and a spec option that disagree are an error.\n"
-    "ddp and localsgd also take compress=C (--compress: none, fp16, bf16, topk:RATIO[:momentum=M]\n"
-    "[:warmup=S], powersgd:RANK, with error feedback) and ddp allreduce=auto|flat|hier (--allreduce)\n"
-    "and update=auto|full|shard (full: allreduce, every rank updates all; shard: reduce-scatter, each\n"
-    "rank updates its part, allgather; the same results; auto: shard where the ranks share a host).\n\n"
-    "Uneven workers: --strategy localsgd --sync-every H trains locally and averages the models every\n"
-    "H steps; --balance dynamic (ddp, localsgd) cuts each global batch by the workers' measured speed.\n"
-    "--strategy ps --servers S: a parameter server; --workers N then starts S server ranks plus N\n"
-    "workers (under mpirun/launch the first S ranks serve). Servers shard the parameters and apply\n"
-    "the optimizer as pushes arrive. The workers take the next batch from server 0 as they finish\n"
-    "one (--balance dynamic, the default for ps), so a slow worker trains fewer; --staleness S holds\n"
-    "a batch back while it is more than S global batches (rounds of N) ahead of the oldest batch\n"
-    "still being trained (0 = synchronous, inf = fully asynchronous). --balance static gives each\n"
-    "worker 1/N of every epoch and counts S in its own steps (classic SSP: the slowest sets the\n"
-    "pace). --ps-overlap (with --staleness inf) runs a worker's push and pull in the background\n"
-    "while it trains its next batch (server 0 hands out one batch ahead): each gradient is one\n"
-    "step staler, the exchange no longer stalls the worker. A ps worker that dies is dropped and the\n"
-    "others go on; rank 0 (server 0) evaluates and prints. --slow RANK:FACTOR is a testing and\n"
-    "benchmark aid that makes one rank FACTOR times slower by sleeping.\n\n"
-    "Pipeline parallel: --pp K --workers N cuts the model into K stages (N/K pipelines, data parallel\n"
-    "between them: rank = dp * K + stage); --microbatches M (default K) splits each rank-batch;\n"
-    "--pp-schedule gpipe|1f1b (default 1f1b: at most K micro-batches in flight per stage). The cut\n"
-    "balances the stages' flops over the valid boundaries (where one activation crosses: block ends,\n"
-    "layers); --pp-split N1:N2:... gives the first node of stages 1..K-1 by index or name instead,\n"
-    "e.g. --pp 2 --pp-split 17 or --pp-split transformer.h.2.ln_1 (a bad one lists the valid ones).\n"
-    "Same as --strategy \"pp(stages=K,microbatches=M,schedule=1f1b,split=N1:N2)\". --save writes one\n"
-    "ordinary checkpoint any layout resumes; --timeline shows each stage's F/B micro-batches.\n"
-    "With --tp T each stage runs its cut of the tensor-parallel GPT over T ranks: --workers 8 --tp 2\n"
-    "--pp 2 is dp2 x pp2 x tp2, rank = (dp*K + stage)*T + tp.";
+    "a flag and a spec option that disagree are an error. ddp and localsgd also take compress=C\n"
+    "(--compress) and ddp allreduce=auto|flat|hier (--allreduce) and update=auto|full|shard.\n"
+    "How each strategy works and when to use it: docs/parallel.md; examples: man dtrain (EXAMPLES).";
+
+const dt_flag_help dt_train_help = {dt_train_usage, dt_train_groups, dt_train_notes};
