@@ -155,10 +155,13 @@ test-asan:
 	$(MAKE) --no-print-directory $(PAR) BUILD=build-asan SAN=1 OPT=-O1 all
 	DTRAIN_SANITIZED=1 tests/run-tests build-asan
 
-demo: 
+# The demo: the packages, the command and its man page (a short build report; the compiler's
+# output goes to $(BUILD)/build.log), then the reference MLP on Fashion-MNIST.
+demo:
 	@scripts/install-deps
-	$(MAKE) --no-print-directory $(PAR) $(BUILD)/dtrain
+	@scripts/build-quiet $(BUILD)/build.log $(MAKE) --no-print-directory $(PAR) $(BUILD)/dtrain $(BUILD)/dtrain.1
 	$(BUILD)/dtrain train --data fashion-mnist --model mlp --epochs 2 --batch 32 --optimizer adam --lr 0.001
+	@echo "next: $(BUILD)/dtrain --help, $(BUILD)/dtrain train --help, man -l $(BUILD)/dtrain.1, README.md"
 
 # libFuzzer targets (fuzz/fuzz_*.c: model spec, safetensors/checkpoint restore, IDX and gzip, CSV,
 # text data, the parameter server's push protocol)
