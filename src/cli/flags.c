@@ -164,6 +164,11 @@ int dt_flags_help_order(const dt_flag_help *help, const dt_flag *flags, int n, i
     return shown;
 }
 
+void dt_flags_usage(const char *usage, const dt_flag *flags, int n) {
+    const dt_flag_help help = {.usage = usage};
+    dt_flags_usage_help(&help, flags, n);
+}
+
 void dt_flags_usage_help(const dt_flag_help *help, const dt_flag *flags, int n) {
     if (dt_flags_help_hook || dt_flags_usage_hook) {
         if (dt_flags_help_hook) dt_flags_help_hook(help, flags, n);
@@ -187,14 +192,10 @@ void dt_flags_usage_help(const dt_flag_help *help, const dt_flag *flags, int n) 
         printf("\n");
     }
     free(order), free(group);
-    printf("%s  %-24s %s\n", n && help->groups ? "\n" : "", "--help", "show this help");
+    if (n && help->groups) printf("\n");
+    printf("  %-24s %s\n", "--help", "show this help");
     if (help->notes) printf("\n%s\n", help->notes);
     printf("\n%s\n", dt_cli_exit_help);
-}
-
-void dt_flags_usage(const char *usage, const dt_flag *flags, int n) {
-    const dt_flag_help help = {.usage = usage};
-    dt_flags_usage_help(&help, flags, n);
 }
 
 static int set_value(const dt_flag *f, const char *v) {
