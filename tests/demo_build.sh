@@ -4,6 +4,7 @@
 . "$(dirname "$0")/testlib.bash"
 ROOT=${DTRAIN_ROOT:-$(cd "$(dirname "$0")/.." && pwd)}
 Q="$ROOT/scripts/build-quiet"
+unset MAKEFLAGS MFLAGS MAKELEVEL  # run-tests under make test: these makes are our own
 # a fake build: 190 compile lines, one warning
 { echo "all:"; for i in $(seq 190); do printf '\t@echo "cc -std=c11 -Wall -c src/f%d.c -o build/obj/f%d.o"\n' "$i" "$i"; done
   printf '\t@echo "src/f7.c:3:5: warning: unused variable x [-Wunused-variable]" >&2\n'
