@@ -66,6 +66,18 @@ dups=$(grep -o '^  --[a-z0-9-]*' <<<"$help" | sort | uniq -d)
 nflags=$(grep -c '^  --[a-z]' <<<"$help")
 [ -z "$dups" ] && [ "$nflags" -ge 60 ] && ok "train --help lists each of its $nflags flags once" \
   || bad "train --help lists twice: $dups ($nflags flags)"
+# on a terminal the flag lines wrap at its width, under the help column, and say the same
+if command -v script >/dev/null; then
+  tty_help=$(COLUMNS=80 script -qc "$DT train --help" /dev/null | tr -d '\r')
+  wide=$(grep -E '^  --|^ {27}[^ ]' <<<"$tty_help" | awk 'length > 80')
+  joined() {  # continuation lines (27 spaces) joined to their flag's line
+    awk -v ind="^$(printf '%27s' '')[^ ]" '$0 ~ ind { sub(/^ +/, ""); line = line " " $0; next }
+      { if (line != "") print line; line = $0 } END { print line }' | grep '^  --' | tr -s ' '; }
+  if [ -z "$wide" ] && [ "$(joined <<<"$tty_help")" = "$(tr -s ' ' <<<"$help" | grep '^ --')" ] \
+    && [ "$(wc -l <<<"$tty_help")" -gt "$(wc -l <<<"$help")" ]
+  then ok "train --help on an 80-column terminal: the flag lines wrap under their column"
+  else bad "train --help on a terminal: lines over 80 columns: ${wide:0:300}"; fi
+else echo "note: no 'script' to emulate a terminal: wrapping not checked"; fi
 grep -A2 '^Parallelism:' <<<"$help" | grep -q -- '--workers' && grep -A1 '^Data:' <<<"$help" | grep -q -- '--data' \
   && ok "train --help: --data under Data, --workers under Parallelism" || bad "train --help: groups hold the wrong flags"
 

@@ -9,7 +9,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 const char dt_cli_exit_help[] =
     "Exit status: 0 done; 1 failed at run time (I/O, memory, a diverged run); 2 wrong command line\n"
@@ -74,13 +76,6 @@ void dt_cli_checkpoint_trained_on(const char *checkpoint, dt_cli_trained_on *t) 
     if (!checkpoint || dt_checkpoint_read_info(checkpoint, &info) != DT_OK) return (void)dt_error_clear();
     if (info.val_fraction > 0) t->val_fraction = info.val_fraction;
     if (info.data[0] && dt_cli_checkpoint_data_here(checkpoint, info.data)) snprintf(t->data, sizeof t->data, "%s", info.data);
-}
-
-/* The default after a flag's help: the same text dtrain man prints (dt_flag_default_text). */
-static void print_default(const dt_flag *f) {
-    char buf[4200];
-    dt_flag_default_text(f, buf, sizeof buf);
-    fputs(buf, stdout);
 }
 
 void (*dt_flags_usage_hook)(const char *usage, const dt_flag *flags, int n);
@@ -169,6 +164,41 @@ void dt_flags_usage(const char *usage, const dt_flag *flags, int n) {
     dt_flags_usage_help(&help, flags, n);
 }
 
+/* The width --help wraps its flag lines at on a terminal (COLUMNS, else the terminal's, at least
+ * 60); 0 when stdout is no terminal: one line per flag, for scripts that read it. */
+static int help_width(void) {
+    if (!isatty(STDOUT_FILENO)) return 0;
+    const char *c = getenv("COLUMNS");
+    int w = c ? atoi(c) : 0;
+    struct winsize ws;
+    if (w <= 0 && ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0) w = ws.ws_col;
+    return w <= 0 ? 80 : w < 60 ? 60 : w;
+}
+
+/* One flag's line: "  --name META" padded to column 27, then its help and default; wrapped at
+ * width (0: not wrapped) between words, the continuation lines indented to that column. */
+static void print_flag(const dt_flag *f, int width) {
+    char left[64], text[8400], dflt[4200];
+    snprintf(left, sizeof left, "--%s%s%s", f->name, f->meta ? " " : "", f->meta ? f->meta : "");
+    dt_flag_default_text(f, dflt, sizeof dflt);
+    snprintf(text, sizeof text, "%s%s", f->help, dflt);
+    int col = printf("  %-24s ", left), x = col;
+    if (!width) {
+        printf("%s\n", text);
+        return;
+    }
+    for (const char *p = text; *p;) {
+        while (*p == ' ') p++;
+        int w = (int)strcspn(p, " ");
+        if (!w) break;
+        if (x > col && x + 1 + w > width) x = printf("\n%*s", col, "") - 1;
+        else if (x > col) x += printf(" ");
+        x += printf("%.*s", w, p);
+        p += w;
+    }
+    printf("\n");
+}
+
 void dt_flags_usage_help(const dt_flag_help *help, const dt_flag *flags, int n) {
     if (dt_flags_help_hook || dt_flags_usage_hook) {
         if (dt_flags_help_hook) dt_flags_help_hook(help, flags, n);
@@ -178,18 +208,15 @@ void dt_flags_usage_help(const dt_flag_help *help, const dt_flag *flags, int n) 
     int *order = calloc((size_t)n + 1, sizeof *order), *group = calloc((size_t)n + 1, sizeof *group);
     if (!order || !group) {
         free(order), free(group);
-        return (void)dt_cli_fail(NULL, "out of memory");
+        dt_cli_fail(NULL, "out of memory");
+        return;
     }
     dt_flags_help_order(help, flags, n, order, group);
     printf("%s\n", help->usage);
+    const int width = help_width();
     for (int i = 0; i < n; i++) {
-        const dt_flag *f = &flags[order[i]];
         if (i == 0 || group[i] != group[i - 1]) printf("\n%s:\n", dt_flags_group_title(help, group[i]));
-        char left[64];
-        snprintf(left, sizeof left, "--%s%s%s", f->name, f->meta ? " " : "", f->meta ? f->meta : "");
-        printf("  %-24s %s", left, f->help);
-        print_default(f);
-        printf("\n");
+        print_flag(&flags[order[i]], width);
     }
     free(order), free(group);
     if (n && help->groups) printf("\n");
