@@ -315,9 +315,9 @@ static void test_parse(void) {
     CHECK_OK(dt_compress_parse("topk:0.01:momentum=0.9:warmup=100", &s));
     CHECK(s.kind == DT_COMPRESS_TOPK && s.ratio == 0.01 && s.momentum == 0.9 && s.warmup == 100);
     CHECK_OK(dt_compress_parse("powersgd:4", &s));
-    CHECK(s.kind == DT_COMPRESS_POWERSGD && s.rank == 4 && s.warmup == DT_COMPRESS_DEFAULT_WARMUP);
+    CHECK(s.kind == DT_COMPRESS_POWERSGD && s.rank == 4 && s.warmup == 1000);  /* PyTorch's start_powerSGD_iter */
     CHECK_OK(dt_compress_parse("topk:0.01", &s));
-    CHECK(s.kind == DT_COMPRESS_TOPK && s.warmup == DT_COMPRESS_DEFAULT_WARMUP);
+    CHECK(s.kind == DT_COMPRESS_TOPK && s.warmup == 1000);
     /* the canonical text keeps every warm-up, the default's and an explicit 0, through a round trip */
     const char *trip[] = {"powersgd:4", "powersgd:4:warmup=0", "topk:0.01", "topk:0.01:warmup=0"};
     for (size_t i = 0; i < sizeof trip / sizeof *trip; i++) {
