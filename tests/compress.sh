@@ -28,18 +28,18 @@ resume_exact() {  # NAME ARGS...: 24 steps straight == STOP (11) steps, then res
   else bad "$name: resumed run differs from the straight one"; fi
 }
 resume_exact topk --compress topk:0.1:momentum=0.9:warmup=5 --momentum 0
-resume_exact powersgd --compress powersgd:2 --bucket-mb 0.001
+resume_exact powersgd --compress powersgd:2:warmup=0 --bucket-mb 0.001
 resume_exact fp16 --compress fp16
 # fp16 GEMMs with loss scaling: the scaler and the error feedback at its scale both resume
 resume_exact fp16-scaled --compress fp16 --precision fp16
 # the residual is kept at fp16's loss scale: the metrics report it divided by the scale, and a
 # resume that changes --precision across fp16 converts it (else one step later it is 65536x off)
 ef_at_12() {  # PRECISION [RESUME]: ef_norm of step 12 of a top-k run
-  "$DT" train "${COMMON[@]}" --compress topk:0.1 --precision "$1" --max-steps 12 ${2:+--resume "$2"} \
+  "$DT" train "${COMMON[@]}" --compress topk:0.1:warmup=0 --precision "$1" --max-steps 12 ${2:+--resume "$2"} \
     --metrics "$TMP/ef-$1.jsonl" >/dev/null 2>&1 && grep -o '"ef_norm": [0-9.e+-]*' "$TMP/ef-$1.jsonl" | tail -1 | awk '{print $2}'
 }
 for from in fp16 fp32; do
-  "$DT" train "${COMMON[@]}" --compress topk:0.1 --precision $from --max-steps 11 --save "$TMP/ef-$from.st" >/dev/null 2>&1
+  "$DT" train "${COMMON[@]}" --compress topk:0.1:warmup=0 --precision $from --max-steps 11 --save "$TMP/ef-$from.st" >/dev/null 2>&1
 done
 e16=$(ef_at_12 fp16); e32=$(ef_at_12 fp32); e16from32=$(ef_at_12 fp16 "$TMP/ef-fp32.st"); e32from16=$(ef_at_12 fp32 "$TMP/ef-fp16.st")
 if awk -v a="${e16:-0}" -v b="${e32:-0}" -v c="${e16from32:-0}" -v d="${e32from16:-0}" 'BEGIN {
@@ -47,12 +47,12 @@ if awk -v a="${e16:-0}" -v b="${e32:-0}" -v c="${e16from32:-0}" -v d="${e32from1
   ok "error-feedback norm at step 12: fp16 $e16, fp32 $e32, resumed across precisions $e16from32 and $e32from16"
 else bad "error-feedback norm at step 12: fp16 ${e16:-?}, fp32 ${e32:-?}, fp32->fp16 resume ${e16from32:-?}, fp16->fp32 resume ${e32from16:-?}: not in gradient units"; fi
 # localsgd averages before a checkpoint (so it is the common model): stop where it averages anyway
-STOP=12 resume_exact localsgd --strategy "localsgd(sync_every=3)" --compress topk:0.2
+STOP=12 resume_exact localsgd --strategy "localsgd(sync_every=3)" --compress topk:0.2:warmup=0
 
 # SIGTERM mid-run: every rank gathers the error-feedback state before the checkpoint, so the
 # resumed run still ends bitwise equal to a straight one (wherever the signal landed)
 if have_fmnist; then
-  F=(--data fashion-mnist --model "linear(32) relu linear(10)" --batch 32 --epochs 2 --seed 3 --workers 2 --quiet --compress topk:0.01
+  F=(--data fashion-mnist --model "linear(32) relu linear(10)" --batch 32 --epochs 2 --seed 3 --workers 2 --quiet --compress topk:0.01:warmup=0
      --max-steps 1876)  # two whole epochs; the signal goes once the first has ended
   "$DT" train "${F[@]}" --save "$TMP/sig-a.st" >/dev/null 2>&1
   "$DT" train "${F[@]}" --save "$TMP/sig-b.st" --metrics "$TMP/sig.jsonl" >"$TMP/sig.log" 2>&1 &
@@ -72,12 +72,23 @@ if grep -qa 'compress.topk.state' "$TMP/topk-b.st"; then ok "checkpoint holds co
 else bad "checkpoint lacks compress.topk.state"; fi
 
 # bytes per step against the stated ratio: one bucket of n = 12*32+32+32*4+4 = 548 floats
-"$DT" train "${COMMON[@]}" --compress topk:0.1 --max-steps 20 --metrics "$TMP/m.jsonl" >/dev/null 2>&1
+"$DT" train "${COMMON[@]}" --compress topk:0.1:warmup=0 --max-steps 20 --metrics "$TMP/m.jsonl" >/dev/null 2>&1
 got=$(grep -o '"compression_ratio": [0-9.e+]*' "$TMP/m.jsonl" | head -1 | awk '{print $2}')
 want=$(awk 'BEGIN { n = 548; k = int(0.1 * n); if (k < 0.1 * n) k++; print 4 * n / (8 * k) }')
 if awk -v g="${got:-0}" -v w="$want" 'BEGIN { exit !(g > 0.95 * w && g < 1.05 * w) }'; then
   ok "topk:0.1 compression ratio $got (stated $want)"
 else bad "topk:0.1 compression ratio ${got:-missing} (stated $want)"; fi
+# the default warm-up (DT_COMPRESS_DEFAULT_WARMUP, PyTorch's start_powerSGD_iter): a run shorter
+# than it sends plain gradients, warmup=0 compresses from the first step
+for c in powersgd:2 powersgd:2:warmup=0; do
+  "$DT" train "${COMMON[@]}" --compress $c --max-steps 20 --metrics "$TMP/w.jsonl" >/dev/null 2>&1
+  r=$(grep -o '"compression_ratio": [0-9.e+]*' "$TMP/w.jsonl" | tail -1 | awk '{print $2}')
+  if [ $c = powersgd:2 ]; then awk -v r="${r:-0}" 'BEGIN { exit !(r > 0.99 && r < 1.01) }' \
+      && ok "powersgd:2 warms up with plain allreduce by default (ratio $r over 20 steps)" || bad "powersgd:2 default warm-up: ratio ${r:-missing}"
+  else awk -v r="${r:-0}" 'BEGIN { exit !(r > 1.5) }' && ok "powersgd:2:warmup=0 compresses from the first step (ratio $r)" \
+      || bad "powersgd:2:warmup=0: ratio ${r:-missing}"; fi
+  rm -f "$TMP/w.jsonl"
+done
 grep -q '"ef_norm": [0-9]' "$TMP/m.jsonl" && ok "metrics carry the error-feedback norm" || bad "no ef_norm in the metrics"
 
 # a checkpoint without the state starts compression afresh; another number of ranks is refused

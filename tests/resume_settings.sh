@@ -90,7 +90,7 @@ else bad "batch notes: same '$same'; 4 x 2 '$split'; 8 x 2 '$more'"; fi
 # on one worker it is dropped with a note (as --compress of one worker is)
 W1=(--data "$TMP/b.csv" --model "linear(8) relu linear(4)" --batch 8 --epochs 3 --seed 3 --optimizer sgd --lr 0.05 --quiet)
 W=("${W1[@]}" --workers 2)
-for strat in "--compress powersgd:2" "--strategy localsgd --sync-every 4"; do
+for strat in "--compress powersgd:2:warmup=0" "--strategy localsgd --sync-every 4"; do
   tag=$(tr -dc 'a-z0-9' <<<"$strat")
   $DT train "${W[@]}" $strat --max-steps 24 --save "$TMP/$tag-a.st" >/dev/null 2>&1 || bad "$strat: straight run"
   $DT train "${W[@]}" $strat --max-steps 12 --save "$TMP/$tag-b.st" >/dev/null 2>&1 || bad "$strat: first half"
@@ -102,8 +102,8 @@ done
 out=$($DT train "${W[@]}" --strategy ddp --max-steps 24 --resume "$TMP/strategylocalsgdsyncevery4-b.st" 2>&1)
 grep -q -- "other settings: --strategy ddp (the checkpoint's run: localsgd(sync_every=4))" <<<"$out" \
   && ok "another --strategy given is named in the resume's note" || bad "strategy change note: $out"
-out=$($DT train "${W1[@]}" --max-steps 24 --resume "$TMP/compresspowersgd2-b.st" 2>&1)
-grep -q "the checkpoint's --strategy ddp(compress=powersgd:2) needs more than one rank" <<<"$out" \
+out=$($DT train "${W1[@]}" --max-steps 24 --resume "$TMP/compresspowersgd2warmup0-b.st" 2>&1)
+grep -q "the checkpoint's --strategy ddp(compress=powersgd:2:warmup=0) needs more than one rank" <<<"$out" \
   && ok "a one-worker resume of a compressed run says it drops the compression" || bad "one-worker resume: $out"
 out=$($DT train "${B[@]}" --compress topk:0.1 --max-steps 2 2>&1)
 grep -q "note: --compress topk:0.1 with one worker sends nothing to compress" <<<"$out" \

@@ -5,8 +5,10 @@
  * PyTorch's rate on the same shapes (--vs-torch: bench/train_torch.py, one thread). Prints the
  * CPU, OpenBLAS's core, the implementations oneDNN chose and what a row's precision runs as
  * where that is not its own kernels (dt_kernels_note: bf16 without AVX512-BF16, fp16, blas).
- * Data is synthetic (fixed random batches in memory), so the figure is the compute path alone:
- * forward, loss, backward, update. */
+ * Data is real and the same for both sides: 64 batches of Fashion-MNIST images (MLP, CNN, --spec)
+ * or of King James Bible windows (GPT), drawn once per case and held in memory, so the figure is
+ * the compute path alone (forward, loss, backward, update), and PyTorch trains on the very same
+ * bytes (a temporary file handed to bench/train_torch.py). Both sides run pinned to one CPU. */
 #include "cli/bench_profile.h"
 #include "cli/bench_util.h"
 #include "cli/cli.h"
@@ -14,10 +16,13 @@
 #include "dtrain/models.h"
 
 #include <cblas.h>
+#include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 typedef struct {
     const char *name, *spec;
@@ -50,10 +55,80 @@ static double cpu_now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* Trains `spec` on synthetic data (1x28x28 images and labels, or random token ids and next
- * tokens for a GPT) for at least min_s seconds; returns samples/s, samples per CPU second and
- * GFLOP/s. */
-static dt_status bench_model(const bench_case *bc, bool profile, double *sps, double *cps, double *gflops) {
+/* One case's training data in memory: NB batches of real samples (x: f32 features or int32 token
+ * ids, DT_FEED_VALUE_BYTES each; y: int32 labels or next tokens), and where it came from. */
+enum { BENCH_NB = 64 };
+typedef struct {
+    void *x;
+    int32_t *y;
+    size_t x_vals, y_vals;  /* per sample */
+    char source[160];
+} bench_data;
+
+static void bench_data_free(bench_data *d) {
+    dt_free(d->x), dt_free(d->y);
+    d->x = NULL, d->y = NULL;
+}
+
+/* Fills d with BENCH_NB batches of B samples of the data set the model reads: Fashion-MNIST for
+ * f32 1x28x28 inputs, the King James Bible (windows of T + 1 bytes) for a GPT. Samples are drawn
+ * by a fixed counter-based RNG (seed 7), the same on every run. */
+static dt_status bench_data_load(bench_data *d, const dt_model *m, int B) {
+    const bool tokens = dt_model_in_dtype(m) == DT_I32;
+    dt_dataset *train = NULL, *test = NULL;
+    const int T = tokens ? dt_model_input_values(m, 0) : 0;
+    DT_TRY(tokens ? dt_dataset_open_text(&train, &test, "kjv", T, 0.1) : dt_dataset_open(&train, &test, "fashion-mnist"));
+    dt_status s = DT_OK;
+    const size_t n = (size_t)BENCH_NB * B, len = dt_dataset_len(train);
+    d->x_vals = (size_t)dt_model_input_values(m, 0), d->y_vals = (size_t)dt_model_input_values(m, 1);
+    d->x = dt_alloc(n * d->x_vals * DT_FEED_VALUE_BYTES), d->y = dt_alloc(n * d->y_vals * sizeof(int32_t));
+    uint32_t *idx = dt_alloc((size_t)B * sizeof(uint32_t));
+    if (!d->x || !d->y || !idx) s = dt_error(DT_ENOMEM, "bench: out of memory for %zu samples", n);
+    if (s == DT_OK && !tokens && (size_t)dt_model_in_size(m) != d->x_vals)
+        s = dt_error(DT_EINVAL, "bench: the model reads %zu values per sample; Fashion-MNIST has 784", d->x_vals);
+    for (int b = 0; s == DT_OK && b < BENCH_NB; b++) {
+        for (int i = 0; i < B; i++) idx[i] = (uint32_t)(dt_rng_u64(7, 3, (uint64_t)b * B + i) % len);
+        const size_t o = (size_t)b * B;
+        s = tokens ? dt_dataset_batch_tokens(train, idx, B, (int32_t *)d->x + o * d->x_vals, d->y + o * d->y_vals)
+                   : dt_dataset_batch(train, idx, B, (float *)d->x + o * d->x_vals, d->y + o * d->y_vals);
+    }
+    if (s == DT_OK)
+        snprintf(d->source, sizeof d->source, "%s, %d batches of %d drawn from %zu %s", tokens ? "kjv" : "fashion-mnist", BENCH_NB,
+                 B, len, tokens ? "windows" : "images");
+    dt_free(idx);
+    dt_dataset_free(train), dt_dataset_free(test);
+    if (s != DT_OK) bench_data_free(d);
+    return s;
+}
+
+/* Writes d's batches to a new temporary file for bench/train_torch.py (x then y, raw
+ * little-endian); path gets its name. */
+static dt_status bench_data_write(const bench_data *d, int B, char *path, size_t cap) {
+    snprintf(path, cap, "%s/dtrain-bench-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    const int fd = mkstemp(path);
+    if (fd < 0) return dt_error(DT_EIO, "bench: cannot create a temporary file %s for PyTorch's data: set TMPDIR", path);
+    const size_t n = (size_t)BENCH_NB * B, xb = n * d->x_vals * DT_FEED_VALUE_BYTES, yb = n * d->y_vals * sizeof(int32_t);
+    FILE *f = fdopen(fd, "wb");
+    const bool ok = f && fwrite(d->x, 1, xb, f) == xb && fwrite(d->y, 1, yb, f) == yb;
+    if (f ? fclose(f) != 0 || !ok : (close(fd), true)) {
+        unlink(path);
+        return dt_error(DT_EIO, "bench: cannot write %s for PyTorch's data (disk full?)", path);
+    }
+    return DT_OK;
+}
+
+/* The first CPU this process may run on (-1: unknown), to pin both sides of the comparison. */
+static int first_cpu(void) {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) != 0) return -1;
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, &set)) return c;
+    return -1;
+}
+
+/* Trains `spec` on the case's data d (BENCH_NB batches, cycled) for at least min_s seconds;
+ * returns samples/s, samples per CPU second and GFLOP/s. */
+static dt_status bench_model(const bench_case *bc, const bench_data *d, bool profile, double *sps, double *cps, double *gflops) {
     dt_model *m = NULL;
     dt_optim *o = NULL;
     DT_TRY(dt_model_build(&m, bc->spec, 1, 28, 28));
@@ -63,25 +138,15 @@ static dt_status bench_model(const bench_case *bc, bool profile, double *sps, do
     dt_status s = dt_optim_create(&o, &oc, dt_model_num_params(m));
     dt_bench_profile *prof = profile && s == DT_OK ? dt_bench_profile_attach(m) : NULL;
     if (profile && s == DT_OK && !prof) s = dt_error(DT_ENOMEM, "bench: out of memory");
-    enum { NB = 8 };
-    const int B = bc->batch, V = dt_model_classes(m), in = dt_model_in_size(m), ny = dt_model_input_values(m, 1);
-    void *x = dt_alloc((size_t)NB * B * in * DT_FEED_VALUE_BYTES);
-    int32_t *y = dt_alloc((size_t)NB * B * ny * sizeof(int32_t));
-    if (s == DT_OK && (!x || !y)) s = dt_error(DT_ENOMEM, "bench: out of memory");
-    if (s == DT_OK) {
-        if (tokens)
-            for (size_t i = 0; i < (size_t)NB * B * in; i++) ((int32_t *)x)[i] = (int32_t)(dt_rng_u64(7, 1, i) % (uint64_t)V);
-        else
-            dt_rng_fill_uniform(x, (size_t)NB * B * in, 0, 1, 7, 1);
-        for (size_t i = 0; i < (size_t)NB * B * ny; i++) y[i] = (int32_t)(dt_rng_u64(7, 2, i) % (uint64_t)V);
-    }
+    const int B = bc->batch;
     /* 3 untimed warm-up steps, then whole groups of 8 steps until min_s has passed */
     int64_t steps = 0;
     double t0 = 0, t = 0, c0 = 0;
     for (int64_t i = 0; s == DT_OK; i++) {
         if (i == 3) t0 = dt_now(), c0 = cpu_now();
         if (prof) dt_bench_profile_enable(prof, i >= 3);
-        dt_feed f = {.x = (const char *)x + (size_t)(i % NB) * B * in * DT_FEED_VALUE_BYTES, .y = y + (size_t)(i % NB) * B * ny, .n = B};
+        const size_t at = (size_t)(i % BENCH_NB) * B;
+        dt_feed f = {.x = (const char *)d->x + at * d->x_vals * DT_FEED_VALUE_BYTES, .y = d->y + at * d->y_vals, .n = B};
         float loss;
         if ((s = dt_model_run(m, &f, true, (uint64_t)i, &loss)) != DT_OK) break;
         dt_model_zero_grad(m);
@@ -100,7 +165,6 @@ static dt_status bench_model(const bench_case *bc, bool profile, double *sps, do
         *gflops = dt_model_train_flops(m, B) * (double)steps / t / 1e9;
     }
     if (prof) dt_bench_profile_print(prof, m, steps, s == DT_OK ? B / *cps : 0);
-    dt_free(x), dt_free(y);
     dt_optim_free(o);
     dt_model_free(m);
     return s;
@@ -110,15 +174,18 @@ static const char USAGE[] =
     "Usage: dtrain bench train [--seconds S] [--threads N] [--model NAME] [--batch N] [--spec SPEC]\n"
     "                          [--kernels onednn,blas] [--precision fp32,bf16,fp16] [--vs-blas] [--vs-torch]\n"
     "                          [--repeat N] [--profile]\n\n"
-    "Single-worker training throughput of the reference models on synthetic data: MLP at batch 32\n"
-    "and 128, CNN at batch 128 (Adam, 28x28 inputs), GPT L4 H4 C128 T64 at batch 12 (AdamW, random\n"
-    "bytes; tokens/s = samples/s x 64); plus OpenBLAS sgemm GFLOP/s for scale. One row per kernel\n"
+    "Single-worker training throughput of the reference models on real data: MLP at batch 32 and\n"
+    "128, CNN at batch 128 (Adam, Fashion-MNIST), GPT L4 H4 C128 T64 at batch 12 (AdamW, the King James\n"
+    "Bible; tokens/s = samples/s x 64), each case on 64 batches drawn once and held in memory; plus\n"
+    "OpenBLAS sgemm GFLOP/s for scale. With --threads 1 (the default) the process runs pinned to one\n"
+    "CPU (--cpu). One row per kernel\n"
     "library and precision in the lists (default: the default kernels, fp32; --vs-blas adds blas);\n"
     "the ratio column compares each row with the first row of its case; \"per cpu-s\" divides by the\n"
     "process's CPU time instead of wall time (steadier on a loaded machine). --vs-torch adds PyTorch's\n"
-    "samples/s on the same model and batch (bench/train_torch.py, /usr/bin/python3, one thread, its\n"
-    "OpenBLAS pinned too), and its samples per CPU-second beside dtrain's (\"vs (cpu)\": per cpu-s /\n"
-    "torch's; not for gpt). --profile prints, before each row, the CPU milliseconds per step of each\n"
+    "samples/s on the same model, batch and bytes of data (bench/train_torch.py, /usr/bin/python3, one\n"
+    "thread, its OpenBLAS too, pinned to the same CPU with taskset), and its samples per CPU-second\n"
+    "beside dtrain's (\"vs (cpu)\": per cpu-s / "
+    "torch's). --profile prints, before each row, the CPU milliseconds per step of each\n"
     "node's forward and backward and of the optimizer (oneDNN's primitives: ONEDNN_VERBOSE=profile).\n"
     "The end prints the implementations oneDNN chose and a note for rows whose precision runs on\n"
     "other kernels (bf16 on a CPU without AVX512-BF16/AMX, fp16, blas: inputs rounded, f32 GEMMs),\n"
@@ -134,16 +201,18 @@ static bool next_word(const char **list, char *w, size_t cap) {
     return true;
 }
 
-/* PyTorch's samples/s of a case (bench/train_torch.py), or 0 when it cannot run. */
+/* PyTorch's samples/s of a case (bench/train_torch.py on the data file `data`, pinned to CPU
+ * cpu with taskset where cpu >= 0), or 0 when it cannot run. */
 typedef struct {
     double wall, cpu;  /* samples per second of wall time and of the process's CPU time (0: unknown) */
 } torch_rates;
 
-static torch_rates torch_rate(const bench_case *bc) {
+static torch_rates torch_rate(const bench_case *bc, const char *data, int cpu) {
     const char *root = getenv("DTRAIN_ROOT");
-    char cmd[1024], line[512];
-    snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s%sbench/train_torch.py --model %s --batch %d --seconds %g 2>/dev/null",
-             root ? root : "", root ? "/" : "", bc->name, bc->batch, bc->min_s);
+    char cmd[1536], line[512], pin[32] = "";
+    if (cpu >= 0) snprintf(pin, sizeof pin, "taskset -c %d ", cpu);
+    snprintf(cmd, sizeof cmd, "%s/usr/bin/python3 %s%sbench/train_torch.py --model %s --batch %d --seconds %g --data %s --nb %d 2>/dev/null",
+             pin, root ? root : "", root ? "/" : "", bc->name, bc->batch, bc->min_s, data, BENCH_NB);
     FILE *f = popen(cmd, "r");
     torch_rates r = {0, 0};
     while (f && fgets(line, sizeof line, f)) {
@@ -178,8 +247,8 @@ static void notes_add(bench_notes *nt, const char *kernels, const char *precisio
 
 /* The rows of one case: every kernel library x precision, each with its ratio to the first row
  * (and to PyTorch's rate tr when vs_torch); appends each row's JSON object to json. */
-static dt_status bench_rows(const bench_case *bc, const char *kernels, const char *precisions, double sg, bool vs_torch, bool profile,
-                            torch_rates trs, bench_notes *notes, char *json, size_t cap, int *jn, int *done) {
+static dt_status bench_rows(const bench_case *bc, const bench_data *d, const char *kernels, const char *precisions, double sg,
+                            bool vs_torch, bool profile, torch_rates trs, bench_notes *notes, char *json, size_t cap, int *jn, int *done) {
     const double tr = trs.wall;
     char w[32], v[32];
     double first = 0;
@@ -188,7 +257,7 @@ static dt_status bench_rows(const bench_case *bc, const char *kernels, const cha
             double sps = 0, cps = 0, gf = 0;
             DT_TRY(dt_kernels_select(w, v));
             notes_add(notes, w, v);
-            dt_status s = bench_model(bc, profile, &sps, &cps, &gf);
+            dt_status s = bench_model(bc, d, profile, &sps, &cps, &gf);
             if (s != DT_OK) return dt_error_wrap(s, "%s %s", w, v);
             if (first == 0) first = sps;
             const int T = dt_model_spec_is_gpt(bc->spec) ? 64 : 1;
@@ -210,9 +279,32 @@ static dt_status bench_rows(const bench_case *bc, const char *kernels, const cha
     return DT_OK;
 }
 
+/* One case: its data loaded once (and written for PyTorch when vs_torch), PyTorch's rate, then
+ * `repeat` interleaved passes over its rows. */
+static dt_status bench_case_run(const bench_case *bc, const char *kernels, const char *precisions, double sg, bool vs_torch,
+                                bool profile, int repeat, int cpu, bench_notes *notes, char *json, size_t cap, int *jn, int *done) {
+    dt_model *m = NULL;
+    DT_TRY(dt_model_build(&m, bc->spec, 1, 28, 28));
+    bench_data d = {0};
+    dt_status s = bench_data_load(&d, m, bc->batch);
+    dt_model_free(m);
+    DT_TRY(s);
+    printf("# %s b%d data: %s\n", bc->name, bc->batch, d.source);
+    torch_rates tr = {0, 0};
+    char path[512];
+    if (vs_torch && (s = bench_data_write(&d, bc->batch, path, sizeof path)) == DT_OK) {
+        tr = torch_rate(bc, path, cpu);
+        unlink(path);
+    }
+    for (int rep = 0; s == DT_OK && rep < repeat; rep++)
+        s = bench_rows(bc, &d, kernels, precisions, sg, vs_torch, profile, tr, notes, json, cap, jn, done);
+    bench_data_free(&d);
+    return s;
+}
+
 int dt_bench_train(int argc, char **argv) {
     float seconds = 3;
-    int threads = 1, only_batch = 0, repeat = 1;
+    int threads = 1, only_batch = 0, repeat = 1, cpu = -2;
     bool vs_blas = false, vs_torch = false, profile = false;
     const char *only_model = NULL, *kernels = NULL, *precisions = "fp32", *spec = NULL;
     const dt_flag flags[] = {
@@ -227,8 +319,9 @@ int dt_bench_train(int argc, char **argv) {
         {"spec", DT_FLAG_STR, &spec, "SPEC", "run only this model spec (1x28x28 inputs) at --batch (default 128)"},
         {"repeat", DT_FLAG_INT, &repeat, "N", "run the rows of each case N times, interleaved (A/B timing)"},
         {"profile", DT_FLAG_BOOL, &profile, NULL, "print each node's forward and backward ms per step"},
+        {"cpu", DT_FLAG_INT, &cpu, "N", "pin both sides to CPU N (default with --threads 1: the first allowed CPU; -1: no pinning)"},
     };
-    int r = dt_flags_parse(argc, argv, 1, flags, 11, USAGE, NULL, 0, NULL, NULL);
+    int r = dt_flags_parse(argc, argv, 1, flags, sizeof flags / sizeof *flags, USAGE, NULL, 0, NULL, NULL);
     if (r) return r < 0 ? 2 : 0;
     char deflib[16] = "";
     sscanf(dt_kernels_describe(), "%15s", deflib);
@@ -241,6 +334,15 @@ int dt_bench_train(int argc, char **argv) {
     if (!(seconds >= 0) || seconds > 3600)
         return dt_cli_usage("e.g. --seconds 1 (0: 8 timed steps per case)", "--seconds %g: give 0 to 3600", seconds);
     if (threads < 1) return dt_cli_usage(NULL, "--threads %d: need at least 1", threads);
+    if (cpu == -2) cpu = threads == 1 ? first_cpu() : -1;
+    if (cpu >= 0) {
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        if (cpu >= CPU_SETSIZE) return dt_cli_usage(NULL, "--cpu %d: give a CPU number below %d", cpu, CPU_SETSIZE);
+        CPU_SET(cpu, &one);
+        if (sched_setaffinity(0, sizeof one, &one) != 0)
+            return dt_cli_usage("see `taskset -p $$` for the CPUs you may use", "--cpu %d: cannot pin to it (%s)", cpu, strerror(errno));
+    } else if (cpu < -1) return dt_cli_usage(NULL, "--cpu %d: give a CPU number, or -1 for no pinning", cpu);
     dt_set_threads(threads);
     if (repeat < 1) return dt_cli_usage(NULL, "--repeat %d: give 1 or more", repeat);
     const bench_case presets[] = {
@@ -263,24 +365,25 @@ int dt_bench_train(int argc, char **argv) {
                             batch);
     }
     double sg = sgemm_gflops(1024, seconds < 1 ? seconds : 1);
-    printf("# dtrain bench train: %d thread%s, synthetic data\n", threads, threads > 1 ? "s" : "");
+    printf("# dtrain bench train: %d thread%s, real data (Fashion-MNIST, KJV), ", threads, threads > 1 ? "s" : "");
+    if (cpu >= 0) printf("both sides pinned to CPU %d\n", cpu);
+    else printf("not pinned\n");
     dt_bench_print_machine();
     printf("# sgemm 1024^3: %.1f GFLOP/s\n", sg);
     printf("%-6s %6s %-8s %-5s %14s %12s %12s %10s %10s %8s%s\n", "model", "batch", "kernels", "prec", "samples/s",
            "per cpu-s", "tokens/s", "GFLOP/s", "of sgemm", "ratio", vs_torch ? "    torch/s  vs torch  torch/cpu-s  vs (cpu)" : "");
     char json[16384];
-    int jn = snprintf(json, sizeof json, "{\"bench\": \"train\", \"threads\": %d, \"sgemm_gflops\": %.2f, \"openblas_core\": \"%s\", \"cases\": [",
-                      threads, sg, dt_blas_corename());
+    int jn = snprintf(json, sizeof json, "{\"bench\": \"train\", \"threads\": %d, \"cpu\": %d, \"data\": \"real\", \"sgemm_gflops\": %.2f, "
+                      "\"openblas_core\": \"%s\", \"cases\": [", threads, cpu, sg, dt_blas_corename());
     int done = 0;
     bench_notes notes = {.n = 0};
     for (size_t i = 0; i < ncases; i++) {
         if (!spec && ((only_model && strcmp(only_model, cases[i].name)) || (only_batch && only_batch != cases[i].batch)))
             continue;
-        const torch_rates tr = vs_torch && !spec ? torch_rate(&cases[i]) : (torch_rates){0, 0};
-        for (int rep = 0; rep < repeat; rep++)
-            if (bench_rows(&cases[i], kernels, precisions, sg, vs_torch, profile, tr, &notes, json, sizeof json, &jn,
-                           &done) != DT_OK)
-                return dt_cli_fail(NULL, "bench %s: %s", cases[i].name, dt_last_error());
+        if (bench_case_run(&cases[i], kernels, precisions, sg, vs_torch && !spec, profile, repeat, cpu, &notes, json,
+                           sizeof json, &jn, &done) != DT_OK)
+            return dt_cli_fail("--data fashion-mnist and kjv must work (scripts/install-deps installs both)", "bench %s: %s",
+                               cases[i].name, dt_last_error());
     }
     if (!done) return dt_cli_usage("models: mlp (batch 32, 128), cnn (batch 128), gpt (batch 12)", "no benchmark case matches");
     char impls[1536];

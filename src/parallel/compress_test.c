@@ -195,7 +195,7 @@ static void test_rescale_state(void) {
     const size_t n = dt_model_num_params(m);
     size_t lo = 0, hi = n;
     float *x = malloc(n * sizeof *x), *r0 = malloc(n * sizeof *r0), *r1 = malloc(n * sizeof *r1);
-    const char *texts[] = {"fp16", "topk:0.1", "powersgd:2"};
+    const char *texts[] = {"fp16", "topk:0.1:warmup=0", "powersgd:2:warmup=0"};
     for (size_t k = 0; k < sizeof texts / sizeof *texts; k++) {
         dt_compress_spec cs;
         CHECK_OK(dt_compress_parse(texts[k], &cs));
@@ -254,8 +254,9 @@ static void test_rescale_state(void) {
 }
 
 static void test_identities(void) {
-    const char *texts[] = {"none", "fp16", "bf16", "topk:1", "topk:0.1", "topk:0.05:momentum=0.9",
-                           "topk:0.02:warmup=4", "powersgd:1", "powersgd:2", "powersgd:2:warmup=3", "powersgd:16"};
+    const char *texts[] = {"none", "fp16", "bf16", "topk:1:warmup=0", "topk:0.1:warmup=0", "topk:0.05:momentum=0.9:warmup=0",
+                           "topk:0.02:warmup=4", "powersgd:1:warmup=0", "powersgd:2:warmup=0", "powersgd:2:warmup=3",
+                           "powersgd:16:warmup=0"};
     for (int W = 2; W <= 3; W++)
         for (size_t k = 0; k < sizeof texts / sizeof *texts; k++) {
             char job[64];
@@ -281,7 +282,7 @@ static void test_topk_large(void) {
     const size_t n = dt_model_num_params(m);
     size_t lo = 0, hi = n;
     dt_compress_spec cs;
-    CHECK_OK(dt_compress_parse("topk:0.01", &cs));
+    CHECK_OK(dt_compress_parse("topk:0.01:warmup=0", &cs));
     dt_grad_sync_config gc = {.comm = c, .model = m, .n = n, .lo = &lo, .hi = &hi, .nb = 1};
     dt_grad_sync *gs;
     CHECK_OK(dt_grad_sync_create(&gs, &cs, &gc));
@@ -314,7 +315,20 @@ static void test_parse(void) {
     CHECK_OK(dt_compress_parse("topk:0.01:momentum=0.9:warmup=100", &s));
     CHECK(s.kind == DT_COMPRESS_TOPK && s.ratio == 0.01 && s.momentum == 0.9 && s.warmup == 100);
     CHECK_OK(dt_compress_parse("powersgd:4", &s));
-    CHECK(s.kind == DT_COMPRESS_POWERSGD && s.rank == 4);
+    CHECK(s.kind == DT_COMPRESS_POWERSGD && s.rank == 4 && s.warmup == 1000);  /* PyTorch's start_powerSGD_iter */
+    CHECK_OK(dt_compress_parse("topk:0.01", &s));
+    CHECK(s.kind == DT_COMPRESS_TOPK && s.warmup == 1000);
+    /* the canonical text keeps every warm-up, the default's and an explicit 0, through a round trip */
+    const char *trip[] = {"powersgd:4", "powersgd:4:warmup=0", "topk:0.01", "topk:0.01:warmup=0"};
+    for (size_t i = 0; i < sizeof trip / sizeof *trip; i++) {
+        dt_compress_spec a, b;
+        char text[96];
+        CHECK_OK(dt_compress_parse(trip[i], &a));
+        dt_compress_format(&a, text, sizeof text);
+        CHECK_OK(dt_compress_parse(text, &b));
+        CHECK_MSG(a.kind == b.kind && a.warmup == b.warmup && a.rank == b.rank && a.ratio == b.ratio,
+                  "%s -> %s: warm-up %d, read back %d", trip[i], text, a.warmup, b.warmup);
+    }
     CHECK_OK(dt_compress_parse("powersgd:2:warmup=3", &s));
     CHECK(s.kind == DT_COMPRESS_POWERSGD && s.rank == 2 && s.warmup == 3);
     const char *bad[] = {"topk", "topk:0", "topk:1.5", "topk:0.1:foo=1", "powersgd:0", "powersgd:1.5",
@@ -355,11 +369,11 @@ static int train_ranks(const char *spec, int W, const char *path, const char *jo
 static void test_trainer(void) {
     static float ref[CAP], got[CAP];
     struct { const char *base, *spec; double tol; } cases[] = {
-        {"ddp(bucket_mb=0.0005)", "ddp(bucket_mb=0.0005,compress=topk:1)", 1e-5},
-        {"ddp(bucket_mb=0.0005)", "ddp(bucket_mb=0.0005,compress=powersgd:64)", 1e-5},
+        {"ddp(bucket_mb=0.0005)", "ddp(bucket_mb=0.0005,compress=topk:1:warmup=0)", 1e-5},
+        {"ddp(bucket_mb=0.0005)", "ddp(bucket_mb=0.0005,compress=powersgd:64:warmup=0)", 1e-5},
         {"ddp(bucket_mb=0.0005)", "ddp(bucket_mb=0.0005,compress=fp16)", 1e-3},
         {"ddp(bucket_mb=0.0005)", "ddp(bucket_mb=0.0005,compress=bf16)", 1e-2},
-        {"localsgd(sync_every=4)", "localsgd(sync_every=4,compress=topk:1)", 1e-5},
+        {"localsgd(sync_every=4)", "localsgd(sync_every=4,compress=topk:1:warmup=0)", 1e-5},
     };
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
         char pa[128], pb[128], job[64];

@@ -65,12 +65,12 @@ dt_status dt_compress_parse(const char *text, dt_compress_spec *o) {
     if (!text || !*text || !strcmp(text, "none")) return DT_OK;
     if (!strcmp(text, "fp16")) return o->kind = DT_COMPRESS_FP16, DT_OK;
     if (!strcmp(text, "bf16")) return o->kind = DT_COMPRESS_BF16, DT_OK;
-    if (!strncmp(text, "topk:", 5)) return o->kind = DT_COMPRESS_TOPK, parse_topk(text, text + 5, o);
+    if (!strncmp(text, "topk:", 5)) return o->kind = DT_COMPRESS_TOPK, o->warmup = DT_COMPRESS_DEFAULT_WARMUP, parse_topk(text, text + 5, o);
     if (!strncmp(text, "powersgd:", 9)) {
         double r;
         const char *e;
         if (!num(text + 9, 1, 1e6, &r, &e) || r != floor(r)) return bad(text, "the rank must be a whole number >= 1");
-        o->kind = DT_COMPRESS_POWERSGD, o->rank = (int)r;
+        o->kind = DT_COMPRESS_POWERSGD, o->rank = (int)r, o->warmup = DT_COMPRESS_DEFAULT_WARMUP;
         if (!*e) return DT_OK;
         double w;
         if (strncmp(e, ":warmup=", 8) || !num(e + 8, 0, 1e9, &w, &e) || *e || w != floor(w))
@@ -89,8 +89,7 @@ void dt_compress_format(const dt_compress_spec *s, char *out, size_t cap) {
         snprintf(out, cap, "topk:%g:momentum=%g:warmup=%d", s->ratio, s->momentum, s->warmup);
         break;
     case DT_COMPRESS_POWERSGD:
-        if (s->warmup) snprintf(out, cap, "powersgd:%d:warmup=%d", s->rank, s->warmup);
-        else snprintf(out, cap, "powersgd:%d", s->rank);
+        snprintf(out, cap, "powersgd:%d:warmup=%d", s->rank, s->warmup);
         break;
     default: snprintf(out, cap, "none");
     }

@@ -19,12 +19,18 @@ typedef struct {
     double ratio;      /* topk: fraction of the values sent, (0, 1] */
     double momentum;   /* topk: DGC momentum correction (0 = off; then train with plain SGD) */
     int warmup;        /* topk: steps over which the ratio falls from 1 to `ratio` (DGC warm-up);
-                        * powersgd: steps of plain allreduce first (PyTorch's start_powerSGD_iter) */
+                        * powersgd: steps of plain allreduce first (PyTorch's start_powerSGD_iter);
+                        * DT_COMPRESS_DEFAULT_WARMUP where the text gives none */
     int rank;          /* powersgd: rank r of the approximation, >= 1 */
 } dt_compress_spec;
 
+/* The warm-up of topk and powersgd when the text gives none: PyTorch's default start_powerSGD_iter.
+ * Low-rank and sparse gradients early in training cost accuracy that the rest of a short run does
+ * not win back (docs/parallel.md has the measurements); warmup=0 compresses from the first step. */
+#define DT_COMPRESS_DEFAULT_WARMUP 1000
+
 /* Parses "none", "fp16", "bf16", "topk:RATIO[:momentum=M][:warmup=STEPS]", "powersgd:RANK[:warmup=S]" into
- * *out; DT_EINVAL naming the text and the accepted forms. */
+ * *out (warmup DT_COMPRESS_DEFAULT_WARMUP where not given); DT_EINVAL naming the text and the accepted forms. */
 dt_status dt_compress_parse(const char *text, dt_compress_spec *out);
 /* Writes the canonical text of spec (parsable by dt_compress_parse) to out. */
 void dt_compress_format(const dt_compress_spec *spec, char *out, size_t cap);
