@@ -1,13 +1,11 @@
 /* Optimizers over flat slabs: SGD (momentum, Nesterov, weight decay), Adam and AdamW with the
  * torch.optim 1.13 update rules, plus gradient-norm clipping. */
 #include "dtrain/optim.h"
+#include "device/device.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__SSE__)
-#include <xmmintrin.h>
-#endif
 
 struct dt_optim {
     dt_optim_config cfg;
@@ -69,76 +67,24 @@ void dt_optim_free(dt_optim *o) {
     free(o);
 }
 
-/* The update of n values whose momentum buffer is buf (NULL without momentum). */
-static void sgd_update(const dt_optim *o, float *restrict p, const float *restrict g, float *restrict buf, size_t n,
-                       float lr) {
-    const float wd = o->cfg.weight_decay, mu = o->cfg.momentum;
-    if (mu == 0) {
-        for (size_t i = 0; i < n; i++) p[i] -= lr * (g[i] + wd * p[i]);
-        return;
-    }
-    /* torch: the buffer starts as the first gradient (mu_prev = 0 on the first step); the
-     * branches are hoisted out of the loops so they vectorise */
-    const float mu_prev = o->t == 0 ? 0.0f : mu;
-    if (o->cfg.nesterov) {
-        for (size_t i = 0; i < n; i++) {
-            float d = g[i] + wd * p[i];
-            float b = mu_prev * buf[i] + d;
-            buf[i] = b;
-            p[i] -= lr * (d + mu * b);
-        }
-    } else {
-        for (size_t i = 0; i < n; i++) {
-            float b = mu_prev * buf[i] + (g[i] + wd * p[i]);
-            buf[i] = b;
-            p[i] -= lr * b;
-        }
-    }
+/* The step's arguments for the device's kernels (device/cpu_step.c: torch.optim's arithmetic). */
+static dt_step_args step_args(const dt_optim *o, float lr) {
+    const dt_optim_config *c = &o->cfg;
+    return (dt_step_args){.lr = lr, .weight_decay = c->weight_decay, .momentum = c->momentum, .nesterov = c->nesterov,
+                          .first_step = o->t == 0, .beta1 = c->beta1, .beta2 = c->beta2, .eps = c->eps,
+                          .decoupled = c->kind == DT_OPTIM_ADAMW, .t = o->t};
 }
 
-/* The update of n values whose moments are m and v. */
-__attribute__((noinline)) static void adam_loop(const dt_optim *o, float *restrict p, const float *restrict g,
-                                                float *restrict m, float *restrict v, size_t n, float lr) {
-    const float b1 = o->cfg.beta1, b2 = o->cfg.beta2, eps = o->cfg.eps, wd = o->cfg.weight_decay;
-    const bool decoupled = o->cfg.kind == DT_OPTIM_ADAMW;
-    const float wd_l2 = decoupled ? 0.0f : wd;  /* adam: L2 term in the gradient */
-    const double t = (double)(o->t + 1);
-    const float bc1 = (float)(1.0 - pow(b1, t));
-    const float inv_bc2_sqrt = (float)(1.0 / sqrt(1.0 - pow(b2, t)));
-    const float step = lr / bc1;
-    /* adamw: p = p * (1 - lr wd) - update, in one pass (the same roundings as two); adam: shrink 1
-     * (p * 1.0f is p exactly) and the L2 term in the gradient */
-    const float shrink = decoupled ? 1.0f - lr * wd : 1.0f;
-    for (size_t i = 0; i < n; i++) {
-        const float pi = p[i] * shrink, gi = g[i] + wd_l2 * pi;
-        float mi = b1 * m[i] + (1 - b1) * gi;
-        float vi = b2 * v[i] + (1 - b2) * gi * gi;
-        m[i] = mi;
-        v[i] = vi;
-        p[i] = pi - step * mi / (sqrtf(vi) * inv_bc2_sqrt + eps);
-    }
-}
-
-/* adam_loop with subnormal floats flushed to zero (MXCSR FTZ and DAZ, this thread, restored after).
- * Where a gradient stays 0 (a dead ReLU unit, a pixel that is always 0) m decays by beta1 each
- * step into the subnormal range (below 1.2e-38) after some 800 steps, and every multiply on a
- * subnormal takes a microcode assist: measured 3x the update's time on the reference MLP. A
- * flushed moment changes the parameter by less than lr * 1e-30, which a float cannot hold. */
-static void adam_update(const dt_optim *o, float *restrict p, const float *restrict g, float *restrict m,
-                        float *restrict v, size_t n, float lr) {
-#if defined(__SSE__)
-    const unsigned csr = _mm_getcsr();
-    _mm_setcsr(csr | 0x8040u);  /* FTZ (bit 15) | DAZ (bit 6) */
-    adam_loop(o, p, g, m, v, n, lr);
-    _mm_setcsr(csr);
-#else
-    adam_loop(o, p, g, m, v, n, lr);
-#endif
+/* The update of n values (moments or momentum buffer m, v) on the CPU device. */
+static void update(const dt_optim *o, float *p, const float *g, float *m, float *v, size_t n, float lr) {
+    dt_dev *d = dt_device_cpu();
+    const dt_step_args a = step_args(o, lr);
+    if (o->cfg.kind == DT_OPTIM_SGD) d->ops->sgd_step(d, &a, p, g, m, n);
+    else d->ops->adam_step(d, &a, p, g, m, v, n);
 }
 
 void dt_optim_step(dt_optim *o, float *params, const float *grads, float lr) {
-    if (o->cfg.kind == DT_OPTIM_SGD) sgd_update(o, params, grads, o->m.data, o->n, lr);
-    else adam_update(o, params, grads, o->m.data, o->v.data, o->n, lr);
+    update(o, params, grads, o->m.data, o->v.data, o->n, lr);
     o->t++;
 }
 
@@ -160,8 +106,7 @@ static void step_ranges(dt_optim *o, int nr, float *const *params, const float *
         if (off) at = off[k];
         float *m = o->m.data ? o->m.data + at : NULL, *v = o->v.data ? o->v.data + at : NULL;
         if (len[k] == 0) continue;
-        if (o->cfg.kind == DT_OPTIM_SGD) sgd_update(o, params[k], grads[k], m, len[k], lr);
-        else adam_update(o, params[k], grads[k], m, v, len[k], lr);
+        update(o, params[k], grads[k], m, v, len[k], lr);
         at += len[k];
     }
     o->t++;
@@ -239,12 +184,10 @@ void dt_optim_free_state(dt_optim *o) {
 }
 
 float dt_clip_grad_norm(float *g, size_t n, float max_norm) {
+    dt_dev *d = dt_device_cpu();
     double ss = 0;
-    for (size_t i = 0; i < n; i++) ss += (double)g[i] * g[i];
+    d->ops->sqnorm(d, &ss, g, n);
     float norm = (float)sqrt(ss);
-    if (max_norm > 0 && norm > max_norm) {
-        float s = max_norm / (norm + 1e-6f);  /* torch adds 1e-6 */
-        for (size_t i = 0; i < n; i++) g[i] *= s;
-    }
+    if (max_norm > 0 && norm > max_norm) d->ops->scale(d, g, max_norm / (norm + 1e-6f), n);  /* torch adds 1e-6 */
     return norm;
 }

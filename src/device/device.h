@@ -1,0 +1,114 @@
+/* The device layer (DESIGN.md "Memory is first-class"; ggml's buffer types and backends, llm.c's
+ * kernels): a device owns model memory (parameters, gradients, optimizer state, activations) and
+ * runs every kernel that touches it. Upper layers hold device pointers they never dereference; they
+ * move bytes in and out with upload/download and ask the device for the training-step arithmetic.
+ *
+ * A device is a table of functions (dt_device_ops) reached from a registry of kinds
+ * (dt_device_kind: name, option parser, help). Two kinds ship:
+ *   cpu      host memory (dt_alloc) and the CPU kernels;
+ *   checked  the CPU kernels on an arena the host cannot touch: it is PROT_NONE except while a
+ *            device entry point runs, so a host dereference of device memory crashes at once.
+ * Adding a device is one file with its table plus one line in device.c's registry.
+ *
+ * Contracts shared by every entry point: pointers named dev_* are device pointers of this device
+ * (from alloc); host_* are host memory; counts are elements unless named bytes. Kernels never
+ * allocate and never abort. Scalars that the training loop needs on the host (a non-finite flag,
+ * norm partial sums) are written into device buffers: the host downloads one small buffer when it
+ * needs a number, so a device with queues does not synchronise per kernel. */
+#ifndef DT_DEVICE_H
+#define DT_DEVICE_H
+
+#include "dtrain/core.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct dt_dev dt_dev;
+
+/* The hyper-parameters of one optimizer step (the caller's dt_optim config and step count). */
+typedef struct {
+    float lr, weight_decay;
+    float momentum;    /* sgd: 0 = none */
+    bool nesterov;     /* sgd */
+    bool first_step;   /* sgd: the momentum buffer starts as the first gradient (torch) */
+    float beta1, beta2, eps;
+    bool decoupled;    /* adamw: decay applied to the weights, not the gradient */
+    int64_t t;         /* adam: steps taken before this one (bias corrections use t + 1) */
+} dt_step_args;
+
+typedef struct dt_device_ops {
+    /* ---- memory ---- */
+    /* A block of `bytes` device memory (64-byte aligned), charged against --mem-limit; NULL with
+     * the error set (DT_ENOMEM naming the size and what to do) when it does not fit. */
+    void *(*alloc)(dt_dev *d, size_t bytes);
+    /* Frees a block from alloc (NULL is a no-op). */
+    void (*free)(dt_dev *d, void *dev_p);
+    void (*upload)(dt_dev *d, void *dev_dst, const void *host_src, size_t bytes);
+    void (*download)(dt_dev *d, void *host_dst, const void *dev_src, size_t bytes);
+    /* dev_dst and dev_src may not overlap. */
+    void (*copy)(dt_dev *d, void *dev_dst, const void *dev_src, size_t bytes);
+    void (*fill_f32)(dt_dev *d, float *dev_x, float value, size_t n);
+    /* Waits until every call made so far has taken effect (a no-op on a synchronous device). */
+    void (*synchronize)(dt_dev *d);
+
+    /* ---- training-step primitives (f32 unless named) ---- */
+    /* y += x (gradient accumulation where branches meet, micro-batches). */
+    void (*accumulate)(dt_dev *d, float *dev_y, const float *dev_x, size_t n);
+    /* x *= s. */
+    void (*scale)(dt_dev *d, float *dev_x, float s, size_t n);
+    /* Where every x is finite: x *= inv and *dev_nonfinite = 0; else x is untouched and
+     * *dev_nonfinite = 1 (fp16 loss scaling: the step is then skipped). */
+    void (*unscale)(dt_dev *d, float *dev_x, float inv, size_t n, int32_t *dev_nonfinite);
+    /* *dev_out = the sum of x[i]^2 in double (one partial of a gradient norm). */
+    void (*sqnorm)(dt_dev *d, double *dev_out, const float *dev_x, size_t n);
+    /* bf16 (uint16_t) and f16 casts, round to nearest even; NaN stays NaN. */
+    void (*cast_f32_bf16)(dt_dev *d, uint16_t *dev_out, const float *dev_x, size_t n);
+    void (*cast_bf16_f32)(dt_dev *d, float *dev_out, const uint16_t *dev_x, size_t n);
+    void (*cast_f32_f16)(dt_dev *d, uint16_t *dev_out, const float *dev_x, size_t n);
+    void (*cast_f16_f32)(dt_dev *d, float *dev_out, const uint16_t *dev_x, size_t n);
+    /* One SGD step on n f32 master weights p with gradients g (momentum buffer buf, NULL when
+     * a->momentum is 0): torch.optim.SGD's arithmetic. */
+    void (*sgd_step)(dt_dev *d, const dt_step_args *a, float *dev_p, const float *dev_g, float *dev_buf, size_t n);
+    /* One Adam (a->decoupled: AdamW) step on n f32 master weights with moments m and v:
+     * torch.optim.Adam/AdamW's arithmetic; subnormal moments are flushed to zero. */
+    void (*adam_step)(dt_dev *d, const dt_step_args *a, float *dev_p, const float *dev_g, float *dev_m, float *dev_v,
+                      size_t n);
+} dt_device_ops;
+
+/* A registry entry: a kind of device. create parses its options ("" for none: e.g. checked's
+ * "arena=512M") and returns a device; DT_EINVAL naming the option on a bad one. */
+typedef struct dt_device_kind {
+    const char *name;
+    const char *help;     /* one line for --help and the man page */
+    const char *options;  /* its option syntax for the help, "" when it has none */
+    dt_status (*create)(dt_dev **out, const char *options);
+    void (*destroy)(dt_dev *d);
+} dt_device_kind;
+
+/* Every device: its kind and ops; each kind's own struct begins with this. */
+struct dt_dev {
+    const dt_device_kind *kind;
+    const dt_device_ops *ops;
+};
+
+/* The registry, in order ("cpu" first); n gets its length. */
+const dt_device_kind *const *dt_device_kinds(int *n);
+/* The kind named `name` (before any ':'), or NULL with the error set, listing the names. */
+const dt_device_kind *dt_device_find(const char *name);
+/* Creates a device from a spec "NAME[:OPTIONS]" (e.g. "checked:arena=256M"). */
+dt_status dt_device_create(dt_dev **out, const char *spec);
+/* Destroys a device made by dt_device_create (NULL: no-op); every block must be freed first. */
+void dt_device_destroy(dt_dev *d);
+/* The process's CPU device (host memory): never destroyed. */
+dt_dev *dt_device_cpu(void);
+
+/* The CPU kernels of the training-step primitives, on host pointers: the CPU device's entries
+ * and what the checked device runs inside its arena. */
+extern const dt_device_ops dt_cpu_step_ops;
+
+/* checked device: whether host code could touch its arena now (true only inside an entry point);
+ * for tests. */
+bool dt_checked_arena_open(const dt_dev *d);
+
+#endif
