@@ -4,8 +4,9 @@ tests/fl_limits.sh. Each mode prints one JSON line saying what the server did to
 
   idle HOST PORT N HOLD READY      N connections that never send a byte; READY is written once all
                                    are open; waits up to HOLD s. Reports how many the server closed.
-  bigframe HOST PORT N MIB HOLD    N connections that each send a valid frame header declaring MIB MiB,
-                                   then try to send those MiB, then stall (up to HOLD s).
+  bigframe HOST PORT N DECL SEND HOLD
+                                   N connections that each send a valid frame header declaring DECL MiB,
+                                   then try to send SEND MiB of it, then stall (up to HOLD s).
   stall HOST PORT ID HOLD          one connection that sends a valid HELLO (client ID, 100 samples)
                                    and then neither reads nor writes (up to HOLD s).
   refuse PORTFILE SECONDS          a server that accepts each connection and closes it at once;
@@ -78,8 +79,8 @@ def idle(host, port, n, hold, ready):
     print(json.dumps({"opened": n, "closed_by_server": closed}, separators=(",", ":")))
 
 
-def bigframe(host, port, n, mib, hold):
-    size = mib << 20
+def bigframe(host, port, n, decl, mib, hold):
+    size = decl << 20
     socks, sent = [], []
     chunk = bytes(1 << 20)
     for _ in range(n):
@@ -139,7 +140,7 @@ def main(a):
     if a[0] == "idle":
         idle(a[1], int(a[2]), int(a[3]), float(a[4]), a[5])
     elif a[0] == "bigframe":
-        bigframe(a[1], int(a[2]), int(a[3]), int(a[4]), float(a[5]))
+        bigframe(a[1], int(a[2]), int(a[3]), int(a[4]), int(a[5]), float(a[6]))
     elif a[0] == "stall":
         stall(a[1], int(a[2]), int(a[3]), float(a[4]))
     elif a[0] == "refuse":
