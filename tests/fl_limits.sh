@@ -47,8 +47,10 @@ warn_lines=$(wc -l <"$TMP/s1.log")
 #    Then two clients still get served.
 start_server "$TMP/s2.log" --clients-per-round 2 --rounds 1 --wait-timeout 90
 rss0=$(rss_kb $SPID)
-big=$($PY "$PEERS" bigframe 127.0.0.1 "$PORT" 8 64 60 20 2>&1)
-rss1=$(rss_kb $SPID)
+$PY "$PEERS" bigframe 127.0.0.1 "$PORT" 8 64 60 20 "$TMP/big.sent" "$TMP/big.go" >"$TMP/big.json" 2>&1 & BPID=$!
+for _ in $(seq 600); do [ -f "$TMP/big.sent" ] && break; kill -0 $BPID 2>/dev/null || break; sleep 0.05; done
+rss1=$(rss_kb $SPID)  # while the peers stall (an old server held their frames for as long as they stayed)
+touch "$TMP/big.go"; wait $BPID; big=$(cat "$TMP/big.json")
 bclosed=$(field closed_by_server <<<"$big"); sent=$(field max_sent <<<"$big")
 if [ "${bclosed:-0}" -eq 8 ] && grep -q "payload of 67108864 bytes exceeds the limit of 12" "$TMP/s2.log"; then
   ok "8 peers declaring 64 MiB before HELLO are refused at the header (limit 12 bytes; at most $sent bytes got into the socket)"

@@ -4,9 +4,11 @@ tests/fl_limits.sh. Each mode prints one JSON line saying what the server did to
 
   idle HOST PORT N HOLD READY      N connections that never send a byte; READY is written once all
                                    are open; waits up to HOLD s. Reports how many the server closed.
-  bigframe HOST PORT N DECL SEND HOLD
+  bigframe HOST PORT N DECL SEND HOLD SENT GO
                                    N connections that each send a valid frame header declaring DECL MiB,
-                                   then try to send SEND MiB of it, then stall (up to HOLD s).
+                                   then try to send SEND MiB of it, then stall (up to HOLD s). SENT is
+                                   written once all have sent; it waits (up to HOLD s) for the file GO
+                                   before it watches, so that the server can be measured meanwhile.
   stall HOST PORT ID HOLD          one connection that sends a valid HELLO (client ID, 100 samples)
                                    and then neither reads nor writes (up to HOLD s).
   refuse PORTFILE SECONDS          a server that accepts each connection and closes it at once;
@@ -15,6 +17,7 @@ tests/fl_limits.sh. Each mode prints one JSON line saying what the server did to
 Frames: magic u32 "DTFL" | version u16 | type u16 | length u32 | crc32(payload) u32 |
 crc32(header[0..16)) u32, little endian (src/fl/fl.h)."""
 import json
+import os
 import resource
 import select
 import socket
@@ -79,7 +82,7 @@ def idle(host, port, n, hold, ready):
     print(json.dumps({"opened": n, "closed_by_server": closed}, separators=(",", ":")))
 
 
-def bigframe(host, port, n, decl, mib, hold):
+def bigframe(host, port, n, decl, mib, hold, sent_file, go_file):
     size = decl << 20
     socks, sent = [], []
     chunk = bytes(1 << 20)
@@ -95,6 +98,11 @@ def bigframe(host, port, n, decl, mib, hold):
             pass
         socks.append(s)
         sent.append(got)
+    with open(sent_file, "w") as f:
+        f.write("sent\n")
+    end = time.monotonic() + hold
+    while not os.path.exists(go_file) and time.monotonic() < end:
+        time.sleep(0.05)
     closed = watch(socks, hold)
     print(json.dumps({"peers": n, "declared": size, "max_sent": max(sent), "closed_by_server": closed}, separators=(",", ":")))
 
@@ -140,7 +148,7 @@ def main(a):
     if a[0] == "idle":
         idle(a[1], int(a[2]), int(a[3]), float(a[4]), a[5])
     elif a[0] == "bigframe":
-        bigframe(a[1], int(a[2]), int(a[3]), int(a[4]), int(a[5]), float(a[6]))
+        bigframe(a[1], int(a[2]), int(a[3]), int(a[4]), int(a[5]), float(a[6]), a[7], a[8])
     elif a[0] == "stall":
         stall(a[1], int(a[2]), int(a[3]), float(a[4]))
     elif a[0] == "refuse":
