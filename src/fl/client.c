@@ -1,7 +1,8 @@
 /* The federated-learning client: connects to the server (reconnecting with jittered exponential
- * back-off while it is away, e.g. restarting from its checkpoint, or turns it away), announces its sample count, and for
- * each model it receives trains locally and sends the update, in the clear or through the
- * secure-aggregation exchange. Test hooks make it die, fall silent or send garbage. */
+ * back-off while it is away, e.g. restarting from its checkpoint, or turns the client away),
+ * announces its sample count, and for each model it receives trains locally and sends the
+ * update, in the clear or through the secure-aggregation exchange. Test hooks make it die, fall
+ * silent or send garbage. */
 #include "fl/fl.h"
 #include "fl/secagg.h"
 
@@ -50,7 +51,7 @@ static dt_status backoff(client *c, const char *why) {
     double u = (double)(dt_rng_u64(c->cfg->client_id, dt_rng_key(DT_RNG_USER + 19, 0), c->tries++) >> 11) * 0x1p-53;
     double t = c->wait * (0.5 + 0.5 * u);
     if (now + t > c->give_up)
-        return dt_error(DT_ETIMEDOUT, "fl client %llu: no session with the server %s for %.0f s (--connect-timeout); "
+        return dt_error(DT_ETIMEDOUT, "fl client %llu: no session with the server %s for %g s (--connect-timeout); "
                         "last: %s. Is fl-server running there, with room for this client (--max-clients)?",
                         (unsigned long long)c->cfg->client_id, c->cfg->server, c->cfg->connect_timeout, why);
     nap(t);
