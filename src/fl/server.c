@@ -116,6 +116,7 @@ dt_status dt_fl_server_create(dt_fl_server **out, const dt_fl_server_config *cfg
     s->cfg = c, s->m = m, s->test = test, s->lfd = -1, s->np = dt_model_num_params(m);
     s->cap = c.max_clients + c.max_pending + 1;
     s->frame_max = frame_limit(s);
+    s->tx_max = 2 * (DT_FL_HEADER + 48 + 4 * s->np) + (1u << 20);  /* a model message: 48 bytes of settings, n floats */
     s->conns = calloc((size_t)s->cap, sizeof *s->conns);
     s->pf = calloc((size_t)s->cap + 1, sizeof *s->pf);
     s->global = malloc(s->np * sizeof(float));

@@ -109,7 +109,15 @@ static double expire_pending(dt_fl_server *s, double until) {
 
 void dt_fl_conn_queue(dt_fl_server *s, int ci, uint16_t type, const void *payload, uint32_t len) {
     dt_fl_conn *c = &s->conns[ci];
+    if (c->fd < 0) return;
     size_t need = c->tx_n - c->tx_off + DT_FL_HEADER + len;
+    if (need > s->tx_max) {  /* a client that does not read would make the server hold a model per round */
+        char why[160];
+        snprintf(why, sizeof why, "it does not read what the server sends: %zu bytes would be queued to it (limit %zu)",
+                 need, s->tx_max);
+        dt_fl_conn_drop(s, ci, why);
+        return;
+    }
     uint8_t *q = malloc(need);
     if (!q) {
         dt_fl_conn_drop(s, ci, "out of memory queueing a message");

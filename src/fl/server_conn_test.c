@@ -2,7 +2,8 @@
  * the server's own poll loop (issue 37): the oldest pending peer makes way past --max-pending, so
  * idle connections cannot lock a client out; a peer gets HELLO's 12 bytes of frame before its
  * HELLO (a larger header is refused before anything is allocated) and its model's update size
- * after; --hello-timeout closes idle peers; --max-clients counts registered clients only. */
+ * after; --hello-timeout closes idle peers; --max-clients counts registered clients only; a client
+ * that does not read is dropped before a third model is queued to it. */
 #include "core/test.h"
 #include "fl/server_internal.h"
 
@@ -149,6 +150,47 @@ static void test_max_clients(dt_model *m) {
     dt_fl_server_destroy(s);
 }
 
+/* Models queued to a registered client that reads nothing: once the kernel's socket buffers are
+ * full, the server's queue grows by a model a round until a third would pass tx_max (two models
+ * and 1 MiB) and the client is dropped; one that reads them keeps getting them. A 1M-parameter
+ * model (4 MB) so that a few rounds outgrow the kernel's buffers. */
+static void test_send_queue(void) {
+    dt_model *m;
+    CHECK_OK(dt_model_create_from_spec(&m, "linear(1000)", 1, 1, 1000));
+    dt_fl_server *s = server(m, 2, 4, 100);
+    int deaf = dial(s), ok = dial(s);
+    hello(deaf, 1), hello(ok, 2);
+    for (double end = dt_now() + 10; count(s, 1) < 2 && dt_now() < end;) dt_fl_server_pump(s, dt_now() + 0.02);
+    CHECK(count(s, 1) == 2);
+    size_t len = 48 + 4 * s->np, most = 0;
+    uint8_t *model = calloc(1, len), *sink = malloc(1 << 20);
+    CHECK(s->tx_max == 2 * (DT_FL_HEADER + len) + (1u << 20));
+    int rounds = 0;
+    for (; rounds < 40 && count(s, 1) == 2; rounds++) {
+        for (int i = 0; i < s->nconns; i++) dt_fl_conn_queue(s, i, DT_FL_MODEL, model, (uint32_t)len);
+        for (int i = 0; i < s->nconns; i++)
+            if (s->conns[i].fd >= 0 && s->conns[i].tx_n - s->conns[i].tx_off > most) most = s->conns[i].tx_n - s->conns[i].tx_off;
+        /* the reading client drains its queue; the deaf one never reads */
+        for (double end = dt_now() + 30; dt_now() < end;) {
+            dt_fl_server_pump(s, dt_now() + 0.01);
+            while (recv(ok, sink, 1 << 20, MSG_DONTWAIT) > 0) {}
+            int queued = 0;
+            for (int i = 0; i < s->nconns; i++)
+                queued |= s->conns[i].fd >= 0 && s->conns[i].id == 2 && s->conns[i].tx_n > s->conns[i].tx_off;
+            if (!queued) break;
+        }
+    }
+    int deaf_held = 0;  /* the server's side: the deaf client's socket may still hold unread models */
+    for (int i = 0; i < s->nconns; i++) deaf_held |= s->conns[i].fd >= 0 && s->conns[i].id == 1;
+    CHECK_MSG(!deaf_held, "a client that reads nothing is still connected after %d models", rounds);
+    CHECK_MSG(most <= s->tx_max, "%zu bytes were queued to one client (limit %zu)", most, s->tx_max);
+    CHECK_MSG(count(s, 1) == 1 && !closed(s, ok, 0.1), "the client that reads was dropped");
+    free(model), free(sink);
+    close(deaf), close(ok);
+    dt_fl_server_destroy(s);
+    dt_model_free(m);
+}
+
 int main(void) {
     dt_model *m = model();
     CHECK(m != NULL);
@@ -157,6 +199,7 @@ int main(void) {
         test_frame_limits(m);
         test_hello_deadline(m);
         test_max_clients(m);
+        test_send_queue();
     }
     dt_model_free(m);
     return dt_test_summary("server_conn_test");

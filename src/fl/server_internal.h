@@ -3,7 +3,8 @@
  * What a peer can make the server hold is bounded: before HELLO, a frame of DT_FL_HELLO_SIZE
  * bytes for at most --hello-timeout seconds, and at most --max-pending such peers (the oldest
  * makes way for a new one); after it, one frame of at most frame_max bytes in flight, one stored
- * update and the round's queued messages, for at most --max-clients peers. */
+ * update and at most tx_max queued bytes (a client that does not read is dropped), for at most
+ * --max-clients peers. */
 #ifndef DT_FL_SERVER_INTERNAL_H
 #define DT_FL_SERVER_INTERNAL_H
 
@@ -34,6 +35,7 @@ struct dt_fl_server {
     int nconns, cap;       /* cap: max_clients + max_pending + 1 (a newcomer before the oldest makes way) */
     struct pollfd *pf;     /* cap + 1 (the listener) */
     uint32_t frame_max;    /* the largest frame a registered client may send (its update, or secure-aggregation messages) */
+    size_t tx_max;         /* the most bytes queued to one client: two model frames and 1 MiB (roster, shares, BYE) */
     double accept_pause;   /* out of file descriptors with nobody to evict: the listener rests until then */
     /* pending peers evicted, past the HELLO deadline, gone or malformed before HELLO; HELLOs refused */
     uint64_t n_evicted, n_hello_late, n_stranger, n_full;
