@@ -27,20 +27,24 @@ rss_kb() {  # rss_kb PID: the resident kB of PID's child (the server under `time
 field() { grep -o "\"$1\":[0-9]*" | cut -d: -f2; }  # field NAME <JSON: the integer value
 
 # 1. 1030 idle connections (the issue's lock-out), then two real clients: the run completes
-start_server "$TMP/s1.log" --clients-per-round 2 --rounds 2 --wait-timeout 60 --round-timeout 60 --metrics "$TMP/m1.jsonl"
-$PY "$PEERS" idle 127.0.0.1 "$PORT" 1030 90 "$TMP/idle.ready" >"$TMP/idle.json" 2>"$TMP/idle.err" & IPID=$!
-for _ in $(seq 600); do [ -f "$TMP/idle.ready" ] && break; kill -0 $IPID 2>/dev/null || break; sleep 0.1; done
-for i in 0 1; do timeout 120 "$DT" "${CLIENT[@]}" --server 127.0.0.1:$PORT --client-index $i >"$TMP/c1_$i.log" 2>&1 & done
-wait $SPID; src=$?
-kill $IPID 2>/dev/null; wait $IPID 2>/dev/null
-rounds=$(cat "$TMP/m1.jsonl" 2>/dev/null | wc -l)
-if [ -f "$TMP/idle.ready" ] && [ $src -eq 0 ] && [ "$rounds" -eq 2 ]; then
-  ok "1030 idle connections: both clients registered and 2 rounds ran"
-else bad "idle lock-out: server exit $src, $rounds rounds: $(tail -n 5 "$TMP/s1.log" "$TMP/idle.err" "$TMP"/c1_*.log)"; fi
-warn_lines=$(wc -l <"$TMP/s1.log")
-[ "$warn_lines" -le 40 ] && grep -q "making way for a new one" "$TMP/s1.log" \
-  && ok "the server turned idle peers away in $warn_lines log lines (counted, not one line each)" \
-  || bad "idle peers: $warn_lines server log lines: $(head -20 "$TMP/s1.log")"
+if [ "$(ulimit -Hn)" != unlimited ] && [ "$(ulimit -Hn)" -lt 1200 ]; then
+  echo "note: the hard open-file limit is $(ulimit -Hn) (< 1200): the 1030-connection check is left out"
+else
+  start_server "$TMP/s1.log" --clients-per-round 2 --rounds 2 --wait-timeout 60 --round-timeout 60 --metrics "$TMP/m1.jsonl"
+  $PY "$PEERS" idle 127.0.0.1 "$PORT" 1030 90 "$TMP/idle.ready" >"$TMP/idle.json" 2>"$TMP/idle.err" & IPID=$!
+  for _ in $(seq 600); do [ -f "$TMP/idle.ready" ] && break; kill -0 $IPID 2>/dev/null || break; sleep 0.1; done
+  for i in 0 1; do timeout 120 "$DT" "${CLIENT[@]}" --server 127.0.0.1:$PORT --client-index $i >"$TMP/c1_$i.log" 2>&1 & done
+  wait $SPID; src=$?
+  kill $IPID 2>/dev/null; wait $IPID 2>/dev/null
+  rounds=$(cat "$TMP/m1.jsonl" 2>/dev/null | wc -l)
+  if [ -f "$TMP/idle.ready" ] && [ $src -eq 0 ] && [ "$rounds" -eq 2 ]; then
+    ok "1030 idle connections: both clients registered and 2 rounds ran"
+  else bad "idle lock-out: server exit $src, $rounds rounds: $(tail -n 5 "$TMP/s1.log" "$TMP/idle.err" "$TMP"/c1_*.log)"; fi
+  warn_lines=$(wc -l <"$TMP/s1.log")
+  [ "$warn_lines" -le 40 ] && grep -q "making way for a new one" "$TMP/s1.log" \
+    && ok "the server turned idle peers away in $warn_lines log lines (counted, not one line each)" \
+    || bad "idle peers: $warn_lines server log lines: $(head -20 "$TMP/s1.log")"
+fi
 
 # 2. eight peers that each declare a 64 MiB frame before HELLO, send 60 MiB of it (what they can)
 #    and stall (the issue's 11 -> 491 MB): refused at the header, with the server's default flags.
