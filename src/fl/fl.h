@@ -240,7 +240,7 @@ typedef enum { DT_FL_FAULT_NONE, DT_FL_FAULT_DIE, DT_FL_FAULT_SILENT, DT_FL_FAUL
 typedef struct {
     const char *server;        /* "ADDR:PORT" */
     uint64_t client_id;
-    double connect_timeout;    /* give up when the server cannot be reached this long */
+    double connect_timeout;    /* give up after failing this long to reach the server, or to get a message on a session */
     double idle_timeout;       /* give up when the server sends nothing this long */
     dt_fl_fault fault;         /* test hook: misbehave on the first model received */
     int quiet;
