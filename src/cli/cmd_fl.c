@@ -14,6 +14,7 @@ void dt_fl_opts_defaults(dt_fl_opts *o) {
     o->model = "mlp", o->data = "fashion-mnist", o->listen = "127.0.0.1:7070";
     o->rounds = 20, o->cpr = 10, o->epochs = 1, o->batch = 32, o->lr = 0.05f, o->seed = 1;
     o->round_timeout = 60, o->wait_timeout = 300, o->retries = 3, o->eval_every = 1;
+    o->hello_timeout = (float)DT_FL_HELLO_TIMEOUT, o->max_clients = DT_FL_MAX_CLIENTS, o->max_pending = DT_FL_MAX_PENDING;
     o->dp_delta = 1e-5f, o->sa_range = 1.0f;
 }
 
@@ -27,6 +28,15 @@ int dt_fl_opts_check(dt_fl_opts *o) {
     if (!(o->round_timeout > 0) || !(o->wait_timeout > 0))
         return dt_cli_usage(NULL, "--round-timeout and --wait-timeout must be > 0 seconds");
     if (o->retries < 0) return dt_cli_usage(NULL, "--retries %d: need >= 0", o->retries);
+    if (!(o->hello_timeout > 0)) return dt_cli_usage(NULL, "--hello-timeout %g: need > 0 seconds", o->hello_timeout);
+    if (o->max_clients < 1 || o->max_clients > DT_FL_MAX_CLIENTS)
+        return dt_cli_usage(NULL, "--max-clients %d: need 1..%d", o->max_clients, DT_FL_MAX_CLIENTS);
+    if (o->max_clients < o->cpr || o->max_clients < o->min_clients)
+        return dt_cli_usage("raise --max-clients or lower --clients-per-round/--min-clients",
+                            "--max-clients %d is below --clients-per-round %d or --min-clients %d", o->max_clients, o->cpr,
+                            o->min_clients);
+    if (o->max_pending < 1 || o->max_pending > DT_FL_MAX_PENDING_LIMIT)
+        return dt_cli_usage(NULL, "--max-pending %d: need 1..%d", o->max_pending, DT_FL_MAX_PENDING_LIMIT);
     if (!(o->dp_clip >= 0) || !(o->dp_noise >= 0)) return dt_cli_usage(NULL, "--dp-clip and --dp-noise must be >= 0");
     if (o->dp_noise > 0 && o->dp_clip == 0)
         return dt_cli_usage("noise is scaled by the clip norm: add --dp-clip C", "--dp-noise %g without --dp-clip", o->dp_noise);
@@ -40,7 +50,8 @@ int dt_fl_opts_check(dt_fl_opts *o) {
     dt_fl_server_config *c = &o->sc;
     *c = (dt_fl_server_config){.listen = o->listen, .rounds = o->rounds, .clients_per_round = o->cpr,
                                .min_clients = o->min_clients, .round_timeout = o->round_timeout,
-                               .wait_timeout = o->wait_timeout, .retries = o->retries, .epochs = (uint32_t)o->epochs,
+                               .wait_timeout = o->wait_timeout, .hello_timeout = o->hello_timeout,
+                               .max_clients = o->max_clients, .max_pending = o->max_pending, .retries = o->retries, .epochs = (uint32_t)o->epochs,
                                .batch = (uint32_t)o->batch, .lr = o->lr, .mu = o->mu, .seed = (uint64_t)o->seed,
                                .dp_clip = o->dp_clip, .dp_noise = o->dp_noise, .dp_delta = o->dp_delta,
                                .secure = o->secure, .sa_threshold = o->sa_threshold, .sa_range = o->sa_range,
@@ -119,7 +130,10 @@ static const char SERVER_USAGE[] =
     "aggregates them (FedAvg weighted by sample count; FedProx with --mu; DP-FedAvg with --dp-clip and\n"
     "--dp-noise, reporting epsilon from a Renyi-DP accountant; --secure-agg so that only the sum is\n"
     "seen). It evaluates on the test split of --data, checkpoints, and logs the reason whenever a\n"
-    "client is dropped (malformed message, lost connection, no update by the deadline).";
+    "client is dropped (malformed message, lost connection, no update by the deadline: a client that\n"
+    "misses a round's deadline is dropped, counted as late in --metrics, and may reconnect). A new\n"
+    "connection must say HELLO within --hello-timeout and may send nothing larger first; at most\n"
+    "--max-pending wait for theirs (the oldest makes way) and --max-clients are registered.";
 
 int dt_cmd_fl_server(int argc, char **argv) {
     dt_fl_opts o;
@@ -153,7 +167,8 @@ int dt_cmd_fl_server(int argc, char **argv) {
 static const char CLIENT_USAGE[] =
     "Usage: dtrain fl-client --server ADDR:PORT --data PATH [FLAGS]\n\n"
     "Federated learning client: trains each model the server sends on its own data and returns the\n"
-    "update; reconnects with backoff (0.1 s doubling to 2 s) while the server is away. --partition\n"
+    "update; while the server is away or turns it away it retries after 0.1 s doubling to 2 s\n"
+    "(jittered), giving up after --connect-timeout of failures in a row. --partition\n"
     "with --clients and --client-index takes one client's share of a shared data set (experiments).";
 
 int dt_cmd_fl_client(int argc, char **argv) {
@@ -170,7 +185,7 @@ int dt_cmd_fl_client(int argc, char **argv) {
         {"client-index", DT_FLAG_INT, &idx, "I", "with --partition: which share (0..K-1)"},
         {"client-id", DT_FLAG_I64, &id, "ID", "identity announced to the server (default: --client-index)"},
         {"seed", DT_FLAG_I64, &seed, "S", "partition seed (the server's --seed)"},
-        {"connect-timeout", DT_FLAG_FLOAT, &connect_timeout, "S", "give up when the server stays unreachable this long"},
+        {"connect-timeout", DT_FLAG_FLOAT, &connect_timeout, "S", "give up after failing to reach (or be served by) the server this long"},
         {"idle-timeout", DT_FLAG_FLOAT, &idle_timeout, "S", "give up when the server sends nothing this long"},
         {"fault", DT_FLAG_STR, &fault, "KIND", "test hook: none, die, silent, garbage, drop-after-mask"},
         {"quiet", DT_FLAG_BOOL, &quiet, NULL, "no closing line"},

@@ -9,7 +9,8 @@
 typedef struct {
     dt_fl_server_config sc;
     int rounds, cpr, epochs, batch, retries, eval_every, min_clients, sa_threshold, secure, resume, quiet;
-    float lr, mu, round_timeout, wait_timeout, dp_clip, dp_noise, dp_delta, sa_range;
+    int max_clients, max_pending;
+    float lr, mu, round_timeout, wait_timeout, hello_timeout, dp_clip, dp_noise, dp_delta, sa_range;
     int64_t seed;
     const char *model, *data, *listen, *checkpoint, *metrics;
 } dt_fl_opts;
@@ -30,6 +31,9 @@ void dt_fl_opts_defaults(dt_fl_opts *o);
     {"seed", DT_FLAG_I64, &(o)->seed, "S", "initialisation, sampling and shuffling seed"},                       \
     {"round-timeout", DT_FLAG_FLOAT, &(o)->round_timeout, "S", "seconds a round (each secure-aggregation step) waits"}, \
     {"wait-timeout", DT_FLAG_FLOAT, &(o)->wait_timeout, "S", "seconds to wait for --min-clients to connect"},     \
+    {"hello-timeout", DT_FLAG_FLOAT, &(o)->hello_timeout, "S", "seconds a new connection has to say HELLO"},    \
+    {"max-clients", DT_FLAG_INT, &(o)->max_clients, "N", "registered clients at most; more are turned away"},     \
+    {"max-pending", DT_FLAG_INT, &(o)->max_pending, "N", "connections waiting for their HELLO at most (oldest goes)"}, \
     {"retries", DT_FLAG_INT, &(o)->retries, "N", "times a round without a usable update is run again"},           \
     {"eval-every", DT_FLAG_INT, &(o)->eval_every, "N", "evaluate the global model every N rounds (and the last)"}, \
     {"checkpoint", DT_FLAG_STR, &(o)->checkpoint, "FILE", "global model written after every round"},             \

@@ -1,7 +1,8 @@
-/* The federated-learning client: connects to the server (reconnecting with exponential backoff
- * while it is away, e.g. restarting from its checkpoint), announces its sample count, and for
- * each model it receives trains locally and sends the update, in the clear or through the
- * secure-aggregation exchange. Test hooks make it die, fall silent or send garbage. */
+/* The federated-learning client: connects to the server (reconnecting with jittered exponential
+ * back-off while it is away, e.g. restarting from its checkpoint, or turns the client away),
+ * announces its sample count, and for each model it receives trains locally and sends the
+ * update, in the clear or through the secure-aggregation exchange. Test hooks make it die, fall
+ * silent or send garbage. */
 #include "fl/fl.h"
 #include "fl/secagg.h"
 
@@ -25,18 +26,43 @@ typedef struct {
     char who[96];
     float *delta;
     int sent;
+    int heard;           /* the current session got a message from the server */
+    double wait;         /* the next back-off (s): 0.1 doubling to 2 */
+    double give_up;      /* when failures in a row started + connect_timeout (0: none in a row) */
+    uint64_t tries;      /* back-offs taken: the jitter's index */
 } client;
 
 static void nap(double s) {
-    struct timespec t = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
-    nanosleep(&t, NULL);
+    struct timespec t = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)}, rest;
+    while (nanosleep(&t, &rest) != 0 && errno == EINTR) t = rest;  /* a signal must not shorten a back-off */
 }
 
-/* Connects before the deadline, backing off 0.1 s doubling to 2 s between attempts. */
-static dt_status connect_backoff(client *c, double deadline) {
+#define BACKOFF_MIN 0.1
+#define BACKOFF_MAX 2.0
+
+static void backoff_reset(client *c) { c->wait = BACKOFF_MIN, c->give_up = 0; }
+
+/* Sleeps before the next attempt after a failure (why): a time drawn from [w/2, w) by client id
+ * (clients that lost the server together do not come back together), then w doubles up to 2 s.
+ * DT_ETIMEDOUT naming the server once connect_timeout has passed since the first failure in a row. */
+static dt_status backoff(client *c, const char *why) {
+    double now = dt_now();
+    if (c->give_up == 0) c->give_up = now + c->cfg->connect_timeout;
+    double u = (double)(dt_rng_u64(c->cfg->client_id, dt_rng_key(DT_RNG_USER + 19, 0), c->tries++) >> 11) * 0x1p-53;
+    double t = c->wait * (0.5 + 0.5 * u);
+    if (now + t > c->give_up)
+        return dt_error(DT_ETIMEDOUT, "fl client %llu: no session with the server %s for %g s (--connect-timeout); "
+                        "last: %s. Is fl-server running there, with room for this client (--max-clients)?",
+                        (unsigned long long)c->cfg->client_id, c->cfg->server, c->cfg->connect_timeout, why);
+    nap(t);
+    c->wait = c->wait * 2 > BACKOFF_MAX ? BACKOFF_MAX : c->wait * 2;
+    return DT_OK;
+}
+
+/* Connects, backing off between attempts (DT_ETIMEDOUT when the server stays unreachable). */
+static dt_status connect_backoff(client *c) {
     struct sockaddr_in a;
     DT_TRY(dt_fl_parse_addr(c->cfg->server, "--server", &a));
-    double wait = 0.1;
     for (;;) {
         int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
         if (fd < 0) return dt_error(DT_EIO, "fl client: socket: %s", strerror(errno));
@@ -46,14 +72,10 @@ static dt_status connect_backoff(client *c, double deadline) {
             c->fd = fd;
             return DT_OK;
         }
-        int e = errno;
+        char why[128];
+        snprintf(why, sizeof why, "connect: %s", strerror(errno));
         close(fd);
-        if (dt_now() + wait > deadline)
-            return dt_error(DT_ETIMEDOUT, "fl client %llu: cannot reach the server %s (%s) for %.0f s (--connect-timeout); "
-                            "is fl-server running there?", (unsigned long long)c->cfg->client_id, c->cfg->server,
-                            strerror(e), c->cfg->connect_timeout);
-        nap(wait);
-        wait = wait * 2 > 2.0 ? 2.0 : wait * 2;
+        DT_TRY(backoff(c, why));
     }
 }
 
@@ -67,6 +89,7 @@ static dt_status send_buf(client *c, uint16_t type, dt_fl_buf *b) {
 static dt_status expect(client *c, uint16_t type, uint8_t **p, uint32_t *len) {
     uint16_t got;
     DT_TRY(dt_fl_recv(c->fd, &c->rd, &got, p, len, dt_now() + c->cfg->idle_timeout, c->who));
+    c->heard = 1;
     if (got == DT_FL_BYE) {
         free(*p);
         *p = NULL;
@@ -230,15 +253,25 @@ dt_status dt_fl_client_run(const dt_fl_client_config *cfg, dt_model *m, const dt
         return dt_error(DT_EINVAL, "fl client %llu: %zu local samples", (unsigned long long)cfg->client_id, dt_dataset_len(ds));
     if (!(c.delta = malloc(dt_model_num_params(m) * sizeof(float)))) return dt_error(DT_ENOMEM, "fl client: out of memory");
     dt_status s;
+    backoff_reset(&c);
     for (;;) {
         dt_fl_reader_init(&c.rd, DT_FL_MAX_PAYLOAD);
-        s = connect_backoff(&c, dt_now() + cfg->connect_timeout);
+        c.heard = 0;
+        s = connect_backoff(&c);
         if (s == DT_OK) s = session(&c);
         if (c.fd >= 0) close(c.fd), c.fd = -1;
         dt_fl_reader_free(&c.rd);
         if (s != DT_EPEER) break;
-        /* the server went away (or restarts): reconnect with backoff */
-        if (!cfg->quiet) dt_log(DT_LOG_WARN, "fl client %llu: %s; reconnecting", (unsigned long long)cfg->client_id, dt_last_error());
+        /* the server went away (or restarts, or turned us away): reconnect after a back-off that
+         * starts over only when this session got somewhere, so a server that closes every
+         * connection at once sees (and logs) a few attempts, not a flood */
+        if (c.heard) backoff_reset(&c);
+        char why[256];
+        snprintf(why, sizeof why, "%s", dt_last_error());
+        if (!cfg->quiet)
+            dt_log(DT_LOG_WARN, "fl client %llu: %s; reconnecting in %.1f-%.1f s", (unsigned long long)cfg->client_id, why,
+                   c.wait / 2, c.wait);
+        if ((s = backoff(&c, why)) != DT_OK) break;
     }
     free(c.delta);
     if (rounds) *rounds = c.sent;

@@ -24,6 +24,13 @@
 /* Largest model a message may carry (parameters). */
 #define DT_FL_MAX_PARAMS (16u << 20)
 #define DT_FL_MAX_CLIENTS 1024
+/* Connections not yet past HELLO the server holds at most (default of --max-pending), and the
+ * seconds each has to complete its HELLO (default of --hello-timeout). */
+#define DT_FL_MAX_PENDING 128
+#define DT_FL_MAX_PENDING_LIMIT 4096
+#define DT_FL_HELLO_TIMEOUT 10.0
+/* HELLO's payload (client id u64, sample count u32): the largest frame accepted before it. */
+#define DT_FL_HELLO_SIZE 12
 
 typedef enum {
     DT_FL_HELLO = 1,    /* client -> server: id, sample count */
@@ -186,6 +193,9 @@ typedef struct {
     int start_clients;         /* ... before the first round of this process (default min_clients) */
     double round_timeout;      /* seconds a round waits for updates */
     double wait_timeout;       /* seconds to wait for min_clients to connect */
+    double hello_timeout;      /* seconds a new connection has to complete HELLO (0: DT_FL_HELLO_TIMEOUT) */
+    int max_clients;           /* registered clients at most; a HELLO beyond is refused (0: DT_FL_MAX_CLIENTS) */
+    int max_pending;           /* connections before HELLO at most; the oldest makes way (0: DT_FL_MAX_PENDING) */
     int retries;               /* a round with no usable update is run again up to this often */
     uint32_t epochs, batch;    /* local training; epochs 0 = FedSGD */
     float lr, mu;
@@ -204,6 +214,7 @@ typedef struct {
 /* Round results, for the metrics line and for fl-sim's benchmark. */
 typedef struct {
     int round, sampled, updates, dropped, retries;
+    int late;                  /* of dropped: sampled clients dropped for missing the round's deadline */
     double acc, loss, eps;     /* eps < 0: no DP */
     double wall_s;             /* whole round */
     double server_cpu_s;       /* the server thread's CPU time in the round, evaluation excluded */
@@ -229,16 +240,18 @@ typedef enum { DT_FL_FAULT_NONE, DT_FL_FAULT_DIE, DT_FL_FAULT_SILENT, DT_FL_FAUL
 typedef struct {
     const char *server;        /* "ADDR:PORT" */
     uint64_t client_id;
-    double connect_timeout;    /* give up when the server cannot be reached this long */
+    double connect_timeout;    /* give up after failing this long to reach the server, or to get a message on a session */
     double idle_timeout;       /* give up when the server sends nothing this long */
     dt_fl_fault fault;         /* test hook: misbehave on the first model received */
     int quiet;
 } dt_fl_client_config;
 
-/* Connects (reconnecting with exponential backoff 0.1 s .. 2 s while the server is away),
- * trains on each model received and sends the update, until the server says BYE. m is the
- * client's model (same spec as the server's), ds its local data. *rounds (may be NULL) gets the
- * updates sent. DT_ETIMEDOUT naming the server when it stays away past connect_timeout. */
+/* Connects, trains on each model received and sends the update, until the server says BYE.
+ * While the server is away, or closes the connection before sending anything, it retries after
+ * 0.1 s doubling to 2 s (each wait drawn from [w/2, w) by client id), one log line per closed
+ * session. m is the client's model (same spec as the server's), ds its local data. *rounds (may
+ * be NULL) gets the updates sent. DT_ETIMEDOUT naming the server when no session got a message
+ * from it for connect_timeout seconds since the first failure in a row. */
 dt_status dt_fl_client_run(const dt_fl_client_config *cfg, dt_model *m, const dt_dataset *ds, int *rounds);
 
 #endif

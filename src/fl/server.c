@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -59,6 +60,45 @@ static dt_status resume(dt_fl_server *s) {
     return DT_OK;
 }
 
+/* The largest frame a registered client sends: its update, or the secure-aggregation messages of
+ * a round of clients_per_round (keys, shares to each other member, masked input, unmasking). */
+static uint32_t frame_limit(const dt_fl_server *s) {
+    uint64_t n = 12 + 4 * (uint64_t)s->np;  /* update: round, samples, n, n floats (masked: 8 + 4 n) */
+    uint64_t sa = 4 + (uint64_t)s->cfg.clients_per_round * (DT_SA_SHARE_MSG > 34 ? DT_SA_SHARE_MSG : 34);
+    if (s->cfg.secure && sa > n) n = sa;
+    return n > DT_FL_MAX_PAYLOAD ? DT_FL_MAX_PAYLOAD : (uint32_t)n;
+}
+
+/* Raises the soft open-file limit to what --max-clients + --max-pending need (warns when the hard
+ * limit is lower: accept then evicts pending peers, and rests when there are none). */
+static void fd_limit(const dt_fl_server *s) {
+    struct rlimit r;
+    rlim_t need = (rlim_t)s->cap + 64;
+    if (getrlimit(RLIMIT_NOFILE, &r) || r.rlim_cur >= need) return;
+    r.rlim_cur = r.rlim_max == RLIM_INFINITY || r.rlim_max >= need ? need : r.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &r);
+    if (r.rlim_cur < need)
+        dt_log(DT_LOG_WARN, "fl server: the open-file limit is %llu, --max-clients + --max-pending need %llu; "
+               "raise it (ulimit -n) or lower them", (unsigned long long)r.rlim_cur, (unsigned long long)need);
+}
+
+static dt_status check_limits(dt_fl_server_config *c) {
+    if (c->hello_timeout == 0) c->hello_timeout = DT_FL_HELLO_TIMEOUT;
+    if (c->max_clients == 0) c->max_clients = DT_FL_MAX_CLIENTS;
+    if (c->max_pending == 0) c->max_pending = DT_FL_MAX_PENDING;
+    if (!(c->hello_timeout > 0)) return dt_error(DT_EINVAL, "--hello-timeout %g: need > 0 seconds", c->hello_timeout);
+    if (c->max_clients < 1 || c->max_clients > DT_FL_MAX_CLIENTS)
+        return dt_error(DT_EINVAL, "--max-clients %d: need 1..%d", c->max_clients, DT_FL_MAX_CLIENTS);
+    if (c->max_pending < 1 || c->max_pending > DT_FL_MAX_PENDING_LIMIT)
+        return dt_error(DT_EINVAL, "--max-pending %d: need 1..%d", c->max_pending, DT_FL_MAX_PENDING_LIMIT);
+    int need = c->min_clients > c->clients_per_round ? c->min_clients : c->clients_per_round;
+    if (c->start_clients > need) need = c->start_clients;
+    if (need > c->max_clients)
+        return dt_error(DT_EINVAL, "--max-clients %d is below the %d clients that --clients-per-round/--min-clients "
+                        "need; raise --max-clients", c->max_clients, need);
+    return DT_OK;
+}
+
 dt_status dt_fl_server_create(dt_fl_server **out, const dt_fl_server_config *cfg, dt_model *m, const dt_dataset *test) {
     *out = NULL;
     if (cfg->clients_per_round < 1 || cfg->clients_per_round > DT_FL_MAX_CLIENTS)
@@ -68,13 +108,20 @@ dt_status dt_fl_server_create(dt_fl_server **out, const dt_fl_server_config *cfg
     if (dt_model_num_params(m) > DT_FL_MAX_PARAMS)
         return dt_error(DT_EINVAL, "fl server: the model has %zu parameters, the protocol carries at most %u",
                         dt_model_num_params(m), DT_FL_MAX_PARAMS);
+    dt_fl_server_config c = *cfg;
+    if (c.min_clients < 1) c.min_clients = c.clients_per_round;
+    DT_TRY(check_limits(&c));
     dt_fl_server *s = calloc(1, sizeof *s);
     if (!s) return dt_error(DT_ENOMEM, "fl server: out of memory");
-    s->cfg = *cfg, s->m = m, s->test = test, s->lfd = -1, s->np = dt_model_num_params(m);
-    if (s->cfg.min_clients < 1) s->cfg.min_clients = s->cfg.clients_per_round;
-    s->conns = calloc(DT_FL_MAX_CLIENTS, sizeof *s->conns);
+    s->cfg = c, s->m = m, s->test = test, s->lfd = -1, s->np = dt_model_num_params(m);
+    s->cap = c.max_clients + c.max_pending + 1;
+    s->frame_max = frame_limit(s);
+    s->tx_max = 2 * (DT_FL_HEADER + 48 + 4 * s->np) + (1u << 20);  /* a model message: 48 bytes of settings, n floats */
+    s->conns = calloc((size_t)s->cap, sizeof *s->conns);
+    s->pf = calloc((size_t)s->cap + 1, sizeof *s->pf);
     s->global = malloc(s->np * sizeof(float));
-    dt_status st = s->conns && s->global ? DT_OK : dt_error(DT_ENOMEM, "fl server: out of memory");
+    dt_status st = s->conns && s->pf && s->global ? DT_OK : dt_error(DT_ENOMEM, "fl server: out of memory");
+    if (st == DT_OK) fd_limit(s);
     if (st == DT_OK && cfg->resume && cfg->checkpoint) st = resume(s);
     if (st == DT_OK) memcpy(s->global, dt_model_params(m), s->np * sizeof(float));
     if (st == DT_OK) st = listen_on(s);
@@ -94,8 +141,10 @@ void dt_fl_server_destroy(dt_fl_server *s) {
     for (int i = 0; i < DT_FL_MAX_CLIENTS; i++) free(s->upd[i]);
     dt_fl_sa_server_free(s->sa);
     dt_fl_server_sa_free(s);
-    free(s->conns), free(s->global), free(s);
+    free(s->conns), free(s->pf), free(s->global), free(s);
 }
+
+static int registered(const dt_fl_server *s);
 
 static int on_hello(dt_fl_server *s, int c, const uint8_t *p, uint32_t len) {
     dt_fl_hello h;
@@ -104,8 +153,16 @@ static int on_hello(dt_fl_server *s, int c, const uint8_t *p, uint32_t len) {
     for (int i = 0; i < s->nconns; i++)
         if (i != c && s->conns[i].fd >= 0 && s->conns[i].registered && s->conns[i].id == h.client_id)
             dt_fl_conn_drop(s, i, "the same client connected again");
+    if (registered(s) >= s->cfg.max_clients) {
+        char why[128];
+        snprintf(why, sizeof why, "client %llu refused: %d clients registered (--max-clients)",
+                 (unsigned long long)h.client_id, registered(s));
+        dt_fl_conn_drop_counted(s, c, &s->n_full, why);
+        return 0;
+    }
     dt_fl_conn *k = &s->conns[c];
     k->registered = 1, k->id = h.client_id, k->samples = h.samples;
+    k->rd.max_len = s->frame_max;  /* from now on: its update, no more */
     snprintf(k->name + strlen(k->name), sizeof k->name - strlen(k->name), " client %llu", (unsigned long long)h.client_id);
     dt_log(DT_LOG_INFO, "fl server: %s joined with %u samples", k->name, h.samples);
     return 0;
@@ -164,7 +221,7 @@ static void select_clients(dt_fl_server *s, int attempt) {
         pool[i] = pool[j], pool[j] = t;
     }
     s->nsel = n < s->cfg.clients_per_round ? n : s->cfg.clients_per_round;
-    s->nupd = s->ndropped = 0;
+    s->nupd = s->ndropped = s->nlate = 0;
     for (int i = 0; i < s->nsel; i++) {
         s->sel[i] = pool[i];
         s->sel_id[i] = s->conns[pool[i]].id;
@@ -195,10 +252,9 @@ static dt_status plain_round(dt_fl_server *s, double *agg, int *nupd) {
     dt_fl_buf_free(&b);
     double deadline = dt_now() + s->cfg.round_timeout;
     while (s->nupd < s->nsel - s->ndropped && dt_now() < deadline) dt_fl_server_pump(s, deadline);
-    for (int i = 0; i < s->nsel; i++)
-        if (!s->upd[i] && s->sel[i] >= 0)
-            dt_log(DT_LOG_WARN, "fl server: round %d: %s sent no update by the deadline (%.1f s)", s->round + 1,
-                   s->conns[s->sel[i]].name, s->cfg.round_timeout);
+    uint8_t late[DT_FL_MAX_CLIENTS];
+    for (int i = 0; i < s->nsel; i++) late[i] = !s->upd[i];
+    dt_fl_server_drop_late(s, late, "update");  /* a stalled client must not hold up the next rounds too */
     double W = 0;
     for (int i = 0; i < s->nsel; i++)
         if (s->upd[i]) W += s->cfg.dp_clip > 0 ? 1.0 : s->upd_samples[i];
@@ -227,8 +283,8 @@ static void add_dp_noise(dt_fl_server *s, double *agg) {
 
 static void write_metrics(const dt_fl_server *s, const dt_fl_round_stats *st) {
     if (!s->cfg.quiet)
-        printf("round %4d  clients %3d/%-3d  dropped %d  retries %d  test acc %.4f  loss %.4f%s  %.2f s  server cpu %.1f ms\n",
-               st->round, st->updates, st->sampled, st->dropped, st->retries, st->acc, st->loss, "", st->wall_s,
+        printf("round %4d  clients %3d/%-3d  dropped %d (late %d)  retries %d  test acc %.4f  loss %.4f%s  %.2f s  server cpu %.1f ms\n",
+               st->round, st->updates, st->sampled, st->dropped, st->late, st->retries, st->acc, st->loss, "", st->wall_s,
                1e3 * st->server_cpu_s);
     if (!s->cfg.quiet && st->eps >= 0) printf("           DP: epsilon %.3f at delta %g\n", st->eps, s->cfg.dp_delta);
     fflush(stdout);
@@ -240,10 +296,10 @@ static void write_metrics(const dt_fl_server *s, const dt_fl_round_stats *st) {
     }
     char acc[32] = "null", loss[32] = "null";  /* not evaluated this round */
     if (!isnan(st->acc)) snprintf(acc, sizeof acc, "%.6f", st->acc), snprintf(loss, sizeof loss, "%.6f", st->loss);
-    fprintf(f, "{\"round\":%d,\"sampled\":%d,\"updates\":%d,\"dropped\":%d,\"retries\":%d,\"test_acc\":%s,"
+    fprintf(f, "{\"round\":%d,\"sampled\":%d,\"updates\":%d,\"dropped\":%d,\"late\":%d,\"retries\":%d,\"test_acc\":%s,"
                "\"test_loss\":%s,\"epsilon\":%.6g,\"delta\":%g,\"wall_s\":%.6f,\"server_cpu_ms\":%.3f,"
                "\"bytes_in\":%llu,\"bytes_out\":%llu,\"secure\":%s}\n",
-            st->round, st->sampled, st->updates, st->dropped, st->retries, acc, loss, st->eps,
+            st->round, st->sampled, st->updates, st->dropped, st->late, st->retries, acc, loss, st->eps,
             st->eps >= 0 ? s->cfg.dp_delta : 0, st->wall_s, 1e3 * st->server_cpu_s,
             (unsigned long long)st->bytes_in, (unsigned long long)st->bytes_out, s->cfg.secure ? "true" : "false");
     fclose(f);
@@ -299,7 +355,7 @@ static dt_status run_round(dt_fl_server *s, double *agg, dt_fl_round_stats *st) 
         int nupd = 0;
         dt_fl_model_msg mm = model_msg(s);
         dt_status rs = s->cfg.secure ? dt_fl_server_sa_round(s, &mm, agg, &nupd) : plain_round(s, agg, &nupd);
-        st->sampled = s->nsel, st->dropped = s->ndropped;
+        st->sampled = s->nsel, st->dropped = s->ndropped, st->late = s->nlate;
         end_round(s);
         cpu += thread_cpu() - c0;
         if (rs == DT_OK && nupd > 0) {

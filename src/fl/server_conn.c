@@ -37,30 +37,87 @@ dt_status dt_fl_parse_addr(const char *spec, const char *flag, struct sockaddr_i
     return DT_OK;
 }
 
-static void accept_one(dt_fl_server *s) {
+/* Index of the connection that has waited longest for its HELLO (-1: none). */
+static int oldest_pending(const dt_fl_server *s) {
+    int o = -1;
+    for (int i = 0; i < s->nconns; i++)
+        if (s->conns[i].fd >= 0 && !s->conns[i].registered && (o < 0 || s->conns[i].since < s->conns[o].since)) o = i;
+    return o;
+}
+
+static int pending(const dt_fl_server *s) {
+    int n = 0;
+    for (int i = 0; i < s->nconns; i++) n += s->conns[i].fd >= 0 && !s->conns[i].registered;
+    return n;
+}
+
+/* Accepts one connection: 1 when one came (or was turned away), 0 when none waits. A peer that
+ * would pass --max-pending makes the oldest pending one go, so idle strangers cannot lock the
+ * clients out: they only push each other out. */
+static int accept_one(dt_fl_server *s) {
     struct sockaddr_in a;
     socklen_t al = sizeof a;
     int fd = accept4(s->lfd, (struct sockaddr *)&a, &al, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) return;
-    if (s->nconns >= DT_FL_MAX_CLIENTS) {
-        dt_log(DT_LOG_WARN, "fl server: refusing a connection: %d clients connected (limit)", s->nconns);
+    if (fd < 0 && (errno == EMFILE || errno == ENFILE)) {
+        int o = oldest_pending(s);
+        if (o < 0) {  /* every descriptor is a registered client's: let the listener rest a moment */
+            dt_log(DT_LOG_WARN, "fl server: out of file descriptors (%s) with %d clients; raise `ulimit -n`",
+                   strerror(errno), s->nconns);
+            s->accept_pause = dt_now() + 0.5;
+            return 0;
+        }
+        dt_fl_conn_drop_counted(s, o, &s->n_evicted, "out of file descriptors: making way for a new connection");
+        return 1;
+    }
+    if (fd < 0) return 0;
+    if (pending(s) >= s->cfg.max_pending)
+        dt_fl_conn_drop_counted(s, oldest_pending(s), &s->n_evicted,
+                                "no HELLO yet and --max-pending connections wait for theirs: making way for a new one");
+    if (s->nconns >= s->cap) {  /* cannot happen: registered <= max_clients, pending < max_pending here */
         close(fd);
-        return;
+        return 1;
     }
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     dt_fl_conn *c = &s->conns[s->nconns++];
     memset(c, 0, sizeof *c);
-    c->fd = fd;
+    c->fd = fd, c->since = dt_now();
     char ip[INET_ADDRSTRLEN];
     inet_ntop(AF_INET, &a.sin_addr, ip, sizeof ip);
     snprintf(c->name, sizeof c->name, "peer %s:%d", ip, ntohs(a.sin_port));
-    dt_fl_reader_init(&c->rd, DT_FL_MAX_PAYLOAD);
+    dt_fl_reader_init(&c->rd, DT_FL_HELLO_SIZE);  /* a stranger gets HELLO's size, not a model's */
+    return 1;
+}
+
+/* Drops the pending peers whose HELLO is overdue; returns the next such deadline (or `until`). */
+static double expire_pending(dt_fl_server *s, double until) {
+    double now = dt_now(), next = until;
+    char why[96];
+    for (int i = 0; i < s->nconns; i++) {
+        dt_fl_conn *c = &s->conns[i];
+        if (c->fd < 0 || c->registered) continue;
+        double due = c->since + s->cfg.hello_timeout;
+        if (due <= now) {
+            snprintf(why, sizeof why, "no HELLO within %g s of connecting (--hello-timeout)", s->cfg.hello_timeout);
+            dt_fl_conn_drop_counted(s, i, &s->n_hello_late, why);
+        } else if (due < next) {
+            next = due;
+        }
+    }
+    return next;
 }
 
 void dt_fl_conn_queue(dt_fl_server *s, int ci, uint16_t type, const void *payload, uint32_t len) {
     dt_fl_conn *c = &s->conns[ci];
+    if (c->fd < 0) return;
     size_t need = c->tx_n - c->tx_off + DT_FL_HEADER + len;
+    if (need > s->tx_max) {  /* a client that does not read would make the server hold a model per round */
+        char why[160];
+        snprintf(why, sizeof why, "it does not read what the server sends: %zu bytes would be queued to it (limit %zu)",
+                 need, s->tx_max);
+        dt_fl_conn_drop(s, ci, why);
+        return;
+    }
     uint8_t *q = malloc(need);
     if (!q) {
         dt_fl_conn_drop(s, ci, "out of memory queueing a message");
@@ -75,10 +132,10 @@ void dt_fl_conn_queue(dt_fl_server *s, int ci, uint16_t type, const void *payloa
     s->bytes_out += DT_FL_HEADER + len;
 }
 
-void dt_fl_conn_drop(dt_fl_server *s, int ci, const char *why) {
+static void conn_close(dt_fl_server *s, int ci, dt_log_level lvl, const char *why, const char *more) {
     dt_fl_conn *c = &s->conns[ci];
     if (c->fd < 0) return;
-    dt_log(DT_LOG_WARN, "fl server: dropping %s: %s", c->name, why);
+    dt_log(lvl, "fl server: dropping %s: %s%s", c->name, why, more);
     close(c->fd);
     c->fd = -1;
     if (c->in_round) {
@@ -88,6 +145,27 @@ void dt_fl_conn_drop(dt_fl_server *s, int ci, const char *why) {
     dt_fl_reader_free(&c->rd);
     free(c->tx);
     c->tx = NULL, c->tx_n = c->tx_off = 0;
+}
+
+void dt_fl_conn_drop(dt_fl_server *s, int ci, const char *why) { conn_close(s, ci, DT_LOG_WARN, why, ""); }
+
+void dt_fl_conn_drop_counted(dt_fl_server *s, int ci, uint64_t *count, const char *why) {
+    uint64_t n = ++*count, p = 1;
+    while (p < n && p <= UINT64_MAX / 10) p *= 10;
+    char more[64] = "";
+    if (p == n && n > 1) snprintf(more, sizeof more, " (%llu such so far)", (unsigned long long)n);
+    conn_close(s, ci, p == n ? DT_LOG_WARN : DT_LOG_INFO, why, more);
+}
+
+void dt_fl_server_drop_late(dt_fl_server *s, const uint8_t *late, const char *what) {
+    char why[160];
+    for (int i = 0; i < s->nsel; i++) {
+        if (!late[i] || s->sel[i] < 0) continue;
+        snprintf(why, sizeof why, "round %d: sent no %s by the deadline (%.1f s, --round-timeout)", s->round + 1, what,
+                 s->cfg.round_timeout);
+        dt_fl_conn_drop(s, s->sel[i], why);
+        s->nlate++;
+    }
 }
 
 /* Removes closed connections, keeping the round's slot indices pointing at the right conns. */
@@ -102,13 +180,20 @@ static void compact(dt_fl_server *s) {
     s->nconns = j;
 }
 
+/* Drops conn ci for why: one log line each once it said HELLO, counted lines before (strangers
+ * that connect and go, or talk another protocol, come by the thousand). */
+static void drop_peer(dt_fl_server *s, int ci, const char *why) {
+    if (s->conns[ci].registered) return dt_fl_conn_drop(s, ci, why);
+    dt_fl_conn_drop_counted(s, ci, &s->n_stranger, why);
+}
+
 static void read_conn(dt_fl_server *s, int ci) {
     uint8_t buf[65536];
     dt_fl_conn *c = &s->conns[ci];
     ssize_t got = recv(c->fd, buf, sizeof buf, MSG_DONTWAIT);
-    if (got == 0) return dt_fl_conn_drop(s, ci, "connection closed");
+    if (got == 0) return drop_peer(s, ci, "connection closed");
     if (got < 0) {
-        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) dt_fl_conn_drop(s, ci, strerror(errno));
+        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) drop_peer(s, ci, strerror(errno));
         return;
     }
     s->bytes_in += (uint64_t)got;
@@ -117,14 +202,14 @@ static void read_conn(dt_fl_server *s, int ci) {
         size_t used;
         int rc = dt_fl_reader_feed(&c->rd, buf + off, (size_t)got - off, &used);
         off += used;
-        if (rc < 0) return dt_fl_conn_drop(s, ci, dt_last_error());
+        if (rc < 0) return drop_peer(s, ci, dt_last_error());
         if (rc == 1) {
             uint16_t type = c->rd.type;
             uint32_t len = c->rd.len;
             uint8_t *p = dt_fl_reader_take(&c->rd);
             int bad = dt_fl_server_on_frame(s, ci, type, p, len);
             free(p);
-            if (bad) return dt_fl_conn_drop(s, ci, dt_last_error());
+            if (bad) return drop_peer(s, ci, dt_last_error());
         }
     }
 }
@@ -145,13 +230,17 @@ static void write_conn(dt_fl_server *s, int ci) {
 }
 
 void dt_fl_server_pump(dt_fl_server *s, double deadline) {
-    struct pollfd pf[DT_FL_MAX_CLIENTS + 1];
+    double wake = expire_pending(s, deadline), now = dt_now();
+    compact(s);
+    struct pollfd *pf = s->pf;
     for (int i = 0; i < s->nconns; i++) {
         pf[i] = (struct pollfd){.fd = s->conns[i].fd, .events = POLLIN};
         if (s->conns[i].tx_n > s->conns[i].tx_off) pf[i].events |= POLLOUT;
     }
-    pf[s->nconns] = (struct pollfd){.fd = s->lfd, .events = POLLIN};
-    double left = deadline - dt_now();
+    int listening = now >= s->accept_pause;
+    if (!listening && s->accept_pause < wake) wake = s->accept_pause;
+    pf[s->nconns] = (struct pollfd){.fd = listening ? s->lfd : -1, .events = POLLIN};
+    double left = wake - now;
     int ms = left <= 0 ? 0 : left > 1000 ? 1000000 : (int)(left * 1000) + 1;
     int n = s->nconns, rc = poll(pf, (nfds_t)n + 1, ms);
     if (rc <= 0) return;
@@ -160,8 +249,9 @@ void dt_fl_server_pump(dt_fl_server *s, double deadline) {
         if (pf[i].revents & (POLLIN | POLLHUP | POLLERR)) read_conn(s, i);
         if (s->conns[i].fd >= 0 && (pf[i].revents & POLLOUT)) write_conn(s, i);
     }
-    if (pf[n].revents & POLLIN) accept_one(s);
     compact(s);
+    if (pf[n].revents & POLLIN)  /* a burst of connections is taken in one go (and pruned at once) */
+        for (int k = 0; k < 64 && accept_one(s); k++) compact(s);
 }
 
 void dt_fl_server_flush(dt_fl_server *s, double deadline) {

@@ -106,13 +106,13 @@ static void wait_phase(dt_fl_server *s, double deadline) {
         dt_fl_server_pump(s, deadline);
     }
     static const char *step[5] = {"", "public keys", "encrypted shares", "masked update", "unmasking shares"};
+    uint8_t late[DT_FL_MAX_CLIENTS];
     for (int i = 0; i < s->nsel; i++) {
         int u = SAR.slot_of[i];
-        int late = SAR.phase == 1 ? !u : u && expected(s, u) && !SAR.have[u];
-        if (late && s->sel[i] >= 0)
-            dt_log(DT_LOG_WARN, "fl server: round %u: %s sent no %s by the deadline (%.1f s); going on without it",
-                   SAR.round, s->conns[s->sel[i]].name, step[SAR.phase], s->cfg.round_timeout);
+        late[i] = SAR.phase == 1 ? !u : u && expected(s, u) && !SAR.have[u];
     }
+    /* the round goes on without them (as if they had dropped), and later rounds do not wait on them */
+    dt_fl_server_drop_late(s, late, step[SAR.phase]);
 }
 
 static void next_phase(dt_fl_server *s, int phase) {
