@@ -56,7 +56,8 @@ static dt_status evaluate(dt_model *m, dt_strategy *st, const dt_dataset *ds, dt
     eval_progress(o, 0, total, &last);
     while (s == DT_OK && (s = dt_loader_next(l, &b)) == DT_OK) {
         dt_feed f = dt_trainer_feed(&b);
-        eval_progress(o, done++, total, &last);
+        if (done > 0) eval_progress(o, done, total, &last);  /* batches done before this one */
+        done++;
         if (sharded) {  /* a batch of 0 too: the copy's ranks skip it together */
             s = st->ops->eval_batch(st, &f, &sum_loss, &correct, &n);
             continue;
