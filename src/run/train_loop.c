@@ -226,7 +226,8 @@ static dt_status run_epoch_steps(dt_trainer *t, epoch_acc *acc, double t0, bool 
                             (long long)t->step, dt_now() - t->t_start);
         t->step_in_epoch++;
         const double now = dt_now();
-        const bool show = now - last_progress >= c->progress_interval_s || t->step_in_epoch == spe;
+        const bool show = now - last_progress >= c->progress_interval_s || t->step_in_epoch == spe ||
+                          (c->max_steps && t->step >= c->max_steps);  /* the bar's last step is drawn */
         if (show) last_progress = now;
         dt_trainer_report_progress(t, acc->samples, acc->steps,
                                    acc->samples ? (float)(acc->loss_sum / (double)acc->samples) : NAN, t0, now, spe,
