@@ -287,8 +287,8 @@ static dt_status end_epoch(dt_trainer *t, FILE *mf, const epoch_acc *acc, double
     DT_TRY(dt_trainer_validate(t, &e));  /* --val-split, --early-stop, --keep-best */
     e.wall_s = dt_now() - t->t_start;
     if (mf) DT_TRY(dt_trainer_write_metrics(mf, &e, t));
-    DT_TRY(dt_trainer_epoch_eval_record(t, &e, (int64_t)dt_loader_batches(t->loader), dt_now() - te));
     if (t->rank == 0 && c->on_epoch) c->on_epoch(c->cb_ctx, &e);
+    DT_TRY(dt_trainer_epoch_eval_record(t, &e, (int64_t)dt_loader_batches(t->loader), dt_now() - te));
     if ((t->rank == 0 || t->strategy->shards_state) && c->save) DT_TRY(dt_trainer_save(t, c->save));
     return dt_trainer_save_weights(t);
 }
