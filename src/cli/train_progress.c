@@ -97,13 +97,13 @@ void dt_train_print_step(void *ctx, const dt_step_info *s) {
     if (s->kind == DT_STEP_TRAIN) {
         char gn[32] = "";
         if (!isnan(s->grad_norm)) snprintf(gn, sizeof gn, " grad_norm %.4g", s->grad_norm);
-        printf("step %lld (epoch %.2f): train_loss %.4f lr %.4g%s %.0f samples/s\n", (long long)s->step, s->epoch,
+        printf("step %lld (epoch %.4g): train_loss %.4f lr %.4g%s %.0f samples/s\n", (long long)s->step, s->epoch,
                s->train_loss, s->lr, gn, s->samples_per_s);
     } else {
         char test[64] = "", val[64] = "";
         if (!isnan(s->test_loss)) snprintf(test, sizeof test, " test_loss %.4f test_acc %.4f", s->test_loss, s->test_acc);
         if (!isnan(s->val_loss)) snprintf(val, sizeof val, " val_loss %.4f val_acc %.4f", s->val_loss, s->val_acc);
-        printf("step %lld (epoch %.2f): eval%s%s (%lld samples, %.1fs)\n", (long long)s->step, s->epoch, test, val,
+        printf("step %lld (epoch %.4g): eval%s%s (%lld samples, %.1fs)\n", (long long)s->step, s->epoch, test, val,
                (long long)s->eval_samples, s->eval_s);
     }
     fflush(stdout);

@@ -85,7 +85,7 @@ static dt_status serve_epoch(void *ctx, const dt_serve_epoch *r) {
         int64_t at = r->complete ? (r->epoch + 1) * spe : r->epoch * spe + t->step_in_epoch;
         e.lr = dt_lr_at(&c->lr, at > 0 ? at - 1 : 0);
     }
-    DT_TRY(dt_trainer_evaluate(t, &e.test_loss, &e.test_acc));
+    DT_TRY(dt_trainer_evaluate_test(t, &e.test_loss, &e.test_acc, &e.eval_samples));
     e.val_loss = e.val_acc = NAN;
     e.wall_s = dt_now() - t->t_start;
     if (sc->mf) DT_TRY(dt_trainer_write_metrics(sc->mf, &e, t));
