@@ -43,9 +43,12 @@ else bad "plot svg: $(ls -l curves.svg 2>&1)"; fi
 $DT train --model mlp --epochs 2 --epoch-windows 640 --batch 32 --val-split 0.1 --log-every 5 --eval-every 10 \
   --eval-batches 2 --metrics val.jsonl --quiet >/dev/null 2>&1 || bad "training the --val-split run failed"
 if $DT plot val.jsonl adam.jsonl -o val.svg >val.txt 2>&1; then
-  for label in ">val val" ">val test" ">val train" ">adam test" "dotted: validation"; do
+  for label in ">val train<" ">adam test<" "dotted: validation"; do
     grep -q "$label" val.svg && ok "the validation plot shows '$label'" || bad "the validation plot lacks '$label'"
   done
+  # validation and test curves in both the loss and the accuracy panel
+  [ "$(grep -o '>val val<' val.svg | wc -l)" -eq 2 ] && [ "$(grep -o '>val test<' val.svg | wc -l)" -eq 2 ] \
+    && ok "validation loss and accuracy curves beside the test ones" || bad "val curves: $(grep -o '>val [a-z]*<' val.svg)"
   n=$(python3 -c 'import json,sys; print(sum(1 for l in open("val.jsonl")))')
   [ "$(grep -c '^val ' val.txt)" -eq "$n" ] && head -1 val.txt | grep -q "val_loss *val_acc" \
     && ok "its table has the $n records and the validation columns" || bad "validation table: $(cat val.txt)"
