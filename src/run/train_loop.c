@@ -64,6 +64,7 @@ typedef struct {
     dt_trainer *t;
     FILE *mf;
     double t0;
+    int64_t step0;  /* the step the run started from */
 } serve_ctx;
 
 static dt_status serve_epoch(void *ctx, const dt_serve_epoch *r) {
@@ -99,12 +100,15 @@ static void serve_progress(void *ctx, int64_t min_step, int64_t samples, double 
     const dt_train_config *c = &sc->t->cfg;
     const int64_t spe = (int64_t)dt_loader_batches(sc->t->loader);
     double el = dt_now() - sc->t0;
-    int64_t in = min_step % spe;
+    int64_t in = min_step % spe, total = (int64_t)c->epochs * spe;
+    if (c->max_steps > 0 && c->max_steps < total) total = c->max_steps;  /* ps: batches per worker */
+    const int64_t left = total > min_step ? total - min_step : 0, end = in + left < spe ? in + left : spe;
+    const double per = min_step > sc->step0 ? el / (double)(min_step - sc->step0) : 0;  /* seconds a step */
     dt_progress_info p = {.epoch = (int)(min_step / spe), .epochs = c->epochs, .step_in_epoch = in,
                           .steps_per_epoch = spe, .global_step = min_step,
                           .loss = samples ? (float)(loss_sum / (double)samples) : NAN, .elapsed_s = el,
-                          .samples_per_s = el > 0 ? (double)samples / el : 0,
-                          .eta_s = in > 0 ? el / (double)in * (double)(spe - in) : 0};
+                          .samples_per_s = el > 0 ? (double)samples / el : 0, .eta_s = per * (double)(end - in),
+                          .epoch_steps = end, .total_steps = total, .run_eta_s = per * (double)left};
     if (c->on_progress) c->on_progress(c->cb_ctx, &p);
 }
 
@@ -114,7 +118,7 @@ static dt_status save_interrupted(dt_trainer *t);
 
 static dt_status serve_run(dt_trainer *t, FILE *mf) {
     const dt_train_config *c = &t->cfg;
-    serve_ctx sc = {.t = t, .mf = mf, .t0 = dt_now()};
+    serve_ctx sc = {.t = t, .mf = mf, .t0 = dt_now(), .step0 = t->step};
     int64_t stopped = -1, stopped_epoch = -1, stopped_in = 0;
     const size_t n = dt_trainer_epoch_len(t), B = (size_t)dt_trainer_step_batch(t);
     const bool handed_out = dt_strategy_hands_out_batches(t->strategy);  /* ps dynamic: units of B */
