@@ -82,6 +82,11 @@ if command -v gnuplot >/dev/null; then
   rows=$(grep -c "^single " "$TMP/plot.out")
   [ "$rows" -eq 7 ] && ok "plot: the table holds the 4 step, 2 eval and 1 epoch records" || bad "plot table: $(cat "$TMP/plot.out")"
   grep -q ">step<" "$TMP/steps.svg" && ok "plot: a step-logged run is drawn against the step" || bad "plot: no step axis"
+  # against the epoch, the epoch cut short by --max-steps sits at its fraction (40 steps of thousands),
+  # with the step records, not at epoch 1: the axis has no tick at 1
+  $DT plot "$TMP/single.jsonl" -o "$TMP/epochs.svg" --x epoch >/dev/null 2>&1 || bad "plot --x epoch failed"
+  grep -q ">epoch<" "$TMP/epochs.svg" && ! grep -q "<text> 1</text>" "$TMP/epochs.svg" \
+    && ok "plot --x epoch: the cut-short epoch at its fraction" || bad "plot --x epoch: $(grep -o '<text>[^<]*</text>' "$TMP/epochs.svg" | head -20)"
 fi
 
 for i in $(seq 64); do echo "$((i % 2)),$i,$((i * 3 % 7))"; done >"$TMP/points.csv"

@@ -22,9 +22,9 @@
 
 #define MAX_RUNS 16
 #define GNUPLOT_TIMEOUT_S 120
-enum { C_EPOCH, C_STEP, C_TRAIN, C_TEST, C_ACC, C_SPS, C_LR, C_VLOSS, C_VACC, NCOLS };
-static const char *const g_cols[NCOLS] = {"epoch",         "step", "train_loss", "test_loss", "test_acc",
-                                          "samples_per_s", "lr",   "val_loss",   "val_acc"};
+enum { C_EPOCH, C_STEP, C_TRAIN, C_TEST, C_ACC, C_SPS, C_LR, C_VLOSS, C_VACC, C_ESTEPS, C_SPE, NCOLS };
+static const char *const g_cols[NCOLS] = {"epoch",    "step",    "train_loss", "test_loss",  "test_acc",       "samples_per_s",
+                                          "lr",       "val_loss", "val_acc",   "epoch_steps", "steps_per_epoch"};
 /* A record's kind ("kind": an epoch's has none; "step": --log-every; "eval": --eval-every). */
 enum { K_EPOCH, K_STEP, K_EVAL };
 
@@ -168,8 +168,11 @@ static bool any_value(const plot_run *runs, int nr, int col) {
 /* The value of row j of run r in column c as plotted: a step-logged run's train curves (loss,
  * throughput, lr) are its step records', so its epoch records leave them out. */
 static double plotted(const plot_run *r, int j, int c) {
+    const double *v = r->rows[j];
     if (r->has_steps && r->kinds[j] == K_EPOCH && (c == C_TRAIN || c == C_SPS || c == C_LR)) return NAN;
-    return r->rows[j][c];
+    /* an epoch cut short (--max-steps) sits at its fraction, as the step records do */
+    if (c == C_EPOCH && r->kinds[j] == K_EPOCH && v[C_ESTEPS] < v[C_SPE]) return v[C_EPOCH] - 1 + v[C_ESTEPS] / v[C_SPE];
+    return v[c];
 }
 
 /* The learning-rate axis: from 0 to a little above the highest rate, so that its tick labels
@@ -208,8 +211,13 @@ static int write_script(const plot_run *runs, int nr, const char *dir, const cha
     put_quoted(f, title);
     fprintf(f, "\n");
     double last = 0;
-    for (int i = 0; i < nr; i++) last = fmax(last, runs[i].rows[runs[i].n - 1][xcol]);
-    if (xcol == C_EPOCH && last <= 20) fprintf(f, "set xtics 1\n");  /* whole epochs */
+    bool whole = true;  /* every x a whole epoch: no step records, no epoch cut short */
+    for (int i = 0; i < nr; i++)
+        for (int j = 0; j < runs[i].n; j++) {
+            const double x = plotted(&runs[i], j, xcol);
+            last = fmax(last, x), whole &= x == floor(x);
+        }
+    if (xcol == C_EPOCH && whole && last <= 20) fprintf(f, "set xtics 1\n");  /* whole epochs */
     const bool val = any_value(runs, nr, C_VLOSS);  /* --val-split: validation curves beside the test ones */
     const curve loss[] = {{C_TRAIN, "train", 1}, {C_TEST, "test", 2}, {C_VLOSS, "val", 3}},
                 acc[] = {{C_ACC, val ? "test" : "", 1}, {C_VACC, "val", 3}}, sps[] = {{C_SPS, "", 1}},
