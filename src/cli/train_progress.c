@@ -92,7 +92,9 @@ static void clear_bar(dt_train_progress *pc) {
 void dt_train_print_step(void *ctx, const dt_step_info *s) {
     dt_train_progress *pc = ctx;
     if (pc->tb) dt_tb_writer_step(pc->tb, s);  /* an error is kept and reported at the end */
-    if (pc->quiet) return;
+    /* an epoch's end on an --eval-every step: the epoch's line just said it */
+    const bool said = s->kind == DT_STEP_EVAL && pc->last.epoch > 0 && pc->last.global_step == s->step;
+    if (pc->quiet || said) return;
     clear_bar(pc);
     if (s->kind == DT_STEP_TRAIN) {
         char gn[32] = "";

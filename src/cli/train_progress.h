@@ -23,7 +23,8 @@ typedef struct {
  * dt_train_progress. Nothing when quiet. */
 void dt_train_print_progress(void *ctx, const dt_progress_info *p);
 /* dt_train_config.on_step: the TensorBoard scalars of a --log-every / --eval-every record and,
- * unless quiet, its line on stdout. */
+ * unless quiet, its line on stdout (not for the evaluation of an epoch's end, which its epoch
+ * line shows). */
 void dt_train_print_step(void *ctx, const dt_step_info *s);
 /* dt_train_config.on_epoch: the epoch's line (cut-short and resumed epochs say so; validation and
  * test figures when there are any) on stdout, and its TensorBoard scalars; keeps it as ->last. */
