@@ -27,6 +27,7 @@ static void eval_progress(const eval_opts *o, int64_t done, int64_t total, doubl
     if (done > 0 && done < total && now - *last < t->cfg.progress_interval_s) return;
     *last = now;
     dt_progress_info p = t->progress;
+    p.global_step = t->step;  /* ps server 0 reports no training progress of its own */
     p.eval_set = o->set, p.eval_batch = done, p.eval_batches = total;
     t->cfg.on_progress(t->cfg.cb_ctx, &p);
 }
