@@ -1,6 +1,8 @@
 # dtrain plot: two real runs' --metrics files drawn into PNG and SVG through gnuplot (loss,
 # accuracy, throughput, learning rate); the table it
-# prints holds exactly the records of the files; bad input (missing file, a line that is not a
+# prints holds exactly the records of the files; a --val-split run with --log-every and
+# --eval-every records gets validation curves and a step axis; the learning-rate axis of a
+# constant rate has distinct tick labels; bad input (missing file, a line that is not a
 # record, a wrong extension) is refused with the file, line or flag; without gnuplot it says how
 # to get it; a gnuplot that fails leaves no output file behind.
 . "$(dirname "$0")/testlib.bash"
@@ -36,6 +38,30 @@ if $DT plot adam.jsonl sgd.jsonl -o curves.svg --x step >/dev/null 2>&1 && grep 
     grep -q ">$label<\|$label" curves.svg && ok "the SVG shows '$label'" || bad "the SVG lacks '$label'"
   done
 else bad "plot svg: $(ls -l curves.svg 2>&1)"; fi
+
+# validation curves and step records: a --val-split run logged every 5 steps, evaluated every 10
+$DT train --model mlp --epochs 2 --epoch-windows 640 --batch 32 --val-split 0.1 --log-every 5 --eval-every 10 \
+  --eval-batches 2 --metrics val.jsonl --quiet >/dev/null 2>&1 || bad "training the --val-split run failed"
+if $DT plot val.jsonl adam.jsonl -o val.svg >val.txt 2>&1; then
+  for label in ">val train<" ">adam test<" "dotted: validation"; do
+    grep -q "$label" val.svg && ok "the validation plot shows '$label'" || bad "the validation plot lacks '$label'"
+  done
+  # validation and test curves in both the loss and the accuracy panel
+  [ "$(grep -o '>val val<' val.svg | wc -l)" -eq 2 ] && [ "$(grep -o '>val test<' val.svg | wc -l)" -eq 2 ] \
+    && ok "validation loss and accuracy curves beside the test ones" || bad "val curves: $(grep -o '>val [a-z]*<' val.svg)"
+  n=$(python3 -c 'import json,sys; print(sum(1 for l in open("val.jsonl")))')
+  [ "$(grep -c '^val ' val.txt)" -eq "$n" ] && head -1 val.txt | grep -q "val_loss *val_acc" \
+    && ok "its table has the $n records and the validation columns" || bad "validation table: $(cat val.txt)"
+  grep -q ">step<" val.svg && ok "a step-logged run is drawn against the step" || bad "no step axis"
+else bad "plot with validation: $(cat val.txt)"; fi
+# adam.jsonl's constant lr 0.001: each tick label of the lr axis once (they were 0.00100 three times)
+$DT plot adam.jsonl -o lr.svg >/dev/null 2>&1 || bad "plot adam.jsonl alone failed"
+python3 - lr.svg >ticks.txt <<'PY'
+import re, sys
+labels = re.findall(r">\s*(0\.00\d*)\s*</text>", open(sys.argv[1]).read())
+print("ticks ok" if labels and len(labels) == len(set(labels)) else "ticks BAD %r" % labels)
+PY
+grep -q "ticks ok" ticks.txt && ok "the learning-rate axis labels are distinct" || bad "$(cat ticks.txt)"
 
 expect_fail "a missing file is named" "nope.jsonl: No such file" $DT plot nope.jsonl -o x.png
 $DT plot nope.jsonl -o x.png >/dev/null 2>&1; [ $? -eq 78 ] && ok "a missing file exits 78" || bad "missing file exit status"

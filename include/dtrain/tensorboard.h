@@ -25,8 +25,13 @@ const char *dt_tb_writer_path(const dt_tb_writer *w);
 dt_status dt_tb_writer_scalars(dt_tb_writer *w, int64_t step, double wall_time, const char *const *tags,
                                const float *values, int n);
 /* The scalars of a finished epoch at its global step: loss/train, loss/test, accuracy/test,
- * throughput/samples_per_s, lr and time/epoch_s (the test ones only with a test set). */
+ * throughput/samples_per_s, lr, time/epoch_s, loss/val and accuracy/val (the test and val ones
+ * only with such a set). */
 dt_status dt_tb_writer_epoch(dt_tb_writer *w, const dt_epoch_info *e);
+/* The scalars of a step record at its step: DT_STEP_TRAIN train/loss, train/lr,
+ * train/samples_per_s, train/grad_norm; DT_STEP_EVAL eval/loss_test, eval/accuracy_test,
+ * eval/loss_val, eval/accuracy_val (NaN ones left out). */
+dt_status dt_tb_writer_step(dt_tb_writer *w, const dt_step_info *s);
 /* Flushes (fsync) and closes the file, frees w (NULL: no-op) and returns the first error of
  * any write since the writer was created, or DT_OK. */
 dt_status dt_tb_writer_close(dt_tb_writer *w);

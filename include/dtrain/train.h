@@ -23,8 +23,40 @@ typedef struct {
     int64_t step_in_epoch, steps_per_epoch, global_step;
     float loss;                     /* mean training loss so far this epoch */
     double samples_per_s;           /* this epoch so far */
-    double elapsed_s, eta_s;        /* this epoch */
+    double elapsed_s, eta_s;        /* this epoch: time so far, and to its last step (the epoch's end, or
+                                     * max_steps where that ends the run inside it) */
+    int64_t epoch_steps;            /* steps this epoch runs: steps_per_epoch, fewer where max_steps ends
+                                     * the run in it (the bar's end) */
+    int64_t total_steps;            /* steps of the whole run: epochs x steps_per_epoch, capped by max_steps */
+    double run_eta_s;               /* to the run's last step (training only, at this epoch's pace) */
+    const char *eval_set;           /* non-NULL while an evaluation runs ("test" or "validation"): it is at */
+    int64_t eval_batch, eval_batches; /* batch eval_batch of eval_batches (the other fields as before it) */
 } dt_progress_info;
+
+/* A step-logged run's record (dt_train_config.log_every, eval_every), on rank 0. */
+typedef enum {
+    DT_STEP_TRAIN,  /* every log_every steps: the training figures since the previous record */
+    DT_STEP_EVAL,   /* after each evaluation every eval_every steps */
+} dt_step_kind;
+
+typedef struct {
+    dt_step_kind kind;
+    int64_t step;                   /* optimizer steps done */
+    double epoch;                   /* epochs done, fractional: the epoch + its steps done / steps_per_epoch */
+    double wall_s;                  /* seconds since the start */
+    float lr;                       /* learning rate of the last step */
+    /* DT_STEP_TRAIN */
+    float train_loss;               /* mean per-sample loss over the record's steps, all ranks */
+    double samples_per_s;           /* training samples per second over the record's steps, all ranks */
+    float grad_norm;                /* global L2 norm of the last step's gradient before --clip (rank 0's own
+                                     * under localsgd); NaN where not measured */
+    int64_t steps;                  /* steps since the previous record */
+    /* DT_STEP_EVAL (NaN: no such set) */
+    float test_loss, test_acc;      /* on the test set */
+    float val_loss, val_acc;        /* on the --val-split part */
+    int64_t eval_samples;           /* samples each set was evaluated on (eval_batches bounds it) */
+    double eval_s;                  /* seconds the evaluation took */
+} dt_step_info;
 
 
 /* Results of one finished epoch. */
@@ -58,6 +90,7 @@ typedef struct {
     double ef_norm;                 /* --compress: error-feedback residual norm after the last step */
     uint64_t comm_bytes[3];         /* rank 0's bus bytes (dt_comm_bytes) per mesh axis since the start:
                                      * [0] tensor parallel, [1] pipeline, [2] data parallel */
+    int64_t eval_samples;           /* samples of each set the evaluation covered (--eval-batches bounds it) */
 } dt_epoch_info;
 
 typedef struct {
@@ -108,8 +141,14 @@ typedef struct {
     void (*on_progress)(void *ctx, const dt_progress_info *p);
     void (*on_epoch)(void *ctx, const dt_epoch_info *e);
     void (*on_note)(void *ctx, const char *msg);  /* checkpoints written / skipped, resume notes */
+    void (*on_step)(void *ctx, const dt_step_info *s);  /* each log_every / eval_every record (rank 0) */
     void *cb_ctx;
     double progress_interval_s;  /* minimum seconds between on_progress calls (default 0.2) */
+    /* step-based reporting: records into on_step and `metrics` ("kind": "step" / "eval" lines) */
+    int64_t log_every;        /* a DT_STEP_TRAIN record every N steps (0 = off) */
+    int64_t eval_every;       /* evaluate every N steps, a DT_STEP_EVAL record (0 = only at the epochs' ends) */
+    int64_t eval_batches;     /* every evaluation during training covers the first N global batches of each
+                               * set, the same ones each time (0 = the whole set) */
     /* weights in and out, validation (include/dtrain/io.h) */
     const char *weights;      /* start from this plain safetensors weights file (by PyTorch names), not from
                                * the seeded init: fine-tuning; not with resume */

@@ -1,7 +1,9 @@
 /* dtrain plot: draws the curves of one or several runs from their --metrics JSON-Lines files
- * (loss of train and test, test accuracy and throughput per epoch) into a PNG or SVG through
- * gnuplot (Debian gnuplot-nox), and prints the table it plotted. The image is written to a
- * temporary file beside the output and renamed, so a failed plot leaves no half-written file. */
+ * (loss of train, test and validation, their accuracy, throughput and the learning rate, per
+ * epoch and, for a run with --log-every / --eval-every, per logged step and evaluation) into a
+ * PNG or SVG through gnuplot (Debian gnuplot-nox), and prints the table it plotted. The image is
+ * written to a temporary file beside the output and renamed, so a failed plot leaves no
+ * half-written file. */
 #include "cli/cli.h"
 #include "run/launch.h"
 #include "run/writable.h"
@@ -20,22 +22,28 @@
 
 #define MAX_RUNS 16
 #define GNUPLOT_TIMEOUT_S 120
-enum { C_EPOCH, C_STEP, C_TRAIN, C_TEST, C_ACC, C_SPS, C_LR, NCOLS };
-static const char *const g_cols[NCOLS] = {"epoch", "step", "train_loss", "test_loss", "test_acc", "samples_per_s", "lr"};
+enum { C_EPOCH, C_STEP, C_TRAIN, C_TEST, C_ACC, C_SPS, C_LR, C_VLOSS, C_VACC, C_ESTEPS, C_SPE, NCOLS };
+static const char *const g_cols[NCOLS] = {"epoch",    "step",    "train_loss", "test_loss",  "test_acc",       "samples_per_s",
+                                          "lr",       "val_loss", "val_acc",   "epoch_steps", "steps_per_epoch"};
+/* A record's kind ("kind": an epoch's has none; "step": --log-every; "eval": --eval-every). */
+enum { K_EPOCH, K_STEP, K_EVAL };
 
 typedef struct {
     const char *path;
     char name[128];     /* the file's base name without .jsonl */
     int n, cap;
     double (*rows)[NCOLS];
+    int *kinds;         /* [cap] */
+    bool has_steps;     /* --log-every records: the train curves are theirs, not the epochs' means */
 } plot_run;
 
 static const char PLOT_USAGE[] =
     "Usage: dtrain plot METRICS.jsonl... -o curves.png|curves.svg [--title T] [--x epoch|step]\n\n"
-    "Draws train and test loss, test accuracy, throughput (samples/s) and the learning rate per\n"
-    "epoch of one or several runs from their 'dtrain train --metrics FILE' records, through gnuplot\n"
-    "(apt-get install gnuplot-nox), and prints the table it plotted. Each file is one run, named by\n"
-    "its file name.";
+    "Draws train, test and validation (--val-split) loss and accuracy, throughput (samples/s) and\n"
+    "the learning rate of one or several runs from their 'dtrain train --metrics FILE' records,\n"
+    "through gnuplot (apt-get install gnuplot-nox), and prints the table it plotted: per epoch, and\n"
+    "for a run with --log-every / --eval-every per logged step and evaluation (the x axis is then\n"
+    "the step unless --x epoch). Each file is one run, named by its file name.";
 
 /* A record's number (null -> NaN: no test set); DT_EFORMAT naming file and line if not a number. */
 static int field(const cJSON *o, int col, const char *path, int line, double *out) {
@@ -72,7 +80,9 @@ static int read_run(plot_run *r, const char *path) {
         if (cJSON_IsObject(o) && r->n == r->cap) {
             int cap = r->cap ? 2 * r->cap : 16;
             double(*rows)[NCOLS] = realloc(r->rows, sizeof *rows * (size_t)cap);
-            if (rows) r->rows = rows, r->cap = cap;
+            if (rows) r->rows = rows;
+            int *kinds = rows ? realloc(r->kinds, sizeof *kinds * (size_t)cap) : NULL;
+            if (kinds) r->kinds = kinds, r->cap = cap;
         }
         if (!cJSON_IsObject(o)) {
             dt_cli_fail("each line must be one JSON object (dtrain train --metrics)", "%s:%d: not a JSON object", path,
@@ -83,7 +93,10 @@ static int read_run(plot_run *r, const char *path) {
         } else {
             for (int c = 0; c < NCOLS && rc == 0; c++)
                 if (field(o, c, path, lineno, &r->rows[r->n][c])) rc = DT_EXIT_CONFIG;
-            if (rc == 0) r->n++;
+            const char *kind = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "kind"));
+            r->kinds[r->n] = !kind ? K_EPOCH : !strcmp(kind, "step") ? K_STEP : !strcmp(kind, "eval") ? K_EVAL : -1;
+            r->has_steps |= r->kinds[r->n] == K_STEP;
+            if (rc == 0 && r->kinds[r->n] >= 0) r->n++;  /* a kind of record this plot does not know: left out */
         }
         cJSON_Delete(o);
     }
@@ -119,22 +132,57 @@ static void put_quoted(FILE *f, const char *s) {
     fputc('\'', f);
 }
 
-/* One panel: column `col` of every run against x; loss panels draw test (dashed) beside train. */
-static void write_panel(FILE *f, const plot_run *runs, int nr, const char *dir, int xcol, int col, int col2,
+/* A curve of a panel: a column, the label after the run's name, the dash type. */
+typedef struct {
+    int col;
+    const char *label;
+    int dash;
+} curve;
+
+/* One panel: curves[0..nc) of every run against x, a colour per run. */
+static void write_panel(FILE *f, const plot_run *runs, int nr, const char *dir, int xcol, const curve *curves, int nc,
                         const char *title, const char *ylabel) {
     fprintf(f, "set title '%s'\nset ylabel '%s'\nplot ", title, ylabel);
     for (int i = 0; i < nr; i++)
-        for (int k = 0; k < (col2 >= 0 ? 2 : 1); k++) {
+        for (int k = 0; k < nc; k++) {
             char data[4200], label[300];
             snprintf(data, sizeof data, "%s/run%d.dat", dir, i);
-            snprintf(label, sizeof label, "%s%s", runs[i].name, col2 < 0 ? "" : k ? " test" : " train");
+            snprintf(label, sizeof label, "%s%s%s", runs[i].name, curves[k].label[0] ? " " : "", curves[k].label);
             fprintf(f, "%s", i || k ? ", \\\n     " : "");
             put_quoted(f, data);
-            fprintf(f, " using %d:%d with linespoints lc %d dt %d pt 7 ps 0.6 title ", xcol + 1, (k ? col2 : col) + 1,
-                    i + 1, k ? 2 : 1);
+            fprintf(f, " using %d:%d with linespoints lc %d dt %d pt 7 ps 0.5 title ", xcol + 1, curves[k].col + 1, i + 1,
+                    curves[k].dash);
             put_quoted(f, label);
         }
     fprintf(f, "\n");
+}
+
+/* Whether any run has a value in column col. */
+static bool any_value(const plot_run *runs, int nr, int col) {
+    for (int i = 0; i < nr; i++)
+        for (int j = 0; j < runs[i].n; j++)
+            if (!isnan(runs[i].rows[j][col])) return true;
+    return false;
+}
+
+/* The value of row j of run r in column c as plotted: a step-logged run's train curves (loss,
+ * throughput, lr) are its step records', so its epoch records leave them out. */
+static double plotted(const plot_run *r, int j, int c) {
+    const double *v = r->rows[j];
+    if (r->has_steps && r->kinds[j] == K_EPOCH && (c == C_TRAIN || c == C_SPS || c == C_LR)) return NAN;
+    /* an epoch cut short (--max-steps) sits at its fraction, as the step records do */
+    if (c == C_EPOCH && r->kinds[j] == K_EPOCH && v[C_ESTEPS] < v[C_SPE]) return v[C_EPOCH] - 1 + v[C_ESTEPS] / v[C_SPE];
+    return v[c];
+}
+
+/* The learning-rate axis: from 0 to a little above the highest rate, so that its tick labels
+ * differ (a constant rate autoscaled to a hair-thin range repeated one label down the axis). */
+static void lr_axis(FILE *f, const plot_run *runs, int nr) {
+    double hi = 0;
+    for (int i = 0; i < nr; i++)
+        for (int j = 0; j < runs[i].n; j++)
+            if (plotted(&runs[i], j, C_LR) > hi) hi = plotted(&runs[i], j, C_LR);
+    if (hi > 0) fprintf(f, "set yrange [0:%.6g]\nset format y '%%.2g'\n", hi * 1.15);
 }
 
 /* The data files (one per run, '?' for a missing value) and the gnuplot script in dir. */
@@ -146,9 +194,10 @@ static int write_script(const plot_run *runs, int nr, const char *dir, const cha
         FILE *d = fopen(p, "w");
         if (!d) return dt_cli_fail(NULL, "cannot write %s: %s", p, strerror(errno));
         for (int j = 0; j < runs[i].n; j++)
-            for (int c = 0; c < NCOLS; c++)
-                isnan(runs[i].rows[j][c]) ? fprintf(d, "?%c", c + 1 < NCOLS ? ' ' : '\n')
-                                          : fprintf(d, "%.9g%c", runs[i].rows[j][c], c + 1 < NCOLS ? ' ' : '\n');
+            for (int c = 0; c < NCOLS; c++) {
+                const double v = plotted(&runs[i], j, c);
+                isnan(v) ? fprintf(d, "?%c", c + 1 < NCOLS ? ' ' : '\n') : fprintf(d, "%.9g%c", v, c + 1 < NCOLS ? ' ' : '\n');
+            }
         if (fclose(d) != 0) return dt_cli_fail(NULL, "cannot write %s: %s", p, strerror(errno));
     }
     char sp[4200];
@@ -162,12 +211,26 @@ static int write_script(const plot_run *runs, int nr, const char *dir, const cha
     put_quoted(f, title);
     fprintf(f, "\n");
     double last = 0;
-    for (int i = 0; i < nr; i++) last = fmax(last, runs[i].rows[runs[i].n - 1][xcol]);
-    if (xcol == C_EPOCH && last <= 20) fprintf(f, "set xtics 1\n");  /* whole epochs */
-    write_panel(f, runs, nr, dir, xcol, C_TRAIN, C_TEST, "loss (solid: train, dashed: test)", "loss");
-    write_panel(f, runs, nr, dir, xcol, C_ACC, -1, "test accuracy", "accuracy");
-    write_panel(f, runs, nr, dir, xcol, C_SPS, -1, "throughput", "training samples/s");
-    write_panel(f, runs, nr, dir, xcol, C_LR, -1, "learning rate (last step of the epoch)", "lr");
+    bool whole = true;  /* every x a whole epoch: no step records, no epoch cut short */
+    for (int i = 0; i < nr; i++)
+        for (int j = 0; j < runs[i].n; j++) {
+            const double x = plotted(&runs[i], j, xcol);
+            last = fmax(last, x), whole &= x == floor(x);
+        }
+    if (xcol == C_EPOCH && whole && last <= 20) fprintf(f, "set xtics 1\n");  /* whole epochs */
+    const bool val = any_value(runs, nr, C_VLOSS);  /* --val-split: validation curves beside the test ones */
+    const curve loss[] = {{C_TRAIN, "train", 1}, {C_TEST, "test", 2}, {C_VLOSS, "val", 3}},
+                acc[] = {{C_ACC, val ? "test" : "", 1}, {C_VACC, "val", 3}}, sps[] = {{C_SPS, "", 1}},
+                lr[] = {{C_LR, "", 1}};
+    write_panel(f, runs, nr, dir, xcol, loss, val ? 3 : 2,
+                val ? "loss (solid: train, dashed: test, dotted: validation)" : "loss (solid: train, dashed: test)", "loss");
+    write_panel(f, runs, nr, dir, xcol, acc, val ? 2 : 1, val ? "accuracy (solid: test, dotted: validation)" : "test accuracy",
+                "accuracy");
+    write_panel(f, runs, nr, dir, xcol, sps, 1, "throughput", "training samples/s");
+    lr_axis(f, runs, nr);
+    bool steps = false;
+    for (int i = 0; i < nr; i++) steps |= runs[i].has_steps;
+    write_panel(f, runs, nr, dir, xcol, lr, 1, steps ? "learning rate" : "learning rate (last step of the epoch)", "lr");
     fprintf(f, "unset multiplot\n");
     return fclose(f) == 0 ? 0 : dt_cli_fail(NULL, "cannot write %s: %s", sp, strerror(errno));
 }
@@ -211,13 +274,17 @@ static int run_gnuplot(const char *dir) {
 
 /* Prints the table that was plotted: one line per run and epoch. */
 static void print_table(const plot_run *runs, int nr) {
-    printf("%-20s %6s %8s %11s %11s %9s %12s %10s\n", "run", "epoch", "step", "train_loss", "test_loss", "test_acc",
-           "samples/s", "lr");
+    const bool val = any_value(runs, nr, C_VLOSS);
+    printf("%-20s %6s %8s %11s %11s %9s %12s %10s%s\n", "run", "epoch", "step", "train_loss", "test_loss", "test_acc",
+           "samples/s", "lr", val ? "    val_loss   val_acc" : "");
     for (int i = 0; i < nr; i++)
         for (int j = 0; j < runs[i].n; j++) {
             const double *r = runs[i].rows[j];
-            printf("%-20s %6.0f %8.0f %11.6g %11.6g %9.4f %12.1f %10.4g\n", runs[i].name, r[C_EPOCH], r[C_STEP],
-                   r[C_TRAIN], r[C_TEST], r[C_ACC], r[C_SPS], r[C_LR]);
+            /* an epoch's whole number; a step or evaluation record's fraction of epochs */
+            printf("%-20s %6.*f %8.0f %11.6g %11.6g %9.4f %12.1f %10.4g", runs[i].name, runs[i].kinds[j] ? 2 : 0,
+                   r[C_EPOCH], r[C_STEP], r[C_TRAIN], r[C_TEST], r[C_ACC], r[C_SPS], r[C_LR]);
+            if (val) printf(" %11.6g %9.4f", r[C_VLOSS], r[C_VACC]);
+            printf("\n");
         }
 }
 
@@ -233,6 +300,8 @@ static int plot(const char **files, int nfiles, const char *out, const char *tit
     plot_run runs[MAX_RUNS] = {{0}};
     int rc = 0;
     for (int i = 0; i < nfiles && rc == 0; i++) rc = read_run(&runs[i], files[i]);
+    for (int i = 0; i < nfiles && rc == 0 && xcol < 0; i++) xcol = runs[i].has_steps ? C_STEP : -1;
+    if (xcol < 0) xcol = C_EPOCH;
     char dir[] = "/tmp/dtrain-plot.XXXXXX", tmp[4200], dest[4096];  /* dest: -o, or where its link leads */
     if (rc == 0 && dt_output_path("-o", out, dest, sizeof dest) != DT_OK) rc = dt_cli_usage(NULL, "%s", dt_last_error());
     snprintf(tmp, sizeof tmp, "%s.tmp.%d%s", rc == 0 ? dest : out, (int)getpid(), svg ? ".svg" : ".png");
@@ -252,16 +321,16 @@ static int plot(const char **files, int nfiles, const char *out, const char *tit
         print_table(runs, nfiles);
         printf("wrote %s (%d run%s)\n", out, nfiles, nfiles == 1 ? "" : "s");
     }
-    for (int i = 0; i < nfiles; i++) free(runs[i].rows);
+    for (int i = 0; i < nfiles; i++) free(runs[i].rows), free(runs[i].kinds);
     return rc;
 }
 
 int dt_cmd_plot(int argc, char **argv) {
-    const char *out = NULL, *title = NULL, *x = "epoch";
+    const char *out = NULL, *title = NULL, *x = NULL;
     const dt_flag flags[] = {
         {"output", DT_FLAG_STR, &out, "FILE", "the image to write, .png or .svg (also -o FILE)"},
         {"title", DT_FLAG_STR, &title, "TEXT", "the title above the panels (default: dtrain runs)"},
-        {"x", DT_FLAG_STR, &x, "AXIS", "the x axis: epoch or step"},
+        {"x", DT_FLAG_STR, &x, "AXIS", "the x axis: epoch or step (default: step where a run has --log-every records, else epoch)"},
     };
     char **args = calloc((size_t)argc + 1, sizeof *args);
     if (!args) return dt_cli_fail(NULL, "out of memory");
@@ -274,6 +343,6 @@ int dt_cmd_plot(int argc, char **argv) {
     if (nfiles == 0) return dt_cli_usage("e.g. dtrain plot run.jsonl -o curves.png", "plot: no metrics files given");
     if (nfiles > MAX_RUNS) return dt_cli_usage(NULL, "plot: at most %d runs in one plot", MAX_RUNS);
     if (!out) return dt_cli_usage("e.g. dtrain plot run.jsonl -o curves.png", "plot: -o FILE (.png or .svg) is missing");
-    if (strcmp(x, "epoch") && strcmp(x, "step")) return dt_cli_usage(NULL, "--x %s: use epoch or step", x);
-    return plot(files, nfiles, out, title, strcmp(x, "step") ? C_EPOCH : C_STEP);
+    if (x && strcmp(x, "epoch") && strcmp(x, "step")) return dt_cli_usage(NULL, "--x %s: use epoch or step", x);
+    return plot(files, nfiles, out, title, !x ? -1 : strcmp(x, "step") ? C_EPOCH : C_STEP);
 }

@@ -148,8 +148,11 @@ static int parse_train_flags(int argc, char **argv, train_opts *o) {
         {"max-steps", DT_FLAG_I64, &o->max_steps, "N", "stop after N steps in total (ps: N batches per worker; 0 = all epochs)"},
         {"save", DT_FLAG_STR, &c->save, "FILE", "write a checkpoint (safetensors) after every epoch"},
         {"resume", DT_FLAG_STR, &c->resume, "FILE", "continue from a checkpoint (a --save file, or a directory of numbered ones: its newest usable one; auto = that of --checkpoint-dir); the training flags left out (--optimizer, --lr, schedule, --seed, --batch, ...) are the checkpoint's"},
-        {"metrics", DT_FLAG_STR, &c->metrics, "FILE", "write one JSON object per epoch (JSON Lines; appended when resuming)"},
-        {"tensorboard", DT_FLAG_STR, &o->tensorboard, "DIR", "write TensorBoard event files (scalars per epoch) into DIR"},
+        {"metrics", DT_FLAG_STR, &c->metrics, "FILE", "write one JSON object per epoch and per --log-every / --eval-every record (JSON Lines; appended when resuming)"},
+        {"tensorboard", DT_FLAG_STR, &o->tensorboard, "DIR", "write TensorBoard event files (scalars per epoch, per --log-every / --eval-every record) into DIR"},
+        {"log-every", DT_FLAG_I64, &c->log_every, "STEPS", "every STEPS steps a line and a record (--metrics, --tensorboard): train loss, lr, samples/s, gradient norm"},
+        {"eval-every", DT_FLAG_I64, &c->eval_every, "STEPS", "also evaluate every STEPS steps (a line and a record), not only at each epoch's end"},
+        {"eval-batches", DT_FLAG_I64, &c->eval_batches, "N", "each evaluation while training covers the first N batches of the test (and --val-split) set; 0 = all of it"},
         {"quiet", DT_FLAG_BOOL, &o->quiet, NULL, "no progress output, only the per-epoch lines"},
         {"workers", DT_FLAG_INT, &o->workers, "N", "run N local data-parallel worker processes"},
         {"tp", DT_FLAG_INT, &o->tp, "K", "tensor parallel GPT over K ranks (--strategy tp; with --pp: K ranks per stage); the rest of the ranks are data parallel"},
@@ -350,11 +353,12 @@ static int run_rank(int argc, char **argv, train_opts *o, int job_ranks) {
     dt_log_set_rank(world > 1 ? rank : -1);
     if (rank != 0) quiet = true;
     const bool tty = isatty(2) || (rank == 0 && getenv("DTRAIN_PROGRESS_TTY") && dt_comm_env_is_rank());
-    dt_train_progress pc = {.quiet = quiet, .tty = tty, .epochs = cfg.epochs};
+    dt_train_progress pc = {.quiet = quiet, .tty = tty, .epochs = cfg.epochs, .eval_batches = cfg.eval_batches};
     cfg.keep_sharded = true;  /* nothing reads the whole model after the run (tp, pp: it may not fit) */
     cfg.on_progress = dt_train_print_progress;
     cfg.on_epoch = dt_train_print_epoch;
     cfg.on_note = dt_train_print_note;
+    cfg.on_step = dt_train_print_step;
     cfg.cb_ctx = &pc;
     if (o->tensorboard && rank == 0 && dt_tb_writer_create(&pc.tb, o->tensorboard) != DT_OK) {
         dt_comm_destroy(comm);

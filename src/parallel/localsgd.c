@@ -97,7 +97,7 @@ static dt_status lsgd_step(dt_strategy *s, float lr, float clip, dt_step_stats *
     localsgd *l = s->impl;
     memset(st, 0, sizeof *st);
     float *g = dt_model_grads(s->model);
-    if (clip > 0) dt_clip_grad_norm(g, l->np, clip);
+    if (clip > 0) s->cur.grad_norm = dt_clip_grad_norm(g, l->np, clip);
     if (s->cur.n > 0) dt_optim_step(s->optim, dt_model_params(s->model), g, lr);
     l->since++;
     l->samples += s->cur.n;

@@ -331,7 +331,7 @@ static dt_status dp_average(dt_pp *p, float *g) {
 
 /* --clip: the global norm from every stage's (and tp shard's) part, each tensor once; under
  * ZeRO-2 from every DP rank's chunks. Scales what the update reads. */
-static dt_status clip_grads(dt_pp *p, float *g, float clip) {
+static dt_status clip_grads(dt_pp *p, float *g, float clip, float *norm_out) {
     const bool sharded = p->o.zero >= 2 && p->DP > 1;
     double ss = 0;
     if (sharded) ss = dt_pp_zero_norm_part(p);
@@ -345,6 +345,7 @@ static dt_status clip_grads(dt_pp *p, float *g, float clip) {
     if (p->K > 1) DT_TRY(dt_comm_allreduce(p->pp, &ss, &ss, 1, DT_F64, DT_OP_SUM));
     if (p->tp > 1) DT_TRY(dt_comm_allreduce(p->mesh.tp_comm, &ss, &ss, 1, DT_F64, DT_OP_SUM));
     const float norm = (float)sqrt(ss);
+    *norm_out = norm;
     if (!(norm > clip)) return DT_OK;
     const float k = clip / (norm + 1e-6f);  /* as dt_clip_grad_norm (torch adds 1e-6) */
     if (sharded) dt_pp_zero_scale(p, k);
@@ -370,7 +371,7 @@ static dt_status update(step_ctx *c) {
     DT_TRY(dp_average(p, g));
     if (p->DP > 1 && dt_model_num_buffers(m))
         DT_TRY(dt_comm_broadcast(p->dp, dt_model_buffers(m), dt_model_num_buffers(m), DT_F32, 0));
-    if (c->b->clip > 0) DT_TRY(clip_grads(p, g, c->b->clip));
+    if (c->b->clip > 0) DT_TRY(clip_grads(p, g, c->b->clip, &c->s->cur.grad_norm));
     if (p->o.zero && p->DP > 1) /* each DP rank its chunk (ZeRO-2: of the reduced shard) */
         DT_TRY(dt_pp_zero_update(p, w, p->o.zero >= 2 ? NULL : g, c->b->lr));
     else

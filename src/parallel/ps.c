@@ -108,7 +108,7 @@ static dt_status ps_step_blocking(dt_strategy *s, float lr, float clip, dt_step_
     ps_state *p = s->impl;
     memset(st, 0, sizeof *st);
     float *g = dt_model_grads(s->model), *w = dt_model_params(s->model);
-    if (clip > 0) dt_clip_grad_norm(g, p->P, clip);
+    if (clip > 0) s->cur.grad_norm = dt_clip_grad_norm(g, p->P, clip);
     double t0 = dt_now();
     fill_push(s, p, lr);
     DT_TRY(exchange(p, g, w, s->step));
@@ -194,7 +194,7 @@ static dt_status ps_step_overlap(dt_strategy *s, float lr, float clip, dt_step_s
     ps_state *p = s->impl;
     memset(st, 0, sizeof *st);
     float *g = dt_model_grads(s->model);
-    if (clip > 0) dt_clip_grad_norm(g, p->P, clip);
+    if (clip > 0) s->cur.grad_norm = dt_clip_grad_norm(g, p->P, clip);
     if (!p->first_done) {  /* the unit ahead the worker starts with (seq W + w), from first_unit */
         p->first_done = true;
         if (p->next_unit >= 0) {

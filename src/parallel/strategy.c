@@ -26,7 +26,7 @@ void dt_strategy_apply_update(dt_strategy *s, float lr, float clip) {
     float *g = dt_model_grads(s->model);
     dt_loss_scaler *ls = dt_optim_loss_scaler(s->optim);  /* fp16: unscale; skip the step on inf/NaN */
     if (ls && !dt_loss_scaler_unscale(ls, g, dt_model_num_params(s->model))) return;
-    if (clip > 0) dt_clip_grad_norm(g, dt_model_num_params(s->model), clip);
+    if (clip > 0) s->cur.grad_norm = dt_clip_grad_norm(g, dt_model_num_params(s->model), clip);
     dt_optim_step(s->optim, dt_model_params(s->model), g, lr);
 }
 

@@ -207,6 +207,8 @@ struct dt_strategy {
         int64_t epoch;
         double loss_sum;        /* sum of the per-sample losses */
         double busy_s;          /* forward+backward time (including a --slow sleep) */
+        float grad_norm;        /* the gradient's global L2 norm before clipping, set by the step where it
+                                 * computes it (clip > 0; the trainer passes INFINITY to measure only) */
     } cur;
     /* set on a strategy another one drives (tp's inner ddp over the dp axis): replaces the local
      * clip-and-update of dt_strategy_apply_update (tp clips by the norm over its shards); NULL = local */

@@ -84,6 +84,7 @@ static void tp_update(void *ctx, float lr, float clip) {
             return;
         }
         const float norm = (float)sqrt(ss), f = clip / (norm + 1e-6f);  /* as dt_clip_grad_norm */
+        t->s->cur.grad_norm = norm;
         if (norm > clip)
             for (size_t k = 0; k < n; k++) g[k] *= f;
     }
@@ -165,6 +166,7 @@ static dt_status tp_train_step(dt_strategy *s, const dt_step_batch *b, dt_step_r
                                  t->mesh.dp_rank, t->mesh.dp, t->mesh.tp * t->mesh.pp,
                                  dt_comm_rank(s->comm) % (t->mesh.tp * t->mesh.pp));
         t->dp_bytes += dt_comm_bytes(t->mesh.dp_comm, NULL) - d0;
+        if (t->ddp->cur.grad_norm == t->ddp->cur.grad_norm) s->cur.grad_norm = t->ddp->cur.grad_norm;  /* ZeRO's clip */
     } else {
         tp_update(t, b->lr, b->clip);
     }

@@ -178,6 +178,7 @@ static dt_status clip_shard(dt_strategy *s, zero *z, float clip) {
             for (size_t k = 0; k < z->len[i]; k++) ss += (double)z->gp[i][k] * z->gp[i][k];
     DT_TRY(dt_comm_allreduce(s->norm_comm ? s->norm_comm : s->comm, &ss, &ss, 1, DT_F64, DT_OP_SUM));
     float norm = (float)sqrt(ss);
+    s->cur.grad_norm = norm;
     if (!(norm > clip)) return DT_OK;
     float f = clip / (norm + 1e-6f);
     for (int i = 0; i < z->nb; i++)

@@ -1,5 +1,6 @@
-/* Evaluation: loss and accuracy of a model over a whole data set (sharded over ranks and reduced),
- * for the trainer's epochs and for `dtrain eval`, and loading a checkpoint's model (`dtrain sample`). */
+/* Evaluation: loss and accuracy of a model over a data set, or its first --eval-batches batches
+ * (sharded over ranks and reduced, with progress), for the trainer's evaluations and `dtrain
+ * eval`, and loading a checkpoint's model (`dtrain sample`). */
 #include "run/trainer_internal.h"
 
 #include "dtrain/models.h"
@@ -8,26 +9,56 @@
 #include <math.h>
 #include <stdlib.h>
 
-/* Loss and accuracy of model m on a whole data set, in batches of `batch`; with comm, each rank
- * evaluates its shard and the sums are reduced. With a strategy that evaluates sharded (tp, pp)
- * the shards are the data parts (s->data_rank of data_world): the ranks of a model copy run each
- * batch together through ops->eval_batch, one of them adding its figures. Accuracy counts every
- * row of the output (a label per sample, or a next token per position). */
-static dt_status evaluate(dt_model *m, dt_strategy *st, const dt_dataset *ds, int batch, dt_comm *comm, float *loss,
-                          float *acc) {
+/* How one evaluation runs: in batches of `batch`, over the first max_batches global batches of
+ * the set (0: all of it), reporting its progress to the trainer's on_progress on rank 0 when
+ * `progress` is set (set names the data set there: "test" or "validation"). */
+typedef struct {
+    int batch;
+    int64_t max_batches;
+    const dt_trainer *progress;
+    const char *set;
+} eval_opts;
+
+/* The progress callback during an evaluation: the trainer's position, and the batch it is at. */
+static void eval_progress(const eval_opts *o, int64_t done, int64_t total, double *last) {
+    const dt_trainer *t = o->progress;
+    const double now = dt_now();
+    if (!t || t->rank != 0 || !t->cfg.on_progress) return;
+    if (done > 0 && done < total && now - *last < t->cfg.progress_interval_s) return;
+    *last = now;
+    dt_progress_info p = t->progress;
+    p.global_step = t->step;  /* ps server 0 reports no training progress of its own */
+    p.eval_set = o->set, p.eval_batch = done, p.eval_batches = total;
+    t->cfg.on_progress(t->cfg.cb_ctx, &p);
+}
+
+/* Loss and accuracy of model m on a data set (or its first o->max_batches global batches); with
+ * comm, each rank evaluates its shard and the sums are reduced. With a strategy that evaluates
+ * sharded (tp, pp) the shards are the data parts (s->data_rank of data_world): the ranks of a
+ * model copy run each batch together through ops->eval_batch, one of them adding its figures.
+ * Accuracy counts every row of the output (a label per sample, or a next token per position).
+ * *samples (may be NULL) gets the samples evaluated, all ranks. */
+static dt_status evaluate(dt_model *m, dt_strategy *st, const dt_dataset *ds, dt_comm *comm, const eval_opts *o,
+                          float *loss, float *acc, int64_t *samples) {
     const bool sharded = st && st->evaluates_sharded && st->ops->eval_batch;
     dt_loader *l = NULL;
-    dt_loader_config lc = {.batch = batch, .shuffle = false, .rank = comm ? dt_comm_rank(comm) : 0,
+    dt_loader_config lc = {.batch = o->batch, .shuffle = false, .rank = comm ? dt_comm_rank(comm) : 0,
                            .world = comm ? dt_comm_size(comm) : 1, .prefetch = -1};
     if (sharded) lc.rank = st->data_rank, lc.world = st->data_world;
+    const size_t n_all = dt_dataset_len(ds), cap = (size_t)o->max_batches * (size_t)o->batch * (size_t)lc.world;
+    if (o->max_batches > 0 && cap < n_all) lc.epoch_len = cap;  /* the first batches, the same every time */
     DT_TRY(dt_loader_create(&l, ds, &lc));
     dt_status s = dt_loader_start_epoch(l, 0, 0);
-    double sum_loss = 0;
-    int64_t correct = 0, n = 0;
+    double sum_loss = 0, last = 0;
+    int64_t correct = 0, n = 0, done = 0;
+    const int64_t total = (int64_t)dt_loader_batches(l);
     const int rows = dt_model_out_size(m) / dt_model_classes(m);
     dt_batch b;
+    eval_progress(o, 0, total, &last);
     while (s == DT_OK && (s = dt_loader_next(l, &b)) == DT_OK) {
         dt_feed f = dt_trainer_feed(&b);
+        if (done > 0) eval_progress(o, done, total, &last);  /* batches done before this one */
+        done++;
         if (sharded) {  /* a batch of 0 too: the copy's ranks skip it together */
             s = st->ops->eval_batch(st, &f, &sum_loss, &correct, &n);
             continue;
@@ -41,21 +72,36 @@ static dt_status evaluate(dt_model *m, dt_strategy *st, const dt_dataset *ds, in
     }
     dt_loader_free(l);
     if (s != DT_ENOENT) return s;
+    eval_progress(o, total, total, &last);
     double sums[3] = {sum_loss, (double)correct, (double)n};
     if (comm) DT_TRY(dt_comm_allreduce(comm, sums, sums, 3, DT_F64, DT_OP_SUM));
     *loss = sums[2] > 0 ? (float)(sums[0] / sums[2]) : NAN;
     *acc = sums[2] > 0 ? (float)(sums[1] / (sums[2] * rows)) : NAN;
+    if (samples) *samples = (int64_t)sums[2];
     return DT_OK;
+}
+
+/* The collective's error of a rank that evaluated alone. */
+static dt_status collective_error(const dt_trainer *t, dt_status s) {
+    if (s == DT_EPEER || s == DT_ETIMEDOUT)
+        return dt_error_wrap(s, "dt_trainer_evaluate is collective: every rank of the job must call it (rank %d of %d "
+                                "did; each evaluates its shard)", t->rank, t->world);
+    return s;
 }
 
 dt_status dt_trainer_evaluate(dt_trainer *t, float *loss, float *acc) {
     *loss = *acc = NAN;
     if (!t->test) return DT_OK;
-    dt_status s = evaluate(t->model, t->strategy, t->test, t->cfg.batch, t->dcomm, loss, acc);
-    if (s == DT_EPEER || s == DT_ETIMEDOUT)
-        return dt_error_wrap(s, "dt_trainer_evaluate is collective: every rank of the job must call it (rank %d of %d "
-                                "did; each evaluates its shard)", t->rank, t->world);
-    return s;
+    const eval_opts o = {.batch = t->cfg.batch};
+    return collective_error(t, evaluate(t->model, t->strategy, t->test, t->dcomm, &o, loss, acc, NULL));
+}
+
+dt_status dt_trainer_evaluate_test(dt_trainer *t, float *loss, float *acc, int64_t *samples) {
+    *loss = *acc = NAN;
+    *samples = 0;
+    if (!t->test) return DT_OK;
+    const eval_opts o = {.batch = t->cfg.batch, .max_batches = t->cfg.eval_batches, .progress = t, .set = "test"};
+    return collective_error(t, evaluate(t->model, t->strategy, t->test, t->dcomm, &o, loss, acc, samples));
 }
 
 dt_status dt_evaluate_checkpoint(const char *checkpoint, const char *data, int batch, float *loss, float *acc,
@@ -89,7 +135,8 @@ dt_status dt_evaluate_checkpoint(const char *checkpoint, const char *data, int b
     }
     if (info.has_norm && (s = dt_dataset_set_normalize((dt_dataset *)ds, info.norm_mean, info.norm_std)) != DT_OK)
         goto done;
-    s = evaluate(m, NULL, ds, batch, NULL, loss, acc);
+    const eval_opts o = {.batch = batch};
+    s = evaluate(m, NULL, ds, NULL, &o, loss, acc, NULL);
     *samples = (int64_t)dt_dataset_len(ds);
 done:
     dt_model_free(m);
@@ -111,10 +158,12 @@ dt_status dt_model_load(dt_model **m, const char *checkpoint) {
     return s;
 }
 
-dt_status dt_trainer_evaluate_on(dt_trainer *t, const dt_dataset *ds, float *loss, float *acc) {
-    return evaluate(t->model, NULL, ds, t->cfg.batch, t->dcomm, loss, acc);
+dt_status dt_trainer_evaluate_on(dt_trainer *t, const dt_dataset *ds, float *loss, float *acc, int64_t *samples) {
+    const eval_opts o = {.batch = t->cfg.batch, .max_batches = t->cfg.eval_batches, .progress = t, .set = "validation"};
+    return evaluate(t->model, NULL, ds, t->dcomm, &o, loss, acc, samples);
 }
 
 dt_status dt_evaluate_dataset(dt_model *m, const dt_dataset *ds, int batch, float *loss, float *acc) {
-    return evaluate(m, NULL, ds, batch, NULL, loss, acc);
+    const eval_opts o = {.batch = batch};
+    return evaluate(m, NULL, ds, NULL, &o, loss, acc, NULL);
 }

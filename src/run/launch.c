@@ -373,7 +373,7 @@ dt_status dt_launch_run(const dt_launch_config *cfg, char *const argv[], dt_laun
     if (cfg->job_id) snprintf(res->job_id, sizeof res->job_id, "%s", cfg->job_id);
     else dt_launch_job_id(res->job_id, sizeof res->job_id);
 
-    job j = {.cfg = cfg, .res = res, .n = cfg->nranks};
+    job j = {.cfg = cfg, .res = res, .n = cfg->nranks, .bar_fd = -1};
     dt_status st = job_prepare(&j);
     if (st == DT_OK) st = dt_launch_bind(&j);
     if (st == DT_OK && pipe2(g_sigpipe, O_CLOEXEC | O_NONBLOCK))

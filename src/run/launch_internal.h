@@ -59,6 +59,7 @@ typedef struct {
     double all_stopped_since; /* every live rank is stopped (since then): they cannot finish */
     relayed_error errs[LAUNCH_ERRS];
     int nerrs;
+    int bar_fd;    /* where a piece without a newline (a progress bar) was relayed last; -1: none open */
 } job;
 
 /* Gives each of the job's ranks an equal slice of the launcher's allowed CPUs (rank r the r-th)

@@ -120,9 +120,22 @@ void dt_launch_note_repeats(const job *j, void (*say)(void *ctx, const char *msg
     }
 }
 
+/* Before a line that does not redraw ('\r') goes out while a bar is open on the terminal (a
+ * piece relayed without a newline, on this stream or the other one): what was gathered for
+ * s->out goes first, then the bar's line is cleared, so the line does not land glued to it. */
+static void close_bar(job *j, stream *s, char *out, size_t *outn) {
+    write_all(s->out, out, *outn);
+    *outn = 0;
+    write_all(j->bar_fd, "\r\033[K", 4);
+    j->bar_fd = -1;
+}
+
 /* Relays the complete lines of s (all of it when flush), each prefixed, in one write. A piece
- * that a '\r' follows is relayed as it is, without a newline: a progress bar that redraws its
- * line ("\r\033[K...") reaches the terminal one redraw late instead of never. */
+ * that a '\r' follows, or that starts with one and ends what was read, is relayed as it is,
+ * without a newline: a progress bar that redraws its line ("\r\033[K...") reaches the terminal
+ * as it is drawn; another rank's or
+ * stream's line clears it first (close_bar). A last piece that only clears ("\r\033[K") gets no
+ * newline. */
 static void relay(job *j, int rk, stream *s, bool flush) {
     size_t start = 0, outn = 0;
     char pre[24];
@@ -133,18 +146,24 @@ static void relay(job *j, int rk, stream *s, bool flush) {
     if (!out) return;
     for (size_t i = 0; i < s->len; i++) {
         bool last = flush && i + 1 == s->len;
-        bool redraw = s->buf[i] != '\n' && i + 1 < s->len && s->buf[i + 1] == '\r';
+        /* followed by a redraw, or a redraw itself that has all arrived (a bar is written at once) */
+        bool redraw = s->buf[i] != '\n' && ((i + 1 < s->len && s->buf[i + 1] == '\r') ||
+                                            (i + 1 == s->len && s->buf[start] == '\r'));
         if (s->buf[i] != '\n' && !last && !redraw && !(i - start + 1 >= LINE_CAP)) continue;
         const size_t n = i + 1 - start - (s->buf[i] == '\n');
         if (repeated_error(j, rk, s, s->buf + start, n)) {
             start = i + 1;
             continue;
         }
+        const bool redraws = s->buf[start] == '\r', clears = n == 4 && !memcmp(s->buf + start, "\r\033[K", 4);
+        if (j->bar_fd >= 0 && !redraws) close_bar(j, s, out, &outn);
         memcpy(out + outn, pre, (size_t)pl);
         outn += (size_t)pl;
         memcpy(out + outn, s->buf + start, i + 1 - start);
         outn += i + 1 - start;
-        if (s->buf[i] != '\n' && !redraw) out[outn++] = '\n';
+        const bool open = s->buf[i] != '\n' && (redraw || clears);  /* no newline after it */
+        if (s->buf[i] != '\n' && !open) out[outn++] = '\n';
+        j->bar_fd = open && !clears ? s->out : -1;
         start = i + 1;
     }
     write_all(s->out, out, outn);

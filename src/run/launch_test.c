@@ -64,6 +64,16 @@ int main(void) {
     slurp(out_path, buf, sizeof buf);
     CHECK_MSG(!strcmp(buf, "[0] x[0] \rbar1[0] \rbar2\n"), "'%s'", buf);
 
+    /* 1b'. a bar on stderr, then a line on stdout (a sleep orders them): the bar's line is cleared
+     * before the line, not glued to it; a last piece that only clears gets no newline */
+    CHECK(ftruncate(fd, 0) == 0);
+    lseek(fd, 0, SEEK_SET);
+    char *argv_glued[] = {"sh", "-c", "printf '\\r\\033[Kbar 5/9' >&2; sleep 0.3; echo epoch 1; sleep 0.3; "
+                          "printf '\\r\\033[Kbar 9/9\\r\\033[K' >&2", NULL};
+    CHECK_OK(dt_launch_run(&one, argv_glued, &res));
+    slurp(out_path, buf, sizeof buf);
+    CHECK_MSG(!strcmp(buf, "[0] \r\033[Kbar 5/9\r\033[K[0] epoch 1\n[0] \r\033[Kbar 9/9[0] \r\033[K"), "'%s'", buf);
+
     /* 1c. a set-up error every rank meets is relayed once with its hint, and counted once the
      * job is over; an error of one rank's own is relayed as it is */
     CHECK(ftruncate(fd, 0) == 0);

@@ -168,9 +168,21 @@ dt_status dt_tb_writer_scalars(dt_tb_writer *w, int64_t step, double wall_time, 
 
 dt_status dt_tb_writer_epoch(dt_tb_writer *w, const dt_epoch_info *e) {
     static const char *const tags[] = {"loss/train", "loss/test", "accuracy/test", "throughput/samples_per_s", "lr",
-                                       "time/epoch_s"};
-    const float v[] = {e->train_loss, e->test_loss, e->test_acc, (float)e->samples_per_s, e->lr, (float)e->epoch_s};
-    return dt_tb_writer_scalars(w, e->global_step, 0, tags, v, 6);
+                                       "time/epoch_s", "loss/val", "accuracy/val"};
+    const float v[] = {e->train_loss, e->test_loss, e->test_acc, (float)e->samples_per_s, e->lr, (float)e->epoch_s,
+                       e->val_loss, e->val_acc};
+    return dt_tb_writer_scalars(w, e->global_step, 0, tags, v, 8);
+}
+
+dt_status dt_tb_writer_step(dt_tb_writer *w, const dt_step_info *s) {
+    static const char *const train[] = {"train/loss", "train/lr", "train/samples_per_s", "train/grad_norm"};
+    static const char *const eval[] = {"eval/loss_test", "eval/accuracy_test", "eval/loss_val", "eval/accuracy_val"};
+    if (s->kind == DT_STEP_TRAIN) {
+        const float v[] = {s->train_loss, s->lr, (float)s->samples_per_s, s->grad_norm};
+        return dt_tb_writer_scalars(w, s->step, 0, train, v, 4);
+    }
+    const float v[] = {s->test_loss, s->test_acc, s->val_loss, s->val_acc};
+    return dt_tb_writer_scalars(w, s->step, 0, eval, v, 4);
 }
 
 dt_status dt_tb_writer_close(dt_tb_writer *w) {

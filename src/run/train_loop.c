@@ -40,10 +40,13 @@ static dt_status train_step(dt_trainer *t, const dt_batch *b, epoch_acc *acc) {
     st->cur.epoch = t->epoch;
     dt_step_batch sb = {.feed = dt_trainer_feed(b), .n_global = global_count(t, b->index), .world = t->dworld,
                         .accum = t->cfg.grad_accum, .step = t->step,
-                        .lr = dt_lr_at(&t->cfg.lr, t->lr_step >= 0 ? t->lr_step : t->step), .clip = t->cfg.clip_norm,
-                        .compute_done = compute_done, .ctx = t};
+                        .lr = dt_lr_at(&t->cfg.lr, t->lr_step >= 0 ? t->lr_step : t->step),
+                        .clip = dt_trainer_step_clip(t), .compute_done = compute_done, .ctx = t};
     dt_step_result r;
+    st->cur.grad_norm = NAN;
     DT_TRY(dt_strategy_train_step(st, &sb, &r));
+    t->log.loss_sum += r.loss_sum, t->log.samples += r.n, t->log.steps++;  /* --log-every's interval */
+    t->log.grad_norm = st->cur.grad_norm;
     DT_TRY(dt_balance_step_end(t->balance, st->data_comm ? st->data_comm : t->dcomm, t->loader));
     acc->loss_sum += r.loss_sum;
     acc->samples += r.n;
@@ -61,6 +64,7 @@ typedef struct {
     dt_trainer *t;
     FILE *mf;
     double t0;
+    int64_t step0;  /* the step the run started from */
 } serve_ctx;
 
 static dt_status serve_epoch(void *ctx, const dt_serve_epoch *r) {
@@ -82,7 +86,7 @@ static dt_status serve_epoch(void *ctx, const dt_serve_epoch *r) {
         int64_t at = r->complete ? (r->epoch + 1) * spe : r->epoch * spe + t->step_in_epoch;
         e.lr = dt_lr_at(&c->lr, at > 0 ? at - 1 : 0);
     }
-    DT_TRY(dt_trainer_evaluate(t, &e.test_loss, &e.test_acc));
+    DT_TRY(dt_trainer_evaluate_test(t, &e.test_loss, &e.test_acc, &e.eval_samples));
     e.val_loss = e.val_acc = NAN;
     e.wall_s = dt_now() - t->t_start;
     if (sc->mf) DT_TRY(dt_trainer_write_metrics(sc->mf, &e, t));
@@ -96,12 +100,15 @@ static void serve_progress(void *ctx, int64_t min_step, int64_t samples, double 
     const dt_train_config *c = &sc->t->cfg;
     const int64_t spe = (int64_t)dt_loader_batches(sc->t->loader);
     double el = dt_now() - sc->t0;
-    int64_t in = min_step % spe;
+    int64_t in = min_step % spe, total = (int64_t)c->epochs * spe;
+    if (c->max_steps > 0 && c->max_steps < total) total = c->max_steps;  /* ps: batches per worker */
+    const int64_t left = total > min_step ? total - min_step : 0, end = in + left < spe ? in + left : spe;
+    const double per = min_step > sc->step0 ? el / (double)(min_step - sc->step0) : 0;  /* seconds a step */
     dt_progress_info p = {.epoch = (int)(min_step / spe), .epochs = c->epochs, .step_in_epoch = in,
                           .steps_per_epoch = spe, .global_step = min_step,
                           .loss = samples ? (float)(loss_sum / (double)samples) : NAN, .elapsed_s = el,
-                          .samples_per_s = el > 0 ? (double)samples / el : 0,
-                          .eta_s = in > 0 ? el / (double)in * (double)(spe - in) : 0};
+                          .samples_per_s = el > 0 ? (double)samples / el : 0, .eta_s = per * (double)(end - in),
+                          .epoch_steps = end, .total_steps = total, .run_eta_s = per * (double)left};
     if (c->on_progress) c->on_progress(c->cb_ctx, &p);
 }
 
@@ -111,7 +118,7 @@ static dt_status save_interrupted(dt_trainer *t);
 
 static dt_status serve_run(dt_trainer *t, FILE *mf) {
     const dt_train_config *c = &t->cfg;
-    serve_ctx sc = {.t = t, .mf = mf, .t0 = dt_now()};
+    serve_ctx sc = {.t = t, .mf = mf, .t0 = dt_now(), .step0 = t->step};
     int64_t stopped = -1, stopped_epoch = -1, stopped_in = 0;
     const size_t n = dt_trainer_epoch_len(t), B = (size_t)dt_trainer_step_batch(t);
     const bool handed_out = dt_strategy_hands_out_batches(t->strategy);  /* ps dynamic: units of B */
@@ -201,18 +208,6 @@ static dt_status dynamic_run(dt_trainer *t) {
     return stop ? save_interrupted(t) : DT_OK;  /* the servers report the epochs and hold the model */
 }
 
-/* The progress callback of the epoch so far (rank 0, at most every progress_interval_s). */
-static void report_progress(const dt_trainer *t, const epoch_acc *acc, double t0, double now, int64_t spe) {
-    const dt_train_config *c = &t->cfg;
-    const double el = now - t0;
-    dt_progress_info p = {.epoch = (int)t->epoch, .epochs = c->epochs, .step_in_epoch = t->step_in_epoch,
-                          .steps_per_epoch = spe, .global_step = t->step,
-                          .loss = acc->samples ? (float)(acc->loss_sum / (double)acc->samples) : NAN,
-                          .elapsed_s = el, .samples_per_s = el > 0 ? (double)acc->samples * t->dworld / el : 0,
-                          .eta_s = el / (double)acc->steps * (double)(spe - t->step_in_epoch)};
-    c->on_progress(c->cb_ctx, &p);
-}
-
 /* The steps of one epoch, from the loader's position: returns DT_ENOENT at the epoch's end, at
  * a stop (*stop) or at max_steps; *ckpt_due when a numbered checkpoint is due at the epoch's end. */
 static dt_status run_epoch_steps(dt_trainer *t, epoch_acc *acc, double t0, bool *stop, bool *ckpt_due) {
@@ -235,11 +230,13 @@ static dt_status run_epoch_steps(dt_trainer *t, epoch_acc *acc, double t0, bool 
                             (long long)t->step, dt_now() - t->t_start);
         t->step_in_epoch++;
         const double now = dt_now();
-        if (t->rank == 0 && c->on_progress &&
-            (now - last_progress >= c->progress_interval_s || t->step_in_epoch == spe)) {
-            last_progress = now;
-            report_progress(t, acc, t0, now, spe);
-        }
+        const bool show = now - last_progress >= c->progress_interval_s || t->step_in_epoch == spe ||
+                          (c->max_steps && t->step >= c->max_steps);  /* the bar's last step is drawn */
+        if (show) last_progress = now;
+        dt_trainer_report_progress(t, acc->samples, acc->steps,
+                                   acc->samples ? (float)(acc->loss_sum / (double)acc->samples) : NAN, t0, now, spe,
+                                   show);
+        if ((s = dt_trainer_step_reports(t, spe)) != DT_OK) return s;
         *ckpt_due = c->checkpoint_dir && ((c->checkpoint_every > 0 && t->step % c->checkpoint_every == 0) ||
                                           (c->checkpoint_secs > 0 && now - t->last_ckpt_time >= c->checkpoint_secs));
         if (*stop || (c->max_steps && t->step >= c->max_steps)) return DT_ENOENT;
@@ -289,13 +286,24 @@ static dt_status end_epoch(dt_trainer *t, FILE *mf, const epoch_acc *acc, double
                        .sync_bytes = acc->sync_bytes, .sync_raw_bytes = acc->sync_raw_bytes, .ef_norm = acc->ef_norm};
     memcpy(e.comm_bytes, axis_bytes, sizeof axis_bytes);
     if (t->strategy->ops->report) t->strategy->ops->report(t->strategy, t->strategy_report, sizeof t->strategy_report);
-    DT_TRY(dt_trainer_evaluate(t, &e.test_loss, &e.test_acc));
+    const double te = dt_now();
+    DT_TRY(dt_trainer_evaluate_test(t, &e.test_loss, &e.test_acc, &e.eval_samples));
     DT_TRY(dt_trainer_validate(t, &e));  /* --val-split, --early-stop, --keep-best */
     e.wall_s = dt_now() - t->t_start;
     if (mf) DT_TRY(dt_trainer_write_metrics(mf, &e, t));
     if (t->rank == 0 && c->on_epoch) c->on_epoch(c->cb_ctx, &e);
+    DT_TRY(dt_trainer_epoch_eval_record(t, &e, (int64_t)dt_loader_batches(t->loader), dt_now() - te));
     if ((t->rank == 0 || t->strategy->shards_state) && c->save) DT_TRY(dt_trainer_save(t, c->save));
     return dt_trainer_save_weights(t);
+}
+
+/* end_epoch, its time left out of the next --log-every record's throughput. */
+static dt_status end_epoch_timed(dt_trainer *t, FILE *mf, const epoch_acc *acc, double epoch_s, double wait0,
+                                 bool finished, int64_t epoch_steps) {
+    const double t0 = dt_now();
+    dt_status s = end_epoch(t, mf, acc, epoch_s, wait0, finished, epoch_steps);
+    t->log.paused_s += dt_now() - t0;
+    return s;
 }
 
 dt_status dt_trainer_run(dt_trainer *t) {
@@ -304,12 +312,18 @@ dt_status dt_trainer_run(dt_trainer *t) {
     FILE *mf = NULL;
     if (c->checkpoint_dir && lead) DT_TRY(dt_ckpt_dir_ensure(c->checkpoint_dir));
     DT_TRY(dt_trainer_open_metrics(t, &mf));
+    t->mf = mf;
+    dt_trainer_log_start(t);
+    if (t->strategy->role != DT_ROLE_REPLICA && (c->log_every > 0 || c->eval_every > 0))
+        dt_trainer_note(t, "--log-every / --eval-every: a ps run reports per epoch only (its servers hold the model)");
     if (t->strategy->role == DT_ROLE_SERVER) {  /* ps servers serve instead of stepping */
         dt_status s = serve_run(t, mf);
+        t->mf = NULL;
         return dt_trainer_close_metrics(t, mf, s);
     }
     if (t->strategy->role == DT_ROLE_WORKER && dt_strategy_hands_out_batches(t->strategy)) {
         dt_status s = dynamic_run(t);
+        t->mf = NULL;
         return dt_trainer_close_metrics(t, mf, s);
     }
     const int64_t spe = (int64_t)dt_loader_batches(t->loader);
@@ -334,7 +348,7 @@ dt_status dt_trainer_run(dt_trainer *t) {
         }
         if (stop) break;
         if (t->strategy->role == DT_ROLE_WORKER) continue;  /* ps: the servers report epochs */
-        if ((s = end_epoch(t, mf, &acc, epoch_s, wait0, finished, epoch_steps)) != DT_OK) break;
+        if ((s = end_epoch_timed(t, mf, &acc, epoch_s, wait0, finished, epoch_steps)) != DT_OK) break;
         if (ckpt_due && (s = dt_trainer_save_numbered(t)) != DT_OK) break;
         ckpt_due = false;
         at_epoch_end = false;
@@ -353,6 +367,7 @@ dt_status dt_trainer_run(dt_trainer *t) {
         dt_status ts = dt_trainer_write_timeline(t);
         if (ts != DT_OK) s = ts;
     }
+    t->mf = NULL;
     return dt_trainer_close_metrics(t, mf, s);
 }
 

@@ -1,4 +1,5 @@
-/* Trainer output: the JSON-Lines metrics record of an epoch and the gathered Chrome trace. */
+/* Trainer output: the JSON-Lines metrics records (an epoch's; a --log-every step's and an
+ * --eval-every evaluation's, "kind": "step" / "eval") and the gathered Chrome trace. */
 #include "run/trainer_internal.h"
 #include "dtrain/layers.h"
 
@@ -112,6 +113,8 @@ dt_status dt_trainer_write_metrics(FILE *f, const dt_epoch_info *e, const dt_tra
         json_num(vl, sizeof vl, e->val_loss), json_num(va, sizeof va, e->val_acc);
         fprintf(f, ", \"val_loss\": %s, \"val_acc\": %s, \"best_epoch\": %d", vl, va, e->best_epoch);
     }
+    if (t->cfg.eval_batches > 0)  /* a bounded evaluation: the samples it covered */
+        fprintf(f, ", \"eval_samples\": %lld", (long long)e->eval_samples);
     fprintf(f, ", \"kernels\": \"%s\"", dt_kernels_describe());
     const dt_loss_scaler *ls = dt_optim_loss_scaler(t->optim);
     if (ls) fprintf(f, ", \"loss_scale\": %.6g, \"skipped_steps\": %lld", ls->scale, (long long)ls->skipped);
@@ -123,6 +126,29 @@ dt_status dt_trainer_write_metrics(FILE *f, const dt_epoch_info *e, const dt_tra
     fputs(t->strategy_report, f);  /* the strategy's own figures (pp: bubble, bytes), or nothing */
     fputs("}\n", f);
     if (fflush(f) != 0 || ferror(f)) return metrics_error(t, "writing the record of an epoch");
+    return DT_OK;
+}
+
+dt_status dt_trainer_write_step(FILE *f, const dt_step_info *s, const dt_trainer *t) {
+    char a[32], b[32];
+    json_num(a, sizeof a, s->lr);
+    fprintf(f, "{\"kind\": \"%s\", \"epoch\": %.6g, \"step\": %lld, \"lr\": %s, \"wall_s\": %.3f",
+            s->kind == DT_STEP_TRAIN ? "step" : "eval", s->epoch, (long long)s->step, a, s->wall_s);
+    if (s->kind == DT_STEP_TRAIN) {
+        json_num(a, sizeof a, s->train_loss), json_num(b, sizeof b, s->grad_norm);
+        fprintf(f, ", \"train_loss\": %s, \"samples_per_s\": %.1f, \"grad_norm\": %s, \"steps\": %lld", a,
+                s->samples_per_s, b, (long long)s->steps);
+    } else {
+        json_num(a, sizeof a, s->test_loss), json_num(b, sizeof b, s->test_acc);
+        fprintf(f, ", \"test_loss\": %s, \"test_acc\": %s", a, b);
+        if (t->val) {
+            json_num(a, sizeof a, s->val_loss), json_num(b, sizeof b, s->val_acc);
+            fprintf(f, ", \"val_loss\": %s, \"val_acc\": %s", a, b);
+        }
+        fprintf(f, ", \"eval_samples\": %lld, \"eval_s\": %.3f", (long long)s->eval_samples, s->eval_s);
+    }
+    fputs("}\n", f);
+    if (fflush(f) != 0 || ferror(f)) return metrics_error(t, "writing a step record");
     return DT_OK;
 }
 

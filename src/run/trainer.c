@@ -131,6 +131,10 @@ static dt_status check_config(const dt_train_config *c) {
         return dt_error(DT_EINVAL, "--weights %s starts a new run from plain weights, --resume %s continues one: pass "
                         "one of them", c->weights, c->resume);
     if (c->max_steps < 0) return dt_error(DT_EINVAL, "--max-steps %lld: must not be negative", (long long)c->max_steps);
+    if (c->log_every < 0 || c->eval_every < 0 || c->eval_batches < 0)
+        return dt_error(DT_EINVAL, "--log-every %lld, --eval-every %lld, --eval-batches %lld: none may be negative "
+                        "(0 = off, the whole set for --eval-batches)", (long long)c->log_every,
+                        (long long)c->eval_every, (long long)c->eval_batches);
     DT_TRY(check_writable("--save", c->save, true));
     DT_TRY(check_writable("--metrics", c->metrics, false));  /* appended (a resume rewrites a file only) */
     DT_TRY(check_writable("--timeline", c->timeline, true));
@@ -441,6 +445,10 @@ static dt_status trainer_setup(dt_trainer *t) {
         DT_TRY(dt_checkpoint_restore_strategy(resume, t->strategy, &info));
     DT_TRY(t->strategy->ops->init(t->strategy));
     DT_TRY(setup_uneven(t));
+    if (c->eval_every > 0 && !t->test && !t->val)
+        return dt_error(DT_EINVAL, "--eval-every %lld: nothing to evaluate on: --data %s has no test split; add "
+                        "--val-split F to hold out part of the training set", (long long)c->eval_every,
+                        c->data ? c->data : "(in memory)");
     return dt_trainer_check_io(t);
 }
 

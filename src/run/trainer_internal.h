@@ -50,6 +50,14 @@ struct dt_trainer {
     bool early_stopped;       /* --early-stop ended the run */
     bool borrowed_data;       /* train/test are cfg.train_set/test_set: not freed here */
     char strategy_report[512]; /* the strategy's figures for the epoch's metrics line (ops->report) */
+    /* step-based reporting (step_report.c) */
+    FILE *mf;                 /* --metrics on rank 0 while the run goes, else NULL */
+    dt_progress_info progress; /* the training position last reported (an evaluation's progress starts from it) */
+    struct {                  /* since the last DT_STEP_TRAIN record (this rank) */
+        double loss_sum, t0, paused_s;  /* paused_s: evaluation time in the interval (not training) */
+        int64_t samples, steps;
+        float grad_norm;      /* of the last step, where measured */
+    } log;
 };
 
 /* The model's feed of a loader batch (features or token ids, and labels or next tokens). */
@@ -75,8 +83,30 @@ dt_status dt_trainer_setup_val(dt_trainer *t, const char *resume, const dt_ckpt_
 /* After the strategy is made: --val-split/--save-weights need a replicated model, and
  * --save-weights with --normalize a first layer that can take the statistics. */
 dt_status dt_trainer_check_io(dt_trainer *t);
-/* Loss and accuracy of the current model on ds (sharded over the replicas and reduced). */
-dt_status dt_trainer_evaluate_on(dt_trainer *t, const dt_dataset *ds, float *loss, float *acc);
+/* Loss and accuracy of the current model on ds (sharded over the replicas and reduced), over its
+ * first --eval-batches batches, with progress; *samples (may be NULL): samples evaluated. */
+dt_status dt_trainer_evaluate_on(dt_trainer *t, const dt_dataset *ds, float *loss, float *acc, int64_t *samples);
+/* The training evaluation of the test set: as dt_trainer_evaluate, over its first --eval-batches
+ * batches, with progress; *samples the samples evaluated (0 without a test set). Collective. */
+dt_status dt_trainer_evaluate_test(dt_trainer *t, float *loss, float *acc, int64_t *samples);
+/* The clip a step passes its strategy: --clip, or INFINITY (measure the norm, clip nothing) on a
+ * step that a DT_STEP_TRAIN record follows. */
+float dt_trainer_step_clip(const dt_trainer *t);
+/* Starts the interval of the next DT_STEP_TRAIN record (at the start of a run). */
+void dt_trainer_log_start(dt_trainer *t);
+/* After each step: the DT_STEP_TRAIN record every --log-every steps and the evaluation every
+ * --eval-every steps (not at the epoch's last step, nor at the run's: the epoch's evaluation
+ * follows). Collective (every training rank calls it after the same step). */
+dt_status dt_trainer_step_reports(dt_trainer *t, int64_t spe);
+/* The progress of the run (total steps, the epoch's steps and ETAs) into t->progress and, when
+ * show, to on_progress (rank 0); acc_samples/acc_steps: the epoch's so far (this rank), t0 its start. */
+void dt_trainer_report_progress(dt_trainer *t, int64_t acc_samples, int64_t acc_steps, float loss, double t0,
+                                double now, int64_t spe, bool show);
+/* At an epoch's end that falls on an --eval-every step: its evaluation (e's figures, eval_s
+ * seconds) as a DT_STEP_EVAL record too, so that the records come every --eval-every steps. */
+dt_status dt_trainer_epoch_eval_record(dt_trainer *t, const dt_epoch_info *e, int64_t spe, double eval_s);
+/* Appends one JSON line of a DT_STEP_TRAIN or DT_STEP_EVAL record and flushes it (DT_EIO naming the file). */
+dt_status dt_trainer_write_step(FILE *f, const dt_step_info *s, const dt_trainer *t);
 /* --val-split: splits t->train into training and validation parts (after the data is opened). */
 dt_status dt_trainer_split_val(dt_trainer *t);
 /* After an epoch's evaluation: the validation loss and accuracy into e (NaN without --val-split),

@@ -60,7 +60,9 @@ dt_status dt_trainer_validate(dt_trainer *t, dt_epoch_info *e) {
     e->val_loss = e->val_acc = NAN;
     e->best_epoch = (int)t->best_epoch;
     if (!t->val) return DT_OK;
-    DT_TRY(dt_trainer_evaluate_on(t, t->val, &e->val_loss, &e->val_acc));
+    int64_t n = 0;
+    DT_TRY(dt_trainer_evaluate_on(t, t->val, &e->val_loss, &e->val_acc, &n));
+    if (!e->eval_samples) e->eval_samples = n;
     if (e->val_loss < t->best_val) {
         t->best_val = e->val_loss, t->best_epoch = e->epoch, t->bad_epochs = 0;
         if (c->keep_best && t->rank == 0) {
