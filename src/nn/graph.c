@@ -14,6 +14,7 @@ dt_status dt_graph_create(dt_model **out) {
     if (!m) return dt_error(DT_ENOMEM, "model: out of memory");
     m->output = m->loss = -1;
     m->be = dt_backend_default();
+    m->dev = dt_device_cpu();
     *out = m;
     return DT_OK;
 }
@@ -308,7 +309,7 @@ dt_status dt_model_init_tensor(dt_model *m, int t, float *out) {
     const int d = m->last_user[t];
     dt_node *n = &m->nodes[d];
     if (p->is_buffer || dt_model_tensor_placed(m, t) || !n->op->init) {  /* what it holds (zeros: no init) */
-        memcpy(out, base + p->offset, p->numel * sizeof(float));
+        m->dev->ops->download(m->dev, out, base + p->offset, p->numel * sizeof(float));
         return DT_OK;
     }
     size_t lo = p->offset, hi = p->offset + p->numel;  /* the span of the node's own tensors */
@@ -320,7 +321,7 @@ dt_status dt_model_init_tensor(dt_model *m, int t, float *out) {
     }
     DT_TRY(dt_mem_charge((hi - lo) * sizeof(float), "initialising a tensor"));
     n->op->init(m, n, m->params.data, m->seed);
-    memcpy(out, base + p->offset, p->numel * sizeof(float));
+    m->dev->ops->download(m->dev, out, base + p->offset, p->numel * sizeof(float));
     dt_mem_discard(m->params.data + lo, (hi - lo) * sizeof(float));
     dt_mem_uncharge((hi - lo) * sizeof(float));
     return DT_OK;
@@ -343,9 +344,9 @@ int dt_model_num_tensors(const dt_model *m) { return m->ntensors; }
 const dt_param_info *dt_model_tensor(const dt_model *m, int i) { return &m->tensors[i]; }
 void dt_model_zero_grad(dt_model *m) {
     if (!m->grads.data) return;
-    if (!m->own) memset(m->grads.data, 0, m->grads.n * sizeof(float));
+    if (!m->own) m->dev->ops->fill_f32(m->dev, m->grads.data, 0.0f, m->grads.n);
     for (int i = 0; m->own && i < m->nown; i++)
-        memset(m->grads.data + m->own[i].lo, 0, (m->own[i].hi - m->own[i].lo) * sizeof(float));
+        m->dev->ops->fill_f32(m->dev, m->grads.data + m->own[i].lo, 0.0f, m->own[i].hi - m->own[i].lo);
 }
 void dt_model_release_grads(dt_model *m) {
     dt_slab_free(&m->grads);

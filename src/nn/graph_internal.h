@@ -8,6 +8,7 @@
 #define DT_NN_GRAPH_INTERNAL_H
 
 #include "backend/backend.h"
+#include "device/device.h"
 #include "dtrain/nn.h"
 
 #define DT_NODE_MAX_IN 3
@@ -100,6 +101,8 @@ struct dt_model {
     int nown;
     uint64_t seed;
     const dt_backend *be;
+    dt_dev *dev;            /* the device of its memory: gradient zeroing, accumulation and copies go
+                             * through it (the cpu device until the graph's slabs move, docs/device.md) */
     bool nhwc;              /* the blocked values of its conv chains are NHWC instead (the backend's bf16
                              * convs want it: backend.h conv2d_bf16_nhwc; graph_layout.c) */
     /* per batch */

@@ -234,10 +234,7 @@ static void backward_node(dt_model *m, dt_node *n, const dt_run_ctx *c) {
     n->op->backward(m, n, c, din);
     for (int j = 0; j < n->nin; j++) {
         if (!dst[j]) continue;
-        if (din[j] != dst[j]->grad) {
-            size_t cnt = (size_t)m->B * dst[j]->out_n;
-            for (size_t i = 0; i < cnt; i++) dst[j]->grad[i] += din[j][i];
-        }
+        if (din[j] != dst[j]->grad) m->dev->ops->accumulate(m->dev, dst[j]->grad, din[j], (size_t)m->B * dst[j]->out_n);
         dst[j]->grad_set = true;
     }
 }
@@ -272,7 +269,7 @@ dt_status dt_model_backward(dt_model *m, const float *dout, dt_grad_ready_fn hoo
     clear_grad_flags(m);
     dt_node *o = owner(m, &m->nodes[m->output]);
     if (!o->needs_grad) return DT_OK;
-    memcpy(o->grad, dout, (size_t)m->B * o->out_n * sizeof(float));
+    m->dev->ops->copy(m->dev, o->grad, dout, (size_t)m->B * o->out_n * sizeof(float));
     o->grad_set = true;
     return backward_range(m, 0, m->output + 1, hook, ctx);
 }
@@ -290,7 +287,7 @@ dt_status dt_model_backward_nodes(dt_model *m, int lo, int hi, const float *dout
     if (!dout) return dt_error(DT_EINVAL, "model backward: nodes [%d, %d) hold no loss; pass the gradient of '%s'", lo,
                                hi, m->nodes[hi - 1].name);
     if (o->needs_grad) {
-        memcpy(o->grad, dout, (size_t)m->B * o->out_n * sizeof(float));
+        m->dev->ops->copy(m->dev, o->grad, dout, (size_t)m->B * o->out_n * sizeof(float));
         o->grad_set = true;
     }
     return backward_range(m, lo, hi, hook, ctx);
