@@ -147,7 +147,8 @@ void dt_trainer_free(dt_trainer *t);
  * Once the run has reached its end, another call returns DT_OK at once. DT_EINTR: stopped by
  * cfg->stop after writing a checkpoint (the message says how to continue). */
 dt_status dt_trainer_run(dt_trainer *t);
-/* Loss and accuracy of the current model on the test set (NaN, NaN if there is none).
+/* Loss and accuracy of the current model on the test set. DT_EINVAL (loss and acc NaN) when the
+ * run has none: the message says how to give one.
  * Collective: with a communicator, EVERY rank of the job must call it (each evaluates its shard
  * and the sums are allreduced); a rank calling it alone fails with DT_EPEER naming that. */
 dt_status dt_trainer_evaluate(dt_trainer *t, float *loss, float *acc);

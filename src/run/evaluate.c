@@ -50,6 +50,17 @@ static dt_status evaluate(dt_model *m, dt_strategy *st, const dt_dataset *ds, in
 
 dt_status dt_trainer_evaluate(dt_trainer *t, float *loss, float *acc) {
     *loss = *acc = NAN;
+    if (!t->test)  /* the same on every rank: no collective is entered */
+        return dt_error(DT_EINVAL, "dt_trainer_evaluate: the run has no test set (--data %s gave none): set "
+                        "dt_train_config.test_set, use data with a test part (an IDX directory's t10k files, a "
+                        "CSV's *test* sibling, text or tokens with --val-fraction > 0, npy x_test/y_test), or evaluate "
+                        "a data set of your own with dt_evaluate_dataset",
+                        t->cfg.data ? t->cfg.data : "(in memory)");
+    return dt_trainer_evaluate_test(t, loss, acc);
+}
+
+dt_status dt_trainer_evaluate_test(dt_trainer *t, float *loss, float *acc) {
+    *loss = *acc = NAN;
     if (!t->test) return DT_OK;
     dt_status s = evaluate(t->model, t->strategy, t->test, t->cfg.batch, t->dcomm, loss, acc);
     if (s == DT_EPEER || s == DT_ETIMEDOUT)

@@ -82,7 +82,7 @@ static dt_status serve_epoch(void *ctx, const dt_serve_epoch *r) {
         int64_t at = r->complete ? (r->epoch + 1) * spe : r->epoch * spe + t->step_in_epoch;
         e.lr = dt_lr_at(&c->lr, at > 0 ? at - 1 : 0);
     }
-    DT_TRY(dt_trainer_evaluate(t, &e.test_loss, &e.test_acc));
+    DT_TRY(dt_trainer_evaluate_test(t, &e.test_loss, &e.test_acc));
     e.val_loss = e.val_acc = NAN;
     e.wall_s = dt_now() - t->t_start;
     if (sc->mf) DT_TRY(dt_trainer_write_metrics(sc->mf, &e, t));
@@ -289,7 +289,7 @@ static dt_status end_epoch(dt_trainer *t, FILE *mf, const epoch_acc *acc, double
                        .sync_bytes = acc->sync_bytes, .sync_raw_bytes = acc->sync_raw_bytes, .ef_norm = acc->ef_norm};
     memcpy(e.comm_bytes, axis_bytes, sizeof axis_bytes);
     if (t->strategy->ops->report) t->strategy->ops->report(t->strategy, t->strategy_report, sizeof t->strategy_report);
-    DT_TRY(dt_trainer_evaluate(t, &e.test_loss, &e.test_acc));
+    DT_TRY(dt_trainer_evaluate_test(t, &e.test_loss, &e.test_acc));
     DT_TRY(dt_trainer_validate(t, &e));  /* --val-split, --early-stop, --keep-best */
     e.wall_s = dt_now() - t->t_start;
     if (mf) DT_TRY(dt_trainer_write_metrics(mf, &e, t));

@@ -75,6 +75,8 @@ dt_status dt_trainer_setup_val(dt_trainer *t, const char *resume, const dt_ckpt_
 /* After the strategy is made: --val-split/--save-weights need a replicated model, and
  * --save-weights with --normalize a first layer that can take the statistics. */
 dt_status dt_trainer_check_io(dt_trainer *t);
+/* dt_trainer_evaluate for the loop's epoch records: NaN, NaN (and DT_OK) when there is no test set. */
+dt_status dt_trainer_evaluate_test(dt_trainer *t, float *loss, float *acc);
 /* Loss and accuracy of the current model on ds (sharded over the replicas and reduced). */
 dt_status dt_trainer_evaluate_on(dt_trainer *t, const dt_dataset *ds, float *loss, float *acc);
 /* --val-split: splits t->train into training and validation parts (after the data is opened). */
