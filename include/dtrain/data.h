@@ -1,5 +1,5 @@
-/* dtrain data layer: IDX, CSV and text (bytes) readers, an in-memory data set kept in its compact
- * dtype, a deterministic shuffling/sharding sampler and a prefetching batch loader. */
+/* dtrain data layer: IDX, CSV, NumPy .npy, text (bytes) and token-file readers, an in-memory
+ * data set kept in its compact dtype, a deterministic shuffling/sharding sampler and a prefetching batch loader. */
 #ifndef DTRAIN_DATA_H
 #define DTRAIN_DATA_H
 
@@ -191,8 +191,10 @@ dt_status dt_dataset_batch(const dt_dataset *ds, const uint32_t *indices, int n,
  * KJV file when that is what it maps (else ""). Batches are built by dt_dataset_batch_tokens or a
  * loader (which then fills dt_batch.tok and .y with T values per sample). */
 
-/* True when spec names a text data set: "text:FILE" or "kjv". */
+/* True when spec names a text data set: "text:FILE", "kjv" or "tokens:DIR". */
 bool dt_data_is_text(const char *spec);
+/* True when spec names pre-tokenized token files: "tokens:DIR". */
+bool dt_data_is_tokens(const char *spec);
 /* Opens a text data set. spec is
  *  - "text:FILE": any file, read as bytes;
  *  - "kjv": the King James Bible (~4.4 MB, 73 distinct bytes): $DTRAIN_DATASETS/kjv.txt
@@ -203,6 +205,19 @@ bool dt_data_is_text(const char *spec);
  *    when /usr/lib/bible.data is newer; with DTRAIN_DATA_CACHE=0 (or when the cache cannot be
  *    written) the text is generated into private memory on each open. No `bible`: DT_ENOENT
  *    saying to install bible-kjv (scripts/install-deps).
+ *  - "tokens:DIR": pre-tokenized 16-bit tokens (a GPT-2 BPE corpus, ...), in either layout:
+ *    nanoGPT's prepare.py output, DIR/train.bin and DIR/val.bin (raw little-endian uint16, as
+ *    np.uint16 .tofile writes), or llm.c's shards, DIR/..._train_....bin and DIR/..._val_....bin (each a
+ *    header of 256 little-endian int32: magic 20240520, version 1, token count; then the uint16
+ *    tokens), taken in name order as one stream. val.bin / the _val_ shards are *val (when
+ *    val_fraction > 0; val_fraction 0 means none); without them the last val_fraction of the
+ *    train tokens is held out as for text. DIR may also name one such file. The vocabulary
+ *    (dt_dataset_classes) is each set's largest token + 1; dt_dataset_set_classes raises it (a
+ *    model's V), or refuses a V below a token, naming it. dt_dataset_dtype is DT_I16 (the stored
+ *    width; tokens are read unsigned). A set in one file is mapped; several shards are read
+ *    into memory. Errors: DT_ENOENT (no such directory, or none of those files in it),
+ *    DT_EFORMAT naming the file (an odd byte count, a shard without its header, another
+ *    version, a header whose count does not match the size).
  * T >= 1 is the window (the model's context length). val_fraction in [0, 0.5] (callers default
  * to 0.1) is the share of the file's bytes, at its end, that form *val; 0 sets *val = NULL. val
  * may be NULL (the train set is the same either way). Errors name the file or flag and what to

@@ -33,6 +33,7 @@ struct dt_trainer {
     dt_trace trace;           /* empty unless cfg.timeline */
     char resume_path[4096];   /* the checkpoint resumed from (resolves "auto") */
     char last_ckpt[4096];     /* last checkpoint written or resumed from */
+    char vocab_spec[256];     /* --data tokens: with a GPT spec that gives no V=: the spec with the data's V */
     double last_ckpt_time;
     int64_t saved_step;       /* step of the last numbered checkpoint (-1: none) */
     int resume_noted;         /* the "training again" note was given */
