@@ -43,6 +43,7 @@ typedef struct dt_dataset dt_dataset;
  *    /usr/share/datasets/<name>); DT_ENOENT says what to install when it is missing;
  *  - a directory holding train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte
  *    and t10k-labels-idx1-ubyte (each raw or with .gz appended);
+ *  - "npy:..." or a directory holding x_train.npy: NumPy arrays (dt_dataset_open_npy_spec);
  *  - a file ending in .csv or .csv.gz (default dt_csv_options). The test set is the sibling file
  *    whose name has "train" replaced by "test" (mnist_train.csv -> mnist_test.csv) when the name
  *    contains "train" and that file exists; otherwise *test is set to NULL.
@@ -129,6 +130,30 @@ typedef struct {
  * are stored as u8 when every value is an integer in [0,255], else as f32. opt may be NULL.
  * Errors name the file, the line and the column (DT_EFORMAT), or the missing file (DT_ENOENT). */
 dt_status dt_dataset_open_csv(dt_dataset **out, const char *path, const dt_csv_options *opt);
+
+/* ---- NumPy .npy arrays -------------------------------------------------------------------- *
+ * A features array and a labels array written by np.save (format versions 1.0-3.0; raw, or gzip'd
+ * with .gz appended). Features: uint8, int8, int16, int32, float32 or float64, C order,
+ * little-endian, shape (n, ...) taken as IDX's: (n) -> (1,1,1), (n,W) -> (1,1,W), (n,H,W) ->
+ * (1,H,W), (n,C,H,W), more dims fold into C; uint8 is scaled by 1/255 (pixels), as IDX and
+ * dt_dataset_create do. Labels: any little-endian integer dtype, shape (n,) or (n,1), class ids in
+ * [0, DT_MAX_CLASSES); classes = max label + 1. Anything else is DT_EFORMAT naming the file and
+ * the np.save call that converts it (Fortran order, big-endian, structured or float labels, other
+ * dtypes, a shape mismatch, a cut-short or over-long file); DT_ENOENT a missing file. */
+
+/* Opens one data set from a features .npy file and a labels .npy file (same sample count). */
+dt_status dt_dataset_open_npy(dt_dataset **out, const char *x_path, const char *y_path);
+/* Opens an npy --data spec (dt_dataset_open calls it):
+ *  - "npy:X.npy,Y.npy": a train set, no test set (*test NULL);
+ *  - "npy:X.npy,Y.npy,XTEST.npy,YTEST.npy": train and test sets;
+ *  - "npy:DIR", or a directory holding x_train.npy: DIR/x_train.npy and DIR/y_train.npy, and the
+ *    test set DIR/x_test.npy and DIR/y_test.npy when they exist (Keras's load_data names).
+ * Train and test share one class count (the larger). On error both outputs are NULL. */
+dt_status dt_dataset_open_npy_spec(dt_dataset **train, dt_dataset **test, const char *spec);
+/* True when spec starts with "npy:". */
+bool dt_data_is_npy(const char *spec);
+/* True when path is a directory holding x_train.npy. */
+bool dt_data_is_npy_dir(const char *path);
 
 /* Builds a data set from memory (copies x: n samples of C*H*W elements of dtype, and y). Labels
  * must be in [0, classes); classes = 0 means max label + 1. Integer 8-bit data is scaled by 1/255. */

@@ -61,8 +61,9 @@ typedef struct {
 } dt_epoch_info;
 
 typedef struct {
-    const char *data;         /* IDX directory, "fashion-mnist", "mnist", a .csv file, or text ("text:FILE",
-                               * "kjv": byte windows of the GPT's context T) */
+    const char *data;         /* IDX directory, "fashion-mnist", "mnist", a .csv file, "npy:..." arrays, or text
+                               * for a GPT ("text:FILE", "kjv": byte windows of its context T; "tokens:DIR":
+                               * 16-bit token files) (dt_dataset_open, dt_dataset_open_text) */
     int64_t epoch_windows;    /* samples per epoch (text: windows), the first of each epoch's shuffle; 0 = all */
     double val_fraction;      /* text: the last part of the file held out for evaluation (default 0.1) */
     const char *model;        /* spec string or preset ("mlp", "cnn", "gpt:L=4,H=4,C=128,T=64"); NULL = the resumed
