@@ -2,7 +2,8 @@
 # program that includes only it (tests/tools/embed_check.c: dt_model_build, a trainer, evaluation)
 # compiles as C11 and as C++17 with -Wall -Wextra -Werror, links against libdtrain.a and keeps
 # the contracts docs/library.md states (dt_model_build initialises; dt_trainer_evaluate without a
-# test set is an error).
+# test set is an error). docs/library.md documents every public function with its signature and
+# contract, and shows examples/custom_loop.c as it is (scripts/library-ref --check).
 . "$(dirname "$0")/testlib.bash"
 ROOT=${DTRAIN_ROOT:-$(cd "$(dirname "$0")/.." && pwd)}
 [ -f "$BUILD/libdtrain.a" ] || { echo "skip: $BUILD/libdtrain.a is not built"; exit 77; }
@@ -35,4 +36,6 @@ for p in embed-c embed-cxx; do
   [ $rc -eq 0 ] && grep -q "^ok:" <<<"$out" || bad "$p exited $rc: $(tail -5 <<<"$out")"
 done
 
+# ---- docs/library.md: every public function, with its signature and contract ----
+out=$(python3 "$ROOT/scripts/library-ref" --check "$ROOT" 2>&1) && ok "docs/library.md: $out" || bad "$out"
 finish

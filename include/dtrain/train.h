@@ -193,6 +193,10 @@ void dt_train_best_path(const char *save, char *out, size_t cap);
  * loads its weights; the caller frees *m. */
 dt_status dt_model_load(dt_model **m, const char *checkpoint);
 
+/* Loss and accuracy (every output row: a label per sample, a next token per position) of model
+ * m on the whole data set ds, in batches of `batch`, in this process (no communicator). ds must
+ * fit m's input (feature or token set); a label beyond m's outputs is DT_EINVAL naming it. */
+dt_status dt_evaluate_dataset(dt_model *m, const dt_dataset *ds, int batch, float *loss, float *acc);
 /* Evaluates a checkpoint on the test split of a data set (dtrain eval); a data set without one
  * is evaluated on its training split. *split gets "test" or "train". */
 dt_status dt_evaluate_checkpoint(const char *checkpoint, const char *data, int batch, float *loss, float *acc,

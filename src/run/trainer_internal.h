@@ -87,8 +87,6 @@ dt_status dt_trainer_split_val(dt_trainer *t);
 dt_status dt_trainer_validate(dt_trainer *t, dt_epoch_info *e);
 /* --save-weights: rank 0 writes the weights-only file. */
 dt_status dt_trainer_save_weights(dt_trainer *t);
-/* Loss and accuracy of m over all of ds in batches of `batch` (one process). */
-dt_status dt_evaluate_dataset(dt_model *m, const dt_dataset *ds, int batch, float *loss, float *acc);
 /* Passes a note to cfg.on_note on rank 0 (printf-style). */
 void dt_trainer_note(const dt_trainer *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Rank 0 writes checkpoint_dir/ckpt-<step> and prunes to --keep; every rank restarts its timer. */
