@@ -4,6 +4,7 @@
 # uint8 images in a version 2.0 file learn; `dtrain eval` of the checkpoint reads them again; and
 # every file the reader cannot use is refused naming the file and the fix (exit 78).
 . "$(dirname "$0")/testlib.bash"
+DT=$(cd "$(dirname "$DT")" && pwd)/dtrain  # absolute: some checks run from another directory
 PY=/usr/bin/python3; $PY -c "import numpy" 2>/dev/null || { echo "skip: $PY has no numpy (apt-get install python3-numpy)"; exit 77; }
 D="$TMP/np"
 $PY "$DTRAIN_TOOLS/npy_files.py" "$D" || bad "npy_files.py"
@@ -33,6 +34,12 @@ assert r["val_acc"] > 0.9, r
 PY
 ev=$($DT eval --checkpoint "$TMP/img.st" --data "npy:$D/img/x_train.npy,$D/img/y_train.npy" 2>&1) \
   && grep -q "eval: 300 samples" <<<"$ev" && ok "dtrain eval reads the arrays again: $ev" || bad "eval: $ev"
+
+# relative paths of npy:A,B,C,D are stored absolute: eval from elsewhere takes the checkpoint's data
+(cd "$D" && $DT train --data npy:x_train.npy,y_train.npy,x_test.npy,y_test.npy --model "$M" --max-steps 5 --save "$TMP/rel.st" \
+  >/dev/null 2>&1) || bad "train with relative npy paths"
+ev=$(cd / && $DT eval --checkpoint "$TMP/rel.st" 2>&1) && grep -q "eval: 200 samples" <<<"$ev" \
+  && ok "dtrain eval from / finds the npy files given relative to the run's directory" || bad "eval from /: $ev"
 
 # ---- files the reader refuses: each named, with the fix, exit 78 ----
 refuse() {  # NAME X Y NEEDLE

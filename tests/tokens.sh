@@ -4,6 +4,7 @@
 # checkpoint agrees; llm.c's shards (256-int32 header) train the same way; a V below the data's
 # tokens, and unusable files, are refused with the file named (exit 2 and 78).
 . "$(dirname "$0")/testlib.bash"
+DT=$(cd "$(dirname "$DT")" && pwd)/dtrain  # absolute: some checks run from another directory
 PY=/usr/bin/python3; $PY -c "import numpy" 2>/dev/null || { echo "skip: $PY has no numpy (apt-get install python3-numpy)"; exit 77; }
 $PY "$DTRAIN_TOOLS/token_files.py" nanogpt "$TMP/ng" 1 40000 || bad "token_files.py nanogpt"
 $PY "$DTRAIN_TOOLS/token_files.py" llmc "$TMP/lc" 2 40000 || bad "token_files.py llmc"
@@ -23,6 +24,11 @@ python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) < 1.5 and float(sys.arg
 ev=$($DT eval --checkpoint "$TMP/ng.st" 2>&1) || bad "dtrain eval of the tokens checkpoint: $ev"
 grep -q "loss $(printf '%.4f' "$loss")" <<<"$ev" && ok "dtrain eval of the checkpoint reads val.bin again: $ev" \
   || bad "dtrain eval '$ev' vs the run's test loss $loss"
+
+# the checkpoint stores the directory as an absolute path: eval from elsewhere of a run given a relative one
+(cd "$TMP" && run --data tokens:ng --max-steps 5 --save rel.st >/dev/null 2>&1) || bad "train with a relative tokens:ng"
+ev=$(cd / && $DT eval --checkpoint "$TMP/rel.st" 2>&1) && grep -q "eval: 249 samples" <<<"$ev" \
+  && ok "dtrain eval from / finds tokens:ng given relative to the run's directory" || bad "eval from /: $ev"
 
 # ---- llm.c shards, and an explicit V ----
 out=$(run --data "tokens:$TMP/lc" --model "$M,V=1024" --max-steps 60 --metrics "$TMP/lc.jsonl" 2>&1) \
