@@ -35,6 +35,15 @@ PY
 ev=$($DT eval --checkpoint "$TMP/img.st" --data "npy:$D/img/x_train.npy,$D/img/y_train.npy" 2>&1) \
   && grep -q "eval: 300 samples" <<<"$ev" && ok "dtrain eval reads the arrays again: $ev" || bad "eval: $ev"
 
+# the Python binding reaches the same reader through data= (in-memory arrays are its own x=, y=)
+if [ -z "${DTRAIN_SANITIZED:-}" ] && $PY -c "import cffi" 2>/dev/null; then
+  py=$(DTRAIN_LIB="$(cd "$BUILD" && pwd)/libdtrain.so" PYTHONPATH="${DTRAIN_ROOT:-$(cd "$(dirname "$0")/.." && pwd)}/python" \
+    $PY -c "import dtrain, sys; print(dtrain.train(data='npy:' + sys.argv[1], model=sys.argv[2], epochs=1, batch=16).test_loss)" \
+    "$D" "$M" 2>&1)
+  python3 -c "import sys; sys.exit(0 if abs(float(sys.argv[1]) - float(sys.argv[2])) <= 1e-6 * float(sys.argv[2]) else 1)" "$py" "$csv" \
+    2>/dev/null && ok "dtrain.train(data='npy:DIR') in Python: test loss $py, as the command's" || bad "Python data='npy:...': '$py' vs '$csv'"
+fi
+
 # relative paths of npy:A,B,C,D are stored absolute: eval from elsewhere takes the checkpoint's data
 (cd "$D" && $DT train --data npy:x_train.npy,y_train.npy,x_test.npy,y_test.npy --model "$M" --max-steps 5 --save "$TMP/rel.st" \
   >/dev/null 2>&1) || bad "train with relative npy paths"
