@@ -30,6 +30,13 @@ grep -q "loss $(printf '%.4f' "$loss")" <<<"$ev" && ok "dtrain eval of the check
 ev=$(cd / && $DT eval --checkpoint "$TMP/rel.st" 2>&1) && grep -q "eval: 249 samples" <<<"$ev" \
   && ok "dtrain eval from / finds tokens:ng given relative to the run's directory" || bad "eval from /: $ev"
 
+# sample: a model of token files takes and prints token ids (--ids); greedy follows the chain k -> 5k+3
+out=$($DT sample --checkpoint "$TMP/ng.st" --ids --prompt "0 11,33" --tokens 3 --temperature 0 2>&1)
+[ "$out" = "0 11 33 198 319 220" ] && ok "dtrain sample --ids continues the token ids: $out" || bad "sample --ids: '$out'"
+expect_fail "sample without --ids says the model reads token ids" "has V=694 tokens" $DT sample --checkpoint "$TMP/ng.st" --prompt hi
+expect_fail "sample --ids names an id outside the vocabulary" "token 2 ('700') is not an id in [0, 694)" \
+  $DT sample --checkpoint "$TMP/ng.st" --ids --prompt "0 700"
+
 # ---- llm.c shards, and an explicit V ----
 out=$(run --data "tokens:$TMP/lc" --model "$M,V=1024" --max-steps 60 --metrics "$TMP/lc.jsonl" 2>&1) \
   && [ "$(last "$TMP/lc.jsonl" model)" = "gpt:L=1,H=2,C=32,T=16,V=1024" ] \
