@@ -120,7 +120,10 @@ static dt_status read_header(dt_stream *s, const char *path, npy_header *h) {
     dt_status st = DT_EFORMAT;
     char *text = NULL;
     int64_t got = dt_stream_read(s, pre, 10);
-    if (got < 0) goto fail;
+    if (got < 0) {
+        st = DT_EIO;
+        goto fail;
+    }
     if (got < 10 || memcmp(pre, "\x93NUMPY", 6)) {
         st = dt_error(DT_EFORMAT, "%s: not a .npy file (it does not start with \\x93NUMPY): write it with np.save", path);
         goto fail;
@@ -141,6 +144,12 @@ static dt_status read_header(dt_stream *s, const char *path, npy_header *h) {
     text[len] = '\0';
     st = parse_dict(text, h, path);
     free(text);
+    /* the file can hold what its header promises (gzip: at most ~1100x its size, as IDX): checked
+     * before the data is allocated */
+    const uint64_t limit = s->gz ? s->file_size * 1100 + 4096 : s->file_size;
+    if (st == DT_OK && s->sized && h->size > 0 && h->count > limit / (uint64_t)h->size)
+        st = dt_error(DT_EFORMAT, "%s: cut short: its header promises %llu elements of %d bytes, more than the %llu-byte "
+                      "file holds", path, (unsigned long long)h->count, h->size, (unsigned long long)s->file_size);
     if (st == DT_OK) return DT_OK;
     dt_stream_close(s);
     return st;

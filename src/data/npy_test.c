@@ -106,6 +106,9 @@ static void test_refusals(void) {
     int8_t neg[2] = {0, -2};
     write_npy(dt_test_path("yneg.npy"), 1, "{'descr': '|i1', 'fortran_order': False, 'shape': (2,), }", neg, 2, false);
     expect_refused("x2.npy", "yneg.npy", "label -2 of sample 1");
+    write_npy(dt_test_path("huge.npy"), 1, "{'descr': '<f8', 'fortran_order': False, 'shape': (4000000000, 1000), }", f, 16,
+              false);
+    expect_refused("huge.npy", "y2.npy", "more than the");  /* refused before allocating 32 TB */
     write_npy(dt_test_path("x0.npy"), 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 0), }", f, 0, false);
     expect_refused("x0.npy", "y2.npy", "samples of zero size");
 }
