@@ -164,12 +164,12 @@ demo:
 	@echo "next: $(BUILD)/dtrain --help, $(BUILD)/dtrain train --help, man -l $(BUILD)/dtrain.1, README.md"
 
 # libFuzzer targets (fuzz/fuzz_*.c: model spec, safetensors/checkpoint restore, IDX and gzip, CSV,
-# text data, the parameter server's push protocol)
+# text data, the parameter server's push protocol, .npy arrays and token files)
 # built with clang, ASan and UBSan in build-fuzz/; `make fuzz FUZZ_SECONDS=N` runs each for N
 # seconds (default 60) from its committed seed corpus (fuzz/corpus/NAME), failing on a crash, a
 # leak or an input slower than FUZZ_TIMEOUT seconds (a hang). `make test` runs them briefly
 # (tests/fuzz.sh). New crashers are saved in build-fuzz/crash-*.
-FUZZ_TARGETS := spec checkpoint idx csv text ps fl
+FUZZ_TARGETS := spec checkpoint idx csv text ps fl arrays
 FUZZ_SECONDS ?= 60
 FUZZ_TIMEOUT ?= 10
 FUZZ_BUILD := build-fuzz

@@ -1,7 +1,8 @@
 # The examples/ programs, built by `make` against the library: the reference MLP through the
 # library equals `dtrain train` with the same flags; the same on 2 workers equals 1 worker at the
 # same global batch; the custom graph model learns the spirals; the custom loop on 1, 2 and 4
-# workers ends with the same parameters; a worker's error reaches the caller naming the worker.
+# workers ends with the same parameters; a worker's error reaches the caller naming the worker;
+# the complete single-process loop of docs/library.md learns (test accuracy above a bound).
 # Steps are cut (DTRAIN_EXAMPLE_STEPS) so it stays fast: 120 steps, 40 under ASan.
 . "$(dirname "$0")/testlib.bash"
 EX="$BUILD/examples"
@@ -35,6 +36,15 @@ acc=$(field train_acc <<<"$out")
 if [ -n "$acc" ] && close 1 "$acc" 0.1 abs; then ok "examples/graph learns the spirals (train acc $acc)"
 else bad "examples/graph train acc '$acc' (want >= 0.9): $out"; fi
 grep -q "residual-mlp: 1251 parameters in 6 tensors" <<<"$out" && ok "graph reports its 6 tensors" || bad "graph: $out"
+
+# ---- the complete custom loop of docs/library.md: a 2-layer MLP built by dt_model_build learns ----
+out=$("$EX/custom_loop" 300 2>&1) || bad "examples/custom_loop failed: $out"
+acc=$(field test_acc <<<"$out")
+if [ -n "$acc" ] && python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) > 0.75 else 1)" "$acc"; then
+  ok "examples/custom_loop: linear(128) relu linear(10) reaches test accuracy $acc > 0.75 in 300 steps"
+else bad "examples/custom_loop test accuracy '$acc' (want > 0.75: an uninitialised model stays near 0.1): $out"; fi
+printf '1,2,3\n0,1,1\n1,5,5\n0,1,0\n' >"$TMP/x_train.csv"  # no x_test.csv beside it
+expect_fail "custom_loop says when the data has no test set" "has no test set" "$EX/custom_loop" 10 "$TMP/x_train.csv"
 
 # ---- a custom loop: 1, 2, 4 workers at global batch 64 give the same parameters ----
 LS=30; [ -n "${DTRAIN_SANITIZED:-}" ] && LS=10

@@ -111,6 +111,7 @@ bool dt_comm_job_id_valid(const char *id);
  * Peers still waiting on this rank get DT_EPEER ("rank R left"). */
 void dt_comm_destroy(dt_comm *c);
 
+/* This process's rank in c (0 .. size-1), and the number of ranks of c. */
 int dt_comm_rank(const dt_comm *c);
 int dt_comm_size(const dt_comm *c);
 /* Name of the transport in use: "self", "shm" or "mpi". */

@@ -1,5 +1,5 @@
-/* dtrain data layer: IDX, CSV and text (bytes) readers, an in-memory data set kept in its compact
- * dtype, a deterministic shuffling/sharding sampler and a prefetching batch loader. */
+/* dtrain data layer: IDX, CSV, NumPy .npy, text (bytes) and token-file readers, an in-memory
+ * data set kept in its compact dtype, a deterministic shuffling/sharding sampler and a prefetching batch loader. */
 #ifndef DTRAIN_DATA_H
 #define DTRAIN_DATA_H
 
@@ -43,6 +43,7 @@ typedef struct dt_dataset dt_dataset;
  *    /usr/share/datasets/<name>); DT_ENOENT says what to install when it is missing;
  *  - a directory holding train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte
  *    and t10k-labels-idx1-ubyte (each raw or with .gz appended);
+ *  - "npy:..." or a directory holding x_train.npy: NumPy arrays (dt_dataset_open_npy_spec);
  *  - a file ending in .csv or .csv.gz (default dt_csv_options). The test set is the sibling file
  *    whose name has "train" replaced by "test" (mnist_train.csv -> mnist_test.csv) when the name
  *    contains "train" and that file exists; otherwise *test is set to NULL.
@@ -130,6 +131,30 @@ typedef struct {
  * Errors name the file, the line and the column (DT_EFORMAT), or the missing file (DT_ENOENT). */
 dt_status dt_dataset_open_csv(dt_dataset **out, const char *path, const dt_csv_options *opt);
 
+/* ---- NumPy .npy arrays -------------------------------------------------------------------- *
+ * A features array and a labels array written by np.save (format versions 1.0-3.0; raw, or gzip'd
+ * with .gz appended). Features: uint8, int8, int16, int32, float32 or float64, C order,
+ * little-endian, shape (n, ...) taken as IDX's: (n) -> (1,1,1), (n,W) -> (1,1,W), (n,H,W) ->
+ * (1,H,W), (n,C,H,W), more dims fold into C; uint8 is scaled by 1/255 (pixels), as IDX and
+ * dt_dataset_create do. Labels: any little-endian integer dtype, shape (n,) or (n,1), class ids in
+ * [0, DT_MAX_CLASSES); classes = max label + 1. Anything else is DT_EFORMAT naming the file and
+ * the np.save call that converts it (Fortran order, big-endian, structured or float labels, other
+ * dtypes, a shape mismatch, a cut-short or over-long file); DT_ENOENT a missing file. */
+
+/* Opens one data set from a features .npy file and a labels .npy file (same sample count). */
+dt_status dt_dataset_open_npy(dt_dataset **out, const char *x_path, const char *y_path);
+/* Opens an npy --data spec (dt_dataset_open calls it):
+ *  - "npy:X.npy,Y.npy": a train set, no test set (*test NULL);
+ *  - "npy:X.npy,Y.npy,XTEST.npy,YTEST.npy": train and test sets;
+ *  - "npy:DIR", or a directory holding x_train.npy: DIR/x_train.npy and DIR/y_train.npy, and the
+ *    test set DIR/x_test.npy and DIR/y_test.npy when they exist (Keras's load_data names).
+ * Train and test share one class count (the larger). On error both outputs are NULL. */
+dt_status dt_dataset_open_npy_spec(dt_dataset **train, dt_dataset **test, const char *spec);
+/* True when spec starts with "npy:". */
+bool dt_data_is_npy(const char *spec);
+/* True when path is a directory holding x_train.npy. */
+bool dt_data_is_npy_dir(const char *path);
+
 /* Builds a data set from memory (copies x: n samples of C*H*W elements of dtype, and y). Labels
  * must be in [0, classes); classes = 0 means max label + 1. Integer 8-bit data is scaled by 1/255. */
 dt_status dt_dataset_create(dt_dataset **out, dt_dtype dtype, const void *x, const int32_t *y,
@@ -191,8 +216,10 @@ dt_status dt_dataset_batch(const dt_dataset *ds, const uint32_t *indices, int n,
  * KJV file when that is what it maps (else ""). Batches are built by dt_dataset_batch_tokens or a
  * loader (which then fills dt_batch.tok and .y with T values per sample). */
 
-/* True when spec names a text data set: "text:FILE" or "kjv". */
+/* True when spec names a text data set: "text:FILE", "kjv" or "tokens:DIR". */
 bool dt_data_is_text(const char *spec);
+/* True when spec names pre-tokenized token files: "tokens:DIR". */
+bool dt_data_is_tokens(const char *spec);
 /* Opens a text data set. spec is
  *  - "text:FILE": any file, read as bytes;
  *  - "kjv": the King James Bible (~4.4 MB, 73 distinct bytes): $DTRAIN_DATASETS/kjv.txt
@@ -203,6 +230,19 @@ bool dt_data_is_text(const char *spec);
  *    when /usr/lib/bible.data is newer; with DTRAIN_DATA_CACHE=0 (or when the cache cannot be
  *    written) the text is generated into private memory on each open. No `bible`: DT_ENOENT
  *    saying to install bible-kjv (scripts/install-deps).
+ *  - "tokens:DIR": pre-tokenized 16-bit tokens (a GPT-2 BPE corpus, ...), in either layout:
+ *    nanoGPT's prepare.py output, DIR/train.bin and DIR/val.bin (raw little-endian uint16, as
+ *    np.uint16 .tofile writes), or llm.c's shards, DIR/..._train_....bin and DIR/..._val_....bin (each a
+ *    header of 256 little-endian int32: magic 20240520, version 1, token count; then the uint16
+ *    tokens), taken in name order as one stream. val.bin / the _val_ shards are *val (when
+ *    val_fraction > 0; val_fraction 0 means none); without them the last val_fraction of the
+ *    train tokens is held out as for text. DIR may also name one such file. The vocabulary
+ *    (dt_dataset_classes) is each set's largest token + 1; dt_dataset_set_classes raises it (a
+ *    model's V), or refuses a V below a token, naming it. dt_dataset_dtype is DT_I16 (the stored
+ *    width; tokens are read unsigned). A set in one file is mapped; several shards are read
+ *    into memory. Errors: DT_ENOENT (no such directory, or none of those files in it),
+ *    DT_EFORMAT naming the file (an odd byte count, a shard without its header, another
+ *    version, a header whose count does not match the size).
  * T >= 1 is the window (the model's context length). val_fraction in [0, 0.5] (callers default
  * to 0.1) is the share of the file's bytes, at its end, that form *val; 0 sets *val = NULL. val
  * may be NULL (the train set is the same either way). Errors name the file or flag and what to

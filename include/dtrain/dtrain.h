@@ -1,4 +1,5 @@
-/* libdtrain: the public API in one include. */
+/* libdtrain: the public API in one include: every header of include/dtrain (tests/library.sh
+ * checks that none is missing and that a program including only this file compiles as C and C++). */
 #ifndef DTRAIN_H
 #define DTRAIN_H
 
@@ -7,6 +8,7 @@
 #include "dtrain/core.h"
 #include "dtrain/layers.h"
 #include "dtrain/nn.h"
+#include "dtrain/models.h"
 #include "dtrain/optim.h"
 #include "dtrain/train.h"
 #include "dtrain/workers.h"

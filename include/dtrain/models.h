@@ -58,13 +58,20 @@ dt_status dt_gpt_generate(dt_model *m, const int32_t *prompt, int nprompt, int n
 
 /* True when spec names a GPT ("gpt" or "gpt:..."). */
 bool dt_model_spec_is_gpt(const char *spec);
-/* Any model from its spec: a GPT spec, or a sequential spec / preset for inputs of shape
- * (C,H,W). For a GPT, (C,H,W) are ignored (its input is T ids). */
+/* The seed dt_model_build initialises with: the trainer's default (dt_train_defaults' seed). */
+#define DT_MODEL_BUILD_SEED 42
+/* Any model from its spec, ready to train: a GPT spec, or a sequential spec / preset for inputs
+ * of shape (C,H,W) (for a GPT they are ignored: its input is T ids). Its parameters are
+ * initialised as dt_model_init(*m, DT_MODEL_BUILD_SEED) does (call dt_model_init for another
+ * seed; loading a checkpoint or weights overwrites them). The model is the caller's
+ * (dt_model_free). DT_EINVAL names a bad spec or shape. */
 dt_status dt_model_build(dt_model **m, const char *spec, int C, int H, int W);
-/* As dt_model_build, but unplaced: no parameter or gradient memory is written or charged until
- * dt_model_place (the trainer places the part its strategy says this rank holds). */
+/* As dt_model_build, but unplaced and NOT initialised: no parameter or gradient memory is written
+ * or charged until dt_model_place (the trainer places the part its strategy says this rank holds),
+ * then dt_model_init. */
 dt_status dt_model_build_unplaced(dt_model **m, const char *spec, int C, int H, int W);
-/* The sequential model of spec, placed whole or (defer) unplaced. */
+/* The sequential model of spec, placed whole or (defer) unplaced; not initialised (parameters
+ * zero until dt_model_init). */
 dt_status dt_model_create_spec_placed(dt_model **m, const char *spec, int C, int H, int W, bool defer);
 
 #ifdef __cplusplus

@@ -94,8 +94,9 @@ typedef struct {
 } dt_epoch_info;
 
 typedef struct {
-    const char *data;         /* IDX directory, "fashion-mnist", "mnist", a .csv file, or text ("text:FILE",
-                               * "kjv": byte windows of the GPT's context T) */
+    const char *data;         /* IDX directory, "fashion-mnist", "mnist", a .csv file, "npy:..." arrays, or text
+                               * for a GPT ("text:FILE", "kjv": byte windows of its context T; "tokens:DIR":
+                               * 16-bit token files) (dt_dataset_open, dt_dataset_open_text) */
     int64_t epoch_windows;    /* samples per epoch (text: windows), the first of each epoch's shuffle; 0 = all */
     double val_fraction;      /* text: the last part of the file held out for evaluation (default 0.1) */
     const char *model;        /* spec string or preset ("mlp", "cnn", "gpt:L=4,H=4,C=128,T=64"); NULL = the resumed
@@ -186,7 +187,8 @@ void dt_trainer_free(dt_trainer *t);
  * Once the run has reached its end, another call returns DT_OK at once. DT_EINTR: stopped by
  * cfg->stop after writing a checkpoint (the message says how to continue). */
 dt_status dt_trainer_run(dt_trainer *t);
-/* Loss and accuracy of the current model on the test set (NaN, NaN if there is none).
+/* Loss and accuracy of the current model on the test set. DT_EINVAL (loss and acc NaN) when the
+ * run has none: the message says how to give one.
  * Collective: with a communicator, EVERY rank of the job must call it (each evaluates its shard
  * and the sums are allreduced); a rank calling it alone fails with DT_EPEER naming that. */
 dt_status dt_trainer_evaluate(dt_trainer *t, float *loss, float *acc);
@@ -230,6 +232,10 @@ void dt_train_best_path(const char *save, char *out, size_t cap);
  * loads its weights; the caller frees *m. */
 dt_status dt_model_load(dt_model **m, const char *checkpoint);
 
+/* Loss and accuracy (every output row: a label per sample, a next token per position) of model
+ * m on the whole data set ds, in batches of `batch`, in this process (no communicator). ds must
+ * fit m's input (feature or token set); a label beyond m's outputs is DT_EINVAL naming it. */
+dt_status dt_evaluate_dataset(dt_model *m, const dt_dataset *ds, int batch, float *loss, float *acc);
 /* Evaluates a checkpoint on the test split of a data set (dtrain eval); a data set without one
  * is evaluated on its training split. *split gets "test" or "train". */
 dt_status dt_evaluate_checkpoint(const char *checkpoint, const char *data, int batch, float *loss, float *acc,

@@ -1,5 +1,6 @@
 /* dtrain sample: generates text with a trained GPT checkpoint (byte tokens): the prompt, then
- * --tokens more bytes drawn with --temperature and --top-k, printed as they come.
+ * --tokens more bytes drawn with --temperature and --top-k, printed as they come. With --ids (a
+ * model of token files, tokens:DIR) the prompt and the output are token ids instead of bytes.
  * Exit status: 0; 1 at run time; 2 a wrong flag or a prompt outside the vocabulary; 78 a checkpoint
  * that cannot be read, or a model that is not a GPT. */
 #include "cli/cli.h"
@@ -18,13 +19,34 @@ static const char SAMPLE_USAGE[] =
     "a --checkpoint-dir directory gives its newest usable checkpoint), or from plain weights\n"
     "(--save-weights, or a nanoGPT-named PyTorch state_dict) with their --model. The prompt is fed as bytes;\n"
     "the model continues it for --tokens bytes. --temperature 0 is greedy; --top-k 0 samples from\n"
-    "every byte. The same seed gives the same text.\n\n"
+    "every byte. The same seed gives the same text. A model of token files (--data tokens:DIR) reads and\n"
+    "writes token ids: pass --ids and --prompt \"464 3290 318\" and decode the output with your tokenizer.\n\n"
     "Example: dtrain sample --checkpoint kjv.safetensors --prompt \"In the beginning\" --tokens 200";
 
 static void put_token(void *ctx, int32_t tok) {
-    (void)ctx;
-    putchar(tok & 0xff);
+    if (*(const bool *)ctx) printf(" %d", (int)tok);  /* --ids */
+    else putchar(tok & 0xff);
     fflush(stdout);
+}
+
+/* --ids: the prompt's token ids ("1 2 3" or "1,2,3") into ids (room for strlen(prompt) / 2 + 1);
+ * their count, or -1 after saying which one is wrong (exit 2). */
+static int parse_ids(const char *prompt, int V, int32_t *ids) {
+    int n = 0;
+    for (const char *p = prompt;;) {
+        while (*p == ' ' || *p == ',' || *p == '\t' || *p == '\n') p++;
+        if (!*p) break;
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || (*end && !strchr(" ,\t\n", *end)) || v < 0 || v >= V)
+            return dt_cli_usage("with --ids, --prompt is token ids of the model's vocabulary, e.g. --prompt \"464 3290\"",
+                                "--prompt: token %d ('%.*s') is not an id in [0, %d)", n + 1, (int)strcspn(p, " ,\t\n"), p,
+                                V), -1;
+        ids[n++] = (int32_t)v;
+        p = end;
+    }
+    if (!n) return dt_cli_usage(NULL, "--ids: --prompt holds no token id"), -1;
+    return n;
 }
 
 /* The flags' values; 0, or the exit status (2) after saying which is wrong. */
@@ -46,7 +68,7 @@ static int check_flags(const char *ckpt, const char *weights, const char *prompt
 /* The GPT of src (a checkpoint, or weights with their spec), able to take the prompt's bytes; 0,
  * or the exit status: 78 for a file or model that cannot be used, 2 for a prompt outside its
  * vocabulary or a missing spec. */
-static int open_gpt(const dt_model_source *src, const char *prompt, dt_model **m) {
+static int open_gpt(const dt_model_source *src, const char *prompt, bool ids, dt_model **m) {
     const char *flag = src->checkpoint ? "--checkpoint" : "--weights";
     const char *file = src->checkpoint ? src->checkpoint : src->weights;
     char spec[1024];
@@ -60,6 +82,11 @@ static int open_gpt(const dt_model_source *src, const char *prompt, dt_model **m
                            "%s %s: model '%s' is not a language model (it takes no token ids)", flag, file,
                            dt_model_spec(*m)), DT_EXIT_CONFIG;
     const int V = dt_model_classes(*m);
+    if (ids) return 0;  /* checked as they are parsed */
+    if (V > 256)
+        return dt_cli_usage("decode and encode with the tokenizer of its data; pass --ids --prompt \"ID ID ...\"",
+                            "%s %s: model '%s' has V=%d tokens (it was trained on token files), not bytes: its prompt and "
+                            "output are token ids", flag, file, dt_model_spec(*m), V);
     for (size_t i = 0; prompt[i]; i++)
         if ((unsigned char)prompt[i] >= V)
             return dt_cli_usage("give a prompt of the bytes the model was trained on",
@@ -71,6 +98,7 @@ static int open_gpt(const dt_model_source *src, const char *prompt, dt_model **m
 int dt_cmd_sample(int argc, char **argv) {
     const char *ckpt = NULL, *weights = NULL, *model = NULL, *prompt = "\n";
     int ntok = 200, top_k = 40, threads = 1;
+    bool tok_ids = false;
     float temperature = 0.8f;
     int64_t seed = 1;
     const dt_flag flags[] = {
@@ -83,6 +111,7 @@ int dt_cmd_sample(int argc, char **argv) {
         {"top-k", DT_FLAG_INT, &top_k, "K", "sample among the K most likely bytes (0 = all)"},
         {"seed", DT_FLAG_I64, &seed, "S", "seed of the draws"},
         {"threads", DT_FLAG_INT, &threads, "N", "BLAS threads"},
+        {"ids", DT_FLAG_BOOL, &tok_ids, NULL, "the prompt and the output are token ids (a model of --data tokens:DIR)"},
     };
     int r = dt_flags_parse(argc, argv, 1, flags, (int)(sizeof flags / sizeof *flags), SAMPLE_USAGE, NULL, 0, NULL, NULL);
     if (r) return r < 0 ? DT_EXIT_USAGE : 0;
@@ -92,20 +121,31 @@ int dt_cmd_sample(int argc, char **argv) {
     dt_set_threads(threads);
     dt_model *m = NULL;
     const dt_model_source src = {.checkpoint = ckpt ? file : NULL, .weights = weights, .model = model};
-    if ((r = open_gpt(&src, prompt, &m)) != 0) {
+    if ((r = open_gpt(&src, prompt, tok_ids, &m)) != 0) {
         dt_model_free(m);
         return r;
     }
-    const size_t np = strlen(prompt);
-    int32_t *ids = malloc(np * sizeof *ids);
+    size_t np = strlen(prompt);
+    int32_t *ids = malloc((np + 1) * sizeof *ids);
     if (!ids) {
         dt_model_free(m);
         return dt_cli_fail(NULL, "out of memory");
     }
-    for (size_t i = 0; i < np; i++) ids[i] = (unsigned char)prompt[i];
-    fputs(prompt, stdout);
+    if (tok_ids) {
+        int n = parse_ids(prompt, dt_model_classes(m), ids);
+        if (n < 0) {
+            free(ids);
+            dt_model_free(m);
+            return DT_EXIT_USAGE;
+        }
+        np = (size_t)n;
+        for (size_t i = 0; i < np; i++) printf("%s%d", i ? " " : "", (int)ids[i]);
+    } else {
+        for (size_t i = 0; i < np; i++) ids[i] = (unsigned char)prompt[i];
+        fputs(prompt, stdout);
+    }
     dt_sample_config sc = {.temperature = temperature, .top_k = top_k, .seed = (uint64_t)seed};
-    dt_status s = dt_gpt_generate(m, ids, (int)np, ntok, &sc, put_token, NULL);
+    dt_status s = dt_gpt_generate(m, ids, (int)np, ntok, &sc, put_token, &tok_ids);
     putchar('\n');
     free(ids);
     dt_model_free(m);

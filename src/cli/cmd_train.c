@@ -119,7 +119,7 @@ static int parse_train_flags(int argc, char **argv, train_opts *o) {
     dt_train_config *c = &o->cfg;
     c->model = NULL; /* mlp, or the model of the checkpoint being resumed */
     const dt_flag flags[] = {
-        {"data", DT_FLAG_STR, &c->data, "DIR", "IDX directory (train-*/t10k-* files), fashion-mnist, mnist, a .csv, text:FILE or kjv"},
+        {"data", DT_FLAG_STR, &c->data, "DIR", "IDX directory (train-*/t10k-* files), fashion-mnist, mnist, a .csv, npy:X.npy,Y.npy or npy:DIR (x_train.npy, y_train.npy, x_test.npy, y_test.npy); for a GPT: text:FILE, kjv or tokens:DIR (nanoGPT train.bin/val.bin, llm.c shards)"},
         {"model", DT_FLAG_STR, &c->model, "SPEC", "model spec or preset mlp, cnn, gpt[:L=4,H=4,C=128,T=64] (default mlp; when resuming, the checkpoint's)"},
         {"epochs", DT_FLAG_INT, &c->epochs, "N", "passes over the training set"},
         {"batch", DT_FLAG_INT, &c->batch, "N", "samples per step (per micro-batch with --grad-accum)"},

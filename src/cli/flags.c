@@ -61,7 +61,11 @@ int dt_cli_checkpoint(const char *flag, const char *path, char *out, size_t cap)
 }
 
 bool dt_cli_checkpoint_data_here(const char *checkpoint, const char *data) {
-    const char *file = !strncmp(data, "text:", 5) ? data + 5 : data;
+    const char *file = !strncmp(data, "text:", 5) ? data + 5 : !strncmp(data, "tokens:", 7) ? data + 7
+                       : !strncmp(data, "npy:", 4) ? data + 4 : data;  /* npy: its first path */
+    char first[4096];
+    snprintf(first, sizeof first, "%.*s", (int)strcspn(file, ","), file);
+    file = first;
     struct stat st;
     if (*file != '/' || stat(file, &st) == 0) return true;  /* a name (kjv, fashion-mnist), or there */
     fprintf(stderr, "dtrain: note: %s was trained on --data %s, which is not on this machine; pass --data to use "

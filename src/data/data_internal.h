@@ -53,7 +53,8 @@ struct dt_dataset {
     char source[512];  /* file(s) it came from */
     char cache[PATH_MAX]; /* the cache file map came from ("" when private) */
     int T;             /* text: the window (x holds text_len bytes, y is NULL); 0 = features */
-    size_t text_len;   /* text: bytes of this set (train or validation part of the file) */
+    size_t text_len;   /* text: tokens of this set (train or validation part): bytes, or 16-bit tokens */
+    bool tok16;        /* text: x holds little-endian uint16 tokens (tokens:DIR), else bytes */
     dt_dataset *base;  /* a view (--val-split's parts): x and y are base's, sample i is its rows[i] */
     uint32_t *rows;    /* a view: its samples' indices in base (owned), else NULL */
     int refs;          /* views holding this set beside its owner (atomic): dt_dataset_free waits for them */
@@ -83,9 +84,14 @@ void dt_dataset_init_idx(dt_dataset *ds, const dt_idx *im, int C, int H, int W, 
  * status is an error in the data files themselves, with the same message the private path gives. */
 dt_status dt_cache_open_idx(dt_dataset **out, const char *images_path, const char *labels_path);
 
-/* Text data set: sets the class count (vocabulary), at least the largest byte + 1 (DT_EINVAL
- * naming the first byte that does not fit). */
+/* Text data set: sets the class count (vocabulary), at least the largest token + 1 (DT_EINVAL
+ * naming the first token that does not fit). */
 dt_status dt_text_set_classes(dt_dataset *ds, int classes);
+
+/* Opens "tokens:DIR" (see dt_dataset_open_text): nanoGPT's train.bin / val.bin or llm.c's
+ * *_train_*.bin / *_val_*.bin shards, as windows of T 16-bit tokens. Same contract as
+ * dt_dataset_open_text. */
+dt_status dt_tokens_open(dt_dataset **train, dt_dataset **val, const char *spec, int T, double val_fraction);
 
 /* The shared data cache directory (/dev/shm or $DTRAIN_DATA_CACHE, created 0700 when missing)
  * into dir; false when the cache is off (DTRAIN_DATA_CACHE=0) or the directory is unusable

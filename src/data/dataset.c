@@ -437,6 +437,7 @@ dt_status dt_dataset_open(dt_dataset **train, dt_dataset **test, const char *pat
     if (dt_data_is_text(path))
         return dt_error(DT_EINVAL, "--data %s is a text data set: open it with dt_dataset_open_text and the model's context length T",
                         path);
+    if (dt_data_is_npy(path) || dt_data_is_npy_dir(path)) return dt_dataset_open_npy_spec(train, test, path);
     if (!strcmp(path, "fashion-mnist") || !strcmp(path, "mnist")) {
         const char *root = getenv("DTRAIN_DATASETS");
         char dir[PATH_MAX];

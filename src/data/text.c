@@ -15,19 +15,35 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-bool dt_data_is_text(const char *spec) { return spec && (!strncmp(spec, "text:", 5) || !strcmp(spec, "kjv")); }
+bool dt_data_is_text(const char *spec) {
+    return spec && (!strncmp(spec, "text:", 5) || !strcmp(spec, "kjv") || dt_data_is_tokens(spec));
+}
+
+bool dt_data_is_tokens(const char *spec) { return spec && !strncmp(spec, "tokens:", 7); }
+
+/* Token i of a text set's stored tokens. */
+static inline uint32_t token_at(const dt_dataset *ds, size_t i) {
+    if (!ds->tok16) return ((const uint8_t *)ds->x)[i];
+    const uint8_t *p = (const uint8_t *)ds->x + 2 * i;
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8;  /* little-endian on any host */
+}
 
 bool dt_dataset_is_text(const dt_dataset *ds) { return ds->T > 0; }
 
 int dt_dataset_window(const dt_dataset *ds) { return ds->T; }
 
 dt_status dt_text_set_classes(dt_dataset *ds, int classes) {
-    const uint8_t *p = ds->x;
-    if (classes < 256)
-        for (size_t i = 0; i < ds->text_len; i++)
-            if (p[i] >= classes)
-                return dt_error(DT_EINVAL, "%s: byte %u (at offset %zu of the set) does not fit a vocabulary of %d: a byte-level "
-                                "model needs 256 outputs", ds->source, p[i], i, classes);
+    if (classes < (ds->tok16 ? 65536 : 256))
+        for (size_t i = 0; i < ds->text_len; i++) {
+            const uint32_t v = token_at(ds, i);
+            if (v < (uint32_t)classes) continue;
+            if (ds->tok16)
+                return dt_error(DT_EINVAL, "%s: token %u (token %zu of the set) does not fit a vocabulary of %d: leave V= out "
+                                "of --model gpt:... (it is then the data's largest token + 1) or pass V=%u or more",
+                                ds->source, v, i, classes, (uint32_t)ds->classes > v + 1 ? (uint32_t)ds->classes : v + 1);
+            return dt_error(DT_EINVAL, "%s: byte %u (at offset %zu of the set) does not fit a vocabulary of %d: a byte-level "
+                            "model needs 256 outputs", ds->source, v, i, classes);
+        }
     ds->classes = classes;
     return DT_OK;
 }
@@ -42,6 +58,16 @@ dt_status dt_dataset_batch_tokens(const dt_dataset *ds, const uint32_t *indices,
             return dt_error(DT_EINVAL, "batch position %d: window index %u is out of range (text data set %s has %zu windows)", i,
                             indices[i], ds->source, ds->n);
     const size_t T = (size_t)ds->T;
+    if (ds->tok16) {
+        for (int i = 0; i < n; i++) {
+            const size_t s = (size_t)indices[i] * T;  /* window (T+1) */
+            for (size_t t = 0; t < T; t++) {
+                if (tok) tok[(size_t)i * T + t] = (int32_t)token_at(ds, s + t);
+                if (tgt) tgt[(size_t)i * T + t] = (int32_t)token_at(ds, s + t + 1);
+            }
+        }
+        return DT_OK;
+    }
     const uint8_t *bytes = ds->x;
     for (int i = 0; i < n; i++) {
         const uint8_t *restrict w = bytes + (size_t)indices[i] * T;  /* window (T+1) */
@@ -169,11 +195,13 @@ dt_status dt_dataset_open_text(dt_dataset **train, dt_dataset **val, const char 
     *train = NULL;
     if (val) *val = NULL;
     if (!dt_data_is_text(spec))
-        return dt_error(DT_EINVAL, "--data %s is not a text data set: pass --data text:FILE or --data kjv", spec ? spec : "(none)");
+        return dt_error(DT_EINVAL, "--data %s is not a text data set: pass --data text:FILE, --data kjv or --data tokens:DIR",
+                        spec ? spec : "(none)");
     if (T < 1) return dt_error(DT_EINVAL, "--data %s: the window T = %d must be >= 1 (it is the model's context length)", spec, T);
     if (!(val_fraction >= 0 && val_fraction <= 0.5))
         return dt_error(DT_EINVAL, "--val-fraction %g is outside [0, 0.5]: pass e.g. 0.1 (the last 10%% of the bytes validate), or 0 for "
                         "no validation set", val_fraction);
+    if (dt_data_is_tokens(spec)) return dt_tokens_open(train, val, spec, T, val_fraction);
     text_src src = {.fd = -1};
     dt_dataset *tr = NULL, *va = NULL;
     dt_status st = src_open(&src, spec);

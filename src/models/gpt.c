@@ -169,8 +169,13 @@ dt_status dt_model_build_unplaced(dt_model **m, const char *spec, int C, int H, 
 
 dt_status dt_model_build(dt_model **m, const char *spec, int C, int H, int W) {
     *m = NULL;
-    if (!dt_model_spec_is_gpt(spec)) return dt_model_create_from_spec(m, spec, C, H, W);
-    dt_gpt_config c;
-    DT_TRY(dt_gpt_parse(spec, &c));
-    return dt_gpt_create(m, &c);
+    if (!dt_model_spec_is_gpt(spec)) {
+        DT_TRY(dt_model_create_from_spec(m, spec, C, H, W));
+    } else {
+        dt_gpt_config c;
+        DT_TRY(dt_gpt_parse(spec, &c));
+        DT_TRY(dt_gpt_create(m, &c));
+    }
+    dt_model_init(*m, DT_MODEL_BUILD_SEED);  /* ready to train, as an embedder expects */
+    return DT_OK;
 }

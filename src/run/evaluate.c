@@ -91,8 +91,13 @@ static dt_status collective_error(const dt_trainer *t, dt_status s) {
 
 dt_status dt_trainer_evaluate(dt_trainer *t, float *loss, float *acc) {
     *loss = *acc = NAN;
-    if (!t->test) return DT_OK;
-    const eval_opts o = {.batch = t->cfg.batch};
+    if (!t->test)  /* the same on every rank: no collective is entered */
+        return dt_error(DT_EINVAL, "dt_trainer_evaluate: the run has no test set (--data %s gave none): set "
+                        "dt_train_config.test_set, use data with a test part (an IDX directory's t10k files, a "
+                        "CSV's *test* sibling, text or tokens with --val-fraction > 0, npy x_test/y_test), or evaluate "
+                        "a data set of your own with dt_evaluate_dataset",
+                        t->cfg.data ? t->cfg.data : "(in memory)");
+    const eval_opts o = {.batch = t->cfg.batch};  /* the whole set: --eval-batches bounds only training's */
     return collective_error(t, evaluate(t->model, t->strategy, t->test, t->dcomm, &o, loss, acc, NULL));
 }
 

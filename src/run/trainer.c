@@ -197,14 +197,37 @@ dt_status dt_trainer_open_data(const char *data, const char *spec, double val_fr
         return dt_error(DT_EINVAL, text ? "--data %s is text (byte tokens) and model '%s' takes no token ids: use a "
                                           "--model gpt[:L=..,H=..,C=..,T=..] (or its checkpoint)"
                                         : "--data %s is not text and model '%s' reads token ids: give it --data "
-                                          "text:FILE or --data kjv",
+                                          "text:FILE, --data kjv or --data tokens:DIR",
                         data, spec);
     if (!text) return dt_dataset_open(train, test, data);
     dt_gpt_config g;
     DT_TRY(dt_gpt_parse(spec, &g));
-    if (g.V < 256)
+    if (!dt_data_is_tokens(data) && g.V < 256)
         return dt_error(DT_EINVAL, "--model %s: V=%d, but text data has 256 byte values; use V=256", spec, g.V);
     return dt_dataset_open_text(train, test, data, g.T, val_fraction);
+}
+
+/* True when a GPT spec sets V= itself. */
+static bool spec_sets_vocab(const char *spec) {
+    const char *p = strchr(spec, ':');
+    for (; p; p = strchr(p + 1, ','))
+        if (!strncmp(p + 1, "V=", 2)) return true;
+    return false;
+}
+
+/* Token files (16-bit token sets) and a GPT spec without V=: the spec with the data's vocabulary,
+ * the largest token of the train and test sets + 1, in t->vocab_spec; else spec unchanged. */
+static dt_status data_vocab_spec(dt_trainer *t, const char **spec) {
+    if (!dt_model_spec_is_gpt(*spec) || !dt_dataset_is_text(t->train) || dt_dataset_dtype(t->train) != DT_I16 ||
+        spec_sets_vocab(*spec))
+        return DT_OK;
+    dt_gpt_config g;
+    DT_TRY(dt_gpt_parse(*spec, &g));
+    g.V = dt_dataset_classes(t->train);
+    if (t->test && dt_dataset_classes(t->test) > g.V) g.V = dt_dataset_classes(t->test);
+    dt_gpt_format(t->vocab_spec, sizeof t->vocab_spec, &g);
+    *spec = t->vocab_spec;
+    return DT_OK;
 }
 
 /* The strategy spec this run trains with: the configured one, else ddp (more than one rank) or single. */
@@ -323,6 +346,9 @@ static dt_status setup_model(dt_trainer *t, const char *spec, const dt_strategy_
          * wrong model) */
         dt_status s = dt_dataset_set_classes(t->train, nout);
         if (s == DT_OK && t->test) s = dt_dataset_set_classes(t->test, nout);
+        if (dt_dataset_is_text(t->train))  /* a GPT's V below a token of the data: the message names it */
+            return dt_error_wrap(DT_EINVAL, "--model %s: V=%d is too small for --data %s", dt_model_spec(t->model), nout,
+                                 c->data);
         return dt_error_wrap(DT_EINVAL, "model '%s' outputs %d classes but --data %s has labels up to %d; if they are "
                                         "right, end the spec with linear(%d)",
                              dt_model_spec(t->model), nout, c->data, t->classes - 1, t->classes);
@@ -431,6 +457,7 @@ static dt_status trainer_setup(dt_trainer *t) {
                                    "use --precision bf16", sentry->name);
     }
     DT_TRY(setup_data(t, spec, resume, &info));
+    DT_TRY(data_vocab_spec(t, &spec));
     DT_TRY(setup_model(t, spec, sentry, &sopts, resume));
     if (fp16) DT_TRY(dt_optim_set_loss_scaling(t->optim, true, NULL));
     DT_TRY(restore_and_normalize(t, resume, &info));

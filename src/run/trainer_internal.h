@@ -33,6 +33,7 @@ struct dt_trainer {
     dt_trace trace;           /* empty unless cfg.timeline */
     char resume_path[4096];   /* the checkpoint resumed from (resolves "auto") */
     char last_ckpt[4096];     /* last checkpoint written or resumed from */
+    char vocab_spec[256];     /* --data tokens: with a GPT spec that gives no V=: the spec with the data's V */
     double last_ckpt_time;
     int64_t saved_step;       /* step of the last numbered checkpoint (-1: none) */
     int resume_noted;         /* the "training again" note was given */
@@ -114,8 +115,6 @@ dt_status dt_trainer_split_val(dt_trainer *t);
 dt_status dt_trainer_validate(dt_trainer *t, dt_epoch_info *e);
 /* --save-weights: rank 0 writes the weights-only file. */
 dt_status dt_trainer_save_weights(dt_trainer *t);
-/* Loss and accuracy of m over all of ds in batches of `batch` (one process). */
-dt_status dt_evaluate_dataset(dt_model *m, const dt_dataset *ds, int batch, float *loss, float *acc);
 /* Passes a note to cfg.on_note on rank 0 (printf-style). */
 void dt_trainer_note(const dt_trainer *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Rank 0 writes checkpoint_dir/ckpt-<step> and prunes to --keep; every rank restarts its timer. */

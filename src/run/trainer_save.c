@@ -12,20 +12,30 @@
 #include <unistd.h>
 
 /* data (a --data value) into out with files as absolute paths (symbolic links kept), so a later
- * eval or resume from another directory finds them: text:FILE, a .csv or an IDX directory that
- * exists; names such as kjv or fashion-mnist as they are; "" for NULL or a value that does not fit. */
+ * eval or resume from another directory finds them: text:FILE, tokens:DIR, each path of npy:A,B..,
+ * a .csv or an IDX directory that exists; names such as kjv or fashion-mnist as they are; "" for
+ * NULL or a value that does not fit. */
 static void data_name_absolute(const char *data, char *out, size_t cap) {
     out[0] = '\0';
     if (!data) return;
-    const bool text = !strncmp(data, "text:", 5);
-    const char *file = text ? data + 5 : data;
-    if (!text && (!strcmp(data, "kjv") || !strcmp(data, "fashion-mnist") || !strcmp(data, "mnist"))) file = "";
-    char cwd[PATH_MAX];  /* absolute, links kept (train.csv -> a store blob keeps its name and test.csv) */
-    struct stat st;
-    const bool rel = *file && *file != '/' && stat(file, &st) == 0 && getcwd(cwd, sizeof cwd);
-    if ((size_t)snprintf(out, cap, "%s%s%s%s", text ? "text:" : "", rel ? cwd : "", rel ? "/" : "", data + (text ? 5 : 0)) >=
-        cap)
-        out[0] = '\0';
+    static const char *prefixes[] = {"text:", "tokens:", "npy:"};
+    size_t pre = 0;
+    for (size_t i = 0; i < sizeof prefixes / sizeof *prefixes; i++)
+        if (!strncmp(data, prefixes[i], strlen(prefixes[i]))) pre = strlen(prefixes[i]);
+    if (!pre && (!strcmp(data, "kjv") || !strcmp(data, "fashion-mnist") || !strcmp(data, "mnist"))) pre = strlen(data);
+    char cwd[PATH_MAX], part[PATH_MAX];  /* absolute, links kept (train.csv -> a store blob keeps its name and test.csv) */
+    const bool have_cwd = getcwd(cwd, sizeof cwd) != NULL;
+    size_t n = (size_t)snprintf(out, cap, "%.*s", (int)pre, data);
+    const bool list = !strncmp(data, "npy:", 4);  /* comma-separated paths */
+    for (const char *p = data + pre; *p && n < cap;) {
+        size_t len = list ? strcspn(p, ",") : strlen(p);
+        snprintf(part, sizeof part, "%.*s", (int)len, p);
+        struct stat st;
+        const bool rel = part[0] != '/' && have_cwd && stat(part, &st) == 0;
+        n += (size_t)snprintf(out + n, cap - n, "%s%s%s%s", p == data + pre ? "" : ",", rel ? cwd : "", rel ? "/" : "", part);
+        p += len + (p[len] == ',');
+    }
+    if (n >= cap) out[0] = '\0';
 }
 
 static void fill_info(const dt_trainer *t, dt_ckpt_info *info) {
