@@ -42,7 +42,8 @@ typedef struct dt_dataset dt_dataset;
  *  - "fashion-mnist" or "mnist": IDX directory $DTRAIN_DATASETS/<name> (default
  *    /usr/share/datasets/<name>); DT_ENOENT says what to install when it is missing;
  *  - a directory holding train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte
- *    and t10k-labels-idx1-ubyte (each raw or with .gz appended);
+ *    and t10k-labels-idx1-ubyte (each raw or with .gz appended); without both t10k files, *test is
+ *    set to NULL (a training set alone);
  *  - a file ending in .csv or .csv.gz (default dt_csv_options). The test set is the sibling file
  *    whose name has "train" replaced by "test" (mnist_train.csv -> mnist_test.csv) when the name
  *    contains "train" and that file exists; otherwise *test is set to NULL.

@@ -192,7 +192,8 @@ void dt_train_best_path(const char *save, char *out, size_t cap);
 dt_status dt_model_load(dt_model **m, const char *checkpoint);
 
 /* Evaluates a checkpoint on the test split of a data set (dtrain eval); a data set without one
- * is evaluated on its training split. *split gets "test" or "train". */
+ * is evaluated on its training split. *split gets "test" or "train". data NULL: the data set the
+ * checkpoint records (its --data), DT_EINVAL when it records none. */
 dt_status dt_evaluate_checkpoint(const char *checkpoint, const char *data, int batch, float *loss, float *acc,
                                  int64_t *samples, const char **split);
 

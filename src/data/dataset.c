@@ -384,6 +384,8 @@ static dt_status open_dir(dt_dataset **train, dt_dataset **test, const char *dir
                                    "t10k-labels-idx1-ubyte"};
     char p[4][PATH_MAX];
     int need = test ? 4 : 2;
+    if (test && !alias && find_idx(p[2], sizeof p[2], dir, names[2]) < 0 && find_idx(p[3], sizeof p[3], dir, names[3]) < 0)
+        need = 2, test = NULL;  /* a directory of a training set alone (as a .csv without its test sibling) */
     for (int i = 0; i < need; i++) {
         int f = find_idx(p[i], sizeof p[i], dir, names[i]);
         if (f == 2)

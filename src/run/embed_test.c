@@ -1,7 +1,8 @@
 /* The C API as an embedder meets it: an in-memory data set passed to the trainer trains exactly
  * as the same data read from CSV files; dt_launch_workers runs a function on N forked workers,
  * returns the first failing worker's error and names dt_trainer_evaluate's collective contract
- * when one rank calls it alone. */
+ * when one rank calls it alone; dt_evaluate_checkpoint without a data set takes the one the
+ * checkpoint records. */
 #include "core/test.h"
 #include "dtrain/launch.h"
 #include "dtrain/train.h"
@@ -89,6 +90,38 @@ static void test_memory_equals_csv(void) {
     dt_dataset_free(te);
 }
 
+/* dt_evaluate_checkpoint(data NULL) evaluates on the data set the checkpoint trained on (as
+ * dtrain eval without --data); one trained on in-memory data records "(in-memory data set)": an error naming it, not a guess */
+static void test_evaluate_recorded_data(void) {
+    char data[128], ckpt[128];
+    snprintf(data, sizeof data, "%s/train.csv", g_dir);
+    snprintf(ckpt, sizeof ckpt, "%s/eval.safetensors", g_dir);
+    dt_train_config c = small_config();
+    c.data = data, c.save = ckpt, c.epochs = 1;
+    float p[4096], trained;
+    train_params(&c, p, 4096, &trained);
+    float la = 0, aa = 0, lb = 1, ab = 1;
+    int64_t na = 0, nb = 0;
+    const char *sa = "", *sb = "";
+    CHECK_OK(dt_evaluate_checkpoint(ckpt, data, 16, &la, &aa, &na, &sa));
+    CHECK_OK(dt_evaluate_checkpoint(ckpt, NULL, 16, &lb, &ab, &nb, &sb));
+    CHECK_MSG(la == lb && aa == ab && na == NS && nb == NS && !strcmp(sa, "test") && !strcmp(sb, "test"),
+              "recorded data: loss %g acc %g n %lld %s; given: loss %g acc %g n %lld %s", lb, ab, (long long)nb, sb,
+              la, aa, (long long)na, sa);
+    CHECK_MSG(la == trained, "evaluate %g vs the trainer's %g", la, trained);
+    dt_dataset *tr = NULL;
+    CHECK_OK(dt_dataset_create(&tr, DT_F32, g_x, g_y, NS, 1, 1, NF, 0));
+    c = small_config();
+    c.train_set = tr, c.save = ckpt, c.epochs = 1;
+    dt_trainer *t = NULL;
+    CHECK_OK(dt_trainer_create(&t, &c));
+    if (t) CHECK_OK(dt_trainer_run(t));
+    dt_trainer_free(t);
+    CHECK_MSG(dt_evaluate_checkpoint(ckpt, NULL, 16, &lb, &ab, &nb, &sb) != DT_OK &&
+          strstr(dt_last_error(), "in-memory"), "%s", dt_last_error());
+    dt_dataset_free(tr);
+}
+
 static dt_status fail_on_rank1(dt_comm *comm, void *ctx) {
     (void)ctx;
     if (dt_comm_rank(comm) == 1) return dt_error(DT_EINVAL, "boom on rank %d", dt_comm_rank(comm));
@@ -163,6 +196,7 @@ int main(void) {
     mkdir(g_dir, 0700);
     make_data();
     test_memory_equals_csv();
+    test_evaluate_recorded_data();
     test_launch_workers();
     test_options();
     char cmd[128];

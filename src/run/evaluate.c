@@ -62,6 +62,10 @@ dt_status dt_evaluate_checkpoint(const char *checkpoint, const char *data, int b
                                  int64_t *samples, const char **split) {
     dt_ckpt_info info;
     DT_TRY(dt_checkpoint_read_info(checkpoint, &info));
+    if (!data && !info.data[0])
+        return dt_error(DT_EINVAL, "%s does not record the data set it was trained on (an older checkpoint): "
+                        "give the data set to evaluate on", checkpoint);
+    if (!data) data = info.data;  /* what it trained on, as dtrain eval without --data */
     dt_dataset *train = NULL, *test = NULL;
     dt_model *m = NULL;
     /* text: the part the run held out (its --val-fraction; 0.1 in checkpoints that do not say) */
