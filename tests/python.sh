@@ -3,7 +3,8 @@
 # MLP match `dtrain train`'s losses and saved weights; 2 workers match 1; numpy arrays train like
 # the same data read from CSV; dtrain.Trainer fits with a callback (that can stop the run), keeps
 # the history, evaluates on the checkpoint's data set like `dtrain eval`, predicts like `dtrain
-# predict`, saves, loads and continues; float targets are refused with a clear message; and
+# predict`, saves, loads and continues; float targets train a regression (mse) model and are
+# refused with a clear message by a classifier; and
 # `pip install ./python` into a fresh venv gives a package that finds libdtrain and the command
 # with no environment variable.
 . "$(dirname "$0")/testlib.bash"
@@ -120,12 +121,22 @@ print("continue", "ok" if [r["epoch"] for r in more] == [4, 5] and more[-1]["ste
 t3 = dtrain.Trainer(model="flatten linear(16) relu linear(4)", epochs=2000, batch=25)
 got = t3.fit(x, y, callback=lambda r: r["epoch"] < 2, echo=False)
 print("callback_stop", "ok" if 2 <= len(got) < 2000 and t3.checkpoint and t3.step >= 2 * 16 else "BAD %r" % got)
-# float targets: refused, naming the row and the loss, instead of a cast to int32 and a NaN loss
+# float targets: regression with a model that ends in mse; refused, naming the row and the fix, by
+# a cross-entropy model (they were cast to int32, and the loss ended as NaN)
+xr = rng.standard_normal((500, 3)).astype(np.float32)
+yr = 2 * xr[:, 0] - xr[:, 1] + 0.5
+tr = dtrain.Trainer(model="linear(16) relu linear(1) mse", epochs=20, batch=20, lr=0.01)
+hr = tr.fit(xr[:400], yr[:400], xr[400:], yr[400:], echo=False)
+er, pr = tr.evaluate(), tr.predict(xr[400:])
+mse = float(np.mean((pr[:, 0] - yr[400:]) ** 2))
+print("regression", "ok" if pr.shape == (100, 1) and hr[-1]["test_loss"] < hr[0]["test_loss"] / 20 and hr[-1]["test_acc"] is None
+      and np.isnan(er["acc"]) and abs(mse - er["loss"]) < 1e-5 * max(1, mse) else "BAD %r %r mse %g" % (hr[-1], er, mse))
 try:
-    dtrain.Trainer(model="linear(1)").fit(x[:, 0, 0, :2].astype(np.float32), x[:, 0, 0, 0] / 7.0, echo=False)
+    dtrain.Trainer(model="linear(1)").fit(xr, yr, echo=False)
     print("float_targets", "BAD accepted")
 except dtrain.Error as e:
-    print("float_targets", "ok" if "float targets (row" in str(e) and "cross-entropy" in str(e) else "BAD %s" % e)
+    print("float_targets", "ok" if "float targets (row 0" in str(e) and "cross-entropy" in str(e) and "linear(1) mse" in str(e)
+          else "BAD %s" % e)
 # labels that are whole floats (0.0, 1.0, ...) are class labels
 tf = dtrain.Trainer(model="flatten linear(4)", epochs=1, batch=50)
 print("float_labels", "ok" if tf.fit(x, y.astype(np.float64), echo=False)[-1]["epoch"] == 1 else "BAD")

@@ -147,8 +147,13 @@ void dt_dataset_shape(const dt_dataset *ds, int *C, int *H, int *W);
 int dt_dataset_classes(const dt_dataset *ds);
 /* Most classes a data set may have: a larger label is refused with an error naming its sample. */
 #define DT_MAX_CLASSES (1 << 24)
-/* Sets the class count; DT_EINVAL naming the first sample whose label is >= classes. */
+/* Sets the class count; DT_EINVAL naming the first sample whose label is >= classes (and for a
+ * set of regression targets). */
 dt_status dt_dataset_set_classes(dt_dataset *ds, int classes);
+/* Whether the set holds one f32 regression target per sample instead of class labels (an IDX
+ * label file of floats): dt_dataset_batch then writes each target's bits into its int32 slot
+ * (memcpy them out), for a model whose loss is mse; dt_dataset_classes is 0. */
+bool dt_dataset_has_targets(const dt_dataset *ds);
 /* The stored dtype of samples (DT_U8 for MNIST images). */
 dt_dtype dt_dataset_dtype(const dt_dataset *ds);
 /* The file(s) the data set came from, for messages ("" when built from memory). */

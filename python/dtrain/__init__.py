@@ -138,7 +138,8 @@ class Trainer:
         if x is not None:
             if y is None:
                 raise Error("EINVAL", "fit(x) needs y, the labels")
-            opts["data"] = _arrays.write_dir(self._tmp("data"), x, y, x_test, y_test, opts.get("model") or "mlp")
+            model = opts.get("model") or (self.spec if self.checkpoint and opts.get("resume") is None else "mlp")
+            opts["data"] = _arrays.write_dir(self._tmp("data"), x, y, x_test, y_test, model)
         elif y is not None or x_test is not None:
             raise Error("EINVAL", "y or x_test without x: give x and y (or data=)")
         if self.checkpoint and opts.get("resume") is None:

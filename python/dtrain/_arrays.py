@@ -1,7 +1,8 @@
 """numpy data sets for dtrain: features and labels checked here, then written as an IDX directory
 (the MNIST format, big-endian; train-images-idxD-*, train-labels-idx1-*, t10k-* for a test set)
 that `dtrain train --data DIR` reads exactly: float32 features, or uint8 pixels (scaled by 1/255
-as Fashion-MNIST's are), and int32 class labels."""
+as Fashion-MNIST's are), and int32 class labels, or float32 regression targets for a model whose
+spec ends in "mse"."""
 import os
 
 import numpy as np
@@ -27,14 +28,29 @@ def features(x, what):
     return np.ascontiguousarray(x)
 
 
+def regression(model):
+    """Whether a model spec ends in mse: its loss is mean squared error against float targets."""
+    return bool(model) and model.split()[-1] == "mse"
+
+
 def labels(y, n, what, model):
-    """y as int32 class labels of n samples. Float targets that are not whole numbers are refused:
-    the model's loss is cross-entropy over classes (see the message for what to do)."""
+    """y as the targets of n samples for model: float32 regression targets where its spec ends in
+    mse, else int32 class labels; float targets that are not whole numbers are refused there (the
+    loss is cross-entropy over classes; the message says what to do)."""
     y = np.asarray(y)
     if y.ndim == 2 and y.shape[1] == 1:
         y = y[:, 0]
     if y.ndim != 1 or len(y) != n:
-        raise Error("EINVAL", "%s: need %d labels, shape (%d,); got shape %s" % (what, n, n, y.shape))
+        raise Error("EINVAL", "%s: need %d %s, shape (%d,); got shape %s"
+                    % (what, n, "targets" if regression(model) else "labels", n, y.shape))
+    if regression(model):
+        if not (y.dtype == bool or np.issubdtype(y.dtype, np.number)):
+            raise Error("EINVAL", "%s: need numbers as regression targets; got dtype %s" % (what, y.dtype))
+        t = np.ascontiguousarray(y, dtype=np.float32)
+        if not np.isfinite(t).all():
+            raise Error("EINVAL", "%s: target %d is %r (as float32); fix or drop it" % (what, int(np.argmin(np.isfinite(t))),
+                                                                                      float(t[np.argmin(np.isfinite(t))])))
+        return t
     if y.dtype == bool or np.issubdtype(y.dtype, np.integer):
         if len(y) and (y.min() < 0 or y.max() > np.iinfo(np.int32).max):
             raise Error("EINVAL", "%s: class labels must be 0, 1, 2, ...; found %d" % (what, y.min() if y.min() < 0 else y.max()))
@@ -44,10 +60,10 @@ def labels(y, n, what, model):
     whole = np.isfinite(y) & (y == np.round(y)) & (y >= 0)
     if not whole.all():
         i = int(np.argmin(whole))
-        raise Error("EINVAL", "%s: float targets (row %d is %r) do not fit model '%s': its loss is cross-entropy "
-                    "over classes, which needs class labels 0, 1, 2, ...; this is a regression target, and dtrain's "
-                    "models have no mean-squared-error loss: give integer labels (e.g. bins of the target, "
-                    "np.digitize), or train the regression elsewhere" % (what, i, float(y[i]), model))
+        raise Error("EINVAL", "%s: float targets (row %d is %r) do not fit model '%s': its loss is softmax "
+                    "cross-entropy over classes, which needs class labels 0, 1, 2, ...; for regression end the "
+                    "model with one output and the mean-squared-error loss, e.g. model=\"linear(32) relu linear(1) "
+                    "mse\"" % (what, i, float(y[i]), model))
     return np.ascontiguousarray(y, dtype=np.int32)
 
 
@@ -74,7 +90,8 @@ def write_dir(directory, x, y, x_test=None, y_test=None, model="mlp"):
             raise Error("EINVAL", "%s: samples of shape %s, but x's are %s" % (what, xs.shape[1:], shape))
         shape = xs.shape[1:]
         files.append(("%s-images-idx%d-%s" % (prefix, xs.ndim, _IDX_TYPES[xs.dtype][2]), xs))
-        files.append(("%s-labels-idx1-int" % prefix, labels(ys, len(xs), what, model)))
+        ys = labels(ys, len(xs), what, model)
+        files.append(("%s-labels-idx1-%s" % (prefix, _IDX_TYPES[ys.dtype][2]), ys))
     os.makedirs(directory, exist_ok=True)
     for name in os.listdir(directory):
         os.unlink(os.path.join(directory, name))

@@ -12,7 +12,8 @@
  * evaluates its shard and the sums are reduced. With a strategy that evaluates sharded (tp, pp)
  * the shards are the data parts (s->data_rank of data_world): the ranks of a model copy run each
  * batch together through ops->eval_batch, one of them adding its figures. Accuracy counts every
- * row of the output (a label per sample, or a next token per position). */
+ * row of the output (a label per sample, or a next token per position); it is NaN for regression
+ * targets (an mse model). */
 static dt_status evaluate(dt_model *m, dt_strategy *st, const dt_dataset *ds, int batch, dt_comm *comm, float *loss,
                           float *acc) {
     const bool sharded = st && st->evaluates_sharded && st->ops->eval_batch;
@@ -36,7 +37,7 @@ static dt_status evaluate(dt_model *m, dt_strategy *st, const dt_dataset *ds, in
         float bl;
         if ((s = dt_model_run(m, &f, false, 0, &bl)) != DT_OK) break;
         sum_loss += (double)bl * b.n;
-        correct += dt_model_count_correct(m, b.y, b.n);
+        if (!dt_dataset_has_targets(ds)) correct += dt_model_count_correct(m, b.y, b.n);
         n += b.n;
     }
     dt_loader_free(l);
@@ -44,7 +45,7 @@ static dt_status evaluate(dt_model *m, dt_strategy *st, const dt_dataset *ds, in
     double sums[3] = {sum_loss, (double)correct, (double)n};
     if (comm) DT_TRY(dt_comm_allreduce(comm, sums, sums, 3, DT_F64, DT_OP_SUM));
     *loss = sums[2] > 0 ? (float)(sums[0] / sums[2]) : NAN;
-    *acc = sums[2] > 0 ? (float)(sums[1] / (sums[2] * rows)) : NAN;
+    *acc = sums[2] > 0 && !dt_dataset_has_targets(ds) ? (float)(sums[1] / (sums[2] * rows)) : NAN;  /* mse: none */
     return DT_OK;
 }
 
@@ -85,8 +86,9 @@ dt_status dt_evaluate_checkpoint(const char *checkpoint, const char *data, int b
         goto done;
     }
     if ((s = dt_checkpoint_restore(checkpoint, m, NULL, &info)) != DT_OK) goto done;
+    if ((s = dt_trainer_check_loss(m, ds, data)) != DT_OK) goto done;
     /* a label the model has no output for would make the loss NaN (and the accuracy a lie) */
-    if ((s = dt_dataset_set_classes((dt_dataset *)ds, dt_model_out_size(m))) != DT_OK) {
+    if (!dt_dataset_has_targets(ds) && (s = dt_dataset_set_classes((dt_dataset *)ds, dt_model_out_size(m))) != DT_OK) {
         s = dt_error_wrap(s, "--data %s does not fit the model of %s (%d outputs)", data, checkpoint,
                           dt_model_out_size(m));
         goto done;
