@@ -117,6 +117,14 @@ t2 = dtrain.load(tmp + "/t.safetensors")
 print("load", "ok" if np.array_equal(t2.predict(xt), p) and t2.evaluate()["loss"] == ev["loss"] else "BAD")
 more = t2.fit(epochs=5, echo=False)  # continues (--resume): epochs count from the start, as the command's
 print("continue", "ok" if [r["epoch"] for r in more] == [4, 5] and more[-1]["step"] == 5 * 12 else "BAD %r" % more)
+# a metrics= file of the user's: a resumed run appends to it, a new one starts it again; fit returns
+# this run's records only
+m4 = dict(model="flatten linear(4)", batch=50, metrics=tmp + "/user.jsonl")
+t4 = dtrain.Trainer(epochs=2, **m4)
+a, b = t4.fit(x, y, echo=False), t4.fit(epochs=3, echo=False)
+c = dtrain.Trainer(epochs=1, **m4).fit(x, y, echo=False)
+print("user_metrics", "ok" if [r["epoch"] for r in a + b + c] == [1, 2, 3, 1] and len(open(tmp + "/user.jsonl").readlines()) == 1
+      else "BAD %r" % [r["epoch"] for r in a + b + c])
 # a callback that returns False stops the run as Ctrl-C does: the step ends, the checkpoint is written
 t3 = dtrain.Trainer(model="flatten linear(16) relu linear(4)", epochs=2000, batch=25)
 got = t3.fit(x, y, callback=lambda r: r["epoch"] < 2, echo=False)

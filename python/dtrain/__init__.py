@@ -77,6 +77,18 @@ def evaluate(checkpoint, data=None, batch=256):
     return {"loss": float(loss[0]), "acc": float(acc[0]), "samples": int(n[0]), "split": ffi.string(split[0]).decode()}
 
 
+def _spec_of(checkpoint):
+    """The model spec a checkpoint file records, or None (a directory, "auto", not readable: the
+    command resolves and checks it)."""
+    p = ffi.new("dt_model **")
+    if lib.dt_model_load(p, os.fsencode(checkpoint)) != 0:
+        return None
+    try:
+        return ffi.string(lib.dt_model_spec(p[0])).decode()
+    finally:
+        lib.dt_model_free(p[0])
+
+
 class _Model:
     """A checkpoint's model opened in this process for inputs of shape (C, H, W), with the input
     normalisation it was trained with."""
@@ -135,22 +147,28 @@ class Trainer:
         _command.check_keywords(flags)
         opts = dict(self.flags, **flags)
         opts = {_command.keyword(k): v for k, v in opts.items()}
+        if self.checkpoint and opts.get("resume") is None:
+            opts["resume"] = self.checkpoint  # continue; the flags left out are the checkpoint's
         if x is not None:
             if y is None:
                 raise Error("EINVAL", "fit(x) needs y, the labels")
-            model = opts.get("model") or (self.spec if self.checkpoint and opts.get("resume") is None else "mlp")
+            model = opts.get("model") or (_spec_of(opts["resume"]) if opts.get("resume") else "mlp")
             opts["data"] = _arrays.write_dir(self._tmp("data"), x, y, x_test, y_test, model)
         elif y is not None or x_test is not None:
             raise Error("EINVAL", "y or x_test without x: give x and y (or data=)")
-        if self.checkpoint and opts.get("resume") is None:
-            opts["resume"] = self.checkpoint  # continue; the flags left out are the checkpoint's
         save = opts.get("save") or self._tmp("model.safetensors")
         opts["save"] = save
         metrics = opts.get("metrics") or self._tmp("metrics.jsonl")
         opts["metrics"] = metrics
-        if metrics == self._tmp("metrics.jsonl") and os.path.exists(metrics):
-            os.unlink(metrics)
-        records = _command.run(_command.argv(opts), metrics, callback, echo=echo)
+        # the records of this run: a resumed run appends to the file, a new one starts it again
+        # (the command truncates it; removed here first, so no old record is read as new)
+        skip = 0
+        if os.path.exists(metrics):
+            if opts.get("resume") is None and not opts.get("dry_run"):
+                os.unlink(metrics)
+            else:
+                skip = os.path.getsize(metrics)
+        records = _command.run(_command.argv(opts), metrics, callback, echo=echo, skip=skip)
         self.history.extend(records)
         if os.path.exists(save):
             self.checkpoint = os.path.abspath(save)
@@ -228,12 +246,10 @@ class Trainer:
     @property
     def spec(self):
         """The model spec (the canonical form of model=)."""
-        p = ffi.new("dt_model **")
-        _check(lib.dt_model_load(p, os.fsencode(self._need_checkpoint())))
-        try:
-            return ffi.string(lib.dt_model_spec(p[0])).decode()
-        finally:
-            lib.dt_model_free(p[0])
+        spec = _spec_of(self._need_checkpoint())
+        if spec is None:
+            _check(lib.dt_model_load(ffi.new("dt_model **"), os.fsencode(self.checkpoint)))  # raises its error
+        return spec
 
     @property
     def step(self):

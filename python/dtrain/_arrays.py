@@ -28,9 +28,12 @@ def features(x, what):
     return np.ascontiguousarray(x)
 
 
-def regression(model):
-    """Whether a model spec ends in mse: its loss is mean squared error against float targets."""
-    return bool(model) and model.split()[-1] == "mse"
+def regression(model, y=None):
+    """Whether a model spec ends in mse: its loss is mean squared error against float targets
+    (model None: a checkpoint the command resolves; then y decides, and the command checks)."""
+    if model is None:
+        return y is not None and np.issubdtype(y.dtype, np.floating) and not (np.isfinite(y) & (y == np.round(y))).all()
+    return model.split()[-1] == "mse"
 
 
 def labels(y, n, what, model):
@@ -40,10 +43,10 @@ def labels(y, n, what, model):
     y = np.asarray(y)
     if y.ndim == 2 and y.shape[1] == 1:
         y = y[:, 0]
+    reg = regression(model, y)
     if y.ndim != 1 or len(y) != n:
-        raise Error("EINVAL", "%s: need %d %s, shape (%d,); got shape %s"
-                    % (what, n, "targets" if regression(model) else "labels", n, y.shape))
-    if regression(model):
+        raise Error("EINVAL", "%s: need %d %s, shape (%d,); got shape %s" % (what, n, "targets" if reg else "labels", n, y.shape))
+    if reg:
         if not (y.dtype == bool or np.issubdtype(y.dtype, np.number)):
             raise Error("EINVAL", "%s: need numbers as regression targets; got dtype %s" % (what, y.dtype))
         t = np.ascontiguousarray(y, dtype=np.float32)

@@ -127,8 +127,8 @@ def _pump(stream, sink, keep):
 class _Records:
     """The new complete lines of a JSON Lines file another process appends to."""
 
-    def __init__(self, path):
-        self.path, self.offset, self.partial = path, 0, b""
+    def __init__(self, path, skip=0):
+        self.path, self.offset, self.partial = path, skip, b""
 
     def read(self):
         try:
@@ -152,8 +152,9 @@ def _error_message(lines, rc):
     return "\n".join(said) or "dtrain train exited with status %d" % rc
 
 
-def run(args, metrics, callback=None, echo=True, poll=0.2):
-    """Runs args (a `dtrain train` command line writing --metrics to `metrics`); calls
+def run(args, metrics, callback=None, echo=True, skip=0, poll=0.2):
+    """Runs args (a `dtrain train` command line writing --metrics to `metrics`, after its first
+    `skip` bytes); calls
     callback(record) for every record it writes, in order; a callback returning False stops the run
     the way Ctrl-C does (the step finishes, --save/--checkpoint-dir are written, exit 0), and so does
     a KeyboardInterrupt here, which is raised again afterwards. Returns the records; raises Error
@@ -165,7 +166,7 @@ def run(args, metrics, callback=None, echo=True, poll=0.2):
              threading.Thread(target=_pump, args=(p.stderr, sys.stderr if echo else None, err), daemon=True)]
     for t in pumps:
         t.start()
-    records, reader, stopping, interrupted = [], _Records(metrics), False, False
+    records, reader, stopping, interrupted = [], _Records(metrics, skip), False, False
     try:
         while True:
             done = p.poll() is not None
