@@ -139,6 +139,12 @@ er, pr = tr.evaluate(), tr.predict(xr[400:])
 mse = float(np.mean((pr[:, 0] - yr[400:]) ** 2))
 print("regression", "ok" if pr.shape == (100, 1) and hr[-1]["test_loss"] < hr[0]["test_loss"] / 20 and hr[-1]["test_acc"] is None
       and np.isnan(er["acc"]) and abs(mse - er["loss"]) < 1e-5 * max(1, mse) else "BAD %r %r mse %g" % (hr[-1], er, mse))
+subprocess.run([os.environ["DTRAIN_COMMAND"], "predict", "--checkpoint", tr.checkpoint, "-o", tmp + "/r.csv"],
+               check=True, capture_output=True)
+rows = np.loadtxt(tmp + "/r.csv", delimiter=",", skiprows=1, dtype=np.float64)
+print("regression_cli", "ok" if open(tmp + "/r.csv").readline().strip() == "index,target,prediction" and rows.shape == (100, 3)
+      and np.array_equal(rows[:, 1].astype(np.float32), yr[400:].astype(np.float32)) and np.abs(rows[:, 2] - pr[:, 0]).max() < 1e-4
+      else "BAD %r" % open(tmp + "/r.csv").read()[:300])
 try:
     dtrain.Trainer(model="linear(1)").fit(xr, yr, echo=False)
     print("float_targets", "BAD accepted")
