@@ -42,18 +42,19 @@ typedef struct dt_dataset dt_dataset;
  *  - "fashion-mnist" or "mnist": IDX directory $DTRAIN_DATASETS/<name> (default
  *    /usr/share/datasets/<name>); DT_ENOENT says what to install when it is missing;
  *  - a directory holding train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte
- *    and t10k-labels-idx1-ubyte (each raw or with .gz appended); without both t10k files, *test is
- *    set to NULL (a training set alone);
+ *    and t10k-labels-idx1-ubyte (each raw or with .gz appended);
  *  - a file ending in .csv or .csv.gz (default dt_csv_options). The test set is the sibling file
  *    whose name has "train" replaced by "test" (mnist_train.csv -> mnist_test.csv) when the name
  *    contains "train" and that file exists; otherwise *test is set to NULL.
- * Train and test share one class count (the larger). On error both outputs are NULL. A text spec
+ * Train and test share one class count (the larger). An IDX directory without both t10k files is
+ * a training set alone (*test NULL). On error both outputs are NULL. A text spec
  * (dt_data_is_text) is DT_EINVAL: text sets open with dt_dataset_open_text. */
 dt_status dt_dataset_open(dt_dataset **train, dt_dataset **test, const char *path);
 /* Opens one data set from an IDX image file and an IDX label file (same item count). Image shape:
  * 1 dim -> (1,1,1), 2 dims (n,W) -> (1,1,W), 3 dims (n,H,W) -> (1,H,W), 4 dims (n,C,H,W);
- * more dims fold into C. Labels must be an integer IDX file with one dim. Goes through the
- * shared decoded cache below. */
+ * more dims fold into C. Labels: an IDX file with one dim, of integers (class labels) or of floats
+ * (regression targets, dt_dataset_has_targets; decoded privately, not through the cache). Integer
+ * labels go through the shared decoded cache below. */
 dt_status dt_dataset_open_idx(dt_dataset **out, const char *images_path, const char *labels_path);
 
 /* ---- shared decoded cache (IDX data sets) ------------------------------------------------- *

@@ -12,8 +12,7 @@
  * evaluates its shard and the sums are reduced. With a strategy that evaluates sharded (tp, pp)
  * the shards are the data parts (s->data_rank of data_world): the ranks of a model copy run each
  * batch together through ops->eval_batch, one of them adding its figures. Accuracy counts every
- * row of the output (a label per sample, or a next token per position); it is NaN for regression
- * targets (an mse model). */
+ * row of the output (a label per sample, or a next token per position). */
 static dt_status evaluate(dt_model *m, dt_strategy *st, const dt_dataset *ds, int batch, dt_comm *comm, float *loss,
                           float *acc) {
     const bool sharded = st && st->evaluates_sharded && st->ops->eval_batch;
@@ -45,7 +44,7 @@ static dt_status evaluate(dt_model *m, dt_strategy *st, const dt_dataset *ds, in
     double sums[3] = {sum_loss, (double)correct, (double)n};
     if (comm) DT_TRY(dt_comm_allreduce(comm, sums, sums, 3, DT_F64, DT_OP_SUM));
     *loss = sums[2] > 0 ? (float)(sums[0] / sums[2]) : NAN;
-    *acc = sums[2] > 0 && !dt_dataset_has_targets(ds) ? (float)(sums[1] / (sums[2] * rows)) : NAN;  /* mse: none */
+    *acc = sums[2] > 0 && !dt_dataset_has_targets(ds) ? (float)(sums[1] / (sums[2] * rows)) : NAN;  /* regression: none */
     return DT_OK;
 }
 

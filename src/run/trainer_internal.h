@@ -84,9 +84,6 @@ dt_status dt_trainer_split_val(dt_trainer *t);
 dt_status dt_trainer_validate(dt_trainer *t, dt_epoch_info *e);
 /* --save-weights: rank 0 writes the weights-only file. */
 dt_status dt_trainer_save_weights(dt_trainer *t);
-/* DT_EINVAL naming data and the model when m's loss does not fit ds: an mse model needs regression
- * targets (dt_dataset_has_targets), a cross-entropy one class labels. */
-dt_status dt_trainer_check_loss(const dt_model *m, const dt_dataset *ds, const char *data);
 /* Loss and accuracy of m over all of ds in batches of `batch` (one process). */
 dt_status dt_evaluate_dataset(dt_model *m, const dt_dataset *ds, int batch, float *loss, float *acc);
 /* Passes a note to cfg.on_note on rank 0 (printf-style). */
@@ -107,5 +104,8 @@ dt_status dt_trainer_write_timeline(dt_trainer *t);
 
 /* The strategy spec this run trains with: the configured one, else "ddp" (more than one rank) or "single". */
 const char *dt_trainer_strategy_spec(const dt_trainer *t);
+/* DT_EINVAL naming data and the model when m's loss does not fit ds: an mse model needs regression
+ * targets (dt_dataset_has_targets), a cross-entropy one class labels. */
+dt_status dt_trainer_check_loss(const dt_model *m, const dt_dataset *ds, const char *data);
 
 #endif
