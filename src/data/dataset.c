@@ -82,10 +82,10 @@ dt_status dt_dataset_check_labels(dt_dataset *ds, int classes, const char *what)
 
 dt_status dt_dataset_set_classes(dt_dataset *ds, int classes) {
     if (classes <= 0) return dt_error(DT_EINVAL, "class count must be positive, got %d", classes);
-    if (ds->T) return dt_text_set_classes(ds, classes);
     if (ds->targets)
         return dt_error(DT_EINVAL, "%s holds regression targets (floats), not class labels: a model for it ends in mse",
                         ds->source[0] ? ds->source : "data set");
+    if (ds->T) return dt_text_set_classes(ds, classes);
     return dt_dataset_check_labels(ds, classes, ds->source[0] ? ds->source : "data set");
 }
 
