@@ -125,6 +125,19 @@ a, b = t4.fit(x, y, echo=False), t4.fit(epochs=3, echo=False)
 c = dtrain.Trainer(epochs=1, **m4).fit(x, y, echo=False)
 print("user_metrics", "ok" if [r["epoch"] for r in a + b + c] == [1, 2, 3, 1] and len(open(tmp + "/user.jsonl").readlines()) == 1
       else "BAD %r" % [r["epoch"] for r in a + b + c])
+# the reader of a metrics file that a resumed run rewrites without its records after the checkpoint
+# (then appends): only the records that were not there before, once each
+from dtrain._command import _Records
+path = tmp + "/rw.jsonl"
+old = [b'{"step": 1}', b'{"step": 2}', b'{"step": 3}']
+open(path, "wb").write(b"\n".join(old) + b"\n")
+rd = _Records(path, old)
+first = rd.read()
+open(path, "wb").write(b'{"step": 1}\n{"step": 2}\n{"step": 3, "again": 1}\n{"step": 4')
+second = rd.read()
+open(path, "ab").write(b'}\n')
+print("records_reader", "ok" if first == [] and second == [{"step": 3, "again": 1}] and rd.read() == [{"step": 4}]
+      else "BAD %r %r" % (first, second))
 # a callback that returns False stops the run as Ctrl-C does: the step ends, the checkpoint is written
 t3 = dtrain.Trainer(model="flatten linear(16) relu linear(4)", epochs=2000, batch=25)
 got = t3.fit(x, y, callback=lambda r: r["epoch"] < 2, echo=False)

@@ -162,13 +162,14 @@ class Trainer:
         opts["metrics"] = metrics
         # the records of this run: a resumed run appends to the file, a new one starts it again
         # (the command truncates it; removed here first, so no old record is read as new)
-        skip = 0
+        old = ()
         if os.path.exists(metrics):
             if opts.get("resume") is None and not opts.get("dry_run"):
                 os.unlink(metrics)
             else:
-                skip = os.path.getsize(metrics)
-        records = _command.run(_command.argv(opts), metrics, callback, echo=echo, skip=skip)
+                with open(metrics, "rb") as f:
+                    old = f.read().split(b"\n")
+        records = _command.run(_command.argv(opts), metrics, callback, echo=echo, old=old)
         self.history.extend(records)
         if os.path.exists(save):
             self.checkpoint = os.path.abspath(save)

@@ -125,24 +125,45 @@ def _pump(stream, sink, keep):
 
 
 class _Records:
-    """The new complete lines of a JSON Lines file another process appends to."""
+    """The new records of a JSON Lines file another process appends to: complete lines that were
+    not in it before (`old`) and not read yet. A file rewritten meanwhile (a resumed run drops the
+    records after its checkpoint, then appends) is read again from its start: it is another file,
+    shorter, or the bytes before the read position changed."""
 
-    def __init__(self, path, skip=0):
-        self.path, self.offset, self.partial = path, skip, b""
+    def __init__(self, path, old=()):
+        self.path, self.offset, self.mark, self.ino = path, 0, b"", None
+        self.old, self.seen = set(old), set()
+
+    def _rewritten(self, f, st):
+        if st.st_ino != self.ino or st.st_size < self.offset:
+            return True
+        f.seek(self.offset - len(self.mark))
+        return f.read(len(self.mark)) != self.mark
 
     def read(self):
         try:
             with open(self.path, "rb") as f:
-                if os.fstat(f.fileno()).st_size < self.offset:  # rewritten from the start
-                    self.offset, self.partial = 0, b""
+                st = os.fstat(f.fileno())
+                if self._rewritten(f, st):
+                    self.offset, self.mark, self.ino = 0, b"", st.st_ino
                 f.seek(self.offset)
                 data = f.read()
         except FileNotFoundError:
             return []
-        self.offset += len(data)
-        lines = (self.partial + data).split(b"\n")
-        self.partial = lines.pop()
-        return [json.loads(line) for line in lines if line.strip()]
+        cut = data.rfind(b"\n") + 1  # complete lines only; a partial one is read again next time
+        if cut == 0:
+            return []
+        self.offset += cut
+        self.mark = data[max(0, cut - 64):cut]
+        new = [l for l in data[:cut].split(b"\n") if l.strip() and l not in self.old and l not in self.seen]
+        self.seen.update(new)
+        out = []
+        for line in new:
+            try:
+                out.append(json.loads(line))
+            except ValueError:  # not a record of ours: say so, lose nothing else
+                print("dtrain: note: %s: skipped a line that is not JSON: %.80r" % (self.path, line), file=sys.stderr)
+        return out
 
 
 def _error_message(lines, rc):
@@ -152,9 +173,9 @@ def _error_message(lines, rc):
     return "\n".join(said) or "dtrain train exited with status %d" % rc
 
 
-def run(args, metrics, callback=None, echo=True, skip=0, poll=0.2):
-    """Runs args (a `dtrain train` command line writing --metrics to `metrics`, after its first
-    `skip` bytes); calls
+def run(args, metrics, callback=None, echo=True, old=(), poll=0.2):
+    """Runs args (a `dtrain train` command line writing --metrics to `metrics`, which held the
+    lines `old` before); calls
     callback(record) for every record it writes, in order; a callback returning False stops the run
     the way Ctrl-C does (the step finishes, --save/--checkpoint-dir are written, exit 0), and so does
     a KeyboardInterrupt here, which is raised again afterwards. Returns the records; raises Error
@@ -166,7 +187,7 @@ def run(args, metrics, callback=None, echo=True, skip=0, poll=0.2):
              threading.Thread(target=_pump, args=(p.stderr, sys.stderr if echo else None, err), daemon=True)]
     for t in pumps:
         t.start()
-    records, reader, stopping, interrupted = [], _Records(metrics, skip), False, False
+    records, reader, stopping, interrupted = [], _Records(metrics, old), False, False
     try:
         while True:
             done = p.poll() is not None
