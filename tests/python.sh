@@ -142,6 +142,20 @@ print("records_reader", "ok" if first == [] and second == [{"step": 3, "again": 
 t3 = dtrain.Trainer(model="flatten linear(16) relu linear(4)", epochs=2000, batch=25)
 got = t3.fit(x, y, callback=lambda r: r["epoch"] < 2, echo=False)
 print("callback_stop", "ok" if 2 <= len(got) < 2000 and t3.checkpoint and t3.step >= 2 * 16 else "BAD %r" % got)
+# Ctrl-C (here raised by a callback, the same path) stops the command cleanly: the records so far
+# and the checkpoint it writes on the way out are kept, fit continues from it, then it is re-raised
+t5 = dtrain.Trainer(model="flatten linear(4)", epochs=2000, batch=25)
+def interrupt(r):
+    if r["epoch"] >= 2:
+        raise KeyboardInterrupt
+try:
+    t5.fit(x, y, callback=interrupt, echo=False)
+    print("ctrl_c", "BAD not raised")
+except KeyboardInterrupt:
+    e5 = t5.history[-1]["epoch"]
+    more = t5.fit(epochs=e5 + 1, echo=False)  # the checkpoint of the stop (maybe mid-epoch) to the next epoch's end
+    print("ctrl_c", "ok" if e5 >= 2 and t5.checkpoint and [r["epoch"] for r in more] == [e5 + 1]
+          and more[-1]["step"] == 16 * (e5 + 1) else "BAD %r %r" % (e5, more))
 # float targets: regression with a model that ends in mse; refused, naming the row and the fix, by
 # a cross-entropy model (they were cast to int32, and the loss ended as NaN)
 xr = rng.standard_normal((500, 3)).astype(np.float32)
@@ -186,6 +200,22 @@ PY
 )
 verdicts <<<"$out"
 grep -q "^predict_cli ok" <<<"$out" || bad "python Trainer run: $out"
+
+# the command dies with the Python process: python killed with SIGKILL mid-fit leaves no training behind
+$PY -c "
+import numpy as np, dtrain
+x = np.random.default_rng(2).standard_normal((400, 4)).astype(np.float32)
+dtrain.Trainer(model='linear(2)', epochs=1000000, batch=10).fit(x, (x[:, 0] > 0).astype(np.int32), echo=False)" &
+pypid=$!
+child=""
+for i in $(seq 600); do child=$(pgrep -P $pypid -f "train" | head -1); [ -n "$child" ] && break; sleep 0.1; done
+if [ -z "$child" ]; then bad "python: no dtrain child of the fitting python appeared"; kill -9 $pypid 2>/dev/null
+else
+  kill -9 $pypid; wait $pypid 2>/dev/null
+  for i in $(seq 600); do kill -0 "$child" 2>/dev/null || break; sleep 0.1; done
+  kill -0 "$child" 2>/dev/null && { bad "python: dtrain (pid $child) outlived the python that started it"; kill -9 "$child"; } \
+    || ok "python: dtrain ends with the python that started it"
+fi
 
 # 3. pip install ./python, offline, into a fresh venv over Debian's packages; then import it from
 # elsewhere with no DTRAIN_* variable: the package carries libdtrain.so and the dtrain command

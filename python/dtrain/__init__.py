@@ -142,7 +142,8 @@ class Trainer:
         """Trains: on numpy arrays x (n, features) or (n, C, H, W) float32 or uint8 pixels and y (n,)
         class labels (x_test, y_test: the test set), or on the flags' data=. More flags override the
         constructor's for this call. callback(record) gets each metrics record as it is written (one
-        per epoch, or per --log-every steps); returning False stops the run cleanly (as Ctrl-C does).
+        per epoch, or per --log-every steps); returning False stops the run cleanly (as Ctrl-C does;
+        Ctrl-C here stops it so too, keeps its records and checkpoint, and raises KeyboardInterrupt).
         echo=False keeps dtrain's output off stdout/stderr. Returns this call's records."""
         _command.check_keywords(flags)
         opts = dict(self.flags, **flags)
@@ -169,12 +170,19 @@ class Trainer:
             else:
                 with open(metrics, "rb") as f:
                     old = f.read().split(b"\n")
-        records = _command.run(_command.argv(opts), metrics, callback, echo=echo, old=old)
+        try:
+            records = _command.run(_command.argv(opts), metrics, callback, echo=echo, old=old)
+        except KeyboardInterrupt as e:  # stopped as Ctrl-C stops the command: keep what it wrote
+            self._took(getattr(e, "records", []), save)
+            raise
+        self._took(records, save)
+        return records
+
+    def _took(self, records, save):
         self.history.extend(records)
         if os.path.exists(save):
             self.checkpoint = os.path.abspath(save)
             self._models = {}
-        return records
 
     run = fit
 

@@ -173,12 +173,13 @@ def _error_message(lines, rc):
     return "\n".join(said) or "dtrain train exited with status %d" % rc
 
 
-def run(args, metrics, callback=None, echo=True, old=(), poll=0.2):
+def run(args, metrics, callback=None, echo=True, old=(), poll=0.05):
     """Runs args (a `dtrain train` command line writing --metrics to `metrics`, which held the
     lines `old` before); calls
     callback(record) for every record it writes, in order; a callback returning False stops the run
     the way Ctrl-C does (the step finishes, --save/--checkpoint-dir are written, exit 0), and so does
-    a KeyboardInterrupt here, which is raised again afterwards. Returns the records; raises Error
+    a KeyboardInterrupt here, which is raised again afterwards (its .records: the run's records).
+    Returns the records; raises Error
     with the command's own message when it fails."""
     p = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          start_new_session=True, preexec_fn=_die_with_parent)
@@ -191,8 +192,9 @@ def run(args, metrics, callback=None, echo=True, old=(), poll=0.2):
     try:
         while True:
             done = p.poll() is not None
-            for rec in reader.read():
-                records.append(rec)
+            batch = reader.read()
+            records += batch  # all of them, even if a callback raises
+            for rec in batch:
                 if callback is not None and callback(rec) is False and not stopping:
                     stopping = True
                     p.send_signal(signal.SIGINT)
@@ -213,7 +215,9 @@ def run(args, metrics, callback=None, echo=True, old=(), poll=0.2):
             t.join()
     records += reader.read()  # what it wrote while stopping
     if interrupted:
-        raise KeyboardInterrupt
+        e = KeyboardInterrupt()
+        e.records = records  # the caller keeps them, and the checkpoint written on the way out
+        raise e
     if p.returncode != 0:
         raise Error("exit %d" % p.returncode, _error_message(err + out, p.returncode))
     return records
