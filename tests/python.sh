@@ -38,6 +38,18 @@ helped = set(re.findall(r"^\s+--([a-z][a-z0-9-]*)", open(tmp + "/help.txt").read
 keys = set(k.replace("_", "-") for k in dtrain.option_keys())
 print("coverage", "ok" if helped == keys and len(keys) >= 60 else "BAD help-only %s keyword-only %s"
       % (sorted(helped - keys), sorted(keys - helped)))
+# and each keyword reaches the command's own parser as its flag, with a value of the flag's type
+# (`dtrain train --FLAG=VALUE --help` exits 0 only when the flag and its value parse)
+import subprocess
+from dtrain import _command
+sample = {"bool": True, "int": 2, "float": 0.5, "str": "x"}
+refused = []
+for f in dtrain.flags():
+    k = f["name"].replace("-", "_")
+    r = subprocess.run(_command.argv({k: sample[f["type"]]}) + ["--help"], capture_output=True, text=True)
+    if r.returncode != 0 or ("--%s=" % f["name"]) not in " ".join(_command.argv({k: sample[f["type"]]})):
+        refused.append("%s: %s" % (k, r.stderr.strip()[:120]))
+print("keywords_parse", "ok" if not refused and len(dtrain.flags()) == len(keys) else "BAD %s" % refused)
 cli = json.loads(open(tmp + "/cli.jsonl").readlines()[-1])
 r = dtrain.train(data="fashion-mnist", model="mlp", batch=32, max_steps=steps)
 m = r.metrics[-1]
