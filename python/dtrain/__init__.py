@@ -128,7 +128,7 @@ class Trainer:
 
     def __init__(self, **flags):
         _command.check_keywords(flags)
-        self.flags = dict(flags)
+        self.flags = {_command.keyword(k): v for k, v in flags.items()}
         self.history = []
         self.checkpoint = None  # the checkpoint of the current model (fit writes it, load sets it)
         self._dir = tempfile.mkdtemp(prefix="dtrain-py.")
@@ -146,9 +146,9 @@ class Trainer:
         Ctrl-C here stops it so too, keeps its records and checkpoint, and raises KeyboardInterrupt).
         echo=False keeps dtrain's output off stdout/stderr. Returns this call's records."""
         _command.check_keywords(flags)
+        flags = {_command.keyword(k): v for k, v in flags.items()}
         opts = dict(self.flags, **flags)
-        opts = {_command.keyword(k): v for k, v in opts.items()}
-        if self.checkpoint and opts.get("resume") is None:
+        if self.checkpoint and flags.get("resume") is None:
             opts["resume"] = self.checkpoint  # continue; the flags left out are the checkpoint's
         if x is not None:
             if y is None:
