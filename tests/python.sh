@@ -129,6 +129,18 @@ t2 = dtrain.load(tmp + "/t.safetensors")
 print("load", "ok" if np.array_equal(t2.predict(xt), p) and t2.evaluate()["loss"] == ev["loss"] else "BAD")
 more = t2.fit(epochs=5, echo=False)  # continues (--resume): epochs count from the start, as the command's
 print("continue", "ok" if [r["epoch"] for r in more] == [4, 5] and more[-1]["step"] == 5 * 12 else "BAD %r" % more)
+# a per-step callback: with --log-every / --eval-every (where the command has them) the callback
+# gets a record every N steps as the run writes them, in order, and can stop the run from one
+if "log_every" in dtrain.option_keys() and "eval_every" in dtrain.option_keys():
+    steps = []
+    t6 = dtrain.Trainer(model="flatten linear(4)", batch=25, epochs=2, log_every=4, eval_every=8)
+    r6 = t6.fit(x[:300], y[:300], xt, yt, callback=steps.append, echo=False)
+    kinds = [(r.get("kind", "epoch"), r["step"]) for r in r6]
+    print("per_step", "ok" if steps == r6 and [s for k, s in kinds if k == "step"] == list(range(4, 25, 4))
+          and [s for k, s in kinds if k == "eval"] == [8, 16, 24] and [s for k, s in kinds if k == "epoch"] == [12, 24]
+          else "BAD %r" % kinds)
+else:
+    print("per_step", "ok (skipped: this dtrain has no --log-every)")
 # a metrics= file of the user's: a resumed run appends to it, a new one starts it again; fit returns
 # this run's records only
 m4 = dict(model="flatten linear(4)", batch=50, metrics=tmp + "/user.jsonl")
