@@ -214,7 +214,7 @@ dtrain.train(x=x, y=y, tensorboard=tmp + "/tb", **base)
 print("tensorboard", "ok" if glob.glob(tmp + "/tb/events.out.tfevents.*") else "BAD %r" % os.listdir(tmp))
 for kw, said in ((dict(zero=1), "strategy ddp(bucket_mb=1,zero=1)"), (dict(compress="bf16"), ",compress=bf16)")):
     buf = io.StringIO()  # the command's output (echo=True) names the strategy it runs
-    with contextlib.redirect_stdout(buf):
+    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(io.StringIO()):
         r = dtrain.train(x=x, y=y, workers=2, echo=True, **kw, **base)
     print(list(kw)[0], "ok" if r.metrics[-1]["world_size"] == 2 and said in buf.getvalue() else "BAD %r" % buf.getvalue())
 r = dtrain.train(x=x, y=y, precision="bf16", **base)
