@@ -47,13 +47,15 @@ typedef struct dt_dataset dt_dataset;
  *  - a file ending in .csv or .csv.gz (default dt_csv_options). The test set is the sibling file
  *    whose name has "train" replaced by "test" (mnist_train.csv -> mnist_test.csv) when the name
  *    contains "train" and that file exists; otherwise *test is set to NULL.
- * Train and test share one class count (the larger). On error both outputs are NULL. A text spec
+ * Train and test share one class count (the larger). An IDX directory without both t10k files is
+ * a training set alone (*test NULL). On error both outputs are NULL. A text spec
  * (dt_data_is_text) is DT_EINVAL: text sets open with dt_dataset_open_text. */
 dt_status dt_dataset_open(dt_dataset **train, dt_dataset **test, const char *path);
 /* Opens one data set from an IDX image file and an IDX label file (same item count). Image shape:
  * 1 dim -> (1,1,1), 2 dims (n,W) -> (1,1,W), 3 dims (n,H,W) -> (1,H,W), 4 dims (n,C,H,W);
- * more dims fold into C. Labels must be an integer IDX file with one dim. Goes through the
- * shared decoded cache below. */
+ * more dims fold into C. Labels: an IDX file with one dim, of integers (class labels) or of floats
+ * (regression targets, dt_dataset_has_targets; decoded privately, not through the cache). Integer
+ * labels go through the shared decoded cache below. */
 dt_status dt_dataset_open_idx(dt_dataset **out, const char *images_path, const char *labels_path);
 
 /* ---- shared decoded cache (IDX data sets) ------------------------------------------------- *
@@ -171,8 +173,13 @@ void dt_dataset_shape(const dt_dataset *ds, int *C, int *H, int *W);
 int dt_dataset_classes(const dt_dataset *ds);
 /* Most classes a data set may have: a larger label is refused with an error naming its sample. */
 #define DT_MAX_CLASSES (1 << 24)
-/* Sets the class count; DT_EINVAL naming the first sample whose label is >= classes. */
+/* Sets the class count; DT_EINVAL naming the first sample whose label is >= classes (and for a
+ * set of regression targets). */
 dt_status dt_dataset_set_classes(dt_dataset *ds, int classes);
+/* Whether the set holds one f32 regression target per sample instead of class labels (an IDX
+ * label file of floats): dt_dataset_batch then writes each target's bits into its int32 slot
+ * (memcpy them out), for a model whose loss is mse; dt_dataset_classes is 0. */
+bool dt_dataset_has_targets(const dt_dataset *ds);
 /* The stored dtype of samples (DT_U8 for MNIST images). */
 dt_dtype dt_dataset_dtype(const dt_dataset *ds);
 /* The file(s) the data set came from, for messages ("" when built from memory). */

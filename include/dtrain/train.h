@@ -237,7 +237,8 @@ dt_status dt_model_load(dt_model **m, const char *checkpoint);
  * fit m's input (feature or token set); a label beyond m's outputs is DT_EINVAL naming it. */
 dt_status dt_evaluate_dataset(dt_model *m, const dt_dataset *ds, int batch, float *loss, float *acc);
 /* Evaluates a checkpoint on the test split of a data set (dtrain eval); a data set without one
- * is evaluated on its training split. *split gets "test" or "train". */
+ * is evaluated on its training split. *split gets "test" or "train". data NULL: the data set the
+ * checkpoint records (its --data), DT_EINVAL when it records none. */
 dt_status dt_evaluate_checkpoint(const char *checkpoint, const char *data, int batch, float *loss, float *acc,
                                  int64_t *samples, const char **split);
 

@@ -1,5 +1,6 @@
 """The C declarations dtrain's Python binding uses and the loading of libdtrain.so (cffi, ABI
-mode): only opaque handles, plain C types and dt_param_info, whose layout is public and fixed."""
+mode): only opaque handles, plain C types and the public structs dt_param_info, dt_input_norm and
+dt_model_source, whose layouts are fixed."""
 import ctypes.util
 import os
 
@@ -52,24 +53,45 @@ float *dt_model_buffers(dt_model *m);
 dt_status dt_dataset_create(dt_dataset **out, int dtype, const void *x, const int32_t *y,
                             size_t n, int C, int H, int W, int classes);
 void dt_dataset_free(dt_dataset *ds);
+typedef struct {
+    bool on;
+    float mean, std;
+} dt_input_norm;
+typedef struct {
+    const char *checkpoint;
+    const char *weights;
+    const char *model;
+} dt_model_source;
+dt_status dt_model_open(dt_model **m, const dt_model_source *src, int C, int H, int W, dt_input_norm *norm);
+dt_status dt_model_predict(dt_model *m, const void *x, int64_t n, float *logits);
+int dt_model_in_size(const dt_model *m);
+int dt_model_out_size(const dt_model *m);
+int dt_model_classes(const dt_model *m);
+int dt_model_in_dtype(const dt_model *m);
 dt_status dt_evaluate_checkpoint(const char *checkpoint, const char *data, int batch, float *loss, float *acc,
                                  int64_t *samples, const char **split);
 """
 
 DT_F32 = 0
+DT_I32 = 4
 DT_U8 = 6
 
 ffi = cffi.FFI()
 ffi.cdef(CDEF)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# what `pip install ./python` puts into the package: the build's libdtrain.so and dtrain command
+NATIVE = os.path.join(HERE, "_native")
+# a source tree's build directory, for `PYTHONPATH=python` in a checkout
+TREE_BUILD = os.path.join(HERE, "..", "..", "build")
 
 
 def _candidates():
     env = os.environ.get("DTRAIN_LIB")
     if env:
         yield env
-    here = os.path.dirname(os.path.abspath(__file__))
-    for build in ("build", os.environ.get("DTRAIN_BUILD", "build")):
-        yield os.path.join(here, "..", "..", build, "libdtrain.so")
+    yield os.path.join(NATIVE, "libdtrain.so")
+    yield os.path.join(TREE_BUILD, "libdtrain.so")
     found = ctypes.util.find_library("dtrain")
     if found:
         yield found
@@ -77,17 +99,19 @@ def _candidates():
 
 
 def load():
-    """Opens libdtrain: $DTRAIN_LIB, a build tree beside the package, or the system's."""
+    """Opens libdtrain: $DTRAIN_LIB, the copy inside the installed package, a source tree's
+    build/ beside the package, or the system's (make install); returns (lib, path)."""
     errors = []
     for path in _candidates():
         if os.path.sep in path and not os.path.exists(path):
             continue
         try:
-            return ffi.dlopen(path)
+            return ffi.dlopen(path), path
         except OSError as e:
             errors.append("%s: %s" % (path, e))
-    raise OSError("cannot load libdtrain: set DTRAIN_LIB=/path/to/libdtrain.so, or run `make install` "
-                  "(tried: %s)" % "; ".join(errors or ["nothing found"]))
+    raise OSError("cannot load libdtrain: reinstall the package from a built tree (make; pip install ./python), "
+                  "run `make install`, or set DTRAIN_LIB=/path/to/libdtrain.so (tried: %s)"
+                  % "; ".join(errors or ["nothing found"]))
 
 
-lib = load()
+lib, path = load()

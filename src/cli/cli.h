@@ -90,6 +90,9 @@ bool dt_cli_checkpoint_data_here(const char *checkpoint, const char *data);
 extern void (*dt_flags_usage_hook)(const char *usage, const dt_flag *flags, int n);
 /* The " (default X)" that --help prints after a flag's help ("" when it prints none) into buf. */
 void dt_flag_default_text(const dt_flag *f, char *buf, size_t cap);
+/* dtrain man --flags COMMAND: prints COMMAND's flag table ("train", "bench ddp") as JSON to stdout
+ * (flags_json.c); returns the exit status. */
+int dt_cli_flags_json(const char *command);
 /* The exit statuses, one line each, for the --help texts. */
 extern const char dt_cli_exit_help[];
 

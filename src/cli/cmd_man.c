@@ -199,19 +199,23 @@ static void man_page(void) {
 }
 
 static const char MAN_USAGE[] =
-    "Usage: dtrain man [-o FILE]\n\n"
+    "Usage: dtrain man [-o FILE] | dtrain man --flags COMMAND\n\n"
     "Writes the manual page dtrain(1) (troff) to stdout or FILE, from the flag tables of every\n"
-    "command's --help. Read it with: dtrain man | man -l -";
+    "command's --help. Read it with: dtrain man | man -l -\n"
+    "--flags COMMAND prints that command's flag table as JSON instead (what bindings are made from).";
 
 int dt_cmd_man(int argc, char **argv) {
-    const char *out = NULL;
-    const dt_flag flags[] = {{"output", DT_FLAG_STR, &out, "FILE", "write the page to FILE (also -o FILE)"}};
+    const char *out = NULL, *json = NULL;
+    const dt_flag flags[] = {{"output", DT_FLAG_STR, &out, "FILE", "write the page to FILE (also -o FILE)"},
+                             {"flags", DT_FLAG_STR, &json, "COMMAND", "print COMMAND's flags as JSON (train, bench ddp, ...)"}};
     char **args = calloc((size_t)argc + 1, sizeof *args);
     if (!args) return dt_cli_fail(NULL, "out of memory");
     for (int i = 0; i < argc; i++) args[i] = strcmp(argv[i], "-o") ? argv[i] : "--output";
-    int r = dt_flags_parse(argc, args, 1, flags, 1, MAN_USAGE, NULL, 0, NULL, NULL);
+    int r = dt_flags_parse(argc, args, 1, flags, 2, MAN_USAGE, NULL, 0, NULL, NULL);
     free(args);
     if (r) return r < 0 ? DT_EXIT_USAGE : 0;
+    if (json && out) return dt_cli_usage("leave out -o", "--flags prints to stdout");
+    if (json) return dt_cli_flags_json(json);
     char tmp[4200], dest[4096];  /* dest: -o, or the file a symbolic link -o names leads to */
     g_out = stdout;
     if (out) {

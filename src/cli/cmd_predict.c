@@ -1,6 +1,7 @@
 /* dtrain predict: a model (--checkpoint, or --weights with --model) over the test (or training)
  * split of a data set, one line per sample with its label, predicted class, that class's
- * softmax probability and, with --logits, every logit; CSV or JSON Lines by the file's suffix.
+ * softmax probability and, with --logits, every logit (a regression model, one that ends in mse:
+ * its target and the prediction); CSV or JSON Lines by the file's suffix.
  * Written to a temp file in the same directory and renamed: no half-written file. */
 #include "cli/cli.h"
 #include "cli/train_outputs.h"
@@ -38,6 +39,15 @@ static void write_row(FILE *f, bool json, bool logits, int64_t index, int y, con
     fputs(json ? "}\n" : "\n", f);
 }
 
+/* One line for sample `index` of a regression set: its target (the f32 bits in the label slot) and
+ * the model's one output. */
+static void write_target_row(FILE *f, bool json, int64_t index, int32_t bits, float pred) {
+    float target;
+    memcpy(&target, &bits, sizeof target);
+    fprintf(f, json ? "{\"index\":%lld,\"target\":%.9g,\"prediction\":%.9g}\n" : "%lld,%.9g,%.9g\n", (long long)index,
+            target, pred);
+}
+
 typedef struct {
     const char *out, *data, *split;
     int64_t limit;
@@ -68,13 +78,14 @@ static void write_window(FILE *f, bool json, bool logits, int64_t index, const i
 static dt_status predict_rows(dt_model *m, const dt_dataset *ds, int64_t n, const predict_opts *o, FILE *f) {
     enum { CHUNK = 64 };
     const int in = dt_model_in_size(m), K = dt_model_out_size(m), V = dt_model_classes(m);
-    const bool text = dt_dataset_is_text(ds);
+    const bool text = dt_dataset_is_text(ds), targets = dt_dataset_has_targets(ds);
     float *x = malloc((size_t)CHUNK * in * sizeof(float)), *lg = malloc((size_t)CHUNK * K * sizeof(float));
     int32_t *y = malloc(CHUNK * sizeof(int32_t));
     uint32_t *idx = malloc(CHUNK * sizeof(uint32_t));
     dt_status s = x && lg && y && idx ? DT_OK : dt_error(DT_ENOMEM, "predict: out of memory");
     const bool json = has_suffix(o->out, ".jsonl") || has_suffix(o->out, ".json");
     if (s == DT_OK && !json && text) fputs("index,prediction\n", f);
+    else if (s == DT_OK && !json && targets) fputs("index,target,prediction\n", f);
     else if (s == DT_OK && !json) {
         fputs("index,label,prediction,probability", f);
         for (int k = 0; o->logits && k < K; k++) fprintf(f, ",logit_%d", k);
@@ -89,6 +100,7 @@ static dt_status predict_rows(dt_model *m, const dt_dataset *ds, int64_t n, cons
         if ((s = dt_model_predict(m, x, b, lg)) != DT_OK) break;
         for (int j = 0; j < b; j++)
             if (text) write_window(f, json, o->logits, i + j, tok + (size_t)j * in, lg + (size_t)j * K, in, V);
+            else if (targets) write_target_row(f, json, i + j, y[j], lg[(size_t)j * K]);
             else write_row(f, json, o->logits, i + j, y[j], lg + (size_t)j * K, K);
     }
     free(x), free(lg), free(y), free(idx);

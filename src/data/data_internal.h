@@ -46,7 +46,8 @@ struct dt_dataset {
     size_t map_len;
     size_t n, D;       /* samples, elements per sample */
     int C, H, W;
-    int classes;
+    int classes;       /* 0 with targets */
+    bool targets;      /* y holds f32 regression targets (their bits), not labels (IDX float labels) */
     double scale;      /* raw -> scaled value factor (1/255 for 8-bit integer images) */
     double mean, std;  /* normalisation of scaled values */
     float lut[256];    /* u8/i8: raw byte -> final f32 value */

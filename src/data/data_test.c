@@ -250,7 +250,8 @@ static void test_idx_dataset(void) {
     CHECK(dt_dataset_open_idx(&ds, dt_test_path("im"), dt_test_path("lb2")) == DT_EFORMAT && ds == NULL);
     CHECK_MSG(strstr(dt_last_error(), "21 labels") && strstr(dt_last_error(), "20 images") && strstr(dt_last_error(), dt_test_path("lb2")),
               "%s", dt_last_error());
-    /* a negative label names its index; float labels are refused; labels must be 1-dim */
+    /* a negative label names its index; float labels are regression targets (test_targets); labels
+     * must be 1-dim */
     int32_t lab[20];
     for (int i = 0; i < 20; i++) lab[i] = i == 13 ? -2 : i % 3;
     uint32_t n = 20, d2[2] = {20, 1};
@@ -259,7 +260,9 @@ static void test_idx_dataset(void) {
     CHECK_MSG(strstr(dt_last_error(), "sample 13") && strstr(dt_last_error(), "-2"), "%s", dt_last_error());
     float flab[20] = {0};
     write_idx(dt_test_path("lbf"), 0x0D, 1, &n, flab, 4, false);
-    CHECK(dt_dataset_open_idx(&ds, dt_test_path("im"), dt_test_path("lbf")) == DT_EFORMAT && strstr(dt_last_error(), "integers"));
+    CHECK(dt_dataset_open_idx(&ds, dt_test_path("im"), dt_test_path("lbf")) == DT_OK && ds && dt_dataset_has_targets(ds));
+    dt_dataset_free(ds);
+    ds = NULL;
     write_idx(dt_test_path("lb2d"), 0x0C, 2, d2, lab, 4, false);
     CHECK(dt_dataset_open_idx(&ds, dt_test_path("im"), dt_test_path("lb2d")) == DT_EFORMAT && strstr(dt_last_error(), "1 dim"));
     /* 2-dim rows -> (1,1,n); 4-dim -> (C,H,W); f32 samples pass through unchanged */
@@ -334,6 +337,45 @@ static void test_open_dir_general(void) {
     CHECK(dt_dataset_open(&tr, &te, d2) == DT_EFORMAT && strstr(dt_last_error(), "more than one IDX file"));
 }
 
+/* An IDX label file of floats holds regression targets: one f32 a sample, whose bits the batch
+ * writes into the label slot, no classes; views keep it; a test set of the other kind is refused. */
+static void test_targets(void) {
+    char d[300], p[400];
+    snprintf(d, sizeof d, "%s/targets", dt_test_dir);
+    mkdir(d, 0755);
+    float rows[5 * 2], tg[5] = {0.5f, -1.25f, 3e-3f, 7.0f, -0.0f};
+    for (int i = 0; i < 10; i++) rows[i] = (float)i;
+    uint32_t dims[2] = {5, 2}, n = 5;
+    snprintf(p, sizeof p, "%s/train-images-idx2-float", d);
+    write_idx(p, 0x0D, 2, dims, rows, 4, false);
+    snprintf(p, sizeof p, "%s/train-labels-idx1-float", d);
+    write_idx(p, 0x0D, 1, &n, tg, 4, false);
+    dt_dataset *tr = NULL, *te = NULL;
+    CHECK_OK(dt_dataset_open(&tr, &te, d));
+    CHECK(tr && te == NULL && dt_dataset_has_targets(tr) && dt_dataset_classes(tr) == 0);
+    uint32_t idx[2] = {3, 1};
+    float x[4];
+    int32_t y[2];
+    if (tr) CHECK_OK(dt_dataset_batch(tr, idx, 2, x, y));
+    float got[2];
+    memcpy(got, y, sizeof got);
+    CHECK_MSG(got[0] == 7.0f && got[1] == -1.25f && x[0] == 6 && x[3] == 3, "targets %g %g", got[0], got[1]);
+    if (tr) CHECK(dt_dataset_set_classes(tr, 2) == DT_EINVAL && strstr(dt_last_error(), "regression targets"));
+    dt_dataset *a = NULL, *b = NULL;  /* --val-split's views */
+    if (tr) CHECK_OK(dt_dataset_split(tr, 0.4, 1, &a, &b));
+    CHECK(a && b && dt_dataset_has_targets(a) && dt_dataset_has_targets(b));
+    dt_dataset_free(a), dt_dataset_free(b);
+    dt_dataset_free(tr);
+    /* a test set of class labels beside training targets */
+    uint8_t lab[5] = {0, 1, 0, 1, 0};
+    snprintf(p, sizeof p, "%s/t10k-images-idx2-float", d);
+    write_idx(p, 0x0D, 2, dims, rows, 4, false);
+    snprintf(p, sizeof p, "%s/t10k-labels-idx1-ubyte", d);
+    write_idx(p, 0x08, 1, &n, lab, 1, false);
+    CHECK(dt_dataset_open(&tr, &te, d) == DT_EFORMAT && tr == NULL && te == NULL &&
+          strstr(dt_last_error(), "holds class labels but"));
+}
+
 static void test_open_dir_and_alias(void) {
     char dir[300];
     snprintf(dir, sizeof dir, "%s/fashion-mnist", dt_test_dir);
@@ -357,10 +399,15 @@ static void test_open_dir_and_alias(void) {
     CHECK_OK(dt_dataset_open(&tr, NULL, "fashion-mnist"));
     CHECK(dt_dataset_len(tr) == 30 && dt_dataset_classes(tr) == 4);
     dt_dataset_free(tr);
-    /* a plain directory, missing file named */
-    CHECK(dt_dataset_open(&tr, &te, dir) == DT_ENOENT && strstr(dt_last_error(), "t10k-images-idx3-ubyte"));
+    /* a plain directory without t10k files is a training set alone (what dtrain's Python binding
+     * writes for x, y without x_test); with one of the two, the missing one is named */
+    CHECK_OK(dt_dataset_open(&tr, &te, dir));
+    CHECK(tr && te == NULL && dt_dataset_len(tr) == 30);
+    dt_dataset_free(tr);
     snprintf(a, sizeof a, "%s/t10k-images-idx3-ubyte", dir);
     snprintf(b, sizeof b, "%s/t10k-labels-idx1-ubyte.gz", dir);
+    write_pair(a, dt_test_path("unused2"), 9, 2, 2, 6, false);
+    CHECK(dt_dataset_open(&tr, &te, dir) == DT_ENOENT && strstr(dt_last_error(), "t10k-labels-idx1-ubyte"));
     write_pair(a, b, 9, 2, 2, 6, false);
     CHECK_OK(dt_dataset_open(&tr, &te, "fashion-mnist"));
     CHECK(tr && te && dt_dataset_len(tr) == 30 && dt_dataset_len(te) == 9);
@@ -464,6 +511,7 @@ int main(void) {
     test_idx_dataset();
     test_open_dir_and_alias();
     test_open_dir_general();
+    test_targets();
     test_create();
     test_u8_unit_exact();
     dt_test_dir_remove();

@@ -43,6 +43,7 @@ void dt_dataset_free(dt_dataset *ds) {
 
 size_t dt_dataset_len(const dt_dataset *ds) { return ds->n; }
 int dt_dataset_classes(const dt_dataset *ds) { return ds->classes; }
+bool dt_dataset_has_targets(const dt_dataset *ds) { return ds->targets; }
 dt_dtype dt_dataset_dtype(const dt_dataset *ds) { return ds->dtype; }
 const char *dt_dataset_source(const dt_dataset *ds) { return ds->source; }
 const char *dt_dataset_cache_file(const dt_dataset *ds) { return ds->cache; }
@@ -81,6 +82,9 @@ dt_status dt_dataset_check_labels(dt_dataset *ds, int classes, const char *what)
 
 dt_status dt_dataset_set_classes(dt_dataset *ds, int classes) {
     if (classes <= 0) return dt_error(DT_EINVAL, "class count must be positive, got %d", classes);
+    if (ds->targets)
+        return dt_error(DT_EINVAL, "%s holds regression targets (floats), not class labels: a model for it ends in mse",
+                        ds->source[0] ? ds->source : "data set");
     if (ds->T) return dt_text_set_classes(ds, classes);
     return dt_dataset_check_labels(ds, classes, ds->source[0] ? ds->source : "data set");
 }
@@ -259,8 +263,6 @@ dt_status dt_idx_pair_shape(const dt_idx *im, const dt_idx *lb, const char *imag
         return dt_error(DT_EFORMAT, "%s: image file holds no items (%d dims)", images_path, im->ndim);
     if (lb->ndim != 1)
         return dt_error(DT_EFORMAT, "%s: a label file must have 1 dim (one label per item), this one has %d", labels_path, lb->ndim);
-    if (lb->dtype == DT_F32 || lb->dtype == DT_F64)
-        return dt_error(DT_EFORMAT, "%s: labels must be integers, this file holds %s", labels_path, dt_dtype_name(lb->dtype));
     if (lb->dims[0] != im->dims[0])
         return dt_error(DT_EFORMAT, "%s holds %lld labels but %s holds %lld images: the files do not belong together", labels_path,
                         (long long)lb->dims[0], images_path, (long long)im->dims[0]);
@@ -286,9 +288,19 @@ void dt_dataset_init_idx(dt_dataset *ds, const dt_idx *im, int C, int H, int W, 
     snprintf(ds->source, sizeof ds->source, "%s", images_path);
 }
 
+/* Whether the IDX file at path holds floats (regression targets when it is a label file). */
+static bool idx_holds_floats(const char *path) {
+    dt_stream s;
+    dt_idx h;
+    if (dt_idx_open_header(&s, path, &h) != DT_OK) return dt_error_clear(), false;  /* reported by the read */
+    dt_stream_close(&s);
+    return h.dtype == DT_F32 || h.dtype == DT_F64;
+}
+
 dt_status dt_dataset_open_idx(dt_dataset **out, const char *images_path, const char *labels_path) {
     *out = NULL;
-    dt_status st = dt_cache_open_idx(out, images_path, labels_path);
+    const bool targets = idx_holds_floats(labels_path);  /* regression: decoded privately, not cached */
+    dt_status st = targets ? DT_OK : dt_cache_open_idx(out, images_path, labels_path);
     if (st != DT_OK || *out) return st;
     /* no cache: decode into private memory */
     dt_idx im, lb;
@@ -310,10 +322,11 @@ dt_status dt_dataset_open_idx(dt_dataset **out, const char *images_path, const c
         st = dt_error(DT_ENOMEM, "%s: out of memory for %zu labels", labels_path, ds->n);
         goto fail;
     }
-    dt_convert(ds->y, DT_I32, lb.data, lb.dtype, ds->n);
+    dt_convert(ds->y, targets ? DT_F32 : DT_I32, lb.data, lb.dtype, ds->n);  /* targets: f32 bits */
     ds->x = im.data; /* keep the compact data as read: no copy */
     im.data = NULL;
-    if ((st = dt_dataset_check_labels(ds, 0, labels_path)) != DT_OK) goto fail;
+    ds->targets = targets;
+    if (!targets && (st = dt_dataset_check_labels(ds, 0, labels_path)) != DT_OK) goto fail;
     dt_dataset_update_lut(ds);
     dt_idx_free(&im);
     dt_idx_free(&lb);
@@ -371,9 +384,19 @@ static dt_status missing_alias(const char *alias, const char *dir, const char *w
                     "into %s, or use 'fashion-mnist' (`apt-get install dataset-fashion-mnist`)", alias, dir, what, dir);
 }
 
-/* Gives train and test the larger class count of the two. */
-static dt_status share_classes(dt_dataset *train, dt_dataset *test) {
+/* Gives *train and *test the larger class count of the two; both freed and NULL when one holds
+ * class labels and the other regression targets. */
+static dt_status share_classes(dt_dataset **trainp, dt_dataset **testp) {
+    dt_dataset *train = *trainp, *test = *testp;
     if (!test) return DT_OK;
+    if (train->targets != test->targets) {
+        dt_status s = dt_error(DT_EFORMAT, "%s holds %s but %s holds %s: give both sets the same kind", test->source,
+                               test->targets ? "regression targets (floats)" : "class labels", train->source,
+                               train->targets ? "regression targets" : "class labels");
+        dt_dataset_free(train), dt_dataset_free(test);
+        *trainp = *testp = NULL;
+        return s;
+    }
     int k = train->classes > test->classes ? train->classes : test->classes;
     train->classes = test->classes = k;
     return DT_OK;
@@ -384,6 +407,8 @@ static dt_status open_dir(dt_dataset **train, dt_dataset **test, const char *dir
                                    "t10k-labels-idx1-ubyte"};
     char p[4][PATH_MAX];
     int need = test ? 4 : 2;
+    if (test && !alias && find_idx(p[2], sizeof p[2], dir, names[2]) < 0 && find_idx(p[3], sizeof p[3], dir, names[3]) < 0)
+        need = 2, test = NULL;  /* a directory of a training set alone (as a .csv without its test sibling) */
     for (int i = 0; i < need; i++) {
         int f = find_idx(p[i], sizeof p[i], dir, names[i]);
         if (f == 2)
@@ -416,7 +441,7 @@ static dt_status open_dir(dt_dataset **train, dt_dataset **test, const char *dir
         *train = *test = NULL;
         return st;
     }
-    return share_classes(a, b);
+    return share_classes(train, test);
 }
 
 /* The test CSV that goes with a train CSV: "train" -> "test" in the file name, if it exists. */
@@ -461,7 +486,7 @@ dt_status dt_dataset_open(dt_dataset **train, dt_dataset **test, const char *pat
             *train = NULL;
             return st;
         }
-        return share_classes(*train, *test);
+        return share_classes(train, test);
     }
     struct stat st;
     if (stat(path, &st) != 0)

@@ -32,7 +32,7 @@ static dt_status subset(const dt_dataset *ds, const uint32_t *idx, size_t n, con
     __atomic_fetch_add(&s->base->refs, 1, __ATOMIC_RELAXED);
     s->x = s->base->x, s->y = s->base->y;
     s->dtype = ds->dtype, s->n = n, s->D = ds->D, s->C = ds->C, s->H = ds->H, s->W = ds->W;
-    s->classes = ds->classes, s->scale = ds->scale, s->mean = ds->mean, s->std = ds->std;
+    s->classes = ds->classes, s->targets = ds->targets, s->scale = ds->scale, s->mean = ds->mean, s->std = ds->std;
     snprintf(s->source, sizeof s->source, "%.400s (%s of --val-split)", ds->source, part);
     dt_dataset_update_lut(s);
     *out = s;

@@ -1,6 +1,7 @@
 /* The sequential builder: a spec's layers become a chain of graph nodes named "0", "1", ... (so
  * tensors are named as torch.nn.Sequential's: "0.weight", "4.running_mean"), on an f32 input of
- * shape (C,H,W), with an int32 label input and a softmax cross-entropy loss node. */
+ * shape (C,H,W), with an int32 label input and a softmax cross-entropy loss node, or (a spec that
+ * ends in "mse") an f32 target input and a mean-squared-error loss node: regression. */
 #include "dtrain/models.h"
 
 #include <stdio.h>
@@ -13,22 +14,26 @@ static dt_status create(dt_model **out, const dt_layer_spec *layers, int n, int 
     *out = NULL;
     if (n <= 0 || n > DT_MAX_LAYERS) return dt_error(DT_EINVAL, "model: %d layers (need 1..%d)", n, DT_MAX_LAYERS);
     if (C <= 0 || H <= 0 || W <= 0) return dt_error(DT_EINVAL, "model: bad input shape %dx%dx%d", C, H, W);
-    for (int i = 0; i < n; i++)
+    const bool mse = n > 1 && layers[n - 1].kind == DT_LAYER_MSE;  /* "... linear(1) mse": regression */
+    if (n == 1 && layers[0].kind == DT_LAYER_MSE)
+        return dt_error(DT_EINVAL, "model: 'mse' is the loss after the layers (e.g. \"linear(16) relu linear(1) mse\")");
+    for (int i = 0; i < n - mse; i++)
         if (layers[i].kind >= DT_LAYER_INPUT)
             return dt_error(DT_EINVAL, "model: layer %d (%s) is not a sequential layer", i, dt_layer_name(layers[i].kind));
     dt_model *m;
     DT_TRY(dt_graph_create(&m));
     int shape[3] = {C, H, W};
     int x = dt_graph_input(m, "x", DT_F32, 3, shape);
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < n - mse; i++) {
         dt_layer_spec l = layers[i];
         if (l.kind == DT_LAYER_LINEAR || l.kind == DT_LAYER_LAYERNORM) l.flatten = true;  /* over the whole sample */
         char name[16];
         snprintf(name, sizeof name, "%d", i);
         x = dt_graph_node(m, name, &l, i, &x, 1);
     }
-    int y = dt_graph_input(m, "y", DT_I32, 0, NULL);
-    dt_layer_spec xe = dt_layer_default(DT_LAYER_XENT);
+    const int one = 1;  /* mse: one f32 target a sample (the data's), so the model ends in linear(1) */
+    int y = mse ? dt_graph_input(m, "y", DT_F32, 1, &one) : dt_graph_input(m, "y", DT_I32, 0, NULL);
+    dt_layer_spec xe = dt_layer_default(mse ? DT_LAYER_MSE : DT_LAYER_XENT);
     xe.ignore_index = INT32_MIN;  /* every label counts (an out-of-range one is DT_EINVAL) */
     int in2[2] = {x, y};
     int loss = dt_graph_node(m, "loss", &xe, -1, in2, 2);

@@ -48,7 +48,9 @@ const dt_op dt_op_xent = {.name = "xent", .min_in = 2, .max_in = 2, .infer = xen
 static dt_status mse_infer(dt_model *m, dt_node *n) {
     const dt_node *x = dt_node_input(m, n, 0), *y = dt_node_input(m, n, 1);
     if (x->dtype != DT_F32 || y->dtype != DT_F32 || x->out_n != y->out_n)
-        return dt_graph_fail(m, n, "takes f32 predictions and an f32 target of the same size");
+        return dt_graph_fail(m, n, "takes f32 predictions and an f32 target of the same size (here %d and %d values a "
+                             "sample; a model for one target a sample ends in linear(%d) mse)", (int)x->out_n,
+                             (int)y->out_n, (int)y->out_n);
     n->dtype = DT_F32, n->ndim = 0, n->out_n = 1;
     return DT_OK;
 }

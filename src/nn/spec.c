@@ -34,6 +34,7 @@ static const layer_syntax g_syntax[] = {
     {"flatten", NULL, DT_LAYER_FLATTEN, "|", 0},
     {"layernorm", "ln", DT_LAYER_LAYERNORM, "| eps", 0},
     {"batchnorm", "batchnorm2d", DT_LAYER_BATCHNORM2D, "| eps momentum", 0},
+    {"mse", NULL, DT_LAYER_MSE, "|", 0},  /* last: the loss is mean squared error (regression) */
 };
 #define N_SYNTAX ((int)(sizeof g_syntax / sizeof g_syntax[0]))
 

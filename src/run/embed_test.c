@@ -1,12 +1,15 @@
 /* The C API as an embedder meets it: an in-memory data set passed to the trainer trains exactly
  * as the same data read from CSV files; dt_launch_workers runs a function on N forked workers,
  * returns the first failing worker's error and names dt_trainer_evaluate's collective contract
- * when one rank calls it alone. */
+ * when one rank calls it alone; dt_evaluate_checkpoint without a data set takes the one the
+ * checkpoint records; a spec that ends in mse trains on float targets (regression), and a loss that
+ * does not fit the data is refused naming the fix. */
 #include "core/test.h"
 #include "dtrain/launch.h"
 #include "dtrain/train.h"
 #include "dtrain/train_options.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -89,6 +92,104 @@ static void test_memory_equals_csv(void) {
     dt_dataset_free(te);
 }
 
+/* dt_evaluate_checkpoint(data NULL) evaluates on the data set the checkpoint trained on (as
+ * dtrain eval without --data); one trained on in-memory data records "(in-memory data set)": an error naming it, not a guess */
+static void test_evaluate_recorded_data(void) {
+    char data[128], ckpt[128];
+    snprintf(data, sizeof data, "%s/train.csv", g_dir);
+    snprintf(ckpt, sizeof ckpt, "%s/eval.safetensors", g_dir);
+    dt_train_config c = small_config();
+    c.data = data, c.save = ckpt, c.epochs = 1;
+    float p[4096], trained;
+    train_params(&c, p, 4096, &trained);
+    float la = 0, aa = 0, lb = 1, ab = 1;
+    int64_t na = 0, nb = 0;
+    const char *sa = "", *sb = "";
+    CHECK_OK(dt_evaluate_checkpoint(ckpt, data, 16, &la, &aa, &na, &sa));
+    CHECK_OK(dt_evaluate_checkpoint(ckpt, NULL, 16, &lb, &ab, &nb, &sb));
+    CHECK_MSG(la == lb && aa == ab && na == NS && nb == NS && !strcmp(sa, "test") && !strcmp(sb, "test"),
+              "recorded data: loss %g acc %g n %lld %s; given: loss %g acc %g n %lld %s", lb, ab, (long long)nb, sb,
+              la, aa, (long long)na, sa);
+    CHECK_MSG(la == trained, "evaluate %g vs the trainer's %g", la, trained);
+    dt_dataset *tr = NULL;
+    CHECK_OK(dt_dataset_create(&tr, DT_F32, g_x, g_y, NS, 1, 1, NF, 0));
+    c = small_config();
+    c.train_set = tr, c.save = ckpt, c.epochs = 1;
+    dt_trainer *t = NULL;
+    CHECK_OK(dt_trainer_create(&t, &c));
+    if (t) CHECK_OK(dt_trainer_run(t));
+    dt_trainer_free(t);
+    CHECK_MSG(dt_evaluate_checkpoint(ckpt, NULL, 16, &lb, &ab, &nb, &sb) != DT_OK &&
+          strstr(dt_last_error(), "in-memory"), "%s", dt_last_error());
+    dt_dataset_free(tr);
+}
+
+/* An IDX file (big-endian) of f32 values with dims[0..ndim). */
+static void write_idx_f32(const char *path, int ndim, const uint32_t *dims, const float *v) {
+    FILE *f = fopen(path, "wb");
+    unsigned char h[4] = {0, 0, 0x0D, (unsigned char)ndim};
+    fwrite(h, 1, 4, f);
+    size_t count = 1;
+    for (int i = 0; i < ndim; i++) {
+        unsigned char d[4] = {dims[i] >> 24, dims[i] >> 16 & 255, dims[i] >> 8 & 255, dims[i] & 255};
+        fwrite(d, 1, 4, f);
+        count *= dims[i];
+    }
+    for (size_t i = 0; i < count; i++) {
+        uint32_t b;
+        memcpy(&b, &v[i], 4);
+        unsigned char e[4] = {b >> 24, b >> 16 & 255, b >> 8 & 255, b & 255};
+        fwrite(e, 1, 4, f);
+    }
+    fclose(f);
+}
+
+/* Regression: y = 2 x0 - x1 + 0.5 learnt by "... linear(1) mse" from an IDX directory with float
+ * targets; accuracy is NaN; cross-entropy on targets, mse on labels and a 2-output mse model are
+ * refused with what to do. */
+static void test_regression(void) {
+    char dir[128], path[160];
+    snprintf(dir, sizeof dir, "%s/reg", g_dir);
+    mkdir(dir, 0700);
+    float tg[NS];
+    for (int i = 0; i < NS; i++) tg[i] = 2 * g_x[i * NF] - g_x[i * NF + 1] + 0.5f;
+    uint32_t dx[2] = {NS, NF}, dy[1] = {NS};
+    const char *split[2] = {"train", "t10k"};
+    for (int k = 0; k < 2; k++) {
+        snprintf(path, sizeof path, "%s/%s-images-idx2-float", dir, split[k]);
+        write_idx_f32(path, 2, dx, g_x);
+        snprintf(path, sizeof path, "%s/%s-labels-idx1-float", dir, split[k]);
+        write_idx_f32(path, 1, dy, tg);
+    }
+    dt_train_config c = small_config();
+    c.data = dir, c.model = "linear(16) relu linear(1) mse", c.epochs = 40, c.lr.base_lr = 0.01f;
+    dt_trainer *t = NULL;
+    float before = NAN, after = NAN, acc = 0;
+    CHECK_OK(dt_trainer_create(&t, &c));
+    if (t) {
+        CHECK_OK(dt_trainer_evaluate(t, &before, &acc));
+        CHECK_OK(dt_trainer_run(t));
+        CHECK_OK(dt_trainer_evaluate(t, &after, &acc));
+        CHECK(!strcmp(dt_model_spec(dt_trainer_model(t)), "linear(16) relu linear(1) mse"));
+    }
+    dt_trainer_free(t);
+    CHECK_MSG(after < before / 20 && after < 0.05f && isnan(acc), "mse %g -> %g, acc %g", before, after, acc);
+    static const struct { const char *model, *data, *needle; } bad[] = {
+        {"linear(1)", "reg", "end its spec with linear(1) mse"},
+        {"linear(1) mse", "train.csv", "holds class labels"},
+        {"linear(2) mse", "reg", "ends in linear(1) mse"},
+        {"mse", "reg", "the loss after the layers"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        snprintf(path, sizeof path, "%s/%s", g_dir, bad[i].data);
+        c = small_config();
+        c.data = path, c.model = bad[i].model;
+        t = NULL;
+        CHECK_MSG(dt_trainer_create(&t, &c) == DT_EINVAL && !t && strstr(dt_last_error(), bad[i].needle), "%s on %s: %s",
+                  bad[i].model, bad[i].data, dt_last_error());
+    }
+}
+
 static dt_status fail_on_rank1(dt_comm *comm, void *ctx) {
     (void)ctx;
     if (dt_comm_rank(comm) == 1) return dt_error(DT_EINVAL, "boom on rank %d", dt_comm_rank(comm));
@@ -163,6 +264,8 @@ int main(void) {
     mkdir(g_dir, 0700);
     make_data();
     test_memory_equals_csv();
+    test_evaluate_recorded_data();
+    test_regression();
     test_launch_workers();
     test_options();
     char cmd[128];

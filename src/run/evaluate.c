@@ -67,7 +67,7 @@ static dt_status evaluate(dt_model *m, dt_strategy *st, const dt_dataset *ds, dt
         float bl;
         if ((s = dt_model_run(m, &f, false, 0, &bl)) != DT_OK) break;
         sum_loss += (double)bl * b.n;
-        correct += dt_model_count_correct(m, b.y, b.n);
+        if (!dt_dataset_has_targets(ds)) correct += dt_model_count_correct(m, b.y, b.n);
         n += b.n;
     }
     dt_loader_free(l);
@@ -76,7 +76,7 @@ static dt_status evaluate(dt_model *m, dt_strategy *st, const dt_dataset *ds, dt
     double sums[3] = {sum_loss, (double)correct, (double)n};
     if (comm) DT_TRY(dt_comm_allreduce(comm, sums, sums, 3, DT_F64, DT_OP_SUM));
     *loss = sums[2] > 0 ? (float)(sums[0] / sums[2]) : NAN;
-    *acc = sums[2] > 0 ? (float)(sums[1] / (sums[2] * rows)) : NAN;
+    *acc = sums[2] > 0 && !dt_dataset_has_targets(ds) ? (float)(sums[1] / (sums[2] * rows)) : NAN;  /* regression: none */
     if (samples) *samples = (int64_t)sums[2];
     return DT_OK;
 }
@@ -113,6 +113,10 @@ dt_status dt_evaluate_checkpoint(const char *checkpoint, const char *data, int b
                                  int64_t *samples, const char **split) {
     dt_ckpt_info info;
     DT_TRY(dt_checkpoint_read_info(checkpoint, &info));
+    if (!data && !info.data[0])
+        return dt_error(DT_EINVAL, "%s does not record the data set it was trained on (an older checkpoint): "
+                        "give the data set to evaluate on", checkpoint);
+    if (!data) data = info.data;  /* what it trained on, as dtrain eval without --data */
     dt_dataset *train = NULL, *test = NULL;
     dt_model *m = NULL;
     /* text: the part the run held out (its --val-fraction; 0.1 in checkpoints that do not say) */
@@ -132,8 +136,9 @@ dt_status dt_evaluate_checkpoint(const char *checkpoint, const char *data, int b
         goto done;
     }
     if ((s = dt_checkpoint_restore(checkpoint, m, NULL, &info)) != DT_OK) goto done;
+    if ((s = dt_trainer_check_loss(m, ds, data)) != DT_OK) goto done;
     /* a label the model has no output for would make the loss NaN (and the accuracy a lie) */
-    if ((s = dt_dataset_set_classes((dt_dataset *)ds, dt_model_out_size(m))) != DT_OK) {
+    if (!dt_dataset_has_targets(ds) && (s = dt_dataset_set_classes((dt_dataset *)ds, dt_model_out_size(m))) != DT_OK) {
         s = dt_error_wrap(s, "--data %s does not fit the model of %s (%d outputs)", data, checkpoint,
                           dt_model_out_size(m));
         goto done;

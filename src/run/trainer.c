@@ -326,8 +326,20 @@ static dt_status place_model(dt_trainer *t, const dt_strategy_entry *se, const d
     return s;
 }
 
-/* The model (its outputs checked against the data's classes), placed, initialised, and its
- * optimizer. */
+dt_status dt_trainer_check_loss(const dt_model *m, const dt_dataset *ds, const char *data) {
+    const bool mse = dt_model_node_kind(m, dt_model_loss_node(m)) == DT_LAYER_MSE, targets = dt_dataset_has_targets(ds);
+    if (mse && !targets)
+        return dt_error(DT_EINVAL, "model '%s' ends in mse (regression) but --data %s holds class labels: give it float "
+                        "targets (an IDX label file of floats), or end the model in linear(CLASSES) without mse",
+                        dt_model_spec(m), data);
+    if (!mse && targets)
+        return dt_error(DT_EINVAL, "--data %s holds float targets (regression) but model '%s' ends in softmax "
+                        "cross-entropy over classes: end its spec with linear(1) mse", data, dt_model_spec(m));
+    return DT_OK;
+}
+
+/* The model (its outputs checked against the data's classes or targets), placed, initialised,
+ * and its optimizer. */
 static dt_status setup_model(dt_trainer *t, const char *spec, const dt_strategy_entry *se, const dt_strategy_opts *so,
                              const char *resume) {
     const dt_train_config *c = &t->cfg;
@@ -335,8 +347,11 @@ static dt_status setup_model(dt_trainer *t, const char *spec, const dt_strategy_
     if (dt_model_num_params(t->model) == 0)
         return dt_error(DT_EINVAL, "model '%s' has no trainable parameters; add a linear or conv layer",
                         dt_model_spec(t->model));
+    DT_TRY(dt_trainer_check_loss(t->model, t->train, c->data));
     const int nout = dt_model_classes(t->model);
-    if (nout > t->classes && t->classes > 0) {
+    if (dt_dataset_has_targets(t->train)) {
+        /* regression: one target a sample against the model's one output (the mse node checks) */
+    } else if (nout > t->classes && t->classes > 0) {
         /* fewer classes in the data than outputs is fine (e.g. a subset): train with `out` classes */
         DT_TRY(dt_dataset_set_classes(t->train, nout));
         if (t->test) DT_TRY(dt_dataset_set_classes(t->test, nout));

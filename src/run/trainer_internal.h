@@ -133,5 +133,8 @@ dt_status dt_trainer_write_timeline(dt_trainer *t);
 
 /* The strategy spec this run trains with: the configured one, else "ddp" (more than one rank) or "single". */
 const char *dt_trainer_strategy_spec(const dt_trainer *t);
+/* DT_EINVAL naming data and the model when m's loss does not fit ds: an mse model needs regression
+ * targets (dt_dataset_has_targets), a cross-entropy one class labels. */
+dt_status dt_trainer_check_loss(const dt_model *m, const dt_dataset *ds, const char *data);
 
 #endif
