@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Issue 37 (run/, flags, data, launch): a run's own checkpoint at the legal extremes of its
+# settings (a cosine schedule ends at rate 0) is read back by eval, predict, export and --resume;
+# unbounded inputs (--workers 100000, --data text:/dev/zero) are refused; flag values that are
+# not what the flag wants (nan, a negative seed, an integer too large) are refused naming the
+# flag; one exit status per class of failure. Small CSV data: a few seconds in all.
+. "$(dirname "$0")/testlib.bash"
+awk 'BEGIN{srand(11);for(i=0;i<400;i++){y=i%4;printf "%d",y;for(k=0;k<16;k++)printf ",%.3f",rand()+(k%4==y);printf "\n"}}' >"$TMP/train.csv"
+M='linear(32) relu linear(4)'
+TR=(train --data "$TMP/train.csv" --model "$M" --quiet)
+
+# ---- a cosine run's final checkpoint (scheduled rate 0 at --min-lr 0) is usable ----
+$DT "${TR[@]}" --epochs 2 --schedule cosine --save "$TMP/c.st" --checkpoint-dir "$TMP/ck" --checkpoint-every 1000 \
+  >"$TMP/c.log" 2>&1 || bad "cosine train: $(cat "$TMP/c.log")"
+python3 - "$TMP/c.st" <<'PY' && ok "the cosine run's checkpoint stores the scheduled rate 0" || bad "dtrain.lr of the cosine run is not 0"
+import json, struct, sys
+b = open(sys.argv[1], 'rb').read(); n = struct.unpack('<Q', b[:8])[0]
+sys.exit(0 if float(json.loads(b[8:8 + n])['__metadata__']['dtrain.lr']) == 0 else 1)
+PY
+for cmd in "eval --checkpoint $TMP/c.st --data $TMP/train.csv" \
+           "predict --checkpoint $TMP/c.st --data $TMP/train.csv --split train -o $TMP/p.csv" \
+           "export --checkpoint $TMP/c.st -o $TMP/m.onnx" \
+           "train --data $TMP/train.csv --quiet --epochs 3 --resume $TMP/c.st" \
+           "train --data $TMP/train.csv --quiet --epochs 3 --resume auto --checkpoint-dir $TMP/ck"; do
+  out=$($DT $cmd 2>&1) && ok "lr 0 checkpoint: dtrain ${cmd//$TMP\//}" || bad "lr 0 checkpoint: dtrain $cmd: $out"
+done
+# a step schedule with --gamma 0 also reaches rate 0; settings a checkpoint cannot hold are refused up front
+$DT "${TR[@]}" --epochs 1 --schedule step --step-size 10 --gamma 0 --save "$TMP/g.st" >/dev/null 2>&1 \
+  && $DT eval --checkpoint "$TMP/g.st" --data "$TMP/train.csv" >/dev/null 2>&1 && ok "--gamma 0: its checkpoint evaluates" \
+  || bad "--gamma 0 checkpoint"
+expect_fail "--min-lr -1 refused" "--min-lr -1: need a final learning rate >= 0" $DT "${TR[@]}" --epochs 1 --min-lr -1
+expect_fail "--gamma 2 refused" "--gamma 2: need a decay factor in [0, 1]" $DT "${TR[@]}" --epochs 1 --gamma 2
+expect_fail "--step-size -3 refused" "--step-size -3: must not be negative" $DT "${TR[@]}" --epochs 1 --step-size -3
+
+finish
