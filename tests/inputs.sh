@@ -32,4 +32,19 @@ expect_fail "--min-lr -1 refused" "--min-lr -1: need a final learning rate >= 0"
 expect_fail "--gamma 2 refused" "--gamma 2: need a decay factor in [0, 1]" $DT "${TR[@]}" --epochs 1 --gamma 2
 expect_fail "--step-size -3 refused" "--step-size -3: must not be negative" $DT "${TR[@]}" --epochs 1 --step-size -3
 
+# ---- flag values that are not what the flag wants: exit 2, naming the flag and what it wants ----
+flag_refused() {  # NAME NEEDLE FLAGS...: dtrain train FLAGS must exit 2 and print NEEDLE
+  local name=$1 needle=$2; shift 2
+  local out rc
+  out=$($DT "${TR[@]}" --epochs 1 "$@" 2>&1); rc=$?
+  [ $rc -eq 2 ] && grep -qF -- "$needle" <<<"$out" && ok "$name" || bad "$name (exit $rc, wanted 2 and '$needle'): $out"
+}
+flag_refused "--timeout nan" "flag --timeout needs a finite number, got 'nan'" --timeout nan
+flag_refused "--lr inf" "flag --lr needs a finite number, got 'inf'" --lr inf
+flag_refused "--seed -1" "--seed -1: need an integer >= 0" --seed -1
+flag_refused "--epochs too large" "flag --epochs: '99999999999999999999999' is too large (at most 2147483647)" \
+  --epochs 99999999999999999999999
+flag_refused "--max-steps too large" "flag --max-steps: '99999999999999999999999' is too large" --max-steps 99999999999999999999999
+flag_refused "--lr abc names the flag, its meaning and default" "HINT: --lr X: learning rate (default 0.001)" --lr abc
+
 finish

@@ -189,6 +189,7 @@ static int parse_train_flags(int argc, char **argv, train_opts *o) {
                            NULL);
     if (r) return r < 0 ? 2 : 0;
     if (o->workers < 1) return dt_cli_usage(NULL, "--workers %d: need at least 1", o->workers);
+    if (o->seed < 0) return dt_cli_usage("e.g. --seed 42", "--seed %lld: need an integer >= 0", (long long)o->seed);
     if (dt_cli_flag_given(argc, argv, "max-restarts") && !o->elastic)
         return dt_cli_usage("e.g. --workers 4 --elastic 2:4 --max-restarts 5", "--max-restarts needs --elastic");
     if (o->elastic && !dt_comm_env_is_rank() && c->checkpoint_every <= 0 && o->ckpt_secs <= 0)
