@@ -32,6 +32,13 @@ expect_fail "--min-lr -1 refused" "--min-lr -1: need a final learning rate >= 0"
 expect_fail "--gamma 2 refused" "--gamma 2: need a decay factor in [0, 1]" $DT "${TR[@]}" --epochs 1 --gamma 2
 expect_fail "--step-size -3 refused" "--step-size -3: must not be negative" $DT "${TR[@]}" --epochs 1 --step-size -3
 
+# ---- a ZeRO rank killed writing its shard leaves ckpt-N.safetensors.rR-of-2.tmp.PID: the run's prune removes it ----
+sh -c 'exit 0' & dead=$!; wait $dead
+mkdir -p "$TMP/zk"; : >"$TMP/zk/ckpt-0000000006.safetensors.r1-of-2.tmp.$dead"
+$DT "${TR[@]}" --epochs 1 --checkpoint-dir "$TMP/zk" --checkpoint-every 5 --keep 3 >/dev/null 2>&1 || bad "train with --keep 3"
+[ ! -e "$TMP/zk/ckpt-0000000006.safetensors.r1-of-2.tmp.$dead" ] && ok "a dead rank's shard temp file is pruned" \
+  || bad "a dead rank's shard temp file survived: $(ls "$TMP/zk")"
+
 # ---- flag values that are not what the flag wants: exit 2, naming the flag and what it wants ----
 flag_refused() {  # NAME NEEDLE FLAGS...: dtrain train FLAGS must exit 2 and print NEEDLE
   local name=$1 needle=$2; shift 2
