@@ -39,6 +39,26 @@ $DT "${TR[@]}" --epochs 1 --checkpoint-dir "$TMP/zk" --checkpoint-every 5 --keep
 [ ! -e "$TMP/zk/ckpt-0000000006.safetensors.r1-of-2.tmp.$dead" ] && ok "a dead rank's shard temp file is pruned" \
   || bad "a dead rank's shard temp file survived: $(ls "$TMP/zk")"
 
+# ---- unbounded inputs: refused at once, before anything is prepared ----
+expect_code() {  # NAME CODE NEEDLE CMD...: CMD must exit CODE and print NEEDLE
+  local name=$1 code=$2 needle=$3; shift 3
+  local out rc
+  out=$("$@" 2>&1); rc=$?
+  [ $rc -eq "$code" ] && grep -qF -- "$needle" <<<"$out" && ok "$name" || bad "$name (exit $rc, wanted $code and '$needle'): $out"
+}
+expect_code "--workers 100000 refused" 2 "--workers 100000: at most 256 local ranks on one host" \
+  timeout 20 $DT "${TR[@]}" --epochs 1 --workers 100000
+expect_code "dtrain launch -n 100000 refused" 2 "-n 100000: at most 256 local ranks" timeout 20 $DT launch -n 100000 true
+expect_code "--data text:/dev/zero refused" 78 "/dev/zero is a character device, not a file" \
+  timeout 20 $DT train --data text:/dev/zero --model gpt:L=1,H=1,C=16,T=16 --epochs 1
+# more ranks than cores: a note, and the job runs
+W=$(( $(getconf _NPROCESSORS_ONLN) + 1 ))
+if [ "$W" -le 9 ]; then
+  out=$($DT "${TR[@]}" --epochs 1 --workers $W 2>&1); rc=$?
+  [ $rc -eq 0 ] && grep -qF "note: $W ranks on $((W - 1)) cores: the ranks take turns" <<<"$out" \
+    && ok "--workers $W on $((W - 1)) cores runs, with a note" || bad "--workers $W (exit $rc): $out"
+else echo "skip: --workers beyond the cores: $((W - 1)) cores would make it a long run"; fi
+
 # ---- flag values that are not what the flag wants: exit 2, naming the flag and what it wants ----
 flag_refused() {  # NAME NEEDLE FLAGS...: dtrain train FLAGS must exit 2 and print NEEDLE
   local name=$1 needle=$2; shift 2

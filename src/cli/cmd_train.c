@@ -428,6 +428,20 @@ static int run_rank(int argc, char **argv, train_opts *o, int job_ranks) {
 }
 
 
+/* --workers N on this host: refused past DT_LAUNCH_MAX_RANKS (exit 2), with a note where the ranks
+ * outnumber the cores (they run, taking turns). -1 = fine. */
+static int check_local_ranks(const train_opts *o, int job_ranks) {
+    if (job_ranks > DT_LAUNCH_MAX_RANKS)
+        return dt_cli_usage("more ranks run across hosts: start dtrain train under mpirun or srun",
+                            "--workers %d%s: at most %d local ranks on one host", o->workers,
+                            job_ranks != o->workers ? " (with the ps servers)" : "", DT_LAUNCH_MAX_RANKS);
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (cores > 0 && job_ranks > cores)
+        fprintf(stderr, "dtrain: note: %d ranks on %ld cores: the ranks take turns on them, and every step waits for "
+                "the slowest (--workers %ld or fewer runs faster)\n", job_ranks, cores, cores);
+    return -1;
+}
+
 int dt_cmd_train(int argc, char **argv) {
     train_opts o;
     int r = parse_train_flags(argc, argv, &o);
@@ -441,6 +455,7 @@ int dt_cmd_train(int argc, char **argv) {
     if (job_ranks > 1 && !dt_comm_env_is_rank()) {
         const dt_train_config *c = &o.cfg;
         const int S = dt_cli_servers(c);
+        if ((r = check_local_ranks(&o, job_ranks)) >= 0) return r;
         if (c->slow_factor > 1 && (c->slow_rank >= job_ranks || (dt_cli_is_ps(c) && c->slow_rank < S))) {
             if (dt_cli_is_ps(c))
                 return dt_cli_usage("ranks 0..servers-1 serve; the workers are the ranks after them",

@@ -92,6 +92,12 @@ dt_status dt_text_set_classes(dt_dataset *ds, int classes);
  * (logged at info level). */
 bool dt_cache_dir(char *dir, size_t cap);
 
+/* The most bytes a text data set reads from a pipe or other stream that cannot be mapped. */
+#define DT_TEXT_STREAM_MAX ((size_t)1 << 30)
+/* Reads fd to its end into *buf (malloc'd, caller frees, also on error) and *len; DT_EFORMAT when
+ * it holds more than max bytes (only max + 1 are read), DT_EIO / DT_ENOMEM otherwise. */
+dt_status dt_text_read_stream(int fd, size_t max, uint8_t **buf, size_t *len);
+
 /* Resolves "kjv" (see dt_dataset_open_text): *fd is a read-only descriptor of the text (a file,
  * or a sealed-off memory file), path the name for messages, cache the generated cache file it
  * is ("" otherwise). DT_ENOENT when the text is not installed and `bible` is missing, DT_EIO when

@@ -35,8 +35,13 @@
 /* True for the statuses of a set-up that would fail the same way again (usage, config). */
 static inline bool dt_exit_is_setup(int code) { return code == DT_EXIT_USAGE || code == DT_EXIT_CONFIG; }
 
+/* The most local ranks one launch starts (--workers, dtrain launch -n): the shm transport maps
+ * n x n channels into every rank, so more ranks than this on one host are no job to run (more
+ * go across hosts: mpirun/srun). */
+#define DT_LAUNCH_MAX_RANKS 256
+
 typedef struct {
-    int nranks;                   /* number of local ranks, >= 1 */
+    int nranks;                   /* number of local ranks, 1..DT_LAUNCH_MAX_RANKS */
     double timeout_s;             /* whole-job deadline in seconds; 0 = none */
     double grace_s;               /* SIGTERM -> SIGKILL grace when stopping ranks; 0 = 5 s */
     bool no_prefix;               /* relay whole lines without the "[rank] " prefix */
