@@ -74,4 +74,50 @@ flag_refused "--epochs too large" "flag --epochs: '99999999999999999999999' is t
 flag_refused "--max-steps too large" "flag --max-steps: '99999999999999999999999' is too large" --max-steps 99999999999999999999999
 flag_refused "--lr abc names the flag, its meaning and default" "HINT: --lr X: learning rate (default 0.001)" --lr abc
 
+# ---- one exit status per class of failure (dtrain --help, docs/exit-codes.md): a table ----
+{ cat "$TMP/train.csv"; echo "7,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1"; } >"$TMP/lab.csv"
+head -c 2000 /dev/urandom | tr -d ',\n' >"$TMP/bin.csv"
+: >"$TMP/empty.txt"; printf 'abc' >"$TMP/short.txt"; mkdir -p "$TMP/dir.csv" "$TMP/adir"; touch "$TMP/afile"
+python3 - "$TMP/idx" <<'PY'
+import os, struct, sys
+d = sys.argv[1]; os.makedirs(d, exist_ok=True)
+for part, n in (("train", 64), ("t10k", 16)):
+    with open(f"{d}/{part}-images-idx3-ubyte", "wb") as f:
+        f.write(struct.pack(">IIII", 0x803, n, 4, 4) + bytes((i * 7) % 256 for i in range(n * 16)))
+    with open(f"{d}/{part}-labels-idx1-ubyte", "wb") as f:
+        f.write(struct.pack(">II", 0x801, n) + bytes(i % 10 for i in range(n)))
+PY
+cp "$TMP/c.st" "$TMP/grown.st"; head -c 100 /dev/zero >>"$TMP/grown.st"
+GPT=(--model gpt:L=1,H=1,C=16,T=16 --epochs 1 --quiet)
+while IFS='|' read -r code needle args; do
+  [ -z "$code" ] && continue
+  eval "cmd=($args)"
+  out=$(timeout 60 $DT "${cmd[@]}" 2>&1); rc=$?
+  [ $rc -eq "$code" ] && grep -qF -- "$needle" <<<"$out" && ok "exit $code: ${args//$TMP\//}" \
+    || bad "exit $code wanted, got $rc, for dtrain $args (want '$needle'): $out"
+done <<EOT
+0|done:|train --data $TMP/train.csv --model "$M" --epochs 1
+2|flag --timeout needs a finite number|train --data $TMP/train.csv --timeout nan
+2|unknown flag '--epoch'|train --data $TMP/train.csv --epoch 1
+2|at most 256 local ranks|train --data $TMP/train.csv --workers 100000
+73|--save $TMP/no/c.st: cannot write into $TMP/no|train --data $TMP/train.csv --save $TMP/no/c.st
+73|--metrics $TMP/adir: is a directory|train --data $TMP/train.csv --metrics $TMP/adir
+73|--timeline $TMP/no/t.json: cannot write into|train --data $TMP/train.csv --timeline $TMP/no/t.json
+73|--tensorboard $TMP/afile|train --data $TMP/train.csv --model "$M" --tensorboard $TMP/afile
+73|-o $TMP/no/p.csv: cannot write into|predict --checkpoint $TMP/c.st --data $TMP/train.csv -o $TMP/no/p.csv
+73|-o $TMP/no/c.st: cannot write into|ckpt consolidate $TMP/c.st -o $TMP/no/c.st
+78|labels up to 7|train --data $TMP/lab.csv --model "$M" --epochs 1
+78|label 7 of sample 400 is outside [0, 4)|eval --checkpoint $TMP/c.st --data $TMP/lab.csv
+78|bin.csv:|train --data $TMP/bin.csv --model "$M" --epochs 1
+78|is a directory|train --data $TMP/dir.csv --model "$M" --epochs 1
+78|not a directory or .csv file|train --data $TMP/afile --model "$M" --epochs 1
+78|no such data set: pass fashion-mnist, mnist, an IDX directory, a .csv file, or text:FILE or kjv|train --data $TMP/none --epochs 1
+78|empty.txt is empty|train --data text:$TMP/empty.txt ${GPT[*]}
+78|short.txt has 3 bytes|train --data text:$TMP/short.txt ${GPT[*]}
+78|adir is a directory|train --data text:$TMP/adir ${GPT[*]}
+78|idx/train-labels-idx1-ubyte: label 4 of sample 4 is outside [0, 4)|train --data $TMP/idx --model "flatten linear(4)" --epochs 1
+78|something was appended|eval --checkpoint $TMP/grown.st --data $TMP/train.csv
+124|timeout after 1 s|launch --timeout 1 -n 1 -- sleep 30
+EOT
+
 finish

@@ -360,7 +360,7 @@ static int run_rank(int argc, char **argv, train_opts *o, int job_ranks) {
     if (o->tensorboard && rank == 0 && dt_tb_writer_create(&pc.tb, o->tensorboard) != DT_OK) {
         dt_comm_destroy(comm);
         dt_cli_fail("give a directory you can write", "%s", dt_last_error());
-        return DT_EXIT_CONFIG;
+        return DT_EXIT_OUTPUT;
     }
 
     /* from here on SIGTERM/SIGINT mean: finish the step, checkpoint, exit 0 (a second one kills).
@@ -377,7 +377,7 @@ static int run_rank(int argc, char **argv, train_opts *o, int job_ranks) {
         /* an error that starts with its flag ("--batch 9 is ...: use ...") carries its own advice */
         const char *hint = !strncmp(dt_last_error(), "--", 2) ? NULL
                            : strstr(dt_last_error(), "data set") || strstr(dt_last_error(), "--data")
-                               ? "check --data (an IDX directory, fashion-mnist, mnist or a .csv file)"
+                               ? "check --data (fashion-mnist, mnist, an IDX directory, a .csv file, text:FILE or kjv)"
                            : strstr(dt_last_error(), "model spec") ? "see 'dtrain train --help' for the spec syntax"
                                                                    : NULL;
         dt_comm_destroy(comm);

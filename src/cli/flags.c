@@ -14,8 +14,9 @@
 
 const char dt_cli_exit_help[] =
     "Exit status: 0 done; 1 failed at run time (I/O, memory, a diverged run); 2 wrong command line\n"
-    "(unknown flag, bad value, flags that do not go together); 75 stopped because another rank failed\n"
-    "or stalled; 78 a data set, checkpoint or model that cannot be used; 124 dtrain launch --timeout;\n"
+    "(unknown flag, bad value, flags that do not go together); 73 an output file or directory that\n"
+    "cannot be written; 75 stopped because another rank failed or stalled; 78 a data set, checkpoint\n"
+    "or model that cannot be used; 124 dtrain launch --timeout;\n"
     "128+N killed by signal N. With --workers or dtrain launch, the status of the rank that failed.";
 
 static void vfail(const char *hint, const char *fmt, va_list ap) {

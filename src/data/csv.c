@@ -156,7 +156,7 @@ dt_status dt_dataset_open_csv(dt_dataset **out, const char *path, const dt_csv_o
             first_line = r.lineno;
             lc = o.label_col < 0 ? ncols + o.label_col : o.label_col;
             if (ncols < 2 || lc < 0 || lc >= ncols) {
-                st = dt_error(DT_EINVAL, "%s:%zu: %d columns: need a label column (index %d) and at least one feature", path, r.lineno,
+                st = dt_error(DT_EFORMAT, "%s:%zu: %d columns: need a label column (index %d) and at least one feature", path, r.lineno,
                               ncols, o.label_col);
                 goto done;
             }

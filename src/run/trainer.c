@@ -325,7 +325,7 @@ static dt_status setup_model(dt_trainer *t, const char *spec, const dt_strategy_
          * wrong model) */
         dt_status s = dt_dataset_set_classes(t->train, nout);
         if (s == DT_OK && t->test) s = dt_dataset_set_classes(t->test, nout);
-        return dt_error_wrap(DT_EINVAL, "model '%s' outputs %d classes but --data %s has labels up to %d; if they are "
+        return dt_error_wrap(DT_EFORMAT, "model '%s' outputs %d classes but --data %s has labels up to %d; if they are "
                                         "right, end the spec with linear(%d)",
                              dt_model_spec(t->model), nout, c->data, t->classes - 1, t->classes);
     }
