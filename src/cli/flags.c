@@ -167,11 +167,17 @@ static const char *type_word(dt_flag_type t) {
     }
 }
 
+/* The HINT for a flag given a bad value or none: "--lr X: learning rate (default 0.001)". */
+static void flag_hint(const dt_flag *f, char *hint, size_t cap) {
+    char dflt[4200];
+    dt_flag_default_text(f, dflt, sizeof dflt);
+    snprintf(hint, cap, "--%s%s%s: %s%s", f->name, f->meta ? " " : "", f->meta ? f->meta : "", f->help, dflt);
+}
+
 /* Says that v is no value of flag f: what is wrong with it, and the flag's meaning and default. */
 static void value_usage(const dt_flag *f, const char *v, value_fault why) {
-    char hint[4400], dflt[4200];
-    dt_flag_default_text(f, dflt, sizeof dflt);
-    snprintf(hint, sizeof hint, "--%s%s%s: %s%s", f->name, f->meta ? " " : "", f->meta ? f->meta : "", f->help, dflt);
+    char hint[4400];
+    flag_hint(f, hint, sizeof hint);
     const char *range = f->type == DT_FLAG_INT ? (why == V_HIGH ? "at most 2147483647" : "at least -2147483647")
                         : why == V_HIGH         ? "at most 9223372036854775807"
                                                 : "at least -9223372036854775808";
@@ -261,7 +267,9 @@ int dt_flags_parse(int argc, char **argv, int first, const dt_flag *flags, int n
         }
         if (!v) {
             if (i + 1 >= argc) {
-                dt_cli_usage(f->help, "flag --%s needs %s", f->name, type_word(f->type));
+                char hint[4400];
+                flag_hint(f, hint, sizeof hint);
+                dt_cli_usage(hint, "flag --%s needs %s", f->name, type_word(f->type));
                 return -1;
             }
             v = argv[++i];
