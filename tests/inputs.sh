@@ -48,6 +48,8 @@ expect_code() {  # NAME CODE NEEDLE CMD...: CMD must exit CODE and print NEEDLE
 }
 expect_code "--workers 100000 refused" 2 "--workers 100000: at most 256 local ranks on one host" \
   timeout 20 $DT "${TR[@]}" --epochs 1 --workers 100000
+expect_code "--elastic 1:300 refused" 2 "--elastic 1:300: at most 256 local ranks" \
+  $DT "${TR[@]}" --epochs 1 --workers 2 --elastic 1:300 --checkpoint-dir "$TMP/el" --checkpoint-every 5
 expect_code "dtrain launch -n 100000 refused" 2 "-n 100000: at most 256 local ranks" timeout 20 $DT launch -n 100000 true
 expect_code "--data text:/dev/zero refused" 78 "/dev/zero is a character device, not a file" \
   timeout 20 $DT train --data text:/dev/zero --model gpt:L=1,H=1,C=16,T=16 --epochs 1
