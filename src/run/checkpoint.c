@@ -298,6 +298,8 @@ dt_status dt_checkpoint_resolve(const char *path, char *out, size_t cap, bool *f
     return DT_OK;
 }
 
+dt_status dt_checkpoint_info_of(const dt_st_file *f, dt_ckpt_info *info) { return parse_info(f, info); }
+
 dt_status dt_checkpoint_read_info(const char *path, dt_ckpt_info *info) {
     dt_st_file *f = NULL;
     DT_TRY(dt_st_open(&f, path));

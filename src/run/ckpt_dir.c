@@ -131,13 +131,19 @@ dt_status dt_ckpt_dir_latest(const char *dir, char *out, size_t cap, bool *found
     int64_t *steps;
     size_t n;
     DT_TRY(list_steps(dir, &steps, &n));
+    dt_ckpt_info *info = malloc(sizeof *info);  /* its metadata too: a file --resume could not use is skipped */
+    if (!info) {
+        free(steps);
+        return dt_error(DT_ENOMEM, "out of memory listing %s", dir);
+    }
     for (size_t i = 0; i < n && !*found; i++) {
         dt_ckpt_dir_path(out, cap, dir, steps[i]);
         dt_st_file *f = NULL;
-        if (dt_st_open(&f, out) == DT_OK) *found = shards_valid(out, f);
+        if (dt_st_open(&f, out) == DT_OK && dt_checkpoint_info_of(f, info) == DT_OK) *found = shards_valid(out, f);
         if (!*found && report) report(ctx, out, dt_last_error());
         dt_st_close(f);
     }
+    free(info);
     free(steps);
     return DT_OK;
 }

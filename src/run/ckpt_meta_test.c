@@ -4,6 +4,7 @@
  * own checkpoint is refused as damaged (issue 37). Values no run writes are still refused. */
 #include "core/test.h"
 #include "run/checkpoint.h"
+#include "run/ckpt_dir.h"
 
 #include <float.h>
 #include <math.h>
@@ -69,6 +70,26 @@ static void refused(const char *path, dt_model *m, dt_optim *o, dt_ckpt_info in,
     CHECK_MSG(s == DT_EFORMAT && strstr(dt_last_error(), key), "%s: %s", key, s ? dt_last_error() : "accepted");
 }
 
+static void note_skip(void *ctx, const char *path, const char *reason) {
+    (void)path;
+    snprintf(ctx, 256, "%s", reason);
+}
+
+/* --resume auto (dt_ckpt_dir_latest) skips a newer checkpoint it could not resume from, and says why. */
+static void latest_skips_unusable(dt_model *m) {
+    char dir[64], a[128], b[128], got[4096], why[256] = "";
+    if (dt_test_mkdtemp(dir, sizeof dir, "/tmp/dt_ckmeta_dir.XXXXXX") != 0) return;
+    dt_ckpt_dir_path(a, sizeof a, dir, 1), dt_ckpt_dir_path(b, sizeof b, dir, 2);
+    dt_ckpt_info in = extreme_info(false, DT_OPTIM_ADAM);
+    CHECK_OK(dt_checkpoint_write(a, m, NULL, &in));
+    in.lr = -1;  /* CRCs fine, a value no run writes */
+    CHECK_OK(dt_checkpoint_write(b, m, NULL, &in));
+    bool found = false;
+    CHECK_OK(dt_ckpt_dir_latest(dir, got, sizeof got, &found, note_skip, why));
+    CHECK_MSG(found && !strcmp(got, a) && strstr(why, "dtrain.lr"), "latest: %s (%s)", found ? got : "none", why);
+    unlink(a), unlink(b), rmdir(dir);
+}
+
 int main(void) {
     dt_model *m;
     CHECK_OK(dt_model_create_from_spec(&m, SPEC, 1, 1, 1));
@@ -95,6 +116,7 @@ int main(void) {
     bad = extreme_info(false, DT_OPTIM_ADAM);
     bad.sched.base_lr = 0;
     refused(path, m, NULL, bad, "lr=0");
+    latest_skips_unusable(m);
     unlink(path);
     dt_model_free(m);
     return dt_test_summary("ckpt_meta_test");
