@@ -90,6 +90,7 @@ for part, n in (("train", 64), ("t10k", 16)):
         f.write(struct.pack(">II", 0x801, n) + bytes(i % 10 for i in range(n)))
 PY
 cp "$TMP/c.st" "$TMP/grown.st"; head -c 100 /dev/zero >>"$TMP/grown.st"
+ln -s /dev/zero "$TMP/zero.csv"
 GPT=(--model gpt:L=1,H=1,C=16,T=16 --epochs 1 --quiet)
 while IFS='|' read -r code needle args; do
   [ -z "$code" ] && continue
@@ -111,6 +112,7 @@ done <<EOT
 78|labels up to 7|train --data $TMP/lab.csv --model "$M" --epochs 1
 78|label 7 of sample 400 is outside [0, 4)|eval --checkpoint $TMP/c.st --data $TMP/lab.csv
 78|bin.csv:|train --data $TMP/bin.csv --model "$M" --epochs 1
+78|zero.csv is a character device, not a file|train --data $TMP/zero.csv --model "$M" --epochs 1
 78|is a directory|train --data $TMP/dir.csv --model "$M" --epochs 1
 78|not a directory or .csv file|train --data $TMP/afile --model "$M" --epochs 1
 78|no such data set: pass fashion-mnist, mnist, an IDX directory, a .csv file, or text:FILE or kjv|train --data $TMP/none --epochs 1
