@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Issue 37 (run/, flags, data, launch): a run's own checkpoint at the legal extremes of its
 # settings (a cosine schedule ends at rate 0) is read back by eval, predict, export and --resume;
-# unbounded inputs (--workers 100000, --data text:/dev/zero) are refused; flag values that are
-# not what the flag wants (nan, a negative seed, an integer too large) are refused naming the
-# flag; one exit status per class of failure. Small CSV data: a few seconds in all.
+# a ZeRO rank's shard temp file left by a killed rank is pruned; unbounded inputs (--workers
+# 100000, --data text:/dev/zero) are refused; flag values that are not what the flag wants (nan,
+# a negative seed, an integer too large) are refused naming the flag; one exit status per class
+# of failure (a table, docs/exit-codes.md). Small CSV data: a few seconds in all.
 . "$(dirname "$0")/testlib.bash"
 awk 'BEGIN{srand(11);for(i=0;i<400;i++){y=i%4;printf "%d",y;for(k=0;k<16;k++)printf ",%.3f",rand()+(k%4==y);printf "\n"}}' >"$TMP/train.csv"
 M='linear(32) relu linear(4)'
