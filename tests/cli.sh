@@ -26,15 +26,15 @@ missing=$($DT bench --help | sed -n 's/^  \([a-z]*\) .*/\1/p' | while read -r b;
 [ -z "$missing" ] && ok "dtrain --help names every benchmark" || bad "dtrain --help's bench line lacks: $missing ($line)"
 expect_fail "bench train: a negative --seconds" "--seconds -1: give 0 to 3600" $DT bench train --seconds -1
 expect_fail "bench train: --threads 0" "--threads 0: need at least 1" $DT bench train --threads 0
-# predict and export probe their -o the same way, before any model is read: exit 78, not a late 1
+# predict and export probe their -o the same way, before any model is read: exit 73, not a late 1
 for c in predict export; do
   out=$($DT $c --checkpoint "$TMP/none.st" -o "$TMP/no/out" 2>&1); rc=$?
-  [ $rc -eq 78 ] && grep -q -- "-o $TMP/no/out: cannot write into $TMP/no" <<<"$out" \
-    && ok "$c -o without its directory: exit 78 naming it" || bad "$c -o $TMP/no/out (exit $rc): $out"
+  [ $rc -eq 73 ] && grep -q -- "-o $TMP/no/out: cannot write into $TMP/no" <<<"$out" \
+    && ok "$c -o without its directory: exit 73 naming it" || bad "$c -o $TMP/no/out (exit $rc): $out"
 done
 out=$($DT train --workers 2 --checkpoint-dir /proc/ck --max-steps 1 2>&1); rc=$?
-if [ $rc -eq 78 ] && [ "$(grep -c 'checkpoint-dir /proc/ck: cannot write' <<<"$out")" = 1 ] && ! grep -q '^\[' <<<"$out"
-then ok "--checkpoint-dir that cannot be made: exit 78 before any rank starts"
+if [ $rc -eq 73 ] && [ "$(grep -c 'checkpoint-dir /proc/ck: cannot write' <<<"$out")" = 1 ] && ! grep -q '^\[' <<<"$out"
+then ok "--checkpoint-dir that cannot be made: exit 73 before any rank starts"
 else bad "--checkpoint-dir /proc/ck (exit $rc): $out"; fi
 expect_fail "eval needs checkpoint" "no --checkpoint given" $DT eval
 expect_fail "unknown command" "unknown command 'trian'" $DT trian

@@ -3,6 +3,7 @@
  * and writes it as one safetensors file that PyTorch's safetensors loader reads (the model's
  * tensors; with --optimizer-state also the optimizer moments, resumable by dtrain train). */
 #include "cli/cli.h"
+#include "cli/train_outputs.h"
 #include "dtrain/dtrain.h"
 #include "run/checkpoint.h"
 #include "run/ckpt_dir.h"
@@ -47,6 +48,7 @@ static int consolidate(int argc, char **argv) {
     if (npos > 1) return dt_cli_usage(USAGE, "ckpt consolidate: one checkpoint at a time ('%s' and '%s')", pos[0], pos[1]);
     in = npos ? pos[0] : NULL;
     if (!in || !out) return dt_cli_usage(USAGE, "ckpt consolidate: need a checkpoint (DIR or FILE) and -o OUT");
+    if ((r = dt_cli_check_output_file("-o", out)) >= 0) return r;  /* before the checkpoint is read */
     char path[4096];
     struct stat st;
     snprintf(path, sizeof path, "%s", in);

@@ -64,6 +64,9 @@ int dt_cmd_launch(int argc, char **argv) {
     if (n < 1)
         return dt_cli_usage("e.g. dtrain launch -n 4 -- ./my_worker --flag", n_given ? "-n %d: need at least 1 rank"
                                                                                      : "missing -n N (number of ranks)", n);
+    if (n > DT_LAUNCH_MAX_RANKS)
+        return dt_cli_usage("more ranks run across hosts: mpirun or srun", "-n %d: at most %d local ranks", n,
+                            DT_LAUNCH_MAX_RANKS);
     if (prog >= argc)
         return dt_cli_usage("e.g. dtrain launch -n 4 -- ./my_worker --flag", "missing the program to launch");
     if (timeout < 0 || grace < 0) return dt_cli_usage(NULL, "--timeout and --grace must be >= 0");

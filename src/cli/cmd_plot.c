@@ -5,6 +5,7 @@
  * written to a temporary file beside the output and renamed, so a failed plot leaves no
  * half-written file. */
 #include "cli/cli.h"
+#include "cli/train_outputs.h"
 #include "run/launch.h"
 #include "run/writable.h"
 
@@ -298,7 +299,9 @@ static int plot(const char **files, int nfiles, const char *out, const char *tit
         return dt_cli_fail("install it: sudo apt-get install gnuplot-nox (Debian/Ubuntu; any gnuplot 5 with the "
                            "pngcairo and svg terminals works)", "dtrain plot draws through gnuplot, which is not on PATH");
     plot_run runs[MAX_RUNS] = {{0}};
-    int rc = 0;
+    int rc = dt_cli_check_output_file("-o", out);  /* before gnuplot runs */
+    if (rc >= 0) return rc;
+    rc = 0;
     for (int i = 0; i < nfiles && rc == 0; i++) rc = read_run(&runs[i], files[i]);
     for (int i = 0; i < nfiles && rc == 0 && xcol < 0; i++) xcol = runs[i].has_steps ? C_STEP : -1;
     if (xcol < 0) xcol = C_EPOCH;

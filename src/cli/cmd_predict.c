@@ -193,7 +193,7 @@ int dt_cmd_predict(int argc, char **argv) {
     if (gpt && (s = dt_gpt_parse(spec, &g)) == DT_OK) s = dt_dataset_open_text(&train, &test, o.data, g.T, trained.val_fraction);
     else if (!gpt) s = dt_dataset_open(&train, &test, o.data);
     if (s != DT_OK) {
-        dt_cli_fail("check --data (an IDX directory, fashion-mnist, mnist or a .csv file)", "%s", dt_last_error());
+        dt_cli_fail("check --data (fashion-mnist, mnist, an IDX directory, a .csv file, text:FILE or kjv)", "%s", dt_last_error());
         return dt_cli_setup_status(s);
     }
     int C, H, W;

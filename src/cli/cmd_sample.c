@@ -115,6 +115,7 @@ int dt_cmd_sample(int argc, char **argv) {
     };
     int r = dt_flags_parse(argc, argv, 1, flags, (int)(sizeof flags / sizeof *flags), SAMPLE_USAGE, NULL, 0, NULL, NULL);
     if (r) return r < 0 ? DT_EXIT_USAGE : 0;
+    if (seed < 0) return dt_cli_usage("e.g. --seed 1", "--seed %lld: need an integer >= 0", (long long)seed);
     if ((r = check_flags(ckpt, weights, prompt, ntok, temperature, top_k, threads)) != 0) return r;
     char file[4096];
     if (ckpt && (r = dt_cli_checkpoint("checkpoint", ckpt, file, sizeof file)) != 0) return r;

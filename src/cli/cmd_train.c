@@ -192,6 +192,7 @@ static int parse_train_flags(int argc, char **argv, train_opts *o) {
                                 NULL, NULL);
     if (r) return r < 0 ? 2 : 0;
     if (o->workers < 1) return dt_cli_usage(NULL, "--workers %d: need at least 1", o->workers);
+    if (o->seed < 0) return dt_cli_usage("e.g. --seed 42", "--seed %lld: need an integer >= 0", (long long)o->seed);
     if (dt_cli_flag_given(argc, argv, "max-restarts") && !o->elastic)
         return dt_cli_usage("e.g. --workers 4 --elastic 2:4 --max-restarts 5", "--max-restarts needs --elastic");
     if (o->elastic && !dt_comm_env_is_rank() && c->checkpoint_every <= 0 && o->ckpt_secs <= 0)
@@ -363,7 +364,7 @@ static int run_rank(int argc, char **argv, train_opts *o, int job_ranks) {
     if (o->tensorboard && rank == 0 && dt_tb_writer_create(&pc.tb, o->tensorboard) != DT_OK) {
         dt_comm_destroy(comm);
         dt_cli_fail("give a directory you can write", "%s", dt_last_error());
-        return DT_EXIT_CONFIG;
+        return DT_EXIT_OUTPUT;
     }
 
     /* from here on SIGTERM/SIGINT mean: finish the step, checkpoint, exit 0 (a second one kills).
@@ -380,7 +381,7 @@ static int run_rank(int argc, char **argv, train_opts *o, int job_ranks) {
         /* an error that starts with its flag ("--batch 9 is ...: use ...") carries its own advice */
         const char *hint = !strncmp(dt_last_error(), "--", 2) ? NULL
                            : strstr(dt_last_error(), "data set") || strstr(dt_last_error(), "--data")
-                               ? "check --data (an IDX directory, fashion-mnist, mnist or a .csv file)"
+                               ? "check --data (fashion-mnist, mnist, an IDX directory, a .csv file, text:FILE or kjv)"
                            : strstr(dt_last_error(), "model spec") ? "see 'dtrain train --help' for the spec syntax"
                                                                    : NULL;
         dt_comm_destroy(comm);
@@ -431,6 +432,20 @@ static int run_rank(int argc, char **argv, train_opts *o, int job_ranks) {
 }
 
 
+/* --workers N on this host: refused past DT_LAUNCH_MAX_RANKS (exit 2), with a note where the ranks
+ * outnumber the cores (they run, taking turns). -1 = fine. */
+static int check_local_ranks(const train_opts *o, int job_ranks) {
+    if (job_ranks > DT_LAUNCH_MAX_RANKS)
+        return dt_cli_usage("more ranks run across hosts: start dtrain train under mpirun or srun",
+                            "--workers %d%s: at most %d local ranks on one host", o->workers,
+                            job_ranks != o->workers ? " (with the ps servers)" : "", DT_LAUNCH_MAX_RANKS);
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (cores > 0 && job_ranks > cores)
+        fprintf(stderr, "dtrain: note: %d ranks on %ld cores: the ranks take turns on them, and every step waits for "
+                "the slowest (--workers %ld or fewer runs faster)\n", job_ranks, cores, cores);
+    return -1;
+}
+
 int dt_cmd_train(int argc, char **argv) {
     train_opts o;
     int r = parse_train_flags(argc, argv, &o);
@@ -444,6 +459,7 @@ int dt_cmd_train(int argc, char **argv) {
     if (job_ranks > 1 && !dt_comm_env_is_rank()) {
         const dt_train_config *c = &o.cfg;
         const int S = dt_cli_servers(c);
+        if ((r = check_local_ranks(&o, job_ranks)) >= 0) return r;
         if (c->slow_factor > 1 && (c->slow_rank >= job_ranks || (dt_cli_is_ps(c) && c->slow_rank < S))) {
             if (dt_cli_is_ps(c))
                 return dt_cli_usage("ranks 0..servers-1 serve; the workers are the ranks after them",

@@ -5,6 +5,7 @@
 #include "run/launch.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,8 +16,9 @@
 
 const char dt_cli_exit_help[] =
     "Exit status: 0 done; 1 failed at run time (I/O, memory, a diverged run); 2 wrong command line\n"
-    "(unknown flag, bad value, flags that do not go together); 75 stopped because another rank failed\n"
-    "or stalled; 78 a data set, checkpoint or model that cannot be used; 124 dtrain launch --timeout;\n"
+    "(unknown flag, bad value, flags that do not go together); 73 an output file or directory that\n"
+    "cannot be written; 75 stopped because another rank failed or stalled; 78 a data set, checkpoint\n"
+    "or model that cannot be used; 124 dtrain launch --timeout;\n"
     "128+N killed by signal N. With --workers or dtrain launch, the status of the rank that failed.";
 
 static void vfail(const char *hint, const char *fmt, va_list ap) {
@@ -229,36 +231,42 @@ void dt_flags_usage_help(const dt_flag_help *help, const dt_flag *flags, int n) 
     printf("\n%s\n", dt_cli_exit_help);
 }
 
-static int set_value(const dt_flag *f, const char *v) {
+/* Why a value is not one of its flag's kind. */
+typedef enum { V_OK, V_BAD, V_HIGH, V_LOW, V_NONFINITE } value_fault;
+
+static value_fault set_value(const dt_flag *f, const char *v) {
     char *end = NULL;
     errno = 0;
     switch (f->type) {
     case DT_FLAG_BOOL:
         if (!strcmp(v, "1") || !strcmp(v, "true") || !strcmp(v, "yes")) *(bool *)f->value = true;
         else if (!strcmp(v, "0") || !strcmp(v, "false") || !strcmp(v, "no")) *(bool *)f->value = false;
-        else return -1;
-        return 0;
+        else return V_BAD;
+        return V_OK;
     case DT_FLAG_INT: {
-        long x = strtol(v, &end, 10);
-        if (errno || end == v || *end || x < -2147483647L || x > 2147483647L) return -1;
+        long long x = strtoll(v, &end, 10);
+        if (end == v || *end) return V_BAD;
+        if (errno == ERANGE || x < -2147483647LL || x > 2147483647LL) return *v == '-' ? V_LOW : V_HIGH;
         *(int *)f->value = (int)x;
-        return 0;
+        return V_OK;
     }
     case DT_FLAG_I64: {
         long long x = strtoll(v, &end, 10);
-        if (errno || end == v || *end) return -1;
+        if (end == v || *end) return V_BAD;
+        if (errno == ERANGE) return *v == '-' ? V_LOW : V_HIGH;
         *(int64_t *)f->value = x;
-        return 0;
+        return V_OK;
     }
-    case DT_FLAG_FLOAT: {
+    case DT_FLAG_FLOAT: {  /* nan and inf are no setting: "inf" where a flag means none is a string flag */
         float x = strtof(v, &end);
-        if (errno || end == v || *end) return -1;
+        if (end == v || *end) return V_BAD;
+        if (!isfinite(x)) return V_NONFINITE;
         *(float *)f->value = x;
-        return 0;
+        return V_OK;
     }
-    case DT_FLAG_STR: *(const char **)f->value = v; return 0;
+    case DT_FLAG_STR: *(const char **)f->value = v; return V_OK;
     }
-    return -1;
+    return V_BAD;
 }
 
 static const char *type_word(dt_flag_type t) {
@@ -268,6 +276,28 @@ static const char *type_word(dt_flag_type t) {
     case DT_FLAG_BOOL: return "true or false";
     default: return "a value";
     }
+}
+
+/* The HINT for a flag given a bad value or none: "--lr X: learning rate (default 0.001)". */
+static void flag_hint(const dt_flag *f, char *hint, size_t cap) {
+    char dflt[4200];
+    dt_flag_default_text(f, dflt, sizeof dflt);
+    snprintf(hint, cap, "--%s%s%s: %s%s", f->name, f->meta ? " " : "", f->meta ? f->meta : "", f->help, dflt);
+}
+
+/* Says that v is no value of flag f: what is wrong with it, and the flag's meaning and default. */
+static void value_usage(const dt_flag *f, const char *v, value_fault why) {
+    char hint[4400];
+    flag_hint(f, hint, sizeof hint);
+    const char *range = f->type == DT_FLAG_INT ? (why == V_HIGH ? "at most 2147483647" : "at least -2147483647")
+                        : why == V_HIGH         ? "at most 9223372036854775807"
+                                                : "at least -9223372036854775808";
+    if (why == V_HIGH || why == V_LOW)
+        dt_cli_usage(hint, "flag --%s: '%s' is too %s (%s)", f->name, v, why == V_HIGH ? "large" : "small", range);
+    else if (why == V_NONFINITE)
+        dt_cli_usage(hint, "flag --%s needs a finite number, got '%s'", f->name, v);
+    else
+        dt_cli_usage(hint, "flag --%s needs %s, got '%s'", f->name, type_word(f->type), v);
 }
 
 /* Edit distance of a[0..la) and b (insertions, deletions, substitutions, swaps of neighbours),
@@ -369,13 +399,16 @@ int dt_flags_parse_help(int argc, char **argv, int first, const dt_flag *flags, 
         }
         if (!v) {
             if (i + 1 >= argc) {
-                dt_cli_usage(f->help, "flag --%s needs %s", f->name, type_word(f->type));
+                char hint[4400];
+                flag_hint(f, hint, sizeof hint);
+                dt_cli_usage(hint, "flag --%s needs %s", f->name, type_word(f->type));
                 return -1;
             }
             v = argv[++i];
         }
-        if (set_value(f, v) != 0) {
-            dt_cli_usage(f->help, "flag --%s needs %s, got '%s'", f->name, type_word(f->type), v);
+        value_fault why = set_value(f, v);
+        if (why != V_OK) {
+            value_usage(f, v, why);
             return -1;
         }
     }

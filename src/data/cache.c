@@ -143,7 +143,7 @@ static dt_status dataset_over(dt_dataset **out, void *map, const cache_header *h
     }
     dt_idx im = {.ndim = 1, .dims = {(int64_t)h->n}};
     type_of_code(h->idx_type, &im.dtype);
-    dt_dataset_init_idx(ds, &im, (int)h->C, (int)h->H, (int)h->W, images_path);
+    dt_dataset_init_idx(ds, &im, (int)h->C, (int)h->H, (int)h->W, images_path, labels_path);
     ds->map = map;
     ds->map_len = h->file_bytes;
     ds->x = (char *)map + h->x_off;

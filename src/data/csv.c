@@ -18,6 +18,9 @@ typedef struct {
     size_t lineno;
 } line_reader;
 
+/* The longest line a CSV row may be (1M features of 60 characters), in bytes. */
+#define CSV_MAX_LINE (64 << 20)
+
 /* Returns the next line (NUL-terminated, without \n or \r) in *line, 0 at end, -1 on error. */
 static int next_line(line_reader *r, char **line) {
     for (;;) {
@@ -39,6 +42,11 @@ static int next_line(line_reader *r, char **line) {
         r->end -= r->beg;
         r->beg = 0;
         if (r->cap - r->end < 4096) {
+            if (r->cap >= CSV_MAX_LINE) {  /* no newline in 64 MiB: a binary file, or a stream without end */
+                dt_error(DT_EFORMAT, "%s:%zu: a line longer than %d MiB: not a CSV file (rows of comma-separated "
+                         "numbers, one a line)", r->s.path, r->lineno + 1, CSV_MAX_LINE >> 20);
+                return -1;
+            }
             size_t ncap = r->cap * 2;
             char *nb = realloc(r->buf, ncap);
             if (!nb) {
@@ -156,7 +164,7 @@ dt_status dt_dataset_open_csv(dt_dataset **out, const char *path, const dt_csv_o
             first_line = r.lineno;
             lc = o.label_col < 0 ? ncols + o.label_col : o.label_col;
             if (ncols < 2 || lc < 0 || lc >= ncols) {
-                st = dt_error(DT_EINVAL, "%s:%zu: %d columns: need a label column (index %d) and at least one feature", path, r.lineno,
+                st = dt_error(DT_EFORMAT, "%s:%zu: %d columns: need a label column (index %d) and at least one feature", path, r.lineno,
                               ncols, o.label_col);
                 goto done;
             }

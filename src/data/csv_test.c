@@ -9,6 +9,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 static void write_text(const char *path, const char *text, bool gz) { dt_test_write_bytes(path, text, strlen(text), gz); }
 
@@ -84,6 +87,32 @@ static void test_csv(void) {
     dt_dataset_shape(ds, NULL, NULL, &W);
     CHECK(W == (int)F);
     dt_dataset_free(ds);
+    /* no newline in 64 MiB (a binary file; a sparse one here): refused, holding no more than that */
+    FILE *z = fopen(dt_test_path("zeros.csv"), "w");
+    CHECK(z && ftruncate(fileno(z), (off_t)65 << 20) == 0);
+    if (z) fclose(z);
+    CHECK_MSG(dt_dataset_open_csv(&ds, dt_test_path("zeros.csv"), NULL) == DT_EFORMAT && ds == NULL &&
+              strstr(dt_last_error(), "zeros.csv:1: a line longer than 64 MiB"), "%s", dt_last_error());
+    unlink(dt_test_path("zeros.csv"));
+    /* a device is no data file (a .csv link to /dev/zero was read until memory ran out): checked
+     * in a child with a memory bound and a deadline, so that a regression fails instead of eating
+     * the machine's memory (no bound under a sanitizer, whose shadow maps exceed it) */
+    if (symlink("/dev/zero", dt_test_path("dev.csv")) == 0) {
+        pid_t child = fork();
+        if (child == 0) {
+            struct rlimit lim = {(rlim_t)1 << 30, (rlim_t)1 << 30};
+            if (!getenv("DTRAIN_SANITIZED")) setrlimit(RLIMIT_DATA, &lim);
+            alarm(60);
+            dt_dataset *d = NULL;
+            dt_status st = dt_dataset_open_csv(&d, dt_test_path("dev.csv"), NULL);
+            _exit(st == DT_EFORMAT && strstr(dt_last_error(), "is a character device, not a file") ? 0 : 1);
+        }
+        int status = 0;
+        waitpid(child, &status, 0);
+        CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "a .csv link to /dev/zero: not refused (status %d)",
+                  status);
+        unlink(dt_test_path("dev.csv"));
+    }
     /* dt_dataset_open on a .csv: the test set is the "train" -> "test" sibling when it exists */
     write_text(dt_test_path("mnist_train.csv"), "label,a,b\n0,1,2\n1,3,4\n", false);
     CHECK_OK(dt_dataset_open(&ds, &te, dt_test_path("mnist_train.csv")));

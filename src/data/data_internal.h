@@ -52,6 +52,7 @@ struct dt_dataset {
     double mean, std;  /* normalisation of scaled values */
     float lut[256];    /* u8/i8: raw byte -> final f32 value */
     char source[512];  /* file(s) it came from */
+    char labels[512];  /* the file its labels came from where that is another (IDX: the labels file), else "" */
     char cache[PATH_MAX]; /* the cache file map came from ("" when private) */
     int T;             /* text: the window (x holds text_len bytes, y is NULL); 0 = features */
     size_t text_len;   /* text: tokens of this set (train or validation part): bytes, or 16-bit tokens */
@@ -76,8 +77,10 @@ dt_status dt_dataset_check_labels(dt_dataset *ds, int classes, const char *what)
  * counts) and gives the sample shape; DT_EFORMAT naming the file otherwise. */
 dt_status dt_idx_pair_shape(const dt_idx *im, const dt_idx *lb, const char *images_path, const char *labels_path, int *C, int *H,
                             int *W);
-/* Fills a data set's shape, dtype, scale and source from an IDX image header and its shape. */
-void dt_dataset_init_idx(dt_dataset *ds, const dt_idx *im, int C, int H, int W, const char *images_path);
+/* Fills a data set's shape, dtype, scale, source and labels' file from an IDX image header and
+ * its shape. */
+void dt_dataset_init_idx(dt_dataset *ds, const dt_idx *im, int C, int H, int W, const char *images_path,
+                         const char *labels_path);
 
 /* Opens an images/labels pair through the shared decoded cache (see data.h). DT_OK with *out set:
  * the data set views a read-only shared mapping. DT_OK with *out NULL: no cache this time
@@ -98,6 +101,12 @@ dt_status dt_tokens_open(dt_dataset **train, dt_dataset **val, const char *spec,
  * into dir; false when the cache is off (DTRAIN_DATA_CACHE=0) or the directory is unusable
  * (logged at info level). */
 bool dt_cache_dir(char *dir, size_t cap);
+
+/* The most bytes a text data set reads from a pipe or other stream that cannot be mapped. */
+#define DT_TEXT_STREAM_MAX ((size_t)1 << 30)
+/* Reads fd to its end into *buf (malloc'd, caller frees, also on error) and *len; DT_EFORMAT when
+ * it holds more than max bytes (only max + 1 are read), DT_EIO / DT_ENOMEM otherwise. */
+dt_status dt_text_read_stream(int fd, size_t max, uint8_t **buf, size_t *len);
 
 /* Resolves "kjv" (see dt_dataset_open_text): *fd is a read-only descriptor of the text (a file,
  * or a sealed-off memory file), path the name for messages, cache the generated cache file it

@@ -86,7 +86,7 @@ dt_status dt_dataset_set_classes(dt_dataset *ds, int classes) {
         return dt_error(DT_EINVAL, "%s holds regression targets (floats), not class labels: a model for it ends in mse",
                         ds->source[0] ? ds->source : "data set");
     if (ds->T) return dt_text_set_classes(ds, classes);
-    return dt_dataset_check_labels(ds, classes, ds->source[0] ? ds->source : "data set");
+    return dt_dataset_check_labels(ds, classes, ds->labels[0] ? ds->labels : ds->source[0] ? ds->source : "data set");
 }
 
 dt_status dt_dataset_set_normalize(dt_dataset *ds, float mean, float std) {
@@ -279,13 +279,15 @@ dt_status dt_idx_pair_shape(const dt_idx *im, const dt_idx *lb, const char *imag
     return DT_OK;
 }
 
-void dt_dataset_init_idx(dt_dataset *ds, const dt_idx *im, int C, int H, int W, const char *images_path) {
+void dt_dataset_init_idx(dt_dataset *ds, const dt_idx *im, int C, int H, int W, const char *images_path,
+                         const char *labels_path) {
     ds->n = (size_t)im->dims[0];
     ds->C = C, ds->H = H, ds->W = W;
     ds->D = (size_t)C * H * W;
     ds->dtype = im->dtype;
     ds->scale = im->dtype == DT_U8 ? 1.0 / 255 : 1.0;
     snprintf(ds->source, sizeof ds->source, "%s", images_path);
+    snprintf(ds->labels, sizeof ds->labels, "%s", labels_path);
 }
 
 /* Whether the IDX file at path holds floats (regression targets when it is a label file). */
@@ -317,7 +319,7 @@ dt_status dt_dataset_open_idx(dt_dataset **out, const char *images_path, const c
         st = DT_ENOMEM;
         goto fail;
     }
-    dt_dataset_init_idx(ds, &im, C, H, W, images_path);
+    dt_dataset_init_idx(ds, &im, C, H, W, images_path, labels_path);
     if (!(ds->y = malloc(ds->n * sizeof(int32_t)))) {
         st = dt_error(DT_ENOMEM, "%s: out of memory for %zu labels", labels_path, ds->n);
         goto fail;
@@ -455,10 +457,13 @@ static bool csv_sibling(char *out, size_t cap, const char *path) {
     return n > 0 && (size_t)n < cap && path_exists(out);
 }
 
+/* Every kind of --data, for the messages about one that is missing or not a data set. */
+#define DATA_SOURCES "fashion-mnist, mnist, an IDX directory, a .csv file, or text:FILE or kjv (bytes, for a GPT)"
+
 dt_status dt_dataset_open(dt_dataset **train, dt_dataset **test, const char *path) {
     *train = NULL;
     if (test) *test = NULL;
-    if (!path || !*path) return dt_error(DT_EINVAL, "no data set given: pass fashion-mnist, mnist, an IDX directory or a .csv file");
+    if (!path || !*path) return dt_error(DT_EINVAL, "no data set given: pass " DATA_SOURCES);
     if (dt_data_is_text(path))
         return dt_error(DT_EINVAL, "--data %s is a text data set: open it with dt_dataset_open_text and the model's context length T",
                         path);
@@ -490,8 +495,8 @@ dt_status dt_dataset_open(dt_dataset **train, dt_dataset **test, const char *pat
     }
     struct stat st;
     if (stat(path, &st) != 0)
-        return dt_error(DT_ENOENT, "%s: no such data set: pass fashion-mnist, mnist, an IDX directory or a .csv file", path);
+        return dt_error(DT_ENOENT, "%s: no such data set: pass " DATA_SOURCES, path);
     if (!S_ISDIR(st.st_mode))
-        return dt_error(DT_EINVAL, "%s: not a directory or .csv file: pass fashion-mnist, mnist, an IDX directory or a .csv file", path);
+        return dt_error(DT_EFORMAT, "%s: not a directory or .csv file: pass " DATA_SOURCES, path);
     return open_dir(train, test, path, NULL);
 }

@@ -34,6 +34,11 @@ dt_status dt_stream_open(dt_stream *s, const char *path) {
         close(fd);
         return dt_error(DT_EIO, "%s: cannot read: is a directory", path);
     }
+    if (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) || S_ISSOCK(st.st_mode)) {  /* /dev/zero: read without end */
+        close(fd);
+        return dt_error(DT_EFORMAT, "%s is a %s, not a file: pass a data file (or a pipe)", path,
+                        S_ISCHR(st.st_mode) ? "character device" : S_ISBLK(st.st_mode) ? "block device" : "socket");
+    }
     s->fd = fd;
     s->sized = S_ISREG(st.st_mode);
     s->file_size = (uint64_t)st.st_size;

@@ -34,6 +34,7 @@ static dt_status subset(const dt_dataset *ds, const uint32_t *idx, size_t n, con
     s->dtype = ds->dtype, s->n = n, s->D = ds->D, s->C = ds->C, s->H = ds->H, s->W = ds->W;
     s->classes = ds->classes, s->targets = ds->targets, s->scale = ds->scale, s->mean = ds->mean, s->std = ds->std;
     snprintf(s->source, sizeof s->source, "%.400s (%s of --val-split)", ds->source, part);
+    if (ds->labels[0]) snprintf(s->labels, sizeof s->labels, "%.400s (%s of --val-split)", ds->labels, part);
     dt_dataset_update_lut(s);
     *out = s;
     return DT_OK;

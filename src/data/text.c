@@ -41,7 +41,7 @@ dt_status dt_text_set_classes(dt_dataset *ds, int classes) {
                 return dt_error(DT_EINVAL, "%s: token %u (token %zu of the set) does not fit a vocabulary of %d: leave V= out "
                                 "of --model gpt:... (it is then the data's largest token + 1) or pass V=%u or more",
                                 ds->source, v, i, classes, (uint32_t)ds->classes > v + 1 ? (uint32_t)ds->classes : v + 1);
-            return dt_error(DT_EINVAL, "%s: byte %u (at offset %zu of the set) does not fit a vocabulary of %d: a byte-level "
+            return dt_error(DT_EFORMAT, "%s: byte %u (at offset %zu of the set) does not fit a vocabulary of %d: a byte-level "
                             "model needs 256 outputs", ds->source, v, i, classes);
         }
     ds->classes = classes;
@@ -112,43 +112,57 @@ static dt_status src_open(text_src *src, const char *spec) {
     struct stat st;
     if (fstat(src->fd, &st) != 0)
         return dt_error(DT_EIO, "--data %s: cannot stat %s (%s)", spec, src->path, strerror(errno));
-    if (S_ISDIR(st.st_mode)) return dt_error(DT_EINVAL, "--data %s: %s is a directory: pass a file", spec, src->path);
+    if (S_ISDIR(st.st_mode)) return dt_error(DT_EFORMAT, "--data %s: %s is a directory: pass a file", spec, src->path);
+    if (!S_ISREG(st.st_mode) && !S_ISFIFO(st.st_mode))  /* /dev/zero, /dev/urandom, a disk, a socket */
+        return dt_error(DT_EFORMAT, "--data %s: %s is a %s, not a file: pass a file (or a pipe, which is read up to "
+                        "%zu MiB)", spec, src->path, S_ISCHR(st.st_mode) ? "character device" : S_ISBLK(st.st_mode)
+                        ? "block device" : "socket", (size_t)DT_TEXT_STREAM_MAX >> 20);
     src->mappable = S_ISREG(st.st_mode) && st.st_size > 0;
     if (src->mappable) {
         src->len = (size_t)st.st_size;
         return DT_OK;
     }
-    /* a pipe, a character device, a /proc file: read it once */
-    size_t cap = 1 << 20;
-    if (!(src->buf = malloc(cap))) return dt_error(DT_ENOMEM, "--data %s: out of memory reading %s", spec, src->path);
-    for (;;) {
-        if (src->len == cap) {
-            uint8_t *b = cap > SIZE_MAX / 2 ? NULL : realloc(src->buf, cap * 2);
-            if (!b) return dt_error(DT_ENOMEM, "--data %s: out of memory reading %s (%zu bytes so far)", spec, src->path, src->len);
-            src->buf = b, cap *= 2;
-        }
-        ssize_t r = read(src->fd, src->buf + src->len, cap - src->len);
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0) return dt_error(DT_EIO, "--data %s: cannot read %s (%s)", spec, src->path, strerror(errno));
-        if (r == 0) break;
-        src->len += (size_t)r;
-    }
+    /* a pipe, a /proc file: read it once, up to DT_TEXT_STREAM_MAX bytes */
+    dt_status rs = dt_text_read_stream(src->fd, DT_TEXT_STREAM_MAX, &src->buf, &src->len);
+    if (rs != DT_OK) return dt_error_wrap(rs, "--data %s: %s", spec, src->path);
     return DT_OK;
+}
+
+dt_status dt_text_read_stream(int fd, size_t max, uint8_t **buf, size_t *len) {
+    size_t cap = 1 << 20;
+    *len = 0;
+    if (!(*buf = malloc(cap))) return dt_error(DT_ENOMEM, "out of memory reading it");
+    for (;;) {
+        if (*len == cap) {
+            uint8_t *b = cap > SIZE_MAX / 2 ? NULL : realloc(*buf, cap * 2);
+            if (!b) return dt_error(DT_ENOMEM, "out of memory reading it (%zu bytes so far)", *len);
+            *buf = b, cap *= 2;
+        }
+        const size_t want = cap - *len < max + 1 - *len ? cap - *len : max + 1 - *len;  /* one past max: too long */
+        ssize_t r = read(fd, *buf + *len, want);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return dt_error(DT_EIO, "cannot read it (%s)", strerror(errno));
+        if (r == 0) return DT_OK;
+        *len += (size_t)r;
+        if (*len > max)
+            return dt_error(DT_EFORMAT, "a stream of more than %zu bytes (read up to that, it goes on): save it to a file, "
+                            "which is mapped whatever its size", max);
+    }
 }
 
 /* Checks that a part of len bytes gives at least 2 windows of T+1 and at most 2^32-1. */
 static dt_status check_part(const char *spec, const text_src *src, const char *part, size_t len, int T, double f) {
     size_t n = len ? (len - 1) / (size_t)T : 0;
     if (n > UINT32_MAX)
-        return dt_error(DT_EINVAL, "--data %s: the %s part of %s (%zu bytes) gives %zu windows of T+1 = %d bytes, more than the 2^32-1 a "
+        return dt_error(DT_EFORMAT, "--data %s: the %s part of %s (%zu bytes) gives %zu windows of T+1 = %d bytes, more than the 2^32-1 a "
                         "data set can index: use a larger T (the model's context length) or a shorter file", spec, part, src->path,
                         len, n, T + 1);
     if (n >= 2) return DT_OK;
     if (!strcmp(part, "train"))
-        return dt_error(DT_EINVAL, "--data %s: %s has %zu bytes; its train part (the first %zu) holds %zu window(s) of T+1 = %d bytes "
+        return dt_error(DT_EFORMAT, "--data %s: %s has %zu bytes; its train part (the first %zu) holds %zu window(s) of T+1 = %d bytes "
                         "but at least 2 are needed: use a longer file or a smaller T (the model's context length)%s", spec, src->path,
                         src->len, len, n, T + 1, f > 0 ? ", or a smaller --val-fraction" : "");
-    return dt_error(DT_EINVAL, "--data %s: the validation part of %s (its last %zu of %zu bytes, --val-fraction %g) holds %zu window(s) "
+    return dt_error(DT_EFORMAT, "--data %s: the validation part of %s (its last %zu of %zu bytes, --val-fraction %g) holds %zu window(s) "
                     "of T+1 = %d bytes but at least 2 are needed: raise --val-fraction, use a longer file or a smaller T, or pass "
                     "--val-fraction 0 for no validation set", spec, src->path, len, src->len, f, n, T + 1);
 }
@@ -207,7 +221,7 @@ dt_status dt_dataset_open_text(dt_dataset **train, dt_dataset **val, const char 
     dt_status st = src_open(&src, spec);
     if (st != DT_OK) goto done;
     if (src.len == 0) {
-        st = dt_error(DT_EINVAL, "--data %s: %s is empty: a text data set needs at least 2T+1 = %lld bytes", spec, src.path,
+        st = dt_error(DT_EFORMAT, "--data %s: %s is empty: a text data set needs at least 2T+1 = %lld bytes", spec, src.path,
                       2 * (long long)T + 1);
         goto done;
     }

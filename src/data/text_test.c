@@ -6,6 +6,7 @@
  * the test into a mkdtemp directory, removed at the end. */
 #include "core/test.h"
 #include "dtrain/data.h"
+#include "data/data_internal.h"
 
 #include <fcntl.h>
 #include <string.h>
@@ -91,7 +92,7 @@ static void test_open(void) {
     CHECK_OK(dt_dataset_set_normalize(tr, 0, 1));
     CHECK_OK(dt_dataset_set_classes(tr, 300));
     CHECK(dt_dataset_classes(tr) == 300);
-    CHECK(dt_dataset_set_classes(tr, 100) == DT_EINVAL && strstr(dt_last_error(), "vocabulary of 100"));
+    CHECK(dt_dataset_set_classes(tr, 100) == DT_EFORMAT && strstr(dt_last_error(), "vocabulary of 100"));
     dt_dataset_free(va); /* either order */
     dt_dataset_free(tr);
 
@@ -309,19 +310,37 @@ static void expect_error(const char *spec, int Tw, double f, dt_status want, con
 static void test_errors(void) {
     expect_error(spec_of(tmp_path("missing.txt")), T, 0.1, DT_ENOENT, "missing.txt", "no such file", NULL);
     write_file(tmp_path("empty.txt"), "", 0);
-    expect_error(spec_of(tmp_path("empty.txt")), T, 0.1, DT_EINVAL, "empty.txt", "is empty", "2T+1 = 15 bytes");
+    expect_error(spec_of(tmp_path("empty.txt")), T, 0.1, DT_EFORMAT, "empty.txt", "is empty", "2T+1 = 15 bytes");
     write_file(tmp_path("short.txt"), g_bytes, 2 * T); /* 13 targets: 1 window */
-    expect_error(spec_of(tmp_path("short.txt")), T, 0, DT_EINVAL, "short.txt", "holds 1 window", "smaller T");
+    expect_error(spec_of(tmp_path("short.txt")), T, 0, DT_EFORMAT, "short.txt", "holds 1 window", "smaller T");
     write_file(tmp_path("short2.txt"), g_bytes, 2 * T + 1); /* 2 windows: fine */
     expect_error(spec_of(tmp_path("short2.txt")), T, 0, DT_OK, NULL, NULL, NULL);
-    expect_error(spec_of(g_file), T, 0.01, DT_EINVAL, "validation part", "--val-fraction", "--val-fraction 0");
-    expect_error(spec_of(g_file), 500, 0.1, DT_EINVAL, "train part", "smaller T", "smaller --val-fraction");
+    expect_error(spec_of(g_file), T, 0.01, DT_EFORMAT, "validation part", "--val-fraction", "--val-fraction 0");
+    expect_error(spec_of(g_file), 500, 0.1, DT_EFORMAT, "train part", "smaller T", "smaller --val-fraction");
     expect_error(spec_of(g_file), 0, 0.1, DT_EINVAL, "T = 0", "context length", NULL);
     expect_error(spec_of(g_file), T, 0.6, DT_EINVAL, "--val-fraction 0.6", "[0, 0.5]", NULL);
     expect_error(spec_of(g_file), T, -0.1, DT_EINVAL, "--val-fraction", NULL, NULL);
     expect_error(spec_of(g_file), T, NAN, DT_EINVAL, "--val-fraction", NULL, NULL);
     expect_error("text:", T, 0.1, DT_EINVAL, "--data text:FILE", NULL, NULL);
-    expect_error(spec_of(g_dir), T, 0.1, DT_EINVAL, "is a directory", NULL, NULL);
+    expect_error(spec_of(g_dir), T, 0.1, DT_EFORMAT, "is a directory", NULL, NULL);
+    /* a device would be read without end (/dev/zero: 812 MB in 5 s); a pipe is read up to a bound */
+    expect_error("text:/dev/zero", T, 0.1, DT_EFORMAT, "/dev/zero is a character device, not a file", "pass a file", NULL);
+    int p[2];
+    CHECK(pipe(p) == 0);
+    CHECK(write(p[1], g_bytes, 100) == 100);
+    close(p[1]);
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    dt_status s = dt_text_read_stream(p[0], 99, &buf, &len);
+    CHECK_MSG(s == DT_EFORMAT && strstr(dt_last_error(), "more than 99 bytes") && len == 100, "100 bytes over a bound of 99: "
+              "%s, %zu read", dt_status_str(s), len);
+    free(buf), close(p[0]);
+    CHECK(pipe(p) == 0);
+    CHECK(write(p[1], g_bytes, 100) == 100);
+    close(p[1]);
+    s = dt_text_read_stream(p[0], 100, &buf, &len);
+    CHECK_MSG(s == DT_OK && len == 100 && !memcmp(buf, g_bytes, 100), "100 bytes under a bound of 100: %s", dt_status_str(s));
+    free(buf), close(p[0]);
     expect_error("fashion-mnist", T, 0.1, DT_EINVAL, "not a text data set", "text:FILE", NULL);
     if (geteuid() != 0) { /* root reads anything */
         write_file(tmp_path("locked.txt"), g_bytes, L);

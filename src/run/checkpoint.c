@@ -200,16 +200,21 @@ static dt_status meta_int(const dt_st_file *f, const char *key, bool required, i
     return DT_OK;
 }
 
-/* Float metadata `key` (absent: dflt) that must be finite and > 0 when positive is set. */
-static dt_status meta_float(const dt_st_file *f, const char *key, float dflt, bool positive, float *out) {
+/* What a float metadata value may be beside finite: any, >= 0 (a scheduled learning rate, which
+ * a cosine schedule ends at --min-lr 0 and a step schedule's --gamma 0 reaches), or > 0. */
+typedef enum { META_ANY, META_NONNEG, META_POSITIVE } meta_sign;
+
+/* Float metadata `key` (absent: dflt) that must be finite and of the sign `sign` asks. */
+static dt_status meta_float(const dt_st_file *f, const char *key, float dflt, meta_sign sign, float *out) {
     const char *v = dt_st_meta(f, key);
     *out = dflt;
     if (!v) return DT_OK;
     char *end;
     float x = strtof(v, &end);
-    if (end == v || *end || !isfinite(x) || (positive && !(x > 0)))
+    if (end == v || *end || !isfinite(x) || (sign == META_POSITIVE && !(x > 0)) || (sign == META_NONNEG && !(x >= 0)))
         return dt_error(DT_EFORMAT, "%s: metadata %s='%.40s' is not a %snumber; the checkpoint is damaged or was not "
-                                    "written by dtrain", dt_st_path(f), key, v, positive ? "positive " : "");
+                                    "written by dtrain", dt_st_path(f), key, v,
+                        sign == META_POSITIVE ? "positive " : sign == META_NONNEG ? "non-negative " : "");
     *out = x;
     return DT_OK;
 }
@@ -248,11 +253,11 @@ static dt_status parse_info(const dt_st_file *f, dt_ckpt_info *info) {
     info->world_size = (int)x;
     if ((v = dt_st_meta(f, "dtrain.optimizer"))) snprintf(info->optimizer, sizeof info->optimizer, "%s", v);
     DT_TRY(meta_int(f, "dtrain.optim_steps", false, 0, 0, BIG, &x));
-    DT_TRY(meta_float(f, "dtrain.lr", 0, true, &info->lr));
+    DT_TRY(meta_float(f, "dtrain.lr", 0, META_NONNEG, &info->lr));
     if (dt_st_meta(f, "dtrain.norm_mean")) {
         info->has_norm = 1;
-        DT_TRY(meta_float(f, "dtrain.norm_mean", 0, false, &info->norm_mean));
-        DT_TRY(meta_float(f, "dtrain.norm_std", 1, true, &info->norm_std));
+        DT_TRY(meta_float(f, "dtrain.norm_mean", 0, META_ANY, &info->norm_mean));
+        DT_TRY(meta_float(f, "dtrain.norm_std", 1, META_POSITIVE, &info->norm_std));
     }
     info->best_val = INFINITY;
     if ((v = dt_st_meta(f, "dtrain.val_split"))) {
@@ -261,7 +266,7 @@ static dt_status parse_info(const dt_st_file *f, dt_ckpt_info *info) {
             return dt_error(DT_EFORMAT, "%s: metadata dtrain.val_split='%.40s' is not a fraction in (0, 1)", dt_st_path(f), v);
         DT_TRY(meta_int(f, "dtrain.best_epoch", false, 0, 0, INT32_MAX, &info->best_epoch));
         DT_TRY(meta_int(f, "dtrain.bad_epochs", false, 0, 0, INT32_MAX, &info->bad_epochs));
-        if (info->best_epoch > 0) DT_TRY(meta_float(f, "dtrain.best_val_loss", INFINITY, false, &info->best_val));
+        if (info->best_epoch > 0) DT_TRY(meta_float(f, "dtrain.best_val_loss", INFINITY, META_ANY, &info->best_val));
     }
     DT_TRY(dt_ckpt_settings_parse(f, info));
     const struct { const char *key; char *to; size_t cap; } texts[] = {
@@ -292,6 +297,8 @@ dt_status dt_checkpoint_resolve(const char *path, char *out, size_t cap, bool *f
                         "dtrain train --checkpoint-dir); pass a checkpoint file or such a directory", path);
     return DT_OK;
 }
+
+dt_status dt_checkpoint_info_of(const dt_st_file *f, dt_ckpt_info *info) { return parse_info(f, info); }
 
 dt_status dt_checkpoint_read_info(const char *path, dt_ckpt_info *info) {
     dt_st_file *f = NULL;

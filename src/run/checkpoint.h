@@ -67,6 +67,8 @@ dt_status dt_checkpoint_write(const char *path, dt_model *m, dt_optim *o, const 
  * checkpoint in it (its numbered ckpt-<step> files; damaged ones skipped, as --resume auto picks),
  * then *from_dir is true. DT_ENOENT naming the directory when it holds none. */
 dt_status dt_checkpoint_resolve(const char *path, char *out, size_t cap, bool *from_dir);
+/* The metadata of the open checkpoint f into info; DT_EFORMAT naming the key that no run writes. */
+dt_status dt_checkpoint_info_of(const dt_st_file *f, dt_ckpt_info *info);
 /* Reads only the metadata of a checkpoint (validates the whole file). */
 dt_status dt_checkpoint_read_info(const char *path, dt_ckpt_info *info);
 /* Restores tensors into a model built with the same spec (and the optimizer if non-NULL);

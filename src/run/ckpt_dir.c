@@ -89,7 +89,22 @@ static bool shards_valid(const char *path, const dt_st_file *f) {
     return true;
 }
 
-/* Removes the shard files "<path>.rR-of-N" of a checkpoint (any N). */
+static void unlink_if_writer_dead(const char *dir, const char *name, size_t stem_len);
+
+/* The length of the shard tag ".rR-of-N" that name[0..stem) ends with, or 0. */
+static size_t shard_tag_len(const char *name, size_t stem) {
+    for (size_t p = stem; p-- > 0;) {
+        if (name[p] != '.' || name[p + 1] != 'r') continue;
+        int r, k, used = 0;
+        if (sscanf(name + p, ".r%d-of-%d%n", &r, &k, &used) == 2 && (size_t)used == stem - p && r >= 0 && k > 0)
+            return stem - p;
+        return 0;  /* only the last ".r" can start the tag */
+    }
+    return 0;
+}
+
+/* Removes the shard files "<path>.rR-of-N" of a checkpoint (any N), and the temp files
+ * "<path>.rR-of-N.tmp.<pid>" of ranks that died writing one. */
 static void remove_shards(const char *dir, const char *path) {
     const char *base = strrchr(path, '/');
     base = base ? base + 1 : path;
@@ -97,9 +112,12 @@ static void remove_shards(const char *dir, const char *path) {
     if (!d) return;
     size_t n = strlen(base);
     for (struct dirent *e; (e = readdir(d));) {
-        int r, k;
-        char tail[8];
-        if (strncmp(e->d_name, base, n) != 0 || sscanf(e->d_name + n, ".r%d-of-%d%7s", &r, &k, tail) != 2) continue;
+        int r, k, used = 0;
+        if (strncmp(e->d_name, base, n) != 0 || sscanf(e->d_name + n, ".r%d-of-%d%n", &r, &k, &used) != 2) continue;
+        if (e->d_name[n + (size_t)used]) {
+            unlink_if_writer_dead(dir, e->d_name, n + (size_t)used);
+            continue;
+        }
         char full[8192];
         snprintf(full, sizeof full, "%s/%s", dir, e->d_name);
         unlink(full);
@@ -113,13 +131,19 @@ dt_status dt_ckpt_dir_latest(const char *dir, char *out, size_t cap, bool *found
     int64_t *steps;
     size_t n;
     DT_TRY(list_steps(dir, &steps, &n));
+    dt_ckpt_info *info = malloc(sizeof *info);  /* its metadata too: a file --resume could not use is skipped */
+    if (!info) {
+        free(steps);
+        return dt_error(DT_ENOMEM, "out of memory listing %s", dir);
+    }
     for (size_t i = 0; i < n && !*found; i++) {
         dt_ckpt_dir_path(out, cap, dir, steps[i]);
         dt_st_file *f = NULL;
-        if (dt_st_open(&f, out) == DT_OK) *found = shards_valid(out, f);
+        if (dt_st_open(&f, out) == DT_OK && dt_checkpoint_info_of(f, info) == DT_OK) *found = shards_valid(out, f);
         if (!*found && report) report(ctx, out, dt_last_error());
         dt_st_close(f);
     }
+    free(info);
     free(steps);
     return DT_OK;
 }
@@ -136,18 +160,20 @@ static void unlink_if_writer_dead(const char *dir, const char *name, size_t stem
     unlink(full);
 }
 
-/* Calls unlink_if_writer_dead on the entries of dir whose name starts with prefix (and, if
- * suffix is non-NULL, whose stem ends with it). */
+/* Calls unlink_if_writer_dead on the temp files "<stem>.tmp.<pid>" in dir whose stem, less a
+ * shard tag ".rR-of-N" (a ZeRO rank's piece), starts with prefix and, if suffix is non-NULL, ends
+ * with it; else is prefix itself. */
 static void scan_temps(const char *dir, const char *prefix, const char *suffix) {
     DIR *d = opendir(dir);
     if (!d) return;
+    const size_t np = strlen(prefix), ns = suffix ? strlen(suffix) : 0;
     for (struct dirent *e; (e = readdir(d));) {
-        if (strncmp(e->d_name, prefix, strlen(prefix)) != 0) continue;
+        if (strncmp(e->d_name, prefix, np) != 0) continue;
         const char *t = strstr(e->d_name, ".tmp.");
         if (!t) continue;
-        size_t stem = (size_t)(t - e->d_name);
-        if (suffix && (stem < strlen(suffix) || strncmp(t - strlen(suffix), suffix, strlen(suffix)) != 0)) continue;
-        if (!suffix && stem != strlen(prefix)) continue;
+        const size_t stem = (size_t)(t - e->d_name), whole = stem - shard_tag_len(e->d_name, stem);
+        if (suffix && (whole < np + ns || strncmp(e->d_name + whole - ns, suffix, ns) != 0)) continue;
+        if (!suffix && whole != np) continue;
         unlink_if_writer_dead(dir, e->d_name, stem);
     }
     closedir(d);

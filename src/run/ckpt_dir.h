@@ -15,9 +15,11 @@ dt_status dt_ckpt_dir_ensure(const char *dir);
  * to report(ctx, path, reason) and skipped. *found = false (DT_OK) when none is usable. */
 dt_status dt_ckpt_dir_latest(const char *dir, char *out, size_t cap, bool *found,
                              void (*report)(void *ctx, const char *path, const char *reason), void *ctx);
-/* Removes "PATH.tmp.<pid>" files left by writers that were killed (their pid is gone). */
+/* Removes "PATH.tmp.<pid>" and "PATH.rR-of-N.tmp.<pid>" (a ZeRO rank's shard) files left by writers
+ * that were killed (their pid is gone). */
 void dt_ckpt_remove_stale_temps(const char *path);
-/* Deletes all but the newest `keep` checkpoints (keep <= 0: keep all) and stale temp files. */
+/* Deletes all but the newest `keep` checkpoints (keep <= 0: keep all) with their shards, and the
+ * temp files of killed writers (whole checkpoints and shards). */
 dt_status dt_ckpt_dir_prune(const char *dir, int keep);
 
 #endif

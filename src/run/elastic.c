@@ -31,6 +31,9 @@ dt_status dt_elastic_run(const dt_elastic_config *c, dt_launch_result *res) {
         c->workers > c->max_workers)
         return dt_error(DT_EINVAL, "--elastic %d:%d must satisfy 1 <= MIN <= --workers %d <= MAX", c->min_workers,
                         c->max_workers, c->workers);
+    if (c->max_workers > DT_LAUNCH_MAX_RANKS)
+        return dt_error(DT_EINVAL, "--elastic %d:%d: at most %d local ranks on one host (more: run across hosts with "
+                        "mpirun or srun)", c->min_workers, c->max_workers, DT_LAUNCH_MAX_RANKS);
     char **argv = calloc((size_t)c->argc + 3, sizeof *argv);
     if (!argv) return dt_error(DT_ENOMEM, "elastic: out of memory");
     memcpy(argv, c->argv, (size_t)c->argc * sizeof *argv);

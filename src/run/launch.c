@@ -366,6 +366,9 @@ dt_status dt_launch_run(const dt_launch_config *cfg, char *const argv[], dt_laun
     res->exit_code = 1;
     if (!cfg || cfg->nranks < 1 || (!cfg->child_main && (!argv || !argv[0])))
         return dt_error(DT_EINVAL, "launch needs nranks >= 1 and a program to run");
+    if (cfg->nranks > DT_LAUNCH_MAX_RANKS)
+        return dt_error(DT_EINVAL, "%d local ranks: at most %d on one host (more: run across hosts with mpirun or "
+                        "srun)", cfg->nranks, DT_LAUNCH_MAX_RANKS);
     if (cfg->job_id && !dt_comm_job_id_valid(cfg->job_id))
         return dt_error(DT_EINVAL, "job id '%.40s' must be 1-%d characters of letters, digits, '_' and '.'",
                         cfg->job_id, DT_COMM_JOB_ID_MAX);

@@ -27,16 +27,26 @@
  * diverged run); DT_EXIT_USAGE a wrong command line (unknown flag, bad value, flags that do not
  * go together: the same command fails again); DT_EXIT_PEER the rank stopped because another rank
  * failed or stalled (the launcher blames the other one); DT_EXIT_CONFIG (sysexits EX_CONFIG) a
- * data set, checkpoint or model that cannot be used. Neither DT_EXIT_USAGE nor DT_EXIT_CONFIG is
- * restarted by --elastic. The launcher adds 124 (its --timeout) and 128+N (killed by signal N). */
+ * data set, checkpoint or model that cannot be used; DT_EXIT_OUTPUT (sysexits EX_CANTCREAT) an
+ * output file or directory a flag names that cannot be written (found before the run). None of
+ * DT_EXIT_USAGE, DT_EXIT_CONFIG and DT_EXIT_OUTPUT is restarted by --elastic. The launcher adds
+ * 124 (its --timeout) and 128+N (killed by signal N). docs/exit-codes.md is the table. */
 #define DT_EXIT_USAGE 2
+#define DT_EXIT_OUTPUT 73
 #define DT_EXIT_PEER 75
 #define DT_EXIT_CONFIG 78
-/* True for the statuses of a set-up that would fail the same way again (usage, config). */
-static inline bool dt_exit_is_setup(int code) { return code == DT_EXIT_USAGE || code == DT_EXIT_CONFIG; }
+/* True for the statuses of a set-up that would fail the same way again (usage, config, output). */
+static inline bool dt_exit_is_setup(int code) {
+    return code == DT_EXIT_USAGE || code == DT_EXIT_CONFIG || code == DT_EXIT_OUTPUT;
+}
+
+/* The most local ranks one launch starts (--workers, dtrain launch -n): the shm transport maps
+ * n x n channels into every rank, so more ranks than this on one host are no job to run (more
+ * go across hosts: mpirun/srun). */
+#define DT_LAUNCH_MAX_RANKS 256
 
 typedef struct {
-    int nranks;                   /* number of local ranks, >= 1 */
+    int nranks;                   /* number of local ranks, 1..DT_LAUNCH_MAX_RANKS */
     double timeout_s;             /* whole-job deadline in seconds; 0 = none */
     double grace_s;               /* SIGTERM -> SIGKILL grace when stopping ranks; 0 = 5 s */
     bool no_prefix;               /* relay whole lines without the "[rank] " prefix */

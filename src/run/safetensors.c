@@ -251,6 +251,10 @@ static dt_status check_layout(dt_st_file *f, uint64_t *offs) {
     if (last >= 0 && offs[2 * last + 1] > f->data_len)
         return bad(f->path, "data section holds %zu bytes but tensor '%s' ends at byte %" PRIu64 " %s", f->data_len,
                    f->tname[last], offs[2 * last + 1], TRUNC);
+    const uint64_t used = last >= 0 ? offs[2 * last + 1] : 0;  /* the layout ends its data (no trailing bytes) */
+    if (used < f->data_len)
+        return bad(f->path, "%zu bytes follow the end of the last tensor's data (at byte %" PRIu64 " of the data "
+                   "section): something was appended to the file %s", f->data_len - (size_t)used, used, CORRUPT);
     int *ord = malloc((size_t)(f->nt > 0 ? f->nt : 1) * sizeof *ord);
     if (!ord) return dt_error(DT_ENOMEM, "%s: out of memory", f->path);
     for (int i = 0; i < f->nt; i++) ord[i] = i;

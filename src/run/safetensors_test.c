@@ -306,6 +306,14 @@ static void test_corruption(void) {
         st_write_all(bad, b, cuts[i].len);
         ST_EXPECT_BAD(bad, DT_EFORMAT, cuts[i].why);
     }
+    /* bytes appended after the last tensor's data (a file grown by another write) */
+    unsigned char *grown = malloc(n + 100);
+    memcpy(grown, b, n), memset(grown + n, 0, 100);
+    st_write_all(bad, grown, n + 100);
+    ST_EXPECT_BAD(bad, DT_EFORMAT, "100 bytes follow the end of the last tensor's data");
+    st_write_all(bad, grown, n + 1);
+    ST_EXPECT_BAD(bad, DT_EFORMAT, "1 bytes follow the end");
+    free(grown);
     /* wrong header lengths */
     struct { uint64_t len; const char *why; } lens[] = {
         {n, "runs past the end"}, {200000000, "absurd"}, {0, "too small"}, {1, "too small"},

@@ -127,6 +127,12 @@ static dt_status check_config(const dt_train_config *c) {
     if (c->lr.warmup_steps < 0) return dt_error(DT_EINVAL, "--warmup %lld: must not be negative", (long long)c->lr.warmup_steps);
     if (c->lr.kind == DT_LR_STEP && c->lr.step_size <= 0)
         return dt_error(DT_EINVAL, "--schedule step needs --step-size STEPS > 0");
+    /* whatever schedule: the checkpoint stores these and reads back only what is legal here */
+    if (c->lr.step_size < 0) return dt_error(DT_EINVAL, "--step-size %lld: must not be negative", (long long)c->lr.step_size);
+    if (!(c->lr.gamma >= 0 && c->lr.gamma <= 1))
+        return dt_error(DT_EINVAL, "--gamma %g: need a decay factor in [0, 1] (e.g. 0.1)", c->lr.gamma);
+    if (!(c->lr.min_lr >= 0) || !isfinite(c->lr.min_lr))
+        return dt_error(DT_EINVAL, "--min-lr %g: need a final learning rate >= 0", c->lr.min_lr);
     if (c->weights && c->resume)
         return dt_error(DT_EINVAL, "--weights %s starts a new run from plain weights, --resume %s continues one: pass "
                         "one of them", c->weights, c->resume);
@@ -364,7 +370,7 @@ static dt_status setup_model(dt_trainer *t, const char *spec, const dt_strategy_
         if (dt_dataset_is_text(t->train))  /* a GPT's V below a token of the data: the message names it */
             return dt_error_wrap(DT_EINVAL, "--model %s: V=%d is too small for --data %s", dt_model_spec(t->model), nout,
                                  c->data);
-        return dt_error_wrap(DT_EINVAL, "model '%s' outputs %d classes but --data %s has labels up to %d; if they are "
+        return dt_error_wrap(DT_EFORMAT, "model '%s' outputs %d classes but --data %s has labels up to %d; if they are "
                                         "right, end the spec with linear(%d)",
                              dt_model_spec(t->model), nout, c->data, t->classes - 1, t->classes);
     }
