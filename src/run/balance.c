@@ -21,6 +21,7 @@ struct dt_balance {
     double tps;              /* smoothed seconds per sample; 0 = unknown */
     int64_t ep_samples;      /* since the last dt_balance_epoch */
     double ep_busy;
+    double nap_debt;         /* slow rank: seconds slept beyond the naps asked for, not yet paid off */
 };
 
 dt_status dt_balance_create(dt_balance **out, const dt_balance_config *cfg) {
@@ -51,16 +52,24 @@ void dt_balance_free(dt_balance *b) {
     free(b);
 }
 
-static void sleep_s(double s) {
-    if (!(s > 0)) return;
+/* The default nap: nanosleep, timed (its wake-up latency counts). */
+static double sleep_s(void *ctx, double s) {
+    (void)ctx;
+    if (!(s > 0)) return 0;
+    const double t0 = dt_now();
     struct timespec ts = {(time_t)s, (long)((s - floor(s)) * 1e9)};
     while (nanosleep(&ts, &ts) != 0) {
     }
+    return dt_now() - t0;
 }
 
 double dt_balance_compute_done(dt_balance *b, int n, double compute_s) {
-    double nap = b->cfg.slow > 1 ? (b->cfg.slow - 1) * compute_s : 0;
-    sleep_s(nap);
+    double nap = 0;
+    if (b->cfg.slow > 1) {
+        const double want = (b->cfg.slow - 1) * compute_s, ask = want - b->nap_debt;
+        nap = ask > 0 ? (b->cfg.nap ? b->cfg.nap(b->cfg.nap_ctx, ask) : sleep_s(NULL, ask)) : 0;
+        b->nap_debt += nap - want;  /* negative: the nap fell short (rare): the next one is longer */
+    }
     b->steps++;
     b->ep_samples += n;
     b->ep_busy += compute_s + nap;

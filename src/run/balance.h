@@ -1,5 +1,7 @@
 /* Uneven workers in the step loop: the --slow straggler aid (a rank sleeps (factor - 1) x its
- * measured compute time after each step's backward, never spinning), dynamic load balancing
+ * measured compute time after each step's backward, never spinning; what a nap oversleeps (the
+ * timer's wake-up latency, a busy machine) is taken off the next naps, so the rank is FACTOR
+ * times slower on average even where a step lasts only a few timer latencies), dynamic load balancing
  * (--balance dynamic: every few steps the ranks allgather their measured time per sample and
  * cut the next global batches in proportion to their speeds, identically on every rank, so that
  * all arrive at the allreduce together) and the per-worker figures of an epoch (samples, share,
@@ -21,6 +23,10 @@ typedef struct {
     bool dynamic;        /* re-cut the global batch by measured speed */
     double slow;         /* this rank's --slow factor; <= 1 = not slow */
     int interval;        /* steps between re-cuts; 0 = default (8) */
+    /* the nap of a slow rank: sleeps about s seconds and returns the seconds it really took;
+     * NULL = nanosleep timed by dt_now (tests inject a clock-free one) */
+    double (*nap)(void *ctx, double s);
+    void *nap_ctx;
 } dt_balance_config;
 
 typedef struct dt_balance dt_balance;
@@ -30,7 +36,9 @@ dt_status dt_balance_create(dt_balance **b, const dt_balance_config *cfg);
 /* Frees it; NULL is a no-op. */
 void dt_balance_free(dt_balance *b);
 /* After a step's forward+backward over n samples that took compute_s seconds: sleeps
- * (slow - 1) x compute_s on the slow rank and records the time per sample. Returns the sleep. */
+ * (slow - 1) x compute_s on the slow rank, less what earlier naps overslept (never below 0: an
+ * oversleep larger than a nap is paid off over the next ones), and records the time per sample
+ * with the sleep it really took. Returns that sleep in seconds. */
 double dt_balance_compute_done(dt_balance *b, int n, double compute_s);
 /* End of a step: when dynamic and due, allgathers the ranks' time per sample over comm (a
  * collective: every rank calls this after every step) and sets the same new cut on l. */

@@ -1,7 +1,7 @@
 /* Load-balancing tests: the speed-proportional cut (sums, minimums, determinism); uneven cuts of
  * the sampler and the loader still use every sample exactly once per epoch, in the global order,
  * also when the cut changes mid-epoch with batches prefetched; and two real ranks under
- * --balance dynamic: the re-cut arithmetic over a real 2-rank job with injected per-sample times
+ * --balance dynamic: the --slow naps pay back what they oversleep (an injected nap); the re-cut arithmetic over a real 2-rank job with injected per-sample times
  * (first cut after FIRST_CUT steps, smoothing, the 2% threshold); and two real ranks training with
  * one rank 2x slower (--slow): the parameters equal single-process training over the same global
  * batches (the averaged gradient is the exact global mean whatever the cut). No check depends on
@@ -10,6 +10,7 @@
 #include "dtrain/dtrain.h"
 #include "run/balance.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -165,6 +166,45 @@ static void test_recut_arithmetic(void) {
     dt_dataset_free(ds);
 }
 
+/* An injected nap that takes no time: it records the seconds asked for and reports `over`
+ * seconds more (a timer's wake-up latency, a loaded machine). */
+typedef struct {
+    double over, asked;
+    int calls;
+} fake_nap;
+
+static double nap_over(void *ctx, double s) {
+    fake_nap *f = ctx;
+    f->asked += s, f->calls++;
+    return s + f->over;
+}
+
+/* The --slow straggler is FACTOR times slower on average however much each nap oversleeps: the
+ * excess is taken off the next naps. Rank 3x slower, 1 ms of compute per step, 20 steps: naps
+ * of 2 ms wanted (40 ms in all). Oversleeping 0.5 ms: the first nap asks 2 ms and takes 2.5, every
+ * later one asks 1.5 and takes 2 (40.5 ms in all). Oversleeping 2 ms (as long as a nap): the
+ * naps alternate between 4 ms and none (40 ms in all, 10 naps). The busy time the epoch reports
+ * is compute + the naps really taken. */
+static void test_nap_debt(void) {
+    const double overs[] = {0.5e-3, 2e-3}, total[] = {40.5e-3, 40e-3};
+    const int calls[] = {20, 10};
+    for (int k = 0; k < 2; k++) {
+        fake_nap f = {.over = overs[k]};
+        dt_balance_config bc = {.rank = 0, .world = 1, .batch = 8, .slow = 3, .nap = nap_over, .nap_ctx = &f};
+        dt_balance *b;
+        CHECK_OK(dt_balance_create(&b, &bc));
+        double slept = 0;
+        for (int step = 0; step < 20; step++) slept += dt_balance_compute_done(b, 8, 1e-3);
+        dt_worker_info w;
+        CHECK_OK(dt_balance_epoch(b, NULL, 1.0, &w));
+        CHECK_MSG(fabs(slept - total[k]) < 1e-9 && f.calls == calls[k],
+                  "oversleeping %g s: naps took %g s in %d calls, wanted %g s in %d", overs[k], slept, f.calls,
+                  total[k], calls[k]);
+        CHECK_MSG(fabs(w.busy_s - (20e-3 + total[k])) < 1e-9, "busy %g s, wanted %g", w.busy_s, 20e-3 + total[k]);
+        dt_balance_free(b);
+    }
+}
+
 static char g_csv[128];
 
 /* 2050 samples of 128 features, 4 classes (the last global batch of 64 has 2 samples). */
@@ -255,6 +295,7 @@ static void test_dynamic(const char *dir) {
 }
 
 int main(void) {
+    test_nap_debt();
     test_cut_by_speed();
     test_sampler_cut();
     test_loader_cut();
