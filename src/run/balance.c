@@ -10,6 +10,8 @@
 
 #define FIRST_CUT 3          /* steps before the first re-cut (the first step warms caches up) */
 #define DEFAULT_INTERVAL 8
+#define QUANTUM_LEVELS 16    /* a rank's share moves in steps of about batch / 16 samples */
+#define MIN_GAIN 0.05        /* a re-cut must shorten the predicted step by more than this */
 
 struct dt_balance {
     dt_balance_config cfg;
@@ -103,6 +105,45 @@ void dt_balance_cut_by_speed(int *counts, const double *speeds, int world, int G
     }
 }
 
+int dt_balance_quantum(int batch) {
+    int q = batch / QUANTUM_LEVELS;
+    while (q > 1 && batch % q != 0) q--;
+    return q > 1 ? q : 1;
+}
+
+/* The step time a cut predicts from seconds per sample tps[] (the slowest rank's). */
+static double predicted_step(const int *cut, const double *tps, int world) {
+    double t = 0;
+    for (int r = 0; r < world; r++) t = cut[r] * tps[r] > t ? cut[r] * tps[r] : t;
+    return t;
+}
+
+void dt_balance_cut_quantised(int *counts, const double *speeds, int world, int G, int q) {
+    const int Q = G / q, floor_min = Q >= world ? 1 : 0;
+    double total = 0;
+    for (int r = 0; r < world; r++) total += speeds[r];
+    int sum = 0;
+    for (int r = 0; r < world; r++) {
+        counts[r] = (int)floor(total > 0 ? Q * speeds[r] / total : (double)Q / world);
+        if (counts[r] < floor_min) counts[r] = floor_min;
+        sum += counts[r];
+    }
+    /* minimax: each quantum left goes where it lengthens that rank's step least; a surplus (from
+     * the one-quantum floors) comes off the rank whose step is longest */
+    while (sum != Q) {
+        int best = -1;
+        double key = 0;
+        for (int r = 0; r < world; r++) {
+            if (sum > Q && counts[r] <= floor_min) continue;
+            double t = (counts[r] + (sum < Q ? 1 : 0)) / speeds[r];
+            if (best < 0 || (sum < Q ? t < key : t > key)) best = r, key = t;
+        }
+        counts[best] += sum < Q ? 1 : -1;
+        sum += sum < Q ? 1 : -1;
+    }
+    for (int r = 0; r < world; r++) counts[r] *= q;
+}
+
 dt_status dt_balance_step_end(dt_balance *b, dt_comm *comm, dt_loader *l) {
     const int W = b->cfg.world;
     if (!b->cfg.dynamic || !comm || W < 2) return DT_OK;
@@ -114,24 +155,27 @@ dt_status dt_balance_step_end(dt_balance *b, dt_comm *comm, dt_loader *l) {
     b->win_time = 0, b->win_n = 0;
     double mine = b->tps;
     DT_TRY(dt_comm_allgather(comm, &mine, b->gather, 1, DT_F64));
-    /* speed = samples per second; a rank that has not measured yet (no samples) keeps its share */
-    for (int r = 0; r < W; r++) {
+    /* a rank that has not measured yet (no samples) keeps its share */
+    for (int r = 0; r < W; r++)
         if (!(b->gather[r] > 0)) return DT_OK;
-        b->gather[r] = 1.0 / b->gather[r];
-    }
     int *next = malloc((size_t)W * sizeof *next);
-    if (!next) return dt_error(DT_ENOMEM, "balance: out of memory");
-    dt_balance_cut_by_speed(next, b->gather, W, b->cfg.batch * W);
-    /* re-cut only for a real change (> 2% of the global batch for some rank): every re-cut makes
-     * the loader rebuild the batches it prefetched */
-    int moved = 0;
-    for (int r = 0; r < W; r++) moved = abs(next[r] - b->cut[r]) > moved ? abs(next[r] - b->cut[r]) : moved;
+    double *speed = malloc((size_t)W * sizeof *speed);
+    if (!next || !speed) {
+        free(next), free(speed);
+        return dt_error(DT_ENOMEM, "balance: out of memory");
+    }
+    for (int r = 0; r < W; r++) speed[r] = 1.0 / b->gather[r];
+    dt_balance_cut_quantised(next, speed, W, b->cfg.batch * W, dt_balance_quantum(b->cfg.batch));
+    /* re-cut only where it pays: the predicted step time falls by more than MIN_GAIN. A re-cut
+     * makes the loader rebuild the batches it prefetched, and a batch size not seen before
+     * creates the kernels' primitives for it (the CNN's first step at a new size: 2-5 steps'
+     * time); the quanta keep the sizes few, so that they recur */
     dt_status s = DT_OK;
-    if (moved > b->cfg.batch * W / 50) {
+    if (predicted_step(next, b->gather, W) < (1.0 - MIN_GAIN) * predicted_step(b->cut, b->gather, W)) {
         memcpy(b->cut, next, (size_t)W * sizeof *next);
         s = dt_loader_set_cut(l, b->cut);
     }
-    free(next);
+    free(next), free(speed);
     return s;
 }
 

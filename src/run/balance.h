@@ -41,8 +41,18 @@ void dt_balance_free(dt_balance *b);
  * with the sleep it really took. Returns that sleep in seconds. */
 double dt_balance_compute_done(dt_balance *b, int n, double compute_s);
 /* End of a step: when dynamic and due, allgathers the ranks' time per sample over comm (a
- * collective: every rank calls this after every step) and sets the same new cut on l. */
+ * collective: every rank calls this after every step), cuts the global batch by speed in quanta
+ * of dt_balance_quantum(batch) and, where that shortens the predicted step (the slowest rank's
+ * samples x time per sample) by more than 5%, sets the same new cut on l on every rank. */
 dt_status dt_balance_step_end(dt_balance *b, dt_comm *comm, dt_loader *l);
+/* The granule of a re-cut for per-rank batch B: the largest divisor of B not above B / 16 (at
+ * least 1); every rank's share of a re-cut global batch is a multiple of it. */
+int dt_balance_quantum(int batch);
+/* Cuts G samples (a multiple of q) among `world` ranks in whole quanta of q samples so that the
+ * longest predicted step (count / speed, speeds[] > 0) is as short as can be: floors of the
+ * proportional cut (each rank at least one quantum when G / q >= world), then each quantum left
+ * to the rank it lengthens least (ties to the lower rank). Deterministic. */
+void dt_balance_cut_quantised(int *counts, const double *speeds, int world, int G, int q);
 /* The current cut: samples per data rank of a complete global batch ([world]). */
 const int *dt_balance_cut(const dt_balance *b);
 /* Cuts G samples among `world` ranks in proportion to speeds[] (> 0), each rank at least one

@@ -2,7 +2,7 @@
  * the sampler and the loader still use every sample exactly once per epoch, in the global order,
  * also when the cut changes mid-epoch with batches prefetched; and two real ranks under
  * --balance dynamic: the --slow naps pay back what they oversleep (an injected nap); the re-cut arithmetic over a real 2-rank job with injected per-sample times
- * (first cut after FIRST_CUT steps, smoothing, the 2% threshold); and two real ranks training with
+ * (first cut after FIRST_CUT steps, smoothing, quanta, the 5% gain threshold); and two real ranks training with
  * one rank 2x slower (--slow): the parameters equal single-process training over the same global
  * batches (the averaged gradient is the exact global mean whatever the cut). No check depends on
  * how fast the machine runs: the cut the timing produced is printed, not asserted. */
@@ -27,6 +27,19 @@ static void test_cut_by_speed(void) {
     CHECK(c[0] == 6 && c[1] == 1 && c[2] == 1);
     dt_balance_cut_by_speed(c, (double[]){1.0, 1.0, 1.0}, 3, 10);  /* ties go to the lower rank */
     CHECK(c[0] == 4 && c[1] == 3 && c[2] == 3);
+    /* the re-cut quantum: the largest divisor of the batch not above batch / 16 */
+    CHECK(dt_balance_quantum(64) == 4 && dt_balance_quantum(32) == 2 && dt_balance_quantum(100) == 5 &&
+          dt_balance_quantum(15) == 1 && dt_balance_quantum(1) == 1 && dt_balance_quantum(97) == 1);
+    /* in quanta, minimax: 4 workers, one 3x slower, 64 quanta of 4: floors 19/19/19/6, the last
+     * quantum to rank 0 (80 < 84 for rank 3) -> step 80 (largest remainder gives rank 3 the
+     * quantum: 84) */
+    dt_balance_cut_quantised(c, (double[]){1.0, 1.0, 1.0, 1.0 / 3}, 4, 256, 4);
+    CHECK_MSG(c[0] == 80 && c[1] == 76 && c[2] == 76 && c[3] == 24, "quantised cut %d/%d/%d/%d", c[0], c[1], c[2],
+              c[3]);
+    dt_balance_cut_quantised(c, (double[]){3.0, 1.0}, 2, 128, 4);
+    CHECK(c[0] == 96 && c[1] == 32);
+    dt_balance_cut_quantised(c, (double[]){1000.0, 1.0, 1.0}, 3, 12, 4);  /* one quantum each at least */
+    CHECK(c[0] == 4 && c[1] == 4 && c[2] == 4);
 }
 
 /* Every index of an epoch exactly once, rank blocks in rank order, under uneven cuts. */
@@ -132,8 +145,9 @@ static int recut_rank(int rank, const char *job, const dt_dataset *ds, int (*cut
 
 /* The re-cut arithmetic (balance.c): speeds are 1/(seconds per sample) measured over the steps
  * since the last re-cut (step 1 excluded), smoothed 1:1 with the previous estimate; re-cuts fall
- * on steps 3, 11, 19, 27; a cut that moves no rank by more than 2% of the global batch is not
- * applied. Expected cuts of the global batch 64 worked out by hand. */
+ * on steps 3, 11, 19, 27, 35; the global batch 64 is cut in quanta of 2 samples (batch 32 / 16);
+ * a cut is applied only where it shortens the predicted step (max over ranks of samples x time
+ * per sample) by more than 5%. Expected cuts worked out by hand. */
 static void test_recut_arithmetic(void) {
     enum { N = 256 };
     static float x[N];
@@ -149,13 +163,16 @@ static void test_recut_arithmetic(void) {
     int st, failed = 0;
     while (wait(&st) > 0) failed += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
     CHECK_MSG(failed == 0, "a rank of the re-cut job failed");
-    /* steps 1-2: even; step 3: speeds 1000:500 -> 42.67:21.33 -> 43/21; step 11: rank 1 measured
-     * 1 ms, smoothed 1.5 ms -> 1000:666.7 -> 38.4:25.6 -> 38/26; step 19: 1.25 ms -> 35.56:28.44
-     * -> 36/28; step 27: 1/950 s smoothed with 1.25 ms -> 1.1513 ms -> 34.09:29.91 -> 34/30,
-     * which moves each rank by 2 samples (> 64/50 = 1): applied; step 35: 1 ms smoothed ->
-     * 1.0757 ms -> 33.17:30.83 -> 33/31 moves each rank by 1: below the threshold, 34/30 stays. */
-    static const int want[][3] = {{1, 32, 32},  {2, 32, 32},  {3, 43, 21},  {10, 43, 21}, {11, 38, 26}, {18, 38, 26},
-                                  {19, 36, 28}, {26, 36, 28}, {27, 34, 30}, {34, 34, 30}, {35, 34, 30}, {36, 34, 30}};
+    /* steps 1-2: even; step 3: speeds 1000:500 -> 21.33:10.67 quanta -> floors 21/10, the last
+     * quantum to rank 0 (44 ms either way; ties to the lower rank) -> 44/20 (predicted step 64 ->
+     * 44 ms); step 11: rank 1 measured 1 ms, smoothed 1.5 ms -> 19.2:12.8 -> 19/12, the quantum to
+     * rank 1 (39 < 40 ms) -> 38/26 (44 -> 39: 11.4%); step 19: 1.25 ms -> 17.78:14.22 -> 17/14,
+     * to rank 0 (36 < 37.5) -> 36/28 (38 -> 36: 5.3%); step 27: 1/950 s smoothed with 1.25 ms ->
+     * 1.1513 ms -> 17.05:14.95 -> 17/14, to rank 1 (34.54 < 36) -> 34/30, but 36 -> 34.54 is 4.1%:
+     * not applied, 36/28 stays; step 35: 1 ms smoothed -> 1.0757 ms -> 16.59:15.41 -> 16/15, to
+     * rank 0 (34 < 34.42) -> 34/30 (36 -> 34: 5.6%): applied. */
+    static const int want[][3] = {{1, 32, 32},  {2, 32, 32},  {3, 44, 20},  {10, 44, 20}, {11, 38, 26}, {18, 38, 26},
+                                  {19, 36, 28}, {26, 36, 28}, {27, 36, 28}, {34, 36, 28}, {35, 34, 30}, {36, 34, 30}};
     for (size_t i = 0; i < sizeof want / sizeof *want; i++)
         for (int r = 0; r < 2; r++) {
             const int *got = cuts[r][want[i][0]];
