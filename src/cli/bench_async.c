@@ -273,7 +273,7 @@ int dt_bench_async(int argc, char **argv) {
     char dir[] = "/tmp/dtrain-bench-XXXXXX";
     if (!mkdtemp(dir)) return dt_cli_fail(NULL, "bench async: cannot create a temporary directory");
     b.exe = exe, b.dir = dir;
-    static char json[1 << 17];
+    static char json[1 << 20];
     b.json = json, b.jcap = sizeof json;
     printf("# dtrain bench async: the last worker %gx slower (--slow), adam 0.001, shm, %d run%s per case, "
            "interleaved\n", factor, repeat, repeat > 1 ? "s" : "");

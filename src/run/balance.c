@@ -12,12 +12,15 @@
 #define DEFAULT_INTERVAL 8
 #define QUANTUM_LEVELS 16    /* a rank's share moves in steps of about batch / 16 samples */
 #define MIN_GAIN 0.05        /* a re-cut must shorten the predicted step by more than this */
+#define MIN_WINDOW_S 0.05    /* re-cuts at least this far apart (predicted), so short steps amortise them */
+#define MAX_INTERVAL 4096
 
 struct dt_balance {
     dt_balance_config cfg;
     int *cut;                /* [world] */
     double *gather;          /* [world] allgather buffer */
     int64_t steps;           /* steps seen */
+    int64_t due;             /* the step count of the next re-cut (the same on every rank) */
     double win_time;         /* compute (+ sleep) since the last re-cut, excluding step 1 */
     int64_t win_n;
     double tps;              /* smoothed seconds per sample; 0 = unknown */
@@ -41,6 +44,7 @@ dt_status dt_balance_create(dt_balance **out, const dt_balance_config *cfg) {
         return dt_error(DT_ENOMEM, "balance: out of memory");
     }
     for (int r = 0; r < cfg->world; r++) b->cut[r] = cfg->batch;
+    b->due = FIRST_CUT;
     /* the straggler's naps are short (a few times the compute of one step): no 50 us timer slack */
     if (cfg->slow > 1) prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
     *out = b;
@@ -144,15 +148,25 @@ void dt_balance_cut_quantised(int *counts, const double *speeds, int world, int 
     for (int r = 0; r < world; r++) counts[r] *= q;
 }
 
+/* Steps to the next re-cut: the configured interval, or more where the predicted step (from the
+ * gathered times, the same on every rank) is so short that the interval would last less than
+ * MIN_WINDOW_S: a tiny model's steps then amortise the allgather and measure a longer window. */
+static int64_t next_interval(const dt_balance *b) {
+    const double step = predicted_step(b->cut, b->gather, b->cfg.world);
+    double n = step > 0 ? ceil(MIN_WINDOW_S / step) : b->cfg.interval;
+    if (n < b->cfg.interval) n = b->cfg.interval;
+    return n > MAX_INTERVAL ? MAX_INTERVAL : (int64_t)n;
+}
+
 dt_status dt_balance_step_end(dt_balance *b, dt_comm *comm, dt_loader *l) {
     const int W = b->cfg.world;
-    if (!b->cfg.dynamic || !comm || W < 2) return DT_OK;
-    if (b->steps < FIRST_CUT || (b->steps - FIRST_CUT) % b->cfg.interval != 0) return DT_OK;
+    if (!b->cfg.dynamic || !comm || W < 2 || b->steps < b->due) return DT_OK;
     if (b->win_n > 0) {
         double now = b->win_time / (double)b->win_n;
         b->tps = b->tps > 0 ? 0.5 * b->tps + 0.5 * now : now;
     }
     b->win_time = 0, b->win_n = 0;
+    b->due = b->steps + b->cfg.interval;
     double mine = b->tps;
     DT_TRY(dt_comm_allgather(comm, &mine, b->gather, 1, DT_F64));
     /* a rank that has not measured yet (no samples) keeps its share */
@@ -175,6 +189,7 @@ dt_status dt_balance_step_end(dt_balance *b, dt_comm *comm, dt_loader *l) {
         memcpy(b->cut, next, (size_t)W * sizeof *next);
         s = dt_loader_set_cut(l, b->cut);
     }
+    b->due = b->steps + next_interval(b);
     free(next), free(speed);
     return s;
 }

@@ -22,7 +22,8 @@ typedef struct {
     int batch;           /* per-rank batch: a global batch is batch * world samples */
     bool dynamic;        /* re-cut the global batch by measured speed */
     double slow;         /* this rank's --slow factor; <= 1 = not slow */
-    int interval;        /* steps between re-cuts; 0 = default (8) */
+    int interval;        /* steps between re-cuts, at least; 0 = default (8); more where the predicted
+                          * step is so short that they would come less than 50 ms apart */
     /* the nap of a slow rank: sleeps about s seconds and returns the seconds it really took;
      * NULL = nanosleep timed by dt_now (tests inject a clock-free one) */
     double (*nap)(void *ctx, double s);
@@ -40,7 +41,8 @@ void dt_balance_free(dt_balance *b);
  * oversleep larger than a nap is paid off over the next ones), and records the time per sample
  * with the sleep it really took. Returns that sleep in seconds. */
 double dt_balance_compute_done(dt_balance *b, int n, double compute_s);
-/* End of a step: when dynamic and due, allgathers the ranks' time per sample over comm (a
+/* End of a step: when dynamic and due (after step 3, then every interval steps, or as many as
+ * make 50 ms of predicted steps), allgathers the ranks' time per sample over comm (a
  * collective: every rank calls this after every step), cuts the global batch by speed in quanta
  * of dt_balance_quantum(batch) and, where that shortens the predicted step (the slowest rank's
  * samples x time per sample) by more than 5%, sets the same new cut on l on every rank. */

@@ -121,7 +121,13 @@ static double injected_tps(int rank, int step) {
     return step <= 3 ? 2e-3 : step <= 19 ? 1e-3 : step <= 27 ? 1.0 / 950.0 : 1e-3;
 }
 
-static int recut_rank(int rank, const char *job, const dt_dataset *ds, int (*cuts)[2]) {
+/* The same for steps of tens of microseconds: ranks 0 and 1 at 1 and 2 us a sample until step
+ * 40, then both at 1 us. */
+enum { TINY_STEPS = 130 };
+static double tiny_tps(int rank, int step) { return rank == 1 && step <= 40 ? 2e-6 : 1e-6; }
+
+static int recut_rank(int rank, const char *job, const dt_dataset *ds, double (*tps)(int, int), int steps,
+                      int (*cuts)[2]) {
     dt_comm_config cc = dt_comm_config_default();
     cc.rank = rank, cc.size = 2, cc.job_id = job, cc.timeout_s = 60;
     dt_comm *c;
@@ -131,9 +137,9 @@ static int recut_rank(int rank, const char *job, const dt_dataset *ds, int (*cut
     dt_balance *b;
     dt_balance_config bc = {.rank = rank, .world = 2, .batch = 32, .dynamic = true, .slow = 1};
     if (dt_loader_create(&l, ds, &lc) != DT_OK || dt_balance_create(&b, &bc) != DT_OK) return 4;
-    for (int step = 1; step <= RECUT_STEPS; step++) {
+    for (int step = 1; step <= steps; step++) {
         int n = dt_balance_cut(b)[rank];
-        dt_balance_compute_done(b, n, n * injected_tps(rank, step));
+        dt_balance_compute_done(b, n, n * tps(rank, step));
         if (dt_balance_step_end(b, c, l) != DT_OK) return 5;
         cuts[step][0] = dt_balance_cut(b)[0], cuts[step][1] = dt_balance_cut(b)[1];
     }
@@ -148,21 +154,29 @@ static int recut_rank(int rank, const char *job, const dt_dataset *ds, int (*cut
  * on steps 3, 11, 19, 27, 35; the global batch 64 is cut in quanta of 2 samples (batch 32 / 16);
  * a cut is applied only where it shortens the predicted step (max over ranks of samples x time
  * per sample) by more than 5%. Expected cuts worked out by hand. */
-static void test_recut_arithmetic(void) {
+/* Runs the 2-rank re-cut job: cuts[r][step] after each step (mmap'd: the ranks are processes). */
+static int (*run_recut(const char *name, double (*tps)(int, int), int steps))[2] {
     enum { N = 256 };
     static float x[N];
     static int32_t y[N];
     dt_dataset *ds;
-    CHECK_OK(dt_dataset_create(&ds, DT_F32, x, y, N, 1, 1, 1, 2));
-    int (*cuts)[RECUT_STEPS + 1][2] =
-        mmap(NULL, 2 * sizeof *cuts, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (dt_dataset_create(&ds, DT_F32, x, y, N, 1, 1, 1, 2) != DT_OK) return NULL;
+    int(*cuts)[2] = mmap(NULL, 2 * (size_t)(steps + 1) * sizeof *cuts, PROT_READ | PROT_WRITE,
+                         MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     char job[64];
-    snprintf(job, sizeof job, "balrecut%d", (int)getpid());
+    snprintf(job, sizeof job, "%s%d", name, (int)getpid());
     for (int r = 0; r < 2; r++)
-        if (fork() == 0) _exit(recut_rank(r, job, ds, cuts[r]));
+        if (fork() == 0) _exit(recut_rank(r, job, ds, tps, steps, cuts + r * (steps + 1)));
     int st, failed = 0;
     while (wait(&st) > 0) failed += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-    CHECK_MSG(failed == 0, "a rank of the re-cut job failed");
+    dt_dataset_free(ds);
+    CHECK_MSG(failed == 0, "a rank of the %s job failed", name);
+    return cuts;
+}
+
+static void test_recut_arithmetic(void) {
+    int(*cuts)[2] = run_recut("balrecut", injected_tps, RECUT_STEPS);
+    if (!cuts) return;
     /* steps 1-2: even; step 3: speeds 1000:500 -> 21.33:10.67 quanta -> floors 21/10, the last
      * quantum to rank 0 (44 ms either way; ties to the lower rank) -> 44/20 (predicted step 64 ->
      * 44 ms); step 11: rank 1 measured 1 ms, smoothed 1.5 ms -> 19.2:12.8 -> 19/12, the quantum to
@@ -175,12 +189,28 @@ static void test_recut_arithmetic(void) {
                                   {19, 36, 28}, {26, 36, 28}, {27, 36, 28}, {34, 36, 28}, {35, 34, 30}, {36, 34, 30}};
     for (size_t i = 0; i < sizeof want / sizeof *want; i++)
         for (int r = 0; r < 2; r++) {
-            const int *got = cuts[r][want[i][0]];
+            const int *got = cuts[r * (RECUT_STEPS + 1) + want[i][0]];
             CHECK_MSG(got[0] == want[i][1] && got[1] == want[i][2], "rank %d after step %d: cut %d/%d, wanted %d/%d",
                       r, want[i][0], got[0], got[1], want[i][1], want[i][2]);
         }
-    munmap(cuts, 2 * sizeof *cuts);
-    dt_dataset_free(ds);
+    munmap(cuts, 2 * (RECUT_STEPS + 1) * sizeof *cuts);
+}
+
+/* Steps of tens of microseconds re-cut less often: after the first re-cut (step 3: 2 and 1 us a
+ * sample, 44/20 as above, a predicted step of 44 us) the next comes ceil(50 ms / 44 us) = 1137
+ * steps later, not 8; so the cut stays 44/20 through step 130 although rank 1 is as fast as rank
+ * 0 from step 41 (with the 8-step interval it would have moved at step 51: 1.406 us smoothed, 38/26). */
+static void test_recut_tiny_steps(void) {
+    int(*cuts)[2] = run_recut("baltiny", tiny_tps, TINY_STEPS);
+    if (!cuts) return;
+    for (int r = 0; r < 2; r++)
+        for (int step = 3; step <= TINY_STEPS; step++) {
+            const int *got = cuts[r * (TINY_STEPS + 1) + step];
+            CHECK_MSG(got[0] == 44 && got[1] == 20, "rank %d after step %d: cut %d/%d, wanted 44/20", r, step, got[0],
+                      got[1]);
+            if (got[0] != 44) break;
+        }
+    munmap(cuts, 2 * (TINY_STEPS + 1) * sizeof *cuts);
 }
 
 /* An injected nap that takes no time: it records the seconds asked for and reports `over`
@@ -317,6 +347,7 @@ int main(void) {
     test_sampler_cut();
     test_loader_cut();
     test_recut_arithmetic();
+    test_recut_tiny_steps();
     char dir[64];
     snprintf(dir, sizeof dir, "/tmp/dtrain-bal-XXXXXX");
     if (!mkdtemp(dir)) return 1;
