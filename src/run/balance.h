@@ -1,12 +1,13 @@
 /* Uneven workers in the step loop: the --slow straggler aid (a rank sleeps (factor - 1) x its
- * measured compute time after each step's backward, never spinning; what a nap oversleeps (the
- * timer's wake-up latency, a busy machine) is taken off the next naps, so the rank is FACTOR
- * times slower on average even where a step lasts only a few timer latencies), dynamic load balancing
+ * measured compute time after each step's backward, never spinning; what a nap oversleeps, the
+ * timer's wake-up latency or a busy machine, is taken off the next naps, so the rank is FACTOR
+ * times slower on average even where a step lasts a few timer latencies), dynamic load balancing
  * (--balance dynamic: every few steps the ranks allgather their measured time per sample and
- * cut the next global batches in proportion to their speeds, identically on every rank, so that
- * all arrive at the allreduce together) and the per-worker figures of an epoch (samples, share,
- * speed) for the metrics. The trainer weights each rank's loss gradient by n_local*world/n_global,
- * so any cut still averages to the exact mean gradient over the global batch. */
+ * cut the next global batches by their speeds, in quanta, where that pays, identically on every
+ * rank, so that all arrive at the allreduce together) and the per-worker figures of an epoch
+ * (samples, share, speed) for the metrics. The trainer weights each rank's loss gradient by
+ * n_local*world/n_global, so any cut still averages to the exact mean gradient over the global
+ * batch. */
 #ifndef DT_RUN_BALANCE_H
 #define DT_RUN_BALANCE_H
 

@@ -1,11 +1,13 @@
-/* Load-balancing tests: the speed-proportional cut (sums, minimums, determinism); uneven cuts of
- * the sampler and the loader still use every sample exactly once per epoch, in the global order,
- * also when the cut changes mid-epoch with batches prefetched; and two real ranks under
- * --balance dynamic: the --slow naps pay back what they oversleep (an injected nap); the re-cut arithmetic over a real 2-rank job with injected per-sample times
- * (first cut after FIRST_CUT steps, smoothing, quanta, the 5% gain threshold); and two real ranks training with
- * one rank 2x slower (--slow): the parameters equal single-process training over the same global
- * batches (the averaged gradient is the exact global mean whatever the cut). No check depends on
- * how fast the machine runs: the cut the timing produced is printed, not asserted. */
+/* Load-balancing tests: the speed-proportional cut (sums, minimums, determinism) and the cut in
+ * quanta (minimax); the --slow naps pay back what they oversleep (an injected nap); uneven cuts
+ * of the sampler and the loader still use every sample exactly once per epoch, in the global
+ * order, also when the cut changes mid-epoch with batches prefetched; two real ranks under
+ * --balance dynamic: the re-cut arithmetic over a real 2-rank job with injected per-sample times
+ * (first cut after FIRST_CUT steps, smoothing, quanta, the 5% gain threshold, re-cuts spaced to
+ * 50 ms of tiny steps); and two real ranks training with one rank 2x slower (--slow): the
+ * parameters equal single-process training over the same global batches (the averaged gradient
+ * is the exact global mean whatever the cut). No check depends on how fast the machine runs: the
+ * cut the timing produced is printed, not asserted. */
 #include "core/test.h"
 #include "dtrain/dtrain.h"
 #include "run/balance.h"
