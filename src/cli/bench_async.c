@@ -79,9 +79,10 @@ static int run_case(const char *exe, const char *common, const char *flags, int 
 static const char USAGE[] =
     "Usage: dtrain bench async [--model LIST] [--workers LIST] [--factor F] [--epochs E] [--samples N]\n"
     "                          [--batch B] [--repeat R] [--cases LIST] [--data DIR]\n\n"
-    "Uneven workers: N local workers, the last one F times slower (--slow), train each model of\n"
-    "--model (default cnn, whose steps are real work, then mlp, whose 0.1 ms steps show what the\n"
-    "coordination costs) for E epochs of N samples under ddp, ddp + --balance dynamic,\n"
+    "Uneven workers: N local workers (each count of --workers, default 2 and 4), the last one F\n"
+    "times slower (--slow), train each model of --model (default cnn, whose steps are real work,\n"
+    "then mlp, whose 0.1 ms steps show what the coordination costs) for E epochs of N samples\n"
+    "under ddp, ddp + --balance dynamic,\n"
     "localsgd(sync_every=8), ps(staleness=4) (the workers take batches from the server; a batch is\n"
     "held back while it is more than 4 global batches ahead of the oldest one in training),\n"
     "ps(staleness=4,shards=fixed) (classic SSP on each worker's own steps: the slow worker sets the\n"
@@ -233,7 +234,7 @@ static int pick_cases(char *list, bool *want) {
 }
 
 int dt_bench_async(int argc, char **argv) {
-    const char *data = "fashion-mnist", *models_s = "cnn,mlp", *workers_s = "4", *cases_s = NULL;
+    const char *data = "fashion-mnist", *models_s = "cnn,mlp", *workers_s = "2,4", *cases_s = NULL;
     int epochs = 2, batch = 64, repeat = 3, samples = -1;
     float factor = 3;
     const dt_flag flags[] = {
