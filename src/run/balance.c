@@ -10,17 +10,23 @@
 
 #define FIRST_CUT 3          /* steps before the first re-cut (the first step warms caches up) */
 #define DEFAULT_INTERVAL 8
+#define QUANTUM_LEVELS 16    /* a rank's share moves in steps of about batch / 16 samples */
+#define MIN_GAIN 0.05        /* a re-cut must shorten the predicted step by more than this */
+#define MIN_WINDOW_S 0.05    /* re-cuts at least this far apart (predicted), so short steps amortise them */
+#define MAX_INTERVAL 4096
 
 struct dt_balance {
     dt_balance_config cfg;
     int *cut;                /* [world] */
     double *gather;          /* [world] allgather buffer */
     int64_t steps;           /* steps seen */
+    int64_t due;             /* the step count of the next re-cut (the same on every rank) */
     double win_time;         /* compute (+ sleep) since the last re-cut, excluding step 1 */
     int64_t win_n;
     double tps;              /* smoothed seconds per sample; 0 = unknown */
     int64_t ep_samples;      /* since the last dt_balance_epoch */
     double ep_busy;
+    double nap_debt;         /* slow rank: seconds slept beyond the naps asked for, not yet paid off */
 };
 
 dt_status dt_balance_create(dt_balance **out, const dt_balance_config *cfg) {
@@ -38,6 +44,7 @@ dt_status dt_balance_create(dt_balance **out, const dt_balance_config *cfg) {
         return dt_error(DT_ENOMEM, "balance: out of memory");
     }
     for (int r = 0; r < cfg->world; r++) b->cut[r] = cfg->batch;
+    b->due = FIRST_CUT;
     /* the straggler's naps are short (a few times the compute of one step): no 50 us timer slack */
     if (cfg->slow > 1) prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
     *out = b;
@@ -51,16 +58,24 @@ void dt_balance_free(dt_balance *b) {
     free(b);
 }
 
-static void sleep_s(double s) {
-    if (!(s > 0)) return;
+/* The default nap: nanosleep, timed (its wake-up latency counts). */
+static double sleep_s(void *ctx, double s) {
+    (void)ctx;
+    if (!(s > 0)) return 0;
+    const double t0 = dt_now();
     struct timespec ts = {(time_t)s, (long)((s - floor(s)) * 1e9)};
     while (nanosleep(&ts, &ts) != 0) {
     }
+    return dt_now() - t0;
 }
 
 double dt_balance_compute_done(dt_balance *b, int n, double compute_s) {
-    double nap = b->cfg.slow > 1 ? (b->cfg.slow - 1) * compute_s : 0;
-    sleep_s(nap);
+    double nap = 0;
+    if (b->cfg.slow > 1) {
+        const double want = (b->cfg.slow - 1) * compute_s, ask = want - b->nap_debt;
+        nap = ask > 0 ? (b->cfg.nap ? b->cfg.nap(b->cfg.nap_ctx, ask) : sleep_s(NULL, ask)) : 0;
+        b->nap_debt += nap - want;  /* negative: the nap fell short (rare): the next one is longer */
+    }
     b->steps++;
     b->ep_samples += n;
     b->ep_busy += compute_s + nap;
@@ -94,35 +109,88 @@ void dt_balance_cut_by_speed(int *counts, const double *speeds, int world, int G
     }
 }
 
+int dt_balance_quantum(int batch) {
+    int q = batch / QUANTUM_LEVELS;
+    while (q > 1 && batch % q != 0) q--;
+    return q > 1 ? q : 1;
+}
+
+/* The step time a cut predicts from seconds per sample tps[] (the slowest rank's). */
+static double predicted_step(const int *cut, const double *tps, int world) {
+    double t = 0;
+    for (int r = 0; r < world; r++) t = cut[r] * tps[r] > t ? cut[r] * tps[r] : t;
+    return t;
+}
+
+void dt_balance_cut_quantised(int *counts, const double *speeds, int world, int G, int q) {
+    const int Q = G / q, floor_min = Q >= world ? 1 : 0;
+    double total = 0;
+    for (int r = 0; r < world; r++) total += speeds[r];
+    int sum = 0;
+    for (int r = 0; r < world; r++) {
+        counts[r] = (int)floor(total > 0 ? Q * speeds[r] / total : (double)Q / world);
+        if (counts[r] < floor_min) counts[r] = floor_min;
+        sum += counts[r];
+    }
+    /* minimax: each quantum left goes where it lengthens that rank's step least; a surplus (from
+     * the one-quantum floors) comes off the rank whose step is longest */
+    while (sum != Q) {
+        int best = -1;
+        double key = 0;
+        for (int r = 0; r < world; r++) {
+            if (sum > Q && counts[r] <= floor_min) continue;
+            double t = (counts[r] + (sum < Q ? 1 : 0)) / speeds[r];
+            if (best < 0 || (sum < Q ? t < key : t > key)) best = r, key = t;
+        }
+        counts[best] += sum < Q ? 1 : -1;
+        sum += sum < Q ? 1 : -1;
+    }
+    for (int r = 0; r < world; r++) counts[r] *= q;
+}
+
+/* Steps to the next re-cut: the configured interval, or more where the predicted step (from the
+ * gathered times, the same on every rank) is so short that the interval would last less than
+ * MIN_WINDOW_S: a tiny model's steps then amortise the allgather and measure a longer window. */
+static int64_t next_interval(const dt_balance *b) {
+    const double step = predicted_step(b->cut, b->gather, b->cfg.world);
+    double n = step > 0 ? ceil(MIN_WINDOW_S / step) : b->cfg.interval;
+    if (n < b->cfg.interval) n = b->cfg.interval;
+    return n > MAX_INTERVAL ? MAX_INTERVAL : (int64_t)n;
+}
+
 dt_status dt_balance_step_end(dt_balance *b, dt_comm *comm, dt_loader *l) {
     const int W = b->cfg.world;
-    if (!b->cfg.dynamic || !comm || W < 2) return DT_OK;
-    if (b->steps < FIRST_CUT || (b->steps - FIRST_CUT) % b->cfg.interval != 0) return DT_OK;
+    if (!b->cfg.dynamic || !comm || W < 2 || b->steps < b->due) return DT_OK;
     if (b->win_n > 0) {
         double now = b->win_time / (double)b->win_n;
         b->tps = b->tps > 0 ? 0.5 * b->tps + 0.5 * now : now;
     }
     b->win_time = 0, b->win_n = 0;
+    b->due = b->steps + b->cfg.interval;
     double mine = b->tps;
     DT_TRY(dt_comm_allgather(comm, &mine, b->gather, 1, DT_F64));
-    /* speed = samples per second; a rank that has not measured yet (no samples) keeps its share */
-    for (int r = 0; r < W; r++) {
+    /* a rank that has not measured yet (no samples) keeps its share */
+    for (int r = 0; r < W; r++)
         if (!(b->gather[r] > 0)) return DT_OK;
-        b->gather[r] = 1.0 / b->gather[r];
-    }
     int *next = malloc((size_t)W * sizeof *next);
-    if (!next) return dt_error(DT_ENOMEM, "balance: out of memory");
-    dt_balance_cut_by_speed(next, b->gather, W, b->cfg.batch * W);
-    /* re-cut only for a real change (> 2% of the global batch for some rank): every re-cut makes
-     * the loader rebuild the batches it prefetched */
-    int moved = 0;
-    for (int r = 0; r < W; r++) moved = abs(next[r] - b->cut[r]) > moved ? abs(next[r] - b->cut[r]) : moved;
+    double *speed = malloc((size_t)W * sizeof *speed);
+    if (!next || !speed) {
+        free(next), free(speed);
+        return dt_error(DT_ENOMEM, "balance: out of memory");
+    }
+    for (int r = 0; r < W; r++) speed[r] = 1.0 / b->gather[r];
+    dt_balance_cut_quantised(next, speed, W, b->cfg.batch * W, dt_balance_quantum(b->cfg.batch));
+    /* re-cut only where it pays: the predicted step time falls by more than MIN_GAIN. A re-cut
+     * makes the loader rebuild the batches it prefetched, and a batch size not seen before
+     * creates the kernels' primitives for it (the CNN's first step at a new size: 2-5 steps'
+     * time); the quanta keep the sizes few, so that they recur */
     dt_status s = DT_OK;
-    if (moved > b->cfg.batch * W / 50) {
+    if (predicted_step(next, b->gather, W) < (1.0 - MIN_GAIN) * predicted_step(b->cut, b->gather, W)) {
         memcpy(b->cut, next, (size_t)W * sizeof *next);
         s = dt_loader_set_cut(l, b->cut);
     }
-    free(next);
+    b->due = b->steps + next_interval(b);
+    free(next), free(speed);
     return s;
 }
 
