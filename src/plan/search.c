@@ -278,7 +278,9 @@ void dt_plan_why(const dt_plan_entry *alt, const dt_plan_entry *best, const dt_p
     char name[96];
     dt_plan_name(&alt->l, name, sizeof name);
     if (!alt->c.fits) {
-        snprintf(buf, cap, "%s does not fit: %.2f GB per rank against %.2f", name, alt->c.mem / 1e9, limit / 1e9);
+        const bool gb = limit >= 1e9;
+        snprintf(buf, cap, "%s does not fit: %.*f %s per rank against %.*f", name, gb ? 2 : 1,
+                 alt->c.mem / (gb ? 1e9 : 1e6), gb ? "GB" : "MB", gb ? 2 : 1, limit / (gb ? 1e9 : 1e6));
         return;
     }
     const dt_plan_cost *a = &alt->c, *b = &best->c;
