@@ -37,7 +37,7 @@ typedef struct {
     const char *model, *data, *cluster, *optimizer, *precision, *mem_limit_text;
     int batch, workers, hosts, rph, tp, pp, zero, top, threads;
     float momentum, val_fraction;
-    bool json, probe;
+    bool json, probe, no_calibrate;
 } plan_args;
 
 static int prec_mask(const char *text, int *mask) {
@@ -76,8 +76,59 @@ static int load_cluster(const plan_args *a, dt_plan_cluster *c, char *source, si
     return 0;
 }
 
-/* Builds the model (unplaced) of a, its summary and, on this host, its per-node times. */
-static int load_model(const plan_args *a, const dt_train_config *tc, bool measure, dt_model **m, dt_plan_model *pm) {
+typedef struct {
+    double s;
+    int64_t steps;
+} epochs_sum;
+
+static void sum_epoch(void *ctx, const dt_epoch_info *e) {
+    epochs_sum *a = ctx;
+    a->s += e->epoch_s, a->steps += e->steps;
+}
+
+/* Seconds of training steps (epoch time, evaluation left out) of k steps at batch b on one process. */
+static dt_status train_seconds(const dt_train_config *tc, int b, int k, double *s) {
+    dt_train_config c = *tc;
+    epochs_sum acc = {0, 0};
+    c.batch = b, c.epochs = 1000000, c.max_steps = k, c.on_epoch = sum_epoch, c.cb_ctx = &acc, c.threads = 1;
+    dt_trainer *t;
+    DT_TRY(dt_trainer_create(&t, &c));
+    const dt_status st = dt_trainer_run(t);
+    dt_trainer_free(t);
+    *s = acc.s;
+    return st;
+}
+
+/* The step overhead the node timings miss (loss, data, optimizer bookkeeping): real one-process
+ * steps at batches b1 and b2 (k2 - k1 steps, the first k1 as warm-up) less the plan's prediction of
+ * that one-rank layout, fitted as ovh_fix + ovh_per x batch. */
+static dt_status calibrate(const dt_train_config *tc, const dt_plan_cluster *c, dt_plan_model *pm, int b1, int b2) {
+    const int bs[2] = {b1, b2}, k1 = 2, k2 = 12, first[2] = {0, pm->nodes};
+    const int moments = tc->optim.kind != DT_OPTIM_SGD ? 2 : tc->optim.momentum > 0 ? 1 : 0;
+    double o[2];
+    pm->ovh_fix = pm->ovh_per = 0;
+    for (int i = 0; i < 2; i++) {
+        double s1, s2;
+        DT_TRY(train_seconds(tc, bs[i], k1, &s1));
+        DT_TRY(train_seconds(tc, bs[i], k2, &s2));
+        const dt_plan_layout one = {.dp = 1, .tp = 1, .pp = 1, .micro = 1, .bucket_mb = 1};
+        dt_plan_cluster alone = *c;
+        alone.oversub = 1, alone.step_overhead = 0;
+        dt_plan_cost p;
+        dt_plan_predict(pm, &alone, &one, bs[i], moments, first, &p);
+        o[i] = (s2 - s1) / (k2 - k1) - p.total;
+    }
+    pm->ovh_per = (o[1] - o[0]) / (b2 - b1);
+    if (pm->ovh_per < 0) pm->ovh_per = 0;
+    pm->ovh_fix = o[0] - pm->ovh_per * b1;
+    if (pm->ovh_fix < 0) pm->ovh_fix = 0;
+    return DT_OK;
+}
+
+/* Builds the model (unplaced) of a, its summary and, on this host, its per-node times and the step
+ * overhead they miss. */
+static int load_model(const plan_args *a, const dt_train_config *tc, const dt_plan_cluster *c, bool measure,
+                      dt_model **m, dt_plan_model *pm) {
     dt_status s = dt_train_plan_model(tc, m);
     if (s != DT_OK) {
         dt_cli_fail("check --model and --data", "%s", dt_last_error());
@@ -95,21 +146,23 @@ static int load_model(const plan_args *a, const dt_train_config *tc, bool measur
     if (b1 < 1) b1 = 1;
     if (b2 <= b1) b2 = b1 + 1;
     if (s == DT_OK) s = dt_plan_model_measure(pm, *m, b1, b2, 3);
+    if (s == DT_OK && !a->no_calibrate) s = calibrate(tc, c, pm, b1, b2);
     if (s != DT_OK) return dt_cli_fail("check --model, --data and --batch", "measuring the model: %s", dt_last_error());
     return 0;
 }
 
 static void print_table(const dt_plan_result *res, int G, int top) {
-    printf("%-4s %-30s %9s %9s %9s %9s %9s %10s  %s\n", "#", "layout", "step ms", "compute", "comm", "bubble", "optim",
-           "MB/rank", "dtrain train flags");
+    printf("%-4s %-30s %9s %9s %9s %9s %9s %9s %10s  %s\n", "#", "layout", "step ms", "compute", "comm", "bubble",
+           "optim", "other", "MB/rank", "dtrain train flags");
     for (int i = 0, shown = 0; i < res->n && shown < top; i++) {
         const dt_plan_entry *e = &res->e[i];
         if (!e->c.fits) break;
         char name[96], flags[256];
         dt_plan_name(&e->l, name, sizeof name);
         dt_plan_flags(&e->l, G, flags, sizeof flags);
-        printf("%-4d %-30s %9.3f %9.3f %9.3f %9.3f %9.3f %10.1f  %s\n", ++shown, name, e->c.total * 1e3,
-               e->c.compute * 1e3, e->c.comm * 1e3, e->c.bubble * 1e3, e->c.optim * 1e3, e->c.mem / 1048576.0, flags);
+        printf("%-4d %-30s %9.3f %9.3f %9.3f %9.3f %9.3f %9.3f %10.1f  %s\n", ++shown, name, e->c.total * 1e3,
+               e->c.compute * 1e3, e->c.comm * 1e3, e->c.bubble * 1e3, e->c.optim * 1e3, e->c.overhead * 1e3,
+               e->c.mem / 1048576.0, flags);
     }
 }
 
@@ -202,6 +255,7 @@ static int parse_args(int argc, char **argv, plan_args *a) {
         {"val-fraction", DT_FLAG_FLOAT, &a->val_fraction, "F", "text data: as dtrain train"},
         {"json", DT_FLAG_BOOL, &a->json, NULL, "one JSON object instead of the table"},
         {"probe", DT_FLAG_BOOL, &a->probe, NULL, "measure this host's collectives and memory bandwidth, cache them"},
+        {"no-calibrate", DT_FLAG_BOOL, &a->no_calibrate, NULL, "this host: skip the few real training steps that measure the step's overhead beyond its nodes"},
     };
     int r = dt_flags_parse(argc, argv, 1, flags, (int)(sizeof flags / sizeof *flags), PLAN_USAGE, NULL, 0, NULL, NULL);
     if (r) return r < 0 ? 2 : 0;
@@ -236,7 +290,7 @@ int dt_cli_plan_run(int argc, char **argv, dt_plan_entry *best) {
     dt_set_threads(a.threads);
     dt_model *m = NULL;
     dt_plan_model pm = {0};
-    if ((r = load_model(&a, &tc, !a.cluster, &m, &pm))) {
+    if ((r = load_model(&a, &tc, &c, !a.cluster, &m, &pm))) {
         dt_model_free(m), dt_plan_model_free(&pm);
         return r;
     }

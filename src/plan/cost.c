@@ -182,6 +182,7 @@ void dt_plan_predict(const dt_plan_model *pm, const dt_plan_cluster *c, const dt
     const double owned = l->zero >= 1 && l->dp > 1 ? pmax / l->dp : pmax;
     o->optim = owned * 4 * (3 + 2 * moments) / c->mem_bw;
     if (l->compress) o->optim += pmax * 4 * 2 / c->mem_bw;  /* the cast to 16 bits and back */
-    o->overhead = c->step_overhead;
+    const double slow = c->oversub > 1 ? c->oversub : 1;
+    o->overhead = c->step_overhead + slow * (pm->ovh_fix + pm->ovh_per * (double)G / l->dp);
     o->total = o->compute + o->comm + o->bubble + o->optim + o->overhead;
 }

@@ -53,6 +53,8 @@ typedef struct {
     double *out_bytes;  /* [nodes] bytes per sample of the node's output (a pipeline cut sends it) */
     bool *split;        /* [nodes] tensor parallelism divides the node's work by tp */
     double *t_fix, *t_per;  /* [nodes] measured seconds per pass: t_fix + t_per x batch (NULL: roofline) */
+    double ovh_fix, ovh_per;  /* measured seconds of a rank's step beyond its nodes and optimizer model:
+                               * ovh_fix + ovh_per x samples the rank takes per step (loss, data, bookkeeping) */
     double total_params;
     bool gpt;
     dt_gpt_config g;     /* when gpt */
@@ -118,6 +120,8 @@ typedef struct {
     dt_plan_layout l;
     dt_plan_cost c;
 } dt_plan_entry;
+
+enum { DT_PLAN_MEM_BUDGET = 2000 };  /* most layouts whose memory one search plans (fastest first) */
 
 typedef struct {
     int G;                  /* global batch (samples per optimizer step) */

@@ -164,13 +164,15 @@ int dt_plan_family(const dt_plan_layout *l) {
 
 /* Prunes by memory in the order of predicted time: the memory of a layout is planned until the
  * request's top layouts fit and every family seen has its fastest fitting layout (a family none
- * of whose layouts fits is planned to the end). Layouts left unplanned do not fit (mem -1). */
+ * of whose layouts fits is planned to the end), at most DT_PLAN_MEM_BUDGET layouts (a deep
+ * pipeline's memory plan cuts the graph per stage). Layouts left unplanned count as not fitting
+ * (mem -1). */
 static dt_status prune(search_ctx *s) {
     dt_plan_result *res = s->res;
     int fam[256], nf = 0, found = 0;
     const int want = s->r->want > 0 ? s->r->want : 5;
     const double t0 = dt_now();
-    for (int i = 0; i < res->n; i++) {
+    for (int i = 0; i < res->n && res->planned < DT_PLAN_MEM_BUDGET; i++) {
         dt_plan_entry *e = &res->e[i];
         const int f = dt_plan_family(&e->l);
         bool done = false;
