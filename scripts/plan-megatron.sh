@@ -21,7 +21,7 @@ while read -r P A H L TP PP N B TF; do
   pred=$(python3 -c "import json,sys; print('%.2f'%json.load(sys.stdin)['layouts'][0]['step_s'])" <<<"$js")
   own=$($DT plan --model "$G" --data kjv --batch "$B" --cluster "$CL" --hosts $((N / 8)) --precision fp16 --json \
         --top 1 | python3 -c "import json,sys; d=json.load(sys.stdin); l=[x for x in d['layouts'] if x['fits']]
-print('%s (%.2f)'%(l[0]['layout'],l[0]['step_s']) if l else 'nothing fits 80 GB in dtrain (no recomputation): smallest needs %.0f GB'%(min(a['layout']['mem_bytes'] for a in d['alternatives'])/1e9))")
+print('%s (%.2f)'%(l[0]['layout'],l[0]['step_s']) if l else 'nothing fits 80 GB (dtrain keeps every activation): the least needs %.0f GB'%(d['least_mem_bytes']/1e9))")
   printf '%-7s %5d %4d %4d %5d %7d | %10s %10s %7s | %s\n' "${P}B" "$N" "$TP" "$PP" "$B" "$TF" "$pub" "$pred" \
     "$(python3 -c "print('%.2f'%($pred/$pub))")" "$own"
 done <<'ROWS'

@@ -213,6 +213,10 @@ static void print_json(const dt_plan_result *res, const dt_plan_cluster *c, cons
     cJSON_AddNumberToObject(root, "search_s", res->search_s);
     cJSON_AddNumberToObject(root, "cost_s", res->cost_s);
     cJSON_AddNumberToObject(root, "memory_planned", res->planned);
+    double least = -1;  /* the least memory per rank among the layouts planned */
+    for (int i = 0; i < res->n; i++)
+        if (res->e[i].c.mem >= 0 && (least < 0 || res->e[i].c.mem < least)) least = res->e[i].c.mem;
+    cJSON_AddNumberToObject(root, "least_mem_bytes", least);
     for (int i = 0, k = 0; i < res->n && k < top && res->e[i].c.fits; i++, k++) add_entry(lay, &res->e[i], G);
     cJSON_AddItemToObject(root, "layouts", lay);
     const dt_plan_entry *alt[16];
