@@ -68,26 +68,36 @@ static double num(const cJSON *o, const char *k) {
     return cJSON_IsNumber(x) ? x->valuedouble : 0;
 }
 
-/* The layouts to run: the chosen one, the best of each family, and pp's other micro-batch counts. */
+/* A layout's family key: coarse (the mesh and ZeRO stage) or fine (also pipeline micro-batches and
+ * gradient accumulation). */
+static void family(const cJSON *l, bool fine, char *out, size_t cap) {
+    const int pp = (int)num(l, "pp"), micro = (int)num(l, "micro");
+    snprintf(out, cap, "d%g t%g p%d z%g m%d", num(l, "dp"), num(l, "tp"), pp, num(l, "zero"),
+             !fine ? 0 : pp > 1 ? micro : (micro > 1 ? 2 : 1));
+}
+
+/* The layouts to run: the chosen one, the best of each coarse family, then the best of each fine
+ * one (pipeline micro-batch counts, accumulation) while there is room. */
 static int pick(const cJSON *layouts, run *out) {
     int n = 0;
-    char fams[MAX_RUNS][48];
-    const cJSON *l;
-    cJSON_ArrayForEach(l, layouts) {
-        if (n == MAX_RUNS) break;
-        char fam[48];
-        const int pp = (int)num(l, "pp"), micro = (int)num(l, "micro");
-        /* a family: the mesh and ZeRO stage; pipelines also by micro-batches */
-        snprintf(fam, sizeof fam, "d%g t%g p%d z%g m%d", num(l, "dp"), num(l, "tp"), pp, num(l, "zero"),
-                 pp > 1 ? micro : (micro > 1 ? 2 : 1));
-        bool seen = false;
-        for (int k = 0; k < n && !seen; k++) seen = !strcmp(fams[k], fam);
-        if (seen) continue;
-        snprintf(fams[n], sizeof fams[n], "%s", fam);
-        run *r = &out[n++];
-        snprintf(r->layout, sizeof r->layout, "%s", str(l, "layout"));
-        snprintf(r->flags, sizeof r->flags, "%s", str(l, "flags"));
-        r->pred = num(l, "step_s"), r->chosen = n == 1;
+    char keys[2 * MAX_RUNS][48];
+    int nk = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        const cJSON *l;
+        cJSON_ArrayForEach(l, layouts) {
+            if (n == MAX_RUNS) break;
+            char fam[48];
+            family(l, pass == 1, fam, sizeof fam);
+            bool seen = false;
+            for (int k = 0; k < nk && !seen; k++) seen = !strcmp(keys[k], fam);
+            for (int k = 0; k < n && !seen; k++) seen = !strcmp(out[k].flags, str(l, "flags"));
+            if (seen) continue;
+            snprintf(keys[nk++], sizeof keys[0], "%s", fam);
+            run *r = &out[n++];
+            snprintf(r->layout, sizeof r->layout, "%s", str(l, "layout"));
+            snprintf(r->flags, sizeof r->flags, "%s", str(l, "flags"));
+            r->pred = num(l, "step_s"), r->chosen = n == 1;
+        }
     }
     return n;
 }
