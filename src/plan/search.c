@@ -231,9 +231,14 @@ dt_status dt_plan_search(dt_model *m, const dt_plan_model *pm, const dt_optim_co
     }
     qsort(res->e, (size_t)res->n, sizeof *res->e, by_rank);
     res->search_s = dt_now() - t0;
+    if (!res->n && (r->fix_tp > 1 || r->fix_pp > 1))
+        return dt_error(DT_EINVAL, "plan: no layout of %d ranks with%s%.0d%s%.0d at global batch %d (tp must divide "
+                        "the ranks and a GPT's heads, width and vocabulary; pp the ranks, within the graph's valid cuts)",
+                        r->ranks, r->fix_tp > 1 ? " tp " : "", r->fix_tp > 1 ? r->fix_tp : 0, r->fix_pp > 1 ? " pp " : "",
+                        r->fix_pp > 1 ? r->fix_pp : 0, r->G);
     if (!res->n)
-        return dt_error(DT_EINVAL, "plan: no layout of %d ranks divides the global batch %d (use a batch that %d "
-                        "divides, or other --workers)", r->ranks, r->G, r->ranks);
+        return dt_error(DT_EINVAL, "plan: no layout of %d ranks divides the global batch %d (use a batch that the "
+                        "data-parallel ranks divide, or other --workers)", r->ranks, r->G);
     return DT_OK;
 }
 
