@@ -60,23 +60,28 @@ static dt_status zero_share(dt_model *m, const dt_mem_layout *l, int dpi, size_t
     return DT_OK;
 }
 
-/* The flops cut of m into pp stages (dt_pp_cut), remembered for the model last asked about: a plan
- * of every rank (--dry-run), or of many layouts (the planner), asks for the same cut again. */
+/* The flops cut of m into pp stages (dt_pp_cut), remembered per stage count for the model last
+ * asked about: a plan of every rank (--dry-run), or of many layouts (the planner), asks for the
+ * same cuts again. */
 static dt_status flops_cut(dt_model *m, int pp, int *first) {
     static _Thread_local struct {
         const dt_model *m;
         char spec[256];
-        int nodes, pp, first[DT_PP_MAX_STAGES + 1];
-    } last;
+        int nodes;
+        bool have[DT_PP_MAX_STAGES + 1];
+        int first[DT_PP_MAX_STAGES + 1][DT_PP_MAX_STAGES + 1];
+    } c;
     const int n = dt_model_num_nodes(m);
-    if (last.m == m && last.pp == pp && last.nodes == n && !strncmp(last.spec, dt_model_spec(m), sizeof last.spec)) {
-        memcpy(first, last.first, (size_t)(pp + 1) * sizeof *first);
-        return DT_OK;
+    if (c.m != m || c.nodes != n || strncmp(c.spec, dt_model_spec(m), sizeof c.spec)) {  /* another model */
+        memset(c.have, 0, sizeof c.have);
+        c.m = m, c.nodes = n;
+        snprintf(c.spec, sizeof c.spec, "%s", dt_model_spec(m));
     }
-    DT_TRY(dt_pp_cut(m, pp, "", NULL, first));
-    last.m = m, last.pp = pp, last.nodes = n;
-    snprintf(last.spec, sizeof last.spec, "%s", dt_model_spec(m));
-    memcpy(last.first, first, (size_t)(pp + 1) * sizeof *first);
+    if (!c.have[pp]) {
+        DT_TRY(dt_pp_cut(m, pp, "", NULL, c.first[pp]));
+        c.have[pp] = true;
+    }
+    memcpy(first, c.first[pp], (size_t)(pp + 1) * sizeof *first);
     return DT_OK;
 }
 
