@@ -86,11 +86,13 @@ static void sum_epoch(void *ctx, const dt_epoch_info *e) {
     a->s += e->epoch_s, a->steps += e->steps;
 }
 
-/* Seconds of training steps (epoch time, evaluation left out) of k steps at batch b on one process. */
-static dt_status train_seconds(const dt_train_config *tc, int b, int k, double *s) {
+/* Seconds of training steps (epoch time) of k steps at batch b on one process over data set ds (no
+ * test set: nothing is evaluated). */
+static dt_status train_seconds(const dt_train_config *tc, dt_dataset *ds, int b, int k, double *s) {
     dt_train_config c = *tc;
     epochs_sum acc = {0, 0};
     c.batch = b, c.epochs = 1000000, c.max_steps = k, c.on_epoch = sum_epoch, c.cb_ctx = &acc, c.threads = 1;
+    c.train_set = ds, c.test_set = NULL, c.val_split = 0;
     dt_trainer *t;
     DT_TRY(dt_trainer_create(&t, &c));
     const dt_status st = dt_trainer_run(t);
@@ -107,10 +109,21 @@ static dt_status calibrate(const dt_train_config *tc, const dt_plan_cluster *c, 
     const int moments = tc->optim.kind != DT_OPTIM_SGD ? 2 : tc->optim.momentum > 0 ? 1 : 0;
     double o[2];
     pm->ovh_fix = pm->ovh_per = 0;
-    for (int i = 0; i < 2; i++) {
-        double s1, s2;
-        DT_TRY(train_seconds(tc, bs[i], k1, &s1));
-        DT_TRY(train_seconds(tc, bs[i], k2, &s2));
+    dt_dataset *train = NULL, *test = NULL;
+    const char *spec = tc->model ? tc->model : "mlp";
+    dt_status st = DT_OK;
+    if (dt_data_is_text(tc->data)) {
+        dt_gpt_config g;
+        st = dt_gpt_parse(spec, &g);
+        if (st == DT_OK) st = dt_dataset_open_text(&train, NULL, tc->data, g.T, tc->val_fraction);
+    } else {
+        st = dt_dataset_open(&train, &test, tc->data);
+    }
+    dt_dataset_free(test);
+    for (int i = 0; i < 2 && st == DT_OK; i++) {
+        double s1 = 0, s2 = 0;
+        st = train_seconds(tc, train, bs[i], k1, &s1);
+        if (st == DT_OK) st = train_seconds(tc, train, bs[i], k2, &s2);
         const dt_plan_layout one = {.dp = 1, .tp = 1, .pp = 1, .micro = 1, .bucket_mb = 1};
         dt_plan_cluster alone = *c;
         alone.oversub = 1, alone.step_overhead = 0;
@@ -118,6 +131,8 @@ static dt_status calibrate(const dt_train_config *tc, const dt_plan_cluster *c, 
         dt_plan_predict(pm, &alone, &one, bs[i], moments, first, &p);
         o[i] = (s2 - s1) / (k2 - k1) - p.total;
     }
+    dt_dataset_free(train);
+    if (st != DT_OK) return st;
     pm->ovh_per = (o[1] - o[0]) / (b2 - b1);
     if (pm->ovh_per < 0) pm->ovh_per = 0;
     pm->ovh_fix = o[0] - pm->ovh_per * b1;
