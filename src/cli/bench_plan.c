@@ -40,7 +40,7 @@ typedef struct {
 static cJSON *plan_json(const scenario *s) {
     char exe[PATH_MAX], cmd[8192];
     if (dt_bench_self(exe, sizeof exe)) return NULL;
-    snprintf(cmd, sizeof cmd, "'%s' plan --model '%s' --data '%s' --batch %d --workers %d --json --top 200", exe,
+    snprintf(cmd, sizeof cmd, "'%s' plan --model '%s' --data '%s' --batch %d --workers %d --json --top 100000", exe,
              s->model, s->data, s->G, s->ranks);
     FILE *p = popen(cmd, "r");
     if (!p) return NULL;
@@ -57,6 +57,14 @@ static cJSON *plan_json(const scenario *s) {
     if (!j) dt_cli_fail(NULL, "bench plan: '%s' gave no plan (exit %d): %.300s", cmd, rc, buf);
     free(buf);
     return j;
+}
+
+/* Whether name is one of the comma-separated list's items. */
+static bool listed(const char *list, const char *name) {
+    const size_t n = strlen(name);
+    for (const char *p = list; p && *p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL)
+        if (!strncmp(p, name, n) && (p[n] == ',' || !p[n])) return true;
+    return false;
 }
 
 static const char *str(const cJSON *o, const char *k) {
@@ -179,7 +187,7 @@ int dt_bench_plan(int argc, char **argv) {
     int jn = snprintf(json, sizeof json, "{\"bench\": \"plan\", \"runs\": [");
     for (size_t k = 0; k < sizeof g_scen / sizeof *g_scen; k++) {
         const scenario *s = &g_scen[k];
-        if (only && !strstr(only, s->name)) continue;
+        if (only && !listed(only, s->name)) continue;
         cJSON *j = plan_json(s);
         if (!j) return 1;
         run runs[MAX_RUNS];
