@@ -163,7 +163,9 @@ void dt_plan_predict(const dt_plan_model *pm, const dt_plan_cluster *c, const dt
     if (l->tp > 1 && pm->gpt) {
         o->tp_level = dt_plan_axis_level(c, 1, l->tp);
         const dt_plan_link lk = rank_link(c, o->tp_level);
-        const double per = dt_plan_tp_bytes(&pm->g, b, l->tp), calls = 4.0 * pm->g.L + 5;
+        dt_gpt_config st = pm->g;  /* a stage's blocks: a pipeline splits them */
+        st.L = (pm->g.L + l->pp - 1) / l->pp;
+        const double per = dt_plan_tp_bytes(&st, b, l->tp), calls = 4.0 * st.L + 5;
         o->tp_bytes = nm * per;
         o->comm_tp = nm * (per / lk.bw + calls * 2.0 * (l->tp - 1) * lk.lat);
     }

@@ -4,6 +4,7 @@
  * across hosts lose; a tight memory limit forces ZeRO 3 or pp); cluster files whose bad field is
  * named; per-node times measured here. */
 #include "core/test.h"
+#include "parallel/pp.h"
 #include "plan/plan.h"
 
 #include <string.h>
@@ -82,6 +83,15 @@ static void test_slow_link(void) {
     const dt_plan_entry *t2 = best_of(&res, tp4);
     CHECK(t2 && t2->c.comm_tp * 100 < slow_tp);
     dt_plan_result_free(&res);
+    /* tp inside a 2-stage pipeline: each stage's tp ranks carry only its block (L=2: one each) */
+    int first[3];
+    CHECK_OK(dt_pp_cut(m, 2, "", NULL, first));
+    const dt_plan_layout tpp = {.dp = 1, .tp = 2, .pp = 2, .micro = 4, .bucket_mb = 1};
+    dt_plan_cost cost;
+    dt_plan_predict(&pm, &c, &tpp, 16, 2, first, &cost);
+    dt_gpt_config one = pm.g;
+    one.L = 1;
+    CHECK_MSG(near(cost.tp_bytes, 4 * dt_plan_tp_bytes(&one, 4, 2)), "%g", cost.tp_bytes);
     dt_plan_model_free(&pm);
     dt_model_free(m);
 }

@@ -140,8 +140,8 @@ static dt_status options(search_ctx *s, int dp, int tp, int pp, const int *first
             if (s->r->fix_zero >= 0 && zero != s->r->fix_zero) continue;
             const int nbk = dp > 1 ? (int)(sizeof g_buckets / sizeof *g_buckets) : 1;
             for (int bk = 0; bk < nbk; bk++)
-                for (int micro = pp > 1 ? pp : 1; micro <= rb && micro <= 64; micro *= 2) {
-                    if (rb % micro) continue;
+                for (int micro = pp > 1 ? pp : 1; micro <= rb && micro <= 512; micro++) {
+                    if (rb % micro) continue;  /* every divisor: a pipeline's M, or the accumulation steps */
                     for (int gp = 0; gp <= (pp > 1); gp++)
                         for (int cmp = 0; cmp <= (dp > 1 && zero == 0 && tp == 1 && pp == 1 ? 2 : 0); cmp++) {
                             const dt_plan_layout l = {.dp = dp, .tp = tp, .pp = pp, .zero = zero, .micro = micro,
