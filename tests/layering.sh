@@ -13,6 +13,7 @@ declare -A FORBID=(
   [optim]="backend/ models/ nn/ comm/ data/ parallel/ run/ cli/ dtrain/comm.h dtrain/data.h dtrain/train.h"
   [data]="backend/ models/ comm/ nn/ optim/ parallel/ run/ cli/ dtrain/comm.h dtrain/nn.h dtrain/train.h"
   [parallel]="run/ cli/ dtrain/train.h"
+  [plan]="run/ cli/"  # the planner: between run/ and parallel/ (uses the public memory plan)
   [run]="cli/"
   [fl]="cli/ parallel/ comm/ dtrain/comm.h"  # federated learning: beside parallel/ and run/ (uses run/checkpoint)
   [cli]="comm/ core/ nn/ optim/ data/ parallel/"  # the CLI uses the public API (and run/'s launcher)

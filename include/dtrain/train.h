@@ -134,6 +134,9 @@ typedef struct {
      * NULL: "ddp" when the world size > 1, else "single" */
     const char *strategy;
     const char *timeline;     /* Chrome trace (JSON) of every rank's steps, written by rank 0 */
+    double predicted_step_s;  /* the planner's step time for this layout (--strategy auto); > 0: each epoch's
+                               * metrics carry it beside the measured one */
+    const char *plan_layout;  /* the planner's name of the layout (with predicted_step_s), or NULL */
     /* uneven workers (see parallel/strategy.h): balancing and the --slow testing aid */
     bool balance;             /* ddp/localsgd: cut each global batch by the workers' measured speed */
     int slow_rank;            /* testing/benchmark aid: this rank sleeps (slow_factor - 1) x its */

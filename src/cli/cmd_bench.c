@@ -13,6 +13,7 @@ int dt_bench_async(int argc, char **argv);
 int dt_bench_tp(int argc, char **argv);
 int dt_bench_parallel(int argc, char **argv);
 int dt_bench_zero(int argc, char **argv);
+int dt_bench_plan(int argc, char **argv);
 
 static const dt_command g_benches[] = {
     {"train", dt_bench_train, "single-worker training throughput (MLP b32/b128, CNN b128, GPT b12) and GFLOP/s"},
@@ -24,6 +25,7 @@ static const dt_command g_benches[] = {
     {"tp", dt_bench_tp, "tensor parallel (tp2, tp4, dp2 x tp2) vs ddp vs 1 worker on a GPT: tokens/s, peak RSS per rank, bytes per axis"},
     {"parallel", dt_bench_parallel, "model-parallel layouts of a GPT: dp, pp (GPipe, 1F1B), dp x pp: tokens/s, bubble, memory"},
     {"zero", dt_bench_zero, "peak RSS per rank and throughput of ddp and ZeRO 1-3 on a GPT, next to the formula"},
+    {"plan", dt_bench_plan, "the planner's predicted step time against the measured one over its layouts (MAE, worst, chosen vs fastest)"},
     {NULL, NULL, NULL},
 };
 

@@ -2,6 +2,7 @@
  * (supervised, --elastic), and the run's end lines. What rank 0 prints while it trains (the
  * progress bar, one line per epoch) is in train_progress.c. */
 #include "cli/cli.h"
+#include "cli/cmd_plan.h"
 #include "cli/train_uneven.h"
 #include "cli/train_mesh.h"
 #include "cli/train_pp.h"
@@ -355,6 +356,10 @@ static int run_rank(int argc, char **argv, train_opts *o, int job_ranks) {
     if (rank != 0) quiet = true;
     const bool tty = isatty(2) || (rank == 0 && getenv("DTRAIN_PROGRESS_TTY") && dt_comm_env_is_rank());
     dt_train_progress pc = {.quiet = quiet, .tty = tty, .epochs = cfg.epochs, .eval_batches = cfg.eval_batches};
+    if (getenv("DTRAIN_PLAN_STEP_S")) {  /* --strategy auto (plan_auto.c) */
+        cfg.predicted_step_s = pc.predicted_step_s = atof(getenv("DTRAIN_PLAN_STEP_S"));
+        cfg.plan_layout = getenv("DTRAIN_PLAN_LAYOUT");
+    }
     cfg.keep_sharded = true;  /* nothing reads the whole model after the run (tp, pp: it may not fit) */
     cfg.on_progress = dt_train_print_progress;
     cfg.on_epoch = dt_train_print_epoch;
@@ -447,6 +452,7 @@ static int check_local_ranks(const train_opts *o, int job_ranks) {
 }
 
 int dt_cmd_train(int argc, char **argv) {
+    if (dt_cli_strategy_is_auto(argc, argv)) return dt_cli_train_auto(argc, argv, dt_cmd_train);
     train_opts o;
     int r = parse_train_flags(argc, argv, &o);
     if (r >= 0) return r;

@@ -21,6 +21,7 @@ int dt_cmd_ckpt(int argc, char **argv);
 int dt_cmd_fl_server(int argc, char **argv);
 int dt_cmd_fl_client(int argc, char **argv);
 int dt_cmd_fl_sim(int argc, char **argv);
+int dt_cmd_plan(int argc, char **argv);
 
 static const dt_command g_commands[] = {
     {"train", dt_cmd_train, "train a model (one process, --workers N, or one rank of a launch/mpirun job)"},
@@ -28,8 +29,9 @@ static const dt_command g_commands[] = {
     {"sample", dt_cmd_sample, "generate text with a GPT checkpoint"},
     {"export", dt_cmd_export, "write a checkpoint's model as ONNX (onnxruntime, other tools)"},
     {"predict", dt_cmd_predict, "write a model's predictions on a data set (CSV or JSON Lines)"},
+    {"plan", dt_cmd_plan, "choose the parallel layout: predicted step time, memory per rank, the flags, why not the others"},
     {"launch", dt_cmd_launch, "run N local ranks of a program (rank env, prefixed output)"},
-    {"bench", dt_cmd_bench, "benchmarks: train, ddp, comm, async, fault, fl, tp, parallel, zero (tables + a JSON line)"},
+    {"bench", dt_cmd_bench, "benchmarks: train, ddp, comm, async, fault, fl, tp, parallel, zero, plan (tables + a JSON line)"},
     {"plot", dt_cmd_plot, "draw loss, accuracy and throughput of --metrics files (PNG/SVG through gnuplot)"},
     {"man", dt_cmd_man, "write the manual page dtrain(1), made from the flag tables of --help"},
     {"ckpt", dt_cmd_ckpt, "checkpoint tools: consolidate a sharded checkpoint into one PyTorch-loadable file"},

@@ -134,6 +134,11 @@ void dt_train_print_epoch(void *ctx, const dt_epoch_info *e) {
            e->train_loss, over, val, test, bounded, e->samples_per_s, e->epoch_s);
     fflush(stdout);
     if (pc->tb) dt_tb_writer_epoch(pc->tb, e);  /* an error is kept and reported at the end */
+    const double step = e->steps > 0 ? e->epoch_s / (double)e->steps : 0, p = pc->predicted_step_s;
+    if (p > 0 && step > 0)
+        printf("dtrain: step time %.3f ms against the planner's %.3f ms (%+.0f%%)%s\n", step * 1e3, p * 1e3,
+               100 * (step / p - 1), fabs(step / p - 1) > 0.25 ? ": more than 25% off the prediction; the cluster's "
+               "figures may be stale (dtrain plan --probe) or the machine busy" : "");
 }
 
 void dt_train_print_note(void *ctx, const char *msg) {

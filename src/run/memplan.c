@@ -13,6 +13,7 @@
 #include "parallel/zero.h"
 #include "run/trainer_internal.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -59,12 +60,37 @@ static dt_status zero_share(dt_model *m, const dt_mem_layout *l, int dpi, size_t
     return DT_OK;
 }
 
+/* The flops cut of m into pp stages (dt_pp_cut), remembered per stage count for the model last
+ * asked about: a plan of every rank (--dry-run), or of many layouts (the planner), asks for the
+ * same cuts again. */
+static dt_status flops_cut(dt_model *m, int pp, int *first) {
+    static _Thread_local struct {
+        const dt_model *m;
+        char spec[256];
+        int nodes;
+        bool have[DT_PP_MAX_STAGES + 1];
+        int first[DT_PP_MAX_STAGES + 1][DT_PP_MAX_STAGES + 1];
+    } c;
+    const int n = dt_model_num_nodes(m);
+    if (c.m != m || c.nodes != n || strncmp(c.spec, dt_model_spec(m), sizeof c.spec)) {  /* another model */
+        memset(c.have, 0, sizeof c.have);
+        c.m = m, c.nodes = n;
+        snprintf(c.spec, sizeof c.spec, "%s", dt_model_spec(m));
+    }
+    if (!c.have[pp]) {
+        DT_TRY(dt_pp_cut(m, pp, "", NULL, c.first[pp]));
+        c.have[pp] = true;
+    }
+    memcpy(first, c.first[pp], (size_t)(pp + 1) * sizeof *first);
+    return DT_OK;
+}
+
 /* Parameters `stage` holds: the tensors its nodes use under the flops cut (pp.c's placement),
  * each a tp-th where tensor parallelism splits it (tp_shard.c), else whole. */
 static dt_status owned_params(dt_model *m, const dt_mem_layout *l, int stage, double *own) {
     int first[DT_PP_MAX_STAGES + 1] = {0, dt_model_num_nodes(m)};
     if (l->pp > DT_PP_MAX_STAGES) return dt_error(DT_EINVAL, "memory plan: pp %d: at most %d stages", l->pp, DT_PP_MAX_STAGES);
-    if (l->pp > 1) DT_TRY(dt_pp_cut(m, l->pp, "", NULL, first));
+    if (l->pp > 1) DT_TRY(flops_cut(m, l->pp, first));
     const int nt = dt_model_num_tensors(m);
     bool *used = calloc((size_t)nt + 1, 1);
     if (!used) return dt_error(DT_ENOMEM, "memory plan: out of memory");

@@ -122,6 +122,12 @@ dt_status dt_trainer_write_metrics(FILE *f, const dt_epoch_info *e, const dt_tra
         fprintf(f, ", \"sync\": {\"bytes_per_step\": %.0f, \"raw_bytes_per_step\": %.0f, \"compression_ratio\": %.4g, "
                    "\"ef_norm\": %.6g}", e->sync_bytes / (double)e->steps, e->sync_raw_bytes / (double)e->steps,
                 e->sync_bytes > 0 ? e->sync_raw_bytes / e->sync_bytes : 0.0, e->ef_norm);
+    if (t->cfg.predicted_step_s > 0 && e->steps > 0) {  /* --strategy auto: the plan beside what it measured */
+        const double step = e->epoch_s / (double)e->steps;
+        fprintf(f, ", \"plan\": {\"layout\": \"%s\", \"predicted_step_s\": %.6g, \"measured_step_s\": %.6g, "
+                "\"error\": %.4f}", t->cfg.plan_layout ? t->cfg.plan_layout : "", t->cfg.predicted_step_s, step,
+                step / t->cfg.predicted_step_s - 1);
+    }
     dt_balance_write_json(f, e);  /* per-worker figures, ps staleness */
     fputs(t->strategy_report, f);  /* the strategy's own figures (pp: bubble, bytes), or nothing */
     fputs("}\n", f);

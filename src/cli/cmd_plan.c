@@ -1,0 +1,365 @@
+/* dtrain plan: chooses the parallel layout of a training run, predicts its step time and memory per
+ * rank, and says why. The cluster is a --cluster FILE (examples/clusters/) or this host: its per-op
+ * times measured at the shapes in question each time, its collective bandwidth and latency and its
+ * memory bandwidth measured by --probe and cached (plan_probe.c). The table, the alternatives'
+ * one-line reasons and --json come from the planner (src/plan/). `--strategy auto` for train
+ * uses dt_cli_plan_choose. */
+#include "cli/cli.h"
+#include "cli/cmd_plan.h"
+#include "cli/train_mem.h"
+#include "dtrain/dtrain.h"
+#include "plan/plan.h"
+
+#include <cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const char PLAN_USAGE[] =
+    "Usage: dtrain plan [--model SPEC] [--data DIR] --batch G [--workers N | --cluster FILE [--hosts H]\n"
+    "                   [--ranks-per-host R]] [--optimizer NAME] [--precision P[,P]] [--mem-limit BYTES]\n"
+    "                   [--tp K] [--pp K] [--zero N] [--top K] [--json] [--probe]\n\n"
+    "Scores every layout dtrain can run for the model at global batch G (samples per optimizer step)\n"
+    "on the cluster: DP x TP x PP degrees, ZeRO stage, pipeline micro-batches and schedule, gradient\n"
+    "accumulation, ddp compression, precision and bucket size. Layouts whose fullest rank would hold\n"
+    "more than --mem-limit (default: the cluster's memory per rank) are pruned, by the memory model of\n"
+    "dtrain train --dry-run. Prints the fastest as a table (step time split into compute, exposed\n"
+    "communication, pipeline bubble and optimizer; memory per rank; the flags that run it) and why the\n"
+    "common alternatives lose. --tp/--pp/--zero fix an axis.\n\n"
+    "Without --cluster the cluster is this host with --workers N ranks: each node's time is measured\n"
+    "here at the batch sizes the layouts run; --probe also measures the collectives' bandwidth and\n"
+    "latency between N local ranks and the memory bandwidth, and caches them (DTRAIN_PLAN_CACHE, default\n"
+    "~/.cache/dtrain) for later plans and --strategy auto.\n\n"
+    "Example: dtrain plan --model gpt --data kjv --batch 48 --cluster examples/clusters/dgx-a100.json --hosts 2";
+
+typedef struct {
+    const char *model, *data, *cluster, *optimizer, *precision, *mem_limit_text;
+    int batch, workers, hosts, rph, tp, pp, zero, top, threads;
+    float momentum, val_fraction;
+    bool json, probe, no_calibrate;
+} plan_args;
+
+static int prec_mask(const char *text, int *mask) {
+    static const char *const names[] = {"fp32", "bf16", "fp16"};
+    char buf[64];
+    snprintf(buf, sizeof buf, "%s", text);
+    *mask = 0;
+    for (char *save, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        int k = 0;
+        while (k < 3 && strcmp(t, names[k])) k++;
+        if (k == 3) return dt_cli_usage("e.g. --precision fp32 or --precision fp32,bf16", "--precision %s: not fp32, "
+                                        "bf16 or fp16", t);
+        *mask |= 1 << k;
+    }
+    return *mask ? 0 : dt_cli_usage("e.g. --precision fp32", "--precision '%s': empty", text);
+}
+
+/* The cluster of the plan: the file, or this host with measured figures (cached probe) or defaults. */
+static int load_cluster(const plan_args *a, dt_plan_cluster *c, char *source, size_t cap) {
+    if (a->cluster) {
+        if (dt_plan_cluster_load(a->cluster, c) != DT_OK)
+            return dt_cli_fail("fix the field named, or start from a file in examples/clusters/", "%s", dt_last_error());
+        if (a->hosts > 0) c->hosts = a->hosts;
+        if (a->rph > 0) c->ranks_per_host = a->rph;
+        if (c->hosts > 1 && c->link[DT_PLAN_INTER].bw <= 0)
+            return dt_cli_usage("add links.inter to the cluster file", "--hosts %d: cluster file %s has no "
+                                "links.inter", c->hosts, a->cluster);
+        snprintf(source, cap, "%s (%s)", c->name, a->cluster);
+        return 0;
+    }
+    int r = a->probe ? dt_cli_plan_probe(a->workers, c) : 0;
+    if (r) return r;
+    const bool cached = dt_cli_plan_host_cluster(a->workers, c);
+    snprintf(source, cap, "this host, %d rank%s (%s)", a->workers, a->workers > 1 ? "s" : "",
+             cached ? "measured by dtrain plan --probe" : "defaults; dtrain plan --probe measures them");
+    return 0;
+}
+
+typedef struct {
+    double s;
+    int64_t steps;
+} epochs_sum;
+
+static void sum_epoch(void *ctx, const dt_epoch_info *e) {
+    epochs_sum *a = ctx;
+    a->s += e->epoch_s, a->steps += e->steps;
+}
+
+/* Seconds of training steps (epoch time) of k steps at batch b on one process over data set ds (no
+ * test set: nothing is evaluated). */
+static dt_status train_seconds(const dt_train_config *tc, dt_dataset *ds, int b, int k, double *s) {
+    dt_train_config c = *tc;
+    epochs_sum acc = {0, 0};
+    c.batch = b, c.epochs = 1000000, c.max_steps = k, c.on_epoch = sum_epoch, c.cb_ctx = &acc, c.threads = 1;
+    c.train_set = ds, c.test_set = NULL, c.val_split = 0;
+    dt_trainer *t;
+    DT_TRY(dt_trainer_create(&t, &c));
+    const dt_status st = dt_trainer_run(t);
+    dt_trainer_free(t);
+    *s = acc.s;
+    return st;
+}
+
+/* The step overhead the node timings miss (loss, data, optimizer bookkeeping): real one-process
+ * steps at batches b1 and b2 (k2 - k1 steps, the first k1 as warm-up) less the plan's prediction of
+ * that one-rank layout, fitted as ovh_fix + ovh_per x batch. */
+static dt_status calibrate(const dt_train_config *tc, const dt_plan_cluster *c, dt_plan_model *pm, int b1, int b2) {
+    const int bs[2] = {b1, b2}, k1 = 2, k2 = 12, first[2] = {0, pm->nodes};
+    const int moments = tc->optim.kind != DT_OPTIM_SGD ? 2 : tc->optim.momentum > 0 ? 1 : 0;
+    double o[2];
+    pm->ovh_fix = pm->ovh_per = 0;
+    dt_dataset *train = NULL, *test = NULL;
+    const char *spec = tc->model ? tc->model : "mlp";
+    dt_status st = DT_OK;
+    if (dt_data_is_text(tc->data)) {
+        dt_gpt_config g;
+        st = dt_gpt_parse(spec, &g);
+        if (st == DT_OK) st = dt_dataset_open_text(&train, NULL, tc->data, g.T, tc->val_fraction);
+    } else {
+        st = dt_dataset_open(&train, &test, tc->data);
+    }
+    dt_dataset_free(test);
+    for (int i = 0; i < 2 && st == DT_OK; i++) {
+        double s1 = 0, s2 = 0;
+        st = train_seconds(tc, train, bs[i], k1, &s1);
+        if (st == DT_OK) st = train_seconds(tc, train, bs[i], k2, &s2);
+        const dt_plan_layout one = {.dp = 1, .tp = 1, .pp = 1, .micro = 1, .bucket_mb = 1};
+        dt_plan_cluster alone = *c;
+        alone.oversub = 1, alone.step_overhead = 0;
+        dt_plan_cost p;
+        dt_plan_predict(pm, &alone, &one, bs[i], moments, first, &p);
+        o[i] = (s2 - s1) / (k2 - k1) - p.total;
+    }
+    dt_dataset_free(train);
+    if (st != DT_OK) return st;
+    pm->ovh_per = (o[1] - o[0]) / (b2 - b1);
+    if (pm->ovh_per < 0) pm->ovh_per = 0;
+    pm->ovh_fix = o[0] - pm->ovh_per * b1;
+    if (pm->ovh_fix < 0) pm->ovh_fix = 0;
+    return DT_OK;
+}
+
+/* Builds the model (unplaced) of a, its summary and, on this host, its per-node times and the step
+ * overhead they miss. */
+static int load_model(const plan_args *a, const dt_train_config *tc, const dt_plan_cluster *c, bool measure,
+                      dt_model **m, dt_plan_model *pm) {
+    dt_status s = dt_train_plan_model(tc, m);
+    if (s != DT_OK) {
+        dt_cli_fail("check --model and --data", "%s", dt_last_error());
+        return dt_cli_setup_status(s);
+    }
+    if (dt_plan_model_init(pm, *m) != DT_OK) return dt_cli_fail(NULL, "%s", dt_last_error());
+    if (!measure) return 0;
+    dt_model_free(*m);
+    *m = NULL;
+    s = dt_train_plan_model(tc, m);
+    if (s == DT_OK) s = dt_model_place(*m, NULL, 0);
+    if (s == DT_OK) dt_model_init(*m, 1);
+    /* the micro-batches the layouts run lie between G / (ranks x 8) and G */
+    int b1 = a->batch / (a->workers * 8), b2 = a->batch;
+    if (b1 < 1) b1 = 1;
+    if (b2 <= b1) b2 = b1 + 1;
+    if (s == DT_OK) s = dt_plan_model_measure(pm, *m, b1, b2, 3);
+    if (s == DT_OK && !a->no_calibrate) s = calibrate(tc, c, pm, b1, b2);
+    if (s != DT_OK) return dt_cli_fail("check --model, --data and --batch", "measuring the model: %s", dt_last_error());
+    return 0;
+}
+
+static void print_table(const dt_plan_result *res, int G, int top) {
+    printf("%-4s %-30s %9s %9s %9s %9s %9s %9s %10s  %s\n", "#", "layout", "step ms", "compute", "comm", "bubble",
+           "optim", "other", "MB/rank", "dtrain train flags");
+    for (int i = 0, shown = 0; i < res->n && shown < top; i++) {
+        const dt_plan_entry *e = &res->e[i];
+        if (!e->c.fits) break;
+        char name[96], flags[256];
+        dt_plan_name(&e->l, name, sizeof name);
+        dt_plan_flags(&e->l, G, flags, sizeof flags);
+        printf("%-4d %-30s %9.3f %9.3f %9.3f %9.3f %9.3f %9.3f %10.1f  %s\n", ++shown, name, e->c.total * 1e3,
+               e->c.compute * 1e3, e->c.comm * 1e3, e->c.bubble * 1e3, e->c.optim * 1e3, e->c.overhead * 1e3,
+               e->c.mem / 1048576.0, flags);
+    }
+}
+
+/* The best layout of each family other than the winner's, in rank order; n of them into out. */
+static int alternatives(const dt_plan_result *res, const dt_plan_entry **out, int cap) {
+    int n = 0, seen[64], ns = 0;
+    seen[ns++] = dt_plan_family(&res->e[0].l);
+    for (int i = 1; i < res->n && n < cap && ns < 64; i++) {
+        const int f = dt_plan_family(&res->e[i].l);
+        bool dup = false;
+        for (int k = 0; k < ns && !dup; k++) dup = seen[k] == f;
+        if (dup) continue;
+        seen[ns++] = f;
+        out[n++] = &res->e[i];
+    }
+    return n;
+}
+
+static void add_entry(cJSON *arr, const dt_plan_entry *e, int G) {
+    char name[96], flags[256];
+    dt_plan_name(&e->l, name, sizeof name);
+    dt_plan_flags(&e->l, G, flags, sizeof flags);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "layout", name);
+    cJSON_AddStringToObject(o, "flags", flags);
+    cJSON_AddNumberToObject(o, "dp", e->l.dp), cJSON_AddNumberToObject(o, "tp", e->l.tp);
+    cJSON_AddNumberToObject(o, "pp", e->l.pp), cJSON_AddNumberToObject(o, "zero", e->l.zero);
+    cJSON_AddNumberToObject(o, "micro", e->l.micro), cJSON_AddNumberToObject(o, "bucket_mb", e->l.bucket_mb);
+    cJSON_AddNumberToObject(o, "step_s", e->c.total), cJSON_AddNumberToObject(o, "compute_s", e->c.compute);
+    cJSON_AddNumberToObject(o, "comm_s", e->c.comm), cJSON_AddNumberToObject(o, "bubble_s", e->c.bubble);
+    cJSON_AddNumberToObject(o, "optim_s", e->c.optim), cJSON_AddNumberToObject(o, "overhead_s", e->c.overhead);
+    cJSON_AddNumberToObject(o, "comm_tp_s", e->c.comm_tp), cJSON_AddNumberToObject(o, "comm_pp_s", e->c.comm_pp);
+    cJSON_AddNumberToObject(o, "comm_dp_s", e->c.comm_dp), cJSON_AddNumberToObject(o, "tp_bytes", e->c.tp_bytes);
+    cJSON_AddNumberToObject(o, "dp_bytes", e->c.dp_bytes), cJSON_AddNumberToObject(o, "mem_bytes", e->c.mem);
+    cJSON_AddBoolToObject(o, "fits", e->c.fits);
+    cJSON_AddItemToArray(arr, o);
+}
+
+static void print_json(const dt_plan_result *res, const dt_plan_cluster *c, const char *source, const char *model,
+                       int G, double limit, int top) {
+    cJSON *root = cJSON_CreateObject(), *lay = cJSON_CreateArray(), *why = cJSON_CreateArray();
+    cJSON_AddStringToObject(root, "model", model);
+    cJSON_AddNumberToObject(root, "global_batch", G);
+    cJSON_AddStringToObject(root, "cluster", source);
+    cJSON_AddNumberToObject(root, "ranks", c->hosts * c->ranks_per_host);
+    cJSON_AddNumberToObject(root, "mem_limit_bytes", limit);
+    cJSON_AddNumberToObject(root, "scored", res->scored);
+    cJSON_AddNumberToObject(root, "search_s", res->search_s);
+    cJSON_AddNumberToObject(root, "cost_s", res->cost_s);
+    cJSON_AddNumberToObject(root, "memory_planned", res->planned);
+    double least = -1;  /* the least memory per rank among the layouts planned */
+    for (int i = 0; i < res->n; i++)
+        if (res->e[i].c.mem >= 0 && (least < 0 || res->e[i].c.mem < least)) least = res->e[i].c.mem;
+    cJSON_AddNumberToObject(root, "least_mem_bytes", least);
+    for (int i = 0, k = 0; i < res->n && k < top && res->e[i].c.fits; i++, k++) add_entry(lay, &res->e[i], G);
+    cJSON_AddItemToObject(root, "layouts", lay);
+    const dt_plan_entry *alt[16];
+    const int na = res->e[0].c.fits ? alternatives(res, alt, 16) : 0;
+    for (int i = 0; i < na; i++) {
+        char line[512];
+        dt_plan_why(alt[i], &res->e[0], c, limit, line, sizeof line);
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "why", line);
+        add_entry(lay, alt[i], G);  /* keep the layouts array about the top ones: move it */
+        cJSON_AddItemToObject(o, "layout", cJSON_DetachItemFromArray(lay, cJSON_GetArraySize(lay) - 1));
+        cJSON_AddItemToArray(why, o);
+    }
+    cJSON_AddItemToObject(root, "alternatives", why);
+    char *text = cJSON_PrintUnformatted(root);
+    if (text) printf("%s\n", text);
+    free(text);
+    cJSON_Delete(root);
+}
+
+static int parse_args(int argc, char **argv, plan_args *a) {
+    *a = (plan_args){.optimizer = "adam", .precision = "fp32", .workers = 1, .top = 5, .tp = -1, .pp = -1,
+                     .zero = -1, .threads = 1, .val_fraction = 0.1f};
+    const dt_flag flags[] = {
+        {"model", DT_FLAG_STR, &a->model, "SPEC", "model spec or preset mlp, cnn, gpt[:L=..,H=..,C=..,T=..,V=..]"},
+        {"data", DT_FLAG_STR, &a->data, "DIR", "the data set (its shapes: as dtrain train --data)"},
+        {"batch", DT_FLAG_INT, &a->batch, "G", "global batch: samples per optimizer step over all ranks"},
+        {"workers", DT_FLAG_INT, &a->workers, "N", "ranks on this host (without --cluster)"},
+        {"cluster", DT_FLAG_STR, &a->cluster, "FILE", "cluster JSON (examples/clusters/): device speeds and links"},
+        {"hosts", DT_FLAG_INT, &a->hosts, "H", "with --cluster: hosts (overrides the file's)"},
+        {"ranks-per-host", DT_FLAG_INT, &a->rph, "R", "with --cluster: ranks per host (overrides the file's)"},
+        {"optimizer", DT_FLAG_STR, &a->optimizer, "NAME", "sgd, adam or adamw (its state is in the memory per rank)"},
+        {"momentum", DT_FLAG_FLOAT, &a->momentum, "X", "sgd momentum (one more state tensor when > 0)"},
+        {"precision", DT_FLAG_STR, &a->precision, "P", "precisions to consider: fp32, bf16, fp16, comma-separated"},
+        {"mem-limit", DT_FLAG_STR, &a->mem_limit_text, "BYTES", "memory per rank (default: the cluster's; K, M, G)"},
+        {"tp", DT_FLAG_INT, &a->tp, "K", "consider only tensor-parallel degree K"},
+        {"pp", DT_FLAG_INT, &a->pp, "K", "consider only K pipeline stages"},
+        {"zero", DT_FLAG_INT, &a->zero, "N", "consider only ZeRO stage N"},
+        {"top", DT_FLAG_INT, &a->top, "K", "layouts in the table"},
+        {"val-fraction", DT_FLAG_FLOAT, &a->val_fraction, "F", "text data: as dtrain train"},
+        {"json", DT_FLAG_BOOL, &a->json, NULL, "one JSON object instead of the table"},
+        {"probe", DT_FLAG_BOOL, &a->probe, NULL, "measure this host's collectives and memory bandwidth, cache them"},
+        {"no-calibrate", DT_FLAG_BOOL, &a->no_calibrate, NULL, "this host: skip the few real training steps that measure the step's overhead beyond its nodes"},
+    };
+    int r = dt_flags_parse(argc, argv, 1, flags, (int)(sizeof flags / sizeof *flags), PLAN_USAGE, NULL, 0, NULL, NULL);
+    if (r) return r < 0 ? 2 : 0;
+    if (a->batch < 1) return dt_cli_usage("e.g. --batch 256", "--batch %d: give the global batch (>= 1)", a->batch);
+    if (a->workers < 1 || a->workers > 4096) return dt_cli_usage(NULL, "--workers %d: need 1..4096", a->workers);
+    if ((a->hosts || a->rph) && !a->cluster)
+        return dt_cli_usage("add --cluster FILE (examples/clusters/)", "--hosts and --ranks-per-host describe a "
+                            "--cluster file's hosts; for this host use --workers N");
+    if (a->hosts < 0 || a->rph < 0 || a->top < 1) return dt_cli_usage(NULL, "--hosts, --ranks-per-host, --top: >= 1");
+    if (a->probe && a->cluster) return dt_cli_usage(NULL, "--probe measures this host; leave out --cluster");
+    return -1;
+}
+
+int dt_cmd_plan(int argc, char **argv) { return dt_cli_plan_run(argc, argv, NULL); }
+
+int dt_cli_plan_run(int argc, char **argv, dt_plan_entry *best) {
+    plan_args a;
+    int r = parse_args(argc, argv, &a);
+    if (r >= 0) return r;
+    int precs;
+    size_t limit = 0;
+    if ((r = prec_mask(a.precision, &precs))) return r;
+    if (a.mem_limit_text && (r = dt_cli_mem_limit_parse(a.mem_limit_text, &limit))) return r;
+    dt_train_config tc = dt_train_defaults();
+    tc.model = a.model, tc.data = a.data ? a.data : tc.data, tc.val_fraction = a.val_fraction;
+    if (dt_optim_parse(a.optimizer, &tc.optim.kind) != DT_OK)
+        return dt_cli_usage("use --optimizer sgd, adam or adamw", "%s", dt_last_error());
+    tc.optim = dt_optim_defaults(tc.optim.kind), tc.optim.momentum = a.momentum;
+    dt_plan_cluster c;
+    char source[400];
+    if ((r = load_cluster(&a, &c, source, sizeof source))) return r;
+    dt_set_threads(a.threads);
+    dt_model *m = NULL;
+    dt_plan_model pm = {0};
+    if ((r = load_model(&a, &tc, &c, !a.cluster, &m, &pm))) {
+        dt_model_free(m), dt_plan_model_free(&pm);
+        return r;
+    }
+    size_t copy = 0;
+    if (dt_train_plan_loader(&tc, &copy) != DT_OK) copy = 0;
+    const dt_plan_request req = {.G = a.batch, .ranks = c.hosts * c.ranks_per_host, .precs = precs, .fix_tp = a.tp,
+                                 .fix_pp = a.pp, .fix_zero = a.zero, .mem_limit = (double)limit,
+                                 .extra = (double)copy, .want = a.top};
+    dt_plan_result res;
+    dt_status s = dt_plan_search(m, &pm, &tc.optim, &c, &req, &res);
+    const double lim = limit ? (double)limit : c.mem_bytes;
+    if (s != DT_OK) {
+        dt_model_free(m), dt_plan_model_free(&pm);
+        return dt_cli_usage("change --batch, --workers or the fixed axes", "%s", dt_last_error());
+    }
+    char spec[256];
+    snprintf(spec, sizeof spec, "%s", dt_model_spec(m));
+    if (a.json) print_json(&res, &c, source, spec, a.batch, lim, a.top);
+    else dt_cli_plan_print(&res, &c, source, spec, a.batch, lim, a.top);
+    const bool fits = res.e[0].c.fits;
+    if (best) *best = res.e[0];
+    dt_plan_result_free(&res), dt_model_free(m), dt_plan_model_free(&pm);
+    if (!fits && !a.json)
+        return dt_cli_fail("raise --mem-limit, add ranks (--workers, --hosts) or lower --batch",
+                           "no layout fits %.2f GB per rank", lim / 1e9);
+    return fits ? 0 : 78;
+}
+
+void dt_cli_plan_print(const dt_plan_result *res, const dt_plan_cluster *c, const char *source, const char *model,
+                       int G, double limit, int top) {
+    printf("dtrain plan: model %s, global batch %d, %d rank%s: %s\n", model, G, c->hosts * c->ranks_per_host,
+           c->hosts * c->ranks_per_host > 1 ? "s" : "", source);
+    printf("dtrain plan: scored %d layouts in %.3f s (step times %.3f s; memory of the %d fastest %.3f s), %.2f GB "
+           "per rank\n", res->scored, res->search_s, res->cost_s, res->planned, res->mem_s, limit / 1e9);
+    if (!res->e[0].c.fits) {
+        char why[512];
+        int small = 0;
+        for (int i = 1; i < res->n; i++)
+            if (res->e[i].c.mem < res->e[small].c.mem) small = i;
+        dt_plan_why(&res->e[small], &res->e[0], c, limit, why, sizeof why);
+        printf("dtrain plan: nothing fits; the smallest: %s\n", why);
+        return;
+    }
+    print_table(res, G, top);
+    const dt_plan_entry *alt[16];
+    const int na = alternatives(res, alt, 16);
+    if (na) printf("why not:\n");
+    for (int i = 0; i < na; i++) {
+        char line[512];
+        dt_plan_why(alt[i], &res->e[0], c, limit, line, sizeof line);
+        printf("  %s\n", line);
+    }
+}

@@ -1,0 +1,28 @@
+/* dtrain plan (cmd_plan.c), this host's measured cluster (plan_probe.c) and --strategy auto for
+ * train (plan_auto.c). */
+#ifndef DT_CLI_CMD_PLAN_H
+#define DT_CLI_CMD_PLAN_H
+
+#include "plan/plan.h"
+
+int dt_cmd_plan(int argc, char **argv);
+/* dtrain plan's flags in argv (argv[0] = "plan"): plans, prints, and puts the best layout in *best
+ * (may be NULL); 0 when it fits, else the exit status. */
+int dt_cli_plan_run(int argc, char **argv, dt_plan_entry *best);
+/* Prints the plan's table and why the alternatives lose (res best first, limit bytes per rank). */
+void dt_cli_plan_print(const dt_plan_result *res, const dt_plan_cluster *c, const char *source, const char *model,
+                       int G, double limit, int top);
+/* This host as a cluster of `ranks` ranks into *c: the figures --probe cached for that many ranks
+ * (true), else defaults (false). */
+bool dt_cli_plan_host_cluster(int ranks, dt_plan_cluster *c);
+/* --probe: measures allreduce latency and bandwidth between `ranks` local ranks (forked, shm) and
+ * the memory bandwidth, and caches them; 0 or the exit status after saying what failed. */
+int dt_cli_plan_probe(int ranks, dt_plan_cluster *c);
+/* Whether argv asks `dtrain train` for --strategy auto. */
+bool dt_cli_strategy_is_auto(int argc, char **argv);
+/* dtrain train --strategy auto: plans the run on this host, prints the plan and the choice, and runs
+ * train (via run) with the chosen layout's flags in place of --strategy auto, the prediction in
+ * DTRAIN_PLAN_STEP_S for the ranks; its exit status. */
+int dt_cli_train_auto(int argc, char **argv, int (*run)(int, char **));
+
+#endif

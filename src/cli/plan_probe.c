@@ -1,0 +1,162 @@
+/* dtrain plan --probe: this host as a cluster. It measures allreduce latency (4 KB) and bandwidth
+ * (8 MB) between N local ranks (forked, the shm transport), fitted to the ring formula the cost
+ * model uses (2(p-1)/p n / bw + 2(p-1) lat), and the memory bandwidth of one rank (a 64 MB copy),
+ * and caches them per rank count in DTRAIN_PLAN_CACHE (default ~/.cache/dtrain) as a cluster file.
+ * Per-op times are not cached: each plan measures them at its own shapes (plan/measure.c). */
+#include "cli/cli.h"
+#include "cli/cmd_plan.h"
+#include "dtrain/dtrain.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* The cache file of `ranks` ranks into buf (its directory made); false when there is no home. */
+static bool cache_path(int ranks, char *buf, size_t cap, bool make) {
+    const char *dir = getenv("DTRAIN_PLAN_CACHE"), *home = getenv("HOME");
+    char d[3072];
+    if (dir && *dir) snprintf(d, sizeof d, "%s", dir);
+    else if (home && *home) snprintf(d, sizeof d, "%s/.cache/dtrain", home);
+    else return false;
+    if (make) {
+        char up[3072];
+        snprintf(up, sizeof up, "%s", d);
+        for (char *p = up + 1; *p; p++)
+            if (*p == '/') *p = '\0', mkdir(up, 0755), *p = '/';
+        mkdir(up, 0755);
+    }
+    char host[256] = "host";
+    gethostname(host, sizeof host - 1);
+    return (size_t)snprintf(buf, cap, "%s/plan-%s-%dranks.json", d, host, ranks) < cap;
+}
+
+bool dt_cli_plan_host_cluster(int ranks, dt_plan_cluster *c) {
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN), pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    *c = (dt_plan_cluster){.hosts = 1, .ranks_per_host = ranks, .efficiency = 0.5, .mem_bw = 8e9, .overlap = 0.3,
+                           .link = {{4e9, 5e-6}, {4e9, 5e-6}}};
+    snprintf(c->name, sizeof c->name, "this-host");
+    c->peak[0] = 1e11;
+    char path[4096];
+    bool cached = false;
+    dt_plan_cluster k;
+    if (cache_path(ranks, path, sizeof path, false) && access(path, R_OK) == 0 && dt_plan_cluster_load(path, &k) == DT_OK &&
+        k.ranks_per_host == ranks)
+        *c = k, cached = true;
+    c->mem_bytes = pages > 0 && psz > 0 ? (double)pages * (double)psz / ranks : 4e9;
+    c->oversub = cores > 0 && ranks > cores ? (double)ranks / (double)cores : 1;
+    return cached;
+}
+
+/* One forked rank: times reps allreduces of n floats after a warm-up; seconds per call into *t. */
+static dt_status time_allreduce(dt_comm *comm, size_t n, int reps, double *t) {
+    float *buf = calloc(n, sizeof(float));
+    if (!buf) return dt_error(DT_ENOMEM, "probe: out of memory");
+    dt_status s = dt_comm_allreduce(comm, buf, buf, n, DT_F32, DT_OP_SUM);
+    double best = 1e30;
+    for (int trial = 0; trial < 3 && s == DT_OK; trial++) {
+        s = dt_comm_barrier(comm);
+        const double t0 = dt_now();
+        for (int i = 0; i < reps && s == DT_OK; i++) s = dt_comm_allreduce(comm, buf, buf, n, DT_F32, DT_OP_SUM);
+        double dt = (dt_now() - t0) / reps, worst = 0;
+        if (s == DT_OK) s = dt_comm_allreduce(comm, &dt, &worst, 1, DT_F64, DT_OP_MAX);
+        if (worst < best) best = worst;
+    }
+    free(buf);
+    *t = best;
+    return s;
+}
+
+static int probe_rank(int r, int ranks, const char *job, int fd) {
+    dt_comm_config cfg = dt_comm_config_default();
+    cfg.rank = r, cfg.size = ranks, cfg.local_rank = r, cfg.job_id = job, cfg.backend = DT_BACKEND_SHM;
+    dt_comm *comm;
+    if (dt_comm_create(&comm, &cfg) != DT_OK) {
+        fprintf(stderr, "dtrain plan: probe rank %d: %s\n", r, dt_last_error());
+        return 1;
+    }
+    double t[2] = {0, 0};
+    dt_status s = time_allreduce(comm, 1024, 200, &t[0]);
+    if (s == DT_OK) s = time_allreduce(comm, 2u << 20, 10, &t[1]);
+    if (s != DT_OK) fprintf(stderr, "dtrain plan: probe rank %d: %s\n", r, dt_last_error());
+    if (s == DT_OK && r == 0 && write(fd, t, sizeof t) != (ssize_t)sizeof t) s = DT_EIO;
+    dt_comm_destroy(comm);
+    return s == DT_OK ? 0 : 1;
+}
+
+/* Allreduce seconds at 4 KB and 8 MB between `ranks` forked local ranks into t[2]; 0 or exit status. */
+static int probe_comm(int ranks, double t[2]) {
+    int fd[2];
+    if (pipe(fd)) return dt_cli_fail(NULL, "--probe: pipe: %s", strerror(errno));
+    char job[64];
+    snprintf(job, sizeof job, "plan%d", (int)getpid());
+    fflush(stdout);
+    pid_t pids[4096];
+    int rc = 0, started = 0;
+    for (int r = 0; r < ranks; r++, started++)
+        if ((pids[r] = fork()) == 0) _exit(probe_rank(r, ranks, job, fd[1]));
+        else if (pids[r] < 0) {
+            rc = dt_cli_fail(NULL, "--probe: fork: %s", strerror(errno));
+            break;
+        }
+    close(fd[1]);
+    for (int r = 0; r < started; r++) {
+        int st = 0;
+        waitpid(pids[r], &st, 0);
+        if (!WIFEXITED(st) || WEXITSTATUS(st)) rc = 1;
+    }
+    const bool got = read(fd[0], t, 2 * sizeof(double)) == (ssize_t)(2 * sizeof(double));
+    close(fd[0]);
+    dt_comm_shm_cleanup(job);
+    if (!rc && !got) rc = dt_cli_fail(NULL, "--probe: rank 0 sent no timings");
+    return rc;
+}
+
+/* One rank's memory bandwidth: bytes read and written per second by a 64 MB copy (best of 5). */
+static double probe_memory(void) {
+    const size_t n = 64u << 20;
+    char *a = malloc(n), *b = malloc(n);
+    if (!a || !b) {
+        free(a), free(b);
+        return 0;
+    }
+    memset(a, 1, n), memset(b, 2, n);
+    double best = 1e30;
+    for (int i = 0; i < 5; i++) {
+        const double t0 = dt_now();
+        memcpy(b, a, n);
+        const double dt = dt_now() - t0;
+        if (dt < best) best = dt;
+        a[i] = b[n - 1 - i];  /* the copy is used */
+    }
+    free(a), free(b);
+    return 2.0 * n / best;
+}
+
+int dt_cli_plan_probe(int ranks, dt_plan_cluster *c) {
+    dt_cli_plan_host_cluster(ranks, c);
+    c->mem_bw = probe_memory();
+    if (ranks > 1) {
+        double t[2];
+        int r = probe_comm(ranks, t);
+        if (r) return r;
+        const int p = ranks;
+        const double n = (2u << 20) * 4.0, steps = 2.0 * (p - 1);
+        c->link[DT_PLAN_INTRA].lat = t[0] / steps;
+        const double wire = t[1] - steps * c->link[DT_PLAN_INTRA].lat;
+        c->link[DT_PLAN_INTRA].bw = wire > 0 ? steps / p * n / wire : steps / p * n / t[1];
+        c->link[DT_PLAN_INTER] = c->link[DT_PLAN_INTRA];
+        printf("dtrain plan: probe: allreduce over %d local ranks: 4 KB %.1f us, 8 MB %.3f ms -> latency %.2f us, "
+               "bandwidth %.2f GB/s\n", ranks, t[0] * 1e6, t[1] * 1e3, c->link[0].lat * 1e6, c->link[0].bw / 1e9);
+    }
+    printf("dtrain plan: probe: memory bandwidth %.2f GB/s (64 MB copy)\n", c->mem_bw / 1e9);
+    char path[4096];
+    if (!cache_path(ranks, path, sizeof path, true))
+        return dt_cli_fail("set DTRAIN_PLAN_CACHE=DIR", "--probe: no cache directory (HOME is unset)");
+    if (dt_plan_cluster_save(c, path) != DT_OK) return dt_cli_fail("set DTRAIN_PLAN_CACHE=DIR", "%s", dt_last_error());
+    printf("dtrain plan: probe: cached in %s\n", path);
+    return 0;
+}

@@ -1,0 +1,190 @@
+/* The planner's cost model: the model summary read off the graph (or measured per node here),
+ * the collective formulas (ring allreduce, reduce-scatter / all-gather, ZeRO's bytes per stage,
+ * Megatron's tp bytes) and the step time of a layout: compute of the critical pipeline stage at
+ * its micro-batch, each axis's exposed communication (ddp and ZeRO hide gradient traffic behind
+ * the backward as far as the cluster's overlap allows; tp and pp traffic sits on the critical
+ * path), the pipeline bubble and the optimizer step (memory-bound). */
+#include "plan/plan.h"
+#include "parallel/tp.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+void dt_plan_model_free(dt_plan_model *pm) {
+    if (!pm) return;
+    free(pm->flops), free(pm->bytes), free(pm->params), free(pm->out_bytes), free(pm->split), free(pm->t_fix),
+        free(pm->t_per);
+    memset(pm, 0, sizeof *pm);
+}
+
+/* Whether tensor parallelism divides node i's work (GPT: the heads, MLP columns and vocabulary;
+ * layer norms, residual adds and the position embedding stay whole on every rank). */
+static bool node_split(const dt_model *m, int i) {
+    const dt_layer_kind k = dt_model_node_kind(m, i);
+    if (k == DT_LAYER_ATTENTION || k == DT_LAYER_GELU || k == DT_LAYER_XENT || k == DT_LAYER_MATMUL_T) return true;
+    int ids[8];
+    const int n = dt_model_node_tensors(m, i, ids, 8);
+    for (int j = 0; j < n && j < 8; j++) {
+        const dt_tp_split s = dt_tp_split_of(dt_model_tensor(m, ids[j])->name);
+        if (s != DT_TP_REPL && s != DT_TP_RANK0) return true;
+    }
+    return false;
+}
+
+dt_status dt_plan_model_init(dt_plan_model *pm, const dt_model *m) {
+    memset(pm, 0, sizeof *pm);
+    const int n = dt_model_num_nodes(m);
+    pm->nodes = n;
+    pm->flops = calloc((size_t)n, sizeof(double)), pm->bytes = calloc((size_t)n, sizeof(double));
+    pm->params = calloc((size_t)n, sizeof(double)), pm->out_bytes = calloc((size_t)n, sizeof(double));
+    pm->split = calloc((size_t)n, sizeof(bool));
+    if (!pm->flops || !pm->bytes || !pm->params || !pm->out_bytes || !pm->split) {
+        dt_plan_model_free(pm);
+        return dt_error(DT_ENOMEM, "plan: out of memory for the model summary");
+    }
+    pm->gpt = dt_model_spec_is_gpt(dt_model_spec(m)) && dt_gpt_parse(dt_model_spec(m), &pm->g) == DT_OK;
+    enum { B = 64 };  /* flops per sample from a batch large enough that per-batch terms vanish */
+    for (int i = 0; i < n; i++) {
+        pm->flops[i] = dt_model_node_flops(m, i, B) / B;
+        pm->out_bytes[i] = 4.0 * (double)dt_model_node_size(m, i);
+        /* forward writes the output and its reader reads it; backward writes and reads its gradient */
+        pm->bytes[i] = 4.0 * pm->out_bytes[i];
+        pm->split[i] = pm->gpt && node_split(m, i);
+    }
+    for (int t = 0; t < dt_model_num_tensors(m); t++) {
+        const dt_param_info *p = dt_model_tensor(m, t);
+        if (!p->is_buffer && p->layer >= 0 && p->layer < n) pm->params[p->layer] += (double)p->numel;
+    }
+    pm->total_params = (double)dt_model_num_params(m);
+    pm->classes = dt_model_classes(m);
+    return DT_OK;
+}
+
+double dt_plan_ring_allreduce_s(double n, int p, dt_plan_link l) {
+    if (p <= 1 || n <= 0) return 0;
+    return 2.0 * (p - 1) / p * n / l.bw + 2.0 * (p - 1) * l.lat;
+}
+
+double dt_plan_ring_half_s(double n, int p, dt_plan_link l) {
+    if (p <= 1 || n <= 0) return 0;
+    return (double)(p - 1) / p * n / l.bw + (double)(p - 1) * l.lat;
+}
+
+double dt_plan_bubble_fraction(int pp, int M) { return pp <= 1 ? 0 : (double)(pp - 1) / (M + pp - 1); }
+
+double dt_plan_zero_bytes(int zero, int d, double grad_bytes) {
+    if (d <= 1) return 0;
+    return (zero >= 3 ? 3.0 : 2.0) * (d - 1) / d * grad_bytes;
+}
+
+double dt_plan_tp_bytes(const dt_gpt_config *g, int b, int t) {
+    if (t <= 1) return 0;
+    const double ring = 2.0 * (t - 1) / t, bsh = (double)b * g->T * g->C * 4;
+    return (4.0 * bsh * g->L + 2.0 * bsh + 3.0 * b * g->T * 4) * ring;
+}
+
+int dt_plan_axis_level(const dt_plan_cluster *c, int stride, int ranks) {
+    if (ranks <= 1 || c->hosts <= 1) return DT_PLAN_INTRA;
+    return stride * ranks <= c->ranks_per_host && c->ranks_per_host % (stride * ranks) == 0 ? DT_PLAN_INTRA
+                                                                                             : DT_PLAN_INTER;
+}
+
+/* One rank's bandwidth and latency on a level: a host's inter-node links are shared by its ranks. */
+static dt_plan_link rank_link(const dt_plan_cluster *c, int level) {
+    dt_plan_link l = c->link[level];
+    if (level == DT_PLAN_INTER && c->ranks_per_host > 1) l.bw /= c->ranks_per_host;
+    return l;
+}
+
+/* Seconds of node i's forward + backward at batch b on one rank of tensor-parallel degree tp. */
+static double node_s(const dt_plan_model *pm, const dt_plan_cluster *c, int prec, int i, int b, int tp) {
+    const double div = pm->split[i] && tp > 1 ? tp : 1, slow = c->oversub > 1 ? c->oversub : 1;
+    if (pm->t_per) return slow * (pm->t_fix[i] + pm->t_per[i] * b / div);
+    const double peak = c->peak[prec] > 0 ? c->peak[prec] : c->peak[DT_PLAN_FP32];
+    const double f = pm->flops[i] * b / div / (peak * c->efficiency), m = pm->bytes[i] * b / div / c->mem_bw;
+    return slow * ((f > m ? f : m) + 2 * c->node_overhead);
+}
+
+/* A stage's compute per micro-batch and its parameters (a tp-th where tp splits them). */
+static void stage_cost(const dt_plan_model *pm, const dt_plan_cluster *c, const dt_plan_layout *l, int lo, int hi,
+                       int b, double *t, double *params) {
+    *t = 0, *params = 0;
+    for (int i = lo; i < hi; i++) {
+        *t += node_s(pm, c, l->prec, i, b, l->tp);
+        *params += pm->split[i] && l->tp > 1 ? pm->params[i] / l->tp : pm->params[i];
+    }
+}
+
+/* Exposed seconds of the data-parallel axis: the gradient sync of `params` values (and ZeRO's
+ * gathers), hidden behind the last micro-batch's backward (bwd seconds) as the cluster allows. */
+static double dp_exposed(const dt_plan_cluster *c, const dt_plan_layout *l, double params, double bwd, double fwd,
+                         dt_plan_cost *o) {
+    const int d = l->dp;
+    if (d <= 1) return 0;
+    const double S = params * (l->compress ? 2 : 4);
+    const double mb = l->bucket_mb > 0 ? l->bucket_mb : 1;
+    const double nb = ceil(params * 4 / (mb * 1048576.0)) > 1 ? ceil(params * 4 / (mb * 1048576.0)) : 1;
+    o->dp_level = dt_plan_axis_level(c, l->tp * l->pp, d);
+    o->dp_bytes = dt_plan_zero_bytes(l->zero, d, S);
+    const dt_plan_link in = c->link[DT_PLAN_INTRA], lk = rank_link(c, o->dp_level);
+    /* reduce-scatter then all-gather (an allreduce is both); hierarchical across hosts: within the
+     * host over k ranks, then the k-th share between the hosts */
+    const int k = o->dp_level == DT_PLAN_INTER ? c->ranks_per_host / (l->tp * l->pp) : d;
+    const int h = o->dp_level == DT_PLAN_INTER && k >= 1 ? d / (k > 0 ? k : 1) : 1;
+    double half = o->dp_level == DT_PLAN_INTER && k > 1
+                      ? dt_plan_ring_half_s(S, k, in) + dt_plan_ring_half_s(S / k, h, lk)
+                      : dt_plan_ring_half_s(S, d, lk);
+    half += (nb - 1) * (d - 1) * lk.lat;  /* every bucket pays the ring's latency */
+    const double hide = l->pp > 1 ? 0 : c->overlap * bwd;  /* a pipeline syncs after its flush */
+    double sync = half + (l->zero >= 2 ? 0 : half);        /* ddp, ZeRO-1: the allreduce's volume under backward */
+    double exposed = sync - hide > sync / nb ? sync - hide : sync / nb;
+    if (l->zero >= 2) exposed += half;                     /* the parameters' all-gather after the update */
+    if (l->zero >= 3) {                                    /* a gather before forward and before backward */
+        const double g = 2 * half, h3 = c->overlap * (fwd + bwd);
+        exposed += g - h3 > g / nb ? g - h3 : g / nb;
+    }
+    return exposed;
+}
+
+void dt_plan_predict(const dt_plan_model *pm, const dt_plan_cluster *c, const dt_plan_layout *l, int G, int moments,
+                     const int *first, dt_plan_cost *o) {
+    memset(o, 0, sizeof *o);
+    const int nm = l->micro > 0 ? l->micro : 1, b = G / l->dp / nm;
+    double crit = 0, pmax = 0, cut = 0;
+    for (int s = 0; s < l->pp; s++) {
+        double t, p;
+        stage_cost(pm, c, l, first[s], first[s + 1], b, &t, &p);
+        if (t > crit) crit = t;
+        if (p > pmax) pmax = p;
+        if (s + 1 < l->pp && pm->out_bytes[first[s + 1] - 1] > cut) cut = pm->out_bytes[first[s + 1] - 1];
+    }
+    o->compute = nm * crit;
+    if (l->tp > 1 && pm->gpt) {
+        o->tp_level = dt_plan_axis_level(c, 1, l->tp);
+        const dt_plan_link lk = rank_link(c, o->tp_level);
+        dt_gpt_config st = pm->g;  /* a stage's blocks: a pipeline splits them */
+        st.L = (pm->g.L + l->pp - 1) / l->pp;
+        const double per = dt_plan_tp_bytes(&st, b, l->tp), calls = 4.0 * st.L + 5;
+        o->tp_bytes = nm * per;
+        o->comm_tp = nm * (per / lk.bw + calls * 2.0 * (l->tp - 1) * lk.lat);
+    }
+    double p2p = 0;
+    if (l->pp > 1) {
+        o->pp_level = dt_plan_axis_level(c, l->tp, l->pp);
+        const dt_plan_link lk = rank_link(c, o->pp_level);
+        p2p = 2 * (lk.lat + cut * b / lk.bw);  /* an activation forward, its gradient back */
+        o->pp_bytes = nm * cut * b * 2;
+        o->comm_pp = nm * p2p;
+        o->bubble = (l->pp - 1) * (crit + p2p + (nm > 0 ? o->comm_tp / nm : 0));
+    }
+    o->comm_dp = dp_exposed(c, l, pmax, crit * 2.0 / 3.0, crit / 3.0, o);
+    o->comm = o->comm_tp + o->comm_pp + o->comm_dp;
+    /* the update reads parameters and gradients, writes parameters, reads and writes each moment */
+    const double owned = l->zero >= 1 && l->dp > 1 ? pmax / l->dp : pmax;
+    o->optim = owned * 4 * (3 + 2 * moments) / c->mem_bw;
+    if (l->compress) o->optim += pmax * 4 * 2 / c->mem_bw;  /* the cast to 16 bits and back */
+    const double slow = c->oversub > 1 ? c->oversub : 1;
+    o->overhead = c->step_overhead + slow * (pm->ovh_fix + pm->ovh_per * (double)G / l->dp);
+    o->total = o->compute + o->comm + o->bubble + o->optim + o->overhead;
+}

@@ -1,0 +1,165 @@
+/* The planner (dtrain plan, --strategy auto): a cluster (declared in a JSON file or measured
+ * here), a model summary read off the graph (each node's flops, bytes moved, parameters and
+ * tensor-parallel split), the cost of every layout dtrain can run (compute, each axis's
+ * collectives with the overlap they get, the pipeline bubble, the optimizer step), the memory
+ * per rank from the --dry-run model (dtrain/memplan.h), the search over layouts and the ranking.
+ * cluster.c reads clusters, cost.c holds the formulas, search.c enumerates and ranks. */
+#ifndef DT_PLAN_H
+#define DT_PLAN_H
+
+#include "dtrain/memplan.h"
+#include "dtrain/models.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+
+enum { DT_PLAN_FP32 = 0, DT_PLAN_BF16 = 1, DT_PLAN_FP16 = 2, DT_PLAN_NPREC = 3 };
+enum { DT_PLAN_INTRA = 0, DT_PLAN_INTER = 1 };
+
+/* A link level: bandwidth in bytes/s (inter: a host's aggregate, shared by its ranks) and latency
+ * of one message in seconds. */
+typedef struct {
+    double bw, lat;
+} dt_plan_link;
+
+/* A cluster of identical hosts. */
+typedef struct {
+    char name[64];
+    int hosts, ranks_per_host;
+    double peak[DT_PLAN_NPREC];  /* FLOP/s of one rank per precision (0: the precision is not run there) */
+    double efficiency;           /* fraction of peak a training GEMM reaches (0..1] */
+    double mem_bw;               /* bytes/s of one rank's memory */
+    double mem_bytes;            /* memory capacity of one rank */
+    double overlap;              /* fraction of backward that can hide gradient traffic (0..1) */
+    double node_overhead;        /* seconds per graph node per pass (kernel launch, dispatch) */
+    double step_overhead;        /* seconds per step outside compute and comm (data, bookkeeping) */
+    double oversub;              /* compute slows by this factor (ranks sharing cores; <= 1: none); not in files */
+    dt_plan_link link[2];        /* DT_PLAN_INTRA, DT_PLAN_INTER */
+} dt_plan_cluster;
+
+/* Reads cluster JSON file path into *c (cJSON). DT_EINVAL/DT_EIO name the file and the field. */
+dt_status dt_plan_cluster_load(const char *path, dt_plan_cluster *c);
+/* Parses JSON text (what = the file's name in messages) into *c. */
+dt_status dt_plan_cluster_parse(const char *text, const char *what, dt_plan_cluster *c);
+/* Writes c as a cluster file (the format dt_plan_cluster_load reads) to path; atomic (temp + rename). */
+dt_status dt_plan_cluster_save(const dt_plan_cluster *c, const char *path);
+
+/* What the cost model needs of a model: per node, per sample. */
+typedef struct {
+    int nodes;
+    double *flops;      /* [nodes] training flops (fwd + bwd) per sample */
+    double *bytes;      /* [nodes] activation bytes moved per sample (values in, out and gradients) */
+    double *params;     /* [nodes] parameters the node owns (a shared tensor counted at its first user) */
+    double *out_bytes;  /* [nodes] bytes per sample of the node's output (a pipeline cut sends it) */
+    bool *split;        /* [nodes] tensor parallelism divides the node's work by tp */
+    double *t_fix, *t_per;  /* [nodes] measured seconds per pass: t_fix + t_per x batch (NULL: roofline) */
+    double ovh_fix, ovh_per;  /* measured seconds of a rank's step beyond its nodes and optimizer model:
+                               * ovh_fix + ovh_per x samples the rank takes per step (loss, data, bookkeeping) */
+    double total_params;
+    bool gpt;
+    dt_gpt_config g;     /* when gpt */
+    int classes;
+} dt_plan_model;
+
+/* Fills *pm from model m (shapes only; m may be unplaced). Free with dt_plan_model_free. */
+dt_status dt_plan_model_init(dt_plan_model *pm, const dt_model *m);
+void dt_plan_model_free(dt_plan_model *pm);
+/* Times each node's forward+backward at batches b1 < b2 (reps passes each) on this process and
+ * stores the linear fit in pm->t_fix/t_per: the per-op times at the shapes in question. m must be
+ * placed (trainable). */
+dt_status dt_plan_model_measure(dt_plan_model *pm, dt_model *m, int b1, int b2, int reps);
+
+/* One layout: what `dtrain train` flags select. */
+typedef struct {
+    int dp, tp, pp;
+    int zero;          /* 0..3 over dp */
+    int micro;         /* pp: micro-batches per rank-batch; else --grad-accum */
+    int gpipe;         /* pp: 1 = gpipe, 0 = 1f1b */
+    int compress;      /* DT_PLAN_FP32 (none), DT_PLAN_BF16, DT_PLAN_FP16: ddp's --compress */
+    int prec;          /* --precision */
+    double bucket_mb;
+} dt_plan_layout;
+
+/* Its predicted step, seconds, and memory. */
+typedef struct {
+    double compute, comm, bubble, optim, overhead, total;  /* total = the sum */
+    double comm_tp, comm_pp, comm_dp;                      /* exposed seconds per axis */
+    double tp_bytes, dp_bytes, pp_bytes;                   /* bytes one rank sends per step per axis */
+    int tp_level, dp_level, pp_level;                      /* the slowest link each axis crosses */
+    double mem;                                            /* the fullest rank's bytes (dry-run model) */
+    bool fits;
+} dt_plan_cost;
+
+/* ---- formulas (cost.c), each checkable by hand ---- */
+
+/* Seconds of a ring allreduce of n bytes over p ranks: 2(p-1)/p n / bw + 2(p-1) lat. */
+double dt_plan_ring_allreduce_s(double n, int p, dt_plan_link l);
+/* Seconds of a ring reduce-scatter or all-gather of n bytes (the whole buffer) over p ranks. */
+double dt_plan_ring_half_s(double n, int p, dt_plan_link l);
+/* The pipeline bubble's share of a step: (pp-1)/(M+pp-1) (GPipe and 1F1B alike). */
+double dt_plan_bubble_fraction(int pp, int M);
+/* Bytes a rank sends per step for its data-parallel axis: ddp/ZeRO-1/2 one allreduce of its
+ * gradients, 2(d-1)/d x grad_bytes; ZeRO-3 adds a second parameter gather, 3(d-1)/d. */
+double dt_plan_zero_bytes(int zero, int d, double grad_bytes);
+/* Bytes a rank sends per step in a GPT's tensor-parallel allreduces at batch b: Megatron's 4 b T C
+ * values per block, the embedding's and head's 2 b T C and the loss's 3 b T, x 2(t-1)/t, 4 bytes
+ * each (what `dtrain bench tp` counts). */
+double dt_plan_tp_bytes(const dt_gpt_config *g, int b, int t);
+
+/* The link an axis of `ranks` ranks with stride `stride` in the rank order crosses. */
+int dt_plan_axis_level(const dt_plan_cluster *c, int stride, int ranks);
+
+/* Predicts layout l's step for model pm at global batch G on cluster c with optimizer moments
+ * (0 sgd, 1 momentum, 2 adam); first[] the pipeline cut of l->pp stages. Memory is not set. */
+void dt_plan_predict(const dt_plan_model *pm, const dt_plan_cluster *c, const dt_plan_layout *l, int G, int moments,
+                     const int *first, dt_plan_cost *out);
+
+/* ---- the search (search.c) ---- */
+
+typedef struct {
+    dt_plan_layout l;
+    dt_plan_cost c;
+} dt_plan_entry;
+
+enum { DT_PLAN_MEM_BUDGET = 2000 };  /* most layouts whose memory one search plans (fastest first) */
+
+typedef struct {
+    int G;                  /* global batch (samples per optimizer step) */
+    int ranks;              /* ranks to lay out (hosts x ranks per host) */
+    int precs;              /* bit mask of precisions to try (1 << DT_PLAN_FP32 ...) */
+    bool only_fixed;        /* search only the axes given below where >= 0 */
+    int fix_tp, fix_pp, fix_zero;
+    double mem_limit;       /* bytes per rank (<= 0: the cluster's mem_bytes) */
+    double extra;           /* bytes every rank holds beside the model (the loader's copy of the data) */
+    int want;               /* fitting layouts wanted at the top (<= 0: 5) */
+} dt_plan_request;
+
+typedef struct {
+    dt_plan_entry *e;       /* every layout scored, best (fitting, fastest) first */
+    int n, cap;
+    int scored;             /* layouts whose step time was predicted */
+    int planned;            /* layouts whose memory was planned (in order of predicted time) */
+    double search_s;        /* seconds the whole search took */
+    double cost_s;          /* of which predicting every layout's step and sorting them */
+    double mem_s;           /* of which the memory model */
+} dt_plan_result;
+
+/* A layout's family as a user names the choice: ZeRO stage k over every rank (0: ddp; -1: one
+ * rank), 1000 + tp, 10000 + pp, 100000 for tp x pp. */
+int dt_plan_family(const dt_plan_layout *l);
+/* Scores every layout of r for model m (unplaced is enough; used for the --dry-run memory
+ * model) summarised in pm, with optimizer o, on cluster c, into *res (best first). */
+dt_status dt_plan_search(dt_model *m, const dt_plan_model *pm, const dt_optim_config *o, const dt_plan_cluster *c,
+                         const dt_plan_request *r, dt_plan_result *res);
+void dt_plan_result_free(dt_plan_result *res);
+
+/* The `dtrain train` flags that run l at global batch G (e.g. "--workers 4 --tp 2 --zero 1
+ * --batch 16"): into buf. */
+void dt_plan_flags(const dt_plan_layout *l, int G, char *buf, size_t cap);
+/* A short name of l ("dp4 zero1", "tp2 x pp2 1f1b m4", ...) into buf. */
+void dt_plan_name(const dt_plan_layout *l, char *buf, size_t cap);
+/* One line on why `alt` loses against `best` (its dominant extra cost, or the memory it lacks). */
+void dt_plan_why(const dt_plan_entry *alt, const dt_plan_entry *best, const dt_plan_cluster *c, double limit,
+                 char *buf, size_t cap);
+
+#endif

@@ -1,0 +1,185 @@
+/* The planner against hand-worked cases: a ring allreduce's time from bandwidth and latency, the
+ * 1F1B bubble, ZeRO's bytes per stage, the tp bytes `dtrain bench tp` counts, which link an axis
+ * crosses; the search on planted clusters whose answer is known (a slow inter-host link makes tp
+ * across hosts lose; a tight memory limit forces ZeRO 3 or pp); cluster files whose bad field is
+ * named; per-node times measured here. */
+#include "core/test.h"
+#include "parallel/pp.h"
+#include "plan/plan.h"
+
+#include <string.h>
+
+static bool near(double a, double b) { return fabs(a - b) <= 1e-9 * (fabs(b) > 1 ? fabs(b) : 1); }
+
+static void test_formulas(void) {
+    const dt_plan_link l = {.bw = 10e9, .lat = 10e-6};
+    /* 100 MB over 4 ranks: 2 x 3/4 x 1e8 / 1e10 = 15 ms on the wire, 2 x 3 hops x 10 us */
+    CHECK(near(dt_plan_ring_allreduce_s(100e6, 4, l), 0.015 + 60e-6));
+    CHECK(near(dt_plan_ring_half_s(100e6, 4, l), 0.0075 + 30e-6));
+    CHECK(dt_plan_ring_allreduce_s(100e6, 1, l) == 0);
+    /* 1F1B with 4 stages and 8 micro-batches: 3 of 11 slots idle */
+    CHECK(near(dt_plan_bubble_fraction(4, 8), 3.0 / 11));
+    CHECK(dt_plan_bubble_fraction(1, 8) == 0);
+    /* ZeRO over 4 ranks, 1 MB of gradients: stages 0-2 one allreduce's 1.5 MB, stage 3 2.25 MB */
+    for (int z = 0; z <= 2; z++) CHECK(near(dt_plan_zero_bytes(z, 4, 1e6), 1.5e6));
+    CHECK(near(dt_plan_zero_bytes(3, 4, 1e6), 2.25e6));
+    CHECK(dt_plan_zero_bytes(3, 1, 1e6) == 0);
+    /* the default GPT (L=4, C=128, T=64) at b=12 over tp 2 (ring factor 1): b T C x 4 bytes =
+     * 393216; 4 per block x 4 blocks + 2 (embedding, head) = 18 of them, plus 3 b T x 4 = 9216 */
+    const dt_gpt_config g = {.L = 4, .H = 4, .C = 128, .T = 64, .V = 256};
+    CHECK(near(dt_plan_tp_bytes(&g, 12, 2), 18 * 393216.0 + 9216));
+    CHECK(near(dt_plan_tp_bytes(&g, 12, 4), 1.5 * (18 * 393216.0 + 9216)));
+    CHECK(dt_plan_tp_bytes(&g, 12, 1) == 0);
+    /* 2 hosts x 4 ranks: tp 4 stays in a host, tp 8 crosses; dp over 2 copies of 4 crosses */
+    dt_plan_cluster c = {.hosts = 2, .ranks_per_host = 4};
+    CHECK(dt_plan_axis_level(&c, 1, 4) == DT_PLAN_INTRA);
+    CHECK(dt_plan_axis_level(&c, 1, 8) == DT_PLAN_INTER);
+    CHECK(dt_plan_axis_level(&c, 4, 2) == DT_PLAN_INTER);
+    CHECK(dt_plan_axis_level(&c, 2, 2) == DT_PLAN_INTRA);
+}
+
+/* A cluster of fast devices: hosts x rph, inter-host link Gbit/s. */
+static dt_plan_cluster planted(int hosts, int rph, double inter_gbit) {
+    dt_plan_cluster c = {.hosts = hosts, .ranks_per_host = rph, .efficiency = 0.5, .mem_bw = 1e12,
+                         .mem_bytes = 80e9, .overlap = 0.9, .link = {{300e9, 3e-6}, {inter_gbit * 1e9 / 8, 5e-6}}};
+    c.peak[DT_PLAN_FP32] = 20e12;
+    snprintf(c.name, sizeof c.name, "planted");
+    return c;
+}
+
+static const dt_plan_entry *best_of(const dt_plan_result *r, bool (*pick)(const dt_plan_layout *)) {
+    for (int i = 0; i < r->n; i++)
+        if (r->e[i].c.fits && pick(&r->e[i].l)) return &r->e[i];
+    return NULL;
+}
+static bool tp4(const dt_plan_layout *l) { return l->tp == 4 && l->pp == 1; }
+static bool ddp(const dt_plan_layout *l) { return l->tp == 1 && l->pp == 1 && l->zero == 0; }
+
+/* 2 hosts x 2 ranks joined by 0.1 Gbit/s: tp 4 would run its allreduces across the slow link. */
+static void test_slow_link(void) {
+    dt_model *m;
+    dt_plan_model pm;
+    CHECK_OK(dt_model_build_unplaced(&m, "gpt:L=2,H=4,C=256,T=32", 1, 1, 1));
+    CHECK_OK(dt_plan_model_init(&pm, m));
+    const dt_optim_config o = dt_optim_defaults(DT_OPTIM_ADAM);
+    dt_plan_cluster c = planted(2, 2, 0.1);
+    const dt_plan_request r = {.G = 16, .ranks = 4, .precs = 1, .fix_tp = -1, .fix_pp = -1, .fix_zero = -1};
+    dt_plan_result res;
+    CHECK_OK(dt_plan_search(m, &pm, &o, &c, &r, &res));
+    CHECK(res.n > 100 && res.e[0].c.fits);
+    CHECK_MSG(res.e[0].l.tp < 4, "best tp %d", res.e[0].l.tp);
+    const dt_plan_entry *t = best_of(&res, tp4);
+    CHECK(t && t->c.tp_level == DT_PLAN_INTER && t->c.comm_tp > res.e[0].c.total);
+    if (t) {
+        char why[512];
+        dt_plan_why(t, &res.e[0], &c, c.mem_bytes, why, sizeof why);
+        CHECK_MSG(strstr(why, "tp 4 would send") && strstr(why, "0.1 Gbit/s inter-node"), "%s", why);
+    }
+    const double slow_tp = t ? t->c.comm_tp : 0;
+    dt_plan_result_free(&res);
+    /* the same hosts on a fast link: tp 4 now costs far less than it did */
+    c = planted(2, 2, 1600);
+    CHECK_OK(dt_plan_search(m, &pm, &o, &c, &r, &res));
+    const dt_plan_entry *t2 = best_of(&res, tp4);
+    CHECK(t2 && t2->c.comm_tp * 100 < slow_tp);
+    dt_plan_result_free(&res);
+    /* tp inside a 2-stage pipeline: each stage's tp ranks carry only its block (L=2: one each) */
+    int first[3];
+    CHECK_OK(dt_pp_cut(m, 2, "", NULL, first));
+    const dt_plan_layout tpp = {.dp = 1, .tp = 2, .pp = 2, .micro = 4, .bucket_mb = 1};
+    dt_plan_cost cost;
+    dt_plan_predict(&pm, &c, &tpp, 16, 2, first, &cost);
+    dt_gpt_config one = pm.g;
+    one.L = 1;
+    CHECK_MSG(near(cost.tp_bytes, 4 * dt_plan_tp_bytes(&one, 4, 2)), "%g", cost.tp_bytes);
+    dt_plan_model_free(&pm);
+    dt_model_free(m);
+}
+
+/* An MLP whose Adam state does not fit 4 replicas under the limit: only ZeRO 3 or pp does. */
+static void test_tight_memory(void) {
+    dt_model *m;
+    dt_plan_model pm;
+    CHECK_OK(dt_model_build_unplaced(&m, "linear(2048) relu linear(2048) relu linear(10)", 1, 28, 28));
+    CHECK_OK(dt_plan_model_init(&pm, m));
+    const dt_optim_config o = dt_optim_defaults(DT_OPTIM_ADAM);
+    dt_plan_cluster c = planted(1, 4, 100);
+    dt_plan_request r = {.G = 64, .ranks = 4, .precs = 1, .fix_tp = -1, .fix_pp = -1, .fix_zero = -1, .want = 1000000};
+    dt_plan_result res;
+    CHECK_OK(dt_plan_search(m, &pm, &o, &c, &r, &res));
+    double ddp_mem = 1e30, small = 1e30;  /* ddp's least memory, and the least of ZeRO 1-2 */
+    for (int i = 0; i < res.n; i++) {
+        const dt_plan_layout *l = &res.e[i].l;
+        if (ddp(l) && res.e[i].c.mem < ddp_mem) ddp_mem = res.e[i].c.mem;
+        if (l->tp == 1 && l->pp == 1 && (l->zero == 1 || l->zero == 2) && res.e[i].c.mem < small) small = res.e[i].c.mem;
+    }
+    dt_plan_result_free(&res);
+    const double P = pm.total_params;
+    CHECK_MSG(ddp_mem >= 16 * P && ddp_mem < 17 * P, "ddp %.0f bytes for %.0f parameters", ddp_mem, P);
+    r.mem_limit = 0.9 * (small < ddp_mem ? small : ddp_mem);  /* below ZeRO 1-2 and ddp */
+    CHECK_OK(dt_plan_search(m, &pm, &o, &c, &r, &res));
+    CHECK(res.e[0].c.fits && res.e[0].c.mem <= r.mem_limit);
+    CHECK_MSG(res.e[0].l.zero == 3 || res.e[0].l.pp > 1, "best zero %d pp %d", res.e[0].l.zero, res.e[0].l.pp);
+    for (int i = 0; i < res.n; i++)
+        if (ddp(&res.e[i].l)) CHECK(!res.e[i].c.fits);
+    dt_plan_result_free(&res);
+    dt_plan_model_free(&pm);
+    dt_model_free(m);
+}
+
+static void expect_error(const char *json, const char *field) {
+    dt_plan_cluster c;
+    const dt_status s = dt_plan_cluster_parse(json, "t.json", &c);
+    CHECK_MSG(s == DT_EINVAL && strstr(dt_last_error(), field) && strstr(dt_last_error(), "t.json"), "%s: %s", field,
+              dt_last_error());
+}
+
+static void test_cluster_files(void) {
+#define DEV "\"device\": {\"peak_tflops\": {\"fp32\": 19.5, \"bf16\": 312}, \"mem_bandwidth_GB_s\": 2039, \"mem_GB\": 80}"
+#define LINKS "\"links\": {\"intra\": {\"bandwidth_Gbit_s\": 2400, \"latency_us\": 3}, " \
+              "\"inter\": {\"bandwidth_Gbit_s\": 200, \"latency_us\": 5}}"
+    dt_plan_cluster c;
+    CHECK_OK(dt_plan_cluster_parse("{\"hosts\": 2, \"ranks_per_host\": 8, " DEV ", " LINKS "}", "t.json", &c));
+    CHECK(c.hosts == 2 && c.ranks_per_host == 8 && near(c.peak[DT_PLAN_BF16], 312e12) && c.peak[DT_PLAN_FP16] == 0);
+    CHECK(near(c.link[DT_PLAN_INTER].bw, 25e9) && near(c.link[DT_PLAN_INTRA].lat, 3e-6) && near(c.mem_bytes, 80e9));
+    expect_error("{\"ranks_per_host\": 8, " LINKS "}", "device");
+    expect_error("{\"ranks_per_host\": 8, \"device\": {\"peak_tflops\": {\"fp32\": 1}, \"mem_GB\": 80}, " LINKS "}",
+                 "device.mem_bandwidth_GB_s");
+    expect_error("{\"ranks_per_host\": 8, \"device\": {\"peak_tflops\": {\"fp33\": 1}}, " LINKS "}",
+                 "device.peak_tflops.fp33");
+    expect_error("{\"hosts\": 2, \"ranks_per_host\": 8, " DEV ", \"links\": {\"intra\": {\"bandwidth_Gbit_s\": 1, "
+                 "\"latency_us\": 1}}}", "links.inter");
+    expect_error("{\"ranks_per_host\": 8, " DEV ", \"links\": {\"intra\": {\"bandwidth_Gbit_s\": \"fast\", "
+                 "\"latency_us\": 1}}}", "links.intra.bandwidth_Gbit_s");
+    expect_error("{\"ranks_per_host\": -8, " DEV ", " LINKS "}", "ranks_per_host");
+    expect_error("{\"ranks_per_host\": 8, " DEV ", " LINKS ", \"nodes\": 3}", "nodes");
+    expect_error("{\"ranks_per_host\": 8, " DEV ", ", "not valid JSON");
+    CHECK(dt_plan_cluster_load("/nonexistent/c.json", &c) == DT_EIO && strstr(dt_last_error(), "/nonexistent/c.json"));
+#undef DEV
+#undef LINKS
+}
+
+/* The probe's per-node times: positive, and the fit grows with the batch. */
+static void test_measure(void) {
+    dt_model *m;
+    dt_plan_model pm;
+    CHECK_OK(dt_model_build(&m, "linear(64) relu linear(10)", 1, 8, 8));
+    dt_model_init(m, 1);
+    CHECK_OK(dt_plan_model_init(&pm, m));
+    CHECK_OK(dt_plan_model_measure(&pm, m, 4, 64, 2));
+    double fix = 0, per = 0;
+    for (int i = 0; i < pm.nodes; i++) fix += pm.t_fix[i], per += pm.t_per[i];
+    CHECK(per > 0 && fix >= 0 && fix + per * 64 > 0);
+    CHECK(dt_plan_model_measure(&pm, m, 8, 8, 1) == DT_EINVAL);
+    dt_plan_model_free(&pm);
+    dt_model_free(m);
+}
+
+int main(void) {
+    test_formulas();
+    test_slow_link();
+    test_tight_memory();
+    test_cluster_files();
+    test_measure();
+    return dt_test_summary("plan_test");
+}
