@@ -65,6 +65,10 @@ dt_status dt_pp_cut(const dt_model *m, int K, const char *split, const double *c
 /* Per-node seconds of forward + backward at batch B (reps passes), measured on rank 0 of comm and
  * broadcast into cost[num_nodes] on every rank (pp_cost.c). Collective over comm. */
 dt_status dt_pp_measure_costs(dt_model *m, dt_comm *comm, int B, int reps, double *cost);
+/* This rank alone: seconds per node (forward + backward, through the node hooks) summed into
+ * cost[nodes] over reps passes at batch B of zeros, after `warmup` passes not counted; the model's
+ * gradients and buffers are left as they were. pp's cut and the planner's probe (plan/measure.c). */
+dt_status dt_pp_time_nodes(dt_model *m, int B, int warmup, int reps, double *cost);
 
 /* ---- the strategy's state (pp.c, pp_step.c) ---- */
 

@@ -27,8 +27,7 @@ static void on_backward(void *ctx, int node) {
     p->t_last = now;
 }
 
-/* reps forward+backward passes at batch B on this rank, seconds per node summed into cost. */
-static dt_status time_nodes(dt_model *m, int B, int reps, double *cost) {
+dt_status dt_pp_time_nodes(dt_model *m, int B, int warmup, int reps, double *cost) {
     const int n = dt_model_num_nodes(m);
     const size_t xs = (size_t)B * (size_t)dt_model_input_values(m, 0), ys = (size_t)B * (size_t)dt_model_input_values(m, 1);
     const size_t nb = dt_model_num_buffers(m);
@@ -39,7 +38,8 @@ static dt_status time_nodes(dt_model *m, int B, int reps, double *cost) {
     if (st == DT_OK && nb) memcpy(saved, dt_model_buffers(m), nb * sizeof(float));
     probe p = {.fwd = t, .bwd = t + n};
     const dt_feed f = {.x = x, .y = ys ? y : NULL, .n = B};
-    for (int r = 0; r < reps && st == DT_OK; r++) {
+    for (int r = -warmup; r < reps && st == DT_OK; r++) {
+        if (r == 0) memset(t, 0, 2 * (size_t)n * sizeof(double));  /* warm-up passes are not counted */
         p.last = -1;
         dt_model_set_node_hooks(m, on_forward, NULL, &p);
         float loss;
@@ -58,7 +58,7 @@ static dt_status time_nodes(dt_model *m, int B, int reps, double *cost) {
 }
 
 dt_status dt_pp_measure_costs(dt_model *m, dt_comm *comm, int B, int reps, double *cost) {
-    dt_status st = dt_comm_rank(comm) == 0 ? time_nodes(m, B, reps, cost) : DT_OK;
+    dt_status st = dt_comm_rank(comm) == 0 ? dt_pp_time_nodes(m, B, 0, reps, cost) : DT_OK;
     int32_t ok = st == DT_OK, all = 0;
     DT_TRY(dt_comm_allreduce(comm, &ok, &all, 1, DT_I32, DT_OP_MIN));
     if (!all) return st != DT_OK ? st : dt_error(DT_EPEER, "pp: rank 0 could not measure the nodes' cost");

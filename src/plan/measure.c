@@ -1,59 +1,18 @@
 /* The planner's probe of this machine's compute: each node's forward + backward timed through the
  * graph's node hooks at two batch sizes (the shapes the layouts run), fitted as t_fix + t_per x
- * batch per node. The model's gradients and buffers are left as they were. */
+ * batch per node (parallel/pp_cost.c's node timing). The model's gradients and buffers are left as
+ * they were. */
 #include "plan/plan.h"
+#include "parallel/pp.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct {
-    double *t;       /* [nodes] seconds summed over passes */
-    int last;        /* the node whose forward is running (-1: none yet) */
-    double t_last;
-} probe;
-
-static void on_forward(void *ctx, int node) {
-    probe *p = ctx;
-    const double now = dt_now();
-    if (p->last >= 0) p->t[p->last] += now - p->t_last;
-    p->last = node, p->t_last = now;
-}
-
-static void on_backward(void *ctx, int node) {
-    probe *p = ctx;
-    const double now = dt_now();
-    p->t[node] += now - p->t_last;
-    p->t_last = now;
-}
-
 /* Mean seconds per node of reps forward+backward passes at batch B (after one warm-up pass). */
 static dt_status time_nodes(dt_model *m, int B, int reps, double *out) {
-    const int n = dt_model_num_nodes(m);
-    const size_t xs = (size_t)B * (size_t)dt_model_input_values(m, 0), ys = (size_t)B * (size_t)dt_model_input_values(m, 1);
-    const size_t nb = dt_model_num_buffers(m);
-    void *x = calloc(xs + 1, 4), *y = calloc(ys + 1, 4);
-    float *saved = nb ? malloc(nb * sizeof(float)) : NULL;
-    dt_status st = x && y && (!nb || saved) ? DT_OK : dt_error(DT_ENOMEM, "plan: out of memory for the probe");
-    if (st == DT_OK && nb) memcpy(saved, dt_model_buffers(m), nb * sizeof(float));
-    probe p = {.t = out};
-    const dt_feed f = {.x = x, .y = ys ? y : NULL, .n = B};
-    for (int r = -1; r < reps && st == DT_OK; r++) {
-        if (r == 0) memset(out, 0, (size_t)n * sizeof(double));  /* the warm-up pass is not counted */
-        p.last = -1;
-        dt_model_set_node_hooks(m, on_forward, NULL, &p);
-        float loss;
-        st = dt_model_run(m, &f, true, 0, &loss);
-        if (p.last >= 0) p.t[p.last] += dt_now() - p.t_last;
-        dt_model_set_node_hooks(m, NULL, on_backward, &p);
-        p.t_last = dt_now();
-        if (st == DT_OK) st = dt_model_backward_loss(m, 1.0f, NULL, NULL);
-    }
-    dt_model_set_node_hooks(m, NULL, NULL, NULL);
-    dt_model_zero_grad(m);
-    if (saved) memcpy(dt_model_buffers(m), saved, nb * sizeof(float));
-    for (int i = 0; st == DT_OK && i < n; i++) out[i] /= reps;
-    free(x), free(y), free(saved);
-    return st;
+    DT_TRY(dt_pp_time_nodes(m, B, 1, reps, out));
+    for (int i = 0; i < dt_model_num_nodes(m); i++) out[i] /= reps;
+    return DT_OK;
 }
 
 dt_status dt_plan_model_measure(dt_plan_model *pm, dt_model *m, int b1, int b2, int reps) {
