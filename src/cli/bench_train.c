@@ -279,6 +279,20 @@ static dt_status bench_rows(const bench_case *bc, const bench_data *d, const cha
     return DT_OK;
 }
 
+/* --cpu: pins this process (and so the PyTorch side it starts with taskset) to CPU cpu, or not
+ * for -1; -1 when done, else the exit status of a bad value. */
+static int pin_to_cpu(int cpu) {
+    if (cpu == -1) return -1;
+    if (cpu < -1) return dt_cli_usage(NULL, "--cpu %d: give a CPU number, or -1 for no pinning", cpu);
+    if (cpu >= CPU_SETSIZE) return dt_cli_usage(NULL, "--cpu %d: give a CPU number below %d", cpu, CPU_SETSIZE);
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    if (sched_setaffinity(0, sizeof one, &one) != 0)
+        return dt_cli_usage("see `taskset -p $$` for the CPUs you may use", "--cpu %d: cannot pin to it (%s)", cpu, strerror(errno));
+    return -1;
+}
+
 /* One case: its data loaded once (and written for PyTorch when vs_torch), PyTorch's rate, then
  * `repeat` interleaved passes over its rows. */
 static dt_status bench_case_run(const bench_case *bc, const char *kernels, const char *precisions, double sg, bool vs_torch,
@@ -335,14 +349,7 @@ int dt_bench_train(int argc, char **argv) {
         return dt_cli_usage("e.g. --seconds 1 (0: 8 timed steps per case)", "--seconds %g: give 0 to 3600", seconds);
     if (threads < 1) return dt_cli_usage(NULL, "--threads %d: need at least 1", threads);
     if (cpu == -2) cpu = threads == 1 ? first_cpu() : -1;
-    if (cpu >= 0) {
-        cpu_set_t one;
-        CPU_ZERO(&one);
-        if (cpu >= CPU_SETSIZE) return dt_cli_usage(NULL, "--cpu %d: give a CPU number below %d", cpu, CPU_SETSIZE);
-        CPU_SET(cpu, &one);
-        if (sched_setaffinity(0, sizeof one, &one) != 0)
-            return dt_cli_usage("see `taskset -p $$` for the CPUs you may use", "--cpu %d: cannot pin to it (%s)", cpu, strerror(errno));
-    } else if (cpu < -1) return dt_cli_usage(NULL, "--cpu %d: give a CPU number, or -1 for no pinning", cpu);
+    if ((r = pin_to_cpu(cpu)) >= 0) return r;
     dt_set_threads(threads);
     if (repeat < 1) return dt_cli_usage(NULL, "--repeat %d: give 1 or more", repeat);
     const bench_case presets[] = {

@@ -25,4 +25,8 @@ bool dt_cli_strategy_is_auto(int argc, char **argv);
  * DTRAIN_PLAN_STEP_S for the ranks; its exit status. */
 int dt_cli_train_auto(int argc, char **argv, int (*run)(int, char **));
 
+/* In a rank that --strategy auto started: the planner's step time (0 when not) and *layout its
+ * layout's name (NULL when not), from the environment dt_cli_train_auto sets. */
+double dt_cli_plan_from_env(const char **layout);
+
 #endif

@@ -356,10 +356,7 @@ static int run_rank(int argc, char **argv, train_opts *o, int job_ranks) {
     if (rank != 0) quiet = true;
     const bool tty = isatty(2) || (rank == 0 && getenv("DTRAIN_PROGRESS_TTY") && dt_comm_env_is_rank());
     dt_train_progress pc = {.quiet = quiet, .tty = tty, .epochs = cfg.epochs, .eval_batches = cfg.eval_batches};
-    if (getenv("DTRAIN_PLAN_STEP_S")) {  /* --strategy auto (plan_auto.c) */
-        cfg.predicted_step_s = pc.predicted_step_s = atof(getenv("DTRAIN_PLAN_STEP_S"));
-        cfg.plan_layout = getenv("DTRAIN_PLAN_LAYOUT");
-    }
+    pc.predicted_step_s = cfg.predicted_step_s = dt_cli_plan_from_env(&cfg.plan_layout);  /* --strategy auto */
     cfg.keep_sharded = true;  /* nothing reads the whole model after the run (tp, pp: it may not fit) */
     cfg.on_progress = dt_train_print_progress;
     cfg.on_epoch = dt_train_print_epoch;

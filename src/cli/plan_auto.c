@@ -93,3 +93,9 @@ int dt_cli_train_auto(int argc, char **argv, int (*run)(int, char **)) {
     free(out);
     return r;
 }
+
+double dt_cli_plan_from_env(const char **layout) {
+    const char *step = getenv("DTRAIN_PLAN_STEP_S");
+    *layout = step ? getenv("DTRAIN_PLAN_LAYOUT") : NULL;
+    return step ? atof(step) : 0;
+}
