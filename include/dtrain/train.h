@@ -123,7 +123,11 @@ typedef struct {
     double checkpoint_secs;      /* and/or every S seconds (0 = off) */
     int keep;                    /* keep the newest K in checkpoint_dir (0 = all) */
     /* Set asynchronously (e.g. by a SIGTERM handler) to stop: every rank finishes the current
-     * step, a checkpoint is written, and dt_trainer_run returns DT_EINTR. */
+     * step, a checkpoint is written, and dt_trainer_run returns DT_EINTR. Run such a handler on
+     * a thread that does not train: block the signal (pthread_sigmask) in the thread that calls
+     * dt_trainer_run before it starts, and leave it unblocked in one other thread. oneDNN's JIT
+     * GEMM kernels point the stack pointer at the heap while they run (oneDNN issue #4845), so a
+     * signal frame written there corrupts the heap; dtrain train does this (src/cli/stop_signal.c). */
     volatile sig_atomic_t *stop;
     const char *metrics;      /* JSON-Lines file, one object per epoch */
     /* distribution: comm NULL = one process. With a communicator of size > 1, --batch is per

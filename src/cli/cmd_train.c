@@ -8,6 +8,7 @@
 #include "cli/train_pp.h"
 #include "cli/train_progress.h"
 #include "cli/train_mem.h"
+#include "cli/stop_signal.h"
 #include "cli/train_outputs.h"
 #include "cli/train_resume.h"
 #include "cli/train_usage.h"
@@ -16,6 +17,7 @@
 #include "run/elastic.h"
 #include "run/launch.h"
 
+#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <signal.h>
@@ -26,10 +28,6 @@
 #include <unistd.h>
 
 static volatile sig_atomic_t g_stop;
-static void on_stop_signal(int sig) {
-    (void)sig;
-    g_stop = 1;
-}
 
 static void print_launch_event(void *ctx, const char *msg) {
     (void)ctx;
@@ -373,10 +371,9 @@ static int run_rank(int argc, char **argv, train_opts *o, int job_ranks) {
      * Set before the trainer's set-up, so a signal that arrives while this rank still loads (the
      * launcher forwards it to every rank at once) is not lost: the run stops at its first chance.
      * Before this (connecting the ranks) they still interrupt at once. */
-    struct sigaction sa = {.sa_handler = on_stop_signal, .sa_flags = SA_RESETHAND};
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
+    if (dt_cli_stop_on_signals(&g_stop) != 0)
+        fprintf(stderr, "dtrain: warning: cannot start the signal thread (%s); SIGTERM may interrupt a kernel\n",
+                strerror(errno));
     dt_trainer *t;
     dt_status s = dt_trainer_create(&t, &cfg);
     if (s != DT_OK) {
