@@ -49,9 +49,22 @@ static dt_status run_bible(const char *prog, int fd, const char *where) {
     posix_spawn_file_actions_adddup2(&fa, fd, 1);
     posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
     char *argv[] = {(char *)"bible", (char *)"-f", (char *)KJV_RANGE, NULL};
+    /* the trainer's threads block SIGTERM/SIGINT (they are taken on a thread of their own); the
+     * child must not inherit that, or a stop would not end it */
+    posix_spawnattr_t at;
+    sigset_t none, stop;
+    sigemptyset(&none);
+    sigemptyset(&stop);
+    sigaddset(&stop, SIGTERM);
+    sigaddset(&stop, SIGINT);
+    posix_spawnattr_init(&at);
+    posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+    posix_spawnattr_setsigmask(&at, &none);
+    posix_spawnattr_setsigdefault(&at, &stop);
     pid_t pid;
-    int rc = posix_spawn(&pid, prog, &fa, NULL, argv, environ);
+    int rc = posix_spawn(&pid, prog, &fa, &at, argv, environ);
     posix_spawn_file_actions_destroy(&fa);
+    posix_spawnattr_destroy(&at);
     if (rc != 0) return dt_error(DT_EIO, "--data kjv: cannot run %s (%s): reinstall bible-kjv (scripts/install-deps)", prog, strerror(rc));
     int ws;
     while (waitpid(pid, &ws, 0) < 0)
