@@ -283,7 +283,11 @@ dt_status dt_grad_sync_visit_state(dt_grad_sync *g, dt_state_visit_fn fn, void *
     size_t n = (size_t)g->world * g->state_n;
     dt_state_piece p = {.name = name, .buf = {g->state, DT_F32, n, DT_DEVICE_CPU}, .ndim = 2,
                         .shape = {g->world, (int64_t)g->state_n}, .numel = n, .is_optim = true,
-                        .hint = "it is the --compress error-feedback state of each rank; resume with as many "
-                                "workers, the same --compress and --bucket-mb"};
+                        .hint = g->spec.kind == DT_COMPRESS_POWERSGD
+                                    ? "it is the --compress error-feedback state of each rank; resume with as many "
+                                      "workers, the same --compress and --bucket-mb (a powersgd checkpoint written "
+                                      "before min_rate existed compressed every matrix: add :min_rate=0)"
+                                    : "it is the --compress error-feedback state of each rank; resume with as many "
+                                      "workers, the same --compress and --bucket-mb"};
     return fn(ctx, &p);
 }
