@@ -3,7 +3,8 @@
  *   (the sum over steps of the synced mean plus the mean of the ranks' residuals equals the sum of
  *   the mean gradients: what was not sent this step is sent later); top-k sends exactly k pairs per
  *   bucket (bytes counted) and warms its ratio up; top-k 1.0, PowerSGD at full rank and "none"
- *   give the plain mean; fp16/bf16 give it to their rounding;
+ *   give the plain mean; fp16/bf16 give it to their rounding; PowerSGD sends a matrix whose factors
+ *   are not min_rate times smaller than it whole (PyTorch's min_compression_rate);
  * - trainer level: ddp with topk:1.0 and powersgd at full rank equal plain ddp, fp16/bf16 ddp
  *   match fp32 ddp to a stated tolerance, localsgd with topk:1.0 equals plain localsgd.
  * The parse of --compress texts (good and bad) is checked too. */
