@@ -169,7 +169,7 @@ static int parse_train_flags(int argc, char **argv, train_opts *o) {
         {"backend", DT_FLAG_STR, &o->backend, "NAME", "transport between ranks: auto, shm or mpi"},
         {"bucket-mb", DT_FLAG_FLOAT, &o->bucket_mb, "MB", "ddp gradient bucket size in MB (0 = default 1)"},
         {"allreduce", DT_FLAG_STR, &o->uneven.allreduce, "MODE", "ddp: auto (hierarchical when ranks span hosts), flat or hier"},
-        {"compress", DT_FLAG_STR, &o->uneven.compress, "C", "ddp/localsgd: none, fp16, bf16, topk:RATIO[:momentum=M][:warmup=S], powersgd:RANK"},
+        {"compress", DT_FLAG_STR, &o->uneven.compress, "C", "ddp/localsgd: none, fp16, bf16, topk:RATIO[:momentum=M][:warmup=S], powersgd:RANK[:warmup=S][:min_rate=X]"},
         {"timeline", DT_FLAG_STR, &c->timeline, "FILE", "write a Chrome trace of every rank (Perfetto, chrome://tracing)"},
         {"timeout", DT_FLAG_FLOAT, &o->timeout, "S", "deadline of any wait for another rank, seconds (0 = DTRAIN_TIMEOUT or default 300)"},
         {"checkpoint-dir", DT_FLAG_STR, &c->checkpoint_dir, "DIR", "numbered checkpoints ckpt-STEP.safetensors go here (read by --resume auto)"},

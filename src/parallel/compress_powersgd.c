@@ -2,7 +2,8 @@
  * by the rest) of a bucket travels as a rank-r product P Q^T. With error feedback M = grad + e:
  * P = M Q (Q warm-started from the last step), allreduce P (mean), orthonormalise P's columns
  * (Gram-Schmidt, twice), Q = M^T P, allreduce Q, then M ~ P Q^T and e = M - P Q^T. One-dimensional
- * tensors (biases) ride uncompressed with P. The warm-start Q is orthonormalised first (PowerSGD
+ * tensors (biases), and matrices whose factors would save less than min_rate (PyTorch's
+ * min_compression_rate), ride uncompressed with P. The warm-start Q is orthonormalised first (PowerSGD
  * spans the same space) and refilled where it lost rank, so full rank reproduces M. The two allreduces are two stages of the bucket: the
  * second is issued when the next bucket starts (after the backward of the layers between them, so
  * P has usually arrived), and runs while backward continues on earlier layers (PyTorch's hook
@@ -35,16 +36,19 @@ typedef struct {
     bool plain_step;       /* this step is in the warm-up: a plain f32 allreduce of the bucket */
 } psgd_state;
 
-/* Adds tensor info's part of bucket b to the layout (plain or matrix). */
-static dt_status add_tensor(psgd_state *s, const dt_gs_bucket *b, const dt_param_info *t, int rank) {
+/* Adds tensor t's part of bucket b to the layout: a matrix (n = its first dimension, m = the rest,
+ * rank r = min(rank, n, m)) when all of it is in b and its factors are at least min_rate times
+ * smaller than it, (n + m) r min_rate < n m (PyTorch's _should_compress); plain otherwise. */
+static dt_status add_tensor(psgd_state *s, const dt_gs_bucket *b, const dt_param_info *t, int rank, double min_rate) {
     size_t lo = t->offset > b->lo ? t->offset : b->lo, hi = t->offset + t->numel < b->hi ? t->offset + t->numel : b->hi;
     if (lo >= hi) return DT_OK;
     bool whole = lo == t->offset && hi == t->offset + t->numel;
-    if (whole && t->ndim >= 2 && t->shape[0] > 1 && t->numel / (size_t)t->shape[0] > 1) {
+    size_t n = t->ndim >= 2 ? (size_t)t->shape[0] : t->numel, m = n ? t->numel / n : 0;
+    size_t r = (size_t)rank < n ? (size_t)rank : n;
+    if (r > m) r = m;
+    if (whole && t->ndim >= 2 && n > 1 && m > 1 && (double)((n + m) * r) * min_rate < (double)(n * m)) {
         psgd_mat *x = &s->mat[s->nmat++];
-        x->off = lo - b->lo, x->n = (size_t)t->shape[0], x->m = t->numel / x->n;
-        x->r = (size_t)rank < x->n ? (size_t)rank : x->n;
-        if (x->r > x->m) x->r = x->m;
+        x->off = lo - b->lo, x->n = n, x->m = m, x->r = r;
         x->p = s->np, x->q = s->nq, x->e = s->ne;
         s->np += x->n * x->r, s->nq += x->m * x->r, s->ne += x->n * x->m;
         return DT_OK;
@@ -63,7 +67,7 @@ static dt_status psgd_init(dt_grad_sync *g, dt_gs_bucket *b, size_t *state_float
     if (!s || !s->mat || !s->plain) return dt_error(DT_ENOMEM, "--compress powersgd: out of memory");
     for (int i = 0; i < dt_model_num_tensors(c->model); i++) {
         const dt_param_info *t = dt_model_tensor(c->model, i);
-        if (!t->is_buffer) DT_TRY(add_tensor(s, b, t, dt_grad_sync_spec(g)->rank));
+        if (!t->is_buffer) DT_TRY(add_tensor(s, b, t, dt_grad_sync_spec(g)->rank, dt_grad_sync_spec(g)->min_rate));
     }
     s->pay = dt_alloc((s->nplain_vals + s->np + 1) * sizeof(float));
     if (!s->pay) return dt_error(DT_ENOMEM, "--compress powersgd: out of memory for a %zu-value bucket", b->hi - b->lo);

@@ -3,7 +3,8 @@
  *   (the sum over steps of the synced mean plus the mean of the ranks' residuals equals the sum of
  *   the mean gradients: what was not sent this step is sent later); top-k sends exactly k pairs per
  *   bucket (bytes counted) and warms its ratio up; top-k 1.0, PowerSGD at full rank and "none"
- *   give the plain mean; fp16/bf16 give it to their rounding;
+ *   give the plain mean; fp16/bf16 give it to their rounding; PowerSGD sends a matrix whose factors
+ *   are not min_rate times smaller than it whole (PyTorch's min_compression_rate);
  * - trainer level: ddp with topk:1.0 and powersgd at full rank equal plain ddp, fp16/bf16 ddp
  *   match fp32 ddp to a stated tolerance, localsgd with topk:1.0 equals plain localsgd.
  * The parse of --compress texts (good and bad) is checked too. */
@@ -256,7 +257,7 @@ static void test_rescale_state(void) {
 static void test_identities(void) {
     const char *texts[] = {"none", "fp16", "bf16", "topk:1:warmup=0", "topk:0.1:warmup=0", "topk:0.05:momentum=0.9:warmup=0",
                            "topk:0.02:warmup=4", "powersgd:1:warmup=0", "powersgd:2:warmup=0", "powersgd:2:warmup=3",
-                           "powersgd:16:warmup=0"};
+                           "powersgd:16:warmup=0:min_rate=0"};
     for (int W = 2; W <= 3; W++)
         for (size_t k = 0; k < sizeof texts / sizeof *texts; k++) {
             char job[64];
@@ -266,6 +267,61 @@ static void test_identities(void) {
                 if (fork() == 0) _exit(identity_rank(texts[k], r, W, job) ? 1 : 0);
             CHECK_MSG(dt_test_wait_children() == 0, "%s on %d ranks failed", texts[k], W);
         }
+}
+
+/* One step of `text` on SMALL_MODEL in one process (one bucket): *bytes gets the payload, and the
+ * return value is how many values of the 4 x 16 weight came back other than the gradient sent. */
+static size_t min_rate_step(const char *text, double *bytes, size_t *lossy_16x12) {
+    dt_comm *c;
+    dt_comm_config cc = dt_comm_config_default();
+    CHECK_OK(dt_comm_create(&c, &cc));
+    dt_model *m;
+    CHECK_OK(dt_model_create_from_spec(&m, SMALL_MODEL, 1, 1, 12));
+    const size_t n = dt_model_num_params(m);
+    size_t lo = 0, hi = n, off4 = 0, off16 = 0, changed = 0;
+    for (int i = 0; i < dt_model_num_tensors(m); i++) {
+        const dt_param_info *t = dt_model_tensor(m, i);
+        if (t->ndim == 2 && t->shape[0] == 4) off4 = t->offset;
+        if (t->ndim == 2 && t->shape[0] == 16) off16 = t->offset;
+    }
+    dt_compress_spec cs;
+    CHECK_OK(dt_compress_parse(text, &cs));
+    dt_grad_sync_config gc = {.comm = c, .model = m, .n = n, .lo = &lo, .hi = &hi, .nb = 1};
+    dt_grad_sync *gs;
+    CHECK_OK(dt_grad_sync_create(&gs, &cs, &gc));
+    static float x[CAP], g[CAP];
+    g_of(g, n, 0, 90);
+    memcpy(x, g, n * sizeof *x);
+    dt_grad_sync_begin_step(gs, 0);
+    dt_grad_sync_start(gs, 0, x);
+    CHECK_OK(dt_grad_sync_finish(gs, 0));
+    *bytes = dt_grad_sync_step_stats(gs).payload_bytes;
+    for (size_t i = 0; i < 64; i++) changed += x[off4 + i] != g[off4 + i];
+    *lossy_16x12 = 0;
+    for (size_t i = 0; i < 192; i++) *lossy_16x12 += x[off16 + i] != g[off16 + i];
+    dt_grad_sync_destroy(gs);
+    dt_model_free(m);
+    dt_comm_destroy(c);
+    return changed;
+}
+
+/* PyTorch's min_compression_rate: at rank 2 the 4 x 16 weight's factors (20 x 2 = 40 values) are
+ * not 2x smaller than its 64, so by default it travels whole (exact) with the biases, while the
+ * 16 x 12 (56 against 192) is compressed; min_rate=0 compresses both. */
+static void test_min_rate(void) {
+    double bytes;
+    size_t lossy;
+    size_t changed = min_rate_step("powersgd:2:warmup=0", &bytes, &lossy);
+    CHECK_MSG(changed == 0, "powersgd:2: %zu of the 4x16 weight's 64 values were approximated (want it sent whole)", changed);
+    CHECK_MSG(bytes == 4.0 * (16 + 4 + 64 + 16 * 2 + 12 * 2), "powersgd:2: %g payload bytes, want %g", bytes,
+              4.0 * (16 + 4 + 64 + 16 * 2 + 12 * 2));
+    CHECK_MSG(lossy > 0, "powersgd:2: the 16x12 weight came back exact: it was not compressed");
+    changed = min_rate_step("powersgd:2:warmup=0:min_rate=0", &bytes, &lossy);
+    CHECK_MSG(changed > 0 && lossy > 0, "powersgd:2:min_rate=0: the 4x16 weight (%zu values changed) or the 16x12 "
+              "(%zu) was not compressed", changed, lossy);
+    CHECK_MSG(bytes == 4.0 * (16 + 4 + 16 * 2 + 4 * 2 + 12 * 2 + 16 * 2), "powersgd:2:min_rate=0: %g payload bytes",
+              bytes);
+    printf("powersgd:2 min_rate: a 4x16 weight travels whole by default, compressed with min_rate=0\n");
 }
 
 static int cmp_desc(const void *a, const void *b) {
@@ -316,23 +372,27 @@ static void test_parse(void) {
     CHECK(s.kind == DT_COMPRESS_TOPK && s.ratio == 0.01 && s.momentum == 0.9 && s.warmup == 100);
     CHECK_OK(dt_compress_parse("powersgd:4", &s));
     CHECK(s.kind == DT_COMPRESS_POWERSGD && s.rank == 4 && s.warmup == 1000);  /* PyTorch's start_powerSGD_iter */
+    CHECK(s.min_rate == 2.0);  /* PyTorch's min_compression_rate */
     CHECK_OK(dt_compress_parse("topk:0.01", &s));
     CHECK(s.kind == DT_COMPRESS_TOPK && s.warmup == 1000);
     /* the canonical text keeps every warm-up, the default's and an explicit 0, through a round trip */
-    const char *trip[] = {"powersgd:4", "powersgd:4:warmup=0", "topk:0.01", "topk:0.01:warmup=0"};
+    const char *trip[] = {"powersgd:4", "powersgd:4:warmup=0", "topk:0.01", "topk:0.01:warmup=0", "powersgd:2:min_rate=0",
+                          "powersgd:2:min_rate=1.5:warmup=7"};
     for (size_t i = 0; i < sizeof trip / sizeof *trip; i++) {
         dt_compress_spec a, b;
         char text[96];
         CHECK_OK(dt_compress_parse(trip[i], &a));
         dt_compress_format(&a, text, sizeof text);
         CHECK_OK(dt_compress_parse(text, &b));
-        CHECK_MSG(a.kind == b.kind && a.warmup == b.warmup && a.rank == b.rank && a.ratio == b.ratio,
-                  "%s -> %s: warm-up %d, read back %d", trip[i], text, a.warmup, b.warmup);
+        CHECK_MSG(a.kind == b.kind && a.warmup == b.warmup && a.rank == b.rank && a.ratio == b.ratio &&
+                  a.min_rate == b.min_rate,
+                  "%s -> %s: warm-up %d, read back %d; min_rate %g, read back %g", trip[i], text, a.warmup, b.warmup, a.min_rate,
+                  b.min_rate);
     }
     CHECK_OK(dt_compress_parse("powersgd:2:warmup=3", &s));
     CHECK(s.kind == DT_COMPRESS_POWERSGD && s.rank == 2 && s.warmup == 3);
     const char *bad[] = {"topk", "topk:0", "topk:1.5", "topk:0.1:foo=1", "powersgd:0", "powersgd:1.5",
-                         "powersgd:2:warmup=x", "zip"};
+                         "powersgd:2:warmup=x", "powersgd:2:min_rate=-1", "powersgd:2:min_rate=", "powersgd:2:rate=2", "zip"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         CHECK(dt_compress_parse(bad[i], &s) == DT_EINVAL);
         CHECK_MSG(strstr(dt_last_error(), bad[i]) != NULL, "the error names '%s': %s", bad[i], dt_last_error());
@@ -370,7 +430,7 @@ static void test_trainer(void) {
     static float ref[CAP], got[CAP];
     struct { const char *base, *spec; double tol; } cases[] = {
         {"ddp(bucket_mb=0.0005)", "ddp(bucket_mb=0.0005,compress=topk:1:warmup=0)", 1e-5},
-        {"ddp(bucket_mb=0.0005)", "ddp(bucket_mb=0.0005,compress=powersgd:64:warmup=0)", 1e-5},
+        {"ddp(bucket_mb=0.0005)", "ddp(bucket_mb=0.0005,compress=powersgd:64:warmup=0:min_rate=0)", 1e-5},
         {"ddp(bucket_mb=0.0005)", "ddp(bucket_mb=0.0005,compress=fp16)", 1e-3},
         {"ddp(bucket_mb=0.0005)", "ddp(bucket_mb=0.0005,compress=bf16)", 1e-2},
         {"localsgd(sync_every=4)", "localsgd(sync_every=4,compress=topk:1:warmup=0)", 1e-5},
@@ -395,6 +455,7 @@ int main(void) {
     dt_test_write_toy_csv(g_dir, g_csv, "/tmp/dtrain-cmp-XXXXXX", 9);
     test_parse();
     test_topk_large();
+    test_min_rate();
     test_cast_exact();
     test_rescale_state();
     test_identities();

@@ -26,7 +26,7 @@ struct dt_grad_sync {
 };
 
 static const char *const FORMS =
-    "none, fp16, bf16, topk:RATIO[:momentum=M][:warmup=STEPS] or powersgd:RANK[:warmup=STEPS]";
+    "none, fp16, bf16, topk:RATIO[:momentum=M][:warmup=STEPS] or powersgd:RANK[:warmup=STEPS][:min_rate=X]";
 
 static dt_status bad(const char *text, const char *why) {
     return dt_error(DT_EINVAL, "--compress %s: %s (use %s, e.g. --compress topk:0.01)", text, why, FORMS);
@@ -59,6 +59,28 @@ static dt_status parse_topk(const char *text, const char *p, dt_compress_spec *o
     return DT_OK;
 }
 
+static dt_status parse_powersgd(const char *text, const char *p, dt_compress_spec *o) {
+    double r;
+    if (!num(p, 1, 1e6, &r, &p) || r != floor(r)) return bad(text, "the rank must be a whole number >= 1");
+    o->kind = DT_COMPRESS_POWERSGD, o->rank = (int)r, o->warmup = DT_COMPRESS_DEFAULT_WARMUP;
+    o->min_rate = DT_PSGD_DEFAULT_MIN_RATE;
+    while (*p == ':') {
+        p++;
+        double v;
+        if (!strncmp(p, "warmup=", 7)) {
+            if (!num(p + 7, 0, 1e9, &v, &p) || v != floor(v)) return bad(text, "warmup= needs a whole number of steps");
+            o->warmup = (int)v;
+        } else if (!strncmp(p, "min_rate=", 9)) {
+            if (!num(p + 9, 0, 1e6, &v, &p))
+                return bad(text, "min_rate= needs a number >= 0 (compress a matrix only when its factors are that many "
+                                 "times smaller; 0 compresses every matrix)");
+            o->min_rate = v;
+        } else
+            return bad(text, "powersgd takes :warmup=STEPS (plain allreduce for the first STEPS steps) and :min_rate=X");
+    }
+    return DT_OK;
+}
+
 dt_status dt_compress_parse(const char *text, dt_compress_spec *o) {
     memset(o, 0, sizeof *o);
     o->ratio = 1.0;
@@ -66,18 +88,7 @@ dt_status dt_compress_parse(const char *text, dt_compress_spec *o) {
     if (!strcmp(text, "fp16")) return o->kind = DT_COMPRESS_FP16, DT_OK;
     if (!strcmp(text, "bf16")) return o->kind = DT_COMPRESS_BF16, DT_OK;
     if (!strncmp(text, "topk:", 5)) return o->kind = DT_COMPRESS_TOPK, o->warmup = DT_COMPRESS_DEFAULT_WARMUP, parse_topk(text, text + 5, o);
-    if (!strncmp(text, "powersgd:", 9)) {
-        double r;
-        const char *e;
-        if (!num(text + 9, 1, 1e6, &r, &e) || r != floor(r)) return bad(text, "the rank must be a whole number >= 1");
-        o->kind = DT_COMPRESS_POWERSGD, o->rank = (int)r, o->warmup = DT_COMPRESS_DEFAULT_WARMUP;
-        if (!*e) return DT_OK;
-        double w;
-        if (strncmp(e, ":warmup=", 8) || !num(e + 8, 0, 1e9, &w, &e) || *e || w != floor(w))
-            return bad(text, "powersgd takes :warmup=STEPS (plain allreduce for the first STEPS steps)");
-        o->warmup = (int)w;
-        return DT_OK;
-    }
+    if (!strncmp(text, "powersgd:", 9)) return parse_powersgd(text, text + 9, o);
     return bad(text, "unknown compressor");
 }
 
@@ -89,7 +100,8 @@ void dt_compress_format(const dt_compress_spec *s, char *out, size_t cap) {
         snprintf(out, cap, "topk:%g:momentum=%g:warmup=%d", s->ratio, s->momentum, s->warmup);
         break;
     case DT_COMPRESS_POWERSGD:
-        snprintf(out, cap, "powersgd:%d:warmup=%d", s->rank, s->warmup);
+        if (s->min_rate == DT_PSGD_DEFAULT_MIN_RATE) snprintf(out, cap, "powersgd:%d:warmup=%d", s->rank, s->warmup);
+        else snprintf(out, cap, "powersgd:%d:warmup=%d:min_rate=%.17g", s->rank, s->warmup, s->min_rate);
         break;
     default: snprintf(out, cap, "none");
     }
@@ -271,7 +283,11 @@ dt_status dt_grad_sync_visit_state(dt_grad_sync *g, dt_state_visit_fn fn, void *
     size_t n = (size_t)g->world * g->state_n;
     dt_state_piece p = {.name = name, .buf = {g->state, DT_F32, n, DT_DEVICE_CPU}, .ndim = 2,
                         .shape = {g->world, (int64_t)g->state_n}, .numel = n, .is_optim = true,
-                        .hint = "it is the --compress error-feedback state of each rank; resume with as many "
-                                "workers, the same --compress and --bucket-mb"};
+                        .hint = g->spec.kind == DT_COMPRESS_POWERSGD
+                                    ? "it is the --compress error-feedback state of each rank; resume with as many "
+                                      "workers, the same --compress and --bucket-mb (a powersgd checkpoint written "
+                                      "before min_rate existed compressed every matrix: add :min_rate=0)"
+                                    : "it is the --compress error-feedback state of each rank; resume with as many "
+                                      "workers, the same --compress and --bucket-mb"};
     return fn(ctx, &p);
 }

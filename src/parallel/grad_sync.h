@@ -22,17 +22,26 @@ typedef struct {
                         * powersgd: steps of plain allreduce first (PyTorch's start_powerSGD_iter);
                         * DT_COMPRESS_DEFAULT_WARMUP where the text gives none */
     int rank;          /* powersgd: rank r of the approximation, >= 1 */
+    double min_rate;   /* powersgd: an n x m matrix is compressed only when its factors are at least this
+                        * many times smaller, (n + m) r min_rate < n m (PyTorch's min_compression_rate);
+                        * others travel plain with the biases. DT_PSGD_DEFAULT_MIN_RATE where not given */
 } dt_compress_spec;
 
 /* The warm-up of topk and powersgd when the text gives none: PyTorch's default start_powerSGD_iter.
  * Low-rank and sparse gradients early in training cost accuracy that the rest of a short run does
  * not win back (docs/parallel.md has the measurements); warmup=0 compresses from the first step. */
 #define DT_COMPRESS_DEFAULT_WARMUP 1000
+/* PowerSGD's min_rate when the text gives none: PyTorch's default min_compression_rate. A matrix
+ * whose factors save less than half of it (a rank near its smaller side) is sent whole: exact, and
+ * at most twice the bytes of its factors. min_rate=0 compresses every matrix. */
+#define DT_PSGD_DEFAULT_MIN_RATE 2.0
 
-/* Parses "none", "fp16", "bf16", "topk:RATIO[:momentum=M][:warmup=STEPS]", "powersgd:RANK[:warmup=S]" into
- * *out (warmup DT_COMPRESS_DEFAULT_WARMUP where not given); DT_EINVAL naming the text and the accepted forms. */
+/* Parses "none", "fp16", "bf16", "topk:RATIO[:momentum=M][:warmup=STEPS]",
+ * "powersgd:RANK[:warmup=S][:min_rate=X]" into *out (warmup DT_COMPRESS_DEFAULT_WARMUP, min_rate
+ * DT_PSGD_DEFAULT_MIN_RATE where not given); DT_EINVAL naming the text and the accepted forms. */
 dt_status dt_compress_parse(const char *text, dt_compress_spec *out);
-/* Writes the canonical text of spec (parsable by dt_compress_parse) to out. */
+/* Writes the canonical text of spec (parsable by dt_compress_parse) to out; min_rate only where it
+ * is not the default. */
 void dt_compress_format(const dt_compress_spec *spec, char *out, size_t cap);
 
 /* One bucket of a sync: the vector range [lo, hi) and where it stands. */
