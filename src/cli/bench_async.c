@@ -32,19 +32,16 @@ typedef struct {
 static const struct {
     const char *name, *flags;
     bool ps, slow;
-    bool extra;  /* runs only when --cases names it */
 } CASES[] = {
-    {"ddp", "--strategy ddp", false, true, false},
-    {"ddp+balance", "--strategy ddp --balance dynamic", false, true, false},
-    {"localsgd", "--strategy 'localsgd(sync_every=8)'", false, true, false},
-    {"ps s=4", "--strategy 'ps(staleness=4)'", true, true, false},
-    /* ps without groups (push_every=1: one exchange per batch), what the default's groups gain */
-    {"ps s=4 k=1", "--strategy 'ps(staleness=4,push_every=1)'", true, true, true},
-    {"ps s=4 fixed", "--strategy 'ps(staleness=4,shards=fixed)'", true, true, false},
-    {"ps async", "--strategy 'ps(staleness=inf)'", true, true, false},
-    {"ps async+ovl", "--strategy 'ps(staleness=inf,overlap=1)'", true, true, false},
+    {"ddp", "--strategy ddp", false, true},
+    {"ddp+balance", "--strategy ddp --balance dynamic", false, true},
+    {"localsgd", "--strategy 'localsgd(sync_every=8)'", false, true},
+    {"ps s=4", "--strategy 'ps(staleness=4)'", true, true},
+    {"ps s=4 fixed", "--strategy 'ps(staleness=4,shards=fixed)'", true, true},
+    {"ps async", "--strategy 'ps(staleness=inf)'", true, true},
+    {"ps async+ovl", "--strategy 'ps(staleness=inf,overlap=1)'", true, true},
     /* the machine's capacity for this job: what no strategy can beat here */
-    {"ddp no-slow", "--strategy ddp", false, false, false},
+    {"ddp no-slow", "--strategy ddp", false, false},
 };
 enum { NC = sizeof CASES / sizeof *CASES };
 
@@ -98,8 +95,7 @@ static const char USAGE[] =
     "throughput this machine allows for the job (with more ranks than cores it is CPU-bound, and a\n"
     "sleeping straggler frees a core for the others, so no strategy can gain more than that). The\n"
     "cases run R times, interleaved (accuracy is deterministic for ddp and localsgd; for ps it varies\n"
-    "with the timing). --cases picks rows by name (ddp always runs: the ratios need it); 'ps s=4 k=1'\n"
-    "(ps(staleness=4,push_every=1): one exchange per batch, no groups) runs only when named.";
+    "with the timing). --cases picks rows by name (ddp always runs: the ratios need it).";
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -230,9 +226,8 @@ static int pick_cases(char *list, bool *want) {
         int c = 0;
         while (c < NC && strcmp(CASES[c].name, item[i]) != 0) c++;
         if (c == NC)
-            return dt_cli_usage("names: ddp, ddp+balance, localsgd, 'ps s=4', 'ps s=4 k=1', 'ps s=4 fixed', "
-                                "'ps async', 'ps async+ovl', 'ddp no-slow'", "bench async: --cases: no case '%s'",
-                                item[i]);
+            return dt_cli_usage("names: ddp, ddp+balance, localsgd, 'ps s=4', 'ps s=4 fixed', 'ps async', "
+                                "'ps async+ovl', 'ddp no-slow'", "bench async: --cases: no case '%s'", item[i]);
         want[c] = true;
     }
     return 0;
@@ -252,7 +247,7 @@ int dt_bench_async(int argc, char **argv) {
                                                 "others 8192)"},
         {"batch", DT_FLAG_INT, &batch, "B", "per-worker batch"},
         {"repeat", DT_FLAG_INT, &repeat, "R", "runs of every case, interleaved; the table shows medians and spreads"},
-        {"cases", DT_FLAG_STR, &cases_s, "LIST", "the rows to run, by name (default all but 'ps s=4 k=1')"},
+        {"cases", DT_FLAG_STR, &cases_s, "LIST", "the rows to run, by name (default all)"},
     };
     int rc = dt_flags_parse(argc, argv, 1, flags, 9, USAGE, NULL, 0, NULL, NULL);
     if (rc) return rc < 0 ? 2 : 0;
@@ -269,7 +264,7 @@ int dt_bench_async(int argc, char **argv) {
             return dt_cli_usage("e.g. --workers 2,4", "bench async: --workers '%s': each count must be >= 2", wl[i]);
     if (nm < 1 || nw < 1) return dt_cli_usage("e.g. --model cnn,mlp --workers 2,4", "bench async: empty list");
     bench_ctx b = {.data = data, .epochs = epochs, .batch = batch, .repeat = repeat, .factor = factor};
-    for (int c = 0; c < NC; c++) b.want[c] = !CASES[c].extra;
+    for (int c = 0; c < NC; c++) b.want[c] = true;
     if (cases_s) {
         snprintf(cases_buf, sizeof cases_buf, "%s", cases_s);
         if ((rc = pick_cases(cases_buf, b.want))) return rc;

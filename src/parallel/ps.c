@@ -59,24 +59,20 @@ static dt_status server_error(const ps_state *p, int i, dt_status st, const char
     return dt_error_wrap(st, "ps worker rank %d: %s server rank %d", p->me, what, i);
 }
 
-/* One exchange with every server: the headers p->out[] and the gradients of their pushes go out
- * (server i's slices from g + lo[i] * mult, out[i].count of them one after another), then
- * (dynamic, S > 1) the pull requests naming the units server 0 handed out, and the answers come
- * into p->reply[] and the parameters w. Both sides make the same calls in the same order (ps.h). */
-static dt_status exchange(ps_state *p, const float *g, size_t mult, float *w, int64_t step) {
+/* One exchange with every server: the headers p->push[] and gradient g go out, then (dynamic,
+ * S > 1) the pull requests naming the unit server 0 handed out, and the answers come into
+ * p->reply[] and the parameters w. Both sides make the same calls in the same order (ps.h). */
+static dt_status exchange(ps_state *p, const float *g, float *w, int64_t step) {
     for (int i = 0; i < p->S; i++) {
-        const size_t n = p->lo[i + 1] - p->lo[i];
-        dt_status r = dt_comm_broadcast(p->pair[i], &p->out[i], sizeof p->out[i], DT_U8, 1);
-        if (r == DT_OK) r = dt_comm_broadcast(p->pair[i], (void *)(g + p->lo[i] * mult), (size_t)p->out[i].count * n, DT_F32, 1);
+        dt_status r = dt_comm_broadcast(p->pair[i], &p->push[i], sizeof p->push[i], DT_U8, 1);
+        if (r == DT_OK) r = dt_comm_broadcast(p->pair[i], (void *)(g + p->lo[i]), p->lo[i + 1] - p->lo[i], DT_F32, 1);
         if (r != DT_OK) return server_error(p, i, r, "pushing to");
     }
     for (int i = 0; i < p->S; i++) {
         dt_status r = DT_OK;
         const ps_reply *r0 = &p->reply[0];
-        if (i > 0 && p->dynamic && (r0->seq >= 0 || r0->bye || r0->later)) {  /* name the next units */
-            ps_msg pull = {.count = 1 + (r0->seq >= 0 ? r0->more : 0)};
-            for (int j = 0; j < pull.count; j++)
-                pull.m[j] = (ps_push){.step = step, .n = PS_N_PULL, .seq = j ? r0->extra[j - 1][0] : r0->seq};
+        if (i > 0 && p->dynamic && (r0->seq >= 0 || r0->bye || r0->later)) {  /* name the next unit */
+            ps_push pull = {.step = step, .n = PS_N_PULL, .seq = r0->seq};
             if ((r = dt_comm_broadcast(p->pair[i], &pull, sizeof pull, DT_U8, 1)) != DT_OK)
                 return server_error(p, i, r, "asking");
         }
@@ -84,14 +80,13 @@ static dt_status exchange(ps_state *p, const float *g, size_t mult, float *w, in
         if (r == DT_OK) r = dt_comm_broadcast(p->pair[i], w + p->lo[i], p->lo[i + 1] - p->lo[i], DT_F32, 0);
         if (r != DT_OK) return server_error(p, i, r, "pulling from");
     }
-    for (int i = 0; i < p->S; i++) p->out[i].count = 0;
     return DT_OK;
 }
 
 /* Dynamic: nothing left to train: say goodbye to every server. */
 static dt_status goodbye(ps_state *p, int64_t step) {
     for (int i = 0; i < p->S; i++) {
-        ps_msg bye = {.count = 1, .m[0] = {.step = step, .n = PS_N_BYE, .seq = -1}};
+        ps_push bye = {.step = step, .n = PS_N_BYE, .seq = -1};
         ps_reply ack;  /* the server took it: leaving now cannot look like a failure */
         dt_status e = dt_comm_broadcast(p->pair[i], &bye, sizeof bye, DT_U8, 1);
         if (e == DT_OK) e = dt_comm_broadcast(p->pair[i], &ack, sizeof ack, DT_U8, 0);
@@ -100,95 +95,30 @@ static dt_status goodbye(ps_state *p, int64_t step) {
     return DT_OK;
 }
 
-/* The push headers of this step, place j of the group (version: of the parameters the gradient
- * was computed on); the exchange wait is reported once, in the first push after it. */
-static void fill_push(dt_strategy *s, ps_state *p, float lr, int j) {
-    for (int i = 0; i < p->S; i++) {
-        p->out[i].m[j] = (ps_push){.step = s->step, .epoch = s->cur.epoch, .version = p->version[i], .n = s->cur.n,
-                                   .lr = lr, .loss_sum = s->cur.loss_sum, .busy_s = s->cur.busy_s,
-                                   .wait_s = p->last_wait, .seq = p->dynamic ? p->seq : -1};
-        p->out[i].count = j + 1;
-    }
-    p->last_wait = 0;
+/* The push headers of this step (version: of the parameters the gradient was computed on). */
+static void fill_push(dt_strategy *s, ps_state *p, float lr) {
+    for (int i = 0; i < p->S; i++)
+        p->push[i] = (ps_push){.step = s->step, .epoch = s->cur.epoch, .version = p->version[i], .n = s->cur.n,
+                               .lr = lr, .loss_sum = s->cur.loss_sum, .busy_s = s->cur.busy_s, .wait_s = p->last_wait,
+                               .seq = p->dynamic ? p->seq : -1};
 }
 
-/* Auto push_every: the units to ask for so that an exchange costs at most a quarter of the
- * compute between two (smoothed times); 1 while either is unknown, at most PS_GROUP_MAX and what
- * fits GROUP_BYTES of held gradients. A fixed push_every asks for that many. */
-#define GROUP_BYTES (64u << 20)
-static int group_want(const ps_state *p) {
-    if (!p->dynamic || p->overlap) return 1;
-    int k = p->push_every;
-    if (k == 0) {
-        if (!(p->ema_step > 0) || !(p->ema_xchg > 0)) return 1;
-        double q = 4 * p->ema_xchg / p->ema_step;
-        k = q >= PS_GROUP_MAX ? PS_GROUP_MAX : (int)q + (q > (int)q);
-        size_t fit = GROUP_BYTES / (p->P * sizeof(float) + 1);
-        if ((size_t)k > fit) k = fit > 0 ? (int)fit : 1;
-    }
-    return k < 1 ? 1 : k;
-}
-
-/* Makes room in gbuf for a group of k units (between groups: nothing is held in it then). */
-static dt_status group_reserve(ps_state *p, int k) {
-    if (k <= 1 || k <= p->gcap) return DT_OK;
-    dt_free(p->gbuf);
-    p->gcap = 0;
-    if (!(p->gbuf = dt_alloc((size_t)k * p->P * sizeof(float) + 1)))
-        return dt_error(DT_ENOMEM, "ps worker rank %d: no memory to hold %d gradients (use ps(push_every=1))", p->me, k);
-    p->gcap = k;
-    return DT_OK;
-}
-
-/* Keeps gradient g as unit j of the group: server i's slice at gbuf + lo[i] * gcap + j * its size. */
-static void group_keep(ps_state *p, const float *g, int j) {
-    for (int i = 0; i < p->S; i++) {
-        const size_t n = p->lo[i + 1] - p->lo[i];
-        memcpy(p->gbuf + p->lo[i] * (size_t)p->gcap + (size_t)j * n, g + p->lo[i], n * sizeof(float));
-    }
-}
-
-/* Dynamic: takes the answer's units: the first is trained next, the others are queued. */
-static dt_status take_units(ps_state *p) {
-    const ps_reply *r = &p->reply[0];
-    p->seq = r->seq, p->next_epoch = r->epoch, p->next_unit = r->unit;
-    const int more = r->seq >= 0 ? r->more : 0;
-    if (more < 0 || more >= PS_GROUP_MAX)
-        return dt_error(DT_EMISMATCH, "ps worker rank %d: server 0 handed out %d units at once (at most %d)", p->me,
-                        more + 1, PS_GROUP_MAX);
-    memcpy(p->queue, r->extra, (size_t)more * sizeof p->queue[0]);
-    p->nqueue = more, p->iqueue = 0;
-    return group_reserve(p, 1 + more);
-}
-
-/* Push the gradient slices, then take every server's answer into the parameters; with units
- * still queued (a group, push_every), keep the gradient and go on with the next unit instead. */
+/* Push the gradient slices, then take every server's answer into the parameters. */
 static dt_status ps_step_blocking(dt_strategy *s, float lr, float clip, dt_step_stats *st) {
     ps_state *p = s->impl;
     memset(st, 0, sizeof *st);
     float *g = dt_model_grads(s->model), *w = dt_model_params(s->model);
     if (clip > 0) s->cur.grad_norm = dt_clip_grad_norm(g, p->P, clip);
-    const int j = p->out[0].count;
-    fill_push(s, p, lr, j);
-    p->ema_step = p->ema_step > 0 ? 0.75 * p->ema_step + 0.25 * s->cur.busy_s : s->cur.busy_s;
-    if (j > 0 || p->iqueue < p->nqueue) group_keep(p, g, j);
-    if (p->iqueue < p->nqueue) {  /* the group goes on: no exchange now */
-        const int64_t *q = p->queue[p->iqueue++];
-        p->seq = q[0], p->next_epoch = q[1], p->next_unit = q[2];
-        return DT_OK;
-    }
     double t0 = dt_now();
-    const int want = group_want(p);
-    if (getenv("PSDBG") && s->step % 50 == 0) fprintf(stderr, "w%d step %lld want %d x %.3f ms c %.3f ms\n", p->me, (long long)s->step, want, p->ema_xchg*1e3, p->ema_step*1e3);
-    for (int i = 0; i < p->S; i++) p->out[i].want = want;
-    DT_TRY(exchange(p, j > 0 ? p->gbuf : g, j > 0 ? (size_t)p->gcap : 1, w, s->step));
+    fill_push(s, p, lr);
+    DT_TRY(exchange(p, g, w, s->step));
     for (int i = 0; i < p->S; i++) p->version[i] = p->reply[i].version;
     if (p->dynamic) {
-        DT_TRY(take_units(p));
-        if (p->reply[0].bye) DT_TRY(goodbye(p, s->step + 1));
+        const ps_reply *r = &p->reply[0];
+        p->seq = r->seq, p->next_epoch = r->epoch, p->next_unit = r->unit;
+        if (r->bye) DT_TRY(goodbye(p, s->step + 1));
     }
     st->comm_wait_s = p->last_wait = dt_now() - t0;
-    p->ema_xchg = p->ema_xchg > 0 ? 0.75 * p->ema_xchg + 0.25 * st->comm_wait_s : st->comm_wait_s;
     st->buckets = p->S;
     return DT_OK;
 }
@@ -201,7 +131,7 @@ static void *exchange_main(void *arg) {
         while (!p->busy && !p->quit) pthread_cond_wait(&p->cv, &p->mu);
         if (!p->busy) break;
         pthread_mutex_unlock(&p->mu);
-        dt_status st = exchange(p, p->gsend, 1, p->wstage, p->xstep);
+        dt_status st = exchange(p, p->gsend, p->wstage, p->xstep);
         pthread_mutex_lock(&p->mu);
         p->xst = st;
         if (st != DT_OK) snprintf(p->xmsg, sizeof p->xmsg, "%s", dt_last_error());  /* the message is per thread */
@@ -274,7 +204,7 @@ static dt_status ps_step_overlap(dt_strategy *s, float lr, float clip, dt_step_s
     }
     double t0 = dt_now();
     if (p->inflight) exchange_wait(p);
-    fill_push(s, p, lr, 0);  /* before the staged parameters come in: the version the gradient saw */
+    fill_push(s, p, lr);  /* before the staged parameters come in: the version the gradient saw */
     if (p->inflight) {
         p->inflight = false;
         DT_TRY(exchange_take(s, p));
@@ -322,8 +252,7 @@ static void ps_destroy(dt_strategy *s) {
     dt_comm_destroy(p->servers);
     free(p->pair);
     free(p->lo);
-    free(p->out);
-    dt_free(p->gbuf);
+    free(p->push);
     free(p->reply);
     free(p->version);
     free(p);
@@ -372,7 +301,6 @@ static dt_status ps_create(dt_strategy *s, const void *opts) {
     p->staleness = o->staleness;
     p->dynamic = !o->fixed_shards;
     p->overlap = o->overlap;
-    p->push_every = o->push_every;
     p->next_epoch = -1, p->next_unit = -1;
     if (p->overlap) {
         pthread_mutex_init(&p->mu, NULL);
@@ -382,7 +310,7 @@ static dt_status ps_create(dt_strategy *s, const void *opts) {
     p->P = dt_model_num_params(s->model);
     p->lo = calloc((size_t)p->S + 1, sizeof *p->lo);
     p->pair = calloc((size_t)(p->S > p->W ? p->S : p->W), sizeof *p->pair);
-    p->out = calloc((size_t)p->S, sizeof *p->out);
+    p->push = calloc((size_t)p->S, sizeof *p->push);
     p->reply = calloc((size_t)p->S, sizeof *p->reply);
     p->version = calloc((size_t)p->S, sizeof *p->version);
     const bool worker = me >= p->S;
@@ -391,7 +319,7 @@ static dt_status ps_create(dt_strategy *s, const void *opts) {
         p->wstage = dt_alloc(p->P * sizeof(float) + 1);
     }
     s->impl = p;
-    if (!p->lo || !p->pair || !p->out || !p->reply || !p->version ||
+    if (!p->lo || !p->pair || !p->push || !p->reply || !p->version ||
         (p->overlap && worker && (!p->gsend || !p->wstage))) {
         ps_destroy(s);
         return dt_error(DT_ENOMEM, "ps: out of memory");
@@ -405,7 +333,7 @@ static dt_status ps_create(dt_strategy *s, const void *opts) {
     return DT_OK;
 }
 
-/* ---- options: "ps(servers=S,staleness=S|inf,shards=dynamic|fixed,overlap=0|1,push_every=auto|K)" ---- */
+/* ---- options: "ps(servers=S,staleness=S|inf,shards=dynamic|fixed,overlap=0|1)" ---- */
 static void ps_defaults(void *opts) { *(ps_opts *)opts = (ps_opts){.servers = 1, .staleness = -1}; }
 
 /* A whole number in [lo, hi]. */
@@ -434,12 +362,6 @@ static dt_status ps_set(void *opts, const char *key, const char *value) {
             return dt_error(DT_EINVAL, "--strategy ps: shards=%s: use shards=dynamic (server 0 hands out the batches, "
                             "the default) or shards=fixed (each worker owns 1/N of every epoch)", value);
         o->fixed_shards = !strcmp(value, "fixed");
-    } else if (!strcmp(key, "push_every")) {
-        if (!strcmp(value, "auto")) o->push_every = 0;
-        else if (whole(value, 1, PS_GROUP_MAX, &v)) o->push_every = (int)v;
-        else
-            return dt_error(DT_EINVAL, "--strategy ps: push_every=%s: use push_every=auto (the default) or a whole "
-                            "number of batches from 1 to %d", value, PS_GROUP_MAX);
     } else {  /* overlap */
         if (strcmp(value, "0") && strcmp(value, "1") && strcmp(value, "true") && strcmp(value, "false"))
             return dt_error(DT_EINVAL, "--strategy ps: overlap=%s: use overlap=1 or overlap=0", value);
@@ -456,10 +378,6 @@ static dt_status ps_check(const void *opts) {
         return dt_error(DT_EINVAL, "--strategy ps: overlap=1 needs shards=dynamic and staleness=inf (it adds a step "
                         "of staleness that a bound does not count): use %s, or drop overlap",
                         o->fixed_shards ? "shards=dynamic" : "staleness=inf");
-    if (o->push_every > 1 && (o->fixed_shards || o->overlap))
-        return dt_error(DT_EINVAL, "--strategy ps: push_every=%d needs shards=dynamic and overlap=0 (the batches of a "
-                        "group are handed out together): use push_every=1 or auto, or %s", o->push_every,
-                        o->fixed_shards ? "shards=dynamic" : "overlap=0");
     return DT_OK;
 }
 
@@ -469,14 +387,12 @@ static void ps_format(const void *opts, char *out, size_t cap) {
     const ps_opts *o = opts;
     char st[16] = "inf";
     if (o->staleness >= 0) snprintf(st, sizeof st, "%d", o->staleness);
-    char pe[16] = "auto";
-    if (o->push_every > 0) snprintf(pe, sizeof pe, "%d", o->push_every);
-    snprintf(out, cap, "servers=%d,staleness=%s,shards=%s,overlap=%d,push_every=%s", o->servers, st,
-             o->fixed_shards ? "fixed" : "dynamic", o->overlap ? 1 : 0, pe);
+    snprintf(out, cap, "servers=%d,staleness=%s,shards=%s,overlap=%d", o->servers, st,
+             o->fixed_shards ? "fixed" : "dynamic", o->overlap ? 1 : 0);
 }
 
 const dt_strategy_entry dt_strategy_ps_entry = {
-    .name = "ps", .help = "ps(servers=S,staleness=S|inf,shards=dynamic|fixed,overlap=0|1,push_every=auto|K)",
-    .keys = "servers, staleness, shards, overlap, push_every", .opts_size = sizeof(ps_opts), .defaults = ps_defaults,
+    .name = "ps", .help = "ps(servers=S,staleness=S|inf,shards=dynamic|fixed,overlap=0|1)",
+    .keys = "servers, staleness, shards, overlap", .opts_size = sizeof(ps_opts), .defaults = ps_defaults,
     .set = ps_set, .check = ps_check, .create = ps_create, .servers = ps_servers, .format = ps_format,
     .needs_comm = true};

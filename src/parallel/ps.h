@@ -77,7 +77,6 @@
 
 enum { PS_TAG_SHARD = 10 };  /* server -> server 0 at an epoch end: params, then optimizer states */
 enum { PS_N_BYE = -1, PS_N_PULL = -2 };  /* ps_push.n of a goodbye and of a pull request */
-enum { PS_GROUP_MAX = 8 };  /* units a worker may hold and push in one exchange (push_every) */
 
 typedef struct {
     int64_t step;        /* the worker's step (0-based); its clock becomes step + 1 */
@@ -91,24 +90,14 @@ typedef struct {
     int64_t seq;         /* dynamic: the unit trained (a pull request: the next unit); -1 otherwise */
 } ps_push;
 
-/* The header of an exchange: `count` pushes (a group, one per unit trained since the last
- * exchange; their gradient slices follow as one message, in order), or one pull request naming
- * `count` units, or one goodbye. want: dynamic, the units the worker asks server 0 for. */
-typedef struct {
-    int32_t count, want;
-    ps_push m[PS_GROUP_MAX];
-} ps_msg;
-
 typedef struct {
     int64_t version;     /* pushes applied to this shard so far */
     int64_t seq, epoch, unit;  /* dynamic, server 0: the worker's next unit; unit -1 = none */
-    int32_t more;        /* dynamic, server 0: units handed out after that one, in extra[] (push_every) */
-    int64_t extra[PS_GROUP_MAX - 1][3];  /* their seq, epoch, unit */
     int32_t bye;         /* dynamic, server 0: no next unit; say goodbye to every server */
     int32_t later;       /* overlap, server 0: no unit ahead now (quiet finish, max_steps); ask after the one held */
 } ps_reply;
 
-/* ps's options: "ps(servers=S,staleness=S|inf,shards=dynamic|fixed,overlap=0|1,push_every=auto|K)". */
+/* ps's options: "ps(servers=S,staleness=S|inf,shards=dynamic|fixed,overlap=0|1)". */
 typedef struct {
     int servers;             /* the first `servers` ranks are servers, >= 1 (default 1) */
     int staleness;           /* bound in steps (rounds of W batches, see above), < 0 = unbounded (default) */
@@ -116,8 +105,6 @@ typedef struct {
                               * (default shards=dynamic: the workers take the next batch from server 0) */
     bool overlap;            /* dynamic assignment, staleness < 0 only: a worker's push and pull run in the
                               * background while it trains the next batch (one unit held ahead, above) */
-    int push_every;          /* dynamic, no overlap: units a worker trains per exchange, 1..PS_GROUP_MAX;
-                              * 0 = auto (from its step and exchange times, above; the default) */
 } ps_opts;
 
 typedef struct {
@@ -130,20 +117,13 @@ typedef struct {
     dt_comm **pair;          /* server: [W] its pair with worker w; worker: [S] its pair with server i */
     dt_comm *servers;        /* servers among themselves (S > 1), else NULL */
     /* worker side */
-    ps_msg *out;             /* [S] the header to each server: the pushes of the group so far (count) */
+    ps_push *push;           /* [S] */
     ps_reply *reply;         /* [S] */
     int64_t *version;        /* [S] last version seen from each server */
     int64_t seq;             /* dynamic: the unit this worker trains now */
     int64_t next_epoch, next_unit;  /* dynamic: the unit it trains next (next_unit < 0: none left);
                                      * overlap: before the first step, the unit held ahead (seq W + w) */
     double last_wait;        /* the previous step's exchange wait (reported in the next push) */
-    /* worker side, groups (push_every, see the top) */
-    int push_every;          /* 0: auto */
-    float *gbuf;             /* [gcap * P] their gradients: server i's slices from lo[i] * gcap, in order */
-    int gcap;                /* units gbuf holds (grown on demand) */
-    int64_t queue[PS_GROUP_MAX][3];  /* units handed out and not yet started: seq, epoch, unit */
-    int nqueue, iqueue;
-    double ema_step, ema_xchg;  /* smoothed compute per unit and wall time per exchange (auto) */
     /* worker side, overlap (see the top): the exchange thread and its buffers */
     bool overlap;
     float *gsend, *wstage;   /* [P] the gradient being pushed; the parameters being pulled */

@@ -10,12 +10,12 @@
 
 #define QUIET_UNITS 16  /* units per worker at the end of the run trained one at a time */
 
-/* Dynamic: the units worker w may hold (pending slots: 2 with overlap, else a group's). */
-int dt_ps_slots(const server *sv) { return sv->p->overlap ? 2 : PS_GROUP_MAX; }
+/* Dynamic: the units worker w holds (pending slots: 2 with overlap, else 1). */
+int dt_ps_slots(const server *sv) { return sv->p->overlap ? 2 : 1; }
 
 static int held(const server *sv, int w) {
     int n = 0;
-    for (int k = 0; k < dt_ps_slots(sv); k++) n += sv->pending[w * PS_GROUP_MAX + k] >= 0;
+    for (int k = 0; k < dt_ps_slots(sv); k++) n += sv->pending[w * 2 + k] >= 0;
     return n;
 }
 
@@ -23,14 +23,14 @@ static int held(const server *sv, int w) {
 static void hold(server *sv, int w, int64_t q) {
     if (q < 0) return;
     int k = 0;
-    while (k < dt_ps_slots(sv) - 1 && sv->pending[w * PS_GROUP_MAX + k] >= 0) k++;
-    sv->pending[w * PS_GROUP_MAX + k] = q;
+    while (k < dt_ps_slots(sv) - 1 && sv->pending[w * 2 + k] >= 0) k++;
+    sv->pending[w * 2 + k] = q;
 }
 
 /* Worker w pushed seq q: true when it held it (the slot is cleared). */
 bool dt_ps_release(server *sv, int w, int64_t q) {
     for (int k = 0; k < dt_ps_slots(sv); k++)
-        if (q >= 0 && sv->pending[w * PS_GROUP_MAX + k] == q) return sv->pending[w * PS_GROUP_MAX + k] = -1, true;
+        if (q >= 0 && sv->pending[w * 2 + k] == q) return sv->pending[w * 2 + k] = -1, true;
     return false;
 }
 
@@ -109,29 +109,7 @@ static bool quiet_wait(const server *sv, int w) {
  * final model ~1 accuracy point worse and twice as spread (0.83-0.86) as one whose last ~4% of
  * steps are not stale (0.85-0.86), which fixed shards happened to give when the workers finished
  * their shards at different times. */
-/* push_every: up to want - 1 more units after r's, each only where it needs no wait: before the
- * quiet finish, within max_steps (the worker trains them as its steps clk + 1, clk + 2, ...),
- * inside the run, and a round of slack below the staleness bound (so s = 0 hands out one unit
- * at a time, and a bound is not filled by one worker's group). */
-static void hand_more(server *sv, int w, int64_t clk, int want, int64_t quiet_from, ps_reply *r) {
-    const dt_serve_config *c = sv->cfg;
-    const int64_t u0 = c->start_step_in_epoch * sv->p->W;
-    if (sv->p->overlap || want > PS_GROUP_MAX) want = sv->p->overlap ? 1 : PS_GROUP_MAX;
-    while (1 + r->more < want && clk + 1 + r->more < sv->total) {
-        int64_t q = sv->nrequeue > 0 ? sv->requeue[sv->nrequeue - 1] : sv->next_seq, e, u;
-        if (q >= quiet_from || (sv->p->staleness >= 0 && round_gap(sv, q) >= sv->p->staleness)) return;
-        dt_ps_seq_unit(q, c->start_epoch, u0, sv->units, &e, &u);
-        if (e >= c->epochs) return;
-        if (round_gap(sv, q) > sv->max_gap) sv->max_gap = (int)round_gap(sv, q);
-        if (sv->nrequeue > 0) sv->nrequeue--;
-        else sv->next_seq++;
-        hold(sv, w, q);
-        r->extra[r->more][0] = q, r->extra[r->more][1] = e, r->extra[r->more][2] = u;
-        r->more++;
-    }
-}
-
-void dt_ps_assign(server *sv, int w, int64_t clk, int want, ps_reply *r) {
+void dt_ps_assign(server *sv, int w, int64_t clk, ps_reply *r) {
     const dt_serve_config *c = sv->cfg;
     const int64_t u0 = c->start_step_in_epoch * sv->p->W;
     const int64_t run = (c->epochs - c->start_epoch) * sv->units - u0;
@@ -139,7 +117,7 @@ void dt_ps_assign(server *sv, int w, int64_t clk, int want, ps_reply *r) {
     if (quiet > run / 16) quiet = run / 16;
     const int64_t quiet_from = sv->p->W > 1 ? run - quiet : INT64_MAX;
     for (;;) {
-        r->seq = -1, r->epoch = -1, r->unit = -1, r->bye = 0, r->later = 0, r->more = 0;
+        r->seq = -1, r->epoch = -1, r->unit = -1, r->bye = 0, r->later = 0;
         if (clk >= sv->total) return;  /* max_steps: the worker stops by itself, no goodbye */
         /* overlap: a unit handed out now is trained at step clk + 1, behind the one the worker
          * holds; none that max_steps would leave untrained (and its epoch never complete) */
@@ -170,7 +148,6 @@ void dt_ps_assign(server *sv, int w, int64_t clk, int want, ps_reply *r) {
         else sv->next_seq++;
         hold(sv, w, q);
         *r = (ps_reply){.seq = q, .epoch = e, .unit = u, .bye = 0};
-        hand_more(sv, w, clk, want, quiet_from, r);
         return;
     }
 }
@@ -179,23 +156,16 @@ void dt_ps_assign(server *sv, int w, int64_t clk, int want, ps_reply *r) {
  * it, and holds the answer while that unit is more than s rounds ahead of the units in here
  * (with the lock held; released while receiving). */
 dt_status dt_ps_pull(server *sv, int w) {
-    ps_msg m;
+    ps_push m;
     pthread_mutex_unlock(&sv->mu);
     dt_status st = dt_comm_broadcast(sv->p->pair[w], &m, sizeof m, DT_U8, 1);
     pthread_mutex_lock(&sv->mu);
     if (st != DT_OK) return st;
-    bool ok = m.count >= 1 && m.count <= (sv->p->overlap ? 1 : PS_GROUP_MAX);
-    for (int j = 0; ok && j < m.count; j++) ok = m.m[j].n == PS_N_PULL;
-    if (!ok)
-        return dt_error(DT_EMISMATCH, "ps server rank %d: worker rank %d sent %d entries (first n = %d) where a pull "
-                        "request for 1 to %d units belongs", sv->p->me, sv->p->S + w, m.count, m.m[0].n,
-                        sv->p->overlap ? 1 : PS_GROUP_MAX);
-    int64_t last = -1;  /* the group's furthest unit: the bound waits for it */
-    for (int j = 0; j < m.count; j++) {
-        hold(sv, w, m.m[j].seq);
-        if (m.m[j].seq > last) last = m.m[j].seq;
-    }
-    while (last >= 0 && sv->p->staleness >= 0 && round_gap(sv, last) > sv->p->staleness && !sv->stopping &&
+    if (m.n != PS_N_PULL)
+        return dt_error(DT_EMISMATCH, "ps server rank %d: worker rank %d sent a push (n = %d) where a pull request "
+                        "belongs", sv->p->me, sv->p->S + w, m.n);
+    hold(sv, w, m.seq);
+    while (m.seq >= 0 && sv->p->staleness >= 0 && round_gap(sv, m.seq) > sv->p->staleness && !sv->stopping &&
            sv->alive[w])
         pthread_cond_wait(&sv->cv, &sv->mu);
     return DT_OK;

@@ -50,11 +50,11 @@ static void drop(server *sv, int w, dt_status st) {
     sv->alive[w] = false;
     sv->nlive--;
     for (int k = 0; sv->p->dynamic && k < dt_ps_slots(sv); k++) {
-        int64_t q = sv->pending[w * PS_GROUP_MAX + k];
+        int64_t q = sv->pending[w * 2 + k];
         if (q < 0) continue;
         if (sv->idx == 0) sv->requeue[sv->nrequeue++] = q;  /* its units go to other workers */
         else dt_ps_unit_in(sv, q);  /* nothing waits for it here (see the top) */
-        sv->pending[w * PS_GROUP_MAX + k] = -1;
+        sv->pending[w * 2 + k] = -1;
     }
     pthread_cond_broadcast(&sv->cv);
     if (sv->stopping) return;  /* leaving after a stop is expected */
@@ -113,30 +113,6 @@ void dt_ps_push_record(server *sv, int w, const ps_push *m) {
     pthread_cond_broadcast(&sv->cv);
 }
 
-/* The header of an exchange from worker w is well formed: 1..PS_GROUP_MAX entries, a goodbye
- * alone, pushes only (a group of several only under dynamic assignment without overlap). */
-static dt_status msg_check(const server *sv, int w, const ps_msg *m) {
-    const ps_state *p = sv->p;
-    const int most = p->dynamic && !p->overlap ? PS_GROUP_MAX : 1;
-    bool ok = m->count >= 1 && m->count <= most && m->m[0].n >= PS_N_BYE && (m->m[0].n >= 0 || m->count == 1);
-    for (int j = 1; ok && j < m->count; j++) ok = m->m[j].n >= 0;
-    if (ok) return DT_OK;
-    return dt_error(DT_EMISMATCH, "ps server rank %d: worker rank %d sent %d entries (first n = %d) where a push "
-                    "group of 1 to %d or a goodbye belongs", p->me, p->S + w, m->count, m->m[0].n, most);
-}
-
-/* Room in h->grad for a group of k gradient slices. */
-static dt_status grad_reserve(handler *h, int k) {
-    if (k <= h->gcap) return DT_OK;
-    dt_free(h->grad);
-    h->gcap = 0;
-    if (!(h->grad = dt_alloc((size_t)k * h->sv->n * sizeof(float) + 1)))
-        return dt_error(DT_ENOMEM, "ps server rank %d: no memory for a group of %d gradients from worker rank %d",
-                        h->sv->p->me, k, h->sv->p->S + h->w);
-    h->gcap = k;
-    return DT_OK;
-}
-
 static void *handler_main(void *arg) {
     handler *h = arg;
     server *sv = h->sv;
@@ -149,19 +125,19 @@ static void *handler_main(void *arg) {
         bool done = sv->clock[w] >= total || !sv->alive[w];
         pthread_mutex_unlock(&sv->mu);
         if (done) break;
-        ps_msg m;
+        ps_push m;
         dt_status st = dt_comm_broadcast(c, &m, sizeof m, DT_U8, 1);
-        if (st == DT_OK) st = msg_check(sv, w, &m);
-        if (st == DT_OK && m.m[0].n >= 0) st = grad_reserve(h, m.count);
-        if (st == DT_OK && m.m[0].n >= 0)  /* n < 0: goodbye */
-            st = dt_comm_broadcast(c, h->grad, (size_t)m.count * sv->n, DT_F32, 1);
+        if (st == DT_OK && m.n >= 0) st = dt_comm_broadcast(c, h->grad, sv->n, DT_F32, 1);  /* n < 0: goodbye */
+        if (st == DT_OK && m.n < 0 && m.n != PS_N_BYE)
+            st = dt_error(DT_EMISMATCH, "ps server rank %d: worker rank %d sent n = %d where a push or goodbye belongs",
+                          p->me, p->S + w, m.n);
         pthread_mutex_lock(&sv->mu);
         if (st != DT_OK) {
             drop(sv, w, st);
             pthread_mutex_unlock(&sv->mu);
             break;
         }
-        if (m.m[0].n < 0) {  /* dynamic: the worker is done; acknowledge, so that its leaving is not a failure */
+        if (m.n < 0) {  /* dynamic: the worker is done; acknowledge, so that its leaving is not a failure */
             sv->bye[w] = true;
             pthread_cond_broadcast(&sv->cv);
             pthread_mutex_unlock(&sv->mu);
@@ -173,16 +149,13 @@ static void *handler_main(void *arg) {
             }
             break;
         }
-        for (int j = 0; j < m.count && st == DT_OK; j++) {  /* a group: applied one after another */
-            if ((st = dt_ps_push_check(sv, w, &m.m[j])) != DT_OK) break;
-            if (m.m[j].n > 0) dt_optim_step(sv->opt, sv->w, h->grad + (size_t)j * sv->n, m.m[j].lr);
-            dt_ps_push_record(sv, w, &m.m[j]);
-        }
-        if (st != DT_OK) {
+        if ((st = dt_ps_push_check(sv, w, &m)) != DT_OK) {
             drop(sv, w, st);
             pthread_mutex_unlock(&sv->mu);
             break;
         }
+        if (m.n > 0) dt_optim_step(sv->opt, sv->w, h->grad, m.lr);
+        dt_ps_push_record(sv, w, &m);
         int64_t clk = sv->clock[w];
         /* fixed shards, stale-synchronous: hold the answer while this worker is too far ahead of
          * the slowest (dynamic: dt_ps_assign() and dt_ps_pull() hold it instead) */
@@ -191,7 +164,7 @@ static void *handler_main(void *arg) {
         int64_t lo = min_live(sv);
         if (!p->dynamic && clk < total && !sv->stopping && clk - lo > sv->max_gap) sv->max_gap = (int)(clk - lo);
         ps_reply r = {.seq = -1, .epoch = -1, .unit = -1};
-        if (p->dynamic && sv->idx == 0) dt_ps_assign(sv, w, clk, m.want, &r);
+        if (p->dynamic && sv->idx == 0) dt_ps_assign(sv, w, clk, &r);
         else if (p->dynamic && clk < total && (st = dt_ps_pull(sv, w)) != DT_OK) {
             drop(sv, w, st);
             pthread_mutex_unlock(&sv->mu);
@@ -382,8 +355,8 @@ dt_status dt_ps_books_alloc(server *sv) {
     sv->clock = calloc(W, sizeof *sv->clock);
     sv->alive = calloc(W, sizeof *sv->alive);
     sv->bye = calloc(W, sizeof *sv->bye);
-    sv->pending = calloc(W * PS_GROUP_MAX, sizeof *sv->pending);
-    sv->requeue = calloc(W * PS_GROUP_MAX, sizeof *sv->requeue);
+    sv->pending = calloc(W * 2, sizeof *sv->pending);
+    sv->requeue = calloc(W * 2, sizeof *sv->requeue);
     sv->wunits = calloc(W, sizeof *sv->wunits);
     sv->units_done = calloc(E, sizeof *sv->units_done);
     sv->loss_sum = calloc(E, sizeof *sv->loss_sum);
@@ -455,14 +428,12 @@ dt_status dt_ps_serve(dt_strategy *s, const dt_serve_config *cfg) {
     sv.version = 0;
     for (int w = 0; w < W; w++) {
         sv.clock[w] = cfg->start_step, sv.alive[w] = true;
-        int64_t *slot = sv.pending + (size_t)w * PS_GROUP_MAX;
-        for (int k = 0; k < PS_GROUP_MAX; k++) slot[k] = -1;
-        slot[0] = p->dynamic ? w : -1;
-        if (p->dynamic && p->overlap && dt_ps_seq_epoch(&sv, W + w) + sv.ep0 < cfg->epochs) slot[1] = W + w;
+        sv.pending[w * 2] = p->dynamic ? w : -1, sv.pending[w * 2 + 1] = -1;
+        if (p->dynamic && p->overlap && dt_ps_seq_epoch(&sv, W + w) + sv.ep0 < cfg->epochs) sv.pending[w * 2 + 1] = W + w;
     }
     sv.nlive = W;
     for (int w = 0; w < W && st == DT_OK; w++) {
-        h[w] = (handler){.sv = &sv, .w = w, .grad = dt_alloc(sv.n * sizeof(float) + 1), .gcap = 1,
+        h[w] = (handler){.sv = &sv, .w = w, .grad = dt_alloc(sv.n * sizeof(float) + 1),
                          .out = dt_alloc(sv.n * sizeof(float) + 1)};
         if (!h[w].grad || !h[w].out) st = dt_error(DT_ENOMEM, "ps server: out of memory");
         else if (pthread_create(&h[w].thread, NULL, handler_main, &h[w]) != 0)

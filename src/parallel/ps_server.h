@@ -17,8 +17,7 @@ typedef struct {
     int w;               /* worker index */
     pthread_t thread;
     bool started;
-    float *grad, *out;   /* receive (gcap shards: a group) and answer (a shard) buffers */
-    int gcap;
+    float *grad, *out;   /* shard-sized receive and answer buffers */
 } handler;
 
 struct server {
@@ -38,10 +37,9 @@ struct server {
     /* dynamic assignment */
     int64_t units;                 /* units per epoch */
     int64_t next_seq;              /* server 0: next seq never handed out */
-    int64_t *pending;              /* [W * PS_GROUP_MAX] seqs held by each worker (handed out by server 0,
-                                    * named by a pull request on the others), not yet pushed (-1); several:
-                                    * overlap (2) or a group (push_every) */
-    int64_t *requeue;              /* server 0: [W * PS_GROUP_MAX] seqs of dropped workers to hand out again */
+    int64_t *pending;              /* [W * 2] seqs held by each worker (handed out by server 0, named by a
+                                    * pull request on the others), not yet pushed (-1); slot 1: overlap */
+    int64_t *requeue;              /* server 0: [W * 2] seqs of dropped workers to hand out again */
     int64_t *wunits;               /* server 0: [W] units each worker pushed in this run */
     int nrequeue;
     int64_t *units_done;           /* [nep] units pushed by epoch */
@@ -84,7 +82,7 @@ void dt_ps_push_record(server *sv, int w, const ps_push *m);
 
 /* ---- dynamic assignment (ps_assign.c); all with the server lock held ---- */
 
-/* Units a worker may hold at once (2 with overlap, else a group of up to PS_GROUP_MAX): its pending slots. */
+/* Units a worker may hold at once (2 with overlap, else 1): its pending slots. */
 int dt_ps_slots(const server *sv);
 /* Worker w pushed unit q: clears q from its slots; false if it did not hold q. */
 bool dt_ps_release(server *sv, int w, int64_t q);
@@ -96,9 +94,8 @@ int64_t dt_ps_seq_epoch(const server *sv, int64_t q);
 /* Unit q as a resume position: epoch and global batches of batch x workers done in it. */
 void dt_ps_seq_position(const server *sv, int64_t q, int64_t *epoch, int64_t *in_epoch);
 /* Server 0: fills r with worker w's next unit (after its push made its clock clk), or none;
- * may wait for the staleness bound or the quiet finish. Up to want - 1 more units follow in
- * r->extra where they need no wait and leave the bound a round of slack (push_every). */
-void dt_ps_assign(server *sv, int w, int64_t clk, int want, ps_reply *r);
+ * may wait for the staleness bound or the quiet finish. */
+void dt_ps_assign(server *sv, int w, int64_t clk, ps_reply *r);
 /* Servers > 0: takes worker w's pull request and waits for the bound on the unit it names
  * (releases the lock while receiving). */
 dt_status dt_ps_pull(server *sv, int w);
