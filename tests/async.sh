@@ -3,6 +3,7 @@
 # the same with --ps-overlap; killing a ps worker (kill -9) mid-run: the job completes, says so and
 # counts every sample once (also with --ps-overlap); SIGTERM stops a ps job with a checkpoint and
 # --resume trains the rest from its position (both modes); --max-steps stops cleanly (both modes);
+# with --grad-accum a step pushes batch x grad-accum samples;
 # bounded staleness under a straggler stays within its bound (metrics), with fixed shards and with
 # dynamic assignment;
 # localsgd and ddp + --balance dynamic report per-worker figures; flag errors name the fix; and
@@ -154,6 +155,18 @@ for ovl in "${OVLS[@]}"; do
   done
 done
 [ $fails -eq $f0 ] && ok "--max-steps 50 (1 and 3 workers, 2 servers) and 500 (over an epoch end), with and without --ps-overlap: exit 0, every step"
+
+# 2e. --grad-accum: a worker's step (and push) is batch x grad-accum samples (the server refused
+# such pushes as impossible and dropped every worker), with either balance mode
+for mode in dynamic static; do
+  rm -f "$TMP/ga.jsonl"
+  timeout 60 $DT train --workers 2 --strategy ps --balance $mode --grad-accum 2 --model mlp --epochs 1 --batch 32 \
+    --max-steps 20 --quiet --metrics "$TMP/ga.jsonl" >"$TMP/ga.log" 2>&1
+  rc=$? n=$(epoch_samples "$TMP/ga.jsonl")
+  [ $rc -eq 0 ] && grep -q "after 20 steps" "$TMP/ga.log" && [ "$n" = "2560" ] \
+    && ok "ps --balance $mode --grad-accum 2: 2 workers x 20 steps x 64 samples" \
+    || bad "ps --balance $mode --grad-accum 2 (exit $rc, samples '$n', want 2560): $(tail -4 "$TMP/ga.log")"
+done
 
 # 3. bounded staleness under a straggler, both ways: fixed shards (SSP on the workers' own clocks)
 # and the default dynamic assignment (rounds of one batch per worker); the gap stays within --staleness

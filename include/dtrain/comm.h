@@ -29,7 +29,7 @@
  * DTRAIN_SHM_SMALL (allreduce size reduced whole by every rank), DTRAIN_SHM_NT (results at least
  * this large use streaming stores), DTRAIN_SHM_SPIN_US (spin before sleeping on a futex; default
  * 200 us on the thread that created the communicator, 50 on others such as its progress thread, 0
- * when the ranks outnumber the CPUs they may run on).
+ * when the ranks outnumber the CPUs they may run on, also on a communicator split from such a job).
  *
  * Threads: a communicator is called from one thread at a time (non-blocking ops progress on
  * its own internal thread). Create and destroy it on a thread that lives as long as it does

@@ -119,6 +119,8 @@ typedef struct {
     /* waiting */
     pthread_t owner;                 /* the creating thread: waits there use wait_fg, elsewhere wait_bg */
     dt_shm_wait_policy wait_fg, wait_bg; /* the rank's own thread; its progress and helper threads */
+    bool over;                       /* oversubscribed: more ranks than CPUs here, or a split of such a
+                                      * job (its ranks share the CPUs with the parent's others) */
     double next_check;
     double check_delay_s;            /* DTRAIN_SHM_TEST_CHECK_DELAY_MS: tests widen the poll -> slow check gap */
     int waiting_on;                  /* peer the current wait needs, for timeout messages */

@@ -2,8 +2,9 @@
  * for a while, then yields a few times, then sleeps on its doorbell futex. What fits depends on
  * who else needs the CPU:
  *   - more ranks than the CPUs they may run on together (oversubscribed: 8 ranks on 2 cores, or
- *     ranks pinned to a shared core): no spin, two yields, then sleep, so that the peer being
- *     waited for gets the core at once;
+ *     ranks pinned to a shared core), or a split of such a job (ps's 2-rank server-worker pairs
+ *     of 5 ranks on 2 cores: the pair's CPUs are shared with the job's other ranks): no spin, two
+ *     yields, then sleep, so that the peer being waited for gets the core at once;
  *   - the thread that created the transport, the rank's own (a blocking collective: DDP's last
  *     bucket, its parameter allgather): it has nothing else to run, so it spins without yielding,
  *     SPIN_US;

@@ -137,6 +137,34 @@ static int test_steps(int R, int N, const char *job, void *arg) {
     return dt_test_failures;
 }
 
+/* 3 ranks on 2 CPUs (ranks 0 and 2 share the first): oversubscribed. A split of ranks 0 and 1
+ * (ps's server-worker pairs) runs on 2 CPUs of its own but still shares them with rank 2: it waits
+ * as oversubscribed too, without spinning. */
+static int test_split_over(int R, int N, const char *job, void *arg) {
+    const pin_arg *a = arg;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(a->cpu[R == 1], &set);
+    CHECK(sched_setaffinity(0, sizeof set, &set) == 0);
+    dt_comm *c = NULL, *pc = NULL;
+    CHECK_OK(dt_test_comm(&c, R, N, job, DT_ALGO_AUTO, 60));
+    if (!c) return 1;
+    const dt_shm *s = (const dt_shm *)c->t;
+    CHECK_MSG(s->wait_fg.spin_s == 0 && s->wait_fg.yields == 2, "rank %d: 3 ranks on 2 CPUs: spin %g s", R,
+              s->wait_fg.spin_s);
+    CHECK_OK(dt_comm_split(c, R < 2 ? 0 : DT_COMM_UNDEFINED, R, &pc));
+    if (R < 2 && pc) {
+        const dt_shm *ps = (const dt_shm *)pc->t;
+        CHECK_MSG(ps->wait_fg.spin_s == 0 && ps->wait_fg.yields == 2 && ps->wait_bg.spin_s == 0,
+                  "rank %d: a 2-rank split of a job oversubscribed spins %g s (helpers %g s), yields %d", R,
+                  ps->wait_fg.spin_s, ps->wait_bg.spin_s, ps->wait_fg.yields);
+    }
+    CHECK_MSG(R == 2 || pc, "rank %d: no split", R);
+    dt_comm_destroy(pc);
+    dt_comm_destroy(c);
+    return dt_test_failures;
+}
+
 int main(void) {
     test_policy();
     cpu_set_t all;
@@ -151,6 +179,8 @@ int main(void) {
     if (nc >= 2) {
         pin_arg own = {0, {cpus[0], cpus[1]}};
         CHECK_MSG(dt_run_ranks(2, test_cpus, &own, 60) == 0, "2 ranks on CPUs %d and %d", cpus[0], cpus[1]);
+        CHECK_MSG(dt_run_ranks(3, test_split_over, &own, 60) == 0, "a split of 3 ranks on CPUs %d and %d", cpus[0],
+                  cpus[1]);
     }
     /* no time bound (a loaded CI machine only slows them down): a rank that spins where it should
      * give the core to its peer shows as a hang, which dt_run_ranks' deadline fails */

@@ -312,6 +312,14 @@ static dt_status attach(dt_shm *s, double deadline) {
 
 static void shm_destroy(dt_transport *t);
 
+/* The wait policies of a transport that is (or is not) oversubscribed (shm_wait.c). */
+static void set_wait(dt_shm *s, bool over) {
+    const char *spin = getenv("DTRAIN_SHM_SPIN_US");
+    s->over = over;
+    s->wait_fg = dt_shm_wait_policy_for(over, false, spin);
+    s->wait_bg = dt_shm_wait_policy_for(over, true, spin);
+}
+
 dt_status dt_transport_shm_create(dt_transport **out, const dt_transport_params *p) {
     *out = NULL;
     if (p->size < 1 || p->rank < 0 || p->rank >= p->size)
@@ -345,12 +353,8 @@ dt_status dt_transport_shm_create(dt_transport **out, const dt_transport_params 
         dt_shm_publish_cpus(s);
         st = attach(s, deadline);
     }
-    if (st == DT_OK) {  /* every rank has published its CPUs: oversubscribed if they share fewer */
-        const char *spin = getenv("DTRAIN_SHM_SPIN_US");
-        const bool over = s->n > dt_shm_job_cpus(s);
-        s->wait_fg = dt_shm_wait_policy_for(over, false, spin);
-        s->wait_bg = dt_shm_wait_policy_for(over, true, spin);
-    }
+    if (st == DT_OK)  /* every rank has published its CPUs: oversubscribed if they share fewer */
+        set_wait(s, s->n > dt_shm_job_cpus(s));
     if (st == DT_OK) {
         s->slot_free = calloc(s->hdr->d_slots, sizeof *s->slot_free);
         if (!s->slot_free) st = dt_error(DT_ENOMEM, "out of memory creating the shm transport");
@@ -428,6 +432,10 @@ static dt_status shm_split(dt_transport *t, int color, const int *members, int n
     if (p.timeout_s < 1) p.timeout_s = 1;
     dt_status st = dt_transport_shm_create(out, &p);
     if (st == DT_OK) ((dt_shm *)*out)->timeout_s = s->timeout_s;
+    /* a split's ranks still share the CPUs with the parent's other ranks (ps's server-worker
+     * pairs of 5 ranks on 2 cores): a worker spinning for its server's answer takes the core the
+     * server needs (docs/figures.md, uneven workers) */
+    if (st == DT_OK && s->over && !((dt_shm *)*out)->over) set_wait((dt_shm *)*out, true);
     return st;
 }
 

@@ -46,7 +46,8 @@ typedef struct {
 typedef struct {
     int64_t start_step, start_epoch, start_step_in_epoch;  /* where the workers start */
     int64_t steps_per_epoch, epochs, max_steps;            /* max_steps 0 = none */
-    int batch;                 /* per-worker batch (for the report) */
+    int batch;                 /* samples of one worker step (--batch x --grad-accum): the most a push may
+                                * carry, and the report's per-worker batch */
     bool want_optim;           /* assemble the optimizer state too (for checkpoints) */
     double progress_s;         /* seconds between on_progress calls */
     volatile sig_atomic_t *stop;  /* set (by a signal handler) to stop serving: DT_EINTR; may be NULL */

@@ -124,7 +124,7 @@ static dt_status serve_run(dt_trainer *t, FILE *mf) {
     const bool handed_out = dt_strategy_hands_out_batches(t->strategy);  /* ps dynamic: units of B */
     dt_serve_config cfg = {.start_step = t->step, .start_epoch = t->epoch, .start_step_in_epoch = t->step_in_epoch,
                            .steps_per_epoch = (int64_t)dt_loader_batches(t->loader), .epochs = c->epochs,
-                           .max_steps = c->max_steps, .batch = c->batch, .want_optim = true,
+                           .max_steps = c->max_steps, .batch = (int)B, .want_optim = true,
                            .progress_s = c->progress_interval_s > 0 ? c->progress_interval_s : 0.2,
                            .stop = c->stop, .stopped_step = &stopped,
                            .units_per_epoch = handed_out ? (int64_t)((n + B - 1) / B) : 0,
