@@ -125,6 +125,14 @@ dt_status dt_model_init_tensor(dt_model *m, int t, float *out);
 dt_status dt_model_create(dt_model **m, const dt_layer_spec *layers, int n, int C, int H, int W);
 /* dt_spec_parse + dt_model_create. */
 dt_status dt_model_create_from_spec(dt_model **m, const char *spec, int C, int H, int W);
+/* The device its memory lives on and its kernels run on (src/device/device.h; default the cpu
+ * device). Set right after building (before placing or running): the parameters, gradients and
+ * buffers move to whole blocks of the device, activations and the input batch are allocated
+ * there, and the ops run the device's kernel table. A device whose memory is not the host's takes
+ * only a whole model (dt_model_place with own NULL). */
+struct dt_dev;
+dt_status dt_model_set_device(dt_model *m, struct dt_dev *dev);
+struct dt_dev *dt_model_device(const dt_model *m);
 /* Frees the model and its slabs; NULL is a no-op. */
 void dt_model_free(dt_model *m);
 

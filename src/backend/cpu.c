@@ -3,7 +3,7 @@
 #include "backend/blocked.h"
 #include "backend/gelu.h"
 
-static const dt_backend cpu = {
+static const dt_kernel_table cpu = {
     .name = "blas",
     .device = DT_DEVICE_CPU,
     .dtype = DT_F32,
@@ -54,4 +54,4 @@ static const dt_backend cpu = {
     .mse_backward = dt_mse_backward,
 };
 
-const dt_backend *dt_backend_cpu(void) { return &cpu; }
+const dt_kernel_table *dt_backend_cpu(void) { return &cpu; }

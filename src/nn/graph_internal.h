@@ -20,7 +20,8 @@ typedef struct dt_op dt_op;
 
 /* What forward and backward see besides the node. */
 typedef struct {
-    const dt_backend *be;
+    const dt_kernel_table *be;
+    dt_dev *dev;        /* the model's device: copies and casts of its memory */
     int B;              /* samples in the batch */
     bool train;
     uint64_t step, seed;
@@ -100,13 +101,16 @@ struct dt_model {
     dt_range *own;          /* dt_model_place's ranges of the parameter slab (NULL: whole) */
     int nown;
     uint64_t seed;
-    const dt_backend *be;
-    dt_dev *dev;            /* the device of its memory: gradient zeroing, accumulation and copies go
-                             * through it (the cpu device until the graph's slabs move, docs/device.md) */
+    const dt_kernel_table *be;   /* the device's kernel table: what ops call */
+    const dt_kernel_table *be_cpu;  /* the CPU table it wraps (--kernels, --precision) */
+    dt_dev *dev;            /* the device of its memory (dt_model_set_device; default cpu): every
+                             * touch of parameters, gradients and activations goes through it */
+    bool dev_slabs;         /* params, grads and buffers are whole blocks of dev (not host slabs) */
     bool nhwc;              /* the blocked values of its conv chains are NHWC instead (the backend's bf16
                              * convs want it: backend.h conv2d_bf16_nhwc; graph_layout.c) */
     /* per batch */
     int cap_B, B;
+    const void *feed_host[DT_GRAPH_MAX_INPUTS];  /* the host memory of the last feed (NULL: none) */
     bool train;
     uint64_t step;
     float *work;

@@ -50,7 +50,7 @@ static float *zeros(size_t n) { return calloc(n ? n : 1, sizeof(float)); }
  * parameter gradients are then measured against its largest gradient (f32: at least 1e-3 of it):
  * batchnorm's backward subtracts means, and that cancellation magnifies the rounding in the early
  * layers' gradients relative to their own size (cnn, bf16: 0.1 of conv 3's own largest value). */
-static const dt_backend *g_be;
+static const dt_kernel_table *g_be;
 static double g_tol = 1e-5;
 #define TOL g_tol
 
