@@ -138,6 +138,13 @@ dt_status dt_graph_fail(dt_model *m, const dt_node *n, const char *fmt, ...) __a
 /* Helpers for ops */
 static inline const dt_node *dt_node_input(const dt_model *m, const dt_node *n, int j) { return &m->nodes[n->in[j]]; }
 static inline const float *dt_node_in(const dt_model *m, const dt_node *n, int j) { return m->nodes[n->in[j]].out; }
+/* Input j's values where the host can read them: the fed memory of a graph input, or any value
+ * on a host-memory device; NULL where they are only on the device (for checks of ids and labels). */
+static inline const void *dt_node_in_host(const dt_model *m, const dt_node *n, int j) {
+    const dt_node *p = &m->nodes[n->in[j]];
+    if (p->input_index >= 0) return m->feed_host[p->input_index];
+    return m->dev->host_memory ? p->out : NULL;
+}
 /* Whether input j's values (and gradient) are blocked: those of the node owning its memory. */
 static inline bool dt_node_in_blocked(const dt_model *m, const dt_node *n, int j) {
     const dt_node *p = &m->nodes[n->in[j]];

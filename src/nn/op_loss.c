@@ -24,8 +24,7 @@ static dt_status xent_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
     const dt_node *x = dt_node_input(m, n, 0);
     const int V = dt_shape_last(x), N = c->B * (int)(x->out_n / (size_t)V), per = N / c->B;
     /* the targets checked where the host has them: the feed (a target computed by a node: as is) */
-    const dt_node *yn = dt_node_input(m, n, 1);
-    const int32_t *y = yn->input_index >= 0 ? m->feed_host[yn->input_index] : NULL;
+    const int32_t *y = dt_node_in_host(m, n, 1);
     for (int i = 0; y && i < N; i++)
         if (y[i] != n->a.ignore_index && (y[i] < 0 || y[i] >= V))
             return dt_error(DT_EINVAL, "model: node '%s': target %d of sample %d, row %d is outside [0, %d) (the "
