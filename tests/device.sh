@@ -10,7 +10,7 @@ both() {
   local name=$1 out; shift
   for dev in cpu checked; do
     out=$($DT train --epochs 1 --quiet --eval-batches 1 --device $dev --save "$TMP/$name-$dev.st" "$@" 2>&1) \
-      || { bad "$name on --device $dev: $out"; return; }
+      || { bad "$name on --device $dev: exit $? (139: a host dereference of device memory): $out"; return; }
   done
   cmp -s "$TMP/$name-cpu.st" "$TMP/$name-checked.st" && ok "$name: checked and cpu checkpoints are cmp-equal" \
     || bad "$name: the checkpoints of checked and cpu differ"
