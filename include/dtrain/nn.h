@@ -236,7 +236,9 @@ dt_status dt_model_run(dt_model *m, const dt_feed *f, bool train, uint64_t step,
 /* The output (logits) of the last run/forward: (B, out_size). */
 const float *dt_model_output(const dt_model *m);
 /* Rows of the last forward's output ((n x out_size / classes) rows of dt_model_classes values)
- * whose largest value (the first of equal ones) is at labels[row]: correct predictions. */
+ * whose largest value (the first of equal ones) is at labels[row]: correct predictions. On a
+ * device whose memory is not the host's the logits are downloaded first: -1 when the host has no
+ * memory for them. */
 int64_t dt_model_count_correct(const dt_model *m, const int32_t *labels, int n);
 
 /* f32 models: runs the forward pass on x (B, in_size) up to the output node (no loss); *out

@@ -1,5 +1,6 @@
-/* The backend table (ggml's backend split): every kernel the graph's ops run, reached through one
- * table per device and library, so model code never calls a CPU function directly and a CUDA or
+/* The kernel table (dt_kernel_table; ggml's backend split): every kernel the graph's ops run,
+ * reached through the model's device (device/device.h kernels: the checked device wraps each slot),
+ * one table per kernel library and precision, so model code never calls a CPU function directly and a CUDA or
  * oneDNN backend is one more table. Signatures are those of include/dtrain/layers.h (outputs
  * first, explicit dimensions; backward ACCUMULATES parameter gradients and OVERWRITES din). */
 #ifndef DT_BACKEND_H
