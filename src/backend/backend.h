@@ -155,11 +155,13 @@ typedef struct dt_kernel_table {
     size_t (*attention_workspace)(int T, int C, int NH);
     void (*attention_backward)(float *dqkv, float *work, const float *dout, const float *qkv, const float *att, int B,
                                int T, int C, int NH);
-    float (*xent_forward)(float *probs, const float *logits, const int32_t *labels, int N, int V, int ignore,
-                          int *counted);
+    /* The losses write their value (the mean) into *loss, one float of the device's memory: the
+     * host downloads it when it needs the number, so a device with queues need not wait per step. */
+    void (*xent_forward)(float *loss, float *probs, const float *logits, const int32_t *labels, int N, int V,
+                         int ignore, int *counted);
     void (*xent_backward)(float *dlogits, const float *probs, const int32_t *labels, int N, int V, int ignore,
                           int counted, float scale);
-    float (*mse_forward)(const float *pred, const float *target, size_t n);
+    void (*mse_forward)(float *loss, const float *pred, const float *target, size_t n);
     void (*mse_backward)(float *dpred, const float *pred, const float *target, size_t n, float scale);
 } dt_kernel_table;
 

@@ -59,7 +59,6 @@ struct dt_node {
     bool grad_set;          /* gradient written in this backward (the first writer overwrites, later
                              * ones accumulate) */
     void *saved;            /* op state kept from forward to backward (argmax, mask, stats, att) */
-    float loss;             /* loss nodes: the value of the last forward */
     float dloss;            /* loss nodes: d loss of the backward (the scale) */
     int counted;            /* xent: targets that counted */
 };

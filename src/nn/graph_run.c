@@ -166,7 +166,7 @@ dt_status dt_model_run(dt_model *m, const dt_feed *f, bool train, uint64_t step,
                             m->nodes[m->first_reader[k]].name, m->nodes[m->inputs[k]].name);
     bind_feed(m, f);
     DT_TRY(forward_range(m, 0, hi));
-    if (with_loss && loss) *loss = m->nodes[m->loss].loss;
+    if (with_loss && loss) m->dev->ops->download(m->dev, loss, m->nodes[m->loss].out, sizeof *loss);  /* one float */
     return DT_OK;
 }
 
