@@ -20,6 +20,9 @@ if have_fmnist; then
   both mlp --model mlp --max-steps 20 --optimizer adam --clip 1
   both mlp-fp16 --model mlp --max-steps 8 --precision fp16 --momentum 0.9
   both cnn --model cnn --max-steps 3 --batch 16
+  # batchnorm's running stats, dropout (its copy when evaluating), avgpool, tanh
+  both layers --model "conv(8,3,pad=1) batchnorm relu avgpool(2) flatten dropout(0.2) linear(32) tanh linear(10)" \
+    --max-steps 4 --batch 16 --eval-batches 2
   # resume on checked: 4 steps, then 4 more, equal to 8 straight (the optimizer state goes through the device)
   $DT train --model mlp --epochs 1 --max-steps 8 --quiet --eval-batches 1 --optimizer adam --device checked \
     --save "$TMP/full.st" >/dev/null 2>&1 &&

@@ -107,6 +107,7 @@ static dt_status check_writable(const char *flag, const char *path, bool replace
 }
 
 static dt_status check_config(const dt_train_config *c) {
+    if (c->device && !dt_device_find(c->device)) return DT_EINVAL;  /* before any data is read; it names the devices */
     if (c->epochs < 1) return dt_error(DT_EINVAL, "--epochs %d: need at least 1", c->epochs);
     if (c->batch < 1) return dt_error(DT_EINVAL, "--batch %d: need at least 1", c->batch);
     if (c->epoch_windows < 0) return dt_error(DT_EINVAL, "--epoch-windows %lld: must not be negative (0 = all)", (long long)c->epoch_windows);
