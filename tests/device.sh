@@ -20,6 +20,14 @@ if have_fmnist; then
   both mlp --model mlp --max-steps 20 --optimizer adam --clip 1
   both mlp-fp16 --model mlp --max-steps 8 --precision fp16 --momentum 0.9
   both cnn --model cnn --max-steps 3 --batch 16
+  # --save-weights downloads, --weights uploads: fine-tuning from the MLP's weights on both devices
+  for dev in cpu checked; do
+    $DT train --model mlp --epochs 1 --max-steps 3 --quiet --eval-batches 1 --device $dev \
+      --save-weights "$TMP/w-$dev.st" >/dev/null 2>&1 || bad "--save-weights on --device $dev: exit $?"
+  done
+  cmp -s "$TMP/w-cpu.st" "$TMP/w-checked.st" && ok "--save-weights: checked and cpu files are cmp-equal" \
+    || bad "--save-weights: the files of checked and cpu differ"
+  both tune --model mlp --max-steps 3 --weights "$TMP/w-cpu.st"
   # batchnorm's running stats, dropout (its copy when evaluating), avgpool, tanh
   both layers --model "conv(8,3,pad=1) batchnorm relu avgpool(2) flatten dropout(0.2) linear(32) tanh linear(10)" \
     --max-steps 4 --batch 16 --eval-batches 2

@@ -356,9 +356,9 @@ static dt_status move_to_device(dt_trainer *t, const dt_strategy_entry *se, cons
         return dt_error(DT_ENOTSUP, "--device %s: only one process with the single strategy runs on it so far (the "
                         "%s strategy's gradient sync, sharding and staging still touch model memory from the host); "
                         "use --device cpu", spec, se->name);
-    if (t->cfg.weights || (resume && dt_checkpoint_is_sharded(resume)))
-        return dt_error(DT_ENOTSUP, "--device %s: %s does not load onto a device yet; use --device cpu", spec,
-                        t->cfg.weights ? "--weights" : "a sharded (ZeRO) checkpoint");
+    if (resume && dt_checkpoint_is_sharded(resume))
+        return dt_error(DT_ENOTSUP, "--device %s: a sharded (ZeRO) checkpoint does not load onto a device yet; use "
+                        "--device cpu", spec);
     DT_TRY(dt_device_create(&t->dev, spec));
     DT_TRY(dt_model_set_device(t->model, t->dev));
     return dt_optim_set_device(t->optim, t->dev);
