@@ -5,8 +5,8 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 # layer: forbidden include prefixes (internal dirs and the public headers that belong to them)
 declare -A FORBID=(
   [core]="backend/ device/ models/ comm/ nn/ optim/ data/ parallel/ run/ cli/ dtrain/comm.h dtrain/nn.h dtrain/optim.h dtrain/data.h dtrain/train.h dtrain/safetensors.h"
-  [device]="backend/ nn/ models/ comm/ optim/ data/ parallel/ run/ cli/ fl/ dtrain/nn.h dtrain/models.h dtrain/comm.h dtrain/data.h dtrain/train.h"
-  [backend]="nn/ models/ comm/ optim/ data/ parallel/ run/ cli/ dtrain/nn.h dtrain/models.h dtrain/comm.h dtrain/data.h dtrain/train.h"
+  [device]="nn/ models/ comm/ optim/ data/ parallel/ run/ cli/ fl/ dtrain/nn.h dtrain/models.h dtrain/comm.h dtrain/data.h dtrain/train.h"
+  [backend]="device/ nn/ models/ comm/ optim/ data/ parallel/ run/ cli/ dtrain/nn.h dtrain/models.h dtrain/comm.h dtrain/data.h dtrain/train.h"
   [comm]="backend/ models/ nn/ optim/ data/ parallel/ run/ cli/ dtrain/nn.h dtrain/optim.h dtrain/data.h dtrain/train.h"
   [nn]="models/ comm/ data/ parallel/ run/ cli/ dtrain/comm.h dtrain/data.h dtrain/train.h"
   [models]="comm/ data/ parallel/ run/ cli/ dtrain/comm.h dtrain/data.h dtrain/train.h"

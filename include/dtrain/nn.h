@@ -125,6 +125,14 @@ dt_status dt_model_init_tensor(dt_model *m, int t, float *out);
 dt_status dt_model_create(dt_model **m, const dt_layer_spec *layers, int n, int C, int H, int W);
 /* dt_spec_parse + dt_model_create. */
 dt_status dt_model_create_from_spec(dt_model **m, const char *spec, int C, int H, int W);
+/* The device its memory lives on and its kernels run on (src/device/device.h; default the cpu
+ * device). Set right after building (before placing or running): the parameters, gradients and
+ * buffers move to whole blocks of the device, activations and the input batch are allocated
+ * there, and the ops run the device's kernel table. A device whose memory is not the host's takes
+ * only a whole model (dt_model_place with own NULL). */
+struct dt_dev;
+dt_status dt_model_set_device(dt_model *m, struct dt_dev *dev);
+struct dt_dev *dt_model_device(const dt_model *m);
 /* Frees the model and its slabs; NULL is a no-op. */
 void dt_model_free(dt_model *m);
 
@@ -228,7 +236,9 @@ dt_status dt_model_run(dt_model *m, const dt_feed *f, bool train, uint64_t step,
 /* The output (logits) of the last run/forward: (B, out_size). */
 const float *dt_model_output(const dt_model *m);
 /* Rows of the last forward's output ((n x out_size / classes) rows of dt_model_classes values)
- * whose largest value (the first of equal ones) is at labels[row]: correct predictions. */
+ * whose largest value (the first of equal ones) is at labels[row]: correct predictions. On a
+ * device whose memory is not the host's the logits are downloaded first: -1 when the host has no
+ * memory for them. */
 int64_t dt_model_count_correct(const dt_model *m, const int32_t *labels, int n);
 
 /* f32 models: runs the forward pass on x (B, in_size) up to the output node (no loss); *out

@@ -58,6 +58,15 @@ size_t dt_optim_size(const dt_optim *o);
 int64_t dt_optim_steps(const dt_optim *o);
 void dt_optim_set_steps(dt_optim *o, int64_t t);
 const dt_optim_config *dt_optim_config_of(const dt_optim *o);
+/* The device (src/device/device.h; default cpu) its state, the parameters and the gradients it is
+ * given live on: the update runs its kernels there. A device whose memory is not the host's takes
+ * the whole state (no dt_optim_place of a part, no dt_optim_shard) and moves it there. */
+struct dt_dev;
+dt_status dt_optim_set_device(dt_optim *o, struct dt_dev *d);
+/* dt_clip_grad_norm and, with loss scaling on, dt_loss_scaler_unscale of its loss scaler (true
+ * without it), on gradients in the optimizer's device memory. */
+float dt_optim_clip_grad_norm(dt_optim *o, float *g, size_t n, float max_norm);
+bool dt_optim_unscale(dt_optim *o, float *g, size_t n);
 /* Frees the moment slabs (for a rank whose state lives in other optimizers, e.g. pipeline stages'
  * segments): dt_optim_num_states returns 0 afterwards and dt_optim_step must not be called. */
 void dt_optim_free_state(dt_optim *o);

@@ -113,6 +113,9 @@ typedef struct {
     const char *kernels;      /* "onednn" (default where built) or "blas"; NULL: the process's choice */
     const char *precision;    /* GEMM inputs "fp32" (NULL), "bf16" or "fp16" (f32 master weights and optimizer
                                * state; fp16 adds dynamic loss scaling: single and ddp strategies) */
+    const char *device;       /* where model memory lives and kernels run: "cpu" (NULL) or "checked[:arena=BYTES]"
+                               * (the CPU kernels on memory the host cannot touch: docs/device.md); a device
+                               * other than cpu takes one process with the single strategy for now */
     bool normalize;           /* standardise inputs with the training set's mean/std */
     int64_t max_steps;        /* stop after this many steps in total (0 = run all epochs) */
     const char *save;         /* checkpoint written at the end (and after each epoch) */

@@ -1,5 +1,6 @@
-/* The backend table (ggml's backend split): every kernel the graph's ops run, reached through one
- * table per device and library, so model code never calls a CPU function directly and a CUDA or
+/* The kernel table (dt_kernel_table; ggml's backend split): every kernel the graph's ops run,
+ * reached through the model's device (device/device.h kernels: the checked device wraps each slot),
+ * one table per kernel library and precision, so model code never calls a CPU function directly and a CUDA or
  * oneDNN backend is one more table. Signatures are those of include/dtrain/layers.h (outputs
  * first, explicit dimensions; backward ACCUMULATES parameter gradients and OVERWRITES din). */
 #ifndef DT_BACKEND_H
@@ -34,7 +35,7 @@ static inline dt_layout dt_layout_of(bool chain, bool nhwc, bool bf16) {
  * in exactly one window. The blocked pool kernels and the bf16 plan (graph_layout.c) decide by it. */
 static inline bool dt_pool_windows_tile(int H, int W, int K, int S) { return K == S && H % K == 0 && W % K == 0; }
 
-typedef struct dt_backend {
+typedef struct dt_kernel_table {
     const char *name;   /* the kernel library: "blas" or "onednn" */
     dt_device device;
     dt_dtype dtype;     /* compute dtype of the activations (DT_F32) */
@@ -154,26 +155,28 @@ typedef struct dt_backend {
     size_t (*attention_workspace)(int T, int C, int NH);
     void (*attention_backward)(float *dqkv, float *work, const float *dout, const float *qkv, const float *att, int B,
                                int T, int C, int NH);
-    float (*xent_forward)(float *probs, const float *logits, const int32_t *labels, int N, int V, int ignore,
-                          int *counted);
+    /* The losses write their value (the mean) into *loss, one float of the device's memory: the
+     * host downloads it when it needs the number, so a device with queues need not wait per step. */
+    void (*xent_forward)(float *loss, float *probs, const float *logits, const int32_t *labels, int N, int V,
+                         int ignore, int *counted);
     void (*xent_backward)(float *dlogits, const float *probs, const int32_t *labels, int N, int V, int ignore,
                           int counted, float scale);
-    float (*mse_forward)(const float *pred, const float *target, size_t n);
+    void (*mse_forward)(float *loss, const float *pred, const float *target, size_t n);
     void (*mse_backward)(float *dpred, const float *pred, const float *target, size_t n, float scale);
-} dt_backend;
+} dt_kernel_table;
 
 /* The CPU f32 backend (OpenBLAS GEMMs, vectorised C kernels). */
-const dt_backend *dt_backend_cpu(void);
+const dt_kernel_table *dt_backend_cpu(void);
 
 /* The backend of kernel library `kernels` ("blas", "onednn") with GEMM precision DT_F32, DT_BF16
  * or DT_F16 (static tables). DT_EINVAL for another name or dtype, DT_ENOTSUP for onednn in a
  * build without oneDNN. */
-dt_status dt_backend_find(const char *kernels, dt_dtype precision, const dt_backend **out);
+dt_status dt_backend_find(const char *kernels, dt_dtype precision, const dt_kernel_table **out);
 /* The backend new models take (dt_kernels_select; default onednn fp32 where built, else blas). */
-const dt_backend *dt_backend_default(void);
+const dt_kernel_table *dt_backend_default(void);
 
 /* The blas backend at bf16/fp16: inputs rounded to the precision (f32 values), then sgemm. */
-const dt_backend *dt_backend_blas_lowp(dt_dtype precision);
+const dt_kernel_table *dt_backend_blas_lowp(dt_dtype precision);
 /* Rounds n floats to the nearest bf16 / IEEE half value (to nearest even; NaN stays NaN; past the
  * half range gives inf), kept as f32. dst == src is allowed. */
 void dt_round_bf16(float *dst, const float *src, size_t n);
@@ -185,7 +188,7 @@ bool dt_cast_bf16_native(void);  /* whether dt_cast_bf16 runs AVX512-BF16 here *
 void dt_widen_bf16(float *dst, const uint16_t *src, size_t n);
 
 /* oneDNN (cpu_onednn*.c). The backend at a precision, NULL when built without oneDNN. */
-const dt_backend *dt_backend_onednn(dt_dtype precision);
+const dt_kernel_table *dt_backend_onednn(dt_dtype precision);
 bool dt_onednn_built(void);
 /* Whether oneDNN's bf16 kernels are native here (AVX512-BF16; every AMX CPU has it too). Where
  * not, oneDNN 2.6 emulates bf16 with f32 FMAs plus conversions in its inner loops, measured 3.6x

@@ -126,9 +126,9 @@ static const char *lname(dt_layout l) {
 /* One convolution through be's blocked entries with layouts in_l / out_l (one of them bf16)
  * against the NCHW kernels at be's precision (f32 where C < 16, as cpu_onednn_conv.c runs those)
  * on the same values. */
-static void conv_case(const dt_backend *be, int B, int C, int H, int W, int OC, int K, int S, int P, dt_layout in_l,
+static void conv_case(const dt_kernel_table *be, int B, int C, int H, int W, int OC, int K, int S, int P, dt_layout in_l,
                       dt_layout out_l, bool with_din) {
-    const dt_backend *ref = be->precision == DT_F32 || C < 16 ? dt_backend_cpu() : dt_backend_blas_lowp(be->precision);
+    const dt_kernel_table *ref = be->precision == DT_F32 || C < 16 ? dt_backend_cpu() : dt_backend_blas_lowp(be->precision);
     const int OH = (H + 2 * P - K) / S + 1, OW = (W + 2 * P - K) / S + 1, HW = H * W, OHW = OH * OW;
     const size_t nin = (size_t)B * C * HW, nout = (size_t)B * OC * OHW, nw = (size_t)OC * C * K * K;
     float *x0 = rnd(nin, 31), *w = rnd(nw, 32), *b = rnd(OC, 33), *dy0 = rnd(nout, 34);
@@ -168,7 +168,7 @@ static void conv_case(const dt_backend *be, int B, int C, int H, int W, int OC, 
 }
 
 static void test_conv(void) {
-    const dt_backend *be = NULL;
+    const dt_kernel_table *be = NULL;
     if (dt_backend_find("onednn", DT_BF16, &be) != DT_OK) {
         printf("built without oneDNN: no bf16 blocked values to test\n");
         return;
@@ -232,25 +232,25 @@ static void test_conv_pool(void) {
 /* The bf16 flags the graph plans for spec on the current kernels, or replanned with table t;
  * linears: with the plans of bf16 linears' inputs too (else the conv chain's plan alone: the
  * relu between the linears is graph_bf16_test's). */
-static void plan_with(const char *spec, bool *bf, bool *gbf, int *n, const dt_backend *t, bool linears) {
+static void plan_with(const char *spec, bool *bf, bool *gbf, int *n, const dt_kernel_table *t, bool linears) {
     dt_model *m = NULL;
     CHECK_OK(dt_model_create_from_spec(&m, spec, 1, 28, 28));
     *n = m ? m->n : 0;
-    dt_backend c;
+    dt_kernel_table c;
     if (m) c = t ? *t : *m->be, c.linear_bf16_values = linears ? c.linear_bf16_values : NULL, m->be = &c,
     dt_graph_plan_bf16(m);
     for (int i = 0; i < *n; i++) bf[i] = m->nodes[i].bf16, gbf[i] = m->nodes[i].grad_bf16;
     dt_model_free(m);
 }
 
-static void plan_of(const char *spec, bool *bf, bool *gbf, int *n, const dt_backend *t) {
+static void plan_of(const char *spec, bool *bf, bool *gbf, int *n, const dt_kernel_table *t) {
     plan_with(spec, bf, gbf, n, t, false);
 }
 
 static bool sixteen_or_more(int C) { return C >= 16; }
 
 /* The plan where convs over >= 16 channels take bf16 values (t NULL: the real native table). */
-static void check_native_plan(const dt_backend *t) {
+static void check_native_plan(const dt_kernel_table *t) {
     bool bf[32], gbf[32];
     int n;
     plan_of("cnn", bf, gbf, &n, t);
@@ -267,7 +267,7 @@ static void check_native_plan(const dt_backend *t) {
     plan_of("conv(16,3) relu maxpool(2) maxpool(2) conv(16,3) relu maxpool(2) flatten linear(10)", bf, gbf, &n, t);
     CHECK(!bf[3]);              /* a fused pool read by a maxpool, not a conv */
     CHECK(!bf[4] && bf[5] && gbf[5]);
-    const dt_backend *tb = t ? t : dt_backend_default();
+    const dt_kernel_table *tb = t ? t : dt_backend_default();
     if (!tb->linear_bf16_values || !tb->linear_bf16_values() || !tb->linear_forward_bf16) return;
     /* with bf16 linears: the chain's last pool (NCHW out) of bf16 values, read by flatten ->
      * linear only, stores them bf16 (exact); the relu between the linears too. Its windows tile
@@ -285,14 +285,14 @@ static void check_native_plan(const dt_backend *t) {
 static void test_plan(void) {
     bool bf[32], gbf[32];
     int n;
-    const dt_backend *be = NULL;
+    const dt_kernel_table *be = NULL;
     if (dt_kernels_select("onednn", "bf16") == DT_OK && dt_backend_find("onednn", DT_BF16, &be) == DT_OK) {
         if (dt_onednn_bf16_native()) check_native_plan(NULL);
         else {  /* no native bf16 convs: every value stays f32 */
             plan_of("cnn", bf, gbf, &n, NULL);
             for (int i = 0; i < n; i++) CHECK(!bf[i] && !gbf[i]);
         }
-        dt_backend t = *be;  /* the plan itself, on any CPU: a table whose convs take bf16 values */
+        dt_kernel_table t = *be;  /* the plan itself, on any CPU: a table whose convs take bf16 values */
         t.conv2d_bf16_values = sixteen_or_more;
         check_native_plan(&t);
         CHECK_OK(dt_kernels_select("onednn", "fp32"));
@@ -309,7 +309,7 @@ static bool yes(void) { return true; }
 static bool no(void) { return false; }
 
 /* The CNN at bf16 with its chain in NHWC (t's conv2d_bf16_nhwc: yes) or blocked (no), replanned. */
-static dt_model *cnn_with(const dt_backend *t) {
+static dt_model *cnn_with(const dt_kernel_table *t) {
     dt_model *m = NULL;
     CHECK_OK(dt_model_create_from_spec(&m, "cnn", 1, 28, 28));
     if (!m) return NULL;
@@ -327,11 +327,11 @@ static dt_model *cnn_with(const dt_backend *t) {
  * as a forward conv, cpu_onednn_conv.c; measured 4e-8), within 1e-4 where they are emulated (f32
  * kernels on rounded values, whose order of sums may differ by layout). */
 static void test_nhwc_chain(void) {
-    const dt_backend *be = NULL;
+    const dt_kernel_table *be = NULL;
     if (dt_kernels_select("onednn", "bf16") != DT_OK || dt_backend_find("onednn", DT_BF16, &be) != DT_OK) return;
     CHECK(be->conv2d_bf16_nhwc && (!be->conv2d_bf16_nhwc() || dt_onednn_bf16_native()));
     printf("oneDNN's bf16 convs want NHWC here: %s\n", be->conv2d_bf16_nhwc() ? "yes" : "no");
-    dt_backend on = *be, off = *be;
+    dt_kernel_table on = *be, off = *be;
     on.conv2d_bf16_nhwc = yes, off.conv2d_bf16_nhwc = no;
     dt_model *a = cnn_with(&on), *b = cnn_with(&off), *d = NULL;
     CHECK_OK(dt_model_create_from_spec(&d, "cnn", 1, 28, 28));  /* the default plan */

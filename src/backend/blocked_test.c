@@ -40,7 +40,7 @@ static void test_reorders(void) {
  * backward equal the NCHW ones; with relu, the NCHW ones followed by relu's kernels (forward on
  * the pooled values, backward on their gradient). */
 static void pool_case(int B, int C, int H, int W, int K, int S, bool nhwc, bool relu) {
-    const dt_backend *be = dt_backend_cpu();
+    const dt_kernel_table *be = dt_backend_cpu();
     const int OH = (H - K) / S + 1, OW = (W - K) / S + 1, HW = H * W, OHW = OH * OW;
     const size_t nin = (size_t)B * C * HW, nout = (size_t)B * C * OHW;
     float *x = rnd(nin, (uint64_t)(H * 100 + K * 10 + S));
@@ -97,16 +97,16 @@ static double rel_diff(const float *a, const float *b, size_t n) {
 /* The NCHW kernels a blocked convolution of be over C input channels must agree with: the cpu
  * kernels at f32; at bf16/fp16 the blas kernels at that precision (inputs rounded, f32 sums:
  * the same products as oneDNN's), or f32 where C < 16 (cpu_onednn_conv.c runs those at f32). */
-static const dt_backend *conv_reference(const dt_backend *be, int C) {
+static const dt_kernel_table *conv_reference(const dt_kernel_table *be, int C) {
     return be->precision == DT_F32 || C < 16 ? dt_backend_cpu() : dt_backend_blas_lowp(be->precision);
 }
 
 /* One convolution case through be's blocked entries against the NCHW reference kernels. */
-static void conv_case(const dt_backend *be, int B, int C, int H, int W, int OC, int K, int S, int P, dt_layout in_l,
+static void conv_case(const dt_kernel_table *be, int B, int C, int H, int W, int OC, int K, int S, int P, dt_layout in_l,
                       dt_layout out_l, bool with_din) {
     const bool in_bl = in_l != DT_LAYOUT_NCHW, out_bl = out_l != DT_LAYOUT_NCHW;
     const bool in_nhwc = dt_layout_nhwc(in_l), out_nhwc = dt_layout_nhwc(out_l);
-    const dt_backend *cpu = conv_reference(be, C);
+    const dt_kernel_table *cpu = conv_reference(be, C);
     const int OH = (H + 2 * P - K) / S + 1, OW = (W + 2 * P - K) / S + 1, HW = H * W, OHW = OH * OW;
     const size_t nin = (size_t)B * C * HW, nout = (size_t)B * OC * OHW, nw = (size_t)OC * C * K * K;
     float *x = rnd(nin, 11), *w = rnd(nw, 12), *b = rnd(OC, 13), *dy = rnd(nout, 14);
@@ -136,7 +136,7 @@ static void conv_case(const dt_backend *be, int B, int C, int H, int W, int OC, 
 }
 
 static void test_conv(void) {
-    const dt_backend *be = NULL;
+    const dt_kernel_table *be = NULL;
     if (dt_backend_find("onednn", DT_F32, &be) != DT_OK) {
         printf("built without oneDNN: no blocked convolutions to test\n");
         CHECK(dt_backend_cpu()->conv2d_forward_blocked == NULL);

@@ -37,7 +37,7 @@ typedef struct {
 /* The unfused chain on the cpu kernels: conv, maxpool, relu; backward through all three. */
 static result reference(const dt_conv_pool_shape *s, const float *x, const float *w, const float *b, const float *g,
                         const float *dw0) {
-    const dt_backend *be = dt_backend_cpu();
+    const dt_kernel_table *be = dt_backend_cpu();
     const int CH = s->H + 2 * s->P - s->K + 1, CW = s->W + 2 * s->P - s->K + 1, OH = CH / s->PK, OW = CW / s->PK;
     const size_t nc = (size_t)s->B * s->OC * CH * CW, no = (size_t)s->B * s->OC * OH * OW, nw = (size_t)s->OC * s->C * s->K * s->K;
     float *y = malloc(nc * 4), *dy = malloc(nc * 4), *work = malloc(dt_conv2d_workspace(s->B, s->C, s->H, s->W, s->OC, s->K, 1, s->P) * 4 + 4);

@@ -172,10 +172,10 @@ static void conv_bwd(dt_dtype p, float *din, float *dw, float *db, const float *
 DT_LOWP_WRAPPERS(bf16, DT_BF16)
 DT_LOWP_WRAPPERS(f16, DT_F16)
 
-static dt_backend bf16_table, f16_table;
+static dt_kernel_table bf16_table, f16_table;
 static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
 
-static void fill(dt_backend *t, dt_dtype p) {
+static void fill(dt_kernel_table *t, dt_dtype p) {
     *t = *dt_backend_cpu();
     t->precision = p;
     t->linear_forward = p == DT_BF16 ? linear_fwd_bf16 : linear_fwd_f16;
@@ -186,7 +186,7 @@ static void fill(dt_backend *t, dt_dtype p) {
 
 static void fill_tables(void) { fill(&bf16_table, DT_BF16), fill(&f16_table, DT_F16); }
 
-const dt_backend *dt_backend_blas_lowp(dt_dtype precision) {
+const dt_kernel_table *dt_backend_blas_lowp(dt_dtype precision) {
     if (precision != DT_BF16 && precision != DT_F16) return NULL;
     pthread_once(&tables_once, fill_tables);
     return precision == DT_BF16 ? &bf16_table : &f16_table;

@@ -266,13 +266,13 @@ DT_ONEDNN_WRAPPERS(f16, DT_F16)
 DT_ONEDNN_BLOCKED_WRAPPERS(bf16, DT_BF16)
 DT_ONEDNN_BLOCKED_WRAPPERS(f16, DT_F16)
 
-static dt_backend tables[3];
+static dt_kernel_table tables[3];
 static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
 
 static void fill_tables(void) {
     static const dt_dtype prec[3] = {DT_F32, DT_BF16, DT_F16};
     for (int i = 0; i < 3; i++) {
-        dt_backend *t = &tables[i];
+        dt_kernel_table *t = &tables[i];
         *t = *dt_backend_cpu();
         t->name = "onednn";
         t->precision = prec[i];
@@ -303,7 +303,7 @@ static void fill_tables(void) {
     }
 }
 
-const dt_backend *dt_backend_onednn(dt_dtype precision) {
+const dt_kernel_table *dt_backend_onednn(dt_dtype precision) {
     int i = precision == DT_F32 ? 0 : precision == DT_BF16 ? 1 : precision == DT_F16 ? 2 : -1;
     if (i < 0) return NULL;
     pthread_once(&tables_once, fill_tables);
@@ -314,7 +314,7 @@ bool dt_onednn_built(void) { return true; }
 
 #else /* built without oneDNN */
 
-const dt_backend *dt_backend_onednn(dt_dtype precision) { return (void)precision, NULL; }
+const dt_kernel_table *dt_backend_onednn(dt_dtype precision) { return (void)precision, NULL; }
 bool dt_onednn_built(void) { return false; }
 bool dt_onednn_bf16_native(void) { return false; }
 size_t dt_onednn_cache_misses(void) { return 0; }

@@ -22,7 +22,7 @@ static void *input(int slot, const float *x, size_t n, dt_dtype p, bool round) {
     return p != DT_F32 && round ? (void *)dt_dnnl_rounded(slot, x, n, p) : (void *)x;
 }
 
-static const dt_backend *fallback(dt_dtype p) { return p == DT_F32 ? dt_backend_cpu() : dt_backend_blas_lowp(p); }
+static const dt_kernel_table *fallback(dt_dtype p) { return p == DT_F32 ? dt_backend_cpu() : dt_backend_blas_lowp(p); }
 
 /* At f32, a convolution over fewer than 16 input channels with NCHW output runs as im2col + sgemm,
  * which writes NCHW directly: oneDNN's kernel wants its (B,OC,H,W) output and gradient in the
@@ -49,7 +49,7 @@ static void blocked_back(float *dst, float *plain, dt_layout l, int B, int C, in
 }
 
 static void fallback_forward(const conv_shape *s, float *out, const float *in, const float *w, const float *b) {
-    const dt_backend *be = dt_backend_cpu();
+    const dt_kernel_table *be = dt_backend_cpu();
     float *x = plain_copy(in, s->in_l, s->B, s->C, s->H * s->W);
     float *y = plain_copy(NULL, DT_LAYOUT_NCHW, s->B, s->OC, s->OH * s->OW);
     float *work = malloc(be->conv2d_workspace(s->B, s->C, s->H, s->W, s->OC, s->K, s->S, s->P) * sizeof(float) + 4);
@@ -61,7 +61,7 @@ static void fallback_forward(const conv_shape *s, float *out, const float *in, c
 
 static void fallback_backward(const conv_shape *s, float *din, float *dw, float *db, const float *dout, const float *in,
                               const float *w) {
-    const dt_backend *be = dt_backend_cpu();
+    const dt_kernel_table *be = dt_backend_cpu();
     const int HW = s->H * s->W;
     float *x = plain_copy(in, s->in_l, s->B, s->C, HW), *g = plain_copy(dout, s->out_l, s->B, s->OC, s->OH * s->OW);
     float *dx = din ? plain_copy(NULL, DT_LAYOUT_NCHW, s->B, s->C, HW) : NULL;

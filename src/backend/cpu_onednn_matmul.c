@@ -113,7 +113,7 @@ static void mm_run(const mm_plan *pl, void *c, const void *a, const void *b, con
 }
 
 /* The blas kernels at precision p: the fallback where oneDNN has no primitive or a dim is 0. */
-static const dt_backend *fallback(dt_dtype p) { return p == DT_F32 ? dt_backend_cpu() : dt_backend_blas_lowp(p); }
+static const dt_kernel_table *fallback(dt_dtype p) { return p == DT_F32 ? dt_backend_cpu() : dt_backend_blas_lowp(p); }
 
 void dt_dnnl_linear_forward(dt_dtype p, float *out, const float *in, const float *w, const float *b, int B, int C,
                            int OC) {

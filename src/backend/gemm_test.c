@@ -30,7 +30,7 @@ static float *at(const float *x, size_t n, dt_dtype p) {
 static double worst;  /* largest error / bound seen */
 
 /* got vs want within 3e-5 * scale (the sum of |terms| of each output). */
-static void check_close(const char *what, const dt_backend *be, const float *got, const double *want,
+static void check_close(const char *what, const dt_kernel_table *be, const float *got, const double *want,
                         const double *scale, size_t n) {
     size_t bad = 0, first = 0;
     for (size_t i = 0; i < n; i++) {
@@ -42,7 +42,7 @@ static void check_close(const char *what, const dt_backend *be, const float *got
               dt_dtype_name(be->precision), bad, n, first, bad ? got[first] : 0, bad ? want[first] : 0);
 }
 
-static void test_linear(const dt_backend *be, int B, int C, int OC) {
+static void test_linear(const dt_kernel_table *be, int B, int C, int OC) {
     dt_dtype p = be->precision;
     float *in = rnd((size_t)B * C, 1), *w = rnd((size_t)OC * C, 2), *b = rnd(OC, 3), *dout = rnd((size_t)B * OC, 4);
     float *rin = at(in, (size_t)B * C, p), *rw = at(w, (size_t)OC * C, p), *rd = at(dout, (size_t)B * OC, p);
@@ -83,7 +83,7 @@ static void test_linear(const dt_backend *be, int B, int C, int OC) {
     free(dw0), free(db0), free(want), free(sc);
 }
 
-static void test_conv(const dt_backend *be, const int *c) {
+static void test_conv(const dt_kernel_table *be, const int *c) {
     const int B = c[0], C = c[1], H = c[2], W = c[3], OC = c[4], K = c[5], S = c[6], P = c[7];
     const int OH = (H + 2 * P - K) / S + 1, OW = (W + 2 * P - K) / S + 1;
     const size_t ni = (size_t)B * C * H * W, nw = (size_t)OC * C * K * K, no = (size_t)B * OC * OH * OW;
@@ -133,7 +133,7 @@ static void test_backends(void) {
     int tables = 0;
     for (int k = 0; k < 2; k++)
         for (int i = 0; i < 3; i++) {
-            const dt_backend *be;
+            const dt_kernel_table *be;
             if (dt_backend_find(k ? "onednn" : "blas", prec[i], &be) != DT_OK) continue;
             CHECK(be->precision == prec[i] && !strcmp(be->name, k ? "onednn" : "blas"));
             for (size_t t = 0; t < sizeof lin / sizeof *lin; t++) test_linear(be, lin[t][0], lin[t][1], lin[t][2]);
@@ -217,7 +217,7 @@ static void test_rounding(void) {
 /* oneDNN: one primitive per op and shape; alternating a full and a short batch creates each once;
  * the same call twice gives the same bits. Without oneDNN: DT_ENOTSUP that says what to do. */
 static void test_onednn_cache(void) {
-    const dt_backend *be;
+    const dt_kernel_table *be;
     dt_status s = dt_backend_find("onednn", DT_F32, &be);
     if (!dt_onednn_built()) {
         CHECK(s == DT_ENOTSUP && strstr(dt_last_error(), "libdnnl-dev"));
@@ -279,7 +279,7 @@ static void test_onednn_cache(void) {
  * the oldest entry (a hit) and whose din GEMM is new (a miss that evicts) still computes dw with
  * the dw primitive. Runs on a fresh thread, so the cache starts empty. */
 static void *cache_eviction_thread(void *arg) {
-    const dt_backend *be = arg;
+    const dt_kernel_table *be = arg;
     enum { B = 5, C = 7, OC = 3 };
     float *in = rnd(B * C, 21), *w = rnd(OC * C, 22), *dout = rnd(B * OC, 23), *din = malloc(B * C * 4);
     float *dw = calloc(OC * C, 4), *out = malloc(64 * 4), *x = rnd(64, 24);
@@ -302,7 +302,7 @@ static void *cache_eviction_thread(void *arg) {
 }
 
 static void test_cache_eviction(void) {
-    const dt_backend *be;
+    const dt_kernel_table *be;
     if (dt_backend_find("onednn", DT_F32, &be) != DT_OK) return;
     pthread_t t;
     CHECK(pthread_create(&t, NULL, cache_eviction_thread, (void *)be) == 0);

@@ -58,12 +58,12 @@ static void pack_case(int K, int N, int ld, dnnl_format_tag_t tag, int nb, bool 
 
 /* linear forward and backward at bf16: onednn within f32 summation order of blas bf16. */
 static void linear_case(int B, int C, int OC) {
-    const dt_backend *be, *ref = dt_backend_blas_lowp(DT_BF16);
+    const dt_kernel_table *be, *ref = dt_backend_blas_lowp(DT_BF16);
     CHECK_OK(dt_backend_find("onednn", DT_BF16, &be));
     float *x = rnd((size_t)B * C, 1), *w = rnd((size_t)OC * C, 2), *b = rnd(OC, 3), *dy = rnd((size_t)B * OC, 4);
     float *y[2], *dx[2], *dw[2], *db[2];
     for (int k = 0; k < 2; k++) {
-        const dt_backend *t = k ? be : ref;
+        const dt_kernel_table *t = k ? be : ref;
         y[k] = malloc((size_t)B * OC * 4), dx[k] = malloc((size_t)B * C * 4);
         dw[k] = calloc((size_t)OC * C, 4), db[k] = calloc(OC, 4);
         t->linear_forward(y[k], x, w, b, B, C, OC);

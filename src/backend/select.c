@@ -6,9 +6,9 @@
 #include <stdio.h>
 #include <string.h>
 
-static const dt_backend *g_default;
+static const dt_kernel_table *g_default;
 
-dt_status dt_backend_find(const char *kernels, dt_dtype precision, const dt_backend **out) {
+dt_status dt_backend_find(const char *kernels, dt_dtype precision, const dt_kernel_table **out) {
     *out = NULL;
     if (precision != DT_F32 && precision != DT_BF16 && precision != DT_F16)
         return dt_error(DT_EINVAL, "precision %s: use fp32, bf16 or fp16", dt_dtype_name(precision));
@@ -26,7 +26,7 @@ dt_status dt_backend_find(const char *kernels, dt_dtype precision, const dt_back
     return dt_error(DT_EINVAL, "--kernels %s: unknown kernel library (use onednn or blas)", kernels);
 }
 
-const dt_backend *dt_backend_default(void) {
+const dt_kernel_table *dt_backend_default(void) {
     if (!g_default) g_default = dt_onednn_built() ? dt_backend_onednn(DT_F32) : dt_backend_cpu();
     return g_default;
 }
@@ -34,7 +34,7 @@ const dt_backend *dt_backend_default(void) {
 static const char *precision_word(dt_dtype p) { return p == DT_BF16 ? "bf16" : p == DT_F16 ? "fp16" : "fp32"; }
 
 dt_status dt_kernels_select(const char *kernels, const char *precision) {
-    const dt_backend *cur = dt_backend_default();
+    const dt_kernel_table *cur = dt_backend_default();
     dt_dtype p = cur->precision;
     if (precision) {
         if (!strcmp(precision, "fp32") || !strcmp(precision, "f32")) p = DT_F32;
@@ -42,7 +42,7 @@ dt_status dt_kernels_select(const char *kernels, const char *precision) {
         else if (!strcmp(precision, "fp16") || !strcmp(precision, "f16")) p = DT_F16;
         else return dt_error(DT_EINVAL, "--precision %s: unknown precision (use fp32, bf16 or fp16)", precision);
     }
-    const dt_backend *be;
+    const dt_kernel_table *be;
     DT_TRY(dt_backend_find(kernels ? kernels : cur->name, p, &be));
     g_default = be;
     return DT_OK;
@@ -50,13 +50,13 @@ dt_status dt_kernels_select(const char *kernels, const char *precision) {
 
 const char *dt_kernels_describe(void) {
     static _Thread_local char buf[32];
-    const dt_backend *be = dt_backend_default();
+    const dt_kernel_table *be = dt_backend_default();
     snprintf(buf, sizeof buf, "%s %s", be->name, precision_word(be->precision));
     return buf;
 }
 
 const char *dt_kernels_note(void) {
-    const dt_backend *be = dt_backend_default();
+    const dt_kernel_table *be = dt_backend_default();
     if (be->precision == DT_F32) return NULL;
     if (!strcmp(be->name, "blas"))
         return "blas at bf16/fp16 rounds the GEMM inputs, then runs sgemm: correct but slower than fp32 "

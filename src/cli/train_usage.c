@@ -21,7 +21,7 @@ const dt_flag_group dt_train_groups[] = {
                     "balance ps-overlap compress allreduce bucket-mb backend mem-limit dry-run"},
     {"Outputs", "save save-weights keep-best metrics tensorboard eval-every eval-batches log-every timeline quiet"},
     {"Checkpoints and faults", "resume checkpoint-dir checkpoint-every checkpoint-secs keep elastic max-restarts timeout"},
-    {"Advanced", "threads kernels slow"},
+    {"Advanced", "threads kernels device slow"},
     {NULL, NULL},
 };
 

@@ -12,6 +12,7 @@
  * --mem-limit like a dt_alloc block. Options: arena=BYTES (K/M/G suffixes; default 1G of address
  * space, reserved without backing until written). */
 #include "device/device.h"
+#include "device/kernel_slots.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -146,6 +147,87 @@ CK(adam_step, (dt_dev *d, const dt_step_args *a, float *p, const float *g, float
    (d, a, p, g, m, v, n))
 #undef CK
 
+/* ---- the kernel table: every slot of a CPU table between enter and leave ----
+ * A kernel slot takes no device argument, so each wrapped table is one of KBIND bindings (a
+ * checked device and the CPU table it wraps), each with its own set of wrapper functions
+ * generated from DT_KERNEL_SLOTS. */
+enum { KBIND = 4 };
+typedef struct {
+    dt_dev *dev;               /* NULL: free */
+    const dt_kernel_table *inner;   /* the CPU table it runs */
+    dt_kernel_table table;          /* the wrapped one the graph calls */
+} kbinding;
+static kbinding g_kb[KBIND];
+static pthread_mutex_t g_kb_lock = PTHREAD_MUTEX_INITIALIZER;
+
+#define KW_V(I, name, params, args)              \
+    static void ck##I##_##name params {           \
+        enter(g_kb[I].dev);                       \
+        g_kb[I].inner->name args;                 \
+        leave(g_kb[I].dev);                       \
+    }
+#define KW_R(I, type, name, params, args)        \
+    static type ck##I##_##name params {           \
+        enter(g_kb[I].dev);                       \
+        const type r = g_kb[I].inner->name args;  \
+        leave(g_kb[I].dev);                       \
+        return r;                                 \
+    }
+#define KF_V(I, name, params, args) t->name = in->name ? ck##I##_##name : NULL;
+#define KF_R(I, type, name, params, args) t->name = in->name ? ck##I##_##name : NULL;
+#define KBINDING(I)                                                                       \
+    DT_KERNEL_SLOTS(KW_V##I, KW_R##I)                                                     \
+    static void fill##I(dt_kernel_table *t, const dt_kernel_table *in) { DT_KERNEL_SLOTS(KF_V##I, KF_R##I) }
+#define KW_V0(n, p, a) KW_V(0, n, p, a)
+#define KW_R0(t, n, p, a) KW_R(0, t, n, p, a)
+#define KF_V0(n, p, a) KF_V(0, n, p, a)
+#define KF_R0(t, n, p, a) KF_R(0, t, n, p, a)
+#define KW_V1(n, p, a) KW_V(1, n, p, a)
+#define KW_R1(t, n, p, a) KW_R(1, t, n, p, a)
+#define KF_V1(n, p, a) KF_V(1, n, p, a)
+#define KF_R1(t, n, p, a) KF_R(1, t, n, p, a)
+#define KW_V2(n, p, a) KW_V(2, n, p, a)
+#define KW_R2(t, n, p, a) KW_R(2, t, n, p, a)
+#define KF_V2(n, p, a) KF_V(2, n, p, a)
+#define KF_R2(t, n, p, a) KF_R(2, t, n, p, a)
+#define KW_V3(n, p, a) KW_V(3, n, p, a)
+#define KW_R3(t, n, p, a) KW_R(3, t, n, p, a)
+#define KF_V3(n, p, a) KF_V(3, n, p, a)
+#define KF_R3(t, n, p, a) KF_R(3, t, n, p, a)
+KBINDING(0)
+KBINDING(1)
+KBINDING(2)
+KBINDING(3)
+static void (*const g_fill[KBIND])(dt_kernel_table *, const dt_kernel_table *) = {fill0, fill1, fill2, fill3};
+
+/* The wrapped table of CPU table `cpu` on device d: its binding, or a new one. */
+static const dt_kernel_table *checked_kernels(dt_dev *d, const dt_kernel_table *cpu) {
+    pthread_mutex_lock(&g_kb_lock);
+    int i = 0, free_i = -1;
+    for (; i < KBIND && !(g_kb[i].dev == d && g_kb[i].inner == cpu); i++)
+        if (!g_kb[i].dev && free_i < 0) free_i = i;
+    if (i == KBIND && free_i >= 0) {
+        i = free_i;
+        g_kb[i].table = *cpu;  /* its name, dtype and precision */
+        g_fill[i](&g_kb[i].table, cpu);
+        g_kb[i].dev = d, g_kb[i].inner = cpu;
+    }
+    pthread_mutex_unlock(&g_kb_lock);
+    if (i == KBIND) {
+        dt_error(DT_ENOTSUP, "checked device: more than %d kernel tables (devices x --kernels/--precision) at once", KBIND);
+        return NULL;
+    }
+    return &g_kb[i].table;
+}
+
+/* Frees the bindings of device d (it is being destroyed). */
+static void release_kernels(dt_dev *d) {
+    pthread_mutex_lock(&g_kb_lock);
+    for (int i = 0; i < KBIND; i++)
+        if (g_kb[i].dev == d) g_kb[i].dev = NULL, g_kb[i].inner = NULL;
+    pthread_mutex_unlock(&g_kb_lock);
+}
+
 static const dt_device_ops checked_ops = {
     .alloc = checked_alloc,
     .free = checked_free,
@@ -164,6 +246,7 @@ static const dt_device_ops checked_ops = {
     .cast_f16_f32 = checked_cast_f16_f32,
     .sgd_step = checked_sgd_step,
     .adam_step = checked_adam_step,
+    .kernels = checked_kernels,
 };
 
 /* "arena=BYTES" with K/M/G suffixes into *size. */
@@ -204,6 +287,7 @@ static dt_status checked_create(dt_dev **out, const char *options) {
 
 static void checked_destroy(dt_dev *d) {
     checked_dev *c = cd(d);
+    release_kernels(d);
     for (span *s = c->spans, *n; s; s = n) {
         n = s->next;
         if (s->used) dt_mem_uncharge(s->len);  /* a leak of the caller's, still not counted forever */

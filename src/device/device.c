@@ -60,6 +60,11 @@ static void cpu_free(dt_dev *d, void *p) {
 
 static void cpu_synchronize(dt_dev *d) { (void)d; }
 
+static const dt_kernel_table *cpu_kernels(dt_dev *d, const dt_kernel_table *cpu) {
+    (void)d;
+    return cpu;
+}
+
 static dt_device_ops cpu_ops;
 static dt_dev cpu_dev;
 
@@ -68,7 +73,9 @@ static void cpu_ops_init(void) {
     cpu_ops.alloc = cpu_alloc;
     cpu_ops.free = cpu_free;
     cpu_ops.synchronize = cpu_synchronize;
+    cpu_ops.kernels = cpu_kernels;
     cpu_dev.ops = &cpu_ops;
+    cpu_dev.host_memory = true;
 }
 
 dt_dev *dt_device_cpu(void) {

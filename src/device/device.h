@@ -18,6 +18,7 @@
 #ifndef DT_DEVICE_H
 #define DT_DEVICE_H
 
+#include "backend/backend.h"
 #include "dtrain/core.h"
 
 #include <stdbool.h>
@@ -74,6 +75,12 @@ typedef struct dt_device_ops {
      * torch.optim.Adam/AdamW's arithmetic; subnormal moments are flushed to zero. */
     void (*adam_step)(dt_dev *d, const dt_step_args *a, float *dev_p, const float *dev_g, float *dev_m, float *dev_v,
                       size_t n);
+
+    /* ---- kernels ---- */
+    /* The kernel table this device runs the graph's ops with, for the CPU table `cpu` (the kernel
+     * library and GEMM precision --kernels and --precision chose): every slot takes device
+     * pointers of this device. NULL with the error set when the device cannot run it. */
+    const dt_kernel_table *(*kernels)(dt_dev *d, const dt_kernel_table *cpu);
 } dt_device_ops;
 
 /* A registry entry: a kind of device. create parses its options ("" for none: e.g. checked's
@@ -90,6 +97,9 @@ typedef struct dt_device_kind {
 struct dt_dev {
     const dt_device_kind *kind;
     const dt_device_ops *ops;
+    /* Its memory is host memory (the cpu device): code above may keep the host's fast paths
+     * (a batch fed in place, ZeRO's page placement) where it would otherwise upload or copy. */
+    bool host_memory;
 };
 
 /* The registry, in order ("cpu" first); n gets its length. */

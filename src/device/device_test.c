@@ -6,6 +6,9 @@
  * hand-worked SGD-momentum and Adam step). */
 #include "core/test.h"
 #include "device/device.h"
+#include "device/kernel_slots.h"
+
+#include <stddef.h>
 
 #include <pthread.h>
 #include <signal.h>
@@ -179,6 +182,39 @@ static void test_arena_accounting(void) {
     dt_device_destroy(d);
 }
 
+/* The checked device's kernel table: every slot of the CPU table is wrapped (a slot missing from
+ * DT_KERNEL_SLOTS would run unwrapped: the count and each pointer say so), NULL slots stay NULL,
+ * and a wrapped kernel gives the CPU kernel's values on checked memory with the arena closed after. */
+#define COUNT_V(name, p, a) +1
+#define COUNT_R(t, name, p, a) +1
+#define SAME_V(name, p, a) CHECK_MSG(!cpu->name == !k->name && (!cpu->name || cpu->name != k->name), "slot %s", #name);
+#define SAME_R(t, name, p, a) SAME_V(name, p, a)
+static void test_checked_kernels(void) {
+    const size_t slots = 0 DT_KERNEL_SLOTS(COUNT_V, COUNT_R);
+    CHECK_MSG(slots * sizeof(void (*)(void)) == sizeof(dt_kernel_table) - offsetof(dt_kernel_table, linear_forward),
+              "DT_KERNEL_SLOTS lists %zu slots; dt_kernel_table has others: add them to device/kernel_slots.h", slots);
+    dt_dev *d = NULL;
+    CHECK_OK(dt_device_create(&d, "checked:arena=1M"));
+    if (!d) return;
+    const dt_kernel_table *cpu = dt_backend_cpu(), *k = d->ops->kernels(d, cpu);
+    CHECK(k && k != cpu && !strcmp(k->name, cpu->name) && k->precision == cpu->precision);
+    if (k) {
+        DT_KERNEL_SLOTS(SAME_V, SAME_R)
+        float x[N], want[N], got[N];
+        fill_host(x, N, 7);
+        float *dx = d->ops->alloc(d, sizeof x), *dy = d->ops->alloc(d, sizeof x);
+        cpu->gelu_forward(want, x, N);
+        d->ops->upload(d, dx, x, sizeof x);
+        k->gelu_forward(dy, dx, N);
+        d->ops->download(d, got, dy, sizeof got);
+        CHECK_MSG(!memcmp(want, got, sizeof got), "gelu on the checked device differs from the cpu kernel's");
+        CHECK(!dt_checked_arena_open(d) && d->ops->kernels(d, cpu) == k);  /* one binding per table */
+        d->ops->free(d, dx), d->ops->free(d, dy);
+    }
+    dt_device_destroy(d);
+    printf("checked device: all %zu kernel slots wrapped, a wrapped kernel bitwise the cpu one's\n", slots);
+}
+
 /* torch.optim by hand: SGD momentum 0.9 (lr 0.1) on g = 1 from p = 1: p1 = 0.9 (buf 1), p2 = 0.71
  * (buf 1.9); Adam (lr 0.1) first step moves p by lr * sign(g) (m/(1-b1) = g, sqrt(v/(1-b2)) = |g|). */
 static void test_step_arithmetic(void) {
@@ -198,6 +234,7 @@ static void test_step_arithmetic(void) {
 
 int main(void) {
     test_registry();
+    test_checked_kernels();
     test_checked_equals_cpu();
     test_host_dereference_faults();
     test_arena_accounting();

@@ -13,7 +13,7 @@ dt_status dt_graph_create(dt_model **out) {
     dt_model *m = calloc(1, sizeof *m);
     if (!m) return dt_error(DT_ENOMEM, "model: out of memory");
     m->output = m->loss = -1;
-    m->be = dt_backend_default();
+    m->be = m->be_cpu = dt_backend_default();
     m->dev = dt_device_cpu();
     *out = m;
     return DT_OK;
@@ -206,7 +206,7 @@ dt_status dt_graph_finish(dt_model *m, int output, int loss, const char *spec) {
     for (int i = 0; i < m->n; i++)  /* batchnorm running_var starts at 1 */
         if (m->nodes[i].a.kind == DT_LAYER_BATCHNORM2D) {
             const dt_param_info *rv = &m->tensors[m->nodes[i].tensor[3]];
-            for (size_t c = 0; c < rv->numel; c++) m->buffers.data[rv->offset + c] = 1.0f;
+            m->dev->ops->fill_f32(m->dev, m->buffers.data + rv->offset, 1.0f, rv->numel);
         }
     m->finished = true;
     return DT_OK;
@@ -245,8 +245,29 @@ static void discard_unplaced(dt_model *m, int i) {
     }
 }
 
+/* dt_model_init of a model on a device whose memory the host cannot touch: the same values
+ * (each node's init, host Philox) written into a host copy of the parameter slab, uploaded. */
+static void init_on_device(dt_model *m, uint64_t seed) {
+    const size_t bytes = m->params.n * sizeof(float);
+    float *host = dt_alloc(bytes ? bytes : sizeof(float));
+    if (!host) {  /* dt_model_init returns nothing: the parameters stay as they were (zeros) */
+        dt_error_clear();
+        m->err = dt_error(DT_ENOMEM, "model: no host memory for the %zu-byte initial values of the parameters", bytes);
+        return;
+    }
+    m->dev->ops->download(m->dev, host, m->params.data, bytes);
+    for (int i = 0; i < m->n; i++)
+        if (m->nodes[i].op->init) m->nodes[i].op->init(m, &m->nodes[i], host, seed);
+    m->dev->ops->upload(m->dev, m->params.data, host, bytes);
+    dt_free(host);
+}
+
 void dt_model_init(dt_model *m, uint64_t seed) {
     m->seed = seed;
+    if (m->dev_slabs) {
+        init_on_device(m, seed);
+        return;
+    }
     for (int i = 0; i < m->n; i++) {
         dt_node *n = &m->nodes[i];
         if (!n->op->init || declares_none_placed(m, i)) continue;
@@ -285,6 +306,10 @@ dt_status dt_model_tensor_ranges(const dt_model *m, const bool *keep, dt_range *
 }
 
 dt_status dt_model_place(dt_model *m, const dt_range *own, int nown) {
+    if (m->dev_slabs && own)  /* the slabs are whole device blocks */
+        return dt_error(DT_ENOTSUP, "model: placing a part of the parameters (ZeRO, pipeline or tensor parallel) on "
+                        "device %s is not device-neutral yet: use --device cpu", m->dev->kind->name);
+    if (m->dev_slabs) return DT_OK;
     dt_range *copy = NULL;
     if (own && !(copy = malloc(((size_t)nown + 1) * sizeof *copy))) return dt_error(DT_ENOMEM, "model: out of memory");
     if (own) memcpy(copy, own, (size_t)nown * sizeof *copy);
@@ -327,6 +352,45 @@ dt_status dt_model_init_tensor(dt_model *m, int t, float *out) {
     return DT_OK;
 }
 
+/* A slab of n floats (at least one) in device memory, zeroed, or from a host slab's values. */
+static float *device_slab(dt_dev *d, const dt_slab *from, bool copy, size_t n) {
+    float *p = d->ops->alloc(d, (n ? n : 1) * sizeof(float));
+    if (!p) return NULL;
+    d->ops->fill_f32(d, p, 0.0f, n ? n : 1);
+    if (copy && n) d->ops->upload(d, p, from->data, n * sizeof(float));
+    return p;
+}
+
+dt_status dt_model_set_device(dt_model *m, dt_dev *d) {
+    if (!m->finished) return dt_error(DT_EINVAL, "model: set its device after dt_graph_finish");
+    if (d == m->dev) return DT_OK;
+    if (m->dev_slabs || m->cap_B > 0 || m->own)
+        return dt_error(DT_EINVAL, "model: moving to device %s after it ran, was placed in parts or moved already: "
+                        "set the device right after building it", d->kind->name);
+    const dt_kernel_table *be = d->ops->kernels(d, m->be_cpu);
+    if (!be) return dt_error_wrap(DT_ENOTSUP, "model: device %s", d->kind->name);
+    m->be = be;
+    if (d->host_memory) {
+        m->dev = d;
+        return DT_OK;
+    }
+    const bool placed = m->params.placed > 0 || !m->params.reserved;
+    float *p = device_slab(d, &m->params, placed, m->params.n), *g = p ? device_slab(d, &m->grads, false, m->grads.n) : NULL;
+    float *b = g ? device_slab(d, &m->buffers, true, m->buffers.n) : NULL;
+    if (!b) {
+        d->ops->free(d, p), d->ops->free(d, g);
+        return dt_error_wrap(DT_ENOMEM, "model: its %zu parameters on device %s", m->params.n, d->kind->name);
+    }
+    const size_t np = m->params.n, nb = m->buffers.n;
+    dt_slab_free(&m->params), dt_slab_free(&m->grads), dt_slab_free(&m->buffers);
+    m->params = (dt_slab){.data = p, .n = np}, m->grads = (dt_slab){.data = g, .n = np};
+    m->buffers = (dt_slab){.data = b, .n = nb};
+    m->dev = d, m->dev_slabs = true;
+    return DT_OK;
+}
+
+dt_dev *dt_model_device(const dt_model *m) { return m->dev; }
+
 const char *dt_model_spec(const dt_model *m) { return m->spec; }
 int dt_model_in_size(const dt_model *m) { return (int)m->nodes[m->inputs[0]].out_n; }
 int dt_model_input_values(const dt_model *m, int k) {
@@ -349,6 +413,7 @@ void dt_model_zero_grad(dt_model *m) {
         m->dev->ops->fill_f32(m->dev, m->grads.data + m->own[i].lo, 0.0f, m->own[i].hi - m->own[i].lo);
 }
 void dt_model_release_grads(dt_model *m) {
+    if (m->dev_slabs) m->dev->ops->free(m->dev, m->grads.data), m->grads = (dt_slab){0};
     dt_slab_free(&m->grads);
 }
 int dt_model_num_nodes(const dt_model *m) { return m->n; }

@@ -25,7 +25,7 @@ static bool yes(void) { return true; }
 static bool no(void) { return false; }
 
 /* A model of spec on table t (its own plan); NULL when it cannot be built. */
-static dt_model *build(const char *spec, int C, int H, int W, const dt_backend *t) {
+static dt_model *build(const char *spec, int C, int H, int W, const dt_kernel_table *t) {
     dt_model *m = NULL;
     CHECK_OK(dt_model_build(&m, spec, C, H, W));
     if (!m) return NULL;
@@ -44,7 +44,7 @@ static bool ends_with(const char *s, const char *tail) {
  * table has the GELU plan's entries; of the gradients, the c_fc's and c_attn's (a GELU, an
  * attention their only reader) where it has the entries for them, and the GELU's with the GELU
  * plan. */
-static void check_gpt_plan(const dt_backend *t) {
+static void check_gpt_plan(const dt_kernel_table *t) {
     dt_model *m = build(GPT_SPEC, 0, 0, 0, t);
     if (!m) return;
     int nbf = 0, nbf_want = 0;
@@ -66,8 +66,8 @@ static void check_gpt_plan(const dt_backend *t) {
     dt_model_free(m);
 }
 
-static void check_plans(const dt_backend *be) {
-    dt_backend t = *be;
+static void check_plans(const dt_kernel_table *be) {
+    dt_kernel_table t = *be;
     t.linear_bf16_values = yes;
     check_gpt_plan(&t);
     t.linear_forward_bf16io = NULL;
@@ -102,8 +102,8 @@ static void check_plans(const dt_backend *be) {
 
 /* steps of training (plain SGD on the gradients) with and without the plan of values: bitwise
  * equal losses, gradients and parameters; the memory a step takes is what the plan counts. */
-static void check_same(const dt_backend *be, const char *spec, int C, int H, int W, const void *x, int B) {
-    dt_backend on = *be, off = *be;
+static void check_same(const dt_kernel_table *be, const char *spec, int C, int H, int W, const void *x, int B) {
+    dt_kernel_table on = *be, off = *be;
     on.linear_bf16_values = yes, off.linear_bf16_values = no;
     on.linear_backward_bf16_grad = NULL;  /* values only: check_grads has the gradients */
     dt_model *a = build(spec, C, H, W, &on), *b = build(spec, C, H, W, &off);
@@ -143,7 +143,7 @@ static void check_same(const dt_backend *be, const char *spec, int C, int H, int
 
 /* One forward and backward of the GPT (ids, B samples) on tables ta and tb: the models (NULL
  * when either cannot be built) and their losses. */
-static void gpt_step_pair(const dt_backend *ta, const dt_backend *tb, const int32_t *ids, int B, dt_model **a,
+static void gpt_step_pair(const dt_kernel_table *ta, const dt_kernel_table *tb, const int32_t *ids, int B, dt_model **a,
                           dt_model **b, float *la, float *lb) {
     *a = build(GPT_SPEC, 0, 0, 0, ta), *b = build(GPT_SPEC, 0, 0, 0, tb);
     if (!*a || !*b) {
@@ -170,8 +170,8 @@ static void gpt_step_pair(const dt_backend *ta, const dt_backend *tb, const int3
  * rounded values), and each of those within the rounding of its terms: |db - db32| <= 2^-8 *
  * sum |dout| plus the f32 sums' own rounding (B * T terms, 2^-24 each, bounded by 2^-20 *
  * sum |dout|). */
-static void check_grads(const dt_backend *be, const int32_t *ids, int B) {
-    dt_backend on = *be, off = *be;
+static void check_grads(const dt_kernel_table *be, const int32_t *ids, int B) {
+    dt_kernel_table on = *be, off = *be;
     on.linear_bf16_values = off.linear_bf16_values = yes;
     on.linear_forward_bf16io = NULL;  /* not the GELU plan: check_gelu_plan */
     off.linear_backward_bf16_grad = NULL;
@@ -221,8 +221,8 @@ static void check_grads(const dt_backend *be, const int32_t *ids, int B) {
  * and max |dg| / max |g| 1e-2 (ln_2.bias, a sum with cancellation), most tensors 1e-3; the
  * bounds, 2^-10 and 2^-4, leave room for other CPUs' rounding and are far below what a wrong
  * value gives (an unwidened input, a value left out: order 1). */
-static void check_gelu_plan(const dt_backend *be, const int32_t *ids, int B) {
-    dt_backend on = *be, off = *be;
+static void check_gelu_plan(const dt_kernel_table *be, const int32_t *ids, int B) {
+    dt_kernel_table on = *be, off = *be;
     on.linear_bf16_values = off.linear_bf16_values = yes;
     off.linear_forward_bf16io = NULL;
     dt_model *a, *b;
@@ -260,7 +260,7 @@ static void check_gelu_plan(const dt_backend *be, const int32_t *ids, int B) {
 }
 
 int main(void) {
-    const dt_backend *be = NULL;
+    const dt_kernel_table *be = NULL;
     if (dt_kernels_select("onednn", "bf16") != DT_OK || dt_backend_find("onednn", DT_BF16, &be) != DT_OK) {
         printf("graph_bf16_test: skipped (built without oneDNN)\n");
         return dt_test_summary("graph_bf16_test");

@@ -31,7 +31,7 @@ static bool fusable(dt_model *m, const dt_node *p, const dt_node *conv) {
 }
 
 void dt_graph_fuse_conv_pool(dt_model *m) {
-    const dt_backend *be = m->be;
+    const dt_kernel_table *be = m->be;
     for (int i = 0; i < m->n; i++) m->nodes[i].fused_pool = -1, m->nodes[i].fused_conv = false;
     if (!be || !be->conv_pool_forward || !be->conv_pool_backward) return;
     for (int i = 0; i < m->n; i++) {

@@ -20,7 +20,8 @@ typedef struct dt_op dt_op;
 
 /* What forward and backward see besides the node. */
 typedef struct {
-    const dt_backend *be;
+    const dt_kernel_table *be;
+    dt_dev *dev;        /* the model's device: copies and casts of its memory */
     int B;              /* samples in the batch */
     bool train;
     uint64_t step, seed;
@@ -58,7 +59,6 @@ struct dt_node {
     bool grad_set;          /* gradient written in this backward (the first writer overwrites, later
                              * ones accumulate) */
     void *saved;            /* op state kept from forward to backward (argmax, mask, stats, att) */
-    float loss;             /* loss nodes: the value of the last forward */
     float dloss;            /* loss nodes: d loss of the backward (the scale) */
     int counted;            /* xent: targets that counted */
 };
@@ -100,13 +100,16 @@ struct dt_model {
     dt_range *own;          /* dt_model_place's ranges of the parameter slab (NULL: whole) */
     int nown;
     uint64_t seed;
-    const dt_backend *be;
-    dt_dev *dev;            /* the device of its memory: gradient zeroing, accumulation and copies go
-                             * through it (the cpu device until the graph's slabs move, docs/device.md) */
+    const dt_kernel_table *be;   /* the device's kernel table: what ops call */
+    const dt_kernel_table *be_cpu;  /* the CPU table it wraps (--kernels, --precision) */
+    dt_dev *dev;            /* the device of its memory (dt_model_set_device; default cpu): every
+                             * touch of parameters, gradients and activations goes through it */
+    bool dev_slabs;         /* params, grads and buffers are whole blocks of dev (not host slabs) */
     bool nhwc;              /* the blocked values of its conv chains are NHWC instead (the backend's bf16
                              * convs want it: backend.h conv2d_bf16_nhwc; graph_layout.c) */
     /* per batch */
     int cap_B, B;
+    const void *feed_host[DT_GRAPH_MAX_INPUTS];  /* the host memory of the last feed (NULL: none) */
     bool train;
     uint64_t step;
     float *work;
@@ -134,6 +137,13 @@ dt_status dt_graph_fail(dt_model *m, const dt_node *n, const char *fmt, ...) __a
 /* Helpers for ops */
 static inline const dt_node *dt_node_input(const dt_model *m, const dt_node *n, int j) { return &m->nodes[n->in[j]]; }
 static inline const float *dt_node_in(const dt_model *m, const dt_node *n, int j) { return m->nodes[n->in[j]].out; }
+/* Input j's values where the host can read them: the fed memory of a graph input, or any value
+ * on a host-memory device; NULL where they are only on the device (for checks of ids and labels). */
+static inline const void *dt_node_in_host(const dt_model *m, const dt_node *n, int j) {
+    const dt_node *p = &m->nodes[n->in[j]];
+    if (p->input_index >= 0) return m->feed_host[p->input_index];
+    return m->dev->host_memory ? p->out : NULL;
+}
 /* Whether input j's values (and gradient) are blocked: those of the node owning its memory. */
 static inline bool dt_node_in_blocked(const dt_model *m, const dt_node *n, int j) {
     const dt_node *p = &m->nodes[n->in[j]];

@@ -37,7 +37,7 @@ static bool readers_take_blocked(const dt_model *m, int i) {
 }
 
 void dt_graph_plan_layouts(dt_model *m) {
-    const dt_backend *be = m->be;
+    const dt_kernel_table *be = m->be;
     const bool can = be && be->conv2d_forward_blocked && be->conv2d_backward_blocked && be->maxpool2d_forward_blocked &&
                      be->maxpool2d_backward_blocked;
     m->nhwc = can && be->precision == DT_BF16 && be->conv2d_bf16_nhwc && be->conv2d_bf16_nhwc();
@@ -98,7 +98,7 @@ static bool writes_bf16(const dt_node *n) {
  * relu), stored bf16: each linear would round them to bf16 anyway, so the result is the same,
  * with half the bytes written and read and no conversion in front of the GEMMs. */
 static void plan_linear_inputs(dt_model *m) {
-    const dt_backend *be = m->be;
+    const dt_kernel_table *be = m->be;
     if (!be || be->precision != DT_BF16 || !be->linear_bf16_values || !be->linear_bf16_values() ||
         !be->linear_forward_bf16 || !be->linear_backward_bf16)
         return;
@@ -121,7 +121,7 @@ static bool rounds_grad(const dt_model *m, const dt_node *r) {
  * linear's GEMMs would do anyway (the same bits), and the linear reads half the bytes. Its bias
  * gradient then sums the rounded values (within bf16 rounding of the f32 sums, as autocast's). */
 static void plan_linear_grads(dt_model *m) {
-    const dt_backend *be = m->be;
+    const dt_kernel_table *be = m->be;
     if (!be || be->precision != DT_BF16 || !be->gelu_backward_bf16 || !be->linear_backward_bf16_grad) return;
     for (int i = 0; i < m->n; i++) {
         dt_node *n = &m->nodes[i];
@@ -144,7 +144,7 @@ static bool linear_of_f32_grad(const dt_model *m, const dt_node *r) {
  * are bf16. This one rounds where the f32 plan does not: the GELU reads x and dout rounded to
  * bf16 (as autocast's bf16 linear outputs are); graph_bf16_test bounds the difference. */
 static void plan_gelu_between_linears(dt_model *m) {
-    const dt_backend *be = m->be;
+    const dt_kernel_table *be = m->be;
     if (!be || !be->gelu_forward_bf16io || !be->gelu_backward_bf16io || !be->linear_forward_bf16io ||
         !be->linear_backward_bf16_din)
         return;
@@ -161,7 +161,7 @@ static void plan_gelu_between_linears(dt_model *m) {
 }
 
 void dt_graph_plan_bf16(dt_model *m) {
-    const dt_backend *be = m->be;
+    const dt_kernel_table *be = m->be;
     for (int i = 0; i < m->n; i++) m->nodes[i].bf16 = m->nodes[i].grad_bf16 = false;
     plan_linear_inputs(m);
     plan_linear_grads(m);

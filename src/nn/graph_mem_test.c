@@ -59,12 +59,12 @@ static bool sixteen_or_more(int C) { return C >= 16; }
 
 /* The CNN with bf16 values and gradients (nodes 3 and 4, blocked_bf16_test's plan). */
 static void check_bf16_cnn(void) {
-    const dt_backend *be = NULL;
+    const dt_kernel_table *be = NULL;
     if (dt_kernels_select("onednn", "bf16") != DT_OK || dt_backend_find("onednn", DT_BF16, &be) != DT_OK) {
         printf("cnn at bf16: skipped (built without oneDNN)\n");
         return;
     }
-    dt_backend t = *be;
+    dt_kernel_table t = *be;
     t.conv2d_bf16_values = sixteen_or_more;
     t.linear_bf16_values = NULL;  /* the conv chain's plan alone (the GPT below has the linears') */
     dt_model *m = NULL;
@@ -96,9 +96,9 @@ static bool yes(void) { return true; }
 /* A GPT whose layernorms, attention outputs, GELUs and c_fc outputs are stored bf16
  * (graph_bf16_test's plans): their pieces' workspace is counted. */
 static void check_bf16_gpt(void) {
-    const dt_backend *be = NULL;
+    const dt_kernel_table *be = NULL;
     if (dt_kernels_select("onednn", "bf16") != DT_OK || dt_backend_find("onednn", DT_BF16, &be) != DT_OK) return;
-    dt_backend t = *be;
+    dt_kernel_table t = *be;
     t.linear_bf16_values = yes;
     dt_model *m = NULL;
     CHECK_OK(dt_model_build(&m, "gpt:L=2,H=2,C=32,T=8", 0, 0, 0));

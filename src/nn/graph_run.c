@@ -14,16 +14,21 @@ static dt_node *owner(dt_model *m, dt_node *n) {
     return n;
 }
 
+/* Whether the input nodes hold device memory the feed is uploaded into (a device whose memory
+ * is not the host's); on the host they point at the fed memory. */
+static bool inputs_uploaded(const dt_model *m) { return !m->dev->host_memory; }
+
 static void free_activations(dt_model *m) {
+    dt_dev *d = m->dev;
     for (int i = 0; i < m->n; i++) {
         dt_node *n = &m->nodes[i];
-        if (n->input_index < 0 && !n->alias) dt_free(n->out);
-        dt_free(n->grad);
-        dt_free(n->saved);
+        if ((n->input_index < 0 || inputs_uploaded(m)) && !n->alias) d->ops->free(d, n->out);
+        d->ops->free(d, n->grad);
+        d->ops->free(d, n->saved);
         n->out = n->grad = NULL, n->saved = NULL;
     }
-    for (int k = 0; k < DT_NODE_MAX_IN; k++) dt_free(m->scratch[k]), m->scratch[k] = NULL;
-    dt_free(m->work);
+    for (int k = 0; k < DT_NODE_MAX_IN; k++) d->ops->free(d, m->scratch[k]), m->scratch[k] = NULL;
+    d->ops->free(d, m->work);
     m->work = NULL;
     m->cap_B = 0;
 }
@@ -35,9 +40,14 @@ void dt_model_free(dt_model *m) {
     free(m->tensors);
     free(m->last_user);
     free(m->own);
-    dt_slab_free(&m->params);
-    dt_slab_free(&m->grads);
-    dt_slab_free(&m->buffers);
+    if (m->dev_slabs) {
+        m->dev->ops->free(m->dev, m->params.data), m->dev->ops->free(m->dev, m->grads.data);
+        m->dev->ops->free(m->dev, m->buffers.data);
+    } else {
+        dt_slab_free(&m->params);
+        dt_slab_free(&m->grads);
+        dt_slab_free(&m->buffers);
+    }
     free(m);
 }
 
@@ -51,7 +61,8 @@ typedef struct {
 
 static node_mem node_mem_of(const dt_model *m, const dt_node *n, int B) {
     node_mem r = {0, 0, 0, 0};
-    if (n->input_index >= 0 || n->alias) return r;  /* the fed memory; the owner's */
+    if (n->input_index >= 0 && inputs_uploaded(m)) r.vals = (size_t)B * n->out_n * DT_FEED_VALUE_BYTES;
+    if (n->input_index >= 0 || n->alias) return r;  /* the fed memory (or the batch's upload); the owner's */
     if (n->fused_pool < 0) r.vals = (size_t)B * n->out_n * sizeof(float);  /* else never written (graph_fuse.c) */
     r.grad = n->needs_grad ? r.vals : 0;
     r.saved = n->op->saved_bytes ? n->op->saved_bytes(m, n, B) : 0;
@@ -63,19 +74,20 @@ static node_mem node_mem_of(const dt_model *m, const dt_node *n, int B) {
 static dt_status ensure_batch(dt_model *m, int B) {
     if (B <= m->cap_B) return DT_OK;
     free_activations(m);
+    dt_dev *d = m->dev;
     size_t work = 0, maxact = 0;
     for (int i = 0; i < m->n; i++) {
         dt_node *n = &m->nodes[i];
         const node_mem r = node_mem_of(m, n, B);
-        if (r.vals > maxact) maxact = r.vals;
-        if (r.vals && !(n->out = dt_alloc(r.vals))) goto oom;
-        if (r.grad && !(n->grad = dt_alloc(r.grad))) goto oom;
-        if (r.saved && !(n->saved = dt_alloc(r.saved))) goto oom;
+        if (r.vals > maxact && n->input_index < 0) maxact = r.vals;
+        if (r.vals && !(n->out = d->ops->alloc(d, r.vals))) goto oom;
+        if (r.grad && !(n->grad = d->ops->alloc(d, r.grad))) goto oom;
+        if (r.saved && !(n->saved = d->ops->alloc(d, r.saved))) goto oom;
         if (r.work > work) work = r.work;
     }
     for (int k = 0; k < m->nscratch; k++)
-        if (!(m->scratch[k] = dt_alloc(maxact))) goto oom;
-    if (work && !(m->work = dt_alloc(work * sizeof(float)))) goto oom;
+        if (!(m->scratch[k] = d->ops->alloc(d, maxact))) goto oom;
+    if (work && !(m->work = d->ops->alloc(d, work * sizeof(float)))) goto oom;
     m->work_n = work, m->scratch_n = maxact / sizeof(float);
     m->cap_B = B;
     return DT_OK;
@@ -92,7 +104,7 @@ size_t dt_model_activation_bytes(const dt_model *m, int B) {
     size_t bytes = 0, work = 0, maxact = 0;
     for (int i = 0; i < m->n; i++) {  /* the blocks ensure_batch allocates */
         const node_mem r = node_mem_of(m, &m->nodes[i], B);
-        if (r.vals > maxact) maxact = r.vals;
+        if (r.vals > maxact && m->nodes[i].input_index < 0) maxact = r.vals;
         bytes += held(r.vals) + held(r.grad) + held(r.saved);
         if (r.work > work) work = r.work;
     }
@@ -100,7 +112,7 @@ size_t dt_model_activation_bytes(const dt_model *m, int B) {
 }
 
 static dt_run_ctx run_ctx(const dt_model *m) {
-    return (dt_run_ctx){.be = m->be, .B = m->B, .train = m->train, .step = m->step, .seed = m->seed,
+    return (dt_run_ctx){.be = m->be, .dev = m->dev, .B = m->B, .train = m->train, .step = m->step, .seed = m->seed,
                         .params = m->params.data, .grads = m->grads.data, .buffers = m->buffers.data,
                         .work = m->work};
 }
@@ -123,10 +135,16 @@ static dt_status forward_range(dt_model *m, int lo, int hi) {
     return DT_OK;
 }
 
-/* Points input 0 at f->x and input 1 at f->y (NULL: not fed). */
+/* Points input 0 at f->x and input 1 at f->y (NULL: not fed), or uploads them into the input
+ * nodes' device memory. */
 static void bind_feed(dt_model *m, const dt_feed *f) {
     const void *feed[2] = {f->x, f->y};
-    for (int k = 0; k < m->ninputs && k < 2; k++) m->nodes[m->inputs[k]].out = (float *)feed[k];
+    for (int k = 0; k < m->ninputs && k < 2; k++) {
+        dt_node *in = &m->nodes[m->inputs[k]];
+        m->feed_host[k] = feed[k];
+        if (!inputs_uploaded(m)) in->out = (float *)feed[k];
+        else if (feed[k]) m->dev->ops->upload(m->dev, in->out, feed[k], (size_t)f->n * in->out_n * DT_FEED_VALUE_BYTES);
+    }
 }
 
 dt_status dt_model_prepare(dt_model *m, int B, bool train, uint64_t step) {
@@ -148,7 +166,7 @@ dt_status dt_model_run(dt_model *m, const dt_feed *f, bool train, uint64_t step,
                             m->nodes[m->first_reader[k]].name, m->nodes[m->inputs[k]].name);
     bind_feed(m, f);
     DT_TRY(forward_range(m, 0, hi));
-    if (with_loss && loss) *loss = m->nodes[m->loss].loss;
+    if (with_loss && loss) m->dev->ops->download(m->dev, loss, m->nodes[m->loss].out, sizeof *loss);  /* one float */
     return DT_OK;
 }
 
@@ -336,6 +354,12 @@ int64_t dt_model_count_correct(const dt_model *m, const int32_t *labels, int n) 
     const int V = dt_model_classes(m);
     const int64_t rows = (int64_t)n * (dt_model_out_size(m) / V);
     const float *logits = dt_model_output(m);
+    float *host = NULL;
+    if (!m->dev->host_memory) {  /* the logits are the device's: read them once */
+        if (!(host = malloc((size_t)rows * (size_t)V * sizeof(float) + 1))) return -1;
+        m->dev->ops->download(m->dev, host, logits, (size_t)rows * (size_t)V * sizeof(float));
+        logits = host;
+    }
     int64_t correct = 0;
     for (int64_t i = 0; i < rows; i++) {
         const float *row = logits + (size_t)i * V;
@@ -344,5 +368,6 @@ int64_t dt_model_count_correct(const dt_model *m, const int32_t *labels, int n) 
             if (row[k] > row[best]) best = k;
         correct += best == labels[i];
     }
+    free(host);
     return correct;
 }

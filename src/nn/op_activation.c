@@ -13,7 +13,7 @@ dt_status dt_op_same_shape(dt_model *m, dt_node *n) {
 
 #define COUNT(c, n) ((size_t)(c)->B * (n)->out_n)
 
-static void act(const dt_backend *be, int kind, float *out, const float *x, size_t count) {
+static void act(const dt_kernel_table *be, int kind, float *out, const float *x, size_t count) {
     switch (kind) {
     case DT_LAYER_RELU: be->relu_forward(out, x, count); break;
     case DT_LAYER_GELU: be->gelu_forward(out, x, count); break;
@@ -24,7 +24,7 @@ static void act(const dt_backend *be, int kind, float *out, const float *x, size
 
 /* bf16 values (relu, gelu: graph_layout.c): a GELU rounds them in its own pass where the backend
  * has one (gelu_forward_bf16), else they go through the workspace in pieces. */
-static bool act_rounds_itself(const dt_backend *be, const dt_node *n) {
+static bool act_rounds_itself(const dt_kernel_table *be, const dt_node *n) {
     return n->a.kind == DT_LAYER_GELU && be->gelu_forward_bf16;
 }
 
@@ -59,7 +59,7 @@ static dt_status act_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
     for (size_t i = 0; i < count; i += DT_BF16_PIECE) {
         const size_t k = count - i < DT_BF16_PIECE ? count - i : DT_BF16_PIECE;
         act(c->be, n->a.kind, c->work, x + i, k);
-        dt_cast_bf16(dt_node_out_bf16(n) + i, c->work, k);
+        c->dev->ops->cast_f32_bf16(c->dev, dt_node_out_bf16(n) + i, c->work, k);
     }
     return DT_OK;
 }

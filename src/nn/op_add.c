@@ -1,7 +1,6 @@
 /* Op: add, a + b of the same shape (a residual connection). Both inputs get the gradient. */
 #include "nn/graph_internal.h"
 
-#include <string.h>
 
 static dt_status add_infer(dt_model *m, dt_node *n) {
     const dt_node *a = dt_node_input(m, n, 0), *b = dt_node_input(m, n, 1);
@@ -21,7 +20,7 @@ static dt_status add_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
 static void add_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float *const *din) {
     (void)m;
     for (int j = 0; j < 2; j++)
-        if (din[j]) memcpy(din[j], n->grad, (size_t)c->B * n->out_n * sizeof(float));
+        if (din[j]) c->dev->ops->copy(c->dev, din[j], n->grad, (size_t)c->B * n->out_n * sizeof(float));
 }
 
 const dt_op dt_op_add = {.name = "add", .min_in = 2, .max_in = 2, .infer = add_infer, .forward = add_forward,

@@ -47,7 +47,7 @@ static dt_status attention_forward(dt_model *m, dt_node *n, const dt_run_ctx *c)
     const size_t tc = (size_t)T * C;
     for (int b = 0; b < c->B; b++) {  /* a sample at a time (the kernel's samples are independent) */
         c->be->attention_forward(f, (float *)n->saved + (size_t)b * NH * T * T, c->work, qkv + 3 * tc * b, 1, T, C, NH);
-        dt_cast_bf16(dt_node_out_bf16(n) + tc * b, f, tc);
+        c->dev->ops->cast_f32_bf16(c->dev, dt_node_out_bf16(n) + tc * b, f, tc);
     }
     return DT_OK;
 }
@@ -67,7 +67,7 @@ static void attention_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, flo
     for (int b = 0; b < c->B; b++) {
         c->be->attention_backward(f, c->work, n->grad + tc * b, qkv + 3 * tc * b,
                                   (const float *)n->saved + (size_t)b * NH * T * T, 1, T, C, NH);
-        dt_cast_bf16(d16 + 3 * tc * b, f, 3 * tc);
+        c->dev->ops->cast_f32_bf16(c->dev, d16 + 3 * tc * b, f, 3 * tc);
     }
 }
 

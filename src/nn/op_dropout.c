@@ -2,7 +2,6 @@
  * function of (seed, step, layer, i): counter-based, the same on any number of workers. */
 #include "nn/graph_internal.h"
 
-#include <string.h>
 
 dt_status dt_op_same_shape(dt_model *m, dt_node *n);
 
@@ -18,7 +17,7 @@ static dt_status dropout_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
         c->be->dropout_forward(n->out, n->saved, x, cnt, n->a.p, c->seed,
                                dt_rng_key(DT_RNG_DROPOUT, c->step * 256 + (uint64_t)n->layer));
     else
-        memcpy(n->out, x, cnt * sizeof(float));
+        c->dev->ops->copy(c->dev, n->out, x, cnt * sizeof(float));
     return DT_OK;
 }
 
@@ -27,7 +26,7 @@ static void dropout_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float
     if (!din[0]) return;
     const size_t cnt = (size_t)c->B * n->out_n;
     if (c->train && n->a.p > 0) c->be->dropout_backward(din[0], n->grad, n->saved, cnt, n->a.p);
-    else memcpy(din[0], n->grad, cnt * sizeof(float));
+    else c->dev->ops->copy(c->dev, din[0], n->grad, cnt * sizeof(float));
 }
 
 const dt_op dt_op_dropout = {.name = "dropout", .min_in = 1, .max_in = 1, .infer = dt_op_same_shape,

@@ -33,12 +33,12 @@ static dt_status embedding_forward(dt_model *m, dt_node *n, const dt_run_ctx *c)
         c->be->pos_embedding_forward(n->out, w, c->B, T, n->a.out);
         return DT_OK;
     }
-    const int32_t *ids = (const int32_t *)in->out;
+    const int32_t *ids = (const int32_t *)in->out, *host = dt_node_in_host(m, n, 0);  /* checked on the host */
     const size_t N = (size_t)c->B * T;
-    for (size_t i = 0; i < N; i++)
-        if (ids[i] < 0 || ids[i] >= n->a.num)
+    for (size_t i = 0; host && i < N; i++)
+        if (host[i] < 0 || host[i] >= n->a.num)
             return dt_error(DT_EINVAL, "model: node '%s': id %d of sample %zu, position %zu is outside [0, %d) (the "
-                                       "vocabulary)", n->name, ids[i], i / T, i % T, n->a.num);
+                                       "vocabulary)", n->name, host[i], i / T, i % T, n->a.num);
     c->be->embedding_forward(n->out, ids, w, (int)N, n->a.out);
     return DT_OK;
 }

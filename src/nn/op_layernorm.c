@@ -48,7 +48,7 @@ static dt_status layernorm_forward(dt_model *m, dt_node *n, const dt_run_ctx *c)
         const int k = N - r < piece_rows(C) ? N - r : piece_rows(C);
         const size_t at = (size_t)r * C;
         c->be->layernorm_forward(c->work, mean + r, rstd + r, in + at, w, b, k, C, n->a.eps);
-        dt_cast_bf16(dt_node_out_bf16(n) + at, c->work, (size_t)k * C);
+        c->dev->ops->cast_f32_bf16(c->dev, dt_node_out_bf16(n) + at, c->work, (size_t)k * C);
     }
     return DT_OK;
 }

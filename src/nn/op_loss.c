@@ -23,14 +23,14 @@ static size_t xent_saved(const dt_model *m, const dt_node *n, int B) {
 static dt_status xent_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
     const dt_node *x = dt_node_input(m, n, 0);
     const int V = dt_shape_last(x), N = c->B * (int)(x->out_n / (size_t)V), per = N / c->B;
-    const int32_t *y = (const int32_t *)dt_node_in(m, n, 1);
-    for (int i = 0; i < N; i++)
+    /* the targets checked where the host has them: the feed (a target computed by a node: as is) */
+    const int32_t *y = dt_node_in_host(m, n, 1);
+    for (int i = 0; y && i < N; i++)
         if (y[i] != n->a.ignore_index && (y[i] < 0 || y[i] >= V))
             return dt_error(DT_EINVAL, "model: node '%s': target %d of sample %d, row %d is outside [0, %d) (the "
                                        "classes)", n->name, y[i], i / per, i % per, V);
-    n->loss = c->be->xent_forward(n->saved, x->out, (const int32_t *)dt_node_in(m, n, 1), N, V, n->a.ignore_index,
-                                  &n->counted);
-    n->out[0] = n->loss;
+    c->be->xent_forward(n->out, n->saved, x->out, (const int32_t *)dt_node_in(m, n, 1), N, V, n->a.ignore_index,
+                        &n->counted);
     return DT_OK;
 }
 
@@ -57,8 +57,7 @@ static dt_status mse_infer(dt_model *m, dt_node *n) {
 
 static dt_status mse_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
     const dt_node *x = dt_node_input(m, n, 0);
-    n->loss = c->be->mse_forward(x->out, dt_node_in(m, n, 1), (size_t)c->B * x->out_n);
-    n->out[0] = n->loss;
+    c->be->mse_forward(n->out, x->out, dt_node_in(m, n, 1), (size_t)c->B * x->out_n);
     return DT_OK;
 }
 

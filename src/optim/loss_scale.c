@@ -3,8 +3,7 @@
  * survive fp16's range; after the backward pass (and the gradient sync) the gradients are
  * divided by S. When any of them is inf or NaN the step is skipped and S is halved; after
  * `interval` finite steps in a row S doubles. */
-#include "dtrain/optim.h"
-#include "device/device.h"
+#include "optim/optim_internal.h"
 
 #include <math.h>
 
@@ -21,9 +20,13 @@ dt_status dt_loss_scaler_check(const dt_loss_scaler *s) {
 }
 
 bool dt_loss_scaler_unscale(dt_loss_scaler *s, float *g, size_t n) {
-    dt_dev *d = dt_device_cpu();
+    return dt_loss_scaler_unscale_on(s, dt_device_cpu(), NULL, g, n);
+}
+
+bool dt_loss_scaler_unscale_on(dt_loss_scaler *s, dt_dev *d, int32_t *dev_flag, float *g, size_t n) {
     int32_t nonfinite = 0;
-    d->ops->unscale(d, g, 1.0f / s->scale, n, &nonfinite);  /* applied only where every value is finite */
+    d->ops->unscale(d, g, 1.0f / s->scale, n, dev_flag ? dev_flag : &nonfinite);  /* only where every value is finite */
+    if (dev_flag) d->ops->download(d, &nonfinite, dev_flag, sizeof nonfinite);
     if (nonfinite) {
         s->skipped++;
         s->good = 0;

@@ -1,7 +1,6 @@
 /* Optimizers over flat slabs: SGD (momentum, Nesterov, weight decay), Adam and AdamW with the
  * torch.optim 1.13 update rules, plus gradient-norm clipping. */
-#include "dtrain/optim.h"
-#include "device/device.h"
+#include "optim/optim_internal.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -14,6 +13,9 @@ struct dt_optim {
     dt_slab m, v;       /* sgd: m = momentum buffer; adam: m, v moments */
     bool scaling;       /* fp16: dynamic loss scaling on */
     dt_loss_scaler ls;
+    dt_dev *dev;        /* where m, v and the gradients live (dt_optim_set_device; default cpu) */
+    bool dev_state;     /* m and v are whole blocks of dev, not host slabs */
+    void *scalars;      /* dev_state: a norm sum (double) and a non-finite flag (int32_t) in dev */
 };
 
 dt_optim_config dt_optim_defaults(dt_optim_kind kind) {
@@ -50,6 +52,7 @@ dt_status dt_optim_create_placed(dt_optim **out, const dt_optim_config *cfg, siz
     if (!o) return dt_error(DT_ENOMEM, "optimizer: out of memory");
     o->cfg = *cfg;
     o->n = n;
+    o->dev = dt_device_cpu();
     bool need_m = cfg->kind != DT_OPTIM_SGD || cfg->momentum > 0;
     if ((need_m && dt_slab_reserve(&o->m, n) != DT_OK) ||
         (cfg->kind != DT_OPTIM_SGD && dt_slab_reserve(&o->v, n) != DT_OK) || dt_optim_place(o, own, nown) != DT_OK) {
@@ -62,9 +65,37 @@ dt_status dt_optim_create_placed(dt_optim **out, const dt_optim_config *cfg, siz
 
 void dt_optim_free(dt_optim *o) {
     if (!o) return;
-    dt_slab_free(&o->m);
-    dt_slab_free(&o->v);
+    dt_optim_free_state(o);
+    if (o->scalars) o->dev->ops->free(o->dev, o->scalars);
     free(o);
+}
+
+/* A whole moment slab as a zeroed block of device d with the host slab's placed values; the host
+ * slab freed. */
+static dt_status move_slab(dt_dev *d, dt_slab *s) {
+    if (!s->data) return DT_OK;
+    float *p = d->ops->alloc(d, (s->n ? s->n : 1) * sizeof(float));
+    if (!p) return dt_error_wrap(DT_ENOMEM, "optimizer: its state of %zu values on device %s", s->n, d->kind->name);
+    d->ops->fill_f32(d, p, 0.0f, s->n ? s->n : 1);
+    if (s->n && (s->placed > 0 || !s->reserved)) d->ops->upload(d, p, s->data, s->n * sizeof(float));
+    const size_t n = s->n;
+    dt_slab_free(s);
+    *s = (dt_slab){.data = p, .n = n};
+    return DT_OK;
+}
+
+dt_status dt_optim_set_device(dt_optim *o, dt_dev *d) {
+    if (d == o->dev) return DT_OK;
+    if (o->dev_state) return dt_error(DT_EINVAL, "optimizer: already moved to device %s", o->dev->kind->name);
+    if (d->host_memory) {
+        o->dev = d;
+        return DT_OK;
+    }
+    if (!(o->scalars = d->ops->alloc(d, 64))) return dt_error_wrap(DT_ENOMEM, "optimizer: device %s", d->kind->name);
+    dt_status s = move_slab(d, &o->m);
+    if (s == DT_OK) s = move_slab(d, &o->v);
+    o->dev = d, o->dev_state = true;  /* a failed second move leaves m on d: dt_optim_free frees it there */
+    return s;
 }
 
 /* The step's arguments for the device's kernels (device/cpu_step.c: torch.optim's arithmetic). */
@@ -75,9 +106,9 @@ static dt_step_args step_args(const dt_optim *o, float lr) {
                           .decoupled = c->kind == DT_OPTIM_ADAMW, .t = o->t};
 }
 
-/* The update of n values (moments or momentum buffer m, v) on the CPU device. */
+/* The update of n values (moments or momentum buffer m, v) on the optimizer's device. */
 static void update(const dt_optim *o, float *p, const float *g, float *m, float *v, size_t n, float lr) {
-    dt_dev *d = dt_device_cpu();
+    dt_dev *d = o->dev;
     const dt_step_args a = step_args(o, lr);
     if (o->cfg.kind == DT_OPTIM_SGD) d->ops->sgd_step(d, &a, p, g, m, n);
     else d->ops->adam_step(d, &a, p, g, m, v, n);
@@ -135,6 +166,9 @@ static dt_status pack_slab(dt_slab *s, int nr, const size_t *off, const size_t *
 }
 
 dt_status dt_optim_shard(dt_optim *o, int nr, const size_t *off, const size_t *len) {
+    if (o->dev_state)
+        return dt_error(DT_ENOTSUP, "optimizer: sharding its state on device %s is not device-neutral yet: use --device "
+                        "cpu", o->dev->kind->name);
     size_t total = 0;
     for (int k = 0; k < nr; k++) {
         if (off[k] + len[k] > o->n)
@@ -174,20 +208,41 @@ void dt_optim_set_steps(dt_optim *o, int64_t t) { o->t = t; }
 const dt_optim_config *dt_optim_config_of(const dt_optim *o) { return &o->cfg; }
 
 dt_status dt_optim_place(dt_optim *o, const dt_range *own, int nown) {
+    if (o->dev_state && own)
+        return dt_error(DT_ENOTSUP, "optimizer: placing a part of its state on device %s is not device-neutral yet: "
+                        "use --device cpu", o->dev->kind->name);
+    if (o->dev_state) return DT_OK;
     DT_TRY(dt_slab_place(&o->m, own, nown, "placing the optimizer state"));
     return dt_slab_place(&o->v, own, nown, "placing the optimizer state");
 }
 
 void dt_optim_free_state(dt_optim *o) {
+    if (o->dev_state) {
+        o->dev->ops->free(o->dev, o->m.data), o->dev->ops->free(o->dev, o->v.data);
+        o->m = o->v = (dt_slab){0};
+        return;
+    }
     dt_slab_free(&o->m);
     dt_slab_free(&o->v);
 }
 
-float dt_clip_grad_norm(float *g, size_t n, float max_norm) {
-    dt_dev *d = dt_device_cpu();
+/* dt_clip_grad_norm on device d; dev_ss: a double of d's memory for the sum (NULL: a host one). */
+static float clip_on(dt_dev *d, double *dev_ss, float *g, size_t n, float max_norm) {
     double ss = 0;
-    d->ops->sqnorm(d, &ss, g, n);
+    d->ops->sqnorm(d, dev_ss ? dev_ss : &ss, g, n);
+    if (dev_ss) d->ops->download(d, &ss, dev_ss, sizeof ss);
     float norm = (float)sqrt(ss);
     if (max_norm > 0 && norm > max_norm) d->ops->scale(d, g, max_norm / (norm + 1e-6f), n);  /* torch adds 1e-6 */
     return norm;
+}
+
+float dt_clip_grad_norm(float *g, size_t n, float max_norm) { return clip_on(dt_device_cpu(), NULL, g, n, max_norm); }
+
+float dt_optim_clip_grad_norm(dt_optim *o, float *g, size_t n, float max_norm) {
+    return clip_on(o->dev, o->dev_state ? o->scalars : NULL, g, n, max_norm);
+}
+
+bool dt_optim_unscale(dt_optim *o, float *g, size_t n) {
+    int32_t *flag = o->dev_state ? (int32_t *)(void *)((char *)o->scalars + sizeof(double)) : NULL;
+    return !o->scaling || dt_loss_scaler_unscale_on(&o->ls, o->dev, flag, g, n);
 }

@@ -23,10 +23,9 @@ void dt_strategy_apply_update(dt_strategy *s, float lr, float clip) {
         s->update(s->update_ctx, lr, clip);
         return;
     }
-    float *g = dt_model_grads(s->model);
-    dt_loss_scaler *ls = dt_optim_loss_scaler(s->optim);  /* fp16: unscale; skip the step on inf/NaN */
-    if (ls && !dt_loss_scaler_unscale(ls, g, dt_model_num_params(s->model))) return;
-    if (clip > 0) s->cur.grad_norm = dt_clip_grad_norm(g, dt_model_num_params(s->model), clip);
+    float *g = dt_model_grads(s->model);  /* on the optimizer's device */
+    if (!dt_optim_unscale(s->optim, g, dt_model_num_params(s->model))) return;  /* fp16: inf/NaN skips the step */
+    if (clip > 0) s->cur.grad_norm = dt_optim_clip_grad_norm(s->optim, g, dt_model_num_params(s->model), clip);
     dt_optim_step(s->optim, dt_model_params(s->model), g, lr);
 }
 

@@ -7,6 +7,7 @@
 #include "dtrain/safetensors.h"
 #include "dtrain/models.h"
 #include "parallel/strategy.h"
+#include "device/device.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -53,6 +54,7 @@ typedef struct {
     dt_st_writer *w;
     assembled *t;
     int n, cap;
+    dt_dev *dev;           /* the state's device when the host cannot read it (NULL: host memory) */
 } write_ctx;
 
 /* The assembly buffer of tensor p->name, made (and given to the writer) on its first slice. */
@@ -81,6 +83,16 @@ static dt_status add_piece(void *ctx, const dt_state_piece *p) {
     if (p->buf.dtype != DT_F32 || p->buf.device != DT_DEVICE_CPU)
         return dt_error(DT_ENOTSUP, "checkpoint: tensor '%s' is %s on device %d; only f32 host state is written",
                         p->name, dt_dtype_name(p->buf.dtype), (int)p->buf.device);
+    if (c->dev) {  /* device memory: downloaded into the tensor's host copy */
+        assembled *a = NULL;
+        if (p->offset + p->buf.count > p->numel)
+            return dt_error(DT_EINTERNAL, "checkpoint: piece [%zu, %zu) of '%s' exceeds its %zu elements", p->offset,
+                            p->offset + p->buf.count, p->name, p->numel);
+        DT_TRY(assembly_of(c, p, &a));
+        c->dev->ops->download(c->dev, a->data + p->offset, p->buf.data, p->buf.count * sizeof(float));
+        a->have += p->buf.count;
+        return DT_OK;
+    }
     if (p->offset == 0 && p->buf.count == p->numel)
         return dt_st_writer_add(c->w, p->name, DT_F32, p->ndim, p->shape, p->buf.data);
     if (p->offset + p->buf.count > p->numel)
@@ -100,8 +112,9 @@ static void write_ctx_free(write_ctx *c) {
 
 /* Writes the state visit(src) yields, with the optimizer's metadata when o != NULL. */
 static dt_status write_state(const char *path, dt_status (*visit)(void *src, dt_state_visit_fn fn, void *ctx),
-                             void *src, dt_optim *o, const dt_ckpt_info *info, int shards, const char *save_id) {
-    write_ctx c = {0};
+                             void *src, dt_optim *o, const dt_ckpt_info *info, int shards, const char *save_id,
+                             dt_dev *dev) {
+    write_ctx c = {.dev = dev && !dev->host_memory ? dev : NULL};
     DT_TRY(dt_st_writer_create(&c.w));
     dt_st_writer *w = c.w;
     dt_status s = visit ? visit(src, add_piece, &c) : DT_OK;
@@ -163,16 +176,16 @@ static dt_status visit_strategy(void *src, dt_state_visit_fn fn, void *ctx) {
 
 dt_status dt_checkpoint_write(const char *path, dt_model *m, dt_optim *o, const dt_ckpt_info *info) {
     model_src ms = {m, o};
-    return write_state(path, visit_model, &ms, o, info, 0, NULL);
+    return write_state(path, visit_model, &ms, o, info, 0, NULL, dt_model_device(m));
 }
 
 dt_status dt_checkpoint_write_strategy(const char *path, dt_strategy *s, const dt_ckpt_info *info) {
-    return write_state(path, visit_strategy, s, s->optim, info, 0, NULL);
+    return write_state(path, visit_strategy, s, s->optim, info, 0, NULL, dt_model_device(s->model));
 }
 
 dt_status dt_checkpoint_write_index(const char *path, dt_optim *o, const dt_ckpt_info *info, int n,
                                     const char *save_id) {
-    return write_state(path, NULL, NULL, o, info, n, save_id);
+    return write_state(path, NULL, NULL, o, info, n, save_id, NULL);
 }
 
 static dt_status need_meta(const dt_st_file *f, const char *key, const char **out) {
@@ -337,6 +350,23 @@ static dt_status restore_piece(void *ctx, const dt_state_piece *p) {
     return DT_OK;
 }
 
+/* restore_piece into device memory the host cannot write: through a host copy, uploaded. */
+typedef struct {
+    const dt_st_file *f;
+    dt_dev *dev;
+} device_restore;
+
+static dt_status restore_piece_device(void *ctx, const dt_state_piece *p) {
+    const device_restore *r = ctx;
+    dt_state_piece h = *p;
+    if (!(h.buf.data = malloc(p->buf.count * sizeof(float) + 1))) return dt_error(DT_ENOMEM, "checkpoint: out of memory");
+    r->dev->ops->download(r->dev, h.buf.data, p->buf.data, p->buf.count * sizeof(float));  /* kept where it is absent */
+    dt_status s = restore_piece((void *)r->f, &h);
+    if (s == DT_OK) r->dev->ops->upload(r->dev, p->buf.data, h.buf.data, p->buf.count * sizeof(float));
+    free(h.buf.data);
+    return s;
+}
+
 /* The checkpoint's fp16 loss scaler ("scale,good steps,skipped steps"): false where it has none
  * or it does not parse to a positive finite scale. */
 static bool checkpoint_loss_scaler(const dt_st_file *f, dt_loss_scaler *got) {
@@ -389,7 +419,10 @@ dt_status dt_checkpoint_restore(const char *path, dt_model *m, dt_optim *o, dt_c
     int64_t shards = 0;
     if (s == DT_OK) s = meta_int(f, "dtrain.shards", false, 0, 1, 1 << 24, &shards);
     if (s == DT_OK && shards > 0) s = dt_checkpoint_restore_shards(path, (int)shards, m, o);
-    else if (s == DT_OK) s = dt_state_visit_model(m, o, restore_piece, f);
+    else if (s == DT_OK && !dt_model_device(m)->host_memory) {
+        device_restore r = {f, dt_model_device(m)};
+        s = dt_state_visit_model(m, o, restore_piece_device, &r);
+    } else if (s == DT_OK) s = dt_state_visit_model(m, o, restore_piece, f);
     if (s == DT_OK && o) dt_optim_set_steps(o, strtoll(steps, NULL, 10));
     if (s == DT_OK) restore_loss_scale(f, o);
     dt_st_close(f);

@@ -9,6 +9,7 @@
 #include "run/checkpoint.h"
 #include "run/ckpt_dir.h"
 #include "run/writable.h"
+#include "device/device.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -44,6 +45,7 @@ void dt_trainer_free(dt_trainer *t) {
     dt_loader_free(t->loader);
     dt_optim_free(t->optim);
     dt_model_free(t->model);
+    dt_device_destroy(t->dev);
     if (!t->borrowed_data) {
         dt_dataset_free(t->train);
         dt_dataset_free(t->test);
@@ -105,6 +107,7 @@ static dt_status check_writable(const char *flag, const char *path, bool replace
 }
 
 static dt_status check_config(const dt_train_config *c) {
+    if (c->device && !dt_device_find(c->device)) return DT_EINVAL;  /* before any data is read; it names the devices */
     if (c->epochs < 1) return dt_error(DT_EINVAL, "--epochs %d: need at least 1", c->epochs);
     if (c->batch < 1) return dt_error(DT_EINVAL, "--batch %d: need at least 1", c->batch);
     if (c->epoch_windows < 0) return dt_error(DT_EINVAL, "--epoch-windows %lld: must not be negative (0 = all)", (long long)c->epoch_windows);
@@ -344,6 +347,23 @@ dt_status dt_trainer_check_loss(const dt_model *m, const dt_dataset *ds, const c
     return DT_OK;
 }
 
+/* --device: the model and optimizer moved onto it (before initialisation: the initial values are
+ * uploaded). Only one process with the single strategy is device-neutral so far. */
+static dt_status move_to_device(dt_trainer *t, const dt_strategy_entry *se, const char *resume) {
+    const char *spec = t->cfg.device;
+    if (!spec || !strcmp(spec, "cpu")) return DT_OK;
+    if (t->world > 1 || strcmp(se->name, "single"))
+        return dt_error(DT_ENOTSUP, "--device %s: only one process with the single strategy runs on it so far (the "
+                        "%s strategy's gradient sync, sharding and staging still touch model memory from the host); "
+                        "use --device cpu", spec, se->name);
+    if (resume && dt_checkpoint_is_sharded(resume))
+        return dt_error(DT_ENOTSUP, "--device %s: a sharded (ZeRO) checkpoint does not load onto a device yet; use "
+                        "--device cpu", spec);
+    DT_TRY(dt_device_create(&t->dev, spec));
+    DT_TRY(dt_model_set_device(t->model, t->dev));
+    return dt_optim_set_device(t->optim, t->dev);
+}
+
 /* The model (its outputs checked against the data's classes or targets), placed, initialised,
  * and its optimizer. */
 static dt_status setup_model(dt_trainer *t, const char *spec, const dt_strategy_entry *se, const dt_strategy_opts *so,
@@ -375,6 +395,7 @@ static dt_status setup_model(dt_trainer *t, const char *spec, const dt_strategy_
                              dt_model_spec(t->model), nout, c->data, t->classes - 1, t->classes);
     }
     DT_TRY(place_model(t, se, so, resume != NULL, (resume && dt_checkpoint_is_sharded(resume)) || c->weights));
+    DT_TRY(move_to_device(t, se, resume));
     dt_model_init(t->model, c->seed);
     if (c->weights) DT_TRY(dt_weights_load(t->model, c->weights));  /* fine-tuning: start from them */
     return DT_OK;

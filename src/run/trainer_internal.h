@@ -18,6 +18,7 @@ struct dt_trainer {
     dt_dataset *train, *test;
     dt_model *model;
     dt_optim *optim;
+    struct dt_dev *dev;       /* --device (NULL: the cpu device) */
     dt_loader *loader;
     int C, H, W, classes;
     int64_t step;             /* optimizer steps done */

@@ -105,14 +105,24 @@ dt_status dt_weights_load(dt_model *m, const char *path) {
         return s;
     }
     dt_error_clear();
-    for (int i = 0; i < dt_model_num_tensors(m); i++) {
+    dt_status s = DT_OK;
+    for (int i = 0; s == DT_OK && i < dt_model_num_tensors(m); i++) {
         const dt_param_info *p = dt_model_tensor(m, i);
+        float *dst = (p->is_buffer ? dt_model_buffers(m) : dt_model_params(m)) + p->offset, *host = NULL;
         dt_st_tensor st;
         dt_st_find(f, p->name, &st);
-        copy_tensor((p->is_buffer ? dt_model_buffers(m) : dt_model_params(m)) + p->offset, &st);
+        if (m->dev->host_memory) {
+            copy_tensor(dst, &st);
+        } else if ((host = malloc(p->numel * sizeof(float) + 1))) {  /* through a host copy onto the device */
+            copy_tensor(host, &st);
+            m->dev->ops->upload(m->dev, dst, host, p->numel * sizeof(float));
+            free(host);
+        } else {
+            s = dt_error(DT_ENOMEM, "%s: no host memory for tensor '%s'", path, p->name);
+        }
     }
     dt_st_close(f);
-    return DT_OK;
+    return s;
 }
 
 dt_status dt_weights_spec(const char *path, char *spec, size_t cap, int *C, int *H, int *W) {
@@ -228,8 +238,8 @@ dt_status dt_weights_save(const dt_model *m, const char *path, const dt_input_no
     const size_t np = m->params.n, nb = m->buffers.n;
     float *params = malloc((np + nb + 1) * sizeof(float)), *buffers = params + np;
     if (!params) return dt_error(DT_ENOMEM, "--save-weights %s: out of memory", path);
-    memcpy(params, m->params.data, np * sizeof(float));
-    if (nb) memcpy(buffers, m->buffers.data, nb * sizeof(float));
+    m->dev->ops->download(m->dev, params, m->params.data, np * sizeof(float));
+    if (nb) m->dev->ops->download(m->dev, buffers, m->buffers.data, nb * sizeof(float));
     dt_status s = dt_weights_save_slabs(m, params, buffers, path, norm, C, H, W);
     free(params);
     return s;

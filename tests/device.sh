@@ -1,0 +1,53 @@
+# The device layer end to end (docs/device.md): single-process training on --device checked (the
+# CPU kernels on memory the host cannot touch, so any host dereference of model memory crashes)
+# writes checkpoints cmp-equal to --device cpu for the MLP, the CNN and a tiny GPT, with fp16 loss
+# scaling and clipping on the device, and a resume on checked continues bit for bit; what is not
+# yet device-neutral (several processes, other strategies) is refused with a clear error.
+. "$(dirname "$0")/testlib.bash"
+
+# both: NAME ARGS...: trains on cpu and on checked and compares the checkpoints byte for byte
+both() {
+  local name=$1 out; shift
+  for dev in cpu checked; do
+    out=$($DT train --epochs 1 --quiet --eval-batches 1 --device $dev --save "$TMP/$name-$dev.st" "$@" 2>&1) \
+      || { bad "$name on --device $dev: exit $? (139: a host dereference of device memory): $out"; return; }
+  done
+  cmp -s "$TMP/$name-cpu.st" "$TMP/$name-checked.st" && ok "$name: checked and cpu checkpoints are cmp-equal" \
+    || bad "$name: the checkpoints of checked and cpu differ"
+}
+
+if have_fmnist; then
+  both mlp --model mlp --max-steps 20 --optimizer adam --clip 1
+  both mlp-fp16 --model mlp --max-steps 8 --precision fp16 --momentum 0.9
+  both cnn --model cnn --max-steps 3 --batch 16
+  # --save-weights downloads, --weights uploads: fine-tuning from the MLP's weights on both devices
+  for dev in cpu checked; do
+    $DT train --model mlp --epochs 1 --max-steps 3 --quiet --eval-batches 1 --device $dev \
+      --save-weights "$TMP/w-$dev.st" >/dev/null 2>&1 || bad "--save-weights on --device $dev: exit $?"
+  done
+  cmp -s "$TMP/w-cpu.st" "$TMP/w-checked.st" && ok "--save-weights: checked and cpu files are cmp-equal" \
+    || bad "--save-weights: the files of checked and cpu differ"
+  both tune --model mlp --max-steps 3 --weights "$TMP/w-cpu.st"
+  # batchnorm's running stats, dropout (its copy when evaluating), avgpool, tanh
+  both layers --model "conv(8,3,pad=1) batchnorm relu avgpool(2) flatten dropout(0.2) linear(32) tanh linear(10)" \
+    --max-steps 4 --batch 16 --eval-batches 2
+  # resume on checked: 4 steps, then 4 more, equal to 8 straight (the optimizer state goes through the device)
+  $DT train --model mlp --epochs 1 --max-steps 8 --quiet --eval-batches 1 --optimizer adam --device checked \
+    --save "$TMP/full.st" >/dev/null 2>&1 &&
+    $DT train --model mlp --epochs 1 --max-steps 4 --quiet --eval-batches 1 --optimizer adam --device checked \
+      --save "$TMP/half.st" >/dev/null 2>&1 &&
+    $DT train --model mlp --epochs 1 --max-steps 8 --quiet --eval-batches 1 --optimizer adam --device checked \
+      --resume "$TMP/half.st" --save "$TMP/res.st" >/dev/null 2>&1 &&
+    cmp -s "$TMP/full.st" "$TMP/res.st" && ok "resume on checked continues bit for bit" || bad "resume on checked differs"
+else
+  echo "skip: Fashion-MNIST not installed (MLP and CNN on checked)"
+fi
+
+python3 "$DTRAIN_TOOLS/word_corpus.py" "$TMP/corpus.txt" 7 4000
+both gpt --data "text:$TMP/corpus.txt" --model "gpt:L=1,H=2,C=32,T=16" --batch 4 --optimizer adamw --max-steps 6
+
+expect_fail "an unknown device names the devices" "devices: cpu, checked" $DT train --device gpu --max-steps 1
+expect_fail "a bad checked option names the syntax" "arena=BYTES" $DT train --device checked:size=1 --max-steps 1
+expect_fail "a strategy that is not device-neutral yet is refused" "only one process with the single strategy" \
+  $DT train --device checked --workers 2 --max-steps 1
+finish
