@@ -189,12 +189,14 @@ a=$(acc_of "$TMP/lsgd.log")
 for st in ddp localsgd; do
   $DT train --workers 2 --strategy $st --balance dynamic --slow 1:3 --model mlp --epochs 1 --batch 64 --quiet \
     --metrics "$TMP/bal.jsonl" >"$TMP/bal.log" 2>&1 || bad "$st balance: $(tail -5 "$TMP/bal.log")"
-  python3 - "$TMP/bal.jsonl" <<'PY' && ok "$st --balance dynamic: the 3x slower rank gets the smaller batch" || bad "$st balance metrics"
+  python3 - "$TMP/bal.jsonl" <<'PY' && ok "$st --balance dynamic: the 3x slower rank trains the smaller share" || bad "$st balance metrics"
 import json, sys
 r = [json.loads(l) for l in open(sys.argv[1])][-1]
 w = r["workers"]
 print("batches", [x["batch"] for x in w], "shares", [x["share"] for x in w], "test_acc", r["test_acc"])
-assert w[0]["batch"] + w[1]["batch"] == 128 and w[1]["batch"] < w[0]["batch"], w
+# the epoch's shares, not the last cut: on a loaded machine one late re-cut can follow a passing
+# spike of the other rank (balance_test checks the cutting arithmetic itself, without a clock)
+assert w[0]["batch"] + w[1]["batch"] == 128 and w[1]["share"] < w[0]["share"], w
 assert w[0]["samples"] + w[1]["samples"] == 60000 and r["test_acc"] > 0.78, w
 PY
 done
