@@ -36,7 +36,7 @@ static const char PLAN_USAGE[] =
 typedef struct {
     const char *model, *data, *cluster, *optimizer, *precision, *mem_limit_text;
     int batch, workers, hosts, rph, tp, pp, zero, top, threads;
-    float momentum, val_fraction;
+    float momentum, val_fraction, inter_gbit, inter_lat_us;
     bool json, probe, no_calibrate;
 } plan_args;
 
@@ -71,8 +71,14 @@ static int load_cluster(const plan_args *a, dt_plan_cluster *c, char *source, si
     int r = a->probe ? dt_cli_plan_probe(a->workers, c) : 0;
     if (r) return r;
     const bool cached = dt_cli_plan_host_cluster(a->workers, c);
-    snprintf(source, cap, "this host, %d rank%s (%s)", a->workers, a->workers > 1 ? "s" : "",
-             cached ? "measured by dtrain plan --probe" : "defaults; dtrain plan --probe measures them");
+    int n = snprintf(source, cap, "this host, %d rank%s (%s)", a->workers, a->workers > 1 ? "s" : "",
+                     cached ? "measured by dtrain plan --probe" : "defaults; dtrain plan --probe measures them");
+    if (a->hosts > 1) {  /* emulated hosts on this machine (scripts/netns-hosts): the declared link between them */
+        c->hosts = a->hosts, c->ranks_per_host = a->workers / a->hosts;
+        c->link[DT_PLAN_INTER] = (dt_plan_link){a->inter_gbit * 1e9 / 8, a->inter_lat_us * 1e-6};
+        snprintf(source + n, cap - (size_t)n, ", as %d emulated hosts linked at %g Gbit/s, %g us", a->hosts,
+                 a->inter_gbit, a->inter_lat_us);
+    }
     return 0;
 }
 
@@ -254,14 +260,17 @@ static void print_json(const dt_plan_result *res, const dt_plan_cluster *c, cons
 
 static int parse_args(int argc, char **argv, plan_args *a) {
     *a = (plan_args){.optimizer = "adam", .precision = "fp32", .workers = 1, .top = 5, .tp = -1, .pp = -1,
-                     .zero = -1, .threads = 1, .val_fraction = 0.1f};
+                     .zero = -1, .threads = 1, .val_fraction = 0.1f, .inter_lat_us = 100};
     const dt_flag flags[] = {
         {"model", DT_FLAG_STR, &a->model, "SPEC", "model spec or preset mlp, cnn, gpt[:L=..,H=..,C=..,T=..,V=..]"},
         {"data", DT_FLAG_STR, &a->data, "DIR", "the data set (its shapes: as dtrain train --data)"},
         {"batch", DT_FLAG_INT, &a->batch, "G", "global batch: samples per optimizer step over all ranks"},
         {"workers", DT_FLAG_INT, &a->workers, "N", "ranks on this host (without --cluster)"},
         {"cluster", DT_FLAG_STR, &a->cluster, "FILE", "cluster JSON (examples/clusters/): device speeds and links"},
-        {"hosts", DT_FLAG_INT, &a->hosts, "H", "with --cluster: hosts (overrides the file's)"},
+        {"hosts", DT_FLAG_INT, &a->hosts, "H", "with --cluster: hosts (overrides the file's); without: this host's "
+         "--workers as H emulated hosts (scripts/netns-hosts) joined by --inter-gbit"},
+        {"inter-gbit", DT_FLAG_FLOAT, &a->inter_gbit, "X", "emulated hosts: the link's Gbit/s (tc's rate)"},
+        {"inter-lat-us", DT_FLAG_FLOAT, &a->inter_lat_us, "US", "emulated hosts: one message's latency (default 100)"},
         {"ranks-per-host", DT_FLAG_INT, &a->rph, "R", "with --cluster: ranks per host (overrides the file's)"},
         {"optimizer", DT_FLAG_STR, &a->optimizer, "NAME", "sgd, adam or adamw (its state is in the memory per rank)"},
         {"momentum", DT_FLAG_FLOAT, &a->momentum, "X", "sgd momentum (one more state tensor when > 0)"},
@@ -280,9 +289,15 @@ static int parse_args(int argc, char **argv, plan_args *a) {
     if (r) return r < 0 ? 2 : 0;
     if (a->batch < 1) return dt_cli_usage("e.g. --batch 256", "--batch %d: give the global batch (>= 1)", a->batch);
     if (a->workers < 1 || a->workers > 4096) return dt_cli_usage(NULL, "--workers %d: need 1..4096", a->workers);
-    if ((a->hosts || a->rph) && !a->cluster)
-        return dt_cli_usage("add --cluster FILE (examples/clusters/)", "--hosts and --ranks-per-host describe a "
-                            "--cluster file's hosts; for this host use --workers N");
+    if (a->rph && !a->cluster)
+        return dt_cli_usage("add --cluster FILE (examples/clusters/)", "--ranks-per-host describes a --cluster "
+                            "file's hosts; for this host use --workers N [--hosts H --inter-gbit X]");
+    if (!a->cluster && a->hosts > 1 && (a->workers % a->hosts || a->inter_gbit <= 0 || a->inter_lat_us < 0))
+        return dt_cli_usage("e.g. --workers 2 --hosts 2 --inter-gbit 1", "--hosts %d without --cluster: emulated "
+                            "hosts need --workers a multiple of them (%d) and --inter-gbit > 0", a->hosts, a->workers);
+    if (!a->cluster && a->hosts > 1 && a->probe)
+        return dt_cli_usage("probe with --workers N alone, then plan with --hosts", "--probe measures one host's "
+                            "ranks; the emulated hosts' link is the declared --inter-gbit");
     if (a->hosts < 0 || a->rph < 0 || a->top < 1) return dt_cli_usage(NULL, "--hosts, --ranks-per-host, --top: >= 1");
     if (a->probe && a->cluster) return dt_cli_usage(NULL, "--probe measures this host; leave out --cluster");
     return -1;

@@ -15,6 +15,9 @@ void dt_cli_plan_print(const dt_plan_result *res, const dt_plan_cluster *c, cons
 /* This host as a cluster of `ranks` ranks into *c: the figures --probe cached for that many ranks
  * (true), else defaults (false). */
 bool dt_cli_plan_host_cluster(int ranks, dt_plan_cluster *c);
+/* The other runnable tasks on this host now (mean of /proc/loadavg samples over 40 ms, this
+ * process left out): what the ranks of a run share the cores with. */
+double dt_cli_plan_busy(void);
 /* --probe: measures allreduce latency and bandwidth between `ranks` local ranks (forked, shm) and
  * the memory bandwidth, and caches them; 0 or the exit status after saying what failed. */
 int dt_cli_plan_probe(int ranks, dt_plan_cluster *c);

@@ -47,8 +47,24 @@ bool dt_cli_plan_host_cluster(int ranks, dt_plan_cluster *c) {
         k.ranks_per_host == ranks)
         *c = k, cached = true;
     c->mem_bytes = pages > 0 && psz > 0 ? (double)pages * (double)psz / ranks : 4e9;
-    c->oversub = cores > 0 && ranks > cores ? (double)ranks / (double)cores : 1;
+    c->oversub = dt_plan_oversub(ranks, cores > 0 ? (int)cores : 1, dt_cli_plan_busy());
     return cached;
+}
+
+double dt_cli_plan_busy(void) {
+    /* /proc/loadavg's 4th field: runnable tasks now, this reader included; sampled while this
+     * process sleeps between reads, over 40 ms */
+    double sum = 0;
+    int n = 0;
+    for (int i = 0; i < 8; i++) {
+        FILE *f = fopen("/proc/loadavg", "r");
+        int run = 0, all = 0;
+        double a, b, c3;
+        if (f && fscanf(f, "%lf %lf %lf %d/%d", &a, &b, &c3, &run, &all) == 5 && run >= 1) sum += run - 1, n++;
+        if (f) fclose(f);
+        usleep(5000);
+    }
+    return n ? sum / n : 0;
 }
 
 /* One forked rank: times reps allreduces of n floats after a warm-up; seconds per call into *t. */

@@ -84,6 +84,13 @@ double dt_plan_tp_bytes(const dt_gpt_config *g, int b, int t) {
     return (4.0 * bsh * g->L + 2.0 * bsh + 3.0 * b * g->T * 4) * ring;
 }
 
+double dt_plan_oversub(int ranks, int cores, double busy) {
+    if (cores < 1) cores = 1;
+    if (busy < 0) busy = 0;
+    const double with = (busy + ranks) / cores, alone = (busy + 1) / cores;
+    return (with > 1 ? with : 1) / (alone > 1 ? alone : 1);
+}
+
 int dt_plan_axis_level(const dt_plan_cluster *c, int stride, int ranks) {
     if (ranks <= 1 || c->hosts <= 1) return DT_PLAN_INTRA;
     return stride * ranks <= c->ranks_per_host && c->ranks_per_host % (stride * ranks) == 0 ? DT_PLAN_INTRA

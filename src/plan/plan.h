@@ -106,6 +106,12 @@ double dt_plan_zero_bytes(int zero, int d, double grad_bytes);
  * each (what `dtrain bench tp` counts). */
 double dt_plan_tp_bytes(const dt_gpt_config *g, int b, int t);
 
+/* How much slower a rank computes when `ranks` ranks run at once on `cores` cores beside `busy`
+ * other runnable tasks, than the one process that measured the per-op times beside the same
+ * tasks: the scheduler shares the cores evenly, so max(1, (busy + ranks) / cores) over
+ * max(1, (busy + 1) / cores). */
+double dt_plan_oversub(int ranks, int cores, double busy);
+
 /* The link an axis of `ranks` ranks with stride `stride` in the rank order crosses. */
 int dt_plan_axis_level(const dt_plan_cluster *c, int stride, int ranks);
 
