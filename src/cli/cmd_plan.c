@@ -82,36 +82,48 @@ static int load_cluster(const plan_args *a, dt_plan_cluster *c, char *source, si
     return 0;
 }
 
-typedef struct {
-    double s;
-    int64_t steps;
-} epochs_sum;
+enum { CAL_STEPS = 16, CAL_WARM = 3 };
 
-static void sum_epoch(void *ctx, const dt_epoch_info *e) {
-    epochs_sum *a = ctx;
-    a->s += e->epoch_s, a->steps += e->steps;
+typedef struct {
+    double wall[CAL_STEPS + 1];
+    int n;
+} step_walls;
+
+static void on_step(void *ctx, const dt_step_info *i) {
+    step_walls *w = ctx;
+    if (i->kind == DT_STEP_TRAIN && w->n <= CAL_STEPS) w->wall[w->n++] = i->wall_s;
 }
 
-/* Seconds of training steps (epoch time) of k steps at batch b on one process over data set ds (no
- * test set: nothing is evaluated). */
-static dt_status train_seconds(const dt_train_config *tc, dt_dataset *ds, int b, int k, double *s) {
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The median seconds of a training step at batch b on one process over data set ds (CAL_STEPS
+ * steps, the first CAL_WARM left out; no test set: nothing is evaluated), as bench plan and the
+ * --timeline measure a run: the typical step, not one another process preempted. */
+static dt_status train_seconds(const dt_train_config *tc, dt_dataset *ds, int b, double *s) {
     dt_train_config c = *tc;
-    epochs_sum acc = {0, 0};
-    c.batch = b, c.epochs = 1000000, c.max_steps = k, c.on_epoch = sum_epoch, c.cb_ctx = &acc, c.threads = 1;
-    c.train_set = ds, c.test_set = NULL, c.val_split = 0;
+    step_walls w = {.n = 0};
+    c.batch = b, c.epochs = 1000000, c.max_steps = CAL_STEPS, c.on_step = on_step, c.cb_ctx = &w, c.threads = 1;
+    c.log_every = 1, c.on_epoch = NULL, c.train_set = ds, c.test_set = NULL, c.val_split = 0;
     dt_trainer *t;
     DT_TRY(dt_trainer_create(&t, &c));
     const dt_status st = dt_trainer_run(t);
     dt_trainer_free(t);
-    *s = acc.s;
-    return st;
+    double d[CAL_STEPS];
+    int n = 0;
+    for (int i = CAL_WARM; i < w.n; i++) d[n++] = w.wall[i] - w.wall[i - 1];
+    qsort(d, (size_t)n, sizeof *d, cmp_double);
+    *s = n ? (n % 2 ? d[n / 2] : 0.5 * (d[n / 2 - 1] + d[n / 2])) : 0;
+    return st != DT_OK ? st : n ? DT_OK : dt_error(DT_EINVAL, "plan: calibration at batch %d logged no steps", b);
 }
 
-/* The step overhead the node timings miss (loss, data, optimizer bookkeeping): real one-process
- * steps at batches b1 and b2 (k2 - k1 steps, the first k1 as warm-up) less the plan's prediction of
- * that one-rank layout, fitted as ovh_fix + ovh_per x batch. */
+/* The step overhead the node timings miss (loss, data, optimizer bookkeeping): the median of real
+ * one-process steps at batches b1 and b2 less the plan's prediction of that one-rank layout,
+ * fitted as ovh_fix + ovh_per x batch. */
 static dt_status calibrate(const dt_train_config *tc, const dt_plan_cluster *c, dt_plan_model *pm, int b1, int b2) {
-    const int bs[2] = {b1, b2}, k1 = 2, k2 = 12, first[2] = {0, pm->nodes};
+    const int bs[2] = {b1, b2}, first[2] = {0, pm->nodes};
     const int moments = tc->optim.kind != DT_OPTIM_SGD ? 2 : tc->optim.momentum > 0 ? 1 : 0;
     double o[2];
     pm->ovh_fix = pm->ovh_per = 0;
@@ -127,15 +139,14 @@ static dt_status calibrate(const dt_train_config *tc, const dt_plan_cluster *c, 
     }
     dt_dataset_free(test);
     for (int i = 0; i < 2 && st == DT_OK; i++) {
-        double s1 = 0, s2 = 0;
-        st = train_seconds(tc, train, bs[i], k1, &s1);
-        if (st == DT_OK) st = train_seconds(tc, train, bs[i], k2, &s2);
+        double s = 0;
+        st = train_seconds(tc, train, bs[i], &s);
         const dt_plan_layout one = {.dp = 1, .tp = 1, .pp = 1, .micro = 1, .bucket_mb = 1};
         dt_plan_cluster alone = *c;
         alone.oversub = 1, alone.step_overhead = 0;
         dt_plan_cost p;
         dt_plan_predict(pm, &alone, &one, bs[i], moments, first, &p);
-        o[i] = (s2 - s1) / (k2 - k1) - p.total;
+        o[i] = s - p.total;
     }
     dt_dataset_free(train);
     if (st != DT_OK) return st;
@@ -166,7 +177,7 @@ static int load_model(const plan_args *a, const dt_train_config *tc, const dt_pl
     int b1 = a->batch / (a->workers * 8), b2 = a->batch;
     if (b1 < 1) b1 = 1;
     if (b2 <= b1) b2 = b1 + 1;
-    if (s == DT_OK) s = dt_plan_model_measure(pm, *m, b1, b2, 3);
+    if (s == DT_OK) s = dt_plan_model_measure(pm, *m, b1, b2, 5);
     if (s == DT_OK && !a->no_calibrate) s = calibrate(tc, c, pm, b1, b2);
     if (s != DT_OK) return dt_cli_fail("check --model, --data and --batch", "measuring the model: %s", dt_last_error());
     return 0;

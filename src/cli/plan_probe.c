@@ -67,22 +67,32 @@ double dt_cli_plan_busy(void) {
     return n ? sum / n : 0;
 }
 
-/* One forked rank: times reps allreduces of n floats after a warm-up; seconds per call into *t. */
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* One forked rank: times reps allreduces of n floats one by one after a warm-up; the slowest
+ * rank's median call (a call another process preempted on this shared host does not count, as
+ * the bench's median step leaves such steps out) into *t. */
 static dt_status time_allreduce(dt_comm *comm, size_t n, int reps, double *t) {
     float *buf = calloc(n, sizeof(float));
-    if (!buf) return dt_error(DT_ENOMEM, "probe: out of memory");
-    dt_status s = dt_comm_allreduce(comm, buf, buf, n, DT_F32, DT_OP_SUM);
-    double best = 1e30;
-    for (int trial = 0; trial < 3 && s == DT_OK; trial++) {
-        s = dt_comm_barrier(comm);
+    double *each = calloc((size_t)reps, sizeof(double));
+    dt_status s = buf && each ? dt_comm_allreduce(comm, buf, buf, n, DT_F32, DT_OP_SUM)
+                              : dt_error(DT_ENOMEM, "probe: out of memory");
+    if (s == DT_OK) s = dt_comm_barrier(comm);
+    for (int i = 0; i < reps && s == DT_OK; i++) {
         const double t0 = dt_now();
-        for (int i = 0; i < reps && s == DT_OK; i++) s = dt_comm_allreduce(comm, buf, buf, n, DT_F32, DT_OP_SUM);
-        double dt = (dt_now() - t0) / reps, worst = 0;
-        if (s == DT_OK) s = dt_comm_allreduce(comm, &dt, &worst, 1, DT_F64, DT_OP_MAX);
-        if (worst < best) best = worst;
+        s = dt_comm_allreduce(comm, buf, buf, n, DT_F32, DT_OP_SUM);
+        each[i] = dt_now() - t0;
     }
-    free(buf);
-    *t = best;
+    double med = 0;
+    if (s == DT_OK) {
+        qsort(each, (size_t)reps, sizeof *each, cmp_double);
+        med = each[reps / 2];
+        s = dt_comm_allreduce(comm, &med, t, 1, DT_F64, DT_OP_MAX);
+    }
+    free(buf), free(each);
     return s;
 }
 
@@ -96,7 +106,7 @@ static int probe_rank(int r, int ranks, const char *job, int fd) {
     }
     double t[2] = {0, 0};
     dt_status s = time_allreduce(comm, 1024, 200, &t[0]);
-    if (s == DT_OK) s = time_allreduce(comm, 2u << 20, 10, &t[1]);
+    if (s == DT_OK) s = time_allreduce(comm, 2u << 20, 15, &t[1]);
     if (s != DT_OK) fprintf(stderr, "dtrain plan: probe rank %d: %s\n", r, dt_last_error());
     if (s == DT_OK && r == 0 && write(fd, t, sizeof t) != (ssize_t)sizeof t) s = DT_EIO;
     dt_comm_destroy(comm);
