@@ -19,10 +19,11 @@
 static const char PLAN_USAGE[] =
     "Usage: dtrain plan [--model SPEC] [--data DIR] --batch G [--workers N | --cluster FILE [--hosts H]\n"
     "                   [--ranks-per-host R]] [--optimizer NAME] [--precision P[,P]] [--mem-limit BYTES]\n"
-    "                   [--tp K] [--pp K] [--zero N] [--top K] [--json] [--probe]\n\n"
+    "                   [--tp K] [--pp K] [--zero N] [--consider LIST] [--top K] [--json] [--probe]\n\n"
     "Scores every layout dtrain can run for the model at global batch G (samples per optimizer step)\n"
     "on the cluster: DP x TP x PP degrees, ZeRO stage, pipeline micro-batches and schedule, gradient\n"
-    "accumulation, ddp compression, precision and bucket size. Layouts whose fullest rank would hold\n"
+    "accumulation, ddp compression, precision and bucket size (with --consider: top-k and PowerSGD\n"
+    "compression, localsgd and ps, which change the training algorithm). Layouts whose fullest rank would hold\n"
     "more than --mem-limit (default: the cluster's memory per rank) are pruned, by the memory model of\n"
     "dtrain train --dry-run. Prints the fastest as a table (step time split into compute, exposed\n"
     "communication, pipeline bubble and optimizer; memory per rank; the flags that run it) and why the\n"
@@ -34,11 +35,28 @@ static const char PLAN_USAGE[] =
     "Example: dtrain plan --model gpt --data kjv --batch 48 --cluster examples/clusters/dgx-a100.json --hosts 2";
 
 typedef struct {
-    const char *model, *data, *cluster, *optimizer, *precision, *mem_limit_text;
+    const char *model, *data, *cluster, *optimizer, *precision, *mem_limit_text, *consider;
     int batch, workers, hosts, rph, tp, pp, zero, top, threads;
     float momentum, val_fraction, inter_gbit, inter_lat_us;
     bool json, probe, no_calibrate;
 } plan_args;
+
+/* --consider LIST: topk, powersgd, localsgd, ps or all into the request's mask. */
+static int algo_mask(const char *text, int *mask) {
+    static const char *const names[] = {"topk", "powersgd", "localsgd", "ps"};
+    char buf[128];
+    snprintf(buf, sizeof buf, "%s", text ? text : "");
+    *mask = 0;
+    for (char *save, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        int k = 0;
+        while (k < 4 && strcmp(t, names[k])) k++;
+        if (!strcmp(t, "all")) *mask |= 15;
+        else if (k == 4) return dt_cli_usage("e.g. --consider topk,localsgd or --consider all", "--consider %s: not "
+                                             "topk, powersgd, localsgd, ps or all", t);
+        else *mask |= 1 << k;
+    }
+    return 0;
+}
 
 static int prec_mask(const char *text, int *mask) {
     static const char *const names[] = {"fp32", "bf16", "fp16"};
@@ -223,6 +241,7 @@ static void add_entry(cJSON *arr, const dt_plan_entry *e, int G) {
     cJSON_AddNumberToObject(o, "dp", e->l.dp), cJSON_AddNumberToObject(o, "tp", e->l.tp);
     cJSON_AddNumberToObject(o, "pp", e->l.pp), cJSON_AddNumberToObject(o, "zero", e->l.zero);
     cJSON_AddNumberToObject(o, "micro", e->l.micro), cJSON_AddNumberToObject(o, "bucket_mb", e->l.bucket_mb);
+    cJSON_AddNumberToObject(o, "algo", e->l.algo), cJSON_AddNumberToObject(o, "compress", e->l.compress);
     cJSON_AddNumberToObject(o, "step_s", e->c.total), cJSON_AddNumberToObject(o, "compute_s", e->c.compute);
     cJSON_AddNumberToObject(o, "comm_s", e->c.comm), cJSON_AddNumberToObject(o, "bubble_s", e->c.bubble);
     cJSON_AddNumberToObject(o, "optim_s", e->c.optim), cJSON_AddNumberToObject(o, "overhead_s", e->c.overhead);
@@ -290,6 +309,8 @@ static int parse_args(int argc, char **argv, plan_args *a) {
         {"tp", DT_FLAG_INT, &a->tp, "K", "consider only tensor-parallel degree K"},
         {"pp", DT_FLAG_INT, &a->pp, "K", "consider only K pipeline stages"},
         {"zero", DT_FLAG_INT, &a->zero, "N", "consider only ZeRO stage N"},
+        {"consider", DT_FLAG_STR, &a->consider, "LIST", "also search layouts that change the training algorithm: "
+         "topk, powersgd (lossy gradient compression), localsgd, ps (asynchronous), or all"},
         {"top", DT_FLAG_INT, &a->top, "K", "layouts in the table"},
         {"val-fraction", DT_FLAG_FLOAT, &a->val_fraction, "F", "text data: as dtrain train"},
         {"json", DT_FLAG_BOOL, &a->json, NULL, "one JSON object instead of the table"},
@@ -320,9 +341,9 @@ int dt_cli_plan_run(int argc, char **argv, dt_plan_entry *best) {
     plan_args a;
     int r = parse_args(argc, argv, &a);
     if (r >= 0) return r;
-    int precs;
+    int precs, algos;
     size_t limit = 0;
-    if ((r = prec_mask(a.precision, &precs))) return r;
+    if ((r = prec_mask(a.precision, &precs)) || (r = algo_mask(a.consider, &algos))) return r;
     if (a.mem_limit_text && (r = dt_cli_mem_limit_parse(a.mem_limit_text, &limit))) return r;
     dt_train_config tc = dt_train_defaults();
     tc.model = a.model, tc.data = a.data ? a.data : tc.data, tc.val_fraction = a.val_fraction;
@@ -343,7 +364,7 @@ int dt_cli_plan_run(int argc, char **argv, dt_plan_entry *best) {
     if (dt_train_plan_loader(&tc, &copy) != DT_OK) copy = 0;
     const dt_plan_request req = {.G = a.batch, .ranks = c.hosts * c.ranks_per_host, .precs = precs, .fix_tp = a.tp,
                                  .fix_pp = a.pp, .fix_zero = a.zero, .mem_limit = (double)limit,
-                                 .extra = (double)copy, .want = a.top};
+                                 .extra = (double)copy, .want = a.top, .algos = algos};
     dt_plan_result res;
     dt_status s = dt_plan_search(m, &pm, &tc.optim, &c, &req, &res);
     const double lim = limit ? (double)limit : c.mem_bytes;
