@@ -21,6 +21,11 @@ double dt_cli_plan_busy(void);
 /* --probe: measures allreduce latency and bandwidth between `ranks` local ranks (forked, shm) and
  * the memory bandwidth, and caches them; 0 or the exit status after saying what failed. */
 int dt_cli_plan_probe(int ranks, dt_plan_cluster *c);
+/* The latency of a message between `ranks` local ranks now (the slowest rank's median 4 KB
+ * allreduce over the ring's 2(ranks-1) hops) into c's links: on a shared host it is the time a
+ * blocked rank waits to be scheduled again, which moves with the load within minutes. 0 or the
+ * exit status. */
+int dt_cli_plan_latency_now(int ranks, dt_plan_cluster *c);
 /* Whether argv asks `dtrain train` for --strategy auto. */
 bool dt_cli_strategy_is_auto(int argc, char **argv);
 /* dtrain train --strategy auto: plans the run on this host, prints the plan and the choice, and runs

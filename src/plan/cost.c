@@ -3,7 +3,8 @@
  * Megatron's tp bytes) and the step time of a layout: compute of the critical pipeline stage at
  * its micro-batch, each axis's exposed communication (ddp and ZeRO hide gradient traffic behind
  * the backward as far as the cluster's overlap allows; tp and pp traffic sits on the critical
- * path), the pipeline bubble and the optimizer step (memory-bound). */
+ * path), the pipeline bubble and the optimizer step (memory-bound); and the layouts that change the
+ * algorithm: top-k and PowerSGD compression, localsgd's average every H steps, ps's push and pull. */
 #include "plan/plan.h"
 #include "parallel/tp.h"
 

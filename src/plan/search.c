@@ -1,8 +1,8 @@
 /* The planner's search: every layout dtrain can run on the request's ranks (DP x TP x PP degrees,
  * ZeRO stage, pipeline micro-batches and schedule, gradient accumulation, ddp compression,
- * precision and bucket size), pruned by the memory per rank of the --dry-run model (cached per
- * distinct memory layout: the cost model alone is scored per layout), ranked fitting-and-fastest
- * first; and the words for a layout: its flags, its name, why it loses. */
+ * precision and bucket size; when asked, top-k, PowerSGD, localsgd and ps), pruned by the memory
+ * per rank of the --dry-run model (cached per distinct memory layout: the cost model alone is
+ * scored per layout), ranked fitting-and-fastest first; and the words for a layout: its flags, its name, why it loses. */
 #include "plan/plan.h"
 #include "parallel/pp.h"
 
