@@ -358,6 +358,13 @@ void dt_plan_why(const dt_plan_entry *alt, const dt_plan_entry *best, const dt_p
     if (k == 1)
         snprintf(p, left, "tp %d would send %.3g MB per step through a %.3g Gbit/s %s link: %.3g ms exposed", alt->l.tp,
                  a->tp_bytes / 1e6, bw_tp, level_name(a->tp_level), a->comm_tp * 1e3);
+    else if (k == 2 && alt->l.algo == DT_PLAN_LOCALSGD)
+        snprintf(p, left, "its model average every %d steps sends %.3g MB per step over a %.3g Gbit/s %s link: %.3g "
+                 "ms", alt->l.sync_every, a->dp_bytes / 1e6, bw_dp, level_name(a->dp_level), a->comm_dp * 1e3);
+    else if (k == 2 && alt->l.algo == DT_PLAN_PS)
+        snprintf(p, left, "each worker pushes and pulls %.3g MB per step through %d server%s over a %.3g Gbit/s %s "
+                 "link: %.3g ms", a->dp_bytes / 1e6, alt->l.servers, alt->l.servers > 1 ? "s" : "", bw_dp,
+                 level_name(a->dp_level), a->comm_dp * 1e3);
     else if (k == 2)
         snprintf(p, left, "its gradient sync sends %.3g MB per step over a %.3g Gbit/s %s link: %.3g ms exposed",
                  a->dp_bytes / 1e6, bw_dp, level_name(a->dp_level), a->comm_dp * 1e3);
