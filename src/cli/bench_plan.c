@@ -16,6 +16,7 @@
 #include <cJSON.h>
 #include <limits.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -257,6 +258,18 @@ static int run_hosts(const scenario *s, const char *args) {
     return system(cmd) == 0 ? 0 : dt_cli_fail(NULL, "bench plan: '%s' failed", cmd);
 }
 
+/* Top-k and PowerSGD start with 1000 steps of (nearly) plain allreduces by default (warmup=S); the
+ * plan predicts their steady state, so the bench runs them with warmup=0. */
+static void steady_compress(char *flags, size_t cap) {
+    char *c = strstr(flags, "--compress topk:");
+    if (!c) c = strstr(flags, "--compress powersgd:");
+    if (!c) return;
+    char *end = strchr(c + strlen("--compress "), ' '), rest[512];
+    snprintf(rest, sizeof rest, "%s", end ? end : "");
+    const size_t at = (size_t)(end ? end - flags : (ptrdiff_t)strlen(flags));
+    snprintf(flags + at, cap - at, ":warmup=0%s", rest);
+}
+
 /* Measured seconds per step of r on s: the median step of a steps-long run (its Chrome trace). */
 static int measure(const scenario *s, const run *r, int steps, double *out) {
     char args[1024], line[16384], metrics[64], trace[64], flags[256];
@@ -264,6 +277,7 @@ static int measure(const scenario *s, const run *r, int steps, double *out) {
     snprintf(trace, sizeof trace, "/tmp/dtrain-bench-plan-%d.trace.json", (int)getpid());
     if (s->rate) drop_workers(r->flags, flags, sizeof flags);
     else snprintf(flags, sizeof flags, "%s", r->flags);
+    steady_compress(flags, sizeof flags);
     snprintf(args, sizeof args, "--model '%s' --data '%s' %s --max-steps %d --epochs 1 --timeline '%s'", s->model,
              s->data, flags, steps, trace);
     if (s->rate ? run_hosts(s, args) : dt_bench_train_run(args, metrics, line, sizeof line)) return 1;
