@@ -74,7 +74,8 @@ static int prec_mask(const char *text, int *mask) {
 }
 
 /* The cluster of the plan: the file, or this host with measured figures (cached probe) or defaults. */
-static int load_cluster(const plan_args *a, dt_plan_cluster *c, char *source, size_t cap) {
+static int load_cluster(const plan_args *a, dt_plan_cluster *c, char *source, size_t cap, bool *probed) {
+    *probed = false;
     if (a->cluster) {
         if (dt_plan_cluster_load(a->cluster, c) != DT_OK)
             return dt_cli_fail("fix the field named, or start from a file in examples/clusters/", "%s", dt_last_error());
@@ -89,10 +90,10 @@ static int load_cluster(const plan_args *a, dt_plan_cluster *c, char *source, si
     int r = a->probe ? dt_cli_plan_probe(a->workers, c) : 0;
     if (r) return r;
     const bool cached = dt_cli_plan_host_cluster(a->workers, c);
-    /* measured figures: the latency again now (a blocked rank's wait for the scheduler follows the load) */
-    if (cached && !a->probe && (r = dt_cli_plan_latency_now(a->workers, c))) return r;
+    *probed = cached;
     int n = snprintf(source, cap, "this host, %d rank%s (%s)", a->workers, a->workers > 1 ? "s" : "",
-                     cached ? "measured by dtrain plan --probe, latency now" : "defaults; dtrain plan --probe measures them");
+                     cached ? "measured by dtrain plan --probe; links at the model's size now"
+                            : "defaults; dtrain plan --probe measures them");
     if (a->hosts > 1) {  /* emulated hosts on this machine (scripts/netns-hosts): the declared link between them */
         c->hosts = a->hosts, c->ranks_per_host = a->workers / a->hosts;
         c->link[DT_PLAN_INTER] = (dt_plan_link){a->inter_gbit * 1e9 / 8, a->inter_lat_us * 1e-6};
@@ -368,7 +369,8 @@ int dt_cli_plan_run(int argc, char **argv, dt_plan_entry *best) {
     tc.optim = dt_optim_defaults(tc.optim.kind), tc.optim.momentum = a.momentum;
     dt_plan_cluster c;
     char source[400];
-    if ((r = load_cluster(&a, &c, source, sizeof source))) return r;
+    bool probed;
+    if ((r = load_cluster(&a, &c, source, sizeof source, &probed))) return r;
     dt_set_threads(a.threads);
     dt_model *m = NULL;
     dt_plan_model pm = {0};
@@ -376,6 +378,14 @@ int dt_cli_plan_run(int argc, char **argv, dt_plan_entry *best) {
         dt_model_free(m), dt_plan_model_free(&pm);
         return r;
     }
+    /* a probed host: its links again now at the model's gradient size (the load moves them); the
+     * emulated hosts' declared link stays */
+    const dt_plan_link declared = c.link[DT_PLAN_INTER];
+    if (probed && !a.probe && (r = dt_cli_plan_links_now(a.workers, pm.total_params, &c))) {
+        dt_model_free(m), dt_plan_model_free(&pm);
+        return r;
+    }
+    if (!a.cluster && a.hosts > 1) c.link[DT_PLAN_INTER] = declared;
     size_t copy = 0;
     if (dt_train_plan_loader(&tc, &copy) != DT_OK) copy = 0;
     const dt_plan_request req = {.G = a.batch, .ranks = c.hosts * c.ranks_per_host, .precs = precs, .fix_tp = a.tp,

@@ -21,11 +21,12 @@ double dt_cli_plan_busy(void);
 /* --probe: measures allreduce latency and bandwidth between `ranks` local ranks (forked, shm) and
  * the memory bandwidth, and caches them; 0 or the exit status after saying what failed. */
 int dt_cli_plan_probe(int ranks, dt_plan_cluster *c);
-/* The latency of a message between `ranks` local ranks now (the slowest rank's median 4 KB
- * allreduce over the ring's 2(ranks-1) hops) into c's links: on a shared host it is the time a
- * blocked rank waits to be scheduled again, which moves with the load within minutes. 0 or the
- * exit status. */
-int dt_cli_plan_latency_now(int ranks, dt_plan_cluster *c);
+/* This host's links between `ranks` local ranks now, at the model's size: the slowest rank's median
+ * allreduce of 4 KB (the latency, over the ring's 2(ranks-1) hops) and of `values` floats (the
+ * gradients, 4 K to 2 M of them: the bandwidth at that size, which stays in the caches where an
+ * 8 MB probe does not) into c's links. On a shared host both follow the load within minutes
+ * (a blocked rank waits for the scheduler). 0 or the exit status. */
+int dt_cli_plan_links_now(int ranks, double values, dt_plan_cluster *c);
 /* Whether argv asks `dtrain train` for --strategy auto. */
 bool dt_cli_strategy_is_auto(int argc, char **argv);
 /* dtrain train --strategy auto: plans the run on this host, prints the plan and the choice, and runs

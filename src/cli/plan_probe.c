@@ -96,8 +96,8 @@ static dt_status time_allreduce(dt_comm *comm, size_t n, int reps, double *t) {
     return s;
 }
 
-/* One forked rank: the 4 KB allreduce, and the 8 MB one unless latency_only. */
-static int probe_rank(int r, int ranks, const char *job, int fd, bool latency_only) {
+/* One forked rank: the 4 KB allreduce and one of `big` floats. */
+static int probe_rank(int r, int ranks, const char *job, int fd, size_t big) {
     dt_comm_config cfg = dt_comm_config_default();
     cfg.rank = r, cfg.size = ranks, cfg.local_rank = r, cfg.job_id = job, cfg.backend = DT_BACKEND_SHM;
     dt_comm *comm;
@@ -107,16 +107,16 @@ static int probe_rank(int r, int ranks, const char *job, int fd, bool latency_on
     }
     double t[2] = {0, 0};
     dt_status s = time_allreduce(comm, 1024, 200, &t[0]);
-    if (s == DT_OK && !latency_only) s = time_allreduce(comm, 2u << 20, 15, &t[1]);
+    if (s == DT_OK) s = time_allreduce(comm, big, big > (1u << 20) ? 15 : 50, &t[1]);
     if (s != DT_OK) fprintf(stderr, "dtrain plan: probe rank %d: %s\n", r, dt_last_error());
     if (s == DT_OK && r == 0 && write(fd, t, sizeof t) != (ssize_t)sizeof t) s = DT_EIO;
     dt_comm_destroy(comm);
     return s == DT_OK ? 0 : 1;
 }
 
-/* Allreduce seconds at 4 KB and (unless latency_only) 8 MB between `ranks` forked local ranks into
- * t[2]; 0 or exit status. */
-static int probe_comm(int ranks, double t[2], bool latency_only) {
+/* Allreduce seconds at 4 KB and of `big` floats between `ranks` forked local ranks into t[2]; 0 or
+ * exit status. */
+static int probe_comm(int ranks, double t[2], size_t big) {
     int fd[2];
     if (pipe(fd)) return dt_cli_fail(NULL, "--probe: pipe: %s", strerror(errno));
     char job[64];
@@ -125,7 +125,7 @@ static int probe_comm(int ranks, double t[2], bool latency_only) {
     pid_t pids[4096];
     int rc = 0, started = 0;
     for (int r = 0; r < ranks; r++, started++)
-        if ((pids[r] = fork()) == 0) _exit(probe_rank(r, ranks, job, fd[1], latency_only));
+        if ((pids[r] = fork()) == 0) _exit(probe_rank(r, ranks, job, fd[1], big));
         else if (pids[r] < 0) {
             rc = dt_cli_fail(NULL, "--probe: fork: %s", strerror(errno));
             break;
@@ -169,7 +169,7 @@ int dt_cli_plan_probe(int ranks, dt_plan_cluster *c) {
     c->mem_bw = probe_memory();
     if (ranks > 1) {
         double t[2];
-        int r = probe_comm(ranks, t, false);
+        int r = probe_comm(ranks, t, 2u << 20);
         if (r) return r;
         const int p = ranks;
         const double n = (2u << 20) * 4.0, steps = 2.0 * (p - 1);
@@ -189,10 +189,14 @@ int dt_cli_plan_probe(int ranks, dt_plan_cluster *c) {
     return 0;
 }
 
-int dt_cli_plan_latency_now(int ranks, dt_plan_cluster *c) {
+int dt_cli_plan_links_now(int ranks, double values, dt_plan_cluster *c) {
     if (ranks < 2) return 0;
+    const size_t big = values < 4096 ? 4096 : values > (2u << 20) ? (2u << 20) : (size_t)values;
     double t[2] = {0, 0};
-    const int r = probe_comm(ranks, t, true);
-    if (!r) c->link[DT_PLAN_INTRA].lat = c->link[DT_PLAN_INTER].lat = t[0] / (2.0 * (ranks - 1));
-    return r;
+    const int r = probe_comm(ranks, t, big);
+    if (r) return r;
+    const double steps = 2.0 * (ranks - 1), lat = t[0] / steps, wire = t[1] - steps * lat;
+    const double bw = steps / ranks * (double)big * 4 / (wire > 0 ? wire : t[1]);
+    for (int k = 0; k < 2; k++) c->link[k] = (dt_plan_link){bw, lat};
+    return 0;
 }
