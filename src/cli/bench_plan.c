@@ -3,9 +3,10 @@
  * `dtrain plan --json` on this host, picks the chosen layout and the best of every other family
  * (ddp, ZeRO 1-3, tp, pp, tp x pp) plus variants, and trains each with the real command
  * (--timeline: the median time between rank 0's step starts, the first two steps left out as
- * warm-up; enough steps for --seconds of training). Unless --no-replan, the prediction of each
- * layout is re-made by a fresh plan just before its run (the per-op times and the load of this
- * shared host then are those the run meets). The emulated-host scenarios (net1g, net100m) run
+ * warm-up; enough steps for --seconds of training; ps, which has no --timeline yet: the epoch's mean
+ * step from its metrics). Unless --no-replan, the prediction of each layout is re-made by a fresh
+ * plan just before its run (the per-op times and the load of this shared host then are those the
+ * run meets). The emulated-host scenarios (net1g, net100m) run
  * the ranks in network namespaces (scripts/netns-hosts, tc tbf at 1 Gbit/s or 100 Mbit/s, MPI over
  * TCP) and are skipped, saying why, where that cannot be done. It prints predicted and measured ms
  * per step, the error and the load average per layout, the mean absolute and worst error, whether
@@ -278,6 +279,14 @@ static int measure(const scenario *s, const run *r, int steps, double *out) {
     if (s->rate) drop_workers(r->flags, flags, sizeof flags);
     else snprintf(flags, sizeof flags, "%s", r->flags);
     steady_compress(flags, sizeof flags);
+    if (strstr(flags, "--strategy ps") && !s->rate) {  /* ps has no --timeline: the mean step of its metrics */
+        snprintf(args, sizeof args, "--model '%s' --data '%s' %s --max-steps %d --epochs 1", s->model, s->data, flags,
+                 steps);
+        if (dt_bench_train_run(args, metrics, line, sizeof line)) return 1;
+        const double es = dt_bench_json_field(line, "epoch_s"), st = dt_bench_json_field(line, "step");
+        *out = es > 0 && st > 0 ? es / st : -1;
+        return *out > 0 ? 0 : dt_cli_fail(NULL, "bench plan: no epoch time in the metrics of %s", r->flags);
+    }
     snprintf(args, sizeof args, "--model '%s' --data '%s' %s --max-steps %d --epochs 1 --timeline '%s'", s->model,
              s->data, flags, steps, trace);
     if (s->rate ? run_hosts(s, args) : dt_bench_train_run(args, metrics, line, sizeof line)) return 1;
