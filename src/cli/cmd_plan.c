@@ -1,9 +1,11 @@
 /* dtrain plan: chooses the parallel layout of a training run, predicts its step time and memory per
  * rank, and says why. The cluster is a --cluster FILE (examples/clusters/) or this host: its per-op
  * times measured at the shapes in question each time, its collective bandwidth and latency and its
- * memory bandwidth measured by --probe and cached (plan_probe.c). The table, the alternatives'
- * one-line reasons and --json come from the planner (src/plan/). `--strategy auto` for train
- * uses dt_cli_plan_choose. */
+ * memory bandwidth measured by --probe and cached (plan_probe.c), the links measured again at the
+ * model's size by each plan of a probed host; --hosts H --inter-gbit X splits this host's ranks
+ * into emulated hosts (scripts/netns-hosts). --consider adds the layouts that change the algorithm
+ * (top-k, PowerSGD, localsgd, ps). The table, the alternatives' one-line reasons and --json come
+ * from the planner (src/plan/). `--strategy auto` for train uses dt_cli_plan_choose. */
 #include "cli/cli.h"
 #include "cli/cmd_plan.h"
 #include "cli/train_mem.h"
