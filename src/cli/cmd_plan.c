@@ -1,9 +1,11 @@
 /* dtrain plan: chooses the parallel layout of a training run, predicts its step time and memory per
  * rank, and says why. The cluster is a --cluster FILE (examples/clusters/) or this host: its per-op
  * times measured at the shapes in question each time, its collective bandwidth and latency and its
- * memory bandwidth measured by --probe and cached (plan_probe.c). The table, the alternatives'
- * one-line reasons and --json come from the planner (src/plan/). `--strategy auto` for train
- * uses dt_cli_plan_choose. */
+ * memory bandwidth measured by --probe and cached (plan_probe.c), the links measured again at the
+ * model's size by each plan of a probed host; --hosts H --inter-gbit X splits this host's ranks
+ * into emulated hosts (scripts/netns-hosts). --consider adds the layouts that change the algorithm
+ * (top-k, PowerSGD, localsgd, ps). The table, the alternatives' one-line reasons and --json come
+ * from the planner (src/plan/). `--strategy auto` for train uses dt_cli_plan_choose. */
 #include "cli/cli.h"
 #include "cli/cmd_plan.h"
 #include "cli/train_mem.h"
@@ -19,10 +21,11 @@
 static const char PLAN_USAGE[] =
     "Usage: dtrain plan [--model SPEC] [--data DIR] --batch G [--workers N | --cluster FILE [--hosts H]\n"
     "                   [--ranks-per-host R]] [--optimizer NAME] [--precision P[,P]] [--mem-limit BYTES]\n"
-    "                   [--tp K] [--pp K] [--zero N] [--top K] [--json] [--probe]\n\n"
+    "                   [--tp K] [--pp K] [--zero N] [--consider LIST] [--top K] [--json] [--probe]\n\n"
     "Scores every layout dtrain can run for the model at global batch G (samples per optimizer step)\n"
     "on the cluster: DP x TP x PP degrees, ZeRO stage, pipeline micro-batches and schedule, gradient\n"
-    "accumulation, ddp compression, precision and bucket size. Layouts whose fullest rank would hold\n"
+    "accumulation, ddp compression, precision and bucket size (with --consider: top-k and PowerSGD\n"
+    "compression, localsgd and ps, which change the training algorithm). Layouts whose fullest rank would hold\n"
     "more than --mem-limit (default: the cluster's memory per rank) are pruned, by the memory model of\n"
     "dtrain train --dry-run. Prints the fastest as a table (step time split into compute, exposed\n"
     "communication, pipeline bubble and optimizer; memory per rank; the flags that run it) and why the\n"
@@ -34,11 +37,28 @@ static const char PLAN_USAGE[] =
     "Example: dtrain plan --model gpt --data kjv --batch 48 --cluster examples/clusters/dgx-a100.json --hosts 2";
 
 typedef struct {
-    const char *model, *data, *cluster, *optimizer, *precision, *mem_limit_text;
+    const char *model, *data, *cluster, *optimizer, *precision, *mem_limit_text, *consider;
     int batch, workers, hosts, rph, tp, pp, zero, top, threads;
-    float momentum, val_fraction;
+    float momentum, val_fraction, inter_gbit, inter_lat_us;
     bool json, probe, no_calibrate;
 } plan_args;
+
+/* --consider LIST: topk, powersgd, localsgd, ps or all into the request's mask. */
+static int algo_mask(const char *text, int *mask) {
+    static const char *const names[] = {"topk", "powersgd", "localsgd", "ps"};
+    char buf[128];
+    snprintf(buf, sizeof buf, "%s", text ? text : "");
+    *mask = 0;
+    for (char *save, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        int k = 0;
+        while (k < 4 && strcmp(t, names[k])) k++;
+        if (!strcmp(t, "all")) *mask |= 15;
+        else if (k == 4) return dt_cli_usage("e.g. --consider topk,localsgd or --consider all", "--consider %s: not "
+                                             "topk, powersgd, localsgd, ps or all", t);
+        else *mask |= 1 << k;
+    }
+    return 0;
+}
 
 static int prec_mask(const char *text, int *mask) {
     static const char *const names[] = {"fp32", "bf16", "fp16"};
@@ -56,7 +76,8 @@ static int prec_mask(const char *text, int *mask) {
 }
 
 /* The cluster of the plan: the file, or this host with measured figures (cached probe) or defaults. */
-static int load_cluster(const plan_args *a, dt_plan_cluster *c, char *source, size_t cap) {
+static int load_cluster(const plan_args *a, dt_plan_cluster *c, char *source, size_t cap, bool *probed) {
+    *probed = false;
     if (a->cluster) {
         if (dt_plan_cluster_load(a->cluster, c) != DT_OK)
             return dt_cli_fail("fix the field named, or start from a file in examples/clusters/", "%s", dt_last_error());
@@ -71,41 +92,74 @@ static int load_cluster(const plan_args *a, dt_plan_cluster *c, char *source, si
     int r = a->probe ? dt_cli_plan_probe(a->workers, c) : 0;
     if (r) return r;
     const bool cached = dt_cli_plan_host_cluster(a->workers, c);
-    snprintf(source, cap, "this host, %d rank%s (%s)", a->workers, a->workers > 1 ? "s" : "",
-             cached ? "measured by dtrain plan --probe" : "defaults; dtrain plan --probe measures them");
+    *probed = cached;
+    int n = snprintf(source, cap, "this host, %d rank%s (%s)", a->workers, a->workers > 1 ? "s" : "",
+                     cached ? "measured by dtrain plan --probe; links at the model's size now"
+                            : "defaults; dtrain plan --probe measures them");
+    if (a->hosts > 1) {  /* emulated hosts on this machine (scripts/netns-hosts): the declared link between them */
+        c->hosts = a->hosts, c->ranks_per_host = a->workers / a->hosts;
+        c->link[DT_PLAN_INTER] = (dt_plan_link){a->inter_gbit * 1e9 / 8, a->inter_lat_us * 1e-6};
+        snprintf(source + n, cap - (size_t)n, ", as %d emulated hosts linked at %g Gbit/s, %g us", a->hosts,
+                 a->inter_gbit, a->inter_lat_us);
+    }
     return 0;
 }
 
-typedef struct {
-    double s;
-    int64_t steps;
-} epochs_sum;
+enum { CAL_STEPS = 16, CAL_WARM = 3 };
 
-static void sum_epoch(void *ctx, const dt_epoch_info *e) {
-    epochs_sum *a = ctx;
-    a->s += e->epoch_s, a->steps += e->steps;
+typedef struct {
+    double wall[CAL_STEPS + 1];
+    int n;
+    double data_wait_s;  /* the step loop's waits for the loader's prefetch thread */
+    int64_t steps;
+} step_walls;
+
+static void on_step(void *ctx, const dt_step_info *i) {
+    step_walls *w = ctx;
+    if (i->kind == DT_STEP_TRAIN && w->n <= CAL_STEPS) w->wall[w->n++] = i->wall_s;
 }
 
-/* Seconds of training steps (epoch time) of k steps at batch b on one process over data set ds (no
- * test set: nothing is evaluated). */
-static dt_status train_seconds(const dt_train_config *tc, dt_dataset *ds, int b, int k, double *s) {
+static void on_epoch(void *ctx, const dt_epoch_info *e) {
+    step_walls *w = ctx;
+    w->data_wait_s += e->data_wait_s, w->steps += e->steps;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The median seconds of a training step at batch b on one process over data set ds (CAL_STEPS
+ * steps, the first CAL_WARM left out; no test set: nothing is evaluated), as bench plan and the
+ * --timeline measure a run: the typical step, not one another process preempted. One process
+ * builds its batches on a prefetch thread; ranks that take every core build them on their own
+ * thread (dt_loader_prefetch_for), a fraction of the cost of waking that thread on a loaded host
+ * (MLP b128: 0.05 ms against 2.3 ms of waiting at load 11): with `inline_batches` the mean wait
+ * for the thread is left out. */
+static dt_status train_seconds(const dt_train_config *tc, dt_dataset *ds, int b, bool inline_batches, double *s) {
     dt_train_config c = *tc;
-    epochs_sum acc = {0, 0};
-    c.batch = b, c.epochs = 1000000, c.max_steps = k, c.on_epoch = sum_epoch, c.cb_ctx = &acc, c.threads = 1;
-    c.train_set = ds, c.test_set = NULL, c.val_split = 0;
+    step_walls w = {.n = 0};
+    c.batch = b, c.epochs = 1000000, c.max_steps = CAL_STEPS, c.on_step = on_step, c.cb_ctx = &w, c.threads = 1;
+    c.log_every = 1, c.on_epoch = on_epoch, c.train_set = ds, c.test_set = NULL, c.val_split = 0;
     dt_trainer *t;
     DT_TRY(dt_trainer_create(&t, &c));
     const dt_status st = dt_trainer_run(t);
     dt_trainer_free(t);
-    *s = acc.s;
-    return st;
+    double d[CAL_STEPS];
+    int n = 0;
+    for (int i = CAL_WARM; i < w.n; i++) d[n++] = w.wall[i] - w.wall[i - 1];
+    qsort(d, (size_t)n, sizeof *d, cmp_double);
+    *s = n ? (n % 2 ? d[n / 2] : 0.5 * (d[n / 2 - 1] + d[n / 2])) : 0;
+    if (inline_batches && w.steps > 0) *s -= w.data_wait_s / (double)w.steps;
+    return st != DT_OK ? st : n ? DT_OK : dt_error(DT_EINVAL, "plan: calibration at batch %d logged no steps", b);
 }
 
-/* The step overhead the node timings miss (loss, data, optimizer bookkeeping): real one-process
- * steps at batches b1 and b2 (k2 - k1 steps, the first k1 as warm-up) less the plan's prediction of
- * that one-rank layout, fitted as ovh_fix + ovh_per x batch. */
-static dt_status calibrate(const dt_train_config *tc, const dt_plan_cluster *c, dt_plan_model *pm, int b1, int b2) {
-    const int bs[2] = {b1, b2}, k1 = 2, k2 = 12, first[2] = {0, pm->nodes};
+/* The step overhead the node timings miss (loss, data, optimizer bookkeeping): the median of real
+ * one-process steps at batches b1 and b2 less the plan's prediction of that one-rank layout,
+ * fitted as ovh_fix + ovh_per x batch. */
+static dt_status calibrate(const dt_train_config *tc, const dt_plan_cluster *c, dt_plan_model *pm, int b1, int b2,
+                           bool inline_batches) {
+    const int bs[2] = {b1, b2}, first[2] = {0, pm->nodes};
     const int moments = tc->optim.kind != DT_OPTIM_SGD ? 2 : tc->optim.momentum > 0 ? 1 : 0;
     double o[2];
     pm->ovh_fix = pm->ovh_per = 0;
@@ -121,15 +175,14 @@ static dt_status calibrate(const dt_train_config *tc, const dt_plan_cluster *c, 
     }
     dt_dataset_free(test);
     for (int i = 0; i < 2 && st == DT_OK; i++) {
-        double s1 = 0, s2 = 0;
-        st = train_seconds(tc, train, bs[i], k1, &s1);
-        if (st == DT_OK) st = train_seconds(tc, train, bs[i], k2, &s2);
+        double s = 0;
+        st = train_seconds(tc, train, bs[i], inline_batches, &s);
         const dt_plan_layout one = {.dp = 1, .tp = 1, .pp = 1, .micro = 1, .bucket_mb = 1};
         dt_plan_cluster alone = *c;
         alone.oversub = 1, alone.step_overhead = 0;
         dt_plan_cost p;
         dt_plan_predict(pm, &alone, &one, bs[i], moments, first, &p);
-        o[i] = (s2 - s1) / (k2 - k1) - p.total;
+        o[i] = s - p.total;
     }
     dt_dataset_free(train);
     if (st != DT_OK) return st;
@@ -160,8 +213,9 @@ static int load_model(const plan_args *a, const dt_train_config *tc, const dt_pl
     int b1 = a->batch / (a->workers * 8), b2 = a->batch;
     if (b1 < 1) b1 = 1;
     if (b2 <= b1) b2 = b1 + 1;
-    if (s == DT_OK) s = dt_plan_model_measure(pm, *m, b1, b2, 3);
-    if (s == DT_OK && !a->no_calibrate) s = calibrate(tc, c, pm, b1, b2);
+    if (s == DT_OK) s = dt_plan_model_measure(pm, *m, b1, b2, 5);
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (s == DT_OK && !a->no_calibrate) s = calibrate(tc, c, pm, b1, b2, cores > 0 && a->workers >= cores);
     if (s != DT_OK) return dt_cli_fail("check --model, --data and --batch", "measuring the model: %s", dt_last_error());
     return 0;
 }
@@ -206,6 +260,7 @@ static void add_entry(cJSON *arr, const dt_plan_entry *e, int G) {
     cJSON_AddNumberToObject(o, "dp", e->l.dp), cJSON_AddNumberToObject(o, "tp", e->l.tp);
     cJSON_AddNumberToObject(o, "pp", e->l.pp), cJSON_AddNumberToObject(o, "zero", e->l.zero);
     cJSON_AddNumberToObject(o, "micro", e->l.micro), cJSON_AddNumberToObject(o, "bucket_mb", e->l.bucket_mb);
+    cJSON_AddNumberToObject(o, "algo", e->l.algo), cJSON_AddNumberToObject(o, "compress", e->l.compress);
     cJSON_AddNumberToObject(o, "step_s", e->c.total), cJSON_AddNumberToObject(o, "compute_s", e->c.compute);
     cJSON_AddNumberToObject(o, "comm_s", e->c.comm), cJSON_AddNumberToObject(o, "bubble_s", e->c.bubble);
     cJSON_AddNumberToObject(o, "optim_s", e->c.optim), cJSON_AddNumberToObject(o, "overhead_s", e->c.overhead);
@@ -254,14 +309,17 @@ static void print_json(const dt_plan_result *res, const dt_plan_cluster *c, cons
 
 static int parse_args(int argc, char **argv, plan_args *a) {
     *a = (plan_args){.optimizer = "adam", .precision = "fp32", .workers = 1, .top = 5, .tp = -1, .pp = -1,
-                     .zero = -1, .threads = 1, .val_fraction = 0.1f};
+                     .zero = -1, .threads = 1, .val_fraction = 0.1f, .inter_lat_us = 100};
     const dt_flag flags[] = {
         {"model", DT_FLAG_STR, &a->model, "SPEC", "model spec or preset mlp, cnn, gpt[:L=..,H=..,C=..,T=..,V=..]"},
         {"data", DT_FLAG_STR, &a->data, "DIR", "the data set (its shapes: as dtrain train --data)"},
         {"batch", DT_FLAG_INT, &a->batch, "G", "global batch: samples per optimizer step over all ranks"},
         {"workers", DT_FLAG_INT, &a->workers, "N", "ranks on this host (without --cluster)"},
         {"cluster", DT_FLAG_STR, &a->cluster, "FILE", "cluster JSON (examples/clusters/): device speeds and links"},
-        {"hosts", DT_FLAG_INT, &a->hosts, "H", "with --cluster: hosts (overrides the file's)"},
+        {"hosts", DT_FLAG_INT, &a->hosts, "H", "with --cluster: hosts (overrides the file's); without: this host's "
+         "--workers as H emulated hosts (scripts/netns-hosts) joined by --inter-gbit"},
+        {"inter-gbit", DT_FLAG_FLOAT, &a->inter_gbit, "X", "emulated hosts: the link's Gbit/s (tc's rate)"},
+        {"inter-lat-us", DT_FLAG_FLOAT, &a->inter_lat_us, "US", "emulated hosts: one message's latency (default 100)"},
         {"ranks-per-host", DT_FLAG_INT, &a->rph, "R", "with --cluster: ranks per host (overrides the file's)"},
         {"optimizer", DT_FLAG_STR, &a->optimizer, "NAME", "sgd, adam or adamw (its state is in the memory per rank)"},
         {"momentum", DT_FLAG_FLOAT, &a->momentum, "X", "sgd momentum (one more state tensor when > 0)"},
@@ -270,6 +328,8 @@ static int parse_args(int argc, char **argv, plan_args *a) {
         {"tp", DT_FLAG_INT, &a->tp, "K", "consider only tensor-parallel degree K"},
         {"pp", DT_FLAG_INT, &a->pp, "K", "consider only K pipeline stages"},
         {"zero", DT_FLAG_INT, &a->zero, "N", "consider only ZeRO stage N"},
+        {"consider", DT_FLAG_STR, &a->consider, "LIST", "also search layouts that change the training algorithm: "
+         "topk, powersgd (lossy gradient compression), localsgd, ps (asynchronous), or all"},
         {"top", DT_FLAG_INT, &a->top, "K", "layouts in the table"},
         {"val-fraction", DT_FLAG_FLOAT, &a->val_fraction, "F", "text data: as dtrain train"},
         {"json", DT_FLAG_BOOL, &a->json, NULL, "one JSON object instead of the table"},
@@ -280,9 +340,15 @@ static int parse_args(int argc, char **argv, plan_args *a) {
     if (r) return r < 0 ? 2 : 0;
     if (a->batch < 1) return dt_cli_usage("e.g. --batch 256", "--batch %d: give the global batch (>= 1)", a->batch);
     if (a->workers < 1 || a->workers > 4096) return dt_cli_usage(NULL, "--workers %d: need 1..4096", a->workers);
-    if ((a->hosts || a->rph) && !a->cluster)
-        return dt_cli_usage("add --cluster FILE (examples/clusters/)", "--hosts and --ranks-per-host describe a "
-                            "--cluster file's hosts; for this host use --workers N");
+    if (a->rph && !a->cluster)
+        return dt_cli_usage("add --cluster FILE (examples/clusters/)", "--ranks-per-host describes a --cluster "
+                            "file's hosts; for this host use --workers N [--hosts H --inter-gbit X]");
+    if (!a->cluster && a->hosts > 1 && (a->workers % a->hosts || a->inter_gbit <= 0 || a->inter_lat_us < 0))
+        return dt_cli_usage("e.g. --workers 2 --hosts 2 --inter-gbit 1", "--hosts %d without --cluster: emulated "
+                            "hosts need --workers a multiple of them (%d) and --inter-gbit > 0", a->hosts, a->workers);
+    if (!a->cluster && a->hosts > 1 && a->probe)
+        return dt_cli_usage("probe with --workers N alone, then plan with --hosts", "--probe measures one host's "
+                            "ranks; the emulated hosts' link is the declared --inter-gbit");
     if (a->hosts < 0 || a->rph < 0 || a->top < 1) return dt_cli_usage(NULL, "--hosts, --ranks-per-host, --top: >= 1");
     if (a->probe && a->cluster) return dt_cli_usage(NULL, "--probe measures this host; leave out --cluster");
     return -1;
@@ -294,9 +360,9 @@ int dt_cli_plan_run(int argc, char **argv, dt_plan_entry *best) {
     plan_args a;
     int r = parse_args(argc, argv, &a);
     if (r >= 0) return r;
-    int precs;
+    int precs, algos;
     size_t limit = 0;
-    if ((r = prec_mask(a.precision, &precs))) return r;
+    if ((r = prec_mask(a.precision, &precs)) || (r = algo_mask(a.consider, &algos))) return r;
     if (a.mem_limit_text && (r = dt_cli_mem_limit_parse(a.mem_limit_text, &limit))) return r;
     dt_train_config tc = dt_train_defaults();
     tc.model = a.model, tc.data = a.data ? a.data : tc.data, tc.val_fraction = a.val_fraction;
@@ -305,7 +371,8 @@ int dt_cli_plan_run(int argc, char **argv, dt_plan_entry *best) {
     tc.optim = dt_optim_defaults(tc.optim.kind), tc.optim.momentum = a.momentum;
     dt_plan_cluster c;
     char source[400];
-    if ((r = load_cluster(&a, &c, source, sizeof source))) return r;
+    bool probed;
+    if ((r = load_cluster(&a, &c, source, sizeof source, &probed))) return r;
     dt_set_threads(a.threads);
     dt_model *m = NULL;
     dt_plan_model pm = {0};
@@ -313,11 +380,19 @@ int dt_cli_plan_run(int argc, char **argv, dt_plan_entry *best) {
         dt_model_free(m), dt_plan_model_free(&pm);
         return r;
     }
+    /* a probed host: its links again now at the model's gradient size (the load moves them); the
+     * emulated hosts' declared link stays */
+    const dt_plan_link declared = c.link[DT_PLAN_INTER];
+    if (probed && !a.probe && (r = dt_cli_plan_links_now(a.workers, pm.total_params, &c))) {
+        dt_model_free(m), dt_plan_model_free(&pm);
+        return r;
+    }
+    if (!a.cluster && a.hosts > 1) c.link[DT_PLAN_INTER] = declared;
     size_t copy = 0;
     if (dt_train_plan_loader(&tc, &copy) != DT_OK) copy = 0;
     const dt_plan_request req = {.G = a.batch, .ranks = c.hosts * c.ranks_per_host, .precs = precs, .fix_tp = a.tp,
                                  .fix_pp = a.pp, .fix_zero = a.zero, .mem_limit = (double)limit,
-                                 .extra = (double)copy, .want = a.top};
+                                 .extra = (double)copy, .want = a.top, .algos = algos};
     dt_plan_result res;
     dt_status s = dt_plan_search(m, &pm, &tc.optim, &c, &req, &res);
     const double lim = limit ? (double)limit : c.mem_bytes;

@@ -15,9 +15,18 @@ void dt_cli_plan_print(const dt_plan_result *res, const dt_plan_cluster *c, cons
 /* This host as a cluster of `ranks` ranks into *c: the figures --probe cached for that many ranks
  * (true), else defaults (false). */
 bool dt_cli_plan_host_cluster(int ranks, dt_plan_cluster *c);
+/* The other runnable tasks on this host now (mean of /proc/loadavg samples over 40 ms, this
+ * process left out): what the ranks of a run share the cores with. */
+double dt_cli_plan_busy(void);
 /* --probe: measures allreduce latency and bandwidth between `ranks` local ranks (forked, shm) and
  * the memory bandwidth, and caches them; 0 or the exit status after saying what failed. */
 int dt_cli_plan_probe(int ranks, dt_plan_cluster *c);
+/* This host's links between `ranks` local ranks now, at the model's size: the slowest rank's median
+ * allreduce of 4 KB (the latency, over the ring's 2(ranks-1) hops) and of `values` floats (the
+ * gradients, 4 K to 2 M of them: the bandwidth at that size, which stays in the caches where an
+ * 8 MB probe does not) into c's links. On a shared host both follow the load within minutes
+ * (a blocked rank waits for the scheduler). 0 or the exit status. */
+int dt_cli_plan_links_now(int ranks, double values, dt_plan_cluster *c);
 /* Whether argv asks `dtrain train` for --strategy auto. */
 bool dt_cli_strategy_is_auto(int argc, char **argv);
 /* dtrain train --strategy auto: plans the run on this host, prints the plan and the choice, and runs

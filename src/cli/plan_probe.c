@@ -47,30 +47,57 @@ bool dt_cli_plan_host_cluster(int ranks, dt_plan_cluster *c) {
         k.ranks_per_host == ranks)
         *c = k, cached = true;
     c->mem_bytes = pages > 0 && psz > 0 ? (double)pages * (double)psz / ranks : 4e9;
-    c->oversub = cores > 0 && ranks > cores ? (double)ranks / (double)cores : 1;
+    c->oversub = dt_plan_oversub(ranks, cores > 0 ? (int)cores : 1, dt_cli_plan_busy());
     return cached;
 }
 
-/* One forked rank: times reps allreduces of n floats after a warm-up; seconds per call into *t. */
+double dt_cli_plan_busy(void) {
+    /* /proc/loadavg's 4th field: runnable tasks now, this reader included; sampled while this
+     * process sleeps between reads, over 40 ms */
+    double sum = 0;
+    int n = 0;
+    for (int i = 0; i < 8; i++) {
+        FILE *f = fopen("/proc/loadavg", "r");
+        int run = 0, all = 0;
+        double a, b, c3;
+        if (f && fscanf(f, "%lf %lf %lf %d/%d", &a, &b, &c3, &run, &all) == 5 && run >= 1) sum += run - 1, n++;
+        if (f) fclose(f);
+        usleep(5000);
+    }
+    return n ? sum / n : 0;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* One forked rank: times reps allreduces of n floats one by one after a warm-up; the slowest
+ * rank's median call (a call another process preempted on this shared host does not count, as
+ * the bench's median step leaves such steps out) into *t. */
 static dt_status time_allreduce(dt_comm *comm, size_t n, int reps, double *t) {
     float *buf = calloc(n, sizeof(float));
-    if (!buf) return dt_error(DT_ENOMEM, "probe: out of memory");
-    dt_status s = dt_comm_allreduce(comm, buf, buf, n, DT_F32, DT_OP_SUM);
-    double best = 1e30;
-    for (int trial = 0; trial < 3 && s == DT_OK; trial++) {
-        s = dt_comm_barrier(comm);
+    double *each = calloc((size_t)reps, sizeof(double));
+    dt_status s = buf && each ? dt_comm_allreduce(comm, buf, buf, n, DT_F32, DT_OP_SUM)
+                              : dt_error(DT_ENOMEM, "probe: out of memory");
+    if (s == DT_OK) s = dt_comm_barrier(comm);
+    for (int i = 0; i < reps && s == DT_OK; i++) {
         const double t0 = dt_now();
-        for (int i = 0; i < reps && s == DT_OK; i++) s = dt_comm_allreduce(comm, buf, buf, n, DT_F32, DT_OP_SUM);
-        double dt = (dt_now() - t0) / reps, worst = 0;
-        if (s == DT_OK) s = dt_comm_allreduce(comm, &dt, &worst, 1, DT_F64, DT_OP_MAX);
-        if (worst < best) best = worst;
+        s = dt_comm_allreduce(comm, buf, buf, n, DT_F32, DT_OP_SUM);
+        each[i] = dt_now() - t0;
     }
-    free(buf);
-    *t = best;
+    double med = 0;
+    if (s == DT_OK) {
+        qsort(each, (size_t)reps, sizeof *each, cmp_double);
+        med = each[reps / 2];
+        s = dt_comm_allreduce(comm, &med, t, 1, DT_F64, DT_OP_MAX);
+    }
+    free(buf), free(each);
     return s;
 }
 
-static int probe_rank(int r, int ranks, const char *job, int fd) {
+/* One forked rank: the 4 KB allreduce and one of `big` floats. */
+static int probe_rank(int r, int ranks, const char *job, int fd, size_t big) {
     dt_comm_config cfg = dt_comm_config_default();
     cfg.rank = r, cfg.size = ranks, cfg.local_rank = r, cfg.job_id = job, cfg.backend = DT_BACKEND_SHM;
     dt_comm *comm;
@@ -80,15 +107,16 @@ static int probe_rank(int r, int ranks, const char *job, int fd) {
     }
     double t[2] = {0, 0};
     dt_status s = time_allreduce(comm, 1024, 200, &t[0]);
-    if (s == DT_OK) s = time_allreduce(comm, 2u << 20, 10, &t[1]);
+    if (s == DT_OK) s = time_allreduce(comm, big, big > (1u << 20) ? 15 : 50, &t[1]);
     if (s != DT_OK) fprintf(stderr, "dtrain plan: probe rank %d: %s\n", r, dt_last_error());
     if (s == DT_OK && r == 0 && write(fd, t, sizeof t) != (ssize_t)sizeof t) s = DT_EIO;
     dt_comm_destroy(comm);
     return s == DT_OK ? 0 : 1;
 }
 
-/* Allreduce seconds at 4 KB and 8 MB between `ranks` forked local ranks into t[2]; 0 or exit status. */
-static int probe_comm(int ranks, double t[2]) {
+/* Allreduce seconds at 4 KB and of `big` floats between `ranks` forked local ranks into t[2]; 0 or
+ * exit status. */
+static int probe_comm(int ranks, double t[2], size_t big) {
     int fd[2];
     if (pipe(fd)) return dt_cli_fail(NULL, "--probe: pipe: %s", strerror(errno));
     char job[64];
@@ -97,7 +125,7 @@ static int probe_comm(int ranks, double t[2]) {
     pid_t pids[4096];
     int rc = 0, started = 0;
     for (int r = 0; r < ranks; r++, started++)
-        if ((pids[r] = fork()) == 0) _exit(probe_rank(r, ranks, job, fd[1]));
+        if ((pids[r] = fork()) == 0) _exit(probe_rank(r, ranks, job, fd[1], big));
         else if (pids[r] < 0) {
             rc = dt_cli_fail(NULL, "--probe: fork: %s", strerror(errno));
             break;
@@ -141,7 +169,7 @@ int dt_cli_plan_probe(int ranks, dt_plan_cluster *c) {
     c->mem_bw = probe_memory();
     if (ranks > 1) {
         double t[2];
-        int r = probe_comm(ranks, t);
+        int r = probe_comm(ranks, t, 2u << 20);
         if (r) return r;
         const int p = ranks;
         const double n = (2u << 20) * 4.0, steps = 2.0 * (p - 1);
@@ -158,5 +186,17 @@ int dt_cli_plan_probe(int ranks, dt_plan_cluster *c) {
         return dt_cli_fail("set DTRAIN_PLAN_CACHE=DIR", "--probe: no cache directory (HOME is unset)");
     if (dt_plan_cluster_save(c, path) != DT_OK) return dt_cli_fail("set DTRAIN_PLAN_CACHE=DIR", "%s", dt_last_error());
     printf("dtrain plan: probe: cached in %s\n", path);
+    return 0;
+}
+
+int dt_cli_plan_links_now(int ranks, double values, dt_plan_cluster *c) {
+    if (ranks < 2) return 0;
+    const size_t big = values < 4096 ? 4096 : values > (2u << 20) ? (2u << 20) : (size_t)values;
+    double t[2] = {0, 0};
+    const int r = probe_comm(ranks, t, big);
+    if (r) return r;
+    const double steps = 2.0 * (ranks - 1), lat = t[0] / steps, wire = t[1] - steps * lat;
+    const double bw = steps / ranks * (double)big * 4 / (wire > 0 ? wire : t[1]);
+    for (int k = 0; k < 2; k++) c->link[k] = (dt_plan_link){bw, lat};
     return 0;
 }

@@ -3,7 +3,8 @@
  * Megatron's tp bytes) and the step time of a layout: compute of the critical pipeline stage at
  * its micro-batch, each axis's exposed communication (ddp and ZeRO hide gradient traffic behind
  * the backward as far as the cluster's overlap allows; tp and pp traffic sits on the critical
- * path), the pipeline bubble and the optimizer step (memory-bound). */
+ * path), the pipeline bubble and the optimizer step (memory-bound); and the layouts that change the
+ * algorithm: top-k and PowerSGD compression, localsgd's average every H steps, ps's push and pull. */
 #include "plan/plan.h"
 #include "parallel/tp.h"
 
@@ -54,7 +55,14 @@ dt_status dt_plan_model_init(dt_plan_model *pm, const dt_model *m) {
     }
     for (int t = 0; t < dt_model_num_tensors(m); t++) {
         const dt_param_info *p = dt_model_tensor(m, t);
-        if (!p->is_buffer && p->layer >= 0 && p->layer < n) pm->params[p->layer] += (double)p->numel;
+        if (p->is_buffer) continue;
+        if (p->layer >= 0 && p->layer < n) pm->params[p->layer] += (double)p->numel;
+        if (p->ndim >= 2 && p->shape[0] > 0) {
+            pm->mat_params += (double)p->numel;
+            pm->mat_dims += (double)p->shape[0] + (double)p->numel / (double)p->shape[0];
+        } else {
+            pm->vec_params += (double)p->numel;
+        }
     }
     pm->total_params = (double)dt_model_num_params(m);
     pm->classes = dt_model_classes(m);
@@ -71,6 +79,30 @@ double dt_plan_ring_half_s(double n, int p, dt_plan_link l) {
     return (double)(p - 1) / p * n / l.bw + (double)(p - 1) * l.lat;
 }
 
+double dt_plan_sync_s(const dt_plan_model *pm, double n, int d, int compress, double param, dt_plan_link l,
+                      double *bytes) {
+    *bytes = 0;
+    if (d <= 1 || n <= 0) return 0;
+    if (compress == DT_PLAN_TOPK) {  /* an allgather of d x k pairs: each rank sends (d-1) k of them */
+        const double k = ceil(param * n) > 1 ? ceil(param * n) : 1;
+        *bytes = (d - 1) * k * 8;
+        return dt_plan_ring_half_s(d * k * 8, d, l);
+    }
+    double S = n * (compress == DT_PLAN_BF16 || compress == DT_PLAN_FP16 ? 2 : 4);
+    if (compress == DT_PLAN_POWERSGD) {  /* this rank's share (n of the model's values) of P, Q and the vectors */
+        const double all = pm->mat_params + pm->vec_params, share = all > 0 ? n / all : 1;
+        S = 4 * share * (param * pm->mat_dims + pm->vec_params);
+    }
+    *bytes = 2.0 * (d - 1) / d * S;
+    return dt_plan_ring_allreduce_s(S, d, l) + (compress == DT_PLAN_POWERSGD ? 2.0 * (d - 1) * l.lat : 0);
+}
+
+double dt_plan_ps_s(double n, int workers, int servers, dt_plan_link l) {
+    if (workers < 1 || servers < 1 || n <= 0) return 0;
+    const double mine = 2 * n * 4 / l.bw, server = workers * n * 4 / (servers * l.bw);
+    return (mine > server ? mine : server) + 2 * l.lat;
+}
+
 double dt_plan_bubble_fraction(int pp, int M) { return pp <= 1 ? 0 : (double)(pp - 1) / (M + pp - 1); }
 
 double dt_plan_zero_bytes(int zero, int d, double grad_bytes) {
@@ -82,6 +114,13 @@ double dt_plan_tp_bytes(const dt_gpt_config *g, int b, int t) {
     if (t <= 1) return 0;
     const double ring = 2.0 * (t - 1) / t, bsh = (double)b * g->T * g->C * 4;
     return (4.0 * bsh * g->L + 2.0 * bsh + 3.0 * b * g->T * 4) * ring;
+}
+
+double dt_plan_oversub(int ranks, int cores, double busy) {
+    if (cores < 1) cores = 1;
+    if (busy < 0) busy = 0;
+    const double with = (busy + ranks) / cores, alone = (busy + 1) / cores;
+    return (with > 1 ? with : 1) / (alone > 1 ? alone : 1);
 }
 
 int dt_plan_axis_level(const dt_plan_cluster *c, int stride, int ranks) {
@@ -118,14 +157,21 @@ static void stage_cost(const dt_plan_model *pm, const dt_plan_cluster *c, const 
 
 /* Exposed seconds of the data-parallel axis: the gradient sync of `params` values (and ZeRO's
  * gathers), hidden behind the last micro-batch's backward (bwd seconds) as the cluster allows. */
-static double dp_exposed(const dt_plan_cluster *c, const dt_plan_layout *l, double params, double bwd, double fwd,
-                         dt_plan_cost *o) {
+static double dp_exposed(const dt_plan_model *pm, const dt_plan_cluster *c, const dt_plan_layout *l, double params,
+                         double bwd, double fwd, dt_plan_cost *o) {
     const int d = l->dp;
     if (d <= 1) return 0;
     const double S = params * (l->compress ? 2 : 4);
     const double mb = l->bucket_mb > 0 ? l->bucket_mb : 1;
     const double nb = ceil(params * 4 / (mb * 1048576.0)) > 1 ? ceil(params * 4 / (mb * 1048576.0)) : 1;
     o->dp_level = dt_plan_axis_level(c, l->tp * l->pp, d);
+    if (l->compress >= DT_PLAN_TOPK) {  /* per bucket like ddp's allreduce, hidden as far as the backward allows */
+        const dt_plan_link lk = rank_link(c, o->dp_level);
+        const double calls = l->compress == DT_PLAN_POWERSGD ? 2 : 1;
+        const double sync = dt_plan_sync_s(pm, params, d, l->compress, l->cparam, lk, &o->dp_bytes) +
+                            (nb - 1) * calls * (d - 1) * lk.lat, hide = c->overlap * bwd;
+        return sync - hide > sync / nb ? sync - hide : sync / nb;
+    }
     o->dp_bytes = dt_plan_zero_bytes(l->zero, d, S);
     const dt_plan_link in = c->link[DT_PLAN_INTRA], lk = rank_link(c, o->dp_level);
     /* reduce-scatter then all-gather (an allreduce is both); hierarchical across hosts: within the
@@ -178,12 +224,29 @@ void dt_plan_predict(const dt_plan_model *pm, const dt_plan_cluster *c, const dt
         o->comm_pp = nm * p2p;
         o->bubble = (l->pp - 1) * (crit + p2p + (nm > 0 ? o->comm_tp / nm : 0));
     }
-    o->comm_dp = dp_exposed(c, l, pmax, crit * 2.0 / 3.0, crit / 3.0, o);
-    o->comm = o->comm_tp + o->comm_pp + o->comm_dp;
     /* the update reads parameters and gradients, writes parameters, reads and writes each moment */
     const double owned = l->zero >= 1 && l->dp > 1 ? pmax / l->dp : pmax;
     o->optim = owned * 4 * (3 + 2 * moments) / c->mem_bw;
-    if (l->compress) o->optim += pmax * 4 * 2 / c->mem_bw;  /* the cast to 16 bits and back */
+    if (l->algo == DT_PLAN_LOCALSGD) {  /* no gradient sync; the models averaged every H steps, blocking */
+        o->dp_level = dt_plan_axis_level(c, 1, l->dp);
+        o->dp_bytes = 2.0 * (l->dp - 1) / l->dp * pmax * 4 / l->sync_every;
+        o->comm_dp = dt_plan_ring_allreduce_s(pmax * 4, l->dp, rank_link(c, o->dp_level)) / l->sync_every;
+    } else if (l->algo == DT_PLAN_PS) {  /* push, the server's update of its shard, pull; no update here */
+        o->dp_level = dt_plan_axis_level(c, 1, l->dp + l->servers);
+        o->dp_bytes = 2 * pmax * 4;
+        o->comm_dp = dt_plan_ps_s(pmax, l->dp, l->servers, rank_link(c, o->dp_level));
+        o->optim = pmax / l->servers * 4 * (3 + 2 * moments) / c->mem_bw;
+    } else {
+        o->comm_dp = dp_exposed(pm, c, l, pmax, crit * 2.0 / 3.0, crit / 3.0, o);
+    }
+    o->comm = o->comm_tp + o->comm_pp + o->comm_dp;
+    if (l->compress == DT_PLAN_BF16 || l->compress == DT_PLAN_FP16) o->optim += pmax * 4 * 2 / c->mem_bw;  /* the casts */
+    if (l->compress == DT_PLAN_TOPK)  /* |v|, the selection, the pairs, the sum of the peers' pairs, the feedback */
+        o->optim += pmax * 4 * 6 / c->mem_bw;
+    if (l->compress == DT_PLAN_POWERSGD) {  /* P = M Q and Q = M^T P (4 r flops a value), the error feedback */
+        const double peak = c->peak[l->prec] > 0 ? c->peak[l->prec] : c->peak[DT_PLAN_FP32];
+        o->optim += pmax * 4 * 5 / c->mem_bw + (peak > 0 ? 4 * l->cparam * pm->mat_params / (peak * c->efficiency) : 0);
+    }
     const double slow = c->oversub > 1 ? c->oversub : 1;
     o->overhead = c->step_overhead + slow * (pm->ovh_fix + pm->ovh_per * (double)G / l->dp);
     o->total = o->compute + o->comm + o->bubble + o->optim + o->overhead;

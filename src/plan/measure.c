@@ -1,6 +1,6 @@
 /* The planner's probe of this machine's compute: each node's forward + backward timed through the
- * graph's node hooks at two batch sizes (the shapes the layouts run), fitted as t_fix + t_per x
- * batch per node (parallel/pp_cost.c's node timing). The model's gradients and buffers are left as
+ * graph's node hooks at two batch sizes (the shapes the layouts run), the median of several passes,
+ * fitted as t_fix + t_per x batch per node (parallel/pp_cost.c's node timing). The model's gradients and buffers are left as
  * they were. */
 #include "plan/plan.h"
 #include "parallel/pp.h"
@@ -8,11 +8,26 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Mean seconds per node of reps forward+backward passes at batch B (after one warm-up pass). */
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Seconds per node at batch B: the median over reps single passes (after one warm-up pass), so that
+ * a pass another process preempted on this shared host does not count (the bench and --strategy
+ * auto compare with the median step). */
 static dt_status time_nodes(dt_model *m, int B, int reps, double *out) {
-    DT_TRY(dt_pp_time_nodes(m, B, 1, reps, out));
-    for (int i = 0; i < dt_model_num_nodes(m); i++) out[i] /= reps;
-    return DT_OK;
+    const int n = dt_model_num_nodes(m);
+    double *all = calloc((size_t)n * (size_t)reps, sizeof(double)), *col = calloc((size_t)reps, sizeof(double));
+    dt_status st = all && col ? DT_OK : dt_error(DT_ENOMEM, "plan: out of memory for the probe");
+    for (int r = 0; r < reps && st == DT_OK; r++) st = dt_pp_time_nodes(m, B, r == 0, 1, all + (size_t)r * n);
+    for (int i = 0; i < n && st == DT_OK; i++) {
+        for (int r = 0; r < reps; r++) col[r] = all[(size_t)r * n + i];
+        qsort(col, (size_t)reps, sizeof *col, cmp_double);
+        out[i] = reps % 2 ? col[reps / 2] : 0.5 * (col[reps / 2 - 1] + col[reps / 2]);
+    }
+    free(all), free(col);
+    return st;
 }
 
 dt_status dt_plan_model_measure(dt_plan_model *pm, dt_model *m, int b1, int b2, int reps) {

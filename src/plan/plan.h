@@ -15,6 +15,12 @@
 
 enum { DT_PLAN_FP32 = 0, DT_PLAN_BF16 = 1, DT_PLAN_FP16 = 2, DT_PLAN_NPREC = 3 };
 enum { DT_PLAN_INTRA = 0, DT_PLAN_INTER = 1 };
+/* dt_plan_layout.compress beyond the 16-bit casts (DT_PLAN_BF16, DT_PLAN_FP16): the lossy compressors */
+enum { DT_PLAN_TOPK = 3, DT_PLAN_POWERSGD = 4 };
+/* dt_plan_layout.algo: what keeps the replicas together */
+enum { DT_PLAN_SYNC = 0, DT_PLAN_LOCALSGD = 1, DT_PLAN_PS = 2 };
+/* dt_plan_request.algos: the layouts that change the training algorithm, searched only when asked */
+enum { DT_PLAN_ALGO_TOPK = 1, DT_PLAN_ALGO_POWERSGD = 2, DT_PLAN_ALGO_LOCALSGD = 4, DT_PLAN_ALGO_PS = 8 };
 
 /* A link level: bandwidth in bytes/s (inter: a host's aggregate, shared by its ranks) and latency
  * of one message in seconds. */
@@ -56,6 +62,9 @@ typedef struct {
     double ovh_fix, ovh_per;  /* measured seconds of a rank's step beyond its nodes and optimizer model:
                                * ovh_fix + ovh_per x samples the rank takes per step (loss, data, bookkeeping) */
     double total_params;
+    double mat_params, mat_dims;  /* tensors of 2+ dimensions (n x m: first dimension by the rest): their values
+                                   * and the sum of n + m (PowerSGD sends rank x (n + m) per matrix) */
+    double vec_params;            /* 1-dimensional tensors (PowerSGD sends them whole) */
     bool gpt;
     dt_gpt_config g;     /* when gpt */
     int classes;
@@ -75,7 +84,11 @@ typedef struct {
     int zero;          /* 0..3 over dp */
     int micro;         /* pp: micro-batches per rank-batch; else --grad-accum */
     int gpipe;         /* pp: 1 = gpipe, 0 = 1f1b */
-    int compress;      /* DT_PLAN_FP32 (none), DT_PLAN_BF16, DT_PLAN_FP16: ddp's --compress */
+    int compress;      /* DT_PLAN_FP32 (none), DT_PLAN_BF16, DT_PLAN_FP16, DT_PLAN_TOPK, DT_PLAN_POWERSGD: --compress */
+    double cparam;     /* topk: the ratio sent; powersgd: the rank */
+    int algo;          /* DT_PLAN_SYNC, DT_PLAN_LOCALSGD (dp replicas, --sync-every), DT_PLAN_PS (dp workers + servers) */
+    int sync_every;    /* localsgd: steps between model averages */
+    int servers;       /* ps: server ranks beside the dp workers (asynchronous: --staleness inf) */
     int prec;          /* --precision */
     double bucket_mb;
 } dt_plan_layout;
@@ -101,10 +114,29 @@ double dt_plan_bubble_fraction(int pp, int M);
 /* Bytes a rank sends per step for its data-parallel axis: ddp/ZeRO-1/2 one allreduce of its
  * gradients, 2(d-1)/d x grad_bytes; ZeRO-3 adds a second parameter gather, 3(d-1)/d. */
 double dt_plan_zero_bytes(int zero, int d, double grad_bytes);
+/* Seconds of the gradient sync of n fp32 values over d ranks with compressor `compress` (param: the
+ * topk ratio or the powersgd rank) on link l, and the bytes one rank sends into *bytes: top-k
+ * allgathers ratio x n (index, value) pairs of 8 bytes; PowerSGD allreduces P and Q, rank x
+ * (n + m) values per matrix plus the 1-dimensional tensors whole, 4 bytes each (two allreduces:
+ * twice the latency); the casts allreduce 2 bytes a value, none 4. */
+double dt_plan_sync_s(const dt_plan_model *pm, double n, int d, int compress, double param, dt_plan_link l,
+                      double *bytes);
+/* Seconds of one step's traffic of a ps worker with `workers` workers and `servers` servers of a
+ * model of n values on link l: it pushes n gradients and pulls n parameters (4 bytes each); each
+ * server's link carries workers x n / servers each way: max(2 n 4 / bw, workers n 4 / (servers bw))
+ * + 2 lat. */
+double dt_plan_ps_s(double n, int workers, int servers, dt_plan_link l);
+
 /* Bytes a rank sends per step in a GPT's tensor-parallel allreduces at batch b: Megatron's 4 b T C
  * values per block, the embedding's and head's 2 b T C and the loss's 3 b T, x 2(t-1)/t, 4 bytes
  * each (what `dtrain bench tp` counts). */
 double dt_plan_tp_bytes(const dt_gpt_config *g, int b, int t);
+
+/* How much slower a rank computes when `ranks` ranks run at once on `cores` cores beside `busy`
+ * other runnable tasks, than the one process that measured the per-op times beside the same
+ * tasks: the scheduler shares the cores evenly, so max(1, (busy + ranks) / cores) over
+ * max(1, (busy + 1) / cores). */
+double dt_plan_oversub(int ranks, int cores, double busy);
 
 /* The link an axis of `ranks` ranks with stride `stride` in the rank order crosses. */
 int dt_plan_axis_level(const dt_plan_cluster *c, int stride, int ranks);
@@ -132,6 +164,7 @@ typedef struct {
     double mem_limit;       /* bytes per rank (<= 0: the cluster's mem_bytes) */
     double extra;           /* bytes every rank holds beside the model (the loader's copy of the data) */
     int want;               /* fitting layouts wanted at the top (<= 0: 5) */
+    int algos;              /* DT_PLAN_ALGO_* also searched (they change the numerics or the algorithm) */
 } dt_plan_request;
 
 typedef struct {

@@ -108,12 +108,17 @@ static void test_tight_memory(void) {
     dt_plan_result res;
     CHECK_OK(dt_plan_search(m, &pm, &o, &c, &r, &res));
     double ddp_mem = 1e30, small = 1e30;  /* ddp's least memory, and the least of ZeRO 1-2 */
+    int dp_pp = 0, dp_pp_buckets = 0;     /* train refuses --bucket-mb with --pp: a stage syncs in one allreduce */
     for (int i = 0; i < res.n; i++) {
         const dt_plan_layout *l = &res.e[i].l;
+        char flags[256];
+        dt_plan_flags(l, r.G, flags, sizeof flags);
+        dp_pp += l->dp > 1 && l->pp > 1, dp_pp_buckets += l->pp > 1 && strstr(flags, "--bucket-mb") != NULL;
         if (ddp(l) && res.e[i].c.mem < ddp_mem) ddp_mem = res.e[i].c.mem;
         if (l->tp == 1 && l->pp == 1 && (l->zero == 1 || l->zero == 2) && res.e[i].c.mem < small) small = res.e[i].c.mem;
     }
     dt_plan_result_free(&res);
+    CHECK_MSG(dp_pp > 0 && dp_pp_buckets == 0, "%d dp x pp layouts, %d of them with --bucket-mb", dp_pp, dp_pp_buckets);
     const double P = pm.total_params;
     CHECK_MSG(ddp_mem >= 16 * P && ddp_mem < 17 * P, "ddp %.0f bytes for %.0f parameters", ddp_mem, P);
     r.mem_limit = 0.9 * (small < ddp_mem ? small : ddp_mem);  /* below ZeRO 1-2 and ddp */
@@ -159,6 +164,66 @@ static void test_cluster_files(void) {
 #undef LINKS
 }
 
+/* The layouts that change the algorithm, by hand: top-k's allgather of (index, value) pairs,
+ * PowerSGD's P and Q, a ps worker's push and pull, and ranks sharing cores with other tasks. */
+static void test_algo_formulas(void) {
+    const dt_plan_link l = {.bw = 1e9, .lat = 1e-5};
+    dt_plan_model pm = {.mat_params = 1e6, .mat_dims = 2000, .vec_params = 0};  /* one 1000 x 1000 matrix */
+    double bytes;
+    /* top-k 1% of 1e6 over 4 ranks: k = 10000 pairs of 8 bytes; the allgather of 4 k pairs sends 3 k
+     * of them: 240000 bytes in 240 us, 3 hops x 10 us */
+    CHECK(near(dt_plan_sync_s(&pm, 1e6, 4, DT_PLAN_TOPK, 0.01, l, &bytes), 240e-6 + 30e-6) && near(bytes, 240000));
+    /* PowerSGD rank 4: 4 x (1000 + 1000) values = 32000 bytes, allreduced (48 us + 6 x 10 us) and a
+     * second allreduce's latency */
+    CHECK(near(dt_plan_sync_s(&pm, 1e6, 4, DT_PLAN_POWERSGD, 4, l, &bytes), 48e-6 + 120e-6) && near(bytes, 48000));
+    /* bf16: 2 bytes a value, one allreduce */
+    CHECK(near(dt_plan_sync_s(&pm, 1e6, 4, DT_PLAN_BF16, 0, l, &bytes), 3e-3 + 60e-6) && near(bytes, 3e6));
+    CHECK(dt_plan_sync_s(&pm, 1e6, 1, DT_PLAN_TOPK, 0.01, l, &bytes) == 0 && bytes == 0);
+    /* ps, 3 workers and 1 server, 1e6 values: a worker moves 8 MB (8 ms), the server's link 12 MB
+     * each way (12 ms): the server bounds it */
+    CHECK(near(dt_plan_ps_s(1e6, 3, 1, l), 12e-3 + 20e-6));
+    CHECK(near(dt_plan_ps_s(1e6, 1, 1, l), 8e-3 + 20e-6));
+    /* 2 ranks on 2 idle cores run as fast as the one that measured; 4 take turns; beside 6 other
+     * runnable tasks 2 ranks get 2 of 8 shares where the measuring process had 2 of 7 */
+    CHECK(near(dt_plan_oversub(2, 2, 0), 1) && near(dt_plan_oversub(4, 2, 0), 2));
+    CHECK(near(dt_plan_oversub(2, 2, 6), 8.0 / 7) && near(dt_plan_oversub(1, 1, 0), 1));
+}
+
+static bool changes_algo(const dt_plan_layout *l) { return l->algo != DT_PLAN_SYNC || l->compress >= DT_PLAN_TOPK; }
+
+/* 2 hosts x 1 rank joined by 0.01 Gbit/s, an MLP: with --consider all, a layout that sends less
+ * (top-k, PowerSGD, localsgd) wins over every exact one, and the flags run it; without, none of
+ * them is scored. */
+static void test_algorithms(void) {
+    dt_model *m;
+    dt_plan_model pm;
+    CHECK_OK(dt_model_build_unplaced(&m, "linear(256) relu linear(10)", 1, 28, 28));
+    CHECK_OK(dt_plan_model_init(&pm, m));
+    CHECK(near(pm.mat_params + pm.vec_params, pm.total_params) && pm.vec_params == 266);
+    const dt_optim_config o = dt_optim_defaults(DT_OPTIM_ADAM);
+    dt_plan_cluster c = planted(2, 1, 0.01);
+    dt_plan_request r = {.G = 64, .ranks = 2, .precs = 1, .fix_tp = -1, .fix_pp = -1, .fix_zero = -1};
+    dt_plan_result res;
+    CHECK_OK(dt_plan_search(m, &pm, &o, &c, &r, &res));
+    CHECK(res.n > 0 && !best_of(&res, changes_algo));
+    dt_plan_result_free(&res);
+    r.algos = DT_PLAN_ALGO_TOPK | DT_PLAN_ALGO_POWERSGD | DT_PLAN_ALGO_LOCALSGD | DT_PLAN_ALGO_PS;
+    CHECK_OK(dt_plan_search(m, &pm, &o, &c, &r, &res));
+    CHECK(res.n > 0 && res.e[0].c.fits && changes_algo(&res.e[0].l));
+    bool ps = false, localsgd = false;
+    for (int i = 0; i < res.n; i++) {
+        char flags[256];
+        dt_plan_flags(&res.e[i].l, r.G, flags, sizeof flags);
+        if (res.e[i].l.algo == DT_PLAN_PS) ps = !strcmp(flags, "--workers 1 --batch 64 --strategy ps --servers 1");
+        if (res.e[i].l.algo == DT_PLAN_LOCALSGD && res.e[i].l.sync_every == 8)
+            localsgd = !strcmp(flags, "--workers 2 --batch 32 --strategy localsgd --sync-every 8");
+    }
+    CHECK_MSG(ps && localsgd, "ps %d localsgd %d", ps, localsgd);
+    dt_plan_result_free(&res);
+    dt_plan_model_free(&pm);
+    dt_model_free(m);
+}
+
 /* The probe's per-node times: positive, and the fit grows with the batch. */
 static void test_measure(void) {
     dt_model *m;
@@ -177,6 +242,8 @@ static void test_measure(void) {
 
 int main(void) {
     test_formulas();
+    test_algo_formulas();
+    test_algorithms();
     test_slow_link();
     test_tight_memory();
     test_cluster_files();

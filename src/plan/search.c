@@ -1,8 +1,8 @@
 /* The planner's search: every layout dtrain can run on the request's ranks (DP x TP x PP degrees,
  * ZeRO stage, pipeline micro-batches and schedule, gradient accumulation, ddp compression,
- * precision and bucket size), pruned by the memory per rank of the --dry-run model (cached per
- * distinct memory layout: the cost model alone is scored per layout), ranked fitting-and-fastest
- * first; and the words for a layout: its flags, its name, why it loses. */
+ * precision and bucket size; when asked, top-k, PowerSGD, localsgd and ps), pruned by the memory
+ * per rank of the --dry-run model (cached per distinct memory layout: the cost model alone is
+ * scored per layout), ranked fitting-and-fastest first; and the words for a layout: its flags, its name, why it loses. */
 #include "plan/plan.h"
 #include "parallel/pp.h"
 
@@ -13,6 +13,9 @@
 
 static const char *const g_prec[DT_PLAN_NPREC] = {"fp32", "bf16", "fp16"};
 static const double g_buckets[] = {0.25, 1, 4, 16, 64};
+static const double g_topk[] = {0.01, 0.1};     /* the ratios of --compress topk the search tries */
+static const double g_powersgd[] = {1, 4};      /* the ranks of --compress powersgd */
+static const int g_sync_every[] = {4, 8, 16};   /* localsgd's --sync-every */
 
 /* The memory model's parts, cached: a rank's state (parameters, gradients, optimizer, ZeRO's
  * buckets in flight and gathers) depends on the mesh, the stage and ZeRO, not on the batch; its
@@ -82,6 +85,15 @@ static dt_status layout_mem(mem_cache *mc, const dt_plan_layout *l, int b, doubl
     return DT_OK;
 }
 
+/* Bytes a rank holds beside the ddp layout of the same mesh: the lossy compressors' state (top-k:
+ * the unsent values, their magnitudes and every rank's pairs; PowerSGD: the error and Q) and a ps
+ * server's shard of the optimizer state is left to the ddp figure it stays under. */
+static double algo_mem(const dt_plan_layout *l, double params) {
+    if (l->compress == DT_PLAN_TOPK) return params * 4 * 2 + l->dp * ceil(l->cparam * params) * 8;
+    if (l->compress == DT_PLAN_POWERSGD) return params * 4 * 2;
+    return 0;
+}
+
 static dt_status push(dt_plan_result *res, const dt_plan_entry *e) {
     if (res->n == res->cap) {
         const int cap = res->cap ? 2 * res->cap : 1024;
@@ -95,7 +107,8 @@ static dt_status push(dt_plan_result *res, const dt_plan_entry *e) {
 
 /* A layout's complexity, to break ties towards the simpler one. */
 static int complexity(const dt_plan_layout *l) {
-    return l->zero + 2 * (l->tp > 1) + 2 * (l->pp > 1) + (l->compress > 0) + (l->micro > 1) + (l->prec > 0);
+    return l->zero + 2 * (l->tp > 1) + 2 * (l->pp > 1) + (l->compress > 0) + 2 * (l->compress >= DT_PLAN_TOPK) +
+           (l->micro > 1) + (l->prec > 0) + 3 * (l->algo != DT_PLAN_SYNC);
 }
 
 static int by_time(const void *a, const void *b) {
@@ -138,16 +151,23 @@ static dt_status options(search_ctx *s, int dp, int tp, int pp, const int *first
         if (!(s->r->precs & (1 << prec)) || (!s->pm->t_per && s->c->peak[prec] <= 0)) continue;
         for (int zero = 0; zero <= (dp > 1 ? 3 : 0); zero++) {
             if (s->r->fix_zero >= 0 && zero != s->r->fix_zero) continue;
-            const int nbk = dp > 1 ? (int)(sizeof g_buckets / sizeof *g_buckets) : 1;
+            /* a pipeline syncs each stage's gradients in one allreduce: no buckets (train refuses --bucket-mb) */
+            const int nbk = dp > 1 && pp == 1 ? (int)(sizeof g_buckets / sizeof *g_buckets) : 1;
             for (int bk = 0; bk < nbk; bk++)
                 for (int micro = pp > 1 ? pp : 1; micro <= rb && micro <= 512; micro++) {
                     if (rb % micro) continue;  /* every divisor: a pipeline's M, or the accumulation steps */
                     for (int gp = 0; gp <= (pp > 1); gp++)
-                        for (int cmp = 0; cmp <= (dp > 1 && zero == 0 && tp == 1 && pp == 1 ? 2 : 0); cmp++) {
-                            const dt_plan_layout l = {.dp = dp, .tp = tp, .pp = pp, .zero = zero, .micro = micro,
-                                                      .gpipe = gp, .compress = cmp, .prec = prec,
-                                                      .bucket_mb = dp > 1 ? g_buckets[bk] : 1};
-                            DT_TRY(score(s, &l, first));
+                        for (int cmp = 0; cmp <= (dp > 1 && zero == 0 && tp == 1 && pp == 1 ? 4 : 0); cmp++) {
+                            const double *par = cmp == DT_PLAN_TOPK ? g_topk : g_powersgd;
+                            const int lossy = cmp >= DT_PLAN_TOPK, np = lossy ? 2 : 1;
+                            if (cmp == DT_PLAN_TOPK && !(s->r->algos & DT_PLAN_ALGO_TOPK)) continue;
+                            if (cmp == DT_PLAN_POWERSGD && !(s->r->algos & DT_PLAN_ALGO_POWERSGD)) continue;
+                            for (int k = 0; k < np; k++) {
+                                const dt_plan_layout l = {.dp = dp, .tp = tp, .pp = pp, .zero = zero, .micro = micro,
+                                                          .gpipe = gp, .compress = cmp, .cparam = lossy ? par[k] : 0,
+                                                          .prec = prec, .bucket_mb = dp > 1 && pp == 1 ? g_buckets[bk] : 1};
+                                DT_TRY(score(s, &l, first));
+                            }
                         }
                 }
         }
@@ -155,7 +175,30 @@ static dt_status options(search_ctx *s, int dp, int tp, int pp, const int *first
     return DT_OK;
 }
 
+/* The layouts that change the algorithm on all W ranks: localsgd over W replicas (every
+ * --sync-every of the list) and ps with S servers and W - S workers (S up to W / 2, the workers
+ * dividing G), fp32 without accumulation. */
+static dt_status algorithms(search_ctx *s, int W) {
+    const int first[2] = {0, s->pm->nodes};
+    for (int k = 0; (s->r->algos & DT_PLAN_ALGO_LOCALSGD) && W > 1 && s->r->G % W == 0 &&
+                    k < (int)(sizeof g_sync_every / sizeof *g_sync_every); k++) {
+        const dt_plan_layout l = {.dp = W, .tp = 1, .pp = 1, .micro = 1, .bucket_mb = 1, .algo = DT_PLAN_LOCALSGD,
+                                  .sync_every = g_sync_every[k]};
+        DT_TRY(score(s, &l, first));
+    }
+    for (int S = 1; (s->r->algos & DT_PLAN_ALGO_PS) && S <= W / 2; S++) {
+        if (s->r->G % (W - S)) continue;
+        const dt_plan_layout l = {.dp = W - S, .tp = 1, .pp = 1, .micro = 1, .bucket_mb = 1, .algo = DT_PLAN_PS,
+                                  .servers = S};
+        DT_TRY(score(s, &l, first));
+    }
+    return DT_OK;
+}
+
 int dt_plan_family(const dt_plan_layout *l) {
+    if (l->algo == DT_PLAN_LOCALSGD) return 200000;
+    if (l->algo == DT_PLAN_PS) return 300000 + l->servers;
+    if (l->compress >= DT_PLAN_TOPK) return 400000 + l->compress;
     if (l->tp > 1 && l->pp > 1) return 100000;
     if (l->tp > 1) return 1000 + l->tp;
     if (l->pp > 1) return 10000 + l->pp;
@@ -180,6 +223,7 @@ static dt_status prune(search_ctx *s) {
         if (done && found >= want) continue;
         const int b = s->r->G / e->l.dp / (e->l.micro > 0 ? e->l.micro : 1);
         DT_TRY(layout_mem(&s->mc, &e->l, b, &e->c.mem));
+        e->c.mem += algo_mem(&e->l, s->pm->total_params);
         e->c.fits = e->c.mem <= s->limit;
         res->planned++;
         if (e->c.fits) found++;
@@ -203,7 +247,7 @@ static dt_status meshes(search_ctx *s) {
             DT_TRY(options(s, dp, tp, pp, first));
         }
     }
-    return DT_OK;
+    return s->r->fix_tp > 1 || s->r->fix_pp > 1 || s->r->fix_zero > 0 ? DT_OK : algorithms(s, W);
 }
 
 dt_status dt_plan_search(dt_model *m, const dt_plan_model *pm, const dt_optim_config *o, const dt_plan_cluster *c,
@@ -252,14 +296,20 @@ void dt_plan_flags(const dt_plan_layout *l, int G, char *buf, size_t cap) {
     const int W = l->dp * l->tp * l->pp, micro = l->micro > 0 ? l->micro : 1;
     const int batch = l->pp > 1 ? G / l->dp : G / l->dp / micro;
     int n = snprintf(buf, cap, "--workers %d --batch %d", W, batch);
+    if (l->algo == DT_PLAN_LOCALSGD) n += snprintf(buf + n, cap - (size_t)n, " --strategy localsgd --sync-every %d",
+                                                   l->sync_every);
+    if (l->algo == DT_PLAN_PS) n += snprintf(buf + n, cap - (size_t)n, " --strategy ps --servers %d", l->servers);
+    if (l->compress == DT_PLAN_TOPK) n += snprintf(buf + n, cap - (size_t)n, " --compress topk:%g", l->cparam);
+    if (l->compress == DT_PLAN_POWERSGD) n += snprintf(buf + n, cap - (size_t)n, " --compress powersgd:%g", l->cparam);
     if (l->tp > 1) n += snprintf(buf + n, cap - (size_t)n, " --tp %d", l->tp);
     if (l->pp > 1)
         n += snprintf(buf + n, cap - (size_t)n, " --pp %d --microbatches %d --pp-schedule %s", l->pp, micro,
                       l->gpipe ? "gpipe" : "1f1b");
     if (l->pp == 1 && micro > 1) n += snprintf(buf + n, cap - (size_t)n, " --grad-accum %d", micro);
     if (l->dp > 1 && l->zero > 0) n += snprintf(buf + n, cap - (size_t)n, " --zero %d", l->zero);
-    if (l->compress) n += snprintf(buf + n, cap - (size_t)n, " --compress %s", g_prec[l->compress]);
-    if (l->dp > 1 && l->bucket_mb != 1) n += snprintf(buf + n, cap - (size_t)n, " --bucket-mb %g", l->bucket_mb);
+    if (l->compress && l->compress < DT_PLAN_TOPK)
+        n += snprintf(buf + n, cap - (size_t)n, " --compress %s", g_prec[l->compress]);
+    if (l->dp > 1 && l->pp == 1 && l->bucket_mb != 1) n += snprintf(buf + n, cap - (size_t)n, " --bucket-mb %g", l->bucket_mb);
     if (l->prec) snprintf(buf + n, cap - (size_t)n, " --precision %s", g_prec[l->prec]);
 }
 
@@ -268,12 +318,16 @@ void dt_plan_name(const dt_plan_layout *l, char *buf, size_t cap) {
     buf[0] = '\0';
 #define ADD(...) n += snprintf(buf + n, cap > (size_t)n ? cap - (size_t)n : 0, __VA_ARGS__)
     if (l->dp > 1) ADD("dp%d", l->dp);
+    if (l->algo == DT_PLAN_LOCALSGD) n = 0, ADD("localsgd%d h%d", l->dp, l->sync_every);
+    if (l->algo == DT_PLAN_PS) n = 0, ADD("ps %d servers + %d workers", l->servers, l->dp);
     if (l->dp > 1 && l->zero) ADD(" zero%d", l->zero);
     if (l->tp > 1) ADD("%stp%d", n ? " x " : "", l->tp);
     if (l->pp > 1) ADD("%spp%d %s m%d", n ? " x " : "", l->pp, l->gpipe ? "gpipe" : "1f1b", l->micro);
     if (!n) ADD("1 rank");
     if (l->pp == 1 && l->micro > 1) ADD(" accum%d", l->micro);
-    if (l->compress) ADD(" %s-grads", g_prec[l->compress]);
+    if (l->compress && l->compress < DT_PLAN_TOPK) ADD(" %s-grads", g_prec[l->compress]);
+    if (l->compress == DT_PLAN_TOPK) ADD(" topk%g", l->cparam);
+    if (l->compress == DT_PLAN_POWERSGD) ADD(" powersgd%g", l->cparam);
     if (l->prec) ADD(" %s", g_prec[l->prec]);
 #undef ADD
 }
@@ -304,6 +358,13 @@ void dt_plan_why(const dt_plan_entry *alt, const dt_plan_entry *best, const dt_p
     if (k == 1)
         snprintf(p, left, "tp %d would send %.3g MB per step through a %.3g Gbit/s %s link: %.3g ms exposed", alt->l.tp,
                  a->tp_bytes / 1e6, bw_tp, level_name(a->tp_level), a->comm_tp * 1e3);
+    else if (k == 2 && alt->l.algo == DT_PLAN_LOCALSGD)
+        snprintf(p, left, "its model average every %d steps sends %.3g MB per step over a %.3g Gbit/s %s link: %.3g "
+                 "ms", alt->l.sync_every, a->dp_bytes / 1e6, bw_dp, level_name(a->dp_level), a->comm_dp * 1e3);
+    else if (k == 2 && alt->l.algo == DT_PLAN_PS)
+        snprintf(p, left, "each worker pushes and pulls %.3g MB per step through %d server%s over a %.3g Gbit/s %s "
+                 "link: %.3g ms", a->dp_bytes / 1e6, alt->l.servers, alt->l.servers > 1 ? "s" : "", bw_dp,
+                 level_name(a->dp_level), a->comm_dp * 1e3);
     else if (k == 2)
         snprintf(p, left, "its gradient sync sends %.3g MB per step over a %.3g Gbit/s %s link: %.3g ms exposed",
                  a->dp_bytes / 1e6, bw_dp, level_name(a->dp_level), a->comm_dp * 1e3);
