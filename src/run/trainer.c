@@ -326,6 +326,9 @@ static dt_status place_model(dt_trainer *t, const dt_strategy_entry *se, const d
     int nown = 0;
     bool whole = true;
     if (!whole_load) DT_TRY(dt_strategy_placement(se, so, t->model, t->rank, t->world, &own, &nown, &whole));
+    if (!whole && t->cfg.device && strcmp(t->cfg.device, "cpu"))  /* ZeRO-3's shards are host pages so far */
+        return dt_error(DT_ENOTSUP, "--device %s: a model placed in shards (ZeRO stage 3) does not run on a device "
+                        "yet; drop zero=3 or use --device cpu", t->cfg.device);
     const dt_range *part = whole ? NULL : own ? own : &none;
     dt_status s = dt_model_place(t->model, part, nown);
     if (s == DT_OK)
