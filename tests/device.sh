@@ -25,6 +25,16 @@ if have_fmnist; then
   # ddp, 2 workers: each bucket downloaded, allreduced on the host, uploaded (cpu: in place, update=shard)
   both ddp --model mlp --max-steps 4 --workers 2
   both ddp-accum --model mlp --max-steps 4 --workers 2 --grad-accum 2 --optimizer adam --strategy "ddp(bucket_mb=0.1)"
+  # the staged buckets still overlap backward: an allreduce starts before its step's backward ends
+  $DT train --workers 2 --model "flatten linear(64) relu linear(64) relu linear(10)" --max-steps 3 --bucket-mb 0.01 \
+    --quiet --device checked --timeline "$TMP/t.json" >"$TMP/t.log" 2>&1 || bad "ddp timeline on checked: $(cat "$TMP/t.log")"
+  python3 - "$TMP/t.json" <<'PY' && ok "ddp on checked: a staged bucket's allreduce starts before backward ends" \
+    || bad "ddp on checked: no bucket overlaps backward"
+import json, sys
+ev = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e["ph"] == "X"]
+back = {(e["pid"], e["args"]["step"]): e["ts"] + e["dur"] for e in ev if e["name"] == "backward"}
+assert any(e["name"].startswith("allreduce") and e["ts"] < back.get((e["pid"], e["args"]["step"]), -1) for e in ev)
+PY
   # --save-weights downloads, --weights uploads: fine-tuning from the MLP's weights on both devices
   for dev in cpu checked; do
     $DT train --model mlp --epochs 1 --max-steps 3 --quiet --eval-batches 1 --device $dev \
