@@ -2,7 +2,9 @@
 # CPU kernels on memory the host cannot touch, so any host dereference of model memory crashes)
 # writes checkpoints cmp-equal to --device cpu for the MLP, the CNN and a tiny GPT, with fp16 loss
 # scaling and clipping on the device, and a resume on checked continues bit for bit; what is not
-# yet device-neutral (several processes, other strategies) is refused with a clear error.
+# yet device-neutral (other strategies, ddp's ZeRO, sharded update and compressors) is refused with a
+# clear error. ddp with 2 workers on checked (its buckets staged through host buffers) writes
+# checkpoints cmp-equal to ddp on cpu.
 . "$(dirname "$0")/testlib.bash"
 
 # both: NAME ARGS...: trains on cpu and on checked and compares the checkpoints byte for byte
@@ -20,6 +22,19 @@ if have_fmnist; then
   both mlp --model mlp --max-steps 20 --optimizer adam --clip 1
   both mlp-fp16 --model mlp --max-steps 8 --precision fp16 --momentum 0.9
   both cnn --model cnn --max-steps 3 --batch 16
+  # ddp, 2 workers: each bucket downloaded, allreduced on the host, uploaded (cpu: in place, update=shard)
+  both ddp --model mlp --max-steps 4 --workers 2
+  both ddp-accum --model mlp --max-steps 4 --workers 2 --grad-accum 2 --optimizer adam --strategy "ddp(bucket_mb=0.1)"
+  # the staged buckets still overlap backward: an allreduce starts before its step's backward ends
+  $DT train --workers 2 --model "flatten linear(64) relu linear(64) relu linear(10)" --max-steps 3 --bucket-mb 0.01 \
+    --quiet --device checked --timeline "$TMP/t.json" >"$TMP/t.log" 2>&1 || bad "ddp timeline on checked: $(cat "$TMP/t.log")"
+  python3 - "$TMP/t.json" <<'PY' && ok "ddp on checked: a staged bucket's allreduce starts before backward ends" \
+    || bad "ddp on checked: no bucket overlaps backward"
+import json, sys
+ev = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e["ph"] == "X"]
+back = {(e["pid"], e["args"]["step"]): e["ts"] + e["dur"] for e in ev if e["name"] == "backward"}
+assert any(e["name"].startswith("allreduce") and e["ts"] < back.get((e["pid"], e["args"]["step"]), -1) for e in ev)
+PY
   # --save-weights downloads, --weights uploads: fine-tuning from the MLP's weights on both devices
   for dev in cpu checked; do
     $DT train --model mlp --epochs 1 --max-steps 3 --quiet --eval-batches 1 --device $dev \
@@ -48,6 +63,8 @@ both gpt --data "text:$TMP/corpus.txt" --model "gpt:L=1,H=2,C=32,T=16" --batch 4
 
 expect_fail "an unknown device names the devices" "devices: cpu, checked" $DT train --device gpu --max-steps 1
 expect_fail "a bad checked option names the syntax" "arena=BYTES" $DT train --device checked:size=1 --max-steps 1
-expect_fail "a strategy that is not device-neutral yet is refused" "only one process with the single strategy" \
-  $DT train --device checked --workers 2 --max-steps 1
+expect_fail "a strategy that is not device-neutral yet is refused" "only the single strategy and plain ddp" \
+  $DT train --device checked --workers 2 --strategy localsgd --max-steps 1
+expect_fail "ddp's ZeRO is refused on checked" "ddp with zero=1 does not run on this device" \
+  $DT train --device checked --workers 2 --strategy "ddp(zero=1)" --max-steps 1
 finish

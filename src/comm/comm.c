@@ -197,6 +197,11 @@ void dt_comm_destroy(dt_comm *c) {
 
 int dt_comm_rank(const dt_comm *c) { return c ? c->rank : 0; }
 int dt_comm_size(const dt_comm *c) { return c ? c->size : 1; }
+bool dt_comm_device_native(const dt_comm *c, const char *device) {
+    if (!c || !c->t || !c->t->ops->device_native || dt_comm_hier_active(c)) return false;
+    return c->t->ops->device_native(c->t, device);
+}
+
 int dt_comm_host_cpus(const dt_comm *c, int *ranks) {
     *ranks = 0;
     if (!c || !c->t || !c->t->ops->host_cpus) return 0;

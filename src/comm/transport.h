@@ -130,6 +130,10 @@ typedef struct dt_transport_ops {
     /* The CPUs this transport's ranks on this host may run on together, with *ranks (how many
      * of them run there); 0 when the transport does not know. May be NULL. */
     int (*host_cpus)(dt_transport *t, int *ranks);
+    /* Whether its collectives take buffers in the memory of the device kind named `device` (NCCL:
+     * "cuda") directly. NULL = none: a caller with such buffers stages them through host memory
+     * (dt_comm_device_native). shm and mpi take host memory only. */
+    bool (*device_native)(dt_transport *t, const char *device);
     /* Frees everything (does not touch outstanding dt_treq storage). NULL t is a no-op. */
     void (*destroy)(dt_transport *t);
 } dt_transport_ops;

@@ -98,7 +98,11 @@ struct dt_dev {
     const dt_device_kind *kind;
     const dt_device_ops *ops;
     /* Its memory is host memory (the cpu device): code above may keep the host's fast paths
-     * (a batch fed in place, ZeRO's page placement) where it would otherwise upload or copy. */
+     * (a batch fed in place, ZeRO's page placement) where it would otherwise upload or copy, and
+     * the communicator's collectives take its buffers in place. Where false, a collective over
+     * model memory is staged through a host buffer (download, collective, upload) unless the
+     * transport takes this kind's memory natively (dt_comm_device_native; parallel/'s
+     * dt_strategy_stage_device asks both). */
     bool host_memory;
 };
 

@@ -8,10 +8,15 @@
  * flight, so a compressor's second collective starts during backward. With zero=N (ZeRO stage
  * N, zero.c) the buckets are reduce-scattered into shards instead; update=shard (the default where
  * the ranks share a host) keeps the replicas and ddp's checkpoints but runs stage 1's step:
- * reduce-scatter, each rank updates its shard, allgather (dt_zero_create_update). */
+ * reduce-scatter, each rank updates its shard, allgather (dt_zero_create_update).
+ * On a device whose memory the comm does not take (dt_strategy_stage_device: --device checked),
+ * each bucket is downloaded into a host buffer when it starts and uploaded when its allreduce is
+ * done (grad_sync's staging), the batchnorm broadcast likewise; on cpu the slab travels in place. */
 #include "parallel/grad_sync.h"
 #include "parallel/strategy.h"
 #include "parallel/zero.h"
+
+#include "device/device.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -101,7 +106,7 @@ static dt_status ddp_step(dt_strategy *s, float lr, float clip, dt_step_stats *s
     if (first != DT_OK) return dt_error_wrap(first, "gradient allreduce");
     if (d->nbuf) {
         /* keep batchnorm running statistics identical: rank 0's are the model's (as torch DDP) */
-        DT_TRY(dt_comm_broadcast(s->comm, dt_model_buffers(s->model), d->nbuf, DT_F32, 0));
+        DT_TRY(dt_strategy_broadcast_model(s->comm, s->model, dt_model_buffers(s->model), d->nbuf, 0));
     }
     double t1 = dt_now();
     const int64_t skipped0 = ls ? ls->skipped : 0;
@@ -142,7 +147,7 @@ static dt_status make_sync(dt_strategy *s, ddp *d, const dt_compress_spec *cs) {
     }
     for (int i = 0; i < d->nb; i++) lo[i] = d->b[i].lo, hi[i] = d->b[i].hi;
     dt_grad_sync_config gc = {.comm = s->comm, .model = s->model, .n = dt_model_num_params(s->model), .lo = lo,
-                              .hi = hi, .nb = d->nb};
+                              .hi = hi, .nb = d->nb, .stage = dt_strategy_stage_device(s->comm, s->model)};
     dt_status st = dt_grad_sync_create(&d->gs, cs, &gc);
     free(lo), free(hi);
     return st;
@@ -194,7 +199,7 @@ dt_status dt_ddp_buckets(dt_model *m, double bucket_mb, dt_ddp_range **out, int 
  * interleaved runs): reduce-scatter + update + allgather 63 us against allreduce + update 91. */
 static bool sharded_update(const dt_strategy *s, const ddp_opts *op) {
     if (op->update != UPDATE_AUTO) return op->update == UPDATE_SHARD;
-    return op->compress.kind == DT_COMPRESS_NONE && s->optim && !dt_optim_loss_scaler(s->optim) &&
+    return !dt_strategy_stage_device(s->comm, s->model) && op->compress.kind == DT_COMPRESS_NONE && s->optim && !dt_optim_loss_scaler(s->optim) &&
            dt_comm_size(s->comm) > 1 && dt_comm_hosts(s->comm) == 1 && !dt_comm_hier_active(s->comm);
 }
 
@@ -202,14 +207,29 @@ static bool sharded_update(const dt_strategy *s, const ddp_opts *op) {
 static const char *auto_choice(const dt_strategy *s, const ddp_opts *op, bool shard) {
     if (op->update != UPDATE_AUTO) return NULL;
     if (shard) return "update=shard (auto: the ranks share one host)";
+    if (dt_strategy_stage_device(s->comm, s->model)) return "update=full (auto: the gradients are staged off the device)";
     if (op->compress.kind != DT_COMPRESS_NONE) return "update=full (auto: a compressor needs the allreduce)";
     if (s->optim && dt_optim_loss_scaler(s->optim)) return "update=full (auto: fp16 loss scaling skips whole steps)";
     if (dt_comm_size(s->comm) < 2) return "update=full (auto: one rank)";
     return "update=full (auto: the ranks span hosts)";
 }
 
+/* What ddp does not stage through host buffers yet: refused on such a device, naming what runs. */
+static dt_status check_staged(const dt_strategy *s, const ddp_opts *op) {
+    dt_dev *dev = dt_strategy_stage_device(s->comm, s->model);
+    if (!dev) return DT_OK;
+    char what[32] = "";
+    if (op->zero > 0) snprintf(what, sizeof what, "zero=%d", op->zero);
+    else if (op->update == UPDATE_SHARD) snprintf(what, sizeof what, "update=shard");
+    else if (op->compress.kind != DT_COMPRESS_NONE) snprintf(what, sizeof what, "compress");
+    if (!what[0]) return DT_OK;
+    return dt_error(DT_ENOTSUP, "--device %s: ddp with %s does not run on this device yet (only plain ddp's allreduce "
+                    "stages through host buffers); drop %s or use --device cpu", dev->kind->name, what, what);
+}
+
 static dt_status ddp_create(dt_strategy *s, const void *opts) {
     const ddp_opts *op = opts;
+    DT_TRY(check_staged(s, op));
     if (op->zero > 0) return dt_zero_create(s, op->bucket_mb, op->zero);
     DT_TRY(dt_comm_set_hier(s->comm, op->allreduce));  /* collective: every rank creates ddp */
     const bool shard = sharded_update(s, op);

@@ -4,6 +4,8 @@
  * tensor [world, floats] (every rank's row, gathered before a save so the one writer has them). */
 #include "parallel/grad_sync.h"
 
+#include "device/device.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -18,6 +20,7 @@ struct dt_grad_sync {
     int64_t step;
     int rank, world;
     size_t state_n;          /* error-feedback floats per rank */
+    float *host;             /* staging (cfg.stage): the host copy of the vector the buckets travel in */
     float *state;            /* [world][state_n]; row `rank` is live */
     dt_grad_sync_stats st;
     double ef_sq;
@@ -121,6 +124,7 @@ void dt_grad_sync_destroy(dt_grad_sync *g) {
     }
     free(g->b);
     dt_free(g->state);
+    dt_free(g->host);
     free(g);
 }
 
@@ -157,6 +161,9 @@ dt_status dt_grad_sync_create(dt_grad_sync **out, const dt_compress_spec *spec, 
         g->state_n += sizes[i];
     }
     if (s == DT_OK) s = bind_state(g, sizes);
+    if (s == DT_OK && cfg->stage && !(g->host = dt_alloc(cfg->n * sizeof(float))))
+        s = dt_error(DT_ENOMEM, "gradient sync: out of memory for the %zu-float host staging buffer of --device %s",
+                     cfg->n, cfg->stage->kind->name);
     free(sizes);
     if (s != DT_OK) {
         dt_grad_sync_destroy(g);
@@ -193,10 +200,15 @@ static void fail_bucket(dt_grad_sync *g, dt_gs_bucket *b, dt_status s) {
     b->failed = true, b->stage = DT_GS_DONE;
 }
 
-/* Runs one stage transition of b; a failure marks the bucket. */
+/* Runs one stage transition of b; a failure marks the bucket. A staged bucket that is done goes
+ * back to the device. */
 static void step_bucket(dt_grad_sync *g, dt_gs_bucket *b, dt_status (*fn)(dt_grad_sync *, dt_gs_bucket *)) {
     dt_status s = fn(g, b);
     if (s != DT_OK) fail_bucket(g, b, s);
+    else if (b->stage == DT_GS_DONE && b->dev_x) {
+        dt_dev *d = g->cfg.stage;
+        d->ops->upload(d, b->dev_x, b->x, (b->hi - b->lo) * sizeof(float));
+    }
 }
 
 static int stages(const dt_grad_sync *g) { return g->c->stages > 0 ? g->c->stages : 1; }
@@ -212,8 +224,14 @@ void dt_grad_sync_start(dt_grad_sync *g, int i, float *x) {
     for (int j = 0; j < i; j++)  /* PowerSGD's Q allreduce of earlier buckets, before this P */
         while (g->b[j].stage > 0 && g->b[j].stage < stages(g) && !g->b[j].failed) wait_advance(g, &g->b[j]);
     dt_gs_bucket *b = &g->b[i];
-    b->x = x + b->lo;
     b->t_issue = dt_now();
+    if (g->cfg.stage) {  /* the comm does not take device memory: the bucket travels in a host copy */
+        dt_dev *d = g->cfg.stage;
+        b->dev_x = x + b->lo, b->x = g->host + b->lo;
+        d->ops->download(d, b->x, b->dev_x, (b->hi - b->lo) * sizeof(float));
+    } else {
+        b->x = x + b->lo;
+    }
     b->stage = 1;
     g->st.raw_bytes += (double)(b->hi - b->lo) * sizeof(float);
     step_bucket(g, b, g->c->start);

@@ -47,7 +47,8 @@ void dt_compress_format(const dt_compress_spec *spec, char *out, size_t cap);
 /* One bucket of a sync: the vector range [lo, hi) and where it stands. */
 typedef struct {
     size_t lo, hi;
-    float *x;            /* the values being synced (set by dt_grad_sync_start) */
+    float *x;            /* the values being synced, host memory the comm takes (set by dt_grad_sync_start) */
+    float *dev_x;        /* staging (cfg.stage): the bucket's device memory, x's source and destination */
     dt_request *req;     /* the collective in flight, or NULL */
     int stage;           /* 0 idle, 1.. stage in flight, DT_GS_DONE finished */
     bool failed;
@@ -85,6 +86,11 @@ typedef struct {
     size_t n;                /* floats in the vector */
     const size_t *lo, *hi;   /* nb bucket ranges */
     int nb;
+    /* The device of the vector when the comm does not take its memory (dt_strategy_stage_device),
+     * else NULL: each bucket is downloaded into a host buffer of the sync's own at start, travels
+     * from there (every compressor works on host memory) and is uploaded back once it is done, in
+     * poll (overlapped with backward) or finish. */
+    struct dt_dev *stage;
 } dt_grad_sync_config;
 
 /* Per-step figures, summed over the buckets. */
@@ -103,7 +109,8 @@ void dt_grad_sync_destroy(dt_grad_sync *g);
 const dt_compressor *dt_grad_sync_compressor(const dt_grad_sync *g);
 /* Starts a step (the top-k ratio warm-up counts these steps). */
 void dt_grad_sync_begin_step(dt_grad_sync *g, int64_t step);
-/* Starts bucket i on x[lo, hi) (x: the whole vector); errors show at finish. Buckets start in
+/* Starts bucket i on x[lo, hi) (x: the whole vector, device memory where cfg.stage is set); errors
+ * show at finish. Buckets start in
  * index order; earlier buckets waiting for a next stage get it issued first (it may wait for
  * their previous collective). */
 void dt_grad_sync_start(dt_grad_sync *g, int i, float *x);

@@ -2,6 +2,8 @@
  * verification (the registry and factory are in registry.c). */
 #include "parallel/strategy.h"
 
+#include "device/device.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,10 +64,40 @@ void dt_strategy_grad_hook(void *strategy, size_t offset, size_t n) {
 
 dt_status dt_strategy_verify_replicas(dt_comm *comm, dt_model *m) { return dt_strategy_verify_model(comm, m, true); }
 
+dt_dev *dt_strategy_stage_device(const dt_comm *comm, const dt_model *m) {
+    dt_dev *d = dt_model_device(m);
+    return d && !d->host_memory && !dt_comm_device_native(comm, d->kind->name) ? d : NULL;
+}
+
+dt_status dt_strategy_broadcast_model(dt_comm *comm, const dt_model *m, float *x, size_t n, int root) {
+    dt_dev *d = dt_strategy_stage_device(comm, m);
+    if (!d) return dt_comm_broadcast(comm, x, n, DT_F32, root);
+    float *h = dt_alloc(n * sizeof(float));
+    if (!h) return dt_error(DT_ENOMEM, "broadcast: out of memory for a %zu-float host staging buffer", n);
+    d->ops->download(d, h, x, n * sizeof(float));
+    dt_status st = dt_comm_broadcast(comm, h, n, DT_F32, root);
+    if (st == DT_OK) d->ops->upload(d, x, h, n * sizeof(float));
+    dt_free(h);
+    return st;
+}
+
+/* *crc = crc32 of n floats of m's memory x (downloaded first where it is not host memory). */
+static dt_status model_crc(const dt_model *m, const float *x, size_t n, uLong *crc) {
+    dt_dev *d = dt_model_device(m);
+    if (!n || !d || d->host_memory) return *crc = crc32(0L, (const Bytef *)x, (uInt)(n * sizeof(float))), DT_OK;
+    float *h = dt_alloc(n * sizeof(float));
+    if (!h) return dt_error(DT_ENOMEM, "replica check: out of memory for a %zu-float host copy of the model", n);
+    d->ops->download(d, h, x, n * sizeof(float));
+    *crc = crc32(0L, (const Bytef *)h, (uInt)(n * sizeof(float)));
+    dt_free(h);
+    return DT_OK;
+}
+
 dt_status dt_strategy_verify_model(dt_comm *comm, dt_model *m, bool params) {
     /* (param count, crc32 of params, crc32 of buffers): min and max must agree on every rank */
-    uLong c1 = params ? crc32(0L, (const Bytef *)dt_model_params(m), (uInt)(dt_model_num_params(m) * sizeof(float))) : 0;
-    uLong c2 = crc32(0L, (const Bytef *)dt_model_buffers(m), (uInt)(dt_model_num_buffers(m) * sizeof(float)));
+    uLong c1 = 0, c2 = 0;
+    if (params) DT_TRY(model_crc(m, dt_model_params(m), dt_model_num_params(m), &c1));
+    DT_TRY(model_crc(m, dt_model_buffers(m), dt_model_num_buffers(m), &c2));
     int64_t mine[3] = {(int64_t)dt_model_num_params(m), (int64_t)c1, (int64_t)c2};
     int64_t lo[3], hi[3];
     DT_TRY(dt_comm_allreduce(comm, mine, lo, 3, DT_I64, DT_OP_MIN));

@@ -337,4 +337,12 @@ dt_status dt_strategy_verify_replicas(dt_comm *comm, dt_model *m);
 /* The same; params false: only the parameter count and the buffers (ranks holding other shards). */
 dt_status dt_strategy_verify_model(dt_comm *comm, dt_model *m, bool params);
 
+/* The device of m when comm's collectives cannot take its memory (device.h's host_memory is false
+ * and dt_comm_device_native says no): model memory then travels through host buffers (download,
+ * collective, upload). NULL where the collectives take it in place (the cpu device: zero-copy). */
+struct dt_dev *dt_strategy_stage_device(const dt_comm *comm, const dt_model *m);
+/* A broadcast from root of n floats of model memory x (on m's device), staged through a host
+ * buffer where dt_strategy_stage_device says so. */
+dt_status dt_strategy_broadcast_model(dt_comm *comm, const dt_model *m, float *x, size_t n, int root);
+
 #endif

@@ -326,6 +326,9 @@ static dt_status place_model(dt_trainer *t, const dt_strategy_entry *se, const d
     int nown = 0;
     bool whole = true;
     if (!whole_load) DT_TRY(dt_strategy_placement(se, so, t->model, t->rank, t->world, &own, &nown, &whole));
+    if (!whole && t->cfg.device && strcmp(t->cfg.device, "cpu"))  /* ZeRO-3's shards are host pages so far */
+        return dt_error(DT_ENOTSUP, "--device %s: a model placed in shards (ZeRO stage 3) does not run on a device "
+                        "yet; drop zero=3 or use --device cpu", t->cfg.device);
     const dt_range *part = whole ? NULL : own ? own : &none;
     dt_status s = dt_model_place(t->model, part, nown);
     if (s == DT_OK)
@@ -348,14 +351,15 @@ dt_status dt_trainer_check_loss(const dt_model *m, const dt_dataset *ds, const c
 }
 
 /* --device: the model and optimizer moved onto it (before initialisation: the initial values are
- * uploaded). Only one process with the single strategy is device-neutral so far. */
+ * uploaded). The single strategy and plain ddp (its buckets staged through host buffers; ddp
+ * refuses its other options itself) are device-neutral so far. */
 static dt_status move_to_device(dt_trainer *t, const dt_strategy_entry *se, const char *resume) {
     const char *spec = t->cfg.device;
     if (!spec || !strcmp(spec, "cpu")) return DT_OK;
-    if (t->world > 1 || strcmp(se->name, "single"))
-        return dt_error(DT_ENOTSUP, "--device %s: only one process with the single strategy runs on it so far (the "
-                        "%s strategy's gradient sync, sharding and staging still touch model memory from the host); "
-                        "use --device cpu", spec, se->name);
+    if (strcmp(se->name, "single") && strcmp(se->name, "ddp"))
+        return dt_error(DT_ENOTSUP, "--device %s: only the single strategy and plain ddp run on it so far (the "
+                        "%s strategy's sharding and staging still touch model memory from the host); use --device "
+                        "cpu", spec, se->name);
     if (resume && dt_checkpoint_is_sharded(resume))
         return dt_error(DT_ENOTSUP, "--device %s: a sharded (ZeRO) checkpoint does not load onto a device yet; use "
                         "--device cpu", spec);
