@@ -54,6 +54,12 @@ void dt_error_set_peer(int peer);
             return dt_try_s_;             \
     } while (0)
 
+/* ---- version ------------------------------------------------------------------------------ */
+
+/* The library's version ("0.1.0"): DTRAIN_VERSION (dtrain/dtrain.h) as it was when the library was
+ * built, for an embedder to compare with the headers it compiled with. A static string. */
+const char *dt_version(void);
+
 /* ---- dtypes ------------------------------------------------------------------------------- */
 
 typedef enum {

@@ -3,6 +3,7 @@
 #include "core/sys.h"
 #include "core/test.h"
 #include "dtrain/core.h"
+#include "dtrain/dtrain.h" /* DTRAIN_VERSION */
 
 #include <string.h>
 
@@ -162,7 +163,14 @@ static void test_path_dir(void) {
     CHECK(dt_path_dir(small, sizeof small, "x") == 1 && !strcmp(small, "."));
 }
 
+/* dt_version is the header's DTRAIN_VERSION (the library and its headers agree), as a static string. */
+static void test_version(void) {
+    CHECK(dt_version() != NULL && strcmp(dt_version(), DTRAIN_VERSION) == 0);
+    CHECK(dt_version() == dt_version());
+}
+
 int main(void) {
+    test_version();
     test_bf16();
     test_f16();
     test_convert();
