@@ -219,8 +219,7 @@ dt_status dt_dataset_open_csv(dt_dataset **out, const char *path, const dt_csv_o
                 rows.y[rows.n] = (int32_t)v;
                 continue;
             }
-            if (rows.u8 && !(v >= 0 && v <= 255 && v == floor(v)))
-                DT_TRY_GOTO(st = rows_to_f32(&rows, path, base + k), done);
+            if (rows.u8 && !(v >= 0 && v <= 255 && v == floor(v)) && (st = rows_to_f32(&rows, path, base + k)) != DT_OK) goto done;
             if (rows.u8) rows.u8[base + k++] = (uint8_t)v;
             else rows.f32[base + k++] = (float)v;
         }
