@@ -2,7 +2,8 @@
  * everything used here, dt_model_build included, in C and in C++), and checks the contracts an
  * embedder relies on: dt_model_build gives a model initialised as dt_model_init(DT_MODEL_BUILD_SEED)
  * would (not all zeros), and dt_trainer_evaluate without a test set is an error that says so,
- * while with one it gives finite figures; dt_version() is the headers' DTRAIN_VERSION. Prints one "ok: ..." or "FAIL: ..." line per check. */
+ * while with one it gives finite figures; dt_version() is the headers' DTRAIN_VERSION. Prints one
+ * "ok: ..." or "FAIL: ..." line per check. */
 #include <dtrain/dtrain.h>
 
 #include <math.h>
