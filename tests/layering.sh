@@ -27,4 +27,23 @@ for layer in "${!FORBID[@]}"; do
   done
 done
 [ $fails -eq 0 ] && ok "no layer includes a higher one"
+
+# scripts/house-figures (issue 38's size figures) on a planted tree whose figures are known:
+# 2 public functions, a 3-line function (brace to brace) longer than a 1-line one, and of two
+# lines at 120 and 121 columns, 1 over 120.
+fig=$TMP/house  # testlib's TMP: removed on exit
+mkdir -p "$fig/include/dtrain" "$fig/src/core"
+printf '/* h */\nint dt_a(void);\nvoid dt_b(int x,\n          int y);\ntypedef int (*dt_fn)(void);\n' >"$fig/include/dtrain/x.h"
+{ printf 'static int one(void) { return 1; }\nint three(int x)\n{\n    return x;\n}\n'
+  printf '/* %0114d */\n/* %0115d */\n' 0 0; } >"$fig/src/core/x.c"  # 120 and 121 columns
+line=$(python3 "$ROOT/scripts/house-figures" "$fig" | grep '^house-figures: ')
+if echo "${line#house-figures: }" | python3 -c 'import json,sys; f=json.load(sys.stdin)
+sys.exit(not (f["public_functions"] == 2 and f["lines_over_120"] == 1 and f["functions"] == 2
+              and f["longest"][0]["name"] == "three" and f["longest"][0]["lines"] == 3))'; then
+  ok "house-figures counts a planted tree right: $line"
+else
+  bad "house-figures on a planted tree (2 public functions, longest 'three' 3 lines, 1 wide line) printed: '$line'"
+fi
+line=$(python3 "$ROOT/scripts/house-figures" "$ROOT" | grep '^house-figures: {"public_functions":[1-9]')
+if [ -n "$line" ]; then ok "house-figures on this tree: ${line:0:120}..."; else bad "scripts/house-figures printed no figures for $ROOT"; fi
 finish

@@ -36,6 +36,11 @@ for p in embed-c embed-cxx; do
   [ $rc -eq 0 ] && grep -q "^ok:" <<<"$out" || bad "$p exited $rc: $(tail -5 <<<"$out")"
 done
 
+# ---- dtrain --version reports the library's version (dt_version) ----
+ver=$(sed -n 's/^#define DTRAIN_VERSION "\(.*\)"/\1/p' "$ROOT/include/dtrain/dtrain.h")
+out=$($DT --version 2>&1)
+[ "$out" = "dtrain $ver" ] && ok "dtrain --version prints '$out'" || bad "dtrain --version printed '$out', not 'dtrain $ver'"
+
 # ---- docs/library.md: every public function, with its signature and contract ----
 out=$(python3 "$ROOT/scripts/library-ref" --check "$ROOT" 2>&1) && ok "docs/library.md: $out" || bad "$out"
 finish

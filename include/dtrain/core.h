@@ -47,12 +47,29 @@ int dt_last_error_peer(void);
 /* Sets (or with -1 forgets) the peer of the current last error, e.g. after copying the message over. */
 void dt_error_set_peer(int peer);
 
+/* DT_TRY(x): returns x's status from the calling function when it is not DT_OK. */
 #define DT_TRY(x)                         \
     do {                                  \
         dt_status dt_try_s_ = (x);        \
         if (dt_try_s_ != DT_OK)           \
             return dt_try_s_;             \
     } while (0)
+
+/* DT_TRY_GOTO(x, label): jumps to label (the function's cleanup) when x is not DT_OK. Write the
+ * assignment inside to keep the status for the cleanup to return:
+ *     DT_TRY_GOTO(s = dt_loader_create(&l, ds, &lc), fail);
+ * x is evaluated once. */
+#define DT_TRY_GOTO(x, label)             \
+    do {                                  \
+        if ((x) != DT_OK)                 \
+            goto label;                   \
+    } while (0)
+
+/* ---- version ------------------------------------------------------------------------------ */
+
+/* The library's version ("0.1.0"): DTRAIN_VERSION (dtrain/dtrain.h) as it was when the library was
+ * built, for an embedder to compare with the headers it compiled with. A static string. */
+const char *dt_version(void);
 
 /* ---- dtypes ------------------------------------------------------------------------------- */
 

@@ -90,7 +90,7 @@ int main(int argc, char **argv) {
         return argc < 2 ? 2 : 0;
     }
     if (!strcmp(argv[1], "--version")) {
-        printf("dtrain %s\n", DTRAIN_VERSION);
+        printf("dtrain %s\n", dt_version());  /* the library's version, as linked */
         return 0;
     }
     for (const dt_command *c = g_commands; c->name; c++)

@@ -3,6 +3,7 @@
 #include "core/sys.h"
 #include "core/test.h"
 #include "dtrain/core.h"
+#include "dtrain/dtrain.h" /* DTRAIN_VERSION */
 
 #include <string.h>
 
@@ -162,7 +163,37 @@ static void test_path_dir(void) {
     CHECK(dt_path_dir(small, sizeof small, "x") == 1 && !strcmp(small, "."));
 }
 
+/* dt_version is the header's DTRAIN_VERSION (the library and its headers agree), as a static string. */
+static void test_version(void) {
+    CHECK(dt_version() != NULL && strcmp(dt_version(), DTRAIN_VERSION) == 0);
+    CHECK(dt_version() == dt_version());
+}
+
+/* DT_TRY_GOTO: a failing step jumps to the cleanup with its status kept; each step runs once. */
+static int g_steps;
+static dt_status step(dt_status s) { g_steps++; return s; }
+static dt_status two_steps(dt_status first, dt_status second, bool *cleaned) {
+    dt_status s;
+    DT_TRY_GOTO(s = step(first), fail);
+    DT_TRY_GOTO(s = step(second), fail);
+    return DT_OK;
+fail:
+    *cleaned = true;
+    return s;
+}
+static void test_try_goto(void) {
+    bool cleaned = false;
+    g_steps = 0;
+    CHECK(two_steps(DT_OK, DT_OK, &cleaned) == DT_OK && !cleaned && g_steps == 2);
+    g_steps = 0;
+    CHECK(two_steps(DT_EIO, DT_OK, &cleaned) == DT_EIO && cleaned && g_steps == 1);
+    cleaned = false, g_steps = 0;
+    CHECK(two_steps(DT_OK, DT_ENOMEM, &cleaned) == DT_ENOMEM && cleaned && g_steps == 2);
+}
+
 int main(void) {
+    test_version();
+    test_try_goto();
     test_bf16();
     test_f16();
     test_convert();

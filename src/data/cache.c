@@ -210,7 +210,7 @@ static dt_status build(const char *dir, const char *file, cache_header *h, const
     char tmp[PATH_MAX + 16];
     int fd = -1;
     void *m = MAP_FAILED;
-    if ((st = dt_idx_pair_shape(&im, &lb, images_path, labels_path, &C, &H, &W)) != DT_OK) goto out;
+    DT_TRY_GOTO(st = dt_idx_pair_shape(&im, &lb, images_path, labels_path, &C, &H, &W), out);
     h->idx_type = code_of_type(im.dtype);
     h->C = (uint32_t)C, h->H = (uint32_t)H, h->W = (uint32_t)W;
     h->n = (uint64_t)im.dims[0];
@@ -248,8 +248,7 @@ static dt_status build(const char *dir, const char *file, cache_header *h, const
         dt_log(DT_LOG_INFO, "data cache: cannot map %s (%s): decoding privately", tmp, strerror(errno));
         goto out;
     }
-    st = dt_idx_read_body(&s, &im, (char *)m + h->x_off);
-    if (st != DT_OK) goto out;
+    DT_TRY_GOTO(st = dt_idx_read_body(&s, &im, (char *)m + h->x_off), out);
     dt_convert((char *)m + h->y_off, DT_I32, lb.data, lb.dtype, h->n);
     h->payload_crc = crc_bytes(0, (char *)m + h->x_off, h->file_bytes - h->x_off);
     h->header_crc = dt_cache_header_crc(h);

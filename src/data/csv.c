@@ -191,7 +191,7 @@ dt_status dt_dataset_open_csv(dt_dataset **out, const char *path, const dt_csv_o
             st = dt_error(DT_EFORMAT, "%s:%zu: %d fields, expected %d (as on line %zu)", path, r.lineno, nf, ncols, first_line);
             goto done;
         }
-        if (rows.n == rows.cap && (st = rows_grow(&rows, path)) != DT_OK) goto done;
+        if (rows.n == rows.cap) DT_TRY_GOTO(st = rows_grow(&rows, path), done);
         if (rows.n >= UINT32_MAX) {
             st = dt_error(DT_EFORMAT, "%s:%zu: more than 2^32-1 rows", path, r.lineno);
             goto done;
@@ -249,7 +249,7 @@ dt_status dt_dataset_open_csv(dt_dataset **out, const char *path, const dt_csv_o
     bool scale = o.scale == DT_CSV_YES || (o.scale == DT_CSV_AUTO && ds->dtype == DT_U8);
     ds->scale = scale ? 1.0 / 255 : 1.0;
     snprintf(ds->source, sizeof ds->source, "%s", path);
-    if ((st = dt_dataset_check_labels(ds, o.classes, path)) != DT_OK) goto done;
+    DT_TRY_GOTO(st = dt_dataset_check_labels(ds, o.classes, path), done);
     dt_dataset_update_lut(ds);
     *out = ds;
     ds = NULL;

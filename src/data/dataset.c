@@ -314,7 +314,7 @@ dt_status dt_dataset_open_idx(dt_dataset **out, const char *images_path, const c
     }
     dt_dataset *ds = NULL;
     int C, H, W;
-    if ((st = dt_idx_pair_shape(&im, &lb, images_path, labels_path, &C, &H, &W)) != DT_OK) goto fail;
+    DT_TRY_GOTO(st = dt_idx_pair_shape(&im, &lb, images_path, labels_path, &C, &H, &W), fail);
     if (!(ds = dt_dataset_alloc())) {
         st = DT_ENOMEM;
         goto fail;
@@ -328,7 +328,7 @@ dt_status dt_dataset_open_idx(dt_dataset **out, const char *images_path, const c
     ds->x = im.data; /* keep the compact data as read: no copy */
     im.data = NULL;
     ds->targets = targets;
-    if (!targets && (st = dt_dataset_check_labels(ds, 0, labels_path)) != DT_OK) goto fail;
+    if (!targets) DT_TRY_GOTO(st = dt_dataset_check_labels(ds, 0, labels_path), fail);
     dt_dataset_update_lut(ds);
     dt_idx_free(&im);
     dt_idx_free(&lb);

@@ -226,10 +226,10 @@ dt_status dt_dataset_open_text(dt_dataset **train, dt_dataset **val, const char 
         goto done;
     }
     size_t vlen = (size_t)floor((double)src.len * val_fraction), tlen = src.len - vlen;
-    if ((st = check_part(spec, &src, "train", tlen, T, val_fraction)) != DT_OK) goto done;
-    if (val_fraction > 0 && (st = check_part(spec, &src, "validation", vlen, T, val_fraction)) != DT_OK) goto done;
-    if (val_fraction > 0 && val && (st = make_set(&va, &src, tlen, vlen, T, false)) != DT_OK) goto done;
-    if ((st = make_set(&tr, &src, 0, tlen, T, true)) != DT_OK) goto done;
+    DT_TRY_GOTO(st = check_part(spec, &src, "train", tlen, T, val_fraction), done);
+    if (val_fraction > 0) DT_TRY_GOTO(st = check_part(spec, &src, "validation", vlen, T, val_fraction), done);
+    if (val_fraction > 0 && val) DT_TRY_GOTO(st = make_set(&va, &src, tlen, vlen, T, false), done);
+    DT_TRY_GOTO(st = make_set(&tr, &src, 0, tlen, T, true), done);
     *train = tr, tr = NULL;
     if (val) *val = va, va = NULL;
 done:

@@ -238,15 +238,15 @@ dt_status dt_tokens_open(dt_dataset **train, dt_dataset **val, const char *spec,
         uint64_t vlen = (uint64_t)floor((double)tl.ntok * val_fraction);
         tlen -= vlen;
         snprintf(vwhat, sizeof vwhat, "the last %llu tokens of %s, --val-fraction %g", (unsigned long long)vlen, what, val_fraction);
-        if ((s = check_part(spec, "validation", vwhat, vlen, T)) != DT_OK) goto done;
-        if (val && (s = make_set(&va, &tl, tlen, vlen, T, what)) != DT_OK) goto done;
+        DT_TRY_GOTO(s = check_part(spec, "validation", vwhat, vlen, T), done);
+        if (val) DT_TRY_GOTO(s = make_set(&va, &tl, tlen, vlen, T, what), done);
     } else if (val_fraction > 0) {
         describe(vwhat, sizeof vwhat, &vl, spec, "_val_");
-        if ((s = check_part(spec, "validation", vwhat, vl.ntok, T)) != DT_OK) goto done;
-        if (val && (s = make_set(&va, &vl, 0, vl.ntok, T, vwhat)) != DT_OK) goto done;
+        DT_TRY_GOTO(s = check_part(spec, "validation", vwhat, vl.ntok, T), done);
+        if (val) DT_TRY_GOTO(s = make_set(&va, &vl, 0, vl.ntok, T, vwhat), done);
     }
-    if ((s = check_part(spec, "train", what, tlen, T)) != DT_OK) goto done;
-    if ((s = make_set(&tr, &tl, 0, tlen, T, what)) != DT_OK) goto done;
+    DT_TRY_GOTO(s = check_part(spec, "train", what, tlen, T), done);
+    DT_TRY_GOTO(s = make_set(&tr, &tl, 0, tlen, T, what), done);
     *train = tr, tr = NULL;
     if (val) *val = va, va = NULL;
 done:

@@ -135,8 +135,8 @@ dt_status dt_evaluate_checkpoint(const char *checkpoint, const char *data, int b
         s = dt_error_wrap(DT_EFORMAT, "%s: its dtrain.model_spec", checkpoint); /* the file is wrong */
         goto done;
     }
-    if ((s = dt_checkpoint_restore(checkpoint, m, NULL, &info)) != DT_OK) goto done;
-    if ((s = dt_trainer_check_loss(m, ds, data)) != DT_OK) goto done;
+    DT_TRY_GOTO(s = dt_checkpoint_restore(checkpoint, m, NULL, &info), done);
+    DT_TRY_GOTO(s = dt_trainer_check_loss(m, ds, data), done);
     /* a label the model has no output for would make the loss NaN (and the accuracy a lie) */
     if (!dt_dataset_has_targets(ds) && (s = dt_dataset_set_classes((dt_dataset *)ds, dt_model_out_size(m))) != DT_OK) {
         s = dt_error_wrap(s, "--data %s does not fit the model of %s (%d outputs)", data, checkpoint,

@@ -85,7 +85,7 @@ dt_status dt_model_open(dt_model **m, const dt_model_source *src, int C, int H, 
                             src->checkpoint, info.C, info.H, info.W, C, H, W);
         s = dt_model_build(m, spec, info.C, info.H, info.W);
         if (s != DT_OK) return dt_error_wrap(DT_EFORMAT, "%s: its dtrain.model_spec", src->checkpoint);
-        if ((s = dt_checkpoint_restore(src->checkpoint, *m, NULL, &info)) != DT_OK) goto fail;
+        DT_TRY_GOTO(s = dt_checkpoint_restore(src->checkpoint, *m, NULL, &info), fail);
         if (info.has_norm) nm = (dt_input_norm){.on = true, .mean = info.norm_mean, .std = info.norm_std};
     } else {
         DT_TRY(dt_model_build(m, spec, C, H, W));

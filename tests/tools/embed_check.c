@@ -2,7 +2,8 @@
  * everything used here, dt_model_build included, in C and in C++), and checks the contracts an
  * embedder relies on: dt_model_build gives a model initialised as dt_model_init(DT_MODEL_BUILD_SEED)
  * would (not all zeros), and dt_trainer_evaluate without a test set is an error that says so,
- * while with one it gives finite figures. Prints one "ok: ..." or "FAIL: ..." line per check. */
+ * while with one it gives finite figures; dt_version() is the headers' DTRAIN_VERSION. Prints one
+ * "ok: ..." or "FAIL: ..." line per check. */
 #include <dtrain/dtrain.h>
 
 #include <math.h>
@@ -51,6 +52,7 @@ static dt_status train_eval(dt_dataset *tr, dt_dataset *te, float *loss, float *
 }
 
 int main(void) {
+    check(strcmp(dt_version(), DTRAIN_VERSION) == 0, "dt_version() is the headers' DTRAIN_VERSION");
     check_build("mlp", 1, 28, 28);
     check_build("gpt:L=1,H=2,C=16,T=8,V=32", 0, 0, 0);
     float x[64 * 4];
