@@ -248,6 +248,10 @@ typedef struct {
     /* Writes every option as KEY=VALUE,... (the canonical spec's inside); NULL: no options. */
     void (*format)(const void *opts, char *out, size_t cap);
     bool needs_comm;          /* true: more than one rank; false: one process only */
+    /* true: it touches model memory only through the device (device/device.h), so it runs on a
+     * device other than cpu (ddp stages its buckets through host buffers and refuses its options
+     * that do not yet: see ddp.c); false: --device cpu only */
+    bool device_neutral;
     /* Optional: this rank's part of the data when it is not (rank of size) and no servers
      * (pp: the stages of a pipeline share their samples, so rank / stages of size / stages). */
     void (*data_part)(const void *opts, int rank, int size, int *data_rank, int *data_world);

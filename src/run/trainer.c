@@ -351,12 +351,11 @@ dt_status dt_trainer_check_loss(const dt_model *m, const dt_dataset *ds, const c
 }
 
 /* --device: the model and optimizer moved onto it (before initialisation: the initial values are
- * uploaded). The single strategy and plain ddp (its buckets staged through host buffers; ddp
- * refuses its other options itself) are device-neutral so far. */
+ * uploaded), for a strategy whose registry entry says it is device-neutral. */
 static dt_status move_to_device(dt_trainer *t, const dt_strategy_entry *se, const char *resume) {
     const char *spec = t->cfg.device;
     if (!spec || !strcmp(spec, "cpu")) return DT_OK;
-    if (strcmp(se->name, "single") && strcmp(se->name, "ddp"))
+    if (!se->device_neutral)
         return dt_error(DT_ENOTSUP, "--device %s: only the single strategy and plain ddp run on it so far (the "
                         "%s strategy's sharding and staging still touch model memory from the host); use --device "
                         "cpu", spec, se->name);
