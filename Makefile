@@ -61,7 +61,7 @@ EXAMPLE_BIN := $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*
 VERSION := $(shell sed -n 's/^\#define DTRAIN_VERSION "\(.*\)"/\1/p' include/dtrain/dtrain.h)
 SOMAJOR := $(firstword $(subst ., ,$(VERSION)))
 
-.PHONY: all lib test test-unit test-asan demo clean fixtures print-ldlibs fuzz fuzz-build fuzz-bins print-fuzz-targets
+.PHONY: all lib test test-unit test-asan test-trees valgrind-build demo clean fixtures print-ldlibs fuzz fuzz-build fuzz-bins print-fuzz-targets
 all: $(BUILD)/dtrain $(BUILD)/libdtrain.a $(BUILD)/libdtrain.so $(TEST_BIN)
 # the examples and the man page are part of every build
 all: $(EXAMPLE_BIN) $(BUILD)/dtrain.1
@@ -140,19 +140,31 @@ $(BUILD)/dtrain.1: $(BUILD)/dtrain
 JOBS ?= $(shell nproc 2>/dev/null || echo 1)
 PAR = $(if $(filter -j%,$(MAKEFLAGS)),,-j$(JOBS))
 
-# The whole suite: unit tests, integration scripts (tests/*.sh), then the sanitizer subset.
+# The whole suite: unit tests, integration scripts (tests/*.sh), then the sanitizer subset. The
+# other trees the suite needs (fuzz, valgrind, ASan) are built meanwhile at the lowest priority, on
+# the CPU time the tests leave idle; each tree's build holds its lock (BUILD_LOCK), so a test that
+# needs a tree waits for that build instead of racing it. Their output: $(BUILD)/test-trees.log.
+BUILD_LOCK = mkdir -p $(1) && flock $(1)/.build-lock
 test:
 	@$(MAKE) --no-print-directory $(PAR) all
-	@tests/run-tests $(BUILD); a=$$?; \
+	@nice -n 19 $(MAKE) --no-print-directory test-trees >$(BUILD)/test-trees.log 2>&1 & trees=$$!; \
+	tests/run-tests $(BUILD); a=$$?; wait $$trees; \
 	$(MAKE) --no-print-directory test-asan; b=$$?; \
 	echo "===="; tests/run-tests --total $(BUILD) build-asan && [ $$a -eq 0 ] && [ $$b -eq 0 ]
+
+# The trees `make test` needs besides $(BUILD), in the order its tests reach them; a failure here is
+# reported again by the test that needs the tree (tests/fuzz.sh, tests/valgrind.sh, test-asan).
+test-trees:
+	-@command -v clang >/dev/null && $(MAKE) --no-print-directory fuzz-build
+	-@$(MAKE) --no-print-directory valgrind-build
+	-@$(call BUILD_LOCK,build-asan) $(MAKE) --no-print-directory $(PAR) BUILD=build-asan SAN=1 OPT=-O1 all
 
 test-unit: all
 	tests/run-tests $(BUILD) unit
 
 # ASan+UBSan build in its own tree (build-asan/): every unit test and integration script.
 test-asan:
-	$(MAKE) --no-print-directory $(PAR) BUILD=build-asan SAN=1 OPT=-O1 all
+	@$(call BUILD_LOCK,build-asan) $(MAKE) --no-print-directory $(PAR) BUILD=build-asan SAN=1 OPT=-O1 all
 	DTRAIN_SANITIZED=1 tests/run-tests build-asan
 
 # The demo: the packages, the command and its man page (a short build report; the compiler's
@@ -177,7 +189,7 @@ fuzz: fuzz-build
 	tests/fuzz-run $(FUZZ_BUILD) $(FUZZ_SECONDS) $(FUZZ_TIMEOUT) $(FUZZ_TARGETS)
 
 fuzz-build:
-	@$(MAKE) --no-print-directory $(PAR) BUILD=$(FUZZ_BUILD) CC=clang SAN=1 MPI=0 OPT="-O1 -gline-tables-only" \
+	@$(call BUILD_LOCK,$(FUZZ_BUILD)) $(MAKE) --no-print-directory $(PAR) BUILD=$(FUZZ_BUILD) CC=clang SAN=1 MPI=0 OPT="-O1 -gline-tables-only" \
 	  EXTRA_CFLAGS=-fsanitize=fuzzer-no-link fuzz-bins
 
 fuzz-bins: $(FUZZ_TARGETS:%=$(BUILD)/fuzz_%)
@@ -187,6 +199,14 @@ print-fuzz-targets:
 
 $(BUILD)/fuzz_%: fuzz/fuzz_%.c fuzz/fuzz_common.h $(BUILD)/libdtrain.a
 	$(CC) $(CFLAGS) -I. -fsanitize=fuzzer -o $@ $< $(BUILD)/libdtrain.a $(LDFLAGS) $(LDLIBS)
+
+# The portable tree (x86-64-v2, build-vg/): the command tests/valgrind.sh runs (valgrind 3.19
+# cannot execute AVX-512, which -march=native may emit) and the blocked-kernel tests that
+# tests/kernels.sh runs at 4 lanes.
+VG_TESTS := conv_pool_test blocked_test blocked_bf16_test
+valgrind-build:
+	@$(call BUILD_LOCK,build-vg) $(MAKE) --no-print-directory $(PAR) BUILD=build-vg OPT="-O1 -march=x86-64-v2" \
+	  build-vg/dtrain $(VG_TESTS:%=build-vg/tests/%)
 
 # `make client`: the stand-alone federated-learning client for an edge box, without MPI (and, like
 # the whole build, without oneDNN): build-client/dtrain-fl-client (the fl-client command alone).

@@ -5,7 +5,7 @@ if ! command -v valgrind >/dev/null; then echo "skip: valgrind not installed"; e
 if [ -n "${DTRAIN_SANITIZED:-}" ]; then echo "skip: sanitizer build"; exit 77; fi
 # valgrind 3.19 cannot execute AVX-512, which -march=native may emit: build a portable copy.
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-make -s -j"$(nproc)" -C "$ROOT" BUILD=build-vg OPT="-O1 -march=x86-64-v2" build-vg/dtrain >"$TMP/build.log" 2>&1 \
+make -s -C "$ROOT" valgrind-build >"$TMP/build.log" 2>&1 \
   || { cat "$TMP/build.log"; echo "FAIL: cannot build build-vg/dtrain"; exit 1; }
 DT="$ROOT/build-vg/dtrain"
 python3 - "$TMP" <<'PY'
