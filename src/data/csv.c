@@ -140,121 +140,136 @@ static dt_status rows_to_f32(csv_rows *r, const char *path, size_t filled) {
     return DT_OK;
 }
 
+/* The CSV's layout, fixed by its first non-blank line. */
+typedef struct {
+    int ncols, lc;       /* columns; the label's (0-based) */
+    size_t first_line;   /* the line that fixed them, for messages */
+} csv_layout;
+
+/* The first non-blank line (`nf` fields): the layout, the sample shape against the features, and
+ * whether the line is a header (*header). */
+static dt_status csv_first_line(csv_layout *L, csv_rows *rows, const dt_csv_options *o, const char *path,
+                                size_t lineno, char *line, int nf, bool *header) {
+    L->ncols = nf;
+    L->first_line = lineno;
+    L->lc = o->label_col < 0 ? nf + o->label_col : o->label_col;
+    if (nf < 2 || L->lc < 0 || L->lc >= nf)
+        return dt_error(DT_EFORMAT, "%s:%zu: %d columns: need a label column (index %d) and at least one feature", path,
+                        lineno, nf, o->label_col);
+    rows->F = (size_t)nf - 1;
+    if (o->shape[0] || o->shape[1] || o->shape[2]) {
+        long long prod = (long long)o->shape[0] * o->shape[1] * o->shape[2];
+        if (o->shape[0] <= 0 || o->shape[1] <= 0 || o->shape[2] <= 0 || prod != (long long)rows->F)
+            return dt_error(DT_EINVAL, "%s: sample shape (%d,%d,%d) does not match the %zu features per row", path,
+                            o->shape[0], o->shape[1], o->shape[2], rows->F);
+    }
+    *header = o->header == DT_CSV_YES;
+    if (o->header == DT_CSV_AUTO) {  /* a header: some field of the first line is not a number */
+        char *p = line;
+        double v;
+        const char *fs;
+        int fl;
+        for (int c = 0; c < nf && !*header; c++) *header = !parse_field(&p, &v, &fs, &fl);
+    }
+    return DT_OK;
+}
+
+/* The label column's value v (field fs of length fl, column c): a class index. */
+static dt_status csv_label(int32_t *y, double v, const char *fs, int fl, int c, int classes, const char *path,
+                           size_t lineno) {
+    if (v != floor(v) || v < 0 || v > INT32_MAX || (classes > 0 && v >= classes)) {
+        if (classes > 0)
+            return dt_error(DT_EFORMAT, "%s:%zu: label '%.*s' (column %d) is not a class index in [0, %d)", path,
+                            lineno, fl, fs, c + 1, classes);
+        return dt_error(DT_EFORMAT, "%s:%zu: label '%.*s' (column %d) is not a class index (0, 1, ...)", path, lineno,
+                        fl, fs, c + 1);
+    }
+    *y = (int32_t)v;
+    return DT_OK;
+}
+
+/* One data row (`nf` fields) appended to rows: its label and features (u8 until a value needs f32). */
+static dt_status csv_row(csv_rows *rows, const csv_layout *L, int classes, const char *path, size_t lineno,
+                         char *line, int nf) {
+    if (nf != L->ncols)
+        return dt_error(DT_EFORMAT, "%s:%zu: %d fields, expected %d (as on line %zu)", path, lineno, nf, L->ncols,
+                        L->first_line);
+    if (rows->n == rows->cap) DT_TRY(rows_grow(rows, path));
+    if (rows->n >= UINT32_MAX) return dt_error(DT_EFORMAT, "%s:%zu: more than 2^32-1 rows", path, lineno);
+    char *p = line;
+    size_t base = rows->n * rows->F, k = 0;
+    for (int c = 0; c < L->ncols; c++) {
+        double v;
+        const char *fs;
+        int fl;
+        if (!parse_field(&p, &v, &fs, &fl))
+            return dt_error(DT_EFORMAT, "%s:%zu: column %d: '%.*s' is not a number", path, lineno, c + 1,
+                            fl > 40 ? 40 : fl, fs);
+        if (c == L->lc) {
+            DT_TRY(csv_label(&rows->y[rows->n], v, fs, fl, c, classes, path, lineno));
+            continue;
+        }
+        if (rows->u8 && !(v >= 0 && v <= 255 && v == floor(v))) DT_TRY(rows_to_f32(rows, path, base + k));
+        if (rows->u8) rows->u8[base + k++] = (uint8_t)v;
+        else rows->f32[base + k++] = (float)v;
+    }
+    rows->n++;
+    return DT_OK;
+}
+
+/* The data set made of the rows read (which it takes over: rows' arrays are NULL after). */
+static dt_status csv_dataset(dt_dataset **out, csv_rows *rows, const dt_csv_options *o, const char *path) {
+    if (rows->n == 0) return dt_error(DT_EFORMAT, "%s: no data rows", path);
+    dt_dataset *ds = dt_dataset_alloc();
+    if (!ds) return DT_ENOMEM;
+    ds->n = rows->n;
+    ds->D = rows->F;
+    ds->C = o->shape[0] ? o->shape[0] : 1;
+    ds->H = o->shape[0] ? o->shape[1] : 1;
+    ds->W = o->shape[0] ? o->shape[2] : (int)rows->F;
+    ds->dtype = rows->u8 ? DT_U8 : DT_F32;
+    ds->x = rows->u8 ? (void *)rows->u8 : (void *)rows->f32;
+    ds->y = rows->y;
+    rows->u8 = NULL, rows->f32 = NULL, rows->y = NULL;
+    bool scale = o->scale == DT_CSV_YES || (o->scale == DT_CSV_AUTO && ds->dtype == DT_U8);
+    ds->scale = scale ? 1.0 / 255 : 1.0;
+    snprintf(ds->source, sizeof ds->source, "%s", path);
+    dt_status st = dt_dataset_check_labels(ds, o->classes, path);
+    if (st != DT_OK) {
+        dt_dataset_free(ds);
+        return st;
+    }
+    dt_dataset_update_lut(ds);
+    *out = ds;
+    return DT_OK;
+}
+
 dt_status dt_dataset_open_csv(dt_dataset **out, const char *path, const dt_csv_options *opt) {
     *out = NULL;
     dt_csv_options o = opt ? *opt : (dt_csv_options){0};
     line_reader r = {.cap = 1 << 20};
     csv_rows rows = {0};
-    dt_dataset *ds = NULL;
+    csv_layout L = {0};
     DT_TRY(dt_stream_open(&r.s, path));
     dt_status st = DT_OK;
     if (!(r.buf = malloc(r.cap))) {
         st = dt_error(DT_ENOMEM, "%s: out of memory for the line buffer", path);
         goto done;
     }
-    int ncols = 0, lc = 0;
-    size_t first_line = 0;
     char *line;
     int rc;
     while ((rc = next_line(&r, &line)) > 0) {
         if (is_blank(line)) continue;
         int nf = count_fields(line);
-        if (!ncols) {  /* first non-blank line: column count and header decision */
-            ncols = nf;
-            first_line = r.lineno;
-            lc = o.label_col < 0 ? ncols + o.label_col : o.label_col;
-            if (ncols < 2 || lc < 0 || lc >= ncols) {
-                st = dt_error(DT_EFORMAT, "%s:%zu: %d columns: need a label column (index %d) and at least one feature", path, r.lineno,
-                              ncols, o.label_col);
-                goto done;
-            }
-            rows.F = (size_t)ncols - 1;
-            if (o.shape[0] || o.shape[1] || o.shape[2]) {
-                long long prod = (long long)o.shape[0] * o.shape[1] * o.shape[2];
-                if (o.shape[0] <= 0 || o.shape[1] <= 0 || o.shape[2] <= 0 || prod != (long long)rows.F) {
-                    st = dt_error(DT_EINVAL, "%s: sample shape (%d,%d,%d) does not match the %zu features per row", path, o.shape[0],
-                                  o.shape[1], o.shape[2], rows.F);
-                    goto done;
-                }
-            }
-            bool header = o.header == DT_CSV_YES;
-            if (o.header == DT_CSV_AUTO) {
-                char *p = line;
-                double v;
-                const char *fs;
-                int fl;
-                for (int c = 0; c < ncols && !header; c++) header = !parse_field(&p, &v, &fs, &fl);
-            }
+        if (!L.ncols) {
+            bool header = false;
+            DT_TRY_GOTO(st = csv_first_line(&L, &rows, &o, path, r.lineno, line, nf, &header), done);
             if (header) continue;
         }
-        if (nf != ncols) {
-            st = dt_error(DT_EFORMAT, "%s:%zu: %d fields, expected %d (as on line %zu)", path, r.lineno, nf, ncols, first_line);
-            goto done;
-        }
-        if (rows.n == rows.cap) DT_TRY_GOTO(st = rows_grow(&rows, path), done);
-        if (rows.n >= UINT32_MAX) {
-            st = dt_error(DT_EFORMAT, "%s:%zu: more than 2^32-1 rows", path, r.lineno);
-            goto done;
-        }
-        char *p = line;
-        size_t base = rows.n * rows.F, k = 0;
-        for (int c = 0; c < ncols; c++) {
-            double v;
-            const char *fs;
-            int fl;
-            if (!parse_field(&p, &v, &fs, &fl)) {
-                st = dt_error(DT_EFORMAT, "%s:%zu: column %d: '%.*s' is not a number", path, r.lineno, c + 1, fl > 40 ? 40 : fl, fs);
-                goto done;
-            }
-            if (c == lc) {
-                if (v != floor(v) || v < 0 || v > INT32_MAX || (o.classes > 0 && v >= o.classes)) {
-                    if (o.classes > 0)
-                        st = dt_error(DT_EFORMAT, "%s:%zu: label '%.*s' (column %d) is not a class index in [0, %d)", path, r.lineno, fl, fs,
-                                      c + 1, o.classes);
-                    else
-                        st = dt_error(DT_EFORMAT, "%s:%zu: label '%.*s' (column %d) is not a class index (0, 1, ...)", path, r.lineno, fl,
-                                      fs, c + 1);
-                    goto done;
-                }
-                rows.y[rows.n] = (int32_t)v;
-                continue;
-            }
-            if (rows.u8 && !(v >= 0 && v <= 255 && v == floor(v)) && (st = rows_to_f32(&rows, path, base + k)) != DT_OK) goto done;
-            if (rows.u8) rows.u8[base + k++] = (uint8_t)v;
-            else rows.f32[base + k++] = (float)v;
-        }
-        rows.n++;
+        DT_TRY_GOTO(st = csv_row(&rows, &L, o.classes, path, r.lineno, line, nf), done);
     }
-    if (rc < 0) {
-        st = DT_EFORMAT;
-        goto done;
-    }
-    if (rows.n == 0) {
-        st = dt_error(DT_EFORMAT, "%s: no data rows", path);
-        goto done;
-    }
-    if (!(ds = dt_dataset_alloc())) {
-        st = DT_ENOMEM;
-        goto done;
-    }
-    ds->n = rows.n;
-    ds->D = rows.F;
-    ds->C = o.shape[0] ? o.shape[0] : 1;
-    ds->H = o.shape[0] ? o.shape[1] : 1;
-    ds->W = o.shape[0] ? o.shape[2] : (int)rows.F;
-    ds->dtype = rows.u8 ? DT_U8 : DT_F32;
-    ds->x = rows.u8 ? (void *)rows.u8 : (void *)rows.f32;
-    ds->y = rows.y;
-    rows.u8 = NULL, rows.f32 = NULL, rows.y = NULL;
-    bool scale = o.scale == DT_CSV_YES || (o.scale == DT_CSV_AUTO && ds->dtype == DT_U8);
-    ds->scale = scale ? 1.0 / 255 : 1.0;
-    snprintf(ds->source, sizeof ds->source, "%s", path);
-    DT_TRY_GOTO(st = dt_dataset_check_labels(ds, o.classes, path), done);
-    dt_dataset_update_lut(ds);
-    *out = ds;
-    ds = NULL;
+    st = rc < 0 ? DT_EFORMAT : csv_dataset(out, &rows, &o, path);
 done:
-    dt_dataset_free(ds);
     free(rows.u8);
     free(rows.f32);
     free(rows.y);
