@@ -109,14 +109,12 @@ typedef struct {
     bool strategy_from_ckpt;  /* --resume took the checkpoint's strategy spec (train_resume.h) */
 } train_opts;
 
-/* Parses argv into o; returns -1 to continue, else the exit status (help, bad flags). */
-static int parse_train_flags(int argc, char **argv, train_opts *o) {
-    *o = (train_opts){.cfg = dt_train_defaults(), .optimizer = "adam", .schedule = "constant", .backend = "auto",
-                      .lr = 1e-3f, .wd = -1, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .gamma = 0.1f,
-                      .seed = 42, .workers = 1, .max_restarts = 3, .val_fraction = 0.1f,
-                      .uneven = {.servers = 1, .sync_every = 8}};
+/* Room for every flag of train: each of the two tables below holds at most half. */
+#define TRAIN_MAX_FLAGS 96
+
+/* The flags of the model, data, optimizer and outputs (into o), appended to f from n; the new count. */
+static int train_flags_model(train_opts *o, dt_flag *f, int n) {
     dt_train_config *c = &o->cfg;
-    c->model = NULL; /* mlp, or the model of the checkpoint being resumed */
     const dt_flag flags[] = {
         {"data", DT_FLAG_STR, &c->data, "DIR", "IDX directory (train-*/t10k-* files), fashion-mnist, mnist, a .csv, npy:X.npy,Y.npy or npy:DIR (x_train.npy, y_train.npy, x_test.npy, y_test.npy); for a GPT: text:FILE, kjv or tokens:DIR (nanoGPT train.bin/val.bin, llm.c shards)"},
         {"model", DT_FLAG_STR, &c->model, "SPEC", "model spec or preset mlp, cnn, gpt[:L=4,H=4,C=128,T=64] (default mlp; when resuming, the checkpoint's)"},
@@ -156,6 +154,17 @@ static int parse_train_flags(int argc, char **argv, train_opts *o) {
         {"eval-every", DT_FLAG_I64, &c->eval_every, "STEPS", "also evaluate every STEPS steps (a line and a record), not only at each epoch's end"},
         {"eval-batches", DT_FLAG_I64, &c->eval_batches, "N", "each evaluation while training covers the first N batches of the test (and --val-split) set; 0 = all of it"},
         {"quiet", DT_FLAG_BOOL, &o->quiet, NULL, "no progress output, only the per-epoch lines"},
+    };
+    _Static_assert(sizeof flags / sizeof *flags <= TRAIN_MAX_FLAGS / 2, "raise TRAIN_MAX_FLAGS");
+    memcpy(f + n, flags, sizeof flags);
+    return n + (int)(sizeof flags / sizeof *flags);
+}
+
+/* The flags of the job: ranks, strategies, transport, checkpoints, memory (into o), appended to f
+ * from n; the new count. */
+static int train_flags_job(train_opts *o, dt_flag *f, int n) {
+    dt_train_config *c = &o->cfg;
+    const dt_flag flags[] = {
         {"workers", DT_FLAG_INT, &o->workers, "N", "run N local data-parallel worker processes"},
         {"tp", DT_FLAG_INT, &o->tp, "K", "tensor parallel GPT over K ranks (--strategy tp; with --pp: K ranks per stage); the rest of the ranks are data parallel"},
         {"strategy", DT_FLAG_STR, &c->strategy, "SPEC", "distribution strategy: ddp (default when > 1 rank), localsgd, ps, with options: ps(servers=2,staleness=4)"},
@@ -190,9 +199,16 @@ static int parse_train_flags(int argc, char **argv, train_opts *o) {
         {"early-stop", DT_FLAG_INT, &c->early_stop, "PATIENCE", "with --val-split: stop after PATIENCE epochs without a lower validation loss"},
         {"keep-best", DT_FLAG_BOOL, &c->keep_best, NULL, "with --val-split and --save: also write the best epoch's checkpoint (NAME.best.safetensors)"},
     };
-    int r = dt_flags_parse_help(argc, argv, 1, flags, (int)(sizeof flags / sizeof *flags), &dt_train_help, NULL, 0,
-                                NULL, NULL);
-    if (r) return r < 0 ? 2 : 0;
+    _Static_assert(sizeof flags / sizeof *flags <= TRAIN_MAX_FLAGS / 2, "raise TRAIN_MAX_FLAGS");
+    memcpy(f + n, flags, sizeof flags);
+    return n + (int)(sizeof flags / sizeof *flags);
+}
+
+/* The flags that depend on each other, once parsed: -1 = fine, else the exit status (after saying
+ * what is wrong). */
+static int check_train_flags(int argc, char **argv, train_opts *o) {
+    dt_train_config *c = &o->cfg;
+    int r;
     if (o->workers < 1) return dt_cli_usage(NULL, "--workers %d: need at least 1", o->workers);
     if (o->seed < 0) return dt_cli_usage("e.g. --seed 42", "--seed %lld: need an integer >= 0", (long long)o->seed);
     if (dt_cli_flag_given(argc, argv, "max-restarts") && !o->elastic)
@@ -221,6 +237,20 @@ static int parse_train_flags(int argc, char **argv, train_opts *o) {
     if ((r = dt_cli_mesh_parse(&mf, c)) != 0) return r;
     if ((r = dt_cli_pp_check_batch(c)) != 0) return r;
     return -1;
+}
+
+/* Parses argv into o; returns -1 to continue, else the exit status (help, bad flags). */
+static int parse_train_flags(int argc, char **argv, train_opts *o) {
+    *o = (train_opts){.cfg = dt_train_defaults(), .optimizer = "adam", .schedule = "constant", .backend = "auto",
+                      .lr = 1e-3f, .wd = -1, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .gamma = 0.1f,
+                      .seed = 42, .workers = 1, .max_restarts = 3, .val_fraction = 0.1f,
+                      .uneven = {.servers = 1, .sync_every = 8}};
+    o->cfg.model = NULL; /* mlp, or the model of the checkpoint being resumed */
+    dt_flag flags[TRAIN_MAX_FLAGS];
+    const int n = train_flags_job(o, flags, train_flags_model(o, flags, 0));
+    int r = dt_flags_parse_help(argc, argv, 1, flags, n, &dt_train_help, NULL, 0, NULL, NULL);
+    if (r) return r < 0 ? 2 : 0;
+    return check_train_flags(argc, argv, o);
 }
 
 /* Turns the optimizer and schedule flags into the trainer config (with --resume, the ones not
@@ -313,10 +343,9 @@ static int check_job_size(int argc, char **argv, const train_opts *o, int job_ra
     return 0;
 }
 
-/* One rank of a job (or a single process): the communicator comes from the environment. */
-static int run_rank(int argc, char **argv, train_opts *o, int job_ranks) {
-    dt_train_config cfg = o->cfg;
-    bool quiet = o->quiet;
+/* This rank's communicator, from the environment (--workers, dtrain launch, mpirun), checked against
+ * the flags: -1 = fine (*out set), else the exit status (after saying what is wrong). */
+static int open_rank_comm(int argc, char **argv, const train_opts *o, int job_ranks, dt_comm **out) {
     dt_comm_config cc = dt_comm_config_default();
     if (dt_backend_parse(o->backend, &cc.backend) != DT_OK)
         return dt_cli_usage("use --backend auto, shm or mpi", "%s", dt_last_error());
@@ -328,15 +357,20 @@ static int run_rank(int argc, char **argv, train_opts *o, int job_ranks) {
         dt_cli_fail("start ranks with --workers N, dtrain launch or mpirun", "%s", dt_last_error());
         return setup_exit(cs);
     }
-    int rank = dt_comm_rank(comm), world = dt_comm_size(comm);
-    int r = check_job_size(argc, argv, o, job_ranks, world);
+    int r = check_job_size(argc, argv, o, job_ranks, dt_comm_size(comm));
     if (r) {
         dt_comm_destroy(comm);
         return r;
     }
-    if (world > 1) cfg.comm = comm;
+    *out = comm;
+    return -1;
+}
+
+/* The strategy flags against the job's size: one process drops what needs several (saying so). */
+static void fit_strategy_to_world(int argc, char **argv, const train_opts *o, dt_train_config *cfg, int rank,
+                                  int world) {
     if (world == 1 && o->uneven.implicit_ddp) {  /* --bucket-mb, --compress, --zero of one process: nothing to do */
-        cfg.strategy = NULL;
+        cfg->strategy = NULL;
         if (o->uneven.zero_given && o->uneven.zero > 0)
             fprintf(stderr, "dtrain: note: --zero %d with one worker shards nothing (use --workers N)\n", o->uneven.zero);
         if (o->uneven.compress && strcmp(o->uneven.compress, "none"))
@@ -345,31 +379,96 @@ static int run_rank(int argc, char **argv, train_opts *o, int job_ranks) {
     }
     if (world == 1 && o->strategy_from_ckpt) {  /* the checkpoint's ddp/localsgd needs more ranks */
         fprintf(stderr, "dtrain: note: the checkpoint's --strategy %s needs more than one rank; this resume trains on "
-                "one (add --workers N to continue it)\n", cfg.strategy);
-        cfg.strategy = NULL;
+                "one (add --workers N to continue it)\n", cfg->strategy);
+        cfg->strategy = NULL;
     }
     /* --tp / --pp with --zero on exactly one model copy: the data-parallel axis ZeRO shards over is 1 rank */
-    if (world > 1 && rank == 0 && o->uneven.zero > 0 && dt_cli_flag_given(argc, argv, "zero") && cfg.strategy &&
-        dt_strategy_spec_data_world(cfg.strategy, world) == 1)
+    if (world > 1 && rank == 0 && o->uneven.zero > 0 && dt_cli_flag_given(argc, argv, "zero") && cfg->strategy &&
+        dt_strategy_spec_data_world(cfg->strategy, world) == 1)
         fprintf(stderr, "dtrain: note: --zero %d on one model copy (%d ranks) shards nothing: its data-parallel axis has "
                 "1 rank (use more copies, e.g. --workers %d)\n", o->uneven.zero, world, 2 * world);
-    dt_log_set_rank(world > 1 ? rank : -1);
-    if (rank != 0) quiet = true;
+}
+
+/* The trainer's callbacks: progress lines and records into pc (TensorBoard when asked, rank 0). */
+static int set_rank_reporting(const train_opts *o, dt_train_config *cfg, dt_train_progress *pc, int rank) {
+    const bool quiet = o->quiet || rank != 0;
     const bool tty = isatty(2) || (rank == 0 && getenv("DTRAIN_PROGRESS_TTY") && dt_comm_env_is_rank());
-    dt_train_progress pc = {.quiet = quiet, .tty = tty, .epochs = cfg.epochs, .eval_batches = cfg.eval_batches};
-    pc.predicted_step_s = cfg.predicted_step_s = dt_cli_plan_from_env(&cfg.plan_layout);  /* --strategy auto */
-    cfg.keep_sharded = true;  /* nothing reads the whole model after the run (tp, pp: it may not fit) */
-    cfg.on_progress = dt_train_print_progress;
-    cfg.on_epoch = dt_train_print_epoch;
-    cfg.on_note = dt_train_print_note;
-    cfg.on_step = dt_train_print_step;
-    cfg.cb_ctx = &pc;
-    if (o->tensorboard && rank == 0 && dt_tb_writer_create(&pc.tb, o->tensorboard) != DT_OK) {
-        dt_comm_destroy(comm);
+    *pc = (dt_train_progress){.quiet = quiet, .tty = tty, .epochs = cfg->epochs, .eval_batches = cfg->eval_batches};
+    pc->predicted_step_s = cfg->predicted_step_s = dt_cli_plan_from_env(&cfg->plan_layout);  /* --strategy auto */
+    cfg->keep_sharded = true;  /* nothing reads the whole model after the run (tp, pp: it may not fit) */
+    cfg->on_progress = dt_train_print_progress;
+    cfg->on_epoch = dt_train_print_epoch;
+    cfg->on_note = dt_train_print_note;
+    cfg->on_step = dt_train_print_step;
+    cfg->cb_ctx = pc;
+    if (o->tensorboard && rank == 0 && dt_tb_writer_create(&pc->tb, o->tensorboard) != DT_OK) {
         dt_cli_fail("give a directory you can write", "%s", dt_last_error());
         return DT_EXIT_OUTPUT;
     }
+    return -1;
+}
 
+/* The trainer for cfg, or the exit status (after saying what is wrong). */
+static int create_rank_trainer(dt_trainer **t, const dt_train_config *cfg) {
+    dt_status s = dt_trainer_create(t, cfg);
+    if (s == DT_OK) return -1;
+    *t = NULL;
+    /* an error that starts with its flag ("--batch 9 is ...: use ...") carries its own advice */
+    const char *hint = !strncmp(dt_last_error(), "--", 2) ? NULL
+                       : strstr(dt_last_error(), "data set") || strstr(dt_last_error(), "--data")
+                           ? "check --data (fashion-mnist, mnist, an IDX directory, a .csv file, text:FILE or kjv)"
+                       : strstr(dt_last_error(), "model spec") ? "see 'dtrain train --help' for the spec syntax"
+                                                               : NULL;
+    dt_cli_fail(hint, "%s", dt_last_error());
+    return setup_exit(s);
+}
+
+/* The exit status of a rank whose run ended with s (after saying why it stopped). */
+static int rank_failure_exit(dt_status s, int rank, int world) {
+    if (s == DT_EINTR) {
+        if (rank == 0) printf("dtrain: %s\n", dt_last_error());
+        return 0;
+    }
+    if (world == 1) return dt_cli_fail(NULL, "%s", dt_last_error());
+    if (s == DT_EPEER && dt_last_error_peer() >= 0) { /* it only followed: the culprit says why */
+        fprintf(stderr, "dtrain: stopped: world rank %d failed (see its message, or the launcher's)\n", dt_last_error_peer());
+        return DT_EXIT_PEER;
+    }
+    dt_cli_fail(NULL, "rank %d: %s", rank, dt_last_error());
+    /* stopped because another rank died or stalled: say so to the launcher */
+    return s == DT_EPEER || s == DT_ETIMEDOUT ? DT_EXIT_PEER : 1;
+}
+
+/* A finished run's closing lines. */
+static void print_rank_done(const dt_train_progress *pc, const dt_train_config *cfg, bool trained, int64_t last_step,
+                            int rank) {
+    if (pc->last.epoch > 0 && !isnan(pc->last.test_loss))
+        printf("dtrain: done: test accuracy %.4f, test loss %.4f after %lld steps (%.1fs)\n", pc->last.test_acc,
+               pc->last.test_loss, (long long)pc->last.global_step, pc->last.wall_s);
+    else if (pc->last.epoch > 0)
+        printf("dtrain: done: %lld steps (%.1fs); no test set to evaluate on (a --data with a test split, or "
+               "--val-split F)\n", (long long)pc->last.global_step, pc->last.wall_s);
+    if (!trained && rank == 0)
+        printf("dtrain: nothing to train: already at step %lld, the end of --epochs %d%s\n", (long long)last_step,
+               cfg->epochs, cfg->max_steps ? " or --max-steps" : "");
+    else if (cfg->save && !pc->quiet) printf("dtrain: checkpoint saved to %s\n", cfg->save);
+}
+
+/* One rank of a job (or a single process): the communicator comes from the environment. */
+static int run_rank(int argc, char **argv, train_opts *o, int job_ranks) {
+    dt_train_config cfg = o->cfg;
+    dt_comm *comm = NULL;
+    int r = open_rank_comm(argc, argv, o, job_ranks, &comm);
+    if (r >= 0) return r;
+    const int rank = dt_comm_rank(comm), world = dt_comm_size(comm);
+    if (world > 1) cfg.comm = comm;
+    fit_strategy_to_world(argc, argv, o, &cfg, rank, world);
+    dt_log_set_rank(world > 1 ? rank : -1);
+    dt_train_progress pc;
+    if ((r = set_rank_reporting(o, &cfg, &pc, rank)) >= 0) {
+        dt_comm_destroy(comm);
+        return r;
+    }
     /* from here on SIGTERM/SIGINT mean: finish the step, checkpoint, exit 0 (a second one kills).
      * Set before the trainer's set-up, so a signal that arrives while this rank still loads (the
      * launcher forwards it to every rank at once) is not lost: the run stops at its first chance.
@@ -377,59 +476,24 @@ static int run_rank(int argc, char **argv, train_opts *o, int job_ranks) {
     if (dt_cli_stop_on_signals(&g_stop) != 0)
         fprintf(stderr, "dtrain: warning: cannot start the signal thread (%s); SIGTERM may interrupt a kernel\n",
                 strerror(errno));
-    dt_trainer *t;
-    dt_status s = dt_trainer_create(&t, &cfg);
-    if (s != DT_OK) {
-        /* an error that starts with its flag ("--batch 9 is ...: use ...") carries its own advice */
-        const char *hint = !strncmp(dt_last_error(), "--", 2) ? NULL
-                           : strstr(dt_last_error(), "data set") || strstr(dt_last_error(), "--data")
-                               ? "check --data (fashion-mnist, mnist, an IDX directory, a .csv file, text:FILE or kjv)"
-                           : strstr(dt_last_error(), "model spec") ? "see 'dtrain train --help' for the spec syntax"
-                                                                   : NULL;
+    dt_trainer *t = NULL;
+    if ((r = create_rank_trainer(&t, &cfg)) >= 0 || (r = dt_cli_mem_limit_apply(o->mem_limit, rank)) != 0) {
+        if (r != 0 && t) dt_trainer_free(t);
         dt_comm_destroy(comm);
-        dt_cli_fail(hint, "%s", dt_last_error());
         dt_tb_writer_close(pc.tb);
-        return setup_exit(s);
-    }
-    if ((r = dt_cli_mem_limit_apply(o->mem_limit, rank)) != 0) {
-        dt_trainer_free(t);
-        dt_comm_destroy(comm);
         return r;
     }
     const int64_t first_step = dt_trainer_step(t);
-    if (!quiet) print_header(o, t, comm, world);
-    s = dt_trainer_run(t);
-    const bool trained = dt_trainer_step(t) > first_step;
+    if (!pc.quiet) print_header(o, t, comm, world);
+    dt_status s = dt_trainer_run(t);
     if (o->mem_limit && s == DT_OK)  /* the accounted peak (core/mem.c), not the OS's resident set */
         printf("dtrain: rank %d held at most %zu bytes of its --mem-limit %zu\n", rank, dt_mem_peak(), o->mem_limit);
     const int64_t last_step = dt_trainer_step(t);
     dt_trainer_free(t);
     dt_comm_destroy(comm);
     if (dt_tb_writer_close(pc.tb) != DT_OK && s == DT_OK) return dt_cli_fail("check the disk", "%s", dt_last_error());
-    if (s == DT_EINTR) {
-        if (rank == 0) printf("dtrain: %s\n", dt_last_error());
-        return 0;
-    }
-    if (s != DT_OK) {
-        if (world == 1) return dt_cli_fail(NULL, "%s", dt_last_error());
-        if (s == DT_EPEER && dt_last_error_peer() >= 0) { /* it only followed: the culprit says why */
-            fprintf(stderr, "dtrain: stopped: world rank %d failed (see its message, or the launcher's)\n", dt_last_error_peer());
-            return DT_EXIT_PEER;
-        }
-        dt_cli_fail(NULL, "rank %d: %s", rank, dt_last_error());
-        /* stopped because another rank died or stalled: say so to the launcher */
-        return s == DT_EPEER || s == DT_ETIMEDOUT ? DT_EXIT_PEER : 1;
-    }
-    if (pc.last.epoch > 0 && !isnan(pc.last.test_loss))
-        printf("dtrain: done: test accuracy %.4f, test loss %.4f after %lld steps (%.1fs)\n", pc.last.test_acc,
-               pc.last.test_loss, (long long)pc.last.global_step, pc.last.wall_s);
-    else if (pc.last.epoch > 0)
-        printf("dtrain: done: %lld steps (%.1fs); no test set to evaluate on (a --data with a test split, or "
-               "--val-split F)\n", (long long)pc.last.global_step, pc.last.wall_s);
-    if (!trained && rank == 0)
-        printf("dtrain: nothing to train: already at step %lld, the end of --epochs %d%s\n", (long long)last_step,
-               cfg.epochs, cfg.max_steps ? " or --max-steps" : "");
-    else if (cfg.save && !quiet) printf("dtrain: checkpoint saved to %s\n", cfg.save);
+    if (s != DT_OK) return rank_failure_exit(s, rank, world);
+    print_rank_done(&pc, &cfg, last_step > first_step, last_step, rank);
     return 0;
 }
 
