@@ -28,6 +28,24 @@ for layer in "${!FORBID[@]}"; do
 done
 [ $fails -eq 0 ] && ok "no layer includes a higher one"
 
+# Strategy knowledge stays in parallel/ (issue 38): no file above it tests a strategy's name
+# (strcmp against "ddp", "ps", ...); it asks the registry (dtrain/train.h dt_strategy_spec_class,
+# dt_strategy_spec_takes). name_tests DIR...: the offending lines.
+STRATEGY_NAMES=$(grep -h -A3 '^const dt_strategy_entry dt_strategy_[a-z0-9_]*_entry = {' "$ROOT"/src/parallel/*.c |
+  sed -n 's/.*\.name = "\([a-z0-9_]*\)".*/\1/p' | sort -u | paste -sd'|')
+name_tests() {
+  grep -nE "strn?cmp\([^;]*\"($STRATEGY_NAMES)\"" $(find "$@" -name '*.c' ! -name '*_test.c') 2>/dev/null
+}
+[ -n "$STRATEGY_NAMES" ] && ok "the strategy names, from the registry entries: $STRATEGY_NAMES" \
+  || bad "no strategy names found in src/parallel/*.c (.name = \"...\")"
+hits=$(name_tests "$ROOT"/src/{run,cli,plan,fl,models,nn,optim,data,comm,device,backend,core})
+[ -z "$hits" ] && ok "no file outside parallel/ tests a strategy's name" \
+  || bad "strategy names tested outside parallel/ (ask the registry instead): $hits"
+mkdir -p "$TMP/plant/run"
+printf 'static int f(const char *n) { return !strcmp(n, "localsgd"); }\n' >"$TMP/plant/run/x.c"
+[ -n "$(name_tests "$TMP/plant")" ] && ok "a planted strategy-name test outside parallel/ is found" \
+  || bad "the strategy-name check misses a planted strcmp(n, \"localsgd\")"
+
 # scripts/house-figures (issue 38's size figures) on a planted tree whose figures are known:
 # 2 public functions, a 3-line function (brace to brace) longer than a 1-line one, and of two
 # lines at 120 and 121 columns, 1 over 120.

@@ -40,7 +40,7 @@ else bad "ZeRO-3 step beyond the limit (plan $tot, gathered $gat; exit $rc): $ou
 
 expect_fail "--zero outside 0..3 is a usage error" "--zero 4: the ZeRO stage is 0, 1, 2 or 3" \
   $DT train --data "$TMP/d.csv" --workers 2 --zero 4
-expect_fail "--zero with another strategy" "only --strategy ddp shards with ZeRO" \
+expect_fail "--zero with another strategy" "only --strategy ddp, tp and pp shard with ZeRO" \
   $DT train --data "$TMP/d.csv" --workers 2 --strategy localsgd --zero 1
 
 # a sharded checkpoint (2 ranks, --zero 3): an index plus one shard per rank; `dtrain ckpt

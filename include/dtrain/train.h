@@ -234,6 +234,20 @@ dt_status dt_strategy_spec_add_option(const char *spec, const char *key, const c
 /* The strategies' spec syntax, one per line ("ddp(bucket_mb=MB)\n..."); static storage. */
 const char *dt_strategy_spec_help(void);
 
+/* The class (dtrain/workers.h dt_strategy_class) of spec's strategy (a name or a spec); DT_EINVAL as dt_strategy_spec_info. */
+dt_status dt_strategy_spec_class(const char *spec, dt_strategy_class *out);
+/* Whether spec's strategy takes option key (e.g. "compress"); false for a bad spec. */
+bool dt_strategy_spec_takes(const char *spec, const char *key);
+/* The names of the strategies that take option key, for a message: "ddp and localsgd" (into out,
+ * cap bytes; `last` joins the last two: "and", "or"); out. */
+const char *dt_strategy_takers(const char *key, const char *last, char *out, size_t cap);
+/* The names of the strategies of class c, joined as dt_strategy_takers. */
+const char *dt_strategy_names_of_class(dt_strategy_class c, const char *last, char *out, size_t cap);
+/* The strategy a job of world ranks runs when it names none: "single" for one, "ddp" for more. */
+const char *dt_strategy_spec_default(int world);
+/* Whether spec is one of those, written without options. */
+bool dt_strategy_spec_is_default(const char *spec);
+
 /* Where --keep-best writes the best epoch's checkpoint for --save path: "<stem>.best.safetensors"
  * for "<stem>.safetensors", else "<path>.best" (into out, cap bytes). */
 void dt_train_best_path(const char *save, char *out, size_t cap);

@@ -306,7 +306,7 @@ static void print_header(const train_opts *o, dt_trainer *t, dt_comm *comm, int 
         printf("dtrain: note: --threads %d on %ld cores: the threads take turns on them (slower than --threads %ld)\n",
                c->threads, cores, cores);
     char spec[512] = "";
-    if (world > 1 && dt_strategy_spec_canonical(c->strategy ? c->strategy : "ddp", spec, sizeof spec) != DT_OK)
+    if (world > 1 && dt_strategy_spec_canonical(c->strategy ? c->strategy : dt_strategy_spec_default(world), spec, sizeof spec) != DT_OK)
         snprintf(spec, sizeof spec, "%s", c->strategy);
     if (world > 1 && dt_cli_is_ps(c)) {
         const int S = dt_cli_servers(c);
@@ -319,7 +319,7 @@ static void print_header(const train_opts *o, dt_trainer *t, dt_comm *comm, int 
         const char *choice = dt_trainer_strategy_choice(t);
         printf("dtrain: %d ranks over %s, strategy %s%s%s, global batch %d%s\n", world, dt_comm_backend_name(comm),
                spec, choice ? ", " : "", choice ? choice : "",
-               c->batch * dt_strategy_spec_data_world(c->strategy ? c->strategy : "ddp", world),
+               c->batch * dt_strategy_spec_data_world(c->strategy ? c->strategy : dt_strategy_spec_default(world), world),
                c->balance ? " (cut among the ranks by measured speed)" : "");
     }
     fflush(stdout);

@@ -21,8 +21,8 @@ int dt_cli_pp_parse(dt_cli_pp *o, dt_train_config *cfg, int workers) {
     if (cfg->strategy && dt_strategy_spec_info(cfg->strategy, name, sizeof name, NULL) != DT_OK) name[0] = 0;
     const bool any = o->pp || o->microbatches || o->schedule || o->split;
     if (!any) return 0;
-    if (cfg->strategy && strcmp(name, "pp") != 0)
-        return dt_cli_usage(!strcmp(name, "tp") ? "for stages of tensor-parallel shards use --tp K --pp P (or --strategy "
+    if (cfg->strategy && !dt_strategy_spec_takes(name, "stages"))
+        return dt_cli_usage(dt_strategy_spec_takes(name, "tp") ? "for stages of tensor-parallel shards use --tp K --pp P (or --strategy "
                                                   "pp(stages=P,tp=K)) with the pipeline flags"
                                                 : "drop --strategy, or use --strategy pp",
                             "--pp, --microbatches, --pp-schedule and --pp-split set pipeline parallelism; --strategy %s "

@@ -44,11 +44,11 @@ static void take_optimizer(int argc, char **argv, dt_train_config *c, const dt_c
  * Static storage. */
 static const char *strategy_to_take(const dt_train_config *c, const dt_ckpt_info *info) {
     static char spec[sizeof info->strategy];
-    char name[32];
-    if (c->strategy || !info->strategy[0] || !strcmp(info->strategy, "ddp") || !strcmp(info->strategy, "single") ||
-        dt_strategy_spec_info(info->strategy, name, sizeof name, NULL) != DT_OK)
+    dt_strategy_class k;
+    if (c->strategy || !info->strategy[0] || dt_strategy_spec_is_default(info->strategy) ||
+        dt_strategy_spec_class(info->strategy, &k) != DT_OK)
         return dt_error_clear(), NULL;
-    if ((strcmp(name, "ddp") && strcmp(name, "localsgd")) || strstr(info->strategy, "zero=")) return NULL;
+    if (k != DT_STRATEGY_REPLICAS || strstr(info->strategy, "zero=")) return NULL;
     snprintf(spec, sizeof spec, "%s", info->strategy);
     return spec;
 }

@@ -36,44 +36,71 @@ static int add_option(dt_cli_uneven *u, const char *base, const char *key, const
     return 0;
 }
 
-/* Checks the strategy flags against the strategy named (flag-named messages). */
-static int check_flags(const dt_cli_uneven *u, const char *name) {
-    const bool ps = !strcmp(name, "ps");
-    if (u->staleness && !ps)
+/* Whether the strategy named takes option key ("" = none named yet: the flag makes it ddp). */
+static bool takes(const char *name, const char *key) { return !name[0] || dt_strategy_spec_takes(name, key); }
+
+static bool is_class(const char *name, dt_strategy_class c) {
+    dt_strategy_class k;
+    const bool ok = name[0] && dt_strategy_spec_class(name, &k) == DT_OK;
+    dt_error_clear();
+    return ok && k == c;
+}
+
+/* The options that only ps (a strategy with servers) or localsgd takes: flag-named messages. */
+static int check_server_flags(const dt_cli_uneven *u, const char *name) {
+    char who[128];
+    const bool named = name[0] != 0;
+    if (u->staleness && (!named || !dt_strategy_spec_takes(name, "staleness")))
         return dt_cli_usage("add --strategy ps, or drop --staleness",
-                           "--staleness bounds how far ps workers run ahead: it needs --strategy ps");
-    if (u->servers_given && !ps)
-        return dt_cli_usage("add --strategy ps, or drop --servers", "--servers %d: only --strategy ps has servers",
-                           u->servers);
-    if (u->sync_every_given && strcmp(name, "localsgd") != 0)
+                           "--staleness bounds how far ps workers run ahead: it needs --strategy %s",
+                           dt_strategy_takers("staleness", "or", who, sizeof who));
+    if (u->servers_given && (!named || !dt_strategy_spec_takes(name, "servers")))
+        return dt_cli_usage("add --strategy ps, or drop --servers", "--servers %d: only --strategy %s has servers",
+                           u->servers, dt_strategy_takers("servers", "or", who, sizeof who));
+    if (u->sync_every_given && (!named || !dt_strategy_spec_takes(name, "sync_every")))
         return dt_cli_usage("add --strategy localsgd, or drop --sync-every",
-                           "--sync-every %d: only --strategy localsgd averages models periodically", u->sync_every);
+                           "--sync-every %d: only --strategy %s averages models periodically", u->sync_every,
+                           dt_strategy_takers("sync_every", "or", who, sizeof who));
+    if (u->overlap && (!named || !dt_strategy_spec_takes(name, "overlap")))
+        return dt_cli_usage("add --strategy ps (--staleness inf is its default), or drop --ps-overlap",
+                           "--ps-overlap overlaps the push/pull of a ps worker: it needs --strategy %s",
+                           dt_strategy_takers("overlap", "or", who, sizeof who));
+    return 0;
+}
+
+/* Checks the strategy flags against the strategy named (flag-named messages); what each strategy
+ * takes comes from its registry entry. */
+static int check_flags(const dt_cli_uneven *u, const char *name) {
+    char who[128];
+    int r = check_server_flags(u, name);
+    if (r) return r;
     if (u->bucket_mb < 0)
         return dt_cli_usage(NULL, "--bucket-mb %g: must not be negative (0 = default 1)", u->bucket_mb);
     /* tensor and pipeline parallelism: the hint is to drop the flag, not to switch strategy */
-    const bool mp = !strcmp(name, "pp") || !strcmp(name, "tp");
-    if (u->bucket_mb > 0 && name[0] && strcmp(name, "ddp") != 0 && strcmp(name, "tp") != 0)
+    const bool mp = is_class(name, DT_STRATEGY_MODEL_PARALLEL);
+    if (u->bucket_mb > 0 && !takes(name, "bucket_mb"))
         return dt_cli_usage(mp ? "drop --bucket-mb (a pipeline averages each stage's gradients in one allreduce)"
                                : "add --strategy ddp, or drop --bucket-mb",
-                           "--bucket-mb %g: only ddp (and tp's data-parallel axis) has gradient buckets", u->bucket_mb);
-    if (u->compress && name[0] && strcmp(name, "ddp") != 0 && strcmp(name, "localsgd") != 0)
+                           "--bucket-mb %g: only %s have gradient buckets (tp: over its data-parallel axis)",
+                           u->bucket_mb, dt_strategy_takers("bucket_mb", "and", who, sizeof who));
+    if (u->compress && !takes(name, "compress"))
         return dt_cli_usage(mp ? "drop --compress (tensor and pipeline parallelism send activations and partial sums, "
                                  "which are not compressed)"
                                : "add --strategy ddp or --strategy localsgd, or drop --compress",
-                           "--compress %s: only ddp and localsgd compress what they send", u->compress);
-    if (u->allreduce && name[0] && strcmp(name, "ddp") != 0)
+                           "--compress %s: only %s compress what they send", u->compress,
+                           dt_strategy_takers("compress", "and", who, sizeof who));
+    if (u->allreduce && !takes(name, "allreduce"))
         return dt_cli_usage(mp ? "drop --allreduce (tensor and pipeline parallelism run their own collectives)"
                                : "add --strategy ddp, or drop --allreduce",
-                           "--allreduce %s: only ddp allreduces gradients", u->allreduce);
+                           "--allreduce %s: only %s allreduces gradients", u->allreduce,
+                           dt_strategy_takers("allreduce", "and", who, sizeof who));
     if (u->zero_given && (u->zero < 0 || u->zero > 3))
         return dt_cli_usage("e.g. --zero 2", "--zero %d: the ZeRO stage is 0, 1, 2 or 3", u->zero);
-    if (u->zero_given && name[0] && strcmp(name, "ddp") != 0 && strcmp(name, "tp") != 0 && strcmp(name, "pp") != 0)
+    if (u->zero_given && !takes(name, "zero"))
         return dt_cli_usage("use --strategy ddp, --tp K (ZeRO 1-3 over the mesh's dp axis) or --pp K (ZeRO 1-3), or "
-                            "drop --zero", "--zero %d: only --strategy ddp shards with ZeRO, and tp and pp over their "
-                            "dp axis; --strategy %s does not", u->zero, name);
-    if (u->overlap && !ps)
-        return dt_cli_usage("add --strategy ps (--staleness inf is its default), or drop --ps-overlap",
-                           "--ps-overlap overlaps the push/pull of a ps worker: it needs --strategy ps");
+                            "drop --zero", "--zero %d: only --strategy %s shard with ZeRO (tp and pp over their dp "
+                            "axis); --strategy %s does not", u->zero, dt_strategy_takers("zero", "and", who, sizeof who),
+                            name);
     if (u->overlap && u->balance && strcmp(u->balance, "dynamic") != 0)
         return dt_cli_usage("drop --balance static (the workers must take batches from server 0), or drop --ps-overlap",
                            "--ps-overlap needs dynamic assignment: server 0 hands each worker one batch ahead");
@@ -113,14 +140,14 @@ static int add_int_flag(dt_cli_uneven *u, const char *key, int value, const char
 
 /* The strategy flags into the spec u->spec (from cfg->strategy); 0 or the exit status. */
 static int compose_spec(dt_cli_uneven *u, dt_train_config *cfg, const char *name) {
-    const bool ps = !strcmp(name, "ps");
+    const bool shards = name[0] && dt_strategy_spec_takes(name, "shards");  /* ps: --balance sets its shards */
     char num[64];
     int r = 0;
     u->implicit_ddp = !cfg->strategy && (u->bucket_mb > 0 || u->compress || u->allreduce || u->zero_given);
-    snprintf(u->spec, sizeof u->spec, "%s", cfg->strategy ? cfg->strategy : u->implicit_ddp ? "ddp" : "");
+    snprintf(u->spec, sizeof u->spec, "%s", cfg->strategy ? cfg->strategy : u->implicit_ddp ? dt_strategy_spec_default(2) : "");
     if (u->servers_given && !r) r = add_int_flag(u, "servers", u->servers, "--servers");
     if (u->staleness && !r) r = add_flag(u, "staleness", u->staleness, "--staleness");
-    if (ps && u->balance && !r)
+    if (shards && u->balance && !r)
         r = add_option(u, u->spec, "shards", strcmp(u->balance, "dynamic") ? "fixed" : "dynamic", "--balance");
     if (u->overlap && !r) r = add_option(u, u->spec, "overlap", "1", "--ps-overlap");
     if (u->sync_every_given && !r) r = add_int_flag(u, "sync_every", u->sync_every, "--sync-every");
@@ -152,7 +179,7 @@ int dt_cli_uneven_parse(dt_cli_uneven *u, dt_train_config *cfg) {
         if (!dynamic && strcmp(u->balance, "static") != 0 && strcmp(u->balance, "off") != 0)
             return dt_cli_usage("use --balance static or --balance dynamic", "--balance %s: unknown mode", u->balance);
         /* ps balances by handing out batches (the default; its spec's shards=), static: fixed shards */
-        if (strcmp(name, "ps") != 0) cfg->balance = dynamic;
+        if (!name[0] || !dt_strategy_spec_takes(name, "shards")) cfg->balance = dynamic;
     }
     if (u->slow) {
         char *end;
@@ -188,7 +215,7 @@ int dt_cli_uneven_parse(dt_cli_uneven *u, dt_train_config *cfg) {
 bool dt_cli_is_ps(const dt_train_config *cfg) {
     char name[64];
     spec_name(cfg->strategy, name, sizeof name);
-    return !strcmp(name, "ps");
+    return is_class(name, DT_STRATEGY_SERVERS);
 }
 
 int dt_cli_servers(const dt_train_config *cfg) {

@@ -333,4 +333,5 @@ const dt_strategy_entry dt_strategy_ddp_entry = {
     .opts_size = sizeof(ddp_opts),
     .defaults = ddp_defaults, .set = ddp_set, .check = ddp_check, .create = ddp_create, .format = ddp_format, .needs_comm = true,
     .device_neutral = true,
+    .loss_scaling = true,
     .place = ddp_place};

@@ -24,6 +24,32 @@ const dt_strategy_entry *dt_strategy_find(const char *name) {
     return NULL;
 }
 
+dt_strategy_class dt_strategy_entry_class(const dt_strategy_entry *e) {
+    if (!e->needs_comm) return DT_STRATEGY_ONE_PROCESS;
+    if (e->servers) return DT_STRATEGY_SERVERS;
+    if (e->mesh) return DT_STRATEGY_MODEL_PARALLEL;
+    return DT_STRATEGY_REPLICAS;
+}
+
+const char *dt_strategy_names_where(bool (*pred)(const dt_strategy_entry *e, const void *arg), const void *arg,
+                                    const char *last, char *out, size_t cap) {
+    int m = 0, shown = 0;
+    for (int i = 0; i < N_ENTRIES; i++) m += pred(g_entries[i], arg);
+    size_t k = 0;
+    out[0] = 0;
+    for (int i = 0; i < N_ENTRIES && k < cap; i++) {
+        if (!pred(g_entries[i], arg)) continue;
+        if (shown) k += (size_t)snprintf(out + k, cap - k, shown == m - 1 ? " %s " : ", ", last);
+        if (k < cap) k += (size_t)snprintf(out + k, cap - k, "%s", g_entries[i]->name);
+        shown++;
+    }
+    return out;
+}
+
+const char *dt_strategy_default_name(int world) {
+    return world > 1 ? dt_strategy_ddp_entry.name : dt_strategy_single_entry.name;
+}
+
 /* "single, ddp, localsgd or ps" */
 static const char *entry_names(void) {
     static char buf[256];
@@ -91,7 +117,7 @@ static dt_status split_spec(const char *spec, spec_parts *p) {
 }
 
 /* Whether key is one of the entry's keys (a comma-separated list). */
-static bool takes_key(const dt_strategy_entry *e, const char *key) {
+bool dt_strategy_entry_takes(const dt_strategy_entry *e, const char *key) {
     size_t n = strlen(key);
     for (const char *k = e->keys; k && *k;) {
         while (*k == ',' || *k == ' ') k++;
@@ -119,7 +145,7 @@ static dt_status set_parts(const dt_strategy_entry *e, const spec_parts *p, void
     memset(opts, 0, e->opts_size);
     if (e->defaults) e->defaults(opts);
     for (int i = 0; i < p->n; i++) {
-        if (!takes_key(e, p->key[i])) return unknown_key(e, p->key[i]);
+        if (!dt_strategy_entry_takes(e, p->key[i])) return unknown_key(e, p->key[i]);
         for (int j = 0; j < i; j++)
             if (!strcmp(p->key[i], p->key[j]))
                 return dt_error(DT_EINVAL, "--strategy %s: option '%s' is given twice", e->name, p->key[i]);
@@ -152,7 +178,7 @@ dt_status dt_strategy_spec_add(const char *spec, const char *key, const char *va
     const dt_strategy_entry *e = NULL;
     dt_status st = split_spec(spec, p);
     if (st == DT_OK) st = find_entry(p->name, &e);
-    if (st == DT_OK && !takes_key(e, key)) st = unknown_key(e, key);
+    if (st == DT_OK && !dt_strategy_entry_takes(e, key)) st = unknown_key(e, key);
     int have = -1;
     for (int i = 0; st == DT_OK && i < p->n; i++)
         if (!strcmp(p->key[i], key)) have = i;

@@ -252,6 +252,8 @@ typedef struct {
      * device other than cpu (ddp stages its buckets through host buffers and refuses its options
      * that do not yet: see ddp.c); false: --device cpu only */
     bool device_neutral;
+    /* true: it unscales gradients through dt_strategy_apply_update, so fp16 loss scaling works */
+    bool loss_scaling;
     /* Optional: this rank's part of the data when it is not (rank of size) and no servers
      * (pp: the stages of a pipeline share their samples, so rank / stages of size / stages). */
     void (*data_part)(const void *opts, int rank, int size, int *data_rank, int *data_world);
@@ -267,6 +269,17 @@ typedef struct {
 
 /* The entry named name, or NULL. */
 const dt_strategy_entry *dt_strategy_find(const char *name);
+/* Whether key is one of e's option keys. */
+bool dt_strategy_entry_takes(const dt_strategy_entry *e, const char *key);
+/* What kind of strategy e is (dtrain/workers.h), from its entry: no comm = one
+ * process; servers = servers; a mesh = model parallel; else data-parallel replicas. */
+dt_strategy_class dt_strategy_entry_class(const dt_strategy_entry *e);
+/* The names of the entries for which pred(e, arg) holds, joined for a message ("ddp", "ddp and
+ * localsgd", "ddp, tp and pp"; `last` joins the last two: "and", "or") into out (cap); out. */
+const char *dt_strategy_names_where(bool (*pred)(const dt_strategy_entry *e, const void *arg), const void *arg,
+                                    const char *last, char *out, size_t cap);
+/* The strategy a job runs when it names none: one process "single", several "ddp". */
+const char *dt_strategy_default_name(int world);
 /* The registry: *n entries. */
 const dt_strategy_entry *const *dt_strategy_entries(int *n);
 /* Parses spec "NAME" or "NAME(KEY=VALUE,...)" (spaces allowed around the parts): *entry gets the

@@ -116,16 +116,15 @@ static void note_change(char *what, size_t cap, size_t *len, const char *flag, d
                              now, then);
 }
 
-/* The default strategies ("single" for one rank, "ddp" for more) are a change of the number of
- * ranks, which the resume reports on its own: only other specs are compared. */
-static bool plain_strategy(const char *s) { return !strcmp(s, "single") || !strcmp(s, "ddp"); }
 
 void dt_ckpt_settings_changes(const dt_ckpt_info *info, const dt_train_config *c, const char *strategy, char *what,
                               size_t cap) {
     size_t len = 0;
     what[0] = '\0';
     char now[512], then[512];  /* compared spelled out: "ddp" is "ddp(bucket_mb=1)" */
-    if (info->strategy[0] && strategy && !(plain_strategy(strategy) && plain_strategy(info->strategy)) &&
+    /* the default strategies (single for one rank, ddp for more) differ by the number of ranks,
+     * which the resume reports on its own: only other specs are compared */
+    if (info->strategy[0] && strategy && !(dt_strategy_spec_is_default(strategy) && dt_strategy_spec_is_default(info->strategy)) &&
         (dt_strategy_spec_canonical(strategy, now, sizeof now) != DT_OK ||
          dt_strategy_spec_canonical(info->strategy, then, sizeof then) != DT_OK || strcmp(now, then)))
         len += (size_t)snprintf(what, cap, "--strategy %s (the checkpoint's run: %s)", strategy, info->strategy);

@@ -91,7 +91,7 @@ dt_status dt_mem_probe_gpt(const char *gpt_spec, const char *strategy, dt_comm *
     dt_optim_config oc = dt_optim_defaults(DT_OPTIM_ADAM);
     const dt_strategy_entry *e = NULL;
     dt_strategy_opts so;
-    dt_status st = dt_strategy_parse(strategy ? strategy : "single", &e, &so);
+    dt_status st = dt_strategy_parse(strategy ? strategy : dt_strategy_default_name(1), &e, &so);
     if (st == DT_OK) st = dt_model_build_unplaced(&m, gpt_spec, 0, 0, 0);
     if (st == DT_OK) st = place(e, &so, m, comm, &oc, &o);  /* as the trainer: the strategy's part only */
     if (st == DT_OK) st = dt_strategy_create_with(&s, e, &so, comm, m, o, NULL);

@@ -4,6 +4,7 @@
 #include "parallel/strategy.h"
 
 #include <stdio.h>
+#include <string.h>
 
 dt_status dt_strategy_spec_info(const char *spec, char *name, size_t cap, int *servers) {
     dt_strategy_opts opts;
@@ -57,4 +58,39 @@ const char *dt_strategy_spec_help(void) {
     size_t k = 0;
     for (int i = 0; i < n && k < sizeof buf; i++) k += (size_t)snprintf(buf + k, sizeof buf - k, "%s\n", e[i]->help);
     return buf;
+}
+
+dt_status dt_strategy_spec_class(const char *spec, dt_strategy_class *out) {
+    dt_strategy_opts opts;
+    const dt_strategy_entry *e;
+    DT_TRY(dt_strategy_parse(spec, &e, &opts));
+    *out = dt_strategy_entry_class(e);
+    return DT_OK;
+}
+
+bool dt_strategy_spec_takes(const char *spec, const char *key) {
+    char name[64];
+    const dt_strategy_entry *e;
+    const bool ok = dt_strategy_spec_info(spec, name, sizeof name, NULL) == DT_OK && (e = dt_strategy_find(name));
+    dt_error_clear();
+    return ok && dt_strategy_entry_takes(e, key);
+}
+
+static bool takes(const dt_strategy_entry *e, const void *key) { return dt_strategy_entry_takes(e, key); }
+static bool of_class(const dt_strategy_entry *e, const void *c) {
+    return dt_strategy_entry_class(e) == *(const dt_strategy_class *)c;
+}
+
+const char *dt_strategy_takers(const char *key, const char *last, char *out, size_t cap) {
+    return dt_strategy_names_where(takes, key, last, out, cap);
+}
+
+const char *dt_strategy_names_of_class(dt_strategy_class c, const char *last, char *out, size_t cap) {
+    return dt_strategy_names_where(of_class, &c, last, out, cap);
+}
+
+const char *dt_strategy_spec_default(int world) { return dt_strategy_default_name(world); }
+
+bool dt_strategy_spec_is_default(const char *spec) {
+    return spec && (!strcmp(spec, dt_strategy_default_name(1)) || !strcmp(spec, dt_strategy_default_name(2)));
 }

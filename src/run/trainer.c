@@ -155,6 +155,11 @@ static dt_status check_config(const dt_train_config *c) {
     return DT_OK;
 }
 
+static bool scales_loss(const dt_strategy_entry *e, const void *arg) {
+    (void)arg;
+    return e->loss_scaling;
+}
+
 /* Uneven workers: which ranks reduce together, the balancer of training ranks, and the options
  * a strategy cannot take. */
 static dt_status setup_uneven(dt_trainer *t) {
@@ -162,10 +167,15 @@ static dt_status setup_uneven(dt_trainer *t) {
     const dt_role role = t->strategy->role;
     const char *name = t->strategy->ops->name;
     t->dcomm = role == DT_ROLE_REPLICA && t->world > 1 ? c->comm : NULL;
-    if (c->balance && strcmp(name, "ddp") != 0 && strcmp(name, "localsgd") != 0)
-        return dt_error(DT_EINVAL, "--balance dynamic (cutting each global batch by speed) works with --strategy ddp or "
-                        "localsgd, not %s%s", name, strcmp(name, "ps") ? "" : " (ps hands out batches by speed unless "
-                        "shards=fixed)");
+    const dt_strategy_entry *e = dt_strategy_find(name);
+    const dt_strategy_class k = e ? dt_strategy_entry_class(e) : DT_STRATEGY_ONE_PROCESS;
+    if (c->balance && k != DT_STRATEGY_REPLICAS) {
+        char who[128];
+        return dt_error(DT_EINVAL, "--balance dynamic (cutting each global batch by speed) works with --strategy %s, "
+                        "not %s%s%s", dt_strategy_names_of_class(DT_STRATEGY_REPLICAS, "or", who, sizeof who), name,
+                        k == DT_STRATEGY_SERVERS ? " " : "", k == DT_STRATEGY_SERVERS ? "(it hands out batches by "
+                        "speed unless shards=fixed)" : "");
+    }
     if (role != DT_ROLE_REPLICA && (c->timeline || c->checkpoint_dir))
         return dt_error(DT_EINVAL, "--strategy %s does not support --%s yet%s", name,
                         c->timeline ? "timeline" : "checkpoint-dir",
@@ -241,7 +251,7 @@ static dt_status data_vocab_spec(dt_trainer *t, const char **spec) {
 
 /* The strategy spec this run trains with: the configured one, else ddp (more than one rank) or single. */
 const char *dt_trainer_strategy_spec(const dt_trainer *t) {
-    return t->cfg.strategy ? t->cfg.strategy : t->world > 1 ? "ddp" : "single";
+    return t->cfg.strategy ? t->cfg.strategy : dt_strategy_default_name(t->world);
 }
 
 /* A resumed run whose flags change a training setting is no longer the run that wrote the
@@ -492,14 +502,16 @@ static dt_status trainer_setup(dt_trainer *t) {
      * refused before any data is read, so no rank is stopped while it loads */
     const char *prec = dt_ckpt_precision_name(c->precision);  /* "f16" is fp16 too */
     const bool fp16 = prec && !strcmp(prec, "fp16");
-    if (fp16 && strcmp(sentry->name, "single") && strcmp(sentry->name, "ddp")) {
+    if (fp16 && !sentry->loss_scaling) {
         const char *ck = resume ? dt_ckpt_precision_name(info.precision) : NULL;
+        char who[128];
+        dt_strategy_names_where(scales_loss, NULL, "or", who, sizeof who);
         if (ck && !strcmp(ck, "fp16"))  /* a resume without --precision takes the checkpoint's */
             return dt_error(DT_EINVAL, "--precision fp16 (given, or kept from %s, which was trained at fp16): loss "
-                                       "scaling works with --strategy single or ddp, not %s; resume with "
-                                       "--precision bf16 or fp32", resume, sentry->name);
-        return dt_error(DT_EINVAL, "--precision fp16: loss scaling works with --strategy single or ddp, not %s; "
-                                   "use --precision bf16", sentry->name);
+                                       "scaling works with --strategy %s, not %s; resume with "
+                                       "--precision bf16 or fp32", resume, who, sentry->name);
+        return dt_error(DT_EINVAL, "--precision fp16: loss scaling works with --strategy %s, not %s; "
+                                   "use --precision bf16", who, sentry->name);
     }
     DT_TRY(setup_data(t, spec, resume, &info));
     DT_TRY(data_vocab_spec(t, &spec));
