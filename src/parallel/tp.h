@@ -29,6 +29,10 @@ dt_tp_split dt_tp_split_of(const char *name);
  * local back into its place in full, both host memory. RANK0 to_local on r > 0 writes zeros;
  * back, it copies on r 0 only. (dt_tp_scatter and dt_tp_gather move device memory.) */
 void dt_tp_copy(dt_tp_split k, float *full, float *local, const dt_param_info *ft, int K, int r, bool to_local);
+/* The same where full and local may be device d's memory (full_host, local_host: host memory):
+ * copied with d's copy, upload or download (memcpy between host sides), zeros by its fill. */
+void dt_tp_copy_on(dt_dev *d, bool full_host, bool local_host, dt_tp_split k, float *full, float *local,
+                   const dt_param_info *ft, int K, int r, bool to_local);
 
 /* Rank r's shard of the whole model (params) and optimizer (moments, step count) into the local
  * ones (each side on its model's device; the optimizers on their models'). A whole tensor that is not placed (the trainer places none under tp) gives its initial

@@ -73,6 +73,12 @@ void dt_tp_copy(dt_tp_split k, float *full, float *local, const dt_param_info *f
     copy_on(&host, k, full, local, ft, K, r, to_local);
 }
 
+void dt_tp_copy_on(dt_dev *d, bool full_host, bool local_host, dt_tp_split k, float *full, float *local,
+                   const dt_param_info *ft, int K, int r, bool to_local) {
+    const sides sd = {d, full_host, local_host};
+    copy_on(&sd, k, full, local, ft, K, r, to_local);
+}
+
 /* The whole tensor of local tensor j, or NULL with the error set. */
 static const dt_param_info *whole_of(dt_model *full, const dt_param_info *lt) {
     int i = dt_model_find_tensor(full, lt->name);
