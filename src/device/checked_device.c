@@ -145,6 +145,7 @@ CK(cast_f16_f32, (dt_dev *d, float *out, const uint16_t *x, size_t n), (d, out, 
 CK(sgd_step, (dt_dev *d, const dt_step_args *a, float *p, const float *g, float *buf, size_t n), (d, a, p, g, buf, n))
 CK(adam_step, (dt_dev *d, const dt_step_args *a, float *p, const float *g, float *m, float *v, size_t n),
    (d, a, p, g, m, v, n))
+CK(xent_shard, (dt_dev *d, dt_xent_phase phase, const dt_xent_shard_args *a), (d, phase, a))
 #undef CK
 
 /* ---- the kernel table: every slot of a CPU table between enter and leave ----
@@ -246,6 +247,7 @@ static const dt_device_ops checked_ops = {
     .cast_f16_f32 = checked_cast_f16_f32,
     .sgd_step = checked_sgd_step,
     .adam_step = checked_adam_step,
+    .xent_shard = checked_xent_shard,
     .kernels = checked_kernels,
 };
 

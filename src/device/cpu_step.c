@@ -168,4 +168,5 @@ const dt_device_ops dt_cpu_step_ops = {
     .cast_f16_f32 = cpu_cast_f16_f32,
     .sgd_step = cpu_sgd_step,
     .adam_step = cpu_adam_step,
+    .xent_shard = dt_cpu_xent_shard,
 };

@@ -38,6 +38,29 @@ typedef struct {
     int64_t t;         /* adam: steps taken before this one (bias corrections use t + 1) */
 } dt_step_args;
 
+/* The phases of xent_shard, between which the caller reduces rows across the vocabulary's shards. */
+typedef enum {
+    DT_XENT_MAX = 0,  /* rows[i] = the largest logit of row i in the slice (then: max over the shards) */
+    DT_XENT_SUMS,     /* dlogits = exp(logits - rows[i]); rows[N + 2i] = their sum, rows[N + 2i + 1] = the
+                       * target's logit where the target is in the slice, else 0 (then: sum over the shards) */
+    DT_XENT_GRAD,     /* dlogits = scale / counted x (softmax - one-hot of the target, where it is in the
+                       * slice), 0 on a row whose target is `ignore`; *loss = the mean over the counted
+                       * rows of log(sum) + max - target logit (0 when none), *counted their number */
+} dt_xent_phase;
+
+/* The operands of xent_shard (device pointers but for the scalars): logits and dlogits (N, Vl) hold
+ * vocabulary ids [lo, lo + Vl) of V; targets (N) are global ids in [0, V) or `ignore`. */
+typedef struct {
+    const float *logits;
+    const int32_t *targets;
+    int N, Vl, lo, ignore;
+    float scale;
+    float *dlogits;
+    float *rows;       /* 3N floats: the row maxima, then (sum of exponentials, target logit) per row */
+    double *loss;      /* DT_XENT_GRAD's outputs */
+    int32_t *counted;
+} dt_xent_shard_args;
+
 typedef struct dt_device_ops {
     /* ---- memory ---- */
     /* A block of `bytes` device memory (64-byte aligned), charged against --mem-limit; NULL with
@@ -75,6 +98,11 @@ typedef struct dt_device_ops {
      * torch.optim.Adam/AdamW's arithmetic; subnormal moments are flushed to zero. */
     void (*adam_step)(dt_dev *d, const dt_step_args *a, float *dev_p, const float *dev_g, float *dev_m, float *dev_v,
                       size_t n);
+    /* Softmax cross-entropy over a vocabulary split in slices across ranks (Megatron-LM's
+     * vocabulary-parallel loss; one slice of the whole vocabulary is the plain loss), phase by
+     * phase (dt_xent_phase): the caller reduces a->rows over the slices' ranks between them, so
+     * the (N, V) logits never leave their device. */
+    void (*xent_shard)(dt_dev *d, dt_xent_phase phase, const dt_xent_shard_args *a);
 
     /* ---- kernels ---- */
     /* The kernel table this device runs the graph's ops with, for the CPU table `cpu` (the kernel
@@ -120,6 +148,8 @@ dt_dev *dt_device_cpu(void);
 /* The CPU kernels of the training-step primitives, on host pointers: the CPU device's entries
  * and what the checked device runs inside its arena. */
 extern const dt_device_ops dt_cpu_step_ops;
+/* Its xent_shard (cpu_xent.c). */
+void dt_cpu_xent_shard(dt_dev *d, dt_xent_phase phase, const dt_xent_shard_args *a);
 
 /* checked device: whether host code could touch its arena now (true only inside an entry point);
  * for tests. */

@@ -10,6 +10,7 @@
 
 #include <stddef.h>
 
+#include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <string.h>
@@ -232,6 +233,79 @@ static void test_step_arithmetic(void) {
     CHECK_MSG(fabsf(p[0] - 1.1f) < 1e-6f, "adam's first step: p = %.8f, want 1.1", p[0]);
 }
 
+/* The vocabulary-sharded cross-entropy on device d over XV ids in K slices (K 1 or 2), the rows
+ * reduced on the host between the phases as tensor parallelism's allreduces do: *loss and the
+ * (XN, XV) gradient (host, slices side by side). */
+enum { XN = 6, XV = 10 };
+static void run_xent(dt_dev *d, int K, const float *z, const int32_t *y, double *loss, float *dz) {
+    const dt_device_ops *o = d->ops;
+    const int Vl = XV / K;
+    float *lg[2], *dl[2], *rows[2], hr[2][3 * XN];
+    double *ls = o->alloc(d, sizeof *ls);
+    int32_t *cnt = o->alloc(d, sizeof *cnt), *ty = o->alloc(d, sizeof(int32_t) * XN);
+    o->upload(d, ty, y, sizeof(int32_t) * XN);
+    dt_xent_shard_args a[2];
+    for (int k = 0; k < K; k++) {
+        float part[XN * XV];
+        for (int i = 0; i < XN; i++) memcpy(part + i * Vl, z + i * XV + k * Vl, sizeof(float) * (size_t)Vl);
+        lg[k] = o->alloc(d, sizeof part), dl[k] = o->alloc(d, sizeof part), rows[k] = o->alloc(d, sizeof hr[0]);
+        o->upload(d, lg[k], part, sizeof(float) * XN * (size_t)Vl);
+        a[k] = (dt_xent_shard_args){.logits = lg[k], .targets = ty, .N = XN, .Vl = Vl, .lo = k * Vl, .ignore = -1,
+                                    .scale = 0.5f, .dlogits = dl[k], .rows = rows[k], .loss = ls, .counted = cnt};
+    }
+    for (int ph = DT_XENT_MAX; ph <= DT_XENT_GRAD; ph++) {
+        for (int k = 0; k < K; k++) o->xent_shard(d, (dt_xent_phase)ph, &a[k]);
+        if (ph == DT_XENT_GRAD) break;
+        for (int k = 0; k < K; k++) o->download(d, hr[k], rows[k], sizeof hr[0]);
+        for (int i = ph == DT_XENT_MAX ? 0 : XN; K == 2 && i < (ph == DT_XENT_MAX ? XN : 3 * XN); i++)
+            hr[0][i] = ph == DT_XENT_MAX ? (hr[0][i] > hr[1][i] ? hr[0][i] : hr[1][i]) : hr[0][i] + hr[1][i];
+        for (int k = 0; k < K; k++) o->upload(d, rows[k], hr[0], sizeof hr[0]);
+    }
+    o->download(d, loss, ls, sizeof *loss);
+    for (int k = 0; k < K; k++) {
+        float part[XN * XV];
+        o->download(d, part, dl[k], sizeof(float) * XN * (size_t)Vl);
+        for (int i = 0; i < XN; i++) memcpy(dz + i * XV + k * Vl, part + i * Vl, sizeof(float) * (size_t)Vl);
+        o->free(d, lg[k]), o->free(d, dl[k]), o->free(d, rows[k]);
+    }
+    o->free(d, ls), o->free(d, cnt), o->free(d, ty);
+}
+
+static void test_xent_shard(void) {
+    dt_dev *c = NULL;
+    CHECK_OK(dt_device_create(&c, "checked:arena=1M"));
+    if (!c) return;
+    float z[XN * XV], dz[4][XN * XV];
+    fill_host(z, XN * XV, 9);
+    const int32_t y[XN] = {3, 9, -1, 0, 5, 4};  /* one ignored row; targets in both slices */
+    double l[4];
+    run_xent(dt_device_cpu(), 1, z, y, &l[0], dz[0]);
+    run_xent(c, 1, z, y, &l[1], dz[1]);
+    run_xent(dt_device_cpu(), 2, z, y, &l[2], dz[2]);
+    run_xent(c, 2, z, y, &l[3], dz[3]);
+    CHECK_MSG(l[0] == l[1] && l[2] == l[3] && !memcmp(dz[0], dz[1], sizeof dz[0]) && !memcmp(dz[2], dz[3], sizeof dz[0]),
+              "xent_shard: the checked device differs from the cpu device");
+    double ref = 0;  /* the mean over the 5 counted rows of logsumexp - target logit, in double */
+    for (int i = 0; i < XN; i++) {
+        if (y[i] < 0) continue;
+        double s = 0;
+        for (int v = 0; v < XV; v++) s += exp((double)z[i * XV + v]);
+        ref += log(s) - z[i * XV + y[i]];
+        for (int v = 0; v < XV; v++) {  /* d(0.5 x mean)/dz = 0.5 / 5 x (softmax - onehot) */
+            const double want = 0.1 * (exp((double)z[i * XV + v]) / s - (v == y[i]));
+            CHECK_MSG(fabs(dz[0][i * XV + v] - want) < 1e-6 && fabs(dz[2][i * XV + v] - want) < 1e-6,
+                      "xent_shard gradient row %d id %d: %g and %g, want %g", i, v, dz[0][i * XV + v],
+                      dz[2][i * XV + v], want);
+        }
+    }
+    for (int v = 0; v < XV; v++) CHECK(dz[0][2 * XV + v] == 0 && dz[2][2 * XV + v] == 0);  /* the ignored row */
+    CHECK_MSG(fabs(l[0] - ref / 5) < 1e-5 && fabs(l[2] - ref / 5) < 1e-5, "xent_shard loss %g (1 slice), %g (2), want %g",
+              l[0], l[2], ref / 5);
+    CHECK(!dt_checked_arena_open(c));
+    dt_device_destroy(c);
+    printf("xent_shard: 1 and 2 vocabulary slices match the loss and gradient; checked bitwise cpu\n");
+}
+
 int main(void) {
     test_registry();
     test_checked_kernels();
@@ -239,5 +313,6 @@ int main(void) {
     test_host_dereference_faults();
     test_arena_accounting();
     test_step_arithmetic();
+    test_xent_shard();
     return dt_test_summary("device_test");
 }

@@ -19,7 +19,12 @@
  * place (tp_state.c). Evaluation runs on the shards (tp_eval_batch). The whole model is the
  * checkpoint's (and under ZeRO-3 evaluation's): ops->sync places it
  * and gathers the parameters on every rank, the optimizer moments on world rank 0 (which writes
- * the checkpoints); the next step frees that again (streaming instead is not done yet). */
+ * the checkpoints); the next step frees that again (streaming instead is not done yet).
+ * On a device (dt_model_device of the whole model) the shards, their optimizer and the hooks'
+ * buffers are its memory: set-up and sync move them with device calls, the clip takes one
+ * squared-norm partial per run of counted tensors (sqnorm), summed across the tp ranks, and the
+ * update is the device's. There the whole model stays placed as whole device blocks (a device
+ * block is not narrowed); ZeRO over the dp axis and tp x pp are refused there so far. */
 #include "parallel/mesh.h"
 #include "parallel/pp.h"
 #include "parallel/strategy.h"
@@ -51,7 +56,10 @@ typedef struct {
     bool whole;              /* this rank holds the whole state (world rank 0 after a sync) */
     bool widened;            /* a sync placed the whole model; the next step narrows it to nothing */
     float *whole_m[2];       /* world rank 0: the whole optimizer moments, assembled by sync (the others
-                              * hold only their shards: the whole model's own moments are freed) */
+                              * hold only their shards: the whole model's own moments are freed);
+                              * memory of dev */
+    dt_dev *dev;             /* the model's device */
+    double *dev_ss;          /* a device double for the clip's partial sums (dev not host memory) */
     uint64_t dp_bytes;       /* what the dp axis moved */
     int zero;                /* the inner ddp's ZeRO stage (0: none, or one dp rank) */
     double bucket_mb;
@@ -65,19 +73,52 @@ static dt_status tp_fail(const tp *t, dt_status st, const char *what, size_t n) 
                          t->K, base);
 }
 
+/* The sum of squares of the gradient values of the shard that count in the whole norm, on a device
+ * whose memory is not host memory: one sqnorm partial per run of adjacent counted tensors. */
+static double device_norm_part(tp *t, const float *g) {
+    double ss = 0, part;
+    const int nt = dt_model_num_tensors(t->local);
+    for (int i = 0; i < nt;) {
+        const dt_param_info *p = dt_model_tensor(t->local, i);
+        if (p->is_buffer || !dt_tp_in_norm(p->name, t->r)) {
+            i++;
+            continue;
+        }
+        size_t end = p->offset + p->numel;
+        int j = i + 1;
+        for (; j < nt; j++) {
+            const dt_param_info *q = dt_model_tensor(t->local, j);
+            if (q->is_buffer || !dt_tp_in_norm(q->name, t->r) || q->offset != end) break;
+            end += q->numel;
+        }
+        t->dev->ops->sqnorm(t->dev, t->dev_ss, g + p->offset, end - p->offset);
+        t->dev->ops->download(t->dev, &part, t->dev_ss, sizeof part);
+        ss += part;
+        i = j;
+    }
+    return ss;
+}
+
+/* The same on host memory, tensor by tensor in one sum. */
+static double host_norm_part(tp *t, const float *g) {
+    double ss = 0;
+    for (int i = 0; i < dt_model_num_tensors(t->local); i++) {
+        const dt_param_info *p = dt_model_tensor(t->local, i);
+        if (p->is_buffer || !dt_tp_in_norm(p->name, t->r)) continue;
+        for (size_t k = 0; k < p->numel; k++) ss += (double)g[p->offset + k] * g[p->offset + k];
+    }
+    return ss;
+}
+
 /* Clips by the norm of the whole gradient (every shard once, replicated tensors from rank 0),
  * then updates the shard. The inner ddp calls it after averaging over the dp axis. */
 static void tp_update(void *ctx, float lr, float clip) {
     tp *t = ctx;
     float *g = dt_model_grads(t->local);
     const size_t n = dt_model_num_params(t->local);
+    const bool host = t->dev->host_memory;
     if (clip > 0 && t->err == DT_OK) {
-        double ss = 0;
-        for (int i = 0; i < dt_model_num_tensors(t->local); i++) {
-            const dt_param_info *p = dt_model_tensor(t->local, i);
-            if (p->is_buffer || !dt_tp_in_norm(p->name, t->r)) continue;
-            for (size_t k = 0; k < p->numel; k++) ss += (double)g[p->offset + k] * g[p->offset + k];
-        }
+        double ss = host ? host_norm_part(t, g) : device_norm_part(t, g);
         dt_status st = t->mesh.tp_comm ? dt_comm_allreduce(t->mesh.tp_comm, &ss, &ss, 1, DT_F64, DT_OP_SUM) : DT_OK;
         if (st != DT_OK) {
             t->err = tp_fail(t, st, "allreduce of the gradient norm, step", (size_t)t->s->step);
@@ -85,8 +126,10 @@ static void tp_update(void *ctx, float lr, float clip) {
         }
         const float norm = (float)sqrt(ss), f = clip / (norm + 1e-6f);  /* as dt_clip_grad_norm */
         t->s->cur.grad_norm = norm;
-        if (norm > clip)
+        if (norm > clip && host)
             for (size_t k = 0; k < n; k++) g[k] *= f;
+        else if (norm > clip)
+            t->dev->ops->scale(t->dev, g, f, n);
     }
     dt_optim_step(t->lopt, dt_model_params(t->local), g, lr);
 }
@@ -122,13 +165,22 @@ static dt_status micro_step(tp *t, const dt_step_batch *b, int lo, int hi, uint6
     return DT_OK;
 }
 
+/* World rank 0's whole moments, freed (device memory, or dt_alloc on host memory). */
+static void free_whole_moments(tp *t) {
+    for (int k = 0; k < 2; k++) {
+        if (t->dev->host_memory) dt_free(t->whole_m[k]);
+        else t->dev->ops->free(t->dev, t->whole_m[k]);
+        t->whole_m[k] = NULL;
+    }
+}
+
 /* The whole model back to holding nothing (and world rank 0's whole moments freed) after a sync
  * widened it for evaluation or a checkpoint: between syncs the shards are all a rank holds. */
 static void narrow(dt_strategy *s, tp *t) {
     static const dt_range none = {0, 0};
-    if (!t->widened || dt_model_place(s->model, &none, 0) != DT_OK) return;  /* a failure: stays whole */
-    dt_free(t->whole_m[0]), dt_free(t->whole_m[1]);
-    t->whole_m[0] = t->whole_m[1] = NULL;
+    if (!t->widened) return;
+    if (t->dev->host_memory && dt_model_place(s->model, &none, 0) != DT_OK) return;  /* a failure: stays whole */
+    free_whole_moments(t);
     t->whole = t->widened = false;
 }
 
@@ -194,6 +246,10 @@ static dt_status tp_step(dt_strategy *s, float lr, float clip, dt_step_stats *st
     return dt_error(DT_EINTERNAL, "tensor parallel trains through its own train_step (step %lld)", (long long)s->step);
 }
 
+static float *whole_alloc(tp *t, size_t bytes) {
+    return t->dev->host_memory ? dt_alloc(bytes) : t->dev->ops->alloc(t->dev, bytes);
+}
+
 /* The whole parameters from the shards on every rank (checkpoints; evaluation under ZeRO-3), and
  * the whole optimizer moments on world rank 0 (its tp group gathers them there), which writes the checkpoints. The
  * whole model is placed for it (charged against --mem-limit; streaming is not done yet) and
@@ -208,7 +264,7 @@ static dt_status tp_sync(dt_strategy *s) {
                              "the whole model on every rank (rank 0 also its optimizer state); run without --save, "
                              "--save-weights and --checkpoint-every, or raise --mem-limit", dt_comm_rank(s->comm));
     for (int k = 0; saver && k < dt_optim_num_states(t->lopt); k++)
-        if (!t->whole_m[k] && !(t->whole_m[k] = dt_alloc(dt_model_num_params(s->model) * sizeof(float))))
+        if (!t->whole_m[k] && !(t->whole_m[k] = whole_alloc(t, dt_model_num_params(s->model) * sizeof(float))))
             return dt_mem_limit_hit()
                        ? dt_error_wrap(DT_ENOMEM, "tensor parallel (world rank 0): checkpoints gather the whole "
                                        "optimizer state on rank 0; run without --save, --save-weights and "
@@ -268,7 +324,8 @@ static void tp_destroy(dt_strategy *s) {
     dt_mesh_free(&t->mesh);
     dt_tp_hooks_destroy(t->hooks);
     dt_tp_zero_part_free(&t->mine);
-    dt_free(t->whole_m[0]), dt_free(t->whole_m[1]);
+    if (t->dev) free_whole_moments(t);
+    if (t->dev_ss) t->dev->ops->free(t->dev, t->dev_ss);
     free(t);
     s->impl = NULL;
 }
@@ -296,12 +353,26 @@ void dt_tp_counters_of(const dt_strategy *s, dt_tp_counters *c) {
     }
 }
 
+/* The shard and its optimizer moved onto the whole model's device t->dev (not host memory). */
+static dt_status on_device(tp *t, const tp_opts *o) {
+    if (o->zero)
+        return dt_error(DT_ENOTSUP, "--device %s: tp with zero=%d (ZeRO over the mesh's dp axis) does not run on a "
+                        "device yet; drop zero= (tp alone, or with plain data parallelism over the dp axis, runs "
+                        "there) or use --device cpu", t->dev->kind->name, o->zero);
+    DT_TRY(dt_model_set_device(t->local, t->dev));
+    DT_TRY(dt_optim_set_device(t->lopt, t->dev));
+    if (!(t->dev_ss = t->dev->ops->alloc(t->dev, sizeof(double))))
+        return dt_error_wrap(DT_ENOMEM, "tensor parallel: the clip's partial sum on device %s", t->dev->kind->name);
+    return DT_OK;
+}
+
 /* The shard of the whole model s->model for this rank, its optimizer, hooks and the dp axis. */
 static dt_status setup(dt_strategy *s, tp *t, const tp_opts *o) {
     DT_TRY(dt_mesh_create(&t->mesh, s->comm, o->tp, o->pp));
     t->K = t->mesh.tp, t->r = t->mesh.tp_rank;
     DT_TRY(dt_gpt_create_sharded(&t->local, &t->g, t->K));
     DT_TRY(dt_optim_create(&t->lopt, dt_optim_config_of(s->optim), dt_model_num_params(t->local)));
+    if (!t->dev->host_memory) DT_TRY(on_device(t, o));
     DT_TRY(dt_tp_scatter(s->model, s->optim, t->local, t->lopt, t->K, t->r));
     /* from here the whole model holds nothing between syncs (the trainer placed none of it unless
      * a sharded checkpoint was restored): its gradients and the whole optimizer's moments are
@@ -334,6 +405,10 @@ static dt_status tp_create(dt_strategy *s, const void *opts) {
     if (!dt_model_spec_is_gpt(spec))
         return dt_error(DT_EINVAL, "--tp %d: tensor parallelism splits a GPT's heads, MLP and vocabulary; --model %s "
                         "is not a GPT (use --model gpt:L=..,H=..,C=..,T=.., or --strategy ddp)", o->tp, spec);
+    if (o->pp > 1 && !dt_model_device(s->model)->host_memory)
+        return dt_error(DT_ENOTSUP, "--device %s: tp x pp (tp=%d, pp=%d: pipeline stages of shards) does not run on a "
+                        "device yet; use tp alone (pp=1) there, or --device cpu", dt_model_device(s->model)->kind->name,
+                        o->tp, o->pp);
     if (o->pp > 1) {  /* tp x pp: pipeline stages of shards (pp_tp.c), M = K micro-batches, 1F1B */
         dt_pp_opts po;
         dt_strategy_pp_entry.defaults(&po);
@@ -347,7 +422,7 @@ static dt_status tp_create(dt_strategy *s, const void *opts) {
     }
     tp *t = calloc(1, sizeof *t);
     if (!t) return dt_error(DT_ENOMEM, "tensor parallel: out of memory");
-    t->s = s;
+    t->s = s, t->dev = dt_model_device(s->model);
     dt_status st = dt_gpt_parse(spec, &t->g);
     if (st == DT_OK) st = setup(s, t, o);
     s->impl = t;
@@ -413,4 +488,4 @@ const dt_strategy_entry dt_strategy_tp_entry = {
     .name = "tp", .help = "tp(tp=K,pp=1,bucket_mb=MB,zero=0|1|2|3)  ranks: (dp_i*PP + pp_i)*TP + tp_i, TP innermost",
     .keys = "tp,pp,bucket_mb,zero", .opts_size = sizeof(tp_opts), .defaults = tp_defaults, .set = tp_set,
     .create = tp_create, .format = tp_format, .needs_comm = true, .data_part = tp_data_part, .mesh = tp_mesh,
-    .place = tp_place};
+    .place = tp_place, .device_neutral = true};

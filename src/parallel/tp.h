@@ -7,6 +7,7 @@
 #ifndef DT_PARALLEL_TP_H
 #define DT_PARALLEL_TP_H
 
+#include "device/device.h"
 #include "dtrain/comm.h"
 #include "dtrain/models.h"
 #include "dtrain/nn.h"
@@ -25,16 +26,22 @@ typedef enum {
 dt_tp_split dt_tp_split_of(const char *name);
 
 /* Copies rank r of K's part of the whole tensor `full` (its info ft) into local (to_local), or
- * local back into its place in full. RANK0 to_local on r > 0 writes zeros; back, it copies on r 0 only. */
+ * local back into its place in full, both host memory. RANK0 to_local on r > 0 writes zeros;
+ * back, it copies on r 0 only. (dt_tp_scatter and dt_tp_gather move device memory.) */
 void dt_tp_copy(dt_tp_split k, float *full, float *local, const dt_param_info *ft, int K, int r, bool to_local);
+/* The same where full and local may be device d's memory (full_host, local_host: host memory):
+ * copied with d's copy, upload or download (memcpy between host sides), zeros by its fill. */
+void dt_tp_copy_on(dt_dev *d, bool full_host, bool local_host, dt_tp_split k, float *full, float *local,
+                   const dt_param_info *ft, int K, int r, bool to_local);
 
 /* Rank r's shard of the whole model (params) and optimizer (moments, step count) into the local
- * ones. A whole tensor that is not placed (the trainer places none under tp) gives its initial
+ * ones (each side on its model's device; the optimizers on their models'). A whole tensor that is not placed (the trainer places none under tp) gives its initial
  * values instead (dt_model_init_tensor, one tensor at a time) and fresh moments. Only local's
  * placed tensors are written (a tp x pp stage places its own). DT_EINVAL when a local tensor has
  * no whole counterpart. */
 dt_status dt_tp_scatter(dt_model *full, dt_optim *fo, dt_model *local, dt_optim *lo, int K, int r);
-/* The inverse, collective over comm (K ranks; NULL = one), tensor by tensor: every rank assembles
+/* The inverse, collective over comm (K ranks; NULL = one), tensor by tensor, with full, moments
+ * and local on local's device (staged through host buffers where that is not host memory): every rank assembles
  * the whole parameters and buffers into full (allgather); with moments != NULL (on every rank of
  * comm alike) rank 0 also assembles each optimizer moment k of lo into moments[k] (whole-model
  * slabs; gather to rank 0, the others' moments are unused). */
@@ -45,15 +52,21 @@ dt_status dt_tp_gather(dt_comm *comm, dt_model *full, dt_model *local, dt_optim 
  * tmp: K x lt->numel floats. Collective over comm (NULL: one rank). */
 dt_status dt_tp_gather_tensor(dt_comm *comm, int K, const dt_param_info *ft, const dt_param_info *lt, const float *src,
                               float *dst, float *tmp, bool to_all);
+/* The same with src and dst memory of device d: on one whose memory is not host memory, src is
+ * downloaded into tmp's last part (tmp: K + 1 parts of lt->numel floats), gathered on the host and
+ * uploaded into its places in dst. */
+dt_status dt_tp_gather_tensor_on(dt_dev *d, dt_comm *comm, int K, const dt_param_info *ft, const dt_param_info *lt,
+                                 const float *src, float *dst, float *tmp, bool to_all);
 
-/* Vocabulary-parallel softmax cross-entropy (Megatron's): logits (N, Vl) hold vocabulary columns
- * [lo, lo + Vl) of the rank; targets (N) are global ids (ignore: does not count). Two allreduces
- * over comm (row maxima; sums of exponentials with the target logits), full logits never leave the
- * rank. *loss = mean over counted rows (0 when none), *counted their number; dlogits (N, Vl) =
- * scale x d mean / d logits (overwritten). work: 3N floats. DT_EINVAL naming a target outside
- * [0, V) (V = vocab, the whole vocabulary). */
-dt_status dt_tp_xent(dt_comm *comm, const float *logits, const int32_t *targets, int N, int Vl, int lo, int vocab,
-                     int ignore, float scale, float *dlogits, float *work, double *loss, int *counted);
+/* Vocabulary-parallel softmax cross-entropy (Megatron's) on device d (device.h xent_shard): a's
+ * logits (N, Vl) hold vocabulary columns [lo, lo + Vl) of the rank; y (host, N) are the global
+ * target ids (ignore: does not count), uploaded into a->targets unless that is y itself (host
+ * memory). Two allreduces over comm (row maxima; sums of exponentials with the target logits) of
+ * a->rows, in place, or through host (3N floats) where the transport does not take d's memory
+ * (host non-NULL); the full logits never leave the rank. Into d's memory: *a->loss = mean over
+ * counted rows (0 when none), *a->counted their number; dlogits = scale x d mean / d logits.
+ * DT_EINVAL naming a target outside [0, vocab). */
+dt_status dt_tp_xent(dt_comm *comm, dt_dev *d, float *host, const int32_t *y, int vocab, const dt_xent_shard_args *a);
 
 /* What the tp axis moved on this rank since the strategy was made (dt_comm_bytes of its
  * allreduces): inside the blocks (the four f/g allreduces per block per step, Megatron's

@@ -5,7 +5,10 @@
  * gradient summed), and the vocabulary-parallel loss. The tensor-parallel strategy (tp.c) and the
  * pipeline (pp_step.c, a stage of a tp x pp mesh) drive the same hooks: they map a step's ids into
  * the rank's slice, select the samples of the micro-batch the next forward or backward runs, and
- * take the loss and its logits' gradient from dt_tp_hooks_loss. */
+ * take the loss and its logits' gradient from dt_tp_hooks_loss. Activations, gradients and the
+ * loss's buffers are the shard's device memory: the hooks zero and reduce them through device
+ * calls, staging an allreduce through a host buffer where the transport does not take that memory
+ * (dt_strategy_stage_device); on the cpu device the collectives run on them in place. */
 #include "parallel/tp.h"
 
 #include <stdio.h>
@@ -37,8 +40,15 @@ struct dt_tp_hooks {
     int32_t *ids;             /* the step's ids mapped into the rank's vocabulary slice */
     unsigned char *keep;      /* whether each id is in the slice */
     size_t cap;               /* samples ids/keep hold */
-    float *dlogits, *work;
-    size_t lcap;              /* samples dlogits/work hold */
+    dt_dev *dev;              /* the shard's device */
+    dt_dev *stage;            /* dev where the collectives go through host buffers, else NULL */
+    float *dlogits, *rows;    /* device: the logits' gradient; the loss's rows (3N: maxima, sums) */
+    int32_t *targets;         /* device: the loss's targets (unused on host memory: it reads the feed) */
+    void *out;                /* device: the loss (a double) and its counted rows (an int32) */
+    size_t lcap;              /* samples dlogits/rows/targets hold */
+    float *host;              /* host buffer for staging and the accuracy's rows (device memory only) */
+    size_t hcap;              /* floats host holds */
+    float *logits_host;       /* the accuracy's logits, downloaded (device memory only) */
     const unsigned char *cur_keep;
     int B;                    /* samples of the selected micro-batch */
     dt_status err;            /* the first failure inside a hook */
@@ -52,12 +62,36 @@ static dt_status tp_fail(const dt_tp_hooks *h, dt_status st, const char *what, s
                          h->K, h->world_rank - h->r);
 }
 
+/* The host buffer of at least n floats (grown), or NULL with the error set. */
+static float *host_buf(dt_tp_hooks *h, size_t n) {
+    if (n > h->hcap) {
+        float *p = realloc(h->host, n * sizeof(float));
+        if (!p) {
+            dt_error(DT_ENOMEM, "tensor parallel: out of memory for a host buffer of %zu floats", n);
+            return NULL;
+        }
+        h->host = p, h->hcap = n;
+    }
+    return h->host;
+}
+
+/* n bytes of the device's memory (host memory on the cpu device, as malloc), and their free. */
+static void *dev_alloc(dt_dev *d, size_t n) { return d->host_memory ? malloc(n) : d->ops->alloc(d, n); }
+static void dev_free(dt_dev *d, void *p) {
+    if (d->host_memory) free(p);
+    else d->ops->free(d, p);
+}
+
 /* One allreduce (sum) of the tp axis from a hook; counts its bytes; records a failure. */
 static void reduce(dt_tp_hooks *h, float *buf, size_t n, bool block) {
     if (h->err != DT_OK || !h->comm || h->K == 1) return;
     const uint64_t b0 = dt_comm_bytes(h->comm, NULL);
     const double t0 = dt_now();
-    dt_status st = dt_comm_allreduce(h->comm, buf, buf, n, DT_F32, DT_OP_SUM);
+    float *host = h->stage ? host_buf(h, n) : NULL;
+    dt_status st = h->stage && !host ? DT_ENOMEM : DT_OK;
+    if (host) h->dev->ops->download(h->dev, host, buf, n * sizeof(float));
+    if (st == DT_OK) st = dt_comm_allreduce(h->comm, host ? host : buf, host ? host : buf, n, DT_F32, DT_OP_SUM);
+    if (host && st == DT_OK) h->dev->ops->upload(h->dev, buf, host, n * sizeof(float));
     h->comm_s += dt_now() - t0;
     if (st != DT_OK) {
         h->err = tp_fail(h, st, "allreduce, values", n);
@@ -73,9 +107,13 @@ static size_t btc(const dt_tp_hooks *h) { return (size_t)h->B * (size_t)h->g.T *
 
 /* Zeroes the rows (of C values) of x whose id is outside the rank's slice. */
 static void zero_foreign(const dt_tp_hooks *h, float *x) {
-    const size_t n = (size_t)h->B * (size_t)h->g.T;
-    for (size_t i = 0; i < n; i++)
-        if (!h->cur_keep[i]) memset(x + i * (size_t)h->g.C, 0, (size_t)h->g.C * sizeof(float));
+    const size_t n = (size_t)h->B * (size_t)h->g.T, C = (size_t)h->g.C;
+    for (size_t i = 0; i < n;) {  /* a run of foreign rows, one fill */
+        size_t e = i;
+        while (e < n && !h->cur_keep[e]) e++;
+        if (e > i) h->dev->ops->fill_f32(h->dev, x + i * C, 0.0f, (e - i) * C);
+        i = e + 1;
+    }
 }
 
 static void after_forward(void *ctx, int node) {
@@ -102,7 +140,7 @@ static void after_backward(void *ctx, int node) {
             int k = dt_model_find_tensor(h->local, name);
             if (k >= 0) {
                 const dt_param_info *b = dt_model_tensor(h->local, k);
-                memset(dt_model_grads(h->local) + b->offset, 0, b->numel * sizeof(float));
+                h->dev->ops->fill_f32(h->dev, dt_model_grads(h->local) + b->offset, 0.0f, b->numel);
             }
         }
         break;
@@ -157,7 +195,8 @@ dt_status dt_tp_hooks_create(dt_tp_hooks **out, dt_model *local, const dt_gpt_co
     dt_tp_hooks *h = calloc(1, sizeof *h);
     if (!h) return dt_error(DT_ENOMEM, "tensor parallel: out of memory");
     *h = (dt_tp_hooks){.local = local, .comm = comm, .g = *g, .K = K, .r = r, .world_rank = world_rank,
-                       .trace = trace, .step = step};
+                       .trace = trace, .step = step, .dev = dt_model_device(local)};
+    h->stage = comm && K > 1 ? dt_strategy_stage_device(comm, local) : NULL;
     dt_status st = assign_roles(h);
     if (st != DT_OK) {
         dt_tp_hooks_destroy(h);
@@ -196,7 +235,8 @@ void dt_tp_hooks_chain(dt_tp_hooks *h) {
 
 void dt_tp_hooks_destroy(dt_tp_hooks *h) {
     if (!h) return;
-    free(h->role), free(h->src), free(h->ids), free(h->keep), free(h->dlogits), free(h->work);
+    free(h->role), free(h->src), free(h->ids), free(h->keep), free(h->host), free(h->logits_host);
+    dev_free(h->dev, h->dlogits), dev_free(h->dev, h->rows), dev_free(h->dev, h->targets), dev_free(h->dev, h->out);
     free(h);
 }
 
@@ -230,19 +270,31 @@ void dt_tp_hooks_select(dt_tp_hooks *h, int lo, int n) {
     h->cur_keep = h->keep ? h->keep + (size_t)lo * (size_t)h->g.T : NULL;
 }
 
+/* The loss's device buffers for n samples (N rows of Vl logits). */
+static dt_status loss_buffers(dt_tp_hooks *h, int n, size_t N, size_t Vl) {
+    if ((size_t)n <= h->lcap) return DT_OK;
+    dt_dev *d = h->dev;
+    dev_free(d, h->dlogits), dev_free(d, h->rows), dev_free(d, h->targets), dev_free(d, h->out);
+    h->dlogits = dev_alloc(d, N * Vl * sizeof(float)), h->rows = dev_alloc(d, 3 * N * sizeof(float));
+    h->targets = d->host_memory ? NULL : dev_alloc(d, N * sizeof(int32_t));
+    h->out = dev_alloc(d, 2 * sizeof(double));
+    h->lcap = h->dlogits && h->rows && h->out && (d->host_memory || h->targets) ? (size_t)n : 0;
+    if (h->lcap && !d->host_memory && !host_buf(h, 3 * N)) h->lcap = 0;
+    if (!h->lcap) return dt_error(DT_ENOMEM, "tensor parallel: out of memory for the loss of %d samples", n);
+    return DT_OK;
+}
+
 dt_status dt_tp_hooks_loss(dt_tp_hooks *h, const int32_t *y, int n, float scale, double *loss) {
     const size_t N = (size_t)n * (size_t)h->g.T, Vl = (size_t)(h->g.V / h->K);
-    if ((size_t)n > h->lcap) {
-        free(h->dlogits), free(h->work);
-        h->dlogits = malloc(N * Vl * sizeof(float)), h->work = malloc(3 * N * sizeof(float));
-        h->lcap = h->dlogits && h->work ? (size_t)n : 0;
-        if (!h->lcap) return dt_error(DT_ENOMEM, "tensor parallel: out of memory for the loss of %d samples", n);
-    }
+    DT_TRY(loss_buffers(h, n, N, Vl));
     const uint64_t x0 = dt_comm_bytes(h->comm, NULL);
     const double t0 = dt_now();
-    int counted;
-    dt_status st = dt_tp_xent(h->K > 1 ? h->comm : NULL, dt_model_output(h->local), y, (int)N, (int)Vl,
-                              h->r * (int)Vl, h->g.V, -1, scale, h->dlogits, h->work, loss, &counted);
+    dt_xent_shard_args a = {.logits = dt_model_output(h->local), .targets = h->dev->host_memory ? y : h->targets,
+                            .N = (int)N, .Vl = (int)Vl, .lo = h->r * (int)Vl, .ignore = -1, .scale = scale,
+                            .dlogits = h->dlogits, .rows = h->rows, .loss = h->out,
+                            .counted = (int32_t *)((double *)h->out + 1)};
+    dt_status st = dt_tp_xent(h->K > 1 ? h->comm : NULL, h->dev, h->stage ? h->host : NULL, y, h->g.V, &a);
+    if (st == DT_OK) h->dev->ops->download(h->dev, loss, a.loss, sizeof *loss);
     h->comm_s += dt_now() - t0;  /* mostly its two allreduces */
     h->cnt.other_bytes += dt_comm_bytes(h->comm, NULL) - x0;
     if (st != DT_OK && st != DT_EINVAL) return tp_fail(h, st, "loss allreduce, rows", N);
@@ -254,8 +306,15 @@ const float *dt_tp_hooks_dlogits(const dt_tp_hooks *h) { return h->dlogits; }
 dt_status dt_tp_hooks_correct(dt_tp_hooks *h, const int32_t *y, int n, int64_t *correct) {
     const size_t N = (size_t)n * (size_t)h->g.T, Vl = (size_t)(h->g.V / h->K);
     if ((size_t)n > h->lcap) return dt_error(DT_EINTERNAL, "tensor parallel: dt_tp_hooks_correct before the loss");
-    float *mx = h->work, *at = h->work + N;  /* per row: the slice's largest logit, its global id */
     const float *z = dt_model_output(h->local);
+    float *mx = h->rows, *at = h->rows + N;  /* per row: the slice's largest logit, its global id */
+    if (!h->dev->host_memory) {  /* the logits downloaded once per batch, as a whole model's accuracy does */
+        float *zh = realloc(h->logits_host, N * Vl * sizeof(float));
+        if (!zh) return dt_error(DT_ENOMEM, "tensor parallel: out of memory for the logits of %d samples", n);
+        h->logits_host = zh;
+        h->dev->ops->download(h->dev, zh, z, N * Vl * sizeof(float));
+        z = zh, mx = h->host, at = h->host + N;  /* loss_buffers made host hold 3N floats */
+    }
     for (size_t i = 0; i < N; i++) {
         size_t best = 0;
         for (size_t v = 1; v < Vl; v++)

@@ -1,7 +1,8 @@
 /* Tensor-parallel shards of a GPT (tp.h): which tensor splits how, the copy of one rank's part in
  * and out of a whole tensor, and the scatter / gather of a whole model and optimizer state. The
  * whole model is what checkpoints hold (one PyTorch-loadable file, layout independent): a run
- * resumes under any --tp by scattering it, and saves by gathering. */
+ * resumes under any --tp by scattering it, and saves by gathering. The tensors are device memory:
+ * moved with the device's copy, upload and download (memcpy where both sides are host memory). */
 #include "parallel/tp.h"
 
 #include <stdlib.h>
@@ -21,35 +22,61 @@ dt_tp_split dt_tp_split_of(const char *name) {
     return DT_TP_REPL;
 }
 
-static void move(float *full, float *local, size_t n, bool to_local) {
-    if (to_local) memcpy(local, full, n * sizeof(float));
-    else memcpy(full, local, n * sizeof(float));
+/* Where the whole tensor and the rank's part are: host memory, or device d's. */
+typedef struct {
+    dt_dev *d;
+    bool full_host, local_host;
+} sides;
+
+static void move(const sides *s, float *full, float *local, size_t n, bool to_local) {
+    float *dst = to_local ? local : full;
+    const float *src = to_local ? full : local;
+    const bool dh = to_local ? s->local_host : s->full_host, sh = to_local ? s->full_host : s->local_host;
+    const size_t b = n * sizeof(float);
+    if (dh && sh) memcpy(dst, src, b);
+    else if (dh) s->d->ops->download(s->d, dst, src, b);
+    else if (sh) s->d->ops->upload(s->d, dst, src, b);
+    else s->d->ops->copy(s->d, dst, src, b);
 }
 
-void dt_tp_copy(dt_tp_split k, float *full, float *local, const dt_param_info *ft, int K, int r, bool to_local) {
+static void copy_on(const sides *s, dt_tp_split k, float *full, float *local, const dt_param_info *ft, int K, int r,
+                    bool to_local) {
     const size_t R = (size_t)ft->shape[0], Cc = ft->numel / R;
     switch (k) {
-    case DT_TP_REPL: move(full, local, ft->numel, to_local); break;
+    case DT_TP_REPL: move(s, full, local, ft->numel, to_local); break;
     case DT_TP_RANK0:
-        if (r == 0) move(full, local, ft->numel, to_local);
-        else if (to_local) memset(local, 0, ft->numel * sizeof(float));
+        if (r == 0) move(s, full, local, ft->numel, to_local);
+        else if (to_local && s->local_host) memset(local, 0, ft->numel * sizeof(float));
+        else if (to_local) s->d->ops->fill_f32(s->d, local, 0.0f, ft->numel);
         break;
     case DT_TP_ROWS: {
         const size_t lr = R / (size_t)K;
-        move(full + (size_t)r * lr * Cc, local, lr * Cc, to_local);
+        move(s, full + (size_t)r * lr * Cc, local, lr * Cc, to_local);
         break;
     }
     case DT_TP_ROWS3: {
         const size_t third = R / 3, lr = third / (size_t)K;
-        for (size_t j = 0; j < 3; j++) move(full + (j * third + (size_t)r * lr) * Cc, local + j * lr * Cc, lr * Cc, to_local);
+        for (size_t j = 0; j < 3; j++)
+            move(s, full + (j * third + (size_t)r * lr) * Cc, local + j * lr * Cc, lr * Cc, to_local);
         break;
     }
     case DT_TP_COLS: {
         const size_t lc = Cc / (size_t)K;
-        for (size_t row = 0; row < R; row++) move(full + row * Cc + (size_t)r * lc, local + row * lc, lc, to_local);
+        for (size_t row = 0; row < R; row++) move(s, full + row * Cc + (size_t)r * lc, local + row * lc, lc, to_local);
         break;
     }
     }
+}
+
+void dt_tp_copy(dt_tp_split k, float *full, float *local, const dt_param_info *ft, int K, int r, bool to_local) {
+    const sides host = {dt_device_cpu(), true, true};
+    copy_on(&host, k, full, local, ft, K, r, to_local);
+}
+
+void dt_tp_copy_on(dt_dev *d, bool full_host, bool local_host, dt_tp_split k, float *full, float *local,
+                   const dt_param_info *ft, int K, int r, bool to_local) {
+    const sides sd = {d, full_host, local_host};
+    copy_on(&sd, k, full, local, ft, K, r, to_local);
 }
 
 /* The whole tensor of local tensor j, or NULL with the error set. */
@@ -85,16 +112,18 @@ dt_status dt_tp_scatter(dt_model *full, dt_optim *fo, dt_model *local, dt_optim 
         float *fb = (lt->is_buffer ? dt_model_buffers(full) : dt_model_params(full)) + ft->offset;
         float *lb = lt->is_buffer ? dt_model_buffers(local) : dt_model_params(local);
         const bool placed = dt_model_tensor_placed(full, i);
+        const sides sd = {dt_model_device(local), !placed || dt_model_device(full)->host_memory,
+                          dt_model_device(local)->host_memory};
         if (!placed && !tmp && !(tmp = malloc(largest_tensor(full) * sizeof(float)))) {
             st = dt_error(DT_ENOMEM, "tensor parallel: out of memory initialising the shards");
             break;
         }
         if (!placed && (st = dt_model_init_tensor(full, i, tmp)) != DT_OK) break;
-        dt_tp_copy(k, placed ? fb : tmp, lb + lt->offset, ft, K, r, true);
+        copy_on(&sd, k, placed ? fb : tmp, lb + lt->offset, ft, K, r, true);
         for (int s = 0; placed && fo && lo && !lt->is_buffer && s < dt_optim_num_states(lo); s++) {
             const char *nm;  /* unplaced: fresh moments (a resume restores the shards in place after) */
-            dt_tp_copy(k, dt_optim_state(fo, s, &nm) + ft->offset, dt_optim_state(lo, s, &nm) + lt->offset, ft, K, r,
-                       true);
+            copy_on(&sd, k, dt_optim_state(fo, s, &nm) + ft->offset, dt_optim_state(lo, s, &nm) + lt->offset, ft, K, r,
+                    true);
         }
     }
     free(tmp);
@@ -102,28 +131,42 @@ dt_status dt_tp_scatter(dt_model *full, dt_optim *fo, dt_model *local, dt_optim 
     return st;
 }
 
-dt_status dt_tp_gather_tensor(dt_comm *comm, int K, const dt_param_info *ft, const dt_param_info *lt, const float *src,
-                              float *dst, float *tmp, bool to_all) {
+dt_status dt_tp_gather_tensor_on(dt_dev *d, dt_comm *comm, int K, const dt_param_info *ft, const dt_param_info *lt,
+                                 const float *src, float *dst, float *tmp, bool to_all) {
     const dt_tp_split k = dt_tp_split_of(lt->name);
-    if (!comm) memcpy(tmp, src, lt->numel * sizeof(float));
-    else if (to_all) DT_TRY(dt_comm_allgather(comm, src, tmp, lt->numel, DT_F32));
-    else DT_TRY(dt_comm_gather(comm, src, tmp, lt->numel, DT_F32, 0));
+    const size_t n = lt->numel;
+    const float *send = src;
+    if (!d->host_memory) {  /* staged: the part downloaded, gathered on the host, placed by uploads */
+        float *h = comm ? tmp + (size_t)K * n : tmp;
+        d->ops->download(d, h, src, n * sizeof(float));
+        send = h;
+    }
+    if (!comm) {
+        if (send != tmp) memcpy(tmp, send, n * sizeof(float));
+    } else if (to_all) DT_TRY(dt_comm_allgather(comm, send, tmp, n, DT_F32));
+    else DT_TRY(dt_comm_gather(comm, send, tmp, n, DT_F32, 0));
     if (!to_all && comm && dt_comm_rank(comm) != 0) return DT_OK;
+    const sides sd = {d, d->host_memory, true};
     for (int q = 0; q < K; q++)
-        if (q == 0 || (k != DT_TP_REPL && k != DT_TP_RANK0))
-            dt_tp_copy(k, dst, tmp + (size_t)q * lt->numel, ft, K, q, false);
+        if (q == 0 || (k != DT_TP_REPL && k != DT_TP_RANK0)) copy_on(&sd, k, dst, tmp + (size_t)q * n, ft, K, q, false);
     return DT_OK;
 }
 
-/* Every rank's part of local tensor lt into its whole tensor ft's place in whole (a slab's base). */
-static dt_status gather_tensor(dt_comm *comm, int K, const dt_param_info *ft, const dt_param_info *lt, const float *src,
-                               float *whole, float *tmp, bool to_all) {
-    return dt_tp_gather_tensor(comm, K, ft, lt, src, whole + ft->offset, tmp, to_all);
+dt_status dt_tp_gather_tensor(dt_comm *comm, int K, const dt_param_info *ft, const dt_param_info *lt, const float *src,
+                              float *dst, float *tmp, bool to_all) {
+    return dt_tp_gather_tensor_on(dt_device_cpu(), comm, K, ft, lt, src, dst, tmp, to_all);
 }
 
-/* The scratch of gather_tensor for the largest tensor of local. */
+/* Every rank's part of local tensor lt into its whole tensor ft's place in whole (a slab's base). */
+static dt_status gather_tensor(dt_dev *d, dt_comm *comm, int K, const dt_param_info *ft, const dt_param_info *lt, const float *src,
+                               float *whole, float *tmp, bool to_all) {
+    return dt_tp_gather_tensor_on(d, comm, K, ft, lt, src, whole + ft->offset, tmp, to_all);
+}
+
+/* The scratch of gather_tensor for the largest tensor of local (and its staging on a device). */
 static float *gather_scratch(const dt_model *local, int K) {
-    float *tmp = malloc((size_t)K * largest_tensor(local) * sizeof(float));
+    const size_t parts = (size_t)K + !dt_model_device(local)->host_memory;
+    float *tmp = malloc(parts * largest_tensor(local) * sizeof(float));
     if (!tmp) dt_error(DT_ENOMEM, "tensor parallel: out of memory gathering the shards");
     return tmp;
 }
@@ -131,16 +174,17 @@ static float *gather_scratch(const dt_model *local, int K) {
 dt_status dt_tp_gather(dt_comm *comm, dt_model *full, dt_model *local, dt_optim *lo, int K, float *const *moments) {
     float *tmp = gather_scratch(local, K);
     if (!tmp) return DT_ENOMEM;
+    dt_dev *d = dt_model_device(local);  /* full's and the moments' too */
     dt_status s = DT_OK;
     for (int j = 0; s == DT_OK && j < dt_model_num_tensors(local); j++) {
         const dt_param_info *lt = dt_model_tensor(local, j), *ft = whole_of(full, lt);
         if (!ft) s = DT_EINVAL;
         float *lb = lt->is_buffer ? dt_model_buffers(local) : dt_model_params(local);
         float *fb = lt->is_buffer ? dt_model_buffers(full) : dt_model_params(full);
-        if (s == DT_OK) s = gather_tensor(comm, K, ft, lt, lb + lt->offset, fb, tmp, true);
+        if (s == DT_OK) s = gather_tensor(d, comm, K, ft, lt, lb + lt->offset, fb, tmp, true);
         for (int k = 0; s == DT_OK && moments && !lt->is_buffer && k < dt_optim_num_states(lo); k++) {
             const char *nm;
-            s = gather_tensor(comm, K, ft, lt, dt_optim_state(lo, k, &nm) + lt->offset, moments[k], tmp, false);
+            s = gather_tensor(d, comm, K, ft, lt, dt_optim_state(lo, k, &nm) + lt->offset, moments[k], tmp, false);
         }
     }
     free(tmp);

@@ -350,9 +350,11 @@ static dt_status restore_piece(void *ctx, const dt_state_piece *p) {
     return DT_OK;
 }
 
-/* restore_piece into device memory the host cannot write: through a host copy, uploaded. */
+/* A restore visitor (restore, with its ctx) into device memory the host cannot write: through a
+ * host copy, uploaded. */
 typedef struct {
-    const dt_st_file *f;
+    dt_state_visit_fn restore;
+    void *ctx;
     dt_dev *dev;
 } device_restore;
 
@@ -361,7 +363,7 @@ static dt_status restore_piece_device(void *ctx, const dt_state_piece *p) {
     dt_state_piece h = *p;
     if (!(h.buf.data = malloc(p->buf.count * sizeof(float) + 1))) return dt_error(DT_ENOMEM, "checkpoint: out of memory");
     r->dev->ops->download(r->dev, h.buf.data, p->buf.data, p->buf.count * sizeof(float));  /* kept where it is absent */
-    dt_status s = restore_piece((void *)r->f, &h);
+    dt_status s = r->restore(r->ctx, &h);
     if (s == DT_OK) r->dev->ops->upload(r->dev, p->buf.data, h.buf.data, p->buf.count * sizeof(float));
     free(h.buf.data);
     return s;
@@ -420,7 +422,7 @@ dt_status dt_checkpoint_restore(const char *path, dt_model *m, dt_optim *o, dt_c
     if (s == DT_OK) s = meta_int(f, "dtrain.shards", false, 0, 1, 1 << 24, &shards);
     if (s == DT_OK && shards > 0) s = dt_checkpoint_restore_shards(path, (int)shards, m, o);
     else if (s == DT_OK && !dt_model_device(m)->host_memory) {
-        device_restore r = {f, dt_model_device(m)};
+        device_restore r = {restore_piece, f, dt_model_device(m)};
         s = dt_state_visit_model(m, o, restore_piece_device, &r);
     } else if (s == DT_OK) s = dt_state_visit_model(m, o, restore_piece, f);
     if (s == DT_OK && o) dt_optim_set_steps(o, strtoll(steps, NULL, 10));
@@ -471,7 +473,9 @@ dt_status dt_checkpoint_restore_strategy(const char *path, dt_strategy *st, dt_c
         dt_loss_scaler ck = {.scale = 1.0f};  /* the checkpoint's scale: 1 without fp16 */
         checkpoint_loss_scaler(f, &ck);
         restore_ctx c = {.f = f, .ef_factor = (ls ? ls->scale : 1.0f) / ck.scale};
-        s = dt_strategy_visit_state(st, restore_piece_rescaled, &c);
+        device_restore r = {restore_piece_rescaled, &c, dt_model_device(st->model)};  /* tp's shards on a device */
+        s = r.dev->host_memory ? dt_strategy_visit_state(st, restore_piece_rescaled, &c)
+                               : dt_strategy_visit_state(st, restore_piece_device, &r);
     }
     if (s == DT_OK && st->optim && steps) dt_optim_set_steps(st->optim, strtoll(steps, NULL, 10));
     dt_st_close(f);

@@ -336,7 +336,10 @@ static dt_status place_model(dt_trainer *t, const dt_strategy_entry *se, const d
     int nown = 0;
     bool whole = true;
     if (!whole_load) DT_TRY(dt_strategy_placement(se, so, t->model, t->rank, t->world, &own, &nown, &whole));
-    if (!whole && t->cfg.device && strcmp(t->cfg.device, "cpu"))  /* ZeRO-3's shards are host pages so far */
+    const bool on_device = t->cfg.device && strcmp(t->cfg.device, "cpu");
+    if (!whole && on_device && !own && nown == 0 && se->device_neutral)
+        whole = true;  /* placed nowhere (tp keeps its shards in a model of its own): whole device blocks */
+    if (!whole && on_device)  /* ZeRO-3's shards are host pages so far */
         return dt_error(DT_ENOTSUP, "--device %s: a model placed in shards (ZeRO stage 3) does not run on a device "
                         "yet; drop zero=3 or use --device cpu", t->cfg.device);
     const dt_range *part = whole ? NULL : own ? own : &none;
@@ -366,7 +369,7 @@ static dt_status move_to_device(dt_trainer *t, const dt_strategy_entry *se, cons
     const char *spec = t->cfg.device;
     if (!spec || !strcmp(spec, "cpu")) return DT_OK;
     if (!se->device_neutral)
-        return dt_error(DT_ENOTSUP, "--device %s: only the single strategy and plain ddp run on it so far (the "
+        return dt_error(DT_ENOTSUP, "--device %s: only the single strategy, plain ddp and tp run on it so far (the "
                         "%s strategy's sharding and staging still touch model memory from the host); use --device "
                         "cpu", spec, se->name);
     if (resume && dt_checkpoint_is_sharded(resume))
