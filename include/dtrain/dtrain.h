@@ -6,7 +6,7 @@
 #define DTRAIN_VERSION "0.1.0"
 
 #include "dtrain/core.h"
-#include "dtrain/layers.h"
+#include "dtrain/kernels.h"
 #include "dtrain/nn.h"
 #include "dtrain/models.h"
 #include "dtrain/optim.h"

@@ -9,7 +9,7 @@
 #include "backend/attention.h"
 #include "core/test.h"
 #include "dtrain/core.h"
-#include "dtrain/layers.h"
+#include "backend/layers.h"
 
 #include <string.h>
 

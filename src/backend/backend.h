@@ -7,7 +7,7 @@
 #define DT_BACKEND_H
 
 #include "dtrain/core.h"
-#include "dtrain/layers.h"
+#include "backend/layers.h"
 
 #include "backend/conv_pool.h"
 

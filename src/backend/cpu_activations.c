@@ -2,7 +2,7 @@
  * counter-based mask. GELU runs its vector copy (cpu_gelu_vec.c) where the CPU has one, else the
  * libm loop below. Forward may run in place (out == in); backward overwrites din. */
 #include "dtrain/core.h"
-#include "dtrain/layers.h"
+#include "backend/layers.h"
 
 #include <math.h>
 #include <string.h>

@@ -4,7 +4,7 @@
  * q/k/v heads are read in place from the (B,T,3C) rows with leading dimension 3C, and the output
  * heads written with leading dimension C, so no transposes are copied. Backward recomputes
  * nothing: P is kept in att. */
-#include "dtrain/layers.h"
+#include "backend/layers.h"
 
 #include <cblas.h>
 #include <math.h>

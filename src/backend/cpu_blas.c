@@ -2,7 +2,7 @@
  * family 6 model 207, with AVX-512 and AMX) and falls back to its generic "Prescott" kernels,
  * 3-4x slower; OPENBLAS_CORETYPE, read when the library loads, picks a kernel set by hand. */
 #include "backend/isa.h"
-#include "dtrain/layers.h"
+#include "backend/layers.h"
 
 #include <stdlib.h>
 #include <string.h>

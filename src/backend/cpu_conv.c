@@ -4,7 +4,7 @@
  * a ones row of col. Backward: [dw|db]^T += [col;1] @ dout_b^T, dcol = w^T @ dout_b, col2im.
  * "Same" stride-1 convolutions (2*pad == K-1) build col from whole-plane shifted copies;
  * 1x1/stride 1/pad 0 skips im2col. */
-#include "dtrain/layers.h"
+#include "backend/layers.h"
 
 #include <cblas.h>
 #include <string.h>

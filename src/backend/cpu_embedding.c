@@ -1,6 +1,6 @@
 /* Embedding kernels (token and learned-position lookups) and the residual add. Backward
  * accumulates into the table's gradient. Ids are checked by the caller (the embedding op). */
-#include "dtrain/layers.h"
+#include "backend/layers.h"
 
 #include <string.h>
 

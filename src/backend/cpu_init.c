@@ -1,7 +1,7 @@
 /* Parameter initialisation matching torch's default distributions (not its numbers: the draws
  * come from the counter-based Philox generator, element i from counter i of stream key). */
 #include "dtrain/core.h"
-#include "dtrain/layers.h"
+#include "backend/layers.h"
 
 #include <math.h>
 

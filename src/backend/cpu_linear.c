@@ -1,6 +1,6 @@
 /* Linear (fully connected) layer kernels on OpenBLAS sgemm: out = in @ w^T + b, PyTorch weight
  * layout (OC, C). Backward accumulates dw/db and overwrites din (see include/dtrain/layers.h). */
-#include "dtrain/layers.h"
+#include "backend/layers.h"
 
 #include <cblas.h>
 #include <string.h>

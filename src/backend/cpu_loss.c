@@ -1,7 +1,7 @@
 /* Losses: fused, numerically stable softmax cross-entropy (subtract the row max, log-sum-exp)
  * and mean squared error. Both average over the batch; backward overwrites the gradient and
  * takes a loss-scaling factor. */
-#include "dtrain/layers.h"
+#include "backend/layers.h"
 
 #include <math.h>
 #include <stdint.h>

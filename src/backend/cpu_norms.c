@@ -2,7 +2,7 @@
  * backward. Statistics use two passes (mean, then squared deviations) for accuracy; w/b may be
  * NULL (no affine: scale 1, shift 0, and no dw/db). Variance is biased for normalisation as
  * torch; BatchNorm's running_var gets the unbiased one. */
-#include "dtrain/layers.h"
+#include "backend/layers.h"
 
 #include <math.h>
 

@@ -1,7 +1,7 @@
 /* Max and average 2-d pooling over NCHW planes (square window K, stride S, no padding).
  * MaxPool keeps the flat input index of each max (first max wins on ties, the last NaN wins,
  * as torch's CPU kernel) so backward is a scatter; K == S == 2 has a dedicated fast path. */
-#include "dtrain/layers.h"
+#include "backend/layers.h"
 
 #include <string.h>
 

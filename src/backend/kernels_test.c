@@ -4,7 +4,7 @@
  * dropout p = 0 / 1, empty shapes). */
 #include "core/test.h"
 #include "dtrain/core.h"
-#include "dtrain/layers.h"
+#include "backend/layers.h"
 
 #include <string.h>
 

@@ -2,7 +2,7 @@
 #include "cli/bench_util.h"
 
 #include "cli/cli.h"
-#include "dtrain/layers.h"
+#include "dtrain/kernels.h"
 
 #include <limits.h>
 #include <stdio.h>

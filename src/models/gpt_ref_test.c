@@ -8,7 +8,7 @@
  * ref_test.c). The ops it is built of are nn/graph_ref_test.c. */
 #include "core/test.h"
 #include "dtrain/core.h"
-#include "dtrain/layers.h"
+#include "backend/layers.h"
 #include "dtrain/models.h"
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"

@@ -4,7 +4,7 @@
  * from the same parameters and take SGD steps on the same batches: outputs, every gradient,
  * batchnorm buffers and the parameters after the steps must match exactly (memcmp). */
 #include "core/test.h"
-#include "dtrain/layers.h"
+#include "backend/layers.h"
 #include "dtrain/models.h"
 #include "dtrain/optim.h"
 

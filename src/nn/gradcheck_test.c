@@ -4,7 +4,7 @@
  * gradients accumulate, din is overwritten, din = NULL skips it and changes nothing else. */
 #include "core/test.h"
 #include "dtrain/core.h"
-#include "dtrain/layers.h"
+#include "backend/layers.h"
 
 #include <stdint.h>
 #include <string.h>

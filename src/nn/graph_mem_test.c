@@ -9,7 +9,7 @@
 #include "backend/backend.h"
 #include "core/test.h"
 #include "dtrain/core.h"
-#include "dtrain/layers.h"
+#include "backend/layers.h"
 #include "dtrain/models.h"
 #include "dtrain/nn.h"
 #include "nn/graph_internal.h"

@@ -13,7 +13,7 @@
  * Prints every max difference. */
 #include "core/test.h"
 #include "dtrain/core.h"
-#include "dtrain/layers.h"
+#include "backend/layers.h"
 #include "dtrain/models.h"
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"

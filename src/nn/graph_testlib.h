@@ -7,7 +7,7 @@
 
 #include "core/test.h"
 #include "dtrain/core.h"
-#include "dtrain/layers.h"
+#include "backend/layers.h"
 #include "dtrain/nn.h"
 
 #include <math.h>

@@ -4,7 +4,7 @@
  * compares outputs and gradients. Prints the max difference of every case. */
 #include "core/test.h"
 #include "dtrain/core.h"
-#include "dtrain/layers.h"
+#include "backend/layers.h"
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
 #include "nn/fixture.h"

@@ -6,6 +6,7 @@
  * stay bitwise identical, two identical runs are bitwise identical, and mismatched replicas are
  * refused at start. */
 #include "core/test.h"
+#include "backend/layers.h"
 #include "parallel/parallel_testlib.h"
 #include "dtrain/dtrain.h"
 

@@ -1,7 +1,7 @@
 /* Trainer output: the JSON-Lines metrics records (an epoch's; a --log-every step's and an
  * --eval-every evaluation's, "kind": "step" / "eval") and the gathered Chrome trace. */
 #include "run/trainer_internal.h"
-#include "dtrain/layers.h"
+#include "dtrain/kernels.h"
 
 #include "run/writable.h"
 

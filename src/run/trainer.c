@@ -4,7 +4,7 @@
 #include "run/trainer_internal.h"
 
 #include "dtrain/io.h"
-#include "dtrain/layers.h"
+#include "dtrain/kernels.h"
 #include "dtrain/models.h"
 #include "run/checkpoint.h"
 #include "run/ckpt_dir.h"
