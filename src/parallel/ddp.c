@@ -218,13 +218,15 @@ static const char *auto_choice(const dt_strategy *s, const ddp_opts *op, bool sh
 static dt_status check_staged(const dt_strategy *s, const ddp_opts *op) {
     dt_dev *dev = dt_strategy_stage_device(s->comm, s->model);
     if (!dev) return DT_OK;
-    char what[32] = "";
-    if (op->zero > 0) snprintf(what, sizeof what, "zero=%d", op->zero);
-    else if (op->update == UPDATE_SHARD) snprintf(what, sizeof what, "update=shard");
-    else if (op->compress.kind != DT_COMPRESS_NONE) snprintf(what, sizeof what, "compress");
-    if (!what[0]) return DT_OK;
-    return dt_error(DT_ENOTSUP, "--device %s: ddp with %s does not run on this device yet (only plain ddp's allreduce "
-                    "stages through host buffers); drop %s or use --device cpu", dev->kind->name, what, what);
+    if (op->zero == 3)
+        return dt_error(DT_ENOTSUP, "--device %s: ddp with zero=3 does not run on this device yet (stage 3's parameter "
+                        "shards are host pages given back to the OS); use zero=1 or zero=2 (staged through host "
+                        "buffers), or --device cpu", dev->kind->name);
+    if (op->compress.kind != DT_COMPRESS_NONE)
+        return dt_error(DT_ENOTSUP, "--device %s: ddp with compress does not run on this device yet (only the "
+                        "allreduce and ZeRO stages 1-2 stage through host buffers); drop compress or use --device cpu",
+                        dev->kind->name);
+    return DT_OK;
 }
 
 static dt_status ddp_create(dt_strategy *s, const void *opts) {
