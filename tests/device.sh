@@ -44,16 +44,20 @@ if have_fmnist; then
     >/dev/null 2>&1 && $DT train --epochs 1 --quiet --eval-batches 1 --device checked "${Z1[@]}" --max-steps 4 \
     --resume "$TMP/zh.st" --save "$TMP/zr.st" >/dev/null 2>&1 && cmp -s "$(one "$TMP/zr.st")" "$TMP/zero1-checked.st.one" \
     && ok "zero=1 on checked resumes its sharded checkpoint bit for bit" || bad "zero=1 resume on checked differs"
-  # the staged buckets still overlap backward: an allreduce starts before its step's backward ends
-  $DT train --workers 2 --model "flatten linear(64) relu linear(64) relu linear(10)" --max-steps 3 --bucket-mb 0.01 \
-    --quiet --device checked --timeline "$TMP/t.json" >"$TMP/t.log" 2>&1 || bad "ddp timeline on checked: $(cat "$TMP/t.log")"
-  python3 - "$TMP/t.json" <<'PY' && ok "ddp on checked: a staged bucket's allreduce starts before backward ends" \
-    || bad "ddp on checked: no bucket overlaps backward"
+  # the staged buckets still overlap backward: an allreduce (ZeRO-2: a reduce-scatter) starts before
+  # its step's backward ends
+  for zs in "0 allreduce" "2 reduce_scatter"; do read -r zst coll <<<"$zs"
+    $DT train --workers 2 --model "flatten linear(64) relu linear(64) relu linear(10)" --max-steps 3 --bucket-mb 0.01 \
+      --zero $zst --quiet --device checked --timeline "$TMP/t.json" >"$TMP/t.log" 2>&1 \
+      || bad "ddp --zero $zst timeline on checked: $(cat "$TMP/t.log")"
+    python3 - "$TMP/t.json" "$coll" <<'PY' && ok "ddp --zero $zst on checked: a staged bucket's $coll starts before backward ends" \
+      || bad "ddp --zero $zst on checked: no bucket overlaps backward"
 import json, sys
 ev = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e["ph"] == "X"]
 back = {(e["pid"], e["args"]["step"]): e["ts"] + e["dur"] for e in ev if e["name"] == "backward"}
-assert any(e["name"].startswith("allreduce") and e["ts"] < back.get((e["pid"], e["args"]["step"]), -1) for e in ev)
+assert any(e["name"].startswith(sys.argv[2]) and e["ts"] < back.get((e["pid"], e["args"]["step"]), -1) for e in ev)
 PY
+  done
   # --save-weights downloads, --weights uploads: fine-tuning from the MLP's weights on both devices
   for dev in cpu checked; do
     $DT train --model mlp --epochs 1 --max-steps 3 --quiet --eval-batches 1 --device $dev \
