@@ -30,15 +30,17 @@ if have_fmnist; then
   both mlp --model mlp --max-steps 20 --optimizer adam --clip 1
   both mlp-fp16 --model mlp --max-steps 8 --precision fp16 --momentum 0.9
   both cnn --model cnn --max-steps 3 --batch 16
-  # ddp, 2 workers: each bucket downloaded, allreduced on the host, uploaded (cpu: in place, update=shard)
-  both ddp --model mlp --max-steps 4 --workers 2
+  # ddp, 2 workers: update=shard on both (stage 1's reduce-scatter, update and allgather, each
+  # collective staged through a host copy on checked; the moments gathered for the checkpoint); with
+  # --grad-accum each bucket downloaded, allreduced on the host, uploaded (update=auto takes full
+  # there; cpu: in place, update=shard)
+  both ddp --model mlp --max-steps 4 --workers 2 --momentum 0.9 --strategy "ddp(update=shard)"
   both ddp-accum --model mlp --max-steps 4 --workers 2 --grad-accum 2 --optimizer adam --strategy "ddp(bucket_mb=0.1)"
   # ZeRO over 2 workers: the shards device blocks, each reduce-scatter and gather staged (cpu: in place)
   Z1=(--model mlp --workers 2 --optimizer adam --clip 0.5 --strategy "ddp(zero=1,bucket_mb=0.1)")
   both zero1 "${Z1[@]}" --max-steps 4
   both zero2 --model "conv(8,3,pad=1) batchnorm relu avgpool(2) flatten linear(10)" --max-steps 3 --batch 16 \
     --workers 2 --grad-accum 2 --optimizer adamw --clip 1 --strategy "ddp(zero=2,bucket_mb=0.01)"
-  both update-shard --model mlp --max-steps 4 --workers 2 --momentum 0.9 --strategy "ddp(update=shard)"
   # a sharded checkpoint saved and resumed on checked: 2 steps, then 2 more, equal to zero1's 4 straight
   $DT train --epochs 1 --quiet --eval-batches 1 --device checked "${Z1[@]}" --max-steps 2 --save "$TMP/zh.st" \
     >/dev/null 2>&1 && $DT train --epochs 1 --quiet --eval-batches 1 --device checked "${Z1[@]}" --max-steps 4 \
