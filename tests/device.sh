@@ -4,9 +4,17 @@
 # scaling and clipping on the device, and a resume on checked continues bit for bit; what is not
 # yet device-neutral (other strategies, ddp's ZeRO, sharded update and compressors) is refused with a
 # clear error. ddp with 2 workers on checked (its buckets staged through host buffers) writes
-# checkpoints cmp-equal to ddp on cpu, and so does tensor parallelism (tp 2, and tp 2 x dp 2) on
-# the GPT, which also resumes on checked bit for bit.
+# checkpoints cmp-equal to ddp on cpu, and so do ZeRO stages 1-2 and update=shard (their shards
+# device blocks, their reduce-scatters and gathers staged; a sharded checkpoint resumes on checked)
+# and tensor parallelism (tp 2, and tp 2 x dp 2) on the GPT, which also resumes bit for bit.
 . "$(dirname "$0")/testlib.bash"
+
+# one: the checkpoint FILE as one file (a sharded one, whose index and shards carry a random save
+# id, consolidated with its optimizer state into FILE.one), printed
+one() {
+  if [ -f "$1.r0-of-2" ]; then $DT ckpt consolidate "$1" -o "$1.one" --optimizer-state >/dev/null && echo "$1.one"
+  else echo "$1"; fi
+}
 
 # both: NAME ARGS...: trains on cpu and on checked and compares the checkpoints byte for byte
 both() {
@@ -15,27 +23,44 @@ both() {
     out=$($DT train --epochs 1 --quiet --eval-batches 1 --device $dev --save "$TMP/$name-$dev.st" "$@" 2>&1) \
       || { bad "$name on --device $dev: exit $? (139: a host dereference of device memory): $out"; return; }
   done
-  cmp -s "$TMP/$name-cpu.st" "$TMP/$name-checked.st" && ok "$name: checked and cpu checkpoints are cmp-equal" \
-    || bad "$name: the checkpoints of checked and cpu differ"
+  cmp -s "$(one "$TMP/$name-cpu.st")" "$(one "$TMP/$name-checked.st")" \
+    && ok "$name: checked and cpu checkpoints are cmp-equal" || bad "$name: the checkpoints of checked and cpu differ"
 }
 
 if have_fmnist; then
   both mlp --model mlp --max-steps 20 --optimizer adam --clip 1
   both mlp-fp16 --model mlp --max-steps 8 --precision fp16 --momentum 0.9
   both cnn --model cnn --max-steps 3 --batch 16
-  # ddp, 2 workers: each bucket downloaded, allreduced on the host, uploaded (cpu: in place, update=shard)
-  both ddp --model mlp --max-steps 4 --workers 2
+  # ddp, 2 workers: update=shard on both (stage 1's reduce-scatter, update and allgather, each
+  # collective staged through a host copy on checked; the moments gathered for the checkpoint); with
+  # --grad-accum each bucket downloaded, allreduced on the host, uploaded (update=auto takes full
+  # there; cpu: in place, update=shard)
+  both ddp --model mlp --max-steps 4 --workers 2 --momentum 0.9 --strategy "ddp(update=shard)"
   both ddp-accum --model mlp --max-steps 4 --workers 2 --grad-accum 2 --optimizer adam --strategy "ddp(bucket_mb=0.1)"
-  # the staged buckets still overlap backward: an allreduce starts before its step's backward ends
-  $DT train --workers 2 --model "flatten linear(64) relu linear(64) relu linear(10)" --max-steps 3 --bucket-mb 0.01 \
-    --quiet --device checked --timeline "$TMP/t.json" >"$TMP/t.log" 2>&1 || bad "ddp timeline on checked: $(cat "$TMP/t.log")"
-  python3 - "$TMP/t.json" <<'PY' && ok "ddp on checked: a staged bucket's allreduce starts before backward ends" \
-    || bad "ddp on checked: no bucket overlaps backward"
+  # ZeRO over 2 workers: the shards device blocks, each reduce-scatter and gather staged (cpu: in place)
+  Z1=(--model mlp --workers 2 --optimizer adam --clip 0.5 --strategy "ddp(zero=1,bucket_mb=0.1)")
+  both zero1 "${Z1[@]}" --max-steps 4
+  both zero2 --model "conv(8,3,pad=1) batchnorm relu avgpool(2) flatten linear(10)" --max-steps 3 --batch 16 \
+    --workers 2 --grad-accum 2 --optimizer adamw --clip 1 --strategy "ddp(zero=2,bucket_mb=0.01)"
+  # a sharded checkpoint saved and resumed on checked: 2 steps, then 2 more, equal to zero1's 4 straight
+  $DT train --epochs 1 --quiet --eval-batches 1 --device checked "${Z1[@]}" --max-steps 2 --save "$TMP/zh.st" \
+    >/dev/null 2>&1 && $DT train --epochs 1 --quiet --eval-batches 1 --device checked "${Z1[@]}" --max-steps 4 \
+    --resume "$TMP/zh.st" --save "$TMP/zr.st" >/dev/null 2>&1 && cmp -s "$(one "$TMP/zr.st")" "$TMP/zero1-checked.st.one" \
+    && ok "zero=1 on checked resumes its sharded checkpoint bit for bit" || bad "zero=1 resume on checked differs"
+  # the staged buckets still overlap backward: an allreduce (ZeRO-2: a reduce-scatter) starts before
+  # its step's backward ends
+  for zs in "0 allreduce" "2 reduce_scatter"; do read -r zst coll <<<"$zs"
+    $DT train --workers 2 --model "flatten linear(64) relu linear(64) relu linear(10)" --max-steps 3 --bucket-mb 0.01 \
+      --zero $zst --quiet --device checked --timeline "$TMP/t.json" >"$TMP/t.log" 2>&1 \
+      || bad "ddp --zero $zst timeline on checked: $(cat "$TMP/t.log")"
+    python3 - "$TMP/t.json" "$coll" <<'PY' && ok "ddp --zero $zst on checked: a staged bucket's $coll starts before backward ends" \
+      || bad "ddp --zero $zst on checked: no bucket overlaps backward"
 import json, sys
 ev = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e["ph"] == "X"]
 back = {(e["pid"], e["args"]["step"]): e["ts"] + e["dur"] for e in ev if e["name"] == "backward"}
-assert any(e["name"].startswith("allreduce") and e["ts"] < back.get((e["pid"], e["args"]["step"]), -1) for e in ev)
+assert any(e["name"].startswith(sys.argv[2]) and e["ts"] < back.get((e["pid"], e["args"]["step"]), -1) for e in ev)
 PY
+  done
   # --save-weights downloads, --weights uploads: fine-tuning from the MLP's weights on both devices
   for dev in cpu checked; do
     $DT train --model mlp --epochs 1 --max-steps 3 --quiet --eval-batches 1 --device $dev \
@@ -78,6 +103,17 @@ expect_fail "an unknown device names the devices" "devices: cpu, checked" $DT tr
 expect_fail "a bad checked option names the syntax" "arena=BYTES" $DT train --device checked:size=1 --max-steps 1
 expect_fail "a strategy that is not device-neutral yet is refused" "run on it so far" \
   $DT train --device checked --workers 2 --strategy localsgd --max-steps 1
-expect_fail "ddp's ZeRO is refused on checked" "ddp with zero=1 does not run on this device" \
-  $DT train --device checked --workers 2 --strategy "ddp(zero=1)" --max-steps 1
+expect_fail "ddp's ZeRO-3 is refused on checked" "a model placed in shards (ZeRO stage 3) does not run on a device" \
+  $DT train --device checked --workers 2 --strategy "ddp(zero=3)" --max-steps 1
+expect_fail "ddp's compressors are refused on checked" "ddp with compress does not run on this device yet" \
+  $DT train --device checked --workers 2 --strategy "ddp(compress=fp16)" --max-steps 1
+# --dry-run on a device: ZeRO-2 keeps the whole gradient slab beside its shard, plus the host copy
+# its collectives run on (--mem-limit charges both)
+out=$($DT train --data "text:$TMP/corpus.txt" --model "gpt:L=1,H=2,C=32,T=16" --device checked --workers 2 --zero 2 \
+  --optimizer adam --dry-run 2>&1)
+g=$(awk '/^  gradients/{print $2; exit}' <<<"$out"); h=$(awk '/^  host staging/{print $3; exit}' <<<"$out")
+p=$(awk '/^  parameters/{print $2; exit}' <<<"$out")
+[ -n "$g" ] && [ -n "$h" ] && [ "$g" -gt "$p" ] && [ "$h" -eq "$p" ] \
+  && ok "--dry-run on checked: ZeRO-2's gradients $g bytes (whole $p + shard), host staging $h" \
+  || bad "--dry-run on checked, --zero 2: $out"
 finish

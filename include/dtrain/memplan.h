@@ -23,6 +23,9 @@ typedef struct {
     const char *schedule;  /* pipeline schedule "gpipe" or "1f1b" (NULL: "1f1b") */
     int batch;             /* samples of one micro-batch on a rank */
     double bucket_mb;      /* ddp/ZeRO bucket size (<= 0: 1 MB) */
+    bool device;           /* the model is on a device whose memory is not the host's (--device checked):
+                            * its slabs are whole device blocks (ZeRO-2 keeps the whole gradients beside
+                            * the shard) and data-parallel collectives run on a host copy of a slab */
 } dt_mem_layout;
 
 /* What one rank holds, in bytes (f32 master copies; Adam: 2 moments, SGD+momentum: 1). */
@@ -30,6 +33,8 @@ typedef struct {
     double params, grads, optim;  /* owned (ZeRO) or replicated state, the rank's tensor/stage part;
                                    * ZeRO >= 2 grads include two buckets in flight */
     double gathered;              /* ZeRO-3: parameters gathered in flight (a layer and the next) */
+    double staging;               /* on a device (dt_mem_layout.device), data parallel: the host copy of
+                                   * the gradient slab its collectives run on */
     double activations;           /* the micro-batches in flight at once */
     double total;                 /* while training */
     double sync;                  /* more while evaluation and checkpoints gather the whole model (pp, tp,

@@ -60,7 +60,8 @@ void dt_optim_set_steps(dt_optim *o, int64_t t);
 const dt_optim_config *dt_optim_config_of(const dt_optim *o);
 /* The device (src/device/device.h; default cpu) its state, the parameters and the gradients it is
  * given live on: the update runs its kernels there. A device whose memory is not the host's takes
- * the whole state (no dt_optim_place of a part, no dt_optim_shard) and moves it there. */
+ * the whole state (no dt_optim_place of a part) and moves it there; dt_optim_shard then packs the
+ * shard into blocks of the device. */
 struct dt_dev;
 dt_status dt_optim_set_device(dt_optim *o, struct dt_dev *d);
 /* dt_clip_grad_norm and, with loss scaling on, dt_loss_scaler_unscale of its loss scaler (true

@@ -51,7 +51,7 @@ static int plan_layout(const dt_train_config *c, int ranks, int zero, double buc
     /* a pipeline cuts the rank-batch into M micro-batches; --grad-accum runs micro-batches of --batch */
     *l = (dt_mem_layout){.dp = dp, .tp = tp, .pp = pp, .zero = dp > 1 ? zero : 0, .microbatches = pp > 1 ? M : accum,
                          .schedule = schedule, .batch = pp > 1 ? (c->batch + M - 1) / M : c->batch,
-                         .bucket_mb = bucket_mb};
+                         .bucket_mb = bucket_mb, .device = c->device && strcmp(c->device, "cpu") != 0};
     return 0;
 }
 
@@ -100,6 +100,7 @@ int dt_cli_dry_run(const dt_train_config *c, int ranks, int zero, double bucket_
         printf("rank %d (dp %d, stage %d, tp %d):\n", k, p.dp_rank, p.stage, p.tp_rank);
         row("parameters", p.params), row("gradients", p.grads), row("optimizer", p.optim);
         if (p.gathered > 0) row("gathered", p.gathered);
+        if (p.staging > 0) row("host staging", p.staging);
         row("activations", p.activations);
         if (copy) row("loader copy", (double)copy);
         row("total", p.total + (double)copy);

@@ -165,10 +165,27 @@ static dt_status pack_slab(dt_slab *s, int nr, const size_t *off, const size_t *
     return DT_OK;
 }
 
+/* dt_optim_shard of state on device d: the ranges copied into new blocks, the whole ones freed. */
+static dt_status shard_on_device(dt_optim *o, dt_dev *d, int nr, const size_t *off, const size_t *len, size_t total) {
+    dt_slab *s[2] = {&o->m, &o->v};
+    float *packed[2] = {NULL, NULL};
+    for (int j = 0; j < 2; j++)
+        if (s[j]->data && !(packed[j] = d->ops->alloc(d, (total ? total : 1) * sizeof(float)))) {
+            d->ops->free(d, packed[0]);  /* the optimizer stays whole */
+            return dt_error_wrap(DT_ENOMEM, "optimizer: its shard of %zu values on device %s", total, d->kind->name);
+        }
+    for (int j = 0; j < 2; j++) {
+        if (!packed[j]) continue;
+        size_t at = 0;
+        for (int k = 0; k < nr; k++) d->ops->copy(d, packed[j] + at, s[j]->data + off[k], len[k] * sizeof(float)), at += len[k];
+        d->ops->free(d, s[j]->data);
+        *s[j] = (dt_slab){.data = packed[j], .n = total};
+    }
+    o->n = total;
+    return DT_OK;
+}
+
 dt_status dt_optim_shard(dt_optim *o, int nr, const size_t *off, const size_t *len) {
-    if (o->dev_state)
-        return dt_error(DT_ENOTSUP, "optimizer: sharding its state on device %s is not device-neutral yet: use --device "
-                        "cpu", o->dev->kind->name);
     size_t total = 0;
     for (int k = 0; k < nr; k++) {
         if (off[k] + len[k] > o->n)
@@ -176,6 +193,7 @@ dt_status dt_optim_shard(dt_optim *o, int nr, const size_t *off, const size_t *l
                             off[k] + len[k], o->n);
         total += len[k];
     }
+    if (o->dev_state) return shard_on_device(o, o->dev, nr, off, len, total);
     dt_slab m = o->m, v = o->v;
     DT_TRY(pack_slab(&o->m, nr, off, len, total));
     if (pack_slab(&o->v, nr, off, len, total) != DT_OK) {  /* keep the optimizer whole */

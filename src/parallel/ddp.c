@@ -11,7 +11,9 @@
  * reduce-scatter, each rank updates its shard, allgather (dt_zero_create_update).
  * On a device whose memory the comm does not take (dt_strategy_stage_device: --device checked),
  * each bucket is downloaded into a host buffer when it starts and uploaded when its allreduce is
- * done (grad_sync's staging), the batchnorm broadcast likewise; on cpu the slab travels in place. */
+ * done (grad_sync's staging), the batchnorm broadcast likewise; on cpu the slab travels in place.
+ * zero=1|2 and update=shard stage their reduce-scatters and gathers likewise (zero.c); zero=3 and
+ * compress are refused there. */
 #include "parallel/grad_sync.h"
 #include "parallel/strategy.h"
 #include "parallel/zero.h"
@@ -207,7 +209,8 @@ static bool sharded_update(const dt_strategy *s, const ddp_opts *op) {
 static const char *auto_choice(const dt_strategy *s, const ddp_opts *op, bool shard) {
     if (op->update != UPDATE_AUTO) return NULL;
     if (shard) return "update=shard (auto: the ranks share one host)";
-    if (dt_strategy_stage_device(s->comm, s->model)) return "update=full (auto: the gradients are staged off the device)";
+    if (dt_strategy_stage_device(s->comm, s->model))  /* same comm bytes; 2/N of a slab more across the device */
+        return "update=full (auto: the gradients are staged off the device; update=shard would move more)";
     if (op->compress.kind != DT_COMPRESS_NONE) return "update=full (auto: a compressor needs the allreduce)";
     if (s->optim && dt_optim_loss_scaler(s->optim)) return "update=full (auto: fp16 loss scaling skips whole steps)";
     if (dt_comm_size(s->comm) < 2) return "update=full (auto: one rank)";
@@ -218,13 +221,15 @@ static const char *auto_choice(const dt_strategy *s, const ddp_opts *op, bool sh
 static dt_status check_staged(const dt_strategy *s, const ddp_opts *op) {
     dt_dev *dev = dt_strategy_stage_device(s->comm, s->model);
     if (!dev) return DT_OK;
-    char what[32] = "";
-    if (op->zero > 0) snprintf(what, sizeof what, "zero=%d", op->zero);
-    else if (op->update == UPDATE_SHARD) snprintf(what, sizeof what, "update=shard");
-    else if (op->compress.kind != DT_COMPRESS_NONE) snprintf(what, sizeof what, "compress");
-    if (!what[0]) return DT_OK;
-    return dt_error(DT_ENOTSUP, "--device %s: ddp with %s does not run on this device yet (only plain ddp's allreduce "
-                    "stages through host buffers); drop %s or use --device cpu", dev->kind->name, what, what);
+    if (op->zero == 3)
+        return dt_error(DT_ENOTSUP, "--device %s: ddp with zero=3 does not run on this device yet (stage 3's parameter "
+                        "shards are host pages given back to the OS); use zero=1 or zero=2 (staged through host "
+                        "buffers), or --device cpu", dev->kind->name);
+    if (op->compress.kind != DT_COMPRESS_NONE)
+        return dt_error(DT_ENOTSUP, "--device %s: ddp with compress does not run on this device yet (only the "
+                        "allreduce and ZeRO stages 1-2 stage through host buffers); drop compress or use --device cpu",
+                        dev->kind->name);
+    return DT_OK;
 }
 
 static dt_status ddp_create(dt_strategy *s, const void *opts) {

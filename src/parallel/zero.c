@@ -10,7 +10,17 @@
  *            backward completes it (the grad-ready hook, as ddp's overlap); the bucket's gradient
  *            pages are then given back to the OS.
  *   stage 3: as stage 2, and a rank holds only its chunks of the parameters: zero_params.c gathers
- *            each layer's bucket just before its forward and its backward and frees it after. */
+ *            each layer's bucket just before its forward and its backward and frees it after.
+ * On a device (dt_dev, not host memory) the shards are blocks of the model's device: the packed
+ * gradient shard and the optimizer's packed moments; the step runs the device's kernels on them,
+ * --clip takes the norm from the device's per-bucket sqnorm partials. Where the comm does not
+ * take the device's memory (dt_strategy_stage_device), each collective runs on a host copy of
+ * the slab: a bucket's gradients are downloaded when it is issued (from the backward hook, so the
+ * overlap stays), reduced there and the rank's chunk uploaded into its shard when the reduce is
+ * done; a parameter (or moment) gather downloads the chunk, gathers on the host and uploads the
+ * bucket. A device's gradient slab is one block that backward writes: stage 2 zeroes a reduced
+ * bucket rather than giving its pages back (the whole gradients stay, see run/memplan.c), and
+ * stage 3 (parameters as host pages given back) runs on cpu only so far. */
 #include "parallel/zero_internal.h"
 
 #include <math.h>
@@ -43,8 +53,13 @@ void dt_zero_hook_error(zero *z, dt_status st, const char *what, int bucket) {
 
 /* Gives back bucket b's gradient pages (they read as zeros) and zeros its values on the pages
  * shared with neighbours: afterwards its gradients are zero, for the next step. */
-static void release_grads(dt_strategy *s, zbucket *b) {
+static void release_grads(dt_strategy *s, zero *z, zbucket *b) {
     float *g = dt_model_grads(s->model);
+    if (!z->host_pages) {  /* a device block: a part of it cannot be freed; zeroed for the next step */
+        z->md->ops->fill_f32(z->md, g + b->lo, 0.0f, b->hi - b->lo);
+        b->gfree = true, b->grel = 0;
+        return;
+    }
     char *lo = (char *)(g + b->lo), *hi = (char *)(g + b->hi);
     b->grel = dt_mem_release(lo, (size_t)(hi - lo));
     if (b->grel == 0) {
@@ -57,10 +72,21 @@ static void release_grads(dt_strategy *s, zbucket *b) {
     b->gfree = true;
 }
 
-/* Where bucket b's reduce-scatter leaves this rank's chunk: stage 1 in place at the start of the
- * bucket in the gradient slab (comm.h's in-place form: no copy), stage >= 2 in the packed shard. */
-static float *rs_dest(dt_strategy *s, const zero *z, const zbucket *b) {
+/* Where this rank's reduced chunk of bucket b lives for the step: stage 1 in place at the start of
+ * the bucket in the gradient slab (comm.h's in-place form: no copy), stage >= 2 in the packed shard. */
+static float *shard_grads(dt_strategy *s, const zero *z, const zbucket *b) {
     return z->stage == 1 ? dt_model_grads(s->model) + b->lo : z->gsh + b->at;
+}
+
+/* What bucket b's reduce reads: its gradients in the slab, or in the slab's host copy (staged). */
+static float *rs_src(dt_strategy *s, const zero *z, const zbucket *b) {
+    return z->stage_dev ? z->host + b->lo : dt_model_grads(s->model) + b->lo;
+}
+
+/* Where bucket b's reduce-scatter leaves this rank's chunk: shard_grads, or staged in place in the
+ * host copy (reduced() uploads it into shard_grads). */
+static float *rs_dest(dt_strategy *s, const zero *z, const zbucket *b) {
+    return z->stage_dev ? z->host + b->lo : shard_grads(s, z, b);
 }
 
 /* Starts bucket i's reduce, non-blocking on the communicator's progress thread; with `blocking`
@@ -68,15 +94,17 @@ static float *rs_dest(dt_strategy *s, const zero *z, const zbucket *b) {
  * left to overlap it with, and a rank whose core the progress thread shares pays two switches). */
 static void issue(dt_strategy *s, zero *z, int i, bool blocking) {
     zbucket *b = &z->b[i];
-    float *g = dt_model_grads(s->model);
+    float *src = rs_src(s, z, b);
     b->t_issue = dt_now();
     b->issued = true;
     b->rs = b->rt = NULL;
     b->rs_done = b->c == 0, b->rt_done = b->tail == 0;
+    if (z->stage_dev)  /* its gradients are final: into the host copy the collectives run on */
+        z->stage_dev->ops->download(z->stage_dev, src, dt_model_grads(s->model) + b->lo, (b->hi - b->lo) * sizeof(float));
     if (blocking) return;
-    if (b->c && dt_comm_ireduce_scatter(s->comm, g + b->lo, rs_dest(s, z, b), b->c, DT_F32, DT_OP_AVG, &b->rs) != DT_OK)
+    if (b->c && dt_comm_ireduce_scatter(s->comm, src, rs_dest(s, z, b), b->c, DT_F32, DT_OP_AVG, &b->rs) != DT_OK)
         b->rs = NULL;
-    float *t = g + b->lo + (size_t)z->N * b->c;
+    float *t = src + (size_t)z->N * b->c;
     if (b->tail && dt_comm_iallreduce(s->comm, t, t, b->tail, DT_F32, DT_OP_AVG, &b->rt) != DT_OK) b->rt = NULL;
 }
 
@@ -84,23 +112,28 @@ static void issue(dt_strategy *s, zero *z, int i, bool blocking) {
 static void reduced(dt_strategy *s, zero *z, int i) {
     zbucket *b = &z->b[i];
     b->reduced = true;
-    float *g = dt_model_grads(s->model);
-    if (z->r == z->N - 1 && b->tail)  /* the tail follows the chunk in the reduced shard */
-        memmove(rs_dest(s, z, b) + b->c, g + b->lo + (size_t)z->N * b->c, b->tail * sizeof(float));
+    const bool tail = z->r == z->N - 1 && b->tail;  /* the tail follows the chunk in the reduced shard */
+    float *dst = shard_grads(s, z, b), *src = rs_src(s, z, b);
+    if (z->stage_dev) {  /* the chunk and tail from the host copy */
+        dt_dev *d = z->stage_dev;
+        if (b->c) d->ops->upload(d, dst, src, b->c * sizeof(float));
+        if (tail) d->ops->upload(d, dst + b->c, src + (size_t)z->N * b->c, b->tail * sizeof(float));
+    } else if (tail) {
+        memmove(dst + b->c, src + (size_t)z->N * b->c, b->tail * sizeof(float));
+    }
     if (z->stage == 1) return;
-    release_grads(s, b);
+    release_grads(s, z, b);
 }
 
 /* Waits for bucket i's reduce (or runs it blocking where its start failed). */
 static dt_status finish(dt_strategy *s, zero *z, int i) {
     zbucket *b = &z->b[i];
     if (b->reduced) return DT_OK;
-    float *g = dt_model_grads(s->model);
-    float *t = g + b->lo + (size_t)z->N * b->c;
+    float *src = rs_src(s, z, b), *t = src + (size_t)z->N * b->c;
     dt_status st = DT_OK, st2 = DT_OK;
     if (!b->rs_done)
         st = b->rs ? dt_request_wait(&b->rs)
-                   : dt_comm_reduce_scatter(s->comm, g + b->lo, rs_dest(s, z, b), b->c, DT_F32, DT_OP_AVG);
+                   : dt_comm_reduce_scatter(s->comm, src, rs_dest(s, z, b), b->c, DT_F32, DT_OP_AVG);
     if (!b->rt_done) st2 = b->rt ? dt_request_wait(&b->rt) : dt_comm_allreduce(s->comm, t, t, b->tail, DT_F32, DT_OP_AVG);
     b->rs_done = b->rt_done = true;
     if (st == DT_OK) st = st2;
@@ -169,33 +202,57 @@ static void zero_begin(dt_strategy *s, int64_t step) {
     z->gath_peak = z->gath_now;
 }
 
+/* The squared norm of this rank's shard: a partial per bucket on the model's device, downloaded
+ * and summed in bucket order (tp's norm_part: its own partials of the shard). */
+static dt_status shard_sqnorm(dt_strategy *s, zero *z, double *ss) {
+    *ss = 0;
+    if (s->norm_part) {
+        for (int i = 0; i < z->nb; i++) *ss += s->norm_part(s->update_ctx, z->b[i].own, z->gp[i], z->len[i]);
+        return DT_OK;
+    }
+    dt_dev *d = z->md;
+    double *part = malloc((size_t)z->nb * sizeof *part);
+    if (!z->dss) z->dss = d->ops->alloc(d, (size_t)z->nb * sizeof(double));
+    if (!part || !z->dss) {
+        free(part);
+        return dt_error(DT_ENOMEM, "--clip: out of memory for %d norm partials", z->nb);
+    }
+    for (int i = 0; i < z->nb; i++) d->ops->sqnorm(d, z->dss + i, z->gp[i], z->len[i]);
+    d->ops->download(d, part, z->dss, (size_t)z->nb * sizeof(double));
+    for (int i = 0; i < z->nb; i++) *ss += part[i];
+    free(part);
+    return DT_OK;
+}
+
 /* --clip over the whole model: the norm from every rank's shard (torch's formula). */
 static dt_status clip_shard(dt_strategy *s, zero *z, float clip) {
     double ss = 0;
-    for (int i = 0; i < z->nb; i++)
-        if (s->norm_part) ss += s->norm_part(s->update_ctx, z->b[i].own, z->gp[i], z->len[i]);  /* tp's shard */
-        else
-            for (size_t k = 0; k < z->len[i]; k++) ss += (double)z->gp[i][k] * z->gp[i][k];
+    DT_TRY(shard_sqnorm(s, z, &ss));
     DT_TRY(dt_comm_allreduce(s->norm_comm ? s->norm_comm : s->comm, &ss, &ss, 1, DT_F64, DT_OP_SUM));
     float norm = (float)sqrt(ss);
     s->cur.grad_norm = norm;
     if (!(norm > clip)) return DT_OK;
     float f = clip / (norm + 1e-6f);
-    for (int i = 0; i < z->nb; i++)
-        for (size_t k = 0; k < z->len[i]; k++) ((float *)z->gp[i])[k] *= f;
+    for (int i = 0; i < z->nb; i++) z->md->ops->scale(z->md, (float *)z->gp[i], f, z->len[i]);
     return DT_OK;
 }
 
 /* Blocking on the caller's thread: the step waits for all of them anyway, and the progress thread
  * would only add two thread switches (on a rank bound to one core they are on the critical path:
  * MLP b128 on two ranks, see ddp.c). */
+/* Staged (z->stage_dev): the rank's chunk (and the last rank's tail) downloaded into the host
+ * copy, gathered there, the bucket uploaded. */
 dt_status dt_zero_gather_slab(dt_strategy *s, zero *z, float *p) {
+    dt_dev *d = z->stage_dev;
+    float *x = d ? z->host : p;
     for (int i = 0; i < z->nb; i++) {
         zbucket *b = &z->b[i];
-        dt_status st = b->c ? dt_comm_allgather(s->comm, p + b->own, p + b->lo, b->c, DT_F32) : DT_OK;
+        if (d && b->own_n) d->ops->download(d, x + b->own, p + b->own, b->own_n * sizeof(float));
+        dt_status st = b->c ? dt_comm_allgather(s->comm, x + b->own, x + b->lo, b->c, DT_F32) : DT_OK;
         if (st == DT_OK && b->tail)
-            st = dt_comm_broadcast(s->comm, p + b->lo + (size_t)z->N * b->c, b->tail, DT_F32, z->N - 1);
+            st = dt_comm_broadcast(s->comm, x + b->lo + (size_t)z->N * b->c, b->tail, DT_F32, z->N - 1);
         if (st != DT_OK) return dt_error_wrap(st, "allgather of bucket %d of %d", i, z->nb);
+        if (d) d->ops->upload(d, p + b->lo, x + b->lo, (b->hi - b->lo) * sizeof(float));
     }
     return DT_OK;
 }
@@ -225,7 +282,8 @@ static dt_status zero_step(dt_strategy *s, float lr, float clip, dt_step_stats *
     else snprintf(who, sizeof who, "ZeRO-%d", z->stage);
     if (first != DT_OK) return dt_error_wrap(first, "%s gradient reduce-scatter of bucket %d of %d", who, first_b, z->nb);
     if (z->err != DT_OK) return dt_error(z->err, "%s: %s", who, z->errmsg);
-    dt_status st2 = z->nbuf ? dt_comm_broadcast(s->comm, dt_model_buffers(s->model), z->nbuf, DT_F32, 0) : DT_OK;
+    dt_status st2 = z->nbuf ? dt_strategy_broadcast_model(s->comm, s->model, dt_model_buffers(s->model), z->nbuf, 0)
+                            : DT_OK;
     if (st2 != DT_OK) return dt_error_wrap(st2, "%s broadcast of the model buffers (batchnorm statistics)", who);
     const double t1 = dt_now();
     if (clip > 0 && (st2 = clip_shard(s, z, clip)) != DT_OK) return dt_error_wrap(st2, "%s --clip norm allreduce", who);
@@ -250,7 +308,7 @@ static dt_status zero_init(dt_strategy *s) {
     DT_TRY(dt_strategy_verify_model(s->comm, s->model, !z->placed));
     if (z->stage >= 2) {
         /* nothing was written to the gradients yet: give their pages back until backward needs them */
-        for (int i = 0; i < z->nb; i++) release_grads(s, &z->b[i]);
+        for (int i = 0; i < z->nb; i++) release_grads(s, z, &z->b[i]);
         DT_TRY(dt_zero_params_init(s, z));
     }
     return DT_OK;
@@ -269,7 +327,8 @@ static void zero_destroy(dt_strategy *s) {
     dt_zero_params_free(z);
     dt_model_set_node_hooks(s->model, NULL, NULL, NULL);
     dt_model_set_backward_hook(s->model, NULL);
-    dt_free(z->gsh);
+    if (z->md) z->md->ops->free(z->md, z->gsh), z->md->ops->free(z->md, z->dss);
+    dt_free(z->host);
     free(z->b), free(z->pp), free(z->gp), free(z->len), free(z->soff);
     free(z);
     s->impl = NULL;
@@ -302,9 +361,12 @@ static dt_status plan_shards(dt_strategy *s, zero *z, const dt_ddp_range *r) {
         at += len;
     }
     z->nsh = at;
-    if (z->stage >= 2 && !(z->gsh = dt_alloc((at ? at : 1) * sizeof(float))))
-        return dt_mem_limit_hit() ? dt_error_wrap(DT_ENOMEM, "zero: the gradient shard")
-                                  : dt_error(DT_ENOMEM, "zero: out of memory for the gradient shard");
+    if (z->stage >= 2 && !(z->gsh = z->md->ops->alloc(z->md, (at ? at : 1) * sizeof(float))))
+        return dt_error_wrap(DT_ENOMEM, "zero: the gradient shard of %zu values on device %s", at, z->md->kind->name);
+    const size_t P = dt_model_num_params(s->model);
+    if (z->stage_dev && !(z->host = dt_alloc((P ? P : 1) * sizeof(float))))
+        return dt_error_wrap(DT_ENOMEM, "zero: the %zu-value host copy its collectives run on (device %s)", P,
+                             z->stage_dev->kind->name);
     float *p = dt_model_params(s->model), *g = dt_model_grads(s->model);
     for (int i = 0; i < z->nb; i++) {
         z->pp[i] = p + z->b[i].own;
@@ -366,6 +428,9 @@ static dt_status create(dt_strategy *s, double bucket_mb, int stage, bool replic
     z->stage = stage, z->N = dt_comm_size(s->comm), z->r = dt_comm_rank(s->comm);
     z->replica = replica;
     z->nbuf = dt_model_num_buffers(s->model);
+    z->md = dt_model_device(s->model);
+    z->host_pages = z->md->host_memory;
+    z->stage_dev = dt_strategy_stage_device(s->comm, s->model);
     s->impl = z;
     s->ops = replica ? &zero_update_ops : &zero_ops;
     dt_ddp_range *r = NULL;

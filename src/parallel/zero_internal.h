@@ -3,6 +3,7 @@
 #ifndef DT_PARALLEL_ZERO_INTERNAL_H
 #define DT_PARALLEL_ZERO_INTERNAL_H
 
+#include "device/device.h"
 #include "parallel/zero.h"
 
 enum { ZP_RELEASED = 0, ZP_GATHERING, ZP_RESIDENT }; /* stage 3: a bucket's parameters */
@@ -35,7 +36,13 @@ typedef struct {
     zbucket *b;
     int nb;
     int next, early;      /* next bucket to reduce; reduced from the backward hook */
-    float *gsh;           /* stage >= 2: the reduced gradients of the shard, packed */
+    float *gsh;           /* stage >= 2: the reduced gradients of the shard, packed (a block of md) */
+    dt_dev *md;           /* the model's device: the shards are its blocks, the step's arithmetic its calls */
+    bool host_pages;      /* md's memory is host memory: pages not needed go back to the OS (madvise) */
+    dt_dev *stage_dev;    /* the comm does not take md's memory (dt_strategy_stage_device): collectives
+                           * run on `host`, a host copy of one slab, downloaded and uploaded around them */
+    float *host;
+    double *dss;          /* --clip: per bucket, the squared norm of its shard (nb doubles of md) */
     size_t nsh;           /* values in the shard */
     float **pp;           /* per bucket: the shard's parameters, gradients, lengths (optimizer) */
     const float **gp;

@@ -10,6 +10,7 @@
 #include "run/checkpoint.h"
 
 #include "core/sys.h"
+#include "device/device.h"
 
 #include "dtrain/dtrain.h"
 #include "dtrain/safetensors.h"
@@ -51,7 +52,27 @@ void dt_ckpt_remove_stale_shards(const char *path, int n) {
 typedef struct {
     dt_st_writer *w;
     int pieces;
+    dt_dev *dev;      /* the state's device when the host cannot read it (NULL: host memory) */
+    float **copy;     /* dev: each piece's host copy, held until the shard is written */
+    int ncopy, cap;
 } shard_ctx;
+
+/* The host copy of device piece p (downloaded), kept in c until the shard is written. */
+static dt_status piece_copy(shard_ctx *c, const dt_state_piece *p, const float **out) {
+    if (c->ncopy == c->cap) {
+        int cap = c->cap ? 2 * c->cap : 16;
+        float **t = realloc(c->copy, sizeof *t * (size_t)cap);
+        if (!t) return dt_error(DT_ENOMEM, "checkpoint: out of memory");
+        c->copy = t, c->cap = cap;
+    }
+    float *h = malloc(p->buf.count * sizeof(float));
+    if (!h) return dt_error(DT_ENOMEM, "checkpoint: out of memory for a host copy of '%s' (%zu values)", p->name,
+                            p->buf.count);
+    c->dev->ops->download(c->dev, h, p->buf.data, p->buf.count * sizeof(float));
+    c->copy[c->ncopy++] = h;
+    *out = h;
+    return DT_OK;
+}
 
 static dt_status add_shard_piece(void *ctx, const dt_state_piece *p) {
     shard_ctx *c = ctx;
@@ -64,7 +85,9 @@ static dt_status add_shard_piece(void *ctx, const dt_state_piece *p) {
     char name[160], key[192], shape[96];
     snprintf(name, sizeof name, "%s#%zu", p->name, p->offset);
     const int64_t n = (int64_t)p->buf.count;
-    DT_TRY(dt_st_writer_add(c->w, name, DT_F32, 1, &n, p->buf.data));
+    const float *data = p->buf.data;
+    if (c->dev) DT_TRY(piece_copy(c, p, &data));
+    DT_TRY(dt_st_writer_add(c->w, name, DT_F32, 1, &n, data));
     size_t k = 0;
     for (int d = 0; d < p->ndim && k < sizeof shape; d++)
         k += (size_t)snprintf(shape + k, sizeof shape - k, "%s%" PRId64, d ? "," : "", p->shape[d]);
@@ -77,7 +100,8 @@ static dt_status add_shard_piece(void *ctx, const dt_state_piece *p) {
 /* This rank's shard file. */
 static dt_status write_shard(const char *path, dt_strategy *s, const dt_ckpt_info *info, int r, int n,
                              const char *save_id) {
-    shard_ctx c = {0};
+    dt_dev *dev = dt_model_device(s->model);
+    shard_ctx c = {.dev = dev && !dev->host_memory ? dev : NULL};
     DT_TRY(dt_st_writer_create(&c.w));
     char num[32], file[4200];
     dt_status st = dt_st_writer_meta(c.w, "dtrain.kind", SHARD_KIND);
@@ -91,6 +115,8 @@ static dt_status write_shard(const char *path, dt_strategy *s, const dt_ckpt_inf
     dt_ckpt_shard_path(file, sizeof file, path, r, n);
     if (st == DT_OK) st = dt_st_writer_write(c.w, file);
     dt_st_writer_destroy(c.w);
+    for (int i = 0; i < c.ncopy; i++) free(c.copy[i]);
+    free(c.copy);
     return st;
 }
 
@@ -205,7 +231,8 @@ static dt_status restore_shard(const char *file, int r, int n, const char *id, d
                           "of this model", file, off, off + cnt, name, numel);
             break;
         }
-        memcpy(base + off, t.t.data, cnt * sizeof(float));
+        dt_dev *d = dt_model_device(m);  /* the model's and optimizer's memory (cpu: a memcpy) */
+        d->ops->upload(d, base + off, t.t.data, cnt * sizeof(float));
         *copied += cnt;
     }
     dt_st_close(f);

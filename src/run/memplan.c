@@ -153,6 +153,11 @@ dt_status dt_mem_plan_rank(dt_model *m, const dt_optim_config *o, const dt_mem_l
     p->grads = F * (l->zero >= 2 ? own : mine);
     /* the bucket backward fills and the ones still reducing (zero.c lets dt_zero_inflight_cap run) */
     if (l->zero >= 2 && l->dp > 1 && l->pp == 1) p->grads += F * big[dt_zero_inflight_cap(l->zero)];
+    /* a device's gradient slab is one block backward writes: ZeRO-2 holds it whole beside the shard
+     * (zero.c zeroes a reduced bucket instead of giving its pages back); a data-parallel run stages
+     * its collectives through a host copy of the slab (ddp's grad_sync.c, zero.c) */
+    if (l->device && l->zero >= 2 && l->dp > 1 && l->pp == 1) p->grads = F * (mine + own);
+    if (l->device && l->dp > 1 && l->tp == 1 && l->pp == 1) p->staging = F * (double)P;
     /* a pipeline's ZeRO-2 (pp_zero.c) accumulates the step's micro-batches into the stage's whole
      * gradients, then reduce-scatters them into the shard: both at the peak */
     if (l->zero >= 2 && l->dp > 1 && l->pp > 1) p->grads = F * (mine + own);
@@ -168,7 +173,7 @@ dt_status dt_mem_plan_rank(dt_model *m, const dt_optim_config *o, const dt_mem_l
         if (rank == 0) p->sync += F * moments * (double)P;
     }
     DT_TRY(graph_activations(m, l, &p->activations));
-    p->total = p->params + p->grads + p->optim + p->gathered + p->activations;
+    p->total = p->params + p->grads + p->optim + p->gathered + p->staging + p->activations;
     return DT_OK;
 }
 

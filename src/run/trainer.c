@@ -365,16 +365,13 @@ dt_status dt_trainer_check_loss(const dt_model *m, const dt_dataset *ds, const c
 
 /* --device: the model and optimizer moved onto it (before initialisation: the initial values are
  * uploaded), for a strategy whose registry entry says it is device-neutral. */
-static dt_status move_to_device(dt_trainer *t, const dt_strategy_entry *se, const char *resume) {
+static dt_status move_to_device(dt_trainer *t, const dt_strategy_entry *se) {
     const char *spec = t->cfg.device;
     if (!spec || !strcmp(spec, "cpu")) return DT_OK;
     if (!se->device_neutral)
         return dt_error(DT_ENOTSUP, "--device %s: only the single strategy, plain ddp and tp run on it so far (the "
                         "%s strategy's sharding and staging still touch model memory from the host); use --device "
                         "cpu", spec, se->name);
-    if (resume && dt_checkpoint_is_sharded(resume))
-        return dt_error(DT_ENOTSUP, "--device %s: a sharded (ZeRO) checkpoint does not load onto a device yet; use "
-                        "--device cpu", spec);
     DT_TRY(dt_device_create(&t->dev, spec));
     DT_TRY(dt_model_set_device(t->model, t->dev));
     return dt_optim_set_device(t->optim, t->dev);
@@ -411,7 +408,7 @@ static dt_status setup_model(dt_trainer *t, const char *spec, const dt_strategy_
                              dt_model_spec(t->model), nout, c->data, t->classes - 1, t->classes);
     }
     DT_TRY(place_model(t, se, so, resume != NULL, (resume && dt_checkpoint_is_sharded(resume)) || c->weights));
-    DT_TRY(move_to_device(t, se, resume));
+    DT_TRY(move_to_device(t, se));
     dt_model_init(t->model, c->seed);
     if (c->weights) DT_TRY(dt_weights_load(t->model, c->weights));  /* fine-tuning: start from them */
     return DT_OK;
