@@ -14,7 +14,7 @@
 if [ -z "${DTRAIN_SANITIZED:-}" ] && grep -q sse4_2 /proc/cpuinfo; then
   ROOT=$(cd "$(dirname "$0")/.." && pwd)
   BLK_TESTS=(conv_pool_test blocked_test blocked_bf16_test)
-  if make -s -j"$(nproc)" -C "$ROOT" BUILD=build-vg OPT="-O1 -march=x86-64-v2" "${BLK_TESTS[@]/#/build-vg/tests/}" \
+  if make -s -j"$(nproc)" -C "$ROOT" BUILD=build-vg CUDA=0 OPT="-O1 -march=x86-64-v2" "${BLK_TESTS[@]/#/build-vg/tests/}" \
        >"$TMP/vg-build.log" 2>&1; then
     for t in "${BLK_TESTS[@]}"; do
       "$ROOT/build-vg/tests/$t" >"$TMP/$t.log" 2>&1 && ok "x86-64-v2 build (4 lanes, block 8): $(tail -1 "$TMP/$t.log")" \
