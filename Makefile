@@ -179,6 +179,19 @@ test:
 	$(MAKE) --no-print-directory test-asan; b=$$?; \
 	echo "===="; tests/run-tests --total $(BUILD) build-asan && [ $$a -eq 0 ] && [ $$b -eq 0 ]
 
+# make test-gpu: the cuda device on a GPU, one command (tests/gpu/run.sh: every op against the cpu
+# device, MLP/CNN/GPT loss curves, resume, GPU->CPU checkpoints, 2 ranks on one GPU). Without a GPU
+# it says so and fails: nothing has been shown then.
+GPU_TEST := $(BUILD)/gpu/cuda_ops_test
+$(GPU_TEST): tests/gpu/cuda_ops_test.c tests/gpu/cuda_ops_cases.h $(BUILD)/libdtrain.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libdtrain.a $(LDFLAGS) $(LDLIBS)
+.PHONY: test-gpu
+test-gpu:
+	@[ "$(CUDA)" = 1 ] || { echo "test-gpu: this build has no cuda device (CUDA=0 or no nvcc): install the CUDA toolkit"; exit 1; }
+	@$(MAKE) --no-print-directory $(PAR) $(BUILD)/dtrain $(GPU_TEST)
+	tests/gpu/run.sh $(BUILD)
+
 test-unit: all
 	tests/run-tests $(BUILD) unit
 
