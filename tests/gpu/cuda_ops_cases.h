@@ -106,18 +106,23 @@ static void run_primitives(ctx *c) {
 
 #define BOTH(slot, cpu_args, gpu_args) (c->cpu->slot cpu_args, c->gpu->slot gpu_args)
 
+/* bias: none, 16-byte aligned (the BIAS epilogue), or 4 bytes past it (broadcast, then beta 1) */
 static void k_linear(ctx *c) {
     const int B = 37, C = 129, OC = 65;
-    for (int bias = 0; bias < 2; bias++) {
-        buf in = mk(c, (size_t)B * C, -1, 1), w = mk(c, (size_t)OC * C, -0.2f, 0.2f), b = mk(c, OC, -1, 1);
+    const char *fwd[3] = {"linear_forward", "linear_forward (bias epilogue)", "linear_forward (unaligned bias)"};
+    const char *bwd[3] = {"linear_backward (din dw)", "linear_backward (din dw db)", "linear_backward (unaligned)"};
+    for (int mode = 0; mode < 3; mode++) {
+        buf in = mk(c, (size_t)B * C, -1, 1), w = mk(c, (size_t)OC * C, -0.2f, 0.2f), b = mk(c, OC + 1, -1, 1);
         buf out = zeros(c, (size_t)B * OC), dout = mk(c, (size_t)B * OC, -1, 1), din = mk(c, (size_t)B * C, 5, 6);
-        buf dw = mk(c, (size_t)OC * C, -1, 1), db = mk(c, OC, -1, 1);
-        BOTH(linear_forward, (F(out), F(in), F(w), bias ? F(b) : NULL, B, C, OC),
-             (G(out), G(in), G(w), bias ? G(b) : NULL, B, C, OC));
-        CHECK(c, bias ? "linear_forward (bias epilogue)" : "linear_forward", 1e-5, 1e-4, out);
-        BOTH(linear_backward, (F(din), F(dw), bias ? F(db) : NULL, F(dout), F(in), F(w), B, C, OC),
-             (G(din), G(dw), bias ? G(db) : NULL, G(dout), G(in), G(w), B, C, OC));
-        CHECK(c, bias ? "linear_backward (din dw db)" : "linear_backward (din dw)", 1e-5, 1e-4, din, dw, db);
+        buf dw = mk(c, (size_t)OC * C, -1, 1), db = mk(c, OC + 1, -1, 1);
+        const int off = mode == 2;
+        float *bc = mode ? F(b) + off : NULL, *bg = mode ? G(b) + off : NULL;
+        float *dbc = mode ? F(db) + off : NULL, *dbg = mode ? G(db) + off : NULL;
+        BOTH(linear_forward, (F(out), F(in), F(w), bc, B, C, OC), (G(out), G(in), G(w), bg, B, C, OC));
+        CHECK(c, fwd[mode], 1e-5, 1e-4, out);
+        BOTH(linear_backward, (F(din), F(dw), dbc, F(dout), F(in), F(w), B, C, OC),
+             (G(din), G(dw), dbg, G(dout), G(in), G(w), B, C, OC));
+        CHECK(c, bwd[mode], 1e-5, 1e-4, din, dw, db);
         drop(c, &in), drop(c, &w), drop(c, &b), drop(c, &out), drop(c, &dout), drop(c, &din), drop(c, &dw), drop(c, &db);
     }
     report(c, "linear_bf16_values (false: f32 paths)",

@@ -9,6 +9,7 @@
 #include "device/cuda/cuda_internal.h"
 
 #include <cuda_runtime.h>
+#include <stdint.h>
 
 #define CUR dtc_current
 #define RUN(call) DTC_CHECK(CUR, (call))
@@ -20,7 +21,14 @@ static void linear_forward(float *out, const float *in, const float *w, const fl
         RUN(dtc_rows_set(S, out, b, B, OC));
         return;
     }
-    /* out^T (OC x B, column-major) = W^T-view: w is (OC, C) row-major = C x OC column-major */
+    /* out^T (OC x B, column-major) = op(w) in^T, w (OC, C) row-major being C x OC column-major. The
+     * bias goes in the BIAS epilogue where it is 16-byte aligned (a parameter slab's offsets need
+     * not be); else it is broadcast into out first and the GEMM adds to it (beta 1), as the CPU's. */
+    if (b && (uintptr_t)b % 16) {
+        RUN(dtc_rows_set(S, out, b, B, OC));
+        dtc_gemm(CUR, true, false, OC, B, C, 1.0f, w, C, in, C, 1.0f, out, OC, NULL);
+        return;
+    }
     dtc_gemm(CUR, true, false, OC, B, C, 1.0f, w, C, in, C, 0.0f, out, OC, b);
 }
 
