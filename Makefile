@@ -233,11 +233,11 @@ print-fuzz-targets:
 $(BUILD)/fuzz_%: fuzz/fuzz_%.c fuzz/fuzz_common.h $(BUILD)/libdtrain.a
 	$(CC) $(CFLAGS) -I. -fsanitize=fuzzer -o $@ $< $(BUILD)/libdtrain.a $(LDFLAGS) $(LDLIBS)
 
-# `make client`: the stand-alone federated-learning client for an edge box, without MPI (and, like
+# `make client`: the stand-alone federated-learning client for an edge box, without MPI or CUDA (and, like
 # the whole build, without oneDNN): build-client/dtrain-fl-client (the fl-client command alone).
 .PHONY: client
 client:
-	@$(MAKE) --no-print-directory BUILD=build-client MPI=0 build-client/dtrain-fl-client
+	@$(MAKE) --no-print-directory BUILD=build-client MPI=0 CUDA=0 build-client/dtrain-fl-client
 
 $(BUILD)/dtrain-fl-client: src/cli/cmd_fl.c src/cli/flags.c $(BUILD)/libdtrain.a
 	$(CC) $(CFLAGS) -DDT_FL_CLIENT_MAIN $(LDFLAGS) -o $@ src/cli/cmd_fl.c src/cli/flags.c $(BUILD)/libdtrain.a $(LDLIBS)
