@@ -11,6 +11,19 @@
 . "$(dirname "$0")/../testlib.bash"
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 T0=$(date +%s)
+# a bundle from scripts/gpu-bundle carries its libraries; cuBLASLt and cuDNN come from the loader
+# path, DTRAIN_CUDA_LIBS, or else the lib folders of PyTorch's nvidia wheels, found here
+[ -d "$BUILD/lib" ] && export LD_LIBRARY_PATH="$(cd "$BUILD/lib" && pwd):${LD_LIBRARY_PATH:-}"
+if [ -z "${DTRAIN_CUDA_LIBS:-}" ]; then
+  DTRAIN_CUDA_LIBS=$(python3 - 2>/dev/null <<'PY'
+import glob, os, site
+dirs = []
+for sp in site.getsitepackages():
+    dirs += sorted(glob.glob(os.path.join(sp, "nvidia", "*", "lib")))
+print(":".join(dirs + ["/usr/local/cuda/lib64"]))
+PY
+  ) && export DTRAIN_CUDA_LIBS
+fi
 probe=$("$BUILD/gpu/cuda_ops_test" --probe 2>&1); rc=$?
 if [ $rc -ne 0 ]; then
   echo "test-gpu: NO GPU HERE: $probe"

@@ -60,14 +60,21 @@ struct dtc_libs {
     int nplans;
 };
 
+static void *open_in(const char *dir, size_t len, const char *name) {
+    char path[1024];
+    if (!len || len + strlen(name) + 2 > sizeof path) return NULL;
+    snprintf(path, sizeof path, "%.*s/%s", (int)len, dir, name);
+    return dlopen(path, RTLD_NOW | RTLD_LOCAL);
+}
+
+/* name from the loader's path, else from each directory of DTRAIN_CUDA_LIBS (colon-separated: e.g.
+ * the lib folders of pip's nvidia-cublas and nvidia-cudnn wheels), else from the toolkit's. */
 static void *open_lib(const char *name) {
     void *h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-        char path[512];
-        snprintf(path, sizeof path, "%s/%s", DT_CUDA_LIBDIR, name);
-        h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    for (const char *d = getenv("DTRAIN_CUDA_LIBS"); !h && d && *d; d += strcspn(d, ":"), d += *d == ':') {
+        h = open_in(d, strcspn(d, ":"), name);
     }
-    return h;
+    return h ? h : open_in(DT_CUDA_LIBDIR, strlen(DT_CUDA_LIBDIR), name);
 }
 
 static dt_status load(void *so, const char *sym, void **out, const char *lib) {
@@ -98,7 +105,7 @@ dt_status dtc_libs_open(dtc_dev *c) {
     l->dnn_so = open_lib("libcudnn.so.9");
     if (!l->lt_so || !l->dnn_so)
         return dt_error(DT_ENOTSUP, "device cuda: cannot load %s (%s): install the CUDA 13 toolkit's cuBLASLt and "
-                        "cuDNN 9 (searched the loader path and " DT_CUDA_LIBDIR ")",
+                        "cuDNN 9 (searched the loader path, DTRAIN_CUDA_LIBS and " DT_CUDA_LIBDIR ")",
                         !l->lt_so ? "libcublasLt.so.13" : "libcudnn.so.9", dlerror());
 #define LOAD_LT(f) DT_TRY(load(l->lt_so, #f, (void **)&p_##f, "libcublasLt.so.13"));
 #define LOAD_DNN(f) DT_TRY(load(l->dnn_so, #f, (void **)&p_##f, "libcudnn.so.9"));
