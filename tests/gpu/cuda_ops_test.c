@@ -7,7 +7,7 @@
  *
  *   cuda_ops_test           run every op
  *   cuda_ops_test --probe   exit 0 where a cuda device can be created, else print why and exit 3
- *   cuda_ops_test --device SPEC   against another device (checked: the harness itself, on any machine)
+ *   cuda_ops_test --device SPEC [--probe]   another device (checked: the harness itself, on any machine)
  *
  * Uses device/device.h only (no CUDA headers): it runs whatever the registry's "cuda" kind is. */
 #include "device/device.h"
@@ -132,7 +132,7 @@ int main(int argc, char **argv) {
         printf("cuda_ops_test: no %s device: %s\n", spec, dt_last_error());
         return 3;
     }
-    if (argc > 1 && !strcmp(argv[1], "--probe")) return 0;
+    if (!strcmp(argv[argc - 1], "--probe")) return 0;
     c.cpu = dt_backend_cpu();
     c.gpu = c.g->ops->kernels(c.g, c.cpu);
     if (!c.gpu) {

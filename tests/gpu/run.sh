@@ -8,6 +8,8 @@
 #   4. ddp with 2 ranks on one GPU (host-staged shm collectives) equals 1 rank at the same batch.
 # Without a GPU it says so and exits 1: nothing has been shown then. DTRAIN_CUDA_SYNC=1 makes the
 # device wait after every call, so a failing kernel is named at the call that launched it.
+# DTRAIN_GPU_DEVICE=checked runs the whole script against the checked device instead: a check of the
+# script itself on a machine without a GPU (it proves nothing about cuda).
 . "$(dirname "$0")/../testlib.bash"
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 T0=$(date +%s)
@@ -24,7 +26,8 @@ print(":".join(dirs + ["/usr/local/cuda/lib64"]))
 PY
   ) && export DTRAIN_CUDA_LIBS
 fi
-probe=$("$BUILD/gpu/cuda_ops_test" --probe 2>&1); rc=$?
+DEV=${DTRAIN_GPU_DEVICE:-cuda}
+probe=$("$BUILD/gpu/cuda_ops_test" --device "$DEV" --probe 2>&1); rc=$?
 if [ $rc -ne 0 ]; then
   echo "test-gpu: NO GPU HERE: $probe"
   echo "test-gpu: nothing was run, so nothing is shown (this is not a pass)"
@@ -34,7 +37,7 @@ command -v nvidia-smi >/dev/null && nvidia-smi -L
 "$DT" --version 2>/dev/null | head -1
 
 echo "== 1. every op against the cpu device"
-"$BUILD/gpu/cuda_ops_test" && ok "cuda_ops_test: every op within its tolerance" || bad "cuda_ops_test (lines marked FAIL above)"
+"$BUILD/gpu/cuda_ops_test" --device "$DEV" && ok "cuda_ops_test: every op within its tolerance" || bad "cuda_ops_test (lines marked FAIL above)"
 
 # The data: Fashion-MNIST where installed, else 2,000 synthetic 28x28 images in its IDX format
 # (class-dependent stripes plus noise); a word corpus for the GPT.
@@ -61,11 +64,11 @@ COMMON=(--epochs 1 --quiet --eval-batches 1 --log-every 1)
 # curve NAME ARGS...: 20 steps on cpu and on cuda; the step losses agree within 1e-3 relative
 curve() {
   local name=$1; shift
-  for dev in cpu cuda; do
+  for dev in cpu $DEV; do
     "$DT" train "${COMMON[@]}" --device $dev --max-steps 20 --metrics "$TMP/$name-$dev.jsonl" "$@" >"$TMP/$name-$dev.log" 2>&1 \
       || { bad "$name on --device $dev: exit $?: $(tail -5 "$TMP/$name-$dev.log")"; return; }
   done
-  d=$(python3 - "$TMP/$name-cpu.jsonl" "$TMP/$name-cuda.jsonl" <<'PY'
+  d=$(python3 - "$TMP/$name-cpu.jsonl" "$TMP/$name-$DEV.jsonl" <<'PY'
 import json, sys
 def losses(p): return [r["train_loss"] for r in map(json.loads, open(p)) if r.get("kind") == "step"]
 a, b = losses(sys.argv[1]), losses(sys.argv[2])
@@ -86,13 +89,13 @@ curve gpt --data "text:$TMP/corpus.txt" --model "gpt:L=2,H=4,C=64,T=32" --batch 
 
 echo "== 3. resume on the GPU; a GPU checkpoint on the CPU"
 R=(--data "$FM" --model mlp --epochs 1 --quiet --eval-batches 1 --optimizer adam)
-"$DT" train "${R[@]}" --device cuda --max-steps 8 --save "$TMP/full.st" >"$TMP/r1.log" 2>&1 &&
-  "$DT" train "${R[@]}" --device cuda --max-steps 4 --save "$TMP/half.st" >"$TMP/r2.log" 2>&1 &&
-  "$DT" train "${R[@]}" --device cuda --max-steps 8 --resume "$TMP/half.st" --save "$TMP/res.st" >"$TMP/r3.log" 2>&1 \
+"$DT" train "${R[@]}" --device $DEV --max-steps 8 --save "$TMP/full.st" >"$TMP/r1.log" 2>&1 &&
+  "$DT" train "${R[@]}" --device $DEV --max-steps 4 --save "$TMP/half.st" >"$TMP/r2.log" 2>&1 &&
+  "$DT" train "${R[@]}" --device $DEV --max-steps 8 --resume "$TMP/half.st" --save "$TMP/res.st" >"$TMP/r3.log" 2>&1 \
   || bad "resume runs on cuda failed: $(tail -3 "$TMP"/r[123].log)"
 cmp -s "$TMP/full.st" "$TMP/res.st" && ok "resume on cuda: 4 + 4 steps are 8 straight, bit for bit" \
   || bad "resume on cuda differs from the straight run ($(python3 "$DTRAIN_TOOLS/ckpt_diff.py" "$TMP/full.st" "$TMP/res.st" 0 --abs))"
-"$DT" train "${R[@]}" --device cuda --max-steps 8 --save "$TMP/full2.st" >/dev/null 2>&1 && cmp -s "$TMP/full.st" "$TMP/full2.st" \
+"$DT" train "${R[@]}" --device $DEV --max-steps 8 --save "$TMP/full2.st" >/dev/null 2>&1 && cmp -s "$TMP/full.st" "$TMP/full2.st" \
   && ok "cuda runs are deterministic: two 8-step runs write the same checkpoint" || bad "two identical cuda runs differ"
 "$DT" train "${R[@]}" --device cpu --max-steps 8 --resume "$TMP/half.st" --save "$TMP/cpu_res.st" >"$TMP/r4.log" 2>&1 \
   || bad "the GPU checkpoint does not resume on the CPU: $(tail -3 "$TMP/r4.log")"
@@ -100,7 +103,7 @@ d=$(python3 "$DTRAIN_TOOLS/ckpt_diff.py" "$TMP/full.st" "$TMP/cpu_res.st" 1e-3 -
   && ok "a GPU checkpoint resumed on the CPU: 4 more steps land where cuda's did ($d)" || bad "GPU->CPU resume: $d"
 
 echo "== 4. ddp, 2 ranks on one GPU (host-staged shm) = 1 rank at the same global batch"
-D=(--data "$FM" --model mlp --optimizer sgd --max-steps 20 --epochs 1 --quiet --eval-batches 1 --device cuda)
+D=(--data "$FM" --model mlp --optimizer sgd --max-steps 20 --epochs 1 --quiet --eval-batches 1 --device $DEV)
 "$DT" train "${D[@]}" --batch 64 --save "$TMP/eq1.st" >"$TMP/d1.log" 2>&1 &&
   "$DT" train "${D[@]}" --workers 2 --batch 32 --save "$TMP/eq2.st" >"$TMP/d2.log" 2>&1 \
   || bad "ddp runs on cuda failed: $(tail -3 "$TMP"/d[12].log)"
