@@ -99,7 +99,19 @@ tprun --max-steps 6 --save "$TMP/tp-full.st" && tprun --max-steps 3 --save "$TMP
 expect_fail "tp with ZeRO is refused on checked" "tp with zero=1 (ZeRO over the mesh's dp axis) does not run on a device" \
   $DT train "${tpgpt[@]}" --device checked --workers 4 --strategy "tp(zero=1)" --max-steps 1
 
-expect_fail "an unknown device names the devices" "devices: cpu, checked" $DT train --device gpu --max-steps 1
+# --device cuda where it cannot run (no GPU or driver here, or a build without CUDA): exit 78 (the
+# configuration cannot run) with what was found and what to use instead; on a GPU machine it runs
+out=$($DT train --device cuda --data "text:$TMP/corpus.txt" --model "gpt:L=1,H=2,C=32,T=16" --batch 4 --max-steps 1 \
+  --quiet 2>&1); rc=$?
+if [ $rc -eq 0 ]; then
+  echo "note: --device cuda ran here (a GPU is present): make test-gpu checks it against the cpu"
+elif [ $rc -eq 78 ] && grep -q "use --device cpu" <<<"$out" && grep -qE "needs an NVIDIA GPU|built without CUDA" <<<"$out"; then
+  ok "--device cuda without a GPU: exit 78, saying what is missing and to use --device cpu"
+else
+  bad "--device cuda without a GPU: exit $rc, wanted 78 and a clear error: $out"
+fi
+
+expect_fail "an unknown device names the devices" "devices: cpu, checked, cuda" $DT train --device gpu --max-steps 1
 expect_fail "a bad checked option names the syntax" "arena=BYTES" $DT train --device checked:size=1 --max-steps 1
 expect_fail "a strategy that is not device-neutral yet is refused" "run on it so far" \
   $DT train --device checked --workers 2 --strategy localsgd --max-steps 1

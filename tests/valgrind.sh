@@ -3,7 +3,8 @@
 . "$(dirname "$0")/testlib.bash"
 if ! command -v valgrind >/dev/null; then echo "skip: valgrind not installed"; exit 77; fi
 if [ -n "${DTRAIN_SANITIZED:-}" ]; then echo "skip: sanitizer build"; exit 77; fi
-# valgrind 3.19 cannot execute AVX-512, which -march=native may emit: build a portable copy.
+# valgrind 3.19 cannot execute AVX-512, which -march=native may emit: build a portable copy (without
+# the cuda device: valgrind knows nothing of the CUDA runtime's mappings).
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 make -s -C "$ROOT" valgrind-build >"$TMP/build.log" 2>&1 \
   || { cat "$TMP/build.log"; echo "FAIL: cannot build build-vg/dtrain"; exit 1; }

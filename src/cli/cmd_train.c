@@ -142,7 +142,8 @@ static int train_flags_model(train_opts *o, dt_flag *f, int n) {
         {"threads", DT_FLAG_INT, &c->threads, "N", "BLAS threads of this worker"},
         {"kernels", DT_FLAG_STR, &c->kernels, "LIB", "kernel library: onednn (default where built) or blas"},
         {"device", DT_FLAG_STR, &c->device, "DEV", "where model memory lives and kernels run: cpu (default) or "
-         "checked[:arena=BYTES], the CPU kernels on memory the host cannot touch, to prove code device-neutral "
+         "checked[:arena=BYTES], the CPU kernels on memory the host cannot touch, to prove code device-neutral, or "
+         "cuda[:N], an NVIDIA GPU (default the local rank's; builds with CUDA=1; f32; not yet run on a GPU) "
          "(single, or plain ddp with --workers N; docs/device.md)"},
         {"precision", DT_FLAG_STR, &c->precision, "P", "GEMM inputs fp32 (default), bf16 or fp16 (f32 master weights; fp16: loss scaling; where the CPU has no such GEMM: inputs rounded, f32 GEMMs, not faster; when resuming, the checkpoint's)"},
         {"max-steps", DT_FLAG_I64, &o->max_steps, "N", "stop after N steps in total (ps: N batches per worker; 0 = all epochs)"},

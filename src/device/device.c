@@ -8,9 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-extern const dt_device_kind dt_device_kind_cpu, dt_device_kind_checked;
+extern const dt_device_kind dt_device_kind_cpu, dt_device_kind_checked, dt_device_kind_cuda;
 
-static const dt_device_kind *const KINDS[] = {&dt_device_kind_cpu, &dt_device_kind_checked};
+static const dt_device_kind *const KINDS[] = {&dt_device_kind_cpu, &dt_device_kind_checked, &dt_device_kind_cuda};
 enum { NKINDS = sizeof KINDS / sizeof *KINDS };
 
 const dt_device_kind *const *dt_device_kinds(int *n) {
@@ -98,3 +98,21 @@ const dt_device_kind dt_device_kind_cpu = {
     .create = cpu_create,
     .destroy = NULL,  /* the process's one CPU device lives as long as the process */
 };
+
+#ifndef DT_HAVE_CUDA
+/* ---- cuda in a build without it (make CUDA=0, or no nvcc): the kind says how to get it ---- */
+
+static dt_status cuda_absent(dt_dev **out, const char *options) {
+    (void)out, (void)options;
+    return dt_error(DT_ENOTSUP, "device cuda: this dtrain was built without CUDA: rebuild with `make CUDA=1` and "
+                    "the CUDA toolkit (nvcc on PATH or in /usr/local/cuda); use --device cpu");
+}
+
+const dt_device_kind dt_device_kind_cuda = {
+    .name = "cuda",
+    .help = "an NVIDIA GPU (cuda:N): not in this build (make CUDA=1 with the CUDA toolkit)",
+    .options = "N",
+    .create = cuda_absent,
+    .destroy = NULL,
+};
+#endif

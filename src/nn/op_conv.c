@@ -50,7 +50,8 @@ static size_t conv_workspace(const dt_model *m, const dt_node *n, int B) {
     if (n->fused_pool >= 0) return 0;
     int C, H, W;
     dt_node_chw(dt_node_input(m, n, 0), &C, &H, &W);
-    return dt_conv2d_workspace(B, C, H, W, s->out, s->k, s->stride, s->pad);
+    /* the table's own size: the CPU's im2col buffer, cuDNN's workspace on cuda */
+    return m->be->conv2d_workspace(B, C, H, W, s->out, s->k, s->stride, s->pad);
 }
 
 static dt_status conv_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
