@@ -2,9 +2,9 @@
 # CPU kernels on memory the host cannot touch, so any host dereference of model memory crashes)
 # writes checkpoints cmp-equal to --device cpu for the MLP, the CNN and a tiny GPT, with fp16 loss
 # scaling and clipping on the device, and a resume on checked continues bit for bit; what is not
-# yet device-neutral (other strategies, ddp's ZeRO, sharded update and compressors) is refused with a
-# clear error. ddp with 2 workers on checked (its buckets staged through host buffers) writes
-# checkpoints cmp-equal to ddp on cpu.
+# yet device-neutral (other strategies, ddp's ZeRO and sharded update) is refused with a clear
+# error. ddp with 2 workers on checked (its buckets staged through host buffers, also compressed
+# with fp16, topk and powersgd) writes checkpoints cmp-equal to ddp on cpu, and resumes bit for bit.
 . "$(dirname "$0")/testlib.bash"
 
 # both: NAME ARGS...: trains on cpu and on checked and compares the checkpoints byte for byte
@@ -25,6 +25,21 @@ if have_fmnist; then
   # ddp, 2 workers: each bucket downloaded, allreduced on the host, uploaded (cpu: in place, update=shard)
   both ddp --model mlp --max-steps 4 --workers 2
   both ddp-accum --model mlp --max-steps 4 --workers 2 --grad-accum 2 --optimizer adam --strategy "ddp(bucket_mb=0.1)"
+  # --compress on checked: each compressor runs on the bucket's staged host copy, its error feedback
+  # and PowerSGD's factors in host memory beside it (warmup=0: compressed from the first step)
+  both ddp-fp16 --model mlp --max-steps 4 --workers 2 --compress fp16
+  both ddp-topk --model mlp --max-steps 4 --workers 2 --compress topk:0.1:momentum=0.9:warmup=0
+  both ddp-powersgd --model mlp --max-steps 4 --workers 2 --compress powersgd:2:warmup=0:min_rate=0 \
+    --strategy "ddp(bucket_mb=0.1)" --optimizer adam
+  # resume of ddp with powersgd on checked: the model's pieces restored through the device, the
+  # residual (host state) in place; 3 + 3 steps equal 6 straight
+  R=(--model mlp --epochs 1 --quiet --eval-batches 1 --workers 2 --optimizer adam --device checked
+    --compress powersgd:2:warmup=1 --strategy "ddp(bucket_mb=0.1)")
+  $DT train "${R[@]}" --max-steps 6 --save "$TMP/cf.st" >/dev/null 2>&1 &&
+    $DT train "${R[@]}" --max-steps 3 --save "$TMP/ch.st" >/dev/null 2>&1 &&
+    $DT train "${R[@]}" --max-steps 6 --resume "$TMP/ch.st" --save "$TMP/cr.st" >/dev/null 2>&1 &&
+    cmp -s "$TMP/cf.st" "$TMP/cr.st" && ok "ddp with powersgd resumes on checked bit for bit" \
+    || bad "ddp with powersgd: resume on checked differs or fails"
   # the staged buckets still overlap backward: an allreduce starts before its step's backward ends
   $DT train --workers 2 --model "flatten linear(64) relu linear(64) relu linear(10)" --max-steps 3 --bucket-mb 0.01 \
     --quiet --device checked --timeline "$TMP/t.json" >"$TMP/t.log" 2>&1 || bad "ddp timeline on checked: $(cat "$TMP/t.log")"

@@ -214,17 +214,19 @@ static const char *auto_choice(const dt_strategy *s, const ddp_opts *op, bool sh
     return "update=full (auto: the ranks span hosts)";
 }
 
-/* What ddp does not stage through host buffers yet: refused on such a device, naming what runs. */
+/* What ddp does not stage through host buffers yet: refused on such a device, naming what runs. The
+ * compressors run on the bucket's staged host copy (grad_sync.c), their error feedback and PowerSGD's
+ * factors in the sync's host memory beside it. */
 static dt_status check_staged(const dt_strategy *s, const ddp_opts *op) {
     dt_dev *dev = dt_strategy_stage_device(s->comm, s->model);
     if (!dev) return DT_OK;
     char what[32] = "";
     if (op->zero > 0) snprintf(what, sizeof what, "zero=%d", op->zero);
     else if (op->update == UPDATE_SHARD) snprintf(what, sizeof what, "update=shard");
-    else if (op->compress.kind != DT_COMPRESS_NONE) snprintf(what, sizeof what, "compress");
     if (!what[0]) return DT_OK;
-    return dt_error(DT_ENOTSUP, "--device %s: ddp with %s does not run on this device yet (only plain ddp's allreduce "
-                    "stages through host buffers); drop %s or use --device cpu", dev->kind->name, what, what);
+    return dt_error(DT_ENOTSUP, "--device %s: ddp with %s does not run on this device yet (ddp's allreduce and its "
+                    "compressors stage through host buffers, ZeRO's shards do not); drop %s or use --device cpu",
+                    dev->kind->name, what, what);
 }
 
 static dt_status ddp_create(dt_strategy *s, const void *opts) {
