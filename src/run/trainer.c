@@ -350,15 +350,27 @@ dt_status dt_trainer_check_loss(const dt_model *m, const dt_dataset *ds, const c
     return DT_OK;
 }
 
+/* The names of the device-neutral strategies of the registry, "single, ddp, ...", into out. */
+static void neutral_names(char *out, size_t cap) {
+    int n, at = 0;
+    const dt_strategy_entry *const *e = dt_strategy_entries(&n);
+    out[0] = 0;
+    for (int i = 0; i < n && at >= 0 && (size_t)at < cap; i++)
+        if (e[i]->device_neutral) at += snprintf(out + at, cap - (size_t)at, "%s%s", at ? ", " : "", e[i]->name);
+}
+
 /* --device: the model and optimizer moved onto it (before initialisation: the initial values are
  * uploaded), for a strategy whose registry entry says it is device-neutral. */
 static dt_status move_to_device(dt_trainer *t, const dt_strategy_entry *se, const char *resume) {
     const char *spec = t->cfg.device;
     if (!spec || !strcmp(spec, "cpu")) return DT_OK;
-    if (!se->device_neutral)
-        return dt_error(DT_ENOTSUP, "--device %s: only the single strategy and plain ddp run on it so far (the "
-                        "%s strategy's sharding and staging still touch model memory from the host); use --device "
-                        "cpu", spec, se->name);
+    if (!se->device_neutral) {
+        char names[128];
+        neutral_names(names, sizeof names);
+        return dt_error(DT_ENOTSUP, "--device %s: the %s strategy does not run on a device yet (its sharding and "
+                        "staging still touch model memory from the host); strategies that do: %s; or use --device "
+                        "cpu", spec, se->name, names);
+    }
     if (resume && dt_checkpoint_is_sharded(resume))
         return dt_error(DT_ENOTSUP, "--device %s: a sharded (ZeRO) checkpoint does not load onto a device yet; use "
                         "--device cpu", spec);
