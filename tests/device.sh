@@ -53,6 +53,21 @@ if have_fmnist; then
     --max-steps 3 --save "$TMP/lh.st" >/dev/null 2>&1 || bad "localsgd with powersgd, 3 steps on cpu: exit $?"
   both lsgd-resume --model mlp --max-steps 6 --workers 2 --resume "$TMP/lh.st" \
     --strategy "localsgd(sync_every=3,compress=powersgd:2:warmup=0)"
+  # ps with one worker (bitwise like a single process, so cmp applies): the worker clips on the device
+  # and exchanges through host buffers; the servers keep host shards, download the model at start,
+  # server 0 uploads the assembled model. Blocking with 2 servers, and --ps-overlap with --grad-accum
+  both ps --model mlp --max-steps 6 --workers 1 --strategy "ps(servers=2)" --clip 0.5 --momentum 0.9
+  both ps-overlap --model mlp --max-steps 6 --workers 1 --strategy ps --ps-overlap --grad-accum 2 --optimizer adam
+  $DT train --model mlp --epochs 1 --quiet --workers 1 --strategy ps --optimizer adam --max-steps 3 \
+    --save "$TMP/ph.st" >/dev/null 2>&1 || bad "ps, 3 steps on cpu: exit $?"
+  both ps-resume --model mlp --max-steps 6 --workers 1 --strategy ps --optimizer adam --resume "$TMP/ph.st"
+  # asynchronous ps (3 workers, 2 servers, --ps-overlap) on checked: the arrival order decides the
+  # numbers, so no cmp; it trains (the handler and exchange threads share the device) and learns
+  out=$($DT train --model mlp --epochs 1 --max-steps 30 --eval-batches 4 --workers 3 --strategy "ps(servers=2)" \
+    --ps-overlap --device checked 2>&1)
+  a=$(echo "$out" | grep -o 'test accuracy [0-9.]*' | tail -1 | cut -d' ' -f3)
+  [ -n "$a" ] && python3 -c "import sys; sys.exit(float('$a') < 0.3)" && ok "async ps on checked (3 workers, 2 servers, overlap): test accuracy $a" \
+    || bad "async ps on checked: $(echo "$out" | tail -3)"
   # the staged buckets still overlap backward: an allreduce starts before its step's backward ends
   $DT train --workers 2 --model "flatten linear(64) relu linear(64) relu linear(10)" --max-steps 3 --bucket-mb 0.01 \
     --quiet --device checked --timeline "$TMP/t.json" >"$TMP/t.log" 2>&1 || bad "ddp timeline on checked: $(cat "$TMP/t.log")"
