@@ -42,25 +42,26 @@ if have_fmnist; then
     cmp -s "$TMP/cf.st" "$TMP/cr.st" && ok "ddp with powersgd resumes on checked bit for bit" \
     || bad "ddp with powersgd: resume on checked differs or fails"
   # localsgd: the optimizer on the device, the average downloaded, allreduced on the host, uploaded
-  # (compressed: the delta's arithmetic on the host copy); with batchnorm buffers averaged too
-  both lsgd --model mlp --max-steps 7 --workers 2 --strategy "localsgd(sync_every=2)" --clip 1 --optimizer adam
-  both lsgd-topk --model "conv(4,3,pad=1) batchnorm relu avgpool(2) flatten linear(10)" --batch 16 --max-steps 5 \
-    --workers 2 --strategy "localsgd(sync_every=2,compress=topk:0.1:warmup=0)"
-  # its resume on checked restores the model through the device and the residual on the host: equal
-  # to the same resume on cpu (localsgd's per-rank optimizer state is rank 0's after a resume, so
-  # 3 + 3 steps are not 6 straight on any device)
-  $DT train --model mlp --epochs 1 --quiet --workers 2 --strategy "localsgd(sync_every=3,compress=powersgd:2:warmup=0)" \
-    --max-steps 3 --save "$TMP/lh.st" >/dev/null 2>&1 || bad "localsgd with powersgd, 3 steps on cpu: exit $?"
-  both lsgd-resume --model mlp --max-steps 6 --workers 2 --resume "$TMP/lh.st" \
-    --strategy "localsgd(sync_every=3,compress=powersgd:2:warmup=0)"
+  # (compressed: the delta's arithmetic on the host copy); batchnorm buffers averaged too
+  BN="conv(4,3,pad=1) batchnorm relu avgpool(2) flatten linear(10)"
+  both lsgd --model "$BN" --batch 16 --max-steps 5 --workers 2 --strategy "localsgd(sync_every=2)" --clip 1 \
+    --optimizer adam
+  # compressed, resumed on checked: the model restored through the device, the residual on the host;
+  # equal to the same resume on cpu (localsgd's per-rank optimizer state is rank 0's after a resume,
+  # so 3 + 3 steps are not 6 straight on any device)
+  LC="localsgd(sync_every=2,compress=powersgd:2:warmup=0)"
+  $DT train --model "$BN" --batch 16 --epochs 1 --quiet --workers 2 --strategy "$LC" --max-steps 3 \
+    --save "$TMP/lh.st" >/dev/null 2>&1 || bad "localsgd with powersgd, 3 steps on cpu: exit $?"
+  both lsgd-resume --model "$BN" --batch 16 --max-steps 6 --workers 2 --resume "$TMP/lh.st" --strategy "$LC"
   # ps with one worker (bitwise like a single process, so cmp applies): the worker clips on the device
   # and exchanges through host buffers; the servers keep host shards, download the model at start,
-  # server 0 uploads the assembled model. Blocking with 2 servers, and --ps-overlap with --grad-accum
-  both ps --model mlp --max-steps 6 --workers 1 --strategy "ps(servers=2)" --clip 0.5 --momentum 0.9
+  # server 0 uploads the assembled model. --ps-overlap with --grad-accum; blocking with 2 servers,
+  # resumed (from a 1-server checkpoint: it holds the assembled model)
   both ps-overlap --model mlp --max-steps 6 --workers 1 --strategy ps --ps-overlap --grad-accum 2 --optimizer adam
-  $DT train --model mlp --epochs 1 --quiet --workers 1 --strategy ps --optimizer adam --max-steps 3 \
+  $DT train --model mlp --epochs 1 --quiet --workers 1 --strategy ps --momentum 0.9 --max-steps 3 \
     --save "$TMP/ph.st" >/dev/null 2>&1 || bad "ps, 3 steps on cpu: exit $?"
-  both ps-resume --model mlp --max-steps 6 --workers 1 --strategy ps --optimizer adam --resume "$TMP/ph.st"
+  both ps-resume --model mlp --max-steps 6 --workers 1 --strategy "ps(servers=2)" --clip 0.5 --momentum 0.9 \
+    --resume "$TMP/ph.st"
   # asynchronous ps (3 workers, 2 servers, --ps-overlap) on checked: the arrival order decides the
   # numbers, so no cmp; it trains (the handler and exchange threads share the device) and learns
   out=$($DT train --model mlp --epochs 1 --max-steps 30 --eval-batches 4 --workers 3 --strategy "ps(servers=2)" \
