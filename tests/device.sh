@@ -4,8 +4,9 @@
 # scaling and clipping on the device, and a resume on checked continues bit for bit; what is not
 # yet device-neutral (other strategies, ddp's ZeRO and sharded update) is refused with a clear
 # error. ddp with 2 workers on checked (its buckets staged through host buffers, also compressed
-# with fp16, topk and powersgd) writes checkpoints cmp-equal to ddp on cpu, and resumes bit for bit;
-# so do localsgd (plain and compressed) and ps.
+# with fp16, topk and powersgd) writes checkpoints cmp-equal to ddp on cpu, and resumes bit for bit.
+# localsgd (plain and compressed, 2 workers) and ps (one worker: its deterministic setting) write
+# checkpoints cmp-equal to cpu's, also when resumed from the same checkpoint; async ps on checked trains.
 . "$(dirname "$0")/testlib.bash"
 
 # both: NAME ARGS...: trains on cpu and on checked and compares the checkpoints byte for byte
