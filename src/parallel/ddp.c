@@ -217,7 +217,9 @@ static const char *auto_choice(const dt_strategy *s, const ddp_opts *op, bool sh
     return "update=full (auto: the ranks span hosts)";
 }
 
-/* What ddp does not stage through host buffers yet: refused on such a device, naming what runs. */
+/* What ddp does not stage through host buffers yet: refused on such a device, naming what runs. The
+ * compressors run on the bucket's staged host copy (grad_sync.c), their error feedback and PowerSGD's
+ * factors in the sync's host memory beside it. */
 static dt_status check_staged(const dt_strategy *s, const ddp_opts *op) {
     dt_dev *dev = dt_strategy_stage_device(s->comm, s->model);
     if (!dev) return DT_OK;
@@ -225,10 +227,6 @@ static dt_status check_staged(const dt_strategy *s, const ddp_opts *op) {
         return dt_error(DT_ENOTSUP, "--device %s: ddp with zero=3 does not run on this device yet (stage 3's parameter "
                         "shards are host pages given back to the OS); use zero=1 or zero=2 (staged through host "
                         "buffers), or --device cpu", dev->kind->name);
-    if (op->compress.kind != DT_COMPRESS_NONE)
-        return dt_error(DT_ENOTSUP, "--device %s: ddp with compress does not run on this device yet (only the "
-                        "allreduce and ZeRO stages 1-2 stage through host buffers); drop compress or use --device cpu",
-                        dev->kind->name);
     return DT_OK;
 }
 

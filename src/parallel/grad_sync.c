@@ -301,6 +301,7 @@ dt_status dt_grad_sync_visit_state(dt_grad_sync *g, dt_state_visit_fn fn, void *
     size_t n = (size_t)g->world * g->state_n;
     dt_state_piece p = {.name = name, .buf = {g->state, DT_F32, n, DT_DEVICE_CPU}, .ndim = 2,
                         .shape = {g->world, (int64_t)g->state_n}, .numel = n, .is_optim = true,
+                        .host = true,  /* the compressors work on the staged host copy: so does their state */
                         .hint = g->spec.kind == DT_COMPRESS_POWERSGD
                                     ? "it is the --compress error-feedback state of each rank; resume with as many "
                                       "workers, the same --compress and --bucket-mb (a powersgd checkpoint written "

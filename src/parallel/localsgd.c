@@ -9,8 +9,16 @@
  * checkpoints, so those always see the common model). With compression ("localsgd(compress=...)",
  * --compress) the average travels as the mean of the ranks' compressed deltas from the last
  * common model (the gradient-sync table of grad_sync.h, one bucket, error feedback per rank);
- * model buffers are still averaged exactly. */
+ * model buffers are still averaged exactly.
+ *
+ * On a device whose memory the comm does not take (dt_strategy_stage_device) the optimizer steps
+ * run on the device and each average travels through host buffers: the parameters and buffers
+ * are downloaded into the host vector of the allreduce (and the compressed delta's host arithmetic),
+ * the result uploaded; the anchor (the last common model) is host memory. On cpu the allreduce
+ * reads and writes the model in place, as before. */
 #include "parallel/grad_sync.h"
+
+#include "device/device.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -33,32 +41,51 @@ typedef struct {
     float *anchor;     /* with compression: the last common model */
     int64_t avgs;      /* averages done (the sync's step counter) */
     bool anchored;     /* anchor taken from the model (at the first step: after a resume's restore) */
+    dt_dev *dev;       /* the model's device when averages are staged through host memory, else NULL */
 } localsgd;
+
+/* n floats of model memory src into host memory dst (downloaded from a staged device). */
+static void get(const localsgd *l, float *dst, const float *src, size_t n) {
+    if (l->dev) l->dev->ops->download(l->dev, dst, src, n * sizeof(float));
+    else memcpy(dst, src, n * sizeof(float));
+}
+
+/* n floats of host memory src into model memory dst (uploaded to a staged device). */
+static void put(const localsgd *l, float *dst, const float *src, size_t n) {
+    if (l->dev) l->dev->ops->upload(l->dev, dst, src, n * sizeof(float));
+    else memcpy(dst, src, n * sizeof(float));
+}
 
 static dt_status lsgd_init(dt_strategy *s) { return dt_strategy_verify_replicas(s->comm, s->model); }
 
 static void lsgd_begin(dt_strategy *s, int64_t step) {
     localsgd *l = s->impl;
     s->step = step;
-    if (l->anchor && !l->anchored) memcpy(l->anchor, dt_model_params(s->model), l->np * sizeof(float));
+    if (l->anchor && !l->anchored) get(l, l->anchor, dt_model_params(s->model), l->np);
     l->anchored = true;
 }
 
 static void lsgd_ready(dt_strategy *s, size_t off, size_t n) { (void)s, (void)off, (void)n; }
 
-/* The compressed average: x = anchor + mean_r(C(w_r (x_r - anchor))), buffers exactly. */
+/* The compressed average: x = anchor + mean_r(C(w_r (x_r - anchor))), buffers exactly. Staged:
+ * the same host arithmetic on the model downloaded into flat, the result uploaded. */
 static dt_status average_compressed(dt_strategy *s, float w) {
     localsgd *l = s->impl;
     float *p = dt_model_params(s->model), *buf = dt_model_buffers(s->model);
-    for (size_t i = 0; i < l->np; i++) l->flat[i] = w * (p[i] - l->anchor[i]);
+    float *hp = l->dev ? l->flat : p, *hb = l->dev ? l->flat + l->np : buf;  /* the host view */
+    if (l->dev) get(l, hp, p, l->np);
+    for (size_t i = 0; i < l->np; i++) l->flat[i] = w * (hp[i] - l->anchor[i]);
     dt_grad_sync_begin_step(l->gs, l->avgs++);
     dt_grad_sync_start(l->gs, 0, l->flat);
     DT_TRY(dt_grad_sync_finish(l->gs, 0));
-    for (size_t i = 0; i < l->np; i++) p[i] = l->anchor[i] + l->flat[i];
-    memcpy(l->anchor, p, l->np * sizeof(float));
+    for (size_t i = 0; i < l->np; i++) hp[i] = l->anchor[i] + l->flat[i];
+    if (l->dev) put(l, p, hp, l->np);
+    memcpy(l->anchor, hp, l->np * sizeof(float));
     if (!l->nb) return DT_OK;
-    for (size_t i = 0; i < l->nb; i++) l->flat[l->np + i] = w * buf[i];
-    DT_TRY(dt_comm_allreduce(s->comm, l->flat + l->np, buf, l->nb, DT_F32, DT_OP_AVG));
+    if (l->dev) get(l, hb, buf, l->nb);
+    for (size_t i = 0; i < l->nb; i++) l->flat[l->np + i] = w * hb[i];
+    DT_TRY(dt_comm_allreduce(s->comm, l->flat + l->np, hb, l->nb, DT_F32, DT_OP_AVG));
+    if (l->dev) put(l, buf, hb, l->nb);
     return DT_OK;
 }
 
@@ -79,14 +106,14 @@ static dt_status average(dt_strategy *s, double *wait_s) {
         if (wait_s) *wait_s += dt_now() - t0;
         return DT_OK;
     }
-    memcpy(l->flat, p, l->np * sizeof(float));
-    if (l->nb) memcpy(l->flat + l->np, buf, l->nb * sizeof(float));
+    get(l, l->flat, p, l->np);
+    if (l->nb) get(l, l->flat + l->np, buf, l->nb);
     if (w != 1.0f)
         for (size_t i = 0; i < l->np + l->nb; i++) l->flat[i] *= w;
     dt_status st = dt_comm_allreduce(s->comm, l->flat, l->flat, l->np + l->nb, DT_F32, DT_OP_AVG);
     if (st != DT_OK) return dt_error_wrap(st, "localsgd step %lld: model average", (long long)s->step);
-    memcpy(p, l->flat, l->np * sizeof(float));
-    if (l->nb) memcpy(buf, l->flat + l->np, l->nb * sizeof(float));
+    put(l, p, l->flat, l->np);
+    if (l->nb) put(l, buf, l->flat + l->np, l->nb);
     l->since = 0, l->samples = 0;
     if (s->trace) dt_trace_add(s->trace, "average", 1, t0, dt_now(), s->step);
     if (wait_s) *wait_s += dt_now() - t0;
@@ -97,7 +124,7 @@ static dt_status lsgd_step(dt_strategy *s, float lr, float clip, dt_step_stats *
     localsgd *l = s->impl;
     memset(st, 0, sizeof *st);
     float *g = dt_model_grads(s->model);
-    if (clip > 0) s->cur.grad_norm = dt_clip_grad_norm(g, l->np, clip);
+    if (clip > 0) s->cur.grad_norm = dt_optim_clip_grad_norm(s->optim, g, l->np, clip);  /* on its device */
     if (s->cur.n > 0) dt_optim_step(s->optim, dt_model_params(s->model), g, lr);
     l->since++;
     l->samples += s->cur.n;
@@ -144,7 +171,7 @@ static dt_status make_sync(dt_strategy *s, localsgd *l, const dt_compress_spec *
     if (cs->kind == DT_COMPRESS_NONE) return DT_OK;
     l->anchor = dt_alloc(l->np * sizeof(float));
     if (!l->anchor) return dt_error(DT_ENOMEM, "localsgd: out of memory for %zu parameters", l->np);
-    memcpy(l->anchor, dt_model_params(s->model), l->np * sizeof(float));  /* init verifies they agree */
+    get(l, l->anchor, dt_model_params(s->model), l->np);  /* init verifies they agree */
     size_t lo = 0, hi = l->np;
     dt_grad_sync_config gc = {.comm = s->comm, .model = s->model, .n = l->np, .lo = &lo, .hi = &hi, .nb = 1};
     return dt_grad_sync_create(&l->gs, cs, &gc);
@@ -157,6 +184,7 @@ static dt_status lsgd_create(dt_strategy *s, const void *opts) {
     l->H = o->sync_every > 0 ? o->sync_every : 8;
     l->np = dt_model_num_params(s->model);
     l->nb = dt_model_num_buffers(s->model);
+    l->dev = dt_strategy_stage_device(s->comm, s->model);
     l->flat = dt_alloc((l->np + l->nb) * sizeof(float));
     if (!l->flat) {
         size_t n = l->np + l->nb;
@@ -206,4 +234,4 @@ static void lsgd_format(const void *opts, char *out, size_t cap) {
 const dt_strategy_entry dt_strategy_localsgd_entry = {
     .name = "localsgd", .help = "localsgd(sync_every=H,compress=C)", .keys = "sync_every, compress", .opts_size = sizeof(localsgd_opts),
     .defaults = lsgd_defaults, .set = lsgd_set, .check = lsgd_check, .create = lsgd_create, .format = lsgd_format,
-    .needs_comm = true};
+    .needs_comm = true, .device_neutral = true};

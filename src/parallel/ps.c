@@ -8,8 +8,13 @@
  * 0 trains bit for bit like a single process. By default the workers own no shard: server 0's
  * answer names the next batch to train (dynamic assignment, ps.h), so a slow worker trains
  * fewer; with fixed_shards each owns 1/W of every epoch and SSP counts its own steps. With
- * overlap (--ps-overlap) the exchange runs on a worker thread while the next batch trains (ps.h). */
+ * overlap (--ps-overlap) the exchange runs on a worker thread while the next batch trains (ps.h).
+ * On a device whose memory the comm does not take (dt_strategy_stage_device) a worker clips on the
+ * device, downloads its gradient into a host send buffer and uploads the parameters it pulls from a
+ * host staging buffer; the servers keep host memory (ps_server.c says why). */
 #include "parallel/ps.h"
+
+#include "device/device.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -108,10 +113,15 @@ static dt_status ps_step_blocking(dt_strategy *s, float lr, float clip, dt_step_
     ps_state *p = s->impl;
     memset(st, 0, sizeof *st);
     float *g = dt_model_grads(s->model), *w = dt_model_params(s->model);
-    if (clip > 0) s->cur.grad_norm = dt_clip_grad_norm(g, p->P, clip);
+    if (clip > 0) s->cur.grad_norm = dt_optim_clip_grad_norm(s->optim, g, p->P, clip);  /* on its device */
     double t0 = dt_now();
     fill_push(s, p, lr);
-    DT_TRY(exchange(p, g, w, s->step));
+    if (p->dev) {  /* staged: the gradient goes out of, the parameters come into, host buffers */
+        p->dev->ops->download(p->dev, p->gsend, g, p->P * sizeof(float));
+        DT_TRY(exchange(p, p->gsend, p->wstage, s->step));
+        p->dev->ops->upload(p->dev, w, p->wstage, p->P * sizeof(float));
+    } else
+        DT_TRY(exchange(p, g, w, s->step));
     for (int i = 0; i < p->S; i++) p->version[i] = p->reply[i].version;
     if (p->dynamic) {
         const ps_reply *r = &p->reply[0];
@@ -152,7 +162,8 @@ static void exchange_wait(ps_state *p) {
 /* Takes the answer of the finished exchange: staged parameters into the model, the unit handed out. */
 static dt_status exchange_take(dt_strategy *s, ps_state *p) {
     if (p->xst != DT_OK) return dt_error(p->xst, "%s", p->xmsg);
-    memcpy(dt_model_params(s->model), p->wstage, p->P * sizeof(float));
+    if (p->dev) p->dev->ops->upload(p->dev, dt_model_params(s->model), p->wstage, p->P * sizeof(float));
+    else memcpy(dt_model_params(s->model), p->wstage, p->P * sizeof(float));
     for (int i = 0; i < p->S; i++) p->version[i] = p->reply[i].version;
     const ps_reply *r = &p->reply[0];
     if (r->seq >= 0) {  /* each answer hands out at most one; the worker holds at most one more */
@@ -172,7 +183,8 @@ static dt_status exchange_start(ps_state *p, const float *g, int64_t step) {
             return dt_error(DT_ENOMEM, "ps worker rank %d: cannot start the exchange thread (--ps-overlap)", p->me);
         p->thread_started = true;
     }
-    memcpy(p->gsend, g, p->P * sizeof(float));  /* the next backward overwrites g */
+    if (p->dev) p->dev->ops->download(p->dev, p->gsend, g, p->P * sizeof(float));  /* the next backward overwrites g */
+    else memcpy(p->gsend, g, p->P * sizeof(float));
     pthread_mutex_lock(&p->mu);
     p->xstep = step, p->xst = DT_OK, p->busy = true;
     pthread_cond_broadcast(&p->cv);
@@ -194,7 +206,7 @@ static dt_status ps_step_overlap(dt_strategy *s, float lr, float clip, dt_step_s
     ps_state *p = s->impl;
     memset(st, 0, sizeof *st);
     float *g = dt_model_grads(s->model);
-    if (clip > 0) s->cur.grad_norm = dt_clip_grad_norm(g, p->P, clip);
+    if (clip > 0) s->cur.grad_norm = dt_optim_clip_grad_norm(s->optim, g, p->P, clip);  /* on its device */
     if (!p->first_done) {  /* the unit ahead the worker starts with (seq W + w), from first_unit */
         p->first_done = true;
         if (p->next_unit >= 0) {
@@ -308,19 +320,20 @@ static dt_status ps_create(dt_strategy *s, const void *opts) {
     }
     p->seq = me - p->S;  /* dynamic: worker w trains seq w first */
     p->P = dt_model_num_params(s->model);
+    p->dev = dt_strategy_stage_device(s->comm, s->model);
     p->lo = calloc((size_t)p->S + 1, sizeof *p->lo);
     p->pair = calloc((size_t)(p->S > p->W ? p->S : p->W), sizeof *p->pair);
     p->push = calloc((size_t)p->S, sizeof *p->push);
     p->reply = calloc((size_t)p->S, sizeof *p->reply);
     p->version = calloc((size_t)p->S, sizeof *p->version);
     const bool worker = me >= p->S;
-    if (p->overlap && worker) {
+    if ((p->overlap || p->dev) && worker) {
         p->gsend = dt_alloc(p->P * sizeof(float) + 1);
         p->wstage = dt_alloc(p->P * sizeof(float) + 1);
     }
     s->impl = p;
     if (!p->lo || !p->pair || !p->push || !p->reply || !p->version ||
-        (p->overlap && worker && (!p->gsend || !p->wstage))) {
+        ((p->overlap || p->dev) && worker && (!p->gsend || !p->wstage))) {
         ps_destroy(s);
         return dt_error(DT_ENOMEM, "ps: out of memory");
     }
@@ -395,4 +408,4 @@ const dt_strategy_entry dt_strategy_ps_entry = {
     .name = "ps", .help = "ps(servers=S,staleness=S|inf,shards=dynamic|fixed,overlap=0|1)",
     .keys = "servers, staleness, shards, overlap", .opts_size = sizeof(ps_opts), .defaults = ps_defaults,
     .set = ps_set, .check = ps_check, .create = ps_create, .servers = ps_servers, .format = ps_format,
-    .needs_comm = true};
+    .needs_comm = true, .device_neutral = true};

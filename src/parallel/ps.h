@@ -113,6 +113,8 @@ typedef struct {
     int staleness;           /* < 0: unbounded */
     bool dynamic;            /* dynamic batch assignment (not fixed_shards) */
     size_t P;                /* parameters */
+    struct dt_dev *dev;      /* the model's device when it is staged through host buffers (both sides),
+                              * else NULL */
     size_t *lo;              /* [S + 1] shard bounds */
     dt_comm **pair;          /* server: [W] its pair with worker w; worker: [S] its pair with server i */
     dt_comm *servers;        /* servers among themselves (S > 1), else NULL */
@@ -126,7 +128,8 @@ typedef struct {
     double last_wait;        /* the previous step's exchange wait (reported in the next push) */
     /* worker side, overlap (see the top): the exchange thread and its buffers */
     bool overlap;
-    float *gsend, *wstage;   /* [P] the gradient being pushed; the parameters being pulled */
+    float *gsend, *wstage;   /* [P] the gradient being pushed; the parameters being pulled (also
+                              * without overlap where dev is set: the host copies of the exchange) */
     int64_t held[2][3];      /* units held ahead, oldest first: seq, epoch, unit */
     int nheld;
     bool bye;                /* server 0 said bye: nothing to hand out now */

@@ -19,8 +19,18 @@
  * before answering the pull request that names it. A unit a dead worker held is handed out
  * again by server 0; a server > 0 counts it as in (lost with the worker) so nothing waits for it.
  * With overlap each worker holds up to two units (two pending slots; ps.h says how they flow).
- * The hand-out and the bookkeeping of dynamic assignment are in ps_assign.c. */
+ * The hand-out and the bookkeeping of dynamic assignment are in ps_assign.c.
+ *
+ * On a device (--device other than cpu) a server still keeps its shard, its optimizer and the
+ * workers' gradient slices in host memory and steps on the CPU: it is a host process answering W
+ * handler threads under one lock, each push arrives in and each answer leaves from host buffers of
+ * the transport, so a device shard would cost an upload and a download per push for one
+ * element-wise update. Only the strategy's model (and optimizer) is on the device: the shard is
+ * downloaded from it at start, and server 0 uploads the assembled model at each epoch end. The
+ * checked device runs the CPU kernels, so its results equal cpu's. */
 #include "parallel/ps_server.h"
+
+#include "device/device.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -195,10 +205,48 @@ static void flush_notes(server *sv) {
     sv->nnotes = 0;
 }
 
+/* n floats of host memory src into the strategy's model or optimizer memory dst (its device's). */
+static void to_model(const ps_state *p, float *dst, const float *src, size_t n) {
+    if (p->dev) p->dev->ops->upload(p->dev, dst, src, n * sizeof(float));
+    else memcpy(dst, src, n * sizeof(float));
+}
+
+/* n floats of the strategy's model or optimizer memory src into host memory dst. */
+static void from_model(const ps_state *p, float *dst, const float *src, size_t n) {
+    if (p->dev) p->dev->ops->download(p->dev, dst, src, n * sizeof(float));
+    else memcpy(dst, src, n * sizeof(float));
+}
+
+/* Server 0: server i's shard of n floats (tag) into model memory dst: received in place, or on a
+ * staged device into host memory tmp and uploaded. */
+static dt_status recv_shard(const ps_state *p, float *dst, float *tmp, size_t n, int i, int tag) {
+    if (!p->dev) return dt_comm_recv(p->servers, dst, n, DT_F32, i, tag);
+    DT_TRY(dt_comm_recv(p->servers, tmp, n, DT_F32, i, tag));
+    to_model(p, dst, tmp, n);
+    return DT_OK;
+}
+
+/* Server 0's part of assemble: its own snapshot, then every other server's shard. */
+static dt_status assemble_root(server *sv, const float *snap, float **snap_state, int nstate, float *tmp) {
+    ps_state *p = sv->p;
+    float *full = dt_model_params(sv->s->model);
+    const bool opt = sv->cfg->want_optim;
+    to_model(p, full + sv->lo, snap, sv->n);
+    for (int k = 0; opt && k < nstate; k++)
+        to_model(p, dt_optim_state(sv->s->optim, k, NULL) + sv->lo, snap_state[k], sv->n);
+    for (int i = 1; i < p->S; i++) {
+        size_t lo = p->lo[i], n = p->lo[i + 1] - p->lo[i];
+        DT_TRY(recv_shard(p, full + lo, tmp, n, i, PS_TAG_SHARD));
+        for (int k = 0; opt && k < nstate; k++)
+            DT_TRY(recv_shard(p, dt_optim_state(sv->s->optim, k, NULL) + lo, tmp, n, i, PS_TAG_SHARD + 1 + k));
+    }
+    if (opt) dt_optim_set_steps(sv->s->optim, dt_optim_steps(sv->opt));
+    return DT_OK;
+}
+
 /* Assembles params (and optimizer state) on server 0 from every server's snapshot. */
 static dt_status assemble(server *sv, float *snap, float **snap_state, int nstate) {
     ps_state *p = sv->p;
-    float *full = dt_model_params(sv->s->model);
     const bool opt = sv->cfg->want_optim;
     if (sv->idx != 0) {
         DT_TRY(dt_comm_send(p->servers, snap, sv->n, DT_F32, 0, PS_TAG_SHARD));
@@ -206,18 +254,12 @@ static dt_status assemble(server *sv, float *snap, float **snap_state, int nstat
             DT_TRY(dt_comm_send(p->servers, snap_state[k], sv->n, DT_F32, 0, PS_TAG_SHARD + 1 + k));
         return DT_OK;
     }
-    memcpy(full + sv->lo, snap, sv->n * sizeof(float));
-    for (int k = 0; opt && k < nstate; k++)
-        memcpy(dt_optim_state(sv->s->optim, k, NULL) + sv->lo, snap_state[k], sv->n * sizeof(float));
-    for (int i = 1; i < p->S; i++) {
-        size_t lo = p->lo[i], n = p->lo[i + 1] - p->lo[i];
-        DT_TRY(dt_comm_recv(p->servers, full + lo, n, DT_F32, i, PS_TAG_SHARD));
-        for (int k = 0; opt && k < nstate; k++)
-            DT_TRY(dt_comm_recv(p->servers, dt_optim_state(sv->s->optim, k, NULL) + lo, n, DT_F32, i,
-                                PS_TAG_SHARD + 1 + k));
-    }
-    if (opt) dt_optim_set_steps(sv->s->optim, dt_optim_steps(sv->opt));
-    return DT_OK;
+    float *tmp = NULL;  /* staged: the largest shard of another server, received on the host */
+    if (p->dev && p->S > 1 && !(tmp = dt_alloc((p->P / (size_t)p->S + 1) * sizeof(float))))
+        return dt_error(DT_ENOMEM, "ps server: out of memory for a host buffer of a shard");
+    dt_status st = assemble_root(sv, snap, snap_state, nstate, tmp);
+    dt_free(tmp);
+    return st;
 }
 
 static void wait_until(server *sv, double until) {
@@ -421,9 +463,9 @@ dt_status dt_ps_serve(dt_strategy *s, const dt_serve_config *cfg) {
         return st;
     }
     /* the shard starts from the (identical, verified) replica, a resumed one included */
-    memcpy(sv.w, dt_model_params(s->model) + sv.lo, sv.n * sizeof(float));
+    from_model(p, sv.w, dt_model_params(s->model) + sv.lo, sv.n);
     for (int k = 0; k < dt_optim_num_states(sv.opt); k++)
-        memcpy(dt_optim_state(sv.opt, k, NULL), dt_optim_state(s->optim, k, NULL) + sv.lo, sv.n * sizeof(float));
+        from_model(p, dt_optim_state(sv.opt, k, NULL), dt_optim_state(s->optim, k, NULL) + sv.lo, sv.n);
     dt_optim_set_steps(sv.opt, dt_optim_steps(s->optim));
     sv.version = 0;
     for (int w = 0; w < W; w++) {

@@ -95,6 +95,9 @@ typedef struct {
     bool is_optim;  /* an optimizer moment (absent from weights-only checkpoints) */
     const char *hint;  /* NULL, or: the piece is optional (a checkpoint without it leaves buf as it
                         * is) and a restore of another shape fails with this advice */
+    bool host;      /* buf is host memory where the model is on a device (a strategy's own state that
+                     * its host code works on: --compress error feedback); false: model memory, on
+                     * the model's device (dt_model_device), read and written through it */
 } dt_state_piece;
 /* Called with each piece; returning an error stops the visit with it. For a restore the visitor
  * writes into buf. */

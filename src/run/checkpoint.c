@@ -83,7 +83,7 @@ static dt_status add_piece(void *ctx, const dt_state_piece *p) {
     if (p->buf.dtype != DT_F32 || p->buf.device != DT_DEVICE_CPU)
         return dt_error(DT_ENOTSUP, "checkpoint: tensor '%s' is %s on device %d; only f32 host state is written",
                         p->name, dt_dtype_name(p->buf.dtype), (int)p->buf.device);
-    if (c->dev) {  /* device memory: downloaded into the tensor's host copy */
+    if (c->dev && !p->host) {  /* device memory: downloaded into the tensor's host copy */
         assembled *a = NULL;
         if (p->offset + p->buf.count > p->numel)
             return dt_error(DT_EINTERNAL, "checkpoint: piece [%zu, %zu) of '%s' exceeds its %zu elements", p->offset,
@@ -438,10 +438,15 @@ dt_status dt_checkpoint_restore(const char *path, dt_model *m, dt_optim *o, dt_c
 typedef struct {
     const dt_st_file *f;
     float ef_factor;
+    dt_dev *dev;  /* the model's device when the host cannot write it (NULL: host memory) */
 } restore_ctx;
 
 static dt_status restore_piece_rescaled(void *ctx, const dt_state_piece *p) {
     const restore_ctx *c = ctx;
+    if (c->dev && !p->host) {  /* model memory on the device: through a host copy (no residual there) */
+        device_restore r = {restore_piece, (void *)c->f, c->dev};
+        return restore_piece_device(&r, p);
+    }
     DT_TRY(restore_piece((void *)c->f, p));
     const size_t n = strlen(p->name);
     dt_st_tensor st;
@@ -472,10 +477,9 @@ dt_status dt_checkpoint_restore_strategy(const char *path, dt_strategy *st, dt_c
         const dt_loss_scaler *ls = st->optim ? dt_optim_loss_scaler(st->optim) : NULL;
         dt_loss_scaler ck = {.scale = 1.0f};  /* the checkpoint's scale: 1 without fp16 */
         checkpoint_loss_scaler(f, &ck);
-        restore_ctx c = {.f = f, .ef_factor = (ls ? ls->scale : 1.0f) / ck.scale};
-        device_restore r = {restore_piece_rescaled, &c, dt_model_device(st->model)};  /* tp's shards on a device */
-        s = r.dev->host_memory ? dt_strategy_visit_state(st, restore_piece_rescaled, &c)
-                               : dt_strategy_visit_state(st, restore_piece_device, &r);
+        dt_dev *dev = dt_model_device(st->model);
+        restore_ctx c = {.f = f, .ef_factor = (ls ? ls->scale : 1.0f) / ck.scale, .dev = dev->host_memory ? NULL : dev};
+        s = dt_strategy_visit_state(st, restore_piece_rescaled, &c);
     }
     if (s == DT_OK && st->optim && steps) dt_optim_set_steps(st->optim, strtoll(steps, NULL, 10));
     dt_st_close(f);

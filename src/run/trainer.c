@@ -363,15 +363,23 @@ dt_status dt_trainer_check_loss(const dt_model *m, const dt_dataset *ds, const c
     return DT_OK;
 }
 
+static bool device_neutral(const dt_strategy_entry *e, const void *arg) {
+    (void)arg;
+    return e->device_neutral;
+}
+
 /* --device: the model and optimizer moved onto it (before initialisation: the initial values are
  * uploaded), for a strategy whose registry entry says it is device-neutral. */
 static dt_status move_to_device(dt_trainer *t, const dt_strategy_entry *se) {
     const char *spec = t->cfg.device;
     if (!spec || !strcmp(spec, "cpu")) return DT_OK;
-    if (!se->device_neutral)
-        return dt_error(DT_ENOTSUP, "--device %s: only the single strategy, plain ddp and tp run on it so far (the "
-                        "%s strategy's sharding and staging still touch model memory from the host); use --device "
-                        "cpu", spec, se->name);
+    if (!se->device_neutral) {
+        char names[128];
+        dt_strategy_names_where(device_neutral, NULL, "and", names, sizeof names);
+        return dt_error(DT_ENOTSUP, "--device %s: the %s strategy does not run on a device yet (its sharding and "
+                        "staging still touch model memory from the host); strategies that do: %s; or use --device "
+                        "cpu", spec, se->name, names);
+    }
     DT_TRY(dt_device_create(&t->dev, spec));
     DT_TRY(dt_model_set_device(t->model, t->dev));
     return dt_optim_set_device(t->optim, t->dev);
