@@ -4,7 +4,8 @@
 # scaling and clipping on the device, and a resume on checked continues bit for bit; what is not
 # yet device-neutral (other strategies, ddp's ZeRO, sharded update and compressors) is refused with a
 # clear error. ddp with 2 workers on checked (its buckets staged through host buffers) writes
-# checkpoints cmp-equal to ddp on cpu.
+# checkpoints cmp-equal to ddp on cpu; so does pp (gpipe with dp2 x pp2, 1f1b on the GPT), which
+# also resumes bit for bit on checked; pp's ZeRO and tp x pp are refused there.
 . "$(dirname "$0")/testlib.bash"
 
 # both: NAME ARGS...: trains on cpu and on checked and compares the checkpoints byte for byte
@@ -35,6 +36,17 @@ ev = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e["ph"] == "X"]
 back = {(e["pid"], e["args"]["step"]): e["ts"] + e["dur"] for e in ev if e["name"] == "backward"}
 assert any(e["name"].startswith("allreduce") and e["ts"] < back.get((e["pid"], e["args"]["step"]), -1) for e in ev)
 PY
+  # pp on checked: activations and gradients staged through host slots, losses read once a step,
+  # clip from device sqnorm partials; dp2 x pp2 stages the DP average and batchnorm's buffers,
+  # GPipe recomputes the forwards (its buffers kept in a host copy); eval runs on the stages
+  both pp-gpipe --model "flatten linear(32) batchnorm relu linear(10)" --max-steps 4 --workers 4 --optimizer adam \
+    --clip 0.5 --strategy "pp(schedule=gpipe,microbatches=4)"
+  # resume under pp on checked: 3 steps, then 3 more, equal to 6 straight (moments through the sync)
+  ppr() { $DT train --model mlp --epochs 1 --quiet --eval-batches 1 --optimizer adam --device checked --workers 2 \
+    --strategy "pp(schedule=1f1b,microbatches=2)" "$@" >/dev/null 2>&1; }
+  ppr --max-steps 6 --save "$TMP/ppfull.st" && ppr --max-steps 3 --save "$TMP/pphalf.st" &&
+    ppr --max-steps 6 --resume "$TMP/pphalf.st" --save "$TMP/ppres.st" && cmp -s "$TMP/ppfull.st" "$TMP/ppres.st" \
+    && ok "pp resume on checked continues bit for bit" || bad "pp resume on checked differs"
   # --save-weights downloads, --weights uploads: fine-tuning from the MLP's weights on both devices
   for dev in cpu checked; do
     $DT train --model mlp --epochs 1 --max-steps 3 --quiet --eval-batches 1 --device $dev \
@@ -60,6 +72,9 @@ fi
 
 python3 "$DTRAIN_TOOLS/word_corpus.py" "$TMP/corpus.txt" 7 4000
 both gpt --data "text:$TMP/corpus.txt" --model "gpt:L=1,H=2,C=32,T=16" --batch 4 --optimizer adamw --max-steps 6
+# pp 1f1b on the GPT: its tied embedding's gradient summed over the stages (staged), clipped
+both pp-gpt --data "text:$TMP/corpus.txt" --model "gpt:L=1,H=2,C=32,T=16" --batch 4 --optimizer adamw --max-steps 4 \
+  --workers 2 --strategy "pp(schedule=1f1b)" --clip 0.5
 
 expect_fail "an unknown device names the devices" "devices: cpu, checked" $DT train --device gpu --max-steps 1
 expect_fail "a bad checked option names the syntax" "arena=BYTES" $DT train --device checked:size=1 --max-steps 1
@@ -67,4 +82,9 @@ expect_fail "a strategy that is not device-neutral yet is refused" "only the sin
   $DT train --device checked --workers 2 --strategy localsgd --max-steps 1
 expect_fail "ddp's ZeRO is refused on checked" "ddp with zero=1 does not run on this device" \
   $DT train --device checked --workers 2 --strategy "ddp(zero=1)" --max-steps 1
+expect_fail "pp's ZeRO is refused on checked" "pp with zero=1 does not run on this device yet" \
+  $DT train --device checked --workers 4 --strategy "pp(zero=1)" --max-steps 1
+expect_fail "tp x pp is refused on checked" "pp with tp=2 does not run on this device yet" \
+  $DT train --device checked --workers 4 --data "text:$TMP/corpus.txt" --model "gpt:L=2,H=2,C=32,T=16" --tp 2 --pp 2 \
+  --max-steps 1
 finish
