@@ -78,7 +78,7 @@ both pp-gpt --data "text:$TMP/corpus.txt" --model "gpt:L=1,H=2,C=32,T=16" --batc
 
 expect_fail "an unknown device names the devices" "devices: cpu, checked" $DT train --device gpu --max-steps 1
 expect_fail "a bad checked option names the syntax" "arena=BYTES" $DT train --device checked:size=1 --max-steps 1
-expect_fail "a strategy that is not device-neutral yet is refused" "only the single strategy and plain ddp" \
+expect_fail "a strategy that is not device-neutral yet is refused" "only the single strategy, plain ddp and pp" \
   $DT train --device checked --workers 2 --strategy localsgd --max-steps 1
 expect_fail "ddp's ZeRO is refused on checked" "ddp with zero=1 does not run on this device" \
   $DT train --device checked --workers 2 --strategy "ddp(zero=1)" --max-steps 1

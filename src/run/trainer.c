@@ -360,7 +360,7 @@ static dt_status move_to_device(dt_trainer *t, const dt_strategy_entry *se, cons
     const char *spec = t->cfg.device;
     if (!spec || !strcmp(spec, "cpu")) return DT_OK;
     if (!se->device_neutral)
-        return dt_error(DT_ENOTSUP, "--device %s: only the single strategy and plain ddp run on it so far (the "
+        return dt_error(DT_ENOTSUP, "--device %s: only the single strategy, plain ddp and pp run on it so far (the "
                         "%s strategy's sharding and staging still touch model memory from the host); use --device "
                         "cpu", spec, se->name);
     if (resume && dt_checkpoint_is_sharded(resume))
