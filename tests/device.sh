@@ -4,8 +4,9 @@
 # scaling and clipping on the device, and a resume on checked continues bit for bit; what is not
 # yet device-neutral (other strategies, ddp's ZeRO, sharded update and compressors) is refused with a
 # clear error. ddp with 2 workers on checked (its buckets staged through host buffers) writes
-# checkpoints cmp-equal to ddp on cpu; so does pp (gpipe with dp2 x pp2, 1f1b on the GPT), which
-# also resumes bit for bit on checked; pp's ZeRO and tp x pp are refused there.
+# checkpoints cmp-equal to ddp on cpu; so does pp (gpipe with dp2 x pp2, 1f1b on the GPT, ZeRO-2
+# over its DP axis), which also resumes bit for bit on checked; pp's ZeRO-3 and tp x pp are
+# refused there.
 . "$(dirname "$0")/testlib.bash"
 
 # both: NAME ARGS...: trains on cpu and on checked and compares the checkpoints byte for byte
@@ -41,6 +42,9 @@ PY
   # GPipe recomputes the forwards (its buffers kept in a host copy); eval runs on the stages
   both pp-gpipe --model "flatten linear(32) batchnorm relu linear(10)" --max-steps 4 --workers 4 --optimizer adam \
     --clip 0.5 --strategy "pp(schedule=gpipe,microbatches=4)"
+  # pp's ZeRO-2 over dp2: the chunk's moments and the gradient shard on the device, the reduce-scatter
+  # and allgather on host copies, the clip norm from the shard's sqnorm
+  both pp-zero2 --model mlp --max-steps 4 --workers 4 --optimizer adam --clip 0.5 --strategy "pp(zero=2,schedule=1f1b)"
   # resume under pp on checked: 3 steps, then 3 more, equal to 6 straight (moments through the sync)
   ppr() { $DT train --model mlp --epochs 1 --quiet --eval-batches 1 --optimizer adam --device checked --workers 2 \
     --strategy "pp(schedule=1f1b,microbatches=2)" "$@" >/dev/null 2>&1; }
@@ -82,8 +86,8 @@ expect_fail "a strategy that is not device-neutral yet is refused" "only the sin
   $DT train --device checked --workers 2 --strategy localsgd --max-steps 1
 expect_fail "ddp's ZeRO is refused on checked" "ddp with zero=1 does not run on this device" \
   $DT train --device checked --workers 2 --strategy "ddp(zero=1)" --max-steps 1
-expect_fail "pp's ZeRO is refused on checked" "pp with zero=1 does not run on this device yet" \
-  $DT train --device checked --workers 4 --strategy "pp(zero=1)" --max-steps 1
+expect_fail "pp's ZeRO-3 is refused on checked" "pp with zero=3 does not run on this device yet" \
+  $DT train --device checked --workers 4 --strategy "pp(zero=3)" --max-steps 1
 expect_fail "tp x pp is refused on checked" "pp with tp=2 does not run on this device yet" \
   $DT train --device checked --workers 4 --data "text:$TMP/corpus.txt" --model "gpt:L=2,H=2,C=32,T=16" --tp 2 --pp 2 \
   --max-steps 1

@@ -18,8 +18,8 @@
  * On a device whose memory is not host memory (--device checked) the model stays whole on the
  * device (a device's slabs are whole blocks: no placement of the stage's part, no narrowing); the
  * stage's segment optimizers keep their moments there, and a sync's broadcasts and moment sends
- * are staged through host buffers where the comm does not take the device's memory. ZeRO over the
- * DP axis and tp x pp are refused there so far. */
+ * are staged through host buffers where the comm does not take the device's memory (ZeRO 1 and 2
+ * too, pp_zero.c). ZeRO-3 and tp x pp are refused there so far. */
 #include "device/device.h"
 #include "parallel/pp.h"
 #include "parallel/zero.h"
@@ -148,7 +148,9 @@ static void pp_destroy(dt_strategy *s) {
     for (int t = 0; p->share && t < dt_model_num_tensors(p->m ? p->m : s->model); t++) dt_comm_destroy(p->share[t]);
     if (p->seg_of && p->m) dt_model_set_node_hooks(p->m, NULL, NULL, NULL), dt_model_set_backward_hook(p->m, NULL);
     free(p->share), free(p->seg_of);
-    dt_free(p->gsh), dt_free(p->host);
+    dt_free(p->host);
+    if (p->on_dev) p->dev->ops->free(p->dev, p->gsh);  /* ZeRO-2's shard: a device block there */
+    else dt_free(p->gsh);
     if (p->dev) p->dev->ops->free(p->dev, p->dloss), p->dev->ops->free(p->dev, p->dgin), p->dev->ops->free(p->dev, p->dss);
     dt_mesh_free(&p->mesh);
     dt_tp_hooks_destroy(p->hooks);
@@ -335,10 +337,11 @@ static dt_status device_setup(dt_strategy *s, dt_pp *p) {
     p->on_dev = !p->dev->host_memory;
     char what[32] = "";
     if (p->on_dev && p->o.tp > 1) snprintf(what, sizeof what, "tp=%d", p->o.tp);
-    else if (p->on_dev && p->o.zero) snprintf(what, sizeof what, "zero=%d", p->o.zero);
+    else if (p->on_dev && p->o.zero >= 3) snprintf(what, sizeof what, "zero=%d", p->o.zero);
     if (what[0])
         return dt_error(DT_ENOTSUP, "--device %s: pp with %s does not run on this device yet (pipelines of whole "
-                        "stages do, with gpipe or 1f1b and data parallel pipelines); drop %s or use --device cpu",
+                        "stages do, with gpipe or 1f1b, data parallel pipelines and zero=1|2); drop %s or use "
+                        "--device cpu",
                         p->dev->kind->name, what, what);
     const int M = p->o.microbatches;
     if (!(p->dloss = p->dev->ops->alloc(p->dev, (size_t)M * sizeof(float))) ||

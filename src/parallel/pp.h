@@ -169,6 +169,11 @@ dt_status dt_pp_link_error(const dt_pp *p, dt_status st, const char *what, int m
 /* An allreduce (op) of n floats of the stage model's memory x over comm: in place where comm takes
  * that memory (cpu), else staged through p->host (download, allreduce, upload). pp_step.c. */
 dt_status dt_pp_allreduce_model(dt_pp *p, dt_comm *comm, float *x, size_t n, dt_redop op);
+/* p->host with room for n floats (a host staging buffer of the stage). */
+dt_status dt_pp_host_room(dt_pp *p, size_t n);
+/* *ss += the sum of squares of n floats of the stage model's memory x (the device's sqnorm, a
+ * partial sum in double: sequential on cpu, as the loops it replaced). */
+void dt_pp_sqnorm_add(const dt_pp *p, const float *x, size_t n, double *ss);
 /* Point to point over model memory x (n floats), staged through p->host where comm does not take
  * it. pp_step.c. */
 dt_status dt_pp_send_model(dt_pp *p, dt_comm *comm, const float *x, size_t n, int peer, int tag);

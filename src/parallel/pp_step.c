@@ -66,8 +66,7 @@ static dt_status grow(void **buf, size_t bytes) {
     return DT_OK;
 }
 
-/* p->host with room for n floats. */
-static dt_status host_room(dt_pp *p, size_t n) {
+dt_status dt_pp_host_room(dt_pp *p, size_t n) {
     if (n <= p->host_cap) return DT_OK;
     float *h = dt_alloc((n ? n : 1) * sizeof(float));
     if (!h) return dt_error(DT_ENOMEM, "pipeline stage %d (rank %d): out of memory for a %zu-float host staging buffer",
@@ -80,7 +79,7 @@ static dt_status host_room(dt_pp *p, size_t n) {
 dt_status dt_pp_allreduce_model(dt_pp *p, dt_comm *comm, float *x, size_t n, dt_redop op) {
     dt_dev *d = dt_strategy_stage_device(comm, p->m);
     if (!d) return dt_comm_allreduce(comm, x, x, n, DT_F32, op);
-    DT_TRY(host_room(p, n));
+    DT_TRY(dt_pp_host_room(p, n));
     d->ops->download(d, p->host, x, n * sizeof(float));
     DT_TRY(dt_comm_allreduce(comm, p->host, p->host, n, DT_F32, op));
     d->ops->upload(d, x, p->host, n * sizeof(float));
@@ -90,7 +89,7 @@ dt_status dt_pp_allreduce_model(dt_pp *p, dt_comm *comm, float *x, size_t n, dt_
 dt_status dt_pp_send_model(dt_pp *p, dt_comm *comm, const float *x, size_t n, int peer, int tag) {
     dt_dev *d = dt_strategy_stage_device(comm, p->m);
     if (!d) return dt_comm_send(comm, x, n, DT_F32, peer, tag);
-    DT_TRY(host_room(p, n));
+    DT_TRY(dt_pp_host_room(p, n));
     d->ops->download(d, p->host, x, n * sizeof(float));
     return dt_comm_send(comm, p->host, n, DT_F32, peer, tag);
 }
@@ -98,7 +97,7 @@ dt_status dt_pp_send_model(dt_pp *p, dt_comm *comm, const float *x, size_t n, in
 dt_status dt_pp_recv_model(dt_pp *p, dt_comm *comm, float *x, size_t n, int peer, int tag) {
     dt_dev *d = dt_strategy_stage_device(comm, p->m);
     if (!d) return dt_comm_recv(comm, x, n, DT_F32, peer, tag);
-    DT_TRY(host_room(p, n));
+    DT_TRY(dt_pp_host_room(p, n));
     DT_TRY(dt_comm_recv(comm, p->host, n, DT_F32, peer, tag));
     d->ops->upload(d, x, p->host, n * sizeof(float));
     return DT_OK;
@@ -408,12 +407,16 @@ static dt_status dp_average(dt_pp *p, float *g) {
 /* *ss = the sum of squares of the gradients in this rank's share of the norm (dt_pp_in_norm): one
  * device partial sum per run of such tensors adjacent in the slab (a stage's own tensors are one
  * run unless a tensor it does not count lies between), added in order. */
-static void flush_run(dt_pp *p, const float *g, size_t lo, size_t hi, double *ss) {
+void dt_pp_sqnorm_add(const dt_pp *p, const float *x, size_t n, double *ss) {
     double part = 0, *dpart = p->on_dev ? p->dss : &part;
-    if (hi <= lo) return;
-    p->dev->ops->sqnorm(p->dev, dpart, g + lo, hi - lo);
+    if (!n) return;
+    p->dev->ops->sqnorm(p->dev, dpart, x, n);
     if (p->on_dev) p->dev->ops->download(p->dev, &part, dpart, sizeof part);
     *ss += part;
+}
+
+static void flush_run(const dt_pp *p, const float *g, size_t lo, size_t hi, double *ss) {
+    if (hi > lo) dt_pp_sqnorm_add(p, g + lo, hi - lo, ss);
 }
 
 static void stage_sqnorm(dt_pp *p, const float *g, double *ss) {
