@@ -18,8 +18,8 @@
  * On a device whose memory is not host memory (--device checked) the model stays whole on the
  * device (a device's slabs are whole blocks: no placement of the stage's part, no narrowing); the
  * stage's segment optimizers keep their moments there, and a sync's broadcasts and moment sends
- * are staged through host buffers where the comm does not take the device's memory (ZeRO 1 and 2
- * too, pp_zero.c). ZeRO-3 and tp x pp are refused there so far. */
+ * are staged through host buffers where the comm does not take the device's memory (ZeRO too,
+ * pp_zero.c, pp_zero3.c). tp x pp is refused there so far. */
 #include "device/device.h"
 #include "parallel/pp.h"
 #include "parallel/zero.h"
@@ -335,14 +335,10 @@ static dt_status place(dt_strategy *s, dt_pp *p) {
 static dt_status device_setup(dt_strategy *s, dt_pp *p) {
     p->dev = dt_model_device(s->model);
     p->on_dev = !p->dev->host_memory;
-    char what[32] = "";
-    if (p->on_dev && p->o.tp > 1) snprintf(what, sizeof what, "tp=%d", p->o.tp);
-    else if (p->on_dev && p->o.zero >= 3) snprintf(what, sizeof what, "zero=%d", p->o.zero);
-    if (what[0])
-        return dt_error(DT_ENOTSUP, "--device %s: pp with %s does not run on this device yet (pipelines of whole "
-                        "stages do, with gpipe or 1f1b, data parallel pipelines and zero=1|2); drop %s or use "
-                        "--device cpu",
-                        p->dev->kind->name, what, what);
+    if (p->on_dev && p->o.tp > 1)  /* the shard's hooks and vocabulary-parallel loss are tp's */
+        return dt_error(DT_ENOTSUP, "--device %s: pp with tp=%d (stages of tensor-parallel shards) does not run on this "
+                        "device yet (pipelines of whole stages do: gpipe or 1f1b, data-parallel pipelines, zero=1|2|3); "
+                        "drop tp (--tp) or use --device cpu", p->dev->kind->name, p->o.tp);
     const int M = p->o.microbatches;
     if (!(p->dloss = p->dev->ops->alloc(p->dev, (size_t)M * sizeof(float))) ||
         (p->on_dev && !(p->dss = p->dev->ops->alloc(p->dev, sizeof(double)))))

@@ -231,6 +231,10 @@ dt_status dt_pp_zero_update(dt_pp *p, float *w, const float *g, float lr);
 /* Collective over the DP axis: DP rank 0's segments get whole optimizers with every rank's chunk
  * (for sync's moments); dt_pp_zero_uncollect (each step's start) puts the shards back. */
 dt_status dt_pp_zero_collect(dt_pp *p);
+/* Every DP rank's chunk of segment sg's parameters (w: the stage model's slab) to every one (counts:
+ * the chunks' sizes); on a device whose memory the comm does not take, on a host copy of the
+ * segment (p->host: the chunk downloaded, allgathered, the segment uploaded). */
+dt_status dt_pp_zero_allgather(dt_pp *p, float *w, const dt_pp_segment *sg, const size_t *counts);
 void dt_pp_zero_uncollect(dt_pp *p);
 /* ---- ZeRO-3 over the DP axis (pp_zero3.c; pp(zero=3), DP > 1, any tp) ---- */
 /* Installs the node hooks that gather a node's tensors over the DP axis before its forward and

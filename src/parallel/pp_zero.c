@@ -18,7 +18,7 @@
  * 4 Psi + 12 Psi/N (which needs each bucket reduced and freed during every micro-batch's
  * backward); between steps (evaluation, checkpoints) it is 4 Psi + 12 Psi/N.
  *
- * On a device whose memory is not host memory (p->on_dev; stages 1 and 2, stage 3 is refused): a
+ * On a device whose memory is not host memory (p->on_dev; stage 3's gathers: pp_zero3.c): a
  * segment's optimizer is remade with its chunk's moments on the device, the gradient shard is a
  * device block, a segment's gradients are zeroed with fill_f32 instead of given back, the
  * reduce-scatter and the allgather run on host copies of the segment (p->host: download, the
@@ -165,9 +165,7 @@ void dt_pp_zero_scale(dt_pp *p, float k) {
     for (int q = 0; q < p->nseg; q++) p->dev->ops->scale(p->dev, p->gsh + p->seg[q].gat, k, p->seg[q].zlen);
 }
 
-/* Every DP rank's chunk of segment sg's parameters to every one (counts: the chunks' sizes); on a
- * device whose memory the comm does not take, on a host copy of the segment (p->host). */
-static dt_status allgather_seg(dt_pp *p, float *w, const dt_pp_segment *sg, const size_t *counts) {
+dt_status dt_pp_zero_allgather(dt_pp *p, float *w, const dt_pp_segment *sg, const size_t *counts) {
     if (!dt_strategy_stage_device(p->dp, p->m))
         return dt_comm_allgatherv(p->dp, w + sg->lo + sg->zoff, w + sg->lo, counts, NULL, DT_F32);
     const size_t n = sg->hi - sg->lo;
@@ -197,7 +195,7 @@ dt_status dt_pp_zero_update(dt_pp *p, float *w, const float *g, float lr) {
             size_t off;
             dt_zero_chunk(sg->hi - sg->lo, j, p->DP, &off, &counts[j]);
         }
-        st = allgather_seg(p, w, sg, counts);
+        st = dt_pp_zero_allgather(p, w, sg, counts);
     }
     free(counts);
     return st == DT_OK ? DT_OK
