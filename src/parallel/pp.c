@@ -151,7 +151,10 @@ static void pp_destroy(dt_strategy *s) {
     dt_free(p->host);
     if (p->on_dev) p->dev->ops->free(p->dev, p->gsh);  /* ZeRO-2's shard: a device block there */
     else dt_free(p->gsh);
-    if (p->dev) p->dev->ops->free(p->dev, p->dloss), p->dev->ops->free(p->dev, p->dgin), p->dev->ops->free(p->dev, p->dss);
+    if (p->dev) {
+        void *blocks[] = {p->dloss, p->dgin, p->dss};
+        for (size_t i = 0; i < sizeof blocks / sizeof *blocks; i++) p->dev->ops->free(p->dev, blocks[i]);
+    }
     dt_mesh_free(&p->mesh);
     dt_tp_hooks_destroy(p->hooks);
     if (p->m && p->m != s->model) dt_model_free(p->m);
@@ -336,9 +339,9 @@ static dt_status device_setup(dt_strategy *s, dt_pp *p) {
     p->dev = dt_model_device(s->model);
     p->on_dev = !p->dev->host_memory;
     if (p->on_dev && p->o.tp > 1)  /* the shard's hooks and vocabulary-parallel loss are tp's */
-        return dt_error(DT_ENOTSUP, "--device %s: pp with tp=%d (stages of tensor-parallel shards) does not run on this "
-                        "device yet (pipelines of whole stages do: gpipe or 1f1b, data-parallel pipelines, zero=1|2|3); "
-                        "drop tp (--tp) or use --device cpu", p->dev->kind->name, p->o.tp);
+        return dt_error(DT_ENOTSUP, "--device %s: pp with tp=%d (stages of tensor-parallel shards) does not run on "
+                        "this device yet (pipelines of whole stages do: gpipe or 1f1b, data-parallel pipelines, "
+                        "zero=1|2|3); drop tp (--tp) or use --device cpu", p->dev->kind->name, p->o.tp);
     const int M = p->o.microbatches;
     if (!(p->dloss = p->dev->ops->alloc(p->dev, (size_t)M * sizeof(float))) ||
         (p->on_dev && !(p->dss = p->dev->ops->alloc(p->dev, sizeof(double)))))

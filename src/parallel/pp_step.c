@@ -234,7 +234,8 @@ static dt_status forward(step_ctx *c, int j) {
     } else if (p->stage == p->K - 1) {  /* the loss of micro-batch j, read after the schedule */
         p->dev->ops->copy(p->dev, p->dloss + j, dt_model_node_values(m, dt_model_loss_node(m)), sizeof(float));
     } else {
-        p->dev->ops->download(p->dev, sl->out, dt_model_node_values(m, p->hi - 1), (size_t)n * p->out_vals * sizeof(float));
+        const size_t bytes = (size_t)n * p->out_vals * sizeof(float);
+        p->dev->ops->download(p->dev, sl->out, dt_model_node_values(m, p->hi - 1), bytes);
         sl->t_out = dt_now();
         dt_status st = dt_comm_isend(p->fwd, sl->out, (size_t)n * p->out_vals, DT_F32, p->stage + 1, j, &sl->req_out);
         if (st != DT_OK) return dt_pp_link_error(p, st, "sending the activation", j, p->stage + 1);
