@@ -6,7 +6,8 @@
 # staged through host buffers, also compressed with fp16, topk and powersgd) writes checkpoints
 # cmp-equal to ddp on cpu, and resumes bit for bit; so do ZeRO stages 1-2 and update=shard (their
 # shards device blocks, their reduce-scatters and gathers staged; a sharded checkpoint resumes on
-# checked) and tensor parallelism (tp 2, and tp 2 x dp 2) on the GPT. localsgd (plain and
+# checked), tensor parallelism (tp 2, and tp 2 x dp 2) on the GPT, and pp (gpipe with dp2 x pp2,
+# 1f1b on the GPT, ZeRO-2 and ZeRO-3 over its DP axis; tp x pp is refused there). localsgd (plain and
 # compressed, 2 workers) and ps (one worker: its deterministic setting) write checkpoints cmp-equal
 # to cpu's, also when resumed from the same checkpoint; async ps on checked trains.
 . "$(dirname "$0")/testlib.bash"
@@ -106,6 +107,20 @@ back = {(e["pid"], e["args"]["step"]): e["ts"] + e["dur"] for e in ev if e["name
 assert any(e["name"].startswith(sys.argv[2]) and e["ts"] < back.get((e["pid"], e["args"]["step"]), -1) for e in ev)
 PY
   done
+  # pp on checked: activations and gradients staged through host slots, losses read once a step,
+  # clip from device sqnorm partials; dp2 x pp2 stages the DP average and batchnorm's buffers,
+  # GPipe recomputes the forwards (its buffers kept in a host copy); eval runs on the stages
+  both pp-gpipe --model "flatten linear(32) batchnorm relu linear(10)" --max-steps 4 --workers 4 --optimizer adam \
+    --clip 0.5 --strategy "pp(schedule=gpipe,microbatches=4)"
+  # pp's ZeRO-2 over dp2: the chunk's moments and the gradient shard on the device, the reduce-scatter
+  # and allgather on host copies, the clip norm from the shard's sqnorm
+  both pp-zero2 --model mlp --max-steps 4 --workers 4 --optimizer adam --clip 0.5 --strategy "pp(zero=2,schedule=1f1b)"
+  # resume under pp on checked: 3 steps, then 3 more, equal to 6 straight (moments through the sync)
+  ppr() { $DT train --model mlp --epochs 1 --quiet --eval-batches 1 --optimizer adam --device checked --workers 2 \
+    --strategy "pp(schedule=1f1b,microbatches=2)" "$@" >/dev/null 2>&1; }
+  ppr --max-steps 6 --save "$TMP/ppfull.st" && ppr --max-steps 3 --save "$TMP/pphalf.st" &&
+    ppr --max-steps 6 --resume "$TMP/pphalf.st" --save "$TMP/ppres.st" && cmp -s "$TMP/ppfull.st" "$TMP/ppres.st" \
+    && ok "pp resume on checked continues bit for bit" || bad "pp resume on checked differs"
   # --save-weights downloads, --weights uploads: fine-tuning from the MLP's weights on both devices
   for dev in cpu checked; do
     $DT train --model mlp --epochs 1 --max-steps 3 --quiet --eval-batches 1 --device $dev \
@@ -143,6 +158,12 @@ tprun --max-steps 6 --save "$TMP/tp-full.st" && tprun --max-steps 3 --save "$TMP
   ok "tp resume on checked continues bit for bit" || bad "tp resume on checked differs (or a run failed)"
 expect_fail "tp with ZeRO is refused on checked" "tp with zero=1 (ZeRO over the mesh's dp axis) does not run on a device" \
   $DT train "${tpgpt[@]}" --device checked --workers 4 --strategy "tp(zero=1)" --max-steps 1
+# pp 1f1b on the GPT: its tied embedding's gradient summed over the stages (staged), clipped
+both pp-gpt --data "text:$TMP/corpus.txt" --model "gpt:L=1,H=2,C=32,T=16" --batch 4 --optimizer adamw --max-steps 4 \
+  --workers 2 --strategy "pp(schedule=1f1b)" --clip 0.5
+# pp's ZeRO-3 on dp2 x pp2: each node's tensors gathered on a host copy before it runs, zeroed after
+both pp-zero3 --data "text:$TMP/corpus.txt" --model "gpt:L=1,H=2,C=32,T=16" --batch 4 --optimizer adamw --max-steps 3 \
+  --workers 4 --strategy "pp(zero=3,schedule=gpipe)" --clip 0.5
 
 # --device cuda where it cannot run (no GPU or driver here, or a build without CUDA): exit 78 (the
 # configuration cannot run) with what was found and what to use instead; on a GPU machine it runs
@@ -158,7 +179,7 @@ fi
 
 expect_fail "an unknown device names the devices" "devices: cpu, checked, cuda" $DT train --device gpu --max-steps 1
 expect_fail "a bad checked option names the syntax" "arena=BYTES" $DT train --device checked:size=1 --max-steps 1
-expect_fail "ddp's ZeRO-3 is refused on checked" "a model placed in shards (ZeRO stage 3) does not run on a device" \
+expect_fail "ddp's ZeRO-3 is refused on checked" "ddp with zero=3 does not run on this device yet" \
   $DT train --device checked --workers 2 --strategy "ddp(zero=3)" --max-steps 1
 # --dry-run on a device: ZeRO-2 keeps the whole gradient slab beside its shard, plus the host copy
 # its collectives run on (--mem-limit charges both)
@@ -169,4 +190,7 @@ p=$(awk '/^  parameters/{print $2; exit}' <<<"$out")
 [ -n "$g" ] && [ -n "$h" ] && [ "$g" -gt "$p" ] && [ "$h" -eq "$p" ] \
   && ok "--dry-run on checked: ZeRO-2's gradients $g bytes (whole $p + shard), host staging $h" \
   || bad "--dry-run on checked, --zero 2: $out"
+expect_fail "tp x pp is refused on checked" "pp with tp=2 (stages of tensor-parallel shards) does not run on" \
+  $DT train --device checked --workers 4 --data "text:$TMP/corpus.txt" --model "gpt:L=2,H=2,C=32,T=16" --tp 2 --pp 2 \
+  --max-steps 1
 finish

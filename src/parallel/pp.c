@@ -13,7 +13,14 @@
  * checkpoints (and evaluation under ZeRO-3, whose gathers it cannot run) ops->sync
  * places the model whole again, every stage's tensors are broadcast to the whole pipeline and its
  * optimizer moments sent to stage 0, so rank 0 writes one ordinary, layout-independent checkpoint;
- * the next step narrows the stage back (streaming them instead is not done yet). */
+ * the next step narrows the stage back (streaming them instead is not done yet).
+ *
+ * On a device whose memory is not host memory (--device checked) the model stays whole on the
+ * device (a device's slabs are whole blocks: no placement of the stage's part, no narrowing); the
+ * stage's segment optimizers keep their moments there, and a sync's broadcasts and moment sends
+ * are staged through host buffers where the comm does not take the device's memory (ZeRO too,
+ * pp_zero.c, pp_zero3.c). tp x pp is refused there so far. */
+#include "device/device.h"
 #include "parallel/pp.h"
 #include "parallel/zero.h"
 
@@ -40,6 +47,7 @@ static dt_status pp_init(dt_strategy *s) {
  * them. A failure (out of memory for the ranges) leaves them whole: more held, nothing wrong. */
 static void narrow(dt_strategy *s, dt_pp *p) {
     static const dt_range none = {0, 0};
+    if (p->on_dev) return;  /* whole on the device: nothing to narrow */
     if (!p->widened || dt_model_place(s->model, p->own ? p->own : &none, p->nown) != DT_OK) return;
     if (s->optim && p->rank == 0 && dt_optim_place(s->optim, &none, 0) != DT_OK) return;
     p->widened = p->whole = false;
@@ -74,6 +82,7 @@ float *dt_pp_seg_state(dt_pp *p, int i, size_t off) {
  * evaluation otherwise runs on the stages, pp_eval.c): the model is placed whole for them (rank 0's optimizer too, which writes the checkpoints), charged against
  * --mem-limit, and narrowed again at the next step. */
 static dt_status widen(dt_strategy *s, dt_pp *p) {
+    if (p->on_dev) return DT_OK;  /* the device holds the whole model (and rank 0's optimizer) */
     dt_status st = dt_model_place(s->model, NULL, 0);
     if (st == DT_OK && s->optim && p->rank == 0) st = dt_optim_place(s->optim, NULL, 0);
     p->widened = true;  /* narrow() puts back whatever was placed */
@@ -100,7 +109,7 @@ static dt_status pp_sync(dt_strategy *s) {
     for (int t = 0; t < dt_model_num_tensors(m); t++) {
         const dt_param_info *ti = dt_model_tensor(m, t);
         float *base = (ti->is_buffer ? dt_model_buffers(m) : dt_model_params(m)) + ti->offset;
-        dt_status st = dt_comm_broadcast(p->pp, base, ti->numel, DT_F32, dt_pp_owner_stage(p, t));
+        dt_status st = dt_strategy_broadcast_model(p->pp, m, base, ti->numel, dt_pp_owner_stage(p, t));
         if (st != DT_OK)
             return dt_error_wrap(st, "pipeline stage %d (rank %d): gathering tensor %s from stage %d", p->stage,
                                  p->rank, ti->name, dt_pp_owner_stage(p, t));
@@ -113,9 +122,9 @@ moments:  /* to the rank that writes checkpoints, rank 0 (stage 0 of pipeline 0)
         for (int i = 0; i < p->nstates; i++) {
             float *full = dt_optim_state(s->optim, i, NULL) + ti->offset, *mine = dt_pp_seg_state(p, i, ti->offset);
             dt_status st = DT_OK;
-            if (own == 0 && p->stage == 0) memcpy(full, mine, ti->numel * sizeof(float));
-            else if (p->stage == 0) st = dt_comm_recv(p->pp, full, ti->numel, DT_F32, own, DT_COMM_TAG_MAX - 1);
-            else st = dt_comm_send(p->pp, mine, ti->numel, DT_F32, 0, DT_COMM_TAG_MAX - 1);
+            if (own == 0 && p->stage == 0) p->dev->ops->copy(p->dev, full, mine, ti->numel * sizeof(float));
+            else if (p->stage == 0) st = dt_pp_recv_model(p, p->pp, full, ti->numel, own, DT_COMM_TAG_MAX - 1);
+            else st = dt_pp_send_model(p, p->pp, mine, ti->numel, 0, DT_COMM_TAG_MAX - 1);
             if (st != DT_OK)
                 return dt_error_wrap(st, "pipeline stage %d (rank %d): sending the optimizer state of %s to stage 0",
                                      p->stage, p->rank, ti->name);
@@ -139,7 +148,13 @@ static void pp_destroy(dt_strategy *s) {
     for (int t = 0; p->share && t < dt_model_num_tensors(p->m ? p->m : s->model); t++) dt_comm_destroy(p->share[t]);
     if (p->seg_of && p->m) dt_model_set_node_hooks(p->m, NULL, NULL, NULL), dt_model_set_backward_hook(p->m, NULL);
     free(p->share), free(p->seg_of);
-    dt_free(p->gsh);
+    dt_free(p->host);
+    if (p->on_dev) p->dev->ops->free(p->dev, p->gsh);  /* ZeRO-2's shard: a device block there */
+    else dt_free(p->gsh);
+    if (p->dev) {
+        void *blocks[] = {p->dloss, p->dgin, p->dss};
+        for (size_t i = 0; i < sizeof blocks / sizeof *blocks; i++) p->dev->ops->free(p->dev, blocks[i]);
+    }
     dt_mesh_free(&p->mesh);
     dt_tp_hooks_destroy(p->hooks);
     if (p->m && p->m != s->model) dt_model_free(p->m);
@@ -275,10 +290,11 @@ static dt_status make_segments(dt_strategy *s, dt_pp *p) {
     for (int g = 0; g < p->nseg && s->optim; g++) {
         dt_pp_segment *sg = &p->seg[g];
         DT_TRY(dt_optim_create(&sg->opt, dt_optim_config_of(s->optim), sg->hi - sg->lo));
+        DT_TRY(dt_optim_set_device(sg->opt, p->dev));  /* its moments beside the model's memory */
         dt_optim_set_steps(sg->opt, dt_optim_steps(s->optim));
         for (int i = 0; m == s->model && i < dt_optim_num_states(s->optim); i++)
-            memcpy(dt_optim_state(sg->opt, i, NULL), dt_optim_state(s->optim, i, NULL) + sg->lo,
-                   (sg->hi - sg->lo) * sizeof(float));
+            p->dev->ops->copy(p->dev, dt_optim_state(sg->opt, i, NULL), dt_optim_state(s->optim, i, NULL) + sg->lo,
+                              (sg->hi - sg->lo) * sizeof(float));
     }
     if (m != s->model && s->optim) dt_pp_tp_scatter_moments(s, p);
     return DT_OK;
@@ -317,7 +333,25 @@ static dt_status place(dt_strategy *s, dt_pp *p) {
     return DT_OK;
 }
 
+/* On a device whose memory is not host memory: what pp does not run there yet is refused, and the
+ * small device buffers of a step (the micro-batches' losses, a norm partial sum) are made. */
+static dt_status device_setup(dt_strategy *s, dt_pp *p) {
+    p->dev = dt_model_device(s->model);
+    p->on_dev = !p->dev->host_memory;
+    if (p->on_dev && p->o.tp > 1)  /* the shard's hooks and vocabulary-parallel loss are tp's */
+        return dt_error(DT_ENOTSUP, "--device %s: pp with tp=%d (stages of tensor-parallel shards) does not run on "
+                        "this device yet (pipelines of whole stages do: gpipe or 1f1b, data-parallel pipelines, "
+                        "zero=1|2|3); drop tp (--tp) or use --device cpu", p->dev->kind->name, p->o.tp);
+    const int M = p->o.microbatches;
+    if (!(p->dloss = p->dev->ops->alloc(p->dev, (size_t)M * sizeof(float))) ||
+        (p->on_dev && !(p->dss = p->dev->ops->alloc(p->dev, sizeof(double)))))
+        return dt_error_wrap(DT_ENOMEM, "pipeline stage (rank %d): its step buffers on device %s",
+                             dt_comm_rank(s->comm), p->dev->kind->name);
+    return DT_OK;
+}
+
 static dt_status pp_setup(dt_strategy *s, dt_pp *p) {
+    DT_TRY(device_setup(s, p));
     DT_TRY(place(s, p));
     double *cost = NULL;
     if (p->o.measured && !p->o.split[0] && p->K > 1) {
@@ -453,5 +487,5 @@ const dt_strategy_entry dt_strategy_pp_entry = {
     .name = "pp", .help = "pp(stages=K,microbatches=M,schedule=gpipe|1f1b,cost=flops|measured,split=N1:N2:...,tp=T,zero=0|1|2|3)  "
                           "ranks: (dp_i*K + stage)*T + tp_i",
     .keys = "stages,microbatches,schedule,cost,split,tp,zero", .opts_size = sizeof(dt_pp_opts), .defaults = pp_defaults,
-    .set = pp_set, .create = pp_create, .format = pp_format, .needs_comm = true,
+    .set = pp_set, .create = pp_create, .format = pp_format, .needs_comm = true, .device_neutral = true,
     .data_part = pp_data_part, .mesh = pp_mesh, .place = pp_place};

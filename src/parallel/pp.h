@@ -132,7 +132,16 @@ typedef struct {
     dt_pp_slot *slots;
     int nslots, mb_slot[DT_PP_MAX_MICRO];
     dt_pp_action *acts;
-    float *buf_save;               /* model buffers kept across a recomputed forward */
+    float *buf_save;               /* model buffers kept across a recomputed forward (a host copy) */
+    struct dt_dev *dev;            /* the device of m's memory (cpu: host memory, used in place) */
+    bool on_dev;                   /* m's memory is not host memory: it is whole on the device (no
+                                    * placement of the stage's part), moved with upload/download */
+    float *dloss;                  /* on_dev, last stage: each micro-batch's loss, read once a step */
+    float *dgin;                   /* on_dev: the received output gradient, uploaded for backward */
+    size_t dgin_cap;               /* floats dgin holds */
+    double *dss;                   /* on_dev: a gradient-norm partial sum */
+    float *host;                   /* collectives over model memory staged here (stage_dev) */
+    size_t host_cap;               /* floats host holds */
     int live;                      /* micro-batch whose activations the model holds (-1: none) */
     /* figures */
     int inflight, peak_inflight;   /* micro-batches forwarded and not yet backwarded */
@@ -157,6 +166,18 @@ static inline int dt_pp_world_rank(const dt_pp *p, int k) { return dt_mesh_rank(
 /* Wraps st, an error of a point-to-point link, as "pipeline stage S (rank R): WHAT of micro-batch
  * MB to|from stage P (rank W)" ("to" when what names a send); returns st. pp_step.c. */
 dt_status dt_pp_link_error(const dt_pp *p, dt_status st, const char *what, int mb, int peer);
+/* An allreduce (op) of n floats of the stage model's memory x over comm: in place where comm takes
+ * that memory (cpu), else staged through p->host (download, allreduce, upload). pp_step.c. */
+dt_status dt_pp_allreduce_model(dt_pp *p, dt_comm *comm, float *x, size_t n, dt_redop op);
+/* p->host with room for n floats (a host staging buffer of the stage). */
+dt_status dt_pp_host_room(dt_pp *p, size_t n);
+/* *ss += the sum of squares of n floats of the stage model's memory x (the device's sqnorm, a
+ * partial sum in double: sequential on cpu, as the loops it replaced). */
+void dt_pp_sqnorm_add(const dt_pp *p, const float *x, size_t n, double *ss);
+/* Point to point over model memory x (n floats), staged through p->host where comm does not take
+ * it. pp_step.c. */
+dt_status dt_pp_send_model(dt_pp *p, dt_comm *comm, const float *x, size_t n, int peer, int tag);
+dt_status dt_pp_recv_model(dt_pp *p, dt_comm *comm, float *x, size_t n, int peer, int tag);
 /* The lowest stage that uses tensor t of p->m (it owns the tensor's share of the norm, and its
  * values and moments for a sync). */
 int dt_pp_owner_stage(const dt_pp *p, int t);
@@ -210,6 +231,10 @@ dt_status dt_pp_zero_update(dt_pp *p, float *w, const float *g, float lr);
 /* Collective over the DP axis: DP rank 0's segments get whole optimizers with every rank's chunk
  * (for sync's moments); dt_pp_zero_uncollect (each step's start) puts the shards back. */
 dt_status dt_pp_zero_collect(dt_pp *p);
+/* Every DP rank's chunk of segment sg's parameters (w: the stage model's slab) to every one (counts:
+ * the chunks' sizes); on a device whose memory the comm does not take, on a host copy of the
+ * segment (p->host: the chunk downloaded, allgathered, the segment uploaded). */
+dt_status dt_pp_zero_allgather(dt_pp *p, float *w, const dt_pp_segment *sg, const size_t *counts);
 void dt_pp_zero_uncollect(dt_pp *p);
 /* ---- ZeRO-3 over the DP axis (pp_zero3.c; pp(zero=3), DP > 1, any tp) ---- */
 /* Installs the node hooks that gather a node's tensors over the DP axis before its forward and

@@ -2,6 +2,7 @@
  * node's forward and backward through the graph's node hooks on a probe batch of zeros (token id
  * 0, label 0 are valid for every model), a few times, and broadcasts the sums so that every rank
  * cuts the same way. The model's gradients and buffers are left as they were. */
+#include "device/device.h"
 #include "parallel/pp.h"
 
 #include <stdlib.h>
@@ -35,7 +36,8 @@ dt_status dt_pp_time_nodes(dt_model *m, int B, int warmup, int reps, double *cos
     float *saved = nb ? malloc(nb * sizeof(float)) : NULL;
     double *t = calloc(2 * (size_t)n, sizeof(double));
     dt_status st = x && y && t && (!nb || saved) ? DT_OK : dt_error(DT_ENOMEM, "pp: out of memory for the cost probe");
-    if (st == DT_OK && nb) memcpy(saved, dt_model_buffers(m), nb * sizeof(float));
+    dt_dev *d = dt_model_device(m);  /* the buffers kept in a host copy, as on any device */
+    if (st == DT_OK && nb) d->ops->download(d, saved, dt_model_buffers(m), nb * sizeof(float));
     probe p = {.fwd = t, .bwd = t + n};
     const dt_feed f = {.x = x, .y = ys ? y : NULL, .n = B};
     for (int r = -warmup; r < reps && st == DT_OK; r++) {
@@ -51,7 +53,7 @@ dt_status dt_pp_time_nodes(dt_model *m, int B, int warmup, int reps, double *cos
     }
     dt_model_set_node_hooks(m, NULL, NULL, NULL);
     dt_model_zero_grad(m);
-    if (saved) memcpy(dt_model_buffers(m), saved, nb * sizeof(float));
+    if (saved) d->ops->upload(d, dt_model_buffers(m), saved, nb * sizeof(float));
     for (int i = 0; st == DT_OK && i < n; i++) cost[i] = t[i] + t[n + i];
     free(x), free(y), free(saved), free(t);
     return st;

@@ -4,7 +4,9 @@
  * activations travel point to point on the forward communicator; the last stage takes the loss and
  * the correct rows (under tp x pp the vocabulary-parallel ones) and its tp rank 0 reports them.
  * Every stage reads the feed from its own loader (a pipeline's stages load the same samples), so
- * no tokens travel. Nothing of the whole model is placed. */
+ * no tokens travel. Nothing of the whole model is placed. On a device the activations travel through
+ * host buffers where the comm does not take its memory, and the loss is downloaded (one float). */
+#include "device/device.h"
 #include "parallel/pp.h"
 
 /* Micro-batch j: samples [lo, lo + n) of f through this stage; the last stage adds its figures. */
@@ -13,8 +15,8 @@ static dt_status eval_micro(dt_pp *p, const dt_feed *f, int j, int lo, int n, do
     const bool last = p->stage == p->K - 1;
     DT_TRY(dt_model_prepare(m, n, false, 0));
     if (p->stage > 0) {
-        dt_status st = dt_comm_recv(p->fwd, dt_model_node_buffer(m, p->lo - 1), (size_t)n * p->in_vals, DT_F32,
-                                    p->stage - 1, j);
+        dt_status st = dt_pp_recv_model(p, p->fwd, dt_model_node_buffer(m, p->lo - 1), (size_t)n * p->in_vals,
+                                        p->stage - 1, j);
         if (st != DT_OK) return dt_pp_link_error(p, st, "evaluation: receiving the activation", j, p->stage - 1);
     }
     const int32_t *y = f->y ? (const int32_t *)f->y + (size_t)lo * p->y_vals : NULL;
@@ -25,8 +27,8 @@ static dt_status eval_micro(dt_pp *p, const dt_feed *f, int j, int lo, int n, do
     DT_TRY(dt_model_forward_nodes(m, &mf, p->lo, p->hi));
     if (p->hooks) DT_TRY(dt_tp_hooks_status(p->hooks));
     if (!last) {
-        dt_status st = dt_comm_send(p->fwd, dt_model_node_values(m, p->hi - 1), (size_t)n * p->out_vals, DT_F32,
-                                    p->stage + 1, j);
+        dt_status st = dt_pp_send_model(p, p->fwd, dt_model_node_values(m, p->hi - 1), (size_t)n * p->out_vals,
+                                        p->stage + 1, j);
         if (st != DT_OK) return dt_pp_link_error(p, st, "evaluation: sending the activation", j, p->stage + 1);
         p->bytes_sent += (uint64_t)n * p->out_vals * sizeof(float);
         return DT_OK;
@@ -37,7 +39,9 @@ static dt_status eval_micro(dt_pp *p, const dt_feed *f, int j, int lo, int n, do
         DT_TRY(dt_tp_hooks_loss(p->hooks, y, n, 1.0f, &loss));
         DT_TRY(dt_tp_hooks_correct(p->hooks, y, n, &c));
     } else {
-        loss = dt_model_node_values(m, dt_model_loss_node(m))[0];
+        float l;
+        p->dev->ops->download(p->dev, &l, dt_model_node_values(m, dt_model_loss_node(m)), sizeof l);
+        loss = l;
         c = dt_model_count_correct(m, y, n);
     }
     if (p->tr == 0) *loss_sum += loss * n, *correct += c;

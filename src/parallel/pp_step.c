@@ -18,7 +18,16 @@
  * Memory: the model holds the activations of one micro-batch. A micro-batch in flight keeps only
  * its stage input (and the output sent on); its backward recomputes the stage's forward from it
  * unless the model still holds it (GPipe's re-materialisation; batchnorm running statistics are
- * kept across the recomputation). */
+ * kept across the recomputation).
+ *
+ * On a device (p->on_dev: its memory is not host memory) the slots stay host buffers, the
+ * transport's: an activation is downloaded from the model into its slot to be sent and a received
+ * one uploaded into the model, the gradients likewise; each micro-batch's loss is copied into a
+ * small device buffer that the last stage downloads once a step; the sums over shared tensors and
+ * the DP axis are staged through a host buffer where the comm does not take the device's memory;
+ * the norm for --clip comes from the device's squared-norm partial sums. On cpu the same calls are
+ * the copies the stage made before (upload and download are memcpy) and nothing else is staged. */
+#include "device/device.h"
 #include "parallel/pp.h"
 
 #include <math.h>
@@ -54,6 +63,43 @@ static dt_status grow(void **buf, size_t bytes) {
     void *q = realloc(*buf, bytes ? bytes : 1);
     if (!q) return dt_error(DT_ENOMEM, "pp: out of memory for a micro-batch of %zu bytes", bytes);
     *buf = q;
+    return DT_OK;
+}
+
+dt_status dt_pp_host_room(dt_pp *p, size_t n) {
+    if (n <= p->host_cap) return DT_OK;
+    float *h = dt_alloc((n ? n : 1) * sizeof(float));
+    if (!h) return dt_error(DT_ENOMEM, "pipeline stage %d (rank %d): out of memory for a %zu-float host staging buffer",
+                            p->stage, p->rank, n);
+    dt_free(p->host);
+    p->host = h, p->host_cap = n;
+    return DT_OK;
+}
+
+dt_status dt_pp_allreduce_model(dt_pp *p, dt_comm *comm, float *x, size_t n, dt_redop op) {
+    dt_dev *d = dt_strategy_stage_device(comm, p->m);
+    if (!d) return dt_comm_allreduce(comm, x, x, n, DT_F32, op);
+    DT_TRY(dt_pp_host_room(p, n));
+    d->ops->download(d, p->host, x, n * sizeof(float));
+    DT_TRY(dt_comm_allreduce(comm, p->host, p->host, n, DT_F32, op));
+    d->ops->upload(d, x, p->host, n * sizeof(float));
+    return DT_OK;
+}
+
+dt_status dt_pp_send_model(dt_pp *p, dt_comm *comm, const float *x, size_t n, int peer, int tag) {
+    dt_dev *d = dt_strategy_stage_device(comm, p->m);
+    if (!d) return dt_comm_send(comm, x, n, DT_F32, peer, tag);
+    DT_TRY(dt_pp_host_room(p, n));
+    d->ops->download(d, p->host, x, n * sizeof(float));
+    return dt_comm_send(comm, p->host, n, DT_F32, peer, tag);
+}
+
+dt_status dt_pp_recv_model(dt_pp *p, dt_comm *comm, float *x, size_t n, int peer, int tag) {
+    dt_dev *d = dt_strategy_stage_device(comm, p->m);
+    if (!d) return dt_comm_recv(comm, x, n, DT_F32, peer, tag);
+    DT_TRY(dt_pp_host_room(p, n));
+    DT_TRY(dt_comm_recv(comm, p->host, n, DT_F32, peer, tag));
+    d->ops->upload(d, x, p->host, n * sizeof(float));
     return DT_OK;
 }
 
@@ -149,8 +195,9 @@ static dt_status run_forward(step_ctx *c, int j) {
     dt_model *m = p->m;
     const int n = mb_n(c, j);
     DT_TRY(dt_model_prepare(m, n, true, (uint64_t)(c->b->step * c->M + j)));
-    if (p->stage > 0)
-        memcpy(dt_model_node_buffer(m, p->lo - 1), p->slots[p->mb_slot[j]].in, (size_t)n * p->in_vals * sizeof(float));
+    if (p->stage > 0)  /* the received activation into the model (cpu: a memcpy) */
+        p->dev->ops->upload(p->dev, dt_model_node_buffer(m, p->lo - 1), p->slots[p->mb_slot[j]].in,
+                            (size_t)n * p->in_vals * sizeof(float));
     dt_feed f = stage_feed(c, j);
     if (p->hooks) dt_tp_hooks_select(p->hooks, mb_lo(c, j), n);
     DT_TRY(dt_model_forward_nodes(m, &f, p->lo, p->hi));
@@ -184,14 +231,11 @@ static dt_status forward(step_ctx *c, int j) {
     p->busy += t1 - t0;
     if (p->stage == p->K - 1 && p->hooks) {
         /* the vocabulary-parallel loss is taken at the backward, from the activations it needs */
-    } else if (p->stage == p->K - 1) {
-        const float loss = dt_model_node_values(m, dt_model_loss_node(m))[0];
-        if (!isfinite(loss))
-            return dt_error(DT_EINVAL, "training diverged: loss is %g at step %lld on rank %d (pipeline stage %d); "
-                            "lower --lr or set --clip", loss, (long long)c->b->step, p->rank, p->stage);
-        p->loss_sum += (double)loss * n;
+    } else if (p->stage == p->K - 1) {  /* the loss of micro-batch j, read after the schedule */
+        p->dev->ops->copy(p->dev, p->dloss + j, dt_model_node_values(m, dt_model_loss_node(m)), sizeof(float));
     } else {
-        memcpy(sl->out, dt_model_node_values(m, p->hi - 1), (size_t)n * p->out_vals * sizeof(float));
+        const size_t bytes = (size_t)n * p->out_vals * sizeof(float);
+        p->dev->ops->download(p->dev, sl->out, dt_model_node_values(m, p->hi - 1), bytes);
         sl->t_out = dt_now();
         dt_status st = dt_comm_isend(p->fwd, sl->out, (size_t)n * p->out_vals, DT_F32, p->stage + 1, j, &sl->req_out);
         if (st != DT_OK) return dt_pp_link_error(p, st, "sending the activation", j, p->stage + 1);
@@ -207,9 +251,9 @@ static dt_status recompute(step_ctx *c, int j) {
     dt_pp *p = c->p;
     dt_model *m = p->m;
     const size_t nb = dt_model_num_buffers(m);
-    if (nb) memcpy(p->buf_save, dt_model_buffers(m), nb * sizeof(float));
+    if (nb) p->dev->ops->download(p->dev, p->buf_save, dt_model_buffers(m), nb * sizeof(float));
     dt_status st = run_forward(c, j);
-    if (nb) memcpy(dt_model_buffers(m), p->buf_save, nb * sizeof(float));
+    if (nb) p->dev->ops->upload(p->dev, dt_model_buffers(m), p->buf_save, nb * sizeof(float));
     return st;
 }
 
@@ -225,6 +269,19 @@ static dt_status shard_loss(step_ctx *c, int j, float share, const float **dout)
                         "lower --lr or set --clip", loss, (long long)c->b->step, p->rank, p->stage);
     p->loss_sum += loss * n;
     *dout = dt_tp_hooks_dlogits(p->hooks);
+    return DT_OK;
+}
+
+/* On a device: the received output gradient (host slot) uploaded into p->dgin for the backward. */
+static dt_status upload_gin(dt_pp *p, const float *gin, size_t n) {
+    if (n > p->dgin_cap) {
+        float *d = p->dev->ops->alloc(p->dev, (n ? n : 1) * sizeof(float));
+        if (!d) return dt_error_wrap(DT_ENOMEM, "pipeline stage %d (rank %d): the output gradient on device %s",
+                                     p->stage, p->rank, p->dev->kind->name);
+        p->dev->ops->free(p->dev, p->dgin);
+        p->dgin = d, p->dgin_cap = n;
+    }
+    p->dev->ops->upload(p->dev, p->dgin, gin, n * sizeof(float));
     return DT_OK;
 }
 
@@ -248,6 +305,10 @@ static dt_status backward(step_ctx *c, int j) {
     const double t0 = dt_now();
     const float share = (float)((double)n * c->b->world / c->b->n_global);  /* of the global mean */
     const float *dout = last ? NULL : sl->gin;
+    if (!last && p->on_dev) {  /* the received gradient into device memory */
+        DT_TRY(upload_gin(p, sl->gin, (size_t)n * p->out_vals));
+        dout = p->dgin;
+    }
     if (p->hooks) {
         if (last) DT_TRY(shard_loss(c, j, share, &dout));
         dt_tp_hooks_select(p->hooks, mb_lo(c, j), n);
@@ -263,8 +324,8 @@ static dt_status backward(step_ctx *c, int j) {
     if (p->stage > 0) {
         const float *g = dt_model_node_grad(m, p->lo - 1);
         const size_t cnt = (size_t)n * p->in_vals;
-        if (g) memcpy(sl->gout, g, cnt * sizeof(float));
-        else memset(sl->gout, 0, cnt * sizeof(float));
+        if (g) p->dev->ops->download(p->dev, sl->gout, g, cnt * sizeof(float));
+        else memset(sl->gout, 0, cnt * sizeof(float));  /* the host slot: no gradient reached the input */
         sl->t_gout = dt_now(), sl->mb_gout = j;
         dt_status st = dt_comm_isend(p->bwd, sl->gout, cnt, DT_F32, p->stage - 1, j, &sl->req_gout);
         if (st != DT_OK) return dt_pp_link_error(p, st, "sending the input gradient", j, p->stage - 1);
@@ -297,9 +358,25 @@ static dt_status run_schedule(step_ctx *c) {
     return DT_OK;
 }
 
+/* The last stage: the micro-batches' losses from the device (one download), summed. */
+static dt_status sum_losses(step_ctx *c) {
+    dt_pp *p = c->p;
+    float loss[DT_PP_MAX_MICRO];
+    if (p->stage != p->K - 1 || p->hooks || c->M == 0) return DT_OK;  /* tp shards: taken at the backward */
+    p->dev->ops->download(p->dev, loss, p->dloss, (size_t)c->M * sizeof(float));
+    for (int j = 0; j < c->M; j++) {
+        if (!isfinite(loss[j]))
+            return dt_error(DT_EINVAL, "training diverged: loss is %g at step %lld on rank %d (pipeline stage %d); "
+                            "lower --lr or set --clip", loss[j], (long long)c->b->step, p->rank, p->stage);
+        p->loss_sum += (double)loss[j] * mb_n(c, j);
+    }
+    return DT_OK;
+}
+
 /* The step's loss sum from the last stage to stage 0 (which reports it). */
 static dt_status pass_loss(step_ctx *c) {
     dt_pp *p = c->p;
+    DT_TRY(sum_losses(c));
     if (p->K == 1) return DT_OK;
     dt_status st = DT_OK;
     if (p->stage == p->K - 1) st = dt_comm_send(p->data, &p->loss_sum, 1, DT_F64, 0, DT_COMM_TAG_MAX);
@@ -321,12 +398,41 @@ static dt_status dp_average(dt_pp *p, float *g) {
     if (p->DP == 1) return DT_OK;
     if (p->o.zero >= 2) return dt_pp_zero_reduce(p, g);
     for (int q = 0; q < p->nseg; q++) {
-        dt_status st = dt_comm_allreduce(p->dp, g + p->seg[q].lo, g + p->seg[q].lo, p->seg[q].hi - p->seg[q].lo, DT_F32,
-                                         DT_OP_AVG);
+        dt_status st = dt_pp_allreduce_model(p, p->dp, g + p->seg[q].lo, p->seg[q].hi - p->seg[q].lo, DT_OP_AVG);
         if (st != DT_OK) return dt_error_wrap(st, "pipeline stage %d (rank %d): data-parallel gradient allreduce",
                                               p->stage, p->rank);
     }
     return DT_OK;
+}
+
+/* *ss = the sum of squares of the gradients in this rank's share of the norm (dt_pp_in_norm): one
+ * device partial sum per run of such tensors adjacent in the slab (a stage's own tensors are one
+ * run unless a tensor it does not count lies between), added in order. */
+void dt_pp_sqnorm_add(const dt_pp *p, const float *x, size_t n, double *ss) {
+    double part = 0, *dpart = p->on_dev ? p->dss : &part;
+    if (!n) return;
+    p->dev->ops->sqnorm(p->dev, dpart, x, n);
+    if (p->on_dev) p->dev->ops->download(p->dev, &part, dpart, sizeof part);
+    *ss += part;
+}
+
+static void flush_run(const dt_pp *p, const float *g, size_t lo, size_t hi, double *ss) {
+    if (hi > lo) dt_pp_sqnorm_add(p, g + lo, hi - lo, ss);
+}
+
+static void stage_sqnorm(dt_pp *p, const float *g, double *ss) {
+    size_t lo = 0, hi = 0;
+    for (int t = 0; t < dt_model_num_tensors(p->m); t++) {
+        const dt_param_info *ti = dt_model_tensor(p->m, t);
+        if (ti->is_buffer || ti->numel == 0) continue;  /* not in the parameter slab */
+        if (!dt_pp_in_norm(p, t)) {
+            flush_run(p, g, lo, hi, ss), lo = hi = 0;
+            continue;
+        }
+        if (hi > lo && ti->offset == hi) hi += ti->numel;
+        else flush_run(p, g, lo, hi, ss), lo = ti->offset, hi = lo + ti->numel;
+    }
+    flush_run(p, g, lo, hi, ss);
 }
 
 /* --clip: the global norm from every stage's (and tp shard's) part, each tensor once; under
@@ -335,12 +441,7 @@ static dt_status clip_grads(dt_pp *p, float *g, float clip, float *norm_out) {
     const bool sharded = p->o.zero >= 2 && p->DP > 1;
     double ss = 0;
     if (sharded) ss = dt_pp_zero_norm_part(p);
-    else
-        for (int t = 0; t < dt_model_num_tensors(p->m); t++) {
-            const dt_param_info *ti = dt_model_tensor(p->m, t);
-            if (!dt_pp_in_norm(p, t)) continue;
-            for (size_t i = 0; i < ti->numel; i++) ss += (double)g[ti->offset + i] * g[ti->offset + i];
-        }
+    else stage_sqnorm(p, g, &ss);
     if (sharded) DT_TRY(dt_comm_allreduce(p->dp, &ss, &ss, 1, DT_F64, DT_OP_SUM));
     if (p->K > 1) DT_TRY(dt_comm_allreduce(p->pp, &ss, &ss, 1, DT_F64, DT_OP_SUM));
     if (p->tp > 1) DT_TRY(dt_comm_allreduce(p->mesh.tp_comm, &ss, &ss, 1, DT_F64, DT_OP_SUM));
@@ -350,8 +451,7 @@ static dt_status clip_grads(dt_pp *p, float *g, float clip, float *norm_out) {
     const float k = clip / (norm + 1e-6f);  /* as dt_clip_grad_norm (torch adds 1e-6) */
     if (sharded) dt_pp_zero_scale(p, k);
     else
-        for (int q = 0; q < p->nseg; q++)
-            for (size_t i = p->seg[q].lo; i < p->seg[q].hi; i++) g[i] *= k;
+        for (int q = 0; q < p->nseg; q++) p->dev->ops->scale(p->dev, g + p->seg[q].lo, k, p->seg[q].hi - p->seg[q].lo);
     return DT_OK;
 }
 
@@ -363,14 +463,14 @@ static dt_status update(step_ctx *c) {
     for (int t = 0; p->K > 1 && t < dt_model_num_tensors(m); t++) {
         const dt_param_info *ti = dt_model_tensor(m, t);
         if (ti->is_buffer || !p->share[t]) continue;  /* one user, or not used here */
-        dt_status st = dt_comm_allreduce(p->share[t], g + ti->offset, g + ti->offset, ti->numel, DT_F32, DT_OP_SUM);
+        dt_status st = dt_pp_allreduce_model(p, p->share[t], g + ti->offset, ti->numel, DT_OP_SUM);
         if (st != DT_OK) return dt_error_wrap(st, "pipeline stage %d (rank %d): summing the gradient of %s shared by "
                                               "stages", p->stage, p->rank, ti->name);
         p->bytes_sent += ti->numel * sizeof(float);
     }
     DT_TRY(dp_average(p, g));
     if (p->DP > 1 && dt_model_num_buffers(m))
-        DT_TRY(dt_comm_broadcast(p->dp, dt_model_buffers(m), dt_model_num_buffers(m), DT_F32, 0));
+        DT_TRY(dt_strategy_broadcast_model(p->dp, m, dt_model_buffers(m), dt_model_num_buffers(m), 0));
     if (c->b->clip > 0) DT_TRY(clip_grads(p, g, c->b->clip, &c->s->cur.grad_norm));
     if (p->o.zero && p->DP > 1) /* each DP rank its chunk (ZeRO-2: of the reduced shard) */
         DT_TRY(dt_pp_zero_update(p, w, p->o.zero >= 2 ? NULL : g, c->b->lr));

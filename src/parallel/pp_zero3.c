@@ -9,7 +9,13 @@
  * ZeRO-3 with its pipeline for this), blocking, without prefetch. Memory per rank (Psi the stage's
  * parameters, N = DP, f32 Adam): 4 Psi/N parameters + the largest node's tensors, and stage 2's
  * gradients (the whole 4 Psi while the micro-batches accumulate) + 12 Psi/N: 4 Psi + 16 Psi/N at
- * the peak, 16 Psi/N between steps. A sync gathers every segment for evaluation and checkpoints. */
+ * the peak, 16 Psi/N between steps. A sync gathers every segment for evaluation and checkpoints.
+ *
+ * On a device whose memory is not host memory the model is a whole device block: a segment's
+ * values outside the chunk are zeroed (fill_f32), not given back, so the parameters' memory stays
+ * 4 Psi there (the arithmetic and traffic are ZeRO-3's; a per-layer staging block is not done), and
+ * a gather runs on a host copy of the segment (dt_pp_zero_allgather). */
+#include "device/device.h"
 #include "parallel/pp.h"
 #include "parallel/zero.h"
 
@@ -25,6 +31,12 @@ static void release(dt_pp *p, dt_pp_segment *sg) {
     if (!sg->resident) return;
     float *w = dt_model_params(p->m);
     const size_t end = sg->lo + sg->zoff + sg->zlen;
+    if (p->on_dev) {  /* a device block: zeroed, nothing given back */
+        p->dev->ops->fill_f32(p->dev, w + sg->lo, 0.0f, sg->zoff);
+        p->dev->ops->fill_f32(p->dev, w + end, 0.0f, sg->hi - end);
+        sg->resident = false;
+        return;
+    }
     memset(w + sg->lo, 0, sg->zoff * sizeof(float));
     memset(w + end, 0, (sg->hi - end) * sizeof(float));
     sg->prel = dt_mem_release(w + sg->lo, sg->zoff * sizeof(float));
@@ -46,7 +58,7 @@ static dt_status gather(dt_pp *p, dt_pp_segment *sg) {
     if (p->DP > MAX_DP) return dt_error(DT_EINVAL, "pp zero=3: at most %d data-parallel ranks", MAX_DP);
     for (int j = 0; j < p->DP; j++) dt_zero_chunk(sg->hi - sg->lo, j, p->DP, &off, &counts[j]);
     float *w = dt_model_params(p->m);
-    dt_status st = dt_comm_allgatherv(p->dp, w + sg->lo + sg->zoff, w + sg->lo, counts, NULL, DT_F32);
+    dt_status st = dt_pp_zero_allgather(p, w, sg, counts);
     if (st != DT_OK)
         return dt_error_wrap(st, "pipeline stage %d (rank %d): ZeRO-3 parameter allgather over the data-parallel axis",
                              p->stage, p->rank);

@@ -335,11 +335,12 @@ static dt_status place_model(dt_trainer *t, const dt_strategy_entry *se, const d
     dt_range *own = NULL;
     int nown = 0;
     bool whole = true;
-    if (!whole_load) DT_TRY(dt_strategy_placement(se, so, t->model, t->rank, t->world, &own, &nown, &whole));
-    const bool on_device = t->cfg.device && strcmp(t->cfg.device, "cpu");
-    if (!whole && on_device && !own && nown == 0 && se->device_neutral)
-        whole = true;  /* placed nowhere (tp keeps its shards in a model of its own): whole device blocks */
-    if (!whole && on_device)  /* ZeRO-3's shards are host pages so far */
+    /* on a device the model's slabs are whole device blocks: a device-neutral strategy that places a
+     * part on cpu (pp's stages) holds the whole model there */
+    const bool on_device = t->cfg.device && strcmp(t->cfg.device, "cpu") && se->device_neutral;
+    if (!whole_load && !on_device)
+        DT_TRY(dt_strategy_placement(se, so, t->model, t->rank, t->world, &own, &nown, &whole));
+    if (!whole && t->cfg.device && strcmp(t->cfg.device, "cpu"))  /* ZeRO-3's shards are host pages so far */
         return dt_error(DT_ENOTSUP, "--device %s: a model placed in shards (ZeRO stage 3) does not run on a device "
                         "yet; drop zero=3 or use --device cpu", t->cfg.device);
     const dt_range *part = whole ? NULL : own ? own : &none;
