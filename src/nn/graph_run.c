@@ -48,6 +48,7 @@ void dt_model_free(dt_model *m) {
         dt_slab_free(&m->grads);
         dt_slab_free(&m->buffers);
     }
+    if (m->owns_dev) dt_device_destroy(m->dev);  /* every block of it freed above */
     free(m);
 }
 
