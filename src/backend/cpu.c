@@ -3,10 +3,18 @@
 #include "backend/blocked.h"
 #include "backend/gelu.h"
 
-/* The losses of layers.h with their value written where the table's contract says. */
+/* The losses of layers.h with their value (and the xent's count of targets that counted) written
+ * where the table's contract says. */
 static void xent_forward(float *loss, float *probs, const float *logits, const int32_t *labels, int N, int V,
-                         int ignore, int *counted) {
-    *loss = dt_softmax_xent_ignore_forward(probs, logits, labels, N, V, ignore, counted);
+                         int ignore, int32_t *counted) {
+    int cnt = 0;
+    *loss = dt_softmax_xent_ignore_forward(probs, logits, labels, N, V, ignore, &cnt);
+    *counted = cnt;
+}
+
+static void xent_backward(float *dlogits, const float *probs, const int32_t *labels, int N, int V, int ignore,
+                          const int32_t *counted, float scale) {
+    dt_softmax_xent_ignore_backward(dlogits, probs, labels, N, V, ignore, *counted, scale);
 }
 
 static void mse_forward(float *loss, const float *pred, const float *target, size_t n) {
@@ -59,7 +67,7 @@ static const dt_kernel_table cpu = {
     .attention_workspace = dt_attention_workspace,
     .attention_backward = dt_attention_backward,
     .xent_forward = xent_forward,
-    .xent_backward = dt_softmax_xent_ignore_backward,
+    .xent_backward = xent_backward,
     .mse_forward = mse_forward,
     .mse_backward = dt_mse_backward,
 };

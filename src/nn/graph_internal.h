@@ -60,7 +60,6 @@ struct dt_node {
                              * ones accumulate) */
     void *saved;            /* op state kept from forward to backward (argmax, mask, stats, att) */
     float dloss;            /* loss nodes: d loss of the backward (the scale) */
-    int counted;            /* xent: targets that counted */
 };
 
 struct dt_op {
