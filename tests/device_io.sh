@@ -2,7 +2,9 @@
 # export with --device checked (the CPU kernels on memory the host cannot touch: a host read of
 # the model's memory crashes, exit 139) print and write exactly what --device cpu does, for an MLP
 # checkpoint, plain weights and a tiny GPT (its logits downloaded once a batch, or one row a
-# sampled token, and sampled on the host; the ONNX initializers downloaded tensor by tensor).
+# sampled token, and sampled on the host; the ONNX initializers downloaded tensor by tensor); and
+# an fl-sim run (FedProx's local steps on each client's device, the global model uploaded and the
+# update downloaded; plain and secure aggregation) writes the cpu run's global model.
 . "$(dirname "$0")/testlib.bash"
 
 # same NAME FILE CMD...: runs CMD (with --device DEV appended) on cpu and on checked, each writing
@@ -28,6 +30,9 @@ if have_fmnist; then
   same "eval of a checkpoint" "$TMP/eval" $DT eval --checkpoint "$TMP/mlp.st" --batch 500
   same "eval of plain weights" "$TMP/evalw" $DT eval --weights "$TMP/mlp-w.st" --model mlp --batch 500
   same "predict with --logits" "$TMP/pred.csv" $DT predict --checkpoint "$TMP/mlp.st" --limit 300 --logits -o @
+  sim=($DT fl-sim --clients 3 --clients-per-round 3 --partition iid --train-limit 600 --rounds 2 --lr 0.05 --mu 0.1 --quiet)
+  same "fl-sim rounds (FedProx)" "$TMP/fl.st" "${sim[@]}" --checkpoint @
+  same "fl-sim rounds with secure aggregation" "$TMP/fls.st" "${sim[@]}" --secure-agg --checkpoint @
   if $DT export --checkpoint "$TMP/mlp.st" -o "$TMP/probe.onnx" >/dev/null 2>&1; then
     same "ONNX export of the MLP" "$TMP/mlp.onnx" $DT export --checkpoint "$TMP/mlp.st" -o @
   else onnx=0; echo "skip: built without ONNX export"; fi

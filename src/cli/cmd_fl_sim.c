@@ -137,8 +137,12 @@ int dt_cmd_fl_sim(int argc, char **argv) {
                                          .idle_timeout = o.round_timeout * 8 + o.wait_timeout, .fault = kinds[c], .quiet = 1};
         int C, H, W;
         dt_dataset_shape(train, &C, &H, &W);
-        if (dt_model_create_from_spec(&cl[c].m, dt_model_spec(m), C, H, W) != DT_OK ||
-            pthread_create(&cl[c].th, NULL, client_main, &cl[c]) != 0) {
+        if (dt_model_create_from_spec(&cl[c].m, dt_model_spec(m), C, H, W) != DT_OK) {
+            r = dt_cli_fail(NULL, "cannot start simulated client %d: %s", c, dt_last_error());
+            break;
+        }
+        if ((r = dt_fl_model_device(&cl[c].m, o.device)) != 0) break;  /* each client its own device */
+        if (pthread_create(&cl[c].th, NULL, client_main, &cl[c]) != 0) {
             r = dt_cli_fail(NULL, "cannot start simulated client %d: %s", c, dt_last_error());
             break;
         }
