@@ -1,7 +1,7 @@
 # The device layer end to end (docs/device.md): single-process training on --device checked (the
 # CPU kernels on memory the host cannot touch, so any host dereference of model memory crashes)
 # writes checkpoints cmp-equal to --device cpu for the MLP, the CNN and a tiny GPT, with fp16 loss
-# scaling and clipping on the device, and a resume on checked continues bit for bit; what is not
+# scaling and clipping on the device, bf16 (the MLP and the GPT), and a resume on checked continues bit for bit; what is not
 # yet device-neutral (other strategies, ddp's ZeRO, sharded update and compressors) is refused with a
 # clear error. ddp with 2 workers on checked (its buckets staged through host buffers) writes
 # checkpoints cmp-equal to ddp on cpu.
@@ -21,6 +21,7 @@ both() {
 if have_fmnist; then
   both mlp --model mlp --max-steps 20 --optimizer adam --clip 1
   both mlp-fp16 --model mlp --max-steps 8 --precision fp16 --momentum 0.9
+  both mlp-bf16 --model mlp --max-steps 8 --precision bf16 --optimizer adam
   both cnn --model cnn --max-steps 3 --batch 16
   # ddp, 2 workers: each bucket downloaded, allreduced on the host, uploaded (cpu: in place, update=shard)
   both ddp --model mlp --max-steps 4 --workers 2
@@ -60,6 +61,8 @@ fi
 
 python3 "$DTRAIN_TOOLS/word_corpus.py" "$TMP/corpus.txt" 7 4000
 both gpt --data "text:$TMP/corpus.txt" --model "gpt:L=1,H=2,C=32,T=16" --batch 4 --optimizer adamw --max-steps 6
+both gpt-bf16 --data "text:$TMP/corpus.txt" --model "gpt:L=1,H=2,C=32,T=16" --batch 4 --optimizer adamw --max-steps 4 \
+  --precision bf16
 
 expect_fail "an unknown device names the devices" "devices: cpu, checked" $DT train --device gpu --max-steps 1
 expect_fail "a bad checked option names the syntax" "arena=BYTES" $DT train --device checked:size=1 --max-steps 1
