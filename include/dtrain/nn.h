@@ -244,8 +244,9 @@ const float *dt_model_output(const dt_model *m);
 void dt_model_read_output(const dt_model *m, size_t first, size_t n, float *host);
 /* Rows of the last forward's output ((n x out_size / classes) rows of dt_model_classes values)
  * whose largest value (the first of equal ones) is at labels[row]: correct predictions. On a
- * device whose memory is not the host's the logits are downloaded first: -1 when the host has no
- * memory for them. */
+ * device whose memory is not the host's they are counted there when labels are the last run's
+ * fed targets (its count kernel; 8 bytes downloaded), else the logits are downloaded first: -1
+ * when the host has no memory for them. */
 int64_t dt_model_count_correct(const dt_model *m, const int32_t *labels, int n);
 
 /* f32 models: runs the forward pass on x (B, in_size) up to the output node (no loss); *out

@@ -165,6 +165,9 @@ typedef struct dt_kernel_table {
                           const int32_t *counted, float scale);
     void (*mse_forward)(float *loss, const float *pred, const float *target, size_t n);
     void (*mse_backward)(float *dpred, const float *pred, const float *target, size_t n, float scale);
+    /* *correct (one int64 of the device's memory) = the rows of logits (rows x V) whose largest
+     * value (the first of equal ones) is at labels[row]: an accuracy count the host downloads. */
+    void (*count_correct)(int64_t *correct, const float *logits, const int32_t *labels, int64_t rows, int V);
 } dt_kernel_table;
 
 /* The CPU f32 backend (OpenBLAS GEMMs, vectorised C kernels). */

@@ -21,6 +21,18 @@ static void mse_forward(float *loss, const float *pred, const float *target, siz
     *loss = dt_mse_forward(pred, target, n);
 }
 
+static void count_correct(int64_t *correct, const float *logits, const int32_t *labels, int64_t rows, int V) {
+    int64_t n = 0;
+    for (int64_t i = 0; i < rows; i++) {
+        const float *row = logits + (size_t)i * V;
+        int best = 0;
+        for (int k = 1; k < V; k++)
+            if (row[k] > row[best]) best = k;
+        n += best == labels[i];
+    }
+    *correct = n;
+}
+
 static const dt_kernel_table cpu = {
     .name = "blas",
     .device = DT_DEVICE_CPU,
@@ -70,6 +82,7 @@ static const dt_kernel_table cpu = {
     .xent_backward = xent_backward,
     .mse_forward = mse_forward,
     .mse_backward = dt_mse_backward,
+    .count_correct = count_correct,
 };
 
 const dt_kernel_table *dt_backend_cpu(void) { return &cpu; }

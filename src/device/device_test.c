@@ -216,8 +216,8 @@ static void test_checked_kernels(void) {
 }
 
 /* The xent kernel on the checked device writes its loss and its count of the targets that counted
- * into device memory (an ignored target not counted) and its backward reads the count there: the
- * same bytes as the cpu kernel on host memory. */
+ * into device memory (an ignored target not counted) and its backward reads the count there, and
+ * the accuracy count lands in device memory: the same bytes as the cpu kernels on host memory. */
 static void test_xent_count_on_device(void) {
     enum { R = 6, V = 5 };
     dt_dev *d = NULL;
@@ -242,6 +242,12 @@ static void test_xent_count_on_device(void) {
         d->ops->download(d, got, dd, sizeof got);
         CHECK_MSG(cnt == 4 && dcnt == 4, "xent counted %d on cpu, %d on checked; want 4 (two targets ignored)", cnt, dcnt);
         CHECK(!memcmp(&loss, &dloss, sizeof loss) && !memcmp(dl, got, sizeof got));
+        int64_t want = -1, right = -1;  /* the accuracy count, written into device memory too */
+        cpu->count_correct(&want, lg, y, R, V);
+        k->count_correct((int64_t *)dls, dlg, dy, R, V);
+        d->ops->download(d, &right, dls, sizeof right);
+        CHECK_MSG(want >= 0 && want <= 4 && right == want, "count_correct: %lld on cpu, %lld on checked",
+                  (long long)want, (long long)right);
     }
     d->ops->free(d, dlg), d->ops->free(d, dp), d->ops->free(d, dd), d->ops->free(d, dls);
     d->ops->free(d, dy), d->ops->free(d, dc);

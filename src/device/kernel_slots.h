@@ -110,6 +110,8 @@
                       const int32_t *counted, float scale), (dlogits, probs, labels, N, V, ignore, counted, scale))   \
     SLOT_V(mse_forward, (float *loss, const float *pred, const float *target, size_t n), (loss, pred, target, n))         \
     SLOT_V(mse_backward, (float *dpred, const float *pred, const float *target, size_t n, float scale),                    \
-      (dpred, pred, target, n, scale))
+      (dpred, pred, target, n, scale))                                                                                 \
+    SLOT_V(count_correct, (int64_t *correct, const float *logits, const int32_t *labels, int64_t rows, int V),             \
+      (correct, logits, labels, rows, V))
 
 #endif
