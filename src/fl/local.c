@@ -141,7 +141,7 @@ dt_status dt_fl_evaluate(dt_model *m, const dt_dataset *ds, double *acc, double 
         float l;
         if ((s = dt_model_run(m, &f, false, 0, &l)) != DT_OK) break;
         loss_sum += (double)l * cnt;
-        const int64_t c = dt_model_count_correct(m, y, cnt);  /* the logits downloaded once on a device */
+        const int64_t c = dt_model_count_correct(m, y, cnt);  /* on a device: counted there, 8 bytes back */
         if (c < 0) {
             s = dt_error(DT_ENOMEM, "fl evaluate: out of memory for a batch's logits");
             break;
