@@ -1,7 +1,7 @@
 # The device layer end to end (docs/device.md): single-process training on --device checked (the
 # CPU kernels on memory the host cannot touch, so any host dereference of model memory crashes)
 # writes checkpoints cmp-equal to --device cpu for the MLP, the CNN and a tiny GPT, with fp16 loss
-# scaling and clipping on the device, and a resume on checked continues bit for bit; what is not
+# scaling and clipping on the device, bf16 (the MLP and the GPT), and a resume on checked continues bit for bit; what is not
 # yet device-neutral is refused with a clear error. ddp with 2 workers on checked (its buckets
 # staged through host buffers, also compressed with fp16, topk and powersgd) writes checkpoints
 # cmp-equal to ddp on cpu, and resumes bit for bit; so do ZeRO stages 1-2 and update=shard (their
@@ -33,6 +33,7 @@ both() {
 if have_fmnist; then
   both mlp --model mlp --max-steps 20 --optimizer adam --clip 1
   both mlp-fp16 --model mlp --max-steps 8 --precision fp16 --momentum 0.9
+  both mlp-bf16 --model mlp --max-steps 8 --precision bf16 --optimizer adam
   both cnn --model cnn --max-steps 3 --batch 16
   # ddp, 2 workers: update=shard on both (stage 1's reduce-scatter, update and allgather, each
   # collective staged through a host copy on checked; the moments gathered for the checkpoint); with
@@ -146,6 +147,8 @@ fi
 
 python3 "$DTRAIN_TOOLS/word_corpus.py" "$TMP/corpus.txt" 7 4000
 both gpt --data "text:$TMP/corpus.txt" --model "gpt:L=1,H=2,C=32,T=16" --batch 4 --optimizer adamw --max-steps 6
+both gpt-bf16 --data "text:$TMP/corpus.txt" --model "gpt:L=1,H=2,C=32,T=16" --batch 4 --optimizer adamw --max-steps 4 \
+  --precision bf16
 # tp: the shards on the device, the activation allreduces and the vocabulary-parallel loss's row
 # reductions staged through host buffers, the clip's norm from one sqnorm partial per rank
 tpgpt=(--data "text:$TMP/corpus.txt" --model "gpt:L=1,H=2,C=32,T=16" --batch 4 --strategy tp)

@@ -64,6 +64,8 @@ typedef struct {
     const char *checkpoint; /* a dtrain train --save / --checkpoint-dir file, or NULL */
     const char *weights;    /* a plain safetensors weights file, or NULL */
     const char *model;      /* spec or preset for weights (with a checkpoint: must match it, or NULL) */
+    const char *device;     /* where it runs: "cpu" (NULL) or "checked[:arena=BYTES]" (docs/device.md); the
+                             * model owns the device (dt_model_adopt_device) */
 } dt_model_source;
 
 /* The model spec of src into spec (cap bytes). DT_EINVAL naming the flags when src gives

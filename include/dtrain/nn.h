@@ -133,6 +133,10 @@ dt_status dt_model_create_from_spec(dt_model **m, const char *spec, int C, int H
 struct dt_dev;
 dt_status dt_model_set_device(dt_model *m, struct dt_dev *dev);
 struct dt_dev *dt_model_device(const dt_model *m);
+/* dt_model_set_device, and the model owns dev from then on: dt_model_free destroys it (a model
+ * loaded for eval, predict, sample or export on a device of its own). On an error the caller
+ * still owns dev. */
+dt_status dt_model_adopt_device(dt_model *m, struct dt_dev *dev);
 /* Frees the model and its slabs; NULL is a no-op. */
 void dt_model_free(dt_model *m);
 
@@ -235,10 +239,14 @@ typedef struct {
 dt_status dt_model_run(dt_model *m, const dt_feed *f, bool train, uint64_t step, float *loss);
 /* The output (logits) of the last run/forward: (B, out_size). */
 const float *dt_model_output(const dt_model *m);
+/* Values [first, first + n) of the last run's output into host memory (downloaded from the
+ * model's device; the output's own memory may be the device's, which the host cannot read). */
+void dt_model_read_output(const dt_model *m, size_t first, size_t n, float *host);
 /* Rows of the last forward's output ((n x out_size / classes) rows of dt_model_classes values)
  * whose largest value (the first of equal ones) is at labels[row]: correct predictions. On a
- * device whose memory is not the host's the logits are downloaded first: -1 when the host has no
- * memory for them. */
+ * device whose memory is not the host's they are counted there when labels are the last run's
+ * fed targets (its count kernel; 8 bytes downloaded), else the logits are downloaded first: -1
+ * when the host has no memory for them. */
 int64_t dt_model_count_correct(const dt_model *m, const int32_t *labels, int n);
 
 /* f32 models: runs the forward pass on x (B, in_size) up to the output node (no loss); *out

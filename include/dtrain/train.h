@@ -265,6 +265,10 @@ dt_status dt_evaluate_dataset(dt_model *m, const dt_dataset *ds, int batch, floa
  * checkpoint records (its --data), DT_EINVAL when it records none. */
 dt_status dt_evaluate_checkpoint(const char *checkpoint, const char *data, int batch, float *loss, float *acc,
                                  int64_t *samples, const char **split);
+/* The same with the model on the device `device` ("cpu" or NULL; "checked[:arena=BYTES]",
+ * docs/device.md): the same figures on every device. */
+dt_status dt_evaluate_checkpoint_on(const char *checkpoint, const char *data, const char *device, int batch,
+                                    float *loss, float *acc, int64_t *samples, const char **split);
 
 #ifdef __cplusplus
 }

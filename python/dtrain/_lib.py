@@ -61,6 +61,7 @@ typedef struct {
     const char *checkpoint;
     const char *weights;
     const char *model;
+    const char *device;
 } dt_model_source;
 dt_status dt_model_open(dt_model **m, const dt_model_source *src, int C, int H, int W, dt_input_norm *norm);
 dt_status dt_model_predict(dt_model *m, const void *x, int64_t n, float *logits);

@@ -156,13 +156,18 @@ typedef struct dt_kernel_table {
     void (*attention_backward)(float *dqkv, float *work, const float *dout, const float *qkv, const float *att, int B,
                                int T, int C, int NH);
     /* The losses write their value (the mean) into *loss, one float of the device's memory: the
-     * host downloads it when it needs the number, so a device with queues need not wait per step. */
+     * host downloads it when it needs the number, so a device with queues need not wait per step.
+     * xent writes the number of targets that counted (not ignore) into *counted, device memory too,
+     * and its backward reads it there (the gradient is scale / counted per counted row). */
     void (*xent_forward)(float *loss, float *probs, const float *logits, const int32_t *labels, int N, int V,
-                         int ignore, int *counted);
+                         int ignore, int32_t *counted);
     void (*xent_backward)(float *dlogits, const float *probs, const int32_t *labels, int N, int V, int ignore,
-                          int counted, float scale);
+                          const int32_t *counted, float scale);
     void (*mse_forward)(float *loss, const float *pred, const float *target, size_t n);
     void (*mse_backward)(float *dpred, const float *pred, const float *target, size_t n, float scale);
+    /* *correct (one int64 of the device's memory) = the rows of logits (rows x V) whose largest
+     * value (the first of equal ones) is at labels[row]: an accuracy count the host downloads. */
+    void (*count_correct)(int64_t *correct, const float *logits, const int32_t *labels, int64_t rows, int V);
 } dt_kernel_table;
 
 /* The CPU f32 backend (OpenBLAS GEMMs, vectorised C kernels). */

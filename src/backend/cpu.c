@@ -3,14 +3,34 @@
 #include "backend/blocked.h"
 #include "backend/gelu.h"
 
-/* The losses of layers.h with their value written where the table's contract says. */
+/* The losses of layers.h with their value (and the xent's count of targets that counted) written
+ * where the table's contract says. */
 static void xent_forward(float *loss, float *probs, const float *logits, const int32_t *labels, int N, int V,
-                         int ignore, int *counted) {
-    *loss = dt_softmax_xent_ignore_forward(probs, logits, labels, N, V, ignore, counted);
+                         int ignore, int32_t *counted) {
+    int cnt = 0;
+    *loss = dt_softmax_xent_ignore_forward(probs, logits, labels, N, V, ignore, &cnt);
+    *counted = cnt;
+}
+
+static void xent_backward(float *dlogits, const float *probs, const int32_t *labels, int N, int V, int ignore,
+                          const int32_t *counted, float scale) {
+    dt_softmax_xent_ignore_backward(dlogits, probs, labels, N, V, ignore, *counted, scale);
 }
 
 static void mse_forward(float *loss, const float *pred, const float *target, size_t n) {
     *loss = dt_mse_forward(pred, target, n);
+}
+
+static void count_correct(int64_t *correct, const float *logits, const int32_t *labels, int64_t rows, int V) {
+    int64_t n = 0;
+    for (int64_t i = 0; i < rows; i++) {
+        const float *row = logits + (size_t)i * V;
+        int best = 0;
+        for (int k = 1; k < V; k++)
+            if (row[k] > row[best]) best = k;
+        n += best == labels[i];
+    }
+    *correct = n;
 }
 
 static const dt_kernel_table cpu = {
@@ -59,9 +79,10 @@ static const dt_kernel_table cpu = {
     .attention_workspace = dt_attention_workspace,
     .attention_backward = dt_attention_backward,
     .xent_forward = xent_forward,
-    .xent_backward = dt_softmax_xent_ignore_backward,
+    .xent_backward = xent_backward,
     .mse_forward = mse_forward,
     .mse_backward = dt_mse_backward,
+    .count_correct = count_correct,
 };
 
 const dt_kernel_table *dt_backend_cpu(void) { return &cpu; }

@@ -2,6 +2,7 @@
  * the rounds; each client trains on its own data (a file, or its share of one under a partition)
  * and sends updates. Built alone by `make client` (no MPI) with DT_FL_CLIENT_MAIN. */
 #include "cli/cmd_fl.h"
+#include "device/device.h"
 #include "dtrain/dtrain.h"
 
 #include <math.h>
@@ -77,7 +78,21 @@ int dt_fl_open(const dt_fl_opts *o, dt_dataset **train, dt_dataset **test, dt_mo
         return dt_cli_setup_status(s);
     }
     dt_model_init(*m, (uint64_t)o->seed);
-    return 0;
+    int r = dt_fl_model_device(m, o->device);
+    if (r) dt_dataset_free(*train), dt_dataset_free(*test);
+    return r;
+}
+
+int dt_fl_model_device(dt_model **m, const char *device) {
+    if (!device || !strcmp(device, "cpu")) return 0;
+    dt_dev *d = NULL;
+    dt_status s = dt_device_create(&d, device);
+    if (s == DT_OK && (s = dt_model_adopt_device(*m, d)) != DT_OK) dt_device_destroy(d);
+    if (s == DT_OK) return 0;
+    dt_model_free(*m);
+    *m = NULL;
+    dt_cli_fail(NULL, "--device %s: %s", device, dt_last_error());
+    return dt_cli_setup_status(s);
 }
 
 dt_status dt_fl_subset(const dt_dataset *ds, const uint32_t *idx, size_t n, dt_dataset **out) {
@@ -172,7 +187,7 @@ static const char CLIENT_USAGE[] =
     "with --clients and --client-index takes one client's share of a shared data set (experiments).";
 
 int dt_cmd_fl_client(int argc, char **argv) {
-    const char *server = NULL, *data = "fashion-mnist", *model = "mlp", *partition = NULL, *fault = "none";
+    const char *server = NULL, *data = "fashion-mnist", *model = "mlp", *partition = NULL, *fault = "none", *device = NULL;
     int k = 1, idx = 0, quiet = 0;
     int64_t id = -1, seed = 1;
     float connect_timeout = 60, idle_timeout = 600;
@@ -189,6 +204,7 @@ int dt_cmd_fl_client(int argc, char **argv) {
         {"idle-timeout", DT_FLAG_FLOAT, &idle_timeout, "S", "give up when the server sends nothing this long"},
         {"fault", DT_FLAG_STR, &fault, "KIND", "test hook: none, die, silent, garbage, drop-after-mask"},
         {"quiet", DT_FLAG_BOOL, &quiet, NULL, "no closing line"},
+        {"device", DT_FLAG_STR, &device, "DEV", DT_FL_DEVICE_HELP},
     };
     int r = dt_flags_parse(argc, argv, 1, flags, (int)(sizeof flags / sizeof flags[0]), CLIENT_USAGE, NULL, 0, NULL, NULL);
     if (r) return r < 0 ? 2 : 0;
@@ -201,7 +217,7 @@ int dt_cmd_fl_client(int argc, char **argv) {
     if (fk < 0) return dt_cli_usage(NULL, "--fault %s: expected none, die, silent, garbage or drop-after-mask", fault);
     dt_fl_opts o;
     dt_fl_opts_defaults(&o);
-    o.data = data, o.model = model, o.seed = seed;
+    o.data = data, o.model = model, o.seed = seed, o.device = device;
     dt_dataset *train, *test, *mine = NULL;
     dt_model *m;
     if ((r = dt_fl_open(&o, &train, &test, &m))) return r;

@@ -12,7 +12,7 @@ typedef struct {
     int max_clients, max_pending;
     float lr, mu, round_timeout, wait_timeout, hello_timeout, dp_clip, dp_noise, dp_delta, sa_range;
     int64_t seed;
-    const char *model, *data, *listen, *checkpoint, *metrics;
+    const char *model, *data, *listen, *checkpoint, *metrics, *device;
 } dt_fl_opts;
 
 /* Defaults of every flag. */
@@ -45,13 +45,21 @@ void dt_fl_opts_defaults(dt_fl_opts *o);
     {"dp-clip", DT_FLAG_FLOAT, &(o)->dp_clip, "C", "DP-FedAvg: clip each client's update to L2 norm C; 0 = off"}, \
     {"dp-noise", DT_FLAG_FLOAT, &(o)->dp_noise, "SIGMA", "DP-FedAvg: Gaussian noise std SIGMA*C on the sum"},     \
     {"dp-delta", DT_FLAG_FLOAT, &(o)->dp_delta, "D", "delta of the reported (epsilon, delta)"},                  \
-    {"quiet", DT_FLAG_BOOL, &(o)->quiet, NULL, "no per-round lines"}
+    {"quiet", DT_FLAG_BOOL, &(o)->quiet, NULL, "no per-round lines"},                                            \
+    {"device", DT_FLAG_STR, &(o)->device, "DEV", DT_FL_DEVICE_HELP}
+
+#define DT_FL_DEVICE_HELP                                                                                          \
+    "where the models run: cpu (default) or checked[:arena=BYTES], the CPU kernels on memory the host cannot touch " \
+    "(docs/device.md)"
 
 /* Checks the flags and fills o->sc; returns 0 or an exit status (usage error printed). */
 int dt_fl_opts_check(dt_fl_opts *o);
 /* Opens data (train and test) and builds + initialises the model for it. Returns 0 or an exit
  * status (error printed). */
 int dt_fl_open(const dt_fl_opts *o, dt_dataset **train, dt_dataset **test, dt_model **m);
+/* Moves the just-built *m onto a device of its own made from device ("cpu" or NULL: stays), which
+ * the model then owns; 0, or an exit status after saying why (*m freed and NULL). */
+int dt_fl_model_device(dt_model **m, const char *device);
 /* Client `idx` of k's share of ds under partition spec (its own copy); exit status or 0. */
 int dt_fl_client_share(const dt_dataset *ds, const char *partition, int k, int idx, uint64_t seed, dt_dataset **out);
 /* Copies samples idx[0..n) of ds into a new in-memory data set (u8 data stays u8). */

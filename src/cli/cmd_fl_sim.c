@@ -36,6 +36,21 @@ static void *client_main(void *arg) {
     return NULL;
 }
 
+/* Client idx's model (the server model m's spec, on a device of its own) and its thread; 0, or
+ * the exit status after saying why. */
+static int start_client(sim_client *c, int idx, const dt_model *m, const dt_dataset *train, const char *device) {
+    int C, H, W;
+    dt_dataset_shape(train, &C, &H, &W);
+    if (dt_model_create_from_spec(&c->m, dt_model_spec(m), C, H, W) != DT_OK)
+        return dt_cli_fail(NULL, "cannot start simulated client %d: %s", idx, dt_last_error());
+    int r = dt_fl_model_device(&c->m, device);
+    if (r) return r;
+    if (pthread_create(&c->th, NULL, client_main, c) != 0)
+        return dt_cli_fail(NULL, "cannot start simulated client %d: %s", idx, dt_last_error());
+    c->started = 1;
+    return 0;
+}
+
 static void on_round(void *ctx, const dt_fl_round_stats *st) {
     sim_stats *s = ctx;
     s->rounds = st->round, s->last = st->acc, s->eps = st->eps;
@@ -135,14 +150,7 @@ int dt_cmd_fl_sim(int argc, char **argv) {
         snprintf(cl[c].server, sizeof cl[c].server, "127.0.0.1:%d", dt_fl_server_port(s));
         cl[c].cc = (dt_fl_client_config){.server = cl[c].server, .client_id = (uint64_t)c, .connect_timeout = 30,
                                          .idle_timeout = o.round_timeout * 8 + o.wait_timeout, .fault = kinds[c], .quiet = 1};
-        int C, H, W;
-        dt_dataset_shape(train, &C, &H, &W);
-        if (dt_model_create_from_spec(&cl[c].m, dt_model_spec(m), C, H, W) != DT_OK ||
-            pthread_create(&cl[c].th, NULL, client_main, &cl[c]) != 0) {
-            r = dt_cli_fail(NULL, "cannot start simulated client %d: %s", c, dt_last_error());
-            break;
-        }
-        cl[c].started = 1;
+        r = start_client(&cl[c], c, m, train, o.device);
     }
     sim_stats ss = {.target = target, .best = 0, .eps = -1};
     if (!r) {

@@ -13,18 +13,17 @@
 #include <unistd.h>
 
 /* dtrain eval of --checkpoint/--weights/--model; returns the exit status. */
-static int eval_source(const char *ckpt, const char *weights, const char *model, const char *data, int batch,
-                       int threads) {
+static int eval_source(const dt_model_source *src, const char *data, int batch, int threads) {
+    const char *ckpt = src->checkpoint, *weights = src->weights, *model = src->model;
     if (model && !weights && !ckpt)
         return dt_cli_usage("pass --weights FILE with --model SPEC", "--model %s needs --weights FILE", model);
     if (batch < 1) return dt_cli_usage(NULL, "--batch %d: need at least 1", batch);
     if (threads < 1) return dt_cli_usage(NULL, "--threads %d: need at least 1", threads);
     dt_set_threads(threads);
-    dt_model_source src = {.checkpoint = ckpt, .weights = weights, .model = model};
     float loss, acc;
     int64_t n = 0;
     const char *split = "test";
-    dt_status s = dt_evaluate_source(&src, data, batch, &loss, &acc, &n, &split);
+    dt_status s = dt_evaluate_source(src, data, batch, &loss, &acc, &n, &split);
     if (s != DT_OK) {
         if (s == DT_EINVAL) return dt_cli_usage(NULL, "%s", dt_last_error());
         dt_cli_fail(NULL, "%s", dt_last_error());
@@ -74,13 +73,14 @@ static const char EXPORT_USAGE[] =
     "Run it with onnxruntime (e.g. npm onnxruntime-node) or check it with python3 -m onnx.checker.";
 
 int dt_cmd_export(int argc, char **argv) {
-    const char *ckpt = NULL, *weights = NULL, *model = NULL, *out = NULL, *shape = NULL;
+    const char *ckpt = NULL, *weights = NULL, *model = NULL, *out = NULL, *shape = NULL, *device = NULL;
     const dt_flag flags[] = {
         {"checkpoint", DT_FLAG_STR, &ckpt, "FILE", "checkpoint to export (dtrain train --save), or a --checkpoint-dir directory"},
         {"weights", DT_FLAG_STR, &weights, "FILE", "or a plain safetensors weights file (with --model)"},
         {"model", DT_FLAG_STR, &model, "SPEC", "with --weights: the model the weights belong to"},
         {"input-shape", DT_FLAG_STR, &shape, "C,H,W", "with a foreign --weights file: the input shape (default 1,28,28)"},
         {"output", DT_FLAG_STR, &out, "FILE", "the ONNX file to write (also -o FILE; required)"},
+        {"device", DT_FLAG_STR, &device, "DEV", "where the model runs: cpu (default) or checked[:arena=BYTES], the CPU kernels on memory the host cannot touch (docs/device.md)"},
     };
     char **args = long_output_flag(argc, argv);
     if (!args) return dt_cli_fail(NULL, "out of memory");
@@ -92,7 +92,7 @@ int dt_cmd_export(int argc, char **argv) {
     char file[4096];
     if (ckpt && (r = dt_cli_checkpoint("checkpoint", ckpt, file, sizeof file)) != 0) return r;
     if (ckpt) ckpt = file;
-    dt_model_source src = {.checkpoint = ckpt, .weights = weights, .model = model};
+    dt_model_source src = {.checkpoint = ckpt, .weights = weights, .model = model, .device = device};
     dt_model *m = NULL;
     dt_input_norm norm;
     int C, H, W;
@@ -117,7 +117,7 @@ static const char EVAL_USAGE[] =
     "file (PyTorch's save_file(model.state_dict())) by PyTorch names.";
 
 int dt_cmd_eval(int argc, char **argv) {
-    const char *ckpt = NULL, *data = NULL, *weights = NULL, *model = NULL;
+    const char *ckpt = NULL, *data = NULL, *weights = NULL, *model = NULL, *device = NULL;
     int batch = 256, threads = 1;
     const dt_flag flags[] = {
         {"checkpoint", DT_FLAG_STR, &ckpt, "FILE", "checkpoint to evaluate, or a --checkpoint-dir directory (its newest usable one)"},
@@ -126,6 +126,7 @@ int dt_cmd_eval(int argc, char **argv) {
         {"threads", DT_FLAG_INT, &threads, "N", "BLAS threads"},
         {"weights", DT_FLAG_STR, &weights, "FILE", "a plain safetensors weights file (PyTorch state_dict names) instead of --checkpoint"},
         {"model", DT_FLAG_STR, &model, "SPEC", "with --weights: the model the weights belong to (mlp, cnn, a spec, gpt:...)"},
+        {"device", DT_FLAG_STR, &device, "DEV", "where the model runs: cpu (default) or checked[:arena=BYTES], the CPU kernels on memory the host cannot touch (docs/device.md)"},
     };
     int r = dt_flags_parse(argc, argv, 1, flags, (int)(sizeof flags / sizeof *flags), EVAL_USAGE, NULL, 0, NULL, NULL);
     if (r) return r < 0 ? 2 : 0;
@@ -134,7 +135,8 @@ int dt_cmd_eval(int argc, char **argv) {
     if (ckpt) ckpt = file;
     dt_cli_trained_on trained;
     if (!data) dt_cli_checkpoint_trained_on(ckpt, &trained), data = trained.data;
-    if (weights || model) return eval_source(ckpt, weights, model, data, batch, threads);
+    const dt_model_source src = {.checkpoint = ckpt, .weights = weights, .model = model, .device = device};
+    if (weights || model) return eval_source(&src, data, batch, threads);
     if (!ckpt) return dt_cli_usage("pass --checkpoint FILE (written by dtrain train --save)", "no --checkpoint given");
     if (batch < 1) return dt_cli_usage(NULL, "--batch %d: need at least 1", batch);
     if (threads < 1) return dt_cli_usage(NULL, "--threads %d: need at least 1", threads);
@@ -142,7 +144,7 @@ int dt_cmd_eval(int argc, char **argv) {
     float loss, acc;
     int64_t n;
     const char *split = "test";
-    dt_status s = dt_evaluate_checkpoint(ckpt, data, batch, &loss, &acc, &n, &split);
+    dt_status s = dt_evaluate_checkpoint_on(ckpt, data, device, batch, &loss, &acc, &n, &split);
     if (s != DT_OK) {
         dt_cli_fail(NULL, "%s", dt_last_error());
         return dt_cli_setup_status(s);

@@ -146,7 +146,7 @@ static const char PREDICT_USAGE[] =
     "next byte at every position and, with --logits, the (T, V) logits.";
 
 int dt_cmd_predict(int argc, char **argv) {
-    const char *ckpt = NULL, *weights = NULL, *model = NULL;
+    const char *ckpt = NULL, *weights = NULL, *model = NULL, *device = NULL;
     predict_opts o = {.data = NULL, .split = "test"};
     int threads = 1;
     const dt_flag flags[] = {
@@ -158,6 +158,7 @@ int dt_cmd_predict(int argc, char **argv) {
         {"limit", DT_FLAG_I64, &o.limit, "N", "only the first N samples (0 = all)"},
         {"logits", DT_FLAG_BOOL, &o.logits, NULL, "write every logit too"},
         {"threads", DT_FLAG_INT, &threads, "N", "BLAS threads"},
+        {"device", DT_FLAG_STR, &device, "DEV", "where the model runs: cpu (default) or checked[:arena=BYTES], the CPU kernels on memory the host cannot touch (docs/device.md)"},
         {"output", DT_FLAG_STR, &o.out, "FILE", "where to write (also -o FILE; required)"},
     };
     char **args = calloc((size_t)argc + 1, sizeof *args);
@@ -179,7 +180,7 @@ int dt_cmd_predict(int argc, char **argv) {
     dt_cli_checkpoint_trained_on(ckpt, &trained);
     if (!o.data) o.data = trained.data;
     dt_set_threads(threads);
-    dt_model_source src = {.checkpoint = ckpt, .weights = weights, .model = model};
+    dt_model_source src = {.checkpoint = ckpt, .weights = weights, .model = model, .device = device};
     char spec[1024];
     dt_status s = dt_model_source_spec(&src, spec, sizeof spec);
     if (s == DT_EINVAL) return dt_cli_usage(NULL, "%s", dt_last_error());

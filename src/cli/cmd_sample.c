@@ -14,7 +14,7 @@
 
 static const char SAMPLE_USAGE[] =
     "Usage: dtrain sample --checkpoint FILE|DIR | --weights FILE [--model SPEC] [--prompt TEXT] [--tokens N]\n"
-    "                     [--temperature T] [--top-k K] [--seed S]\n\n"
+    "                     [--temperature T] [--top-k K] [--seed S] [--device DEV]\n\n"
     "Generates text with a GPT trained on bytes (dtrain train --model gpt --data kjv --save FILE;\n"
     "a --checkpoint-dir directory gives its newest usable checkpoint), or from plain weights\n"
     "(--save-weights, or a nanoGPT-named PyTorch state_dict) with their --model. The prompt is fed as bytes;\n"
@@ -75,7 +75,9 @@ static int open_gpt(const dt_model_source *src, const char *prompt, bool ids, dt
     dt_status s = dt_model_source_spec(src, spec, sizeof spec);
     if (s == DT_EINVAL) return dt_cli_usage(NULL, "%s", dt_last_error());
     /* a checkpoint knows its input shape; weights of a GPT take none (1x1x1 is ignored) */
-    if (s == DT_OK) s = src->checkpoint ? dt_model_load(m, src->checkpoint) : dt_model_open(m, src, 1, 1, 1, NULL);
+    /* a checkpoint of another model is loaded as it is, for the message below */
+    if (s == DT_OK) s = src->checkpoint && !dt_model_spec_is_gpt(spec) ? dt_model_load(m, src->checkpoint)
+                                                                       : dt_model_open(m, src, 1, 1, 1, NULL);
     if (s != DT_OK) return dt_cli_fail(NULL, "%s", dt_last_error()), dt_cli_setup_status(s == DT_EINVAL ? DT_EFORMAT : s);
     if (dt_model_in_dtype(*m) != DT_I32)
         return dt_cli_fail("sample from a GPT trained on text (dtrain train --model gpt --data kjv --save FILE)",
@@ -96,7 +98,7 @@ static int open_gpt(const dt_model_source *src, const char *prompt, bool ids, dt
 }
 
 int dt_cmd_sample(int argc, char **argv) {
-    const char *ckpt = NULL, *weights = NULL, *model = NULL, *prompt = "\n";
+    const char *ckpt = NULL, *weights = NULL, *model = NULL, *prompt = "\n", *device = NULL;
     int ntok = 200, top_k = 40, threads = 1;
     bool tok_ids = false;
     float temperature = 0.8f;
@@ -112,6 +114,7 @@ int dt_cmd_sample(int argc, char **argv) {
         {"seed", DT_FLAG_I64, &seed, "S", "seed of the draws"},
         {"threads", DT_FLAG_INT, &threads, "N", "BLAS threads"},
         {"ids", DT_FLAG_BOOL, &tok_ids, NULL, "the prompt and the output are token ids (a model of --data tokens:DIR)"},
+        {"device", DT_FLAG_STR, &device, "DEV", "where the model runs: cpu (default) or checked[:arena=BYTES], the CPU kernels on memory the host cannot touch (docs/device.md)"},
     };
     int r = dt_flags_parse(argc, argv, 1, flags, (int)(sizeof flags / sizeof *flags), SAMPLE_USAGE, NULL, 0, NULL, NULL);
     if (r) return r < 0 ? DT_EXIT_USAGE : 0;
@@ -121,7 +124,7 @@ int dt_cmd_sample(int argc, char **argv) {
     if (ckpt && (r = dt_cli_checkpoint("checkpoint", ckpt, file, sizeof file)) != 0) return r;
     dt_set_threads(threads);
     dt_model *m = NULL;
-    const dt_model_source src = {.checkpoint = ckpt ? file : NULL, .weights = weights, .model = model};
+    const dt_model_source src = {.checkpoint = ckpt ? file : NULL, .weights = weights, .model = model, .device = device};
     if ((r = open_gpt(&src, prompt, tok_ids, &m)) != 0) {
         dt_model_free(m);
         return r;

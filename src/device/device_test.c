@@ -3,7 +3,7 @@
  * dereference of checked memory faults (SIGSEGV in a forked child), outside any entry
  * point and after threads that used the device have left; blocks are charged against the memory
  * limit and freed blocks are reused; the step kernels follow torch.optim's arithmetic (a
- * hand-worked SGD-momentum and Adam step). */
+ * hand-worked SGD-momentum and Adam step); the xent kernel keeps its count of targets in device memory. */
 #include "core/test.h"
 #include "device/device.h"
 #include "device/kernel_slots.h"
@@ -216,6 +216,45 @@ static void test_checked_kernels(void) {
     printf("checked device: all %zu kernel slots wrapped, a wrapped kernel bitwise the cpu one's\n", slots);
 }
 
+/* The xent kernel on the checked device writes its loss and its count of the targets that counted
+ * into device memory (an ignored target not counted) and its backward reads the count there, and
+ * the accuracy count lands in device memory: the same bytes as the cpu kernels on host memory. */
+static void test_xent_count_on_device(void) {
+    enum { R = 6, V = 5 };
+    dt_dev *d = NULL;
+    CHECK_OK(dt_device_create(&d, "checked:arena=1M"));
+    if (!d) return;
+    const dt_kernel_table *cpu = dt_backend_cpu(), *k = d->ops->kernels(d, cpu);
+    float lg[R * V], probs[R * V], dl[R * V], got[R * V], loss, dloss;
+    const int32_t y[R] = {1, -100, 4, 0, -100, 2};
+    int32_t cnt = -1, dcnt = -1;
+    fill_host(lg, R * V, 11);
+    cpu->xent_forward(&loss, probs, lg, y, R, V, -100, &cnt);
+    cpu->xent_backward(dl, probs, y, R, V, -100, &cnt, 0.5f);
+    float *dlg = d->ops->alloc(d, sizeof lg), *dp = d->ops->alloc(d, sizeof lg), *dd = d->ops->alloc(d, sizeof lg);
+    float *dls = d->ops->alloc(d, 64);
+    int32_t *dy = d->ops->alloc(d, sizeof y), *dc = d->ops->alloc(d, sizeof dcnt);
+    CHECK(k && dlg && dp && dd && dls && dy && dc);
+    if (k && dlg && dp && dd && dls && dy && dc) {
+        d->ops->upload(d, dlg, lg, sizeof lg), d->ops->upload(d, dy, y, sizeof y);
+        k->xent_forward(dls, dp, dlg, dy, R, V, -100, dc);
+        k->xent_backward(dd, dp, dy, R, V, -100, dc, 0.5f);
+        d->ops->download(d, &dcnt, dc, sizeof dcnt), d->ops->download(d, &dloss, dls, sizeof dloss);
+        d->ops->download(d, got, dd, sizeof got);
+        CHECK_MSG(cnt == 4 && dcnt == 4, "xent counted %d on cpu, %d on checked; want 4 (two targets ignored)", cnt, dcnt);
+        CHECK(!memcmp(&loss, &dloss, sizeof loss) && !memcmp(dl, got, sizeof got));
+        int64_t want = -1, right = -1;  /* the accuracy count, written into device memory too */
+        cpu->count_correct(&want, lg, y, R, V);
+        k->count_correct((int64_t *)dls, dlg, dy, R, V);
+        d->ops->download(d, &right, dls, sizeof right);
+        CHECK_MSG(want >= 0 && want <= 4 && right == want, "count_correct: %lld on cpu, %lld on checked",
+                  (long long)want, (long long)right);
+    }
+    d->ops->free(d, dlg), d->ops->free(d, dp), d->ops->free(d, dd), d->ops->free(d, dls);
+    d->ops->free(d, dy), d->ops->free(d, dc);
+    dt_device_destroy(d);
+}
+
 /* torch.optim by hand: SGD momentum 0.9 (lr 0.1) on g = 1 from p = 1: p1 = 0.9 (buf 1), p2 = 0.71
  * (buf 1.9); Adam (lr 0.1) first step moves p by lr * sign(g) (m/(1-b1) = g, sqrt(v/(1-b2)) = |g|). */
 static void test_step_arithmetic(void) {
@@ -309,6 +348,7 @@ static void test_xent_shard(void) {
 int main(void) {
     test_registry();
     test_checked_kernels();
+    test_xent_count_on_device();
     test_checked_equals_cpu();
     test_host_dereference_faults();
     test_arena_accounting();

@@ -105,11 +105,13 @@
     SLOT_V(attention_backward, (float *dqkv, float *work, const float *dout, const float *qkv, const float *att, int B,    \
                            int T, int C, int NH), (dqkv, work, dout, qkv, att, B, T, C, NH))                          \
     SLOT_V(xent_forward, (float *loss, float *probs, const float *logits, const int32_t *labels, int N, int V,          \
-                          int ignore, int *counted), (loss, probs, logits, labels, N, V, ignore, counted))            \
+                          int ignore, int32_t *counted), (loss, probs, logits, labels, N, V, ignore, counted))        \
     SLOT_V(xent_backward, (float *dlogits, const float *probs, const int32_t *labels, int N, int V, int ignore,            \
-                      int counted, float scale), (dlogits, probs, labels, N, V, ignore, counted, scale))              \
+                      const int32_t *counted, float scale), (dlogits, probs, labels, N, V, ignore, counted, scale))   \
     SLOT_V(mse_forward, (float *loss, const float *pred, const float *target, size_t n), (loss, pred, target, n))         \
     SLOT_V(mse_backward, (float *dpred, const float *pred, const float *target, size_t n, float scale),                    \
-      (dpred, pred, target, n, scale))
+      (dpred, pred, target, n, scale))                                                                                 \
+    SLOT_V(count_correct, (int64_t *correct, const float *logits, const int32_t *labels, int64_t rows, int V),             \
+      (correct, logits, labels, rows, V))
 
 #endif

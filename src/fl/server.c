@@ -2,6 +2,7 @@
  * clients, send the global model, collect updates until the round deadline, aggregate by FedAvg
  * weighted by sample count, or DP-FedAvg with per-client clipping and Gaussian noise), evaluates,
  * checkpoints the global model (resumable) and writes one JSONL metrics line per round. */
+#include "device/device.h"
 #include "fl/server_internal.h"
 #include "run/checkpoint.h"
 
@@ -123,7 +124,8 @@ dt_status dt_fl_server_create(dt_fl_server **out, const dt_fl_server_config *cfg
     dt_status st = s->conns && s->pf && s->global ? DT_OK : dt_error(DT_ENOMEM, "fl server: out of memory");
     if (st == DT_OK) fd_limit(s);
     if (st == DT_OK && cfg->resume && cfg->checkpoint) st = resume(s);
-    if (st == DT_OK) memcpy(s->global, dt_model_params(m), s->np * sizeof(float));
+    if (st == DT_OK)  /* the model's device's memory (the cpu device: a memcpy) */
+        dt_model_device(m)->ops->download(dt_model_device(m), s->global, dt_model_params(m), s->np * sizeof(float));
     if (st == DT_OK) st = listen_on(s);
     if (st != DT_OK) {
         dt_fl_server_destroy(s);
@@ -309,7 +311,7 @@ static dt_status finish_round(dt_fl_server *s, const double *agg, dt_fl_round_st
     for (size_t i = 0; i < s->np; i++) s->global[i] += (float)agg[i];
     s->round++;
     st->acc = st->loss = NAN;
-    memcpy(dt_model_params(s->m), s->global, s->np * sizeof(float));
+    dt_model_device(s->m)->ops->upload(dt_model_device(s->m), dt_model_params(s->m), s->global, s->np * sizeof(float));
     int every = s->cfg.eval_every > 0 ? s->cfg.eval_every : 1;
     if (s->test && (s->round % every == 0 || s->round == s->cfg.rounds)) DT_TRY(dt_fl_evaluate(s->m, s->test, &st->acc, &st->loss));
     st->eps = -1;

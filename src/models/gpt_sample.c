@@ -1,7 +1,8 @@
 /* Text generation with a GPT graph: the context (the last T tokens, left-aligned, the rest
  * padded; causal attention keeps the padding out of view) runs forward, the logits of the last
  * real position are divided by the temperature, cut to the top k and sampled with the
- * counter-based RNG keyed by (seed, token index), so a run is reproducible. */
+ * counter-based RNG keyed by (seed, token index), so a run is reproducible. The model may run
+ * on any device: the last position's logits are downloaded (one row a token) and sampled here. */
 #include "dtrain/models.h"
 
 #include <float.h>
@@ -59,7 +60,7 @@ dt_status dt_gpt_generate(dt_model *m, const int32_t *prompt, int nprompt, int n
             return dt_error(DT_EINVAL, "sample: prompt token %d at position %d is outside the vocabulary [0, %d)",
                             prompt[i], i, V);
     int32_t *ctxbuf = calloc((size_t)T + (size_t)nprompt + (size_t)ntokens, sizeof *ctxbuf);
-    float *probs = malloc((size_t)V * sizeof *probs);
+    float *probs = malloc(2 * (size_t)V * sizeof *probs), *logits = probs + V;  /* logits: the downloaded row */
     if (!ctxbuf || !probs) {
         free(ctxbuf), free(probs);
         return dt_error(DT_ENOMEM, "sample: out of memory");
@@ -74,7 +75,7 @@ dt_status dt_gpt_generate(dt_model *m, const int32_t *prompt, int nprompt, int n
         memcpy(window, ctxbuf + start, (size_t)n * sizeof *window);
         dt_feed f = {.x = window, .n = 1};
         if ((s = dt_model_run(m, &f, false, 0, NULL)) != DT_OK) break;
-        const float *logits = dt_model_output(m) + (size_t)(n - 1) * V;
+        dt_model_read_output(m, (size_t)(n - 1) * V, (size_t)V, logits);  /* the model's device: one row */
         float u = dt_rng_uniform(sc->seed, dt_rng_key(DT_RNG_USER + 1, 0), (uint64_t)k);
         int32_t tok = sample_logits(logits, V, sc->temperature, sc->top_k, u, probs);
         ctxbuf[len++] = tok;

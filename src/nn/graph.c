@@ -389,6 +389,12 @@ dt_status dt_model_set_device(dt_model *m, dt_dev *d) {
     return DT_OK;
 }
 
+dt_status dt_model_adopt_device(dt_model *m, dt_dev *d) {
+    DT_TRY(dt_model_set_device(m, d));
+    m->owns_dev = d != dt_device_cpu();
+    return DT_OK;
+}
+
 dt_dev *dt_model_device(const dt_model *m) { return m->dev; }
 
 const char *dt_model_spec(const dt_model *m) { return m->spec; }
@@ -422,6 +428,9 @@ dt_layer_kind dt_model_node_kind(const dt_model *m, int node) { return m->nodes[
 int dt_model_output_node(const dt_model *m) { return m->output; }
 int dt_model_loss_node(const dt_model *m) { return m->loss; }
 const float *dt_model_output(const dt_model *m) { return m->nodes[m->output].out; }
+void dt_model_read_output(const dt_model *m, size_t first, size_t n, float *host) {
+    m->dev->ops->download(m->dev, host, m->nodes[m->output].out + first, n * sizeof(float));
+}
 
 int dt_model_find_tensor(const dt_model *m, const char *name) {
     for (int t = 0; t < m->ntensors; t++)

@@ -6,12 +6,15 @@
  * whose predicate says yes (its kernels widen the values back where oneDNN has no bf16 GEMM, so
  * the comparison holds everywhere). And the gradients of plan_linear_grads (a c_fc's and a
  * c_attn's, which the GELU and the attention round to bf16): the same GEMM results, the bias
- * gradients within bf16 rounding. */
+ * gradients within bf16 rounding. With every bf16 plan on, the GPT and the MLP train on the checked
+ * device (docs/device.md: memory the host cannot touch) bitwise as on the cpu device: the bf16
+ * values, gradients and their casts go through the device. */
 #include "backend/backend.h"
 #include "core/test.h"
 #include "dtrain/core.h"
 #include "backend/layers.h"
 #include "dtrain/models.h"
+#include "device/device.h"
 #include "dtrain/nn.h"
 #include "nn/graph_internal.h"
 
@@ -259,6 +262,65 @@ static void check_gelu_plan(const dt_kernel_table *be, const int32_t *ids, int B
     dt_model_free(a), dt_model_free(b);
 }
 
+/* The model of spec with every bf16 plan of table `be` on (linears take bf16 values), on device d
+ * (the cpu device, or checked): 3 steps of SGD through the device; *loss gets the last loss, g
+ * (host, num_params floats) the last gradients, p the parameters after. NULL-safe: false when it
+ * cannot be built. */
+static bool device_steps(const dt_kernel_table *be, dt_dev *d, const char *spec, int C, int H, int W, const dt_feed *f,
+                         float *loss, float *g, float *p) {
+    static dt_kernel_table on;
+    on = *be, on.linear_bf16_values = yes;
+    dt_model *m = build(spec, C, H, W, &on);
+    if (!m) return false;
+    m->be_cpu = &on;
+    dt_status s = dt_model_set_device(m, d);
+    CHECK_OK(s);
+    int nbf = 0;
+    for (int i = 0; i < m->n; i++) nbf += m->nodes[i].bf16 + m->nodes[i].grad_bf16;
+    CHECK_MSG(nbf > 0, "%s: no bf16 values planned", spec);
+    const size_t np = dt_model_num_params(m);
+    const dt_step_args a = {.lr = 0.05f};
+    for (int step = 0; s == DT_OK && step < 3; step++) {
+        dt_model_zero_grad(m);
+        CHECK_OK(s = dt_model_run(m, f, true, (uint64_t)step, loss));
+        if (s == DT_OK) CHECK_OK(s = dt_model_backward_loss(m, 1.0f, NULL, NULL));
+        if (s == DT_OK) d->ops->download(d, g, dt_model_grads(m), np * sizeof(float));
+        if (s == DT_OK) d->ops->sgd_step(d, &a, dt_model_params(m), dt_model_grads(m), NULL, np);
+    }
+    d->ops->download(d, p, dt_model_params(m), np * sizeof(float));
+    dt_model_free(m);
+    return s == DT_OK;
+}
+
+/* device_steps on the checked device and on the cpu device: the same bytes. */
+static void check_device(const dt_kernel_table *be, const char *spec, int C, int H, int W, const void *x, int B) {
+    dt_model *probe = NULL;
+    CHECK_OK(dt_model_build(&probe, spec, C, H, W));
+    if (!probe) return;
+    const size_t np = dt_model_num_params(probe);
+    const int T = C ? 1 : probe->nodes[probe->output].shape[0], V = dt_model_classes(probe);
+    dt_model_free(probe);
+    int32_t *y = malloc(sizeof(int32_t) * (size_t)B * T);
+    float *buf = malloc(4 * np * sizeof(float));
+    dt_dev *chk = NULL;
+    CHECK_OK(dt_device_create(&chk, "checked:arena=64M"));
+    if (y && buf && chk) {
+        for (int i = 0; i < B * T; i++) y[i] = (int32_t)((i * 7 + 3) % V);
+        const dt_feed f = {.x = x, .y = y, .n = B};
+        float la = NAN, lb = NAN;
+        bool ok = device_steps(be, dt_device_cpu(), spec, C, H, W, &f, &la, buf, buf + np) &&
+                  device_steps(be, chk, spec, C, H, W, &f, &lb, buf + 2 * np, buf + 3 * np);
+        CHECK_MSG(ok && !memcmp(&la, &lb, sizeof la) && !memcmp(buf, buf + 2 * np, 2 * np * sizeof(float)),
+                  "%s with bf16 values: loss %.9g on cpu, %.9g on checked; gradients %s, parameters %s", spec, la, lb,
+                  memcmp(buf, buf + 2 * np, np * sizeof(float)) ? "differ" : "equal",
+                  memcmp(buf + np, buf + 3 * np, np * sizeof(float)) ? "differ" : "equal");
+        printf("%s with bf16 values: 3 steps on the checked device equal the cpu device's bitwise: %s\n", spec,
+               ok && la == lb ? "yes" : "no");
+    }
+    dt_device_destroy(chk);
+    free(y), free(buf);
+}
+
 int main(void) {
     const dt_kernel_table *be = NULL;
     if (dt_kernels_select("onednn", "bf16") != DT_OK || dt_backend_find("onednn", DT_BF16, &be) != DT_OK) {
@@ -273,11 +335,13 @@ int main(void) {
     check_same(be, GPT_SPEC, 0, 0, 0, ids, B);
     check_grads(be, ids, B);
     check_gelu_plan(be, ids, B);
+    check_device(be, GPT_SPEC, 0, 0, 0, ids, B);
     float *x = malloc(sizeof(float) * B * 784);
     if (x) {
         dt_rng_fill_uniform(x, B * 784, 0, 1, 5, 0);
         check_same(be, "mlp", 1, 28, 28, x, B);
         check_same(be, "cnn", 1, 28, 28, x, B);
+        check_device(be, "mlp", 1, 28, 28, x, B);
     }
     free(x);
     /* the blas bf16 table has no bf16 linears: nothing is planned */

@@ -48,6 +48,8 @@ void dt_model_free(dt_model *m) {
         dt_slab_free(&m->grads);
         dt_slab_free(&m->buffers);
     }
+    if (m->dev_correct) m->dev->ops->free(m->dev, m->dev_correct);
+    if (m->owns_dev) dt_device_destroy(m->dev);  /* every block of it freed above */
     free(m);
 }
 
@@ -350,12 +352,27 @@ size_t dt_model_node_size(const dt_model *m, int node) { return m->nodes[node].o
 
 int dt_model_node_owner(const dt_model *m, int node) { return owner((dt_model *)m, &m->nodes[node])->id; }
 
+/* The count on the device, from the labels the last run uploaded (labels is that feed's host
+ * memory); -1 when they are not there or the count has no device memory. */
+static int64_t count_on_device(const dt_model *m, const int32_t *labels, int64_t rows, int V) {
+    if (m->ninputs < 2 || labels != m->feed_host[1] || m->nodes[m->inputs[1]].dtype != DT_I32) return -1;
+    dt_model *w = (dt_model *)m;  /* its count's memory, kept for the next batch */
+    if (!w->dev_correct && !(w->dev_correct = m->dev->ops->alloc(m->dev, sizeof(int64_t)))) return dt_error_clear(), -1;
+    int64_t correct = -1;
+    m->be->count_correct(w->dev_correct, dt_model_output(m), (const int32_t *)m->nodes[m->inputs[1]].out, rows, V);
+    m->dev->ops->download(m->dev, &correct, w->dev_correct, sizeof correct);
+    return correct;
+}
+
 int64_t dt_model_count_correct(const dt_model *m, const int32_t *labels, int n) {
     const int V = dt_model_classes(m);
     const int64_t rows = (int64_t)n * (dt_model_out_size(m) / V);
     const float *logits = dt_model_output(m);
     float *host = NULL;
-    if (!m->dev->host_memory) {  /* the logits are the device's: read them once */
+    if (!m->dev->host_memory) {  /* the logits are the device's: counted there (8 bytes come back) */
+        const int64_t c = count_on_device(m, labels, rows, V);
+        if (c >= 0) return c;
+        /* labels of another feed: the logits downloaded once */
         if (!(host = malloc((size_t)rows * (size_t)V * sizeof(float) + 1))) return -1;
         m->dev->ops->download(m->dev, host, logits, (size_t)rows * (size_t)V * sizeof(float));
         logits = host;

@@ -16,9 +16,13 @@ static dt_status xent_infer(dt_model *m, dt_node *n) {
     return DT_OK;
 }
 
+/* The probabilities (B rows of the logits), then the number of targets that counted: an int32 of
+ * the device's memory that the forward writes and the backward reads (the host never needs it). */
 static size_t xent_saved(const dt_model *m, const dt_node *n, int B) {
-    return (size_t)B * dt_node_input(m, n, 0)->out_n * sizeof(float);  /* probabilities */
+    return (size_t)B * dt_node_input(m, n, 0)->out_n * sizeof(float) + sizeof(int32_t);
 }
+/* Where the count of a run of N rows of V lies in n->saved: after the run's probabilities. */
+static int32_t *xent_count(const dt_node *n, int N, int V) { return (int32_t *)((float *)n->saved + (size_t)N * V); }
 
 static dt_status xent_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
     const dt_node *x = dt_node_input(m, n, 0);
@@ -30,7 +34,7 @@ static dt_status xent_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
             return dt_error(DT_EINVAL, "model: node '%s': target %d of sample %d, row %d is outside [0, %d) (the "
                                        "classes)", n->name, y[i], i / per, i % per, V);
     c->be->xent_forward(n->out, n->saved, x->out, (const int32_t *)dt_node_in(m, n, 1), N, V, n->a.ignore_index,
-                        &n->counted);
+                        xent_count(n, N, V));
     return DT_OK;
 }
 
@@ -39,7 +43,7 @@ static void xent_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float *c
     const int V = dt_shape_last(x), N = c->B * (int)(x->out_n / (size_t)V);
     if (din[0])
         c->be->xent_backward(din[0], n->saved, (const int32_t *)dt_node_in(m, n, 1), N, V, n->a.ignore_index,
-                             n->counted, n->dloss);
+                             xent_count(n, N, V), n->dloss);
 }
 
 const dt_op dt_op_xent = {.name = "xent", .min_in = 2, .max_in = 2, .infer = xent_infer, .saved_bytes = xent_saved,

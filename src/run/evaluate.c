@@ -111,6 +111,11 @@ dt_status dt_trainer_evaluate_test(dt_trainer *t, float *loss, float *acc, int64
 
 dt_status dt_evaluate_checkpoint(const char *checkpoint, const char *data, int batch, float *loss, float *acc,
                                  int64_t *samples, const char **split) {
+    return dt_evaluate_checkpoint_on(checkpoint, data, NULL, batch, loss, acc, samples, split);
+}
+
+dt_status dt_evaluate_checkpoint_on(const char *checkpoint, const char *data, const char *device, int batch,
+                                    float *loss, float *acc, int64_t *samples, const char **split) {
     dt_ckpt_info info;
     DT_TRY(dt_checkpoint_read_info(checkpoint, &info));
     if (!data && !info.data[0])
@@ -135,6 +140,7 @@ dt_status dt_evaluate_checkpoint(const char *checkpoint, const char *data, int b
         s = dt_error_wrap(DT_EFORMAT, "%s: its dtrain.model_spec", checkpoint); /* the file is wrong */
         goto done;
     }
+    DT_TRY_GOTO(s = dt_model_to_device(&m, device), done);
     DT_TRY_GOTO(s = dt_checkpoint_restore(checkpoint, m, NULL, &info), done);
     DT_TRY_GOTO(s = dt_trainer_check_loss(m, ds, data), done);
     /* a label the model has no output for would make the loss NaN (and the accuracy a lie) */

@@ -3,6 +3,7 @@
  * and `dtrain eval` of either. */
 #include "run/trainer_internal.h"
 
+#include "device/device.h"
 #include "dtrain/dtrain.h"
 #include "dtrain/io.h"
 #include "dtrain/models.h"
@@ -70,6 +71,17 @@ static dt_status file_norm(const char *path, dt_input_norm *norm) {
     return s;
 }
 
+dt_status dt_model_to_device(dt_model **m, const char *device) {
+    if (!device || !strcmp(device, "cpu")) return DT_OK;
+    dt_dev *d = NULL;
+    dt_status s = dt_device_create(&d, device);
+    if (s == DT_OK && (s = dt_model_adopt_device(*m, d)) != DT_OK) dt_device_destroy(d);
+    if (s == DT_OK) return DT_OK;
+    dt_model_free(*m);
+    *m = NULL;
+    return dt_error_wrap(s, "--device %s", device);
+}
+
 dt_status dt_model_open(dt_model **m, const dt_model_source *src, int C, int H, int W, dt_input_norm *norm) {
     *m = NULL;
     char spec[1024];
@@ -85,10 +97,12 @@ dt_status dt_model_open(dt_model **m, const dt_model_source *src, int C, int H, 
                             src->checkpoint, info.C, info.H, info.W, C, H, W);
         s = dt_model_build(m, spec, info.C, info.H, info.W);
         if (s != DT_OK) return dt_error_wrap(DT_EFORMAT, "%s: its dtrain.model_spec", src->checkpoint);
+        DT_TRY(dt_model_to_device(m, src->device));
         DT_TRY_GOTO(s = dt_checkpoint_restore(src->checkpoint, *m, NULL, &info), fail);
         if (info.has_norm) nm = (dt_input_norm){.on = true, .mean = info.norm_mean, .std = info.norm_std};
     } else {
         DT_TRY(dt_model_build(m, spec, C, H, W));
+        DT_TRY(dt_model_to_device(m, src->device));
         s = dt_weights_load(*m, src->weights);
         if (s == DT_OK) s = file_norm(src->weights, &nm);
         if (s != DT_OK) goto fail;

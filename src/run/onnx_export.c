@@ -114,9 +114,10 @@ static void attr_ints(onnx_b *b, Onnx__NodeProto *n, const char *name, const int
     a->has_type = 1, a->type = ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INTS, a->n_ints = (size_t)k, a->ints = c;
 }
 
-/* An initializer `name` of dims[0..ndim) and elem_type (FLOAT or INT64), bytes copied. */
+/* An initializer `name` of dims[0..ndim) and elem_type (FLOAT or INT64), bytes copied from host
+ * memory, or (dev non-NULL) downloaded from that device's memory. */
 static const char *ob_init(onnx_b *b, const char *name, const int64_t *dims, int ndim, int elem_type,
-                           const void *data, size_t bytes) {
+                           const void *data, size_t bytes, dt_dev *dev) {
     Onnx__TensorProto *t = ob_alloc(b, sizeof *t);
     int64_t *d = ob_alloc(b, sizeof *d * (size_t)(ndim ? ndim : 1));
     void *raw = ob_alloc(b, bytes);
@@ -125,21 +126,26 @@ static const char *ob_init(onnx_b *b, const char *name, const int64_t *dims, int
     b->inits = inits;
     onnx__tensor_proto__init(t);
     if (ndim) memcpy(d, dims, sizeof *d * (size_t)ndim);
-    memcpy(raw, data, bytes);
+    if (dev) dev->ops->download(dev, raw, data, bytes);
+    else memcpy(raw, data, bytes);
     t->name = (char *)name, t->n_dims = (size_t)ndim, t->dims = d;
     t->has_data_type = 1, t->data_type = elem_type;
     t->has_raw_data = 1, t->raw_data.len = bytes, t->raw_data.data = raw;
     b->inits[b->ni++] = t;
     return name;
 }
-static const char *init_f32(onnx_b *b, const char *name, const int64_t *dims, int ndim, const float *v) {
+/* v: host memory, or (dev non-NULL) that device's. */
+static const char *init_f32_on(onnx_b *b, const char *name, const int64_t *dims, int ndim, const float *v, dt_dev *dev) {
     size_t n = 1;
     for (int d = 0; d < ndim; d++) n *= (size_t)dims[d];
-    return ob_init(b, name, dims, ndim, ONNX__TENSOR_PROTO__DATA_TYPE__FLOAT, v, n * sizeof(float));
+    return ob_init(b, name, dims, ndim, ONNX__TENSOR_PROTO__DATA_TYPE__FLOAT, v, n * sizeof(float), dev);
+}
+static const char *init_f32(onnx_b *b, const char *name, const int64_t *dims, int ndim, const float *v) {
+    return init_f32_on(b, name, dims, ndim, v, NULL);
 }
 static const char *init_i64(onnx_b *b, const char *name, const int64_t *v, int n) {
     const int64_t dims[1] = {n};
-    return ob_init(b, name, dims, 1, ONNX__TENSOR_PROTO__DATA_TYPE__INT64, v, (size_t)n * sizeof(int64_t));
+    return ob_init(b, name, dims, 1, ONNX__TENSOR_PROTO__DATA_TYPE__INT64, v, (size_t)n * sizeof(int64_t), NULL);
 }
 static const char *scalar(onnx_b *b, float v) {
     return init_f32(b, ob_str(b, "const_%d", b->tmp++), NULL, 0, &v);
@@ -148,13 +154,14 @@ static const char *scalar(onnx_b *b, float v) {
 /* ---- graph nodes to ONNX nodes ----------------------------------------------------------- */
 
 /* The initializer of tensor k of node n (under the tensor's name; a tied tensor is emitted once,
- * by its first user), with its own dims or, when ndim > 0, dims[0..ndim). */
+ * by its first user), with its own dims or, when ndim > 0, dims[0..ndim): downloaded from the
+ * model's device into the initializer (the host never reads model memory in place). */
 static const char *param(onnx_b *b, const dt_model *m, const dt_node *n, int k, const int64_t *dims, int ndim) {
     const dt_param_info *p = &m->tensors[n->tensor[k]];
     for (size_t i = 0; i < b->ni; i++)
         if (!strcmp(b->inits[i]->name, p->name)) return b->inits[i]->name;
     const float *data = (p->is_buffer ? m->buffers.data : m->params.data) + p->offset;
-    return init_f32(b, p->name, ndim ? dims : p->shape, ndim ? ndim : p->ndim, data);
+    return init_f32_on(b, p->name, ndim ? dims : p->shape, ndim ? ndim : p->ndim, data, m->dev);
 }
 
 static const char *node1(onnx_b *b, const char *op, const char *a) { return out_of(ob_node(b, op, &a, 1, NULL)); }

@@ -137,5 +137,9 @@ const char *dt_trainer_strategy_spec(const dt_trainer *t);
 /* DT_EINVAL naming data and the model when m's loss does not fit ds: an mse model needs regression
  * targets (dt_dataset_has_targets), a cross-entropy one class labels. */
 dt_status dt_trainer_check_loss(const dt_model *m, const dt_dataset *ds, const char *data);
+/* Moves the just-built *m onto a device of its own made from `device` ("cpu" or NULL: stays;
+ * "checked[:arena=BYTES]"), which the model then owns; on an error *m is freed and NULL, and the
+ * error names --device. */
+dt_status dt_model_to_device(dt_model **m, const char *device);
 
 #endif

@@ -254,7 +254,7 @@ dt_status dt_model_predict(dt_model *m, const void *x, int64_t n, float *logits)
         const int b = (int)(n - i < CHUNK ? n - i : CHUNK);
         dt_feed f = {.x = (const char *)x + (size_t)i * in, .y = NULL, .n = b};
         DT_TRY(dt_model_run(m, &f, false, 0, NULL));
-        memcpy(logits + (size_t)i * out, dt_model_output(m), (size_t)b * out * sizeof(float));
+        dt_model_read_output(m, 0, (size_t)b * out, logits + (size_t)i * out);  /* downloaded once a batch */
     }
     return DT_OK;
 }

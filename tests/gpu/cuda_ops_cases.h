@@ -277,15 +277,22 @@ static void k_losses(ctx *c) {
     ((int32_t *)lab.h)[3] = ignore, ((int32_t *)lab.h)[17] = ignore;
     c->g->ops->upload(c->g, lab.d, lab.h, lab.bytes);
     buf loss = zeros(c, 1), d = zeros(c, (size_t)N * V);
-    int cnt_c = -1, cnt_g = -2;
-    BOTH(xent_forward, (F(loss), F(probs), F(logits), lab.h, N, V, ignore, &cnt_c),
-         (G(loss), G(probs), G(logits), lab.d, N, V, ignore, &cnt_g));
+    buf cnt = mk_bytes(c, NULL, sizeof(int32_t)), ok = mk_bytes(c, NULL, sizeof(int64_t));
+    BOTH(xent_forward, (F(loss), F(probs), F(logits), lab.h, N, V, ignore, (int32_t *)cnt.h),
+         (G(loss), G(probs), G(logits), lab.d, N, V, ignore, (int32_t *)cnt.d));
     /* probs of ignored rows are left as they were on both: zero here */
     CHECK(c, "xent_forward (loss, probs)", 1e-6, 1e-5, loss, probs);
+    int32_t cnt_c = *(int32_t *)cnt.h, cnt_g = -2;
+    c->g->ops->download(c->g, &cnt_g, cnt.d, sizeof cnt_g);
     report(c, "xent_forward counted", cnt_c == cnt_g && cnt_c == N - 2, (double)abs(cnt_c - cnt_g), 0, 0, 0);
-    BOTH(xent_backward, (F(d), F(probs), lab.h, N, V, ignore, cnt_c, 2.0f),
-         (G(d), G(probs), lab.d, N, V, ignore, cnt_g, 2.0f));
+    BOTH(xent_backward, (F(d), F(probs), lab.h, N, V, ignore, (const int32_t *)cnt.h, 2.0f),
+         (G(d), G(probs), lab.d, N, V, ignore, (const int32_t *)cnt.d, 2.0f));
     CHECK(c, "xent_backward", 1e-7, 1e-5, d);
+    BOTH(count_correct, ((int64_t *)ok.h, F(logits), lab.h, N, V), ((int64_t *)ok.d, G(logits), lab.d, N, V));
+    int64_t ok_c = *(int64_t *)ok.h, ok_g = -1;
+    c->g->ops->download(c->g, &ok_g, ok.d, sizeof ok_g);
+    report(c, "count_correct", ok_c == ok_g, (double)llabs(ok_c - ok_g), 0, 0, 0);
+    drop(c, &cnt), drop(c, &ok);
     const size_t n = 12345;
     buf p = mk(c, n, -2, 2), t = mk(c, n, -2, 2), dp = zeros(c, n);
     BOTH(mse_forward, (F(loss), F(p), F(t), n), (G(loss), G(p), G(t), n));

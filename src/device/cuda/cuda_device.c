@@ -305,8 +305,7 @@ static dt_status cuda_setup(dtc_dev *c) {
         cudaStreamCreateWithFlags(&c->comm, cudaStreamNonBlocking) != cudaSuccess ||
         cudaEventCreateWithFlags(&c->ev_compute, cudaEventDisableTiming) != cudaSuccess ||
         cudaEventCreateWithFlags(&c->ev_comm, cudaEventDisableTiming) != cudaSuccess ||
-        cudaMalloc((void **)&c->scratch, DTC_SCRATCH_BLOCKS * sizeof(double) + sizeof(int)) != cudaSuccess ||
-        cudaMallocHost((void **)&c->counted_host, sizeof(int)) != cudaSuccess) {
+        cudaMalloc((void **)&c->scratch, DTC_SCRATCH_BLOCKS * sizeof(double) + sizeof(int)) != cudaSuccess) {
         const cudaError_t e = cudaGetLastError();
         return dt_error(DT_ENOTSUP, "device cuda:%d: cannot set it up: %s", c->ordinal, cudaGetErrorString(e));
     }
@@ -350,7 +349,6 @@ static void cuda_destroy(dt_dev *d) {
     free(c->blocks);
     if (c->rows) cudaFree(c->rows);
     if (c->scratch) cudaFree(c->scratch);
-    if (c->counted_host) cudaFreeHost(c->counted_host);
     if (c->ev_compute) cudaEventDestroy(c->ev_compute);
     if (c->ev_comm) cudaEventDestroy(c->ev_comm);
     if (c->compute) cudaStreamDestroy(c->compute);

@@ -20,7 +20,6 @@ typedef struct {
     double *scratch;        /* DTC_SCRATCH_BLOCKS doubles + an int (cuda_kernels.h) */
     double *rows;           /* xent's per-row losses, rows_cap doubles, grown on demand */
     size_t rows_cap;
-    int *counted_host;      /* pinned: xent's row count, read back to the host */
     pthread_mutex_t lock;   /* the block table and the scratch growth */
     struct dtc_block *blocks;  /* live allocations: pointer -> size (open hash) */
     size_t nblocks, cap;

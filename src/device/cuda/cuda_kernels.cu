@@ -562,7 +562,7 @@ __global__ void k_xent_rows(double *rowloss, float *probs, const float *logits, 
     if (threadIdx.x == 0) rowloss[r] = (y >= 0 && y < V) ? (double)logf(s) - (double)(x[y] - mx) : (double)NAN;
 }
 
-__global__ void k_xent_mean(float *loss, int *counted, const double *rowloss, const int32_t *labels, int N,
+__global__ void k_xent_mean(float *loss, int32_t *counted, const double *rowloss, const int32_t *labels, int N,
                             int ignore) {
     double s = 0;
     int c = 0;
@@ -576,11 +576,26 @@ __global__ void k_xent_mean(float *loss, int *counted, const double *rowloss, co
     }
 }
 
-__global__ void k_xent_b(float *d, const float *p, const int32_t *labels, int N, int V, int ignore, float k) {
+__global__ void k_xent_b(float *d, const float *p, const int32_t *labels, int N, int V, int ignore,
+                         const int32_t *counted, float scale) {
+    const int32_t c = *counted;
+    const float k = c > 0 ? scale / (float)c : 0.0f;
     GRID_LOOP(q, (size_t)N * V) {
         const int r = (int)(q / V), i = (int)(q % V);
         const int32_t y = labels[r];
         d[q] = y == ignore ? 0.0f : i == y ? k * p[q] - k : k * p[q];
+    }
+}
+
+// A thread per row: its first largest logit against its label, counted into *correct.
+__global__ void k_count_correct(unsigned long long *correct, const float *logits, const int32_t *labels,
+                                int64_t rows, int V) {
+    GRID_LOOP(r, (size_t)rows) {
+        const float *x = logits + r * (size_t)V;
+        int best = 0;
+        for (int k = 1; k < V; k++)
+            if (x[k] > x[best]) best = k;
+        if (best == labels[r]) atomicAdd(correct, 1ULL);
     }
 }
 
@@ -823,16 +838,22 @@ cudaError_t dtc_attention_bwd(cudaStream_t s, float *dqkv, float *work, const fl
     return e;
 }
 
-cudaError_t dtc_xent_fwd(cudaStream_t s, float *loss, int *counted, float *probs, const float *logits,
+cudaError_t dtc_xent_fwd(cudaStream_t s, float *loss, int32_t *counted, float *probs, const float *logits,
                          const int32_t *labels, int N, int V, int ignore, double *rowloss) {
     cudaError_t e = cudaSuccess;
     if (N > 0) e = LAUNCH(k_xent_rows, (unsigned)N, rowloss, probs, logits, labels, V, ignore);
     return e != cudaSuccess ? e : LAUNCH(k_xent_mean, 1, loss, counted, rowloss, labels, N, ignore);
 }
 cudaError_t dtc_xent_bwd(cudaStream_t s, float *d, const float *p, const int32_t *labels, int N, int V, int ignore,
-                         float k) {
+                         const int32_t *counted, float scale) {
     EMPTY((size_t)N * V);
-    return LAUNCH(k_xent_b, blocks_for((size_t)N * V), d, p, labels, N, V, ignore, k);
+    return LAUNCH(k_xent_b, blocks_for((size_t)N * V), d, p, labels, N, V, ignore, counted, scale);
+}
+cudaError_t dtc_count_correct(cudaStream_t s, int64_t *correct, const float *logits, const int32_t *labels,
+                              int64_t rows, int V) {
+    cudaError_t e = cudaMemsetAsync(correct, 0, sizeof *correct, s);
+    if (e != cudaSuccess || rows <= 0) return e;
+    return LAUNCH(k_count_correct, blocks_for((size_t)rows), (unsigned long long *)correct, logits, labels, rows, V);
 }
 cudaError_t dtc_mse_fwd(cudaStream_t s, float *loss, const float *a, const float *b, size_t n, double *scratch) {
     const unsigned nb = parts_for(n);

@@ -92,12 +92,16 @@ cudaError_t dtc_attention_bwd(cudaStream_t s, float *dqkv, float *work, const fl
                               const float *att, int B, int T, int C, int NH);
 
 /* Softmax cross-entropy: probs, and the mean loss over the rows whose label is not `ignore` into
- * *loss; the count of those rows into *counted_dev. scratch: DTC_SCRATCH_BLOCKS doubles + 1 int,
- * and N doubles of row losses at rowloss. */
-cudaError_t dtc_xent_fwd(cudaStream_t s, float *loss, int *counted_dev, float *probs, const float *logits,
+ * *loss; the count of those rows into *counted_dev (device memory: the backward reads it there).
+ * N doubles of row losses at rowloss. */
+cudaError_t dtc_xent_fwd(cudaStream_t s, float *loss, int32_t *counted_dev, float *probs, const float *logits,
                          const int32_t *labels, int N, int V, int ignore, double *rowloss);
+/* dlogits = scale / *counted_dev * (probs - onehot), 0 on ignored rows (the CPU's arithmetic). */
 cudaError_t dtc_xent_bwd(cudaStream_t s, float *dlogits, const float *probs, const int32_t *labels, int N, int V,
-                         int ignore, float k);
+                         int ignore, const int32_t *counted_dev, float scale);
+/* *correct = the rows whose first largest logit is at their label (the CPU's argmax). */
+cudaError_t dtc_count_correct(cudaStream_t s, int64_t *correct, const float *logits, const int32_t *labels,
+                              int64_t rows, int V);
 /* *loss = mean of (pred - target)^2; scratch: DTC_SCRATCH_BLOCKS doubles */
 cudaError_t dtc_mse_fwd(cudaStream_t s, float *loss, const float *pred, const float *target, size_t n,
                         double *scratch);

@@ -146,22 +146,20 @@ static void attention_backward(float *dqkv, float *work, const float *dout, cons
     RUN(dtc_attention_bwd(S, dqkv, work, dout, qkv, att, B, T, C, NH));
 }
 
-/* The row count goes back to the host (the graph keeps it for backward's scale): one small
- * synchronous read per loss. */
+/* The row count stays in device memory (the graph's saved block): the backward reads it there, so
+ * nothing synchronises per loss. */
 static void xent_forward(float *loss, float *probs, const float *logits, const int32_t *labels, int N, int V,
-                         int ignore, int *counted) {
+                         int ignore, int32_t *counted) {
     dtc_dev *c = CUR;
-    int *counted_dev = (int *)(c->scratch + DTC_SCRATCH_BLOCKS);
-    RUN(dtc_xent_fwd(S, loss, counted_dev, probs, logits, labels, N, V, ignore, dtc_rows(c, N > 0 ? (size_t)N : 1)));
-    if (!counted) return;
-    RUN(cudaMemcpyAsync(c->counted_host, counted_dev, sizeof(int), cudaMemcpyDeviceToHost, S));
-    RUN(cudaStreamSynchronize(S));
-    *counted = *c->counted_host;
+    RUN(dtc_xent_fwd(S, loss, counted, probs, logits, labels, N, V, ignore, dtc_rows(c, N > 0 ? (size_t)N : 1)));
 }
 static void xent_backward(float *dlogits, const float *probs, const int32_t *labels, int N, int V, int ignore,
-                          int counted, float scale) {
+                          const int32_t *counted, float scale) {
     if (N <= 0) return;
-    RUN(dtc_xent_bwd(S, dlogits, probs, labels, N, V, ignore, counted > 0 ? scale / (float)counted : 0.0f));
+    RUN(dtc_xent_bwd(S, dlogits, probs, labels, N, V, ignore, counted, scale));
+}
+static void count_correct(int64_t *correct, const float *logits, const int32_t *labels, int64_t rows, int V) {
+    RUN(dtc_count_correct(S, correct, logits, labels, rows, V));
 }
 static void mse_forward(float *loss, const float *pred, const float *target, size_t n) {
     RUN(dtc_mse_fwd(S, loss, pred, target, n, CUR->scratch));
@@ -189,6 +187,7 @@ void dtc_table_init(dtc_dev *c) {
         .pos_embedding_backward = pos_embedding_backward, .add_forward = add_forward,
         .attention_forward = attention_forward, .attention_workspace = attention_workspace,
         .attention_backward = attention_backward, .xent_forward = xent_forward, .xent_backward = xent_backward,
+        .count_correct = count_correct,
         .mse_forward = mse_forward, .mse_backward = mse_backward,
     };
 }
