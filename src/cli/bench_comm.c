@@ -286,8 +286,9 @@ static int rank_main(const char *backends, bench_opts *o, const dt_comm_config *
     snprintf(list, sizeof list, "%s", backends);
     for (char *save = NULL, *b = strtok_r(list, ",", &save); b && rc == 0; b = strtok_r(NULL, ",", &save)) {
         dt_comm_config cfg = explicit_cfg ? *explicit_cfg : dt_comm_config_default();
-        if (dt_backend_parse(b, &cfg.backend) != DT_OK)
-            return dt_cli_usage("--backend takes shm, mpi or a list such as mpi,shm", "%s", dt_last_error());
+        if (dt_comm_transport_check(b) != DT_OK)
+            return dt_cli_usage("--backend takes a transport or a list such as mpi,shm", "%s", dt_last_error());
+        cfg.transport = b;
         cfg.algo = o->algo;
         dt_comm *c = NULL;
         dt_status st = explicit_cfg ? dt_comm_create(&c, &cfg) : dt_comm_create_from_env(&c, &cfg);

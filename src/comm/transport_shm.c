@@ -460,3 +460,20 @@ static const dt_transport_ops dt_shm_ops = {
     .host_cpus = shm_host_cpus,
     .destroy = shm_destroy,
 };
+
+/* ---- its registry entry (transports.c) ---- */
+
+static bool shm_probe(const dt_transport_params *p, char *why, size_t n) {
+    if (p->launcher == DT_LAUNCH_MPI) {
+        snprintf(why, n, "the ranks were started by mpirun/srun (name it to use it when they share one host)");
+        return false;
+    }
+    if (p->size > 1) return true;
+    snprintf(why, n, "one process needs no transport");
+    return false;
+}
+
+const dt_transport_kind dt_transport_kind_shm = {
+    .name = "shm", .help = "shared memory and futexes between the ranks of one host (dtrain launch, --workers N)",
+    .options = "", .probe = shm_probe, .create = dt_transport_shm_create,
+};
