@@ -334,7 +334,7 @@ static int run_rank(int argc, char **argv, train_opts *o, int job_ranks) {
     dt_comm *comm = NULL;
     dt_status cs = dt_comm_create_from_env(&comm, &cc);
     if (cs != DT_OK) {
-        dt_cli_fail("start ranks with --workers N, dtrain launch or mpirun", "%s", dt_last_error());
+        dt_cli_fail(cs == DT_ENOTSUP ? NULL : "start ranks with --workers N, dtrain launch or mpirun", "%s", dt_last_error());
         return setup_exit(cs);
     }
     int rank = dt_comm_rank(comm), world = dt_comm_size(comm);

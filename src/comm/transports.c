@@ -26,7 +26,7 @@ const dt_transport_kind dt_transport_kind_self = {
 
 /* The registry: a transport is its file plus its name here. Order = preference of the automatic
  * choice (a device-memory transport before the host ones, mpi before shm under mpirun). */
-#define DT_TRANSPORT_KINDS(X) X(mpi) X(shm) X(self)
+#define DT_TRANSPORT_KINDS(X) X(nccl) X(mpi) X(shm) X(self)
 
 #define DT_KIND_DECL(n) extern const dt_transport_kind dt_transport_kind_##n;
 #define DT_KIND_REF(n) &dt_transport_kind_##n,
