@@ -136,6 +136,10 @@ typedef struct dt_transport_ops {
      * "cuda") directly. NULL = none: a caller with such buffers stages them through host memory
      * (dt_comm_device_native). shm and mpi take host memory only. */
     bool (*device_native)(dt_transport *t, const char *device);
+    /* The first other rank that has not begun op #seq (its newest descriptor from begin is
+     * older), or -1 when every rank has or the transport cannot tell: names the culprit when work
+     * this transport did not carry times out (nccl's, over this bootstrap). May be NULL. */
+    int (*behind)(dt_transport *t, uint64_t seq);
     /* dt_comm_set_stream: the device stream its device-memory work runs on (opaque). May be NULL. */
     void (*set_stream)(dt_transport *t, void *stream);
     /* Frees everything (does not touch outstanding dt_treq storage). NULL t is a no-op. */

@@ -32,16 +32,20 @@ dt_status dt_nccl_error(dt_nccl *n, dt_status s, ncclResult_t r, const char *wha
                     ncclGetErrorString(r), last && *last ? ": " : "", last ? last : "");
 }
 
-/* The deadline passed during `what`: abort NCCL here, and every other rank through the bootstrap. */
+/* The deadline passed during `what`: abort NCCL here, and every other rank through the bootstrap;
+ * the message names the rank that never began the op where the bootstrap can tell (shm). */
 static dt_status timed_out(dt_nccl *n, const char *what) {
-    char op[96], msg[400];
-    snprintf(msg, sizeof msg, "nccl: timed out after %.0f s in %s (%s): a rank did not reach it or NCCL stalled; "
-             "raise %s if the ranks are only slow", n->timeout_s, n->cur.op ? dt_coll_desc_str(&n->cur, op, sizeof op) : "setup",
-             what, n->base.timeout_knob[0] ? n->base.timeout_knob : "DTRAIN_TIMEOUT");
+    char op[96], who[64] = "a rank did not reach it or NCCL stalled", msg[400];
+    const dt_transport *h = n->host;
+    int late = n->cur.seq && h->ops->behind ? h->ops->behind(n->host, n->cur.seq) : -1;
+    if (late >= 0) snprintf(who, sizeof who, "rank %d never started it", late);
+    snprintf(msg, sizeof msg, "nccl: timed out after %.0f s in %s (%s) on rank %d: %s; raise %s if the ranks are only "
+             "slow", n->timeout_s, n->cur.op ? dt_coll_desc_str(&n->cur, op, sizeof op) : "setup", what, n->base.rank,
+             who, n->base.timeout_knob[0] ? n->base.timeout_knob : "DTRAIN_TIMEOUT");
     n->broken = true;
     if (n->comm) ncclCommAbort(n->comm), n->comm = NULL;
     if (n->host->ops->abort) n->host->ops->abort(n->host, DT_ETIMEDOUT, msg);
-    return dt_error(DT_ETIMEDOUT, "%s", msg);
+    return late >= 0 ? dt_error_peer(DT_ETIMEDOUT, late, "%s", msg) : dt_error(DT_ETIMEDOUT, "%s", msg);
 }
 
 /* One polling round's check of NCCL's asynchronous error and of the bootstrap (a peer died or

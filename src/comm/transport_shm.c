@@ -446,6 +446,13 @@ static int shm_host_cpus(dt_transport *t, int *ranks) {
     return dt_shm_job_cpus(s);
 }
 
+static int shm_behind(dt_transport *t, uint64_t seq) {
+    dt_shm *s = (dt_shm *)t;
+    for (int p = 0; p < s->n; p++)
+        if (p != s->me && atomic_load_explicit(&shm_rank_at(s, p)->cur_seq, memory_order_acquire) < seq) return p;
+    return -1;
+}
+
 static const dt_transport_ops dt_shm_ops = {
     .name = "shm",
     .isend = dt_shm_isend,
@@ -458,6 +465,7 @@ static const dt_transport_ops dt_shm_ops = {
     .abort = shm_abort,
     .split = shm_split,
     .host_cpus = shm_host_cpus,
+    .behind = shm_behind,
     .destroy = shm_destroy,
 };
 
