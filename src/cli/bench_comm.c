@@ -305,6 +305,14 @@ static int rank_main(const char *backends, bench_opts *o, const dt_comm_config *
     return rc;
 }
 
+/* --backend's help: the transport registry's names */
+static const char *backends_help(void) {
+    static char buf[256];
+    snprintf(buf, sizeof buf, "a transport (%s) or a list such as mpi,shm (default: shm; under mpirun: mpi,shm)",
+             dt_comm_transport_names());
+    return buf;
+}
+
 static bool under_launcher(void) {
     return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("SLURM_NTASKS") || getenv("DTRAIN_WORLD_SIZE");
 }
@@ -327,7 +335,7 @@ int dt_bench_comm(int argc, char **argv) {
         {"sizes", DT_FLAG_STR, &sizes, "LIST", "buffer sizes in bytes, K/M/G suffixes"},
         {"colls", DT_FLAG_STR, &colls, "LIST", "collectives (allreduce,broadcast,reduce,allgather,reduce_scatter,alltoall|all)"},
         {"algo", DT_FLAG_STR, &algo, "A", "auto, ring, rd, rhd, tree, direct or native"},
-        {"backend", DT_FLAG_STR, &backend, "B", "shm, mpi or a list (default: shm; under mpirun: mpi,shm)"},
+        {"backend", DT_FLAG_STR, &backend, "B", backends_help()},
         {"iters", DT_FLAG_INT, &iters, "I", "timed calls per size (0: about 256 MiB of traffic, 5..2000)"},
         {"trials", DT_FLAG_INT, &trials, "T", "timed runs per size; the fastest is reported"},
         {"allreduce", DT_FLAG_STR, &allreduce, "LIST", "hierarchical allreduce modes to compare: flat,hier (or auto)"},

@@ -193,7 +193,7 @@ static ncclResult_t launch(dt_nccl *n, const dt_coll_args *a, ncclDataType_t t, 
 static dt_status nccl_coll(dt_transport *t, const dt_coll_args *a) {
     dt_nccl *n = (dt_nccl *)t;
     if (!dt_nccl_on_device(a->recv ? a->recv : a->send)) { /* host memory: the bootstrap's business */
-        if (!n->host->ops->coll || a->d.op == DT_COLL_BARRIER || n->base.size == 1) return DT_ENOTSUP;
+        if (!n->host->ops->coll || n->base.size == 1) return DT_ENOTSUP;
         return n->host->ops->coll(n->host, a);
     }
     char op[96];
@@ -331,9 +331,11 @@ static dt_status nccl_waitall(dt_transport *t, dt_treq *const *reqs, int nreq, d
     }
     dt_treq *host[64];
     int h = 0;
-    for (int k = 0; k < nreq; k++) /* the host ones (device ones are done by now) */
-        if (reqs[k] && !reqs[k]->done && h < 64) host[h++] = reqs[k];
-    if (h == 64) return dt_error(DT_EINVAL, "nccl: waitall on more than 64 host requests at once");
+    for (int k = 0; k < nreq; k++) { /* the host ones (device ones are done by now) */
+        if (!reqs[k] || reqs[k]->done) continue;
+        if (h == 64) return dt_error(DT_EINVAL, "nccl: waitall on more than 64 host requests at once");
+        host[h++] = reqs[k];
+    }
     return h ? n->host->ops->waitall(n->host, host, h, deadline) : DT_OK;
 }
 
