@@ -160,7 +160,7 @@ bool dt_comm_hier_active(const dt_comm *c);
 /* Hosts c's ranks span, as dt_comm_set_hier found them (0 before it ran or with FLAT). */
 int dt_comm_hosts(const dt_comm *c);
 /* Whether c's collectives take buffers in the memory of the device kind named `device` (e.g.
- * "checked") directly (the transport says so: none does today; NCCL will). Where false, a caller
+ * "checked") directly (the transport says so: nccl does for "cuda"; shm and mpi for none). Where false, a caller
  * with device buffers downloads them into host buffers, runs the collective there and uploads the
  * result. A device whose memory is host memory (cpu) needs no asking. False for a single process
  * and while the hierarchical allreduce is active (its sub-communicators are not asked). */
