@@ -167,15 +167,9 @@ static ncclResult_t launch(dt_nccl *n, const dt_coll_args *a, ncclDataType_t t, 
     case DT_COLL_REDUCE: return ncclReduce(a->send, recv, count, t, ro, a->d.root, n->comm, s);
     case DT_COLL_ALLGATHER: /* in place as send == recv or send == recv + rank block: NCCL's in place */
         return ncclAllGather(a->send == recv ? recv + (size_t)me * count * esz : a->send, recv, count, t, n->comm, s);
-    case DT_COLL_REDUCE_SCATTER: {
+    case DT_COLL_REDUCE_SCATTER: /* comm.h's in place: NCCL's (block `rank`), moved by nccl_coll */
         if (a->send != recv) return ncclReduceScatter(a->send, recv, count, t, ro, n->comm, s);
-        /* comm.h's in place leaves the result at the start; NCCL's at block `rank`: move it */
-        ncclResult_t r = ncclReduceScatter(recv, recv + (size_t)me * count * esz, count, t, ro, n->comm, s);
-        if (r == ncclSuccess && me > 0 &&
-            cudaMemcpyAsync(recv, recv + (size_t)me * count * esz, count * esz, cudaMemcpyDeviceToDevice, s) != cudaSuccess)
-            r = ncclUnhandledCudaError;
-        return r;
-    }
+        return ncclReduceScatter(recv, recv + (size_t)me * count * esz, count, t, ro, n->comm, s);
     case DT_COLL_ALLGATHERV: { /* one broadcast per rank's block, in one group */
         ncclResult_t r = ncclGroupStart();
         for (int p = 0; p < N && r == ncclSuccess; p++) {
@@ -209,8 +203,12 @@ static dt_status nccl_coll(dt_transport *t, const dt_coll_args *a) {
     ncclResult_t r = launch(n, a, ty, ro, s);
     if (r != ncclSuccess && r != ncclInProgress) return dt_nccl_error(n, DT_EPEER, r, dt_coll_op_name((dt_coll_op)a->d.op));
     DT_TRY(dt_nccl_wait_enqueued(n, a->deadline, "enqueue"));
-    cudaError_t e = cudaEventRecord(n->ev, s);
-    if (e != cudaSuccess) return dt_error(DT_EPEER, "nccl: cudaEventRecord: %s", cudaGetErrorString(e));
+    size_t blk = a->d.count * dt_dtype_size((dt_dtype)a->d.dtype);
+    cudaError_t e = cudaSuccess;
+    if (a->d.op == DT_COLL_REDUCE_SCATTER && a->send == a->recv && t->rank > 0) /* comm.h: the result at the start */
+        e = cudaMemcpyAsync(a->recv, (char *)a->recv + (size_t)t->rank * blk, blk, cudaMemcpyDeviceToDevice, s);
+    if (e == cudaSuccess) e = cudaEventRecord(n->ev, s);
+    if (e != cudaSuccess) return dt_error(DT_EPEER, "nccl: after the collective: %s", cudaGetErrorString(e));
     return wait_event(n, n->ev, a->deadline, "waiting for the collective");
 }
 
