@@ -45,8 +45,8 @@ static dt_status resolve_timeout(double cfg, double *out) {
     return DT_OK;
 }
 
-static dt_status comm_new(dt_comm **out, int rank, int size, const dt_transport_kind *kind, dt_transport *t, dt_comm_algo algo,
-                          double timeout, const char *knob) {
+static dt_status comm_new(dt_comm **out, int rank, int size, const dt_transport_kind *kind, dt_transport *t,
+                          dt_comm_algo algo, double timeout, const char *knob) {
     dt_comm *c = calloc(1, sizeof *c);
     if (!c) return dt_error(DT_ENOMEM, "out of memory creating a communicator");
     c->rank = rank;

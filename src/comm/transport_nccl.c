@@ -97,7 +97,8 @@ static dt_status exchange_id(dt_transport *h, const nccl_hello *mine, nccl_reply
         for (int r = 0; r < h->size && rep->ok; r++)
             if (!all[r].ok) rep->ok = 0, snprintf(rep->msg, sizeof rep->msg, "rank %d: %s", r, all[r].msg);
         ncclResult_t nr = rep->ok ? ncclGetUniqueId(&rep->id) : ncclSuccess;
-        if (nr != ncclSuccess) rep->ok = 0, snprintf(rep->msg, sizeof rep->msg, "rank 0: ncclGetUniqueId: %s", ncclGetErrorString(nr));
+        if (nr != ncclSuccess)
+            rep->ok = 0, snprintf(rep->msg, sizeof rep->msg, "rank 0: ncclGetUniqueId: %s", ncclGetErrorString(nr));
         memset(reqs, 0, (size_t)h->size * sizeof *reqs);
         for (int r = 1; st == DT_OK && r < h->size; r++) st = o->isend(h, r, DT_TAG_COLL, rep, sizeof *rep, &reqs[r]);
         if (st == DT_OK && h->size > 1) st = o->waitall(h, ptrs, h->size - 1, deadline);
@@ -198,7 +199,8 @@ void dt_nccl_destroy(dt_transport *t) {
 
 static bool nccl_probe(const dt_transport_params *p, char *why, size_t n) {
     if (p->size > 1 && cuda_spec(p->device)) return true;
-    snprintf(why, n, p->size > 1 ? "model memory is not on a CUDA device (--device cuda)" : "one process needs no transport");
+    snprintf(why, n, "%s", p->size > 1 ? "model memory is not on a CUDA device (--device cuda)"
+                                       : "one process needs no transport");
     return false;
 }
 

@@ -28,7 +28,8 @@ dt_status dt_nccl_error(dt_nccl *n, dt_status s, ncclResult_t r, const char *wha
     char op[96];
     n->broken = true;
     const char *last = n->comm ? ncclGetLastError(n->comm) : NULL;
-    return dt_error(s, "nccl: %s failed during %s: %s%s%s", what, n->cur.op ? dt_coll_desc_str(&n->cur, op, sizeof op) : "setup",
+    return dt_error(s, "nccl: %s failed during %s: %s%s%s", what,
+                    n->cur.op ? dt_coll_desc_str(&n->cur, op, sizeof op) : "setup",
                     ncclGetErrorString(r), last && *last ? ": " : "", last ? last : "");
 }
 
@@ -148,7 +149,7 @@ static ncclResult_t moves(dt_nccl *n, const dt_coll_args *a, size_t bytes, cudaS
     }
     ncclResult_t e = ncclGroupEnd();
     if (r != ncclSuccess) return r;
-    const char *from = op == DT_COLL_GATHER ? src : op == DT_COLL_SCATTER ? src + (size_t)me * bytes : src + (size_t)me * bytes;
+    const char *from = op == DT_COLL_GATHER ? src : src + (size_t)me * bytes;
     char *to = op == DT_COLL_GATHER ? dst + (size_t)me * bytes : op == DT_COLL_SCATTER ? dst : dst + (size_t)me * bytes;
     bool mine = op == DT_COLL_ALLTOALL || me == root;
     if (mine && from != to && cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, s) != cudaSuccess)
@@ -201,7 +202,8 @@ static dt_status nccl_coll(dt_transport *t, const dt_coll_args *a) {
     cudaStream_t s;
     DT_TRY(dt_nccl_prepare(n, &s));
     ncclResult_t r = launch(n, a, ty, ro, s);
-    if (r != ncclSuccess && r != ncclInProgress) return dt_nccl_error(n, DT_EPEER, r, dt_coll_op_name((dt_coll_op)a->d.op));
+    if (r != ncclSuccess && r != ncclInProgress)
+        return dt_nccl_error(n, DT_EPEER, r, dt_coll_op_name((dt_coll_op)a->d.op));
     DT_TRY(dt_nccl_wait_enqueued(n, a->deadline, "enqueue"));
     size_t blk = a->d.count * dt_dtype_size((dt_dtype)a->d.dtype);
     cudaError_t e = cudaSuccess;
@@ -264,7 +266,8 @@ static dt_status flush(dt_nccl *n) {
         dt_treq *q = n->dreq[i];
         cudaEvent_t ev;
         if (q->priv.p[0]) continue;
-        if (cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) != cudaSuccess || cudaEventRecord(ev, s) != cudaSuccess)
+        if (cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) != cudaSuccess ||
+            cudaEventRecord(ev, s) != cudaSuccess)
             return dt_error(DT_EPEER, "nccl: recording a send/recv event: %s", cudaGetErrorString(cudaGetLastError()));
         q->priv.p[0] = ev;
     }
@@ -276,7 +279,8 @@ static dt_status dreq_test(dt_nccl *n, int i, bool *done) {
     dt_treq *q = n->dreq[i];
     cudaError_t e = cudaEventQuery((cudaEvent_t)q->priv.p[0]);
     *done = e == cudaSuccess;
-    if (e != cudaSuccess && e != cudaErrorNotReady) return dt_error(DT_EPEER, "nccl: send/recv: %s", cudaGetErrorString(e));
+    if (e != cudaSuccess && e != cudaErrorNotReady)
+        return dt_error(DT_EPEER, "nccl: send/recv: %s", cudaGetErrorString(e));
     if (!*done) return DT_OK;
     cudaEventDestroy((cudaEvent_t)q->priv.p[0]);
     q->priv.p[0] = NULL;

@@ -156,7 +156,8 @@ static int gpu_rank(int rank, int size, const char *job, void *arg) {
         if (rank == 0) {
             dt_status st = dt_comm_allreduce(c, dv, dw, cnt, DT_F32, DT_OP_SUM);
             CHECK_MSG(st == DT_ETIMEDOUT && strstr(dt_last_error(), "allreduce") &&
-                      strstr(dt_last_error(), "rank 1 never started it"), "skipped allreduce: %d %s", st, dt_last_error());
+                      strstr(dt_last_error(), "rank 1 never started it"),
+                      "skipped allreduce: %d %s", st, dt_last_error());
         } else sleep(8);
     }
     cudaFree(dv), cudaFree(dw), free(h), free(g);
