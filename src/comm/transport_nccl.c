@@ -30,6 +30,8 @@ static dt_status nccl_create(dt_transport **out, const dt_transport_params *p) {
 #else
 #include "comm/transport_nccl.h"
 
+#include <unistd.h>
+
 /* "cuda" or "cuda:N": a CUDA device spec */
 static bool cuda_spec(const char *device) {
     return device && !strncmp(device, "cuda", 4) && (device[4] == 0 || device[4] == ':');
@@ -161,6 +163,11 @@ static dt_status nccl_create(dt_transport **out, const dt_transport_params *p) {
     DT_TRY(dt_transport_find(*boot ? boot : p->launcher == DT_LAUNCH_MPI ? "mpi" : "shm", &k, NULL));
     dt_transport_params hp = *p;
     hp.options = "";
+    char job[DT_COMM_JOB_ID_MAX + 1];
+    if (p->size == 1) { /* one process: its own bootstrap segment, whatever job id it was given */
+        snprintf(job, sizeof job, "%.180s.%d", p->job_id && *p->job_id ? p->job_id : "nccl", (int)getpid());
+        hp.job_id = job;
+    }
     dt_transport *h = NULL;
     DT_TRY(dt_transport_create(k, &h, &hp));
     if (!h) return dt_error(DT_EINTERNAL, "nccl transport: the %s bootstrap made no transport", k->name);
