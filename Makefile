@@ -1,6 +1,7 @@
 # dtrain build. `make` builds build/dtrain and libdtrain (static + shared); `make test` builds
 # and runs every test (plus an ASan+UBSan run of the unit tests); `make demo` trains the
-# reference MLP on Fashion-MNIST. Optional backends: MPI=0|1 (default: on when mpicc exists).
+# reference MLP on Fashion-MNIST. Optional backends: MPI=0|1 (default: on when mpicc exists),
+# NCCL=0|1 (default: on when CUDA_HOME has nccl.h and libnccl).
 
 BUILD   ?= build
 CC      ?= cc
@@ -23,6 +24,15 @@ MPI   ?= $(if $(MPICC),1,0)
 ifeq ($(MPI),1)
   CFLAGS += -DDT_HAVE_MPI=1 $(shell mpicc --showme:compile 2>/dev/null)
   LDLIBS += $(shell mpicc --showme:link 2>/dev/null)
+endif
+
+# NCCL (the nccl transport, src/comm/transport_nccl*.c): compiled in when nccl.h and libnccl are
+# found under CUDA_HOME (override NCCL=0: then --backend nccl says how to get it). Links libcudart.
+CUDA_HOME ?= /usr/local/cuda
+NCCL  ?= $(if $(and $(wildcard $(CUDA_HOME)/include/nccl.h),$(wildcard $(CUDA_HOME)/lib64/libnccl.so)),1,0)
+ifeq ($(NCCL),1)
+  CFLAGS += -DDT_HAVE_NCCL=1 -I$(CUDA_HOME)/include
+  LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lnccl -lcudart
 endif
 
 # ONNX export (dtrain export): C code generated at build time by protoc-c from the schema Debian's
@@ -203,6 +213,7 @@ test-gpu:
 	@[ "$(CUDA)" = 1 ] || { echo "test-gpu: this build has no cuda device (CUDA=0 or no nvcc): install the CUDA toolkit"; exit 1; }
 	@$(MAKE) --no-print-directory $(PAR) $(BUILD)/dtrain $(GPU_TEST)
 	tests/gpu/run.sh $(BUILD)
+	bash tests/gpu/nccl.sh $(BUILD); r=$$?; [ $$r -eq 0 ] || [ $$r -eq 77 ]
 
 test-unit: all
 	tests/run-tests $(BUILD) unit

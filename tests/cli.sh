@@ -146,6 +146,17 @@ run --model "conv(4,3,stride=2,pad=1) batchnorm tanh avgpool(2) flatten linear(1
 out=$($DT bench train --model foo --seconds 0 2>/dev/null); rc=$?
 [ $rc -eq 2 ] && [ -z "$out" ] && $DT bench train --model foo --seconds 0 2>&1 | grep -q "no benchmark case matches --model foo" \
   && ok "bench train --model foo: exit 2 naming it, before anything is measured or printed" || bad "bench train --model foo: exit $rc: $out"
+# --backend: the names come from the transport registry; nccl without a usable GPU (or built
+# without NCCL) is a config error (78) that says what to use instead, on every rank of the job
+out=$($DT train --backend tcp --max-steps 1 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q "unknown transport 'tcp' (expected auto, nccl, mpi, shm or self)" <<<"$out" \
+  && ok "--backend tcp: exit 2 listing the registry's transports" || bad "--backend tcp: exit $rc: $out"
+if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+  out=$($DT train --workers 2 --backend nccl --max-steps 1 2>&1); rc=$?
+  [ $rc -eq 78 ] && grep -Eq "needs a CUDA device on every rank, and rank 0: no usable CUDA device|nccl transport is not built in" <<<"$out" \
+    && grep -q -- "--backend shm or mpi" <<<"$out" && ok "--backend nccl without a GPU: exit 78 saying what to use" \
+    || bad "--backend nccl without a GPU: exit $rc: $out"
+fi
 n=$(( $(nproc) + 1 ))
 $DT train --data fashion-mnist --model mlp --max-steps 2 --threads $n 2>&1 \
   | grep -q "note: --threads $n on $(nproc) cores" && ok "--threads above the cores is noted" || bad "no note for --threads $n"

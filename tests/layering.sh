@@ -64,4 +64,27 @@ else
 fi
 line=$(python3 "$ROOT/scripts/house-figures" "$ROOT" | grep '^house-figures: {"public_functions":[1-9]')
 if [ -n "$line" ]; then ok "house-figures on this tree: ${line:0:120}..."; else bad "scripts/house-figures printed no figures for $ROOT"; fi
+
+# every registry entry has its help and options (issue 38: one registry style): the real tree
+# passes, and a planted tree whose transport 'bad' lacks its help (and device 'nohelp' its
+# options) fails, naming them
+if out=$(python3 "$ROOT/scripts/registry-check" "$ROOT"); then
+  ok "every registry entry has its help and options ($(echo "$out" | wc -l) entries)"
+else
+  bad "scripts/registry-check found an incomplete registry entry: $(echo "$out" | grep -v ': help and options$')"
+fi
+reg=$TMP/registry
+mkdir -p "$reg/src/comm" "$reg/src/device"
+printf '#define DT_TRANSPORT_KINDS(X) X(good) X(bad)\n' >"$reg/src/comm/transports.c"
+printf 'const dt_transport_kind dt_transport_kind_good = {.name = "good", .help = "g", .options = ""};\n' >"$reg/src/comm/transport_good.c"
+printf 'const dt_transport_kind dt_transport_kind_bad = {.name = "bad", .options = ""};\n' >"$reg/src/comm/transport_bad.c"
+printf 'static const dt_device_kind *const KINDS[] = {&dt_device_kind_nohelp};\n' >"$reg/src/device/device.c"
+printf 'const dt_device_kind dt_device_kind_nohelp = {.name = "nohelp", .help = "h"};\n' >>"$reg/src/device/device.c"
+out=$(python3 "$ROOT/scripts/registry-check" "$reg")
+if [ $? -ne 0 ] && echo "$out" | grep -q "transport 'bad'.*no .help" && echo "$out" | grep -q "device 'nohelp'.*no .options" &&
+   ! echo "$out" | grep -q "transport 'good'.*no "; then
+  ok "registry-check fails on a planted entry without help (transport) and without options (device)"
+else
+  bad "registry-check on a planted tree (transport 'bad' without .help, device 'nohelp' without .options) printed: $out"
+fi
 finish

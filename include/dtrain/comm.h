@@ -49,7 +49,8 @@ typedef struct dt_request dt_request;
 /* Reduction operators. AVG is SUM divided by the communicator size (integer division for ints). */
 typedef enum { DT_OP_SUM = 0, DT_OP_AVG, DT_OP_MAX, DT_OP_MIN, DT_OP_PROD, DT_OP_COUNT } dt_redop;
 
-/* Transports. AUTO picks from the environment (see dt_comm_create_from_env). */
+/* Transports. AUTO picks from the environment (see dt_comm_create_from_env). The enum names the
+ * first transports only; dt_comm_config.transport names any entry of the registry by its name. */
 typedef enum { DT_BACKEND_AUTO = 0, DT_BACKEND_SHM, DT_BACKEND_MPI, DT_BACKEND_SELF } dt_backend;
 
 /* Algorithms; AUTO chooses by message size and world size. Others force one where it applies
@@ -76,6 +77,10 @@ typedef struct {
     double timeout_s;     /* deadline of every blocking wait; 0 = env DTRAIN_TIMEOUT or 300 s */
     const char *timeout_knob; /* what sets timeout_s for the user (e.g. "--timeout"), named in timeout
                                * errors; NULL = "dt_comm_config.timeout_s" when set, else DTRAIN_TIMEOUT */
+    const char *transport; /* a transport by name, "NAME[:OPTIONS]" (dt_comm_transport_help lists them:
+                            * "shm", "nccl:bootstrap=mpi", ...); NULL or "auto" = by `backend` */
+    const char *device;    /* the device spec the ranks keep model memory on ("cuda", "cuda:1"), for the
+                            * automatic choice (nccl when every rank is on a CUDA device); NULL = host */
 } dt_comm_config;
 
 /* Default config: rank 0 of 1, backend AUTO, algo AUTO, timeout from the environment. */
@@ -114,8 +119,24 @@ void dt_comm_destroy(dt_comm *c);
 /* This process's rank in c (0 .. size-1), and the number of ranks of c. */
 int dt_comm_rank(const dt_comm *c);
 int dt_comm_size(const dt_comm *c);
-/* Name of the transport in use: "self", "shm" or "mpi". */
+/* Name of the transport in use: "self", "shm", "mpi", "nccl" (an entry of the transport registry). */
 const char *dt_comm_backend_name(const dt_comm *c);
+
+/* The transport registry, for help texts: "auto (...); shm: ...; mpi: ...; nccl[:OPTIONS]: ...",
+ * one clause per transport with its options and one line of help. */
+const char *dt_comm_transport_help(void);
+/* The transports' names, "shm, mpi, nccl or self" (registry order). */
+const char *dt_comm_transport_names(void);
+/* DT_OK when spec is "auto" or names a transport of the registry ("NAME[:OPTIONS]", options only
+ * where it takes any); else DT_EINVAL with a message listing the names. Options are checked in
+ * full when the transport is created. */
+dt_status dt_comm_transport_check(const char *spec);
+/* Gives c's device-memory transport (nccl) the stream its collectives on device buffers run on:
+ * an opaque handle of the device (a cudaStream_t), on which the caller has ordered the work that
+ * wrote the buffers (events from the compute stream). NULL (the default): the transport
+ * synchronises the device before each collective on device memory instead. A no-op for transports
+ * that take host memory only. Call between ops, on every rank alike or not. */
+void dt_comm_set_stream(dt_comm *c, void *stream);
 
 /* Splits c by color: ranks with the same color form a new communicator, ordered by (key, parent
  * rank). Collective over c. color < 0 (DT_COMM_UNDEFINED) gives *out = NULL. */
@@ -139,7 +160,7 @@ bool dt_comm_hier_active(const dt_comm *c);
 /* Hosts c's ranks span, as dt_comm_set_hier found them (0 before it ran or with FLAT). */
 int dt_comm_hosts(const dt_comm *c);
 /* Whether c's collectives take buffers in the memory of the device kind named `device` (e.g.
- * "checked") directly (the transport says so: none does today; NCCL will). Where false, a caller
+ * "checked") directly (the transport says so: nccl does for "cuda"; shm and mpi for none). Where false, a caller
  * with device buffers downloads them into host buffers, runs the collective there and uploads the
  * result. A device whose memory is host memory (cpu) needs no asking. False for a single process
  * and while the hierarchical allreduce is active (its sub-communicators are not asked). */

@@ -286,8 +286,9 @@ static int rank_main(const char *backends, bench_opts *o, const dt_comm_config *
     snprintf(list, sizeof list, "%s", backends);
     for (char *save = NULL, *b = strtok_r(list, ",", &save); b && rc == 0; b = strtok_r(NULL, ",", &save)) {
         dt_comm_config cfg = explicit_cfg ? *explicit_cfg : dt_comm_config_default();
-        if (dt_backend_parse(b, &cfg.backend) != DT_OK)
-            return dt_cli_usage("--backend takes shm, mpi or a list such as mpi,shm", "%s", dt_last_error());
+        if (dt_comm_transport_check(b) != DT_OK)
+            return dt_cli_usage("--backend takes a transport or a list such as mpi,shm", "%s", dt_last_error());
+        cfg.transport = b;
         cfg.algo = o->algo;
         dt_comm *c = NULL;
         dt_status st = explicit_cfg ? dt_comm_create(&c, &cfg) : dt_comm_create_from_env(&c, &cfg);
@@ -302,6 +303,14 @@ static int rank_main(const char *backends, bench_opts *o, const dt_comm_config *
     }
     if (rc == 0 && root) print_json(o, n);
     return rc;
+}
+
+/* --backend's help: the transport registry's names */
+static const char *backends_help(void) {
+    static char buf[256];
+    snprintf(buf, sizeof buf, "a transport (%s) or a list such as mpi,shm (default: shm; under mpirun: mpi,shm)",
+             dt_comm_transport_names());
+    return buf;
 }
 
 static bool under_launcher(void) {
@@ -326,7 +335,7 @@ int dt_bench_comm(int argc, char **argv) {
         {"sizes", DT_FLAG_STR, &sizes, "LIST", "buffer sizes in bytes, K/M/G suffixes"},
         {"colls", DT_FLAG_STR, &colls, "LIST", "collectives (allreduce,broadcast,reduce,allgather,reduce_scatter,alltoall|all)"},
         {"algo", DT_FLAG_STR, &algo, "A", "auto, ring, rd, rhd, tree, direct or native"},
-        {"backend", DT_FLAG_STR, &backend, "B", "shm, mpi or a list (default: shm; under mpirun: mpi,shm)"},
+        {"backend", DT_FLAG_STR, &backend, "B", backends_help()},
         {"iters", DT_FLAG_INT, &iters, "I", "timed calls per size (0: about 256 MiB of traffic, 5..2000)"},
         {"trials", DT_FLAG_INT, &trials, "T", "timed runs per size; the fastest is reported"},
         {"allreduce", DT_FLAG_STR, &allreduce, "LIST", "hierarchical allreduce modes to compare: flat,hier (or auto)"},

@@ -109,6 +109,13 @@ typedef struct {
     bool strategy_from_ckpt;  /* --resume took the checkpoint's strategy spec (train_resume.h) */
 } train_opts;
 
+/* --backend's help, from the transport registry */
+static const char *backend_help(void) {
+    static char buf[1200];
+    snprintf(buf, sizeof buf, "transport between ranks: %s", dt_comm_transport_help());
+    return buf;
+}
+
 /* Room for every flag of train: each of the two tables below holds at most half. */
 #define TRAIN_MAX_FLAGS 96
 
@@ -179,7 +186,7 @@ static int train_flags_job(train_opts *o, dt_flag *f, int n) {
         {"microbatches", DT_FLAG_INT, &o->pp.microbatches, "M", "pp: micro-batches per rank-batch (default K)"},
         {"pp-schedule", DT_FLAG_STR, &o->pp.schedule, "NAME", "pp: gpipe or 1f1b (default)"},
         {"pp-split", DT_FLAG_STR, &o->pp.split, "N1:N2", "pp: first node (index or name) of stages 1..K-1 (default: balanced by flops)"},
-        {"backend", DT_FLAG_STR, &o->backend, "NAME", "transport between ranks: auto, shm or mpi"},
+        {"backend", DT_FLAG_STR, &o->backend, "NAME", backend_help()},
         {"bucket-mb", DT_FLAG_FLOAT, &o->bucket_mb, "MB", "ddp gradient bucket size in MB (0 = default 1)"},
         {"allreduce", DT_FLAG_STR, &o->uneven.allreduce, "MODE", "ddp: auto (hierarchical when ranks span hosts), flat or hier"},
         {"compress", DT_FLAG_STR, &o->uneven.compress, "C", "ddp/localsgd: none, fp16, bf16, topk:RATIO[:momentum=M][:warmup=S], powersgd:RANK[:warmup=S][:min_rate=X]"},
@@ -348,14 +355,16 @@ static int check_job_size(int argc, char **argv, const train_opts *o, int job_ra
  * the flags: -1 = fine (*out set), else the exit status (after saying what is wrong). */
 static int open_rank_comm(int argc, char **argv, const train_opts *o, int job_ranks, dt_comm **out) {
     dt_comm_config cc = dt_comm_config_default();
-    if (dt_backend_parse(o->backend, &cc.backend) != DT_OK)
-        return dt_cli_usage("use --backend auto, shm or mpi", "%s", dt_last_error());
+    if (dt_comm_transport_check(o->backend) != DT_OK)
+        return dt_cli_usage(NULL, "--backend: %s", dt_last_error());
+    cc.transport = o->backend;
+    cc.device = o->cfg.device;
     if (o->timeout > 0) cc.timeout_s = o->timeout;
     cc.timeout_knob = "--timeout"; /* it overrides DTRAIN_TIMEOUT: the one to raise */
     dt_comm *comm = NULL;
     dt_status cs = dt_comm_create_from_env(&comm, &cc);
     if (cs != DT_OK) {
-        dt_cli_fail("start ranks with --workers N, dtrain launch or mpirun", "%s", dt_last_error());
+        dt_cli_fail(cs == DT_ENOTSUP ? NULL : "start ranks with --workers N, dtrain launch or mpirun", "%s", dt_last_error());
         return setup_exit(cs);
     }
     int r = check_job_size(argc, argv, o, job_ranks, dt_comm_size(comm));

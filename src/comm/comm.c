@@ -45,13 +45,13 @@ static dt_status resolve_timeout(double cfg, double *out) {
     return DT_OK;
 }
 
-static dt_status comm_new(dt_comm **out, int rank, int size, dt_backend b, dt_transport *t, dt_comm_algo algo,
-                          double timeout, const char *knob) {
+static dt_status comm_new(dt_comm **out, int rank, int size, const dt_transport_kind *kind, dt_transport *t,
+                          dt_comm_algo algo, double timeout, const char *knob) {
     dt_comm *c = calloc(1, sizeof *c);
     if (!c) return dt_error(DT_ENOMEM, "out of memory creating a communicator");
     c->rank = rank;
     c->size = size;
-    c->backend = b;
+    c->kind = kind;
     c->t = t;
     c->algo = algo;
     c->timeout_s = timeout;
@@ -78,7 +78,18 @@ static dt_status resolve_algo(dt_comm_algo cfg, dt_comm_algo *out) {
     return DT_OK;
 }
 
-dt_status dt_comm_create(dt_comm **out, const dt_comm_config *cfg) {
+/* *kind = the registry entry cfg names (transport, else a backend other than AUTO), else the first
+ * whose probe accepts p; *opts gets the spec's options. */
+static dt_status pick_kind(const dt_comm_config *d, const dt_transport_params *p, const dt_transport_kind **kind,
+                           const char **opts) {
+    const char *spec = d->transport && *d->transport && strcmp(d->transport, "auto") ? d->transport
+                       : d->backend != DT_BACKEND_AUTO ? dt_backend_name(d->backend) : NULL;
+    *opts = "";
+    return spec ? dt_transport_find(spec, kind, opts) : dt_transport_choose(p, kind);
+}
+
+/* dt_comm_create, with who started the ranks (the automatic choice's input) */
+static dt_status comm_create(dt_comm **out, const dt_comm_config *cfg, dt_launcher launcher) {
     *out = NULL;
     dt_comm_config d = cfg ? *cfg : dt_comm_config_default();
     if (d.size < 1 || d.rank < 0 || d.rank >= d.size)
@@ -88,27 +99,26 @@ dt_status dt_comm_create(dt_comm **out, const dt_comm_config *cfg) {
     DT_TRY(resolve_timeout(d.timeout_s, &timeout));
     const char *knob = d.timeout_knob ? d.timeout_knob : d.timeout_s > 0 ? "dt_comm_config.timeout_s" : "DTRAIN_TIMEOUT";
     DT_TRY(resolve_algo(d.algo, &algo));
-    dt_backend b = d.backend;
-    if (b == DT_BACKEND_AUTO) b = d.size == 1 ? DT_BACKEND_SELF : DT_BACKEND_SHM;
-    if (b == DT_BACKEND_SELF && d.size != 1)
-        return dt_error(DT_EINVAL, "backend 'self' runs one process but the world size is %d", d.size);
-    dt_transport *t = NULL;
     dt_transport_params p = {.rank = d.rank, .size = d.size, .local_rank = d.local_rank, .job_id = d.job_id,
-                             .timeout_s = timeout};
-    if (b == DT_BACKEND_SHM) DT_TRY(dt_transport_shm_create(&t, &p));
-    else if (b == DT_BACKEND_MPI) DT_TRY(dt_transport_mpi_create(&t, &p));
-    if (t && b == DT_BACKEND_MPI && d.size > 1 && t->size != d.size) {
+                             .timeout_s = timeout, .device = d.device, .launcher = launcher};
+    const dt_transport_kind *kind;
+    DT_TRY(pick_kind(&d, &p, &kind, &p.options));
+    dt_transport *t = NULL;
+    DT_TRY(dt_transport_create(kind, &t, &p));
+    if (t && d.size > 1 && t->size != d.size) {
         int got = t->size;
         t->ops->destroy(t);
         return dt_error(DT_EMISMATCH, "the MPI world has %d rank(s) but the job expects %d: start the ranks with "
                         "mpirun/srun -n %d (dtrain launch starts shm jobs)", got, d.size, d.size);
     }
     int rank = t ? t->rank : 0, size = t ? t->size : 1;
-    dt_status st = comm_new(out, rank, size, b, t, algo, timeout, knob);
+    dt_status st = comm_new(out, rank, size, kind, t, algo, timeout, knob);
     if (st != DT_OK && t) t->ops->destroy(t);
     if (st == DT_OK) dt_log_set_rank(rank);
     return st;
 }
+
+dt_status dt_comm_create(dt_comm **out, const dt_comm_config *cfg) { return comm_create(out, cfg, DT_LAUNCH_NONE); }
 
 /* rank and world size variables of the launchers we understand, in order of preference */
 static const char *const g_launchers[][2] = {{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
@@ -146,41 +156,50 @@ static void launcher_job_id(char *out, size_t n) {
         if (!isalnum((unsigned char)*p) && *p != '.') *p = '_'; /* dt_comm_job_id_valid */
 }
 
+/* cfg's explicit transport name ("shm:..." -> "shm"), or NULL when the choice is automatic */
+static const char *named_transport(const dt_comm_config *d, char *buf, size_t n) {
+    const char *spec = d->transport && *d->transport && strcmp(d->transport, "auto") ? d->transport
+                       : d->backend != DT_BACKEND_AUTO ? dt_backend_name(d->backend) : NULL;
+    if (!spec) return NULL;
+    snprintf(buf, n, "%.*s", (int)strcspn(spec, ":"), spec);
+    return buf;
+}
+
 dt_status dt_comm_create_from_env(dt_comm **out, const dt_comm_config *cfg) {
     *out = NULL;
     dt_comm_config d = cfg ? *cfg : dt_comm_config_default();
     int rank = 0, size = 1, local = 0;
     bool fr, fs, fl;
-    dt_backend found = DT_BACKEND_SELF;
+    dt_launcher found = DT_LAUNCH_NONE;
     DT_TRY(env_int("DTRAIN_RANK", 0, &rank, &fr));
     DT_TRY(env_int("DTRAIN_WORLD_SIZE", 1, &size, &fs));
     DT_TRY(env_int("DTRAIN_LOCAL_RANK", 0, &local, &fl));
     if (fr != fs)
         return dt_error(DT_EINVAL, "DTRAIN_RANK and DTRAIN_WORLD_SIZE must be set together (start workers with 'dtrain launch')");
-    if (fs) found = DT_BACKEND_SHM;
-    for (int i = 0; i < N_LAUNCHERS && found == DT_BACKEND_SELF; i++) {
+    if (fs) found = DT_LAUNCH_LOCAL;
+    for (int i = 0; i < N_LAUNCHERS && found == DT_LAUNCH_NONE; i++) {
         DT_TRY(env_int(g_launchers[i][0], 0, &rank, &fr));
         DT_TRY(env_int(g_launchers[i][1], 1, &size, &fs));
-        if (fr && fs) found = DT_BACKEND_MPI;
+        if (fr && fs) found = DT_LAUNCH_MPI;
     }
     if (!fl) local = rank;
-    char job[220];
+    char job[220], name[32];
     const char *jid = getenv("DTRAIN_JOB_ID");
-    if (found == DT_BACKEND_MPI || !jid) launcher_job_id(job, sizeof job);
+    if (found == DT_LAUNCH_MPI || !jid) launcher_job_id(job, sizeof job);
     else snprintf(job, sizeof job, "%s", jid);
-    dt_backend b = d.backend == DT_BACKEND_AUTO ? found : d.backend;
-    if (b == DT_BACKEND_SHM && found == DT_BACKEND_SHM && (!jid || !*jid) && size > 1)
+    const char *named = named_transport(&d, name, sizeof name);
+    bool shm_job = named ? !strcmp(named, "shm") : found == DT_LAUNCH_LOCAL;
+    if (shm_job && found == DT_LAUNCH_LOCAL && (!jid || !*jid) && size > 1)
         return dt_error(DT_EINVAL, "DTRAIN_WORLD_SIZE=%d but DTRAIN_JOB_ID is not set (start workers with 'dtrain launch')",
                         size);
-    if (b == DT_BACKEND_SHM && size == 1) b = DT_BACKEND_SELF;
-    if (b == DT_BACKEND_SELF && size > 1)
+    if (named && !strcmp(named, "shm") && size == 1) d.transport = "self", d.backend = DT_BACKEND_AUTO;
+    if (named && !strcmp(named, "self") && size > 1)
         return dt_error(DT_EINVAL, "backend 'self' runs one process but the environment says world size %d", size);
     d.rank = rank;
     d.size = size;
     d.local_rank = local;
     d.job_id = job;
-    d.backend = b;
-    return dt_comm_create(out, &d);
+    return comm_create(out, &d, found);
 }
 
 void dt_comm_destroy(dt_comm *c) {
@@ -200,6 +219,13 @@ int dt_comm_size(const dt_comm *c) { return c ? c->size : 1; }
 bool dt_comm_device_native(const dt_comm *c, const char *device) {
     if (!c || !c->t || !c->t->ops->device_native || dt_comm_hier_active(c)) return false;
     return c->t->ops->device_native(c->t, device);
+}
+
+void dt_comm_set_stream(dt_comm *c, void *stream) {
+    if (!c || !c->t || !c->t->ops->set_stream) return;
+    dt_comm_acquire(c); /* after every queued op: the progress thread is not inside the transport */
+    c->t->ops->set_stream(c->t, stream);
+    dt_comm_release(c);
 }
 
 int dt_comm_host_cpus(const dt_comm *c, int *ranks) {
@@ -251,7 +277,7 @@ dt_status dt_comm_split(dt_comm *c, int color, int key, dt_comm **out) {
             }
         }
         if (st == DT_OK) {
-            st = comm_new(out, me, n, c->backend, nt, c->algo, c->timeout_s, c->timeout_knob);
+            st = comm_new(out, me, n, c->kind, nt, c->algo, c->timeout_s, c->timeout_knob);
             if (st != DT_OK && nt) nt->ops->destroy(nt);
             if (st == DT_OK && !((*out)->world_of = malloc((size_t)n * sizeof(int)))) {
                 dt_comm_destroy(*out);

@@ -41,7 +41,7 @@ struct dt_request {
 
 struct dt_comm {
     int rank, size;
-    dt_backend backend;
+    const dt_transport_kind *kind;  /* its entry of the transport registry */
     dt_transport *t;          /* NULL for a single process */
     dt_comm_algo algo;        /* AUTO or a forced algorithm */
     double timeout_s;

@@ -146,8 +146,8 @@ static dt_status coll_run(dt_comm *c, dt_request *r) {
         counts = eq;
         displs = eq + c->size;
     }
-    if (t && c->size > 1 && t->ops->coll && r->op != DT_COLL_SPLIT &&
-        (c->algo == DT_ALGO_AUTO || c->algo == DT_ALGO_DIRECT || c->algo == DT_ALGO_NATIVE)) {
+    if (t && (c->size > 1 || t->ops->device_native) && t->ops->coll && r->op != DT_COLL_SPLIT &&  /* a device transport decides */
+        (c->algo == DT_ALGO_AUTO || c->algo == DT_ALGO_DIRECT || c->algo == DT_ALGO_NATIVE || t->ops->device_native)) {
         dt_coll_args a = {.d = d, .send = r->send, .recv = r->recv, .counts = counts, .displs = displs,
                           .algo = c->algo, .deadline = deadline};
         st = t->ops->coll(t, &a);

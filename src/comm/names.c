@@ -1,4 +1,5 @@
-/* Names, parsing and formatting for the communicator: reduction ops, backends, algorithms,
+/* Names, parsing and formatting for the communicator: reduction ops, the dt_backend enum's names
+ * (transports themselves are named by their registry entries, transports.c), algorithms,
  * and the op descriptors (dt_coll_desc) used for mismatch detection and error messages. */
 #include "comm/transport.h"
 
@@ -26,7 +27,9 @@ const char *dt_backend_name(dt_backend b) { return (unsigned)b <= DT_BACKEND_SEL
 dt_status dt_backend_parse(const char *s, dt_backend *out) {
     for (int i = 0; i <= DT_BACKEND_SELF; i++)
         if (s && !strcmp(s, g_backends[i])) { *out = (dt_backend)i; return DT_OK; }
-    return dt_error(DT_EINVAL, "unknown backend '%s' (expected auto, shm, mpi or self)", s ? s : "");
+    const dt_transport_kind *k;
+    DT_TRY(dt_transport_find(s, &k, NULL)); /* not a transport at all: the registry's message */
+    return dt_error(DT_EINVAL, "transport '%s' has no dt_backend value: name it in dt_comm_config.transport", s);
 }
 
 const char *dt_comm_algo_name(dt_comm_algo a) { return (unsigned)a < DT_ALGO_COUNT ? g_algos[a] : "?"; }

@@ -4,7 +4,9 @@
  * also offer native collectives (shm's direct shared-buffer reduce, MPI_Allreduce); the
  * communicator tries them first and falls back to its own algorithms on DT_ENOTSUP.
  *
- * One transport = one module: src/comm/transport_shm.c, src/comm/transport_mpi.c.
+ * One transport = one module (src/comm/transport_shm.c, transport_mpi.c, transport_nccl.c), each an
+ * entry of the registry below (transports.c), which the communicator, the CLI's --backend help and
+ * the man page read.
  *
  * Threading: the communicator serialises every call into one transport (at most one thread is
  * inside it at a time), except ops->wake, which may be called from any thread at any time.
@@ -134,6 +136,12 @@ typedef struct dt_transport_ops {
      * "cuda") directly. NULL = none: a caller with such buffers stages them through host memory
      * (dt_comm_device_native). shm and mpi take host memory only. */
     bool (*device_native)(dt_transport *t, const char *device);
+    /* The first other rank that has not begun op #seq (its newest descriptor from begin is
+     * older), or -1 when every rank has or the transport cannot tell: names the culprit when work
+     * this transport did not carry times out (nccl's, over this bootstrap). May be NULL. */
+    int (*behind)(dt_transport *t, uint64_t seq);
+    /* dt_comm_set_stream: the device stream its device-memory work runs on (opaque). May be NULL. */
+    void (*set_stream)(dt_transport *t, void *stream);
     /* Frees everything (does not touch outstanding dt_treq storage). NULL t is a no-op. */
     void (*destroy)(dt_transport *t);
 } dt_transport_ops;
@@ -145,12 +153,45 @@ struct dt_transport {
     char timeout_knob[40];       /* what the user raises when a wait times out (set by comm.c) */
 };
 
+/* Who started the ranks of a job: nobody (explicit dt_comm_create, or one process), dtrain launch
+ * (DTRAIN_RANK/WORLD_SIZE), or mpirun/srun (their rank variables). */
+typedef enum { DT_LAUNCH_NONE = 0, DT_LAUNCH_LOCAL, DT_LAUNCH_MPI } dt_launcher;
+
 /* Creation parameters shared by the transport constructors. */
 typedef struct {
     int rank, size, local_rank;  /* shm: required; mpi: ignored (MPI decides), result in t->rank/size */
     const char *job_id;          /* shm: names the segment */
     double timeout_s;            /* how long creation may wait for the other ranks */
+    const char *options;         /* the text after "NAME:" in a transport spec ("" or NULL: none) */
+    const char *device;          /* the device spec the ranks keep model memory on ("cuda:1"); NULL: host */
+    dt_launcher launcher;        /* who started the ranks */
 } dt_transport_params;
+
+/* ---- the registry (transports.c): one entry per transport, NCCL's ncclTransports[] style ----
+ * Adding a transport is one file defining `const dt_transport_kind dt_transport_kind_NAME` plus
+ * its name in transports.c's DT_TRANSPORT_KINDS line. */
+typedef struct dt_transport_kind {
+    const char *name;     /* "shm": what --backend and dt_comm_config.transport take */
+    const char *help;     /* one line for --help and the man page */
+    const char *options;  /* its option syntax for the help ("bootstrap=shm|mpi"), "" when it has none */
+    /* Whether it can run this job here (canConnect): the automatic choice takes the first entry
+     * whose probe says yes. False with the reason in why[0..n) ("not under mpirun"). */
+    bool (*probe)(const dt_transport_params *p, char *why, size_t n);
+    /* Creates the transport (collective over the job's ranks); p->options are its own (an entry
+     * without options never sees any: the registry refuses them). *out = NULL for no transport
+     * (self: one process). */
+    dt_status (*create)(dt_transport **out, const dt_transport_params *p);
+} dt_transport_kind;
+
+/* The registry, in the automatic choice's order of preference; *n gets its length. */
+const dt_transport_kind *const *dt_transport_kinds(int *n);
+/* *out = the entry named by spec "NAME[:OPTIONS]" (*options, may be NULL, gets the text after
+ * ':' or ""); DT_EINVAL listing the names when none is. */
+dt_status dt_transport_find(const char *spec, const dt_transport_kind **out, const char **options);
+/* *out = the first entry whose probe accepts p; DT_ENOTSUP giving each entry's reason when none. */
+dt_status dt_transport_choose(const dt_transport_params *p, const dt_transport_kind **out);
+/* Creates the transport of `kind` for p (refusing options to an entry without them). */
+dt_status dt_transport_create(const dt_transport_kind *kind, dt_transport **out, const dt_transport_params *p);
 
 /* shm: POSIX shared memory + futexes, local ranks of one job (transport_shm.c). */
 dt_status dt_transport_shm_create(dt_transport **out, const dt_transport_params *p);

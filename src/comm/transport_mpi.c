@@ -10,6 +10,8 @@
  * Without DT_HAVE_MPI the constructor returns DT_ENOTSUP. */
 #include "comm/transport.h"
 
+#include <stdio.h>
+
 #ifndef DT_HAVE_MPI
 dt_status dt_transport_mpi_create(dt_transport **out, const dt_transport_params *p) {
     (void)p;
@@ -481,3 +483,21 @@ static const dt_transport_ops g_ops = {
 };
 
 #endif
+
+/* ---- its registry entry (transports.c) ---- */
+
+static bool mpi_probe(const dt_transport_params *p, char *why, size_t n) {
+#ifndef DT_HAVE_MPI
+    snprintf(why, n, "built without MPI: install libopenmpi-dev and rebuild");
+    return (void)p, false;
+#else
+    if (p->launcher == DT_LAUNCH_MPI) return true;
+    snprintf(why, n, "the ranks were not started by mpirun/srun");
+    return false;
+#endif
+}
+
+const dt_transport_kind dt_transport_kind_mpi = {
+    .name = "mpi", .help = "MPI point-to-point and MPI's own collectives, for ranks started by mpirun/srun",
+    .options = "", .probe = mpi_probe, .create = dt_transport_mpi_create,
+};

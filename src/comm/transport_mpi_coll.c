@@ -115,112 +115,96 @@ static dt_status wait_req(dt_mpi_transport *t, MPI_Request *req, const dt_coll_a
     }
 }
 
-dt_status dt_mpi_coll(dt_transport *tt, const dt_coll_args *a) {
-    dt_mpi_transport *t = (dt_mpi_transport *)tt;
-    if (!use_native(a)) return DT_ENOTSUP;
-    if (t->broken) return dt_error(t->err, "%s", t->errmsg);
-    int op = a->d.op, size = tt->size, rank = tt->rank, root = a->d.root;
-    dt_dtype dt = (dt_dtype)a->d.dtype;
-    bool reduce = op == DT_COLL_ALLREDUCE || op == DT_COLL_REDUCE || op == DT_COLL_REDUCE_SCATTER;
-    MPI_Datatype ty = MPI_BYTE;
-    if (op != DT_COLL_BARRIER && !mpi_type(dt, reduce, &ty)) return DT_ENOTSUP;
-    size_t es = dt_dtype_size(dt), n = (size_t)a->d.count, nb = n * es;
-    if (n > (size_t)INT_MAX || (op != DT_COLL_ALLREDUCE && op != DT_COLL_BROADCAST && op != DT_COLL_REDUCE &&
-                                (size_t)size * n > (size_t)INT_MAX))
-        return DT_ENOTSUP;
-    MPI_Op mop = mpi_op((dt_redop)a->d.redop);
-    if (dt_mpi_inband_ok(t, a)) {
-        dt_status s = dt_mpi_inband_coll(t, a, ty, mop, wait_req);
-        if (s == DT_OK && a->d.redop == DT_OP_AVG && op == DT_COLL_ALLREDUCE) divide(a->recv, n, dt, size);
-        return s;
-    }
-    DT_TRY(dt_mpi_check_decide(t, false)); /* the descriptor goes to the right rank now */
-    int cnt = (int)n;
-    const void *send = a->send;
-    void *recv = a->recv;
-    const void *sb = send;
-    MPI_Request req = MPI_REQUEST_NULL;
-    int *icounts = NULL, *idispls = NULL, rc = MPI_SUCCESS;
-    char *rblk = recv ? (char *)recv + (size_t)rank * nb : NULL;
+/* One MPI call's arguments after comm.h's buffer forms are mapped onto MPI's. */
+typedef struct {
+    const void *send, *sb;   /* the input, and what MPI gets for it (MPI_IN_PLACE for comm.h's in place) */
+    void *recv;              /* MPI_IN_PLACE for scatter's in place */
+    int cnt;                 /* elements of this rank's part */
+    int *icounts, *idispls;  /* allgatherv (malloc'ed) */
+} mpi_call;
 
-    /* In-place forms of comm.h map to MPI_IN_PLACE; any other overlap goes to our algorithms. */
+/* allgatherv: int counts and displacements (DT_ENOTSUP past INT_MAX), this rank's part, in place */
+static dt_status vcounts(const dt_coll_args *a, int size, int rank, size_t es, mpi_call *m) {
+    m->icounts = malloc((size_t)size * sizeof *m->icounts);
+    m->idispls = malloc((size_t)size * sizeof *m->idispls);
+    if (!m->icounts || !m->idispls) return DT_ENOTSUP;
+    size_t end = 0;
+    for (int i = 0; i < size; i++) {
+        if (a->counts[i] > (size_t)INT_MAX || a->displs[i] > (size_t)INT_MAX) return DT_ENOTSUP;
+        m->icounts[i] = (int)a->counts[i];
+        m->idispls[i] = (int)a->displs[i];
+        if (a->displs[i] + a->counts[i] > end) end = a->displs[i] + a->counts[i];
+    }
+    m->cnt = m->icounts[rank];
+    size_t nb = (size_t)m->cnt * es;
+    char *rblk = (char *)m->recv + a->displs[rank] * es;
+    if (m->send == rblk || m->send == m->recv) m->sb = MPI_IN_PLACE;
+    else if (overlap(m->send, nb, m->recv, end * es)) return DT_ENOTSUP;
+    return DT_OK;
+}
+
+/* In-place forms of comm.h map to MPI_IN_PLACE; any other overlap is DT_ENOTSUP (our algorithms). */
+static dt_status map_buffers(const dt_coll_args *a, int size, int rank, mpi_call *m) {
+    int op = a->d.op, root = a->d.root;
+    size_t es = dt_dtype_size((dt_dtype)a->d.dtype), nb = (size_t)a->d.count * es, all = nb * (size_t)size;
+    const void *send = m->send = m->sb = a->send;
+    void *recv = m->recv = a->recv;
+    char *rblk = recv ? (char *)recv + (size_t)rank * nb : NULL;
+    m->cnt = (int)a->d.count;
+    bool here = rank == root;
     switch (op) {
     case DT_COLL_ALLREDUCE:
-        if (send == recv) sb = MPI_IN_PLACE;
-        else if (overlap(send, nb, recv, nb)) return DT_ENOTSUP;
-        break;
+        if (send == recv) m->sb = MPI_IN_PLACE;
+        return m->sb != MPI_IN_PLACE && overlap(send, nb, recv, nb) ? DT_ENOTSUP : DT_OK;
     case DT_COLL_REDUCE:
-        if (rank == root && send == recv) sb = MPI_IN_PLACE;
-        else if (rank == root && overlap(send, nb, recv, nb)) return DT_ENOTSUP;
-        break;
+        if (here && send == recv) m->sb = MPI_IN_PLACE;
+        return m->sb != MPI_IN_PLACE && here && overlap(send, nb, recv, nb) ? DT_ENOTSUP : DT_OK;
     case DT_COLL_REDUCE_SCATTER:
-        if (send == recv) sb = MPI_IN_PLACE;
-        else if (overlap(send, nb * (size_t)size, recv, nb)) return DT_ENOTSUP;
-        break;
+        if (send == recv) m->sb = MPI_IN_PLACE;
+        return m->sb != MPI_IN_PLACE && overlap(send, all, recv, nb) ? DT_ENOTSUP : DT_OK;
     case DT_COLL_ALLGATHER: /* in place: send == own block, or send == recv (same meaning) */
-        if (send == rblk || send == recv) sb = MPI_IN_PLACE;
-        else if (overlap(send, nb, recv, nb * (size_t)size)) return DT_ENOTSUP;
-        break;
-    case DT_COLL_ALLGATHERV: {
-        icounts = malloc((size_t)size * sizeof *icounts);
-        idispls = malloc((size_t)size * sizeof *idispls);
-        if (!icounts || !idispls) { free(icounts); free(idispls); return DT_ENOTSUP; }
-        size_t end = 0;
-        for (int i = 0; i < size; i++) {
-            if (a->counts[i] > (size_t)INT_MAX || a->displs[i] > (size_t)INT_MAX) {
-                free(icounts); free(idispls);
-                return DT_ENOTSUP;
-            }
-            icounts[i] = (int)a->counts[i];
-            idispls[i] = (int)a->displs[i];
-            if (a->displs[i] + a->counts[i] > end) end = a->displs[i] + a->counts[i];
-        }
-        cnt = icounts[rank];
-        nb = (size_t)cnt * es;
-        rblk = (char *)recv + a->displs[rank] * es;
-        if (send == rblk || send == recv) sb = MPI_IN_PLACE;
-        else if (overlap(send, nb, recv, end * es)) { free(icounts); free(idispls); return DT_ENOTSUP; }
-        break;
-    }
+        if (send == rblk || send == recv) m->sb = MPI_IN_PLACE;
+        return m->sb != MPI_IN_PLACE && overlap(send, nb, recv, all) ? DT_ENOTSUP : DT_OK;
+    case DT_COLL_ALLGATHERV: return vcounts(a, size, rank, es, m);
     case DT_COLL_GATHER:
-        if (rank == root && send == rblk) sb = MPI_IN_PLACE;
-        else if (rank == root && overlap(send, nb, recv, nb * (size_t)size)) return DT_ENOTSUP;
-        break;
+        if (here && send == rblk) m->sb = MPI_IN_PLACE;
+        return m->sb != MPI_IN_PLACE && here && overlap(send, nb, recv, all) ? DT_ENOTSUP : DT_OK;
     case DT_COLL_SCATTER:
-        if (rank == root && recv == (const char *)send + (size_t)root * nb) recv = MPI_IN_PLACE;
-        else if (rank == root && overlap(send, nb * (size_t)size, recv, nb)) return DT_ENOTSUP;
-        break;
-    case DT_COLL_ALLTOALL:
-        if (overlap(send, nb * (size_t)size, recv, nb * (size_t)size)) return DT_ENOTSUP;
-        break;
-    case DT_COLL_BROADCAST: case DT_COLL_BARRIER: break;
+        if (here && recv == (const char *)send + (size_t)root * nb) m->recv = MPI_IN_PLACE;
+        return m->recv != MPI_IN_PLACE && here && overlap(send, all, recv, nb) ? DT_ENOTSUP : DT_OK;
+    case DT_COLL_ALLTOALL: return overlap(send, all, recv, all) ? DT_ENOTSUP : DT_OK;
+    case DT_COLL_BROADCAST: case DT_COLL_BARRIER: return DT_OK;
     default: return DT_ENOTSUP;
     }
+}
 
+/* Starts the non-blocking MPI collective of m; MPI's return code. */
+static int start_call(dt_mpi_transport *t, const dt_coll_args *a, const mpi_call *m, MPI_Datatype ty, MPI_Op mop,
+                      MPI_Request *req) {
+    int root = a->d.root, cnt = m->cnt, rc = MPI_SUCCESS;
+    const void *sb = m->sb;
+    void *recv = m->recv;
     pthread_mutex_lock(&dt_mpi_lock);
-    switch (op) {
-    case DT_COLL_ALLREDUCE: rc = MPI_Iallreduce(sb, recv, cnt, ty, mop, t->comm, &req); break;
-    case DT_COLL_BROADCAST: rc = MPI_Ibcast(recv ? recv : (void *)send, cnt, ty, root, t->comm, &req); break;
-    case DT_COLL_REDUCE: rc = MPI_Ireduce(sb, recv, cnt, ty, mop, root, t->comm, &req); break;
-    case DT_COLL_REDUCE_SCATTER: rc = MPI_Ireduce_scatter_block(sb, recv, cnt, ty, mop, t->comm, &req); break;
-    case DT_COLL_ALLGATHER: rc = MPI_Iallgather(sb, cnt, ty, recv, cnt, ty, t->comm, &req); break;
-    case DT_COLL_ALLGATHERV: rc = MPI_Iallgatherv(sb, cnt, ty, recv, icounts, idispls, ty, t->comm, &req); break;
-    case DT_COLL_GATHER: rc = MPI_Igather(sb, cnt, ty, recv, cnt, ty, root, t->comm, &req); break;
-    case DT_COLL_SCATTER: rc = MPI_Iscatter(send, cnt, ty, recv, cnt, ty, root, t->comm, &req); break;
-    case DT_COLL_ALLTOALL: rc = MPI_Ialltoall(send, cnt, ty, recv, cnt, ty, t->comm, &req); break;
-    case DT_COLL_BARRIER: rc = MPI_Ibarrier(t->comm, &req); break;
+    switch (a->d.op) {
+    case DT_COLL_ALLREDUCE: rc = MPI_Iallreduce(sb, recv, cnt, ty, mop, t->comm, req); break;
+    case DT_COLL_BROADCAST: rc = MPI_Ibcast(recv ? recv : (void *)m->send, cnt, ty, root, t->comm, req); break;
+    case DT_COLL_REDUCE: rc = MPI_Ireduce(sb, recv, cnt, ty, mop, root, t->comm, req); break;
+    case DT_COLL_REDUCE_SCATTER: rc = MPI_Ireduce_scatter_block(sb, recv, cnt, ty, mop, t->comm, req); break;
+    case DT_COLL_ALLGATHER: rc = MPI_Iallgather(sb, cnt, ty, recv, cnt, ty, t->comm, req); break;
+    case DT_COLL_ALLGATHERV: rc = MPI_Iallgatherv(sb, cnt, ty, recv, m->icounts, m->idispls, ty, t->comm, req); break;
+    case DT_COLL_GATHER: rc = MPI_Igather(sb, cnt, ty, recv, cnt, ty, root, t->comm, req); break;
+    case DT_COLL_SCATTER: rc = MPI_Iscatter(m->send, cnt, ty, recv, cnt, ty, root, t->comm, req); break;
+    case DT_COLL_ALLTOALL: rc = MPI_Ialltoall(m->send, cnt, ty, recv, cnt, ty, t->comm, req); break;
+    case DT_COLL_BARRIER: rc = MPI_Ibarrier(t->comm, req); break;
     }
     pthread_mutex_unlock(&dt_mpi_lock);
-    dt_status s = DT_OK;
-    if (rc != MPI_SUCCESS) {
-        char o[96], e[256];
-        s = dt_mpi_fail(t, DT_EPEER, "%s could not start %s on rank %d: %s", mpi_name(op),
-                        dt_coll_desc_str(&a->d, o, sizeof o), rank, dt_mpi_errstr(rc, e, sizeof e));
-    } else {
-        s = wait_req(t, &req, a);
-    }
-    /* A rank can finish its part early (a broadcast root): before reporting success, see the
-     * left neighbour's descriptor of this op, so a mismatch is an error and not garbage. */
+    return rc;
+}
+
+/* A rank can finish its part early (a broadcast root): before reporting success, see the left
+ * neighbour's descriptor of this op, so a mismatch is an error and not garbage. */
+static dt_status confirm_left(dt_mpi_transport *t, const dt_coll_args *a, dt_status s) {
+    int rank = t->base.rank, size = t->base.size;
     double next_live = dt_now() + DT_MPI_LIVE_PERIOD;
     for (dt_mpi_idle idle = {0}; s == DT_OK && dt_mpi_check_waiting(t);) {
         s = dt_mpi_progress_internal(t);
@@ -239,11 +223,45 @@ dt_status dt_mpi_coll(dt_transport *tt, const dt_coll_args *a) {
                             dt_coll_desc_str(&a->d, o, sizeof o), rank, left);
         if (s == DT_OK && dt_mpi_check_waiting(t)) dt_mpi_backoff(&idle);
     }
-    free(icounts);
-    free(idispls);
+    return s;
+}
+
+dt_status dt_mpi_coll(dt_transport *tt, const dt_coll_args *a) {
+    dt_mpi_transport *t = (dt_mpi_transport *)tt;
+    if (!use_native(a)) return DT_ENOTSUP;
+    if (t->broken) return dt_error(t->err, "%s", t->errmsg);
+    int op = a->d.op, size = tt->size, rank = tt->rank, root = a->d.root;
+    dt_dtype dt = (dt_dtype)a->d.dtype;
+    bool reduce = op == DT_COLL_ALLREDUCE || op == DT_COLL_REDUCE || op == DT_COLL_REDUCE_SCATTER;
+    MPI_Datatype ty = MPI_BYTE;
+    if (op != DT_COLL_BARRIER && !mpi_type(dt, reduce, &ty)) return DT_ENOTSUP;
+    size_t n = (size_t)a->d.count;
+    if (n > (size_t)INT_MAX || (op != DT_COLL_ALLREDUCE && op != DT_COLL_BROADCAST && op != DT_COLL_REDUCE &&
+                                (size_t)size * n > (size_t)INT_MAX))
+        return DT_ENOTSUP;
+    MPI_Op mop = mpi_op((dt_redop)a->d.redop);
+    if (dt_mpi_inband_ok(t, a)) {
+        dt_status s = dt_mpi_inband_coll(t, a, ty, mop, wait_req);
+        if (s == DT_OK && a->d.redop == DT_OP_AVG && op == DT_COLL_ALLREDUCE) divide(a->recv, n, dt, size);
+        return s;
+    }
+    DT_TRY(dt_mpi_check_decide(t, false)); /* the descriptor goes to the right rank now */
+    mpi_call m = {0};
+    dt_status s = map_buffers(a, size, rank, &m);
+    MPI_Request req = MPI_REQUEST_NULL;
+    int rc = s == DT_OK ? start_call(t, a, &m, ty, mop, &req) : MPI_SUCCESS;
+    if (s == DT_OK && rc != MPI_SUCCESS) {
+        char o[96], e[256];
+        s = dt_mpi_fail(t, DT_EPEER, "%s could not start %s on rank %d: %s", mpi_name(op),
+                        dt_coll_desc_str(&a->d, o, sizeof o), rank, dt_mpi_errstr(rc, e, sizeof e));
+    } else if (s == DT_OK) {
+        s = confirm_left(t, a, wait_req(t, &req, a));
+    }
+    free(m.icounts);
+    free(m.idispls);
     if (s == DT_OK && a->d.redop == DT_OP_AVG && reduce) {
-        if (op == DT_COLL_ALLREDUCE || op == DT_COLL_REDUCE_SCATTER) divide(recv, n, dt, size);
-        else if (rank == root) divide(recv, n, dt, size);
+        if (op == DT_COLL_ALLREDUCE || op == DT_COLL_REDUCE_SCATTER) divide(m.recv, n, dt, size);
+        else if (rank == root) divide(m.recv, n, dt, size);
     }
     return s;
 }

@@ -446,6 +446,13 @@ static int shm_host_cpus(dt_transport *t, int *ranks) {
     return dt_shm_job_cpus(s);
 }
 
+static int shm_behind(dt_transport *t, uint64_t seq) {
+    dt_shm *s = (dt_shm *)t;
+    for (int p = 0; p < s->n; p++)
+        if (p != s->me && atomic_load_explicit(&shm_rank_at(s, p)->cur_seq, memory_order_acquire) < seq) return p;
+    return -1;
+}
+
 static const dt_transport_ops dt_shm_ops = {
     .name = "shm",
     .isend = dt_shm_isend,
@@ -458,5 +465,23 @@ static const dt_transport_ops dt_shm_ops = {
     .abort = shm_abort,
     .split = shm_split,
     .host_cpus = shm_host_cpus,
+    .behind = shm_behind,
     .destroy = shm_destroy,
+};
+
+/* ---- its registry entry (transports.c) ---- */
+
+static bool shm_probe(const dt_transport_params *p, char *why, size_t n) {
+    if (p->launcher == DT_LAUNCH_MPI) {
+        snprintf(why, n, "the ranks were started by mpirun/srun (name it to use it when they share one host)");
+        return false;
+    }
+    if (p->size > 1) return true;
+    snprintf(why, n, "one process needs no transport");
+    return false;
+}
+
+const dt_transport_kind dt_transport_kind_shm = {
+    .name = "shm", .help = "shared memory and futexes between the ranks of one host (dtrain launch, --workers N)",
+    .options = "", .probe = shm_probe, .create = dt_transport_shm_create,
 };
