@@ -26,6 +26,7 @@ enum { DT_PLAN_ALGO_TOPK = 1, DT_PLAN_ALGO_POWERSGD = 2, DT_PLAN_ALGO_LOCALSGD =
  * of one message in seconds. */
 typedef struct {
     double bw, lat;
+    double rs_factor;  /* a reduce-scatter costs this many times the ring's (MPI between hosts: 2; <= 0: 1) */
 } dt_plan_link;
 
 /* A cluster of identical hosts. */
@@ -39,6 +40,8 @@ typedef struct {
     double overlap;              /* fraction of backward that can hide gradient traffic (0..1) */
     double node_overhead;        /* seconds per graph node per pass (kernel launch, dispatch) */
     double step_overhead;        /* seconds per step outside compute and comm (data, bookkeeping) */
+    double coll_wait;            /* seconds a blocking collective waits for ranks the scheduler has not run yet,
+                                  * per rendezvous after compute (measured here; 0 on a dedicated device) */
     double oversub;              /* compute slows by this factor (ranks sharing cores; <= 1: none); not in files */
     dt_plan_link link[2];        /* DT_PLAN_INTRA, DT_PLAN_INTER */
 } dt_plan_cluster;
@@ -137,6 +140,12 @@ double dt_plan_tp_bytes(const dt_gpt_config *g, int b, int t);
  * tasks: the scheduler shares the cores evenly, so max(1, (busy + ranks) / cores) over
  * max(1, (busy + 1) / cores). */
 double dt_plan_oversub(int ranks, int cores, double busy);
+
+/* Blocking rendezvous of the data-parallel sync per step, each paying the cluster's coll_wait:
+ * ddp 1 (the last bucket's allreduce), ZeRO-1/2 2 (the last reduce-scatter; the parameters'
+ * all-gather after the update), ZeRO-3 3 (the last reduce-scatter; the first gathers of forward
+ * and of backward); 0 without data parallelism. */
+int dt_plan_dp_waits(int zero, int dp);
 
 /* The link an axis of `ranks` ranks with stride `stride` in the rank order crosses. */
 int dt_plan_axis_level(const dt_plan_cluster *c, int stride, int ranks);

@@ -1,6 +1,7 @@
 /* The planner against hand-worked cases: a ring allreduce's time from bandwidth and latency, the
  * 1F1B bubble, ZeRO's bytes per stage, the tp bytes `dtrain bench tp` counts, which link an axis
- * crosses; the search on planted clusters whose answer is known (a slow inter-host link makes tp
+ * crosses; the data-parallel sync as ddp and ZeRO 1-3 run it (what is hidden, what blocks, the
+ * waits, MPI's reduce-scatter); the search on planted clusters whose answer is known (a slow inter-host link makes tp
  * across hosts lose; a tight memory limit forces ZeRO 3 or pp); cluster files whose bad field is
  * named; per-node times measured here. */
 #include "core/test.h"
@@ -189,6 +190,50 @@ static void test_algo_formulas(void) {
     CHECK(near(dt_plan_oversub(2, 2, 6), 8.0 / 7) && near(dt_plan_oversub(1, 1, 0), 1));
 }
 
+/* The data-parallel sync as ddp.c and zero.c run it, by hand: one node of 1e6 parameters (4 MB),
+ * 3 ms of forward + backward (backward 2 ms), 2 ranks on a 1 GB/s link without latency, overlap
+ * 0.5 (1 ms hidden), 1 MB buckets (4 of them: never less than one exposed), a collective wait of
+ * 1 ms. A half (reduce-scatter or all-gather) of 4 MB over 2 ranks: 2 ms. */
+static void test_dp_sync(void) {
+    double flops = 1, bytes = 1, params = 1e6, outb = 4, fix = 3e-3, per = 0;
+    bool split = false;
+    const dt_plan_model pm = {.nodes = 1, .flops = &flops, .bytes = &bytes, .params = &params, .out_bytes = &outb,
+                              .split = &split, .t_fix = &fix, .t_per = &per, .total_params = 1e6};
+    dt_plan_cluster c = {.hosts = 1, .ranks_per_host = 2, .efficiency = 1, .mem_bw = 1e10, .mem_bytes = 1e9,
+                         .overlap = 0.5, .coll_wait = 1e-3, .link = {{1e9, 0, 1}, {1e9, 0, 1}}};
+    c.peak[DT_PLAN_FP32] = 1e12;
+    const int first[2] = {0, 1};
+    dt_plan_layout l = {.dp = 2, .tp = 1, .pp = 1, .micro = 1, .bucket_mb = 1};
+    dt_plan_cost o;
+    /* ddp: the allreduce (4 ms) less the 1 ms hidden, one wait */
+    dt_plan_predict(&pm, &c, &l, 2, 2, first, &o);
+    CHECK_MSG(near(o.comm_dp, 3e-3 + 1e-3), "ddp %g", o.comm_dp);
+    /* ZeRO-1 (its last bucket blocking) and ZeRO-2: the reduce-scatter less 1 ms hidden, then the
+     * all-gather after the update, exposed; two waits */
+    for (int z = 1; z <= 2; z++) {
+        l.zero = z;
+        dt_plan_predict(&pm, &c, &l, 2, 2, first, &o);
+        CHECK_MSG(near(o.comm_dp, 1e-3 + 2e-3 + 2e-3), "ZeRO-%d %g", z, o.comm_dp);
+    }
+    /* ZeRO-3: no all-gather after the update; its gathers before forward and backward (4 ms) hide
+     * behind half of the 3 ms: 2.5 ms; three waits */
+    l.zero = 3;
+    dt_plan_predict(&pm, &c, &l, 2, 2, first, &o);
+    CHECK_MSG(near(o.comm_dp, 1e-3 + 3e-3 + 2.5e-3), "ZeRO-3 %g", o.comm_dp);
+    /* over MPI between hosts the reduce-scatter costs twice the ring's: ZeRO-1 1.5x ddp's bytes */
+    c.link[DT_PLAN_INTRA].rs_factor = 2, c.coll_wait = 0, l.zero = 1;
+    dt_plan_predict(&pm, &c, &l, 2, 2, first, &o);
+    CHECK_MSG(near(o.comm_dp, 3e-3 + 2e-3), "ZeRO-1 over MPI %g", o.comm_dp);
+    l.zero = 0;
+    dt_plan_predict(&pm, &c, &l, 2, 2, first, &o);
+    CHECK_MSG(near(o.comm_dp, 3e-3), "ddp over MPI %g", o.comm_dp);
+    /* the optimizer shares the cores: Adam on ZeRO-1's half, 7 x 4 bytes a value at 10 GB/s, x 2 */
+    l.zero = 1, c.oversub = 2;
+    dt_plan_predict(&pm, &c, &l, 2, 2, first, &o);
+    CHECK_MSG(near(o.optim, 2 * 0.5e6 * 28 / 1e10) && near(o.compute, 6e-3), "optim %g compute %g", o.optim, o.compute);
+    CHECK(dt_plan_dp_waits(0, 1) == 0 && dt_plan_dp_waits(3, 4) == 3);
+}
+
 static bool changes_algo(const dt_plan_layout *l) { return l->algo != DT_PLAN_SYNC || l->compress >= DT_PLAN_TOPK; }
 
 /* 2 hosts x 1 rank joined by 0.01 Gbit/s, an MLP: with --consider all, a layout that sends less
@@ -243,6 +288,7 @@ static void test_measure(void) {
 int main(void) {
     test_formulas();
     test_algo_formulas();
+    test_dp_sync();
     test_algorithms();
     test_slow_link();
     test_tight_memory();
