@@ -75,7 +75,21 @@ got=$(jget "int(d['comm_bytes']['tp'] / d['step'])" <"$TMP/tp.jsonl" 2>&1)
 if [ -n "$want" ] && [ "$want" = "$got" ]; then ok "tp 2 sends the $want bytes per step the plan predicts"
 else bad "tp bytes: plan $want, the run $got ($tflags)"; fi
 
-# 6. a bad cluster file names the field
+# 6. --probe caches the per-op times at the plan's shapes: the same plan uses them, a changed batch,
+# precision or model measures again
+SMALL="linear(32) relu linear(4)"
+$DT plan --probe --workers 2 --data "$TMP/d.csv" --model "$SMALL" --batch 32 >"$TMP/probe.txt" 2>&1
+hit=$($DT plan --workers 2 --data "$TMP/d.csv" --model "$SMALL" --batch 32 2>&1 | head -1)
+miss=""
+for change in "--batch 64" "--batch 32 --precision fp32,bf16" "--batch 32 --model linear(16) relu linear(4)"; do
+  # shellcheck disable=SC2086
+  miss+=$($DT plan --workers 2 --data "$TMP/d.csv" --model "$SMALL" $change 2>&1 | head -1 | grep -c "per-op times cached")
+done
+if grep -q "per-op times of .* nodes cached in" "$TMP/probe.txt" && grep -q "per-op times cached by --probe" <<<"$hit" &&
+   [ "$miss" = 000 ]; then ok "--probe caches the per-op times; a changed batch, precision or model misses"
+else bad "the per-op cache: probe $(cat "$TMP/probe.txt") / same plan: $hit / changed: $miss"; fi
+
+# 7. a bad cluster file names the field
 sed 's/"mem_GB": 80, //' "$ROOT/examples/clusters/dgx-a100.json" >"$TMP/bad.json"
 expect_fail "a cluster file without device.mem_GB" "bad.json: device.mem_GB: missing" \
   $DT plan --data "$TMP/d.csv" --batch 8 --cluster "$TMP/bad.json"
