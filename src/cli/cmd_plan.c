@@ -42,7 +42,7 @@ typedef struct {
     const char *model, *data, *cluster, *optimizer, *precision, *mem_limit_text, *consider;
     int batch, workers, hosts, rph, tp, pp, zero, top, threads;
     float momentum, val_fraction, inter_gbit, inter_lat_us;
-    bool json, probe, no_calibrate, measure_ops;
+    bool json, probe, no_calibrate, measure_ops, saves;
 } plan_args;
 
 /* --consider LIST: topk, powersgd, localsgd, ps or all into the request's mask. */
@@ -291,6 +291,8 @@ static void add_entry(cJSON *arr, const dt_plan_entry *e, int G) {
     cJSON_AddNumberToObject(o, "comm_tp_s", e->c.comm_tp), cJSON_AddNumberToObject(o, "comm_pp_s", e->c.comm_pp);
     cJSON_AddNumberToObject(o, "comm_dp_s", e->c.comm_dp), cJSON_AddNumberToObject(o, "tp_bytes", e->c.tp_bytes);
     cJSON_AddNumberToObject(o, "dp_bytes", e->c.dp_bytes), cJSON_AddNumberToObject(o, "mem_bytes", e->c.mem);
+    cJSON_AddNumberToObject(o, "mem_at_eval_ckpt_bytes", e->c.mem + e->c.mem_sync);
+    cJSON_AddBoolToObject(o, "eval_ckpt_counted", e->c.sync_counts);
     cJSON_AddBoolToObject(o, "fits", e->c.fits);
     cJSON_AddItemToArray(arr, o);
 }
@@ -358,6 +360,8 @@ static int parse_args(int argc, char **argv, plan_args *a) {
         {"val-fraction", DT_FLAG_FLOAT, &a->val_fraction, "F", "text data: as dtrain train"},
         {"json", DT_FLAG_BOOL, &a->json, NULL, "one JSON object instead of the table"},
         {"probe", DT_FLAG_BOOL, &a->probe, NULL, "measure this host's collectives and memory bandwidth, cache them"},
+        {"saves", DT_FLAG_BOOL, &a->saves, NULL, "the run saves checkpoints or weights: a layout must fit while "
+         "they gather the model (--dry-run's 'at eval/ckpt' row; ZeRO-3's evaluation always counts)"},
         {"measure-ops", DT_FLAG_BOOL, &a->measure_ops, NULL, "this host: measure the per-op times now, even where "
          "--probe cached them (dtrain bench plan does: the load of the moment)"},
         {"no-calibrate", DT_FLAG_BOOL, &a->no_calibrate, NULL, "this host: skip the few real training steps that measure the step's overhead beyond its nodes"},
@@ -421,9 +425,12 @@ int dt_cli_plan_run(int argc, char **argv, dt_plan_entry *best) {
     if (!a.cluster && a.hosts > 1) c.link[DT_PLAN_INTER] = declared;
     size_t copy = 0;
     if (dt_train_plan_loader(&tc, &copy) != DT_OK) copy = 0;
+    /* as --dry-run: image data has a test set, text data a validation part unless --val-fraction 0 */
+    const bool text = tc.data && (!strncmp(tc.data, "text:", 5) || !strcmp(tc.data, "kjv"));
     const dt_plan_request req = {.G = a.batch, .ranks = c.hosts * c.ranks_per_host, .precs = precs, .fix_tp = a.tp,
                                  .fix_pp = a.pp, .fix_zero = a.zero, .mem_limit = (double)limit,
-                                 .extra = (double)copy, .want = a.top, .algos = algos};
+                                 .extra = (double)copy, .want = a.top, .algos = algos,
+                                 .evals = !text || a.val_fraction > 0, .saves = a.saves};
     dt_plan_result res;
     dt_status s = dt_plan_search(m, &pm, &tc.optim, &c, &req, &res);
     const double lim = limit ? (double)limit : c.mem_bytes;

@@ -103,6 +103,9 @@ typedef struct {
     double tp_bytes, dp_bytes, pp_bytes;                   /* bytes one rank sends per step per axis */
     int tp_level, dp_level, pp_level;                      /* the slowest link each axis crosses */
     double mem;                                            /* the fullest rank's bytes (dry-run model) */
+    double mem_sync;                                       /* more while evaluation or a checkpoint gathers
+                                                            * the model (--dry-run's 'at eval/ckpt') */
+    bool sync_counts;                                      /* the run does that: fits counts mem_sync */
     bool fits;
 } dt_plan_cost;
 
@@ -174,6 +177,8 @@ typedef struct {
     double extra;           /* bytes every rank holds beside the model (the loader's copy of the data) */
     int want;               /* fitting layouts wanted at the top (<= 0: 5) */
     int algos;              /* DT_PLAN_ALGO_* also searched (they change the numerics or the algorithm) */
+    bool evals;             /* the run evaluates (a test set or validation part): ZeRO-3 gathers the model */
+    bool saves;             /* the run saves checkpoints or weights: tp and pp gather the model */
 } dt_plan_request;
 
 typedef struct {

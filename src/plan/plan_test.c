@@ -2,7 +2,8 @@
  * 1F1B bubble, ZeRO's bytes per stage, the tp bytes `dtrain bench tp` counts, which link an axis
  * crosses; the data-parallel sync as ddp and ZeRO 1-3 run it (what is hidden, what blocks, the
  * waits, MPI's reduce-scatter); the search on planted clusters whose answer is known (a slow inter-host link makes tp
- * across hosts lose; a tight memory limit forces ZeRO 3 or pp); cluster files whose bad field is
+ * across hosts lose; a tight memory limit forces ZeRO 3 or pp, and counts what evaluation and
+ * checkpoints gather); cluster files whose bad field is
  * named; per-node times measured here. */
 #include "core/test.h"
 #include "parallel/pp.h"
@@ -234,6 +235,48 @@ static void test_dp_sync(void) {
     CHECK(dt_plan_dp_waits(0, 1) == 0 && dt_plan_dp_waits(3, 4) == 3);
 }
 
+static bool z3_dp4(const dt_plan_layout *l) { return l->dp == 4 && l->zero == 3 && l->micro == 1 && l->bucket_mb == 1; }
+
+/* ZeRO-3's evaluation gathers the whole parameters (zero_state.c): a rank then holds 4 P bytes of
+ * them beside its gradients, optimizer state and activations (--dry-run's 'at eval/ckpt'). Under a
+ * limit between its training total and that, a run that evaluates must not get ZeRO-3. */
+static void test_eval_memory(void) {
+    dt_model *m;
+    dt_plan_model pm;
+    CHECK_OK(dt_model_build_unplaced(&m, "linear(1024) relu linear(1024) relu linear(1024) relu linear(1024) relu "
+                                     "linear(4)", 1, 1, 12));
+    CHECK_OK(dt_plan_model_init(&pm, m));
+    const dt_optim_config o = dt_optim_defaults(DT_OPTIM_ADAM);
+    const double P = pm.total_params;
+    const dt_mem_layout ml = {.dp = 4, .tp = 1, .pp = 1, .zero = 3, .microbatches = 1, .batch = 8, .bucket_mb = 1};
+    dt_mem_plan mp;
+    CHECK_OK(dt_mem_plan_rank(m, &o, &ml, 0, &mp));
+    CHECK_MSG(mp.sync > 1e6 && near(mp.total + mp.sync, 4 * P + mp.grads + mp.optim + mp.activations), "%g + %g",
+              mp.total, mp.sync);
+    dt_plan_cluster c = planted(1, 4, 100);
+    dt_plan_request r = {.G = 32, .ranks = 4, .precs = 1, .fix_tp = 1, .fix_pp = 1, .fix_zero = 3, .want = 1000000,
+                         .mem_limit = mp.total + mp.sync / 2};
+    dt_plan_result res;
+    CHECK_OK(dt_plan_search(m, &pm, &o, &c, &r, &res));
+    const dt_plan_entry *e = best_of(&res, z3_dp4);
+    CHECK_MSG(e && e->c.fits && !e->c.sync_counts, "trains only: fits %d", e ? e->c.fits : -1);
+    dt_plan_result_free(&res);
+    r.evals = true;
+    CHECK_OK(dt_plan_search(m, &pm, &o, &c, &r, &res));
+    CHECK(!best_of(&res, z3_dp4));
+    e = NULL;
+    for (int i = 0; i < res.n && !e; i++)
+        if (z3_dp4(&res.e[i].l) && res.e[i].c.mem >= 0) e = &res.e[i];
+    CHECK_MSG(e && !e->c.fits && e->c.sync_counts && near(e->c.mem_sync, mp.sync), "evaluates: fits %d",
+              e ? e->c.fits : -1);
+    char why[512] = "";
+    if (e) dt_plan_why(e, &res.e[0], &c, r.mem_limit, why, sizeof why);
+    CHECK_MSG(strstr(why, "does not fit") && strstr(why, "while evaluation or a checkpoint gathers"), "%s", why);
+    dt_plan_result_free(&res);
+    dt_plan_model_free(&pm);
+    dt_model_free(m);
+}
+
 static bool changes_algo(const dt_plan_layout *l) { return l->algo != DT_PLAN_SYNC || l->compress >= DT_PLAN_TOPK; }
 
 /* 2 hosts x 1 rank joined by 0.01 Gbit/s, an MLP: with --consider all, a layout that sends less
@@ -292,6 +335,7 @@ int main(void) {
     test_algorithms();
     test_slow_link();
     test_tight_memory();
+    test_eval_memory();
     test_cluster_files();
     test_measure();
     return dt_test_summary("plan_test");
