@@ -155,7 +155,9 @@ static void stage_cost(const dt_plan_model *pm, const dt_plan_cluster *c, const 
     }
 }
 
-int dt_plan_dp_waits(int zero, int dp) { return dp <= 1 ? 0 : zero >= 3 ? 3 : zero >= 1 ? 2 : 1; }
+int dt_plan_dp_waits(int zero, int compress, int dp) {
+    return dp > 1 && (zero == 1 || (zero == 0 && compress == DT_PLAN_FP32)) ? 1 : 0;
+}
 
 /* Exposed seconds of the data-parallel axis: the gradient sync of `params` values (and ZeRO's
  * gathers), as parallel/ddp.c and zero.c run it. ddp's allreduce of each bucket starts when the
@@ -164,7 +166,8 @@ int dt_plan_dp_waits(int zero, int dp) { return dp <= 1 ? 0 : zero >= 3 ? 3 : ze
  * runs its last bucket blocking after the backward, stages 2-3 start it in the hook: the same
  * exposed time); ZeRO 1-2 then all-gather the updated parameters, blocking, after the optimizer;
  * ZeRO-3 instead gathers each layer's parameters before its forward and its backward, hidden
- * behind them as the overlap allows. Each blocking rendezvous also waits coll_wait. */
+ * behind them as the overlap allows. A collective the rank's thread runs blocking right after the
+ * backward (ddp's and ZeRO-1's last bucket) also waits coll_wait (dt_plan_dp_waits). */
 static double dp_exposed(const dt_plan_model *pm, const dt_plan_cluster *c, const dt_plan_layout *l, double params,
                          double bwd, double fwd, dt_plan_cost *o) {
     const int d = l->dp;
@@ -173,7 +176,7 @@ static double dp_exposed(const dt_plan_model *pm, const dt_plan_cluster *c, cons
     const double mb = l->bucket_mb > 0 ? l->bucket_mb : 1;
     const double nb = ceil(params * 4 / (mb * 1048576.0)) > 1 ? ceil(params * 4 / (mb * 1048576.0)) : 1;
     o->dp_level = dt_plan_axis_level(c, l->tp * l->pp, d);
-    const double waits = dt_plan_dp_waits(l->zero, d) * c->coll_wait;
+    const double waits = dt_plan_dp_waits(l->zero, l->compress, d) * c->coll_wait;
     if (l->compress >= DT_PLAN_TOPK) {  /* per bucket like ddp's allreduce, hidden as far as the backward allows */
         const dt_plan_link lk = rank_link(c, o->dp_level);
         const double calls = l->compress == DT_PLAN_POWERSGD ? 2 : 1;
@@ -262,6 +265,8 @@ void dt_plan_predict(const dt_plan_model *pm, const dt_plan_cluster *c, const dt
         o->optim += pmax * 4 * 5 / c->mem_bw + (peak > 0 ? 4 * l->cparam * pm->mat_params / (peak * c->efficiency) : 0);
     }
     o->optim *= slow;
-    o->overhead = c->step_overhead + slow * (pm->ovh_fix + pm->ovh_per * (double)G / l->dp);
+    /* a pipeline's stages share the per-sample work beyond the nodes: the first loads the data, the
+     * last computes the loss, at the same time */
+    o->overhead = c->step_overhead + slow * (pm->ovh_fix + pm->ovh_per * (double)G / l->dp / l->pp);
     o->total = o->compute + o->comm + o->bubble + o->optim + o->overhead;
 }

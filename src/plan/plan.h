@@ -144,11 +144,13 @@ double dt_plan_tp_bytes(const dt_gpt_config *g, int b, int t);
  * max(1, (busy + 1) / cores). */
 double dt_plan_oversub(int ranks, int cores, double busy);
 
-/* Blocking rendezvous of the data-parallel sync per step, each paying the cluster's coll_wait:
- * ddp 1 (the last bucket's allreduce), ZeRO-1/2 2 (the last reduce-scatter; the parameters'
- * all-gather after the update), ZeRO-3 3 (the last reduce-scatter; the first gathers of forward
- * and of backward); 0 without data parallelism. */
-int dt_plan_dp_waits(int zero, int dp);
+/* Collectives of the data-parallel sync per step that the rank's own thread runs blocking right
+ * after the backward, each paying the cluster's coll_wait (the shm wait spins 200 us, then sleeps;
+ * waking costs a scheduling delay on a loaded host): 1 for ddp without compression (its last
+ * bucket, ddp.c) and for ZeRO-1 (its last bucket's reduce-scatter, zero.c); 0 for ZeRO-2/3 and the
+ * compressors, whose last bucket starts on the progress thread in the backward's hook (and the
+ * all-gather after the update finds the ranks together); 0 without data parallelism. */
+int dt_plan_dp_waits(int zero, int compress, int dp);
 
 /* The link an axis of `ranks` ranks with stride `stride` in the rank order crosses. */
 int dt_plan_axis_level(const dt_plan_cluster *c, int stride, int ranks);
