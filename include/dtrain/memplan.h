@@ -38,7 +38,8 @@ typedef struct {
     double activations;           /* the micro-batches in flight at once */
     double total;                 /* while training */
     double sync;                  /* more while evaluation and checkpoints gather the whole model (pp, tp,
-                                   * tp x pp; rank 0 also the optimizer state it writes); not in total */
+                                   * tp x pp: checkpoints, rank 0 also the optimizer state it writes;
+                                   * ZeRO-3 over dp: evaluation's parameters); not in total */
     int dp_rank, stage, tp_rank;  /* the rank's coordinates in the layout */
 } dt_mem_plan;
 

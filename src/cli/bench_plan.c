@@ -54,7 +54,7 @@ typedef struct {
 static cJSON *plan_json(const scenario *s) {
     char exe[PATH_MAX], cmd[8192];
     if (dt_bench_self(exe, sizeof exe)) return NULL;
-    int n0 = snprintf(cmd, sizeof cmd, "'%s' plan --model '%s' --data '%s' --batch %d --workers %d --json --top 100000",
+    int n0 = snprintf(cmd, sizeof cmd, "'%s' plan --model '%s' --data '%s' --batch %d --workers %d --json --top 100000 --measure-ops",
                       exe, s->model, s->data, s->G, s->ranks);
     if (s->rate) n0 += snprintf(cmd + n0, sizeof cmd - (size_t)n0, " --hosts %d --inter-gbit %g", s->ranks, s->gbit);
     if (s->consider) snprintf(cmd + n0, sizeof cmd - (size_t)n0, " --consider %s", s->consider);

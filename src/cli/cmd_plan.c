@@ -33,14 +33,16 @@ static const char PLAN_USAGE[] =
     "Without --cluster the cluster is this host with --workers N ranks: each node's time is measured\n"
     "here at the batch sizes the layouts run; --probe also measures the collectives' bandwidth and\n"
     "latency between N local ranks and the memory bandwidth, and caches them (DTRAIN_PLAN_CACHE, default\n"
-    "~/.cache/dtrain) for later plans and --strategy auto.\n\n"
+    "~/.cache/dtrain) for later plans and --strategy auto, with the per-op times at this plan's shapes\n"
+    "(a later plan of the same model, data, batch, ranks, precision and CPU uses them; --measure-ops\n"
+    "measures again).\n\n"
     "Example: dtrain plan --model gpt --data kjv --batch 48 --cluster examples/clusters/dgx-a100.json --hosts 2";
 
 typedef struct {
     const char *model, *data, *cluster, *optimizer, *precision, *mem_limit_text, *consider;
     int batch, workers, hosts, rph, tp, pp, zero, top, threads;
     float momentum, val_fraction, inter_gbit, inter_lat_us;
-    bool json, probe, no_calibrate;
+    bool json, probe, no_calibrate, measure_ops, saves;
 } plan_args;
 
 /* --consider LIST: topk, powersgd, localsgd, ps or all into the request's mask. */
@@ -98,7 +100,9 @@ static int load_cluster(const plan_args *a, dt_plan_cluster *c, char *source, si
                             : "defaults; dtrain plan --probe measures them");
     if (a->hosts > 1) {  /* emulated hosts on this machine (scripts/netns-hosts): the declared link between them */
         c->hosts = a->hosts, c->ranks_per_host = a->workers / a->hosts;
-        c->link[DT_PLAN_INTER] = (dt_plan_link){a->inter_gbit * 1e9 / 8, a->inter_lat_us * 1e-6};
+        /* MPI over TCP between them (netns-hosts): its reduce-scatter is not a ring; ZeRO's reduce-scatter
+         * and all-gather measured 1.5x the allreduce's time there (docs/plan.md): the reduce-scatter 2x */
+        c->link[DT_PLAN_INTER] = (dt_plan_link){a->inter_gbit * 1e9 / 8, a->inter_lat_us * 1e-6, 2};
         snprintf(source + n, cap - (size_t)n, ", as %d emulated hosts linked at %g Gbit/s, %g us", a->hosts,
                  a->inter_gbit, a->inter_lat_us);
     }
@@ -193,10 +197,21 @@ static dt_status calibrate(const dt_train_config *tc, const dt_plan_cluster *c, 
     return DT_OK;
 }
 
+/* Cached per-op times measured beside busy_then other runnable tasks, scaled to the load now: one
+ * process's share of the cores, max(1, (busy + 1) / cores), then against now. */
+static void scale_to_load(dt_plan_model *pm, double busy_then) {
+    const long n = sysconf(_SC_NPROCESSORS_ONLN);
+    const double cores = n > 0 ? (double)n : 1, now = (dt_cli_plan_busy() + 1) / cores, then = (busy_then + 1) / cores;
+    const double f = (now > 1 ? now : 1) / (then > 1 ? then : 1);
+    for (int i = 0; i < pm->nodes; i++) pm->t_fix[i] *= f, pm->t_per[i] *= f;
+    pm->ovh_fix *= f, pm->ovh_per *= f;
+}
+
 /* Builds the model (unplaced) of a, its summary and, on this host, its per-node times and the step
- * overhead they miss. */
+ * overhead they miss: measured now, or those --probe cached under the same key (*cached). */
 static int load_model(const plan_args *a, const dt_train_config *tc, const dt_plan_cluster *c, bool measure,
-                      dt_model **m, dt_plan_model *pm) {
+                      dt_model **m, dt_plan_model *pm, bool *cached) {
+    *cached = false;
     dt_status s = dt_train_plan_model(tc, m);
     if (s != DT_OK) {
         dt_cli_fail("check --model and --data", "%s", dt_last_error());
@@ -204,20 +219,29 @@ static int load_model(const plan_args *a, const dt_train_config *tc, const dt_pl
     }
     if (dt_plan_model_init(pm, *m) != DT_OK) return dt_cli_fail(NULL, "%s", dt_last_error());
     if (!measure) return 0;
+    /* the micro-batches the layouts run lie between G / (ranks x 8) and G */
+    int b1 = a->batch / (a->workers * 8), b2 = a->batch;
+    if (b1 < 1) b1 = 1;
+    if (b2 <= b1) b2 = b1 + 1;
+    char key[1024];
+    dt_cli_plan_ops_key(dt_model_spec(*m), tc->data, b1, b2, a->workers, a->precision, !a->no_calibrate, key,
+                        sizeof key);
+    double busy_then = 0;
+    if (!a->probe && !a->measure_ops && dt_cli_plan_ops_load(key, pm, &busy_then)) {
+        scale_to_load(pm, busy_then);
+        return *cached = true, 0;
+    }
+    const double busy = a->probe ? dt_cli_plan_busy() : 0;
     dt_model_free(*m);
     *m = NULL;
     s = dt_train_plan_model(tc, m);
     if (s == DT_OK) s = dt_model_place(*m, NULL, 0);
     if (s == DT_OK) dt_model_init(*m, 1);
-    /* the micro-batches the layouts run lie between G / (ranks x 8) and G */
-    int b1 = a->batch / (a->workers * 8), b2 = a->batch;
-    if (b1 < 1) b1 = 1;
-    if (b2 <= b1) b2 = b1 + 1;
     if (s == DT_OK) s = dt_plan_model_measure(pm, *m, b1, b2, 5);
     const long cores = sysconf(_SC_NPROCESSORS_ONLN);
     if (s == DT_OK && !a->no_calibrate) s = calibrate(tc, c, pm, b1, b2, cores > 0 && a->workers >= cores);
     if (s != DT_OK) return dt_cli_fail("check --model, --data and --batch", "measuring the model: %s", dt_last_error());
-    return 0;
+    return a->probe ? dt_cli_plan_ops_save(key, pm, busy) : 0;
 }
 
 static void print_table(const dt_plan_result *res, int G, int top) {
@@ -267,6 +291,8 @@ static void add_entry(cJSON *arr, const dt_plan_entry *e, int G) {
     cJSON_AddNumberToObject(o, "comm_tp_s", e->c.comm_tp), cJSON_AddNumberToObject(o, "comm_pp_s", e->c.comm_pp);
     cJSON_AddNumberToObject(o, "comm_dp_s", e->c.comm_dp), cJSON_AddNumberToObject(o, "tp_bytes", e->c.tp_bytes);
     cJSON_AddNumberToObject(o, "dp_bytes", e->c.dp_bytes), cJSON_AddNumberToObject(o, "mem_bytes", e->c.mem);
+    cJSON_AddNumberToObject(o, "mem_at_eval_ckpt_bytes", e->c.mem + e->c.mem_sync);
+    cJSON_AddBoolToObject(o, "eval_ckpt_counted", e->c.sync_counts);
     cJSON_AddBoolToObject(o, "fits", e->c.fits);
     cJSON_AddItemToArray(arr, o);
 }
@@ -334,6 +360,10 @@ static int parse_args(int argc, char **argv, plan_args *a) {
         {"val-fraction", DT_FLAG_FLOAT, &a->val_fraction, "F", "text data: as dtrain train"},
         {"json", DT_FLAG_BOOL, &a->json, NULL, "one JSON object instead of the table"},
         {"probe", DT_FLAG_BOOL, &a->probe, NULL, "measure this host's collectives and memory bandwidth, cache them"},
+        {"saves", DT_FLAG_BOOL, &a->saves, NULL, "the run saves checkpoints or weights: a layout must fit while "
+         "they gather the model (--dry-run's 'at eval/ckpt' row; ZeRO-3's evaluation always counts)"},
+        {"measure-ops", DT_FLAG_BOOL, &a->measure_ops, NULL, "this host: measure the per-op times now, even where "
+         "--probe cached them (dtrain bench plan does: the load of the moment)"},
         {"no-calibrate", DT_FLAG_BOOL, &a->no_calibrate, NULL, "this host: skip the few real training steps that measure the step's overhead beyond its nodes"},
     };
     int r = dt_flags_parse(argc, argv, 1, flags, (int)(sizeof flags / sizeof *flags), PLAN_USAGE, NULL, 0, NULL, NULL);
@@ -376,9 +406,14 @@ int dt_cli_plan_run(int argc, char **argv, dt_plan_entry *best) {
     dt_set_threads(a.threads);
     dt_model *m = NULL;
     dt_plan_model pm = {0};
-    if ((r = load_model(&a, &tc, &c, !a.cluster, &m, &pm))) {
+    bool ops_cached = false;
+    if ((r = load_model(&a, &tc, &c, !a.cluster, &m, &pm, &ops_cached))) {
         dt_model_free(m), dt_plan_model_free(&pm);
         return r;
+    }
+    if (ops_cached) {
+        const size_t n = strlen(source);
+        snprintf(source + n, sizeof source - n, "; per-op times cached by --probe, scaled to the load now");
     }
     /* a probed host: its links again now at the model's gradient size (the load moves them); the
      * emulated hosts' declared link stays */
@@ -390,9 +425,12 @@ int dt_cli_plan_run(int argc, char **argv, dt_plan_entry *best) {
     if (!a.cluster && a.hosts > 1) c.link[DT_PLAN_INTER] = declared;
     size_t copy = 0;
     if (dt_train_plan_loader(&tc, &copy) != DT_OK) copy = 0;
+    /* as --dry-run: image data has a test set, text data a validation part unless --val-fraction 0 */
+    const bool text = tc.data && (!strncmp(tc.data, "text:", 5) || !strcmp(tc.data, "kjv"));
     const dt_plan_request req = {.G = a.batch, .ranks = c.hosts * c.ranks_per_host, .precs = precs, .fix_tp = a.tp,
                                  .fix_pp = a.pp, .fix_zero = a.zero, .mem_limit = (double)limit,
-                                 .extra = (double)copy, .want = a.top, .algos = algos};
+                                 .extra = (double)copy, .want = a.top, .algos = algos,
+                                 .evals = !text || a.val_fraction > 0, .saves = a.saves};
     dt_plan_result res;
     dt_status s = dt_plan_search(m, &pm, &tc.optim, &c, &req, &res);
     const double lim = limit ? (double)limit : c.mem_bytes;

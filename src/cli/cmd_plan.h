@@ -27,6 +27,20 @@ int dt_cli_plan_probe(int ranks, dt_plan_cluster *c);
  * 8 MB probe does not) into c's links. On a shared host both follow the load within minutes
  * (a blocked rank waits for the scheduler). 0 or the exit status. */
 int dt_cli_plan_links_now(int ranks, double values, dt_plan_cluster *c);
+/* The planner's cache directory (DTRAIN_PLAN_CACHE, else ~/.cache/dtrain) into buf, made when
+ * `make`; false when there is none (no HOME). */
+bool dt_cli_plan_cache_dir(char *buf, size_t cap, bool make);
+/* The per-op times --probe measured (pm's t_fix, t_per, ovh_fix, ovh_per) under `key` (the model,
+ * data shape, batches, precision, ranks and CPU: plan_opcache.c) into pm, and the other runnable
+ * tasks when they were measured into *busy; false when none is cached under that key. */
+bool dt_cli_plan_ops_load(const char *key, dt_plan_model *pm, double *busy);
+/* Caches pm's per-op times under key (measured beside `busy` other runnable tasks); 0 or the exit
+ * status after saying why. */
+int dt_cli_plan_ops_save(const char *key, const dt_plan_model *pm, double busy);
+/* The cache key of the per-op times of model spec on data set `data` measured at batches b1 and b2
+ * for `ranks` ranks at precisions `prec` (calibrated: with the step overhead), on this CPU, into buf. */
+void dt_cli_plan_ops_key(const char *spec, const char *data, int b1, int b2, int ranks, const char *prec,
+                         bool calibrated, char *buf, size_t cap);
 /* Whether argv asks `dtrain train` for --strategy auto. */
 bool dt_cli_strategy_is_auto(int argc, char **argv);
 /* dtrain train --strategy auto: plans the run on this host, prints the plan and the choice, and runs

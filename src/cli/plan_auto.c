@@ -58,6 +58,10 @@ static int choose(int argc, char **argv, dt_plan_entry *best, int *G) {
         snprintf(names[k], sizeof names[k], "--%s", pass[k]);
         args[n++] = names[k], args[n++] = (char *)v;
     }
+    /* a run that saves must fit while the save gathers the model */
+    if (dt_cli_flag_given(argc, argv, "save") || dt_cli_flag_given(argc, argv, "save-weights") ||
+        dt_cli_flag_given(argc, argv, "checkpoint-every"))
+        args[n++] = "--saves";
     return dt_cli_plan_run(n, args, best);
 }
 

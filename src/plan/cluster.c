@@ -6,7 +6,9 @@
  *               "node_overhead_us": 10, "step_overhead_ms": 0},
  *    "links": {"intra": {"bandwidth_Gbit_s": 2400, "latency_us": 3},
  *              "inter": {"bandwidth_Gbit_s": 1600, "latency_us": 5}}}
- * Inter-node bandwidth is a host's aggregate (all its NICs), shared by its ranks. */
+ * Inter-node bandwidth is a host's aggregate (all its NICs), shared by its ranks. Optional:
+ * device.collective_wait_us (a blocking collective's wait for descheduled ranks, per rendezvous)
+ * and links.*.reduce_scatter_factor (a reduce-scatter's cost over the ring's: 2 over MPI/TCP). */
 #include "plan/plan.h"
 
 #include <cJSON.h>
@@ -72,6 +74,9 @@ static dt_status parse_device(const cJSON *d, const char *what, dt_plan_cluster 
     DT_TRY(num(d, "device", "overlap", false, true, 1, "0.8", what, &c->overlap));
     DT_TRY(num(d, "device", "node_overhead_us", false, true, 1e6, "10", what, &oh_us));
     DT_TRY(num(d, "device", "step_overhead_ms", false, true, 1e6, "1", what, &st_ms));
+    double wait_us = c->coll_wait * 1e6;
+    DT_TRY(num(d, "device", "collective_wait_us", false, true, 1e7, "0", what, &wait_us));
+    c->coll_wait = wait_us * 1e-6;
     c->mem_bw = gbs * 1e9, c->mem_bytes = gb * 1e9, c->node_overhead = oh_us * 1e-6, c->step_overhead = st_ms * 1e-3;
     return DT_OK;
 }
@@ -85,7 +90,9 @@ static dt_status parse_link(const cJSON *links, const char *key, bool required, 
     double gbit = 0, us = 0;
     DT_TRY(num(o, path, "bandwidth_Gbit_s", true, false, 1e7, "200", what, &gbit));
     DT_TRY(num(o, path, "latency_us", true, true, 1e7, "5", what, &us));
-    l->bw = gbit * 1e9 / 8, l->lat = us * 1e-6;
+    double rsf = 1;
+    DT_TRY(num(o, path, "reduce_scatter_factor", false, false, 100, "1", what, &rsf));
+    l->bw = gbit * 1e9 / 8, l->lat = us * 1e-6, l->rs_factor = rsf;
     return DT_OK;
 }
 
@@ -118,7 +125,7 @@ static dt_status parse_root(const cJSON *root, const char *what, dt_plan_cluster
 }
 
 dt_status dt_plan_cluster_parse(const char *text, const char *what, dt_plan_cluster *c) {
-    *c = (dt_plan_cluster){.efficiency = 0.5, .overlap = 0.8};
+    *c = (dt_plan_cluster){.efficiency = 0.5, .overlap = 0.8, .link = {{.rs_factor = 1}, {.rs_factor = 1}}};
     cJSON *root = cJSON_Parse(text);
     if (!root) {
         const char *at = cJSON_GetErrorPtr();
@@ -158,11 +165,13 @@ dt_status dt_plan_cluster_save(const dt_plan_cluster *c, const char *path) {
     for (int k = 0, n = 0; k < DT_PLAN_NPREC; k++)
         if (c->peak[k] > 0) fprintf(f, "%s\"%s\": %.6g", n++ ? ", " : "", g_prec[k], c->peak[k] / 1e12);
     fprintf(f, "}, \"efficiency\": %.6g, \"mem_bandwidth_GB_s\": %.6g, \"mem_GB\": %.6g, \"overlap\": %.6g, "
-            "\"node_overhead_us\": %.6g, \"step_overhead_ms\": %.6g},\n \"links\": {", c->efficiency, c->mem_bw / 1e9,
-            c->mem_bytes / 1e9, c->overlap, c->node_overhead * 1e6, c->step_overhead * 1e3);
+            "\"node_overhead_us\": %.6g, \"step_overhead_ms\": %.6g, \"collective_wait_us\": %.6g},\n \"links\": {",
+            c->efficiency, c->mem_bw / 1e9, c->mem_bytes / 1e9, c->overlap, c->node_overhead * 1e6,
+            c->step_overhead * 1e3, c->coll_wait * 1e6);
     for (int k = 0; k < 2; k++)
-        fprintf(f, "%s\"%s\": {\"bandwidth_Gbit_s\": %.6g, \"latency_us\": %.6g}", k ? ", " : "", k ? "inter" : "intra",
-                c->link[k].bw * 8 / 1e9, c->link[k].lat * 1e6);
+        fprintf(f, "%s\"%s\": {\"bandwidth_Gbit_s\": %.6g, \"latency_us\": %.6g, \"reduce_scatter_factor\": %.6g}",
+                k ? ", " : "", k ? "inter" : "intra", c->link[k].bw * 8 / 1e9, c->link[k].lat * 1e6,
+                c->link[k].rs_factor > 0 ? c->link[k].rs_factor : 1);
     fprintf(f, "}}\n");
     const bool ok = fflush(f) == 0 && !ferror(f) && fsync(fileno(f)) == 0;
     if (fclose(f) != 0 || !ok || rename(tmp, path) != 0) {

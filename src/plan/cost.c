@@ -155,8 +155,19 @@ static void stage_cost(const dt_plan_model *pm, const dt_plan_cluster *c, const 
     }
 }
 
+int dt_plan_dp_waits(int zero, int compress, int dp) {
+    return dp > 1 && (zero == 1 || (zero == 0 && compress == DT_PLAN_FP32)) ? 1 : 0;
+}
+
 /* Exposed seconds of the data-parallel axis: the gradient sync of `params` values (and ZeRO's
- * gathers), hidden behind the last micro-batch's backward (bwd seconds) as the cluster allows. */
+ * gathers), as parallel/ddp.c and zero.c run it. ddp's allreduce of each bucket starts when the
+ * backward completes it and hides behind the rest of the backward (bwd seconds) as far as the
+ * cluster's overlap allows, never the last bucket. ZeRO 1-3 reduce-scatter the same way (stage 1
+ * runs its last bucket blocking after the backward, stages 2-3 start it in the hook: the same
+ * exposed time); ZeRO 1-2 then all-gather the updated parameters, blocking, after the optimizer;
+ * ZeRO-3 instead gathers each layer's parameters before its forward and its backward, hidden
+ * behind them as the overlap allows. A collective the rank's thread runs blocking right after the
+ * backward (ddp's and ZeRO-1's last bucket) also waits coll_wait (dt_plan_dp_waits). */
 static double dp_exposed(const dt_plan_model *pm, const dt_plan_cluster *c, const dt_plan_layout *l, double params,
                          double bwd, double fwd, dt_plan_cost *o) {
     const int d = l->dp;
@@ -165,12 +176,13 @@ static double dp_exposed(const dt_plan_model *pm, const dt_plan_cluster *c, cons
     const double mb = l->bucket_mb > 0 ? l->bucket_mb : 1;
     const double nb = ceil(params * 4 / (mb * 1048576.0)) > 1 ? ceil(params * 4 / (mb * 1048576.0)) : 1;
     o->dp_level = dt_plan_axis_level(c, l->tp * l->pp, d);
+    const double waits = dt_plan_dp_waits(l->zero, l->compress, d) * c->coll_wait;
     if (l->compress >= DT_PLAN_TOPK) {  /* per bucket like ddp's allreduce, hidden as far as the backward allows */
         const dt_plan_link lk = rank_link(c, o->dp_level);
         const double calls = l->compress == DT_PLAN_POWERSGD ? 2 : 1;
         const double sync = dt_plan_sync_s(pm, params, d, l->compress, l->cparam, lk, &o->dp_bytes) +
                             (nb - 1) * calls * (d - 1) * lk.lat, hide = c->overlap * bwd;
-        return sync - hide > sync / nb ? sync - hide : sync / nb;
+        return (sync - hide > sync / nb ? sync - hide : sync / nb) + waits;
     }
     o->dp_bytes = dt_plan_zero_bytes(l->zero, d, S);
     const dt_plan_link in = c->link[DT_PLAN_INTRA], lk = rank_link(c, o->dp_level);
@@ -178,19 +190,22 @@ static double dp_exposed(const dt_plan_model *pm, const dt_plan_cluster *c, cons
      * host over k ranks, then the k-th share between the hosts */
     const int k = o->dp_level == DT_PLAN_INTER ? c->ranks_per_host / (l->tp * l->pp) : d;
     const int h = o->dp_level == DT_PLAN_INTER && k >= 1 ? d / (k > 0 ? k : 1) : 1;
-    double half = o->dp_level == DT_PLAN_INTER && k > 1
-                      ? dt_plan_ring_half_s(S, k, in) + dt_plan_ring_half_s(S / k, h, lk)
-                      : dt_plan_ring_half_s(S, d, lk);
-    half += (nb - 1) * (d - 1) * lk.lat;  /* every bucket pays the ring's latency */
+    const bool hier = o->dp_level == DT_PLAN_INTER && k > 1;
+    const double local = hier ? dt_plan_ring_half_s(S, k, in) : 0;
+    const double wide = hier ? dt_plan_ring_half_s(S / k, h, lk) : dt_plan_ring_half_s(S, d, lk);
+    const double lats = (nb - 1) * (d - 1) * lk.lat;  /* every bucket pays the ring's latency */
+    const double half = local + wide + lats;
     const double hide = l->pp > 1 ? 0 : c->overlap * bwd;  /* a pipeline syncs after its flush */
-    double sync = half + (l->zero >= 2 ? 0 : half);        /* ddp, ZeRO-1: the allreduce's volume under backward */
-    double exposed = sync - hide > sync / nb ? sync - hide : sync / nb;
-    if (l->zero >= 2) exposed += half;                     /* the parameters' all-gather after the update */
-    if (l->zero >= 3) {                                    /* a gather before forward and before backward */
-        const double g = 2 * half, h3 = c->overlap * (fwd + bwd);
-        exposed += g - h3 > g / nb ? g - h3 : g / nb;
+    if (l->zero == 0) {  /* the allreduce's volume under the backward */
+        const double sync = 2 * half;
+        return (sync - hide > sync / nb ? sync - hide : sync / nb) + waits;
     }
-    return exposed;
+    /* ZeRO's own reduce-scatter (MPI's is not a ring: rs_factor) under the backward */
+    const double rsf = lk.rs_factor > 0 ? lk.rs_factor : 1, rs = local + rsf * wide + lats;
+    double exposed = (rs - hide > rs / nb ? rs - hide : rs / nb) + waits;
+    if (l->zero <= 2) return exposed + half;  /* the parameters' all-gather after the update */
+    const double g = 2 * half, h3 = c->overlap * (fwd + bwd);  /* a gather before forward and before backward */
+    return exposed + (g - h3 > g / nb ? g - h3 : g / nb);
 }
 
 void dt_plan_predict(const dt_plan_model *pm, const dt_plan_cluster *c, const dt_plan_layout *l, int G, int moments,
@@ -226,15 +241,17 @@ void dt_plan_predict(const dt_plan_model *pm, const dt_plan_cluster *c, const dt
     }
     /* the update reads parameters and gradients, writes parameters, reads and writes each moment */
     const double owned = l->zero >= 1 && l->dp > 1 ? pmax / l->dp : pmax;
+    const double slow = c->oversub > 1 ? c->oversub : 1;  /* the update and the casts share the cores too */
     o->optim = owned * 4 * (3 + 2 * moments) / c->mem_bw;
     if (l->algo == DT_PLAN_LOCALSGD) {  /* no gradient sync; the models averaged every H steps, blocking */
         o->dp_level = dt_plan_axis_level(c, 1, l->dp);
         o->dp_bytes = 2.0 * (l->dp - 1) / l->dp * pmax * 4 / l->sync_every;
-        o->comm_dp = dt_plan_ring_allreduce_s(pmax * 4, l->dp, rank_link(c, o->dp_level)) / l->sync_every;
+        o->comm_dp = (dt_plan_ring_allreduce_s(pmax * 4, l->dp, rank_link(c, o->dp_level)) + c->coll_wait) /
+                     l->sync_every;
     } else if (l->algo == DT_PLAN_PS) {  /* push, the server's update of its shard, pull; no update here */
         o->dp_level = dt_plan_axis_level(c, 1, l->dp + l->servers);
         o->dp_bytes = 2 * pmax * 4;
-        o->comm_dp = dt_plan_ps_s(pmax, l->dp, l->servers, rank_link(c, o->dp_level));
+        o->comm_dp = dt_plan_ps_s(pmax, l->dp, l->servers, rank_link(c, o->dp_level)) + c->coll_wait;
         o->optim = pmax / l->servers * 4 * (3 + 2 * moments) / c->mem_bw;
     } else {
         o->comm_dp = dp_exposed(pm, c, l, pmax, crit * 2.0 / 3.0, crit / 3.0, o);
@@ -247,7 +264,9 @@ void dt_plan_predict(const dt_plan_model *pm, const dt_plan_cluster *c, const dt
         const double peak = c->peak[l->prec] > 0 ? c->peak[l->prec] : c->peak[DT_PLAN_FP32];
         o->optim += pmax * 4 * 5 / c->mem_bw + (peak > 0 ? 4 * l->cparam * pm->mat_params / (peak * c->efficiency) : 0);
     }
-    const double slow = c->oversub > 1 ? c->oversub : 1;
-    o->overhead = c->step_overhead + slow * (pm->ovh_fix + pm->ovh_per * (double)G / l->dp);
+    o->optim *= slow;
+    /* a pipeline's stages share the per-sample work beyond the nodes: the first loads the data, the
+     * last computes the loss, at the same time */
+    o->overhead = c->step_overhead + slow * (pm->ovh_fix + pm->ovh_per * (double)G / l->dp / l->pp);
     o->total = o->compute + o->comm + o->bubble + o->optim + o->overhead;
 }

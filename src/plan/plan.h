@@ -26,6 +26,7 @@ enum { DT_PLAN_ALGO_TOPK = 1, DT_PLAN_ALGO_POWERSGD = 2, DT_PLAN_ALGO_LOCALSGD =
  * of one message in seconds. */
 typedef struct {
     double bw, lat;
+    double rs_factor;  /* a reduce-scatter costs this many times the ring's (MPI between hosts: 2; <= 0: 1) */
 } dt_plan_link;
 
 /* A cluster of identical hosts. */
@@ -39,6 +40,8 @@ typedef struct {
     double overlap;              /* fraction of backward that can hide gradient traffic (0..1) */
     double node_overhead;        /* seconds per graph node per pass (kernel launch, dispatch) */
     double step_overhead;        /* seconds per step outside compute and comm (data, bookkeeping) */
+    double coll_wait;            /* seconds a blocking collective waits for ranks the scheduler has not run yet,
+                                  * per rendezvous after compute (measured here; 0 on a dedicated device) */
     double oversub;              /* compute slows by this factor (ranks sharing cores; <= 1: none); not in files */
     dt_plan_link link[2];        /* DT_PLAN_INTRA, DT_PLAN_INTER */
 } dt_plan_cluster;
@@ -100,6 +103,9 @@ typedef struct {
     double tp_bytes, dp_bytes, pp_bytes;                   /* bytes one rank sends per step per axis */
     int tp_level, dp_level, pp_level;                      /* the slowest link each axis crosses */
     double mem;                                            /* the fullest rank's bytes (dry-run model) */
+    double mem_sync;                                       /* more while evaluation or a checkpoint gathers
+                                                            * the model (--dry-run's 'at eval/ckpt') */
+    bool sync_counts;                                      /* the run does that: fits counts mem_sync */
     bool fits;
 } dt_plan_cost;
 
@@ -138,6 +144,14 @@ double dt_plan_tp_bytes(const dt_gpt_config *g, int b, int t);
  * max(1, (busy + 1) / cores). */
 double dt_plan_oversub(int ranks, int cores, double busy);
 
+/* Collectives of the data-parallel sync per step that the rank's own thread runs blocking right
+ * after the backward, each paying the cluster's coll_wait (the shm wait spins 200 us, then sleeps;
+ * waking costs a scheduling delay on a loaded host): 1 for ddp without compression (its last
+ * bucket, ddp.c) and for ZeRO-1 (its last bucket's reduce-scatter, zero.c); 0 for ZeRO-2/3 and the
+ * compressors, whose last bucket starts on the progress thread in the backward's hook (and the
+ * all-gather after the update finds the ranks together); 0 without data parallelism. */
+int dt_plan_dp_waits(int zero, int compress, int dp);
+
 /* The link an axis of `ranks` ranks with stride `stride` in the rank order crosses. */
 int dt_plan_axis_level(const dt_plan_cluster *c, int stride, int ranks);
 
@@ -165,6 +179,8 @@ typedef struct {
     double extra;           /* bytes every rank holds beside the model (the loader's copy of the data) */
     int want;               /* fitting layouts wanted at the top (<= 0: 5) */
     int algos;              /* DT_PLAN_ALGO_* also searched (they change the numerics or the algorithm) */
+    bool evals;             /* the run evaluates (a test set or validation part): ZeRO-3 gathers the model */
+    bool saves;             /* the run saves checkpoints or weights: tp and pp gather the model */
 } dt_plan_request;
 
 typedef struct {

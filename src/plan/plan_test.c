@@ -1,7 +1,9 @@
 /* The planner against hand-worked cases: a ring allreduce's time from bandwidth and latency, the
  * 1F1B bubble, ZeRO's bytes per stage, the tp bytes `dtrain bench tp` counts, which link an axis
- * crosses; the search on planted clusters whose answer is known (a slow inter-host link makes tp
- * across hosts lose; a tight memory limit forces ZeRO 3 or pp); cluster files whose bad field is
+ * crosses; the data-parallel sync as ddp and ZeRO 1-3 run it (what is hidden, what blocks, the
+ * waits, MPI's reduce-scatter); the search on planted clusters whose answer is known (a slow inter-host link makes tp
+ * across hosts lose; a tight memory limit forces ZeRO 3 or pp, and counts what evaluation and
+ * checkpoints gather); cluster files whose bad field is
  * named; per-node times measured here. */
 #include "core/test.h"
 #include "parallel/pp.h"
@@ -189,6 +191,106 @@ static void test_algo_formulas(void) {
     CHECK(near(dt_plan_oversub(2, 2, 6), 8.0 / 7) && near(dt_plan_oversub(1, 1, 0), 1));
 }
 
+/* The data-parallel sync as ddp.c and zero.c run it, by hand: one node of 1e6 parameters (4 MB),
+ * 3 ms of forward + backward (backward 2 ms), 2 ranks on a 1 GB/s link without latency, overlap
+ * 0.5 (1 ms hidden), 1 MB buckets (4 of them: never less than one exposed), a collective wait of
+ * 1 ms. A half (reduce-scatter or all-gather) of 4 MB over 2 ranks: 2 ms. */
+static void test_dp_sync(void) {
+    double flops = 1, bytes = 1, params = 1e6, outb = 4, fix = 3e-3, per = 0;
+    bool split = false;
+    const dt_plan_model pm = {.nodes = 1, .flops = &flops, .bytes = &bytes, .params = &params, .out_bytes = &outb,
+                              .split = &split, .t_fix = &fix, .t_per = &per, .total_params = 1e6};
+    dt_plan_cluster c = {.hosts = 1, .ranks_per_host = 2, .efficiency = 1, .mem_bw = 1e10, .mem_bytes = 1e9,
+                         .overlap = 0.5, .coll_wait = 1e-3, .link = {{1e9, 0, 1}, {1e9, 0, 1}}};
+    c.peak[DT_PLAN_FP32] = 1e12;
+    const int first[2] = {0, 1};
+    dt_plan_layout l = {.dp = 2, .tp = 1, .pp = 1, .micro = 1, .bucket_mb = 1};
+    dt_plan_cost o;
+    /* ddp: the allreduce (4 ms) less the 1 ms hidden, one wait (its last bucket runs blocking) */
+    dt_plan_predict(&pm, &c, &l, 2, 2, first, &o);
+    CHECK_MSG(near(o.comm_dp, 3e-3 + 1e-3), "ddp %g", o.comm_dp);
+    /* ZeRO-1 and ZeRO-2: the reduce-scatter less 1 ms hidden, then the all-gather after the update,
+     * exposed; ZeRO-1 runs its last bucket blocking (one wait), ZeRO-2 starts it in the hook */
+    for (int z = 1; z <= 2; z++) {
+        l.zero = z;
+        dt_plan_predict(&pm, &c, &l, 2, 2, first, &o);
+        CHECK_MSG(near(o.comm_dp, 1e-3 + 2e-3 + (z == 1 ? 1e-3 : 0)), "ZeRO-%d %g", z, o.comm_dp);
+    }
+    /* ZeRO-3: no all-gather after the update; its gathers before forward and backward (4 ms) hide
+     * behind half of the 3 ms: 2.5 ms; no wait */
+    l.zero = 3;
+    dt_plan_predict(&pm, &c, &l, 2, 2, first, &o);
+    CHECK_MSG(near(o.comm_dp, 1e-3 + 2.5e-3), "ZeRO-3 %g", o.comm_dp);
+    /* ddp with bf16 gradients: the allreduce of half the bytes (2 ms) less the 1 ms hidden; its last
+     * bucket starts on the progress thread: no wait */
+    l.zero = 0, l.compress = DT_PLAN_BF16;
+    dt_plan_predict(&pm, &c, &l, 2, 2, first, &o);
+    CHECK_MSG(near(o.comm_dp, 1e-3), "ddp bf16 %g", o.comm_dp);
+    l.compress = DT_PLAN_FP32;
+    /* over MPI between hosts the reduce-scatter costs twice the ring's: ZeRO-1 1.5x ddp's bytes */
+    c.link[DT_PLAN_INTRA].rs_factor = 2, c.coll_wait = 0, l.zero = 1;
+    dt_plan_predict(&pm, &c, &l, 2, 2, first, &o);
+    CHECK_MSG(near(o.comm_dp, 3e-3 + 2e-3), "ZeRO-1 over MPI %g", o.comm_dp);
+    l.zero = 0;
+    dt_plan_predict(&pm, &c, &l, 2, 2, first, &o);
+    CHECK_MSG(near(o.comm_dp, 3e-3), "ddp over MPI %g", o.comm_dp);
+    /* the optimizer shares the cores: Adam on ZeRO-1's half, 7 x 4 bytes a value at 10 GB/s, x 2 */
+    l.zero = 1, c.oversub = 2;
+    dt_plan_predict(&pm, &c, &l, 2, 2, first, &o);
+    CHECK_MSG(near(o.optim, 2 * 0.5e6 * 28 / 1e10) && near(o.compute, 6e-3), "optim %g compute %g", o.optim, o.compute);
+    /* the step's other work (data, loss) per sample: the stages of a pipeline share it */
+    dt_plan_model pm2 = pm;
+    pm2.ovh_per = 1e-4;
+    const int cut2[3] = {0, 1, 1};
+    const dt_plan_layout pp2 = {.dp = 1, .tp = 1, .pp = 2, .micro = 2, .bucket_mb = 1};
+    c.oversub = 1;
+    dt_plan_predict(&pm2, &c, &pp2, 64, 2, cut2, &o);
+    CHECK_MSG(near(o.overhead, 1e-4 * 64 / 2), "pp2 other %g", o.overhead);
+    CHECK(dt_plan_dp_waits(0, DT_PLAN_FP32, 1) == 0 && dt_plan_dp_waits(3, DT_PLAN_FP32, 4) == 0);
+}
+
+static bool z3_dp4(const dt_plan_layout *l) { return l->dp == 4 && l->zero == 3 && l->micro == 1 && l->bucket_mb == 1; }
+
+/* ZeRO-3's evaluation gathers the whole parameters (zero_state.c): a rank then holds 4 P bytes of
+ * them beside its gradients, optimizer state and activations (--dry-run's 'at eval/ckpt'). Under a
+ * limit between its training total and that, a run that evaluates must not get ZeRO-3. */
+static void test_eval_memory(void) {
+    dt_model *m;
+    dt_plan_model pm;
+    CHECK_OK(dt_model_build_unplaced(&m, "linear(1024) relu linear(1024) relu linear(1024) relu linear(1024) relu "
+                                     "linear(4)", 1, 1, 12));
+    CHECK_OK(dt_plan_model_init(&pm, m));
+    const dt_optim_config o = dt_optim_defaults(DT_OPTIM_ADAM);
+    const double P = pm.total_params;
+    const dt_mem_layout ml = {.dp = 4, .tp = 1, .pp = 1, .zero = 3, .microbatches = 1, .batch = 8, .bucket_mb = 1};
+    dt_mem_plan mp;
+    CHECK_OK(dt_mem_plan_rank(m, &o, &ml, 0, &mp));
+    CHECK_MSG(mp.sync > 1e6 && near(mp.total + mp.sync, 4 * P + mp.grads + mp.optim + mp.activations), "%g + %g",
+              mp.total, mp.sync);
+    dt_plan_cluster c = planted(1, 4, 100);
+    dt_plan_request r = {.G = 32, .ranks = 4, .precs = 1, .fix_tp = 1, .fix_pp = 1, .fix_zero = 3, .want = 1000000,
+                         .mem_limit = mp.total + mp.sync / 2};
+    dt_plan_result res;
+    CHECK_OK(dt_plan_search(m, &pm, &o, &c, &r, &res));
+    const dt_plan_entry *e = best_of(&res, z3_dp4);
+    CHECK_MSG(e && e->c.fits && !e->c.sync_counts, "trains only: fits %d", e ? e->c.fits : -1);
+    dt_plan_result_free(&res);
+    r.evals = true;
+    CHECK_OK(dt_plan_search(m, &pm, &o, &c, &r, &res));
+    CHECK(!best_of(&res, z3_dp4));
+    e = NULL;
+    for (int i = 0; i < res.n && !e; i++)
+        if (z3_dp4(&res.e[i].l) && res.e[i].c.mem >= 0) e = &res.e[i];
+    CHECK_MSG(e && !e->c.fits && e->c.sync_counts && near(e->c.mem_sync, mp.sync), "evaluates: fits %d",
+              e ? e->c.fits : -1);
+    char why[512] = "";
+    if (e) dt_plan_why(e, &res.e[0], &c, r.mem_limit, why, sizeof why);
+    CHECK_MSG(strstr(why, "does not fit") && strstr(why, "while evaluation or a checkpoint gathers"), "%s", why);
+    dt_plan_result_free(&res);
+    dt_plan_model_free(&pm);
+    dt_model_free(m);
+}
+
 static bool changes_algo(const dt_plan_layout *l) { return l->algo != DT_PLAN_SYNC || l->compress >= DT_PLAN_TOPK; }
 
 /* 2 hosts x 1 rank joined by 0.01 Gbit/s, an MLP: with --consider all, a layout that sends less
@@ -243,9 +345,11 @@ static void test_measure(void) {
 int main(void) {
     test_formulas();
     test_algo_formulas();
+    test_dp_sync();
     test_algorithms();
     test_slow_link();
     test_tight_memory();
+    test_eval_memory();
     test_cluster_files();
     test_measure();
     return dt_test_summary("plan_test");

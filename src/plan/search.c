@@ -23,6 +23,7 @@ static const int g_sync_every[] = {4, 8, 16};   /* localsgd's --sync-every */
 typedef struct {
     int tp, pp, dp, zero, b;  /* b < 0: a state entry; else an activations entry (tp, b) */
     double bucket, bytes;
+    double sync;              /* a state entry: the fullest rank's more at evaluation or a checkpoint */
 } mem_key;
 
 typedef struct {
@@ -56,32 +57,35 @@ static dt_status remember(mem_cache *mc, const mem_key *q) {
 
 /* The fullest rank's bytes under l at micro-batch b: dt_mem_plan_rank (the --dry-run model) over
  * the stages of the first and last model copies (ZeRO's last rank owns the remainders; the
- * tensor-parallel ranks of a stage hold the same), its parts cached. */
-static dt_status layout_mem(mem_cache *mc, const dt_plan_layout *l, int b, double *out) {
+ * tensor-parallel ranks of a stage hold the same), its parts cached; into *sync the most any of
+ * them holds more while evaluation or a checkpoint gathers the model (--dry-run's 'at eval/ckpt'). */
+static dt_status layout_mem(mem_cache *mc, const dt_plan_layout *l, int b, double *out, double *sync) {
     const double bucket = l->zero >= 1 && l->dp > 1 ? l->bucket_mb : 0;
-    mem_key st = {l->tp, l->pp, l->dp, l->dp > 1 ? l->zero : 0, -1, bucket, 0};
-    mem_key act = {l->tp, 1, 1, 0, b, 0, 0};
+    mem_key st = {l->tp, l->pp, l->dp, l->dp > 1 ? l->zero : 0, -1, bucket, 0, 0};
+    mem_key act = {l->tp, 1, 1, 0, b, 0, 0, 0};
     const mem_key *hs = find(mc, &st), *ha = find(mc, &act);
     if (!hs || !ha) {
         const dt_mem_layout ml = {.dp = l->dp, .tp = l->tp, .pp = l->pp, .zero = st.zero, .microbatches = l->micro,
                                   .schedule = l->pp > 1 ? (l->gpipe ? "gpipe" : "1f1b") : NULL, .batch = b,
                                   .bucket_mb = bucket > 0 ? bucket : 1};
-        double worst = 0, acts = 0;
+        double worst = 0, acts = 0, worst_sync = 0;
         const int last = st.zero > 0 ? l->dp - 1 : 0;  /* without ZeRO every model copy holds the same */
         for (int dpi = 0; dpi <= last; dpi = dpi == 0 && last > 1 ? last : dpi + 1)
             for (int stage = 0; stage < l->pp && (!hs || !ha); stage++) {
                 dt_mem_plan p;
                 DT_TRY(dt_mem_plan_rank(mc->m, mc->o, &ml, (dpi * l->pp + stage) * l->tp, &p));
                 if (p.total - p.activations > worst) worst = p.total - p.activations;
+                if (p.total - p.activations + p.sync > worst_sync) worst_sync = p.total - p.activations + p.sync;
                 acts = p.activations;
                 if (hs) break;  /* only the activations were missing: one rank tells */
             }
-        st.bytes = worst, act.bytes = acts;
+        st.bytes = worst, st.sync = worst_sync > worst ? worst_sync - worst : 0, act.bytes = acts;
         if (!hs) DT_TRY(remember(mc, &st));
         if (!ha) DT_TRY(remember(mc, &act));
         hs = find(mc, &st), ha = find(mc, &act);
     }
     *out = hs->bytes + ha->bytes + mc->extra;
+    *sync = hs->sync;
     return DT_OK;
 }
 
@@ -222,9 +226,11 @@ static dt_status prune(search_ctx *s) {
         for (int k = 0; k < nf && !done; k++) done = fam[k] == f;
         if (done && found >= want) continue;
         const int b = s->r->G / e->l.dp / (e->l.micro > 0 ? e->l.micro : 1);
-        DT_TRY(layout_mem(&s->mc, &e->l, b, &e->c.mem));
+        DT_TRY(layout_mem(&s->mc, &e->l, b, &e->c.mem, &e->c.mem_sync));
         e->c.mem += algo_mem(&e->l, s->pm->total_params);
-        e->c.fits = e->c.mem <= s->limit;
+        /* as --dry-run's verdict: the gather counts where the run saves, or evaluates under ZeRO-3 */
+        e->c.sync_counts = e->c.mem_sync > 0 && (s->r->saves || (s->r->evals && e->l.zero >= 3 && e->l.dp > 1));
+        e->c.fits = e->c.mem + (e->c.sync_counts ? e->c.mem_sync : 0) <= s->limit;
         res->planned++;
         if (e->c.fits) found++;
         if (e->c.fits && !done && nf < 256) fam[nf++] = f;
@@ -339,9 +345,11 @@ void dt_plan_why(const dt_plan_entry *alt, const dt_plan_entry *best, const dt_p
     char name[96];
     dt_plan_name(&alt->l, name, sizeof name);
     if (!alt->c.fits) {
-        const bool gb = limit >= 1e9;
-        snprintf(buf, cap, "%s does not fit: %.*f %s per rank against %.*f", name, gb ? 2 : 1,
-                 alt->c.mem / (gb ? 1e9 : 1e6), gb ? "GB" : "MB", gb ? 2 : 1, limit / (gb ? 1e9 : 1e6));
+        const bool gb = limit >= 1e9, at_sync = alt->c.mem >= 0 && alt->c.mem <= limit;
+        const double need = alt->c.mem + (at_sync ? alt->c.mem_sync : 0);
+        snprintf(buf, cap, "%s does not fit: %.*f %s per rank%s against %.*f", name, gb ? 2 : 1, need / (gb ? 1e9 : 1e6),
+                 gb ? "GB" : "MB", at_sync ? " while evaluation or a checkpoint gathers the model" : "", gb ? 2 : 1,
+                 limit / (gb ? 1e9 : 1e6));
         return;
     }
     const dt_plan_cost *a = &alt->c, *b = &best->c;

@@ -171,6 +171,11 @@ dt_status dt_mem_plan_rank(dt_model *m, const dt_optim_config *o, const dt_mem_l
     if (l->tp > 1 || l->pp > 1) {
         p->sync = F * ((double)P - (l->pp > 1 && l->tp == 1 ? mine : 0));
         if (rank == 0) p->sync += F * moments * (double)P;
+    } else if (l->zero >= 3 && l->dp > 1) {
+        /* ZeRO-3's evaluation (zero_state.c dt_zero_sync) gathers every bucket: the whole
+         * parameters, where training holds the rank's chunks and a layer's gathers in flight */
+        p->sync = F * ((double)P - own) - p->gathered;
+        if (p->sync < 0) p->sync = 0;  /* a shallow model's gathers in flight already hold it all */
     }
     DT_TRY(graph_activations(m, l, &p->activations));
     p->total = p->params + p->grads + p->optim + p->gathered + p->staging + p->activations;
