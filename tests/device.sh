@@ -5,7 +5,7 @@
 # yet device-neutral (other strategies, ddp's ZeRO, sharded update and compressors) is refused with a
 # clear error. ddp with 2 workers on checked (its buckets staged through host buffers) writes
 # checkpoints cmp-equal to ddp on cpu, and so does tensor parallelism (tp 2, and tp 2 x dp 2) on
-# the GPT, which also resumes on checked bit for bit.
+# the GPT, which also resumes on checked bit for bit, and tp 2 on the MLP.
 . "$(dirname "$0")/testlib.bash"
 
 # both: NAME ARGS...: trains on cpu and on checked and compares the checkpoints byte for byte
@@ -26,6 +26,8 @@ if have_fmnist; then
   # ddp, 2 workers: each bucket downloaded, allreduced on the host, uploaded (cpu: in place, update=shard)
   both ddp --model mlp --max-steps 4 --workers 2
   both ddp-accum --model mlp --max-steps 4 --workers 2 --grad-accum 2 --optimizer adam --strategy "ddp(bucket_mb=0.1)"
+  # tp on the MLP (the sequential builder's column/row pair): the row-parallel allreduce staged
+  both tp-mlp --model mlp --max-steps 4 --workers 2 --strategy tp --optimizer adam --clip 0.5
   # the staged buckets still overlap backward: an allreduce starts before its step's backward ends
   $DT train --workers 2 --model "flatten linear(64) relu linear(64) relu linear(10)" --max-steps 3 --bucket-mb 0.01 \
     --quiet --device checked --timeline "$TMP/t.json" >"$TMP/t.log" 2>&1 || bad "ddp timeline on checked: $(cat "$TMP/t.log")"
