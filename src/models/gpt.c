@@ -186,7 +186,8 @@ dt_status dt_model_create_tp_shard(dt_model **m, const dt_model *whole, int tp, 
     }
     int shape[4] = {1, 1, 1, 1};
     const int nd = dt_model_input_shape(whole, shape);
-    if (nd != 3) return dt_error(DT_EINVAL, "model %s: tensor parallelism needs a sequential model's (C,H,W) input", spec);
+    if (nd != 3)
+        return dt_error(DT_EINVAL, "model %s: tensor parallelism needs a sequential model's (C,H,W) input", spec);
     return dt_model_create_spec_shard(m, spec, shape[0], shape[1], shape[2], tp, defer);
 }
 

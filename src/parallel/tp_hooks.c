@@ -179,7 +179,8 @@ static dt_status assign_roles(dt_tp_hooks *h) {
         else if (mk == DT_TP_MARK_VOCAB) h->role[i] = ROLE_HEAD;
         const bool reads_input = h->role[i] == ROLE_COL || h->role[i] == ROLE_HEAD;
         if (reads_input && h->src[i] < 0)
-            return dt_error(DT_EINTERNAL, "tensor parallel: marked node '%s' has no input", dt_model_node_name(h->local, i));
+            return dt_error(DT_EINTERNAL, "tensor parallel: marked node '%s' has no input",
+                            dt_model_node_name(h->local, i));
         h->size[i] = dt_model_node_size(h->local, reads_input ? h->src[i] : i);
     }
     for (int i = 0; h->wte >= 0 && i < n; i++)  /* the reader of the vocabulary-parallel embedding */
@@ -347,4 +348,6 @@ void dt_tp_hooks_counters(const dt_tp_hooks *h, dt_tp_counters *c) {
     c->dp_bytes = dp;
 }
 
-bool dt_tp_in_norm(const dt_model *m, const char *name, int r) { return r == 0 || dt_tp_split_of(m, name) != DT_TP_REPL; }
+bool dt_tp_in_norm(const dt_model *m, const char *name, int r) {
+    return r == 0 || dt_tp_split_of(m, name) != DT_TP_REPL;
+}
