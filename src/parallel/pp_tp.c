@@ -21,8 +21,8 @@
 dt_status dt_pp_tp_setup(dt_strategy *s, dt_pp *p) {
     const char *spec = dt_model_spec(s->model);
     if (!dt_model_spec_is_gpt(spec))
-        return dt_error(DT_EINVAL, "--tp %d --pp %d: tensor parallelism splits a GPT's heads, MLP and vocabulary; "
-                        "--model %s is not a GPT (use --model gpt:L=..,H=..,C=..,T=.., or --pp alone)", p->tp, p->K,
+        return dt_error(DT_EINVAL, "--tp %d --pp %d: tensor-parallel pipeline stages run a GPT only so far; --model "
+                        "%s is not a GPT (use --model gpt:L=..,H=..,C=..,T=.., --tp alone or --pp alone)", p->tp, p->K,
                         spec);
     dt_gpt_config g;
     DT_TRY(dt_gpt_parse(spec, &g));
