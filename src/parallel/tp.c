@@ -1,7 +1,8 @@
 /* Tensor parallelism (Megatron-LM), strategy "tp(tp=K,pp=1,bucket_mb=MB)" or --tp K (with pp=P > 1
  * the pipeline of P stages of shards, pp.h / pp_tp.c): every rank
- * of a tensor-parallel group holds its shard of a GPT (dt_gpt_create_sharded; tp_shard.c maps the
- * tensors) and they run each layer together:
+ * of a tensor-parallel group holds its shard of the model (dt_model_create_tp_shard; the marks its
+ * builder set, dt_model_mark_tp, tell tp_shard.c how each tensor splits and tp_hooks.c where the
+ * collectives go) and they run each layer together. A GPT:
  *  - a block's attention is split by heads (column-parallel c_attn, row-parallel c_proj) and its
  *    MLP likewise (column-parallel c_fc, row-parallel c_proj). Each half does one allreduce forward
  *    (g: the row-parallel output's partial sums) and one backward (f: the gradient of the
@@ -10,6 +11,8 @@
  *    outside the rank's slice are zeros and one allreduce sums them; the head's logits stay on
  *    their rank and the vocabulary-parallel cross-entropy (tp_xent.c) reduces only row maxima and
  *    sums, one allreduce of the head's input gradient backward.
+ * A sequential model's marked linear -> elementwise -> linear pairs run as the GPT's MLP; its
+ * row-parallel output is whole on every rank, so the shard's own loss node runs (own_loss_step).
  * The collectives run in the graph's after-forward and after-backward node hooks (tp_hooks.c; nn/
  * knows no communication), the same hooks a pipeline stage of shards runs. The remaining ranks of the world are data parallel: the mesh (mesh.h) splits
  * the world into tp and dp communicators and an inner ddp averages the shards' gradients over

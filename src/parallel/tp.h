@@ -1,6 +1,6 @@
-/* Internals of tensor parallelism (tp.c, the strategy; tp_shard.c, how a whole GPT's tensors map
- * to the shards of the ranks; tp_xent.c, the vocabulary-parallel cross-entropy). Megatron-LM's
- * layout: column-parallel c_attn (each rank its heads' q, k and v rows) and c_fc, row-parallel
+/* Internals of tensor parallelism (tp.c, the strategy; tp_shard.c, how a whole model's tensors map
+ * to the shards of the ranks, by the marks of its nodes, dt_model_mark_tp; tp_xent.c, the
+ * vocabulary-parallel cross-entropy). Megatron-LM's layout, as the GPT builder marks it: column-parallel c_attn (each rank its heads' q, k and v rows) and c_fc, row-parallel
  * c_proj (each rank its input columns; the bias lives on rank 0, zero elsewhere, so the partial
  * sums add it once), the token embedding and tied head split by vocabulary rows, the rest
  * replicated. */
@@ -97,9 +97,10 @@ void dt_tp_counters_of(const struct dt_strategy *s, dt_tp_counters *c);
 
 typedef struct dt_tp_hooks dt_tp_hooks;
 
-/* Installs on local (rank r of K's shard of the GPT g, dt_gpt_create_sharded) the node hooks that
- * run tensor parallelism's collectives over comm (K ranks; NULL or K 1: none): four allreduces per
- * block, the vocabulary-parallel embedding and head. world_rank names this rank in errors; trace
+/* Installs on local (rank r of K's shard, dt_model_create_tp_shard; g: the GPT's config, or NULL
+ * for a model without vocabulary-parallel nodes) the node hooks that run tensor parallelism's
+ * collectives over comm (K ranks; NULL or K 1: none) where its nodes' marks say: four allreduces
+ * per GPT block, the vocabulary-parallel embedding and head. world_rank names this rank in errors; trace
  * (may be NULL) records each allreduce at step *step. The hooks hold the first failure of a
  * collective (dt_tp_hooks_status): every later one is skipped. */
 dt_status dt_tp_hooks_create(dt_tp_hooks **h, dt_model *local, const dt_gpt_config *g, dt_comm *comm, int K, int r,
