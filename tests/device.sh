@@ -6,7 +6,7 @@
 # staged through host buffers, also compressed with fp16, topk and powersgd) writes checkpoints
 # cmp-equal to ddp on cpu, and resumes bit for bit; so do ZeRO stages 1-2 and update=shard (their
 # shards device blocks, their reduce-scatters and gathers staged; a sharded checkpoint resumes on
-# checked), tensor parallelism (tp 2, and tp 2 x dp 2) on the GPT, and pp (gpipe with dp2 x pp2,
+# checked), tensor parallelism (tp 2, and tp 2 x dp 2) on the GPT and tp 2 on the MLP, and pp (gpipe with dp2 x pp2,
 # 1f1b on the GPT, ZeRO-2 and ZeRO-3 over its DP axis; tp x pp is refused there). localsgd (plain and
 # compressed, 2 workers) and ps (one worker: its deterministic setting) write checkpoints cmp-equal
 # to cpu's, also when resumed from the same checkpoint; async ps on checked trains.
@@ -94,6 +94,8 @@ if have_fmnist; then
     >/dev/null 2>&1 && $DT train --epochs 1 --quiet --eval-batches 1 --device checked "${Z1[@]}" --max-steps 4 \
     --resume "$TMP/zh.st" --save "$TMP/zr.st" >/dev/null 2>&1 && cmp -s "$(one "$TMP/zr.st")" "$TMP/zero1-checked.st.one" \
     && ok "zero=1 on checked resumes its sharded checkpoint bit for bit" || bad "zero=1 resume on checked differs"
+  # tp on the MLP (the sequential builder's column/row pair): the row-parallel allreduce staged
+  both tp-mlp --model mlp --max-steps 4 --workers 2 --strategy tp --optimizer adam --clip 0.5
   # the staged buckets still overlap backward: an allreduce (ZeRO-2: a reduce-scatter) starts before
   # its step's backward ends
   for zs in "0 allreduce" "2 reduce_scatter"; do read -r zst coll <<<"$zs"

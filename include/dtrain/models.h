@@ -73,6 +73,14 @@ dt_status dt_model_build_unplaced(dt_model **m, const char *spec, int C, int H, 
 /* The sequential model of spec, placed whole or (defer) unplaced; not initialised (parameters
  * zero until dt_model_init). */
 dt_status dt_model_create_spec_placed(dt_model **m, const char *spec, int C, int H, int W, bool defer);
+/* Tensor parallelism: one rank's shard for tp ranks of the sequential model of spec (each
+ * column-parallel linear tp times narrower; DT_EINVAL where tp does not divide its width). */
+dt_status dt_model_create_spec_shard(dt_model **m, const char *spec, int C, int H, int W, int tp, bool defer);
+/* One tensor-parallel rank's shard for tp ranks of the model `whole` (built by dt_model_build*:
+ * a GPT, dt_gpt_create_sharded; a sequential model, dt_model_create_spec_shard on its input
+ * shape), placed or (defer) unplaced, not initialised. The marks of its nodes (dt_model_mark_tp)
+ * are the whole model's. */
+dt_status dt_model_create_tp_shard(dt_model **m, const dt_model *whole, int tp, bool defer);
 
 #ifdef __cplusplus
 }

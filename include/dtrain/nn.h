@@ -199,6 +199,23 @@ const float *dt_model_node_grad(const dt_model *m, int node);
 /* Whether a node's values are never written: a conv computed together with the maxpool after it
  * (its values and gradient are then NULL; no pipeline stage may end there). */
 bool dt_model_node_fused(const dt_model *m, int node);
+
+/* How tensor parallelism may split a node (set by the model builder; nn/ only stores it, the
+ * tensor-parallel strategy (parallel/tp_hooks.c, tp_shard.c) gives it meaning). A node's
+ * parameters are "<node>.weight" (out, in) and "<node>.bias" (out). */
+typedef enum {
+    DT_TP_MARK_NONE = 0,  /* replicated: every rank computes it whole */
+    DT_TP_MARK_COLUMN,    /* column-parallel linear: rank r of K computes outputs [r out/K, (r+1) out/K)
+                           * (in `parts` equal parts each split so: 3 for a fused q,k,v) from the whole
+                           * input; its input's gradient is summed over the ranks */
+    DT_TP_MARK_ROW,       /* row-parallel linear: rank r reads inputs [r in/K, ...) (a column-parallel
+                           * node's slice, through elementwise nodes), its output's partial sums are
+                           * summed over the ranks; the bias is added once */
+    DT_TP_MARK_VOCAB,     /* vocabulary-parallel: an embedding or a (tied) head split by table rows */
+} dt_tp_mark;
+/* Marks node (parts: 1, or 3 for a fused q,k,v column-parallel node). DT_EINVAL naming the
+ * node for a bad node, mark or parts. */
+dt_status dt_model_mark_tp(dt_model *m, int node, dt_tp_mark mark, int parts);
 /* Called before a node's forward and after its backward (ZeRO-3 gathers, tensor-parallel
  * collectives); either may be NULL. */
 typedef void (*dt_node_hook_fn)(void *ctx, int node);

@@ -45,6 +45,7 @@ const char dt_train_notes[] =
     "  ps(servers=S,staleness=S|inf,shards=dynamic|fixed,overlap=0|1)\n"
     "                                    parameter server (--servers, --staleness, --balance, --ps-overlap)\n"
     "  tp(tp=K,pp=1,bucket_mb=MB,zero=N) Megatron tensor parallel GPT (--tp K): K ranks per model copy,\n"
+    "                                    (or a sequential model's linear -> relu -> linear pairs, pp=1)\n"
     "                                    the other ranks data parallel; --workers N counts all ranks.\n"
     "                                    Mesh order, TP innermost: rank = (dp_i*PP + pp_i)*TP + tp_i\n"
     "  pp(stages=K,microbatches=M,schedule=gpipe|1f1b,split=N1:N2,tp=T)\n"

@@ -3,7 +3,11 @@
  * add; ln_2 -> c_fc -> GELU -> c_proj -> residual add), a final layer norm and an output head tied
  * to the token embedding, then softmax cross-entropy against the next tokens. Node names are
  * nanoGPT's module paths, so tensors are named as in its state_dict. The sharded variant builds
- * one tensor-parallel rank's part of it (Megatron-LM's layout; parallel/tp.c slices and runs it). */
+ * one tensor-parallel rank's part of it (Megatron-LM's layout; parallel/tp.c slices and runs it);
+ * whole and shard alike carry the tensor-parallel marks (dt_model_mark_tp) that tell parallel/
+ * how: c_attn (q, k, v in three parts) and c_fc column-parallel, both c_proj row-parallel, the
+ * token embedding and the tied head vocabulary-parallel. */
+#include "nn/graph_parallel.h"
 #include "dtrain/models.h"
 
 #include <math.h>
@@ -63,6 +67,12 @@ static int node(dt_model *m, const char *prefix, const char *what, const dt_laye
     return dt_graph_node(m, name, s, -1, in, b >= 0 ? 2 : 1);
 }
 
+/* Marks node i for tensor parallelism (a failed node, -1, leaves the graph's sticky error). */
+static int mark(dt_model *m, int i, dt_tp_mark k, int parts) {
+    if (i >= 0) (void)dt_model_mark_tp(m, i, k, parts);
+    return i;
+}
+
 static dt_layer_spec op(dt_layer_kind kind, int out, float std) {
     dt_layer_spec s = dt_layer_default(kind);
     s.out = out, s.init_std = std;
@@ -82,14 +92,14 @@ static int block(dt_model *m, const dt_gpt_config *c, int i, int x, int tp) {
     dt_layer_spec fc = op(DT_LAYER_LINEAR, 4 * c->C / tp, std), gelu = dt_layer_default(DT_LAYER_GELU);
     dt_layer_spec add = dt_layer_default(DT_LAYER_ADD);
     int a = node(m, p, "ln_1", &ln, x, -1);
-    a = node(m, p, "attn.c_attn", &qkv, a, -1);
+    a = mark(m, node(m, p, "attn.c_attn", &qkv, a, -1), DT_TP_MARK_COLUMN, 3);  /* q, k and v: by heads */
     a = node(m, p, "attn.attention", &att, a, -1);
-    a = node(m, p, "attn.c_proj", &proj, a, -1);
+    a = mark(m, node(m, p, "attn.c_proj", &proj, a, -1), DT_TP_MARK_ROW, 1);
     x = node(m, p, "residual_attn", &add, x, a);
     int f = node(m, p, "ln_2", &ln, x, -1);
-    f = node(m, p, "mlp.c_fc", &fc, f, -1);
+    f = mark(m, node(m, p, "mlp.c_fc", &fc, f, -1), DT_TP_MARK_COLUMN, 1);
     f = node(m, p, "mlp.gelu", &gelu, f, -1);
-    f = node(m, p, "mlp.c_proj", &proj, f, -1);
+    f = mark(m, node(m, p, "mlp.c_proj", &proj, f, -1), DT_TP_MARK_ROW, 1);
     return node(m, p, "residual_mlp", &add, x, f);
 }
 
@@ -107,14 +117,14 @@ static dt_status create(dt_model **out, const dt_gpt_config *c, int tp, bool def
     wte.num = c->V / tp;
     wpe.num = c->T, wpe.pos = true;
     dt_layer_spec add = dt_layer_default(DT_LAYER_ADD), ln = dt_layer_default(DT_LAYER_LAYERNORM);
-    int tok = node(m, "transformer", "wte", &wte, idx, -1);
+    int tok = mark(m, node(m, "transformer", "wte", &wte, idx, -1), DT_TP_MARK_VOCAB, 1);
     int pos = node(m, "transformer", "wpe", &wpe, idx, -1);
     int x = node(m, "transformer", "embed", &add, tok, pos);
     for (int i = 0; i < c->L; i++) x = block(m, c, i, x, tp);
     x = node(m, "transformer", "ln_f", &ln, x, -1);
     dt_layer_spec head = op(DT_LAYER_MATMUL_T, c->V / tp, 0.02f);
     head.tie = "transformer.wte.weight";
-    int logits = node(m, "", "lm_head", &head, x, -1);
+    int logits = mark(m, node(m, "", "lm_head", &head, x, -1), DT_TP_MARK_VOCAB, 1);
     dt_layer_spec xe = dt_layer_default(DT_LAYER_XENT);
     xe.ignore_index = -1;  /* nanoGPT's: a target of -1 does not count */
     int loss = tp == 1 ? node(m, "", "loss", &xe, logits, targets) : -1;
@@ -165,6 +175,21 @@ dt_status dt_model_build_unplaced(dt_model **m, const char *spec, int C, int H, 
     dt_gpt_config c;
     DT_TRY(dt_gpt_parse(spec, &c));
     return create(m, &c, 1, true);
+}
+
+dt_status dt_model_create_tp_shard(dt_model **m, const dt_model *whole, int tp, bool defer) {
+    *m = NULL;
+    const char *spec = dt_model_spec(whole);
+    if (dt_model_spec_is_gpt(spec)) {
+        dt_gpt_config c;
+        DT_TRY(dt_gpt_parse(spec, &c));
+        return create_sharded(m, &c, tp, defer);
+    }
+    int shape[4] = {1, 1, 1, 1};
+    const int nd = dt_model_input_shape(whole, shape);
+    if (nd != 3)
+        return dt_error(DT_EINVAL, "model %s: tensor parallelism needs a sequential model's (C,H,W) input", spec);
+    return dt_model_create_spec_shard(m, spec, shape[0], shape[1], shape[2], tp, defer);
 }
 
 dt_status dt_model_build(dt_model **m, const char *spec, int C, int H, int W) {

@@ -1,7 +1,12 @@
 /* The sequential builder: a spec's layers become a chain of graph nodes named "0", "1", ... (so
  * tensors are named as torch.nn.Sequential's: "0.weight", "4.running_mean"), on an f32 input of
  * shape (C,H,W), with an int32 label input and a softmax cross-entropy loss node, or (a spec that
- * ends in "mse") an f32 target input and a mean-squared-error loss node: regression. */
+ * ends in "mse") an f32 target input and a mean-squared-error loss node: regression.
+ * Tensor parallelism: where a linear, one or more elementwise layers (relu, gelu, tanh, sigmoid)
+ * and a linear follow each other, the builder marks the first linear column-parallel and the
+ * second row-parallel (Megatron-LM's MLP pair: no communication between them, one allreduce of
+ * the second's output); the pairs do not overlap. The shard of tp rank r of K
+ * (dt_model_create_tp_shard) is the same chain with each column-parallel linear out/K wide. */
 #include "dtrain/models.h"
 
 #include <stdio.h>
@@ -9,8 +14,24 @@
 #include <stdint.h>
 #include <string.h>
 
-/* The model; defer: left unplaced (dt_graph_defer_placement). */
-static dt_status create(dt_model **out, const dt_layer_spec *layers, int n, int C, int H, int W, bool defer) {
+static bool elementwise(dt_layer_kind k) {
+    return k == DT_LAYER_RELU || k == DT_LAYER_GELU || k == DT_LAYER_TANH || k == DT_LAYER_SIGMOID;
+}
+
+/* The tensor-parallel mark of each layer: the linear -> elementwise+ -> linear pairs. */
+static void tp_marks(const dt_layer_spec *layers, int n, dt_tp_mark *mk) {
+    for (int i = 0; i < n; i++) mk[i] = DT_TP_MARK_NONE;
+    for (int i = 0; i < n; i++) {
+        if (layers[i].kind != DT_LAYER_LINEAR) continue;
+        int j = i + 1;
+        while (j < n && elementwise(layers[j].kind)) j++;
+        if (j > i + 1 && j < n && layers[j].kind == DT_LAYER_LINEAR)
+            mk[i] = DT_TP_MARK_COLUMN, mk[j] = DT_TP_MARK_ROW, i = j;
+    }
+}
+
+/* The model (tp > 1: one tensor-parallel rank's shard); defer: left unplaced (dt_graph_defer_placement). */
+static dt_status create(dt_model **out, const dt_layer_spec *layers, int n, int C, int H, int W, bool defer, int tp) {
     *out = NULL;
     if (n <= 0 || n > DT_MAX_LAYERS) return dt_error(DT_EINVAL, "model: %d layers (need 1..%d)", n, DT_MAX_LAYERS);
     if (C <= 0 || H <= 0 || W <= 0) return dt_error(DT_EINVAL, "model: bad input shape %dx%dx%d", C, H, W);
@@ -20,6 +41,12 @@ static dt_status create(dt_model **out, const dt_layer_spec *layers, int n, int 
     for (int i = 0; i < n - mse; i++)
         if (layers[i].kind >= DT_LAYER_INPUT)
             return dt_error(DT_EINVAL, "model: layer %d (%s) is not a sequential layer", i, dt_layer_name(layers[i].kind));
+    dt_tp_mark mk[DT_MAX_LAYERS];
+    tp_marks(layers, n - mse, mk);
+    for (int i = 0; i < n - mse && tp > 1; i++)
+        if (mk[i] == DT_TP_MARK_COLUMN && layers[i].out % tp)
+            return dt_error(DT_EINVAL, "--tp %d: layer %d, linear(%d), is split column-parallel into %d equal parts; "
+                            "choose a width divisible by %d or another --tp", tp, i, layers[i].out, tp, tp);
     dt_model *m;
     DT_TRY(dt_graph_create(&m));
     int shape[3] = {C, H, W};
@@ -27,9 +54,11 @@ static dt_status create(dt_model **out, const dt_layer_spec *layers, int n, int 
     for (int i = 0; i < n - mse; i++) {
         dt_layer_spec l = layers[i];
         if (l.kind == DT_LAYER_LINEAR || l.kind == DT_LAYER_LAYERNORM) l.flatten = true;  /* over the whole sample */
+        if (mk[i] == DT_TP_MARK_COLUMN) l.out /= tp;
         char name[16];
         snprintf(name, sizeof name, "%d", i);
         x = dt_graph_node(m, name, &l, i, &x, 1);
+        if (x >= 0 && mk[i] != DT_TP_MARK_NONE) (void)dt_model_mark_tp(m, x, mk[i], 1);
     }
     const int one = 1;  /* mse: one f32 target a sample (the data's), so the model ends in linear(1) */
     int y = mse ? dt_graph_input(m, "y", DT_F32, 1, &one) : dt_graph_input(m, "y", DT_I32, 0, NULL);
@@ -50,7 +79,7 @@ static dt_status create(dt_model **out, const dt_layer_spec *layers, int n, int 
 }
 
 dt_status dt_model_create(dt_model **out, const dt_layer_spec *layers, int n, int C, int H, int W) {
-    return create(out, layers, n, C, H, W, false);
+    return create(out, layers, n, C, H, W, false, 1);
 }
 
 dt_status dt_model_create_spec_placed(dt_model **m, const char *spec, int C, int H, int W, bool defer) {
@@ -58,7 +87,15 @@ dt_status dt_model_create_spec_placed(dt_model **m, const char *spec, int C, int
     int n;
     *m = NULL;
     DT_TRY(dt_spec_parse(spec, layers, DT_MAX_LAYERS, &n));
-    return create(m, layers, n, C, H, W, defer);
+    return create(m, layers, n, C, H, W, defer, 1);
+}
+
+dt_status dt_model_create_spec_shard(dt_model **m, const char *spec, int C, int H, int W, int tp, bool defer) {
+    dt_layer_spec layers[DT_MAX_LAYERS];
+    int n;
+    *m = NULL;
+    DT_TRY(dt_spec_parse(spec, layers, DT_MAX_LAYERS, &n));
+    return create(m, layers, n, C, H, W, defer, tp);
 }
 
 dt_status dt_model_create_from_spec(dt_model **m, const char *spec, int C, int H, int W) {

@@ -1,6 +1,7 @@
 /* The graph: building (inputs and nodes in topological order, shape inference by each op,
  * sticky errors), the slab layout of parameters and buffers, seeded initialisation and the
  * accessors of include/dtrain/nn.h. Running it is graph_run.c. */
+#include "nn/graph_parallel.h"
 #include "nn/graph_internal.h"
 
 #include <stdarg.h>
@@ -426,6 +427,34 @@ int dt_model_num_nodes(const dt_model *m) { return m->n; }
 const char *dt_model_node_name(const dt_model *m, int node) { return m->nodes[node].name; }
 dt_layer_kind dt_model_node_kind(const dt_model *m, int node) { return m->nodes[node].a.kind; }
 int dt_model_output_node(const dt_model *m) { return m->output; }
+int dt_model_node_input(const dt_model *m, int node, int j) {
+    return node >= 0 && node < m->n && j >= 0 && j < m->nodes[node].nin ? m->nodes[node].in[j] : -1;
+}
+int dt_model_input_shape(const dt_model *m, int shape[4]) {
+    const dt_node *x = &m->nodes[m->inputs[0]];
+    for (int i = 0; i < x->ndim; i++) shape[i] = x->shape[i];
+    return x->ndim;
+}
+
+dt_status dt_model_mark_tp(dt_model *m, int node, dt_tp_mark mark, int parts) {
+    if (node < 0 || node >= m->n)
+        return dt_error(DT_EINVAL, "model: tensor-parallel mark on node %d: the model has nodes 0..%d", node, m->n - 1);
+    if (mark < DT_TP_MARK_NONE || mark > DT_TP_MARK_VOCAB || (parts != 1 && parts != 3) ||
+        (parts == 3 && mark != DT_TP_MARK_COLUMN))
+        return dt_error(DT_EINVAL, "model: node '%s': tensor-parallel mark %d with %d parts (need a dt_tp_mark; parts "
+                        "1, or 3 for a fused q,k,v column-parallel node)", m->nodes[node].name, (int)mark, parts);
+    m->nodes[node].tp_mark = (unsigned char)mark, m->nodes[node].tp_parts = (unsigned char)parts;
+    return DT_OK;
+}
+dt_tp_mark dt_model_node_tp(const dt_model *m, int node, int *parts) {
+    if (parts) *parts = m->nodes[node].tp_parts ? m->nodes[node].tp_parts : 1;
+    return (dt_tp_mark)m->nodes[node].tp_mark;
+}
+bool dt_model_has_tp_marks(const dt_model *m) {
+    for (int i = 0; i < m->n; i++)
+        if (m->nodes[i].tp_mark) return true;
+    return false;
+}
 int dt_model_loss_node(const dt_model *m) { return m->loss; }
 const float *dt_model_output(const dt_model *m) { return m->nodes[m->output].out; }
 void dt_model_read_output(const dt_model *m, size_t first, size_t n, float *host) {

@@ -53,6 +53,7 @@ struct dt_node {
                              * grad): blocked ones between bf16 convs and maxpools, and values only
                              * bf16 linears read (graph_layout.c) */
     bool needs_grad;        /* has parameters upstream (or its own): backward must reach it */
+    unsigned char tp_mark, tp_parts;  /* dt_model_mark_tp: a model-parallel mark nn/ only stores */
     /* run time */
     float *out;             /* (B, out_n) values; input nodes: the fed memory */
     float *grad;            /* (B, out_n) gradient of the values (NULL when !needs_grad) */

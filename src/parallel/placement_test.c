@@ -131,7 +131,7 @@ static size_t tp_owned_of(dt_model *m, const bool *used) {
     size_t own = 0;
     for (int t = 0; t < dt_model_num_tensors(m); t++) {
         const dt_param_info *p = dt_model_tensor(m, t);
-        const dt_tp_split k = dt_tp_split_of(p->name);
+        const dt_tp_split k = dt_tp_split_of(m, p->name);
         if (p->is_buffer || (used && !used[t])) continue;
         own += k == DT_TP_REPL || k == DT_TP_RANK0 ? p->numel : p->numel / 2;
     }

@@ -389,7 +389,7 @@ static dt_status pass_loss(step_ctx *c) {
 bool dt_pp_in_norm(const dt_pp *p, int t) {
     const dt_param_info *ti = dt_model_tensor(p->m, t);
     return !ti->is_buffer && dt_pp_owner_stage(p, t) == p->stage && (p->users[t] >> p->stage & 1) &&
-           (!p->hooks || dt_tp_in_norm(ti->name, p->tr));
+           (!p->hooks || dt_tp_in_norm(p->m, ti->name, p->tr));
 }
 
 /* The gradients of this stage over the DP axis: averaged in place (one allreduce per segment),

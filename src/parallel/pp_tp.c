@@ -21,8 +21,8 @@
 dt_status dt_pp_tp_setup(dt_strategy *s, dt_pp *p) {
     const char *spec = dt_model_spec(s->model);
     if (!dt_model_spec_is_gpt(spec))
-        return dt_error(DT_EINVAL, "--tp %d --pp %d: tensor parallelism splits a GPT's heads, MLP and vocabulary; "
-                        "--model %s is not a GPT (use --model gpt:L=..,H=..,C=..,T=.., or --pp alone)", p->tp, p->K,
+        return dt_error(DT_EINVAL, "--tp %d --pp %d: tensor-parallel pipeline stages run a GPT only so far; --model "
+                        "%s is not a GPT (use --model gpt:L=..,H=..,C=..,T=.., --tp alone or --pp alone)", p->tp, p->K,
                         spec);
     dt_gpt_config g;
     DT_TRY(dt_gpt_parse(spec, &g));
@@ -63,7 +63,7 @@ void dt_pp_tp_scatter_moments(dt_strategy *s, dt_pp *p) {
         if (!ft || lt->is_buffer || !(p->users[j] >> p->stage & 1)) continue;
         for (int k = 0; k < p->nstates; k++) {
             float *full = dt_optim_state(s->optim, k, NULL), *mine = dt_pp_seg_state(p, k, lt->offset);
-            if (full && mine) dt_tp_copy(dt_tp_split_of(lt->name), full + ft->offset, mine, ft, p->tp, p->tr, true);
+            if (full && mine) dt_tp_copy(dt_tp_split_of(p->m, lt->name), full + ft->offset, mine, ft, p->tp, p->tr, true);
         }
     }
 }
@@ -75,7 +75,7 @@ static dt_status sync_moment(dt_strategy *s, dt_pp *p, int j, int k, int own, fl
     const bool saver = p->stage == 0 && p->tr == 0;
     float *dst = saver ? dt_optim_state(s->optim, k, NULL) + ft->offset : mom;
     if (p->stage == own) {
-        dt_status st = dt_tp_gather_tensor(p->mesh.tp_comm, p->tp, ft, lt, dt_pp_seg_state(p, k, lt->offset), dst, tmp,
+        dt_status st = dt_tp_gather_tensor(p->m, p->mesh.tp_comm, p->tp, ft, lt, dt_pp_seg_state(p, k, lt->offset), dst, tmp,
                                            false);
         if (st != DT_OK)
             return dt_error_wrap(st, "pipeline stage %d (rank %d): gathering the optimizer state of %s over the tp "
@@ -99,7 +99,7 @@ static dt_status sync_tensor(dt_strategy *s, dt_pp *p, int j, float *tmp, float 
     const int own = dt_pp_owner_stage(p, j);
     float *whole = (lt->is_buffer ? dt_model_buffers(s->model) : dt_model_params(s->model)) + ft->offset;
     const float *mine = (lt->is_buffer ? dt_model_buffers(p->m) : dt_model_params(p->m)) + lt->offset;
-    dt_status st = p->stage == own ? dt_tp_gather_tensor(p->mesh.tp_comm, p->tp, ft, lt, mine, whole, tmp, true) : DT_OK;
+    dt_status st = p->stage == own ? dt_tp_gather_tensor(p->m, p->mesh.tp_comm, p->tp, ft, lt, mine, whole, tmp, true) : DT_OK;
     if (st != DT_OK)
         return dt_error_wrap(st, "pipeline stage %d (rank %d): gathering tensor %s over the tp axis", p->stage, p->rank,
                              ft->name);
@@ -123,7 +123,7 @@ dt_status dt_pp_tp_visit_state(dt_strategy *s, dt_state_visit_fn fn, void *ctx) 
         if (!(p->users[j] >> p->stage & 1)) continue;  /* another stage's */
         if (!ft) return dt_error(DT_EINTERNAL, "--tp --pp: the shard's tensor '%s' is not in the whole model", lt->name);
         float *lb = (lt->is_buffer ? dt_model_buffers(p->m) : dt_model_params(p->m)) + lt->offset;
-        DT_TRY(dt_tp_visit_shard(p->tp, p->tr, fn, ctx, ft->name, ft, lb, false));
+        DT_TRY(dt_tp_visit_shard(p->m, p->tp, p->tr, fn, ctx, ft->name, ft, lb, false));
         for (int k = 0; !lt->is_buffer && k < p->nstates; k++) {
             const char *sname = "";
             float *mine = dt_pp_seg_state(p, k, lt->offset);
@@ -131,7 +131,7 @@ dt_status dt_pp_tp_visit_state(dt_strategy *s, dt_state_visit_fn fn, void *ctx) 
             dt_optim_state(p->seg[0].opt, k, &sname);  /* the segments' optimizers are one kind */
             char name[96];
             snprintf(name, sizeof name, "optim.%s.%s", sname, ft->name);
-            DT_TRY(dt_tp_visit_shard(p->tp, p->tr, fn, ctx, name, ft, mine, true));
+            DT_TRY(dt_tp_visit_shard(p->m, p->tp, p->tr, fn, ctx, name, ft, mine, true));
         }
     }
     return DT_OK;

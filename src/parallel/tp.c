@@ -1,7 +1,8 @@
 /* Tensor parallelism (Megatron-LM), strategy "tp(tp=K,pp=1,bucket_mb=MB)" or --tp K (with pp=P > 1
  * the pipeline of P stages of shards, pp.h / pp_tp.c): every rank
- * of a tensor-parallel group holds its shard of a GPT (dt_gpt_create_sharded; tp_shard.c maps the
- * tensors) and they run each layer together:
+ * of a tensor-parallel group holds its shard of the model (dt_model_create_tp_shard; the marks its
+ * builder set, dt_model_mark_tp, tell tp_shard.c how each tensor splits and tp_hooks.c where the
+ * collectives go) and they run each layer together. A GPT:
  *  - a block's attention is split by heads (column-parallel c_attn, row-parallel c_proj) and its
  *    MLP likewise (column-parallel c_fc, row-parallel c_proj). Each half does one allreduce forward
  *    (g: the row-parallel output's partial sums) and one backward (f: the gradient of the
@@ -10,6 +11,8 @@
  *    outside the rank's slice are zeros and one allreduce sums them; the head's logits stay on
  *    their rank and the vocabulary-parallel cross-entropy (tp_xent.c) reduces only row maxima and
  *    sums, one allreduce of the head's input gradient backward.
+ * A sequential model's marked linear -> elementwise -> linear pairs run as the GPT's MLP; its
+ * row-parallel output is whole on every rank, so the shard's own loss node runs (own_loss_step).
  * The collectives run in the graph's after-forward and after-backward node hooks (tp_hooks.c; nn/
  * knows no communication), the same hooks a pipeline stage of shards runs. The remaining ranks of the world are data parallel: the mesh (mesh.h) splits
  * the world into tp and dp communicators and an inner ddp averages the shards' gradients over
@@ -25,6 +28,7 @@
  * squared-norm partial per run of counted tensors (sqnorm), summed across the tp ranks, and the
  * update is the device's. There the whole model stays placed as whole device blocks (a device
  * block is not narrowed); ZeRO over the dp axis and tp x pp are refused there so far. */
+#include "nn/graph_parallel.h"
 #include "parallel/mesh.h"
 #include "parallel/pp.h"
 #include "parallel/strategy.h"
@@ -48,6 +52,7 @@ typedef struct {
     dt_mesh mesh;
     int K, r;
     dt_gpt_config g;
+    bool vocab;              /* a GPT: vocabulary-parallel embedding, head and loss (else the shard's own loss) */
     dt_model *local;
     dt_optim *lopt;
     dt_strategy *ddp;        /* over the dp axis; NULL with one data-parallel rank */
@@ -80,7 +85,7 @@ static double device_norm_part(tp *t, const float *g) {
     const int nt = dt_model_num_tensors(t->local);
     for (int i = 0; i < nt;) {
         const dt_param_info *p = dt_model_tensor(t->local, i);
-        if (p->is_buffer || !dt_tp_in_norm(p->name, t->r)) {
+        if (p->is_buffer || !dt_tp_in_norm(t->local, p->name, t->r)) {
             i++;
             continue;
         }
@@ -88,7 +93,7 @@ static double device_norm_part(tp *t, const float *g) {
         int j = i + 1;
         for (; j < nt; j++) {
             const dt_param_info *q = dt_model_tensor(t->local, j);
-            if (q->is_buffer || !dt_tp_in_norm(q->name, t->r) || q->offset != end) break;
+            if (q->is_buffer || !dt_tp_in_norm(t->local, q->name, t->r) || q->offset != end) break;
             end += q->numel;
         }
         t->dev->ops->sqnorm(t->dev, t->dev_ss, g + p->offset, end - p->offset);
@@ -104,7 +109,7 @@ static double host_norm_part(tp *t, const float *g) {
     double ss = 0;
     for (int i = 0; i < dt_model_num_tensors(t->local); i++) {
         const dt_param_info *p = dt_model_tensor(t->local, i);
-        if (p->is_buffer || !dt_tp_in_norm(p->name, t->r)) continue;
+        if (p->is_buffer || !dt_tp_in_norm(t->local, p->name, t->r)) continue;
         for (size_t k = 0; k < p->numel; k++) ss += (double)g[p->offset + k] * g[p->offset + k];
     }
     return ss;
@@ -140,9 +145,42 @@ static double tp_norm_part(void *ctx, size_t off, const float *g, size_t n) {
     return dt_tp_zero_norm_part(t->local, t->r, off, g, n);
 }
 
+/* Samples [lo, lo + n) of feed f (x and y as the shard's inputs hold them). */
+static dt_feed part_of(const dt_model *m, const dt_feed *f, int lo, int n) {
+    const size_t xs = (size_t)dt_model_input_values(m, 0) * DT_FEED_VALUE_BYTES,
+                 ys = (size_t)dt_model_input_values(m, 1) * DT_FEED_VALUE_BYTES;
+    return (dt_feed){.x = (const char *)f->x + (size_t)lo * xs, .y = f->y ? (const char *)f->y + (size_t)lo * ys : NULL,
+                     .n = n};
+}
+
+/* A shard with its own loss node (no vocabulary-parallel head: the row-parallel output is whole
+ * on every rank after its allreduce): forward with the loss, backward from it. */
+static dt_status own_loss_step(tp *t, const dt_step_batch *b, int lo, int hi, uint64_t key, float share, bool last,
+                               double *loss_sum) {
+    const dt_feed f = part_of(t->local, &b->feed, lo, hi - lo);
+    float loss;
+    const double tf = dt_now();
+    DT_TRY(dt_model_run(t->local, &f, true, key, &loss));
+    DT_TRY(dt_tp_hooks_status(t->hooks));
+    if (!isfinite(loss))
+        return dt_error(DT_EINVAL, "training diverged: loss is %g at step %lld on rank %d; lower --lr or set --clip", loss,
+                        (long long)b->step, dt_comm_rank(t->s->comm));
+    *loss_sum += (double)loss * f.n;
+    const double tb = dt_now();
+    dt_trace_add(t->s->trace, "forward", 0, tf, tb, b->step);
+    DT_TRY(dt_model_backward_loss(t->local, share, last && t->ddp ? dt_strategy_grad_hook : NULL, t->ddp));
+    DT_TRY(dt_tp_hooks_status(t->hooks));
+    dt_trace_add(t->s->trace, "backward", 0, tb, dt_now(), b->step);
+    return DT_OK;
+}
+
 /* Forward, vocabulary-parallel loss and backward of samples [lo, hi) of the step. */
 static dt_status micro_step(tp *t, const dt_step_batch *b, int lo, int hi, uint64_t key, float share, bool last,
                             double *loss_sum) {
+    if (!t->vocab) {
+        dt_tp_hooks_select(t->hooks, lo, hi - lo);
+        return own_loss_step(t, b, lo, hi, key, share, last, loss_sum);
+    }
     const int T = t->g.T;
     dt_feed f = {.x = dt_tp_hooks_ids(t->hooks, lo), .y = NULL, .n = hi - lo};
     dt_tp_hooks_select(t->hooks, lo, f.n);
@@ -194,7 +232,7 @@ static dt_status tp_train_step(dt_strategy *s, const dt_step_batch *b, dt_step_r
     if (t->ddp) t->ddp->ops->begin_step(t->ddp, b->step);
     if (!t->ddp || !t->ddp->grads_zeroed) dt_model_zero_grad(t->local);  /* ZeRO-2 leaves them zero */
     dt_tp_hooks_take_comm_s(t->hooks);
-    if (n > 0) DT_TRY(dt_tp_hooks_map(t->hooks, b->feed.x, 0, n, n));
+    if (n > 0 && t->vocab) DT_TRY(dt_tp_hooks_map(t->hooks, b->feed.x, 0, n, n));
     const float weight = n == 0 ? 1.0f : (float)((double)n * b->world / b->n_global);  /* share of the global mean */
     for (int k = 0; k < accum && n > 0; k++) {
         const int lo = (int)((int64_t)n * k / accum), hi = (int)((int64_t)n * (k + 1) / accum);
@@ -288,6 +326,15 @@ static dt_status tp_sync(dt_strategy *s) {
 static dt_status tp_eval_batch(dt_strategy *s, const dt_feed *f, double *loss_sum, int64_t *correct, int64_t *n) {
     tp *t = s->impl;
     if (f->n == 0) return DT_OK;  /* the whole tp group has the same samples */
+    if (!t->vocab) {  /* the shard's own loss; its output is whole after the row-parallel allreduce */
+        float loss;
+        dt_tp_hooks_select(t->hooks, 0, f->n);
+        DT_TRY(dt_model_run(t->local, f, false, 0, &loss));
+        DT_TRY(dt_tp_hooks_status(t->hooks));
+        const int64_t c = dt_model_count_correct(t->local, f->y, f->n);
+        if (t->r == 0) *loss_sum += (double)loss * f->n, *correct += c, *n += f->n;
+        return DT_OK;
+    }
     DT_TRY(dt_tp_hooks_map(t->hooks, f->x, 0, f->n, f->n));
     dt_tp_hooks_select(t->hooks, 0, f->n);
     dt_feed lf = {.x = dt_tp_hooks_ids(t->hooks, 0), .y = NULL, .n = f->n};
@@ -370,7 +417,7 @@ static dt_status on_device(tp *t, const tp_opts *o) {
 static dt_status setup(dt_strategy *s, tp *t, const tp_opts *o) {
     DT_TRY(dt_mesh_create(&t->mesh, s->comm, o->tp, o->pp));
     t->K = t->mesh.tp, t->r = t->mesh.tp_rank;
-    DT_TRY(dt_gpt_create_sharded(&t->local, &t->g, t->K));
+    DT_TRY(dt_model_create_tp_shard(&t->local, s->model, t->K, false));
     DT_TRY(dt_optim_create(&t->lopt, dt_optim_config_of(s->optim), dt_model_num_params(t->local)));
     if (!t->dev->host_memory) DT_TRY(on_device(t, o));
     DT_TRY(dt_tp_scatter(s->model, s->optim, t->local, t->lopt, t->K, t->r));
@@ -381,7 +428,7 @@ static dt_status setup(dt_strategy *s, tp *t, const tp_opts *o) {
     dt_optim_free_state(s->optim);
     t->widened = true;  /* tp x pp (pp > 1) is the pipeline's (pp_tp.c), so here the mesh has pp = 1 */
     narrow(s, t);
-    DT_TRY(dt_tp_hooks_create(&t->hooks, t->local, &t->g, t->mesh.tp_comm, t->K, t->r, dt_comm_rank(s->comm), s->trace,
+    DT_TRY(dt_tp_hooks_create(&t->hooks, t->local, t->vocab ? &t->g : NULL, t->mesh.tp_comm, t->K, t->r, dt_comm_rank(s->comm), s->trace,
                               &s->step));
     if (t->mesh.dp > 1) {
         char spec[96];
@@ -402,9 +449,16 @@ static dt_status setup(dt_strategy *s, tp *t, const tp_opts *o) {
 static dt_status tp_create(dt_strategy *s, const void *opts) {
     const tp_opts *o = opts;
     const char *spec = dt_model_spec(s->model);
-    if (!dt_model_spec_is_gpt(spec))
-        return dt_error(DT_EINVAL, "--tp %d: tensor parallelism splits a GPT's heads, MLP and vocabulary; --model %s "
-                        "is not a GPT (use --model gpt:L=..,H=..,C=..,T=.., or --strategy ddp)", o->tp, spec);
+    const bool gpt = dt_model_spec_is_gpt(spec);
+    if (!dt_model_has_tp_marks(s->model))
+        return dt_error(DT_EINVAL, "--tp %d: --model %s has no node marked for tensor parallelism: its builder marks "
+                        "column-parallel, row-parallel and vocabulary-parallel nodes (dt_model_mark_tp); a sequential "
+                        "model is split where a linear, elementwise layers (relu, gelu, tanh, sigmoid) and a linear "
+                        "follow each other (e.g. \"flatten linear(256) relu linear(10)\"), a GPT always (or use "
+                        "--strategy ddp)", o->tp, spec);
+    if (o->pp > 1 && !gpt)
+        return dt_error(DT_ENOTSUP, "--strategy tp: tp x pp (tp=%d, pp=%d) runs a GPT only so far; --model %s: use "
+                        "pp=1", o->tp, o->pp, spec);
     if (o->pp > 1 && !dt_model_device(s->model)->host_memory)
         return dt_error(DT_ENOTSUP, "--device %s: tp x pp (tp=%d, pp=%d: pipeline stages of shards) does not run on a "
                         "device yet; use tp alone (pp=1) there, or --device cpu", dt_model_device(s->model)->kind->name,
@@ -423,7 +477,8 @@ static dt_status tp_create(dt_strategy *s, const void *opts) {
     tp *t = calloc(1, sizeof *t);
     if (!t) return dt_error(DT_ENOMEM, "tensor parallel: out of memory");
     t->s = s, t->dev = dt_model_device(s->model);
-    dt_status st = dt_gpt_parse(spec, &t->g);
+    t->vocab = gpt;
+    dt_status st = gpt ? dt_gpt_parse(spec, &t->g) : DT_OK;
     if (st == DT_OK) st = setup(s, t, o);
     s->impl = t;
     if (st != DT_OK) {

@@ -1,6 +1,6 @@
-/* Internals of tensor parallelism (tp.c, the strategy; tp_shard.c, how a whole GPT's tensors map
- * to the shards of the ranks; tp_xent.c, the vocabulary-parallel cross-entropy). Megatron-LM's
- * layout: column-parallel c_attn (each rank its heads' q, k and v rows) and c_fc, row-parallel
+/* Internals of tensor parallelism (tp.c, the strategy; tp_shard.c, how a whole model's tensors map
+ * to the shards of the ranks, by the marks of its nodes, dt_model_mark_tp; tp_xent.c, the
+ * vocabulary-parallel cross-entropy). Megatron-LM's layout, as the GPT builder marks it: column-parallel c_attn (each rank its heads' q, k and v rows) and c_fc, row-parallel
  * c_proj (each rank its input columns; the bias lives on rank 0, zero elsewhere, so the partial
  * sums add it once), the token embedding and tied head split by vocabulary rows, the rest
  * replicated. */
@@ -22,8 +22,11 @@ typedef enum {
     DT_TP_RANK0,     /* rank 0 holds the tensor, the others zeros (c_proj biases) */
 } dt_tp_split;
 
-/* How the GPT tensor called name is split. */
-dt_tp_split dt_tp_split_of(const char *name);
+/* How tensor `name` of model m (a whole model or a shard) is split, by the tensor-parallel mark
+ * of the node that declares it (dt_model_mark_tp): a column-parallel node's weight and bias
+ * ROWS (ROWS3 in 3 parts), a row-parallel one's weight COLS and bias RANK0, a vocabulary-parallel
+ * one's weight ROWS; the tensors of unmarked nodes REPL. */
+dt_tp_split dt_tp_split_of(const dt_model *m, const char *name);
 
 /* Copies rank r of K's part of the whole tensor `full` (its info ft) into local (to_local), or
  * local back into its place in full, both host memory. RANK0 to_local on r > 0 writes zeros;
@@ -47,15 +50,15 @@ dt_status dt_tp_scatter(dt_model *full, dt_optim *fo, dt_model *local, dt_optim 
  * slabs; gather to rank 0, the others' moments are unused). */
 dt_status dt_tp_gather(dt_comm *comm, dt_model *full, dt_model *local, dt_optim *lo, int K, float *const *moments);
 
-/* One tensor's gather: every rank's part of local tensor lt (its values at src) into dst, the
+/* One tensor's gather (split as tensor lt of model m, the shard, says): every rank's part of local tensor lt (its values at src) into dst, the
  * whole tensor ft, on every rank of comm (to_all: allgather) or on its rank 0 only (gather).
  * tmp: K x lt->numel floats. Collective over comm (NULL: one rank). */
-dt_status dt_tp_gather_tensor(dt_comm *comm, int K, const dt_param_info *ft, const dt_param_info *lt, const float *src,
+dt_status dt_tp_gather_tensor(const dt_model *m, dt_comm *comm, int K, const dt_param_info *ft, const dt_param_info *lt, const float *src,
                               float *dst, float *tmp, bool to_all);
 /* The same with src and dst memory of device d: on one whose memory is not host memory, src is
  * downloaded into tmp's last part (tmp: K + 1 parts of lt->numel floats), gathered on the host and
  * uploaded into its places in dst. */
-dt_status dt_tp_gather_tensor_on(dt_dev *d, dt_comm *comm, int K, const dt_param_info *ft, const dt_param_info *lt,
+dt_status dt_tp_gather_tensor_on(const dt_model *m, dt_dev *d, dt_comm *comm, int K, const dt_param_info *ft, const dt_param_info *lt,
                                  const float *src, float *dst, float *tmp, bool to_all);
 
 /* Vocabulary-parallel softmax cross-entropy (Megatron's) on device d (device.h xent_shard): a's
@@ -83,7 +86,7 @@ dt_status dt_tp_visit_state(dt_model *full, dt_model *local, dt_optim *lo, int K
 
 /* Rank r of K's shard of whole tensor ft (its local values at lb, dt_tp_copy's layout) as pieces
  * of the whole tensor, named name (optim: a moment), to fn. */
-dt_status dt_tp_visit_shard(int K, int r, dt_state_visit_fn fn, void *ctx, const char *name, const dt_param_info *ft,
+dt_status dt_tp_visit_shard(const dt_model *m, int K, int r, dt_state_visit_fn fn, void *ctx, const char *name, const dt_param_info *ft,
                             float *lb, bool optim);
 
 struct dt_strategy;
@@ -94,9 +97,10 @@ void dt_tp_counters_of(const struct dt_strategy *s, dt_tp_counters *c);
 
 typedef struct dt_tp_hooks dt_tp_hooks;
 
-/* Installs on local (rank r of K's shard of the GPT g, dt_gpt_create_sharded) the node hooks that
- * run tensor parallelism's collectives over comm (K ranks; NULL or K 1: none): four allreduces per
- * block, the vocabulary-parallel embedding and head. world_rank names this rank in errors; trace
+/* Installs on local (rank r of K's shard, dt_model_create_tp_shard; g: the GPT's config, or NULL
+ * for a model without vocabulary-parallel nodes) the node hooks that run tensor parallelism's
+ * collectives over comm (K ranks; NULL or K 1: none) where its nodes' marks say: four allreduces
+ * per GPT block, the vocabulary-parallel embedding and head. world_rank names this rank in errors; trace
  * (may be NULL) records each allreduce at step *step. The hooks hold the first failure of a
  * collective (dt_tp_hooks_status): every later one is skipped. */
 dt_status dt_tp_hooks_create(dt_tp_hooks **h, dt_model *local, const dt_gpt_config *g, dt_comm *comm, int K, int r,
@@ -130,7 +134,7 @@ double dt_tp_hooks_take_comm_s(dt_tp_hooks *h);
 void dt_tp_hooks_counters(const dt_tp_hooks *h, dt_tp_counters *c);
 /* Whether tensor `name` of tp rank r counts in the norm of the whole gradient (each shard once,
  * a replicated tensor on rank 0 only). */
-bool dt_tp_in_norm(const char *name, int r);
+bool dt_tp_in_norm(const dt_model *m, const char *name, int r);
 
 
 /* ---- ZeRO over the dp axis of the mesh (tp_zero.c; tp(tp=K,zero=1|2|3)) ---- */

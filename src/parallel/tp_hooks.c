@@ -1,14 +1,16 @@
-/* The collectives of a tensor-parallel GPT shard (tp.h), as node hooks of its graph (nn/ knows
- * no communication): the g operator (allreduce of a row-parallel c_proj's partial sums, forward),
- * the f operator (allreduce of a column-parallel layer's input gradient, backward), the
- * vocabulary-parallel embedding (foreign lookups zeroed, then summed) and head (its input
- * gradient summed), and the vocabulary-parallel loss. The tensor-parallel strategy (tp.c) and the
+/* The collectives of a tensor-parallel shard (tp.h), as node hooks of its graph (nn/ knows
+ * no communication), placed by the marks its builder set (dt_model_mark_tp): the g operator
+ * (allreduce of a row-parallel node's partial sums, forward), the f operator (allreduce of a
+ * column-parallel node's input gradient, backward), the vocabulary-parallel embedding (foreign
+ * lookups zeroed, then summed) and head (its input gradient summed), and (a GPT's) the
+ * vocabulary-parallel loss. The tensor-parallel strategy (tp.c) and the
  * pipeline (pp_step.c, a stage of a tp x pp mesh) drive the same hooks: they map a step's ids into
  * the rank's slice, select the samples of the micro-batch the next forward or backward runs, and
  * take the loss and its logits' gradient from dt_tp_hooks_loss. Activations, gradients and the
  * loss's buffers are the shard's device memory: the hooks zero and reduce them through device
  * calls, staging an allreduce through a host buffer where the transport does not take that memory
  * (dt_strategy_stage_device); on the cpu device the collectives run on them in place. */
+#include "nn/graph_parallel.h"
 #include "parallel/tp.h"
 
 #include <stdio.h>
@@ -18,11 +20,11 @@
 /* What a node's hooks do. */
 enum {
     ROLE_NONE = 0,
-    ROLE_ROW,        /* row-parallel c_proj: allreduce its output (g); zero its bias gradient off rank 0 */
-    ROLE_COL,        /* column-parallel c_attn / c_fc: allreduce its input's gradient (f) */
-    ROLE_HEAD,       /* the tied head: allreduce its input's gradient */
-    ROLE_EMBED,      /* the token embedding: zero lookups outside the slice, allreduce */
-    ROLE_EMBED_GRAD, /* the embedding sum: zero the token rows outside the slice of its gradient */
+    ROLE_ROW,        /* row-parallel (c_proj): allreduce its output (g); zero its bias gradient off rank 0 */
+    ROLE_COL,        /* column-parallel (c_attn, c_fc): allreduce its input's gradient (f) */
+    ROLE_HEAD,       /* vocabulary-parallel head (the tied lm_head): allreduce its input's gradient */
+    ROLE_EMBED,      /* vocabulary-parallel embedding: zero lookups outside the slice, allreduce */
+    ROLE_EMBED_GRAD, /* the embedding's reader: zero the token rows outside the slice of its gradient */
 };
 
 struct dt_tp_hooks {
@@ -36,6 +38,7 @@ struct dt_tp_hooks {
     const int64_t *step;
     unsigned char *role;      /* per node of local */
     int *src;                 /* per node: the node whose gradient ROLE_COL / ROLE_HEAD reduce */
+    size_t *size;             /* per node: values per sample its hook reduces */
     int wte;
     int32_t *ids;             /* the step's ids mapped into the rank's vocabulary slice */
     unsigned char *keep;      /* whether each id is in the slice */
@@ -103,7 +106,8 @@ static void reduce(dt_tp_hooks *h, float *buf, size_t n, bool block) {
     dt_trace_add(h->trace, "tp allreduce", 1, t0, dt_now(), h->step ? *h->step : 0);
 }
 
-static size_t btc(const dt_tp_hooks *h) { return (size_t)h->B * (size_t)h->g.T * (size_t)h->g.C; }
+/* The values node i's hook reduces at the selected micro-batch. */
+static size_t btc(const dt_tp_hooks *h, int i) { return (size_t)h->B * h->size[i]; }
 
 /* Zeroes the rows (of C values) of x whose id is outside the rank's slice. */
 static void zero_foreign(const dt_tp_hooks *h, float *x) {
@@ -119,11 +123,11 @@ static void zero_foreign(const dt_tp_hooks *h, float *x) {
 static void after_forward(void *ctx, int node) {
     dt_tp_hooks *h = ctx;
     switch (h->role[node]) {
-    case ROLE_ROW: reduce(h, dt_model_node_values_mut(h->local, node), btc(h), true); break;
+    case ROLE_ROW: reduce(h, dt_model_node_values_mut(h->local, node), btc(h, node), true); break;
     case ROLE_EMBED: {
         float *v = dt_model_node_values_mut(h->local, node);
         zero_foreign(h, v);
-        reduce(h, v, btc(h), false);
+        reduce(h, v, btc(h, node), false);
         break;
     }
     default: break;
@@ -144,8 +148,12 @@ static void after_backward(void *ctx, int node) {
             }
         }
         break;
-    case ROLE_COL: reduce(h, dt_model_node_grad_mut(h->local, h->src[node]), btc(h), true); break;
-    case ROLE_HEAD: reduce(h, dt_model_node_grad_mut(h->local, h->src[node]), btc(h), false); break;
+    case ROLE_COL: {  /* none where the input needs no gradient (the model's input): on every rank alike */
+        float *g = dt_model_node_grad_mut(h->local, h->src[node]);
+        if (g) reduce(h, g, btc(h, node), true);
+        break;
+    }
+    case ROLE_HEAD: reduce(h, dt_model_node_grad_mut(h->local, h->src[node]), btc(h, node), false); break;
     case ROLE_EMBED_GRAD: {
         float *g = dt_model_node_grad_mut(h->local, h->wte);
         if (g) zero_foreign(h, g);
@@ -155,37 +163,30 @@ static void after_backward(void *ctx, int node) {
     }
 }
 
-static int find_node(const dt_model *m, const char *name) {
-    for (int i = 0; i < dt_model_num_nodes(m); i++)
-        if (!strcmp(dt_model_node_name(m, i), name)) return i;
-    return -1;
-}
-
-static bool ends_with(const char *s, const char *suffix) {
-    size_t n = strlen(s), k = strlen(suffix);
-    return n >= k && !strcmp(s + n - k, suffix);
-}
-
-/* The hooks' role of every node of the shard, by nanoGPT's module names. */
+/* The hooks' role of every node of the shard, by the marks of its nodes. */
 static dt_status assign_roles(dt_tp_hooks *h) {
     const int n = dt_model_num_nodes(h->local);
     h->role = calloc((size_t)n, 1), h->src = calloc((size_t)n, sizeof *h->src);
-    if (!h->role || !h->src) return dt_error(DT_ENOMEM, "tensor parallel: out of memory");
+    h->size = calloc((size_t)n, sizeof *h->size);
+    if (!h->role || !h->src || !h->size) return dt_error(DT_ENOMEM, "tensor parallel: out of memory");
+    h->wte = -1;
     for (int i = 0; i < n; i++) {
-        const char *nm = dt_model_node_name(h->local, i);
-        const int len = (int)strlen(nm);
-        char in[64] = "";  /* the layer norm a column-parallel layer reads: "<block>.ln_1" / "<block>.ln_2" */
-        if (ends_with(nm, ".attn.c_proj") || ends_with(nm, ".mlp.c_proj")) h->role[i] = ROLE_ROW;
-        else if (ends_with(nm, ".attn.c_attn"))
-            h->role[i] = ROLE_COL, snprintf(in, sizeof in, "%.*s.ln_1", len - (int)strlen(".attn.c_attn"), nm);
-        else if (ends_with(nm, ".mlp.c_fc"))
-            h->role[i] = ROLE_COL, snprintf(in, sizeof in, "%.*s.ln_2", len - (int)strlen(".mlp.c_fc"), nm);
-        else if (!strcmp(nm, "lm_head")) h->role[i] = ROLE_HEAD, snprintf(in, sizeof in, "transformer.ln_f");
-        else if (!strcmp(nm, "transformer.wte")) h->role[i] = ROLE_EMBED, h->wte = i;
-        else if (!strcmp(nm, "transformer.embed")) h->role[i] = ROLE_EMBED_GRAD;
-        if (in[0] && (h->src[i] = find_node(h->local, in)) < 0)
-            return dt_error(DT_EINTERNAL, "tensor parallel: node '%s' has no input '%s'", nm, in);
+        const dt_tp_mark mk = dt_model_node_tp(h->local, i, NULL);
+        const bool embed = dt_model_node_kind(h->local, i) == DT_LAYER_EMBEDDING;
+        h->src[i] = dt_model_node_input(h->local, i, 0);
+        if (mk == DT_TP_MARK_ROW) h->role[i] = ROLE_ROW;
+        else if (mk == DT_TP_MARK_COLUMN) h->role[i] = ROLE_COL;
+        else if (mk == DT_TP_MARK_VOCAB && embed) h->role[i] = ROLE_EMBED, h->wte = i;
+        else if (mk == DT_TP_MARK_VOCAB) h->role[i] = ROLE_HEAD;
+        const bool reads_input = h->role[i] == ROLE_COL || h->role[i] == ROLE_HEAD;
+        if (reads_input && h->src[i] < 0)
+            return dt_error(DT_EINTERNAL, "tensor parallel: marked node '%s' has no input",
+                            dt_model_node_name(h->local, i));
+        h->size[i] = dt_model_node_size(h->local, reads_input ? h->src[i] : i);
     }
+    for (int i = 0; h->wte >= 0 && i < n; i++)  /* the reader of the vocabulary-parallel embedding */
+        for (int j = 0; dt_model_node_input(h->local, i, j) >= 0; j++)
+            if (dt_model_node_input(h->local, i, j) == h->wte && h->role[i] == ROLE_NONE) h->role[i] = ROLE_EMBED_GRAD;
     return DT_OK;
 }
 
@@ -194,7 +195,7 @@ dt_status dt_tp_hooks_create(dt_tp_hooks **out, dt_model *local, const dt_gpt_co
     *out = NULL;
     dt_tp_hooks *h = calloc(1, sizeof *h);
     if (!h) return dt_error(DT_ENOMEM, "tensor parallel: out of memory");
-    *h = (dt_tp_hooks){.local = local, .comm = comm, .g = *g, .K = K, .r = r, .world_rank = world_rank,
+    *h = (dt_tp_hooks){.local = local, .comm = comm, .g = g ? *g : (dt_gpt_config){0}, .K = K, .r = r, .world_rank = world_rank,
                        .trace = trace, .step = step, .dev = dt_model_device(local)};
     h->stage = comm && K > 1 ? dt_strategy_stage_device(comm, local) : NULL;
     dt_status st = assign_roles(h);
@@ -235,7 +236,7 @@ void dt_tp_hooks_chain(dt_tp_hooks *h) {
 
 void dt_tp_hooks_destroy(dt_tp_hooks *h) {
     if (!h) return;
-    free(h->role), free(h->src), free(h->ids), free(h->keep), free(h->host), free(h->logits_host);
+    free(h->role), free(h->src), free(h->size), free(h->ids), free(h->keep), free(h->host), free(h->logits_host);
     dev_free(h->dev, h->dlogits), dev_free(h->dev, h->rows), dev_free(h->dev, h->targets), dev_free(h->dev, h->out);
     free(h);
 }
@@ -348,4 +349,6 @@ void dt_tp_hooks_counters(const dt_tp_hooks *h, dt_tp_counters *c) {
     c->dp_bytes = dp;
 }
 
-bool dt_tp_in_norm(const char *name, int r) { return r == 0 || dt_tp_split_of(name) != DT_TP_REPL; }
+bool dt_tp_in_norm(const dt_model *m, const char *name, int r) {
+    return r == 0 || dt_tp_split_of(m, name) != DT_TP_REPL;
+}

@@ -3,23 +3,37 @@
  * whole model is what checkpoints hold (one PyTorch-loadable file, layout independent): a run
  * resumes under any --tp by scattering it, and saves by gathering. The tensors are device memory:
  * moved with the device's copy, upload and download (memcpy where both sides are host memory). */
+#include "nn/graph_parallel.h"
 #include "parallel/tp.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-static bool ends_with(const char *s, const char *suffix) {
-    size_t n = strlen(s), k = strlen(suffix);
-    return n >= k && !strcmp(s + n - k, suffix);
+/* The node of model m that declares tensor `name` ("<node>.<suffix>"), or -1. */
+static int owner(const dt_model *m, const char *name, const char **suffix) {
+    const char *dot = strrchr(name, '.');
+    if (!dot) return -1;
+    *suffix = dot + 1;
+    const size_t len = (size_t)(dot - name);
+    for (int i = 0; i < dt_model_num_nodes(m); i++) {
+        const char *nm = dt_model_node_name(m, i);
+        if (strlen(nm) == len && !strncmp(nm, name, len)) return i;
+    }
+    return -1;
 }
 
-dt_tp_split dt_tp_split_of(const char *name) {
-    if (ends_with(name, ".attn.c_attn.weight") || ends_with(name, ".attn.c_attn.bias")) return DT_TP_ROWS3;
-    if (ends_with(name, ".mlp.c_fc.weight") || ends_with(name, ".mlp.c_fc.bias")) return DT_TP_ROWS;
-    if (!strcmp(name, "transformer.wte.weight")) return DT_TP_ROWS;
-    if (ends_with(name, ".c_proj.weight")) return DT_TP_COLS;
-    if (ends_with(name, ".c_proj.bias")) return DT_TP_RANK0;
-    return DT_TP_REPL;
+dt_tp_split dt_tp_split_of(const dt_model *m, const char *name) {
+    const char *suffix = "";
+    const int node = owner(m, name, &suffix);
+    if (node < 0) return DT_TP_REPL;
+    int parts;
+    const bool weight = !strcmp(suffix, "weight"), bias = !strcmp(suffix, "bias");
+    switch (dt_model_node_tp(m, node, &parts)) {
+    case DT_TP_MARK_COLUMN: return weight || bias ? (parts == 3 ? DT_TP_ROWS3 : DT_TP_ROWS) : DT_TP_REPL;
+    case DT_TP_MARK_ROW: return weight ? DT_TP_COLS : bias ? DT_TP_RANK0 : DT_TP_REPL;
+    case DT_TP_MARK_VOCAB: return weight ? DT_TP_ROWS : DT_TP_REPL;
+    default: return DT_TP_REPL;
+    }
 }
 
 /* Where the whole tensor and the rank's part are: host memory, or device d's. */
@@ -107,7 +121,7 @@ dt_status dt_tp_scatter(dt_model *full, dt_optim *fo, dt_model *local, dt_optim 
             break;
         }
         if (!dt_model_tensor_placed(local, j)) continue;  /* another stage's (tp x pp) */
-        const dt_tp_split k = dt_tp_split_of(lt->name);
+        const dt_tp_split k = dt_tp_split_of(local, lt->name);
         const int i = dt_model_find_tensor(full, lt->name);
         float *fb = (lt->is_buffer ? dt_model_buffers(full) : dt_model_params(full)) + ft->offset;
         float *lb = lt->is_buffer ? dt_model_buffers(local) : dt_model_params(local);
@@ -131,9 +145,9 @@ dt_status dt_tp_scatter(dt_model *full, dt_optim *fo, dt_model *local, dt_optim 
     return st;
 }
 
-dt_status dt_tp_gather_tensor_on(dt_dev *d, dt_comm *comm, int K, const dt_param_info *ft, const dt_param_info *lt,
-                                 const float *src, float *dst, float *tmp, bool to_all) {
-    const dt_tp_split k = dt_tp_split_of(lt->name);
+dt_status dt_tp_gather_tensor_on(const dt_model *m, dt_dev *d, dt_comm *comm, int K, const dt_param_info *ft,
+                                 const dt_param_info *lt, const float *src, float *dst, float *tmp, bool to_all) {
+    const dt_tp_split k = dt_tp_split_of(m, lt->name);
     const size_t n = lt->numel;
     const float *send = src;
     if (!d->host_memory) {  /* staged: the part downloaded, gathered on the host, placed by uploads */
@@ -152,15 +166,15 @@ dt_status dt_tp_gather_tensor_on(dt_dev *d, dt_comm *comm, int K, const dt_param
     return DT_OK;
 }
 
-dt_status dt_tp_gather_tensor(dt_comm *comm, int K, const dt_param_info *ft, const dt_param_info *lt, const float *src,
-                              float *dst, float *tmp, bool to_all) {
-    return dt_tp_gather_tensor_on(dt_device_cpu(), comm, K, ft, lt, src, dst, tmp, to_all);
+dt_status dt_tp_gather_tensor(const dt_model *m, dt_comm *comm, int K, const dt_param_info *ft, const dt_param_info *lt,
+                              const float *src, float *dst, float *tmp, bool to_all) {
+    return dt_tp_gather_tensor_on(m, dt_device_cpu(), comm, K, ft, lt, src, dst, tmp, to_all);
 }
 
 /* Every rank's part of local tensor lt into its whole tensor ft's place in whole (a slab's base). */
-static dt_status gather_tensor(dt_dev *d, dt_comm *comm, int K, const dt_param_info *ft, const dt_param_info *lt, const float *src,
-                               float *whole, float *tmp, bool to_all) {
-    return dt_tp_gather_tensor_on(d, comm, K, ft, lt, src, whole + ft->offset, tmp, to_all);
+static dt_status gather_tensor(const dt_model *m, dt_dev *d, dt_comm *comm, int K, const dt_param_info *ft,
+                               const dt_param_info *lt, const float *src, float *whole, float *tmp, bool to_all) {
+    return dt_tp_gather_tensor_on(m, d, comm, K, ft, lt, src, whole + ft->offset, tmp, to_all);
 }
 
 /* The scratch of gather_tensor for the largest tensor of local (and its staging on a device). */
@@ -181,10 +195,10 @@ dt_status dt_tp_gather(dt_comm *comm, dt_model *full, dt_model *local, dt_optim 
         if (!ft) s = DT_EINVAL;
         float *lb = lt->is_buffer ? dt_model_buffers(local) : dt_model_params(local);
         float *fb = lt->is_buffer ? dt_model_buffers(full) : dt_model_params(full);
-        if (s == DT_OK) s = gather_tensor(d, comm, K, ft, lt, lb + lt->offset, fb, tmp, true);
+        if (s == DT_OK) s = gather_tensor(local, d, comm, K, ft, lt, lb + lt->offset, fb, tmp, true);
         for (int k = 0; s == DT_OK && moments && !lt->is_buffer && k < dt_optim_num_states(lo); k++) {
             const char *nm;
-            s = gather_tensor(d, comm, K, ft, lt, dt_optim_state(lo, k, &nm) + lt->offset, moments[k], tmp, false);
+            s = gather_tensor(local, d, comm, K, ft, lt, dt_optim_state(lo, k, &nm) + lt->offset, moments[k], tmp, false);
         }
     }
     free(tmp);

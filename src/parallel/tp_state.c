@@ -15,10 +15,10 @@ static dt_status piece(dt_state_visit_fn fn, void *ctx, const char *name, const 
     return fn(ctx, &p);
 }
 
-dt_status dt_tp_visit_shard(int Ki, int ri, dt_state_visit_fn fn, void *ctx, const char *name, const dt_param_info *ft,
-                             float *lb, bool optim) {
+dt_status dt_tp_visit_shard(const dt_model *m, int Ki, int ri, dt_state_visit_fn fn, void *ctx, const char *name,
+                            const dt_param_info *ft, float *lb, bool optim) {
     const size_t R = (size_t)ft->shape[0], Cc = ft->numel / R, K = (size_t)Ki, r = (size_t)ri;
-    switch (dt_tp_split_of(ft->name)) {
+    switch (dt_tp_split_of(m, ft->name)) {
     case DT_TP_REPL: return piece(fn, ctx, name, ft, lb, 0, ft->numel, optim);
     case DT_TP_RANK0: return r == 0 ? piece(fn, ctx, name, ft, lb, 0, ft->numel, optim) : DT_OK;
     case DT_TP_ROWS: return piece(fn, ctx, name, ft, lb, r * (R / K) * Cc, R / K * Cc, optim);
@@ -44,13 +44,13 @@ static dt_status visit_shards(dt_model *full, dt_model *local, dt_optim *lo, int
         if (i < 0) return dt_error(DT_EINTERNAL, "tensor parallel: '%s' is not in the whole model", lt->name);
         const dt_param_info *ft = dt_model_tensor(full, i);
         float *lb = lt->is_buffer ? dt_model_buffers(local) : dt_model_params(local);
-        DT_TRY(dt_tp_visit_shard(K, r, fn, ctx, ft->name, ft, lb + lt->offset, false));
+        DT_TRY(dt_tp_visit_shard(local, K, r, fn, ctx, ft->name, ft, lb + lt->offset, false));
         for (int k = 0; !lt->is_buffer && k < dt_optim_num_states(lo); k++) {
             const char *sname;
             float *st = dt_optim_state(lo, k, &sname);
             char name[96];
             snprintf(name, sizeof name, "optim.%s.%s", sname, ft->name);
-            DT_TRY(dt_tp_visit_shard(K, r, fn, ctx, name, ft, st + lt->offset, true));
+            DT_TRY(dt_tp_visit_shard(local, K, r, fn, ctx, name, ft, st + lt->offset, true));
         }
     }
     return DT_OK;

@@ -13,8 +13,14 @@
  *  - a stop (SIGTERM) seen by rank 0 alone stops the whole tp group after one step, checkpointed;
  *  - a tp rank that dies mid-run is reported by its peer with the rank and the operation;
  *  - a tp that does not divide the heads, width and vocabulary is refused saying what divides;
- *  - mesh coordinates: rank = (dp_i PP + pp_i) TP + tp_i.
+ *  - mesh coordinates: rank = (dp_i PP + pp_i) TP + tp_i;
+ *  - the marks (dt_model_mark_tp): the GPT builder's give every tensor the split the nanoGPT
+ *    module names gave before (c_attn ROWS3, c_fc and wte ROWS, c_proj COLS / RANK0, the rest
+ *    REPL); the sequential builder marks linear -> elementwise -> linear pairs (not an unpaired
+ *    linear, nor across a dropout) and its shard narrows the column-parallel linear; bad marks
+ *    are refused naming the node.
  * Under the sanitizers (DTRAIN_SANITIZED) the runs take 6 steps. */
+#include "nn/graph_parallel.h"
 #include "core/test.h"
 #include "dtrain/dtrain.h"
 #include "dtrain/models.h"
@@ -337,12 +343,56 @@ static void check_mesh_order(void) {
     }
 }
 
+/* The split of tensor name in m. */
+static dt_tp_split split(const dt_model *m, const char *name) {
+    CHECK_MSG(dt_model_find_tensor(m, name) >= 0, "no tensor %s", name);
+    return dt_tp_split_of(m, name);
+}
+
+static void check_marks(void) {
+    dt_gpt_config g;
+    CHECK_OK(dt_gpt_parse(MODEL, &g));
+    dt_model *m = NULL, *s = NULL;
+    CHECK_OK(dt_gpt_create(&m, &g));
+    CHECK(split(m, "transformer.h.1.attn.c_attn.weight") == DT_TP_ROWS3);
+    CHECK(split(m, "transformer.h.0.attn.c_attn.bias") == DT_TP_ROWS3);
+    CHECK(split(m, "transformer.h.0.mlp.c_fc.weight") == DT_TP_ROWS);
+    CHECK(split(m, "transformer.h.1.mlp.c_fc.bias") == DT_TP_ROWS);
+    CHECK(split(m, "transformer.h.0.attn.c_proj.weight") == DT_TP_COLS);
+    CHECK(split(m, "transformer.h.1.mlp.c_proj.bias") == DT_TP_RANK0);
+    CHECK(split(m, "transformer.wte.weight") == DT_TP_ROWS && split(m, "transformer.wpe.weight") == DT_TP_REPL);
+    CHECK(split(m, "transformer.h.0.ln_1.weight") == DT_TP_REPL && split(m, "transformer.ln_f.bias") == DT_TP_REPL);
+    CHECK(dt_model_mark_tp(m, dt_model_num_nodes(m), DT_TP_MARK_ROW, 1) == DT_EINVAL);
+    CHECK(dt_model_mark_tp(m, 1, DT_TP_MARK_ROW, 3) == DT_EINVAL && strstr(dt_last_error(), "parts"));
+    dt_model_free(m);
+    /* layers 0 and 3 a pair (through relu, tanh); 5 unpaired; 6 -> 8 not (a dropout between) */
+    static const char *seq = "linear(8) relu tanh linear(6) relu linear(4) linear(6) dropout(0.1) linear(4)";
+    CHECK_OK(dt_model_create_from_spec(&m, seq, 1, 2, 2));
+    CHECK(split(m, "0.weight") == DT_TP_ROWS && split(m, "0.bias") == DT_TP_ROWS);
+    CHECK(split(m, "3.weight") == DT_TP_COLS && split(m, "3.bias") == DT_TP_RANK0);
+    CHECK(split(m, "5.weight") == DT_TP_REPL && split(m, "6.weight") == DT_TP_REPL);
+    CHECK(split(m, "8.weight") == DT_TP_REPL);
+    CHECK_OK(dt_model_create_tp_shard(&s, m, 2, false));
+    const dt_param_info *w0 = dt_model_tensor(s, dt_model_find_tensor(s, "0.weight"));
+    const dt_param_info *w3 = dt_model_tensor(s, dt_model_find_tensor(s, "3.weight"));
+    CHECK(w0->shape[0] == 4 && w0->shape[1] == 4 && w3->shape[0] == 6 && w3->shape[1] == 4);
+    CHECK(split(s, "0.weight") == DT_TP_ROWS && split(s, "3.bias") == DT_TP_RANK0);
+    dt_model_free(s);
+    CHECK(dt_model_create_tp_shard(&s, m, 3, false) == DT_EINVAL && s == NULL);
+    CHECK(strstr(dt_last_error(), "linear(8)") && strstr(dt_last_error(), "--tp 3"));
+    dt_model_free(m);
+    CHECK_OK(dt_model_create_from_spec(&m, "linear(8) linear(4)", 1, 2, 2));
+    CHECK(!dt_model_has_tp_marks(m));
+    dt_model_free(m);
+}
+
 int main(void) {
     if (getenv("DTRAIN_SANITIZED")) g_steps = 6;
     snprintf(g_dir, sizeof g_dir, "/tmp/dtrain-tp-XXXXXX");
     if (!mkdtemp(g_dir)) return 1;
     check_mesh_order();
     check_divisibility();
+    check_marks();
     CHECK_OK(train("single", NULL, 0, -1, g_ref, &g_nref, &g_ref_out));
     check_layout(2, 1);
     check_layout(4, 1);

@@ -102,7 +102,7 @@ double dt_tp_zero_norm_part(const dt_model *local, int r, size_t off, const floa
     double ss = 0;
     for (int i = 0; i < dt_model_num_tensors(local); i++) {
         const dt_param_info *t = dt_model_tensor(local, i);
-        if (t->is_buffer || !dt_tp_in_norm(t->name, r)) continue;
+        if (t->is_buffer || !dt_tp_in_norm(local, t->name, r)) continue;
         const size_t lo = t->offset > off ? t->offset : off;
         const size_t hi = t->offset + t->numel < off + n ? t->offset + t->numel : off + n;
         for (size_t k = lo; k < hi; k++) ss += (double)g[k - off] * g[k - off];

@@ -27,7 +27,7 @@ static bool node_split(const dt_model *m, int i) {
     int ids[8];
     const int n = dt_model_node_tensors(m, i, ids, 8);
     for (int j = 0; j < n && j < 8; j++) {
-        const dt_tp_split s = dt_tp_split_of(dt_model_tensor(m, ids[j])->name);
+        const dt_tp_split s = dt_tp_split_of(m, dt_model_tensor(m, ids[j])->name);
         if (s != DT_TP_REPL && s != DT_TP_RANK0) return true;
     }
     return false;

@@ -103,7 +103,7 @@ static dt_status owned_params(dt_model *m, const dt_mem_layout *l, int stage, do
     for (int t = 0; t < nt; t++) {
         const dt_param_info *p = dt_model_tensor(m, t);
         if (!used[t] || p->is_buffer) continue;
-        const dt_tp_split k = dt_tp_split_of(p->name);
+        const dt_tp_split k = dt_tp_split_of(m, p->name);
         o += l->tp > 1 && k != DT_TP_REPL && k != DT_TP_RANK0 ? (double)p->numel / l->tp : (double)p->numel;
     }
     free(used);
@@ -114,19 +114,14 @@ static dt_status owned_params(dt_model *m, const dt_mem_layout *l, int stage, do
 /* The activations the rank's graph allocates at its (micro-)batch: every node's, once (a pipeline
  * stage runs its micro-batches through the one graph, recomputing a forward rather than keeping
  * several in it; the sent and received activations are not charged); under tp the graph is the
- * rank's GPT shard (tp_shard.c), whose residual stream stays whole. */
+ * rank's shard (dt_model_create_tp_shard), whose replicated nodes (a GPT's residual stream) stay whole. */
 static dt_status graph_activations(const dt_model *m, const dt_mem_layout *l, double *out) {
     if (l->tp == 1) {
         *out = (double)dt_model_activation_bytes(m, l->batch);
         return DT_OK;
     }
-    dt_gpt_config g;
     dt_model *shard = NULL;
-    if (!dt_model_spec_is_gpt(dt_model_spec(m)))
-        return dt_error(DT_EINVAL, "memory plan: --tp %d splits a GPT's heads, MLP and vocabulary; --model %s is not "
-                        "a GPT (use --model gpt:L=..,H=..,C=..,T=..)", l->tp, dt_model_spec(m));
-    DT_TRY(dt_gpt_parse(dt_model_spec(m), &g));
-    DT_TRY(dt_gpt_create_sharded_unplaced(&shard, &g, l->tp));  /* laid out, nothing written */
+    DT_TRY(dt_model_create_tp_shard(&shard, m, l->tp, true));  /* laid out, nothing written */
     *out = (double)dt_model_activation_bytes(shard, l->batch);
     dt_model_free(shard);
     return DT_OK;
