@@ -7,7 +7,10 @@ ROOT=${DTRAIN_ROOT:-$(cd "$(dirname "$0")/.." && pwd)}
 command -v pkg-config >/dev/null || { echo "skip: pkg-config is missing (apt-get install pkg-config)"; exit 77; }
 P="$TMP/prefix"
 SANFLAGS=""; [ -n "${DTRAIN_SANITIZED:-}" ] && SANFLAGS="-fsanitize=address,undefined"
-if make -s -C "$ROOT" BUILD="$BUILD" PREFIX="$P" install >"$TMP/install.log" 2>&1; then ok "make install PREFIX=$P"
+# the tree's own configuration: the sanitizer tree is make test-asan's (a make without it would
+# rebuild that tree as another, e.g. with the cuda device the sanitizer build leaves out)
+TREE=(); [ -n "${DTRAIN_SANITIZED:-}" ] && TREE=(SAN=1 OPT=-O1)
+if make -s -C "$ROOT" BUILD="$BUILD" "${TREE[@]}" PREFIX="$P" install >"$TMP/install.log" 2>&1; then ok "make install PREFIX=$P"
 else bad "make install: $(tail -5 "$TMP/install.log")"; fi
 for f in bin/dtrain include/dtrain/dtrain.h include/dtrain/launch.h include/dtrain/train_options.h lib/libdtrain.a lib/libdtrain.so \
          lib/pkgconfig/dtrain.pc share/man/man1/dtrain.1; do

@@ -19,7 +19,8 @@ done
   || bad "dtrain/dtrain.h does not include:$missing"
 
 # ---- a program that includes only dtrain/dtrain.h, as C and as C++ ----
-LIBS=$(make -s -C "$ROOT" BUILD="$BUILD" print-ldlibs)
+TREE=(); [ -n "${DTRAIN_SANITIZED:-}" ] && TREE=(SAN=1 OPT=-O1)  # the sanitizer tree's configuration (test-asan's)
+LIBS=$(make -s -C "$ROOT" BUILD="$BUILD" "${TREE[@]}" print-ldlibs)
 cp "$ROOT/tests/tools/embed_check.c" "$TMP/embed.c"; cp "$TMP/embed.c" "$TMP/embed.cpp"
 if cc -std=c11 -Wall -Wextra -Werror $SANFLAGS -I"$ROOT/include" "$TMP/embed.c" "$BUILD/libdtrain.a" $LIBS -o "$TMP/embed-c" \
    2>"$TMP/cc.log"; then ok "a program including only dtrain/dtrain.h compiles as C11 with -Werror"
