@@ -69,11 +69,10 @@ dt_status dt_strategy_spec_class(const char *spec, dt_strategy_class *out) {
 }
 
 bool dt_strategy_spec_takes(const char *spec, const char *key) {
-    char name[64];
+    dt_strategy_opts opts;
     const dt_strategy_entry *e;
-    const bool ok = dt_strategy_spec_info(spec, name, sizeof name, NULL) == DT_OK && (e = dt_strategy_find(name));
-    dt_error_clear();
-    return ok && dt_strategy_entry_takes(e, key);
+    if (dt_strategy_parse(spec, &e, &opts) != DT_OK) return dt_error_clear(), false;
+    return dt_strategy_entry_takes(e, key);
 }
 
 static bool takes(const dt_strategy_entry *e, const void *key) { return dt_strategy_entry_takes(e, key); }

@@ -337,10 +337,10 @@ static dt_status place_model(dt_trainer *t, const dt_strategy_entry *se, const d
     bool whole = true;
     /* on a device the model's slabs are whole device blocks: a device-neutral strategy that places a
      * part on cpu (pp's stages) holds the whole model there */
-    const bool on_device = t->cfg.device && strcmp(t->cfg.device, "cpu") && se->device_neutral;
-    if (!whole_load && !on_device)
+    const bool on_device = t->cfg.device && strcmp(t->cfg.device, "cpu");
+    if (!whole_load && !(on_device && se->device_neutral))
         DT_TRY(dt_strategy_placement(se, so, t->model, t->rank, t->world, &own, &nown, &whole));
-    if (!whole && t->cfg.device && strcmp(t->cfg.device, "cpu"))  /* ZeRO-3's shards are host pages so far */
+    if (!whole && on_device)  /* a strategy that is not device-neutral placed shards: host pages */
         return dt_error(DT_ENOTSUP, "--device %s: a model placed in shards (ZeRO stage 3) does not run on a device "
                         "yet; drop zero=3 or use --device cpu", t->cfg.device);
     const dt_range *part = whole ? NULL : own ? own : &none;
