@@ -273,6 +273,102 @@ static void wait_until(server *sv, double until) {
     pthread_cond_timedwait(&sv->cv, &sv->mu, &ts);
 }
 
+/* A copy of the shard's weights (and optimizer state) for assemble; under the lock. */
+static void snapshot(server *sv, float *snap, float **state, int nstate) {
+    memcpy(snap, sv->w, sv->n * sizeof(float));
+    for (int k = 0; k < nstate && sv->cfg->want_optim; k++)
+        memcpy(state[k], dt_optim_state(sv->opt, k, NULL), sv->n * sizeof(float));
+}
+
+/* Waits, under the lock, for the end of the epoch with books e: every live worker past step end, or
+ * (dynamic) `need` units in, no worker left, or out of memory; reports progress meanwhile. True when
+ * a stop (SIGTERM) ended the wait. */
+static bool wait_epoch_end(server *sv, int64_t e, int64_t end, int64_t need) {
+    const dt_serve_config *cfg = sv->cfg;
+    const bool dyn = sv->p->dynamic;
+    double next_progress = dt_now() + cfg->progress_s;
+    bool stop = false;
+    /* the stop is read first: the workers leave at a stop, and a serving thread woken only by
+     * the last one leaving (nlive 0) must still take it for the stop, not for "all are gone" */
+    while (!(stop = cfg->stop && *cfg->stop) && sv->nlive > 0 && min_live(sv) < end &&
+           !(dyn && sv->units_done[e] >= need) && !sv->oom) {
+        wait_until(sv, next_progress);
+        flush_notes(sv);  /* short callbacks (a line each) run under the lock */
+        if (dt_now() >= next_progress) {
+            next_progress = dt_now() + cfg->progress_s;
+            if (sv->idx == 0 && cfg->on_progress)
+                cfg->on_progress(cfg->ctx, min_live(sv) < INT64_MAX ? min_live(sv) : end, sv->samples[e],
+                                 sv->loss_sum[e]);
+        }
+    }
+    return stop;
+}
+
+/* A stop (SIGTERM reaches every rank: the workers finish their step and leave). Answers them at once
+ * (no staleness wait), then takes the model once every handler is done (or after STOP_WAIT_S for a
+ * worker that did not get the signal). Called with the lock held; releases it. DT_EINTR, or the
+ * assembly's error. */
+static dt_status take_stop(server *sv, float *snap, float **state, int nstate) {
+    ps_state *p = sv->p;
+    const dt_serve_config *cfg = sv->cfg;
+    const int W = p->W;
+    sv->stopping = true;
+    pthread_cond_broadcast(&sv->cv);
+    double give_up = dt_now() + STOP_WAIT_S;
+    while (sv->running > 0 && dt_now() < give_up) wait_until(sv, give_up);
+    int64_t at = 0;
+    for (int w = 0; w < W; w++) at = sv->clock[w] > at ? sv->clock[w] : at;
+    int64_t stop_ep = 0, stop_in = 0;
+    if (p->dynamic && sv->idx == 0) dt_ps_seq_position(sv, sv->done_lo, &stop_ep, &stop_in);
+    for (int w = 0; w < W; w++) sv->alive[w] = false;
+    sv->nlive = 0;
+    pthread_cond_broadcast(&sv->cv);
+    snapshot(sv, snap, state, nstate);
+    pthread_mutex_unlock(&sv->mu);
+    dt_status st = DT_OK;
+    /* one server holds the whole model: hand it to the trainer for the interrupt checkpoint */
+    if (p->S == 1 && cfg->stopped_step && (st = assemble(sv, snap, state, nstate)) == DT_OK) {
+        *cfg->stopped_step = at;
+        if (p->dynamic && cfg->stopped_epoch) *cfg->stopped_epoch = stop_ep, *cfg->stopped_in_epoch = stop_in;
+    }
+    return st == DT_OK ? dt_error(DT_EINTR, "ps: stopped by a signal near worker step %lld", (long long)at) : st;
+}
+
+/* Epoch ep's report (books e, ended at step end after epoch_s seconds), from the books under the
+ * lock (the staleness histogram and the clock gap start afresh); wi (W records) and stale
+ * (DT_STALENESS_BINS) are the caller's, pointed to by the report. */
+static dt_serve_epoch epoch_report(server *sv, int64_t ep, int64_t e, int64_t end, bool units_in, double epoch_s,
+                                   dt_worker_info *wi, int64_t *stale) {
+    ps_state *p = sv->p;
+    const dt_serve_config *cfg = sv->cfg;
+    const int W = p->W;
+    const int64_t base = cfg->start_step - cfg->start_step_in_epoch;
+    for (int w = 0; w < W; w++) {
+        int64_t ns = sv->wsamples[e * W + w];
+        wi[w] = (dt_worker_info){.rank = p->S + w, .samples = ns,
+                                 .share = sv->samples[e] > 0 ? (double)ns / (double)sv->samples[e] : 0,
+                                 .samples_per_s = epoch_s > 0 ? (double)ns / epoch_s : 0,
+                                 .busy_s = sv->wbusy[e * W + w], .batch = cfg->batch, .alive = sv->alive[w]};
+    }
+    memcpy(stale, sv->stale, sizeof sv->stale);
+    memset(sv->stale, 0, sizeof sv->stale);
+    dt_serve_epoch rep = {.epoch = ep, .step = end, .complete = end == base + (ep - cfg->start_epoch + 1) * cfg->steps_per_epoch,
+                          .loss_sum = sv->loss_sum[e], .samples = sv->samples[e], .epoch_s = epoch_s,
+                          .nworkers = W, .workers = wi, .staleness = stale, .max_clock_gap = sv->max_gap,
+                          .step_in_epoch = -1, .wait_s = sv->wait[e], .pushes = sv->pushes[e]};
+    for (int w = 0; w < W; w++) rep.busy_s += sv->wbusy[e * W + w];
+    if (p->dynamic) {  /* the step: the most steps a worker did; the position: see dt_serve_config */
+        rep.step = 0;
+        for (int w = 0; w < W; w++) rep.step = sv->clock[w] > rep.step ? sv->clock[w] : rep.step;
+        rep.complete = units_in;
+        int64_t pe = ep;
+        rep.step_in_epoch = 0;
+        if (!units_in && sv->idx == 0) dt_ps_seq_position(sv, sv->done_lo, &pe, &rep.step_in_epoch);
+    }
+    sv->max_gap = 0;
+    return rep;
+}
+
 /* The serving thread's part: epoch ends, assembly, reports. */
 static dt_status epochs(server *sv) {
     ps_state *p = sv->p;
@@ -296,46 +392,8 @@ static dt_status epochs(server *sv) {
         if (dyn) end = sv->total;  /* dynamic: the epoch ends when its units are in (or at max_steps) */
         int64_t e = ep - sv->ep0;
         pthread_mutex_lock(&sv->mu);
-        double next_progress = dt_now() + cfg->progress_s;
-        bool stop = false;
-        /* the stop is read first: the workers leave at a stop, and a serving thread woken only by
-         * the last one leaving (nlive 0) must still take it for the stop, not for "all are gone" */
-        while (!(stop = cfg->stop && *cfg->stop) && sv->nlive > 0 && min_live(sv) < end &&
-               !(dyn && sv->units_done[e] >= need) && !sv->oom) {
-            wait_until(sv, next_progress);
-            flush_notes(sv);  /* short callbacks (a line each) run under the lock */
-            if (dt_now() >= next_progress) {
-                next_progress = dt_now() + cfg->progress_s;
-                if (sv->idx == 0 && cfg->on_progress)
-                    cfg->on_progress(cfg->ctx, min_live(sv) < INT64_MAX ? min_live(sv) : end, sv->samples[e],
-                                     sv->loss_sum[e]);
-            }
-        }
-        if (stop) {
-            /* SIGTERM reaches every rank: the workers finish their step and leave. Answer them at
-             * once (no staleness wait), then take the model once every handler is done (or after
-             * STOP_WAIT_S for a worker that did not get the signal). */
-            sv->stopping = true;
-            pthread_cond_broadcast(&sv->cv);
-            double give_up = dt_now() + STOP_WAIT_S;
-            while (sv->running > 0 && dt_now() < give_up) wait_until(sv, give_up);
-            int64_t at = 0;
-            for (int w = 0; w < W; w++) at = sv->clock[w] > at ? sv->clock[w] : at;
-            int64_t stop_ep = 0, stop_in = 0;
-            if (dyn && sv->idx == 0) dt_ps_seq_position(sv, sv->done_lo, &stop_ep, &stop_in);
-            for (int w = 0; w < W; w++) sv->alive[w] = false;
-            sv->nlive = 0;
-            pthread_cond_broadcast(&sv->cv);
-            memcpy(snap, sv->w, sv->n * sizeof(float));
-            for (int k = 0; k < nstate && cfg->want_optim; k++)
-                memcpy(state[k], dt_optim_state(sv->opt, k, NULL), sv->n * sizeof(float));
-            pthread_mutex_unlock(&sv->mu);
-            /* one server holds the whole model: hand it to the trainer for the interrupt checkpoint */
-            if (p->S == 1 && cfg->stopped_step && (st = assemble(sv, snap, state, nstate)) == DT_OK) {
-                *cfg->stopped_step = at;
-                if (dyn && cfg->stopped_epoch) *cfg->stopped_epoch = stop_ep, *cfg->stopped_in_epoch = stop_in;
-            }
-            if (st == DT_OK) st = dt_error(DT_EINTR, "ps: stopped by a signal near worker step %lld", (long long)at);
+        if (wait_epoch_end(sv, e, end, need)) {
+            st = take_stop(sv, snap, state, nstate);
             break;
         }
         if (sv->oom) {
@@ -350,35 +408,11 @@ static dt_status epochs(server *sv) {
             st = dt_error(DT_EPEER, "ps: all %d workers are gone (died or left) before step %lld", W, (long long)end);
             break;
         }
-        memcpy(snap, sv->w, sv->n * sizeof(float));
-        for (int k = 0; k < nstate && cfg->want_optim; k++)
-            memcpy(state[k], dt_optim_state(sv->opt, k, NULL), sv->n * sizeof(float));
+        snapshot(sv, snap, state, nstate);
         double now = dt_now(), epoch_s = now - t_prev;
         t_prev = now;
-        for (int w = 0; w < W; w++) {
-            int64_t ns = sv->wsamples[e * W + w];
-            wi[w] = (dt_worker_info){.rank = p->S + w, .samples = ns,
-                                     .share = sv->samples[e] > 0 ? (double)ns / (double)sv->samples[e] : 0,
-                                     .samples_per_s = epoch_s > 0 ? (double)ns / epoch_s : 0,
-                                     .busy_s = sv->wbusy[e * W + w], .batch = cfg->batch, .alive = sv->alive[w]};
-        }
         int64_t stale[DT_STALENESS_BINS];
-        memcpy(stale, sv->stale, sizeof stale);
-        memset(sv->stale, 0, sizeof sv->stale);
-        dt_serve_epoch rep = {.epoch = ep, .step = end, .complete = end == base + (ep - cfg->start_epoch + 1) * cfg->steps_per_epoch,
-                              .loss_sum = sv->loss_sum[e], .samples = sv->samples[e], .epoch_s = epoch_s,
-                              .nworkers = W, .workers = wi, .staleness = stale, .max_clock_gap = sv->max_gap,
-                              .step_in_epoch = -1, .wait_s = sv->wait[e], .pushes = sv->pushes[e]};
-        for (int w = 0; w < W; w++) rep.busy_s += sv->wbusy[e * W + w];
-        if (dyn) {  /* the step: the most steps a worker did; the position: see dt_serve_config */
-            rep.step = 0;
-            for (int w = 0; w < W; w++) rep.step = sv->clock[w] > rep.step ? sv->clock[w] : rep.step;
-            rep.complete = units_in;
-            int64_t pe = ep;
-            rep.step_in_epoch = 0;
-            if (!units_in && sv->idx == 0) dt_ps_seq_position(sv, sv->done_lo, &pe, &rep.step_in_epoch);
-        }
-        sv->max_gap = 0;
+        dt_serve_epoch rep = epoch_report(sv, ep, e, end, units_in, epoch_s, wi, stale);
         flush_notes(sv);
         pthread_mutex_unlock(&sv->mu);
         st = assemble(sv, snap, state, nstate);
