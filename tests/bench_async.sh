@@ -39,7 +39,11 @@ for c in g["cases"]:
     if row and c["strategy"] != "ddp":
         mark = ">" if min(ratios) > 1 else "<" if max(ratios) < 1 else "~"
         want(row[0].split()[5] == mark, "%s: mark %r, wanted %r" % (c["strategy"], row[0], mark))
-        want(row[0].split()[2] == "%.1f%%" % (100 * c["spread"]), "%s: spread column %r" % (c["strategy"], row[0]))
+        # the column is the spread to 0.1%; the JSON's spread is rounded to 4 digits itself, so the two
+        # may round a half apart (8.253% printed 8.3, the JSON's 0.0825 gives 8.2): within 0.1 agrees
+        col = row[0].split()[2]
+        want(col.endswith("%") and abs(float(col[:-1]) - 100 * c["spread"]) <= 0.1 + 1e-9,
+             "%s: spread column %r" % (c["strategy"], row[0]))
 accs = [c["test_acc"] for c in g["cases"]]
 want(abs(accs[0] - accs[1]) <= 2e-3, "balanced ddp test_acc %r vs ddp %r" % (accs[1], accs[0]))
 want(any(l.startswith("## mlp, 2 workers") and "load average" in l for l in lines), "table title with the load")
