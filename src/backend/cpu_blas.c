@@ -1,6 +1,6 @@
 /* Which kernels OpenBLAS runs. Debian's OpenBLAS 0.3.21 does not know newer CPUs (seen: Intel
- * family 6 model 207, with AVX-512 and AMX) and falls back to its generic "Prescott" kernels,
- * 3-4x slower; OPENBLAS_CORETYPE, read when the library loads, picks a kernel set by hand. */
+ * family 6 model 207, with AVX-512 and AMX) and falls back to its slow generic "Prescott" kernels
+ * (docs/why.md); OPENBLAS_CORETYPE, read when the library loads, picks a kernel set by hand. */
 #include "backend/isa.h"
 #include "backend/layers.h"
 

@@ -91,8 +91,8 @@ static void col2im(float *restrict din, const float *restrict col, const conv_ge
 
 /* ---- "same" stride-1 convolutions (2*pad == K-1): a tap (ky,kx) of the patch matrix is the
  * whole input plane shifted by s = (ky-P)*W + (kx-P): one long copy per tap instead of H short
- * ones, then the |kx-P| columns per row that wrapped around a row edge are zeroed (measured
- * 2.3x faster than a masked copy at the reference CNN's 14x14 planes). */
+ * ones, then the |kx-P| columns per row that wrapped around a row edge are zeroed (faster than a
+ * masked copy at the reference CNN's 14x14 planes: docs/why.md, "Same convolutions"). */
 
 /* Valid span [p0, p1) of row positions p whose source p + s lies inside a plane of HW values. */
 static void shift_span(long s, long HW, long *p0, long *p1) {

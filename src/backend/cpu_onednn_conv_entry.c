@@ -38,8 +38,8 @@ static void conv_mds(const conv_shape *s, bool any, dnnl_data_type_t dt, dnnl_me
 
 /* f32 3x3 stride-1 convolutions over 16+ channels try Winograd F(4x4, 3x3) first (2.25x fewer
  * multiplications; its transforms round a little more than a direct sum, within the tests'
- * 2e-5): on the reference CNN's second conv it made the forward 1.4x and the two backward passes
- * 1.3x faster than oneDNN's direct kernels (AVX-512, one thread). oneDNN has it only where the CPU
+ * 2e-5): faster than oneDNN's direct kernels at the reference CNN's shapes (docs/why.md, "Winograd
+ * convolutions"). oneDNN has it only where the CPU
  * has AVX-512; elsewhere (or for shapes it rejects) the direct kernel is used, as always at
  * bf16/fp16. */
 static bool try_winograd(const conv_shape *s, dnnl_data_type_t dt) {
@@ -132,10 +132,9 @@ static bool add_backward_data(dt_dnnl_entry *e, const dnnl_memory_desc_t *plain,
 
 /* Backward data as a forward convolution, where stride is 1: din = conv(dout, w') with
  * w'(c, o, i, j) = w(o, c, K-1-i, K-1-j) (flipped_weights) and padding K-1-P. oneDNN's
- * backward-data kernels for its AMX bf16 convs are slower than its forward ones (brgconv):
- * measured on the reference CNN's second conv (batch 128, one thread), 4.6 ms against 3.3 ms with
- * the f32 din written in the same pass. Only for NHWC bf16 values (the AMX chain, m->nhwc),
- * where it was measured. */
+ * backward-data kernels for its AMX bf16 convs are slower than its forward ones (brgconv), the f32
+ * din written in the same pass (docs/why.md, "AMX backward data as a forward convolution"). Only
+ * for NHWC bf16 values (the AMX chain, m->nhwc), where it was measured. */
 static bool data_as_forward(const conv_shape *s, dnnl_data_type_t dt) {
     return dt == dnnl_bf16 && s->S == 1 && s->P <= s->K - 1 && dt_layout_nhwc(s->in_l) && dt_layout_bf16(s->out_l);
 }

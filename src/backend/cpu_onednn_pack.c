@@ -1,7 +1,7 @@
 /* bf16 packing of a GEMM's B operand into oneDNN's VNNI layout BA16a{nb}b2a (from f32, rounded,
- * or from bf16 values), done here instead of by oneDNN reorders. oneDNN 2.6's generic reorder (jit:uni) converts f32 to that layout at a
- * fifth of the speed of a plain f32 -> bf16 cast (measured on Zen 4: 768x512 in 0.5 ms against
- * 0.08 ms), and the GPT's linear layers pack an activation or a weight for every GEMM. With
+ * or from bf16 values), done here instead of by oneDNN reorders. oneDNN 2.6's generic reorder
+ * (jit:uni) converts f32 to that layout far slower than a plain f32 -> bf16 cast (docs/why.md,
+ * "VNNI packing"), and the GPT's linear layers pack an activation or a weight for every GEMM. With
  * AVX512-BF16, two rows are rounded in one vcvtne2ps2bf16 and interleaved in one vpermw. Only
  * used where the CPU has AVX512-BF16 and oneDNN chose one of these layouts (dt_dnnl_vnni_block);
  * elsewhere oneDNN's reorder runs as before. The rounding is the same: to nearest even. */
@@ -96,10 +96,9 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) static void pack
     }
 }
 
-/* Row-major sources are read a block row at a time (whole rows: 1.3-2.8x faster than column
- * strips at the GPT's and the CNN's shapes), column-major ones 16 columns at a time, read down
- * as they lie (16 streams for the prefetchers instead of a block column's nb: the CNN's 3136 x
- * 128 weight packed in 0.29 ms hot before). */
+/* Row-major sources are read a block row at a time (whole rows: faster than column strips at the
+ * GPT's and the CNN's shapes), column-major ones 16 columns at a time, read down as they lie (16
+ * streams for the prefetchers instead of a block column's nb; docs/why.md, "VNNI packing"). */
 void dt_dnnl_vnni_pack(void *dst, const void *src, dt_vnni_src kind, int K, int N, int64_t ld, int nb, int Kp) {
     const int KB = Kp / 16, NB = (N + nb - 1) / nb;
     uint16_t *d = dst;

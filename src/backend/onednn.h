@@ -76,7 +76,7 @@ dnnl_memory_desc_t dt_dnnl_md(int ndim, const int64_t *dims, dnnl_data_type_t dt
 void *dt_dnnl_scratch(int slot, size_t bytes);
 /* `bytes` (rounded up to 64) at a 64-byte boundary, for free(); NULL when out of memory. Every
  * buffer a oneDNN kernel reads or writes is aligned so: AMX tile loads of rows that straddle cache
- * lines ran a bf16 matmul up to 2.6x slower (a 768x512:512x128 GEMM, B 16 bytes off). */
+ * lines slow a bf16 matmul down (docs/why.md, "64-byte alignment"). */
 void *dt_dnnl_alloc(size_t bytes);
 /* src rounded to precision p, as f32 (slot 0..2): the fallback when oneDNN lacks a kernel. */
 float *dt_dnnl_rounded(int slot, const float *src, size_t n, dt_dtype p);

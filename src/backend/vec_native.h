@@ -1,8 +1,8 @@
 /* GCC vector-extension types as wide as the registers this file is compiled for (-march): 16
  * floats with AVX-512, 8 with AVX, 4 with SSE (VW lanes), and the few helpers the blocked-layout
  * kernels share (cpu_conv_pool.c, cpu_blocked.c). A vector wider than the registers is not split
- * into registers by GCC 12: it moves the parts through the stack (a 16-float vector on an AVX2
- * Zen 3 made the fused first conv 12x slower), so code that handles a 16-channel block loops over
+ * into registers by GCC 12: it moves the parts through the stack (docs/why.md, "Vectors as wide as
+ * the registers"), so code that handles a 16-channel block loops over
  * its BL / VW vectors instead. Include after <stdint.h> and <string.h>. */
 #ifndef DT_BACKEND_VEC_NATIVE_H
 #define DT_BACKEND_VEC_NATIVE_H

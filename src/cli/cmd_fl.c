@@ -64,7 +64,7 @@ int dt_fl_opts_check(dt_fl_opts *o) {
 int dt_fl_open(const dt_fl_opts *o, dt_dataset **train, dt_dataset **test, dt_model **m) {
     *m = NULL;
     /* one BLAS thread per caller: fl-sim's client threads would otherwise contend for OpenBLAS's
-     * pool (measured ~10x slower per sample than a centralized run) */
+     * pool (docs/why.md, "fl-sim: one BLAS thread per client") */
     dt_set_threads(1);
     dt_status s = dt_dataset_open(train, test, o->data);
     if (s != DT_OK)

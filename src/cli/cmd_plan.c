@@ -100,8 +100,8 @@ static int load_cluster(const plan_args *a, dt_plan_cluster *c, char *source, si
                             : "defaults; dtrain plan --probe measures them");
     if (a->hosts > 1) {  /* emulated hosts on this machine (scripts/netns-hosts): the declared link between them */
         c->hosts = a->hosts, c->ranks_per_host = a->workers / a->hosts;
-        /* MPI over TCP between them (netns-hosts): its reduce-scatter is not a ring; ZeRO's reduce-scatter
-         * and all-gather measured 1.5x the allreduce's time there (docs/plan.md): the reduce-scatter 2x */
+        /* MPI over TCP between them (netns-hosts): its reduce-scatter is not a ring; it is costed at 2x a
+         * ring's (docs/plan.md) */
         c->link[DT_PLAN_INTER] = (dt_plan_link){a->inter_gbit * 1e9 / 8, a->inter_lat_us * 1e-6, 2};
         snprintf(source + n, cap - (size_t)n, ", as %d emulated hosts linked at %g Gbit/s, %g us", a->hosts,
                  a->inter_gbit, a->inter_lat_us);
@@ -138,8 +138,8 @@ static int cmp_double(const void *a, const void *b) {
  * --timeline measure a run: the typical step, not one another process preempted. One process
  * builds its batches on a prefetch thread; ranks that take every core build them on their own
  * thread (dt_loader_prefetch_for), a fraction of the cost of waking that thread on a loaded host
- * (MLP b128: 0.05 ms against 2.3 ms of waiting at load 11): with `inline_batches` the mean wait
- * for the thread is left out. */
+ * (docs/why.md, "Inline batches in the planner's calibration"): with `inline_batches` the mean
+ * wait for the thread is left out. */
 static dt_status train_seconds(const dt_train_config *tc, dt_dataset *ds, int b, bool inline_batches, double *s) {
     dt_train_config c = *tc;
     step_walls w = {.n = 0};

@@ -17,9 +17,8 @@
 #include "comm/reduce.h"
 
 enum { NAME = 64 };
-/* Pipeline chunk: a sweep at 2 hosts x 2 ranks, 1 Gbit/s (one job, 4/16/64 MiB; README) had 1 MiB
- * best or within noise of the best at every size, 512 KiB and 2 MiB worse at 16 MiB; buffers up
- * to 1 MiB stay one piece (no per-chunk cost where there is little to hide) */
+/* Pipeline chunk: 1 MiB, the best of a sweep (docs/why.md, "Hierarchical allreduce chunk");
+ * buffers up to 1 MiB stay one piece (no per-chunk cost where there is little to hide) */
 #define DEFAULT_CHUNK (1u << 20)
 
 struct dt_comm_hier {

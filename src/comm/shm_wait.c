@@ -14,13 +14,8 @@
  * Why the caller spins 200 us and does not yield: a wait that outlasts the spin sleeps, and the wake
  * of a sleeping rank costs the late rank a futex call and the early rank a scheduling delay (more
  * when another process took its core); a yield hands the core to any other runnable process for
- * its time slice. Measured (MLP 784-128-10 b128, 2 ranks on a loaded 2-core Zen 5, ddp's sharded
- * update: a reduce-scatter and an allgather per step): from the late rank's post to the early
- * rank's resume, summed over both collectives, mean 13-22 us a step with the old 50 us spin that
- * yielded (per-run means 6-39), 4.6 us (2-6) with 200 us without yields; 100 us without yields
- * 14, 500 us 9 (longer spins are cut by the scheduler's time slice). Rank 0's communication wait
- * per step (dtrain train's step_ms.comm_wait, 9 interleaved pairs of runs at load 4.6-6.7): mean
- * 80 -> 66 us, median 81 -> 71. */
+ * its time slice. Longer spins are cut by the scheduler's time slice; the sweep that chose 200 us
+ * is in docs/why.md, "How long a waiting rank spins". */
 #include "comm/shm.h"
 
 #include <sched.h>

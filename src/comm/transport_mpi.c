@@ -398,12 +398,10 @@ dt_status dt_transport_mpi_create(dt_transport **out, const dt_transport_params 
         s = dt_error(DT_ENOTSUP, "MPI was already finalised in this process: create the MPI communicator "
                                  "once per process and destroy it at the end");
     } else if (!inited) {
-        /* OpenMPI's non-blocking allreduce defaults to algorithms about 2x slower than its
-         * blocking one at 1 MiB; reduce-scatter+allgather (Rabenseifner) matched MPI_Allreduce
-         * within ~5% at 64 KiB-16 MiB (transport_mpi_test bench). A user setting wins.
-         * At 2 ranks recursive doubling sends the same bytes (each rank its S once, not S/2
-         * twice) in half the messages: on a 100 Mbit/s link a PowerSGD step of two ~8 KB
-         * allreduces sent ~2 packets (~130 B of TCP/IP headers and ACKs, 1.5%) less. */
+        /* OpenMPI's non-blocking allreduce defaults to algorithms slower than its blocking one;
+         * reduce-scatter+allgather (Rabenseifner) matches MPI_Allreduce (docs/why.md, "libnbc's
+         * allreduce algorithm"). A user setting wins. At 2 ranks recursive doubling sends the same
+         * bytes (each rank its S once, not S/2 twice) in half the messages. */
         const char *np = getenv("OMPI_COMM_WORLD_SIZE");
         setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", np && !strcmp(np, "2") ? "4" : "3", 0);
         if (MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS)

@@ -70,7 +70,8 @@ dt_status dt_mpi_progress_internal(dt_mpi_transport *t);
  * progress, or for as long as the data of the operation needs to move (busy_s), then sleep with
  * growing naps. MPI only progresses inside its calls: a non-blocking collective (libnbc's
  * MPI_Ireduce above all) advances one fragment per MPI_Test, so napping while its data is still
- * moving made a 64 MiB reduce ~400x slower. Zero it to start (or dt_mpi_idle_for), and
+ * moving stalls it (docs/why.md, "MPI progresses only inside its calls"). Zero it to start (or
+ * dt_mpi_idle_for), and
  * dt_mpi_idle_reset() on progress. */
 typedef struct { double since; int naps; double busy_s; } dt_mpi_idle;
 void dt_mpi_backoff(dt_mpi_idle *w);

@@ -158,9 +158,7 @@ void dt_dataset_stats(const dt_dataset *ds, double *mean, double *std) {
  * under 2^-56 of the result and the fma's sum by nothing before its rounding, while b/255 lies at
  * least 0.0019 ulp from a rounding boundary for every byte, so both round to the same float;
  * data_test checks all 256 through dt_dataset_batch. A mul and an fma instead of a vdivps per 16
- * values: the conversion alone (rows and batch in cache) 9.2 -> 5.2 us per MLP batch of 128; a
- * whole batch from the 47 MB Fashion-MNIST set is bound by memory (its 401 KB of stores and the
- * rows' loads): 14.0 -> 13.2 us CPU (bench/data_bench, Zen 5). Without an fma instruction fmaf
+ * values (docs/why.md, "Bytes to floats without a division"). Without an fma instruction fmaf
  * would be a libm call: the division stays there. */
 static inline float u8_unit(uint8_t b) {
 #ifdef __FMA__

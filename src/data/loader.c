@@ -52,9 +52,8 @@ struct dt_loader {
 /* Samples of a feature set are read at random places (the shuffle); on 4 KiB pages each one is a
  * TLB miss with a page walk, and the shared cache's tmpfs mapping (data/cache.c) gets no
  * transparent huge pages. So a set of 4-256 MiB is copied once into private memory on huge pages
- * (madvise: where the kernel allows them): MLP b128 batch assembly from cold caches 55 -> 30 us
- * (bench: random batches with 64 MiB touched between them), the loader's CPU per batch in a
- * 2-rank job (one core each, the loader beside its rank) 55-62 -> 40-52 us (load 7.5). It costs a
+ * (madvise: where the kernel allows them; docs/why.md, "A private copy of the data set on huge
+ * pages"). It costs a
  * private copy per process (47 MB for Fashion-MNIST) beside the shared one: charged to the memory
  * accounting (--mem-limit) and in --dry-run's plan (dt_loader_copy_bytes). Skipped where the charge
  * does not fit a limit already set (the loader then reads the shared pages), for a loader that does

@@ -11,8 +11,8 @@
  * themselves (S > 1) to assemble the model on server 0 at each epoch's end.
  *
  * Protocol on a pair, per worker step, as four two-rank broadcasts (on shm these take the direct
- * shared-buffer path, 1.3-1.6x faster here than tagged point-to-point through the 32 KB
- * fragments of the p2p channel): the worker (root 1) sends a ps_push header and its gradient
+ * shared-buffer path, faster than tagged point-to-point through the 32 KB fragments of the p2p
+ * channel: docs/why.md, "ps exchanges as broadcasts"): the worker (root 1) sends a ps_push header and its gradient
  * slice; the server applies its optimizer to the slice at once, then answers (root 0), when the
  * staleness bound allows, with a ps_reply header and its current parameter slice, which the
  * worker receives straight into its parameters. Both sides make the same calls in the same

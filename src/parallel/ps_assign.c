@@ -104,11 +104,9 @@ static bool quiet_wait(const server *sv, int w) {
 
 /* Dynamic, server 0: fills r with worker w's next unit, or none (with the lock held). The last
  * units of the run (QUIET_UNITS per worker, at most 1/16 of the run) are trained by the fastest
- * worker alone, one at a time (staleness 0; the others wait for the goodbye): measured on
- * Fashion-MNIST (4 workers, 2 epochs, mlp), a finish with all workers at staleness ~3 left the
- * final model ~1 accuracy point worse and twice as spread (0.83-0.86) as one whose last ~4% of
- * steps are not stale (0.85-0.86), which fixed shards happened to give when the workers finished
- * their shards at different times. */
+ * worker alone, one at a time (staleness 0; the others wait for the goodbye): a finish with every
+ * worker stale left the final model less accurate and more spread than one whose last steps are
+ * not stale (docs/why.md, "ps: a quiet finish"). */
 void dt_ps_assign(server *sv, int w, int64_t clk, ps_reply *r) {
     const dt_serve_config *c = sv->cfg;
     const int64_t u0 = c->start_step_in_epoch * sv->p->W;
