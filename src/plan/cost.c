@@ -2,9 +2,10 @@
  * the collective formulas (ring allreduce, reduce-scatter / all-gather, ZeRO's bytes per stage,
  * Megatron's tp bytes) and the step time of a layout: compute of the critical pipeline stage at
  * its micro-batch, each axis's exposed communication (ddp and ZeRO hide gradient traffic behind
- * the backward as far as the cluster's overlap allows; tp and pp traffic sits on the critical
- * path), the pipeline bubble and the optimizer step (memory-bound); and the layouts that change the
- * algorithm: top-k and PowerSGD compression, localsgd's average every H steps, ps's push and pull. */
+ * the backward as far as the cluster's overlap allows; tp traffic sits on the critical path; a
+ * pipeline's sends overlap its other micro-batches' work, except 1F1B's round trips), the pipeline
+ * bubble and the optimizer step (memory-bound); and the layouts that change the algorithm: top-k
+ * and PowerSGD compression, localsgd's average every H steps, ps's push and pull. */
 #include "plan/plan.h"
 #include "parallel/tp.h"
 
@@ -208,19 +209,21 @@ static double dp_exposed(const dt_plan_model *pm, const dt_plan_cluster *c, cons
     return exposed + (g - h3 > g / nb ? g - h3 : g / nb);
 }
 
+double dt_plan_pipeline_s(int pp, int M, int gpipe, double busy_max, double fb_at_max, double fb_sum, double lat,
+                          double wire) {
+    if (pp <= 1) return busy_max;
+    const double link = (gpipe ? 2.0 : 1.0) * M * wire, msg = lat + wire;
+    const double a = (busy_max > link ? busy_max : link) + (fb_sum - fb_at_max) + 2.0 * (pp - 1) * msg;
+    if (gpipe) return a;
+    const double loop = ceil((double)M / pp) * (fb_sum + 2.0 * (pp - 1) * msg);
+    return loop > a ? loop : a;
+}
+
 void dt_plan_predict(const dt_plan_model *pm, const dt_plan_cluster *c, const dt_plan_layout *l, int G, int moments,
                      const int *first, dt_plan_cost *o) {
     memset(o, 0, sizeof *o);
     const int nm = l->micro > 0 ? l->micro : 1, b = G / l->dp / nm;
-    double crit = 0, pmax = 0, cut = 0;
-    for (int s = 0; s < l->pp; s++) {
-        double t, p;
-        stage_cost(pm, c, l, first[s], first[s + 1], b, &t, &p);
-        if (t > crit) crit = t;
-        if (p > pmax) pmax = p;
-        if (s + 1 < l->pp && pm->out_bytes[first[s + 1] - 1] > cut) cut = pm->out_bytes[first[s + 1] - 1];
-    }
-    o->compute = nm * crit;
+    double tp_mb = 0;  /* a stage's tensor-parallel allreduces per micro-batch, on its critical path */
     if (l->tp > 1 && pm->gpt) {
         o->tp_level = dt_plan_axis_level(c, 1, l->tp);
         const dt_plan_link lk = rank_link(c, o->tp_level);
@@ -228,16 +231,35 @@ void dt_plan_predict(const dt_plan_model *pm, const dt_plan_cluster *c, const dt
         st.L = (pm->g.L + l->pp - 1) / l->pp;
         const double per = dt_plan_tp_bytes(&st, b, l->tp), calls = 4.0 * st.L + 5;
         o->tp_bytes = nm * per;
-        o->comm_tp = nm * (per / lk.bw + calls * 2.0 * (l->tp - 1) * lk.lat);
+        tp_mb = per / lk.bw + calls * 2.0 * (l->tp - 1) * lk.lat;
+        o->comm_tp = nm * tp_mb;
     }
-    double p2p = 0;
+    /* per stage: forward + backward of a micro-batch (fb) and the busy time of the step, with the
+     * forwards pp_step.c recomputes (a stage holds one micro-batch's activations: 1F1B recomputes
+     * each of a non-last stage's micro-batches, GPipe all but the last one on every stage; a
+     * forward taken as a third of fb) */
+    double crit = 0, pmax = 0, cut = 0, fb_sum = 0, busy_max = 0, fb_at_max = 0;
+    for (int s = 0; s < l->pp; s++) {
+        double t, p;
+        stage_cost(pm, c, l, first[s], first[s + 1], b, &t, &p);
+        const int rec = l->pp <= 1 ? 0 : l->gpipe ? nm - 1 : s + 1 < l->pp ? nm : 0;
+        const double busy = nm * (t + tp_mb) + rec * t / 3;
+        if (t > crit) crit = t;
+        if (busy > busy_max) busy_max = busy, fb_at_max = t + tp_mb;
+        fb_sum += t + tp_mb;
+        if (p > pmax) pmax = p;
+        if (s + 1 < l->pp && pm->out_bytes[first[s + 1] - 1] > cut) cut = pm->out_bytes[first[s + 1] - 1];
+    }
+    o->compute = busy_max - o->comm_tp;
     if (l->pp > 1) {
         o->pp_level = dt_plan_axis_level(c, l->tp, l->pp);
         const dt_plan_link lk = rank_link(c, o->pp_level);
-        p2p = 2 * (lk.lat + cut * b / lk.bw);  /* an activation forward, its gradient back */
         o->pp_bytes = nm * cut * b * 2;
-        o->comm_pp = nm * p2p;
-        o->bubble = (l->pp - 1) * (crit + p2p + (nm > 0 ? o->comm_tp / nm : 0));
+        /* the fill and drain through the other stages; the rest beyond the busiest stage's work: the
+         * sends, and 1F1B's wait for its in-flight micro-batches' round trips */
+        o->bubble = fb_sum - fb_at_max;
+        o->comm_pp = dt_plan_pipeline_s(l->pp, nm, l->gpipe, busy_max, fb_at_max, fb_sum, lk.lat,
+                                         cut * b / lk.bw) - busy_max - o->bubble;
     }
     /* the update reads parameters and gradients, writes parameters, reads and writes each moment */
     const double owned = l->zero >= 1 && l->dp > 1 ? pmax / l->dp : pmax;

@@ -117,6 +117,18 @@ double dt_plan_ring_allreduce_s(double n, int p, dt_plan_link l);
 double dt_plan_ring_half_s(double n, int p, dt_plan_link l);
 /* The pipeline bubble's share of a step: (pp-1)/(M+pp-1) (GPipe and 1F1B alike). */
 double dt_plan_bubble_fraction(int pp, int M);
+/* Seconds of a pipeline's compute and sends per step, as pp_step.c runs it (isends; a stage holds
+ * one micro-batch's activations): busy_max is the busiest stage's work of the step (its M forward +
+ * backward passes, its recomputed forwards, its tp allreduces), fb_at_max that stage's forward +
+ * backward of one micro-batch, fb_sum the sum of every stage's; a send takes lat + wire (wire: its
+ * bytes over the bandwidth; each direction of a link carries one at a time). The busiest stage
+ * runs all its work (or the link its M sends each way, GPipe's one way after the other), plus the
+ * fill and drain through the other stages and 2(pp-1) sends: a = max(busy_max, M wire (GPipe:
+ * 2 M wire)) + fb_sum - fb_at_max + 2(pp-1)(lat + wire). 1F1B keeps pp micro-batches in flight:
+ * every pp of them wait for one round trip through every stage, ceil(M/pp) (fb_sum + 2(pp-1)(lat +
+ * wire)), where the sends' latency dominates: the larger of the two. */
+double dt_plan_pipeline_s(int pp, int M, int gpipe, double busy_max, double fb_at_max, double fb_sum, double lat,
+                          double wire);
 /* Bytes a rank sends per step for its data-parallel axis: ddp/ZeRO-1/2 one allreduce of its
  * gradients, 2(d-1)/d x grad_bytes; ZeRO-3 adds a second parameter gather, 3(d-1)/d. */
 double dt_plan_zero_bytes(int zero, int d, double grad_bytes);

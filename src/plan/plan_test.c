@@ -1,7 +1,8 @@
 /* The planner against hand-worked cases: a ring allreduce's time from bandwidth and latency, the
  * 1F1B bubble, ZeRO's bytes per stage, the tp bytes `dtrain bench tp` counts, which link an axis
  * crosses; the data-parallel sync as ddp and ZeRO 1-3 run it (what is hidden, what blocks, the
- * waits, MPI's reduce-scatter); the search on planted clusters whose answer is known (a slow inter-host link makes tp
+ * waits, MPI's reduce-scatter); a pipeline's step (its recomputed forwards, the fill and drain, 1F1B's
+ * round trips); the search on planted clusters whose answer is known (a slow inter-host link makes tp
  * across hosts lose; a tight memory limit forces ZeRO 3 or pp, and counts what evaluation and
  * checkpoints gather); cluster files whose bad field is
  * named; per-node times measured here. */
@@ -249,6 +250,51 @@ static void test_dp_sync(void) {
     CHECK(dt_plan_dp_waits(0, DT_PLAN_FP32, 1) == 0 && dt_plan_dp_waits(3, DT_PLAN_FP32, 4) == 0);
 }
 
+/* A pipeline as pp_step.c runs it, by hand: two stages of 3 and 1 ms forward + backward per
+ * micro-batch (a forward a third of it), 4 micro-batches, sends of latency only. Stage 0 is the
+ * busiest: 4 x 3 ms and, holding one micro-batch's activations, 4 recomputed forwards of 1 ms under
+ * 1F1B (GPipe: 3 on every stage). */
+static void test_pipeline(void) {
+    double flops[2] = {1, 1}, bytes[2] = {1, 1}, params[2] = {0, 0}, outb[2] = {0, 0}, fix[2] = {3e-3, 1e-3},
+           per[2] = {0, 0};
+    bool split[2] = {false, false};
+    const dt_plan_model pm = {.nodes = 2, .flops = flops, .bytes = bytes, .params = params, .out_bytes = outb,
+                              .split = split, .t_fix = fix, .t_per = per};
+    dt_plan_cluster c = {.hosts = 1, .ranks_per_host = 2, .efficiency = 1, .mem_bw = 1e10, .mem_bytes = 1e9,
+                         .overlap = 0.5, .link = {{1e9, 0.1e-3, 1}, {1e9, 0.1e-3, 1}}};
+    c.peak[DT_PLAN_FP32] = 1e12;
+    const int first[3] = {0, 1, 2};
+    dt_plan_layout l = {.dp = 1, .tp = 1, .pp = 2, .micro = 4, .bucket_mb = 1};
+    dt_plan_cost o;
+    /* compute-bound: stage 0 busy 16 ms, the fill and drain through stage 1 1 ms, two sends of
+     * 0.1 ms; the other sends overlap the stages' work (was: 12 ms compute, a 3.2 ms bubble of the
+     * busiest stage's time and 0.8 ms of sends, 16 ms) */
+    dt_plan_predict(&pm, &c, &l, 8, 2, first, &o);
+    CHECK_MSG(near(o.compute, 16e-3) && near(o.bubble, 1e-3) && near(o.comm_pp, 0.2e-3) && near(o.total, 17.2e-3),
+              "1f1b compute %g bubble %g sends %g total %g", o.compute, o.bubble, o.comm_pp, o.total);
+    /* latency-bound (5 ms a send): 1F1B's 2 in-flight micro-batches wait for a round trip (4 ms of
+     * work, 10 of sends) twice: 28 ms; GPipe streams its sends: 15 + 1 + 10 = 26 ms (was: 65) */
+    c.link[DT_PLAN_INTRA].lat = 5e-3;
+    dt_plan_predict(&pm, &c, &l, 8, 2, first, &o);
+    CHECK_MSG(near(o.total, 28e-3) && near(o.comm_pp, 11e-3), "1f1b latency-bound %g (sends %g)", o.total, o.comm_pp);
+    l.gpipe = 1;
+    dt_plan_predict(&pm, &c, &l, 8, 2, first, &o);
+    CHECK_MSG(near(o.compute, 15e-3) && near(o.total, 26e-3), "gpipe compute %g total %g", o.compute, o.total);
+    /* a balanced pipeline without latency: (M + pp - 1) stage times, 1F1B and GPipe alike */
+    CHECK(near(dt_plan_pipeline_s(4, 8, 0, 8e-3, 1e-3, 4e-3, 0, 0), 11e-3));
+    CHECK(near(dt_plan_pipeline_s(4, 8, 1, 8e-3, 1e-3, 4e-3, 0, 0), 11e-3));
+    CHECK(near(dt_plan_pipeline_s(1, 8, 0, 8e-3, 1e-3, 1e-3, 1, 1), 8e-3));
+    /* bandwidth-bound: 10 ms on the wire a send (5 MB a sample, 2 samples, 1 GB/s), no latency: the
+     * link carries 4 sends each way, 40 ms, plus stage 1's 1 ms and the first and last sends, 20 ms
+     * (1F1B: 61 ms; GPipe sends its forwards, then its gradients: 80 + 1 + 20) */
+    outb[0] = 5e6, c.link[DT_PLAN_INTRA].lat = 0;
+    dt_plan_predict(&pm, &c, &l, 8, 2, first, &o);
+    CHECK_MSG(near(o.total, 101e-3), "gpipe bandwidth-bound %g", o.total);
+    l.gpipe = 0;
+    dt_plan_predict(&pm, &c, &l, 8, 2, first, &o);
+    CHECK_MSG(near(o.total, 61e-3) && near(o.pp_bytes, 4 * 2 * 1e7), "1f1b bandwidth-bound %g", o.total);
+}
+
 static bool z3_dp4(const dt_plan_layout *l) { return l->dp == 4 && l->zero == 3 && l->micro == 1 && l->bucket_mb == 1; }
 
 /* ZeRO-3's evaluation gathers the whole parameters (zero_state.c): a rank then holds 4 P bytes of
@@ -346,6 +392,7 @@ int main(void) {
     test_formulas();
     test_algo_formulas();
     test_dp_sync();
+    test_pipeline();
     test_algorithms();
     test_slow_link();
     test_tight_memory();
