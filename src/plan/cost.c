@@ -160,14 +160,25 @@ int dt_plan_dp_waits(int zero, int compress, int dp) {
     return dp > 1 && (zero == 1 || (zero == 0 && compress == DT_PLAN_FP32)) ? 1 : 0;
 }
 
+/* ZeRO-3's parameters still gathered when the backward starts, in values: zero_params.c frees
+ * every bucket but those the forward's last node reads, and ddp.c cuts the buckets from the last
+ * layer backwards, a bucket closing once it reaches bucket_mb: the first such bucket. */
+static double zero3_kept(const dt_plan_model *pm, double bucket_mb) {
+    const double cap = (bucket_mb > 0 ? bucket_mb : 1) * 1048576.0 / 4;
+    double acc = 0;
+    for (int i = pm->nodes - 1; i >= 0; i--)
+        if ((acc += pm->params[i]) >= cap) break;
+    return acc;
+}
+
 /* Exposed seconds of the data-parallel axis: the gradient sync of `params` values (and ZeRO's
  * gathers), as parallel/ddp.c and zero.c run it. ddp's allreduce of each bucket starts when the
  * backward completes it and hides behind the rest of the backward (bwd seconds) as far as the
  * cluster's overlap allows, never the last bucket. ZeRO 1-3 reduce-scatter the same way (stage 1
  * runs its last bucket blocking after the backward, stages 2-3 start it in the hook: the same
  * exposed time); ZeRO 1-2 then all-gather the updated parameters, blocking, after the optimizer;
- * ZeRO-3 instead gathers each layer's parameters before its forward and its backward, hidden
- * behind them as the overlap allows. A collective the rank's thread runs blocking right after the
+ * ZeRO-3 instead gathers each layer's parameters before its forward and, unless they are still
+ * gathered (zero3_kept), before its backward, hidden behind them as the overlap allows. A collective the rank's thread runs blocking right after the
  * backward (ddp's and ZeRO-1's last bucket) also waits coll_wait (dt_plan_dp_waits). */
 static double dp_exposed(const dt_plan_model *pm, const dt_plan_cluster *c, const dt_plan_layout *l, double params,
                          double bwd, double fwd, dt_plan_cost *o) {
@@ -205,7 +216,12 @@ static double dp_exposed(const dt_plan_model *pm, const dt_plan_cluster *c, cons
     const double rsf = lk.rs_factor > 0 ? lk.rs_factor : 1, rs = local + rsf * wide + lats;
     double exposed = (rs - hide > rs / nb ? rs - hide : rs / nb) + waits;
     if (l->zero <= 2) return exposed + half;  /* the parameters' all-gather after the update */
-    const double g = 2 * half, h3 = c->overlap * (fwd + bwd);  /* a gather before forward and before backward */
+    /* a gather before the forward, and before the backward of every bucket not still gathered (the
+     * whole model's buckets: a tp or pp rank's are taken as all re-gathered) */
+    const double kept = l->tp == 1 && l->pp == 1 ? zero3_kept(pm, l->bucket_mb) : 0;
+    const double again = params > kept ? (params - kept) / params : 0;
+    o->dp_bytes = dt_plan_zero_bytes(2, d, S) + (double)(d - 1) / d * S * again;
+    const double g = (1 + again) * half, h3 = c->overlap * (fwd + bwd);
     return exposed + (g - h3 > g / nb ? g - h3 : g / nb);
 }
 
