@@ -204,7 +204,7 @@ static void scale_to_load(dt_plan_model *pm, double busy_then) {
     const double cores = n > 0 ? (double)n : 1, now = (dt_cli_plan_busy() + 1) / cores, then = (busy_then + 1) / cores;
     const double f = (now > 1 ? now : 1) / (then > 1 ? then : 1);
     for (int i = 0; i < pm->nodes; i++) pm->t_fix[i] *= f, pm->t_per[i] *= f;
-    pm->ovh_fix *= f, pm->ovh_per *= f;
+    pm->ovh_fix *= f, pm->ovh_per *= f, pm->opt_per *= f;
 }
 
 /* Builds the model (unplaced) of a, its summary and, on this host, its per-node times and the step
@@ -237,7 +237,8 @@ static int load_model(const plan_args *a, const dt_train_config *tc, const dt_pl
     s = dt_train_plan_model(tc, m);
     if (s == DT_OK) s = dt_model_place(*m, NULL, 0);
     if (s == DT_OK) dt_model_init(*m, 1);
-    if (s == DT_OK) s = dt_plan_model_measure(pm, *m, b1, b2, 5);
+    if (s == DT_OK) s = dt_plan_model_measure(pm, *m, b1, b2, DT_PLAN_MEASURE_REPS);
+    if (s == DT_OK) s = dt_plan_model_measure_optim(pm, &tc->optim, 15);
     const long cores = sysconf(_SC_NPROCESSORS_ONLN);
     if (s == DT_OK && !a->no_calibrate) s = calibrate(tc, c, pm, b1, b2, cores > 0 && a->workers >= cores);
     if (s != DT_OK) return dt_cli_fail("check --model, --data and --batch", "measuring the model: %s", dt_last_error());

@@ -1,5 +1,5 @@
-/* dtrain plan --probe's cache of per-op times: each node's t_fix + t_per x batch and the step's
- * calibrated overhead at the shapes a plan runs, in DTRAIN_PLAN_CACHE (default ~/.cache/dtrain) as
+/* dtrain plan --probe's cache of per-op times: each node's t_fix + t_per x batch, the optimizer's
+ * update per value and the step's calibrated overhead at the shapes a plan runs, in DTRAIN_PLAN_CACHE (default ~/.cache/dtrain) as
  * ops-HOST-HASH.json. The key names the model spec, the data set, the two measured batches,
  * the rank count, the precisions, whether the overhead was calibrated and this CPU (its model
  * name and core count): a change to any of them misses, and the plan measures again. The file
@@ -88,6 +88,8 @@ bool dt_cli_plan_ops_load(const char *key, dt_plan_model *pm, double *busy) {
     if (ok) {
         free(pm->t_fix), free(pm->t_per);
         pm->t_fix = fix, pm->t_per = per, pm->ovh_fix = of->valuedouble, pm->ovh_per = op->valuedouble;
+        const cJSON *ov = cJSON_GetObjectItemCaseSensitive(j, "opt_per");  /* absent in older caches */
+        pm->opt_per = cJSON_IsNumber(ov) ? ov->valuedouble : 0;
         *busy = b->valuedouble;
     } else {
         free(fix), free(per);
@@ -107,6 +109,7 @@ int dt_cli_plan_ops_save(const char *key, const dt_plan_model *pm, double busy) 
     cJSON_AddItemToObject(j, "t_per", cJSON_CreateDoubleArray(pm->t_per, pm->nodes));
     cJSON_AddNumberToObject(j, "ovh_fix", pm->ovh_fix);
     cJSON_AddNumberToObject(j, "ovh_per", pm->ovh_per);
+    cJSON_AddNumberToObject(j, "opt_per", pm->opt_per);
     char *text = cJSON_Print(j);
     cJSON_Delete(j);
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());

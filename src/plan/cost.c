@@ -280,7 +280,8 @@ void dt_plan_predict(const dt_plan_model *pm, const dt_plan_cluster *c, const dt
     /* the update reads parameters and gradients, writes parameters, reads and writes each moment */
     const double owned = l->zero >= 1 && l->dp > 1 ? pmax / l->dp : pmax;
     const double slow = c->oversub > 1 ? c->oversub : 1;  /* the update and the casts share the cores too */
-    o->optim = owned * 4 * (3 + 2 * moments) / c->mem_bw;
+    const double per_value = pm->opt_per > 0 ? pm->opt_per : 4.0 * (3 + 2 * moments) / c->mem_bw;
+    o->optim = owned * per_value;
     if (l->algo == DT_PLAN_LOCALSGD) {  /* no gradient sync; the models averaged every H steps, blocking */
         o->dp_level = dt_plan_axis_level(c, 1, l->dp);
         o->dp_bytes = 2.0 * (l->dp - 1) / l->dp * pmax * 4 / l->sync_every;
@@ -290,7 +291,7 @@ void dt_plan_predict(const dt_plan_model *pm, const dt_plan_cluster *c, const dt
         o->dp_level = dt_plan_axis_level(c, 1, l->dp + l->servers);
         o->dp_bytes = 2 * pmax * 4;
         o->comm_dp = dt_plan_ps_s(pmax, l->dp, l->servers, rank_link(c, o->dp_level)) + c->coll_wait;
-        o->optim = pmax / l->servers * 4 * (3 + 2 * moments) / c->mem_bw;
+        o->optim = pmax / l->servers * per_value;
     } else {
         o->comm_dp = dp_exposed(pm, c, l, pmax, crit * 2.0 / 3.0, crit / 3.0, o);
     }

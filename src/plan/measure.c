@@ -1,7 +1,7 @@
 /* The planner's probe of this machine's compute: each node's forward + backward timed through the
  * graph's node hooks at two batch sizes (the shapes the layouts run), the median of several passes,
- * fitted as t_fix + t_per x batch per node (parallel/pp_cost.c's node timing). The model's gradients and buffers are left as
- * they were. */
+ * fitted as t_fix + t_per x batch per node (parallel/pp_cost.c's node timing); and the optimizer's
+ * update of the model's values, timed here. The model's gradients and buffers are left as they were. */
 #include "plan/plan.h"
 #include "parallel/pp.h"
 
@@ -13,20 +13,45 @@ static int cmp_double(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-/* Seconds per node at batch B: the median over reps single passes (after one warm-up pass), so that
- * a pass another process preempted on this shared host does not count (the bench and --strategy
- * auto compare with the median step). */
+/* Seconds per node at batch B: the median over up to reps single passes (after one warm-up pass),
+ * at least 5 and, past them, while the passes have taken under DT_PLAN_MEASURE_S, so that a pass
+ * another process preempted on this shared host does not count (the bench and --strategy auto
+ * compare with the median step). The longer passes are the ones preempted: 5 of them were too few
+ * (docs/plan.md). */
 static dt_status time_nodes(dt_model *m, int B, int reps, double *out) {
     const int n = dt_model_num_nodes(m);
     double *all = calloc((size_t)n * (size_t)reps, sizeof(double)), *col = calloc((size_t)reps, sizeof(double));
     dt_status st = all && col ? DT_OK : dt_error(DT_ENOMEM, "plan: out of memory for the probe");
-    for (int r = 0; r < reps && st == DT_OK; r++) st = dt_pp_time_nodes(m, B, r == 0, 1, all + (size_t)r * n);
+    const double t0 = dt_now();
+    int done = 0;
+    for (; done < reps && st == DT_OK && (done < 5 || dt_now() - t0 < DT_PLAN_MEASURE_S); done++)
+        st = dt_pp_time_nodes(m, B, done == 0, 1, all + (size_t)done * n);
     for (int i = 0; i < n && st == DT_OK; i++) {
-        for (int r = 0; r < reps; r++) col[r] = all[(size_t)r * n + i];
-        qsort(col, (size_t)reps, sizeof *col, cmp_double);
-        out[i] = reps % 2 ? col[reps / 2] : 0.5 * (col[reps / 2 - 1] + col[reps / 2]);
+        for (int r = 0; r < done; r++) col[r] = all[(size_t)r * n + i];
+        qsort(col, (size_t)done, sizeof *col, cmp_double);
+        out[i] = done % 2 ? col[done / 2] : 0.5 * (col[done / 2 - 1] + col[done / 2]);
     }
     free(all), free(col);
+    return st;
+}
+
+dt_status dt_plan_model_measure_optim(dt_plan_model *pm, const dt_optim_config *o, int reps) {
+    const size_t n = pm->total_params > 1 ? (size_t)pm->total_params : 1;
+    float *p = calloc(n, sizeof(float)), *g = calloc(n, sizeof(float));
+    double *t = calloc((size_t)(reps > 0 ? reps : 1), sizeof(double));
+    dt_optim *opt = NULL;
+    dt_status st = p && g && t ? dt_optim_create(&opt, o, n) : dt_error(DT_ENOMEM, "plan: out of memory for the probe");
+    for (size_t i = 0; st == DT_OK && i < n; i++) g[i] = 1e-3f * (float)(i % 7);
+    for (int r = -1; st == DT_OK && r < reps; r++) {  /* one warm-up step */
+        const double a = dt_now();
+        dt_optim_step(opt, p, g, 1e-3f);
+        if (r >= 0) t[r] = dt_now() - a;
+    }
+    if (st == DT_OK && reps > 0) {
+        qsort(t, (size_t)reps, sizeof *t, cmp_double);
+        pm->opt_per = t[reps / 2] / (double)n;
+    }
+    dt_optim_free(opt), free(p), free(g), free(t);
     return st;
 }
 

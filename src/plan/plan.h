@@ -62,6 +62,7 @@ typedef struct {
     double *out_bytes;  /* [nodes] bytes per sample of the node's output (a pipeline cut sends it) */
     bool *split;        /* [nodes] tensor parallelism divides the node's work by tp */
     double *t_fix, *t_per;  /* [nodes] measured seconds per pass: t_fix + t_per x batch (NULL: roofline) */
+    double opt_per;      /* measured seconds of the optimizer's update per value (0: from the memory bandwidth) */
     double ovh_fix, ovh_per;  /* measured seconds of a rank's step beyond its nodes and optimizer model:
                                * ovh_fix + ovh_per x samples the rank takes per step (loss, data, bookkeeping) */
     double total_params;
@@ -80,6 +81,12 @@ void dt_plan_model_free(dt_plan_model *pm);
  * stores the linear fit in pm->t_fix/t_per: the per-op times at the shapes in question. m must be
  * placed (trainable). */
 dt_status dt_plan_model_measure(dt_plan_model *pm, dt_model *m, int b1, int b2, int reps);
+enum { DT_PLAN_MEASURE_REPS = 21 };  /* most passes per batch of dt_plan_model_measure */
+#define DT_PLAN_MEASURE_S 0.5        /* past 5 passes, more while they took less (seconds) */
+/* Times optimizer o's update of the model's pm->total_params values here (the median of reps
+ * steps after a warm-up) into pm->opt_per, seconds per value: a small model's state stays in the
+ * caches, which the memory bandwidth of a large copy does not see. */
+dt_status dt_plan_model_measure_optim(dt_plan_model *pm, const dt_optim_config *o, int reps);
 
 /* One layout: what `dtrain train` flags select. */
 typedef struct {
