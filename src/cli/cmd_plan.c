@@ -109,62 +109,43 @@ static int load_cluster(const plan_args *a, dt_plan_cluster *c, char *source, si
     return 0;
 }
 
-enum { CAL_STEPS = 16, CAL_WARM = 3 };
+enum { CAL_STEPS = 16 };
 
 typedef struct {
-    double wall[CAL_STEPS + 1];
-    int n;
-    double data_wait_s;  /* the step loop's waits for the loader's prefetch thread */
+    double epoch_s, compute_s, data_wait_s;  /* the epoch's training time, its forward + backward +
+                                              * optimizer time, its waits for the prefetch thread */
     int64_t steps;
-} step_walls;
-
-static void on_step(void *ctx, const dt_step_info *i) {
-    step_walls *w = ctx;
-    if (i->kind == DT_STEP_TRAIN && w->n <= CAL_STEPS) w->wall[w->n++] = i->wall_s;
-}
+} step_parts;
 
 static void on_epoch(void *ctx, const dt_epoch_info *e) {
-    step_walls *w = ctx;
-    w->data_wait_s += e->data_wait_s, w->steps += e->steps;
+    step_parts *w = ctx;
+    w->epoch_s += e->epoch_s, w->compute_s += e->compute_s, w->data_wait_s += e->data_wait_s, w->steps += e->steps;
 }
 
-static int cmp_double(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-/* The median seconds of a training step at batch b on one process over data set ds (CAL_STEPS
- * steps, the first CAL_WARM left out; no test set: nothing is evaluated), as bench plan and the
- * --timeline measure a run: the typical step, not one another process preempted. One process
- * builds its batches on a prefetch thread; ranks that take every core build them on their own
- * thread (dt_loader_prefetch_for), a fraction of the cost of waking that thread on a loaded host
- * (docs/why.md, "Inline batches in the planner's calibration"): with `inline_batches` the mean
- * wait for the thread is left out. */
-static dt_status train_seconds(const dt_train_config *tc, dt_dataset *ds, int b, bool inline_batches, double *s) {
+/* The seconds per step beyond forward, backward and the optimizer of CAL_STEPS training steps at
+ * batch b on one process over data set ds (no test set: nothing is evaluated), measured in those
+ * same steps (dt_plan_other_s), so that the load of the moment is in both. One process builds
+ * its batches on a prefetch thread; ranks that take every core build them on their own thread
+ * (dt_loader_prefetch_for), a fraction of the cost of waking that thread on a loaded host
+ * (docs/why.md, "Inline batches in the planner's calibration"): with `inline_batches` the wait for
+ * the thread is left out. */
+static dt_status other_seconds(const dt_train_config *tc, dt_dataset *ds, int b, bool inline_batches, double *s) {
     dt_train_config c = *tc;
-    step_walls w = {.n = 0};
-    c.batch = b, c.epochs = 1000000, c.max_steps = CAL_STEPS, c.on_step = on_step, c.cb_ctx = &w, c.threads = 1;
-    c.log_every = 1, c.on_epoch = on_epoch, c.train_set = ds, c.test_set = NULL, c.val_split = 0;
+    step_parts w = {0};
+    c.batch = b, c.epochs = 1000000, c.max_steps = CAL_STEPS, c.cb_ctx = &w, c.threads = 1;
+    c.on_epoch = on_epoch, c.train_set = ds, c.test_set = NULL, c.val_split = 0;
     dt_trainer *t;
     DT_TRY(dt_trainer_create(&t, &c));
     const dt_status st = dt_trainer_run(t);
     dt_trainer_free(t);
-    double d[CAL_STEPS];
-    int n = 0;
-    for (int i = CAL_WARM; i < w.n; i++) d[n++] = w.wall[i] - w.wall[i - 1];
-    qsort(d, (size_t)n, sizeof *d, cmp_double);
-    *s = n ? (n % 2 ? d[n / 2] : 0.5 * (d[n / 2 - 1] + d[n / 2])) : 0;
-    if (inline_batches && w.steps > 0) *s -= w.data_wait_s / (double)w.steps;
-    return st != DT_OK ? st : n ? DT_OK : dt_error(DT_EINVAL, "plan: calibration at batch %d logged no steps", b);
+    *s = dt_plan_other_s(w.epoch_s, w.compute_s, inline_batches ? w.data_wait_s : 0, w.steps);
+    return st != DT_OK ? st : w.steps ? DT_OK : dt_error(DT_EINVAL, "plan: calibration at batch %d ran no steps", b);
 }
 
-/* The step overhead the node timings miss (loss, data, optimizer bookkeeping): the median of real
- * one-process steps at batches b1 and b2 less the plan's prediction of that one-rank layout,
- * fitted as ovh_fix + ovh_per x batch. */
-static dt_status calibrate(const dt_train_config *tc, const dt_plan_cluster *c, dt_plan_model *pm, int b1, int b2,
-                           bool inline_batches) {
-    const int bs[2] = {b1, b2}, first[2] = {0, pm->nodes};
-    const int moments = tc->optim.kind != DT_OPTIM_SGD ? 2 : tc->optim.momentum > 0 ? 1 : 0;
+/* The step overhead the node timings and the optimizer miss (data, bookkeeping): measured in real
+ * one-process steps at batches b1 and b2 (other_seconds), fitted as ovh_fix + ovh_per x batch. */
+static dt_status calibrate(const dt_train_config *tc, dt_plan_model *pm, int b1, int b2, bool inline_batches) {
+    const int bs[2] = {b1, b2};
     double o[2];
     pm->ovh_fix = pm->ovh_per = 0;
     dt_dataset *train = NULL, *test = NULL;
@@ -178,16 +159,7 @@ static dt_status calibrate(const dt_train_config *tc, const dt_plan_cluster *c, 
         st = dt_dataset_open(&train, &test, tc->data);
     }
     dt_dataset_free(test);
-    for (int i = 0; i < 2 && st == DT_OK; i++) {
-        double s = 0;
-        st = train_seconds(tc, train, bs[i], inline_batches, &s);
-        const dt_plan_layout one = {.dp = 1, .tp = 1, .pp = 1, .micro = 1, .bucket_mb = 1};
-        dt_plan_cluster alone = *c;
-        alone.oversub = 1, alone.step_overhead = 0;
-        dt_plan_cost p;
-        dt_plan_predict(pm, &alone, &one, bs[i], moments, first, &p);
-        o[i] = s - p.total;
-    }
+    for (int i = 0; i < 2 && st == DT_OK; i++) st = other_seconds(tc, train, bs[i], inline_batches, &o[i]);
     dt_dataset_free(train);
     if (st != DT_OK) return st;
     pm->ovh_per = (o[1] - o[0]) / (b2 - b1);
@@ -209,8 +181,8 @@ static void scale_to_load(dt_plan_model *pm, double busy_then) {
 
 /* Builds the model (unplaced) of a, its summary and, on this host, its per-node times and the step
  * overhead they miss: measured now, or those --probe cached under the same key (*cached). */
-static int load_model(const plan_args *a, const dt_train_config *tc, const dt_plan_cluster *c, bool measure,
-                      dt_model **m, dt_plan_model *pm, bool *cached) {
+static int load_model(const plan_args *a, const dt_train_config *tc, bool measure, dt_model **m, dt_plan_model *pm,
+                      bool *cached) {
     *cached = false;
     dt_status s = dt_train_plan_model(tc, m);
     if (s != DT_OK) {
@@ -240,7 +212,7 @@ static int load_model(const plan_args *a, const dt_train_config *tc, const dt_pl
     if (s == DT_OK) s = dt_plan_model_measure(pm, *m, b1, b2, DT_PLAN_MEASURE_REPS);
     if (s == DT_OK) s = dt_plan_model_measure_optim(pm, &tc->optim, 15);
     const long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    if (s == DT_OK && !a->no_calibrate) s = calibrate(tc, c, pm, b1, b2, cores > 0 && a->workers >= cores);
+    if (s == DT_OK && !a->no_calibrate) s = calibrate(tc, pm, b1, b2, cores > 0 && a->workers >= cores);
     if (s != DT_OK) return dt_cli_fail("check --model, --data and --batch", "measuring the model: %s", dt_last_error());
     return a->probe ? dt_cli_plan_ops_save(key, pm, busy) : 0;
 }
@@ -408,7 +380,7 @@ int dt_cli_plan_run(int argc, char **argv, dt_plan_entry *best) {
     dt_model *m = NULL;
     dt_plan_model pm = {0};
     bool ops_cached = false;
-    if ((r = load_model(&a, &tc, &c, !a.cluster, &m, &pm, &ops_cached))) {
+    if ((r = load_model(&a, &tc, !a.cluster, &m, &pm, &ops_cached))) {
         dt_model_free(m), dt_plan_model_free(&pm);
         return r;
     }

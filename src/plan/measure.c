@@ -76,3 +76,9 @@ dt_status dt_plan_model_measure(dt_plan_model *pm, dt_model *m, int b1, int b2, 
     if (st != DT_OK) free(pm->t_fix), free(pm->t_per), pm->t_fix = pm->t_per = NULL;
     return st;
 }
+
+double dt_plan_other_s(double epoch_s, double compute_s, double data_wait_s, int64_t steps) {
+    if (steps < 1) return 0;
+    const double o = (epoch_s - compute_s - data_wait_s) / (double)steps;
+    return o > 0 ? o : 0;
+}

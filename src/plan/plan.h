@@ -87,6 +87,13 @@ enum { DT_PLAN_MEASURE_REPS = 21 };  /* most passes per batch of dt_plan_model_m
  * steps after a warm-up) into pm->opt_per, seconds per value: a small model's state stays in the
  * caches, which the memory bandwidth of a large copy does not see. */
 dt_status dt_plan_model_measure_optim(dt_plan_model *pm, const dt_optim_config *o, int reps);
+/* A step's seconds beyond forward, backward and the optimizer (the calibrated overhead), from the
+ * same steps' totals: the epoch's training time less their compute time (dt_epoch_info.compute_s)
+ * and data_wait_s (the waits for a prefetch thread the ranks do not have; 0 to keep them), per
+ * step, not below 0. Both halves see the load of the same moment, where the per-op times
+ * (dt_plan_model_measure) are measured at another: the difference of the two was the overhead
+ * before, and under a moving load mostly the load's change (docs/plan.md). */
+double dt_plan_other_s(double epoch_s, double compute_s, double data_wait_s, int64_t steps);
 
 /* One layout: what `dtrain train` flags select. */
 typedef struct {

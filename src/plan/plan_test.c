@@ -406,6 +406,10 @@ static void test_measure(void) {
     dt_optim_config oc = dt_optim_defaults(DT_OPTIM_ADAM);
     CHECK_OK(dt_plan_model_measure_optim(&pm, &oc, 3));
     CHECK(pm.opt_per > 0);
+    /* the calibrated overhead from the same steps' totals: 16 steps in 40 ms, 30 of them forward,
+     * backward and the optimizer, 2 waiting for a prefetch thread the ranks do not have */
+    CHECK(near(dt_plan_other_s(40e-3, 30e-3, 2e-3, 16), 8e-3 / 16) && near(dt_plan_other_s(40e-3, 30e-3, 0, 16), 10e-3 / 16));
+    CHECK(dt_plan_other_s(40e-3, 45e-3, 0, 16) == 0 && dt_plan_other_s(1, 0, 0, 0) == 0);
     dt_plan_model_free(&pm);
     dt_model_free(m);
 }
