@@ -109,7 +109,7 @@ static int load_cluster(const plan_args *a, dt_plan_cluster *c, char *source, si
     return 0;
 }
 
-enum { CAL_STEPS = 16 };
+enum { CAL_STEPS = 16, CAL_WARM = 3 };
 
 typedef struct {
     double epoch_s, compute_s, data_wait_s;  /* the epoch's training time, its forward + backward +
@@ -122,24 +122,63 @@ static void on_epoch(void *ctx, const dt_epoch_info *e) {
     w->epoch_s += e->epoch_s, w->compute_s += e->compute_s, w->data_wait_s += e->data_wait_s, w->steps += e->steps;
 }
 
-/* The seconds per step beyond forward, backward and the optimizer of CAL_STEPS training steps at
- * batch b on one process over data set ds (no test set: nothing is evaluated), measured in those
- * same steps (dt_plan_other_s), so that the load of the moment is in both. One process builds
- * its batches on a prefetch thread; ranks that take every core build them on their own thread
- * (dt_loader_prefetch_for), a fraction of the cost of waking that thread on a loaded host
- * (docs/why.md, "Inline batches in the planner's calibration"): with `inline_batches` the wait for
- * the thread is left out. */
-static dt_status other_seconds(const dt_train_config *tc, dt_dataset *ds, int b, bool inline_batches, double *s) {
+/* steps training steps at batch b on one process over data set ds (no test set: nothing is
+ * evaluated), their totals into *w. */
+static dt_status train_parts(const dt_train_config *tc, dt_dataset *ds, int b, int steps, step_parts *w) {
     dt_train_config c = *tc;
-    step_parts w = {0};
-    c.batch = b, c.epochs = 1000000, c.max_steps = CAL_STEPS, c.cb_ctx = &w, c.threads = 1;
+    *w = (step_parts){0};
+    c.batch = b, c.epochs = 1000000, c.max_steps = steps, c.cb_ctx = w, c.threads = 1;
     c.on_epoch = on_epoch, c.train_set = ds, c.test_set = NULL, c.val_split = 0;
     dt_trainer *t;
     DT_TRY(dt_trainer_create(&t, &c));
     const dt_status st = dt_trainer_run(t);
     dt_trainer_free(t);
-    *s = dt_plan_other_s(w.epoch_s, w.compute_s, inline_batches ? w.data_wait_s : 0, w.steps);
-    return st != DT_OK ? st : w.steps ? DT_OK : dt_error(DT_EINVAL, "plan: calibration at batch %d ran no steps", b);
+    return st != DT_OK ? st : w->steps ? DT_OK : dt_error(DT_EINVAL, "plan: calibration at batch %d ran no steps", b);
+}
+
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The median seconds of building a batch of b samples of ds on the caller's thread (a loader
+ * without prefetch, shuffling, as a rank whose ranks take every core builds them:
+ * dt_loader_prefetch_for), over CAL_STEPS batches after CAL_WARM. */
+static dt_status inline_batch_seconds(const dt_dataset *ds, int b, double *s) {
+    const dt_loader_config lc = {.batch = b, .shuffle = true, .seed = 1, .rank = 0, .world = 1, .prefetch = 0};
+    dt_loader *l;
+    DT_TRY(dt_loader_create(&l, ds, &lc));
+    dt_status st = dt_loader_start_epoch(l, 0, 0);
+    double t[CAL_STEPS];
+    for (int i = -CAL_WARM; i < CAL_STEPS && st == DT_OK; i++) {
+        dt_batch batch;
+        const double a = dt_now();
+        st = dt_loader_next(l, &batch);
+        if (st == DT_ENOENT) st = dt_loader_start_epoch(l, (uint64_t)i + CAL_WARM + 1, 0), i--;  /* a new epoch */
+        else if (i >= 0) t[i] = dt_now() - a;
+    }
+    dt_loader_free(l);
+    if (st != DT_OK) return st;
+    qsort(t, CAL_STEPS, sizeof *t, cmp_double);
+    *s = 0.5 * (t[CAL_STEPS / 2 - 1] + t[CAL_STEPS / 2]);
+    return DT_OK;
+}
+
+/* The seconds per step beyond forward, backward and the optimizer at batch b on one process: where
+ * the ranks take every core (`inline_batches`) they build their batches on their own thread, and
+ * that is what they do beyond the nodes (the loss is one) and the optimizer: it is timed
+ * (inline_batch_seconds). Otherwise CAL_STEPS training steps, measured in those same steps
+ * (dt_plan_other_s), so that the load of the moment is in both: a run of CAL_WARM + CAL_STEPS
+ * steps less one of CAL_WARM (the start of a run and its first steps, not a step's cost, cancel).
+ * A one-process run under load measured mostly its waits for the prefetch thread and the wake-ups
+ * after them (docs/plan.md), which ranks that build their batches inline do not have. */
+static dt_status other_seconds(const dt_train_config *tc, dt_dataset *ds, int b, bool inline_batches, double *s) {
+    if (inline_batches) return inline_batch_seconds(ds, b, s);
+    step_parts warm, all;
+    DT_TRY(train_parts(tc, ds, b, CAL_WARM, &warm));
+    DT_TRY(train_parts(tc, ds, b, CAL_WARM + CAL_STEPS, &all));
+    *s = dt_plan_other_s(all.epoch_s - warm.epoch_s, all.compute_s - warm.compute_s, 0, all.steps - warm.steps);
+    return DT_OK;
 }
 
 /* The step overhead the node timings and the optimizer miss (data, bookkeeping): measured in real
