@@ -459,10 +459,6 @@ static dt_status tp_create(dt_strategy *s, const void *opts) {
     if (o->pp > 1 && !gpt)
         return dt_error(DT_ENOTSUP, "--strategy tp: tp x pp (tp=%d, pp=%d) runs a GPT only so far; --model %s: use "
                         "pp=1", o->tp, o->pp, spec);
-    if (o->pp > 1 && !dt_model_device(s->model)->host_memory)
-        return dt_error(DT_ENOTSUP, "--device %s: tp x pp (tp=%d, pp=%d: pipeline stages of shards) does not run on a "
-                        "device yet; use tp alone (pp=1) there, or --device cpu", dt_model_device(s->model)->kind->name,
-                        o->tp, o->pp);
     if (o->pp > 1) {  /* tp x pp: pipeline stages of shards (pp_tp.c), M = K micro-batches, 1F1B */
         dt_pp_opts po;
         dt_strategy_pp_entry.defaults(&po);
