@@ -1,15 +1,17 @@
 # The device layer end to end (docs/device.md): single-process training on --device checked (the
 # CPU kernels on memory the host cannot touch, so any host dereference of model memory crashes)
 # writes checkpoints cmp-equal to --device cpu for the MLP, the CNN and a tiny GPT, with fp16 loss
-# scaling and clipping on the device, bf16 (the MLP and the GPT), and a resume on checked continues bit for bit; what is not
-# yet device-neutral is refused with a clear error. ddp with 2 workers on checked (its buckets
-# staged through host buffers, also compressed with fp16, topk and powersgd) writes checkpoints
-# cmp-equal to ddp on cpu, and resumes bit for bit; so do ZeRO stages 1-2 and update=shard (their
-# shards device blocks, their reduce-scatters and gathers staged; a sharded checkpoint resumes on
-# checked), tensor parallelism (tp 2, and tp 2 x dp 2) on the GPT and tp 2 on the MLP, and pp (gpipe with dp2 x pp2,
-# 1f1b on the GPT, ZeRO-2 and ZeRO-3 over its DP axis; tp x pp is refused there). localsgd (plain and
-# compressed, 2 workers) and ps (one worker: its deterministic setting) write checkpoints cmp-equal
-# to cpu's, also when resumed from the same checkpoint; async ps on checked trains.
+# scaling (also skipping steps and halving its scale) and clipping on the device, bf16 (the MLP and
+# the GPT), and a resume on checked continues bit for bit; what is not yet device-neutral is refused
+# with a clear error. ddp with 2 and 3 workers on checked (its buckets staged through host buffers,
+# also compressed with fp16, topk and powersgd) writes checkpoints cmp-equal to ddp on cpu, and
+# resumes bit for bit; so do ZeRO stages 1-2 and update=shard (their shards device blocks, their
+# reduce-scatters and gathers staged; a sharded checkpoint resumes on checked), tensor parallelism
+# (tp 2, tp 2 x dp 2, tp 2 x dp 2 with ZeRO-1 and -2; tp's ZeRO-3 is refused there) on the GPT and
+# tp 2 on the MLP, pp (gpipe with dp2 x pp2, 1f1b on the GPT, ZeRO-2 and ZeRO-3 over its DP axis)
+# and tp 2 x pp 2. localsgd (plain and compressed, 2 workers) and ps (one worker: its deterministic
+# setting) write checkpoints cmp-equal to cpu's, also when resumed from the same checkpoint; async
+# ps on checked trains.
 . "$(dirname "$0")/testlib.bash"
 
 # one: the checkpoint FILE as one file (a sharded one, whose index and shards carry a random save
@@ -30,6 +32,17 @@ both() {
     && ok "$name: checked and cpu checkpoints are cmp-equal" || bad "$name: the checkpoints of checked and cpu differ"
 }
 
+# resumed NAME HALF FULL ARGS...: the checked run of `both NAME ARGS --max-steps FULL` again on checked
+# in two parts, HALF steps saved and resumed to FULL: cmp-equal to NAME-checked.st
+resumed() {
+  local name=$1 half=$2 full=$3; shift 3
+  local c=(--epochs 1 --quiet --eval-batches 1 --device checked "$@")
+  $DT train "${c[@]}" --max-steps $half --save "$TMP/$name-half.st" >/dev/null 2>&1 &&
+    $DT train "${c[@]}" --max-steps $full --resume "$TMP/$name-half.st" --save "$TMP/$name-res.st" >/dev/null 2>&1 &&
+    cmp -s "$TMP/$name-checked.st" "$TMP/$name-res.st" && ok "$name resumes on checked bit for bit ($half + $((full - half)) steps)" \
+    || bad "$name: the resume on checked differs from $full straight steps (or a run failed)"
+}
+
 if have_fmnist; then
   both mlp --model mlp --max-steps 20 --optimizer adam --clip 1
   both mlp-fp16 --model mlp --max-steps 8 --precision fp16 --momentum 0.9
@@ -42,20 +55,16 @@ if have_fmnist; then
   both ddp --model mlp --max-steps 4 --workers 2 --momentum 0.9 --strategy "ddp(update=shard)"
   both ddp-accum --model mlp --max-steps 4 --workers 2 --grad-accum 2 --optimizer adam --strategy "ddp(bucket_mb=0.1)"
   # --compress on checked: each compressor runs on the bucket's staged host copy, its error feedback
-  # and PowerSGD's factors in host memory beside it (warmup=0: compressed from the first step)
-  both ddp-fp16 --model mlp --max-steps 4 --workers 2 --compress fp16
+  # and PowerSGD's factors in host memory beside it (warmup=0: compressed from the first step); fp16 on
+  # 3 workers (an odd world: each bucket allreduced over 3 ranks on the host copies)
+  both ddp-fp16 --model mlp --max-steps 4 --workers 3 --compress fp16
   both ddp-topk --model mlp --max-steps 4 --workers 2 --compress topk:0.1:momentum=0.9:warmup=0
   both ddp-powersgd --model mlp --max-steps 4 --workers 2 --compress powersgd:2:warmup=0:min_rate=0 \
     --strategy "ddp(bucket_mb=0.1)" --optimizer adam
   # resume of ddp with powersgd on checked: the model's pieces restored through the device, the
-  # residual (host state) in place; 3 + 3 steps equal 6 straight
-  R=(--model mlp --epochs 1 --quiet --eval-batches 1 --workers 2 --optimizer adam --device checked
-    --compress powersgd:2:warmup=1 --strategy "ddp(bucket_mb=0.1)")
-  $DT train "${R[@]}" --max-steps 6 --save "$TMP/cf.st" >/dev/null 2>&1 &&
-    $DT train "${R[@]}" --max-steps 3 --save "$TMP/ch.st" >/dev/null 2>&1 &&
-    $DT train "${R[@]}" --max-steps 6 --resume "$TMP/ch.st" --save "$TMP/cr.st" >/dev/null 2>&1 &&
-    cmp -s "$TMP/cf.st" "$TMP/cr.st" && ok "ddp with powersgd resumes on checked bit for bit" \
-    || bad "ddp with powersgd: resume on checked differs or fails"
+  # residual (host state) in place
+  resumed ddp-powersgd 2 4 --model mlp --workers 2 --compress powersgd:2:warmup=0:min_rate=0 \
+    --strategy "ddp(bucket_mb=0.1)" --optimizer adam
   # localsgd: the optimizer on the device, the average downloaded, allreduced on the host, uploaded
   # (compressed: the delta's arithmetic on the host copy); batchnorm buffers averaged too
   BN="conv(4,3,pad=1) batchnorm relu avgpool(2) flatten linear(10)"
@@ -118,12 +127,6 @@ PY
   # pp's ZeRO-2 over dp2: the chunk's moments and the gradient shard on the device, the reduce-scatter
   # and allgather on host copies, the clip norm from the shard's sqnorm
   both pp-zero2 --model mlp --max-steps 4 --workers 4 --optimizer adam --clip 0.5 --strategy "pp(zero=2,schedule=1f1b)"
-  # resume under pp on checked: 3 steps, then 3 more, equal to 6 straight (moments through the sync)
-  ppr() { $DT train --model mlp --epochs 1 --quiet --eval-batches 1 --optimizer adam --device checked --workers 2 \
-    --strategy "pp(schedule=1f1b,microbatches=2)" "$@" >/dev/null 2>&1; }
-  ppr --max-steps 6 --save "$TMP/ppfull.st" && ppr --max-steps 3 --save "$TMP/pphalf.st" &&
-    ppr --max-steps 6 --resume "$TMP/pphalf.st" --save "$TMP/ppres.st" && cmp -s "$TMP/ppfull.st" "$TMP/ppres.st" \
-    && ok "pp resume on checked continues bit for bit" || bad "pp resume on checked differs"
   # --save-weights downloads, --weights uploads: fine-tuning from the MLP's weights on both devices
   for dev in cpu checked; do
     $DT train --model mlp --epochs 1 --max-steps 3 --quiet --eval-batches 1 --device $dev \
@@ -151,21 +154,58 @@ python3 "$DTRAIN_TOOLS/word_corpus.py" "$TMP/corpus.txt" 7 4000
 both gpt --data "text:$TMP/corpus.txt" --model "gpt:L=1,H=2,C=32,T=16" --batch 4 --optimizer adamw --max-steps 6
 both gpt-bf16 --data "text:$TMP/corpus.txt" --model "gpt:L=1,H=2,C=32,T=16" --batch 4 --optimizer adamw --max-steps 4 \
   --precision bf16
+# fp16 loss scaling that really skips: a regression (mse, float IDX targets near 20) at batch 4, whose
+# scaled gradient (65536 x 2 x error / 4) overflows fp16's GEMM inputs at first: steps are skipped and
+# the scale halved (the non-finite flag read from device memory) until it fits; equal to cpu, skips included
+mkdir -p "$TMP/reg"
+python3 - "$TMP/reg" <<'PY'
+import random, struct, sys
+def idx(path, dims, vals):  # an IDX file of f32 (type 0x0D), big-endian
+    with open(path, "wb") as f:
+        f.write(bytes([0, 0, 0x0D, len(dims)]) + struct.pack(">%dI" % len(dims), *dims) + struct.pack(">%df" % len(vals), *vals))
+random.seed(1)
+for part, n in (("train", 64), ("t10k", 16)):
+    X = [random.uniform(-1, 1) for _ in range(n * 4)]
+    idx("%s/%s-images-idx3-ubyte" % (sys.argv[1], part), (n, 2, 2), X)
+    idx("%s/%s-labels-idx1-ubyte" % (sys.argv[1], part), (n,), [20 + 10 * X[4 * i] for i in range(n)])
+PY
+both fp16-skip --data "$TMP/reg" --model "flatten linear(8) relu linear(1) mse" --batch 4 --max-steps 8 --precision fp16
+ls=$(python3 - "$TMP/fp16-skip-checked.st" <<'PY'
+import json, struct, sys
+b = open(sys.argv[1], "rb").read()
+print(json.loads(b[8:8 + struct.unpack("<Q", b[:8])[0]])["__metadata__"]["dtrain.loss_scale"])  # scale,good,skipped
+PY
+)
+IFS=, read -r lsc lgood lskip <<<"$ls"
+[ "${lskip:-0}" -gt 0 ] && [ "${lsc%.*}" -lt 65536 ] && ok "fp16 on checked skipped $lskip steps, scale 65536 -> $lsc" \
+  || bad "fp16 on checked: no step skipped or scale not lowered (loss_scale '$ls')"
 # tp: the shards on the device, the activation allreduces and the vocabulary-parallel loss's row
 # reductions staged through host buffers, the clip's norm from one sqnorm partial per rank
 tpgpt=(--data "text:$TMP/corpus.txt" --model "gpt:L=1,H=2,C=32,T=16" --batch 4 --strategy tp)
-both tp "${tpgpt[@]}" --workers 2 --optimizer adamw --max-steps 4 --clip 0.5 --grad-accum 2
+tpa=("${tpgpt[@]}" --workers 2 --optimizer adamw --clip 0.5 --grad-accum 2)
+both tp "${tpa[@]}" --max-steps 4
 both tp-dp "${tpgpt[@]}" --workers 4 --optimizer adam --max-steps 2 --clip 1  # tp 2 x dp 2: the dp axis's ddp
-# a tp resume on checked: the shards restored through host copies, 3 + 3 steps equal to 6 straight
-tprun() { $DT train "${tpgpt[@]}" --workers 2 --epochs 1 --quiet --eval-batches 1 --optimizer adamw --device checked "$@" >/dev/null 2>&1; }
-tprun --max-steps 6 --save "$TMP/tp-full.st" && tprun --max-steps 3 --save "$TMP/tp-half.st" &&
-  tprun --max-steps 6 --resume "$TMP/tp-half.st" --save "$TMP/tp-res.st" && cmp -s "$TMP/tp-full.st" "$TMP/tp-res.st" &&
-  ok "tp resume on checked continues bit for bit" || bad "tp resume on checked differs (or a run failed)"
-expect_fail "tp with ZeRO is refused on checked" "tp with zero=1 (ZeRO over the mesh's dp axis) does not run on a device" \
-  $DT train "${tpgpt[@]}" --device checked --workers 4 --strategy "tp(zero=1)" --max-steps 1
+resumed tp 2 4 "${tpa[@]}"  # the shards restored through host copies
+# tp with ZeRO over the dp axis (tp 2 x dp 2): the packed moments (and ZeRO-2's gradient shard) device
+# blocks, the clip's norm from sqnorm partials of the counted tensors; ZeRO-2 resumed (its moments
+# expanded into a whole local optimizer on the device and packed back)
+tpz=("${tpgpt[@]}" --workers 4 --optimizer adam --clip 0.5)
+both tp-zero1 "${tpz[@]}" --strategy "tp(zero=1,bucket_mb=0.01)" --max-steps 2
+both tp-zero2 "${tpz[@]}" --strategy "tp(zero=2,bucket_mb=0.01)" --max-steps 3
+resumed tp-zero2 2 3 "${tpz[@]}" --strategy "tp(zero=2,bucket_mb=0.01)"
+expect_fail "tp with ZeRO-3 is refused on checked" "tp with zero=3 (ZeRO-3 over the mesh's dp axis" \
+  $DT train "${tpgpt[@]}" --device checked --workers 4 --strategy "tp(zero=3)" --max-steps 1
+# tp 2 x pp 2 (1f1b): each stage's shard whole on the device, its hooks' allreduces and the
+# vocabulary-parallel loss staged, the sync's gathers, broadcasts and moment sends staged; resumed
+tpp=(--data "text:$TMP/corpus.txt" --model "gpt:L=2,H=2,C=32,T=16" --batch 4 --workers 4 --tp 2 --pp 2
+  --optimizer adamw --clip 0.5)
+both tp-pp "${tpp[@]}" --max-steps 3
+resumed tp-pp 2 3 "${tpp[@]}"
 # pp 1f1b on the GPT: its tied embedding's gradient summed over the stages (staged), clipped
-both pp-gpt --data "text:$TMP/corpus.txt" --model "gpt:L=1,H=2,C=32,T=16" --batch 4 --optimizer adamw --max-steps 4 \
-  --workers 2 --strategy "pp(schedule=1f1b)" --clip 0.5
+ppg=(--data "text:$TMP/corpus.txt" --model "gpt:L=1,H=2,C=32,T=16" --batch 4 --optimizer adamw --workers 2
+  --strategy "pp(schedule=1f1b)" --clip 0.5)
+both pp-gpt "${ppg[@]}" --max-steps 4
+resumed pp-gpt 2 4 "${ppg[@]}"  # the stages' moments through the sync
 # pp's ZeRO-3 on dp2 x pp2: each node's tensors gathered on a host copy before it runs, zeroed after
 both pp-zero3 --data "text:$TMP/corpus.txt" --model "gpt:L=1,H=2,C=32,T=16" --batch 4 --optimizer adamw --max-steps 3 \
   --workers 4 --strategy "pp(zero=3,schedule=gpipe)" --clip 0.5
@@ -195,7 +235,4 @@ p=$(awk '/^  parameters/{print $2; exit}' <<<"$out")
 [ -n "$g" ] && [ -n "$h" ] && [ "$g" -gt "$p" ] && [ "$h" -eq "$p" ] \
   && ok "--dry-run on checked: ZeRO-2's gradients $g bytes (whole $p + shard), host staging $h" \
   || bad "--dry-run on checked, --zero 2: $out"
-expect_fail "tp x pp is refused on checked" "pp with tp=2 (stages of tensor-parallel shards) does not run on" \
-  $DT train --device checked --workers 4 --data "text:$TMP/corpus.txt" --model "gpt:L=2,H=2,C=32,T=16" --tp 2 --pp 2 \
-  --max-steps 1
 finish

@@ -19,7 +19,7 @@
  * device (a device's slabs are whole blocks: no placement of the stage's part, no narrowing); the
  * stage's segment optimizers keep their moments there, and a sync's broadcasts and moment sends
  * are staged through host buffers where the comm does not take the device's memory (ZeRO too,
- * pp_zero.c, pp_zero3.c). tp x pp is refused there so far. */
+ * pp_zero.c, pp_zero3.c); under tp x pp the stage's shard is whole on the device too (pp_tp.c). */
 #include "device/device.h"
 #include "parallel/pp.h"
 #include "parallel/zero.h"
@@ -333,15 +333,11 @@ static dt_status place(dt_strategy *s, dt_pp *p) {
     return DT_OK;
 }
 
-/* On a device whose memory is not host memory: what pp does not run there yet is refused, and the
- * small device buffers of a step (the micro-batches' losses, a norm partial sum) are made. */
+/* The model's device, and on one whose memory is not host memory the small device buffers of a
+ * step (the micro-batches' losses, a norm partial sum). */
 static dt_status device_setup(dt_strategy *s, dt_pp *p) {
     p->dev = dt_model_device(s->model);
     p->on_dev = !p->dev->host_memory;
-    if (p->on_dev && p->o.tp > 1)  /* the shard's hooks and vocabulary-parallel loss are tp's */
-        return dt_error(DT_ENOTSUP, "--device %s: pp with tp=%d (stages of tensor-parallel shards) does not run on "
-                        "this device yet (pipelines of whole stages do: gpipe or 1f1b, data-parallel pipelines, "
-                        "zero=1|2|3); drop tp (--tp) or use --device cpu", p->dev->kind->name, p->o.tp);
     const int M = p->o.microbatches;
     if (!(p->dloss = p->dev->ops->alloc(p->dev, (size_t)M * sizeof(float))) ||
         (p->on_dev && !(p->dss = p->dev->ops->alloc(p->dev, sizeof(double)))))

@@ -76,31 +76,36 @@ dt_status dt_pp_host_room(dt_pp *p, size_t n) {
     return DT_OK;
 }
 
+typedef struct {
+    dt_redop op;
+    int peer, tag;
+} link_args;
+
+static dt_status allreduce_fn(dt_comm *comm, float *buf, size_t n, void *arg) {
+    return dt_comm_allreduce(comm, buf, buf, n, DT_F32, ((const link_args *)arg)->op);
+}
+static dt_status send_fn(dt_comm *comm, float *buf, size_t n, void *arg) {
+    const link_args *a = arg;
+    return dt_comm_send(comm, buf, n, DT_F32, a->peer, a->tag);
+}
+static dt_status recv_fn(dt_comm *comm, float *buf, size_t n, void *arg) {
+    const link_args *a = arg;
+    return dt_comm_recv(comm, buf, n, DT_F32, a->peer, a->tag);
+}
+
 dt_status dt_pp_allreduce_model(dt_pp *p, dt_comm *comm, float *x, size_t n, dt_redop op) {
-    dt_dev *d = dt_strategy_stage_device(comm, p->m);
-    if (!d) return dt_comm_allreduce(comm, x, x, n, DT_F32, op);
-    DT_TRY(dt_pp_host_room(p, n));
-    d->ops->download(d, p->host, x, n * sizeof(float));
-    DT_TRY(dt_comm_allreduce(comm, p->host, p->host, n, DT_F32, op));
-    d->ops->upload(d, x, p->host, n * sizeof(float));
-    return DT_OK;
+    link_args a = {.op = op};
+    return dt_strategy_staged(comm, p->m, x, n, &p->host, &p->host_cap, DT_STAGE_DOWN | DT_STAGE_UP, allreduce_fn, &a);
 }
 
 dt_status dt_pp_send_model(dt_pp *p, dt_comm *comm, const float *x, size_t n, int peer, int tag) {
-    dt_dev *d = dt_strategy_stage_device(comm, p->m);
-    if (!d) return dt_comm_send(comm, x, n, DT_F32, peer, tag);
-    DT_TRY(dt_pp_host_room(p, n));
-    d->ops->download(d, p->host, x, n * sizeof(float));
-    return dt_comm_send(comm, p->host, n, DT_F32, peer, tag);
+    link_args a = {.peer = peer, .tag = tag};  /* x is only read (downloaded where staged) */
+    return dt_strategy_staged(comm, p->m, (float *)x, n, &p->host, &p->host_cap, DT_STAGE_DOWN, send_fn, &a);
 }
 
 dt_status dt_pp_recv_model(dt_pp *p, dt_comm *comm, float *x, size_t n, int peer, int tag) {
-    dt_dev *d = dt_strategy_stage_device(comm, p->m);
-    if (!d) return dt_comm_recv(comm, x, n, DT_F32, peer, tag);
-    DT_TRY(dt_pp_host_room(p, n));
-    DT_TRY(dt_comm_recv(comm, p->host, n, DT_F32, peer, tag));
-    d->ops->upload(d, x, p->host, n * sizeof(float));
-    return DT_OK;
+    link_args a = {.peer = peer, .tag = tag};
+    return dt_strategy_staged(comm, p->m, x, n, &p->host, &p->host_cap, DT_STAGE_UP, recv_fn, &a);
 }
 
 /* Waits for a send issued at t0 and records it on lane 1 as "send WHAT mb". */

@@ -11,7 +11,12 @@
  * its owner stage's tp ranks, broadcasts it along the pipeline of every tp index (so every rank
  * holds the whole model for evaluation), and gathers its moments to tp rank 0 of the owner stage,
  * which sends them to world rank 0 (stage 0, tp 0, dp 0): one ordinary, layout-independent
- * checkpoint. The next step narrows the whole model to nothing again. */
+ * checkpoint. The next step narrows the whole model to nothing again.
+ *
+ * On a device whose memory is not host memory (pp's p->on_dev) the shard is whole device blocks
+ * (a block is not narrowed: the stage's tensors are scattered, the others unused) and so is the
+ * whole model; the sync's gathers, broadcasts and moment sends are staged through host buffers
+ * (dt_tp_gather_tensor_on, dt_strategy_broadcast_model, dt_pp_send_model / dt_pp_recv_model). */
 #include "parallel/pp.h"
 
 #include <stdio.h>
@@ -27,6 +32,7 @@ dt_status dt_pp_tp_setup(dt_strategy *s, dt_pp *p) {
     dt_gpt_config g;
     DT_TRY(dt_gpt_parse(spec, &g));
     DT_TRY(dt_gpt_create_sharded_unplaced(&p->m, &g, p->tp));
+    if (p->on_dev) DT_TRY(dt_model_set_device(p->m, p->dev));  /* whole device blocks, before the hooks */
     const int n = dt_model_num_nodes(p->m);
     for (int i = 0; i < n; i++)
         if (strcmp(dt_model_node_name(p->m, i), dt_model_node_name(s->model, i)) != 0)
@@ -44,7 +50,7 @@ dt_status dt_pp_tp_setup(dt_strategy *s, dt_pp *p) {
 
 dt_status dt_pp_tp_place(dt_strategy *s, dt_pp *p, const dt_range *own, int nown) {
     static const dt_range none = {0, 0};
-    dt_status st = dt_model_place(p->m, own ? own : &none, nown);
+    dt_status st = p->on_dev ? DT_OK : dt_model_place(p->m, own ? own : &none, nown);  /* a device's: whole */
     if (st != DT_OK)
         return dt_error_wrap(st, "pipeline stage %d, tp rank %d (rank %d): placing the stage's shard", p->stage, p->tr,
                              p->rank);
@@ -63,7 +69,9 @@ void dt_pp_tp_scatter_moments(dt_strategy *s, dt_pp *p) {
         if (!ft || lt->is_buffer || !(p->users[j] >> p->stage & 1)) continue;
         for (int k = 0; k < p->nstates; k++) {
             float *full = dt_optim_state(s->optim, k, NULL), *mine = dt_pp_seg_state(p, k, lt->offset);
-            if (full && mine) dt_tp_copy(dt_tp_split_of(p->m, lt->name), full + ft->offset, mine, ft, p->tp, p->tr, true);
+            if (full && mine)
+                dt_tp_copy_on(p->dev, !p->on_dev, !p->on_dev, dt_tp_split_of(p->m, lt->name), full + ft->offset, mine, ft,
+                              p->tp, p->tr, true);
         }
     }
 }
@@ -75,15 +83,15 @@ static dt_status sync_moment(dt_strategy *s, dt_pp *p, int j, int k, int own, fl
     const bool saver = p->stage == 0 && p->tr == 0;
     float *dst = saver ? dt_optim_state(s->optim, k, NULL) + ft->offset : mom;
     if (p->stage == own) {
-        dt_status st = dt_tp_gather_tensor(p->m, p->mesh.tp_comm, p->tp, ft, lt, dt_pp_seg_state(p, k, lt->offset), dst, tmp,
-                                           false);
+        dt_status st = dt_tp_gather_tensor_on(p->m, p->dev, p->mesh.tp_comm, p->tp, ft, lt, dt_pp_seg_state(p, k, lt->offset),
+                                              dst, tmp, false);
         if (st != DT_OK)
             return dt_error_wrap(st, "pipeline stage %d (rank %d): gathering the optimizer state of %s over the tp "
                                  "axis", p->stage, p->rank, ft->name);
     }
     if (own == 0 || p->tr != 0 || (p->stage != own && p->stage != 0)) return DT_OK;
-    dt_status st = p->stage == 0 ? dt_comm_recv(p->pp, dst, ft->numel, DT_F32, own, DT_COMM_TAG_MAX - 1)
-                                 : dt_comm_send(p->pp, mom, ft->numel, DT_F32, 0, DT_COMM_TAG_MAX - 1);
+    dt_status st = p->stage == 0 ? dt_pp_recv_model(p, p->pp, dst, ft->numel, own, DT_COMM_TAG_MAX - 1)
+                                 : dt_pp_send_model(p, p->pp, mom, ft->numel, 0, DT_COMM_TAG_MAX - 1);
     if (st != DT_OK)
         return dt_error_wrap(st, "pipeline stage %d (rank %d): %s the optimizer state of %s %s stage %d (rank %d)",
                              p->stage, p->rank, p->stage == 0 ? "receiving" : "sending", ft->name,
@@ -99,11 +107,12 @@ static dt_status sync_tensor(dt_strategy *s, dt_pp *p, int j, float *tmp, float 
     const int own = dt_pp_owner_stage(p, j);
     float *whole = (lt->is_buffer ? dt_model_buffers(s->model) : dt_model_params(s->model)) + ft->offset;
     const float *mine = (lt->is_buffer ? dt_model_buffers(p->m) : dt_model_params(p->m)) + lt->offset;
-    dt_status st = p->stage == own ? dt_tp_gather_tensor(p->m, p->mesh.tp_comm, p->tp, ft, lt, mine, whole, tmp, true) : DT_OK;
+    dt_status st =
+        p->stage == own ? dt_tp_gather_tensor_on(p->m, p->dev, p->mesh.tp_comm, p->tp, ft, lt, mine, whole, tmp, true) : DT_OK;
     if (st != DT_OK)
         return dt_error_wrap(st, "pipeline stage %d (rank %d): gathering tensor %s over the tp axis", p->stage, p->rank,
                              ft->name);
-    if (p->K > 1 && (st = dt_comm_broadcast(p->pp, whole, ft->numel, DT_F32, own)) != DT_OK)
+    if (p->K > 1 && (st = dt_strategy_broadcast_model(p->pp, s->model, whole, ft->numel, own)) != DT_OK)
         return dt_error_wrap(st, "pipeline stage %d (rank %d): gathering tensor %s from stage %d", p->stage, p->rank,
                              ft->name, own);
     for (int k = 0; !lt->is_buffer && s->optim && p->dp_i == 0 && k < p->nstates; k++)
@@ -145,10 +154,15 @@ dt_status dt_pp_tp_sync(dt_strategy *s) {
         if (dt_model_tensor(p->m, j)->numel > most_l) most_l = dt_model_tensor(p->m, j)->numel;
         if (ft && ft->numel > most_w) most_w = ft->numel;
     }
-    float *tmp = malloc((size_t)p->tp * most_l * sizeof(float)), *mom = malloc(most_w * sizeof(float));
+    /* tmp: the tp parts (and on a device the staged own part); mom: a moment on its way to stage 0,
+     * memory of the device (sent staged) */
+    float *tmp = malloc(((size_t)p->tp + p->on_dev) * most_l * sizeof(float));
+    float *mom = p->on_dev ? p->dev->ops->alloc(p->dev, most_w * sizeof(float)) : malloc(most_w * sizeof(float));
     dt_status st = tmp && mom ? DT_OK : dt_error(DT_ENOMEM, "--tp --pp: out of memory gathering the shards");
     for (int j = 0; st == DT_OK && j < dt_model_num_tensors(p->m); j++) st = sync_tensor(s, p, j, tmp, mom);
-    free(tmp), free(mom);
+    free(tmp);
+    if (p->on_dev) p->dev->ops->free(p->dev, mom);
+    else free(mom);
     if (st == DT_OK && s->optim) dt_optim_set_steps(s->optim, p->steps0 + p->updates);
     return st;
 }

@@ -70,16 +70,29 @@ dt_dev *dt_strategy_stage_device(const dt_comm *comm, const dt_model *m) {
     return d && !d->host_memory && !dt_comm_device_native(comm, d->kind->name) ? d : NULL;
 }
 
-dt_status dt_strategy_broadcast_model(dt_comm *comm, const dt_model *m, float *x, size_t n, int root) {
+dt_status dt_strategy_staged(dt_comm *comm, const dt_model *m, float *x, size_t n, float **host, size_t *cap, int dirs,
+                             dt_staged_fn fn, void *arg) {
     dt_dev *d = dt_strategy_stage_device(comm, m);
-    if (!d) return dt_comm_broadcast(comm, x, n, DT_F32, root);
-    float *h = dt_alloc(n * sizeof(float));
-    if (!h) return dt_error(DT_ENOMEM, "broadcast: out of memory for a %zu-float host staging buffer", n);
-    d->ops->download(d, h, x, n * sizeof(float));
-    dt_status st = dt_comm_broadcast(comm, h, n, DT_F32, root);
-    if (st == DT_OK) d->ops->upload(d, x, h, n * sizeof(float));
-    dt_free(h);
+    if (!d) return fn(comm, x, n, arg);
+    float *h = host ? *host : NULL;
+    if (!host || *cap < n) {
+        if (!(h = dt_alloc((n ? n : 1) * sizeof(float))))
+            return dt_error(DT_ENOMEM, "out of memory for a %zu-float host staging buffer", n);
+        if (host) dt_free(*host), *host = h, *cap = n;
+    }
+    if (dirs & DT_STAGE_DOWN) d->ops->download(d, h, x, n * sizeof(float));
+    dt_status st = fn(comm, h, n, arg);
+    if (st == DT_OK && (dirs & DT_STAGE_UP)) d->ops->upload(d, x, h, n * sizeof(float));
+    if (!host) dt_free(h);
     return st;
+}
+
+static dt_status broadcast_fn(dt_comm *comm, float *buf, size_t n, void *arg) {
+    return dt_comm_broadcast(comm, buf, n, DT_F32, *(const int *)arg);
+}
+
+dt_status dt_strategy_broadcast_model(dt_comm *comm, const dt_model *m, float *x, size_t n, int root) {
+    return dt_strategy_staged(comm, m, x, n, NULL, NULL, DT_STAGE_DOWN | DT_STAGE_UP, broadcast_fn, &root);
 }
 
 /* *crc = crc32 of n floats of m's memory x (downloaded first where it is not host memory). */

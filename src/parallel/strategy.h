@@ -361,6 +361,16 @@ dt_status dt_strategy_verify_model(dt_comm *comm, dt_model *m, bool params);
  * and dt_comm_device_native says no): model memory then travels through host buffers (download,
  * collective, upload). NULL where the collectives take it in place (the cpu device: zero-copy). */
 struct dt_dev *dt_strategy_stage_device(const dt_comm *comm, const dt_model *m);
+/* A collective over n floats at buf (model memory in place, or its host copy where staged). */
+typedef dt_status (*dt_staged_fn)(dt_comm *comm, float *buf, size_t n, void *arg);
+enum { DT_STAGE_DOWN = 1, DT_STAGE_UP = 2 };
+/* fn(comm, buf, n, arg) over n floats of m's memory x: on x in place where comm takes that memory
+ * (dt_strategy_stage_device NULL: the cpu device, nothing copied), else on a host copy: downloaded
+ * into it first (dirs has DT_STAGE_DOWN), uploaded back into x after fn succeeds (DT_STAGE_UP).
+ * The copy is *host (grown to n floats with dt_alloc, *cap its size), or with host NULL one made
+ * and freed here. The one host-staging loop of the strategies' collectives over model memory. */
+dt_status dt_strategy_staged(dt_comm *comm, const dt_model *m, float *x, size_t n, float **host, size_t *cap, int dirs,
+                             dt_staged_fn fn, void *arg);
 /* A broadcast from root of n floats of model memory x (on m's device), staged through a host
  * buffer where dt_strategy_stage_device says so. */
 dt_status dt_strategy_broadcast_model(dt_comm *comm, const dt_model *m, float *x, size_t n, int root);

@@ -27,7 +27,8 @@
  * buffers are its memory: set-up and sync move them with device calls, the clip takes one
  * squared-norm partial per run of counted tensors (sqnorm), summed across the tp ranks, and the
  * update is the device's. There the whole model stays placed as whole device blocks (a device
- * block is not narrowed); ZeRO over the dp axis and tp x pp are refused there so far. */
+ * block is not narrowed). ZeRO-1 and -2 over the dp axis run there (tp_zero.c: the packed moments
+ * and the gradient shard device blocks); ZeRO-3 is refused there so far. */
 #include "nn/graph_parallel.h"
 #include "parallel/mesh.h"
 #include "parallel/pp.h"
@@ -142,7 +143,7 @@ static void tp_update(void *ctx, float lr, float clip) {
 /* ZeRO's clip (the inner ddp's shards of the local slab): the values that count in the whole norm. */
 static double tp_norm_part(void *ctx, size_t off, const float *g, size_t n) {
     const tp *t = ctx;
-    return dt_tp_zero_norm_part(t->local, t->r, off, g, n);
+    return dt_tp_zero_norm_part(t->local, t->r, off, g, n, t->dev_ss);
 }
 
 /* Samples [lo, lo + n) of feed f (x and y as the shard's inputs hold them). */
@@ -357,7 +358,7 @@ static dt_status tp_visit(dt_strategy *s, dt_state_visit_fn fn, void *ctx) {
     dt_optim *w = NULL;
     DT_TRY(dt_tp_zero_expand(t->local, t->lopt, &t->mine, &w));
     dt_status st = dt_tp_visit_state(s->model, t->local, w, t->K, t->r, false, NULL, fn, ctx);
-    if (st == DT_OK) dt_tp_zero_pack(w, t->lopt, &t->mine);
+    if (st == DT_OK) dt_tp_zero_pack(t->local, w, t->lopt, &t->mine);
     dt_optim_free(w);
     return st;
 }
@@ -402,10 +403,10 @@ void dt_tp_counters_of(const dt_strategy *s, dt_tp_counters *c) {
 
 /* The shard and its optimizer moved onto the whole model's device t->dev (not host memory). */
 static dt_status on_device(tp *t, const tp_opts *o) {
-    if (o->zero)
-        return dt_error(DT_ENOTSUP, "--device %s: tp with zero=%d (ZeRO over the mesh's dp axis) does not run on a "
-                        "device yet; drop zero= (tp alone, or with plain data parallelism over the dp axis, runs "
-                        "there) or use --device cpu", t->dev->kind->name, o->zero);
+    if (o->zero == 3)
+        return dt_error(DT_ENOTSUP, "--device %s: tp with zero=3 (ZeRO-3 over the mesh's dp axis: its parameter "
+                        "shards are host pages given back) does not run on a device yet; use zero=1 or zero=2 there, "
+                        "tp x pp (pp=2) with zero=3, or --device cpu", t->dev->kind->name);
     DT_TRY(dt_model_set_device(t->local, t->dev));
     DT_TRY(dt_optim_set_device(t->lopt, t->dev));
     if (!(t->dev_ss = t->dev->ops->alloc(t->dev, sizeof(double))))
@@ -459,10 +460,6 @@ static dt_status tp_create(dt_strategy *s, const void *opts) {
     if (o->pp > 1 && !gpt)
         return dt_error(DT_ENOTSUP, "--strategy tp: tp x pp (tp=%d, pp=%d) runs a GPT only so far; --model %s: use "
                         "pp=1", o->tp, o->pp, spec);
-    if (o->pp > 1 && !dt_model_device(s->model)->host_memory)
-        return dt_error(DT_ENOTSUP, "--device %s: tp x pp (tp=%d, pp=%d: pipeline stages of shards) does not run on a "
-                        "device yet; use tp alone (pp=1) there, or --device cpu", dt_model_device(s->model)->kind->name,
-                        o->tp, o->pp);
     if (o->pp > 1) {  /* tp x pp: pipeline stages of shards (pp_tp.c), M = K micro-batches, 1F1B */
         dt_pp_opts po;
         dt_strategy_pp_entry.defaults(&po);

@@ -6,7 +6,12 @@
  * that tp's gather (tp_shard.c) and state visitor (tp_state.c) read: a full local optimizer with
  * one rank's chunks in place (a resume restores into it, then packs back), or with every dp rank's
  * chunks (collected on dp rank 0 for rank 0's checkpoint). It also gives ZeRO's clip the part of a
- * shard's gradient that counts in the norm of the whole model (each tp shard once). */
+ * shard's gradient that counts in the norm of the whole model (each tp shard once).
+ *
+ * On a device whose memory is not host memory (--device checked) the packed moments and the
+ * gradient shard are device blocks: the mapping is the device's copy, the collected moments are
+ * sent staged through host buffers (dt_strategy_staged) and uploaded into place on dp rank 0, and
+ * the norm is one sqnorm partial per run of adjacent counted tensors. */
 #include "parallel/tp.h"
 #include "parallel/zero.h"
 
@@ -38,35 +43,47 @@ void dt_tp_zero_part_free(dt_tp_zero_part *p) {
     memset(p, 0, sizeof *p);
 }
 
-/* Copies the packed values pk of part p into (to_full) or out of the whole local slab full. */
-static void move_part(const dt_tp_zero_part *p, float *full, float *pk, bool to_full) {
+/* Copies the packed values pk of part p into (to_full) or out of the whole local slab full, both
+ * memory of device d (pk_host: pk is host memory); on host memory memcpy. */
+static void move_part(dt_dev *d, bool pk_host, const dt_tp_zero_part *p, float *full, float *pk, bool to_full) {
     size_t at = 0;
-    for (int i = 0; i < p->n; at += p->len[i++])
-        if (to_full) memcpy(full + p->off[i], pk + at, p->len[i] * sizeof(float));
-        else memcpy(pk + at, full + p->off[i], p->len[i] * sizeof(float));
+    for (int i = 0; i < p->n; at += p->len[i++]) {
+        float *f = full + p->off[i], *k = pk + at;
+        const size_t bytes = p->len[i] * sizeof(float);
+        if (d->host_memory) memcpy(to_full ? f : k, to_full ? k : f, bytes);
+        else if (!pk_host) d->ops->copy(d, to_full ? f : k, to_full ? k : f, bytes);
+        else if (to_full) d->ops->upload(d, f, k, bytes);
+        else d->ops->download(d, k, f, bytes);
+    }
 }
 
-/* A whole local optimizer like lo (zeros, lo's step count). */
+/* A whole local optimizer like lo (zeros, lo's step count), on local's device. */
 static dt_status whole_like(dt_model *local, dt_optim *lo, dt_optim **out) {
     DT_TRY(dt_optim_create(out, dt_optim_config_of(lo), dt_model_num_params(local)));
     dt_optim_set_steps(*out, dt_optim_steps(lo));
-    return DT_OK;
+    dt_status st = dt_optim_set_device(*out, dt_model_device(local));
+    if (st != DT_OK) dt_optim_free(*out), *out = NULL;
+    return st;
 }
 
 dt_status dt_tp_zero_expand(dt_model *local, dt_optim *lo, const dt_tp_zero_part *mine, dt_optim **out) {
     DT_TRY(whole_like(local, lo, out));
     for (int k = 0; k < dt_optim_num_states(lo); k++)
-        move_part(mine, dt_optim_state(*out, k, NULL), dt_optim_state(lo, k, NULL), true);
+        move_part(dt_model_device(local), false, mine, dt_optim_state(*out, k, NULL), dt_optim_state(lo, k, NULL), true);
     return DT_OK;
 }
 
-void dt_tp_zero_pack(dt_optim *whole, dt_optim *lo, const dt_tp_zero_part *mine) {
+void dt_tp_zero_pack(dt_model *local, dt_optim *whole, dt_optim *lo, const dt_tp_zero_part *mine) {
     for (int k = 0; k < dt_optim_num_states(lo); k++)
-        move_part(mine, dt_optim_state(whole, k, NULL), dt_optim_state(lo, k, NULL), false);
+        move_part(dt_model_device(local), false, mine, dt_optim_state(whole, k, NULL), dt_optim_state(lo, k, NULL), false);
     dt_optim_set_steps(lo, dt_optim_steps(whole));
 }
 
 enum { TAG_MOMENTS = 7301 };
+
+static dt_status send_fn(dt_comm *comm, float *buf, size_t n, void *arg) {
+    return dt_comm_send(comm, buf, n, DT_F32, 0, *(const int *)arg);
+}
 
 dt_status dt_tp_zero_collect(dt_comm *dp, dt_model *local, dt_optim *lo, double bucket_mb, dt_optim **out) {
     *out = NULL;
@@ -75,8 +92,8 @@ dt_status dt_tp_zero_collect(dt_comm *dp, dt_model *local, dt_optim *lo, double 
     if (me != 0) {  /* send this rank's packed moments to dp rank 0 */
         DT_TRY(dt_tp_zero_ranges(local, bucket_mb, me, N, &p));
         dt_status st = DT_OK;
-        for (int k = 0; st == DT_OK && k < ns; k++)
-            st = dt_comm_send(dp, dt_optim_state(lo, k, NULL), p.total, DT_F32, 0, TAG_MOMENTS + k);
+        for (int k = 0, tag = TAG_MOMENTS; st == DT_OK && k < ns; k++, tag++)  /* staged where dp does not take it */
+            st = dt_strategy_staged(dp, local, dt_optim_state(lo, k, NULL), p.total, NULL, NULL, DT_STAGE_DOWN, send_fn, &tag);
         dt_tp_zero_part_free(&p);
         return st;
     }
@@ -89,7 +106,9 @@ dt_status dt_tp_zero_collect(dt_comm *dp, dt_model *local, dt_optim *lo, double 
             st = dt_error(DT_ENOMEM, "tensor parallel with ZeRO: out of memory collecting the optimizer state");
         for (int k = 0; st == DT_OK && k < ns; k++) {
             if (j > 0) st = dt_comm_recv(dp, tmp, p.total, DT_F32, j, TAG_MOMENTS + k);
-            if (st == DT_OK) move_part(&p, dt_optim_state(*out, k, NULL), j > 0 ? tmp : dt_optim_state(lo, k, NULL), true);
+            if (st == DT_OK)  /* the others' received into host memory */
+                move_part(dt_model_device(local), j > 0, &p, dt_optim_state(*out, k, NULL),
+                          j > 0 ? tmp : dt_optim_state(lo, k, NULL), true);
         }
         dt_tp_zero_part_free(&p);
     }
@@ -98,14 +117,28 @@ dt_status dt_tp_zero_collect(dt_comm *dp, dt_model *local, dt_optim *lo, double 
     return st;
 }
 
-double dt_tp_zero_norm_part(const dt_model *local, int r, size_t off, const float *g, size_t n) {
-    double ss = 0;
-    for (int i = 0; i < dt_model_num_tensors(local); i++) {
+double dt_tp_zero_norm_part(const dt_model *local, int r, size_t off, const float *g, size_t n, double *dss) {
+    double ss = 0, part;
+    dt_dev *d = dt_model_device(local);
+    const int nt = dt_model_num_tensors(local);
+    for (int i = 0; i < nt; i++) {
         const dt_param_info *t = dt_model_tensor(local, i);
         if (t->is_buffer || !dt_tp_in_norm(local, t->name, r)) continue;
         const size_t lo = t->offset > off ? t->offset : off;
-        const size_t hi = t->offset + t->numel < off + n ? t->offset + t->numel : off + n;
-        for (size_t k = lo; k < hi; k++) ss += (double)g[k - off] * g[k - off];
+        size_t hi = t->offset + t->numel < off + n ? t->offset + t->numel : off + n;
+        if (d->host_memory) {
+            for (size_t k = lo; k < hi; k++) ss += (double)g[k - off] * g[k - off];
+            continue;
+        }
+        for (; i + 1 < nt && hi == dt_model_tensor(local, i + 1)->offset && hi < off + n; i++) {  /* adjacent counted ones */
+            const dt_param_info *q = dt_model_tensor(local, i + 1);
+            if (q->is_buffer || !dt_tp_in_norm(local, q->name, r)) break;
+            hi = q->offset + q->numel < off + n ? q->offset + q->numel : off + n;
+        }
+        if (hi <= lo) continue;
+        d->ops->sqnorm(d, dss, g + (lo - off), hi - lo);  /* one partial a run, downloaded */
+        d->ops->download(d, &part, dss, sizeof part);
+        ss += part;
     }
     return ss;
 }
