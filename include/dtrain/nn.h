@@ -29,7 +29,8 @@ typedef enum {
     DT_LAYER_RESHAPE,    /* same values, per-sample shape `shape[0..ndim)` */
     DT_LAYER_XENT,       /* loss: softmax cross-entropy of logits (.., V) against int32 targets (..) */
     DT_LAYER_MSE,        /* loss: mean squared error against an f32 target of the same shape */
-    DT_LAYER_KIND_COUNT
+    DT_LAYER_KIND_COUNT  /* the kinds named here; ops added to the registry since have kinds from here
+                          * on, without a name in this enum (dt_layer_find) */
 } dt_layer_kind;
 
 /* One layer of a spec. Fields a kind does not use are ignored. */

@@ -90,7 +90,8 @@ static void act_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float *co
 
 static dt_status act_onnx(dt_onnx *o, const dt_model *m, const dt_node *n, const char *const *in, const char **out) {
     (void)m;
-    *out = dt_onnx_node1(o, n->a.kind == DT_LAYER_RELU ? "Relu" : n->a.kind == DT_LAYER_TANH ? "Tanh" : "Sigmoid", in[0]);
+    const dt_layer_kind k = n->a.kind;
+    *out = dt_onnx_node1(o, k == DT_LAYER_RELU ? "Relu" : k == DT_LAYER_TANH ? "Tanh" : "Sigmoid", in[0]);
     return DT_OK;
 }
 

@@ -95,7 +95,8 @@ static dt_status attention_onnx(dt_onnx *o, const dt_model *m, const dt_node *n,
     o->attr_i(o, sp, "axis", 2);
     const char *hs = o->const_i64(o, "shape", hshape, 4), *qkv3[3];
     for (int j = 0; j < 3; j++) {
-        dt_onnx_node *t = dt_onnx_op(o, "Transpose", (const char *[]){dt_onnx_node2(o, "Reshape", o->out(sp, j), hs)}, 1);
+        const char *r = dt_onnx_node2(o, "Reshape", o->out(sp, j), hs);
+        dt_onnx_node *t = dt_onnx_op(o, "Transpose", &r, 1);
         o->attr_ints(o, t, "perm", j == 1 ? p_k : p_q, 4);
         qkv3[j] = dt_onnx_out(o, t);
     }
@@ -107,9 +108,11 @@ static dt_status attention_onnx(dt_onnx *o, const dt_model *m, const dt_node *n,
     free(mask);
     const char *att = dt_onnx_node2(o, "Mul", dt_onnx_node2(o, "MatMul", qkv3[0], qkv3[1]),
                                     dt_onnx_scalar(o, 1.0f / sqrtf((float)D)));
-    dt_onnx_node *sm = dt_onnx_op(o, "Softmax", (const char *[]){dt_onnx_node2(o, "Add", att, mk)}, 1);
+    const char *masked = dt_onnx_node2(o, "Add", att, mk);
+    dt_onnx_node *sm = dt_onnx_op(o, "Softmax", &masked, 1);
     o->attr_i(o, sm, "axis", -1);
-    dt_onnx_node *t = dt_onnx_op(o, "Transpose", (const char *[]){dt_onnx_node2(o, "MatMul", dt_onnx_out(o, sm), qkv3[2])}, 1);
+    const char *y = dt_onnx_node2(o, "MatMul", dt_onnx_out(o, sm), qkv3[2]);
+    dt_onnx_node *t = dt_onnx_op(o, "Transpose", &y, 1);
     o->attr_ints(o, t, "perm", p_q, 4);
     *out = dt_onnx_node2(o, "Reshape", dt_onnx_out(o, t), o->const_i64(o, "shape", oshape, 3));
     return mk[0] == '?' ? dt_error(DT_ENOMEM, "export: out of memory") : DT_OK;

@@ -33,7 +33,8 @@ static void dropout_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float
 }
 
 /* Evaluation: no dropout. */
-static dt_status dropout_onnx(dt_onnx *o, const dt_model *m, const dt_node *n, const char *const *in, const char **out) {
+static dt_status dropout_onnx(dt_onnx *o, const dt_model *m, const dt_node *n, const char *const *in,
+                              const char **out) {
     (void)m, (void)n;
     *out = dt_onnx_node1(o, "Identity", in[0]);
     return DT_OK;

@@ -145,7 +145,8 @@ static const dt_op_syntax linear_syntax = {.alias = "dense", .args = "out | bias
                                            .usage = "linear(out[,bias=0])", .alias_usage = "dense = linear",
                                            .format = linear_format};
 
-const dt_op dt_op_linear = {.name = "linear", .help = "fully connected: x W^T + b over the last dim (or the whole sample)",
+const dt_op dt_op_linear = {.name = "linear",
+                            .help = "fully connected: x W^T + b over the last dim (or the whole sample)",
                             .syntax = &linear_syntax, .min_in = 1, .max_in = 1, .infer = linear_infer,
                             .init = linear_init, .forward = linear_forward, .backward = linear_backward,
                             .flops = linear_flops, .onnx = linear_onnx, .fold_input_norm = linear_fold};

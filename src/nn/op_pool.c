@@ -114,7 +114,8 @@ static const dt_op_syntax avgpool_syntax = {.alias = "avgpool2d", .args = "k | s
                                             .usage = "avgpool(k[,stride=])", .alias_usage = "avgpool2d",
                                             .finish = pool_finish, .format = pool_format};
 
-const dt_op dt_op_avgpool2d = {.name = "avgpool", .help = "2-d average pooling, window k, stride (default k), no padding",
+const dt_op dt_op_avgpool2d = {.name = "avgpool",
+                               .help = "2-d average pooling, window k, stride (default k), no padding",
                                .syntax = &avgpool_syntax, .min_in = 1, .max_in = 1, .infer = pool_infer,
                                .forward = avgpool_forward, .backward = avgpool_backward, .onnx = pool_onnx,
                                .keeps_input_norm = true};

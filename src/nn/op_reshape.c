@@ -25,7 +25,8 @@ static dt_status reshape_infer(dt_model *m, dt_node *n) {
     return DT_OK;
 }
 
-static dt_status flatten_onnx(dt_onnx *o, const dt_model *m, const dt_node *n, const char *const *in, const char **out) {
+static dt_status flatten_onnx(dt_onnx *o, const dt_model *m, const dt_node *n, const char *const *in,
+                              const char **out) {
     (void)m, (void)n;
     dt_onnx_node *f = dt_onnx_op(o, "Flatten", in, 1);
     o->attr_i(o, f, "axis", 1);
@@ -33,7 +34,8 @@ static dt_status flatten_onnx(dt_onnx *o, const dt_model *m, const dt_node *n, c
     return DT_OK;
 }
 
-static dt_status reshape_onnx(dt_onnx *o, const dt_model *m, const dt_node *n, const char *const *in, const char **out) {
+static dt_status reshape_onnx(dt_onnx *o, const dt_model *m, const dt_node *n, const char *const *in,
+                              const char **out) {
     (void)m;
     int64_t shp[5] = {-1};
     for (int d = 0; d < n->ndim; d++) shp[1 + d] = n->shape[d];

@@ -170,7 +170,8 @@ static dt_status add_entry(void *ctx, const dt_torch_entry *e) {
     const add_ctx *a = ctx;
     if (e->tensor < 0) return dt_st_writer_add(a->w, e->name, DT_I64, 0, NULL, &zero);
     const dt_param_info *p = dt_model_tensor(a->m, e->tensor);
-    return dt_st_writer_add(a->w, e->name, DT_F32, p->ndim, p->shape, (p->is_buffer ? a->buffers : a->params) + p->offset);
+    const float *slab = p->is_buffer ? a->buffers : a->params;
+    return dt_st_writer_add(a->w, e->name, DT_F32, p->ndim, p->shape, slab + p->offset);
 }
 
 dt_status dt_weights_save_slabs(const dt_model *m, float *params, float *buffers, const char *path,

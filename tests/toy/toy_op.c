@@ -112,7 +112,8 @@ static void check_registry(int kind) {
     CHECK(dt_op_register(&nohelp) == -1 && strstr(dt_last_error(), "no help"));
     dt_layer_spec l[4];
     int n;
-    CHECK(dt_spec_parse("rmsnorm(2)", l, 4, &n) == DT_EINVAL && strstr(dt_last_error(), "too many arguments for rmsnorm"));
+    CHECK(dt_spec_parse("rmsnorm(2)", l, 4, &n) == DT_EINVAL &&
+          strstr(dt_last_error(), "too many arguments for rmsnorm"));
     CHECK(dt_spec_parse("foo", l, 4, &n) == DT_EINVAL && strstr(dt_last_error(), " sigmoid dropout flatten layernorm "
                                                                                   "batchnorm rmsnorm; aliases "));
 }
@@ -220,7 +221,8 @@ static void check_onnx(const char *dir) {
         FILE *f = fopen(path, "rb");
         size_t len = f ? fread(buf, 1, sizeof buf, f) : 0;
         if (f) fclose(f);
-        bool rm = memmem(buf, len, "ReduceMean", 10), sq = memmem(buf, len, "Sqrt", 4), w = memmem(buf, len, "2.weight", 8);
+        const bool rm = memmem(buf, len, "ReduceMean", 10), sq = memmem(buf, len, "Sqrt", 4),
+                   w = memmem(buf, len, "2.weight", 8);
         CHECK_MSG(rm && sq && w, "%s (%zu bytes): ReduceMean %d Sqrt %d 2.weight %d", path, len, rm, sq, w);
         printf("  ONNX: %zu bytes with the op's ReduceMean, Sqrt and 2.weight\n", len);
     }
