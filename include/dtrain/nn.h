@@ -62,7 +62,7 @@ dt_layer_spec dt_layer_default(dt_layer_kind kind);
 const char *dt_layer_name(dt_layer_kind kind);
 /* The kind of the op called `name` (or its spec alias), or -1 if there is none: how to name an op
  * that has no dt_layer_kind value (the ops of the registry past DT_LAYER_KIND_COUNT). */
-dt_layer_kind dt_layer_find(const char *name);
+int dt_layer_find(const char *name);
 
 #define DT_MAX_LAYERS 64
 

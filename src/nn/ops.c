@@ -62,7 +62,7 @@ const char *dt_layer_name(dt_layer_kind kind) {
     return op ? op->name : "?";
 }
 
-dt_layer_kind dt_layer_find(const char *name) {
+int dt_layer_find(const char *name) {
     dt_layer_kind k;
-    return dt_op_find(name, &k) ? k : (dt_layer_kind)-1;
+    return dt_op_find(name, &k) ? (int)k : -1;
 }
