@@ -104,7 +104,8 @@ static const dt_op toy_rmsnorm = {.name = "rmsnorm", .help = "RMS normalisation 
 
 static void check_registry(int kind) {
     CHECK_MSG(kind >= DT_LAYER_KIND_COUNT, "dt_op_register gave kind %d: %s", kind, dt_last_error());
-    CHECK(dt_layer_find("rmsnorm") == kind && dt_layer_find("nonesuch") == -1 && !strcmp(dt_layer_name((dt_layer_kind)kind), "rmsnorm"));
+    CHECK(dt_layer_find("rmsnorm") == kind && dt_layer_find("nonesuch") == -1);
+    CHECK(!strcmp(dt_layer_name((dt_layer_kind)kind), "rmsnorm"));
     CHECK_MSG(strstr(dt_spec_help(), " rmsnorm([eps=])\n") != NULL, "usage text: %s", dt_spec_help());
     CHECK(dt_op_register(&toy_rmsnorm) == -1 && strstr(dt_last_error(), "name is taken"));
     dt_op nohelp = toy_rmsnorm;
