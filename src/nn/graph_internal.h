@@ -73,7 +73,7 @@ typedef struct {
     const char *alias;        /* a second name it answers to ("dense"), or NULL */
     const char *args;         /* its positional argument names, space separated, then the keyword-only
                                * ones after '|' ("out k | stride pad bias"); each is a dt_layer_spec
-                               * field spec.c's dt_spec_set_arg reads (out k stride pad bias p eps momentum) */
+                               * field spec.c's set_arg reads (out k stride pad bias p eps momentum) */
     int required;             /* how many leading positional arguments are mandatory */
     const char *usage;        /* its word in the usage text ("linear(out[,bias=0])"); NULL: not listed
                                * there nor among the known layers of an error (mse, written after them) */

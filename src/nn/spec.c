@@ -243,9 +243,9 @@ typedef struct {
     int words;             /* of the current list */
 } help_text;
 
-static void help_put(help_text *h, const char *fmt, const char *s) {
+static void help_put(help_text *h, const char *s) {
     if (h->len >= h->cap) return;
-    int w = snprintf(h->buf + h->len, h->cap - h->len, fmt, s);
+    int w = snprintf(h->buf + h->len, h->cap - h->len, "%s", s);
     if (w > 0) h->len += (size_t)w;
 }
 
@@ -256,13 +256,13 @@ static void help_word(help_text *h, const char *sep, const char *word, size_t in
     if (h->words && h->col + seplen + wl > HELP_COLUMNS) {
         char end[32];
         snprintf(end, sizeof end, "%.*s\n%*s", (int)strcspn(sep, " "), sep, (int)indent, "");
-        help_put(h, "%s", end);
+        help_put(h, end);
         h->col = indent;
     } else if (h->words) {
-        help_put(h, "%s", sep);
+        help_put(h, sep);
         h->col += seplen;
     }
-    help_put(h, "%s", word);
+    help_put(h, word);
     h->col += wl;
     h->words++;
 }
@@ -272,7 +272,7 @@ const char *dt_spec_help(void) {
     help_text h = {.buf = buf, .cap = sizeof buf};
     for (int alias = 0; alias < 2; alias++) {
         const char *title = alias ? "aliases: " : "layers: ";
-        help_put(&h, "%s", title);
+        help_put(&h, title);
         h.col = strlen(title), h.words = 0;
         for (int k = 0; k < dt_op_count(); k++) {
             const dt_op_syntax *syn = dt_op_of((dt_layer_kind)k)->syntax;
@@ -280,7 +280,7 @@ const char *dt_spec_help(void) {
             if (!alias) help_word(&h, " ", syn->usage, 8);
             else if (syn->alias_usage) help_word(&h, ", ", syn->alias_usage, 9);
         }
-        help_put(&h, "%s", alias ? ".\n" : "\n");
+        help_put(&h, alias ? ".\n" : "\n");
     }
     return buf;
 }
