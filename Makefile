@@ -142,6 +142,8 @@ $(BUILD)/tests/$(notdir $(1:.c=)): $(BUILD)/obj/$(1:.c=.o) $(BUILD)/libdtrain.a
 	$(CC) $(LDFLAGS) -o $$@ $$< $(BUILD)/libdtrain.a $(LDLIBS)
 endef
 $(foreach t,$(TEST_C),$(eval $(call TEST_RULE,$(t))))
+# the toy extensions of issue 38 (a toy op, compressor, strategy: tests/toy/*.c), each with its own rule
+include $(wildcard tests/toy/*.mk)
 
 $(TB_GEN).c $(TB_GEN).h &: src/run/tensorboard.proto
 	@mkdir -p $(dir $(TB_GEN))

@@ -87,4 +87,24 @@ if [ $? -ne 0 ] && echo "$out" | grep -q "transport 'bad'.*no .help" && echo "$o
 else
   bad "registry-check on a planted tree (transport 'bad' without .help, device 'nohelp' without .options) printed: $out"
 fi
+# ops: each has its help and its spec syntax (NULL or a dt_op_syntax with .args); a planted op
+# 'nohelp' without .help, 'nosyntax' without .syntax and 'noargs' whose syntax has no .args fail
+mkdir -p "$reg/src/nn"
+printf '#define DT_OPS(X) X(good) X(graphonly) \\\n    X(nohelp) X(nosyntax) X(noargs)\n' >"$reg/src/nn/ops.c"
+{ printf 'static const dt_op_syntax good_syntax = {.args = "out | bias", .usage = "good(out)"};\n'
+  printf 'const dt_op dt_op_good = {.name = "good", .help = "g", .syntax = &good_syntax};\n'
+  printf 'const dt_op dt_op_graphonly = {.name = "graphonly", .help = "g", .syntax = NULL};\n'
+  printf 'const dt_op dt_op_nohelp = {.name = "nohelp", .syntax = NULL};\n'
+  printf 'const dt_op dt_op_nosyntax = {.name = "nosyntax", .help = "h"};\n'
+  printf 'static const dt_op_syntax noargs_syntax = {.usage = "noargs"};\n'
+  printf 'const dt_op dt_op_noargs = {.name = "noargs", .help = "h", .syntax = &noargs_syntax};\n'
+} >"$reg/src/nn/op_x.c"
+out=$(python3 "$ROOT/scripts/registry-check" "$reg")
+if [ $? -ne 0 ] && echo "$out" | grep -q "op 'nohelp'.*no .help" && echo "$out" | grep -q "op 'nosyntax'.*no .syntax" &&
+   echo "$out" | grep -q "op 'noargs'.*sets no .args" && echo "$out" | grep -q "op 'good'.*: help and syntax$" &&
+   echo "$out" | grep -q "op 'graphonly'.*: help and syntax$"; then
+  ok "registry-check fails on planted ops without help, without syntax and with a syntax without args"
+else
+  bad "registry-check on planted ops (nohelp, nosyntax, noargs bad; good, graphonly fine) printed: $out"
+fi
 finish

@@ -29,7 +29,8 @@ typedef enum {
     DT_LAYER_RESHAPE,    /* same values, per-sample shape `shape[0..ndim)` */
     DT_LAYER_XENT,       /* loss: softmax cross-entropy of logits (.., V) against int32 targets (..) */
     DT_LAYER_MSE,        /* loss: mean squared error against an f32 target of the same shape */
-    DT_LAYER_KIND_COUNT
+    DT_LAYER_KIND_COUNT  /* the kinds named here; ops added to the registry since have kinds from here
+                          * on, without a name in this enum (dt_layer_find) */
 } dt_layer_kind;
 
 /* One layer of a spec. Fields a kind does not use are ignored. */
@@ -59,6 +60,9 @@ typedef struct {
 dt_layer_spec dt_layer_default(dt_layer_kind kind);
 /* The op's name ("linear", "attention", ...), as in specs and messages. */
 const char *dt_layer_name(dt_layer_kind kind);
+/* The kind of the op called `name` (or its spec alias), or -1 if there is none: how to name an op
+ * that has no dt_layer_kind value (the ops of the registry past DT_LAYER_KIND_COUNT). */
+int dt_layer_find(const char *name);
 
 #define DT_MAX_LAYERS 64
 
@@ -68,6 +72,9 @@ const char *dt_layer_name(dt_layer_kind kind);
 dt_status dt_spec_parse(const char *spec, dt_layer_spec *layers, int max_layers, int *n);
 /* Writes the canonical spec string of layers into buf (always NUL-terminated). */
 void dt_spec_format(char *buf, size_t cap, const dt_layer_spec *layers, int n);
+/* The layers a spec may name and their aliases, for a usage text: "layers: linear(out[,bias=0])
+ * ...\naliases: dense = linear, ...\n", from the op registry (a static string). */
+const char *dt_spec_help(void);
 
 typedef struct dt_model dt_model;
 

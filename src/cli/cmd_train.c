@@ -256,7 +256,7 @@ static int parse_train_flags(int argc, char **argv, train_opts *o) {
     o->cfg.model = NULL; /* mlp, or the model of the checkpoint being resumed */
     dt_flag flags[TRAIN_MAX_FLAGS];
     const int n = train_flags_job(o, flags, train_flags_model(o, flags, 0));
-    int r = dt_flags_parse_help(argc, argv, 1, flags, n, &dt_train_help, NULL, 0, NULL, NULL);
+    int r = dt_flags_parse_help(argc, argv, 1, flags, n, dt_train_help(), NULL, 0, NULL, NULL);
     if (r) return r < 0 ? 2 : 0;
     return check_train_flags(argc, argv, o);
 }

@@ -1,7 +1,11 @@
 /* dtrain train --help: the description printed first, the groups its flags are listed in, and
- * the notes after them (the flags' lines come from the flag table in cmd_train.c). dtrain man
- * renders the same. */
+ * the notes after them (the flags' lines come from the flag table in cmd_train.c, the layers a
+ * model spec may name from the op registry: dt_spec_help). dtrain man renders the same. */
 #include "cli/train_usage.h"
+
+#include "dtrain/nn.h"
+
+#include <stdio.h>
 
 const char dt_train_usage[] =
     "Usage: dtrain train [FLAGS]\n\n"
@@ -25,12 +29,11 @@ const dt_flag_group dt_train_groups[] = {
     {NULL, NULL},
 };
 
-const char dt_train_notes[] =
+static const char notes_model[] =
     "Model specs are layers separated by spaces, e.g.\n"
-    "  \"conv(32,3,pad=1) relu maxpool(2) flatten linear(128) relu linear(10)\"\n"
-    "layers: linear(out[,bias=0]) conv(out,k[,stride=,pad=,bias=]) maxpool(k[,stride=]) avgpool(k[,stride=])\n"
-    "        relu gelu tanh sigmoid dropout(p) flatten layernorm([eps=]) batchnorm([eps=,momentum=])\n"
-    "aliases: dense = linear, conv2d = conv, maxpool2d, avgpool2d, ln = layernorm, batchnorm2d = batchnorm.\n"
+    "  \"conv(32,3,pad=1) relu maxpool(2) flatten linear(128) relu linear(10)\"\n";
+
+const char dt_train_notes[] =
     "No softmax layer: the loss (softmax cross-entropy) applies it; end with the last linear layer.\n"
     "presets: mlp (784-128-10, ReLU), cnn (the spec above with a second conv(64,3,pad=1) relu maxpool(2)),\n"
     "gpt[:L=,H=,C=,T=,V=] (a decoder-only transformer for text data).\n\n"
@@ -57,4 +60,12 @@ const char dt_train_notes[] =
     "(--compress) and ddp allreduce=auto|flat|hier (--allreduce) and update=auto|full|shard.\n"
     "How each strategy works and when to use it: docs/parallel.md; examples: man dtrain (EXAMPLES).";
 
-const dt_flag_help dt_train_help = {dt_train_usage, dt_train_groups, dt_train_notes};
+const dt_flag_help *dt_train_help(void) {
+    static char notes[sizeof notes_model + 2048 + sizeof dt_train_notes];
+    static dt_flag_help help;
+    if (!help.usage) {
+        snprintf(notes, sizeof notes, "%s%s%s", notes_model, dt_spec_help(), dt_train_notes);
+        help = (dt_flag_help){dt_train_usage, dt_train_groups, notes};
+    }
+    return &help;
+}

@@ -8,9 +8,10 @@
 extern const char dt_train_usage[];
 /* The groups --help lists the flags in (NULL-title-terminated; unnamed flags: Advanced). */
 extern const dt_flag_group dt_train_groups[];
-/* The text after the flag list: model spec syntax, strategies. */
+/* The text after the flag list that follows the layers of a model spec: strategies. */
 extern const char dt_train_notes[];
-/* The three together, for dt_flags_parse_help. */
-extern const dt_flag_help dt_train_help;
+/* The three together, for dt_flags_parse_help: the notes start with the model spec syntax and the
+ * layers of the op registry (dt_spec_help). */
+const dt_flag_help *dt_train_help(void);
 
 #endif

@@ -9,6 +9,8 @@
  * (dt_model_create_tp_shard) is the same chain with each column-parallel linear out/K wide. */
 #include "dtrain/models.h"
 
+#include "nn/graph_internal.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <stdint.h>
@@ -16,6 +18,13 @@
 
 static bool elementwise(dt_layer_kind k) {
     return k == DT_LAYER_RELU || k == DT_LAYER_GELU || k == DT_LAYER_TANH || k == DT_LAYER_SIGMOID;
+}
+
+/* Whether a spec may name the op as a layer: one with spec syntax (dt_op_syntax) and one input
+ * (not a loss, nor the graph builders' ops). */
+static bool sequential_layer(dt_layer_kind k) {
+    const dt_op *op = dt_op_of(k);
+    return op && op->syntax && op->min_in == 1;
 }
 
 /* The tensor-parallel mark of each layer: the linear -> elementwise+ -> linear pairs. */
@@ -39,7 +48,7 @@ static dt_status create(dt_model **out, const dt_layer_spec *layers, int n, int 
     if (n == 1 && layers[0].kind == DT_LAYER_MSE)
         return dt_error(DT_EINVAL, "model: 'mse' is the loss after the layers (e.g. \"linear(16) relu linear(1) mse\")");
     for (int i = 0; i < n - mse; i++)
-        if (layers[i].kind >= DT_LAYER_INPUT)
+        if (!sequential_layer(layers[i].kind))
             return dt_error(DT_EINVAL, "model: layer %d (%s) is not a sequential layer", i, dt_layer_name(layers[i].kind));
     dt_tp_mark mk[DT_MAX_LAYERS];
     tp_marks(layers, n - mse, mk);

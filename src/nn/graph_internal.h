@@ -1,9 +1,12 @@
 /* Internals of the graph (graph.c: building, layout, init; graph_run.c: memory, forward,
  * backward) and the op interface every src/nn/op_*.c implements. Not part of the public API.
  *
- * An op is one small table: shape inference (which also declares the node's parameters and
- * buffers), saved state and workspace sizes, init, forward, backward and flops. Ops reach kernels
- * only through the backend table (backend/backend.h). */
+ * An op is one small table (one src/nn/op_*.c file and one line of the registry, DT_OPS in
+ * ops.c): its name, help line and spec syntax (spec.c parses and formats specs with it, the
+ * CLI's usage text lists it), shape inference (which also declares the node's parameters and
+ * buffers), saved state and workspace sizes, init, forward, backward and flops, and its
+ * interchange: its ONNX nodes and its PyTorch state_dict entries (nn/interchange.h). Ops reach
+ * kernels only through the backend table (backend/backend.h). */
 #ifndef DT_NN_GRAPH_INTERNAL_H
 #define DT_NN_GRAPH_INTERNAL_H
 
@@ -17,6 +20,8 @@
 
 typedef struct dt_node dt_node;
 typedef struct dt_op dt_op;
+typedef struct dt_onnx dt_onnx;            /* an ONNX graph being built (nn/interchange.h) */
+typedef struct dt_torch_entry dt_torch_entry;  /* a PyTorch state_dict entry (nn/interchange.h) */
 
 /* What forward and backward see besides the node. */
 typedef struct {
@@ -63,8 +68,25 @@ struct dt_node {
     float dloss;            /* loss nodes: d loss of the backward (the scale) */
 };
 
+/* How a model spec writes an op: "name" or "name(positional,...,key=value)" (spec.c). */
+typedef struct {
+    const char *alias;        /* a second name it answers to ("dense"), or NULL */
+    const char *args;         /* its positional argument names, space separated, then the keyword-only
+                               * ones after '|' ("out k | stride pad bias"); each is a dt_layer_spec
+                               * field spec.c's set_arg reads (out k stride pad bias p eps momentum) */
+    int required;             /* how many leading positional arguments are mandatory */
+    const char *usage;        /* its word in the usage text ("linear(out[,bias=0])"); NULL: not listed
+                               * there nor among the known layers of an error (mse, written after them) */
+    const char *alias_usage;  /* its alias in the usage text's alias line ("dense = linear"); NULL: none */
+    void (*finish)(dt_layer_spec *l);  /* defaults that follow from the arguments (a pool's stride = k); NULL: none */
+    /* Its canonical arguments "(...)" (the spec string a model records) into buf; NULL: none. */
+    void (*format)(char *buf, size_t cap, const dt_layer_spec *l);
+} dt_op_syntax;
+
 struct dt_op {
     const char *name;
+    const char *help;            /* one line: what it computes (docs/extending.md, registry-check) */
+    const dt_op_syntax *syntax;  /* how specs write it; NULL: graph builders only (dt_graph_node) */
     int min_in, max_in;
     /* Sets n->dtype/ndim/shape/out_n from the inputs and declares parameters with
      * dt_graph_declare; DT_EINVAL naming the node when shapes do not fit. */
@@ -79,6 +101,21 @@ struct dt_op {
      * gradients ACCUMULATE into c->grads. */
     void (*backward)(dt_model *m, dt_node *n, const dt_run_ctx *c, float *const *din);
     double (*flops)(const dt_model *m, const dt_node *n, int B, bool need_din);  /* training (fwd+bwd); NULL: 0 */
+    /* ---- interchange (nn/interchange.h) ---- */
+    /* Emits the node's ONNX nodes and initializers on the values in[0..nin) of its inputs; *out gets
+     * its value's name. NULL: it has no ONNX form (dt_onnx_export refuses the model, naming it). */
+    dt_status (*onnx)(dt_onnx *o, const dt_model *m, const dt_node *n, const char *const *in, const char **out);
+    /* The entries a PyTorch state_dict has for the node beyond its tensors (a batchnorm's
+     * num_batches_tracked), into e[0..cap); returns how many. NULL: none. */
+    int (*torch_extra)(const dt_model *m, const dt_node *n, dt_torch_entry *e, int cap);
+    /* The input normalisation x -> (x - mean) / std commutes with it (a weights file folds it into
+     * the first node with parameters after: flatten, reshape, pooling, dropout). */
+    bool keeps_input_norm;
+    /* Folds x -> (x - mean) / std of its input into its parameters, in copies of the slabs (params
+     * NULL: only whether it can); false (why: a parenthesised reason or "") when it cannot. NULL:
+     * it cannot. */
+    bool (*fold_input_norm)(const dt_model *m, const dt_node *n, double mean, double std, float *params,
+                            float *buffers, const char **why);
 };
 
 struct dt_model {
@@ -126,8 +163,19 @@ struct dt_model {
     void *after_forward_ctx;
 };
 
-/* The op table of a kind (NULL for an unknown kind). */
+/* The op table of a kind (NULL for an unknown kind). Kinds are the registry's positions: the
+ * first DT_LAYER_KIND_COUNT are dt_layer_kind's (the public enum), the ones after are ops added
+ * since (DT_OPS in ops.c) and ops registered at run time (dt_op_register), found by name. */
 const dt_op *dt_op_of(dt_layer_kind kind);
+/* How many kinds there are now (every registered op). */
+int dt_op_count(void);
+/* The op a spec or builder names: by name or spec alias (*kind gets its kind); NULL if none. */
+const dt_op *dt_op_find(const char *name, dt_layer_kind *kind);
+/* Registers an op defined outside src/nn/ (a test's, an embedder's) after the built-in ones;
+ * returns its kind, or -1 with DT_EINVAL naming what is wrong (a name or alias taken, no help,
+ * no infer, a syntax without args, the table full). Not thread-safe: register before building
+ * models. */
+int dt_op_register(const dt_op *op);
 
 /* For infer: declares a parameter (buffer = false) or buffer of the node, named "<node>.<suffix>",
  * of shape[0..ndim); returns the tensor id or -1 with the model's error set. With n->a.tie set

@@ -1,6 +1,9 @@
 /* Ops: elementwise activations (relu, gelu, tanh, sigmoid). Backward of relu/gelu reads the
  * forward input, of tanh/sigmoid the forward output. */
 #include "nn/graph_internal.h"
+#include "nn/interchange.h"
+
+#include <math.h>
 
 /* Same shape as the input (shared by every shape-preserving op). */
 dt_status dt_op_same_shape(dt_model *m, dt_node *n) {
@@ -85,11 +88,39 @@ static void act_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float *co
     }
 }
 
-#define ACT(id, nm) \
-    const dt_op id = {.name = nm, .min_in = 1, .max_in = 1, .infer = dt_op_same_shape, .saved_bytes = act_saved, \
-                      .workspace = act_workspace, \
-                      .forward = act_forward, .backward = act_backward}
-ACT(dt_op_relu, "relu");
-ACT(dt_op_gelu, "gelu");
-ACT(dt_op_tanh, "tanh");
-ACT(dt_op_sigmoid, "sigmoid");
+static dt_status act_onnx(dt_onnx *o, const dt_model *m, const dt_node *n, const char *const *in, const char **out) {
+    (void)m;
+    const dt_layer_kind k = n->a.kind;
+    *out = dt_onnx_node1(o, k == DT_LAYER_RELU ? "Relu" : k == DT_LAYER_TANH ? "Tanh" : "Sigmoid", in[0]);
+    return DT_OK;
+}
+
+/* x * 0.5 * (1 + erf(x / sqrt(2))): dtrain's exact GELU (opset 17 has no Gelu op). */
+static dt_status gelu_onnx(dt_onnx *o, const dt_model *m, const dt_node *n, const char *const *in, const char **out) {
+    (void)m, (void)n;
+    const char *x = in[0];
+    const char *e = dt_onnx_node1(o, "Erf", dt_onnx_node2(o, "Mul", x, dt_onnx_scalar(o, (float)M_SQRT1_2)));
+    *out = dt_onnx_node2(o, "Mul", dt_onnx_node2(o, "Mul", x, dt_onnx_node2(o, "Add", e, dt_onnx_scalar(o, 1.0f))),
+                         dt_onnx_scalar(o, 0.5f));
+    return DT_OK;
+}
+
+static const dt_op_syntax relu_syntax = {.args = "|", .usage = "relu"};
+static const dt_op_syntax gelu_syntax = {.args = "|", .usage = "gelu"};
+static const dt_op_syntax tanh_syntax = {.args = "|", .usage = "tanh"};
+static const dt_op_syntax sigmoid_syntax = {.args = "|", .usage = "sigmoid"};
+
+const dt_op dt_op_relu = {.name = "relu", .help = "max(x, 0)", .syntax = &relu_syntax, .min_in = 1, .max_in = 1,
+                          .infer = dt_op_same_shape, .saved_bytes = act_saved, .workspace = act_workspace,
+                          .forward = act_forward, .backward = act_backward, .onnx = act_onnx};
+const dt_op dt_op_gelu = {.name = "gelu", .help = "x * Phi(x), the exact GELU (erf)", .syntax = &gelu_syntax,
+                          .min_in = 1, .max_in = 1, .infer = dt_op_same_shape, .saved_bytes = act_saved,
+                          .workspace = act_workspace, .forward = act_forward, .backward = act_backward,
+                          .onnx = gelu_onnx};
+const dt_op dt_op_tanh = {.name = "tanh", .help = "tanh(x)", .syntax = &tanh_syntax, .min_in = 1, .max_in = 1,
+                          .infer = dt_op_same_shape, .saved_bytes = act_saved, .workspace = act_workspace,
+                          .forward = act_forward, .backward = act_backward, .onnx = act_onnx};
+const dt_op dt_op_sigmoid = {.name = "sigmoid", .help = "1 / (1 + exp(-x))", .syntax = &sigmoid_syntax, .min_in = 1,
+                             .max_in = 1, .infer = dt_op_same_shape, .saved_bytes = act_saved,
+                             .workspace = act_workspace, .forward = act_forward, .backward = act_backward,
+                             .onnx = act_onnx};

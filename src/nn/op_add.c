@@ -1,5 +1,6 @@
 /* Op: add, a + b of the same shape (a residual connection). Both inputs get the gradient. */
 #include "nn/graph_internal.h"
+#include "nn/interchange.h"
 
 
 static dt_status add_infer(dt_model *m, dt_node *n) {
@@ -23,5 +24,12 @@ static void add_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float *co
         if (din[j]) c->dev->ops->copy(c->dev, din[j], n->grad, (size_t)c->B * n->out_n * sizeof(float));
 }
 
-const dt_op dt_op_add = {.name = "add", .min_in = 2, .max_in = 2, .infer = add_infer, .forward = add_forward,
-                         .backward = add_backward};
+static dt_status add_onnx(dt_onnx *o, const dt_model *m, const dt_node *n, const char *const *in, const char **out) {
+    (void)m, (void)n;
+    *out = dt_onnx_node2(o, "Add", in[0], in[1]);
+    return DT_OK;
+}
+
+const dt_op dt_op_add = {.name = "add", .help = "a + b of the same shape (a residual connection)", .syntax = NULL,
+                         .min_in = 2, .max_in = 2, .infer = add_infer, .forward = add_forward,
+                         .backward = add_backward, .onnx = add_onnx};

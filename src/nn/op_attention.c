@@ -2,6 +2,10 @@
  * the c_attn linear, nanoGPT's layout) -> (T, C); spec.heads heads. The output projection is a
  * separate linear node. */
 #include "nn/graph_internal.h"
+#include "nn/interchange.h"
+
+#include <math.h>
+#include <stdlib.h>
 
 static void dims(const dt_model *m, const dt_node *n, int *T, int *C) {
     const dt_node *in = dt_node_input(m, n, 0);
@@ -78,7 +82,44 @@ static double attention_flops(const dt_model *m, const dt_node *n, int B, bool n
     return need_din ? 3 * fwd : fwd;
 }
 
-const dt_op dt_op_attention = {.name = "attention", .min_in = 1, .max_in = 1, .infer = attention_infer,
+/* q, k, v of (N, T, 3C): softmax(q k^T / sqrt(D) + a causal mask) v, the heads split by Reshape and
+ * Transpose. */
+static dt_status attention_onnx(dt_onnx *o, const dt_model *m, const dt_node *n, const char *const *in,
+                                const char **out) {
+    (void)m;
+    const int T = n->shape[0], Cc = n->shape[1], NH = n->a.heads, D = Cc / NH;
+    const int64_t split[3] = {Cc, Cc, Cc}, hshape[4] = {0, 0, NH, D}, oshape[3] = {0, 0, Cc};
+    const int64_t p_q[4] = {0, 2, 1, 3}, p_k[4] = {0, 2, 3, 1};
+    const char *sin[2] = {in[0], o->const_i64(o, "split", split, 3)};
+    dt_onnx_node *sp = o->node(o, "Split", sin, 2, 3);
+    o->attr_i(o, sp, "axis", 2);
+    const char *hs = o->const_i64(o, "shape", hshape, 4), *qkv3[3];
+    for (int j = 0; j < 3; j++) {
+        const char *r = dt_onnx_node2(o, "Reshape", o->out(sp, j), hs);
+        dt_onnx_node *t = dt_onnx_op(o, "Transpose", &r, 1);
+        o->attr_ints(o, t, "perm", j == 1 ? p_k : p_q, 4);
+        qkv3[j] = dt_onnx_out(o, t);
+    }
+    float *mask = malloc(sizeof(float) * (size_t)T * T);
+    for (int i = 0; mask && i < T; i++)
+        for (int j = 0; j < T; j++) mask[(size_t)i * T + j] = j <= i ? 0.0f : -1e30f;
+    const int64_t mdims[2] = {T, T};
+    const char *mk = mask ? o->const_f32(o, "causal_mask", mdims, 2, mask) : "?";
+    free(mask);
+    const char *att = dt_onnx_node2(o, "Mul", dt_onnx_node2(o, "MatMul", qkv3[0], qkv3[1]),
+                                    dt_onnx_scalar(o, 1.0f / sqrtf((float)D)));
+    const char *masked = dt_onnx_node2(o, "Add", att, mk);
+    dt_onnx_node *sm = dt_onnx_op(o, "Softmax", &masked, 1);
+    o->attr_i(o, sm, "axis", -1);
+    const char *y = dt_onnx_node2(o, "MatMul", dt_onnx_out(o, sm), qkv3[2]);
+    dt_onnx_node *t = dt_onnx_op(o, "Transpose", &y, 1);
+    o->attr_ints(o, t, "perm", p_q, 4);
+    *out = dt_onnx_node2(o, "Reshape", dt_onnx_out(o, t), o->const_i64(o, "shape", oshape, 3));
+    return mk[0] == '?' ? dt_error(DT_ENOMEM, "export: out of memory") : DT_OK;
+}
+
+const dt_op dt_op_attention = {.name = "attention", .help = "causal multi-head self-attention of (T, 3C) q, k, v rows",
+                               .syntax = NULL, .min_in = 1, .max_in = 1, .infer = attention_infer,
                                .saved_bytes = attention_saved, .workspace = attention_workspace,
                                .forward = attention_forward, .backward = attention_backward,
-                               .flops = attention_flops};
+                               .flops = attention_flops, .onnx = attention_onnx};

@@ -3,7 +3,9 @@
  * stored as bf16 (n->bf16). A conv fused with its maxpool (n->fused_pool, graph_fuse.c) writes
  * that pool's values instead. */
 #include "nn/graph_internal.h"
+#include "nn/interchange.h"
 
+#include <stdio.h>
 
 /* The input's (C,H,W); a vector counts as (1,1,W). */
 void dt_node_chw(const dt_node *in, int *C, int *H, int *W) {
@@ -108,6 +110,41 @@ static double conv_flops(const dt_model *m, const dt_node *n, int B, bool need_d
     return 2 * mac * (need_din ? 3 : 2);
 }
 
-const dt_op dt_op_conv2d = {.name = "conv", .min_in = 1, .max_in = 1, .infer = conv_infer, .init = conv_init,
+static dt_status conv_onnx(dt_onnx *o, const dt_model *m, const dt_node *n, const char *const *in, const char **out) {
+    const int64_t ks[2] = {n->a.k, n->a.k}, st[2] = {n->a.stride, n->a.stride};
+    const int64_t pads[4] = {n->a.pad, n->a.pad, n->a.pad, n->a.pad};
+    const char *x[3] = {in[0], o->param(o, m, n, 0, NULL, 0), n->ntensor > 1 ? o->param(o, m, n, 1, NULL, 0) : NULL};
+    dt_onnx_node *c = dt_onnx_op(o, "Conv", x, n->ntensor > 1 ? 3 : 2);
+    o->attr_ints(o, c, "pads", pads, 4);
+    o->attr_ints(o, c, "kernel_shape", ks, 2);
+    o->attr_ints(o, c, "strides", st, 2);
+    *out = dt_onnx_out(o, c);
+    return DT_OK;
+}
+
+bool dt_op_fold_affine(const dt_model *m, const dt_node *n, double mean, double std, float *params, const char **why);
+
+/* Without padding only: the zero padding is not the mean (the padded border would change). */
+static bool conv_fold(const dt_model *m, const dt_node *n, double mean, double std, float *params, float *buffers,
+                      const char **why) {
+    (void)buffers;
+    if (n->a.pad) *why = " (a padded conv: the zero padding is not the mean)";
+    return !n->a.pad && dt_op_fold_affine(m, n, mean, std, params, why);
+}
+
+static void conv_finish(dt_layer_spec *l) {
+    if (l->stride == 0) l->stride = 1;
+}
+
+static void conv_format(char *buf, size_t cap, const dt_layer_spec *l) {
+    snprintf(buf, cap, "(%d,%d,stride=%d,pad=%d%s)", l->out, l->k, l->stride, l->pad, l->bias ? "" : ",bias=0");
+}
+
+static const dt_op_syntax conv_syntax = {.alias = "conv2d", .args = "out k | stride pad bias", .required = 2,
+                                         .usage = "conv(out,k[,stride=,pad=,bias=])", .alias_usage = "conv2d = conv",
+                                         .finish = conv_finish, .format = conv_format};
+
+const dt_op dt_op_conv2d = {.name = "conv", .help = "2-d convolution of (C,H,W) samples, torch's nn.Conv2d",
+                            .syntax = &conv_syntax, .min_in = 1, .max_in = 1, .infer = conv_infer, .init = conv_init,
                             .workspace = conv_workspace, .forward = conv_forward, .backward = conv_backward,
-                            .flops = conv_flops};
+                            .flops = conv_flops, .onnx = conv_onnx, .fold_input_norm = conv_fold};

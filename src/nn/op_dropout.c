@@ -1,6 +1,9 @@
 /* Op: inverted dropout in training (p > 0), identity otherwise. The mask of element i is a pure
  * function of (seed, step, layer, i): counter-based, the same on any number of workers. */
 #include "nn/graph_internal.h"
+#include "nn/interchange.h"
+
+#include <stdio.h>
 
 
 dt_status dt_op_same_shape(dt_model *m, dt_node *n);
@@ -29,5 +32,19 @@ static void dropout_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float
     else c->dev->ops->copy(c->dev, din[0], n->grad, cnt * sizeof(float));
 }
 
-const dt_op dt_op_dropout = {.name = "dropout", .min_in = 1, .max_in = 1, .infer = dt_op_same_shape,
-                             .saved_bytes = dropout_saved, .forward = dropout_forward, .backward = dropout_backward};
+/* Evaluation: no dropout. */
+static dt_status dropout_onnx(dt_onnx *o, const dt_model *m, const dt_node *n, const char *const *in,
+                              const char **out) {
+    (void)m, (void)n;
+    *out = dt_onnx_node1(o, "Identity", in[0]);
+    return DT_OK;
+}
+
+static void dropout_format(char *buf, size_t cap, const dt_layer_spec *l) { snprintf(buf, cap, "(%g)", l->p); }
+
+static const dt_op_syntax dropout_syntax = {.args = "p |", .usage = "dropout(p)", .format = dropout_format};
+
+const dt_op dt_op_dropout = {.name = "dropout", .help = "inverted dropout of probability p (default 0.5) in training",
+                             .syntax = &dropout_syntax, .min_in = 1, .max_in = 1, .infer = dt_op_same_shape,
+                             .saved_bytes = dropout_saved, .forward = dropout_forward, .backward = dropout_backward,
+                             .onnx = dropout_onnx, .keeps_input_norm = true};

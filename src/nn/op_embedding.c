@@ -2,6 +2,9 @@
  * (..., out). With spec.pos the row is each value's position in the sample instead (learned
  * positions, nanoGPT's wpe). Ids outside [0, num) are refused with their place. */
 #include "nn/graph_internal.h"
+#include "nn/interchange.h"
+
+#include <stdlib.h>
 
 static dt_status embedding_infer(dt_model *m, dt_node *n) {
     const dt_node *in = dt_node_input(m, n, 0);
@@ -52,5 +55,24 @@ static void embedding_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, flo
     else c->be->embedding_backward(dw, n->grad, (const int32_t *)in->out, c->B * T, n->a.out);
 }
 
-const dt_op dt_op_embedding = {.name = "embedding", .min_in = 1, .max_in = 1, .infer = embedding_infer,
-                               .init = embedding_init, .forward = embedding_forward, .backward = embedding_backward};
+/* Token rows Gather(W, ids), or position rows Gather(W, [0..T)) (broadcast over the batch). */
+static dt_status embedding_onnx(dt_onnx *o, const dt_model *m, const dt_node *n, const char *const *in,
+                                const char **out) {
+    const char *w = o->param(o, m, n, 0, NULL, 0);
+    if (!n->a.pos) {
+        *out = dt_onnx_node2(o, "Gather", w, in[0]);
+        return DT_OK;
+    }
+    const int T = n->shape[0];
+    int64_t *pos = malloc(sizeof(int64_t) * (size_t)T);
+    for (int i = 0; pos && i < T; i++) pos[i] = i;
+    const bool ok = pos != NULL;
+    *out = dt_onnx_node2(o, "Gather", w, ok ? o->const_i64(o, "positions", pos, T) : "?");
+    free(pos);
+    return ok ? DT_OK : dt_error(DT_ENOMEM, "export: out of memory");
+}
+
+const dt_op dt_op_embedding = {.name = "embedding", .help = "rows of a (num, out) table by int32 id (or by position)",
+                               .syntax = NULL, .min_in = 1, .max_in = 1, .infer = embedding_infer,
+                               .init = embedding_init, .forward = embedding_forward, .backward = embedding_backward,
+                               .onnx = embedding_onnx};

@@ -1,7 +1,9 @@
 /* Op: layer normalisation over the last dim (GPT) or, with spec.flatten, over all values of a
  * sample (the sequential spec); weight and bias of that size, eps from the spec. */
 #include "nn/graph_internal.h"
+#include "nn/interchange.h"
 
+#include <stdio.h>
 #include <string.h>
 
 dt_status dt_op_same_shape(dt_model *m, dt_node *n);
@@ -60,6 +62,29 @@ static void layernorm_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, flo
                               n->grad, dt_node_in(m, n, 0), c->params + dt_node_tensor_off(m, n, 0), mean, rstd, N, C);
 }
 
-const dt_op dt_op_layernorm = {.name = "layernorm", .min_in = 1, .max_in = 1, .infer = layernorm_infer,
-                               .saved_bytes = layernorm_saved, .workspace = layernorm_workspace, .init = layernorm_init, .forward = layernorm_forward,
-                               .backward = layernorm_backward};
+/* Over the whole sample (sequential: scale and bias shaped as the input's sample) or over the last
+ * dim (GPT). */
+static dt_status layernorm_onnx(dt_onnx *o, const dt_model *m, const dt_node *n, const char *const *in,
+                                const char **out) {
+    const dt_node *xn = dt_node_input(m, n, 0);
+    int64_t dims[4];
+    int nd = 0;
+    if (n->a.flatten)
+        for (int d = 0; d < xn->ndim; d++) dims[nd++] = xn->shape[d];
+    const char *ln[3] = {in[0], o->param(o, m, n, 0, dims, nd), o->param(o, m, n, 1, dims, nd)};
+    dt_onnx_node *l = dt_onnx_op(o, "LayerNormalization", ln, 3);
+    o->attr_i(o, l, "axis", n->a.flatten ? 1 : -1);
+    o->attr_f(o, l, "epsilon", n->a.eps);
+    *out = dt_onnx_out(o, l);
+    return DT_OK;
+}
+
+static void layernorm_format(char *buf, size_t cap, const dt_layer_spec *l) { snprintf(buf, cap, "(eps=%g)", l->eps); }
+
+static const dt_op_syntax layernorm_syntax = {.alias = "ln", .args = "| eps", .usage = "layernorm([eps=])",
+                                              .alias_usage = "ln = layernorm", .format = layernorm_format};
+
+const dt_op dt_op_layernorm = {.name = "layernorm", .help = "layer normalisation (weight and bias), eps default 1e-5",
+                               .syntax = &layernorm_syntax, .min_in = 1, .max_in = 1, .infer = layernorm_infer,
+                               .saved_bytes = layernorm_saved, .workspace = layernorm_workspace, .init = layernorm_init,
+                               .forward = layernorm_forward, .backward = layernorm_backward, .onnx = layernorm_onnx};

@@ -2,7 +2,9 @@
  * Over the last dim of the input (rows = the other dims and the batch), or with spec.flatten over
  * all values of a sample (the sequential spec: a linear after a conv flattens implicitly). */
 #include "nn/graph_internal.h"
+#include "nn/interchange.h"
 
+#include <stdio.h>
 #include <string.h>
 
 /* Input features and rows per sample. */
@@ -86,8 +88,68 @@ static double linear_flops(const dt_model *m, const dt_node *n, int B, bool need
     return 2 * mac * (need_din ? 3 : 2);  /* forward, weight gradient, input gradient */
 }
 
-const dt_op dt_op_linear = {.name = "linear", .min_in = 1, .max_in = 1, .infer = linear_infer, .init = linear_init,
-                            .forward = linear_forward, .backward = linear_backward, .flops = linear_flops};
+/* x @ W^T (+ bias): Gemm for a (N, in) input, else Transpose + MatMul (+ Add) over the last dim. */
+static dt_status linear_onnx(dt_onnx *o, const dt_model *m, const dt_node *n, const char *const *in, const char **out) {
+    const dt_node *xn = dt_node_input(m, n, 0);
+    const bool bias = n->ntensor > 1;
+    const char *x = in[0], *w = o->param(o, m, n, 0, NULL, 0);
+    if (n->a.flatten || xn->ndim <= 1) {
+        if (xn->ndim > 1) { /* (N, C, H, W) -> (N, C*H*W) */
+            dt_onnx_node *f = dt_onnx_op(o, "Flatten", &x, 1);
+            o->attr_i(o, f, "axis", 1);
+            x = dt_onnx_out(o, f);
+        }
+        const char *g[3] = {x, w, bias ? o->param(o, m, n, 1, NULL, 0) : NULL};
+        dt_onnx_node *gemm = dt_onnx_op(o, "Gemm", g, bias ? 3 : 2);
+        o->attr_i(o, gemm, "transB", 1);
+        *out = dt_onnx_out(o, gemm);
+        return DT_OK;
+    }
+    dt_onnx_node *t = dt_onnx_op(o, "Transpose", &w, 1);
+    const int64_t perm[2] = {1, 0};
+    o->attr_ints(o, t, "perm", perm, 2);
+    const char *y = dt_onnx_node2(o, "MatMul", x, dt_onnx_out(o, t));
+    *out = bias ? dt_onnx_node2(o, "Add", y, o->param(o, m, n, 1, NULL, 0)) : y;
+    return DT_OK;
+}
+
+/* x -> (x - mean) / std folded into a weight (out, in...) and its bias: W / std, b - mean / std *
+ * (the row sums of W); a linear's or (no padding) a conv's (dt_op fold_input_norm). */
+bool dt_op_fold_affine(const dt_model *m, const dt_node *n, double mean, double std, float *params, const char **why) {
+    (void)why;
+    if (!n->a.bias || n->a.tie) return false;
+    if (!params) return true;
+    const dt_param_info *w = &m->tensors[n->tensor[0]], *b = &m->tensors[n->tensor[1]];
+    const size_t rows = b->numel, cols = w->numel / rows; /* (out, in) or (out, in*k*k) */
+    float *W = params + w->offset, *B = params + b->offset;
+    for (size_t o = 0; o < rows; o++) {
+        double sum = 0;
+        for (size_t j = 0; j < cols; j++) sum += W[o * cols + j];
+        B[o] = (float)((double)B[o] - mean / std * sum);
+        for (size_t j = 0; j < cols; j++) W[o * cols + j] = (float)(W[o * cols + j] / std);
+    }
+    return true;
+}
+
+static bool linear_fold(const dt_model *m, const dt_node *n, double mean, double std, float *params, float *buffers,
+                        const char **why) {
+    (void)buffers;
+    return dt_op_fold_affine(m, n, mean, std, params, why);
+}
+
+static void linear_format(char *buf, size_t cap, const dt_layer_spec *l) {
+    snprintf(buf, cap, "(%d%s)", l->out, l->bias ? "" : ",bias=0");
+}
+
+static const dt_op_syntax linear_syntax = {.alias = "dense", .args = "out | bias", .required = 1,
+                                           .usage = "linear(out[,bias=0])", .alias_usage = "dense = linear",
+                                           .format = linear_format};
+
+const dt_op dt_op_linear = {.name = "linear",
+                            .help = "fully connected: x W^T + b over the last dim (or the whole sample)",
+                            .syntax = &linear_syntax, .min_in = 1, .max_in = 1, .infer = linear_infer,
+                            .init = linear_init, .forward = linear_forward, .backward = linear_backward,
+                            .flops = linear_flops, .onnx = linear_onnx, .fold_input_norm = linear_fold};
 
 /* Op: matmul_t, out = in @ w^T with w (out, C) and no bias: the output head of a language model,
  * usually tied to the token embedding (spec.tie = "transformer.wte.weight"). The same kernels as
@@ -97,6 +159,7 @@ static dt_status matmul_t_infer(dt_model *m, dt_node *n) {
     return linear_infer(m, n);
 }
 
-const dt_op dt_op_matmul_t = {.name = "matmul_t", .min_in = 1, .max_in = 1, .infer = matmul_t_infer,
+const dt_op dt_op_matmul_t = {.name = "matmul_t", .help = "x W^T without a bias: a language model's (tied) output head",
+                              .syntax = NULL, .min_in = 1, .max_in = 1, .infer = matmul_t_infer,
                               .init = linear_init, .forward = linear_forward, .backward = linear_backward,
-                              .flops = linear_flops};
+                              .flops = linear_flops, .onnx = linear_onnx};

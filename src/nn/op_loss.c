@@ -46,7 +46,8 @@ static void xent_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float *c
                              xent_count(n, N, V), n->dloss);
 }
 
-const dt_op dt_op_xent = {.name = "xent", .min_in = 2, .max_in = 2, .infer = xent_infer, .saved_bytes = xent_saved,
+const dt_op dt_op_xent = {.name = "xent", .help = "loss: softmax cross-entropy of logits against int32 targets",
+                          .syntax = NULL, .min_in = 2, .max_in = 2, .infer = xent_infer, .saved_bytes = xent_saved,
                           .forward = xent_forward, .backward = xent_backward};
 
 static dt_status mse_infer(dt_model *m, dt_node *n) {
@@ -70,5 +71,9 @@ static void mse_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float *co
     if (din[0]) c->be->mse_backward(din[0], x->out, dt_node_in(m, n, 1), (size_t)c->B * x->out_n, n->dloss);
 }
 
-const dt_op dt_op_mse = {.name = "mse", .min_in = 2, .max_in = 2, .infer = mse_infer, .forward = mse_forward,
+/* A spec's last word ("linear(16) relu linear(1) mse": regression); not listed among the layers. */
+static const dt_op_syntax mse_syntax = {.args = "|"};
+
+const dt_op dt_op_mse = {.name = "mse", .help = "loss: mean squared error against an f32 target of the same shape",
+                         .syntax = &mse_syntax, .min_in = 2, .max_in = 2, .infer = mse_infer, .forward = mse_forward,
                          .backward = mse_backward};

@@ -6,6 +6,9 @@
  * maxpool fused with the conv before it (n->fused_conv, graph_fuse.c) runs nothing itself: the
  * conv writes its values and window positions and reads its gradient. */
 #include "nn/graph_internal.h"
+#include "nn/interchange.h"
+
+#include <stdio.h>
 
 static dt_status pool_infer(dt_model *m, dt_node *n) {
     const dt_node *in = dt_node_input(m, n, 0);
@@ -66,8 +69,33 @@ static void maxpool_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float
         c->be->maxpool2d_backward(din[0], n->grad, n->saved, c->B, C, H, W, n->a.k, n->a.stride);
 }
 
-const dt_op dt_op_maxpool2d = {.name = "maxpool", .min_in = 1, .max_in = 1, .infer = pool_infer,
-                               .saved_bytes = maxpool_saved, .forward = maxpool_forward, .backward = maxpool_backward};
+/* MaxPool or AveragePool of kernel k, stride s (no padding). */
+static dt_status pool_onnx(dt_onnx *o, const dt_model *m, const dt_node *n, const char *const *in, const char **out) {
+    (void)m;
+    const int64_t ks[2] = {n->a.k, n->a.k}, st[2] = {n->a.stride, n->a.stride};
+    dt_onnx_node *p = dt_onnx_op(o, n->a.kind == DT_LAYER_MAXPOOL2D ? "MaxPool" : "AveragePool", in, 1);
+    o->attr_ints(o, p, "kernel_shape", ks, 2);
+    o->attr_ints(o, p, "strides", st, 2);
+    *out = dt_onnx_out(o, p);
+    return DT_OK;
+}
+
+static void pool_finish(dt_layer_spec *l) {
+    if (l->stride == 0) l->stride = l->k;
+}
+
+static void pool_format(char *buf, size_t cap, const dt_layer_spec *l) {
+    snprintf(buf, cap, "(%d,stride=%d)", l->k, l->stride);
+}
+
+static const dt_op_syntax maxpool_syntax = {.alias = "maxpool2d", .args = "k | stride", .required = 1,
+                                            .usage = "maxpool(k[,stride=])", .alias_usage = "maxpool2d",
+                                            .finish = pool_finish, .format = pool_format};
+
+const dt_op dt_op_maxpool2d = {.name = "maxpool", .help = "2-d max pooling, window k, stride (default k), no padding",
+                               .syntax = &maxpool_syntax, .min_in = 1, .max_in = 1, .infer = pool_infer,
+                               .saved_bytes = maxpool_saved, .forward = maxpool_forward, .backward = maxpool_backward,
+                               .onnx = pool_onnx, .keeps_input_norm = true};
 
 static dt_status avgpool_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
     int C, H, W;
@@ -82,5 +110,12 @@ static void avgpool_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float
     if (din[0]) c->be->avgpool2d_backward(din[0], n->grad, c->B, C, H, W, n->a.k, n->a.stride);
 }
 
-const dt_op dt_op_avgpool2d = {.name = "avgpool", .min_in = 1, .max_in = 1, .infer = pool_infer,
-                               .forward = avgpool_forward, .backward = avgpool_backward};
+static const dt_op_syntax avgpool_syntax = {.alias = "avgpool2d", .args = "k | stride", .required = 1,
+                                            .usage = "avgpool(k[,stride=])", .alias_usage = "avgpool2d",
+                                            .finish = pool_finish, .format = pool_format};
+
+const dt_op dt_op_avgpool2d = {.name = "avgpool",
+                               .help = "2-d average pooling, window k, stride (default k), no padding",
+                               .syntax = &avgpool_syntax, .min_in = 1, .max_in = 1, .infer = pool_infer,
+                               .forward = avgpool_forward, .backward = avgpool_backward, .onnx = pool_onnx,
+                               .keeps_input_norm = true};

@@ -1,7 +1,8 @@
 /* Model spec strings: parsing "conv(32,3,pad=1) relu maxpool(2) ..." and the presets into
- * dt_layer_spec arrays, and formatting them back to a canonical string. Errors quote the bad
- * token and its position. */
-#include "dtrain/nn.h"
+ * dt_layer_spec arrays, and formatting them back to a canonical string, with each op's syntax
+ * from the op registry (dt_op_syntax: its arguments, defaults and canonical form). Errors quote
+ * the bad token and its position. Also the usage text of the layers (dt_spec_help). */
+#include "nn/graph_internal.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -13,41 +14,10 @@ static const char *const PRESET_MLP = "flatten linear(128) relu linear(10)";
 static const char *const PRESET_CNN =
     "conv(32,3,pad=1) relu maxpool(2) conv(64,3,pad=1) relu maxpool(2) flatten linear(128) relu linear(10)";
 
-typedef struct {
-    const char *name;
-    const char *alias;
-    dt_layer_kind kind;
-    const char *args;  /* positional argument names, space separated, then keyword-only after '|' */
-    int required;      /* how many leading positional arguments are mandatory */
-} layer_syntax;
-
-static const layer_syntax g_syntax[] = {
-    {"linear", "dense", DT_LAYER_LINEAR, "out | bias", 1},
-    {"conv", "conv2d", DT_LAYER_CONV2D, "out k | stride pad bias", 2},
-    {"maxpool", "maxpool2d", DT_LAYER_MAXPOOL2D, "k | stride", 1},
-    {"avgpool", "avgpool2d", DT_LAYER_AVGPOOL2D, "k | stride", 1},
-    {"relu", NULL, DT_LAYER_RELU, "|", 0},
-    {"gelu", NULL, DT_LAYER_GELU, "|", 0},
-    {"tanh", NULL, DT_LAYER_TANH, "|", 0},
-    {"sigmoid", NULL, DT_LAYER_SIGMOID, "|", 0},
-    {"dropout", NULL, DT_LAYER_DROPOUT, "p |", 0},
-    {"flatten", NULL, DT_LAYER_FLATTEN, "|", 0},
-    {"layernorm", "ln", DT_LAYER_LAYERNORM, "| eps", 0},
-    {"batchnorm", "batchnorm2d", DT_LAYER_BATCHNORM2D, "| eps momentum", 0},
-    {"mse", NULL, DT_LAYER_MSE, "|", 0},  /* last: the loss is mean squared error (regression) */
-};
-#define N_SYNTAX ((int)(sizeof g_syntax / sizeof g_syntax[0]))
-
 dt_layer_spec dt_layer_default(dt_layer_kind kind) {
     dt_layer_spec l = {.kind = kind, .bias = true, .p = 0.5f, .eps = 1e-5f, .momentum = 0.1f, .stride = 0,
                        .ignore_index = -100};
     return l;
-}
-
-static const layer_syntax *syntax_of(dt_layer_kind kind) {
-    for (int i = 0; i < N_SYNTAX; i++)
-        if (g_syntax[i].kind == kind) return &g_syntax[i];
-    return NULL;
 }
 
 /* The i-th word of a space separated list, or NULL. */
@@ -127,26 +97,23 @@ static dt_status set_arg(const parse_ctx *c, dt_layer_spec *l, const char *key, 
     return DT_OK;
 }
 
-/* Parses one token "name" or "name(a,b,key=v)". */
-static dt_status parse_token(const parse_ctx *c, dt_layer_spec *l) {
-    const char *open = memchr(c->tok, '(', (size_t)c->toklen);
-    int namelen = open ? (int)(open - c->tok) : c->toklen;
-    char name[32];
-    if (namelen <= 0 || namelen >= (int)sizeof name) return bad(c, "%s", "expected a layer name");
-    memcpy(name, c->tok, (size_t)namelen);
-    name[namelen] = '\0';
-    for (char *p = name; *p; p++) *p = (char)tolower((unsigned char)*p);
-    const layer_syntax *syn = NULL;
-    for (int i = 0; i < N_SYNTAX; i++)
-        if (!strcmp(name, g_syntax[i].name) || (g_syntax[i].alias && !strcmp(name, g_syntax[i].alias)))
-            syn = &g_syntax[i];
-    if (!syn && (!strcmp(name, "softmax") || !strcmp(name, "logsoftmax") || !strcmp(name, "log_softmax")))
-        return bad(c, "%s: the loss (softmax cross-entropy) already applies softmax to the model's outputs; end "
-                      "the spec with the last linear layer", name);
-    if (!syn)
-        return bad(c, "unknown layer '%s' (known: linear conv maxpool avgpool relu gelu tanh sigmoid dropout "
-                      "flatten layernorm batchnorm; aliases dense conv2d maxpool2d avgpool2d ln batchnorm2d)", name);
-    *l = dt_layer_default(syn->kind);
+/* "linear conv ...; aliases dense conv2d ...": the names the usage text lists (dt_spec_help). */
+static void known_names(char *buf, size_t cap) {
+    size_t len = 0;
+    buf[0] = '\0';
+    for (int alias = 0; alias < 2; alias++) {
+        if (alias && len < cap) len += (size_t)snprintf(buf + len, cap - len, "; aliases");
+        for (int k = 0; k < dt_op_count() && len < cap; k++) {
+            const dt_op *op = dt_op_of((dt_layer_kind)k);
+            const char *w = !op->syntax || !op->syntax->usage ? NULL : alias ? op->syntax->alias : op->name;
+            if (w) len += (size_t)snprintf(buf + len, cap - len, "%s%s", len ? " " : "", w);
+        }
+    }
+}
+
+/* The arguments "(a,b,key=v)" of a token whose op has syntax syn, from open to its end. */
+static dt_status parse_args(const parse_ctx *c, const dt_op *op, const char *open, dt_layer_spec *l) {
+    const dt_op_syntax *syn = op->syntax;
     char w[32];
     int npos = 0;
     if (open) {
@@ -156,7 +123,7 @@ static dt_status parse_token(const parse_ctx *c, dt_layer_spec *l) {
         while (p < close) {
             const char *comma = memchr(p, ',', (size_t)(close - p));
             const char *argend = comma ? comma : close;
-            char arg[64];
+            char arg[64], msg[160];
             while (p < argend && isspace((unsigned char)*p)) p++;
             int alen = (int)(argend - p);
             while (alen > 0 && isspace((unsigned char)p[alen - 1])) alen--;
@@ -168,21 +135,18 @@ static dt_status parse_token(const parse_ctx *c, dt_layer_spec *l) {
                 *eq = '\0';
                 for (char *e = eq - 1; e >= arg && isspace((unsigned char)*e); e--) *e = '\0';
                 if (!arg[0]) {
-                    char msg[160];
-                    snprintf(msg, sizeof msg, "an argument has '=' but no name before it (%s takes: %s)", syn->name,
+                    snprintf(msg, sizeof msg, "an argument has '=' but no name before it (%s takes: %s)", op->name,
                              syn->args);
                     return bad(c, "%s", msg);
                 }
                 if (!word_in(syn->args, arg)) {
-                    char msg[160];
-                    snprintf(msg, sizeof msg, "unknown argument '%s' for %s (takes: %s)", arg, syn->name, syn->args);
+                    snprintf(msg, sizeof msg, "unknown argument '%s' for %s (takes: %s)", arg, op->name, syn->args);
                     return bad(c, "%s", msg);
                 }
                 DT_TRY(set_arg(c, l, arg, eq + 1));
             } else {
                 if (!word_at(syn->args, npos, w, sizeof w)) {
-                    char msg[128];
-                    snprintf(msg, sizeof msg, "too many arguments for %s (takes: %s)", syn->name, syn->args);
+                    snprintf(msg, sizeof msg, "too many arguments for %s (takes: %s)", op->name, syn->args);
                     return bad(c, "%s", msg);
                 }
                 DT_TRY(set_arg(c, l, w, arg));
@@ -193,13 +157,37 @@ static dt_status parse_token(const parse_ctx *c, dt_layer_spec *l) {
     }
     if (npos < syn->required) {
         char msg[128];
-        snprintf(msg, sizeof msg, "%s needs %d argument%s (%s)", syn->name, syn->required, syn->required > 1 ? "s" : "",
+        snprintf(msg, sizeof msg, "%s needs %d argument%s (%s)", op->name, syn->required, syn->required > 1 ? "s" : "",
                  syn->args);
         return bad(c, "%s", msg);
     }
-    if ((l->kind == DT_LAYER_MAXPOOL2D || l->kind == DT_LAYER_AVGPOOL2D) && l->stride == 0) l->stride = l->k;
-    if (l->kind == DT_LAYER_CONV2D && l->stride == 0) l->stride = 1;
+    if (syn->finish) syn->finish(l);
     return DT_OK;
+}
+
+/* Parses one token "name" or "name(a,b,key=v)". */
+static dt_status parse_token(const parse_ctx *c, dt_layer_spec *l) {
+    const char *open = memchr(c->tok, '(', (size_t)c->toklen);
+    int namelen = open ? (int)(open - c->tok) : c->toklen;
+    char name[32];
+    if (namelen <= 0 || namelen >= (int)sizeof name) return bad(c, "%s", "expected a layer name");
+    memcpy(name, c->tok, (size_t)namelen);
+    name[namelen] = '\0';
+    for (char *p = name; *p; p++) *p = (char)tolower((unsigned char)*p);
+    dt_layer_kind kind;
+    const dt_op *op = dt_op_find(name, &kind);
+    if (op && !op->syntax) op = NULL;  /* graph builders only: not a layer of a spec */
+    if (!op && (!strcmp(name, "softmax") || !strcmp(name, "logsoftmax") || !strcmp(name, "log_softmax")))
+        return bad(c, "%s: the loss (softmax cross-entropy) already applies softmax to the model's outputs; end "
+                      "the spec with the last linear layer", name);
+    if (!op) {
+        char known[200], msg[256];
+        known_names(known, sizeof known);
+        snprintf(msg, sizeof msg, "unknown layer '%s' (known: %s)", name, known);
+        return bad(c, "%s", msg);
+    }
+    *l = dt_layer_default(kind);
+    return parse_args(c, op, open, l);
 }
 
 dt_status dt_spec_parse(const char *spec, dt_layer_spec *layers, int max_layers, int *n) {
@@ -237,26 +225,62 @@ void dt_spec_format(char *buf, size_t cap, const dt_layer_spec *layers, int n) {
     buf[0] = '\0';
     for (int i = 0; i < n && len < cap; i++) {
         const dt_layer_spec *l = &layers[i];
-        const layer_syntax *syn = syntax_of(l->kind);
+        const dt_op *op = dt_op_of(l->kind);
+        const dt_op_syntax *syn = op ? op->syntax : NULL;
         char args[128] = "";
-        switch (l->kind) {
-        case DT_LAYER_LINEAR:
-            snprintf(args, sizeof args, "(%d%s)", l->out, l->bias ? "" : ",bias=0");
-            break;
-        case DT_LAYER_CONV2D:
-            snprintf(args, sizeof args, "(%d,%d,stride=%d,pad=%d%s)", l->out, l->k, l->stride, l->pad,
-                     l->bias ? "" : ",bias=0");
-            break;
-        case DT_LAYER_MAXPOOL2D: case DT_LAYER_AVGPOOL2D:
-            snprintf(args, sizeof args, "(%d,stride=%d)", l->k, l->stride);
-            break;
-        case DT_LAYER_DROPOUT: snprintf(args, sizeof args, "(%g)", l->p); break;
-        case DT_LAYER_LAYERNORM: snprintf(args, sizeof args, "(eps=%g)", l->eps); break;
-        case DT_LAYER_BATCHNORM2D: snprintf(args, sizeof args, "(eps=%g,momentum=%g)", l->eps, l->momentum); break;
-        default: break;
-        }
-        int w = snprintf(buf + len, cap - len, "%s%s%s", i ? " " : "", syn ? syn->name : "?", args);
+        if (syn && syn->format) syn->format(args, sizeof args, l);
+        int w = snprintf(buf + len, cap - len, "%s%s%s", i ? " " : "", syn ? op->name : "?", args);
         if (w < 0) break;
         len += (size_t)w;
     }
+}
+
+/* The usage text being written: words on lines of at most HELP_COLUMNS columns. */
+enum { HELP_COLUMNS = 104 };
+typedef struct {
+    char *buf;
+    size_t cap, len, col;  /* col: the current line's length */
+    int words;             /* of the current list */
+} help_text;
+
+static void help_put(help_text *h, const char *s) {
+    if (h->len >= h->cap) return;
+    int w = snprintf(h->buf + h->len, h->cap - h->len, "%s", s);
+    if (w > 0) h->len += (size_t)w;
+}
+
+/* Adds word to the list after sep; where the line would pass HELP_COLUMNS, sep without its
+ * trailing space ends the line and the word starts the next, indented by `indent`. */
+static void help_word(help_text *h, const char *sep, const char *word, size_t indent) {
+    const size_t seplen = h->words ? strlen(sep) : 0, wl = strlen(word);
+    if (h->words && h->col + seplen + wl > HELP_COLUMNS) {
+        char end[32];
+        snprintf(end, sizeof end, "%.*s\n%*s", (int)strcspn(sep, " "), sep, (int)indent, "");
+        help_put(h, end);
+        h->col = indent;
+    } else if (h->words) {
+        help_put(h, sep);
+        h->col += seplen;
+    }
+    help_put(h, word);
+    h->col += wl;
+    h->words++;
+}
+
+const char *dt_spec_help(void) {
+    static char buf[2048];
+    help_text h = {.buf = buf, .cap = sizeof buf};
+    for (int alias = 0; alias < 2; alias++) {
+        const char *title = alias ? "aliases: " : "layers: ";
+        help_put(&h, title);
+        h.col = strlen(title), h.words = 0;
+        for (int k = 0; k < dt_op_count(); k++) {
+            const dt_op_syntax *syn = dt_op_of((dt_layer_kind)k)->syntax;
+            if (!syn || !syn->usage) continue;
+            if (!alias) help_word(&h, " ", syn->usage, 8);
+            else if (syn->alias_usage) help_word(&h, ", ", syn->alias_usage, 9);
+        }
+        help_put(&h, alias ? ".\n" : "\n");
+    }
+    return buf;
 }

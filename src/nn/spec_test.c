@@ -57,6 +57,21 @@ static void test_parse(void) {
     CHECK(n == 6 && l[0].kind == DT_LAYER_LINEAR && l[1].kind == DT_LAYER_CONV2D && l[5].kind == DT_LAYER_BATCHNORM2D);
 }
 
+/* The layers' usage text and the known names of an error come from the op registry (each op's
+ * dt_op_syntax): they read as the texts written by hand before it, wrapped at 104 columns. */
+static void test_help(void) {
+    const char *want =
+        "layers: linear(out[,bias=0]) conv(out,k[,stride=,pad=,bias=]) maxpool(k[,stride=]) avgpool(k[,stride=])\n"
+        "        relu gelu tanh sigmoid dropout(p) flatten layernorm([eps=]) batchnorm([eps=,momentum=])\n"
+        "aliases: dense = linear, conv2d = conv, maxpool2d, avgpool2d, ln = layernorm, batchnorm2d = batchnorm.\n";
+    CHECK_MSG(!strcmp(dt_spec_help(), want), "dt_spec_help gave\n%s", dt_spec_help());
+    expect_bad("softmx", "unknown layer 'softmx' (known: linear conv maxpool avgpool relu gelu tanh sigmoid dropout "
+                         "flatten layernorm batchnorm; aliases dense conv2d maxpool2d avgpool2d ln batchnorm2d)");
+    expect_bad("attention", "unknown layer 'attention'");  /* graph builders' ops are not spec layers */
+    CHECK(dt_layer_find("dense") == DT_LAYER_LINEAR && dt_layer_find("attention") == DT_LAYER_ATTENTION &&
+          dt_layer_find("softmx") == -1);
+}
+
 static int g_hook_calls;
 static size_t g_hook_last_off;
 static void hook(void *ctx, size_t off, size_t n) {
@@ -119,6 +134,7 @@ static void test_model(void) {
 int main(void) {
     alarm(60); /* a parser that spins (it did, on "conv(=0)") fails here instead of at the suite's limit */
     test_parse();
+    test_help();
     test_model();
     return dt_test_summary("spec_test");
 }

@@ -1,14 +1,16 @@
 /* ONNX export (IR 8, opset 17) of a model graph, the protobuf written with protobuf-c from the
- * schema python3-onnx ships (generated into the build directory at build time). Each graph node
- * becomes one or a few ONNX nodes; parameters become initializers under their own names. Built
- * without protobuf-c (ONNX=0), dt_onnx_export says how to get it. */
+ * schema python3-onnx ships (generated into the build directory at build time). This file is the
+ * file's framing: the graph's input (and --normalize's Sub/Div), its output, the model and opset
+ * records, and the functions through which each op emits its own nodes (its onnx slot,
+ * nn/interchange.h); parameters become initializers under their own names. Built without
+ * protobuf-c (ONNX=0), dt_onnx_export says how to get it. */
 #include "dtrain/io.h"
 
 #include "nn/graph_internal.h"
+#include "nn/interchange.h"
 #include "run/writable.h"
 
 #include <errno.h>
-#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,6 +33,7 @@ enum { IR_VERSION = 8, OPSET = 17 };
 
 /* The ONNX graph being built; every allocation is tracked and freed together. */
 typedef struct {
+    dt_onnx api;              /* what the ops' onnx slots call (first: a dt_onnx * is an onnx_b *) */
     void **mem;
     size_t nmem, capmem;
     Onnx__NodeProto **nodes;
@@ -70,21 +73,25 @@ static char *ob_str(onnx_b *b, const char *fmt, ...) {
     return s;
 }
 
-/* A node op(in[0..nin)) -> one output; returns the output's name ("t<k>" unless out is given). */
-static Onnx__NodeProto *ob_node(onnx_b *b, const char *op, const char *const *in, int nin, const char *out) {
+/* A node op(in[0..nin)) -> nout outputs, named "t<k>" in turn (the first `out` when given). */
+static Onnx__NodeProto *ob_node_n(onnx_b *b, const char *op, const char *const *in, int nin, int nout,
+                                  const char *out) {
     Onnx__NodeProto *n = ob_alloc(b, sizeof *n);
-    char **ins = ob_alloc(b, sizeof(char *) * (size_t)nin), **outs = ob_alloc(b, sizeof(char *));
+    char **ins = ob_alloc(b, sizeof(char *) * (size_t)nin), **outs = ob_alloc(b, sizeof(char *) * (size_t)nout);
     Onnx__NodeProto **nodes = grow(b->nodes, &b->capn, b->nn, sizeof *nodes);
     if (!n || !ins || !outs || !nodes) return b->failed = true, NULL;
     b->nodes = nodes;
     onnx__node_proto__init(n);
     for (int i = 0; i < nin; i++) ins[i] = (char *)in[i];
-    outs[0] = out ? (char *)out : ob_str(b, "t%d", b->tmp++);
+    for (int j = 0; j < nout; j++) outs[j] = out && j == 0 ? (char *)out : ob_str(b, "t%d", b->tmp++);
     n->op_type = (char *)op;
     n->name = ob_str(b, "%s_%zu", op, b->nn);
-    n->n_input = (size_t)nin, n->input = ins, n->n_output = 1, n->output = outs;
+    n->n_input = (size_t)nin, n->input = ins, n->n_output = (size_t)nout, n->output = outs;
     b->nodes[b->nn++] = n;
     return n;
+}
+static Onnx__NodeProto *ob_node(onnx_b *b, const char *op, const char *const *in, int nin, const char *out) {
+    return ob_node_n(b, op, in, nin, 1, out);
 }
 static const char *out_of(const Onnx__NodeProto *n) { return n ? n->output[0] : "?"; }
 
@@ -147,16 +154,42 @@ static const char *init_i64(onnx_b *b, const char *name, const int64_t *v, int n
     const int64_t dims[1] = {n};
     return ob_init(b, name, dims, 1, ONNX__TENSOR_PROTO__DATA_TYPE__INT64, v, (size_t)n * sizeof(int64_t), NULL);
 }
-static const char *scalar(onnx_b *b, float v) {
-    return init_f32(b, ob_str(b, "const_%d", b->tmp++), NULL, 0, &v);
-}
 
-/* ---- graph nodes to ONNX nodes ----------------------------------------------------------- */
+/* ---- the functions ops emit their nodes with (dt_onnx, nn/interchange.h) ----------------- */
+
+static onnx_b *ob_of(dt_onnx *o) { return (onnx_b *)(void *)o; }
+
+static dt_onnx_node *api_node(dt_onnx *o, const char *op, const char *const *in, int nin, int nout) {
+    return (dt_onnx_node *)ob_node_n(ob_of(o), op, in, nin, nout, NULL);
+}
+static const char *api_out(const dt_onnx_node *n, int j) {
+    const Onnx__NodeProto *p = (const Onnx__NodeProto *)n;
+    return p && (size_t)j < p->n_output ? p->output[j] : "?";
+}
+static void api_attr_i(dt_onnx *o, dt_onnx_node *n, const char *name, int64_t v) {
+    if (n) attr_i(ob_of(o), (Onnx__NodeProto *)n, name, v);
+}
+static void api_attr_f(dt_onnx *o, dt_onnx_node *n, const char *name, float v) {
+    if (n) attr_f(ob_of(o), (Onnx__NodeProto *)n, name, v);
+}
+static void api_attr_ints(dt_onnx *o, dt_onnx_node *n, const char *name, const int64_t *v, int k) {
+    if (n) attr_ints(ob_of(o), (Onnx__NodeProto *)n, name, v, k);
+}
+static const char *api_const_f32(dt_onnx *o, const char *prefix, const int64_t *dims, int ndim, const float *v) {
+    onnx_b *b = ob_of(o);
+    return init_f32(b, ob_str(b, "%s_%d", prefix, b->tmp++), dims, ndim, v);
+}
+static const char *api_const_i64(dt_onnx *o, const char *prefix, const int64_t *v, int n) {
+    onnx_b *b = ob_of(o);
+    return init_i64(b, ob_str(b, "%s_%d", prefix, b->tmp++), v, n);
+}
+static const char *scalar(onnx_b *b, float v) { return api_const_f32(&b->api, "const", NULL, 0, &v); }
 
 /* The initializer of tensor k of node n (under the tensor's name; a tied tensor is emitted once,
  * by its first user), with its own dims or, when ndim > 0, dims[0..ndim): downloaded from the
  * model's device into the initializer (the host never reads model memory in place). */
-static const char *param(onnx_b *b, const dt_model *m, const dt_node *n, int k, const int64_t *dims, int ndim) {
+static const char *api_param(dt_onnx *o, const dt_model *m, const dt_node *n, int k, const int64_t *dims, int ndim) {
+    onnx_b *b = ob_of(o);
     const dt_param_info *p = &m->tensors[n->tensor[k]];
     for (size_t i = 0; i < b->ni; i++)
         if (!strcmp(b->inits[i]->name, p->name)) return b->inits[i]->name;
@@ -164,152 +197,9 @@ static const char *param(onnx_b *b, const dt_model *m, const dt_node *n, int k, 
     return init_f32_on(b, p->name, ndim ? dims : p->shape, ndim ? ndim : p->ndim, data, m->dev);
 }
 
-static const char *node1(onnx_b *b, const char *op, const char *a) { return out_of(ob_node(b, op, &a, 1, NULL)); }
-static const char *node2(onnx_b *b, const char *op, const char *a, const char *c) {
-    const char *in[2] = {a, c};
-    return out_of(ob_node(b, op, in, 2, NULL));
-}
-
-/* x @ W^T (+ bias): Gemm for a (N, in) input, else Transpose + MatMul (+ Add) over the last dim. */
-static const char *linear(onnx_b *b, const dt_model *m, const dt_node *n, const char *x) {
-    const dt_node *in = dt_node_input(m, n, 0);
-    const bool bias = n->ntensor > 1;
-    const char *w = param(b, m, n, 0, NULL, 0);
-    if (n->a.flatten || in->ndim <= 1) {
-        if (in->ndim > 1) { /* (N, C, H, W) -> (N, C*H*W) */
-            Onnx__NodeProto *f = ob_node(b, "Flatten", &x, 1, NULL);
-            attr_i(b, f, "axis", 1);
-            x = out_of(f);
-        }
-        const char *g[3] = {x, w, bias ? param(b, m, n, 1, NULL, 0) : NULL};
-        Onnx__NodeProto *gemm = ob_node(b, "Gemm", g, bias ? 3 : 2, NULL);
-        attr_i(b, gemm, "transB", 1);
-        return out_of(gemm);
-    }
-    Onnx__NodeProto *t = ob_node(b, "Transpose", &w, 1, NULL);
-    const int64_t perm[2] = {1, 0};
-    attr_ints(b, t, "perm", perm, 2);
-    const char *y = node2(b, "MatMul", x, out_of(t));
-    return bias ? node2(b, "Add", y, param(b, m, n, 1, NULL, 0)) : y;
-}
-
-static const char *conv_pool(onnx_b *b, const dt_model *m, const dt_node *n, const char *x) {
-    const dt_layer_kind k = n->a.kind;
-    const int64_t ks[2] = {n->a.k, n->a.k}, st[2] = {n->a.stride, n->a.stride};
-    Onnx__NodeProto *o;
-    if (k == DT_LAYER_CONV2D) {
-        const int64_t pads[4] = {n->a.pad, n->a.pad, n->a.pad, n->a.pad};
-        const char *in[3] = {x, param(b, m, n, 0, NULL, 0), n->ntensor > 1 ? param(b, m, n, 1, NULL, 0) : NULL};
-        o = ob_node(b, "Conv", in, n->ntensor > 1 ? 3 : 2, NULL);
-        attr_ints(b, o, "pads", pads, 4);
-    } else o = ob_node(b, k == DT_LAYER_MAXPOOL2D ? "MaxPool" : "AveragePool", &x, 1, NULL);
-    attr_ints(b, o, "kernel_shape", ks, 2);
-    attr_ints(b, o, "strides", st, 2);
-    return out_of(o);
-}
-
-/* Layer norm over the whole sample (sequential: scale and bias shaped as the input's sample) or
- * over the last dim (GPT); batchnorm with its running statistics. */
-static const char *norm_layer(onnx_b *b, const dt_model *m, const dt_node *n, const char *x) {
-    const dt_node *in = dt_node_input(m, n, 0);
-    if (n->a.kind == DT_LAYER_BATCHNORM2D) {
-        const char *bn[5] = {x, param(b, m, n, 0, NULL, 0), param(b, m, n, 1, NULL, 0), param(b, m, n, 2, NULL, 0),
-                             param(b, m, n, 3, NULL, 0)};
-        Onnx__NodeProto *o = ob_node(b, "BatchNormalization", bn, 5, NULL);
-        attr_f(b, o, "epsilon", n->a.eps);
-        return out_of(o);
-    }
-    int64_t dims[4];
-    int nd = 0;
-    if (n->a.flatten)
-        for (int d = 0; d < in->ndim; d++) dims[nd++] = in->shape[d];
-    const char *ln[3] = {x, param(b, m, n, 0, dims, nd), param(b, m, n, 1, dims, nd)};
-    Onnx__NodeProto *o = ob_node(b, "LayerNormalization", ln, 3, NULL);
-    attr_i(b, o, "axis", n->a.flatten ? 1 : -1);
-    attr_f(b, o, "epsilon", n->a.eps);
-    return out_of(o);
-}
-
-/* Causal multi-head self-attention of qkv (N, T, 3C): softmax(q k^T / sqrt(D) + mask) v. */
-static const char *attention(onnx_b *b, const dt_node *n, const char *qkv) {
-    const int T = n->shape[0], Cc = n->shape[1], NH = n->a.heads, D = Cc / NH;
-    const int64_t split[3] = {Cc, Cc, Cc}, hshape[4] = {0, 0, NH, D}, oshape[3] = {0, 0, Cc};
-    const int64_t p_q[4] = {0, 2, 1, 3}, p_k[4] = {0, 2, 3, 1};
-    const char *sin[2] = {qkv, init_i64(b, ob_str(b, "split_%d", b->tmp++), split, 3)};
-    Onnx__NodeProto *sp = ob_node(b, "Split", sin, 2, NULL);
-    char **outs = ob_alloc(b, 3 * sizeof(char *));
-    if (!sp || !outs) return "?";
-    outs[0] = sp->output[0], outs[1] = ob_str(b, "t%d", b->tmp++), outs[2] = ob_str(b, "t%d", b->tmp++);
-    sp->output = outs, sp->n_output = 3;
-    attr_i(b, sp, "axis", 2);
-    const char *hs = init_i64(b, ob_str(b, "shape_%d", b->tmp++), hshape, 4), *qkv3[3];
-    for (int j = 0; j < 3; j++) {
-        Onnx__NodeProto *t = ob_node(b, "Transpose", (const char *[]){node2(b, "Reshape", outs[j], hs)}, 1, NULL);
-        attr_ints(b, t, "perm", j == 1 ? p_k : p_q, 4);
-        qkv3[j] = out_of(t);
-    }
-    float *mask = ob_alloc(b, sizeof(float) * (size_t)T * T);
-    for (int i = 0; mask && i < T; i++)
-        for (int j = 0; j < T; j++) mask[(size_t)i * T + j] = j <= i ? 0.0f : -1e30f;
-    const int64_t mdims[2] = {T, T};
-    const char *mk = mask ? init_f32(b, ob_str(b, "causal_mask_%d", b->tmp++), mdims, 2, mask) : "?";
-    const char *att = node2(b, "Mul", node2(b, "MatMul", qkv3[0], qkv3[1]), scalar(b, 1.0f / sqrtf((float)D)));
-    Onnx__NodeProto *sm = ob_node(b, "Softmax", (const char *[]){node2(b, "Add", att, mk)}, 1, NULL);
-    attr_i(b, sm, "axis", -1);
-    Onnx__NodeProto *t = ob_node(b, "Transpose", (const char *[]){node2(b, "MatMul", out_of(sm), qkv3[2])}, 1, NULL);
-    attr_ints(b, t, "perm", p_q, 4);
-    return node2(b, "Reshape", out_of(t), init_i64(b, ob_str(b, "shape_%d", b->tmp++), oshape, 3));
-}
-
-/* Token rows Gather(W, ids), or position rows Gather(W, [0..T)) (broadcast over the batch). */
-static const char *embedding(onnx_b *b, const dt_model *m, const dt_node *n, const char *ids) {
-    const char *w = param(b, m, n, 0, NULL, 0);
-    if (!n->a.pos) return node2(b, "Gather", w, ids);
-    const int T = n->shape[0];
-    int64_t *pos = ob_alloc(b, sizeof(int64_t) * (size_t)T);
-    for (int i = 0; pos && i < T; i++) pos[i] = i;
-    return node2(b, "Gather", w, pos ? init_i64(b, ob_str(b, "positions_%d", b->tmp++), pos, T) : "?");
-}
-
-/* x * 0.5 * (1 + erf(x / sqrt(2))): dtrain's exact GELU (opset 17 has no Gelu op). */
-static const char *gelu(onnx_b *b, const char *x) {
-    const char *e = node1(b, "Erf", node2(b, "Mul", x, scalar(b, (float)M_SQRT1_2)));
-    return node2(b, "Mul", node2(b, "Mul", x, node2(b, "Add", e, scalar(b, 1.0f))), scalar(b, 0.5f));
-}
-
-/* The ONNX nodes of graph node n; *out gets the name of its value. */
-static dt_status onnx_op(onnx_b *b, const dt_model *m, const dt_node *n, const char **val, const char **out) {
-    const char *x = val[n->in[0]];
-    switch (n->a.kind) {
-    case DT_LAYER_LINEAR: *out = linear(b, m, n, x); break;
-    case DT_LAYER_MATMUL_T: *out = linear(b, m, n, x); break;
-    case DT_LAYER_CONV2D: case DT_LAYER_MAXPOOL2D: case DT_LAYER_AVGPOOL2D: *out = conv_pool(b, m, n, x); break;
-    case DT_LAYER_LAYERNORM: case DT_LAYER_BATCHNORM2D: *out = norm_layer(b, m, n, x); break;
-    case DT_LAYER_RELU: *out = node1(b, "Relu", x); break;
-    case DT_LAYER_TANH: *out = node1(b, "Tanh", x); break;
-    case DT_LAYER_SIGMOID: *out = node1(b, "Sigmoid", x); break;
-    case DT_LAYER_GELU: *out = gelu(b, x); break;
-    case DT_LAYER_DROPOUT: *out = node1(b, "Identity", x); break;  /* evaluation: no dropout */
-    case DT_LAYER_FLATTEN: {
-        Onnx__NodeProto *f = ob_node(b, "Flatten", &x, 1, NULL);
-        attr_i(b, f, "axis", 1);
-        *out = out_of(f);
-        break;
-    }
-    case DT_LAYER_RESHAPE: {
-        int64_t shp[5] = {-1};
-        for (int d = 0; d < n->ndim; d++) shp[1 + d] = n->shape[d];
-        *out = node2(b, "Reshape", x, init_i64(b, ob_str(b, "shape_%d", b->tmp++), shp, 1 + n->ndim));
-        break;
-    }
-    case DT_LAYER_EMBEDDING: *out = embedding(b, m, n, x); break;
-    case DT_LAYER_ADD: *out = node2(b, "Add", x, val[n->in[1]]); break;
-    case DT_LAYER_ATTENTION: *out = attention(b, n, x); break;
-    default:
-        return dt_error(DT_ENOTSUP, "export: node '%s' (%s) has no ONNX form", n->name, dt_layer_name(n->a.kind));
-    }
-    return DT_OK;
-}
+static const dt_onnx g_api = {.node = api_node, .out = api_out, .attr_i = api_attr_i, .attr_f = api_attr_f,
+                              .attr_ints = api_attr_ints, .const_f32 = api_const_f32, .const_i64 = api_const_i64,
+                              .param = api_param};
 
 /* A graph input/output declaration: name, elem type, dims (a negative dim is the batch "N"). */
 static Onnx__ValueInfoProto *value_info(onnx_b *b, const char *name, int elem, const int64_t *dims, int ndim) {
@@ -360,7 +250,7 @@ static dt_status write_model(const Onnx__ModelProto *mp, const char *named) {
 }
 
 dt_status dt_onnx_export(const dt_model *m, const char *path, const dt_input_norm *norm, int C, int H, int W) {
-    onnx_b b = {0};
+    onnx_b b = {.api = g_api};
     const char **val = calloc((size_t)m->n, sizeof *val);
     dt_status s = val ? DT_OK : dt_error(DT_ENOMEM, "export: out of memory");
     const bool ids = m->ninputs > 0 && m->nodes[m->inputs[0]].dtype == DT_I32;
@@ -382,7 +272,7 @@ dt_status dt_onnx_export(const dt_model *m, const char *path, const dt_input_nor
     for (int i = 0; s == DT_OK && i < m->n; i++) {
         const dt_node *n = &m->nodes[i];
         if (n->input_index >= 0) val[i] = n->input_index == 0 ? x : NULL;
-        else if (i != m->loss) s = onnx_op(&b, m, n, val, &val[i]);
+        else if (i != m->loss) s = dt_onnx_node_emit(&b.api, m, i, val, &val[i]);
     }
     if (s == DT_OK) {
         const char *last[1] = {val[m->output]};

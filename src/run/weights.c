@@ -1,11 +1,13 @@
 /* Plain weights files: loading a PyTorch state_dict saved as safetensors (by name, every shape
  * checked, F32/F16/BF16) into a model, and writing a weights-only file that a strict torch
  * load_state_dict accepts (no optimizer state, num_batches_tracked present, --normalize folded
- * into the first layer). Prediction in batches lives here too (dt_model_predict). */
+ * into the first layer). The state_dict's entries beyond the model's tensors and the folding come
+ * from the model's ops (nn/interchange.h). Prediction in batches lives here too (dt_model_predict). */
 #include "dtrain/io.h"
 
+#include "device/device.h"
 #include "dtrain/safetensors.h"
-#include "nn/graph_internal.h"
+#include "nn/interchange.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,20 +34,12 @@ static void report_add(report *r, const char *fmt, const char *a, const char *b,
     if (r->len < sizeof r->text) r->len += (size_t)snprintf(r->text + r->len, sizeof r->text - r->len, fmt, a, b, c);
 }
 
-static bool ends_with(const char *s, const char *suffix) {
-    size_t n = strlen(s), k = strlen(suffix);
-    return n >= k && !strcmp(s + n - k, suffix);
-}
-
 /* Whether file tensor `name`, absent from the model, is one a PyTorch state_dict carries beside
- * ours: a batchnorm's step counter, the GPT's tied output head, a dtrain checkpoint's optimizer. */
+ * ours: an entry the model's ops add (a batchnorm's step counter, the GPT's tied output head), a
+ * dtrain checkpoint's optimizer. */
 static bool ignorable(const dt_model *m, const char *name, bool dtrain_ckpt) {
     if (dtrain_ckpt && !strncmp(name, "optim.", 6)) return true;
-    if (!strcmp(name, "lm_head.weight")) return dt_model_find_tensor(m, "transformer.wte.weight") >= 0;
-    if (!ends_with(name, ".num_batches_tracked")) return false;
-    char stat[160];
-    snprintf(stat, sizeof stat, "%.*s.running_mean", (int)(strlen(name) - strlen(".num_batches_tracked")), name);
-    return dt_model_find_tensor(m, stat) >= 0;
+    return dt_model_torch_extra(m, name);
 }
 
 /* Checks file tensor st against model tensor p; adds a problem to r when they do not fit. */
@@ -111,11 +105,12 @@ dt_status dt_weights_load(dt_model *m, const char *path) {
         float *dst = (p->is_buffer ? dt_model_buffers(m) : dt_model_params(m)) + p->offset, *host = NULL;
         dt_st_tensor st;
         dt_st_find(f, p->name, &st);
-        if (m->dev->host_memory) {
+        dt_dev *dev = dt_model_device(m);
+        if (dev->host_memory) {
             copy_tensor(dst, &st);
         } else if ((host = malloc(p->numel * sizeof(float) + 1))) {  /* through a host copy onto the device */
             copy_tensor(host, &st);
-            m->dev->ops->upload(m->dev, dst, host, p->numel * sizeof(float));
+            dev->ops->upload(dev, dst, host, p->numel * sizeof(float));
             free(host);
         } else {
             s = dt_error(DT_ENOMEM, "%s: no host memory for tensor '%s'", path, p->name);
@@ -142,54 +137,18 @@ dt_status dt_weights_spec(const char *path, char *spec, size_t cap, int *C, int 
 
 /* ---- writing ------------------------------------------------------------------------------ */
 
-/* The first node with parameters, after only nodes that commute with x -> (x - mean) / std
- * (flatten, reshape, pooling, dropout); -1 with an error naming the node otherwise. */
-static int first_param_node(const dt_model *m) {
-    for (int i = 0; i < m->n; i++) {
-        const dt_node *n = &m->nodes[i];
-        if (n->input_index >= 0) continue;
-        if (n->ntensor > 0) return i;
-        dt_layer_kind k = n->a.kind;
-        if (k != DT_LAYER_FLATTEN && k != DT_LAYER_RESHAPE && k != DT_LAYER_MAXPOOL2D && k != DT_LAYER_AVGPOOL2D &&
-            k != DT_LAYER_DROPOUT)
-            break;
-    }
-    return -1;
-}
-
-/* Folds norm into the tensors of the first layer, in the copy `params`/`buffers` of the slabs
- * (NULL: only checks that it can). */
+/* Folds norm into the tensors of the first layer (its op's fold_input_norm), in the copy
+ * `params`/`buffers` of the slabs (NULL: only checks that it can). */
 static dt_status fold_norm(const dt_model *m, const dt_input_norm *norm, float *params, float *buffers) {
-    const int i = first_param_node(m);
-    const dt_node *n = i >= 0 ? &m->nodes[i] : NULL;
-    const dt_layer_kind k = n ? n->a.kind : DT_LAYER_KIND_COUNT;
-    const bool ok = k == DT_LAYER_BATCHNORM2D || ((k == DT_LAYER_LINEAR || k == DT_LAYER_CONV2D) && n->a.bias &&
-                                                 !n->a.tie && (k == DT_LAYER_LINEAR || n->a.pad == 0));
+    const int i = dt_model_norm_node(m);
+    const char *why = "", *name = i >= 0 ? dt_model_node_name(m, i) : NULL;
+    const bool ok = i >= 0 && dt_model_fold_input_norm(m, i, norm->mean, norm->std, NULL, NULL, &why);
     if (!ok)
         return dt_error(DT_EINVAL, "the input normalisation (--normalize, mean %g std %g) cannot be folded exactly into "
                         "the first layer%s%s%s (only a linear or conv layer with a bias and no padding, or a batchnorm, "
                         "takes it); train without --normalize to save plain weights, or export to ONNX, which keeps it",
-                        norm->mean, norm->std, n ? " " : "", n ? n->name : "", n ? (k == DT_LAYER_CONV2D && n->a.pad ?
-                        " (a padded conv: the zero padding is not the mean)" : "") : "");
-    if (!params) return DT_OK; /* only checking */
-    const double mu = norm->mean, sd = norm->std;
-    const dt_param_info *w = &m->tensors[n->tensor[0]], *b = &m->tensors[n->tensor[1]];
-    if (k == DT_LAYER_BATCHNORM2D) { /* eval: (x' - rm) / sqrt(rv + eps) with x' = (x - mu) / sd */
-        float *rm = buffers + m->tensors[n->tensor[2]].offset, *rv = buffers + m->tensors[n->tensor[3]].offset;
-        for (size_t c = 0; c < w->numel; c++) {
-            rm[c] = (float)(mu + sd * rm[c]);
-            rv[c] = (float)(sd * sd * ((double)rv[c] + n->a.eps) - n->a.eps);
-        }
-        return DT_OK;
-    }
-    const size_t rows = b->numel, cols = w->numel / rows; /* (out, in) or (out, in*k*k) */
-    float *W = params + w->offset, *B = params + b->offset;
-    for (size_t o = 0; o < rows; o++) {
-        double sum = 0;
-        for (size_t j = 0; j < cols; j++) sum += W[o * cols + j];
-        B[o] = (float)((double)B[o] - mu / sd * sum);
-        for (size_t j = 0; j < cols; j++) W[o * cols + j] = (float)(W[o * cols + j] / sd);
-    }
+                        norm->mean, norm->std, name ? " " : "", name ? name : "", why);
+    if (params) dt_model_fold_input_norm(m, i, norm->mean, norm->std, params, buffers, &why);
     return DT_OK;
 }
 
@@ -197,24 +156,22 @@ dt_status dt_weights_check_fold(const dt_model *m, const dt_input_norm *norm) {
     return norm && norm->on ? fold_norm(m, norm, NULL, NULL) : DT_OK;
 }
 
-/* Adds the tensors, the batchnorm counters and a GPT's lm_head to w (data in params/buffers). */
-static dt_status add_tensors(const dt_model *m, dt_st_writer *w, const float *params, const float *buffers) {
+/* Adds each entry of the model's PyTorch state_dict (nn/interchange.h) to the writer: a tensor's
+ * values from params/buffers under its name (a tied one under each of its names), a step counter
+ * as an int64 0. */
+typedef struct {
+    const dt_model *m;
+    dt_st_writer *w;
+    const float *params, *buffers;
+} add_ctx;
+
+static dt_status add_entry(void *ctx, const dt_torch_entry *e) {
     static const int64_t zero = 0;
-    for (int i = 0; i < m->ntensors; i++) {
-        const dt_param_info *p = &m->tensors[i];
-        DT_TRY(dt_st_writer_add(w, p->name, DT_F32, p->ndim, p->shape, (p->is_buffer ? buffers : params) + p->offset));
-        if (p->is_buffer && ends_with(p->name, ".running_var")) {
-            char name[96];
-            snprintf(name, sizeof name, "%.*s.num_batches_tracked", (int)(strlen(p->name) - 12), p->name);
-            DT_TRY(dt_st_writer_add(w, name, DT_I64, 0, NULL, &zero));
-        }
-    }
-    int wte = dt_model_find_tensor(m, "transformer.wte.weight");
-    if (wte >= 0 && dt_model_find_tensor(m, "lm_head.weight") < 0) {
-        const dt_param_info *p = &m->tensors[wte];
-        DT_TRY(dt_st_writer_add(w, "lm_head.weight", DT_F32, p->ndim, p->shape, params + p->offset));
-    }
-    return DT_OK;
+    const add_ctx *a = ctx;
+    if (e->tensor < 0) return dt_st_writer_add(a->w, e->name, DT_I64, 0, NULL, &zero);
+    const dt_param_info *p = dt_model_tensor(a->m, e->tensor);
+    const float *slab = p->is_buffer ? a->buffers : a->params;
+    return dt_st_writer_add(a->w, e->name, DT_F32, p->ndim, p->shape, slab + p->offset);
 }
 
 dt_status dt_weights_save_slabs(const dt_model *m, float *params, float *buffers, const char *path,
@@ -224,9 +181,10 @@ dt_status dt_weights_save_slabs(const dt_model *m, float *params, float *buffers
     char shape[64];
     snprintf(shape, sizeof shape, "%d,%d,%d", C, H, W);
     if (s == DT_OK) s = dt_st_writer_create(&w);
-    if (s == DT_OK) s = add_tensors(m, w, params, buffers);
+    add_ctx a = {m, w, params, buffers};
+    if (s == DT_OK) s = dt_model_torch_state(m, add_entry, &a);
     if (s == DT_OK) s = dt_st_writer_meta(w, "dtrain.kind", "dtrain-weights");
-    if (s == DT_OK) s = dt_st_writer_meta(w, "dtrain.model_spec", m->spec);
+    if (s == DT_OK) s = dt_st_writer_meta(w, "dtrain.model_spec", dt_model_spec(m));
     if (s == DT_OK) s = dt_st_writer_meta(w, "dtrain.input_shape", shape);
     if (s == DT_OK && norm && norm->on) s = dt_st_writer_meta(w, "dtrain.normalize", "folded into the first layer");
     if (s == DT_OK) s = dt_st_writer_write(w, path);
@@ -235,11 +193,13 @@ dt_status dt_weights_save_slabs(const dt_model *m, float *params, float *buffers
 }
 
 dt_status dt_weights_save(const dt_model *m, const char *path, const dt_input_norm *norm, int C, int H, int W) {
-    const size_t np = m->params.n, nb = m->buffers.n;
+    const size_t np = dt_model_num_params(m), nb = dt_model_num_buffers(m);
     float *params = malloc((np + nb + 1) * sizeof(float)), *buffers = params + np;
     if (!params) return dt_error(DT_ENOMEM, "--save-weights %s: out of memory", path);
-    m->dev->ops->download(m->dev, params, m->params.data, np * sizeof(float));
-    if (nb) m->dev->ops->download(m->dev, buffers, m->buffers.data, nb * sizeof(float));
+    dt_model *mm = (dt_model *)m;  /* the slab accessors take a mutable model; nothing is written */
+    dt_dev *dev = dt_model_device(m);
+    dev->ops->download(dev, params, dt_model_params(mm), np * sizeof(float));
+    if (nb) dev->ops->download(dev, buffers, dt_model_buffers(mm), nb * sizeof(float));
     dt_status s = dt_weights_save_slabs(m, params, buffers, path, norm, C, H, W);
     free(params);
     return s;
