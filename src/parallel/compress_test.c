@@ -437,6 +437,16 @@ static void test_parse(void) {
         snprintf(form, sizeof form, "%s%s%s", all[i]->name, all[i]->options[0] ? ":" : "", all[i]->options);
         CHECK_MSG(strstr(dt_last_error(), form) != NULL, "the message lists %s: %s", form, dt_last_error());
     }
+    /* registering: refused without help, with options but no parser, or under a taken name
+     * (tests/toy/ registers a compressor that trains) */
+    dt_compressor planted = *dt_compress_find("fp16");
+    planted.name = "nohelp", planted.help = "";
+    CHECK(dt_compress_register(&planted) == DT_EINVAL && strstr(dt_last_error(), "nohelp"));
+    planted.help = "h", planted.options = "K";
+    CHECK(dt_compress_register(&planted) == DT_EINVAL && strstr(dt_last_error(), "parse"));
+    planted.name = "topk", planted.options = "";
+    CHECK(dt_compress_register(&planted) == DT_EINVAL && strstr(dt_last_error(), "registered already"));
+    CHECK(dt_compressors(&n) && n == 5);
     const char *bad[] = {"topk", "topk:0", "topk:1.5", "topk:0.1:foo=1", "powersgd:0", "powersgd:1.5",
                          "powersgd:2:warmup=x", "powersgd:2:min_rate=-1", "powersgd:2:min_rate=", "powersgd:2:rate=2", "zip",
                          "fp16:2", "none:x"};

@@ -330,8 +330,11 @@ static dt_status ddp_place(const void *opts, const dt_model *m, int rank, int si
 
 const dt_strategy_entry dt_strategy_ddp_entry = {
     .name = "ddp",
-    .help = "ddp(bucket_mb=MB,compress=none|fp16|bf16|topk:R|powersgd:K,allreduce=auto|flat|hier,zero=0|1|2|3,"
-            "update=auto|full|shard)",
+    .options = "bucket_mb=MB,compress=C,allreduce=auto|flat|hier,zero=0|1|2|3,update=auto|full|shard",
+    .help = "synchronous data parallel (the default with ranks): gradients averaged in buckets of MB as backward "
+            "runs, sent as compressor C says (below); zero=1|2|3: ZeRO, shard the optimizer state, + gradients, + "
+            "parameters; allreduce=hier: within each host, then across; update=shard: reduce-scatter, each rank "
+            "updates its part, allgather (auto: where the ranks share one host)",
     .keys = "bucket_mb, compress, allreduce, zero, update",
     .opts_size = sizeof(ddp_opts),
     .defaults = ddp_defaults, .set = ddp_set, .check = ddp_check, .create = ddp_create, .format = ddp_format, .needs_comm = true,

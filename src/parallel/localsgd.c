@@ -232,6 +232,9 @@ static void lsgd_format(const void *opts, char *out, size_t cap) {
 }
 
 const dt_strategy_entry dt_strategy_localsgd_entry = {
-    .name = "localsgd", .help = "localsgd(sync_every=H,compress=C)", .keys = "sync_every, compress", .opts_size = sizeof(localsgd_opts),
+    .name = "localsgd", .options = "sync_every=H,compress=C",
+    .help = "local SGD: each rank steps on its own, the models are averaged every H steps (the difference sent as "
+            "compressor C says)",
+    .keys = "sync_every, compress", .opts_size = sizeof(localsgd_opts),
     .defaults = lsgd_defaults, .set = lsgd_set, .check = lsgd_check, .create = lsgd_create, .format = lsgd_format,
     .needs_comm = true, .device_neutral = true};
