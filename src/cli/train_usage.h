@@ -8,9 +8,14 @@
 extern const char dt_train_usage[];
 /* The groups --help lists the flags in (NULL-title-terminated; unnamed flags: Advanced). */
 extern const dt_flag_group dt_train_groups[];
-/* The text after the flag list: model spec syntax, strategies. */
-extern const char dt_train_notes[];
+/* The text after the flag list: model spec syntax, then the strategies and the compressors, each
+ * with its syntax, help and flags, from the registries. Static storage, made on the first call. */
+const char *dt_train_notes(void);
 /* The three together, for dt_flags_parse_help. */
-extern const dt_flag_help dt_train_help;
+const dt_flag_help *dt_train_help(void);
+/* The help of --strategy, --compress and --device: the registries' names and syntax. Static storage. */
+const char *dt_train_strategy_help(void);
+const char *dt_train_compress_help(void);
+const char *dt_train_device_help(void);
 
 #endif

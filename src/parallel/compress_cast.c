@@ -114,7 +114,8 @@ const dt_compressor dt_compress_fp16 = {.name = "fp16", .options = "",
                                         .start = fp16_start, .advance = fp16_advance, .bind_state = cast_bind,
                                         .residual = cast_residual};
 const dt_compressor dt_compress_bf16 = {.name = "bf16", .options = "",
-                                        .help = "rounded to bfloat16 (half the bytes, f32's range), with error feedback",
+                                        .help = "rounded to bfloat16 (half the bytes, f32's range), with error "
+                                                "feedback",
                                         .bucket_init = cast_init, .bucket_free = cast_free,
                                         .start = bf16_start, .advance = bf16_advance, .bind_state = cast_bind,
                                         .residual = cast_residual};

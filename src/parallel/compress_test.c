@@ -448,8 +448,8 @@ static void test_parse(void) {
     CHECK(dt_compress_register(&planted) == DT_EINVAL && strstr(dt_last_error(), "registered already"));
     CHECK(dt_compressors(&n) && n == 5);
     const char *bad[] = {"topk", "topk:0", "topk:1.5", "topk:0.1:foo=1", "powersgd:0", "powersgd:1.5",
-                         "powersgd:2:warmup=x", "powersgd:2:min_rate=-1", "powersgd:2:min_rate=", "powersgd:2:rate=2", "zip",
-                         "fp16:2", "none:x"};
+                         "powersgd:2:warmup=x", "powersgd:2:min_rate=-1", "powersgd:2:min_rate=", "powersgd:2:rate=2",
+                         "zip", "fp16:2", "none:x"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         CHECK(dt_compress_parse(bad[i], &s) == DT_EINVAL);
         CHECK_MSG(strstr(dt_last_error(), bad[i]) != NULL, "the error names '%s': %s", bad[i], dt_last_error());
