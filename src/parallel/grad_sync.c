@@ -1,7 +1,8 @@
 /* The gradient-sync pipeline shared by every compressor (grad_sync.h; the registry and the
  * --compress parser are compress.c's): the per-bucket stage machine (start, poll while backward
- * runs, finish before the update), the bytes-on-the-wire and error-feedback figures, and the error-feedback state as one checkpoint
- * tensor [world, floats] (every rank's row, gathered before a save so the one writer has them). */
+ * runs, finish before the update), the bytes-on-the-wire and error-feedback figures, and the
+ * error-feedback state as one checkpoint tensor [world, floats] (every rank's row, gathered before
+ * a save so the one writer has them). */
 #include "parallel/grad_sync.h"
 
 #include "device/device.h"
