@@ -205,17 +205,28 @@ const char *dt_train_compress_help(void) {
     return buf;
 }
 
+/* "LEAD: cpu: HELP; checked[:arena=BYTES]: HELP; ... (default cpu; TAIL)" into buf. */
+static const char *device_help(char *buf, size_t cap, const char *lead, const char *tail) {
+    size_t k = (size_t)snprintf(buf, cap, "%s:", lead);
+    dt_registry_entry e;
+    for (int i = 0; dt_registry_entry_at(DT_REGISTRY_DEVICE, i, &e) && k < cap; i++)
+        k += (size_t)snprintf(buf + k, cap - k, "%s %s%s%s%s: %s", i ? ";" : "", e.name, e.options[0] ? "[:" : "",
+                              e.options, e.options[0] ? "]" : "", e.help);
+    if (k < cap)
+        snprintf(buf + k, cap - k, " (default %s; %s)", dt_registry_entry_at(DT_REGISTRY_DEVICE, 0, &e) ? e.name : "cpu",
+                 tail);
+    return buf;
+}
+
 const char *dt_train_device_help(void) {
     static char buf[1024];
-    size_t k = (size_t)snprintf(buf, sizeof buf, "where model memory lives and kernels run:");
-    dt_registry_entry e;
-    for (int i = 0; dt_registry_entry_at(DT_REGISTRY_DEVICE, i, &e) && k < sizeof buf; i++)
-        k += (size_t)snprintf(buf + k, sizeof buf - k, "%s %s%s%s%s: %s", i ? ";" : "", e.name,
-                              e.options[0] ? "[:" : "", e.options, e.options[0] ? "]" : "", e.help);
-    if (k < sizeof buf)
-        snprintf(buf + k, sizeof buf - k, " (default %s; single, or plain ddp with --workers N; docs/device.md)",
-                 dt_registry_entry_at(DT_REGISTRY_DEVICE, 0, &e) ? e.name : "cpu");
-    return buf;
+    return device_help(buf, sizeof buf, "where model memory lives and kernels run",
+                       "single, or plain ddp with --workers N; docs/device.md");
+}
+
+const char *dt_cli_device_help(void) {
+    static char buf[1024];
+    return device_help(buf, sizeof buf, "where the model runs", "docs/device.md");
 }
 
 const dt_flag_help *dt_train_help(void) {

@@ -17,5 +17,8 @@ const dt_flag_help *dt_train_help(void);
 const char *dt_train_strategy_help(void);
 const char *dt_train_compress_help(void);
 const char *dt_train_device_help(void);
+/* The --device help of the commands that run a trained model (eval, predict, sample, export):
+ * the devices of the registry. Static storage. */
+const char *dt_cli_device_help(void);
 
 #endif

@@ -1,6 +1,7 @@
 /* Gradient sync as a hook table (PyTorch DDP comm hooks): how a bucket of the gradient slab (or of
  * any float vector, localsgd's model delta) travels between the replicas. One compressor entry per
- * format: plain allreduce, fp16/bf16 casts, top-k (Deep Gradient Compression), PowerSGD. Each
+ * format, each in its own file with its options and their parser, listed by the registry
+ * (compress.c): plain allreduce, fp16/bf16 casts, top-k (Deep Gradient Compression), PowerSGD. Each
  * bucket moves through the compressor's stages (one collective each, issued non-blocking): a
  * strategy starts a bucket as soon as its values are final, polls while backward continues (so a
  * second stage, PowerSGD's Q allreduce, starts without waiting for the step), and finishes it
