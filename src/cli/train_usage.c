@@ -213,8 +213,8 @@ static const char *device_help(char *buf, size_t cap, const char *lead, const ch
         k += (size_t)snprintf(buf + k, cap - k, "%s %s%s%s%s: %s", i ? ";" : "", e.name, e.options[0] ? "[:" : "",
                               e.options, e.options[0] ? "]" : "", e.help);
     if (k < cap)
-        snprintf(buf + k, cap - k, " (default %s; %s)", dt_registry_entry_at(DT_REGISTRY_DEVICE, 0, &e) ? e.name : "cpu",
-                 tail);
+        snprintf(buf + k, cap - k, " (default %s; %s)",
+                 dt_registry_entry_at(DT_REGISTRY_DEVICE, 0, &e) ? e.name : "cpu", tail);
     return buf;
 }
 

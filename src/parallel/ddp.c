@@ -201,7 +201,8 @@ dt_status dt_ddp_buckets(dt_model *m, double bucket_mb, dt_ddp_range **out, int 
  * interleaved runs): reduce-scatter + update + allgather 63 us against allreduce + update 91. */
 static bool sharded_update(const dt_strategy *s, const ddp_opts *op) {
     if (op->update != UPDATE_AUTO) return op->update == UPDATE_SHARD;
-    return !dt_strategy_stage_device(s->comm, s->model) && dt_compress_is_none(&op->compress) && s->optim && !dt_optim_loss_scaler(s->optim) &&
+    return !dt_strategy_stage_device(s->comm, s->model) && dt_compress_is_none(&op->compress) && s->optim &&
+           !dt_optim_loss_scaler(s->optim) &&
            dt_comm_size(s->comm) > 1 && dt_comm_hosts(s->comm) == 1 && !dt_comm_hier_active(s->comm);
 }
 

@@ -215,7 +215,7 @@ dt_status dt_grad_sync_visit_state(dt_grad_sync *g, dt_state_visit_fn fn, void *
                         .shape = {g->world, (int64_t)g->state_n}, .numel = n, .is_optim = true,
                         .host = true,  /* the compressors work on the staged host copy: so does their state */
                         .hint = g->c->state_hint ? g->c->state_hint
-                                                 : "it is the --compress error-feedback state of each rank; resume with "
-                                                   "as many workers, the same --compress and --bucket-mb"};
+                                                 : "it is the --compress error-feedback state of each rank; resume "
+                                                   "with as many workers, the same --compress and --bucket-mb"};
     return fn(ctx, &p);
 }
