@@ -221,7 +221,7 @@ static const char *device_help(char *buf, size_t cap, const char *lead, const ch
 const char *dt_train_device_help(void) {
     static char buf[1024];
     return device_help(buf, sizeof buf, "where model memory lives and kernels run",
-                       "single, or plain ddp with --workers N; docs/device.md");
+                       "the strategies that run there and the options they refuse: docs/device.md");
 }
 
 const char *dt_cli_device_help(void) {
