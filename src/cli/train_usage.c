@@ -173,7 +173,7 @@ const char *dt_train_notes(void) {
     return buf;
 }
 
-/* "a, b or c" of a registry's names, each with ":OPTIONS" where options_after (NAME:OPTIONS)
+/* "a, b or c" of a registry's names, each followed by ":OPTIONS" when with_options is set,
  * into out. */
 static const char *names_of(dt_registry r, bool with_options, char *out, size_t cap) {
     dt_registry_entry e;
