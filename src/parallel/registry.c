@@ -13,8 +13,10 @@
  * the help and of the messages that list them. dt_strategy_register adds one from outside. */
 #define DT_STRATEGIES(X) X(single) X(ddp) X(localsgd) X(ps) X(tp) X(pp)
 
+#define DT_STRATEGY_DECL(n) extern const dt_strategy_entry dt_strategy_##n##_entry;
 #define DT_STRATEGY_REF(n) &dt_strategy_##n##_entry,
 #define DT_STRATEGY_ONE(n) +1
+DT_STRATEGIES(DT_STRATEGY_DECL)
 enum { N_BUILTIN = 0 DT_STRATEGIES(DT_STRATEGY_ONE), MAX_ENTRIES = N_BUILTIN + 8 };
 static const dt_strategy_entry *g_entries[MAX_ENTRIES] = {DT_STRATEGIES(DT_STRATEGY_REF)};
 static int g_n = N_BUILTIN;
