@@ -145,6 +145,15 @@ $(foreach t,$(TEST_C),$(eval $(call TEST_RULE,$(t))))
 # the toy extensions of issue 38 (a toy op, compressor, strategy: tests/toy/*.c), each with its own rule
 include $(wildcard tests/toy/*.mk)
 
+# tests/toy/ (the compressor and strategy registries opened from outside the library): a toy
+# compressor and a toy strategy, one file each, registered and trained by toy_parallel_test.c
+TOY_PARALLEL_O := $(patsubst %.c,$(BUILD)/obj/%.o,tests/toy/toy_compressor.c tests/toy/toy_strategy.c \
+                    tests/toy/toy_parallel_test.c)
+$(BUILD)/tests/toy_parallel_test: $(TOY_PARALLEL_O) $(BUILD)/libdtrain.a
+	@mkdir -p $(BUILD)/tests
+	$(CC) $(LDFLAGS) -o $@ $(TOY_PARALLEL_O) $(BUILD)/libdtrain.a $(LDLIBS)
+all: $(BUILD)/tests/toy_parallel_test
+
 $(TB_GEN).c $(TB_GEN).h &: src/run/tensorboard.proto
 	@mkdir -p $(dir $(TB_GEN))
 	protoc-c --proto_path=src/run --c_out=$(dir $(TB_GEN)) $<

@@ -80,6 +80,15 @@ if command -v script >/dev/null; then
 else echo "note: no 'script' to emulate a terminal: wrapping not checked"; fi
 grep -A2 '^Parallelism:' <<<"$help" | grep -q -- '--workers' && grep -A1 '^Data:' <<<"$help" | grep -q -- '--data' \
   && ok "train --help: --data under Data, --workers under Parallelism" || bad "train --help: groups hold the wrong flags"
+# the Strategies and Compressors lists after the flags are made from the registries: each entry
+# of src/parallel/registry.c and compress.c (as scripts/registry-check reads them) has its line
+missing=$(python3 "$(dirname "$0")/../scripts/registry-check" "$(dirname "$0")/.." |
+  sed -n "s/^registry-check: \(strategy\|compressor\) '\([a-z0-9_]*\)'.*/\1 \2/p" | while read -r kind name; do
+    title=$([ "$kind" = strategy ] && echo Strategies || echo Compressors)
+    sed -n "/^$title:/,/^\$/p" <<<"$help" | grep -qE "^  $name([(:]| |\$)" || echo "$kind $name"; done)
+nlisted=$(sed -n '/^Strategies:/,/^How each/p' <<<"$help" | grep -cE '^  [a-z]')
+[ -z "$missing" ] && [ "$nlisted" -ge 11 ] && ok "train --help lists every strategy and compressor of the registries ($nlisted)" \
+  || bad "train --help's registry lists lack: ${missing:-none} ($nlisted entries listed)"
 
 if ! have_fmnist; then
   echo "skip: Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)"

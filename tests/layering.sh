@@ -66,8 +66,8 @@ line=$(python3 "$ROOT/scripts/house-figures" "$ROOT" | grep '^house-figures: {"p
 if [ -n "$line" ]; then ok "house-figures on this tree: ${line:0:120}..."; else bad "scripts/house-figures printed no figures for $ROOT"; fi
 
 # every registry entry has its help and options (issue 38: one registry style): the real tree
-# passes, and a planted tree whose transport 'bad' lacks its help (and device 'nohelp' its
-# options) fails, naming them
+# passes (transports, devices, compressors, strategies), and a planted tree whose transport 'bad'
+# lacks its help (and device 'nohelp' its options) fails, naming them
 if out=$(python3 "$ROOT/scripts/registry-check" "$ROOT"); then
   ok "every registry entry has its help and options ($(echo "$out" | wc -l) entries)"
 else
@@ -80,12 +80,24 @@ printf 'const dt_transport_kind dt_transport_kind_good = {.name = "good", .help 
 printf 'const dt_transport_kind dt_transport_kind_bad = {.name = "bad", .options = ""};\n' >"$reg/src/comm/transport_bad.c"
 printf 'static const dt_device_kind *const KINDS[] = {&dt_device_kind_nohelp};\n' >"$reg/src/device/device.c"
 printf 'const dt_device_kind dt_device_kind_nohelp = {.name = "nohelp", .help = "h"};\n' >>"$reg/src/device/device.c"
+# ... and compressor 'noopts' its options, strategy 'nohelp' its help, strategy 'hidden' shows
+# its key 'k2' nowhere in its options (strategy 'fine' and compressor 'good' are complete)
+mkdir -p "$reg/src/parallel"
+printf '#define DT_COMPRESSORS(X) X(good) X(noopts)\n' >"$reg/src/parallel/compress.c"
+printf 'const dt_compressor dt_compress_good = {.name = "good", .help = "g" "h", .options = "K"};\n' >>"$reg/src/parallel/compress.c"
+printf 'const dt_compressor dt_compress_noopts = {.name = "noopts", .help = "h"};\n' >>"$reg/src/parallel/compress.c"
+printf '#define DT_STRATEGIES(X) X(fine) X(nohelp) X(hidden)\n' >"$reg/src/parallel/registry.c"
+{ printf 'const dt_strategy_entry dt_strategy_fine_entry = {.name = "fine", .help = "h", .options = "k1=A,k2=B", .keys = "k1, k2"};\n'
+  printf 'const dt_strategy_entry dt_strategy_nohelp_entry = {.name = "nohelp", .options = "", .keys = ""};\n'
+  printf 'const dt_strategy_entry dt_strategy_hidden_entry = {.name = "hidden", .help = "h", .options = "k1=A", .keys = "k1,k2"};\n'
+} >"$reg/src/parallel/s.c"
 out=$(python3 "$ROOT/scripts/registry-check" "$reg")
 if [ $? -ne 0 ] && echo "$out" | grep -q "transport 'bad'.*no .help" && echo "$out" | grep -q "device 'nohelp'.*no .options" &&
-   ! echo "$out" | grep -q "transport 'good'.*no "; then
-  ok "registry-check fails on a planted entry without help (transport) and without options (device)"
+   echo "$out" | grep -q "compressor 'noopts'.*no .options" && echo "$out" | grep -q "strategy 'nohelp'.*no .help" &&
+   echo "$out" | grep -q "strategy 'hidden'.*key k2" && ! echo "$out" | grep -q "'good'.*no \|'fine'.*: [^h]"; then
+  ok "registry-check fails on planted entries without help (transport, strategy), without options (device, compressor) and with a key its options do not show (strategy)"
 else
-  bad "registry-check on a planted tree (transport 'bad' without .help, device 'nohelp' without .options) printed: $out"
+  bad "registry-check on a planted tree (transport 'bad' and strategy 'nohelp' without .help, device 'nohelp' and compressor 'noopts' without .options, strategy 'hidden' without k2=) printed: $out"
 fi
 # ops: each has its help and its spec syntax (NULL or a dt_op_syntax with .args); a planted op
 # 'nohelp' without .help, 'nosyntax' without .syntax and 'noargs' whose syntax has no .args fail

@@ -234,6 +234,26 @@ dt_status dt_strategy_spec_add_option(const char *spec, const char *key, const c
 /* The strategies' spec syntax, one per line ("ddp(bucket_mb=MB)\n..."); static storage. */
 const char *dt_strategy_spec_help(void);
 
+/* ---- the registries, for help texts (dtrain train --help and the man page are made from them) ---- */
+typedef enum {
+    DT_REGISTRY_STRATEGY = 0,  /* --strategy: dt_train_config.strategy */
+    DT_REGISTRY_COMPRESSOR,    /* a strategy's compress=C (--compress) */
+    DT_REGISTRY_TRANSPORT,     /* dt_comm_config.transport (--backend) */
+    DT_REGISTRY_DEVICE,        /* dt_train_config.device (--device) */
+} dt_registry;
+
+/* One entry of a registry. */
+typedef struct {
+    const char *name;
+    const char *options;  /* the syntax of its options, "" when it takes none: a strategy's inside
+                           * NAME(...), the others' after "NAME:" */
+    const char *help;     /* what it is or does: a sentence or more, not wrapped */
+} dt_registry_entry;
+
+/* Entry i (from 0) of registry r, in the registry's order (transports: the automatic choice's);
+ * false past the last. The strings are static. */
+bool dt_registry_entry_at(dt_registry r, int i, dt_registry_entry *out);
+
 /* The class (dtrain/workers.h dt_strategy_class) of spec's strategy (a name or a spec); DT_EINVAL as dt_strategy_spec_info. */
 dt_status dt_strategy_spec_class(const char *spec, dt_strategy_class *out);
 /* Whether spec's strategy takes option key (e.g. "compress"); false for a bad spec. */

@@ -3,6 +3,7 @@
  * set with its predictions written as CSV or JSON Lines (atomically: temp file, then rename). */
 #include "cli/cli.h"
 #include "cli/train_outputs.h"
+#include "cli/train_usage.h"
 #include "dtrain/dtrain.h"
 #include "dtrain/models.h"
 
@@ -80,7 +81,7 @@ int dt_cmd_export(int argc, char **argv) {
         {"model", DT_FLAG_STR, &model, "SPEC", "with --weights: the model the weights belong to"},
         {"input-shape", DT_FLAG_STR, &shape, "C,H,W", "with a foreign --weights file: the input shape (default 1,28,28)"},
         {"output", DT_FLAG_STR, &out, "FILE", "the ONNX file to write (also -o FILE; required)"},
-        {"device", DT_FLAG_STR, &device, "DEV", "where the model runs: cpu (default) or checked[:arena=BYTES], the CPU kernels on memory the host cannot touch (docs/device.md)"},
+        {"device", DT_FLAG_STR, &device, "DEV", dt_cli_device_help()},
     };
     char **args = long_output_flag(argc, argv);
     if (!args) return dt_cli_fail(NULL, "out of memory");
@@ -126,7 +127,7 @@ int dt_cmd_eval(int argc, char **argv) {
         {"threads", DT_FLAG_INT, &threads, "N", "BLAS threads"},
         {"weights", DT_FLAG_STR, &weights, "FILE", "a plain safetensors weights file (PyTorch state_dict names) instead of --checkpoint"},
         {"model", DT_FLAG_STR, &model, "SPEC", "with --weights: the model the weights belong to (mlp, cnn, a spec, gpt:...)"},
-        {"device", DT_FLAG_STR, &device, "DEV", "where the model runs: cpu (default) or checked[:arena=BYTES], the CPU kernels on memory the host cannot touch (docs/device.md)"},
+        {"device", DT_FLAG_STR, &device, "DEV", dt_cli_device_help()},
     };
     int r = dt_flags_parse(argc, argv, 1, flags, (int)(sizeof flags / sizeof *flags), EVAL_USAGE, NULL, 0, NULL, NULL);
     if (r) return r < 0 ? 2 : 0;

@@ -5,6 +5,7 @@
  * Written to a temp file in the same directory and renamed: no half-written file. */
 #include "cli/cli.h"
 #include "cli/train_outputs.h"
+#include "cli/train_usage.h"
 #include "dtrain/dtrain.h"
 #include "dtrain/models.h"
 #include "run/writable.h"
@@ -158,7 +159,7 @@ int dt_cmd_predict(int argc, char **argv) {
         {"limit", DT_FLAG_I64, &o.limit, "N", "only the first N samples (0 = all)"},
         {"logits", DT_FLAG_BOOL, &o.logits, NULL, "write every logit too"},
         {"threads", DT_FLAG_INT, &threads, "N", "BLAS threads"},
-        {"device", DT_FLAG_STR, &device, "DEV", "where the model runs: cpu (default) or checked[:arena=BYTES], the CPU kernels on memory the host cannot touch (docs/device.md)"},
+        {"device", DT_FLAG_STR, &device, "DEV", dt_cli_device_help()},
         {"output", DT_FLAG_STR, &o.out, "FILE", "where to write (also -o FILE; required)"},
     };
     char **args = calloc((size_t)argc + 1, sizeof *args);

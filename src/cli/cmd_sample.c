@@ -4,6 +4,7 @@
  * Exit status: 0; 1 at run time; 2 a wrong flag or a prompt outside the vocabulary; 78 a checkpoint
  * that cannot be read, or a model that is not a GPT. */
 #include "cli/cli.h"
+#include "cli/train_usage.h"
 #include "dtrain/dtrain.h"
 #include "dtrain/models.h"
 #include "run/launch.h"
@@ -114,7 +115,7 @@ int dt_cmd_sample(int argc, char **argv) {
         {"seed", DT_FLAG_I64, &seed, "S", "seed of the draws"},
         {"threads", DT_FLAG_INT, &threads, "N", "BLAS threads"},
         {"ids", DT_FLAG_BOOL, &tok_ids, NULL, "the prompt and the output are token ids (a model of --data tokens:DIR)"},
-        {"device", DT_FLAG_STR, &device, "DEV", "where the model runs: cpu (default) or checked[:arena=BYTES], the CPU kernels on memory the host cannot touch (docs/device.md)"},
+        {"device", DT_FLAG_STR, &device, "DEV", dt_cli_device_help()},
     };
     int r = dt_flags_parse(argc, argv, 1, flags, (int)(sizeof flags / sizeof *flags), SAMPLE_USAGE, NULL, 0, NULL, NULL);
     if (r) return r < 0 ? DT_EXIT_USAGE : 0;

@@ -148,10 +148,7 @@ static int train_flags_model(train_opts *o, dt_flag *f, int n) {
         {"seed", DT_FLAG_I64, &o->seed, "N", "seed of init, shuffling and dropout"},
         {"threads", DT_FLAG_INT, &c->threads, "N", "BLAS threads of this worker"},
         {"kernels", DT_FLAG_STR, &c->kernels, "LIB", "kernel library: onednn (default where built) or blas"},
-        {"device", DT_FLAG_STR, &c->device, "DEV", "where model memory lives and kernels run: cpu (default) or "
-         "checked[:arena=BYTES], the CPU kernels on memory the host cannot touch, to prove code device-neutral, or "
-         "cuda[:N], an NVIDIA GPU (default the local rank's; builds with CUDA=1; f32; not yet run on a GPU) "
-         "(single, or plain ddp with --workers N; docs/device.md)"},
+        {"device", DT_FLAG_STR, &c->device, "DEV", dt_train_device_help()},
         {"precision", DT_FLAG_STR, &c->precision, "P", "GEMM inputs fp32 (default), bf16 or fp16 (f32 master weights; fp16: loss scaling; where the CPU has no such GEMM: inputs rounded, f32 GEMMs, not faster; when resuming, the checkpoint's)"},
         {"max-steps", DT_FLAG_I64, &o->max_steps, "N", "stop after N steps in total (ps: N batches per worker; 0 = all epochs)"},
         {"save", DT_FLAG_STR, &c->save, "FILE", "write a checkpoint (safetensors) after every epoch"},
@@ -175,7 +172,7 @@ static int train_flags_job(train_opts *o, dt_flag *f, int n) {
     const dt_flag flags[] = {
         {"workers", DT_FLAG_INT, &o->workers, "N", "run N local data-parallel worker processes"},
         {"tp", DT_FLAG_INT, &o->tp, "K", "tensor parallel GPT over K ranks (--strategy tp; with --pp: K ranks per stage); the rest of the ranks are data parallel"},
-        {"strategy", DT_FLAG_STR, &c->strategy, "SPEC", "distribution strategy: ddp (default when > 1 rank), localsgd, ps, with options: ps(servers=2,staleness=4)"},
+        {"strategy", DT_FLAG_STR, &c->strategy, "SPEC", dt_train_strategy_help()},
         {"servers", DT_FLAG_INT, &o->uneven.servers, "S", "ps: ranks holding the parameters (the first S ranks)"},
         {"staleness", DT_FLAG_STR, &o->uneven.staleness, "S", "ps: global batches a worker may run ahead of the oldest one in training (default inf: async)"},
         {"sync-every", DT_FLAG_INT, &o->uneven.sync_every, "H", "localsgd: average the models every H steps"},
@@ -189,7 +186,7 @@ static int train_flags_job(train_opts *o, dt_flag *f, int n) {
         {"backend", DT_FLAG_STR, &o->backend, "NAME", backend_help()},
         {"bucket-mb", DT_FLAG_FLOAT, &o->bucket_mb, "MB", "ddp gradient bucket size in MB (0 = default 1)"},
         {"allreduce", DT_FLAG_STR, &o->uneven.allreduce, "MODE", "ddp: auto (hierarchical when ranks span hosts), flat or hier"},
-        {"compress", DT_FLAG_STR, &o->uneven.compress, "C", "ddp/localsgd: none, fp16, bf16, topk:RATIO[:momentum=M][:warmup=S], powersgd:RANK[:warmup=S][:min_rate=X]"},
+        {"compress", DT_FLAG_STR, &o->uneven.compress, "C", dt_train_compress_help()},
         {"timeline", DT_FLAG_STR, &c->timeline, "FILE", "write a Chrome trace of every rank (Perfetto, chrome://tracing)"},
         {"timeout", DT_FLAG_FLOAT, &o->timeout, "S", "deadline of any wait for another rank, seconds (0 = DTRAIN_TIMEOUT or default 300)"},
         {"checkpoint-dir", DT_FLAG_STR, &c->checkpoint_dir, "DIR", "numbered checkpoints ckpt-STEP.safetensors go here (read by --resume auto)"},

@@ -8,10 +8,17 @@
 extern const char dt_train_usage[];
 /* The groups --help lists the flags in (NULL-title-terminated; unnamed flags: Advanced). */
 extern const dt_flag_group dt_train_groups[];
-/* The text after the flag list that follows the layers of a model spec: strategies. */
-extern const char dt_train_notes[];
-/* The three together, for dt_flags_parse_help: the notes start with the model spec syntax and the
- * layers of the op registry (dt_spec_help). */
+/* The text after the flag list: model spec syntax, then the strategies and the compressors, each
+ * with its syntax, help and flags, from the registries. Static storage, made on the first call. */
+const char *dt_train_notes(void);
+/* The three together, for dt_flags_parse_help. */
 const dt_flag_help *dt_train_help(void);
+/* The help of --strategy, --compress and --device: the registries' names and syntax. Static storage. */
+const char *dt_train_strategy_help(void);
+const char *dt_train_compress_help(void);
+const char *dt_train_device_help(void);
+/* The --device help of the commands that run a trained model (eval, predict, sample, export):
+ * the devices of the registry. Static storage. */
+const char *dt_cli_device_help(void);
 
 #endif

@@ -25,7 +25,9 @@ static dt_status none_advance(dt_grad_sync *g, dt_gs_bucket *b) {
     return DT_OK;
 }
 
-const dt_compressor dt_compress_none = {.name = "none", .start = none_start, .advance = none_advance};
+const dt_compressor dt_compress_none = {
+    .name = "none", .help = "the f32 values, allreduced as they are (the default)", .options = "",
+    .start = none_start, .advance = none_advance};
 
 /* ---- fp16 / bf16 ---- */
 
@@ -105,9 +107,15 @@ static dt_status cast_advance(dt_grad_sync *g, dt_gs_bucket *b, bool bf16) {
 static dt_status fp16_advance(dt_grad_sync *g, dt_gs_bucket *b) { return cast_advance(g, b, false); }
 static dt_status bf16_advance(dt_grad_sync *g, dt_gs_bucket *b) { return cast_advance(g, b, true); }
 
-const dt_compressor dt_compress_fp16 = {.name = "fp16", .bucket_init = cast_init, .bucket_free = cast_free,
+const dt_compressor dt_compress_fp16 = {.name = "fp16", .options = "",
+                                        .help = "rounded to IEEE half precision (half the bytes); the rounding error "
+                                                "is added to the next step (error feedback)",
+                                        .bucket_init = cast_init, .bucket_free = cast_free,
                                         .start = fp16_start, .advance = fp16_advance, .bind_state = cast_bind,
                                         .residual = cast_residual};
-const dt_compressor dt_compress_bf16 = {.name = "bf16", .bucket_init = cast_init, .bucket_free = cast_free,
+const dt_compressor dt_compress_bf16 = {.name = "bf16", .options = "",
+                                        .help = "rounded to bfloat16 (half the bytes, f32's range), with error "
+                                                "feedback",
+                                        .bucket_init = cast_init, .bucket_free = cast_free,
                                         .start = bf16_start, .advance = bf16_advance, .bind_state = cast_bind,
                                         .residual = cast_residual};

@@ -14,8 +14,57 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* PowerSGD's min_rate when the text gives none: PyTorch's default min_compression_rate. A matrix
+ * whose factors save less than half of it (a rank near its smaller side) is sent whole: exact, and
+ * at most twice the bytes of its factors. min_rate=0 compresses every matrix. */
+#define PSGD_DEFAULT_MIN_RATE 2.0
+
+/* powersgd's options: "powersgd:RANK[:warmup=STEPS][:min_rate=X]". */
+typedef struct {
+    int rank;          /* rank r of the approximation, >= 1 */
+    int warmup;        /* steps of plain allreduce first (PyTorch's start_powerSGD_iter) */
+    double min_rate;   /* an n x m matrix is compressed only when its factors are at least this many times
+                        * smaller, (n + m) r min_rate < n m (PyTorch's min_compression_rate); others
+                        * travel plain with the biases */
+} psgd_opts;
+
+static dt_status psgd_parse(const char *text, const char *p, void *opts) {
+    psgd_opts *o = opts;
+    double r;
+    if (!dt_compress_num(&p, 1, 1e6, &r) || r != floor(r))
+        return dt_compress_bad(text, "the rank must be a whole number >= 1");
+    o->rank = (int)r, o->warmup = DT_COMPRESS_DEFAULT_WARMUP, o->min_rate = PSGD_DEFAULT_MIN_RATE;
+    while (*p == ':') {
+        p++;
+        double v;
+        if (!strncmp(p, "warmup=", 7)) {
+            p += 7;
+            if (!dt_compress_num(&p, 0, 1e9, &v) || v != floor(v))
+                return dt_compress_bad(text, "warmup= needs a whole number of steps");
+            o->warmup = (int)v;
+        } else if (!strncmp(p, "min_rate=", 9)) {
+            p += 9;
+            if (!dt_compress_num(&p, 0, 1e6, &v))
+                return dt_compress_bad(text, "min_rate= needs a number >= 0 (compress a matrix only when its factors "
+                                             "are that many times smaller; 0 compresses every matrix)");
+            o->min_rate = v;
+        } else
+            return dt_compress_bad(text, "powersgd takes :warmup=STEPS (plain allreduce for the first STEPS steps) "
+                                         "and :min_rate=X");
+    }
+    return DT_OK;
+}
+
+/* min_rate only where it is not the default. */
+static void psgd_format(const void *opts, char *out, size_t cap) {
+    const psgd_opts *o = opts;
+    if (o->min_rate == PSGD_DEFAULT_MIN_RATE) snprintf(out, cap, "%d:warmup=%d", o->rank, o->warmup);
+    else snprintf(out, cap, "%d:warmup=%d:min_rate=%.17g", o->rank, o->warmup, o->min_rate);
+}
 
 typedef struct {
     size_t off, n, m, r;   /* matrix at bucket offset off, n x m, rank r */
@@ -60,6 +109,7 @@ static dt_status add_tensor(psgd_state *s, const dt_gs_bucket *b, const dt_param
 
 static dt_status psgd_init(dt_grad_sync *g, dt_gs_bucket *b, size_t *state_floats) {
     const dt_grad_sync_config *c = dt_grad_sync_config_of(g);
+    const psgd_opts *o = dt_grad_sync_opts(g);
     psgd_state *s = calloc(1, sizeof *s);
     b->st = s;
     size_t nt = (size_t)dt_model_num_tensors(c->model) + 1;
@@ -67,7 +117,7 @@ static dt_status psgd_init(dt_grad_sync *g, dt_gs_bucket *b, size_t *state_float
     if (!s || !s->mat || !s->plain) return dt_error(DT_ENOMEM, "--compress powersgd: out of memory");
     for (int i = 0; i < dt_model_num_tensors(c->model); i++) {
         const dt_param_info *t = dt_model_tensor(c->model, i);
-        if (!t->is_buffer) DT_TRY(add_tensor(s, b, t, dt_grad_sync_spec(g)->rank, dt_grad_sync_spec(g)->min_rate));
+        if (!t->is_buffer) DT_TRY(add_tensor(s, b, t, o->rank, o->min_rate));
     }
     s->pay = dt_alloc((s->nplain_vals + s->np + 1) * sizeof(float));
     if (!s->pay) return dt_error(DT_ENOMEM, "--compress powersgd: out of memory for a %zu-value bucket", b->hi - b->lo);
@@ -135,7 +185,7 @@ static void orthonormalise(float *A, size_t n, size_t r, uint64_t refill) {
 
 static dt_status psgd_start(dt_grad_sync *g, dt_gs_bucket *b) {
     psgd_state *s = b->st;
-    s->plain_step = dt_grad_sync_step(g) < dt_grad_sync_spec(g)->warmup;
+    s->plain_step = dt_grad_sync_step(g) < ((const psgd_opts *)dt_grad_sync_opts(g))->warmup;
     if (s->plain_step) {  /* warm-up: uncompressed, no error feedback (the residual stays 0) */
         dt_grad_sync_count(g, (b->hi - b->lo) * sizeof(float), false);
         return dt_comm_iallreduce(dt_grad_sync_config_of(g)->comm, b->x, b->x, b->hi - b->lo, DT_F32, DT_OP_AVG,
@@ -207,6 +257,14 @@ static dt_status psgd_advance(dt_grad_sync *g, dt_gs_bucket *b) {
     return b->stage == 1 ? after_p(g, b) : after_q(g, b);
 }
 
-const dt_compressor dt_compress_powersgd = {.name = "powersgd", .stages = 2, .bucket_init = psgd_init, .bucket_free = psgd_free,
-                                            .start = psgd_start, .advance = psgd_advance, .bind_state = psgd_bind,
-                                            .residual = psgd_residual};
+const dt_compressor dt_compress_powersgd = {
+    .name = "powersgd", .options = "RANK[:warmup=STEPS][:min_rate=X]",
+    .help = "each weight matrix as a rank-RANK product P Q^T (PowerSGD: two allreduces), the rest kept for the next "
+            "step; biases travel whole; warmup=STEPS: plain allreduce first (default 1000); min_rate=X: compress a "
+            "matrix only when its factors are X times smaller (default 2; 0: every matrix)",
+    .opts_size = sizeof(psgd_opts), .parse = psgd_parse, .format = psgd_format,
+    .state_hint = "it is the --compress error-feedback state of each rank; resume with as many workers, the same "
+                  "--compress and --bucket-mb (a powersgd checkpoint written before min_rate existed compressed every "
+                  "matrix: add :min_rate=0)",
+    .stages = 2, .bucket_init = psgd_init, .bucket_free = psgd_free, .start = psgd_start, .advance = psgd_advance,
+    .bind_state = psgd_bind, .residual = psgd_residual};

@@ -14,6 +14,8 @@
 #include "dtrain/dtrain.h"
 
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -21,15 +23,46 @@ static char g_dir[64], g_csv[128];
 enum { T = 6, CAP = 4096 };
 #define SMALL_MODEL "linear(16) relu linear(4)"  /* 12 features: 276 parameters, 2 buckets below */
 
+/* What the tests need of a spec, read back from its canonical text (dt_compress_format): each
+ * compressor's options are private to its file. */
+typedef struct {
+    char name[128];
+    double ratio, momentum, min_rate;
+    int warmup, rank;
+} spec_view;
+
+static spec_view view_of(const dt_compress_spec *cs) {
+    char t[128], *p;
+    dt_compress_format(cs, t, sizeof t);
+    spec_view v = {.ratio = 1, .min_rate = 2};
+    char *colon = strchr(t, ':');
+    if (colon) *colon = 0;
+    snprintf(v.name, sizeof v.name, "%s", t);
+    if (!colon) return v;
+    double first = strtod(colon + 1, &p);
+    if (!strcmp(v.name, "topk")) v.ratio = first;
+    else v.rank = (int)first;
+    while (*p == ':') {
+        p++;
+        if (!strncmp(p, "momentum=", 9)) v.momentum = strtod(p + 9, &p);
+        else if (!strncmp(p, "warmup=", 7)) v.warmup = (int)strtod(p + 7, &p);
+        else if (!strncmp(p, "min_rate=", 9)) v.min_rate = strtod(p + 9, &p);
+        else break;
+    }
+    return v;
+}
+
+static bool is(const spec_view *v, const char *name) { return !strcmp(v->name, name); }
+
 static void g_of(float *g, size_t n, int rank, int step) {
     dt_rng_fill_normal(g, n, 0.0f, 1.0f, 77, dt_rng_key(DT_RNG_USER + 1, (uint64_t)(rank * 100 + step)));
 }
 
 /* The step's figures: f32 bytes of the vector; top-k: k pairs of 8 bytes per bucket (ceil(density
  * n), after the warm-up), at most W*k values set; casts: 2 bytes a value. */
-static void check_bytes(const dt_compress_spec *cs, dt_grad_sync_stats st, const float *x, size_t n, int W, int t) {
+static void check_bytes(const spec_view *cs, dt_grad_sync_stats st, const float *x, size_t n, int W, int t) {
     CHECK(st.raw_bytes == (double)n * 4);
-    if (cs->kind == DT_COMPRESS_TOPK) {
+    if (is(cs, "topk")) {
         double d = cs->warmup && t < cs->warmup ? pow(cs->ratio, (t + 1.0) / cs->warmup) : cs->ratio;
         double k = ceil(d * 68 - 1e-9) + ceil(d * 208 - 1e-9);
         CHECK_MSG(st.payload_bytes == 8 * k, "topk step %d: %g payload bytes, want %g", t, st.payload_bytes, 8 * k);
@@ -37,7 +70,7 @@ static void check_bytes(const dt_compress_spec *cs, dt_grad_sync_stats st, const
         for (size_t i = 0; i < n; i++) nz += x[i] != 0;
         CHECK_MSG(nz <= (size_t)W * (size_t)k, "topk step %d: %zu values set, at most %g sent", t, nz, W * k);
     }
-    if (cs->kind == DT_COMPRESS_FP16 || cs->kind == DT_COMPRESS_BF16) CHECK(st.payload_bytes == (double)n * 2);
+    if (is(cs, "fp16") || is(cs, "bf16")) CHECK(st.payload_bytes == (double)n * 2);
 }
 
 /* True when every rank of c holds the same bits in x[0..n) (a hash compared by min and max). */
@@ -63,16 +96,17 @@ static int identity_rank(const char *text, int r, int W, const char *job) {
     CHECK_OK(dt_model_create_from_spec(&m, SMALL_MODEL, 1, 1, 12));
     const size_t n = dt_model_num_params(m);
     size_t lo[2] = {208, 0}, hi[2] = {n, 208};  /* the last layer's bucket first, as ddp issues them */
-    dt_compress_spec cs;
-    CHECK_OK(dt_compress_parse(text, &cs));
+    dt_compress_spec spec;
+    CHECK_OK(dt_compress_parse(text, &spec));
+    const spec_view cs = view_of(&spec);
     dt_grad_sync_config gc = {.comm = c, .model = m, .n = n, .lo = lo, .hi = hi, .nb = 2};
     dt_grad_sync *gs;
-    CHECK_OK(dt_grad_sync_create(&gs, &cs, &gc));
+    CHECK_OK(dt_grad_sync_create(&gs, &spec, &gc));
     static float x[CAP], g[CAP], mean[CAP], sum_out[CAP], sum_g[CAP], res[CAP], lossless_err[1];
     memset(sum_out, 0, sizeof sum_out), memset(sum_g, 0, sizeof sum_g);
     lossless_err[0] = 0;
-    const bool lossless = cs.kind == DT_COMPRESS_NONE || (cs.kind == DT_COMPRESS_TOPK && cs.ratio == 1.0 && !cs.warmup) ||
-                          (cs.kind == DT_COMPRESS_POWERSGD && cs.rank >= 16);
+    const bool lossless = is(&cs, "none") || (is(&cs, "topk") && cs.ratio == 1.0 && !cs.warmup) ||
+                          (is(&cs, "powersgd") && cs.rank >= 16);
     for (int t = 0; t < T; t++) {
         memset(mean, 0, n * sizeof(float));
         for (int q = 0; q < W; q++) {
@@ -91,7 +125,7 @@ static int identity_rank(const char *text, int r, int W, const char *job) {
         for (size_t i = 0; i < n; i++) sum_out[i] += x[i];
         double e = dt_test_maxdiff(x, mean, n);
         if (e > lossless_err[0]) lossless_err[0] = (float)e;
-        if (cs.kind == DT_COMPRESS_POWERSGD && t < cs.warmup)  /* warm-up steps: plain allreduce */
+        if (is(&cs, "powersgd") && t < cs.warmup)  /* warm-up steps: plain allreduce */
             CHECK_MSG(e <= 1e-6, "%s step %d (warm-up): result differs from the mean by %g", text, t, e);
         CHECK_MSG(same_on_all_ranks(c, x, n), "%s step %d: the ranks' results differ", text, t);
     }
@@ -104,13 +138,12 @@ static int identity_rank(const char *text, int r, int W, const char *job) {
         scale = fmax(scale, fabs((double)sum_g[i]));
     }
     /* the casts round the mean once more on the way back (not fed back): their tolerance per step */
-    double ltol = cs.kind == DT_COMPRESS_POWERSGD ? 2e-4 : cs.kind == DT_COMPRESS_FP16 ? 2e-3
-                  : cs.kind == DT_COMPRESS_BF16 ? 2e-2 : 1e-6;
-    double rtol = cs.kind == DT_COMPRESS_POWERSGD ? 2e-4 : ltol > 1e-5 ? ltol : 2e-5;
+    double ltol = is(&cs, "powersgd") ? 2e-4 : is(&cs, "fp16") ? 2e-3 : is(&cs, "bf16") ? 2e-2 : 1e-6;
+    double rtol = is(&cs, "powersgd") ? 2e-4 : ltol > 1e-5 ? ltol : 2e-5;
     if (cs.momentum == 0)  /* with momentum correction the velocities are what travels, not the gradients */
         CHECK_MSG(worst <= rtol * (scale + 1), "%s: sum of sent + residual is off the sum of gradients by %g (scale %g)",
                   text, worst, scale);
-    if (lossless || cs.kind == DT_COMPRESS_FP16 || cs.kind == DT_COMPRESS_BF16)
+    if (lossless || is(&cs, "fp16") || is(&cs, "bf16"))
         CHECK_MSG(lossless_err[0] <= ltol, "%s: result differs from the plain mean by %g (tolerance %g)", text,
                   lossless_err[0], ltol);
     if (r == 0 && cs.momentum == 0)
@@ -166,7 +199,7 @@ static void test_cast_exact(void) {
             }
         }
         CHECK_MSG(bad_sent == 0 && bad_res == 0, "%s: %zu values sent and %zu residuals not exact (of 3 x %zu)",
-                  cs.kind == DT_COMPRESS_BF16 ? "bf16" : "fp16", bad_sent, bad_res, n);
+                  cs.c->name, bad_sent, bad_res, n);
         dt_grad_sync_destroy(gs);
     }
     printf("fp16, bf16 on a %zu-value bucket: sent values and residuals exact\n", n);
@@ -368,31 +401,55 @@ static void test_topk_large(void) {
 
 static void test_parse(void) {
     dt_compress_spec s;
+    spec_view v;
     CHECK_OK(dt_compress_parse("topk:0.01:momentum=0.9:warmup=100", &s));
-    CHECK(s.kind == DT_COMPRESS_TOPK && s.ratio == 0.01 && s.momentum == 0.9 && s.warmup == 100);
+    v = view_of(&s);
+    CHECK(is(&v, "topk") && v.ratio == 0.01 && v.momentum == 0.9 && v.warmup == 100);
     CHECK_OK(dt_compress_parse("powersgd:4", &s));
-    CHECK(s.kind == DT_COMPRESS_POWERSGD && s.rank == 4 && s.warmup == 1000);  /* PyTorch's start_powerSGD_iter */
-    CHECK(s.min_rate == 2.0);  /* PyTorch's min_compression_rate */
+    v = view_of(&s);
+    CHECK(is(&v, "powersgd") && v.rank == 4 && v.warmup == 1000);  /* PyTorch's start_powerSGD_iter */
+    CHECK(v.min_rate == 2.0);  /* PyTorch's min_compression_rate */
     CHECK_OK(dt_compress_parse("topk:0.01", &s));
-    CHECK(s.kind == DT_COMPRESS_TOPK && s.warmup == 1000);
-    /* the canonical text keeps every warm-up, the default's and an explicit 0, through a round trip */
+    v = view_of(&s);
+    CHECK(is(&v, "topk") && v.warmup == 1000);
+    /* the canonical text keeps every warm-up, the default's and an explicit 0, through a round trip
+     * (the options as parsed, byte for byte) */
     const char *trip[] = {"powersgd:4", "powersgd:4:warmup=0", "topk:0.01", "topk:0.01:warmup=0", "powersgd:2:min_rate=0",
-                          "powersgd:2:min_rate=1.5:warmup=7"};
+                          "powersgd:2:min_rate=1.5:warmup=7", "fp16", "none"};
     for (size_t i = 0; i < sizeof trip / sizeof *trip; i++) {
         dt_compress_spec a, b;
         char text[96];
         CHECK_OK(dt_compress_parse(trip[i], &a));
         dt_compress_format(&a, text, sizeof text);
         CHECK_OK(dt_compress_parse(text, &b));
-        CHECK_MSG(a.kind == b.kind && a.warmup == b.warmup && a.rank == b.rank && a.ratio == b.ratio &&
-                  a.min_rate == b.min_rate,
-                  "%s -> %s: warm-up %d, read back %d; min_rate %g, read back %g", trip[i], text, a.warmup, b.warmup, a.min_rate,
-                  b.min_rate);
+        CHECK_MSG(a.c == b.c && !memcmp(&a, &b, sizeof a), "%s -> %s: reads back other options", trip[i], text);
     }
     CHECK_OK(dt_compress_parse("powersgd:2:warmup=3", &s));
-    CHECK(s.kind == DT_COMPRESS_POWERSGD && s.rank == 2 && s.warmup == 3);
+    v = view_of(&s);
+    CHECK(is(&v, "powersgd") && v.rank == 2 && v.warmup == 3);
+    /* the messages list every compressor of the registry with its syntax */
+    CHECK(dt_compress_parse("zip", &s) == DT_EINVAL);
+    int n;
+    const dt_compressor *const *all = dt_compressors(&n);
+    CHECK(n >= 5);
+    for (int i = 0; i < n; i++) {
+        char form[128];
+        snprintf(form, sizeof form, "%s%s%s", all[i]->name, all[i]->options[0] ? ":" : "", all[i]->options);
+        CHECK_MSG(strstr(dt_last_error(), form) != NULL, "the message lists %s: %s", form, dt_last_error());
+    }
+    /* registering: refused without help, with options but no parser, or under a taken name
+     * (tests/toy/ registers a compressor that trains) */
+    dt_compressor planted = *dt_compress_find("fp16");
+    planted.name = "nohelp", planted.help = "";
+    CHECK(dt_compress_register(&planted) == DT_EINVAL && strstr(dt_last_error(), "nohelp"));
+    planted.help = "h", planted.options = "K";
+    CHECK(dt_compress_register(&planted) == DT_EINVAL && strstr(dt_last_error(), "parse"));
+    planted.name = "topk", planted.options = "";
+    CHECK(dt_compress_register(&planted) == DT_EINVAL && strstr(dt_last_error(), "registered already"));
+    CHECK(dt_compressors(&n) && n == 5);
     const char *bad[] = {"topk", "topk:0", "topk:1.5", "topk:0.1:foo=1", "powersgd:0", "powersgd:1.5",
-                         "powersgd:2:warmup=x", "powersgd:2:min_rate=-1", "powersgd:2:min_rate=", "powersgd:2:rate=2", "zip"};
+                         "powersgd:2:warmup=x", "powersgd:2:min_rate=-1", "powersgd:2:min_rate=", "powersgd:2:rate=2",
+                         "zip", "fp16:2", "none:x"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         CHECK(dt_compress_parse(bad[i], &s) == DT_EINVAL);
         CHECK_MSG(strstr(dt_last_error(), bad[i]) != NULL, "the error names '%s': %s", bad[i], dt_last_error());

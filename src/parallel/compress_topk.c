@@ -9,8 +9,44 @@
 #include "parallel/grad_sync.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* topk's options: "topk:RATIO[:momentum=M][:warmup=STEPS]". */
+typedef struct {
+    double ratio;     /* fraction of the values sent, (0, 1] */
+    double momentum;  /* DGC momentum correction (0 = off; then train with plain SGD) */
+    int warmup;       /* steps over which the ratio falls from 1 to `ratio` (DGC warm-up) */
+} topk_opts;
+
+static dt_status topk_parse(const char *text, const char *p, void *opts) {
+    topk_opts *o = opts;
+    o->warmup = DT_COMPRESS_DEFAULT_WARMUP;
+    if (!dt_compress_num(&p, 0, 1, &o->ratio) || !(o->ratio > 0))
+        return dt_compress_bad(text, "the ratio must be a number in (0, 1]");
+    while (*p == ':') {
+        p++;
+        double v;
+        if (!strncmp(p, "momentum=", 9)) {
+            p += 9;
+            if (!dt_compress_num(&p, 0, 0.999, &v)) return dt_compress_bad(text, "momentum= needs a number in [0, 1)");
+            o->momentum = v;
+        } else if (!strncmp(p, "warmup=", 7)) {
+            p += 7;
+            if (!dt_compress_num(&p, 0, 1e9, &v) || v != floor(v))
+                return dt_compress_bad(text, "warmup= needs a whole number of steps");
+            o->warmup = (int)v;
+        } else
+            return dt_compress_bad(text, "topk takes momentum= and warmup=");
+    }
+    return DT_OK;
+}
+
+static void topk_format(const void *opts, char *out, size_t cap) {
+    const topk_opts *o = opts;
+    snprintf(out, cap, "%g:momentum=%g:warmup=%d", o->ratio, o->momentum, o->warmup);
+}
 
 typedef struct {
     float *v;         /* accumulated values not yet sent (checkpointed row) */
@@ -22,19 +58,19 @@ typedef struct {
 } topk_state;
 
 /* The fraction sent at step `step` (the DGC warm-up: geometric from 1 down to ratio). */
-static double density(const dt_compress_spec *s, int64_t step) {
+static double density(const topk_opts *s, int64_t step) {
     if (s->warmup <= 0 || step >= s->warmup) return s->ratio;
     return pow(s->ratio, (double)(step + 1) / (double)s->warmup);
 }
 
 /* Values sent of a bucket of n at step `step`: ceil(density * n), at least 1. */
-static size_t topk_count(const dt_compress_spec *s, int64_t step, size_t n) {
+static size_t topk_count(const topk_opts *s, int64_t step, size_t n) {
     double k = ceil(density(s, step) * (double)n - 1e-9);
     return k < 1 ? 1 : k > (double)n ? n : (size_t)k;
 }
 
 static dt_status topk_init(dt_grad_sync *g, dt_gs_bucket *b, size_t *state_floats) {
-    const dt_compress_spec *s = dt_grad_sync_spec(g);
+    const topk_opts *s = dt_grad_sync_opts(g);
     size_t n = b->hi - b->lo;
     int W = dt_comm_size(dt_grad_sync_config_of(g)->comm);
     topk_state *t = calloc(1, sizeof *t);
@@ -137,7 +173,7 @@ static double select_topk(topk_state *t, size_t n, size_t k, bool momentum) {
 }
 
 static dt_status topk_start(dt_grad_sync *g, dt_gs_bucket *b) {
-    const dt_compress_spec *s = dt_grad_sync_spec(g);
+    const topk_opts *s = dt_grad_sync_opts(g);
     topk_state *t = b->st;
     size_t n = b->hi - b->lo;
     const bool mom = s->momentum > 0;
@@ -177,6 +213,11 @@ static dt_status topk_advance(dt_grad_sync *g, dt_gs_bucket *b) {
     return DT_OK;
 }
 
-const dt_compressor dt_compress_topk = {.name = "topk", .bucket_init = topk_init, .bucket_free = topk_free,
-                                        .start = topk_start, .advance = topk_advance, .bind_state = topk_bind,
-                                        .residual = topk_residual};
+const dt_compressor dt_compress_topk = {
+    .name = "topk", .options = "RATIO[:momentum=M][:warmup=STEPS]",
+    .help = "the RATIO share of values of largest magnitude, as (index, value) pairs allgathered (Deep Gradient "
+            "Compression); the rest is kept and added next step; momentum=M: DGC's momentum correction (then train "
+            "with plain SGD); warmup=STEPS: the ratio falls from 1 over the first STEPS steps (default 1000)",
+    .opts_size = sizeof(topk_opts), .parse = topk_parse, .format = topk_format,
+    .bucket_init = topk_init, .bucket_free = topk_free, .start = topk_start, .advance = topk_advance,
+    .bind_state = topk_bind, .residual = topk_residual};

@@ -201,7 +201,8 @@ dt_status dt_ddp_buckets(dt_model *m, double bucket_mb, dt_ddp_range **out, int 
  * interleaved runs): reduce-scatter + update + allgather 63 us against allreduce + update 91. */
 static bool sharded_update(const dt_strategy *s, const ddp_opts *op) {
     if (op->update != UPDATE_AUTO) return op->update == UPDATE_SHARD;
-    return !dt_strategy_stage_device(s->comm, s->model) && op->compress.kind == DT_COMPRESS_NONE && s->optim && !dt_optim_loss_scaler(s->optim) &&
+    return !dt_strategy_stage_device(s->comm, s->model) && dt_compress_is_none(&op->compress) && s->optim &&
+           !dt_optim_loss_scaler(s->optim) &&
            dt_comm_size(s->comm) > 1 && dt_comm_hosts(s->comm) == 1 && !dt_comm_hier_active(s->comm);
 }
 
@@ -211,7 +212,7 @@ static const char *auto_choice(const dt_strategy *s, const ddp_opts *op, bool sh
     if (shard) return "update=shard (auto: the ranks share one host)";
     if (dt_strategy_stage_device(s->comm, s->model))  /* same comm bytes; 2/N of a slab more across the device */
         return "update=full (auto: the gradients are staged off the device; update=shard would move more)";
-    if (op->compress.kind != DT_COMPRESS_NONE) return "update=full (auto: a compressor needs the allreduce)";
+    if (!dt_compress_is_none(&op->compress)) return "update=full (auto: a compressor needs the allreduce)";
     if (s->optim && dt_optim_loss_scaler(s->optim)) return "update=full (auto: fp16 loss scaling skips whole steps)";
     if (dt_comm_size(s->comm) < 2) return "update=full (auto: one rank)";
     return "update=full (auto: the ranks span hosts)";
@@ -300,17 +301,17 @@ static void ddp_format(const void *opts, char *out, size_t cap) {
     if (o->allreduce != DT_HIER_AUTO) snprintf(a, sizeof a, ",allreduce=%s", names[o->allreduce]);
     int zn = o->zero > 0 ? snprintf(z, sizeof z, ",zero=%d", o->zero) : 0;
     if (o->update != UPDATE_AUTO) snprintf(z + zn, sizeof z - (size_t)zn, ",update=%s", update_names[o->update]);
-    if (o->compress.kind == DT_COMPRESS_NONE) snprintf(out, cap, "bucket_mb=%g%s%s", o->bucket_mb, a, z);
+    if (dt_compress_is_none(&o->compress)) snprintf(out, cap, "bucket_mb=%g%s%s", o->bucket_mb, a, z);
     else snprintf(out, cap, "bucket_mb=%g,compress=%s%s%s", o->bucket_mb, c, a, z);
 }
 
 /* ZeRO reduce-scatters plain f32 buckets: a compressor does not apply to its shards. */
 static dt_status ddp_check(const void *opts) {
     const ddp_opts *o = opts;
-    if (o->zero > 0 && o->compress.kind != DT_COMPRESS_NONE)
+    if (o->zero > 0 && !dt_compress_is_none(&o->compress))
         return dt_error(DT_EINVAL, "--strategy ddp: zero=%d with compress: ZeRO reduce-scatters f32 gradients into "
                                    "shards; drop --compress or --zero", o->zero);
-    if (o->update == UPDATE_SHARD && o->compress.kind != DT_COMPRESS_NONE)
+    if (o->update == UPDATE_SHARD && !dt_compress_is_none(&o->compress))
         return dt_error(DT_EINVAL, "--strategy ddp: update=shard with compress: the sharded update reduce-scatters "
                                    "f32 gradients; drop compress or use update=full");
     if (o->update == UPDATE_FULL && o->zero > 0)
@@ -330,8 +331,11 @@ static dt_status ddp_place(const void *opts, const dt_model *m, int rank, int si
 
 const dt_strategy_entry dt_strategy_ddp_entry = {
     .name = "ddp",
-    .help = "ddp(bucket_mb=MB,compress=none|fp16|bf16|topk:R|powersgd:K,allreduce=auto|flat|hier,zero=0|1|2|3,"
-            "update=auto|full|shard)",
+    .options = "bucket_mb=MB,compress=C,allreduce=auto|flat|hier,zero=0|1|2|3,update=auto|full|shard",
+    .help = "synchronous data parallel (the default with ranks): gradients averaged in buckets of MB as backward "
+            "runs, sent as compressor C says (below); zero=1|2|3: ZeRO, shard the optimizer state, + gradients, + "
+            "parameters; allreduce=hier: within each host, then across; update=shard: reduce-scatter, each rank "
+            "updates its part, allgather (auto: where the ranks share one host)",
     .keys = "bucket_mb, compress, allreduce, zero, update",
     .opts_size = sizeof(ddp_opts),
     .defaults = ddp_defaults, .set = ddp_set, .check = ddp_check, .create = ddp_create, .format = ddp_format, .needs_comm = true,

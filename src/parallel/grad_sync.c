@@ -1,12 +1,12 @@
-/* The gradient-sync pipeline shared by every compressor (grad_sync.h): the --compress parser, the
- * per-bucket stage machine (start, poll while backward runs, finish before the update), the
- * bytes-on-the-wire and error-feedback figures, and the error-feedback state as one checkpoint
- * tensor [world, floats] (every rank's row, gathered before a save so the one writer has them). */
+/* The gradient-sync pipeline shared by every compressor (grad_sync.h; the registry and the
+ * --compress parser are compress.c's): the per-bucket stage machine (start, poll while backward
+ * runs, finish before the update), the bytes-on-the-wire and error-feedback figures, and the
+ * error-feedback state as one checkpoint tensor [world, floats] (every rank's row, gathered before
+ * a save so the one writer has them). */
 #include "parallel/grad_sync.h"
 
 #include "device/device.h"
 
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,94 +27,6 @@ struct dt_grad_sync {
     dt_status err;           /* the first failure of a stage this step, and its message */
     char err_msg[512];
 };
-
-static const char *const FORMS =
-    "none, fp16, bf16, topk:RATIO[:momentum=M][:warmup=STEPS] or powersgd:RANK[:warmup=STEPS][:min_rate=X]";
-
-static dt_status bad(const char *text, const char *why) {
-    return dt_error(DT_EINVAL, "--compress %s: %s (use %s, e.g. --compress topk:0.01)", text, why, FORMS);
-}
-
-/* Parses the number in [lo, hi] at p (up to ':' or the end); false when it is not one. */
-static bool num(const char *p, double lo, double hi, double *out, const char **end) {
-    char *e;
-    errno = 0;
-    double v = strtod(p, &e);
-    if (errno || e == p || (*e && *e != ':') || !isfinite(v) || v < lo || v > hi) return false;
-    *out = v, *end = e;
-    return true;
-}
-
-static dt_status parse_topk(const char *text, const char *p, dt_compress_spec *o) {
-    if (!num(p, 0, 1, &o->ratio, &p) || !(o->ratio > 0)) return bad(text, "the ratio must be a number in (0, 1]");
-    while (*p == ':') {
-        p++;
-        double v;
-        if (!strncmp(p, "momentum=", 9)) {
-            if (!num(p + 9, 0, 0.999, &v, &p)) return bad(text, "momentum= needs a number in [0, 1)");
-            o->momentum = v;
-        } else if (!strncmp(p, "warmup=", 7)) {
-            if (!num(p + 7, 0, 1e9, &v, &p) || v != floor(v)) return bad(text, "warmup= needs a whole number of steps");
-            o->warmup = (int)v;
-        } else
-            return bad(text, "topk takes momentum= and warmup=");
-    }
-    return DT_OK;
-}
-
-static dt_status parse_powersgd(const char *text, const char *p, dt_compress_spec *o) {
-    double r;
-    if (!num(p, 1, 1e6, &r, &p) || r != floor(r)) return bad(text, "the rank must be a whole number >= 1");
-    o->kind = DT_COMPRESS_POWERSGD, o->rank = (int)r, o->warmup = DT_COMPRESS_DEFAULT_WARMUP;
-    o->min_rate = DT_PSGD_DEFAULT_MIN_RATE;
-    while (*p == ':') {
-        p++;
-        double v;
-        if (!strncmp(p, "warmup=", 7)) {
-            if (!num(p + 7, 0, 1e9, &v, &p) || v != floor(v)) return bad(text, "warmup= needs a whole number of steps");
-            o->warmup = (int)v;
-        } else if (!strncmp(p, "min_rate=", 9)) {
-            if (!num(p + 9, 0, 1e6, &v, &p))
-                return bad(text, "min_rate= needs a number >= 0 (compress a matrix only when its factors are that many "
-                                 "times smaller; 0 compresses every matrix)");
-            o->min_rate = v;
-        } else
-            return bad(text, "powersgd takes :warmup=STEPS (plain allreduce for the first STEPS steps) and :min_rate=X");
-    }
-    return DT_OK;
-}
-
-dt_status dt_compress_parse(const char *text, dt_compress_spec *o) {
-    memset(o, 0, sizeof *o);
-    o->ratio = 1.0;
-    if (!text || !*text || !strcmp(text, "none")) return DT_OK;
-    if (!strcmp(text, "fp16")) return o->kind = DT_COMPRESS_FP16, DT_OK;
-    if (!strcmp(text, "bf16")) return o->kind = DT_COMPRESS_BF16, DT_OK;
-    if (!strncmp(text, "topk:", 5)) return o->kind = DT_COMPRESS_TOPK, o->warmup = DT_COMPRESS_DEFAULT_WARMUP, parse_topk(text, text + 5, o);
-    if (!strncmp(text, "powersgd:", 9)) return parse_powersgd(text, text + 9, o);
-    return bad(text, "unknown compressor");
-}
-
-void dt_compress_format(const dt_compress_spec *s, char *out, size_t cap) {
-    switch (s->kind) {
-    case DT_COMPRESS_FP16: snprintf(out, cap, "fp16"); break;
-    case DT_COMPRESS_BF16: snprintf(out, cap, "bf16"); break;
-    case DT_COMPRESS_TOPK:
-        snprintf(out, cap, "topk:%g:momentum=%g:warmup=%d", s->ratio, s->momentum, s->warmup);
-        break;
-    case DT_COMPRESS_POWERSGD:
-        if (s->min_rate == DT_PSGD_DEFAULT_MIN_RATE) snprintf(out, cap, "powersgd:%d:warmup=%d", s->rank, s->warmup);
-        else snprintf(out, cap, "powersgd:%d:warmup=%d:min_rate=%.17g", s->rank, s->warmup, s->min_rate);
-        break;
-    default: snprintf(out, cap, "none");
-    }
-}
-
-static const dt_compressor *entry(dt_compress_kind k) {
-    static const dt_compressor *const table[] = {&dt_compress_none, &dt_compress_fp16, &dt_compress_bf16,
-                                                 &dt_compress_topk, &dt_compress_powersgd};
-    return (unsigned)k < sizeof table / sizeof *table ? table[k] : NULL;
-}
 
 void dt_grad_sync_destroy(dt_grad_sync *g) {
     if (!g) return;
@@ -150,7 +62,7 @@ dt_status dt_grad_sync_create(dt_grad_sync **out, const dt_compress_spec *spec, 
         free(g), free(sizes);
         return dt_error(DT_ENOMEM, "--compress: out of memory");
     }
-    g->spec = *spec, g->cfg = *cfg, g->c = entry(spec->kind);
+    g->spec = *spec, g->cfg = *cfg, g->c = spec->c ? spec->c : &dt_compress_none;
     g->rank = cfg->comm ? dt_comm_rank(cfg->comm) : 0;
     g->world = cfg->comm ? dt_comm_size(cfg->comm) : 1;
     g->b = calloc((size_t)cfg->nb, sizeof *g->b);
@@ -175,7 +87,7 @@ dt_status dt_grad_sync_create(dt_grad_sync **out, const dt_compress_spec *spec, 
 
 const dt_compressor *dt_grad_sync_compressor(const dt_grad_sync *g) { return g->c; }
 int64_t dt_grad_sync_step(const dt_grad_sync *g) { return g->step; }
-const dt_compress_spec *dt_grad_sync_spec(const dt_grad_sync *g) { return &g->spec; }
+const void *dt_grad_sync_opts(const dt_grad_sync *g) { return g->spec.opts.bytes; }
 const dt_grad_sync_config *dt_grad_sync_config_of(const dt_grad_sync *g) { return &g->cfg; }
 
 void dt_grad_sync_begin_step(dt_grad_sync *g, int64_t step) {
@@ -302,11 +214,8 @@ dt_status dt_grad_sync_visit_state(dt_grad_sync *g, dt_state_visit_fn fn, void *
     dt_state_piece p = {.name = name, .buf = {g->state, DT_F32, n, DT_DEVICE_CPU}, .ndim = 2,
                         .shape = {g->world, (int64_t)g->state_n}, .numel = n, .is_optim = true,
                         .host = true,  /* the compressors work on the staged host copy: so does their state */
-                        .hint = g->spec.kind == DT_COMPRESS_POWERSGD
-                                    ? "it is the --compress error-feedback state of each rank; resume with as many "
-                                      "workers, the same --compress and --bucket-mb (a powersgd checkpoint written "
-                                      "before min_rate existed compressed every matrix: add :min_rate=0)"
-                                    : "it is the --compress error-feedback state of each rank; resume with as many "
-                                      "workers, the same --compress and --bucket-mb"};
+                        .hint = g->c->state_hint ? g->c->state_hint
+                                                 : "it is the --compress error-feedback state of each rank; resume "
+                                                   "with as many workers, the same --compress and --bucket-mb"};
     return fn(ctx, &p);
 }

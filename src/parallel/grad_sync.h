@@ -1,6 +1,7 @@
 /* Gradient sync as a hook table (PyTorch DDP comm hooks): how a bucket of the gradient slab (or of
  * any float vector, localsgd's model delta) travels between the replicas. One compressor entry per
- * format: plain allreduce, fp16/bf16 casts, top-k (Deep Gradient Compression), PowerSGD. Each
+ * format, each in its own file with its options and their parser, listed by the registry
+ * (compress.c): plain allreduce, fp16/bf16 casts, top-k (Deep Gradient Compression), PowerSGD. Each
  * bucket moves through the compressor's stages (one collective each, issued non-blocking): a
  * strategy starts a bucket as soon as its values are final, polls while backward continues (so a
  * second stage, PowerSGD's Q allreduce, starts without waiting for the step), and finishes it
@@ -11,38 +12,49 @@
 
 #include "parallel/strategy.h"
 
-typedef enum { DT_COMPRESS_NONE = 0, DT_COMPRESS_FP16, DT_COMPRESS_BF16, DT_COMPRESS_TOPK, DT_COMPRESS_POWERSGD } dt_compress_kind;
+typedef struct dt_compressor dt_compressor;
 
-/* A compressor and its parameters, as "--compress" gives it. */
+/* Room for any compressor's options (dt_compressor.opts_size is at most this). */
+enum { DT_COMPRESS_OPTS_MAX = 48 };
+
+/* A compressor and its options, as "--compress" gives it: the registry entry and the options
+ * struct of its own file (private to it; dt_grad_sync_opts hands it back to its functions). */
 typedef struct {
-    dt_compress_kind kind;
-    double ratio;      /* topk: fraction of the values sent, (0, 1] */
-    double momentum;   /* topk: DGC momentum correction (0 = off; then train with plain SGD) */
-    int warmup;        /* topk: steps over which the ratio falls from 1 to `ratio` (DGC warm-up);
-                        * powersgd: steps of plain allreduce first (PyTorch's start_powerSGD_iter);
-                        * DT_COMPRESS_DEFAULT_WARMUP where the text gives none */
-    int rank;          /* powersgd: rank r of the approximation, >= 1 */
-    double min_rate;   /* powersgd: an n x m matrix is compressed only when its factors are at least this
-                        * many times smaller, (n + m) r min_rate < n m (PyTorch's min_compression_rate);
-                        * others travel plain with the biases. DT_PSGD_DEFAULT_MIN_RATE where not given */
+    const dt_compressor *c;   /* dt_compress_none when the text gives none */
+    union {
+        double align_;
+        unsigned char bytes[DT_COMPRESS_OPTS_MAX];
+    } opts;
 } dt_compress_spec;
 
 /* The warm-up of topk and powersgd when the text gives none: PyTorch's default start_powerSGD_iter.
  * Low-rank and sparse gradients early in training cost accuracy that the rest of a short run does
  * not win back (docs/parallel.md has the measurements); warmup=0 compresses from the first step. */
 #define DT_COMPRESS_DEFAULT_WARMUP 1000
-/* PowerSGD's min_rate when the text gives none: PyTorch's default min_compression_rate. A matrix
- * whose factors save less than half of it (a rank near its smaller side) is sent whole: exact, and
- * at most twice the bytes of its factors. min_rate=0 compresses every matrix. */
-#define DT_PSGD_DEFAULT_MIN_RATE 2.0
 
-/* Parses "none", "fp16", "bf16", "topk:RATIO[:momentum=M][:warmup=STEPS]",
- * "powersgd:RANK[:warmup=S][:min_rate=X]" into *out (warmup DT_COMPRESS_DEFAULT_WARMUP, min_rate
- * DT_PSGD_DEFAULT_MIN_RATE where not given); DT_EINVAL naming the text and the accepted forms. */
+/* ---- the registry (compress.c): compressors by name, each parsing its own options ---- */
+
+/* Parses "NAME" or "NAME:ARGS" (NULL or "" is none) into *out: the entry named and its options,
+ * parsed by the entry. DT_EINVAL naming the text and the accepted forms (every entry's syntax). */
 dt_status dt_compress_parse(const char *text, dt_compress_spec *out);
-/* Writes the canonical text of spec (parsable by dt_compress_parse) to out; min_rate only where it
- * is not the default. */
+/* Writes the canonical text of spec (parsable by dt_compress_parse) to out: "NAME" or
+ * "NAME:OPTIONS" as the entry's format writes them. */
 void dt_compress_format(const dt_compress_spec *spec, char *out, size_t cap);
+/* Whether spec is the plain f32 allreduce ("none"). */
+bool dt_compress_is_none(const dt_compress_spec *spec);
+/* The registry, in the order of its help: *n entries (registered ones last). */
+const dt_compressor *const *dt_compressors(int *n);
+/* The entry named name, or NULL. */
+const dt_compressor *dt_compress_find(const char *name);
+/* Adds entry c to the registry (a compressor defined outside the library: tests/toy/). Call it
+ * before any parse, from one thread. DT_EINVAL when its name is taken, it lacks name, help,
+ * options or its functions, or its options do not fit; DT_ENOMEM when the registry is full. */
+dt_status dt_compress_register(const dt_compressor *c);
+/* For a compressor's parse: DT_EINVAL "--compress TEXT: WHY (use FORMS, e.g. ...)". */
+dt_status dt_compress_bad(const char *text, const char *why);
+/* For a compressor's parse: the number in [lo, hi] at *p (up to ':' or the end), *p moved past it;
+ * false when it is not one. */
+bool dt_compress_num(const char **p, double lo, double hi, double *out);
 
 /* One bucket of a sync: the vector range [lo, hi) and where it stands. */
 typedef struct {
@@ -60,9 +72,22 @@ typedef struct {
 
 typedef struct dt_grad_sync dt_grad_sync;
 
-/* The hook table entry of one compressor. */
-typedef struct {
+/* The hook table entry of one compressor: a registry entry (compress.c lists them) with its name,
+ * help, option syntax and parser, and the stage functions of a bucket. */
+struct dt_compressor {
     const char *name;
+    const char *help;     /* what it sends, one line or more (--compress's help, the man page) */
+    const char *options;  /* the syntax of its options after "NAME:", e.g. "RATIO[:momentum=M]"; ""
+                           * when it takes none */
+    size_t opts_size;     /* its options struct, at most DT_COMPRESS_OPTS_MAX bytes (0: none) */
+    /* Parses args (the text after "NAME:", "" for NAME alone) into opts (zeroed), defaults
+     * included; DT_EINVAL through dt_compress_bad(text, why). NULL: it takes no options. */
+    dt_status (*parse)(const char *text, const char *args, void *opts);
+    /* Writes the options as parse reads them (without "NAME:") to out; NULL: no options. */
+    void (*format)(const void *opts, char *out, size_t cap);
+    /* The advice when a checkpoint's error-feedback state does not fit this run; NULL: the common
+     * one (as many workers, the same --compress and --bucket-mb). */
+    const char *state_hint;
     int stages;           /* collectives per bucket (0 = 1). Stage s+1 of a bucket is issued when the
                            * next bucket starts or at finish: the same order on every rank. */
     /* Allocates b->st for bucket b; *state_floats gets the error-feedback floats it keeps. */
@@ -77,7 +102,7 @@ typedef struct {
     void (*bind_state)(dt_gs_bucket *b, float *state);
     /* Writes what this rank has not sent yet (the residual, in the bucket's layout) to out[0..n). */
     void (*residual)(const dt_gs_bucket *b, float *out);
-} dt_compressor;
+};
 
 /* What the sync of one vector needs to know about it. */
 typedef struct {
@@ -102,7 +127,7 @@ typedef struct {
                               * (fp16: at the loss scale; dt_step_stats.ef_norm divides it out) */
 } dt_grad_sync_stats;
 
-/* Creates the sync of spec for cfg; the hook entry is chosen from spec->kind. */
+/* Creates the sync of spec for cfg, with spec->c's functions. */
 dt_status dt_grad_sync_create(dt_grad_sync **out, const dt_compress_spec *spec, const dt_grad_sync_config *cfg);
 void dt_grad_sync_destroy(dt_grad_sync *g);
 /* The compressor entry in use. */
@@ -138,14 +163,15 @@ dt_status dt_grad_sync_visit_state(dt_grad_sync *g, dt_state_visit_fn fn, void *
 
 /* ---- for the compressors (grad_sync.c) ---- */
 int64_t dt_grad_sync_step(const dt_grad_sync *g);
-const dt_compress_spec *dt_grad_sync_spec(const dt_grad_sync *g);
+/* The options struct of the compressor in use (its opts_size bytes, as its parse wrote them). */
+const void *dt_grad_sync_opts(const dt_grad_sync *g);
 const dt_grad_sync_config *dt_grad_sync_config_of(const dt_grad_sync *g);
 /* Counts a collective of this step: payload bytes of this rank, allgather or allreduce. */
 void dt_grad_sync_count(dt_grad_sync *g, size_t payload_bytes, bool allgather);
 /* Adds the squared residual norm of a bucket to this step's figure. */
 void dt_grad_sync_add_ef(dt_grad_sync *g, double sq);
 
-extern const dt_compressor dt_compress_none, dt_compress_fp16, dt_compress_bf16, dt_compress_topk,
-    dt_compress_powersgd;
+/* The plain allreduce (compress_cast.c), the entry of "none". */
+extern const dt_compressor dt_compress_none;
 
 #endif

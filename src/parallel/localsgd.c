@@ -168,7 +168,7 @@ static const dt_strategy_ops lsgd_ops = {.name = "localsgd", .init = lsgd_init, 
 
 /* With compression: the delta's sync (one bucket over the parameters) and the common model. */
 static dt_status make_sync(dt_strategy *s, localsgd *l, const dt_compress_spec *cs) {
-    if (cs->kind == DT_COMPRESS_NONE) return DT_OK;
+    if (dt_compress_is_none(cs)) return DT_OK;
     l->anchor = dt_alloc(l->np * sizeof(float));
     if (!l->anchor) return dt_error(DT_ENOMEM, "localsgd: out of memory for %zu parameters", l->np);
     get(l, l->anchor, dt_model_params(s->model), l->np);  /* init verifies they agree */
@@ -227,11 +227,14 @@ static void lsgd_format(const void *opts, char *out, size_t cap) {
     const localsgd_opts *o = opts;
     char c[96];
     dt_compress_format(&o->compress, c, sizeof c);
-    if (o->compress.kind == DT_COMPRESS_NONE) snprintf(out, cap, "sync_every=%d", o->sync_every);
+    if (dt_compress_is_none(&o->compress)) snprintf(out, cap, "sync_every=%d", o->sync_every);
     else snprintf(out, cap, "sync_every=%d,compress=%s", o->sync_every, c);
 }
 
 const dt_strategy_entry dt_strategy_localsgd_entry = {
-    .name = "localsgd", .help = "localsgd(sync_every=H,compress=C)", .keys = "sync_every, compress", .opts_size = sizeof(localsgd_opts),
+    .name = "localsgd", .options = "sync_every=H,compress=C",
+    .help = "local SGD: each rank steps on its own, the models are averaged every H steps (the difference sent as "
+            "compressor C says)",
+    .keys = "sync_every, compress", .opts_size = sizeof(localsgd_opts),
     .defaults = lsgd_defaults, .set = lsgd_set, .check = lsgd_check, .create = lsgd_create, .format = lsgd_format,
     .needs_comm = true, .device_neutral = true};

@@ -480,8 +480,11 @@ static void pp_mesh(const void *opts, int *tp, int *pp, int *microbatches, const
 }
 
 const dt_strategy_entry dt_strategy_pp_entry = {
-    .name = "pp", .help = "pp(stages=K,microbatches=M,schedule=gpipe|1f1b,cost=flops|measured,split=N1:N2:...,tp=T,zero=0|1|2|3)  "
-                          "ranks: (dp_i*K + stage)*T + tp_i",
+    .name = "pp", .options = "stages=K,microbatches=M,schedule=gpipe|1f1b,cost=flops|measured,split=N1:N2:...,tp=T,"
+                             "zero=0|1|2|3",
+    .help = "pipeline parallel: K stages, M micro-batches per rank-batch (default K), cut before nodes N1:N2:... "
+            "(default: balanced by flops, or by measured times); tp=T: each stage a tensor-parallel group of T ranks, "
+            "rank = (dp_i*K + stage)*T + tp_i; zero=N: ZeRO over the dp axis",
     .keys = "stages,microbatches,schedule,cost,split,tp,zero", .opts_size = sizeof(dt_pp_opts), .defaults = pp_defaults,
     .set = pp_set, .create = pp_create, .format = pp_format, .needs_comm = true, .device_neutral = true,
     .data_part = pp_data_part, .mesh = pp_mesh, .place = pp_place};

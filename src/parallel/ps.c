@@ -405,7 +405,10 @@ static void ps_format(const void *opts, char *out, size_t cap) {
 }
 
 const dt_strategy_entry dt_strategy_ps_entry = {
-    .name = "ps", .help = "ps(servers=S,staleness=S|inf,shards=dynamic|fixed,overlap=0|1)",
+    .name = "ps", .options = "servers=S,staleness=S|inf,shards=dynamic|fixed,overlap=0|1",
+    .help = "parameter server: the first S ranks hold the parameters, the workers push gradients and pull them, "
+            "at most S global batches ahead of the slowest (inf: asynchronous); shards=dynamic: server 0 hands out "
+            "the batches (a slow worker trains fewer); overlap=1: push and pull while the next batch trains",
     .keys = "servers, staleness, shards, overlap", .opts_size = sizeof(ps_opts), .defaults = ps_defaults,
     .set = ps_set, .check = ps_check, .create = ps_create, .servers = ps_servers, .format = ps_format,
     .needs_comm = true, .device_neutral = true};

@@ -1,4 +1,5 @@
-/* The strategy registry: the table of strategies by name, the spec parser ("ps(servers=2,
+/* The strategy registry: the table of strategies by name (DT_STRATEGIES, and those registered from
+ * outside the library), the spec parser ("ps(servers=2,
  * staleness=4)": each strategy's options live in its own struct, set key by key through its
  * entry), the factory and the data part of a rank. No code here knows a strategy by name. */
 #include "parallel/strategy.h"
@@ -8,18 +9,57 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const dt_strategy_entry *const g_entries[] = {&dt_strategy_single_entry, &dt_strategy_ddp_entry,
-                                                     &dt_strategy_localsgd_entry, &dt_strategy_ps_entry,
-                                                     &dt_strategy_tp_entry, &dt_strategy_pp_entry};
-enum { N_ENTRIES = (int)(sizeof g_entries / sizeof *g_entries) };
+/* The registry: a strategy is its file plus its name here (dt_strategy_NAME_entry); the order of
+ * the help and of the messages that list them. dt_strategy_register adds one from outside. */
+#define DT_STRATEGIES(X) X(single) X(ddp) X(localsgd) X(ps) X(tp) X(pp)
+
+#define DT_STRATEGY_DECL(n) extern const dt_strategy_entry dt_strategy_##n##_entry;
+#define DT_STRATEGY_REF(n) &dt_strategy_##n##_entry,
+#define DT_STRATEGY_ONE(n) +1
+DT_STRATEGIES(DT_STRATEGY_DECL)
+enum { N_BUILTIN = 0 DT_STRATEGIES(DT_STRATEGY_ONE), MAX_ENTRIES = N_BUILTIN + 8 };
+static const dt_strategy_entry *g_entries[MAX_ENTRIES] = {DT_STRATEGIES(DT_STRATEGY_REF)};
+static int g_n = N_BUILTIN;
 
 const dt_strategy_entry *const *dt_strategy_entries(int *n) {
-    *n = N_ENTRIES;
+    *n = g_n;
     return g_entries;
 }
 
+/* Whether every key of e->keys is written KEY= in e->options. */
+static bool options_name_keys(const dt_strategy_entry *e) {
+    for (const char *k = e->keys; *k;) {
+        while (*k == ',' || *k == ' ') k++;
+        size_t len = strcspn(k, ", ");
+        if (!len) break;
+        bool found = false;
+        for (const char *o = e->options; !found && *o; o += strcspn(o, ","), o += *o == ',')
+            found = !strncmp(o, k, len) && o[len] == '=';
+        if (!found) return false;
+        k += len;
+    }
+    return true;
+}
+
+dt_status dt_strategy_register(const dt_strategy_entry *e) {
+    if (!e || !e->name || !e->name[0] || strpbrk(e->name, "(),= ") || !e->help || !e->help[0] || !e->options ||
+        !e->keys || !e->create || (e->keys[0] && !e->set))
+        return dt_error(DT_EINVAL, "strategy registry: entry '%s' needs a name (without '(),= '), help, options (\"\" "
+                        "for none), keys, create, and set when it has keys", e && e->name ? e->name : "(null)");
+    if (!options_name_keys(e))
+        return dt_error(DT_EINVAL, "strategy registry: entry '%s': its options '%s' do not show every key of '%s' as "
+                        "KEY=...", e->name, e->options, e->keys);
+    if (e->opts_size > sizeof(dt_strategy_opts))
+        return dt_error(DT_EINVAL, "strategy registry: entry '%s': options of %zu bytes do not fit dt_strategy_opts",
+                        e->name, e->opts_size);
+    if (dt_strategy_find(e->name)) return dt_error(DT_EINVAL, "strategy registry: '%s' is registered already", e->name);
+    if (g_n == MAX_ENTRIES) return dt_error(DT_ENOMEM, "strategy registry: full (%d entries)", MAX_ENTRIES);
+    g_entries[g_n++] = e;
+    return DT_OK;
+}
+
 const dt_strategy_entry *dt_strategy_find(const char *name) {
-    for (int i = 0; name && i < N_ENTRIES; i++)
+    for (int i = 0; name && i < g_n; i++)
         if (!strcmp(g_entries[i]->name, name)) return g_entries[i];
     return NULL;
 }
@@ -34,10 +74,10 @@ dt_strategy_class dt_strategy_entry_class(const dt_strategy_entry *e) {
 const char *dt_strategy_names_where(bool (*pred)(const dt_strategy_entry *e, const void *arg), const void *arg,
                                     const char *last, char *out, size_t cap) {
     int m = 0, shown = 0;
-    for (int i = 0; i < N_ENTRIES; i++) m += pred(g_entries[i], arg);
+    for (int i = 0; i < g_n; i++) m += pred(g_entries[i], arg);
     size_t k = 0;
     out[0] = 0;
-    for (int i = 0; i < N_ENTRIES && k < cap; i++) {
+    for (int i = 0; i < g_n && k < cap; i++) {
         if (!pred(g_entries[i], arg)) continue;
         if (shown) k += (size_t)snprintf(out + k, cap - k, shown == m - 1 ? " %s " : ", ", last);
         if (k < cap) k += (size_t)snprintf(out + k, cap - k, "%s", g_entries[i]->name);
@@ -54,8 +94,8 @@ const char *dt_strategy_default_name(int world) {
 static const char *entry_names(void) {
     static char buf[256];
     size_t k = 0;
-    for (int i = 0; i < N_ENTRIES && k < sizeof buf; i++)
-        k += (size_t)snprintf(buf + k, sizeof buf - k, "%s%s", i == 0 ? "" : i == N_ENTRIES - 1 ? " or " : ", ",
+    for (int i = 0; i < g_n && k < sizeof buf; i++)
+        k += (size_t)snprintf(buf + k, sizeof buf - k, "%s%s", i == 0 ? "" : i == g_n - 1 ? " or " : ", ",
                               g_entries[i]->name);
     return buf;
 }

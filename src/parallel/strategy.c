@@ -49,7 +49,8 @@ static dt_status single_create(dt_strategy *s, const void *opts) {
 }
 
 const dt_strategy_entry dt_strategy_single_entry = {
-    .name = "single", .help = "single", .keys = "", .opts_size = 0, .create = single_create, .needs_comm = false,
+    .name = "single", .help = "one process (the default without ranks)", .options = "",
+    .keys = "", .opts_size = 0, .create = single_create, .needs_comm = false,
     .device_neutral = true, .loss_scaling = true};
 
 void dt_strategy_destroy(dt_strategy *s) {

@@ -236,7 +236,9 @@ typedef union {
 /* One strategy of the registry. Its options struct (opts_size bytes) is private to its module. */
 typedef struct {
     const char *name;
-    const char *help;         /* the spec syntax, e.g. "ddp(bucket_mb=MB)" */
+    const char *help;         /* what it does, one line or more (--help's list of strategies, the man page) */
+    const char *options;      /* the syntax of its options inside NAME(...), e.g. "bucket_mb=MB,zero=0|1|2|3"
+                               * ("" for none): every key of `keys` as KEY=... */
     const char *keys;         /* the option keys, for messages: "bucket_mb" ("" for none) */
     size_t opts_size;
     void (*defaults)(void *opts);
@@ -283,8 +285,12 @@ const char *dt_strategy_names_where(bool (*pred)(const dt_strategy_entry *e, con
                                     const char *last, char *out, size_t cap);
 /* The strategy a job runs when it names none: one process "single", several "ddp". */
 const char *dt_strategy_default_name(int world);
-/* The registry: *n entries. */
+/* The registry: *n entries (registered ones last). */
 const dt_strategy_entry *const *dt_strategy_entries(int *n);
+/* Adds entry e to the registry (a strategy defined outside the library: tests/toy/). Call it before
+ * any spec is parsed, from one thread. DT_EINVAL when its name is taken or it lacks name, help,
+ * options (every key as KEY=...), keys, create or set; DT_ENOMEM when the registry is full. */
+dt_status dt_strategy_register(const dt_strategy_entry *e);
 /* Parses spec "NAME" or "NAME(KEY=VALUE,...)" (spaces allowed around the parts): *entry gets the
  * strategy, opts (dt_strategy_opts or at least (*entry)->opts_size bytes) its defaults with the
  * spec's options set, then checked. DT_EINVAL naming the strategy, key or value and the keys the

@@ -21,11 +21,24 @@ static void test_entries(void) {
         CHECK(!strcmp(e[i]->name, names[i]));
         CHECK(dt_strategy_find(names[i]) == e[i]);
         CHECK_MSG(e[i]->opts_size <= sizeof(dt_strategy_opts), "%s: %zu bytes", e[i]->name, e[i]->opts_size);
-        CHECK(e[i]->create && e[i]->help && e[i]->keys && (e[i]->keys[0] == 0 || e[i]->set));
+        CHECK(e[i]->create && e[i]->help && e[i]->help[0] && e[i]->options && e[i]->keys &&
+              (e[i]->keys[0] == 0 || e[i]->set));
         CHECK(e[i]->needs_comm == (i > 0));
     }
     CHECK(dt_strategy_find("psx") == NULL && dt_strategy_find(NULL) == NULL);
     CHECK(strstr(dt_strategy_spec_help(), "ps(servers=S,staleness=S|inf,shards=dynamic|fixed,overlap=0|1)\n") != NULL);
+    CHECK(strstr(dt_strategy_spec_help(), "single\n") != NULL);
+    /* registering: refused without help, with a key its options do not show, or under a taken name
+     * (tests/toy/ registers a strategy that trains) */
+    dt_strategy_entry bad = *dt_strategy_find("localsgd");
+    bad.name = "nohelp", bad.help = "";
+    CHECK(dt_strategy_register(&bad) == DT_EINVAL && strstr(dt_last_error(), "nohelp"));
+    bad.help = "h", bad.options = "sync_every=H";
+    CHECK(dt_strategy_register(&bad) == DT_EINVAL && strstr(dt_last_error(), "compress"));
+    bad.name = "ddp", bad.options = "sync_every=H,compress=C";
+    CHECK(dt_strategy_register(&bad) == DT_EINVAL && strstr(dt_last_error(), "registered already"));
+    dt_error_clear();
+    CHECK(dt_strategy_entries(&n) && n == 6);
 }
 
 /* spec's canonical form is want. */

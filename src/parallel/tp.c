@@ -537,7 +537,10 @@ static dt_status tp_place(const void *opts, const dt_model *m, int rank, int siz
 }
 
 const dt_strategy_entry dt_strategy_tp_entry = {
-    .name = "tp", .help = "tp(tp=K,pp=1,bucket_mb=MB,zero=0|1|2|3)  ranks: (dp_i*PP + pp_i)*TP + tp_i, TP innermost",
+    .name = "tp", .options = "tp=K,pp=1,bucket_mb=MB,zero=0|1|2|3",
+    .help = "Megatron tensor parallel: K ranks per model copy (a GPT, or a model whose builder marks its layers: a "
+            "sequential model's linear -> relu -> linear pairs), the other ranks data parallel; --workers N counts "
+            "all ranks; mesh order, TP innermost: rank = (dp_i*PP + pp_i)*TP + tp_i; zero=N: ZeRO over the dp axis",
     .keys = "tp,pp,bucket_mb,zero", .opts_size = sizeof(tp_opts), .defaults = tp_defaults, .set = tp_set,
     .create = tp_create, .format = tp_format, .needs_comm = true, .data_part = tp_data_part, .mesh = tp_mesh,
     .place = tp_place, .device_neutral = true};

@@ -56,7 +56,9 @@ const char *dt_strategy_spec_help(void) {
     int n;
     const dt_strategy_entry *const *e = dt_strategy_entries(&n);
     size_t k = 0;
-    for (int i = 0; i < n && k < sizeof buf; i++) k += (size_t)snprintf(buf + k, sizeof buf - k, "%s\n", e[i]->help);
+    for (int i = 0; i < n && k < sizeof buf; i++)
+        k += (size_t)snprintf(buf + k, sizeof buf - k, e[i]->options[0] ? "%s(%s)\n" : "%s%s\n", e[i]->name,
+                              e[i]->options);
     return buf;
 }
 
