@@ -40,6 +40,7 @@ void dt_model_free(dt_model *m) {
     free(m->tensors);
     free(m->last_user);
     free(m->own);
+    free(m->bound_p), free(m->bound_g);
     if (m->dev_slabs) {
         m->dev->ops->free(m->dev, m->params.data), m->dev->ops->free(m->dev, m->grads.data);
         m->dev->ops->free(m->dev, m->buffers.data);
