@@ -192,20 +192,28 @@ dt_status dt_zero_params_init(dt_strategy *s, zero *z) {
     return DT_OK;
 }
 
-/* Blocks: one bucket at a time into a whole parameter block, which becomes the model's slab. */
+/* Blocks: every bucket gathered straight into one whole parameter block, which becomes the model's
+ * slab (evaluation, checkpoints, weights read it there). Staged, on the host copy the gradient
+ * reduces use (none is in flight between steps): the chunk downloaded from the shard, the bucket
+ * gathered there, uploaded into the block. Blocking, on the gathers' communicator. */
 static dt_status gather_whole(dt_strategy *s, zero *z) {
-    dt_dev *d = z->md;
+    dt_dev *d = z->md, *sd = z->stage_dev;
     const size_t P = dt_model_num_params(s->model);
     dt_zero_params_release_all(s, z);
-    if (!(z->pwhole = d->ops->alloc(d, (P ? P : 1) * sizeof(float))))
-        return dt_error_wrap(DT_ENOMEM, "ZeRO-3: the whole %zu parameters gathered on device %s", P, d->kind->name);
-    for (int i = 0; i < z->nb && z->err == DT_OK; i++) {
-        start(s, z, i);
-        wait_gather(s, z, &z->b[i]);
-        if (z->b[i].pblk) d->ops->copy(d, z->pwhole + z->b[i].lo, z->b[i].pblk, (z->b[i].hi - z->b[i].lo) * sizeof(float));
-        release(s, z, i);
+    float *w = z->pwhole = d->ops->alloc(d, (P ? P : 1) * sizeof(float));
+    if (!w) return dt_error_wrap(DT_ENOMEM, "ZeRO-3: the whole %zu parameters gathered on device %s", P, d->kind->name);
+    for (int i = 0; i < z->nb; i++) {
+        const zbucket *b = &z->b[i];
+        float *x = sd ? z->host : w;
+        if (sd && b->own_n) sd->ops->download(sd, x + b->own, z->psh + b->at, b->own_n * sizeof(float));
+        else if (b->own_n) d->ops->copy(d, x + b->own, z->psh + b->at, b->own_n * sizeof(float));
+        dt_status st = b->c ? dt_comm_allgather(z->pcomm, x + b->own, x + b->lo, b->c, DT_F32) : DT_OK;
+        if (st == DT_OK && b->tail)
+            st = dt_comm_broadcast(z->pcomm, x + b->lo + (size_t)z->N * b->c, b->tail, DT_F32, z->N - 1);
+        if (st != DT_OK) return dt_error_wrap(st, "ZeRO-3: the parameter gather of bucket %d of %d", i, z->nb);
+        if (sd) sd->ops->upload(sd, w + b->lo, x + b->lo, (b->hi - b->lo) * sizeof(float));
     }
-    dt_model_put_params(s->model, z->pwhole);
+    dt_model_put_params(s->model, w);
     return DT_OK;
 }
 
