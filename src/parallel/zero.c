@@ -104,8 +104,8 @@ static void stage_out(dt_strategy *s, zero *z, int i, float *host) {
 }
 
 /* Starts bucket i's reduce, non-blocking on the communicator's progress thread; with `blocking`
- * nothing starts and finish() runs it on the caller's thread (the step's last bucket: nothing is
- * left to overlap it with, and a rank whose core the progress thread shares pays two switches). */
+ * nothing starts and finish() runs it on the caller's thread (the step's last bucket where the
+ * backward hook did not start it: a rank without samples this step). */
 static void issue(dt_strategy *s, zero *z, int i, bool blocking) {
     zbucket *b = &z->b[i];
     b->t_issue = dt_now();
@@ -197,11 +197,11 @@ void dt_zero_poll(dt_strategy *s, zero *z) {
 static void zero_ready(dt_strategy *s, size_t off, size_t n) {
     zero *z = s->impl;
     (void)n;
-    /* layers arrive last to first: bucket `next` is complete once its lowest layer is. Stage 1
-     * leaves the last bucket (complete with backward itself) to the step, which runs it blocking;
-     * stages 2 and 3 start it here, so that its gradient pages go back at once */
-    const int upto = z->stage == 1 ? z->nb - 1 : z->nb;
-    while (z->next < upto && off <= z->b[z->next].lo) {
+    /* layers arrive last to first: bucket `next` is complete once its lowest layer is. Every stage
+     * starts the last bucket here too, on the progress thread: stages 2 and 3 so that its gradient
+     * pages go back at once, and run blocking on the caller's thread (stage 1 once did) it waited for
+     * the scheduler's wake-up on a loaded host (docs/figures.md) */
+    while (z->next < z->nb && off <= z->b[z->next].lo) {
         issue(s, z, z->next++, false);
         z->early++;
     }
@@ -278,7 +278,7 @@ static dt_status zero_step(dt_strategy *s, float lr, float clip, dt_step_stats *
     memset(st, 0, sizeof *st);
     st->early_buckets = z->early;
     if (z->stage == 3) dt_zero_params_replay(s, z);
-    const double t0 = dt_now();  /* the blocking last bucket is communication (as ddp's) */
+    const double t0 = dt_now();  /* a last bucket the hook did not start runs blocking: communication */
     while (z->next < z->nb) issue(s, z, z->next, z->next == z->nb - 1), z->next++;
     dt_status first = DT_OK;
     int first_b = -1;
