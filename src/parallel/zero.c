@@ -199,8 +199,8 @@ static void zero_ready(dt_strategy *s, size_t off, size_t n) {
     (void)n;
     /* layers arrive last to first: bucket `next` is complete once its lowest layer is. Every stage
      * starts the last bucket here too, on the progress thread: stages 2 and 3 so that its gradient
-     * pages go back at once, and run blocking on the caller's thread (stage 1 once did) it waited for
-     * the scheduler's wake-up on a loaded host (docs/figures.md) */
+     * pages go back at once; stage 1 because, run blocking on the caller's thread as it once was, it
+     * waited for the scheduler's wake-up on a loaded host (docs/figures.md, "ZeRO-1's last bucket") */
     while (z->next < z->nb && off <= z->b[z->next].lo) {
         issue(s, z, z->next++, false);
         z->early++;
