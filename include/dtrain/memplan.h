@@ -24,8 +24,8 @@ typedef struct {
     int batch;             /* samples of one micro-batch on a rank */
     double bucket_mb;      /* ddp/ZeRO bucket size (<= 0: 1 MB) */
     bool device;           /* the model is on a device whose memory is not the host's (--device checked):
-                            * its slabs are whole device blocks (ZeRO-2 keeps the whole gradients beside
-                            * the shard) and data-parallel collectives run on a host copy of a slab */
+                            * ZeRO-3's gathered buckets are whole staging blocks, and data-parallel
+                            * collectives run on a host copy of a slab (and of ZeRO-3's gathers) */
 } dt_mem_layout;
 
 /* What one rank holds, in bytes (f32 master copies; Adam: 2 moments, SGD+momentum: 1). */
@@ -34,7 +34,8 @@ typedef struct {
                                    * ZeRO >= 2 grads include two buckets in flight */
     double gathered;              /* ZeRO-3: parameters gathered in flight (a layer and the next) */
     double staging;               /* on a device (dt_mem_layout.device), data parallel: the host copy of
-                                   * the gradient slab its collectives run on */
+                                   * the gradient slab its collectives run on (ZeRO-3: and of the
+                                   * buckets it gathers); host memory */
     double activations;           /* the micro-batches in flight at once */
     double total;                 /* while training */
     double sync;                  /* more while evaluation and checkpoints gather the whole model (pp, tp,

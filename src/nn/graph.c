@@ -423,6 +423,34 @@ void dt_model_release_grads(dt_model *m) {
     if (m->dev_slabs) m->dev->ops->free(m->dev, m->grads.data), m->grads = (dt_slab){0};
     dt_slab_free(&m->grads);
 }
+static dt_status bind_tables(dt_model *m) {
+    if (m->bound_p) return DT_OK;
+    m->bound_p = calloc((size_t)m->ntensors + 1, sizeof *m->bound_p);
+    m->bound_g = calloc((size_t)m->ntensors + 1, sizeof *m->bound_g);
+    if (m->bound_p && m->bound_g) return DT_OK;
+    free(m->bound_p), free(m->bound_g);
+    m->bound_p = m->bound_g = NULL;
+    return dt_error(DT_ENOMEM, "model: out of memory for the tensor bindings");
+}
+dt_status dt_model_bind_param(dt_model *m, int t, float *p) {
+    DT_TRY(bind_tables(m));
+    m->bound_p[t] = p;
+    return DT_OK;
+}
+dt_status dt_model_bind_grad(dt_model *m, int t, float *g) {
+    DT_TRY(bind_tables(m));
+    m->bound_g[t] = g;
+    return DT_OK;
+}
+float *dt_model_take_params(dt_model *m) {
+    if (!m->dev_slabs) return NULL;
+    float *p = m->params.data;
+    m->params.data = NULL;
+    return p;
+}
+void dt_model_put_params(dt_model *m, float *p) {
+    if (m->dev_slabs) m->params.data = p;
+}
 int dt_model_num_nodes(const dt_model *m) { return m->n; }
 const char *dt_model_node_name(const dt_model *m, int node) { return m->nodes[node].name; }
 dt_layer_kind dt_model_node_kind(const dt_model *m, int node) { return m->nodes[node].a.kind; }

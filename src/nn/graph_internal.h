@@ -144,6 +144,8 @@ struct dt_model {
     bool dev_slabs;         /* params, grads and buffers are whole blocks of dev (not host slabs) */
     bool owns_dev;          /* dt_model_adopt_device: dt_model_free destroys dev last */
     int64_t *dev_correct;   /* dt_model_count_correct's count in dev's memory (NULL until needed) */
+    float **bound_p, **bound_g;  /* per tensor: where a strategy put its parameters / gradients in blocks
+                                  * of its own (dt_model_bind_tensor; NULL: the slab at its offset) */
     bool nhwc;              /* the blocked values of its conv chains are NHWC instead (the backend's bf16
                              * convs want it: backend.h conv2d_bf16_nhwc; graph_layout.c) */
     /* per batch */
@@ -231,6 +233,19 @@ void dt_graph_fuse_conv_pool(dt_model *m);
 dt_conv_pool_shape dt_node_conv_pool_shape(const dt_model *m, const dt_node *conv);
 static inline size_t dt_node_tensor_off(const dt_model *m, const dt_node *n, int k) {
     return m->tensors[n->tensor[k]].offset;
+}
+/* Where node n's k-th tensor's parameters / gradients are for forward and backward: the block a
+ * strategy bound it to (dt_model_bind_tensor), else the slab at the tensor's offset (NULL while the
+ * strategy holds the slab's values elsewhere, dt_model_take_params). */
+static inline float *dt_node_param(const dt_model *m, const dt_node *n, const dt_run_ctx *c, int k) {
+    const int t = n->tensor[k];
+    if (m->bound_p && m->bound_p[t]) return m->bound_p[t];
+    return c->params ? c->params + m->tensors[t].offset : NULL;
+}
+static inline float *dt_node_grad(const dt_model *m, const dt_node *n, const dt_run_ctx *c, int k) {
+    const int t = n->tensor[k];
+    if (m->bound_g && m->bound_g[t]) return m->bound_g[t];
+    return c->grads ? c->grads + m->tensors[t].offset : NULL;
 }
 /* The (C,H,W) of a node's per-sample shape (a vector counts as (1,1,W)). */
 void dt_node_chw(const dt_node *n, int *C, int *H, int *W);

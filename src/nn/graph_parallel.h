@@ -15,4 +15,18 @@ dt_tp_mark dt_model_node_tp(const dt_model *m, int node, int *parts);
 /* Whether any node of m is marked. */
 bool dt_model_has_tp_marks(const dt_model *m);
 
+/* Blocks a strategy holds tensors in (ZeRO on a device, whose slabs cannot be given back in
+ * parts): forward and backward read tensor t's parameters at `p` and accumulate its gradients at
+ * `g` (device memory of the model's device, t's numel values each); NULL binds it back to the
+ * model's slab at its offset. Only the ops' reads and writes follow a binding: dt_model_params and
+ * dt_model_grads still give the slabs. DT_ENOMEM for the tables on the first binding. */
+dt_status dt_model_bind_param(dt_model *m, int t, float *p);
+dt_status dt_model_bind_grad(dt_model *m, int t, float *g);
+/* A model whose slabs are device blocks (dt_model_set_device on a device whose memory is not the
+ * host's): hands its parameter block to the caller, who frees it with the device or gives it back
+ * with dt_model_put_params; dt_model_params is NULL meanwhile, so every tensor a pass uses must be
+ * bound. NULL for a model in host memory (its slab stays). */
+float *dt_model_take_params(dt_model *m);
+void dt_model_put_params(dt_model *m, float *p);
+
 #endif

@@ -40,6 +40,7 @@ void dt_model_free(dt_model *m) {
     free(m->tensors);
     free(m->last_user);
     free(m->own);
+    free(m->bound_p), free(m->bound_g);
     if (m->dev_slabs) {
         m->dev->ops->free(m->dev, m->params.data), m->dev->ops->free(m->dev, m->grads.data);
         m->dev->ops->free(m->dev, m->buffers.data);
@@ -119,6 +120,21 @@ static dt_run_ctx run_ctx(const dt_model *m) {
                         .work = m->work};
 }
 
+/* Where a strategy binds tensors (m->bound_p: ZeRO on a device), node n runs only if each of its
+ * parameters (and in backward, gradients) has memory: a hook that could not gather or make a
+ * block (out of device memory) leaves it in none, and the op would read through NULL. */
+static dt_status check_bound(const dt_model *m, const dt_node *n, bool grads) {
+    for (int k = 0; k < n->ntensor; k++) {
+        const int t = n->tensor[k];
+        if (m->tensors[t].is_buffer) continue;
+        if ((m->bound_p[t] || m->params.data) && (!grads || m->bound_g[t] || m->grads.data)) continue;
+        return dt_error(DT_ENOMEM, "model: node '%s' cannot run: its tensor '%s' has no %s in device memory (the "
+                        "strategy could not place them; with --mem-limit, see dtrain train --dry-run)", n->name,
+                        m->tensors[t].name, grads ? "parameters or gradients" : "parameters");
+    }
+    return DT_OK;
+}
+
 /* Forward of nodes [lo, hi); input nodes hold their fed memory (bind_feed), aliases their input's. */
 static dt_status forward_range(dt_model *m, int lo, int hi) {
     const dt_run_ctx c = run_ctx(m);
@@ -130,7 +146,8 @@ static dt_status forward_range(dt_model *m, int lo, int hi) {
             n->out = owner(m, n)->out;
             continue;
         }
-        dt_status s = n->op->forward(m, n, &c);
+        dt_status s = m->bound_p ? check_bound(m, n, false) : DT_OK;
+        if (s == DT_OK) s = n->op->forward(m, n, &c);
         if (s != DT_OK) return s;
         if (m->after_forward) m->after_forward(m->after_forward_ctx, i);
     }
@@ -265,6 +282,7 @@ static dt_status backward_range(dt_model *m, int lo, int hi, dt_grad_ready_fn ho
         dt_node *n = &m->nodes[i];
         if (!n->needs_grad || n->alias || n->input_index >= 0) continue;
         if (m->before_backward) m->before_backward(m->hook_ctx, i);
+        if (m->bound_p) DT_TRY(check_bound(m, n, true));
         if (n->grad_set || i == m->loss) backward_node(m, n, &c);
         if (m->after_backward) m->after_backward(m->hook_ctx, i);
         if (hook) report_ready(m, n, hook, ctx);

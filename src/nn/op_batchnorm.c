@@ -38,7 +38,7 @@ static void batchnorm_init(dt_model *m, dt_node *n, float *p, uint64_t seed) {
 static dt_status batchnorm_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
     int C, H, W;
     dt_node_chw(n, &C, &H, &W);
-    const float *w = c->params + dt_node_tensor_off(m, n, 0), *b = c->params + dt_node_tensor_off(m, n, 1);
+    const float *w = dt_node_param(m, n, c, 0), *b = dt_node_param(m, n, c, 1);
     float *rm = c->buffers + dt_node_tensor_off(m, n, 2), *rv = c->buffers + dt_node_tensor_off(m, n, 3);
     float *mean = n->saved, *rstd = mean + C;
     if (c->train)
@@ -53,8 +53,8 @@ static void batchnorm_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, flo
     int C, H, W;
     dt_node_chw(n, &C, &H, &W);
     const float *mean = n->saved, *rstd = mean + C;
-    c->be->batchnorm2d_backward(din[0], c->grads + dt_node_tensor_off(m, n, 0), c->grads + dt_node_tensor_off(m, n, 1),
-                                n->grad, dt_node_in(m, n, 0), c->params + dt_node_tensor_off(m, n, 0), mean, rstd, c->B,
+    c->be->batchnorm2d_backward(din[0], dt_node_grad(m, n, c, 0), dt_node_grad(m, n, c, 1),
+                                n->grad, dt_node_in(m, n, 0), dt_node_param(m, n, c, 0), mean, rstd, c->B,
                                 C, H * W);
 }
 

@@ -60,21 +60,21 @@ static dt_status conv_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
     const dt_layer_spec *s = &n->a;
     int C, H, W;
     dt_node_chw(dt_node_input(m, n, 0), &C, &H, &W);
-    const float *b = s->bias ? c->params + dt_node_tensor_off(m, n, 1) : NULL;
+    const float *b = s->bias ? dt_node_param(m, n, c, 1) : NULL;
     const bool in_bl = dt_node_in_blocked(m, n, 0);
     if (n->fused_pool >= 0) {
         dt_node *p = &m->nodes[n->fused_pool];
         const dt_conv_pool_shape cs = dt_node_conv_pool_shape(m, n);
-        c->be->conv_pool_forward(&cs, p->out, p->saved, dt_node_in(m, n, 0), c->params + dt_node_tensor_off(m, n, 0), b);
+        c->be->conv_pool_forward(&cs, p->out, p->saved, dt_node_in(m, n, 0), dt_node_param(m, n, c, 0), b);
         return DT_OK;
     }
     if (in_bl || n->blocked) {
-        c->be->conv2d_forward_blocked(n->out, dt_node_in(m, n, 0), c->params + dt_node_tensor_off(m, n, 0), b, c->B, C,
+        c->be->conv2d_forward_blocked(n->out, dt_node_in(m, n, 0), dt_node_param(m, n, c, 0), b, c->B, C,
                                       H, W, s->out, s->k, s->stride, s->pad, dt_layout_of(in_bl, m->nhwc, dt_node_in_bf16(m, n, 0)),
                                       dt_layout_of(n->blocked, m->nhwc, n->bf16));
         return DT_OK;
     }
-    c->be->conv2d_forward(n->out, dt_node_in(m, n, 0), c->params + dt_node_tensor_off(m, n, 0), b, c->work, c->B, C, H,
+    c->be->conv2d_forward(n->out, dt_node_in(m, n, 0), dt_node_param(m, n, c, 0), b, c->work, c->B, C, H,
                           W, s->out, s->k, s->stride, s->pad);
     return DT_OK;
 }
@@ -83,23 +83,23 @@ static void conv_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float *c
     const dt_layer_spec *s = &n->a;
     int C, H, W;
     dt_node_chw(dt_node_input(m, n, 0), &C, &H, &W);
-    float *db = s->bias ? c->grads + dt_node_tensor_off(m, n, 1) : NULL;
+    float *db = s->bias ? dt_node_grad(m, n, c, 1) : NULL;
     const bool in_bl = dt_node_in_blocked(m, n, 0);
     if (n->fused_pool >= 0) {  /* from the pool's gradient; the input needs none (graph_fuse.c) */
         const dt_node *p = &m->nodes[n->fused_pool];
         const dt_conv_pool_shape cs = dt_node_conv_pool_shape(m, n);
-        c->be->conv_pool_backward(&cs, c->grads + dt_node_tensor_off(m, n, 0), db, p->grad, p->saved, dt_node_in(m, n, 0));
+        c->be->conv_pool_backward(&cs, dt_node_grad(m, n, c, 0), db, p->grad, p->saved, dt_node_in(m, n, 0));
         return;
     }
     if (in_bl || n->blocked) {
-        c->be->conv2d_backward_blocked(din[0], c->grads + dt_node_tensor_off(m, n, 0), db, n->grad, dt_node_in(m, n, 0),
-                                       c->params + dt_node_tensor_off(m, n, 0), c->B, C, H, W, s->out, s->k, s->stride,
+        c->be->conv2d_backward_blocked(din[0], dt_node_grad(m, n, c, 0), db, n->grad, dt_node_in(m, n, 0),
+                                       dt_node_param(m, n, c, 0), c->B, C, H, W, s->out, s->k, s->stride,
                                        s->pad, dt_layout_of(in_bl, m->nhwc, dt_node_in_bf16(m, n, 0)),
                                        dt_layout_of(n->blocked, m->nhwc, n->grad_bf16));
         return;
     }
-    c->be->conv2d_backward(din[0], c->grads + dt_node_tensor_off(m, n, 0), db, n->grad, dt_node_in(m, n, 0),
-                           c->params + dt_node_tensor_off(m, n, 0), c->work, c->B, C, H, W, s->out, s->k, s->stride,
+    c->be->conv2d_backward(din[0], dt_node_grad(m, n, c, 0), db, n->grad, dt_node_in(m, n, 0),
+                           dt_node_param(m, n, c, 0), c->work, c->B, C, H, W, s->out, s->k, s->stride,
                            s->pad);
 }
 

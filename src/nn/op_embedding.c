@@ -30,7 +30,7 @@ static void embedding_init(dt_model *m, dt_node *n, float *p, uint64_t seed) {
 
 static dt_status embedding_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
     const dt_node *in = dt_node_input(m, n, 0);
-    const float *w = c->params + dt_node_tensor_off(m, n, 0);
+    const float *w = dt_node_param(m, n, c, 0);
     const int T = (int)in->out_n;
     if (n->a.pos) {
         c->be->pos_embedding_forward(n->out, w, c->B, T, n->a.out);
@@ -49,7 +49,7 @@ static dt_status embedding_forward(dt_model *m, dt_node *n, const dt_run_ctx *c)
 static void embedding_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float *const *din) {
     (void)din;  /* ids have no gradient */
     const dt_node *in = dt_node_input(m, n, 0);
-    float *dw = c->grads + dt_node_tensor_off(m, n, 0);
+    float *dw = dt_node_grad(m, n, c, 0);
     const int T = (int)in->out_n;
     if (n->a.pos) c->be->pos_embedding_backward(dw, n->grad, c->B, T, n->a.out);
     else c->be->embedding_backward(dw, n->grad, (const int32_t *)in->out, c->B * T, n->a.out);

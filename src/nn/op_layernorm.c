@@ -43,8 +43,8 @@ static size_t layernorm_workspace(const dt_model *m, const dt_node *n, int B) {
 static dt_status layernorm_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
     const int C = width(n), N = c->B * (int)(n->out_n / (size_t)C);
     float *mean = n->saved, *rstd = mean + N;
-    const float *in = dt_node_in(m, n, 0), *w = c->params + dt_node_tensor_off(m, n, 0),
-                *b = c->params + dt_node_tensor_off(m, n, 1);
+    const float *in = dt_node_in(m, n, 0), *w = dt_node_param(m, n, c, 0),
+                *b = dt_node_param(m, n, c, 1);
     if (!n->bf16) return c->be->layernorm_forward(n->out, mean, rstd, in, w, b, N, C, n->a.eps), DT_OK;
     for (int r = 0; r < N; r += piece_rows(C)) {
         const int k = N - r < piece_rows(C) ? N - r : piece_rows(C);
@@ -58,8 +58,8 @@ static dt_status layernorm_forward(dt_model *m, dt_node *n, const dt_run_ctx *c)
 static void layernorm_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float *const *din) {
     const int C = width(n), N = c->B * (int)(n->out_n / (size_t)C);
     const float *mean = n->saved, *rstd = mean + N;
-    c->be->layernorm_backward(din[0], c->grads + dt_node_tensor_off(m, n, 0), c->grads + dt_node_tensor_off(m, n, 1),
-                              n->grad, dt_node_in(m, n, 0), c->params + dt_node_tensor_off(m, n, 0), mean, rstd, N, C);
+    c->be->layernorm_backward(din[0], dt_node_grad(m, n, c, 0), dt_node_grad(m, n, c, 1),
+                              n->grad, dt_node_in(m, n, 0), dt_node_param(m, n, c, 0), mean, rstd, N, C);
 }
 
 /* Over the whole sample (sequential: scale and bias shaped as the input's sample) or over the last

@@ -51,8 +51,8 @@ static void linear_init(dt_model *m, dt_node *n, float *p, uint64_t seed) {
 static dt_status linear_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
     int C, rows;
     dims(m, n, &C, &rows);
-    const float *b = n->a.bias ? c->params + dt_node_tensor_off(m, n, 1) : NULL;
-    const float *w = c->params + dt_node_tensor_off(m, n, 0);
+    const float *b = n->a.bias ? dt_node_param(m, n, c, 1) : NULL;
+    const float *w = dt_node_param(m, n, c, 0);
     if (n->bf16)  /* bf16 in and out (graph_layout.c) */
         c->be->linear_forward_bf16io(dt_node_out_bf16(n), dt_node_in_bf16_values(m, n, 0), w, b, c->B * rows, C,
                                      n->a.out);
@@ -66,9 +66,9 @@ static dt_status linear_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
 static void linear_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float *const *din) {
     int C, rows;
     dims(m, n, &C, &rows);
-    float *db = n->a.bias ? c->grads + dt_node_tensor_off(m, n, 1) : NULL;
-    float *dw = c->grads + dt_node_tensor_off(m, n, 0);
-    const float *w = c->params + dt_node_tensor_off(m, n, 0);
+    float *db = n->a.bias ? dt_node_grad(m, n, c, 1) : NULL;
+    float *dw = dt_node_grad(m, n, c, 0);
+    const float *w = dt_node_param(m, n, c, 0);
     if (n->grad_bf16)  /* bf16 values in and a bf16 gradient (graph_layout.c) */
         c->be->linear_backward_bf16_grad(din[0], dw, db, (uint16_t *)(void *)n->grad,
                                          dt_node_in_bf16_values(m, n, 0), w, c->B * rows, C, n->a.out);

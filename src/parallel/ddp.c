@@ -218,22 +218,8 @@ static const char *auto_choice(const dt_strategy *s, const ddp_opts *op, bool sh
     return "update=full (auto: the ranks span hosts)";
 }
 
-/* What ddp does not stage through host buffers yet: refused on such a device, naming what runs. The
- * compressors run on the bucket's staged host copy (grad_sync.c), their error feedback and PowerSGD's
- * factors in the sync's host memory beside it. */
-static dt_status check_staged(const dt_strategy *s, const ddp_opts *op) {
-    dt_dev *dev = dt_strategy_stage_device(s->comm, s->model);
-    if (!dev) return DT_OK;
-    if (op->zero == 3)
-        return dt_error(DT_ENOTSUP, "--device %s: ddp with zero=3 does not run on this device yet (stage 3's parameter "
-                        "shards are host pages given back to the OS); use zero=1 or zero=2 (staged through host "
-                        "buffers), or --device cpu", dev->kind->name);
-    return DT_OK;
-}
-
 static dt_status ddp_create(dt_strategy *s, const void *opts) {
     const ddp_opts *op = opts;
-    DT_TRY(check_staged(s, op));
     if (op->zero > 0) return dt_zero_create(s, op->bucket_mb, op->zero);
     DT_TRY(dt_comm_set_hier(s->comm, op->allreduce));  /* collective: every rank creates ddp */
     const bool shard = sharded_update(s, op);

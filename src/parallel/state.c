@@ -1,7 +1,8 @@
 /* The training state as pieces of tensors (dt_state_piece), for checkpoints that do not depend on
  * how a strategy lays it out: the replicated visitor (every placed tensor whole, with its
  * optimizer moments), the strategy's entry point, and the whole model assembled on one rank from
- * the pieces every rank reports (a weights file under ZeRO). */
+ * the pieces every rank reports (a weights file under ZeRO; pieces on a device downloaded). */
+#include "device/device.h"
 #include "parallel/strategy.h"
 
 #include <stdio.h>
@@ -92,14 +93,29 @@ static dt_status receive_pieces(dt_strategy *s, int r, float *params, float *buf
     return st;
 }
 
+/* A rank's piece k to root: from device memory (dl) through a host copy of it. */
+static dt_status send_piece(dt_strategy *s, dt_dev *dl, const model_pieces *c, int k, int root) {
+    const size_t n = (size_t)c->head[k][2];
+    if (!dl) return dt_comm_send(s->comm, c->data[k], n, DT_F32, root, GATHER_TAG);
+    float *h = dt_alloc(n * sizeof(float));
+    if (!h) return dt_error(DT_ENOMEM, "state gather: no host memory for a piece of %zu values", n);
+    dl->ops->download(dl, h, c->data[k], n * sizeof(float));
+    dt_status st = dt_comm_send(s->comm, h, n, DT_F32, root, GATHER_TAG);
+    dt_free(h);
+    return st;
+}
+
 dt_status dt_strategy_gather_model(dt_strategy *s, int root, float *params, float *buffers) {
     model_pieces c = {.m = s->model};
+    dt_dev *dev = dt_model_device(s->model), *dl = dev->host_memory ? NULL : dev;  /* pieces on a device */
     const int me = s->comm ? dt_comm_rank(s->comm) : 0, N = s->comm ? dt_comm_size(s->comm) : 1;
     dt_status st = dt_strategy_visit_state(s, collect_piece, &c);
     size_t got = 0;
     if (me == root) {
         for (int k = 0; st == DT_OK && k < c.n; k++) {
-            memcpy(landing(s->model, c.head[k], params, buffers), c.data[k], (size_t)c.head[k][2] * sizeof(float));
+            float *to = landing(s->model, c.head[k], params, buffers);
+            if (dl) dl->ops->download(dl, to, c.data[k], (size_t)c.head[k][2] * sizeof(float));
+            else memcpy(to, c.data[k], (size_t)c.head[k][2] * sizeof(float));
             got += (size_t)c.head[k][2];
         }
         for (int r = 0; st == DT_OK && r < N; r++)
@@ -111,8 +127,7 @@ dt_status dt_strategy_gather_model(dt_strategy *s, int root, float *params, floa
         int64_t n = st == DT_OK ? c.n : 0;  /* a rank that failed sends nothing: the root reports the gap */
         dt_status sent = dt_comm_send(s->comm, &n, 1, DT_I64, root, GATHER_TAG);
         if (sent == DT_OK && n > 0) sent = dt_comm_send(s->comm, c.head, 3 * (size_t)n, DT_I64, root, GATHER_TAG);
-        for (int64_t k = 0; sent == DT_OK && k < n; k++)
-            sent = dt_comm_send(s->comm, c.data[k], (size_t)c.head[k][2], DT_F32, root, GATHER_TAG);
+        for (int64_t k = 0; sent == DT_OK && k < n; k++) sent = send_piece(s, dl, &c, (int)k, root);
         if (st == DT_OK) st = sent;
     }
     free(c.head), free(c.data);

@@ -18,9 +18,9 @@
  * the slab: a bucket's gradients are downloaded when it is issued (from the backward hook, so the
  * overlap stays), reduced there and the rank's chunk uploaded into its shard when the reduce is
  * done; a parameter (or moment) gather downloads the chunk, gathers on the host and uploads the
- * bucket. A device's gradient slab is one block that backward writes: stage 2 zeroes a reduced
- * bucket rather than giving its pages back (the whole gradients stay, see run/memplan.c), and
- * stage 3 (parameters as host pages given back) runs on cpu only so far. */
+ * bucket. A device block cannot be given back in part: there stages 2 and 3 hold a bucket's
+ * gradients (and stage 3 its gathered parameters) in blocks of their own, bound into the graph,
+ * and the model's whole gradient (and parameter) blocks are freed (zero_blocks.c). */
 #include "parallel/zero_internal.h"
 
 #include <math.h>
@@ -54,12 +54,11 @@ void dt_zero_hook_error(zero *z, dt_status st, const char *what, int bucket) {
 /* Gives back bucket b's gradient pages (they read as zeros) and zeros its values on the pages
  * shared with neighbours: afterwards its gradients are zero, for the next step. */
 static void release_grads(dt_strategy *s, zero *z, zbucket *b) {
-    float *g = dt_model_grads(s->model);
-    if (!z->host_pages) {  /* a device block: a part of it cannot be freed; zeroed for the next step */
-        z->md->ops->fill_f32(z->md, g + b->lo, 0.0f, b->hi - b->lo);
-        b->gfree = true, b->grel = 0;
+    if (z->blocks) {  /* its own block: freed, made again (zeroed) before backward next writes it */
+        dt_zero_grad_block_free(s, z, (int)(b - z->b));
         return;
     }
+    float *g = dt_model_grads(s->model);
     char *lo = (char *)(g + b->lo), *hi = (char *)(g + b->hi);
     b->grel = dt_mem_release(lo, (size_t)(hi - lo));
     if (b->grel == 0) {
@@ -80,7 +79,8 @@ static float *shard_grads(dt_strategy *s, const zero *z, const zbucket *b) {
 
 /* What bucket b's reduce reads: its gradients in the slab, or in the slab's host copy (staged). */
 static float *rs_src(dt_strategy *s, const zero *z, const zbucket *b) {
-    return z->stage_dev ? z->host + b->lo : dt_model_grads(s->model) + b->lo;
+    if (z->stage_dev) return z->host + b->lo;
+    return z->blocks ? b->gblk : dt_model_grads(s->model) + b->lo;
 }
 
 /* Where bucket b's reduce-scatter leaves this rank's chunk: shard_grads, or staged in place in the
@@ -89,18 +89,32 @@ static float *rs_dest(dt_strategy *s, const zero *z, const zbucket *b) {
     return z->stage_dev ? z->host + b->lo : shard_grads(s, z, b);
 }
 
+/* Staged: bucket i's final gradients into the host copy the collectives run on; its gradient block
+ * (blocks) is freed at once, or read as zeros where this rank wrote none (no samples this step). */
+static void stage_out(dt_strategy *s, zero *z, int i, float *host) {
+    zbucket *b = &z->b[i];
+    const size_t bytes = (b->hi - b->lo) * sizeof(float);
+    if (!z->blocks) {
+        z->stage_dev->ops->download(z->stage_dev, host, dt_model_grads(s->model) + b->lo, bytes);
+        return;
+    }
+    if (b->gblk) z->stage_dev->ops->download(z->stage_dev, host, b->gblk, bytes);
+    else memset(host, 0, bytes);
+    dt_zero_grad_block_free(s, z, i);
+}
+
 /* Starts bucket i's reduce, non-blocking on the communicator's progress thread; with `blocking`
- * nothing starts and finish() runs it on the caller's thread (the step's last bucket: nothing is
- * left to overlap it with, and a rank whose core the progress thread shares pays two switches). */
+ * nothing starts and finish() runs it on the caller's thread (the step's last bucket where the
+ * backward hook did not start it: a rank without samples this step). */
 static void issue(dt_strategy *s, zero *z, int i, bool blocking) {
     zbucket *b = &z->b[i];
-    float *src = rs_src(s, z, b);
     b->t_issue = dt_now();
     b->issued = true;
     b->rs = b->rt = NULL;
     b->rs_done = b->c == 0, b->rt_done = b->tail == 0;
-    if (z->stage_dev)  /* its gradients are final: into the host copy the collectives run on */
-        z->stage_dev->ops->download(z->stage_dev, src, dt_model_grads(s->model) + b->lo, (b->hi - b->lo) * sizeof(float));
+    if (z->blocks && !z->stage_dev) dt_zero_grad_block(s, z, i);  /* none written (no samples): zeros */
+    float *src = rs_src(s, z, b);
+    if (z->stage_dev) stage_out(s, z, i, src);
     if (blocking) return;
     if (b->c && dt_comm_ireduce_scatter(s->comm, src, rs_dest(s, z, b), b->c, DT_F32, DT_OP_AVG, &b->rs) != DT_OK)
         b->rs = NULL;
@@ -118,6 +132,8 @@ static void reduced(dt_strategy *s, zero *z, int i) {
         dt_dev *d = z->stage_dev;
         if (b->c) d->ops->upload(d, dst, src, b->c * sizeof(float));
         if (tail) d->ops->upload(d, dst + b->c, src + (size_t)z->N * b->c, b->tail * sizeof(float));
+    } else if (tail && !z->host_pages) {
+        z->md->ops->copy(z->md, dst + b->c, src + (size_t)z->N * b->c, b->tail * sizeof(float));
     } else if (tail) {
         memmove(dst + b->c, src + (size_t)z->N * b->c, b->tail * sizeof(float));
     }
@@ -181,11 +197,11 @@ void dt_zero_poll(dt_strategy *s, zero *z) {
 static void zero_ready(dt_strategy *s, size_t off, size_t n) {
     zero *z = s->impl;
     (void)n;
-    /* layers arrive last to first: bucket `next` is complete once its lowest layer is. Stage 1
-     * leaves the last bucket (complete with backward itself) to the step, which runs it blocking;
-     * stages 2 and 3 start it here, so that its gradient pages go back at once */
-    const int upto = z->stage == 1 ? z->nb - 1 : z->nb;
-    while (z->next < upto && off <= z->b[z->next].lo) {
+    /* layers arrive last to first: bucket `next` is complete once its lowest layer is. Every stage
+     * starts the last bucket here too, on the progress thread: stages 2 and 3 so that its gradient
+     * pages go back at once; stage 1 because, run blocking on the caller's thread as it once was, it
+     * waited for the scheduler's wake-up on a loaded host (docs/figures.md, "ZeRO-1's last bucket") */
+    while (z->next < z->nb && off <= z->b[z->next].lo) {
         issue(s, z, z->next++, false);
         z->early++;
     }
@@ -262,7 +278,7 @@ static dt_status zero_step(dt_strategy *s, float lr, float clip, dt_step_stats *
     memset(st, 0, sizeof *st);
     st->early_buckets = z->early;
     if (z->stage == 3) dt_zero_params_replay(s, z);
-    const double t0 = dt_now();  /* the blocking last bucket is communication (as ddp's) */
+    const double t0 = dt_now();  /* a last bucket the hook did not start runs blocking: communication */
     while (z->next < z->nb) issue(s, z, z->next, z->next == z->nb - 1), z->next++;
     dt_status first = DT_OK;
     int first_b = -1;
@@ -308,7 +324,9 @@ static dt_status zero_init(dt_strategy *s) {
     DT_TRY(dt_strategy_verify_model(s->comm, s->model, !z->placed));
     if (z->stage >= 2) {
         /* nothing was written to the gradients yet: give their pages back until backward needs them */
-        for (int i = 0; i < z->nb; i++) release_grads(s, z, &z->b[i]);
+        if (z->blocks) DT_TRY(dt_zero_blocks_init(s, z));
+        else
+            for (int i = 0; i < z->nb; i++) release_grads(s, z, &z->b[i]);
         DT_TRY(dt_zero_params_init(s, z));
     }
     return DT_OK;
@@ -325,6 +343,7 @@ static void zero_destroy(dt_strategy *s) {
     if (!z) return;
     for (int i = 0; i < z->nb; i++) dt_request_wait(&z->b[i].rs), dt_request_wait(&z->b[i].rt);
     dt_zero_params_free(z);
+    if (z->blocks) dt_zero_blocks_free(s, z);
     dt_model_set_node_hooks(s->model, NULL, NULL, NULL);
     dt_model_set_backward_hook(s->model, NULL);
     if (z->md) z->md->ops->free(z->md, z->gsh), z->md->ops->free(z->md, z->dss);
@@ -361,6 +380,7 @@ static dt_status plan_shards(dt_strategy *s, zero *z, const dt_ddp_range *r) {
         at += len;
     }
     z->nsh = at;
+    if (z->blocks) DT_TRY(dt_zero_blocks_plan(s, z));
     if (z->stage >= 2 && !(z->gsh = z->md->ops->alloc(z->md, (at ? at : 1) * sizeof(float))))
         return dt_error_wrap(DT_ENOMEM, "zero: the gradient shard of %zu values on device %s", at, z->md->kind->name);
     const size_t P = dt_model_num_params(s->model);
@@ -369,7 +389,7 @@ static dt_status plan_shards(dt_strategy *s, zero *z, const dt_ddp_range *r) {
                              z->stage_dev->kind->name);
     float *p = dt_model_params(s->model), *g = dt_model_grads(s->model);
     for (int i = 0; i < z->nb; i++) {
-        z->pp[i] = p + z->b[i].own;
+        z->pp[i] = z->psh ? z->psh + z->b[i].at : p + z->b[i].own;
         z->gp[i] = z->stage >= 2 ? z->gsh + z->b[i].at : g + z->b[i].lo;  /* where rs_dest puts it */
     }
     return DT_OK;
@@ -430,6 +450,7 @@ static dt_status create(dt_strategy *s, double bucket_mb, int stage, bool replic
     z->nbuf = dt_model_num_buffers(s->model);
     z->md = dt_model_device(s->model);
     z->host_pages = z->md->host_memory;
+    z->blocks = !z->host_pages && stage >= 2 && !replica;
     z->stage_dev = dt_strategy_stage_device(s->comm, s->model);
     s->impl = z;
     s->ops = replica ? &zero_update_ops : &zero_ops;

@@ -23,6 +23,10 @@ typedef struct {
     int pst;              /* ZP_* */
     size_t prel;          /* bytes given back from the parameter slab */
     bool counted;         /* stage 3: its gathered values not owned are in zero.gath_now */
+    int t0, t1;           /* the tensors (table ids) whose values lie in [lo, hi) */
+    float *gblk;          /* blocks, stage >= 2: its gradients from backward's first write to the reduce */
+    float *pblk;          /* blocks, stage 3: its gathered parameters (a staging block of the device) */
+    float *phost;         /* blocks, stage 3, staged: the host copy its gather runs on */
     double t_issue;
     double t_gather;      /* stage 3: when its parameter gather started (the timeline's span) */
 } zbucket;
@@ -39,6 +43,11 @@ typedef struct {
     float *gsh;           /* stage >= 2: the reduced gradients of the shard, packed (a block of md) */
     dt_dev *md;           /* the model's device: the shards are its blocks, the step's arithmetic its calls */
     bool host_pages;      /* md's memory is host memory: pages not needed go back to the OS (madvise) */
+    bool blocks;          /* stage >= 2 on a device whose memory is not the host's: a part of a block
+                           * cannot be given back, so the gradients (and stage 3's parameters) are held
+                           * in blocks of their own, bound into the graph (zero_blocks.c) */
+    float *psh;           /* blocks, stage 3: this rank's parameter shard, packed as gsh */
+    float *pwhole;        /* blocks, stage 3: the whole parameters while z->full (the model's slab) */
     dt_dev *stage_dev;    /* the comm does not take md's memory (dt_strategy_stage_device): collectives
                            * run on `host`, a host copy of one slab, downloaded and uploaded around them */
     float *host;
@@ -81,6 +90,25 @@ void dt_zero_hook_error(zero *z, dt_status st, const char *what, int bucket);
 /* Stages 1-2 (zero.c): every rank's chunks of slab `base` (parameters, or an optimizer moment of
  * ddp(update=shard)) to every rank, in place, blocking. Collective. */
 dt_status dt_zero_gather_slab(dt_strategy *s, zero *z, float *base);
+
+/* Blocks (zero_blocks.c). Plan: each bucket's tensors; stage 3's packed parameter shard. */
+dt_status dt_zero_blocks_plan(dt_strategy *s, zero *z);
+/* At init, after the replicas were verified: the whole gradient block freed (stage >= 2); stage 3
+ * copies its chunks into the shard and frees the whole parameter block. */
+dt_status dt_zero_blocks_init(dt_strategy *s, zero *z);
+/* Bucket i's gradient block, made (zeroed, bound into the graph) where it has none; NULL when out
+ * of memory (the error kept for the step). */
+float *dt_zero_grad_block(dt_strategy *s, zero *z, int i);
+/* Frees bucket i's gradient block (its gradients read as unbound, i.e. none, until the next write). */
+void dt_zero_grad_block_free(dt_strategy *s, zero *z, int i);
+/* Stage 3: binds bucket i's tensors to its staging block (bind) or unbinds them and frees it. */
+void dt_zero_param_bind(dt_strategy *s, zero *z, int i, bool bind);
+/* Stage 3: every bucket gathered into one whole parameter block, given to the model (z->pwhole),
+ * for evaluation and checkpoints; release takes it back and frees it. */
+dt_status dt_zero_blocks_whole(dt_strategy *s, zero *z);
+void dt_zero_blocks_unwhole(dt_strategy *s, zero *z);
+/* Frees every block (destroy). */
+void dt_zero_blocks_free(dt_strategy *s, zero *z);
 
 /* Checkpoints (zero_state.c): sync (stage 3: gathers the model) and the visitor of the pieces
  * this rank owns. */

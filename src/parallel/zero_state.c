@@ -20,7 +20,9 @@ static dt_status visit_owned(dt_strategy *s, const zero *z, const zbucket *b, co
     const size_t lo = b->own > t->offset ? b->own : t->offset;
     const size_t hi = b->own + b->own_n < t->offset + t->numel ? b->own + b->own_n : t->offset + t->numel;
     if (hi <= lo) return DT_OK;
-    dt_state_piece p = {.name = t->name, .buf = {dt_model_params(s->model) + lo, DT_F32, hi - lo, DT_DEVICE_CPU},
+    /* blocks (stage 3 on a device): the parameters in the packed shard, as the moments */
+    float *par = z->psh ? z->psh + b->at + (lo - b->own) : dt_model_params(s->model) + lo;
+    dt_state_piece p = {.name = t->name, .buf = {par, DT_F32, hi - lo, DT_DEVICE_CPU},
                         .ndim = t->ndim, .numel = t->numel, .offset = lo - t->offset};
     for (int d = 0; d < t->ndim; d++) p.shape[d] = t->shape[d];
     DT_TRY(fn(ctx, &p));
@@ -32,7 +34,6 @@ static dt_status visit_owned(dt_strategy *s, const zero *z, const zbucket *b, co
         p.name = name, p.buf.data = st + b->at + (lo - b->own), p.is_optim = true;
         DT_TRY(fn(ctx, &p));
     }
-    (void)z;
     return DT_OK;
 }
 

@@ -157,7 +157,7 @@ static void stage_cost(const dt_plan_model *pm, const dt_plan_cluster *c, const 
 }
 
 int dt_plan_dp_waits(int zero, int compress, int dp) {
-    return dp > 1 && (zero == 1 || (zero == 0 && compress == DT_PLAN_FP32)) ? 1 : 0;
+    return dp > 1 && zero == 0 && compress == DT_PLAN_FP32 ? 1 : 0;
 }
 
 /* ZeRO-3's parameters still gathered when the backward starts, in values: zero_params.c frees
@@ -174,12 +174,12 @@ static double zero3_kept(const dt_plan_model *pm, double bucket_mb) {
 /* Exposed seconds of the data-parallel axis: the gradient sync of `params` values (and ZeRO's
  * gathers), as parallel/ddp.c and zero.c run it. ddp's allreduce of each bucket starts when the
  * backward completes it and hides behind the rest of the backward (bwd seconds) as far as the
- * cluster's overlap allows, never the last bucket. ZeRO 1-3 reduce-scatter the same way (stage 1
- * runs its last bucket blocking after the backward, stages 2-3 start it in the hook: the same
- * exposed time); ZeRO 1-2 then all-gather the updated parameters, blocking, after the optimizer;
- * ZeRO-3 instead gathers each layer's parameters before its forward and, unless they are still
- * gathered (zero3_kept), before its backward, hidden behind them as the overlap allows. A collective the rank's thread runs blocking right after the
- * backward (ddp's and ZeRO-1's last bucket) also waits coll_wait (dt_plan_dp_waits). */
+ * cluster's overlap allows, never the last bucket. ZeRO 1-3 reduce-scatter the same way (each
+ * starts its last bucket in the hook); ZeRO 1-2 then all-gather the updated parameters, blocking,
+ * after the optimizer; ZeRO-3 instead gathers each layer's parameters before its forward and,
+ * unless they are still gathered (zero3_kept), before its backward, hidden behind them as the
+ * overlap allows. A collective the rank's thread runs blocking right after the backward (ddp's
+ * last bucket) also waits coll_wait (dt_plan_dp_waits). */
 static double dp_exposed(const dt_plan_model *pm, const dt_plan_cluster *c, const dt_plan_layout *l, double params,
                          double bwd, double fwd, dt_plan_cost *o) {
     const int d = l->dp;

@@ -173,8 +173,8 @@ double dt_plan_oversub(int ranks, int cores, double busy);
 /* Collectives of the data-parallel sync per step that the rank's own thread runs blocking right
  * after the backward, each paying the cluster's coll_wait (the shm wait spins 200 us, then sleeps;
  * waking costs a scheduling delay on a loaded host): 1 for ddp without compression (its last
- * bucket, ddp.c) and for ZeRO-1 (its last bucket's reduce-scatter, zero.c); 0 for ZeRO-2/3 and the
- * compressors, whose last bucket starts on the progress thread in the backward's hook (and the
+ * bucket, ddp.c); 0 for ZeRO 1-3 and the compressors, whose last bucket starts on the progress
+ * thread in the backward's hook (and the
  * all-gather after the update finds the ranks together); 0 without data parallelism. */
 int dt_plan_dp_waits(int zero, int compress, int dp);
 

@@ -148,17 +148,20 @@ dt_status dt_mem_plan_rank(dt_model *m, const dt_optim_config *o, const dt_mem_l
     p->grads = F * (l->zero >= 2 ? own : mine);
     /* the bucket backward fills and the ones still reducing (zero.c lets dt_zero_inflight_cap run) */
     if (l->zero >= 2 && l->dp > 1 && l->pp == 1) p->grads += F * big[dt_zero_inflight_cap(l->zero)];
-    /* a device's gradient slab is one block backward writes: ZeRO-2 holds it whole beside the shard
-     * (zero.c zeroes a reduced bucket instead of giving its pages back); a data-parallel run stages
-     * its collectives through a host copy of the slab (ddp's grad_sync.c, zero.c) */
-    if (l->device && l->zero >= 2 && l->dp > 1 && l->pp == 1) p->grads = F * (mine + own);
-    if (l->device && l->dp > 1 && l->tp == 1 && l->pp == 1) p->staging = F * (double)P;
+    /* on a device ZeRO-2/3 hold a bucket's gradients in a block of its own from backward's first
+     * write to its reduce, as the CPU's pages (zero_blocks.c); a data-parallel run stages its
+     * collectives through a host copy of the slab (ddp's grad_sync.c, zero.c), ZeRO-3's gathers
+     * through a host copy of each bucket in flight */
+    if (l->device && l->dp > 1 && l->tp == 1 && l->pp == 1)
+        p->staging = F * ((double)P + (l->zero >= 3 ? big[1] : 0));
     /* a pipeline's ZeRO-2 (pp_zero.c) accumulates the step's micro-batches into the stage's whole
      * gradients, then reduce-scatters them into the shard: both at the peak */
     if (l->zero >= 2 && l->dp > 1 && l->pp > 1) p->grads = F * (mine + own);
     p->optim = F * moments * (l->zero >= 1 ? own : mine);
     /* a node's buckets and the next node's, prefetched */
     if (l->zero >= 3 && l->dp > 1) p->gathered = F * big[1] * (double)(l->dp - 1) / l->dp;
+    /* a device's staging block holds the whole bucket, this rank's chunk too */
+    if (l->zero >= 3 && l->dp > 1 && l->device && l->pp == 1) p->gathered = F * big[1];
     /* pp, tp, tp x pp: checkpoints (and evaluation under ZeRO-3 over dp; otherwise it runs on the
      * shards) place the whole model on every rank, rank 0 also
      * the whole optimizer state it writes (pp.c widen, tp.c tp_sync); a pp stage alone already
@@ -170,6 +173,8 @@ dt_status dt_mem_plan_rank(dt_model *m, const dt_optim_config *o, const dt_mem_l
         /* ZeRO-3's evaluation (zero_state.c dt_zero_sync) gathers every bucket: the whole
          * parameters, where training holds the rank's chunks and a layer's gathers in flight */
         p->sync = F * ((double)P - own) - p->gathered;
+        /* a device gathers them into a whole block, beside the shard */
+        if (l->device && l->pp == 1) p->sync = F * (double)P - p->gathered;
         if (p->sync < 0) p->sync = 0;  /* a shallow model's gathers in flight already hold it all */
     }
     DT_TRY(graph_activations(m, l, &p->activations));

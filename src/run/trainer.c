@@ -335,14 +335,11 @@ static dt_status place_model(dt_trainer *t, const dt_strategy_entry *se, const d
     dt_range *own = NULL;
     int nown = 0;
     bool whole = true;
-    /* on a device the model's slabs are whole device blocks: a device-neutral strategy that places a
-     * part on cpu (pp's stages) holds the whole model there */
+    /* on a device the model's slabs are whole device blocks, placed whole: ZeRO-2/3 then hold their
+     * buckets in blocks of their own (parallel/zero_blocks.c); pp's stages hold the whole model there;
+     * a strategy that is not device-neutral is refused by move_to_device */
     const bool on_device = t->cfg.device && strcmp(t->cfg.device, "cpu");
-    if (!whole_load && !(on_device && se->device_neutral))
-        DT_TRY(dt_strategy_placement(se, so, t->model, t->rank, t->world, &own, &nown, &whole));
-    if (!whole && on_device)  /* a strategy that is not device-neutral placed shards: host pages */
-        return dt_error(DT_ENOTSUP, "--device %s: a model placed in shards (ZeRO stage 3) does not run on a device "
-                        "yet; drop zero=3 or use --device cpu", t->cfg.device);
+    if (!whole_load && !on_device) DT_TRY(dt_strategy_placement(se, so, t->model, t->rank, t->world, &own, &nown, &whole));
     const dt_range *part = whole ? NULL : own ? own : &none;
     dt_status s = dt_model_place(t->model, part, nown);
     if (s == DT_OK)
