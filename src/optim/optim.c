@@ -1,5 +1,6 @@
 /* Optimizers over flat slabs: SGD (momentum, Nesterov, weight decay), Adam and AdamW with the
  * torch.optim 1.13 update rules, plus gradient-norm clipping. */
+#include "optim/clip.h"
 #include "optim/optim_internal.h"
 
 #include <math.h>
@@ -244,13 +245,14 @@ void dt_optim_free_state(dt_optim *o) {
     dt_slab_free(&o->v);
 }
 
-/* dt_clip_grad_norm on device d; dev_ss: a double of d's memory for the sum (NULL: a host one). */
+/* dt_clip_grad_norm on device d (dt_clip_grad_pieces with one piece, no other rank); dev_ss: a
+ * double of d's memory for the sum (NULL: a host one). */
 static float clip_on(dt_dev *d, double *dev_ss, float *g, size_t n, float max_norm) {
-    double ss = 0;
-    d->ops->sqnorm(d, dev_ss ? dev_ss : &ss, g, n);
-    if (dev_ss) d->ops->download(d, &ss, dev_ss, sizeof ss);
-    float norm = (float)sqrt(ss);
-    if (max_norm > 0 && norm > max_norm) d->ops->scale(d, g, max_norm / (norm + 1e-6f), n);  /* torch adds 1e-6 */
+    const dt_grad_piece whole = {g, n};
+    const dt_clip_spec c = {.dev = d, .dev_ss = dev_ss, .nss = 1, .norm = &whole, .nnorm = 1, .scale = &whole,
+                            .nscale = 1};
+    float norm = 0;
+    (void)dt_clip_grad_pieces(&c, max_norm, &norm);  /* no reduction: it cannot fail */
     return norm;
 }
 

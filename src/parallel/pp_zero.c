@@ -141,8 +141,7 @@ dt_status dt_pp_zero_reduce(dt_pp *p, float *g) {
 /* The sum of squares of this rank's chunk of the gradients in its share of the norm: the device's
  * sqnorm of each run of such values adjacent in p->gsh (visited in increasing offset, as the loop
  * over tensors and segments it replaced). */
-double dt_pp_zero_norm_part(const dt_pp *p) {
-    double ss = 0;
+dt_status dt_pp_zero_norm_pieces(const dt_pp *p, dt_grad_pieces *out) {
     size_t lo = 0, hi = 0;  /* the current run in p->gsh */
     for (int t = 0; t < dt_model_num_tensors(p->m); t++) {
         const dt_param_info *ti = dt_model_tensor(p->m, t);
@@ -153,16 +152,15 @@ double dt_pp_zero_norm_part(const dt_pp *p) {
             const size_t a = ti->offset > c0 ? ti->offset : c0, e = ti->offset + ti->numel < c1 ? ti->offset + ti->numel : c1;
             if (a >= e) continue;
             const size_t ga = sg->gat + (a - c0), ge = ga + (e - a);
-            if (hi > lo && ga == hi) hi = ge;
-            else dt_pp_sqnorm_add(p, p->gsh + lo, hi - lo, &ss), lo = ga, hi = ge;
+            if (hi > lo && ga == hi) {
+                hi = ge;
+                continue;
+            }
+            DT_TRY(dt_grad_pieces_add(out, p->gsh + lo, hi - lo));
+            lo = ga, hi = ge;
         }
     }
-    dt_pp_sqnorm_add(p, p->gsh + lo, hi - lo, &ss);
-    return ss;
-}
-
-void dt_pp_zero_scale(dt_pp *p, float k) {
-    for (int q = 0; q < p->nseg; q++) p->dev->ops->scale(p->dev, p->gsh + p->seg[q].gat, k, p->seg[q].zlen);
+    return dt_grad_pieces_add(out, p->gsh + lo, hi - lo);
 }
 
 dt_status dt_pp_zero_allgather(dt_pp *p, float *w, const dt_pp_segment *sg, const size_t *counts) {

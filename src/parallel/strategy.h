@@ -13,6 +13,7 @@
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
 #include "dtrain/workers.h"
+#include "optim/clip.h"
 
 #include <signal.h>
 #include <stddef.h>
@@ -218,10 +219,10 @@ struct dt_strategy {
      * clip-and-update of dt_strategy_apply_update (tp clips by the norm over its shards); NULL = local */
     void (*update)(void *ctx, float lr, float clip);
     void *update_ctx;
-    /* the same for ZeRO, which clips and updates its own shards (tp(zero=N)): the sum of squares
-     * of a shard's gradient values g[0..n) at slab offset off that count in the norm (NULL: all),
-     * summed over norm_comm (NULL: comm; tp's world: each tp shard's part once) */
-    double (*norm_part)(void *ctx, size_t off, const float *g, size_t n);
+    /* the same for ZeRO, which clips and updates its own shards (tp(zero=N)): appends to out the
+     * pieces of a shard's gradient values g[0..n) at slab offset off that count in the norm (NULL:
+     * all), summed over norm_comm (NULL: comm; tp's world: each tp shard's part once) */
+    dt_status (*norm_pieces)(void *ctx, size_t off, float *g, size_t n, dt_grad_pieces *out);
     dt_comm *norm_comm;
 };
 

@@ -154,8 +154,8 @@ void dt_tp_zero_pack(dt_optim *whole, dt_optim *lo, const dt_tp_zero_part *mine)
 /* Collective over the dp axis dp: every dp rank's packed moments of lo to dp rank 0, which gets
  * a whole local optimizer holding them all (*out; NULL on the other ranks). */
 dt_status dt_tp_zero_collect(dt_comm *dp, dt_model *local, dt_optim *lo, double bucket_mb, dt_optim **out);
-/* The sum of squares of gradient values g[0..n) (local slab [off, off + n)) that count in the
+/* Appends to out the runs of gradient values g[0..n) (local slab [off, off + n)) that count in the
  * norm of the whole gradient on tp rank r (dt_tp_in_norm). */
-double dt_tp_zero_norm_part(const dt_model *local, int r, size_t off, const float *g, size_t n);
+dt_status dt_tp_zero_norm_pieces(const dt_model *local, int r, size_t off, float *g, size_t n, dt_grad_pieces *out);
 
 #endif

@@ -98,14 +98,20 @@ dt_status dt_tp_zero_collect(dt_comm *dp, dt_model *local, dt_optim *lo, double 
     return st;
 }
 
-double dt_tp_zero_norm_part(const dt_model *local, int r, size_t off, const float *g, size_t n) {
-    double ss = 0;
+dt_status dt_tp_zero_norm_pieces(const dt_model *local, int r, size_t off, float *g, size_t n, dt_grad_pieces *out) {
+    size_t lo = 0, hi = 0;  /* the current run of counted values, slab offsets */
     for (int i = 0; i < dt_model_num_tensors(local); i++) {
         const dt_param_info *t = dt_model_tensor(local, i);
         if (t->is_buffer || !dt_tp_in_norm(local, t->name, r)) continue;
-        const size_t lo = t->offset > off ? t->offset : off;
-        const size_t hi = t->offset + t->numel < off + n ? t->offset + t->numel : off + n;
-        for (size_t k = lo; k < hi; k++) ss += (double)g[k - off] * g[k - off];
+        const size_t a = t->offset > off ? t->offset : off;
+        const size_t e = t->offset + t->numel < off + n ? t->offset + t->numel : off + n;
+        if (a >= e) continue;
+        if (hi > lo && a == hi) {
+            hi = e;
+            continue;
+        }
+        if (hi > lo) DT_TRY(dt_grad_pieces_add(out, g + (lo - off), hi - lo));
+        lo = a, hi = e;
     }
-    return ss;
+    return hi > lo ? dt_grad_pieces_add(out, g + (lo - off), hi - lo) : DT_OK;
 }
