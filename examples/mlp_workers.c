@@ -17,7 +17,8 @@ typedef struct {
 
 static dt_status worker(dt_comm *comm, void *ctx) {
     const job *j = ctx;
-    dt_train_config cfg = dt_train_defaults();
+    dt_train_config cfg;
+    DT_TRY(dt_train_config_init(&cfg));  /* the defaults, with this header's layout */
     cfg.data = j->data;
     cfg.epochs = 2;
     cfg.batch = 32 / j->workers;                    /* global batch 32 */

@@ -345,9 +345,10 @@ static int check_job_size(int argc, char **argv, const train_opts *o, int job_ra
         return dt_cli_usage("leave out --workers when mpirun/srun/dtrain launch sets the number of ranks",
                             "--workers %d but this job has %d ranks", job_ranks, world);
     }
-    if (o->cfg.slow_factor > 1 && o->cfg.slow_rank >= world)
+    const dt_train_aids *a = o->cfg.aids;
+    if (a && a->slow_factor > 1 && a->slow_rank >= world)
         return dt_cli_usage("pick a rank below the job's ranks", "--slow %d:%g: this job has only %d rank(s) (0..%d)",
-                            o->cfg.slow_rank, o->cfg.slow_factor, world, world - 1);
+                            a->slow_rank, a->slow_factor, world, world - 1);
     return 0;
 }
 
@@ -537,14 +538,15 @@ int dt_cmd_train(int argc, char **argv) {
         const dt_train_config *c = &o.cfg;
         const int S = dt_cli_servers(c);
         if ((r = check_local_ranks(&o, job_ranks)) >= 0) return r;
-        if (c->slow_factor > 1 && (c->slow_rank >= job_ranks || (dt_cli_is_ps(c) && c->slow_rank < S))) {
+        const dt_train_aids *a = c->aids;
+        if (a && a->slow_factor > 1 && (a->slow_rank >= job_ranks || (dt_cli_is_ps(c) && a->slow_rank < S))) {
             if (dt_cli_is_ps(c))
                 return dt_cli_usage("ranks 0..servers-1 serve; the workers are the ranks after them",
-                                   "--slow %d:%g: rank %d is %s; pick a worker rank (%d..%d)", c->slow_rank,
-                                   c->slow_factor, c->slow_rank, c->slow_rank < S ? "a ps server" : "not in the job",
+                                   "--slow %d:%g: rank %d is %s; pick a worker rank (%d..%d)", a->slow_rank,
+                                   a->slow_factor, a->slow_rank, a->slow_rank < S ? "a ps server" : "not in the job",
                                    S, job_ranks - 1);
-            return dt_cli_usage(NULL, "--slow %d:%g: this job has only %d ranks (0..%d)", c->slow_rank,
-                               c->slow_factor, job_ranks, job_ranks - 1);
+            return dt_cli_usage(NULL, "--slow %d:%g: this job has only %d ranks (0..%d)", a->slow_rank,
+                               a->slow_factor, job_ranks, job_ranks - 1);
         }
         bool *expendable = dt_cli_expendable(&o.cfg, job_ranks);
         int rc = run_workers(argc, argv, job_ranks, o.elastic, o.max_restarts, o.cfg.checkpoint_dir, expendable);

@@ -189,8 +189,8 @@ int dt_cli_uneven_parse(dt_cli_uneven *u, dt_train_config *cfg) {
         if (errno || *end || rk < 0 || rk > 1 << 20 || !(f >= 1) || !isfinite(f))
             return dt_cli_usage("use --slow RANK:FACTOR, e.g. --slow 3:3 makes rank 3 three times slower",
                                "--slow %s: expected RANK:FACTOR with FACTOR >= 1", u->slow);
-        cfg->slow_rank = (int)rk;
-        cfg->slow_factor = (float)f;
+        u->aids = (dt_train_aids){.slow_rank = (int)rk, .slow_factor = (float)f};
+        cfg->aids = &u->aids;
     }
     if (u->compress) {  /* a bad compressor: its own message and hint, not the strategy grammar */
         char probe[160];

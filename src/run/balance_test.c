@@ -11,6 +11,7 @@
 #include "core/test.h"
 #include "dtrain/dtrain.h"
 #include "run/balance.h"
+#include "run/train_aids.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -296,7 +297,8 @@ static dt_status train(dt_comm *comm, int batch, result *out) {
     cfg.lr.base_lr = 0.02f;
     cfg.comm = comm;
     cfg.balance = comm != NULL;
-    cfg.slow_rank = 1, cfg.slow_factor = 2;
+    const dt_train_aids aids = {.slow_rank = 1, .slow_factor = 2};
+    cfg.aids = &aids;
     cfg.on_epoch = on_epoch, cfg.cb_ctx = out;
     dt_trainer *t;
     DT_TRY(dt_trainer_create(&t, &cfg));

@@ -44,7 +44,8 @@ static void make_data(void) {
 }
 
 static dt_train_config small_config(void) {
-    dt_train_config c = dt_train_defaults();
+    dt_train_config c;
+    CHECK_OK(dt_train_config_init(&c));  /* as an embedder starts */
     c.model = "linear(16) relu linear(3)";
     c.epochs = 2;
     c.batch = 8;

@@ -2,6 +2,7 @@
  * owning its strings, and dt_train_local, training a config on N local workers. */
 #include "dtrain/launch.h"
 #include "dtrain/train_options.h"
+#include "run/trainer_internal.h"
 
 #include <errno.h>
 #include <math.h>
@@ -153,6 +154,7 @@ static dt_status train_worker(dt_comm *comm, void *ctx) {
 }
 
 dt_status dt_train_local(const dt_train_config *cfg, int workers, double timeout_s) {
+    DT_TRY(dt_train_config_check_layout(cfg, "dt_train_local"));  /* before a copy of its bytes */
     if (workers < 1) return dt_error(DT_EINVAL, "--workers %d: need at least 1", workers);
     if (workers == 1) {
         dt_train_config c = *cfg;

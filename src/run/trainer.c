@@ -1,6 +1,7 @@
 /* The trainer: loads data, builds model + optimizer (+ strategy), restores a checkpoint
  * (--resume FILE|auto, also on another world size). The checkpoints it writes are in
  * trainer_save.c, the epochs run in train_loop.c, evaluation in evaluate.c. */
+#include "run/train_aids.h"
 #include "run/trainer_internal.h"
 
 #include "dtrain/io.h"
@@ -21,6 +22,8 @@
 
 dt_train_config dt_train_defaults(void) {
     dt_train_config c = {
+        .size = sizeof(dt_train_config),
+        .version = DT_TRAIN_CONFIG_VERSION,
         .data = "fashion-mnist",
         .model = "mlp",
         .epochs = 1,
@@ -34,6 +37,29 @@ dt_train_config dt_train_defaults(void) {
         .progress_interval_s = 0.2,
     };
     return c;
+}
+
+/* DT_EINVAL when the caller's layout (size, version) is not this library's: what each is and what
+ * to do. */
+static dt_status layout_check(size_t size, unsigned version, const char *who) {
+    if (size == sizeof(dt_train_config) && version == DT_TRAIN_CONFIG_VERSION) return DT_OK;
+    if (size == 0 && version == 0)
+        return dt_error(DT_EINVAL, "%s: the dt_train_config was not set up (size 0): start from "
+                        "dt_train_config_init(&cfg) or dt_train_defaults(), then set its fields", who);
+    return dt_error(DT_EINVAL, "%s: the dt_train_config has size %zu and version %u, but this library (dtrain %s) "
+                    "has size %zu and version %u: the caller was compiled against another dtrain/train.h; rebuild "
+                    "it against this library's headers", who, size, version, dt_version(), sizeof(dt_train_config),
+                    (unsigned)DT_TRAIN_CONFIG_VERSION);
+}
+
+dt_status dt_train_config_init_sized(dt_train_config *cfg, size_t size, unsigned version) {
+    DT_TRY(layout_check(size, version, "dt_train_config_init"));
+    *cfg = dt_train_defaults();
+    return DT_OK;
+}
+
+dt_status dt_train_config_check_layout(const dt_train_config *cfg, const char *who) {
+    return layout_check(cfg->size, cfg->version, who);
 }
 
 void dt_trainer_free(dt_trainer *t) {
@@ -180,15 +206,15 @@ static dt_status setup_uneven(dt_trainer *t) {
         return dt_error(DT_EINVAL, "--strategy %s does not support --%s yet%s", name,
                         c->timeline ? "timeline" : "checkpoint-dir",
                         c->timeline ? "" : " (use --save FILE, written after every epoch and on SIGTERM)");
+    const bool slow = c->aids && c->aids->slow_factor > 1 && c->aids->slow_rank == t->rank;  /* a test aid */
     if (role == DT_ROLE_SERVER) {
-        if (c->slow_factor > 1 && c->slow_rank == t->rank)
-            return dt_error(DT_EINVAL, "--slow %d:%g: rank %d is a ps server; pick a worker rank (%d..%d)", c->slow_rank,
-                            c->slow_factor, t->rank, t->world - t->dworld, t->world - 1);
+        if (slow)
+            return dt_error(DT_EINVAL, "--slow %d:%g: rank %d is a ps server; pick a worker rank (%d..%d)",
+                            c->aids->slow_rank, c->aids->slow_factor, t->rank, t->world - t->dworld, t->world - 1);
         return DT_OK;
     }
     dt_balance_config bc = {.rank = t->drank, .world = t->dworld, .job_rank0 = t->strategy->job_rank0,
-                            .batch = c->batch, .dynamic = c->balance,
-                            .slow = c->slow_factor > 1 && c->slow_rank == t->rank ? c->slow_factor : 1};
+                            .batch = c->batch, .dynamic = c->balance, .slow = slow ? c->aids->slow_factor : 1};
     DT_TRY(dt_balance_create(&t->balance, &bc));
     if (!(t->workers = calloc((size_t)t->dworld, sizeof *t->workers)))
         return dt_error(DT_ENOMEM, "trainer: out of memory");
@@ -547,6 +573,7 @@ static dt_status trainer_setup(dt_trainer *t) {
 
 dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
     *out = NULL;
+    DT_TRY(dt_train_config_check_layout(cfg, "dt_trainer_create"));
     DT_TRY(check_config(cfg));
     DT_TRY(dt_kernels_select(cfg->kernels, cfg->precision));
     if (cfg->save) dt_ckpt_remove_stale_temps(cfg->save); /* left by a run killed mid-write */

@@ -13,6 +13,10 @@
 
 #include <stdio.h>
 
+/* DT_EINVAL naming who (the API call) when cfg's size and version are not this library's
+ * (dt_train_config_init); trainer.c. */
+dt_status dt_train_config_check_layout(const dt_train_config *cfg, const char *who);
+
 struct dt_trainer {
     dt_train_config cfg;
     dt_dataset *train, *test;

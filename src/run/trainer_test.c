@@ -1,9 +1,10 @@
 /* The trainer API (dtrain/train.h) on a tiny model: create, run, step count, evaluate, save and
- * load back, a second run that does nothing; and the errors of a bad config (each names what is
- * wrong, and no trainer is left behind). Data: two classes of points separable by their first
+ * load back, a second run that does nothing; the errors of a bad config (each names what is wrong,
+ * and no trainer is left behind), and of a config of another layout (size, version). Data: two classes of points separable by their first
  * feature, in memory (dt_dataset_create). */
 #include "core/test.h"
 #include "dtrain/train.h"
+#include "dtrain/train_options.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -43,6 +44,32 @@ static void refused(const dt_train_config *c, dt_status want, const char *word, 
     CHECK_MSG(st == want && !t, "%s: %s (t %p), want %s", what, dt_status_str(st), (void *)t, dt_status_str(want));
     CHECK_MSG(strstr(dt_last_error(), word) != NULL, "%s: the message '%s' does not name %s", what, dt_last_error(), word);
     if (st == DT_OK) dt_trainer_free(t);
+}
+
+/* A config of another layout (a caller built against another dtrain/train.h) is refused, naming
+ * both layouts; one never set up says how to set it up; dt_train_config_init gives the defaults
+ * and writes nothing for another layout. */
+static void test_layout(dt_dataset *train, dt_dataset *test) {
+    dt_train_config c = tiny(train, test);
+    c.size += 8;
+    refused(&c, DT_EINVAL, "compiled against another dtrain/train.h", "a bigger config");
+    c = tiny(train, test);
+    c.version = DT_TRAIN_CONFIG_VERSION + 1;
+    refused(&c, DT_EINVAL, "compiled against another dtrain/train.h", "another version");
+    c = tiny(train, test);
+    c.size = 0, c.version = 0;
+    refused(&c, DT_EINVAL, "dt_train_config_init", "a config never set up");
+    c.size = 1;
+    CHECK(dt_train_local(&c, 1, 0) == DT_EINVAL && strstr(dt_last_error(), "dt_train_local"));
+
+    dt_train_config a, b = dt_train_defaults();
+    memset(&a, 0xff, sizeof a);
+    CHECK_OK(dt_train_config_init(&a));
+    CHECK(a.size == sizeof a && a.version == DT_TRAIN_CONFIG_VERSION && a.batch == b.batch && a.epochs == b.epochs &&
+          !strcmp(a.model, b.model) && a.seed == b.seed && !a.aids && !a.train_set);
+    memset(&a, 0xab, sizeof a);
+    CHECK(dt_train_config_init_sized(&a, sizeof a - 8, DT_TRAIN_CONFIG_VERSION) == DT_EINVAL && a.batch == (int)0xabababab);
+    CHECK(dt_train_config_init_sized(&a, sizeof a, DT_TRAIN_CONFIG_VERSION - 1) == DT_EINVAL);
 }
 
 static void test_errors(dt_dataset *train, dt_dataset *test) {
@@ -104,6 +131,7 @@ int main(void) {
     unlink(save);
 
     test_errors(train, test);
+    test_layout(train, test);
     dt_dataset_free(train);
     dt_dataset_free(test);
     return dt_test_summary("trainer_test");

@@ -41,7 +41,8 @@ static void check_build(const char *spec, int C, int H, int W) {
 
 /* A trainer on an in-memory set (test set or not), one step, then dt_trainer_evaluate. */
 static dt_status train_eval(dt_dataset *tr, dt_dataset *te, float *loss, float *acc) {
-    dt_train_config cfg = dt_train_defaults();
+    dt_train_config cfg;
+    DT_TRY(dt_train_config_init(&cfg));
     cfg.train_set = tr, cfg.test_set = te, cfg.model = "linear(2)", cfg.batch = 8, cfg.max_steps = 1;
     dt_trainer *t = NULL;
     dt_status s = dt_trainer_create(&t, &cfg);
