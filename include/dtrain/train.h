@@ -154,8 +154,8 @@ typedef struct {
     double predicted_step_s;  /* the planner's step time for this layout (--strategy auto); > 0: each epoch's
                                * metrics carry it beside the measured one */
     const char *plan_layout;  /* the planner's name of the layout (with predicted_step_s), or NULL */
-    /* uneven workers (see parallel/strategy.h) */
-    bool balance;             /* ddp/localsgd: cut each global batch by the workers' measured speed */
+    /* uneven workers: ddp and localsgd cut each global batch by the workers' measured speed with
+     * their spec's balance=dynamic; ps hands out batches (its shards=) */
     const struct dt_train_aids *aids;  /* internal: dtrain's own tests and benchmarks (NULL: none) */
     /* callbacks (may be NULL) */
     void (*on_progress)(void *ctx, const dt_progress_info *p);

@@ -328,7 +328,7 @@ static void print_header(const train_opts *o, dt_trainer *t, dt_comm *comm, int 
         printf("dtrain: %d ranks over %s, strategy %s%s%s, global batch %d%s\n", world, dt_comm_backend_name(comm),
                spec, choice ? ", " : "", choice ? choice : "",
                c->batch * dt_strategy_spec_data_world(c->strategy ? c->strategy : dt_strategy_spec_default(world), world),
-               c->balance ? " (cut among the ranks by measured speed)" : "");
+               strstr(spec, "balance=dynamic") ? " (cut among the ranks by measured speed)" : "");
     }
     fflush(stdout);
 }
@@ -380,10 +380,12 @@ static int open_rank_comm(int argc, char **argv, const train_opts *o, int job_ra
 /* The strategy flags against the job's size: one process drops what needs several (saying so). */
 static void fit_strategy_to_world(int argc, char **argv, const train_opts *o, dt_train_config *cfg, int rank,
                                   int world) {
-    if (world == 1 && o->uneven.implicit_ddp) {  /* --bucket-mb, --compress, --zero of one process: nothing to do */
+    if (world == 1 && o->uneven.implicit_ddp) {  /* --bucket-mb, --compress, --zero, --balance of one process: nothing to do */
         cfg->strategy = NULL;
         if (o->uneven.zero_given && o->uneven.zero > 0)
             fprintf(stderr, "dtrain: note: --zero %d with one worker shards nothing (use --workers N)\n", o->uneven.zero);
+        if (o->uneven.balance && !strcmp(o->uneven.balance, "dynamic"))
+            fprintf(stderr, "dtrain: note: --balance dynamic with one worker has no batch to cut (use --workers N)\n");
         if (o->uneven.compress && strcmp(o->uneven.compress, "none"))
             fprintf(stderr, "dtrain: note: --compress %s with one worker sends nothing to compress (use --workers N)\n",
                     o->uneven.compress);

@@ -269,7 +269,14 @@ typedef struct {
      * malloc'd; *whole true: all of it). NULL: the whole model. The strategy narrows the model
      * to the same part after it is made (and widens it for evaluation and checkpoints). */
     dt_status (*place)(const void *opts, const dt_model *m, int rank, int size, dt_range **own, int *nown, bool *whole);
+    /* Optional: true when opts ask the trainer to cut each global batch among the ranks by their
+     * measured speed (ddp, localsgd: balance=dynamic). NULL: never. */
+    bool (*balanced)(const void *opts);
 } dt_strategy_entry;
+
+/* The option balance=static|dynamic of the replica strategies (ddp, localsgd) into *dynamic;
+ * DT_EINVAL naming strategy and value. */
+dt_status dt_strategy_parse_balance(const char *strategy, const char *value, bool *dynamic);
 
 /* The entry named name, or NULL. */
 const dt_strategy_entry *dt_strategy_find(const char *name);

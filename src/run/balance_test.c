@@ -296,7 +296,7 @@ static dt_status train(dt_comm *comm, int batch, result *out) {
     cfg.optim.momentum = 0.9f;
     cfg.lr.base_lr = 0.02f;
     cfg.comm = comm;
-    cfg.balance = comm != NULL;
+    cfg.strategy = comm ? "ddp(balance=dynamic)" : NULL;
     const dt_train_aids aids = {.slow_rank = 1, .slow_factor = 2};
     cfg.aids = &aids;
     cfg.on_epoch = on_epoch, cfg.cb_ctx = out;

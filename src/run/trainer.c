@@ -186,22 +186,13 @@ static bool scales_loss(const dt_strategy_entry *e, const void *arg) {
     return e->loss_scaling;
 }
 
-/* Uneven workers: which ranks reduce together, the balancer of training ranks, and the options
- * a strategy cannot take. */
+/* Uneven workers: which ranks reduce together, the balancer of training ranks (its spec's
+ * balance=dynamic: entry.balanced), and the options a strategy cannot take. */
 static dt_status setup_uneven(dt_trainer *t) {
     const dt_train_config *c = &t->cfg;
     const dt_role role = t->strategy->role;
     const char *name = t->strategy->ops->name;
     t->dcomm = role == DT_ROLE_REPLICA && t->world > 1 ? c->comm : NULL;
-    const dt_strategy_entry *e = dt_strategy_find(name);
-    const dt_strategy_class k = e ? dt_strategy_entry_class(e) : DT_STRATEGY_ONE_PROCESS;
-    if (c->balance && k != DT_STRATEGY_REPLICAS) {
-        char who[128];
-        return dt_error(DT_EINVAL, "--balance dynamic (cutting each global batch by speed) works with --strategy %s, "
-                        "not %s%s%s", dt_strategy_names_of_class(DT_STRATEGY_REPLICAS, "or", who, sizeof who), name,
-                        k == DT_STRATEGY_SERVERS ? " " : "", k == DT_STRATEGY_SERVERS ? "(it hands out batches by "
-                        "speed unless shards=fixed)" : "");
-    }
     if (role != DT_ROLE_REPLICA && (c->timeline || c->checkpoint_dir))
         return dt_error(DT_EINVAL, "--strategy %s does not support --%s yet%s", name,
                         c->timeline ? "timeline" : "checkpoint-dir",
@@ -214,7 +205,7 @@ static dt_status setup_uneven(dt_trainer *t) {
         return DT_OK;
     }
     dt_balance_config bc = {.rank = t->drank, .world = t->dworld, .job_rank0 = t->strategy->job_rank0,
-                            .batch = c->batch, .dynamic = c->balance, .slow = slow ? c->aids->slow_factor : 1};
+                            .batch = c->batch, .dynamic = t->balanced, .slow = slow ? c->aids->slow_factor : 1};
     DT_TRY(dt_balance_create(&t->balance, &bc));
     if (!(t->workers = calloc((size_t)t->dworld, sizeof *t->workers)))
         return dt_error(DT_ENOMEM, "trainer: out of memory");
@@ -487,7 +478,7 @@ static dt_status setup_loader(dt_trainer *t, const dt_strategy_entry *se, const 
     const dt_train_config *c = &t->cfg;
     DT_TRY(dt_strategy_data_part(se, so, t->rank, t->world, &t->drank, &t->dworld));
     const int step_batch = dt_trainer_step_batch(t);
-    const int max_batch = c->balance ? step_batch * t->dworld : step_batch;  /* a balanced cut may be larger */
+    const int max_batch = t->balanced ? step_batch * t->dworld : step_batch;  /* a balanced cut may be larger */
     DT_TRY(check_batch(t, max_batch));
     dt_loader_config lc = {.batch = step_batch, .epoch_len = (size_t)c->epoch_windows, .shuffle = true,
                            .seed = c->seed, .rank = t->drank, .world = t->dworld, .prefetch = loader_prefetch(t),
@@ -533,6 +524,7 @@ static dt_status trainer_setup(dt_trainer *t) {
     dt_strategy_opts sopts;
     const dt_strategy_entry *sentry;
     DT_TRY(dt_strategy_parse(strategy, &sentry, &sopts));
+    t->balanced = sentry->balanced && sentry->balanced(&sopts);
     /* fp16: dynamic loss scaling (unscaled in dt_strategy_apply_update; its state is checkpointed);
      * refused before any data is read, so no rank is stopped while it loads */
     const char *prec = dt_ckpt_precision_name(c->precision);  /* "f16" is fp16 too */

@@ -35,6 +35,7 @@ struct dt_trainer {
     double t_start;
     int rank, world;
     dt_strategy *strategy;
+    bool balanced;            /* the strategy's spec asks for balance=dynamic (entry.balanced) */
     dt_trace trace;           /* empty unless cfg.timeline */
     char resume_path[4096];   /* the checkpoint resumed from (resolves "auto") */
     char last_ckpt[4096];     /* last checkpoint written or resumed from */
