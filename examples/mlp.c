@@ -30,10 +30,10 @@ int main(int argc, char **argv) {
     float loss, acc;
     if (dt_trainer_create(&t, &cfg) != DT_OK || dt_trainer_run(t) != DT_OK || dt_trainer_evaluate(t, &loss, &acc) != DT_OK) {
         fprintf(stderr, "mlp: %s\n", dt_last_error());
-        dt_trainer_free(t);
+        dt_trainer_destroy(t);
         return 1;
     }
     printf("test_loss=%.6f test_acc=%.4f steps=%lld\n", loss, acc, (long long)dt_trainer_step(t));
-    dt_trainer_free(t);
+    dt_trainer_destroy(t);
     return 0;
 }

@@ -33,7 +33,7 @@ static dt_status worker(dt_comm *comm, void *ctx) {
     if (s == DT_OK && dt_comm_rank(comm) == 0)
         printf("workers=%d test_loss=%.6f test_acc=%.4f steps=%lld\n", dt_comm_size(comm), loss, acc,
                (long long)dt_trainer_step(t));
-    dt_trainer_free(t);
+    dt_trainer_destroy(t);
     return s;
 }
 

@@ -209,7 +209,7 @@ typedef struct dt_trainer dt_trainer;
  * config's strings must outlive the trainer. Sets the process-wide BLAS thread count to
  * cfg->threads (dt_set_threads). Error messages name the dtrain train flag of a bad field. */
 dt_status dt_trainer_create(dt_trainer **t, const dt_train_config *cfg);
-void dt_trainer_free(dt_trainer *t);
+void dt_trainer_destroy(dt_trainer *t);
 /* Runs the remaining epochs (or up to max_steps), calling the callbacks; saves to cfg->save.
  * Collective: with a communicator every rank of the job calls it (dt_trainer_create too).
  * Once the run has reached its end, another call returns DT_OK at once. DT_EINTR: stopped by

@@ -96,7 +96,7 @@ static dt_status bench_data_load(bench_data *d, const dt_model *m, int B) {
         snprintf(d->source, sizeof d->source, "%s, %d batches of %d drawn from %zu %s", tokens ? "kjv" : "fashion-mnist", BENCH_NB,
                  B, len, tokens ? "windows" : "images");
     dt_free(idx);
-    dt_dataset_free(train), dt_dataset_free(test);
+    dt_dataset_destroy(train), dt_dataset_destroy(test);
     if (s != DT_OK) bench_data_free(d);
     return s;
 }
@@ -165,8 +165,8 @@ static dt_status bench_model(const bench_case *bc, const bench_data *d, bool pro
         *gflops = dt_model_train_flops(m, B) * (double)steps / t / 1e9;
     }
     if (prof) dt_bench_profile_print(prof, m, steps, s == DT_OK ? B / *cps : 0);
-    dt_optim_free(o);
-    dt_model_free(m);
+    dt_optim_destroy(o);
+    dt_model_destroy(m);
     return s;
 }
 
@@ -301,7 +301,7 @@ static dt_status bench_case_run(const bench_case *bc, const char *kernels, const
     DT_TRY(dt_model_build(&m, bc->spec, 1, 28, 28));
     bench_data d = {0};
     dt_status s = bench_data_load(&d, m, bc->batch);
-    dt_model_free(m);
+    dt_model_destroy(m);
     DT_TRY(s);
     printf("# %s b%d data: %s\n", bc->name, bc->batch, d.source);
     torch_rates tr = {0, 0};

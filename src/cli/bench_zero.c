@@ -167,7 +167,7 @@ int dt_bench_zero(int argc, char **argv) {
         return dt_cli_usage("e.g. --model gpt:L=8,H=12,C=768,T=64", "%s", dt_last_error());
     const double P = (double)dt_model_num_params(probe);
     if (B < 1 || steps < 1) {
-        dt_model_free(probe);
+        dt_model_destroy(probe);
         return dt_cli_usage(NULL, "--batch and --steps need at least 1");
     }
     int ranks[4], stages[4];
@@ -189,7 +189,7 @@ int dt_bench_zero(int argc, char **argv) {
         }
     }
     snprintf(json + jn, sizeof json - (size_t)jn, "]}");
-    dt_model_free(probe);
+    dt_model_destroy(probe);
     printf("%s\n", json);
     return 0;
 }

@@ -148,7 +148,7 @@ static dt_status train_seconds(const dt_train_config *tc, dt_dataset *ds, int b,
     dt_trainer *t;
     DT_TRY(dt_trainer_create(&t, &c));
     const dt_status st = dt_trainer_run(t);
-    dt_trainer_free(t);
+    dt_trainer_destroy(t);
     double d[CAL_STEPS];
     int n = 0;
     for (int i = CAL_WARM; i < w.n; i++) d[n++] = w.wall[i] - w.wall[i - 1];
@@ -177,7 +177,7 @@ static dt_status calibrate(const dt_train_config *tc, const dt_plan_cluster *c, 
     } else {
         st = dt_dataset_open(&train, &test, tc->data);
     }
-    dt_dataset_free(test);
+    dt_dataset_destroy(test);
     for (int i = 0; i < 2 && st == DT_OK; i++) {
         double s = 0;
         st = train_seconds(tc, train, bs[i], inline_batches, &s);
@@ -188,7 +188,7 @@ static dt_status calibrate(const dt_train_config *tc, const dt_plan_cluster *c, 
         dt_plan_predict(pm, &alone, &one, bs[i], moments, first, &p);
         o[i] = s - p.total;
     }
-    dt_dataset_free(train);
+    dt_dataset_destroy(train);
     if (st != DT_OK) return st;
     pm->ovh_per = (o[1] - o[0]) / (b2 - b1);
     if (pm->ovh_per < 0) pm->ovh_per = 0;
@@ -232,7 +232,7 @@ static int load_model(const plan_args *a, const dt_train_config *tc, const dt_pl
         return *cached = true, 0;
     }
     const double busy = a->probe ? dt_cli_plan_busy() : 0;
-    dt_model_free(*m);
+    dt_model_destroy(*m);
     *m = NULL;
     s = dt_train_plan_model(tc, m);
     if (s == DT_OK) s = dt_model_place(*m, NULL, 0);
@@ -408,7 +408,7 @@ int dt_cli_plan_run(int argc, char **argv, dt_plan_entry *best) {
     dt_plan_model pm = {0};
     bool ops_cached = false;
     if ((r = load_model(&a, &tc, &c, !a.cluster, &m, &pm, &ops_cached))) {
-        dt_model_free(m), dt_plan_model_free(&pm);
+        dt_model_destroy(m), dt_plan_model_free(&pm);
         return r;
     }
     if (ops_cached) {
@@ -419,7 +419,7 @@ int dt_cli_plan_run(int argc, char **argv, dt_plan_entry *best) {
      * emulated hosts' declared link stays */
     const dt_plan_link declared = c.link[DT_PLAN_INTER];
     if (probed && !a.probe && (r = dt_cli_plan_links_now(a.workers, pm.total_params, &c))) {
-        dt_model_free(m), dt_plan_model_free(&pm);
+        dt_model_destroy(m), dt_plan_model_free(&pm);
         return r;
     }
     if (!a.cluster && a.hosts > 1) c.link[DT_PLAN_INTER] = declared;
@@ -435,7 +435,7 @@ int dt_cli_plan_run(int argc, char **argv, dt_plan_entry *best) {
     dt_status s = dt_plan_search(m, &pm, &tc.optim, &c, &req, &res);
     const double lim = limit ? (double)limit : c.mem_bytes;
     if (s != DT_OK) {
-        dt_model_free(m), dt_plan_model_free(&pm);
+        dt_model_destroy(m), dt_plan_model_free(&pm);
         return dt_cli_usage("change --batch, --workers or the fixed axes", "%s", dt_last_error());
     }
     char spec[256];
@@ -444,7 +444,7 @@ int dt_cli_plan_run(int argc, char **argv, dt_plan_entry *best) {
     else dt_cli_plan_print(&res, &c, source, spec, a.batch, lim, a.top);
     const bool fits = res.e[0].c.fits;
     if (best) *best = res.e[0];
-    dt_plan_result_free(&res), dt_model_free(m), dt_plan_model_free(&pm);
+    dt_plan_result_free(&res), dt_model_destroy(m), dt_plan_model_free(&pm);
     if (!fits && !a.json)
         return dt_cli_fail("raise --mem-limit, add ranks (--workers, --hosts) or lower --batch",
                            "no layout fits %.2f GB per rank", lim / 1e9);

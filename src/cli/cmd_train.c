@@ -491,9 +491,9 @@ static int run_rank(int argc, char **argv, train_opts *o, int job_ranks) {
                 strerror(errno));
     dt_trainer *t = NULL;
     if ((r = create_rank_trainer(&t, &cfg)) >= 0 || (r = dt_cli_mem_limit_apply(o->mem_limit, rank)) != 0) {
-        if (r != 0 && t) dt_trainer_free(t);
+        if (r != 0 && t) dt_trainer_destroy(t);
         dt_comm_destroy(comm);
-        dt_tb_writer_close(pc.tb);
+        dt_tb_writer_destroy(pc.tb);
         return r;
     }
     const int64_t first_step = dt_trainer_step(t);
@@ -502,9 +502,9 @@ static int run_rank(int argc, char **argv, train_opts *o, int job_ranks) {
     if (o->mem_limit && s == DT_OK)  /* the accounted peak (core/mem.c), not the OS's resident set */
         printf("dtrain: rank %d held at most %zu bytes of its --mem-limit %zu\n", rank, dt_mem_peak(), o->mem_limit);
     const int64_t last_step = dt_trainer_step(t);
-    dt_trainer_free(t);
+    dt_trainer_destroy(t);
     dt_comm_destroy(comm);
-    if (dt_tb_writer_close(pc.tb) != DT_OK && s == DT_OK) return dt_cli_fail("check the disk", "%s", dt_last_error());
+    if (dt_tb_writer_destroy(pc.tb) != DT_OK && s == DT_OK) return dt_cli_fail("check the disk", "%s", dt_last_error());
     if (s != DT_OK) return rank_failure_exit(s, rank, world);
     print_rank_done(&pc, &cfg, last_step > first_step, last_step, rank);
     return 0;

@@ -55,12 +55,12 @@ static dt_status shard_on_device(dt_pp *p, dt_pp_segment *sg) {
     dt_optim *o = NULL;
     DT_TRY(dt_optim_create(&o, dt_optim_config_of(sg->opt), sg->zlen));
     dt_status st = dt_optim_set_device(o, p->dev);
-    if (st != DT_OK) return dt_optim_free(o), st;
+    if (st != DT_OK) return dt_optim_destroy(o), st;
     dt_optim_set_steps(o, dt_optim_steps(sg->opt));
     for (int k = 0; k < dt_optim_num_states(o); k++)
         p->dev->ops->copy(p->dev, dt_optim_state(o, k, NULL), dt_optim_state(sg->opt, k, NULL) + sg->zoff,
                           sg->zlen * sizeof(float));
-    dt_optim_free(sg->opt);
+    dt_optim_destroy(sg->opt);
     sg->opt = o;
     return DT_OK;
 }
@@ -215,7 +215,7 @@ dt_status dt_pp_zero_collect(dt_pp *p) {
         dt_optim *w = NULL;
         if ((st = dt_optim_create(&w, dt_optim_config_of(sg->opt), sg->hi - sg->lo)) != DT_OK) break;
         if ((st = dt_optim_set_device(w, p->dev)) != DT_OK) {
-            dt_optim_free(w);
+            dt_optim_destroy(w);
             break;
         }
         dt_optim_set_steps(w, dt_optim_steps(sg->opt));
@@ -229,7 +229,7 @@ dt_status dt_pp_zero_collect(dt_pp *p) {
             }
         }
         if (st != DT_OK) {
-            dt_optim_free(w);
+            dt_optim_destroy(w);
             break;
         }
         sg->shard = sg->opt, sg->opt = w, sg->whole = true;
@@ -243,7 +243,7 @@ void dt_pp_zero_uncollect(dt_pp *p) {
     for (int q = 0; q < p->nseg; q++) {
         dt_pp_segment *sg = &p->seg[q];
         if (!sg->whole) continue;
-        dt_optim_free(sg->opt);
+        dt_optim_destroy(sg->opt);
         sg->opt = sg->shard, sg->shard = NULL, sg->whole = false;
     }
 }

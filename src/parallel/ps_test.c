@@ -117,7 +117,7 @@ static dt_status train(const run_cfg *rc, dt_comm *comm, result *out, bool *die)
     if (*die) _exit(0);  /* gone without destroying anything: the servers see a dead rank */
     out->n = dt_model_num_params(dt_trainer_model(t));
     if (s == DT_OK && out->n <= CAP) memcpy(out->params, dt_model_params(dt_trainer_model(t)), out->n * sizeof(float));
-    dt_trainer_free(t);
+    dt_trainer_destroy(t);
     return s;
 }
 

@@ -207,8 +207,8 @@ static int one_step(const char *spec, dt_comm *c, int steps) {
     }
     if (st != DT_OK) fprintf(stderr, "%s: %s\n", spec, dt_last_error());
     dt_strategy_destroy(s);
-    dt_optim_free(o);
-    dt_model_free(m);
+    dt_optim_destroy(o);
+    dt_model_destroy(m);
     return st == DT_OK ? buckets : -1;
 }
 
@@ -259,7 +259,7 @@ static void test_ps_modes(void) {
                        s->data_rank != 0 || s->job_rank0 != 1 || !s->local_mean;
                 dt_strategy_destroy(s);
             }
-            dt_model_free(m);
+            dt_model_destroy(m);
             dt_comm_destroy(c);
             _exit(bad);
         }

@@ -282,7 +282,7 @@ static dt_status tp_sync(dt_strategy *s) {
     if (t->zero) DT_TRY(dt_tp_zero_collect(t->mesh.dp_comm, t->local, t->lopt, t->bucket_mb, &collected));
     if (collected) lo = collected;
     dt_status st = dt_tp_gather(t->mesh.tp_comm, s->model, t->local, lo, t->K, group0 ? t->whole_m : NULL);
-    dt_optim_free(collected);
+    dt_optim_destroy(collected);
     DT_TRY(st);
     dt_optim_set_steps(s->optim, dt_optim_steps(t->lopt));
     t->whole = saver;
@@ -326,7 +326,7 @@ static dt_status tp_visit(dt_strategy *s, dt_state_visit_fn fn, void *ctx) {
     DT_TRY(dt_tp_zero_expand(t->local, t->lopt, &t->mine, &w));
     dt_status st = dt_tp_visit_state(s->model, t->local, w, t->K, t->r, false, NULL, fn, ctx);
     if (st == DT_OK) dt_tp_zero_pack(w, t->lopt, &t->mine);
-    dt_optim_free(w);
+    dt_optim_destroy(w);
     return st;
 }
 
@@ -334,8 +334,8 @@ static void tp_destroy(dt_strategy *s) {
     tp *t = s->impl;
     if (!t) return;
     dt_strategy_destroy(t->ddp);
-    dt_model_free(t->local);
-    dt_optim_free(t->lopt);
+    dt_model_destroy(t->local);
+    dt_optim_destroy(t->lopt);
     dt_mesh_free(&t->mesh);
     dt_tp_hooks_destroy(t->hooks);
     dt_tp_zero_part_free(&t->mine);

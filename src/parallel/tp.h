@@ -147,7 +147,7 @@ typedef struct {
 } dt_tp_zero_part;
 dt_status dt_tp_zero_ranges(dt_model *local, double bucket_mb, int r, int N, dt_tp_zero_part *p);
 void dt_tp_zero_part_free(dt_tp_zero_part *p);
-/* A whole local optimizer (dt_optim_free it) holding lo's packed moments (part mine) in place,
+/* A whole local optimizer (dt_optim_destroy it) holding lo's packed moments (part mine) in place,
  * zeros elsewhere; dt_tp_zero_pack copies part mine of it back into lo (and its step count). */
 dt_status dt_tp_zero_expand(dt_model *local, dt_optim *lo, const dt_tp_zero_part *mine, dt_optim **out);
 void dt_tp_zero_pack(dt_optim *whole, dt_optim *lo, const dt_tp_zero_part *mine);

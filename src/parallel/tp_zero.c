@@ -94,7 +94,7 @@ dt_status dt_tp_zero_collect(dt_comm *dp, dt_model *local, dt_optim *lo, double 
         dt_tp_zero_part_free(&p);
     }
     free(tmp);
-    if (st != DT_OK) dt_optim_free(*out), *out = NULL;
+    if (st != DT_OK) dt_optim_destroy(*out), *out = NULL;
     return st;
 }
 

@@ -95,7 +95,7 @@ static void test_slow_link(void) {
     one.L = 1;
     CHECK_MSG(near(cost.tp_bytes, 4 * dt_plan_tp_bytes(&one, 4, 2)), "%g", cost.tp_bytes);
     dt_plan_model_free(&pm);
-    dt_model_free(m);
+    dt_model_destroy(m);
 }
 
 /* An MLP whose Adam state does not fit 4 replicas under the limit: only ZeRO 3 or pp does. */
@@ -131,7 +131,7 @@ static void test_tight_memory(void) {
         if (ddp(&res.e[i].l)) CHECK(!res.e[i].c.fits);
     dt_plan_result_free(&res);
     dt_plan_model_free(&pm);
-    dt_model_free(m);
+    dt_model_destroy(m);
 }
 
 static void expect_error(const char *json, const char *field) {
@@ -288,7 +288,7 @@ static void test_eval_memory(void) {
     CHECK_MSG(strstr(why, "does not fit") && strstr(why, "while evaluation or a checkpoint gathers"), "%s", why);
     dt_plan_result_free(&res);
     dt_plan_model_free(&pm);
-    dt_model_free(m);
+    dt_model_destroy(m);
 }
 
 static bool changes_algo(const dt_plan_layout *l) { return l->algo != DT_PLAN_SYNC || l->compress >= DT_PLAN_TOPK; }
@@ -323,7 +323,7 @@ static void test_algorithms(void) {
     CHECK_MSG(ps && localsgd, "ps %d localsgd %d", ps, localsgd);
     dt_plan_result_free(&res);
     dt_plan_model_free(&pm);
-    dt_model_free(m);
+    dt_model_destroy(m);
 }
 
 /* The probe's per-node times: positive, and the fit grows with the batch. */
@@ -339,7 +339,7 @@ static void test_measure(void) {
     CHECK(per > 0 && fix >= 0 && fix + per * 64 > 0);
     CHECK(dt_plan_model_measure(&pm, m, 8, 8, 1) == DT_EINVAL);
     dt_plan_model_free(&pm);
-    dt_model_free(m);
+    dt_model_destroy(m);
 }
 
 int main(void) {

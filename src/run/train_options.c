@@ -49,7 +49,7 @@ dt_status dt_train_options_create(dt_train_options **o) {
     return DT_OK;
 }
 
-void dt_train_options_free(dt_train_options *o) {
+void dt_train_options_destroy(dt_train_options *o) {
     if (!o) return;
     for (int i = 0; i < MAX_STRS; i++) free(o->strs[i]);
     free(o);
@@ -149,7 +149,7 @@ static dt_status train_worker(dt_comm *comm, void *ctx) {
     dt_trainer *t = NULL;
     DT_TRY(dt_trainer_create(&t, &c));
     dt_status s = dt_trainer_run(t);
-    dt_trainer_free(t);
+    dt_trainer_destroy(t);
     return s;
 }
 
@@ -162,7 +162,7 @@ dt_status dt_train_local(const dt_train_config *cfg, int workers, double timeout
         dt_trainer *t = NULL;
         DT_TRY(dt_trainer_create(&t, &c));
         dt_status s = dt_trainer_run(t);
-        dt_trainer_free(t);
+        dt_trainer_destroy(t);
         return s;
     }
     return dt_launch_workers(workers, train_worker, (void *)cfg, timeout_s);

@@ -62,22 +62,22 @@ dt_status dt_train_config_check_layout(const dt_train_config *cfg, const char *w
     return layout_check(cfg->size, cfg->version, who);
 }
 
-void dt_trainer_free(dt_trainer *t) {
+void dt_trainer_destroy(dt_trainer *t) {
     if (!t) return;
     dt_strategy_destroy(t->strategy);
-    dt_balance_free(t->balance);
+    dt_balance_destroy(t->balance);
     free(t->workers);
     dt_trace_free(&t->trace);
-    dt_loader_free(t->loader);
-    dt_optim_free(t->optim);
-    dt_model_free(t->model);
+    dt_loader_destroy(t->loader);
+    dt_optim_destroy(t->optim);
+    dt_model_destroy(t->model);
     dt_device_destroy(t->dev);
     if (!t->borrowed_data) {
-        dt_dataset_free(t->train);
-        dt_dataset_free(t->test);
+        dt_dataset_destroy(t->train);
+        dt_dataset_destroy(t->test);
     }
-    dt_dataset_free(t->own_train);
-    dt_dataset_free(t->val);
+    dt_dataset_destroy(t->own_train);
+    dt_dataset_destroy(t->val);
     free(t);
 }
 
@@ -583,7 +583,7 @@ dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
     dt_set_threads(cfg->threads);
     dt_status s = trainer_setup(t);
     if (s != DT_OK) {
-        dt_trainer_free(t);
+        dt_trainer_destroy(t);
         return s;
     }
     *out = t;

@@ -43,7 +43,7 @@ static void refused(const dt_train_config *c, dt_status want, const char *word, 
     const dt_status st = dt_trainer_create(&t, c);
     CHECK_MSG(st == want && !t, "%s: %s (t %p), want %s", what, dt_status_str(st), (void *)t, dt_status_str(want));
     CHECK_MSG(strstr(dt_last_error(), word) != NULL, "%s: the message '%s' does not name %s", what, dt_last_error(), word);
-    if (st == DT_OK) dt_trainer_free(t);
+    if (st == DT_OK) dt_trainer_destroy(t);
 }
 
 /* A config of another layout (a caller built against another dtrain/train.h) is refused, naming
@@ -126,13 +126,13 @@ int main(void) {
     dt_model *m = dt_trainer_model(t);
     CHECK(back && dt_model_num_params(back) == dt_model_num_params(m) &&
           !memcmp(dt_model_params(back), dt_model_params(m), dt_model_num_params(m) * sizeof(float)));
-    dt_model_free(back);
-    dt_trainer_free(t);
+    dt_model_destroy(back);
+    dt_trainer_destroy(t);
     unlink(save);
 
     test_errors(train, test);
     test_layout(train, test);
-    dt_dataset_free(train);
-    dt_dataset_free(test);
+    dt_dataset_destroy(train);
+    dt_dataset_destroy(test);
     return dt_test_summary("trainer_test");
 }
