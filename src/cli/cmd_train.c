@@ -380,7 +380,7 @@ static int open_rank_comm(int argc, char **argv, const train_opts *o, int job_ra
 /* The strategy flags against the job's size: one process drops what needs several (saying so). */
 static void fit_strategy_to_world(int argc, char **argv, const train_opts *o, dt_train_config *cfg, int rank,
                                   int world) {
-    if (world == 1 && o->uneven.implicit_ddp) {  /* --bucket-mb, --compress, --zero, --balance of one process: nothing to do */
+    if (world == 1 && o->uneven.implicit_ddp) {  /* --bucket-mb, --compress, --zero, --balance of one process */
         cfg->strategy = NULL;
         if (o->uneven.zero_given && o->uneven.zero > 0)
             fprintf(stderr, "dtrain: note: --zero %d with one worker shards nothing (use --workers N)\n", o->uneven.zero);

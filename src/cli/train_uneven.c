@@ -143,7 +143,8 @@ static int compose_spec(dt_cli_uneven *u, dt_train_config *cfg, const char *name
     const bool shards = name[0] && dt_strategy_spec_takes(name, "shards");  /* ps: --balance sets its shards */
     char num[64];
     int r = 0;
-    u->implicit_ddp = !cfg->strategy && (u->bucket_mb > 0 || u->compress || u->allreduce || u->zero_given || u->balance);
+    u->implicit_ddp =
+        !cfg->strategy && (u->bucket_mb > 0 || u->compress || u->allreduce || u->zero_given || u->balance);
     snprintf(u->spec, sizeof u->spec, "%s", cfg->strategy ? cfg->strategy : u->implicit_ddp ? dt_strategy_spec_default(2) : "");
     if (u->servers_given && !r) r = add_int_flag(u, "servers", u->servers, "--servers");
     if (u->staleness && !r) r = add_flag(u, "staleness", u->staleness, "--staleness");

@@ -446,7 +446,8 @@ static dt_status clip_grads(dt_pp *p, float *g, float clip, float *norm_out) {
                      : dt_grad_pieces_add(&upd, g + sg->lo, sg->hi - sg->lo);
     }
     const dt_clip_spec c = {.dev = p->dev, .dev_ss = p->on_dev ? p->dss : NULL, .nss = 1, .norm = norm.p,
-                            .nnorm = norm.n, .scale = upd.p, .nscale = upd.n, .reduce = norm_allreduce, .reduce_ctx = p};
+                            .nnorm = norm.n, .scale = upd.p, .nscale = upd.n, .reduce = norm_allreduce,
+                            .reduce_ctx = p};
     if (st == DT_OK) st = dt_clip_grad_pieces(&c, clip, norm_out);
     dt_grad_pieces_free(&norm), dt_grad_pieces_free(&upd);
     return st;

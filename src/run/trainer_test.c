@@ -1,7 +1,7 @@
 /* The trainer API (dtrain/train.h) on a tiny model: create, run, step count, evaluate, save and
  * load back, a second run that does nothing; the errors of a bad config (each names what is wrong,
- * and no trainer is left behind), and of a config of another layout (size, version). Data: two classes of points separable by their first
- * feature, in memory (dt_dataset_create). */
+ * and no trainer is left behind), and of a config of another layout (size, version). Data: two
+ * classes of points separable by their first feature, in memory (dt_dataset_create). */
 #include "core/test.h"
 #include "dtrain/train.h"
 #include "dtrain/train_options.h"
@@ -42,7 +42,8 @@ static void refused(const dt_train_config *c, dt_status want, const char *word, 
     dt_trainer *t = (dt_trainer *)c;  /* not NULL before the call */
     const dt_status st = dt_trainer_create(&t, c);
     CHECK_MSG(st == want && !t, "%s: %s (t %p), want %s", what, dt_status_str(st), (void *)t, dt_status_str(want));
-    CHECK_MSG(strstr(dt_last_error(), word) != NULL, "%s: the message '%s' does not name %s", what, dt_last_error(), word);
+    CHECK_MSG(strstr(dt_last_error(), word) != NULL, "%s: the message '%s' does not name %s", what, dt_last_error(),
+              word);
     if (st == DT_OK) dt_trainer_destroy(t);
 }
 
@@ -68,7 +69,8 @@ static void test_layout(dt_dataset *train, dt_dataset *test) {
     CHECK(a.size == sizeof a && a.version == DT_TRAIN_CONFIG_VERSION && a.batch == b.batch && a.epochs == b.epochs &&
           !strcmp(a.model, b.model) && a.seed == b.seed && !a.aids && !a.train_set);
     memset(&a, 0xab, sizeof a);
-    CHECK(dt_train_config_init_sized(&a, sizeof a - 8, DT_TRAIN_CONFIG_VERSION) == DT_EINVAL && a.batch == (int)0xabababab);
+    CHECK(dt_train_config_init_sized(&a, sizeof a - 8, DT_TRAIN_CONFIG_VERSION) == DT_EINVAL &&
+          a.batch == (int)0xabababab);
     CHECK(dt_train_config_init_sized(&a, sizeof a, DT_TRAIN_CONFIG_VERSION - 1) == DT_EINVAL);
 }
 
@@ -93,7 +95,8 @@ static void test_errors(dt_dataset *train, dt_dataset *test) {
 int main(void) {
     for (int i = 0; i < NS; i++) {
         g_y[i] = i % 2;
-        for (int k = 0; k < NF; k++) g_x[i * NF + k] = (float)((i * 5 + k * 3) % 7) / 7.0f + (k == 0 ? 2.0f * g_y[i] : 0);
+        for (int k = 0; k < NF; k++)
+            g_x[i * NF + k] = (float)((i * 5 + k * 3) % 7) / 7.0f + (k == 0 ? 2.0f * g_y[i] : 0);
     }
     dt_dataset *train = NULL, *test = NULL;
     CHECK_OK(dt_dataset_create(&train, DT_F32, g_x, g_y, NS, NF, 1, 1, 2));
