@@ -34,7 +34,7 @@ static double loader_rate(const dt_dataset *ds, int batch, int prefetch, double 
     }
     double dt = dt_now() - t0;
     *wait_s = dt_loader_wait_seconds(l);
-    dt_loader_free(l);
+    dt_loader_destroy(l);
     return (double)nb / dt;
 }
 
@@ -43,8 +43,8 @@ int main(int argc, char **argv) {
     dt_dataset *tr = NULL, *te = NULL;
     double best = 1e9;
     for (int rep = 0; rep < 3; rep++) {
-        dt_dataset_free(tr);
-        dt_dataset_free(te);
+        dt_dataset_destroy(tr);
+        dt_dataset_destroy(te);
         double t0 = dt_now();
         if (dt_dataset_open(&tr, &te, path) != DT_OK) {
             fprintf(stderr, "data_bench: %s\n", dt_last_error());
@@ -83,7 +83,7 @@ int main(int argc, char **argv) {
            path, best, asm_rate[0], asm_rate[1], asm_cpu_us[0], asm_cpu_us[1], ld[0][1], ld[1][1], ld[0][0], ld[1][0], sum);
     free(order);
     free(x);
-    dt_dataset_free(tr);
-    dt_dataset_free(te);
+    dt_dataset_destroy(tr);
+    dt_dataset_destroy(te);
     return 0;
 }

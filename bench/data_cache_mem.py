@@ -70,7 +70,7 @@ def open_times(cache):
         if lib.dt_dataset_open(ctypes.byref(tr), ctypes.byref(te), DATA.encode()) != 0:
             sys.exit("data_cache_mem: cannot open " + DATA)
         dt = lib.dt_now() - t0
-        lib.dt_dataset_free(tr), lib.dt_dataset_free(te)
+        lib.dt_dataset_destroy(tr), lib.dt_dataset_destroy(te)
         return dt
     out = {}
     for name in os.listdir(cache):

@@ -27,7 +27,7 @@ static dt_status evaluate(dt_model *m, const dt_dataset *ds, float *loss, float 
         correct += dt_model_count_correct(m, b.y, b.n);
         n += b.n;
     }
-    dt_loader_free(l);
+    dt_loader_destroy(l);
     if (s != DT_ENOENT) return s;  /* DT_ENOENT: the epoch ended */
     *loss = (float)(sum / (double)n), *acc = (float)correct / (float)n;
     return DT_OK;
@@ -79,10 +79,10 @@ int main(int argc, char **argv) {
     if (s == DT_OK) s = evaluate(m, te, &loss, &acc);
     if (s == DT_OK) printf("model %s: steps=%d test_loss=%.4f test_acc=%.4f\n", dt_model_spec(m), steps, loss, acc);
     else fprintf(stderr, "custom_loop: %s\n", dt_last_error());
-    dt_loader_free(l);
-    dt_optim_free(o);
-    dt_model_free(m);
-    dt_dataset_free(te);
-    dt_dataset_free(tr);
+    dt_loader_destroy(l);
+    dt_optim_destroy(o);
+    dt_model_destroy(m);
+    dt_dataset_destroy(te);
+    dt_dataset_destroy(tr);
     return s == DT_OK ? 0 : 1;
 }

@@ -33,7 +33,7 @@ static int build(dt_model **out) {
     int in2[2] = {logits, y};
     int loss = dt_graph_node(m, "loss", &xe, -1, in2, 2);
     dt_status s = dt_graph_finish(m, logits, loss, "residual-mlp");
-    if (s != DT_OK) { dt_model_free(m); return s; }
+    if (s != DT_OK) { dt_model_destroy(m); return s; }
     *out = m;
     return DT_OK;
 }
@@ -84,9 +84,9 @@ int main(void) {
         correct += best == y[i];
     }
     printf("train_acc=%.4f\n", (double)correct / N);
-    dt_optim_free(o);
-    dt_loader_free(l);
-    dt_model_free(m);
-    dt_dataset_free(ds);
+    dt_optim_destroy(o);
+    dt_loader_destroy(l);
+    dt_model_destroy(m);
+    dt_dataset_destroy(ds);
     return 0;
 }

@@ -64,11 +64,11 @@ static dt_status train(dt_comm *comm, void *ctx) {
         dt_model_init(m, 42);
         s = run_steps(j, comm, m, l, o);
     }
-    dt_optim_free(o);
-    dt_loader_free(l);
-    dt_model_free(m);
-    dt_dataset_free(tr);
-    dt_dataset_free(te);
+    dt_optim_destroy(o);
+    dt_loader_destroy(l);
+    dt_model_destroy(m);
+    dt_dataset_destroy(tr);
+    dt_dataset_destroy(te);
     return s;
 }
 

@@ -15,7 +15,11 @@ static void on_epoch(void *ctx, const dt_epoch_info *e) {
 }
 
 int main(int argc, char **argv) {
-    dt_train_config cfg = dt_train_defaults();      /* mlp, adam 1e-3, batch 32, seed 42 */
+    dt_train_config cfg;  /* the defaults: mlp, adam 1e-3, batch 32, seed 42; this header's layout */
+    if (dt_train_config_init(&cfg) != DT_OK) {
+        fprintf(stderr, "%s\n", dt_last_error());
+        return 1;
+    }
     cfg.data = argc > 1 ? argv[1] : "fashion-mnist";
     cfg.epochs = 2;
     const char *steps = getenv("DTRAIN_EXAMPLE_STEPS");
@@ -26,10 +30,10 @@ int main(int argc, char **argv) {
     float loss, acc;
     if (dt_trainer_create(&t, &cfg) != DT_OK || dt_trainer_run(t) != DT_OK || dt_trainer_evaluate(t, &loss, &acc) != DT_OK) {
         fprintf(stderr, "mlp: %s\n", dt_last_error());
-        dt_trainer_free(t);
+        dt_trainer_destroy(t);
         return 1;
     }
     printf("test_loss=%.6f test_acc=%.4f steps=%lld\n", loss, acc, (long long)dt_trainer_step(t));
-    dt_trainer_free(t);
+    dt_trainer_destroy(t);
     return 0;
 }

@@ -17,7 +17,8 @@ typedef struct {
 
 static dt_status worker(dt_comm *comm, void *ctx) {
     const job *j = ctx;
-    dt_train_config cfg = dt_train_defaults();
+    dt_train_config cfg;
+    DT_TRY(dt_train_config_init(&cfg));  /* the defaults, with this header's layout */
     cfg.data = j->data;
     cfg.epochs = 2;
     cfg.batch = 32 / j->workers;                    /* global batch 32 */
@@ -32,7 +33,7 @@ static dt_status worker(dt_comm *comm, void *ctx) {
     if (s == DT_OK && dt_comm_rank(comm) == 0)
         printf("workers=%d test_loss=%.6f test_acc=%.4f steps=%lld\n", dt_comm_size(comm), loss, acc,
                (long long)dt_trainer_step(t));
-    dt_trainer_free(t);
+    dt_trainer_destroy(t);
     return s;
 }
 

@@ -30,14 +30,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (fd < 0) return 0;
     dt_dataset *ds = NULL, *val = NULL;
     if (dt_dataset_open_npy(&ds, path, path) == DT_OK) touch_features(ds);
-    dt_dataset_free(ds);
+    dt_dataset_destroy(ds);
     snprintf(spec, sizeof spec, "tokens:%s", path);
     const int T = size > 0 ? 1 + data[0] % 64 : 4;
     if (dt_dataset_open_text(&ds, &val, spec, T, 0.1) == DT_OK) {
         touch_tokens(ds);
         if (val) touch_tokens(val);
-        dt_dataset_free(ds);
-        dt_dataset_free(val);
+        dt_dataset_destroy(ds);
+        dt_dataset_destroy(val);
     }
     close(fd);
     return 0;

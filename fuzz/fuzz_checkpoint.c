@@ -14,7 +14,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (dt_st_open(&f, path) == DT_OK) {
         dt_st_tensor t;
         (void)dt_st_find(f, "1.weight", &t);
-        dt_st_close(f);
+        dt_st_destroy(f);
     }
     dt_ckpt_info info;
     dt_model *m = NULL;
@@ -24,10 +24,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         dt_optim *o = NULL;
         if (dt_optim_create(&o, &oc, dt_model_num_params(m)) == DT_OK) {
             (void)dt_checkpoint_restore(path, m, o, &info);
-            dt_optim_free(o);
+            dt_optim_destroy(o);
         }
     }
-    dt_model_free(m);
+    dt_model_destroy(m);
     close(fd);
     return 0;
 }

@@ -14,7 +14,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         dt_dataset_shape(ds, &C, &H, &W);
         float x[4096];
         if ((size_t)C * H * W <= 4096 && dt_dataset_len(ds) > 0) (void)dt_dataset_batch(ds, &i, 1, x, NULL);
-        dt_dataset_free(ds);
+        dt_dataset_destroy(ds);
     }
     close(fd);
     return 0;

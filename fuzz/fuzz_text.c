@@ -35,8 +35,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         read_all(tr, T);
         read_all(va, T);
     }
-    dt_dataset_free(tr);
-    dt_dataset_free(va);
+    dt_dataset_destroy(tr);
+    dt_dataset_destroy(va);
     close(fd);
     return 0;
 }

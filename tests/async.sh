@@ -222,7 +222,7 @@ expect_fail "--workers counts ps workers" "--workers 3 with --servers 1 makes 4 
 # the spec form of --strategy: its options and the flags agree or are refused, naming both
 expect_fail "a spec option and its flag disagree" "--servers 3: --strategy ps(servers=2) sets servers=2" \
   $DT train --strategy "ps(servers=2)" --servers 3
-expect_fail "an unknown spec option lists the strategy's" "--strategy ddp: unknown option 'staleness' (ddp takes bucket_mb, compress, allreduce, zero, update)" \
+expect_fail "an unknown spec option lists the strategy's" "--strategy ddp: unknown option 'staleness' (ddp takes bucket_mb, compress, allreduce, zero, update, balance)" \
   $DT train --workers 2 --strategy "ddp(staleness=2)"
 expect_fail "the spec's rules between options" "overlap=1 needs shards=dynamic and staleness=inf" \
   $DT train --strategy "ps(staleness=2)" --ps-overlap

@@ -48,19 +48,23 @@ printf 'static int f(const char *n) { return !strcmp(n, "localsgd"); }\n' >"$TMP
 
 # scripts/house-figures (issue 38's size figures) on a planted tree whose figures are known:
 # 2 public functions, a 3-line function (brace to brace) longer than a 1-line one, and of two
-# lines at 120 and 121 columns, 1 over 120.
+# lines at 120 and 121 columns, 1 over 120; of two unit tests, x_test.c sits beside x.c and
+# lonely_test.c beside no module of its name.
 fig=$TMP/house  # testlib's TMP: removed on exit
 mkdir -p "$fig/include/dtrain" "$fig/src/core"
 printf '/* h */\nint dt_a(void);\nvoid dt_b(int x,\n          int y);\ntypedef int (*dt_fn)(void);\n' >"$fig/include/dtrain/x.h"
 { printf 'static int one(void) { return 1; }\nint three(int x)\n{\n    return x;\n}\n'
   printf '/* %0114d */\n/* %0115d */\n' 0 0; } >"$fig/src/core/x.c"  # 120 and 121 columns
+printf '/* t */\n' >"$fig/src/core/x_test.c"
+printf '/* t */\n' >"$fig/src/core/lonely_test.c"
 line=$(python3 "$ROOT/scripts/house-figures" "$fig" | grep '^house-figures: ')
 if echo "${line#house-figures: }" | python3 -c 'import json,sys; f=json.load(sys.stdin)
 sys.exit(not (f["public_functions"] == 2 and f["lines_over_120"] == 1 and f["functions"] == 2
-              and f["longest"][0]["name"] == "three" and f["longest"][0]["lines"] == 3))'; then
+              and f["longest"][0]["name"] == "three" and f["longest"][0]["lines"] == 3
+              and f["misplaced_tests"] == ["src/core/lonely_test.c"]))'; then
   ok "house-figures counts a planted tree right: $line"
 else
-  bad "house-figures on a planted tree (2 public functions, longest 'three' 3 lines, 1 wide line) printed: '$line'"
+  bad "house-figures on a planted tree (2 public functions, longest 'three' 3 lines, 1 wide line, lonely_test.c misplaced) printed: '$line'"
 fi
 line=$(python3 "$ROOT/scripts/house-figures" "$ROOT" | grep '^house-figures: {"public_functions":[1-9]')
 if [ -n "$line" ]; then ok "house-figures on this tree: ${line:0:120}..."; else bad "scripts/house-figures printed no figures for $ROOT"; fi

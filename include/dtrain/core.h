@@ -129,8 +129,9 @@ typedef struct {
     size_t placed;  /* reserved: the bytes dt_slab_place charged */
 } dt_slab;
 
-/* Allocates n zeroed floats; on failure sets the last error and returns DT_ENOMEM. */
-dt_status dt_slab_alloc(dt_slab *s, size_t n);
+/* Sets s up with n zeroed floats (a plain struct: _init, then _free); on failure sets the last error and
+ * returns DT_ENOMEM. */
+dt_status dt_slab_init(dt_slab *s, size_t n);
 /* Frees the slab; safe on a zeroed or already freed slab. */
 void dt_slab_free(dt_slab *s);
 

@@ -163,7 +163,7 @@ dt_status dt_dataset_create(dt_dataset **out, dt_dtype dtype, const void *x, con
                             size_t n, int C, int H, int W, int classes);
 
 /* Frees the data set; NULL is a no-op. Loaders built on it must be freed first. */
-void dt_dataset_free(dt_dataset *ds);
+void dt_dataset_destroy(dt_dataset *ds);
 
 /* Number of samples. */
 size_t dt_dataset_len(const dt_dataset *ds);
@@ -197,7 +197,7 @@ void dt_dataset_stats(const dt_dataset *ds, double *mean, double *std);
 /* Splits a feature data set for --val-split: round(n * fraction) samples drawn by a (seed)-keyed
  * permutation go to *val, the rest to *train (both in the original order, with ds's scale,
  * normalisation and classes; ds is unchanged). The parts are views that read ds's samples (no
- * copy) and keep ds alive: ds may be freed before them (each is freed with dt_dataset_free).
+ * copy) and keep ds alive: ds may be freed before them (each is freed with dt_dataset_destroy).
  * Threads may split one set at once. The same seed gives the same split.
  * DT_EINVAL for a fraction outside (0, 1) that leaves a side empty, or a text data set. */
 dt_status dt_dataset_split(const dt_dataset *ds, double fraction, uint64_t seed, dt_dataset **train,
@@ -255,7 +255,7 @@ bool dt_data_is_tokens(const char *spec);
  * may be NULL (the train set is the same either way). Errors name the file or flag and what to
  * do: DT_ENOENT missing file, DT_EIO unreadable, DT_EINVAL empty file, a set with fewer than 2
  * windows, T < 1, val_fraction outside [0, 0.5] (--val-fraction), a set of more than 2^32-1
- * windows. On error both outputs are NULL. Free both with dt_dataset_free, in any order. */
+ * windows. On error both outputs are NULL. Free both with dt_dataset_destroy, in any order. */
 dt_status dt_dataset_open_text(dt_dataset **train, dt_dataset **val, const char *spec, int T, double val_fraction);
 /* True for a data set opened by dt_dataset_open_text. */
 bool dt_dataset_is_text(const dt_dataset *ds);
@@ -369,7 +369,7 @@ size_t dt_loader_batches(const dt_loader *l);
  * since creation. */
 double dt_loader_wait_seconds(const dt_loader *l);
 /* Stops the background thread and frees the loader; NULL is a no-op. */
-void dt_loader_free(dt_loader *l);
+void dt_loader_destroy(dt_loader *l);
 
 #ifdef __cplusplus
 }

@@ -1,5 +1,8 @@
 /* libdtrain: the public API in one include: every header of include/dtrain (tests/library.sh
- * checks that none is missing and that a program including only this file compiles as C and C++). */
+ * checks that none is missing and that a program including only this file compiles as C and C++).
+ * Lifetimes have one spelling: a handle (an opaque pointer: dt_model, dt_trainer, ...) is made by a
+ * verb that says how (create, open, build, load) and ends with _destroy (NULL: a no-op); a plain
+ * struct the caller holds (dt_slab, dt_idx) is set up by _init (or a reader) and ends with _free. */
 #ifndef DTRAIN_H
 #define DTRAIN_H
 

@@ -49,7 +49,7 @@ typedef struct {
 dt_status dt_mem_plan_rank(dt_model *m, const dt_optim_config *o, const dt_mem_layout *l, int rank, dt_mem_plan *p);
 
 /* The model of config c (--model, default mlp, over the shape of --data) with its slabs laid out
- * but nothing trained or written (no memory resident), for plans; free with dt_model_free. */
+ * but nothing trained or written (no memory resident), for plans; free with dt_model_destroy. */
 dt_status dt_train_plan_model(const dt_train_config *c, dt_model **m);
 /* The bytes of the private copy on huge pages that each rank's training loader makes of the
  * training set of config c (dt_loader_copy_bytes; after --val-split), charged like the model's

@@ -64,7 +64,7 @@ bool dt_model_spec_is_gpt(const char *spec);
  * of shape (C,H,W) (for a GPT they are ignored: its input is T ids). Its parameters are
  * initialised as dt_model_init(*m, DT_MODEL_BUILD_SEED) does (call dt_model_init for another
  * seed; loading a checkpoint or weights overwrites them). The model is the caller's
- * (dt_model_free). DT_EINVAL names a bad spec or shape. */
+ * (dt_model_destroy). DT_EINVAL names a bad spec or shape. */
 dt_status dt_model_build(dt_model **m, const char *spec, int C, int H, int W);
 /* As dt_model_build, but unplaced and NOT initialised: no parameter or gradient memory is written
  * or charged until dt_model_place (the trainer places the part its strategy says this rank holds),

@@ -140,12 +140,12 @@ dt_status dt_model_create_from_spec(dt_model **m, const char *spec, int C, int H
 struct dt_dev;
 dt_status dt_model_set_device(dt_model *m, struct dt_dev *dev);
 struct dt_dev *dt_model_device(const dt_model *m);
-/* dt_model_set_device, and the model owns dev from then on: dt_model_free destroys it (a model
+/* dt_model_set_device, and the model owns dev from then on: dt_model_destroy destroys it (a model
  * loaded for eval, predict, sample or export on a device of its own). On an error the caller
  * still owns dev. */
 dt_status dt_model_adopt_device(dt_model *m, struct dt_dev *dev);
 /* Frees the model and its slabs; NULL is a no-op. */
-void dt_model_free(dt_model *m);
+void dt_model_destroy(dt_model *m);
 
 /* Seeded initialisation (torch defaults: kaiming-uniform weights and biases for linear/conv,
  * ones/zeros for norms; N(0, init_std) where a node sets it). Depends only on (seed, layer),

@@ -32,7 +32,7 @@ typedef struct dt_optim dt_optim;
 dt_status dt_optim_create(dt_optim **o, const dt_optim_config *cfg, size_t n);
 /* The same with only the moments of own[0..nown) placed (dt_optim_place; own NULL: all). */
 dt_status dt_optim_create_placed(dt_optim **o, const dt_optim_config *cfg, size_t n, const dt_range *own, int nown);
-void dt_optim_free(dt_optim *o);
+void dt_optim_destroy(dt_optim *o);
 /* One update: params[i] -= f(grads[i], state) with learning rate lr, i in [0,n). */
 void dt_optim_step(dt_optim *o, float *params, const float *grads, float lr);
 /* One update of nr ranges (a ZeRO shard): range k updates params[k][0..len[k]) from grads[k]

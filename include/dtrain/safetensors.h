@@ -53,7 +53,7 @@ void dt_st_writer_destroy(dt_st_writer *w);
 typedef struct dt_st_file dt_st_file;
 
 /* One tensor of an open file. name and t.data point into the file object (valid until
- * dt_st_close). t.data is aligned to the element size in files written by dtrain (and by the
+ * dt_st_destroy). t.data is aligned to the element size in files written by dtrain (and by the
  * HF writers); a foreign file may give a less aligned pointer. */
 typedef struct {
     const char *name;
@@ -66,7 +66,7 @@ typedef struct {
  * the file, the problem and what to do. On success *f owns one copy of the file's bytes. */
 dt_status dt_st_open(dt_st_file **f, const char *path);
 /* Closes the file and frees its memory; NULL is a no-op. */
-void dt_st_close(dt_st_file *f);
+void dt_st_destroy(dt_st_file *f);
 /* Looks up a tensor by name into *out. DT_ENOENT (message names file and tensor) if absent. */
 dt_status dt_st_find(const dt_st_file *f, const char *name, dt_st_tensor *out);
 /* Number of tensors; dt_st_at fills *out with tensor i (0 <= i < count, header order). */

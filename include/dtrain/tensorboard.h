@@ -34,7 +34,7 @@ dt_status dt_tb_writer_epoch(dt_tb_writer *w, const dt_epoch_info *e);
 dt_status dt_tb_writer_step(dt_tb_writer *w, const dt_step_info *s);
 /* Flushes (fsync) and closes the file, frees w (NULL: no-op) and returns the first error of
  * any write since the writer was created, or DT_OK. */
-dt_status dt_tb_writer_close(dt_tb_writer *w);
+dt_status dt_tb_writer_destroy(dt_tb_writer *w);
 
 /* CRC32C (Castagnoli) of p[0..n), continuing crc (0 to start), as TFRecord frames use. */
 uint32_t dt_crc32c(uint32_t crc, const void *p, size_t n);

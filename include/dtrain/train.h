@@ -93,7 +93,17 @@ typedef struct {
     int64_t eval_samples;           /* samples of each set the evaluation covered (--eval-batches bounds it) */
 } dt_epoch_info;
 
+/* The layout of dt_train_config: raised whenever its fields change (added, removed, reordered). */
+#define DT_TRAIN_CONFIG_VERSION 2
+
+struct dt_train_aids;  /* internal test and benchmark aids (src/run/train_aids.h); NULL for an embedder */
+
 typedef struct {
+    /* The layout the caller was compiled with, set by dt_train_config_init (and dt_train_defaults):
+     * dt_trainer_create and dt_train_local refuse a config of another size or version (a caller
+     * built against another dtrain/train.h), naming both, instead of reading its fields wrongly. */
+    size_t size;
+    unsigned version;
     const char *data;         /* IDX directory, "fashion-mnist", "mnist", a .csv file, "npy:..." arrays, or text
                                * for a GPT ("text:FILE", "kjv": byte windows of its context T; "tokens:DIR":
                                * 16-bit token files) (dt_dataset_open, dt_dataset_open_text) */
@@ -144,10 +154,9 @@ typedef struct {
     double predicted_step_s;  /* the planner's step time for this layout (--strategy auto); > 0: each epoch's
                                * metrics carry it beside the measured one */
     const char *plan_layout;  /* the planner's name of the layout (with predicted_step_s), or NULL */
-    /* uneven workers (see parallel/strategy.h): balancing and the --slow testing aid */
-    bool balance;             /* ddp/localsgd: cut each global batch by the workers' measured speed */
-    int slow_rank;            /* testing/benchmark aid: this rank sleeps (slow_factor - 1) x its */
-    float slow_factor;        /* compute time every step; slow_factor <= 1 = off */
+    /* uneven workers: ddp and localsgd cut each global batch by the workers' measured speed with
+     * their spec's balance=dynamic; ps hands out batches (its shards=) */
+    const struct dt_train_aids *aids;  /* internal: dtrain's own tests and benchmarks (NULL: none) */
     /* callbacks (may be NULL) */
     void (*on_progress)(void *ctx, const dt_progress_info *p);
     void (*on_epoch)(void *ctx, const dt_epoch_info *e);
@@ -182,7 +191,16 @@ typedef struct {
     dt_dataset *train_set, *test_set;
 } dt_train_config;
 
-/* A config with the defaults of the `dtrain train` command (mlp, 1 epoch, batch 32, adam 1e-3). */
+/* Sets *cfg to the defaults of the `dtrain train` command (mlp, 1 epoch, batch 32, adam 1e-3), its
+ * size and version those of the header the caller is compiled with:
+ *     dt_train_config cfg;
+ *     if (dt_train_config_init(&cfg) != DT_OK) ... (a library of another layout: the message says so)
+ */
+#define dt_train_config_init(cfg) dt_train_config_init_sized((cfg), sizeof(dt_train_config), DT_TRAIN_CONFIG_VERSION)
+/* dt_train_config_init's function: DT_EINVAL, and nothing written, when size or version are not
+ * this library's. */
+dt_status dt_train_config_init_sized(dt_train_config *cfg, size_t size, unsigned version);
+/* The same defaults by value, for a caller compiled with this library's header (the CLI, tests). */
 dt_train_config dt_train_defaults(void);
 
 typedef struct dt_trainer dt_trainer;
@@ -191,7 +209,7 @@ typedef struct dt_trainer dt_trainer;
  * config's strings must outlive the trainer. Sets the process-wide BLAS thread count to
  * cfg->threads (dt_set_threads). Error messages name the dtrain train flag of a bad field. */
 dt_status dt_trainer_create(dt_trainer **t, const dt_train_config *cfg);
-void dt_trainer_free(dt_trainer *t);
+void dt_trainer_destroy(dt_trainer *t);
 /* Runs the remaining epochs (or up to max_steps), calling the callbacks; saves to cfg->save.
  * Collective: with a communicator every rank of the job calls it (dt_trainer_create too).
  * Once the run has reached its end, another call returns DT_OK at once. DT_EINTR: stopped by

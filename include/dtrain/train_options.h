@@ -14,10 +14,10 @@ extern "C" {
 
 typedef struct dt_train_options dt_train_options;
 
-/* A config with dt_train_defaults(); it owns the strings set into it. Free with _free. */
+/* A config with dt_train_defaults(); it owns the strings set into it. End it with _destroy. */
 dt_status dt_train_options_create(dt_train_options **o);
 /* NULL is a no-op. In-memory data sets given to it are borrowed, not freed. */
-void dt_train_options_free(dt_train_options *o);
+void dt_train_options_destroy(dt_train_options *o);
 /* Sets the field of `dtrain train --KEY VALUE` (a leading "--" and '_' for '-' are accepted).
  * Flags without a value ("normalize", "nesterov") take "1"/"0". "optimizer" resets the optimizer's
  * settings to that optimizer's defaults: set it before "momentum", "weight-decay", ... DT_EINVAL

@@ -63,7 +63,7 @@ def load_weights(checkpoint):
     try:
         return _weights(p[0])
     finally:
-        lib.dt_model_free(p[0])
+        lib.dt_model_destroy(p[0])
 
 
 def evaluate(checkpoint, data=None, batch=256):
@@ -86,7 +86,7 @@ def _spec_of(checkpoint):
     try:
         return ffi.string(lib.dt_model_spec(p[0])).decode()
     finally:
-        lib.dt_model_free(p[0])
+        lib.dt_model_destroy(p[0])
 
 
 class _Model:
@@ -100,7 +100,7 @@ class _Model:
         p, self.norm = ffi.new("dt_model **"), ffi.new("dt_input_norm *")
         C, H, W = shape
         _check(lib.dt_model_open(p, src, C, H, W, self.norm))
-        self.ptr = ffi.gc(p[0], lib.dt_model_free)
+        self.ptr = ffi.gc(p[0], lib.dt_model_destroy)
         self.tokens = lib.dt_model_in_dtype(self.ptr) == DT_I32
 
     def predict(self, x):
@@ -244,7 +244,7 @@ class Trainer:
         path = os.path.abspath(os.fspath(path))
         p = ffi.new("dt_model **")
         _check(lib.dt_model_load(p, os.fsencode(path)))  # a file that is no checkpoint fails here
-        lib.dt_model_free(p[0])
+        lib.dt_model_destroy(p[0])
         self.checkpoint, self._models = path, {}
         return self
 

@@ -27,7 +27,7 @@ const char *dt_last_error(void);
 const char *dt_status_str(dt_status s);
 
 dt_status dt_train_options_create(dt_train_options **o);
-void dt_train_options_free(dt_train_options *o);
+void dt_train_options_destroy(dt_train_options *o);
 dt_status dt_train_options_set(dt_train_options *o, const char *key, const char *value);
 void dt_train_options_set_data(dt_train_options *o, dt_dataset *train, dt_dataset *test);
 dt_train_config *dt_train_options_config(dt_train_options *o);
@@ -35,7 +35,7 @@ const char *dt_train_options_keys(void);
 dt_status dt_train_local(const dt_train_config *cfg, int workers, double timeout_s);
 
 dt_status dt_trainer_create(dt_trainer **t, const dt_train_config *cfg);
-void dt_trainer_free(dt_trainer *t);
+void dt_trainer_destroy(dt_trainer *t);
 dt_status dt_trainer_run(dt_trainer *t);
 dt_status dt_trainer_evaluate(dt_trainer *t, float *loss, float *acc);
 dt_status dt_trainer_save(dt_trainer *t, const char *path);
@@ -43,7 +43,7 @@ dt_model *dt_trainer_model(dt_trainer *t);
 int64_t dt_trainer_step(const dt_trainer *t);
 
 dt_status dt_model_load(dt_model **m, const char *checkpoint);
-void dt_model_free(dt_model *m);
+void dt_model_destroy(dt_model *m);
 const char *dt_model_spec(const dt_model *m);
 int dt_model_num_tensors(const dt_model *m);
 const dt_param_info *dt_model_tensor(const dt_model *m, int i);
@@ -52,7 +52,7 @@ float *dt_model_buffers(dt_model *m);
 
 dt_status dt_dataset_create(dt_dataset **out, int dtype, const void *x, const int32_t *y,
                             size_t n, int C, int H, int W, int classes);
-void dt_dataset_free(dt_dataset *ds);
+void dt_dataset_destroy(dt_dataset *ds);
 typedef struct {
     bool on;
     float mean, std;

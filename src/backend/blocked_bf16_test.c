@@ -240,7 +240,7 @@ static void plan_with(const char *spec, bool *bf, bool *gbf, int *n, const dt_ke
     if (m) c = t ? *t : *m->be, c.linear_bf16_values = linears ? c.linear_bf16_values : NULL, m->be = &c,
     dt_graph_plan_bf16(m);
     for (int i = 0; i < *n; i++) bf[i] = m->nodes[i].bf16, gbf[i] = m->nodes[i].grad_bf16;
-    dt_model_free(m);
+    dt_model_destroy(m);
 }
 
 static void plan_of(const char *spec, bool *bf, bool *gbf, int *n, const dt_kernel_table *t) {
@@ -363,7 +363,7 @@ static void test_nhwc_chain(void) {
         }
         free(x);
     }
-    dt_model_free(a), dt_model_free(b), dt_model_free(d);
+    dt_model_destroy(a), dt_model_destroy(b), dt_model_destroy(d);
     CHECK_OK(dt_kernels_select("blas", "fp32"));
 }
 

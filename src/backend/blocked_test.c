@@ -171,7 +171,7 @@ static void plan_of(const char *spec, int C, int H, int W, bool *blocked, int *n
     CHECK_OK(dt_model_create_from_spec(&m, spec, C, H, W));
     *n = m ? m->n : 0;
     for (int i = 0; i < *n; i++) blocked[i] = m->nodes[i].blocked;
-    dt_model_free(m);
+    dt_model_destroy(m);
 }
 
 static void test_plan(void) {
@@ -239,7 +239,7 @@ static void test_model_vs_blas(const char *spec, const char *prec, double tol) {
         CHECK_MSG(!memcmp(logits[1], logits[2], nl * 4) && !memcmp(dt_model_grads(m[1]), dt_model_grads(m[2]), np * 4),
                   "%s %s: two oneDNN runs differ", spec, prec);
     }
-    dt_model_free(m[0]), dt_model_free(m[1]), dt_model_free(m[2]);
+    dt_model_destroy(m[0]), dt_model_destroy(m[1]), dt_model_destroy(m[2]);
     free(x);
     CHECK_OK(dt_kernels_select("blas", "fp32"));
 }

@@ -132,7 +132,7 @@ static void fused_of_at(const char *lib, const char *prec, const char *spec, boo
     CHECK_OK(dt_model_create_from_spec(&m, spec, 1, 12, 12));
     *n = m ? m->n : 0;
     for (int i = 0; i < *n; i++) fz[i] = dt_model_node_fused(m, i);
-    dt_model_free(m);
+    dt_model_destroy(m);
 }
 
 static void fused_of(const char *lib, const char *spec, bool *fz, int *n) { fused_of_at(lib, "fp32", spec, fz, n); }

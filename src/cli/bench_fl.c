@@ -53,6 +53,46 @@ static double sigma_for(double eps, double q, int rounds, double delta) {
     return hi;
 }
 
+/* The server's CPU ms per round (ms) and the bytes per client update (bytes) of 100 clients, 10 per
+ * round, plain [0] and with secure aggregation [1]; printed. Nonzero on a failed run. */
+static int overhead_rows(const char *exe, const char *lim, double ms[2], double bytes[2]) {
+    char args[2048], line[4096];
+    for (int sec = 0; sec < 2; sec++) {
+        snprintf(args, sizeof args, "fl-sim --clients 100 --clients-per-round 10 --partition iid --rounds 10 --quiet "
+                 "--eval-every 100 --local-epochs 1 --lr 0.05%s%s", sec ? " --secure-agg" : "", lim);
+        if (run_json(exe, args, line, sizeof line)) return 1;
+        ms[sec] = field(line, "server_cpu_ms_per_round");
+        bytes[sec] = field(line, "bytes_in_per_update");
+        printf("%-44s %10d %10.4f %14s %12.2f\n", sec ? "100 clients, 10/round, secure aggregation" : "100 clients, 10/round, plain",
+               10, field(line, "final_acc"), "-", ms[sec]);
+    }
+    printf("# secure aggregation: %.0f bytes per client update vs %.0f plain (%.3fx); server CPU %.2fx\n", bytes[1],
+           bytes[0], bytes[1] / bytes[0], ms[1] / ms[0]);
+    return 0;
+}
+
+/* DP-FedAvg at epsilon 1, 4, 8 (dacc: the accuracies) and the same run without DP (*nodp); printed.
+ * Nonzero on a failed run. */
+static int dp_rows(const char *exe, const char *lim, int dp_rounds, double dacc[3], double *nodp) {
+    char args[2048], line[4096];
+    double eps[3] = {1, 4, 8}, sig[3];
+    for (int i = 0; i < 3; i++) {
+        sig[i] = sigma_for(eps[i], 0.1, dp_rounds, 1e-5);
+        snprintf(args, sizeof args, "fl-sim --clients 100 --clients-per-round 10 --partition iid --rounds %d --quiet "
+                 "--eval-every 100 --local-epochs 1 --lr 0.05 --dp-clip 0.5 --dp-noise %.4f%s", dp_rounds, sig[i], lim);
+        if (run_json(exe, args, line, sizeof line)) return 1;
+        dacc[i] = field(line, "final_acc");
+        printf("%-44s %10d %10.4f %14s %12s   (sigma %.3f, eps %.3f)\n", eps[i] == 1 ? "DP-FedAvg eps 1 (clip 0.5)" : eps[i] == 4 ? "DP-FedAvg eps 4" : "DP-FedAvg eps 8",
+               dp_rounds, dacc[i], "-", "-", sig[i], field(line, "epsilon"));
+    }
+    snprintf(args, sizeof args, "fl-sim --clients 100 --clients-per-round 10 --partition iid --rounds %d --quiet "
+             "--eval-every 100 --local-epochs 1 --lr 0.05%s", dp_rounds, lim);
+    if (run_json(exe, args, line, sizeof line)) return 1;
+    *nodp = field(line, "final_acc");
+    printf("%-44s %10d %10.4f\n", "same without DP", dp_rounds, *nodp);
+    return 0;
+}
+
 int dt_bench_fl(int argc, char **argv) {
     int rounds = 30, sgd_rounds = 150, epochs = 1, limit = 0, dp_rounds = 30;
     const dt_flag flags[] = {
@@ -98,35 +138,8 @@ int dt_bench_fl(int argc, char **argv) {
     snprintf(srs, sizeof srs, sr > 0 ? "%.0f" : "not in %.0f", sr > 0 ? sr : (double)sgd_rounds);
     printf("%-44s %10d %10.4f %14s %12.2f\n", "FedSGD lr 0.5 (10 clients, dir 0.5)", sgd_rounds, sa, srs,
            field(line, "server_cpu_ms_per_round"));
-    /* overhead and bytes, 100 clients, 10 per round */
-    double ms[2], bytes[2];
-    for (int sec = 0; sec < 2; sec++) {
-        snprintf(args, sizeof args, "fl-sim --clients 100 --clients-per-round 10 --partition iid --rounds 10 --quiet "
-                 "--eval-every 100 --local-epochs 1 --lr 0.05%s%s", sec ? " --secure-agg" : "", lim);
-        if (run_json(exe, args, line, sizeof line)) return 1;
-        ms[sec] = field(line, "server_cpu_ms_per_round");
-        bytes[sec] = field(line, "bytes_in_per_update");
-        printf("%-44s %10d %10.4f %14s %12.2f\n", sec ? "100 clients, 10/round, secure aggregation" : "100 clients, 10/round, plain",
-               10, field(line, "final_acc"), "-", ms[sec]);
-    }
-    printf("# secure aggregation: %.0f bytes per client update vs %.0f plain (%.3fx); server CPU %.2fx\n", bytes[1],
-           bytes[0], bytes[1] / bytes[0], ms[1] / ms[0]);
-    /* DP-FedAvg at epsilon 1, 4, 8 */
-    double eps[3] = {1, 4, 8}, dacc[3], sig[3];
-    for (int i = 0; i < 3; i++) {
-        sig[i] = sigma_for(eps[i], 0.1, dp_rounds, 1e-5);
-        snprintf(args, sizeof args, "fl-sim --clients 100 --clients-per-round 10 --partition iid --rounds %d --quiet "
-                 "--eval-every 100 --local-epochs 1 --lr 0.05 --dp-clip 0.5 --dp-noise %.4f%s", dp_rounds, sig[i], lim);
-        if (run_json(exe, args, line, sizeof line)) return 1;
-        dacc[i] = field(line, "final_acc");
-        printf("%-44s %10d %10.4f %14s %12s   (sigma %.3f, eps %.3f)\n", eps[i] == 1 ? "DP-FedAvg eps 1 (clip 0.5)" : eps[i] == 4 ? "DP-FedAvg eps 4" : "DP-FedAvg eps 8",
-               dp_rounds, dacc[i], "-", "-", sig[i], field(line, "epsilon"));
-    }
-    snprintf(args, sizeof args, "fl-sim --clients 100 --clients-per-round 10 --partition iid --rounds %d --quiet "
-             "--eval-every 100 --local-epochs 1 --lr 0.05%s", dp_rounds, lim);
-    if (run_json(exe, args, line, sizeof line)) return 1;
-    double nodp = field(line, "final_acc");
-    printf("%-44s %10d %10.4f\n", "same without DP", dp_rounds, nodp);
+    double ms[2], bytes[2], dacc[3], nodp;
+    if (overhead_rows(exe, lim, ms, bytes) || dp_rows(exe, lim, dp_rounds, dacc, &nodp)) return 1;
     printf("{\"bench\":\"fl\",\"central_acc\":%.4f,\"target_acc\":%.4f,\"fedavg_acc\":%.4f,\"fedavg_rounds_to_target\":%.0f,"
            "\"fedsgd_acc\":%.4f,\"fedsgd_rounds_to_target\":%.0f,\"server_ms_per_round\":%.3f,\"server_ms_per_round_secure\":%.3f,"
            "\"bytes_per_update\":%.0f,\"bytes_per_update_secure\":%.0f,\"secure_bytes_ratio\":%.4f,"

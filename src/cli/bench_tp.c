@@ -79,7 +79,7 @@ static void run_rank(const bench_case *k, int r, const char *data, const char *m
     if (sf) fclose(sf);
     if (s != DT_OK) res->failed = 1, snprintf(res->err, sizeof res->err, "rank %d: %s", r, dt_last_error());
     if (r == 0 && res->last > 1 && res->el > res->el1) res->sps = (double)(res->last - 1) * gb / (res->el - res->el1);
-    dt_trainer_free(t);
+    dt_trainer_destroy(t);
     dt_comm_destroy(comm);
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);

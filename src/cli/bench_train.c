@@ -96,7 +96,7 @@ static dt_status bench_data_load(bench_data *d, const dt_model *m, int B) {
         snprintf(d->source, sizeof d->source, "%s, %d batches of %d drawn from %zu %s", tokens ? "kjv" : "fashion-mnist", BENCH_NB,
                  B, len, tokens ? "windows" : "images");
     dt_free(idx);
-    dt_dataset_free(train), dt_dataset_free(test);
+    dt_dataset_destroy(train), dt_dataset_destroy(test);
     if (s != DT_OK) bench_data_free(d);
     return s;
 }
@@ -165,8 +165,8 @@ static dt_status bench_model(const bench_case *bc, const bench_data *d, bool pro
         *gflops = dt_model_train_flops(m, B) * (double)steps / t / 1e9;
     }
     if (prof) dt_bench_profile_print(prof, m, steps, s == DT_OK ? B / *cps : 0);
-    dt_optim_free(o);
-    dt_model_free(m);
+    dt_optim_destroy(o);
+    dt_model_destroy(m);
     return s;
 }
 
@@ -301,7 +301,7 @@ static dt_status bench_case_run(const bench_case *bc, const char *kernels, const
     DT_TRY(dt_model_build(&m, bc->spec, 1, 28, 28));
     bench_data d = {0};
     dt_status s = bench_data_load(&d, m, bc->batch);
-    dt_model_free(m);
+    dt_model_destroy(m);
     DT_TRY(s);
     printf("# %s b%d data: %s\n", bc->name, bc->batch, d.source);
     torch_rates tr = {0, 0};
@@ -314,6 +314,56 @@ static dt_status bench_case_run(const bench_case *bc, const char *kernels, const
         s = bench_rows(bc, &d, kernels, precisions, sg, vs_torch, profile, tr, notes, json, cap, jn, done);
     bench_data_free(&d);
     return s;
+}
+
+/* Checks and applies bench train's settings: the kernel libraries (default: deflib's, the build's
+ * first) and precisions, --seconds, --threads, --repeat, the CPU pinning (-2: the default). -1 when
+ * they are good, else the exit code. */
+static int train_settings(const char **kernels, char deflib[16], bool vs_blas, const char *precisions, float seconds,
+                          int threads, int repeat, int *cpu) {
+    sscanf(dt_kernels_describe(), "%15s", deflib);
+    if (!*kernels) *kernels = vs_blas ? (dt_kernels_onednn_built() ? "onednn,blas" : "blas") : deflib;
+    else if (vs_blas && !strstr(*kernels, "blas"))
+        return dt_cli_usage(NULL, "--vs-blas with --kernels %s: add blas to the list", *kernels);
+    char w[32], v[32];
+    for (const char *l = *kernels; next_word(&l, w, sizeof w);)  /* check every name before running */
+        for (const char *q = precisions; next_word(&q, v, sizeof v);)
+            if (dt_kernels_select(w, v) != DT_OK) return dt_cli_usage(NULL, "%s", dt_last_error());
+    if (!(seconds >= 0) || seconds > 3600)
+        return dt_cli_usage("e.g. --seconds 1 (0: 8 timed steps per case)", "--seconds %g: give 0 to 3600", seconds);
+    if (threads < 1) return dt_cli_usage(NULL, "--threads %d: need at least 1", threads);
+    if (*cpu == -2) *cpu = threads == 1 ? first_cpu() : -1;
+    int r = pin_to_cpu(*cpu);
+    if (r >= 0) return r;
+    dt_set_threads(threads);
+    if (repeat < 1) return dt_cli_usage(NULL, "--repeat %d: give 1 or more", repeat);
+    return -1;
+}
+
+/* Prints the header lines and the table's heading; starts the JSON line in json (its length). */
+static int train_header(int threads, int cpu, double sg, bool vs_torch, char *json, size_t cap) {
+    printf("# dtrain bench train: %d thread%s, real data (Fashion-MNIST, KJV), ", threads, threads > 1 ? "s" : "");
+    if (cpu >= 0) printf("both sides pinned to CPU %d\n", cpu);
+    else printf("not pinned\n");
+    dt_bench_print_machine();
+    printf("# sgemm 1024^3: %.1f GFLOP/s\n", sg);
+    printf("%-6s %6s %-8s %-5s %14s %12s %12s %10s %10s %8s%s\n", "model", "batch", "kernels", "prec", "samples/s",
+           "per cpu-s", "tokens/s", "GFLOP/s", "of sgemm", "ratio", vs_torch ? "    torch/s  vs torch  torch/cpu-s  vs (cpu)" : "");
+    return snprintf(json, cap, "{\"bench\": \"train\", \"threads\": %d, \"cpu\": %d, \"data\": \"real\", \"sgemm_gflops\": %.2f, "
+                    "\"openblas_core\": \"%s\", \"cases\": [", threads, cpu, sg, dt_blas_corename());
+}
+
+/* Prints oneDNN's choices and the notes, then the JSON line (json: its first jn characters). */
+static void train_footer(const bench_notes *notes, char *json, size_t cap, int jn) {
+    char impls[1536];
+    dt_kernels_impls(impls, sizeof impls);
+    printf("# onednn chose: %s\n", impls[0] ? impls : "(not run)");
+    for (int i = 0; i < notes->n; i++) printf("# note (%s rows): %s\n", notes->rows[i], notes->text[i]);
+    if (jn < (int)cap - 64) jn += snprintf(json + jn, cap - (size_t)jn, "], \"notes\": [");
+    for (int i = 0; i < notes->n && jn < (int)cap - 400; i++)
+        jn += snprintf(json + jn, cap - (size_t)jn, "%s{\"rows\": \"%s\", \"note\": \"%s\"}", i ? ", " : "",
+                       notes->rows[i], notes->text[i]);
+    printf("%s], \"onednn_impls\": \"%s\"}\n", json, impls);
 }
 
 int dt_bench_train(int argc, char **argv) {
@@ -338,20 +388,7 @@ int dt_bench_train(int argc, char **argv) {
     int r = dt_flags_parse(argc, argv, 1, flags, sizeof flags / sizeof *flags, USAGE, NULL, 0, NULL, NULL);
     if (r) return r < 0 ? 2 : 0;
     char deflib[16] = "";
-    sscanf(dt_kernels_describe(), "%15s", deflib);
-    if (!kernels) kernels = vs_blas ? (dt_kernels_onednn_built() ? "onednn,blas" : "blas") : deflib;
-    else if (vs_blas && !strstr(kernels, "blas")) return dt_cli_usage(NULL, "--vs-blas with --kernels %s: add blas to the list", kernels);
-    char w[32], v[32];
-    for (const char *l = kernels; next_word(&l, w, sizeof w);)  /* check every name before running */
-        for (const char *q = precisions; next_word(&q, v, sizeof v);)
-            if (dt_kernels_select(w, v) != DT_OK) return dt_cli_usage(NULL, "%s", dt_last_error());
-    if (!(seconds >= 0) || seconds > 3600)
-        return dt_cli_usage("e.g. --seconds 1 (0: 8 timed steps per case)", "--seconds %g: give 0 to 3600", seconds);
-    if (threads < 1) return dt_cli_usage(NULL, "--threads %d: need at least 1", threads);
-    if (cpu == -2) cpu = threads == 1 ? first_cpu() : -1;
-    if ((r = pin_to_cpu(cpu)) >= 0) return r;
-    dt_set_threads(threads);
-    if (repeat < 1) return dt_cli_usage(NULL, "--repeat %d: give 1 or more", repeat);
+    if ((r = train_settings(&kernels, deflib, vs_blas, precisions, seconds, threads, repeat, &cpu)) >= 0) return r;
     const bench_case presets[] = {
         {"mlp", "mlp", 32, seconds},
         {"mlp", "mlp", 128, seconds},
@@ -372,16 +409,8 @@ int dt_bench_train(int argc, char **argv) {
                             batch);
     }
     double sg = sgemm_gflops(1024, seconds < 1 ? seconds : 1);
-    printf("# dtrain bench train: %d thread%s, real data (Fashion-MNIST, KJV), ", threads, threads > 1 ? "s" : "");
-    if (cpu >= 0) printf("both sides pinned to CPU %d\n", cpu);
-    else printf("not pinned\n");
-    dt_bench_print_machine();
-    printf("# sgemm 1024^3: %.1f GFLOP/s\n", sg);
-    printf("%-6s %6s %-8s %-5s %14s %12s %12s %10s %10s %8s%s\n", "model", "batch", "kernels", "prec", "samples/s",
-           "per cpu-s", "tokens/s", "GFLOP/s", "of sgemm", "ratio", vs_torch ? "    torch/s  vs torch  torch/cpu-s  vs (cpu)" : "");
     char json[16384];
-    int jn = snprintf(json, sizeof json, "{\"bench\": \"train\", \"threads\": %d, \"cpu\": %d, \"data\": \"real\", \"sgemm_gflops\": %.2f, "
-                      "\"openblas_core\": \"%s\", \"cases\": [", threads, cpu, sg, dt_blas_corename());
+    int jn = train_header(threads, cpu, sg, vs_torch, json, sizeof json);
     int done = 0;
     bench_notes notes = {.n = 0};
     for (size_t i = 0; i < ncases; i++) {
@@ -393,14 +422,6 @@ int dt_bench_train(int argc, char **argv) {
                                cases[i].name, dt_last_error());
     }
     if (!done) return dt_cli_usage("models: mlp (batch 32, 128), cnn (batch 128), gpt (batch 12)", "no benchmark case matches");
-    char impls[1536];
-    dt_kernels_impls(impls, sizeof impls);
-    printf("# onednn chose: %s\n", impls[0] ? impls : "(not run)");
-    for (int i = 0; i < notes.n; i++) printf("# note (%s rows): %s\n", notes.rows[i], notes.text[i]);
-    if (jn < (int)sizeof json - 64) jn += snprintf(json + jn, sizeof json - (size_t)jn, "], \"notes\": [");
-    for (int i = 0; i < notes.n && jn < (int)sizeof json - 400; i++)
-        jn += snprintf(json + jn, sizeof json - (size_t)jn, "%s{\"rows\": \"%s\", \"note\": \"%s\"}", i ? ", " : "",
-                       notes.rows[i], notes.text[i]);
-    printf("%s], \"onednn_impls\": \"%s\"}\n", json, impls);
+    train_footer(&notes, json, sizeof json, jn);
     return 0;
 }

@@ -97,6 +97,58 @@ static int parse_list(const char *s, int *v, int cap) {
     return n;
 }
 
+/* Prints the header lines and the table's heading. */
+static void zero_header(const char *spec, double P, int B, int T) {
+    printf("# dtrain bench zero: %s, %.1fM parameters, batch %d x T %d per rank, adam f32, shm transport\n", spec,
+           P / 1e6, B, T);
+    dt_bench_print_machine();
+    printf("# the machine is shared (other jobs load its cores): step times are noisy, compare ratios\n");
+    printf("# cpu_s: CPU seconds of a step (user + system, all threads; the mean over the ranks): the load-robust\n"
+           "# figure; faults: minor page faults of a step (pages given back and touched again); plan: --dry-run's\n"
+           "# bytes for the rank against the peak; shm_MB: the transport's shared slots in the peak\n");
+    printf("# formula_MB: the paper's bytes + act_MB (the activations) + gath_MB (stage 3: gathered layers in flight, measured)\n");
+    printf("%5s %5s %10s %10s %8s %8s %9s %7s %7s %7s %8s %8s %8s %7s %9s\n", "stage", "ranks", "peak_MB", "formula_MB",
+           "act_MB", "gath_MB", "setup_MB", "shm_MB", "ratio", "plan", "step_s", "vs_ddp", "cpu_s", "cpu_vs", "faults");
+}
+
+/* Prints the row of stage on N ranks (res: each rank's probe) and appends it to the JSON (json, its
+ * length jn; returns the new length); the ddp row (stage 0) sets *ddp_step and *ddp_cpu. */
+static int zero_row(dt_model *probe, double P, int B, int stage, int N, const zcase *res, double *ddp_step,
+                    double *ddp_cpu, char *json, size_t cap, int jn, int *done) {
+    double setup = 0, step = 0, cpu = 0, faults = 0, worst = 0;
+    int w = 0;  /* the rank furthest above its formula */
+    for (int r = 0; r < N; r++) {
+        const dt_mem_probe *q = &res[r].p;
+        const double ratio = (q->peak - q->base) / (formula(stage, N, P) + q->activations + q->gathered);
+        if (ratio > worst) worst = ratio, w = r;
+        if (q->setup_peak - q->base > setup) setup = q->setup_peak - q->base;
+        if (q->step_s > step) step = q->step_s;
+        cpu += q->cpu_s / N, faults += q->faults / N;
+    }
+    const dt_mem_probe *q = &res[w].p;
+    const double peak = q->peak - q->base, want = formula(stage, N, P) + q->activations + q->gathered;
+    dt_mem_layout lay = {.dp = N, .tp = 1, .pp = 1, .zero = stage, .microbatches = 1, .batch = B};
+    dt_optim_config oc = dt_optim_defaults(DT_OPTIM_ADAM);
+    dt_mem_plan plan = {0};
+    if (dt_mem_plan_rank(probe, &oc, &lay, w, &plan) != DT_OK) plan.total = 0;
+    if (stage == 0) *ddp_step = step, *ddp_cpu = cpu;
+    double vs = *ddp_step > 0 ? *ddp_step / step : 0, cvs = *ddp_cpu > 0 ? *ddp_cpu / cpu : 0;
+    printf("%5d %5d %10.1f %10.1f %8.1f %8.1f %9.1f %7.1f %7.3f %7.3f %8.3f %7.2fx %8.3f %6.2fx %9.0f\n", stage,
+           N, peak / 1048576, want / 1048576, q->activations / 1048576, q->gathered / 1048576, setup / 1048576,
+           q->shmem / 1048576, peak / want,
+           plan.total > 0 ? peak / plan.total : 0, step, vs, cpu, cvs, faults);
+    fflush(stdout);
+    if (jn < (int)cap - 256)
+        jn += snprintf(json + jn, cap - (size_t)jn,
+                       "%s{\"stage\": %d, \"ranks\": %d, \"peak_bytes\": %.0f, \"formula_bytes\": %.0f, "
+                       "\"activation_bytes\": %.0f, \"gathered_bytes\": %.0f, \"setup_peak_bytes\": %.0f, \"step_s\": %.4f, "
+                       "\"throughput_vs_ddp\": %.3f, \"plan_bytes\": %.0f, \"cpu_s\": %.4f, "
+                       "\"cpu_vs_ddp\": %.3f, \"faults\": %.0f}",
+                       (*done)++ ? ", " : "", stage, N, peak, want, q->activations, q->gathered, setup, step, vs,
+                       plan.total, cpu, cvs, faults);
+    return jn;
+}
+
 int dt_bench_zero(int argc, char **argv) {
     const char *spec = "gpt:L=8,H=12,C=768,T=64", *ranks_s = "1,2,4", *stages_s = "0,1,2,3";
     int B = 2, steps = 2;
@@ -115,21 +167,12 @@ int dt_bench_zero(int argc, char **argv) {
         return dt_cli_usage("e.g. --model gpt:L=8,H=12,C=768,T=64", "%s", dt_last_error());
     const double P = (double)dt_model_num_params(probe);
     if (B < 1 || steps < 1) {
-        dt_model_free(probe);
+        dt_model_destroy(probe);
         return dt_cli_usage(NULL, "--batch and --steps need at least 1");
     }
     int ranks[4], stages[4];
     int nr = parse_list(ranks_s, ranks, 4), ns = parse_list(stages_s, stages, 4);
-    printf("# dtrain bench zero: %s, %.1fM parameters, batch %d x T %d per rank, adam f32, shm transport\n", spec,
-           P / 1e6, B, g.T);
-    dt_bench_print_machine();
-    printf("# the machine is shared (other jobs load its cores): step times are noisy, compare ratios\n");
-    printf("# cpu_s: CPU seconds of a step (user + system, all threads; the mean over the ranks): the load-robust\n"
-           "# figure; faults: minor page faults of a step (pages given back and touched again); plan: --dry-run's\n"
-           "# bytes for the rank against the peak; shm_MB: the transport's shared slots in the peak\n");
-    printf("# formula_MB: the paper's bytes + act_MB (the activations) + gath_MB (stage 3: gathered layers in flight, measured)\n");
-    printf("%5s %5s %10s %10s %8s %8s %9s %7s %7s %7s %8s %8s %8s %7s %9s\n", "stage", "ranks", "peak_MB", "formula_MB",
-           "act_MB", "gath_MB", "setup_MB", "shm_MB", "ratio", "plan", "step_s", "vs_ddp", "cpu_s", "cpu_vs", "faults");
+    zero_header(spec, P, B, g.T);
     char json[16384];
     int jn = snprintf(json, sizeof json, "{\"bench\": \"zero\", \"model\": \"%s\", \"params\": %.0f, \"cases\": [", spec, P);
     int done = 0;
@@ -142,41 +185,11 @@ int dt_bench_zero(int argc, char **argv) {
                 printf("%5d %5d  failed\n", stages[k], N);
                 continue;
             }
-            double setup = 0, step = 0, cpu = 0, faults = 0, worst = 0;
-            int w = 0;  /* the rank furthest above its formula */
-            for (int r = 0; r < N; r++) {
-                const dt_mem_probe *q = &res[r].p;
-                const double ratio = (q->peak - q->base) / (formula(stages[k], N, P) + q->activations + q->gathered);
-                if (ratio > worst) worst = ratio, w = r;
-                if (q->setup_peak - q->base > setup) setup = q->setup_peak - q->base;
-                if (q->step_s > step) step = q->step_s;
-                cpu += q->cpu_s / N, faults += q->faults / N;
-            }
-            const dt_mem_probe *q = &res[w].p;
-            const double peak = q->peak - q->base, want = formula(stages[k], N, P) + q->activations + q->gathered;
-            dt_mem_layout lay = {.dp = N, .tp = 1, .pp = 1, .zero = stages[k], .microbatches = 1, .batch = B};
-            dt_optim_config oc = dt_optim_defaults(DT_OPTIM_ADAM);
-            dt_mem_plan plan = {0};
-            if (dt_mem_plan_rank(probe, &oc, &lay, w, &plan) != DT_OK) plan.total = 0;
-            if (stages[k] == 0) ddp_step = step, ddp_cpu = cpu;
-            double vs = ddp_step > 0 ? ddp_step / step : 0, cvs = ddp_cpu > 0 ? ddp_cpu / cpu : 0;
-            printf("%5d %5d %10.1f %10.1f %8.1f %8.1f %9.1f %7.1f %7.3f %7.3f %8.3f %7.2fx %8.3f %6.2fx %9.0f\n", stages[k],
-                   N, peak / 1048576, want / 1048576, q->activations / 1048576, q->gathered / 1048576, setup / 1048576,
-                   q->shmem / 1048576, peak / want,
-                   plan.total > 0 ? peak / plan.total : 0, step, vs, cpu, cvs, faults);
-            fflush(stdout);
-            if (jn < (int)sizeof json - 256)
-                jn += snprintf(json + jn, sizeof json - (size_t)jn,
-                               "%s{\"stage\": %d, \"ranks\": %d, \"peak_bytes\": %.0f, \"formula_bytes\": %.0f, "
-                               "\"activation_bytes\": %.0f, \"gathered_bytes\": %.0f, \"setup_peak_bytes\": %.0f, \"step_s\": %.4f, "
-                               "\"throughput_vs_ddp\": %.3f, \"plan_bytes\": %.0f, \"cpu_s\": %.4f, "
-                               "\"cpu_vs_ddp\": %.3f, \"faults\": %.0f}",
-                               done++ ? ", " : "", stages[k], N, peak, want, q->activations, q->gathered, setup, step, vs,
-                               plan.total, cpu, cvs, faults);
+            jn = zero_row(probe, P, B, stages[k], N, res, &ddp_step, &ddp_cpu, json, sizeof json, jn, &done);
         }
     }
     snprintf(json + jn, sizeof json - (size_t)jn, "]}");
-    dt_model_free(probe);
+    dt_model_destroy(probe);
     printf("%s\n", json);
     return 0;
 }

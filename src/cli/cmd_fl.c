@@ -74,12 +74,12 @@ int dt_fl_open(const dt_fl_opts *o, dt_dataset **train, dt_dataset **test, dt_mo
     dt_dataset_shape(*train, &C, &H, &W);
     if ((s = dt_model_create_from_spec(m, o->model, C, H, W)) != DT_OK) {
         dt_cli_fail(NULL, "--model %s: %s", o->model, dt_last_error());
-        dt_dataset_free(*train), dt_dataset_free(*test);
+        dt_dataset_destroy(*train), dt_dataset_destroy(*test);
         return dt_cli_setup_status(s);
     }
     dt_model_init(*m, (uint64_t)o->seed);
     int r = dt_fl_model_device(m, o->device);
-    if (r) dt_dataset_free(*train), dt_dataset_free(*test);
+    if (r) dt_dataset_destroy(*train), dt_dataset_destroy(*test);
     return r;
 }
 
@@ -89,7 +89,7 @@ int dt_fl_model_device(dt_model **m, const char *device) {
     dt_status s = dt_device_create(&d, device);
     if (s == DT_OK && (s = dt_model_adopt_device(*m, d)) != DT_OK) dt_device_destroy(d);
     if (s == DT_OK) return 0;
-    dt_model_free(*m);
+    dt_model_destroy(*m);
     *m = NULL;
     dt_cli_fail(NULL, "--device %s: %s", device, dt_last_error());
     return dt_cli_setup_status(s);
@@ -173,7 +173,7 @@ int dt_cmd_fl_server(int argc, char **argv) {
         st = dt_fl_server_run(s, NULL, NULL);
         dt_fl_server_destroy(s);
     }
-    dt_model_free(m), dt_dataset_free(train), dt_dataset_free(test);
+    dt_model_destroy(m), dt_dataset_destroy(train), dt_dataset_destroy(test);
     if (st != DT_OK) return dt_cli_fail(NULL, "%s", dt_last_error()), dt_cli_setup_status(st);
     printf("fl-server: done\n");
     return 0;
@@ -227,7 +227,7 @@ int dt_cmd_fl_client(int argc, char **argv) {
                               .quiet = quiet};
     int rounds = 0;
     dt_status st = r ? DT_OK : dt_fl_client_run(&cc, m, mine ? mine : train, &rounds);
-    dt_model_free(m), dt_dataset_free(mine), dt_dataset_free(train), dt_dataset_free(test);
+    dt_model_destroy(m), dt_dataset_destroy(mine), dt_dataset_destroy(train), dt_dataset_destroy(test);
     if (r) return r;
     if (st == DT_EINTR && fk) return dt_cli_fail(NULL, "%s", dt_last_error());
     if (st != DT_OK) return dt_cli_fail(NULL, "%s", dt_last_error()), dt_cli_setup_status(st);

@@ -164,7 +164,7 @@ int dt_cmd_fl_sim(int argc, char **argv) {
     dt_fl_server_destroy(s);  /* closes every connection: clients still waiting end */
     for (int c = 0; c < k; c++) {
         if (cl[c].started) pthread_join(cl[c].th, NULL);
-        dt_model_free(cl[c].m), dt_dataset_free(cl[c].ds);
+        dt_model_destroy(cl[c].m), dt_dataset_destroy(cl[c].ds);
     }
     if (!r) {
         double upd = ss.updates ? (double)ss.bytes_in / ss.updates : 0;
@@ -176,7 +176,7 @@ int dt_cmd_fl_sim(int argc, char **argv) {
                ss.reached, ss.rounds ? 1e3 * ss.cpu_sum / ss.rounds : 0, upd,
                ss.rounds ? (double)ss.bytes_out / ss.rounds : 0, ss.eps, ss.eps >= 0 ? o.dp_delta : 0);
     }
-    dt_model_free(m), dt_dataset_free(train), dt_dataset_free(test);
+    dt_model_destroy(m), dt_dataset_destroy(train), dt_dataset_destroy(test);
     free(cl);
     return r;
 }

@@ -102,7 +102,7 @@ int dt_cmd_export(int argc, char **argv) {
     if (s == DT_OK)
         printf("export: %s (%s, %zu parameters) -> %s\n", ckpt ? ckpt : weights, dt_model_spec(m),
                dt_model_num_params(m), out);
-    dt_model_free(m);
+    dt_model_destroy(m);
     if (s != DT_OK) {
         dt_cli_fail(s == DT_ENOTSUP ? "export a model made of the ops listed in 'dtrain train --help'" : NULL, "%s",
                     dt_last_error());

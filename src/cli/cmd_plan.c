@@ -132,7 +132,7 @@ static dt_status train_parts(const dt_train_config *tc, dt_dataset *ds, int b, i
     dt_trainer *t;
     DT_TRY(dt_trainer_create(&t, &c));
     const dt_status st = dt_trainer_run(t);
-    dt_trainer_free(t);
+    dt_trainer_destroy(t);
     return st != DT_OK ? st : w->steps ? DT_OK : dt_error(DT_EINVAL, "plan: calibration at batch %d ran no steps", b);
 }
 
@@ -157,7 +157,7 @@ static dt_status inline_batch_seconds(const dt_dataset *ds, int b, double *s) {
         if (st == DT_ENOENT) st = dt_loader_start_epoch(l, (uint64_t)i + CAL_WARM + 1, 0), i--;  /* a new epoch */
         else if (i >= 0) t[i] = dt_now() - a;
     }
-    dt_loader_free(l);
+    dt_loader_destroy(l);
     if (st != DT_OK) return st;
     qsort(t, CAL_STEPS, sizeof *t, cmp_double);
     *s = 0.5 * (t[CAL_STEPS / 2 - 1] + t[CAL_STEPS / 2]);
@@ -197,9 +197,9 @@ static dt_status calibrate(const dt_train_config *tc, dt_plan_model *pm, int b1,
     } else {
         st = dt_dataset_open(&train, &test, tc->data);
     }
-    dt_dataset_free(test);
+    dt_dataset_destroy(test);
     for (int i = 0; i < 2 && st == DT_OK; i++) st = other_seconds(tc, train, bs[i], inline_batches, &o[i]);
-    dt_dataset_free(train);
+    dt_dataset_destroy(train);
     if (st != DT_OK) return st;
     pm->ovh_per = (o[1] - o[0]) / (b2 - b1);
     if (pm->ovh_per < 0) pm->ovh_per = 0;
@@ -243,7 +243,7 @@ static int load_model(const plan_args *a, const dt_train_config *tc, bool measur
         return *cached = true, 0;
     }
     const double busy = a->probe ? dt_cli_plan_busy() : 0;
-    dt_model_free(*m);
+    dt_model_destroy(*m);
     *m = NULL;
     s = dt_train_plan_model(tc, m);
     if (s == DT_OK) s = dt_model_place(*m, NULL, 0);
@@ -420,7 +420,7 @@ int dt_cli_plan_run(int argc, char **argv, dt_plan_entry *best) {
     dt_plan_model pm = {0};
     bool ops_cached = false;
     if ((r = load_model(&a, &tc, !a.cluster, &m, &pm, &ops_cached))) {
-        dt_model_free(m), dt_plan_model_free(&pm);
+        dt_model_destroy(m), dt_plan_model_free(&pm);
         return r;
     }
     if (ops_cached) {
@@ -431,7 +431,7 @@ int dt_cli_plan_run(int argc, char **argv, dt_plan_entry *best) {
      * emulated hosts' declared link stays */
     const dt_plan_link declared = c.link[DT_PLAN_INTER];
     if (probed && !a.probe && (r = dt_cli_plan_links_now(a.workers, pm.total_params, &c))) {
-        dt_model_free(m), dt_plan_model_free(&pm);
+        dt_model_destroy(m), dt_plan_model_free(&pm);
         return r;
     }
     if (!a.cluster && a.hosts > 1) c.link[DT_PLAN_INTER] = declared;
@@ -447,7 +447,7 @@ int dt_cli_plan_run(int argc, char **argv, dt_plan_entry *best) {
     dt_status s = dt_plan_search(m, &pm, &tc.optim, &c, &req, &res);
     const double lim = limit ? (double)limit : c.mem_bytes;
     if (s != DT_OK) {
-        dt_model_free(m), dt_plan_model_free(&pm);
+        dt_model_destroy(m), dt_plan_model_free(&pm);
         return dt_cli_usage("change --batch, --workers or the fixed axes", "%s", dt_last_error());
     }
     char spec[256];
@@ -456,7 +456,7 @@ int dt_cli_plan_run(int argc, char **argv, dt_plan_entry *best) {
     else dt_cli_plan_print(&res, &c, source, spec, a.batch, lim, a.top);
     const bool fits = res.e[0].c.fits;
     if (best) *best = res.e[0];
-    dt_plan_result_free(&res), dt_model_free(m), dt_plan_model_free(&pm);
+    dt_plan_result_free(&res), dt_model_destroy(m), dt_plan_model_free(&pm);
     if (!fits && !a.json)
         return dt_cli_fail("raise --mem-limit, add ranks (--workers, --hosts) or lower --batch",
                            "no layout fits %.2f GB per rank", lim / 1e9);

@@ -206,8 +206,8 @@ int dt_cmd_predict(int argc, char **argv) {
         dt_cli_fail(NULL, "%s", dt_last_error());
         r = dt_cli_setup_status(s);
     } else r = run_predict(m, &norm, train, test, &o);
-    dt_model_free(m);
-    dt_dataset_free(train);
-    dt_dataset_free(test);
+    dt_model_destroy(m);
+    dt_dataset_destroy(train);
+    dt_dataset_destroy(test);
     return r;
 }

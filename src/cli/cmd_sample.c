@@ -127,20 +127,20 @@ int dt_cmd_sample(int argc, char **argv) {
     dt_model *m = NULL;
     const dt_model_source src = {.checkpoint = ckpt ? file : NULL, .weights = weights, .model = model, .device = device};
     if ((r = open_gpt(&src, prompt, tok_ids, &m)) != 0) {
-        dt_model_free(m);
+        dt_model_destroy(m);
         return r;
     }
     size_t np = strlen(prompt);
     int32_t *ids = malloc((np + 1) * sizeof *ids);
     if (!ids) {
-        dt_model_free(m);
+        dt_model_destroy(m);
         return dt_cli_fail(NULL, "out of memory");
     }
     if (tok_ids) {
         int n = parse_ids(prompt, dt_model_classes(m), ids);
         if (n < 0) {
             free(ids);
-            dt_model_free(m);
+            dt_model_destroy(m);
             return DT_EXIT_USAGE;
         }
         np = (size_t)n;
@@ -153,7 +153,7 @@ int dt_cmd_sample(int argc, char **argv) {
     dt_status s = dt_gpt_generate(m, ids, (int)np, ntok, &sc, put_token, &tok_ids);
     putchar('\n');
     free(ids);
-    dt_model_free(m);
+    dt_model_destroy(m);
     if (s != DT_OK)  /* at run time: 1 */
         return dt_cli_fail(NULL, "%s %s: %s", ckpt ? "--checkpoint" : "--weights", ckpt ? file : weights, dt_last_error());
     return 0;

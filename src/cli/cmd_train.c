@@ -325,7 +325,7 @@ static void print_header(const train_opts *o, dt_trainer *t, dt_comm *comm, int 
         printf("dtrain: %d ranks over %s, strategy %s%s%s, global batch %d%s\n", world, dt_comm_backend_name(comm),
                spec, choice ? ", " : "", choice ? choice : "",
                c->batch * dt_strategy_spec_data_world(c->strategy ? c->strategy : dt_strategy_spec_default(world), world),
-               c->balance ? " (cut among the ranks by measured speed)" : "");
+               strstr(spec, "balance=dynamic") ? " (cut among the ranks by measured speed)" : "");
     }
     fflush(stdout);
 }
@@ -342,9 +342,10 @@ static int check_job_size(int argc, char **argv, const train_opts *o, int job_ra
         return dt_cli_usage("leave out --workers when mpirun/srun/dtrain launch sets the number of ranks",
                             "--workers %d but this job has %d ranks", job_ranks, world);
     }
-    if (o->cfg.slow_factor > 1 && o->cfg.slow_rank >= world)
+    const dt_train_aids *a = o->cfg.aids;
+    if (a && a->slow_factor > 1 && a->slow_rank >= world)
         return dt_cli_usage("pick a rank below the job's ranks", "--slow %d:%g: this job has only %d rank(s) (0..%d)",
-                            o->cfg.slow_rank, o->cfg.slow_factor, world, world - 1);
+                            a->slow_rank, a->slow_factor, world, world - 1);
     return 0;
 }
 
@@ -376,10 +377,12 @@ static int open_rank_comm(int argc, char **argv, const train_opts *o, int job_ra
 /* The strategy flags against the job's size: one process drops what needs several (saying so). */
 static void fit_strategy_to_world(int argc, char **argv, const train_opts *o, dt_train_config *cfg, int rank,
                                   int world) {
-    if (world == 1 && o->uneven.implicit_ddp) {  /* --bucket-mb, --compress, --zero of one process: nothing to do */
+    if (world == 1 && o->uneven.implicit_ddp) {  /* --bucket-mb, --compress, --zero, --balance of one process */
         cfg->strategy = NULL;
         if (o->uneven.zero_given && o->uneven.zero > 0)
             fprintf(stderr, "dtrain: note: --zero %d with one worker shards nothing (use --workers N)\n", o->uneven.zero);
+        if (o->uneven.balance && !strcmp(o->uneven.balance, "dynamic"))
+            fprintf(stderr, "dtrain: note: --balance dynamic with one worker has no batch to cut (use --workers N)\n");
         if (o->uneven.compress && strcmp(o->uneven.compress, "none"))
             fprintf(stderr, "dtrain: note: --compress %s with one worker sends nothing to compress (use --workers N)\n",
                     o->uneven.compress);
@@ -485,9 +488,9 @@ static int run_rank(int argc, char **argv, train_opts *o, int job_ranks) {
                 strerror(errno));
     dt_trainer *t = NULL;
     if ((r = create_rank_trainer(&t, &cfg)) >= 0 || (r = dt_cli_mem_limit_apply(o->mem_limit, rank)) != 0) {
-        if (r != 0 && t) dt_trainer_free(t);
+        if (r != 0 && t) dt_trainer_destroy(t);
         dt_comm_destroy(comm);
-        dt_tb_writer_close(pc.tb);
+        dt_tb_writer_destroy(pc.tb);
         return r;
     }
     const int64_t first_step = dt_trainer_step(t);
@@ -496,9 +499,9 @@ static int run_rank(int argc, char **argv, train_opts *o, int job_ranks) {
     if (o->mem_limit && s == DT_OK)  /* the accounted peak (core/mem.c), not the OS's resident set */
         printf("dtrain: rank %d held at most %zu bytes of its --mem-limit %zu\n", rank, dt_mem_peak(), o->mem_limit);
     const int64_t last_step = dt_trainer_step(t);
-    dt_trainer_free(t);
+    dt_trainer_destroy(t);
     dt_comm_destroy(comm);
-    if (dt_tb_writer_close(pc.tb) != DT_OK && s == DT_OK) return dt_cli_fail("check the disk", "%s", dt_last_error());
+    if (dt_tb_writer_destroy(pc.tb) != DT_OK && s == DT_OK) return dt_cli_fail("check the disk", "%s", dt_last_error());
     if (s != DT_OK) return rank_failure_exit(s, rank, world);
     print_rank_done(&pc, &cfg, last_step > first_step, last_step, rank);
     return 0;
@@ -534,14 +537,15 @@ int dt_cmd_train(int argc, char **argv) {
         const dt_train_config *c = &o.cfg;
         const int S = dt_cli_servers(c);
         if ((r = check_local_ranks(&o, job_ranks)) >= 0) return r;
-        if (c->slow_factor > 1 && (c->slow_rank >= job_ranks || (dt_cli_is_ps(c) && c->slow_rank < S))) {
+        const dt_train_aids *a = c->aids;
+        if (a && a->slow_factor > 1 && (a->slow_rank >= job_ranks || (dt_cli_is_ps(c) && a->slow_rank < S))) {
             if (dt_cli_is_ps(c))
                 return dt_cli_usage("ranks 0..servers-1 serve; the workers are the ranks after them",
-                                   "--slow %d:%g: rank %d is %s; pick a worker rank (%d..%d)", c->slow_rank,
-                                   c->slow_factor, c->slow_rank, c->slow_rank < S ? "a ps server" : "not in the job",
+                                   "--slow %d:%g: rank %d is %s; pick a worker rank (%d..%d)", a->slow_rank,
+                                   a->slow_factor, a->slow_rank, a->slow_rank < S ? "a ps server" : "not in the job",
                                    S, job_ranks - 1);
-            return dt_cli_usage(NULL, "--slow %d:%g: this job has only %d ranks (0..%d)", c->slow_rank,
-                               c->slow_factor, job_ranks, job_ranks - 1);
+            return dt_cli_usage(NULL, "--slow %d:%g: this job has only %d ranks (0..%d)", a->slow_rank,
+                               a->slow_factor, job_ranks, job_ranks - 1);
         }
         bool *expendable = dt_cli_expendable(&o.cfg, job_ranks);
         int rc = run_workers(argc, argv, job_ranks, o.elastic, o.max_restarts, o.cfg.checkpoint_dir, expendable);

@@ -73,7 +73,7 @@ int dt_cli_dry_run(const dt_train_config *c, int ranks, int zero, double bucket_
     /* each rank's loader reads a shuffled feature set from a private huge-page copy (charged) */
     size_t copy = 0;
     if ((s = dt_train_plan_loader(c, &copy)) != DT_OK) {
-        dt_model_free(m);
+        dt_model_destroy(m);
         dt_cli_fail("check --data and --val-split", "%s", dt_last_error());
         return dt_cli_setup_status(s);
     }
@@ -94,7 +94,7 @@ int dt_cli_dry_run(const dt_train_config *c, int ranks, int zero, double bucket_
     for (int k = 0; k < ranks; k++) {
         dt_mem_plan p;
         if (dt_mem_plan_rank(m, &c->optim, &l, k, &p) != DT_OK) {
-            dt_model_free(m);
+            dt_model_destroy(m);
             return dt_cli_usage(NULL, "%s", dt_last_error());
         }
         printf("rank %d (dp %d, stage %d, tp %d):\n", k, p.dp_rank, p.stage, p.tp_rank);
@@ -123,6 +123,6 @@ int dt_cli_dry_run(const dt_train_config *c, int ranks, int zero, double bucket_
         dt_cli_fail("raise --mem-limit, or spread the model further (--zero 3, --tp, --pp, more --workers)",
                     "--mem-limit %zu bytes: %d of %d rank%s would exceed it (rank%s %s)", mem_limit, over, ranks,
                     ranks == 1 ? "" : "s", over == 1 ? "" : "s", over_ranks);
-    dt_model_free(m);
+    dt_model_destroy(m);
     return over ? 78 : 0;  /* as the run itself would stop */
 }

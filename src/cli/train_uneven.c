@@ -143,12 +143,17 @@ static int compose_spec(dt_cli_uneven *u, dt_train_config *cfg, const char *name
     const bool shards = name[0] && dt_strategy_spec_takes(name, "shards");  /* ps: --balance sets its shards */
     char num[64];
     int r = 0;
-    u->implicit_ddp = !cfg->strategy && (u->bucket_mb > 0 || u->compress || u->allreduce || u->zero_given);
+    u->implicit_ddp =
+        !cfg->strategy && (u->bucket_mb > 0 || u->compress || u->allreduce || u->zero_given || u->balance);
     snprintf(u->spec, sizeof u->spec, "%s", cfg->strategy ? cfg->strategy : u->implicit_ddp ? dt_strategy_spec_default(2) : "");
     if (u->servers_given && !r) r = add_int_flag(u, "servers", u->servers, "--servers");
     if (u->staleness && !r) r = add_flag(u, "staleness", u->staleness, "--staleness");
+    /* ps balances by handing out batches (its shards=; static: fixed shards), ddp and localsgd by
+     * cutting each global batch (their balance=) */
     if (shards && u->balance && !r)
         r = add_option(u, u->spec, "shards", strcmp(u->balance, "dynamic") ? "fixed" : "dynamic", "--balance");
+    else if (u->balance && !r)
+        r = add_flag(u, "balance", strcmp(u->balance, "dynamic") ? "static" : "dynamic", "--balance");
     if (u->overlap && !r) r = add_option(u, u->spec, "overlap", "1", "--ps-overlap");
     if (u->sync_every_given && !r) r = add_int_flag(u, "sync_every", u->sync_every, "--sync-every");
     if (u->bucket_mb > 0 && !r) {
@@ -178,8 +183,7 @@ int dt_cli_uneven_parse(dt_cli_uneven *u, dt_train_config *cfg) {
         bool dynamic = !strcmp(u->balance, "dynamic");
         if (!dynamic && strcmp(u->balance, "static") != 0 && strcmp(u->balance, "off") != 0)
             return dt_cli_usage("use --balance static or --balance dynamic", "--balance %s: unknown mode", u->balance);
-        /* ps balances by handing out batches (the default; its spec's shards=), static: fixed shards */
-        if (!name[0] || !dt_strategy_spec_takes(name, "shards")) cfg->balance = dynamic;
+        (void)dynamic;  /* compose_spec puts it in the spec: ps's shards=, ddp's and localsgd's balance= */
     }
     if (u->slow) {
         char *end;
@@ -189,8 +193,8 @@ int dt_cli_uneven_parse(dt_cli_uneven *u, dt_train_config *cfg) {
         if (errno || *end || rk < 0 || rk > 1 << 20 || !(f >= 1) || !isfinite(f))
             return dt_cli_usage("use --slow RANK:FACTOR, e.g. --slow 3:3 makes rank 3 three times slower",
                                "--slow %s: expected RANK:FACTOR with FACTOR >= 1", u->slow);
-        cfg->slow_rank = (int)rk;
-        cfg->slow_factor = (float)f;
+        u->aids = (dt_train_aids){.slow_rank = (int)rk, .slow_factor = (float)f};
+        cfg->aids = &u->aids;
     }
     if (u->compress) {  /* a bad compressor: its own message and hint, not the strategy grammar */
         char probe[160];

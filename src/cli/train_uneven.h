@@ -4,6 +4,7 @@
 
 #include "cli/cli.h"
 #include "dtrain/train.h"
+#include "run/train_aids.h"
 
 /* The strategy flags as given (strings: NULL = not given). */
 typedef struct {
@@ -21,6 +22,7 @@ typedef struct {
     bool zero_given;
     bool implicit_ddp;      /* out: spec "ddp(...)" made from --bucket-mb without --strategy (one process drops it) */
     char spec[512];         /* out: the spec cfg->strategy points to once the flags are in it */
+    dt_train_aids aids;     /* out: --slow (cfg->aids points here once it is given) */
 } dt_cli_uneven;
 
 /* Checks --strategy (a spec, e.g. "ps(servers=2)") and the strategy flags (--servers,

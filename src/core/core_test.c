@@ -133,7 +133,7 @@ static void test_errors_and_slabs(void) {
     dt_error_clear();
     CHECK(dt_last_error_peer() == -1);
     dt_slab s;
-    CHECK_OK(dt_slab_alloc(&s, 1000));
+    CHECK_OK(dt_slab_init(&s, 1000));
     CHECK(((uintptr_t)s.data & 63) == 0 && s.data[999] == 0.0f);
     dt_slab_free(&s);
     dt_slab_free(&s);

@@ -39,7 +39,7 @@ static void test_limit(void) {
     CHECK(no == NULL && dt_mem_limit_hit());
     CHECK_MSG(strstr(dt_last_error(), "--mem-limit") != NULL, "message: %s", dt_last_error());
     dt_slab s;
-    CHECK(dt_slab_alloc(&s, 1 << 20) == DT_ENOMEM);
+    CHECK(dt_slab_init(&s, 1 << 20) == DT_ENOMEM);
     CHECK_MSG(strstr(dt_last_error(), "cannot allocate a slab") && strstr(dt_last_error(), "--mem-limit"), "%s",
               dt_last_error());
     CHECK(dt_mem_reacquire(1 << 20) == DT_ENOMEM);

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-dt_status dt_slab_alloc(dt_slab *s, size_t n) {
+dt_status dt_slab_init(dt_slab *s, size_t n) {
     *s = (dt_slab){.data = dt_alloc(n * sizeof(float))};  /* not reserved: charged whole by dt_alloc */
     s->n = s->data ? n : 0;
     if (!s->data && dt_mem_limit_hit())

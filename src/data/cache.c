@@ -151,7 +151,7 @@ static dt_status dataset_over(dt_dataset **out, void *map, const cache_header *h
     snprintf(ds->cache, sizeof ds->cache, "%s", file);
     dt_status st = dt_dataset_check_labels(ds, 0, labels_path);
     if (st != DT_OK) {
-        dt_dataset_free(ds);
+        dt_dataset_destroy(ds);
         return st;
     }
     dt_dataset_update_lut(ds);

@@ -127,7 +127,7 @@ static unsigned long open_cached(const char *img, const char *lab, uint32_t n, u
     snprintf(file, cap, "%s", cf);
     unsigned long ino = mapped_inode(getpid(), cf, NULL);
     CHECK_MSG(ino > 1 && ino == inode_of(cf), "mapping inode %lu, file inode %lu", ino, inode_of(cf));
-    dt_dataset_free(ds);
+    dt_dataset_destroy(ds);
     CHECK(!*file || mapped_inode(getpid(), file, NULL) == 0); /* freed: unmapped */
     return ino;
 }
@@ -150,8 +150,8 @@ static void test_basic_and_dir(void) {
     CHECK(count_files(g_cache, NULL, ".v1") == 2 && count_files(g_cache, ".tmp.", "") == 0);
     CHECK(tr && te && strcmp(dt_dataset_cache_file(tr), dt_dataset_cache_file(te)) != 0);
     CHECK(tr && mapped_inode(getpid(), dt_dataset_cache_file(tr), NULL) == b);
-    dt_dataset_free(tr);
-    dt_dataset_free(te);
+    dt_dataset_destroy(tr);
+    dt_dataset_destroy(te);
 }
 
 /* Processes open the same directory at the same moment: one decodes, all map one file. The
@@ -186,8 +186,8 @@ static void test_processes_share(void) {
             }
             if (write(rep[1], ino, sizeof ino) != sizeof ino) _exit(2);
             if (read(rel[0], &c, 1) < 0) _exit(2); /* keep the mapping until the parent looked */
-            dt_dataset_free(tr);
-            dt_dataset_free(te);
+            dt_dataset_destroy(tr);
+            dt_dataset_destroy(te);
             _exit(0);
         }
     }
@@ -263,7 +263,7 @@ static void test_corruption(void) {
     CHECK(ds && data_ok(ds, 600, 0) && !strcmp(dt_dataset_cache_file(ds), ""));
     struct stat st;
     CHECK(lstat(file, &st) == 0 && S_ISLNK(st.st_mode));
-    dt_dataset_free(ds);
+    dt_dataset_destroy(ds);
     unlink(file);
 }
 
@@ -314,7 +314,7 @@ static void test_source_changes(void) {
 static bool opens_private(const char *img, const char *lab) {
     dt_dataset *ds = NULL;
     bool ok = dt_dataset_open_idx(&ds, img, lab) == DT_OK && data_ok(ds, 600, 0) && !strcmp(dt_dataset_cache_file(ds), "");
-    dt_dataset_free(ds);
+    dt_dataset_destroy(ds);
     return ok;
 }
 
@@ -335,7 +335,7 @@ static void test_disabled_and_fallbacks(void) {
     dt_dataset *ds = NULL;
     CHECK_OK(dt_dataset_open_idx(&ds, img, lab));
     CHECK(ds && data_ok(ds, 600, 0) && !strcmp(dt_dataset_cache_file(ds), "") && no_cache_mapping());
-    dt_dataset_free(ds);
+    dt_dataset_destroy(ds);
     CHECK(count_files(g_cache, NULL, "") == 2); /* . and .. */
     /* a regular file, or a directory that cannot be created */
     char bad[700];

@@ -236,7 +236,7 @@ static dt_status csv_dataset(dt_dataset **out, csv_rows *rows, const dt_csv_opti
     snprintf(ds->source, sizeof ds->source, "%s", path);
     dt_status st = dt_dataset_check_labels(ds, o->classes, path);
     if (st != DT_OK) {
-        dt_dataset_free(ds);
+        dt_dataset_destroy(ds);
         return st;
     }
     dt_dataset_update_lut(ds);

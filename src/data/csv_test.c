@@ -29,7 +29,7 @@ static void test_csv(void) {
     CHECK_OK(dt_dataset_batch(ds, idx, 3, x, y));
     CHECK(y[0] == 3 && y[1] == 1 && y[2] == 0);
     CHECK(x[0] == 0 && x[1] == 1.0f && x[2] == (float)(17 / 255.0) && x[3] == (float)(2 / 255.0) && x[8] == (float)(7 / 255.0));
-    dt_dataset_free(ds);
+    dt_dataset_destroy(ds);
     /* no header, label last, float features -> f32 unscaled; the switch from u8 mid-file keeps
      * earlier rows; gzip'd */
     write_text(dt_test_path("b.csv.gz"), "1,2,0\n3,4,1\n0.5,-1e3,2\n7,8,1\n", true);
@@ -42,7 +42,7 @@ static void test_csv(void) {
     CHECK_OK(dt_dataset_batch(ds, i4, 4, xb, yb));
     CHECK(xb[0] == 1 && xb[1] == 2 && xb[2] == 3 && xb[3] == 4 && xb[4] == 0.5f && xb[5] == -1000 && xb[6] == 7 && xb[7] == 8);
     CHECK(yb[0] == 0 && yb[1] == 1 && yb[2] == 2 && yb[3] == 1);
-    dt_dataset_free(ds);
+    dt_dataset_destroy(ds);
     /* explicit options: header yes, no scaling, a shape, a class count */
     write_text(dt_test_path("c.csv"), "a,b,c,d,e\n1,10,20,30,40\n0,1,2,3,4\n", false);
     o = (dt_csv_options){.header = DT_CSV_YES, .scale = DT_CSV_NO, .shape = {1, 2, 2}, .classes = 5};
@@ -51,7 +51,7 @@ static void test_csv(void) {
     CHECK(C == 1 && H == 2 && W == 2 && dt_dataset_classes(ds) == 5);
     CHECK_OK(dt_dataset_batch(ds, idx, 1, x, y));
     CHECK(x[0] == 10 && x[3] == 40 && y[0] == 1);
-    dt_dataset_free(ds);
+    dt_dataset_destroy(ds);
     o.shape[2] = 3;
     CHECK(dt_dataset_open_csv(&ds, dt_test_path("c.csv"), &o) == DT_EINVAL && strstr(dt_last_error(), "shape"));
     /* errors name the file and the line */
@@ -86,7 +86,7 @@ static void test_csv(void) {
     CHECK(dt_dataset_len(ds) == 1);
     dt_dataset_shape(ds, NULL, NULL, &W);
     CHECK(W == (int)F);
-    dt_dataset_free(ds);
+    dt_dataset_destroy(ds);
     /* no newline in 64 MiB (a binary file; a sparse one here): refused, holding no more than that */
     FILE *z = fopen(dt_test_path("zeros.csv"), "w");
     CHECK(z && ftruncate(fileno(z), (off_t)65 << 20) == 0);
@@ -117,12 +117,12 @@ static void test_csv(void) {
     write_text(dt_test_path("mnist_train.csv"), "label,a,b\n0,1,2\n1,3,4\n", false);
     CHECK_OK(dt_dataset_open(&ds, &te, dt_test_path("mnist_train.csv")));
     CHECK(ds && te == NULL && dt_dataset_len(ds) == 2);
-    dt_dataset_free(ds);
+    dt_dataset_destroy(ds);
     write_text(dt_test_path("mnist_test.csv"), "label,a,b\n2,1,2\n", false);
     CHECK_OK(dt_dataset_open(&ds, &te, dt_test_path("mnist_train.csv")));
     CHECK(ds && te && dt_dataset_len(te) == 1 && dt_dataset_classes(ds) == 3 && dt_dataset_classes(te) == 3);
-    dt_dataset_free(ds);
-    dt_dataset_free(te);
+    dt_dataset_destroy(ds);
+    dt_dataset_destroy(te);
     write_text(dt_test_path("mnist_test.csv"), "label,a\n2,1\n", false);
     CHECK(dt_dataset_open(&ds, &te, dt_test_path("mnist_train.csv")) == DT_EFORMAT && ds == NULL && te == NULL);
 }

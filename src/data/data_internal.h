@@ -59,7 +59,7 @@ struct dt_dataset {
     bool tok16;        /* text: x holds little-endian uint16 tokens (tokens:DIR), else bytes */
     dt_dataset *base;  /* a view (--val-split's parts): x and y are base's, sample i is its rows[i] */
     uint32_t *rows;    /* a view: its samples' indices in base (owned), else NULL */
-    int refs;          /* views holding this set beside its owner (atomic): dt_dataset_free waits for them */
+    int refs;          /* views holding this set beside its owner (atomic): dt_dataset_destroy waits for them */
 };
 
 /* The index in ds->x and ds->y of sample i of ds (its base's row for a view). */

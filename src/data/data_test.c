@@ -242,8 +242,8 @@ static void test_idx_dataset(void) {
     CHECK(dt_dataset_set_classes(ds, 6) == DT_EFORMAT && strstr(dt_last_error(), "sample 6"));
     CHECK_OK(dt_dataset_set_classes(ds, 12));
     CHECK(dt_dataset_classes(ds) == 12);
-    dt_dataset_free(ds);
-    dt_dataset_free(NULL);
+    dt_dataset_destroy(ds);
+    dt_dataset_destroy(NULL);
 
     /* count mismatch names both files */
     write_pair(dt_test_path("im2"), dt_test_path("lb2"), 21, 3, 4, 7, true);
@@ -261,7 +261,7 @@ static void test_idx_dataset(void) {
     float flab[20] = {0};
     write_idx(dt_test_path("lbf"), 0x0D, 1, &n, flab, 4, false);
     CHECK(dt_dataset_open_idx(&ds, dt_test_path("im"), dt_test_path("lbf")) == DT_OK && ds && dt_dataset_has_targets(ds));
-    dt_dataset_free(ds);
+    dt_dataset_destroy(ds);
     ds = NULL;
     write_idx(dt_test_path("lb2d"), 0x0C, 2, d2, lab, 4, false);
     CHECK(dt_dataset_open_idx(&ds, dt_test_path("im"), dt_test_path("lb2d")) == DT_EFORMAT && strstr(dt_last_error(), "1 dim"));
@@ -279,13 +279,13 @@ static void test_idx_dataset(void) {
     float xr[6];
     CHECK_OK(dt_dataset_batch(ds, ii, 2, xr, NULL));
     CHECK(xr[0] == 4 && xr[2] == 6.25f && xr[3] == 1.5f && xr[4] == -2);
-    dt_dataset_free(ds);
+    dt_dataset_destroy(ds);
     write_idx(dt_test_path("r4"), 0x08, 4, r4, rows, 1, false);
     write_idx(dt_test_path("one"), 0x08, 1, &one_n, two, 1, false);
     CHECK_OK(dt_dataset_open_idx(&ds, dt_test_path("r4"), dt_test_path("one")));
     dt_dataset_shape(ds, &C, &H, &W);
     CHECK(C == 2 && H == 3 && W == 1);
-    dt_dataset_free(ds);
+    dt_dataset_destroy(ds);
 }
 
 /* An IDX directory holds whatever its headers declare: 4-d C x H x W images (idx4), float32
@@ -322,14 +322,14 @@ static void test_open_dir_general(void) {
     uint32_t i5 = 5;
     if (tr) CHECK_OK(dt_dataset_batch(tr, &i5, 1, x, NULL));
     CHECK(x[11] == (float)((uint8_t)((5 * 12 + 11) * 5) / 255.0));
-    dt_dataset_free(tr), dt_dataset_free(te);
+    dt_dataset_destroy(tr), dt_dataset_destroy(te);
     tr = te = NULL;
     CHECK_OK(dt_dataset_open(&tr, &te, d2));
     if (tr) dt_dataset_shape(tr, &C, &H, &W);
     CHECK_MSG(tr && C == 1 && H == 1 && W == 5, "idx2: %d x %d x %d", C, H, W);
     if (tr) CHECK_OK(dt_dataset_batch(tr, &i5, 1, x, NULL));
     CHECK(x[0] == 25 * 0.25f - 3 && x[4] == 29 * 0.25f - 3);
-    dt_dataset_free(tr), dt_dataset_free(te);
+    dt_dataset_destroy(tr), dt_dataset_destroy(te);
     /* two candidates for one role: refused, naming both */
     snprintf(p, sizeof p, "%s/train-images-idx3-float", d2);
     write_idx(p, 0x0D, 2, dims2, rows, 4, false);
@@ -364,8 +364,8 @@ static void test_targets(void) {
     dt_dataset *a = NULL, *b = NULL;  /* --val-split's views */
     if (tr) CHECK_OK(dt_dataset_split(tr, 0.4, 1, &a, &b));
     CHECK(a && b && dt_dataset_has_targets(a) && dt_dataset_has_targets(b));
-    dt_dataset_free(a), dt_dataset_free(b);
-    dt_dataset_free(tr);
+    dt_dataset_destroy(a), dt_dataset_destroy(b);
+    dt_dataset_destroy(tr);
     /* a test set of class labels beside training targets */
     uint8_t lab[5] = {0, 1, 0, 1, 0};
     snprintf(p, sizeof p, "%s/t10k-images-idx2-float", d);
@@ -398,12 +398,12 @@ static void test_open_dir_and_alias(void) {
     /* train only needs just the two train files */
     CHECK_OK(dt_dataset_open(&tr, NULL, "fashion-mnist"));
     CHECK(dt_dataset_len(tr) == 30 && dt_dataset_classes(tr) == 4);
-    dt_dataset_free(tr);
+    dt_dataset_destroy(tr);
     /* a plain directory without t10k files is a training set alone (what dtrain's Python binding
      * writes for x, y without x_test); with one of the two, the missing one is named */
     CHECK_OK(dt_dataset_open(&tr, &te, dir));
     CHECK(tr && te == NULL && dt_dataset_len(tr) == 30);
-    dt_dataset_free(tr);
+    dt_dataset_destroy(tr);
     snprintf(a, sizeof a, "%s/t10k-images-idx3-ubyte", dir);
     snprintf(b, sizeof b, "%s/t10k-labels-idx1-ubyte.gz", dir);
     write_pair(a, dt_test_path("unused2"), 9, 2, 2, 6, false);
@@ -412,8 +412,8 @@ static void test_open_dir_and_alias(void) {
     CHECK_OK(dt_dataset_open(&tr, &te, "fashion-mnist"));
     CHECK(tr && te && dt_dataset_len(tr) == 30 && dt_dataset_len(te) == 9);
     CHECK(dt_dataset_classes(tr) == 6 && dt_dataset_classes(te) == 6); /* shared: the larger */
-    dt_dataset_free(tr);
-    dt_dataset_free(te);
+    dt_dataset_destroy(tr);
+    dt_dataset_destroy(te);
     /* test images of another shape are refused */
     write_pair(a, b, 9, 2, 3, 6, false);
     CHECK(dt_dataset_open(&tr, &te, dir) == DT_EFORMAT && strstr(dt_last_error(), "differs from the train set"));
@@ -436,7 +436,7 @@ static void test_create(void) {
     double m, s;
     dt_dataset_stats(ds, &m, &s);
     CHECK(fabs(m - 107.0 / 6) < 1e-9);
-    dt_dataset_free(ds);
+    dt_dataset_destroy(ds);
     /* every byte value through the vectorised u8/255 path (259 = chunks + tail) is correctly
      * rounded; turning normalisation on and off again restores the same bits */
     uint8_t all[2 * 259];
@@ -452,7 +452,7 @@ static void test_create(void) {
     CHECK_OK(dt_dataset_set_normalize(ds, 0.0f, 1.0f));
     CHECK_OK(dt_dataset_batch(ds, idx, 2, fb, NULL));
     CHECK(memcmp(fa, fb, sizeof fa) == 0);
-    dt_dataset_free(ds);
+    dt_dataset_destroy(ds);
     CHECK(dt_dataset_create(&ds, DT_I16, x, y, 2, 1, 3, 1, 1) == DT_EFORMAT && strstr(dt_last_error(), "sample 0"));
     CHECK(dt_dataset_create(&ds, DT_BF16, x, y, 2, 1, 3, 1, 0) == DT_EINVAL);
     /* a label of INT32_MAX: "max label + 1" classes overflowed (UBSan: signed overflow) */
@@ -463,7 +463,7 @@ static void test_create(void) {
     const int32_t top[2] = {0, DT_MAX_CLASSES - 1};
     CHECK_OK(dt_dataset_create(&ds, DT_I16, x, top, 2, 1, 3, 1, 0));
     CHECK(dt_dataset_classes(ds) == DT_MAX_CLASSES);
-    dt_dataset_free(ds);
+    dt_dataset_destroy(ds);
 }
 
 /* The u8/255 fast path (a mul and an fma, not a division) against the plain f32 division, bit for
@@ -500,7 +500,7 @@ static void test_u8_unit_exact(void) {
         CHECK_MSG(badlab == 0, "batch of %d: %d labels gathered wrong", n, badlab);
         CHECK_MSG(n == N || got[n * D] != got[n * D], "batch of %d wrote past its end", n); /* still 0xff: a NaN */
     }
-    dt_dataset_free(ds);
+    dt_dataset_destroy(ds);
 }
 
 int main(void) {

@@ -24,14 +24,14 @@ dt_dataset *dt_dataset_alloc(void) {
     return ds;
 }
 
-void dt_dataset_free(dt_dataset *ds) {
+void dt_dataset_destroy(dt_dataset *ds) {
     if (!ds) return;
     /* a view still reads it: the last holder to go frees it (atomic: threads may split one
      * borrowed set, each its own views) */
     if (__atomic_fetch_sub(&ds->refs, 1, __ATOMIC_ACQ_REL) > 0) return;
     if (ds->base) {
         free(ds->rows);
-        dt_dataset_free(ds->base);
+        dt_dataset_destroy(ds->base);
     } else if (ds->map) {
         munmap(ds->map, ds->map_len);
     } else {
@@ -240,14 +240,14 @@ dt_status dt_dataset_create(dt_dataset **out, dt_dtype dtype, const void *x, con
     ds->x = malloc(bytes);
     ds->y = malloc(n * sizeof(int32_t));
     if (!ds->x || !ds->y) {
-        dt_dataset_free(ds);
+        dt_dataset_destroy(ds);
         return dt_error(DT_ENOMEM, "out of memory copying a %zu-byte data set", bytes);
     }
     memcpy(ds->x, x, bytes);
     memcpy(ds->y, y, n * sizeof(int32_t));
     dt_status st = dt_dataset_check_labels(ds, classes, "data set");
     if (st != DT_OK) {
-        dt_dataset_free(ds);
+        dt_dataset_destroy(ds);
         return st;
     }
     dt_dataset_update_lut(ds);
@@ -333,7 +333,7 @@ dt_status dt_dataset_open_idx(dt_dataset **out, const char *images_path, const c
     *out = ds;
     return DT_OK;
 fail:
-    dt_dataset_free(ds);
+    dt_dataset_destroy(ds);
     dt_idx_free(&im);
     dt_idx_free(&lb);
     return st;
@@ -393,7 +393,7 @@ static dt_status share_classes(dt_dataset **trainp, dt_dataset **testp) {
         dt_status s = dt_error(DT_EFORMAT, "%s holds %s but %s holds %s: give both sets the same kind", test->source,
                                test->targets ? "regression targets (floats)" : "class labels", train->source,
                                train->targets ? "regression targets" : "class labels");
-        dt_dataset_free(train), dt_dataset_free(test);
+        dt_dataset_destroy(train), dt_dataset_destroy(test);
         *trainp = *testp = NULL;
         return s;
     }
@@ -428,7 +428,7 @@ static dt_status open_dir(dt_dataset **train, dt_dataset **test, const char *dir
     if (!test) return DT_OK;
     dt_status st = dt_dataset_open_idx(test, p[2], p[3]);
     if (st != DT_OK) {
-        dt_dataset_free(*train);
+        dt_dataset_destroy(*train);
         *train = NULL;
         return st;
     }
@@ -436,8 +436,8 @@ static dt_status open_dir(dt_dataset **train, dt_dataset **test, const char *dir
     if (a->C != b->C || a->H != b->H || a->W != b->W) {
         st = dt_error(DT_EFORMAT, "%s: sample shape (%d,%d,%d) differs from the train set's (%d,%d,%d) in %s", p[2], b->C, b->H, b->W,
                       a->C, a->H, a->W, p[0]);
-        dt_dataset_free(a);
-        dt_dataset_free(b);
+        dt_dataset_destroy(a);
+        dt_dataset_destroy(b);
         *train = *test = NULL;
         return st;
     }
@@ -481,11 +481,11 @@ dt_status dt_dataset_open(dt_dataset **train, dt_dataset **test, const char *pat
         dt_status st = dt_dataset_open_csv(test, sib, NULL);
         if (st == DT_OK && ((*test)->D != (*train)->D)) {
             st = dt_error(DT_EFORMAT, "%s: %zu features per row, but the train set %s has %zu", sib, (*test)->D, path, (*train)->D);
-            dt_dataset_free(*test);
+            dt_dataset_destroy(*test);
             *test = NULL;
         }
         if (st != DT_OK) {
-            dt_dataset_free(*train);
+            dt_dataset_destroy(*train);
             *train = NULL;
             return st;
         }

@@ -83,7 +83,7 @@ int main(void) {
     CHECK_MSG(fabs(pix * 255 - 3431114169.0) < 1e3, "epoch pixel sum %f", pix * 255);
     printf("fashion-mnist: load %.3f s, mean %.4f std %.4f, one epoch at batch 128: %.3f s (wait %.3f s)\n", load_s, mean, std, epoch_s,
            dt_loader_wait_seconds(l));
-    dt_loader_free(l);
+    dt_loader_destroy(l);
 
     /* warm (mapped from the cache built above) and private opens hold the same data */
     CHECK(strncmp(dt_dataset_cache_file(tr), cache, strlen(cache)) == 0 && strncmp(dt_dataset_cache_file(te), cache, strlen(cache)) == 0);
@@ -114,11 +114,11 @@ int main(void) {
         free(xa), free(xb), free(xc);
     }
     printf("fashion-mnist open: cold cache %.3f s, warm cache %.3f s, private %.3f s\n", load_s, warm_s, private_s);
-    for (int k = 0; k < 2; k++) dt_dataset_free(w[k]), dt_dataset_free(p[k]);
+    for (int k = 0; k < 2; k++) dt_dataset_destroy(w[k]), dt_dataset_destroy(p[k]);
     free(y);
     free(idx);
-    dt_dataset_free(tr);
-    dt_dataset_free(te);
+    dt_dataset_destroy(tr);
+    dt_dataset_destroy(te);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", cache);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", cache);

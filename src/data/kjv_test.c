@@ -114,14 +114,14 @@ int main(void) {
     CHECK(dt_dataset_len(tr) == (tlen - 1) / T && dt_dataset_len(va) == (vlen - 1) / T);
     int dt = distinct_tokens(tr);
     CHECK_MSG(dt >= 70 && dt <= 73, "%d distinct train tokens", dt); /* a rare byte may sit only in the last 10% */
-    dt_dataset_free(tr);
-    dt_dataset_free(va);
+    dt_dataset_destroy(tr);
+    dt_dataset_destroy(va);
 
     /* reused: same inode, not rewritten */
     struct stat a, b;
     CHECK(stat(path, &a) == 0);
     CHECK_OK(dt_dataset_open_text(&tr, NULL, "kjv", T, 0));
-    dt_dataset_free(tr);
+    dt_dataset_destroy(tr);
     CHECK(stat(path, &b) == 0 && a.st_ino == b.st_ino && a.st_mtim.tv_nsec == b.st_mtim.tv_nsec && a.st_mtime == b.st_mtime);
 
     /* a damaged (empty) cache file is replaced */
@@ -129,7 +129,7 @@ int main(void) {
     if (f) fclose(f);
     CHECK_OK(dt_dataset_open_text(&tr, NULL, "kjv", T, 0));
     if (tr) CHECK(dt_dataset_len(tr) == (len - 1) / T);
-    dt_dataset_free(tr);
+    dt_dataset_destroy(tr);
     CHECK(stat(path, &b) == 0 && (size_t)b.st_size == len);
 
     /* no cache: generated in memory, the same bytes */
@@ -142,7 +142,7 @@ int main(void) {
         CHECK_OK(dt_dataset_batch_tokens(tr, idx, 3, tok, tgt));
         for (int i = 0; i < 3; i++) CHECK(tok[i] == text[idx[i]] && tgt[i] == text[idx[i] + 1]);
     }
-    dt_dataset_free(tr);
+    dt_dataset_destroy(tr);
     /* an unusable cache directory (its parent is a file): in memory too */
     char bad[400];
     snprintf(bad, sizeof bad, "%s/plainfile", g_dir);
@@ -152,7 +152,7 @@ int main(void) {
     setenv("DTRAIN_DATA_CACHE", bad, 1);
     CHECK_OK(dt_dataset_open_text(&tr, NULL, "kjv", 1, 0));
     if (tr) CHECK(dt_dataset_len(tr) == len - 1 && strstr(dt_dataset_source(tr), "in memory"));
-    dt_dataset_free(tr);
+    dt_dataset_destroy(tr);
     free(text);
 
     /* a bible stopped by a signal (a job stopping this rank) is not blamed on the packages */

@@ -223,7 +223,7 @@ dt_status dt_loader_create(dt_loader **out, const dt_dataset *ds, const dt_loade
     pthread_cond_init(&l->cv_ready, NULL);
     if (!l->order || !(l->xbuf || l->tokbuf) || !l->ybuf || !l->slot_n) {
         const int nslots = l->nslots;
-        dt_loader_free(l);
+        dt_loader_destroy(l);
         return dt_error(DT_ENOMEM, "loader: out of memory for %d buffers of %d samples", nslots, c.max_batch);
     }
     hot_copy(l, c.shuffle);  /* after the buffers: the copy is what a --mem-limit leaves out */
@@ -235,7 +235,7 @@ dt_status dt_loader_create(dt_loader **out, const dt_dataset *ds, const dt_loade
         int rc = pthread_create(&l->thread, NULL, worker_main, l);
         pthread_sigmask(SIG_SETMASK, &old, NULL);
         if (rc != 0) {
-            dt_loader_free(l);
+            dt_loader_destroy(l);
             return dt_error(DT_ENOMEM, "loader: cannot start the prefetch thread (error %d): use prefetch 0", rc);
         }
         l->has_thread = true;
@@ -379,7 +379,7 @@ double dt_loader_wait_seconds(const dt_loader *l) {
     return s;
 }
 
-void dt_loader_free(dt_loader *l) {
+void dt_loader_destroy(dt_loader *l) {
     if (!l) return;
     if (l->has_thread) {
         pthread_mutex_lock(&l->mu);

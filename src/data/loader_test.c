@@ -204,15 +204,15 @@ static void test_loader(dt_dataset *ds) {
                 CHECK(check_epoch(l, ds, &cfg, 7, 1, 1) == nb - 1);
                 double ws = dt_loader_wait_seconds(l);
                 CHECK(ws >= 0 && ws < 10);
-                dt_loader_free(l);
+                dt_loader_destroy(l);
             }
     /* the same bytes without shuffling, and batch larger than the data set without drop_last */
     dt_loader_config cfg = {.batch = 300, .prefetch = 2};
     dt_loader *l;
     CHECK_OK(dt_loader_create(&l, ds, &cfg));
     CHECK(dt_loader_batches(l) == 1 && check_epoch(l, ds, &cfg, 0, 0, 0) == 1);
-    dt_loader_free(l);
-    dt_loader_free(NULL);
+    dt_loader_destroy(l);
+    dt_loader_destroy(NULL);
     /* bad configs */
     cfg = (dt_loader_config){.batch = 0};
     CHECK(dt_loader_create(&l, ds, &cfg) == DT_EINVAL && l == NULL);
@@ -224,13 +224,13 @@ static void test_loader(dt_dataset *ds) {
     CHECK_OK(dt_loader_create(&l, ds, &cfg));
     dt_batch b;
     CHECK(dt_loader_next(l, &b) == DT_EINVAL && strstr(dt_last_error(), "start_epoch"));
-    dt_loader_free(l);
+    dt_loader_destroy(l);
     /* freeing a loader whose worker is mid-epoch (ring full) does not hang */
     cfg = (dt_loader_config){.batch = 4, .prefetch = 4, .shuffle = true};
     CHECK_OK(dt_loader_create(&l, ds, &cfg));
     CHECK_OK(dt_loader_start_epoch(l, 0, 0));
     CHECK_OK(dt_loader_next(l, &b));
-    dt_loader_free(l);
+    dt_loader_destroy(l);
 }
 
 /* n random u8 samples of 1 x h x w, labels i % 7. */
@@ -262,7 +262,7 @@ static void test_hot_copy(void) {
         CHECK_OK(dt_loader_create(&l, ds, &cfg));
         if (thp) CHECK_MSG(dt_loader_copy_held(l) == want, "rank %d holds %zu", rank, dt_loader_copy_held(l));
         CHECK(check_epoch(l, ds, &cfg, 1, 0, 0) == dt_loader_batches(l));
-        dt_loader_free(l);
+        dt_loader_destroy(l);
     }
     /* no copy for a loader that reads in order (evaluation); the copy is charged to the memory
      * accounting while the loader holds it, and not made where it does not fit a limit */
@@ -275,12 +275,12 @@ static void test_hot_copy(void) {
         CHECK_MSG(dt_loader_copy_held(l) == 0, "an in-order loader copied %zu bytes", dt_loader_copy_held(l));
         own = dt_mem_used() - used;
         CHECK(check_epoch(l, ds, &seq, 1, 0, 0) == dt_loader_batches(l));
-        dt_loader_free(l);
+        dt_loader_destroy(l);
     }
     if (thp && ds && dt_loader_create(&l, ds, &shuf) == DT_OK) {
         CHECK_MSG(dt_loader_copy_held(l) == want && dt_mem_used() == used + own + want, "held %zu, charged %zu of %zu",
                   dt_loader_copy_held(l), dt_mem_used() - used - own, want);
-        dt_loader_free(l);
+        dt_loader_destroy(l);
         CHECK_MSG(dt_mem_used() == used, "%zu bytes still charged after the loader's free", dt_mem_used() - used);
     }
     CHECK_OK(dt_mem_set_limit(used + own + want - 1));
@@ -289,7 +289,7 @@ static void test_hot_copy(void) {
         CHECK_MSG(dt_loader_copy_held(l) == 0 && dt_mem_used() == used + own, "a copy beyond --mem-limit: held %zu",
                   dt_loader_copy_held(l));
         CHECK(check_epoch(l, ds, &shuf, 1, 0, 0) == dt_loader_batches(l));  /* from the shared pages */
-        dt_loader_free(l);
+        dt_loader_destroy(l);
     }
     CHECK_OK(dt_mem_set_limit(0));
     /* --val-split's training part, a view: the copy gathers its samples and their labels (after
@@ -305,19 +305,19 @@ static void test_hot_copy(void) {
             if (thp) CHECK_MSG(dt_loader_copy_held(l) == vwant, "a view's copy: rank %d holds %zu", rank,
                                dt_loader_copy_held(l));
             CHECK(check_epoch(l, tr, &cfg, 2, 0, 0) == dt_loader_batches(l));
-            dt_loader_free(l);
+            dt_loader_destroy(l);
         }
         CHECK_MSG(dt_mem_used() == used, "%zu bytes still charged", dt_mem_used() - used);
     }
-    dt_dataset_free(tr), dt_dataset_free(va), dt_dataset_free(big);
+    dt_dataset_destroy(tr), dt_dataset_destroy(va), dt_dataset_destroy(big);
     /* none for a set under 4 MiB */
     dt_dataset *small = NULL;
     uint8_t xs[64 * 10] = {0};
     int32_t ys[64] = {0};
     CHECK_OK(dt_dataset_create(&small, DT_U8, xs, ys, 64, 1, 1, 10, 2));
     CHECK(small && dt_loader_copy_bytes(small) == 0);
-    dt_dataset_free(small);
-    dt_dataset_free(ds);
+    dt_dataset_destroy(small);
+    dt_dataset_destroy(ds);
 }
 
 /* Several ranks' loaders together hand out every sample exactly once per epoch. */
@@ -351,7 +351,7 @@ static void test_loader_ranks(dt_dataset *ds) {
     for (int r = 0; r < W; r++) {
         dt_batch b;
         CHECK(dt_loader_next(l[r], &b) == DT_ENOENT);
-        dt_loader_free(l[r]);
+        dt_loader_destroy(l[r]);
     }
 }
 
@@ -376,6 +376,6 @@ int main(void) {
         test_loader_ranks(ds);
     }
     test_hot_copy();
-    dt_dataset_free(ds);
+    dt_dataset_destroy(ds);
     return dt_test_summary("loader_test");
 }

@@ -279,7 +279,7 @@ dt_status dt_dataset_open_npy(dt_dataset **out, const char *x_path, const char *
     if (st == DT_OK) st = read_labels(y_path, ds->n, x_path, ds->y);
     if (st == DT_OK) st = dt_dataset_check_labels(ds, 0, y_path);
     if (st != DT_OK) {
-        dt_dataset_free(ds);
+        dt_dataset_destroy(ds);
         return st;
     }
     dt_dataset_update_lut(ds);
@@ -345,8 +345,8 @@ dt_status dt_dataset_open_npy_spec(dt_dataset **train, dt_dataset **test, const 
         (*train)->classes = (*test)->classes = k;
         return DT_OK;
     }
-    dt_dataset_free(*train);
-    dt_dataset_free(*test);
+    dt_dataset_destroy(*train);
+    dt_dataset_destroy(*test);
     *train = *test = NULL;
     return s;
 }

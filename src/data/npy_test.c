@@ -48,7 +48,7 @@ static void expect_open(const char *x, const char *y, int C, int H, int W, float
     CHECK_OK(dt_dataset_batch(ds, &i, 1, xb, yb));
     CHECK_MSG(fabsf(xb[0] - first1) < 1e-6f && yb[0] == g_y[1], "%s: sample 1 starts %g (want %g), label %d", what,
               (double)xb[0], (double)first1, yb[0]);
-    dt_dataset_free(ds);
+    dt_dataset_destroy(ds);
 }
 
 static void test_shapes_and_dtypes(void) {

@@ -24,7 +24,7 @@ static dt_status subset(const dt_dataset *ds, const uint32_t *idx, size_t n, con
     dt_dataset *s = dt_dataset_alloc();
     if (!s) return DT_ENOMEM;
     if (!(s->rows = malloc(n * sizeof *s->rows))) {
-        dt_dataset_free(s);
+        dt_dataset_destroy(s);
         return dt_error(DT_ENOMEM, "--val-split: out of memory indexing %zu samples", n);
     }
     for (size_t i = 0; i < n; i++) s->rows[i] = (uint32_t)dt_dataset_row(ds, idx[i]);
@@ -58,7 +58,7 @@ dt_status dt_dataset_split(const dt_dataset *ds, double fraction, uint64_t seed,
     dt_status s = subset(ds, order, k, "validation part", val);
     if (s == DT_OK) s = subset(ds, order + k, n - k, "training part", train);
     if (s != DT_OK) {
-        dt_dataset_free(*val);
+        dt_dataset_destroy(*val);
         *val = NULL;
     }
     free(order);

@@ -60,8 +60,8 @@ static void test_partition(void) {
     CHECK_OK(dt_dataset_split(ds, 0.2, 43, &tr3, &va3));
     ids_of(va3, c);
     CHECK(memcmp(a, c, 20 * sizeof(int)) != 0);  /* another seed, another split */
-    dt_dataset_free(tr), dt_dataset_free(va), dt_dataset_free(tr2), dt_dataset_free(va2);
-    dt_dataset_free(tr3), dt_dataset_free(va3);
+    dt_dataset_destroy(tr), dt_dataset_destroy(va), dt_dataset_destroy(tr2), dt_dataset_destroy(va2);
+    dt_dataset_destroy(tr3), dt_dataset_destroy(va3);
     /* the normalisation of the source carries over */
     CHECK_OK(dt_dataset_set_normalize(ds, 0.5f, 0.25f));
     CHECK_OK(dt_dataset_split(ds, 0.5, 1, &tr, &va));
@@ -72,8 +72,8 @@ static void test_partition(void) {
     CHECK_OK(dt_dataset_set_normalize(va, 0, 1));
     CHECK_OK(dt_dataset_batch(va, &k, 1, x0, &y));
     CHECK(fabsf(x[0] - (x0[0] - 0.5f) / 0.25f) < 1e-5f);
-    dt_dataset_free(tr), dt_dataset_free(va);
-    dt_dataset_free(ds);
+    dt_dataset_destroy(tr), dt_dataset_destroy(va);
+    dt_dataset_destroy(ds);
 }
 
 /* The parts are views of ds: every batch of a part is bitwise the batch a copy of those samples
@@ -126,7 +126,7 @@ static void test_view(dt_dtype dt) {
         CHECK_MSG(found == n, "%zu of %zu samples of the part are ds's samples in order", found, n);
     }
     CHECK(dt_dataset_len(va) + dt_dataset_len(tr) == M);
-    dt_dataset_free(ds);  /* the parts keep its samples */
+    dt_dataset_destroy(ds);  /* the parts keep its samples */
     for (int p = 0; p < 2; p++) {
         dt_dataset *part = parts[p], *copy = NULL;
         const size_t n = dt_dataset_len(part);
@@ -146,9 +146,9 @@ static void test_view(dt_dtype dt) {
         dt_dataset_stats(copy, &m[1], &sd[1]);
         CHECK_MSG(m[0] == m[1] && sd[0] == sd[1], "part %d: stats %.17g %.17g, a copy's %.17g %.17g", p, m[0], sd[0],
                   m[1], sd[1]);
-        dt_dataset_free(copy), free(ids[p]);
+        dt_dataset_destroy(copy), free(ids[p]);
     }
-    dt_dataset_free(va), dt_dataset_free(tr);
+    dt_dataset_destroy(va), dt_dataset_destroy(tr);
     free(xu), free(gu), free(xf), free(gf), free(y), free(gy), free(all), free(src), free(bx), free(cx), free(by), free(cy);
 }
 
@@ -160,7 +160,7 @@ static void test_refusals(void) {
         CHECK(tr == NULL && va == NULL);
         CHECK_MSG(strstr(dt_last_error(), "--val-split"), "%s", dt_last_error());
     }
-    dt_dataset_free(ds);
+    dt_dataset_destroy(ds);
 }
 
 int main(void) {

@@ -175,7 +175,7 @@ static dt_status make_set(dt_dataset **out, text_src *src, size_t off, size_t le
         size_t pg = (size_t)sysconf(_SC_PAGESIZE), aoff = off / pg * pg;
         void *m = mmap(NULL, off + len - aoff, PROT_READ, MAP_SHARED, src->fd, (off_t)aoff);
         if (m == MAP_FAILED) {
-            dt_dataset_free(ds);
+            dt_dataset_destroy(ds);
             return dt_error(DT_EIO, "%s: cannot map %zu bytes (%s)", src->path, len, strerror(errno));
         }
         ds->map = m, ds->map_len = off + len - aoff;
@@ -187,7 +187,7 @@ static dt_status make_set(dt_dataset **out, text_src *src, size_t off, size_t le
         if (b) ds->x = b;
     } else {
         if (!(ds->x = malloc(len))) {
-            dt_dataset_free(ds);
+            dt_dataset_destroy(ds);
             return dt_error(DT_ENOMEM, "%s: out of memory for the %zu-byte validation part", src->path, len);
         }
         memcpy(ds->x, src->buf + off, len);
@@ -233,8 +233,8 @@ dt_status dt_dataset_open_text(dt_dataset **train, dt_dataset **val, const char 
     *train = tr, tr = NULL;
     if (val) *val = va, va = NULL;
 done:
-    dt_dataset_free(tr);
-    dt_dataset_free(va);
+    dt_dataset_destroy(tr);
+    dt_dataset_destroy(va);
     free(src.buf);
     if (src.fd >= 0) close(src.fd);
     return st;

@@ -93,22 +93,22 @@ static void test_open(void) {
     CHECK_OK(dt_dataset_set_classes(tr, 300));
     CHECK(dt_dataset_classes(tr) == 300);
     CHECK(dt_dataset_set_classes(tr, 100) == DT_EFORMAT && strstr(dt_last_error(), "vocabulary of 100"));
-    dt_dataset_free(va); /* either order */
-    dt_dataset_free(tr);
+    dt_dataset_destroy(va); /* either order */
+    dt_dataset_destroy(tr);
 
     /* val NULL: the same train set; val_fraction 0: all bytes train, *val = NULL */
     CHECK_OK(dt_dataset_open_text(&tr, NULL, spec_of(g_file), T, 0.1));
     if (tr) check_windows(tr, g_bytes, 0, 128);
-    dt_dataset_free(tr);
+    dt_dataset_destroy(tr);
     va = (dt_dataset *)&i0;
     CHECK_OK(dt_dataset_open_text(&tr, &va, spec_of(g_file), T, 0));
     CHECK(va == NULL);
     if (tr) check_windows(tr, g_bytes, 0, (L - 1) / T);
-    dt_dataset_free(tr);
+    dt_dataset_destroy(tr);
     /* T = 1: every byte but the first is a target */
     CHECK_OK(dt_dataset_open_text(&tr, NULL, spec_of(g_file), 1, 0.5));
     if (tr) CHECK(dt_dataset_len(tr) == 499);
-    dt_dataset_free(tr);
+    dt_dataset_destroy(tr);
 
     /* an ASCII file fits 128 classes */
     char ascii[64];
@@ -116,7 +116,7 @@ static void test_open(void) {
     write_file(tmp_path("ascii.txt"), ascii, sizeof ascii);
     CHECK_OK(dt_dataset_open_text(&tr, NULL, spec_of(tmp_path("ascii.txt")), 4, 0));
     if (tr) CHECK_OK(dt_dataset_set_classes(tr, 128));
-    dt_dataset_free(tr);
+    dt_dataset_destroy(tr);
 
     /* a feature data set refuses the token call */
     float fx[4] = {0, 1, 2, 3};
@@ -125,7 +125,7 @@ static void test_open(void) {
     CHECK_OK(dt_dataset_create(&img, DT_F32, fx, fy, 4, 1, 1, 1, 2));
     CHECK(!dt_dataset_is_text(img) && dt_dataset_window(img) == 0);
     CHECK(dt_dataset_batch_tokens(img, &i0, 1, y, y) == DT_EINVAL && strstr(dt_last_error(), "use dt_dataset_batch"));
-    dt_dataset_free(img);
+    dt_dataset_destroy(img);
 
     CHECK(dt_data_is_text("kjv") && dt_data_is_text("text:a.txt") && dt_data_is_text("text:"));
     CHECK(dt_dataset_open(&tr, NULL, "kjv") == DT_EINVAL && tr == NULL && strstr(dt_last_error(), "dt_dataset_open_text"));
@@ -146,8 +146,8 @@ static void test_pipe(void) {
     if (!tr || !va) return;
     check_windows(tr, g_bytes, 0, 128);
     check_windows(va, g_bytes, 900, 14);
-    dt_dataset_free(tr);
-    dt_dataset_free(va);
+    dt_dataset_destroy(tr);
+    dt_dataset_destroy(va);
 }
 
 /* Collects every batch of one epoch over W ranks (prefetch differs per rank) into seq, as window
@@ -185,7 +185,7 @@ static size_t epoch_rows(const dt_dataset *ds, const uint8_t *bytes, size_t nwin
     for (int r = 0; r < W; r++) {
         dt_batch bt;
         CHECK(dt_loader_next(l[r], &bt) == DT_ENOENT);
-        dt_loader_free(l[r]);
+        dt_loader_destroy(l[r]);
     }
     return k;
 }
@@ -243,14 +243,14 @@ static void test_epochs(void) {
         CHECK_OK(dt_loader_take(l, 0, 9, &bt)); /* units of 4 over the 40 */
         CHECK(bt.n == 4 && bt.T == T && bt.tok && !bt.x);
         CHECK(dt_loader_take(l, 0, 10, &bt) == DT_EINVAL);
-        dt_loader_free(l);
+        dt_loader_destroy(l);
     }
     lc.epoch_len = N + 1;
     CHECK(dt_loader_create(&l, tr, &lc) == DT_EINVAL && strstr(dt_last_error(), "--epoch-windows 129") &&
           strstr(dt_last_error(), "128 windows"));
     lc = (dt_loader_config){.batch = 20, .world = 3, .drop_last = true, .epoch_len = 40};
     CHECK(dt_loader_create(&l, tr, &lc) == DT_EINVAL && strstr(dt_last_error(), "--epoch-windows"));
-    dt_dataset_free(tr);
+    dt_dataset_destroy(tr);
 }
 
 /* epoch_len on an image data set: labels name the samples. */
@@ -283,14 +283,14 @@ static void test_epoch_len_images(void) {
                 }
             CHECK_MSG(k == E && bad == 0, "images, %d ranks, epoch %llu: %d of %d samples off the order", W, (unsigned long long)ep,
                       bad, k);
-            for (int r = 0; r < W; r++) dt_loader_free(l[r]);
+            for (int r = 0; r < W; r++) dt_loader_destroy(l[r]);
         }
     }
     dt_loader *l;
     dt_loader_config lc = {.batch = 3, .epoch_len = N + 5};
     CHECK(dt_loader_create(&l, ds, &lc) == DT_EINVAL && strstr(dt_last_error(), "--epoch-windows 55") &&
           strstr(dt_last_error(), "50 samples"));
-    dt_dataset_free(ds);
+    dt_dataset_destroy(ds);
 }
 
 /* Opens spec expecting status want and a message holding each of the (up to 3) strings. */
@@ -304,7 +304,7 @@ static void expect_error(const char *spec, int Tw, double f, dt_status want, con
     for (int i = 0; i < 3; i++)
         if (need[i]) CHECK_MSG(strstr(m, need[i]) != NULL, "%s: message lacks \"%s\": %s", spec, need[i], m);
     if (s != DT_OK) printf("error as expected: %s\n", m);
-    if (s == DT_OK) dt_dataset_free(tr), dt_dataset_free(va);
+    if (s == DT_OK) dt_dataset_destroy(tr), dt_dataset_destroy(va);
 }
 
 static void test_errors(void) {
@@ -370,8 +370,8 @@ static void test_kjv_resolution(void) {
         check_windows(tr, g_bytes, 0, 128);
         check_windows(va, g_bytes, 900, 14);
     }
-    dt_dataset_free(tr);
-    dt_dataset_free(va);
+    dt_dataset_destroy(tr);
+    dt_dataset_destroy(va);
     setenv("DTRAIN_DATASETS", empty, 1);
     setenv("PATH", empty, 1);
     expect_error("kjv", T, 0.1, DT_ENOENT, "install bible-kjv (scripts/install-deps)", "nothing/kjv.txt", NULL);

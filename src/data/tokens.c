@@ -202,7 +202,7 @@ static dt_status make_set(dt_dataset **out, const tok_list *l, uint64_t first, u
     snprintf(ds->source, sizeof ds->source, "%.*s", (int)sizeof ds->source - 1, source);
     dt_status s = load_range(ds, l, first, n);
     if (s != DT_OK) {
-        dt_dataset_free(ds);
+        dt_dataset_destroy(ds);
         return s;
     }
     ds->dtype = DT_I16, ds->tok16 = true;
@@ -250,8 +250,8 @@ dt_status dt_tokens_open(dt_dataset **train, dt_dataset **val, const char *spec,
     *train = tr, tr = NULL;
     if (val) *val = va, va = NULL;
 done:
-    dt_dataset_free(tr);
-    dt_dataset_free(va);
+    dt_dataset_destroy(tr);
+    dt_dataset_destroy(va);
     free(tl.f);
     free(vl.f);
     return s;

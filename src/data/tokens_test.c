@@ -69,12 +69,12 @@ static void test_nanogpt(void) {
     CHECK(dt_dataset_classes(tr) == V);
     CHECK(dt_dataset_set_classes(va, 1000) == DT_EINVAL && strstr(dt_last_error(), "does not fit a vocabulary of 1000") &&
           strstr(dt_last_error(), "val.bin"));
-    dt_dataset_free(tr);
-    dt_dataset_free(va);
+    dt_dataset_destroy(tr);
+    dt_dataset_destroy(va);
     /* --val-fraction 0: no validation set even where val.bin exists */
     CHECK_OK(dt_dataset_open_text(&tr, &va, spec, T, 0));
     CHECK(tr && !va);
-    dt_dataset_free(tr);
+    dt_dataset_destroy(tr);
 }
 
 static void test_llmc(void) {
@@ -90,8 +90,8 @@ static void test_llmc(void) {
     CHECK(dt_dataset_len(tr) == (2600 - 1) / T && dt_dataset_len(va) == (400 - 1) / T);
     check_windows(tr, 400, "two train shards in name order");
     check_windows(va, 0, "the val shard");
-    dt_dataset_free(tr);
-    dt_dataset_free(va);
+    dt_dataset_destroy(tr);
+    dt_dataset_destroy(va);
     /* one shard named directly, no validation file: its last 10% validates */
     snprintf(spec, sizeof spec, "tokens:%s", dt_test_path("lc/x_train_000002.bin"));
     CHECK_OK(dt_dataset_open_text(&tr, &va, spec, T, 0.1));
@@ -99,8 +99,8 @@ static void test_llmc(void) {
     CHECK(dt_dataset_len(tr) == (1440 - 1) / T && dt_dataset_len(va) == (160 - 1) / T);
     check_windows(tr, 1400, "a shard's train part");
     check_windows(va, 1400 + 1440, "a shard's held-out end");
-    dt_dataset_free(tr);
-    dt_dataset_free(va);
+    dt_dataset_destroy(tr);
+    dt_dataset_destroy(va);
 }
 
 /* spec opens with status want and a message holding both needles. */

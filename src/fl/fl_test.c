@@ -103,9 +103,9 @@ static void test_fedavg_equals_sgd(void) {
     CHECK(fabs(dt_fl_clip(delta, np, 0) - 0.01) < 1e-6);
 
     free(global), free(delta), free(delta2), free(acc), free(fed);
-    dt_optim_free(o);
-    dt_model_free(m), dt_model_free(c);
-    dt_dataset_free(all), dt_dataset_free(a), dt_dataset_free(b);
+    dt_optim_destroy(o);
+    dt_model_destroy(m), dt_model_destroy(c);
+    dt_dataset_destroy(all), dt_dataset_destroy(a), dt_dataset_destroy(b);
 }
 
 static void test_partition(void) {

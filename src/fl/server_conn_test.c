@@ -188,7 +188,7 @@ static void test_send_queue(void) {
     free(model), free(sink);
     close(deaf), close(ok);
     dt_fl_server_destroy(s);
-    dt_model_free(m);
+    dt_model_destroy(m);
 }
 
 int main(void) {
@@ -201,6 +201,6 @@ int main(void) {
         test_max_clients(m);
         test_send_queue();
     }
-    dt_model_free(m);
+    dt_model_destroy(m);
     return dt_test_summary("server_conn_test");
 }

@@ -131,7 +131,7 @@ static dt_status create(dt_model **out, const dt_gpt_config *c, int tp, bool def
     if (defer) dt_graph_defer_placement(m);
     dt_status s = dt_graph_finish(m, logits, loss, spec);
     if (s != DT_OK) {
-        dt_model_free(m);
+        dt_model_destroy(m);
         return s;
     }
     *out = m;

@@ -142,7 +142,7 @@ static void gpt_adamw(dt_model *m, const dt_feed *f) {
     }
     printf("  worst final-parameter rel error %.2e (%d zero-gradient coordinates bounded only)\n", worst, loose);
     CHECK(dt_optim_steps(o) == steps);
-    dt_optim_free(o);
+    dt_optim_destroy(o);
 }
 
 /* A token id or a target out of [0, V) (other than the ignore index) is DT_EINVAL naming it, not a
@@ -183,7 +183,7 @@ static void ref_gpt(void) {
     CHECK(dt_model_in_dtype(m) == DT_I32 && dt_model_in_size(m) == T);
     CHECK(dt_model_out_size(m) == T * V && dt_model_classes(m) == V);
     if (gpt_load(m) != 0) {
-        dt_model_free(m);
+        dt_model_destroy(m);
         return;
     }
     /* one sample first: activations grow for the batch after; samples are independent */
@@ -206,7 +206,7 @@ static void ref_gpt(void) {
     gpt_compare_grads(m);
     gpt_bad_ids(m, &f, B, T, V);
     gpt_adamw(m, &f);
-    dt_model_free(m);
+    dt_model_destroy(m);
 }
 
 static void ref_all(double tol) {

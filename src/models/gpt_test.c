@@ -45,7 +45,7 @@ static void test_names(void) {
     size_t P = (size_t)c.V * c.C + (size_t)c.T * c.C + (size_t)c.L * (12 * c.C * c.C + 13 * c.C) + 2 * c.C;
     CHECK_MSG(dt_model_num_params(m) == P, "%zu params, want %zu", dt_model_num_params(m), P);
     CHECK(dt_model_in_dtype(m) == DT_I32 && dt_model_in_size(m) == c.T && dt_model_classes(m) == c.V);
-    dt_model_free(m);
+    dt_model_destroy(m);
 }
 
 /* loss(p + h e_i) - loss(p - h e_i) over 2h, in double through the f32 model */
@@ -91,7 +91,7 @@ static void test_loss_and_grads(void) {
         }
     }
     CHECK(worst < 2e-2);
-    dt_model_free(m);
+    dt_model_destroy(m);
 }
 
 static void test_overfit(void) {
@@ -119,8 +119,8 @@ static void test_overfit(void) {
     /* an id outside the vocabulary is refused with its place */
     ids[5] = c.V;
     CHECK(dt_model_run(m, &f, false, 0, &loss) == DT_EINVAL && strstr(dt_last_error(), "position 5"));
-    dt_optim_free(o);
-    dt_model_free(m);
+    dt_optim_destroy(o);
+    dt_model_destroy(m);
 }
 
 static int find_node(const dt_model *m, const char *name) {
@@ -179,7 +179,7 @@ static void test_pipeline_cut(void) {
     }
     CHECK_MSG(bad == 0, "%zu of %zu gradients outside wte differ from the whole model's", bad, P - wte);
     CHECK_MSG(worst < 1e-7, "tied wte: max |stages - whole| = %g", worst);
-    dt_model_free(mf), dt_model_free(m1), dt_model_free(m2);
+    dt_model_destroy(mf), dt_model_destroy(m1), dt_model_destroy(m2);
 }
 
 /* Node hooks fire once per node: before each forward in node order, after each backward in
@@ -213,7 +213,7 @@ static void test_node_hooks(void) {
     for (int i = 1; i < h.nb; i++) dec &= h.bwd[i] < h.bwd[i - 1];
     CHECK_MSG(inc && h.nf == dt_model_num_nodes(m) - 2, "%d forward hooks for %d nodes", h.nf, dt_model_num_nodes(m));
     CHECK(dec && h.bwd[0] == dt_model_loss_node(m));
-    dt_model_free(m);
+    dt_model_destroy(m);
 }
 
 int main(void) {

@@ -80,7 +80,7 @@ static dt_status create(dt_model **out, const dt_layer_spec *layers, int n, int 
     if (defer) dt_graph_defer_placement(m);
     dt_status s = dt_graph_finish(m, x, loss, spec);
     if (s != DT_OK) {
-        dt_model_free(m);
+        dt_model_destroy(m);
         return s;
     }
     *out = m;

@@ -151,9 +151,9 @@ static dt_status layout(ref_model *m) {
     }
     for (int i = 0; i + 2 < m->n; i++)  /* not when the pool is the last layer (its gradient is the caller's) */
         m->L[i].fused = m->L[i].s.kind == DT_LAYER_RELU && m->L[i + 1].s.kind == DT_LAYER_MAXPOOL2D;
-    DT_TRY(dt_slab_alloc(&m->params, np));
-    DT_TRY(dt_slab_alloc(&m->grads, np));
-    DT_TRY(dt_slab_alloc(&m->buffers, nb ? nb : 1));
+    DT_TRY(dt_slab_init(&m->params, np));
+    DT_TRY(dt_slab_init(&m->grads, np));
+    DT_TRY(dt_slab_init(&m->buffers, nb ? nb : 1));
     m->buffers.n = nb;
     /* batchnorm running_var starts at 1 */
     for (int i = 0; i < m->n; i++)
@@ -458,7 +458,7 @@ static void compare(const char *spec, int C, int H, int W, int B, int steps) {
     printf("%-40.40s %zu params, %d steps: outputs, gradients, buffers, parameters %s\n", spec, P, steps,
            same_out && same_grad && same_buf && same_params ? "bitwise identical" : "DIFFER");
     free(x), free(probs), free(dl), free(y);
-    dt_model_free(g);
+    dt_model_destroy(g);
     ref_free(r);
 }
 

@@ -180,7 +180,7 @@ static dt_status layout(dt_model *m) {
     dt_graph_plan_bf16(m);
     DT_TRY(dt_slab_reserve(&m->params, np));
     DT_TRY(dt_slab_reserve(&m->grads, np));
-    DT_TRY(dt_slab_alloc(&m->buffers, nb ? nb : 1));
+    DT_TRY(dt_slab_init(&m->buffers, nb ? nb : 1));
     m->buffers.n = nb;
     return DT_OK;
 }

@@ -66,7 +66,7 @@ static void check_gpt_plan(const dt_kernel_table *t) {
         nbf += n->bf16;
     }
     CHECK_MSG(nbf == nbf_want && nbf >= 2 * 4 + 1, "gpt: %d bf16 values (want %d)", nbf, nbf_want);
-    dt_model_free(m);
+    dt_model_destroy(m);
 }
 
 static void check_plans(const dt_kernel_table *be) {
@@ -85,7 +85,7 @@ static void check_plans(const dt_kernel_table *be) {
             CHECK_MSG(m->nodes[i].bf16 == (m->nodes[i].a.kind == DT_LAYER_RELU) && !m->nodes[i].grad_bf16,
                       "mlp node %s: bf16 %d, gradient bf16 %d", m->nodes[i].name, m->nodes[i].bf16,
                       m->nodes[i].grad_bf16);
-        dt_model_free(m);
+        dt_model_destroy(m);
     }
     /* the CNN: the relu between its linears, besides its conv chain */
     t.conv2d_bf16_values = NULL;
@@ -93,13 +93,13 @@ static void check_plans(const dt_kernel_table *be) {
         int nbf = 0;
         for (int i = 0; i < m->n; i++) nbf += m->nodes[i].bf16;
         CHECK_MSG(nbf == 1, "cnn without bf16 convs: %d bf16 values (want the relu's)", nbf);
-        dt_model_free(m);
+        dt_model_destroy(m);
     }
     t = *be;
     t.linear_bf16_values = no;
     if ((m = build(GPT_SPEC, 0, 0, 0, &t))) {
         for (int i = 0; i < m->n; i++) CHECK(!m->nodes[i].bf16);
-        dt_model_free(m);
+        dt_model_destroy(m);
     }
 }
 
@@ -110,7 +110,7 @@ static void check_same(const dt_kernel_table *be, const char *spec, int C, int H
     on.linear_bf16_values = yes, off.linear_bf16_values = no;
     on.linear_backward_bf16_grad = NULL;  /* values only: check_grads has the gradients */
     dt_model *a = build(spec, C, H, W, &on), *b = build(spec, C, H, W, &off);
-    if (!a || !b) return dt_model_free(a), dt_model_free(b);
+    if (!a || !b) return dt_model_destroy(a), dt_model_destroy(b);
     const int T = C ? 1 : a->nodes[a->output].shape[0];
     int32_t *y = malloc(sizeof(int32_t) * (size_t)B * T);
     for (int i = 0; i < B * T; i++) y[i] = (int32_t)((i * 7 + 3) % 10);
@@ -141,7 +141,7 @@ static void check_same(const dt_kernel_table *be, const char *spec, int C, int H
     CHECK(nbf > 0);
     printf("%s: 3 steps with %d bf16 values equal the f32 ones bitwise: %s\n", spec, nbf, same ? "yes" : "no");
     free(y);
-    dt_model_free(a), dt_model_free(b);
+    dt_model_destroy(a), dt_model_destroy(b);
 }
 
 /* One forward and backward of the GPT (ids, B samples) on tables ta and tb: the models (NULL
@@ -150,7 +150,7 @@ static void gpt_step_pair(const dt_kernel_table *ta, const dt_kernel_table *tb, 
                           dt_model **b, float *la, float *lb) {
     *a = build(GPT_SPEC, 0, 0, 0, ta), *b = build(GPT_SPEC, 0, 0, 0, tb);
     if (!*a || !*b) {
-        dt_model_free(*a), dt_model_free(*b);
+        dt_model_destroy(*a), dt_model_destroy(*b);
         *a = *b = NULL;
         return;
     }
@@ -215,7 +215,7 @@ static void check_grads(const dt_kernel_table *be, const int32_t *ids, int B) {
     printf("%s: bf16 c_fc and c_attn gradients: %d of the %d biases' gradients differ, worst %.3f of the rounding "
            "bound; the other %zu equal bitwise\n", spec, diff, nbias, worst, np - (size_t)nbias);
     free(bias);
-    dt_model_free(a), dt_model_free(b);
+    dt_model_destroy(a), dt_model_destroy(b);
 }
 
 /* The GPT with and without the GELU plan (c_fc's values and the GELU's gradient bf16), one step:
@@ -259,7 +259,7 @@ static void check_gelu_plan(const dt_kernel_table *be, const int32_t *ids, int B
     }
     printf("%s with the GELU plan: loss %.9g vs %.9g (%.2g relative), gradients within %.2g of each tensor's "
            "largest (%s)\n", GPT_SPEC, la, lb, dl, worst, at);
-    dt_model_free(a), dt_model_free(b);
+    dt_model_destroy(a), dt_model_destroy(b);
 }
 
 /* The model of spec with every bf16 plan of table `be` on (linears take bf16 values), on device d
@@ -288,7 +288,7 @@ static bool device_steps(const dt_kernel_table *be, dt_dev *d, const char *spec,
         if (s == DT_OK) d->ops->sgd_step(d, &a, dt_model_params(m), dt_model_grads(m), NULL, np);
     }
     d->ops->download(d, p, dt_model_params(m), np * sizeof(float));
-    dt_model_free(m);
+    dt_model_destroy(m);
     return s == DT_OK;
 }
 
@@ -299,7 +299,7 @@ static void check_device(const dt_kernel_table *be, const char *spec, int C, int
     if (!probe) return;
     const size_t np = dt_model_num_params(probe);
     const int T = C ? 1 : probe->nodes[probe->output].shape[0], V = dt_model_classes(probe);
-    dt_model_free(probe);
+    dt_model_destroy(probe);
     int32_t *y = malloc(sizeof(int32_t) * (size_t)B * T);
     float *buf = malloc(4 * np * sizeof(float));
     dt_dev *chk = NULL;
@@ -349,7 +349,7 @@ int main(void) {
     dt_model *m = NULL;
     CHECK_OK(dt_model_build(&m, "gpt:L=1,H=2,C=32,T=8,V=64", 0, 0, 0));
     for (int i = 0; m && i < m->n; i++) CHECK(!m->nodes[i].bf16);
-    dt_model_free(m);
+    dt_model_destroy(m);
     CHECK_OK(dt_kernels_select("blas", "fp32"));
     return dt_test_summary("graph_bf16_test");
 }

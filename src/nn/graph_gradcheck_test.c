@@ -151,7 +151,7 @@ static void test_embedding(bool pos) {
         }
     }
     free(ids), free(dout);
-    dt_model_free(m);
+    dt_model_destroy(m);
 }
 
 /* The ops below take their f32 inputs from gt_leaf nodes (embeddings of ids 0..B*T-1 whose
@@ -176,7 +176,7 @@ static void test_add(void) {
         }
     }
     free(dout);
-    dt_model_free(m);
+    dt_model_destroy(m);
 }
 
 static void test_attention(int B, int T, int C, int H) {
@@ -193,7 +193,7 @@ static void test_attention(int B, int T, int C, int H) {
         if (gg_backward(&g) == 0) check_param("attention dqkv", &g, "qkv.weight", NONLIN);
     }
     free(dout);
-    dt_model_free(m);
+    dt_model_destroy(m);
 }
 
 /* matmul_t (w (O,C)) or linear over the last dim: (T,C) -> (T,O) */
@@ -219,7 +219,7 @@ static void test_matmul(dt_layer_kind kind, bool bias) {
         }
     }
     free(dout);
-    dt_model_free(m);
+    dt_model_destroy(m);
 }
 
 static void test_reshape(void) {
@@ -241,7 +241,7 @@ static void test_reshape(void) {
         }
     }
     free(dout);
-    dt_model_free(m);
+    dt_model_destroy(m);
 }
 
 static void test_xent(int ign) {
@@ -271,7 +271,7 @@ static void test_xent(int ign) {
         }
     }
     free(t);
-    dt_model_free(m);
+    dt_model_destroy(m);
 }
 
 static void test_mse(void) {
@@ -290,7 +290,7 @@ static void test_mse(void) {
         if (gg_backward(&g) == 0) check_param("mse dpred", &g, "pred.weight", NONLIN);
     }
     free(y);
-    dt_model_free(m);
+    dt_model_destroy(m);
 }
 
 /* ---- graphs ------------------------------------------------------------------------------- */
@@ -322,7 +322,7 @@ static void test_residual(void) {
         }
     }
     free(dout);
-    dt_model_free(m);
+    dt_model_destroy(m);
 }
 
 /* ids -> embedding "wte" -> layernorm -> matmul_t head -> xent; tied: the head uses wte.weight. */
@@ -341,7 +341,7 @@ static dt_model *tied_graph(bool tied, int T, int V, int C) {
     int head = gt_node(m, "head", &h, norm, -1, -1);
     int loss = gt_node(m, "loss", &x, head, tg, -1);
     if (!finish(m, head, loss, tied ? "tied" : "untied")) {
-        dt_model_free(m);
+        dt_model_destroy(m);
         return NULL;
     }
     return m;
@@ -386,7 +386,7 @@ static void test_tied(void) {
         }
     }
     free(ids), free(tg);
-    dt_model_free(m), dt_model_free(u);
+    dt_model_destroy(m), dt_model_destroy(u);
 }
 
 /* One node feeding three consumers: h = embedding(ids); a = linear(h), b = gelu(h),
@@ -432,7 +432,7 @@ static void test_fanout(void) {
         }
     }
     free(iv), free(dout);
-    dt_model_free(m);
+    dt_model_destroy(m);
 }
 
 /* A whole small GPT (every op, tied head, residuals, position embedding) against finite
@@ -463,7 +463,7 @@ static void test_gpt(void) {
             check_param(what, &g, t->name, NONLIN);
         }
     free(ids), free(tg);
-    dt_model_free(m);
+    dt_model_destroy(m);
 }
 
 int main(void) {

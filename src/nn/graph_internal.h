@@ -142,7 +142,7 @@ struct dt_model {
     dt_dev *dev;            /* the device of its memory (dt_model_set_device; default cpu): every
                              * touch of parameters, gradients and activations goes through it */
     bool dev_slabs;         /* params, grads and buffers are whole blocks of dev (not host slabs) */
-    bool owns_dev;          /* dt_model_adopt_device: dt_model_free destroys dev last */
+    bool owns_dev;          /* dt_model_adopt_device: dt_model_destroy destroys dev last */
     int64_t *dev_correct;   /* dt_model_count_correct's count in dev's memory (NULL until needed) */
     float **bound_p, **bound_g;  /* per tensor: where a strategy put its parameters / gradients in blocks
                                   * of its own (dt_model_bind_tensor; NULL: the slab at its offset) */

@@ -52,7 +52,7 @@ static void check_spec(const char *kernels, const char *prec, const char *spec, 
         check_batches(m, what, dt_mem_used());
         printf("%s: plan %zu bytes of activations at batch 7\n", what, dt_model_activation_bytes(m, 7));
     }
-    dt_model_free(m);
+    dt_model_destroy(m);
 }
 
 static bool sixteen_or_more(int C) { return C >= 16; }
@@ -88,7 +88,7 @@ static void check_bf16_cnn(void) {
     printf("cnn at bf16 with %d bf16 values, %d bf16 gradients: plan %zu bytes of activations at batch %d\n", nbf, ngbf,
            dt_model_activation_bytes(m, B), B);
     free(x);
-    dt_model_free(m);
+    dt_model_destroy(m);
 }
 
 static bool yes(void) { return true; }
@@ -109,7 +109,7 @@ static void check_bf16_gpt(void) {
     for (int i = 0; i < m->n; i++) nbf += m->nodes[i].bf16;
     CHECK_MSG(nbf == 11, "gpt at bf16: %d nodes with bf16 values (want 11)", nbf);
     check_batches(m, "gpt at bf16 (bf16 values into linears)", dt_mem_used());
-    dt_model_free(m);
+    dt_model_destroy(m);
 }
 
 int main(void) {

@@ -73,7 +73,7 @@ static void ref_embedding(const char *name, bool pos) {
         if (run_and_backward(name, m, &f, FX("%s.y", name), FX("%s.dy", name)) == 0)
             cmpf(name, "dweight", gt_grad(m, "emb.weight", 0), FX("%s.dw", name), (size_t)num * D);
     }
-    dt_model_free(m);
+    dt_model_destroy(m);
 }
 
 /* The ops below take their f32 inputs from gt_leaf nodes (embeddings of ids 0..B*T-1 whose
@@ -98,7 +98,7 @@ static void ref_add(void) {
             cmpf("add", "db", gt_node_grad(m, ib), FX("add.db"), n);
         }
     }
-    dt_model_free(m);
+    dt_model_destroy(m);
 }
 
 /* The output at position t of a sample depends on that sample's positions <= t only. x is the
@@ -147,7 +147,7 @@ static void ref_attention(const char *name) {
             cmpf(name, "dqkv", gt_node_grad(m, in), FX("%s.dx", name), nin);
         causal_check(m, gt_param(m, "qkv.weight", nin), B, T, C);
     }
-    dt_model_free(m);
+    dt_model_destroy(m);
 }
 
 /* matmul_t (w (O,C), no bias) or linear over the last dim (flatten=false), (T,C) -> (T,O). */
@@ -177,7 +177,7 @@ static void ref_matmul(const char *name, dt_layer_kind kind) {
             if (bias) cmpf(name, "dbias", gt_grad(m, "mm.bias", 0), FX("%s.dbias", name), O);
         }
     }
-    dt_model_free(m);
+    dt_model_destroy(m);
 }
 
 /* layernorm (eps 1e-5) and gelu over the last dim of (T, C) samples */
@@ -203,7 +203,7 @@ static void ref_norm_gelu(const char *name, dt_layer_kind kind) {
             }
         }
     }
-    dt_model_free(m);
+    dt_model_destroy(m);
 }
 
 static void ref_reshape(void) {
@@ -223,7 +223,7 @@ static void ref_reshape(void) {
         if (run_and_backward("reshape", m, &f, FX("reshape.y"), FX("reshape.dy")) == 0)
             cmpf("reshape", "dx", gt_node_grad(m, in), FX("reshape.dx"), n);
     }
-    dt_model_free(m);
+    dt_model_destroy(m);
 }
 
 /* Loss graphs: ids and targets are the inputs; the logits / predictions are a leaf, the output
@@ -258,7 +258,7 @@ static void ref_xent(const char *name) {
         cmpf(name, "dlogits (scale 4)", gt_node_grad(m, lg), want, n);
         free(want);
     }
-    dt_model_free(m);
+    dt_model_destroy(m);
 }
 
 static void ref_mse(void) {
@@ -280,7 +280,7 @@ static void ref_mse(void) {
         CHECK_OK(dt_model_backward_loss(m, 1.0f, NULL, NULL));
         cmpf("mse", "dpred", gt_node_grad(m, in), FX("mse.dpred"), p->n);
     }
-    dt_model_free(m);
+    dt_model_destroy(m);
 }
 
 static int load(const char *file) { return dt_fx_reload(&g_fx, file); }

@@ -33,7 +33,7 @@ static void free_activations(dt_model *m) {
     m->cap_B = 0;
 }
 
-void dt_model_free(dt_model *m) {
+void dt_model_destroy(dt_model *m) {
     if (!m) return;
     if (m->nodes) free_activations(m);
     free(m->nodes);

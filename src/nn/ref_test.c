@@ -249,7 +249,7 @@ static void ref_model(const char *name) {
     const int V = dt_model_out_size(m);
     CHECK_OK(dt_model_forward(m, x, B, true, 0, &logits));
     if (!logits) {
-        dt_model_free(m);
+        dt_model_destroy(m);
         return;
     }
     char what[96];
@@ -285,7 +285,7 @@ static void ref_model(const char *name) {
     snprintf(what, sizeof what, "%s logits (eval)", name);
     if (logits) cmp(what, logits, FX("%s.logits_eval", name), (size_t)B * V, TOL);
     free(probs), free(dl);
-    dt_model_free(m);
+    dt_model_destroy(m);
 }
 
 /* ---- optimizers --------------------------------------------------------------------------- */
@@ -319,7 +319,7 @@ static void ref_optim(const char *name) {
     CHECK_MSG(worst / scale <= TOL, "optimizer %s: params differ from torch.optim by %g at step %d", name, worst,
               worst_t + 1);
     free(p);
-    dt_optim_free(o);
+    dt_optim_destroy(o);
 }
 
 static void ref_clip(const char *name) {

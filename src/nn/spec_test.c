@@ -116,19 +116,19 @@ static void test_model(void) {
     CHECK(memcmp(dt_model_params(m), dt_model_params(m2), dt_model_num_params(m) * 4) == 0);
     dt_model_init(m2, 2);
     CHECK(memcmp(dt_model_params(m), dt_model_params(m2), dt_model_num_params(m) * 4) != 0);
-    dt_model_free(m2);
-    dt_model_free(m);
+    dt_model_destroy(m2);
+    dt_model_destroy(m);
 
     CHECK_OK(dt_model_create_from_spec(&m, "cnn", 1, 28, 28));
     CHECK(dt_model_num_params(m) == 32 * 9 + 32 + 64 * 32 * 9 + 64 + 3136 * 128 + 128 + 1280 + 10);
     CHECK(!strcmp(dt_model_tensor(m, 4)->name, "7.weight") && dt_model_tensor(m, 4)->shape[1] == 3136);
-    dt_model_free(m);
+    dt_model_destroy(m);
     CHECK(dt_model_create_from_spec(&m, "conv(8,5) maxpool(4) conv(8,5)", 1, 8, 8) == DT_EINVAL &&
           strstr(dt_last_error(), "larger than"));
     CHECK_OK(dt_model_create_from_spec(&m, "conv(4,3) batchnorm relu flatten linear(3)", 2, 5, 5));
     CHECK(dt_model_num_buffers(m) == 8 && dt_model_buffers(m)[4] == 1.0f);
-    dt_model_free(m);
-    dt_model_free(NULL);
+    dt_model_destroy(m);
+    dt_model_destroy(NULL);
 }
 
 int main(void) {

@@ -51,8 +51,8 @@ static dt_status rig_open(rig *r, const dt_loss_scaler *ls) {
 
 static void rig_close(rig *r) {
     dt_strategy_destroy(r->s);
-    dt_optim_free(r->o);
-    dt_model_free(r->m);
+    dt_optim_destroy(r->o);
+    dt_model_destroy(r->m);
 }
 
 static dt_status rig_step(rig *r, int64_t k) {

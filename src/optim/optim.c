@@ -1,5 +1,6 @@
 /* Optimizers over flat slabs: SGD (momentum, Nesterov, weight decay), Adam and AdamW with the
  * torch.optim 1.13 update rules, plus gradient-norm clipping. */
+#include "optim/clip.h"
 #include "optim/optim_internal.h"
 
 #include <math.h>
@@ -56,14 +57,14 @@ dt_status dt_optim_create_placed(dt_optim **out, const dt_optim_config *cfg, siz
     bool need_m = cfg->kind != DT_OPTIM_SGD || cfg->momentum > 0;
     if ((need_m && dt_slab_reserve(&o->m, n) != DT_OK) ||
         (cfg->kind != DT_OPTIM_SGD && dt_slab_reserve(&o->v, n) != DT_OK) || dt_optim_place(o, own, nown) != DT_OK) {
-        dt_optim_free(o);
+        dt_optim_destroy(o);
         return DT_ENOMEM;
     }
     *out = o;
     return DT_OK;
 }
 
-void dt_optim_free(dt_optim *o) {
+void dt_optim_destroy(dt_optim *o) {
     if (!o) return;
     dt_optim_free_state(o);
     if (o->scalars) o->dev->ops->free(o->dev, o->scalars);
@@ -94,7 +95,7 @@ dt_status dt_optim_set_device(dt_optim *o, dt_dev *d) {
     if (!(o->scalars = d->ops->alloc(d, 64))) return dt_error_wrap(DT_ENOMEM, "optimizer: device %s", d->kind->name);
     dt_status s = move_slab(d, &o->m);
     if (s == DT_OK) s = move_slab(d, &o->v);
-    o->dev = d, o->dev_state = true;  /* a failed second move leaves m on d: dt_optim_free frees it there */
+    o->dev = d, o->dev_state = true;  /* a failed second move leaves m on d: dt_optim_destroy frees it there */
     return s;
 }
 
@@ -157,7 +158,7 @@ void dt_optim_step_at(dt_optim *o, int nr, float *const *params, const float *co
 static dt_status pack_slab(dt_slab *s, int nr, const size_t *off, const size_t *len, size_t total) {
     if (!s->data) return DT_OK;
     dt_slab packed;
-    DT_TRY(dt_slab_alloc(&packed, total ? total : 1));
+    DT_TRY(dt_slab_init(&packed, total ? total : 1));
     size_t at = 0;
     for (int k = 0; k < nr; k++) memcpy(packed.data + at, s->data + off[k], len[k] * sizeof(float)), at += len[k];
     dt_slab_free(s);
@@ -244,13 +245,14 @@ void dt_optim_free_state(dt_optim *o) {
     dt_slab_free(&o->v);
 }
 
-/* dt_clip_grad_norm on device d; dev_ss: a double of d's memory for the sum (NULL: a host one). */
+/* dt_clip_grad_norm on device d (dt_clip_grad_pieces with one piece, no other rank); dev_ss: a
+ * double of d's memory for the sum (NULL: a host one). */
 static float clip_on(dt_dev *d, double *dev_ss, float *g, size_t n, float max_norm) {
-    double ss = 0;
-    d->ops->sqnorm(d, dev_ss ? dev_ss : &ss, g, n);
-    if (dev_ss) d->ops->download(d, &ss, dev_ss, sizeof ss);
-    float norm = (float)sqrt(ss);
-    if (max_norm > 0 && norm > max_norm) d->ops->scale(d, g, max_norm / (norm + 1e-6f), n);  /* torch adds 1e-6 */
+    const dt_grad_piece whole = {g, n};
+    const dt_clip_spec c = {.dev = d, .dev_ss = dev_ss, .nss = 1, .norm = &whole, .nnorm = 1, .scale = &whole,
+                            .nscale = 1};
+    float norm = 0;
+    (void)dt_clip_grad_pieces(&c, max_norm, &norm);  /* no reduction: it cannot fail */
     return norm;
 }
 

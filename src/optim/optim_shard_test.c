@@ -47,7 +47,7 @@ static void test_kind(dt_optim_kind kind, bool nesterov) {
     CHECK(untouched);
     const size_t bad_off[1] = {990}, bad_len[1] = {20};
     CHECK(dt_optim_shard(sh, 1, bad_off, bad_len) == DT_EINVAL);
-    dt_optim_free(whole), dt_optim_free(sh);
+    dt_optim_destroy(whole), dt_optim_destroy(sh);
 }
 
 /* The same shard on the checked device: its state packed into device blocks by the device's copy,
@@ -86,7 +86,7 @@ static void test_device(dt_optim_kind kind) {
         d->ops->download(d, out, dt_optim_state(dev, k, NULL), 390 * sizeof(float));
         CHECK(!memcmp(out, dt_optim_state(host, k, NULL), 390 * sizeof(float)));
     }
-    dt_optim_free(host), dt_optim_free(dev);
+    dt_optim_destroy(host), dt_optim_destroy(dev);
     d->ops->free(d, pd), d->ops->free(d, gd);
     dt_device_destroy(d);
 }

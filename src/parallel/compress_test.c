@@ -154,7 +154,7 @@ static int identity_rank(const char *text, int r, int W, const char *job) {
                text, W);
     fflush(stdout);
     dt_grad_sync_destroy(gs);
-    dt_model_free(m);
+    dt_model_destroy(m);
     dt_comm_destroy(c);
     return dt_test_failures;
 }
@@ -204,7 +204,7 @@ static void test_cast_exact(void) {
     }
     printf("fp16, bf16 on a %zu-value bucket: sent values and residuals exact\n", n);
     free(x), free(v), free(res);
-    dt_model_free(m);
+    dt_model_destroy(m);
     dt_comm_destroy(c);
 }
 
@@ -283,7 +283,7 @@ static void test_rescale_state(void) {
     }
     printf("fp16, topk, powersgd: a skipped step clears the residual, a scale change rescales it\n");
     free(x), free(r0), free(r1);
-    dt_model_free(m);
+    dt_model_destroy(m);
     dt_comm_destroy(c);
 }
 
@@ -333,7 +333,7 @@ static size_t min_rate_step(const char *text, double *bytes, size_t *lossy_16x12
     *lossy_16x12 = 0;
     for (size_t i = 0; i < 192; i++) *lossy_16x12 += x[off16 + i] != g[off16 + i];
     dt_grad_sync_destroy(gs);
-    dt_model_free(m);
+    dt_model_destroy(m);
     dt_comm_destroy(c);
     return changed;
 }
@@ -395,7 +395,7 @@ static void test_topk_large(void) {
     printf("topk:0.01 on a %zu-value bucket: exactly the k largest magnitudes sent\n", n);
     free(x), free(g), free(mag), free(res);
     dt_grad_sync_destroy(gs);
-    dt_model_free(m);
+    dt_model_destroy(m);
     dt_comm_destroy(c);
 }
 
@@ -476,7 +476,7 @@ static int train_ranks(const char *spec, int W, const char *path, const char *jo
         }
         dt_model *m = dt_trainer_model(t);
         if (r == 0 && dt_test_write_floats(path, dt_model_params(m), dt_model_num_params(m)) != 0) _exit(4);
-        dt_trainer_free(t);
+        dt_trainer_destroy(t);
         dt_comm_destroy(c);
         _exit(0);
     }

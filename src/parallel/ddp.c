@@ -36,6 +36,7 @@ typedef struct {
     int zero;             /* ZeRO stage 0..3 over the ranks (zero.c; 0: replicas) */
     ddp_update update;    /* full: allreduce, every rank updates everything; shard: reduce-scatter,
                            * each rank updates its shard, allgather (dt_zero_create_update); auto */
+    bool balance;         /* balance=dynamic: the trainer cuts each global batch by the ranks' speed */
 } ddp_opts;
 
 typedef struct {
@@ -269,6 +270,7 @@ static dt_status ddp_set(void *opts, const char *key, const char *value) {
                                    "full (allreduce; every rank updates all) or shard (reduce-scatter, each rank "
                                    "updates its part, allgather)", value);
     }
+    if (!strcmp(key, "balance")) return dt_strategy_parse_balance("ddp", value, &o->balance);
     char *end;
     if (!strcmp(key, "zero")) return dt_zero_parse_stage(value, &o->zero);
     double v = strtod(value, &end);
@@ -282,11 +284,12 @@ static dt_status ddp_set(void *opts, const char *key, const char *value) {
 static void ddp_format(const void *opts, char *out, size_t cap) {
     const ddp_opts *o = opts;
     static const char *const names[] = {"auto", "flat", "hier"};
-    char c[96], a[32] = "", z[48] = "";
+    char c[96], a[32] = "", z[64] = "";
     dt_compress_format(&o->compress, c, sizeof c);
     if (o->allreduce != DT_HIER_AUTO) snprintf(a, sizeof a, ",allreduce=%s", names[o->allreduce]);
     int zn = o->zero > 0 ? snprintf(z, sizeof z, ",zero=%d", o->zero) : 0;
-    if (o->update != UPDATE_AUTO) snprintf(z + zn, sizeof z - (size_t)zn, ",update=%s", update_names[o->update]);
+    if (o->update != UPDATE_AUTO) zn += snprintf(z + zn, sizeof z - (size_t)zn, ",update=%s", update_names[o->update]);
+    if (o->balance) snprintf(z + zn, sizeof z - (size_t)zn, ",balance=dynamic");
     if (dt_compress_is_none(&o->compress)) snprintf(out, cap, "bucket_mb=%g%s%s", o->bucket_mb, a, z);
     else snprintf(out, cap, "bucket_mb=%g,compress=%s%s%s", o->bucket_mb, c, a, z);
 }
@@ -315,16 +318,20 @@ static dt_status ddp_place(const void *opts, const dt_model *m, int rank, int si
     return *whole ? DT_OK : dt_zero_place(m, o->bucket_mb, rank, size, own, nown);
 }
 
+static bool ddp_balanced(const void *opts) { return ((const ddp_opts *)opts)->balance; }
+
 const dt_strategy_entry dt_strategy_ddp_entry = {
     .name = "ddp",
-    .options = "bucket_mb=MB,compress=C,allreduce=auto|flat|hier,zero=0|1|2|3,update=auto|full|shard",
+    .options = "bucket_mb=MB,compress=C,allreduce=auto|flat|hier,zero=0|1|2|3,update=auto|full|shard,balance=static|dynamic",
     .help = "synchronous data parallel (the default with ranks): gradients averaged in buckets of MB as backward "
             "runs, sent as compressor C says (below); zero=1|2|3: ZeRO, shard the optimizer state, + gradients, + "
             "parameters; allreduce=hier: within each host, then across; update=shard: reduce-scatter, each rank "
-            "updates its part, allgather (auto: where the ranks share one host)",
-    .keys = "bucket_mb, compress, allreduce, zero, update",
+            "updates its part, allgather (auto: where the ranks share one host); balance=dynamic: ranks take batches by their "
+            "measured speed",
+    .keys = "bucket_mb, compress, allreduce, zero, update, balance",
     .opts_size = sizeof(ddp_opts),
     .defaults = ddp_defaults, .set = ddp_set, .check = ddp_check, .create = ddp_create, .format = ddp_format, .needs_comm = true,
     .device_neutral = true,
     .loss_scaling = true,
-    .place = ddp_place};
+    .place = ddp_place,
+    .balanced = ddp_balanced};

@@ -52,7 +52,7 @@ static dt_status train(const run_cfg *rc, dt_comm *comm, float *out, size_t cap,
     dt_status s = dt_trainer_run(t);
     *n = dt_model_num_params(dt_trainer_model(t));
     if (s == DT_OK && *n <= cap) memcpy(out, dt_model_params(dt_trainer_model(t)), *n * sizeof(float));
-    dt_trainer_free(t);
+    dt_trainer_destroy(t);
     return s;
 }
 
@@ -107,10 +107,10 @@ static dt_status reference(const run_cfg *rc, int G, float *out, size_t cap, siz
         if (*n <= cap) memcpy(out, dt_model_params(m), *n * sizeof(float));
     }
     free(order), free(x), free(probs), free(dl), free(y);
-    dt_optim_free(o);
-    dt_model_free(m);
-    dt_dataset_free(train);
-    dt_dataset_free(test);
+    dt_optim_destroy(o);
+    dt_model_destroy(m);
+    dt_dataset_destroy(train);
+    dt_dataset_destroy(test);
     return s;
 }
 
@@ -157,7 +157,7 @@ static void test_equivalence(void) {
             if (dt_model_tensor(probe, k)->layer == t->layer) layer_params += dt_model_tensor(probe, k)->numel;
         big += !strstr(t->name, "bias") && layer_params * sizeof(float) >= 0.0005 * 1048576.0;
     }
-    dt_model_free(probe);
+    dt_model_destroy(probe);
     CHECK_MSG(big == 3, "%d layers reach the bucket cap alone, want 3", big);
     static const char *const specs[] = {"ddp(bucket_mb=0.0005,update=full)", "ddp(bucket_mb=0.0005,update=shard)"};
     for (int oi = 0; oi < 4; oi++) {
@@ -220,7 +220,7 @@ static void test_mismatch(void) {
             dt_status s = dt_trainer_create(&t, &cfg);
             int ok = s == DT_EMISMATCH && strstr(dt_last_error(), "rank 1") && strstr(dt_last_error(), "--seed");
             if (!ok) fprintf(stderr, "rank %d: got %s: %s\n", r, dt_status_str(s), dt_last_error());
-            if (s == DT_OK) dt_trainer_free(t);
+            if (s == DT_OK) dt_trainer_destroy(t);
             dt_comm_destroy(c);
             _exit(ok ? 0 : 1);
         }

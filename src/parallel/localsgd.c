@@ -29,6 +29,7 @@
 typedef struct {
     int sync_every;    /* local steps between model averages, >= 1 (default 8) */
     dt_compress_spec compress;  /* how the average travels (default none: the f32 parameters) */
+    bool balance;      /* balance=dynamic: the trainer cuts each global batch by the ranks' speed */
 } localsgd_opts;
 
 typedef struct {
@@ -206,6 +207,7 @@ static void lsgd_defaults(void *opts) {
 
 static dt_status lsgd_set(void *opts, const char *key, const char *value) {
     if (!strcmp(key, "compress")) return dt_compress_parse(value, &((localsgd_opts *)opts)->compress);
+    if (!strcmp(key, "balance")) return dt_strategy_parse_balance("localsgd", value, &((localsgd_opts *)opts)->balance);
     char *end;
     errno = 0;
     long v = strtol(value, &end, 10);
@@ -226,15 +228,18 @@ static dt_status lsgd_check(const void *opts) {
 static void lsgd_format(const void *opts, char *out, size_t cap) {
     const localsgd_opts *o = opts;
     char c[96];
+    const char *b = o->balance ? ",balance=dynamic" : "";
     dt_compress_format(&o->compress, c, sizeof c);
-    if (dt_compress_is_none(&o->compress)) snprintf(out, cap, "sync_every=%d", o->sync_every);
-    else snprintf(out, cap, "sync_every=%d,compress=%s", o->sync_every, c);
+    if (dt_compress_is_none(&o->compress)) snprintf(out, cap, "sync_every=%d%s", o->sync_every, b);
+    else snprintf(out, cap, "sync_every=%d,compress=%s%s", o->sync_every, c, b);
 }
 
+static bool lsgd_balanced(const void *opts) { return ((const localsgd_opts *)opts)->balance; }
+
 const dt_strategy_entry dt_strategy_localsgd_entry = {
-    .name = "localsgd", .options = "sync_every=H,compress=C",
+    .name = "localsgd", .options = "sync_every=H,compress=C,balance=static|dynamic",
     .help = "local SGD: each rank steps on its own, the models are averaged every H steps (the difference sent as "
-            "compressor C says)",
-    .keys = "sync_every, compress", .opts_size = sizeof(localsgd_opts),
+            "compressor C says); balance=dynamic: ranks take batches by their measured speed",
+    .keys = "sync_every, compress, balance", .opts_size = sizeof(localsgd_opts),
     .defaults = lsgd_defaults, .set = lsgd_set, .check = lsgd_check, .create = lsgd_create, .format = lsgd_format,
-    .needs_comm = true, .device_neutral = true};
+    .needs_comm = true, .device_neutral = true, .balanced = lsgd_balanced};

@@ -64,7 +64,7 @@ static inline dt_status dt_test_train_params(const dt_train_config *cfg, float *
     dt_status s = dt_trainer_run(t);
     *n = dt_model_num_params(dt_trainer_model(t));
     if (s == DT_OK && *n <= cap) memcpy(out, dt_model_params(dt_trainer_model(t)), *n * sizeof(float));
-    dt_trainer_free(t);
+    dt_trainer_destroy(t);
     return s;
 }
 

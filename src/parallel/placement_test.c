@@ -40,7 +40,7 @@ static int run_rank(const char *strategy, int r, int n, const char *job, const c
     dt_status s = dt_trainer_create(&t, &cfg);
     if (s == DT_OK) s = dt_trainer_run(t);
     const size_t peak = dt_mem_peak(), held = dt_mem_used();
-    if (s == DT_OK) dt_trainer_free(t);
+    if (s == DT_OK) dt_trainer_destroy(t);
     dt_comm_destroy(c);
     if (s != DT_OK) {
         fprintf(stderr, "rank %d (%s): %s\n", r, strategy ? strategy : "1 worker", dt_last_error());
@@ -182,7 +182,7 @@ int main(void) {
         CHECK_OK(dt_gpt_parse(GPT, &g));
         CHECK_OK(dt_gpt_create_sharded_unplaced(&shard, &g, 2));
         const size_t sact = shard ? dt_model_activation_bytes(shard, BATCH / 2) : 0;
-        dt_model_free(shard);
+        dt_model_destroy(shard);
         for (int r = 0; r < 4; r++) {  /* rank = stage * 2 + tp index */
             check_rank("tp2 x pp2", r, tppp[r], tppp_owned(m, r / 2), sact, one[0], 0.5, 65536);
             for (int q = 0; q < 2; q++)
@@ -212,7 +212,7 @@ int main(void) {
         }
     }
     if (m) test_pp_zero(m);
-    dt_model_free(m);
+    dt_model_destroy(m);
     dt_test_remove_dir(g_dir);
     printf("placement_test: %d checks, %d failures\n", dt_test_checks, dt_test_failures);
     return dt_test_failures ? 1 : 0;

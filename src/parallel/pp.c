@@ -142,7 +142,7 @@ static void pp_destroy(dt_strategy *s) {
         dt_request_wait(&sl->req_out), dt_request_wait(&sl->req_gout);
         free(sl->in), free(sl->out), free(sl->gin), free(sl->gout), free(sl->x), free(sl->y);
     }
-    for (int g = 0; g < p->nseg; g++) dt_optim_free(p->seg[g].opt), dt_optim_free(p->seg[g].shard);
+    for (int g = 0; g < p->nseg; g++) dt_optim_destroy(p->seg[g].opt), dt_optim_destroy(p->seg[g].shard);
     dt_comm *cs[] = {p->fwd, p->bwd, p->data};
     for (size_t i = 0; i < sizeof cs / sizeof *cs; i++) dt_comm_destroy(cs[i]);
     for (int t = 0; p->share && t < dt_model_num_tensors(p->m ? p->m : s->model); t++) dt_comm_destroy(p->share[t]);
@@ -157,7 +157,7 @@ static void pp_destroy(dt_strategy *s) {
     }
     dt_mesh_free(&p->mesh);
     dt_tp_hooks_destroy(p->hooks);
-    if (p->m && p->m != s->model) dt_model_free(p->m);
+    if (p->m && p->m != s->model) dt_model_destroy(p->m);
     free(p->slots), free(p->seg), free(p->users), free(p->acts), free(p->buf_save), free(p->own);
     free(p);
     s->impl = NULL;

@@ -171,9 +171,6 @@ dt_status dt_pp_link_error(const dt_pp *p, dt_status st, const char *what, int m
 dt_status dt_pp_allreduce_model(dt_pp *p, dt_comm *comm, float *x, size_t n, dt_redop op);
 /* p->host with room for n floats (a host staging buffer of the stage). */
 dt_status dt_pp_host_room(dt_pp *p, size_t n);
-/* *ss += the sum of squares of n floats of the stage model's memory x (the device's sqnorm, a
- * partial sum in double: sequential on cpu, as the loops it replaced). */
-void dt_pp_sqnorm_add(const dt_pp *p, const float *x, size_t n, double *ss);
 /* Point to point over model memory x (n floats), staged through p->host where comm does not take
  * it. pp_step.c. */
 dt_status dt_pp_send_model(dt_pp *p, dt_comm *comm, const float *x, size_t n, int peer, int tag);
@@ -219,11 +216,9 @@ dt_status dt_pp_zero_reacquire(dt_pp *p);
  * this rank's chunk of p->gsh, then its gradient pages given back (they read as zeros, so the
  * next step needs no zeroing). */
 dt_status dt_pp_zero_reduce(dt_pp *p, float *g);
-/* ZeRO-2: the sum of squares of this rank's gradient chunks that count in the global norm
- * (dt_pp_in_norm's tensors). */
-double dt_pp_zero_norm_part(const dt_pp *p);
-/* ZeRO-2: scales this rank's gradient chunks by k (the clip). */
-void dt_pp_zero_scale(dt_pp *p, float k);
+/* ZeRO-2: appends to out the runs of this rank's gradient chunks (in p->gsh) that count in the
+ * global norm (dt_pp_in_norm's tensors). */
+dt_status dt_pp_zero_norm_pieces(const dt_pp *p, dt_grad_pieces *out);
 /* Updates this rank's chunk of every segment (w: the stage model's slab; g: its gradient slab,
  * averaged and clipped, under ZeRO-1; NULL under ZeRO-2: the chunks of p->gsh) and all-gathers
  * the chunks over the DP axis. */

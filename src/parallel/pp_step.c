@@ -410,54 +410,52 @@ static dt_status dp_average(dt_pp *p, float *g) {
     return DT_OK;
 }
 
-/* *ss = the sum of squares of the gradients in this rank's share of the norm (dt_pp_in_norm): one
- * device partial sum per run of such tensors adjacent in the slab (a stage's own tensors are one
- * run unless a tensor it does not count lies between), added in order. */
-void dt_pp_sqnorm_add(const dt_pp *p, const float *x, size_t n, double *ss) {
-    double part = 0, *dpart = p->on_dev ? p->dss : &part;
-    if (!n) return;
-    p->dev->ops->sqnorm(p->dev, dpart, x, n);
-    if (p->on_dev) p->dev->ops->download(p->dev, &part, dpart, sizeof part);
-    *ss += part;
-}
-
-static void flush_run(const dt_pp *p, const float *g, size_t lo, size_t hi, double *ss) {
-    if (hi > lo) dt_pp_sqnorm_add(p, g + lo, hi - lo, ss);
-}
-
-static void stage_sqnorm(dt_pp *p, const float *g, double *ss) {
+/* The runs of gradients in this rank's share of the norm (dt_pp_in_norm): one piece per run of
+ * such tensors adjacent in the slab (a stage's own tensors are one run unless a tensor it does not
+ * count lies between). */
+static dt_status stage_norm_pieces(dt_pp *p, float *g, dt_grad_pieces *out) {
     size_t lo = 0, hi = 0;
     for (int t = 0; t < dt_model_num_tensors(p->m); t++) {
         const dt_param_info *ti = dt_model_tensor(p->m, t);
         if (ti->is_buffer || ti->numel == 0) continue;  /* not in the parameter slab */
-        if (!dt_pp_in_norm(p, t)) {
-            flush_run(p, g, lo, hi, ss), lo = hi = 0;
+        if (hi > lo && ti->offset == hi && dt_pp_in_norm(p, t)) {
+            hi += ti->numel;
             continue;
         }
-        if (hi > lo && ti->offset == hi) hi += ti->numel;
-        else flush_run(p, g, lo, hi, ss), lo = ti->offset, hi = lo + ti->numel;
+        DT_TRY(dt_grad_pieces_add(out, g + lo, hi - lo));
+        lo = hi = 0;
+        if (dt_pp_in_norm(p, t)) lo = ti->offset, hi = lo + ti->numel;
     }
-    flush_run(p, g, lo, hi, ss);
+    return dt_grad_pieces_add(out, g + lo, hi - lo);
+}
+
+/* Sums the part of the squared norm over the ranks holding the rest: the DP ranks' chunks (ZeRO-2),
+ * the other stages, the tp shards. */
+static dt_status norm_allreduce(void *ctx, double *ss) {
+    const dt_pp *p = ctx;
+    if (p->o.zero >= 2 && p->DP > 1) DT_TRY(dt_comm_allreduce(p->dp, ss, ss, 1, DT_F64, DT_OP_SUM));
+    if (p->K > 1) DT_TRY(dt_comm_allreduce(p->pp, ss, ss, 1, DT_F64, DT_OP_SUM));
+    if (p->tp > 1) DT_TRY(dt_comm_allreduce(p->mesh.tp_comm, ss, ss, 1, DT_F64, DT_OP_SUM));
+    return DT_OK;
 }
 
 /* --clip: the global norm from every stage's (and tp shard's) part, each tensor once; under
- * ZeRO-2 from every DP rank's chunks. Scales what the update reads. */
+ * ZeRO-2 from every DP rank's chunks (dt_clip_grad_pieces). Scales what the update reads. */
 static dt_status clip_grads(dt_pp *p, float *g, float clip, float *norm_out) {
     const bool sharded = p->o.zero >= 2 && p->DP > 1;
-    double ss = 0;
-    if (sharded) ss = dt_pp_zero_norm_part(p);
-    else stage_sqnorm(p, g, &ss);
-    if (sharded) DT_TRY(dt_comm_allreduce(p->dp, &ss, &ss, 1, DT_F64, DT_OP_SUM));
-    if (p->K > 1) DT_TRY(dt_comm_allreduce(p->pp, &ss, &ss, 1, DT_F64, DT_OP_SUM));
-    if (p->tp > 1) DT_TRY(dt_comm_allreduce(p->mesh.tp_comm, &ss, &ss, 1, DT_F64, DT_OP_SUM));
-    const float norm = (float)sqrt(ss);
-    *norm_out = norm;
-    if (!(norm > clip)) return DT_OK;
-    const float k = clip / (norm + 1e-6f);  /* as dt_clip_grad_norm (torch adds 1e-6) */
-    if (sharded) dt_pp_zero_scale(p, k);
-    else
-        for (int q = 0; q < p->nseg; q++) p->dev->ops->scale(p->dev, g + p->seg[q].lo, k, p->seg[q].hi - p->seg[q].lo);
-    return DT_OK;
+    dt_grad_pieces norm = {0}, upd = {0};
+    dt_status st = sharded ? dt_pp_zero_norm_pieces(p, &norm) : stage_norm_pieces(p, g, &norm);
+    for (int q = 0; st == DT_OK && q < p->nseg; q++) {
+        const dt_pp_segment *sg = &p->seg[q];
+        st = sharded ? dt_grad_pieces_add(&upd, p->gsh + sg->gat, sg->zlen)
+                     : dt_grad_pieces_add(&upd, g + sg->lo, sg->hi - sg->lo);
+    }
+    const dt_clip_spec c = {.dev = p->dev, .dev_ss = p->on_dev ? p->dss : NULL, .nss = 1, .norm = norm.p,
+                            .nnorm = norm.n, .scale = upd.p, .nscale = upd.n, .reduce = norm_allreduce,
+                            .reduce_ctx = p};
+    if (st == DT_OK) st = dt_clip_grad_pieces(&c, clip, norm_out);
+    dt_grad_pieces_free(&norm), dt_grad_pieces_free(&upd);
+    return st;
 }
 
 /* Sums the gradients of tensors that several stages use, averages over DP, clips, updates. */

@@ -101,11 +101,11 @@ static void test_cut_fused(void) {
         CHECK(dt_model_node_fused(m, 1) && dt_model_node_fused(m, 2) && !dt_model_node_fused(m, 3));
         CHECK(!dt_pp_cut_valid(m, 2) && !dt_pp_cut_valid(m, 3) && dt_pp_cut_valid(m, 4));
     }
-    dt_model_free(m);
+    dt_model_destroy(m);
     CHECK_OK(dt_kernels_select("blas", "fp32"));
     CHECK_OK(dt_model_build(&m, "cnn", 1, 28, 28));
     if (m) CHECK(!dt_model_node_fused(m, 1) && dt_pp_cut_valid(m, 2));
-    dt_model_free(m);
+    dt_model_destroy(m);
 }
 
 /* A model (spec, input C x H x W) cut at each valid boundary into two model copies (as two
@@ -156,12 +156,12 @@ static void cut_every_boundary(const char *spec, int C, int H, int W, const void
             for (size_t i = 0; i < P; i++) bad += dt_model_grads(m1)[i] + dt_model_grads(m2)[i] != dt_model_grads(mf)[i];
             CHECK_MSG(bad == 0, "%s %s cut at %d (%s): %zu of %zu gradients differ from the whole model's", spec,
                       prec[p], k, dt_model_node_name(mf, k), bad, P);
-            dt_model_free(m1), dt_model_free(m2);
+            dt_model_destroy(m1), dt_model_destroy(m2);
             m1 = m2 = NULL;
         }
         printf("%s %s: %d valid cuts, each gives the whole model's loss and gradients\n", spec, prec[p], cuts);
         CHECK(cuts >= min_cuts);
-        dt_model_free(m1), dt_model_free(m2), dt_model_free(mf);
+        dt_model_destroy(m1), dt_model_destroy(m2), dt_model_destroy(mf);
     }
     CHECK_OK(dt_kernels_select("blas", "fp32"));  /* as test_cut_fused leaves it */
 }
@@ -229,7 +229,7 @@ static void test_cut(void) {
     CHECK_MSG(nz == 0, "the probe left %zu gradients", nz);
     free(cost);
     dt_comm_destroy(self);
-    dt_model_free(m);
+    dt_model_destroy(m);
 }
 
 /* ---- data ---- */

@@ -55,12 +55,12 @@ static dt_status shard_on_device(dt_pp *p, dt_pp_segment *sg) {
     dt_optim *o = NULL;
     DT_TRY(dt_optim_create(&o, dt_optim_config_of(sg->opt), sg->zlen));
     dt_status st = dt_optim_set_device(o, p->dev);
-    if (st != DT_OK) return dt_optim_free(o), st;
+    if (st != DT_OK) return dt_optim_destroy(o), st;
     dt_optim_set_steps(o, dt_optim_steps(sg->opt));
     for (int k = 0; k < dt_optim_num_states(o); k++)
         p->dev->ops->copy(p->dev, dt_optim_state(o, k, NULL), dt_optim_state(sg->opt, k, NULL) + sg->zoff,
                           sg->zlen * sizeof(float));
-    dt_optim_free(sg->opt);
+    dt_optim_destroy(sg->opt);
     sg->opt = o;
     return DT_OK;
 }
@@ -141,8 +141,7 @@ dt_status dt_pp_zero_reduce(dt_pp *p, float *g) {
 /* The sum of squares of this rank's chunk of the gradients in its share of the norm: the device's
  * sqnorm of each run of such values adjacent in p->gsh (visited in increasing offset, as the loop
  * over tensors and segments it replaced). */
-double dt_pp_zero_norm_part(const dt_pp *p) {
-    double ss = 0;
+dt_status dt_pp_zero_norm_pieces(const dt_pp *p, dt_grad_pieces *out) {
     size_t lo = 0, hi = 0;  /* the current run in p->gsh */
     for (int t = 0; t < dt_model_num_tensors(p->m); t++) {
         const dt_param_info *ti = dt_model_tensor(p->m, t);
@@ -153,16 +152,15 @@ double dt_pp_zero_norm_part(const dt_pp *p) {
             const size_t a = ti->offset > c0 ? ti->offset : c0, e = ti->offset + ti->numel < c1 ? ti->offset + ti->numel : c1;
             if (a >= e) continue;
             const size_t ga = sg->gat + (a - c0), ge = ga + (e - a);
-            if (hi > lo && ga == hi) hi = ge;
-            else dt_pp_sqnorm_add(p, p->gsh + lo, hi - lo, &ss), lo = ga, hi = ge;
+            if (hi > lo && ga == hi) {
+                hi = ge;
+                continue;
+            }
+            DT_TRY(dt_grad_pieces_add(out, p->gsh + lo, hi - lo));
+            lo = ga, hi = ge;
         }
     }
-    dt_pp_sqnorm_add(p, p->gsh + lo, hi - lo, &ss);
-    return ss;
-}
-
-void dt_pp_zero_scale(dt_pp *p, float k) {
-    for (int q = 0; q < p->nseg; q++) p->dev->ops->scale(p->dev, p->gsh + p->seg[q].gat, k, p->seg[q].zlen);
+    return dt_grad_pieces_add(out, p->gsh + lo, hi - lo);
 }
 
 dt_status dt_pp_zero_allgather(dt_pp *p, float *w, const dt_pp_segment *sg, const size_t *counts) {
@@ -217,7 +215,7 @@ dt_status dt_pp_zero_collect(dt_pp *p) {
         dt_optim *w = NULL;
         if ((st = dt_optim_create(&w, dt_optim_config_of(sg->opt), sg->hi - sg->lo)) != DT_OK) break;
         if ((st = dt_optim_set_device(w, p->dev)) != DT_OK) {
-            dt_optim_free(w);
+            dt_optim_destroy(w);
             break;
         }
         dt_optim_set_steps(w, dt_optim_steps(sg->opt));
@@ -231,7 +229,7 @@ dt_status dt_pp_zero_collect(dt_pp *p) {
             }
         }
         if (st != DT_OK) {
-            dt_optim_free(w);
+            dt_optim_destroy(w);
             break;
         }
         sg->shard = sg->opt, sg->opt = w, sg->whole = true;
@@ -245,7 +243,7 @@ void dt_pp_zero_uncollect(dt_pp *p) {
     for (int q = 0; q < p->nseg; q++) {
         dt_pp_segment *sg = &p->seg[q];
         if (!sg->whole) continue;
-        dt_optim_free(sg->opt);
+        dt_optim_destroy(sg->opt);
         sg->opt = sg->shard, sg->shard = NULL, sg->whole = false;
     }
 }

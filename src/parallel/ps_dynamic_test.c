@@ -154,10 +154,10 @@ static int dyn_rank(int r, const char *job, const dyn_job *dj) {
     if (st != DT_OK) fprintf(stderr, "dynamic rank %d: %s\n", r, dt_last_error());
     dt_strategy_destroy(s);
     if (dj->stop_after && r >= dj->servers) __atomic_fetch_add(&g_dyn->left, 1, __ATOMIC_RELEASE);
-    dt_optim_free(o);
-    dt_model_free(m);
-    dt_loader_free(l);
-    dt_dataset_free(ds);
+    dt_optim_destroy(o);
+    dt_model_destroy(m);
+    dt_loader_destroy(l);
+    dt_dataset_destroy(ds);
     dt_comm_destroy(c);
     return st == DT_OK ? 0 : 3;
 }

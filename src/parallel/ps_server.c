@@ -463,7 +463,7 @@ static void server_free(server *sv, handler *h) {
         dt_free(h[w].out);
     }
     free(h);
-    dt_optim_free(sv->opt);
+    dt_optim_destroy(sv->opt);
     dt_free(sv->w);
     dt_ps_books_free(sv);
     pthread_cond_destroy(&sv->cv);

@@ -15,6 +15,7 @@
 #include "parallel/parallel_testlib.h"
 #include "parallel/ps.h"
 #include "parallel/strategy.h"
+#include "run/train_aids.h"
 #include "dtrain/dtrain.h"
 
 #include <stdio.h>
@@ -104,7 +105,8 @@ static dt_status train(const run_cfg *rc, dt_comm *comm, result *out, bool *die)
     else
         snprintf(spec, sizeof spec, "%s", rc->strategy);
     cfg.strategy = comm ? spec : NULL;
-    cfg.slow_rank = rc->slow_rank, cfg.slow_factor = rc->slow;
+    const dt_train_aids aids = {.slow_rank = rc->slow_rank, .slow_factor = rc->slow};
+    cfg.aids = &aids;
     cfg.on_epoch = on_epoch, cfg.on_note = on_note, cfg.cb_ctx = out;
     int rank = comm ? dt_comm_rank(comm) : 0;
     *die = comm && rc->die_rank == rank && rc->die_steps > 0;
@@ -115,7 +117,7 @@ static dt_status train(const run_cfg *rc, dt_comm *comm, result *out, bool *die)
     if (*die) _exit(0);  /* gone without destroying anything: the servers see a dead rank */
     out->n = dt_model_num_params(dt_trainer_model(t));
     if (s == DT_OK && out->n <= CAP) memcpy(out->params, dt_model_params(dt_trainer_model(t)), out->n * sizeof(float));
-    dt_trainer_free(t);
+    dt_trainer_destroy(t);
     return s;
 }
 

@@ -305,3 +305,12 @@ dt_status dt_strategy_data_part(const dt_strategy_entry *e, const void *opts, in
 }
 
 bool dt_strategy_hands_out_batches(const dt_strategy *s) { return s->ops->first_unit && s->ops->next_unit; }
+
+dt_status dt_strategy_parse_balance(const char *strategy, const char *value, bool *dynamic) {
+    if (!strcmp(value, "dynamic") || !strcmp(value, "static")) {
+        *dynamic = !strcmp(value, "dynamic");
+        return DT_OK;
+    }
+    return dt_error(DT_EINVAL, "--strategy %s: balance=%s: choose static (every rank its equal share of each "
+                    "global batch) or dynamic (each global batch cut by the ranks' measured speed)", strategy, value);
+}

@@ -13,6 +13,7 @@
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
 #include "dtrain/workers.h"
+#include "optim/clip.h"
 
 #include <signal.h>
 #include <stddef.h>
@@ -218,10 +219,10 @@ struct dt_strategy {
      * clip-and-update of dt_strategy_apply_update (tp clips by the norm over its shards); NULL = local */
     void (*update)(void *ctx, float lr, float clip);
     void *update_ctx;
-    /* the same for ZeRO, which clips and updates its own shards (tp(zero=N)): the sum of squares
-     * of a shard's gradient values g[0..n) at slab offset off that count in the norm (NULL: all),
-     * summed over norm_comm (NULL: comm; tp's world: each tp shard's part once) */
-    double (*norm_part)(void *ctx, size_t off, const float *g, size_t n);
+    /* the same for ZeRO, which clips and updates its own shards (tp(zero=N)): appends to out the
+     * pieces of a shard's gradient values g[0..n) at slab offset off that count in the norm (NULL:
+     * all), summed over norm_comm (NULL: comm; tp's world: each tp shard's part once) */
+    dt_status (*norm_pieces)(void *ctx, size_t off, float *g, size_t n, dt_grad_pieces *out);
     dt_comm *norm_comm;
 };
 
@@ -270,7 +271,14 @@ typedef struct {
      * malloc'd; *whole true: all of it). NULL: the whole model. The strategy narrows the model
      * to the same part after it is made (and widens it for evaluation and checkpoints). */
     dt_status (*place)(const void *opts, const dt_model *m, int rank, int size, dt_range **own, int *nown, bool *whole);
+    /* Optional: true when opts ask the trainer to cut each global batch among the ranks by their
+     * measured speed (ddp, localsgd: balance=dynamic). NULL: never. */
+    bool (*balanced)(const void *opts);
 } dt_strategy_entry;
+
+/* The option balance=static|dynamic of the replica strategies (ddp, localsgd) into *dynamic;
+ * DT_EINVAL naming strategy and value. */
+dt_status dt_strategy_parse_balance(const char *strategy, const char *value, bool *dynamic);
 
 /* The entry named name, or NULL. */
 const dt_strategy_entry *dt_strategy_find(const char *name);

@@ -62,6 +62,17 @@ static void test_parse(void) {
     canon(" ps ( servers = 3 , staleness=0 ) ", "ps(servers=3,staleness=0,shards=dynamic,overlap=0)");
     canon("localsgd(sync_every=2)", "localsgd(sync_every=2)");
     canon("ddp(bucket_mb=0.5)", "ddp(bucket_mb=0.5)");
+    canon("ddp(balance=static)", "ddp(bucket_mb=1)");  /* the default, left out */
+    canon("ddp(balance=dynamic)", "ddp(bucket_mb=1,balance=dynamic)");
+    canon("localsgd(balance=dynamic,sync_every=2)", "localsgd(sync_every=2,balance=dynamic)");
+    dt_strategy_opts o;  /* the trainer reads balance=dynamic through the entry */
+    const dt_strategy_entry *e = NULL;
+    CHECK_OK(dt_strategy_parse("localsgd(balance=dynamic)", &e, &o));
+    CHECK(e && e->balanced && e->balanced(&o));
+    CHECK_OK(dt_strategy_parse("ddp(balance=static)", &e, &o));
+    CHECK(e && e->balanced && !e->balanced(&o));
+    CHECK_OK(dt_strategy_parse("ps", &e, &o));
+    CHECK(e && !e->balanced);
     char name[16];
     int servers = -1;
     CHECK_OK(dt_strategy_spec_info("ps(servers=2,staleness=4)", name, sizeof name, &servers));
@@ -83,9 +94,9 @@ static void test_errors(void) {
     fails(NULL, "--strategy: no strategy given (choose single, ddp, localsgd, ps, tp or pp)");
     fails("psx", "--strategy psx: unknown strategy (choose single, ddp, localsgd, ps, tp or pp)");
     fails("psx(servers=2)", "--strategy psx: unknown strategy (choose single, ddp, localsgd, ps, tp or pp)");
-    fails("ddp(staleness=2)", "--strategy ddp: unknown option 'staleness' (ddp takes bucket_mb, compress, allreduce, zero, update)");
+    fails("ddp(staleness=2)", "--strategy ddp: unknown option 'staleness' (ddp takes bucket_mb, compress, allreduce, zero, update, balance)");
     fails("single(x=1)", "--strategy single: unknown option 'x' (single takes no options)");
-    fails("localsgd(servers=1)", "--strategy localsgd: unknown option 'servers' (localsgd takes sync_every, compress)");
+    fails("localsgd(servers=1)", "--strategy localsgd: unknown option 'servers' (localsgd takes sync_every, compress, balance)");
     fails("ps(bucket_mb=1)",
           "--strategy ps: unknown option 'bucket_mb' (ps takes servers, staleness, shards, overlap)");
     const char *form = "; write NAME or NAME(KEY=VALUE,...), e.g. ps(servers=2,staleness=4)";
@@ -105,6 +116,8 @@ static void test_errors(void) {
     /* each option's values */
     fails("ddp(bucket_mb=0)", "--strategy ddp: bucket_mb=0: need a size in MB above 0, e.g. bucket_mb=0.5");
     fails("ddp(bucket_mb=big)", "--strategy ddp: bucket_mb=big: need a size in MB above 0, e.g. bucket_mb=0.5");
+    fails("ddp(balance=maybe)", "--strategy ddp: balance=maybe: choose static (every rank its equal share of each "
+                                "global batch) or dynamic (each global batch cut by the ranks' measured speed)");
     fails("localsgd(sync_every=x)", "--strategy localsgd: sync_every=x: not a whole number of steps");
     fails("localsgd(sync_every=0)", "--strategy localsgd: sync_every=0: need at least 1 (e.g. localsgd(sync_every=8))");
     fails("ps(servers=two)", "--strategy ps: servers=two: not a whole number of ranks");
@@ -145,7 +158,7 @@ static void test_add(void) {
     adds("ddp", "bucket_mb", "0.5", "ddp(bucket_mb=0.5)", NULL);
     adds("ps(servers=2)", "servers", "3", NULL, "--strategy ps(servers=2) sets servers=2");
     adds("ps(staleness=3)", "staleness", "inf", NULL, "--strategy ps(staleness=3) sets staleness=3");
-    adds("ddp", "staleness", "4", NULL, "--strategy ddp: unknown option 'staleness' (ddp takes bucket_mb, compress, allreduce, zero, update)");
+    adds("ddp", "staleness", "4", NULL, "--strategy ddp: unknown option 'staleness' (ddp takes bucket_mb, compress, allreduce, zero, update, balance)");
     adds("ps(servers=x)", "servers", "3", NULL, "--strategy ps: servers=x: not a whole number of ranks");
 }
 
@@ -207,8 +220,8 @@ static int one_step(const char *spec, dt_comm *c, int steps) {
     }
     if (st != DT_OK) fprintf(stderr, "%s: %s\n", spec, dt_last_error());
     dt_strategy_destroy(s);
-    dt_optim_free(o);
-    dt_model_free(m);
+    dt_optim_destroy(o);
+    dt_model_destroy(m);
     return st == DT_OK ? buckets : -1;
 }
 
@@ -259,7 +272,7 @@ static void test_ps_modes(void) {
                        s->data_rank != 0 || s->job_rank0 != 1 || !s->local_mean;
                 dt_strategy_destroy(s);
             }
-            dt_model_free(m);
+            dt_model_destroy(m);
             dt_comm_destroy(c);
             _exit(bad);
         }

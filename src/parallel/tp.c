@@ -79,71 +79,39 @@ static dt_status tp_fail(const tp *t, dt_status st, const char *what, size_t n) 
                          t->K, base);
 }
 
-/* The sum of squares of the gradient values of the shard that count in the whole norm, on a device
- * whose memory is not host memory: one sqnorm partial per run of adjacent counted tensors. */
-static double device_norm_part(tp *t, const float *g) {
-    double ss = 0, part;
-    const int nt = dt_model_num_tensors(t->local);
-    for (int i = 0; i < nt;) {
-        const dt_param_info *p = dt_model_tensor(t->local, i);
-        if (p->is_buffer || !dt_tp_in_norm(t->local, p->name, t->r)) {
-            i++;
-            continue;
-        }
-        size_t end = p->offset + p->numel;
-        int j = i + 1;
-        for (; j < nt; j++) {
-            const dt_param_info *q = dt_model_tensor(t->local, j);
-            if (q->is_buffer || !dt_tp_in_norm(t->local, q->name, t->r) || q->offset != end) break;
-            end += q->numel;
-        }
-        t->dev->ops->sqnorm(t->dev, t->dev_ss, g + p->offset, end - p->offset);
-        t->dev->ops->download(t->dev, &part, t->dev_ss, sizeof part);
-        ss += part;
-        i = j;
-    }
-    return ss;
+/* Sums the shard's part of the squared norm over the tp ranks. */
+static dt_status norm_allreduce(void *ctx, double *ss) {
+    const tp *t = ctx;
+    return t->mesh.tp_comm ? dt_comm_allreduce(t->mesh.tp_comm, ss, ss, 1, DT_F64, DT_OP_SUM) : DT_OK;
 }
 
-/* The same on host memory, tensor by tensor in one sum. */
-static double host_norm_part(tp *t, const float *g) {
-    double ss = 0;
-    for (int i = 0; i < dt_model_num_tensors(t->local); i++) {
-        const dt_param_info *p = dt_model_tensor(t->local, i);
-        if (p->is_buffer || !dt_tp_in_norm(t->local, p->name, t->r)) continue;
-        for (size_t k = 0; k < p->numel; k++) ss += (double)g[p->offset + k] * g[p->offset + k];
-    }
-    return ss;
-}
-
-/* Clips by the norm of the whole gradient (every shard once, replicated tensors from rank 0),
- * then updates the shard. The inner ddp calls it after averaging over the dp axis. */
+/* Clips by the norm of the whole gradient (every shard once, replicated tensors from rank 0:
+ * dt_clip_grad_pieces over the shard's counted values), then updates the shard. The inner ddp
+ * calls it after averaging over the dp axis. */
 static void tp_update(void *ctx, float lr, float clip) {
     tp *t = ctx;
     float *g = dt_model_grads(t->local);
-    const size_t n = dt_model_num_params(t->local);
-    const bool host = t->dev->host_memory;
     if (clip > 0 && t->err == DT_OK) {
-        double ss = host ? host_norm_part(t, g) : device_norm_part(t, g);
-        dt_status st = t->mesh.tp_comm ? dt_comm_allreduce(t->mesh.tp_comm, &ss, &ss, 1, DT_F64, DT_OP_SUM) : DT_OK;
+        dt_grad_pieces counted = {0};
+        dt_status st = dt_tp_zero_norm_pieces(t->local, t->r, 0, g, dt_model_num_params(t->local), &counted);
+        const dt_grad_piece whole = {g, dt_model_num_params(t->local)};
+        const dt_clip_spec c = {.dev = t->dev, .dev_ss = t->dev->host_memory ? NULL : t->dev_ss, .nss = 1,
+                                .norm = counted.p, .nnorm = counted.n, .scale = &whole, .nscale = 1,
+                                .reduce = norm_allreduce, .reduce_ctx = t};
+        if (st == DT_OK) st = dt_clip_grad_pieces(&c, clip, &t->s->cur.grad_norm);
+        dt_grad_pieces_free(&counted);
         if (st != DT_OK) {
             t->err = tp_fail(t, st, "allreduce of the gradient norm, step", (size_t)t->s->step);
             return;
         }
-        const float norm = (float)sqrt(ss), f = clip / (norm + 1e-6f);  /* as dt_clip_grad_norm */
-        t->s->cur.grad_norm = norm;
-        if (norm > clip && host)
-            for (size_t k = 0; k < n; k++) g[k] *= f;
-        else if (norm > clip)
-            t->dev->ops->scale(t->dev, g, f, n);
     }
     dt_optim_step(t->lopt, dt_model_params(t->local), g, lr);
 }
 
 /* ZeRO's clip (the inner ddp's shards of the local slab): the values that count in the whole norm. */
-static double tp_norm_part(void *ctx, size_t off, const float *g, size_t n) {
+static dt_status tp_norm_pieces(void *ctx, size_t off, float *g, size_t n, dt_grad_pieces *out) {
     const tp *t = ctx;
-    return dt_tp_zero_norm_part(t->local, t->r, off, g, n, t->dev_ss);
+    return dt_tp_zero_norm_pieces(t->local, t->r, off, g, n, out);
 }
 
 /* Samples [lo, lo + n) of feed f (x and y as the shard's inputs hold them). */
@@ -315,7 +283,7 @@ static dt_status tp_sync(dt_strategy *s) {
     if (t->zero) DT_TRY(dt_tp_zero_collect(t->mesh.dp_comm, t->local, t->lopt, t->bucket_mb, &collected));
     if (collected) lo = collected;
     dt_status st = dt_tp_gather(t->mesh.tp_comm, s->model, t->local, lo, t->K, group0 ? t->whole_m : NULL);
-    dt_optim_free(collected);
+    dt_optim_destroy(collected);
     DT_TRY(st);
     dt_optim_set_steps(s->optim, dt_optim_steps(t->lopt));
     t->whole = saver;
@@ -359,7 +327,7 @@ static dt_status tp_visit(dt_strategy *s, dt_state_visit_fn fn, void *ctx) {
     DT_TRY(dt_tp_zero_expand(t->local, t->lopt, &t->mine, &w));
     dt_status st = dt_tp_visit_state(s->model, t->local, w, t->K, t->r, false, NULL, fn, ctx);
     if (st == DT_OK) dt_tp_zero_pack(t->local, w, t->lopt, &t->mine);
-    dt_optim_free(w);
+    dt_optim_destroy(w);
     return st;
 }
 
@@ -367,8 +335,8 @@ static void tp_destroy(dt_strategy *s) {
     tp *t = s->impl;
     if (!t) return;
     dt_strategy_destroy(t->ddp);
-    dt_model_free(t->local);
-    dt_optim_free(t->lopt);
+    dt_model_destroy(t->local);
+    dt_optim_destroy(t->lopt);
     dt_mesh_free(&t->mesh);
     dt_tp_hooks_destroy(t->hooks);
     dt_tp_zero_part_free(&t->mine);
@@ -440,7 +408,7 @@ static dt_status setup(dt_strategy *s, tp *t, const tp_opts *o) {
             DT_TRY(dt_tp_zero_ranges(t->local, o->bucket_mb, t->mesh.dp_rank, t->mesh.dp, &t->mine));
         DT_TRY(dt_strategy_create(&t->ddp, spec, t->mesh.dp_comm, t->local, t->lopt, s->trace));
         t->ddp->update = tp_update, t->ddp->update_ctx = t;
-        t->ddp->norm_part = tp_norm_part, t->ddp->norm_comm = s->comm;  /* ZeRO's clip: every shard once */
+        t->ddp->norm_pieces = tp_norm_pieces, t->ddp->norm_comm = s->comm;  /* ZeRO's clip: every shard once */
     }
     s->data_rank = t->mesh.dp_rank, s->data_world = t->mesh.dp;
     s->data_comm = t->mesh.dp_comm;

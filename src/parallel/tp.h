@@ -147,7 +147,7 @@ typedef struct {
 } dt_tp_zero_part;
 dt_status dt_tp_zero_ranges(dt_model *local, double bucket_mb, int r, int N, dt_tp_zero_part *p);
 void dt_tp_zero_part_free(dt_tp_zero_part *p);
-/* A whole local optimizer (dt_optim_free it; on local's device) holding lo's packed moments (part
+/* A whole local optimizer (dt_optim_destroy it; on local's device) holding lo's packed moments (part
  * mine) in place, zeros elsewhere; dt_tp_zero_pack copies part mine of it back into lo (and its
  * step count). */
 dt_status dt_tp_zero_expand(dt_model *local, dt_optim *lo, const dt_tp_zero_part *mine, dt_optim **out);
@@ -155,10 +155,8 @@ void dt_tp_zero_pack(dt_model *local, dt_optim *whole, dt_optim *lo, const dt_tp
 /* Collective over the dp axis dp: every dp rank's packed moments of lo to dp rank 0, which gets
  * a whole local optimizer holding them all (*out; NULL on the other ranks). */
 dt_status dt_tp_zero_collect(dt_comm *dp, dt_model *local, dt_optim *lo, double bucket_mb, dt_optim **out);
-/* The sum of squares of gradient values g[0..n) (local slab [off, off + n)) that count in the
- * norm of the whole gradient on tp rank r (dt_tp_in_norm). g is memory of local's device; where
- * that is not host memory, one sqnorm partial per run of adjacent counted tensors goes through
- * dss (a device double). */
-double dt_tp_zero_norm_part(const dt_model *local, int r, size_t off, const float *g, size_t n, double *dss);
+/* Appends to out the runs of gradient values g[0..n) (local slab [off, off + n)) that count in the
+ * norm of the whole gradient on tp rank r (dt_tp_in_norm). */
+dt_status dt_tp_zero_norm_pieces(const dt_model *local, int r, size_t off, float *g, size_t n, dt_grad_pieces *out);
 
 #endif

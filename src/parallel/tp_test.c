@@ -101,8 +101,8 @@ static dt_status train(const char *spec, dt_comm *comm, float clip, int die_afte
     *n = dt_model_num_params(m);
     if (st == DT_OK && *n <= CAP) memcpy(params, dt_model_params(m), *n * sizeof(float));
     dt_strategy_destroy(s);
-    dt_optim_free(o);
-    dt_model_free(m);
+    dt_optim_destroy(o);
+    dt_model_destroy(m);
     return st;
 }
 
@@ -243,8 +243,8 @@ static void check_zero_refused(void) {
     CHECK(dt_strategy_create(&s, "pp(stages=2,tp=2,zero=4)", NULL, m, o, NULL) == DT_EINVAL && !s);
     printf("pp(tp=2,zero=4): %s\n", dt_last_error());
     CHECK(strstr(dt_last_error(), "zero=4") && strstr(dt_last_error(), "3 (and the parameters)"));
-    dt_optim_free(o);
-    dt_model_free(m);
+    dt_optim_destroy(o);
+    dt_model_destroy(m);
 }
 
 /* Rank 1 of an N-rank tp(2) mesh (N 2: tp2; N 4: dp2 x tp2) vanishes before step 3: every other
@@ -310,7 +310,7 @@ static void check_stop(void) {
             dt_status s = dt_trainer_create(&t, &cfg);
             if (s == DT_OK) s = dt_trainer_run(t);
             if (s != DT_EINTR) fprintf(stderr, "rank %d: %s\n", r, dt_last_error());
-            dt_trainer_free(t);
+            dt_trainer_destroy(t);
             _exit(s == DT_EINTR ? 0 : 4);
         }
     const int failed = dt_test_wait_children();
@@ -364,7 +364,7 @@ static void check_marks(void) {
     CHECK(split(m, "transformer.h.0.ln_1.weight") == DT_TP_REPL && split(m, "transformer.ln_f.bias") == DT_TP_REPL);
     CHECK(dt_model_mark_tp(m, dt_model_num_nodes(m), DT_TP_MARK_ROW, 1) == DT_EINVAL);
     CHECK(dt_model_mark_tp(m, 1, DT_TP_MARK_ROW, 3) == DT_EINVAL && strstr(dt_last_error(), "parts"));
-    dt_model_free(m);
+    dt_model_destroy(m);
     /* layers 0 and 3 a pair (through relu, tanh); 5 unpaired; 6 -> 8 not (a dropout between) */
     static const char *seq = "linear(8) relu tanh linear(6) relu linear(4) linear(6) dropout(0.1) linear(4)";
     CHECK_OK(dt_model_create_from_spec(&m, seq, 1, 2, 2));
@@ -377,13 +377,13 @@ static void check_marks(void) {
     const dt_param_info *w3 = dt_model_tensor(s, dt_model_find_tensor(s, "3.weight"));
     CHECK(w0->shape[0] == 4 && w0->shape[1] == 4 && w3->shape[0] == 6 && w3->shape[1] == 4);
     CHECK(split(s, "0.weight") == DT_TP_ROWS && split(s, "3.bias") == DT_TP_RANK0);
-    dt_model_free(s);
+    dt_model_destroy(s);
     CHECK(dt_model_create_tp_shard(&s, m, 3, false) == DT_EINVAL && s == NULL);
     CHECK(strstr(dt_last_error(), "linear(8)") && strstr(dt_last_error(), "--tp 3"));
-    dt_model_free(m);
+    dt_model_destroy(m);
     CHECK_OK(dt_model_create_from_spec(&m, "linear(8) linear(4)", 1, 2, 2));
     CHECK(!dt_model_has_tp_marks(m));
-    dt_model_free(m);
+    dt_model_destroy(m);
 }
 
 int main(void) {

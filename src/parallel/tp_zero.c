@@ -62,7 +62,7 @@ static dt_status whole_like(dt_model *local, dt_optim *lo, dt_optim **out) {
     DT_TRY(dt_optim_create(out, dt_optim_config_of(lo), dt_model_num_params(local)));
     dt_optim_set_steps(*out, dt_optim_steps(lo));
     dt_status st = dt_optim_set_device(*out, dt_model_device(local));
-    if (st != DT_OK) dt_optim_free(*out), *out = NULL;
+    if (st != DT_OK) dt_optim_destroy(*out), *out = NULL;
     return st;
 }
 
@@ -113,32 +113,24 @@ dt_status dt_tp_zero_collect(dt_comm *dp, dt_model *local, dt_optim *lo, double 
         dt_tp_zero_part_free(&p);
     }
     free(tmp);
-    if (st != DT_OK) dt_optim_free(*out), *out = NULL;
+    if (st != DT_OK) dt_optim_destroy(*out), *out = NULL;
     return st;
 }
 
-double dt_tp_zero_norm_part(const dt_model *local, int r, size_t off, const float *g, size_t n, double *dss) {
-    double ss = 0, part;
-    dt_dev *d = dt_model_device(local);
-    const int nt = dt_model_num_tensors(local);
-    for (int i = 0; i < nt; i++) {
+dt_status dt_tp_zero_norm_pieces(const dt_model *local, int r, size_t off, float *g, size_t n, dt_grad_pieces *out) {
+    size_t lo = 0, hi = 0;  /* the current run of counted values, slab offsets */
+    for (int i = 0; i < dt_model_num_tensors(local); i++) {
         const dt_param_info *t = dt_model_tensor(local, i);
         if (t->is_buffer || !dt_tp_in_norm(local, t->name, r)) continue;
-        const size_t lo = t->offset > off ? t->offset : off;
-        size_t hi = t->offset + t->numel < off + n ? t->offset + t->numel : off + n;
-        if (d->host_memory) {
-            for (size_t k = lo; k < hi; k++) ss += (double)g[k - off] * g[k - off];
+        const size_t a = t->offset > off ? t->offset : off;
+        const size_t e = t->offset + t->numel < off + n ? t->offset + t->numel : off + n;
+        if (a >= e) continue;
+        if (hi > lo && a == hi) {
+            hi = e;
             continue;
         }
-        for (; i + 1 < nt && hi == dt_model_tensor(local, i + 1)->offset && hi < off + n; i++) {  /* adjacent counted ones */
-            const dt_param_info *q = dt_model_tensor(local, i + 1);
-            if (q->is_buffer || !dt_tp_in_norm(local, q->name, r)) break;
-            hi = q->offset + q->numel < off + n ? q->offset + q->numel : off + n;
-        }
-        if (hi <= lo) continue;
-        d->ops->sqnorm(d, dss, g + (lo - off), hi - lo);  /* one partial a run, downloaded */
-        d->ops->download(d, &part, dss, sizeof part);
-        ss += part;
+        if (hi > lo) DT_TRY(dt_grad_pieces_add(out, g + (lo - off), hi - lo));
+        lo = a, hi = e;
     }
-    return ss;
+    return hi > lo ? dt_grad_pieces_add(out, g + (lo - off), hi - lo) : DT_OK;
 }

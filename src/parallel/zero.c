@@ -21,6 +21,7 @@
  * bucket. A device block cannot be given back in part: there stages 2 and 3 hold a bucket's
  * gradients (and stage 3 its gathered parameters) in blocks of their own, bound into the graph,
  * and the model's whole gradient (and parameter) blocks are freed (zero_blocks.c). */
+#include "optim/clip.h"
 #include "parallel/zero_internal.h"
 
 #include <math.h>
@@ -218,39 +219,28 @@ static void zero_begin(dt_strategy *s, int64_t step) {
     z->gath_peak = z->gath_now;
 }
 
-/* The squared norm of this rank's shard: a partial per bucket on the model's device, downloaded
- * and summed in bucket order (tp's norm_part: its own partials of the shard). */
-static dt_status shard_sqnorm(dt_strategy *s, zero *z, double *ss) {
-    *ss = 0;
-    if (s->norm_part) {
-        for (int i = 0; i < z->nb; i++) *ss += s->norm_part(s->update_ctx, z->b[i].own, z->gp[i], z->len[i]);
-        return DT_OK;
-    }
-    dt_dev *d = z->md;
-    double *part = malloc((size_t)z->nb * sizeof *part);
-    if (!z->dss) z->dss = d->ops->alloc(d, (size_t)z->nb * sizeof(double));
-    if (!part || !z->dss) {
-        free(part);
-        return dt_error(DT_ENOMEM, "--clip: out of memory for %d norm partials", z->nb);
-    }
-    for (int i = 0; i < z->nb; i++) d->ops->sqnorm(d, z->dss + i, z->gp[i], z->len[i]);
-    d->ops->download(d, part, z->dss, (size_t)z->nb * sizeof(double));
-    for (int i = 0; i < z->nb; i++) *ss += part[i];
-    free(part);
-    return DT_OK;
+/* Sums the shard's part of the squared norm over the ranks (norm_comm: tp's world). */
+static dt_status norm_allreduce(void *ctx, double *ss) {
+    const dt_strategy *s = ctx;
+    return dt_comm_allreduce(s->norm_comm ? s->norm_comm : s->comm, ss, ss, 1, DT_F64, DT_OP_SUM);
 }
 
-/* --clip over the whole model: the norm from every rank's shard (torch's formula). */
+/* --clip over the whole model: the norm from every rank's shard (dt_clip_grad_pieces): a partial
+ * per bucket on the model's device (tp's norm_pieces: the parts of each bucket that count). */
 static dt_status clip_shard(dt_strategy *s, zero *z, float clip) {
-    double ss = 0;
-    DT_TRY(shard_sqnorm(s, z, &ss));
-    DT_TRY(dt_comm_allreduce(s->norm_comm ? s->norm_comm : s->comm, &ss, &ss, 1, DT_F64, DT_OP_SUM));
-    float norm = (float)sqrt(ss);
-    s->cur.grad_norm = norm;
-    if (!(norm > clip)) return DT_OK;
-    float f = clip / (norm + 1e-6f);
-    for (int i = 0; i < z->nb; i++) z->md->ops->scale(z->md, (float *)z->gp[i], f, z->len[i]);
-    return DT_OK;
+    dt_grad_pieces all = {0}, counted = {0};
+    dt_status st = DT_OK;
+    for (int i = 0; st == DT_OK && i < z->nb; i++) st = dt_grad_pieces_add(&all, (float *)z->gp[i], z->len[i]);
+    for (int i = 0; st == DT_OK && s->norm_pieces && i < z->nb; i++)
+        st = s->norm_pieces(s->update_ctx, z->b[i].own, (float *)z->gp[i], z->len[i], &counted);
+    if (st == DT_OK && !z->dss && !(z->dss = z->md->ops->alloc(z->md, (size_t)z->nb * sizeof(double))))
+        st = dt_error(DT_ENOMEM, "--clip: out of memory for %d norm partials", z->nb);
+    const dt_grad_pieces *norm = s->norm_pieces ? &counted : &all;
+    const dt_clip_spec c = {.dev = z->md, .dev_ss = z->dss, .nss = z->nb, .norm = norm->p, .nnorm = norm->n,
+                            .scale = all.p, .nscale = all.n, .reduce = norm_allreduce, .reduce_ctx = s};
+    if (st == DT_OK) st = dt_clip_grad_pieces(&c, clip, &s->cur.grad_norm);
+    dt_grad_pieces_free(&all), dt_grad_pieces_free(&counted);
+    return st;
 }
 
 /* Blocking on the caller's thread: the step waits for all of them anyway, and the progress thread

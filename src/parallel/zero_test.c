@@ -66,7 +66,7 @@ static dt_status train(const run_cfg *rc, dt_comm *comm, float *out, size_t *n) 
     dt_status s = dt_trainer_run(t);
     *n = dt_model_num_params(dt_trainer_model(t));
     if (s == DT_OK && *n <= CAP) memcpy(out, dt_model_params(dt_trainer_model(t)), *n * sizeof(float));
-    dt_trainer_free(t);
+    dt_trainer_destroy(t);
     return s;
 }
 
@@ -288,10 +288,10 @@ static void test_placed_setup(void) {
         CHECK_MSG(held <= limit, "rank %d: after init the OS holds %zu bytes of the parameters, its shard is %zu in %d "
                   "ranges (whole: %zu)", r, held, mine * sizeof(float), nown, P * sizeof(float));
         free(own);
-        dt_model_free(m);
+        dt_model_destroy(m);
     }
     CHECK_MSG(covered == P, "the ranks' placements cover %zu of %zu values", covered, P);
-    dt_model_free(whole);
+    dt_model_destroy(whole);
 }
 
 /* In a forked rank: the bytes dt_alloc holds before and after ZeRO-`stage` starts and after 3 steps. */
@@ -335,8 +335,8 @@ static int memory_rank(int stage, int r, int N, const char *job) {
         fprintf(stderr, "rank %d zero=%d: P %.0f, optimizer %zu, held %.0f -> %.0f (drop %.0f, want %.0f), steps %.0f, "
                 "gathered %.0f\n", r, stage, P, dt_optim_size(o), before, after, before - after, want, worst, gathered);
     dt_strategy_destroy(s);
-    dt_optim_free(o);
-    dt_model_free(m);
+    dt_optim_destroy(o);
+    dt_model_destroy(m);
     dt_comm_destroy(c);
     return bad ? 10 + bad : 0;
 }

@@ -51,7 +51,7 @@ dt_status dt_plan_model_measure_optim(dt_plan_model *pm, const dt_optim_config *
         qsort(t, (size_t)reps, sizeof *t, cmp_double);
         pm->opt_per = t[reps / 2] / (double)n;
     }
-    dt_optim_free(opt), free(p), free(g), free(t);
+    dt_optim_destroy(opt), free(p), free(g), free(t);
     return st;
 }
 

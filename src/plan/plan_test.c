@@ -96,7 +96,7 @@ static void test_slow_link(void) {
     one.L = 1;
     CHECK_MSG(near(cost.tp_bytes, 4 * dt_plan_tp_bytes(&one, 4, 2)), "%g", cost.tp_bytes);
     dt_plan_model_free(&pm);
-    dt_model_free(m);
+    dt_model_destroy(m);
 }
 
 /* An MLP whose Adam state does not fit 4 replicas under the limit: only ZeRO 3 or pp does. */
@@ -132,7 +132,7 @@ static void test_tight_memory(void) {
         if (ddp(&res.e[i].l)) CHECK(!res.e[i].c.fits);
     dt_plan_result_free(&res);
     dt_plan_model_free(&pm);
-    dt_model_free(m);
+    dt_model_destroy(m);
 }
 
 static void expect_error(const char *json, const char *field) {
@@ -352,7 +352,7 @@ static void test_eval_memory(void) {
     CHECK_MSG(strstr(why, "does not fit") && strstr(why, "while evaluation or a checkpoint gathers"), "%s", why);
     dt_plan_result_free(&res);
     dt_plan_model_free(&pm);
-    dt_model_free(m);
+    dt_model_destroy(m);
 }
 
 static bool changes_algo(const dt_plan_layout *l) { return l->algo != DT_PLAN_SYNC || l->compress >= DT_PLAN_TOPK; }
@@ -387,7 +387,7 @@ static void test_algorithms(void) {
     CHECK_MSG(ps && localsgd, "ps %d localsgd %d", ps, localsgd);
     dt_plan_result_free(&res);
     dt_plan_model_free(&pm);
-    dt_model_free(m);
+    dt_model_destroy(m);
 }
 
 /* The probe's per-node times: positive, and the fit grows with the batch; the optimizer's update
@@ -411,7 +411,7 @@ static void test_measure(void) {
     CHECK(near(dt_plan_other_s(40e-3, 30e-3, 2e-3, 16), 8e-3 / 16) && near(dt_plan_other_s(40e-3, 30e-3, 0, 16), 10e-3 / 16));
     CHECK(dt_plan_other_s(40e-3, 45e-3, 0, 16) == 0 && dt_plan_other_s(1, 0, 0, 0) == 0);
     dt_plan_model_free(&pm);
-    dt_model_free(m);
+    dt_model_destroy(m);
 }
 
 int main(void) {

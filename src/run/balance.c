@@ -40,7 +40,7 @@ dt_status dt_balance_create(dt_balance **out, const dt_balance_config *cfg) {
     b->cut = malloc((size_t)cfg->world * sizeof *b->cut);
     b->gather = malloc((size_t)cfg->world * sizeof *b->gather);
     if (!b->cut || !b->gather) {
-        dt_balance_free(b);
+        dt_balance_destroy(b);
         return dt_error(DT_ENOMEM, "balance: out of memory");
     }
     for (int r = 0; r < cfg->world; r++) b->cut[r] = cfg->batch;
@@ -51,7 +51,7 @@ dt_status dt_balance_create(dt_balance **out, const dt_balance_config *cfg) {
     return DT_OK;
 }
 
-void dt_balance_free(dt_balance *b) {
+void dt_balance_destroy(dt_balance *b) {
     if (!b) return;
     free(b->cut);
     free(b->gather);

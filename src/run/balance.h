@@ -33,10 +33,10 @@ typedef struct {
 
 typedef struct dt_balance dt_balance;
 
-/* Creates the balancer; *b owned by the caller (dt_balance_free). */
+/* Creates the balancer; *b owned by the caller (dt_balance_destroy). */
 dt_status dt_balance_create(dt_balance **b, const dt_balance_config *cfg);
 /* Frees it; NULL is a no-op. */
-void dt_balance_free(dt_balance *b);
+void dt_balance_destroy(dt_balance *b);
 /* After a step's forward+backward over n samples that took compute_s seconds: sleeps
  * (slow - 1) x compute_s on the slow rank, less what earlier naps overslept (never below 0: an
  * oversleep larger than a nap is paid off over the next ones), and records the time per sample

@@ -11,6 +11,7 @@
 #include "core/test.h"
 #include "dtrain/dtrain.h"
 #include "run/balance.h"
+#include "run/train_aids.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -110,8 +111,8 @@ static void test_loader_cut(void) {
     }
     const int bad[W] = {13, 0, 0};
     CHECK(dt_loader_set_cut(l[0], bad) == DT_EINVAL);
-    for (int r = 0; r < W; r++) dt_loader_free(l[r]);
-    dt_dataset_free(ds);
+    for (int r = 0; r < W; r++) dt_loader_destroy(l[r]);
+    dt_dataset_destroy(ds);
 }
 
 /* One rank of the re-cut test: step_end after every step, with compute times injected as
@@ -145,8 +146,8 @@ static int recut_rank(int rank, const char *job, const dt_dataset *ds, double (*
         if (dt_balance_step_end(b, c, l) != DT_OK) return 5;
         cuts[step][0] = dt_balance_cut(b)[0], cuts[step][1] = dt_balance_cut(b)[1];
     }
-    dt_balance_free(b);
-    dt_loader_free(l);
+    dt_balance_destroy(b);
+    dt_loader_destroy(l);
     dt_comm_destroy(c);
     return 0;
 }
@@ -171,7 +172,7 @@ static int (*run_recut(const char *name, double (*tps)(int, int), int steps))[2]
         if (fork() == 0) _exit(recut_rank(r, job, ds, tps, steps, cuts + r * (steps + 1)));
     int st, failed = 0;
     while (wait(&st) > 0) failed += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-    dt_dataset_free(ds);
+    dt_dataset_destroy(ds);
     CHECK_MSG(failed == 0, "a rank of the %s job failed", name);
     return cuts;
 }
@@ -250,7 +251,7 @@ static void test_nap_debt(void) {
                   "oversleeping %g s: naps took %g s in %d calls, wanted %g s in %d", overs[k], slept, f.calls,
                   total[k], calls[k]);
         CHECK_MSG(fabs(w.busy_s - (20e-3 + total[k])) < 1e-9, "busy %g s, wanted %g", w.busy_s, 20e-3 + total[k]);
-        dt_balance_free(b);
+        dt_balance_destroy(b);
     }
 }
 
@@ -295,15 +296,16 @@ static dt_status train(dt_comm *comm, int batch, result *out) {
     cfg.optim.momentum = 0.9f;
     cfg.lr.base_lr = 0.02f;
     cfg.comm = comm;
-    cfg.balance = comm != NULL;
-    cfg.slow_rank = 1, cfg.slow_factor = 2;
+    cfg.strategy = comm ? "ddp(balance=dynamic)" : NULL;
+    const dt_train_aids aids = {.slow_rank = 1, .slow_factor = 2};
+    cfg.aids = &aids;
     cfg.on_epoch = on_epoch, cfg.cb_ctx = out;
     dt_trainer *t;
     DT_TRY(dt_trainer_create(&t, &cfg));
     dt_status s = dt_trainer_run(t);
     out->n = dt_model_num_params(dt_trainer_model(t));
     if (out->n <= CAP) memcpy(out->params, dt_model_params(dt_trainer_model(t)), out->n * sizeof(float));
-    dt_trainer_free(t);
+    dt_trainer_destroy(t);
     return s;
 }
 

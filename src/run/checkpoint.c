@@ -317,7 +317,7 @@ dt_status dt_checkpoint_read_info(const char *path, dt_ckpt_info *info) {
     dt_st_file *f = NULL;
     DT_TRY(dt_st_open(&f, path));
     dt_status s = parse_info(f, info);
-    dt_st_close(f);
+    dt_st_destroy(f);
     return s;
 }
 
@@ -325,7 +325,7 @@ bool dt_checkpoint_is_sharded(const char *path) {
     dt_st_file *f = NULL;
     if (dt_st_open(&f, path) != DT_OK) return dt_error_clear(), false;
     const bool sharded = dt_st_meta(f, "dtrain.shards") != NULL;
-    dt_st_close(f);
+    dt_st_destroy(f);
     return sharded;
 }
 
@@ -427,7 +427,7 @@ dt_status dt_checkpoint_restore(const char *path, dt_model *m, dt_optim *o, dt_c
     } else if (s == DT_OK) s = dt_state_visit_model(m, o, restore_piece, f);
     if (s == DT_OK && o) dt_optim_set_steps(o, strtoll(steps, NULL, 10));
     if (s == DT_OK) restore_loss_scale(f, o);
-    dt_st_close(f);
+    dt_st_destroy(f);
     return s;
 }
 
@@ -482,7 +482,7 @@ dt_status dt_checkpoint_restore_strategy(const char *path, dt_strategy *st, dt_c
         s = dt_strategy_visit_state(st, restore_piece_rescaled, &c);
     }
     if (s == DT_OK && st->optim && steps) dt_optim_set_steps(st->optim, strtoll(steps, NULL, 10));
-    dt_st_close(f);
+    dt_st_destroy(f);
     return s;
 }
 
@@ -506,7 +506,7 @@ dt_status dt_checkpoint_consolidate(const char *in, const char *out, bool optim)
     dt_ckpt_info got;
     if (s == DT_OK) s = dt_checkpoint_restore(in, m, o, &got);
     if (s == DT_OK) s = dt_checkpoint_write(out, m, o, &info);
-    dt_optim_free(o);
-    dt_model_free(m);
+    dt_optim_destroy(o);
+    dt_model_destroy(m);
     return s;
 }

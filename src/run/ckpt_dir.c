@@ -83,7 +83,7 @@ static bool shards_valid(const char *path, const dt_st_file *f) {
         dt_ckpt_shard_path(shard, sizeof shard, path, r, n);
         dt_st_file *g = NULL;
         dt_status s = dt_st_open(&g, shard);
-        dt_st_close(g);
+        dt_st_destroy(g);
         if (s != DT_OK) return false;
     }
     return true;
@@ -141,7 +141,7 @@ dt_status dt_ckpt_dir_latest(const char *dir, char *out, size_t cap, bool *found
         dt_st_file *f = NULL;
         if (dt_st_open(&f, out) == DT_OK && dt_checkpoint_info_of(f, info) == DT_OK) *found = shards_valid(out, f);
         if (!*found && report) report(ctx, out, dt_last_error());
-        dt_st_close(f);
+        dt_st_destroy(f);
     }
     free(info);
     free(steps);

@@ -105,7 +105,7 @@ int main(void) {
             snprintf(what, sizeof what, "%s, %s ends", dt_optim_name(kinds[k]), hi ? "high" : "low");
             const dt_ckpt_info in = extreme_info(hi, kinds[k]);
             round_trip(path, m, o, &in, what);
-            dt_optim_free(o);
+            dt_optim_destroy(o);
         }
     dt_ckpt_info bad = extreme_info(false, DT_OPTIM_ADAM);
     bad.lr = -1e-3f;
@@ -118,6 +118,6 @@ int main(void) {
     refused(path, m, NULL, bad, "lr=0");
     latest_skips_unusable(m);
     unlink(path);
-    dt_model_free(m);
+    dt_model_destroy(m);
     return dt_test_summary("ckpt_meta_test");
 }

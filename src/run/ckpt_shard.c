@@ -186,7 +186,7 @@ static void index_save_id(const char *path, char *id, size_t cap) {
     if (dt_st_open(&f, path) != DT_OK) return;  /* its restore reported it already */
     const char *v = dt_st_meta(f, "dtrain.save_id");
     if (v) snprintf(id, cap, "%s", v);
-    dt_st_close(f);
+    dt_st_destroy(f);
 }
 
 /* DT_OK when f (file) is shard r of n of the save with id (any, when id is ""). */
@@ -235,7 +235,7 @@ static dt_status restore_shard(const char *file, int r, int n, const char *id, d
         d->ops->upload(d, base + off, t.t.data, cnt * sizeof(float));
         *copied += cnt;
     }
-    dt_st_close(f);
+    dt_st_destroy(f);
     return st;
 }
 
@@ -351,7 +351,7 @@ dt_status dt_checkpoint_restore_shards_into(const char *path, int n, dt_strategy
         if (st == DT_OK) st = dt_strategy_visit_state(s, restore_from_shard, &c);
         free(c.p);
         c.p = NULL, c.np = 0;
-        dt_st_close(f);
+        dt_st_destroy(f);
         if (st != DT_OK) return dt_error_wrap(DT_EFORMAT, "%s: shard %d of %d", path, r, n);
     }
     if (c.copied != c.want)

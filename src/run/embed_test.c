@@ -44,7 +44,8 @@ static void make_data(void) {
 }
 
 static dt_train_config small_config(void) {
-    dt_train_config c = dt_train_defaults();
+    dt_train_config c;
+    CHECK_OK(dt_train_config_init(&c));  /* as an embedder starts */
     c.model = "linear(16) relu linear(3)";
     c.epochs = 2;
     c.batch = 8;
@@ -61,7 +62,7 @@ static size_t train_params(dt_train_config *c, float *p, size_t cap, float *loss
     CHECK_OK(dt_trainer_evaluate(t, loss, &acc));
     size_t n = dt_model_num_params(dt_trainer_model(t));
     if (n <= cap) memcpy(p, dt_model_params(dt_trainer_model(t)), n * sizeof *p);
-    dt_trainer_free(t);
+    dt_trainer_destroy(t);
     return n;
 }
 
@@ -88,8 +89,8 @@ static void test_memory_equals_csv(void) {
     dt_trainer *t = NULL;
     CHECK(dt_trainer_create(&t, &c) != DT_OK && t == NULL);
     CHECK_MSG(strstr(dt_last_error(), "in-memory") || strstr(dt_last_error(), "memory"), "%s", dt_last_error());
-    dt_dataset_free(tr);
-    dt_dataset_free(te);
+    dt_dataset_destroy(tr);
+    dt_dataset_destroy(te);
 }
 
 /* dt_evaluate_checkpoint(data NULL) evaluates on the data set the checkpoint trained on (as
@@ -118,10 +119,10 @@ static void test_evaluate_recorded_data(void) {
     dt_trainer *t = NULL;
     CHECK_OK(dt_trainer_create(&t, &c));
     if (t) CHECK_OK(dt_trainer_run(t));
-    dt_trainer_free(t);
+    dt_trainer_destroy(t);
     CHECK_MSG(dt_evaluate_checkpoint(ckpt, NULL, 16, &lb, &ab, &nb, &sb) != DT_OK &&
           strstr(dt_last_error(), "in-memory"), "%s", dt_last_error());
-    dt_dataset_free(tr);
+    dt_dataset_destroy(tr);
 }
 
 /* An IDX file (big-endian) of f32 values with dims[0..ndim). */
@@ -172,7 +173,7 @@ static void test_regression(void) {
         CHECK_OK(dt_trainer_evaluate(t, &after, &acc));
         CHECK(!strcmp(dt_model_spec(dt_trainer_model(t)), "linear(16) relu linear(1) mse"));
     }
-    dt_trainer_free(t);
+    dt_trainer_destroy(t);
     CHECK_MSG(after < before / 20 && after < 0.05f && isnan(acc), "mse %g -> %g, acc %g", before, after, acc);
     static const struct { const char *model, *data, *needle; } bad[] = {
         {"linear(1)", "reg", "end its spec with linear(1) mse"},
@@ -208,7 +209,7 @@ static dt_status evaluate_alone(dt_comm *comm, void *ctx) {
     dt_status s = dt_trainer_run(t);
     float loss, acc;
     if (s == DT_OK && dt_comm_rank(comm) == 0) s = dt_trainer_evaluate(t, &loss, &acc);
-    dt_trainer_free(t);
+    dt_trainer_destroy(t);
     return s;
 }
 
@@ -255,8 +256,8 @@ static void test_options(void) {
     CHECK(dt_train_options_set(o, "seed", "-1") == DT_EINVAL);
     CHECK(dt_train_options_set(o, "optimizer", "rmsprop") == DT_EINVAL && strstr(dt_last_error(), "rmsprop"));
     CHECK(dt_train_local(c, 0, 1) == DT_EINVAL);
-    dt_train_options_free(o);
-    dt_train_options_free(NULL);
+    dt_train_options_destroy(o);
+    dt_train_options_destroy(NULL);
 }
 
 int main(void) {

@@ -70,7 +70,7 @@ static dt_status evaluate(dt_model *m, dt_strategy *st, const dt_dataset *ds, dt
         if (!dt_dataset_has_targets(ds)) correct += dt_model_count_correct(m, b.y, b.n);
         n += b.n;
     }
-    dt_loader_free(l);
+    dt_loader_destroy(l);
     if (s != DT_ENOENT) return s;
     eval_progress(o, total, total, &last);
     double sums[3] = {sum_loss, (double)correct, (double)n};
@@ -155,9 +155,9 @@ dt_status dt_evaluate_checkpoint_on(const char *checkpoint, const char *data, co
     s = evaluate(m, NULL, ds, NULL, &o, loss, acc, NULL);
     *samples = (int64_t)dt_dataset_len(ds);
 done:
-    dt_model_free(m);
-    dt_dataset_free(train);
-    dt_dataset_free(test);
+    dt_model_destroy(m);
+    dt_dataset_destroy(train);
+    dt_dataset_destroy(test);
     return s;
 }
 
@@ -168,7 +168,7 @@ dt_status dt_model_load(dt_model **m, const char *checkpoint) {
     DT_TRY(dt_model_build(m, info.spec, info.C, info.H, info.W));
     dt_status s = dt_checkpoint_restore(checkpoint, *m, NULL, &info);
     if (s != DT_OK) {
-        dt_model_free(*m);
+        dt_model_destroy(*m);
         *m = NULL;
     }
     return s;

@@ -123,7 +123,7 @@ static dt_status graph_activations(const dt_model *m, const dt_mem_layout *l, do
     dt_model *shard = NULL;
     DT_TRY(dt_model_create_tp_shard(&shard, m, l->tp, true));  /* laid out, nothing written */
     *out = (double)dt_model_activation_bytes(shard, l->batch);
-    dt_model_free(shard);
+    dt_model_destroy(shard);
     return DT_OK;
 }
 
@@ -188,7 +188,7 @@ dt_status dt_train_plan_loader(const dt_train_config *c, size_t *bytes) {
     DT_TRY(dt_trainer_open_data(c->data, c->model ? c->model : "mlp", c->val_fraction, &train, &test));
     dt_status s = c->val_split > 0 ? dt_dataset_split(train, c->val_split, c->seed, &part, &val) : DT_OK;
     if (s == DT_OK) *bytes = dt_loader_copy_bytes(part ? part : train);
-    dt_dataset_free(part), dt_dataset_free(val), dt_dataset_free(train), dt_dataset_free(test);
+    dt_dataset_destroy(part), dt_dataset_destroy(val), dt_dataset_destroy(train), dt_dataset_destroy(test);
     return s;
 }
 
@@ -199,6 +199,6 @@ dt_status dt_train_plan_model(const dt_train_config *c, dt_model **m) {
     DT_TRY(dt_trainer_open_data(c->data, spec, c->val_fraction, &train, &test));
     int C, H, W;
     dt_dataset_shape(train, &C, &H, &W);
-    dt_dataset_free(train), dt_dataset_free(test);
+    dt_dataset_destroy(train), dt_dataset_destroy(test);
     return dt_model_build_unplaced(m, spec, C, H, W);  /* shapes only: nothing is written or charged */
 }

@@ -103,7 +103,7 @@ dt_status dt_mem_probe_gpt(const char *gpt_spec, const char *strategy, dt_comm *
         out->shmem = status_bytes("RssShmem") - shm0;
     }
     dt_strategy_destroy(s);
-    dt_optim_free(o);
-    dt_model_free(m);
+    dt_optim_destroy(o);
+    dt_model_destroy(m);
     return st;
 }

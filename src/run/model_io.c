@@ -35,7 +35,7 @@ dt_status dt_model_source_spec(const dt_model_source *src, char *spec, size_t ca
             dt_model *m = NULL;
             dt_status s = dt_model_build(&m, src->model, info.C, info.H, info.W);
             bool same = s == DT_OK && !strcmp(dt_model_spec(m), info.spec);
-            dt_model_free(m);
+            dt_model_destroy(m);
             if (s != DT_OK) return s;
             if (!same)
                 return dt_error(DT_EINVAL, "--model %s: the checkpoint %s holds model '%s'; leave out --model",
@@ -67,7 +67,7 @@ static dt_status file_norm(const char *path, dt_input_norm *norm) {
     dt_status s = DT_OK;
     if (norm->on && (*e1 || *e2 || !(norm->std > 0)))
         s = dt_error(DT_EFORMAT, "%s: bad dtrain.norm_mean/norm_std '%.20s'/'%.20s'", path, mean, sd);
-    dt_st_close(f);
+    dt_st_destroy(f);
     return s;
 }
 
@@ -77,7 +77,7 @@ dt_status dt_model_to_device(dt_model **m, const char *device) {
     dt_status s = dt_device_create(&d, device);
     if (s == DT_OK && (s = dt_model_adopt_device(*m, d)) != DT_OK) dt_device_destroy(d);
     if (s == DT_OK) return DT_OK;
-    dt_model_free(*m);
+    dt_model_destroy(*m);
     *m = NULL;
     return dt_error_wrap(s, "--device %s", device);
 }
@@ -110,7 +110,7 @@ dt_status dt_model_open(dt_model **m, const dt_model_source *src, int C, int H, 
     if (norm) *norm = nm;
     return DT_OK;
 fail:
-    dt_model_free(*m);
+    dt_model_destroy(*m);
     *m = NULL;
     return s;
 }
@@ -134,8 +134,8 @@ dt_status dt_evaluate_source(const dt_model_source *src, const char *data, int b
     if (s == DT_OK && norm.on) s = dt_dataset_set_normalize(ds, norm.mean, norm.std);
     if (s == DT_OK) s = dt_evaluate_dataset(m, ds, batch, loss, acc);
     *samples = (int64_t)dt_dataset_len(ds);
-    dt_model_free(m);
-    dt_dataset_free(train);
-    dt_dataset_free(test);
+    dt_model_destroy(m);
+    dt_dataset_destroy(train);
+    dt_dataset_destroy(test);
     return s;
 }

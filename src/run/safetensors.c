@@ -378,14 +378,14 @@ dt_status dt_st_open(dt_st_file **out, const char *path) {
     }
     free(offs);
     if (s != DT_OK) {
-        dt_st_close(f);
+        dt_st_destroy(f);
         return s;
     }
     *out = f;
     return DT_OK;
 }
 
-void dt_st_close(dt_st_file *f) {
+void dt_st_destroy(dt_st_file *f) {
     if (!f) return;
     cJSON_Delete(f->root);
     free(f->mem);

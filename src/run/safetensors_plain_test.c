@@ -74,7 +74,7 @@ static void test_malformed(void) {
     dt_st_file *f = NULL;
     CHECK_OK(dt_st_open(&f, p)); /* the independent sealing agrees with the reader */
     CHECK(f && dt_st_verified(f));
-    dt_st_close(f);
+    dt_st_destroy(f);
 }
 
 /* Files written by other tools (here a minimal hand-rolled writer: no padding, no CRCs, odd
@@ -98,17 +98,17 @@ static void test_plain(void) {
         CHECK_OK(dt_st_find(f, "b", &t));
         CHECK(t.t.dtype == DT_U8 && t.nbytes == 3 && ((unsigned char *)t.t.data)[2] == 9);
     }
-    dt_st_close(f);
+    dt_st_destroy(f);
     st_write_raw(p, "{\"s\":{\"dtype\":\"I32\",\"shape\":[],\"data_offsets\":[0,4]},"
                  "\"z\":{\"dtype\":\"F16\",\"shape\":[0,5],\"data_offsets\":[4,4]}}", d, 4);
     CHECK_OK(dt_st_open(&f, p));
     CHECK(f && dt_st_count(f) == 2 && dt_st_meta_count(f) == 0 && dt_st_meta(f, "x") == NULL);
     if (f) CHECK(dt_st_find(f, "z", &t) == DT_OK && t.nbytes == 0 && t.t.shape[1] == 5);
-    dt_st_close(f);
+    dt_st_destroy(f);
     st_write_raw(p, "{}", NULL, 0);
     CHECK_OK(dt_st_open(&f, p));
     CHECK(f && dt_st_count(f) == 0);
-    dt_st_close(f);
+    dt_st_destroy(f);
 }
 
 int main(void) {

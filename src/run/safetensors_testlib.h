@@ -78,7 +78,7 @@ static inline void st_write_all(const char *path, const void *b, size_t n) {
         dt_status s_ = dt_st_open(&f_, path);                                                          \
         CHECK_MSG(s_ == (st) && f_ == NULL && strstr(dt_last_error(), path) && strstr(dt_last_error(), why), \
                   "want '%s', got %s: %s", why, dt_status_str(s_), dt_last_error());                    \
-        dt_st_close(s_ == DT_OK ? f_ : NULL);                                                          \
+        dt_st_destroy(s_ == DT_OK ? f_ : NULL);                                                          \
     } while (0)
 
 /* A plain safetensors file: 8-byte length, header text (unpadded), data. */

@@ -94,7 +94,7 @@ int main(void) {
     dt_status s = dt_checkpoint_write_strategy(b, &st, &info);
     CHECK_MSG(s != DT_OK && strstr(dt_last_error(), "cover"), "%s", dt_last_error());
     unlink(a), unlink(b);
-    dt_optim_free(o), dt_optim_free(o2);
-    dt_model_free(m), dt_model_free(m2);
+    dt_optim_destroy(o), dt_optim_destroy(o2);
+    dt_model_destroy(m), dt_model_destroy(m2);
     return dt_test_summary("state_test");
 }

@@ -124,7 +124,7 @@ static void test_step_reports(dt_dataset *tr, dt_dataset *te) {
     CHECK_OK(dt_trainer_create(&t, &c));
     if (!t) return;
     CHECK_OK(dt_trainer_run(t));
-    dt_trainer_free(t);
+    dt_trainer_destroy(t);
     check_progress(&s);
     check_records(&s);
     check_metrics(metrics);
@@ -158,8 +158,8 @@ static void test_grad_norm(dt_dataset *tr, dt_dataset *te) {
               "grad_norm %g, the slab's norm %g", s.nrec ? s.rec[0].grad_norm : -1.0, sqrt(ss));
     CHECK_MSG(s0.nrec == 0, "%d records without log_every", s0.nrec);
     CHECK(memcmp(dt_model_params(m), dt_model_params(dt_trainer_model(t0)), dt_model_num_params(m) * sizeof(float)) == 0);
-    dt_trainer_free(t);
-    dt_trainer_free(t0);
+    dt_trainer_destroy(t);
+    dt_trainer_destroy(t0);
 }
 
 static void test_errors(dt_dataset *tr) {
@@ -186,7 +186,7 @@ int main(void) {
     test_step_reports(tr, te);
     test_grad_norm(tr, te);
     test_errors(tr);
-    dt_dataset_free(tr);
-    dt_dataset_free(te);
+    dt_dataset_destroy(tr);
+    dt_dataset_destroy(te);
     return dt_test_summary("step_report_test");
 }

@@ -133,7 +133,7 @@ dt_status dt_tb_writer_create(dt_tb_writer **out, const char *dir) {
     ev.file_version = "brain.Event:2";
     dt_status s = write_event(w, &ev);
     if (s != DT_OK) {
-        dt_tb_writer_close(w);
+        dt_tb_writer_destroy(w);
         return s;
     }
     *out = w;
@@ -185,7 +185,7 @@ dt_status dt_tb_writer_step(dt_tb_writer *w, const dt_step_info *s) {
     return dt_tb_writer_scalars(w, s->step, 0, eval, v, 4);
 }
 
-dt_status dt_tb_writer_close(dt_tb_writer *w) {
+dt_status dt_tb_writer_destroy(dt_tb_writer *w) {
     if (!w) return DT_OK;
     dt_status s = w->err;
     if (fsync(w->fd) != 0 && errno != EINVAL && s == DT_OK)

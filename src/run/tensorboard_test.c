@@ -41,7 +41,7 @@ int main(void) {
     CHECK_OK(dt_tb_writer_scalars(w, 7, 1.7e9, tags, vals, 2));
     char path[4096];
     snprintf(path, sizeof path, "%s", dt_tb_writer_path(w));
-    CHECK_OK(dt_tb_writer_close(w));
+    CHECK_OK(dt_tb_writer_destroy(w));
     FILE *f = fopen(path, "rb");
     unsigned char data[4096];
     size_t n = f ? fread(data, 1, sizeof data, f) : 0;
@@ -61,6 +61,6 @@ int main(void) {
     snprintf(cmd, sizeof cmd, "rm -rf /tmp/dtrain-tb-test.%d", (int)getpid());
     CHECK(system(cmd) == 0);
     CHECK(dt_tb_writer_create(&w, "/proc/nope/tb") != DT_OK && w == NULL && strstr(dt_last_error(), "/proc/nope"));
-    CHECK(dt_tb_writer_close(NULL) == DT_OK);
+    CHECK(dt_tb_writer_destroy(NULL) == DT_OK);
     return dt_test_summary("tensorboard");
 }

@@ -2,6 +2,7 @@
  * owning its strings, and dt_train_local, training a config on N local workers. */
 #include "dtrain/launch.h"
 #include "dtrain/train_options.h"
+#include "run/trainer_internal.h"
 
 #include <errno.h>
 #include <math.h>
@@ -48,7 +49,7 @@ dt_status dt_train_options_create(dt_train_options **o) {
     return DT_OK;
 }
 
-void dt_train_options_free(dt_train_options *o) {
+void dt_train_options_destroy(dt_train_options *o) {
     if (!o) return;
     for (int i = 0; i < MAX_STRS; i++) free(o->strs[i]);
     free(o);
@@ -148,11 +149,12 @@ static dt_status train_worker(dt_comm *comm, void *ctx) {
     dt_trainer *t = NULL;
     DT_TRY(dt_trainer_create(&t, &c));
     dt_status s = dt_trainer_run(t);
-    dt_trainer_free(t);
+    dt_trainer_destroy(t);
     return s;
 }
 
 dt_status dt_train_local(const dt_train_config *cfg, int workers, double timeout_s) {
+    DT_TRY(dt_train_config_check_layout(cfg, "dt_train_local"));  /* before a copy of its bytes */
     if (workers < 1) return dt_error(DT_EINVAL, "--workers %d: need at least 1", workers);
     if (workers == 1) {
         dt_train_config c = *cfg;
@@ -160,7 +162,7 @@ dt_status dt_train_local(const dt_train_config *cfg, int workers, double timeout
         dt_trainer *t = NULL;
         DT_TRY(dt_trainer_create(&t, &c));
         dt_status s = dt_trainer_run(t);
-        dt_trainer_free(t);
+        dt_trainer_destroy(t);
         return s;
     }
     return dt_launch_workers(workers, train_worker, (void *)cfg, timeout_s);

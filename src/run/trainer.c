@@ -1,6 +1,7 @@
 /* The trainer: loads data, builds model + optimizer (+ strategy), restores a checkpoint
  * (--resume FILE|auto, also on another world size). The checkpoints it writes are in
  * trainer_save.c, the epochs run in train_loop.c, evaluation in evaluate.c. */
+#include "run/train_aids.h"
 #include "run/trainer_internal.h"
 
 #include "dtrain/io.h"
@@ -21,6 +22,8 @@
 
 dt_train_config dt_train_defaults(void) {
     dt_train_config c = {
+        .size = sizeof(dt_train_config),
+        .version = DT_TRAIN_CONFIG_VERSION,
         .data = "fashion-mnist",
         .model = "mlp",
         .epochs = 1,
@@ -36,22 +39,45 @@ dt_train_config dt_train_defaults(void) {
     return c;
 }
 
-void dt_trainer_free(dt_trainer *t) {
+/* DT_EINVAL when the caller's layout (size, version) is not this library's: what each is and what
+ * to do. */
+static dt_status layout_check(size_t size, unsigned version, const char *who) {
+    if (size == sizeof(dt_train_config) && version == DT_TRAIN_CONFIG_VERSION) return DT_OK;
+    if (size == 0 && version == 0)
+        return dt_error(DT_EINVAL, "%s: the dt_train_config was not set up (size 0): start from "
+                        "dt_train_config_init(&cfg) or dt_train_defaults(), then set its fields", who);
+    return dt_error(DT_EINVAL, "%s: the dt_train_config has size %zu and version %u, but this library (dtrain %s) "
+                    "has size %zu and version %u: the caller was compiled against another dtrain/train.h; rebuild "
+                    "it against this library's headers", who, size, version, dt_version(), sizeof(dt_train_config),
+                    (unsigned)DT_TRAIN_CONFIG_VERSION);
+}
+
+dt_status dt_train_config_init_sized(dt_train_config *cfg, size_t size, unsigned version) {
+    DT_TRY(layout_check(size, version, "dt_train_config_init"));
+    *cfg = dt_train_defaults();
+    return DT_OK;
+}
+
+dt_status dt_train_config_check_layout(const dt_train_config *cfg, const char *who) {
+    return layout_check(cfg->size, cfg->version, who);
+}
+
+void dt_trainer_destroy(dt_trainer *t) {
     if (!t) return;
     dt_strategy_destroy(t->strategy);
-    dt_balance_free(t->balance);
+    dt_balance_destroy(t->balance);
     free(t->workers);
     dt_trace_free(&t->trace);
-    dt_loader_free(t->loader);
-    dt_optim_free(t->optim);
-    dt_model_free(t->model);
+    dt_loader_destroy(t->loader);
+    dt_optim_destroy(t->optim);
+    dt_model_destroy(t->model);
     dt_device_destroy(t->dev);
     if (!t->borrowed_data) {
-        dt_dataset_free(t->train);
-        dt_dataset_free(t->test);
+        dt_dataset_destroy(t->train);
+        dt_dataset_destroy(t->test);
     }
-    dt_dataset_free(t->own_train);
-    dt_dataset_free(t->val);
+    dt_dataset_destroy(t->own_train);
+    dt_dataset_destroy(t->val);
     free(t);
 }
 
@@ -160,35 +186,26 @@ static bool scales_loss(const dt_strategy_entry *e, const void *arg) {
     return e->loss_scaling;
 }
 
-/* Uneven workers: which ranks reduce together, the balancer of training ranks, and the options
- * a strategy cannot take. */
+/* Uneven workers: which ranks reduce together, the balancer of training ranks (its spec's
+ * balance=dynamic: entry.balanced), and the options a strategy cannot take. */
 static dt_status setup_uneven(dt_trainer *t) {
     const dt_train_config *c = &t->cfg;
     const dt_role role = t->strategy->role;
     const char *name = t->strategy->ops->name;
     t->dcomm = role == DT_ROLE_REPLICA && t->world > 1 ? c->comm : NULL;
-    const dt_strategy_entry *e = dt_strategy_find(name);
-    const dt_strategy_class k = e ? dt_strategy_entry_class(e) : DT_STRATEGY_ONE_PROCESS;
-    if (c->balance && k != DT_STRATEGY_REPLICAS) {
-        char who[128];
-        return dt_error(DT_EINVAL, "--balance dynamic (cutting each global batch by speed) works with --strategy %s, "
-                        "not %s%s%s", dt_strategy_names_of_class(DT_STRATEGY_REPLICAS, "or", who, sizeof who), name,
-                        k == DT_STRATEGY_SERVERS ? " " : "", k == DT_STRATEGY_SERVERS ? "(it hands out batches by "
-                        "speed unless shards=fixed)" : "");
-    }
     if (role != DT_ROLE_REPLICA && (c->timeline || c->checkpoint_dir))
         return dt_error(DT_EINVAL, "--strategy %s does not support --%s yet%s", name,
                         c->timeline ? "timeline" : "checkpoint-dir",
                         c->timeline ? "" : " (use --save FILE, written after every epoch and on SIGTERM)");
+    const bool slow = c->aids && c->aids->slow_factor > 1 && c->aids->slow_rank == t->rank;  /* a test aid */
     if (role == DT_ROLE_SERVER) {
-        if (c->slow_factor > 1 && c->slow_rank == t->rank)
-            return dt_error(DT_EINVAL, "--slow %d:%g: rank %d is a ps server; pick a worker rank (%d..%d)", c->slow_rank,
-                            c->slow_factor, t->rank, t->world - t->dworld, t->world - 1);
+        if (slow)
+            return dt_error(DT_EINVAL, "--slow %d:%g: rank %d is a ps server; pick a worker rank (%d..%d)",
+                            c->aids->slow_rank, c->aids->slow_factor, t->rank, t->world - t->dworld, t->world - 1);
         return DT_OK;
     }
     dt_balance_config bc = {.rank = t->drank, .world = t->dworld, .job_rank0 = t->strategy->job_rank0,
-                            .batch = c->batch, .dynamic = c->balance,
-                            .slow = c->slow_factor > 1 && c->slow_rank == t->rank ? c->slow_factor : 1};
+                            .batch = c->batch, .dynamic = t->balanced, .slow = slow ? c->aids->slow_factor : 1};
     DT_TRY(dt_balance_create(&t->balance, &bc));
     if (!(t->workers = calloc((size_t)t->dworld, sizeof *t->workers)))
         return dt_error(DT_ENOMEM, "trainer: out of memory");
@@ -458,7 +475,7 @@ static dt_status setup_loader(dt_trainer *t, const dt_strategy_entry *se, const 
     const dt_train_config *c = &t->cfg;
     DT_TRY(dt_strategy_data_part(se, so, t->rank, t->world, &t->drank, &t->dworld));
     const int step_batch = dt_trainer_step_batch(t);
-    const int max_batch = c->balance ? step_batch * t->dworld : step_batch;  /* a balanced cut may be larger */
+    const int max_batch = t->balanced ? step_batch * t->dworld : step_batch;  /* a balanced cut may be larger */
     DT_TRY(check_batch(t, max_batch));
     dt_loader_config lc = {.batch = step_batch, .epoch_len = (size_t)c->epoch_windows, .shuffle = true,
                            .seed = c->seed, .rank = t->drank, .world = t->dworld, .prefetch = loader_prefetch(t),
@@ -504,6 +521,7 @@ static dt_status trainer_setup(dt_trainer *t) {
     dt_strategy_opts sopts;
     const dt_strategy_entry *sentry;
     DT_TRY(dt_strategy_parse(strategy, &sentry, &sopts));
+    t->balanced = sentry->balanced && sentry->balanced(&sopts);
     /* fp16: dynamic loss scaling (unscaled in dt_strategy_apply_update; its state is checkpointed);
      * refused before any data is read, so no rank is stopped while it loads */
     const char *prec = dt_ckpt_precision_name(c->precision);  /* "f16" is fp16 too */
@@ -544,6 +562,7 @@ static dt_status trainer_setup(dt_trainer *t) {
 
 dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
     *out = NULL;
+    DT_TRY(dt_train_config_check_layout(cfg, "dt_trainer_create"));
     DT_TRY(check_config(cfg));
     DT_TRY(dt_kernels_select(cfg->kernels, cfg->precision));
     if (cfg->save) dt_ckpt_remove_stale_temps(cfg->save); /* left by a run killed mid-write */
@@ -561,7 +580,7 @@ dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
     dt_set_threads(cfg->threads);
     dt_status s = trainer_setup(t);
     if (s != DT_OK) {
-        dt_trainer_free(t);
+        dt_trainer_destroy(t);
         return s;
     }
     *out = t;

@@ -13,6 +13,10 @@
 
 #include <stdio.h>
 
+/* DT_EINVAL naming who (the API call) when cfg's size and version are not this library's
+ * (dt_train_config_init); trainer.c. */
+dt_status dt_train_config_check_layout(const dt_train_config *cfg, const char *who);
+
 struct dt_trainer {
     dt_train_config cfg;
     dt_dataset *train, *test;
@@ -31,6 +35,7 @@ struct dt_trainer {
     double t_start;
     int rank, world;
     dt_strategy *strategy;
+    bool balanced;            /* the strategy's spec asks for balance=dynamic (entry.balanced) */
     dt_trace trace;           /* empty unless cfg.timeline */
     char resume_path[4096];   /* the checkpoint resumed from (resolves "auto") */
     char last_ckpt[4096];     /* last checkpoint written or resumed from */

@@ -50,7 +50,7 @@ dt_status dt_trainer_split_val(dt_trainer *t) {
     dt_dataset *train = NULL;
     DT_TRY(dt_dataset_split(t->train, t->cfg.val_split, t->cfg.seed, &train, &t->val));
     if (t->borrowed_data) t->own_train = train; /* cfg.train_set stays the caller's */
-    else dt_dataset_free(t->train);
+    else dt_dataset_destroy(t->train);
     t->train = train;
     return DT_OK;
 }

@@ -95,7 +95,7 @@ dt_status dt_weights_load(dt_model *m, const char *path) {
         dt_status s = dt_error(DT_EFORMAT, "%s does not fit --model %s: %s%s%s; pass the --model the weights were saved "
                                "from (the tensor names are torch.nn.Sequential's or nanoGPT's)", path, dt_model_spec(m),
                                r.text, r.n > 8 ? "; and more" : "", "");
-        dt_st_close(f);
+        dt_st_destroy(f);
         return s;
     }
     dt_error_clear();
@@ -116,7 +116,7 @@ dt_status dt_weights_load(dt_model *m, const char *path) {
             s = dt_error(DT_ENOMEM, "%s: no host memory for tensor '%s'", path, p->name);
         }
     }
-    dt_st_close(f);
+    dt_st_destroy(f);
     return s;
 }
 
@@ -131,7 +131,7 @@ dt_status dt_weights_spec(const char *path, char *spec, size_t cap, int *C, int 
     else if (sscanf(shape, "%d,%d,%d%c", C, H, W, &tail) != 3 || *C < 1 || *H < 1 || *W < 1)
         st = dt_error(DT_EFORMAT, "%s: bad dtrain.input_shape '%.40s' (want C,H,W)", path, shape);
     else snprintf(spec, cap, "%s", s);
-    dt_st_close(f);
+    dt_st_destroy(f);
     return st;
 }
 

@@ -81,7 +81,7 @@ static void test_load_dtypes(void) {
         }
         CHECK_MSG(bad == 0, "%s: %d values differ from the file's", dt_dtype_name(types[t]), bad);
     }
-    dt_model_free(src), dt_model_free(dst);
+    dt_model_destroy(src), dt_model_destroy(dst);
 }
 
 /* A load that must fail with each needle in the message and leave m untouched. */
@@ -118,7 +118,7 @@ static void test_refusals(void) {
     dt_st_writer_destroy(w);
     expect_refused(m, tpath("int.st"), "'1.weight' is I32", "F32, F16 or BF16");
     CHECK(dt_weights_load(m, tpath("absent.st")) == DT_ENOENT);
-    dt_model_free(m), dt_model_free(other);
+    dt_model_destroy(m), dt_model_destroy(other);
 }
 
 /* The logits of spec on raw inputs after --save-weights folded norm, against the original model
@@ -141,7 +141,7 @@ static void check_fold(const char *spec, int C, int H, int W) {
     double d = dt_test_maxdiff(a, b, (size_t)B * K);
     CHECK_MSG(d < 2e-5, "%s: folded logits differ by %g", spec, d);
     free(x), free(xn), free(a), free(b);
-    dt_model_free(m), dt_model_free(f);
+    dt_model_destroy(m), dt_model_destroy(f);
 }
 
 static void test_fold(void) {
@@ -158,7 +158,7 @@ static void test_fold(void) {
         CHECK_MSG(strstr(dt_last_error(), refused[i][1]), "%s: %s", refused[i][0], dt_last_error());
         CHECK(dt_weights_save(m, tpath("no.st"), &norm, 1, 5, 5) == DT_EINVAL);
         CHECK(access(tpath("no.st"), F_OK) != 0); /* nothing half-written */
-        dt_model_free(m);
+        dt_model_destroy(m);
     }
 }
 
@@ -181,7 +181,7 @@ static void test_predict(void) {
     }
     CHECK(dt_test_maxdiff(out, ref, N * 4) == 0);
     free(x), free(out), free(ref);
-    dt_model_free(m);
+    dt_model_destroy(m);
 }
 
 int main(void) {

@@ -35,19 +35,20 @@ static void check_build(const char *spec, int C, int H, int W) {
     dt_model_init(bare, DT_MODEL_BUILD_SEED);
     snprintf(what, sizeof what, "dt_model_build(\"%s\") = dt_model_init(DT_MODEL_BUILD_SEED)", spec);
     check(memcmp(p, q, n * sizeof *p) == 0, what);
-    dt_model_free(m);
-    dt_model_free(bare);
+    dt_model_destroy(m);
+    dt_model_destroy(bare);
 }
 
 /* A trainer on an in-memory set (test set or not), one step, then dt_trainer_evaluate. */
 static dt_status train_eval(dt_dataset *tr, dt_dataset *te, float *loss, float *acc) {
-    dt_train_config cfg = dt_train_defaults();
+    dt_train_config cfg;
+    DT_TRY(dt_train_config_init(&cfg));
     cfg.train_set = tr, cfg.test_set = te, cfg.model = "linear(2)", cfg.batch = 8, cfg.max_steps = 1;
     dt_trainer *t = NULL;
     dt_status s = dt_trainer_create(&t, &cfg);
     if (s == DT_OK) s = dt_trainer_run(t);
     if (s == DT_OK) s = dt_trainer_evaluate(t, loss, acc);
-    dt_trainer_free(t);
+    dt_trainer_destroy(t);
     return s;
 }
 
@@ -70,7 +71,7 @@ int main(void) {
           "dt_trainer_evaluate without a test set is DT_EINVAL saying there is none");
     check(train_eval(tr, te, &loss, &acc) == DT_OK && isfinite(loss) && acc >= 0 && acc <= 1,
           "dt_trainer_evaluate with a test set gives finite figures");
-    dt_dataset_free(te);
-    dt_dataset_free(tr);
+    dt_dataset_destroy(te);
+    dt_dataset_destroy(tr);
     return fails ? 1 : 0;
 }

@@ -163,7 +163,7 @@ static void check_gradients(int kind) {
     }
     printf("  gradients of %zu parameters (linear's through rmsnorm's dx, rmsnorm's w): worst error %.3f of the "
            "tolerance\n", np, worst);
-    dt_model_free(m);
+    dt_model_destroy(m);
 }
 
 /* 4 classes of 16 features: class c's mean is +3 at features 4c..4c+3, plus uniform noise. */
@@ -203,9 +203,9 @@ static void check_training(const char *dir) {
     dt_model *m = NULL;
     CHECK_OK(dt_model_load(&m, save));
     CHECK(m && dt_model_find_tensor(m, "2.weight") >= 0);  /* the rmsnorm is layer 2 */
-    dt_model_free(m);
-    dt_trainer_free(t);
-    dt_dataset_free(tr), dt_dataset_free(te);
+    dt_model_destroy(m);
+    dt_trainer_destroy(t);
+    dt_dataset_destroy(tr), dt_dataset_destroy(te);
 }
 
 /* dt_onnx_export asks the op for its nodes: they and its weight are in the file. */
@@ -227,7 +227,7 @@ static void check_onnx(const char *dir) {
         CHECK_MSG(rm && sq && w, "%s (%zu bytes): ReduceMean %d Sqrt %d 2.weight %d", path, len, rm, sq, w);
         printf("  ONNX: %zu bytes with the op's ReduceMean, Sqrt and 2.weight\n", len);
     }
-    dt_model_free(m);
+    dt_model_destroy(m);
 }
 
 int main(void) {

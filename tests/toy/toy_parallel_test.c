@@ -201,7 +201,7 @@ static void test_state_round_trip(void) {
     CHECK_MSG(d > 1e-3, "a sync without the state sends the same values (max |diff| %g): the state is unused", d);
     printf("sign:block=8 error feedback: restored state resends bitwise; without it max |diff| %.3g\n", d);
     dt_grad_sync_destroy(a), dt_grad_sync_destroy(b), dt_grad_sync_destroy(z);
-    dt_model_free(m);
+    dt_model_destroy(m);
     dt_comm_destroy(c);
 }
 
