@@ -35,7 +35,7 @@ static void test_entries(void) {
     CHECK(dt_strategy_register(&bad) == DT_EINVAL && strstr(dt_last_error(), "nohelp"));
     bad.help = "h", bad.options = "sync_every=H";
     CHECK(dt_strategy_register(&bad) == DT_EINVAL && strstr(dt_last_error(), "compress"));
-    bad.name = "ddp", bad.options = "sync_every=H,compress=C";
+    bad.name = "ddp", bad.options = "sync_every=H,compress=C,balance=static|dynamic";
     CHECK(dt_strategy_register(&bad) == DT_EINVAL && strstr(dt_last_error(), "registered already"));
     dt_error_clear();
     CHECK(dt_strategy_entries(&n) && n == 6);
