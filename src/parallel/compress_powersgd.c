@@ -64,13 +64,13 @@ static dt_status psgd_init(dt_grad_sync *g, dt_gs_bucket *b, size_t *state_float
     b->st = s;
     size_t nt = (size_t)dt_model_num_tensors(c->model) + 1;
     if (s) s->mat = calloc(nt, sizeof *s->mat), s->plain = calloc(nt, sizeof *s->plain);
-    if (!s || !s->mat || !s->plain) return dt_error(DT_ENOMEM, "--compress powersgd: out of memory");
+    if (!s || !s->mat || !s->plain) return dt_error(DT_ENOMEM, "`compress` powersgd: out of memory");
     for (int i = 0; i < dt_model_num_tensors(c->model); i++) {
         const dt_param_info *t = dt_model_tensor(c->model, i);
         if (!t->is_buffer) DT_TRY(add_tensor(s, b, t, dt_grad_sync_spec(g)->rank, dt_grad_sync_spec(g)->min_rate));
     }
     s->pay = dt_alloc((s->nplain_vals + s->np + 1) * sizeof(float));
-    if (!s->pay) return dt_error(DT_ENOMEM, "--compress powersgd: out of memory for a %zu-value bucket", b->hi - b->lo);
+    if (!s->pay) return dt_error(DT_ENOMEM, "`compress` powersgd: out of memory for a %zu-value bucket", b->hi - b->lo);
     *state_floats = s->nq + s->ne;
     return DT_OK;
 }
