@@ -97,11 +97,13 @@ mkdir -p "$lf/src/run" "$lf/src/device" "$lf/src/cli"
 printf 'static const char *const TERMS[] = {\n    "batch",\n};\n' >"$lf/src/cli/flag_terms.c"
 printf 'int f(int b) { return dt_error(DT_EINVAL, "--batch %%d: need at least 1", b); }\n' >"$lf/src/run/x.c"
 printf 'int g(void) { return dt_error(DT_EINVAL, "`batch` and `frobs`: unknown"); }\n' >>"$lf/src/run/x.c"
+printf 'void h(char *w, const char *k) { sprintf(w, "%%s--%%s 1 (was 2)", "; ", k); }\n' >>"$lf/src/run/x.c"
 printf 'const k K = {.name = "cpu", .help = "uses --kernels",\n .options = ""};\n' >"$lf/src/device/d.c"
 out=$(python3 "$ROOT/scripts/lib-flag-check" "$lf")
 if [ $? -ne 0 ] && grep -q 'src/run/x.c:1: a flag' <<<"$out" && grep -q 'src/run/x.c:2: `frobs` is no term' <<<"$out" &&
+   grep -q 'src/run/x.c:3: a flag' <<<"$out" &&
    ! grep -q 'd.c\|`batch` is no term' <<<"$out"; then
-  ok "lib-flag-check fails on a planted --batch in a dt_error and an unknown term, not on help text"
+  ok "lib-flag-check fails on a planted --batch in a dt_error, a \"%s--%s\" and an unknown term, not on help text"
 else
   bad "lib-flag-check on a planted tree printed: $out"
 fi

@@ -13,7 +13,7 @@
 static const char *const TERMS[] = {
     /* dtrain train: dt_train_config's fields, and the settings of the job around it */
     "data", "model", "epochs", "batch", "grad_accum", "epoch_windows", "val_fraction", "val_split",
-    "optimizer", "lr", "momentum", "weight_decay", "eps", "clip_norm", "schedule", "warmup", "step_size",
+    "optimizer", "lr", "momentum", "nesterov", "beta1", "beta2", "weight_decay", "eps", "clip_norm", "schedule", "warmup", "step_size",
     "gamma", "min_lr", "seed", "threads", "kernels", "precision", "device", "normalize", "max_steps", "save",
     "resume", "weights", "save_weights", "checkpoint_dir", "checkpoint_every", "checkpoint_secs", "keep",
     "keep_best", "early_stop", "metrics", "timeline", "tensorboard", "log_every", "eval_every",
