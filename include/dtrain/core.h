@@ -236,7 +236,7 @@ void dt_log(dt_log_level lvl, const char *fmt, ...) __attribute__((format(printf
 void dt_log_set_rank(int rank);
 /* Sends each log line (with its "[dtrain rank R] warn: " prefix, without a newline) to sink
  * instead of stderr; NULL: stderr again. dtrain's CLI prints them with its flags for the library's
- * terms (see "Errors" above). */
+ * terms (see the note on errors above). */
 void dt_log_set_sink(void (*sink)(void *ctx, const char *line), void *ctx);
 
 #ifdef __cplusplus
