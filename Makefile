@@ -281,8 +281,8 @@ valgrind-build:
 client:
 	@$(MAKE) --no-print-directory BUILD=build-client MPI=0 CUDA=0 build-client/dtrain-fl-client
 
-$(BUILD)/dtrain-fl-client: src/cli/cmd_fl.c src/cli/flags.c $(BUILD)/libdtrain.a
-	$(CC) $(CFLAGS) -DDT_FL_CLIENT_MAIN $(LDFLAGS) -o $@ src/cli/cmd_fl.c src/cli/flags.c $(BUILD)/libdtrain.a $(LDLIBS)
+$(BUILD)/dtrain-fl-client: src/cli/cmd_fl.c src/cli/flags.c src/cli/flag_terms.c $(BUILD)/libdtrain.a
+	$(CC) $(CFLAGS) -DDT_FL_CLIENT_MAIN $(LDFLAGS) -o $@ src/cli/cmd_fl.c src/cli/flags.c src/cli/flag_terms.c $(BUILD)/libdtrain.a $(LDLIBS)
 
 # Regenerates the PyTorch reference fixtures (needs Debian's python3-torch; CI does not).
 fixtures:

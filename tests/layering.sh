@@ -123,4 +123,24 @@ if [ $? -ne 0 ] && echo "$out" | grep -q "op 'nohelp'.*no .help" && echo "$out" 
 else
   bad "registry-check on planted ops (nohelp, nosyntax, noargs bad; good, graphonly fine) printed: $out"
 fi
+# library errors in the library's terms (issue 38): no "--flag" in a library message, and every
+# `term` one names has its flag in the CLI's table; the real tree passes, a planted tree with a
+# flag in a dt_error and a term the table lacks fails naming both, and its .help text passes
+if out=$(python3 "$ROOT/scripts/lib-flag-check" "$ROOT"); then ok "lib-flag-check: $out"
+else bad "scripts/lib-flag-check: flags or unknown terms in library messages: $out"; fi
+lf=$TMP/libflag
+mkdir -p "$lf/src/run" "$lf/src/device" "$lf/src/cli"
+printf 'static const char *const TERMS[] = {\n    "batch",\n};\n' >"$lf/src/cli/flag_terms.c"
+printf 'int f(int b) { return dt_error(DT_EINVAL, "--batch %%d: need at least 1", b); }\n' >"$lf/src/run/x.c"
+printf 'int g(void) { return dt_error(DT_EINVAL, "`batch` and `frobs`: unknown"); }\n' >>"$lf/src/run/x.c"
+printf 'void h(char *w, const char *k) { sprintf(w, "%%s--%%s 1 (was 2)", "; ", k); }\n' >>"$lf/src/run/x.c"
+printf 'const k K = {.name = "cpu", .help = "uses --kernels",\n .options = ""};\n' >"$lf/src/device/d.c"
+out=$(python3 "$ROOT/scripts/lib-flag-check" "$lf")
+if [ $? -ne 0 ] && grep -q 'src/run/x.c:1: a flag' <<<"$out" && grep -q 'src/run/x.c:2: `frobs` is no term' <<<"$out" &&
+   grep -q 'src/run/x.c:3: a flag' <<<"$out" &&
+   ! grep -q 'd.c\|`batch` is no term' <<<"$out"; then
+  ok "lib-flag-check fails on a planted --batch in a dt_error, a \"%s--%s\" and an unknown term, not on help text"
+else
+  bad "lib-flag-check on a planted tree printed: $out"
+fi
 finish

@@ -28,6 +28,12 @@ typedef enum {
     DT_EINTR = -11,     /* interrupted by a signal (e.g. SIGTERM) */
 } dt_status;
 
+/* Errors name the library's own terms, never a command-line flag: a setting appears as its config
+ * field or strategy-spec key in backticks ("`grad_accum` 0: need 1..65536 micro-batches per step",
+ * "`strategy` ddp: zero=4: ..."), so an embedder is told about what it set. A front end maps the
+ * terms to its own words: dtrain's CLI prints each as the flag that sets it (--grad-accum), from
+ * its table in src/cli/flag_terms.c; tests/layering.sh fails on a "--flag" in a library message. */
+
 /* Short static name for a status ("DT_EINVAL: invalid argument"). */
 const char *dt_status_str(dt_status s);
 /* The message of the last error set on this thread ("" if none). Valid until the next error. */
@@ -229,6 +235,10 @@ typedef enum { DT_LOG_ERROR = 0, DT_LOG_WARN, DT_LOG_INFO, DT_LOG_DEBUG } dt_log
  * (error|warn|info|debug), default warn. The library never prints otherwise. */
 void dt_log(dt_log_level lvl, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void dt_log_set_rank(int rank);
+/* Sends each log line (with its "[dtrain rank R] warn: " prefix, without a newline) to sink
+ * instead of stderr; NULL: stderr again. dtrain's CLI prints them with its flags for the library's
+ * terms (see the note on errors above). */
+void dt_log_set_sink(void (*sink)(void *ctx, const char *line), void *ctx);
 
 #ifdef __cplusplus
 }

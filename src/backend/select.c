@@ -18,12 +18,12 @@ dt_status dt_backend_find(const char *kernels, dt_dtype precision, const dt_kern
     }
     if (!strcmp(kernels, "onednn")) {
         if (!dt_onednn_built())
-            return dt_error(DT_ENOTSUP, "--kernels onednn: built without oneDNN: install libdnnl-dev and rebuild "
-                                        "(or use --kernels blas)");
+            return dt_error(DT_ENOTSUP, "`kernels` onednn: built without oneDNN: install libdnnl-dev and rebuild "
+                                        "(or use `kernels` blas)");
         *out = dt_backend_onednn(precision);
         return DT_OK;
     }
-    return dt_error(DT_EINVAL, "--kernels %s: unknown kernel library (use onednn or blas)", kernels);
+    return dt_error(DT_EINVAL, "`kernels` %s: unknown kernel library (use onednn or blas)", kernels);
 }
 
 const dt_kernel_table *dt_backend_default(void) {
@@ -40,7 +40,7 @@ dt_status dt_kernels_select(const char *kernels, const char *precision) {
         if (!strcmp(precision, "fp32") || !strcmp(precision, "f32")) p = DT_F32;
         else if (!strcmp(precision, "bf16")) p = DT_BF16;
         else if (!strcmp(precision, "fp16") || !strcmp(precision, "f16")) p = DT_F16;
-        else return dt_error(DT_EINVAL, "--precision %s: unknown precision (use fp32, bf16 or fp16)", precision);
+        else return dt_error(DT_EINVAL, "`precision` %s: unknown precision (use fp32, bf16 or fp16)", precision);
     }
     const dt_kernel_table *be;
     DT_TRY(dt_backend_find(kernels ? kernels : cur->name, p, &be));
@@ -60,7 +60,7 @@ const char *dt_kernels_note(void) {
     if (be->precision == DT_F32) return NULL;
     if (!strcmp(be->name, "blas"))
         return "blas at bf16/fp16 rounds the GEMM inputs, then runs sgemm: correct but slower than fp32 "
-               "(--kernels onednn is the fast path)";
+               "(`kernels` onednn is the fast path)";
     if (be->precision == DT_F16)
         return "oneDNN 2.6 has no fp16 GEMM on CPUs: inputs are rounded to fp16, then f32 oneDNN GEMMs "
                "(correct, not faster than fp32)";

@@ -77,7 +77,7 @@ static void run_rank(const bench_case *k, int r, const char *data, const char *m
     FILE *sf = fopen("/proc/self/statm", "r");
     if (sf && fscanf(sf, "%ld %ld", &pages, &resident) == 2) res->end_kb[r] = resident * (sysconf(_SC_PAGESIZE) / 1024);
     if (sf) fclose(sf);
-    if (s != DT_OK) res->failed = 1, snprintf(res->err, sizeof res->err, "rank %d: %s", r, dt_last_error());
+    if (s != DT_OK) res->failed = 1, snprintf(res->err, sizeof res->err, "rank %d: %s", r, dt_cli_last_error());
     if (r == 0 && res->last > 1 && res->el > res->el1) res->sps = (double)(res->last - 1) * gb / (res->el - res->el1);
     dt_trainer_destroy(t);
     dt_comm_destroy(comm);

@@ -358,11 +358,13 @@ static void train_footer(const bench_notes *notes, char *json, size_t cap, int j
     char impls[1536];
     dt_kernels_impls(impls, sizeof impls);
     printf("# onednn chose: %s\n", impls[0] ? impls : "(not run)");
-    for (int i = 0; i < notes->n; i++) printf("# note (%s rows): %s\n", notes->rows[i], notes->text[i]);
+    char note[8][512];  /* the library's terms as flags */
+    for (int i = 0; i < notes->n; i++) dt_cli_flag_terms(notes->text[i], note[i], sizeof note[i]);
+    for (int i = 0; i < notes->n; i++) printf("# note (%s rows): %s\n", notes->rows[i], note[i]);
     if (jn < (int)cap - 64) jn += snprintf(json + jn, cap - (size_t)jn, "], \"notes\": [");
     for (int i = 0; i < notes->n && jn < (int)cap - 400; i++)
         jn += snprintf(json + jn, cap - (size_t)jn, "%s{\"rows\": \"%s\", \"note\": \"%s\"}", i ? ", " : "",
-                       notes->rows[i], notes->text[i]);
+                       notes->rows[i], note[i]);
     printf("%s], \"onednn_impls\": \"%s\"}\n", json, impls);
 }
 

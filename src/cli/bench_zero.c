@@ -35,7 +35,7 @@ static int rank_main(const char *spec, int stage, int N, int r, const char *job,
     char strat[64];
     snprintf(strat, sizeof strat, stage ? "ddp(zero=%d)" : N > 1 ? "ddp" : "single", stage);
     dt_status s = dt_mem_probe_gpt(spec, strat, stage || N > 1 ? c : NULL, B, steps, &out->p);
-    if (s != DT_OK) fprintf(stderr, "bench zero: rank %d: %s\n", r, dt_last_error());
+    if (s != DT_OK) fprintf(stderr, "bench zero: rank %d: %s\n", r, dt_cli_last_error());
     dt_comm_destroy(c);
     out->ok = s == DT_OK;
     return s != DT_OK;

@@ -61,7 +61,16 @@ extern void (*dt_flags_help_hook)(const dt_flag_help *help, const dt_flag *flags
 /* The name among names[0..n) that word[0..len) most likely means: the only one it is a prefix of
  * (3+ letters), else the only nearest within 2 edits (1 for words of up to 4 letters); NULL if none. */
 const char *dt_cli_suggest(const char *word, size_t len, const char *const *names, int n);
-/* Prints "dtrain: error: MESSAGE" and, when hint is non-NULL, "HINT: hint" to stderr; returns 1
+/* Library messages name settings by their config field or spec key in backticks (`grad_accum`);
+ * this writes msg into out (cap bytes, cut to fit) with each term of cli/flag_terms.c's table
+ * replaced by its flag (--grad-accum). Returns the length the whole text takes. */
+size_t dt_cli_flag_terms(const char *msg, char *out, size_t cap);
+/* dt_last_error() in the CLI's words (dt_cli_flag_terms); valid until the next call on this thread. */
+const char *dt_cli_last_error(void);
+/* Sends the library's log lines through dt_cli_flag_terms to stderr (dt_log_set_sink). */
+void dt_cli_flag_terms_install(void);
+/* Prints "dtrain: error: MESSAGE" and, when hint is non-NULL, "HINT: hint" to stderr, the
+ * library's terms in it as flags (dt_cli_flag_terms); returns 1
  * (a failure at run time). */
 int dt_cli_fail(const char *hint, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* The same for a wrong command line; returns DT_EXIT_USAGE (2). */

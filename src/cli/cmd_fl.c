@@ -238,6 +238,7 @@ int dt_cmd_fl_client(int argc, char **argv) {
 #ifdef DT_FL_CLIENT_MAIN
 /* `make client`: a stand-alone fl-client for an edge box (no MPI). */
 int main(int argc, char **argv) {
+    dt_cli_flag_terms_install();
     return dt_cmd_fl_client(argc, argv);
 }
 #endif

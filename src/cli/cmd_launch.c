@@ -20,7 +20,9 @@ static const char *USAGE =
 
 static void print_event(void *ctx, const char *msg) {
     (void)ctx;
-    fprintf(stderr, "dtrain launch: %s\n", msg);
+    char out[4096];
+    dt_cli_flag_terms(msg, out, sizeof out);
+    fprintf(stderr, "dtrain launch: %s\n", out);
     fflush(stderr);
 }
 

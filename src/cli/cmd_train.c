@@ -31,7 +31,9 @@ static volatile sig_atomic_t g_stop;
 
 static void print_launch_event(void *ctx, const char *msg) {
     (void)ctx;
-    fprintf(stderr, "dtrain train: %s\n", msg);
+    char out[4096];
+    dt_cli_flag_terms(msg, out, sizeof out);
+    fprintf(stderr, "dtrain train: %s\n", out);
 }
 
 /* Exit status of a rank whose set-up failed with s: a peer's failure or a deadline is
@@ -305,7 +307,8 @@ static void print_header(const train_opts *o, dt_trainer *t, dt_comm *comm, int 
            dt_model_spec(dt_trainer_model(t)), dt_model_num_params(dt_trainer_model(t)), c->data, c->batch,
            dt_optim_name(c->optim.kind), c->lr.base_lr, (unsigned long long)c->seed, c->threads, c->threads > 1 ? "s" : "");
     printf("dtrain: kernels %s\n", dt_kernels_describe());
-    if (dt_kernels_note()) printf("dtrain: note: %s\n", dt_kernels_note());
+    char note[512];
+    if (dt_kernels_note()) dt_cli_flag_terms(dt_kernels_note(), note, sizeof note), printf("dtrain: note: %s\n", note);
     const long cores = sysconf(_SC_NPROCESSORS_ONLN);
     if (cores > 0 && c->threads > cores)
         printf("dtrain: note: --threads %d on %ld cores: the threads take turns on them (slower than --threads %ld)\n",
@@ -424,19 +427,20 @@ static int create_rank_trainer(dt_trainer **t, const dt_train_config *cfg) {
     if (s == DT_OK) return -1;
     *t = NULL;
     /* an error that starts with its flag ("--batch 9 is ...: use ...") carries its own advice */
-    const char *hint = !strncmp(dt_last_error(), "--", 2) ? NULL
-                       : strstr(dt_last_error(), "data set") || strstr(dt_last_error(), "--data")
+    const char *msg = dt_cli_last_error();
+    const char *hint = !strncmp(msg, "--", 2) ? NULL
+                       : strstr(msg, "data set") || strstr(msg, "--data")
                            ? "check --data (fashion-mnist, mnist, an IDX directory, a .csv file, text:FILE or kjv)"
-                       : strstr(dt_last_error(), "model spec") ? "see 'dtrain train --help' for the spec syntax"
-                                                               : NULL;
-    dt_cli_fail(hint, "%s", dt_last_error());
+                       : strstr(msg, "model spec") ? "see 'dtrain train --help' for the spec syntax"
+                                                   : NULL;
+    dt_cli_fail(hint, "%s", msg);
     return setup_exit(s);
 }
 
 /* The exit status of a rank whose run ended with s (after saying why it stopped). */
 static int rank_failure_exit(dt_status s, int rank, int world) {
     if (s == DT_EINTR) {
-        if (rank == 0) printf("dtrain: %s\n", dt_last_error());
+        if (rank == 0) printf("dtrain: %s\n", dt_cli_last_error());
         return 0;
     }
     if (world == 1) return dt_cli_fail(NULL, "%s", dt_last_error());

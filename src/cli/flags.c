@@ -22,10 +22,11 @@ const char dt_cli_exit_help[] =
     "128+N killed by signal N. With --workers or dtrain launch, the status of the rank that failed.";
 
 static void vfail(const char *hint, const char *fmt, va_list ap) {
-    fprintf(stderr, "dtrain: error: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
-    if (hint) fprintf(stderr, "HINT: %s\n", hint);
+    char msg[8192], out[8192];  /* the library's terms (`grad_accum`) as flags (--grad-accum) */
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    dt_cli_flag_terms(msg, out, sizeof out);
+    fprintf(stderr, "dtrain: error: %s\n", out);
+    if (hint) dt_cli_flag_terms(hint, out, sizeof out), fprintf(stderr, "HINT: %s\n", out);
 }
 
 int dt_cli_fail(const char *hint, const char *fmt, ...) {

@@ -3,6 +3,7 @@
  * "Advanced", "did you mean" for flags and names, and dtrain train's own groups. */
 #include "cli/flags.c"
 #include "cli/train_usage.c"
+#include "cli/flag_terms.c"
 #include "core/test.h"
 
 static int a, b, c, d, e;
@@ -77,7 +78,19 @@ static void test_train_groups(void) {
         }
 }
 
+/* The library's terms in backticks become flags; other backticked words, and text cut to fit, stay right. */
+static void test_flag_terms(void) {
+    char out[128];
+    dt_cli_flag_terms("`grad_accum` 0: need 1..65536; `clip_norm` 2 x `batch`", out, sizeof out);
+    CHECK_MSG(!strcmp(out, "--grad-accum 0: need 1..65536; --clip 2 x --batch"), "%s", out);
+    dt_cli_flag_terms("run `bible` or `make CUDA=1`; `zero", out, sizeof out);
+    CHECK_MSG(!strcmp(out, "run `bible` or `make CUDA=1`; `zero"), "%s", out);
+    size_t n = dt_cli_flag_terms("`strategy` ps", out, 6);
+    CHECK_MSG(n == 13 && !strcmp(out, "--str"), "%zu '%s'", n, out);
+}
+
 int main(void) {
+    test_flag_terms();
     test_order_with_advanced();
     test_added_advanced();
     test_suggest();

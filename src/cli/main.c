@@ -85,6 +85,7 @@ static void pick_blas_kernels(char **argv) {
 
 int main(int argc, char **argv) {
     pick_blas_kernels(argv);
+    dt_cli_flag_terms_install();  /* the library's log lines name flags, not its terms */
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         usage();
         return argc < 2 ? 2 : 0;

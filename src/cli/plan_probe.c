@@ -125,7 +125,7 @@ static int probe_rank(int r, int ranks, const char *job, int fd, size_t big) {
     cfg.rank = r, cfg.size = ranks, cfg.local_rank = r, cfg.job_id = job, cfg.backend = DT_BACKEND_SHM;
     dt_comm *comm;
     if (dt_comm_create(&comm, &cfg) != DT_OK) {
-        fprintf(stderr, "dtrain plan: probe rank %d: %s\n", r, dt_last_error());
+        fprintf(stderr, "dtrain plan: probe rank %d: %s\n", r, dt_cli_last_error());
         return 1;
     }
     double t[3] = {0, 0, 0}, small[2] = {0, 0}, large[2] = {0, 0}, after[2] = {0, 0};
@@ -133,7 +133,7 @@ static int probe_rank(int r, int ranks, const char *job, int fd, size_t big) {
     if (s == DT_OK) s = time_allreduce(comm, big, big > (1u << 20) ? 15 : 50, false, large);
     if (s == DT_OK) s = time_allreduce(comm, 1024, 40, true, after);
     t[0] = small[0], t[1] = large[0], t[2] = after[1] > small[1] ? after[1] - small[1] : 0;
-    if (s != DT_OK) fprintf(stderr, "dtrain plan: probe rank %d: %s\n", r, dt_last_error());
+    if (s != DT_OK) fprintf(stderr, "dtrain plan: probe rank %d: %s\n", r, dt_cli_last_error());
     if (s == DT_OK && r == 0 && write(fd, t, sizeof t) != (ssize_t)sizeof t) s = DT_EIO;
     dt_comm_destroy(comm);
     return s == DT_OK ? 0 : 1;

@@ -1,5 +1,6 @@
 /* What `dtrain train` prints on rank 0 while it trains (train_progress.h). */
 #include "cli/train_progress.h"
+#include "cli/cli.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -143,7 +144,9 @@ void dt_train_print_epoch(void *ctx, const dt_epoch_info *e) {
 
 void dt_train_print_note(void *ctx, const char *msg) {
     (void)ctx;
-    printf("dtrain: %s\n", msg);
+    char out[4096];
+    dt_cli_flag_terms(msg, out, sizeof out);
+    printf("dtrain: %s\n", out);
     fflush(stdout);
 }
 

@@ -24,7 +24,7 @@ static dt_status nccl_create(dt_transport **out, const dt_transport_params *p) {
     (void)p;
     *out = NULL;
     return dt_error(DT_ENOTSUP, "the nccl transport is not built in: install CUDA with NCCL (nccl.h and libnccl under "
-                    "CUDA_HOME=/usr/local/cuda) and rebuild with NCCL=1, or use --backend shm or mpi");
+                    "CUDA_HOME=/usr/local/cuda) and rebuild with NCCL=1, or use `backend` shm or mpi");
 }
 
 #else
@@ -144,7 +144,7 @@ static dt_status nccl_over(dt_transport *h, const char *device, int local_rank, 
     dt_status st = exchange_id(h, &me, &rep, deadline);
     if (st == DT_OK && !rep.ok)
         st = dt_error(DT_ENOTSUP, "the nccl transport needs a CUDA device on every rank, and %s: run on GPUs, or "
-                      "use --backend shm or mpi (host-staged collectives)", rep.msg);
+                      "use `backend` shm or mpi (host-staged collectives)", rep.msg);
     if (st == DT_OK) st = init_comm(n, &rep.id, deadline);
     if (st != DT_OK) {
         n->broken = true;
@@ -206,7 +206,7 @@ void dt_nccl_destroy(dt_transport *t) {
 
 static bool nccl_probe(const dt_transport_params *p, char *why, size_t n) {
     if (p->size > 1 && cuda_spec(p->device)) return true;
-    snprintf(why, n, "%s", p->size > 1 ? "model memory is not on a CUDA device (--device cuda)"
+    snprintf(why, n, "%s", p->size > 1 ? "model memory is not on a CUDA device (`device` cuda)"
                                        : "one process needs no transport");
     return false;
 }

@@ -47,7 +47,7 @@ static int no_gpu_rank(int rank, int size, const char *job, void *arg) {
     dt_comm *c = NULL;
     CHECK(nccl_comm(&c, rank, size, job, 20) == DT_ENOTSUP && c == NULL);
     CHECK_MSG(strstr(dt_last_error(), "needs a CUDA device on every rank") && strstr(dt_last_error(), "rank 0: ") &&
-              strstr(dt_last_error(), "--backend shm or mpi"), "rank %d: %s", rank, dt_last_error());
+              strstr(dt_last_error(), "`backend` shm or mpi"), "rank %d: %s", rank, dt_last_error());
     return dt_test_failures;
 }
 

@@ -191,7 +191,26 @@ static void test_try_goto(void) {
     CHECK(two_steps(DT_OK, DT_ENOMEM, &cleaned) == DT_ENOMEM && cleaned && g_steps == 2);
 }
 
+/* dt_log_set_sink: each line, with its prefix, reaches the sink instead of stderr, until NULL. */
+static char g_line[256];
+static int g_lines;
+static void keep_line(void *ctx, const char *line) {
+    snprintf(g_line, sizeof g_line, "%s%s", (const char *)ctx, line);
+    g_lines++;
+}
+
+static void test_log_sink(void) {
+    dt_log_set_sink(keep_line, "sink: ");
+    dt_log(DT_LOG_ERROR, "`batch` %d: need at least 1", 0);
+    CHECK_MSG(g_lines == 1 && !strcmp(g_line, "sink: [dtrain] error: `batch` 0: need at least 1"), "%d '%s'", g_lines,
+              g_line);
+    dt_log_set_sink(NULL, NULL);
+    dt_log(DT_LOG_ERROR, "core_test: this line goes to stderr again (dt_log_set_sink(NULL))");
+    CHECK(g_lines == 1);
+}
+
 int main(void) {
+    test_log_sink();
     test_version();
     test_try_goto();
     test_bf16();

@@ -58,16 +58,16 @@ static bool charge(size_t bytes, const char *what) {
         atomic_fetch_sub(&g_used, bytes);
         g_hit = true;  /* the machine's memory acts as the limit */
         dt_error(DT_ENOMEM, "%s of %zu bytes would hold %zu bytes on this rank, more than this machine's %zu bytes of "
-                 "memory; use more ranks (--zero 3, --pp K, --tp K) or a smaller model or batch (dtrain train "
-                 "--dry-run prints each rank's plan), or set --mem-limit BYTES yourself to count on swap", what, bytes,
+                 "memory; use more ranks (`zero` 3, `pp` K, `tp` K) or a smaller model or batch ("
+                 "`dry_run` prints each rank's plan), or set `mem_limit` BYTES yourself to count on swap", what, bytes,
                  now, phys);
         return false;
     }
     if (lim && now > lim) {
         atomic_fetch_sub(&g_used, bytes);
         g_hit = true;
-        dt_error(DT_ENOMEM, "--mem-limit %zu bytes: %s of %zu bytes would hold %zu bytes on this rank; raise "
-                 "--mem-limit, more ranks (--zero 3, --pp K, --tp K), or a smaller model or batch",
+        dt_error(DT_ENOMEM, "`mem_limit` %zu bytes: %s of %zu bytes would hold %zu bytes on this rank; raise "
+                 "`mem_limit`, more ranks (`zero` 3, `pp` K, `tp` K), or a smaller model or batch",
                  lim, what, bytes, now);
         return false;
     }
@@ -142,8 +142,8 @@ dt_status dt_mem_set_limit(size_t bytes) {
     atomic_store(&g_limit, bytes);
     size_t now = atomic_load(&g_used);
     if (bytes && now > bytes)
-        return dt_error(DT_ENOMEM, "--mem-limit %zu bytes: this rank already holds %zu bytes (parameters, gradients "
-                        "and optimizer state); raise --mem-limit or use more ranks with --zero 3, --pp K or --tp K",
+        return dt_error(DT_ENOMEM, "`mem_limit` %zu bytes: this rank already holds %zu bytes (parameters, gradients "
+                        "and optimizer state); raise `mem_limit` or use more ranks with `zero` 3, `pp` K or `tp` K",
                         bytes, now);
     return DT_OK;
 }

@@ -37,10 +37,10 @@ static void test_limit(void) {
     CHECK(ok != NULL && !dt_mem_limit_hit());
     void *no = dt_alloc(1 << 20);
     CHECK(no == NULL && dt_mem_limit_hit());
-    CHECK_MSG(strstr(dt_last_error(), "--mem-limit") != NULL, "message: %s", dt_last_error());
+    CHECK_MSG(strstr(dt_last_error(), "`mem_limit`") != NULL, "message: %s", dt_last_error());
     dt_slab s;
     CHECK(dt_slab_init(&s, 1 << 20) == DT_ENOMEM);
-    CHECK_MSG(strstr(dt_last_error(), "cannot allocate a slab") && strstr(dt_last_error(), "--mem-limit"), "%s",
+    CHECK_MSG(strstr(dt_last_error(), "cannot allocate a slab") && strstr(dt_last_error(), "`mem_limit`"), "%s",
               dt_last_error());
     CHECK(dt_mem_reacquire(1 << 20) == DT_ENOMEM);
     CHECK(dt_mem_set_limit(used0 + 1) == DT_ENOMEM);  /* already above */
@@ -70,7 +70,7 @@ static void test_placement(void) {
     CHECK(s.data[8192] == 0.0f && s.data[n / 2] == 0.0f && s.data[n - 8192] == 0.0f);
     CHECK_OK(dt_mem_set_limit(dt_mem_used() + 4096));
     CHECK(dt_slab_place(&s, NULL, 0, "a test") == DT_ENOMEM && dt_mem_limit_hit());
-    CHECK_MSG(strstr(dt_last_error(), "a test") && strstr(dt_last_error(), "--mem-limit"), "%s", dt_last_error());
+    CHECK_MSG(strstr(dt_last_error(), "a test") && strstr(dt_last_error(), "`mem_limit`"), "%s", dt_last_error());
     CHECK(dt_mem_used() == used0 + 2 * 4096 * sizeof(float) && s.data[0] == 1.0f);
     CHECK_OK(dt_mem_set_limit(0));
     dt_slab_free(&s);

@@ -12,6 +12,8 @@
 static int g_threads = 1;
 static int g_log_rank = -1;
 static int g_log_level = -1;
+static void (*g_log_sink)(void *ctx, const char *line); /* NULL: stderr */
+static void *g_log_ctx;
 
 void dt_set_threads(int n) {
     if (n < 1) n = 1;
@@ -52,7 +54,13 @@ void dt_log(dt_log_level lvl, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(buf + n, sizeof buf - (size_t)n, fmt, ap);
     va_end(ap);
-    fprintf(stderr, "%s\n", buf);
+    if (g_log_sink) g_log_sink(g_log_ctx, buf);
+    else fprintf(stderr, "%s\n", buf);
+}
+
+void dt_log_set_sink(void (*sink)(void *ctx, const char *line), void *ctx) {
+    g_log_sink = sink;
+    g_log_ctx = ctx;
 }
 
 size_t dt_path_dir(char *out, size_t cap, const char *path) {

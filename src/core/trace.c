@@ -51,7 +51,7 @@ dt_status dt_trace_write_json(const char *path, const dt_trace_event *ev, size_t
     char tmp[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
     FILE *f = fopen(tmp, "w");
-    if (!f) return dt_error(DT_EIO, "--timeline %s: cannot create %s", path, tmp);
+    if (!f) return dt_error(DT_EIO, "`timeline` %s: cannot create %s", path, tmp);
     static const char *lanes[] = {"compute", "communication", "data"};
     fprintf(f, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
     /* name each rank's process and lanes */
@@ -81,7 +81,7 @@ dt_status dt_trace_write_json(const char *path, const dt_trace_event *ev, size_t
     if (ok && rename(tmp, path) != 0) ok = false, e = errno;
     if (!ok) {
         unlink(tmp);
-        return dt_error(DT_EIO, "--timeline %s: writing %s failed: %s; check the disk (free space, permissions)", path, tmp,
+        return dt_error(DT_EIO, "`timeline` %s: writing %s failed: %s; check the disk (free space, permissions)", path, tmp,
                         strerror(e));
     }
     return DT_OK;

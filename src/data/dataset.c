@@ -93,7 +93,7 @@ dt_status dt_dataset_set_normalize(dt_dataset *ds, float mean, float std) {
     if (!(std > 0) || mean != mean)
         return dt_error(DT_EINVAL, "normalisation needs a finite mean and std > 0, got mean %g std %g", (double)mean, (double)std);
     if (ds->T && (mean != 0 || std != 1))
-        return dt_error(DT_EINVAL, "%s is a text data set (token ids): --normalize does not apply to it; leave it out", ds->source);
+        return dt_error(DT_EINVAL, "%s is a text data set (token ids): `normalize` does not apply to it; leave it out", ds->source);
     ds->mean = mean;
     ds->std = std;
     dt_dataset_update_lut(ds);
@@ -463,7 +463,7 @@ dt_status dt_dataset_open(dt_dataset **train, dt_dataset **test, const char *pat
     if (test) *test = NULL;
     if (!path || !*path) return dt_error(DT_EINVAL, "no data set given: pass " DATA_SOURCES);
     if (dt_data_is_text(path))
-        return dt_error(DT_EINVAL, "--data %s is a text data set: open it with dt_dataset_open_text and the model's context length T",
+        return dt_error(DT_EINVAL, "`data` %s is a text data set: open it with dt_dataset_open_text and the model's context length T",
                         path);
     if (dt_data_is_npy(path) || dt_data_is_npy_dir(path)) return dt_dataset_open_npy_spec(train, test, path);
     if (!strcmp(path, "fashion-mnist") || !strcmp(path, "mnist")) {

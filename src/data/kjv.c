@@ -65,21 +65,21 @@ static dt_status run_bible(const char *prog, int fd, const char *where) {
     int rc = posix_spawn(&pid, prog, &fa, &at, argv, environ);
     posix_spawn_file_actions_destroy(&fa);
     posix_spawnattr_destroy(&at);
-    if (rc != 0) return dt_error(DT_EIO, "--data kjv: cannot run %s (%s): reinstall bible-kjv (scripts/install-deps)", prog, strerror(rc));
+    if (rc != 0) return dt_error(DT_EIO, "`data` kjv: cannot run %s (%s): reinstall bible-kjv (scripts/install-deps)", prog, strerror(rc));
     int ws;
     while (waitpid(pid, &ws, 0) < 0)
-        if (errno != EINTR) return dt_error(DT_EIO, "--data kjv: waiting for %s: %s", prog, strerror(errno));
+        if (errno != EINTR) return dt_error(DT_EIO, "`data` kjv: waiting for %s: %s", prog, strerror(errno));
     struct stat st;
     if (WIFSIGNALED(ws) && (WTERMSIG(ws) == SIGTERM || WTERMSIG(ws) == SIGINT || WTERMSIG(ws) == SIGHUP))
-        return dt_error(DT_EIO, "--data kjv: `%s -f " KJV_RANGE "` was stopped by signal %d (%s) before it finished "
+        return dt_error(DT_EIO, "`data` kjv: `%s -f " KJV_RANGE "` was stopped by signal %d (%s) before it finished "
                         "writing %s; nothing is wrong with it: run again", prog, WTERMSIG(ws), strsignal(WTERMSIG(ws)),
                         where);
     if (!WIFEXITED(ws) || WEXITSTATUS(ws) != 0)
-        return dt_error(DT_EIO, "--data kjv: `%s -f " KJV_RANGE "` failed (%s %d) writing %s: check that bible-kjv and "
+        return dt_error(DT_EIO, "`data` kjv: `%s -f " KJV_RANGE "` failed (%s %d) writing %s: check that bible-kjv and "
                         "bible-kjv-text are installed (scripts/install-deps)", prog, WIFEXITED(ws) ? "exit status" : "signal",
                         WIFEXITED(ws) ? WEXITSTATUS(ws) : WTERMSIG(ws), where);
     if (fstat(fd, &st) != 0 || st.st_size == 0)
-        return dt_error(DT_EIO, "--data kjv: `%s -f " KJV_RANGE "` printed nothing into %s: check that bible-kjv-text is installed "
+        return dt_error(DT_EIO, "`data` kjv: `%s -f " KJV_RANGE "` printed nothing into %s: check that bible-kjv-text is installed "
                         "(scripts/install-deps)", prog, where);
     return DT_OK;
 }
@@ -147,10 +147,10 @@ dt_status dt_kjv_open(int *fd, char *path, size_t path_cap, char *cache, size_t 
     snprintf(path, path_cap, "%s/kjv.txt", root && *root ? root : "/usr/share/datasets");
     int f = open(path, O_RDONLY | O_CLOEXEC);
     if (f >= 0) return *fd = f, DT_OK;
-    if (errno != ENOENT) return dt_error(DT_EIO, "--data kjv: cannot open %s (%s): check its permissions", path, strerror(errno));
+    if (errno != ENOENT) return dt_error(DT_EIO, "`data` kjv: cannot open %s (%s): check its permissions", path, strerror(errno));
     char prog[PATH_MAX];
     if (!find_program("bible", prog, sizeof prog))
-        return dt_error(DT_ENOENT, "--data kjv: the King James text is not installed (no %s, and no `bible` program on PATH): install "
+        return dt_error(DT_ENOENT, "`data` kjv: the King James text is not installed (no %s, and no `bible` program on PATH): install "
                         "bible-kjv (scripts/install-deps), or put the text at %s", path, path);
     char dir[PATH_MAX - 64], name[64], file[PATH_MAX];
     if (dt_cache_dir(dir, sizeof dir)) {
@@ -167,7 +167,7 @@ dt_status dt_kjv_open(int *fd, char *path, size_t path_cap, char *cache, size_t 
     }
     /* no cache: generate into private memory */
     if ((f = memfd_create("dtrain-kjv", MFD_CLOEXEC)) < 0)
-        return dt_error(DT_EIO, "--data kjv: cannot create a memory file (%s): set DTRAIN_DATA_CACHE to a writable directory", strerror(errno));
+        return dt_error(DT_EIO, "`data` kjv: cannot create a memory file (%s): set DTRAIN_DATA_CACHE to a writable directory", strerror(errno));
     dt_status st = run_bible(prog, f, "memory");
     if (st != DT_OK) {
         close(f);

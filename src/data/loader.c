@@ -194,13 +194,13 @@ dt_status dt_loader_create(dt_loader **out, const dt_dataset *ds, const dt_loade
     const char *src = ds->source[0] ? ds->source : "(memory)";
     const char *what = ds->T ? "windows" : "samples";
     if (c.epoch_len > ds->n)
-        return dt_error(DT_EINVAL, "loader: --epoch-windows %zu is more than the %zu %s of data set %s: lower it (0 = all)", c.epoch_len,
+        return dt_error(DT_EINVAL, "loader: `epoch_windows` %zu is more than the %zu %s of data set %s: lower it (0 = all)", c.epoch_len,
                         ds->n, what, src);
     size_t n = c.epoch_len ? c.epoch_len : ds->n;
     size_t nb = dt_sampler_batches(n, c.batch, c.world, c.drop_last);
     if (nb == 0)
         return dt_error(DT_EINVAL, "loader: an epoch of data set %s has %zu %s%s, fewer than one global batch of %d x %d ranks: lower the "
-                        "batch size", src, n, what, c.epoch_len ? " (--epoch-windows)" : "", c.batch, c.world);
+                        "batch size", src, n, what, c.epoch_len ? " (`epoch_windows`)" : "", c.batch, c.world);
     dt_loader *l = calloc(1, sizeof *l);
     if (!l) return dt_error(DT_ENOMEM, "loader: out of memory");
     l->ds = ds;

@@ -327,12 +327,12 @@ dt_status dt_dataset_open_npy_spec(dt_dataset **train, dt_dataset **test, const 
         n = dir_paths(arg, dirp);
         for (int i = 0; i < 4; i++) paths[i] = dirp[i];
     } else if ((n = split_paths(arg, buf, sizeof buf, paths)) < 0) {
-        return dt_error(DT_EINVAL, "--data %s: pass npy:X.npy,Y.npy (features, labels), npy:X.npy,Y.npy,XTEST.npy,YTEST.npy, "
+        return dt_error(DT_EINVAL, "`data` %s: pass npy:X.npy,Y.npy (features, labels), npy:X.npy,Y.npy,XTEST.npy,YTEST.npy, "
                         "or npy:DIR with x_train.npy, y_train.npy (and x_test.npy, y_test.npy)", spec);
     }
     for (int i = 0; i < n; i++)
         if (access(paths[i], R_OK) != 0)
-            return dt_error(DT_ENOENT, "--data %s: %s: no such file%s", spec, paths[i],
+            return dt_error(DT_ENOENT, "`data` %s: %s: no such file%s", spec, paths[i],
                             n == 4 && i >= 2 && paths[0] == dirp[0] ? " (a test set needs both x_test.npy and y_test.npy)" : "");
     DT_TRY(dt_dataset_open_npy(train, paths[0], paths[1]));
     if (n == 2 || !test) return DT_OK;

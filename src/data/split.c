@@ -25,7 +25,7 @@ static dt_status subset(const dt_dataset *ds, const uint32_t *idx, size_t n, con
     if (!s) return DT_ENOMEM;
     if (!(s->rows = malloc(n * sizeof *s->rows))) {
         dt_dataset_destroy(s);
-        return dt_error(DT_ENOMEM, "--val-split: out of memory indexing %zu samples", n);
+        return dt_error(DT_ENOMEM, "`val_split`: out of memory indexing %zu samples", n);
     }
     for (size_t i = 0; i < n; i++) s->rows[i] = (uint32_t)dt_dataset_row(ds, idx[i]);
     s->base = ds->base ? ds->base : (dt_dataset *)ds;  /* held, never written: see refs */
@@ -33,8 +33,8 @@ static dt_status subset(const dt_dataset *ds, const uint32_t *idx, size_t n, con
     s->x = s->base->x, s->y = s->base->y;
     s->dtype = ds->dtype, s->n = n, s->D = ds->D, s->C = ds->C, s->H = ds->H, s->W = ds->W;
     s->classes = ds->classes, s->targets = ds->targets, s->scale = ds->scale, s->mean = ds->mean, s->std = ds->std;
-    snprintf(s->source, sizeof s->source, "%.400s (%s of --val-split)", ds->source, part);
-    if (ds->labels[0]) snprintf(s->labels, sizeof s->labels, "%.400s (%s of --val-split)", ds->labels, part);
+    snprintf(s->source, sizeof s->source, "%.400s (%s of `val_split`)", ds->source, part);
+    if (ds->labels[0]) snprintf(s->labels, sizeof s->labels, "%.400s (%s of `val_split`)", ds->labels, part);
     dt_dataset_update_lut(s);
     *out = s;
     return DT_OK;
@@ -44,14 +44,14 @@ dt_status dt_dataset_split(const dt_dataset *ds, double fraction, uint64_t seed,
                            dt_dataset **val) {
     *train = *val = NULL;
     if (ds->T > 0)
-        return dt_error(DT_EINVAL, "--val-split: %s is text, whose last --val-fraction is already held out; use "
-                        "--val-fraction", ds->source);
+        return dt_error(DT_EINVAL, "`val_split`: %s is text, whose last `val_fraction` is already held out; use "
+                        "`val_fraction`", ds->source);
     const size_t n = ds->n, k = (size_t)floor((double)n * fraction + 0.5);
     if (!(fraction > 0 && fraction < 1) || k < 1 || k >= n)
-        return dt_error(DT_EINVAL, "--val-split %g: need a fraction in (0, 1) that leaves at least one sample on each "
+        return dt_error(DT_EINVAL, "`val_split` %g: need a fraction in (0, 1) that leaves at least one sample on each "
                         "side (%zu samples)", fraction, n);
     uint32_t *order = malloc(n * sizeof *order);
-    if (!order) return dt_error(DT_ENOMEM, "--val-split: out of memory");
+    if (!order) return dt_error(DT_ENOMEM, "`val_split`: out of memory");
     dt_sampler_order(order, n, seed, SPLIT_EPOCH, true);
     qsort(order, k, sizeof *order, by_index);
     qsort(order + k, n - k, sizeof *order, by_index);

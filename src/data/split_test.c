@@ -158,7 +158,7 @@ static void test_refusals(void) {
     for (int i = 0; i < 4; i++) {
         CHECK(dt_dataset_split(ds, bad[i], 1, &tr, &va) == DT_EINVAL);
         CHECK(tr == NULL && va == NULL);
-        CHECK_MSG(strstr(dt_last_error(), "--val-split"), "%s", dt_last_error());
+        CHECK_MSG(strstr(dt_last_error(), "`val_split`"), "%s", dt_last_error());
     }
     dt_dataset_destroy(ds);
 }

@@ -88,7 +88,7 @@ static void test_open(void) {
     double m = -1, sd = -1;
     dt_dataset_stats(tr, &m, &sd);
     CHECK(m == 0 && sd == 1);
-    CHECK(dt_dataset_set_normalize(tr, 0.5f, 0.2f) == DT_EINVAL && strstr(dt_last_error(), "--normalize"));
+    CHECK(dt_dataset_set_normalize(tr, 0.5f, 0.2f) == DT_EINVAL && strstr(dt_last_error(), "`normalize`"));
     CHECK_OK(dt_dataset_set_normalize(tr, 0, 1));
     CHECK_OK(dt_dataset_set_classes(tr, 300));
     CHECK(dt_dataset_classes(tr) == 300);
@@ -246,10 +246,10 @@ static void test_epochs(void) {
         dt_loader_destroy(l);
     }
     lc.epoch_len = N + 1;
-    CHECK(dt_loader_create(&l, tr, &lc) == DT_EINVAL && strstr(dt_last_error(), "--epoch-windows 129") &&
+    CHECK(dt_loader_create(&l, tr, &lc) == DT_EINVAL && strstr(dt_last_error(), "`epoch_windows` 129") &&
           strstr(dt_last_error(), "128 windows"));
     lc = (dt_loader_config){.batch = 20, .world = 3, .drop_last = true, .epoch_len = 40};
-    CHECK(dt_loader_create(&l, tr, &lc) == DT_EINVAL && strstr(dt_last_error(), "--epoch-windows"));
+    CHECK(dt_loader_create(&l, tr, &lc) == DT_EINVAL && strstr(dt_last_error(), "`epoch_windows`"));
     dt_dataset_destroy(tr);
 }
 
@@ -288,7 +288,7 @@ static void test_epoch_len_images(void) {
     }
     dt_loader *l;
     dt_loader_config lc = {.batch = 3, .epoch_len = N + 5};
-    CHECK(dt_loader_create(&l, ds, &lc) == DT_EINVAL && strstr(dt_last_error(), "--epoch-windows 55") &&
+    CHECK(dt_loader_create(&l, ds, &lc) == DT_EINVAL && strstr(dt_last_error(), "`epoch_windows` 55") &&
           strstr(dt_last_error(), "50 samples"));
     dt_dataset_destroy(ds);
 }
@@ -315,13 +315,13 @@ static void test_errors(void) {
     expect_error(spec_of(tmp_path("short.txt")), T, 0, DT_EFORMAT, "short.txt", "holds 1 window", "smaller T");
     write_file(tmp_path("short2.txt"), g_bytes, 2 * T + 1); /* 2 windows: fine */
     expect_error(spec_of(tmp_path("short2.txt")), T, 0, DT_OK, NULL, NULL, NULL);
-    expect_error(spec_of(g_file), T, 0.01, DT_EFORMAT, "validation part", "--val-fraction", "--val-fraction 0");
-    expect_error(spec_of(g_file), 500, 0.1, DT_EFORMAT, "train part", "smaller T", "smaller --val-fraction");
+    expect_error(spec_of(g_file), T, 0.01, DT_EFORMAT, "validation part", "`val_fraction`", "`val_fraction` 0");
+    expect_error(spec_of(g_file), 500, 0.1, DT_EFORMAT, "train part", "smaller T", "smaller `val_fraction`");
     expect_error(spec_of(g_file), 0, 0.1, DT_EINVAL, "T = 0", "context length", NULL);
-    expect_error(spec_of(g_file), T, 0.6, DT_EINVAL, "--val-fraction 0.6", "[0, 0.5]", NULL);
-    expect_error(spec_of(g_file), T, -0.1, DT_EINVAL, "--val-fraction", NULL, NULL);
-    expect_error(spec_of(g_file), T, NAN, DT_EINVAL, "--val-fraction", NULL, NULL);
-    expect_error("text:", T, 0.1, DT_EINVAL, "--data text:FILE", NULL, NULL);
+    expect_error(spec_of(g_file), T, 0.6, DT_EINVAL, "`val_fraction` 0.6", "[0, 0.5]", NULL);
+    expect_error(spec_of(g_file), T, -0.1, DT_EINVAL, "`val_fraction`", NULL, NULL);
+    expect_error(spec_of(g_file), T, NAN, DT_EINVAL, "`val_fraction`", NULL, NULL);
+    expect_error("text:", T, 0.1, DT_EINVAL, "`data` text:FILE", NULL, NULL);
     expect_error(spec_of(g_dir), T, 0.1, DT_EFORMAT, "is a directory", NULL, NULL);
     /* a device would be read without end (/dev/zero: 812 MB in 5 s); a pipe is read up to a bound */
     expect_error("text:/dev/zero", T, 0.1, DT_EFORMAT, "/dev/zero is a character device, not a file", "pass a file", NULL);

@@ -42,31 +42,31 @@ static dt_status probe(const char *spec, const char *path, bool shard, tok_file 
     snprintf(f->path, sizeof f->path, "%s", path);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
-        return dt_error(errno == ENOENT ? DT_ENOENT : DT_EIO, "--data %s: cannot open %s (%s)", spec, path, strerror(errno));
+        return dt_error(errno == ENOENT ? DT_ENOENT : DT_EIO, "`data` %s: cannot open %s (%s)", spec, path, strerror(errno));
     struct stat st;
     uint8_t h[LLMC_HEADER];
     ssize_t got = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) ? pread(fd, h, sizeof h, 0) : -2;
     close(fd);
-    if (got == -2) return dt_error(DT_EFORMAT, "--data %s: %s is not a regular file", spec, path);
-    if (got < 0) return dt_error(DT_EIO, "--data %s: cannot read %s (%s)", spec, path, strerror(errno));
+    if (got == -2) return dt_error(DT_EFORMAT, "`data` %s: %s is not a regular file", spec, path);
+    if (got < 0) return dt_error(DT_EIO, "`data` %s: cannot read %s (%s)", spec, path, strerror(errno));
     const uint64_t size = (uint64_t)st.st_size;
     if (got == (ssize_t)sizeof h && le32(h) == LLMC_MAGIC) {
         const uint32_t version = le32(h + 4), count = le32(h + 8);
         if (version != 1)
-            return dt_error(DT_EFORMAT, "--data %s: %s is an llm.c token shard of version %u; only version 1 (uint16 "
+            return dt_error(DT_EFORMAT, "`data` %s: %s is an llm.c token shard of version %u; only version 1 (uint16 "
                             "tokens) is supported: write it with llm.c's dev/data/data_common.py (GPT-2 tokens)", spec, path, version);
         if (size != LLMC_HEADER + 2 * (uint64_t)count)
-            return dt_error(DT_EFORMAT, "--data %s: %s: its llm.c header says %u tokens (%llu bytes with the header) but the file "
+            return dt_error(DT_EFORMAT, "`data` %s: %s: its llm.c header says %u tokens (%llu bytes with the header) but the file "
                             "has %llu bytes: it is cut short or damaged; write it again", spec, path, count,
                             (unsigned long long)(LLMC_HEADER + 2 * (uint64_t)count), (unsigned long long)size);
         f->off = LLMC_HEADER, f->ntok = count;
         return DT_OK;
     }
     if (shard)
-        return dt_error(DT_EFORMAT, "--data %s: %s is named like an llm.c shard but does not start with its header (int32 "
+        return dt_error(DT_EFORMAT, "`data` %s: %s is named like an llm.c shard but does not start with its header (int32 "
                         "magic 20240520, version 1, token count): rename it, or write it with llm.c's data_common.py", spec, path);
     if (size == 0 || size % 2)
-        return dt_error(DT_EFORMAT, "--data %s: %s has %llu bytes, %s: nanoGPT's prepare.py writes uint16 tokens "
+        return dt_error(DT_EFORMAT, "`data` %s: %s has %llu bytes, %s: nanoGPT's prepare.py writes uint16 tokens "
                         "(np.uint16 .tofile), 2 bytes each", spec, path, (unsigned long long)size, size ? "an odd count" : "none");
     f->off = 0, f->ntok = size / 2;
     return DT_OK;
@@ -75,7 +75,7 @@ static dt_status probe(const char *spec, const char *path, bool shard, tok_file 
 /* Appends path (probed) to l. */
 static dt_status list_add(tok_list *l, const char *spec, const char *path, bool shard) {
     tok_file *f = realloc(l->f, (size_t)(l->n + 1) * sizeof *f);
-    if (!f) return dt_error(DT_ENOMEM, "--data %s: out of memory", spec);
+    if (!f) return dt_error(DT_ENOMEM, "`data` %s: out of memory", spec);
     l->f = f;
     DT_TRY(probe(spec, path, shard, &l->f[l->n]));
     l->ntok += l->f[l->n++].ntok;
@@ -88,7 +88,7 @@ static int cmp_name(const void *a, const void *b) { return strcmp(*(char *const 
  * order, into l. */
 static dt_status list_shards(tok_list *l, const char *spec, const char *dir, const char *part) {
     DIR *d = opendir(dir);
-    if (!d) return dt_error(DT_EIO, "--data %s: cannot read the directory %s (%s)", spec, dir, strerror(errno));
+    if (!d) return dt_error(DT_EIO, "`data` %s: cannot read the directory %s (%s)", spec, dir, strerror(errno));
     char **names = NULL;
     size_t n = 0;
     dt_status s = DT_OK;
@@ -96,7 +96,7 @@ static dt_status list_shards(tok_list *l, const char *spec, const char *dir, con
         size_t len = strlen(e->d_name);
         if (!strstr(e->d_name, part) || len < 4 || strcmp(e->d_name + len - 4, ".bin")) continue;
         char **nn = realloc(names, (n + 1) * sizeof *names);
-        if (!nn || !(nn[n] = strdup(e->d_name))) s = dt_error(DT_ENOMEM, "--data %s: out of memory", spec);
+        if (!nn || !(nn[n] = strdup(e->d_name))) s = dt_error(DT_ENOMEM, "`data` %s: out of memory", spec);
         if (nn) names = nn, n += s == DT_OK;
     }
     closedir(d);
@@ -115,9 +115,9 @@ static dt_status list_shards(tok_list *l, const char *spec, const char *dir, con
 static dt_status list_files(const char *spec, tok_list *train, tok_list *val) {
     const char *dir = spec + 7;
     struct stat st;
-    if (!*dir) return dt_error(DT_EINVAL, "--data tokens: needs a directory: pass --data tokens:DIR (nanoGPT's train.bin/val.bin or llm.c's shards)");
+    if (!*dir) return dt_error(DT_EINVAL, "`data` tokens: needs a directory: pass `data` tokens:DIR (nanoGPT's train.bin/val.bin or llm.c's shards)");
     if (stat(dir, &st) != 0)
-        return dt_error(DT_ENOENT, "--data %s: %s: no such directory: pass the directory nanoGPT's prepare.py (train.bin, "
+        return dt_error(DT_ENOENT, "`data` %s: %s: no such directory: pass the directory nanoGPT's prepare.py (train.bin, "
                         "val.bin) or llm.c (*_train_*.bin, *_val_*.bin) wrote", spec, dir);
     if (S_ISREG(st.st_mode)) return list_add(train, spec, dir, false);  /* one file: its end validates */
     char path[PATH_MAX];
@@ -130,7 +130,7 @@ static dt_status list_files(const char *spec, tok_list *train, tok_list *val) {
     DT_TRY(list_shards(train, spec, dir, "_train_"));
     DT_TRY(list_shards(val, spec, dir, "_val_"));
     if (!train->n)
-        return dt_error(DT_ENOENT, "--data %s: %s holds neither train.bin (nanoGPT's prepare.py) nor *_train_*.bin shards "
+        return dt_error(DT_ENOENT, "`data` %s: %s holds neither train.bin (nanoGPT's prepare.py) nor *_train_*.bin shards "
                         "(llm.c)%s: pass the directory they are in", spec, dir, val->n ? " (only validation shards)" : "");
     return DT_OK;
 }
@@ -185,14 +185,14 @@ static dt_status load_range(dt_dataset *ds, const tok_list *l, uint64_t first, u
 static dt_status check_part(const char *spec, const char *part, const char *what, uint64_t n, int T) {
     const uint64_t w = n ? (n - 1) / (uint64_t)T : 0;
     if (w > UINT32_MAX)
-        return dt_error(DT_EINVAL, "--data %s: the %s set (%s) gives %llu windows of T+1 = %d tokens, more than the 2^32-1 a "
+        return dt_error(DT_EINVAL, "`data` %s: the %s set (%s) gives %llu windows of T+1 = %d tokens, more than the 2^32-1 a "
                         "data set can index: use a larger T (the model's context length)", spec, part, what,
                         (unsigned long long)w, T + 1);
     if (w >= 2) return DT_OK;
-    return dt_error(DT_EINVAL, "--data %s: the %s set (%s) has %llu tokens, %llu window(s) of T+1 = %d, but at least 2 are "
+    return dt_error(DT_EINVAL, "`data` %s: the %s set (%s) has %llu tokens, %llu window(s) of T+1 = %d, but at least 2 are "
                     "needed: use more data or a smaller T (the model's context length)%s", spec, part, what,
                     (unsigned long long)n, (unsigned long long)w, T + 1,
-                    strcmp(part, "train") ? ", or --val-fraction 0 for no validation set" : "");
+                    strcmp(part, "train") ? ", or `val_fraction` 0 for no validation set" : "");
 }
 
 /* The data set of tokens [first, first+n) of l, windows of T, vocabulary its largest token + 1. */
@@ -237,7 +237,7 @@ dt_status dt_tokens_open(dt_dataset **train, dt_dataset **val, const char *spec,
     if (hold_out) {
         uint64_t vlen = (uint64_t)floor((double)tl.ntok * val_fraction);
         tlen -= vlen;
-        snprintf(vwhat, sizeof vwhat, "the last %llu tokens of %s, --val-fraction %g", (unsigned long long)vlen, what, val_fraction);
+        snprintf(vwhat, sizeof vwhat, "the last %llu tokens of %s, `val_fraction` %g", (unsigned long long)vlen, what, val_fraction);
         DT_TRY_GOTO(s = check_part(spec, "validation", vwhat, vlen, T), done);
         if (val) DT_TRY_GOTO(s = make_set(&va, &tl, tlen, vlen, T, what), done);
     } else if (val_fraction > 0) {

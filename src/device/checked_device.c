@@ -88,7 +88,7 @@ static void *checked_alloc(dt_dev *d, size_t bytes) {
     if (!s) {
         dt_mem_uncharge(len);
         dt_error(DT_ENOMEM, "checked device: no room for %zu bytes in its %zu-byte arena: give a larger one "
-                 "(--device checked:arena=BYTES)", bytes, c->size);
+                 "(`device` checked:arena=BYTES)", bytes, c->size);
         return NULL;
     }
     return c->arena + s->off;
@@ -215,7 +215,7 @@ static const dt_kernel_table *checked_kernels(dt_dev *d, const dt_kernel_table *
     }
     pthread_mutex_unlock(&g_kb_lock);
     if (i == KBIND) {
-        dt_error(DT_ENOTSUP, "checked device: more than %d kernel tables (devices x --kernels/--precision) at once", KBIND);
+        dt_error(DT_ENOTSUP, "checked device: more than %d kernel tables (devices x `kernels`/`precision`) at once", KBIND);
         return NULL;
     }
     return &g_kb[i].table;
@@ -277,7 +277,7 @@ static dt_status checked_create(dt_dev **out, const char *options) {
     if (arena == MAP_FAILED) {
         free(c), free(all);
         return dt_error(DT_ENOMEM, "device checked: cannot reserve a %zu-byte arena (%s): give a smaller one "
-                        "(--device checked:arena=BYTES)", size, strerror(errno));
+                        "(`device` checked:arena=BYTES)", size, strerror(errno));
     }
     *all = (span){.off = 0, .len = size, .used = false, .next = NULL};
     c->arena = arena, c->size = size, c->spans = all;

@@ -51,8 +51,8 @@ static dt_status backoff(client *c, const char *why) {
     double u = (double)(dt_rng_u64(c->cfg->client_id, dt_rng_key(DT_RNG_USER + 19, 0), c->tries++) >> 11) * 0x1p-53;
     double t = c->wait * (0.5 + 0.5 * u);
     if (now + t > c->give_up)
-        return dt_error(DT_ETIMEDOUT, "fl client %llu: no session with the server %s for %g s (--connect-timeout); "
-                        "last: %s. Is fl-server running there, with room for this client (--max-clients)?",
+        return dt_error(DT_ETIMEDOUT, "fl client %llu: no session with the server %s for %g s (`connect_timeout`); "
+                        "last: %s. Is fl-server running there, with room for this client (`max_clients`)?",
                         (unsigned long long)c->cfg->client_id, c->cfg->server, c->cfg->connect_timeout, why);
     nap(t);
     c->wait = c->wait * 2 > BACKOFF_MAX ? BACKOFF_MAX : c->wait * 2;
@@ -62,7 +62,7 @@ static dt_status backoff(client *c, const char *why) {
 /* Connects, backing off between attempts (DT_ETIMEDOUT when the server stays unreachable). */
 static dt_status connect_backoff(client *c) {
     struct sockaddr_in a;
-    DT_TRY(dt_fl_parse_addr(c->cfg->server, "--server", &a));
+    DT_TRY(dt_fl_parse_addr(c->cfg->server, "`server`", &a));
     for (;;) {
         int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
         if (fd < 0) return dt_error(DT_EIO, "fl client: socket: %s", strerror(errno));
@@ -139,7 +139,7 @@ static dt_status secure_update(client *c, const dt_fl_model_msg *mm, dt_fl_sa_cl
     double w = (mm->flags & DT_FL_F_UNWEIGHTED) ? 1.0 : (double)dt_dataset_len(c->ds);
     if (s == DT_OK) {
         size_t cl = dt_fl_sa_encode(x, c->delta, mm->n, w, mm->range, (int)mm->frac);
-        if (cl) dt_log(DT_LOG_WARN, "fl client: %zu update values clamped to +-%g (--sa-range)", cl, mm->range);
+        if (cl) dt_log(DT_LOG_WARN, "fl client: %zu update values clamped to +-%g (`sa_range`)", cl, mm->range);
         float one = mm->range;
         dt_fl_sa_encode(x + mm->n, &one, 1, w, mm->range, (int)mm->frac);
         s = dt_fl_sa_client_mask(sa, alive2, x, words, y);

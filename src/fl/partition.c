@@ -77,7 +77,7 @@ static void part_dirichlet(const uint32_t *by_label, const size_t *start, int cl
 
 dt_status dt_fl_partition(const char *spec, const int32_t *labels, size_t n, int classes, int k, uint64_t seed,
                           int *owner) {
-    if (k < 1 || (size_t)k > n) return dt_error(DT_EINVAL, "--clients %d: need 1..%zu (the training samples)", k, n);
+    if (k < 1 || (size_t)k > n) return dt_error(DT_EINVAL, "`clients` %d: need 1..%zu (the training samples)", k, n);
     for (size_t i = 0; i < n; i++)
         if (labels[i] < 0 || labels[i] >= classes) return dt_error(DT_EINVAL, "partition: label of sample %zu out of range", i);
     char *end;
@@ -97,17 +97,17 @@ dt_status dt_fl_partition(const char *spec, const int32_t *labels, size_t n, int
     if (!strncmp(spec, "shards:", 7)) {
         long S = strtol(spec + 7, &end, 10);
         if (*end || S < 1 || (size_t)S * (size_t)k > n)
-            s = dt_error(DT_EINVAL, "--partition %s: shards:S needs an integer S >= 1 with S*clients <= samples", spec);
+            s = dt_error(DT_EINVAL, "`partition` %s: shards:S needs an integer S >= 1 with S*clients <= samples", spec);
         else
             part_shards(by, n, k, (int)S, seed, owner);
     } else if (!strncmp(spec, "dirichlet:", 10)) {
         double a = strtod(spec + 10, &end);
         if (*end || !(a > 0) || a > 1e6)
-            s = dt_error(DT_EINVAL, "--partition %s: dirichlet:A needs a concentration A > 0 (e.g. 0.5)", spec);
+            s = dt_error(DT_EINVAL, "`partition` %s: dirichlet:A needs a concentration A > 0 (e.g. 0.5)", spec);
         else
             part_dirichlet(by, start, classes, k, a, seed, owner);
     } else {
-        s = dt_error(DT_EINVAL, "--partition '%s': expected iid, shards:S or dirichlet:A", spec);
+        s = dt_error(DT_EINVAL, "`partition` '%s': expected iid, shards:S or dirichlet:A", spec);
     }
     free(by), free(start);
     return s;

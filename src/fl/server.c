@@ -31,12 +31,12 @@ static double thread_cpu(void) {
 
 static dt_status listen_on(dt_fl_server *s) {
     struct sockaddr_in a;
-    DT_TRY(dt_fl_parse_addr(s->cfg.listen, "--listen", &a));
+    DT_TRY(dt_fl_parse_addr(s->cfg.listen, "`listen`", &a));
     s->lfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     int one = 1;
     if (s->lfd >= 0) setsockopt(s->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     if (s->lfd < 0 || bind(s->lfd, (struct sockaddr *)&a, sizeof a) || listen(s->lfd, 256))
-        return dt_error(DT_EIO, "--listen %s: %s (is another server on that port?)", s->cfg.listen, strerror(errno));
+        return dt_error(DT_EIO, "`listen` %s: %s (is another server on that port?)", s->cfg.listen, strerror(errno));
     socklen_t al = sizeof a;
     getsockname(s->lfd, (struct sockaddr *)&a, &al);
     s->port = ntohs(a.sin_port);
@@ -47,13 +47,13 @@ static dt_status resume(dt_fl_server *s) {
     dt_ckpt_info info;
     dt_status st = dt_checkpoint_read_info(s->cfg.checkpoint, &info);
     if (st == DT_ENOENT || (st != DT_OK && access(s->cfg.checkpoint, F_OK) != 0)) {
-        dt_log(DT_LOG_WARN, "fl server: --resume: no checkpoint %s yet, starting at round 0", s->cfg.checkpoint);
+        dt_log(DT_LOG_WARN, "fl server: `resume`: no checkpoint %s yet, starting at round 0", s->cfg.checkpoint);
         dt_error_clear();
         return DT_OK;
     }
     DT_TRY(st);
     if (strcmp(info.spec, dt_model_spec(s->m)))
-        return dt_error(DT_EMISMATCH, "--resume %s: the checkpoint holds model '%s', this server has '%s'",
+        return dt_error(DT_EMISMATCH, "`resume` %s: the checkpoint holds model '%s', this server has '%s'",
                         s->cfg.checkpoint, info.spec, dt_model_spec(s->m));
     DT_TRY(dt_checkpoint_restore(s->cfg.checkpoint, s->m, NULL, &info));
     s->round = (int)info.step;
@@ -79,7 +79,7 @@ static void fd_limit(const dt_fl_server *s) {
     r.rlim_cur = r.rlim_max == RLIM_INFINITY || r.rlim_max >= need ? need : r.rlim_max;
     setrlimit(RLIMIT_NOFILE, &r);
     if (r.rlim_cur < need)
-        dt_log(DT_LOG_WARN, "fl server: the open-file limit is %llu, --max-clients + --max-pending need %llu; "
+        dt_log(DT_LOG_WARN, "fl server: the open-file limit is %llu, `max_clients` + `max_pending` need %llu; "
                "raise it (ulimit -n) or lower them", (unsigned long long)r.rlim_cur, (unsigned long long)need);
 }
 
@@ -87,25 +87,25 @@ static dt_status check_limits(dt_fl_server_config *c) {
     if (c->hello_timeout == 0) c->hello_timeout = DT_FL_HELLO_TIMEOUT;
     if (c->max_clients == 0) c->max_clients = DT_FL_MAX_CLIENTS;
     if (c->max_pending == 0) c->max_pending = DT_FL_MAX_PENDING;
-    if (!(c->hello_timeout > 0)) return dt_error(DT_EINVAL, "--hello-timeout %g: need > 0 seconds", c->hello_timeout);
+    if (!(c->hello_timeout > 0)) return dt_error(DT_EINVAL, "`hello_timeout` %g: need > 0 seconds", c->hello_timeout);
     if (c->max_clients < 1 || c->max_clients > DT_FL_MAX_CLIENTS)
-        return dt_error(DT_EINVAL, "--max-clients %d: need 1..%d", c->max_clients, DT_FL_MAX_CLIENTS);
+        return dt_error(DT_EINVAL, "`max_clients` %d: need 1..%d", c->max_clients, DT_FL_MAX_CLIENTS);
     if (c->max_pending < 1 || c->max_pending > DT_FL_MAX_PENDING_LIMIT)
-        return dt_error(DT_EINVAL, "--max-pending %d: need 1..%d", c->max_pending, DT_FL_MAX_PENDING_LIMIT);
+        return dt_error(DT_EINVAL, "`max_pending` %d: need 1..%d", c->max_pending, DT_FL_MAX_PENDING_LIMIT);
     int need = c->min_clients > c->clients_per_round ? c->min_clients : c->clients_per_round;
     if (c->start_clients > need) need = c->start_clients;
     if (need > c->max_clients)
-        return dt_error(DT_EINVAL, "--max-clients %d is below the %d clients that --clients-per-round/--min-clients "
-                        "need; raise --max-clients", c->max_clients, need);
+        return dt_error(DT_EINVAL, "`max_clients` %d is below the %d clients that `clients_per_round`/`min_clients` "
+                        "need; raise `max_clients`", c->max_clients, need);
     return DT_OK;
 }
 
 dt_status dt_fl_server_create(dt_fl_server **out, const dt_fl_server_config *cfg, dt_model *m, const dt_dataset *test) {
     *out = NULL;
     if (cfg->clients_per_round < 1 || cfg->clients_per_round > DT_FL_MAX_CLIENTS)
-        return dt_error(DT_EINVAL, "--clients-per-round %d: need 1..%d", cfg->clients_per_round, DT_FL_MAX_CLIENTS);
+        return dt_error(DT_EINVAL, "`clients_per_round` %d: need 1..%d", cfg->clients_per_round, DT_FL_MAX_CLIENTS);
     if (cfg->secure && (cfg->clients_per_round < 2 || cfg->clients_per_round > DT_SA_MAX))
-        return dt_error(DT_EINVAL, "--secure-agg needs --clients-per-round in 2..%d", DT_SA_MAX);
+        return dt_error(DT_EINVAL, "`secure_agg` needs `clients_per_round` in 2..%d", DT_SA_MAX);
     if (dt_model_num_params(m) > DT_FL_MAX_PARAMS)
         return dt_error(DT_EINVAL, "fl server: the model has %zu parameters, the protocol carries at most %u",
                         dt_model_num_params(m), DT_FL_MAX_PARAMS);
@@ -157,7 +157,7 @@ static int on_hello(dt_fl_server *s, int c, const uint8_t *p, uint32_t len) {
             dt_fl_conn_drop(s, i, "the same client connected again");
     if (registered(s) >= s->cfg.max_clients) {
         char why[128];
-        snprintf(why, sizeof why, "client %llu refused: %d clients registered (--max-clients)",
+        snprintf(why, sizeof why, "client %llu refused: %d clients registered (`max_clients`)",
                  (unsigned long long)h.client_id, registered(s));
         dt_fl_conn_drop_counted(s, c, &s->n_full, why);
         return 0;
@@ -293,7 +293,7 @@ static void write_metrics(const dt_fl_server *s, const dt_fl_round_stats *st) {
     if (!s->cfg.metrics) return;
     FILE *f = fopen(s->cfg.metrics, "a");
     if (!f) {
-        dt_log(DT_LOG_WARN, "fl server: cannot append to --metrics %s: %s", s->cfg.metrics, strerror(errno));
+        dt_log(DT_LOG_WARN, "fl server: cannot append to `metrics` %s: %s", s->cfg.metrics, strerror(errno));
         return;
     }
     char acc[32] = "null", loss[32] = "null";  /* not evaluated this round */
@@ -336,8 +336,8 @@ static dt_status wait_clients(dt_fl_server *s) {
     int need = s->started || s->cfg.start_clients < s->cfg.min_clients ? s->cfg.min_clients : s->cfg.start_clients;
     while (registered(s) < need) {
         if (dt_now() >= deadline)
-            return dt_error(DT_ETIMEDOUT, "fl server: only %d of the %d clients needed (--min-clients) connected within "
-                            "%.0f s (--wait-timeout); start more fl-client processes", registered(s),
+            return dt_error(DT_ETIMEDOUT, "fl server: only %d of the %d clients needed (`min_clients`) connected within "
+                            "%.0f s (`wait_timeout`); start more fl-client processes", registered(s),
                             need, s->cfg.wait_timeout);
         dt_fl_server_pump(s, deadline);
     }

@@ -72,7 +72,7 @@ static int accept_one(dt_fl_server *s) {
     if (fd < 0) return 0;
     if (pending(s) >= s->cfg.max_pending)
         dt_fl_conn_drop_counted(s, oldest_pending(s), &s->n_evicted,
-                                "no HELLO yet and --max-pending connections wait for theirs: making way for a new one");
+                                "no HELLO yet and `max_pending` connections wait for theirs: making way for a new one");
     if (s->nconns >= s->cap) {  /* cannot happen: registered <= max_clients, pending < max_pending here */
         close(fd);
         return 1;
@@ -98,7 +98,7 @@ static double expire_pending(dt_fl_server *s, double until) {
         if (c->fd < 0 || c->registered) continue;
         double due = c->since + s->cfg.hello_timeout;
         if (due <= now) {
-            snprintf(why, sizeof why, "no HELLO within %g s of connecting (--hello-timeout)", s->cfg.hello_timeout);
+            snprintf(why, sizeof why, "no HELLO within %g s of connecting (`hello_timeout`)", s->cfg.hello_timeout);
             dt_fl_conn_drop_counted(s, i, &s->n_hello_late, why);
         } else if (due < next) {
             next = due;
@@ -161,7 +161,7 @@ void dt_fl_server_drop_late(dt_fl_server *s, const uint8_t *late, const char *wh
     char why[160];
     for (int i = 0; i < s->nsel; i++) {
         if (!late[i] || s->sel[i] < 0) continue;
-        snprintf(why, sizeof why, "round %d: sent no %s by the deadline (%.1f s, --round-timeout)", s->round + 1, what,
+        snprintf(why, sizeof why, "round %d: sent no %s by the deadline (%.1f s, `round_timeout`)", s->round + 1, what,
                  s->cfg.round_timeout);
         dt_fl_conn_drop(s, s->sel[i], why);
         s->nlate++;

@@ -203,8 +203,8 @@ dt_status dt_fl_server_sa_round(dt_fl_server *s, dt_fl_model_msg *mm, double *ag
     double range = s->cfg.dp_clip > 0 ? s->cfg.dp_clip : s->cfg.sa_range;
     int frac = dt_fl_sa_frac_bits(range, W);
     if (frac < 4)
-        return dt_error(DT_EINVAL, "--secure-agg: total weight %g times --sa-range %g leaves %d fraction bits in 32-bit "
-                        "words (need 4); lower --sa-range or --clients-per-round", W, range, frac);
+        return dt_error(DT_EINVAL, "`secure_agg`: total weight %g times `sa_range` %g leaves %d fraction bits in 32-bit "
+                        "words (need 4); lower `sa_range` or `clients_per_round`", W, range, frac);
     mm->flags = DT_FL_F_SECURE | (s->cfg.dp_clip > 0 ? DT_FL_F_UNWEIGHTED : 0);
     mm->range = (float)range, mm->frac = (uint32_t)frac, mm->clip = (float)s->cfg.dp_clip;
     dt_fl_buf b = {0};

@@ -26,33 +26,33 @@ void dt_gpt_format(char *buf, size_t cap, const dt_gpt_config *c) {
 }
 
 static dt_status check_config(const char *spec, const dt_gpt_config *c) {
-    const char *hint = "; example: --model gpt:L=4,H=4,C=128,T=64";
-    if (c->L < 1 || c->L > 256) return dt_error(DT_EINVAL, "--model %s: L=%d blocks (need 1..256)%s", spec, c->L, hint);
+    const char *hint = "; example: `model` gpt:L=4,H=4,C=128,T=64";
+    if (c->L < 1 || c->L > 256) return dt_error(DT_EINVAL, "`model` %s: L=%d blocks (need 1..256)%s", spec, c->L, hint);
     if (c->H < 1 || c->C < 1 || c->C % c->H)
-        return dt_error(DT_EINVAL, "--model %s: C=%d must be a positive multiple of the H=%d heads%s", spec, c->C, c->H, hint);
-    if (c->T < 1 || c->T > 65536) return dt_error(DT_EINVAL, "--model %s: T=%d context (need 1..65536)%s", spec, c->T, hint);
-    if (c->V < 2 || c->V > 1 << 24) return dt_error(DT_EINVAL, "--model %s: V=%d vocabulary (need 2..16777216)%s", spec, c->V, hint);
+        return dt_error(DT_EINVAL, "`model` %s: C=%d must be a positive multiple of the H=%d heads%s", spec, c->C, c->H, hint);
+    if (c->T < 1 || c->T > 65536) return dt_error(DT_EINVAL, "`model` %s: T=%d context (need 1..65536)%s", spec, c->T, hint);
+    if (c->V < 2 || c->V > 1 << 24) return dt_error(DT_EINVAL, "`model` %s: V=%d vocabulary (need 2..16777216)%s", spec, c->V, hint);
     return DT_OK;
 }
 
 dt_status dt_gpt_parse(const char *spec, dt_gpt_config *c) {
     *c = GPT_DEFAULT;
-    if (!dt_model_spec_is_gpt(spec)) return dt_error(DT_EINVAL, "--model %s: not a gpt spec (gpt:L=..,H=..,C=..,T=..)", spec);
+    if (!dt_model_spec_is_gpt(spec)) return dt_error(DT_EINVAL, "`model` %s: not a gpt spec (gpt:L=..,H=..,C=..,T=..)", spec);
     const char *p = spec[3] ? spec + 4 : spec + 3;
     while (*p) {
         char key[8] = {0};
         int klen = (int)strcspn(p, "=,");
         if (klen == 0 || klen >= (int)sizeof key || p[klen] != '=')
-            return dt_error(DT_EINVAL, "--model %s: expected KEY=VALUE at '%s' (keys L, H, C, T, V)", spec, p);
+            return dt_error(DT_EINVAL, "`model` %s: expected KEY=VALUE at '%s' (keys L, H, C, T, V)", spec, p);
         memcpy(key, p, (size_t)klen);
         char *end;
         long v = strtol(p + klen + 1, &end, 10);
         if (end == p + klen + 1 || (*end && *end != ','))
-            return dt_error(DT_EINVAL, "--model %s: %s needs an integer value", spec, key);
+            return dt_error(DT_EINVAL, "`model` %s: %s needs an integer value", spec, key);
         int *dst = !strcmp(key, "L") ? &c->L : !strcmp(key, "H") ? &c->H : !strcmp(key, "C") ? &c->C
                  : !strcmp(key, "T") ? &c->T : !strcmp(key, "V") ? &c->V : NULL;
-        if (!dst) return dt_error(DT_EINVAL, "--model %s: unknown key '%s' (keys L, H, C, T, V)", spec, key);
-        if (v < INT32_MIN || v > INT32_MAX) return dt_error(DT_EINVAL, "--model %s: %s=%ld is out of range", spec, key, v);
+        if (!dst) return dt_error(DT_EINVAL, "`model` %s: unknown key '%s' (keys L, H, C, T, V)", spec, key);
+        if (v < INT32_MIN || v > INT32_MAX) return dt_error(DT_EINVAL, "`model` %s: %s=%ld is out of range", spec, key, v);
         *dst = (int)v;
         p = *end ? end + 1 : end;
     }
@@ -147,8 +147,8 @@ dt_status dt_gpt_check_tp(const dt_gpt_config *c, int tp) {
     for (int d = 1; d <= c->H && k < sizeof ok; d++)
         if (c->H % d == 0 && c->C % d == 0 && c->V % d == 0)
             k += (size_t)snprintf(ok + k, sizeof ok - k, "%s%d", k ? ", " : "", d);
-    return dt_error(DT_EINVAL, "--tp %d: tensor parallelism splits the H=%d heads, the C=%d width (and 4C=%d of the "
-                    "MLP) and the V=%d vocabulary evenly, so it must divide each; choose --tp %s", tp, c->H, c->C,
+    return dt_error(DT_EINVAL, "`tp` %d: tensor parallelism splits the H=%d heads, the C=%d width (and 4C=%d of the "
+                    "MLP) and the V=%d vocabulary evenly, so it must divide each; choose `tp` %s", tp, c->H, c->C,
                     4 * c->C, c->V, ok);
 }
 

@@ -54,7 +54,7 @@ dt_status dt_gpt_generate(dt_model *m, const int32_t *prompt, int nprompt, int n
     const int T = dt_model_in_size(m), V = dt_model_classes(m);
     if (dt_model_in_dtype(m) != DT_I32 || dt_model_out_size(m) != T * V)
         return dt_error(DT_EINVAL, "sample: model '%s' is not a language model (it takes no token ids)", dt_model_spec(m));
-    if (nprompt < 1) return dt_error(DT_EINVAL, "sample: the prompt is empty; give --prompt at least one character");
+    if (nprompt < 1) return dt_error(DT_EINVAL, "sample: the prompt is empty; give `prompt` at least one character");
     for (int i = 0; i < nprompt; i++)
         if (prompt[i] < 0 || prompt[i] >= V)
             return dt_error(DT_EINVAL, "sample: prompt token %d at position %d is outside the vocabulary [0, %d)",

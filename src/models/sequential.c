@@ -54,8 +54,8 @@ static dt_status create(dt_model **out, const dt_layer_spec *layers, int n, int 
     tp_marks(layers, n - mse, mk);
     for (int i = 0; i < n - mse && tp > 1; i++)
         if (mk[i] == DT_TP_MARK_COLUMN && layers[i].out % tp)
-            return dt_error(DT_EINVAL, "--tp %d: layer %d, linear(%d), is split column-parallel into %d equal parts; "
-                            "choose a width divisible by %d or another --tp", tp, i, layers[i].out, tp, tp);
+            return dt_error(DT_EINVAL, "`tp` %d: layer %d, linear(%d), is split column-parallel into %d equal parts; "
+                            "choose a width divisible by %d or another `tp`", tp, i, layers[i].out, tp, tp);
     dt_model *m;
     DT_TRY(dt_graph_create(&m));
     int shape[3] = {C, H, W};

@@ -309,7 +309,7 @@ dt_status dt_model_tensor_ranges(const dt_model *m, const bool *keep, dt_range *
 dt_status dt_model_place(dt_model *m, const dt_range *own, int nown) {
     if (m->dev_slabs && own)  /* the slabs are whole device blocks */
         return dt_error(DT_ENOTSUP, "model: placing a part of the parameters (ZeRO, pipeline or tensor parallel) on "
-                        "device %s is not device-neutral yet: use --device cpu", m->dev->kind->name);
+                        "device %s is not device-neutral yet: use `device` cpu", m->dev->kind->name);
     if (m->dev_slabs) return DT_OK;
     dt_range *copy = NULL;
     if (own && !(copy = malloc(((size_t)nown + 1) * sizeof *copy))) return dt_error(DT_ENOMEM, "model: out of memory");

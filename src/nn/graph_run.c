@@ -129,7 +129,7 @@ static dt_status check_bound(const dt_model *m, const dt_node *n, bool grads) {
         if (m->tensors[t].is_buffer) continue;
         if ((m->bound_p[t] || m->params.data) && (!grads || m->bound_g[t] || m->grads.data)) continue;
         return dt_error(DT_ENOMEM, "model: node '%s' cannot run: its tensor '%s' has no %s in device memory (the "
-                        "strategy could not place them; with --mem-limit, see dtrain train --dry-run)", n->name,
+                        "strategy could not place them; with `mem_limit`, see `dry_run`)", n->name,
                         m->tensors[t].name, grads ? "parameters or gradients" : "parameters");
     }
     return DT_OK;

@@ -216,7 +216,7 @@ dt_status dt_spec_parse(const char *spec, dt_layer_spec *layers, int max_layers,
         (*n)++;
         p = q;
     }
-    if (*n == 0) return dt_error(DT_EINVAL, "model spec '%s' has no layers (try --model mlp or --model cnn)", spec);
+    if (*n == 0) return dt_error(DT_EINVAL, "model spec '%s' has no layers (try `model` mlp or `model` cnn)", spec);
     return DT_OK;
 }
 

@@ -229,7 +229,7 @@ const dt_optim_config *dt_optim_config_of(const dt_optim *o) { return &o->cfg; }
 dt_status dt_optim_place(dt_optim *o, const dt_range *own, int nown) {
     if (o->dev_state && own)
         return dt_error(DT_ENOTSUP, "optimizer: placing a part of its state on device %s is not device-neutral yet: "
-                        "use --device cpu", o->dev->kind->name);
+                        "use `device` cpu", o->dev->kind->name);
     if (o->dev_state) return DT_OK;
     DT_TRY(dt_slab_place(&o->m, own, nown, "placing the optimizer state"));
     return dt_slab_place(&o->v, own, nown, "placing the optimizer state");

@@ -65,7 +65,7 @@ static const char *forms(char *buf, size_t cap) {
 
 dt_status dt_compress_bad(const char *text, const char *why) {
     char f[512];
-    return dt_error(DT_EINVAL, "--compress %s: %s (use %s, e.g. --compress topk:0.01)", text, why, forms(f, sizeof f));
+    return dt_error(DT_EINVAL, "`compress` %s: %s (use %s, e.g. `compress` topk:0.01)", text, why, forms(f, sizeof f));
 }
 
 bool dt_compress_num(const char **p, double lo, double hi, double *out) {

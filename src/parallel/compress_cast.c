@@ -42,7 +42,7 @@ static dt_status cast_init(dt_grad_sync *g, dt_gs_bucket *b, size_t *state_float
     if (c) c->h = dt_alloc((b->hi - b->lo) * sizeof(uint16_t));
     if (!c || !c->h) {
         free(c);
-        return dt_error(DT_ENOMEM, "--compress: out of memory for a %zu-value bucket", b->hi - b->lo);
+        return dt_error(DT_ENOMEM, "`compress`: out of memory for a %zu-value bucket", b->hi - b->lo);
     }
     b->st = c;
     *state_floats = b->hi - b->lo;

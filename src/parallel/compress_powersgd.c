@@ -114,13 +114,13 @@ static dt_status psgd_init(dt_grad_sync *g, dt_gs_bucket *b, size_t *state_float
     b->st = s;
     size_t nt = (size_t)dt_model_num_tensors(c->model) + 1;
     if (s) s->mat = calloc(nt, sizeof *s->mat), s->plain = calloc(nt, sizeof *s->plain);
-    if (!s || !s->mat || !s->plain) return dt_error(DT_ENOMEM, "--compress powersgd: out of memory");
+    if (!s || !s->mat || !s->plain) return dt_error(DT_ENOMEM, "`compress` powersgd: out of memory");
     for (int i = 0; i < dt_model_num_tensors(c->model); i++) {
         const dt_param_info *t = dt_model_tensor(c->model, i);
         if (!t->is_buffer) DT_TRY(add_tensor(s, b, t, o->rank, o->min_rate));
     }
     s->pay = dt_alloc((s->nplain_vals + s->np + 1) * sizeof(float));
-    if (!s->pay) return dt_error(DT_ENOMEM, "--compress powersgd: out of memory for a %zu-value bucket", b->hi - b->lo);
+    if (!s->pay) return dt_error(DT_ENOMEM, "`compress` powersgd: out of memory for a %zu-value bucket", b->hi - b->lo);
     *state_floats = s->nq + s->ne;
     return DT_OK;
 }
@@ -263,8 +263,8 @@ const dt_compressor dt_compress_powersgd = {
             "step; biases travel whole; warmup=STEPS: plain allreduce first (default 1000); min_rate=X: compress a "
             "matrix only when its factors are X times smaller (default 2; 0: every matrix)",
     .opts_size = sizeof(psgd_opts), .parse = psgd_parse, .format = psgd_format,
-    .state_hint = "it is the --compress error-feedback state of each rank; resume with as many workers, the same "
-                  "--compress and --bucket-mb (a powersgd checkpoint written before min_rate existed compressed every "
+    .state_hint = "it is the `compress` error-feedback state of each rank; resume with as many workers, the same "
+                  "`compress` and `bucket_mb` (a powersgd checkpoint written before min_rate existed compressed every "
                   "matrix: add :min_rate=0)",
     .stages = 2, .bucket_init = psgd_init, .bucket_free = psgd_free, .start = psgd_start, .advance = psgd_advance,
     .bind_state = psgd_bind, .residual = psgd_residual};

@@ -81,7 +81,7 @@ static dt_status topk_init(dt_grad_sync *g, dt_gs_bucket *b, size_t *state_float
     }
     b->st = t;
     if (!t || !t->mag || !t->send || !t->recv)
-        return dt_error(DT_ENOMEM, "--compress topk: out of memory for a %zu-value bucket", n);
+        return dt_error(DT_ENOMEM, "`compress` topk: out of memory for a %zu-value bucket", n);
     *state_floats = s->momentum > 0 ? 2 * n : n;
     return DT_OK;
 }
@@ -201,7 +201,7 @@ static dt_status topk_advance(dt_grad_sync *g, dt_gs_bucket *b) {
         for (size_t j = 0; j < t->k; j++) {
             float v;
             if (p[2 * j] < 0 || (size_t)p[2 * j] >= n)
-                return dt_error(DT_EPEER, "--compress topk: rank %d sent index %d outside its %zu-value bucket", r,
+                return dt_error(DT_EPEER, "`compress` topk: rank %d sent index %d outside its %zu-value bucket", r,
                                 p[2 * j], n);
             memcpy(&v, &p[2 * j + 1], sizeof v);
             b->x[p[2 * j]] += v;

@@ -260,13 +260,13 @@ static dt_status ddp_set(void *opts, const char *key, const char *value) {
         static const char *const names[] = {"auto", "flat", "hier"};
         for (int i = 0; i < 3; i++)
             if (!strcmp(value, names[i])) return o->allreduce = (dt_comm_hier_mode)i, DT_OK;
-        return dt_error(DT_EINVAL, "--strategy ddp: allreduce=%s: choose auto (hierarchical when the ranks span "
+        return dt_error(DT_EINVAL, "`strategy` ddp: allreduce=%s: choose auto (hierarchical when the ranks span "
                                    "hosts), flat or hier", value);
     }
     if (!strcmp(key, "update")) {
         for (int i = 0; i < 3; i++)
             if (!strcmp(value, update_names[i])) return o->update = (ddp_update)i, DT_OK;
-        return dt_error(DT_EINVAL, "--strategy ddp: update=%s: choose auto (shard where the ranks share one host), "
+        return dt_error(DT_EINVAL, "`strategy` ddp: update=%s: choose auto (shard where the ranks share one host), "
                                    "full (allreduce; every rank updates all) or shard (reduce-scatter, each rank "
                                    "updates its part, allgather)", value);
     }
@@ -275,7 +275,7 @@ static dt_status ddp_set(void *opts, const char *key, const char *value) {
     if (!strcmp(key, "zero")) return dt_zero_parse_stage(value, &o->zero);
     double v = strtod(value, &end);
     if (*end || end == value || !(v > 0) || !isfinite(v) || v > 1e6)
-        return dt_error(DT_EINVAL, "--strategy ddp: bucket_mb=%s: need a size in MB above 0, e.g. bucket_mb=0.5",
+        return dt_error(DT_EINVAL, "`strategy` ddp: bucket_mb=%s: need a size in MB above 0, e.g. bucket_mb=0.5",
                         value);
     o->bucket_mb = v;
     return DT_OK;
@@ -298,13 +298,13 @@ static void ddp_format(const void *opts, char *out, size_t cap) {
 static dt_status ddp_check(const void *opts) {
     const ddp_opts *o = opts;
     if (o->zero > 0 && !dt_compress_is_none(&o->compress))
-        return dt_error(DT_EINVAL, "--strategy ddp: zero=%d with compress: ZeRO reduce-scatters f32 gradients into "
-                                   "shards; drop --compress or --zero", o->zero);
+        return dt_error(DT_EINVAL, "`strategy` ddp: zero=%d with compress: ZeRO reduce-scatters f32 gradients into "
+                                   "shards; drop `compress` or `zero`", o->zero);
     if (o->update == UPDATE_SHARD && !dt_compress_is_none(&o->compress))
-        return dt_error(DT_EINVAL, "--strategy ddp: update=shard with compress: the sharded update reduce-scatters "
+        return dt_error(DT_EINVAL, "`strategy` ddp: update=shard with compress: the sharded update reduce-scatters "
                                    "f32 gradients; drop compress or use update=full");
     if (o->update == UPDATE_FULL && o->zero > 0)
-        return dt_error(DT_EINVAL, "--strategy ddp: update=full with zero=%d: ZeRO updates each rank's shard; drop "
+        return dt_error(DT_EINVAL, "`strategy` ddp: update=full with zero=%d: ZeRO updates each rank's shard; drop "
                                    "update or zero", o->zero);
     return DT_OK;
 }

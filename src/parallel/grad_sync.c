@@ -44,7 +44,7 @@ void dt_grad_sync_destroy(dt_grad_sync *g) {
 static dt_status bind_state(dt_grad_sync *g, const size_t *sizes) {
     if (!g->state_n) return DT_OK;
     g->state = dt_alloc((size_t)g->world * g->state_n * sizeof(float));
-    if (!g->state) return dt_error(DT_ENOMEM, "--compress: out of memory for %zu error-feedback floats", g->state_n);
+    if (!g->state) return dt_error(DT_ENOMEM, "`compress`: out of memory for %zu error-feedback floats", g->state_n);
     memset(g->state, 0, (size_t)g->world * g->state_n * sizeof(float));
     float *row = g->state + (size_t)g->rank * g->state_n;
     for (int i = 0; i < g->cfg.nb; i++) {
@@ -60,13 +60,13 @@ dt_status dt_grad_sync_create(dt_grad_sync **out, const dt_compress_spec *spec, 
     size_t *sizes = calloc((size_t)cfg->nb + 1, sizeof *sizes);
     if (!g || !sizes) {
         free(g), free(sizes);
-        return dt_error(DT_ENOMEM, "--compress: out of memory");
+        return dt_error(DT_ENOMEM, "`compress`: out of memory");
     }
     g->spec = *spec, g->cfg = *cfg, g->c = spec->c ? spec->c : &dt_compress_none;
     g->rank = cfg->comm ? dt_comm_rank(cfg->comm) : 0;
     g->world = cfg->comm ? dt_comm_size(cfg->comm) : 1;
     g->b = calloc((size_t)cfg->nb, sizeof *g->b);
-    dt_status s = g->c && g->b ? DT_OK : dt_error(DT_ENOMEM, "--compress: out of memory");
+    dt_status s = g->c && g->b ? DT_OK : dt_error(DT_ENOMEM, "`compress`: out of memory");
     for (int i = 0; s == DT_OK && i < cfg->nb; i++) {
         g->b[i].lo = cfg->lo[i], g->b[i].hi = cfg->hi[i], g->b[i].last = i == cfg->nb - 1;
         if (g->c->bucket_init) s = g->c->bucket_init(g, &g->b[i], &sizes[i]);
@@ -74,7 +74,7 @@ dt_status dt_grad_sync_create(dt_grad_sync **out, const dt_compress_spec *spec, 
     }
     if (s == DT_OK) s = bind_state(g, sizes);
     if (s == DT_OK && cfg->stage && !(g->host = dt_alloc(cfg->n * sizeof(float))))
-        s = dt_error(DT_ENOMEM, "gradient sync: out of memory for the %zu-float host staging buffer of --device %s",
+        s = dt_error(DT_ENOMEM, "gradient sync: out of memory for the %zu-float host staging buffer of `device` %s",
                      cfg->n, cfg->stage->kind->name);
     free(sizes);
     if (s != DT_OK) {
@@ -170,7 +170,7 @@ dt_status dt_grad_sync_finish(dt_grad_sync *g, int i) {
         wait_advance(g, b);
     }
     if (b->failed)
-        first = dt_error(g->err ? g->err : DT_EINTERNAL, "gradient sync (--compress %s) of bucket %d: %s", g->c->name,
+        first = dt_error(g->err ? g->err : DT_EINTERNAL, "gradient sync (`compress` %s) of bucket %d: %s", g->c->name,
                          i, g->err_msg);
     return first;
 }
@@ -215,7 +215,7 @@ dt_status dt_grad_sync_visit_state(dt_grad_sync *g, dt_state_visit_fn fn, void *
                         .shape = {g->world, (int64_t)g->state_n}, .numel = n, .is_optim = true,
                         .host = true,  /* the compressors work on the staged host copy: so does their state */
                         .hint = g->c->state_hint ? g->c->state_hint
-                                                 : "it is the --compress error-feedback state of each rank; resume "
-                                                   "with as many workers, the same --compress and --bucket-mb"};
+                                                 : "it is the `compress` error-feedback state of each rank; resume "
+                                                   "with as many workers, the same `compress` and `bucket_mb`"};
     return fn(ctx, &p);
 }

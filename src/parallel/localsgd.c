@@ -212,7 +212,7 @@ static dt_status lsgd_set(void *opts, const char *key, const char *value) {
     errno = 0;
     long v = strtol(value, &end, 10);
     if (errno || *end || end == value || v < -1000000000 || v > 1000000000)
-        return dt_error(DT_EINVAL, "--strategy localsgd: sync_every=%s: not a whole number of steps", value);
+        return dt_error(DT_EINVAL, "`strategy` localsgd: sync_every=%s: not a whole number of steps", value);
     ((localsgd_opts *)opts)->sync_every = (int)v;
     return DT_OK;
 }
@@ -220,7 +220,7 @@ static dt_status lsgd_set(void *opts, const char *key, const char *value) {
 static dt_status lsgd_check(const void *opts) {
     const localsgd_opts *o = opts;
     if (o->sync_every < 1)
-        return dt_error(DT_EINVAL, "--strategy localsgd: sync_every=%d: need at least 1 (e.g. localsgd(sync_every=8))",
+        return dt_error(DT_EINVAL, "`strategy` localsgd: sync_every=%d: need at least 1 (e.g. localsgd(sync_every=8))",
                         o->sync_every);
     return DT_OK;
 }

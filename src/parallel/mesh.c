@@ -33,7 +33,7 @@ dt_status dt_mesh_create(dt_mesh *m, dt_comm *world, int tp, int pp) {
     if (tp < 1 || pp < 1 || size % (tp * pp) != 0) {
         char ok[256];
         divisors(size, ok, sizeof ok);
-        return dt_error(DT_EINVAL, "--tp %d x --pp %d = %d ranks per model copy must divide the world size %d (the rest "
+        return dt_error(DT_EINVAL, "`tp` %d x `pp` %d = %d ranks per model copy must divide the world size %d (the rest "
                         "are data parallel); tp x pp may be %s", tp, pp, tp * pp, size, ok);
     }
     m->tp = tp, m->pp = pp, m->dp = size / (tp * pp);

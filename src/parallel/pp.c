@@ -87,9 +87,9 @@ static dt_status widen(dt_strategy *s, dt_pp *p) {
     if (st == DT_OK && s->optim && p->rank == 0) st = dt_optim_place(s->optim, NULL, 0);
     p->widened = true;  /* narrow() puts back whatever was placed */
     if (st != DT_OK)
-        return dt_error_wrap(st, "pipeline stage %d (rank %d): checkpoints (and with --zero 3 evaluation) gather the "
-                             "whole model on every stage (rank 0 also its optimizer state); run without --save, "
-                             "--save-weights and --checkpoint-every, or raise --mem-limit", p->stage, p->rank);
+        return dt_error_wrap(st, "pipeline stage %d (rank %d): checkpoints (and with `zero` 3 evaluation) gather the "
+                             "whole model on every stage (rank 0 also its optimizer state); run without `save`, "
+                             "`save_weights` and `checkpoint_every`, or raise `mem_limit`", p->stage, p->rank);
     return DT_OK;
 }
 
@@ -325,8 +325,8 @@ static dt_status place(dt_strategy *s, dt_pp *p) {
     const int world = dt_comm_size(s->comm);
     p->tp = p->o.tp > 0 ? p->o.tp : 1;
     if (p->tp == 1 && world % p->K)
-        return dt_error(DT_EINVAL, "--pp %d: the job has %d ranks, not a multiple of %d; start K x DP ranks (e.g. "
-                        "--workers %d)", p->K, world, p->K, p->K);
+        return dt_error(DT_EINVAL, "`pp` %d: the job has %d ranks, not a multiple of %d; start K x DP ranks (e.g. "
+                        "`workers` %d)", p->K, world, p->K, p->K);
     DT_TRY(dt_mesh_create(&p->mesh, s->comm, p->tp, p->K));
     p->DP = p->mesh.dp, p->rank = dt_comm_rank(s->comm);
     p->stage = p->mesh.pp_rank, p->dp_i = p->mesh.dp_rank, p->tr = p->mesh.tp_rank;
@@ -432,7 +432,7 @@ static dt_status int_opt(const char *key, const char *value, int lo, int hi, int
     char *end;
     long v = strtol(value, &end, 10);
     if (*end || end == value || v < lo || v > hi)
-        return dt_error(DT_EINVAL, "--strategy pp: %s=%s: need a whole number from %d to %d", key, value, lo, hi);
+        return dt_error(DT_EINVAL, "`strategy` pp: %s=%s: need a whole number from %d to %d", key, value, lo, hi);
     *out = (int)v;
     return DT_OK;
 }
@@ -446,12 +446,12 @@ static dt_status pp_set(void *opts, const char *key, const char *value) {
     if (!strcmp(key, "schedule")) return dt_pp_schedule_parse(value, &o->schedule);
     if (!strcmp(key, "cost")) {
         if (strcmp(value, "flops") && strcmp(value, "measured"))
-            return dt_error(DT_EINVAL, "--strategy pp: cost=%s: choose flops or measured", value);
+            return dt_error(DT_EINVAL, "`strategy` pp: cost=%s: choose flops or measured", value);
         o->measured = !strcmp(value, "measured");
         return DT_OK;
     }
     if (strlen(value) >= sizeof o->split)
-        return dt_error(DT_EINVAL, "--pp-split %s: too long (at most %zu characters)", value, sizeof o->split - 1);
+        return dt_error(DT_EINVAL, "`pp_split` %s: too long (at most %zu characters)", value, sizeof o->split - 1);
     snprintf(o->split, sizeof o->split, "%s", value);
     return DT_OK;
 }

@@ -45,24 +45,24 @@ static dt_status parse_split(const dt_model *m, int K, const char *split, int *f
     snprintf(buf, sizeof buf, "%s", split);
     const size_t n = strlen(split);
     if (split[0] == ':' || (n && split[n - 1] == ':') || strstr(split, "::"))
-        return dt_error(DT_EINVAL, "--pp-split %s: an empty cut; give %d stage boundar%s as N1:N2:... (node indices "
+        return dt_error(DT_EINVAL, "`pp_split` %s: an empty cut; give %d stage boundar%s as N1:N2:... (node indices "
                         "or names)", split, K - 1, K - 1 == 1 ? "y" : "ies");
     int c = 1;
     for (char *save = NULL, *tok = strtok_r(buf, ":", &save); tok; tok = strtok_r(NULL, ":", &save), c++) {
         if (c >= K)
-            return dt_error(DT_EINVAL, "--pp-split %s: %d stages need %d cut%s, not more", split, K, K - 1,
+            return dt_error(DT_EINVAL, "`pp_split` %s: %d stages need %d cut%s, not more", split, K, K - 1,
                             K - 1 == 1 ? "" : "s");
         int k = split_node(m, tok);
         if (k < 0 || !dt_pp_cut_valid(m, k))
-            return dt_error(DT_EINVAL, "--pp-split %s: '%s' is not a valid stage boundary; valid first nodes of a "
+            return dt_error(DT_EINVAL, "`pp_split` %s: '%s' is not a valid stage boundary; valid first nodes of a "
                             "stage: %s", split, tok, valid_list(m));
         if (k <= first[c - 1])
-            return dt_error(DT_EINVAL, "--pp-split %s: the cuts must increase ('%s' is not after the previous one)",
+            return dt_error(DT_EINVAL, "`pp_split` %s: the cuts must increase ('%s' is not after the previous one)",
                             split, tok);
         first[c] = k;
     }
     if (c != K)
-        return dt_error(DT_EINVAL, "--pp-split %s: %d stages need %d cuts (N1:N2:...), got %d", split, K, K - 1, c - 1);
+        return dt_error(DT_EINVAL, "`pp_split` %s: %d stages need %d cuts (N1:N2:...), got %d", split, K, K - 1, c - 1);
     return DT_OK;
 }
 
@@ -82,7 +82,7 @@ static dt_status balance(const dt_model *m, int K, const double *pre, int *first
     v[nv++] = n;  /* the end of the last stage */
     dt_status st = DT_OK;
     if (nv < K) {
-        st = dt_error(DT_EINVAL, "--pp %d: the model has only %d valid stage boundar%s (%s); use at most %d stages", K,
+        st = dt_error(DT_EINVAL, "`pp` %d: the model has only %d valid stage boundar%s (%s); use at most %d stages", K,
                       nv - 1, nv - 1 == 1 ? "y" : "ies", valid_list(m), nv);
         goto done;
     }

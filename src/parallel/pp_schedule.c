@@ -37,7 +37,7 @@ int dt_pp_schedule_peak(const dt_pp_action *a, int n) {
 dt_status dt_pp_schedule_parse(const char *name, dt_pp_schedule_kind *kind) {
     if (name && !strcmp(name, "gpipe")) *kind = DT_PP_GPIPE;
     else if (name && !strcmp(name, "1f1b")) *kind = DT_PP_1F1B;
-    else return dt_error(DT_EINVAL, "--pp-schedule %s: unknown schedule (choose gpipe or 1f1b)", name ? name : "");
+    else return dt_error(DT_EINVAL, "`pp_schedule` %s: unknown schedule (choose gpipe or 1f1b)", name ? name : "");
     return DT_OK;
 }
 

@@ -271,7 +271,7 @@ static dt_status shard_loss(step_ctx *c, int j, float share, const float **dout)
     DT_TRY(dt_tp_hooks_loss(p->hooks, stage_targets(c, j), n, share, &loss));
     if (!isfinite(loss))
         return dt_error(DT_EINVAL, "training diverged: loss is %g at step %lld on rank %d (pipeline stage %d); "
-                        "lower --lr or set --clip", loss, (long long)c->b->step, p->rank, p->stage);
+                        "lower `lr` or set `clip_norm`", loss, (long long)c->b->step, p->rank, p->stage);
     p->loss_sum += loss * n;
     *dout = dt_tp_hooks_dlogits(p->hooks);
     return DT_OK;
@@ -372,7 +372,7 @@ static dt_status sum_losses(step_ctx *c) {
     for (int j = 0; j < c->M; j++) {
         if (!isfinite(loss[j]))
             return dt_error(DT_EINVAL, "training diverged: loss is %g at step %lld on rank %d (pipeline stage %d); "
-                            "lower --lr or set --clip", loss[j], (long long)c->b->step, p->rank, p->stage);
+                            "lower `lr` or set `clip_norm`", loss[j], (long long)c->b->step, p->rank, p->stage);
         p->loss_sum += (double)loss[j] * mb_n(c, j);
     }
     return DT_OK;

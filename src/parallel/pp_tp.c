@@ -26,8 +26,8 @@
 dt_status dt_pp_tp_setup(dt_strategy *s, dt_pp *p) {
     const char *spec = dt_model_spec(s->model);
     if (!dt_model_spec_is_gpt(spec))
-        return dt_error(DT_EINVAL, "--tp %d --pp %d: tensor-parallel pipeline stages run a GPT only so far; --model "
-                        "%s is not a GPT (use --model gpt:L=..,H=..,C=..,T=.., --tp alone or --pp alone)", p->tp, p->K,
+        return dt_error(DT_EINVAL, "`tp` %d `pp` %d: tensor-parallel pipeline stages run a GPT only so far; `model` "
+                        "%s is not a GPT (use `model` gpt:L=..,H=..,C=..,T=.., `tp` alone or `pp` alone)", p->tp, p->K,
                         spec);
     dt_gpt_config g;
     DT_TRY(dt_gpt_parse(spec, &g));
@@ -36,11 +36,11 @@ dt_status dt_pp_tp_setup(dt_strategy *s, dt_pp *p) {
     const int n = dt_model_num_nodes(p->m);
     for (int i = 0; i < n; i++)
         if (strcmp(dt_model_node_name(p->m, i), dt_model_node_name(s->model, i)) != 0)
-            return dt_error(DT_EINTERNAL, "--tp %d --pp %d: node %d of the shard is '%s', of the whole model '%s'", p->tp,
+            return dt_error(DT_EINTERNAL, "`tp` %d `pp` %d: node %d of the shard is '%s', of the whole model '%s'", p->tp,
                             p->K, i, dt_model_node_name(p->m, i), dt_model_node_name(s->model, i));
     if (p->first[p->K - 1] >= n)
-        return dt_error(DT_EINVAL, "--tp %d --pp %d: the last stage would hold only the loss (it starts at node %d, "
-                        "'%s'); under tensor parallelism the loss goes with the head: cut earlier (--pp-split)", p->tp,
+        return dt_error(DT_EINVAL, "`tp` %d `pp` %d: the last stage would hold only the loss (it starts at node %d, "
+                        "'%s'); under tensor parallelism the loss goes with the head: cut earlier (`pp_split`)", p->tp,
                         p->K, p->first[p->K - 1], dt_model_node_name(s->model, p->first[p->K - 1]));
     p->first[p->K] = n;
     /* the whole model only receives gathered parameters (evaluation, checkpoints) */
@@ -103,7 +103,7 @@ static dt_status sync_moment(dt_strategy *s, dt_pp *p, int j, int k, int own, fl
 /* Tensor j: its whole values on every rank, its moments on world rank 0. */
 static dt_status sync_tensor(dt_strategy *s, dt_pp *p, int j, float *tmp, float *mom) {
     const dt_param_info *lt = dt_model_tensor(p->m, j), *ft = whole_of(s, p, j);
-    if (!ft) return dt_error(DT_EINTERNAL, "--tp --pp: the shard's tensor '%s' is not in the whole model", lt->name);
+    if (!ft) return dt_error(DT_EINTERNAL, "`tp` `pp`: the shard's tensor '%s' is not in the whole model", lt->name);
     const int own = dt_pp_owner_stage(p, j);
     float *whole = (lt->is_buffer ? dt_model_buffers(s->model) : dt_model_params(s->model)) + ft->offset;
     const float *mine = (lt->is_buffer ? dt_model_buffers(p->m) : dt_model_params(p->m)) + lt->offset;
@@ -125,12 +125,12 @@ dt_status dt_pp_tp_visit_state(dt_strategy *s, dt_state_visit_fn fn, void *ctx) 
     if (p->whole) return dt_state_visit_model(s->model, s->optim, fn, ctx);
     for (int g = 0; g < p->nseg; g++)
         if (p->seg[g].zero && !p->seg[g].whole)
-            return dt_error(DT_EINTERNAL, "--tp %d --pp %d: the stage's state is ZeRO-sharded; its pieces are visited "
+            return dt_error(DT_EINTERNAL, "`tp` %d `pp` %d: the stage's state is ZeRO-sharded; its pieces are visited "
                             "before pp_init shards it, or after a sync", p->tp, p->K);
     for (int j = 0; j < dt_model_num_tensors(p->m); j++) {
         const dt_param_info *lt = dt_model_tensor(p->m, j), *ft = whole_of(s, p, j);
         if (!(p->users[j] >> p->stage & 1)) continue;  /* another stage's */
-        if (!ft) return dt_error(DT_EINTERNAL, "--tp --pp: the shard's tensor '%s' is not in the whole model", lt->name);
+        if (!ft) return dt_error(DT_EINTERNAL, "`tp` `pp`: the shard's tensor '%s' is not in the whole model", lt->name);
         float *lb = (lt->is_buffer ? dt_model_buffers(p->m) : dt_model_params(p->m)) + lt->offset;
         DT_TRY(dt_tp_visit_shard(p->m, p->tp, p->tr, fn, ctx, ft->name, ft, lb, false));
         for (int k = 0; !lt->is_buffer && k < p->nstates; k++) {
@@ -158,7 +158,7 @@ dt_status dt_pp_tp_sync(dt_strategy *s) {
      * memory of the device (sent staged) */
     float *tmp = malloc(((size_t)p->tp + p->on_dev) * most_l * sizeof(float));
     float *mom = p->on_dev ? p->dev->ops->alloc(p->dev, most_w * sizeof(float)) : malloc(most_w * sizeof(float));
-    dt_status st = tmp && mom ? DT_OK : dt_error(DT_ENOMEM, "--tp --pp: out of memory gathering the shards");
+    dt_status st = tmp && mom ? DT_OK : dt_error(DT_ENOMEM, "`tp` `pp`: out of memory gathering the shards");
     for (int j = 0; st == DT_OK && j < dt_model_num_tensors(p->m); j++) st = sync_tensor(s, p, j, tmp, mom);
     free(tmp);
     if (p->on_dev) p->dev->ops->free(p->dev, mom);

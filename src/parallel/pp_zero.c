@@ -98,8 +98,8 @@ dt_status dt_pp_zero_reacquire(dt_pp *p) {
     p->grel = 0;
     if (!n || dt_mem_reacquire(n) == DT_OK) return DT_OK;
     return dt_error_wrap(DT_ENOMEM, "pipeline stage %d (rank %d): ZeRO-2 holds the stage's whole gradients while its "
-                         "micro-batches accumulate (%zu bytes given back between steps); raise --mem-limit or use more "
-                         "stages (--pp)", p->stage, p->rank, n);
+                         "micro-batches accumulate (%zu bytes given back between steps); raise `mem_limit` or use more "
+                         "stages (`pp`)", p->stage, p->rank, n);
 }
 
 /* Segment sg's reduce-scatter on a host copy (p->host: the segment, then the chunk's c floats):

@@ -169,7 +169,7 @@ static dt_status exchange_take(dt_strategy *s, ps_state *p) {
     if (r->seq >= 0) {  /* each answer hands out at most one; the worker holds at most one more */
         if (p->nheld >= 2)
             return dt_error(DT_EMISMATCH, "ps worker rank %d: server 0 handed out unit %lld while this worker holds "
-                            "two (--ps-overlap protocol)", p->me, (long long)r->seq);
+                            "two (`ps_overlap` protocol)", p->me, (long long)r->seq);
         p->held[p->nheld][0] = r->seq, p->held[p->nheld][1] = r->epoch, p->held[p->nheld][2] = r->unit;
         p->nheld++;
     }
@@ -180,7 +180,7 @@ static dt_status exchange_take(dt_strategy *s, ps_state *p) {
 static dt_status exchange_start(ps_state *p, const float *g, int64_t step) {
     if (!p->thread_started) {
         if (pthread_create(&p->thread, NULL, exchange_main, p) != 0)
-            return dt_error(DT_ENOMEM, "ps worker rank %d: cannot start the exchange thread (--ps-overlap)", p->me);
+            return dt_error(DT_ENOMEM, "ps worker rank %d: cannot start the exchange thread (`ps_overlap`)", p->me);
         p->thread_started = true;
     }
     if (p->dev) p->dev->ops->download(p->dev, p->gsend, g, p->P * sizeof(float));  /* the next backward overwrites g */
@@ -304,8 +304,8 @@ static dt_status ps_create(dt_strategy *s, const void *opts) {
     int drank, dworld;
     DT_TRY(dt_strategy_data_part(&dt_strategy_ps_entry, o, me, size, &drank, &dworld));
     if (dt_model_num_buffers(s->model) > 0)
-        return dt_error(DT_ENOTSUP, "--strategy ps does not keep model buffers (batchnorm running statistics) on the "
-                                    "servers: use a model without batchnorm, or --strategy ddp/localsgd");
+        return dt_error(DT_ENOTSUP, "`strategy` ps does not keep model buffers (batchnorm running statistics) on the "
+                                    "servers: use a model without batchnorm, or `strategy` ddp/localsgd");
     DT_TRY(dt_strategy_ps_entry.check(o));  /* also for options not made by dt_strategy_parse */
     ps_state *p = calloc(1, sizeof *p);
     if (!p) return dt_error(DT_ENOMEM, "ps: out of memory");
@@ -362,22 +362,22 @@ static dt_status ps_set(void *opts, const char *key, const char *value) {
     long v;
     if (!strcmp(key, "servers")) {
         if (!whole(value, -1000000, 1000000, &v))
-            return dt_error(DT_EINVAL, "--strategy ps: servers=%s: not a whole number of ranks", value);
+            return dt_error(DT_EINVAL, "`strategy` ps: servers=%s: not a whole number of ranks", value);
         o->servers = (int)v;
     } else if (!strcmp(key, "staleness")) {
         if (!strcmp(value, "inf") || !strcmp(value, "async")) o->staleness = -1;
         else if (whole(value, 0, 1000000, &v)) o->staleness = (int)v;
         else
-            return dt_error(DT_EINVAL, "--strategy ps: staleness=%s: not a whole number of batches (use staleness=S, "
+            return dt_error(DT_EINVAL, "`strategy` ps: staleness=%s: not a whole number of batches (use staleness=S, "
                             "0 = synchronous, or staleness=inf)", value);
     } else if (!strcmp(key, "shards")) {
         if (strcmp(value, "fixed") && strcmp(value, "dynamic"))
-            return dt_error(DT_EINVAL, "--strategy ps: shards=%s: use shards=dynamic (server 0 hands out the batches, "
+            return dt_error(DT_EINVAL, "`strategy` ps: shards=%s: use shards=dynamic (server 0 hands out the batches, "
                             "the default) or shards=fixed (each worker owns 1/N of every epoch)", value);
         o->fixed_shards = !strcmp(value, "fixed");
     } else {  /* overlap */
         if (strcmp(value, "0") && strcmp(value, "1") && strcmp(value, "true") && strcmp(value, "false"))
-            return dt_error(DT_EINVAL, "--strategy ps: overlap=%s: use overlap=1 or overlap=0", value);
+            return dt_error(DT_EINVAL, "`strategy` ps: overlap=%s: use overlap=1 or overlap=0", value);
         o->overlap = !strcmp(value, "1") || !strcmp(value, "true");
     }
     return DT_OK;
@@ -386,9 +386,9 @@ static dt_status ps_set(void *opts, const char *key, const char *value) {
 static dt_status ps_check(const void *opts) {
     const ps_opts *o = opts;
     if (o->servers < 1)
-        return dt_error(DT_EINVAL, "--strategy ps: servers=%d: need at least 1 (e.g. ps(servers=1))", o->servers);
+        return dt_error(DT_EINVAL, "`strategy` ps: servers=%d: need at least 1 (e.g. ps(servers=1))", o->servers);
     if (o->overlap && (o->fixed_shards || o->staleness >= 0))
-        return dt_error(DT_EINVAL, "--strategy ps: overlap=1 needs shards=dynamic and staleness=inf (it adds a step "
+        return dt_error(DT_EINVAL, "`strategy` ps: overlap=1 needs shards=dynamic and staleness=inf (it adds a step "
                         "of staleness that a bound does not count): use %s, or drop overlap",
                         o->fixed_shards ? "shards=dynamic" : "staleness=inf");
     return DT_OK;

@@ -119,7 +119,7 @@ static bool trimmed(const char *a, const char *b, char *out, size_t cap) {
 }
 
 static dt_status malformed(const char *spec, const char *why) {
-    return dt_error(DT_EINVAL, "--strategy '%s': %s; write NAME or NAME(KEY=VALUE,...), e.g. ps(servers=2,staleness=4)",
+    return dt_error(DT_EINVAL, "`strategy` '%s': %s; write NAME or NAME(KEY=VALUE,...), e.g. ps(servers=2,staleness=4)",
                     spec, why);
 }
 
@@ -135,7 +135,7 @@ static dt_status split_spec(const char *spec, spec_parts *p) {
     close--;
     const char *last = close;  /* a trailing comma leaves an empty option */
     while (last > open + 1 && isspace((unsigned char)last[-1])) last--;
-    if (last[-1] == ',') return dt_error(DT_EINVAL, "--strategy %s: option '' is not KEY=VALUE", p->name);
+    if (last[-1] == ',') return dt_error(DT_EINVAL, "`strategy` %s: option '' is not KEY=VALUE", p->name);
     for (const char *a = open + 1; a < close;) {
         const char *comma = memchr(a, ',', (size_t)(close - a));
         const char *b = comma ? comma : close;
@@ -146,7 +146,7 @@ static dt_status split_spec(const char *spec, spec_parts *p) {
             if (p->n == MAX_OPTS) return malformed(spec, "too many options");
             if (!eq || !trimmed(a, eq, p->key[p->n], sizeof p->key[0]) || !p->key[p->n][0] ||
                 !trimmed(eq + 1, b, p->value[p->n], sizeof p->value[0]) || !p->value[p->n][0])
-                return dt_error(DT_EINVAL, "--strategy %s: option '%s' is not KEY=VALUE", p->name, item);
+                return dt_error(DT_EINVAL, "`strategy` %s: option '%s' is not KEY=VALUE", p->name, item);
             if (strchr(p->value[p->n], '(') || strchr(p->value[p->n], ')'))
                 return malformed(spec, "unbalanced parentheses");
             p->n++;
@@ -170,13 +170,13 @@ bool dt_strategy_entry_takes(const dt_strategy_entry *e, const char *key) {
 
 static dt_status unknown_key(const dt_strategy_entry *e, const char *key) {
     if (!e->keys || !e->keys[0])
-        return dt_error(DT_EINVAL, "--strategy %s: unknown option '%s' (%s takes no options)", e->name, key, e->name);
-    return dt_error(DT_EINVAL, "--strategy %s: unknown option '%s' (%s takes %s)", e->name, key, e->name, e->keys);
+        return dt_error(DT_EINVAL, "`strategy` %s: unknown option '%s' (%s takes no options)", e->name, key, e->name);
+    return dt_error(DT_EINVAL, "`strategy` %s: unknown option '%s' (%s takes %s)", e->name, key, e->name, e->keys);
 }
 
 static dt_status find_entry(const char *name, const dt_strategy_entry **entry) {
     if (!(*entry = dt_strategy_find(name)))
-        return dt_error(DT_EINVAL, "--strategy %s: unknown strategy (choose %s)", name, entry_names());
+        return dt_error(DT_EINVAL, "`strategy` %s: unknown strategy (choose %s)", name, entry_names());
     return DT_OK;
 }
 
@@ -188,7 +188,7 @@ static dt_status set_parts(const dt_strategy_entry *e, const spec_parts *p, void
         if (!dt_strategy_entry_takes(e, p->key[i])) return unknown_key(e, p->key[i]);
         for (int j = 0; j < i; j++)
             if (!strcmp(p->key[i], p->key[j]))
-                return dt_error(DT_EINVAL, "--strategy %s: option '%s' is given twice", e->name, p->key[i]);
+                return dt_error(DT_EINVAL, "`strategy` %s: option '%s' is given twice", e->name, p->key[i]);
         DT_TRY(e->set(opts, p->key[i], p->value[i]));
     }
     return DT_OK;
@@ -196,7 +196,7 @@ static dt_status set_parts(const dt_strategy_entry *e, const spec_parts *p, void
 
 dt_status dt_strategy_parse(const char *spec, const dt_strategy_entry **entry, void *opts) {
     *entry = NULL;
-    if (!spec) return dt_error(DT_EINVAL, "--strategy: no strategy given (choose %s)", entry_names());
+    if (!spec) return dt_error(DT_EINVAL, "`strategy`: no strategy given (choose %s)", entry_names());
     spec_parts *p = malloc(sizeof *p);
     if (!p) return dt_error(DT_ENOMEM, "strategy spec: out of memory");
     const dt_strategy_entry *e = NULL;
@@ -231,7 +231,7 @@ dt_status dt_strategy_spec_add(const char *spec, const char *key, const char *va
         snprintf(one.value[0], sizeof one.value[0], "%s", p->value[have]);
         if (st == DT_OK) st = set_parts(e, &one, &b);
         if (st == DT_OK && memcmp(&a, &b, e->opts_size) != 0)
-            st = dt_error(DT_EINVAL, "--strategy %s sets %s=%s", spec, key, p->value[have]);
+            st = dt_error(DT_EINVAL, "`strategy` %s sets %s=%s", spec, key, p->value[have]);
     } else if (st == DT_OK && p->n == MAX_OPTS) {
         st = malformed(spec, "too many options");
     } else if (st == DT_OK) {
@@ -244,7 +244,7 @@ dt_status dt_strategy_spec_add(const char *spec, const char *key, const char *va
     for (int i = 0; st == DT_OK && i < p->n && k < cap; i++)
         k += (size_t)snprintf(out + k, cap - k, "%s%s=%s", i ? "," : "", p->key[i], p->value[i]);
     if (st == DT_OK && k < cap) k += (size_t)snprintf(out + k, cap - k, ")");
-    if (st == DT_OK && k >= cap) st = dt_error(DT_EINVAL, "--strategy %s: the spec is too long", spec);
+    if (st == DT_OK && k >= cap) st = dt_error(DT_EINVAL, "`strategy` %s: the spec is too long", spec);
     free(p);
     return st;
 }
@@ -253,10 +253,10 @@ dt_status dt_strategy_create_with(dt_strategy **out, const dt_strategy_entry *e,
                                   dt_model *m, dt_optim *o, dt_trace *trace) {
     *out = NULL;
     if (e->needs_comm && !comm)
-        return dt_error(DT_EINVAL, "--strategy %s needs more than one rank (--workers N, dtrain launch or mpirun)",
+        return dt_error(DT_EINVAL, "`strategy` %s needs more than one rank (`workers` N, dtrain launch or mpirun)",
                         e->name);
     if (!e->needs_comm && comm)
-        return dt_error(DT_EINVAL, "--strategy %s trains one process; with %d ranks use a strategy of more ranks "
+        return dt_error(DT_EINVAL, "`strategy` %s trains one process; with %d ranks use a strategy of more ranks "
                         "(ddp, localsgd or ps)", e->name, dt_comm_size(comm));
     dt_strategy *s = calloc(1, sizeof *s);
     if (!s) return dt_error(DT_ENOMEM, "strategy: out of memory");
@@ -297,7 +297,7 @@ dt_status dt_strategy_data_part(const dt_strategy_entry *e, const void *opts, in
     const int S = e->servers ? e->servers(opts) : 0;
     if (S <= 0) return DT_OK;
     if (S >= size)
-        return dt_error(DT_EINVAL, "--strategy %s with %d server%s needs more than %d ranks (servers plus at least one "
+        return dt_error(DT_EINVAL, "`strategy` %s with %d server%s needs more than %d ranks (servers plus at least one "
                         "worker); this job has %d", e->name, S, S > 1 ? "s" : "", S, size);
     *data_world = size - S;
     *data_rank = rank >= S ? rank - S : 0;
@@ -311,6 +311,6 @@ dt_status dt_strategy_parse_balance(const char *strategy, const char *value, boo
         *dynamic = !strcmp(value, "dynamic");
         return DT_OK;
     }
-    return dt_error(DT_EINVAL, "--strategy %s: balance=%s: choose static (every rank its equal share of each "
+    return dt_error(DT_EINVAL, "`strategy` %s: balance=%s: choose static (every rank its equal share of each "
                     "global batch) or dynamic (each global batch cut by the ranks' measured speed)", strategy, value);
 }

@@ -128,7 +128,7 @@ dt_status dt_strategy_verify_model(dt_comm *comm, dt_model *m, bool params) {
         free(all);
         return dt_error(DT_EMISMATCH,
                         "replicas differ at start: rank %d holds other parameters than rank 0; every worker must "
-                        "run the same --model, --seed and --resume checkpoint",
+                        "run the same `model`, `seed` and `resume` checkpoint",
                         bad);
     }
     return DT_OK;
@@ -158,7 +158,7 @@ dt_status dt_strategy_default_train_step(dt_strategy *s, const dt_step_batch *b,
         const double tf = dt_now();
         DT_TRY(dt_model_run(s->model, &f, true, (uint64_t)(b->step * accum + k), &loss));
         if (!isfinite(loss))
-            return dt_error(DT_EINVAL, "training diverged: loss is %g at step %lld on rank %d; lower --lr or set --clip",
+            return dt_error(DT_EINVAL, "training diverged: loss is %g at step %lld on rank %d; lower `lr` or set `clip_norm`",
                             loss, (long long)b->step, dt_comm_rank(s->comm));
         r->loss_sum += (double)loss * f.n;
         const double tb = dt_now();

@@ -91,49 +91,49 @@ static void fails(const char *spec, const char *want) {
 }
 
 static void test_errors(void) {
-    fails(NULL, "--strategy: no strategy given (choose single, ddp, localsgd, ps, tp or pp)");
-    fails("psx", "--strategy psx: unknown strategy (choose single, ddp, localsgd, ps, tp or pp)");
-    fails("psx(servers=2)", "--strategy psx: unknown strategy (choose single, ddp, localsgd, ps, tp or pp)");
-    fails("ddp(staleness=2)", "--strategy ddp: unknown option 'staleness' (ddp takes bucket_mb, compress, allreduce, zero, update, balance)");
-    fails("single(x=1)", "--strategy single: unknown option 'x' (single takes no options)");
-    fails("localsgd(servers=1)", "--strategy localsgd: unknown option 'servers' (localsgd takes sync_every, compress, balance)");
+    fails(NULL, "`strategy`: no strategy given (choose single, ddp, localsgd, ps, tp or pp)");
+    fails("psx", "`strategy` psx: unknown strategy (choose single, ddp, localsgd, ps, tp or pp)");
+    fails("psx(servers=2)", "`strategy` psx: unknown strategy (choose single, ddp, localsgd, ps, tp or pp)");
+    fails("ddp(staleness=2)", "`strategy` ddp: unknown option 'staleness' (ddp takes bucket_mb, compress, allreduce, zero, update, balance)");
+    fails("single(x=1)", "`strategy` single: unknown option 'x' (single takes no options)");
+    fails("localsgd(servers=1)", "`strategy` localsgd: unknown option 'servers' (localsgd takes sync_every, compress, balance)");
     fails("ps(bucket_mb=1)",
-          "--strategy ps: unknown option 'bucket_mb' (ps takes servers, staleness, shards, overlap)");
+          "`strategy` ps: unknown option 'bucket_mb' (ps takes servers, staleness, shards, overlap)");
     const char *form = "; write NAME or NAME(KEY=VALUE,...), e.g. ps(servers=2,staleness=4)";
     char want[256];
-    snprintf(want, sizeof want, "--strategy 'ps(servers=2': no closing ')'%s", form);
+    snprintf(want, sizeof want, "`strategy` 'ps(servers=2': no closing ')'%s", form);
     fails("ps(servers=2", want);
-    snprintf(want, sizeof want, "--strategy '(servers=2)': no strategy name%s", form);
+    snprintf(want, sizeof want, "`strategy` '(servers=2)': no strategy name%s", form);
     fails("(servers=2)", want);
-    snprintf(want, sizeof want, "--strategy '': no strategy name%s", form);
+    snprintf(want, sizeof want, "`strategy` '': no strategy name%s", form);
     fails("", want);
-    snprintf(want, sizeof want, "--strategy 'ps(servers=(2))': unbalanced parentheses%s", form);
+    snprintf(want, sizeof want, "`strategy` 'ps(servers=(2))': unbalanced parentheses%s", form);
     fails("ps(servers=(2))", want);
-    fails("ps(servers)", "--strategy ps: option 'servers' is not KEY=VALUE");
-    fails("ps(servers=)", "--strategy ps: option 'servers=' is not KEY=VALUE");
-    fails("ps(servers=1,)", "--strategy ps: option '' is not KEY=VALUE");
-    fails("ps(servers=1,servers=2)", "--strategy ps: option 'servers' is given twice");
+    fails("ps(servers)", "`strategy` ps: option 'servers' is not KEY=VALUE");
+    fails("ps(servers=)", "`strategy` ps: option 'servers=' is not KEY=VALUE");
+    fails("ps(servers=1,)", "`strategy` ps: option '' is not KEY=VALUE");
+    fails("ps(servers=1,servers=2)", "`strategy` ps: option 'servers' is given twice");
     /* each option's values */
-    fails("ddp(bucket_mb=0)", "--strategy ddp: bucket_mb=0: need a size in MB above 0, e.g. bucket_mb=0.5");
-    fails("ddp(bucket_mb=big)", "--strategy ddp: bucket_mb=big: need a size in MB above 0, e.g. bucket_mb=0.5");
-    fails("ddp(balance=maybe)", "--strategy ddp: balance=maybe: choose static (every rank its equal share of each "
+    fails("ddp(bucket_mb=0)", "`strategy` ddp: bucket_mb=0: need a size in MB above 0, e.g. bucket_mb=0.5");
+    fails("ddp(bucket_mb=big)", "`strategy` ddp: bucket_mb=big: need a size in MB above 0, e.g. bucket_mb=0.5");
+    fails("ddp(balance=maybe)", "`strategy` ddp: balance=maybe: choose static (every rank its equal share of each "
                                 "global batch) or dynamic (each global batch cut by the ranks' measured speed)");
-    fails("localsgd(sync_every=x)", "--strategy localsgd: sync_every=x: not a whole number of steps");
-    fails("localsgd(sync_every=0)", "--strategy localsgd: sync_every=0: need at least 1 (e.g. localsgd(sync_every=8))");
-    fails("ps(servers=two)", "--strategy ps: servers=two: not a whole number of ranks");
-    fails("ps(servers=0)", "--strategy ps: servers=0: need at least 1 (e.g. ps(servers=1))");
-    fails("ps(staleness=soon)", "--strategy ps: staleness=soon: not a whole number of batches (use staleness=S, 0 = "
+    fails("localsgd(sync_every=x)", "`strategy` localsgd: sync_every=x: not a whole number of steps");
+    fails("localsgd(sync_every=0)", "`strategy` localsgd: sync_every=0: need at least 1 (e.g. localsgd(sync_every=8))");
+    fails("ps(servers=two)", "`strategy` ps: servers=two: not a whole number of ranks");
+    fails("ps(servers=0)", "`strategy` ps: servers=0: need at least 1 (e.g. ps(servers=1))");
+    fails("ps(staleness=soon)", "`strategy` ps: staleness=soon: not a whole number of batches (use staleness=S, 0 = "
                                 "synchronous, or staleness=inf)");
-    fails("ps(staleness=-1)", "--strategy ps: staleness=-1: not a whole number of batches (use staleness=S, 0 = "
+    fails("ps(staleness=-1)", "`strategy` ps: staleness=-1: not a whole number of batches (use staleness=S, 0 = "
                               "synchronous, or staleness=inf)");
-    fails("ps(shards=half)", "--strategy ps: shards=half: use shards=dynamic (server 0 hands out the batches, the "
+    fails("ps(shards=half)", "`strategy` ps: shards=half: use shards=dynamic (server 0 hands out the batches, the "
                              "default) or shards=fixed (each worker owns 1/N of every epoch)");
-    fails("ps(overlap=yes)", "--strategy ps: overlap=yes: use overlap=1 or overlap=0");
+    fails("ps(overlap=yes)", "`strategy` ps: overlap=yes: use overlap=1 or overlap=0");
     /* the rules between options (check) */
-    fails("ps(staleness=2,overlap=1)", "--strategy ps: overlap=1 needs shards=dynamic and staleness=inf (it adds a "
+    fails("ps(staleness=2,overlap=1)", "`strategy` ps: overlap=1 needs shards=dynamic and staleness=inf (it adds a "
                                        "step of staleness that a bound does not count): use staleness=inf, or drop "
                                        "overlap");
-    fails("ps(shards=fixed,overlap=1)", "--strategy ps: overlap=1 needs shards=dynamic and staleness=inf (it adds a "
+    fails("ps(shards=fixed,overlap=1)", "`strategy` ps: overlap=1 needs shards=dynamic and staleness=inf (it adds a "
                                         "step of staleness that a bound does not count): use shards=dynamic, or drop "
                                         "overlap");
 }
@@ -156,10 +156,10 @@ static void test_add(void) {
     adds(" ps ( servers = 2 ) ", "servers", "2", "ps(servers=2)", NULL);       /* the same value: kept */
     adds("ps(staleness=inf)", "staleness", "async", "ps(staleness=inf)", NULL);  /* the same as parsed */
     adds("ddp", "bucket_mb", "0.5", "ddp(bucket_mb=0.5)", NULL);
-    adds("ps(servers=2)", "servers", "3", NULL, "--strategy ps(servers=2) sets servers=2");
-    adds("ps(staleness=3)", "staleness", "inf", NULL, "--strategy ps(staleness=3) sets staleness=3");
-    adds("ddp", "staleness", "4", NULL, "--strategy ddp: unknown option 'staleness' (ddp takes bucket_mb, compress, allreduce, zero, update, balance)");
-    adds("ps(servers=x)", "servers", "3", NULL, "--strategy ps: servers=x: not a whole number of ranks");
+    adds("ps(servers=2)", "servers", "3", NULL, "`strategy` ps(servers=2) sets servers=2");
+    adds("ps(staleness=3)", "staleness", "inf", NULL, "`strategy` ps(staleness=3) sets staleness=3");
+    adds("ddp", "staleness", "4", NULL, "`strategy` ddp: unknown option 'staleness' (ddp takes bucket_mb, compress, allreduce, zero, update, balance)");
+    adds("ps(servers=x)", "servers", "3", NULL, "`strategy` ps: servers=x: not a whole number of ranks");
 }
 
 static void test_data_part(void) {
@@ -173,7 +173,7 @@ static void test_data_part(void) {
         CHECK_MSG(dr == want[r][0] && dw == want[r][1], "ps rank %d: %d of %d", r, dr, dw);
     }
     CHECK(dt_strategy_data_part(e, &o, 0, 2, &dr, &dw) == DT_EINVAL);
-    CHECK_MSG(!strcmp(dt_last_error(), "--strategy ps with 2 servers needs more than 2 ranks (servers plus at least "
+    CHECK_MSG(!strcmp(dt_last_error(), "`strategy` ps with 2 servers needs more than 2 ranks (servers plus at least "
                                        "one worker); this job has 2"), "%s", dt_last_error());
     CHECK_OK(dt_strategy_parse("ddp", &e, &o));
     CHECK_OK(dt_strategy_data_part(e, &o, 3, 5, &dr, &dw));
@@ -239,10 +239,10 @@ static void test_options_reach(void) {
     /* the factory's rank rules */
     dt_strategy *s = NULL;
     CHECK(dt_strategy_create(&s, "single", c, NULL, NULL, NULL) == DT_EINVAL && !s);
-    CHECK_MSG(strstr(dt_last_error(), "--strategy single trains one process; with 1 ranks"), "%s", dt_last_error());
+    CHECK_MSG(strstr(dt_last_error(), "`strategy` single trains one process; with 1 ranks"), "%s", dt_last_error());
     CHECK(dt_strategy_create(&s, "ddp", NULL, NULL, NULL, NULL) == DT_EINVAL && !s);
     CHECK_MSG(!strcmp(dt_last_error(),
-                      "--strategy ddp needs more than one rank (--workers N, dtrain launch or mpirun)"),
+                      "`strategy` ddp needs more than one rank (`workers` N, dtrain launch or mpirun)"),
               "%s", dt_last_error());
     CHECK(dt_strategy_create(&s, "ps", c, NULL, NULL, NULL) == DT_EINVAL && !s);
     CHECK_MSG(strstr(dt_last_error(), "needs more than 1 ranks"), "%s", dt_last_error());

@@ -132,7 +132,7 @@ static dt_status own_loss_step(tp *t, const dt_step_batch *b, int lo, int hi, ui
     DT_TRY(dt_model_run(t->local, &f, true, key, &loss));
     DT_TRY(dt_tp_hooks_status(t->hooks));
     if (!isfinite(loss))
-        return dt_error(DT_EINVAL, "training diverged: loss is %g at step %lld on rank %d; lower --lr or set --clip", loss,
+        return dt_error(DT_EINVAL, "training diverged: loss is %g at step %lld on rank %d; lower `lr` or set `clip_norm`", loss,
                         (long long)b->step, dt_comm_rank(t->s->comm));
     *loss_sum += (double)loss * f.n;
     const double tb = dt_now();
@@ -160,7 +160,7 @@ static dt_status micro_step(tp *t, const dt_step_batch *b, int lo, int hi, uint6
     const int32_t *y = (const int32_t *)b->feed.y + (size_t)lo * T;
     DT_TRY(dt_tp_hooks_loss(t->hooks, y, f.n, share, &loss));
     if (!isfinite(loss))
-        return dt_error(DT_EINVAL, "training diverged: loss is %g at step %lld on rank %d; lower --lr or set --clip", loss,
+        return dt_error(DT_EINVAL, "training diverged: loss is %g at step %lld on rank %d; lower `lr` or set `clip_norm`", loss,
                         (long long)b->step, dt_comm_rank(t->s->comm));
     *loss_sum += loss * f.n;
     const double tb = dt_now();
@@ -267,15 +267,15 @@ static dt_status tp_sync(dt_strategy *s) {
     t->widened = true;
     dt_status ws = dt_model_place(s->model, NULL, 0);
     if (ws != DT_OK)
-        return dt_error_wrap(ws, "tensor parallel (world rank %d): checkpoints (and with --zero 3 evaluation) gather "
-                             "the whole model on every rank (rank 0 also its optimizer state); run without --save, "
-                             "--save-weights and --checkpoint-every, or raise --mem-limit", dt_comm_rank(s->comm));
+        return dt_error_wrap(ws, "tensor parallel (world rank %d): checkpoints (and with `zero` 3 evaluation) gather "
+                             "the whole model on every rank (rank 0 also its optimizer state); run without `save`, "
+                             "`save_weights` and `checkpoint_every`, or raise `mem_limit`", dt_comm_rank(s->comm));
     for (int k = 0; saver && k < dt_optim_num_states(t->lopt); k++)
         if (!t->whole_m[k] && !(t->whole_m[k] = whole_alloc(t, dt_model_num_params(s->model) * sizeof(float))))
             return dt_mem_limit_hit()
                        ? dt_error_wrap(DT_ENOMEM, "tensor parallel (world rank 0): checkpoints gather the whole "
-                                       "optimizer state on rank 0; run without --save, --save-weights and "
-                                       "--checkpoint-every, or raise --mem-limit")
+                                       "optimizer state on rank 0; run without `save`, `save_weights` and "
+                                       "`checkpoint_every`, or raise `mem_limit`")
                        : dt_error(DT_ENOMEM, "tensor parallel: out of memory for the whole optimizer state");
     if (t->zero == 3) DT_TRY(t->ddp->ops->sync(t->ddp));  /* ZeRO-3: the shard's parameters gathered (until the
                                                             * next step's begin_step frees them again) */
@@ -372,9 +372,9 @@ void dt_tp_counters_of(const dt_strategy *s, dt_tp_counters *c) {
 /* The shard and its optimizer moved onto the whole model's device t->dev (not host memory). */
 static dt_status on_device(tp *t, const tp_opts *o) {
     if (o->zero == 3)
-        return dt_error(DT_ENOTSUP, "--device %s: tp with zero=3 (ZeRO-3 over the mesh's dp axis: its parameter "
+        return dt_error(DT_ENOTSUP, "`device` %s: tp with zero=3 (ZeRO-3 over the mesh's dp axis: its parameter "
                         "shards are host pages given back) does not run on a device yet; use zero=1 or zero=2 there, "
-                        "tp x pp (pp=2) with zero=3, or --device cpu", t->dev->kind->name);
+                        "tp x pp (pp=2) with zero=3, or `device` cpu", t->dev->kind->name);
     DT_TRY(dt_model_set_device(t->local, t->dev));
     DT_TRY(dt_optim_set_device(t->lopt, t->dev));
     if (!(t->dev_ss = t->dev->ops->alloc(t->dev, sizeof(double))))
@@ -420,13 +420,13 @@ static dt_status tp_create(dt_strategy *s, const void *opts) {
     const char *spec = dt_model_spec(s->model);
     const bool gpt = dt_model_spec_is_gpt(spec);
     if (!dt_model_has_tp_marks(s->model))
-        return dt_error(DT_EINVAL, "--tp %d: --model %s has no node marked for tensor parallelism: its builder marks "
+        return dt_error(DT_EINVAL, "`tp` %d: `model` %s has no node marked for tensor parallelism: its builder marks "
                         "column-parallel, row-parallel and vocabulary-parallel nodes (dt_model_mark_tp); a sequential "
                         "model is split where a linear, elementwise layers (relu, gelu, tanh, sigmoid) and a linear "
                         "follow each other (e.g. \"flatten linear(256) relu linear(10)\"), a GPT always (or use "
-                        "--strategy ddp)", o->tp, spec);
+                        "`strategy` ddp)", o->tp, spec);
     if (o->pp > 1 && !gpt)
-        return dt_error(DT_ENOTSUP, "--strategy tp: tp x pp (tp=%d, pp=%d) runs a GPT only so far; --model %s: use "
+        return dt_error(DT_ENOTSUP, "`strategy` tp: tp x pp (tp=%d, pp=%d) runs a GPT only so far; `model` %s: use "
                         "pp=1", o->tp, o->pp, spec);
     if (o->pp > 1) {  /* tp x pp: pipeline stages of shards (pp_tp.c), M = K micro-batches, 1F1B */
         dt_pp_opts po;
@@ -465,13 +465,13 @@ static dt_status tp_set(void *opts, const char *key, const char *value) {
     if (!strcmp(key, "bucket_mb")) {
         double v = strtod(value, &end);
         if (*end || end == value || !(v > 0) || !isfinite(v) || v > 1e6)
-            return dt_error(DT_EINVAL, "--strategy tp: bucket_mb=%s: need a size in MB above 0, e.g. bucket_mb=0.5", value);
+            return dt_error(DT_EINVAL, "`strategy` tp: bucket_mb=%s: need a size in MB above 0, e.g. bucket_mb=0.5", value);
         o->bucket_mb = v;
         return DT_OK;
     }
     long v = strtol(value, &end, 10);
     if (*end || end == value || v < 1 || v > 4096)
-        return dt_error(DT_EINVAL, "--strategy tp: %s=%s: need a number of ranks from 1 to 4096 (--%s K)", key, value, key);
+        return dt_error(DT_EINVAL, "`strategy` tp: %s=%s: need a number of ranks from 1 to 4096 (`%s` K)", key, value, key);
     if (!strcmp(key, "tp")) o->tp = (int)v;
     else o->pp = (int)v;
     return DT_OK;

@@ -326,7 +326,7 @@ static void check_divisibility(void) {
     dt_model *m = NULL;
     CHECK(dt_gpt_create_sharded(&m, &g, 3) == DT_EINVAL && m == NULL);
     printf("tp3: %s\n", dt_last_error());
-    CHECK(strstr(dt_last_error(), "--tp 3") && strstr(dt_last_error(), "choose --tp 1, 2, 4"));
+    CHECK(strstr(dt_last_error(), "`tp` 3") && strstr(dt_last_error(), "choose `tp` 1, 2, 4"));
     CHECK(dt_gpt_check_tp(&g, 4) == DT_OK && dt_gpt_check_tp(&g, 8) == DT_EINVAL);
     dt_mesh mesh;
     CHECK(dt_mesh_create(&mesh, NULL, 2, 1) == DT_EINVAL);  /* 2 ranks per copy in a world of 1 */
@@ -379,7 +379,7 @@ static void check_marks(void) {
     CHECK(split(s, "0.weight") == DT_TP_ROWS && split(s, "3.bias") == DT_TP_RANK0);
     dt_model_destroy(s);
     CHECK(dt_model_create_tp_shard(&s, m, 3, false) == DT_EINVAL && s == NULL);
-    CHECK(strstr(dt_last_error(), "linear(8)") && strstr(dt_last_error(), "--tp 3"));
+    CHECK(strstr(dt_last_error(), "linear(8)") && strstr(dt_last_error(), "`tp` 3"));
     dt_model_destroy(m);
     CHECK_OK(dt_model_create_from_spec(&m, "linear(8) linear(4)", 1, 2, 2));
     CHECK(!dt_model_has_tp_marks(m));

@@ -37,7 +37,7 @@ dt_status dt_zero_parse_stage(const char *text, int *stage) {
         return DT_OK;
     }
     return dt_error(DT_EINVAL, "zero=%s: the ZeRO stage is 0 (replicas), 1 (shard the optimizer state), 2 (and the "
-                    "gradients) or 3 (and the parameters), e.g. --zero 2", text ? text : "");
+                    "gradients) or 3 (and the parameters), e.g. `zero` 2", text ? text : "");
 }
 
 void dt_zero_chunk(size_t n, int r, int N, size_t *off, size_t *len) {
@@ -234,7 +234,7 @@ static dt_status clip_shard(dt_strategy *s, zero *z, float clip) {
     for (int i = 0; st == DT_OK && s->norm_pieces && i < z->nb; i++)
         st = s->norm_pieces(s->update_ctx, z->b[i].own, (float *)z->gp[i], z->len[i], &counted);
     if (st == DT_OK && !z->dss && !(z->dss = z->md->ops->alloc(z->md, (size_t)z->nb * sizeof(double))))
-        st = dt_error(DT_ENOMEM, "--clip: out of memory for %d norm partials", z->nb);
+        st = dt_error(DT_ENOMEM, "`clip_norm`: out of memory for %d norm partials", z->nb);
     const dt_grad_pieces *norm = s->norm_pieces ? &counted : &all;
     const dt_clip_spec c = {.dev = z->md, .dev_ss = z->dss, .nss = z->nb, .norm = norm->p, .nnorm = norm->n,
                             .scale = all.p, .nscale = all.n, .reduce = norm_allreduce, .reduce_ctx = s};
@@ -292,7 +292,7 @@ static dt_status zero_step(dt_strategy *s, float lr, float clip, dt_step_stats *
                             : DT_OK;
     if (st2 != DT_OK) return dt_error_wrap(st2, "%s broadcast of the model buffers (batchnorm statistics)", who);
     const double t1 = dt_now();
-    if (clip > 0 && (st2 = clip_shard(s, z, clip)) != DT_OK) return dt_error_wrap(st2, "%s --clip norm allreduce", who);
+    if (clip > 0 && (st2 = clip_shard(s, z, clip)) != DT_OK) return dt_error_wrap(st2, "%s `clip_norm` norm allreduce", who);
     if (z->replica) dt_optim_step_at(s->optim, z->nb, z->pp, z->gp, z->soff, z->len, lr);
     else dt_optim_step_ranges(s->optim, z->nb, z->pp, z->gp, z->len, lr);
     if (s->trace) dt_trace_add(s->trace, "optimizer", 0, t1, dt_now(), s->step);

@@ -288,7 +288,7 @@ dt_status dt_plan_search(dt_model *m, const dt_plan_model *pm, const dt_optim_co
                         r->fix_pp > 1 ? r->fix_pp : 0, r->G);
     if (!res->n)
         return dt_error(DT_EINVAL, "plan: no layout of %d ranks divides the global batch %d (use a batch that the "
-                        "data-parallel ranks divide, or other --workers)", r->ranks, r->G);
+                        "data-parallel ranks divide, or other `workers`)", r->ranks, r->G);
     return DT_OK;
 }
 

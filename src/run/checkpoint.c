@@ -238,8 +238,8 @@ static dt_status parse_info(const dt_st_file *f, dt_ckpt_info *info) {
     DT_TRY(need_meta(f, "dtrain.kind", &v));
     if (strcmp(v, CKPT_KIND) != 0)
         return dt_error(DT_EFORMAT, "%s: checkpoint kind '%s' is not '%s'%s", dt_st_path(f), v, CKPT_KIND,
-                        !strcmp(v, "dtrain-weights") ? " (a weights file: start from it with dtrain train --weights "
-                                                       "FILE, or read it with dtrain eval --weights FILE)"
+                        !strcmp(v, "dtrain-weights") ? " (a weights file: start from it with dtrain train `weights` "
+                                                       "FILE, or read it with dtrain eval `weights` FILE)"
                         : !strcmp(v, "dtrain-train-shard") ? " (one shard of a sharded checkpoint: pass its index, the "
                                                              "file name without .rR-of-N)" : "");
     DT_TRY(need_meta(f, "dtrain.model_spec", &v));
@@ -307,7 +307,7 @@ dt_status dt_checkpoint_resolve(const char *path, char *out, size_t cap, bool *f
     DT_TRY(dt_ckpt_dir_latest(path, out, cap, &found, NULL, NULL));
     if (!found)
         return dt_error(DT_ENOENT, "%s: a directory without a usable checkpoint (ckpt-<step>.safetensors, written by "
-                        "dtrain train --checkpoint-dir); pass a checkpoint file or such a directory", path);
+                        "dtrain train `checkpoint_dir`); pass a checkpoint file or such a directory", path);
     return DT_OK;
 }
 
@@ -344,7 +344,7 @@ static dt_status restore_piece(void *ctx, const dt_state_piece *p) {
                         (long long)p->shape[0], (long long)p->shape[1], p->hint);
     if (!same)
         return dt_error(DT_EFORMAT, "%s: tensor '%s' has dtype %s and %d dims, the model expects F32 with %d dims of "
-                                    "the model's shape; was it written for another --model?",
+                                    "the model's shape; was it written for another `model`?",
                         dt_st_path(f), p->name, dt_dtype_name(st.t.dtype), st.t.ndim, p->ndim);
     memcpy(p->buf.data, (const float *)st.t.data + p->offset, p->buf.count * sizeof(float));
     return DT_OK;
@@ -394,7 +394,7 @@ dt_status dt_checkpoint_restore(const char *path, dt_model *m, dt_optim *o, dt_c
     DT_TRY(dt_st_open(&f, path));
     dt_status s = parse_info(f, info);
     if (s == DT_OK && strcmp(info->spec, dt_model_spec(m)) != 0)
-        s = dt_error(DT_EFORMAT, "%s: checkpoint is for model '%s' but this run builds '%s'; pass the same --model",
+        s = dt_error(DT_EFORMAT, "%s: checkpoint is for model '%s' but this run builds '%s'; pass the same `model`",
                      path, info->spec, dt_model_spec(m));
     const char *steps = NULL;
     if (s == DT_OK && o) { /* the optimizer must match before its state tensors are looked up */
@@ -403,7 +403,7 @@ dt_status dt_checkpoint_restore(const char *path, dt_model *m, dt_optim *o, dt_c
         if (!steps || !kind)
             s = dt_error(DT_EFORMAT, "%s: checkpoint holds no optimizer state; it cannot be resumed", path);
         else if (strcmp(kind, dt_optim_name(dt_optim_config_of(o)->kind)) != 0)
-            s = dt_error(DT_EFORMAT, "%s: checkpoint was trained with --optimizer %s, this run uses %s", path, kind,
+            s = dt_error(DT_EFORMAT, "%s: checkpoint was trained with `optimizer` %s, this run uses %s", path, kind,
                          dt_optim_name(dt_optim_config_of(o)->kind));
         else if (dt_optim_num_states(o) > 0 && !dt_st_meta(f, "dtrain.shards")) {
             /* momentum on/off changes the state tensors: say so instead of "no tensor named" */
@@ -413,7 +413,7 @@ dt_status dt_checkpoint_restore(const char *path, dt_model *m, dt_optim *o, dt_c
             snprintf(probe, sizeof probe, "optim.%s.%s", sname, dt_model_tensor(m, 0)->name);
             dt_st_tensor st;
             if (dt_st_find(f, probe, &st) != DT_OK)
-                s = dt_error(DT_EFORMAT, "%s: checkpoint has no '%s' optimizer state (trained with other --momentum?); "
+                s = dt_error(DT_EFORMAT, "%s: checkpoint has no '%s' optimizer state (trained with other `momentum`?); "
                                          "resume with the optimizer settings it was trained with",
                              path, sname);
         }
@@ -464,7 +464,7 @@ dt_status dt_checkpoint_restore_strategy(const char *path, dt_strategy *st, dt_c
     DT_TRY(dt_st_open(&f, path));
     dt_status s = parse_info(f, info);
     if (s == DT_OK && strcmp(info->spec, dt_model_spec(st->model)) != 0)
-        s = dt_error(DT_EFORMAT, "%s: checkpoint is for model '%s' but this run builds '%s'; pass the same --model",
+        s = dt_error(DT_EFORMAT, "%s: checkpoint is for model '%s' but this run builds '%s'; pass the same `model`",
                      path, info->spec, dt_model_spec(st->model));
     const char *steps = dt_st_meta(f, "dtrain.optim_steps");
     int64_t shards = 0;
@@ -496,7 +496,7 @@ dt_status dt_checkpoint_consolidate(const char *in, const char *out, bool optim)
     dt_optim_kind kind = DT_OPTIM_ADAM;
     if (s == DT_OK && optim) {
         if (!info.optimizer[0] || dt_optim_parse(info.optimizer, &kind) != DT_OK)
-            s = dt_error(DT_EFORMAT, "%s: holds no optimizer state to consolidate; leave out --optimizer-state", in);
+            s = dt_error(DT_EFORMAT, "%s: holds no optimizer state to consolidate; leave out `optimizer_state`", in);
     }
     if (s == DT_OK && optim) {
         dt_optim_config oc = dt_optim_defaults(kind);

@@ -29,14 +29,14 @@ dt_status dt_ckpt_dir_ensure(const char *dir) {
         if (*p != '/') continue;
         *p = '\0';
         if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
-            return dt_error(DT_EIO, "--checkpoint-dir %s: cannot create %s: %s", dir, tmp, strerror(errno));
+            return dt_error(DT_EIO, "`checkpoint_dir` %s: cannot create %s: %s", dir, tmp, strerror(errno));
         *p = '/';
     }
     if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
-        return dt_error(DT_EIO, "--checkpoint-dir %s: cannot create it: %s", dir, strerror(errno));
+        return dt_error(DT_EIO, "`checkpoint_dir` %s: cannot create it: %s", dir, strerror(errno));
     struct stat st;
     if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
-        return dt_error(DT_EIO, "--checkpoint-dir %s: not a directory", dir);
+        return dt_error(DT_EIO, "`checkpoint_dir` %s: not a directory", dir);
     return DT_OK;
 }
 
@@ -46,7 +46,7 @@ static dt_status list_steps(const char *dir, int64_t **steps, size_t *n) {
     DIR *d = opendir(dir);
     if (!d) {
         if (errno == ENOENT) return DT_OK;
-        return dt_error(DT_EIO, "--checkpoint-dir %s: cannot read: %s", dir, strerror(errno));
+        return dt_error(DT_EIO, "`checkpoint_dir` %s: cannot read: %s", dir, strerror(errno));
     }
     size_t cap = 0;
     struct dirent *e;
@@ -217,7 +217,7 @@ dt_status dt_ckpt_dir_prune(const char *dir, int keep) {
         char path[4096];
         dt_ckpt_dir_path(path, sizeof path, dir, steps[i]);
         if (unlink(path) != 0 && errno != ENOENT && s == DT_OK)
-            s = dt_error(DT_EIO, "--keep: cannot remove old checkpoint %s: %s", path, strerror(errno));
+            s = dt_error(DT_EIO, "`keep`: cannot remove old checkpoint %s: %s", path, strerror(errno));
         remove_shards(dir, path);
     }
     free(steps);

@@ -110,9 +110,9 @@ dt_status dt_ckpt_settings_parse(const dt_st_file *f, dt_ckpt_info *info) {
 }
 
 /* Appends "; --FLAG NOW (the checkpoint's run: THEN)" to what[*len] when now and then differ. */
-static void note_change(char *what, size_t cap, size_t *len, const char *flag, double now, double then) {
+static void note_change(char *what, size_t cap, size_t *len, const char *term, double now, double then) {
     if (now == then || (then != 0 && fabs(now - then) <= 1e-6 * fabs(then)) || *len >= cap) return;
-    *len += (size_t)snprintf(what + *len, cap - *len, "%s--%s %g (the checkpoint's run: %g)", *len ? "; " : "", flag,
+    *len += (size_t)snprintf(what + *len, cap - *len, "%s`%s` %g (the checkpoint's run: %g)", *len ? "; " : "", term,
                              now, then);
 }
 
@@ -127,18 +127,18 @@ void dt_ckpt_settings_changes(const dt_ckpt_info *info, const dt_train_config *c
     if (info->strategy[0] && strategy && !(dt_strategy_spec_is_default(strategy) && dt_strategy_spec_is_default(info->strategy)) &&
         (dt_strategy_spec_canonical(strategy, now, sizeof now) != DT_OK ||
          dt_strategy_spec_canonical(info->strategy, then, sizeof then) != DT_OK || strcmp(now, then)))
-        len += (size_t)snprintf(what, cap, "--strategy %s (the checkpoint's run: %s)", strategy, info->strategy);
+        len += (size_t)snprintf(what, cap, "`strategy` %s (the checkpoint's run: %s)", strategy, info->strategy);
     dt_error_clear();
     if (info->has_settings) {
         const dt_lr_schedule *l = &c->lr, *w = &info->sched;
         const dt_optim_config *o = &c->optim, *p = &info->optim_cfg;
         note_change(what, cap, &len, "lr", l->base_lr, w->base_lr);
         if (l->kind != w->kind && len < cap)
-            len += (size_t)snprintf(what + len, cap - len, "%sanother --schedule", len ? "; " : "");
+            len += (size_t)snprintf(what + len, cap - len, "%sanother `schedule`", len ? "; " : "");
         note_change(what, cap, &len, "warmup", (double)l->warmup_steps, (double)w->warmup_steps);
-        if (l->kind == DT_LR_STEP) note_change(what, cap, &len, "step-size", (double)l->step_size, (double)w->step_size);
+        if (l->kind == DT_LR_STEP) note_change(what, cap, &len, "step_size", (double)l->step_size, (double)w->step_size);
         if (l->kind == DT_LR_STEP) note_change(what, cap, &len, "gamma", l->gamma, w->gamma);
-        if (l->kind == DT_LR_COSINE) note_change(what, cap, &len, "min-lr", l->min_lr, w->min_lr);
+        if (l->kind == DT_LR_COSINE) note_change(what, cap, &len, "min_lr", l->min_lr, w->min_lr);
         if (o->kind == p->kind && o->kind == DT_OPTIM_SGD) {
             note_change(what, cap, &len, "momentum", o->momentum, p->momentum);
             note_change(what, cap, &len, "nesterov", o->nesterov, p->nesterov);
@@ -148,39 +148,39 @@ void dt_ckpt_settings_changes(const dt_ckpt_info *info, const dt_train_config *c
             note_change(what, cap, &len, "beta2", o->beta2, p->beta2);
             note_change(what, cap, &len, "eps", o->eps, p->eps);
         }
-        if (o->kind == p->kind) note_change(what, cap, &len, "weight-decay", o->weight_decay, p->weight_decay);
-        note_change(what, cap, &len, "clip", c->clip_norm, info->clip);
+        if (o->kind == p->kind) note_change(what, cap, &len, "weight_decay", o->weight_decay, p->weight_decay);
+        note_change(what, cap, &len, "clip_norm", c->clip_norm, info->clip);
         const bool text = c->data && (!strncmp(c->data, "text:", 5) || !strcmp(c->data, "kjv"));
         if (text && info->val_fraction >= 0)  /* another held-out part: other training windows */
-            note_change(what, cap, &len, "val-fraction", c->val_fraction, info->val_fraction);
+            note_change(what, cap, &len, "val_fraction", c->val_fraction, info->val_fraction);
         if (info->step_in_epoch == 0)
-            note_change(what, cap, &len, "grad-accum", c->grad_accum > 1 ? c->grad_accum : 1, info->grad_accum);
+            note_change(what, cap, &len, "grad_accum", c->grad_accum > 1 ? c->grad_accum : 1, info->grad_accum);
         const char *prec = dt_ckpt_precision_name(c->precision);
         if (info->precision[0] && prec && strcmp(prec, info->precision) && len < cap)
-            len += (size_t)snprintf(what + len, cap - len, "%s--precision %s (the checkpoint's run: %s)", len ? "; " : "",
+            len += (size_t)snprintf(what + len, cap - len, "%s`precision` %s (the checkpoint's run: %s)", len ? "; " : "",
                                     prec, info->precision);
     }
     const float lr = dt_lr_at(&c->lr, info->step);
     if (!len && info->lr > 0 && fabsf(lr - info->lr) > 1e-6f * info->lr)
         len += (size_t)snprintf(what + len, cap - len, "the learning rate at step %lld is %g with these flags "
-                                "(--lr, --schedule, --warmup, --epochs), the checkpoint's run used %g",
+                                "(`lr`, `schedule`, `warmup`, `epochs`), the checkpoint's run used %g",
                                 (long long)info->step, lr, info->lr);
     if (info->seed != c->seed && len < cap)
-        len += (size_t)snprintf(what + len, cap - len, "%s--seed %llu (the checkpoint's run: %llu)", len ? "; " : "",
+        len += (size_t)snprintf(what + len, cap - len, "%s`seed` %llu (the checkpoint's run: %llu)", len ? "; " : "",
                                 (unsigned long long)c->seed, (unsigned long long)info->seed);
     /* the stored batch is a step's (--batch x --grad-accum): what a step trains is compared, and
      * named in the flags of both runs (a changed --grad-accum alone is noted above) */
     const int accum = c->grad_accum > 1 ? c->grad_accum : 1, then_accum = info->grad_accum > 1 ? info->grad_accum : 1;
     if (info->batch <= 0 || info->batch == c->batch * accum || info->step_in_epoch != 0 || len >= cap) return;
     if (info->has_settings && info->batch % then_accum == 0 && (accum > 1 || then_accum > 1))
-        snprintf(what + len, cap - len, "%s--batch %d x --grad-accum %d = %d samples a step (the checkpoint's run: "
+        snprintf(what + len, cap - len, "%s`batch` %d x `grad_accum` %d = %d samples a step (the checkpoint's run: "
                  "%d x %d = %d)", len ? "; " : "", c->batch, accum, c->batch * accum, info->batch / then_accum,
                  then_accum, info->batch);
     else if (info->has_settings)
-        snprintf(what + len, cap - len, "%s--batch %d (the checkpoint's run: %d)", len ? "; " : "", c->batch * accum,
+        snprintf(what + len, cap - len, "%s`batch` %d (the checkpoint's run: %d)", len ? "; " : "", c->batch * accum,
                  info->batch);
     else
-        snprintf(what + len, cap - len, "%s%d samples a step (--batch x --grad-accum; the checkpoint's run: %d)",
+        snprintf(what + len, cap - len, "%s%d samples a step (`batch` x `grad_accum`; the checkpoint's run: %d)",
                  len ? "; " : "", c->batch * accum, info->batch);
 }
 

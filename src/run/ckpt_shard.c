@@ -165,7 +165,7 @@ static dt_status locate(const char *file, const char *name, dt_model *m, dt_opti
             if (strlen(sn) == (size_t)(dot - name - 6) && !strncmp(sn, name + 6, strlen(sn))) slab = st;
         }
         if (!slab)
-            return dt_error(DT_EFORMAT, "%s: optimizer state '%s' does not match --optimizer %s; resume with the "
+            return dt_error(DT_EFORMAT, "%s: optimizer state '%s' does not match `optimizer` %s; resume with the "
                             "optimizer settings it was trained with", file, name,
                             dt_optim_name(dt_optim_config_of(o)->kind));
         tname = dot + 1;

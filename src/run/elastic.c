@@ -29,10 +29,10 @@ int dt_elastic_job_workers(int flag_workers) {
 dt_status dt_elastic_run(const dt_elastic_config *c, dt_launch_result *res) {
     if (c->min_workers < 1 || c->max_workers < c->min_workers || c->workers < c->min_workers ||
         c->workers > c->max_workers)
-        return dt_error(DT_EINVAL, "--elastic %d:%d must satisfy 1 <= MIN <= --workers %d <= MAX", c->min_workers,
+        return dt_error(DT_EINVAL, "`elastic` %d:%d must satisfy 1 <= MIN <= `workers` %d <= MAX", c->min_workers,
                         c->max_workers, c->workers);
     if (c->max_workers > DT_LAUNCH_MAX_RANKS)
-        return dt_error(DT_EINVAL, "--elastic %d:%d: at most %d local ranks on one host (more: run across hosts with "
+        return dt_error(DT_EINVAL, "`elastic` %d:%d: at most %d local ranks on one host (more: run across hosts with "
                         "mpirun or srun)", c->min_workers, c->max_workers, DT_LAUNCH_MAX_RANKS);
     char **argv = calloc((size_t)c->argc + 3, sizeof *argv);
     if (!argv) return dt_error(DT_ENOMEM, "elastic: out of memory");
@@ -61,7 +61,7 @@ dt_status dt_elastic_run(const dt_elastic_config *c, dt_launch_result *res) {
             break;
         }
         if (restart >= c->max_restarts) {
-            say(c, "rank %d failed after %.1f s; giving up after %d restart%s (--max-restarts %d)", res->failed_rank,
+            say(c, "rank %d failed after %.1f s; giving up after %d restart%s (`max_restarts` %d)", res->failed_rank,
                 dt_now() - t0, restart, restart == 1 ? "" : "s", c->max_restarts);
             break;
         }

@@ -252,7 +252,7 @@ static void test_options(void) {
     CHECK(c->epochs == 1 && c->batch == 32);  /* the rest keeps dt_train_defaults */
     CHECK(dt_train_options_set(o, "epochz", "1") == DT_EINVAL && strstr(dt_last_error(), "'epochz'") &&
           strstr(dt_last_error(), "max-steps"));
-    CHECK(dt_train_options_set(o, "batch", "3x") == DT_EINVAL && strstr(dt_last_error(), "--batch 3x"));
+    CHECK(dt_train_options_set(o, "batch", "3x") == DT_EINVAL && strstr(dt_last_error(), "`batch` 3x"));
     CHECK(dt_train_options_set(o, "seed", "-1") == DT_EINVAL);
     CHECK(dt_train_options_set(o, "optimizer", "rmsprop") == DT_EINVAL && strstr(dt_last_error(), "rmsprop"));
     CHECK(dt_train_local(c, 0, 1) == DT_EINVAL);

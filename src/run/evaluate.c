@@ -92,9 +92,9 @@ static dt_status collective_error(const dt_trainer *t, dt_status s) {
 dt_status dt_trainer_evaluate(dt_trainer *t, float *loss, float *acc) {
     *loss = *acc = NAN;
     if (!t->test)  /* the same on every rank: no collective is entered */
-        return dt_error(DT_EINVAL, "dt_trainer_evaluate: the run has no test set (--data %s gave none): set "
+        return dt_error(DT_EINVAL, "dt_trainer_evaluate: the run has no test set (`data` %s gave none): set "
                         "dt_train_config.test_set, use data with a test part (an IDX directory's t10k files, a "
-                        "CSV's *test* sibling, text or tokens with --val-fraction > 0, npy x_test/y_test), or evaluate "
+                        "CSV's *test* sibling, text or tokens with `val_fraction` > 0, npy x_test/y_test), or evaluate "
                         "a data set of your own with dt_evaluate_dataset",
                         t->cfg.data ? t->cfg.data : "(in memory)");
     const eval_opts o = {.batch = t->cfg.batch};  /* the whole set: --eval-batches bounds only training's */
@@ -132,7 +132,7 @@ dt_status dt_evaluate_checkpoint_on(const char *checkpoint, const char *data, co
     int C, H, W;
     dt_dataset_shape(ds, &C, &H, &W);
     if (C != info.C || H != info.H || W != info.W) {
-        s = dt_error(DT_EMISMATCH, "%s: model expects inputs %dx%dx%d but --data %s has %dx%dx%d", checkpoint, info.C,
+        s = dt_error(DT_EMISMATCH, "%s: model expects inputs %dx%dx%d but `data` %s has %dx%dx%d", checkpoint, info.C,
                      info.H, info.W, data, C, H, W);
         goto done;
     }
@@ -145,7 +145,7 @@ dt_status dt_evaluate_checkpoint_on(const char *checkpoint, const char *data, co
     DT_TRY_GOTO(s = dt_trainer_check_loss(m, ds, data), done);
     /* a label the model has no output for would make the loss NaN (and the accuracy a lie) */
     if (!dt_dataset_has_targets(ds) && (s = dt_dataset_set_classes((dt_dataset *)ds, dt_model_out_size(m))) != DT_OK) {
-        s = dt_error_wrap(s, "--data %s does not fit the model of %s (%d outputs)", data, checkpoint,
+        s = dt_error_wrap(s, "`data` %s does not fit the model of %s (%d outputs)", data, checkpoint,
                           dt_model_out_size(m));
         goto done;
     }

@@ -230,7 +230,7 @@ static bool check_deadlines(job *j, double now) {
     if (!j->stopping && j->job_deadline > 0 && now >= j->job_deadline) {
         notify(j, "timeout after %g s; stopping %d rank%s", j->cfg->timeout_s, j->live, j->live == 1 ? "" : "s");
         j->res->exit_code = 124;
-        j->st = dt_error(DT_ETIMEDOUT, "job did not finish within %g s (--timeout)", j->cfg->timeout_s);
+        j->st = dt_error(DT_ETIMEDOUT, "job did not finish within %g s (`timeout`)", j->cfg->timeout_s);
         stop_job(j, SIGTERM, now);
     }
     if (j->stopping && j->live > 0 && j->kill_deadline > 0 && now >= j->kill_deadline) {

@@ -19,9 +19,9 @@ const char dt_onnx_producer_version[] = DTRAIN_VERSION;
 
 static dt_status check_source(const dt_model_source *src) {
     if (!src->checkpoint == !src->weights)
-        return dt_error(DT_EINVAL, src->checkpoint ? "--checkpoint and --weights both given: pass one of them"
-                                                   : "no model given: pass --checkpoint FILE, or --weights FILE with "
-                                                     "--model SPEC");
+        return dt_error(DT_EINVAL, src->checkpoint ? "`checkpoint` and `weights` both given: pass one of them"
+                                                   : "no model given: pass `checkpoint` FILE, or `weights` FILE with "
+                                                     "`model` SPEC");
     return DT_OK;
 }
 
@@ -38,7 +38,7 @@ dt_status dt_model_source_spec(const dt_model_source *src, char *spec, size_t ca
             dt_model_destroy(m);
             if (s != DT_OK) return s;
             if (!same)
-                return dt_error(DT_EINVAL, "--model %s: the checkpoint %s holds model '%s'; leave out --model",
+                return dt_error(DT_EINVAL, "`model` %s: the checkpoint %s holds model '%s'; leave out `model`",
                                 src->model, src->checkpoint, info.spec);
         }
         snprintf(spec, cap, "%s", info.spec);
@@ -51,7 +51,7 @@ dt_status dt_model_source_spec(const dt_model_source *src, char *spec, size_t ca
     int C, H, W;
     dt_status s = dt_weights_spec(src->weights, spec, cap, &C, &H, &W);
     if (s == DT_ENOENT)
-        return dt_error(DT_EINVAL, "--weights %s: a plain weights file needs --model SPEC (the model it was saved from, "
+        return dt_error(DT_EINVAL, "`weights` %s: a plain weights file needs `model` SPEC (the model it was saved from, "
                         "e.g. mlp or \"flatten linear(128) relu linear(10)\")", src->weights);
     return s;
 }
@@ -79,7 +79,7 @@ dt_status dt_model_to_device(dt_model **m, const char *device) {
     if (s == DT_OK) return DT_OK;
     dt_model_destroy(*m);
     *m = NULL;
-    return dt_error_wrap(s, "--device %s", device);
+    return dt_error_wrap(s, "`device` %s", device);
 }
 
 dt_status dt_model_open(dt_model **m, const dt_model_source *src, int C, int H, int W, dt_input_norm *norm) {
@@ -130,7 +130,7 @@ dt_status dt_evaluate_source(const dt_model_source *src, const char *data, int b
     dt_status s = dt_model_open(&m, src, C, H, W, &norm);
     /* a label the model has no output for would make the loss NaN (and the accuracy a lie) */
     if (s == DT_OK && (s = dt_dataset_set_classes(ds, dt_model_classes(m))) != DT_OK)
-        s = dt_error_wrap(s, "--data %s does not fit the model (%d outputs)", data, dt_model_classes(m));
+        s = dt_error_wrap(s, "`data` %s does not fit the model (%d outputs)", data, dt_model_classes(m));
     if (s == DT_OK && norm.on) s = dt_dataset_set_normalize(ds, norm.mean, norm.std);
     if (s == DT_OK) s = dt_evaluate_dataset(m, ds, batch, loss, acc);
     *samples = (int64_t)dt_dataset_len(ds);

@@ -98,7 +98,7 @@ dt_status dt_trainer_step_reports(dt_trainer *t, int64_t spe) {
     const bool last = t->step_in_epoch >= spe || (c->max_steps && t->step >= c->max_steps);
     if (c->eval_every > 0 && t->step % c->eval_every == 0 && !last) {
         dt_status s = eval_record(t, spe);
-        if (s != DT_OK) return dt_error_wrap(s, "evaluation after step %lld (--eval-every %lld)", (long long)t->step,
+        if (s != DT_OK) return dt_error_wrap(s, "evaluation after step %lld (`eval_every` %lld)", (long long)t->step,
                                              (long long)c->eval_every);
     }
     return DT_OK;

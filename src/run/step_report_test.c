@@ -168,11 +168,11 @@ static void test_errors(dt_dataset *tr) {
     c.eval_every = 10;
     dt_trainer *t = NULL;
     CHECK(dt_trainer_create(&t, &c) == DT_EINVAL && !t);
-    CHECK_MSG(strstr(dt_last_error(), "--eval-every 10: nothing to evaluate on") &&
-                  strstr(dt_last_error(), "--val-split"), "%s", dt_last_error());
+    CHECK_MSG(strstr(dt_last_error(), "`eval_every` 10: nothing to evaluate on") &&
+                  strstr(dt_last_error(), "`val_split`"), "%s", dt_last_error());
     c.eval_every = 0, c.log_every = -1;
     CHECK(dt_trainer_create(&t, &c) == DT_EINVAL && !t);
-    CHECK_MSG(strstr(dt_last_error(), "--log-every -1") && strstr(dt_last_error(), "negative"), "%s", dt_last_error());
+    CHECK_MSG(strstr(dt_last_error(), "`log_every` -1") && strstr(dt_last_error(), "negative"), "%s", dt_last_error());
 }
 
 int main(void) {

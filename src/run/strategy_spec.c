@@ -42,7 +42,7 @@ dt_status dt_strategy_spec_canonical(const char *spec, char *out, size_t cap) {
     char inside[512] = "";
     if (e->format) e->format(&opts, inside, sizeof inside);
     if ((size_t)snprintf(out, cap, inside[0] ? "%s(%s)" : "%s%s", e->name, inside) >= cap)
-        return dt_error(DT_EINVAL, "--strategy %s: the spec is too long", spec);
+        return dt_error(DT_EINVAL, "`strategy` %s: the spec is too long", spec);
     return DT_OK;
 }
 

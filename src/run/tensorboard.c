@@ -53,7 +53,7 @@ static dt_status write_all(dt_tb_writer *w, const void *p, size_t n) {
     while (n) {
         ssize_t k = write(w->fd, b, n);
         if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) return w->err = dt_error(DT_EIO, "--tensorboard %s: write failed: %s", w->path, strerror(errno));
+        if (k <= 0) return w->err = dt_error(DT_EIO, "`tensorboard` %s: write failed: %s", w->path, strerror(errno));
         b += k, n -= (size_t)k;
     }
     return DT_OK;
@@ -78,7 +78,7 @@ static dt_status write_record(dt_tb_writer *w, const uint8_t *data, size_t n) {
 static dt_status write_event(dt_tb_writer *w, const Dtrain__Tb__Event *ev) {
     size_t n = dtrain__tb__event__get_packed_size(ev);
     uint8_t *buf = malloc(n ? n : 1);
-    if (!buf) return w->err = dt_error(DT_ENOMEM, "--tensorboard: out of memory packing an event of %zu bytes", n);
+    if (!buf) return w->err = dt_error(DT_ENOMEM, "`tensorboard`: out of memory packing an event of %zu bytes", n);
     dtrain__tb__event__pack(ev, buf);
     dt_status s = write_record(w, buf, n);
     free(buf);
@@ -94,36 +94,36 @@ static double now_s(void) {
 /* mkdir -p dir. */
 static dt_status make_dirs(const char *dir) {
     char p[4096];
-    if (snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p) return dt_error(DT_EINVAL, "--tensorboard %.60s...: path too long", dir);
+    if (snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p) return dt_error(DT_EINVAL, "`tensorboard` %.60s...: path too long", dir);
     for (char *s = p + 1; ; s++) {
         if (*s == '/' || !*s) {
             char c = *s;
             *s = 0;
             if (mkdir(p, 0777) != 0 && errno != EEXIST)
-                return dt_error(DT_EIO, "--tensorboard %s: cannot create %s: %s", dir, p, strerror(errno));
+                return dt_error(DT_EIO, "`tensorboard` %s: cannot create %s: %s", dir, p, strerror(errno));
             *s = c;
             if (!c) break;
         }
     }
     struct stat st;
     if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
-        return dt_error(DT_EIO, "--tensorboard %s: not a directory; give a directory for the event files", dir);
+        return dt_error(DT_EIO, "`tensorboard` %s: not a directory; give a directory for the event files", dir);
     return DT_OK;
 }
 
 dt_status dt_tb_writer_create(dt_tb_writer **out, const char *dir) {
     *out = NULL;
-    if (!dir || !dir[0]) return dt_error(DT_EINVAL, "--tensorboard needs a directory");
+    if (!dir || !dir[0]) return dt_error(DT_EINVAL, "`tensorboard` needs a directory");
     DT_TRY(make_dirs(dir));
     dt_tb_writer *w = calloc(1, sizeof *w);
-    if (!w) return dt_error(DT_ENOMEM, "--tensorboard: out of memory");
+    if (!w) return dt_error(DT_ENOMEM, "`tensorboard`: out of memory");
     char host[256] = "localhost";
     gethostname(host, sizeof host - 1);
     snprintf(w->path, sizeof w->path, "%s/events.out.tfevents.%lld.%s.%d.dtrain", dir, (long long)time(NULL), host,
              (int)getpid());
     w->fd = open(w->path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
     if (w->fd < 0) {
-        dt_status s = dt_error(DT_EIO, "--tensorboard: cannot create %s: %s", w->path, strerror(errno));
+        dt_status s = dt_error(DT_EIO, "`tensorboard`: cannot create %s: %s", w->path, strerror(errno));
         free(w);
         return s;
     }
@@ -189,8 +189,8 @@ dt_status dt_tb_writer_destroy(dt_tb_writer *w) {
     if (!w) return DT_OK;
     dt_status s = w->err;
     if (fsync(w->fd) != 0 && errno != EINVAL && s == DT_OK)
-        s = dt_error(DT_EIO, "--tensorboard %s: fsync failed: %s", w->path, strerror(errno));
-    if (close(w->fd) != 0 && s == DT_OK) s = dt_error(DT_EIO, "--tensorboard %s: close failed: %s", w->path, strerror(errno));
+        s = dt_error(DT_EIO, "`tensorboard` %s: fsync failed: %s", w->path, strerror(errno));
+    if (close(w->fd) != 0 && s == DT_OK) s = dt_error(DT_EIO, "`tensorboard` %s: close failed: %s", w->path, strerror(errno));
     free(w);
     return s;
 }

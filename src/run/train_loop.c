@@ -169,9 +169,9 @@ static dt_status save_interrupted(dt_trainer *t) {
     if (s != DT_OK) return dt_error_wrap(s, "stopped at step %lld but the checkpoint failed", (long long)t->step);
     if (c->checkpoint_dir)
         return dt_error(DT_EINTR, "stopped at step %lld; checkpoint %s; to continue, run the same command with "
-                                  "--resume auto (and --checkpoint-dir %s)",
+                                  "`resume` auto (and `checkpoint_dir` %s)",
                         (long long)t->step, t->last_ckpt, c->checkpoint_dir);
-    return dt_error(DT_EINTR, "stopped at step %lld; checkpoint %s; to continue, run the same command with --resume %s",
+    return dt_error(DT_EINTR, "stopped at step %lld; checkpoint %s; to continue, run the same command with `resume` %s",
                     (long long)t->step, t->last_ckpt, t->last_ckpt);
 }
 
@@ -315,7 +315,7 @@ dt_status dt_trainer_run(dt_trainer *t) {
     t->mf = mf;
     dt_trainer_log_start(t);
     if (t->strategy->role != DT_ROLE_REPLICA && (c->log_every > 0 || c->eval_every > 0))
-        dt_trainer_note(t, "--log-every / --eval-every: a ps run reports per epoch only (its servers hold the model)");
+        dt_trainer_note(t, "`log_every` / `eval_every`: a ps run reports per epoch only (its servers hold the model)");
     if (t->strategy->role == DT_ROLE_SERVER) {  /* ps servers serve instead of stepping */
         dt_status s = serve_run(t, mf);
         t->mf = NULL;

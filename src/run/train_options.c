@@ -74,7 +74,7 @@ static void normalize_key(const char *key, char *out, size_t cap) {
 }
 
 static dt_status bad_value(const char *key, const char *value, const char *want) {
-    return dt_error(DT_EINVAL, "--%s %s: %s", key, value, want);
+    return dt_error(DT_EINVAL, "`%s` %s: %s", key, value, want);
 }
 
 /* Parses value for a numeric or boolean key into the field at p. */
@@ -111,7 +111,7 @@ static dt_status set_number(const key_def *k, void *p, const char *value) {
 dt_status dt_train_options_set(dt_train_options *o, const char *key, const char *value) {
     char name[64];
     normalize_key(key ? key : "", name, sizeof name);
-    if (!value) return dt_error(DT_EINVAL, "--%s: no value given", name);
+    if (!value) return dt_error(DT_EINVAL, "`%s`: no value given", name);
     int i = 0, si = 0;
     for (; i < NKEYS && strcmp(g_keys[i].name, name); i++) si += g_keys[i].kind == K_STR;
     if (i == NKEYS) return dt_error(DT_EINVAL, "unknown training option '%s'; the options are: %s", name, dt_train_options_keys());
@@ -119,7 +119,7 @@ dt_status dt_train_options_set(dt_train_options *o, const char *key, const char 
     void *p = (char *)&o->cfg + k->off;
     if (k->kind == K_STR) {
         char *copy = strdup(value);
-        if (!copy) return dt_error(DT_ENOMEM, "--%s: out of memory", name);
+        if (!copy) return dt_error(DT_ENOMEM, "`%s`: out of memory", name);
         free(o->strs[si]);
         o->strs[si] = copy;
         *(const char **)p = copy;
@@ -155,7 +155,7 @@ static dt_status train_worker(dt_comm *comm, void *ctx) {
 
 dt_status dt_train_local(const dt_train_config *cfg, int workers, double timeout_s) {
     DT_TRY(dt_train_config_check_layout(cfg, "dt_train_local"));  /* before a copy of its bytes */
-    if (workers < 1) return dt_error(DT_EINVAL, "--workers %d: need at least 1", workers);
+    if (workers < 1) return dt_error(DT_EINVAL, "`workers` %d: need at least 1", workers);
     if (workers == 1) {
         dt_train_config c = *cfg;
         c.comm = NULL;

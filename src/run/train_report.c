@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 static dt_status metrics_error(const dt_trainer *t, const char *what) {
-    return dt_error(DT_EIO, "--metrics %s: %s failed: %s; check the disk (free space, permissions)", t->cfg.metrics,
+    return dt_error(DT_EIO, "`metrics` %s: %s failed: %s; check the disk (free space, permissions)", t->cfg.metrics,
                     what, strerror(errno));
 }
 
@@ -25,7 +25,7 @@ static long long line_step(const char *line) {
 /* Rewrites path without the records of steps after `step` (those of a run resumed from there). */
 static dt_status drop_records_after(dt_trainer *t, int64_t step) {
     char path[4096];  /* the file, or the one a symbolic link leads to */
-    if (dt_output_path("--metrics", t->cfg.metrics, path, sizeof path) != DT_OK)
+    if (dt_output_path("`metrics`", t->cfg.metrics, path, sizeof path) != DT_OK)
         return dt_error_clear(), DT_OK;  /* a stream or descriptor (/dev/stdout): appended to, as it is */
     FILE *in = fopen(path, "r");
     if (!in) return DT_OK; /* nothing written yet */
@@ -54,7 +54,7 @@ static dt_status drop_records_after(dt_trainer *t, int64_t step) {
         return s;
     }
     if (dropped == 0) unlink(tmp);
-    else dt_trainer_note(t, "--metrics %s: dropped %d record%s after step %lld (written again from the resumed "
+    else dt_trainer_note(t, "`metrics` %s: dropped %d record%s after step %lld (written again from the resumed "
                             "checkpoint)", path, dropped, dropped == 1 ? "" : "s", (long long)step);
     return DT_OK;
 }
@@ -173,14 +173,14 @@ static dt_status align_clocks(dt_trainer *t, dt_comm *c) {
 /* Writes the Chrome trace to --timeline (or the file a symbolic link there leads to). */
 static dt_status write_trace(const dt_trainer *t, const dt_trace_event *ev, size_t n) {
     char path[4096];
-    DT_TRY(dt_output_path("--timeline", t->cfg.timeline, path, sizeof path));
+    DT_TRY(dt_output_path("`timeline`", t->cfg.timeline, path, sizeof path));
     return dt_trace_write_json(path, ev, n);
 }
 
 /* Gathers every rank's timeline events on rank 0 and writes the Chrome trace there. */
 dt_status dt_trainer_write_timeline(dt_trainer *t) {
     if (t->trace.dropped)
-        dt_trainer_note(t, "--timeline: rank %d recorded only its first %zu events (%zu more dropped)", t->rank,
+        dt_trainer_note(t, "`timeline`: rank %d recorded only its first %zu events (%zu more dropped)", t->rank,
                         t->trace.n, t->trace.dropped);
     dt_comm *c = t->world > 1 ? t->cfg.comm : NULL;
     const size_t esz = sizeof(dt_trace_event);

@@ -103,11 +103,11 @@ static dt_status resolve_resume(dt_trainer *t) {
     if (strcmp(c->resume, "auto") != 0) {  /* a file, or a directory's newest usable checkpoint */
         bool from_dir;
         DT_TRY(dt_checkpoint_resolve(c->resume, t->resume_path, sizeof t->resume_path, &from_dir));
-        if (from_dir) dt_trainer_note(t, "--resume %s: its newest usable checkpoint, %s", c->resume, t->resume_path);
+        if (from_dir) dt_trainer_note(t, "`resume` %s: its newest usable checkpoint, %s", c->resume, t->resume_path);
         return DT_OK;
     }
     if (!c->checkpoint_dir)
-        return dt_error(DT_EINVAL, "--resume auto needs --checkpoint-dir DIR (where to look for checkpoints)");
+        return dt_error(DT_EINVAL, "`resume` auto needs `checkpoint_dir` DIR (where to look for checkpoints)");
     bool found;
     DT_TRY(dt_ckpt_dir_latest(c->checkpoint_dir, t->resume_path, sizeof t->resume_path, &found, report_damaged, t));
     if (!found) {
@@ -134,50 +134,50 @@ static dt_status check_writable(const char *flag, const char *path, bool replace
 
 static dt_status check_config(const dt_train_config *c) {
     if (c->device && !dt_device_find(c->device)) return DT_EINVAL;  /* before any data is read; it names the devices */
-    if (c->epochs < 1) return dt_error(DT_EINVAL, "--epochs %d: need at least 1", c->epochs);
-    if (c->batch < 1) return dt_error(DT_EINVAL, "--batch %d: need at least 1", c->batch);
-    if (c->epoch_windows < 0) return dt_error(DT_EINVAL, "--epoch-windows %lld: must not be negative (0 = all)", (long long)c->epoch_windows);
+    if (c->epochs < 1) return dt_error(DT_EINVAL, "`epochs` %d: need at least 1", c->epochs);
+    if (c->batch < 1) return dt_error(DT_EINVAL, "`batch` %d: need at least 1", c->batch);
+    if (c->epoch_windows < 0) return dt_error(DT_EINVAL, "`epoch_windows` %lld: must not be negative (0 = all)", (long long)c->epoch_windows);
     if (!(c->val_fraction >= 0 && c->val_fraction <= 0.5))
-        return dt_error(DT_EINVAL, "--val-fraction %g: need 0..0.5 (the last part of the text held out)", c->val_fraction);
+        return dt_error(DT_EINVAL, "`val_fraction` %g: need 0..0.5 (the last part of the text held out)", c->val_fraction);
     if (c->grad_accum < 1 || c->grad_accum > 65536)
-        return dt_error(DT_EINVAL, "--grad-accum %d: need 1..65536 micro-batches per step", c->grad_accum);
+        return dt_error(DT_EINVAL, "`grad_accum` %d: need 1..65536 micro-batches per step", c->grad_accum);
     if (c->grad_accum > 1 && (int64_t)c->batch * c->grad_accum > INT32_MAX / 4)
-        return dt_error(DT_EINVAL, "--batch %d x --grad-accum %d samples per step is too large", c->batch, c->grad_accum);
+        return dt_error(DT_EINVAL, "`batch` %d x `grad_accum` %d samples per step is too large", c->batch, c->grad_accum);
     if (!(c->lr.base_lr > 0) || !isfinite(c->lr.base_lr))
-        return dt_error(DT_EINVAL, "--lr %g: need a positive learning rate", c->lr.base_lr);
-    if (c->threads < 1 || c->threads > 1024) return dt_error(DT_EINVAL, "--threads %d: need 1..1024", c->threads);
+        return dt_error(DT_EINVAL, "`lr` %g: need a positive learning rate", c->lr.base_lr);
+    if (c->threads < 1 || c->threads > 1024) return dt_error(DT_EINVAL, "`threads` %d: need 1..1024", c->threads);
     const dt_optim_config *o = &c->optim;
     if (!(o->momentum >= 0 && o->momentum < 1))
-        return dt_error(DT_EINVAL, "--momentum %g: need a value in [0, 1)", o->momentum);
-    if (!(o->weight_decay >= 0)) return dt_error(DT_EINVAL, "--weight-decay %g: must not be negative", o->weight_decay);
+        return dt_error(DT_EINVAL, "`momentum` %g: need a value in [0, 1)", o->momentum);
+    if (!(o->weight_decay >= 0)) return dt_error(DT_EINVAL, "`weight_decay` %g: must not be negative", o->weight_decay);
     if (o->kind != DT_OPTIM_SGD && !(o->eps > 0))
-        return dt_error(DT_EINVAL, "--eps %g: adam/adamw need a positive epsilon (default 1e-8)", o->eps);
-    if (!(c->clip_norm >= 0)) return dt_error(DT_EINVAL, "--clip %g: must not be negative (0 = off)", c->clip_norm);
-    if (c->lr.warmup_steps < 0) return dt_error(DT_EINVAL, "--warmup %lld: must not be negative", (long long)c->lr.warmup_steps);
+        return dt_error(DT_EINVAL, "`eps` %g: adam/adamw need a positive epsilon (default 1e-8)", o->eps);
+    if (!(c->clip_norm >= 0)) return dt_error(DT_EINVAL, "`clip_norm` %g: must not be negative (0 = off)", c->clip_norm);
+    if (c->lr.warmup_steps < 0) return dt_error(DT_EINVAL, "`warmup` %lld: must not be negative", (long long)c->lr.warmup_steps);
     if (c->lr.kind == DT_LR_STEP && c->lr.step_size <= 0)
-        return dt_error(DT_EINVAL, "--schedule step needs --step-size STEPS > 0");
+        return dt_error(DT_EINVAL, "`schedule` step needs `step_size` STEPS > 0");
     /* whatever schedule: the checkpoint stores these and reads back only what is legal here */
-    if (c->lr.step_size < 0) return dt_error(DT_EINVAL, "--step-size %lld: must not be negative", (long long)c->lr.step_size);
+    if (c->lr.step_size < 0) return dt_error(DT_EINVAL, "`step_size` %lld: must not be negative", (long long)c->lr.step_size);
     if (!(c->lr.gamma >= 0 && c->lr.gamma <= 1))
-        return dt_error(DT_EINVAL, "--gamma %g: need a decay factor in [0, 1] (e.g. 0.1)", c->lr.gamma);
+        return dt_error(DT_EINVAL, "`gamma` %g: need a decay factor in [0, 1] (e.g. 0.1)", c->lr.gamma);
     if (!(c->lr.min_lr >= 0) || !isfinite(c->lr.min_lr))
-        return dt_error(DT_EINVAL, "--min-lr %g: need a final learning rate >= 0", c->lr.min_lr);
+        return dt_error(DT_EINVAL, "`min_lr` %g: need a final learning rate >= 0", c->lr.min_lr);
     if (c->weights && c->resume)
-        return dt_error(DT_EINVAL, "--weights %s starts a new run from plain weights, --resume %s continues one: pass "
+        return dt_error(DT_EINVAL, "`weights` %s starts a new run from plain weights, `resume` %s continues one: pass "
                         "one of them", c->weights, c->resume);
-    if (c->max_steps < 0) return dt_error(DT_EINVAL, "--max-steps %lld: must not be negative", (long long)c->max_steps);
+    if (c->max_steps < 0) return dt_error(DT_EINVAL, "`max_steps` %lld: must not be negative", (long long)c->max_steps);
     if (c->log_every < 0 || c->eval_every < 0 || c->eval_batches < 0)
-        return dt_error(DT_EINVAL, "--log-every %lld, --eval-every %lld, --eval-batches %lld: none may be negative "
-                        "(0 = off, the whole set for --eval-batches)", (long long)c->log_every,
+        return dt_error(DT_EINVAL, "`log_every` %lld, `eval_every` %lld, `eval_batches` %lld: none may be negative "
+                        "(0 = off, the whole set for `eval_batches`)", (long long)c->log_every,
                         (long long)c->eval_every, (long long)c->eval_batches);
-    DT_TRY(check_writable("--save", c->save, true));
-    DT_TRY(check_writable("--metrics", c->metrics, false));  /* appended (a resume rewrites a file only) */
-    DT_TRY(check_writable("--timeline", c->timeline, true));
-    DT_TRY(check_writable("--save-weights", c->save_weights, true));
+    DT_TRY(check_writable("`save`", c->save, true));
+    DT_TRY(check_writable("`metrics`", c->metrics, false));  /* appended (a resume rewrites a file only) */
+    DT_TRY(check_writable("`timeline`", c->timeline, true));
+    DT_TRY(check_writable("`save_weights`", c->save_weights, true));
     if ((c->checkpoint_every > 0 || c->checkpoint_secs > 0 || c->keep > 0) && !c->checkpoint_dir)
-        return dt_error(DT_EINVAL, "--checkpoint-every/--checkpoint-secs/--keep need --checkpoint-dir DIR");
+        return dt_error(DT_EINVAL, "`checkpoint_every`/`checkpoint_secs`/`keep` need `checkpoint_dir` DIR");
     if (c->checkpoint_every < 0 || c->checkpoint_secs < 0 || c->keep < 0)
-        return dt_error(DT_EINVAL, "--checkpoint-every, --checkpoint-secs and --keep must not be negative");
+        return dt_error(DT_EINVAL, "`checkpoint_every`, `checkpoint_secs` and `keep` must not be negative");
     return DT_OK;
 }
 
@@ -194,13 +194,13 @@ static dt_status setup_uneven(dt_trainer *t) {
     const char *name = t->strategy->ops->name;
     t->dcomm = role == DT_ROLE_REPLICA && t->world > 1 ? c->comm : NULL;
     if (role != DT_ROLE_REPLICA && (c->timeline || c->checkpoint_dir))
-        return dt_error(DT_EINVAL, "--strategy %s does not support --%s yet%s", name,
-                        c->timeline ? "timeline" : "checkpoint-dir",
-                        c->timeline ? "" : " (use --save FILE, written after every epoch and on SIGTERM)");
+        return dt_error(DT_EINVAL, "`strategy` %s does not support `%s` yet%s", name,
+                        c->timeline ? "timeline" : "checkpoint_dir",
+                        c->timeline ? "" : " (use `save` FILE, written after every epoch and on SIGTERM)");
     const bool slow = c->aids && c->aids->slow_factor > 1 && c->aids->slow_rank == t->rank;  /* a test aid */
     if (role == DT_ROLE_SERVER) {
         if (slow)
-            return dt_error(DT_EINVAL, "--slow %d:%g: rank %d is a ps server; pick a worker rank (%d..%d)",
+            return dt_error(DT_EINVAL, "`slow` %d:%g: rank %d is a ps server; pick a worker rank (%d..%d)",
                             c->aids->slow_rank, c->aids->slow_factor, t->rank, t->world - t->dworld, t->world - 1);
         return DT_OK;
     }
@@ -230,16 +230,16 @@ dt_status dt_trainer_open_data(const char *data, const char *spec, double val_fr
                               dt_dataset **test) {
     const bool text = dt_data_is_text(data), gpt = dt_model_spec_is_gpt(spec);
     if (text != gpt)
-        return dt_error(DT_EINVAL, text ? "--data %s is text (byte tokens) and model '%s' takes no token ids: use a "
-                                          "--model gpt[:L=..,H=..,C=..,T=..] (or its checkpoint)"
-                                        : "--data %s is not text and model '%s' reads token ids: give it --data "
-                                          "text:FILE, --data kjv or --data tokens:DIR",
+        return dt_error(DT_EINVAL, text ? "`data` %s is text (byte tokens) and model '%s' takes no token ids: use a "
+                                          "`model` gpt[:L=..,H=..,C=..,T=..] (or its checkpoint)"
+                                        : "`data` %s is not text and model '%s' reads token ids: give it `data` "
+                                          "text:FILE, `data` kjv or `data` tokens:DIR",
                         data, spec);
     if (!text) return dt_dataset_open(train, test, data);
     dt_gpt_config g;
     DT_TRY(dt_gpt_parse(spec, &g));
     if (!dt_data_is_tokens(data) && g.V < 256)
-        return dt_error(DT_EINVAL, "--model %s: V=%d, but text data has 256 byte values; use V=256", spec, g.V);
+        return dt_error(DT_EINVAL, "`model` %s: V=%d, but text data has 256 byte values; use V=256", spec, g.V);
     return dt_dataset_open_text(train, test, data, g.T, val_fraction);
 }
 
@@ -290,17 +290,17 @@ static dt_status check_batch(const dt_trainer *t, int max_batch) {
     const dt_train_config *c = &t->cfg;
     const size_t n = dt_trainer_epoch_len(t), per = (size_t)dt_trainer_step_batch(t) / (size_t)c->batch;
     const long long global = (long long)dt_trainer_step_batch(t) * t->dworld;
-    const char *accum = per > 1 ? " x --grad-accum" : "";
-    const char *what = n < dt_dataset_len(t->train) ? "an epoch (--epoch-windows)" : "the training set";
+    const char *accum = per > 1 ? " x `grad_accum`" : "";
+    const char *what = n < dt_dataset_len(t->train) ? "an epoch (`epoch_windows`)" : "the training set";
     if (global > (long long)n) {
         if (t->dworld > 1)
-            return dt_error(DT_EINVAL, "--batch %d%s x %d workers = %lld samples per step is more than %s (%zu samples "
-                            "of --data %s): use --batch %zu or less", c->batch, accum, t->dworld, global, what, n,
+            return dt_error(DT_EINVAL, "`batch` %d%s x %d workers = %lld samples per step is more than %s (%zu samples "
+                            "of `data` %s): use `batch` %zu or less", c->batch, accum, t->dworld, global, what, n,
                             c->data, n / (size_t)t->dworld / per);
         if (per > 1)
-            return dt_error(DT_EINVAL, "--batch %d x --grad-accum = %lld samples per step is more than %s (%zu samples "
-                            "of --data %s): use --batch %zu or less", c->batch, global, what, n, c->data, n / per);
-        return dt_error(DT_EINVAL, "--batch %d is more than %s (%zu samples of --data %s): use --batch %zu or less",
+            return dt_error(DT_EINVAL, "`batch` %d x `grad_accum` = %lld samples per step is more than %s (%zu samples "
+                            "of `data` %s): use `batch` %zu or less", c->batch, global, what, n, c->data, n / per);
+        return dt_error(DT_EINVAL, "`batch` %d is more than %s (%zu samples of `data` %s): use `batch` %zu or less",
                         c->batch, what, n, c->data, n);
     }
     const double in = (double)t->C * t->H * t->W, slots = DT_LOADER_DEFAULT_PREFETCH + 1;
@@ -309,8 +309,8 @@ static dt_status check_batch(const dt_trainer *t, int max_batch) {
     if (sysinfo(&si) == 0) {
         const double avail = ((double)si.freeram + (double)si.bufferram) * si.mem_unit;
         if (need > avail && need > 256e6)
-            return dt_error(DT_ENOMEM, "--batch %d needs about %.1f GB for its input buffers alone, more than the %.1f GB "
-                            "of free memory: use a smaller --batch", c->batch, need / 1e9, avail / 1e9);
+            return dt_error(DT_ENOMEM, "`batch` %d needs about %.1f GB for its input buffers alone, more than the %.1f GB "
+                            "of free memory: use a smaller `batch`", c->batch, need / 1e9, avail / 1e9);
     }
     return DT_OK;
 }
@@ -321,7 +321,7 @@ static dt_status setup_data(dt_trainer *t, const char *spec, const char *resume,
     if (c->train_set) {
         t->train = c->train_set, t->test = c->test_set, t->borrowed_data = true;
         if (dt_model_spec_is_gpt(spec) != dt_dataset_is_text(t->train))
-            return dt_error(DT_EINVAL, "dt_train_config.train_set (%s) %s, but --model %s %s", c->data,
+            return dt_error(DT_EINVAL, "dt_train_config.train_set (%s) %s, but `model` %s %s", c->data,
                             dt_dataset_is_text(t->train) ? "is text" : "holds features", spec,
                             dt_model_spec_is_gpt(spec) ? "reads token ids" : "reads features");
     } else {
@@ -331,11 +331,11 @@ static dt_status setup_data(dt_trainer *t, const char *spec, const char *resume,
     dt_dataset_shape(t->train, &t->C, &t->H, &t->W);
     t->classes = dt_dataset_classes(t->train);
     if (c->normalize && dt_dataset_is_text(t->train))
-        return dt_error(DT_EINVAL, "--normalize standardises image features, but --data %s is token ids: drop --normalize",
+        return dt_error(DT_EINVAL, "`normalize` standardises image features, but `data` %s is token ids: drop `normalize`",
                         c->data);
     if (!resume) return DT_OK;
     if (info->C != t->C || info->H != t->H || info->W != t->W)
-        return dt_error(DT_EMISMATCH, "%s: checkpoint expects inputs %dx%dx%d but --data %s has %dx%dx%d", resume,
+        return dt_error(DT_EMISMATCH, "%s: checkpoint expects inputs %dx%dx%d but `data` %s has %dx%dx%d", resume,
                         info->C, info->H, info->W, c->data, t->C, t->H, t->W);
     return DT_OK;
 }
@@ -369,11 +369,11 @@ static dt_status place_model(dt_trainer *t, const dt_strategy_entry *se, const d
 dt_status dt_trainer_check_loss(const dt_model *m, const dt_dataset *ds, const char *data) {
     const bool mse = dt_model_node_kind(m, dt_model_loss_node(m)) == DT_LAYER_MSE, targets = dt_dataset_has_targets(ds);
     if (mse && !targets)
-        return dt_error(DT_EINVAL, "model '%s' ends in mse (regression) but --data %s holds class labels: give it float "
+        return dt_error(DT_EINVAL, "model '%s' ends in mse (regression) but `data` %s holds class labels: give it float "
                         "targets (an IDX label file of floats), or end the model in linear(CLASSES) without mse",
                         dt_model_spec(m), data);
     if (!mse && targets)
-        return dt_error(DT_EINVAL, "--data %s holds float targets (regression) but model '%s' ends in softmax "
+        return dt_error(DT_EINVAL, "`data` %s holds float targets (regression) but model '%s' ends in softmax "
                         "cross-entropy over classes: end its spec with linear(1) mse", data, dt_model_spec(m));
     return DT_OK;
 }
@@ -391,8 +391,8 @@ static dt_status move_to_device(dt_trainer *t, const dt_strategy_entry *se) {
     if (!se->device_neutral) {
         char names[128];
         dt_strategy_names_where(device_neutral, NULL, "and", names, sizeof names);
-        return dt_error(DT_ENOTSUP, "--device %s: the %s strategy does not run on a device yet (its sharding and "
-                        "staging still touch model memory from the host); strategies that do: %s; or use --device "
+        return dt_error(DT_ENOTSUP, "`device` %s: the %s strategy does not run on a device yet (its sharding and "
+                        "staging still touch model memory from the host); strategies that do: %s; or use `device` "
                         "cpu", spec, se->name, names);
     }
     DT_TRY(dt_device_create(&t->dev, spec));
@@ -424,9 +424,9 @@ static dt_status setup_model(dt_trainer *t, const char *spec, const dt_strategy_
         dt_status s = dt_dataset_set_classes(t->train, nout);
         if (s == DT_OK && t->test) s = dt_dataset_set_classes(t->test, nout);
         if (dt_dataset_is_text(t->train))  /* a GPT's V below a token of the data: the message names it */
-            return dt_error_wrap(DT_EINVAL, "--model %s: V=%d is too small for --data %s", dt_model_spec(t->model), nout,
+            return dt_error_wrap(DT_EINVAL, "`model` %s: V=%d is too small for `data` %s", dt_model_spec(t->model), nout,
                                  c->data);
-        return dt_error_wrap(DT_EFORMAT, "model '%s' outputs %d classes but --data %s has labels up to %d; if they are "
+        return dt_error_wrap(DT_EFORMAT, "model '%s' outputs %d classes but `data` %s has labels up to %d; if they are "
                                         "right, end the spec with linear(%d)",
                              dt_model_spec(t->model), nout, c->data, t->classes - 1, t->classes);
     }
@@ -450,7 +450,7 @@ static dt_status restore_and_normalize(dt_trainer *t, const char *resume, dt_ckp
         t->step = info->step, t->epoch = info->epoch, t->step_in_epoch = info->step_in_epoch;
         snprintf(t->last_ckpt, sizeof t->last_ckpt, "%s", resume);
         if (c->normalize && !info->has_norm)
-            return dt_error(DT_EINVAL, "%s: this run was trained without --normalize; leave it out to resume it", resume);
+            return dt_error(DT_EINVAL, "%s: this run was trained without `normalize`; leave it out to resume it", resume);
         /* the inputs are scaled as the checkpoint's run scaled them */
         t->has_norm = info->has_norm != 0, t->norm_mean = info->norm_mean, t->norm_std = info->norm_std;
     }
@@ -492,7 +492,7 @@ static dt_status setup_loader(dt_trainer *t, const dt_strategy_entry *se, const 
     }
     if (resume && t->step_in_epoch > (int64_t)dt_loader_batches(t->loader))
         return dt_error(DT_EFORMAT, "%s: it stopped at batch %lld of epoch %lld, but an epoch of this run has %zu "
-                        "batches (--epoch-windows, --batch or the data changed?); resume with the settings it was "
+                        "batches (`epoch_windows`, `batch` or the data changed?); resume with the settings it was "
                         "trained with", resume, (long long)t->step_in_epoch, (long long)t->epoch + 1,
                         dt_loader_batches(t->loader));
     if (t->cfg.lr.kind == DT_LR_COSINE && t->cfg.lr.total_steps <= 0) {
@@ -531,11 +531,11 @@ static dt_status trainer_setup(dt_trainer *t) {
         char who[128];
         dt_strategy_names_where(scales_loss, NULL, "or", who, sizeof who);
         if (ck && !strcmp(ck, "fp16"))  /* a resume without --precision takes the checkpoint's */
-            return dt_error(DT_EINVAL, "--precision fp16 (given, or kept from %s, which was trained at fp16): loss "
-                                       "scaling works with --strategy %s, not %s; resume with "
-                                       "--precision bf16 or fp32", resume, who, sentry->name);
-        return dt_error(DT_EINVAL, "--precision fp16: loss scaling works with --strategy %s, not %s; "
-                                   "use --precision bf16", who, sentry->name);
+            return dt_error(DT_EINVAL, "`precision` fp16 (given, or kept from %s, which was trained at fp16): loss "
+                                       "scaling works with `strategy` %s, not %s; resume with "
+                                       "`precision` bf16 or fp32", resume, who, sentry->name);
+        return dt_error(DT_EINVAL, "`precision` fp16: loss scaling works with `strategy` %s, not %s; "
+                                   "use `precision` bf16", who, sentry->name);
     }
     DT_TRY(setup_data(t, spec, resume, &info));
     DT_TRY(data_vocab_spec(t, &spec));
@@ -554,8 +554,8 @@ static dt_status trainer_setup(dt_trainer *t) {
     DT_TRY(t->strategy->ops->init(t->strategy));
     DT_TRY(setup_uneven(t));
     if (c->eval_every > 0 && !t->test && !t->val)
-        return dt_error(DT_EINVAL, "--eval-every %lld: nothing to evaluate on: --data %s has no test split; add "
-                        "--val-split F to hold out part of the training set", (long long)c->eval_every,
+        return dt_error(DT_EINVAL, "`eval_every` %lld: nothing to evaluate on: `data` %s has no test split; add "
+                        "`val_split` F to hold out part of the training set", (long long)c->eval_every,
                         c->data ? c->data : "(in memory)");
     return dt_trainer_check_io(t);
 }

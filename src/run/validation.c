@@ -23,25 +23,25 @@ void dt_train_best_path(const char *save, char *out, size_t cap) {
 dt_status dt_trainer_setup_val(dt_trainer *t, const char *resume, const dt_ckpt_info *info) {
     dt_train_config *c = &t->cfg;
     if (c->weights && resume)
-        return dt_error(DT_EINVAL, "--weights %s starts a new run from plain weights, --resume %s continues one: pass "
+        return dt_error(DT_EINVAL, "`weights` %s starts a new run from plain weights, `resume` %s continues one: pass "
                         "one of them", c->weights, resume);
     if (!(c->val_split >= 0 && c->val_split < 1))
-        return dt_error(DT_EINVAL, "--val-split %g: need a fraction in [0, 1), e.g. 0.1", c->val_split);
-    if (c->early_stop < 0) return dt_error(DT_EINVAL, "--early-stop %d: must not be negative (0 = off)", c->early_stop);
+        return dt_error(DT_EINVAL, "`val_split` %g: need a fraction in [0, 1), e.g. 0.1", c->val_split);
+    if (c->early_stop < 0) return dt_error(DT_EINVAL, "`early_stop` %d: must not be negative (0 = off)", c->early_stop);
     if (resume && info->val_split > 0) {
         if (c->val_split > 0 && c->val_split != info->val_split)
-            return dt_error(DT_EINVAL, "--val-split %g: %s was trained with --val-split %g; resume with that (or leave "
+            return dt_error(DT_EINVAL, "`val_split` %g: %s was trained with `val_split` %g; resume with that (or leave "
                             "it out)", c->val_split, resume, info->val_split);
         c->val_split = info->val_split;
         t->best_val = info->best_val, t->best_epoch = info->best_epoch, t->bad_epochs = info->bad_epochs;
     } else if (resume && c->val_split > 0)
-        return dt_error(DT_EINVAL, "--val-split %g: %s was trained on the whole training set; resume without "
-                        "--val-split", c->val_split, resume);
+        return dt_error(DT_EINVAL, "`val_split` %g: %s was trained on the whole training set; resume without "
+                        "`val_split`", c->val_split, resume);
     if ((c->early_stop > 0 || c->keep_best) && !(c->val_split > 0))
-        return dt_error(DT_EINVAL, "--%s needs --val-split F (the validation part it watches)",
-                        c->early_stop > 0 ? "early-stop" : "keep-best");
+        return dt_error(DT_EINVAL, "`%s` needs `val_split` F (the validation part it watches)",
+                        c->early_stop > 0 ? "early_stop" : "keep_best");
     if (c->keep_best && !c->save)
-        return dt_error(DT_EINVAL, "--keep-best writes next to --save FILE: add --save FILE");
+        return dt_error(DT_EINVAL, "`keep_best` writes next to `save` FILE: add `save` FILE");
     return DT_OK;
 }
 
@@ -86,12 +86,12 @@ dt_status dt_trainer_check_io(dt_trainer *t) {
     const dt_train_config *c = &t->cfg;
     const char *name = t->strategy->ops->name;
     if ((c->val_split > 0 || c->save_weights) && t->strategy->role != DT_ROLE_REPLICA)
-        return dt_error(DT_EINVAL, "--%s works with --strategy single, ddp or localsgd, not %s",
-                        c->val_split > 0 ? "val-split" : "save-weights", name);
+        return dt_error(DT_EINVAL, "`%s` works with `strategy` single, ddp or localsgd, not %s",
+                        c->val_split > 0 ? "val_split" : "save_weights", name);
     if (!c->save_weights || !t->has_norm) return DT_OK;
     dt_input_norm norm = {.on = true, .mean = t->norm_mean, .std = t->norm_std};
     dt_status s = dt_weights_check_fold(t->model, &norm);
-    return s == DT_OK ? s : dt_error_wrap(s, "--save-weights %s", c->save_weights);
+    return s == DT_OK ? s : dt_error_wrap(s, "`save_weights` %s", c->save_weights);
 }
 
 /* A sharded strategy (ZeRO): no rank need hold the whole model, so rank 0 assembles it from the
@@ -102,13 +102,13 @@ static dt_status save_gathered_weights(dt_trainer *t, const dt_input_norm *norm)
     float *slab = t->rank == 0 ? dt_alloc((np + nb + 1) * sizeof(float)) : NULL;
     int32_t ok = t->rank != 0 || slab, all = 0;
     dt_status s = dt_comm_allreduce(t->strategy->comm, &ok, &all, 1, DT_I32, DT_OP_MIN);
-    if (s == DT_OK && !all) s = dt_error(DT_ENOMEM, "--save-weights %s: rank 0 has no memory for the whole model's %zu "
+    if (s == DT_OK && !all) s = dt_error(DT_ENOMEM, "`save_weights` %s: rank 0 has no memory for the whole model's %zu "
                                          "values", t->cfg.save_weights, np + nb);
     if (s == DT_OK) s = dt_strategy_gather_model(t->strategy, 0, slab, slab + np);
     if (s == DT_OK && t->rank == 0)
         s = dt_weights_save_slabs(m, slab, slab + np, t->cfg.save_weights, norm, t->C, t->H, t->W);
     dt_free(slab);
-    return s == DT_OK ? s : dt_error_wrap(s, "--save-weights %s", t->cfg.save_weights);
+    return s == DT_OK ? s : dt_error_wrap(s, "`save_weights` %s", t->cfg.save_weights);
 }
 
 dt_status dt_trainer_save_weights(dt_trainer *t) {

@@ -92,7 +92,7 @@ dt_status dt_weights_load(dt_model *m, const char *path) {
             report_add(&r, "'%s' is not a tensor of the model%s%s", st.name, "", "");
     }
     if (r.n) {
-        dt_status s = dt_error(DT_EFORMAT, "%s does not fit --model %s: %s%s%s; pass the --model the weights were saved "
+        dt_status s = dt_error(DT_EFORMAT, "%s does not fit `model` %s: %s%s%s; pass the `model` the weights were saved "
                                "from (the tensor names are torch.nn.Sequential's or nanoGPT's)", path, dt_model_spec(m),
                                r.text, r.n > 8 ? "; and more" : "", "");
         dt_st_destroy(f);
@@ -127,7 +127,7 @@ dt_status dt_weights_spec(const char *path, char *spec, size_t cap, int *C, int 
     char tail;
     dt_status st = DT_OK;
     if (!s || !shape)
-        st = dt_error(DT_ENOENT, "%s records no model (metadata dtrain.model_spec); pass --model SPEC", path);
+        st = dt_error(DT_ENOENT, "%s records no model (metadata dtrain.model_spec); pass `model` SPEC", path);
     else if (sscanf(shape, "%d,%d,%d%c", C, H, W, &tail) != 3 || *C < 1 || *H < 1 || *W < 1)
         st = dt_error(DT_EFORMAT, "%s: bad dtrain.input_shape '%.40s' (want C,H,W)", path, shape);
     else snprintf(spec, cap, "%s", s);
@@ -144,9 +144,9 @@ static dt_status fold_norm(const dt_model *m, const dt_input_norm *norm, float *
     const char *why = "", *name = i >= 0 ? dt_model_node_name(m, i) : NULL;
     const bool ok = i >= 0 && dt_model_fold_input_norm(m, i, norm->mean, norm->std, NULL, NULL, &why);
     if (!ok)
-        return dt_error(DT_EINVAL, "the input normalisation (--normalize, mean %g std %g) cannot be folded exactly into "
+        return dt_error(DT_EINVAL, "the input normalisation (`normalize`, mean %g std %g) cannot be folded exactly into "
                         "the first layer%s%s%s (only a linear or conv layer with a bias and no padding, or a batchnorm, "
-                        "takes it); train without --normalize to save plain weights, or export to ONNX, which keeps it",
+                        "takes it); train without `normalize` to save plain weights, or export to ONNX, which keeps it",
                         norm->mean, norm->std, name ? " " : "", name ? name : "", why);
     if (params) dt_model_fold_input_norm(m, i, norm->mean, norm->std, params, buffers, &why);
     return DT_OK;
@@ -195,7 +195,7 @@ dt_status dt_weights_save_slabs(const dt_model *m, float *params, float *buffers
 dt_status dt_weights_save(const dt_model *m, const char *path, const dt_input_norm *norm, int C, int H, int W) {
     const size_t np = dt_model_num_params(m), nb = dt_model_num_buffers(m);
     float *params = malloc((np + nb + 1) * sizeof(float)), *buffers = params + np;
-    if (!params) return dt_error(DT_ENOMEM, "--save-weights %s: out of memory", path);
+    if (!params) return dt_error(DT_ENOMEM, "`save_weights` %s: out of memory", path);
     dt_model *mm = (dt_model *)m;  /* the slab accessors take a mutable model; nothing is written */
     dt_dev *dev = dt_model_device(m);
     dev->ops->download(dev, params, dt_model_params(mm), np * sizeof(float));

@@ -59,29 +59,29 @@ static void test_trainer(const char *tmp) {
     c.save = p;
     dt_trainer *t = NULL;
     dt_status s = dt_trainer_create(&t, &c);
-    CHECK_MSG(s == DT_EIO && t == NULL, "--save into a missing directory: %s", dt_status_str(s));
-    CHECK_MSG(strstr(dt_last_error(), "--save ") && strstr(dt_last_error(), "cannot write into directory") &&
+    CHECK_MSG(s == DT_EIO && t == NULL, "`save` into a missing directory: %s", dt_status_str(s));
+    CHECK_MSG(strstr(dt_last_error(), "`save` ") && strstr(dt_last_error(), "cannot write into directory") &&
               strstr(dt_last_error(), "/no:"), "%s", dt_last_error());
     c.save = NULL;
     c.metrics = "/proc/m.jsonl";  /* exists, takes no file (root included) */
     s = dt_trainer_create(&t, &c);
-    CHECK_MSG(s == DT_EIO && strstr(dt_last_error(), "--metrics /proc/m.jsonl: cannot write into directory /proc:"),
+    CHECK_MSG(s == DT_EIO && strstr(dt_last_error(), "`metrics` /proc/m.jsonl: cannot write into directory /proc:"),
               "%s: %s", dt_status_str(s), dt_last_error());
 }
 
 static void test_output_path(const char *tmp) {
     char p[PATH_MAX], q[PATH_MAX], out[PATH_MAX], want[PATH_MAX];
     snprintf(p, sizeof p, "%s/plain.st", tmp);  /* missing, then a regular file: itself */
-    CHECK(dt_output_path("--save", p, out, sizeof out) == DT_OK && !strcmp(out, p));
+    CHECK(dt_output_path("`save`", p, out, sizeof out) == DT_OK && !strcmp(out, p));
     FILE *f = fopen(p, "w");
     CHECK(f && fclose(f) == 0);
-    CHECK(dt_output_path("--save", p, out, sizeof out) == DT_OK && !strcmp(out, p));
+    CHECK(dt_output_path("`save`", p, out, sizeof out) == DT_OK && !strcmp(out, p));
     CHECK(mkdir(strcat(strcpy(q, tmp), "/sub"), 0755) == 0);  /* sub/l1 -> ../l2 -> plain.st */
     snprintf(q, sizeof q, "%s/l2", tmp);
     CHECK(symlink("plain.st", q) == 0);
     snprintf(q, sizeof q, "%s/sub/l1", tmp);
     CHECK(symlink("../l2", q) == 0);
-    CHECK(dt_output_path("--save", q, out, sizeof out) == DT_OK);
+    CHECK(dt_output_path("`save`", q, out, sizeof out) == DT_OK);
     snprintf(want, sizeof want, "%s/sub/../plain.st", tmp);
     CHECK_MSG(!strcmp(out, want) || !strcmp(out, p), "a chain of relative links: %s", out);
     snprintf(q, sizeof q, "%s/dangling", tmp);  /* -> new.st, not there yet: the file to create */
@@ -93,8 +93,8 @@ static void test_output_path(const char *tmp) {
     CHECK(dt_output_path("-o", q, out, sizeof out) == DT_EINVAL && strstr(dt_last_error(), "too many levels"));
     const char *refused[] = {"/dev/null", "/dev/stdout", "/dev/fd/1", "/proc/self/fd/2", tmp};
     for (int i = 0; i < 5; i++)
-        CHECK_MSG(dt_output_path("--timeline", refused[i], out, sizeof out) == DT_EINVAL &&
-                      strstr(dt_last_error(), "--timeline ") && strstr(dt_last_error(), "not a regular file"),
+        CHECK_MSG(dt_output_path("`timeline`", refused[i], out, sizeof out) == DT_EINVAL &&
+                      strstr(dt_last_error(), "`timeline` ") && strstr(dt_last_error(), "not a regular file"),
                   "%s: %s", refused[i], dt_last_error());
     CHECK(dt_output_path("", p, out, 4) == DT_EINVAL && strstr(dt_last_error(), "too long"));
     CHECK(dt_path_descriptor("/dev/stdout") == 1 && dt_path_descriptor("/dev/stderr") == 2);

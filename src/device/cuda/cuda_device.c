@@ -203,8 +203,8 @@ static void cuda_adam_step(dt_dev *d, const dt_step_args *a, float *p, const flo
 static const dt_kernel_table *cuda_kernels(dt_dev *d, const dt_kernel_table *cpu) {
     dtc_dev *c = cdev(d);
     if (cpu && cpu->precision != DT_F32) {
-        dt_error(DT_ENOTSUP, "cuda device: --precision %s is not supported on the GPU yet (its GEMMs run f32); use "
-                 "--precision fp32", cpu->precision == DT_BF16 ? "bf16" : "fp16");
+        dt_error(DT_ENOTSUP, "cuda device: `precision` %s is not supported on the GPU yet (its GEMMs run f32); use "
+                 "`precision` fp32", cpu->precision == DT_BF16 ? "bf16" : "fp16");
         return NULL;
     }
     if (dtc_current && dtc_current != c) {
@@ -289,10 +289,10 @@ static dt_status pick_ordinal(const char *opt, int count, int *out) {
 
 static dt_status no_gpu(cudaError_t e, int count) {
     if (e == cudaSuccess && count == 0)
-        return dt_error(DT_ENOTSUP, "device cuda: no CUDA GPU found (the driver reports 0 devices): --device cuda "
-                        "needs an NVIDIA GPU and its driver; use --device cpu");
-    return dt_error(DT_ENOTSUP, "device cuda: no usable GPU: the CUDA runtime says \"%s\" (%s): --device cuda needs "
-                    "an NVIDIA GPU and a driver for CUDA %d.%d or newer; use --device cpu", cudaGetErrorString(e),
+        return dt_error(DT_ENOTSUP, "device cuda: no CUDA GPU found (the driver reports 0 devices): `device` cuda "
+                        "needs an NVIDIA GPU and its driver; use `device` cpu");
+    return dt_error(DT_ENOTSUP, "device cuda: no usable GPU: the CUDA runtime says \"%s\" (%s): `device` cuda needs "
+                    "an NVIDIA GPU and a driver for CUDA %d.%d or newer; use `device` cpu", cudaGetErrorString(e),
                     cudaGetErrorName(e), CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10);
 }
 
@@ -312,7 +312,7 @@ static dt_status cuda_setup(dtc_dev *c) {
     snprintf(c->name, sizeof c->name, "%s, sm_%d%d", prop.name, prop.major, prop.minor);
     if (prop.major < 9)
         return dt_error(DT_ENOTSUP, "device cuda:%d (%s): this build has kernels for sm_90 (Hopper) and PTX for "
-                        "compute_90 only; rebuild with CUDA_ARCH for this GPU, or use --device cpu", c->ordinal, c->name);
+                        "compute_90 only; rebuild with CUDA_ARCH for this GPU, or use `device` cpu", c->ordinal, c->name);
     return dtc_libs_open(c);
 }
 
