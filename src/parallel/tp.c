@@ -131,10 +131,7 @@ static void tp_update(void *ctx, float lr, float clip) {
         }
         const float norm = (float)sqrt(ss), f = clip / (norm + 1e-6f);  /* as dt_clip_grad_norm */
         t->s->cur.grad_norm = norm;
-        if (norm > clip && host)
-            for (size_t k = 0; k < n; k++) g[k] *= f;
-        else if (norm > clip)
-            t->dev->ops->scale(t->dev, g, f, n);
+        if (norm > clip) t->dev->ops->scale(t->dev, g, f, n);
     }
     dt_optim_step(t->lopt, dt_model_params(t->local), g, lr);
 }
