@@ -98,17 +98,21 @@ typedef struct dt_kernel_table {
     void (*maxpool2d_backward_blocked)(float *din, const float *dout, const int32_t *argmax, int B, int C, int H,
                                        int W, int K, int S, bool out_bl, bool nhwc);
     /* The same of a blocked bf16 input (din bf16 too); out f32, or bf16 with out_bf16 and an NCHW
-     * out (the maxima are bf16 values: exact); dout f32, or bf16 with dout_bf16 and an NCHW out.
-     * NULL where not. */
+     * out (the maxima are bf16 values: exact); dout f32, or bf16 with dout_bf16. The backward takes
+     * maxpool2d_blocked_bf16_workspace floats of work (the graph's workspace). NULL where not. */
     void (*maxpool2d_forward_blocked_bf16)(void *out, int32_t *argmax, const uint16_t *in, int B, int C, int H, int W,
                                            int K, int S, bool out_bl, bool nhwc, bool relu, bool out_bf16);
+    size_t (*maxpool2d_blocked_bf16_workspace)(int B, int C, int H, int W, int K, int S, bool dout_bf16);
     void (*maxpool2d_backward_blocked_bf16)(uint16_t *din, const void *dout, const int32_t *argmax, int B, int C,
-                                            int H, int W, int K, int S, bool out_bl, bool nhwc, bool dout_bf16);
-    /* conv -> (relu) -> maxpool of a first layer in one pass (backend/conv_pool.h), f32; NULL where not */
+                                            int H, int W, int K, int S, bool out_bl, bool nhwc, bool dout_bf16,
+                                            float *work);
+    /* conv -> (relu) -> maxpool of a first layer in one pass (backend/conv_pool.h), f32; NULL where not.
+     * ws: conv_pool_workspace(s) bytes of the device's memory, 64-byte aligned (the graph's workspace) */
+    size_t (*conv_pool_workspace)(const dt_conv_pool_shape *s);
     void (*conv_pool_forward)(const dt_conv_pool_shape *s, float *out, uint8_t *win, const float *in, const float *w,
-                              const float *b);
+                              const float *b, void *ws);
     void (*conv_pool_backward)(const dt_conv_pool_shape *s, float *dw, float *db, const float *dout, const uint8_t *win,
-                               const float *in);
+                               const float *in, void *ws);
     void (*avgpool2d_forward)(float *out, const float *in, int B, int C, int H, int W, int K, int S);
     void (*avgpool2d_backward)(float *din, const float *dout, int B, int C, int H, int W, int K, int S);
     void (*relu_forward)(float *out, const float *in, size_t n);

@@ -287,6 +287,7 @@ static void fill_tables(void) {
         /* and a first conv (<= 4 input channels) with its relu and maxpool in one f32 pass, at every
          * precision: bf16/fp16 run convs over < 16 input channels at f32 anyway (blas stays the
          * unfused reference) */
+        t->conv_pool_workspace = dt_conv_pool_workspace;
         t->conv_pool_forward = dt_conv_pool_forward, t->conv_pool_backward = dt_conv_pool_backward;
         /* at bf16 the values between bf16 convs and max pools may stay bf16 (nn/graph_layout.c) */
         if (i == 1) {
@@ -299,6 +300,7 @@ static void fill_tables(void) {
             t->conv2d_bf16_nhwc = dt_dnnl_conv_bf16_nhwc;
             t->maxpool2d_forward_blocked_bf16 = dt_maxpool2d_forward_blocked_bf16;
             t->maxpool2d_backward_blocked_bf16 = dt_maxpool2d_backward_blocked_bf16;
+            t->maxpool2d_blocked_bf16_workspace = dt_maxpool2d_blocked_bf16_workspace;
         }
     }
 }

@@ -49,13 +49,16 @@
     SLOT_V(maxpool2d_forward_blocked_bf16, (void *out, int32_t *argmax, const uint16_t *in, int B, int C, int H, int W,     \
                                        int K, int S, bool out_bl, bool nhwc, bool relu, bool out_bf16),               \
       (out, argmax, in, B, C, H, W, K, S, out_bl, nhwc, relu, out_bf16))                                              \
+    SLOT_R(size_t, maxpool2d_blocked_bf16_workspace, (int B, int C, int H, int W, int K, int S, bool dout_bf16),          \
+      (B, C, H, W, K, S, dout_bf16))                                                                                  \
     SLOT_V(maxpool2d_backward_blocked_bf16, (uint16_t *din, const void *dout, const int32_t *argmax, int B, int C, int H,   \
-                                        int W, int K, int S, bool out_bl, bool nhwc, bool dout_bf16),                 \
-      (din, dout, argmax, B, C, H, W, K, S, out_bl, nhwc, dout_bf16))                                                 \
+                                        int W, int K, int S, bool out_bl, bool nhwc, bool dout_bf16, float *work),    \
+      (din, dout, argmax, B, C, H, W, K, S, out_bl, nhwc, dout_bf16, work))                                           \
+    SLOT_R(size_t, conv_pool_workspace, (const dt_conv_pool_shape *s), (s))                                               \
     SLOT_V(conv_pool_forward, (const dt_conv_pool_shape *s, float *out, uint8_t *win, const float *in, const float *w,     \
-                          const float *b), (s, out, win, in, w, b))                                                   \
+                          const float *b, void *ws), (s, out, win, in, w, b, ws))                                     \
     SLOT_V(conv_pool_backward, (const dt_conv_pool_shape *s, float *dw, float *db, const float *dout, const uint8_t *win,  \
-                           const float *in), (s, dw, db, dout, win, in))                                              \
+                           const float *in, void *ws), (s, dw, db, dout, win, in, ws))                                \
     SLOT_V(avgpool2d_forward, (float *out, const float *in, int B, int C, int H, int W, int K, int S),                      \
       (out, in, B, C, H, W, K, S))                                                                                    \
     SLOT_V(avgpool2d_backward, (float *din, const float *dout, int B, int C, int H, int W, int K, int S),                   \
