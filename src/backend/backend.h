@@ -41,9 +41,14 @@ typedef struct dt_kernel_table {
     dt_dtype dtype;     /* compute dtype of the activations (DT_F32) */
     dt_dtype precision; /* of the GEMM inputs (linear, matmul_t, conv): DT_F32, DT_BF16 or DT_F16;
                          * accumulation and outputs stay f32, weights are f32 masters */
-    void (*linear_forward)(float *out, const float *in, const float *w, const float *b, int B, int C, int OC);
+    /* The floats of work linear_forward and linear_backward take (the graph's workspace, sized at
+     * plan time): the blas bf16/fp16 tables' rounded copies of the GEMM inputs; 0 for the others
+     * (NULL: 0). */
+    size_t (*linear_workspace)(int B, int C, int OC);
+    void (*linear_forward)(float *out, const float *in, const float *w, const float *b, float *work, int B, int C,
+                           int OC);
     void (*linear_backward)(float *din, float *dw, float *db, const float *dout, const float *in, const float *w,
-                            int B, int C, int OC);
+                            float *work, int B, int C, int OC);
     /* The same with a bf16 in (uint16_t: the values a linear would round anyway, stored so by the
      * layer before it, nn/graph_layout.c), for a backend whose linear_bf16_values() is true
      * (its GEMMs run at bf16, so a bf16 in gives the same result as the f32 one it was rounded
@@ -173,6 +178,12 @@ typedef struct dt_kernel_table {
      * value (the first of equal ones) is at labels[row]: an accuracy count the host downloads. */
     void (*count_correct)(int64_t *correct, const float *logits, const int32_t *labels, int64_t rows, int V);
 } dt_kernel_table;
+
+/* The floats of work table t's linear takes (linear_workspace; NULL: 0): for callers outside the
+ * graph (tests, benchmarks), which size it themselves. */
+static inline size_t dt_linear_workspace_of(const dt_kernel_table *t, int B, int C, int OC) {
+    return t->linear_workspace ? t->linear_workspace(B, C, OC) : 0;
+}
 
 /* The CPU f32 backend (OpenBLAS GEMMs, vectorised C kernels). */
 const dt_kernel_table *dt_backend_cpu(void);

@@ -234,11 +234,14 @@ void dt_onednn_impls(char *buf, size_t n) {
 bool dt_onednn_bf16_native(void) { return __builtin_cpu_supports("avx512bf16"); }
 
 #define DT_ONEDNN_WRAPPERS(sfx, P)                                                                                      \
-    static void lf_##sfx(float *out, const float *in, const float *w, const float *b, int B, int C, int OC) {         \
+    static void lf_##sfx(float *out, const float *in, const float *w, const float *b, float *work, int B, int C,       \
+                         int OC) {                                                                                      \
+        (void)work; /* oneDNN's own scratch (cpu_onednn.c dt_dnnl_scratch) */                                          \
         dt_dnnl_linear_forward(P, out, in, w, b, B, C, OC);                                                             \
     }                                                                                                                   \
-    static void lb_##sfx(float *din, float *dw, float *db, const float *dout, const float *in, const float *w, int B,  \
-                         int C, int OC) {                                                                               \
+    static void lb_##sfx(float *din, float *dw, float *db, const float *dout, const float *in, const float *w,         \
+                         float *work, int B, int C, int OC) {                                                           \
+        (void)work;                                                                                                     \
         dt_dnnl_linear_backward(P, din, dw, db, dout, in, w, B, C, OC);                                                 \
     }                                                                                                                   \
     static void cf_##sfx(float *out, const float *in, const float *w, const float *b, float *work, int B, int C,       \
@@ -276,6 +279,7 @@ static void fill_tables(void) {
         *t = *dt_backend_cpu();
         t->name = "onednn";
         t->precision = prec[i];
+        t->linear_workspace = NULL;  /* the blas table's copy: oneDNN rounds in its own scratch */
         t->linear_forward = i == 0 ? lf_f32 : i == 1 ? lf_bf16 : lf_f16;
         t->linear_backward = i == 0 ? lb_f32 : i == 1 ? lb_bf16 : lb_f16;
         t->conv2d_forward = i == 0 ? cf_f32 : i == 1 ? cf_bf16 : cf_f16;

@@ -7,10 +7,11 @@
 #define DT_DEVICE_KERNEL_SLOTS_H
 
 #define DT_KERNEL_SLOTS(SLOT_V, SLOT_R)                                                                                        \
-    SLOT_V(linear_forward, (float *out, const float *in, const float *w, const float *b, int B, int C, int OC),            \
-      (out, in, w, b, B, C, OC))                                                                                      \
-    SLOT_V(linear_backward, (float *din, float *dw, float *db, const float *dout, const float *in, const float *w, int B,  \
-                        int C, int OC), (din, dw, db, dout, in, w, B, C, OC))                                         \
+    SLOT_R(size_t, linear_workspace, (int B, int C, int OC), (B, C, OC))                                                  \
+    SLOT_V(linear_forward, (float *out, const float *in, const float *w, const float *b, float *work, int B, int C,        \
+                       int OC), (out, in, w, b, work, B, C, OC))                                                      \
+    SLOT_V(linear_backward, (float *din, float *dw, float *db, const float *dout, const float *in, const float *w,        \
+                        float *work, int B, int C, int OC), (din, dw, db, dout, in, w, work, B, C, OC))               \
     SLOT_R(bool, linear_bf16_values, (void), ())                                                                           \
     SLOT_V(linear_forward_bf16, (float *out, const uint16_t *in, const float *w, const float *b, int B, int C, int OC),    \
       (out, in, w, b, B, C, OC))                                                                                      \

@@ -57,7 +57,7 @@ static dt_status linear_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
     else if (dt_node_in_bf16(m, n, 0))  /* stored bf16 by the node before (graph_layout.c) */
         c->be->linear_forward_bf16(n->out, dt_node_in_bf16_values(m, n, 0), w, b, c->B * rows, C,
                                    n->a.out);
-    else c->be->linear_forward(n->out, dt_node_in(m, n, 0), w, b, c->B * rows, C, n->a.out);
+    else c->be->linear_forward(n->out, dt_node_in(m, n, 0), w, b, c->work, c->B * rows, C, n->a.out);
     return DT_OK;
 }
 
@@ -76,7 +76,7 @@ static void linear_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float 
     else if (dt_node_in_bf16(m, n, 0))
         c->be->linear_backward_bf16(din[0], dw, db, n->grad, dt_node_in_bf16_values(m, n, 0), w,
                                     c->B * rows, C, n->a.out);
-    else c->be->linear_backward(din[0], dw, db, n->grad, dt_node_in(m, n, 0), w, c->B * rows, C, n->a.out);
+    else c->be->linear_backward(din[0], dw, db, n->grad, dt_node_in(m, n, 0), w, c->work, c->B * rows, C, n->a.out);
 }
 
 static double linear_flops(const dt_model *m, const dt_node *n, int B, bool need_din) {
@@ -86,8 +86,16 @@ static double linear_flops(const dt_model *m, const dt_node *n, int B, bool need
     return 2 * mac * (need_din ? 3 : 2);  /* forward, weight gradient, input gradient */
 }
 
+/* The table's scratch for a linear (the blas bf16/fp16 tables' rounded inputs), in floats. */
+static size_t linear_workspace(const dt_model *m, const dt_node *n, int B) {
+    int C, rows;
+    dims(m, n, &C, &rows);
+    return m->be->linear_workspace ? m->be->linear_workspace(B * rows, C, n->a.out) : 0;
+}
+
 const dt_op dt_op_linear = {.name = "linear", .min_in = 1, .max_in = 1, .infer = linear_infer, .init = linear_init,
-                            .forward = linear_forward, .backward = linear_backward, .flops = linear_flops};
+                            .workspace = linear_workspace, .forward = linear_forward, .backward = linear_backward,
+                            .flops = linear_flops};
 
 /* Op: matmul_t, out = in @ w^T with w (out, C) and no bias: the output head of a language model,
  * usually tied to the token embedding (spec.tie = "transformer.wte.weight"). The same kernels as
@@ -98,5 +106,5 @@ static dt_status matmul_t_infer(dt_model *m, dt_node *n) {
 }
 
 const dt_op dt_op_matmul_t = {.name = "matmul_t", .min_in = 1, .max_in = 1, .infer = matmul_t_infer,
-                              .init = linear_init, .forward = linear_forward, .backward = linear_backward,
-                              .flops = linear_flops};
+                              .init = linear_init, .workspace = linear_workspace, .forward = linear_forward,
+                              .backward = linear_backward, .flops = linear_flops};
