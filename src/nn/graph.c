@@ -175,7 +175,7 @@ static dt_status layout(dt_model *m) {
         if (shared > m->nscratch) m->nscratch = shared;
     }
     fuse_relu_maxpool(m);
-    dt_graph_plan_layouts(m);
+    DT_TRY(dt_graph_plan_layouts(m));
     dt_graph_fuse_conv_pool(m);
     dt_graph_plan_bf16(m);
     DT_TRY(dt_slab_reserve(&m->params, np));

@@ -173,7 +173,7 @@ static inline const uint16_t *dt_node_in_bf16_values(const dt_model *m, const dt
 }
 
 /* Plans which values are blocked (graph_layout.c); after the relu -> maxpool fusion. */
-void dt_graph_plan_layouts(dt_model *m);
+dt_status dt_graph_plan_layouts(dt_model *m);
 /* Plans which blocked values (and gradients) are stored bf16 (graph_layout.c); after the
  * conv -> maxpool fusion. */
 void dt_graph_plan_bf16(dt_model *m);
