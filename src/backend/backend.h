@@ -79,7 +79,8 @@ typedef struct dt_kernel_table {
                                int S);
     /* Blocked activations: oneDNN's nChw16c or nChw8c (DT_BLOCK, backend/blocked.h), for C a multiple of 16 (the
      * same count of values as NCHW). A backend with conv2d_*_blocked runs conv -> relu -> maxpool
-     * chains in it (the graph plans which values are blocked, nn/graph_layout.c); NULL where not.
+     * chains in it (the device's plan says which values are blocked: device.h plan_layouts, the CPU's in
+     * device/cpu_plan.c; nn/graph_layout.c applies it); NULL where not.
      * in_l / out_l: the layouts of in / out (and dout); at least one is blocked; din is f32 in
      * in's layout (blocked f32 for a bf16 in). bf16 layouts only where conv2d_bf16_values(C). */
     void (*conv2d_forward_blocked)(float *out, const float *in, const float *w, const float *b, int B, int C, int H,

@@ -328,7 +328,7 @@ static dt_model *cnn_with(const dt_kernel_table *t) {
     if (!m) return NULL;
     dt_model_init(m, 3);
     m->be = t;
-    dt_graph_plan_layouts(m);
+    dt_graph_plan_layouts(m, m->dev);
     dt_graph_fuse_conv_pool(m);
     dt_graph_plan_bf16(m);
     return m;

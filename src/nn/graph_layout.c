@@ -25,10 +25,10 @@ static dt_plan_op plan_op(dt_layer_kind k) {
                                             : k == DT_LAYER_RELU ? DT_PLAN_RELU : DT_PLAN_OTHER;
 }
 
-dt_status dt_graph_plan_layouts(dt_model *m) {
+dt_status dt_graph_plan_layouts(dt_model *m, dt_dev *dev) {
     m->nhwc = false;
     for (int i = 0; i < m->n; i++) m->nodes[i].blocked = false;
-    if (!m->dev->ops->plan_layouts || m->n == 0) return DT_OK;
+    if (!dev->ops->plan_layouts || m->n == 0) return DT_OK;
     dt_plan_node *d = calloc((size_t)m->n, sizeof *d);
     bool *blocked = calloc((size_t)m->n, sizeof *blocked);
     if (!d || !blocked) {
@@ -42,7 +42,7 @@ dt_status dt_graph_plan_layouts(dt_model *m) {
         for (int k = 0; k < n->nin && k < 3; k++) d[i].in[k] = n->in[k];
     }
     dt_plan_layouts out = {.blocked = blocked};
-    m->dev->ops->plan_layouts(m->dev, m->be, d, m->n, &out);
+    dev->ops->plan_layouts(dev, m->be, d, m->n, &out);
     m->nhwc = out.nhwc;
     for (int i = 0; i < m->n; i++) m->nodes[i].blocked = blocked[i];
     free(d), free(blocked);
