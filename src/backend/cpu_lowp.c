@@ -144,8 +144,9 @@ static void conv_bwd(dt_dtype p, float *din, float *dw, float *db, const float *
     if (db) bias_grad(db, dout, B, OC, hw);
     float *rin = work + dt_conv2d_workspace(B, C, H, W, OC, K, S, P), *rw = rin + (size_t)B * C * H * W;
     float *rg = rw + (size_t)OC * C * K * K;
-    dt_conv2d_backward(din, dw, NULL, rounded(rg, dout, (size_t)B * OC * hw, p), rounded(rin, in, (size_t)B * C * H * W, p),
-                       rounded(rw, w, (size_t)OC * C * K * K, p), work, B, C, H, W, OC, K, S, P);
+    dt_conv2d_backward(din, dw, NULL, rounded(rg, dout, (size_t)B * OC * hw, p),
+                       rounded(rin, in, (size_t)B * C * H * W, p), rounded(rw, w, (size_t)OC * C * K * K, p), work, B, C,
+                       H, W, OC, K, S, P);
 }
 
 #define DT_LOWP_WRAPPERS(sfx, P)                                                                                        \

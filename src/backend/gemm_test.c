@@ -296,7 +296,8 @@ static void *cache_eviction_thread(void *arg) {
     for (int i = 1; i < dt_onednn_cache_capacity(); i++)
         be->linear_forward(out, x, x, NULL, lwork(be, 1, 1 + i % 8, 1 + i / 8), 1, 1 + i % 8, 1 + i / 8);
     memset(dw, 0, OC * C * 4);
-    be->linear_backward(din, dw, NULL, dout, in, w, lwork(be, B, C, OC), B, C, OC);  /* dw: a hit on the oldest; din: a miss */
+    /* dw: a hit on the oldest; din: a miss */
+    be->linear_backward(din, dw, NULL, dout, in, w, lwork(be, B, C, OC), B, C, OC);
     double err = 0;
     for (int o = 0; o < OC; o++)
         for (int c = 0; c < C; c++) {

@@ -143,8 +143,8 @@ typedef struct {
 
 static void pool_backward(void *p) {
     pool_args *a = p;
-    dt_maxpool2d_backward_blocked_bf16(a->din, a->dout, a->argmax, 1, 16, a->H, a->H, a->K, a->S, a->out_bl, false, true,
-                                       a->work);
+    dt_maxpool2d_backward_blocked_bf16(a->din, a->dout, a->argmax, 1, 16, a->H, a->H, a->K, a->S, a->out_bl, false,
+                                       true, a->work);
 }
 
 static void test_pool(void) {
