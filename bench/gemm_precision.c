@@ -31,8 +31,8 @@ static double g_min = 0.5;
 static void run(call *c) {
     const shape *s = c->s;
     if (!s->conv) {
-        if (c->pass == 0) c->be->linear_forward(c->out, c->in, c->w, c->b, s->B, s->C, s->OC);
-        else c->be->linear_backward(c->din, c->dw, c->db, c->dout, c->in, c->w, s->B, s->C, s->OC);
+        if (c->pass == 0) c->be->linear_forward(c->out, c->in, c->w, c->b, c->work, s->B, s->C, s->OC);
+        else c->be->linear_backward(c->din, c->dw, c->db, c->dout, c->in, c->w, c->work, s->B, s->C, s->OC);
     } else if (c->pass == 0)
         c->be->conv2d_forward(c->out, c->in, c->w, c->b, c->work, s->B, s->C, s->H, s->H, s->OC, s->K, s->S, s->P);
     else
@@ -103,7 +103,9 @@ int main(int argc, char **argv) {
         const size_t nin = s->conv ? (size_t)s->B * s->C * s->H * s->H : (size_t)s->B * s->C;
         const size_t nw = s->conv ? (size_t)s->OC * s->C * s->K * s->K : (size_t)s->OC * s->C;
         const size_t nout = s->conv ? (size_t)s->B * s->OC * OH * OH : (size_t)s->B * s->OC;
-        const size_t ws = s->conv ? dt_conv2d_workspace(s->B, s->C, s->H, s->H, s->OC, s->K, s->S, s->P) : 0;
+        const dt_kernel_table *big = dt_backend_blas_lowp(DT_BF16);  /* the largest workspace: its rounded copies */
+        const size_t ws = s->conv ? big->conv2d_workspace(s->B, s->C, s->H, s->H, s->OC, s->K, s->S, s->P)
+                                  : dt_linear_workspace_of(big, s->B, s->C, s->OC);
         call c = {NULL, s, buf(nin, 1), buf(nw, 2), buf(s->OC, 3), buf(nout, 4), buf(nout, 5),
                   s->din ? buf(nin, 6) : NULL, buf(nw, 7), buf(s->OC, 8), buf(ws, 9), 0};
         const double mac = s->conv ? (double)s->B * s->OC * OH * OH * s->C * s->K * s->K : (double)s->B * s->C * s->OC;

@@ -46,6 +46,31 @@ printf 'static int f(const char *n) { return !strcmp(n, "localsgd"); }\n' >"$TMP
 [ -n "$(name_tests "$TMP/plant")" ] && ok "a planted strategy-name test outside parallel/ is found" \
   || bad "the strategy-name check misses a planted strcmp(n, \"localsgd\")"
 
+# Nothing above the device touches model memory (issue 33 point 6): scripts/model-memory-check
+# finds memcpy/memset/memmove on parameters, gradients, activations or optimizer state, and reads
+# or writes through such a pointer, in nn/ optim/ parallel/ run/ models/ fl/ plan/ cli/; the
+# functions of scripts/model-memory-allow are exempt, each with its reason.
+if out=$(python3 "$ROOT/scripts/model-memory-check" --allow "$ROOT/scripts/model-memory-allow" "$ROOT"); then
+  ok "no file above the device copies, fills or dereferences model memory ($(grep -c '^src/' "$ROOT/scripts/model-memory-allow") allow-listed host fast paths)"
+else
+  bad "model memory touched on the host above the device (use the device's upload/download/copy/fill_f32 or a step primitive, or allow-list the function with a reason): $out"
+fi
+# planted: a memcpy into the run context's parameters in nn/, a memset of the gradients and an
+# update through them in parallel/, in copies of real files; each must be found, and nothing else
+mm=$TMP/modelmem
+mkdir -p "$mm/src/nn" "$mm/src/parallel"
+sed '0,/const float \*w = c->params + dt_node_tensor_off(m, n, 0);/{//{p;s/.*/    { const dt_run_ctx *ctx = c; size_t off = 0; memcpy(ctx->params + off, w, sizeof *w); }/}}' \
+  "$ROOT/src/nn/op_linear.c" >"$mm/src/nn/op_linear.c"
+sed '/float \*g = dt_model_grads(s->model);  \/\* on the optimizer/{p;s/.*/    memset(g, 0, dt_model_num_params(s->model) * sizeof *g);\n    g[0] += 1.0f;/}' \
+  "$ROOT/src/parallel/strategy.c" >"$mm/src/parallel/strategy.c"
+out=$(python3 "$ROOT/scripts/model-memory-check" --allow "$ROOT/scripts/model-memory-allow" "$mm" | grep -v '^note: ')
+if [ "$(echo "$out" | grep -c .)" = 3 ] && echo "$out" | grep -q '^src/nn/op_linear.c:.*memcpy.*ctx->params + off' &&
+   echo "$out" | grep -q '^src/parallel/strategy.c:.*memset.*memset(g, 0' && echo "$out" | grep -q '^src/parallel/strategy.c:.*dereference.*g\[0\] += 1'; then
+  ok "model-memory-check finds a planted memcpy(ctx->params + off, ...) in nn/, and a memset of and a write through the gradients in parallel/"
+else
+  bad "model-memory-check on the planted copies of op_linear.c and strategy.c (3 violations) printed: $out"
+fi
+
 # scripts/house-figures (issue 38's size figures) on a planted tree whose figures are known:
 # 2 public functions, a 3-line function (brace to brace) longer than a 1-line one, and of two
 # lines at 120 and 121 columns, 1 over 120; of two unit tests, x_test.c sits beside x.c and

@@ -41,9 +41,14 @@ typedef struct dt_kernel_table {
     dt_dtype dtype;     /* compute dtype of the activations (DT_F32) */
     dt_dtype precision; /* of the GEMM inputs (linear, matmul_t, conv): DT_F32, DT_BF16 or DT_F16;
                          * accumulation and outputs stay f32, weights are f32 masters */
-    void (*linear_forward)(float *out, const float *in, const float *w, const float *b, int B, int C, int OC);
+    /* The floats of work linear_forward and linear_backward take (the graph's workspace, sized at
+     * plan time): the blas bf16/fp16 tables' rounded copies of the GEMM inputs; 0 for the others
+     * (NULL: 0). */
+    size_t (*linear_workspace)(int B, int C, int OC);
+    void (*linear_forward)(float *out, const float *in, const float *w, const float *b, float *work, int B, int C,
+                           int OC);
     void (*linear_backward)(float *din, float *dw, float *db, const float *dout, const float *in, const float *w,
-                            int B, int C, int OC);
+                            float *work, int B, int C, int OC);
     /* The same with a bf16 in (uint16_t: the values a linear would round anyway, stored so by the
      * layer before it, nn/graph_layout.c), for a backend whose linear_bf16_values() is true
      * (its GEMMs run at bf16, so a bf16 in gives the same result as the f32 one it was rounded
@@ -74,7 +79,8 @@ typedef struct dt_kernel_table {
                                int S);
     /* Blocked activations: oneDNN's nChw16c or nChw8c (DT_BLOCK, backend/blocked.h), for C a multiple of 16 (the
      * same count of values as NCHW). A backend with conv2d_*_blocked runs conv -> relu -> maxpool
-     * chains in it (the graph plans which values are blocked, nn/graph_layout.c); NULL where not.
+     * chains in it (the device's plan says which values are blocked: device.h plan_layouts, the CPU's in
+     * device/cpu_plan.c; nn/graph_layout.c applies it); NULL where not.
      * in_l / out_l: the layouts of in / out (and dout); at least one is blocked; din is f32 in
      * in's layout (blocked f32 for a bf16 in). bf16 layouts only where conv2d_bf16_values(C). */
     void (*conv2d_forward_blocked)(float *out, const float *in, const float *w, const float *b, int B, int C, int H,
@@ -98,17 +104,21 @@ typedef struct dt_kernel_table {
     void (*maxpool2d_backward_blocked)(float *din, const float *dout, const int32_t *argmax, int B, int C, int H,
                                        int W, int K, int S, bool out_bl, bool nhwc);
     /* The same of a blocked bf16 input (din bf16 too); out f32, or bf16 with out_bf16 and an NCHW
-     * out (the maxima are bf16 values: exact); dout f32, or bf16 with dout_bf16 and an NCHW out.
-     * NULL where not. */
+     * out (the maxima are bf16 values: exact); dout f32, or bf16 with dout_bf16. The backward takes
+     * maxpool2d_blocked_bf16_workspace floats of work (the graph's workspace). NULL where not. */
     void (*maxpool2d_forward_blocked_bf16)(void *out, int32_t *argmax, const uint16_t *in, int B, int C, int H, int W,
                                            int K, int S, bool out_bl, bool nhwc, bool relu, bool out_bf16);
+    size_t (*maxpool2d_blocked_bf16_workspace)(int B, int C, int H, int W, int K, int S, bool dout_bf16);
     void (*maxpool2d_backward_blocked_bf16)(uint16_t *din, const void *dout, const int32_t *argmax, int B, int C,
-                                            int H, int W, int K, int S, bool out_bl, bool nhwc, bool dout_bf16);
-    /* conv -> (relu) -> maxpool of a first layer in one pass (backend/conv_pool.h), f32; NULL where not */
+                                            int H, int W, int K, int S, bool out_bl, bool nhwc, bool dout_bf16,
+                                            float *work);
+    /* conv -> (relu) -> maxpool of a first layer in one pass (backend/conv_pool.h), f32; NULL where not.
+     * ws: conv_pool_workspace(s) bytes of the device's memory, 64-byte aligned (the graph's workspace) */
+    size_t (*conv_pool_workspace)(const dt_conv_pool_shape *s);
     void (*conv_pool_forward)(const dt_conv_pool_shape *s, float *out, uint8_t *win, const float *in, const float *w,
-                              const float *b);
+                              const float *b, void *ws);
     void (*conv_pool_backward)(const dt_conv_pool_shape *s, float *dw, float *db, const float *dout, const uint8_t *win,
-                               const float *in);
+                               const float *in, void *ws);
     void (*avgpool2d_forward)(float *out, const float *in, int B, int C, int H, int W, int K, int S);
     void (*avgpool2d_backward)(float *din, const float *dout, int B, int C, int H, int W, int K, int S);
     void (*relu_forward)(float *out, const float *in, size_t n);
@@ -169,6 +179,12 @@ typedef struct dt_kernel_table {
      * value (the first of equal ones) is at labels[row]: an accuracy count the host downloads. */
     void (*count_correct)(int64_t *correct, const float *logits, const int32_t *labels, int64_t rows, int V);
 } dt_kernel_table;
+
+/* The floats of work table t's linear takes (linear_workspace; NULL: 0): for callers outside the
+ * graph (tests, benchmarks), which size it themselves. */
+static inline size_t dt_linear_workspace_of(const dt_kernel_table *t, int B, int C, int OC) {
+    return t->linear_workspace ? t->linear_workspace(B, C, OC) : 0;
+}
 
 /* The CPU f32 backend (OpenBLAS GEMMs, vectorised C kernels). */
 const dt_kernel_table *dt_backend_cpu(void);

@@ -32,10 +32,12 @@ void dt_maxpool2d_backward_blocked(float *din, const float *dout, const int32_t 
  * out_bf16 with an NCHW out (!out_bl): out is bf16 (the maxima are bf16 values: exact). */
 void dt_maxpool2d_forward_blocked_bf16(void *out, int32_t *argmax, const uint16_t *in, int B, int C, int H, int W,
                                        int K, int S, bool out_bl, bool nhwc, bool relu, bool out_bf16);
-/* dout_bf16 with an NCHW dout (!out_bl): dout is bf16 as well (exact where the windows tile the
- * input: each din value is one dout value or 0). */
+/* dout_bf16: dout is bf16 as well (exact where the windows tile the input: each din value is one
+ * dout value or 0). work: dt_maxpool2d_blocked_bf16_workspace floats (the f32 sums of a scatter
+ * where the windows do not tile the input, and a widened bf16 dout). */
+size_t dt_maxpool2d_blocked_bf16_workspace(int B, int C, int H, int W, int K, int S, bool dout_bf16);
 void dt_maxpool2d_backward_blocked_bf16(uint16_t *din, const void *dout, const int32_t *argmax, int B, int C, int H,
-                                        int W, int K, int S, bool out_bl, bool nhwc, bool dout_bf16);
+                                        int W, int K, int S, bool out_bl, bool nhwc, bool dout_bf16, float *work);
 /* dst (blocked) = src (NCHW) and back; HW = H * W. */
 void dt_blocked_from_nchw(float *dst, const float *src, int B, int C, int HW, bool nhwc);
 void dt_blocked_to_nchw(float *dst, const float *src, int B, int C, int HW, bool nhwc);

@@ -80,7 +80,8 @@ static void pool_case(int B, int C, int H, int W, int K, int S, bool nhwc) {
             free(y16);
         }
         dt_maxpool2d_backward_blocked(dx, dy, am, B, C, H, W, K, S, out_bl, nhwc);
-        dt_maxpool2d_backward_blocked_bf16((uint16_t *)dxh, dy, amh, B, C, H, W, K, S, out_bl, nhwc, false);
+        float *work = malloc(dt_maxpool2d_blocked_bf16_workspace(B, C, H, W, K, S, true) * 4 + 4);
+        dt_maxpool2d_backward_blocked_bf16((uint16_t *)dxh, dy, amh, B, C, H, W, K, S, out_bl, nhwc, false, work);
         size_t bad = 0;
         for (size_t i = 0; i < nin; i++) bad += ((uint16_t *)dxh)[i] != dt_f32_to_bf16(dx[i]);
         CHECK_MSG(bad == 0 || !tiles, "bf16 maxpool %dx%d K%d S%d out_bl %d: %zu din values differ", H, W, K, S, out_bl, bad);
@@ -89,7 +90,7 @@ static void pool_case(int B, int C, int H, int W, int K, int S, bool nhwc) {
             float *dyr = malloc(nout * 4), *dxr = malloc(nin * 4);
             dt_cast_bf16(dy16, dy, nout), dt_widen_bf16(dyr, dy16, nout);
             dt_maxpool2d_backward_blocked(dxr, dyr, am, B, C, H, W, K, S, false, nhwc);
-            dt_maxpool2d_backward_blocked_bf16(dxb, dy16, amh, B, C, H, W, K, S, false, nhwc, true);
+            dt_maxpool2d_backward_blocked_bf16(dxb, dy16, amh, B, C, H, W, K, S, false, nhwc, true, work);
             size_t off = 0, exact = 0;
             for (size_t i = 0; i < nin; i++) {
                 off += dxb[i] != dt_f32_to_bf16(dxr[i]);
@@ -99,7 +100,17 @@ static void pool_case(int B, int C, int H, int W, int K, int S, bool nhwc) {
                       "bf16 maxpool %dx%d K%d S%d nhwc %d, bf16 dout: %zu din values differ from the rounded dout's, "
                       "%zu from the f32 dout's", H, W, K, S, nhwc, off, exact);
             free(dy16), free(dxb), free(dyr), free(dxr);
+        } else {  /* a blocked bf16 dout: as the f32 one it widens to, bitwise */
+            uint16_t *dy16 = malloc(nout * 2), *dxb = malloc(nin * 2), *dxr = malloc(nin * 2);
+            float *dyr = malloc(nout * 4);
+            dt_cast_bf16(dy16, dy, nout), dt_widen_bf16(dyr, dy16, nout);
+            dt_maxpool2d_backward_blocked_bf16(dxr, dyr, amh, B, C, H, W, K, S, true, nhwc, false, work);
+            dt_maxpool2d_backward_blocked_bf16(dxb, dy16, amh, B, C, H, W, K, S, true, nhwc, true, work);
+            CHECK_MSG(!memcmp(dxb, dxr, nin * 2), "bf16 maxpool %dx%d K%d S%d nhwc %d, blocked bf16 dout: din differs "
+                      "from the widened dout's", H, W, K, S, nhwc);
+            free(dy16), free(dxb), free(dxr), free(dyr);
         }
+        free(work);
         float *dxw = widen(dxh, nin);
         CHECK_MSG(rel_diff(dxw, dx, nin) < 4e-3, "bf16 maxpool %dx%d K%d S%d: din differs by %g", H, W, K, S,
                   rel_diff(dxw, dx, nin));
@@ -220,8 +231,10 @@ static void test_conv_pool(void) {
             for (int o = 0; o < s.OC; o++) w[o * 9 + 4] = 1;
             for (size_t i = 0; i < nx; i++) x[i] = 1.0f + (float)(i % 5) / 128 + 1.0f / 256;  /* ties */
         }
-        dt_conv_pool_forward(&s, y, win, x, w, b);
-        dt_conv_pool_forward(&sh, yh, winh, x, w, b);
+        void *ws = aligned_alloc(64, dt_conv_pool_workspace(&s));  /* the same size for both */
+        dt_conv_pool_forward(&s, y, win, x, w, b, ws);
+        dt_conv_pool_forward(&sh, yh, winh, x, w, b, ws);
+        free(ws);
         size_t bad = 0;
         for (size_t i = 0; i < no; i++) bad += ((uint16_t *)yh)[i] != dt_f32_to_bf16(y[i]);
         CHECK_MSG(bad == 0 && !memcmp(win, winh, no), "conv_pool bf16 relu %d: %zu values differ", relu, bad);
@@ -315,7 +328,7 @@ static dt_model *cnn_with(const dt_kernel_table *t) {
     if (!m) return NULL;
     dt_model_init(m, 3);
     m->be = t;
-    dt_graph_plan_layouts(m);
+    dt_graph_plan_layouts(m, m->dev);
     dt_graph_fuse_conv_pool(m);
     dt_graph_plan_bf16(m);
     return m;

@@ -69,8 +69,10 @@ static result fused(const dt_conv_pool_shape *s, const float *x, const float *w,
     memcpy(r.dw, dw0, nw * 4);
     float *gb = s->out_bl ? malloc(no * 4) : (float *)g;
     if (s->out_bl) dt_blocked_from_nchw(gb, g, s->B, s->OC, OHW, s->out_nhwc);
-    dt_conv_pool_forward(s, r.out, wb, x, w, b);
-    dt_conv_pool_backward(s, r.dw, b ? r.db : NULL, gb, wb, x);
+    void *ws = aligned_alloc(64, dt_conv_pool_workspace(s));
+    dt_conv_pool_forward(s, r.out, wb, x, w, b, ws);
+    dt_conv_pool_backward(s, r.dw, b ? r.db : NULL, gb, wb, x, ws);
+    free(ws);
     float *wf = malloc(no * 4);  /* the positions as floats, to reorder them with the values */
     for (size_t i = 0; i < no; i++) wf[i] = wb[i];
     if (s->out_bl) {  /* back to NCHW to compare */

@@ -9,7 +9,6 @@
  * BL x BL transposes. The reorders convert whole tensors. */
 #include "backend/blocked.h"
 
-#include <stdlib.h>
 #include <string.h>
 
 #include "backend/backend.h"
@@ -317,15 +316,14 @@ void dt_maxpool2d_forward_blocked_bf16(void *out, int32_t *argmax, const uint16_
 /* Overlapping windows or input values outside every window: a scatter (dout and argmax share
  * the output's layout), summed in f32; a bf16 din is rounded once at the end. An argmax of -1
  * (the fused relu stopped it) sends nothing. */
-static void unpool_scatter(void *din, const float *dout, const int32_t *argmax, size_t nin, size_t nout, bool bf16) {
-    float *d = bf16 ? malloc(nin * sizeof(float) + 4) : din;
-    if (!d) abort();  /* kernels cannot fail; out of memory here is fatal */
+static void unpool_scatter(void *din, const float *dout, const int32_t *argmax, size_t nin, size_t nout, bool bf16,
+                           float *work) {
+    float *d = bf16 ? work : din;  /* a bf16 din: its f32 sums in the workspace's first nin floats */
     memset(d, 0, nin * sizeof(float));
     for (size_t i = 0; i < nout; i++)
         if (argmax[i] >= 0) d[argmax[i]] += dout[i];
     if (!bf16) return;
     for (size_t i = 0; i < nin; i++) ((uint16_t *)din)[i] = dt_f32_to_bf16(d[i]);
-    free(d);
 }
 
 /* dout_bf16 (an NCHW dout, bf16 din): dout is bf16 (uint16_t) too, each plane row's chunk widened
@@ -333,18 +331,17 @@ static void unpool_scatter(void *din, const float *dout, const int32_t *argmax, 
  * one dout value or 0, rounded once either way. */
 static inline __attribute__((always_inline)) void pool_backward(void *din, const void *dout_v, const int32_t *argmax,
                                                                 int B, int C, int H, int W, int K, int S, bool out_bl,
-                                                                bool nhwc, bool bf16, bool dout_bf16) {
+                                                                bool nhwc, bool bf16, bool dout_bf16, float *work) {
     const int OH = (H - K) / S + 1, OW = (W - K) / S + 1, CB = C / BL, ps = nhwc ? C : BL;
     const bool tiles = dt_pool_windows_tile(H, W, K, S);
     const size_t HW = (size_t)H * W, OHW = (size_t)OH * OW, vsize = bf16 ? 2 : 4;
     const size_t nout = OH > 0 && OW > 0 ? (size_t)B * C * OHW : 0;
     const float *dout = dout_v;
-    if (!tiles || OH <= 0 || OW <= 0) {
-        float *wide = dout_bf16 ? malloc(nout * sizeof(float) + 4) : NULL;
-        if (dout_bf16 && !wide) abort();  /* kernels cannot fail; out of memory here is fatal */
+    if (!tiles || OH <= 0 || OW <= 0) {  /* work: the scatter's f32 din (bf16), then the widened dout */
+        float *wide = dout_bf16 ? work + (bf16 ? (size_t)B * C * HW : 0) : NULL;
         if (dout_bf16) dt_widen_bf16(wide, dout_v, nout);
-        unpool_scatter(din, dout_bf16 ? wide : dout, argmax, (size_t)B * C * HW, nout, bf16);
-        return free(wide);
+        unpool_scatter(din, dout_bf16 ? wide : dout, argmax, (size_t)B * C * HW, nout, bf16, work);
+        return;
     }
     float tg[CHUNK * BL];  /* NCHW dout: CHUNK positions of the block's 16 planes, transposed */
     float tw[dout_bf16 ? CHUNK * BL : 1];  /* a bf16 NCHW dout: the BL plane rows widened */
@@ -370,14 +367,27 @@ static inline __attribute__((always_inline)) void pool_backward(void *din, const
 
 void dt_maxpool2d_backward_blocked(float *din, const float *dout, const int32_t *argmax, int B, int C, int H, int W,
                                    int K, int S, bool out_bl, bool nhwc) {
-    pool_backward(din, dout, argmax, B, C, H, W, K, S, out_bl, nhwc, false, false);
+    pool_backward(din, dout, argmax, B, C, H, W, K, S, out_bl, nhwc, false, false, NULL);
+}
+
+/* The scatter's f32 din where the windows do not tile the input, and a widened bf16 dout. */
+size_t dt_maxpool2d_blocked_bf16_workspace(int B, int C, int H, int W, int K, int S, bool dout_bf16) {
+    const int OH = (H - K) / S + 1, OW = (W - K) / S + 1;
+    const bool scatter = !dt_pool_windows_tile(H, W, K, S) || OH <= 0 || OW <= 0;
+    const size_t nout = OH > 0 && OW > 0 ? (size_t)B * C * OH * OW : 0;
+    return (scatter ? (size_t)B * C * H * W : 0) + (dout_bf16 ? nout : 0);
 }
 
 void dt_maxpool2d_backward_blocked_bf16(uint16_t *din, const void *dout, const int32_t *argmax, int B, int C, int H,
-                                        int W, int K, int S, bool out_bl, bool nhwc, bool dout_bf16) {
-    if (!dout_bf16) pool_backward(din, dout, argmax, B, C, H, W, K, S, out_bl, nhwc, true, false);
-    else if (!out_bl) pool_backward(din, dout, argmax, B, C, H, W, K, S, false, nhwc, true, true);
-    else abort();  /* a bf16 dout is an NCHW one only (blocked.h): read as f32 it would be garbage */
+                                        int W, int K, int S, bool out_bl, bool nhwc, bool dout_bf16, float *work) {
+    if (!dout_bf16) return pool_backward(din, dout, argmax, B, C, H, W, K, S, out_bl, nhwc, true, false, work);
+    if (!out_bl) return pool_backward(din, dout, argmax, B, C, H, W, K, S, false, nhwc, true, true, work);
+    /* a blocked bf16 dout: widened into the workspace's tail (the same count of values), then as f32 */
+    const int OH = (H - K) / S + 1, OW = (W - K) / S + 1;
+    const size_t nout = OH > 0 && OW > 0 ? (size_t)B * C * OH * OW : 0;
+    float *wide = work + dt_maxpool2d_blocked_bf16_workspace(B, C, H, W, K, S, true) - nout;
+    dt_widen_bf16(wide, dout, nout);
+    pool_backward(din, wide, argmax, B, C, H, W, K, S, true, nhwc, true, false, work);
 }
 
 /* Where (sample n, channel c, position p) of a (B, C, HW) tensor lives, blocked or NHWC. */

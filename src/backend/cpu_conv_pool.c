@@ -12,7 +12,6 @@
 #include "backend/conv_pool.h"
 
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "backend/blocked.h"
@@ -42,28 +41,46 @@ typedef struct {
     vi *row_w;
 } work;
 
-static void *alloc_or_die(size_t n) {
-    void *p = aligned_alloc(64, (n + 63) / 64 * 64);
-    if (!p) abort();  /* kernels cannot fail (backend.h) */
-    return p;
+/* The pieces of the caller's workspace (dt_conv_pool_workspace bytes, 64-byte aligned), in order:
+ * the padded sample, the weight vectors, PK conv rows, one pooled row's gradients, values and
+ * window positions, and backward's per-group and per-sample sums. Each piece starts 64-aligned. */
+static size_t piece(size_t bytes) { return (bytes + 63) / 64 * 64; }
+
+static void work_sizes(const dt_conv_pool_shape *s, size_t sz[8]) {
+    const size_t HP = (size_t)s->H + 2 * s->P, WP = (size_t)s->W + 2 * s->P, T = (size_t)s->C * s->K * s->K;
+    const size_t CW = WP - (size_t)s->K + 1, OW = CW / (size_t)s->PK;
+    sz[0] = (size_t)s->C * HP * WP * sizeof(float) + BL * sizeof(float);
+    sz[1] = (size_t)s->OC / VW * T * sizeof(vf);
+    sz[2] = (size_t)s->PK * CW * sizeof(vf);
+    sz[3] = sz[4] = OW * sizeof(vf);
+    sz[5] = OW * sizeof(vi);
+    sz[6] = (size_t)s->OC / VW * (T + 1) * sizeof(vf);  /* backward: tot */
+    sz[7] = (T + 1) * sizeof(vf);                        /* backward: smp */
 }
 
-static work work_of(const dt_conv_pool_shape *s, const float *w) {
+size_t dt_conv_pool_workspace(const dt_conv_pool_shape *s) {
+    size_t sz[8], total = 0;
+    work_sizes(s, sz);
+    for (int i = 0; i < 8; i++) total += piece(sz[i]);
+    return total;
+}
+
+/* The state over the caller's workspace ws; its last two pieces (backward's sums) at *rest. */
+static work work_of(const dt_conv_pool_shape *s, const float *w, void *ws, char **rest) {
     work k = {.HP = s->H + 2 * s->P, .WP = s->W + 2 * s->P, .T = s->C * s->K * s->K};
     k.CH = k.HP - s->K + 1, k.CW = k.WP - s->K + 1, k.OH = k.CH / s->PK, k.OW = k.CW / s->PK;
-    k.xp = alloc_or_die((size_t)s->C * k.HP * k.WP * sizeof(float) + BL * sizeof(float));
-    memset(k.xp, 0, (size_t)s->C * k.HP * k.WP * sizeof(float) + BL * sizeof(float));
-    k.wv = alloc_or_die((size_t)s->OC / VW * k.T * sizeof(vf));
+    size_t sz[8];
+    work_sizes(s, sz);
+    char *at = ws;
+    void *p[6];
+    for (int i = 0; i < 6; i++) p[i] = at, at += piece(sz[i]);
+    k.xp = p[0], k.wv = p[1], k.rows = p[2], k.row_g = p[3], k.row_y = p[4], k.row_w = p[5];
+    memset(k.xp, 0, sz[0]);
     for (int o = 0; o < s->OC; o++)
         for (int t = 0; t < k.T; t++) k.wv[(size_t)(o / VW) * k.T + t][o % VW] = w ? w[(size_t)o * k.T + t] : 0.0f;
-    k.rows = alloc_or_die((size_t)s->PK * k.CW * sizeof(vf));
-    k.row_g = alloc_or_die((size_t)k.OW * sizeof(vf));
-    k.row_y = alloc_or_die((size_t)k.OW * sizeof(vf));
-    k.row_w = alloc_or_die((size_t)k.OW * sizeof(vi));
+    if (rest) *rest = at;
     return k;
 }
-
-static void work_free(work *k) { free(k->xp), free(k->wv), free(k->rows), free(k->row_g), free(k->row_y), free(k->row_w); }
 
 /* Sample n's planes into the padded buffer (its border stays 0). */
 static void pad_sample(const dt_conv_pool_shape *s, const work *k, const float *in, int n) {
@@ -204,8 +221,8 @@ static void conv_pool_row(const dt_conv_pool_shape *s, const work *k, const vf *
 }
 
 void dt_conv_pool_forward(const dt_conv_pool_shape *s, float *out, uint8_t *win, const float *in, const float *w,
-                          const float *b) {
-    work k = work_of(s, w);
+                          const float *b, void *ws) {
+    work k = work_of(s, w, ws, NULL);
     for (int n = 0; n < s->B; n++) {
         pad_sample(s, &k, in, n);
         for (int ob = 0; ob < s->OC / VW; ob++) {
@@ -225,7 +242,6 @@ void dt_conv_pool_forward(const dt_conv_pool_shape *s, float *out, uint8_t *win,
             }
         }
     }
-    work_free(&k);
 }
 
 /* weight_row for 3x3 kernels: each (c, ky)'s three taps at once (one load of g for three), over
@@ -288,10 +304,11 @@ static void load_grad_row(const dt_conv_pool_shape *s, work *k, const float *dou
 }
 
 void dt_conv_pool_backward(const dt_conv_pool_shape *s, float *dw, float *db, const float *dout, const uint8_t *win,
-                           const float *in) {
-    work k = work_of(s, NULL);
+                           const float *in, void *ws) {
+    char *rest;
+    work k = work_of(s, NULL, ws, &rest);
     const int OB = s->OC / VW, PK = s->PK, ncx = k.OW * PK;
-    vf *tot = alloc_or_die((size_t)OB * (k.T + 1) * sizeof(vf)), *smp = alloc_or_die((size_t)(k.T + 1) * sizeof(vf));
+    vf *tot = (vf *)rest, *smp = (vf *)(rest + piece((size_t)OB * (k.T + 1) * sizeof(vf)));
     memset(tot, 0, (size_t)OB * (k.T + 1) * sizeof(vf));
     for (int n = 0; n < s->B; n++) {
         pad_sample(s, &k, in, n);
@@ -315,6 +332,4 @@ void dt_conv_pool_backward(const dt_conv_pool_shape *s, float *dw, float *db, co
         for (int t = 0; t < k.T; t++) dw[(size_t)o * k.T + t] += v[t][o % VW];
         if (db) db[o] += v[k.T][o % VW];
     }
-    free(tot), free(smp);
-    work_free(&k);
 }

@@ -85,33 +85,11 @@ void dt_widen_bf16(float *dst, const uint16_t *src, size_t n) {
     for (size_t i = 0; i < n; i++) d[i] = (uint32_t)src[i] << 16;
 }
 
-/* Per-thread scratch for the rounded copies (grown, never shrunk; freed when the thread exits,
- * by a key destructor that runs while the thread's own scratch is still there). */
-static _Thread_local struct {
-    float *p[3];
-    size_t n[3];
-} scratch;
-static pthread_key_t scratch_key;
-static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
-
-static void scratch_free(void *unused) {
-    (void)unused;
-    for (int k = 0; k < 3; k++) free(scratch.p[k]), scratch.p[k] = NULL, scratch.n[k] = 0;
-}
-
-static void scratch_key_make(void) { pthread_key_create(&scratch_key, scratch_free); }
-
-static float *rounded(int slot, const float *src, size_t n, dt_dtype prec) {
-    if (n > scratch.n[slot]) {
-        pthread_once(&scratch_once, scratch_key_make);
-        pthread_setspecific(scratch_key, &scratch);
-        float *p = realloc(scratch.p[slot], n * sizeof *p);
-        if (!p) abort();  /* a kernel cannot fail; out of memory here is fatal */
-        scratch.p[slot] = p, scratch.n[slot] = n;
-    }
-    if (prec == DT_BF16) dt_round_bf16(scratch.p[slot], src, n);
-    else dt_round_f16(scratch.p[slot], src, n);
-    return scratch.p[slot];
+/* src rounded to the precision into dst (the caller's workspace); dst. */
+static float *rounded(float *dst, const float *src, size_t n, dt_dtype prec) {
+    if (prec == DT_BF16) dt_round_bf16(dst, src, n);
+    else dt_round_f16(dst, src, n);
+    return dst;
 }
 
 /* db (OC) += sums of dout (B, OC, HW) over B and HW, from the f32 gradient. */
@@ -120,46 +98,65 @@ static void bias_grad(float *db, const float *dout, int B, int OC, size_t HW) {
         for (int o = 0; o < OC; o++) db[o] += dt_nn_sum(dout + ((size_t)b * OC + o) * HW, HW);
 }
 
-static void linear_fwd(dt_dtype p, float *out, const float *in, const float *w, const float *b, int B, int C, int OC) {
+/* The workspace of the rounded GEMM inputs: forward's in and w, backward's dout, in and w. */
+static size_t linear_ws(int B, int C, int OC) {
+    return B <= 0 || OC <= 0 || C <= 0 ? 0 : (size_t)B * OC + (size_t)B * C + (size_t)OC * C;
+}
+
+static void linear_fwd(dt_dtype p, float *out, const float *in, const float *w, const float *b, float *work, int B,
+                       int C, int OC) {
     if (B <= 0 || OC <= 0 || C <= 0) return dt_linear_forward(out, in, w, b, B, C, OC);
-    dt_linear_forward(out, rounded(0, in, (size_t)B * C, p), rounded(1, w, (size_t)OC * C, p), b, B, C, OC);
+    float *rin = work, *rw = rin + (size_t)B * C;
+    dt_linear_forward(out, rounded(rin, in, (size_t)B * C, p), rounded(rw, w, (size_t)OC * C, p), b, B, C, OC);
 }
 
 static void linear_bwd(dt_dtype p, float *din, float *dw, float *db, const float *dout, const float *in,
-                       const float *w, int B, int C, int OC) {
+                       const float *w, float *work, int B, int C, int OC) {
     if (B <= 0 || OC <= 0 || C <= 0) return dt_linear_backward(din, dw, db, dout, in, w, B, C, OC);
     if (db)
         for (int i = 0; i < B; i++) {
             const float *restrict row = dout + (size_t)i * OC;
             for (int j = 0; j < OC; j++) db[j] += row[j];
         }
-    dt_linear_backward(din, dw, NULL, rounded(0, dout, (size_t)B * OC, p), rounded(1, in, (size_t)B * C, p),
-                       rounded(2, w, (size_t)OC * C, p), B, C, OC);
+    float *rg = work, *rin = rg + (size_t)B * OC, *rw = rin + (size_t)B * C;
+    dt_linear_backward(din, dw, NULL, rounded(rg, dout, (size_t)B * OC, p), rounded(rin, in, (size_t)B * C, p),
+                       rounded(rw, w, (size_t)OC * C, p), B, C, OC);
 }
 
 static int out_hw(int H, int W, int K, int S, int P) { return ((H + 2 * P - K) / S + 1) * ((W + 2 * P - K) / S + 1); }
 
+/* The f32 conv's workspace, then the rounded inputs: in, w, and backward's dout. */
+static size_t conv_ws(int B, int C, int H, int W, int OC, int K, int S, int P) {
+    return dt_conv2d_workspace(B, C, H, W, OC, K, S, P) + (size_t)B * C * H * W + (size_t)OC * C * K * K +
+           (size_t)B * OC * out_hw(H, W, K, S, P);
+}
+
 static void conv_fwd(dt_dtype p, float *out, const float *in, const float *w, const float *b, float *work, int B, int C,
                      int H, int W, int OC, int K, int S, int P) {
-    dt_conv2d_forward(out, rounded(0, in, (size_t)B * C * H * W, p), rounded(1, w, (size_t)OC * C * K * K, p), b, work,
-                      B, C, H, W, OC, K, S, P);
+    float *rin = work + dt_conv2d_workspace(B, C, H, W, OC, K, S, P), *rw = rin + (size_t)B * C * H * W;
+    dt_conv2d_forward(out, rounded(rin, in, (size_t)B * C * H * W, p), rounded(rw, w, (size_t)OC * C * K * K, p), b,
+                      work, B, C, H, W, OC, K, S, P);
 }
 
 static void conv_bwd(dt_dtype p, float *din, float *dw, float *db, const float *dout, const float *in, const float *w,
                      float *work, int B, int C, int H, int W, int OC, int K, int S, int P) {
     size_t hw = (size_t)out_hw(H, W, K, S, P);
     if (db) bias_grad(db, dout, B, OC, hw);
-    dt_conv2d_backward(din, dw, NULL, rounded(0, dout, (size_t)B * OC * hw, p), rounded(1, in, (size_t)B * C * H * W, p),
-                       rounded(2, w, (size_t)OC * C * K * K, p), work, B, C, H, W, OC, K, S, P);
+    float *rin = work + dt_conv2d_workspace(B, C, H, W, OC, K, S, P), *rw = rin + (size_t)B * C * H * W;
+    float *rg = rw + (size_t)OC * C * K * K;
+    dt_conv2d_backward(din, dw, NULL, rounded(rg, dout, (size_t)B * OC * hw, p),
+                       rounded(rin, in, (size_t)B * C * H * W, p), rounded(rw, w, (size_t)OC * C * K * K, p), work, B, C,
+                       H, W, OC, K, S, P);
 }
 
 #define DT_LOWP_WRAPPERS(sfx, P)                                                                                        \
-    static void linear_fwd_##sfx(float *out, const float *in, const float *w, const float *b, int B, int C, int OC) { \
-        linear_fwd(P, out, in, w, b, B, C, OC);                                                                         \
+    static void linear_fwd_##sfx(float *out, const float *in, const float *w, const float *b, float *work, int B,      \
+                                 int C, int OC) {                                                                       \
+        linear_fwd(P, out, in, w, b, work, B, C, OC);                                                                   \
     }                                                                                                                   \
     static void linear_bwd_##sfx(float *din, float *dw, float *db, const float *dout, const float *in, const float *w, \
-                                 int B, int C, int OC) {                                                                \
-        linear_bwd(P, din, dw, db, dout, in, w, B, C, OC);                                                              \
+                                 float *work, int B, int C, int OC) {                                                   \
+        linear_bwd(P, din, dw, db, dout, in, w, work, B, C, OC);                                                        \
     }                                                                                                                   \
     static void conv_fwd_##sfx(float *out, const float *in, const float *w, const float *b, float *work, int B, int C, \
                                int H, int W, int OC, int K, int S, int Pd) {                                            \
@@ -178,6 +175,8 @@ static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
 static void fill(dt_kernel_table *t, dt_dtype p) {
     *t = *dt_backend_cpu();
     t->precision = p;
+    t->linear_workspace = linear_ws;
+    t->conv2d_workspace = conv_ws;
     t->linear_forward = p == DT_BF16 ? linear_fwd_bf16 : linear_fwd_f16;
     t->linear_backward = p == DT_BF16 ? linear_bwd_bf16 : linear_bwd_f16;
     t->conv2d_forward = p == DT_BF16 ? conv_fwd_bf16 : conv_fwd_f16;

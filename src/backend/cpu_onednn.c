@@ -234,11 +234,14 @@ void dt_onednn_impls(char *buf, size_t n) {
 bool dt_onednn_bf16_native(void) { return __builtin_cpu_supports("avx512bf16"); }
 
 #define DT_ONEDNN_WRAPPERS(sfx, P)                                                                                      \
-    static void lf_##sfx(float *out, const float *in, const float *w, const float *b, int B, int C, int OC) {         \
+    static void lf_##sfx(float *out, const float *in, const float *w, const float *b, float *work, int B, int C,       \
+                         int OC) {                                                                                      \
+        (void)work; /* oneDNN's own scratch (cpu_onednn.c dt_dnnl_scratch) */                                          \
         dt_dnnl_linear_forward(P, out, in, w, b, B, C, OC);                                                             \
     }                                                                                                                   \
-    static void lb_##sfx(float *din, float *dw, float *db, const float *dout, const float *in, const float *w, int B,  \
-                         int C, int OC) {                                                                               \
+    static void lb_##sfx(float *din, float *dw, float *db, const float *dout, const float *in, const float *w,         \
+                         float *work, int B, int C, int OC) {                                                           \
+        (void)work;                                                                                                     \
         dt_dnnl_linear_backward(P, din, dw, db, dout, in, w, B, C, OC);                                                 \
     }                                                                                                                   \
     static void cf_##sfx(float *out, const float *in, const float *w, const float *b, float *work, int B, int C,       \
@@ -276,6 +279,7 @@ static void fill_tables(void) {
         *t = *dt_backend_cpu();
         t->name = "onednn";
         t->precision = prec[i];
+        t->linear_workspace = NULL;  /* the blas table's copy: oneDNN rounds in its own scratch */
         t->linear_forward = i == 0 ? lf_f32 : i == 1 ? lf_bf16 : lf_f16;
         t->linear_backward = i == 0 ? lb_f32 : i == 1 ? lb_bf16 : lb_f16;
         t->conv2d_forward = i == 0 ? cf_f32 : i == 1 ? cf_bf16 : cf_f16;
@@ -287,6 +291,7 @@ static void fill_tables(void) {
         /* and a first conv (<= 4 input channels) with its relu and maxpool in one f32 pass, at every
          * precision: bf16/fp16 run convs over < 16 input channels at f32 anyway (blas stays the
          * unfused reference) */
+        t->conv_pool_workspace = dt_conv_pool_workspace;
         t->conv_pool_forward = dt_conv_pool_forward, t->conv_pool_backward = dt_conv_pool_backward;
         /* at bf16 the values between bf16 convs and max pools may stay bf16 (nn/graph_layout.c) */
         if (i == 1) {
@@ -299,6 +304,7 @@ static void fill_tables(void) {
             t->conv2d_bf16_nhwc = dt_dnnl_conv_bf16_nhwc;
             t->maxpool2d_forward_blocked_bf16 = dt_maxpool2d_forward_blocked_bf16;
             t->maxpool2d_backward_blocked_bf16 = dt_maxpool2d_backward_blocked_bf16;
+            t->maxpool2d_blocked_bf16_workspace = dt_maxpool2d_blocked_bf16_workspace;
         }
     }
 }

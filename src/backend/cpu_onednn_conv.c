@@ -24,6 +24,13 @@ static void *input(int slot, const float *x, size_t n, dt_dtype p, bool round) {
 
 static const dt_kernel_table *fallback(dt_dtype p) { return p == DT_F32 ? dt_backend_cpu() : dt_backend_blas_lowp(p); }
 
+/* The fallback's workspace: the graph's work (this table's f32 conv2d_workspace) at f32; at
+ * bf16/fp16 the blas table's larger one (its rounded inputs too), in this thread's scratch slot 5. */
+static float *fallback_work(dt_dtype p, float *work, int B, int C, int H, int W, int OC, int K, int S, int P) {
+    if (p == DT_F32) return work;
+    return dt_dnnl_scratch(5, fallback(p)->conv2d_workspace(B, C, H, W, OC, K, S, P) * sizeof(float) + 4);
+}
+
 /* At f32, a convolution over fewer than 16 input channels with NCHW output runs as im2col + sgemm,
  * which writes NCHW directly: oneDNN's kernel wants its (B,OC,H,W) output and gradient in the
  * blocked layout, and the two reorders of that large tensor cost more than the
@@ -118,7 +125,9 @@ static void conv_forward(dt_dtype p, const conv_shape *s, float *out, const floa
     dt_dnnl_entry *e = s->B > 0 && (blocked || !prefers_im2col(p, s->C)) ? dt_dnnl_conv_plan(DT_DNNL_CONV_FWD, s, p, &round) : NULL;
     if (!e && blocked) return fallback_forward(s, out, in, w, b);
     if (!e)
-        return fallback(p)->conv2d_forward(out, in, w, b, work, s->B, s->C, s->H, s->W, s->OC, s->K, s->S, s->P);
+        return fallback(p)->conv2d_forward(out, in, w, b,
+                                           fallback_work(p, work, s->B, s->C, s->H, s->W, s->OC, s->K, s->S, s->P),
+                                           s->B, s->C, s->H, s->W, s->OC, s->K, s->S, s->P);
     void *data[4] = {input(0, in, (size_t)s->B * s->C * s->H * s->W, p, round),
                      input(1, w, (size_t)s->OC * s->C * s->K * s->K, p, round), out, (void *)b};
     dt_dnnl_run(e, data);
@@ -208,7 +217,9 @@ static void conv_backward(dt_dtype p, const conv_shape *cs, float *din, float *d
     bool rd = false;
     dt_dnnl_entry *e = (din || dw) && B > 0 ? dt_dnnl_conv_plan(op, &s, p, &rd) : NULL;
     if (!e && blocked) return fallback_backward(&s, din, dw, db, dout, in, w);
-    if (!e) return fallback(p)->conv2d_backward(din, dw, db, dout, in, w, work, B, C, H, W, OC, K, S, P);
+    if (!e)
+        return fallback(p)->conv2d_backward(din, dw, db, dout, in, w, fallback_work(p, work, B, C, H, W, OC, K, S, P),
+                                            B, C, H, W, OC, K, S, P);
     size_t nout = (size_t)B * OC * s.OH * s.OW, nw = (size_t)OC * C * K * K;
     /* data pointers in the order the entry's op takes them (build_backward) */
     void *g = input(1, dout, nout, p, rd), *x = dw ? input(0, in, (size_t)B * C * H * W, p, rd) : NULL;

@@ -115,12 +115,18 @@ static void mm_run(const mm_plan *pl, void *c, const void *a, const void *b, con
 /* The blas kernels at precision p: the fallback where oneDNN has no primitive or a dim is 0. */
 static const dt_kernel_table *fallback(dt_dtype p) { return p == DT_F32 ? dt_backend_cpu() : dt_backend_blas_lowp(p); }
 
+/* The fallback's workspace (its rounded inputs at bf16/fp16): this thread's scratch slot 5. */
+static float *fallback_work(dt_dtype p, int B, int C, int OC) {
+    const size_t n = p == DT_F32 ? 0 : fallback(p)->linear_workspace(B, C, OC);
+    return n ? dt_dnnl_scratch(5, n * sizeof(float)) : NULL;
+}
+
 void dt_dnnl_linear_forward(dt_dtype p, float *out, const float *in, const float *w, const float *b, int B, int C,
                            int OC) {
     mm_shape s = {.M = B, .N = OC, .K = C, .sa = {C, 1}, .sb = {1, C}, .bias = b != NULL};
     mm_plan pl;
     if (B <= 0 || OC <= 0 || C <= 0 || !mm_prepare(&pl, &s, p))
-        return fallback(p)->linear_forward(out, in, w, b, B, C, OC);
+        return fallback(p)->linear_forward(out, in, w, b, fallback_work(p, B, C, OC), B, C, OC);
     mm_run(&pl, out, mm_operand(&pl, 0, in, (size_t)B * C), mm_operand(&pl, 1, w, (size_t)OC * C), b);
 }
 
@@ -184,7 +190,7 @@ static void linear_backward_of(dt_dtype p, float *din, float *dw, float *db, con
     const bool ok = B > 0 && OC > 0 && C > 0 && (!dw || mm_prepare(&pw, &sw, p)) && (!din || mm_prepare(&pd, &sd, p));
     if (in16 && (!ok || (dw && pw.round)))  /* no native dw entry for a bf16 in */
         return linear_backward_of(p, din, dw, db, dout, widened(in16, (size_t)B * C), NULL, w, B, C, OC);
-    if (!ok) return fallback(p)->linear_backward(din, dw, db, dout, in, w, B, C, OC);
+    if (!ok) return fallback(p)->linear_backward(din, dw, db, dout, in, w, fallback_work(p, B, C, OC), B, C, OC);
     const void *b_in = in16 ? (const void *)in16 : (const void *)in;
     if (cast && !pw.round && !pd.round)  /* both native bf16 entries, keyed to take the cast */
         return native_backward(&pw, &pd, din, dw, db, dout, b_in, w, B, OC);

@@ -27,6 +27,15 @@ static float *at(const float *x, size_t n, dt_dtype p) {
     return y;
 }
 
+/* Table be's linear workspace for (B, C, OC), in a buffer kept for the test's run (grown). */
+static float *lwork(const dt_kernel_table *be, int B, int C, int OC) {
+    static _Thread_local float *buf;
+    static _Thread_local size_t cap;
+    const size_t n = dt_linear_workspace_of(be, B, C, OC) + 1;
+    if (n > cap) free(buf), buf = malloc(n * sizeof *buf), cap = n;
+    return buf;
+}
+
 static double worst;  /* largest error / bound seen */
 
 /* got vs want within 3e-5 * scale (the sum of |terms| of each output). */
@@ -49,7 +58,7 @@ static void test_linear(const dt_kernel_table *be, int B, int C, int OC) {
     float *out = malloc((size_t)B * OC * 4), *din = malloc((size_t)B * C * 4), *dw = rnd((size_t)OC * C, 5),
           *db = rnd(OC, 6);
     double *want = calloc((size_t)(B > C ? B : C) * (OC > C ? OC : C) + OC, 8), *sc = calloc((size_t)(B > C ? B : C) * (OC > C ? OC : C) + OC, 8);
-    be->linear_forward(out, in, w, b, B, C, OC);
+    be->linear_forward(out, in, w, b, lwork(be, B, C, OC), B, C, OC);
     for (int i = 0; i < B; i++)
         for (int o = 0; o < OC; o++) {
             double s = b[o], a = fabs(b[o]);
@@ -57,7 +66,7 @@ static void test_linear(const dt_kernel_table *be, int B, int C, int OC) {
             want[i * OC + o] = s, sc[i * OC + o] = a;
         }
     check_close("linear forward", be, out, want, sc, (size_t)B * OC);
-    be->linear_backward(din, dw, db, dout, in, w, B, C, OC);
+    be->linear_backward(din, dw, db, dout, in, w, lwork(be, B, C, OC), B, C, OC);
     float *dw0 = rnd((size_t)OC * C, 5), *db0 = rnd(OC, 6);
     for (int o = 0; o < OC; o++)
         for (int k = 0; k < C; k++) {  /* dw accumulates onto its old value */
@@ -91,7 +100,7 @@ static void test_conv(const dt_kernel_table *be, const int *c) {
     float *in = rnd(ni, 11), *w = rnd(nw, 12), *b = rnd(OC, 13), *dout = rnd(no, 14);
     float *rin = at(in, ni, p), *rw = at(w, nw, p), *rd = at(dout, no, p), *out = malloc(no * 4), *din = malloc(ni * 4);
     float *dw = calloc(nw, 4), *db = calloc(OC, 4);
-    size_t ws = dt_conv2d_workspace(B, C, H, W, OC, K, S, P);
+    size_t ws = be->conv2d_workspace(B, C, H, W, OC, K, S, P);
     float *work = malloc((ws ? ws : 1) * 4);
     double *wo = calloc(no, 8), *so = calloc(no, 8), *wi = calloc(ni, 8), *si = calloc(ni, 8), *ww = calloc(nw, 8),
            *sw = calloc(nw, 8), *wb = calloc(OC, 8), *sb = calloc(OC, 8);
@@ -231,25 +240,25 @@ static void test_onednn_cache(void) {
     size_t before = dt_onednn_cache_misses(), after_first = 0;
     for (int step = 0; step < 10; step++) {
         int n = step % 2 ? SHORT : B;
-        be->linear_forward(out, in, w, NULL, n, C, OC);
-        be->linear_backward(din, dw, NULL, dout, in, w, n, C, OC);
+        be->linear_forward(out, in, w, NULL, lwork(be, n, C, OC), n, C, OC);
+        be->linear_backward(din, dw, NULL, dout, in, w, lwork(be, n, C, OC), n, C, OC);
         if (step == 1) after_first = dt_onednn_cache_misses();
     }
     CHECK_MSG(after_first - before == 6, "first two steps created %zu primitives (want 3 per batch size)", after_first - before);
     CHECK_MSG(dt_onednn_cache_misses() == after_first, "%zu primitives re-created in later steps",
               dt_onednn_cache_misses() - after_first);
-    be->linear_forward(out, in, w, NULL, B, C, OC);
-    be->linear_forward(again, in, w, NULL, B, C, OC);
+    be->linear_forward(out, in, w, NULL, lwork(be, B, C, OC), B, C, OC);
+    be->linear_forward(again, in, w, NULL, lwork(be, B, C, OC), B, C, OC);
     CHECK(memcmp(out, again, B * OC * 4) == 0);
     /* --threads: a primitive is made for the thread count (oneDNN splits the work at creation);
      * going back finds the old one */
     size_t m0 = dt_onednn_cache_misses();
     dt_set_threads(2);
-    be->linear_forward(again, in, w, NULL, B, C, OC);
+    be->linear_forward(again, in, w, NULL, lwork(be, B, C, OC), B, C, OC);
     CHECK_MSG(dt_onednn_cache_misses() == m0 + 1, "2 threads: %zu new primitives (want 1)", dt_onednn_cache_misses() - m0);
     CHECK(dt_test_maxdiff(out, again, B * OC) < 1e-5);
     dt_set_threads(1);
-    be->linear_forward(again, in, w, NULL, B, C, OC);
+    be->linear_forward(again, in, w, NULL, lwork(be, B, C, OC), B, C, OC);
     CHECK(dt_onednn_cache_misses() == m0 + 1 && memcmp(out, again, B * OC * 4) == 0);
     /* conv: forward and backward per batch size, then none */
     enum { CC = 16, HW = 6, COC = 4, CB = 4 };  /* C >= 16: oneDNN's kernel also at f32 */
@@ -283,10 +292,12 @@ static void *cache_eviction_thread(void *arg) {
     enum { B = 5, C = 7, OC = 3 };
     float *in = rnd(B * C, 21), *w = rnd(OC * C, 22), *dout = rnd(B * OC, 23), *din = malloc(B * C * 4);
     float *dw = calloc(OC * C, 4), *out = malloc(64 * 4), *x = rnd(64, 24);
-    be->linear_backward(NULL, dw, NULL, dout, in, w, B, C, OC);  /* entry 1: the dw GEMM */
-    for (int i = 1; i < dt_onednn_cache_capacity(); i++) be->linear_forward(out, x, x, NULL, 1, 1 + i % 8, 1 + i / 8);
+    be->linear_backward(NULL, dw, NULL, dout, in, w, lwork(be, B, C, OC), B, C, OC);  /* entry 1: the dw GEMM */
+    for (int i = 1; i < dt_onednn_cache_capacity(); i++)
+        be->linear_forward(out, x, x, NULL, lwork(be, 1, 1 + i % 8, 1 + i / 8), 1, 1 + i % 8, 1 + i / 8);
     memset(dw, 0, OC * C * 4);
-    be->linear_backward(din, dw, NULL, dout, in, w, B, C, OC);  /* dw: a hit on the oldest; din: a miss */
+    /* dw: a hit on the oldest; din: a miss */
+    be->linear_backward(din, dw, NULL, dout, in, w, lwork(be, B, C, OC), B, C, OC);
     double err = 0;
     for (int o = 0; o < OC; o++)
         for (int c = 0; c < C; c++) {

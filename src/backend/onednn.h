@@ -11,7 +11,7 @@
 /* DT_DNNL_CONV_BWD: backward data and weights in one entry (diff_dst reordered once) */
 enum { DT_DNNL_MATMUL = 1, DT_DNNL_CONV_FWD, DT_DNNL_CONV_BWD_DATA, DT_DNNL_CONV_BWD_W, DT_DNNL_CONV_BWD };
 #define DT_DNNL_KEY_INTS 13
-#define DT_DNNL_SCRATCH_SLOTS 5
+#define DT_DNNL_SCRATCH_SLOTS 6
 #define DT_DNNL_ARGS 6
 
 /* A cached primitive: the op, the input data type and the shape make the key. */

@@ -66,8 +66,10 @@ static void linear_case(int B, int C, int OC) {
         const dt_kernel_table *t = k ? be : ref;
         y[k] = malloc((size_t)B * OC * 4), dx[k] = malloc((size_t)B * C * 4);
         dw[k] = calloc((size_t)OC * C, 4), db[k] = calloc(OC, 4);
-        t->linear_forward(y[k], x, w, b, B, C, OC);
-        t->linear_backward(dx[k], dw[k], db[k], dy, x, w, B, C, OC);
+        float *work = malloc(dt_linear_workspace_of(t, B, C, OC) * 4 + 4);
+        t->linear_forward(y[k], x, w, b, work, B, C, OC);
+        t->linear_backward(dx[k], dw[k], db[k], dy, x, w, work, B, C, OC);
+        free(work);
     }
     double e[4] = {0}, m[4] = {0};
     const float *a[4] = {y[1], dx[1], dw[1], db[1]}, *r[4] = {y[0], dx[0], dw[0], db[0]};

@@ -249,6 +249,7 @@ static const dt_device_ops checked_ops = {
     .adam_step = checked_adam_step,
     .xent_shard = checked_xent_shard,
     .kernels = checked_kernels,
+    .plan_layouts = dt_cpu_plan_layouts,  /* the CPU kernels, the CPU plan (no memory touched) */
 };
 
 /* "arena=BYTES" with K/M/G suffixes into *size. */

@@ -169,4 +169,5 @@ const dt_device_ops dt_cpu_step_ops = {
     .sgd_step = cpu_sgd_step,
     .adam_step = cpu_adam_step,
     .xent_shard = dt_cpu_xent_shard,
+    .plan_layouts = dt_cpu_plan_layouts,
 };

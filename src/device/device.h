@@ -61,6 +61,32 @@ typedef struct {
     int32_t *counted;
 } dt_xent_shard_args;
 
+/* A graph as the plan step sees it (dt_device_ops plan_layouts): per node what it is, what it
+ * reads and its shape, nothing of nn/'s structs. */
+typedef enum {
+    DT_PLAN_OTHER = 0,
+    DT_PLAN_CONV,     /* conv2d */
+    DT_PLAN_MAXPOOL,  /* max pooling (a relu before it may be fused into it: that relu is an alias) */
+    DT_PLAN_RELU,
+} dt_plan_op;
+
+typedef struct {
+    dt_plan_op op;
+    int in[3], nin;   /* the nodes it reads */
+    bool alias;       /* its values are its first input's memory (flatten, reshape, a fused relu) */
+    bool input;       /* a graph input (fed memory) */
+    bool output;      /* the graph's output */
+    int ndim;         /* per-sample dims: 3 for (C, H, W) values */
+    int channels;     /* C where ndim is 3 */
+} dt_plan_node;
+
+/* What a plan decides: per node, whether its values and gradient are in the device's blocked
+ * layout (the kernel table's *_blocked slots and dt_layout), and whether those chains are NHWC. */
+typedef struct {
+    bool *blocked;    /* [n], written */
+    bool nhwc;
+} dt_plan_layouts;
+
 typedef struct dt_device_ops {
     /* ---- memory ---- */
     /* A block of `bytes` device memory (64-byte aligned), charged against --mem-limit; NULL with
@@ -109,6 +135,12 @@ typedef struct dt_device_ops {
      * library and GEMM precision --kernels and --precision chose): every slot takes device
      * pointers of this device. NULL with the error set when the device cannot run it. */
     const dt_kernel_table *(*kernels)(dt_dev *d, const dt_kernel_table *cpu);
+    /* ---- plan ---- */
+    /* The layouts of a graph's values for kernel table kt (this device's, from kernels): which
+     * values stay in the table's blocked layout between the ops that take it, and whether NHWC.
+     * The graph (nn/graph_layout.c) applies it and knows no library's layout. NULL: every value
+     * plain (NCHW). */
+    void (*plan_layouts)(dt_dev *d, const dt_kernel_table *kt, const dt_plan_node *nodes, int n, dt_plan_layouts *out);
 } dt_device_ops;
 
 /* A registry entry: a kind of device. create parses its options ("" for none: e.g. checked's
@@ -148,6 +180,8 @@ dt_dev *dt_device_cpu(void);
 /* The CPU kernels of the training-step primitives, on host pointers: the CPU device's entries
  * and what the checked device runs inside its arena. */
 extern const dt_device_ops dt_cpu_step_ops;
+/* Its plan_layouts (cpu_plan.c): oneDNN's blocked chains. */
+void dt_cpu_plan_layouts(dt_dev *d, const dt_kernel_table *kt, const dt_plan_node *nodes, int n, dt_plan_layouts *out);
 /* Its xent_shard (cpu_xent.c). */
 void dt_cpu_xent_shard(dt_dev *d, dt_xent_phase phase, const dt_xent_shard_args *a);
 

@@ -192,7 +192,7 @@ static void test_arena_accounting(void) {
 #define SAME_R(t, name, p, a) SAME_V(name, p, a)
 static void test_checked_kernels(void) {
     const size_t slots = 0 DT_KERNEL_SLOTS(COUNT_V, COUNT_R);
-    CHECK_MSG(slots * sizeof(void (*)(void)) == sizeof(dt_kernel_table) - offsetof(dt_kernel_table, linear_forward),
+    CHECK_MSG(slots * sizeof(void (*)(void)) == sizeof(dt_kernel_table) - offsetof(dt_kernel_table, linear_workspace),
               "DT_KERNEL_SLOTS lists %zu slots; dt_kernel_table has others: add them to device/kernel_slots.h", slots);
     dt_dev *d = NULL;
     CHECK_OK(dt_device_create(&d, "checked:arena=1M"));

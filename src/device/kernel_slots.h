@@ -7,10 +7,11 @@
 #define DT_DEVICE_KERNEL_SLOTS_H
 
 #define DT_KERNEL_SLOTS(SLOT_V, SLOT_R)                                                                                        \
-    SLOT_V(linear_forward, (float *out, const float *in, const float *w, const float *b, int B, int C, int OC),            \
-      (out, in, w, b, B, C, OC))                                                                                      \
-    SLOT_V(linear_backward, (float *din, float *dw, float *db, const float *dout, const float *in, const float *w, int B,  \
-                        int C, int OC), (din, dw, db, dout, in, w, B, C, OC))                                         \
+    SLOT_R(size_t, linear_workspace, (int B, int C, int OC), (B, C, OC))                                                  \
+    SLOT_V(linear_forward, (float *out, const float *in, const float *w, const float *b, float *work, int B, int C,        \
+                       int OC), (out, in, w, b, work, B, C, OC))                                                      \
+    SLOT_V(linear_backward, (float *din, float *dw, float *db, const float *dout, const float *in, const float *w,        \
+                        float *work, int B, int C, int OC), (din, dw, db, dout, in, w, work, B, C, OC))               \
     SLOT_R(bool, linear_bf16_values, (void), ())                                                                           \
     SLOT_V(linear_forward_bf16, (float *out, const uint16_t *in, const float *w, const float *b, int B, int C, int OC),    \
       (out, in, w, b, B, C, OC))                                                                                      \
@@ -49,13 +50,16 @@
     SLOT_V(maxpool2d_forward_blocked_bf16, (void *out, int32_t *argmax, const uint16_t *in, int B, int C, int H, int W,     \
                                        int K, int S, bool out_bl, bool nhwc, bool relu, bool out_bf16),               \
       (out, argmax, in, B, C, H, W, K, S, out_bl, nhwc, relu, out_bf16))                                              \
+    SLOT_R(size_t, maxpool2d_blocked_bf16_workspace, (int B, int C, int H, int W, int K, int S, bool dout_bf16),          \
+      (B, C, H, W, K, S, dout_bf16))                                                                                  \
     SLOT_V(maxpool2d_backward_blocked_bf16, (uint16_t *din, const void *dout, const int32_t *argmax, int B, int C, int H,   \
-                                        int W, int K, int S, bool out_bl, bool nhwc, bool dout_bf16),                 \
-      (din, dout, argmax, B, C, H, W, K, S, out_bl, nhwc, dout_bf16))                                                 \
+                                        int W, int K, int S, bool out_bl, bool nhwc, bool dout_bf16, float *work),    \
+      (din, dout, argmax, B, C, H, W, K, S, out_bl, nhwc, dout_bf16, work))                                           \
+    SLOT_R(size_t, conv_pool_workspace, (const dt_conv_pool_shape *s), (s))                                               \
     SLOT_V(conv_pool_forward, (const dt_conv_pool_shape *s, float *out, uint8_t *win, const float *in, const float *w,     \
-                          const float *b), (s, out, win, in, w, b))                                                   \
+                          const float *b, void *ws), (s, out, win, in, w, b, ws))                                     \
     SLOT_V(conv_pool_backward, (const dt_conv_pool_shape *s, float *dw, float *db, const float *dout, const uint8_t *win,  \
-                           const float *in), (s, dw, db, dout, win, in))                                              \
+                           const float *in, void *ws), (s, dw, db, dout, win, in, ws))                                \
     SLOT_V(avgpool2d_forward, (float *out, const float *in, int B, int C, int H, int W, int K, int S),                      \
       (out, in, B, C, H, W, K, S))                                                                                    \
     SLOT_V(avgpool2d_backward, (float *din, const float *dout, int B, int C, int H, int W, int K, int S),                   \

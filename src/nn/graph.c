@@ -175,7 +175,7 @@ static dt_status layout(dt_model *m) {
         if (shared > m->nscratch) m->nscratch = shared;
     }
     fuse_relu_maxpool(m);
-    dt_graph_plan_layouts(m);
+    DT_TRY(dt_graph_plan_layouts(m, m->dev));
     dt_graph_fuse_conv_pool(m);
     dt_graph_plan_bf16(m);
     DT_TRY(dt_slab_reserve(&m->params, np));
@@ -371,6 +371,9 @@ dt_status dt_model_set_device(dt_model *m, dt_dev *d) {
     const dt_kernel_table *be = d->ops->kernels(d, m->be_cpu);
     if (!be) return dt_error_wrap(DT_ENOTSUP, "model: device %s", d->kind->name);
     m->be = be;
+    DT_TRY(dt_graph_plan_layouts(m, d));  /* the new device's plan for its table */
+    dt_graph_fuse_conv_pool(m);
+    dt_graph_plan_bf16(m);
     if (d->host_memory) {
         m->dev = d;
         return DT_OK;

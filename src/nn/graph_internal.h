@@ -222,8 +222,9 @@ static inline const uint16_t *dt_node_in_bf16_values(const dt_model *m, const dt
     return (const uint16_t *)(const void *)dt_node_in(m, n, j);
 }
 
-/* Plans which values are blocked (graph_layout.c); after the relu -> maxpool fusion. */
-void dt_graph_plan_layouts(dt_model *m);
+/* Asks device dev which values are blocked for the table m->be and applies it (graph_layout.c);
+ * after the relu -> maxpool fusion. */
+dt_status dt_graph_plan_layouts(dt_model *m, dt_dev *dev);
 /* Plans which blocked values (and gradients) are stored bf16 (graph_layout.c); after the
  * conv -> maxpool fusion. */
 void dt_graph_plan_bf16(dt_model *m);

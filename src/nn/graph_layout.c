@@ -1,11 +1,7 @@
-/* Activation layouts: where the backend has blocked convolutions (oneDNN's nChw16c or nChw8c, backend.h;
- * NHWC instead at bf16 where the backend's bf16 convs want it, m->nhwc: oneDNN's AMX kernels),
- * a chain conv -> (relu) -> maxpool -> conv ... keeps its values and gradients blocked, so that
- * the convolutions run without reordering them; the chain's last maxpool writes NCHW (its input
- * stays blocked), and so does a conv whose values anything else reads. A value is blocked when
- * its channels are a multiple of 16, it is not the output, and every node that reads it is a
- * conv or a maxpool (a relu fused into the maxpool reads nothing itself). Every copy of a model
- * (pipeline stages) plans the same layouts, so values sent between them agree.
+/* Activation layouts and bf16 storage. Which values stay in the kernel table's blocked layout
+ * (and whether NHWC) is the device's decision (device.h plan_layouts; the CPU device's in
+ * src/device/cpu_plan.c: oneDNN's conv chains): dt_graph_plan_layouts describes the graph to it and
+ * applies what it says, naming no library's layout.
  * At bf16, where the backend's blocked convs take bf16 values, a blocked value that only bf16
  * convs and maxpools touch is stored bf16 (half the bytes, and no conv converts it): a conv's
  * values and gradient when a maxpool is its only reader (the pool reads bf16 and writes the
@@ -17,39 +13,40 @@
  * and the GELU's gradient (plan_gelu_between_linears: the one plan that changes results). */
 #include "nn/graph_internal.h"
 
+#include <stdlib.h>
+
 static const dt_node *owner_of(const dt_model *m, const dt_node *n) {
     while (n->alias) n = &m->nodes[n->in[0]];
     return n;
 }
 
-/* Whether every reader of node i's memory takes blocked values. */
-static bool readers_take_blocked(const dt_model *m, int i) {
-    for (int j = 0; j < m->n; j++) {
-        const dt_node *r = &m->nodes[j];
-        for (int k = 0; k < r->nin; k++) {
-            if (owner_of(m, &m->nodes[r->in[k]])->id != i) continue;
-            if (r->alias ? !(r->a.kind == DT_LAYER_RELU && r->id != m->output)
-                         : r->a.kind != DT_LAYER_CONV2D && r->a.kind != DT_LAYER_MAXPOOL2D)
-                return false;
-        }
-    }
-    return true;
+static dt_plan_op plan_op(dt_layer_kind k) {
+    return k == DT_LAYER_CONV2D ? DT_PLAN_CONV : k == DT_LAYER_MAXPOOL2D ? DT_PLAN_MAXPOOL
+                                            : k == DT_LAYER_RELU ? DT_PLAN_RELU : DT_PLAN_OTHER;
 }
 
-void dt_graph_plan_layouts(dt_model *m) {
-    const dt_kernel_table *be = m->be;
-    const bool can = be && be->conv2d_forward_blocked && be->conv2d_backward_blocked && be->maxpool2d_forward_blocked &&
-                     be->maxpool2d_backward_blocked;
-    m->nhwc = can && be->precision == DT_BF16 && be->conv2d_bf16_nhwc && be->conv2d_bf16_nhwc();
-    for (int i = 0; i < m->n; i++) {
-        dt_node *n = &m->nodes[i];
-        n->blocked = false;
-        if (!can || n->alias || n->input_index >= 0 || i == m->output || n->ndim != 3) continue;
-        if (n->a.kind == DT_LAYER_CONV2D)
-            n->blocked = n->shape[0] % 16 == 0 && readers_take_blocked(m, i);
-        else if (n->a.kind == DT_LAYER_MAXPOOL2D)
-            n->blocked = dt_node_in_blocked(m, n, 0) && readers_take_blocked(m, i);
+dt_status dt_graph_plan_layouts(dt_model *m, dt_dev *dev) {
+    m->nhwc = false;
+    for (int i = 0; i < m->n; i++) m->nodes[i].blocked = false;
+    if (!dev->ops->plan_layouts || m->n == 0) return DT_OK;
+    dt_plan_node *d = calloc((size_t)m->n, sizeof *d);
+    bool *blocked = calloc((size_t)m->n, sizeof *blocked);
+    if (!d || !blocked) {
+        free(d), free(blocked);
+        return dt_error(DT_ENOMEM, "model: out of memory planning the layouts of %d nodes", m->n);
     }
+    for (int i = 0; i < m->n; i++) {
+        const dt_node *n = &m->nodes[i];
+        d[i] = (dt_plan_node){.op = plan_op(n->a.kind), .nin = n->nin, .alias = n->alias, .input = n->input_index >= 0,
+                              .output = i == m->output, .ndim = n->ndim, .channels = n->ndim == 3 ? n->shape[0] : 0};
+        for (int k = 0; k < n->nin && k < 3; k++) d[i].in[k] = n->in[k];
+    }
+    dt_plan_layouts out = {.blocked = blocked};
+    dev->ops->plan_layouts(dev, m->be, d, m->n, &out);
+    m->nhwc = out.nhwc;
+    for (int i = 0; i < m->n; i++) m->nodes[i].blocked = blocked[i];
+    free(d), free(blocked);
+    return DT_OK;
 }
 
 /* The nodes (not aliases) that read node i's memory: their count, and whether each passes `ok`. */

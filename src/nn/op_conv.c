@@ -49,7 +49,10 @@ static void conv_init(dt_model *m, dt_node *n, float *p, uint64_t seed) {
 
 static size_t conv_workspace(const dt_model *m, const dt_node *n, int B) {
     const dt_layer_spec *s = &n->a;
-    if (n->fused_pool >= 0) return 0;
+    if (n->fused_pool >= 0) {  /* bytes, as floats */
+        const dt_conv_pool_shape cs = dt_node_conv_pool_shape(m, n);
+        return (m->be->conv_pool_workspace(&cs) + sizeof(float) - 1) / sizeof(float);
+    }
     int C, H, W;
     dt_node_chw(dt_node_input(m, n, 0), &C, &H, &W);
     /* the table's own size: the CPU's im2col buffer, cuDNN's workspace on cuda */
@@ -65,7 +68,7 @@ static dt_status conv_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
     if (n->fused_pool >= 0) {
         dt_node *p = &m->nodes[n->fused_pool];
         const dt_conv_pool_shape cs = dt_node_conv_pool_shape(m, n);
-        c->be->conv_pool_forward(&cs, p->out, p->saved, dt_node_in(m, n, 0), dt_node_param(m, n, c, 0), b);
+        c->be->conv_pool_forward(&cs, p->out, p->saved, dt_node_in(m, n, 0), dt_node_param(m, n, c, 0), b, c->work);
         return DT_OK;
     }
     if (in_bl || n->blocked) {
@@ -88,7 +91,7 @@ static void conv_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float *c
     if (n->fused_pool >= 0) {  /* from the pool's gradient; the input needs none (graph_fuse.c) */
         const dt_node *p = &m->nodes[n->fused_pool];
         const dt_conv_pool_shape cs = dt_node_conv_pool_shape(m, n);
-        c->be->conv_pool_backward(&cs, dt_node_grad(m, n, c, 0), db, p->grad, p->saved, dt_node_in(m, n, 0));
+        c->be->conv_pool_backward(&cs, dt_node_grad(m, n, c, 0), db, p->grad, p->saved, dt_node_in(m, n, 0), c->work);
         return;
     }
     if (in_bl || n->blocked) {

@@ -59,7 +59,7 @@ static dt_status linear_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
     else if (dt_node_in_bf16(m, n, 0))  /* stored bf16 by the node before (graph_layout.c) */
         c->be->linear_forward_bf16(n->out, dt_node_in_bf16_values(m, n, 0), w, b, c->B * rows, C,
                                    n->a.out);
-    else c->be->linear_forward(n->out, dt_node_in(m, n, 0), w, b, c->B * rows, C, n->a.out);
+    else c->be->linear_forward(n->out, dt_node_in(m, n, 0), w, b, c->work, c->B * rows, C, n->a.out);
     return DT_OK;
 }
 
@@ -78,7 +78,7 @@ static void linear_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float 
     else if (dt_node_in_bf16(m, n, 0))
         c->be->linear_backward_bf16(din[0], dw, db, n->grad, dt_node_in_bf16_values(m, n, 0), w,
                                     c->B * rows, C, n->a.out);
-    else c->be->linear_backward(din[0], dw, db, n->grad, dt_node_in(m, n, 0), w, c->B * rows, C, n->a.out);
+    else c->be->linear_backward(din[0], dw, db, n->grad, dt_node_in(m, n, 0), w, c->work, c->B * rows, C, n->a.out);
 }
 
 static double linear_flops(const dt_model *m, const dt_node *n, int B, bool need_din) {
@@ -137,6 +137,13 @@ static bool linear_fold(const dt_model *m, const dt_node *n, double mean, double
     return dt_op_fold_affine(m, n, mean, std, params, why);
 }
 
+/* The table's scratch for a linear (the blas bf16/fp16 tables' rounded inputs), in floats. */
+static size_t linear_workspace(const dt_model *m, const dt_node *n, int B) {
+    int C, rows;
+    dims(m, n, &C, &rows);
+    return m->be->linear_workspace ? m->be->linear_workspace(B * rows, C, n->a.out) : 0;
+}
+
 static void linear_format(char *buf, size_t cap, const dt_layer_spec *l) {
     snprintf(buf, cap, "(%d%s)", l->out, l->bias ? "" : ",bias=0");
 }
@@ -148,8 +155,9 @@ static const dt_op_syntax linear_syntax = {.alias = "dense", .args = "out | bias
 const dt_op dt_op_linear = {.name = "linear",
                             .help = "fully connected: x W^T + b over the last dim (or the whole sample)",
                             .syntax = &linear_syntax, .min_in = 1, .max_in = 1, .infer = linear_infer,
-                            .init = linear_init, .forward = linear_forward, .backward = linear_backward,
-                            .flops = linear_flops, .onnx = linear_onnx, .fold_input_norm = linear_fold};
+                            .init = linear_init, .workspace = linear_workspace, .forward = linear_forward,
+                            .backward = linear_backward, .flops = linear_flops, .onnx = linear_onnx,
+                            .fold_input_norm = linear_fold};
 
 /* Op: matmul_t, out = in @ w^T with w (out, C) and no bias: the output head of a language model,
  * usually tied to the token embedding (spec.tie = "transformer.wte.weight"). The same kernels as
@@ -161,5 +169,5 @@ static dt_status matmul_t_infer(dt_model *m, dt_node *n) {
 
 const dt_op dt_op_matmul_t = {.name = "matmul_t", .help = "x W^T without a bias: a language model's (tied) output head",
                               .syntax = NULL, .min_in = 1, .max_in = 1, .infer = matmul_t_infer,
-                              .init = linear_init, .forward = linear_forward, .backward = linear_backward,
-                              .flops = linear_flops, .onnx = linear_onnx};
+                              .init = linear_init, .workspace = linear_workspace, .forward = linear_forward,
+                              .backward = linear_backward, .flops = linear_flops, .onnx = linear_onnx};

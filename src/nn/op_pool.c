@@ -35,6 +35,14 @@ static bool pools_blocked(const dt_model *m, const dt_node *n) {
     return dt_node_in_bf16(m, n, 0) || dt_node_in_blocked(m, n, 0);
 }
 
+/* The blocked bf16 backward's scratch (floats), where the input's gradient is stored bf16. */
+static size_t maxpool_workspace(const dt_model *m, const dt_node *n, int B) {
+    if (n->fused_conv || !dt_node_in_grad_bf16(m, n, 0) || !m->be->maxpool2d_blocked_bf16_workspace) return 0;
+    int C, H, W;
+    dt_node_chw(dt_node_input(m, n, 0), &C, &H, &W);
+    return m->be->maxpool2d_blocked_bf16_workspace(B, C, H, W, n->a.k, n->a.stride, n->grad_bf16);
+}
+
 static dt_status maxpool_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
     int C, H, W;
     dt_node_chw(dt_node_input(m, n, 0), &C, &H, &W);
@@ -61,7 +69,7 @@ static void maxpool_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float
         c->be->relu_backward(n->grad, n->grad, n->out, (size_t)c->B * n->out_n);
     if (din[0] && dt_node_in_grad_bf16(m, n, 0))
         c->be->maxpool2d_backward_blocked_bf16((uint16_t *)din[0], n->grad, n->saved, c->B, C, H, W, n->a.k,
-                                               n->a.stride, n->blocked, m->nhwc, n->grad_bf16);
+                                               n->a.stride, n->blocked, m->nhwc, n->grad_bf16, c->work);
     else if (din[0] && dt_node_in_blocked(m, n, 0))
         c->be->maxpool2d_backward_blocked(din[0], n->grad, n->saved, c->B, C, H, W, n->a.k, n->a.stride, n->blocked,
                                           m->nhwc);
@@ -94,7 +102,8 @@ static const dt_op_syntax maxpool_syntax = {.alias = "maxpool2d", .args = "k | s
 
 const dt_op dt_op_maxpool2d = {.name = "maxpool", .help = "2-d max pooling, window k, stride (default k), no padding",
                                .syntax = &maxpool_syntax, .min_in = 1, .max_in = 1, .infer = pool_infer,
-                               .saved_bytes = maxpool_saved, .forward = maxpool_forward, .backward = maxpool_backward,
+                               .saved_bytes = maxpool_saved, .workspace = maxpool_workspace, .forward = maxpool_forward,
+                               .backward = maxpool_backward,
                                .onnx = pool_onnx, .keeps_input_norm = true};
 
 static dt_status avgpool_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {

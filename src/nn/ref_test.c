@@ -62,8 +62,10 @@ static void ref_linear(void) {
     int B = (int)x->dims[0], C = (int)x->dims[1], OC = (int)w->dims[0];
     float *y = zeros((size_t)B * OC), *dx = zeros((size_t)B * C), *dw = zeros((size_t)OC * C), *db = zeros(OC);
     printf("linear %dx%d -> %d\n", B, C, OC);
-    g_be->linear_forward(y, x->data, w->data, FX("linear.b"), B, C, OC);
-    g_be->linear_backward(dx, dw, db, FX("linear.dy"), x->data, w->data, B, C, OC);
+    float *lw = malloc(dt_linear_workspace_of(g_be, B, C, OC) * sizeof(float) + 4);
+    g_be->linear_forward(y, x->data, w->data, FX("linear.b"), lw, B, C, OC);
+    g_be->linear_backward(dx, dw, db, FX("linear.dy"), x->data, w->data, lw, B, C, OC);
+    free(lw);
     cmp("linear out", y, FX("linear.y"), (size_t)B * OC, TOL);
     cmp("linear din", dx, FX("linear.dx"), (size_t)B * C, TOL);
     cmp("linear dw", dw, FX("linear.dw"), (size_t)OC * C, TOL);
@@ -76,7 +78,7 @@ static void ref_conv(const char *name) {
     int B = d[0], C = d[1], H = d[2], W = d[3], OC = d[4], K = d[5], S = d[6], P = d[7];
     int OH = (H + 2 * P - K) / S + 1, OW = (W + 2 * P - K) / S + 1;
     size_t nin = (size_t)B * C * H * W, nout = (size_t)B * OC * OH * OW, nw = (size_t)OC * C * K * K;
-    size_t ws = dt_conv2d_workspace(B, C, H, W, OC, K, S, P);
+    size_t ws = g_be->conv2d_workspace(B, C, H, W, OC, K, S, P);
     float *work = ws ? malloc(ws * sizeof(float)) : NULL;
     float *y = zeros(nout), *dx = zeros(nin), *dw = zeros(nw), *db = zeros(OC);
     printf("%s: B=%d C=%d %dx%d -> OC=%d K=%d stride=%d pad=%d\n", name, B, C, H, W, OC, K, S, P);

@@ -43,18 +43,17 @@ typedef struct {
     int64_t avgs;      /* averages done (the sync's step counter) */
     bool anchored;     /* anchor taken from the model (at the first step: after a resume's restore) */
     dt_dev *dev;       /* the model's device when averages are staged through host memory, else NULL */
+    dt_dev *mdev;      /* the model's device (cpu included): get and put */
 } localsgd;
 
 /* n floats of model memory src into host memory dst (downloaded from a staged device). */
 static void get(const localsgd *l, float *dst, const float *src, size_t n) {
-    if (l->dev) l->dev->ops->download(l->dev, dst, src, n * sizeof(float));
-    else memcpy(dst, src, n * sizeof(float));
+    l->mdev->ops->download(l->mdev, dst, src, n * sizeof(float));  /* the cpu device's is a memcpy */
 }
 
 /* n floats of host memory src into model memory dst (uploaded to a staged device). */
 static void put(const localsgd *l, float *dst, const float *src, size_t n) {
-    if (l->dev) l->dev->ops->upload(l->dev, dst, src, n * sizeof(float));
-    else memcpy(dst, src, n * sizeof(float));
+    l->mdev->ops->upload(l->mdev, dst, src, n * sizeof(float));
 }
 
 static dt_status lsgd_init(dt_strategy *s) { return dt_strategy_verify_replicas(s->comm, s->model); }
@@ -186,6 +185,7 @@ static dt_status lsgd_create(dt_strategy *s, const void *opts) {
     l->np = dt_model_num_params(s->model);
     l->nb = dt_model_num_buffers(s->model);
     l->dev = dt_strategy_stage_device(s->comm, s->model);
+    l->mdev = dt_model_device(s->model);
     l->flat = dt_alloc((l->np + l->nb) * sizeof(float));
     if (!l->flat) {
         size_t n = l->np + l->nb;

@@ -162,8 +162,8 @@ static void exchange_wait(ps_state *p) {
 /* Takes the answer of the finished exchange: staged parameters into the model, the unit handed out. */
 static dt_status exchange_take(dt_strategy *s, ps_state *p) {
     if (p->xst != DT_OK) return dt_error(p->xst, "%s", p->xmsg);
-    if (p->dev) p->dev->ops->upload(p->dev, dt_model_params(s->model), p->wstage, p->P * sizeof(float));
-    else memcpy(dt_model_params(s->model), p->wstage, p->P * sizeof(float));
+    dt_dev *d = dt_model_device(s->model);  /* the cpu device's upload is a memcpy */
+    d->ops->upload(d, dt_model_params(s->model), p->wstage, p->P * sizeof(float));
     for (int i = 0; i < p->S; i++) p->version[i] = p->reply[i].version;
     const ps_reply *r = &p->reply[0];
     if (r->seq >= 0) {  /* each answer hands out at most one; the worker holds at most one more */
@@ -183,8 +183,7 @@ static dt_status exchange_start(ps_state *p, const float *g, int64_t step) {
             return dt_error(DT_ENOMEM, "ps worker rank %d: cannot start the exchange thread (`ps_overlap`)", p->me);
         p->thread_started = true;
     }
-    if (p->dev) p->dev->ops->download(p->dev, p->gsend, g, p->P * sizeof(float));  /* the next backward overwrites g */
-    else memcpy(p->gsend, g, p->P * sizeof(float));
+    p->mdev->ops->download(p->mdev, p->gsend, g, p->P * sizeof(float));  /* the next backward overwrites g */
     pthread_mutex_lock(&p->mu);
     p->xstep = step, p->xst = DT_OK, p->busy = true;
     pthread_cond_broadcast(&p->cv);
@@ -321,6 +320,7 @@ static dt_status ps_create(dt_strategy *s, const void *opts) {
     p->seq = me - p->S;  /* dynamic: worker w trains seq w first */
     p->P = dt_model_num_params(s->model);
     p->dev = dt_strategy_stage_device(s->comm, s->model);
+    p->mdev = dt_model_device(s->model);
     p->lo = calloc((size_t)p->S + 1, sizeof *p->lo);
     p->pair = calloc((size_t)(p->S > p->W ? p->S : p->W), sizeof *p->pair);
     p->push = calloc((size_t)p->S, sizeof *p->push);

@@ -113,6 +113,7 @@ typedef struct {
     int staleness;           /* < 0: unbounded */
     bool dynamic;            /* dynamic batch assignment (not fixed_shards) */
     size_t P;                /* parameters */
+    struct dt_dev *mdev;     /* the model's device (cpu included): the worker's uploads and downloads */
     struct dt_dev *dev;      /* the model's device when it is staged through host buffers (both sides),
                               * else NULL */
     size_t *lo;              /* [S + 1] shard bounds */

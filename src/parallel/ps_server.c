@@ -207,14 +207,12 @@ static void flush_notes(server *sv) {
 
 /* n floats of host memory src into the strategy's model or optimizer memory dst (its device's). */
 static void to_model(const ps_state *p, float *dst, const float *src, size_t n) {
-    if (p->dev) p->dev->ops->upload(p->dev, dst, src, n * sizeof(float));
-    else memcpy(dst, src, n * sizeof(float));
+    p->mdev->ops->upload(p->mdev, dst, src, n * sizeof(float));  /* the cpu device's is a memcpy */
 }
 
 /* n floats of the strategy's model or optimizer memory src into host memory dst. */
 static void from_model(const ps_state *p, float *dst, const float *src, size_t n) {
-    if (p->dev) p->dev->ops->download(p->dev, dst, src, n * sizeof(float));
-    else memcpy(dst, src, n * sizeof(float));
+    p->mdev->ops->download(p->mdev, dst, src, n * sizeof(float));
 }
 
 /* Server 0: server i's shard of n floats (tag) into model memory dst: received in place, or on a

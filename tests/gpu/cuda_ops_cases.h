@@ -118,10 +118,10 @@ static void k_linear(ctx *c) {
         const int off = mode == 2;
         float *bc = mode ? F(b) + off : NULL, *bg = mode ? G(b) + off : NULL;
         float *dbc = mode ? F(db) + off : NULL, *dbg = mode ? G(db) + off : NULL;
-        BOTH(linear_forward, (F(out), F(in), F(w), bc, B, C, OC), (G(out), G(in), G(w), bg, B, C, OC));
+        BOTH(linear_forward, (F(out), F(in), F(w), bc, NULL, B, C, OC), (G(out), G(in), G(w), bg, NULL, B, C, OC));
         CHECK(c, fwd[mode], 1e-5, 1e-4, out);
-        BOTH(linear_backward, (F(din), F(dw), dbc, F(dout), F(in), F(w), B, C, OC),
-             (G(din), G(dw), dbg, G(dout), G(in), G(w), B, C, OC));
+        BOTH(linear_backward, (F(din), F(dw), dbc, F(dout), F(in), F(w), NULL, B, C, OC),
+             (G(din), G(dw), dbg, G(dout), G(in), G(w), NULL, B, C, OC));
         CHECK(c, bwd[mode], 1e-5, 1e-4, din, dw, db);
         drop(c, &in), drop(c, &w), drop(c, &b), drop(c, &out), drop(c, &dout), drop(c, &din), drop(c, &dw), drop(c, &db);
     }
