@@ -17,8 +17,10 @@
 #include <immintrin.h>
 
 #define ITERS 20000000L
-#define ACC24(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) \
-    X(12) X(13) X(14) X(15) X(16) X(17) X(18) X(19) X(20) X(21) X(22) X(23)
+#define ACC24(X)                                                                                                   \
+    X(0)                                                                                                           \
+    X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(15) X(16) X(17) X(18) X(19) X(20) \
+        X(21) X(22) X(23)
 
 static double cpu_now(void) {
     struct timespec t;
@@ -30,37 +32,38 @@ static double cpu_now(void) {
  * initialised by INIT(i), distinct so that the compiler cannot merge them), each updated by
  * STEP(i) once per iteration, with operands x, y of type OPND set to X, Y and hidden from the
  * optimiser; REDUCE(i) folds an accumulator into the float s kept in *sink. */
-#define RATE(NAME, INIT, OPND, X, Y, STEP, REDUCE)            \
-    static double rate_##NAME(float *sink) {                  \
-        ACC24(INIT)                                           \
-        OPND x = X, y = Y;                                    \
-        __asm__ volatile("" : "+v"(x), "+v"(y));              \
-        double t = cpu_now();                                 \
-        for (long n = 0; n < ITERS; n++) { ACC24(STEP) }      \
-        t = cpu_now() - t;                                    \
-        float s = 0;                                          \
-        ACC24(REDUCE)                                         \
-        *sink += s;                                           \
-        return ITERS * 24.0 / t;                              \
+#define RATE(NAME, INIT, OPND, X, Y, STEP, REDUCE) \
+    static double rate_##NAME(float *sink) {       \
+        ACC24(INIT)                                \
+        OPND x = X, y = Y;                         \
+        __asm__ volatile("" : "+v"(x), "+v"(y));   \
+        double t = cpu_now();                      \
+        for (long n = 0; n < ITERS; n++) {         \
+            ACC24(STEP)                            \
+        }                                          \
+        t = cpu_now() - t;                         \
+        float s = 0;                               \
+        ACC24(REDUCE)                              \
+        *sink += s;                                \
+        return ITERS * 24.0 / t;                   \
     }
 
-#define INIT_PS(i) __m512 a##i = _mm512_set1_ps((float)(i) * 1e-9f);
+#define INIT_PS(i) __m512 a##i = _mm512_set1_ps((float)(i)*1e-9f);
 #define SUM_PS(i) s += _mm512_reduce_add_ps(a##i);
 #define FMA_PS(i) a##i = _mm512_fmadd_ps(x, y, a##i);
 RATE(fma_ps, INIT_PS, __m512, _mm512_set1_ps(1.0001f), _mm512_set1_ps(0.9999f), FMA_PS, SUM_PS)
 
 #if defined(__AVX512BF16__)
 #define DP_BF16(i) a##i = _mm512_dpbf16_ps(a##i, x, y);
-RATE(dpbf16, INIT_PS, __m512bh, (__m512bh)_mm512_set1_epi16(0x3f80), (__m512bh)_mm512_set1_epi16(0x3f80),
-     DP_BF16, SUM_PS)
+RATE(dpbf16, INIT_PS, __m512bh, (__m512bh)_mm512_set1_epi16(0x3f80), (__m512bh)_mm512_set1_epi16(0x3f80), DP_BF16,
+     SUM_PS)
 #endif
 
 #if defined(__AVX512FP16__)
-#define INIT_PH(i) __m512h a##i = _mm512_set1_ph((_Float16)((float)(i) * 1e-3f));
+#define INIT_PH(i) __m512h a##i = _mm512_set1_ph((_Float16)((float)(i)*1e-3f));
 #define FMA_PH(i) a##i = _mm512_fmadd_ph(x, y, a##i);
 #define SUM_PH(i) s += (float)_mm512_reduce_add_ph(a##i);
-RATE(fma_ph, INIT_PH, __m512h, _mm512_set1_ph((_Float16)1.0f), _mm512_set1_ph((_Float16)0.0001f), FMA_PH,
-     SUM_PH)
+RATE(fma_ph, INIT_PH, __m512h, _mm512_set1_ph((_Float16)1.0f), _mm512_set1_ph((_Float16)0.0001f), FMA_PH, SUM_PH)
 #endif
 
 static double best_of(double (*f)(float *), float *sink) {
@@ -74,7 +77,7 @@ static double best_of(double (*f)(float *), float *sink) {
 
 int main(void) {
     float sink = 0;
-    const double f32 = best_of(rate_fma_ps, &sink) * 16;  /* MACs per second */
+    const double f32 = best_of(rate_fma_ps, &sink) * 16; /* MACs per second */
     double bf16 = 0, fp16 = 0;
 #if defined(__AVX512BF16__)
     bf16 = best_of(rate_dpbf16, &sink) * 32;
@@ -88,8 +91,9 @@ int main(void) {
     else printf("%-22s %12s %8s\n", "vdpbf16ps (bf16)", "-", "(no AVX512-BF16 in this build)");
     if (fp16 > 0) printf("%-22s %12.1f %7.2fx\n", "vfmadd231ph (fp16)", fp16 / 1e9, fp16 / f32);
     else printf("%-22s %12s %8s\n", "vfmadd231ph (fp16)", "-", "(no AVX512-FP16 in this build)");
-    printf("{\"bench\": \"bf16_peak\", \"f32_gmacs\": %.2f, \"bf16_gmacs\": %.2f, \"fp16_gmacs\": %.2f, \"sink\": %g}\n",
-           f32 / 1e9, bf16 / 1e9, fp16 / 1e9, (double)sink);
+    printf(
+        "{\"bench\": \"bf16_peak\", \"f32_gmacs\": %.2f, \"bf16_gmacs\": %.2f, \"fp16_gmacs\": %.2f, \"sink\": %g}\n",
+        f32 / 1e9, bf16 / 1e9, fp16 / 1e9, (double)sink);
     return 0;
 }
 #else

@@ -56,8 +56,8 @@ int main(int argc, char **argv) {
     int C, H, W;
     dt_dataset_shape(tr, &C, &H, &W);
     size_t D = (size_t)C * H * W, n = dt_dataset_len(tr);
-    printf("data set %s: %zu train + %zu test samples of (%d,%d,%d); open (gunzip + parse) best of 3: %.3f s\n", path, n,
-           te ? dt_dataset_len(te) : 0, C, H, W, best);
+    printf("data set %s: %zu train + %zu test samples of (%d,%d,%d); open (gunzip + parse) best of 3: %.3f s\n", path,
+           n, te ? dt_dataset_len(te) : 0, C, H, W, best);
 
     /* raw assembly rate of dt_dataset_batch over a shuffled order */
     uint32_t *order = malloc(n * sizeof *order);
@@ -70,17 +70,24 @@ int main(int argc, char **argv) {
         size_t nb = n / (size_t)bs[k], reps = 0;
         double t0 = dt_now(), c0 = thread_cpu();
         while (dt_now() - t0 < 0.5)
-            for (size_t b = 0; b < nb; b++, reps++) dt_dataset_batch(tr, order + b * (size_t)bs[k], bs[k], x, y), sum += x[0];
+            for (size_t b = 0; b < nb; b++, reps++)
+                dt_dataset_batch(tr, order + b * (size_t)bs[k], bs[k], x, y), sum += x[0];
         asm_rate[k] = (double)reps / (dt_now() - t0);
-        asm_cpu_us[k] = 1e6 * (thread_cpu() - c0) / (double)reps; /* per batch, this thread's CPU: steadier under load */
+        asm_cpu_us[k] = 1e6 * (thread_cpu() - c0) /
+                        (double)reps; /* per batch, this thread's CPU: steadier under load */
         for (int p = 0; p < 2; p++) ld[k][p] = loader_rate(tr, bs[k], p ? 3 : 0, &waits[k][p], &sum);
     }
-    printf("\n%-6s %16s %14s %18s %18s %12s\n", "batch", "assemble b/s", "CPU us/batch", "loader b/s (sync)", "loader b/s (pf 3)", "samples/s");
+    printf("\n%-6s %16s %14s %18s %18s %12s\n", "batch", "assemble b/s", "CPU us/batch", "loader b/s (sync)",
+           "loader b/s (pf 3)", "samples/s");
     for (int k = 0; k < 2; k++)
-        printf("%-6d %16.0f %14.2f %18.0f %18.0f %12.0f\n", bs[k], asm_rate[k], asm_cpu_us[k], ld[k][0], ld[k][1], ld[k][1] * bs[k]);
-    printf("{\"bench\":\"data\",\"data\":\"%s\",\"open_s\":%.4f,\"assemble_bps_32\":%.0f,\"assemble_bps_128\":%.0f,\"assemble_cpu_us_32\":%.2f,\"assemble_cpu_us_128\":%.2f,"
-           "\"loader_bps_32\":%.0f,\"loader_bps_128\":%.0f,\"loader_sync_bps_32\":%.0f,\"loader_sync_bps_128\":%.0f,\"checksum\":%.1f}\n",
-           path, best, asm_rate[0], asm_rate[1], asm_cpu_us[0], asm_cpu_us[1], ld[0][1], ld[1][1], ld[0][0], ld[1][0], sum);
+        printf("%-6d %16.0f %14.2f %18.0f %18.0f %12.0f\n", bs[k], asm_rate[k], asm_cpu_us[k], ld[k][0], ld[k][1],
+               ld[k][1] * bs[k]);
+    printf("{\"bench\":\"data\",\"data\":\"%s\",\"open_s\":%.4f,\"assemble_bps_32\":%.0f,\"assemble_bps_128\":%.0f,"
+           "\"assemble_cpu_us_32\":%.2f,\"assemble_cpu_us_128\":%.2f,"
+           "\"loader_bps_32\":%.0f,\"loader_bps_128\":%.0f,\"loader_sync_bps_32\":%.0f,\"loader_sync_bps_128\":%.0f,"
+           "\"checksum\":%.1f}\n",
+           path, best, asm_rate[0], asm_rate[1], asm_cpu_us[0], asm_cpu_us[1], ld[0][1], ld[1][1], ld[0][0], ld[1][0],
+           sum);
     free(order);
     free(x);
     dt_dataset_destroy(tr);

@@ -15,7 +15,7 @@
 
 typedef struct {
     const char *model;
-    int conv;               /* 0: linear B,C,OC; 1: conv B,C,H(=W),OC,K,S,P */
+    int conv; /* 0: linear B,C,OC; 1: conv B,C,H(=W),OC,K,S,P */
     int B, C, H, OC, K, S, P, din;
 } shape;
 
@@ -23,7 +23,7 @@ typedef struct {
     const dt_backend *be;
     const shape *s;
     float *in, *w, *b, *out, *dout, *din, *dw, *db, *work;
-    int pass;  /* 0 forward, 1 backward */
+    int pass; /* 0 forward, 1 backward */
 } call;
 
 static double g_min = 0.5;
@@ -36,14 +36,14 @@ static void run(call *c) {
     } else if (c->pass == 0)
         c->be->conv2d_forward(c->out, c->in, c->w, c->b, c->work, s->B, s->C, s->H, s->H, s->OC, s->K, s->S, s->P);
     else
-        c->be->conv2d_backward(c->din, c->dw, c->db, c->dout, c->in, c->w, c->work, s->B, s->C, s->H, s->H, s->OC,
-                               s->K, s->S, s->P);
+        c->be->conv2d_backward(c->din, c->dw, c->db, c->dout, c->in, c->w, c->work, s->B, s->C, s->H, s->H, s->OC, s->K,
+                               s->S, s->P);
 }
 
 /* Best-of-5 seconds per call. */
 static double time_call(call *c) {
     double best = 1e30;
-    run(c);  /* warm-up: creates the primitives */
+    run(c); /* warm-up: creates the primitives */
     for (int r = 0; r < 5; r++) {
         int it = 0;
         double t0 = dt_now(), t;
@@ -66,18 +66,18 @@ static float *buf(size_t n, uint64_t key) {
 
 int main(int argc, char **argv) {
     const char *core = getenv("OPENBLAS_CORETYPE") ? NULL : dt_blas_better_coretype();
-    if (core) {  /* OpenBLAS runs generic kernels on this CPU: again with the right set (read at load) */
+    if (core) { /* OpenBLAS runs generic kernels on this CPU: again with the right set (read at load) */
         setenv("OPENBLAS_CORETYPE", core, 1);
         execv("/proc/self/exe", argv);
     }
     if (argc > 1) g_min = atof(argv[1]);
     dt_set_threads(1);
     static const shape shapes[] = {
-        {"mlp", 0, 128, 784, 0, 128, 0, 0, 0, 0}, {"mlp", 0, 128, 128, 0, 10, 0, 0, 0, 1},
-        {"cnn", 1, 128, 1, 28, 32, 3, 1, 1, 0},   {"cnn", 1, 128, 32, 14, 64, 3, 1, 1, 1},
+        {"mlp", 0, 128, 784, 0, 128, 0, 0, 0, 0},  {"mlp", 0, 128, 128, 0, 10, 0, 0, 0, 1},
+        {"cnn", 1, 128, 1, 28, 32, 3, 1, 1, 0},    {"cnn", 1, 128, 32, 14, 64, 3, 1, 1, 1},
         {"cnn", 0, 128, 3136, 0, 128, 0, 0, 0, 1}, {"gpt", 0, 768, 128, 0, 384, 0, 0, 0, 1},
-        {"gpt", 0, 768, 128, 0, 128, 0, 0, 0, 1}, {"gpt", 0, 768, 128, 0, 512, 0, 0, 0, 1},
-        {"gpt", 0, 768, 512, 0, 128, 0, 0, 0, 1}, {"gpt", 0, 768, 128, 0, 256, 0, 0, 0, 1},
+        {"gpt", 0, 768, 128, 0, 128, 0, 0, 0, 1},  {"gpt", 0, 768, 128, 0, 512, 0, 0, 0, 1},
+        {"gpt", 0, 768, 512, 0, 128, 0, 0, 0, 1},  {"gpt", 0, 768, 128, 0, 256, 0, 0, 0, 1},
     };
     const dt_backend *be[3] = {0};
     if (dt_backend_find("onednn", DT_F32, &be[0]) != DT_OK || dt_backend_find("onednn", DT_BF16, &be[1]) != DT_OK ||
@@ -103,11 +103,15 @@ int main(int argc, char **argv) {
         const size_t nin = s->conv ? (size_t)s->B * s->C * s->H * s->H : (size_t)s->B * s->C;
         const size_t nw = s->conv ? (size_t)s->OC * s->C * s->K * s->K : (size_t)s->OC * s->C;
         const size_t nout = s->conv ? (size_t)s->B * s->OC * OH * OH : (size_t)s->B * s->OC;
-        const dt_kernel_table *big = dt_backend_blas_lowp(DT_BF16);  /* the largest workspace: its rounded copies */
+        const dt_kernel_table *big = dt_backend_blas_lowp(DT_BF16); /* the largest workspace: its rounded copies */
         const size_t ws = s->conv ? big->conv2d_workspace(s->B, s->C, s->H, s->H, s->OC, s->K, s->S, s->P)
                                   : dt_linear_workspace_of(big, s->B, s->C, s->OC);
-        call c = {NULL, s, buf(nin, 1), buf(nw, 2), buf(s->OC, 3), buf(nout, 4), buf(nout, 5),
-                  s->din ? buf(nin, 6) : NULL, buf(nw, 7), buf(s->OC, 8), buf(ws, 9), 0};
+        call c = {NULL,          s,
+                  buf(nin, 1),   buf(nw, 2),
+                  buf(s->OC, 3), buf(nout, 4),
+                  buf(nout, 5),  s->din ? buf(nin, 6) : NULL,
+                  buf(nw, 7),    buf(s->OC, 8),
+                  buf(ws, 9),    0};
         const double mac = s->conv ? (double)s->B * s->OC * OH * OH * s->C * s->K * s->K : (double)s->B * s->C * s->OC;
         char layer[64];
         if (s->conv) snprintf(layer, sizeof layer, "conv %d->%d %dx%d k%d B=%d", s->C, s->OC, s->H, s->H, s->K, s->B);

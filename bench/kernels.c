@@ -67,8 +67,17 @@ static void lin_b(void *p) {
 }
 
 static void bench_linear(int B, int C, int OC, int with_din) {
-    lin_ctx c = {B, C, OC, buf((size_t)B * C), buf((size_t)OC * C), buf(OC), buf((size_t)B * OC),
-                 buf((size_t)B * OC), with_din ? buf((size_t)B * C) : NULL, buf((size_t)OC * C), buf(OC)};
+    lin_ctx c = {B,
+                 C,
+                 OC,
+                 buf((size_t)B * C),
+                 buf((size_t)OC * C),
+                 buf(OC),
+                 buf((size_t)B * OC),
+                 buf((size_t)B * OC),
+                 with_din ? buf((size_t)B * C) : NULL,
+                 buf((size_t)OC * C),
+                 buf(OC)};
     char name[64];
     double f = 2.0 * B * C * OC;
     snprintf(name, sizeof name, "linear %d->%d B=%d fwd", C, OC, B);
@@ -90,16 +99,31 @@ static void conv_f(void *p) {
 }
 static void conv_b(void *p) {
     conv_ctx *c = p;
-    dt_conv2d_backward(c->din, c->dw, c->db, c->dout, c->in, c->w, c->work, c->B, c->C, c->H, c->W, c->OC, c->K,
-                       c->S, c->P);
+    dt_conv2d_backward(c->din, c->dw, c->db, c->dout, c->in, c->w, c->work, c->B, c->C, c->H, c->W, c->OC, c->K, c->S,
+                       c->P);
 }
 
 static void bench_conv(const char *tag, int B, int C, int H, int W, int OC, int K, int S, int P, int with_din) {
     int OH = (H + 2 * P - K) / S + 1, OW = (W + 2 * P - K) / S + 1;
     size_t nin = (size_t)B * C * H * W, nout = (size_t)B * OC * OH * OW;
     size_t ws = dt_conv2d_workspace(B, C, H, W, OC, K, S, P);
-    conv_ctx c = {B, C, H, W, OC, K, S, P, buf(nin), buf((size_t)OC * C * K * K), buf(OC), buf(nout), buf(nout),
-                  with_din ? buf(nin) : NULL, buf((size_t)OC * C * K * K), buf(OC), buf(ws ? ws : 1)};
+    conv_ctx c = {B,
+                  C,
+                  H,
+                  W,
+                  OC,
+                  K,
+                  S,
+                  P,
+                  buf(nin),
+                  buf((size_t)OC * C * K * K),
+                  buf(OC),
+                  buf(nout),
+                  buf(nout),
+                  with_din ? buf(nin) : NULL,
+                  buf((size_t)OC * C * K * K),
+                  buf(OC),
+                  buf(ws ? ws : 1)};
     double f = 2.0 * B * OC * OH * OW * C * K * K;
     char name[64];
     snprintf(name, sizeof name, "%s B=%d fwd", tag, B);
@@ -148,9 +172,18 @@ static void mlp_step(void *v) {
 
 static void bench_mlp(int B) {
     size_t np = 128 * 784 + 128 + 10 * 128 + 10;
-    mlp_ctx c = {B, buf((size_t)B * 784), buf((size_t)B * 128), buf((size_t)B * 128), buf((size_t)B * 10),
-                 buf((size_t)B * 10), buf((size_t)B * 10), buf((size_t)B * 128), buf((size_t)B * 128), buf(np),
-                 buf(np), malloc((size_t)B * sizeof(int32_t))};
+    mlp_ctx c = {B,
+                 buf((size_t)B * 784),
+                 buf((size_t)B * 128),
+                 buf((size_t)B * 128),
+                 buf((size_t)B * 10),
+                 buf((size_t)B * 10),
+                 buf((size_t)B * 10),
+                 buf((size_t)B * 128),
+                 buf((size_t)B * 128),
+                 buf(np),
+                 buf(np),
+                 malloc((size_t)B * sizeof(int32_t))};
     for (int i = 0; i < B; i++) c.y[i] = i % 10;
     const size_t sz[] = {128 * 784, 128, 1280, 10};
     const int fan[] = {784, 784, 128, 128};
@@ -161,8 +194,8 @@ static void bench_mlp(int B) {
     snprintf(name, sizeof name, "MLP 784-128-10 train step B=%d", B);
     double f = 2.0 * B * (784.0 * 128 * 2 + 128.0 * 10 * 3);
     report(name, time_it(mlp_step, &c), f, B);
-    dt_free(c.x), dt_free(c.h), dt_free(c.hr), dt_free(c.logits), dt_free(c.probs), dt_free(c.dlogits),
-        dt_free(c.dhr), dt_free(c.dh), dt_free(c.p), dt_free(c.g), free(c.y);
+    dt_free(c.x), dt_free(c.h), dt_free(c.hr), dt_free(c.logits), dt_free(c.probs), dt_free(c.dlogits), dt_free(c.dhr),
+        dt_free(c.dh), dt_free(c.p), dt_free(c.g), free(c.y);
 }
 
 /* conv(32,3,pad=1) relu maxpool(2) conv(64,3,pad=1) relu maxpool(2) flatten linear(128) relu linear(10) */
@@ -174,7 +207,9 @@ typedef struct {
 } cnn_ctx;
 
 /* The CNN's parameters (or gradients) as views into one flat vector, in init_params order. */
-typedef struct { float *w1, *b1, *w2, *b2, *w3, *b3, *w4, *b4; } cnn_views;
+typedef struct {
+    float *w1, *b1, *w2, *b2, *w3, *b3, *w4, *b4;
+} cnn_views;
 
 static cnn_views cnn_split(float *p) {
     cnn_views v = {.w1 = p};
@@ -245,11 +280,32 @@ static void bench_cnn(int B) {
     size_t s1 = (size_t)B * 32 * 784, s1p = (size_t)B * 32 * 196, s2 = (size_t)B * 64 * 196, s2p = (size_t)B * 3136;
     size_t ws = dt_conv2d_workspace(B, 32, 14, 14, 64, 3, 1, 1), ws1 = dt_conv2d_workspace(B, 1, 28, 28, 32, 3, 1, 1);
     cnn_ctx c = {B,
-                 buf((size_t)B * 784), buf(s1), buf(s1), buf(s1p), buf(s2), buf(s2), buf(s2p),
-                 buf((size_t)B * 128), buf((size_t)B * 128), buf((size_t)B * 10), buf((size_t)B * 10),
-                 buf((size_t)B * 10), buf((size_t)B * 128), buf((size_t)B * 128), buf(s2p), buf(s2), buf(s2),
-                 buf(s1p), buf(s1), buf(s1), buf(np), buf(np), buf(ws > ws1 ? ws : ws1),
-                 malloc(s1p * 4), malloc(s2p * 4), malloc((size_t)B * 4)};
+                 buf((size_t)B * 784),
+                 buf(s1),
+                 buf(s1),
+                 buf(s1p),
+                 buf(s2),
+                 buf(s2),
+                 buf(s2p),
+                 buf((size_t)B * 128),
+                 buf((size_t)B * 128),
+                 buf((size_t)B * 10),
+                 buf((size_t)B * 10),
+                 buf((size_t)B * 10),
+                 buf((size_t)B * 128),
+                 buf((size_t)B * 128),
+                 buf(s2p),
+                 buf(s2),
+                 buf(s2),
+                 buf(s1p),
+                 buf(s1),
+                 buf(s1),
+                 buf(np),
+                 buf(np),
+                 buf(ws > ws1 ? ws : ws1),
+                 malloc(s1p * 4),
+                 malloc(s2p * 4),
+                 malloc((size_t)B * 4)};
     for (int i = 0; i < B; i++) c.y[i] = i % 10;
     const size_t sz[] = {32 * 9, 32, 64 * 288, 64, 128 * 3136, 128, 1280, 10};
     const int fan[] = {9, 9, 288, 288, 3136, 3136, 128, 128};

@@ -13,7 +13,7 @@
 /* Test loss and accuracy of m on ds: forward passes without training, batches in order. */
 static dt_status evaluate(dt_model *m, const dt_dataset *ds, float *loss, float *acc) {
     dt_loader *l = NULL;
-    dt_loader_config lc = {.batch = 500, .world = 1};  /* no shuffle; every sample once */
+    dt_loader_config lc = {.batch = 500, .world = 1}; /* no shuffle; every sample once */
     DT_TRY(dt_loader_create(&l, ds, &lc));
     dt_status s = dt_loader_start_epoch(l, 0, 0);
     double sum = 0;
@@ -28,7 +28,7 @@ static dt_status evaluate(dt_model *m, const dt_dataset *ds, float *loss, float 
         n += b.n;
     }
     dt_loader_destroy(l);
-    if (s != DT_ENOENT) return s;  /* DT_ENOENT: the epoch ended */
+    if (s != DT_ENOENT) return s; /* DT_ENOENT: the epoch ended */
     *loss = (float)(sum / (double)n), *acc = (float)correct / (float)n;
     return DT_OK;
 }
@@ -41,16 +41,16 @@ static dt_status train(dt_model *m, dt_optim *o, dt_loader *l, int steps) {
     for (int step = 0; step < steps; step++) {
         dt_batch b;
         dt_status s = dt_loader_next(l, &b);
-        if (s == DT_ENOENT) {  /* the epoch is over: start the next one (a new shuffle) */
+        if (s == DT_ENOENT) { /* the epoch is over: start the next one (a new shuffle) */
             DT_TRY(dt_loader_start_epoch(l, ++epoch, 0));
             s = dt_loader_next(l, &b);
         }
         DT_TRY(s);
         dt_feed f = {b.x, b.y, b.n};
         dt_model_zero_grad(m);
-        DT_TRY(dt_model_run(m, &f, true, (uint64_t)step, &loss));  /* forward, loss */
-        DT_TRY(dt_model_backward_loss(m, 1.0f, NULL, NULL));       /* backward: grads accumulate */
-        dt_optim_step(o, p, g, 1e-3f);                             /* update */
+        DT_TRY(dt_model_run(m, &f, true, (uint64_t)step, &loss)); /* forward, loss */
+        DT_TRY(dt_model_backward_loss(m, 1.0f, NULL, NULL));      /* backward: grads accumulate */
+        dt_optim_step(o, p, g, 1e-3f);                            /* update */
         if ((step + 1) % 100 == 0) printf("step %d: loss %.4f\n", step + 1, loss);
     }
     return DT_OK;
@@ -71,7 +71,7 @@ int main(int argc, char **argv) {
     if (s == DT_OK && !te) s = dt_error(DT_EINVAL, "--data %s has no test set to evaluate on", data);
     if (s == DT_OK) {
         dt_dataset_shape(tr, &C, &H, &W);
-        s = dt_model_build(&m, spec, C, H, W);  /* initialised (seed DT_MODEL_BUILD_SEED) */
+        s = dt_model_build(&m, spec, C, H, W); /* initialised (seed DT_MODEL_BUILD_SEED) */
     }
     if (s == DT_OK) s = dt_optim_create(&o, &oc, dt_model_num_params(m));
     if (s == DT_OK) s = dt_loader_create(&l, tr, &lc);

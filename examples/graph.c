@@ -9,7 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#define N 600      /* points, 200 per spiral */
+#define N 600 /* points, 200 per spiral */
 #define HID 32
 
 static int build(dt_model **out) {
@@ -25,7 +25,7 @@ static int build(dt_model **out) {
     int h2 = dt_graph_node(m, "hidden", &lin, -1, &h1, 1);
     dt_layer_spec add = dt_layer_default(DT_LAYER_ADD);
     int res[2] = {h1, h2};
-    int h = dt_graph_node(m, "residual", &add, -1, res, 2);       /* h1 feeds two nodes */
+    int h = dt_graph_node(m, "residual", &add, -1, res, 2); /* h1 feeds two nodes */
     h = dt_graph_node(m, "act2", &act, -1, &h, 1);
     lin.out = 3;
     int logits = dt_graph_node(m, "head", &lin, -1, &h, 1);
@@ -33,7 +33,10 @@ static int build(dt_model **out) {
     int in2[2] = {logits, y};
     int loss = dt_graph_node(m, "loss", &xe, -1, in2, 2);
     dt_status s = dt_graph_finish(m, logits, loss, "residual-mlp");
-    if (s != DT_OK) { dt_model_destroy(m); return s; }
+    if (s != DT_OK) {
+        dt_model_destroy(m);
+        return s;
+    }
     *out = m;
     return DT_OK;
 }
@@ -41,7 +44,7 @@ static int build(dt_model **out) {
 int main(void) {
     static float x[N * 2];
     static int32_t y[N];
-    for (int i = 0; i < N; i++) {                 /* spiral k: radius r, angle 4r + 2 pi k / 3 */
+    for (int i = 0; i < N; i++) { /* spiral k: radius r, angle 4r + 2 pi k / 3 */
         int k = i % 3;
         float r = (float)(i / 3) / (N / 3), a = 4.0f * r + 2.0944f * k;
         x[2 * i] = r * cosf(a), x[2 * i + 1] = r * sinf(a), y[i] = k;
@@ -58,7 +61,8 @@ int main(void) {
         return 1;
     }
     dt_model_init(m, 7);
-    printf("model %s: %zu parameters in %d tensors\n", dt_model_spec(m), dt_model_num_params(m), dt_model_num_tensors(m));
+    printf("model %s: %zu parameters in %d tensors\n", dt_model_spec(m), dt_model_num_params(m),
+           dt_model_num_tensors(m));
     uint64_t step = 0;
     float loss = NAN;
     for (int epoch = 0; epoch < 60; epoch++) {
@@ -75,7 +79,7 @@ int main(void) {
         }
         if ((epoch + 1) % 20 == 0) printf("epoch %d: loss %.4f\n", epoch + 1, sum / nb);
     }
-    int correct = 0;                              /* training accuracy, one forward of all points */
+    int correct = 0; /* training accuracy, one forward of all points */
     const float *out;
     if (dt_model_forward(m, x, N, false, 0, &out)) return 1;
     for (int i = 0; i < N; i++) {

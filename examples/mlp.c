@@ -15,7 +15,7 @@ static void on_epoch(void *ctx, const dt_epoch_info *e) {
 }
 
 int main(int argc, char **argv) {
-    dt_train_config cfg;  /* the defaults: mlp, adam 1e-3, batch 32, seed 42; this header's layout */
+    dt_train_config cfg; /* the defaults: mlp, adam 1e-3, batch 32, seed 42; this header's layout */
     if (dt_train_config_init(&cfg) != DT_OK) {
         fprintf(stderr, "%s\n", dt_last_error());
         return 1;
@@ -28,7 +28,8 @@ int main(int argc, char **argv) {
 
     dt_trainer *t = NULL;
     float loss, acc;
-    if (dt_trainer_create(&t, &cfg) != DT_OK || dt_trainer_run(t) != DT_OK || dt_trainer_evaluate(t, &loss, &acc) != DT_OK) {
+    if (dt_trainer_create(&t, &cfg) != DT_OK || dt_trainer_run(t) != DT_OK ||
+        dt_trainer_evaluate(t, &loss, &acc) != DT_OK) {
         fprintf(stderr, "mlp: %s\n", dt_last_error());
         dt_trainer_destroy(t);
         return 1;

@@ -18,10 +18,10 @@ typedef struct {
 static dt_status worker(dt_comm *comm, void *ctx) {
     const job *j = ctx;
     dt_train_config cfg;
-    DT_TRY(dt_train_config_init(&cfg));  /* the defaults, with this header's layout */
+    DT_TRY(dt_train_config_init(&cfg)); /* the defaults, with this header's layout */
     cfg.data = j->data;
     cfg.epochs = 2;
-    cfg.batch = 32 / j->workers;                    /* global batch 32 */
+    cfg.batch = 32 / j->workers; /* global batch 32 */
     cfg.comm = comm;
     const char *steps = getenv("DTRAIN_EXAMPLE_STEPS");
     if (steps) cfg.max_steps = atoll(steps);
@@ -29,7 +29,7 @@ static dt_status worker(dt_comm *comm, void *ctx) {
     float loss, acc;
     DT_TRY(dt_trainer_create(&t, &cfg));
     dt_status s = dt_trainer_run(t);
-    if (s == DT_OK) s = dt_trainer_evaluate(t, &loss, &acc);   /* every rank calls it */
+    if (s == DT_OK) s = dt_trainer_evaluate(t, &loss, &acc); /* every rank calls it */
     if (s == DT_OK && dt_comm_rank(comm) == 0)
         printf("workers=%d test_loss=%.6f test_acc=%.4f steps=%lld\n", dt_comm_size(comm), loss, acc,
                (long long)dt_trainer_step(t));

@@ -49,7 +49,7 @@ static void decode(uint16_t type, const uint8_t *p, uint32_t len) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1) return 0;
-    size_t step = (size_t)data[0] % 61 + 1;  /* chunking as a socket might deliver it */
+    size_t step = (size_t)data[0] % 61 + 1; /* chunking as a socket might deliver it */
     data++, size--;
     dt_fl_reader r;
     dt_fl_reader_init(&r, 1u << 20);
@@ -58,7 +58,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         size_t k = size - off < step ? size - off : step, used;
         int rc = dt_fl_reader_feed(&r, data + off, k, &used);
         off += used;
-        if (rc < 0) break;  /* the peer would be dropped here */
+        if (rc < 0) break; /* the peer would be dropped here */
         if (rc == 1) {
             uint16_t type = r.type;
             uint32_t len = r.len;

@@ -34,7 +34,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (dt_ps_books_alloc(&sv) != DT_OK) return 0;
     pthread_mutex_init(&sv.mu, NULL);
     pthread_cond_init(&sv.cv, NULL);
-    for (int k = 0; k < W * 2; k++) sv.pending[k] = k < W ? k : -1;  /* worker w starts holding seq w */
+    for (int k = 0; k < W * 2; k++) sv.pending[k] = k < W ? k : -1; /* worker w starts holding seq w */
     while (size >= 1 + sizeof(ps_push)) {
         int w = data[0] % W;
         ps_push m;

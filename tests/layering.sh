@@ -61,7 +61,7 @@ mm=$TMP/modelmem
 mkdir -p "$mm/src/nn" "$mm/src/parallel"
 sed '0,/const float \*w = dt_node_param(m, n, c, 0);/{//{p;s/.*/    { const dt_run_ctx *ctx = c; size_t off = 0; memcpy(ctx->params + off, w, sizeof *w); }/}}' \
   "$ROOT/src/nn/op_linear.c" >"$mm/src/nn/op_linear.c"
-sed '/float \*g = dt_model_grads(s->model);  \/\* on the optimizer/{p;s/.*/    memset(g, 0, dt_model_num_params(s->model) * sizeof *g);\n    g[0] += 1.0f;/}' \
+sed '/float \*g = dt_model_grads(s->model); *\/\* on the optimizer/{p;s/.*/    memset(g, 0, dt_model_num_params(s->model) * sizeof *g);\n    g[0] += 1.0f;/}' \
   "$ROOT/src/parallel/strategy.c" >"$mm/src/parallel/strategy.c"
 out=$(python3 "$ROOT/scripts/model-memory-check" --allow "$ROOT/scripts/model-memory-allow" "$mm" | grep -v '^note: ')
 if [ "$(echo "$out" | grep -c .)" = 3 ] && echo "$out" | grep -q '^src/nn/op_linear.c:.*memcpy.*ctx->params + off' &&

@@ -57,30 +57,30 @@ typedef enum { DT_BACKEND_AUTO = 0, DT_BACKEND_SHM, DT_BACKEND_MPI, DT_BACKEND_S
  * (a collective without that variant uses its default); for benchmarks and tests. */
 typedef enum {
     DT_ALGO_AUTO = 0,
-    DT_ALGO_RING,    /* ring: reduce-scatter + allgather, bandwidth-optimal */
-    DT_ALGO_RD,      /* recursive doubling, latency-optimal */
-    DT_ALGO_RHD,     /* recursive halving (reduce-scatter) + doubling (allgather), Rabenseifner */
-    DT_ALGO_TREE,    /* binomial tree (broadcast, reduce, gather, scatter) */
-    DT_ALGO_DIRECT,  /* shm only: ranks reduce slices straight from peers' buffers in the segment */
-    DT_ALGO_NATIVE,  /* the transport's own collective (MPI_Allreduce ...) */
+    DT_ALGO_RING,   /* ring: reduce-scatter + allgather, bandwidth-optimal */
+    DT_ALGO_RD,     /* recursive doubling, latency-optimal */
+    DT_ALGO_RHD,    /* recursive halving (reduce-scatter) + doubling (allgather), Rabenseifner */
+    DT_ALGO_TREE,   /* binomial tree (broadcast, reduce, gather, scatter) */
+    DT_ALGO_DIRECT, /* shm only: ranks reduce slices straight from peers' buffers in the segment */
+    DT_ALGO_NATIVE, /* the transport's own collective (MPI_Allreduce ...) */
     DT_ALGO_COUNT
 } dt_comm_algo;
 
 /* Explicit creation parameters. Start from dt_comm_config_default(). */
 typedef struct {
-    int rank;             /* this process's rank, 0..size-1 */
-    int size;             /* world size; 1 = a single process (no transport needed) */
-    int local_rank;       /* rank among the processes of this host (informational) */
-    const char *job_id;   /* shm: names the job's segment; all ranks of a job pass the same id */
-    dt_backend backend;   /* AUTO: shm when size > 1 (explicit create) */
-    dt_comm_algo algo;    /* AUTO unless overridden; DTRAIN_COMM_ALGO env overrides AUTO */
-    double timeout_s;     /* deadline of every blocking wait; 0 = env DTRAIN_TIMEOUT or 300 s */
+    int rank;                 /* this process's rank, 0..size-1 */
+    int size;                 /* world size; 1 = a single process (no transport needed) */
+    int local_rank;           /* rank among the processes of this host (informational) */
+    const char *job_id;       /* shm: names the job's segment; all ranks of a job pass the same id */
+    dt_backend backend;       /* AUTO: shm when size > 1 (explicit create) */
+    dt_comm_algo algo;        /* AUTO unless overridden; DTRAIN_COMM_ALGO env overrides AUTO */
+    double timeout_s;         /* deadline of every blocking wait; 0 = env DTRAIN_TIMEOUT or 300 s */
     const char *timeout_knob; /* what sets timeout_s for the user (e.g. "--timeout"), named in timeout
                                * errors; NULL = "dt_comm_config.timeout_s" when set, else DTRAIN_TIMEOUT */
-    const char *transport; /* a transport by name, "NAME[:OPTIONS]" (dt_comm_transport_help lists them:
-                            * "shm", "nccl:bootstrap=mpi", ...); NULL or "auto" = by `backend` */
-    const char *device;    /* the device spec the ranks keep model memory on ("cuda", "cuda:1"), for the
-                            * automatic choice (nccl when every rank is on a CUDA device); NULL = host */
+    const char *transport;    /* a transport by name, "NAME[:OPTIONS]" (dt_comm_transport_help lists them:
+                               * "shm", "nccl:bootstrap=mpi", ...); NULL or "auto" = by `backend` */
+    const char *device;       /* the device spec the ranks keep model memory on ("cuda", "cuda:1"), for the
+                               * automatic choice (nccl when every rank is on a CUDA device); NULL = host */
 } dt_comm_config;
 
 /* Default config: rank 0 of 1, backend AUTO, algo AUTO, timeout from the environment. */
@@ -180,17 +180,14 @@ void dt_comm_set_algo(dt_comm *c, dt_comm_algo algo);
 
 /* ---- blocking collectives (collective over all ranks of c; see the buffer table above) ---- */
 
-dt_status dt_comm_allreduce(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype dtype,
-                            dt_redop op);
+dt_status dt_comm_allreduce(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype dtype, dt_redop op);
 dt_status dt_comm_broadcast(dt_comm *c, void *buf, size_t count, dt_dtype dtype, int root);
-dt_status dt_comm_reduce(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype dtype,
-                         dt_redop op, int root);
+dt_status dt_comm_reduce(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype dtype, dt_redop op, int root);
 dt_status dt_comm_allgather(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype dtype);
 /* counts[size] elements contributed by each rank; displs[size] element offsets into recv (NULL: packed). */
-dt_status dt_comm_allgatherv(dt_comm *c, const void *send, void *recv, const size_t *counts,
-                             const size_t *displs, dt_dtype dtype);
-dt_status dt_comm_reduce_scatter(dt_comm *c, const void *send, void *recv, size_t count,
-                                 dt_dtype dtype, dt_redop op);
+dt_status dt_comm_allgatherv(dt_comm *c, const void *send, void *recv, const size_t *counts, const size_t *displs,
+                             dt_dtype dtype);
+dt_status dt_comm_reduce_scatter(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype dtype, dt_redop op);
 dt_status dt_comm_gather(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype dtype, int root);
 dt_status dt_comm_scatter(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype dtype, int root);
 dt_status dt_comm_alltoall(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype dtype);
@@ -206,18 +203,14 @@ dt_status dt_comm_recv(dt_comm *c, void *buf, size_t count, dt_dtype dtype, int 
  * issue order on its progress thread (no polling needed); buffers must stay valid and untouched
  * until the request completes. Blocking calls issued meanwhile run after them. ---- */
 
-dt_status dt_comm_iallreduce(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype dtype,
-                             dt_redop op, dt_request **req);
-dt_status dt_comm_ibroadcast(dt_comm *c, void *buf, size_t count, dt_dtype dtype, int root,
+dt_status dt_comm_iallreduce(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype dtype, dt_redop op,
                              dt_request **req);
-dt_status dt_comm_iallgather(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype dtype,
-                             dt_request **req);
-dt_status dt_comm_ireduce_scatter(dt_comm *c, const void *send, void *recv, size_t count,
-                                  dt_dtype dtype, dt_redop op, dt_request **req);
-dt_status dt_comm_isend(dt_comm *c, const void *buf, size_t count, dt_dtype dtype, int peer, int tag,
-                        dt_request **req);
-dt_status dt_comm_irecv(dt_comm *c, void *buf, size_t count, dt_dtype dtype, int peer, int tag,
-                        dt_request **req);
+dt_status dt_comm_ibroadcast(dt_comm *c, void *buf, size_t count, dt_dtype dtype, int root, dt_request **req);
+dt_status dt_comm_iallgather(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype dtype, dt_request **req);
+dt_status dt_comm_ireduce_scatter(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype dtype, dt_redop op,
+                                  dt_request **req);
+dt_status dt_comm_isend(dt_comm *c, const void *buf, size_t count, dt_dtype dtype, int peer, int tag, dt_request **req);
+dt_status dt_comm_irecv(dt_comm *c, void *buf, size_t count, dt_dtype dtype, int peer, int tag, dt_request **req);
 
 /* Waits (within the communicator's timeout) for *req to finish, frees it and sets *req = NULL.
  * Returns the op's status; its error message becomes this thread's last error. NULL *req: DT_OK. */
@@ -229,11 +222,11 @@ dt_status dt_request_waitall(dt_request **reqs, int n);
 
 /* ---- names and parsing (for flags and messages) ---- */
 
-const char *dt_redop_name(dt_redop op);         /* "sum", "avg", "max", "min", "prod" */
+const char *dt_redop_name(dt_redop op); /* "sum", "avg", "max", "min", "prod" */
 dt_status dt_redop_parse(const char *s, dt_redop *out);
-const char *dt_backend_name(dt_backend b);      /* "auto", "shm", "mpi", "self" */
+const char *dt_backend_name(dt_backend b); /* "auto", "shm", "mpi", "self" */
 dt_status dt_backend_parse(const char *s, dt_backend *out);
-const char *dt_comm_algo_name(dt_comm_algo a);  /* "auto", "ring", "rd", "rhd", "tree", "direct", "native" */
+const char *dt_comm_algo_name(dt_comm_algo a); /* "auto", "ring", "rd", "rhd", "tree", "direct", "native" */
 dt_status dt_comm_algo_parse(const char *s, dt_comm_algo *out);
 
 /* Removes the shm segment of a job if a crash left it behind (for launchers); DT_OK if absent. */

@@ -15,17 +15,17 @@ extern "C" {
 
 typedef enum {
     DT_OK = 0,
-    DT_EINVAL = -1,     /* bad argument, flag or spec */
-    DT_ENOMEM = -2,     /* allocation failed */
-    DT_EIO = -3,        /* read/write/open failed */
-    DT_EFORMAT = -4,    /* file or message has the wrong format, magic, size or checksum */
-    DT_ENOTSUP = -5,    /* feature not built in or not supported */
-    DT_ETIMEDOUT = -6,  /* a deadline passed */
-    DT_EPEER = -7,      /* a peer rank died or misbehaved */
-    DT_EMISMATCH = -8,  /* ranks disagree (collective, count, dtype, checksum) */
-    DT_EINTERNAL = -9,  /* a bug: an invariant failed */
-    DT_ENOENT = -10,    /* a file or named thing does not exist */
-    DT_EINTR = -11,     /* interrupted by a signal (e.g. SIGTERM) */
+    DT_EINVAL = -1,    /* bad argument, flag or spec */
+    DT_ENOMEM = -2,    /* allocation failed */
+    DT_EIO = -3,       /* read/write/open failed */
+    DT_EFORMAT = -4,   /* file or message has the wrong format, magic, size or checksum */
+    DT_ENOTSUP = -5,   /* feature not built in or not supported */
+    DT_ETIMEDOUT = -6, /* a deadline passed */
+    DT_EPEER = -7,     /* a peer rank died or misbehaved */
+    DT_EMISMATCH = -8, /* ranks disagree (collective, count, dtype, checksum) */
+    DT_EINTERNAL = -9, /* a bug: an invariant failed */
+    DT_ENOENT = -10,   /* a file or named thing does not exist */
+    DT_EINTR = -11,    /* interrupted by a signal (e.g. SIGTERM) */
 } dt_status;
 
 /* Errors name the library's own terms, never a command-line flag: a setting appears as its config
@@ -54,21 +54,19 @@ int dt_last_error_peer(void);
 void dt_error_set_peer(int peer);
 
 /* DT_TRY(x): returns x's status from the calling function when it is not DT_OK. */
-#define DT_TRY(x)                         \
-    do {                                  \
-        dt_status dt_try_s_ = (x);        \
-        if (dt_try_s_ != DT_OK)           \
-            return dt_try_s_;             \
+#define DT_TRY(x)                                 \
+    do {                                          \
+        dt_status dt_try_s_ = (x);                \
+        if (dt_try_s_ != DT_OK) return dt_try_s_; \
     } while (0)
 
 /* DT_TRY_GOTO(x, label): jumps to label (the function's cleanup) when x is not DT_OK. Write the
  * assignment inside to keep the status for the cleanup to return:
  *     DT_TRY_GOTO(s = dt_loader_create(&l, ds, &lc), fail);
  * x is evaluated once. */
-#define DT_TRY_GOTO(x, label)             \
-    do {                                  \
-        if ((x) != DT_OK)                 \
-            goto label;                   \
+#define DT_TRY_GOTO(x, label)         \
+    do {                              \
+        if ((x) != DT_OK) goto label; \
     } while (0)
 
 /* ---- version ------------------------------------------------------------------------------ */
@@ -79,13 +77,10 @@ const char *dt_version(void);
 
 /* ---- dtypes ------------------------------------------------------------------------------- */
 
-typedef enum {
-    DT_F32 = 0, DT_F64, DT_BF16, DT_F16, DT_I32, DT_I64, DT_U8, DT_I8, DT_I16,
-    DT_DTYPE_COUNT
-} dt_dtype;
+typedef enum { DT_F32 = 0, DT_F64, DT_BF16, DT_F16, DT_I32, DT_I64, DT_U8, DT_I8, DT_I16, DT_DTYPE_COUNT } dt_dtype;
 
-size_t dt_dtype_size(dt_dtype t);       /* bytes per element */
-const char *dt_dtype_name(dt_dtype t);  /* safetensors spelling: "F32", "BF16", "U8", ... */
+size_t dt_dtype_size(dt_dtype t);      /* bytes per element */
+const char *dt_dtype_name(dt_dtype t); /* safetensors spelling: "F32", "BF16", "U8", ... */
 /* Parses a safetensors dtype name; returns DT_EINVAL for an unknown name. */
 dt_status dt_dtype_parse(const char *name, dt_dtype *out);
 
@@ -130,9 +125,9 @@ dt_tensor dt_tensor_view(void *data, dt_dtype dtype, int ndim, const int64_t *sh
  * (parameters, gradients, each optimizer moment: llm.c style). */
 typedef struct {
     float *data;
-    size_t n;       /* number of floats */
-    bool reserved;  /* made by dt_slab_reserve: only its placed values are charged */
-    size_t placed;  /* reserved: the bytes dt_slab_place charged */
+    size_t n;      /* number of floats */
+    bool reserved; /* made by dt_slab_reserve: only its placed values are charged */
+    size_t placed; /* reserved: the bytes dt_slab_place charged */
 } dt_slab;
 
 /* Sets s up with n zeroed floats (a plain struct: _init, then _free); on failure sets the last error and
@@ -203,16 +198,14 @@ size_t dt_mem_os_peak(void);
  * streams: use DT_RNG_* constants combined with epoch / layer ids (dt_rng_key). */
 
 enum {
-    DT_RNG_INIT = 1,     /* weight init: key(DT_RNG_INIT, layer) */
-    DT_RNG_SHUFFLE = 2,  /* data order: key(DT_RNG_SHUFFLE, epoch) */
-    DT_RNG_DROPOUT = 3,  /* dropout masks: key(DT_RNG_DROPOUT, step*256 + layer) */
+    DT_RNG_INIT = 1,    /* weight init: key(DT_RNG_INIT, layer) */
+    DT_RNG_SHUFFLE = 2, /* data order: key(DT_RNG_SHUFFLE, epoch) */
+    DT_RNG_DROPOUT = 3, /* dropout masks: key(DT_RNG_DROPOUT, step*256 + layer) */
     DT_RNG_USER = 100,
 };
 
 /* Combines a purpose and a sub-id (layer, epoch, step) into one 64-bit stream key. */
-static inline uint64_t dt_rng_key(uint32_t purpose, uint64_t sub) {
-    return ((uint64_t)purpose << 48) ^ sub;
-}
+static inline uint64_t dt_rng_key(uint32_t purpose, uint64_t sub) { return ((uint64_t)purpose << 48) ^ sub; }
 /* Four 32-bit random words for (seed, key, index). */
 void dt_philox4x32(uint64_t seed, uint64_t key, uint64_t index, uint32_t out[4]);
 /* Uniform float in [0,1) and 64-bit words, from (seed, key, index). */

@@ -16,11 +16,11 @@ extern "C" {
 #define DT_IDX_MAX_DIMS 255
 
 typedef struct {
-    dt_dtype dtype;                  /* DT_U8, DT_I8, DT_I16, DT_I32, DT_F32 or DT_F64 */
-    int ndim;                        /* 0..255 */
-    int64_t dims[DT_IDX_MAX_DIMS];   /* dims[0] is the number of items */
-    size_t count;                    /* number of elements: product of dims */
-    void *data;                      /* count elements in host byte order; owned (dt_idx_free) */
+    dt_dtype dtype;                /* DT_U8, DT_I8, DT_I16, DT_I32, DT_F32 or DT_F64 */
+    int ndim;                      /* 0..255 */
+    int64_t dims[DT_IDX_MAX_DIMS]; /* dims[0] is the number of items */
+    size_t count;                  /* number of elements: product of dims */
+    void *data;                    /* count elements in host byte order; owned (dt_idx_free) */
 } dt_idx;
 
 /* Reads a whole IDX file (raw or gzip'd) into out. On error out is zeroed and the message names
@@ -99,12 +99,12 @@ const char *dt_dataset_cache_file(const dt_dataset *ds);
 /* One of this user's files in the cache directory (dt_cache_list). */
 typedef enum { DT_CACHE_ENTRY, DT_CACHE_LOCK, DT_CACHE_TEMP } dt_cache_kind;
 typedef struct {
-    const char *name;    /* file name in the directory */
-    dt_cache_kind kind;  /* a decoded data set, a builder's lock, a build in progress (or dead) */
+    const char *name;   /* file name in the directory */
+    dt_cache_kind kind; /* a decoded data set, a builder's lock, a build in progress (or dead) */
     uint64_t bytes;
-    double idle_s;       /* since it was last opened */
-    const char *source;  /* entries: the images file it was decoded from; else "" */
-    bool busy;           /* a lock or temp file whose builder is alive */
+    double idle_s;      /* since it was last opened */
+    const char *source; /* entries: the images file it was decoded from; else "" */
+    bool busy;          /* a lock or temp file whose builder is alive */
 } dt_cache_file;
 
 /* The cache directory into dir[cap] (false when DTRAIN_DATA_CACHE=0 turns the cache off), and
@@ -119,13 +119,13 @@ typedef enum { DT_CSV_AUTO = 0, DT_CSV_NO, DT_CSV_YES } dt_csv_flag;
 
 /* CSV options; a zeroed struct is the default. */
 typedef struct {
-    int label_col;       /* column holding the label: 0 = first (default); negative counts from
-                          * the end (-1 = last) */
-    dt_csv_flag header;  /* first line is a header: AUTO = when one of its fields is not a number */
-    dt_csv_flag scale;   /* divide features by 255: AUTO = when every feature is an integer in
-                          * [0,255] (pixel data) */
-    int shape[3];        /* (C,H,W) of a sample, product = number of features; zeros = (1,1,F) */
-    int classes;         /* 0 = max label + 1; otherwise every label must be < classes */
+    int label_col;      /* column holding the label: 0 = first (default); negative counts from
+                         * the end (-1 = last) */
+    dt_csv_flag header; /* first line is a header: AUTO = when one of its fields is not a number */
+    dt_csv_flag scale;  /* divide features by 255: AUTO = when every feature is an integer in
+                         * [0,255] (pixel data) */
+    int shape[3];       /* (C,H,W) of a sample, product = number of features; zeros = (1,1,F) */
+    int classes;        /* 0 = max label + 1; otherwise every label must be < classes */
 } dt_csv_options;
 
 /* Reads a CSV (or gzip'd CSV) file of numeric rows: one label column, the rest features. Features
@@ -159,8 +159,8 @@ bool dt_data_is_npy_dir(const char *path);
 
 /* Builds a data set from memory (copies x: n samples of C*H*W elements of dtype, and y). Labels
  * must be in [0, classes); classes = 0 means max label + 1. Integer 8-bit data is scaled by 1/255. */
-dt_status dt_dataset_create(dt_dataset **out, dt_dtype dtype, const void *x, const int32_t *y,
-                            size_t n, int C, int H, int W, int classes);
+dt_status dt_dataset_create(dt_dataset **out, dt_dtype dtype, const void *x, const int32_t *y, size_t n, int C, int H,
+                            int W, int classes);
 
 /* Frees the data set; NULL is a no-op. Loaders built on it must be freed first. */
 void dt_dataset_destroy(dt_dataset *ds);
@@ -200,8 +200,7 @@ void dt_dataset_stats(const dt_dataset *ds, double *mean, double *std);
  * copy) and keep ds alive: ds may be freed before them (each is freed with dt_dataset_destroy).
  * Threads may split one set at once. The same seed gives the same split.
  * DT_EINVAL for a fraction outside (0, 1) that leaves a side empty, or a text data set. */
-dt_status dt_dataset_split(const dt_dataset *ds, double fraction, uint64_t seed, dt_dataset **train,
-                           dt_dataset **val);
+dt_status dt_dataset_split(const dt_dataset *ds, double fraction, uint64_t seed, dt_dataset **train, dt_dataset **val);
 
 /* Assembles a batch: x (n,C,H,W) f32 and y (n) int32 for samples indices[0..n). x or y may be
  * NULL to skip it. DT_EINVAL naming the position when an index is >= dt_dataset_len, and on a
@@ -282,18 +281,15 @@ void dt_sampler_order(uint32_t *order, size_t n, uint64_t seed, uint64_t epoch, 
 /* Batches per epoch for every rank (0 when drop_last and n < batch*world). */
 size_t dt_sampler_batches(size_t n, int batch, int world, bool drop_last);
 /* Rank's batch b is order[*start .. *start + *count). b < dt_sampler_batches(). */
-void dt_sampler_batch_range(size_t n, int batch, int rank, int world, size_t b, size_t *start,
-                            size_t *count);
+void dt_sampler_batch_range(size_t n, int batch, int rank, int world, size_t b, size_t *start, size_t *count);
 /* Rank's part of global batch b under an uneven cut: counts[world] samples per rank of a complete
  * global batch (G = their sum); rank r takes the block after the first sum(counts[0..r)) of each
  * global batch of G. The last incomplete one (rem samples) is cut in the same proportions: rank r
  * starts at floor(sum(counts[0..r)) * rem / G). Every index still appears exactly once. */
-void dt_sampler_cut_range(size_t n, const int *counts, int rank, int world, size_t b, size_t *start,
-                          size_t *count);
+void dt_sampler_cut_range(size_t n, const int *counts, int rank, int world, size_t b, size_t *start, size_t *count);
 /* Writes rank's whole part of an epoch (its batches in order) into out (room for n) and returns
  * its length. */
-size_t dt_sampler_shard(uint32_t *out, const uint32_t *order, size_t n, int batch, int rank,
-                        int world, bool drop_last);
+size_t dt_sampler_shard(uint32_t *out, const uint32_t *order, size_t n, int batch, int rank, int world, bool drop_last);
 
 /* ---- prefetching loader ------------------------------------------------------------------- */
 
@@ -308,27 +304,27 @@ typedef struct dt_loader dt_loader;
 int dt_loader_prefetch_for(int ranks, int threads, int cpus);
 
 typedef struct {
-    int batch;         /* samples per rank per step (> 0) */
-    bool shuffle;      /* shuffle every epoch (by seed, epoch) */
-    bool drop_last;    /* drop the last incomplete global batch */
+    int batch;      /* samples per rank per step (> 0) */
+    bool shuffle;   /* shuffle every epoch (by seed, epoch) */
+    bool drop_last; /* drop the last incomplete global batch */
     uint64_t seed;
-    int rank, world;   /* this rank's part of the global order; world 0 is taken as 1 */
-    int prefetch;      /* batches assembled ahead by a background thread; 0 = none (synchronous),
-                        * negative = default (3) */
-    int max_batch;     /* room per batch for an uneven cut (dt_loader_set_cut); 0 = batch */
-    size_t epoch_len;  /* samples per epoch: 0 = all n; else the first epoch_len entries of the
-                        * (seed, epoch) order of all n samples, so each epoch draws different
-                        * samples and N ranks still share 1 rank's global order
-                        * (--epoch-windows); at most n */
+    int rank, world;  /* this rank's part of the global order; world 0 is taken as 1 */
+    int prefetch;     /* batches assembled ahead by a background thread; 0 = none (synchronous),
+                       * negative = default (3) */
+    int max_batch;    /* room per batch for an uneven cut (dt_loader_set_cut); 0 = batch */
+    size_t epoch_len; /* samples per epoch: 0 = all n; else the first epoch_len entries of the
+                       * (seed, epoch) order of all n samples, so each epoch draws different
+                       * samples and N ranks still share 1 rank's global order
+                       * (--epoch-windows); at most n */
 } dt_loader_config;
 
 typedef struct {
-    const float *x;      /* (n, C, H, W) features; NULL for a text data set */
-    const int32_t *tok;  /* (n, T) input token ids for a text data set; NULL otherwise */
-    const int32_t *y;    /* (n, T): labels (T = 1) or next-token targets (text) */
-    int n;               /* samples in this batch (may be 0 on some ranks in a final spread batch) */
-    int T;               /* values of y per sample: 1 for labels, the window for text */
-    size_t index;        /* batch index within the epoch */
+    const float *x;     /* (n, C, H, W) features; NULL for a text data set */
+    const int32_t *tok; /* (n, T) input token ids for a text data set; NULL otherwise */
+    const int32_t *y;   /* (n, T): labels (T = 1) or next-token targets (text) */
+    int n;              /* samples in this batch (may be 0 on some ranks in a final spread batch) */
+    int T;              /* values of y per sample: 1 for labels, the window for text */
+    size_t index;       /* batch index within the epoch */
     uint64_t epoch;
 } dt_batch;
 

@@ -12,11 +12,11 @@ extern "C" {
 #endif
 
 typedef struct {
-    int L;  /* transformer blocks (n_layer) */
-    int H;  /* attention heads (n_head); C % H == 0 */
-    int C;  /* embedding width (n_embd) */
-    int T;  /* context length (block_size) */
-    int V;  /* vocabulary (256: bytes) */
+    int L; /* transformer blocks (n_layer) */
+    int H; /* attention heads (n_head); C % H == 0 */
+    int C; /* embedding width (n_embd) */
+    int T; /* context length (block_size) */
+    int V; /* vocabulary (256: bytes) */
 } dt_gpt_config;
 
 /* Parses "gpt" or "gpt:L=4,H=4,C=128,T=64[,V=256]" (defaults: those values). DT_EINVAL names

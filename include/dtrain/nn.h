@@ -17,39 +17,48 @@ extern "C" {
 #endif
 
 typedef enum {
-    DT_LAYER_LINEAR, DT_LAYER_CONV2D, DT_LAYER_MAXPOOL2D, DT_LAYER_AVGPOOL2D, DT_LAYER_RELU,
-    DT_LAYER_GELU, DT_LAYER_TANH, DT_LAYER_SIGMOID, DT_LAYER_DROPOUT, DT_LAYER_FLATTEN,
-    DT_LAYER_LAYERNORM, DT_LAYER_BATCHNORM2D,
+    DT_LAYER_LINEAR,
+    DT_LAYER_CONV2D,
+    DT_LAYER_MAXPOOL2D,
+    DT_LAYER_AVGPOOL2D,
+    DT_LAYER_RELU,
+    DT_LAYER_GELU,
+    DT_LAYER_TANH,
+    DT_LAYER_SIGMOID,
+    DT_LAYER_DROPOUT,
+    DT_LAYER_FLATTEN,
+    DT_LAYER_LAYERNORM,
+    DT_LAYER_BATCHNORM2D,
     /* graph ops beyond the sequential layers */
-    DT_LAYER_INPUT,      /* a graph input (dt_graph_input) */
-    DT_LAYER_EMBEDDING,  /* int32 ids (..) -> rows of a (num, out) table: (.., out); pos: row = position */
-    DT_LAYER_ADD,        /* a + b, same shape (residual) */
-    DT_LAYER_ATTENTION,  /* causal multi-head self-attention: qkv (T, 3C) -> (T, C), `heads` heads */
-    DT_LAYER_MATMUL_T,   /* in (.., C) @ w^T with w (out, C) and no bias (a tied output head) */
-    DT_LAYER_RESHAPE,    /* same values, per-sample shape `shape[0..ndim)` */
-    DT_LAYER_XENT,       /* loss: softmax cross-entropy of logits (.., V) against int32 targets (..) */
-    DT_LAYER_MSE,        /* loss: mean squared error against an f32 target of the same shape */
-    DT_LAYER_KIND_COUNT  /* the kinds named here; ops added to the registry since have kinds from here
-                          * on, without a name in this enum (dt_layer_find) */
+    DT_LAYER_INPUT,     /* a graph input (dt_graph_input) */
+    DT_LAYER_EMBEDDING, /* int32 ids (..) -> rows of a (num, out) table: (.., out); pos: row = position */
+    DT_LAYER_ADD,       /* a + b, same shape (residual) */
+    DT_LAYER_ATTENTION, /* causal multi-head self-attention: qkv (T, 3C) -> (T, C), `heads` heads */
+    DT_LAYER_MATMUL_T,  /* in (.., C) @ w^T with w (out, C) and no bias (a tied output head) */
+    DT_LAYER_RESHAPE,   /* same values, per-sample shape `shape[0..ndim)` */
+    DT_LAYER_XENT,      /* loss: softmax cross-entropy of logits (.., V) against int32 targets (..) */
+    DT_LAYER_MSE,       /* loss: mean squared error against an f32 target of the same shape */
+    DT_LAYER_KIND_COUNT /* the kinds named here; ops added to the registry since have kinds from here
+                         * on, without a name in this enum (dt_layer_find) */
 } dt_layer_kind;
 
 /* One layer of a spec. Fields a kind does not use are ignored. */
 typedef struct {
     dt_layer_kind kind;
-    int out;          /* linear: out features; conv: out channels */
-    int k;            /* conv / pool kernel size (square) */
-    int stride;       /* conv default 1; pool default k */
-    int pad;          /* conv padding, default 0 */
-    bool bias;        /* linear/conv bias, default true */
-    float p;          /* dropout probability, default 0.5 */
-    float eps;        /* norms, default 1e-5 */
-    float momentum;   /* batchnorm running-stat momentum, default 0.1 */
+    int out;        /* linear: out features; conv: out channels */
+    int k;          /* conv / pool kernel size (square) */
+    int stride;     /* conv default 1; pool default k */
+    int pad;        /* conv padding, default 0 */
+    bool bias;      /* linear/conv bias, default true */
+    float p;        /* dropout probability, default 0.5 */
+    float eps;      /* norms, default 1e-5 */
+    float momentum; /* batchnorm running-stat momentum, default 0.1 */
     /* graph ops (the sequential spec leaves these at their defaults) */
-    bool flatten;     /* linear: over all values of a sample (sequential spec) instead of the last dim */
-    int num;          /* embedding: rows of the table (vocabulary or positions) */
-    bool pos;         /* embedding: look up each position's row instead of the id's */
-    int heads;        /* attention heads */
-    int ndim;         /* reshape: per-sample shape */
+    bool flatten; /* linear: over all values of a sample (sequential spec) instead of the last dim */
+    int num;      /* embedding: rows of the table (vocabulary or positions) */
+    bool pos;     /* embedding: look up each position's row instead of the id's */
+    int heads;    /* attention heads */
+    int ndim;     /* reshape: per-sample shape */
     int shape[4];
     int ignore_index; /* xent: targets equal to it do not count (default -100, as torch) */
     float init_std;   /* > 0: weights ~ N(0, init_std), biases 0 (GPT); 0: torch's default init */
@@ -176,10 +185,10 @@ float *dt_model_buffers(dt_model *m);
 
 /* A named tensor view of the model: offset into the params slab (or the buffers slab). */
 typedef struct {
-    char name[64];      /* "0.weight", "transformer.h.0.attn.c_attn.weight" */
-    bool is_buffer;     /* true: in buffers slab (running stats) */
-    int layer;          /* the node that owns it (its first user) */
-    size_t offset;      /* in floats */
+    char name[64];  /* "0.weight", "transformer.h.0.attn.c_attn.weight" */
+    bool is_buffer; /* true: in buffers slab (running stats) */
+    int layer;      /* the node that owns it (its first user) */
+    size_t offset;  /* in floats */
     size_t numel;
     int ndim;
     int64_t shape[4];
@@ -211,14 +220,14 @@ bool dt_model_node_fused(const dt_model *m, int node);
  * tensor-parallel strategy (parallel/tp_hooks.c, tp_shard.c) gives it meaning). A node's
  * parameters are "<node>.weight" (out, in) and "<node>.bias" (out). */
 typedef enum {
-    DT_TP_MARK_NONE = 0,  /* replicated: every rank computes it whole */
-    DT_TP_MARK_COLUMN,    /* column-parallel linear: rank r of K computes outputs [r out/K, (r+1) out/K)
-                           * (in `parts` equal parts each split so: 3 for a fused q,k,v) from the whole
-                           * input; its input's gradient is summed over the ranks */
-    DT_TP_MARK_ROW,       /* row-parallel linear: rank r reads inputs [r in/K, ...) (a column-parallel
-                           * node's slice, through elementwise nodes), its output's partial sums are
-                           * summed over the ranks; the bias is added once */
-    DT_TP_MARK_VOCAB,     /* vocabulary-parallel: an embedding or a (tied) head split by table rows */
+    DT_TP_MARK_NONE = 0, /* replicated: every rank computes it whole */
+    DT_TP_MARK_COLUMN,   /* column-parallel linear: rank r of K computes outputs [r out/K, (r+1) out/K)
+                          * (in `parts` equal parts each split so: 3 for a fused q,k,v) from the whole
+                          * input; its input's gradient is summed over the ranks */
+    DT_TP_MARK_ROW,      /* row-parallel linear: rank r reads inputs [r in/K, ...) (a column-parallel
+                          * node's slice, through elementwise nodes), its output's partial sums are
+                          * summed over the ranks; the bias is added once */
+    DT_TP_MARK_VOCAB,    /* vocabulary-parallel: an embedding or a (tied) head split by table rows */
 } dt_tp_mark;
 /* Marks node (parts: 1, or 3 for a fused q,k,v column-parallel node). DT_EINVAL naming the
  * node for a bad node, mark or parts. */

@@ -14,10 +14,10 @@ typedef enum { DT_OPTIM_SGD, DT_OPTIM_ADAM, DT_OPTIM_ADAMW } dt_optim_kind;
 
 typedef struct {
     dt_optim_kind kind;
-    float momentum;      /* sgd */
-    bool nesterov;       /* sgd */
-    float weight_decay;  /* sgd/adam: L2 added to the gradient; adamw: decoupled */
-    float beta1, beta2, eps;  /* adam/adamw */
+    float momentum;          /* sgd */
+    bool nesterov;           /* sgd */
+    float weight_decay;      /* sgd/adam: L2 added to the gradient; adamw: decoupled */
+    float beta1, beta2, eps; /* adam/adamw */
 } dt_optim_config;
 
 /* Defaults as torch: sgd momentum 0; adam betas (0.9, 0.999), eps 1e-8; adamw weight decay 0.01. */
@@ -80,11 +80,11 @@ dt_status dt_optim_place(dt_optim *o, const dt_range *own, int nown);
 
 /* ---- dynamic loss scaling (fp16) ---- */
 typedef struct {
-    float scale;            /* current scale S */
-    float growth, backoff;  /* S *= growth after `interval` finite steps; S *= backoff on inf/NaN */
+    float scale;           /* current scale S */
+    float growth, backoff; /* S *= growth after `interval` finite steps; S *= backoff on inf/NaN */
     int interval;
-    int good;               /* finite steps since S last changed */
-    int64_t skipped;        /* steps skipped for inf/NaN gradients */
+    int good;        /* finite steps since S last changed */
+    int64_t skipped; /* steps skipped for inf/NaN gradients */
 } dt_loss_scaler;
 /* torch.cuda.amp.GradScaler's defaults: S = 65536, growth 2, backoff 0.5, interval 2000. */
 dt_loss_scaler dt_loss_scaler_default(void);
@@ -108,11 +108,11 @@ typedef enum { DT_LR_CONSTANT, DT_LR_STEP, DT_LR_COSINE } dt_lr_kind;
 typedef struct {
     dt_lr_kind kind;
     float base_lr;
-    int64_t warmup_steps;  /* linear warm-up from base_lr/warmup to base_lr, 0 = none */
-    int64_t total_steps;   /* cosine: decay horizon (after warm-up) */
-    int64_t step_size;     /* step: decay every step_size steps */
-    float gamma;           /* step: multiply by gamma */
-    float min_lr;          /* cosine floor */
+    int64_t warmup_steps; /* linear warm-up from base_lr/warmup to base_lr, 0 = none */
+    int64_t total_steps;  /* cosine: decay horizon (after warm-up) */
+    int64_t step_size;    /* step: decay every step_size steps */
+    float gamma;          /* step: multiply by gamma */
+    float min_lr;         /* cosine floor */
 } dt_lr_schedule;
 /* "constant" | "step" | "cosine" -> kind. */
 dt_status dt_lr_parse(const char *name, dt_lr_kind *kind);

@@ -36,8 +36,8 @@ dt_status dt_st_writer_create(dt_st_writer **w);
 /* Adds tensor `name` (copied) of dtype/shape (copied, ndim 0..DT_MAX_DIMS). `data` (contiguous,
  * little-endian) is only referenced: it must stay valid and unchanged until the last write.
  * data may be NULL for a zero-sized tensor. DT_EINVAL for a duplicate/empty name or bad shape. */
-dt_status dt_st_writer_add(dt_st_writer *w, const char *name, dt_dtype dtype, int ndim,
-                           const int64_t *shape, const void *data);
+dt_status dt_st_writer_add(dt_st_writer *w, const char *name, dt_dtype dtype, int ndim, const int64_t *shape,
+                           const void *data);
 /* Adds metadata key = value (both copied). DT_EINVAL for an empty, duplicate or reserved key
  * ("dtrain.format", "dtrain.format_version", "dtrain.header_crc32", "dtrain.crc32.*"). */
 dt_status dt_st_writer_meta(dt_st_writer *w, const char *key, const char *value);

@@ -19,84 +19,83 @@ extern "C" {
 
 /* Progress of the running epoch, for a progress bar. */
 typedef struct {
-    int epoch, epochs;              /* 0-based epoch, total */
+    int epoch, epochs; /* 0-based epoch, total */
     int64_t step_in_epoch, steps_per_epoch, global_step;
-    float loss;                     /* mean training loss so far this epoch */
-    double samples_per_s;           /* this epoch so far */
-    double elapsed_s, eta_s;        /* this epoch: time so far, and to its last step (the epoch's end, or
-                                     * max_steps where that ends the run inside it) */
-    int64_t epoch_steps;            /* steps this epoch runs: steps_per_epoch, fewer where max_steps ends
-                                     * the run in it (the bar's end) */
-    int64_t total_steps;            /* steps of the whole run: epochs x steps_per_epoch, capped by max_steps */
-    double run_eta_s;               /* to the run's last step (training only, at this epoch's pace) */
-    const char *eval_set;           /* non-NULL while an evaluation runs ("test" or "validation"): it is at */
+    float loss;                       /* mean training loss so far this epoch */
+    double samples_per_s;             /* this epoch so far */
+    double elapsed_s, eta_s;          /* this epoch: time so far, and to its last step (the epoch's end, or
+                                       * max_steps where that ends the run inside it) */
+    int64_t epoch_steps;              /* steps this epoch runs: steps_per_epoch, fewer where max_steps ends
+                                       * the run in it (the bar's end) */
+    int64_t total_steps;              /* steps of the whole run: epochs x steps_per_epoch, capped by max_steps */
+    double run_eta_s;                 /* to the run's last step (training only, at this epoch's pace) */
+    const char *eval_set;             /* non-NULL while an evaluation runs ("test" or "validation"): it is at */
     int64_t eval_batch, eval_batches; /* batch eval_batch of eval_batches (the other fields as before it) */
 } dt_progress_info;
 
 /* A step-logged run's record (dt_train_config.log_every, eval_every), on rank 0. */
 typedef enum {
-    DT_STEP_TRAIN,  /* every log_every steps: the training figures since the previous record */
-    DT_STEP_EVAL,   /* after each evaluation every eval_every steps */
+    DT_STEP_TRAIN, /* every log_every steps: the training figures since the previous record */
+    DT_STEP_EVAL,  /* after each evaluation every eval_every steps */
 } dt_step_kind;
 
 typedef struct {
     dt_step_kind kind;
-    int64_t step;                   /* optimizer steps done */
-    double epoch;                   /* epochs done, fractional: the epoch + its steps done / steps_per_epoch */
-    double wall_s;                  /* seconds since the start */
-    float lr;                       /* learning rate of the last step */
+    int64_t step;  /* optimizer steps done */
+    double epoch;  /* epochs done, fractional: the epoch + its steps done / steps_per_epoch */
+    double wall_s; /* seconds since the start */
+    float lr;      /* learning rate of the last step */
     /* DT_STEP_TRAIN */
-    float train_loss;               /* mean per-sample loss over the record's steps, all ranks */
-    double samples_per_s;           /* training samples per second over the record's steps, all ranks */
-    float grad_norm;                /* global L2 norm of the last step's gradient before --clip (rank 0's own
-                                     * under localsgd); NaN where not measured */
-    int64_t steps;                  /* steps since the previous record */
+    float train_loss;     /* mean per-sample loss over the record's steps, all ranks */
+    double samples_per_s; /* training samples per second over the record's steps, all ranks */
+    float grad_norm;      /* global L2 norm of the last step's gradient before --clip (rank 0's own
+                           * under localsgd); NaN where not measured */
+    int64_t steps;        /* steps since the previous record */
     /* DT_STEP_EVAL (NaN: no such set) */
-    float test_loss, test_acc;      /* on the test set */
-    float val_loss, val_acc;        /* on the --val-split part */
-    int64_t eval_samples;           /* samples each set was evaluated on (eval_batches bounds it) */
-    double eval_s;                  /* seconds the evaluation took */
+    float test_loss, test_acc; /* on the test set */
+    float val_loss, val_acc;   /* on the --val-split part */
+    int64_t eval_samples;      /* samples each set was evaluated on (eval_batches bounds it) */
+    double eval_s;             /* seconds the evaluation took */
 } dt_step_info;
-
 
 /* Results of one finished epoch. */
 typedef struct {
-    int epoch;                      /* 1-based */
+    int epoch; /* 1-based */
     int64_t global_step;
-    float train_loss, test_loss, test_acc;  /* test_* are NaN without a test set */
-    double samples_per_s;           /* training samples per second, all ranks (excludes evaluation) */
-    double epoch_s, wall_s;         /* this epoch's training time; time since start */
-    double data_wait_s;             /* time the step loop waited for the loader (rank 0) */
-    double compute_s, comm_wait_s;  /* forward+backward+optimizer time; blocked on gradients (rank 0) */
-    int64_t steps;                  /* steps this process ran in this epoch: train_loss averages them
-                                     * (fewer than epoch_steps after a resume mid-epoch) */
-    int64_t epoch_steps, steps_per_epoch; /* steps of the epoch done, of all; epoch_steps <
-                                     * steps_per_epoch when --max-steps ended it early */
+    float train_loss, test_loss, test_acc; /* test_* are NaN without a test set */
+    double samples_per_s;                  /* training samples per second, all ranks (excludes evaluation) */
+    double epoch_s, wall_s;                /* this epoch's training time; time since start */
+    double data_wait_s;                    /* time the step loop waited for the loader (rank 0) */
+    double compute_s, comm_wait_s;         /* forward+backward+optimizer time; blocked on gradients (rank 0) */
+    int64_t steps;                         /* steps this process ran in this epoch: train_loss averages them
+                                            * (fewer than epoch_steps after a resume mid-epoch) */
+    int64_t epoch_steps, steps_per_epoch;  /* steps of the epoch done, of all; epoch_steps <
+                                            * steps_per_epoch when --max-steps ended it early */
     int world_size, global_batch;
-    float lr;                       /* learning rate of the last step */
+    float lr; /* learning rate of the last step */
     /* uneven workers (NULL / 0 for one process) */
     int nworkers;
-    const dt_worker_info *workers;  /* [nworkers] */
-    const int64_t *staleness;       /* ps: [DT_STALENESS_BINS] gradients by staleness (server updates
-                                     * applied between a worker's pull and its push), or NULL */
-    float val_loss, val_acc;        /* on the --val-split part (NaN without one) */
-    int best_epoch;                 /* --val-split: the epoch with the lowest validation loss so far */
-    int max_clock_gap;              /* ps: most steps a worker was let run ahead of the slowest live
-                                     * one (dynamic assignment: rounds a batch was handed out ahead of
-                                     * the oldest in training); <= --staleness; -1 when not ps */
+    const dt_worker_info *workers; /* [nworkers] */
+    const int64_t *staleness;      /* ps: [DT_STALENESS_BINS] gradients by staleness (server updates
+                                    * applied between a worker's pull and its push), or NULL */
+    float val_loss, val_acc;       /* on the --val-split part (NaN without one) */
+    int best_epoch;                /* --val-split: the epoch with the lowest validation loss so far */
+    int max_clock_gap;             /* ps: most steps a worker was let run ahead of the slowest live
+                                    * one (dynamic assignment: rounds a batch was handed out ahead of
+                                    * the oldest in training); <= --staleness; -1 when not ps */
     /* gradient sync (rank 0, summed over the epoch's steps; 0 where the strategy does not count) */
-    double sync_bytes;              /* bytes sent (ring / allgather volume of what the compressor handed over) */
-    double sync_raw_bytes;          /* what an uncompressed f32 allreduce would have handed over */
-    double ef_norm;                 /* --compress: error-feedback residual norm after the last step */
-    uint64_t comm_bytes[3];         /* rank 0's bus bytes (dt_comm_bytes) per mesh axis since the start:
-                                     * [0] tensor parallel, [1] pipeline, [2] data parallel */
-    int64_t eval_samples;           /* samples of each set the evaluation covered (--eval-batches bounds it) */
+    double sync_bytes;      /* bytes sent (ring / allgather volume of what the compressor handed over) */
+    double sync_raw_bytes;  /* what an uncompressed f32 allreduce would have handed over */
+    double ef_norm;         /* --compress: error-feedback residual norm after the last step */
+    uint64_t comm_bytes[3]; /* rank 0's bus bytes (dt_comm_bytes) per mesh axis since the start:
+                             * [0] tensor parallel, [1] pipeline, [2] data parallel */
+    int64_t eval_samples;   /* samples of each set the evaluation covered (--eval-batches bounds it) */
 } dt_epoch_info;
 
 /* The layout of dt_train_config: raised whenever its fields change (added, removed, reordered). */
 #define DT_TRAIN_CONFIG_VERSION 2
 
-struct dt_train_aids;  /* internal test and benchmark aids (src/run/train_aids.h); NULL for an embedder */
+struct dt_train_aids; /* internal test and benchmark aids (src/run/train_aids.h); NULL for an embedder */
 
 typedef struct {
     /* The layout the caller was compiled with, set by dt_train_config_init (and dt_train_defaults):
@@ -104,37 +103,37 @@ typedef struct {
      * built against another dtrain/train.h), naming both, instead of reading its fields wrongly. */
     size_t size;
     unsigned version;
-    const char *data;         /* IDX directory, "fashion-mnist", "mnist", a .csv file, "npy:..." arrays, or text
-                               * for a GPT ("text:FILE", "kjv": byte windows of its context T; "tokens:DIR":
-                               * 16-bit token files) (dt_dataset_open, dt_dataset_open_text) */
-    int64_t epoch_windows;    /* samples per epoch (text: windows), the first of each epoch's shuffle; 0 = all */
-    double val_fraction;      /* text: the last part of the file held out for evaluation (default 0.1) */
-    const char *model;        /* spec string or preset ("mlp", "cnn", "gpt:L=4,H=4,C=128,T=64"); NULL = the resumed
-                               * checkpoint's model, else "mlp" */
+    const char *data;      /* IDX directory, "fashion-mnist", "mnist", a .csv file, "npy:..." arrays, or text
+                            * for a GPT ("text:FILE", "kjv": byte windows of its context T; "tokens:DIR":
+                            * 16-bit token files) (dt_dataset_open, dt_dataset_open_text) */
+    int64_t epoch_windows; /* samples per epoch (text: windows), the first of each epoch's shuffle; 0 = all */
+    double val_fraction;   /* text: the last part of the file held out for evaluation (default 0.1) */
+    const char *model;     /* spec string or preset ("mlp", "cnn", "gpt:L=4,H=4,C=128,T=64"); NULL = the resumed
+                            * checkpoint's model, else "mlp" */
     int epochs;
-    int batch;                /* samples per rank per micro-batch */
-    int grad_accum;           /* micro-batches per optimizer step (<= 1: one); a step of N micro-batches of
-                               * b equals one batch of N*b (to float rounding) */
+    int batch;      /* samples per rank per micro-batch */
+    int grad_accum; /* micro-batches per optimizer step (<= 1: one); a step of N micro-batches of
+                     * b equals one batch of N*b (to float rounding) */
     dt_optim_config optim;
-    dt_lr_schedule lr;        /* base_lr is the learning rate */
-    float clip_norm;          /* gradient-norm clipping, 0 = off */
+    dt_lr_schedule lr; /* base_lr is the learning rate */
+    float clip_norm;   /* gradient-norm clipping, 0 = off */
     uint64_t seed;
-    int threads;              /* BLAS threads, default 1 */
-    const char *kernels;      /* "onednn" (default where built) or "blas"; NULL: the process's choice */
-    const char *precision;    /* GEMM inputs "fp32" (NULL), "bf16" or "fp16" (f32 master weights and optimizer
-                               * state; fp16 adds dynamic loss scaling: single and ddp strategies) */
-    const char *device;       /* where model memory lives and kernels run: "cpu" (NULL) or "checked[:arena=BYTES]"
-                               * (the CPU kernels on memory the host cannot touch: docs/device.md); a device
-                               * other than cpu takes one process with the single strategy for now */
-    bool normalize;           /* standardise inputs with the training set's mean/std */
-    int64_t max_steps;        /* stop after this many steps in total (0 = run all epochs) */
-    const char *save;         /* checkpoint written at the end (and after each epoch) */
-    const char *resume;       /* checkpoint to continue from; "auto" = newest valid one in
-                               * checkpoint_dir (damaged ones are reported and skipped; none = start) */
-    const char *checkpoint_dir;  /* numbered checkpoints ckpt-<step>.safetensors go here */
-    int64_t checkpoint_every;    /* write one every N steps (0 = off) */
-    double checkpoint_secs;      /* and/or every S seconds (0 = off) */
-    int keep;                    /* keep the newest K in checkpoint_dir (0 = all) */
+    int threads;                /* BLAS threads, default 1 */
+    const char *kernels;        /* "onednn" (default where built) or "blas"; NULL: the process's choice */
+    const char *precision;      /* GEMM inputs "fp32" (NULL), "bf16" or "fp16" (f32 master weights and optimizer
+                                 * state; fp16 adds dynamic loss scaling: single and ddp strategies) */
+    const char *device;         /* where model memory lives and kernels run: "cpu" (NULL) or "checked[:arena=BYTES]"
+                                 * (the CPU kernels on memory the host cannot touch: docs/device.md); a device
+                                 * other than cpu takes one process with the single strategy for now */
+    bool normalize;             /* standardise inputs with the training set's mean/std */
+    int64_t max_steps;          /* stop after this many steps in total (0 = run all epochs) */
+    const char *save;           /* checkpoint written at the end (and after each epoch) */
+    const char *resume;         /* checkpoint to continue from; "auto" = newest valid one in
+                                 * checkpoint_dir (damaged ones are reported and skipped; none = start) */
+    const char *checkpoint_dir; /* numbered checkpoints ckpt-<step>.safetensors go here */
+    int64_t checkpoint_every;   /* write one every N steps (0 = off) */
+    double checkpoint_secs;     /* and/or every S seconds (0 = off) */
+    int keep;                   /* keep the newest K in checkpoint_dir (0 = all) */
     /* Set asynchronously (e.g. by a SIGTERM handler) to stop: every rank finishes the current
      * step, a checkpoint is written, and dt_trainer_run returns DT_EINTR. Run such a handler on
      * a thread that does not train: block the signal (pthread_sigmask) in the thread that calls
@@ -142,33 +141,33 @@ typedef struct {
      * GEMM kernels point the stack pointer at the heap while they run (oneDNN issue #4845), so a
      * signal frame written there corrupts the heap; dtrain train does this (src/cli/stop_signal.c). */
     volatile sig_atomic_t *stop;
-    const char *metrics;      /* JSON-Lines file, one object per epoch */
+    const char *metrics; /* JSON-Lines file, one object per epoch */
     /* distribution: comm NULL = one process. With a communicator of size > 1, --batch is per
      * rank, the data is sharded by rank, and only rank 0 calls back, writes metrics and saves. */
-    dt_comm *comm;            /* borrowed */
+    dt_comm *comm; /* borrowed */
     /* the strategy spec: NAME or NAME(KEY=VALUE,...), e.g. "ps(servers=2,staleness=4)",
      * "localsgd(sync_every=8)", "ddp(bucket_mb=0.5)" (dt_strategy_spec_help lists them);
      * NULL: "ddp" when the world size > 1, else "single" */
     const char *strategy;
-    const char *timeline;     /* Chrome trace (JSON) of every rank's steps, written by rank 0 */
-    double predicted_step_s;  /* the planner's step time for this layout (--strategy auto); > 0: each epoch's
-                               * metrics carry it beside the measured one */
-    const char *plan_layout;  /* the planner's name of the layout (with predicted_step_s), or NULL */
+    const char *timeline;    /* Chrome trace (JSON) of every rank's steps, written by rank 0 */
+    double predicted_step_s; /* the planner's step time for this layout (--strategy auto); > 0: each epoch's
+                              * metrics carry it beside the measured one */
+    const char *plan_layout; /* the planner's name of the layout (with predicted_step_s), or NULL */
     /* uneven workers: ddp and localsgd cut each global batch by the workers' measured speed with
      * their spec's balance=dynamic; ps hands out batches (its shards=) */
-    const struct dt_train_aids *aids;  /* internal: dtrain's own tests and benchmarks (NULL: none) */
+    const struct dt_train_aids *aids; /* internal: dtrain's own tests and benchmarks (NULL: none) */
     /* callbacks (may be NULL) */
     void (*on_progress)(void *ctx, const dt_progress_info *p);
     void (*on_epoch)(void *ctx, const dt_epoch_info *e);
-    void (*on_note)(void *ctx, const char *msg);  /* checkpoints written / skipped, resume notes */
-    void (*on_step)(void *ctx, const dt_step_info *s);  /* each log_every / eval_every record (rank 0) */
+    void (*on_note)(void *ctx, const char *msg);       /* checkpoints written / skipped, resume notes */
+    void (*on_step)(void *ctx, const dt_step_info *s); /* each log_every / eval_every record (rank 0) */
     void *cb_ctx;
-    double progress_interval_s;  /* minimum seconds between on_progress calls (default 0.2) */
+    double progress_interval_s; /* minimum seconds between on_progress calls (default 0.2) */
     /* step-based reporting: records into on_step and `metrics` ("kind": "step" / "eval" lines) */
-    int64_t log_every;        /* a DT_STEP_TRAIN record every N steps (0 = off) */
-    int64_t eval_every;       /* evaluate every N steps, a DT_STEP_EVAL record (0 = only at the epochs' ends) */
-    int64_t eval_batches;     /* every evaluation during training covers the first N global batches of each
-                               * set, the same ones each time (0 = the whole set) */
+    int64_t log_every;    /* a DT_STEP_TRAIN record every N steps (0 = off) */
+    int64_t eval_every;   /* evaluate every N steps, a DT_STEP_EVAL record (0 = only at the epochs' ends) */
+    int64_t eval_batches; /* every evaluation during training covers the first N global batches of each
+                           * set, the same ones each time (0 = the whole set) */
     /* weights in and out, validation (include/dtrain/io.h) */
     const char *weights;      /* start from this plain safetensors weights file (by PyTorch names), not from
                                * the seeded init: fine-tuning; not with resume */
@@ -254,25 +253,26 @@ const char *dt_strategy_spec_help(void);
 
 /* ---- the registries, for help texts (dtrain train --help and the man page are made from them) ---- */
 typedef enum {
-    DT_REGISTRY_STRATEGY = 0,  /* --strategy: dt_train_config.strategy */
-    DT_REGISTRY_COMPRESSOR,    /* a strategy's compress=C (--compress) */
-    DT_REGISTRY_TRANSPORT,     /* dt_comm_config.transport (--backend) */
-    DT_REGISTRY_DEVICE,        /* dt_train_config.device (--device) */
+    DT_REGISTRY_STRATEGY = 0, /* --strategy: dt_train_config.strategy */
+    DT_REGISTRY_COMPRESSOR,   /* a strategy's compress=C (--compress) */
+    DT_REGISTRY_TRANSPORT,    /* dt_comm_config.transport (--backend) */
+    DT_REGISTRY_DEVICE,       /* dt_train_config.device (--device) */
 } dt_registry;
 
 /* One entry of a registry. */
 typedef struct {
     const char *name;
-    const char *options;  /* the syntax of its options, "" when it takes none: a strategy's inside
-                           * NAME(...), the others' after "NAME:" */
-    const char *help;     /* what it is or does: a sentence or more, not wrapped */
+    const char *options; /* the syntax of its options, "" when it takes none: a strategy's inside
+                          * NAME(...), the others' after "NAME:" */
+    const char *help;    /* what it is or does: a sentence or more, not wrapped */
 } dt_registry_entry;
 
 /* Entry i (from 0) of registry r, in the registry's order (transports: the automatic choice's);
  * false past the last. The strings are static. */
 bool dt_registry_entry_at(dt_registry r, int i, dt_registry_entry *out);
 
-/* The class (dtrain/workers.h dt_strategy_class) of spec's strategy (a name or a spec); DT_EINVAL as dt_strategy_spec_info. */
+/* The class (dtrain/workers.h dt_strategy_class) of spec's strategy (a name or a spec); DT_EINVAL as
+ * dt_strategy_spec_info. */
 dt_status dt_strategy_spec_class(const char *spec, dt_strategy_class *out);
 /* Whether spec's strategy takes option key (e.g. "compress"); false for a bad spec. */
 bool dt_strategy_spec_takes(const char *spec, const char *key);

@@ -13,14 +13,14 @@
 /* The kernel for isa (DT_ISA_PORTABLE: the OpenBLAS one); dt_attention_forward/backward run
  * dt_isa_best()'s. */
 void dt_att_forward(dt_isa k, float *out, float *att, float *work, const float *qkv, int B, int T, int C, int NH);
-void dt_att_backward(dt_isa k, float *dqkv, float *work, const float *dout, const float *qkv, const float *att,
-                     int B, int T, int C, int NH);
+void dt_att_backward(dt_isa k, float *dqkv, float *work, const float *dout, const float *qkv, const float *att, int B,
+                     int T, int C, int NH);
 
 void dt_attention_forward_avx512(float *out, float *att, float *work, const float *qkv, int B, int T, int C, int NH);
 void dt_attention_backward_avx512(float *dqkv, float *work, const float *dout, const float *qkv, const float *att,
                                   int B, int T, int C, int NH);
 void dt_attention_forward_avx2(float *out, float *att, float *work, const float *qkv, int B, int T, int C, int NH);
-void dt_attention_backward_avx2(float *dqkv, float *work, const float *dout, const float *qkv, const float *att,
-                                int B, int T, int C, int NH);
+void dt_attention_backward_avx2(float *dqkv, float *work, const float *dout, const float *qkv, const float *att, int B,
+                                int T, int C, int NH);
 
 #endif

@@ -65,7 +65,8 @@ static void naive_backward(double *dqkv, const double *dout, const double *qkv, 
                     dS[(size_t)t * T + j] = dp;
                     dot += p[(size_t)t * T + j] * dp;
                 }
-                for (int j = 0; j <= t; j++) dS[(size_t)t * T + j] = p[(size_t)t * T + j] * (dS[(size_t)t * T + j] - dot);
+                for (int j = 0; j <= t; j++)
+                    dS[(size_t)t * T + j] = p[(size_t)t * T + j] * (dS[(size_t)t * T + j] - dot);
             }
             for (int t = 0; t < T; t++)
                 for (int j = 0; j <= t; j++)
@@ -132,7 +133,8 @@ static void check_shape(dt_isa kind, int B, int T, int C, int NH) {
     float *qkv = malloc(nq * 4), *dout = malloc(no * 4), *out = malloc(no * 4), *att = malloc(np * 4);
     float *dqkv = malloc(nq * 4), *work = malloc((nw + GUARD) * 4), *out2 = malloc(no * 4), *att2 = malloc(np * 4);
     float *dqkv2 = malloc(nq * 4);
-    double *xd = malloc(nq * 8), *gd = malloc(no * 8), *od = malloc(no * 8), *Pd = malloc(np * 8), *dxd = malloc(nq * 8);
+    double *xd = malloc(nq * 8), *gd = malloc(no * 8), *od = malloc(no * 8), *Pd = malloc(np * 8),
+           *dxd = malloc(nq * 8);
     dt_rng_fill_uniform(qkv, nq, -2, 2, 5, (uint64_t)T * 1000 + C);
     dt_rng_fill_uniform(dout, no, -1, 1, 6, (uint64_t)T * 1000 + C);
     for (size_t i = 0; i < nq; i++) xd[i] = qkv[i];
@@ -172,7 +174,7 @@ static void check_shape(dt_isa kind, int B, int T, int C, int NH) {
 int main(void) {
     check_naive_gradient();
     /* B, T, C, NH: head sizes 4, 16, 32, 40, 48; T not a multiple of 4, 8 or 16 */
-    static const int shapes[][4] = {{2, 5, 8, 2},   {1, 1, 32, 2},  {1, 17, 48, 3}, {3, 33, 64, 2},
+    static const int shapes[][4] = {{2, 5, 8, 2},    {1, 1, 32, 2},  {1, 17, 48, 3},  {3, 33, 64, 2},
                                     {2, 64, 128, 4}, {1, 70, 40, 1}, {2, 19, 144, 3}, {1, 16, 32, 1}};
     int ran = 0;
     for (int k = 0; k < DT_ISA_COUNT; k++) {

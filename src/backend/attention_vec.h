@@ -24,22 +24,22 @@
 #define AV_NCMAX 2
 
 /* acc[r][c] = sum_{k<K} a_r[k*ak] * b[k*ldb + c*AV_VL] for AV_R rows r (a_r = a[r]), NC vectors c. */
-#define AV_MICRO(NC)                                                                                       \
-    AV_FN void AV(micro##NC)(vf acc[AV_R][AV_NCMAX], int K, const float *const a[AV_R], size_t ak,        \
-                             const float *b, size_t ldb) {                                              \
-        vf c[AV_R][NC];                                                                                  \
-        _Pragma("GCC unroll 16") for (int i = 0; i < AV_R * NC; i++) c[i / NC][i % NC] = (vf){0};        \
-        for (int k = 0; k < K; k++) {                                                                   \
-            const float *bk = b + (size_t)k * ldb;                                                       \
-            const size_t o = (size_t)k * ak;                                                             \
-            vf bv[NC];                                                                                   \
-            _Pragma("GCC unroll 4") for (int j = 0; j < NC; j++) bv[j] = AV_LOAD(bk + j * AV_VL);        \
-            _Pragma("GCC unroll 8") for (int r = 0; r < AV_R; r++) {                                     \
-                const vf av = AV_SET1(a[r][o]);                                                          \
-                _Pragma("GCC unroll 4") for (int j = 0; j < NC; j++) c[r][j] = AV_FMA(av, bv[j], c[r][j]); \
-            }                                                                                            \
-        }                                                                                                \
-        _Pragma("GCC unroll 16") for (int i = 0; i < AV_R * NC; i++) acc[i / NC][i % NC] = c[i / NC][i % NC]; \
+#define AV_MICRO(NC)                                                                                               \
+    AV_FN void AV(micro##NC)(vf acc[AV_R][AV_NCMAX], int K, const float *const a[AV_R], size_t ak, const float *b, \
+                             size_t ldb) {                                                                         \
+        vf c[AV_R][NC];                                                                                            \
+        _Pragma("GCC unroll 16") for (int i = 0; i < AV_R * NC; i++) c[i / NC][i % NC] = (vf){0};                  \
+        for (int k = 0; k < K; k++) {                                                                              \
+            const float *bk = b + (size_t)k * ldb;                                                                 \
+            const size_t o = (size_t)k * ak;                                                                       \
+            vf bv[NC];                                                                                             \
+            _Pragma("GCC unroll 4") for (int j = 0; j < NC; j++) bv[j] = AV_LOAD(bk + j * AV_VL);                  \
+            _Pragma("GCC unroll 8") for (int r = 0; r < AV_R; r++) {                                               \
+                const vf av = AV_SET1(a[r][o]);                                                                    \
+                _Pragma("GCC unroll 4") for (int j = 0; j < NC; j++) c[r][j] = AV_FMA(av, bv[j], c[r][j]);         \
+            }                                                                                                      \
+        }                                                                                                          \
+        _Pragma("GCC unroll 16") for (int i = 0; i < AV_R * NC; i++) acc[i / NC][i % NC] = c[i / NC][i % NC];      \
     }
 AV_MICRO(1)
 AV_MICRO(2)
@@ -86,18 +86,18 @@ static void AV(pack_rows)(float *dst, int rows, int ldd, const float *src, size_
 /* __builtin_shufflevector (GCC >= 12 and clang; the fuzz build uses clang) takes the lane
  * indices as constants, so the mask is an argument list. */
 #if AV_VL == 16
-#define AV_TMASK(F, m)                                                                                    \
-    F(0, m), F(1, m), F(2, m), F(3, m), F(4, m), F(5, m), F(6, m), F(7, m), F(8, m), F(9, m), F(10, m),   \
-        F(11, m), F(12, m), F(13, m), F(14, m), F(15, m)
+#define AV_TMASK(F, m)                                                                                            \
+    F(0, m), F(1, m), F(2, m), F(3, m), F(4, m), F(5, m), F(6, m), F(7, m), F(8, m), F(9, m), F(10, m), F(11, m), \
+        F(12, m), F(13, m), F(14, m), F(15, m)
 #else
 #define AV_TMASK(F, m) F(0, m), F(1, m), F(2, m), F(3, m), F(4, m), F(5, m), F(6, m), F(7, m)
 #endif
-#define AV_TSTAGE(v, m)                                                                                   \
-    for (int i = 0; i < AV_VL; i++)                                                                      \
-        if (!(i & (m))) {                                                                                \
-            const vf x = v[i], y = v[i | (m)];                                                           \
-            v[i] = __builtin_shufflevector(x, y, AV_TMASK(AV_TX, m));                                    \
-            v[i | (m)] = __builtin_shufflevector(x, y, AV_TMASK(AV_TY, m));                              \
+#define AV_TSTAGE(v, m)                                                     \
+    for (int i = 0; i < AV_VL; i++)                                         \
+        if (!(i & (m))) {                                                   \
+            const vf x = v[i], y = v[i | (m)];                              \
+            v[i] = __builtin_shufflevector(x, y, AV_TMASK(AV_TX, m));       \
+            v[i | (m)] = __builtin_shufflevector(x, y, AV_TMASK(AV_TY, m)); \
         }
 
 /* dst[c * ldd + r] = src[r * lds + c] for an AV_VL x AV_VL block. */
@@ -166,8 +166,8 @@ static const float *AV(rows_of)(float *pad, const float *x, size_t ld, int T, in
     return *ldo = (size_t)hsp, pad;
 }
 
-__attribute__((target(AV_TARGET))) void AV(dt_attention_forward)(float *out, float *att, float *work,
-                                                                 const float *qkv, int B, int T, int C, int NH) {
+__attribute__((target(AV_TARGET))) void AV(dt_attention_forward)(float *out, float *att, float *work, const float *qkv,
+                                                                 int B, int T, int C, int NH) {
     const int hs = C / NH, ld = 3 * C, Tp = AV_UP(T, AV_VL), hsp = AV_UP(hs, AV_VL);
     const float scale = 1.0f / sqrtf((float)hs);
     float *Kt = work, *Vp = Kt + (size_t)hs * Tp, *S = Vp + (size_t)T * hsp;
@@ -219,10 +219,12 @@ __attribute__((target(AV_TARGET))) void AV(dt_attention_backward)(float *dqkv, f
                     float *d = S + (size_t)r * Tp;
                     const float *p = P + (size_t)t * T;
                     vf acc = {0};
-                    for (int c = 0; c < nc; c++) acc = AV_FMA(AV(load_n)(p + c * AV_VL, T - c * AV_VL), AV_LOAD(d + c * AV_VL), acc);
+                    for (int c = 0; c < nc; c++)
+                        acc = AV_FMA(AV(load_n)(p + c * AV_VL, T - c * AV_VL), AV_LOAD(d + c * AV_VL), acc);
                     const vf dot = AV_SET1(AV(hsum)(acc)), sc = AV_SET1(scale);
                     for (int c = 0; c < nc; c++)
-                        AV_STORE(d + c * AV_VL, AV(load_n)(p + c * AV_VL, T - c * AV_VL) * (AV_LOAD(d + c * AV_VL) - dot) * sc);
+                        AV_STORE(d + c * AV_VL,
+                                 AV(load_n)(p + c * AV_VL, T - c * AV_VL) * (AV_LOAD(d + c * AV_VL) - dot) * sc);
                     for (int j = nc * AV_VL; j < Tp; j++) d[j] = 0.0f;
                 }
             }
@@ -231,10 +233,12 @@ __attribute__((target(AV_TARGET))) void AV(dt_attention_backward)(float *dqkv, f
                 /* dq rows t0.. = dS rows (nonzero up to column t0 + rows) times k */
                 AV(gemm)(dq + (size_t)t0 * ld, (size_t)ld, rows, hs, t0 + rows, dS + (size_t)t0 * Tp, Tp, 1, kr, ldk);
                 /* dk rows t0.. = columns t0.. of dS (nonzero from row t0) times q; dv likewise P^T dO */
-                AV(gemm)(dk + (size_t)t0 * ld, (size_t)ld, rows, hs, T - t0, dS + (size_t)t0 * Tp + t0, 1, Tp,
-                          qr + (size_t)t0 * ldq, ldq);
-                AV(gemm)(dv + (size_t)t0 * ld, (size_t)ld, rows, hs, T - t0, P + (size_t)t0 * T + t0, 1, T,
-                          dOr + (size_t)t0 * ldo, ldo);
+                AV(gemm)
+                (dk + (size_t)t0 * ld, (size_t)ld, rows, hs, T - t0, dS + (size_t)t0 * Tp + t0, 1, Tp,
+                 qr + (size_t)t0 * ldq, ldq);
+                AV(gemm)
+                (dv + (size_t)t0 * ld, (size_t)ld, rows, hs, T - t0, P + (size_t)t0 * T + t0, 1, T,
+                 dOr + (size_t)t0 * ldo, ldo);
             }
         }
 }

@@ -11,10 +11,10 @@
 
 #include "backend/conv_pool.h"
 
-/* The layout of a blocked convolution's input or output outside: NCHW f32, blocked f32 (nChw16c or nChw8c: backend/blocked.h), or
- * blocked with bf16 values (uint16_t, in the first half of the float buffer: the graph keeps those
- * between bf16 convs and max pools, nn/graph_layout.c); or the same two in NHWC, the layout of a
- * chain whose bf16 convs want it (conv2d_bf16_nhwc). */
+/* The layout of a blocked convolution's input or output outside: NCHW f32, blocked f32 (nChw16c or nChw8c:
+ * backend/blocked.h), or blocked with bf16 values (uint16_t, in the first half of the float buffer: the graph keeps
+ * those between bf16 convs and max pools, nn/graph_layout.c); or the same two in NHWC, the layout of a chain whose bf16
+ * convs want it (conv2d_bf16_nhwc). */
 typedef enum {
     DT_LAYOUT_NCHW = 0,
     DT_LAYOUT_BLOCKED = 1,
@@ -36,7 +36,7 @@ static inline dt_layout dt_layout_of(bool chain, bool nhwc, bool bf16) {
 static inline bool dt_pool_windows_tile(int H, int W, int K, int S) { return K == S && H % K == 0 && W % K == 0; }
 
 typedef struct dt_kernel_table {
-    const char *name;   /* the kernel library: "blas" or "onednn" */
+    const char *name; /* the kernel library: "blas" or "onednn" */
     dt_device device;
     dt_dtype dtype;     /* compute dtype of the activations (DT_F32) */
     dt_dtype precision; /* of the GEMM inputs (linear, matmul_t, conv): DT_F32, DT_BF16 or DT_F16;
@@ -101,17 +101,16 @@ typedef struct dt_kernel_table {
      * -1 there, so backward sends that gradient nowhere: relu's backward included). */
     void (*maxpool2d_forward_blocked)(float *out, int32_t *argmax, const float *in, int B, int C, int H, int W, int K,
                                       int S, bool out_bl, bool nhwc, bool relu);
-    void (*maxpool2d_backward_blocked)(float *din, const float *dout, const int32_t *argmax, int B, int C, int H,
-                                       int W, int K, int S, bool out_bl, bool nhwc);
+    void (*maxpool2d_backward_blocked)(float *din, const float *dout, const int32_t *argmax, int B, int C, int H, int W,
+                                       int K, int S, bool out_bl, bool nhwc);
     /* The same of a blocked bf16 input (din bf16 too); out f32, or bf16 with out_bf16 and an NCHW
      * out (the maxima are bf16 values: exact); dout f32, or bf16 with dout_bf16. The backward takes
      * maxpool2d_blocked_bf16_workspace floats of work (the graph's workspace). NULL where not. */
     void (*maxpool2d_forward_blocked_bf16)(void *out, int32_t *argmax, const uint16_t *in, int B, int C, int H, int W,
                                            int K, int S, bool out_bl, bool nhwc, bool relu, bool out_bf16);
     size_t (*maxpool2d_blocked_bf16_workspace)(int B, int C, int H, int W, int K, int S, bool dout_bf16);
-    void (*maxpool2d_backward_blocked_bf16)(uint16_t *din, const void *dout, const int32_t *argmax, int B, int C,
-                                            int H, int W, int K, int S, bool out_bl, bool nhwc, bool dout_bf16,
-                                            float *work);
+    void (*maxpool2d_backward_blocked_bf16)(uint16_t *din, const void *dout, const int32_t *argmax, int B, int C, int H,
+                                            int W, int K, int S, bool out_bl, bool nhwc, bool dout_bf16, float *work);
     /* conv -> (relu) -> maxpool of a first layer in one pass (backend/conv_pool.h), f32; NULL where not.
      * ws: conv_pool_workspace(s) bytes of the device's memory, 64-byte aligned (the graph's workspace) */
     size_t (*conv_pool_workspace)(const dt_conv_pool_shape *s);
@@ -205,7 +204,7 @@ void dt_round_f16(float *dst, const float *src, size_t n);
 /* dst (n bf16) = src (n f32) rounded to nearest even (NaN stays a quiet NaN), with AVX512-BF16
  * where the CPU has it; and back (exact). */
 void dt_cast_bf16(uint16_t *dst, const float *src, size_t n);
-bool dt_cast_bf16_native(void);  /* whether dt_cast_bf16 runs AVX512-BF16 here */
+bool dt_cast_bf16_native(void); /* whether dt_cast_bf16 runs AVX512-BF16 here */
 void dt_widen_bf16(float *dst, const uint16_t *src, size_t n);
 
 /* oneDNN (cpu_onednn*.c). The backend at a precision, NULL when built without oneDNN. */

@@ -1,12 +1,10 @@
 /* The blocked-layout (nChw16c; nChw8c without AVX-512) kernels against the NCHW ones: max
- * pooling (the cpu table's *_blocked entries: tiling and overlapping windows, odd sizes, ties and NaNs; blocked and NCHW
- * outputs), and the oneDNN f32 table's blocked convolutions (every in/out layout pair, with and
- * without din, bias) against the cpu kernels; the reorders round-trip; the graph's layout plan
- * (which values of a model are blocked), and models with chains on the oneDNN kernels against
- * the same models on the blas ones (ref_test also runs the reference CNN against torch). Pooling
- * must match bitwise (the same comparisons
- * choose the same maxima); convolutions within 2e-5 of the largest value (f32 sums in another
- * order). */
+ * pooling (the cpu table's *_blocked entries: tiling and overlapping windows, odd sizes, ties and NaNs; blocked and
+ * NCHW outputs), and the oneDNN f32 table's blocked convolutions (every in/out layout pair, with and without din, bias)
+ * against the cpu kernels; the reorders round-trip; the graph's layout plan (which values of a model are blocked), and
+ * models with chains on the oneDNN kernels against the same models on the blas ones (ref_test also runs the reference
+ * CNN against torch). Pooling must match bitwise (the same comparisons choose the same maxima); convolutions within
+ * 2e-5 of the largest value (f32 sums in another order). */
 #include "backend/backend.h"
 #include "backend/blocked.h"
 #include "core/test.h"
@@ -17,15 +15,14 @@
 
 #include <string.h>
 
-
 static void test_reorders(void) {
     const int B = 2, C = 32, HW = 5;
     for (int nhwc = 0; nhwc < 2; nhwc++) {
         float *x = rnd((size_t)B * C * HW, 1), *b = blocked_of(x, B, C, HW, nhwc), *y = nchw_of(b, B, C, HW, nhwc);
         CHECK(!memcmp(x, y, (size_t)B * C * HW * sizeof *x));
-        CHECK(b[1] == x[HW]);  /* channel 1 of position 0 */
-        if (nhwc) CHECK(b[C] == x[1] && b[C * HW] == x[C * HW]);  /* position 1; sample 1 */
-        else CHECK(b[DT_BLOCK * HW] == x[DT_BLOCK * HW] && b[DT_BLOCK] == x[1]);  /* block 1; position 1 */
+        CHECK(b[1] == x[HW]);                                                    /* channel 1 of position 0 */
+        if (nhwc) CHECK(b[C] == x[1] && b[C * HW] == x[C * HW]);                 /* position 1; sample 1 */
+        else CHECK(b[DT_BLOCK * HW] == x[DT_BLOCK * HW] && b[DT_BLOCK] == x[1]); /* block 1; position 1 */
         float acc[32] = {0}, want[32] = {0};
         dt_blocked_channel_sums(acc, b, B, C, HW, nhwc);
         for (int n = 0; n < B; n++)
@@ -44,28 +41,29 @@ static void pool_case(int B, int C, int H, int W, int K, int S, bool nhwc, bool 
     const int OH = (H - K) / S + 1, OW = (W - K) / S + 1, HW = H * W, OHW = OH * OW;
     const size_t nin = (size_t)B * C * HW, nout = (size_t)B * C * OHW;
     float *x = rnd(nin, (uint64_t)(H * 100 + K * 10 + S));
-    for (size_t i = 0; i < nin; i += 7) x[i] = x[i + 1 < nin ? i + 1 : i];  /* ties */
+    for (size_t i = 0; i < nin; i += 7) x[i] = x[i + 1 < nin ? i + 1 : i]; /* ties */
     x[3] = NAN, x[nin / 2] = NAN;
     float *y = malloc(nout * sizeof *y), *dy = rnd(nout, 77), *dx = malloc(nin * sizeof *dx);
     int32_t *am = malloc(nout * sizeof *am), *amb = malloc(nout * sizeof *amb);
     be->maxpool2d_forward(y, am, x, B, C, H, W, K, S);
     if (relu) {
         be->relu_forward(y, y, nout);
-        be->relu_backward(dy, dy, y, nout);  /* dy: the gradient the pool's backward then gets */
+        be->relu_backward(dy, dy, y, nout); /* dy: the gradient the pool's backward then gets */
     }
     be->maxpool2d_backward(dx, dy, am, B, C, H, W, K, S);
     float *xb = blocked_of(x, B, C, HW, nhwc), *yb = malloc(nout * sizeof *yb), *dxb = malloc(nin * sizeof *dxb);
     for (int out_bl = 0; out_bl < 2; out_bl++) {
         be->maxpool2d_forward_blocked(yb, amb, xb, B, C, H, W, K, S, out_bl, nhwc, relu);
         float *yn = out_bl ? nchw_of(yb, B, C, OHW, nhwc) : yb;
-        CHECK_MSG(!memcmp(yn, y, nout * sizeof *y), "maxpool %dx%d K%d S%d out_bl %d nhwc %d relu %d: values differ", H, W,
-                  K, S, out_bl, nhwc, relu);
+        CHECK_MSG(!memcmp(yn, y, nout * sizeof *y), "maxpool %dx%d K%d S%d out_bl %d nhwc %d relu %d: values differ", H,
+                  W, K, S, out_bl, nhwc, relu);
         /* the gradient as the graph has it: with relu, not yet zeroed where relu stops it */
         float *dyg = rnd(nout, 77), *dyb = out_bl ? blocked_of(dyg, B, C, OHW, nhwc) : dyg;
         be->maxpool2d_backward_blocked(dxb, dyb, amb, B, C, H, W, K, S, out_bl, nhwc);
         float *dxn = nchw_of(dxb, B, C, HW, nhwc);
-        CHECK_MSG(dt_test_maxdiff(dxn, dx, nin) <= 1e-6, "maxpool %dx%d K%d S%d out_bl %d nhwc %d relu %d: din differs by %g",
-                  H, W, K, S, out_bl, nhwc, relu, dt_test_maxdiff(dxn, dx, nin));
+        CHECK_MSG(dt_test_maxdiff(dxn, dx, nin) <= 1e-6,
+                  "maxpool %dx%d K%d S%d out_bl %d nhwc %d relu %d: din differs by %g", H, W, K, S, out_bl, nhwc, relu,
+                  dt_test_maxdiff(dxn, dx, nin));
         if (out_bl) free(yn), free(dyb);
         free(dxn), free(dyg);
     }
@@ -75,15 +73,15 @@ static void pool_case(int B, int C, int H, int W, int K, int S, bool nhwc, bool 
 static void test_pool(void) {
     for (int nhwc = 0; nhwc < 2; nhwc++)
         for (int relu = 0; relu < 2; relu++) {
-            pool_case(2, 16, 8, 8, 2, 2, nhwc, relu);    /* windows tile the input */
-            pool_case(1, 32, 7, 9, 2, 2, nhwc, relu);    /* odd sizes: a row and a column outside every window */
-            pool_case(2, 16, 9, 9, 3, 2, nhwc, relu);    /* overlapping windows: din sums */
+            pool_case(2, 16, 8, 8, 2, 2, nhwc, relu); /* windows tile the input */
+            pool_case(1, 32, 7, 9, 2, 2, nhwc, relu); /* odd sizes: a row and a column outside every window */
+            pool_case(2, 16, 9, 9, 3, 2, nhwc, relu); /* overlapping windows: din sums */
             pool_case(1, 16, 6, 6, 3, 3, nhwc, relu);
             pool_case(1, 16, 5, 5, 1, 1, nhwc, relu);
-            pool_case(1, 16, 4, 141, 2, 2, nhwc, relu);  /* long output rows */
-            pool_case(2, 16, 40, 38, 2, 2, nhwc, relu);  /* more output positions than a 256-position chunk */
-            pool_case(2, 48, 6, 6, 2, 2, nhwc, relu);    /* three channel blocks per position */
-            pool_case(1, 32, 40, 38, 2, 2, nhwc, relu);  /* two blocks, two chunks */
+            pool_case(1, 16, 4, 141, 2, 2, nhwc, relu); /* long output rows */
+            pool_case(2, 16, 40, 38, 2, 2, nhwc, relu); /* more output positions than a 256-position chunk */
+            pool_case(2, 48, 6, 6, 2, 2, nhwc, relu);   /* three channel blocks per position */
+            pool_case(1, 32, 40, 38, 2, 2, nhwc, relu); /* two blocks, two chunks */
         }
 }
 
@@ -102,8 +100,8 @@ static const dt_kernel_table *conv_reference(const dt_kernel_table *be, int C) {
 }
 
 /* One convolution case through be's blocked entries against the NCHW reference kernels. */
-static void conv_case(const dt_kernel_table *be, int B, int C, int H, int W, int OC, int K, int S, int P, dt_layout in_l,
-                      dt_layout out_l, bool with_din) {
+static void conv_case(const dt_kernel_table *be, int B, int C, int H, int W, int OC, int K, int S, int P,
+                      dt_layout in_l, dt_layout out_l, bool with_din) {
     const bool in_bl = in_l != DT_LAYOUT_NCHW, out_bl = out_l != DT_LAYOUT_NCHW;
     const bool in_nhwc = dt_layout_nhwc(in_l), out_nhwc = dt_layout_nhwc(out_l);
     const dt_kernel_table *cpu = conv_reference(be, C);
@@ -120,8 +118,8 @@ static void conv_case(const dt_kernel_table *be, int B, int C, int H, int W, int
     be->conv2d_backward_blocked(with_din ? dxb : NULL, dwb, dbb, dyi, xi, w, B, C, H, W, OC, K, S, P, in_l, out_l);
     float *yn = out_bl ? nchw_of(yb, B, OC, OHW, out_nhwc) : yb, *dxn = in_bl ? nchw_of(dxb, B, C, HW, in_nhwc) : dxb;
     const char *l[4] = {"nchw", "blocked", "", "nhwc"};
-    CHECK_MSG(rel_diff(yn, y, nout) < 2e-5, "conv C%d OC%d %dx%d K%d S%d P%d in %s out %s: out %g", C, OC, H, W, K, S, P,
-              l[in_l], l[out_l], rel_diff(yn, y, nout));
+    CHECK_MSG(rel_diff(yn, y, nout) < 2e-5, "conv C%d OC%d %dx%d K%d S%d P%d in %s out %s: out %g", C, OC, H, W, K, S,
+              P, l[in_l], l[out_l], rel_diff(yn, y, nout));
     if (with_din)
         CHECK_MSG(rel_diff(dxn, dx, nin) < 2e-5, "conv C%d OC%d in %s out %s: din %g", C, OC, l[in_l], l[out_l],
                   rel_diff(dxn, dx, nin));
@@ -143,19 +141,19 @@ static void test_conv(void) {
         return;
     }
     CHECK(be->conv2d_forward_blocked && be->conv2d_backward_blocked);
-    for (int p = 0; p < 3; p++) {  /* f32, then bf16 and fp16: f32 blocked values, converted inside */
+    for (int p = 0; p < 3; p++) { /* f32, then bf16 and fp16: f32 blocked values, converted inside */
         const dt_dtype prec[3] = {DT_F32, DT_BF16, DT_F16};
         CHECK_OK(dt_backend_find("onednn", prec[p], &be));
         CHECK(be->conv2d_forward_blocked && be->conv2d_backward_blocked);
         const dt_layout N = DT_LAYOUT_NCHW, L = DT_LAYOUT_BLOCKED, H = DT_LAYOUT_NHWC;
         for (int d = 0; d < 2; d++) {
             conv_case(be, 2, 16, 7, 6, 32, 3, 1, 1, L, L, d);
-            conv_case(be, 2, 32, 6, 6, 16, 3, 2, 1, L, N, d);  /* the chain's end: NCHW out */
-            conv_case(be, 3, 1, 9, 9, 16, 3, 1, 1, N, L, d);   /* a first layer: NCHW in, C 1 */
+            conv_case(be, 2, 32, 6, 6, 16, 3, 2, 1, L, N, d); /* the chain's end: NCHW out */
+            conv_case(be, 3, 1, 9, 9, 16, 3, 1, 1, N, L, d);  /* a first layer: NCHW in, C 1 */
             conv_case(be, 1, 3, 8, 7, 32, 5, 2, 2, N, L, d);
             conv_case(be, 2, 16, 5, 5, 16, 1, 1, 0, L, L, d);
-            conv_case(be, 3, 32, 14, 14, 64, 3, 1, 1, L, N, d);  /* the CNN's second conv (Winograd at f32 on AVX-512) */
-            conv_case(be, 2, 16, 9, 11, 16, 3, 1, 0, N, L, d);   /* Winograd: tiles past the edge, NCHW in */
+            conv_case(be, 3, 32, 14, 14, 64, 3, 1, 1, L, N, d); /* the CNN's second conv (Winograd at f32 on AVX-512) */
+            conv_case(be, 2, 16, 9, 11, 16, 3, 1, 0, N, L, d);  /* Winograd: tiles past the edge, NCHW in */
             /* NHWC chains (a bf16 model's where oneDNN's bf16 convs want them) */
             conv_case(be, 3, 32, 14, 14, 64, 3, 1, 1, H, H, d);
             conv_case(be, 2, 32, 6, 6, 16, 3, 2, 1, H, N, d);
@@ -183,13 +181,13 @@ static void test_plan(void) {
     CHECK(n > 6);
     CHECK(!bl[0] && bl[1] == have && !bl[2] && bl[3] == have && bl[4] == have && !bl[5] && !bl[6] && !bl[7]);
     plan_of("conv(16,3) relu conv(16,3) maxpool(2) conv(16,3) batchnorm flatten linear(10)", 1, 12, 12, bl, &n);
-    CHECK(!bl[1]);           /* an unfused relu reads it */
-    CHECK(bl[3] == have);    /* read by the maxpool only */
-    CHECK(bl[4] == have);    /* the maxpool feeds a conv */
-    CHECK(!bl[5]);           /* batchnorm reads it */
+    CHECK(!bl[1]);        /* an unfused relu reads it */
+    CHECK(bl[3] == have); /* read by the maxpool only */
+    CHECK(bl[4] == have); /* the maxpool feeds a conv */
+    CHECK(!bl[5]);        /* batchnorm reads it */
     plan_of("conv(8,3) maxpool(2) conv(16,3) flatten linear(4)", 1, 12, 12, bl, &n);
-    CHECK(!bl[1] && !bl[2] && !bl[3]);  /* 8 channels; a flatten reads the conv */
-    if (have) {  /* bf16 plans the same blocked chains */
+    CHECK(!bl[1] && !bl[2] && !bl[3]); /* 8 channels; a flatten reads the conv */
+    if (have) {                        /* bf16 plans the same blocked chains */
         CHECK_OK(dt_kernels_select("onednn", "bf16"));
         plan_of("cnn", 1, 12, 12, bl, &n);
         CHECK(n > 6 && bl[1] && bl[3] && bl[4] && !bl[6]);
@@ -210,7 +208,7 @@ static void test_plan(void) {
 static void test_model_vs_blas(const char *spec, const char *prec, double tol) {
     dt_model *m[3] = {NULL, NULL, NULL};
     const char *lib[3] = {"blas", "onednn", "onednn"};
-    const char *pr[3] = {"fp32", prec, prec};  /* the reference: blas at f32, NCHW throughout */
+    const char *pr[3] = {"fp32", prec, prec}; /* the reference: blas at f32, NCHW throughout */
     const int B = 3, C = 1, H = 12, W = 12;
     float *x = rnd((size_t)B * C * H * W, 21);
     int32_t y[3] = {1, 4, 3};
@@ -231,8 +229,8 @@ static void test_model_vs_blas(const char *spec, const char *prec, double tol) {
         const size_t np = dt_model_num_params(m[0]), nl = (size_t)B * dt_model_out_size(m[0]);
         CHECK_MSG(rel_diff(logits[1], logits[0], nl) < tol, "%s %s: logits differ by %g", spec, prec,
                   rel_diff(logits[1], logits[0], nl));
-        CHECK_MSG(rel_diff(dt_model_grads(m[1]), dt_model_grads(m[0]), np) < tol, "%s %s: gradients differ by %g", spec, prec,
-                  rel_diff(dt_model_grads(m[1]), dt_model_grads(m[0]), np));
+        CHECK_MSG(rel_diff(dt_model_grads(m[1]), dt_model_grads(m[0]), np) < tol, "%s %s: gradients differ by %g", spec,
+                  prec, rel_diff(dt_model_grads(m[1]), dt_model_grads(m[0]), np));
     }
     if (m[1] && m[2]) {
         const size_t np = dt_model_num_params(m[1]), nl = (size_t)B * dt_model_out_size(m[1]);
@@ -249,10 +247,11 @@ int main(void) {
     test_pool();
     test_conv();
     test_plan();
-    const char *specs[4] = {"cnn",  /* its first conv fused with its pool at f32 (conv_pool_test) */
-                            "conv(16,3) relu conv(16,3) maxpool(2) conv(32,3,stride=2,pad=1) flatten linear(10)",
-                            "conv(16,5,pad=2) maxpool(2) conv(16,3) relu maxpool(2) flatten linear(5)",  /* fused, no relu */
-                            "conv(16,3,pad=1) maxpool(3,stride=2) conv(16,1) maxpool(2) conv(16,1) batchnorm relu flatten linear(5)"};
+    const char *specs[4] = {
+        "cnn", /* its first conv fused with its pool at f32 (conv_pool_test) */
+        "conv(16,3) relu conv(16,3) maxpool(2) conv(32,3,stride=2,pad=1) flatten linear(10)",
+        "conv(16,5,pad=2) maxpool(2) conv(16,3) relu maxpool(2) flatten linear(5)", /* fused, no relu */
+        "conv(16,3,pad=1) maxpool(3,stride=2) conv(16,1) maxpool(2) conv(16,1) batchnorm relu flatten linear(5)"};
     /* bf16: blocked oneDNN within bf16's rounding of f32 (3e-2); not the batchnorm model, whose
      * 12 values per channel amplify rounding noise (0.09 apart, as are blas bf16 and f32) */
     for (int i = 0; i < 4; i++) test_model_vs_blas(specs[i], "fp32", 2e-5);

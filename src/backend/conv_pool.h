@@ -15,10 +15,10 @@
  * (likewise CW), the pooled (OC, CH / PK, CW / PK). */
 typedef struct {
     int B, C, H, W, OC, K, P, PK;
-    bool relu;    /* a relu between the conv and the pool (applied to the pooled value) */
-    bool out_bl;  /* the pooled output (and its gradient) blocked (backend/blocked.h), else NCHW */
-    bool out_nhwc;  /* out_bl: NHWC instead of blocked */
-    bool out_bf16;  /* out_bl: the pooled values stored bf16 (uint16_t; their gradient stays f32) */
+    bool relu;     /* a relu between the conv and the pool (applied to the pooled value) */
+    bool out_bl;   /* the pooled output (and its gradient) blocked (backend/blocked.h), else NCHW */
+    bool out_nhwc; /* out_bl: NHWC instead of blocked */
+    bool out_bf16; /* out_bl: the pooled values stored bf16 (uint16_t; their gradient stays f32) */
 } dt_conv_pool_shape;
 
 /* win[i] where the relu stopped pooled value i's gradient (its max was not positive). */

@@ -31,7 +31,7 @@ static double rel(const float *a, const float *b, size_t n) {
 
 typedef struct {
     float *out, *dw, *db;
-    int32_t *win;  /* window positions (DT_CONV_POOL_STOP where the relu stops the gradient) */
+    int32_t *win; /* window positions (DT_CONV_POOL_STOP where the relu stops the gradient) */
 } result;
 
 /* The unfused chain on the cpu kernels: conv, maxpool, relu; backward through all three. */
@@ -39,15 +39,17 @@ static result reference(const dt_conv_pool_shape *s, const float *x, const float
                         const float *dw0) {
     const dt_kernel_table *be = dt_backend_cpu();
     const int CH = s->H + 2 * s->P - s->K + 1, CW = s->W + 2 * s->P - s->K + 1, OH = CH / s->PK, OW = CW / s->PK;
-    const size_t nc = (size_t)s->B * s->OC * CH * CW, no = (size_t)s->B * s->OC * OH * OW, nw = (size_t)s->OC * s->C * s->K * s->K;
-    float *y = malloc(nc * 4), *dy = malloc(nc * 4), *work = malloc(dt_conv2d_workspace(s->B, s->C, s->H, s->W, s->OC, s->K, 1, s->P) * 4 + 4);
+    const size_t nc = (size_t)s->B * s->OC * CH * CW, no = (size_t)s->B * s->OC * OH * OW,
+                 nw = (size_t)s->OC * s->C * s->K * s->K;
+    float *y = malloc(nc * 4), *dy = malloc(nc * 4),
+          *work = malloc(dt_conv2d_workspace(s->B, s->C, s->H, s->W, s->OC, s->K, 1, s->P) * 4 + 4);
     int32_t *am = malloc(no * 4);
     result r = {malloc(no * 4), malloc(nw * 4), calloc((size_t)s->OC, 4), malloc(no * 4)};
     float *gg = malloc(no * 4);
     memcpy(r.dw, dw0, nw * 4);
     be->conv2d_forward(y, x, w, b, work, s->B, s->C, s->H, s->W, s->OC, s->K, 1, s->P);
     be->maxpool2d_forward(r.out, am, y, s->B, s->OC, CH, CW, s->PK, s->PK);
-    for (size_t i = 0; i < no; i++) {  /* the argmax's flat index in its plane -> (py, px) in its window */
+    for (size_t i = 0; i < no; i++) { /* the argmax's flat index in its plane -> (py, px) in its window */
         const int p = am[i] % (CH * CW), cy = p / CW, cx = p % CW;
         r.win[i] = s->relu && !(r.out[i] > 0) ? DT_CONV_POOL_STOP : cy % s->PK * s->PK + cx % s->PK;
     }
@@ -73,9 +75,9 @@ static result fused(const dt_conv_pool_shape *s, const float *x, const float *w,
     dt_conv_pool_forward(s, r.out, wb, x, w, b, ws);
     dt_conv_pool_backward(s, r.dw, b ? r.db : NULL, gb, wb, x, ws);
     free(ws);
-    float *wf = malloc(no * 4);  /* the positions as floats, to reorder them with the values */
+    float *wf = malloc(no * 4); /* the positions as floats, to reorder them with the values */
     for (size_t i = 0; i < no; i++) wf[i] = wb[i];
-    if (s->out_bl) {  /* back to NCHW to compare */
+    if (s->out_bl) { /* back to NCHW to compare */
         float *o = malloc(no * 4);
         dt_blocked_to_nchw(o, r.out, s->B, s->OC, OHW, s->out_nhwc);
         memcpy(r.out, o, no * 4);
@@ -90,7 +92,7 @@ static result fused(const dt_conv_pool_shape *s, const float *x, const float *w,
 
 static void free_result(result *r) { free(r->out), free(r->dw), free(r->db), free(r->win); }
 
-enum { NCHW, BLOCKED, NHWC };  /* the output's layout */
+enum { NCHW, BLOCKED, NHWC }; /* the output's layout */
 
 static void kernel_case(int B, int C, int H, int W, int OC, int K, int P, int PK, bool relu, bool bias, int layout) {
     const bool out_bl = layout != NCHW;
@@ -103,7 +105,8 @@ static void kernel_case(int B, int C, int H, int W, int OC, int K, int P, int PK
     for (size_t i = 0; i < no; i++) same_win += r.win[i] == f.win[i];
     CHECK_MSG(rel(f.out, r.out, no) < 1e-5, "conv_pool C%d K%d P%d PK%d bl%d: out differs by %g", C, K, P, PK, out_bl,
               rel(f.out, r.out, no));
-    CHECK_MSG(same_win == no, "conv_pool C%d K%d PK%d: %zu of %zu window positions differ", C, K, PK, no - same_win, no);
+    CHECK_MSG(same_win == no, "conv_pool C%d K%d PK%d: %zu of %zu window positions differ", C, K, PK, no - same_win,
+              no);
     CHECK_MSG(rel(f.dw, r.dw, nw) < 1e-5, "conv_pool C%d K%d P%d PK%d relu%d bl%d: dw differs by %g", C, K, P, PK, relu,
               out_bl, rel(f.dw, r.dw, nw));
     CHECK_MSG(rel(f.db, r.db, (size_t)OC) < 1e-5, "conv_pool C%d K%d PK%d: db differs by %g", C, K, PK,
@@ -114,16 +117,16 @@ static void kernel_case(int B, int C, int H, int W, int OC, int K, int P, int PK
 }
 
 static void test_kernels(void) {
-    kernel_case(3, 1, 28, 28, 32, 3, 1, 2, true, true, BLOCKED);  /* the reference CNN's first layer */
+    kernel_case(3, 1, 28, 28, 32, 3, 1, 2, true, true, BLOCKED); /* the reference CNN's first layer */
     kernel_case(3, 1, 28, 28, 32, 3, 1, 2, true, true, NCHW);
-    kernel_case(3, 1, 28, 28, 32, 3, 1, 2, true, true, NHWC);     /* its layout at bf16 on AMX */
-    kernel_case(2, 1, 9, 11, 16, 3, 1, 2, true, true, BLOCKED);   /* the last row and column in no window */
+    kernel_case(3, 1, 28, 28, 32, 3, 1, 2, true, true, NHWC);   /* its layout at bf16 on AMX */
+    kernel_case(2, 1, 9, 11, 16, 3, 1, 2, true, true, BLOCKED); /* the last row and column in no window */
     kernel_case(2, 1, 9, 11, 48, 3, 1, 2, true, true, NHWC);
-    kernel_case(2, 3, 10, 10, 16, 3, 1, 2, true, true, BLOCKED);  /* 3 channels (RGB) */
-    kernel_case(2, 3, 11, 7, 16, 5, 2, 3, false, true, NCHW);     /* 3 channels, 5x5, 3x3 windows, no relu */
+    kernel_case(2, 3, 10, 10, 16, 3, 1, 2, true, true, BLOCKED); /* 3 channels (RGB) */
+    kernel_case(2, 3, 11, 7, 16, 5, 2, 3, false, true, NCHW);    /* 3 channels, 5x5, 3x3 windows, no relu */
     kernel_case(2, 3, 11, 7, 32, 5, 2, 3, false, true, NHWC);
-    kernel_case(2, 2, 8, 10, 32, 1, 0, 2, true, false, BLOCKED);  /* 1x1, no bias */
-    kernel_case(1, 4, 6, 6, 16, 3, 0, 4, true, true, NCHW);       /* one 4x4 window per plane */
+    kernel_case(2, 2, 8, 10, 32, 1, 0, 2, true, false, BLOCKED); /* 1x1, no bias */
+    kernel_case(1, 4, 6, 6, 16, 3, 0, 4, true, true, NCHW);      /* one 4x4 window per plane */
 }
 
 /* Which nodes of spec (1x12x12 inputs) fuse, on the kernels of lib. */
@@ -143,21 +146,21 @@ static void test_plan(void) {
     bool fz[32];
     int n;
     const bool have = dt_backend_onednn(DT_F32) != NULL;
-    fused_of("onednn", "cnn", fz, &n);  /* input, conv, relu, maxpool, conv, relu, maxpool, ... */
+    fused_of("onednn", "cnn", fz, &n); /* input, conv, relu, maxpool, conv, relu, maxpool, ... */
     if (have) CHECK(n > 6 && fz[1] && fz[2] && !fz[3] && !fz[4] && !fz[6]);
-    fused_of_at("onednn", "bf16", "cnn", fz, &n);  /* bf16 runs a conv over 1 channel at f32: fused too */
+    fused_of_at("onednn", "bf16", "cnn", fz, &n); /* bf16 runs a conv over 1 channel at f32: fused too */
     if (have) CHECK(n > 6 && fz[1] && fz[2] && !fz[3] && !fz[4] && !fz[6]);
-    fused_of("onednn", "conv(16,3) maxpool(3,stride=2) flatten linear(4)", fz, &n);  /* overlapping windows */
+    fused_of("onednn", "conv(16,3) maxpool(3,stride=2) flatten linear(4)", fz, &n); /* overlapping windows */
     for (int i = 0; i < n; i++) CHECK(!fz[i]);
     fused_of("onednn", "conv(4,1) conv(16,3) relu maxpool(2) flatten linear(4)", fz, &n);
-    for (int i = 0; i < n; i++) CHECK(!fz[i]);  /* the second conv's input needs a gradient */
+    for (int i = 0; i < n; i++) CHECK(!fz[i]); /* the second conv's input needs a gradient */
     fused_of("onednn", "conv(8,3) conv(16,3) relu maxpool(2) flatten linear(4)", fz, &n);
-    for (int i = 0; i < n; i++) CHECK(!fz[i]);  /* 8 input channels (and 8 outputs) */
+    for (int i = 0; i < n; i++) CHECK(!fz[i]); /* 8 input channels (and 8 outputs) */
     fused_of("blas", "cnn", fz, &n);
-    for (int i = 0; i < n; i++) CHECK(!fz[i]);  /* blas is the unfused reference */
+    for (int i = 0; i < n; i++) CHECK(!fz[i]); /* blas is the unfused reference */
     if (have) {
         fused_of("onednn", "conv(16,5,pad=2) maxpool(2) conv(16,3) relu maxpool(2) flatten linear(4)", fz, &n);
-        CHECK(n > 3 && fz[1] && !fz[2] && !fz[3]);  /* no relu between; the second conv reads 16 channels */
+        CHECK(n > 3 && fz[1] && !fz[2] && !fz[3]); /* no relu between; the second conv reads 16 channels */
     }
     CHECK_OK(dt_kernels_select("blas", "fp32"));
 }

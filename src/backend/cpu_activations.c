@@ -71,16 +71,16 @@ static int bf16_copy(dt_isa isa) {
     return isa == DT_ISA_AVX2 && !native ? COPY_AVX2 : COPY_NONE;
 }
 #if DT_ISA_X86
-#define BF16_COPY(isa, name)                                     \
-    (bf16_copy(isa) == COPY_AVX512BF16 ? name##_avx512bf16    \
-     : bf16_copy(isa) == COPY_AVX512   ? name##_avx512        \
-     : bf16_copy(isa) == COPY_AVX2     ? name##_avx2          \
+#define BF16_COPY(isa, name)                               \
+    (bf16_copy(isa) == COPY_AVX512BF16 ? name##_avx512bf16 \
+     : bf16_copy(isa) == COPY_AVX512   ? name##_avx512     \
+     : bf16_copy(isa) == COPY_AVX2     ? name##_avx2       \
                                        : NULL)
 #else
 #define BF16_COPY(isa, name) NULL
 #endif
 
-enum { PIECE = 256 };  /* floats of a stack piece */
+enum { PIECE = 256 }; /* floats of a stack piece */
 
 void dt_gelu_forward_bf16_isa(dt_isa isa, uint16_t *out, const float *in, size_t n) {
     void (*k)(uint16_t *, const float *, size_t) = BF16_COPY(isa, dt_gelu_forward_bf16);
@@ -150,7 +150,8 @@ void dt_gelu_forward_bf16io_grad_isa(dt_isa isa, uint16_t *out, uint16_t *dydx, 
 void dt_gelu_backward_bf16io_from_grad_isa(dt_isa isa, uint16_t *din, const uint16_t *dout, const uint16_t *dydx,
                                            size_t n) {
     if (!din) return;
-    void (*k)(uint16_t *, const uint16_t *, const uint16_t *, size_t) = BF16_COPY(isa, dt_gelu_backward_bf16io_from_grad);
+    void (*k)(uint16_t *, const uint16_t *, const uint16_t *, size_t) = BF16_COPY(isa,
+                                                                                  dt_gelu_backward_bf16io_from_grad);
     if (k) return k(din, dout, dydx, n);
     for (size_t i = 0; i < n; i += PIECE) {
         float d[PIECE], g[PIECE];
@@ -228,15 +229,23 @@ void dt_sigmoid_backward(float *din, const float *dout, const float *y, size_t n
  * AVX-512 step instead of one call per element). kernels_test checks it bit for bit. */
 static inline uint32_t philox_w0(uint64_t index, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1) {
     uint32_t c0 = (uint32_t)index, c1 = (uint32_t)(index >> 32);
-#define DT_PHILOX_ROUND()                                                                         \
-    do {                                                                                          \
-        uint64_t p0 = (uint64_t)0xD2511F53u * c0, p1 = (uint64_t)0xCD9E8D57u * c2;                \
-        uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;        \
-        c1 = (uint32_t)p1, c3 = (uint32_t)p0, c0 = n0, c2 = n2;                                   \
-        k0 += 0x9E3779B9u, k1 += 0xBB67AE85u;                                                     \
+#define DT_PHILOX_ROUND()                                                                  \
+    do {                                                                                   \
+        uint64_t p0 = (uint64_t)0xD2511F53u * c0, p1 = (uint64_t)0xCD9E8D57u * c2;         \
+        uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1; \
+        c1 = (uint32_t)p1, c3 = (uint32_t)p0, c0 = n0, c2 = n2;                            \
+        k0 += 0x9E3779B9u, k1 += 0xBB67AE85u;                                              \
     } while (0)
-    DT_PHILOX_ROUND(); DT_PHILOX_ROUND(); DT_PHILOX_ROUND(); DT_PHILOX_ROUND(); DT_PHILOX_ROUND();
-    DT_PHILOX_ROUND(); DT_PHILOX_ROUND(); DT_PHILOX_ROUND(); DT_PHILOX_ROUND(); DT_PHILOX_ROUND();
+    DT_PHILOX_ROUND();
+    DT_PHILOX_ROUND();
+    DT_PHILOX_ROUND();
+    DT_PHILOX_ROUND();
+    DT_PHILOX_ROUND();
+    DT_PHILOX_ROUND();
+    DT_PHILOX_ROUND();
+    DT_PHILOX_ROUND();
+    DT_PHILOX_ROUND();
+    DT_PHILOX_ROUND();
 #undef DT_PHILOX_ROUND
     return c0;
 }
@@ -254,8 +263,7 @@ void dt_dropout_forward(float *out, uint8_t *mask, const float *in, size_t n, fl
     }
     /* mask[i] = dt_rng_uniform(seed, key, i) >= p */
     const uint32_t c2 = (uint32_t)key, c3 = (uint32_t)(key >> 32), k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
-    for (size_t i = 0; i < n; i++)
-        mask[i] = (float)(philox_w0(i, c2, c3, k0, k1) >> 8) * (1.0f / 16777216.0f) >= p;
+    for (size_t i = 0; i < n; i++) mask[i] = (float)(philox_w0(i, c2, c3, k0, k1) >> 8) * (1.0f / 16777216.0f) >= p;
     const float scale = 1.0f / (1.0f - p);
     for (size_t i = 0; i < n; i++) out[i] = mask[i] ? in[i] * scale : 0.0f;
 }

@@ -46,8 +46,8 @@ static void blas_forward(float *out, float *att, const float *qkv, int B, int T,
         }
 }
 
-static void blas_backward(float *dqkv, float *work, const float *dout, const float *qkv, const float *att, int B,
-                          int T, int C, int NH) {
+static void blas_backward(float *dqkv, float *work, const float *dout, const float *qkv, const float *att, int B, int T,
+                          int C, int NH) {
     const int hs = C / NH, ld = 3 * C;
     const float scale = 1.0f / sqrtf((float)hs);
     for (int b = 0; b < B; b++)
@@ -86,8 +86,8 @@ void dt_att_forward(dt_isa k, float *out, float *att, float *work, const float *
     }
 }
 
-void dt_att_backward(dt_isa k, float *dqkv, float *work, const float *dout, const float *qkv, const float *att,
-                     int B, int T, int C, int NH) {
+void dt_att_backward(dt_isa k, float *dqkv, float *work, const float *dout, const float *qkv, const float *att, int B,
+                     int T, int C, int NH) {
     switch (k) {
 #if DT_ISA_X86
     case DT_ISA_AVX512: dt_attention_backward_avx512(dqkv, work, dout, qkv, att, B, T, C, NH); break;

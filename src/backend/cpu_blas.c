@@ -12,8 +12,8 @@ char *openblas_get_corename(void);
 const char *dt_blas_corename(void) { return openblas_get_corename(); }
 
 const char *dt_blas_coretype_for(const char *core, const char *env, bool avx512, bool avx2_fma) {
-    if (env && *env) return NULL;                               /* the user chose */
-    if (!core || strcmp(core, "Prescott") != 0) return NULL;    /* a kernel set for this CPU */
+    if (env && *env) return NULL;                            /* the user chose */
+    if (!core || strcmp(core, "Prescott") != 0) return NULL; /* a kernel set for this CPU */
     if (avx512) return "SkylakeX";
     if (avx2_fma) return "Haswell";
     return NULL;

@@ -67,7 +67,7 @@ static inline __attribute__((always_inline)) void window_max16(float *m_out, int
             m = _mm512_mask_blend_ps(t, m, v);
             idx = _mm512_mask_blend_epi32(t, idx, _mm512_add_epi32(_mm512_set1_epi32(base + at), lane));
         }
-    if (relu) {  /* the relu after the pool: 0 and no window position (-1: no gradient) where m > 0 fails */
+    if (relu) { /* the relu after the pool: 0 and no window position (-1: no gradient) where m > 0 fails */
         const __mmask16 pass = _mm512_cmp_ps_mask(m, _mm512_setzero_ps(), _CMP_GT_OQ);
         m = _mm512_maskz_mov_ps(pass, m), idx = _mm512_mask_blend_epi32(pass, _mm512_set1_epi32(-1), idx);
     }
@@ -105,8 +105,8 @@ static inline __attribute__((always_inline)) vf load_vw(const void *x, size_t i,
  * values, f32 or bf16); idx gets their flat indices into the whole input (base: the block's
  * first one). Inlined (see window_max16). */
 static inline __attribute__((always_inline)) void window_max_vw(float *m_out, int32_t *idx_out, const void *x, int W,
-                                                                int ps, int y0, int x0, int K, int32_t base,
-                                                                bool bf16, bool relu) {
+                                                                int ps, int y0, int x0, int K, int32_t base, bool bf16,
+                                                                bool relu) {
     const int32_t at0 = (y0 * W + x0) * ps;
     for (int h = 0; h < BL; h += VW) {
         vf m = load_vw(x, (size_t)at0 + h, bf16);
@@ -120,7 +120,7 @@ static inline __attribute__((always_inline)) void window_max_vw(float *m_out, in
                 m = vf_select(t, v, m);
                 idx = (t & (vi_lanes() + (base + at))) | (idx & ~t);
             }
-        if (relu) {  /* as window_max16 */
+        if (relu) { /* as window_max16 */
             const vi pass = m > 0;
             m = vf_select(pass, m, (vf){0}), idx = (idx & pass) | ~pass;
         }
@@ -159,12 +159,15 @@ static inline __attribute__((always_inline)) void unpool_window_vw(void *din, co
 static inline __attribute__((always_inline)) void transpose16(__m512 r[16]) {
     __m512 t[16];
     for (int i = 0; i < 8; i++)
-        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]), t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]),
+              t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
     for (int i = 0; i < 4; i++) {
         const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]),
                       c = _mm512_castps_pd(t[4 * i + 2]), d = _mm512_castps_pd(t[4 * i + 3]);
-        r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c)), r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
-        r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d)), r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+        r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c)),
+              r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+        r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d)),
+                  r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
     }
     for (int i = 0; i < 2; i++)
         for (int j = 0; j < 4; j++)
@@ -184,7 +187,8 @@ typedef __m512 tvec;
 static inline __attribute__((always_inline)) void transpose8(__m256 r[8]) {
     __m256 t[8], u[8];
     for (int i = 0; i < 4; i++)
-        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]), t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]),
+              t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
     for (int i = 0; i < 2; i++) {
         u[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
         u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xee);
@@ -212,7 +216,7 @@ static void vectors_to_planes(uint32_t *restrict y, size_t ys, const uint32_t *r
         for (int c = 0; c < BL; c++) TSTORE((float *)y + c * ys + j, r[c]);
     }
 #endif
-    for (int c = 0; c < BL; c++)  /* the tail */
+    for (int c = 0; c < BL; c++) /* the tail */
         for (size_t i = j; i < n; i++) y[c * ys + i] = v[i * BL + c];
 }
 
@@ -227,7 +231,7 @@ static void planes_to_vectors(uint32_t *restrict v, const uint32_t *restrict y, 
         for (int i = 0; i < BL; i++) TSTORE((float *)v + (j + i) * BL, r[i]);
     }
 #endif
-    for (int c = 0; c < BL; c++)  /* the tail (the 49th of a 7x7 plane): plain moves beat a transpose */
+    for (int c = 0; c < BL; c++) /* the tail (the 49th of a 7x7 plane): plain moves beat a transpose */
         for (size_t i = j; i < n; i++) v[i * BL + c] = y[c * ys + i];
 }
 
@@ -258,7 +262,7 @@ static inline __attribute__((always_inline)) void unpool_chunk(void *x, const fl
     }
 }
 
-#define CHUNK 256  /* output positions of a block pooled before an NCHW output is written */
+#define CHUNK 256 /* output positions of a block pooled before an NCHW output is written */
 
 /* Whether every input value lies in exactly one window (the backward then unpools window by
  * window; else it scatters through argmax). */
@@ -276,9 +280,9 @@ static inline __attribute__((always_inline)) void pool_forward(void *out_v, int3
     const size_t HW = (size_t)H * W, OHW = (size_t)OH * OW, vsize = bf16 ? 2 : 4;
     const bool a_vectors = !out_bl && dt_pool_windows_tile(H, W, K, S);
     float *out = out_v;
-    float tm[CHUNK * BL];     /* NCHW output: CHUNK positions of the block, then BL plane rows */
+    float tm[CHUNK * BL]; /* NCHW output: CHUNK positions of the block, then BL plane rows */
     int32_t ti[CHUNK * BL];
-    float tp[out_bf16 ? CHUNK * BL : 1];  /* a bf16 NCHW output: the BL plane rows at f32 */
+    float tp[out_bf16 ? CHUNK * BL : 1]; /* a bf16 NCHW output: the BL plane rows at f32 */
     for (size_t blk = 0; blk < (size_t)B * CB; blk++) {
         const size_t at = block_at(blk, CB, HW, nhwc), out_at = block_at(blk, CB, OHW, nhwc);
         const void *x = (const char *)in + at * vsize;
@@ -318,7 +322,7 @@ void dt_maxpool2d_forward_blocked_bf16(void *out, int32_t *argmax, const uint16_
  * (the fused relu stopped it) sends nothing. */
 static void unpool_scatter(void *din, const float *dout, const int32_t *argmax, size_t nin, size_t nout, bool bf16,
                            float *work) {
-    float *d = bf16 ? work : din;  /* a bf16 din: its f32 sums in the workspace's first nin floats */
+    float *d = bf16 ? work : din; /* a bf16 din: its f32 sums in the workspace's first nin floats */
     memset(d, 0, nin * sizeof(float));
     for (size_t i = 0; i < nout; i++)
         if (argmax[i] >= 0) d[argmax[i]] += dout[i];
@@ -337,14 +341,14 @@ static inline __attribute__((always_inline)) void pool_backward(void *din, const
     const size_t HW = (size_t)H * W, OHW = (size_t)OH * OW, vsize = bf16 ? 2 : 4;
     const size_t nout = OH > 0 && OW > 0 ? (size_t)B * C * OHW : 0;
     const float *dout = dout_v;
-    if (!tiles || OH <= 0 || OW <= 0) {  /* work: the scatter's f32 din (bf16), then the widened dout */
+    if (!tiles || OH <= 0 || OW <= 0) { /* work: the scatter's f32 din (bf16), then the widened dout */
         float *wide = dout_bf16 ? work + (bf16 ? (size_t)B * C * HW : 0) : NULL;
         if (dout_bf16) dt_widen_bf16(wide, dout_v, nout);
         unpool_scatter(din, dout_bf16 ? wide : dout, argmax, (size_t)B * C * HW, nout, bf16, work);
         return;
     }
-    float tg[CHUNK * BL];  /* NCHW dout: CHUNK positions of the block's 16 planes, transposed */
-    float tw[dout_bf16 ? CHUNK * BL : 1];  /* a bf16 NCHW dout: the BL plane rows widened */
+    float tg[CHUNK * BL];                 /* NCHW dout: CHUNK positions of the block's 16 planes, transposed */
+    float tw[dout_bf16 ? CHUNK * BL : 1]; /* a bf16 NCHW dout: the BL plane rows widened */
     for (size_t blk = 0; blk < (size_t)B * CB; blk++) {
         const size_t at = block_at(blk, CB, HW, nhwc), out_at = block_at(blk, CB, OHW, nhwc);
         void *x = (char *)din + at * vsize;
@@ -358,7 +362,8 @@ static inline __attribute__((always_inline)) void pool_backward(void *din, const
                 for (int c = 0; c < BL; c++)
                     dt_widen_bf16(tw + (size_t)c * np, (const uint16_t *)dout_v + (blk * BL + c) * OHW + p0, np);
                 planes_to_vectors((uint32_t *)tg, (const uint32_t *)tw, np, np);
-            } else if (!out_bl) planes_to_vectors((uint32_t *)tg, (const uint32_t *)dout + blk * BL * OHW + p0, OHW, np);
+            } else if (!out_bl)
+                planes_to_vectors((uint32_t *)tg, (const uint32_t *)dout + blk * BL * OHW + p0, OHW, np);
             if (K == 2) unpool_chunk(x, g, a, W, ps, OW, os, p0, np, 2, base, bf16);
             else unpool_chunk(x, g, a, W, ps, OW, os, p0, np, K, base, bf16);
         }

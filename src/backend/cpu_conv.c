@@ -50,8 +50,7 @@ static void im2col(float *restrict col, const float *restrict in, const conv_geo
                     /* src[x] is input column lo*S + kx - P + x*S (in range for x < hi - lo) */
                     const float *restrict src = plane + (size_t)iy * W + (lo * S + kx - P);
                     for (int x = 0; x < lo; x++) r[x] = 0.0f;
-                    if (S == 1)
-                        memcpy(r + lo, src, (size_t)(hi - lo) * sizeof(float));
+                    if (S == 1) memcpy(r + lo, src, (size_t)(hi - lo) * sizeof(float));
                     else
                         for (int x = 0; x < hi - lo; x++) r[lo + x] = src[(size_t)x * S];
                     for (int x = hi; x < OW; x++) r[x] = 0.0f;
@@ -189,10 +188,8 @@ static conv_work carve(float *work, const conv_geom *g, int OC) {
 }
 
 static void fill_patches(const conv_work *w, const float *in_b, const conv_geom *g) {
-    if (same_stride1(g))
-        im2col_same(w->col, in_b, g);
-    else
-        im2col(w->col, in_b, g);
+    if (same_stride1(g)) im2col_same(w->col, in_b, g);
+    else im2col(w->col, in_b, g);
 }
 
 /* Pointwise (1x1, stride 1, pad 0): the input plane is the patch matrix. */
@@ -209,8 +206,8 @@ static void pointwise_forward(float *out, const float *in, const float *w, const
             }
             beta = 1.0f;
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, OC, HW, C, 1.0f, w, C, in + (size_t)n * C * HW, HW,
-                    beta, out_b, HW);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, OC, HW, C, 1.0f, w, C, in + (size_t)n * C * HW, HW, beta,
+                    out_b, HW);
     }
 }
 
@@ -229,8 +226,8 @@ static void pointwise_backward(float *din, float *dw, float *db, const float *do
     }
 }
 
-void dt_conv2d_forward(float *out, const float *in, const float *w, const float *b, float *work, int B, int C,
-                       int H, int W, int OC, int K, int stride, int pad) {
+void dt_conv2d_forward(float *out, const float *in, const float *w, const float *b, float *work, int B, int C, int H,
+                       int W, int OC, int K, int stride, int pad) {
     conv_geom g = geom(C, H, W, K, stride, pad);
     if (g.OH <= 0 || g.OW <= 0 || B <= 0 || OC <= 0) return;
     if (is_pointwise(&g)) {
@@ -276,18 +273,16 @@ void dt_conv2d_backward(float *din, float *dw, float *db, const float *dout, con
         if (grads) {
             /* [dw | db]^T (CKK+1,OC) += [col;1] (CKK+1,OHW) @ dout_b^T (OHW,OC) */
             fill_patches(&cw, in + (size_t)n * C * H * W, &g);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, CKK + 1, OC, OHW, 1.0f, cw.col, OHW, dout_b, OHW,
-                        1.0f, cw.wx, OC);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, CKK + 1, OC, OHW, 1.0f, cw.col, OHW, dout_b, OHW, 1.0f,
+                        cw.wx, OC);
         }
         if (!din) continue;
         /* dcol (CKK,OHW) = w^T (CKK,OC) @ dout_b (OC,OHW) into the col rows, then fold into din_b */
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, CKK, OHW, OC, 1.0f, w, CKK, dout_b, OHW, 0.0f, cw.col,
                     OHW);
         float *din_b = din + (size_t)n * C * H * W;
-        if (same_stride1(&g))
-            col2im_same(din_b, cw.col, &g);
-        else
-            col2im(din_b, cw.col, &g);
+        if (same_stride1(&g)) col2im_same(din_b, cw.col, &g);
+        else col2im(din_b, cw.col, &g);
     }
     if (dw)
         for (int o = 0; o < OC; o++) {

@@ -26,11 +26,11 @@
 
 /* vectors pass by value between the static functions below; GCC notes that the ABI of such
  * arguments changed, which matters only across files */
-#if defined(__GNUC__)  /* gcc and clang: the vectors pass between static functions only */
+#if defined(__GNUC__) /* gcc and clang: the vectors pass between static functions only */
 #pragma GCC diagnostic ignored "-Wpsabi"
 #endif
 
-#define BL DT_BLOCK  /* channels per block of the blocked layout (blocked.h) */
+#define BL DT_BLOCK /* channels per block of the blocked layout (blocked.h) */
 
 /* The per-call state: the padded sample, the weights of each VW-channel group as [tap][VW]
  * vectors (tap = (c * K + ky) * K + kx), and room for PK conv rows and one pooled row. */
@@ -54,8 +54,8 @@ static void work_sizes(const dt_conv_pool_shape *s, size_t sz[8]) {
     sz[2] = (size_t)s->PK * CW * sizeof(vf);
     sz[3] = sz[4] = OW * sizeof(vf);
     sz[5] = OW * sizeof(vi);
-    sz[6] = (size_t)s->OC / VW * (T + 1) * sizeof(vf);  /* backward: tot */
-    sz[7] = (T + 1) * sizeof(vf);                        /* backward: smp */
+    sz[6] = (size_t)s->OC / VW * (T + 1) * sizeof(vf); /* backward: tot */
+    sz[7] = (T + 1) * sizeof(vf);                      /* backward: smp */
 }
 
 size_t dt_conv_pool_workspace(const dt_conv_pool_shape *s) {
@@ -86,8 +86,8 @@ static work work_of(const dt_conv_pool_shape *s, const float *w, void *ws, char 
 static void pad_sample(const dt_conv_pool_shape *s, const work *k, const float *in, int n) {
     for (int c = 0; c < s->C; c++)
         for (int y = 0; y < s->H; y++)
-            memcpy(k->xp + ((size_t)c * k->HP + y + s->P) * k->WP + s->P, in + (((size_t)n * s->C + c) * s->H + y) * s->W,
-                   (size_t)s->W * sizeof(float));
+            memcpy(k->xp + ((size_t)c * k->HP + y + s->P) * k->WP + s->P,
+                   in + (((size_t)n * s->C + c) * s->H + y) * s->W, (size_t)s->W * sizeof(float));
 }
 
 /* conv_row for 3x3 kernels: eight outputs at a time, each (c, ky)'s three taps in registers. */
@@ -170,7 +170,7 @@ static void pool_row(const dt_conv_pool_shape *s, const work *k) {
         vf m = k->rows[ox * PK];
         vi at = (vi){0};
         for (int py = 0; py < PK; py++)
-            for (int px = !py; px < PK; px++)  /* window order; (0, 0) is m's start */
+            for (int px = !py; px < PK; px++) /* window order; (0, 0) is m's start */
                 max_step(&m, &at, k->rows[(size_t)py * k->CW + ox * PK + px], py * PK + px);
         if (s->relu) relu_step(&m, &at);
         k->row_y[ox] = m, k->row_w[ox] = at;
@@ -182,9 +182,9 @@ static void pool_row(const dt_conv_pool_shape *s, const work *k) {
 static inline __attribute__((always_inline)) void conv_pool_block(const dt_conv_pool_shape *s, const work *k,
                                                                   const vf *restrict wv, vf bv, int oy, int ox0,
                                                                   const int NC) {
-    vf a0[4] = {bv, bv, bv, bv}, a1[4] = {bv, bv, bv, bv};  /* conv rows 2 oy and 2 oy + 1 */
+    vf a0[4] = {bv, bv, bv, bv}, a1[4] = {bv, bv, bv, bv}; /* conv rows 2 oy and 2 oy + 1 */
     for (int c = 0; c < s->C; c++)
-        for (int t = 0; t < 4; t++) {  /* input row 2 oy + t: tap row t of a0, t - 1 of a1 */
+        for (int t = 0; t < 4; t++) { /* input row 2 oy + t: tap row t of a0, t - 1 of a1 */
             const float *x = k->xp + ((size_t)c * k->HP + 2 * oy + t) * k->WP + 2 * ox0;
             for (int kx = 0; kx < 3; kx++) {
                 if (t < 3) {
@@ -232,7 +232,7 @@ void dt_conv_pool_forward(const dt_conv_pool_shape *s, float *out, uint8_t *win,
                 for (int ox = 0; ox < k.OW; ox++) {
                     size_t ls, o = out_at(s, &k, n, ob, oy, ox, &ls);
                     const vb wb = vi_low8(k.row_w[ox]);
-                    if (s->out_bf16) {  /* blocked or NHWC (ls 1): VW bf16 values */
+                    if (s->out_bf16) { /* blocked or NHWC (ls 1): VW bf16 values */
                         const vh h = vf_to_bf16(k.row_y[ox]);
                         memcpy((uint16_t *)out + o, &h, sizeof h), memcpy(win + o, &wb, sizeof wb);
                     } else if (ls == 1) memcpy(out + o, &k.row_y[ox], sizeof(vf)), memcpy(win + o, &wb, sizeof wb);
@@ -277,7 +277,8 @@ static void weight_row(const dt_conv_pool_shape *s, const work *k, vf *restrict 
                 vf a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
                 int cx = 0;
                 for (; cx + 4 <= ncx; cx += 4)
-                    a0 += g[cx] * x[cx], a1 += g[cx + 1] * x[cx + 1], a2 += g[cx + 2] * x[cx + 2], a3 += g[cx + 3] * x[cx + 3];
+                    a0 += g[cx] * x[cx], a1 += g[cx + 1] * x[cx + 1], a2 += g[cx + 2] * x[cx + 2],
+                        a3 += g[cx + 3] * x[cx + 3];
                 for (; cx < ncx; cx++) a0 += g[cx] * x[cx];
                 *a += (a0 + a1) + (a2 + a3);
             }
@@ -291,7 +292,7 @@ static void load_grad_row(const dt_conv_pool_shape *s, work *k, const float *dou
     for (int ox = 0; ox < k->OW; ox++) {
         size_t ls, o = out_at(s, k, n, ob, oy, ox, &ls);
         vb wb;
-        vf g;  /* in registers: a store of halves read back whole cannot be forwarded (a stall) */
+        vf g; /* in registers: a store of halves read back whole cannot be forwarded (a stall) */
         if (ls == 1) g = vf_load(dout + o), memcpy(&wb, win + o, sizeof wb);
         else
             for (int l = 0; l < VW; l++) g[l] = dout[o + l * ls], wb[l] = win[o + l * ls];
@@ -313,11 +314,11 @@ void dt_conv_pool_backward(const dt_conv_pool_shape *s, float *dw, float *db, co
     for (int n = 0; n < s->B; n++) {
         pad_sample(s, &k, in, n);
         for (int ob = 0; ob < OB; ob++) {
-            memset(smp, 0, (size_t)(k.T + 1) * sizeof(vf));  /* the sample's sums, then added: shorter sums */
+            memset(smp, 0, (size_t)(k.T + 1) * sizeof(vf)); /* the sample's sums, then added: shorter sums */
             for (int oy = 0; oy < k.OH; oy++) {
                 load_grad_row(s, &k, dout, win, n, ob, oy, &smp[k.T]);
                 for (int py = 0; py < PK; py++) {
-                    vf *gc = k.rows;  /* the conv's gradient on row oy * PK + py */
+                    vf *gc = k.rows; /* the conv's gradient on row oy * PK + py */
                     for (int ox = 0; ox < k.OW; ox++)
                         for (int px = 0; px < PK; px++)
                             gc[ox * PK + px] = vf_select(k.row_w[ox] == py * PK + px, k.row_g[ox], (vf){0});

@@ -22,8 +22,8 @@ void dt_linear_forward(float *out, const float *in, const float *w, const float 
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, B, OC, C, 1.0f, in, C, w, C, beta, out, OC);
 }
 
-void dt_linear_backward(float *din, float *dw, float *db, const float *dout, const float *in, const float *w,
-                        int B, int C, int OC) {
+void dt_linear_backward(float *din, float *dw, float *db, const float *dout, const float *in, const float *w, int B,
+                        int C, int OC) {
     if (B <= 0 || OC <= 0 || C <= 0) {
         if (din && B > 0 && C > 0) memset(din, 0, (size_t)B * C * sizeof(float));
         return;

@@ -9,8 +9,8 @@
 
 #include "backend/kern.h"
 
-float dt_softmax_xent_ignore_forward(float *probs, const float *logits, const int32_t *labels, int N, int V,
-                                     int ignore, int *counted) {
+float dt_softmax_xent_ignore_forward(float *probs, const float *logits, const int32_t *labels, int N, int V, int ignore,
+                                     int *counted) {
     int cnt = 0;
     double total = 0.0;
     for (int r = 0; r < N; r++) {

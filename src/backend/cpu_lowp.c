@@ -25,7 +25,7 @@ static inline uint32_t bf16_rounded_bits(uint32_t u) {
     return (u & 0x7fffffffu) > 0x7f800000u ? u | 0x00400000u : u + 0x7fffu + ((u >> 16) & 1u);
 }
 
-void dt_round_bf16(float *dst, const float *src, size_t n) {  /* GCC vectorises this loop itself */
+void dt_round_bf16(float *dst, const float *src, size_t n) { /* GCC vectorises this loop itself */
     const uint32_t *s = (const uint32_t *)src;
     uint32_t *d = (uint32_t *)dst;
     for (size_t i = 0; i < n; i++) d[i] = bf16_rounded_bits(s[i]) & 0xffff0000u;
@@ -40,9 +40,9 @@ void dt_round_f16(float *dst, const float *src, size_t n) {
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_CUR_DIRECTION)));
 #endif
-#if defined(__GNUC__) && !defined(__clang__)  /* GCC has _Float16 on every x86-64 (F16C or software) */
+#if defined(__GNUC__) && !defined(__clang__) /* GCC has _Float16 on every x86-64 (F16C or software) */
     for (; i < n; i++) dst[i] = (float)(_Float16)src[i];
-#else  /* clang 14 has it only where AVX512-FP16 is enabled: core's conversions, the same rounding */
+#else /* clang 14 has it only where AVX512-FP16 is enabled: core's conversions, the same rounding */
     for (; i < n; i++) dst[i] = dt_f16_to_f32(dt_f32_to_f16(src[i]));
 #endif
 }
@@ -51,11 +51,12 @@ void dt_round_f16(float *dst, const float *src, size_t n) {
 #include <immintrin.h>
 /* With AVX512-BF16: 32 values rounded in one vcvtne2ps2bf16 (to nearest even, as below). */
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) static void cast_bf16_native(uint16_t *d,
-                                                                                            const float *src,
-                                                                                            size_t n) {
+                                                                                             const float *src,
+                                                                                             size_t n) {
     size_t i = 0;
     for (; i + 32 <= n; i += 32)
-        _mm512_storeu_si512(d + i, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + i + 16), _mm512_loadu_ps(src + i)));
+        _mm512_storeu_si512(d + i,
+                            (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + i + 16), _mm512_loadu_ps(src + i)));
     for (; i < n; i += 16) {
         const __mmask16 m = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
         _mm256_mask_storeu_epi16(d + i, m, (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, src + i)));
@@ -110,8 +111,8 @@ static void linear_fwd(dt_dtype p, float *out, const float *in, const float *w, 
     dt_linear_forward(out, rounded(rin, in, (size_t)B * C, p), rounded(rw, w, (size_t)OC * C, p), b, B, C, OC);
 }
 
-static void linear_bwd(dt_dtype p, float *din, float *dw, float *db, const float *dout, const float *in,
-                       const float *w, float *work, int B, int C, int OC) {
+static void linear_bwd(dt_dtype p, float *din, float *dw, float *db, const float *dout, const float *in, const float *w,
+                       float *work, int B, int C, int OC) {
     if (B <= 0 || OC <= 0 || C <= 0) return dt_linear_backward(din, dw, db, dout, in, w, B, C, OC);
     if (db)
         for (int i = 0; i < B; i++) {
@@ -145,26 +146,26 @@ static void conv_bwd(dt_dtype p, float *din, float *dw, float *db, const float *
     float *rin = work + dt_conv2d_workspace(B, C, H, W, OC, K, S, P), *rw = rin + (size_t)B * C * H * W;
     float *rg = rw + (size_t)OC * C * K * K;
     dt_conv2d_backward(din, dw, NULL, rounded(rg, dout, (size_t)B * OC * hw, p),
-                       rounded(rin, in, (size_t)B * C * H * W, p), rounded(rw, w, (size_t)OC * C * K * K, p), work, B, C,
-                       H, W, OC, K, S, P);
+                       rounded(rin, in, (size_t)B * C * H * W, p), rounded(rw, w, (size_t)OC * C * K * K, p), work, B,
+                       C, H, W, OC, K, S, P);
 }
 
-#define DT_LOWP_WRAPPERS(sfx, P)                                                                                        \
+#define DT_LOWP_WRAPPERS(sfx, P)                                                                                       \
     static void linear_fwd_##sfx(float *out, const float *in, const float *w, const float *b, float *work, int B,      \
-                                 int C, int OC) {                                                                       \
-        linear_fwd(P, out, in, w, b, work, B, C, OC);                                                                   \
-    }                                                                                                                   \
+                                 int C, int OC) {                                                                      \
+        linear_fwd(P, out, in, w, b, work, B, C, OC);                                                                  \
+    }                                                                                                                  \
     static void linear_bwd_##sfx(float *din, float *dw, float *db, const float *dout, const float *in, const float *w, \
-                                 float *work, int B, int C, int OC) {                                                   \
-        linear_bwd(P, din, dw, db, dout, in, w, work, B, C, OC);                                                        \
-    }                                                                                                                   \
+                                 float *work, int B, int C, int OC) {                                                  \
+        linear_bwd(P, din, dw, db, dout, in, w, work, B, C, OC);                                                       \
+    }                                                                                                                  \
     static void conv_fwd_##sfx(float *out, const float *in, const float *w, const float *b, float *work, int B, int C, \
-                               int H, int W, int OC, int K, int S, int Pd) {                                            \
-        conv_fwd(P, out, in, w, b, work, B, C, H, W, OC, K, S, Pd);                                                     \
-    }                                                                                                                   \
+                               int H, int W, int OC, int K, int S, int Pd) {                                           \
+        conv_fwd(P, out, in, w, b, work, B, C, H, W, OC, K, S, Pd);                                                    \
+    }                                                                                                                  \
     static void conv_bwd_##sfx(float *din, float *dw, float *db, const float *dout, const float *in, const float *w,   \
-                               float *work, int B, int C, int H, int W, int OC, int K, int S, int Pd) {                 \
-        conv_bwd(P, din, dw, db, dout, in, w, work, B, C, H, W, OC, K, S, Pd);                                          \
+                               float *work, int B, int C, int H, int W, int OC, int K, int S, int Pd) {                \
+        conv_bwd(P, din, dw, db, dout, in, w, work, B, C, H, W, OC, K, S, Pd);                                         \
     }
 DT_LOWP_WRAPPERS(bf16, DT_BF16)
 DT_LOWP_WRAPPERS(f16, DT_F16)

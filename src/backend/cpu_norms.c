@@ -50,8 +50,8 @@ static void scaled_sums(float *sg, float *sgx, const float *restrict dy, const f
     *sg = s, *sgx = t;
 }
 
-void dt_layernorm_forward(float *out, float *mean, float *rstd, const float *in, const float *w, const float *b,
-                          int N, int C, float eps) {
+void dt_layernorm_forward(float *out, float *mean, float *rstd, const float *in, const float *w, const float *b, int N,
+                          int C, float eps) {
     for (int r = 0; r < N; r++) {
         const float *restrict x = in + (size_t)r * C;
         float *restrict y = out + (size_t)r * C;
@@ -93,8 +93,8 @@ void dt_layernorm_backward(float *din, float *dw, float *db, const float *dout, 
 }
 
 void dt_batchnorm2d_forward_train(float *out, float *mean, float *rstd, float *running_mean, float *running_var,
-                                  const float *in, const float *w, const float *b, int B, int C, int HW,
-                                  float momentum, float eps) {
+                                  const float *in, const float *w, const float *b, int B, int C, int HW, float momentum,
+                                  float eps) {
     const size_t plane = (size_t)HW, cstride = (size_t)C * HW;
     const double n = (double)B * HW;
     for (int c = 0; c < C; c++) {
@@ -121,9 +121,8 @@ void dt_batchnorm2d_forward_train(float *out, float *mean, float *rstd, float *r
     }
 }
 
-void dt_batchnorm2d_forward_eval(float *out, const float *in, const float *w, const float *b,
-                                 const float *running_mean, const float *running_var, int B, int C, int HW,
-                                 float eps) {
+void dt_batchnorm2d_forward_eval(float *out, const float *in, const float *w, const float *b, const float *running_mean,
+                                 const float *running_var, int B, int C, int HW, float eps) {
     const size_t plane = (size_t)HW, cstride = (size_t)C * HW;
     for (int c = 0; c < C; c++) {
         const float rs = (float)(1.0 / sqrt((double)running_var[c] + (double)eps));

@@ -29,7 +29,7 @@ static _Thread_local struct {
     dnnl_stream_t stream;
     dt_dnnl_entry e[DT_DNNL_CACHE];
     int n, threads;
-    unsigned long long clock;   /* lookups so far: an entry's `last` */
+    unsigned long long clock; /* lookups so far: an entry's `last` */
     size_t misses;
     void *conv[DT_DNNL_SCRATCH_SLOTS];
     size_t conv_n[DT_DNNL_SCRATCH_SLOTS];
@@ -56,7 +56,7 @@ static void tls_key_make(void) { pthread_key_create(&tls_key, tls_free); }
 dnnl_engine_t dt_dnnl_engine(void) {
     if (!tls.eng) {
         pthread_once(&tls_once, tls_key_make);
-        pthread_setspecific(tls_key, &tls);  /* non-NULL: the destructor runs for this thread */
+        pthread_setspecific(tls_key, &tls); /* non-NULL: the destructor runs for this thread */
         if (dnnl_engine_create(&tls.eng, dnnl_cpu, 0) != dnnl_success) return tls.eng = NULL;
         if (dnnl_stream_create(&tls.stream, tls.eng, dnnl_stream_default_flags) != dnnl_success) {
             dnnl_engine_destroy(tls.eng);
@@ -86,13 +86,13 @@ dt_dnnl_entry *dt_dnnl_lookup(const dt_dnnl_key *key) {
     if (!dt_dnnl_engine()) return NULL;
     sync_threads();
     dt_dnnl_key kt = *key, *k = &kt;
-    kt.d[DT_DNNL_KEY_INTS - 1] = tls.threads;  /* a primitive is made for a thread count */
+    kt.d[DT_DNNL_KEY_INTS - 1] = tls.threads; /* a primitive is made for a thread count */
     for (int i = 0; i < tls.n; i++)
         if (!memcmp(&tls.e[i].key, k, sizeof *k)) return tls.e[i].last = ++tls.clock, &tls.e[i];
     dt_dnnl_entry *e;
     if (tls.n < DT_DNNL_CACHE) e = &tls.e[tls.n++];
-    else {  /* full: evict the least recently used entry, never one that the op now running holds
-             * (a backward looks up two entries, then runs both) */
+    else { /* full: evict the least recently used entry, never one that the op now running holds
+            * (a backward looks up two entries, then runs both) */
         e = &tls.e[0];
         for (int i = 1; i < DT_DNNL_CACHE; i++)
             if (tls.e[i].last < e->last) e = &tls.e[i];
@@ -121,7 +121,7 @@ bool dt_dnnl_step_add(dt_dnnl_entry *e, dnnl_primitive_desc_t pd, int nargs, con
     for (int i = 0; i < nargs; i++) ok &= m[i] != NULL;
     const char *impl = NULL;
     if (ok && main && dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl) {
-        size_t at = strlen(e->impl);  /* a second main primitive (conv_bwd: weights, then data) */
+        size_t at = strlen(e->impl); /* a second main primitive (conv_bwd: weights, then data) */
         if (!at) snprintf(e->impl, sizeof e->impl, "%s", impl);
         else if (strcmp(e->impl, impl)) snprintf(e->impl + at, sizeof e->impl - at, " + %s", impl);
     }
@@ -146,14 +146,16 @@ static bool reorder_step(dt_dnnl_entry *e, dnnl_memory_t from, dnnl_memory_t to)
     return dt_dnnl_step_add(e, pd, 2, arg, m, false);
 }
 
-dnnl_memory_t dt_dnnl_input(dt_dnnl_entry *e, const dnnl_memory_desc_t *plain, const dnnl_memory_desc_t *want, int ext) {
+dnnl_memory_t dt_dnnl_input(dt_dnnl_entry *e, const dnnl_memory_desc_t *plain, const dnnl_memory_desc_t *want,
+                            int ext) {
     dnnl_memory_t outside = dt_dnnl_mem(e, plain, ext);
     if (!outside || dnnl_memory_desc_equal(plain, want)) return outside;
     dnnl_memory_t inside = dt_dnnl_mem(e, want, -1);
     return inside && reorder_step(e, outside, inside) ? inside : NULL;
 }
 
-dnnl_memory_t dt_dnnl_output(dt_dnnl_entry *e, const dnnl_memory_desc_t *plain, const dnnl_memory_desc_t *want, int ext) {
+dnnl_memory_t dt_dnnl_output(dt_dnnl_entry *e, const dnnl_memory_desc_t *plain, const dnnl_memory_desc_t *want,
+                             int ext) {
     dnnl_memory_t outside = dt_dnnl_mem(e, plain, ext);
     if (!outside || dnnl_memory_desc_equal(plain, want)) return outside;
     dnnl_memory_t inside = dt_dnnl_mem(e, want, -1);
@@ -177,7 +179,8 @@ void dt_dnnl_run(dt_dnnl_entry *e, void *const *data) {
     sync_threads();
     for (int i = 0; i < e->nmem; i++)
         if (e->ext[i] >= 0) dnnl_memory_set_data_handle_v2(e->mem[i], data[e->ext[i]], tls.stream);
-    for (int i = 0; i < e->nsteps; i++) dnnl_primitive_execute(e->step[i].p, tls.stream, e->step[i].nargs, e->step[i].args);
+    for (int i = 0; i < e->nsteps; i++)
+        dnnl_primitive_execute(e->step[i].p, tls.stream, e->step[i].nargs, e->step[i].args);
     dnnl_stream_wait(tls.stream);
 }
 
@@ -198,7 +201,7 @@ void *dt_dnnl_scratch(int slot, size_t bytes) {
     if (bytes > tls.conv_n[slot]) {
         free(tls.conv[slot]);
         void *p = dt_dnnl_alloc(bytes);
-        if (!p) abort();  /* kernels cannot fail; out of memory here is fatal */
+        if (!p) abort(); /* kernels cannot fail; out of memory here is fatal */
         tls.conv[slot] = p, tls.conv_n[slot] = bytes;
     }
     return tls.conv[slot];
@@ -222,7 +225,10 @@ void dt_onednn_impls(char *buf, size_t n) {
         const dt_dnnl_entry *e = &tls.e[i];
         if (e->failed || !e->impl[0]) continue;
         char item[128];
-        snprintf(item, sizeof item, "%s(%s) %s", ops[e->key.op], e->key.dt == dnnl_f32 ? "f32" : e->key.dt == dnnl_bf16 ? "bf16" : "f16",
+        snprintf(item, sizeof item, "%s(%s) %s", ops[e->key.op],
+                 e->key.dt == dnnl_f32    ? "f32"
+                 : e->key.dt == dnnl_bf16 ? "bf16"
+                                          : "f16",
                  e->impl);
         if (strstr(buf, item)) continue;
         int w = snprintf(buf + len, n - len, "%s%s", len ? "; " : "", item);
@@ -233,38 +239,38 @@ void dt_onednn_impls(char *buf, size_t n) {
 
 bool dt_onednn_bf16_native(void) { return __builtin_cpu_supports("avx512bf16"); }
 
-#define DT_ONEDNN_WRAPPERS(sfx, P)                                                                                      \
-    static void lf_##sfx(float *out, const float *in, const float *w, const float *b, float *work, int B, int C,       \
-                         int OC) {                                                                                      \
-        (void)work; /* oneDNN's own scratch (cpu_onednn.c dt_dnnl_scratch) */                                          \
-        dt_dnnl_linear_forward(P, out, in, w, b, B, C, OC);                                                             \
-    }                                                                                                                   \
-    static void lb_##sfx(float *din, float *dw, float *db, const float *dout, const float *in, const float *w,         \
-                         float *work, int B, int C, int OC) {                                                           \
-        (void)work;                                                                                                     \
-        dt_dnnl_linear_backward(P, din, dw, db, dout, in, w, B, C, OC);                                                 \
-    }                                                                                                                   \
-    static void cf_##sfx(float *out, const float *in, const float *w, const float *b, float *work, int B, int C,       \
-                         int H, int W, int OC, int K, int S, int Pd) {                                                  \
-        dt_dnnl_conv_forward(P, out, in, w, b, work, B, C, H, W, OC, K, S, Pd);                                         \
-    }                                                                                                                   \
-    static void cb_##sfx(float *din, float *dw, float *db, const float *dout, const float *in, const float *w,         \
-                         float *work, int B, int C, int H, int W, int OC, int K, int S, int Pd) {                       \
-        dt_dnnl_conv_backward(P, din, dw, db, dout, in, w, work, B, C, H, W, OC, K, S, Pd);                             \
+#define DT_ONEDNN_WRAPPERS(sfx, P)                                                                               \
+    static void lf_##sfx(float *out, const float *in, const float *w, const float *b, float *work, int B, int C, \
+                         int OC) {                                                                               \
+        (void)work; /* oneDNN's own scratch (cpu_onednn.c dt_dnnl_scratch) */                                    \
+        dt_dnnl_linear_forward(P, out, in, w, b, B, C, OC);                                                      \
+    }                                                                                                            \
+    static void lb_##sfx(float *din, float *dw, float *db, const float *dout, const float *in, const float *w,   \
+                         float *work, int B, int C, int OC) {                                                    \
+        (void)work;                                                                                              \
+        dt_dnnl_linear_backward(P, din, dw, db, dout, in, w, B, C, OC);                                          \
+    }                                                                                                            \
+    static void cf_##sfx(float *out, const float *in, const float *w, const float *b, float *work, int B, int C, \
+                         int H, int W, int OC, int K, int S, int Pd) {                                           \
+        dt_dnnl_conv_forward(P, out, in, w, b, work, B, C, H, W, OC, K, S, Pd);                                  \
+    }                                                                                                            \
+    static void cb_##sfx(float *din, float *dw, float *db, const float *dout, const float *in, const float *w,   \
+                         float *work, int B, int C, int H, int W, int OC, int K, int S, int Pd) {                \
+        dt_dnnl_conv_backward(P, din, dw, db, dout, in, w, work, B, C, H, W, OC, K, S, Pd);                      \
     }
 DT_ONEDNN_WRAPPERS(f32, DT_F32)
 DT_ONEDNN_WRAPPERS(bf16, DT_BF16)
 DT_ONEDNN_WRAPPERS(f16, DT_F16)
 
 /* the blocked convolutions at bf16 and fp16 (f32 has its own entries) */
-#define DT_ONEDNN_BLOCKED_WRAPPERS(sfx, P)                                                                              \
+#define DT_ONEDNN_BLOCKED_WRAPPERS(sfx, P)                                                                             \
     static void cfb_##sfx(float *out, const float *in, const float *w, const float *b, int B, int C, int H, int W,     \
-                          int OC, int K, int S, int Pd, dt_layout in_l, dt_layout out_l) {                              \
-        dt_dnnl_conv_forward_blocked_lowp(P, out, in, w, b, B, C, H, W, OC, K, S, Pd, in_l, out_l);                     \
-    }                                                                                                                   \
+                          int OC, int K, int S, int Pd, dt_layout in_l, dt_layout out_l) {                             \
+        dt_dnnl_conv_forward_blocked_lowp(P, out, in, w, b, B, C, H, W, OC, K, S, Pd, in_l, out_l);                    \
+    }                                                                                                                  \
     static void cbb_##sfx(float *din, float *dw, float *db, const float *dout, const float *in, const float *w, int B, \
-                          int C, int H, int W, int OC, int K, int S, int Pd, dt_layout in_l, dt_layout out_l) {         \
-        dt_dnnl_conv_backward_blocked_lowp(P, din, dw, db, dout, in, w, B, C, H, W, OC, K, S, Pd, in_l, out_l);         \
+                          int C, int H, int W, int OC, int K, int S, int Pd, dt_layout in_l, dt_layout out_l) {        \
+        dt_dnnl_conv_backward_blocked_lowp(P, din, dw, db, dout, in, w, B, C, H, W, OC, K, S, Pd, in_l, out_l);        \
     }
 DT_ONEDNN_BLOCKED_WRAPPERS(bf16, DT_BF16)
 DT_ONEDNN_BLOCKED_WRAPPERS(f16, DT_F16)
@@ -279,7 +285,7 @@ static void fill_tables(void) {
         *t = *dt_backend_cpu();
         t->name = "onednn";
         t->precision = prec[i];
-        t->linear_workspace = NULL;  /* the blas table's copy: oneDNN rounds in its own scratch */
+        t->linear_workspace = NULL; /* the blas table's copy: oneDNN rounds in its own scratch */
         t->linear_forward = i == 0 ? lf_f32 : i == 1 ? lf_bf16 : lf_f16;
         t->linear_backward = i == 0 ? lb_f32 : i == 1 ? lb_bf16 : lb_f16;
         t->conv2d_forward = i == 0 ? cf_f32 : i == 1 ? cf_bf16 : cf_f16;
@@ -296,7 +302,8 @@ static void fill_tables(void) {
         /* at bf16 the values between bf16 convs and max pools may stay bf16 (nn/graph_layout.c) */
         if (i == 1) {
             t->linear_bf16_values = dt_dnnl_linear_bf16_values;
-            t->linear_forward_bf16 = dt_dnnl_linear_forward_bf16, t->linear_backward_bf16 = dt_dnnl_linear_backward_bf16;
+            t->linear_forward_bf16 = dt_dnnl_linear_forward_bf16,
+            t->linear_backward_bf16 = dt_dnnl_linear_backward_bf16;
             t->linear_backward_bf16_grad = dt_dnnl_linear_backward_bf16_grad;
             t->linear_forward_bf16io = dt_dnnl_linear_forward_bf16io;
             t->linear_backward_bf16_din = dt_dnnl_linear_backward_bf16_din;

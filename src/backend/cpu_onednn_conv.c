@@ -115,14 +115,16 @@ static void widened_forward(dt_dtype p, const conv_shape *s, float *out, const f
 static void conv_forward(dt_dtype p, const conv_shape *s, float *out, const float *in, const float *w, const float *b,
                          float *work) {
     const bool blocked = s->in_bl || s->out_bl;
-    if (has_bf16(s)) {  /* only the entry at p (bf16) takes them as they are */
+    if (has_bf16(s)) { /* only the entry at p (bf16) takes them as they are */
         dt_dnnl_entry *e = s->B > 0 && p == DT_BF16 ? dt_dnnl_conv_entry(DT_DNNL_CONV_FWD, s, p) : NULL;
         if (!e) return widened_forward(p, s, out, in, w, b);
         void *data[4] = {(void *)in, (void *)w, out, (void *)b};
         return dt_dnnl_run(e, data);
     }
     bool round;
-    dt_dnnl_entry *e = s->B > 0 && (blocked || !prefers_im2col(p, s->C)) ? dt_dnnl_conv_plan(DT_DNNL_CONV_FWD, s, p, &round) : NULL;
+    dt_dnnl_entry *e = s->B > 0 && (blocked || !prefers_im2col(p, s->C))
+                           ? dt_dnnl_conv_plan(DT_DNNL_CONV_FWD, s, p, &round)
+                           : NULL;
     if (!e && blocked) return fallback_forward(s, out, in, w, b);
     if (!e)
         return fallback(p)->conv2d_forward(out, in, w, b,
@@ -189,18 +191,18 @@ static void conv_backward(dt_dtype p, const conv_shape *cs, float *din, float *d
      * below from the f32 gradient (at bf16/fp16 oneDNN would sum rounded dout) */
     s.bias = db && dw && (s.in_bl || s.out_bl) && (p == DT_F32 || dt_layout_bf16(s.out_l));
     if (has_bf16(&s) && (!(din || dw) || s.B <= 0)) {
-        if (db && s.B > 0) bias_sums(&s, db, dout);  /* no din, no dw */
+        if (db && s.B > 0) bias_sums(&s, db, dout); /* no din, no dw */
         return;
     }
-    if (has_bf16(&s)) {  /* only the entry at p (bf16) takes them as they are */
+    if (has_bf16(&s)) { /* only the entry at p (bf16) takes them as they are */
         const int op = din && dw ? DT_DNNL_CONV_BWD : din ? DT_DNNL_CONV_BWD_DATA : DT_DNNL_CONV_BWD_W;
         dt_dnnl_entry *e = p == DT_BF16 ? dt_dnnl_conv_entry(op, &s, p) : NULL;
         if (!e) return widened_backward(p, cs, din, dw, db, dout, in, w);
         const size_t nw = (size_t)s.OC * s.C * s.K * s.K;
         float *dbs = s.bias ? e->tmp + nw : NULL;
         if (e->w_flipped) w = flipped_weights(w, s.OC, s.C, s.K);
-        void *both[6] = {(void *)in, e->tmp, (void *)dout, (void *)w, din, dbs}, *data_only[3] = {din, (void *)w, (void *)dout},
-             *w_only[4] = {(void *)in, e->tmp, (void *)dout, dbs};
+        void *both[6] = {(void *)in, e->tmp, (void *)dout, (void *)w, din, dbs},
+             *data_only[3] = {din, (void *)w, (void *)dout}, *w_only[4] = {(void *)in, e->tmp, (void *)dout, dbs};
         dt_dnnl_run(e, op == DT_DNNL_CONV_BWD ? both : op == DT_DNNL_CONV_BWD_DATA ? data_only : w_only);
         if (dw)
             for (size_t i = 0; i < nw; i++) dw[i] += e->tmp[i];
@@ -224,15 +226,14 @@ static void conv_backward(dt_dtype p, const conv_shape *cs, float *din, float *d
     /* data pointers in the order the entry's op takes them (build_backward) */
     void *g = input(1, dout, nout, p, rd), *x = dw ? input(0, in, (size_t)B * C * H * W, p, rd) : NULL;
     void *wt = din ? input(2, w, nw, p, rd) : NULL;
-    float *dbs = s.bias ? e->tmp + nw : NULL;  /* oneDNN's db */
+    float *dbs = s.bias ? e->tmp + nw : NULL; /* oneDNN's db */
     void *both[6] = {x, e->tmp, g, wt, din, dbs}, *data_only[3] = {din, wt, g}, *w_only[4] = {x, e->tmp, g, dbs};
     dt_dnnl_run(e, op == DT_DNNL_CONV_BWD ? both : op == DT_DNNL_CONV_BWD_DATA ? data_only : w_only);
     if (dw)
         for (size_t i = 0; i < nw; i++) dw[i] += e->tmp[i];
     if (dbs)
         for (int o = 0; o < OC; o++) db[o] += dbs[o];
-    else if (db)  /* din only, or bf16/fp16: from the f32 gradient */
-        bias_sums(&s, db, dout);
+    else if (db) /* din only, or bf16/fp16: from the f32 gradient */ bias_sums(&s, db, dout);
 }
 
 void dt_dnnl_conv_backward(dt_dtype p, float *din, float *dw, float *db, const float *dout, const float *in,

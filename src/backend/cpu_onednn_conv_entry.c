@@ -102,11 +102,11 @@ static dnnl_primitive_desc_t backward_pd_alg(const conv_shape *s, dnnl_data_type
     dnnl_dims_t st = {s->S, s->S}, pad = {s->P, s->P};
     dnnl_convolution_desc_t d;
     dnnl_primitive_desc_t pd = NULL, hint = forward_pd_alg(s, dt, false, alg);
-    dnnl_status_t st_init =
-        !hint     ? dnnl_unimplemented
-        : weights ? dnnl_convolution_backward_weights_desc_init(&d, alg, &md[0], &md[1], s->bias ? &md[3] : NULL,
-                                                                &md[2], st, pad, pad)
-                  : dnnl_convolution_backward_data_desc_init(&d, alg, &md[0], &md[1], &md[2], st, pad, pad);
+    dnnl_status_t st_init = !hint     ? dnnl_unimplemented
+                            : weights ? dnnl_convolution_backward_weights_desc_init(
+                                            &d, alg, &md[0], &md[1], s->bias ? &md[3] : NULL, &md[2], st, pad, pad)
+                                      : dnnl_convolution_backward_data_desc_init(&d, alg, &md[0], &md[1], &md[2], st,
+                                                                                 pad, pad);
     if (st_init != dnnl_success || dnnl_primitive_desc_create(&pd, &d, NULL, dt_dnnl_engine(), hint) != dnnl_success)
         pd = NULL;
     if (hint) dnnl_primitive_desc_destroy(hint);
@@ -189,7 +189,7 @@ static bool build_backward(dt_dnnl_entry *e, int op, const conv_shape *s, const 
     dnnl_primitive_desc_t pf = data && (!wts || pw) && data_as_forward(s, e->key.dt)
                                    ? forward_pd_alg(&t, dnnl_bf16, false, dnnl_convolution_direct)
                                    : NULL;
-    if (pf) {  /* data {in, dw scratch, dout, flipped w, din[, db scratch]} or {din, flipped w, dout} */
+    if (pf) { /* data {in, dw scratch, dout, flipped w, din[, db scratch]} or {din, flipped w, dout} */
         bool ok = !wts || add_backward_weights(e, s, plain, pw, diff_dst_of(e, plain, pw, 2), 0, 1, 5);
         if (ok) return add_data_as_forward(e, &t, pf, 2, wts ? 3 : 1, wts ? 4 : 0);
         dnnl_primitive_desc_destroy(pf);
@@ -208,7 +208,7 @@ static bool build_backward(dt_dnnl_entry *e, int op, const conv_shape *s, const 
         dnnl_memory_t ddw = diff_dst_of(e, plain, pw, 2);
         dnnl_memory_t ddd = dnnl_memory_desc_equal(&qw, &qd) ? ddw : diff_dst_of(e, plain, pd, 2);
         ok = ddw && ddd;
-        if (ok) {  /* each add destroys its pd, also when it fails */
+        if (ok) { /* each add destroys its pd, also when it fails */
             ok = add_backward_weights(e, s, plain, pw, ddw, 0, 1, 5);
             pw = NULL;
         }
@@ -223,9 +223,11 @@ static bool build_backward(dt_dnnl_entry *e, int op, const conv_shape *s, const 
 }
 
 dt_dnnl_entry *dt_dnnl_conv_entry(int op, const conv_shape *s, dt_dtype p) {
-    if (p == DT_BF16 && !dt_onednn_bf16_native()) return NULL;  /* emulated: the f32 entry, rounded */
-    dt_dnnl_key k = {.op = op, .dt = dnnl_type(p),
-                     .d = {s->B, s->C, s->H, s->W, s->OC, s->K, s->S, s->P, s->bias, (int)s->in_l | (int)s->out_l << 2}};
+    if (p == DT_BF16 && !dt_onednn_bf16_native()) return NULL; /* emulated: the f32 entry, rounded */
+    dt_dnnl_key k = {
+        .op = op,
+        .dt = dnnl_type(p),
+        .d = {s->B, s->C, s->H, s->W, s->OC, s->K, s->S, s->P, s->bias, (int)s->in_l | (int)s->out_l << 2}};
     dt_dnnl_entry *e = dt_dnnl_lookup(&k);
     if (!e || e->used) return e && !e->failed ? e : NULL;
     dnnl_memory_desc_t plain[5];

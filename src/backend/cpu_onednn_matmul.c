@@ -17,9 +17,9 @@ typedef struct {
     int M, N, K;
     int64_t sa[2], sb[2];
     bool bias, accumulate;
-    bool a_bf16;  /* at bf16: A arrives cast already (dt_cast_bf16), not f32 */
-    bool b_bf16;  /* at bf16: B arrives as bf16 values (row-major), not f32 */
-    bool c_bf16;  /* at bf16: C is written bf16 (oneDNN rounds it), not f32; never accumulated */
+    bool a_bf16; /* at bf16: A arrives cast already (dt_cast_bf16), not f32 */
+    bool b_bf16; /* at bf16: B arrives as bf16 values (row-major), not f32 */
+    bool c_bf16; /* at bf16: C is written bf16 (oneDNN rounds it), not f32; never accumulated */
 } mm_shape;
 
 static dnnl_data_type_t dnnl_type(dt_dtype p) { return p == DT_BF16 ? dnnl_bf16 : p == DT_F16 ? dnnl_f16 : dnnl_f32; }
@@ -28,7 +28,8 @@ static dnnl_data_type_t dnnl_type(dt_dtype p) { return p == DT_BF16 ? dnnl_bf16 
  * emulated bf16 one: dt_onednn_bf16_native). */
 static dt_dnnl_entry *mm_entry(const mm_shape *s, dt_dtype p) {
     if (p == DT_BF16 && !dt_onednn_bf16_native()) return NULL;
-    dt_dnnl_key k = {.op = DT_DNNL_MATMUL, .dt = dnnl_type(p),
+    dt_dnnl_key k = {.op = DT_DNNL_MATMUL,
+                     .dt = dnnl_type(p),
                      .d = {s->M, s->N, s->K, (int)s->sa[0], (int)s->sa[1], (int)s->sb[0], (int)s->sb[1], s->bias,
                            s->accumulate, s->a_bf16 && p == DT_BF16, s->b_bf16 && p == DT_BF16,
                            s->c_bf16 && p == DT_BF16}};
@@ -68,12 +69,13 @@ static dt_dnnl_entry *mm_entry(const mm_shape *s, dt_dtype p) {
     if (lowp) md[1] = *dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
     /* B dense (row- or column-major) in a VNNI layout: packed by dt_dnnl_vnni_pack at each run
      * (cpu_onednn_pack.c) */
-    const bool dense = s->sb[1] == 1 || (s->sb[0] == 1 && !k.d[10]);  /* bf16 B: row-major only */
+    const bool dense = s->sb[1] == 1 || (s->sb[0] == 1 && !k.d[10]); /* bf16 B: row-major only */
     const int nb = lowp && k.dt == dnnl_bf16 && dense ? dt_dnnl_vnni_block(&md[1], s->K, s->N) : 0;
-    if (nb && (e->tmp = dt_dnnl_alloc(dnnl_memory_desc_get_size(&md[1])))) e->pack_nb = nb, e->pack_kp = dt_dnnl_vnni_padded_k(&md[1]);
+    if (nb && (e->tmp = dt_dnnl_alloc(dnnl_memory_desc_get_size(&md[1]))))
+        e->pack_nb = nb, e->pack_kp = dt_dnnl_vnni_padded_k(&md[1]);
     for (int i = 0; i < nargs; i++)
         m[i] = lowp && i < 2 && !(i == 1 && e->pack_nb) && !(i == 0 && k.d[9]) ? dt_dnnl_input(e, &ext[i], &md[i], i)
-                                                                                : dt_dnnl_mem(e, &md[i], i);
+                                                                               : dt_dnnl_mem(e, &md[i], i);
     return dt_dnnl_ready(e, dt_dnnl_step_add(e, pd, nargs, arg, m, true)) ? e : NULL;
 }
 
@@ -90,7 +92,7 @@ static bool mm_prepare(mm_plan *pl, const mm_shape *s, dt_dtype p) {
     pl->p = p, pl->round = false, pl->s = s;
     if ((pl->e = mm_entry(s, p))) return true;
     pl->round = p != DT_F32;
-    if (s->c_bf16) return false;  /* a bf16 C only from a native entry */
+    if (s->c_bf16) return false; /* a bf16 C only from a native entry */
     return pl->round && (pl->e = mm_entry(s, DT_F32));
 }
 
@@ -103,7 +105,9 @@ static const void *mm_operand(const mm_plan *pl, int slot, const float *x, size_
 static void mm_run(const mm_plan *pl, void *c, const void *a, const void *b, const float *bias) {
     if (pl->e->pack_nb) {
         const mm_shape *s = pl->s;
-        const dt_vnni_src kind = pl->e->key.d[10] ? DT_VNNI_BF16_ROWS : s->sb[1] != 1 ? DT_VNNI_F32_COLS : DT_VNNI_F32_ROWS;
+        const dt_vnni_src kind = pl->e->key.d[10] ? DT_VNNI_BF16_ROWS
+                                 : s->sb[1] != 1  ? DT_VNNI_F32_COLS
+                                                  : DT_VNNI_F32_ROWS;
         dt_dnnl_vnni_pack(pl->e->tmp, b, kind, s->K, s->N, kind == DT_VNNI_F32_COLS ? s->sb[1] : s->sb[0],
                           pl->e->pack_nb, pl->e->pack_kp);
         b = pl->e->tmp;
@@ -122,7 +126,7 @@ static float *fallback_work(dt_dtype p, int B, int C, int OC) {
 }
 
 void dt_dnnl_linear_forward(dt_dtype p, float *out, const float *in, const float *w, const float *b, int B, int C,
-                           int OC) {
+                            int OC) {
     mm_shape s = {.M = B, .N = OC, .K = C, .sa = {C, 1}, .sb = {1, C}, .bias = b != NULL};
     mm_plan pl;
     if (B <= 0 || OC <= 0 || C <= 0 || !mm_prepare(&pl, &s, p))
@@ -183,18 +187,24 @@ static void linear_backward_of(dt_dtype p, float *din, float *dw, float *db, con
                                const uint16_t *in16, const float *w, int B, int C, int OC) {
     /* at bf16 where the CPU casts fast, dout is cast once for both GEMMs (else each converts it) */
     const bool cast = p == DT_BF16 && dw && din && dt_dnnl_cast_fast();
-    mm_shape sw = {.M = OC, .N = C, .K = B, .sa = {1, OC}, .sb = {C, 1}, .accumulate = true, .a_bf16 = cast,
+    mm_shape sw = {.M = OC,
+                   .N = C,
+                   .K = B,
+                   .sa = {1, OC},
+                   .sb = {C, 1},
+                   .accumulate = true,
+                   .a_bf16 = cast,
                    .b_bf16 = in16 != NULL};
     mm_shape sd = {.M = B, .N = C, .K = OC, .sa = {OC, 1}, .sb = {C, 1}, .a_bf16 = cast};
     mm_plan pw = {0}, pd = {0};
     const bool ok = B > 0 && OC > 0 && C > 0 && (!dw || mm_prepare(&pw, &sw, p)) && (!din || mm_prepare(&pd, &sd, p));
-    if (in16 && (!ok || (dw && pw.round)))  /* no native dw entry for a bf16 in */
+    if (in16 && (!ok || (dw && pw.round))) /* no native dw entry for a bf16 in */
         return linear_backward_of(p, din, dw, db, dout, widened(in16, (size_t)B * C), NULL, w, B, C, OC);
     if (!ok) return fallback(p)->linear_backward(din, dw, db, dout, in, w, fallback_work(p, B, C, OC), B, C, OC);
     const void *b_in = in16 ? (const void *)in16 : (const void *)in;
-    if (cast && !pw.round && !pd.round)  /* both native bf16 entries, keyed to take the cast */
+    if (cast && !pw.round && !pd.round) /* both native bf16 entries, keyed to take the cast */
         return native_backward(&pw, &pd, din, dw, db, dout, b_in, w, B, OC);
-    if (cast) {  /* an f32 fallback entry: the a_bf16 key never reached a bf16 entry */
+    if (cast) { /* an f32 fallback entry: the a_bf16 key never reached a bf16 entry */
         sw.a_bf16 = sd.a_bf16 = false;
         if (!mm_prepare(&pw, &sw, p) || !mm_prepare(&pd, &sd, p))
             return linear_backward_of(p, din, dw, db, dout, in ? in : widened(in16, (size_t)B * C), NULL, w, B, C, OC);
@@ -210,12 +220,12 @@ static void linear_backward_of(dt_dtype p, float *din, float *dw, float *db, con
 }
 
 void dt_dnnl_linear_backward(dt_dtype p, float *din, float *dw, float *db, const float *dout, const float *in,
-                            const float *w, int B, int C, int OC) {
+                             const float *w, int B, int C, int OC) {
     linear_backward_of(p, din, dw, db, dout, in, NULL, w, B, C, OC);
 }
 
-void dt_dnnl_linear_backward_bf16(float *din, float *dw, float *db, const float *dout, const uint16_t *in, const float *w, int B,
-                       int C, int OC) {
+void dt_dnnl_linear_backward_bf16(float *din, float *dw, float *db, const float *dout, const uint16_t *in,
+                                  const float *w, int B, int C, int OC) {
     linear_backward_of(DT_BF16, din, dw, db, dout, NULL, in, w, B, C, OC);
 }
 
@@ -236,8 +246,8 @@ static void bias_sums_bf16(float *db, const uint16_t *dout, int B, int OC) {
  * B * OC floats, the last value first) and goes the f32 way. */
 void dt_dnnl_linear_backward_bf16_grad(float *din, float *dw, float *db, uint16_t *dout, const uint16_t *in,
                                        const float *w, int B, int C, int OC) {
-    mm_shape sw = {.M = OC, .N = C, .K = B, .sa = {1, OC}, .sb = {C, 1}, .accumulate = true, .a_bf16 = true,
-                   .b_bf16 = true};
+    mm_shape sw = {
+        .M = OC, .N = C, .K = B, .sa = {1, OC}, .sb = {C, 1}, .accumulate = true, .a_bf16 = true, .b_bf16 = true};
     mm_shape sd = {.M = B, .N = C, .K = OC, .sa = {OC, 1}, .sb = {C, 1}, .a_bf16 = true};
     mm_plan pw, pd;
     bias_sums_bf16(db, dout, B, OC);
@@ -247,7 +257,7 @@ void dt_dnnl_linear_backward_bf16_grad(float *din, float *dw, float *db, uint16_
         return mm_run(&pd, din, dout, w, NULL);
     }
     float *f = (float *)(void *)dout;
-    for (size_t i = (size_t)B * OC; i-- > 0;) f[i] = dt_bf16_to_f32(dout[i]);  /* in place: the last first */
+    for (size_t i = (size_t)B * OC; i-- > 0;) f[i] = dt_bf16_to_f32(dout[i]); /* in place: the last first */
     linear_backward_of(DT_BF16, din, dw, NULL, f, NULL, in, w, B, C, OC);
 }
 
@@ -255,8 +265,8 @@ void dt_dnnl_linear_backward_bf16_grad(float *din, float *dw, float *db, uint16_
  * native GEMM writes it rounded; else the f32 result (slot 4) is rounded by dt_cast_bf16. */
 void dt_dnnl_linear_forward_bf16io(uint16_t *out, const uint16_t *in, const float *w, const float *b, int B, int C,
                                    int OC) {
-    mm_shape s = {.M = B, .N = OC, .K = C, .sa = {C, 1}, .sb = {1, C}, .bias = b != NULL, .a_bf16 = true,
-                  .c_bf16 = true};
+    mm_shape s = {
+        .M = B, .N = OC, .K = C, .sa = {C, 1}, .sb = {1, C}, .bias = b != NULL, .a_bf16 = true, .c_bf16 = true};
     mm_plan pl;
     if (B > 0 && OC > 0 && C > 0 && mm_prepare(&pl, &s, DT_BF16)) return mm_run(&pl, out, in, w, b);
     float *f = dt_dnnl_scratch(4, (size_t)B * OC * sizeof(float));
@@ -266,12 +276,12 @@ void dt_dnnl_linear_forward_bf16io(uint16_t *out, const uint16_t *in, const floa
 
 void dt_dnnl_linear_backward_bf16_din(uint16_t *din, float *dw, float *db, const float *dout, const uint16_t *in,
                                       const float *w, int B, int C, int OC) {
-    mm_shape sw = {.M = OC, .N = C, .K = B, .sa = {1, OC}, .sb = {C, 1}, .accumulate = true, .a_bf16 = true,
-                   .b_bf16 = true};
+    mm_shape sw = {
+        .M = OC, .N = C, .K = B, .sa = {1, OC}, .sb = {C, 1}, .accumulate = true, .a_bf16 = true, .b_bf16 = true};
     mm_shape sd = {.M = B, .N = C, .K = OC, .sa = {OC, 1}, .sb = {C, 1}, .a_bf16 = true, .c_bf16 = true};
     mm_plan pw, pd;
     if (B > 0 && OC > 0 && C > 0 && dw && din && dt_dnnl_cast_fast() && mm_prepare(&pw, &sw, DT_BF16) && !pw.round &&
-        mm_prepare(&pd, &sd, DT_BF16))  /* as linear_backward_of's native path, din written bf16 */
+        mm_prepare(&pd, &sd, DT_BF16)) /* as linear_backward_of's native path, din written bf16 */
         return native_backward(&pw, &pd, din, dw, db, dout, in, w, B, OC);
     float *f = din ? dt_dnnl_scratch(4, (size_t)B * C * sizeof(float)) : NULL;
     linear_backward_of(DT_BF16, f, dw, db, dout, NULL, in, w, B, C, OC);

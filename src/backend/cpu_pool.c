@@ -72,8 +72,7 @@ static void unpool2_row(float *r0, const float *g, const int32_t *am, int W, int
 }
 #else
 /* One output row of a 2x2/stride-2 max pool from input rows r0, r0 + W (portable version). */
-static void pool2_row(float *restrict y, int32_t *restrict am, const float *restrict r0, int W, int OW,
-                      int32_t base) {
+static void pool2_row(float *restrict y, int32_t *restrict am, const float *restrict r0, int W, int OW, int32_t base) {
     const float *restrict r1 = r0 + W;
     for (int ox = 0; ox < OW; ox++) {
         float a = r0[2 * ox], b = r0[2 * ox + 1], c = r1[2 * ox], d = r1[2 * ox + 1];

@@ -45,8 +45,7 @@ static void check_isa(dt_isa isa, const float *x, const float *g, size_t n) {
     memcpy(y2, x, n * 4);
     dt_gelu_forward_isa(isa, y2, y2, n);
     dt_gelu_backward_isa(isa, d2, g, x, n);
-    CHECK_MSG(!memcmp(y, y2, n * 4) && !memcmp(d, d2, n * 4), "%s: in place or a second run differs",
-              dt_isa_name(isa));
+    CHECK_MSG(!memcmp(y, y2, n * 4) && !memcmp(d, d2, n * 4), "%s: in place or a second run differs", dt_isa_name(isa));
     printf("gelu %s: forward within %.2f (%.2f units of 2^-23 from x = 0.25), backward within %.2f of the tolerance\n",
            dt_isa_name(isa), wf, wr, wb);
     free(y), free(y2), free(d), free(d2);
@@ -72,7 +71,7 @@ static void check_bf16_isa(dt_isa isa, const float *x, const float *g, size_t n)
     gelu_f32(isa, y, x, g, n);
     dt_cast_bf16(want, y, n);
     size_t bad = n;
-    uint16_t seen = 0;  /* the wrong value found */
+    uint16_t seen = 0; /* the wrong value found */
     for (size_t len = 0; len <= 40 && len <= n; len++) {
         memset(got, 0xa5, n * 2 + 2);
         gelu_bf16(isa, got, x, g, len);
@@ -97,9 +96,8 @@ static void check_bf16_isa(dt_isa isa, const float *x, const float *g, size_t n)
         }
     }
 #endif
-    CHECK_MSG(bad == n, "%s: bf16 %s(%.9g, dout %.9g) = 0x%04x, want 0x%04x (f32 then dt_cast_bf16)",
-              dt_isa_name(isa), what, bad < n ? x[bad] : 0.0f, bad < n && g ? g[bad] : 0.0f, seen,
-              bad < n ? want[bad] : 0);
+    CHECK_MSG(bad == n, "%s: bf16 %s(%.9g, dout %.9g) = 0x%04x, want 0x%04x (f32 then dt_cast_bf16)", dt_isa_name(isa),
+              what, bad < n ? x[bad] : 0.0f, bad < n && g ? g[bad] : 0.0f, seen, bad < n ? want[bad] : 0);
     free(y), free(want), free(got);
 }
 
@@ -114,7 +112,7 @@ static void check_bf16io_isa(dt_isa isa, const float *x, const float *g, size_t 
     if (g) dt_cast_bf16(g16, g, n), dt_widen_bf16(gw, g16, n);
     gelu_bf16(isa, want, xw, g ? gw : NULL, n);
     size_t bad = n;
-    uint16_t seen = 0;  /* the wrong value found */
+    uint16_t seen = 0; /* the wrong value found */
     for (size_t len = 0; len <= n; len = len < 40 ? len + 1 : (len < n ? n : n + 1)) {
         memset(got, 0xa5, n * 2 + 2);
         if (g) dt_gelu_backward_bf16io_isa(isa, got, g16, x16, len);
@@ -134,12 +132,11 @@ static void check_bf16io_isa(dt_isa isa, const float *x, const float *g, size_t 
  * == widened dout times widened dydx, rounded by dt_cast_bf16; at every length from 0 to 40 and on
  * the whole of x, nothing written past the end. g: the douts. */
 static void check_keep_grad_isa(dt_isa isa, const float *x, const float *g, size_t n) {
-    uint16_t *x16 = malloc(n * 2), *g16 = malloc(n * 2), *one = malloc(n * 2), *wy = malloc(n * 2),
-             *wd = malloc(n * 2), *wb = malloc(n * 2), *y = malloc(n * 2 + 2), *d = malloc(n * 2 + 2),
-             *b = malloc(n * 2 + 2);
+    uint16_t *x16 = malloc(n * 2), *g16 = malloc(n * 2), *one = malloc(n * 2), *wy = malloc(n * 2), *wd = malloc(n * 2),
+             *wb = malloc(n * 2), *y = malloc(n * 2 + 2), *d = malloc(n * 2 + 2), *b = malloc(n * 2 + 2);
     float *p = malloc(n * 4), *q = malloc(n * 4);
     dt_cast_bf16(x16, x, n), dt_cast_bf16(g16, g, n);
-    for (size_t i = 0; i < n; i++) one[i] = 0x3f80;  /* 1.0 */
+    for (size_t i = 0; i < n; i++) one[i] = 0x3f80; /* 1.0 */
     dt_gelu_forward_bf16io_isa(isa, wy, x16, n);
     dt_gelu_backward_bf16io_isa(isa, wd, one, x16, n);
     dt_widen_bf16(p, g16, n), dt_widen_bf16(q, wd, n);
@@ -163,7 +160,8 @@ static void check_keep_grad_isa(dt_isa isa, const float *x, const float *g, size
 }
 
 int main(void) {
-    const float special[] = {0.0f, -0.0f, 1e-30f, -1e-30f, 1e4f, -1e4f, 1.3119f, -1.3119f, 1.3120f, -1.3120f, 1.31201f, -1.31201f};
+    const float special[] = {0.0f,    -0.0f,    1e-30f,  -1e-30f,  1e4f,     -1e4f,
+                             1.3119f, -1.3119f, 1.3120f, -1.3120f, 1.31201f, -1.31201f};
     const size_t ns = sizeof special / sizeof special[0], ngrid = 240001, n = ns + ngrid + 7;
     float *x = malloc(n * 4), *g = malloc(n * 4);
     memcpy(x, special, sizeof special);
@@ -192,7 +190,7 @@ int main(void) {
         check_bf16_isa((dt_isa)k, odd, NULL, sizeof odd / sizeof odd[0]);
         check_bf16_isa((dt_isa)k, x, g, n);
         check_bf16_isa((dt_isa)k, odd, g, sizeof odd / sizeof odd[0]);
-        check_bf16_isa((dt_isa)k, g, odd, sizeof odd / sizeof odd[0]);  /* the odd values as dout */
+        check_bf16_isa((dt_isa)k, g, odd, sizeof odd / sizeof odd[0]); /* the odd values as dout */
         check_bf16io_isa((dt_isa)k, x, NULL, n);
         check_bf16io_isa((dt_isa)k, x, g, n);
         check_bf16io_isa((dt_isa)k, odd, g, sizeof odd / sizeof odd[0]);

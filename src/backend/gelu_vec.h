@@ -92,14 +92,14 @@ AV_FN void AV(gelu_and_grad_bf16)(uint16_t *out, uint16_t *dydx, vf x, int r) {
 }
 
 __attribute__((target(AV_TARGET))) void AV(dt_gelu_forward_bf16io_grad)(uint16_t *out, uint16_t *dydx,
-                                                                      const uint16_t *in, size_t n) {
+                                                                        const uint16_t *in, size_t n) {
     size_t i = 0;
     for (; i + AV_VL <= n; i += AV_VL) AV(gelu_and_grad_bf16)(out + i, dydx + i, AV(load_bf16)(in + i), AV_VL);
     if (i < n) AV(gelu_and_grad_bf16)(out + i, dydx + i, AV(load_bf16_n)(in + i, (int)(n - i)), (int)(n - i));
 }
 
 __attribute__((target(AV_TARGET))) void AV(dt_gelu_backward_bf16io_from_grad)(uint16_t *din, const uint16_t *dout,
-                                                                            const uint16_t *dydx, size_t n) {
+                                                                              const uint16_t *dydx, size_t n) {
     size_t i = 0;
     for (; i + AV_VL <= n; i += AV_VL)
         AV(store_bf16_n)(din + i, AV(load_bf16)(dout + i) * AV(load_bf16)(dydx + i), AV_VL);
@@ -116,8 +116,7 @@ __attribute__((target(AV_TARGET))) void AV(dt_gelu_forward)(float *out, const fl
     if (i < n) AV(store_n)(out + i, AV(gelu)(AV(load_n)(in + i, (int)(n - i))), (int)(n - i));
 }
 
-__attribute__((target(AV_TARGET))) void AV(dt_gelu_backward)(float *din, const float *dout, const float *x,
-                                                             size_t n) {
+__attribute__((target(AV_TARGET))) void AV(dt_gelu_backward)(float *din, const float *dout, const float *x, size_t n) {
     size_t i = 0;
     for (; i + AV_VL <= n; i += AV_VL) AV_STORE(din + i, AV_LOAD(dout + i) * AV(gelu_grad)(AV_LOAD(x + i)));
     if (i < n) {

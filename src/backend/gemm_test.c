@@ -23,7 +23,9 @@ static float *rnd(size_t n, uint64_t key) {
 static float *at(const float *x, size_t n, dt_dtype p) {
     float *y = malloc((n ? n : 1) * sizeof *y);
     for (size_t i = 0; i < n; i++)
-        y[i] = p == DT_BF16 ? dt_bf16_to_f32(dt_f32_to_bf16(x[i])) : p == DT_F16 ? dt_f16_to_f32(dt_f32_to_f16(x[i])) : x[i];
+        y[i] = p == DT_BF16  ? dt_bf16_to_f32(dt_f32_to_bf16(x[i]))
+               : p == DT_F16 ? dt_f16_to_f32(dt_f32_to_f16(x[i]))
+                             : x[i];
     return y;
 }
 
@@ -36,7 +38,7 @@ static float *lwork(const dt_kernel_table *be, int B, int C, int OC) {
     return buf;
 }
 
-static double worst;  /* largest error / bound seen */
+static double worst; /* largest error / bound seen */
 
 /* got vs want within 3e-5 * scale (the sum of |terms| of each output). */
 static void check_close(const char *what, const dt_kernel_table *be, const float *got, const double *want,
@@ -57,25 +59,28 @@ static void test_linear(const dt_kernel_table *be, int B, int C, int OC) {
     float *rin = at(in, (size_t)B * C, p), *rw = at(w, (size_t)OC * C, p), *rd = at(dout, (size_t)B * OC, p);
     float *out = malloc((size_t)B * OC * 4), *din = malloc((size_t)B * C * 4), *dw = rnd((size_t)OC * C, 5),
           *db = rnd(OC, 6);
-    double *want = calloc((size_t)(B > C ? B : C) * (OC > C ? OC : C) + OC, 8), *sc = calloc((size_t)(B > C ? B : C) * (OC > C ? OC : C) + OC, 8);
+    double *want = calloc((size_t)(B > C ? B : C) * (OC > C ? OC : C) + OC, 8),
+           *sc = calloc((size_t)(B > C ? B : C) * (OC > C ? OC : C) + OC, 8);
     be->linear_forward(out, in, w, b, lwork(be, B, C, OC), B, C, OC);
     for (int i = 0; i < B; i++)
         for (int o = 0; o < OC; o++) {
             double s = b[o], a = fabs(b[o]);
-            for (int k = 0; k < C; k++) s += (double)rin[i * C + k] * rw[o * C + k], a += fabs((double)rin[i * C + k] * rw[o * C + k]);
+            for (int k = 0; k < C; k++)
+                s += (double)rin[i * C + k] * rw[o * C + k], a += fabs((double)rin[i * C + k] * rw[o * C + k]);
             want[i * OC + o] = s, sc[i * OC + o] = a;
         }
     check_close("linear forward", be, out, want, sc, (size_t)B * OC);
     be->linear_backward(din, dw, db, dout, in, w, lwork(be, B, C, OC), B, C, OC);
     float *dw0 = rnd((size_t)OC * C, 5), *db0 = rnd(OC, 6);
     for (int o = 0; o < OC; o++)
-        for (int k = 0; k < C; k++) {  /* dw accumulates onto its old value */
+        for (int k = 0; k < C; k++) { /* dw accumulates onto its old value */
             double s = dw0[o * C + k], a = fabs(dw0[o * C + k]);
-            for (int i = 0; i < B; i++) s += (double)rd[i * OC + o] * rin[i * C + k], a += fabs((double)rd[i * OC + o] * rin[i * C + k]);
+            for (int i = 0; i < B; i++)
+                s += (double)rd[i * OC + o] * rin[i * C + k], a += fabs((double)rd[i * OC + o] * rin[i * C + k]);
             want[o * C + k] = s, sc[o * C + k] = a;
         }
     check_close("linear dw", be, dw, want, sc, (size_t)OC * C);
-    for (int o = 0; o < OC; o++) {  /* the bias gradient sums the f32 gradient */
+    for (int o = 0; o < OC; o++) { /* the bias gradient sums the f32 gradient */
         double s = db0[o], a = fabs(db0[o]);
         for (int i = 0; i < B; i++) s += dout[i * OC + o], a += fabs(dout[i * OC + o]);
         want[o] = s, sc[o] = a;
@@ -84,7 +89,8 @@ static void test_linear(const dt_kernel_table *be, int B, int C, int OC) {
     for (int i = 0; i < B; i++)
         for (int k = 0; k < C; k++) {
             double s = 0, a = 0;
-            for (int o = 0; o < OC; o++) s += (double)rd[i * OC + o] * rw[o * C + k], a += fabs((double)rd[i * OC + o] * rw[o * C + k]);
+            for (int o = 0; o < OC; o++)
+                s += (double)rd[i * OC + o] * rw[o * C + k], a += fabs((double)rd[i * OC + o] * rw[o * C + k]);
             want[i * C + k] = s, sc[i * C + k] = a;
         }
     check_close("linear din", be, din, want, sc, (size_t)B * C);
@@ -117,9 +123,12 @@ static void test_conv(const dt_kernel_table *be, const int *c) {
                             for (int kx = 0; kx < K; kx++) {
                                 int iy = y * S + ky - P, ix = x * S + kx - P;
                                 if (iy < 0 || iy >= H || ix < 0 || ix >= W) continue;
-                                size_t ii = (((size_t)n * C + ch) * H + iy) * W + ix, wi_ = (((size_t)o * C + ch) * K + ky) * K + kx;
-                                double f = (double)rin[ii] * rw[wi_], g = (double)rd[oi] * rw[wi_], h = (double)rd[oi] * rin[ii];
-                                wo[oi] += f, so[oi] += fabs(f), wi[ii] += g, si[ii] += fabs(g), ww[wi_] += h, sw[wi_] += fabs(h);
+                                size_t ii = (((size_t)n * C + ch) * H + iy) * W + ix,
+                                       wi_ = (((size_t)o * C + ch) * K + ky) * K + kx;
+                                double f = (double)rin[ii] * rw[wi_], g = (double)rd[oi] * rw[wi_],
+                                       h = (double)rd[oi] * rin[ii];
+                                wo[oi] += f, so[oi] += fabs(f), wi[ii] += g, si[ii] += fabs(g), ww[wi_] += h,
+                                    sw[wi_] += fabs(h);
                             }
                 }
     char what[96];
@@ -134,10 +143,16 @@ static void test_conv(const dt_kernel_table *be, const int *c) {
 
 static void test_backends(void) {
     static const int lin[][3] = {{1, 1, 1}, {7, 13, 5}, {33, 17, 65}, {3, 129, 31}, {64, 100, 10}, {5, 1, 9}};
-    static const int conv[][8] = {{2, 3, 8, 8, 5, 3, 1, 1}, {1, 1, 28, 28, 4, 3, 1, 1}, {2, 4, 9, 7, 3, 3, 2, 1},
-                                  {1, 2, 5, 5, 2, 5, 1, 2}, {3, 5, 6, 6, 7, 1, 2, 0}, {2, 6, 7, 5, 3, 2, 2, 0},
+    static const int conv[][8] = {{2, 3, 8, 8, 5, 3, 1, 1},
+                                  {1, 1, 28, 28, 4, 3, 1, 1},
+                                  {2, 4, 9, 7, 3, 3, 2, 1},
+                                  {1, 2, 5, 5, 2, 5, 1, 2},
+                                  {3, 5, 6, 6, 7, 1, 2, 0},
+                                  {2, 6, 7, 5, 3, 2, 2, 0},
                                   /* 16+ input channels: oneDNN's own f32 kernel (fewer go to im2col) */
-                                  {2, 17, 7, 9, 5, 3, 1, 1}, {3, 32, 6, 6, 19, 3, 2, 1}, {2, 16, 5, 5, 3, 1, 1, 0}};
+                                  {2, 17, 7, 9, 5, 3, 1, 1},
+                                  {3, 32, 6, 6, 19, 3, 2, 1},
+                                  {2, 16, 5, 5, 3, 1, 1, 0}};
     static const dt_dtype prec[3] = {DT_F32, DT_BF16, DT_F16};
     int tables = 0;
     for (int k = 0; k < 2; k++)
@@ -152,7 +167,8 @@ static void test_backends(void) {
     CHECK(tables == (dt_onednn_built() ? 6 : 3));
     char impls[1024];
     dt_onednn_impls(impls, sizeof impls);
-    printf("GEMMs of %d backend tables vs naive loops: worst error %.2f of its bound\noneDNN chose: %s\n", tables, worst, impls);
+    printf("GEMMs of %d backend tables vs naive loops: worst error %.2f of its bound\noneDNN chose: %s\n", tables,
+           worst, impls);
 }
 
 /* OpenBLAS's core choice on faked facts: only a generic Prescott core on a capable CPU, with
@@ -198,14 +214,14 @@ static void test_rounding(void) {
     enum { N = 4096 + 7 };
     static float x[N], y[N], z[N];
     dt_rng_fill_normal(x, N, 0, 1000, 5, 5);
-    const float specials[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 65504.0f, 65520.0f, 1e6f, 3.4e38f, 1e-8f, 6e-5f,
-                              1.00390625f, 1.001953125f, -2.5e-41f};
+    const float specials[] = {0.0f, -0.0f,   INFINITY, -INFINITY, NAN,         65504.0f,     65520.0f,
+                              1e6f, 3.4e38f, 1e-8f,    6e-5f,     1.00390625f, 1.001953125f, -2.5e-41f};
     memcpy(x, specials, sizeof specials);
     size_t bad_b, bad_h;
     rounding_misses(x, y, z, N, &bad_b, &bad_h);
     CHECK_MSG(bad_b == 0, "dt_round_bf16 differs from dt_f32_to_bf16 at %zu values", bad_b);
     CHECK_MSG(bad_h == 0, "dt_round_f16 differs from dt_f32_to_f16 at %zu values", bad_h);
-    CHECK(isinf(z[6]) && z[5] == 65504.0f);  /* past the half range is inf: what loss scaling catches */
+    CHECK(isinf(z[6]) && z[5] == 65504.0f); /* past the half range is inf: what loss scaling catches */
     enum { M = 1 << 16 };
     static float a[M], ya[M], za[M];
     size_t sweep_b = 0, sweep_h = 0;
@@ -244,7 +260,8 @@ static void test_onednn_cache(void) {
         be->linear_backward(din, dw, NULL, dout, in, w, lwork(be, n, C, OC), n, C, OC);
         if (step == 1) after_first = dt_onednn_cache_misses();
     }
-    CHECK_MSG(after_first - before == 6, "first two steps created %zu primitives (want 3 per batch size)", after_first - before);
+    CHECK_MSG(after_first - before == 6, "first two steps created %zu primitives (want 3 per batch size)",
+              after_first - before);
     CHECK_MSG(dt_onednn_cache_misses() == after_first, "%zu primitives re-created in later steps",
               dt_onednn_cache_misses() - after_first);
     be->linear_forward(out, in, w, NULL, lwork(be, B, C, OC), B, C, OC);
@@ -255,14 +272,16 @@ static void test_onednn_cache(void) {
     size_t m0 = dt_onednn_cache_misses();
     dt_set_threads(2);
     be->linear_forward(again, in, w, NULL, lwork(be, B, C, OC), B, C, OC);
-    CHECK_MSG(dt_onednn_cache_misses() == m0 + 1, "2 threads: %zu new primitives (want 1)", dt_onednn_cache_misses() - m0);
+    CHECK_MSG(dt_onednn_cache_misses() == m0 + 1, "2 threads: %zu new primitives (want 1)",
+              dt_onednn_cache_misses() - m0);
     CHECK(dt_test_maxdiff(out, again, B * OC) < 1e-5);
     dt_set_threads(1);
     be->linear_forward(again, in, w, NULL, lwork(be, B, C, OC), B, C, OC);
     CHECK(dt_onednn_cache_misses() == m0 + 1 && memcmp(out, again, B * OC * 4) == 0);
     /* conv: forward and backward per batch size, then none */
-    enum { CC = 16, HW = 6, COC = 4, CB = 4 };  /* C >= 16: oneDNN's kernel also at f32 */
-    float *ci = rnd(CB * CC * HW * HW, 7), *cw = rnd(COC * CC * 9, 8), *cb = rnd(COC, 9), *co = malloc(CB * COC * HW * HW * 4);
+    enum { CC = 16, HW = 6, COC = 4, CB = 4 }; /* C >= 16: oneDNN's kernel also at f32 */
+    float *ci = rnd(CB * CC * HW * HW, 7), *cw = rnd(COC * CC * 9, 8), *cb = rnd(COC, 9),
+          *co = malloc(CB * COC * HW * HW * 4);
     float *cdo = rnd(CB * COC * HW * HW, 10), *cdi = malloc(CB * CC * HW * HW * 4), *cdw = calloc(COC * CC * 9, 4),
           *cdb = calloc(COC, 4);
     before = dt_onednn_cache_misses();
@@ -292,7 +311,7 @@ static void *cache_eviction_thread(void *arg) {
     enum { B = 5, C = 7, OC = 3 };
     float *in = rnd(B * C, 21), *w = rnd(OC * C, 22), *dout = rnd(B * OC, 23), *din = malloc(B * C * 4);
     float *dw = calloc(OC * C, 4), *out = malloc(64 * 4), *x = rnd(64, 24);
-    be->linear_backward(NULL, dw, NULL, dout, in, w, lwork(be, B, C, OC), B, C, OC);  /* entry 1: the dw GEMM */
+    be->linear_backward(NULL, dw, NULL, dout, in, w, lwork(be, B, C, OC), B, C, OC); /* entry 1: the dw GEMM */
     for (int i = 1; i < dt_onednn_cache_capacity(); i++)
         be->linear_forward(out, x, x, NULL, lwork(be, 1, 1 + i % 8, 1 + i / 8), 1, 1 + i % 8, 1 + i / 8);
     memset(dw, 0, OC * C * 4);

@@ -13,7 +13,9 @@ int dt_isa_supported(dt_isa isa) {
 }
 
 dt_isa dt_isa_best(void) {
-    return dt_isa_supported(DT_ISA_AVX512) ? DT_ISA_AVX512 : dt_isa_supported(DT_ISA_AVX2) ? DT_ISA_AVX2 : DT_ISA_PORTABLE;
+    return dt_isa_supported(DT_ISA_AVX512) ? DT_ISA_AVX512
+           : dt_isa_supported(DT_ISA_AVX2) ? DT_ISA_AVX2
+                                           : DT_ISA_PORTABLE;
 }
 
 const char *dt_isa_name(dt_isa isa) {

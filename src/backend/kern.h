@@ -1,5 +1,5 @@
-/* Internal helpers shared by the layer kernels (the src/backend/cpu_*.c kernel files): the vectorisation switch and small
- * inline reductions. Include it LAST in a kernel file, after the system headers. */
+/* Internal helpers shared by the layer kernels (the src/backend/cpu_*.c kernel files): the vectorisation switch and
+ * small inline reductions. Include it LAST in a kernel file, after the system headers. */
 #ifndef DT_NN_KERN_H
 #define DT_NN_KERN_H
 

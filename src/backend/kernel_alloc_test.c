@@ -14,7 +14,7 @@
 #include "backend/conv_pool.h"
 #include "core/test.h"
 
-#if defined(__SANITIZE_ADDRESS__)  /* AddressSanitizer owns malloc: nothing to interpose on */
+#if defined(__SANITIZE_ADDRESS__) /* AddressSanitizer owns malloc: nothing to interpose on */
 #include <stdio.h>
 int main(void) {
     printf("kernel_alloc_test: skipped under AddressSanitizer (it replaces malloc itself)\n");
@@ -32,7 +32,7 @@ extern void *__libc_realloc(void *p, size_t n);
 extern void *__libc_memalign(size_t align, size_t n);
 extern void __libc_free(void *p);
 
-extern const char __executable_start[], etext[];  /* this executable's code (GNU ld) */
+extern const char __executable_start[], etext[]; /* this executable's code (GNU ld) */
 
 static atomic_long allocs;
 static atomic_int counting;
@@ -52,7 +52,7 @@ void *memalign(size_t align, size_t n) { return note(CALLER), __libc_memalign(al
 int posix_memalign(void **out, size_t align, size_t n) {
     note(CALLER);
     *out = __libc_memalign(align, n);
-    return *out ? 0 : 12;  /* ENOMEM */
+    return *out ? 0 : 12; /* ENOMEM */
 }
 void free(void *p) { __libc_free(p); }
 
@@ -98,8 +98,16 @@ static void test_tables(void) {
         const dt_kernel_table *t = tables[i];
         size_t ws = t->conv2d_workspace(B, C, H, H, OC, K, S, P);
         const size_t lw = dt_linear_workspace_of(t, B, C, OC);
-        args a = {t, filled(big, 1), filled(big, 0.5f), filled(OC, 0.1f), filled(big, 0), filled(big, 1),
-                  filled(big, 0), filled(big, 0), filled(OC, 0), filled((ws > lw ? ws : lw) + 1, 0)};
+        args a = {t,
+                  filled(big, 1),
+                  filled(big, 0.5f),
+                  filled(OC, 0.1f),
+                  filled(big, 0),
+                  filled(big, 1),
+                  filled(big, 0),
+                  filled(big, 0),
+                  filled(OC, 0),
+                  filled((ws > lw ? ws : lw) + 1, 0)};
         CHECK_MSG(allocs_of(linear, &a) == 0, "blas %s linear: %ld allocations in a call", dt_dtype_name(t->precision),
                   (long)atomic_load(&allocs));
         CHECK_MSG(allocs_of(conv, &a) == 0, "blas %s conv: %ld allocations in a call", dt_dtype_name(t->precision),
@@ -148,7 +156,7 @@ static void pool_backward(void *p) {
 }
 
 static void test_pool(void) {
-    const int cases[2][4] = {{9, 3, 2, 0}, {8, 2, 2, 1}};  /* overlapping windows (a scatter); a blocked bf16 dout */
+    const int cases[2][4] = {{9, 3, 2, 0}, {8, 2, 2, 1}}; /* overlapping windows (a scatter); a blocked bf16 dout */
     for (int i = 0; i < 2; i++) {
         pool_args a = {.H = cases[i][0], .K = cases[i][1], .S = cases[i][2], .out_bl = cases[i][3]};
         const int OH = (a.H - a.K) / a.S + 1;

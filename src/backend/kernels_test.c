@@ -1,7 +1,7 @@
 /* Unit tests of the layer kernels beyond gradients: conv2d against a direct 7-loop convolution
  * over many shapes (every im2col path), the initialisers' distributions (torch's defaults),
- * determinism of counter-based init/dropout (the in-kernel Philox equals core's), and edge cases (NaN in max pooling, bad labels,
- * dropout p = 0 / 1, empty shapes). */
+ * determinism of counter-based init/dropout (the in-kernel Philox equals core's), and edge cases (NaN in max pooling,
+ * bad labels, dropout p = 0 / 1, empty shapes). */
 #include "core/test.h"
 #include "dtrain/core.h"
 #include "backend/layers.h"
@@ -38,9 +38,9 @@ static void direct_conv(double *out, const float *in, const float *w, const floa
 static void test_conv_direct(void) {
     /* B C H W OC K S P */
     static const int cases[][8] = {
-        {2, 3, 8, 8, 5, 3, 1, 1},  {1, 1, 28, 28, 4, 3, 1, 1}, {2, 4, 9, 7, 3, 3, 2, 1}, {1, 2, 5, 5, 2, 5, 1, 2},
-        {1, 3, 6, 6, 2, 1, 1, 0},  {1, 3, 6, 6, 2, 1, 2, 0},   {1, 2, 7, 7, 3, 2, 2, 0}, {2, 2, 4, 6, 3, 3, 1, 0},
-        {1, 1, 3, 3, 2, 7, 1, 3},  {1, 2, 10, 3, 2, 3, 3, 1},  {1, 1, 2, 2, 1, 3, 1, 2}, {3, 5, 6, 6, 7, 3, 1, 1},
+        {2, 3, 8, 8, 5, 3, 1, 1}, {1, 1, 28, 28, 4, 3, 1, 1}, {2, 4, 9, 7, 3, 3, 2, 1}, {1, 2, 5, 5, 2, 5, 1, 2},
+        {1, 3, 6, 6, 2, 1, 1, 0}, {1, 3, 6, 6, 2, 1, 2, 0},   {1, 2, 7, 7, 3, 2, 2, 0}, {2, 2, 4, 6, 3, 3, 1, 0},
+        {1, 1, 3, 3, 2, 7, 1, 3}, {1, 2, 10, 3, 2, 3, 3, 1},  {1, 1, 2, 2, 1, 3, 1, 2}, {3, 5, 6, 6, 7, 3, 1, 1},
     };
     double worst = 0;
     for (size_t t = 0; t < sizeof cases / sizeof *cases; t++) {
@@ -56,8 +56,8 @@ static void test_conv_direct(void) {
             direct_conv(want, in, w, with_bias ? b : NULL, B, C, H, W, OC, K, S, P);
             double d = 0;
             for (size_t i = 0; i < nout; i++) d = fmax(d, fabs(out[i] - want[i]));
-            CHECK_MSG(d < 1e-5, "conv B=%d C=%d %dx%d OC=%d K=%d S=%d P=%d bias=%d: max diff %g", B, C, H, W, OC, K,
-                      S, P, with_bias, d);
+            CHECK_MSG(d < 1e-5, "conv B=%d C=%d %dx%d OC=%d K=%d S=%d P=%d bias=%d: max diff %g", B, C, H, W, OC, K, S,
+                      P, with_bias, d);
             worst = fmax(worst, d);
         }
         free(in), free(w), free(b), free(out), free(work), free(want);
@@ -101,8 +101,8 @@ static void test_init(void) {
     const double kb = 1 / sqrt(fan_in);
     dt_init_kaiming_uniform(w, N, fan_in, 5, dt_rng_key(DT_RNG_INIT, 0));
     moments(w, N, &mean, &var, &lo, &hi);
-    printf("kaiming_uniform fan_in %d: mean %.2e var %.4e (want %.4e) range [%.5f, %.5f] bound %.5f\n", fan_in,
-           mean, var, kb * kb / 3, lo, hi, kb);
+    printf("kaiming_uniform fan_in %d: mean %.2e var %.4e (want %.4e) range [%.5f, %.5f] bound %.5f\n", fan_in, mean,
+           var, kb * kb / 3, lo, hi, kb);
     CHECK(lo >= -kb && hi < kb && hi > 0.99 * kb && lo < -0.99 * kb);
     CHECK(fabs(mean) < 0.01 * kb && fabs(var / (kb * kb / 3) - 1) < 0.02);
     /* determinism: same (seed, key) same values; element i does not depend on n */
@@ -120,8 +120,8 @@ static void test_init(void) {
     double k4 = 0;
     for (size_t i = 0; i < N; i++) k4 += pow(w[i] - mean, 4);
     k4 = k4 / N / (var * var);
-    printf("kaiming_normal fan_in %d: mean %.2e var %.4e (want %.4e) kurtosis %.3f\n", fan_in, mean, var,
-           2.0 / fan_in, k4);
+    printf("kaiming_normal fan_in %d: mean %.2e var %.4e (want %.4e) kurtosis %.3f\n", fan_in, mean, var, 2.0 / fan_in,
+           k4);
     CHECK(fabs(mean) < 0.01 * sqrt(2.0 / fan_in) && fabs(var / (2.0 / fan_in) - 1) < 0.02 && fabs(k4 - 3) < 0.1);
 
     /* Xavier uniform: U(-sqrt(6/(fan_in+fan_out)), +) */

@@ -22,23 +22,22 @@ extern "C" {
 
 /* ---- Linear: out(B,OC) = in(B,C) @ w(OC,C)^T + b(OC); b may be NULL ---------------------- */
 void dt_linear_forward(float *out, const float *in, const float *w, const float *b, int B, int C, int OC);
-void dt_linear_backward(float *din, float *dw, float *db, const float *dout, const float *in,
-                        const float *w, int B, int C, int OC);
+void dt_linear_backward(float *din, float *dw, float *db, const float *dout, const float *in, const float *w, int B,
+                        int C, int OC);
 
 /* ---- Conv2d: in (B,C,H,W), w (OC,C,K,K), b (OC) or NULL, out (B,OC,OH,OW) ---------------- *
  * OH = (H + 2*pad - K)/stride + 1, likewise OW. work: dt_conv2d_workspace() floats. */
 size_t dt_conv2d_workspace(int B, int C, int H, int W, int OC, int K, int stride, int pad);
-void dt_conv2d_forward(float *out, const float *in, const float *w, const float *b, float *work,
-                       int B, int C, int H, int W, int OC, int K, int stride, int pad);
-void dt_conv2d_backward(float *din, float *dw, float *db, const float *dout, const float *in,
-                        const float *w, float *work, int B, int C, int H, int W, int OC, int K,
-                        int stride, int pad);
+void dt_conv2d_forward(float *out, const float *in, const float *w, const float *b, float *work, int B, int C, int H,
+                       int W, int OC, int K, int stride, int pad);
+void dt_conv2d_backward(float *din, float *dw, float *db, const float *dout, const float *in, const float *w,
+                        float *work, int B, int C, int H, int W, int OC, int K, int stride, int pad);
 
 /* ---- Pooling over (B,C,H,W) windows K with stride S, no padding: out (B,C,OH,OW) ----------- *
  * MaxPool records the flat input index of each max in argmax (B*C*OH*OW int32). */
 void dt_maxpool2d_forward(float *out, int32_t *argmax, const float *in, int B, int C, int H, int W, int K, int S);
-void dt_maxpool2d_backward(float *din, const float *dout, const int32_t *argmax, int B, int C, int H, int W,
-                           int K, int S);
+void dt_maxpool2d_backward(float *din, const float *dout, const int32_t *argmax, int B, int C, int H, int W, int K,
+                           int S);
 void dt_avgpool2d_forward(float *out, const float *in, int B, int C, int H, int W, int K, int S);
 void dt_avgpool2d_backward(float *din, const float *dout, int B, int C, int H, int W, int K, int S);
 
@@ -60,8 +59,8 @@ void dt_dropout_forward(float *out, uint8_t *mask, const float *in, size_t n, fl
 void dt_dropout_backward(float *din, const float *dout, const uint8_t *mask, size_t n, float p);
 
 /* ---- LayerNorm over the last dim C of (N,C); w,b (C). mean, rstd (N) saved for backward ---- */
-void dt_layernorm_forward(float *out, float *mean, float *rstd, const float *in, const float *w, const float *b,
-                          int N, int C, float eps);
+void dt_layernorm_forward(float *out, float *mean, float *rstd, const float *in, const float *w, const float *b, int N,
+                          int C, float eps);
 void dt_layernorm_backward(float *din, float *dw, float *db, const float *dout, const float *in, const float *w,
                            const float *mean, const float *rstd, int N, int C);
 
@@ -70,11 +69,10 @@ void dt_layernorm_backward(float *din, float *dw, float *db, const float *dout, 
  * stats: running = (1-momentum)*running + momentum*stat (running_var uses the unbiased var),
  * exactly as torch. Eval mode uses the running stats. */
 void dt_batchnorm2d_forward_train(float *out, float *mean, float *rstd, float *running_mean, float *running_var,
-                                  const float *in, const float *w, const float *b, int B, int C, int HW,
-                                  float momentum, float eps);
-void dt_batchnorm2d_forward_eval(float *out, const float *in, const float *w, const float *b,
-                                 const float *running_mean, const float *running_var, int B, int C, int HW,
-                                 float eps);
+                                  const float *in, const float *w, const float *b, int B, int C, int HW, float momentum,
+                                  float eps);
+void dt_batchnorm2d_forward_eval(float *out, const float *in, const float *w, const float *b, const float *running_mean,
+                                 const float *running_var, int B, int C, int HW, float eps);
 void dt_batchnorm2d_backward(float *din, float *dw, float *db, const float *dout, const float *in, const float *w,
                              const float *mean, const float *rstd, int B, int C, int HW);
 
@@ -106,14 +104,13 @@ void dt_softmax_xent_backward(float *dlogits, const float *probs, const int32_t 
 /* The same over N rows where rows whose label == ignore do not count (torch's ignore_index):
  * returns the mean over the *counted rows (0 when none); backward writes zeros for ignored
  * rows and scale * (probs - onehot) / counted for the others. */
-float dt_softmax_xent_ignore_forward(float *probs, const float *logits, const int32_t *labels, int N, int V,
-                                     int ignore, int *counted);
+float dt_softmax_xent_ignore_forward(float *probs, const float *logits, const int32_t *labels, int N, int V, int ignore,
+                                     int *counted);
 void dt_softmax_xent_ignore_backward(float *dlogits, const float *probs, const int32_t *labels, int N, int V,
                                      int ignore, int counted, float scale);
 /* MSE: mean over all n values of (pred - target)^2; backward writes scale * 2*(pred-target)/n. */
 float dt_mse_forward(const float *pred, const float *target, size_t n);
 void dt_mse_backward(float *dpred, const float *pred, const float *target, size_t n, float scale);
-
 
 /* ---- Initialisation (seeded, counter-based: element i uses index i of stream key) ---------- *
  * Kaiming-uniform as torch's default for Linear/Conv: U(-1/sqrt(fan_in), 1/sqrt(fan_in))

@@ -34,18 +34,18 @@ typedef struct {
  * f32 outside, the layout and precision oneDNN chose inside). */
 typedef struct {
     dt_dnnl_key key;
-    bool used, failed;          /* failed: oneDNN has no primitive for it; the caller falls back */
-    unsigned long long last;    /* lookup clock of its last use (the cache evicts the oldest) */
+    bool used, failed;       /* failed: oneDNN has no primitive for it; the caller falls back */
+    unsigned long long last; /* lookup clock of its last use (the cache evicts the oldest) */
     int nsteps, nmem, npost;
     dt_dnnl_step step[DT_DNNL_STEPS];
     dnnl_memory_t mem[DT_DNNL_MEMS];
-    int ext[DT_DNNL_MEMS];      /* index into dt_dnnl_run's data pointers; -1: owned by oneDNN */
-    dnnl_memory_t post_from[3], post_to[3];  /* outputs reordered back after the main step */
-    float *tmp;                 /* conv backward weights: dw before it is added; matmul: packed B */
-    int pack_nb, pack_kp;       /* matmul: B goes in packed by dt_dnnl_vnni_pack with this block (0: not) */
-    bool w_flipped;             /* conv backward data runs as a forward conv: w goes in flipped (cpu_onednn_conv.c) */
+    int ext[DT_DNNL_MEMS];                  /* index into dt_dnnl_run's data pointers; -1: owned by oneDNN */
+    dnnl_memory_t post_from[3], post_to[3]; /* outputs reordered back after the main step */
+    float *tmp;                             /* conv backward weights: dw before it is added; matmul: packed B */
+    int pack_nb, pack_kp;                   /* matmul: B goes in packed by dt_dnnl_vnni_pack with this block (0: not) */
+    bool w_flipped; /* conv backward data runs as a forward conv: w goes in flipped (cpu_onednn_conv.c) */
     size_t tmp_n;
-    char impl[64];              /* oneDNN's impl info string of the main primitive */
+    char impl[64]; /* oneDNN's impl info string of the main primitive */
 } dt_dnnl_entry;
 
 /* This thread's engine (created on first use). */
@@ -62,7 +62,8 @@ bool dt_dnnl_step_add(dt_dnnl_entry *e, dnnl_primitive_desc_t pd, int nargs, con
  * same memory, or an owned one filled by a reorder step (layout and dtype). NULL on failure. */
 dnnl_memory_t dt_dnnl_input(dt_dnnl_entry *e, const dnnl_memory_desc_t *plain, const dnnl_memory_desc_t *want, int ext);
 /* An output: the memory the primitive writes; a reorder back to `plain` runs after the main step. */
-dnnl_memory_t dt_dnnl_output(dt_dnnl_entry *e, const dnnl_memory_desc_t *plain, const dnnl_memory_desc_t *want, int ext);
+dnnl_memory_t dt_dnnl_output(dt_dnnl_entry *e, const dnnl_memory_desc_t *plain, const dnnl_memory_desc_t *want,
+                             int ext);
 /* Closes a fresh entry after its main step (adds the output reorders); false (entry marked failed
  * and emptied) when ok is false or a step could not be made. */
 bool dt_dnnl_ready(dt_dnnl_entry *e, bool ok);

@@ -9,15 +9,28 @@
 typedef struct {
     int B, C, H, W, OC, K, S, P, OH, OW;
     bool bias;
-    dt_layout in_l, out_l;  /* of in / out (and dout) outside; din is f32 in in's layout (blocked f32
-                             * for bf16 in) */
-    bool in_bl, out_bl;     /* in (din) / out (dout) blocked or NHWC (f32 or bf16), else NCHW */
+    dt_layout in_l, out_l; /* of in / out (and dout) outside; din is f32 in in's layout (blocked f32
+                            * for bf16 in) */
+    bool in_bl, out_bl;    /* in (din) / out (dout) blocked or NHWC (f32 or bf16), else NCHW */
 } conv_shape;
 
 static inline conv_shape shape_of(int B, int C, int H, int W, int OC, int K, int S, int P, bool bias, dt_layout in_l,
-                           dt_layout out_l) {
-    conv_shape s = {B, C, H, W, OC, K, S, P, (H + 2 * P - K) / S + 1, (W + 2 * P - K) / S + 1, bias, in_l, out_l,
-                    in_l != DT_LAYOUT_NCHW, out_l != DT_LAYOUT_NCHW};
+                                  dt_layout out_l) {
+    conv_shape s = {B,
+                    C,
+                    H,
+                    W,
+                    OC,
+                    K,
+                    S,
+                    P,
+                    (H + 2 * P - K) / S + 1,
+                    (W + 2 * P - K) / S + 1,
+                    bias,
+                    in_l,
+                    out_l,
+                    in_l != DT_LAYOUT_NCHW,
+                    out_l != DT_LAYOUT_NCHW};
     return s;
 }
 

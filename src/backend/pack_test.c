@@ -29,7 +29,7 @@ static void pack_case(int K, int N, int ld, dnnl_format_tag_t tag, int nb, bool 
     const dnnl_dims_t d = {K, N};
     CHECK(dnnl_memory_desc_init_by_tag(&to, 2, d, dnnl_bf16, tag) == dnnl_success);
     float *src = rnd((size_t)(cols ? N : K) * ld, (uint64_t)(K * 1000 + N));
-    src[0] = 1.00390625f;  /* halfway between two bf16 values: to even */
+    src[0] = 1.00390625f; /* halfway between two bf16 values: to even */
     const size_t bytes = dnnl_memory_desc_get_size(&to);
     uint16_t *want = calloc(bytes, 1), *got = malloc(bytes);
     memset(got, 0xab, bytes);
@@ -45,7 +45,8 @@ static void pack_case(int K, int N, int ld, dnnl_format_tag_t tag, int nb, bool 
     dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, mf}, {DNNL_ARG_TO, mt}};
     CHECK(dnnl_primitive_execute(r, st, 2, args) == dnnl_success);
     dnnl_stream_wait(st);
-    CHECK_MSG(dt_dnnl_vnni_block(&to, K, N) == nb, "K%d N%d: block %d, want %d", K, N, dt_dnnl_vnni_block(&to, K, N), nb);
+    CHECK_MSG(dt_dnnl_vnni_block(&to, K, N) == nb, "K%d N%d: block %d, want %d", K, N, dt_dnnl_vnni_block(&to, K, N),
+              nb);
     dt_dnnl_vnni_pack(got, src, cols ? DT_VNNI_F32_COLS : DT_VNNI_F32_ROWS, K, N, ld, nb, dt_dnnl_vnni_padded_k(&to));
     size_t bad = 0;
     for (size_t i = 0; i < bytes / 2; i++) bad += got[i] != want[i];
@@ -78,7 +79,11 @@ static void linear_case(int B, int C, int OC) {
         for (size_t i = 0; i < n[q]; i++) m[q] = fmax(m[q], fabs(r[q][i])), e[q] = fmax(e[q], fabs(a[q][i] - r[q][i]));
     for (int q = 0; q < 4; q++)
         CHECK_MSG(e[q] <= 1e-5 * m[q], "linear B%d C%d OC%d: %s differs by %g of %g", B, C, OC,
-                  q == 0 ? "out" : q == 1 ? "din" : q == 2 ? "dw" : "db", e[q], m[q]);
+                  q == 0   ? "out"
+                  : q == 1 ? "din"
+                  : q == 2 ? "dw"
+                           : "db",
+                  e[q], m[q]);
     for (int k = 0; k < 2; k++) free(y[k]), free(dx[k]), free(dw[k]), free(db[k]);
     free(x), free(w), free(b), free(dy);
 }
@@ -91,11 +96,12 @@ static void alignment_case(void) {
     for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
         void *p = dt_dnnl_alloc(sizes[i]);
         CHECK_MSG(p && ((uintptr_t)p & 63) == 0, "dt_dnnl_alloc(%zu) gave %p, not 64-byte aligned", sizes[i], p);
-        memset(p, 1, sizes[i]);  /* all of it is ours (ASan checks) */
+        memset(p, 1, sizes[i]); /* all of it is ours (ASan checks) */
         free(p);
         for (int slot = 0; slot < DT_DNNL_SCRATCH_SLOTS; slot++) {
             void *q = dt_dnnl_scratch(slot, sizes[i]);
-            CHECK_MSG(((uintptr_t)q & 63) == 0, "scratch slot %d at %zu bytes: %p, not 64-byte aligned", slot, sizes[i], q);
+            CHECK_MSG(((uintptr_t)q & 63) == 0, "scratch slot %d at %zu bytes: %p, not 64-byte aligned", slot, sizes[i],
+                      q);
             memset(q, 2, sizes[i]);
         }
     }
@@ -107,10 +113,10 @@ int main(void) {
         printf("pack_test: no AVX512-BF16 here: oneDNN's reorders pack, nothing of ours to test\n");
         CHECK(dt_dnnl_vnni_block(NULL, 1, 1) == 0);
     } else {
-        for (int cols = 0; cols < 2; cols++) {  /* row-major, then column-major (a weight as w^T) */
+        for (int cols = 0; cols < 2; cols++) { /* row-major, then column-major (a weight as w^T) */
             pack_case(64, 128, 128, dnnl_BA16a64b2a, 64, cols);
             pack_case(768, 512, 512, dnnl_BA16a64b2a, 64, cols);
-            pack_case(37, 100, 130, dnnl_BA16a64b2a, 64, cols);  /* partial blocks, ld past the matrix */
+            pack_case(37, 100, 130, dnnl_BA16a64b2a, 64, cols); /* partial blocks, ld past the matrix */
             pack_case(17, 10, 10, dnnl_BA16a16b2a, 16, cols);
             pack_case(33, 40, 41, dnnl_BA16a32b2a, 32, cols);
             pack_case(16, 48, 48, dnnl_BA16a48b2a, 48, cols);

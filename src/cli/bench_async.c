@@ -25,7 +25,7 @@ enum { MAX_REPEAT = 64, MAX_LIST = 8 };
 
 typedef struct {
     double sps, acc, wall;
-    double slow_share;  /* the slow worker's share of the samples in the last epoch */
+    double slow_share; /* the slow worker's share of the samples in the last epoch */
 } async_result;
 
 /* ddp-like ranks are 0..N-1; ps puts its server first, so the last worker is rank N */
@@ -134,7 +134,7 @@ typedef struct {
     bool want[NC];
     char *json;
     size_t jcap, jn;
-    int ngroups;         /* groups reported so far */
+    int ngroups; /* groups reported so far */
 } bench_ctx;
 
 typedef struct {
@@ -178,13 +178,14 @@ static void report_group(bench_ctx *b, const group *g, double load0, double load
     char per_epoch[32] = "all";
     if (g->samples > 0) snprintf(per_epoch, sizeof per_epoch, "%d", g->samples);
     printf("\n## %s, %d workers (the last one %gx slower), %d epoch%s of %s samples, batch %d per worker; "
-           "load average %.2f before, %.2f after\n", g->model, g->workers, b->factor, b->epochs,
-           b->epochs > 1 ? "s" : "", per_epoch, b->batch, load0, load1);
-    printf("%-13s %10s %7s %8s %15s %11s %9s %8s\n", "strategy", "samples/s", "spread", "vs ddp", "range",
-           "slow share", "test_acc", "wall_s");
-    json_add(b, "%s{\"model\": \"%s\", \"workers\": %d, \"samples_per_epoch\": %d, \"load_before\": %.2f, "
-                "\"load_after\": %.2f, \"cases\": [", b->ngroups++ ? ", " : "", g->model, g->workers, g->samples, load0,
-             load1);
+           "load average %.2f before, %.2f after\n",
+           g->model, g->workers, b->factor, b->epochs, b->epochs > 1 ? "s" : "", per_epoch, b->batch, load0, load1);
+    printf("%-13s %10s %7s %8s %15s %11s %9s %8s\n", "strategy", "samples/s", "spread", "vs ddp", "range", "slow share",
+           "test_acc", "wall_s");
+    json_add(b,
+             "%s{\"model\": \"%s\", \"workers\": %d, \"samples_per_epoch\": %d, \"load_before\": %.2f, "
+             "\"load_after\": %.2f, \"cases\": [",
+             b->ngroups++ ? ", " : "", g->model, g->workers, g->samples, load0, load1);
     bool first = true;
     for (int c = 0; c < NC; c++) {
         if (!b->want[c]) continue;
@@ -201,10 +202,12 @@ static void report_group(bench_ctx *b, const group *g, double load0, double load
         snprintf(range, sizeof range, "%.2f-%.2f %c", rlo, rhi, mark);
         printf("%-13s %10.0f %6.1f%% %7.2fx %15s %11.3f %9.4f %8.1f\n", CASES[c].name, m, 100 * spread, mr, range,
                stats(share, R, &x, &y), stats(acc, R, &x, &y), stats(wall, R, &x, &y));
-        json_add(b, "%s{\"strategy\": \"%s\", \"flags\": \"%s\", \"samples_per_s\": %.1f, \"spread\": %.4f, "
-                    "\"vs_ddp\": %.3f, \"vs_ddp_min\": %.3f, \"vs_ddp_max\": %.3f, \"slow_share\": %.4f, "
-                    "\"test_acc\": %.4f, \"runs\": [", first ? "" : ", ", CASES[c].name, CASES[c].flags, m, spread,
-                 mr, rlo, rhi, stats(share, R, &x, &y), stats(acc, R, &x, &y));
+        json_add(b,
+                 "%s{\"strategy\": \"%s\", \"flags\": \"%s\", \"samples_per_s\": %.1f, \"spread\": %.4f, "
+                 "\"vs_ddp\": %.3f, \"vs_ddp_min\": %.3f, \"vs_ddp_max\": %.3f, \"slow_share\": %.4f, "
+                 "\"test_acc\": %.4f, \"runs\": [",
+                 first ? "" : ", ", CASES[c].name, CASES[c].flags, m, spread, mr, rlo, rhi, stats(share, R, &x, &y),
+                 stats(acc, R, &x, &y));
         for (int k = 0; k < R; k++)
             json_add(b, "%s{\"samples_per_s\": %.1f, \"vs_ddp\": %.3f, \"test_acc\": %.4f, \"wall_s\": %.2f}",
                      k ? ", " : "", sps[k], ratio[k], acc[k], wall[k]);
@@ -227,7 +230,8 @@ static int pick_cases(char *list, bool *want) {
         while (c < NC && strcmp(CASES[c].name, item[i]) != 0) c++;
         if (c == NC)
             return dt_cli_usage("names: ddp, ddp+balance, localsgd, 'ps s=4', 'ps s=4 fixed', 'ps async', "
-                                "'ps async+ovl', 'ddp no-slow'", "bench async: --cases: no case '%s'", item[i]);
+                                "'ps async+ovl', 'ddp no-slow'",
+                                "bench async: --cases: no case '%s'", item[i]);
         want[c] = true;
     }
     return 0;
@@ -243,8 +247,9 @@ int dt_bench_async(int argc, char **argv) {
         {"workers", DT_FLAG_STR, &workers_s, "LIST", "worker counts, one table each (ps adds one server rank)"},
         {"factor", DT_FLAG_FLOAT, &factor, "F", "the last worker is F times slower"},
         {"epochs", DT_FLAG_INT, &epochs, "E", "epochs per case"},
-        {"samples", DT_FLAG_INT, &samples, "N", "samples per epoch (--epoch-windows; 0 = all; default mlp all, "
-                                                "others 8192)"},
+        {"samples", DT_FLAG_INT, &samples, "N",
+         "samples per epoch (--epoch-windows; 0 = all; default mlp all, "
+         "others 8192)"},
         {"batch", DT_FLAG_INT, &batch, "B", "per-worker batch"},
         {"repeat", DT_FLAG_INT, &repeat, "R", "runs of every case, interleaved; the table shows medians and spreads"},
         {"cases", DT_FLAG_STR, &cases_s, "LIST", "the rows to run, by name (default all)"},
@@ -252,8 +257,10 @@ int dt_bench_async(int argc, char **argv) {
     int rc = dt_flags_parse(argc, argv, 1, flags, 9, USAGE, NULL, 0, NULL, NULL);
     if (rc) return rc < 0 ? 2 : 0;
     if (epochs < 1 || batch < 1 || !(factor >= 1) || repeat < 1 || repeat > MAX_REPEAT || samples < -1)
-        return dt_cli_usage(NULL, "bench async: need --epochs >= 1, --batch >= 1, --factor >= 1, --samples >= 0 and "
-                                 "--repeat 1..%d", MAX_REPEAT);
+        return dt_cli_usage(NULL,
+                            "bench async: need --epochs >= 1, --batch >= 1, --factor >= 1, --samples >= 0 and "
+                            "--repeat 1..%d",
+                            MAX_REPEAT);
     static char models_buf[512], workers_buf[128], cases_buf[512];
     snprintf(models_buf, sizeof models_buf, "%s", models_s);
     snprintf(workers_buf, sizeof workers_buf, "%s", workers_s);
@@ -277,10 +284,13 @@ int dt_bench_async(int argc, char **argv) {
     static char json[1 << 20];
     b.json = json, b.jcap = sizeof json;
     printf("# dtrain bench async: the last worker %gx slower (--slow), adam 0.001, shm, %d run%s per case, "
-           "interleaved\n", factor, repeat, repeat > 1 ? "s" : "");
+           "interleaved\n",
+           factor, repeat, repeat > 1 ? "s" : "");
     dt_bench_print_machine();
-    json_add(&b, "{\"bench\": \"async\", \"slow_factor\": %g, \"batch\": %d, \"epochs\": %d, \"repeat\": %d, "
-                 "\"groups\": [", factor, batch, epochs, repeat);
+    json_add(&b,
+             "{\"bench\": \"async\", \"slow_factor\": %g, \"batch\": %d, \"epochs\": %d, \"repeat\": %d, "
+             "\"groups\": [",
+             factor, batch, epochs, repeat);
     static group g;
     for (int m = 0; m < nm && !rc; m++)
         for (int i = 0; i < nw && !rc; i++) {

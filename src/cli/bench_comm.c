@@ -28,9 +28,9 @@ typedef struct {
     int nsizes, iters, warmup, trials;
     const char *colls, *algo_name;
     dt_comm_algo algo;
-    const char *allreduce;  /* --allreduce: modes to compare ("flat,hier"), NULL = as created */
-    char mode_name[32];     /* the --allreduce mode running, as rows name it ("hier:1M") */
-    bool no_baseline;       /* --no-mpi-baseline: leave out plain MPI_Allreduce */
+    const char *allreduce; /* --allreduce: modes to compare ("flat,hier"), NULL = as created */
+    char mode_name[32];    /* the --allreduce mode running, as rows name it ("hier:1M") */
+    bool no_baseline;      /* --no-mpi-baseline: leave out plain MPI_Allreduce */
     row rows[MAX_ROWS];
     int nrows;
 } bench_opts;
@@ -69,7 +69,8 @@ static int parse_sizes(const char *s, bench_opts *o) {
 /* nccl-tests: size is the whole buffer (allgather output, reduce_scatter input); busbw factor */
 static double bus_factor(const char *coll, int n) {
     if (!strcmp(coll, "allreduce")) return 2.0 * (n - 1) / n;
-    if (!strcmp(coll, "allgather") || !strcmp(coll, "reduce_scatter") || !strcmp(coll, "alltoall")) return (double)(n - 1) / n;
+    if (!strcmp(coll, "allgather") || !strcmp(coll, "reduce_scatter") || !strcmp(coll, "alltoall"))
+        return (double)(n - 1) / n;
     return 1.0;
 }
 
@@ -115,7 +116,8 @@ static int bench_one(dt_comm *c, const char *backend, const char *coll, bench_op
         if (warm < 0) warm = iters / 10 > 2 ? iters / 10 : 2;
         dt_status st = DT_OK;
         for (int i = 0; i < warm && st == DT_OK; i++) {
-            if (!strcmp(coll, "broadcast")) for (size_t j = 0; j < count; j++) recv[j] = R == 0 ? 1.0f : 0.0f;
+            if (!strcmp(coll, "broadcast"))
+                for (size_t j = 0; j < count; j++) recv[j] = R == 0 ? 1.0f : 0.0f;
             st = run_coll(c, coll, send, recv, count);
         }
         bool ok = st == DT_OK && check_result(c, coll, recv, count);
@@ -154,7 +156,9 @@ static int bench_one(dt_comm *c, const char *backend, const char *coll, bench_op
 }
 
 static void header(const char *backend, int n, const char *algo) {
-    printf("#\n# backend %s, %d ranks, algo %s, f32 sum (time: mean per call of the slowest rank, best of the trials)\n#\n", backend, n, algo);
+    printf("#\n# backend %s, %d ranks, algo %s, f32 sum (time: mean per call of the slowest rank, best of the "
+           "trials)\n#\n",
+           backend, n, algo);
     printf("%16s %12s %12s %12s %10s %10s %6s\n", "collective", "size(B)", "count", "time(us)", "algbw(GB/s)",
            "busbw(GB/s)", "check");
 }
@@ -181,7 +185,8 @@ static int mpi_baseline(dt_comm *c, bench_opts *o, float *scratch) {
     if (dt_comm_rank(c) == 0) {
         printf("#\n# baseline: plain blocking MPI_Allreduce%s on MPI_COMM_WORLD, %d ranks, f32 sum\n#\n",
                wants(o, "reduce") ? " and MPI_Reduce (root 0)" : "", n);
-        printf("%16s %12s %12s %12s %10s %10s\n", "collective", "size(B)", "count", "time(us)", "algbw(GB/s)", "busbw(GB/s)");
+        printf("%16s %12s %12s %12s %10s %10s\n", "collective", "size(B)", "count", "time(us)", "algbw(GB/s)",
+               "busbw(GB/s)");
     }
     for (int p = 0; p < 2; p++) {
         if (p == 1 && !wants(o, "reduce")) continue;
@@ -199,8 +204,13 @@ static int mpi_baseline(dt_comm *c, bench_opts *o, float *scratch) {
             }
             if (dt_comm_rank(c) == 0 && o->nrows < MAX_ROWS) {
                 row *w = &o->rows[o->nrows++];
-                *w = (row){.backend = "mpi-baseline", .coll = plain[p].name, .algo = "mpi", .bytes = bytes,
-                           .count = count, .us = us, .algbw = (double)bytes / us / 1e3};
+                *w = (row){.backend = "mpi-baseline",
+                           .coll = plain[p].name,
+                           .algo = "mpi",
+                           .bytes = bytes,
+                           .count = count,
+                           .us = us,
+                           .algbw = (double)bytes / us / 1e3};
                 w->busbw = w->algbw * bus_factor(plain[p].coll, n);
                 printf("%16s %12zu %12zu %12.2f %10.2f %10.2f\n", plain[p].name, bytes, count, us, w->algbw, w->busbw);
             }
@@ -234,31 +244,36 @@ static int run_backend(dt_comm *c, const char *backend, bench_opts *o) {
 static int run_modes(dt_comm *c, bench_opts *o) {
     static const char *const names[] = {"auto", "flat", "hier"};
     char list[512];
-    if (strlen(o->allreduce) >= sizeof list) return dt_cli_usage(NULL, "--allreduce: the list is too long (at most %zu characters)", sizeof list - 1);
+    if (strlen(o->allreduce) >= sizeof list)
+        return dt_cli_usage(NULL, "--allreduce: the list is too long (at most %zu characters)", sizeof list - 1);
     snprintf(list, sizeof list, "%s", o->allreduce);
     const char *algo = o->algo_name;
     int rc = 0;
     for (char *save = NULL, *m = strtok_r(list, ",", &save); m && rc == 0; m = strtok_r(NULL, ",", &save)) {
-        char *arg = strchr(m, ':');  /* hier:CHUNK (bytes, K/M suffix; 0: no pipelining), flat:ALGO */
+        char *arg = strchr(m, ':'); /* hier:CHUNK (bytes, K/M suffix; 0: no pipelining), flat:ALGO */
         if (arg) *arg++ = '\0';
         int k = 0;
         while (k < 3 && strcmp(m, names[k])) k++;
         if (k == 3)
-            return dt_cli_usage("e.g. --allreduce flat,hier,flat:ring,hier:1M", "--allreduce %s: choose auto, flat[:ALGO] or hier[:CHUNK]", m);
+            return dt_cli_usage("e.g. --allreduce flat,hier,flat:ring,hier:1M",
+                                "--allreduce %s: choose auto, flat[:ALGO] or hier[:CHUNK]", m);
         size_t chunk_bytes = 0;
         dt_comm_algo flat_algo = o->algo;
         if (arg && k == 2 && !parse_one_size(arg, &chunk_bytes))
-            return dt_cli_usage("e.g. --allreduce hier:1M (0: no pipelining)", "--allreduce hier:%s: the chunk is one size in bytes", arg);
+            return dt_cli_usage("e.g. --allreduce hier:1M (0: no pipelining)",
+                                "--allreduce hier:%s: the chunk is one size in bytes", arg);
         if (arg && k != 2 && dt_comm_algo_parse(arg, &flat_algo) != DT_OK)
             return dt_cli_usage("e.g. --allreduce flat:ring", "--allreduce %s:%s: %s", m, arg, dt_last_error());
-        if (dt_comm_set_hier(c, (dt_comm_hier_mode)k) != DT_OK || (arg && k == 2 && dt_comm_set_hier_chunk(c, chunk_bytes) != DT_OK))
+        if (dt_comm_set_hier(c, (dt_comm_hier_mode)k) != DT_OK ||
+            (arg && k == 2 && dt_comm_set_hier_chunk(c, chunk_bytes) != DT_OK))
             return dt_cli_fail(NULL, "bench comm: --allreduce %s: %s", m, dt_last_error());
         dt_comm_set_algo(c, flat_algo);
         snprintf(o->mode_name, sizeof o->mode_name, "%s%s%s", dt_comm_hier_active(c) ? "hier" : algo, arg ? ":" : "",
                  arg ? arg : "");
         o->algo_name = o->mode_name;
-        if (dt_comm_rank(c) == 0) printf("# allreduce %s%s%s: %d hosts, hierarchical %s\n", m, arg ? ":" : "", arg ? arg : "",
-                                         dt_comm_hosts(c), dt_comm_hier_active(c) ? "on" : "off");
+        if (dt_comm_rank(c) == 0)
+            printf("# allreduce %s%s%s: %d hosts, hierarchical %s\n", m, arg ? ":" : "", arg ? arg : "",
+                   dt_comm_hosts(c), dt_comm_hier_active(c) ? "on" : "off");
         rc = run_backend(c, dt_comm_backend_name(c), o);
         dt_comm_set_algo(c, o->algo);
     }
@@ -314,7 +329,8 @@ static const char *backends_help(void) {
 }
 
 static bool under_launcher(void) {
-    return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("SLURM_NTASKS") || getenv("DTRAIN_WORLD_SIZE");
+    return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("SLURM_NTASKS") ||
+           getenv("DTRAIN_WORLD_SIZE");
 }
 
 static const char USAGE[] =
@@ -333,7 +349,8 @@ int dt_bench_comm(int argc, char **argv) {
     const dt_flag flags[] = {
         {"ranks", DT_FLAG_INT, &ranks, "N", "local ranks to start (also -n; ignored under mpirun/launch)"},
         {"sizes", DT_FLAG_STR, &sizes, "LIST", "buffer sizes in bytes, K/M/G suffixes"},
-        {"colls", DT_FLAG_STR, &colls, "LIST", "collectives (allreduce,broadcast,reduce,allgather,reduce_scatter,alltoall|all)"},
+        {"colls", DT_FLAG_STR, &colls, "LIST",
+         "collectives (allreduce,broadcast,reduce,allgather,reduce_scatter,alltoall|all)"},
         {"algo", DT_FLAG_STR, &algo, "A", "auto, ring, rd, rhd, tree, direct or native"},
         {"backend", DT_FLAG_STR, &backend, "B", backends_help()},
         {"iters", DT_FLAG_INT, &iters, "I", "timed calls per size (0: about 256 MiB of traffic, 5..2000)"},
@@ -357,14 +374,15 @@ int dt_bench_comm(int argc, char **argv) {
     if (ranks < 1 || ranks > 64) return dt_cli_usage(NULL, "--ranks %d must be 1..64", ranks);
     if (under_launcher()) {
         bool local = !getenv("OMPI_COMM_WORLD_LOCAL_SIZE") ||
-                     !strcmp(getenv("OMPI_COMM_WORLD_LOCAL_SIZE"), getenv("OMPI_COMM_WORLD_SIZE") ? getenv("OMPI_COMM_WORLD_SIZE") : "");
+                     !strcmp(getenv("OMPI_COMM_WORLD_LOCAL_SIZE"),
+                             getenv("OMPI_COMM_WORLD_SIZE") ? getenv("OMPI_COMM_WORLD_SIZE") : "");
         if (!backend) backend = getenv("DTRAIN_WORLD_SIZE") ? "shm" : local ? "mpi,shm" : "mpi";
         return rank_main(backend, &o, NULL);
     }
     if (!backend) backend = "shm";
     if (strstr(backend, "mpi"))
         return dt_cli_usage("run it as: mpirun -n N dtrain bench comm --backend mpi,shm",
-                           "bench comm: the mpi backend needs ranks started by mpirun/srun");
+                            "bench comm: the mpi backend needs ranks started by mpirun/srun");
     char job[64];
     snprintf(job, sizeof job, "bench%d", (int)getpid());
     fflush(stdout);

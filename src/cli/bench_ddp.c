@@ -18,7 +18,7 @@
 
 typedef struct {
     double sps, compute_ms, comm_ms, data_ms;
-    double cpu_us;  /* CPU microseconds per trained sample, all ranks and threads */
+    double cpu_us; /* CPU microseconds per trained sample, all ranks and threads */
 } ddp_result;
 
 /* CPU seconds (user + system) of the waited-for children so far: every rank of a run, since
@@ -93,8 +93,11 @@ int dt_bench_ddp(int argc, char **argv) {
         p++;
     }
     /* rough single-worker rates so each case runs about `seconds` */
-    const struct { const char *model; int batch; double rate; } cases[] = {
-        {"mlp", 32, 120000}, {"mlp", 128, 180000}, {"cnn", 128, 2400}};
+    const struct {
+        const char *model;
+        int batch;
+        double rate;
+    } cases[] = {{"mlp", 32, 120000}, {"mlp", 128, 180000}, {"cnn", 128, 2400}};
     printf("# dtrain bench ddp: data %s, shm transport, %s, adam; samples/s over all workers\n", data,
            g_strategy ? g_strategy : "ddp");
     dt_bench_print_machine();
@@ -118,12 +121,13 @@ int dt_bench_ddp(int argc, char **argv) {
             printf("%-5s %6d %8d %12.0f %7.2fx %11.3f %11.3f %11.3f %9.2f %10.2fx\n", cases[c].model, cases[c].batch,
                    workers[w], r.sps, speedup, r.compute_ms, r.comm_ms, r.data_ms, r.cpu_us, cpu_scaling);
             fflush(stdout);
-            jn += snprintf(json + jn, sizeof json - (size_t)jn,
-                           "%s{\"model\": \"%s\", \"batch\": %d, \"workers\": %d, \"samples_per_s\": %.1f, "
-                           "\"speedup\": %.3f, \"step_ms\": {\"compute\": %.4f, \"comm_wait\": %.4f, \"data_wait\": %.4f}, "
-                           "\"cpu_us_per_sample\": %.3f, \"cpu_scaling\": %.3f}",
-                           done++ ? ", " : "", cases[c].model, cases[c].batch, workers[w], r.sps, speedup, r.compute_ms,
-                           r.comm_ms, r.data_ms, r.cpu_us, cpu_scaling);
+            jn += snprintf(
+                json + jn, sizeof json - (size_t)jn,
+                "%s{\"model\": \"%s\", \"batch\": %d, \"workers\": %d, \"samples_per_s\": %.1f, "
+                "\"speedup\": %.3f, \"step_ms\": {\"compute\": %.4f, \"comm_wait\": %.4f, \"data_wait\": %.4f}, "
+                "\"cpu_us_per_sample\": %.3f, \"cpu_scaling\": %.3f}",
+                done++ ? ", " : "", cases[c].model, cases[c].batch, workers[w], r.sps, speedup, r.compute_ms, r.comm_ms,
+                r.data_ms, r.cpu_us, cpu_scaling);
         }
     }
     rmdir(dir);

@@ -87,8 +87,7 @@ static double recovery_trial(const char *exe, const char *dir, double kill_after
     }
     kill(pid, SIGTERM);
     char drain[4096];
-    while (read(pfd[0], drain, sizeof drain) > 0) {
-    }
+    while (read(pfd[0], drain, sizeof drain) > 0) {}
     close(pfd[0]);
     waitpid(pid, NULL, 0);
     return t_back > 0 ? t_back - t_kill : -1;
@@ -134,7 +133,7 @@ int dt_bench_fault(int argc, char **argv) {
     snprintf(metrics, sizeof metrics, "%s/m.jsonl", dir);
     if (dt_bench_train_run("--model mlp --batch 32 --epochs 6", metrics, line, sizeof line)) return 1;
     double rate = dt_bench_json_field(line, "samples_per_s");
-    long every = (long)(rate / 32.0);  /* steps per second */
+    long every = (long)(rate / 32.0); /* steps per second */
     if (every < 1) every = 1;
     /* interleaved pairs (without, with): one overhead per pair, so the spread shows the noise */
     double with = 0, without = 0, ov[64], ov_sum = 0, ov_sq = 0, ov_min = 1e9, ov_max = -1e9;
@@ -142,8 +141,8 @@ int dt_bench_fault(int argc, char **argv) {
     for (int i = 0; i < runs; i++) {
         if (dt_bench_train_run("--model mlp --batch 32 --epochs 6", metrics, line, sizeof line)) return 1;
         double a = dt_bench_json_field(line, "samples_per_s");
-        snprintf(args, sizeof args, "--model mlp --batch 32 --epochs 6 --checkpoint-dir '%s/ck%d' --checkpoint-every %ld",
-                 dir, i, every);
+        snprintf(args, sizeof args,
+                 "--model mlp --batch 32 --epochs 6 --checkpoint-dir '%s/ck%d' --checkpoint-every %ld", dir, i, every);
         if (dt_bench_train_run(args, metrics, line, sizeof line)) return 1;
         double b = dt_bench_json_field(line, "samples_per_s");
         without += a, with += b;
@@ -153,22 +152,25 @@ int dt_bench_fault(int argc, char **argv) {
     }
     with /= runs, without /= runs;
     double ov_mean = ov_sum / runs, ov_sd = runs > 1 ? sqrt((ov_sq - runs * ov_mean * ov_mean) / (runs - 1)) : 0;
-    int written = 0;  /* checkpoints of the last run with them, the final one included */
+    int written = 0; /* checkpoints of the last run with them, the final one included */
     snprintf(args, sizeof args, "%s/ck%d", dir, runs - 1);
     DIR *d = opendir(args);
     for (struct dirent *e; d && (e = readdir(d));) written += strstr(e->d_name, ".safetensors") != NULL;
     if (d) closedir(d);
     printf("%-28s %12.0f samples/s\n", "no checkpoints", without);
-    printf("%-28s %12.0f samples/s (every %ld steps, %d checkpoints per run)\n", "checkpoint every ~1 s", with,
-           every, written);
+    printf("%-28s %12.0f samples/s (every %ld steps, %d checkpoints per run)\n", "checkpoint every ~1 s", with, every,
+           written);
     printf("%-28s %11.2f%% +- %.2f (sd over %d pairs; min %.2f, max %.2f)\n", "overhead", ov_mean, ov_sd, runs, ov_min,
            ov_max);
     if (runs > 1 && fabs(ov_mean) < 2 * ov_sd / sqrt(runs))
         printf("# the overhead is within the noise of this machine (|mean| < 2 standard errors)\n");
     printf("{\"bench\": \"fault\", \"recovery_s\": {\"trials\": %d, \"mean\": %.3f, \"best\": %.3f}, "
-           "\"checkpoint\": {\"every_steps\": %ld, \"per_run\": %d, \"samples_per_s_without\": %.1f, \"samples_per_s_with\": %.1f, "
-           "\"overhead_pct\": %.2f, \"overhead_pct_sd\": %.2f, \"overhead_pct_min\": %.2f, \"overhead_pct_max\": %.2f, \"pairs\": %d}}\n",
-           ok, ok ? sum / ok : -1.0, ok ? best : -1.0, every, written, without, with, ov_mean, ov_sd, ov_min, ov_max, runs);
+           "\"checkpoint\": {\"every_steps\": %ld, \"per_run\": %d, \"samples_per_s_without\": %.1f, "
+           "\"samples_per_s_with\": %.1f, "
+           "\"overhead_pct\": %.2f, \"overhead_pct_sd\": %.2f, \"overhead_pct_min\": %.2f, \"overhead_pct_max\": %.2f, "
+           "\"pairs\": %d}}\n",
+           ok, ok ? sum / ok : -1.0, ok ? best : -1.0, every, written, without, with, ov_mean, ov_sd, ov_min, ov_max,
+           runs);
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0) fprintf(stderr, "bench fault: could not remove %s\n", dir);
     return ok == trials ? 0 : 1;

@@ -58,13 +58,16 @@ static double sigma_for(double eps, double q, int rounds, double delta) {
 static int overhead_rows(const char *exe, const char *lim, double ms[2], double bytes[2]) {
     char args[2048], line[4096];
     for (int sec = 0; sec < 2; sec++) {
-        snprintf(args, sizeof args, "fl-sim --clients 100 --clients-per-round 10 --partition iid --rounds 10 --quiet "
-                 "--eval-every 100 --local-epochs 1 --lr 0.05%s%s", sec ? " --secure-agg" : "", lim);
+        snprintf(args, sizeof args,
+                 "fl-sim --clients 100 --clients-per-round 10 --partition iid --rounds 10 --quiet "
+                 "--eval-every 100 --local-epochs 1 --lr 0.05%s%s",
+                 sec ? " --secure-agg" : "", lim);
         if (run_json(exe, args, line, sizeof line)) return 1;
         ms[sec] = field(line, "server_cpu_ms_per_round");
         bytes[sec] = field(line, "bytes_in_per_update");
-        printf("%-44s %10d %10.4f %14s %12.2f\n", sec ? "100 clients, 10/round, secure aggregation" : "100 clients, 10/round, plain",
-               10, field(line, "final_acc"), "-", ms[sec]);
+        printf("%-44s %10d %10.4f %14s %12.2f\n",
+               sec ? "100 clients, 10/round, secure aggregation" : "100 clients, 10/round, plain", 10,
+               field(line, "final_acc"), "-", ms[sec]);
     }
     printf("# secure aggregation: %.0f bytes per client update vs %.0f plain (%.3fx); server CPU %.2fx\n", bytes[1],
            bytes[0], bytes[1] / bytes[0], ms[1] / ms[0]);
@@ -78,15 +81,22 @@ static int dp_rows(const char *exe, const char *lim, int dp_rounds, double dacc[
     double eps[3] = {1, 4, 8}, sig[3];
     for (int i = 0; i < 3; i++) {
         sig[i] = sigma_for(eps[i], 0.1, dp_rounds, 1e-5);
-        snprintf(args, sizeof args, "fl-sim --clients 100 --clients-per-round 10 --partition iid --rounds %d --quiet "
-                 "--eval-every 100 --local-epochs 1 --lr 0.05 --dp-clip 0.5 --dp-noise %.4f%s", dp_rounds, sig[i], lim);
+        snprintf(args, sizeof args,
+                 "fl-sim --clients 100 --clients-per-round 10 --partition iid --rounds %d --quiet "
+                 "--eval-every 100 --local-epochs 1 --lr 0.05 --dp-clip 0.5 --dp-noise %.4f%s",
+                 dp_rounds, sig[i], lim);
         if (run_json(exe, args, line, sizeof line)) return 1;
         dacc[i] = field(line, "final_acc");
-        printf("%-44s %10d %10.4f %14s %12s   (sigma %.3f, eps %.3f)\n", eps[i] == 1 ? "DP-FedAvg eps 1 (clip 0.5)" : eps[i] == 4 ? "DP-FedAvg eps 4" : "DP-FedAvg eps 8",
+        printf("%-44s %10d %10.4f %14s %12s   (sigma %.3f, eps %.3f)\n",
+               eps[i] == 1   ? "DP-FedAvg eps 1 (clip 0.5)"
+               : eps[i] == 4 ? "DP-FedAvg eps 4"
+                             : "DP-FedAvg eps 8",
                dp_rounds, dacc[i], "-", "-", sig[i], field(line, "epsilon"));
     }
-    snprintf(args, sizeof args, "fl-sim --clients 100 --clients-per-round 10 --partition iid --rounds %d --quiet "
-             "--eval-every 100 --local-epochs 1 --lr 0.05%s", dp_rounds, lim);
+    snprintf(args, sizeof args,
+             "fl-sim --clients 100 --clients-per-round 10 --partition iid --rounds %d --quiet "
+             "--eval-every 100 --local-epochs 1 --lr 0.05%s",
+             dp_rounds, lim);
     if (run_json(exe, args, line, sizeof line)) return 1;
     *nodp = field(line, "final_acc");
     printf("%-44s %10d %10.4f\n", "same without DP", dp_rounds, *nodp);
@@ -98,7 +108,8 @@ int dt_bench_fl(int argc, char **argv) {
     const dt_flag flags[] = {
         {"rounds", DT_FLAG_INT, &rounds, "N", "FedAvg rounds"},
         {"fedsgd-rounds", DT_FLAG_INT, &sgd_rounds, "N", "FedSGD rounds"},
-        {"local-epochs", DT_FLAG_INT, &epochs, "E", "FedAvg local epochs (centralized SGD runs E * rounds epochs: the same passes over the data)"},
+        {"local-epochs", DT_FLAG_INT, &epochs, "E",
+         "FedAvg local epochs (centralized SGD runs E * rounds epochs: the same passes over the data)"},
         {"train-limit", DT_FLAG_INT, &limit, "N", "training samples used (0 = all 60000)"},
         {"dp-rounds", DT_FLAG_INT, &dp_rounds, "N", "rounds of each DP run"},
     };
@@ -113,18 +124,19 @@ int dt_bench_fl(int argc, char **argv) {
     char lim[64] = "";
     if (limit) snprintf(lim, sizeof lim, " --train-limit %d", limit);
     /* centralized reference */
-    int cep = epochs * rounds;  /* equal passes over the data: every FedAvg round trains all 10 clients E epochs */
-    snprintf(args, sizeof args, "--data fashion-mnist --model mlp --epochs %d --batch 32 --optimizer sgd --lr 0.05", cep);
+    int cep = epochs * rounds; /* equal passes over the data: every FedAvg round trains all 10 clients E epochs */
+    snprintf(args, sizeof args, "--data fashion-mnist --model mlp --epochs %d --batch 32 --optimizer sgd --lr 0.05",
+             cep);
     unlink(metrics);
     if (dt_bench_train_run(args, metrics, line, sizeof line)) return 1;
-    double central = dt_bench_json_field(line, "test_acc");  /* dtrain train writes "key": value */
+    double central = dt_bench_json_field(line, "test_acc"); /* dtrain train writes "key": value */
     double target = central - 0.03;
     printf("%-44s %10s %10s %14s %12s\n", "run", "rounds", "test acc", "rounds to tgt", "server ms/r");
     printf("%-44s %10d %10.4f %14s %12s\n", "centralized SGD (rounds = epochs; all 60k)", cep, central, "-", "-");
     /* FedAvg and FedSGD, 10 clients, Dirichlet 0.5 */
     const char *base = "fl-sim --clients 10 --clients-per-round 10 --partition dirichlet:0.5 --quiet --eval-every 1";
-    snprintf(args, sizeof args, "%s --rounds %d --local-epochs %d --batch 32 --lr 0.05 --target-acc %.4f%s", base, rounds,
-             epochs, target, lim);
+    snprintf(args, sizeof args, "%s --rounds %d --local-epochs %d --batch 32 --lr 0.05 --target-acc %.4f%s", base,
+             rounds, epochs, target, lim);
     if (run_json(exe, args, line, sizeof line)) return 1;
     double fa = field(line, "best_acc"), fr = field(line, "rounds_to_target");
     char frs[32], srs[32];
@@ -140,11 +152,14 @@ int dt_bench_fl(int argc, char **argv) {
            field(line, "server_cpu_ms_per_round"));
     double ms[2], bytes[2], dacc[3], nodp;
     if (overhead_rows(exe, lim, ms, bytes) || dp_rows(exe, lim, dp_rounds, dacc, &nodp)) return 1;
-    printf("{\"bench\":\"fl\",\"central_acc\":%.4f,\"target_acc\":%.4f,\"fedavg_acc\":%.4f,\"fedavg_rounds_to_target\":%.0f,"
-           "\"fedsgd_acc\":%.4f,\"fedsgd_rounds_to_target\":%.0f,\"server_ms_per_round\":%.3f,\"server_ms_per_round_secure\":%.3f,"
+    printf("{\"bench\":\"fl\",\"central_acc\":%.4f,\"target_acc\":%.4f,\"fedavg_acc\":%.4f,\"fedavg_rounds_to_target\":"
+           "%.0f,"
+           "\"fedsgd_acc\":%.4f,\"fedsgd_rounds_to_target\":%.0f,\"server_ms_per_round\":%.3f,\"server_ms_per_round_"
+           "secure\":%.3f,"
            "\"bytes_per_update\":%.0f,\"bytes_per_update_secure\":%.0f,\"secure_bytes_ratio\":%.4f,"
            "\"dp_acc_eps1\":%.4f,\"dp_acc_eps4\":%.4f,\"dp_acc_eps8\":%.4f,\"nodp_acc\":%.4f,\"dp_delta\":1e-5}\n",
-           central, target, fa, fr, sa, sr, ms[0], ms[1], bytes[0], bytes[1], bytes[1] / bytes[0], dacc[0], dacc[1], dacc[2], nodp);
+           central, target, fa, fr, sa, sr, ms[0], ms[1], bytes[0], bytes[1], bytes[1] / bytes[0], dacc[0], dacc[1],
+           dacc[2], nodp);
     unlink(metrics);
     return 0;
 }

@@ -18,9 +18,9 @@
 /* One layout: `ranks` workers of per-rank batch global/dp under `strategy` (NULL: the default). */
 typedef struct {
     const char *label;
-    int ranks, dp;              /* dp: pipelines / replicas sharing the global batch */
-    const char *strategy;       /* printf format with %d = M where it has one */
-    int pp;                     /* stages (0: not a pipeline) */
+    int ranks, dp;        /* dp: pipelines / replicas sharing the global batch */
+    const char *strategy; /* printf format with %d = M where it has one */
+    int pp;               /* stages (0: not a pipeline) */
     bool gpipe;
 } layout;
 
@@ -53,13 +53,18 @@ static int run_row(const layout *l, const char *model, int batch, int M, int ste
     char metrics[PATH_MAX], args[1024], spec[128] = "", line[8192];
     snprintf(metrics, sizeof metrics, "%s/bench-parallel-%d-%d.jsonl", dir, l->ranks, (int)(l - g_rows));
     if (l->strategy) snprintf(spec, sizeof spec, l->strategy, M);
-    snprintf(args, sizeof args, "--data kjv --model %s --batch %d --workers %d --max-steps %d --epochs 1000 "
-             "--optimizer adamw --lr 1e-3 --val-fraction 0 --epoch-windows %d%s%s%s", model, batch / l->dp, l->ranks, steps,
-             batch * (steps + 1), spec[0] ? " --strategy '" : "", spec, spec[0] ? "'" : "");
+    snprintf(args, sizeof args,
+             "--data kjv --model %s --batch %d --workers %d --max-steps %d --epochs 1000 "
+             "--optimizer adamw --lr 1e-3 --val-fraction 0 --epoch-windows %d%s%s%s",
+             model, batch / l->dp, l->ranks, steps, batch * (steps + 1), spec[0] ? " --strategy '" : "", spec,
+             spec[0] ? "'" : "");
     if (dt_bench_train_run(args, metrics, line, sizeof line)) return 1;
-    *r = (result){.sps = dt_bench_json_field(line, "samples_per_s"), .bubble = dt_bench_json_field(line, "bubble"),
-                  .ideal = dt_bench_json_field(line, "bubble_ideal"), .act = dt_bench_json_field(line, "peak_act_bytes"),
-                  .inflight = dt_bench_json_field(line, "peak_inflight"), .bytes = dt_bench_json_field(line, "bytes_sent"),
+    *r = (result){.sps = dt_bench_json_field(line, "samples_per_s"),
+                  .bubble = dt_bench_json_field(line, "bubble"),
+                  .ideal = dt_bench_json_field(line, "bubble_ideal"),
+                  .act = dt_bench_json_field(line, "peak_act_bytes"),
+                  .inflight = dt_bench_json_field(line, "peak_inflight"),
+                  .bytes = dt_bench_json_field(line, "bytes_sent"),
                   .rss = dt_bench_json_field(line, "rss_max_mb")};
     return r->sps > 0 ? 0 : dt_cli_fail(NULL, "bench parallel: unreadable metrics line '%.200s'", line);
 }
@@ -77,8 +82,9 @@ int dt_bench_parallel(int argc, char **argv) {
     int rc = dt_flags_parse(argc, argv, 1, flags, 5, USAGE, NULL, 0, NULL, NULL);
     if (rc) return rc < 0 ? 2 : 0;
     if (batch < 4 || batch % 4 || M < 1 || steps < 1)
-        return dt_cli_usage("e.g. --batch 16 --microbatches 8 --steps 6", "bench parallel: --batch must be a multiple "
-                           "of 4, --microbatches and --steps at least 1");
+        return dt_cli_usage("e.g. --batch 16 --microbatches 8 --steps 6",
+                            "bench parallel: --batch must be a multiple "
+                            "of 4, --microbatches and --steps at least 1");
     char dir[] = "/tmp/dtrain-bench-XXXXXX";
     if (!mkdtemp(dir)) return dt_cli_fail(NULL, "bench parallel: cannot create a temporary directory");
     dt_bench_print_machine();
@@ -101,18 +107,20 @@ int dt_bench_parallel(int argc, char **argv) {
         const double tps = r.sps * tokens;
         if (i == 0) base = tps;
         if (l->pp && l->gpipe) gpipe_act[l->pp] = r.act;
-        const double rel = l->pp && gpipe_act[l->pp] > 0 ? r.act / gpipe_act[l->pp] : 0;  /* of GPipe's, same K */
+        const double rel = l->pp && gpipe_act[l->pp] > 0 ? r.act / gpipe_act[l->pp] : 0; /* of GPipe's, same K */
         printf("%-16s %5d %10.0f %6.2fx", l->label, l->ranks, tps, base > 0 ? tps / base : 0);
         if (l->pp) printf(" %7.3f %7.3f %12.0f %7.3f %12.0f", r.bubble, r.ideal, r.act, rel, r.bytes);
         else printf(" %7s %7s %12s %7s %12s", "-", "-", "-", "-", "-");
         if (r.rss > 0) printf(" %8.1f\n", r.rss);
         else printf(" %8s\n", "-");
         fflush(stdout);
-        jn += snprintf(json + jn, sizeof json - (size_t)jn,
-                       "%s{\"layout\": \"%s\", \"ranks\": %d, \"tokens_per_s\": %.1f, \"vs_1\": %.3f, \"bubble\": %.4f, "
-                       "\"bubble_ideal\": %.4f, \"peak_act_bytes\": %.0f, \"act_vs_gpipe\": %.3f, \"bytes_sent\": %.0f, "
-                       "\"peak_rss_mb\": %.1f}", done++ ? ", " : "", l->label, l->ranks, tps, base > 0 ? tps / base : 0,
-                       r.bubble, r.ideal, r.act, rel, r.bytes, r.rss);
+        jn += snprintf(
+            json + jn, sizeof json - (size_t)jn,
+            "%s{\"layout\": \"%s\", \"ranks\": %d, \"tokens_per_s\": %.1f, \"vs_1\": %.3f, \"bubble\": %.4f, "
+            "\"bubble_ideal\": %.4f, \"peak_act_bytes\": %.0f, \"act_vs_gpipe\": %.3f, \"bytes_sent\": %.0f, "
+            "\"peak_rss_mb\": %.1f}",
+            done++ ? ", " : "", l->label, l->ranks, tps, base > 0 ? tps / base : 0, r.bubble, r.ideal, r.act, rel,
+            r.bytes, r.rss);
     }
     rmdir(dir);
     if (!status) printf("%s]}\n", json);

@@ -28,9 +28,9 @@
 typedef struct {
     const char *name, *model, *data;
     int G, ranks;
-    const char *rate;  /* emulated hosts (one rank each): tc's rate of their link, else NULL */
-    double gbit;       /* the same in Gbit/s, for the plan */
-    const char *consider;  /* dtrain plan --consider: the layouts that change the algorithm too */
+    const char *rate;     /* emulated hosts (one rank each): tc's rate of their link, else NULL */
+    double gbit;          /* the same in Gbit/s, for the plan */
+    const char *consider; /* dtrain plan --consider: the layouts that change the algorithm too */
 } scenario;
 
 static const scenario g_scen[] = {
@@ -49,7 +49,7 @@ enum { MAX_RUNS = 8 };
 typedef struct {
     char layout[96], flags[256];
     double pred, meas;
-    double before, after;  /* the plans just before and just after the run (re-planned; else both pred) */
+    double before, after; /* the plans just before and just after the run (re-planned; else both pred) */
     bool chosen;
 } run;
 
@@ -57,7 +57,8 @@ typedef struct {
 static cJSON *plan_json(const scenario *s) {
     char exe[PATH_MAX], cmd[8192];
     if (dt_bench_self(exe, sizeof exe)) return NULL;
-    int n0 = snprintf(cmd, sizeof cmd, "'%s' plan --model '%s' --data '%s' --batch %d --workers %d --json --top 100000 --measure-ops",
+    int n0 = snprintf(cmd, sizeof cmd,
+                      "'%s' plan --model '%s' --data '%s' --batch %d --workers %d --json --top 100000 --measure-ops",
                       exe, s->model, s->data, s->G, s->ranks);
     if (s->rate) n0 += snprintf(cmd + n0, sizeof cmd - (size_t)n0, " --hosts %d --inter-gbit %g", s->ranks, s->gbit);
     if (s->consider) snprintf(cmd + n0, sizeof cmd - (size_t)n0, " --consider %s", s->consider);
@@ -100,7 +101,10 @@ static double num(const cJSON *o, const char *k) {
 static void family(const cJSON *l, bool fine, char *out, size_t cap) {
     const int pp = (int)num(l, "pp"), micro = (int)num(l, "micro");
     snprintf(out, cap, "d%g t%g p%d z%g a%g c%g m%d", num(l, "dp"), num(l, "tp"), pp, num(l, "zero"), num(l, "algo"),
-             num(l, "compress") >= 3 ? num(l, "compress") : 0, !fine ? 0 : pp > 1 ? micro : (micro > 1 ? 2 : 1));
+             num(l, "compress") >= 3 ? num(l, "compress") : 0,
+             !fine    ? 0
+             : pp > 1 ? micro
+                      : (micro > 1 ? 2 : 1));
 }
 
 /* The layouts to run: the chosen one, the best of each coarse family, then the best of each fine
@@ -257,8 +261,10 @@ static int run_hosts(const scenario *s, const char *args) {
     if (!netns_script(script, sizeof script) || dt_bench_self(exe, sizeof exe)) return 1;
     char slots[64] = "1";
     for (int i = 1; i < s->ranks && strlen(slots) + 3 < sizeof slots; i++) strcat(slots, ",1");
-    snprintf(cmd, sizeof cmd, "RATE=%s '%s' session dbp %d '%s' mpirun %s -np %d '%s' train --backend mpi %s --quiet "
-             "> /dev/null 2>&1", s->rate, script, s->ranks, script, slots, s->ranks, exe, args);
+    snprintf(cmd, sizeof cmd,
+             "RATE=%s '%s' session dbp %d '%s' mpirun %s -np %d '%s' train --backend mpi %s --quiet "
+             "> /dev/null 2>&1",
+             s->rate, script, s->ranks, script, slots, s->ranks, exe, args);
     return system(cmd) == 0 ? 0 : dt_cli_fail(NULL, "bench plan: '%s' failed", cmd);
 }
 
@@ -282,7 +288,7 @@ static int measure(const scenario *s, const run *r, int steps, double *out) {
     if (s->rate) drop_workers(r->flags, flags, sizeof flags);
     else snprintf(flags, sizeof flags, "%s", r->flags);
     steady_compress(flags, sizeof flags);
-    if (strstr(flags, "--strategy ps") && !s->rate) {  /* ps has no --timeline: the mean step of its metrics */
+    if (strstr(flags, "--strategy ps") && !s->rate) { /* ps has no --timeline: the mean step of its metrics */
         snprintf(args, sizeof args, "--model '%s' --data '%s' %s --max-steps %d --epochs 1", s->model, s->data, flags,
                  steps);
         if (dt_bench_train_run(args, metrics, line, sizeof line)) return 1;
@@ -305,7 +311,7 @@ typedef struct {
     bool replan;
     double sum, worst;
     int n, chosen_ok, scen_n;
-    int bracketed;  /* runs whose measured step lies between the plans before and after it */
+    int bracketed; /* runs whose measured step lies between the plans before and after it */
     char json[32768];
     int jn;
 } bench;
@@ -348,10 +354,13 @@ static int run_scenario(bench *b, const scenario *s) {
                r->meas * 1e3, 100 * e, load, steps, r->before * 1e3, r->after * 1e3, r->flags,
                r->chosen ? "  (chosen)" : "");
         fflush(stdout);
-        b->jn += snprintf(b->json + b->jn, sizeof b->json - (size_t)b->jn, "%s{\"scenario\": \"%s\", \"layout\": \"%s\", "
-                          "\"predicted_s\": %.6g, \"predicted_before_s\": %.6g, \"predicted_after_s\": %.6g, \"measured_s\": %.6g, "
-                          "\"load\": %.2f, \"chosen\": %s}", b->n > 1 ? ", " : "", s->name, r->layout, r->pred, r->before,
-                          r->after, r->meas, load, r->chosen ? "true" : "false");
+        b->jn += snprintf(
+            b->json + b->jn, sizeof b->json - (size_t)b->jn,
+            "%s{\"scenario\": \"%s\", \"layout\": \"%s\", "
+            "\"predicted_s\": %.6g, \"predicted_before_s\": %.6g, \"predicted_after_s\": %.6g, \"measured_s\": %.6g, "
+            "\"load\": %.2f, \"chosen\": %s}",
+            b->n > 1 ? ", " : "", s->name, r->layout, r->pred, r->before, r->after, r->meas, load,
+            r->chosen ? "true" : "false");
     }
     b->scen_n++;
     const bool ok = chosen <= 1.10 * best;
@@ -368,10 +377,13 @@ int dt_bench_plan(int argc, char **argv) {
     bool no_replan = false;
     const char *only = NULL;
     const dt_flag flags[] = {
-        {"steps", DT_FLAG_INT, &b.steps, "N", "least steps each layout trains (the median step from the third on counts)"},
-        {"seconds", DT_FLAG_FLOAT, &b.seconds, "S", "train each layout for about S seconds (predicted), at most 2000 steps"},
+        {"steps", DT_FLAG_INT, &b.steps, "N",
+         "least steps each layout trains (the median step from the third on counts)"},
+        {"seconds", DT_FLAG_FLOAT, &b.seconds, "S",
+         "train each layout for about S seconds (predicted), at most 2000 steps"},
         {"no-replan", DT_FLAG_BOOL, &no_replan, NULL, "predict every layout from the scenario's first plan only"},
-        {"scenarios", DT_FLAG_STR, &only, "LIST", "mlp, cnn, gpt, mlp4 (4 ranks on this host), net1g, net100m "
+        {"scenarios", DT_FLAG_STR, &only, "LIST",
+         "mlp, cnn, gpt, mlp4 (4 ranks on this host), net1g, net100m "
          "(2 emulated hosts at 1 Gbit/s, 100 Mbit/s), algos, algos100m (the MLP with top-k, PowerSGD, localsgd and "
          "ps searched too), comma-separated"},
     };
@@ -391,10 +403,12 @@ int dt_bench_plan(int argc, char **argv) {
     for (size_t k = 0; k < sizeof g_scen / sizeof *g_scen; k++)
         if ((!only || listed(only, g_scen[k].name)) && (r = run_scenario(&b, &g_scen[k]))) return r;
     printf("# %d layouts: mean absolute error %.1f%%, worst %.1f%%; the chosen layout within 10%% of the fastest "
-           "in %d of %d scenarios; %d measured between the plans before and after their run\n", b.n,
-           b.n ? 100 * b.sum / b.n : 0, 100 * b.worst, b.chosen_ok, b.scen_n, b.bracketed);
-    snprintf(b.json + b.jn, sizeof b.json - (size_t)b.jn, "], \"mae\": %.4f, \"worst\": %.4f, \"chosen_within_10pct\": "
-             "%d, \"scenarios\": %d, \"bracketed\": %d}", b.n ? b.sum / b.n : 0, b.worst, b.chosen_ok, b.scen_n, b.bracketed);
+           "in %d of %d scenarios; %d measured between the plans before and after their run\n",
+           b.n, b.n ? 100 * b.sum / b.n : 0, 100 * b.worst, b.chosen_ok, b.scen_n, b.bracketed);
+    snprintf(b.json + b.jn, sizeof b.json - (size_t)b.jn,
+             "], \"mae\": %.4f, \"worst\": %.4f, \"chosen_within_10pct\": "
+             "%d, \"scenarios\": %d, \"bracketed\": %d}",
+             b.n ? b.sum / b.n : 0, b.worst, b.chosen_ok, b.scen_n, b.bracketed);
     printf("%s\n", b.json);
     return 0;
 }

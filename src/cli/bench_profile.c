@@ -11,7 +11,7 @@ struct dt_bench_profile {
     int n;
     bool on;
     double t0, optim;
-    double *fwd, *bwd;  /* seconds summed per node */
+    double *fwd, *bwd; /* seconds summed per node */
 };
 
 /* CPU seconds of this thread (the kernels run on it at --threads 1): steadier than wall time on a

@@ -22,13 +22,13 @@
 enum { MAX_RANKS = 8 };
 
 typedef struct {
-    double sps;                 /* rank 0: samples/s of the steps after the first (warm-up: allocations) */
-    double el1, el;             /* rank 0: the epoch's elapsed time after step 1 and after the last step */
-    int64_t last;               /* rank 0: the last step seen */
-    uint64_t bytes[3];          /* rank 0: tp, pp, dp bus bytes */
+    double sps;        /* rank 0: samples/s of the steps after the first (warm-up: allocations) */
+    double el1, el;    /* rank 0: the epoch's elapsed time after step 1 and after the last step */
+    int64_t last;      /* rank 0: the last step seen */
+    uint64_t bytes[3]; /* rank 0: tp, pp, dp bus bytes */
     int64_t steps;
-    long rss_kb[MAX_RANKS];     /* every rank: peak RSS */
-    long end_kb[MAX_RANKS];     /* every rank: RSS at the end of the run (the trainer still alive) */
+    long rss_kb[MAX_RANKS]; /* every rank: peak RSS */
+    long end_kb[MAX_RANKS]; /* every rank: RSS at the end of the run (the trainer still alive) */
     int failed;
     char err[256];
 } case_result;
@@ -56,7 +56,8 @@ static void run_rank(const bench_case *k, int r, const char *data, const char *m
     dt_comm *comm = NULL;
     char job[64], spec[64];
     snprintf(job, sizeof job, "benchtp%d%s", (int)getppid(), k->name);
-    for (char *p = job; *p; p++) if (*p == 'x') *p = '_';
+    for (char *p = job; *p; p++)
+        if (*p == 'x') *p = '_';
     dt_status s = DT_OK;
     if (k->ranks > 1) {
         dt_comm_config cc = dt_comm_config_default();
@@ -138,11 +139,13 @@ int dt_bench_tp(int argc, char **argv) {
     char dir[] = "/tmp/dtrain-bench-XXXXXX", data[300];
     if (!mkdtemp(dir)) return dt_cli_fail(NULL, "bench tp: cannot create a temporary directory");
     if (write_corpus(dir, data, sizeof data)) return 1;
-    const bench_case cases[] = {{"1", 1, 1}, {"dp2", 1, 2}, {"dp4", 1, 4}, {"tp2", 2, 2}, {"tp4", 4, 4}, {"dp2xtp2", 2, 4}};
+    const bench_case cases[] = {{"1", 1, 1},   {"dp2", 1, 2}, {"dp4", 1, 4},
+                                {"tp2", 2, 2}, {"tp4", 4, 4}, {"dp2xtp2", 2, 4}};
     printf("# dtrain bench tp: model %s, global batch %d x T %d tokens, %d steps per case (timed after the first),\n"
-           "# adamw, shm transport; the machine may be shared: compare rows of this one run\n", model, gb, g.T, steps);
+           "# adamw, shm transport; the machine may be shared: compare rows of this one run\n",
+           model, gb, g.T, steps);
     dt_bench_print_machine();
-    dt_bench_warn_cores(4);  /* the 4-rank rows */
+    dt_bench_warn_cores(4); /* the 4-rank rows */
     printf("%-8s %5s %10s %7s %10s %10s %12s %12s  %s\n", "layout", "ranks", "tokens/s", "vs 1", "dp_MB/st", "tp_MB/st",
            "tp_B/step", "expected_B", "RSS MB per rank: peak/at end");
     char json[8192];

@@ -61,7 +61,7 @@ enum { BENCH_NB = 64 };
 typedef struct {
     void *x;
     int32_t *y;
-    size_t x_vals, y_vals;  /* per sample */
+    size_t x_vals, y_vals; /* per sample */
     char source[160];
 } bench_data;
 
@@ -77,7 +77,8 @@ static dt_status bench_data_load(bench_data *d, const dt_model *m, int B) {
     const bool tokens = dt_model_in_dtype(m) == DT_I32;
     dt_dataset *train = NULL, *test = NULL;
     const int T = tokens ? dt_model_input_values(m, 0) : 0;
-    DT_TRY(tokens ? dt_dataset_open_text(&train, &test, "kjv", T, 0.1) : dt_dataset_open(&train, &test, "fashion-mnist"));
+    DT_TRY(tokens ? dt_dataset_open_text(&train, &test, "kjv", T, 0.1)
+                  : dt_dataset_open(&train, &test, "fashion-mnist"));
     dt_status s = DT_OK;
     const size_t n = (size_t)BENCH_NB * B, len = dt_dataset_len(train);
     d->x_vals = (size_t)dt_model_input_values(m, 0), d->y_vals = (size_t)dt_model_input_values(m, 1);
@@ -93,8 +94,8 @@ static dt_status bench_data_load(bench_data *d, const dt_model *m, int B) {
                    : dt_dataset_batch(train, idx, B, (float *)d->x + o * d->x_vals, d->y + o * d->y_vals);
     }
     if (s == DT_OK)
-        snprintf(d->source, sizeof d->source, "%s, %d batches of %d drawn from %zu %s", tokens ? "kjv" : "fashion-mnist", BENCH_NB,
-                 B, len, tokens ? "windows" : "images");
+        snprintf(d->source, sizeof d->source, "%s, %d batches of %d drawn from %zu %s",
+                 tokens ? "kjv" : "fashion-mnist", BENCH_NB, B, len, tokens ? "windows" : "images");
     dt_free(idx);
     dt_dataset_destroy(train), dt_dataset_destroy(test);
     if (s != DT_OK) bench_data_free(d);
@@ -106,8 +107,10 @@ static dt_status bench_data_load(bench_data *d, const dt_model *m, int B) {
 static dt_status bench_data_write(const bench_data *d, int B, char *path, size_t cap) {
     snprintf(path, cap, "%s/dtrain-bench-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
     const int fd = mkstemp(path);
-    if (fd < 0) return dt_error(DT_EIO, "bench: cannot create a temporary file %s for PyTorch's data: set TMPDIR", path);
-    const size_t n = (size_t)BENCH_NB * B, xb = n * d->x_vals * DT_FEED_VALUE_BYTES, yb = n * d->y_vals * sizeof(int32_t);
+    if (fd < 0)
+        return dt_error(DT_EIO, "bench: cannot create a temporary file %s for PyTorch's data: set TMPDIR", path);
+    const size_t n = (size_t)BENCH_NB * B, xb = n * d->x_vals * DT_FEED_VALUE_BYTES,
+                 yb = n * d->y_vals * sizeof(int32_t);
     FILE *f = fdopen(fd, "wb");
     const bool ok = f && fwrite(d->x, 1, xb, f) == xb && fwrite(d->y, 1, yb, f) == yb;
     if (f ? fclose(f) != 0 || !ok : (close(fd), true)) {
@@ -128,7 +131,8 @@ static int first_cpu(void) {
 
 /* Trains `spec` on the case's data d (BENCH_NB batches, cycled) for at least min_s seconds;
  * returns samples/s, samples per CPU second and GFLOP/s. */
-static dt_status bench_model(const bench_case *bc, const bench_data *d, bool profile, double *sps, double *cps, double *gflops) {
+static dt_status bench_model(const bench_case *bc, const bench_data *d, bool profile, double *sps, double *cps,
+                             double *gflops) {
     dt_model *m = NULL;
     dt_optim *o = NULL;
     DT_TRY(dt_model_build(&m, bc->spec, 1, 28, 28));
@@ -146,7 +150,8 @@ static dt_status bench_model(const bench_case *bc, const bench_data *d, bool pro
         if (i == 3) t0 = dt_now(), c0 = cpu_now();
         if (prof) dt_bench_profile_enable(prof, i >= 3);
         const size_t at = (size_t)(i % BENCH_NB) * B;
-        dt_feed f = {.x = (const char *)d->x + at * d->x_vals * DT_FEED_VALUE_BYTES, .y = d->y + at * d->y_vals, .n = B};
+        dt_feed f = {
+            .x = (const char *)d->x + at * d->x_vals * DT_FEED_VALUE_BYTES, .y = d->y + at * d->y_vals, .n = B};
         float loss;
         if ((s = dt_model_run(m, &f, true, (uint64_t)i, &loss)) != DT_OK) break;
         dt_model_zero_grad(m);
@@ -204,15 +209,17 @@ static bool next_word(const char **list, char *w, size_t cap) {
 /* PyTorch's samples/s of a case (bench/train_torch.py on the data file `data`, pinned to CPU
  * cpu with taskset where cpu >= 0), or 0 when it cannot run. */
 typedef struct {
-    double wall, cpu;  /* samples per second of wall time and of the process's CPU time (0: unknown) */
+    double wall, cpu; /* samples per second of wall time and of the process's CPU time (0: unknown) */
 } torch_rates;
 
 static torch_rates torch_rate(const bench_case *bc, const char *data, int cpu) {
     const char *root = getenv("DTRAIN_ROOT");
     char cmd[1536], line[512], pin[32] = "";
     if (cpu >= 0) snprintf(pin, sizeof pin, "taskset -c %d ", cpu);
-    snprintf(cmd, sizeof cmd, "%s/usr/bin/python3 %s%sbench/train_torch.py --model %s --batch %d --seconds %g --data %s --nb %d 2>/dev/null",
-             pin, root ? root : "", root ? "/" : "", bc->name, bc->batch, bc->min_s, data, BENCH_NB);
+    snprintf(
+        cmd, sizeof cmd,
+        "%s/usr/bin/python3 %s%sbench/train_torch.py --model %s --batch %d --seconds %g --data %s --nb %d 2>/dev/null",
+        pin, root ? root : "", root ? "/" : "", bc->name, bc->batch, bc->min_s, data, BENCH_NB);
     FILE *f = popen(cmd, "r");
     torch_rates r = {0, 0};
     while (f && fgets(line, sizeof line, f)) {
@@ -247,8 +254,9 @@ static void notes_add(bench_notes *nt, const char *kernels, const char *precisio
 
 /* The rows of one case: every kernel library x precision, each with its ratio to the first row
  * (and to PyTorch's rate tr when vs_torch); appends each row's JSON object to json. */
-static dt_status bench_rows(const bench_case *bc, const bench_data *d, const char *kernels, const char *precisions, double sg,
-                            bool vs_torch, bool profile, torch_rates trs, bench_notes *notes, char *json, size_t cap, int *jn, int *done) {
+static dt_status bench_rows(const bench_case *bc, const bench_data *d, const char *kernels, const char *precisions,
+                            double sg, bool vs_torch, bool profile, torch_rates trs, bench_notes *notes, char *json,
+                            size_t cap, int *jn, int *done) {
     const double tr = trs.wall;
     char w[32], v[32];
     double first = 0;
@@ -270,11 +278,12 @@ static dt_status bench_rows(const bench_case *bc, const bench_data *d, const cha
             printf("\n");
             fflush(stdout);
             if (*jn < (int)cap - 300)
-                *jn += snprintf(json + *jn, cap - (size_t)*jn,
-                                "%s{\"model\": \"%s\", \"batch\": %d, \"kernels\": \"%s\", \"precision\": \"%s\", "
-                                "\"samples_per_s\": %.1f, \"samples_per_cpu_s\": %.1f, \"tokens_per_s\": %.1f, \"gflops\": %.2f, "
-                                "\"torch_samples_per_s\": %.1f, \"torch_samples_per_cpu_s\": %.1f}",
-                                (*done)++ ? ", " : "", bc->name, bc->batch, w, v, sps, cps, sps * T, gf, tr, trs.cpu);
+                *jn += snprintf(
+                    json + *jn, cap - (size_t)*jn,
+                    "%s{\"model\": \"%s\", \"batch\": %d, \"kernels\": \"%s\", \"precision\": \"%s\", "
+                    "\"samples_per_s\": %.1f, \"samples_per_cpu_s\": %.1f, \"tokens_per_s\": %.1f, \"gflops\": %.2f, "
+                    "\"torch_samples_per_s\": %.1f, \"torch_samples_per_cpu_s\": %.1f}",
+                    (*done)++ ? ", " : "", bc->name, bc->batch, w, v, sps, cps, sps * T, gf, tr, trs.cpu);
         }
     return DT_OK;
 }
@@ -289,14 +298,16 @@ static int pin_to_cpu(int cpu) {
     CPU_ZERO(&one);
     CPU_SET(cpu, &one);
     if (sched_setaffinity(0, sizeof one, &one) != 0)
-        return dt_cli_usage("see `taskset -p $$` for the CPUs you may use", "--cpu %d: cannot pin to it (%s)", cpu, strerror(errno));
+        return dt_cli_usage("see `taskset -p $$` for the CPUs you may use", "--cpu %d: cannot pin to it (%s)", cpu,
+                            strerror(errno));
     return -1;
 }
 
 /* One case: its data loaded once (and written for PyTorch when vs_torch), PyTorch's rate, then
  * `repeat` interleaved passes over its rows. */
-static dt_status bench_case_run(const bench_case *bc, const char *kernels, const char *precisions, double sg, bool vs_torch,
-                                bool profile, int repeat, int cpu, bench_notes *notes, char *json, size_t cap, int *jn, int *done) {
+static dt_status bench_case_run(const bench_case *bc, const char *kernels, const char *precisions, double sg,
+                                bool vs_torch, bool profile, int repeat, int cpu, bench_notes *notes, char *json,
+                                size_t cap, int *jn, int *done) {
     dt_model *m = NULL;
     DT_TRY(dt_model_build(&m, bc->spec, 1, 28, 28));
     bench_data d = {0};
@@ -326,7 +337,7 @@ static int train_settings(const char **kernels, char deflib[16], bool vs_blas, c
     else if (vs_blas && !strstr(*kernels, "blas"))
         return dt_cli_usage(NULL, "--vs-blas with --kernels %s: add blas to the list", *kernels);
     char w[32], v[32];
-    for (const char *l = *kernels; next_word(&l, w, sizeof w);)  /* check every name before running */
+    for (const char *l = *kernels; next_word(&l, w, sizeof w);) /* check every name before running */
         for (const char *q = precisions; next_word(&q, v, sizeof v);)
             if (dt_kernels_select(w, v) != DT_OK) return dt_cli_usage(NULL, "%s", dt_last_error());
     if (!(seconds >= 0) || seconds > 3600)
@@ -348,9 +359,12 @@ static int train_header(int threads, int cpu, double sg, bool vs_torch, char *js
     dt_bench_print_machine();
     printf("# sgemm 1024^3: %.1f GFLOP/s\n", sg);
     printf("%-6s %6s %-8s %-5s %14s %12s %12s %10s %10s %8s%s\n", "model", "batch", "kernels", "prec", "samples/s",
-           "per cpu-s", "tokens/s", "GFLOP/s", "of sgemm", "ratio", vs_torch ? "    torch/s  vs torch  torch/cpu-s  vs (cpu)" : "");
-    return snprintf(json, cap, "{\"bench\": \"train\", \"threads\": %d, \"cpu\": %d, \"data\": \"real\", \"sgemm_gflops\": %.2f, "
-                    "\"openblas_core\": \"%s\", \"cases\": [", threads, cpu, sg, dt_blas_corename());
+           "per cpu-s", "tokens/s", "GFLOP/s", "of sgemm", "ratio",
+           vs_torch ? "    torch/s  vs torch  torch/cpu-s  vs (cpu)" : "");
+    return snprintf(json, cap,
+                    "{\"bench\": \"train\", \"threads\": %d, \"cpu\": %d, \"data\": \"real\", \"sgemm_gflops\": %.2f, "
+                    "\"openblas_core\": \"%s\", \"cases\": [",
+                    threads, cpu, sg, dt_blas_corename());
 }
 
 /* Prints oneDNN's choices and the notes, then the JSON line (json: its first jn characters). */
@@ -358,7 +372,7 @@ static void train_footer(const bench_notes *notes, char *json, size_t cap, int j
     char impls[1536];
     dt_kernels_impls(impls, sizeof impls);
     printf("# onednn chose: %s\n", impls[0] ? impls : "(not run)");
-    char note[8][512];  /* the library's terms as flags */
+    char note[8][512]; /* the library's terms as flags */
     for (int i = 0; i < notes->n; i++) dt_cli_flag_terms(notes->text[i], note[i], sizeof note[i]);
     for (int i = 0; i < notes->n; i++) printf("# note (%s rows): %s\n", notes->rows[i], note[i]);
     if (jn < (int)cap - 64) jn += snprintf(json + jn, cap - (size_t)jn, "], \"notes\": [");
@@ -385,7 +399,8 @@ int dt_bench_train(int argc, char **argv) {
         {"spec", DT_FLAG_STR, &spec, "SPEC", "run only this model spec (1x28x28 inputs) at --batch (default 128)"},
         {"repeat", DT_FLAG_INT, &repeat, "N", "run the rows of each case N times, interleaved (A/B timing)"},
         {"profile", DT_FLAG_BOOL, &profile, NULL, "print each node's forward and backward ms per step"},
-        {"cpu", DT_FLAG_INT, &cpu, "N", "pin both sides to CPU N (default with --threads 1: the first allowed CPU; -1: no pinning)"},
+        {"cpu", DT_FLAG_INT, &cpu, "N",
+         "pin both sides to CPU N (default with --threads 1: the first allowed CPU; -1: no pinning)"},
     };
     int r = dt_flags_parse(argc, argv, 1, flags, sizeof flags / sizeof *flags, USAGE, NULL, 0, NULL, NULL);
     if (r) return r < 0 ? 2 : 0;
@@ -400,15 +415,16 @@ int dt_bench_train(int argc, char **argv) {
     const bench_case custom[] = {{"spec", spec, only_batch ? only_batch : 128, seconds}};
     const bench_case *cases = spec ? custom : presets;
     const size_t ncases = spec ? 1 : sizeof presets / sizeof *presets;
-    int matches = 0;  /* refused before anything is measured or printed */
+    int matches = 0; /* refused before anything is measured or printed */
     for (size_t i = 0; i < ncases; i++)
-        matches += spec || ((!only_model || !strcmp(only_model, cases[i].name)) && (!only_batch || only_batch == cases[i].batch));
+        matches += spec || ((!only_model || !strcmp(only_model, cases[i].name)) &&
+                            (!only_batch || only_batch == cases[i].batch));
     if (!matches) {
         char batch[32] = "";
         if (only_batch) snprintf(batch, sizeof batch, " --batch %d", only_batch);
         return dt_cli_usage("models: mlp (batch 32, 128), cnn (batch 128), gpt (batch 12); or --spec SPEC --batch N",
-                            "no benchmark case matches%s%s%s", only_model ? " --model " : "", only_model ? only_model : "",
-                            batch);
+                            "no benchmark case matches%s%s%s", only_model ? " --model " : "",
+                            only_model ? only_model : "", batch);
     }
     double sg = sgemm_gflops(1024, seconds < 1 ? seconds : 1);
     char json[16384];
@@ -416,14 +432,17 @@ int dt_bench_train(int argc, char **argv) {
     int done = 0;
     bench_notes notes = {.n = 0};
     for (size_t i = 0; i < ncases; i++) {
-        if (!spec && ((only_model && strcmp(only_model, cases[i].name)) || (only_batch && only_batch != cases[i].batch)))
+        if (!spec &&
+            ((only_model && strcmp(only_model, cases[i].name)) || (only_batch && only_batch != cases[i].batch)))
             continue;
         if (bench_case_run(&cases[i], kernels, precisions, sg, vs_torch && !spec, profile, repeat, cpu, &notes, json,
                            sizeof json, &jn, &done) != DT_OK)
-            return dt_cli_fail("--data fashion-mnist and kjv must work (scripts/install-deps installs both)", "bench %s: %s",
-                               cases[i].name, dt_last_error());
+            return dt_cli_fail("--data fashion-mnist and kjv must work (scripts/install-deps installs both)",
+                               "bench %s: %s", cases[i].name, dt_last_error());
     }
-    if (!done) return dt_cli_usage("models: mlp (batch 32, 128), cnn (batch 128), gpt (batch 12)", "no benchmark case matches");
+    if (!done)
+        return dt_cli_usage("models: mlp (batch 32, 128), cnn (batch 128), gpt (batch 12)",
+                            "no benchmark case matches");
     train_footer(&notes, json, sizeof json, jn);
     return 0;
 }

@@ -61,12 +61,15 @@ void dt_bench_print_machine(void) {
                load, cores);
     /* dtrain's re-exec sets both variables to the same core; anything else is the user's. */
     const char *env = getenv("OPENBLAS_CORETYPE"), *reexec = getenv("DTRAIN_BLAS_REEXEC");
-    const char *by = env && reexec && !strcmp(env, reexec) ? " (OPENBLAS_CORETYPE set by dtrain: OpenBLAS did not know this CPU)"
-                     : env && *env ? " (OPENBLAS_CORETYPE set)" : "";
+    const char *by = env && reexec && !strcmp(env, reexec)
+                         ? " (OPENBLAS_CORETYPE set by dtrain: OpenBLAS did not know this CPU)"
+                     : env && *env ? " (OPENBLAS_CORETYPE set)"
+                                   : "";
     printf("# openblas: %s kernels%s\n", dt_blas_corename(), by);
     if (dt_blas_avx512_unused())
         printf("# note: this CPU has AVX-512 but OpenBLAS runs its %s kernels: %s for the AVX-512 ones "
-               "(they drive the sgemm and blas rows)\n", dt_blas_corename(),
+               "(they drive the sgemm and blas rows)\n",
+               dt_blas_corename(),
                env && *env ? "unset OPENBLAS_CORETYPE or set it to SkylakeX" : "set OPENBLAS_CORETYPE=SkylakeX");
 }
 

@@ -106,7 +106,8 @@ static void zero_header(const char *spec, double P, int B, int T) {
     printf("# cpu_s: CPU seconds of a step (user + system, all threads; the mean over the ranks): the load-robust\n"
            "# figure; faults: minor page faults of a step (pages given back and touched again); plan: --dry-run's\n"
            "# bytes for the rank against the peak; shm_MB: the transport's shared slots in the peak\n");
-    printf("# formula_MB: the paper's bytes + act_MB (the activations) + gath_MB (stage 3: gathered layers in flight, measured)\n");
+    printf("# formula_MB: the paper's bytes + act_MB (the activations) + gath_MB (stage 3: gathered layers in flight, "
+           "measured)\n");
     printf("%5s %5s %10s %10s %8s %8s %9s %7s %7s %7s %8s %8s %8s %7s %9s\n", "stage", "ranks", "peak_MB", "formula_MB",
            "act_MB", "gath_MB", "setup_MB", "shm_MB", "ratio", "plan", "step_s", "vs_ddp", "cpu_s", "cpu_vs", "faults");
 }
@@ -116,7 +117,7 @@ static void zero_header(const char *spec, double P, int B, int T) {
 static int zero_row(dt_model *probe, double P, int B, int stage, int N, const zcase *res, double *ddp_step,
                     double *ddp_cpu, char *json, size_t cap, int jn, int *done) {
     double setup = 0, step = 0, cpu = 0, faults = 0, worst = 0;
-    int w = 0;  /* the rank furthest above its formula */
+    int w = 0; /* the rank furthest above its formula */
     for (int r = 0; r < N; r++) {
         const dt_mem_probe *q = &res[r].p;
         const double ratio = (q->peak - q->base) / (formula(stage, N, P) + q->activations + q->gathered);
@@ -133,19 +134,19 @@ static int zero_row(dt_model *probe, double P, int B, int stage, int N, const zc
     if (dt_mem_plan_rank(probe, &oc, &lay, w, &plan) != DT_OK) plan.total = 0;
     if (stage == 0) *ddp_step = step, *ddp_cpu = cpu;
     double vs = *ddp_step > 0 ? *ddp_step / step : 0, cvs = *ddp_cpu > 0 ? *ddp_cpu / cpu : 0;
-    printf("%5d %5d %10.1f %10.1f %8.1f %8.1f %9.1f %7.1f %7.3f %7.3f %8.3f %7.2fx %8.3f %6.2fx %9.0f\n", stage,
-           N, peak / 1048576, want / 1048576, q->activations / 1048576, q->gathered / 1048576, setup / 1048576,
-           q->shmem / 1048576, peak / want,
-           plan.total > 0 ? peak / plan.total : 0, step, vs, cpu, cvs, faults);
+    printf("%5d %5d %10.1f %10.1f %8.1f %8.1f %9.1f %7.1f %7.3f %7.3f %8.3f %7.2fx %8.3f %6.2fx %9.0f\n", stage, N,
+           peak / 1048576, want / 1048576, q->activations / 1048576, q->gathered / 1048576, setup / 1048576,
+           q->shmem / 1048576, peak / want, plan.total > 0 ? peak / plan.total : 0, step, vs, cpu, cvs, faults);
     fflush(stdout);
     if (jn < (int)cap - 256)
-        jn += snprintf(json + jn, cap - (size_t)jn,
-                       "%s{\"stage\": %d, \"ranks\": %d, \"peak_bytes\": %.0f, \"formula_bytes\": %.0f, "
-                       "\"activation_bytes\": %.0f, \"gathered_bytes\": %.0f, \"setup_peak_bytes\": %.0f, \"step_s\": %.4f, "
-                       "\"throughput_vs_ddp\": %.3f, \"plan_bytes\": %.0f, \"cpu_s\": %.4f, "
-                       "\"cpu_vs_ddp\": %.3f, \"faults\": %.0f}",
-                       (*done)++ ? ", " : "", stage, N, peak, want, q->activations, q->gathered, setup, step, vs,
-                       plan.total, cpu, cvs, faults);
+        jn += snprintf(
+            json + jn, cap - (size_t)jn,
+            "%s{\"stage\": %d, \"ranks\": %d, \"peak_bytes\": %.0f, \"formula_bytes\": %.0f, "
+            "\"activation_bytes\": %.0f, \"gathered_bytes\": %.0f, \"setup_peak_bytes\": %.0f, \"step_s\": %.4f, "
+            "\"throughput_vs_ddp\": %.3f, \"plan_bytes\": %.0f, \"cpu_s\": %.4f, "
+            "\"cpu_vs_ddp\": %.3f, \"faults\": %.0f}",
+            (*done)++ ? ", " : "", stage, N, peak, want, q->activations, q->gathered, setup, step, vs, plan.total, cpu,
+            cvs, faults);
     return jn;
 }
 
@@ -174,7 +175,8 @@ int dt_bench_zero(int argc, char **argv) {
     int nr = parse_list(ranks_s, ranks, 4), ns = parse_list(stages_s, stages, 4);
     zero_header(spec, P, B, g.T);
     char json[16384];
-    int jn = snprintf(json, sizeof json, "{\"bench\": \"zero\", \"model\": \"%s\", \"params\": %.0f, \"cases\": [", spec, P);
+    int jn = snprintf(json, sizeof json, "{\"bench\": \"zero\", \"model\": \"%s\", \"params\": %.0f, \"cases\": [",
+                      spec, P);
     int done = 0;
     for (int i = 0; i < nr; i++) {
         const int N = ranks[i];

@@ -10,11 +10,11 @@ typedef enum { DT_FLAG_BOOL, DT_FLAG_INT, DT_FLAG_I64, DT_FLAG_FLOAT, DT_FLAG_ST
 
 /* One command-line flag: "--name VALUE" (or "--name" alone for bools, "--name=VALUE" too). */
 typedef struct {
-    const char *name;  /* without dashes, e.g. "epochs" */
+    const char *name; /* without dashes, e.g. "epochs" */
     dt_flag_type type;
-    void *value;       /* bool*, int*, int64_t*, float*, const char** */
-    const char *meta;  /* placeholder in help, e.g. "N" */
-    const char *help;  /* one line */
+    void *value;      /* bool*, int*, int64_t*, float*, const char** */
+    const char *meta; /* placeholder in help, e.g. "N" */
+    const char *help; /* one line */
 } dt_flag;
 
 /* Parses argv[first..argc) against flags[0..n). Positional arguments are stored in order into
@@ -22,8 +22,8 @@ typedef struct {
  * parsing and, if rest is non-NULL, *rest gets the index of the first argument after it.
  * On a bad flag or value it prints an error with a hint and returns -1; "--help"/"-h" prints
  * the usage built from `usage` and the table and returns 1; otherwise 0. */
-int dt_flags_parse(int argc, char **argv, int first, const dt_flag *flags, int n, const char *usage,
-                   const char **pos, int max_pos, int *npos, int *rest);
+int dt_flags_parse(int argc, char **argv, int first, const dt_flag *flags, int n, const char *usage, const char **pos,
+                   int max_pos, int *npos, int *rest);
 /* True when argv[1..argc) has --NAME or --NAME=VALUE (before any "--"). */
 bool dt_cli_flag_given(int argc, char **argv, const char *name);
 /* Prints the usage text and one line per flag with its default. */

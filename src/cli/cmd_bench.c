@@ -22,10 +22,13 @@ static const dt_command g_benches[] = {
     {"ddp", dt_bench_ddp, "data-parallel throughput for 1, 2, 4 workers with the compute/comm/data split"},
     {"comm", dt_bench_comm, "collective bandwidth and latency per transport (nccl-tests style, -n ranks)"},
     {"async", dt_bench_async, "uneven workers (one slow): ddp, balanced ddp, localsgd, ps with SSP and async"},
-    {"tp", dt_bench_tp, "tensor parallel (tp2, tp4, dp2 x tp2) vs ddp vs 1 worker on a GPT: tokens/s, peak RSS per rank, bytes per axis"},
-    {"parallel", dt_bench_parallel, "model-parallel layouts of a GPT: dp, pp (GPipe, 1F1B), dp x pp: tokens/s, bubble, memory"},
+    {"tp", dt_bench_tp,
+     "tensor parallel (tp2, tp4, dp2 x tp2) vs ddp vs 1 worker on a GPT: tokens/s, peak RSS per rank, bytes per axis"},
+    {"parallel", dt_bench_parallel,
+     "model-parallel layouts of a GPT: dp, pp (GPipe, 1F1B), dp x pp: tokens/s, bubble, memory"},
     {"zero", dt_bench_zero, "peak RSS per rank and throughput of ddp and ZeRO 1-3 on a GPT, next to the formula"},
-    {"plan", dt_bench_plan, "the planner's predicted step time against the measured one over its layouts (MAE, worst, chosen vs fastest)"},
+    {"plan", dt_bench_plan,
+     "the planner's predicted step time against the measured one over its layouts (MAE, worst, chosen vs fastest)"},
     {NULL, NULL, NULL},
 };
 

@@ -24,7 +24,7 @@ static const char USAGE[] =
 /* Whether writing out would replace the checkpoint at path or one of its shards (path.rR-of-N). */
 static bool reads_from(const char *path, const char *out) {
     struct stat a, b;
-    if (stat(out, &b) != 0) return false;  /* a new file replaces nothing */
+    if (stat(out, &b) != 0) return false; /* a new file replaces nothing */
     if (stat(path, &a) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino) return true;
     char rp[PATH_MAX], ro[PATH_MAX];
     if (!realpath(path, rp) || !realpath(out, ro)) return false;
@@ -40,15 +40,16 @@ static int consolidate(int argc, char **argv) {
         {"optimizer-state", DT_FLAG_BOOL, &optim, NULL, "keep the optimizer moments (to --resume from OUT)"},
     };
     for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "-o")) argv[i] = (char *)"--out";  /* the short form of --out */
+        if (!strcmp(argv[i], "-o")) argv[i] = (char *)"--out"; /* the short form of --out */
     const char *pos[2];
     int npos = 0;
     int r = dt_flags_parse(argc, argv, 1, flags, 2, USAGE, pos, 2, &npos, NULL);
     if (r) return r < 0 ? 2 : 0;
-    if (npos > 1) return dt_cli_usage(USAGE, "ckpt consolidate: one checkpoint at a time ('%s' and '%s')", pos[0], pos[1]);
+    if (npos > 1)
+        return dt_cli_usage(USAGE, "ckpt consolidate: one checkpoint at a time ('%s' and '%s')", pos[0], pos[1]);
     in = npos ? pos[0] : NULL;
     if (!in || !out) return dt_cli_usage(USAGE, "ckpt consolidate: need a checkpoint (DIR or FILE) and -o OUT");
-    if ((r = dt_cli_check_output_file("-o", out)) >= 0) return r;  /* before the checkpoint is read */
+    if ((r = dt_cli_check_output_file("-o", out)) >= 0) return r; /* before the checkpoint is read */
     char path[4096];
     struct stat st;
     snprintf(path, sizeof path, "%s", in);
@@ -63,7 +64,8 @@ static int consolidate(int argc, char **argv) {
     if (reads_from(path, out)) {
         dt_cli_fail("write the consolidated file elsewhere (e.g. -o model.safetensors), then move it if you want",
                     "ckpt consolidate: -o %s is the checkpoint it reads (or one of its shards): writing it would "
-                    "destroy the checkpoint", out);
+                    "destroy the checkpoint",
+                    out);
         return 2;
     }
     dt_status s = dt_checkpoint_consolidate(path, out, optim);
@@ -78,7 +80,8 @@ static int consolidate(int argc, char **argv) {
 int dt_cmd_ckpt(int argc, char **argv) {
     if (argc >= 2 && !strcmp(argv[1], "consolidate")) return consolidate(argc - 1, argv + 1);
     bool help = argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"));
-    if (help) return consolidate(2, (char *[]){"consolidate", "--help", NULL});  /* its flag table */
-    return dt_cli_usage("run 'dtrain ckpt consolidate DIR|FILE -o OUT'", "ckpt: expected the subcommand consolidate%s%s",
-                        argc >= 2 ? ", got " : "", argc >= 2 ? argv[1] : "");
+    if (help) return consolidate(2, (char *[]){"consolidate", "--help", NULL}); /* its flag table */
+    return dt_cli_usage("run 'dtrain ckpt consolidate DIR|FILE -o OUT'",
+                        "ckpt: expected the subcommand consolidate%s%s", argc >= 2 ? ", got " : "",
+                        argc >= 2 ? argv[1] : "");
 }

@@ -89,7 +89,8 @@ static int make_shares(dt_dataset *train, const char *partition, int k, uint64_t
     uint32_t *idx = malloc(n * sizeof *idx), *mine = malloc(n * sizeof *mine);
     dt_status s = lab && owner && idx && mine ? DT_OK : dt_error(DT_ENOMEM, "out of memory");
     for (size_t i = 0; i < n; i++) idx[i] = (uint32_t)i;
-    for (size_t b = 0; b < n && s == DT_OK; b += 4096) s = dt_dataset_batch(train, idx + b, (int)(n - b < 4096 ? n - b : 4096), NULL, lab + b);
+    for (size_t b = 0; b < n && s == DT_OK; b += 4096)
+        s = dt_dataset_batch(train, idx + b, (int)(n - b < 4096 ? n - b : 4096), NULL, lab + b);
     if (s == DT_OK) s = dt_fl_partition(partition, lab, n, dt_dataset_classes(train), k, seed, owner);
     for (int c = 0; c < k && s == DT_OK; c++) {
         size_t cnt = 0;
@@ -122,7 +123,8 @@ int dt_cmd_fl_sim(int argc, char **argv) {
         {"partition", DT_FLAG_STR, &partition, "SPEC", "iid, shards:S (S label shards each) or dirichlet:A"},
         {"train-limit", DT_FLAG_INT, &limit, "N", "use only the first N training samples (0 = all)"},
         {"target-acc", DT_FLAG_FLOAT, &target, "A", "report the first round whose test accuracy reaches A"},
-        {"faults", DT_FLAG_STR, &faults, "LIST", "misbehaving first clients: die:N,silent:N,garbage:N,drop-after-mask:N"},
+        {"faults", DT_FLAG_STR, &faults, "LIST",
+         "misbehaving first clients: die:N,silent:N,garbage:N,drop-after-mask:N"},
         DT_FL_SERVER_FLAGS(&o),
     };
     int r = dt_flags_parse(argc, argv, 1, flags, (int)(sizeof flags / sizeof flags[0]), SIM_USAGE, NULL, 0, NULL, NULL);
@@ -141,27 +143,31 @@ int dt_cmd_fl_sim(int argc, char **argv) {
     r = make_shares(train, partition, k, (uint64_t)o.seed, (size_t)limit, cl);
     int with_data = 0;
     for (int c = 0; c < k; c++) with_data += cl[c].ds != NULL;
-    o.sc.start_clients = with_data;  /* every client is in before round 1: a reproducible sample */
+    o.sc.start_clients = with_data; /* every client is in before round 1: a reproducible sample */
     dt_fl_server *s = NULL;
     dt_status st = r ? DT_OK : dt_fl_server_create(&s, &o.sc, m, test);
     if (!r && st != DT_OK) r = dt_cli_fail(NULL, "%s", dt_last_error()), r = dt_cli_setup_status(st);
     for (int c = 0; c < k && !r; c++) {
         if (!cl[c].ds) continue;
         snprintf(cl[c].server, sizeof cl[c].server, "127.0.0.1:%d", dt_fl_server_port(s));
-        cl[c].cc = (dt_fl_client_config){.server = cl[c].server, .client_id = (uint64_t)c, .connect_timeout = 30,
-                                         .idle_timeout = o.round_timeout * 8 + o.wait_timeout, .fault = kinds[c], .quiet = 1};
+        cl[c].cc = (dt_fl_client_config){.server = cl[c].server,
+                                         .client_id = (uint64_t)c,
+                                         .connect_timeout = 30,
+                                         .idle_timeout = o.round_timeout * 8 + o.wait_timeout,
+                                         .fault = kinds[c],
+                                         .quiet = 1};
         r = start_client(&cl[c], c, m, train, o.device);
     }
     sim_stats ss = {.target = target, .best = 0, .eps = -1};
     if (!r) {
         printf("fl-sim: %d clients (%d with data), partition %s, %d per round, model %s (%zu parameters)%s%s\n", k,
-               with_data, partition, o.cpr, dt_model_spec(m), dt_model_num_params(m), o.secure ? ", secure aggregation" : "",
-               o.dp_clip > 0 ? ", DP-FedAvg" : "");
+               with_data, partition, o.cpr, dt_model_spec(m), dt_model_num_params(m),
+               o.secure ? ", secure aggregation" : "", o.dp_clip > 0 ? ", DP-FedAvg" : "");
         fflush(stdout);
         st = dt_fl_server_run(s, on_round, &ss);
         if (st != DT_OK) r = dt_cli_fail(NULL, "%s", dt_last_error()), r = dt_cli_setup_status(st);
     }
-    dt_fl_server_destroy(s);  /* closes every connection: clients still waiting end */
+    dt_fl_server_destroy(s); /* closes every connection: clients still waiting end */
     for (int c = 0; c < k; c++) {
         if (cl[c].started) pthread_join(cl[c].th, NULL);
         dt_model_destroy(cl[c].m), dt_dataset_destroy(cl[c].ds);

@@ -76,16 +76,19 @@ static const char EXPORT_USAGE[] =
 int dt_cmd_export(int argc, char **argv) {
     const char *ckpt = NULL, *weights = NULL, *model = NULL, *out = NULL, *shape = NULL, *device = NULL;
     const dt_flag flags[] = {
-        {"checkpoint", DT_FLAG_STR, &ckpt, "FILE", "checkpoint to export (dtrain train --save), or a --checkpoint-dir directory"},
+        {"checkpoint", DT_FLAG_STR, &ckpt, "FILE",
+         "checkpoint to export (dtrain train --save), or a --checkpoint-dir directory"},
         {"weights", DT_FLAG_STR, &weights, "FILE", "or a plain safetensors weights file (with --model)"},
         {"model", DT_FLAG_STR, &model, "SPEC", "with --weights: the model the weights belong to"},
-        {"input-shape", DT_FLAG_STR, &shape, "C,H,W", "with a foreign --weights file: the input shape (default 1,28,28)"},
+        {"input-shape", DT_FLAG_STR, &shape, "C,H,W",
+         "with a foreign --weights file: the input shape (default 1,28,28)"},
         {"output", DT_FLAG_STR, &out, "FILE", "the ONNX file to write (also -o FILE; required)"},
         {"device", DT_FLAG_STR, &device, "DEV", dt_cli_device_help()},
     };
     char **args = long_output_flag(argc, argv);
     if (!args) return dt_cli_fail(NULL, "out of memory");
-    int r = dt_flags_parse(argc, args, 1, flags, (int)(sizeof flags / sizeof *flags), EXPORT_USAGE, NULL, 0, NULL, NULL);
+    int r = dt_flags_parse(argc, args, 1, flags, (int)(sizeof flags / sizeof *flags), EXPORT_USAGE, NULL, 0, NULL,
+                           NULL);
     free(args);
     if (r) return r < 0 ? 2 : 0;
     if (!out) return dt_cli_usage("e.g. dtrain export --checkpoint mlp.safetensors -o mlp.onnx", "no -o FILE given");
@@ -121,12 +124,17 @@ int dt_cmd_eval(int argc, char **argv) {
     const char *ckpt = NULL, *data = NULL, *weights = NULL, *model = NULL, *device = NULL;
     int batch = 256, threads = 1;
     const dt_flag flags[] = {
-        {"checkpoint", DT_FLAG_STR, &ckpt, "FILE", "checkpoint to evaluate, or a --checkpoint-dir directory (its newest usable one)"},
-        {"data", DT_FLAG_STR, &data, "DIR", "IDX directory, fashion-mnist, mnist, a .csv, or text:FILE / kjv for a GPT (the part the run held out, --val-fraction); default: the checkpoint's, else fashion-mnist"},
+        {"checkpoint", DT_FLAG_STR, &ckpt, "FILE",
+         "checkpoint to evaluate, or a --checkpoint-dir directory (its newest usable one)"},
+        {"data", DT_FLAG_STR, &data, "DIR",
+         "IDX directory, fashion-mnist, mnist, a .csv, or text:FILE / kjv for a GPT (the part the run held out, "
+         "--val-fraction); default: the checkpoint's, else fashion-mnist"},
         {"batch", DT_FLAG_INT, &batch, "N", "evaluation batch size"},
         {"threads", DT_FLAG_INT, &threads, "N", "BLAS threads"},
-        {"weights", DT_FLAG_STR, &weights, "FILE", "a plain safetensors weights file (PyTorch state_dict names) instead of --checkpoint"},
-        {"model", DT_FLAG_STR, &model, "SPEC", "with --weights: the model the weights belong to (mlp, cnn, a spec, gpt:...)"},
+        {"weights", DT_FLAG_STR, &weights, "FILE",
+         "a plain safetensors weights file (PyTorch state_dict names) instead of --checkpoint"},
+        {"model", DT_FLAG_STR, &model, "SPEC",
+         "with --weights: the model the weights belong to (mlp, cnn, a spec, gpt:...)"},
         {"device", DT_FLAG_STR, &device, "DEV", dt_cli_device_help()},
     };
     int r = dt_flags_parse(argc, argv, 1, flags, (int)(sizeof flags / sizeof *flags), EVAL_USAGE, NULL, 0, NULL, NULL);

@@ -36,7 +36,8 @@ int dt_cmd_launch(int argc, char **argv) {
         {"timeout", DT_FLAG_FLOAT, &timeout, "S", "stop every rank and exit 124 after S seconds (0 = no limit)"},
         {"grace", DT_FLAG_FLOAT, &grace, "S", "seconds between SIGTERM and SIGKILL when stopping ranks"},
         {"no-prefix", DT_FLAG_BOOL, &no_prefix, NULL, "relay output lines without the \"[RANK] \" prefix"},
-        {"job-id", DT_FLAG_STR, &job_id, "ID", "job id for DTRAIN_JOB_ID, letters/digits/_/. (default: generated, unique)"},
+        {"job-id", DT_FLAG_STR, &job_id, "ID",
+         "job id for DTRAIN_JOB_ID, letters/digits/_/. (default: generated, unique)"},
     };
     const int nflags = (int)(sizeof flags / sizeof flags[0]);
 
@@ -48,8 +49,14 @@ int dt_cmd_launch(int argc, char **argv) {
     fargv[fargc++] = argv[0];
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (!strcmp(a, "--")) { prog = i + 1; break; }
-        if (a[0] != '-') { prog = i; break; }
+        if (!strcmp(a, "--")) {
+            prog = i + 1;
+            break;
+        }
+        if (a[0] != '-') {
+            prog = i;
+            break;
+        }
         fargv[fargc++] = !strcmp(a, "-n") ? "--n" : argv[i];
         if (a[1] == '-' && !strchr(a, '=') && i + 1 < argc)
             for (int k = 0; k < nflags; k++)
@@ -60,12 +67,12 @@ int dt_cmd_launch(int argc, char **argv) {
     free(fargv);
     if (rc > 0) return 0;
     if (rc < 0) return 2;
-    bool n_given = false;  /* -n 0 is a bad value, not a missing flag */
+    bool n_given = false; /* -n 0 is a bad value, not a missing flag */
     for (int i = 1; i < prog && i < argc; i++)
         n_given |= !strcmp(argv[i], "-n") || !strcmp(argv[i], "--n") || !strncmp(argv[i], "--n=", 4);
     if (n < 1)
-        return dt_cli_usage("e.g. dtrain launch -n 4 -- ./my_worker --flag", n_given ? "-n %d: need at least 1 rank"
-                                                                                     : "missing -n N (number of ranks)", n);
+        return dt_cli_usage("e.g. dtrain launch -n 4 -- ./my_worker --flag",
+                            n_given ? "-n %d: need at least 1 rank" : "missing -n N (number of ranks)", n);
     if (n > DT_LAUNCH_MAX_RANKS)
         return dt_cli_usage("more ranks run across hosts: mpirun or srun", "-n %d: at most %d local ranks", n,
                             DT_LAUNCH_MAX_RANKS);
@@ -74,15 +81,21 @@ int dt_cmd_launch(int argc, char **argv) {
     if (timeout < 0 || grace < 0) return dt_cli_usage(NULL, "--timeout and --grace must be >= 0");
 
     if (dt_comm_env_is_rank())
-        fprintf(stderr, "dtrain launch: note: started by mpirun/srun; these %d ranks form their own local job "
-                        "(to use MPI, run PROGRAM under mpirun/srun directly)\n", n);
-    dt_launch_config cfg = {.nranks = n, .timeout_s = timeout, .grace_s = grace > 0 ? grace : 0.01,
-                            .no_prefix = no_prefix, .job_id = job_id, .notify = print_event};
+        fprintf(stderr,
+                "dtrain launch: note: started by mpirun/srun; these %d ranks form their own local job "
+                "(to use MPI, run PROGRAM under mpirun/srun directly)\n",
+                n);
+    dt_launch_config cfg = {.nranks = n,
+                            .timeout_s = timeout,
+                            .grace_s = grace > 0 ? grace : 0.01,
+                            .no_prefix = no_prefix,
+                            .job_id = job_id,
+                            .notify = print_event};
     dt_launch_result res;
     dt_status s = dt_launch_run(&cfg, argv + prog, &res);
     if (s == DT_ENOENT || (s != DT_OK && s != DT_EPEER && s != DT_EINTR && s != DT_ETIMEDOUT)) {
-        dt_cli_fail(s == DT_ENOENT ? "check the program name and PATH, or give a path like ./prog" : NULL,
-                    "%s", dt_last_error());
+        dt_cli_fail(s == DT_ENOENT ? "check the program name and PATH, or give a path like ./prog" : NULL, "%s",
+                    dt_last_error());
         return res.exit_code ? res.exit_code : 1;
     }
     return res.exit_code;

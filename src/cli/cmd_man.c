@@ -160,11 +160,13 @@ static void man_page(void) {
     fprintf(g_out, ".TH DTRAIN 1 \"\" \"dtrain %s\" \"User Commands\"\n", DTRAIN_VERSION);
     fputs(".SH NAME\ndtrain \\- distributed deep\\-learning training in C\n"
           ".SH SYNOPSIS\n.B dtrain\n.I COMMAND\n[\\fIFLAGS\\fR]\n.br\n.B dtrain\n.I COMMAND\n.B \\-\\-help\n"
-          ".SH DESCRIPTION\n", g_out);
+          ".SH DESCRIPTION\n",
+          g_out);
     put_text("dtrain trains neural networks in one process, on N local worker processes (--workers N) or as "
              "the ranks of an MPI job (mpirun, srun). It is the command of libdtrain, a C11 library with the same "
              "capabilities (pkg-config dtrain). Each command's flags follow; every flag takes --NAME VALUE or "
-             "--NAME=VALUE.\n", true);
+             "--NAME=VALUE.\n",
+             true);
     fputs(".SH COMMANDS\n", g_out);
     for (const dt_command *c = dt_cli_commands(); c->name; c++) {
         fputs(".TP\n.B ", g_out);
@@ -206,8 +208,9 @@ static const char MAN_USAGE[] =
 
 int dt_cmd_man(int argc, char **argv) {
     const char *out = NULL, *json = NULL;
-    const dt_flag flags[] = {{"output", DT_FLAG_STR, &out, "FILE", "write the page to FILE (also -o FILE)"},
-                             {"flags", DT_FLAG_STR, &json, "COMMAND", "print COMMAND's flags as JSON (train, bench ddp, ...)"}};
+    const dt_flag flags[] = {
+        {"output", DT_FLAG_STR, &out, "FILE", "write the page to FILE (also -o FILE)"},
+        {"flags", DT_FLAG_STR, &json, "COMMAND", "print COMMAND's flags as JSON (train, bench ddp, ...)"}};
     char **args = calloc((size_t)argc + 1, sizeof *args);
     if (!args) return dt_cli_fail(NULL, "out of memory");
     for (int i = 0; i < argc; i++) args[i] = strcmp(argv[i], "-o") ? argv[i] : "--output";
@@ -216,7 +219,7 @@ int dt_cmd_man(int argc, char **argv) {
     if (r) return r < 0 ? DT_EXIT_USAGE : 0;
     if (json && out) return dt_cli_usage("leave out -o", "--flags prints to stdout");
     if (json) return dt_cli_flags_json(json);
-    char tmp[4200], dest[4096];  /* dest: -o, or the file a symbolic link -o names leads to */
+    char tmp[4200], dest[4096]; /* dest: -o, or the file a symbolic link -o names leads to */
     g_out = stdout;
     if (out) {
         if (dt_output_path("-o", out, dest, sizeof dest) != DT_OK) return dt_cli_usage(NULL, "%s", dt_last_error());
@@ -229,7 +232,8 @@ int dt_cmd_man(int argc, char **argv) {
     ok = fclose(g_out) == 0 && ok;
     if (!ok || rename(tmp, dest) != 0) {
         unlink(tmp);
-        return dt_cli_fail("check the disk (free space, permissions)", "-o %s: cannot write it: %s", out, strerror(errno));
+        return dt_cli_fail("check the disk (free space, permissions)", "-o %s: cannot write it: %s", out,
+                           strerror(errno));
     }
     return 0;
 }

@@ -55,8 +55,11 @@ static int algo_mask(const char *text, int *mask) {
         int k = 0;
         while (k < 4 && strcmp(t, names[k])) k++;
         if (!strcmp(t, "all")) *mask |= 15;
-        else if (k == 4) return dt_cli_usage("e.g. --consider topk,localsgd or --consider all", "--consider %s: not "
-                                             "topk, powersgd, localsgd, ps or all", t);
+        else if (k == 4)
+            return dt_cli_usage("e.g. --consider topk,localsgd or --consider all",
+                                "--consider %s: not "
+                                "topk, powersgd, localsgd, ps or all",
+                                t);
         else *mask |= 1 << k;
     }
     return 0;
@@ -70,8 +73,11 @@ static int prec_mask(const char *text, int *mask) {
     for (char *save, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
         int k = 0;
         while (k < 3 && strcmp(t, names[k])) k++;
-        if (k == 3) return dt_cli_usage("e.g. --precision fp32 or --precision fp32,bf16", "--precision %s: not fp32, "
-                                        "bf16 or fp16", t);
+        if (k == 3)
+            return dt_cli_usage("e.g. --precision fp32 or --precision fp32,bf16",
+                                "--precision %s: not fp32, "
+                                "bf16 or fp16",
+                                t);
         *mask |= 1 << k;
     }
     return *mask ? 0 : dt_cli_usage("e.g. --precision fp32", "--precision '%s': empty", text);
@@ -82,12 +88,15 @@ static int load_cluster(const plan_args *a, dt_plan_cluster *c, char *source, si
     *probed = false;
     if (a->cluster) {
         if (dt_plan_cluster_load(a->cluster, c) != DT_OK)
-            return dt_cli_fail("fix the field named, or start from a file in examples/clusters/", "%s", dt_last_error());
+            return dt_cli_fail("fix the field named, or start from a file in examples/clusters/", "%s",
+                               dt_last_error());
         if (a->hosts > 0) c->hosts = a->hosts;
         if (a->rph > 0) c->ranks_per_host = a->rph;
         if (c->hosts > 1 && c->link[DT_PLAN_INTER].bw <= 0)
-            return dt_cli_usage("add links.inter to the cluster file", "--hosts %d: cluster file %s has no "
-                                "links.inter", c->hosts, a->cluster);
+            return dt_cli_usage("add links.inter to the cluster file",
+                                "--hosts %d: cluster file %s has no "
+                                "links.inter",
+                                c->hosts, a->cluster);
         snprintf(source, cap, "%s (%s)", c->name, a->cluster);
         return 0;
     }
@@ -98,7 +107,7 @@ static int load_cluster(const plan_args *a, dt_plan_cluster *c, char *source, si
     int n = snprintf(source, cap, "this host, %d rank%s (%s)", a->workers, a->workers > 1 ? "s" : "",
                      cached ? "measured by dtrain plan --probe; links at the model's size now"
                             : "defaults; dtrain plan --probe measures them");
-    if (a->hosts > 1) {  /* emulated hosts on this machine (scripts/netns-hosts): the declared link between them */
+    if (a->hosts > 1) { /* emulated hosts on this machine (scripts/netns-hosts): the declared link between them */
         c->hosts = a->hosts, c->ranks_per_host = a->workers / a->hosts;
         /* MPI over TCP between them (netns-hosts): its reduce-scatter is not a ring; it is costed at 2x a
          * ring's (docs/plan.md) */
@@ -112,8 +121,8 @@ static int load_cluster(const plan_args *a, dt_plan_cluster *c, char *source, si
 enum { CAL_STEPS = 16, CAL_WARM = 3 };
 
 typedef struct {
-    double epoch_s, compute_s, data_wait_s;  /* the epoch's training time, its forward + backward +
-                                              * optimizer time, its waits for the prefetch thread */
+    double epoch_s, compute_s, data_wait_s; /* the epoch's training time, its forward + backward +
+                                             * optimizer time, its waits for the prefetch thread */
     int64_t steps;
 } step_parts;
 
@@ -154,7 +163,7 @@ static dt_status inline_batch_seconds(const dt_dataset *ds, int b, double *s) {
         dt_batch batch;
         const double a = dt_now();
         st = dt_loader_next(l, &batch);
-        if (st == DT_ENOENT) st = dt_loader_start_epoch(l, (uint64_t)i + CAL_WARM + 1, 0), i--;  /* a new epoch */
+        if (st == DT_ENOENT) st = dt_loader_start_epoch(l, (uint64_t)i + CAL_WARM + 1, 0), i--; /* a new epoch */
         else if (i >= 0) t[i] = dt_now() - a;
     }
     dt_loader_destroy(l);
@@ -321,7 +330,7 @@ static void print_json(const dt_plan_result *res, const dt_plan_cluster *c, cons
     cJSON_AddNumberToObject(root, "search_s", res->search_s);
     cJSON_AddNumberToObject(root, "cost_s", res->cost_s);
     cJSON_AddNumberToObject(root, "memory_planned", res->planned);
-    double least = -1;  /* the least memory per rank among the layouts planned */
+    double least = -1; /* the least memory per rank among the layouts planned */
     for (int i = 0; i < res->n; i++)
         if (res->e[i].c.mem >= 0 && (least < 0 || res->e[i].c.mem < least)) least = res->e[i].c.mem;
     cJSON_AddNumberToObject(root, "least_mem_bytes", least);
@@ -334,7 +343,7 @@ static void print_json(const dt_plan_result *res, const dt_plan_cluster *c, cons
         dt_plan_why(alt[i], &res->e[0], c, limit, line, sizeof line);
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "why", line);
-        add_entry(lay, alt[i], G);  /* keep the layouts array about the top ones: move it */
+        add_entry(lay, alt[i], G); /* keep the layouts array about the top ones: move it */
         cJSON_AddItemToObject(o, "layout", cJSON_DetachItemFromArray(lay, cJSON_GetArraySize(lay) - 1));
         cJSON_AddItemToArray(why, o);
     }
@@ -346,15 +355,24 @@ static void print_json(const dt_plan_result *res, const dt_plan_cluster *c, cons
 }
 
 static int parse_args(int argc, char **argv, plan_args *a) {
-    *a = (plan_args){.optimizer = "adam", .precision = "fp32", .workers = 1, .top = 5, .tp = -1, .pp = -1,
-                     .zero = -1, .threads = 1, .val_fraction = 0.1f, .inter_lat_us = 100};
+    *a = (plan_args){.optimizer = "adam",
+                     .precision = "fp32",
+                     .workers = 1,
+                     .top = 5,
+                     .tp = -1,
+                     .pp = -1,
+                     .zero = -1,
+                     .threads = 1,
+                     .val_fraction = 0.1f,
+                     .inter_lat_us = 100};
     const dt_flag flags[] = {
         {"model", DT_FLAG_STR, &a->model, "SPEC", "model spec or preset mlp, cnn, gpt[:L=..,H=..,C=..,T=..,V=..]"},
         {"data", DT_FLAG_STR, &a->data, "DIR", "the data set (its shapes: as dtrain train --data)"},
         {"batch", DT_FLAG_INT, &a->batch, "G", "global batch: samples per optimizer step over all ranks"},
         {"workers", DT_FLAG_INT, &a->workers, "N", "ranks on this host (without --cluster)"},
         {"cluster", DT_FLAG_STR, &a->cluster, "FILE", "cluster JSON (examples/clusters/): device speeds and links"},
-        {"hosts", DT_FLAG_INT, &a->hosts, "H", "with --cluster: hosts (overrides the file's); without: this host's "
+        {"hosts", DT_FLAG_INT, &a->hosts, "H",
+         "with --cluster: hosts (overrides the file's); without: this host's "
          "--workers as H emulated hosts (scripts/netns-hosts) joined by --inter-gbit"},
         {"inter-gbit", DT_FLAG_FLOAT, &a->inter_gbit, "X", "emulated hosts: the link's Gbit/s (tc's rate)"},
         {"inter-lat-us", DT_FLAG_FLOAT, &a->inter_lat_us, "US", "emulated hosts: one message's latency (default 100)"},
@@ -366,30 +384,38 @@ static int parse_args(int argc, char **argv, plan_args *a) {
         {"tp", DT_FLAG_INT, &a->tp, "K", "consider only tensor-parallel degree K"},
         {"pp", DT_FLAG_INT, &a->pp, "K", "consider only K pipeline stages"},
         {"zero", DT_FLAG_INT, &a->zero, "N", "consider only ZeRO stage N"},
-        {"consider", DT_FLAG_STR, &a->consider, "LIST", "also search layouts that change the training algorithm: "
+        {"consider", DT_FLAG_STR, &a->consider, "LIST",
+         "also search layouts that change the training algorithm: "
          "topk, powersgd (lossy gradient compression), localsgd, ps (asynchronous), or all"},
         {"top", DT_FLAG_INT, &a->top, "K", "layouts in the table"},
         {"val-fraction", DT_FLAG_FLOAT, &a->val_fraction, "F", "text data: as dtrain train"},
         {"json", DT_FLAG_BOOL, &a->json, NULL, "one JSON object instead of the table"},
         {"probe", DT_FLAG_BOOL, &a->probe, NULL, "measure this host's collectives and memory bandwidth, cache them"},
-        {"saves", DT_FLAG_BOOL, &a->saves, NULL, "the run saves checkpoints or weights: a layout must fit while "
+        {"saves", DT_FLAG_BOOL, &a->saves, NULL,
+         "the run saves checkpoints or weights: a layout must fit while "
          "they gather the model (--dry-run's 'at eval/ckpt' row; ZeRO-3's evaluation always counts)"},
-        {"measure-ops", DT_FLAG_BOOL, &a->measure_ops, NULL, "this host: measure the per-op times now, even where "
+        {"measure-ops", DT_FLAG_BOOL, &a->measure_ops, NULL,
+         "this host: measure the per-op times now, even where "
          "--probe cached them (dtrain bench plan does: the load of the moment)"},
-        {"no-calibrate", DT_FLAG_BOOL, &a->no_calibrate, NULL, "this host: skip the few real training steps that measure the step's overhead beyond its nodes"},
+        {"no-calibrate", DT_FLAG_BOOL, &a->no_calibrate, NULL,
+         "this host: skip the few real training steps that measure the step's overhead beyond its nodes"},
     };
     int r = dt_flags_parse(argc, argv, 1, flags, (int)(sizeof flags / sizeof *flags), PLAN_USAGE, NULL, 0, NULL, NULL);
     if (r) return r < 0 ? 2 : 0;
     if (a->batch < 1) return dt_cli_usage("e.g. --batch 256", "--batch %d: give the global batch (>= 1)", a->batch);
     if (a->workers < 1 || a->workers > 4096) return dt_cli_usage(NULL, "--workers %d: need 1..4096", a->workers);
     if (a->rph && !a->cluster)
-        return dt_cli_usage("add --cluster FILE (examples/clusters/)", "--ranks-per-host describes a --cluster "
+        return dt_cli_usage("add --cluster FILE (examples/clusters/)",
+                            "--ranks-per-host describes a --cluster "
                             "file's hosts; for this host use --workers N [--hosts H --inter-gbit X]");
     if (!a->cluster && a->hosts > 1 && (a->workers % a->hosts || a->inter_gbit <= 0 || a->inter_lat_us < 0))
-        return dt_cli_usage("e.g. --workers 2 --hosts 2 --inter-gbit 1", "--hosts %d without --cluster: emulated "
-                            "hosts need --workers a multiple of them (%d) and --inter-gbit > 0", a->hosts, a->workers);
+        return dt_cli_usage("e.g. --workers 2 --hosts 2 --inter-gbit 1",
+                            "--hosts %d without --cluster: emulated "
+                            "hosts need --workers a multiple of them (%d) and --inter-gbit > 0",
+                            a->hosts, a->workers);
     if (!a->cluster && a->hosts > 1 && a->probe)
-        return dt_cli_usage("probe with --workers N alone, then plan with --hosts", "--probe measures one host's "
+        return dt_cli_usage("probe with --workers N alone, then plan with --hosts",
+                            "--probe measures one host's "
                             "ranks; the emulated hosts' link is the declared --inter-gbit");
     if (a->hosts < 0 || a->rph < 0 || a->top < 1) return dt_cli_usage(NULL, "--hosts, --ranks-per-host, --top: >= 1");
     if (a->probe && a->cluster) return dt_cli_usage(NULL, "--probe measures this host; leave out --cluster");
@@ -439,10 +465,18 @@ int dt_cli_plan_run(int argc, char **argv, dt_plan_entry *best) {
     if (dt_train_plan_loader(&tc, &copy) != DT_OK) copy = 0;
     /* as --dry-run: image data has a test set, text data a validation part unless --val-fraction 0 */
     const bool text = tc.data && (!strncmp(tc.data, "text:", 5) || !strcmp(tc.data, "kjv"));
-    const dt_plan_request req = {.G = a.batch, .ranks = c.hosts * c.ranks_per_host, .precs = precs, .fix_tp = a.tp,
-                                 .fix_pp = a.pp, .fix_zero = a.zero, .mem_limit = (double)limit,
-                                 .extra = (double)copy, .want = a.top, .algos = algos,
-                                 .evals = !text || a.val_fraction > 0, .saves = a.saves};
+    const dt_plan_request req = {.G = a.batch,
+                                 .ranks = c.hosts * c.ranks_per_host,
+                                 .precs = precs,
+                                 .fix_tp = a.tp,
+                                 .fix_pp = a.pp,
+                                 .fix_zero = a.zero,
+                                 .mem_limit = (double)limit,
+                                 .extra = (double)copy,
+                                 .want = a.top,
+                                 .algos = algos,
+                                 .evals = !text || a.val_fraction > 0,
+                                 .saves = a.saves};
     dt_plan_result res;
     dt_status s = dt_plan_search(m, &pm, &tc.optim, &c, &req, &res);
     const double lim = limit ? (double)limit : c.mem_bytes;
@@ -468,7 +502,8 @@ void dt_cli_plan_print(const dt_plan_result *res, const dt_plan_cluster *c, cons
     printf("dtrain plan: model %s, global batch %d, %d rank%s: %s\n", model, G, c->hosts * c->ranks_per_host,
            c->hosts * c->ranks_per_host > 1 ? "s" : "", source);
     printf("dtrain plan: scored %d layouts in %.3f s (step times %.3f s; memory of the %d fastest %.3f s), %.2f GB "
-           "per rank\n", res->scored, res->search_s, res->cost_s, res->planned, res->mem_s, limit / 1e9);
+           "per rank\n",
+           res->scored, res->search_s, res->cost_s, res->planned, res->mem_s, limit / 1e9);
     if (!res->e[0].c.fits) {
         char why[512];
         int small = 0;

@@ -24,18 +24,19 @@
 #define MAX_RUNS 16
 #define GNUPLOT_TIMEOUT_S 120
 enum { C_EPOCH, C_STEP, C_TRAIN, C_TEST, C_ACC, C_SPS, C_LR, C_VLOSS, C_VACC, C_ESTEPS, C_SPE, NCOLS };
-static const char *const g_cols[NCOLS] = {"epoch",    "step",    "train_loss", "test_loss",  "test_acc",       "samples_per_s",
-                                          "lr",       "val_loss", "val_acc",   "epoch_steps", "steps_per_epoch"};
+static const char *const g_cols[NCOLS] = {"epoch",          "step", "train_loss", "test_loss", "test_acc",
+                                          "samples_per_s",  "lr",   "val_loss",   "val_acc",   "epoch_steps",
+                                          "steps_per_epoch"};
 /* A record's kind ("kind": an epoch's has none; "step": --log-every; "eval": --eval-every). */
 enum { K_EPOCH, K_STEP, K_EVAL };
 
 typedef struct {
     const char *path;
-    char name[128];     /* the file's base name without .jsonl */
+    char name[128]; /* the file's base name without .jsonl */
     int n, cap;
     double (*rows)[NCOLS];
-    int *kinds;         /* [cap] */
-    bool has_steps;     /* --log-every records: the train curves are theirs, not the epochs' means */
+    int *kinds;     /* [cap] */
+    bool has_steps; /* --log-every records: the train curves are theirs, not the epochs' means */
 } plot_run;
 
 static const char PLOT_USAGE[] =
@@ -52,8 +53,9 @@ static int field(const cJSON *o, int col, const char *path, int line, double *ou
     if (cJSON_IsNumber(v)) *out = v->valuedouble;
     else if ((!v || cJSON_IsNull(v)) && col != C_EPOCH && col != C_STEP) *out = NAN;
     else {
-        dt_cli_fail("plot the files 'dtrain train --metrics FILE' writes", "%s:%d: not a dtrain metrics record ('%s' is %s)",
-                    path, line, g_cols[col], v ? "not a number" : "missing");
+        dt_cli_fail("plot the files 'dtrain train --metrics FILE' writes",
+                    "%s:%d: not a dtrain metrics record ('%s' is %s)", path, line, g_cols[col],
+                    v ? "not a number" : "missing");
         return -1;
     }
     return 0;
@@ -97,7 +99,7 @@ static int read_run(plot_run *r, const char *path) {
             const char *kind = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "kind"));
             r->kinds[r->n] = !kind ? K_EPOCH : !strcmp(kind, "step") ? K_STEP : !strcmp(kind, "eval") ? K_EVAL : -1;
             r->has_steps |= r->kinds[r->n] == K_STEP;
-            if (rc == 0 && r->kinds[r->n] >= 0) r->n++;  /* a kind of record this plot does not know: left out */
+            if (rc == 0 && r->kinds[r->n] >= 0) r->n++; /* a kind of record this plot does not know: left out */
         }
         cJSON_Delete(o);
     }
@@ -151,8 +153,8 @@ static void write_panel(FILE *f, const plot_run *runs, int nr, const char *dir, 
             snprintf(label, sizeof label, "%s%s%s", runs[i].name, curves[k].label[0] ? " " : "", curves[k].label);
             fprintf(f, "%s", i || k ? ", \\\n     " : "");
             put_quoted(f, data);
-            fprintf(f, " using %d:%d with linespoints lc %d dt %d pt 7 ps 0.5 title ", xcol + 1, curves[k].col + 1, i + 1,
-                    curves[k].dash);
+            fprintf(f, " using %d:%d with linespoints lc %d dt %d pt 7 ps 0.5 title ", xcol + 1, curves[k].col + 1,
+                    i + 1, curves[k].dash);
             put_quoted(f, label);
         }
     fprintf(f, "\n");
@@ -172,7 +174,8 @@ static double plotted(const plot_run *r, int j, int c) {
     const double *v = r->rows[j];
     if (r->has_steps && r->kinds[j] == K_EPOCH && (c == C_TRAIN || c == C_SPS || c == C_LR)) return NAN;
     /* an epoch cut short (--max-steps) sits at its fraction, as the step records do */
-    if (c == C_EPOCH && r->kinds[j] == K_EPOCH && v[C_ESTEPS] < v[C_SPE]) return v[C_EPOCH] - 1 + v[C_ESTEPS] / v[C_SPE];
+    if (c == C_EPOCH && r->kinds[j] == K_EPOCH && v[C_ESTEPS] < v[C_SPE])
+        return v[C_EPOCH] - 1 + v[C_ESTEPS] / v[C_SPE];
     return v[c];
 }
 
@@ -187,8 +190,8 @@ static void lr_axis(FILE *f, const plot_run *runs, int nr) {
 }
 
 /* The data files (one per run, '?' for a missing value) and the gnuplot script in dir. */
-static int write_script(const plot_run *runs, int nr, const char *dir, const char *image, bool svg,
-                        const char *title, int xcol) {
+static int write_script(const plot_run *runs, int nr, const char *dir, const char *image, bool svg, const char *title,
+                        int xcol) {
     for (int i = 0; i < nr; i++) {
         char p[4200];
         snprintf(p, sizeof p, "%s/run%d.dat", dir, i);
@@ -197,7 +200,8 @@ static int write_script(const plot_run *runs, int nr, const char *dir, const cha
         for (int j = 0; j < runs[i].n; j++)
             for (int c = 0; c < NCOLS; c++) {
                 const double v = plotted(&runs[i], j, c);
-                isnan(v) ? fprintf(d, "?%c", c + 1 < NCOLS ? ' ' : '\n') : fprintf(d, "%.9g%c", v, c + 1 < NCOLS ? ' ' : '\n');
+                isnan(v) ? fprintf(d, "?%c", c + 1 < NCOLS ? ' ' : '\n')
+                         : fprintf(d, "%.9g%c", v, c + 1 < NCOLS ? ' ' : '\n');
             }
         if (fclose(d) != 0) return dt_cli_fail(NULL, "cannot write %s: %s", p, strerror(errno));
     }
@@ -207,31 +211,34 @@ static int write_script(const plot_run *runs, int nr, const char *dir, const cha
     if (!f) return dt_cli_fail(NULL, "cannot write %s: %s", sp, strerror(errno));
     fprintf(f, "set terminal %s size 1200,900 noenhanced font ',10'\nset output ", svg ? "svg dynamic" : "pngcairo");
     put_quoted(f, image);
-    fprintf(f, "\nset datafile missing '?'\nset grid\nset key top right\nset xlabel '%s'\nset multiplot layout 2,2 title ",
+    fprintf(f,
+            "\nset datafile missing '?'\nset grid\nset key top right\nset xlabel '%s'\nset multiplot layout 2,2 title ",
             g_cols[xcol]);
     put_quoted(f, title);
     fprintf(f, "\n");
     double last = 0;
-    bool whole = true;  /* every x a whole epoch: no step records, no epoch cut short */
+    bool whole = true; /* every x a whole epoch: no step records, no epoch cut short */
     for (int i = 0; i < nr; i++)
         for (int j = 0; j < runs[i].n; j++) {
             const double x = plotted(&runs[i], j, xcol);
             last = fmax(last, x), whole &= x == floor(x);
         }
-    if (xcol == C_EPOCH && whole && last <= 20) fprintf(f, "set xtics 1\n");  /* whole epochs */
-    const bool val = any_value(runs, nr, C_VLOSS);  /* --val-split: validation curves beside the test ones */
+    if (xcol == C_EPOCH && whole && last <= 20) fprintf(f, "set xtics 1\n"); /* whole epochs */
+    const bool val = any_value(runs, nr, C_VLOSS); /* --val-split: validation curves beside the test ones */
     const curve loss[] = {{C_TRAIN, "train", 1}, {C_TEST, "test", 2}, {C_VLOSS, "val", 3}},
                 acc[] = {{C_ACC, val ? "test" : "", 1}, {C_VACC, "val", 3}}, sps[] = {{C_SPS, "", 1}},
                 lr[] = {{C_LR, "", 1}};
     write_panel(f, runs, nr, dir, xcol, loss, val ? 3 : 2,
-                val ? "loss (solid: train, dashed: test, dotted: validation)" : "loss (solid: train, dashed: test)", "loss");
-    write_panel(f, runs, nr, dir, xcol, acc, val ? 2 : 1, val ? "accuracy (solid: test, dotted: validation)" : "test accuracy",
-                "accuracy");
+                val ? "loss (solid: train, dashed: test, dotted: validation)" : "loss (solid: train, dashed: test)",
+                "loss");
+    write_panel(f, runs, nr, dir, xcol, acc, val ? 2 : 1,
+                val ? "accuracy (solid: test, dotted: validation)" : "test accuracy", "accuracy");
     write_panel(f, runs, nr, dir, xcol, sps, 1, "throughput", "training samples/s");
     lr_axis(f, runs, nr);
     bool steps = false;
     for (int i = 0; i < nr; i++) steps |= runs[i].has_steps;
-    write_panel(f, runs, nr, dir, xcol, lr, 1, steps ? "learning rate" : "learning rate (last step of the epoch)", "lr");
+    write_panel(f, runs, nr, dir, xcol, lr, 1, steps ? "learning rate" : "learning rate (last step of the epoch)",
+                "lr");
     fprintf(f, "unset multiplot\n");
     return fclose(f) == 0 ? 0 : dt_cli_fail(NULL, "cannot write %s: %s", sp, strerror(errno));
 }
@@ -258,7 +265,8 @@ static int run_gnuplot(const char *dir) {
         if (waited_ms > GNUPLOT_TIMEOUT_S * 1000) {
             kill(pid, SIGKILL);
             waitpid(pid, &st, 0);
-            return dt_cli_fail("plot fewer or smaller runs", "gnuplot did not finish within %d s; stopped it", GNUPLOT_TIMEOUT_S);
+            return dt_cli_fail("plot fewer or smaller runs", "gnuplot did not finish within %d s; stopped it",
+                               GNUPLOT_TIMEOUT_S);
         }
         nanosleep(&(struct timespec){0, 20 * 1000 * 1000}, NULL);
     }
@@ -270,7 +278,8 @@ static int run_gnuplot(const char *dir) {
         msg[n] = 0;
         fclose(l);
     }
-    return dt_cli_fail("check that gnuplot has the pngcairo and svg terminals (gnuplot-nox does)", "gnuplot failed: %s", msg);
+    return dt_cli_fail("check that gnuplot has the pngcairo and svg terminals (gnuplot-nox does)", "gnuplot failed: %s",
+                       msg);
 }
 
 /* Prints the table that was plotted: one line per run and epoch. */
@@ -297,22 +306,25 @@ static int plot(const char **files, int nfiles, const char *out, const char *tit
         return dt_cli_usage("e.g. -o curves.png or -o curves.svg", "-o %s: the image must end in .png or .svg", out);
     if (!on_path("gnuplot"))
         return dt_cli_fail("install it: sudo apt-get install gnuplot-nox (Debian/Ubuntu; any gnuplot 5 with the "
-                           "pngcairo and svg terminals works)", "dtrain plot draws through gnuplot, which is not on PATH");
+                           "pngcairo and svg terminals works)",
+                           "dtrain plot draws through gnuplot, which is not on PATH");
     plot_run runs[MAX_RUNS] = {{0}};
-    int rc = dt_cli_check_output_file("-o", out);  /* before gnuplot runs */
+    int rc = dt_cli_check_output_file("-o", out); /* before gnuplot runs */
     if (rc >= 0) return rc;
     rc = 0;
     for (int i = 0; i < nfiles && rc == 0; i++) rc = read_run(&runs[i], files[i]);
     for (int i = 0; i < nfiles && rc == 0 && xcol < 0; i++) xcol = runs[i].has_steps ? C_STEP : -1;
     if (xcol < 0) xcol = C_EPOCH;
-    char dir[] = "/tmp/dtrain-plot.XXXXXX", tmp[4200], dest[4096];  /* dest: -o, or where its link leads */
-    if (rc == 0 && dt_output_path("-o", out, dest, sizeof dest) != DT_OK) rc = dt_cli_usage(NULL, "%s", dt_last_error());
+    char dir[] = "/tmp/dtrain-plot.XXXXXX", tmp[4200], dest[4096]; /* dest: -o, or where its link leads */
+    if (rc == 0 && dt_output_path("-o", out, dest, sizeof dest) != DT_OK)
+        rc = dt_cli_usage(NULL, "%s", dt_last_error());
     snprintf(tmp, sizeof tmp, "%s.tmp.%d%s", rc == 0 ? dest : out, (int)getpid(), svg ? ".svg" : ".png");
     if (rc == 0 && !mkdtemp(dir)) rc = dt_cli_fail(NULL, "cannot make a temporary directory: %s", strerror(errno));
     else if (rc == 0) {
         rc = write_script(runs, nfiles, dir, tmp, svg, title ? title : "dtrain runs", xcol);
         if (rc == 0) rc = run_gnuplot(dir);
-        if (rc == 0 && rename(tmp, dest) != 0) rc = dt_cli_fail(NULL, "-o %s: cannot write it: %s", out, strerror(errno));
+        if (rc == 0 && rename(tmp, dest) != 0)
+            rc = dt_cli_fail(NULL, "-o %s: cannot write it: %s", out, strerror(errno));
         unlink(tmp);
         char p[4300];
         const char *names[] = {"plot.gp", "gnuplot.log"};
@@ -333,7 +345,8 @@ int dt_cmd_plot(int argc, char **argv) {
     const dt_flag flags[] = {
         {"output", DT_FLAG_STR, &out, "FILE", "the image to write, .png or .svg (also -o FILE)"},
         {"title", DT_FLAG_STR, &title, "TEXT", "the title above the panels (default: dtrain runs)"},
-        {"x", DT_FLAG_STR, &x, "AXIS", "the x axis: epoch or step (default: step where a run has --log-every records, else epoch)"},
+        {"x", DT_FLAG_STR, &x, "AXIS",
+         "the x axis: epoch or step (default: step where a run has --log-every records, else epoch)"},
     };
     char **args = calloc((size_t)argc + 1, sizeof *args);
     if (!args) return dt_cli_fail(NULL, "out of memory");
@@ -345,7 +358,8 @@ int dt_cmd_plot(int argc, char **argv) {
     if (r) return r < 0 ? DT_EXIT_USAGE : 0;
     if (nfiles == 0) return dt_cli_usage("e.g. dtrain plot run.jsonl -o curves.png", "plot: no metrics files given");
     if (nfiles > MAX_RUNS) return dt_cli_usage(NULL, "plot: at most %d runs in one plot", MAX_RUNS);
-    if (!out) return dt_cli_usage("e.g. dtrain plot run.jsonl -o curves.png", "plot: -o FILE (.png or .svg) is missing");
+    if (!out)
+        return dt_cli_usage("e.g. dtrain plot run.jsonl -o curves.png", "plot: -o FILE (.png or .svg) is missing");
     if (x && strcmp(x, "epoch") && strcmp(x, "step")) return dt_cli_usage(NULL, "--x %s: use epoch or step", x);
     return plot(files, nfiles, out, title, !x ? -1 : strcmp(x, "step") ? C_EPOCH : C_STEP);
 }

@@ -30,7 +30,8 @@ static void write_row(FILE *f, bool json, bool logits, int64_t index, int y, con
     double z = 0;
     for (int k = 0; k < K; k++) z += exp((double)row[k] - row[best]);
     const double p = 1.0 / z;
-    if (json) fprintf(f, "{\"index\":%lld,\"label\":%d,\"prediction\":%d,\"probability\":%.6f", (long long)index, y, best, p);
+    if (json)
+        fprintf(f, "{\"index\":%lld,\"label\":%d,\"prediction\":%d,\"probability\":%.6f", (long long)index, y, best, p);
     else fprintf(f, "%lld,%d,%d,%.6f", (long long)index, y, best, p);
     if (logits) {
         fputs(json ? ",\"logits\":[" : "", f);
@@ -118,7 +119,7 @@ static int run_predict(dt_model *m, const dt_input_norm *norm, dt_dataset *train
         return dt_cli_fail(NULL, "%s", dt_last_error());
     int64_t n = (int64_t)dt_dataset_len(ds);
     if (o->limit > 0 && o->limit < n) n = o->limit;
-    char dest[4096], tmp[4200];  /* -o, or the file a symbolic link -o names leads to */
+    char dest[4096], tmp[4200]; /* -o, or the file a symbolic link -o names leads to */
     if (dt_output_path("-o", o->out, dest, sizeof dest) != DT_OK) return dt_cli_usage(NULL, "%s", dt_last_error());
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", dest, (int)getpid());
     FILE *f = fopen(tmp, "w");
@@ -151,10 +152,13 @@ int dt_cmd_predict(int argc, char **argv) {
     predict_opts o = {.data = NULL, .split = "test"};
     int threads = 1;
     const dt_flag flags[] = {
-        {"checkpoint", DT_FLAG_STR, &ckpt, "FILE", "checkpoint of the model (dtrain train --save), or a --checkpoint-dir directory"},
+        {"checkpoint", DT_FLAG_STR, &ckpt, "FILE",
+         "checkpoint of the model (dtrain train --save), or a --checkpoint-dir directory"},
         {"weights", DT_FLAG_STR, &weights, "FILE", "or a plain safetensors weights file (with --model)"},
         {"model", DT_FLAG_STR, &model, "SPEC", "with --weights: the model the weights belong to"},
-        {"data", DT_FLAG_STR, &o.data, "DIR", "IDX directory, fashion-mnist, mnist, a .csv, or text:FILE / kjv for a GPT; default: the checkpoint's, else fashion-mnist"},
+        {"data", DT_FLAG_STR, &o.data, "DIR",
+         "IDX directory, fashion-mnist, mnist, a .csv, or text:FILE / kjv for a GPT; default: the checkpoint's, else "
+         "fashion-mnist"},
         {"split", DT_FLAG_STR, &o.split, "NAME", "test (default) or train"},
         {"limit", DT_FLAG_I64, &o.limit, "N", "only the first N samples (0 = all)"},
         {"logits", DT_FLAG_BOOL, &o.logits, NULL, "write every logit too"},
@@ -165,7 +169,8 @@ int dt_cmd_predict(int argc, char **argv) {
     char **args = calloc((size_t)argc + 1, sizeof *args);
     if (!args) return dt_cli_fail(NULL, "out of memory");
     for (int i = 0; i < argc; i++) args[i] = !strcmp(argv[i], "-o") ? "--output" : argv[i];
-    int r = dt_flags_parse(argc, args, 1, flags, (int)(sizeof flags / sizeof *flags), PREDICT_USAGE, NULL, 0, NULL, NULL);
+    int r = dt_flags_parse(argc, args, 1, flags, (int)(sizeof flags / sizeof *flags), PREDICT_USAGE, NULL, 0, NULL,
+                           NULL);
     free(args);
     if (r) return r < 0 ? 2 : 0;
     if (!o.out) return dt_cli_usage("e.g. -o preds.csv or -o preds.jsonl", "no -o FILE given");
@@ -192,10 +197,12 @@ int dt_cmd_predict(int argc, char **argv) {
     if (gpt != dt_data_is_text(o.data))
         return dt_cli_usage(gpt ? "pass --data text:FILE or --data kjv" : "pass an image or CSV --data",
                             "--data %s does not fit model %s", o.data, spec);
-    if (gpt && (s = dt_gpt_parse(spec, &g)) == DT_OK) s = dt_dataset_open_text(&train, &test, o.data, g.T, trained.val_fraction);
+    if (gpt && (s = dt_gpt_parse(spec, &g)) == DT_OK)
+        s = dt_dataset_open_text(&train, &test, o.data, g.T, trained.val_fraction);
     else if (!gpt) s = dt_dataset_open(&train, &test, o.data);
     if (s != DT_OK) {
-        dt_cli_fail("check --data (fashion-mnist, mnist, an IDX directory, a .csv file, text:FILE or kjv)", "%s", dt_last_error());
+        dt_cli_fail("check --data (fashion-mnist, mnist, an IDX directory, a .csv file, text:FILE or kjv)", "%s",
+                    dt_last_error());
         return dt_cli_setup_status(s);
     }
     int C, H, W;

@@ -25,7 +25,7 @@ static const char SAMPLE_USAGE[] =
     "Example: dtrain sample --checkpoint kjv.safetensors --prompt \"In the beginning\" --tokens 200";
 
 static void put_token(void *ctx, int32_t tok) {
-    if (*(const bool *)ctx) printf(" %d", (int)tok);  /* --ids */
+    if (*(const bool *)ctx) printf(" %d", (int)tok); /* --ids */
     else putchar(tok & 0xff);
     fflush(stdout);
 }
@@ -40,9 +40,10 @@ static int parse_ids(const char *prompt, int V, int32_t *ids) {
         char *end;
         long v = strtol(p, &end, 10);
         if (end == p || (*end && !strchr(" ,\t\n", *end)) || v < 0 || v >= V)
-            return dt_cli_usage("with --ids, --prompt is token ids of the model's vocabulary, e.g. --prompt \"464 3290\"",
-                                "--prompt: token %d ('%.*s') is not an id in [0, %d)", n + 1, (int)strcspn(p, " ,\t\n"), p,
-                                V), -1;
+            return dt_cli_usage(
+                       "with --ids, --prompt is token ids of the model's vocabulary, e.g. --prompt \"464 3290\"",
+                       "--prompt: token %d ('%.*s') is not an id in [0, %d)", n + 1, (int)strcspn(p, " ,\t\n"), p, V),
+                   -1;
         ids[n++] = (int32_t)v;
         p = end;
     }
@@ -59,10 +60,12 @@ static int check_flags(const char *ckpt, const char *weights, const char *prompt
                             "no --checkpoint or --weights given");
     if (ckpt && weights) return dt_cli_usage(NULL, "--checkpoint and --weights: give one of them");
     if (ntok < 0 || ntok > 1000000) return dt_cli_usage(NULL, "--tokens %d: need 0..1000000", ntok);
-    if (!(temperature >= 0) || temperature > 100) return dt_cli_usage(NULL, "--temperature %g: need 0..100", temperature);
+    if (!(temperature >= 0) || temperature > 100)
+        return dt_cli_usage(NULL, "--temperature %g: need 0..100", temperature);
     if (top_k < 0) return dt_cli_usage(NULL, "--top-k %d: must not be negative (0 = all)", top_k);
     if (threads < 1) return dt_cli_usage(NULL, "--threads %d: need at least 1", threads);
-    if (!prompt[0]) return dt_cli_usage("give --prompt at least one character (the default is a newline)", "--prompt is empty");
+    if (!prompt[0])
+        return dt_cli_usage("give --prompt at least one character (the default is a newline)", "--prompt is empty");
     return 0;
 }
 
@@ -77,19 +80,24 @@ static int open_gpt(const dt_model_source *src, const char *prompt, bool ids, dt
     if (s == DT_EINVAL) return dt_cli_usage(NULL, "%s", dt_last_error());
     /* a checkpoint knows its input shape; weights of a GPT take none (1x1x1 is ignored) */
     /* a checkpoint of another model is loaded as it is, for the message below */
-    if (s == DT_OK) s = src->checkpoint && !dt_model_spec_is_gpt(spec) ? dt_model_load(m, src->checkpoint)
-                                                                       : dt_model_open(m, src, 1, 1, 1, NULL);
-    if (s != DT_OK) return dt_cli_fail(NULL, "%s", dt_last_error()), dt_cli_setup_status(s == DT_EINVAL ? DT_EFORMAT : s);
+    if (s == DT_OK)
+        s = src->checkpoint && !dt_model_spec_is_gpt(spec) ? dt_model_load(m, src->checkpoint)
+                                                           : dt_model_open(m, src, 1, 1, 1, NULL);
+    if (s != DT_OK)
+        return dt_cli_fail(NULL, "%s", dt_last_error()), dt_cli_setup_status(s == DT_EINVAL ? DT_EFORMAT : s);
     if (dt_model_in_dtype(*m) != DT_I32)
         return dt_cli_fail("sample from a GPT trained on text (dtrain train --model gpt --data kjv --save FILE)",
                            "%s %s: model '%s' is not a language model (it takes no token ids)", flag, file,
-                           dt_model_spec(*m)), DT_EXIT_CONFIG;
+                           dt_model_spec(*m)),
+               DT_EXIT_CONFIG;
     const int V = dt_model_classes(*m);
-    if (ids) return 0;  /* checked as they are parsed */
+    if (ids) return 0; /* checked as they are parsed */
     if (V > 256)
-        return dt_cli_usage("decode and encode with the tokenizer of its data; pass --ids --prompt \"ID ID ...\"",
-                            "%s %s: model '%s' has V=%d tokens (it was trained on token files), not bytes: its prompt and "
-                            "output are token ids", flag, file, dt_model_spec(*m), V);
+        return dt_cli_usage(
+            "decode and encode with the tokenizer of its data; pass --ids --prompt \"ID ID ...\"",
+            "%s %s: model '%s' has V=%d tokens (it was trained on token files), not bytes: its prompt and "
+            "output are token ids",
+            flag, file, dt_model_spec(*m), V);
     for (size_t i = 0; prompt[i]; i++)
         if ((unsigned char)prompt[i] >= V)
             return dt_cli_usage("give a prompt of the bytes the model was trained on",
@@ -105,9 +113,12 @@ int dt_cmd_sample(int argc, char **argv) {
     float temperature = 0.8f;
     int64_t seed = 1;
     const dt_flag flags[] = {
-        {"checkpoint", DT_FLAG_STR, &ckpt, "FILE", "GPT checkpoint, or a --checkpoint-dir directory (its newest usable one)"},
-        {"weights", DT_FLAG_STR, &weights, "FILE", "or a plain safetensors weights file (--save-weights, a PyTorch state_dict)"},
-        {"model", DT_FLAG_STR, &model, "SPEC", "with --weights: the GPT the weights belong to (gpt:L=..,H=..,C=..,T=..; default: the file's)"},
+        {"checkpoint", DT_FLAG_STR, &ckpt, "FILE",
+         "GPT checkpoint, or a --checkpoint-dir directory (its newest usable one)"},
+        {"weights", DT_FLAG_STR, &weights, "FILE",
+         "or a plain safetensors weights file (--save-weights, a PyTorch state_dict)"},
+        {"model", DT_FLAG_STR, &model, "SPEC",
+         "with --weights: the GPT the weights belong to (gpt:L=..,H=..,C=..,T=..; default: the file's)"},
         {"prompt", DT_FLAG_STR, &prompt, "TEXT", "text to continue (default a newline)"},
         {"tokens", DT_FLAG_INT, &ntok, "N", "bytes to generate"},
         {"temperature", DT_FLAG_FLOAT, &temperature, "T", "softmax temperature (0 = greedy)"},
@@ -117,7 +128,8 @@ int dt_cmd_sample(int argc, char **argv) {
         {"ids", DT_FLAG_BOOL, &tok_ids, NULL, "the prompt and the output are token ids (a model of --data tokens:DIR)"},
         {"device", DT_FLAG_STR, &device, "DEV", dt_cli_device_help()},
     };
-    int r = dt_flags_parse(argc, argv, 1, flags, (int)(sizeof flags / sizeof *flags), SAMPLE_USAGE, NULL, 0, NULL, NULL);
+    int r = dt_flags_parse(argc, argv, 1, flags, (int)(sizeof flags / sizeof *flags), SAMPLE_USAGE, NULL, 0, NULL,
+                           NULL);
     if (r) return r < 0 ? DT_EXIT_USAGE : 0;
     if (seed < 0) return dt_cli_usage("e.g. --seed 1", "--seed %lld: need an integer >= 0", (long long)seed);
     if ((r = check_flags(ckpt, weights, prompt, ntok, temperature, top_k, threads)) != 0) return r;
@@ -125,7 +137,8 @@ int dt_cmd_sample(int argc, char **argv) {
     if (ckpt && (r = dt_cli_checkpoint("checkpoint", ckpt, file, sizeof file)) != 0) return r;
     dt_set_threads(threads);
     dt_model *m = NULL;
-    const dt_model_source src = {.checkpoint = ckpt ? file : NULL, .weights = weights, .model = model, .device = device};
+    const dt_model_source src = {
+        .checkpoint = ckpt ? file : NULL, .weights = weights, .model = model, .device = device};
     if ((r = open_gpt(&src, prompt, tok_ids, &m)) != 0) {
         dt_model_destroy(m);
         return r;
@@ -154,7 +167,8 @@ int dt_cmd_sample(int argc, char **argv) {
     putchar('\n');
     free(ids);
     dt_model_destroy(m);
-    if (s != DT_OK)  /* at run time: 1 */
-        return dt_cli_fail(NULL, "%s %s: %s", ckpt ? "--checkpoint" : "--weights", ckpt ? file : weights, dt_last_error());
+    if (s != DT_OK) /* at run time: 1 */
+        return dt_cli_fail(NULL, "%s %s: %s", ckpt ? "--checkpoint" : "--weights", ckpt ? file : weights,
+                           dt_last_error());
     return 0;
 }

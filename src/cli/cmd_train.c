@@ -39,9 +39,7 @@ static void print_launch_event(void *ctx, const char *msg) {
 /* Exit status of a rank whose set-up failed with s: a peer's failure or a deadline is
  * DT_EXIT_PEER (the launcher blames the other rank), a bad flag value DT_EXIT_USAGE, bad data,
  * checkpoint or model DT_EXIT_CONFIG (dt_cli_setup_status). */
-static int setup_exit(dt_status s) {
-    return dt_cli_setup_status(s);
-}
+static int setup_exit(dt_status s) { return dt_cli_setup_status(s); }
 
 /* --workers N: re-runs this very command as N local ranks (shared-memory transport) and
  * supervises them; rank 0 prints, the others only report errors. With --elastic MIN:MAX a
@@ -71,11 +69,16 @@ static int run_workers(int argc, char **argv, int workers, const char *elastic, 
         if (!checkpoint_dir) {
             free(args);
             return dt_cli_usage("add --checkpoint-dir DIR --checkpoint-every STEPS (or --checkpoint-secs S)",
-                               "--elastic restarts from checkpoints, so it needs --checkpoint-dir");
+                                "--elastic restarts from checkpoints, so it needs --checkpoint-dir");
         }
-        dt_elastic_config ec = {.workers = workers, .min_workers = lo, .max_workers = hi,
-                                .max_restarts = max_restarts, .argv = args, .argc = argc + 1,
-                                .checkpoint_dir = checkpoint_dir, .notify = print_launch_event};
+        dt_elastic_config ec = {.workers = workers,
+                                .min_workers = lo,
+                                .max_workers = hi,
+                                .max_restarts = max_restarts,
+                                .argv = args,
+                                .argc = argc + 1,
+                                .checkpoint_dir = checkpoint_dir,
+                                .notify = print_launch_event};
         s = dt_elastic_run(&ec, &res);
         if (s == DT_EINVAL) {
             free(args);
@@ -86,7 +89,7 @@ static int run_workers(int argc, char **argv, int workers, const char *elastic, 
         s = dt_launch_run(&lc, args, &res);
     }
     free(args);
-    if (checkpoint_dir) dt_ckpt_dir_prune(checkpoint_dir, 0);  /* a rank killed mid-write left its temp file */
+    if (checkpoint_dir) dt_ckpt_dir_prune(checkpoint_dir, 0); /* a rank killed mid-write left its temp file */
     if (s == DT_EINTR && res.all_exited_0) return 0; /* preempted: the ranks checkpointed and said how to resume */
     if (s != DT_OK && res.failed_rank < 0 && res.exit_code == 0) return dt_cli_fail(NULL, "%s", dt_last_error());
     return res.exit_code;
@@ -103,12 +106,12 @@ typedef struct {
     bool nesterov, quiet, normalize;
     int workers, max_restarts;
     dt_cli_uneven uneven;
-    int tp;                  /* --tp K (0: not given) */
-    dt_cli_pp pp;                  /* --pp, --microbatches, --pp-schedule, --pp-split */
+    int tp;                     /* --tp K (0: not given) */
+    dt_cli_pp pp;               /* --pp, --microbatches, --pp-schedule, --pp-split */
     const char *mem_limit_text; /* --mem-limit, --dry-run, --zero (train_mem.c) */
     size_t mem_limit;
     bool dry_run;
-    bool strategy_from_ckpt;  /* --resume took the checkpoint's strategy spec (train_resume.h) */
+    bool strategy_from_ckpt; /* --resume took the checkpoint's strategy spec (train_resume.h) */
 } train_opts;
 
 /* --backend's help, from the transport registry */
@@ -125,18 +128,25 @@ static const char *backend_help(void) {
 static int train_flags_model(train_opts *o, dt_flag *f, int n) {
     dt_train_config *c = &o->cfg;
     const dt_flag flags[] = {
-        {"data", DT_FLAG_STR, &c->data, "DIR", "IDX directory (train-*/t10k-* files), fashion-mnist, mnist, a .csv, npy:X.npy,Y.npy or npy:DIR (x_train.npy, y_train.npy, x_test.npy, y_test.npy); for a GPT: text:FILE, kjv or tokens:DIR (nanoGPT train.bin/val.bin, llm.c shards)"},
-        {"model", DT_FLAG_STR, &c->model, "SPEC", "model spec or preset mlp, cnn, gpt[:L=4,H=4,C=128,T=64] (default mlp; when resuming, the checkpoint's)"},
+        {"data", DT_FLAG_STR, &c->data, "DIR",
+         "IDX directory (train-*/t10k-* files), fashion-mnist, mnist, a .csv, npy:X.npy,Y.npy or npy:DIR (x_train.npy, "
+         "y_train.npy, x_test.npy, y_test.npy); for a GPT: text:FILE, kjv or tokens:DIR (nanoGPT train.bin/val.bin, "
+         "llm.c shards)"},
+        {"model", DT_FLAG_STR, &c->model, "SPEC",
+         "model spec or preset mlp, cnn, gpt[:L=4,H=4,C=128,T=64] (default mlp; when resuming, the checkpoint's)"},
         {"epochs", DT_FLAG_INT, &c->epochs, "N", "passes over the training set"},
         {"batch", DT_FLAG_INT, &c->batch, "N", "samples per step (per micro-batch with --grad-accum)"},
         {"grad-accum", DT_FLAG_INT, &c->grad_accum, "N", "accumulate N micro-batches of --batch per optimizer step"},
-        {"epoch-windows", DT_FLAG_I64, &c->epoch_windows, "N", "samples (text: windows) per epoch, drawn from each epoch's shuffle (0 = all)"},
-        {"val-fraction", DT_FLAG_FLOAT, &o->val_fraction, "F", "text data: the last fraction F of the file is the validation set"},
+        {"epoch-windows", DT_FLAG_I64, &c->epoch_windows, "N",
+         "samples (text: windows) per epoch, drawn from each epoch's shuffle (0 = all)"},
+        {"val-fraction", DT_FLAG_FLOAT, &o->val_fraction, "F",
+         "text data: the last fraction F of the file is the validation set"},
         {"optimizer", DT_FLAG_STR, &o->optimizer, "NAME", "sgd, adam or adamw"},
         {"lr", DT_FLAG_FLOAT, &o->lr, "X", "learning rate"},
         {"momentum", DT_FLAG_FLOAT, &o->momentum, "X", "sgd momentum"},
         {"nesterov", DT_FLAG_BOOL, &o->nesterov, NULL, "sgd: Nesterov momentum"},
-        {"weight-decay", DT_FLAG_FLOAT, &o->wd, "X", "L2 (sgd, adam) or decoupled (adamw) decay; default 0, adamw 0.01"},
+        {"weight-decay", DT_FLAG_FLOAT, &o->wd, "X",
+         "L2 (sgd, adam) or decoupled (adamw) decay; default 0, adamw 0.01"},
         {"beta1", DT_FLAG_FLOAT, &o->beta1, "X", "adam/adamw beta1"},
         {"beta2", DT_FLAG_FLOAT, &o->beta2, "X", "adam/adamw beta2"},
         {"eps", DT_FLAG_FLOAT, &o->eps, "X", "adam/adamw epsilon"},
@@ -151,15 +161,27 @@ static int train_flags_model(train_opts *o, dt_flag *f, int n) {
         {"threads", DT_FLAG_INT, &c->threads, "N", "BLAS threads of this worker"},
         {"kernels", DT_FLAG_STR, &c->kernels, "LIB", "kernel library: onednn (default where built) or blas"},
         {"device", DT_FLAG_STR, &c->device, "DEV", dt_train_device_help()},
-        {"precision", DT_FLAG_STR, &c->precision, "P", "GEMM inputs fp32 (default), bf16 or fp16 (f32 master weights; fp16: loss scaling; where the CPU has no such GEMM: inputs rounded, f32 GEMMs, not faster; when resuming, the checkpoint's)"},
-        {"max-steps", DT_FLAG_I64, &o->max_steps, "N", "stop after N steps in total (ps: N batches per worker; 0 = all epochs)"},
+        {"precision", DT_FLAG_STR, &c->precision, "P",
+         "GEMM inputs fp32 (default), bf16 or fp16 (f32 master weights; fp16: loss scaling; where the CPU has no such "
+         "GEMM: inputs rounded, f32 GEMMs, not faster; when resuming, the checkpoint's)"},
+        {"max-steps", DT_FLAG_I64, &o->max_steps, "N",
+         "stop after N steps in total (ps: N batches per worker; 0 = all epochs)"},
         {"save", DT_FLAG_STR, &c->save, "FILE", "write a checkpoint (safetensors) after every epoch"},
-        {"resume", DT_FLAG_STR, &c->resume, "FILE", "continue from a checkpoint (a --save file, or a directory of numbered ones: its newest usable one; auto = that of --checkpoint-dir); the training flags left out (--optimizer, --lr, schedule, --seed, --batch, ...) are the checkpoint's"},
-        {"metrics", DT_FLAG_STR, &c->metrics, "FILE", "write one JSON object per epoch and per --log-every / --eval-every record (JSON Lines; appended when resuming)"},
-        {"tensorboard", DT_FLAG_STR, &o->tensorboard, "DIR", "write TensorBoard event files (scalars per epoch, per --log-every / --eval-every record) into DIR"},
-        {"log-every", DT_FLAG_I64, &c->log_every, "STEPS", "every STEPS steps a line and a record (--metrics, --tensorboard): train loss, lr, samples/s, gradient norm"},
-        {"eval-every", DT_FLAG_I64, &c->eval_every, "STEPS", "also evaluate every STEPS steps (a line and a record), not only at each epoch's end"},
-        {"eval-batches", DT_FLAG_I64, &c->eval_batches, "N", "each evaluation while training covers the first N batches of the test (and --val-split) set; 0 = all of it"},
+        {"resume", DT_FLAG_STR, &c->resume, "FILE",
+         "continue from a checkpoint (a --save file, or a directory of numbered ones: its newest usable one; auto = "
+         "that of --checkpoint-dir); the training flags left out (--optimizer, --lr, schedule, --seed, --batch, ...) "
+         "are the checkpoint's"},
+        {"metrics", DT_FLAG_STR, &c->metrics, "FILE",
+         "write one JSON object per epoch and per --log-every / --eval-every record (JSON Lines; appended when "
+         "resuming)"},
+        {"tensorboard", DT_FLAG_STR, &o->tensorboard, "DIR",
+         "write TensorBoard event files (scalars per epoch, per --log-every / --eval-every record) into DIR"},
+        {"log-every", DT_FLAG_I64, &c->log_every, "STEPS",
+         "every STEPS steps a line and a record (--metrics, --tensorboard): train loss, lr, samples/s, gradient norm"},
+        {"eval-every", DT_FLAG_I64, &c->eval_every, "STEPS",
+         "also evaluate every STEPS steps (a line and a record), not only at each epoch's end"},
+        {"eval-batches", DT_FLAG_I64, &c->eval_batches, "N",
+         "each evaluation while training covers the first N batches of the test (and --val-split) set; 0 = all of it"},
         {"quiet", DT_FLAG_BOOL, &o->quiet, NULL, "no progress output, only the per-epoch lines"},
     };
     _Static_assert(sizeof flags / sizeof *flags <= TRAIN_MAX_FLAGS / 2, "raise TRAIN_MAX_FLAGS");
@@ -173,38 +195,57 @@ static int train_flags_job(train_opts *o, dt_flag *f, int n) {
     dt_train_config *c = &o->cfg;
     const dt_flag flags[] = {
         {"workers", DT_FLAG_INT, &o->workers, "N", "run N local data-parallel worker processes"},
-        {"tp", DT_FLAG_INT, &o->tp, "K", "tensor parallel GPT over K ranks (--strategy tp; with --pp: K ranks per stage); the rest of the ranks are data parallel"},
+        {"tp", DT_FLAG_INT, &o->tp, "K",
+         "tensor parallel GPT over K ranks (--strategy tp; with --pp: K ranks per stage); the rest of the ranks are "
+         "data parallel"},
         {"strategy", DT_FLAG_STR, &c->strategy, "SPEC", dt_train_strategy_help()},
         {"servers", DT_FLAG_INT, &o->uneven.servers, "S", "ps: ranks holding the parameters (the first S ranks)"},
-        {"staleness", DT_FLAG_STR, &o->uneven.staleness, "S", "ps: global batches a worker may run ahead of the oldest one in training (default inf: async)"},
+        {"staleness", DT_FLAG_STR, &o->uneven.staleness, "S",
+         "ps: global batches a worker may run ahead of the oldest one in training (default inf: async)"},
         {"sync-every", DT_FLAG_INT, &o->uneven.sync_every, "H", "localsgd: average the models every H steps"},
-        {"balance", DT_FLAG_STR, &o->uneven.balance, "MODE", "ddp/localsgd: static (default) or dynamic (cut batches by speed); ps: dynamic (default) or static"},
-        {"ps-overlap", DT_FLAG_BOOL, &o->uneven.overlap, NULL, "ps: push/pull in the background while the worker trains its next batch (--staleness inf only)"},
+        {"balance", DT_FLAG_STR, &o->uneven.balance, "MODE",
+         "ddp/localsgd: static (default) or dynamic (cut batches by speed); ps: dynamic (default) or static"},
+        {"ps-overlap", DT_FLAG_BOOL, &o->uneven.overlap, NULL,
+         "ps: push/pull in the background while the worker trains its next batch (--staleness inf only)"},
         {"slow", DT_FLAG_STR, &o->uneven.slow, "RANK:F", "testing aid: rank RANK sleeps to run F times slower"},
-        {"pp", DT_FLAG_INT, &o->pp.pp, "K", "pipeline parallel: K stages (--workers a multiple of K; the rest is data parallel)"},
+        {"pp", DT_FLAG_INT, &o->pp.pp, "K",
+         "pipeline parallel: K stages (--workers a multiple of K; the rest is data parallel)"},
         {"microbatches", DT_FLAG_INT, &o->pp.microbatches, "M", "pp: micro-batches per rank-batch (default K)"},
         {"pp-schedule", DT_FLAG_STR, &o->pp.schedule, "NAME", "pp: gpipe or 1f1b (default)"},
-        {"pp-split", DT_FLAG_STR, &o->pp.split, "N1:N2", "pp: first node (index or name) of stages 1..K-1 (default: balanced by flops)"},
+        {"pp-split", DT_FLAG_STR, &o->pp.split, "N1:N2",
+         "pp: first node (index or name) of stages 1..K-1 (default: balanced by flops)"},
         {"backend", DT_FLAG_STR, &o->backend, "NAME", backend_help()},
         {"bucket-mb", DT_FLAG_FLOAT, &o->bucket_mb, "MB", "ddp gradient bucket size in MB (0 = default 1)"},
-        {"allreduce", DT_FLAG_STR, &o->uneven.allreduce, "MODE", "ddp: auto (hierarchical when ranks span hosts), flat or hier"},
+        {"allreduce", DT_FLAG_STR, &o->uneven.allreduce, "MODE",
+         "ddp: auto (hierarchical when ranks span hosts), flat or hier"},
         {"compress", DT_FLAG_STR, &o->uneven.compress, "C", dt_train_compress_help()},
-        {"timeline", DT_FLAG_STR, &c->timeline, "FILE", "write a Chrome trace of every rank (Perfetto, chrome://tracing)"},
-        {"timeout", DT_FLAG_FLOAT, &o->timeout, "S", "deadline of any wait for another rank, seconds (0 = DTRAIN_TIMEOUT or default 300)"},
-        {"checkpoint-dir", DT_FLAG_STR, &c->checkpoint_dir, "DIR", "numbered checkpoints ckpt-STEP.safetensors go here (read by --resume auto)"},
+        {"timeline", DT_FLAG_STR, &c->timeline, "FILE",
+         "write a Chrome trace of every rank (Perfetto, chrome://tracing)"},
+        {"timeout", DT_FLAG_FLOAT, &o->timeout, "S",
+         "deadline of any wait for another rank, seconds (0 = DTRAIN_TIMEOUT or default 300)"},
+        {"checkpoint-dir", DT_FLAG_STR, &c->checkpoint_dir, "DIR",
+         "numbered checkpoints ckpt-STEP.safetensors go here (read by --resume auto)"},
         {"checkpoint-every", DT_FLAG_I64, &c->checkpoint_every, "STEPS", "checkpoint every STEPS steps"},
         {"checkpoint-secs", DT_FLAG_FLOAT, &o->ckpt_secs, "S", "checkpoint every S seconds"},
         {"keep", DT_FLAG_INT, &c->keep, "K", "keep only the newest K checkpoints in --checkpoint-dir (0 = all)"},
-        {"elastic", DT_FLAG_STR, &o->elastic, "MIN:MAX", "with --workers: restart failed jobs from the last checkpoint"},
+        {"elastic", DT_FLAG_STR, &o->elastic, "MIN:MAX",
+         "with --workers: restart failed jobs from the last checkpoint"},
         {"max-restarts", DT_FLAG_INT, &o->max_restarts, "R", "with --elastic: give up after R restarts"},
-        {"zero", DT_FLAG_INT, &o->uneven.zero, "N", "ZeRO stage 1 (shard optimizer state), 2 (+ gradients), 3 (+ parameters), over the data-parallel ranks; also with --tp, --pp and --tp --pp"},
+        {"zero", DT_FLAG_INT, &o->uneven.zero, "N",
+         "ZeRO stage 1 (shard optimizer state), 2 (+ gradients), 3 (+ parameters), over the data-parallel ranks; also "
+         "with --tp, --pp and --tp --pp"},
         {"mem-limit", DT_FLAG_STR, &o->mem_limit_text, "BYTES", "fail when a rank would hold more (K, M, G suffixes)"},
         {"dry-run", DT_FLAG_BOOL, &o->dry_run, NULL, "print each rank's predicted memory for this layout and exit"},
-        {"weights", DT_FLAG_STR, &c->weights, "FILE", "start from plain safetensors weights (PyTorch state_dict names; with --model): fine-tuning"},
-        {"save-weights", DT_FLAG_STR, &c->save_weights, "FILE", "write a weights-only file after every epoch (strict torch load_state_dict; --normalize folded in)"},
-        {"val-split", DT_FLAG_FLOAT, &o->val_split, "F", "hold out fraction F of the training set (by --seed) to validate on after every epoch"},
-        {"early-stop", DT_FLAG_INT, &c->early_stop, "PATIENCE", "with --val-split: stop after PATIENCE epochs without a lower validation loss"},
-        {"keep-best", DT_FLAG_BOOL, &c->keep_best, NULL, "with --val-split and --save: also write the best epoch's checkpoint (NAME.best.safetensors)"},
+        {"weights", DT_FLAG_STR, &c->weights, "FILE",
+         "start from plain safetensors weights (PyTorch state_dict names; with --model): fine-tuning"},
+        {"save-weights", DT_FLAG_STR, &c->save_weights, "FILE",
+         "write a weights-only file after every epoch (strict torch load_state_dict; --normalize folded in)"},
+        {"val-split", DT_FLAG_FLOAT, &o->val_split, "F",
+         "hold out fraction F of the training set (by --seed) to validate on after every epoch"},
+        {"early-stop", DT_FLAG_INT, &c->early_stop, "PATIENCE",
+         "with --val-split: stop after PATIENCE epochs without a lower validation loss"},
+        {"keep-best", DT_FLAG_BOOL, &c->keep_best, NULL,
+         "with --val-split and --save: also write the best epoch's checkpoint (NAME.best.safetensors)"},
     };
     _Static_assert(sizeof flags / sizeof *flags <= TRAIN_MAX_FLAGS / 2, "raise TRAIN_MAX_FLAGS");
     memcpy(f + n, flags, sizeof flags);
@@ -222,7 +263,7 @@ static int check_train_flags(int argc, char **argv, train_opts *o) {
         return dt_cli_usage("e.g. --workers 4 --elastic 2:4 --max-restarts 5", "--max-restarts needs --elastic");
     if (o->elastic && !dt_comm_env_is_rank() && c->checkpoint_every <= 0 && o->ckpt_secs <= 0)
         return dt_cli_usage("add --checkpoint-every STEPS or --checkpoint-secs S",
-                           "--elastic restarts from the newest checkpoint, so it needs periodic checkpoints");
+                            "--elastic restarts from the newest checkpoint, so it needs periodic checkpoints");
     if (o->elastic && o->workers < 2 && !dt_comm_env_is_rank())
         return dt_cli_usage("e.g. --workers 4 --elastic 2:4", "--elastic needs --workers N (N >= 2)");
     if (o->timeout < 0) return dt_cli_usage(NULL, "--timeout %g: must not be negative (0 = default)", o->timeout);
@@ -239,7 +280,9 @@ static int check_train_flags(int argc, char **argv, train_opts *o) {
     if (mesh_zero) o->uneven.zero_given = false;
     if (o->tp > 0) o->uneven.bucket_mb = 0;
     if ((r = dt_cli_uneven_parse(&o->uneven, c)) != 0) return r;
-    const dt_cli_mesh_flags mf = {.tp = o->tp, .zero = mesh_zero ? o->uneven.zero : -1, .bucket_mb = mesh_bucket,
+    const dt_cli_mesh_flags mf = {.tp = o->tp,
+                                  .zero = mesh_zero ? o->uneven.zero : -1,
+                                  .bucket_mb = mesh_bucket,
                                   .implicit_ddp = o->uneven.implicit_ddp};
     if ((r = dt_cli_mesh_parse(&mf, c)) != 0) return r;
     if ((r = dt_cli_pp_check_batch(c)) != 0) return r;
@@ -248,9 +291,20 @@ static int check_train_flags(int argc, char **argv, train_opts *o) {
 
 /* Parses argv into o; returns -1 to continue, else the exit status (help, bad flags). */
 static int parse_train_flags(int argc, char **argv, train_opts *o) {
-    *o = (train_opts){.cfg = dt_train_defaults(), .optimizer = "adam", .schedule = "constant", .backend = "auto",
-                      .lr = 1e-3f, .wd = -1, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .gamma = 0.1f,
-                      .seed = 42, .workers = 1, .max_restarts = 3, .val_fraction = 0.1f,
+    *o = (train_opts){.cfg = dt_train_defaults(),
+                      .optimizer = "adam",
+                      .schedule = "constant",
+                      .backend = "auto",
+                      .lr = 1e-3f,
+                      .wd = -1,
+                      .beta1 = 0.9f,
+                      .beta2 = 0.999f,
+                      .eps = 1e-8f,
+                      .gamma = 0.1f,
+                      .seed = 42,
+                      .workers = 1,
+                      .max_restarts = 3,
+                      .val_fraction = 0.1f,
                       .uneven = {.servers = 1, .sync_every = 8}};
     o->cfg.model = NULL; /* mlp, or the model of the checkpoint being resumed */
     dt_flag flags[TRAIN_MAX_FLAGS];
@@ -305,7 +359,8 @@ static void print_header(const train_opts *o, dt_trainer *t, dt_comm *comm, int 
     const dt_train_config *c = &o->cfg;
     printf("dtrain: model %s (%zu parameters), data %s, batch %d, %s lr %g, seed %llu, %d thread%s\n",
            dt_model_spec(dt_trainer_model(t)), dt_model_num_params(dt_trainer_model(t)), c->data, c->batch,
-           dt_optim_name(c->optim.kind), c->lr.base_lr, (unsigned long long)c->seed, c->threads, c->threads > 1 ? "s" : "");
+           dt_optim_name(c->optim.kind), c->lr.base_lr, (unsigned long long)c->seed, c->threads,
+           c->threads > 1 ? "s" : "");
     printf("dtrain: kernels %s\n", dt_kernels_describe());
     char note[512];
     if (dt_kernels_note()) dt_cli_flag_terms(dt_kernels_note(), note, sizeof note), printf("dtrain: note: %s\n", note);
@@ -314,7 +369,8 @@ static void print_header(const train_opts *o, dt_trainer *t, dt_comm *comm, int 
         printf("dtrain: note: --threads %d on %ld cores: the threads take turns on them (slower than --threads %ld)\n",
                c->threads, cores, cores);
     char spec[512] = "";
-    if (world > 1 && dt_strategy_spec_canonical(c->strategy ? c->strategy : dt_strategy_spec_default(world), spec, sizeof spec) != DT_OK)
+    if (world > 1 && dt_strategy_spec_canonical(c->strategy ? c->strategy : dt_strategy_spec_default(world), spec,
+                                                sizeof spec) != DT_OK)
         snprintf(spec, sizeof spec, "%s", c->strategy);
     if (world > 1 && dt_cli_is_ps(c)) {
         const int S = dt_cli_servers(c);
@@ -327,7 +383,8 @@ static void print_header(const train_opts *o, dt_trainer *t, dt_comm *comm, int 
         const char *choice = dt_trainer_strategy_choice(t);
         printf("dtrain: %d ranks over %s, strategy %s%s%s, global batch %d%s\n", world, dt_comm_backend_name(comm),
                spec, choice ? ", " : "", choice ? choice : "",
-               c->batch * dt_strategy_spec_data_world(c->strategy ? c->strategy : dt_strategy_spec_default(world), world),
+               c->batch *
+                   dt_strategy_spec_data_world(c->strategy ? c->strategy : dt_strategy_spec_default(world), world),
                strstr(spec, "balance=dynamic") ? " (cut among the ranks by measured speed)" : "");
     }
     fflush(stdout);
@@ -356,8 +413,7 @@ static int check_job_size(int argc, char **argv, const train_opts *o, int job_ra
  * the flags: -1 = fine (*out set), else the exit status (after saying what is wrong). */
 static int open_rank_comm(int argc, char **argv, const train_opts *o, int job_ranks, dt_comm **out) {
     dt_comm_config cc = dt_comm_config_default();
-    if (dt_comm_transport_check(o->backend) != DT_OK)
-        return dt_cli_usage(NULL, "--backend: %s", dt_last_error());
+    if (dt_comm_transport_check(o->backend) != DT_OK) return dt_cli_usage(NULL, "--backend: %s", dt_last_error());
     cc.transport = o->backend;
     cc.device = o->cfg.device;
     if (o->timeout > 0) cc.timeout_s = o->timeout;
@@ -365,7 +421,8 @@ static int open_rank_comm(int argc, char **argv, const train_opts *o, int job_ra
     dt_comm *comm = NULL;
     dt_status cs = dt_comm_create_from_env(&comm, &cc);
     if (cs != DT_OK) {
-        dt_cli_fail(cs == DT_ENOTSUP ? NULL : "start ranks with --workers N, dtrain launch or mpirun", "%s", dt_last_error());
+        dt_cli_fail(cs == DT_ENOTSUP ? NULL : "start ranks with --workers N, dtrain launch or mpirun", "%s",
+                    dt_last_error());
         return setup_exit(cs);
     }
     int r = check_job_size(argc, argv, o, job_ranks, dt_comm_size(comm));
@@ -380,26 +437,31 @@ static int open_rank_comm(int argc, char **argv, const train_opts *o, int job_ra
 /* The strategy flags against the job's size: one process drops what needs several (saying so). */
 static void fit_strategy_to_world(int argc, char **argv, const train_opts *o, dt_train_config *cfg, int rank,
                                   int world) {
-    if (world == 1 && o->uneven.implicit_ddp) {  /* --bucket-mb, --compress, --zero, --balance of one process */
+    if (world == 1 && o->uneven.implicit_ddp) { /* --bucket-mb, --compress, --zero, --balance of one process */
         cfg->strategy = NULL;
         if (o->uneven.zero_given && o->uneven.zero > 0)
-            fprintf(stderr, "dtrain: note: --zero %d with one worker shards nothing (use --workers N)\n", o->uneven.zero);
+            fprintf(stderr, "dtrain: note: --zero %d with one worker shards nothing (use --workers N)\n",
+                    o->uneven.zero);
         if (o->uneven.balance && !strcmp(o->uneven.balance, "dynamic"))
             fprintf(stderr, "dtrain: note: --balance dynamic with one worker has no batch to cut (use --workers N)\n");
         if (o->uneven.compress && strcmp(o->uneven.compress, "none"))
             fprintf(stderr, "dtrain: note: --compress %s with one worker sends nothing to compress (use --workers N)\n",
                     o->uneven.compress);
     }
-    if (world == 1 && o->strategy_from_ckpt) {  /* the checkpoint's ddp/localsgd needs more ranks */
-        fprintf(stderr, "dtrain: note: the checkpoint's --strategy %s needs more than one rank; this resume trains on "
-                "one (add --workers N to continue it)\n", cfg->strategy);
+    if (world == 1 && o->strategy_from_ckpt) { /* the checkpoint's ddp/localsgd needs more ranks */
+        fprintf(stderr,
+                "dtrain: note: the checkpoint's --strategy %s needs more than one rank; this resume trains on "
+                "one (add --workers N to continue it)\n",
+                cfg->strategy);
         cfg->strategy = NULL;
     }
     /* --tp / --pp with --zero on exactly one model copy: the data-parallel axis ZeRO shards over is 1 rank */
     if (world > 1 && rank == 0 && o->uneven.zero > 0 && dt_cli_flag_given(argc, argv, "zero") && cfg->strategy &&
         dt_strategy_spec_data_world(cfg->strategy, world) == 1)
-        fprintf(stderr, "dtrain: note: --zero %d on one model copy (%d ranks) shards nothing: its data-parallel axis has "
-                "1 rank (use more copies, e.g. --workers %d)\n", o->uneven.zero, world, 2 * world);
+        fprintf(stderr,
+                "dtrain: note: --zero %d on one model copy (%d ranks) shards nothing: its data-parallel axis has "
+                "1 rank (use more copies, e.g. --workers %d)\n",
+                o->uneven.zero, world, 2 * world);
 }
 
 /* The trainer's callbacks: progress lines and records into pc (TensorBoard when asked, rank 0). */
@@ -407,8 +469,8 @@ static int set_rank_reporting(const train_opts *o, dt_train_config *cfg, dt_trai
     const bool quiet = o->quiet || rank != 0;
     const bool tty = isatty(2) || (rank == 0 && getenv("DTRAIN_PROGRESS_TTY") && dt_comm_env_is_rank());
     *pc = (dt_train_progress){.quiet = quiet, .tty = tty, .epochs = cfg->epochs, .eval_batches = cfg->eval_batches};
-    pc->predicted_step_s = cfg->predicted_step_s = dt_cli_plan_from_env(&cfg->plan_layout);  /* --strategy auto */
-    cfg->keep_sharded = true;  /* nothing reads the whole model after the run (tp, pp: it may not fit) */
+    pc->predicted_step_s = cfg->predicted_step_s = dt_cli_plan_from_env(&cfg->plan_layout); /* --strategy auto */
+    cfg->keep_sharded = true; /* nothing reads the whole model after the run (tp, pp: it may not fit) */
     cfg->on_progress = dt_train_print_progress;
     cfg->on_epoch = dt_train_print_epoch;
     cfg->on_note = dt_train_print_note;
@@ -445,7 +507,8 @@ static int rank_failure_exit(dt_status s, int rank, int world) {
     }
     if (world == 1) return dt_cli_fail(NULL, "%s", dt_last_error());
     if (s == DT_EPEER && dt_last_error_peer() >= 0) { /* it only followed: the culprit says why */
-        fprintf(stderr, "dtrain: stopped: world rank %d failed (see its message, or the launcher's)\n", dt_last_error_peer());
+        fprintf(stderr, "dtrain: stopped: world rank %d failed (see its message, or the launcher's)\n",
+                dt_last_error_peer());
         return DT_EXIT_PEER;
     }
     dt_cli_fail(NULL, "rank %d: %s", rank, dt_last_error());
@@ -461,7 +524,8 @@ static void print_rank_done(const dt_train_progress *pc, const dt_train_config *
                pc->last.test_loss, (long long)pc->last.global_step, pc->last.wall_s);
     else if (pc->last.epoch > 0)
         printf("dtrain: done: %lld steps (%.1fs); no test set to evaluate on (a --data with a test split, or "
-               "--val-split F)\n", (long long)pc->last.global_step, pc->last.wall_s);
+               "--val-split F)\n",
+               (long long)pc->last.global_step, pc->last.wall_s);
     if (!trained && rank == 0)
         printf("dtrain: nothing to train: already at step %lld, the end of --epochs %d%s\n", (long long)last_step,
                cfg->epochs, cfg->max_steps ? " or --max-steps" : "");
@@ -500,7 +564,7 @@ static int run_rank(int argc, char **argv, train_opts *o, int job_ranks) {
     const int64_t first_step = dt_trainer_step(t);
     if (!pc.quiet) print_header(o, t, comm, world);
     dt_status s = dt_trainer_run(t);
-    if (o->mem_limit && s == DT_OK)  /* the accounted peak (core/mem.c), not the OS's resident set */
+    if (o->mem_limit && s == DT_OK) /* the accounted peak (core/mem.c), not the OS's resident set */
         printf("dtrain: rank %d held at most %zu bytes of its --mem-limit %zu\n", rank, dt_mem_peak(), o->mem_limit);
     const int64_t last_step = dt_trainer_step(t);
     dt_trainer_destroy(t);
@@ -511,7 +575,6 @@ static int run_rank(int argc, char **argv, train_opts *o, int job_ranks) {
     return 0;
 }
 
-
 /* --workers N on this host: refused past DT_LAUNCH_MAX_RANKS (exit 2), with a note where the ranks
  * outnumber the cores (they run, taking turns). -1 = fine. */
 static int check_local_ranks(const train_opts *o, int job_ranks) {
@@ -521,8 +584,10 @@ static int check_local_ranks(const train_opts *o, int job_ranks) {
                             job_ranks != o->workers ? " (with the ps servers)" : "", DT_LAUNCH_MAX_RANKS);
     const long cores = sysconf(_SC_NPROCESSORS_ONLN);
     if (cores > 0 && job_ranks > cores)
-        fprintf(stderr, "dtrain: note: %d ranks on %ld cores: the ranks take turns on them, and every step waits for "
-                "the slowest (--workers %ld or fewer runs faster)\n", job_ranks, cores, cores);
+        fprintf(stderr,
+                "dtrain: note: %d ranks on %ld cores: the ranks take turns on them, and every step waits for "
+                "the slowest (--workers %ld or fewer runs faster)\n",
+                job_ranks, cores, cores);
     return -1;
 }
 
@@ -536,7 +601,7 @@ int dt_cmd_train(int argc, char **argv) {
         if ((r = build_train_config(argc, argv, &o)) >= 0) return r;
         return dt_cli_dry_run(&o.cfg, job_ranks, o.uneven.zero, o.bucket_mb, o.mem_limit);
     }
-    if ((r = dt_cli_check_outputs(&o.cfg)) >= 0) return r;  /* before an epoch is spent (and once, not per rank) */
+    if ((r = dt_cli_check_outputs(&o.cfg)) >= 0) return r; /* before an epoch is spent (and once, not per rank) */
     if (job_ranks > 1 && !dt_comm_env_is_rank()) {
         const dt_train_config *c = &o.cfg;
         const int S = dt_cli_servers(c);
@@ -545,11 +610,11 @@ int dt_cmd_train(int argc, char **argv) {
         if (a && a->slow_factor > 1 && (a->slow_rank >= job_ranks || (dt_cli_is_ps(c) && a->slow_rank < S))) {
             if (dt_cli_is_ps(c))
                 return dt_cli_usage("ranks 0..servers-1 serve; the workers are the ranks after them",
-                                   "--slow %d:%g: rank %d is %s; pick a worker rank (%d..%d)", a->slow_rank,
-                                   a->slow_factor, a->slow_rank, a->slow_rank < S ? "a ps server" : "not in the job",
-                                   S, job_ranks - 1);
-            return dt_cli_usage(NULL, "--slow %d:%g: this job has only %d ranks (0..%d)", a->slow_rank,
-                               a->slow_factor, job_ranks, job_ranks - 1);
+                                    "--slow %d:%g: rank %d is %s; pick a worker rank (%d..%d)", a->slow_rank,
+                                    a->slow_factor, a->slow_rank, a->slow_rank < S ? "a ps server" : "not in the job",
+                                    S, job_ranks - 1);
+            return dt_cli_usage(NULL, "--slow %d:%g: this job has only %d ranks (0..%d)", a->slow_rank, a->slow_factor,
+                                job_ranks, job_ranks - 1);
         }
         bool *expendable = dt_cli_expendable(&o.cfg, job_ranks);
         int rc = run_workers(argc, argv, job_ranks, o.elastic, o.max_restarts, o.cfg.checkpoint_dir, expendable);

@@ -22,7 +22,7 @@ const char dt_cli_exit_help[] =
     "128+N killed by signal N. With --workers or dtrain launch, the status of the rank that failed.";
 
 static void vfail(const char *hint, const char *fmt, va_list ap) {
-    char msg[8192], out[8192];  /* the library's terms (`grad_accum`) as flags (--grad-accum) */
+    char msg[8192], out[8192]; /* the library's terms (`grad_accum`) as flags (--grad-accum) */
     vsnprintf(msg, sizeof msg, fmt, ap);
     dt_cli_flag_terms(msg, out, sizeof out);
     fprintf(stderr, "dtrain: error: %s\n", out);
@@ -49,8 +49,13 @@ int dt_cli_setup_status(int s) {
     switch (s) {
     case DT_OK: return 0;
     case DT_EINVAL: return DT_EXIT_USAGE;
-    case DT_EPEER: case DT_ETIMEDOUT: return DT_EXIT_PEER;
-    case DT_EFORMAT: case DT_ENOENT: case DT_EIO: case DT_EMISMATCH: case DT_ENOTSUP: return DT_EXIT_CONFIG;
+    case DT_EPEER:
+    case DT_ETIMEDOUT: return DT_EXIT_PEER;
+    case DT_EFORMAT:
+    case DT_ENOENT:
+    case DT_EIO:
+    case DT_EMISMATCH:
+    case DT_ENOTSUP: return DT_EXIT_CONFIG;
     default: return 1;
     }
 }
@@ -64,25 +69,30 @@ int dt_cli_checkpoint(const char *flag, const char *path, char *out, size_t cap)
 }
 
 bool dt_cli_checkpoint_data_here(const char *checkpoint, const char *data) {
-    const char *file = !strncmp(data, "text:", 5) ? data + 5 : !strncmp(data, "tokens:", 7) ? data + 7
-                       : !strncmp(data, "npy:", 4) ? data + 4 : data;  /* npy: its first path */
+    const char *file = !strncmp(data, "text:", 5)     ? data + 5
+                       : !strncmp(data, "tokens:", 7) ? data + 7
+                       : !strncmp(data, "npy:", 4)    ? data + 4
+                                                      : data; /* npy: its first path */
     char first[4096];
     snprintf(first, sizeof first, "%.*s", (int)strcspn(file, ","), file);
     file = first;
     struct stat st;
-    if (*file != '/' || stat(file, &st) == 0) return true;  /* a name (kjv, fashion-mnist), or there */
-    fprintf(stderr, "dtrain: note: %s was trained on --data %s, which is not on this machine; pass --data to use "
-            "another copy\n", checkpoint, data);
+    if (*file != '/' || stat(file, &st) == 0) return true; /* a name (kjv, fashion-mnist), or there */
+    fprintf(stderr,
+            "dtrain: note: %s was trained on --data %s, which is not on this machine; pass --data to use "
+            "another copy\n",
+            checkpoint, data);
     return false;
 }
 
 void dt_cli_checkpoint_trained_on(const char *checkpoint, dt_cli_trained_on *t) {
     snprintf(t->data, sizeof t->data, "fashion-mnist");
     t->val_fraction = 0.1;
-    dt_ckpt_info info;  /* one read of the file; one that cannot be read is reported later */
+    dt_ckpt_info info; /* one read of the file; one that cannot be read is reported later */
     if (!checkpoint || dt_checkpoint_read_info(checkpoint, &info) != DT_OK) return (void)dt_error_clear();
     if (info.val_fraction > 0) t->val_fraction = info.val_fraction;
-    if (info.data[0] && dt_cli_checkpoint_data_here(checkpoint, info.data)) snprintf(t->data, sizeof t->data, "%s", info.data);
+    if (info.data[0] && dt_cli_checkpoint_data_here(checkpoint, info.data))
+        snprintf(t->data, sizeof t->data, "%s", info.data);
 }
 
 void (*dt_flags_usage_hook)(const char *usage, const dt_flag *flags, int n);
@@ -143,19 +153,19 @@ int dt_flags_help_order(const dt_flag_help *help, const dt_flag *flags, int n, i
     }
     for (int g = 0; g <= ng; g++) {
         const char *names = g < ng ? help->groups[g].names : "";
-        for (const char *p = names; *p;) {  /* the group's names, in its order */
+        for (const char *p = names; *p;) { /* the group's names, in its order */
             while (*p == ' ') p++;
             size_t w = strcspn(p, " ");
             for (int k = 0; k < n && w; k++) {
                 if (strlen(flags[k].name) != w || strncmp(flags[k].name, p, w)) continue;
-                bool placed = false;  /* named by an earlier group (or twice in this one) */
+                bool placed = false; /* named by an earlier group (or twice in this one) */
                 for (int i = 0; i < m; i++) placed |= order[i] == k;
                 if (!placed) order[m] = k, group[m++] = g;
             }
             p += w;
         }
         if (g != adv) continue;
-        for (int k = 0; k < n; k++) {  /* then every flag that no group names */
+        for (int k = 0; k < n; k++) { /* then every flag that no group names */
             bool named = false;
             for (int h = 0; h < ng; h++) named |= names_hold(help->groups[h].names, flags[k].name);
             if (!named) order[m] = k, group[m++] = g;
@@ -258,7 +268,7 @@ static value_fault set_value(const dt_flag *f, const char *v) {
         *(int64_t *)f->value = x;
         return V_OK;
     }
-    case DT_FLAG_FLOAT: {  /* nan and inf are no setting: "inf" where a flag means none is a string flag */
+    case DT_FLAG_FLOAT: { /* nan and inf are no setting: "inf" where a flag means none is a string flag */
         float x = strtof(v, &end);
         if (end == v || *end) return V_BAD;
         if (!isfinite(x)) return V_NONFINITE;
@@ -272,7 +282,8 @@ static value_fault set_value(const dt_flag *f, const char *v) {
 
 static const char *type_word(dt_flag_type t) {
     switch (t) {
-    case DT_FLAG_INT: case DT_FLAG_I64: return "an integer";
+    case DT_FLAG_INT:
+    case DT_FLAG_I64: return "an integer";
     case DT_FLAG_FLOAT: return "a number";
     case DT_FLAG_BOOL: return "true or false";
     default: return "a value";
@@ -291,14 +302,12 @@ static void value_usage(const dt_flag *f, const char *v, value_fault why) {
     char hint[4400];
     flag_hint(f, hint, sizeof hint);
     const char *range = f->type == DT_FLAG_INT ? (why == V_HIGH ? "at most 2147483647" : "at least -2147483647")
-                        : why == V_HIGH         ? "at most 9223372036854775807"
-                                                : "at least -9223372036854775808";
+                        : why == V_HIGH        ? "at most 9223372036854775807"
+                                               : "at least -9223372036854775808";
     if (why == V_HIGH || why == V_LOW)
         dt_cli_usage(hint, "flag --%s: '%s' is too %s (%s)", f->name, v, why == V_HIGH ? "large" : "small", range);
-    else if (why == V_NONFINITE)
-        dt_cli_usage(hint, "flag --%s needs a finite number, got '%s'", f->name, v);
-    else
-        dt_cli_usage(hint, "flag --%s needs %s, got '%s'", f->name, type_word(f->type), v);
+    else if (why == V_NONFINITE) dt_cli_usage(hint, "flag --%s needs a finite number, got '%s'", f->name, v);
+    else dt_cli_usage(hint, "flag --%s needs %s, got '%s'", f->name, type_word(f->type), v);
 }
 
 /* Edit distance of a[0..la) and b (insertions, deletions, substitutions, swaps of neighbours),
@@ -363,7 +372,10 @@ int dt_flags_parse_help(int argc, char **argv, int first, const dt_flag *flags, 
     for (int i = first; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--")) {
-            if (rest) { *rest = i + 1; return 0; }
+            if (rest) {
+                *rest = i + 1;
+                return 0;
+            }
             continue;
         }
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -387,8 +399,7 @@ int dt_flags_parse_help(int argc, char **argv, int first, const dt_flag *flags, 
         if (!f) {
             const char *g = suggest_flag(name, len, flags, n);
             char hint[128];
-            snprintf(hint, sizeof hint, "did you mean --%s? (run with --help to see the accepted flags)",
-                     g ? g : "");
+            snprintf(hint, sizeof hint, "did you mean --%s? (run with --help to see the accepted flags)", g ? g : "");
             dt_cli_usage(g ? hint : "run with --help to see the accepted flags", "unknown flag '--%.*s'", (int)len,
                          name);
             return -1;
@@ -416,8 +427,8 @@ int dt_flags_parse_help(int argc, char **argv, int first, const dt_flag *flags, 
     return 0;
 }
 
-int dt_flags_parse(int argc, char **argv, int first, const dt_flag *flags, int n, const char *usage,
-                   const char **pos, int max_pos, int *npos, int *rest) {
+int dt_flags_parse(int argc, char **argv, int first, const dt_flag *flags, int n, const char *usage, const char **pos,
+                   int max_pos, int *npos, int *rest) {
     const dt_flag_help help = {.usage = usage};
     return dt_flags_parse_help(argc, argv, first, flags, n, &help, pos, max_pos, npos, rest);
 }

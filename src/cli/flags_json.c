@@ -9,9 +9,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const g_type_names[] = {[DT_FLAG_BOOL] = "bool", [DT_FLAG_INT] = "int", [DT_FLAG_I64] = "int",
-                                           [DT_FLAG_FLOAT] = "float", [DT_FLAG_STR] = "str"};
-static cJSON *g_flags;  /* the array the hook fills */
+static const char *const g_type_names[] = {[DT_FLAG_BOOL] = "bool",
+                                           [DT_FLAG_INT] = "int",
+                                           [DT_FLAG_I64] = "int",
+                                           [DT_FLAG_FLOAT] = "float",
+                                           [DT_FLAG_STR] = "str"};
+static cJSON *g_flags; /* the array the hook fills */
 
 /* One flag: {"name", "type", "meta", "help", "default"}; default is the value the table starts
  * with (null for a string flag without one), as --help shows it. */
@@ -27,7 +30,7 @@ static cJSON *flag_json(const dt_flag *f) {
     case DT_FLAG_BOOL: cJSON_AddBoolToObject(o, "default", *(const bool *)f->value); break;
     case DT_FLAG_INT: cJSON_AddNumberToObject(o, "default", *(const int *)f->value); break;
     case DT_FLAG_I64: cJSON_AddNumberToObject(o, "default", (double)*(const int64_t *)f->value); break;
-    case DT_FLAG_FLOAT: {  /* the float as --help prints it (0.001, not 0.0010000000474974513) */
+    case DT_FLAG_FLOAT: { /* the float as --help prints it (0.001, not 0.0010000000474974513) */
         char text[32];
         snprintf(text, sizeof text, "%.9g", *(const float *)f->value);
         cJSON_AddNumberToObject(o, "default", strtod(text, NULL));
@@ -46,7 +49,8 @@ static cJSON *flag_json(const dt_flag *f) {
 static void json_usage(const char *usage, const dt_flag *flags, int n) {
     (void)usage;
     for (int i = 0; i < n && g_flags; i++) {
-        if (!flags[i].name || !flags[i].name[0] || (unsigned)flags[i].type >= sizeof g_type_names / sizeof *g_type_names)
+        if (!flags[i].name || !flags[i].name[0] ||
+            (unsigned)flags[i].type >= sizeof g_type_names / sizeof *g_type_names)
             continue;
         cJSON *o = flag_json(&flags[i]);
         if (!o || !cJSON_AddItemToArray(g_flags, o)) {

@@ -8,23 +8,28 @@
 
 static int a, b, c, d, e;
 static const dt_flag g_flags[] = {
-    {"epochs", DT_FLAG_INT, &a, "N", "passes"},   {"data", DT_FLAG_INT, &b, "DIR", "data"},
+    {"epochs", DT_FLAG_INT, &a, "N", "passes"},
+    {"data", DT_FLAG_INT, &b, "DIR", "data"},
     {"new-flag", DT_FLAG_INT, &c, "N", "added later, in no group"},
-    {"threads", DT_FLAG_INT, &d, "N", "threads"}, {"batch", DT_FLAG_INT, &e, "N", "batch"},
+    {"threads", DT_FLAG_INT, &d, "N", "threads"},
+    {"batch", DT_FLAG_INT, &e, "N", "batch"},
 };
 enum { NF = sizeof g_flags / sizeof *g_flags };
 
 /* The groups name flags out of table order, one twice, and one the table lacks. */
 static void test_order_with_advanced(void) {
-    const dt_flag_group groups[] = {{"Data", "data"}, {"Optimisation", "batch missing epochs batch"},
-                                    {"Advanced", "threads"}, {"Outputs", "data"}, {NULL, NULL}};
+    const dt_flag_group groups[] = {{"Data", "data"},
+                                    {"Optimisation", "batch missing epochs batch"},
+                                    {"Advanced", "threads"},
+                                    {"Outputs", "data"},
+                                    {NULL, NULL}};
     const dt_flag_help help = {"usage", groups, NULL};
     int order[NF], group[NF];
     int shown = dt_flags_help_order(&help, g_flags, NF, order, group);
     const int want_order[NF] = {1, 4, 0, 3, 2}, want_group[NF] = {0, 1, 1, 2, 2};
     for (int i = 0; i < NF; i++)
-        CHECK_MSG(order[i] == want_order[i] && group[i] == want_group[i], "listed %d: flag %d in group %d", i,
-                  order[i], group[i]);
+        CHECK_MSG(order[i] == want_order[i] && group[i] == want_group[i], "listed %d: flag %d in group %d", i, order[i],
+                  group[i]);
     CHECK_MSG(shown == 3, "%d groups shown (Outputs names only a flag listed before)", shown);
     CHECK(!strcmp(dt_flags_group_title(&help, 2), "Advanced"));
 }
@@ -38,7 +43,7 @@ static void test_added_advanced(void) {
     const int want_order[NF] = {1, 0, 2, 3, 4}, want_group[NF] = {0, 0, 1, 1, 1};
     for (int i = 0; i < NF; i++) CHECK(order[i] == want_order[i] && group[i] == want_group[i]);
     CHECK(!strcmp(dt_flags_group_title(&help, 1), "Advanced"));
-    const dt_flag_help plain = {"usage", NULL, NULL};  /* no groups: the table's order, one list */
+    const dt_flag_help plain = {"usage", NULL, NULL}; /* no groups: the table's order, one list */
     CHECK(dt_flags_help_order(&plain, g_flags, NF, order, group) == 1);
     for (int i = 0; i < NF; i++) CHECK(order[i] == i && group[i] == 0);
     CHECK(!strcmp(dt_flags_group_title(&plain, 0), "Flags"));
@@ -52,8 +57,8 @@ static void test_suggest(void) {
     CHECK(!strcmp(or_empty(dt_cli_suggest("trian", 5, cmds, n)), "train"));  /* two letters swapped */
     CHECK(!strcmp(or_empty(dt_cli_suggest("evl", 3, cmds, n)), "eval"));     /* one left out */
     CHECK(!strcmp(or_empty(dt_cli_suggest("pred", 4, cmds, n)), "predict")); /* the only one it starts */
-    CHECK(!dt_cli_suggest("frobnicate", 10, cmds, n));                    /* a far miss */
-    CHECK(!strcmp(or_empty(dt_cli_suggest("mat", 3, cmds, n)), "man"));       /* short: 1 edit at most */
+    CHECK(!dt_cli_suggest("frobnicate", 10, cmds, n));                       /* a far miss */
+    CHECK(!strcmp(or_empty(dt_cli_suggest("mat", 3, cmds, n)), "man"));      /* short: 1 edit at most */
     CHECK(!dt_cli_suggest("xa", 2, cmds, n));
     CHECK(!strcmp(or_empty(suggest_flag("epoch", 5, g_flags, NF)), "epochs"));
     CHECK(!strcmp(or_empty(suggest_flag("bacth", 5, g_flags, NF)), "batch"));
@@ -61,7 +66,7 @@ static void test_suggest(void) {
 
 /* dtrain train's groups: the seven, in order, Advanced last, and no flag named twice. */
 static void test_train_groups(void) {
-    const char *want[] = {"Data", "Model", "Optimisation", "Parallelism", "Outputs", "Checkpoints and faults",
+    const char *want[] = {"Data",    "Model", "Optimisation", "Parallelism", "Outputs", "Checkpoints and faults",
                           "Advanced"};
     int g = 0;
     for (; dt_train_groups[g].title; g++) CHECK(g < 7 && !strcmp(dt_train_groups[g].title, want[g]));

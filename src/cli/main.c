@@ -29,9 +29,11 @@ static const dt_command g_commands[] = {
     {"sample", dt_cmd_sample, "generate text with a GPT checkpoint"},
     {"export", dt_cmd_export, "write a checkpoint's model as ONNX (onnxruntime, other tools)"},
     {"predict", dt_cmd_predict, "write a model's predictions on a data set (CSV or JSON Lines)"},
-    {"plan", dt_cmd_plan, "choose the parallel layout: predicted step time, memory per rank, the flags, why not the others"},
+    {"plan", dt_cmd_plan,
+     "choose the parallel layout: predicted step time, memory per rank, the flags, why not the others"},
     {"launch", dt_cmd_launch, "run N local ranks of a program (rank env, prefixed output)"},
-    {"bench", dt_cmd_bench, "benchmarks: train, ddp, comm, async, fault, fl, tp, parallel, zero, plan (tables + a JSON line)"},
+    {"bench", dt_cmd_bench,
+     "benchmarks: train, ddp, comm, async, fault, fl, tp, parallel, zero, plan (tables + a JSON line)"},
     {"plot", dt_cmd_plot, "draw loss, accuracy and throughput of --metrics files (PNG/SVG through gnuplot)"},
     {"man", dt_cmd_man, "write the manual page dtrain(1), made from the flag tables of --help"},
     {"ckpt", dt_cmd_ckpt, "checkpoint tools: consolidate a sharded checkpoint into one PyTorch-loadable file"},
@@ -44,7 +46,8 @@ static const dt_command g_commands[] = {
 
 static void usage(void) {
     printf("dtrain %s: distributed deep-learning training in C\n\n"
-           "Usage: dtrain COMMAND [FLAGS]\n\nCommands:\n", DTRAIN_VERSION);
+           "Usage: dtrain COMMAND [FLAGS]\n\nCommands:\n",
+           DTRAIN_VERSION);
     for (const dt_command *c = g_commands; c->name; c++) printf("  %-10s %s\n", c->name, c->summary);
     printf("\nRun 'dtrain COMMAND --help' for the flags of a command.\n\n"
            "Environment:\n"
@@ -61,7 +64,8 @@ static void usage(void) {
            "                          own when the ranks are at least 2 and no more than the CPUs\n"
            "                          (core, the default), or where the OS puts it (none)\n"
            "  DTRAIN_RANK, DTRAIN_WORLD_SIZE, DTRAIN_JOB_ID   set by dtrain launch / --workers; mpirun\n"
-           "                          and srun ranks are found from their own variables\n\n%s\n", dt_cli_exit_help);
+           "                          and srun ranks are found from their own variables\n\n%s\n",
+           dt_cli_exit_help);
 }
 
 const dt_command *dt_cli_commands(void) { return g_commands; }
@@ -71,7 +75,7 @@ void dt_cli_main_usage(void) { usage(); }
  * set the CPU supports (OPENBLAS_CORETYPE is read only when the library loads). Workers and
  * children inherit it. */
 static void pick_blas_kernels(char **argv) {
-    if (getenv("DTRAIN_BLAS_REEXEC")) return;  /* done already, or turned off (=0) */
+    if (getenv("DTRAIN_BLAS_REEXEC")) return; /* done already, or turned off (=0) */
     const char *core = dt_blas_better_coretype();
     char self[4096];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
@@ -79,19 +83,19 @@ static void pick_blas_kernels(char **argv) {
     self[n] = '\0';
     setenv("OPENBLAS_CORETYPE", core, 1);
     setenv("DTRAIN_BLAS_REEXEC", core, 1);
-    execv(self, argv);  /* returns only on failure: go on with the generic kernels */
+    execv(self, argv); /* returns only on failure: go on with the generic kernels */
     unsetenv("OPENBLAS_CORETYPE");
 }
 
 int main(int argc, char **argv) {
     pick_blas_kernels(argv);
-    dt_cli_flag_terms_install();  /* the library's log lines name flags, not its terms */
+    dt_cli_flag_terms_install(); /* the library's log lines name flags, not its terms */
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         usage();
         return argc < 2 ? 2 : 0;
     }
     if (!strcmp(argv[1], "--version")) {
-        printf("dtrain %s\n", dt_version());  /* the library's version, as linked */
+        printf("dtrain %s\n", dt_version()); /* the library's version, as linked */
         return 0;
     }
     for (const dt_command *c = g_commands; c->name; c++)

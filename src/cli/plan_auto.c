@@ -30,15 +30,17 @@ bool dt_cli_strategy_is_auto(int argc, char **argv) {
     return s && !strcmp(s, "auto");
 }
 
-static const char *const g_owned[] = {"tp", "pp", "zero", "microbatches", "pp-schedule", "pp-split", "grad-accum",
-                                      "compress", "bucket-mb", "servers", "staleness", "sync-every", "resume"};
+static const char *const g_owned[] = {"tp",        "pp",         "zero",     "microbatches", "pp-schedule",
+                                      "pp-split",  "grad-accum", "compress", "bucket-mb",    "servers",
+                                      "staleness", "sync-every", "resume"};
 
 /* Plans on this host; the best layout into *best and the plan printed; 0 or the exit status. */
 static int choose(int argc, char **argv, dt_plan_entry *best, int *G) {
     for (size_t k = 0; k < sizeof g_owned / sizeof *g_owned; k++)
         if (dt_cli_flag_given(argc, argv, g_owned[k]))
             return dt_cli_usage("drop it, or drop --strategy auto and choose the layout yourself (dtrain plan shows "
-                                "the options)", "--%s with --strategy auto: the planner chooses the layout", g_owned[k]);
+                                "the options)",
+                                "--%s with --strategy auto: the planner chooses the layout", g_owned[k]);
     if (dt_comm_env_is_rank())
         return dt_cli_usage("run it with --workers N, or run dtrain plan and pass its flags to mpirun",
                             "--strategy auto plans before the ranks start; this process is already one rank of a job");

@@ -1,10 +1,9 @@
 /* dtrain plan --probe's cache of per-op times: each node's t_fix + t_per x batch, the optimizer's
- * update per value and the step's calibrated overhead at the shapes a plan runs, in DTRAIN_PLAN_CACHE (default ~/.cache/dtrain) as
- * ops-HOST-HASH.json. The key names the model spec, the data set, the two measured batches,
- * the rank count, the precisions, whether the overhead was calibrated and this CPU (its model
- * name and core count): a change to any of them misses, and the plan measures again. The file
- * also keeps the other runnable tasks at the time, so a later plan can scale the times to its own
- * load (cmd_plan.c). */
+ * update per value and the step's calibrated overhead at the shapes a plan runs, in DTRAIN_PLAN_CACHE (default
+ * ~/.cache/dtrain) as ops-HOST-HASH.json. The key names the model spec, the data set, the two measured batches, the
+ * rank count, the precisions, whether the overhead was calibrated and this CPU (its model name and core count): a
+ * change to any of them misses, and the plan measures again. The file also keeps the other runnable tasks at the time,
+ * so a later plan can scale the times to its own load (cmd_plan.c). */
 #include "cli/cli.h"
 #include "cli/cmd_plan.h"
 
@@ -80,7 +79,8 @@ bool dt_cli_plan_ops_load(const char *key, dt_plan_model *pm, double *busy) {
     if (!ops_path(key, path, sizeof path, false)) return false;
     cJSON *j = read_json(path);
     const cJSON *k = cJSON_GetObjectItemCaseSensitive(j, "key"), *b = cJSON_GetObjectItemCaseSensitive(j, "busy");
-    const cJSON *of = cJSON_GetObjectItemCaseSensitive(j, "ovh_fix"), *op = cJSON_GetObjectItemCaseSensitive(j, "ovh_per");
+    const cJSON *of = cJSON_GetObjectItemCaseSensitive(j, "ovh_fix"),
+                *op = cJSON_GetObjectItemCaseSensitive(j, "ovh_per");
     double *fix = calloc((size_t)pm->nodes, sizeof(double)), *per = calloc((size_t)pm->nodes, sizeof(double));
     const bool ok = fix && per && cJSON_IsString(k) && !strcmp(k->valuestring, key) && cJSON_IsNumber(b) &&
                     cJSON_IsNumber(of) && cJSON_IsNumber(op) && numbers(j, "t_fix", pm->nodes, fix) &&
@@ -88,7 +88,7 @@ bool dt_cli_plan_ops_load(const char *key, dt_plan_model *pm, double *busy) {
     if (ok) {
         free(pm->t_fix), free(pm->t_per);
         pm->t_fix = fix, pm->t_per = per, pm->ovh_fix = of->valuedouble, pm->ovh_per = op->valuedouble;
-        const cJSON *ov = cJSON_GetObjectItemCaseSensitive(j, "opt_per");  /* absent in older caches */
+        const cJSON *ov = cJSON_GetObjectItemCaseSensitive(j, "opt_per"); /* absent in older caches */
         pm->opt_per = cJSON_IsNumber(ov) ? ov->valuedouble : 0;
         *busy = b->valuedouble;
     } else {
@@ -101,7 +101,8 @@ bool dt_cli_plan_ops_load(const char *key, dt_plan_model *pm, double *busy) {
 int dt_cli_plan_ops_save(const char *key, const dt_plan_model *pm, double busy) {
     char path[4096], tmp[4200];
     if (!ops_path(key, path, sizeof path, true))
-        return dt_cli_fail("set DTRAIN_PLAN_CACHE=DIR", "--probe: no cache directory for the per-op times (HOME is unset)");
+        return dt_cli_fail("set DTRAIN_PLAN_CACHE=DIR",
+                           "--probe: no cache directory for the per-op times (HOME is unset)");
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "key", key);
     cJSON_AddNumberToObject(j, "busy", busy);

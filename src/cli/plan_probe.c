@@ -45,15 +45,19 @@ static bool cache_path(int ranks, char *buf, size_t cap, bool make) {
 
 bool dt_cli_plan_host_cluster(int ranks, dt_plan_cluster *c) {
     const long cores = sysconf(_SC_NPROCESSORS_ONLN), pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
-    *c = (dt_plan_cluster){.hosts = 1, .ranks_per_host = ranks, .efficiency = 0.5, .mem_bw = 8e9, .overlap = 0.3,
+    *c = (dt_plan_cluster){.hosts = 1,
+                           .ranks_per_host = ranks,
+                           .efficiency = 0.5,
+                           .mem_bw = 8e9,
+                           .overlap = 0.3,
                            .link = {{4e9, 5e-6, 1}, {4e9, 5e-6, 1}}};
     snprintf(c->name, sizeof c->name, "this-host");
     c->peak[0] = 1e11;
     char path[4096];
     bool cached = false;
     dt_plan_cluster k;
-    if (cache_path(ranks, path, sizeof path, false) && access(path, R_OK) == 0 && dt_plan_cluster_load(path, &k) == DT_OK &&
-        k.ranks_per_host == ranks)
+    if (cache_path(ranks, path, sizeof path, false) && access(path, R_OK) == 0 &&
+        dt_plan_cluster_load(path, &k) == DT_OK && k.ranks_per_host == ranks)
         *c = k, cached = true;
     c->mem_bytes = pages > 0 && psz > 0 ? (double)pages * (double)psz / ranks : 4e9;
     c->oversub = dt_plan_oversub(ranks, cores > 0 ? (int)cores : 1, dt_cli_plan_busy());
@@ -183,7 +187,7 @@ static double probe_memory(void) {
         memcpy(b, a, n);
         const double dt = dt_now() - t0;
         if (dt < best) best = dt;
-        a[i] = b[n - 1 - i];  /* the copy is used */
+        a[i] = b[n - 1 - i]; /* the copy is used */
     }
     free(a), free(b);
     return 2.0 * n / best;
@@ -205,8 +209,8 @@ int dt_cli_plan_probe(int ranks, dt_plan_cluster *c) {
         c->link[DT_PLAN_INTER] = c->link[DT_PLAN_INTRA];
         c->coll_wait = t[2];
         printf("dtrain plan: probe: allreduce over %d local ranks: 4 KB %.1f us, 8 MB %.3f ms -> latency %.2f us, "
-               "bandwidth %.2f GB/s; a blocking collective's wait after 1 ms of compute %.1f us\n", ranks, t[0] * 1e6,
-               t[1] * 1e3, c->link[0].lat * 1e6, c->link[0].bw / 1e9, c->coll_wait * 1e6);
+               "bandwidth %.2f GB/s; a blocking collective's wait after 1 ms of compute %.1f us\n",
+               ranks, t[0] * 1e6, t[1] * 1e3, c->link[0].lat * 1e6, c->link[0].bw / 1e9, c->coll_wait * 1e6);
     }
     printf("dtrain plan: probe: memory bandwidth %.2f GB/s (64 MB copy)\n", c->mem_bw / 1e9);
     char path[4096];

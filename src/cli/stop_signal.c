@@ -9,7 +9,7 @@ static volatile sig_atomic_t *g_flag;
 
 static void on_stop_signal(int sig) {
     (void)sig;
-    *g_flag = 1;  /* SA_RESETHAND: the next one has the default action (ends the process) */
+    *g_flag = 1; /* SA_RESETHAND: the next one has the default action (ends the process) */
 }
 
 /* The thread that takes the signals: they are unblocked here only (and in threads libraries
@@ -41,6 +41,6 @@ int dt_cli_stop_on_signals(volatile sig_atomic_t *flag) {
         errno = rc;
         return -1;
     }
-    pthread_sigmask(SIG_BLOCK, &set, NULL);  /* after the thread exists: a signal always has a taker */
+    pthread_sigmask(SIG_BLOCK, &set, NULL); /* after the thread exists: a signal always has a taker */
     return 0;
 }

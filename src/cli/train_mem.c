@@ -49,9 +49,15 @@ static int plan_layout(const dt_train_config *c, int ranks, int zero, double buc
                             tp * pp, ranks);
     const int accum = c->grad_accum > 1 ? c->grad_accum : 1, dp = ranks / (tp * pp);
     /* a pipeline cuts the rank-batch into M micro-batches; --grad-accum runs micro-batches of --batch */
-    *l = (dt_mem_layout){.dp = dp, .tp = tp, .pp = pp, .zero = dp > 1 ? zero : 0, .microbatches = pp > 1 ? M : accum,
-                         .schedule = schedule, .batch = pp > 1 ? (c->batch + M - 1) / M : c->batch,
-                         .bucket_mb = bucket_mb, .device = c->device && strcmp(c->device, "cpu") != 0};
+    *l = (dt_mem_layout){.dp = dp,
+                         .tp = tp,
+                         .pp = pp,
+                         .zero = dp > 1 ? zero : 0,
+                         .microbatches = pp > 1 ? M : accum,
+                         .schedule = schedule,
+                         .batch = pp > 1 ? (c->batch + M - 1) / M : c->batch,
+                         .bucket_mb = bucket_mb,
+                         .device = c->device && strcmp(c->device, "cpu") != 0};
     return 0;
 }
 
@@ -85,10 +91,10 @@ int dt_cli_dry_run(const dt_train_config *c, int ranks, int zero, double bucket_
     const bool evals = (!text || c->val_fraction > 0) && l.zero >= 3 && l.dp > 1;
     const bool syncs = evals || c->save || c->save_weights || c->checkpoint_every > 0;
     printf("dtrain: dry run: model %s, %zu parameters, %d rank%s (dp %d x pp %d x tp %d; rank = (dp_i*%d + stage)*%d "
-           "+ tp_i), ZeRO stage %d, batch %d x %d micro-batch%s%s%s, %s\n", dt_model_spec(m), P, ranks,
-           ranks > 1 ? "s" : "", l.dp, l.pp, l.tp, l.pp, l.tp, l.zero, l.batch, l.microbatches,
-           l.microbatches > 1 ? "es" : "", l.schedule ? ", schedule " : "", l.schedule ? l.schedule : "",
-           dt_optim_name(c->optim.kind));
+           "+ tp_i), ZeRO stage %d, batch %d x %d micro-batch%s%s%s, %s\n",
+           dt_model_spec(m), P, ranks, ranks > 1 ? "s" : "", l.dp, l.pp, l.tp, l.pp, l.tp, l.zero, l.batch,
+           l.microbatches, l.microbatches > 1 ? "es" : "", l.schedule ? ", schedule " : "",
+           l.schedule ? l.schedule : "", dt_optim_name(c->optim.kind));
     int over = 0;
     char over_ranks[160] = "";
     for (int k = 0; k < ranks; k++) {
@@ -107,7 +113,8 @@ int dt_cli_dry_run(const dt_train_config *c, int ranks, int zero, double bucket_
         if (p.sync > 0) row(syncs ? "at eval/ckpt" : "(eval/ckpt)", p.total + (double)copy + p.sync);
         if (mem_limit && p.total + (double)copy + (syncs ? p.sync : 0) > (double)mem_limit) {
             size_t n = strlen(over_ranks);
-            if (n + 16 < sizeof over_ranks) snprintf(over_ranks + n, sizeof over_ranks - n, "%s%d", over ? ", " : "", k);
+            if (n + 16 < sizeof over_ranks)
+                snprintf(over_ranks + n, sizeof over_ranks - n, "%s%d", over ? ", " : "", k);
             else if (!strstr(over_ranks, "...")) snprintf(over_ranks + n, sizeof over_ranks - n, ", ...");
             over++;
         }
@@ -124,5 +131,5 @@ int dt_cli_dry_run(const dt_train_config *c, int ranks, int zero, double bucket_
                     "--mem-limit %zu bytes: %d of %d rank%s would exceed it (rank%s %s)", mem_limit, over, ranks,
                     ranks == 1 ? "" : "s", over == 1 ? "" : "s", over_ranks);
     dt_model_destroy(m);
-    return over ? 78 : 0;  /* as the run itself would stop */
+    return over ? 78 : 0; /* as the run itself would stop */
 }

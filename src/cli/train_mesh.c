@@ -27,16 +27,19 @@ int dt_cli_mesh_parse(const dt_cli_mesh_flags *f, dt_train_config *cfg) {
     char name[64] = "", num[16];
     if (cfg->strategy && dt_strategy_spec_info(cfg->strategy, name, sizeof name, NULL) != DT_OK)
         return dt_cli_usage(NULL, "%s", dt_last_error());
-    const bool pp = name[0] && dt_strategy_spec_takes(name, "stages");  /* --tp a --pp b: pipeline stages of tensor-parallel shards */
+    const bool pp = name[0] && dt_strategy_spec_takes(
+                                   name, "stages"); /* --tp a --pp b: pipeline stages of tensor-parallel shards */
     if (f->implicit_ddp)
         return dt_cli_usage("drop --compress and --allreduce (only --zero and --bucket-mb apply to tp's "
                             "data-parallel axis)",
                             "--tp %d with --compress or --allreduce: those shape ddp's gradient allreduce; tensor "
-                            "parallelism runs its own collectives", tp);
+                            "parallelism runs its own collectives",
+                            tp);
     if (cfg->strategy && !dt_strategy_spec_takes(name, "tp"))
         return dt_cli_usage("drop --strategy (or use --strategy tp(...)): --tp is the tp strategy",
                             "--tp %d with --strategy %s: tensor parallelism is its own strategy (its other ranks are "
-                            "data parallel)", tp, cfg->strategy);
+                            "data parallel)",
+                            tp, cfg->strategy);
     snprintf(num, sizeof num, "%d", tp);
     if (dt_strategy_spec_add_option(cfg->strategy ? cfg->strategy : "tp", "tp", num, g_spec, sizeof g_spec) != DT_OK)
         return dt_cli_usage(pp ? "give the value once: as --tp or inside --strategy pp(tp=K)"

@@ -6,10 +6,10 @@
 
 /* The flags tensor parallelism takes. */
 typedef struct {
-    int tp;             /* --tp K (0 = not given) */
-    int zero;           /* --zero N (-1 = not given): ZeRO over the mesh's dp axis */
-    double bucket_mb;   /* --bucket-mb MB (0 = not given): the dp axis's gradient buckets */
-    bool implicit_ddp;  /* cfg->strategy is the ddp(...) that --compress / --allreduce made */
+    int tp;            /* --tp K (0 = not given) */
+    int zero;          /* --zero N (-1 = not given): ZeRO over the mesh's dp axis */
+    double bucket_mb;  /* --bucket-mb MB (0 = not given): the dp axis's gradient buckets */
+    bool implicit_ddp; /* cfg->strategy is the ddp(...) that --compress / --allreduce made */
 } dt_cli_mesh_flags;
 
 /* --tp K: sets cfg->strategy to "tp(tp=K)", or adds tp=K to a --strategy tp(...) or pp(...) spec

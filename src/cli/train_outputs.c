@@ -18,12 +18,12 @@ int dt_cli_check_output_file(const char *flag, const char *path) {
     if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
         return dt_cli_fail("give a file name, e.g. DIR/model.safetensors", "%s %s: is a directory", flag, path),
                DT_EXIT_OUTPUT;
-    char file[PATH_MAX], dir[PATH_MAX];  /* file: path, or where a symbolic link there leads */
+    char file[PATH_MAX], dir[PATH_MAX]; /* file: path, or where a symbolic link there leads */
     if (dt_output_path(flag, path, file, sizeof file) != DT_OK) return dt_cli_usage(NULL, "%s", dt_last_error());
     int e = dt_path_probe_write(file, dir, sizeof dir);
     if (e == 0) return -1;
-    dt_cli_fail("give a path in a directory that exists and that you can write",
-                "%s %s: cannot write into %s (%s)", flag, path, dir, strerror(e));
+    dt_cli_fail("give a path in a directory that exists and that you can write", "%s %s: cannot write into %s (%s)",
+                flag, path, dir, strerror(e));
     return DT_EXIT_OUTPUT;
 }
 
@@ -42,8 +42,8 @@ static int check_dir(const char *flag, const char *dir) {
         e = dt_path_probe_write(dir, parent, sizeof parent);
     }
     if (e == 0) return -1;
-    dt_cli_fail("give a directory you can write (it is made if its parent exists)", "--%s %s: cannot write into %s (%s)",
-                flag, dir, parent, strerror(e));
+    dt_cli_fail("give a directory you can write (it is made if its parent exists)",
+                "--%s %s: cannot write into %s (%s)", flag, dir, parent, strerror(e));
     return DT_EXIT_OUTPUT;
 }
 

@@ -9,7 +9,7 @@
 typedef struct {
     int pp, microbatches;
     const char *schedule, *split;
-    char spec[512];          /* out: the spec cfg->strategy points to once the flags are in it */
+    char spec[512]; /* out: the spec cfg->strategy points to once the flags are in it */
 } dt_cli_pp;
 
 /* Turns the pipeline flags into the strategy spec pp(stages=K,...) (cfg->strategy points to

@@ -7,7 +7,6 @@
 #include <string.h>
 #include <time.h>
 
-
 static void fmt_duration(char *buf, size_t cap, double s) {
     if (s < 0 || !isfinite(s)) s = 0;
     int t = (int)(s + 0.5);
@@ -59,7 +58,7 @@ void dt_train_print_progress(void *ctx, const dt_progress_info *p) {
     const int64_t end = p->epoch_steps > 0 ? p->epoch_steps : p->steps_per_epoch;
     char eta[32], run[64] = "";
     fmt_duration(eta, sizeof eta, p->eta_s);
-    if (p->total_steps > 0 && p->total_steps - p->global_step > end - p->step_in_epoch) {  /* epochs follow */
+    if (p->total_steps > 0 && p->total_steps - p->global_step > end - p->step_in_epoch) { /* epochs follow */
         char reta[32];
         fmt_duration(reta, sizeof reta, p->run_eta_s);
         snprintf(run, sizeof run, " (run: step %lld/%lld, ETA %s)", (long long)p->global_step,
@@ -68,8 +67,8 @@ void dt_train_print_progress(void *ctx, const dt_progress_info *p) {
     if (pc->tty) {
         char bar[WIDTH + 1];
         fill_bar(bar, p->step_in_epoch, end);
-        fprintf(stderr, "\r\033[Kepoch %d/%d [%s] %lld/%lld loss %.4f %.0f samples/s ETA %s%s", p->epoch + 1,
-                p->epochs, bar, (long long)p->step_in_epoch, (long long)end, p->loss, p->samples_per_s, eta, run);
+        fprintf(stderr, "\r\033[Kepoch %d/%d [%s] %lld/%lld loss %.4f %.0f samples/s ETA %s%s", p->epoch + 1, p->epochs,
+                bar, (long long)p->step_in_epoch, (long long)end, p->loss, p->samples_per_s, eta, run);
         fflush(stderr);
         pc->bar_shown = true;
         return;
@@ -92,7 +91,7 @@ static void clear_bar(dt_train_progress *pc) {
 
 void dt_train_print_step(void *ctx, const dt_step_info *s) {
     dt_train_progress *pc = ctx;
-    if (pc->tb) dt_tb_writer_step(pc->tb, s);  /* an error is kept and reported at the end */
+    if (pc->tb) dt_tb_writer_step(pc->tb, s); /* an error is kept and reported at the end */
     /* an epoch's end on an --eval-every step: the epoch's line just said it */
     const bool said = s->kind == DT_STEP_EVAL && pc->last.epoch > 0 && pc->last.global_step == s->step;
     if (pc->quiet || said) return;
@@ -104,7 +103,8 @@ void dt_train_print_step(void *ctx, const dt_step_info *s) {
                s->train_loss, s->lr, gn, s->samples_per_s);
     } else {
         char test[64] = "", val[64] = "";
-        if (!isnan(s->test_loss)) snprintf(test, sizeof test, " test_loss %.4f test_acc %.4f", s->test_loss, s->test_acc);
+        if (!isnan(s->test_loss))
+            snprintf(test, sizeof test, " test_loss %.4f test_acc %.4f", s->test_loss, s->test_acc);
         if (!isnan(s->val_loss)) snprintf(val, sizeof val, " val_loss %.4f val_acc %.4f", s->val_loss, s->val_acc);
         printf("step %lld (epoch %.4g): eval%s%s (%lld samples, %.1fs)\n", (long long)s->step, s->epoch, test, val,
                (long long)s->eval_samples, s->eval_s);
@@ -126,20 +126,22 @@ void dt_train_print_epoch(void *ctx, const dt_epoch_info *e) {
     if (!isnan(e->val_loss) && e->best_epoch > 0) /* --val-split */
         snprintf(val, sizeof val, " val_loss %.4f val_acc %.4f%s", e->val_loss, e->val_acc,
                  e->best_epoch == e->epoch ? " (best)" : "");
-    char test[64] = " (no test set)";  /* not "nan": there is nothing to evaluate */
+    char test[64] = " (no test set)"; /* not "nan": there is nothing to evaluate */
     if (!isnan(e->test_loss)) snprintf(test, sizeof test, " test_loss %.4f test_acc %.4f", e->test_loss, e->test_acc);
-    char bounded[64] = "";  /* --eval-batches */
+    char bounded[64] = ""; /* --eval-batches */
     if (e->eval_samples > 0 && pc->eval_batches > 0)
         snprintf(bounded, sizeof bounded, " (evaluated on %lld samples)", (long long)e->eval_samples);
-    printf("epoch %d/%d%s: train_loss %.4f%s%s%s%s %.0f samples/s (%.1fs)\n", e->epoch, pc->epochs, part,
-           e->train_loss, over, val, test, bounded, e->samples_per_s, e->epoch_s);
+    printf("epoch %d/%d%s: train_loss %.4f%s%s%s%s %.0f samples/s (%.1fs)\n", e->epoch, pc->epochs, part, e->train_loss,
+           over, val, test, bounded, e->samples_per_s, e->epoch_s);
     fflush(stdout);
-    if (pc->tb) dt_tb_writer_epoch(pc->tb, e);  /* an error is kept and reported at the end */
+    if (pc->tb) dt_tb_writer_epoch(pc->tb, e); /* an error is kept and reported at the end */
     const double step = e->steps > 0 ? e->epoch_s / (double)e->steps : 0, p = pc->predicted_step_s;
     if (p > 0 && step > 0)
         printf("dtrain: step time %.3f ms against the planner's %.3f ms (%+.0f%%)%s\n", step * 1e3, p * 1e3,
-               100 * (step / p - 1), fabs(step / p - 1) > 0.25 ? ": more than 25% off the prediction; the cluster's "
-               "figures may be stale (dtrain plan --probe) or the machine busy" : "");
+               100 * (step / p - 1),
+               fabs(step / p - 1) > 0.25 ? ": more than 25% off the prediction; the cluster's "
+                                           "figures may be stale (dtrain plan --probe) or the machine busy"
+                                         : "");
 }
 
 void dt_train_print_note(void *ctx, const char *msg) {
@@ -149,4 +151,3 @@ void dt_train_print_note(void *ctx, const char *msg) {
     printf("dtrain: %s\n", out);
     fflush(stdout);
 }
-

@@ -11,12 +11,12 @@
 typedef struct {
     bool quiet, tty;
     int epochs;
-    int64_t eval_batches; /* --eval-batches (the epoch line then says how many samples it evaluated) */
-    bool bar_shown;       /* a bar is on the terminal's last line (cleared before a line on stdout) */
-    double last_line;     /* when the last plain progress line was printed (monotonic seconds) */
-    dt_epoch_info last;  /* the last finished epoch, for the closing line */
-    dt_tb_writer *tb;    /* --tensorboard (rank 0), or NULL */
-    double predicted_step_s;  /* --strategy auto: the planner's step time (0: none) */
+    int64_t eval_batches;    /* --eval-batches (the epoch line then says how many samples it evaluated) */
+    bool bar_shown;          /* a bar is on the terminal's last line (cleared before a line on stdout) */
+    double last_line;        /* when the last plain progress line was printed (monotonic seconds) */
+    dt_epoch_info last;      /* the last finished epoch, for the closing line */
+    dt_tb_writer *tb;        /* --tensorboard (rank 0), or NULL */
+    double predicted_step_s; /* --strategy auto: the planner's step time (0: none) */
 } dt_train_progress;
 
 /* dt_train_config.on_progress: the bar (tty) or a plain line at most every 5 s, ending at this

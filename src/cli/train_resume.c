@@ -27,7 +27,7 @@ static void take_optimizer(int argc, char **argv, dt_train_config *c, const dt_c
         if (!GIVEN("beta2")) o->beta2 = d.beta2;
         if (!GIVEN("eps")) o->eps = d.eps;
     }
-    if (!info->has_settings || info->optim_cfg.kind != o->kind) return;  /* another optimizer: refused later */
+    if (!info->has_settings || info->optim_cfg.kind != o->kind) return; /* another optimizer: refused later */
     const dt_optim_config *p = &info->optim_cfg;
     if (!GIVEN("momentum")) o->momentum = p->momentum;
     if (!GIVEN("nesterov")) o->nesterov = p->nesterov;
@@ -59,7 +59,8 @@ bool dt_cli_resume_settings(int argc, char **argv, dt_train_config *c) {
     bool found = true;
     bool from_dir;
     if (strcmp(c->resume, "auto") != 0) found = dt_checkpoint_resolve(c->resume, path, sizeof path, &from_dir) == DT_OK;
-    else if (!c->checkpoint_dir || dt_ckpt_dir_latest(c->checkpoint_dir, path, sizeof path, &found, NULL, NULL) != DT_OK)
+    else if (!c->checkpoint_dir ||
+             dt_ckpt_dir_latest(c->checkpoint_dir, path, sizeof path, &found, NULL, NULL) != DT_OK)
         found = false;
     dt_ckpt_info info;
     if (!found || dt_checkpoint_read_info(path, &info) != DT_OK) {
@@ -67,8 +68,9 @@ bool dt_cli_resume_settings(int argc, char **argv, dt_train_config *c) {
         return false;
     }
     take_optimizer(argc, argv, c, &info);
-    static char data[sizeof info.data];  /* the data set it trained on (--data left out) */
-    if (!GIVEN("data") && info.data[0] && dt_cli_checkpoint_data_here(path, info.data)) c->data = strcpy(data, info.data);
+    static char data[sizeof info.data]; /* the data set it trained on (--data left out) */
+    if (!GIVEN("data") && info.data[0] && dt_cli_checkpoint_data_here(path, info.data))
+        c->data = strcpy(data, info.data);
     if (!GIVEN("seed")) c->seed = info.seed;
     if (info.has_settings) {
         const dt_lr_schedule *w = &info.sched;

@@ -10,8 +10,8 @@
  * checkpoint of an older version without dtrain.settings gives only its optimizer, seed and
  * batch. So is the strategy of a ddp or localsgd run with options (--compress, --sync-every,
  * --bucket-mb, --allreduce; not a layout: ZeRO, tp, pp, ps) when no flag named one (c->strategy
- * NULL): true then (the caller drops it where only one rank runs). Nothing is changed when there is no checkpoint or it cannot be read
- * (the trainer then reports why). The trainer announces the given settings that differ from the
+ * NULL): true then (the caller drops it where only one rank runs). Nothing is changed when there is no checkpoint or it
+ * cannot be read (the trainer then reports why). The trainer announces the given settings that differ from the
  * checkpoint's. */
 bool dt_cli_resume_settings(int argc, char **argv, dt_train_config *c);
 

@@ -31,7 +31,7 @@ static int add_option(dt_cli_uneven *u, const char *base, const char *key, const
     char out[sizeof u->spec];
     if (dt_strategy_spec_add_option(base, key, value, out, sizeof out) != DT_OK)
         return dt_cli_usage("give the value once: as the flag or inside --strategy NAME(KEY=VALUE,...)", "%s: %s", flag,
-                           dt_last_error());
+                            dt_last_error());
     memcpy(u->spec, out, sizeof out);
     return 0;
 }
@@ -52,19 +52,19 @@ static int check_server_flags(const dt_cli_uneven *u, const char *name) {
     const bool named = name[0] != 0;
     if (u->staleness && (!named || !dt_strategy_spec_takes(name, "staleness")))
         return dt_cli_usage("add --strategy ps, or drop --staleness",
-                           "--staleness bounds how far ps workers run ahead: it needs --strategy %s",
-                           dt_strategy_takers("staleness", "or", who, sizeof who));
+                            "--staleness bounds how far ps workers run ahead: it needs --strategy %s",
+                            dt_strategy_takers("staleness", "or", who, sizeof who));
     if (u->servers_given && (!named || !dt_strategy_spec_takes(name, "servers")))
         return dt_cli_usage("add --strategy ps, or drop --servers", "--servers %d: only --strategy %s has servers",
-                           u->servers, dt_strategy_takers("servers", "or", who, sizeof who));
+                            u->servers, dt_strategy_takers("servers", "or", who, sizeof who));
     if (u->sync_every_given && (!named || !dt_strategy_spec_takes(name, "sync_every")))
         return dt_cli_usage("add --strategy localsgd, or drop --sync-every",
-                           "--sync-every %d: only --strategy %s averages models periodically", u->sync_every,
-                           dt_strategy_takers("sync_every", "or", who, sizeof who));
+                            "--sync-every %d: only --strategy %s averages models periodically", u->sync_every,
+                            dt_strategy_takers("sync_every", "or", who, sizeof who));
     if (u->overlap && (!named || !dt_strategy_spec_takes(name, "overlap")))
         return dt_cli_usage("add --strategy ps (--staleness inf is its default), or drop --ps-overlap",
-                           "--ps-overlap overlaps the push/pull of a ps worker: it needs --strategy %s",
-                           dt_strategy_takers("overlap", "or", who, sizeof who));
+                            "--ps-overlap overlaps the push/pull of a ps worker: it needs --strategy %s",
+                            dt_strategy_takers("overlap", "or", who, sizeof who));
     return 0;
 }
 
@@ -81,33 +81,35 @@ static int check_flags(const dt_cli_uneven *u, const char *name) {
     if (u->bucket_mb > 0 && !takes(name, "bucket_mb"))
         return dt_cli_usage(mp ? "drop --bucket-mb (a pipeline averages each stage's gradients in one allreduce)"
                                : "add --strategy ddp, or drop --bucket-mb",
-                           "--bucket-mb %g: only %s have gradient buckets (tp: over its data-parallel axis)",
-                           u->bucket_mb, dt_strategy_takers("bucket_mb", "and", who, sizeof who));
+                            "--bucket-mb %g: only %s have gradient buckets (tp: over its data-parallel axis)",
+                            u->bucket_mb, dt_strategy_takers("bucket_mb", "and", who, sizeof who));
     if (u->compress && !takes(name, "compress"))
         return dt_cli_usage(mp ? "drop --compress (tensor and pipeline parallelism send activations and partial sums, "
                                  "which are not compressed)"
                                : "add --strategy ddp or --strategy localsgd, or drop --compress",
-                           "--compress %s: only %s compress what they send", u->compress,
-                           dt_strategy_takers("compress", "and", who, sizeof who));
+                            "--compress %s: only %s compress what they send", u->compress,
+                            dt_strategy_takers("compress", "and", who, sizeof who));
     if (u->allreduce && !takes(name, "allreduce"))
         return dt_cli_usage(mp ? "drop --allreduce (tensor and pipeline parallelism run their own collectives)"
                                : "add --strategy ddp, or drop --allreduce",
-                           "--allreduce %s: only %s allreduces gradients", u->allreduce,
-                           dt_strategy_takers("allreduce", "and", who, sizeof who));
+                            "--allreduce %s: only %s allreduces gradients", u->allreduce,
+                            dt_strategy_takers("allreduce", "and", who, sizeof who));
     if (u->zero_given && (u->zero < 0 || u->zero > 3))
         return dt_cli_usage("e.g. --zero 2", "--zero %d: the ZeRO stage is 0, 1, 2 or 3", u->zero);
     if (u->zero_given && !takes(name, "zero"))
         return dt_cli_usage("use --strategy ddp, --tp K (ZeRO 1-3 over the mesh's dp axis) or --pp K (ZeRO 1-3), or "
-                            "drop --zero", "--zero %d: only --strategy %s shard with ZeRO (tp and pp over their dp "
-                            "axis); --strategy %s does not", u->zero, dt_strategy_takers("zero", "and", who, sizeof who),
-                            name);
+                            "drop --zero",
+                            "--zero %d: only --strategy %s shard with ZeRO (tp and pp over their dp "
+                            "axis); --strategy %s does not",
+                            u->zero, dt_strategy_takers("zero", "and", who, sizeof who), name);
     if (u->overlap && u->balance && strcmp(u->balance, "dynamic") != 0)
         return dt_cli_usage("drop --balance static (the workers must take batches from server 0), or drop --ps-overlap",
-                           "--ps-overlap needs dynamic assignment: server 0 hands each worker one batch ahead");
+                            "--ps-overlap needs dynamic assignment: server 0 hands each worker one batch ahead");
     if (u->servers_given && u->servers < 1)
         return dt_cli_usage("e.g. --strategy ps --servers 1 --workers 4", "--servers %d: need at least 1", u->servers);
     if (u->sync_every_given && u->sync_every < 1)
-        return dt_cli_usage("e.g. --strategy localsgd --sync-every 8", "--sync-every %d: need at least 1", u->sync_every);
+        return dt_cli_usage("e.g. --strategy localsgd --sync-every 8", "--sync-every %d: need at least 1",
+                            u->sync_every);
     return 0;
 }
 
@@ -120,7 +122,7 @@ static int parse_staleness(const char *text, int *bound) {
     long v = strtol(text, &end, 10);
     if (errno || *end || end == text || v < 0 || v > 1000000)
         return dt_cli_usage("use --staleness S (global batches, 0 = synchronous) or --staleness inf",
-                           "--staleness %s: not a whole number of batches", text);
+                            "--staleness %s: not a whole number of batches", text);
     *bound = (int)v;
     return 0;
 }
@@ -140,12 +142,15 @@ static int add_int_flag(dt_cli_uneven *u, const char *key, int value, const char
 
 /* The strategy flags into the spec u->spec (from cfg->strategy); 0 or the exit status. */
 static int compose_spec(dt_cli_uneven *u, dt_train_config *cfg, const char *name) {
-    const bool shards = name[0] && dt_strategy_spec_takes(name, "shards");  /* ps: --balance sets its shards */
+    const bool shards = name[0] && dt_strategy_spec_takes(name, "shards"); /* ps: --balance sets its shards */
     char num[64];
     int r = 0;
-    u->implicit_ddp =
-        !cfg->strategy && (u->bucket_mb > 0 || u->compress || u->allreduce || u->zero_given || u->balance);
-    snprintf(u->spec, sizeof u->spec, "%s", cfg->strategy ? cfg->strategy : u->implicit_ddp ? dt_strategy_spec_default(2) : "");
+    u->implicit_ddp = !cfg->strategy &&
+                      (u->bucket_mb > 0 || u->compress || u->allreduce || u->zero_given || u->balance);
+    snprintf(u->spec, sizeof u->spec, "%s",
+             cfg->strategy     ? cfg->strategy
+             : u->implicit_ddp ? dt_strategy_spec_default(2)
+                               : "");
     if (u->servers_given && !r) r = add_int_flag(u, "servers", u->servers, "--servers");
     if (u->staleness && !r) r = add_flag(u, "staleness", u->staleness, "--staleness");
     /* ps balances by handing out batches (its shards=; static: fixed shards), ddp and localsgd by
@@ -177,13 +182,14 @@ int dt_cli_uneven_parse(dt_cli_uneven *u, dt_train_config *cfg) {
     if (u->staleness && (r = parse_staleness(u->staleness, &bound)) != 0) return r;
     if (u->overlap && bound >= 0)
         return dt_cli_usage("use --staleness inf, or drop --ps-overlap",
-                           "--ps-overlap with --staleness %d: overlap adds one step of staleness that the bound does "
-                           "not count, so it runs only fully asynchronous", bound);
+                            "--ps-overlap with --staleness %d: overlap adds one step of staleness that the bound does "
+                            "not count, so it runs only fully asynchronous",
+                            bound);
     if (u->balance) {
         bool dynamic = !strcmp(u->balance, "dynamic");
         if (!dynamic && strcmp(u->balance, "static") != 0 && strcmp(u->balance, "off") != 0)
             return dt_cli_usage("use --balance static or --balance dynamic", "--balance %s: unknown mode", u->balance);
-        (void)dynamic;  /* compose_spec puts it in the spec: ps's shards=, ddp's and localsgd's balance= */
+        (void)dynamic; /* compose_spec puts it in the spec: ps's shards=, ddp's and localsgd's balance= */
     }
     if (u->slow) {
         char *end;
@@ -192,11 +198,11 @@ int dt_cli_uneven_parse(dt_cli_uneven *u, dt_train_config *cfg) {
         double f = *end == ':' ? strtod(end + 1, &end) : NAN;
         if (errno || *end || rk < 0 || rk > 1 << 20 || !(f >= 1) || !isfinite(f))
             return dt_cli_usage("use --slow RANK:FACTOR, e.g. --slow 3:3 makes rank 3 three times slower",
-                               "--slow %s: expected RANK:FACTOR with FACTOR >= 1", u->slow);
+                                "--slow %s: expected RANK:FACTOR with FACTOR >= 1", u->slow);
         u->aids = (dt_train_aids){.slow_rank = (int)rk, .slow_factor = (float)f};
         cfg->aids = &u->aids;
     }
-    if (u->compress) {  /* a bad compressor: its own message and hint, not the strategy grammar */
+    if (u->compress) { /* a bad compressor: its own message and hint, not the strategy grammar */
         char probe[160];
         if (strpbrk(u->compress, "(),") || strlen(u->compress) > 120)
             return dt_cli_usage("e.g. --compress topk:0.01, --compress powersgd:2 or --compress fp16",
@@ -204,15 +210,17 @@ int dt_cli_uneven_parse(dt_cli_uneven *u, dt_train_config *cfg) {
                                 u->compress);
         snprintf(probe, sizeof probe, "ddp(compress=%s)", u->compress);
         if (dt_strategy_spec_info(probe, NULL, 0, NULL) != DT_OK)
-            return dt_cli_usage("e.g. --compress topk:0.01, --compress powersgd:2 or --compress fp16", "%s", dt_last_error());
+            return dt_cli_usage("e.g. --compress topk:0.01, --compress powersgd:2 or --compress fp16", "%s",
+                                dt_last_error());
     }
     if ((r = compose_spec(u, cfg, name)) != 0) return r;
-    if (cfg->strategy && dt_strategy_spec_info(cfg->strategy, NULL, 0, NULL) != DT_OK)  /* the rules between options */
+    if (cfg->strategy && dt_strategy_spec_info(cfg->strategy, NULL, 0, NULL) != DT_OK) /* the rules between options */
         return dt_cli_usage(spec_hint(), "%s", dt_last_error());
     if (dt_cli_is_ps(cfg) && (cfg->timeline || cfg->checkpoint_dir))
-        return dt_cli_usage(cfg->timeline ? "drop --timeline, or use --strategy ddp/localsgd for a trace"
-                                         : "use --save FILE (written after every epoch and on SIGTERM) and --resume FILE",
-                           "--strategy ps does not support --%s yet", cfg->timeline ? "timeline" : "checkpoint-dir");
+        return dt_cli_usage(cfg->timeline
+                                ? "drop --timeline, or use --strategy ddp/localsgd for a trace"
+                                : "use --save FILE (written after every epoch and on SIGTERM) and --resume FILE",
+                            "--strategy ps does not support --%s yet", cfg->timeline ? "timeline" : "checkpoint-dir");
     return 0;
 }
 

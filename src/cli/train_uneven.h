@@ -8,21 +8,21 @@
 
 /* The strategy flags as given (strings: NULL = not given). */
 typedef struct {
-    const char *staleness;  /* "S" or "inf" */
-    const char *balance;    /* "static" | "dynamic" */
-    const char *slow;       /* "RANK:FACTOR" */
-    int servers, sync_every;  /* --servers, --sync-every (default 1, 8) */
-    bool overlap;           /* --ps-overlap */
-    float bucket_mb;        /* --bucket-mb (0 = default) */
-    const char *compress;   /* --compress (ddp, localsgd), NULL = not given */
-    const char *allreduce;  /* --allreduce auto|flat|hier (ddp), NULL = not given */
-    bool servers_given;     /* --servers / --sync-every on the command line */
+    const char *staleness;   /* "S" or "inf" */
+    const char *balance;     /* "static" | "dynamic" */
+    const char *slow;        /* "RANK:FACTOR" */
+    int servers, sync_every; /* --servers, --sync-every (default 1, 8) */
+    bool overlap;            /* --ps-overlap */
+    float bucket_mb;         /* --bucket-mb (0 = default) */
+    const char *compress;    /* --compress (ddp, localsgd), NULL = not given */
+    const char *allreduce;   /* --allreduce auto|flat|hier (ddp), NULL = not given */
+    bool servers_given;      /* --servers / --sync-every on the command line */
     bool sync_every_given;
-    int zero;               /* --zero N (ddp's zero= option) */
+    int zero; /* --zero N (ddp's zero= option) */
     bool zero_given;
-    bool implicit_ddp;      /* out: spec "ddp(...)" made from --bucket-mb without --strategy (one process drops it) */
-    char spec[512];         /* out: the spec cfg->strategy points to once the flags are in it */
-    dt_train_aids aids;     /* out: --slow (cfg->aids points here once it is given) */
+    bool implicit_ddp;  /* out: spec "ddp(...)" made from --bucket-mb without --strategy (one process drops it) */
+    char spec[512];     /* out: the spec cfg->strategy points to once the flags are in it */
+    dt_train_aids aids; /* out: --slow (cfg->aids points here once it is given) */
 } dt_cli_uneven;
 
 /* Checks --strategy (a spec, e.g. "ps(servers=2)") and the strategy flags (--servers,

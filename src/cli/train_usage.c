@@ -27,16 +27,16 @@ const dt_flag_group dt_train_groups[] = {
     {"Parallelism", "workers strategy zero tp pp microbatches pp-schedule pp-split servers staleness sync-every "
                     "balance ps-overlap compress allreduce bucket-mb backend mem-limit dry-run"},
     {"Outputs", "save save-weights keep-best metrics tensorboard eval-every eval-batches log-every timeline quiet"},
-    {"Checkpoints and faults", "resume checkpoint-dir checkpoint-every checkpoint-secs keep elastic max-restarts timeout"},
+    {"Checkpoints and faults",
+     "resume checkpoint-dir checkpoint-every checkpoint-secs keep elastic max-restarts timeout"},
     {"Advanced", "threads kernels device slow"},
     {NULL, NULL},
 };
 
 /* The notes before the registries' lists: the model spec syntax, its layers (the op registry's:
  * dt_spec_help) and data parallelism. */
-static const char NOTES_MODEL[] =
-    "Model specs are layers separated by spaces, e.g.\n"
-    "  \"conv(32,3,pad=1) relu maxpool(2) flatten linear(128) relu linear(10)\"\n";
+static const char NOTES_MODEL[] = "Model specs are layers separated by spaces, e.g.\n"
+                                  "  \"conv(32,3,pad=1) relu maxpool(2) flatten linear(128) relu linear(10)\"\n";
 static const char NOTES_HEAD[] =
     "No softmax layer: the loss (softmax cross-entropy) applies it; end with the last linear layer.\n"
     "presets: mlp (784-128-10, ReLU), cnn (the spec above with a second conv(64,3,pad=1) relu maxpool(2)),\n"
@@ -50,10 +50,20 @@ static const char NOTES_HEAD[] =
 static const struct {
     const char *key, *flag;
 } OPTION_FLAGS[] = {
-    {"bucket_mb", "--bucket-mb"}, {"compress", "--compress"}, {"allreduce", "--allreduce"}, {"zero", "--zero"},
-    {"sync_every", "--sync-every"}, {"servers", "--servers"}, {"staleness", "--staleness"}, {"shards", "--balance"},
-    {"overlap", "--ps-overlap"}, {"tp", "--tp"}, {"stages", "--pp"}, {"microbatches", "--microbatches"},
-    {"schedule", "--pp-schedule"}, {"split", "--pp-split"},
+    {"bucket_mb", "--bucket-mb"},
+    {"compress", "--compress"},
+    {"allreduce", "--allreduce"},
+    {"zero", "--zero"},
+    {"sync_every", "--sync-every"},
+    {"servers", "--servers"},
+    {"staleness", "--staleness"},
+    {"shards", "--balance"},
+    {"overlap", "--ps-overlap"},
+    {"tp", "--tp"},
+    {"stages", "--pp"},
+    {"microbatches", "--microbatches"},
+    {"schedule", "--pp-schedule"},
+    {"split", "--pp-split"},
 };
 
 enum { WIDTH = 100, HELP_COL = 36 };
@@ -61,7 +71,7 @@ enum { WIDTH = 100, HELP_COL = 36 };
 /* Text appended to a fixed buffer (what does not fit is cut). */
 typedef struct {
     char *buf;
-    size_t cap, len, col;  /* col: the current line's length */
+    size_t cap, len, col; /* col: the current line's length */
 } text_out;
 
 /* A space no line breaks at (NB below). */
@@ -184,15 +194,19 @@ static const char *names_of(dt_registry r, bool with_options, char *out, size_t 
     size_t k = 0;
     out[0] = 0;
     for (int i = 0; i < n && dt_registry_entry_at(r, i, &e) && k < cap; i++)
-        k += (size_t)snprintf(out + k, cap - k, "%s%s%s%s", i == 0 ? "" : i == n - 1 ? " or " : ", ", e.name,
-                              with_options && e.options[0] ? ":" : "", with_options ? e.options : "");
+        k += (size_t)snprintf(out + k, cap - k, "%s%s%s%s",
+                              i == 0       ? ""
+                              : i == n - 1 ? " or "
+                                           : ", ",
+                              e.name, with_options && e.options[0] ? ":" : "", with_options ? e.options : "");
     return out;
 }
 
 const char *dt_train_strategy_help(void) {
     static char buf[512];
     char names[256];
-    snprintf(buf, sizeof buf, "distribution strategy: NAME or NAME(KEY=VALUE,...), one of %s (Strategies, below; "
+    snprintf(buf, sizeof buf,
+             "distribution strategy: NAME or NAME(KEY=VALUE,...), one of %s (Strategies, below; "
              "default %s with more than one rank), e.g. ps(servers=2,staleness=4)",
              names_of(DT_REGISTRY_STRATEGY, false, names, sizeof names), dt_strategy_spec_default(2));
     return buf;

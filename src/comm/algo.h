@@ -17,10 +17,10 @@ typedef struct {
 typedef struct {
     dt_transport *t;
     int rank, size;
-    double deadline;     /* of the whole op */
-    dt_comm_algo algo;   /* resolved choice for this call (never AUTO) */
+    double deadline;   /* of the whole op */
+    dt_comm_algo algo; /* resolved choice for this call (never AUTO) */
     dt_scratch *scratch;
-    size_t seg_bytes;    /* pipelining segment */
+    size_t seg_bytes; /* pipelining segment */
 } dt_algo_ctx;
 
 /* Returns scratch buffer `which` (0/1) of at least `bytes`, or NULL with DT_ENOMEM set. */
@@ -29,8 +29,8 @@ void *dt_algo_scratch(dt_algo_ctx *x, int which, size_t bytes);
 /* Sends sbytes of sbuf to dst (-1: none) while receiving rbytes from src (-1: none) into rbuf,
  * reduced into it (redop >= 0) or copied (redop < 0); pipelined in segments. Both sides of a
  * transfer must call it (the segmentation depends on bytes and dtype only). */
-dt_status dt_algo_exchange(dt_algo_ctx *x, int dst, const void *sbuf, size_t sbytes, int src, void *rbuf,
-                           size_t rbytes, dt_dtype t, int redop);
+dt_status dt_algo_exchange(dt_algo_ctx *x, int dst, const void *sbuf, size_t sbytes, int src, void *rbuf, size_t rbytes,
+                           dt_dtype t, int redop);
 
 /* Reductions: RING, RD or RHD (non-power-of-two sizes handled by folding). send may == recv. */
 dt_status dt_algo_allreduce(dt_algo_ctx *x, const void *send, void *recv, size_t count, dt_dtype t, dt_redop op);
@@ -41,7 +41,8 @@ dt_status dt_algo_reduce_scatter(dt_algo_ctx *x, const void *send, void *recv, s
 
 /* Data movement. TREE: binomial; RING: pipelined chain. */
 dt_status dt_algo_broadcast(dt_algo_ctx *x, void *buf, size_t bytes, int root);
-/* block r of `bytes[r]` at recv + displ[r]; own block must already be in place. RING, or RD (power-of-two, equal blocks). */
+/* block r of `bytes[r]` at recv + displ[r]; own block must already be in place. RING, or RD (power-of-two, equal
+ * blocks). */
 dt_status dt_algo_allgatherv(dt_algo_ctx *x, void *recv, const size_t *bytes, const size_t *displ);
 dt_status dt_algo_gather(dt_algo_ctx *x, const void *send, void *recv, size_t bytes, int root);
 dt_status dt_algo_scatter(dt_algo_ctx *x, const void *send, void *recv, size_t bytes, int root);

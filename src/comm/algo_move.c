@@ -133,7 +133,8 @@ dt_status dt_algo_alltoall(dt_algo_ctx *x, const void *send, void *recv, size_t 
     if (bytes) memcpy(d + (size_t)r * bytes, s + (size_t)r * bytes, bytes);
     for (int k = 1; k < n; k++) {
         int dst = (r + k) % n, src = (r - k + n) % n;
-        DT_TRY(dt_algo_exchange(x, dst, s + (size_t)dst * bytes, bytes, src, d + (size_t)src * bytes, bytes, DT_U8, -1));
+        DT_TRY(
+            dt_algo_exchange(x, dst, s + (size_t)dst * bytes, bytes, src, d + (size_t)src * bytes, bytes, DT_U8, -1));
     }
     return DT_OK;
 }

@@ -29,8 +29,8 @@ static size_t segs(size_t bytes, size_t seg) { return bytes ? (bytes + seg - 1) 
 /* Sends sbytes of sbuf to dst (-1: none) while receiving rbytes from src (-1: none) into rbuf,
  * reduced into it (redop >= 0) or copied (redop < 0), in segments of x->seg_bytes. rbuf may equal
  * sbuf: each segment is sent before the same segment is reduced. */
-dt_status dt_algo_exchange(dt_algo_ctx *x, int dst, const void *sbuf, size_t sbytes, int src, void *rbuf,
-                           size_t rbytes, dt_dtype t, int redop) {
+dt_status dt_algo_exchange(dt_algo_ctx *x, int dst, const void *sbuf, size_t sbytes, int src, void *rbuf, size_t rbytes,
+                           dt_dtype t, int redop) {
     dt_transport *tp = x->t;
     size_t esz = dt_dtype_size(t), seg = x->seg_bytes / esz * esz;
     if (seg == 0) seg = esz;
@@ -181,8 +181,7 @@ dt_status dt_algo_allreduce(dt_algo_ctx *x, const void *send, void *recv, size_t
     }
 }
 
-dt_status dt_algo_reduce_scatter(dt_algo_ctx *x, const void *send, void *recv, size_t count, dt_dtype t,
-                                 dt_redop op) {
+dt_status dt_algo_reduce_scatter(dt_algo_ctx *x, const void *send, void *recv, size_t count, dt_dtype t, dt_redop op) {
     size_t esz = dt_dtype_size(t), total = count * (size_t)x->size;
     unsigned char *acc = dt_algo_scratch(x, 1, total * esz);
     if (!acc) return DT_ENOMEM;
@@ -225,7 +224,8 @@ static dt_status ring_reduce(dt_algo_ctx *x, const void *send, void *recv, size_
     if (own_n) memcpy(out + blk_off(count, n, r) * esz, own, own_n * esz);
     for (int p = 0; p < n; p++)
         if (p != root)
-            DT_TRY(dt_algo_exchange(x, -1, NULL, 0, p, out + blk_off(count, n, p) * esz, blk_len(count, n, p) * esz, t, -1));
+            DT_TRY(dt_algo_exchange(x, -1, NULL, 0, p, out + blk_off(count, n, p) * esz, blk_len(count, n, p) * esz, t,
+                                    -1));
     return DT_OK;
 }
 

@@ -32,14 +32,16 @@ static dt_status env_int(const char *name, int lo, int *out, bool *found) {
 }
 
 static dt_status resolve_timeout(double cfg, double *out) {
-    if (cfg > 0) { *out = cfg; return DT_OK; }
+    if (cfg > 0) {
+        *out = cfg;
+        return DT_OK;
+    }
     *out = 300;
     const char *e = getenv("DTRAIN_TIMEOUT");
     if (e && *e) {
         char *end;
         double v = strtod(e, &end);
-        if (*end || !(v > 0))
-            return dt_error(DT_EINVAL, "DTRAIN_TIMEOUT='%s' is not a positive number of seconds", e);
+        if (*end || !(v > 0)) return dt_error(DT_EINVAL, "DTRAIN_TIMEOUT='%s' is not a positive number of seconds", e);
         *out = v;
     }
     return DT_OK;
@@ -83,7 +85,8 @@ static dt_status resolve_algo(dt_comm_algo cfg, dt_comm_algo *out) {
 static dt_status pick_kind(const dt_comm_config *d, const dt_transport_params *p, const dt_transport_kind **kind,
                            const char **opts) {
     const char *spec = d->transport && *d->transport && strcmp(d->transport, "auto") ? d->transport
-                       : d->backend != DT_BACKEND_AUTO ? dt_backend_name(d->backend) : NULL;
+                       : d->backend != DT_BACKEND_AUTO                               ? dt_backend_name(d->backend)
+                                                                                     : NULL;
     *opts = "";
     return spec ? dt_transport_find(spec, kind, opts) : dt_transport_choose(p, kind);
 }
@@ -97,10 +100,17 @@ static dt_status comm_create(dt_comm **out, const dt_comm_config *cfg, dt_launch
     double timeout;
     dt_comm_algo algo;
     DT_TRY(resolve_timeout(d.timeout_s, &timeout));
-    const char *knob = d.timeout_knob ? d.timeout_knob : d.timeout_s > 0 ? "dt_comm_config.timeout_s" : "DTRAIN_TIMEOUT";
+    const char *knob = d.timeout_knob    ? d.timeout_knob
+                       : d.timeout_s > 0 ? "dt_comm_config.timeout_s"
+                                         : "DTRAIN_TIMEOUT";
     DT_TRY(resolve_algo(d.algo, &algo));
-    dt_transport_params p = {.rank = d.rank, .size = d.size, .local_rank = d.local_rank, .job_id = d.job_id,
-                             .timeout_s = timeout, .device = d.device, .launcher = launcher};
+    dt_transport_params p = {.rank = d.rank,
+                             .size = d.size,
+                             .local_rank = d.local_rank,
+                             .job_id = d.job_id,
+                             .timeout_s = timeout,
+                             .device = d.device,
+                             .launcher = launcher};
     const dt_transport_kind *kind;
     DT_TRY(pick_kind(&d, &p, &kind, &p.options));
     dt_transport *t = NULL;
@@ -108,8 +118,10 @@ static dt_status comm_create(dt_comm **out, const dt_comm_config *cfg, dt_launch
     if (t && d.size > 1 && t->size != d.size) {
         int got = t->size;
         t->ops->destroy(t);
-        return dt_error(DT_EMISMATCH, "the MPI world has %d rank(s) but the job expects %d: start the ranks with "
-                        "mpirun/srun -n %d (dtrain launch starts shm jobs)", got, d.size, d.size);
+        return dt_error(DT_EMISMATCH,
+                        "the MPI world has %d rank(s) but the job expects %d: start the ranks with "
+                        "mpirun/srun -n %d (dtrain launch starts shm jobs)",
+                        got, d.size, d.size);
     }
     int rank = t ? t->rank : 0, size = t ? t->size : 1;
     dt_status st = comm_new(out, rank, size, kind, t, algo, timeout, knob);
@@ -121,9 +133,8 @@ static dt_status comm_create(dt_comm **out, const dt_comm_config *cfg, dt_launch
 dt_status dt_comm_create(dt_comm **out, const dt_comm_config *cfg) { return comm_create(out, cfg, DT_LAUNCH_NONE); }
 
 /* rank and world size variables of the launchers we understand, in order of preference */
-static const char *const g_launchers[][2] = {{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
-                                             {"PMI_RANK", "PMI_SIZE"},
-                                             {"SLURM_PROCID", "SLURM_NTASKS"}};
+static const char *const g_launchers[][2] = {
+    {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"}, {"PMI_RANK", "PMI_SIZE"}, {"SLURM_PROCID", "SLURM_NTASKS"}};
 #define N_LAUNCHERS ((int)(sizeof g_launchers / sizeof *g_launchers))
 
 static bool env_set(const char *name) {
@@ -159,7 +170,8 @@ static void launcher_job_id(char *out, size_t n) {
 /* cfg's explicit transport name ("shm:..." -> "shm"), or NULL when the choice is automatic */
 static const char *named_transport(const dt_comm_config *d, char *buf, size_t n) {
     const char *spec = d->transport && *d->transport && strcmp(d->transport, "auto") ? d->transport
-                       : d->backend != DT_BACKEND_AUTO ? dt_backend_name(d->backend) : NULL;
+                       : d->backend != DT_BACKEND_AUTO                               ? dt_backend_name(d->backend)
+                                                                                     : NULL;
     if (!spec) return NULL;
     snprintf(buf, n, "%.*s", (int)strcspn(spec, ":"), spec);
     return buf;
@@ -175,7 +187,8 @@ dt_status dt_comm_create_from_env(dt_comm **out, const dt_comm_config *cfg) {
     DT_TRY(env_int("DTRAIN_WORLD_SIZE", 1, &size, &fs));
     DT_TRY(env_int("DTRAIN_LOCAL_RANK", 0, &local, &fl));
     if (fr != fs)
-        return dt_error(DT_EINVAL, "DTRAIN_RANK and DTRAIN_WORLD_SIZE must be set together (start workers with 'dtrain launch')");
+        return dt_error(DT_EINVAL,
+                        "DTRAIN_RANK and DTRAIN_WORLD_SIZE must be set together (start workers with 'dtrain launch')");
     if (fs) found = DT_LAUNCH_LOCAL;
     for (int i = 0; i < N_LAUNCHERS && found == DT_LAUNCH_NONE; i++) {
         DT_TRY(env_int(g_launchers[i][0], 0, &rank, &fr));
@@ -190,8 +203,8 @@ dt_status dt_comm_create_from_env(dt_comm **out, const dt_comm_config *cfg) {
     const char *named = named_transport(&d, name, sizeof name);
     bool shm_job = named ? !strcmp(named, "shm") : found == DT_LAUNCH_LOCAL;
     if (shm_job && found == DT_LAUNCH_LOCAL && (!jid || !*jid) && size > 1)
-        return dt_error(DT_EINVAL, "DTRAIN_WORLD_SIZE=%d but DTRAIN_JOB_ID is not set (start workers with 'dtrain launch')",
-                        size);
+        return dt_error(DT_EINVAL,
+                        "DTRAIN_WORLD_SIZE=%d but DTRAIN_JOB_ID is not set (start workers with 'dtrain launch')", size);
     if (named && !strcmp(named, "shm") && size == 1) d.transport = "self", d.backend = DT_BACKEND_AUTO;
     if (named && !strcmp(named, "self") && size > 1)
         return dt_error(DT_EINVAL, "backend 'self' runs one process but the environment says world size %d", size);
@@ -233,9 +246,7 @@ int dt_comm_host_cpus(const dt_comm *c, int *ranks) {
     if (!c || !c->t || !c->t->ops->host_cpus) return 0;
     return c->t->ops->host_cpus(c->t, ranks);
 }
-const char *dt_comm_backend_name(const dt_comm *c) {
-    return c && c->t ? c->t->ops->name : "self";
-}
+const char *dt_comm_backend_name(const dt_comm *c) { return c && c->t ? c->t->ops->name : "self"; }
 void dt_comm_set_algo(dt_comm *c, dt_comm_algo algo) {
     if (c && (unsigned)algo < DT_ALGO_COUNT) c->algo = algo;
 }

@@ -17,7 +17,11 @@ static int first_bad(const void *p, dt_dtype t, size_t n, double (*want)(size_t,
     return -1;
 }
 
-typedef struct { dt_redop op; dt_dtype t; int n; } red_ctx;
+typedef struct {
+    dt_redop op;
+    dt_dtype t;
+    int n;
+} red_ctx;
 static double want_red(size_t i, void *ctx) {
     red_ctx *c = ctx;
     return dt_test_expect(c->op, c->t, c->n, i);
@@ -39,8 +43,9 @@ static void test_allreduce(dt_comm *c, int R, int N, void *send, void *recv) {
                     CHECK_OK(dt_comm_allreduce(c, send, recv, n, t, op));
                     red_ctx x = {op, t, N};
                     int bad = first_bad(recv, t, n, want_red, &x);
-                    CHECK_MSG(bad < 0, "allreduce %s %s %s n=%zu size %d: [%d] = %g, want %g", dt_comm_algo_name(algos[a]),
-                              dt_dtype_name(t), dt_redop_name(op), n, N, bad, bad < 0 ? 0 : dt_test_get(recv, t, (size_t)bad),
+                    CHECK_MSG(bad < 0, "allreduce %s %s %s n=%zu size %d: [%d] = %g, want %g",
+                              dt_comm_algo_name(algos[a]), dt_dtype_name(t), dt_redop_name(op), n, N, bad,
+                              bad < 0 ? 0 : dt_test_get(recv, t, (size_t)bad),
                               bad < 0 ? 0 : dt_test_expect(op, t, N, (size_t)bad));
                 }
         /* in place and a large count */
@@ -73,7 +78,7 @@ static void test_allreduce_chunks(dt_comm *c, int R, int N, void *send, void *re
             unsigned char *src = k == 0 ? (unsigned char *)recv : (unsigned char *)send;
             for (size_t i = 0; i < n; i++) dt_test_put(src, DT_F32, i, dt_test_input(op, R, i));
             if (k) memset(recv, 0xee, n * 4);
-            if (k == 2) {  /* reduce to rank N-1: only it has the result */
+            if (k == 2) { /* reduce to rank N-1: only it has the result */
                 CHECK_OK(dt_comm_reduce(c, send, recv, n, DT_F32, op, N - 1));
                 if (R != N - 1) continue;
             } else {
@@ -82,12 +87,16 @@ static void test_allreduce_chunks(dt_comm *c, int R, int N, void *send, void *re
             red_ctx x = {op, DT_F32, N};
             int bad = first_bad(recv, DT_F32, n, want_red, &x);
             CHECK_MSG(bad < 0, "%s %s n=%zu (%zu-byte chunks) size %d: first bad [%d]",
-                      k == 2 ? "reduce" : k == 0 ? "in-place allreduce" : "allreduce", dt_redop_name(op), n, chunk, N,
-                      bad);
+                      k == 2   ? "reduce"
+                      : k == 0 ? "in-place allreduce"
+                               : "allreduce",
+                      dt_redop_name(op), n, chunk, N, bad);
         }
 }
 
-typedef struct { int r; } mv_ctx;
+typedef struct {
+    int r;
+} mv_ctx;
 static double want_mv(size_t i, void *ctx) { return dt_test_vmove(((mv_ctx *)ctx)->r, i); }
 
 static void test_broadcast_reduce(dt_comm *c, int R, int N, void *send, void *recv) {
@@ -98,15 +107,15 @@ static void test_broadcast_reduce(dt_comm *c, int R, int N, void *send, void *re
         dt_comm_set_algo(c, algos[a]);
         for (int ti = 0; ti < 3; ti++)
             for (int ci = 0; ci < 5; ci++)
-                for (int root = 0; root < N; root += N > 1 ? N - 1 : 1) {
+                for (int root = 0; root<N; root += N> 1 ? N - 1 : 1) {
                     dt_dtype t = types[ti];
                     size_t n = counts[ci];
                     for (size_t i = 0; i < n; i++) dt_test_put(recv, t, i, R == root ? dt_test_vmove(root, i) : -1);
                     CHECK_OK(dt_comm_broadcast(c, recv, n, t, root));
                     mv_ctx x = {root};
                     int bad = first_bad(recv, t, n, want_mv, &x);
-                    CHECK_MSG(bad < 0, "broadcast %s %s n=%zu root %d size %d: first bad [%d]", dt_comm_algo_name(algos[a]),
-                              dt_dtype_name(t), n, root, N, bad);
+                    CHECK_MSG(bad < 0, "broadcast %s %s n=%zu root %d size %d: first bad [%d]",
+                              dt_comm_algo_name(algos[a]), dt_dtype_name(t), n, root, N, bad);
                 }
         static const dt_dtype rtypes[] = {DT_F32, DT_BF16, DT_I32, DT_F64};
         for (int ti = 0; ti < 4; ti++)
@@ -122,8 +131,8 @@ static void test_broadcast_reduce(dt_comm *c, int R, int N, void *send, void *re
                     CHECK_OK(dt_comm_reduce(c, send, R == root ? recv : NULL, n, t, op, root));
                     red_ctx x = {op, t, N};
                     int bad = R == root ? first_bad(recv, t, n, want_red, &x) : -1;
-                    CHECK_MSG(bad < 0, "reduce %s %s %s n=%zu root %d size %d: first bad [%d]", dt_comm_algo_name(algos[a]),
-                              dt_dtype_name(t), dt_redop_name(op), n, root, N, bad);
+                    CHECK_MSG(bad < 0, "reduce %s %s %s n=%zu root %d size %d: first bad [%d]",
+                              dt_comm_algo_name(algos[a]), dt_dtype_name(t), dt_redop_name(op), n, root, N, bad);
                 }
     }
     dt_comm_set_algo(c, DT_ALGO_AUTO);
@@ -148,7 +157,8 @@ static void test_gathers(dt_comm *c, int R, int N, unsigned char *send, unsigned
                         mv_ctx x = {r};
                         int bad = first_bad(recv + (size_t)r * n * esz, t, n, want_mv, &x);
                         CHECK_MSG(bad < 0, "allgather %s %s n=%zu%s size %d: block %d first bad [%d]",
-                                  dt_comm_algo_name(algos[a]), dt_dtype_name(t), n, inplace ? " in place" : "", N, r, bad);
+                                  dt_comm_algo_name(algos[a]), dt_dtype_name(t), n, inplace ? " in place" : "", N, r,
+                                  bad);
                     }
                 }
     }
@@ -174,7 +184,12 @@ static void test_gathers(dt_comm *c, int R, int N, unsigned char *send, unsigned
     dt_comm_set_algo(c, DT_ALGO_AUTO);
 }
 
-typedef struct { dt_redop op; dt_dtype t; int n; size_t base; } rs_ctx;
+typedef struct {
+    dt_redop op;
+    dt_dtype t;
+    int n;
+    size_t base;
+} rs_ctx;
 static double want_rs(size_t i, void *ctx) {
     rs_ctx *c = ctx;
     return dt_test_expect(c->op, c->t, c->n, c->base + i);
@@ -216,15 +231,15 @@ static void test_reduce_scatter(dt_comm *c, int R, int N, unsigned char *send, u
 static void test_rooted_and_alltoall(dt_comm *c, int R, int N, unsigned char *send, unsigned char *recv) {
     static const size_t counts[] = {0, 1, 7, 1021};
     for (int ci = 0; ci < 4; ci++)
-        for (int root = 0; root < N; root += N > 1 ? N - 1 : 1) {
+        for (int root = 0; root<N; root += N> 1 ? N - 1 : 1) {
             size_t n = counts[ci];
             for (size_t i = 0; i < n; i++) dt_test_put(send, DT_F32, i, dt_test_vmove(R, i));
             memset(recv, 0xee, n * 4 * (size_t)N + 8);
             CHECK_OK(dt_comm_gather(c, send, R == root ? recv : NULL, n, DT_F32, root));
             for (int r = 0; R == root && r < N; r++) {
                 mv_ctx x = {r};
-                CHECK_MSG(first_bad(recv + (size_t)r * n * 4, DT_F32, n, want_mv, &x) < 0, "gather n=%zu root %d block %d",
-                          n, root, r);
+                CHECK_MSG(first_bad(recv + (size_t)r * n * 4, DT_F32, n, want_mv, &x) < 0,
+                          "gather n=%zu root %d block %d", n, root, r);
             }
             if (R == root)
                 for (int r = 0; r < N; r++)
@@ -331,14 +346,19 @@ int main(int argc, char **argv) {
     /* some sizes also run with small shm chunks/fragments, streaming stores everywhere, or no
      * whole-buffer fast path, so the pipelines rotate their slots many times */
     static const char *const env[8][4] = {
-        {NULL}, {"DTRAIN_SHM_CHUNK", "16384", "DTRAIN_SHM_NT", "65536"},
-        {"DTRAIN_SHM_SMALL", "0", "DTRAIN_SHM_FRAG", "4096"}, {NULL},
-        {"DTRAIN_SHM_CHUNK", "16384", "DTRAIN_SHM_NT", "0"}, {"DTRAIN_SHM_SMALL", "0", "DTRAIN_SHM_CHUNK", "20480"}, {NULL},
-        {NULL}};  /* two ranks again with the default geometry (DDP's: buckets up to 2 MiB reduced whole) */
+        {NULL},
+        {"DTRAIN_SHM_CHUNK", "16384", "DTRAIN_SHM_NT", "65536"},
+        {"DTRAIN_SHM_SMALL", "0", "DTRAIN_SHM_FRAG", "4096"},
+        {NULL},
+        {"DTRAIN_SHM_CHUNK", "16384", "DTRAIN_SHM_NT", "0"},
+        {"DTRAIN_SHM_SMALL", "0", "DTRAIN_SHM_CHUNK", "20480"},
+        {NULL},
+        {NULL}}; /* two ranks again with the default geometry (DDP's: buckets up to 2 MiB reduced whole) */
     for (int k = 0; k < 8; k++) {
         int n = sizes[k];
         if (only && n != only) continue;
-        unsetenv("DTRAIN_SHM_CHUNK"), unsetenv("DTRAIN_SHM_NT"), unsetenv("DTRAIN_SHM_SMALL"), unsetenv("DTRAIN_SHM_FRAG");
+        unsetenv("DTRAIN_SHM_CHUNK"), unsetenv("DTRAIN_SHM_NT"), unsetenv("DTRAIN_SHM_SMALL"),
+            unsetenv("DTRAIN_SHM_FRAG");
         for (int e = 0; e < 4 && env[k][e]; e += 2) setenv(env[k][e], env[k][e + 1], 1);
         double t0 = dt_now();
         int failed = dt_run_ranks(n, rank_main, NULL, 120);

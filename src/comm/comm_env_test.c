@@ -7,9 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const g_vars[] = {"DTRAIN_RANK", "DTRAIN_WORLD_SIZE", "DTRAIN_LOCAL_RANK", "DTRAIN_JOB_ID",
-                                     "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE",
-                                     "SLURM_PROCID", "SLURM_NTASKS"};
+static const char *const g_vars[] = {
+    "DTRAIN_RANK",          "DTRAIN_WORLD_SIZE", "DTRAIN_LOCAL_RANK", "DTRAIN_JOB_ID", "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE", "PMI_RANK",          "PMI_SIZE",          "SLURM_PROCID",  "SLURM_NTASKS"};
 
 static void clear_env(void) {
     for (size_t i = 0; i < sizeof g_vars / sizeof *g_vars; i++) unsetenv(g_vars[i]);

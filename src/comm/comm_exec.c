@@ -153,7 +153,8 @@ static void *progress_main(void *arg) {
             for (dt_request *r = c->active, *nx; r; r = nx) {
                 nx = r->next;
                 if (st == DT_OK && !r->treq.done && now >= r->deadline) {
-                    dt_error(DT_ETIMEDOUT, "%s rank %d tag %d (%zu bytes) timed out: the peer never posted the "
+                    dt_error(DT_ETIMEDOUT,
+                             "%s rank %d tag %d (%zu bytes) timed out: the peer never posted the "
                              "matching %s; raise %s (seconds) if it is only slow",
                              r->kind == RQ_SEND ? "send to" : "recv from", r->root, r->tag, r->treq.bytes,
                              r->kind == RQ_SEND ? "recv" : "send", c->timeout_knob);
@@ -241,7 +242,8 @@ dt_status dt_request_wait(dt_request **req) {
         int e = 0;
         while (!r->done && e != ETIMEDOUT) e = pthread_cond_timedwait(&c->cv, &c->mu, &ts);
         pthread_mutex_unlock(&c->mu);
-        if (!r->done) return dt_error(DT_ETIMEDOUT, "request did not finish within twice the timeout; it stays allocated");
+        if (!r->done)
+            return dt_error(DT_ETIMEDOUT, "request did not finish within twice the timeout; it stays allocated");
     }
     return req_result(req);
 }

@@ -74,7 +74,7 @@ static void run_kill(int n, int victim) {
     pid_t runner = fork();
     if (runner == 0) _exit(dt_run_ranks(n, kill_rank_wrapper, kc, 60) == 1 ? 0 : 1);
     while (__atomic_load_n(&kc->started, __ATOMIC_SEQ_CST) < n) usleep(1000);
-    usleep(300000); /* let them run collectives for a while */
+    usleep(300000);              /* let them run collectives for a while */
     kc->ks.kill_time = dt_now(); /* before the kill: a rank may notice it before the next line runs */
     kill(kc->pids[victim], SIGKILL);
     int st = 0;
@@ -82,8 +82,10 @@ static void run_kill(int n, int victim) {
     CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 0, "kill -9 with %d ranks: a live rank failed", n);
     for (int r = 0; r < n; r++)
         if (r != victim) {
-            CHECK_MSG(kc->ks.latency[r] >= 0 && kc->ks.latency[r] < 3, "rank %d noticed after %.2f s", r, kc->ks.latency[r]);
-            printf("  %d ranks: rank %d got DT_EPEER %.3f s after kill -9 of rank %d\n", n, r, kc->ks.latency[r], victim);
+            CHECK_MSG(kc->ks.latency[r] >= 0 && kc->ks.latency[r] < 3, "rank %d noticed after %.2f s", r,
+                      kc->ks.latency[r]);
+            printf("  %d ranks: rank %d got DT_EPEER %.3f s after kill -9 of rank %d\n", n, r, kc->ks.latency[r],
+                   victim);
         }
     CHECK_MSG(dt_test_shm_gone(kc->job), "segment of crashed job %s left in /dev/shm", kc->job);
     munmap(kc, sizeof *kc);
@@ -97,9 +99,11 @@ static int mismatch_rank(int R, int N, const char *job, void *arg) {
     float buf[100] = {0};
     CHECK_OK(dt_comm_barrier(c));
     CHECK_OK(dt_comm_allreduce(c, buf, buf, 100, DT_F32, DT_OP_SUM));
-    dt_status st = R == N - 1 ? dt_comm_broadcast(c, buf, 100, DT_F32, 0) : dt_comm_allreduce(c, buf, buf, 100, DT_F32, DT_OP_SUM);
+    dt_status st = R == N - 1 ? dt_comm_broadcast(c, buf, 100, DT_F32, 0)
+                              : dt_comm_allreduce(c, buf, buf, 100, DT_F32, DT_OP_SUM);
     char want[200];
-    snprintf(want, sizeof want, "called allreduce(f32 x 100, sum) but rank %d called broadcast(f32 x 100, root 0) at #3", N - 1);
+    snprintf(want, sizeof want,
+             "called allreduce(f32 x 100, sum) but rank %d called broadcast(f32 x 100, root 0) at #3", N - 1);
     CHECK_MSG(st == DT_EMISMATCH && strstr(dt_last_error(), want), "rank %d (algo %s) got %s: %s", R,
               dt_comm_algo_name((dt_comm_algo)algo), dt_status_str(st), dt_last_error());
     if (R == 0) printf("  %s: %s\n", dt_comm_algo_name((dt_comm_algo)algo), dt_last_error());
@@ -115,7 +119,7 @@ static int count_mismatch_rank(int R, int N, const char *job, void *arg) {
     int32_t buf[100] = {0};
     dt_status st = dt_comm_allreduce(c, buf, buf, R == 1 ? 50 : 100, DT_I32, DT_OP_MAX);
     CHECK_MSG(st == DT_EMISMATCH && strstr(dt_last_error(), "rank 0 called allreduce(i32 x 100, max) but rank 1 called "
-                                                               "allreduce(i32 x 50, max) at #1"),
+                                                            "allreduce(i32 x 50, max) at #1"),
               "rank %d got %s: %s", R, dt_status_str(st), dt_last_error());
     dt_comm_destroy(c);
     return dt_test_failures;
@@ -236,7 +240,7 @@ static int abort_race_rank(int R, int N, const char *job, void *arg) {
             CHECK(atomic_compare_exchange_strong(&s->hdr->abort_state, &zero, 3 + 0));
             CHECK(pthread_create(&th, NULL, finish_abort, s) == 0);
         } else {
-            while (atomic_load(&s->hdr->abort_state) != 3 + 1) sched_yield();  /* rank 1 took it */
+            while (atomic_load(&s->hdr->abort_state) != 3 + 1) sched_yield(); /* rank 1 took it */
         }
         const dt_status st = dt_shm_fail(s, DT_EMISMATCH, "the loser's reason");
         if (finishes) pthread_join(th, NULL);
@@ -293,7 +297,8 @@ int main(void) {
     run_kill(2, 1);
     int algos[] = {DT_ALGO_AUTO, DT_ALGO_RING, DT_ALGO_RD};
     for (int a = 0; a < 3; a++)
-        for (int n = 2; n <= 3; n++) CHECK_MSG(dt_run_ranks(n, mismatch_rank, &algos[a], 30) == 0, "mismatch %d ranks", n);
+        for (int n = 2; n <= 3; n++)
+            CHECK_MSG(dt_run_ranks(n, mismatch_rank, &algos[a], 30) == 0, "mismatch %d ranks", n);
     CHECK_MSG(dt_run_ranks(2, count_mismatch_rank, NULL, 30) == 0, "count mismatch");
     CHECK_MSG(dt_run_ranks(2, timeout_rank, NULL, 30) == 0, "timeout");
     CHECK_MSG(dt_run_ranks(3, left_rank, NULL, 30) == 0, "rank left");

@@ -22,17 +22,17 @@ enum { NAME = 64 };
 #define DEFAULT_CHUNK (1u << 20)
 
 struct dt_comm_hier {
-    dt_comm *local;      /* the ranks of this host, over shm (NULL: alone on its host) */
-    dt_comm *leaders;    /* local rank j < slices of every host (NULL elsewhere): slice j's allreduce */
+    dt_comm *local;   /* the ranks of this host, over shm (NULL: alone on its host) */
+    dt_comm *leaders; /* local rank j < slices of every host (NULL elsewhere): slice j's allreduce */
     int hosts, host, local_rank, local_size;
-    int slices;          /* leaders per host: each owns 1/slices of the buffer across hosts */
-    size_t chunk_bytes;  /* pipeline chunk (0: the whole buffer in one piece) */
+    int slices;         /* leaders per host: each owns 1/slices of the buffer across hosts */
+    size_t chunk_bytes; /* pipeline chunk (0: the whole buffer in one piece) */
     bool on, profile;
     /* DTRAIN_HIER_PROFILE=1: seconds in the host reduce, waiting for the leaders' allreduce, in
      * the final wait for the broadcasts, and in all, summed over calls (printed when freed) */
     double t_reduce, t_inter, t_tail, t_all;
     long calls;
-    size_t prof_bytes;  /* the size those calls had (a new size prints them; under 64 KiB: not counted) */
+    size_t prof_bytes; /* the size those calls had (a new size prints them; under 64 KiB: not counted) */
 };
 
 static void host_name(char *out) {
@@ -78,10 +78,11 @@ static void layout(const char *names, int size, int rank, dt_comm_hier *h, int *
 static void profile_print(dt_comm_hier *h) {
     if (!h->calls) return;
     double n = (double)h->calls;
-    fprintf(stderr, "hier profile: host %d local rank %d%s: %ld calls of %zu B, chunk %zu B: reduce %.1f ms, wait inter "
-            "%.1f ms, wait broadcast %.1f ms, total %.1f ms per call\n", h->host, h->local_rank,
-            h->leaders ? " (leader)" : "", h->calls, h->prof_bytes, h->chunk_bytes, 1e3 * h->t_reduce / n,
-            1e3 * h->t_inter / n, 1e3 * h->t_tail / n, 1e3 * h->t_all / n);
+    fprintf(stderr,
+            "hier profile: host %d local rank %d%s: %ld calls of %zu B, chunk %zu B: reduce %.1f ms, wait inter "
+            "%.1f ms, wait broadcast %.1f ms, total %.1f ms per call\n",
+            h->host, h->local_rank, h->leaders ? " (leader)" : "", h->calls, h->prof_bytes, h->chunk_bytes,
+            1e3 * h->t_reduce / n, 1e3 * h->t_inter / n, 1e3 * h->t_tail / n, 1e3 * h->t_all / n);
     h->t_reduce = h->t_inter = h->t_tail = h->t_all = 0, h->calls = 0;
 }
 
@@ -105,7 +106,7 @@ static dt_status make_local(dt_comm *c, dt_comm_hier *h) {
     cc.rank = h->local_rank, cc.size = h->local_size, cc.job_id = job, cc.backend = DT_BACKEND_SHM;
     cc.timeout_s = c->timeout_s, cc.timeout_knob = c->timeout_knob;
     dt_status st = dt_comm_create(&h->local, &cc);
-    dt_log_set_rank(c->rank);  /* the sub-communicator set the log's rank to its own */
+    dt_log_set_rank(c->rank); /* the sub-communicator set the log's rank to its own */
     return st;
 }
 
@@ -131,7 +132,7 @@ dt_status dt_comm_set_hier(dt_comm *c, dt_comm_hier_mode mode) {
         st = dt_comm_split(c, h->local_rank < h->slices ? h->local_rank : DT_COMM_UNDEFINED, h->host, &h->leaders);
     free(names), free(host_of);
     if (st != DT_OK || !h->on) {
-        if (st == DT_OK) c->hier = h;  /* off: kept for dt_comm_hosts */
+        if (st == DT_OK) c->hier = h; /* off: kept for dt_comm_hosts */
         else dt_comm_hier_free(h);
         return st == DT_OK ? DT_OK : dt_error_wrap(st, "hierarchical allreduce setup");
     }
@@ -157,7 +158,8 @@ static size_t chunk_len(const chunks *c, size_t k) {
 /* The host's reduction of chunk k (into recv on the leader; a lone rank copies). */
 static dt_status local_reduce(dt_comm_hier *h, const chunks *c, size_t k, dt_dtype t, dt_redop op) {
     size_t off = k * c->chunk * c->esz, n = chunk_len(c, k);
-    if (h->local) return dt_comm_reduce(h->local, c->send + off, h->local_rank == 0 ? c->recv + off : NULL, n, t, op, 0);
+    if (h->local)
+        return dt_comm_reduce(h->local, c->send + off, h->local_rank == 0 ? c->recv + off : NULL, n, t, op, 0);
     if (c->send != c->recv && n) memcpy(c->recv + off, c->send + off, n * c->esz);
     return DT_OK;
 }
@@ -169,7 +171,7 @@ static dt_status local_reduce(dt_comm_hier *h, const chunks *c, size_t k, dt_dty
 static dt_status sliced_allreduce(dt_comm_hier *h, const unsigned char *send, unsigned char *recv, size_t count,
                                   dt_dtype t, dt_redop part) {
     size_t esz = dt_dtype_size(t), base = count / (size_t)h->slices, rem = count % (size_t)h->slices;
-#define SLICE_OFF(j) ((size_t)(j) * base + ((size_t)(j) < rem ? (size_t)(j) : rem))
+#define SLICE_OFF(j) ((size_t)(j)*base + ((size_t)(j) < rem ? (size_t)(j) : rem))
     for (int j = 0; j < h->slices; j++) {
         size_t off = SLICE_OFF(j) * esz, n = SLICE_OFF(j + 1) - SLICE_OFF(j);
         DT_TRY(dt_comm_reduce(h->local, send + off, h->local_rank == j ? recv + off : NULL, n, t, part, j));
@@ -230,7 +232,7 @@ dt_status dt_comm_hier_allreduce(dt_comm_hier *h, int world, const void *send, v
         }
     }
     t1 = prof ? dt_now() : 0;
-    dt_status w = dt_request_waitall(bc, (int)(2 * nch));  /* also the leaders' ops an error left queued */
+    dt_status w = dt_request_waitall(bc, (int)(2 * nch)); /* also the leaders' ops an error left queued */
     if (prof) h->t_tail += dt_now() - t1, h->t_all += dt_now() - t0, h->calls++;
     free(bc);
     if (st == DT_OK) st = w;

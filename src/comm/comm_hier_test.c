@@ -34,8 +34,7 @@ static void check_allreduce(dt_comm *c, int R, int N) {
                     dt_request *rq = NULL;
                     CHECK_OK(dt_comm_iallreduce(c, in, recv, n, t, op, &rq));
                     CHECK_OK(dt_request_wait(&rq));
-                } else
-                    CHECK_OK(dt_comm_allreduce(c, in, recv, n, t, op));
+                } else CHECK_OK(dt_comm_allreduce(c, in, recv, n, t, op));
                 size_t bad = n;
                 for (size_t i = 0; i < n && bad == n; i++)
                     if (dt_test_get(recv, t, i) != dt_test_expect(op, t, N, i)) bad = i;
@@ -50,7 +49,7 @@ typedef struct {
     dt_comm_hier_mode mode;
     bool want_on;
     int want_hosts;
-    size_t chunk;  /* > 0: dt_comm_set_hier_chunk(c, chunk) after setup */
+    size_t chunk; /* > 0: dt_comm_set_hier_chunk(c, chunk) after setup */
 } layout;
 
 static int rank_main(int r, int n, const char *job, void *arg) {
@@ -96,13 +95,13 @@ int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "mpi")) return mpi_main();
     const int lite = getenv("DTRAIN_SANITIZED") != NULL;
     layout ls[] = {
-        {{"a", "a", "b", "b"}, DT_HIER_AUTO, true, 2, 0},          /* 2 hosts x 2 ranks */
-        {{"a", "a", "b", "c", "c"}, DT_HIER_AUTO, true, 3, 0},     /* 3 hosts x 1-2 ranks */
-        {{"a", "b", "a", "b", "c"}, DT_HIER_AUTO, true, 3, 0},     /* hosts interleaved in rank order */
-        {{"a", "b", "c"}, DT_HIER_AUTO, false, 3, 0},              /* one rank per host: nothing to gain */
-        {{"a", "a", "a"}, DT_HIER_AUTO, false, 1, 0},              /* one host */
-        {{"a", "a", "a"}, DT_HIER_ON, true, 1, 0},                 /* forced */
-        {{"a", "a", "b", "b"}, DT_HIER_FLAT, false, 0, 0},         /* forced off */
+        {{"a", "a", "b", "b"}, DT_HIER_AUTO, true, 2, 0},      /* 2 hosts x 2 ranks */
+        {{"a", "a", "b", "c", "c"}, DT_HIER_AUTO, true, 3, 0}, /* 3 hosts x 1-2 ranks */
+        {{"a", "b", "a", "b", "c"}, DT_HIER_AUTO, true, 3, 0}, /* hosts interleaved in rank order */
+        {{"a", "b", "c"}, DT_HIER_AUTO, false, 3, 0},          /* one rank per host: nothing to gain */
+        {{"a", "a", "a"}, DT_HIER_AUTO, false, 1, 0},          /* one host */
+        {{"a", "a", "a"}, DT_HIER_ON, true, 1, 0},             /* forced */
+        {{"a", "a", "b", "b"}, DT_HIER_FLAT, false, 0, 0},     /* forced off */
     };
     int nl = (int)(sizeof ls / sizeof *ls);
     for (int k = 0; k < nl; k++) {
@@ -119,7 +118,7 @@ int main(int argc, char **argv) {
         {{"a", "b", "a", "b", "c", "c"}, DT_HIER_AUTO, true, 3, 0}, /* 3 hosts x 2, interleaved */
         {{"a", "a", "b", "c", "c"}, DT_HIER_AUTO, true, 3, 0},      /* a host of 1: one leader per host */
     };
-    setenv("DTRAIN_HIER_LEADERS", "2", 1);  /* 2 leaders per host, each owning a slice: exact too */
+    setenv("DTRAIN_HIER_LEADERS", "2", 1); /* 2 leaders per host, each owning a slice: exact too */
     for (int k = 0; k < (lite ? 1 : 3); k++) {
         int n = k == 0 ? 4 : k == 1 ? 6 : 5;
         CHECK_MSG(dt_run_ranks(n, rank_main, &sliced[k], 120) == 0, "sliced layout %d failed", k);

@@ -20,48 +20,48 @@ struct dt_request {
     size_t count;
     dt_dtype dtype;
     dt_redop redop;
-    int root;            /* root, or peer for send/recv */
+    int root; /* root, or peer for send/recv */
     int tag;
     bool blocking;
-    bool posted;         /* send/recv handed to the transport, completion pending */
+    bool posted; /* send/recv handed to the transport, completion pending */
     bool done;
     dt_status status;
     double deadline;
     dt_treq treq;
-    const size_t *counts, *displs;  /* allgatherv (blocking only) */
-    void *tmp;           /* private copy of an overlapping input, freed with the request */
+    const size_t *counts, *displs; /* allgatherv (blocking only) */
+    void *tmp;                     /* private copy of an overlapping input, freed with the request */
     /* an input that overlaps the output, staged when the op runs (after every earlier op, which
      * may still write it), not when it is issued: moved to stage_dst, or copied into tmp (NULL) */
     size_t stage_bytes;
     void *stage_dst;
     char msg[512];
-    int peer;            /* the world rank a failure blames (dt_last_error_peer), or -1 */
+    int peer; /* the world rank a failure blames (dt_last_error_peer), or -1 */
     struct dt_request *next;
 };
 
 struct dt_comm {
     int rank, size;
-    const dt_transport_kind *kind;  /* its entry of the transport registry */
-    dt_transport *t;          /* NULL for a single process */
-    dt_comm_algo algo;        /* AUTO or a forced algorithm */
+    const dt_transport_kind *kind; /* its entry of the transport registry */
+    dt_transport *t;               /* NULL for a single process */
+    dt_comm_algo algo;             /* AUTO or a forced algorithm */
     double timeout_s;
-    char timeout_knob[40];    /* named in timeout errors: "--timeout", DTRAIN_TIMEOUT, ... */
+    char timeout_knob[40]; /* named in timeout errors: "--timeout", DTRAIN_TIMEOUT, ... */
     uint64_t seq, splits;
     dt_scratch scratch;
     size_t seg_bytes;
-    dt_status failed;         /* first transport-level failure: every later call returns it */
+    dt_status failed; /* first transport-level failure: every later call returns it */
     char fail_msg[512];
-    int fail_peer;            /* the world rank that failure blames, or -1 */
+    int fail_peer; /* the world rank that failure blames, or -1 */
     /* execution: one op at a time, in issue order, on the caller or the progress thread */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     bool busy, idling, stop, thread_started, want;
     pthread_t thread;
-    dt_request *qhead, *qtail;  /* issued, not started */
-    dt_request *active;         /* non-blocking send/recv posted to the transport */
-    struct dt_comm_hier *hier;  /* hierarchical allreduce (comm_hier.c), or NULL */
-    _Atomic uint64_t bytes, ops;  /* counters (dt_comm_bytes): bus bytes and ops that succeeded */
-    int *world_of;              /* a split's members as world ranks (named in its errors); NULL: the world */
+    dt_request *qhead, *qtail;   /* issued, not started */
+    dt_request *active;          /* non-blocking send/recv posted to the transport */
+    struct dt_comm_hier *hier;   /* hierarchical allreduce (comm_hier.c), or NULL */
+    _Atomic uint64_t bytes, ops; /* counters (dt_comm_bytes): bus bytes and ops that succeeded */
+    int *world_of;               /* a split's members as world ranks (named in its errors); NULL: the world */
 };
 
 /* Frees a hierarchical-allreduce setup (its sub-communicators); NULL is a no-op. */

@@ -49,7 +49,8 @@ static void test_reductions(dt_comm *c, unsigned char *a, unsigned char *b) {
                     for (size_t i = 0; i < n; i++) dt_test_put(a, t, i, dt_test_input(op, R, i));
                     CHECK_OK(dt_comm_allreduce(c, a, inplace ? a : b, n, t, op));
                     long bad = bad_reduce(inplace ? a : b, t, op, 0, n);
-                    CHECK_MSG(bad < 0, "allreduce %s %s %s n=%zu: [%ld]", an, dt_dtype_name(t), dt_redop_name(op), n, bad);
+                    CHECK_MSG(bad < 0, "allreduce %s %s %s n=%zu: [%ld]", an, dt_dtype_name(t), dt_redop_name(op), n,
+                              bad);
                 }
         /* reduce (root N-1, in place at the root) and reduce_scatter (in place) */
         for (int ti = 0; ti < 6; ti += 2)
@@ -60,7 +61,9 @@ static void test_reductions(dt_comm *c, unsigned char *a, unsigned char *b) {
                 int root = N - 1;
                 for (size_t i = 0; i < n; i++) dt_test_put(a, t, i, dt_test_input(op, R, i));
                 CHECK_OK(dt_comm_reduce(c, a, R == root ? a : NULL, n, t, op, root));
-                if (R == root) CHECK_MSG(bad_reduce(a, t, op, 0, n) < 0, "reduce %s %s %s", an, dt_dtype_name(t), dt_redop_name(op));
+                if (R == root)
+                    CHECK_MSG(bad_reduce(a, t, op, 0, n) < 0, "reduce %s %s %s", an, dt_dtype_name(t),
+                              dt_redop_name(op));
                 for (int inplace = 0; inplace < 2; inplace++) {
                     for (size_t i = 0; i < n * (size_t)N; i++) dt_test_put(a, t, i, dt_test_input(op, R, i));
                     CHECK_OK(dt_comm_reduce_scatter(c, a, inplace ? a : b, n, t, op));
@@ -86,7 +89,8 @@ static void test_movement(dt_comm *c, unsigned char *a, unsigned char *b) {
             memset(b, 0xee, n * 4 * (size_t)N);
             CHECK_OK(dt_comm_gather(c, a, R == root ? b : NULL, n, DT_F32, root));
             for (int r = 0; R == root && r < N; r++)
-                CHECK_MSG(bad_move(b + (size_t)r * n * 4, DT_F32, r, 0, n) < 0, "gather %s root %d block %d", an, root, r);
+                CHECK_MSG(bad_move(b + (size_t)r * n * 4, DT_F32, r, 0, n) < 0, "gather %s root %d block %d", an, root,
+                          r);
             for (int r = 0; R == root && r < N; r++)
                 for (size_t i = 0; i < n; i++) dt_test_put(a, DT_I32, (size_t)r * n + i, dt_test_vmove(r, i));
             CHECK_OK(dt_comm_scatter(c, R == root ? a : NULL, b, n, DT_I32, root));
@@ -98,10 +102,15 @@ static void test_movement(dt_comm *c, unsigned char *a, unsigned char *b) {
             for (size_t i = 0; i < n; i++) dt_test_put(mode ? own : a, DT_BF16, i, dt_test_vmove(R, i));
             CHECK_OK(dt_comm_allgather(c, mode == 0 ? a : mode == 1 ? own : b, b, n, DT_BF16));
             for (int r = 0; r < N; r++)
-                CHECK_MSG(bad_move(b + (size_t)r * n * 2, DT_BF16, r, 0, n) < 0, "allgather %s mode %d block %d", an, mode, r);
+                CHECK_MSG(bad_move(b + (size_t)r * n * 2, DT_BF16, r, 0, n) < 0, "allgather %s mode %d block %d", an,
+                          mode, r);
         }
         size_t cnt[8], dsp[8], tot = 0; /* allgatherv with gaps between blocks */
-        for (int r = 0; r < N; r++) { cnt[r] = (size_t)r * 5 + 1; dsp[r] = tot; tot += cnt[r] + 3; }
+        for (int r = 0; r < N; r++) {
+            cnt[r] = (size_t)r * 5 + 1;
+            dsp[r] = tot;
+            tot += cnt[r] + 3;
+        }
         for (size_t i = 0; i < cnt[R]; i++) dt_test_put(a, DT_F64, i, dt_test_vmove(R, i));
         CHECK_OK(dt_comm_allgatherv(c, a, b, cnt, dsp, DT_F64));
         for (int r = 0; r < N; r++)

@@ -249,8 +249,10 @@ static int test_issue_order(int R, int N, const char *job, void *arg) {
         for (int r = 0; r < N; r++) a += (float)((r * 3 + R * M + i) % 7);
         bad += y[M / 2 + i] != (float)N * a;
     }
-    CHECK_MSG(bad == 0, "rank %d: %zu wrong elements: an overlapping input was copied before the earlier op that "
-              "writes it ran", R, bad);
+    CHECK_MSG(bad == 0,
+              "rank %d: %zu wrong elements: an overlapping input was copied before the earlier op that "
+              "writes it ran",
+              R, bad);
     dt_comm_destroy(c);
     return dt_test_failures;
 }

@@ -29,8 +29,8 @@ static dt_status need(const char *fn, const char *what, const void *p, size_t by
     return DT_OK;
 }
 
-static dt_request make(dt_comm *c, dt_rq_kind k, dt_coll_op op, const void *send, void *recv, size_t count,
-                       dt_dtype t, dt_redop redop, int root) {
+static dt_request make(dt_comm *c, dt_rq_kind k, dt_coll_op op, const void *send, void *recv, size_t count, dt_dtype t,
+                       dt_redop redop, int root) {
     dt_request r;
     memset(&r, 0, sizeof r);
     r.c = c;
@@ -66,7 +66,8 @@ static dt_status stage_input(dt_request *r) {
         r->send = r->stage_dst;
     } else {
         r->tmp = malloc(r->stage_bytes);
-        if (!r->tmp) return dt_error(DT_ENOMEM, "out of memory copying an overlapping input (%zu bytes)", r->stage_bytes);
+        if (!r->tmp)
+            return dt_error(DT_ENOMEM, "out of memory copying an overlapping input (%zu bytes)", r->stage_bytes);
         memcpy(r->tmp, r->send, r->stage_bytes);
         r->send = r->tmp;
     }
@@ -97,15 +98,15 @@ static dt_comm_algo resolve(dt_comm *c, dt_coll_op op, size_t bytes) {
     case DT_COLL_ALLREDUCE: return bytes <= (32u << 10) ? DT_ALGO_RD : DT_ALGO_RING;
     case DT_COLL_BROADCAST: return bytes <= (256u << 10) ? DT_ALGO_TREE : DT_ALGO_RING;
     case DT_COLL_REDUCE: return bytes <= (64u << 10) ? DT_ALGO_TREE : DT_ALGO_RING;
-    case DT_COLL_ALLGATHER: case DT_COLL_SPLIT:
-        return pow2 && bytes * (size_t)c->size <= (64u << 10) ? DT_ALGO_RD : DT_ALGO_RING;
+    case DT_COLL_ALLGATHER:
+    case DT_COLL_SPLIT: return pow2 && bytes * (size_t)c->size <= (64u << 10) ? DT_ALGO_RD : DT_ALGO_RING;
     default: return DT_ALGO_RING;
     }
 }
 
 /* our allgatherv in bytes: own block into place, then the algorithm */
-static dt_status gatherv_bytes(dt_algo_ctx *x, const void *send, void *recv, const size_t *counts,
-                               const size_t *displs, size_t esz) {
+static dt_status gatherv_bytes(dt_algo_ctx *x, const void *send, void *recv, const size_t *counts, const size_t *displs,
+                               size_t esz) {
     int n = x->size;
     size_t *b = malloc(2 * (size_t)n * sizeof *b);
     if (!b) return dt_error(DT_ENOMEM, "out of memory in allgather");
@@ -124,12 +125,16 @@ static dt_status coll_run(dt_comm *c, dt_request *r) {
     dt_transport *t = c->t;
     dt_status sst = stage_input(r);
     if (sst != DT_OK) return dt_comm_fail(c, sst);
-    if (r->op == DT_COLL_ALLREDUCE && c->hier && dt_comm_hier_active(c))  /* every rank takes this path */
-        return dt_comm_fail(c, dt_comm_hier_allreduce(c->hier, c->size, r->send, r->recv, r->count, r->dtype,
-                                                      r->redop));
+    if (r->op == DT_COLL_ALLREDUCE && c->hier && dt_comm_hier_active(c)) /* every rank takes this path */
+        return dt_comm_fail(c,
+                            dt_comm_hier_allreduce(c->hier, c->size, r->send, r->recv, r->count, r->dtype, r->redop));
     size_t esz = dt_dtype_size(r->dtype), bytes = r->count * esz;
-    dt_coll_desc d = {.seq = ++c->seq, .op = (uint8_t)r->op, .dtype = (uint8_t)r->dtype,
-                      .redop = (uint8_t)r->redop, .root = r->root, .count = r->count};
+    dt_coll_desc d = {.seq = ++c->seq,
+                      .op = (uint8_t)r->op,
+                      .dtype = (uint8_t)r->dtype,
+                      .redop = (uint8_t)r->redop,
+                      .root = r->root,
+                      .count = r->count};
     double deadline = dt_now() + c->timeout_s;
     dt_status st = DT_OK;
     if (t && t->ops->begin) {
@@ -146,10 +151,16 @@ static dt_status coll_run(dt_comm *c, dt_request *r) {
         counts = eq;
         displs = eq + c->size;
     }
-    if (t && (c->size > 1 || t->ops->device_native) && t->ops->coll && r->op != DT_COLL_SPLIT &&  /* a device transport decides */
+    if (t && (c->size > 1 || t->ops->device_native) && t->ops->coll &&
+        r->op != DT_COLL_SPLIT && /* a device transport decides */
         (c->algo == DT_ALGO_AUTO || c->algo == DT_ALGO_DIRECT || c->algo == DT_ALGO_NATIVE || t->ops->device_native)) {
-        dt_coll_args a = {.d = d, .send = r->send, .recv = r->recv, .counts = counts, .displs = displs,
-                          .algo = c->algo, .deadline = deadline};
+        dt_coll_args a = {.d = d,
+                          .send = r->send,
+                          .recv = r->recv,
+                          .counts = counts,
+                          .displs = displs,
+                          .algo = c->algo,
+                          .deadline = deadline};
         st = t->ops->coll(t, &a);
         if (st != DT_ENOTSUP) {
             free(eq);
@@ -157,18 +168,21 @@ static dt_status coll_run(dt_comm *c, dt_request *r) {
         }
         dt_error_clear();
     }
-    dt_algo_ctx x = {.t = t, .rank = c->rank, .size = c->size, .deadline = deadline,
-                     .algo = resolve(c, (dt_coll_op)r->op, bytes), .scratch = &c->scratch, .seg_bytes = c->seg_bytes};
+    dt_algo_ctx x = {.t = t,
+                     .rank = c->rank,
+                     .size = c->size,
+                     .deadline = deadline,
+                     .algo = resolve(c, (dt_coll_op)r->op, bytes),
+                     .scratch = &c->scratch,
+                     .seg_bytes = c->seg_bytes};
     switch (r->op) {
     case DT_COLL_ALLREDUCE: st = dt_algo_allreduce(&x, r->send, r->recv, r->count, r->dtype, r->redop); break;
     case DT_COLL_BROADCAST: st = dt_algo_broadcast(&x, r->recv, bytes, r->root); break;
     case DT_COLL_REDUCE: st = dt_algo_reduce(&x, r->send, r->recv, r->count, r->dtype, r->redop, r->root); break;
-    case DT_COLL_ALLGATHER: case DT_COLL_SPLIT: case DT_COLL_ALLGATHERV:
-        st = gatherv_bytes(&x, r->send, r->recv, counts, displs, esz);
-        break;
-    case DT_COLL_REDUCE_SCATTER:
-        st = dt_algo_reduce_scatter(&x, r->send, r->recv, r->count, r->dtype, r->redop);
-        break;
+    case DT_COLL_ALLGATHER:
+    case DT_COLL_SPLIT:
+    case DT_COLL_ALLGATHERV: st = gatherv_bytes(&x, r->send, r->recv, counts, displs, esz); break;
+    case DT_COLL_REDUCE_SCATTER: st = dt_algo_reduce_scatter(&x, r->send, r->recv, r->count, r->dtype, r->redop); break;
     case DT_COLL_GATHER: st = dt_algo_gather(&x, r->send, r->recv, bytes, r->root); break;
     case DT_COLL_SCATTER: st = dt_algo_scatter(&x, r->send, r->recv, bytes, r->root); break;
     case DT_COLL_ALLTOALL: st = dt_algo_alltoall(&x, r->send, r->recv, bytes); break;
@@ -187,8 +201,13 @@ static uint64_t bus_bytes(const dt_comm *c, const dt_request *r) {
     if (r->kind != RQ_COLL) return (uint64_t)S;
     switch (r->op) {
     case DT_COLL_ALLREDUCE: return (uint64_t)(2.0 * (n - 1) / n * S + 0.5);
-    case DT_COLL_ALLGATHER: case DT_COLL_REDUCE_SCATTER: case DT_COLL_ALLTOALL: return (uint64_t)((n - 1) * S + 0.5);
-    case DT_COLL_BROADCAST: case DT_COLL_REDUCE: case DT_COLL_GATHER: case DT_COLL_SCATTER: return (uint64_t)S;
+    case DT_COLL_ALLGATHER:
+    case DT_COLL_REDUCE_SCATTER:
+    case DT_COLL_ALLTOALL: return (uint64_t)((n - 1) * S + 0.5);
+    case DT_COLL_BROADCAST:
+    case DT_COLL_REDUCE:
+    case DT_COLL_GATHER:
+    case DT_COLL_SCATTER: return (uint64_t)S;
     case DT_COLL_ALLGATHERV: {
         uint64_t b = 0;
         for (int i = 0; r->counts && i < c->size; i++)
@@ -357,7 +376,8 @@ dt_status dt_comm_scatter(dt_comm *c, const void *send, void *recv, size_t count
     if (c->rank == root) DT_TRY(need("dt_comm_scatter", "send (on root)", send, all));
     DT_TRY(need("dt_comm_scatter", "recv", recv, bytes));
     dt_request r = make(c, RQ_COLL, DT_COLL_SCATTER, send, recv, count, t, DT_OP_SUM, root);
-    if (c->rank == root && recv != (const unsigned char *)send + (size_t)root * bytes && overlap(send, all, recv, bytes))
+    if (c->rank == root && recv != (const unsigned char *)send + (size_t)root * bytes &&
+        overlap(send, all, recv, bytes))
         copy_input(&r, all);
     return dispatch(c, &r, NULL);
 }
@@ -390,7 +410,8 @@ static dt_status p2p(dt_comm *c, bool send, const void *sbuf, void *rbuf, size_t
     const char *fn = send ? (nb ? "dt_comm_isend" : "dt_comm_send") : (nb ? "dt_comm_irecv" : "dt_comm_recv");
     DT_TRY(check(c, fn, t, false, DT_OP_SUM, -1));
     if (peer < 0 || peer >= c->size || peer == c->rank)
-        return dt_error(DT_EINVAL, "%s: peer %d is not another rank (this is rank %d of %d)", fn, peer, c->rank, c->size);
+        return dt_error(DT_EINVAL, "%s: peer %d is not another rank (this is rank %d of %d)", fn, peer, c->rank,
+                        c->size);
     if (tag < 0 || tag > DT_COMM_TAG_MAX)
         return dt_error(DT_EINVAL, "%s: tag %d is outside 0..%d", fn, tag, DT_COMM_TAG_MAX);
     DT_TRY(need(fn, "buf", send ? sbuf : rbuf, count * dt_dtype_size(t)));

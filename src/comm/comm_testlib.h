@@ -29,7 +29,8 @@ static inline const char *dt_test_new_job(void) {
 }
 
 /* Creates a communicator for (rank, size, job) with an optional algorithm and timeout. */
-static inline dt_status dt_test_comm(dt_comm **c, int rank, int size, const char *job, dt_comm_algo algo, double timeout) {
+static inline dt_status dt_test_comm(dt_comm **c, int rank, int size, const char *job, dt_comm_algo algo,
+                                     double timeout) {
     dt_comm_config cfg = dt_comm_config_default();
     cfg.rank = rank;
     cfg.size = size;
@@ -66,7 +67,10 @@ static inline int dt_run_ranks_pids(int n, dt_rank_fn fn, void *arg, double limi
         for (int r = 0; r < n; r++) {
             if (done[r]) continue;
             pid_t p = waitpid(pids[r], &status[r], WNOHANG);
-            if (p == pids[r]) { done[r] = true; left--; }
+            if (p == pids[r]) {
+                done[r] = true;
+                left--;
+            }
         }
         if (left > 0 && (double)time(NULL) - t0 > limit_s) {
             for (int r = 0; r < n; r++)
@@ -141,7 +145,10 @@ static inline double dt_test_expect(dt_redop op, dt_dtype t, int n, size_t i) {
     double acc = dt_test_input(op, 0, i);
     for (int r = 1; r < n; r++) {
         double v = dt_test_input(op, r, i);
-        acc = op == DT_OP_PROD ? acc * v : op == DT_OP_MAX ? (v > acc ? v : acc) : op == DT_OP_MIN ? (v < acc ? v : acc) : acc + v;
+        acc = op == DT_OP_PROD  ? acc * v
+              : op == DT_OP_MAX ? (v > acc ? v : acc)
+              : op == DT_OP_MIN ? (v < acc ? v : acc)
+                                : acc + v;
     }
     if (op != DT_OP_AVG) return acc;
     switch (t) {

@@ -60,10 +60,18 @@ static uint64_t dt_mpi_test_seq; /* sequence number of the last op dt_mpi_test_c
  * (the next sequence number, a 30 s deadline). */
 static inline dt_status dt_mpi_test_coll(dt_transport *t, int op, dt_dtype dt, dt_redop rop, int root, size_t count,
                                          const void *send, void *recv, const size_t *counts, const size_t *displs) {
-    dt_coll_args a = {.d = {.seq = ++dt_mpi_test_seq, .op = (uint8_t)op, .dtype = (uint8_t)dt, .redop = (uint8_t)rop,
-                            .root = root, .count = count},
-                      .send = send, .recv = recv, .counts = counts, .displs = displs,
-                      .algo = DT_ALGO_NATIVE, .deadline = dt_now() + 30};
+    dt_coll_args a = {.d = {.seq = ++dt_mpi_test_seq,
+                            .op = (uint8_t)op,
+                            .dtype = (uint8_t)dt,
+                            .redop = (uint8_t)rop,
+                            .root = root,
+                            .count = count},
+                      .send = send,
+                      .recv = recv,
+                      .counts = counts,
+                      .displs = displs,
+                      .algo = DT_ALGO_NATIVE,
+                      .deadline = dt_now() + 30};
     DT_TRY(t->ops->begin(t, &a.d));
     return t->ops->coll(t, &a);
 }

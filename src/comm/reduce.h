@@ -15,12 +15,12 @@ void dt_reduce_into(void *acc, const void *in, size_t n, dt_dtype t, dt_redop op
 /* out[i] = in[0][i] op in[1][i] op ... op in[k-1][i], left to right, halves accumulated in f32
  * and rounded once; AVG divides by avg_div before rounding. out2 (may be NULL) gets a copy.
  * out/out2 may equal one of the inputs (elementwise). k >= 1. */
-void dt_reduce_many(void *out, void *out2, const void *const *in, int k, size_t n, dt_dtype t,
-                    dt_redop op, int avg_div);
+void dt_reduce_many(void *out, void *out2, const void *const *in, int k, size_t n, dt_dtype t, dt_redop op,
+                    int avg_div);
 /* Same, but out is written with non-temporal (streaming) stores where it is 64-byte aligned:
  * for results far larger than the caches. Call dt_copy_fence() before others read them. */
-void dt_reduce_many_nt(void *out, void *out2, const void *const *in, int k, size_t n, dt_dtype t,
-                       dt_redop op, int avg_div);
+void dt_reduce_many_nt(void *out, void *out2, const void *const *in, int k, size_t n, dt_dtype t, dt_redop op,
+                       int avg_div);
 /* memcpy with non-temporal stores for large destinations (falls back to memcpy). */
 void dt_copy_nt(void *dst, const void *src, size_t bytes);
 /* Orders earlier non-temporal stores before later stores (sfence). */

@@ -21,30 +21,30 @@
 #include <time.h>
 
 #define SHM_MAGIC 0x6474726e73686d31ull /* "dtrnshm1" */
-#define SHM_VERSION 2 /* 2: rank blocks record their CPUs (shm_rank.cpus) */
+#define SHM_VERSION 2                   /* 2: rank blocks record their CPUs (shm_rank.cpus) */
 #define SHM_LINE 128
 #define SHM_DESC_RING 8
-#define SHM_KINDS 2 /* 0: collective channel, 1: user point-to-point */
+#define SHM_KINDS 2       /* 0: collective channel, 1: user point-to-point */
 #define SHM_MAX_CPUS 1024 /* CPUs a rank block records (shm_rank.cpus) */
 
 typedef struct {
     uint64_t magic;
     uint32_t version, size;
     uint64_t total_bytes;
-    uint32_t slots[SHM_KINDS];       /* fragments per channel */
-    uint32_t slot_bytes[SHM_KINDS];  /* payload bytes per fragment */
-    uint32_t d_slots;                /* direct slots per rank */
-    uint32_t small_bytes;            /* allreduce up to this size: every rank reduces it whole */
-    uint64_t d_chunk;                /* bytes per direct slot */
+    uint32_t slots[SHM_KINDS];      /* fragments per channel */
+    uint32_t slot_bytes[SHM_KINDS]; /* payload bytes per fragment */
+    uint32_t d_slots;               /* direct slots per rank */
+    uint32_t small_bytes;           /* allreduce up to this size: every rank reduces it whole */
+    uint64_t d_chunk;               /* bytes per direct slot */
     uint64_t off_ranks, off_chans, off_direct, chan_bytes[SHM_KINDS];
     _Atomic uint32_t ready, attached;
-    _Atomic int32_t abort_state;     /* 0 none, 2 set, 3 + r being written by rank r */
+    _Atomic int32_t abort_state; /* 0 none, 2 set, 3 + r being written by rank r */
     int32_t abort_status;
     char abort_msg[512];
 } shm_header;
 
 typedef struct {
-    pthread_mutex_t alive;           /* robust + process-shared; locked by the live rank */
+    pthread_mutex_t alive; /* robust + process-shared; locked by the live rank */
     int32_t pid;
     _Atomic int32_t left, dead;
     char pad0[SHM_LINE - sizeof(pthread_mutex_t) - 12];
@@ -52,7 +52,7 @@ typedef struct {
     char pad1[SHM_LINE - 8];
     _Atomic uint64_t dphase;
     char pad2[SHM_LINE - 8];
-    _Atomic uint64_t cur_seq;        /* seq of the newest posted descriptor */
+    _Atomic uint64_t cur_seq; /* seq of the newest posted descriptor */
     dt_coll_desc desc[SHM_DESC_RING];
     uint64_t cpus[SHM_MAX_CPUS / 64]; /* the CPUs the rank may run on, written before it attaches */
 } shm_rank;
@@ -66,9 +66,9 @@ typedef struct {
 } dt_shm_wait_policy;
 
 typedef struct {
-    _Atomic uint64_t tail;           /* written by the sender */
+    _Atomic uint64_t tail; /* written by the sender */
     char pad0[SHM_LINE - 8];
-    _Atomic uint64_t head;           /* written by the receiver */
+    _Atomic uint64_t head; /* written by the receiver */
     char pad1[SHM_LINE - 8];
 } shm_chan;
 
@@ -88,7 +88,7 @@ typedef struct shm_unex {
     int tag;
     size_t bytes, off;
     bool complete;
-    dt_treq *bound;                  /* receive waiting for it */
+    dt_treq *bound; /* receive waiting for it */
     unsigned char data[];
 } shm_unex;
 
@@ -105,26 +105,26 @@ typedef struct {
     int n, me;
     double timeout_s;
     /* point-to-point state */
-    shm_reqq *sendq, *recvq;         /* [peer * SHM_KINDS + kind] */
-    dt_treq **in_req;                /* [peer]: user message being received into a request */
-    shm_unex **in_unex;              /* [peer]: ... or into an unexpected buffer */
-    shm_unex **unex;                 /* [peer]: unexpected messages, arrival order */
+    shm_reqq *sendq, *recvq; /* [peer * SHM_KINDS + kind] */
+    dt_treq **in_req;        /* [peer]: user message being received into a request */
+    shm_unex **in_unex;      /* [peer]: ... or into an unexpected buffer */
+    shm_unex **unex;         /* [peer]: unexpected messages, arrival order */
     int npending;
     /* current op (begin) */
     dt_coll_desc cur;
     bool in_coll;
     /* direct collectives */
     uint64_t myphase, gchunk;
-    uint64_t *slot_free;             /* [d_slots]: phase all ranks pass once done with the slot */
+    uint64_t *slot_free; /* [d_slots]: phase all ranks pass once done with the slot */
     /* waiting */
-    pthread_t owner;                 /* the creating thread: waits there use wait_fg, elsewhere wait_bg */
+    pthread_t owner;                     /* the creating thread: waits there use wait_fg, elsewhere wait_bg */
     dt_shm_wait_policy wait_fg, wait_bg; /* the rank's own thread; its progress and helper threads */
-    bool over;                       /* oversubscribed: more ranks than CPUs here, or a split of such a
-                                      * job (its ranks share the CPUs with the parent's others) */
+    bool over;                           /* oversubscribed: more ranks than CPUs here, or a split of such a
+                                          * job (its ranks share the CPUs with the parent's others) */
     double next_check;
-    double check_delay_s;            /* DTRAIN_SHM_TEST_CHECK_DELAY_MS: tests widen the poll -> slow check gap */
-    int waiting_on;                  /* peer the current wait needs, for timeout messages */
-    const dt_treq *what_req;         /* user request being waited for (names it in errors) */
+    double check_delay_s;    /* DTRAIN_SHM_TEST_CHECK_DELAY_MS: tests widen the poll -> slow check gap */
+    int waiting_on;          /* peer the current wait needs, for timeout messages */
+    const dt_treq *what_req; /* user request being waited for (names it in errors) */
     char job[216];
     _Atomic int woken;
     bool broken;

@@ -192,7 +192,9 @@ static dt_status ar_whole(dt_shm *s, const dt_coll_args *a, size_t esz, bool gat
             if (k == 0) DT_TRY(check_all(s));
             for (int r = 0; r < s->n; r++)
                 in[r] = r == s->me ? (const void *)(src + off * esz) : (const void *)shm_dslot(s, r, slot[k]);
-            if (m) dt_reduce_many(dst + off * esz, NULL, in, s->n, m, (dt_dtype)a->d.dtype, op, op == DT_OP_AVG ? s->n : 1);
+            if (m)
+                dt_reduce_many(dst + off * esz, NULL, in, s->n, m, (dt_dtype)a->d.dtype, op,
+                               op == DT_OP_AVG ? s->n : 1);
         }
         release_slot(s, slot[k]);
     }
@@ -289,7 +291,8 @@ static dt_status d_reduce_scatter(dt_shm *s, const dt_coll_args *a) {
         DT_TRY(wait_phase(s, -1, s->myphase, a->deadline));
         if (off == 0) DT_TRY(check_all(s));
         for (int r = 0; r < n; r++)
-            in[r] = r == s->me ? src + ((size_t)s->me * count + off) * esz : shm_dslot(s, r, slot) + (size_t)s->me * m * esz;
+            in[r] = r == s->me ? src + ((size_t)s->me * count + off) * esz
+                               : shm_dslot(s, r, slot) + (size_t)s->me * m * esz;
         if (m) dt_reduce_many(dst + off * esz, NULL, in, n, m, t, op, op == DT_OP_AVG ? n : 1);
         release_slot(s, slot);
     }
@@ -309,7 +312,8 @@ dt_status dt_shm_coll(dt_transport *t, const dt_coll_args *a) {
     if (s->broken) return dt_error(DT_EPEER, "the shm transport failed earlier; create a new communicator");
     s->what_req = NULL;
     switch (a->d.op) {
-    case DT_COLL_ALLREDUCE: case DT_COLL_REDUCE: return d_allreduce(s, a);
+    case DT_COLL_ALLREDUCE:
+    case DT_COLL_REDUCE: return d_allreduce(s, a);
     case DT_COLL_BROADCAST: return d_broadcast(s, a);
     case DT_COLL_ALLGATHER: return d_allgather(s, a);
     case DT_COLL_REDUCE_SCATTER: return d_reduce_scatter(s, a);

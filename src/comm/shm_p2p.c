@@ -41,12 +41,13 @@ static dt_status size_mismatch(dt_shm *s, int peer, int tag, uint64_t sent, size
     char msg[300];
     if (tag == DT_TAG_COLL) {
         char d[128];
-        snprintf(msg, sizeof msg, "in %s rank %d sent %llu bytes but rank %d expected %zu (ranks chose different "
-                 "algorithms? set the same DTRAIN_COMM_ALGO everywhere)", dt_coll_desc_str(&s->cur, d, sizeof d),
-                 peer, (unsigned long long)sent, s->me, want);
+        snprintf(msg, sizeof msg,
+                 "in %s rank %d sent %llu bytes but rank %d expected %zu (ranks chose different "
+                 "algorithms? set the same DTRAIN_COMM_ALGO everywhere)",
+                 dt_coll_desc_str(&s->cur, d, sizeof d), peer, (unsigned long long)sent, s->me, want);
     } else {
-        snprintf(msg, sizeof msg, "rank %d sent %llu bytes with tag %d but rank %d posted a receive of %zu bytes",
-                 peer, (unsigned long long)sent, tag, s->me, want);
+        snprintf(msg, sizeof msg, "rank %d sent %llu bytes with tag %d but rank %d posted a receive of %zu bytes", peer,
+                 (unsigned long long)sent, tag, s->me, want);
     }
     return dt_shm_fail(s, DT_EMISMATCH, msg);
 }
@@ -95,8 +96,14 @@ static int pull_coll(dt_shm *s, int peer, dt_status *st) {
         dt_treq *r = q->head;
         shm_frag *f = shm_frag_at(s, c, 0, head);
         if (!(RQ_FLAGS(r) & 4)) {
-            if (s->in_coll && !dt_coll_desc_match(&f->desc, &s->cur)) { *st = dt_shm_mismatch(s, peer, &f->desc); break; }
-            if (f->msg_bytes != r->bytes) { *st = size_mismatch(s, peer, DT_TAG_COLL, f->msg_bytes, r->bytes); break; }
+            if (s->in_coll && !dt_coll_desc_match(&f->desc, &s->cur)) {
+                *st = dt_shm_mismatch(s, peer, &f->desc);
+                break;
+            }
+            if (f->msg_bytes != r->bytes) {
+                *st = size_mismatch(s, peer, DT_TAG_COLL, f->msg_bytes, r->bytes);
+                break;
+            }
             RQ_FLAGS(r) |= 4;
         }
         uint32_t flags = f->flags;
@@ -126,15 +133,24 @@ static int pull_user(dt_shm *s, int peer, dt_status *st) {
         shm_unex *u = s->in_unex[peer];
         if (!r && !u) { /* a new message: match the oldest receive posted for its tag */
             for (dt_treq *x = q->head; x; x = x->next)
-                if (x->tag == f->tag) { r = x; break; }
+                if (x->tag == f->tag) {
+                    r = x;
+                    break;
+                }
             if (r) {
-                if (r->bytes != f->msg_bytes) { *st = size_mismatch(s, peer, f->tag, f->msg_bytes, r->bytes); break; }
+                if (r->bytes != f->msg_bytes) {
+                    *st = size_mismatch(s, peer, f->tag, f->msg_bytes, r->bytes);
+                    break;
+                }
                 q_remove(q, r);
                 s->in_req[peer] = r;
             } else {
                 if (!q->head) break; /* nobody receives from this peer now: leave it in the channel */
                 u = malloc(sizeof *u + f->msg_bytes);
-                if (!u) { *st = dt_error(DT_ENOMEM, "out of memory buffering a message from rank %d", peer); break; }
+                if (!u) {
+                    *st = dt_error(DT_ENOMEM, "out of memory buffering a message from rank %d", peer);
+                    break;
+                }
                 *u = (shm_unex){.tag = f->tag, .bytes = f->msg_bytes};
                 shm_unex **pp = &s->unex[peer];
                 while (*pp) pp = &(*pp)->next;
@@ -189,7 +205,8 @@ int dt_shm_progress(dt_shm *s, dt_status *st) {
 static dt_status post_check(dt_shm *s, int peer, int tag, const void *buf, size_t bytes, dt_treq *req) {
     if (s->broken) return dt_error(DT_EPEER, "the shm transport failed earlier; create a new communicator");
     if (peer < 0 || peer >= s->n || peer == s->me)
-        return dt_error(DT_EINVAL, "peer %d is not another rank of this communicator (rank %d of %d)", peer, s->me, s->n);
+        return dt_error(DT_EINVAL, "peer %d is not another rank of this communicator (rank %d of %d)", peer, s->me,
+                        s->n);
     if (tag < DT_TAG_COLL) return dt_error(DT_EINVAL, "tag %d is negative", tag);
     if (bytes && !buf) return dt_error(DT_EINVAL, "NULL buffer for %zu bytes", bytes);
     dt_treq_reset(req, peer, tag, bytes);
@@ -278,8 +295,9 @@ dt_status dt_shm_waitall(dt_transport *t, dt_treq *const *reqs, int n, double de
     if (n == 0) { /* idle: return on progress, wake() or the deadline */
         s->waiting_on = -1;
         for (int p = 0; p < s->n && s->waiting_on < 0; p++) {
-            dt_treq *q = s->recvq[p * SHM_KINDS + 1].head ? s->recvq[p * SHM_KINDS + 1].head
-                         : s->sendq[p * SHM_KINDS + 1].head ? s->sendq[p * SHM_KINDS + 1].head : s->in_req[p];
+            dt_treq *q = s->recvq[p * SHM_KINDS + 1].head   ? s->recvq[p * SHM_KINDS + 1].head
+                         : s->sendq[p * SHM_KINDS + 1].head ? s->sendq[p * SHM_KINDS + 1].head
+                                                            : s->in_req[p];
             if (q) s->waiting_on = p, s->what_req = q;
         }
         dt_status st = dt_shm_block(s, poll_waitall, &w, deadline, true);

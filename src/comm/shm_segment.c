@@ -60,7 +60,8 @@ static size_t direct_chunk(int n, uint32_t slots) {
 /* geometry, chosen by rank 0 (from its environment) and read by everyone from the header */
 static void layout(shm_header *h, int n) {
     h->slots[0] = n <= 8 ? 8 : 4;
-    h->slot_bytes[0] = (uint32_t)align_up(env_size("DTRAIN_SHM_FRAG", n <= 16 ? 64 << 10 : 16 << 10, 4 << 10, 4 << 20), 64);
+    h->slot_bytes[0] = (uint32_t)align_up(env_size("DTRAIN_SHM_FRAG", n <= 16 ? 64 << 10 : 16 << 10, 4 << 10, 4 << 20),
+                                          64);
     h->slots[1] = 4;
     h->slot_bytes[1] = n <= 16 ? 32 << 10 : 8 << 10;
     h->small_bytes = (uint32_t)env_size("DTRAIN_SHM_SMALL", 16 << 10, 0, 1 << 30);
@@ -78,8 +79,10 @@ dt_status dt_shm_segment_create(dt_shm *s) {
     int fd = shm_open(s->name, O_CREAT | O_EXCL | O_RDWR, 0600);
     if (fd < 0) {
         if (errno == EEXIST)
-            return dt_error(DT_EIO, "shared-memory segment /dev/shm%s already exists: another job uses id '%s' or a "
-                            "crashed one left it; remove /dev/shm%s or use a new job id", s->name, s->job, s->name);
+            return dt_error(DT_EIO,
+                            "shared-memory segment /dev/shm%s already exists: another job uses id '%s' or a "
+                            "crashed one left it; remove /dev/shm%s or use a new job id",
+                            s->name, s->job, s->name);
         return dt_error(DT_EIO, "cannot create shared memory /dev/shm%s: %s", s->name, strerror(errno));
     }
     shm_header tmp = {0};
@@ -135,10 +138,12 @@ dt_status dt_shm_segment_open(dt_shm *s, double deadline) {
                 }
                 shm_header *h = s->hdr;
                 if (h->magic != SHM_MAGIC || h->version != SHM_VERSION || h->total_bytes != s->seg_bytes)
-                    return dt_error(DT_EFORMAT, "/dev/shm%s is not a dtrain segment of this version; remove it", s->name);
+                    return dt_error(DT_EFORMAT, "/dev/shm%s is not a dtrain segment of this version; remove it",
+                                    s->name);
                 if ((int)h->size != s->n)
-                    return dt_error(DT_EMISMATCH, "job '%s' has world size %u but rank %d was started with world size %d",
-                                    s->job, h->size, s->me, s->n);
+                    return dt_error(DT_EMISMATCH,
+                                    "job '%s' has world size %u but rank %d was started with world size %d", s->job,
+                                    h->size, s->me, s->n);
                 return DT_OK;
             }
             close(fd);
@@ -146,8 +151,10 @@ dt_status dt_shm_segment_open(dt_shm *s, double deadline) {
             return dt_error(DT_EIO, "cannot open shared memory /dev/shm%s: %s", s->name, strerror(errno));
         }
         if (dt_now() > deadline)
-            return dt_error(DT_ETIMEDOUT, "rank %d timed out waiting for rank 0 to create the segment of job '%s' "
-                            "(/dev/shm%s): is rank 0 running with the same DTRAIN_JOB_ID?", s->me, s->job, s->name);
+            return dt_error(DT_ETIMEDOUT,
+                            "rank %d timed out waiting for rank 0 to create the segment of job '%s' "
+                            "(/dev/shm%s): is rank 0 running with the same DTRAIN_JOB_ID?",
+                            s->me, s->job, s->name);
         dt_shm_sleep_ms(wait);
         if (wait < 5) wait *= 1.5;
     }

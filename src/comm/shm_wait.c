@@ -27,8 +27,9 @@ enum { SPIN_US = 200, SPIN_BG_US = 50, OVER_YIELDS = 2 };
 
 dt_shm_wait_policy dt_shm_wait_policy_for(bool over, bool background, const char *env_us) {
     dt_shm_wait_policy p = {.spin_s = over ? 0 : (background ? SPIN_BG_US : SPIN_US) * 1e-6,
-                            .spin_yields = background, .yields = over ? OVER_YIELDS : 0};
-    if (env_us && *env_us) p.spin_s = atof(env_us) * 1e-6;  /* DTRAIN_SHM_SPIN_US: both threads */
+                            .spin_yields = background,
+                            .yields = over ? OVER_YIELDS : 0};
+    if (env_us && *env_us) p.spin_s = atof(env_us) * 1e-6; /* DTRAIN_SHM_SPIN_US: both threads */
     if (!(p.spin_s >= 0)) p.spin_s = 0;
     return p;
 }
@@ -40,7 +41,7 @@ void dt_shm_publish_cpus(dt_shm *s) {
     if (sched_getaffinity(0, sizeof set, &set) == 0) {
         for (int c = 0; c < CPU_SETSIZE && c < SHM_MAX_CPUS; c++)
             if (CPU_ISSET(c, &set)) me->cpus[c / 64] |= 1ull << (c % 64);
-    } else {  /* unknown: the online CPUs */
+    } else { /* unknown: the online CPUs */
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         for (long c = 0; c < n && c < SHM_MAX_CPUS; c++) me->cpus[c / 64] |= 1ull << (c % 64);
     }

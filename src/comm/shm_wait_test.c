@@ -48,16 +48,18 @@ static int test_cpus(int R, int N, const char *job, void *arg) {
     if (!t) return 1;
     dt_shm *s = (dt_shm *)t;
     const int want = a->pin_shared ? 1 : 2;
-    CHECK_MSG(dt_shm_job_cpus(s) == want, "rank %d: the job's ranks may run on %d CPUs, want %d", R,
-              dt_shm_job_cpus(s), want);
+    CHECK_MSG(dt_shm_job_cpus(s) == want, "rank %d: the job's ranks may run on %d CPUs, want %d", R, dt_shm_job_cpus(s),
+              want);
     int ranks = 0;
     const int host = t->ops->host_cpus(t, &ranks);
-    CHECK_MSG(host == want && ranks == N, "rank %d: host_cpus %d with %d ranks, want %d with %d", R, host, ranks, want, N);
-    if (a->pin_shared) CHECK_MSG(s->wait_fg.spin_s == 0 && s->wait_fg.yields == 2, "2 ranks on one CPU: spin %g s",
-                                 s->wait_fg.spin_s);
-    else CHECK_MSG(s->wait_fg.spin_s > 0 && !s->wait_fg.spin_yields && s->wait_bg.spin_yields,
-                   "2 ranks on 2 CPUs: spin %g s (yields %d), progress thread yields %d", s->wait_fg.spin_s,
-                   s->wait_fg.spin_yields, s->wait_bg.spin_yields);
+    CHECK_MSG(host == want && ranks == N, "rank %d: host_cpus %d with %d ranks, want %d with %d", R, host, ranks, want,
+              N);
+    if (a->pin_shared)
+        CHECK_MSG(s->wait_fg.spin_s == 0 && s->wait_fg.yields == 2, "2 ranks on one CPU: spin %g s", s->wait_fg.spin_s);
+    else
+        CHECK_MSG(s->wait_fg.spin_s > 0 && !s->wait_fg.spin_yields && s->wait_bg.spin_yields,
+                  "2 ranks on 2 CPUs: spin %g s (yields %d), progress thread yields %d", s->wait_fg.spin_s,
+                  s->wait_fg.spin_yields, s->wait_bg.spin_yields);
     t->ops->destroy(t);
     return dt_test_failures;
 }
@@ -68,7 +70,7 @@ static void *helper_allreduce(void *arg) {
     const dt_shm *s = (const dt_shm *)c->t;
     const bool bg = dt_shm_wait_here(s) == &s->wait_bg;
     int32_t v = 1, sum = 0;
-    dt_status st = dt_comm_allreduce(c, &v, &sum, 1, DT_I32, DT_OP_SUM);  /* every rank takes part */
+    dt_status st = dt_comm_allreduce(c, &v, &sum, 1, DT_I32, DT_OP_SUM); /* every rank takes part */
     return bg && st == DT_OK && sum == dt_comm_size(c) ? c : NULL;
 }
 
@@ -90,9 +92,10 @@ static int test_steps(int R, int N, const char *job, void *arg) {
     dt_comm *c = NULL;
     CHECK_OK(dt_test_comm(&c, R, N, job, DT_ALGO_AUTO, 60));
     if (!c) return 1;
-    int here = 0;  /* what the trainer asks to choose its loader thread (dt_loader_prefetch_for) */
+    int here = 0; /* what the trainer asks to choose its loader thread (dt_loader_prefetch_for) */
     const int host = dt_comm_host_cpus(c, &here);
-    CHECK_MSG(here == N && host >= 1 && (!a->pin_shared || host == 1), "rank %d: %d CPUs for %d ranks here", R, host, here);
+    CHECK_MSG(here == N && host >= 1 && (!a->pin_shared || host == 1), "rank %d: %d CPUs for %d ranks here", R, host,
+              here);
     const size_t per = 1000 + 3, n = per * (size_t)N;
     float *g = malloc(n * sizeof *g);
     int bad = 0;
@@ -105,7 +108,7 @@ static int test_steps(int R, int N, const char *job, void *arg) {
         } else {
             CHECK_OK(dt_comm_reduce_scatter(c, g, g, per, DT_F32, DT_OP_SUM));
         }
-        for (size_t i = 0; i < per; i++) g[i] += 1;  /* the "update" of this rank's shard */
+        for (size_t i = 0; i < per; i++) g[i] += 1; /* the "update" of this rank's shard */
         memmove(g + (size_t)R * per, g, per * sizeof *g);
         CHECK_OK(dt_comm_allgather(c, g + (size_t)R * per, g, per, DT_F32));
         for (size_t i = 0; i < n && !bad; i++) {
@@ -184,7 +187,8 @@ int main(void) {
     }
     /* no time bound (a loaded CI machine only slows them down): a rank that spins where it should
      * give the core to its peer shows as a hang, which dt_run_ranks' deadline fails */
-    step_arg two = {.steps = 300, .nb = 20}, shared = {.steps = 300, .nb = 20, .pin_shared = 1, .cpu0 = nc ? cpus[0] : 0};
+    step_arg two = {.steps = 300, .nb = 20},
+             shared = {.steps = 300, .nb = 20, .pin_shared = 1, .cpu0 = nc ? cpus[0] : 0};
     CHECK_MSG(dt_run_ranks(2, test_steps, &two, 60) == 0, "DDP's step pattern, 2 ranks");
     CHECK_MSG(dt_run_ranks(2, test_steps, &shared, 60) == 0, "DDP's step pattern, 2 ranks on one CPU");
     step_arg eight = {.steps = 100, .nb = 10};

@@ -30,20 +30,31 @@
 /* What a rank is doing: posted at the start of every op (ops->begin) so peers can detect a
  * mismatch, and used to name the op in error messages. */
 typedef enum {
-    DT_COLL_ALLREDUCE = 1, DT_COLL_BROADCAST, DT_COLL_REDUCE, DT_COLL_ALLGATHER, DT_COLL_ALLGATHERV,
-    DT_COLL_REDUCE_SCATTER, DT_COLL_GATHER, DT_COLL_SCATTER, DT_COLL_ALLTOALL, DT_COLL_BARRIER,
-    DT_COLL_SPLIT, DT_COLL_SEND, DT_COLL_RECV, DT_COLL_OP_COUNT
+    DT_COLL_ALLREDUCE = 1,
+    DT_COLL_BROADCAST,
+    DT_COLL_REDUCE,
+    DT_COLL_ALLGATHER,
+    DT_COLL_ALLGATHERV,
+    DT_COLL_REDUCE_SCATTER,
+    DT_COLL_GATHER,
+    DT_COLL_SCATTER,
+    DT_COLL_ALLTOALL,
+    DT_COLL_BARRIER,
+    DT_COLL_SPLIT,
+    DT_COLL_SEND,
+    DT_COLL_RECV,
+    DT_COLL_OP_COUNT
 } dt_coll_op;
 
 typedef struct {
-    uint64_t seq;    /* collective sequence number on this communicator, from 1 (p2p ops: 0) */
-    uint8_t op;      /* dt_coll_op */
-    uint8_t dtype;   /* dt_dtype */
-    uint8_t redop;   /* dt_redop (0 where it does not apply) */
+    uint64_t seq;  /* collective sequence number on this communicator, from 1 (p2p ops: 0) */
+    uint8_t op;    /* dt_coll_op */
+    uint8_t dtype; /* dt_dtype */
+    uint8_t redop; /* dt_redop (0 where it does not apply) */
     uint8_t pad_;
-    int32_t root;    /* root rank; peer rank for send/recv; -1 where it does not apply */
-    int32_t tag;     /* send/recv tag, else 0 */
-    uint64_t count;  /* element count as passed by the caller */
+    int32_t root;   /* root rank; peer rank for send/recv; -1 where it does not apply */
+    int32_t tag;    /* send/recv tag, else 0 */
+    uint64_t count; /* element count as passed by the caller */
 } dt_coll_desc;
 
 /* Writes e.g. "allreduce #57 (f32 x 1000)" or "recv from rank 3 tag 5 (f32 x 10)"; returns buf. */
@@ -66,9 +77,12 @@ typedef struct dt_treq {
     int peer, tag;
     size_t bytes;
     bool done;
-    dt_status status;                /* valid when done */
-    struct dt_treq *next;            /* transport's use (pending lists) */
-    union { void *p[6]; uint64_t u[6]; } priv;
+    dt_status status;     /* valid when done */
+    struct dt_treq *next; /* transport's use (pending lists) */
+    union {
+        void *p[6];
+        uint64_t u[6];
+    } priv;
 } dt_treq;
 
 /* Transports: resets req for a new isend/irecv of `bytes` with peer and tag (not done, priv zeroed). */
@@ -86,17 +100,17 @@ typedef struct dt_transport dt_transport;
 
 /* Arguments of a native collective (ops->coll). */
 typedef struct {
-    dt_coll_desc d;             /* op, seq, dtype, count, root, redop */
-    const void *send;           /* input; == recv for in place (see comm.h buffer table) */
+    dt_coll_desc d;   /* op, seq, dtype, count, root, redop */
+    const void *send; /* input; == recv for in place (see comm.h buffer table) */
     void *recv;
-    const size_t *counts;       /* allgatherv: elements per rank */
-    const size_t *displs;       /* allgatherv: element offsets into recv (never NULL here) */
-    dt_comm_algo algo;          /* requested: AUTO, DIRECT, NATIVE; other values: return DT_ENOTSUP */
-    double deadline;            /* dt_now() time after which a wait fails with DT_ETIMEDOUT */
+    const size_t *counts; /* allgatherv: elements per rank */
+    const size_t *displs; /* allgatherv: element offsets into recv (never NULL here) */
+    dt_comm_algo algo;    /* requested: AUTO, DIRECT, NATIVE; other values: return DT_ENOTSUP */
+    double deadline;      /* dt_now() time after which a wait fails with DT_ETIMEDOUT */
 } dt_coll_args;
 
 typedef struct dt_transport_ops {
-    const char *name;  /* "shm", "mpi" */
+    const char *name; /* "shm", "mpi" */
 
     /* Post a send/recv of `bytes` to/from `peer` with `tag` (>= 0 user tag, or DT_TAG_COLL).
      * Never blocks for long; completion by test/waitall. A receive must be matched by a send of
@@ -127,8 +141,8 @@ typedef struct dt_transport_ops {
      * split_id is unique per split on the parent and equal on all its ranks. The communicator
      * calls it on every parent rank whose color is >= 0 (each with its own group, new_size may
      * be 1), right after an allgather of (color, key) on the parent. NULL = not supported. */
-    dt_status (*split)(dt_transport *t, int color, const int *members, int new_size, int new_rank,
-                       uint64_t split_id, double deadline, dt_transport **out);
+    dt_status (*split)(dt_transport *t, int color, const int *members, int new_size, int new_rank, uint64_t split_id,
+                       double deadline, dt_transport **out);
     /* The CPUs this transport's ranks on this host may run on together, with *ranks (how many
      * of them run there); 0 when the transport does not know. May be NULL. */
     int (*host_cpus)(dt_transport *t, int *ranks);
@@ -150,7 +164,7 @@ typedef struct dt_transport_ops {
 struct dt_transport {
     const dt_transport_ops *ops;
     int rank, size;
-    char timeout_knob[40];       /* what the user raises when a wait times out (set by comm.c) */
+    char timeout_knob[40]; /* what the user raises when a wait times out (set by comm.c) */
 };
 
 /* Who started the ranks of a job: nobody (explicit dt_comm_create, or one process), dtrain launch
@@ -159,21 +173,21 @@ typedef enum { DT_LAUNCH_NONE = 0, DT_LAUNCH_LOCAL, DT_LAUNCH_MPI } dt_launcher;
 
 /* Creation parameters shared by the transport constructors. */
 typedef struct {
-    int rank, size, local_rank;  /* shm: required; mpi: ignored (MPI decides), result in t->rank/size */
-    const char *job_id;          /* shm: names the segment */
-    double timeout_s;            /* how long creation may wait for the other ranks */
-    const char *options;         /* the text after "NAME:" in a transport spec ("" or NULL: none) */
-    const char *device;          /* the device spec the ranks keep model memory on ("cuda:1"); NULL: host */
-    dt_launcher launcher;        /* who started the ranks */
+    int rank, size, local_rank; /* shm: required; mpi: ignored (MPI decides), result in t->rank/size */
+    const char *job_id;         /* shm: names the segment */
+    double timeout_s;           /* how long creation may wait for the other ranks */
+    const char *options;        /* the text after "NAME:" in a transport spec ("" or NULL: none) */
+    const char *device;         /* the device spec the ranks keep model memory on ("cuda:1"); NULL: host */
+    dt_launcher launcher;       /* who started the ranks */
 } dt_transport_params;
 
 /* ---- the registry (transports.c): one entry per transport, NCCL's ncclTransports[] style ----
  * Adding a transport is one file defining `const dt_transport_kind dt_transport_kind_NAME` plus
  * its name in transports.c's DT_TRANSPORT_KINDS line. */
 typedef struct dt_transport_kind {
-    const char *name;     /* "shm": what --backend and dt_comm_config.transport take */
-    const char *help;     /* one line for --help and the man page */
-    const char *options;  /* its option syntax for the help ("bootstrap=shm|mpi"), "" when it has none */
+    const char *name;    /* "shm": what --backend and dt_comm_config.transport take */
+    const char *help;    /* one line for --help and the man page */
+    const char *options; /* its option syntax for the help ("bootstrap=shm|mpi"), "" when it has none */
     /* Whether it can run this job here (canConnect): the automatic choice takes the first entry
      * whose probe says yes. False with the reason in why[0..n) ("not under mpirun"). */
     bool (*probe)(const dt_transport_params *p, char *why, size_t n);
@@ -200,6 +214,5 @@ dt_status dt_transport_shm_create(dt_transport **out, const dt_transport_params 
  * least: a progress thread may call in) and finalises it in destroy if it initialised it.
  * Without DT_HAVE_MPI: returns DT_ENOTSUP "built without MPI: install libopenmpi-dev and rebuild". */
 dt_status dt_transport_mpi_create(dt_transport **out, const dt_transport_params *p);
-
 
 #endif

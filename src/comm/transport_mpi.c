@@ -19,7 +19,9 @@ dt_status dt_transport_mpi_create(dt_transport **out, const dt_transport_params 
     return dt_error(DT_ENOTSUP, "built without MPI: install libopenmpi-dev and rebuild");
 }
 dt_status dt_comm_bench_mpi_allreduce(size_t count, int warmup, int iters, double *usec) {
-    (void)count; (void)warmup; (void)iters;
+    (void)count;
+    (void)warmup;
+    (void)iters;
     if (usec) *usec = 0;
     return dt_error(DT_ENOTSUP, "built without MPI: install libopenmpi-dev and rebuild");
 }
@@ -39,10 +41,10 @@ dt_status dt_comm_bench_mpi_reduce(size_t count, int warmup, int iters, double *
 #include <time.h>
 
 pthread_mutex_t dt_mpi_lock = PTHREAD_MUTEX_INITIALIZER;
-static int g_live;             /* live MPI transports */
-static bool g_we_init;         /* we called MPI_Init_thread, so we finalise */
-static atomic_bool g_failed;   /* some transport failed: peers may be stuck, skip MPI_Finalize */
-static MPI_Datatype g_block;   /* 1 MiB of bytes, for messages over INT_MAX bytes */
+static int g_live;           /* live MPI transports */
+static bool g_we_init;       /* we called MPI_Init_thread, so we finalise */
+static atomic_bool g_failed; /* some transport failed: peers may be stuck, skip MPI_Finalize */
+static MPI_Datatype g_block; /* 1 MiB of bytes, for messages over INT_MAX bytes */
 static bool g_block_ok;
 #define BLOCK_BYTES ((size_t)1 << 20)
 
@@ -108,7 +110,10 @@ void dt_mpi_backoff(dt_mpi_idle *w) {
     double now = dt_now();
     if (w->since == 0) w->since = now;
     long ns = dt_mpi_nap_ns(w, now - w->since, g_spin_s);
-    if (ns == 0) { sched_yield(); return; }
+    if (ns == 0) {
+        sched_yield();
+        return;
+    }
     w->naps++;
     struct timespec ts = {0, ns};
     nanosleep(&ts, NULL);
@@ -134,8 +139,8 @@ dt_status dt_mpi_progress_internal(dt_mpi_transport *t) {
         char msg[sizeof t->errmsg];
         memcpy(&s, t->abort_buf, sizeof s);
         t->abort_buf[sizeof t->abort_buf - 1] = 0;
-        snprintf(msg, sizeof msg, "rank %d %s: %s", st.MPI_SOURCE,
-                 t->abort_buf[sizeof s] == 'A' ? "aborted" : "failed", t->abort_buf + sizeof s + 1);
+        snprintf(msg, sizeof msg, "rank %d %s: %s", st.MPI_SOURCE, t->abort_buf[sizeof s] == 'A' ? "aborted" : "failed",
+                 t->abort_buf + sizeof s + 1);
         return set_broken(t, s < 0 ? (dt_status)s : DT_EPEER, msg);
     }
     return dt_mpi_check_progress(t);
@@ -147,8 +152,8 @@ dt_status dt_mpi_progress_internal(dt_mpi_transport *t) {
 static void req_get(const dt_treq *r, MPI_Request *m) { memcpy(m, r->priv.u, 2 * sizeof *m); }
 static void req_set(dt_treq *r, const MPI_Request *m) { memcpy(r->priv.u, m, 2 * sizeof *m); }
 
-dt_status dt_mpi_post(dt_mpi_transport *t, bool recv, int peer, int tag, int mtag, void *buf,
-                      size_t bytes, dt_treq *req) {
+dt_status dt_mpi_post(dt_mpi_transport *t, bool recv, int peer, int tag, int mtag, void *buf, size_t bytes,
+                      dt_treq *req) {
     if (t->broken) return dt_error(t->err, "%s", t->errmsg);
     DT_TRY(dt_mpi_check_flush(t)); /* the op's descriptor before its first message */
     if (peer < 0 || peer >= t->base.size)
@@ -179,8 +184,8 @@ dt_status dt_mpi_post(dt_mpi_transport *t, bool recv, int peer, int tag, int mta
     if (rc != MPI_SUCCESS) {
         char e[256], o[96];
         return dt_mpi_fail(t, DT_EPEER, "MPI could not post a %s of %zu bytes %s rank %d during %s: %s",
-                           recv ? "receive" : "send", bytes, recv ? "from" : "to", peer,
-                           op_str(t, o, sizeof o), dt_mpi_errstr(rc, e, sizeof e));
+                           recv ? "receive" : "send", bytes, recv ? "from" : "to", peer, op_str(t, o, sizeof o),
+                           dt_mpi_errstr(rc, e, sizeof e));
     }
     req_set(req, m);
     req->priv.u[2] = (uint64_t)nparts;
@@ -228,11 +233,12 @@ static void finish(dt_mpi_transport *t, dt_treq *r, int rc, MPI_Status *st, int 
             MPI_Error_class(code, &cls);
             dt_mpi_errstr(code, e, sizeof e);
             if (cls == MPI_ERR_TRUNCATE)
-                r->status = dt_mpi_fail(t, DT_EMISMATCH, "rank %d sent more than the %zu bytes rank %d expected (%s) during %s",
-                                        r->peer, r->bytes, t->base.rank, tg, o);
+                r->status = dt_mpi_fail(t, DT_EMISMATCH,
+                                        "rank %d sent more than the %zu bytes rank %d expected (%s) during %s", r->peer,
+                                        r->bytes, t->base.rank, tg, o);
             else
-                r->status = dt_mpi_fail(t, DT_EPEER, "lost rank %d during %s (%s of %zu bytes, %s): MPI: %s",
-                                        r->peer, o, recv ? "receive" : "send", r->bytes, tg, e);
+                r->status = dt_mpi_fail(t, DT_EPEER, "lost rank %d during %s (%s of %zu bytes, %s): MPI: %s", r->peer,
+                                        o, recv ? "receive" : "send", r->bytes, tg, e);
             return;
         }
     }
@@ -270,7 +276,10 @@ static dt_status progress_all(dt_mpi_transport *t, bool *progressed) {
         int rc = MPI_Testall(n, m, &flag, st);
         UNLOCK();
         req_set(r, m);
-        if (!flag && rc == MPI_SUCCESS) { pp = &r->next; continue; }
+        if (!flag && rc == MPI_SUCCESS) {
+            pp = &r->next;
+            continue;
+        }
         finish(t, r, rc, st, n);
         *pp = r->next;
         r->next = NULL;
@@ -296,13 +305,15 @@ static dt_status timeout_error(dt_mpi_transport *t, dt_treq *const *reqs, int n,
     for (int i = 0; i < n && listed < 4; i++) {
         if (!reqs[i] || reqs[i]->done) continue;
         len += (size_t)snprintf(who + len, sizeof who - len, "%srank %d (%s of %zu bytes, %s)", listed ? ", " : "",
-                                reqs[i]->peer, reqs[i]->priv.u[3] ? "receive" : "send",
-                                reqs[i]->bytes, tag_str(reqs[i]->tag, tg, sizeof tg));
+                                reqs[i]->peer, reqs[i]->priv.u[3] ? "receive" : "send", reqs[i]->bytes,
+                                tag_str(reqs[i]->tag, tg, sizeof tg));
         if (len >= sizeof who) len = sizeof who - 1;
         listed++;
     }
-    return dt_mpi_fail(t, DT_ETIMEDOUT, "timed out after %.1f s during %s waiting for %s; the rank is stalled or dead "
-                       "(raise %s if it is only slow)", waited, op_str(t, o, sizeof o), who, t->base.timeout_knob);
+    return dt_mpi_fail(t, DT_ETIMEDOUT,
+                       "timed out after %.1f s during %s waiting for %s; the rank is stalled or dead "
+                       "(raise %s if it is only slow)",
+                       waited, op_str(t, o, sizeof o), who, t->base.timeout_knob);
 }
 
 /* A request of reqs waits on a rank whose process is gone (and what it sent before is not here):
@@ -316,9 +327,11 @@ static dt_status check_dead(dt_mpi_transport *t, dt_treq *const *reqs, int n) {
         DT_TRY(progress_all(t, &progressed)); /* its last messages may be in already */
         if (r->done) continue;
         char o[96], tg[32];
-        return dt_mpi_fail(t, DT_EPEER, "rank %d died during %s (%s of %zu bytes, %s): its process (world rank %d, "
-                           "pid %d) is gone", r->peer, op_str(t, o, sizeof o), r->priv.u[3] ? "receive" : "send",
-                           r->bytes, tag_str(r->tag, tg, sizeof tg), dt_mpi_world_of(t, r->peer), pid);
+        return dt_mpi_fail(t, DT_EPEER,
+                           "rank %d died during %s (%s of %zu bytes, %s): its process (world rank %d, "
+                           "pid %d) is gone",
+                           r->peer, op_str(t, o, sizeof o), r->priv.u[3] ? "receive" : "send", r->bytes,
+                           tag_str(r->tag, tg, sizeof tg), dt_mpi_world_of(t, r->peer), pid);
     }
     return DT_OK;
 }
@@ -378,8 +391,7 @@ dt_status dt_mpi_wrap(MPI_Comm comm, double timeout_s, dt_transport **out) {
     const char *chk = getenv("DTRAIN_MPI_CHECK");
     t->check = t->base.size > 1 && !(chk && !strcmp(chk, "0"));
     dt_mpi_check_init(t);
-    MPI_Irecv(t->abort_buf, (int)sizeof t->abort_buf, MPI_BYTE, MPI_ANY_SOURCE, DT_MPI_TAG_ABORT, comm,
-              &t->abort_req);
+    MPI_Irecv(t->abort_buf, (int)sizeof t->abort_buf, MPI_BYTE, MPI_ANY_SOURCE, DT_MPI_TAG_ABORT, comm, &t->abort_req);
     g_live++;
     *out = &t->base;
     return DT_OK;
@@ -412,8 +424,10 @@ dt_status dt_transport_mpi_create(dt_transport **out, const dt_transport_params 
         MPI_Query_thread(&provided);
     }
     if (s == DT_OK && provided < MPI_THREAD_SERIALIZED)
-        s = dt_error(DT_ENOTSUP, "MPI provides thread level %d but dtrain needs MPI_THREAD_SERIALIZED: "
-                                 "initialise MPI with MPI_Init_thread(..., MPI_THREAD_SERIALIZED, ...)", provided);
+        s = dt_error(DT_ENOTSUP,
+                     "MPI provides thread level %d but dtrain needs MPI_THREAD_SERIALIZED: "
+                     "initialise MPI with MPI_Init_thread(..., MPI_THREAD_SERIALIZED, ...)",
+                     provided);
     if (s == DT_OK && !g_block_ok) {
         MPI_Type_contiguous((int)BLOCK_BYTES, MPI_BYTE, &g_block);
         MPI_Type_commit(&g_block);
@@ -423,7 +437,8 @@ dt_status dt_transport_mpi_create(dt_transport **out, const dt_transport_params 
     if (s == DT_OK) {
         char e[256];
         int rc = MPI_Comm_dup(MPI_COMM_WORLD, &comm);
-        if (rc != MPI_SUCCESS) s = dt_error(DT_EPEER, "MPI_Comm_dup of the world failed: %s", dt_mpi_errstr(rc, e, sizeof e));
+        if (rc != MPI_SUCCESS)
+            s = dt_error(DT_EPEER, "MPI_Comm_dup of the world failed: %s", dt_mpi_errstr(rc, e, sizeof e));
         double until = dt_now() + (p && p->timeout_s > 0 ? p->timeout_s : 300);
         if (s == DT_OK && (s = dt_mpi_live_init(comm, until)) != DT_OK) MPI_Comm_free(&comm);
     }
@@ -496,6 +511,9 @@ static bool mpi_probe(const dt_transport_params *p, char *why, size_t n) {
 }
 
 const dt_transport_kind dt_transport_kind_mpi = {
-    .name = "mpi", .help = "MPI point-to-point and MPI's own collectives, for ranks started by mpirun/srun",
-    .options = "", .probe = mpi_probe, .create = dt_transport_mpi_create,
+    .name = "mpi",
+    .help = "MPI point-to-point and MPI's own collectives, for ranks started by mpirun/srun",
+    .options = "",
+    .probe = mpi_probe,
+    .create = dt_transport_mpi_create,
 };

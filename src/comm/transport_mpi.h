@@ -23,38 +23,38 @@
 #define DT_MPI_DESC_RECVS 4  /* receives posted for the left rank's descriptors */
 #define DT_MPI_PROBE_S 0.2   /* an in-band-checked op waiting this long sends its descriptor after all */
 #define DT_MPI_INBAND_MAX ((size_t)256 << 10) /* in-band check up to this many bytes per rank */
-#define DT_MPI_INBAND_RANKS 16 /* and this many ranks (the sums of its check words stay exact in f32) */
+#define DT_MPI_INBAND_RANKS 16                /* and this many ranks (the sums of its check words stay exact in f32) */
 
 typedef struct {
     dt_transport base;
     MPI_Comm comm;
-    dt_treq *pending;                /* posted, not yet completed requests */
+    dt_treq *pending; /* posted, not yet completed requests */
     atomic_int woken;
-    dt_coll_desc cur;                /* the current op (for messages) */
-    double timeout_s;                /* bound of internal waits (op-check slots) */
-    bool broken;                     /* an error happened: later waits fail at once */
+    dt_coll_desc cur; /* the current op (for messages) */
+    double timeout_s; /* bound of internal waits (op-check slots) */
+    bool broken;      /* an error happened: later waits fail at once */
     dt_status err;
     char errmsg[560];
     /* abort notices from any rank */
     MPI_Request abort_req;
-    char abort_buf[576], abort_out[576];  /* int status, kind 'A'/'F', message */
+    char abort_buf[576], abort_out[576]; /* int status, kind 'A'/'F', message */
     /* the op check (transport_mpi_check.c): every collective either carries check words in its
      * own data (in-band: native allreduce / allgather up to DT_MPI_INBAND_MAX) or sends its
      * descriptor to rank+1, which compares it with its own op of that seq (and rank-1's to us) */
     bool check;
-    uint64_t check_seq;              /* seq of the latest op begun here (0: none yet) */
-    uint64_t expect_lo;              /* no op below it still waits for the left rank's descriptor */
-    uint64_t check_events;           /* descriptors of the left rank handled (progress) */
-    uint64_t desc_sent;              /* descriptors sent (counters, tests) */
-    dt_coll_desc hist[DT_MPI_DESC_SLOTS];      /* own ops by seq % SLOTS */
+    uint64_t check_seq;                   /* seq of the latest op begun here (0: none yet) */
+    uint64_t expect_lo;                   /* no op below it still waits for the left rank's descriptor */
+    uint64_t check_events;                /* descriptors of the left rank handled (progress) */
+    uint64_t desc_sent;                   /* descriptors sent (counters, tests) */
+    dt_coll_desc hist[DT_MPI_DESC_SLOTS]; /* own ops by seq % SLOTS */
     unsigned char hist_state[DT_MPI_DESC_SLOTS], hist_probed[DT_MPI_DESC_SLOTS];
     MPI_Request hist_sreq[DT_MPI_DESC_SLOTS];
-    dt_coll_desc left_buf[DT_MPI_DESC_RECVS];  /* the left rank's descriptors, taken in order */
+    dt_coll_desc left_buf[DT_MPI_DESC_RECVS]; /* the left rank's descriptors, taken in order */
     MPI_Request left_rreq[DT_MPI_DESC_RECVS];
     unsigned left_head;
-    void *stage;                     /* in-band staging buffer */
+    void *stage; /* in-band staging buffer */
     size_t stage_cap;
-    int *world;                      /* [size] MPI_COMM_WORLD rank of each rank (dead-peer checks) */
+    int *world; /* [size] MPI_COMM_WORLD rank of each rank (dead-peer checks) */
 } dt_mpi_transport;
 
 /* Every MPI call of the library holds this lock (MPI is initialised THREAD_SERIALIZED). */
@@ -62,8 +62,7 @@ extern pthread_mutex_t dt_mpi_lock;
 
 /* Sets t broken with status s and the formatted message, tells every other rank of t (their
  * waits fail with "rank R failed: ..."), and returns s with that last error. */
-dt_status dt_mpi_fail(dt_mpi_transport *t, dt_status s, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+dt_status dt_mpi_fail(dt_mpi_transport *t, dt_status s, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Advances the internal channels (abort notices, descriptor checks); DT_OK or the error. */
 dt_status dt_mpi_progress_internal(dt_mpi_transport *t);
 /* Idle state of a polling loop: poll (yielding the core) for a short spin window after the last
@@ -73,9 +72,16 @@ dt_status dt_mpi_progress_internal(dt_mpi_transport *t);
  * moving stalls it (docs/why.md, "MPI progresses only inside its calls"). Zero it to start (or
  * dt_mpi_idle_for), and
  * dt_mpi_idle_reset() on progress. */
-typedef struct { double since; int naps; double busy_s; } dt_mpi_idle;
+typedef struct {
+    double since;
+    int naps;
+    double busy_s;
+} dt_mpi_idle;
 void dt_mpi_backoff(dt_mpi_idle *w);
-static inline void dt_mpi_idle_reset(dt_mpi_idle *w) { w->since = 0; w->naps = 0; }
+static inline void dt_mpi_idle_reset(dt_mpi_idle *w) {
+    w->since = 0;
+    w->naps = 0;
+}
 /* An idle state for a wait on an operation moving `bytes`: it polls without sleeping for the time
  * those bytes need at a pessimistic 0.25 GB/s (plus 1 ms), then naps of at most 20 us until 10x
  * that time, then longer ones: a peer that is late. */
@@ -115,8 +121,8 @@ dt_status dt_mpi_post(dt_mpi_transport *t, bool recv, int peer, int tag, int mta
 dt_status dt_mpi_waitall(dt_transport *tt, dt_treq *const *reqs, int n, double deadline);
 dt_status dt_mpi_wrap(MPI_Comm comm, double timeout_s, dt_transport **out);
 /* ops->split (transport_mpi_split.c). */
-dt_status dt_mpi_split(dt_transport *tt, int color, const int *members, int new_size, int new_rank,
-                       uint64_t split_id, double deadline, dt_transport **out);
+dt_status dt_mpi_split(dt_transport *tt, int color, const int *members, int new_size, int new_rank, uint64_t split_id,
+                       double deadline, dt_transport **out);
 /* The op check (transport_mpi_check.c). Sets up / releases its channel on t (at create / destroy). */
 void dt_mpi_check_init(dt_mpi_transport *t);
 void dt_mpi_check_free(dt_mpi_transport *t);

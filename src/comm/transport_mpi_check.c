@@ -106,7 +106,8 @@ static dt_status mismatch(dt_mpi_transport *t, const dt_coll_desc *theirs, const
     char a[96], b[96];
     return dt_mpi_fail(t, DT_EMISMATCH, "rank %d called %s but rank %d called %s at #%llu", left_of(t),
                        dt_coll_desc_call_str(theirs, a, sizeof a), t->base.rank,
-                       dt_coll_desc_call_str(mine, b, sizeof b), (unsigned long long)mine->seq); /* notifies the others */
+                       dt_coll_desc_call_str(mine, b, sizeof b),
+                       (unsigned long long)mine->seq); /* notifies the others */
 }
 
 /* Whether own op seq waits (or, not decided yet, may wait) for the left rank's descriptor of it. */
@@ -127,17 +128,21 @@ static int take_left(dt_mpi_transport *t, const dt_coll_desc *L, dt_status *err)
         int k = SLOT(t->expect_lo);
         {
             char b[96], c[96];
-            *err = dt_mpi_fail(t, DT_EMISMATCH, "rank %d called an allreduce or allgather (checked in-band) but rank %d "
-                               "called %s at #%llu (rank %d's next op is %s)", left_of(t), t->base.rank,
-                               dt_coll_desc_call_str(&t->hist[k], b, sizeof b), (unsigned long long)t->expect_lo,
-                               left_of(t), dt_coll_desc_str(L, c, sizeof c));
+            *err = dt_mpi_fail(t, DT_EMISMATCH,
+                               "rank %d called an allreduce or allgather (checked in-band) but rank %d "
+                               "called %s at #%llu (rank %d's next op is %s)",
+                               left_of(t), t->base.rank, dt_coll_desc_call_str(&t->hist[k], b, sizeof b),
+                               (unsigned long long)t->expect_lo, left_of(t), dt_coll_desc_str(L, c, sizeof c));
             return -1;
         }
     }
     if (L->seq > t->check_seq) return 0;
     int k = SLOT(L->seq);
     if (L->seq + DT_MPI_DESC_SLOTS > t->check_seq && t->hist[k].seq == L->seq) { /* else long passed: a late probe */
-        if (!dt_coll_desc_match(L, &t->hist[k])) { *err = mismatch(t, L, &t->hist[k]); return -1; }
+        if (!dt_coll_desc_match(L, &t->hist[k])) {
+            *err = mismatch(t, L, &t->hist[k]);
+            return -1;
+        }
         if (t->hist_state[k] == OP_SENT) t->hist_state[k] = OP_MATCHED;
     }
     advance_expect(t);
@@ -185,8 +190,10 @@ dt_status dt_mpi_check_begin(dt_transport *tt, const dt_coll_desc *d) {
         char b[96];
         if (now >= next_live) {
             if ((pid = dt_mpi_peer_gone(t, left)) != 0)
-                return dt_mpi_fail(t, DT_EPEER, "rank %d died %d ops behind rank %d at %s: its process (world rank %d, "
-                                   "pid %d) is gone", left, DT_MPI_DESC_SLOTS, tt->rank, dt_coll_desc_str(d, b, sizeof b),
+                return dt_mpi_fail(t, DT_EPEER,
+                                   "rank %d died %d ops behind rank %d at %s: its process (world rank %d, "
+                                   "pid %d) is gone",
+                                   left, DT_MPI_DESC_SLOTS, tt->rank, dt_coll_desc_str(d, b, sizeof b),
                                    dt_mpi_world_of(t, left), pid);
             next_live = now + DT_MPI_LIVE_PERIOD;
         }
@@ -228,7 +235,8 @@ static void *stage(dt_mpi_transport *t, size_t bytes) {
 
 /* Four 10-bit digits of a hash of the descriptor (FNV-1a over its fields). */
 static void digits(const dt_coll_desc *d, double out[4]) {
-    uint64_t v[6] = {d->seq, d->op, d->dtype, d->redop, (uint64_t)(int64_t)d->root, d->count}, h = 0xcbf29ce484222325ull;
+    uint64_t v[6] = {d->seq, d->op, d->dtype, d->redop, (uint64_t)(int64_t)d->root, d->count},
+             h = 0xcbf29ce484222325ull;
     for (int i = 0; i < 6; i++)
         for (int b = 0; b < 8; b++) h = (h ^ ((v[i] >> (8 * b)) & 0xff)) * 0x100000001b3ull;
     for (int j = 0; j < 4; j++) out[j] = (double)((h >> (10 * j)) & 1023);
@@ -263,9 +271,10 @@ static dt_status inband_failed(dt_mpi_transport *t, const dt_coll_args *a) {
     }
     if (t->broken) return dt_error(t->err, "%s", t->errmsg);
     char o[96];
-    return dt_mpi_fail(t, DT_EMISMATCH, "rank %d called %s but another rank called a different collective at #%llu "
-                       "(its check words in the data disagree)", t->base.rank,
-                       dt_coll_desc_call_str(&a->d, o, sizeof o), (unsigned long long)a->d.seq);
+    return dt_mpi_fail(t, DT_EMISMATCH,
+                       "rank %d called %s but another rank called a different collective at #%llu "
+                       "(its check words in the data disagree)",
+                       t->base.rank, dt_coll_desc_call_str(&a->d, o, sizeof o), (unsigned long long)a->d.seq);
 }
 
 dt_status dt_mpi_inband_coll(dt_mpi_transport *t, const dt_coll_args *a, MPI_Datatype ty, MPI_Op mop,
@@ -279,7 +288,8 @@ dt_status dt_mpi_inband_coll(dt_mpi_transport *t, const dt_coll_args *a, MPI_Dat
     if (a->d.op == DT_COLL_ALLGATHER) { /* [block | descriptor] per rank: ours, then everyone's */
         const size_t blk = nb + sizeof(dt_coll_desc);
         char *s = stage(t, blk * (size_t)(W + 1)), *g = s + blk;
-        if (!s) return dt_mpi_fail(t, DT_ENOMEM, "out of memory staging %s of %zu bytes", "an allgather", blk * (size_t)W);
+        if (!s)
+            return dt_mpi_fail(t, DT_ENOMEM, "out of memory staging %s of %zu bytes", "an allgather", blk * (size_t)W);
         const char *own = (const char *)a->recv + (size_t)R * nb;
         memcpy(s, a->send == a->recv ? own : (const char *)a->send, nb);
         memcpy(s + nb, &a->d, sizeof a->d);
@@ -297,7 +307,8 @@ dt_status dt_mpi_inband_coll(dt_mpi_transport *t, const dt_coll_args *a, MPI_Dat
                                    dt_coll_desc_call_str(&a->d, y, sizeof y), (unsigned long long)a->d.seq);
             }
         }
-        for (int i = 0; rc == MPI_SUCCESS && i < W; i++) memcpy((char *)a->recv + (size_t)i * nb, g + (size_t)i * blk, nb);
+        for (int i = 0; rc == MPI_SUCCESS && i < W; i++)
+            memcpy((char *)a->recv + (size_t)i * nb, g + (size_t)i * blk, nb);
     } else { /* [values | 4 digits | 4 companions], reduced in place */
         double d[4];
         digits(&a->d, d);
@@ -305,7 +316,8 @@ dt_status dt_mpi_inband_coll(dt_mpi_transport *t, const dt_coll_args *a, MPI_Dat
         char *s = stage(t, (n + 8) * es);
         if (!s) return dt_mpi_fail(t, DT_ENOMEM, "out of memory staging %s of %zu bytes", "an allreduce", (n + 8) * es);
         memcpy(s, a->send, nb);
-        for (int j = 0; j < 4; j++) put(s, n + (size_t)j, dt, d[j]), put(s, n + 4 + (size_t)j, dt, sum ? d[j] * d[j] : 1023 - d[j]);
+        for (int j = 0; j < 4; j++)
+            put(s, n + (size_t)j, dt, d[j]), put(s, n + 4 + (size_t)j, dt, sum ? d[j] * d[j] : 1023 - d[j]);
         LOCK();
         rc = MPI_Iallreduce(MPI_IN_PLACE, s, (int)(n + 8), ty, mop, t->comm, &req);
         UNLOCK();
@@ -318,8 +330,8 @@ dt_status dt_mpi_inband_coll(dt_mpi_transport *t, const dt_coll_args *a, MPI_Dat
     }
     if (rc != MPI_SUCCESS) {
         char o[96], e[256];
-        return dt_mpi_fail(t, DT_EPEER, "MPI could not start %s on rank %d: %s", dt_coll_desc_str(&a->d, o, sizeof o), R,
-                           dt_mpi_errstr(rc, e, sizeof e));
+        return dt_mpi_fail(t, DT_EPEER, "MPI could not start %s on rank %d: %s", dt_coll_desc_str(&a->d, o, sizeof o),
+                           R, dt_mpi_errstr(rc, e, sizeof e));
     }
     return DT_OK;
 }

@@ -23,7 +23,8 @@ static bool mpi_type(dt_dtype d, bool reduce, MPI_Datatype *out) {
     case DT_U8: *out = MPI_UINT8_T; return !reduce; /* the comm layer reduces f32/f64/i32/i64/halves */
     case DT_I8: *out = MPI_INT8_T; return !reduce;
     case DT_I16: *out = MPI_INT16_T; return !reduce;
-    case DT_BF16: case DT_F16: *out = MPI_UINT16_T; return !reduce; /* MPI cannot add them */
+    case DT_BF16:
+    case DT_F16: *out = MPI_UINT16_T; return !reduce; /* MPI cannot add them */
     default: return false;
     }
 }
@@ -41,10 +42,18 @@ static MPI_Op mpi_op(dt_redop op) {
  * precision, integers truncate (as dt_reduce_scale does for the communicator's algorithms). */
 static void divide(void *buf, size_t n, dt_dtype d, int size) {
     switch (d) {
-    case DT_F32: for (size_t i = 0; i < n; i++) ((float *)buf)[i] /= (float)size; break;
-    case DT_F64: for (size_t i = 0; i < n; i++) ((double *)buf)[i] /= (double)size; break;
-    case DT_I32: for (size_t i = 0; i < n; i++) ((int32_t *)buf)[i] /= size; break;
-    case DT_I64: for (size_t i = 0; i < n; i++) ((int64_t *)buf)[i] /= size; break;
+    case DT_F32:
+        for (size_t i = 0; i < n; i++) ((float *)buf)[i] /= (float)size;
+        break;
+    case DT_F64:
+        for (size_t i = 0; i < n; i++) ((double *)buf)[i] /= (double)size;
+        break;
+    case DT_I32:
+        for (size_t i = 0; i < n; i++) ((int32_t *)buf)[i] /= size;
+        break;
+    case DT_I64:
+        for (size_t i = 0; i < n; i++) ((int64_t *)buf)[i] /= size;
+        break;
     default: break;
     }
 }
@@ -64,17 +73,29 @@ static bool use_native(const dt_coll_args *a) {
 }
 
 static const char *mpi_name(int op) {
-    static const char *n[DT_COLL_OP_COUNT] = {"?", "MPI_Iallreduce", "MPI_Ibcast", "MPI_Ireduce",
-        "MPI_Iallgather", "MPI_Iallgatherv", "MPI_Ireduce_scatter_block", "MPI_Igather", "MPI_Iscatter",
-        "MPI_Ialltoall", "MPI_Ibarrier", "?", "?", "?"};
+    static const char *n[DT_COLL_OP_COUNT] = {"?",
+                                              "MPI_Iallreduce",
+                                              "MPI_Ibcast",
+                                              "MPI_Ireduce",
+                                              "MPI_Iallgather",
+                                              "MPI_Iallgatherv",
+                                              "MPI_Ireduce_scatter_block",
+                                              "MPI_Igather",
+                                              "MPI_Iscatter",
+                                              "MPI_Ialltoall",
+                                              "MPI_Ibarrier",
+                                              "?",
+                                              "?",
+                                              "?"};
     return op > 0 && op < DT_COLL_OP_COUNT ? n[op] : "?";
 }
 
 static dt_status wait_req(dt_mpi_transport *t, MPI_Request *req, const dt_coll_args *a) {
     double t0 = dt_now(), next_live = t0 + DT_MPI_LIVE_PERIOD;
     /* every rank's part of the data moves through this rank at most a few times */
-    dt_mpi_idle idle = dt_mpi_idle_for(2.0 * (double)a->d.count * (double)dt_dtype_size((dt_dtype)a->d.dtype) *
-                                       (a->d.op == DT_COLL_ALLTOALL || a->d.op == DT_COLL_ALLGATHER ? t->base.size : 1));
+    dt_mpi_idle idle = dt_mpi_idle_for(
+        2.0 * (double)a->d.count * (double)dt_dtype_size((dt_dtype)a->d.dtype) *
+        (a->d.op == DT_COLL_ALLTOALL || a->d.op == DT_COLL_ALLGATHER ? t->base.size : 1));
     char o[96], e[256];
     for (;;) {
         int flag = 0;
@@ -101,15 +122,18 @@ static dt_status wait_req(dt_mpi_transport *t, MPI_Request *req, const dt_coll_a
                 rc = MPI_Test(req, &flag, MPI_STATUS_IGNORE);
                 pthread_mutex_unlock(&dt_mpi_lock);
                 if (rc == MPI_SUCCESS && flag) return DT_OK;
-                return dt_mpi_fail(t, DT_EPEER, "rank %d died during %s (%s) on rank %d: its process (world rank %d, "
-                                   "pid %d) is gone", dead, dt_coll_desc_str(&a->d, o, sizeof o), mpi_name(a->d.op),
-                                   t->base.rank, dt_mpi_world_of(t, dead), pid);
+                return dt_mpi_fail(t, DT_EPEER,
+                                   "rank %d died during %s (%s) on rank %d: its process (world rank %d, "
+                                   "pid %d) is gone",
+                                   dead, dt_coll_desc_str(&a->d, o, sizeof o), mpi_name(a->d.op), t->base.rank,
+                                   dt_mpi_world_of(t, dead), pid);
             }
         }
         if (now >= a->deadline)
-            return dt_mpi_fail(t, DT_ETIMEDOUT, "timed out after %.1f s in %s (%s) on rank %d: a rank did "
-                               "not join or is stalled (raise %s if it is only slow)", now - t0,
-                               dt_coll_desc_str(&a->d, o, sizeof o), mpi_name(a->d.op), t->base.rank,
+            return dt_mpi_fail(t, DT_ETIMEDOUT,
+                               "timed out after %.1f s in %s (%s) on rank %d: a rank did "
+                               "not join or is stalled (raise %s if it is only slow)",
+                               now - t0, dt_coll_desc_str(&a->d, o, sizeof o), mpi_name(a->d.op), t->base.rank,
                                t->base.timeout_knob);
         dt_mpi_backoff(&idle);
     }
@@ -117,10 +141,10 @@ static dt_status wait_req(dt_mpi_transport *t, MPI_Request *req, const dt_coll_a
 
 /* One MPI call's arguments after comm.h's buffer forms are mapped onto MPI's. */
 typedef struct {
-    const void *send, *sb;   /* the input, and what MPI gets for it (MPI_IN_PLACE for comm.h's in place) */
-    void *recv;              /* MPI_IN_PLACE for scatter's in place */
-    int cnt;                 /* elements of this rank's part */
-    int *icounts, *idispls;  /* allgatherv (malloc'ed) */
+    const void *send, *sb;  /* the input, and what MPI gets for it (MPI_IN_PLACE for comm.h's in place) */
+    void *recv;             /* MPI_IN_PLACE for scatter's in place */
+    int cnt;                /* elements of this rank's part */
+    int *icounts, *idispls; /* allgatherv (malloc'ed) */
 } mpi_call;
 
 /* allgatherv: int counts and displacements (DT_ENOTSUP past INT_MAX), this rank's part, in place */
@@ -173,7 +197,8 @@ static dt_status map_buffers(const dt_coll_args *a, int size, int rank, mpi_call
         if (here && recv == (const char *)send + (size_t)root * nb) m->recv = MPI_IN_PLACE;
         return m->recv != MPI_IN_PLACE && here && overlap(send, all, recv, nb) ? DT_ENOTSUP : DT_OK;
     case DT_COLL_ALLTOALL: return overlap(send, all, recv, all) ? DT_ENOTSUP : DT_OK;
-    case DT_COLL_BROADCAST: case DT_COLL_BARRIER: return DT_OK;
+    case DT_COLL_BROADCAST:
+    case DT_COLL_BARRIER: return DT_OK;
     default: return DT_ENOTSUP;
     }
 }
@@ -213,9 +238,10 @@ static dt_status confirm_left(dt_mpi_transport *t, const dt_coll_args *a, dt_sta
         if (s == DT_OK && dt_now() >= next_live) {
             if ((pid = dt_mpi_peer_gone(t, left)) != 0 && (s = dt_mpi_progress_internal(t)) == DT_OK &&
                 dt_mpi_check_waiting(t))
-                s = dt_mpi_fail(t, DT_EPEER, "rank %d died before it started %s (rank %d waited): its process (world "
-                                "rank %d, pid %d) is gone", left, dt_coll_desc_str(&a->d, o, sizeof o), rank,
-                                dt_mpi_world_of(t, left), pid);
+                s = dt_mpi_fail(t, DT_EPEER,
+                                "rank %d died before it started %s (rank %d waited): its process (world "
+                                "rank %d, pid %d) is gone",
+                                left, dt_coll_desc_str(&a->d, o, sizeof o), rank, dt_mpi_world_of(t, left), pid);
             next_live = dt_now() + DT_MPI_LIVE_PERIOD;
         }
         if (s == DT_OK && dt_now() >= a->deadline)
@@ -278,7 +304,8 @@ static dt_status bench_plain(bool reduce, size_t count, int warmup, int iters, d
     int inited = 0, fin = 0;
     MPI_Initialized(&inited);
     MPI_Finalized(&fin);
-    if (!inited || fin) return dt_error(DT_EINVAL, "the plain %s baseline needs an MPI communicator (run under mpirun)", name);
+    if (!inited || fin)
+        return dt_error(DT_EINVAL, "the plain %s baseline needs an MPI communicator (run under mpirun)", name);
     if (count > (size_t)INT_MAX || iters < 1 || warmup < 0)
         return dt_error(DT_EINVAL, "bench: count %zu must be <= INT_MAX and iters >= 1", count);
     float *a = dt_alloc((count ? count : 1) * sizeof(float)), *b = dt_alloc((count ? count : 1) * sizeof(float));
@@ -290,8 +317,7 @@ static dt_status bench_plain(bool reduce, size_t count, int warmup, int iters, d
     for (size_t i = 0; i < count; i++) a[i] = (float)(i % 7);
     pthread_mutex_lock(&dt_mpi_lock);
     int rc = MPI_Barrier(MPI_COMM_WORLD);
-    for (int i = 0; i < warmup && rc == MPI_SUCCESS; i++)
-        rc = plain(reduce, a, b, (int)count);
+    for (int i = 0; i < warmup && rc == MPI_SUCCESS; i++) rc = plain(reduce, a, b, (int)count);
     if (rc == MPI_SUCCESS) rc = MPI_Barrier(MPI_COMM_WORLD);
     double t0 = MPI_Wtime();
     for (int i = 0; i < iters && rc == MPI_SUCCESS; i++) rc = plain(reduce, a, b, (int)count);

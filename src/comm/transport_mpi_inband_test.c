@@ -30,9 +30,17 @@ typedef struct {
 } inband_case;
 
 static const inband_case k_cases[] = {
-    {{DT_COLL_ALLREDUCE, DT_COLL_ALLREDUCE}, {DT_F32, DT_F32}, {DT_OP_SUM, DT_OP_MAX}, {4, 4}, "allreduce(f32 x 4, max)"},
+    {{DT_COLL_ALLREDUCE, DT_COLL_ALLREDUCE},
+     {DT_F32, DT_F32},
+     {DT_OP_SUM, DT_OP_MAX},
+     {4, 4},
+     "allreduce(f32 x 4, max)"},
     {{DT_COLL_ALLGATHER, DT_COLL_ALLGATHER}, {DT_F32, DT_I32}, {0, 0}, {3, 3}, "allgather(i32 x 3)"},
-    {{DT_COLL_ALLREDUCE, DT_COLL_ALLREDUCE}, {DT_I32, DT_I32}, {DT_OP_MIN, DT_OP_MIN}, {4, 2}, "allreduce(i32 x 2, min)"},
+    {{DT_COLL_ALLREDUCE, DT_COLL_ALLREDUCE},
+     {DT_I32, DT_I32},
+     {DT_OP_MIN, DT_OP_MIN},
+     {4, 2},
+     "allreduce(i32 x 2, min)"},
     {{DT_COLL_ALLREDUCE, DT_COLL_BARRIER}, {DT_F32, DT_F32}, {DT_OP_SUM, 0}, {4, 0}, "barrier"},
 };
 
@@ -45,9 +53,16 @@ static void run_case(dt_transport *w, int c) {
     int odd = R == N - 1;
     float big[8] = {0}, got[8 * 8];
     int y[4] = {0};
-    dt_coll_args b = {.d = {.seq = 1, .op = (uint8_t)k->op[odd], .dtype = (uint8_t)k->dt[odd],
-                            .redop = (uint8_t)k->rop[odd], .count = k->n[odd], .root = -1},
-                      .send = big, .recv = got, .algo = DT_ALGO_NATIVE, .deadline = dt_now() + 10};
+    dt_coll_args b = {.d = {.seq = 1,
+                            .op = (uint8_t)k->op[odd],
+                            .dtype = (uint8_t)k->dt[odd],
+                            .redop = (uint8_t)k->rop[odd],
+                            .count = k->n[odd],
+                            .root = -1},
+                      .send = big,
+                      .recv = got,
+                      .algo = DT_ALGO_NATIVE,
+                      .deadline = dt_now() + 10};
     double t0 = dt_now();
     dt_status st = s->ops->begin(s, &b.d);
     if (st == DT_OK) st = s->ops->coll(s, &b);

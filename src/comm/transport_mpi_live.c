@@ -22,11 +22,11 @@
 typedef struct {
     int32_t pid;
     int32_t pad;
-    uint64_t start;   /* start time in clock ticks since boot (/proc/PID/stat field 22) */
-    char host[80];    /* boot id + pid namespace; "" when unknown (no checks) */
+    uint64_t start; /* start time in clock ticks since boot (/proc/PID/stat field 22) */
+    char host[80];  /* boot id + pid namespace; "" when unknown (no checks) */
 } ident;
 
-static ident *g_id;   /* [world size], filled once; read-only afterwards */
+static ident *g_id; /* [world size], filled once; read-only afterwards */
 static int g_nid, g_me;
 
 /* State and start time of process pid from /proc; false when it has no entry. */
@@ -84,9 +84,11 @@ dt_status dt_mpi_live_init(MPI_Comm comm, double deadline) {
         rc = MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
         if (rc != MPI_SUCCESS || flag) break;
         if (dt_now() > deadline) {
-            g_id = all;  /* kept, never read (g_nid stays 0): the posted request still uses it */
-            return dt_error(DT_ETIMEDOUT, "rank %d: timed out exchanging process ids at MPI start-up: a rank did "
-                                          "not start or is stalled", rank);
+            g_id = all; /* kept, never read (g_nid stays 0): the posted request still uses it */
+            return dt_error(DT_ETIMEDOUT,
+                            "rank %d: timed out exchanging process ids at MPI start-up: a rank did "
+                            "not start or is stalled",
+                            rank);
         }
         dt_mpi_backoff(&idle);
     }
@@ -102,7 +104,7 @@ dt_status dt_mpi_live_init(MPI_Comm comm, double deadline) {
 }
 
 void dt_mpi_live_free(void) {
-    if (g_nid == 0) return;  /* never filled (or a timed-out exchange still owns it) */
+    if (g_nid == 0) return; /* never filled (or a timed-out exchange still owns it) */
     free(g_id);
     g_id = NULL;
     g_nid = 0;
@@ -133,7 +135,7 @@ static bool gone(const ident *p) {
     if (kill(p->pid, 0) != 0 && errno == ESRCH) return true;
     char state = 0;
     uint64_t start = 0;
-    if (!proc_stat(p->pid, &state, &start)) return true;  /* reaped meanwhile */
+    if (!proc_stat(p->pid, &state, &start)) return true; /* reaped meanwhile */
     return state == 'Z' || state == 'X' || start != p->start;
 }
 

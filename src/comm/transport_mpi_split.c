@@ -14,8 +14,8 @@
 
 /* Split: the members first meet (bounded by the deadline) on the parent, then build the
  * communicator with MPI_Comm_create_group, which only the members call. */
-dt_status dt_mpi_split(dt_transport *tt, int color, const int *members, int new_size, int new_rank,
-                           uint64_t split_id, double deadline, dt_transport **out) {
+dt_status dt_mpi_split(dt_transport *tt, int color, const int *members, int new_size, int new_rank, uint64_t split_id,
+                       double deadline, dt_transport **out) {
     dt_mpi_transport *t = (dt_mpi_transport *)tt;
     *out = NULL;
     if (new_size < 1 || members[new_rank] != tt->rank)
@@ -28,7 +28,8 @@ dt_status dt_mpi_split(dt_transport *tt, int color, const int *members, int new_
     int nr = 0;
     if (s == DT_OK && new_rank == 0) { /* the leader collects everyone, then releases them */
         for (int i = 1; i < new_size && s == DT_OK; i++, nr++)
-            s = dt_mpi_post(t, true, members[i], DT_COMM_TAG_MAX + 1, DT_MPI_TAG_SPLIT, theirs + 2 * i, sizeof mine, &reqs[i]);
+            s = dt_mpi_post(t, true, members[i], DT_COMM_TAG_MAX + 1, DT_MPI_TAG_SPLIT, theirs + 2 * i, sizeof mine,
+                            &reqs[i]);
         for (int i = 1; i <= nr; i++) rp[i - 1] = &reqs[i];
         if (s == DT_OK && nr > 0) s = dt_mpi_waitall(tt, rp, nr, deadline);
         for (int i = 1; i < new_size && s == DT_OK; i++)
@@ -43,7 +44,8 @@ dt_status dt_mpi_split(dt_transport *tt, int color, const int *members, int new_
     } else if (s == DT_OK) {
         uint64_t back[2];
         s = dt_mpi_post(t, false, members[0], DT_COMM_TAG_MAX + 1, DT_MPI_TAG_SPLIT, mine, sizeof mine, &reqs[0]);
-        if (s == DT_OK) s = dt_mpi_post(t, true, members[0], DT_COMM_TAG_MAX + 1, DT_MPI_TAG_SPLIT, back, sizeof back, &reqs[1]);
+        if (s == DT_OK)
+            s = dt_mpi_post(t, true, members[0], DT_COMM_TAG_MAX + 1, DT_MPI_TAG_SPLIT, back, sizeof back, &reqs[1]);
         rp[0] = &reqs[0];
         rp[1] = &reqs[1];
         if (s == DT_OK) s = dt_mpi_waitall(tt, rp, 2, deadline);

@@ -3,11 +3,11 @@
  * point-to-point, every native collective with several dtypes and ops, in-place forms, split,
  * the benchmark baseline), then "errors" mode with 3 ranks (deadline -> DT_ETIMEDOUT naming the
  * rank, wrong receive size and mismatched collectives -> DT_EMISMATCH, abort reaching every
- * rank; the mismatches only the in-band check words catch are transport_mpi_inband_test.c), then "dead" mode with 3 ranks under mpirun --enable-recovery (a killed rank is DT_EPEER
- * on the ranks waiting for it within seconds, not at their deadline). Expected values are
- * computed on every rank. Exit 77 when built without MPI.
- * Under mpirun directly: `transport_mpi_test [ok|errors|dead|bench SIZE...]` runs one mode (used by
- * tests/mpi_netns.sh across emulated hosts). */
+ * rank; the mismatches only the in-band check words catch are transport_mpi_inband_test.c), then "dead" mode with 3
+ * ranks under mpirun --enable-recovery (a killed rank is DT_EPEER on the ranks waiting for it within seconds, not at
+ * their deadline). Expected values are computed on every rank. Exit 77 when built without MPI. Under mpirun directly:
+ * `transport_mpi_test [ok|errors|dead|bench SIZE...]` runs one mode (used by tests/mpi_netns.sh across emulated hosts).
+ */
 #include "comm/comm_testlib.h"
 #include "comm/mpi_testlib.h"
 #include "comm/transport.h"
@@ -60,13 +60,30 @@ static size_t mismatches(const void *buf, dt_dtype t, size_t n, double (*want)(s
     return bad;
 }
 
-typedef struct { dt_redop op; dt_dtype t; int rank; size_t count; } ctx_t;
+typedef struct {
+    dt_redop op;
+    dt_dtype t;
+    int rank;
+    size_t count;
+} ctx_t;
 static double w_reduce(size_t i, void *c) { return expect_reduce(i, ((ctx_t *)c)->op, ((ctx_t *)c)->t); }
-static double w_rs(size_t i, void *c) { ctx_t *x = c; return expect_reduce((size_t)R * x->count + i, x->op, x->t); }
+static double w_rs(size_t i, void *c) {
+    ctx_t *x = c;
+    return expect_reduce((size_t)R * x->count + i, x->op, x->t);
+}
 static double w_bcast(size_t i, void *c) { return val(((ctx_t *)c)->rank, i); }
-static double w_gather(size_t i, void *c) { size_t n = ((ctx_t *)c)->count; return val((int)(i / n), i % n); }
-static double w_scatter(size_t i, void *c) { size_t n = ((ctx_t *)c)->count; return val(((ctx_t *)c)->rank, (size_t)R * n + i); }
-static double w_a2a(size_t i, void *c) { size_t n = ((ctx_t *)c)->count; return val((int)(i / n), (size_t)R * n + i % n); }
+static double w_gather(size_t i, void *c) {
+    size_t n = ((ctx_t *)c)->count;
+    return val((int)(i / n), i % n);
+}
+static double w_scatter(size_t i, void *c) {
+    size_t n = ((ctx_t *)c)->count;
+    return val(((ctx_t *)c)->rank, (size_t)R * n + i);
+}
+static double w_a2a(size_t i, void *c) {
+    size_t n = ((ctx_t *)c)->count;
+    return val((int)(i / n), (size_t)R * n + i % n);
+}
 
 /* n = 1000: allreduce and allgather carry the op check in their data (in-band); 40000 x 8 bytes
  * is over DT_MPI_INBAND_MAX, so f64/i64 take the descriptor message */
@@ -80,19 +97,21 @@ static void test_collectives(dt_transport *t, size_t n) {
             ctx_t c = {ops[oi], dt, 0, n};
             for (int inplace = 0; inplace < 2; inplace++) { /* allreduce */
                 for (size_t i = 0; i < n; i++) dt_test_put(in, dt, i, val(R, i));
-                CHECK_OK(dt_mpi_test_coll(t, DT_COLL_ALLREDUCE, dt, ops[oi], -1, n, in, inplace ? in : out, NULL,
-                                          NULL));
+                CHECK_OK(
+                    dt_mpi_test_coll(t, DT_COLL_ALLREDUCE, dt, ops[oi], -1, n, in, inplace ? in : out, NULL, NULL));
                 CHECK_MSG(mismatches(inplace ? in : out, dt, n, w_reduce, &c) == 0, "allreduce %s %s inplace=%d",
                           dt_dtype_name(dt), dt_redop_name(ops[oi]), inplace);
             }
             int root = 1 % N; /* reduce, in place at the root */
             for (size_t i = 0; i < n; i++) dt_test_put(in, dt, i, val(R, i));
             CHECK_OK(dt_mpi_test_coll(t, DT_COLL_REDUCE, dt, ops[oi], root, n, in, R == root ? in : NULL, NULL, NULL));
-            if (R == root) CHECK_MSG(mismatches(in, dt, n, w_reduce, &c) == 0, "reduce %s %s", dt_dtype_name(dt), dt_redop_name(ops[oi]));
+            if (R == root)
+                CHECK_MSG(mismatches(in, dt, n, w_reduce, &c) == 0, "reduce %s %s", dt_dtype_name(dt),
+                          dt_redop_name(ops[oi]));
             for (int inplace = 0; inplace < 2; inplace++) { /* reduce_scatter */
                 for (size_t i = 0; i < n * (size_t)N; i++) dt_test_put(in, dt, i, val(R, i));
-                CHECK_OK(dt_mpi_test_coll(t, DT_COLL_REDUCE_SCATTER, dt, ops[oi], -1, n, in, inplace ? in : out,
-                                          NULL, NULL));
+                CHECK_OK(dt_mpi_test_coll(t, DT_COLL_REDUCE_SCATTER, dt, ops[oi], -1, n, in, inplace ? in : out, NULL,
+                                          NULL));
                 CHECK_MSG(mismatches(inplace ? in : out, dt, n, w_rs, &c) == 0, "reduce_scatter %s %s inplace=%d",
                           dt_dtype_name(dt), dt_redop_name(ops[oi]), inplace);
             }
@@ -100,8 +119,11 @@ static void test_collectives(dt_transport *t, size_t n) {
     }
     /* bf16 reductions are the communicator's job: DT_ENOTSUP without side effects */
     dt_test_put(in, DT_BF16, 0, 3.0);
-    dt_coll_args a = {.d = {.seq = 0, .op = DT_COLL_ALLREDUCE, .dtype = DT_BF16, .count = 1}, .send = in,
-                      .recv = in, .algo = DT_ALGO_NATIVE, .deadline = dt_now() + 5};
+    dt_coll_args a = {.d = {.seq = 0, .op = DT_COLL_ALLREDUCE, .dtype = DT_BF16, .count = 1},
+                      .send = in,
+                      .recv = in,
+                      .algo = DT_ALGO_NATIVE,
+                      .deadline = dt_now() + 5};
     CHECK(t->ops->coll(t, &a) == DT_ENOTSUP && dt_test_get(in, DT_BF16, 0) == 3.0);
     a.d.dtype = DT_F32;
     a.algo = DT_ALGO_RING;
@@ -121,10 +143,15 @@ static void test_collectives(dt_transport *t, size_t n) {
             char *src = mode == 0 ? in : mode == 1 ? out + (size_t)R * n * es : out;
             for (size_t i = 0; i < n; i++) dt_test_put(mode ? out + (size_t)R * n * es : in, dt, i, val(R, i));
             CHECK_OK(dt_mpi_test_coll(t, DT_COLL_ALLGATHER, dt, DT_OP_SUM, -1, n, src, out, NULL, NULL));
-            CHECK_MSG(mismatches(out, dt, n * (size_t)N, w_gather, &c) == 0, "allgather %s mode %d", dt_dtype_name(dt), mode);
+            CHECK_MSG(mismatches(out, dt, n * (size_t)N, w_gather, &c) == 0, "allgather %s mode %d", dt_dtype_name(dt),
+                      mode);
         }
         size_t counts[8], displs[8], tot = 0; /* allgatherv: rank r gives r+1 elements */
-        for (int r = 0; r < N; r++) { counts[r] = (size_t)r + 1; displs[r] = tot; tot += counts[r]; }
+        for (int r = 0; r < N; r++) {
+            counts[r] = (size_t)r + 1;
+            displs[r] = tot;
+            tot += counts[r];
+        }
         for (size_t i = 0; i < counts[R]; i++) dt_test_put(in, dt, i, val(R, i));
         CHECK_OK(dt_mpi_test_coll(t, DT_COLL_ALLGATHERV, dt, DT_OP_SUM, -1, counts[R], in, out, counts, displs));
         size_t bad = 0;
@@ -219,8 +246,11 @@ static int mode_ok(void) {
     if (s) {
         CHECK(s->rank == nr && s->size == ns);
         int x = R, sum = 0;
-        dt_coll_args a = {.d = {.seq = 1, .op = DT_COLL_ALLREDUCE, .dtype = DT_I32, .count = 1}, .send = &x,
-                          .recv = &sum, .algo = DT_ALGO_AUTO, .deadline = dt_now() + 30};
+        dt_coll_args a = {.d = {.seq = 1, .op = DT_COLL_ALLREDUCE, .dtype = DT_I32, .count = 1},
+                          .send = &x,
+                          .recv = &sum,
+                          .algo = DT_ALGO_AUTO,
+                          .deadline = dt_now() + 30};
         CHECK_OK(s->ops->begin(s, &a.d));
         CHECK_OK(s->ops->coll(s, &a));
         int want = 0;
@@ -257,9 +287,10 @@ static int mode_errors(void) {
         CHECK_OK(s->ops->irecv(s, 1, 7, x, sizeof x, &q));
         double t0 = dt_now();
         dt_status st = s->ops->waitall(s, &qp, 1, t0 + 0.3);
-        CHECK(st == DT_ETIMEDOUT && dt_now() - t0 >= 0.299);  /* not before its deadline (no upper bound: load) */
+        CHECK(st == DT_ETIMEDOUT && dt_now() - t0 >= 0.299); /* not before its deadline (no upper bound: load) */
         printf("rank %d timeout: %s\n", R, dt_last_error());
-        CHECK_MSG(strstr(dt_last_error(), "rank 1 (receive of 16 bytes") && strstr(dt_last_error(), "tag 7"), "%s", dt_last_error());
+        CHECK_MSG(strstr(dt_last_error(), "rank 1 (receive of 16 bytes") && strstr(dt_last_error(), "tag 7"), "%s",
+                  dt_last_error());
         CHECK(s->ops->waitall(s, &qp, 1, dt_now() + 1) == DT_ETIMEDOUT); /* stays broken */
     } else if (R == 1) { /* waits on rank 0, which tells everyone when its own wait fails */
         CHECK_OK(s->ops->irecv(s, 0, 8, x, sizeof x, &q));
@@ -282,9 +313,15 @@ static int mode_errors(void) {
     }
     /* 3. mismatched collectives: rank 0 broadcasts while the others allreduce */
     dt_transport *s3 = dt_mpi_test_fresh(w, 12);
-    dt_coll_args a = {.d = {.seq = 1, .op = R == 0 ? DT_COLL_BROADCAST : DT_COLL_ALLREDUCE, .dtype = DT_F32,
-                            .count = 4, .root = R == 0 ? 0 : -1},
-                      .send = x, .recv = y, .algo = DT_ALGO_NATIVE, .deadline = dt_now() + 10};
+    dt_coll_args a = {.d = {.seq = 1,
+                            .op = R == 0 ? DT_COLL_BROADCAST : DT_COLL_ALLREDUCE,
+                            .dtype = DT_F32,
+                            .count = 4,
+                            .root = R == 0 ? 0 : -1},
+                      .send = x,
+                      .recv = y,
+                      .algo = DT_ALGO_NATIVE,
+                      .deadline = dt_now() + 10};
     dt_status st = s3->ops->begin(s3, &a.d);
     if (st == DT_OK) st = s3->ops->coll(s3, &a);
     /* rank 1 sees rank 0's broadcast, rank 0 sees rank 2's allreduce; rank 2 may finish its
@@ -306,7 +343,7 @@ static int mode_errors(void) {
         CHECK_OK(s4->ops->irecv(s4, 2, 9, x, 4, &q));
         double t0 = dt_now();
         st = s4->ops->waitall(s4, &qp, 1, t0 + 10);
-        CHECK(st == DT_EINVAL);  /* the abort, not the 10 s deadline (that would be DT_ETIMEDOUT) */
+        CHECK(st == DT_EINVAL); /* the abort, not the 10 s deadline (that would be DT_ETIMEDOUT) */
         CHECK_MSG(strstr(dt_last_error(), "rank 2 aborted: rank 2 found a NaN"), "%s", dt_last_error());
         printf("rank %d abort: %s\n", R, dt_last_error());
     }
@@ -347,15 +384,19 @@ static int mode_dead(void) {
         CHECK_OK(w->ops->irecv(w, 2, 5, x, sizeof x, &q));
         st = w->ops->waitall(w, &qp, 1, t0 + 20);
         CHECK_MSG(st == DT_EPEER && strstr(dt_last_error(), "rank 2 died during") &&
-                  strstr(dt_last_error(), "receive of 16 bytes, tag 5") && strstr(dt_last_error(), "is gone"),
+                      strstr(dt_last_error(), "receive of 16 bytes, tag 5") && strstr(dt_last_error(), "is gone"),
                   "%s: %s", dt_status_str(st), dt_last_error());
     } else {
         dt_coll_args a = {.d = {.seq = 1, .op = DT_COLL_BROADCAST, .dtype = DT_I32, .root = 1, .count = 4},
-                          .send = x, .recv = x, .algo = DT_ALGO_NATIVE, .deadline = t0 + 20};
+                          .send = x,
+                          .recv = x,
+                          .algo = DT_ALGO_NATIVE,
+                          .deadline = t0 + 20};
         st = pair->ops->begin(pair, &a.d);
         if (st == DT_OK) st = pair->ops->coll(pair, &a);
         CHECK_MSG(st == DT_EPEER && strstr(dt_last_error(), "rank 1 died") &&
-                  strstr(dt_last_error(), "(world rank 2, pid"), "%s: %s", dt_status_str(st), dt_last_error());
+                      strstr(dt_last_error(), "(world rank 2, pid"),
+                  "%s: %s", dt_status_str(st), dt_last_error());
     }
     double dt = dt_now() - t0;
     CHECK_MSG(dt < 5, "rank %d took %.1f s to see rank 2 die", R, dt);
@@ -384,7 +425,8 @@ static int mode_bench(int nsizes, char **sizes) {
     if (!t) return 1;
     R = t->rank;
     N = t->size;
-    if (R == 0) printf("%12s %10s %14s %10s %14s %10s\n", "bytes", "ranks", "MPI_Allreduce", "busbw", "native", "busbw");
+    if (R == 0)
+        printf("%12s %10s %14s %10s %14s %10s\n", "bytes", "ranks", "MPI_Allreduce", "busbw", "native", "busbw");
     for (int k = 0; k < nsizes; k++) {
         size_t bytes = parse_bytes(sizes[k]), n = bytes / 4;
         int iters = (int)(50e6 / (double)(bytes + 20000)); /* about 50 ms per round */
@@ -395,7 +437,9 @@ static int mode_bench(int nsizes, char **sizes) {
             double us = 0;
             CHECK_OK(dt_comm_bench_mpi_allreduce(n, 2, iters, &us));
             if (us < base) base = us;
-            dt_coll_args x = {.d = {.op = DT_COLL_ALLREDUCE, .dtype = DT_F32, .count = n}, .send = a, .recv = b,
+            dt_coll_args x = {.d = {.op = DT_COLL_ALLREDUCE, .dtype = DT_F32, .count = n},
+                              .send = a,
+                              .recv = b,
                               .algo = DT_ALGO_NATIVE};
             double t0 = 0;
             for (int i = 0; i < iters + 2; i++) {
@@ -406,8 +450,14 @@ static int mode_bench(int nsizes, char **sizes) {
                 CHECK_OK(t->ops->coll(t, &x));
             }
             double mine = (dt_now() - t0) / iters * 1e6, worst = 0;
-            x = (dt_coll_args){.d = {.seq = ++dt_mpi_test_seq, .op = DT_COLL_ALLREDUCE, .dtype = DT_F64, .redop = DT_OP_MAX,
-                                     .count = 1}, .send = &mine, .recv = &worst, .algo = DT_ALGO_NATIVE,
+            x = (dt_coll_args){.d = {.seq = ++dt_mpi_test_seq,
+                                     .op = DT_COLL_ALLREDUCE,
+                                     .dtype = DT_F64,
+                                     .redop = DT_OP_MAX,
+                                     .count = 1},
+                               .send = &mine,
+                               .recv = &worst,
+                               .algo = DT_ALGO_NATIVE,
                                .deadline = dt_now() + 60};
             CHECK_OK(t->ops->begin(t, &x.d));
             CHECK_OK(t->ops->coll(t, &x)); /* time of the slowest rank, like the baseline */

@@ -24,7 +24,7 @@ static dt_status nccl_create(dt_transport **out, const dt_transport_params *p) {
     (void)p;
     *out = NULL;
     return dt_error(DT_ENOTSUP, "the nccl transport is not built in: install CUDA with NCCL (nccl.h and libnccl under "
-                    "CUDA_HOME=/usr/local/cuda) and rebuild with NCCL=1, or use `backend` shm or mpi");
+                                "CUDA_HOME=/usr/local/cuda) and rebuild with NCCL=1, or use `backend` shm or mpi");
 }
 
 #else
@@ -69,8 +69,15 @@ static int local_device(const char *device, int local_rank, int *dev, char *msg,
     return 0;
 }
 
-typedef struct { int32_t ok, dev; char msg[200]; } nccl_hello;
-typedef struct { int32_t ok; ncclUniqueId id; char msg[300]; } nccl_reply;
+typedef struct {
+    int32_t ok, dev;
+    char msg[200];
+} nccl_hello;
+typedef struct {
+    int32_t ok;
+    ncclUniqueId id;
+    char msg[300];
+} nccl_reply;
 
 /* Rank 0 gathers every rank's device answer over the bootstrap and sends back the unique id, or
  * the first rank without a device: so every rank fails alike. */
@@ -143,8 +150,10 @@ static dt_status nccl_over(dt_transport *h, const char *device, int local_rank, 
     double deadline = dt_now() + timeout_s;
     dt_status st = exchange_id(h, &me, &rep, deadline);
     if (st == DT_OK && !rep.ok)
-        st = dt_error(DT_ENOTSUP, "the nccl transport needs a CUDA device on every rank, and %s: run on GPUs, or "
-                      "use `backend` shm or mpi (host-staged collectives)", rep.msg);
+        st = dt_error(DT_ENOTSUP,
+                      "the nccl transport needs a CUDA device on every rank, and %s: run on GPUs, or "
+                      "use `backend` shm or mpi (host-staged collectives)",
+                      rep.msg);
     if (st == DT_OK) st = init_comm(n, &rep.id, deadline);
     if (st != DT_OK) {
         n->broken = true;
@@ -174,8 +183,8 @@ static dt_status nccl_create(dt_transport **out, const dt_transport_params *p) {
     return nccl_over(h, p->device, p->local_rank, -1, p->timeout_s > 0 ? p->timeout_s : 300, out);
 }
 
-dt_status dt_nccl_split(dt_transport *t, int color, const int *members, int new_size, int new_rank,
-                        uint64_t split_id, double deadline, dt_transport **out) {
+dt_status dt_nccl_split(dt_transport *t, int color, const int *members, int new_size, int new_rank, uint64_t split_id,
+                        double deadline, dt_transport **out) {
     dt_nccl *n = (dt_nccl *)t;
     *out = NULL;
     if (!n->host->ops->split) return dt_error(DT_ENOTSUP, "the %s bootstrap of nccl cannot split", n->host->ops->name);
@@ -206,8 +215,8 @@ void dt_nccl_destroy(dt_transport *t) {
 
 static bool nccl_probe(const dt_transport_params *p, char *why, size_t n) {
     if (p->size > 1 && cuda_spec(p->device)) return true;
-    snprintf(why, n, "%s", p->size > 1 ? "model memory is not on a CUDA device (`device` cuda)"
-                                       : "one process needs no transport");
+    snprintf(why, n, "%s",
+             p->size > 1 ? "model memory is not on a CUDA device (`device` cuda)" : "one process needs no transport");
     return false;
 }
 
@@ -218,5 +227,6 @@ const dt_transport_kind dt_transport_kind_nccl = {
     .help = "NCCL collectives and send/recv on CUDA device memory (default when every rank is on --device cuda), "
             "bootstrapped over shm or mpi",
     .options = "bootstrap=shm|mpi",
-    .probe = nccl_probe, .create = nccl_create,
+    .probe = nccl_probe,
+    .create = nccl_create,
 };

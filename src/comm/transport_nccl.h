@@ -28,23 +28,23 @@
 
 typedef struct dt_nccl {
     dt_transport base;
-    dt_transport *host;      /* the bootstrap transport (shm or mpi): host-memory traffic, begin, abort */
+    dt_transport *host; /* the bootstrap transport (shm or mpi): host-memory traffic, begin, abort */
     ncclComm_t comm;
-    int dev;                 /* CUDA device index */
-    cudaStream_t own;        /* the transport's stream when none is given */
-    cudaStream_t given;      /* dt_comm_set_stream's (NULL: none) */
-    cudaEvent_t ev;          /* recorded after each collective */
+    int dev;            /* CUDA device index */
+    cudaStream_t own;   /* the transport's stream when none is given */
+    cudaStream_t given; /* dt_comm_set_stream's (NULL: none) */
+    cudaEvent_t ev;     /* recorded after each collective */
     double timeout_s;
-    bool broken;             /* NCCL failed or was aborted: every later call fails */
-    dt_coll_desc cur;        /* the op in progress (messages) */
+    bool broken;                     /* NCCL failed or was aborted: every later call fails */
+    dt_coll_desc cur;                /* the op in progress (messages) */
     dt_treq *dreq[DT_NCCL_MAX_DREQ]; /* device p2p requests, not complete; priv.p[0]: event once launched */
     int ndreq;
 } dt_nccl;
 
 /* The NCCL ops table (transport_nccl_coll.c); split and destroy are transport_nccl.c's. */
 extern const dt_transport_ops dt_nccl_ops;
-dt_status dt_nccl_split(dt_transport *t, int color, const int *members, int new_size, int new_rank,
-                        uint64_t split_id, double deadline, dt_transport **out);
+dt_status dt_nccl_split(dt_transport *t, int color, const int *members, int new_size, int new_rank, uint64_t split_id,
+                        double deadline, dt_transport **out);
 void dt_nccl_destroy(dt_transport *t);
 /* The stream device work runs on; syncs the device first when none was given. */
 dt_status dt_nccl_prepare(dt_nccl *n, cudaStream_t *s);

@@ -29,8 +29,8 @@ dt_status dt_nccl_error(dt_nccl *n, dt_status s, ncclResult_t r, const char *wha
     n->broken = true;
     const char *last = n->comm ? ncclGetLastError(n->comm) : NULL;
     return dt_error(s, "nccl: %s failed during %s: %s%s%s", what,
-                    n->cur.op ? dt_coll_desc_str(&n->cur, op, sizeof op) : "setup",
-                    ncclGetErrorString(r), last && *last ? ": " : "", last ? last : "");
+                    n->cur.op ? dt_coll_desc_str(&n->cur, op, sizeof op) : "setup", ncclGetErrorString(r),
+                    last && *last ? ": " : "", last ? last : "");
 }
 
 /* The deadline passed during `what`: abort NCCL here, and every other rank through the bootstrap;
@@ -40,9 +40,11 @@ static dt_status timed_out(dt_nccl *n, const char *what) {
     const dt_transport *h = n->host;
     int late = n->cur.seq && h->ops->behind ? h->ops->behind(n->host, n->cur.seq) : -1;
     if (late >= 0) snprintf(who, sizeof who, "rank %d never started it", late);
-    snprintf(msg, sizeof msg, "nccl: timed out after %.0f s in %s (%s) on rank %d: %s; raise %s if the ranks are only "
-             "slow", n->timeout_s, n->cur.op ? dt_coll_desc_str(&n->cur, op, sizeof op) : "setup", what, n->base.rank,
-             who, n->base.timeout_knob[0] ? n->base.timeout_knob : "DTRAIN_TIMEOUT");
+    snprintf(msg, sizeof msg,
+             "nccl: timed out after %.0f s in %s (%s) on rank %d: %s; raise %s if the ranks are only "
+             "slow",
+             n->timeout_s, n->cur.op ? dt_coll_desc_str(&n->cur, op, sizeof op) : "setup", what, n->base.rank, who,
+             n->base.timeout_knob[0] ? n->base.timeout_knob : "DTRAIN_TIMEOUT");
     n->broken = true;
     if (n->comm) ncclCommAbort(n->comm), n->comm = NULL;
     if (n->host->ops->abort) n->host->ops->abort(n->host, DT_ETIMEDOUT, msg);
@@ -180,7 +182,9 @@ static ncclResult_t launch(dt_nccl *n, const dt_coll_args *a, ncclDataType_t t, 
         ncclResult_t e = ncclGroupEnd();
         return r != ncclSuccess ? r : e;
     }
-    case DT_COLL_GATHER: case DT_COLL_SCATTER: case DT_COLL_ALLTOALL: return moves(n, a, count * esz, s);
+    case DT_COLL_GATHER:
+    case DT_COLL_SCATTER:
+    case DT_COLL_ALLTOALL: return moves(n, a, count * esz, s);
     default: return ncclInvalidUsage;
     }
 }

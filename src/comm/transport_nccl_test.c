@@ -47,7 +47,8 @@ static int no_gpu_rank(int rank, int size, const char *job, void *arg) {
     dt_comm *c = NULL;
     CHECK(nccl_comm(&c, rank, size, job, 20) == DT_ENOTSUP && c == NULL);
     CHECK_MSG(strstr(dt_last_error(), "needs a CUDA device on every rank") && strstr(dt_last_error(), "rank 0: ") &&
-              strstr(dt_last_error(), "`backend` shm or mpi"), "rank %d: %s", rank, dt_last_error());
+                  strstr(dt_last_error(), "`backend` shm or mpi"),
+              "rank %d: %s", rank, dt_last_error());
     return dt_test_failures;
 }
 
@@ -156,7 +157,7 @@ static int gpu_rank(int rank, int size, const char *job, void *arg) {
         if (rank == 0) {
             dt_status st = dt_comm_allreduce(c, dv, dw, cnt, DT_F32, DT_OP_SUM);
             CHECK_MSG(st == DT_ETIMEDOUT && strstr(dt_last_error(), "allreduce") &&
-                      strstr(dt_last_error(), "rank 1 never started it"),
+                          strstr(dt_last_error(), "rank 1 never started it"),
                       "skipped allreduce: %d %s", st, dt_last_error());
         } else sleep(8);
     }

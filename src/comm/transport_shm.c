@@ -130,7 +130,7 @@ dt_status dt_shm_fail(dt_shm *s, dt_status st, const char *msg) {
     s->broken = true;
     if (atomic_load_explicit(&s->hdr->abort_state, memory_order_acquire) == 2)
         return dt_error((dt_status)s->hdr->abort_status, "%s", s->hdr->abort_msg);
-    return dt_error(st, "%s", msg);  /* its writer died or left first: our own reason */
+    return dt_error(st, "%s", msg); /* its writer died or left first: our own reason */
 }
 
 dt_status dt_shm_mismatch(dt_shm *s, int p, const dt_coll_desc *theirs) {
@@ -158,8 +158,8 @@ dt_status dt_shm_check_peer(dt_shm *s, int p) {
 
 static const char *what_str(dt_shm *s, char *buf, size_t n, const dt_treq *rq) {
     if (s->in_coll || !rq) return s->in_coll ? dt_coll_desc_str(&s->cur, buf, n) : "point-to-point progress";
-    snprintf(buf, n, "%s rank %d tag %d (%zu bytes)", rq->priv.u[2] & 2 ? "recv from" : "send to", rq->peer,
-             rq->tag, rq->bytes);
+    snprintf(buf, n, "%s rank %d tag %d (%zu bytes)", rq->priv.u[2] & 2 ? "recv from" : "send to", rq->peer, rq->tag,
+             rq->bytes);
     return buf;
 }
 
@@ -185,7 +185,8 @@ static dt_status slow_checks(dt_shm *s, double deadline, double now, bool idle, 
             }
             s->broken = true;
             return dt_error_peer(DT_EPEER, p, "rank %d %s during %s", p,
-                            st == 1 ? "died" : "left (destroyed its communicator)", what_str(s, what, sizeof what, rq));
+                                 st == 1 ? "died" : "left (destroyed its communicator)",
+                                 what_str(s, what, sizeof what, rq));
         }
         if (!idle && !rq) DT_TRY(dt_shm_check_peer(s, p));
     }
@@ -203,9 +204,10 @@ static dt_status slow_checks(dt_shm *s, double deadline, double now, bool idle, 
         }
         char msg[512];
         if (p >= 0)
-            snprintf(msg, sizeof msg, "%s on rank %d timed out waiting for rank %d%s: it is alive but did not take "
-                     "part; raise %s (seconds) if it is only slow", what_str(s, what, sizeof what, rq),
-                     s->me, p, doing, s->base.timeout_knob);
+            snprintf(msg, sizeof msg,
+                     "%s on rank %d timed out waiting for rank %d%s: it is alive but did not take "
+                     "part; raise %s (seconds) if it is only slow",
+                     what_str(s, what, sizeof what, rq), s->me, p, doing, s->base.timeout_knob);
         else
             snprintf(msg, sizeof msg, "%s on rank %d timed out; raise %s (seconds) if the job is only slow",
                      what_str(s, what, sizeof what, rq), s->me, s->base.timeout_knob);
@@ -229,7 +231,11 @@ dt_status dt_shm_block(dt_shm *s, dt_shm_poll poll, void *arg, double deadline, 
         int r = poll(s, arg, &st);
         if (st != DT_OK) return st;
         if (r == 1 || (r == 2 && stop_on_progress)) return DT_OK;
-        if (r == 2) { spin_until = 0; yields = 0; continue; }
+        if (r == 2) {
+            spin_until = 0;
+            yields = 0;
+            continue;
+        }
         if (atomic_load_explicit(&s->hdr->abort_state, memory_order_acquire) == 2) return abort_error(s);
         if (stop_on_progress && atomic_exchange(&s->woken, 0)) return DT_OK;
         if (w->spin_s > 0) { /* the policy: shm_wait.c */
@@ -241,7 +247,11 @@ dt_status dt_shm_block(dt_shm *s, dt_shm_poll poll, void *arg, double deadline, 
                 continue;
             }
         }
-        if (yields < w->yields) { yields++; sched_yield(); continue; }
+        if (yields < w->yields) {
+            yields++;
+            sched_yield();
+            continue;
+        }
         /* sleep: announce, re-check, then FUTEX_WAIT on the doorbell */
         atomic_store(&me->sleeping, 1);
         uint32_t bell = atomic_load(&me->bell);
@@ -250,7 +260,8 @@ dt_status dt_shm_block(dt_shm *s, dt_shm_poll poll, void *arg, double deadline, 
             atomic_store(&me->sleeping, 0);
             if (st != DT_OK) return st;
             if (r == 1 || stop_on_progress) return DT_OK;
-            spin_until = 0; yields = 0;
+            spin_until = 0;
+            yields = 0;
             continue;
         }
         double now = dt_now();
@@ -262,15 +273,24 @@ dt_status dt_shm_block(dt_shm *s, dt_shm_poll poll, void *arg, double deadline, 
             if (s->check_delay_s > 0) dt_shm_sleep_ms(s->check_delay_s * 1e3);
             bool again = false;
             st = slow_checks(s, deadline, now, stop_on_progress, poll, arg, &again);
-            if (st != DT_OK) { atomic_store(&me->sleeping, 0); return st; }
-            if (again) { atomic_store(&me->sleeping, 0); spin_until = 0; yields = 0; continue; }
+            if (st != DT_OK) {
+                atomic_store(&me->sleeping, 0);
+                return st;
+            }
+            if (again) {
+                atomic_store(&me->sleeping, 0);
+                spin_until = 0;
+                yields = 0;
+                continue;
+            }
             s->next_check = now + 0.1;
         }
         double w = s->next_check - now;
         if (deadline - now < w) w = deadline - now;
         if (!(stop_on_progress && atomic_load(&s->woken))) futex_wait(&me->bell, bell, w > 0 ? w : 1e-3);
         atomic_store(&me->sleeping, 0);
-        spin_until = 0; yields = 0;
+        spin_until = 0;
+        yields = 0;
     }
 }
 
@@ -301,9 +321,12 @@ static dt_status attach(dt_shm *s, double deadline) {
             char missing[256] = "";
             size_t len = 0;
             for (int p = 0; p < s->n && len < sizeof missing - 16; p++)
-                if (shm_rank_at(s, p)->pid == 0) len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%d", len ? ", " : "", p);
-            return dt_error(DT_ETIMEDOUT, "timed out waiting for rank(s) %s to join job '%s' (%u of %d attached): "
-                            "were they started with the same DTRAIN_JOB_ID and world size?", missing, s->job, n, s->n);
+                if (shm_rank_at(s, p)->pid == 0)
+                    len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%d", len ? ", " : "", p);
+            return dt_error(DT_ETIMEDOUT,
+                            "timed out waiting for rank(s) %s to join job '%s' (%u of %d attached): "
+                            "were they started with the same DTRAIN_JOB_ID and world size?",
+                            missing, s->job, n, s->n);
         }
         futex_wait(&s->hdr->attached, n, 0.05);
     }
@@ -333,7 +356,10 @@ dt_status dt_transport_shm_create(dt_transport **out, const dt_transport_params 
     s->waiting_on = -1;
     s->owner = pthread_self();
     dt_status st = dt_shm_job_name(s->name, sizeof s->name, p->job_id);
-    if (st != DT_OK) { free(s); return st; }
+    if (st != DT_OK) {
+        free(s);
+        return st;
+    }
     snprintf(s->job, sizeof s->job, "%s", p->job_id);
     size_t n = (size_t)s->n;
     s->sendq = calloc(n * SHM_KINDS, sizeof *s->sendq);
@@ -353,7 +379,7 @@ dt_status dt_transport_shm_create(dt_transport **out, const dt_transport_params 
         dt_shm_publish_cpus(s);
         st = attach(s, deadline);
     }
-    if (st == DT_OK)  /* every rank has published its CPUs: oversubscribed if they share fewer */
+    if (st == DT_OK) /* every rank has published its CPUs: oversubscribed if they share fewer */
         set_wait(s, s->n > dt_shm_job_cpus(s));
     if (st == DT_OK) {
         s->slot_free = calloc(s->hdr->d_slots, sizeof *s->slot_free);
@@ -383,9 +409,17 @@ static void shm_destroy(dt_transport *t) {
     }
     if (s->unex)
         for (int p = 0; p < s->n; p++) {
-            for (shm_unex *u = s->unex[p], *nx; u; u = nx) { nx = u->next; free(u); }
+            for (shm_unex *u = s->unex[p], *nx; u; u = nx) {
+                nx = u->next;
+                free(u);
+            }
         }
-    free(s->sendq); free(s->recvq); free(s->in_req); free(s->in_unex); free(s->unex); free(s->slot_free);
+    free(s->sendq);
+    free(s->recvq);
+    free(s->in_req);
+    free(s->in_unex);
+    free(s->unex);
+    free(s->slot_free);
     free(s);
 }
 
@@ -427,8 +461,8 @@ static dt_status shm_split(dt_transport *t, int color, const int *members, int n
         for (const char *c = job; *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211ull;
         snprintf(job, sizeof job, "%.150s.h%016llx", s->job, (unsigned long long)h);
     }
-    dt_transport_params p = {.rank = new_rank, .size = new_size, .local_rank = new_rank, .job_id = job,
-                             .timeout_s = deadline - dt_now()};
+    dt_transport_params p = {
+        .rank = new_rank, .size = new_size, .local_rank = new_rank, .job_id = job, .timeout_s = deadline - dt_now()};
     if (p.timeout_s < 1) p.timeout_s = 1;
     dt_status st = dt_transport_shm_create(out, &p);
     if (st == DT_OK) ((dt_shm *)*out)->timeout_s = s->timeout_s;
@@ -482,6 +516,9 @@ static bool shm_probe(const dt_transport_params *p, char *why, size_t n) {
 }
 
 const dt_transport_kind dt_transport_kind_shm = {
-    .name = "shm", .help = "shared memory and futexes between the ranks of one host (dtrain launch, --workers N)",
-    .options = "", .probe = shm_probe, .create = dt_transport_shm_create,
+    .name = "shm",
+    .help = "shared memory and futexes between the ranks of one host (dtrain launch, --workers N)",
+    .options = "",
+    .probe = shm_probe,
+    .create = dt_transport_shm_create,
 };

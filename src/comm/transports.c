@@ -20,8 +20,11 @@ static dt_status self_create(dt_transport **out, const dt_transport_params *p) {
     return DT_OK;
 }
 const dt_transport_kind dt_transport_kind_self = {
-    .name = "self", .help = "one process, no transport", .options = "",
-    .probe = self_probe, .create = self_create,
+    .name = "self",
+    .help = "one process, no transport",
+    .options = "",
+    .probe = self_probe,
+    .create = self_create,
 };
 
 /* The registry: a transport is its file plus its name here. Order = preference of the automatic
@@ -44,7 +47,10 @@ static void name_list(char *buf, size_t n) {
     size_t len = 0;
     buf[0] = 0;
     for (int i = 0; i < N_KINDS && len < n; i++)
-        len += (size_t)snprintf(buf + len, n - len, "%s%s", i == 0 ? "" : i == N_KINDS - 1 ? " or " : ", ",
+        len += (size_t)snprintf(buf + len, n - len, "%s%s",
+                                i == 0             ? ""
+                                : i == N_KINDS - 1 ? " or "
+                                                   : ", ",
                                 g_kinds[i]->name);
 }
 
@@ -90,13 +96,12 @@ const char *dt_comm_transport_help(void) {
     static char buf[1024];
     if (buf[0]) return buf;
     size_t len = (size_t)snprintf(buf, sizeof buf, "auto (the first of");
-    for (int i = 0; i < N_KINDS; i++)
-        len += (size_t)snprintf(buf + len, sizeof buf - len, " %s", g_kinds[i]->name);
+    for (int i = 0; i < N_KINDS; i++) len += (size_t)snprintf(buf + len, sizeof buf - len, " %s", g_kinds[i]->name);
     len += (size_t)snprintf(buf + len, sizeof buf - len, " that can run the job)");
     for (int i = 0; i < N_KINDS && len < sizeof buf; i++)
         len += (size_t)snprintf(buf + len, sizeof buf - len, "; %s%s%s%s: %s", g_kinds[i]->name,
-                                *g_kinds[i]->options ? "[:" : "", g_kinds[i]->options,
-                                *g_kinds[i]->options ? "]" : "", g_kinds[i]->help);
+                                *g_kinds[i]->options ? "[:" : "", g_kinds[i]->options, *g_kinds[i]->options ? "]" : "",
+                                g_kinds[i]->help);
     return buf;
 }
 

@@ -77,10 +77,10 @@ static void test_convert_arrays(void) {
         dt_convert(b, DT_BF16, f, DT_F32, m);
         for (size_t i = 0; i < m; i++) bad_h += h[i] != dt_f32_to_f16(f[i]), bad_b += b[i] != dt_f32_to_bf16(f[i]);
     }
-    CHECK_MSG(bad_h == 0 && bad_b == 0, "f32 -> f16: %zu, f32 -> bf16: %zu values differ from the scalar conversion", bad_h,
-              bad_b);
+    CHECK_MSG(bad_h == 0 && bad_b == 0, "f32 -> f16: %zu, f32 -> bf16: %zu values differ from the scalar conversion",
+              bad_h, bad_b);
     for (int t = 0; t < 2; t++) {
-        for (size_t i = 0; i < M; i++) h[i] = (uint16_t)(i * 40503u);  /* every pattern (40503 is odd), shuffled */
+        for (size_t i = 0; i < M; i++) h[i] = (uint16_t)(i * 40503u); /* every pattern (40503 is odd), shuffled */
         dt_convert(back, DT_F32, h, t ? DT_BF16 : DT_F16, M);
         size_t bad = 0;
         for (size_t i = 0; i < M; i++) {
@@ -146,15 +146,15 @@ static void test_errors_and_slabs(void) {
  * length and truncation */
 static void test_path_dir(void) {
     static const char *cases[][2] = {
-        {"a/b/c.st", "a/b"},  {"/abs/x", "/abs"}, {"a/b/", "a/b"}, {"dir/", "dir"}, {"bare.st", "."},
-        {"", "."},            {"/x.st", "/"},     {"/", "/"},      {"./x", "."},    {"../up/x", "../up"},
-        {"//x", "/"},         {"a//b", "a/"},
+        {"a/b/c.st", "a/b"}, {"/abs/x", "/abs"}, {"a/b/", "a/b"}, {"dir/", "dir"}, {"bare.st", "."},
+        {"", "."},           {"/x.st", "/"},     {"/", "/"},      {"./x", "."},    {"../up/x", "../up"},
+        {"//x", "/"},        {"a//b", "a/"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char out[16] = "junk";
         size_t n = dt_path_dir(out, sizeof out, cases[i][0]);
-        CHECK_MSG(!strcmp(out, cases[i][1]) && n == strlen(cases[i][1]), "dt_path_dir(\"%s\") = \"%s\" (%zu), want \"%s\"",
-                  cases[i][0], out, n, cases[i][1]);
+        CHECK_MSG(!strcmp(out, cases[i][1]) && n == strlen(cases[i][1]),
+                  "dt_path_dir(\"%s\") = \"%s\" (%zu), want \"%s\"", cases[i][0], out, n, cases[i][1]);
     }
     char small[4];
     CHECK(dt_path_dir(small, sizeof small, "abcdef/x") == 6 && !strcmp(small, "abc"));
@@ -171,7 +171,10 @@ static void test_version(void) {
 
 /* DT_TRY_GOTO: a failing step jumps to the cleanup with its status kept; each step runs once. */
 static int g_steps;
-static dt_status step(dt_status s) { g_steps++; return s; }
+static dt_status step(dt_status s) {
+    g_steps++;
+    return s;
+}
 static dt_status two_steps(dt_status first, dt_status second, bool *cleaned) {
     dt_status s;
     DT_TRY_GOTO(s = step(first), fail);

@@ -8,10 +8,12 @@
 #include <immintrin.h>
 #endif
 
-static const struct { const char *name; size_t size; } g_dtypes[DT_DTYPE_COUNT] = {
-    [DT_F32] = {"F32", 4}, [DT_F64] = {"F64", 8}, [DT_BF16] = {"BF16", 2}, [DT_F16] = {"F16", 2},
-    [DT_I32] = {"I32", 4}, [DT_I64] = {"I64", 8}, [DT_U8] = {"U8", 1},     [DT_I8] = {"I8", 1},
-    [DT_I16] = {"I16", 2},
+static const struct {
+    const char *name;
+    size_t size;
+} g_dtypes[DT_DTYPE_COUNT] = {
+    [DT_F32] = {"F32", 4}, [DT_F64] = {"F64", 8}, [DT_BF16] = {"BF16", 2}, [DT_F16] = {"F16", 2}, [DT_I32] = {"I32", 4},
+    [DT_I64] = {"I64", 8}, [DT_U8] = {"U8", 1},   [DT_I8] = {"I8", 1},     [DT_I16] = {"I16", 2},
 };
 
 size_t dt_dtype_size(dt_dtype t) { return (unsigned)t < DT_DTYPE_COUNT ? g_dtypes[t].size : 0; }
@@ -27,12 +29,20 @@ dt_status dt_dtype_parse(const char *name, dt_dtype *out) {
     return dt_error(DT_EINVAL, "unknown dtype '%s' (expected F32, F64, BF16, F16, I32, I64, U8, I8, I16)", name);
 }
 
-static inline uint32_t f32_bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
-static inline float bits_f32(uint32_t u) { float x; memcpy(&x, &u, 4); return x; }
+static inline uint32_t f32_bits(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return u;
+}
+static inline float bits_f32(uint32_t u) {
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
 
 uint16_t dt_f32_to_bf16(float x) {
     uint32_t u = f32_bits(x);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);  /* quiet NaN */
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
     u += 0x7fffu + ((u >> 16) & 1u);
     return (uint16_t)(u >> 16);
 }
@@ -43,16 +53,16 @@ uint16_t dt_f32_to_f16(float x) {
     uint32_t u = f32_bits(x);
     uint32_t sign = (u >> 16) & 0x8000u;
     uint32_t a = u & 0x7fffffffu;
-    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);          /* NaN */
-    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);         /* overflow -> inf */
-    if (a < 0x38800000u) {                                           /* subnormal or zero */
+    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);  /* NaN */
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* overflow -> inf */
+    if (a < 0x38800000u) {                                   /* subnormal or zero */
         /* value * 2^24 rounded to nearest even gives the subnormal mantissa */
         float f = bits_f32(a) * 16777216.0f;
         uint32_t m = (uint32_t)lrintf(f);
         return (uint16_t)(sign | m);
     }
     uint32_t mant_odd = (a >> 13) & 1u;
-    a += 0xc8000fffu + mant_odd;  /* rebias exponent (-112 << 23) and round */
+    a += 0xc8000fffu + mant_odd; /* rebias exponent (-112 << 23) and round */
     return (uint16_t)(sign | (a >> 13));
 }
 
@@ -122,7 +132,8 @@ static size_t f32_to_bf16_vec(uint16_t *d, const float *s, size_t n) {
 static size_t bf16_to_f32_vec(float *d, const uint16_t *s, size_t n) {
     size_t i = 0;
     for (; i + 16 <= n; i += 16)
-        _mm512_storeu_si512(d + i, _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(s + i))), 16));
+        _mm512_storeu_si512(d + i,
+                            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(s + i))), 16));
     return i;
 }
 

@@ -17,13 +17,13 @@ enum { HDR = 64, PAGE = 4096, BIG = 256 * 1024 };
 
 typedef struct {
     uint64_t magic;
-    size_t bytes;  /* counted bytes of the block */
-    size_t map;    /* mapping length (0: C heap) */
+    size_t bytes; /* counted bytes of the block */
+    size_t map;   /* mapping length (0: C heap) */
     void *base;
 } blk;
 
 #if defined(__SANITIZE_ADDRESS__)
-enum { USE_MMAP = 0 };  /* under ASan large blocks stay on its heap, so overflows are still caught */
+enum { USE_MMAP = 0 }; /* under ASan large blocks stay on its heap, so overflows are still caught */
 #else
 enum { USE_MMAP = 1 };
 #endif
@@ -56,17 +56,19 @@ static bool charge(size_t bytes, const char *what) {
     const size_t phys = lim ? 0 : phys_bytes();
     if (phys && now > phys) {
         atomic_fetch_sub(&g_used, bytes);
-        g_hit = true;  /* the machine's memory acts as the limit */
-        dt_error(DT_ENOMEM, "%s of %zu bytes would hold %zu bytes on this rank, more than this machine's %zu bytes of "
+        g_hit = true; /* the machine's memory acts as the limit */
+        dt_error(DT_ENOMEM,
+                 "%s of %zu bytes would hold %zu bytes on this rank, more than this machine's %zu bytes of "
                  "memory; use more ranks (`zero` 3, `pp` K, `tp` K) or a smaller model or batch ("
-                 "`dry_run` prints each rank's plan), or set `mem_limit` BYTES yourself to count on swap", what, bytes,
-                 now, phys);
+                 "`dry_run` prints each rank's plan), or set `mem_limit` BYTES yourself to count on swap",
+                 what, bytes, now, phys);
         return false;
     }
     if (lim && now > lim) {
         atomic_fetch_sub(&g_used, bytes);
         g_hit = true;
-        dt_error(DT_ENOMEM, "`mem_limit` %zu bytes: %s of %zu bytes would hold %zu bytes on this rank; raise "
+        dt_error(DT_ENOMEM,
+                 "`mem_limit` %zu bytes: %s of %zu bytes would hold %zu bytes on this rank; raise "
                  "`mem_limit`, more ranks (`zero` 3, `pp` K, `tp` K), or a smaller model or batch",
                  lim, what, bytes, now);
         return false;
@@ -79,7 +81,7 @@ static bool charge(size_t bytes, const char *what) {
 static void *alloc_block(size_t rounded, size_t counted) {
     char *p;
     blk *h;
-    if (rounded >= BIG && !USE_MMAP) {  /* page-aligned on the heap, zeroed */
+    if (rounded >= BIG && !USE_MMAP) { /* page-aligned on the heap, zeroed */
         char *base = aligned_alloc(PAGE, PAGE + ((rounded + PAGE - 1) & ~(size_t)(PAGE - 1)));
         if (!base) return NULL;
         p = base + PAGE;
@@ -96,7 +98,7 @@ static void *alloc_block(size_t rounded, size_t counted) {
         const int flags = MAP_PRIVATE | MAP_ANONYMOUS | (counted ? 0 : MAP_NORESERVE);
         void *base = mmap(NULL, map, PROT_READ | PROT_WRITE, flags, -1, 0);
         if (base == MAP_FAILED) return NULL;
-        p = (char *)base + PAGE;  /* mapped pages are zero */
+        p = (char *)base + PAGE; /* mapped pages are zero */
         h = (blk *)(p - HDR);
         *h = (blk){.magic = MEM_MAGIC, .bytes = counted, .map = map, .base = base};
         return p;
@@ -131,7 +133,7 @@ void *dt_alloc_reserved(size_t bytes) { return alloc_block(round64(bytes), 0); }
 void dt_free(void *p) {
     if (!p) return;
     blk *h = (blk *)((char *)p - HDR);
-    if (h->magic != MEM_MAGIC) abort();  /* not a dt_alloc block: a programmer error */
+    if (h->magic != MEM_MAGIC) abort(); /* not a dt_alloc block: a programmer error */
     h->magic = 0;
     atomic_fetch_sub(&g_used, h->bytes);
     if (h->map) munmap(h->base, h->map);
@@ -142,7 +144,8 @@ dt_status dt_mem_set_limit(size_t bytes) {
     atomic_store(&g_limit, bytes);
     size_t now = atomic_load(&g_used);
     if (bytes && now > bytes)
-        return dt_error(DT_ENOMEM, "`mem_limit` %zu bytes: this rank already holds %zu bytes (parameters, gradients "
+        return dt_error(DT_ENOMEM,
+                        "`mem_limit` %zu bytes: this rank already holds %zu bytes (parameters, gradients "
                         "and optimizer state); raise `mem_limit` or use more ranks with `zero` 3, `pp` K or `tp` K",
                         bytes, now);
     return DT_OK;
@@ -181,7 +184,7 @@ void dt_mem_populate(void *p, size_t bytes) {
 #ifdef MADV_POPULATE_WRITE
     uintptr_t a = ((uintptr_t)p + PAGE - 1) & ~(uintptr_t)(PAGE - 1);
     uintptr_t b = ((uintptr_t)p + bytes) & ~(uintptr_t)(PAGE - 1);
-    if (b > a) (void)madvise((void *)a, b - a, MADV_POPULATE_WRITE);  /* EINVAL before Linux 5.14: faults as before */
+    if (b > a) (void)madvise((void *)a, b - a, MADV_POPULATE_WRITE); /* EINVAL before Linux 5.14: faults as before */
 #else
     (void)p, (void)bytes;
 #endif

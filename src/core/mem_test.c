@@ -9,8 +9,8 @@
 
 static void test_blocks(void) {
     const size_t used0 = dt_mem_used();
-    float *a = dt_alloc(3 << 20);  /* 3 MiB: a mapping */
-    char *b = dt_alloc(100);       /* the C heap */
+    float *a = dt_alloc(3 << 20); /* 3 MiB: a mapping */
+    char *b = dt_alloc(100);      /* the C heap */
     CHECK(a && b);
     CHECK(((uintptr_t)a & 4095) == 0);
     CHECK(((uintptr_t)b & 63) == 0);
@@ -43,7 +43,7 @@ static void test_limit(void) {
     CHECK_MSG(strstr(dt_last_error(), "cannot allocate a slab") && strstr(dt_last_error(), "`mem_limit`"), "%s",
               dt_last_error());
     CHECK(dt_mem_reacquire(1 << 20) == DT_ENOMEM);
-    CHECK(dt_mem_set_limit(used0 + 1) == DT_ENOMEM);  /* already above */
+    CHECK(dt_mem_set_limit(used0 + 1) == DT_ENOMEM); /* already above */
     CHECK(strstr(dt_last_error(), "already holds") != NULL);
     CHECK_OK(dt_mem_set_limit(0));
     dt_free(ok);
@@ -54,17 +54,17 @@ static void test_limit(void) {
 /* A reserved slab is charged only for what is placed; narrowing gives the other pages back (they
  * read as zeros) and stops charging them; widening beyond the limit fails and changes nothing. */
 static void test_placement(void) {
-    const size_t used0 = dt_mem_used(), n = 1 << 20;  /* 4 MiB of floats */
+    const size_t used0 = dt_mem_used(), n = 1 << 20; /* 4 MiB of floats */
     dt_slab s;
     CHECK_OK(dt_slab_reserve(&s, n));
     CHECK(dt_mem_used() == used0);
     const dt_range two[2] = {{0, 4096}, {n - 4096, n}};
     CHECK_OK(dt_slab_place(&s, two, 2, "a test"));
     CHECK(dt_mem_used() == used0 + 2 * 4096 * sizeof(float));
-    CHECK_OK(dt_slab_place(&s, NULL, 0, "a test"));  /* widen: all of it */
+    CHECK_OK(dt_slab_place(&s, NULL, 0, "a test")); /* widen: all of it */
     CHECK(dt_mem_used() == used0 + n * sizeof(float));
     for (size_t i = 0; i < n; i++) s.data[i] = 1.0f;
-    CHECK_OK(dt_slab_place(&s, two, 2, "a test"));  /* narrow: the middle goes back */
+    CHECK_OK(dt_slab_place(&s, two, 2, "a test")); /* narrow: the middle goes back */
     CHECK(dt_mem_used() == used0 + 2 * 4096 * sizeof(float));
     CHECK(s.data[0] == 1.0f && s.data[4095] == 1.0f && s.data[n - 1] == 1.0f && s.data[n - 4096] == 1.0f);
     CHECK(s.data[8192] == 0.0f && s.data[n / 2] == 0.0f && s.data[n - 8192] == 0.0f);

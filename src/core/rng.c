@@ -25,11 +25,17 @@ void dt_philox4x32(uint64_t seed, uint64_t key, uint64_t index, uint32_t out[4])
         mulhilo(PHILOX_M0, c0, &hi0, &lo0);
         mulhilo(PHILOX_M1, c2, &hi1, &lo1);
         uint32_t n0 = hi1 ^ c1 ^ k0, n1 = lo1, n2 = hi0 ^ c3 ^ k1, n3 = lo0;
-        c0 = n0; c1 = n1; c2 = n2; c3 = n3;
+        c0 = n0;
+        c1 = n1;
+        c2 = n2;
+        c3 = n3;
         k0 += PHILOX_W0;
         k1 += PHILOX_W1;
     }
-    out[0] = c0; out[1] = c1; out[2] = c2; out[3] = c3;
+    out[0] = c0;
+    out[1] = c1;
+    out[2] = c2;
+    out[3] = c3;
 }
 
 static inline float u32_to_unit(uint32_t x) { return (float)(x >> 8) * (1.0f / 16777216.0f); }
@@ -55,7 +61,7 @@ void dt_rng_fill_normal(float *out, size_t n, float mean, float std, uint64_t se
     for (size_t i = 0; i < n; i++) {
         uint32_t r[4];
         dt_philox4x32(seed, key, i, r);
-        double u1 = ((double)r[0] + 1.0) / 4294967297.0;  /* (0,1) */
+        double u1 = ((double)r[0] + 1.0) / 4294967297.0; /* (0,1) */
         double u2 = (double)r[1] / 4294967296.0;
         out[i] = mean + std * (float)(sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));
     }

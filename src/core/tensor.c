@@ -5,7 +5,7 @@
 #include <string.h>
 
 dt_status dt_slab_init(dt_slab *s, size_t n) {
-    *s = (dt_slab){.data = dt_alloc(n * sizeof(float))};  /* not reserved: charged whole by dt_alloc */
+    *s = (dt_slab){.data = dt_alloc(n * sizeof(float))}; /* not reserved: charged whole by dt_alloc */
     s->n = s->data ? n : 0;
     if (!s->data && dt_mem_limit_hit())
         return dt_error_wrap(DT_ENOMEM, "cannot allocate a slab of %zu floats (%.1f MB)", n, n * 4.0 / 1e6);
@@ -38,7 +38,7 @@ dt_status dt_slab_place(dt_slab *s, const dt_range *own, int nown, const char *w
     if (want > s->placed) DT_TRY(dt_mem_charge(want - s->placed, what));
     else dt_mem_uncharge(s->placed - want);
     s->placed = want;
-    size_t at = 0;  /* the gaps between the ranges go back to the OS */
+    size_t at = 0; /* the gaps between the ranges go back to the OS */
     for (int i = 0; i <= nown; i++) {
         const size_t end = i < nown ? own[i].lo : s->n;
         if (end > at) dt_mem_discard(s->data + at, (end - at) * sizeof(float));

@@ -9,30 +9,30 @@
 
 static int dt_test_checks, dt_test_failures;
 
-#define CHECK(cond)                                                                  \
-    do {                                                                             \
-        dt_test_checks++;                                                            \
-        if (!(cond)) {                                                               \
-            dt_test_failures++;                                                      \
-            fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond);          \
-        }                                                                            \
+#define CHECK(cond)                                                         \
+    do {                                                                    \
+        dt_test_checks++;                                                   \
+        if (!(cond)) {                                                      \
+            dt_test_failures++;                                             \
+            fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond); \
+        }                                                                   \
     } while (0)
 
-#define CHECK_MSG(cond, ...)                                                         \
-    do {                                                                             \
-        dt_test_checks++;                                                            \
-        if (!(cond)) {                                                               \
-            dt_test_failures++;                                                      \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);          \
-            fprintf(stderr, __VA_ARGS__);                                            \
-            fputc('\n', stderr);                                                     \
-        }                                                                            \
+#define CHECK_MSG(cond, ...)                                                \
+    do {                                                                    \
+        dt_test_checks++;                                                   \
+        if (!(cond)) {                                                      \
+            dt_test_failures++;                                             \
+            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
+            fprintf(stderr, __VA_ARGS__);                                   \
+            fputc('\n', stderr);                                            \
+        }                                                                   \
     } while (0)
 
 /* Checks a dt_status call returns DT_OK, printing the last error otherwise. */
-#define CHECK_OK(call)                                                               \
-    do {                                                                             \
-        dt_status chk_s_ = (call);                                                   \
+#define CHECK_OK(call)                                                                \
+    do {                                                                              \
+        dt_status chk_s_ = (call);                                                    \
         CHECK_MSG(chk_s_ == DT_OK, "%s: %s", dt_status_str(chk_s_), dt_last_error()); \
     } while (0)
 

@@ -63,8 +63,10 @@ dt_status dt_trace_write_json(const char *path, const dt_trace_event *ev, size_t
                 first ? "" : ",\n", r, r);
         first = false;
         for (int l = 0; l < 3; l++)
-            fprintf(f, ",\n{\"ph\": \"M\", \"pid\": %d, \"tid\": %d, \"name\": \"thread_name\", \"args\": {\"name\": \"%s\"}}",
-                    r, l, lanes[l]);
+            fprintf(
+                f,
+                ",\n{\"ph\": \"M\", \"pid\": %d, \"tid\": %d, \"name\": \"thread_name\", \"args\": {\"name\": \"%s\"}}",
+                r, l, lanes[l]);
     }
     for (size_t i = 0; i < n; i++) {
         fprintf(f, "%s{\"ph\": \"X\", \"name\": ", first ? "" : ",\n");
@@ -81,8 +83,8 @@ dt_status dt_trace_write_json(const char *path, const dt_trace_event *ev, size_t
     if (ok && rename(tmp, path) != 0) ok = false, e = errno;
     if (!ok) {
         unlink(tmp);
-        return dt_error(DT_EIO, "`timeline` %s: writing %s failed: %s; check the disk (free space, permissions)", path, tmp,
-                        strerror(e));
+        return dt_error(DT_EIO, "`timeline` %s: writing %s failed: %s; check the disk (free space, permissions)", path,
+                        tmp, strerror(e));
     }
     return DT_OK;
 }

@@ -8,20 +8,20 @@
 
 /* One complete ("ph":"X") event; plain data so ranks can exchange them as bytes. */
 typedef struct {
-    char name[24];   /* "forward", "allreduce b3", ... */
-    int32_t rank;    /* -> "pid" */
-    int32_t tid;     /* lane within the rank: 0 compute, 1 communication, 2 data */
-    double ts;       /* start, seconds since the trace's zero */
-    double dur;      /* seconds */
-    int64_t step;    /* training step, shown in args */
+    char name[24]; /* "forward", "allreduce b3", ... */
+    int32_t rank;  /* -> "pid" */
+    int32_t tid;   /* lane within the rank: 0 compute, 1 communication, 2 data */
+    double ts;     /* start, seconds since the trace's zero */
+    double dur;    /* seconds */
+    int64_t step;  /* training step, shown in args */
 } dt_trace_event;
 
 typedef struct {
     dt_trace_event *ev;
     size_t n, cap;
-    size_t dropped;  /* events that did not fit */
+    size_t dropped; /* events that did not fit */
     int rank;
-    double zero;     /* dt_now() at the trace's time zero */
+    double zero; /* dt_now() at the trace's time zero */
 } dt_trace;
 
 /* Allocates room for cap events; zero is the dt_now() value that maps to time 0. */

@@ -21,8 +21,10 @@
 #include <unistd.h>
 #include <zlib.h>
 
-static const struct { unsigned code; dt_dtype t; } g_types[] = {
-    {0x08, DT_U8}, {0x09, DT_I8}, {0x0B, DT_I16}, {0x0C, DT_I32}, {0x0D, DT_F32}, {0x0E, DT_F64}};
+static const struct {
+    unsigned code;
+    dt_dtype t;
+} g_types[] = {{0x08, DT_U8}, {0x09, DT_I8}, {0x0B, DT_I16}, {0x0C, DT_I32}, {0x0D, DT_F32}, {0x0E, DT_F64}};
 
 static bool type_of_code(unsigned code, dt_dtype *t) {
     for (size_t i = 0; i < sizeof g_types / sizeof *g_types; i++)
@@ -129,13 +131,14 @@ static bool header_ok(const cache_header *h, const cache_header *want, uint64_t 
         return snprintf(why, cap, "inconsistent sizes"), false;
     if (h->file_bytes != file_bytes)
         return snprintf(why, cap, "file holds %llu bytes, header says %llu", (unsigned long long)file_bytes,
-                        (unsigned long long)h->file_bytes), false;
+                        (unsigned long long)h->file_bytes),
+               false;
     return true;
 }
 
 /* Views a validated mapping as a data set (labels checked as the private path does). */
-static dt_status dataset_over(dt_dataset **out, void *map, const cache_header *h, const char *images_path, const char *labels_path,
-                              const char *file) {
+static dt_status dataset_over(dt_dataset **out, void *map, const cache_header *h, const char *images_path,
+                              const char *labels_path, const char *file) {
     dt_dataset *ds = dt_dataset_alloc();
     if (!ds) {
         munmap(map, h->file_bytes);
@@ -162,7 +165,8 @@ static dt_status dataset_over(dt_dataset **out, void *map, const cache_header *h
 enum { MAP_OK, MAP_ABSENT, MAP_STALE, MAP_UNUSABLE };
 
 /* Maps an existing cache file read-only after checking its header, sources and checksum. */
-static int map_existing(const char *file, const cache_header *want, void **map, cache_header *h, char *why, size_t cap) {
+static int map_existing(const char *file, const cache_header *want, void **map, cache_header *h, char *why,
+                        size_t cap) {
     int fd = open(file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0) {
         snprintf(why, cap, "%s", strerror(errno));
@@ -194,8 +198,8 @@ static int map_existing(const char *file, const cache_header *want, void **map, 
 
 /* Decodes the pair into a new cache file and publishes it as file (lock held). DT_OK with
  * *map NULL when the cache cannot take it; other statuses are errors in the data files. */
-static dt_status build(const char *dir, const char *file, cache_header *h, const char *images_path, const char *labels_path,
-                       void **map, bool *published) {
+static dt_status build(const char *dir, const char *file, cache_header *h, const char *images_path,
+                       const char *labels_path, void **map, bool *published) {
     *map = NULL;
     *published = false;
     dt_stream s;
@@ -224,12 +228,14 @@ static dt_status build(const char *dir, const char *file, cache_header *h, const
     struct rlimit fsz;
     if (statvfs(dir, &vfs) == 0 && vfs.f_blocks > 0 &&
         (double)vfs.f_bavail * vfs.f_frsize < (double)h->file_bytes + (double)vfs.f_blocks * vfs.f_frsize / 4) {
-        dt_log(DT_LOG_INFO, "data cache: a %.1f MB entry would leave less than a quarter of %s free: decoding privately",
+        dt_log(DT_LOG_INFO,
+               "data cache: a %.1f MB entry would leave less than a quarter of %s free: decoding privately",
                (double)h->file_bytes / 1e6, dir);
         goto out;
     }
     if (getrlimit(RLIMIT_FSIZE, &fsz) == 0 && fsz.rlim_cur != RLIM_INFINITY && fsz.rlim_cur < h->file_bytes) {
-        dt_log(DT_LOG_INFO, "data cache: file size limit (ulimit -f) is below %.1f MB: decoding privately", (double)h->file_bytes / 1e6);
+        dt_log(DT_LOG_INFO, "data cache: file size limit (ulimit -f) is below %.1f MB: decoding privately",
+               (double)h->file_bytes / 1e6);
         goto out;
     }
     snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", file);
@@ -239,8 +245,8 @@ static dt_status build(const char *dir, const char *file, cache_header *h, const
     }
     int e = posix_fallocate(fd, 0, (off_t)h->file_bytes); /* reserve now: no SIGBUS when full */
     if (e != 0) {
-        dt_log(DT_LOG_INFO, "data cache: cannot reserve %.1f MB in %s (%s): decoding privately", (double)h->file_bytes / 1e6, dir,
-               strerror(e));
+        dt_log(DT_LOG_INFO, "data cache: cannot reserve %.1f MB in %s (%s): decoding privately",
+               (double)h->file_bytes / 1e6, dir, strerror(e));
         goto out;
     }
     m = mmap(NULL, h->file_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
@@ -257,7 +263,8 @@ static dt_status build(const char *dir, const char *file, cache_header *h, const
     if (rename(tmp, file) == 0) {
         *published = true;
     } else {
-        dt_log(DT_LOG_INFO, "data cache: cannot publish %s (%s): this process keeps an unshared copy", file, strerror(errno));
+        dt_log(DT_LOG_INFO, "data cache: cannot publish %s (%s): this process keeps an unshared copy", file,
+               strerror(errno));
         unlink(tmp);
     }
     tmp[0] = '\0';
@@ -332,4 +339,3 @@ done:
     free(want);
     return st;
 }
-

@@ -15,7 +15,7 @@
 
 /* Identity of one source file: a changed, replaced or rewritten file no longer matches. */
 typedef struct {
-    char path[CACHE_PATH];      /* canonical path, zero padded */
+    char path[CACHE_PATH]; /* canonical path, zero padded */
     uint64_t size, mtime_ns, ctime_ns, ino, dev;
     uint32_t head_crc, tail_crc; /* CRC32 of the first and last 64 KiB (a gzip trailer holds the
                                   * CRC and size of all the data) */
@@ -27,9 +27,9 @@ typedef struct {
     uint32_t version, byte_order, header_bytes, idx_type; /* idx_type: IDX code of the samples */
     uint32_t C, H, W, reserved;
     uint64_t n, x_off, x_bytes, y_off, y_bytes, file_bytes; /* samples, then n int32 labels */
-    cache_src src[2];                                        /* images, labels */
-    uint32_t payload_crc;                                    /* CRC32 of bytes [x_off, file_bytes) */
-    uint32_t header_crc;                                     /* CRC32 of this struct, field = 0 */
+    cache_src src[2];                                       /* images, labels */
+    uint32_t payload_crc;                                   /* CRC32 of bytes [x_off, file_bytes) */
+    uint32_t header_crc;                                    /* CRC32 of this struct, field = 0 */
 } cache_header;
 
 _Static_assert(sizeof(cache_header) <= CACHE_HDR, "cache header must fit its page");

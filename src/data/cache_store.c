@@ -46,8 +46,8 @@ int dt_cache_lock_entry(const char *lockfile) {
             break;
         }
         if (dt_now() - t0 > CACHE_LOCK_WAIT_S) {
-            dt_log(DT_LOG_INFO, "data cache: %s has been held for %.0f s by another process: decoding privately", lockfile,
-                   CACHE_LOCK_WAIT_S);
+            dt_log(DT_LOG_INFO, "data cache: %s has been held for %.0f s by another process: decoding privately",
+                   lockfile, CACHE_LOCK_WAIT_S);
             break;
         }
         struct timespec ts = {0, sleep_ns};
@@ -69,8 +69,7 @@ static void remove_if_stale_lock(const char *path) {
     int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0) return;
     struct stat st;
-    if (fstat(fd, &st) == 0 && st.st_uid == geteuid() && flock(fd, LOCK_EX | LOCK_NB) == 0 &&
-        lock_is_current(fd, path))
+    if (fstat(fd, &st) == 0 && st.st_uid == geteuid() && flock(fd, LOCK_EX | LOCK_NB) == 0 && lock_is_current(fd, path))
         unlink(path);
     close(fd);
 }
@@ -87,7 +86,10 @@ static int max_entries(void) {
  * besides `name`, the one being built. Processes that map a removed entry keep working. */
 static void bound_entries(const char *dir, const char *name) {
     enum { CAP = 256 };
-    struct { char f[64]; double t; } *v = calloc(CAP, sizeof *v);
+    struct {
+        char f[64];
+        double t;
+    } *v = calloc(CAP, sizeof *v);
     DIR *d = v ? opendir(dir) : NULL;
     if (!d) {
         free(v);
@@ -132,7 +134,8 @@ void dt_cache_collect_garbage(const char *dir, const char *name) {
         while ((e = readdir(d))) {
             const char *f = e->d_name, *tmp = strstr(f, ".v1.tmp.");
             size_t flen = strlen(f);
-            if (strncmp(f, "dtrain-data-", 12) != 0 || snprintf(path, sizeof path, "%s/%s", dir, f) >= (int)sizeof path) continue;
+            if (strncmp(f, "dtrain-data-", 12) != 0 || snprintf(path, sizeof path, "%s/%s", dir, f) >= (int)sizeof path)
+                continue;
             if (pass == 0 && tmp) {
                 if (!strncmp(f, name, nlen) && !strncmp(f + nlen, ".tmp.", 5)) {
                     unlink(path);
@@ -153,10 +156,12 @@ void dt_cache_collect_garbage(const char *dir, const char *name) {
             struct stat st;
             bool gone = false;
             if (fstat(fd, &st) == 0 && st.st_uid == geteuid() && pread(fd, &h, sizeof h, 0) == (ssize_t)sizeof h &&
-                !memcmp(h.magic, CACHE_MAGIC, 8) && h.version == CACHE_VERSION && h.header_crc == dt_cache_header_crc(&h)) {
+                !memcmp(h.magic, CACHE_MAGIC, 8) && h.version == CACHE_VERSION &&
+                h.header_crc == dt_cache_header_crc(&h)) {
                 struct stat s2;
                 for (int i = 0; i < 2; i++)
-                    if (h.src[i].path[CACHE_PATH - 1] == '\0' && stat(h.src[i].path, &s2) != 0 && errno == ENOENT) gone = true;
+                    if (h.src[i].path[CACHE_PATH - 1] == '\0' && stat(h.src[i].path, &s2) != 0 && errno == ENOENT)
+                        gone = true;
             }
             close(fd);
             if (gone) {

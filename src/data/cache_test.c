@@ -136,12 +136,14 @@ static void test_basic_and_dir(void) {
     char file[600];
     write_pair(dpath("train-images-idx3-ubyte.gz"), dpath("train-labels-idx1-ubyte.gz"), 600, 0);
     write_pair(dpath("t10k-images-idx3-ubyte.gz"), dpath("t10k-labels-idx1-ubyte.gz"), 100, 3);
-    unsigned long a = open_cached(dpath("train-images-idx3-ubyte.gz"), dpath("train-labels-idx1-ubyte.gz"), 600, 0, file, sizeof file);
+    unsigned long a = open_cached(dpath("train-images-idx3-ubyte.gz"), dpath("train-labels-idx1-ubyte.gz"), 600, 0,
+                                  file, sizeof file);
     CHECK(count_files(g_cache, NULL, ".v1") == 1 && count_files(g_cache, NULL, ".lock") == 0);
     struct stat st;
     CHECK(stat(file, &st) == 0 && (st.st_mode & 0777) == 0600 && st.st_size == 4096 + 600 * 784 + 600 * 4);
     /* warm: the same file, not rebuilt */
-    unsigned long b = open_cached(dpath("train-images-idx3-ubyte.gz"), dpath("train-labels-idx1-ubyte.gz"), 600, 0, file, sizeof file);
+    unsigned long b = open_cached(dpath("train-images-idx3-ubyte.gz"), dpath("train-labels-idx1-ubyte.gz"), 600, 0,
+                                  file, sizeof file);
     CHECK_MSG(a == b, "warm open rebuilt the cache (inode %lu -> %lu)", a, b);
     /* a directory: train and test each get one entry; both stay mapped while open */
     dt_dataset *tr, *te;
@@ -215,8 +217,8 @@ static void test_processes_share(void) {
     if (d) closedir(d);
     CHECK(matched == 2 * NPROC);
     for (int k = 1; k < NPROC; k++)
-        CHECK_MSG(ino[0][0] && ino[k][0] == ino[0][0] && ino[k][1] == ino[0][1], "process %d mapped %lu/%lu, process 0 %lu/%lu", k,
-                  ino[k][0], ino[k][1], ino[0][0], ino[0][1]);
+        CHECK_MSG(ino[0][0] && ino[k][0] == ino[0][0] && ino[k][1] == ino[0][1],
+                  "process %d mapped %lu/%lu, process 0 %lu/%lu", k, ino[k][0], ino[k][1], ino[0][0], ino[0][1]);
     close(rel[1]);
     for (int k = 0; k < NPROC; k++) {
         int status = 0;
@@ -230,7 +232,8 @@ static void test_processes_share(void) {
 static void test_corruption(void) {
     const char *img = g_img, *lab = g_lab;
     char file[600];
-    static const char *kinds[] = {"payload byte", "label byte", "header byte", "truncated", "wrong magic", "grown", "empty"};
+    static const char *kinds[] = {"payload byte", "label byte", "header byte", "truncated",
+                                  "wrong magic",  "grown",      "empty"};
     for (int k = 0; k < 7; k++) {
         unsigned long before = open_cached(img, lab, 600, 0, file, sizeof file);
         int fd = open(file, O_RDWR);
@@ -293,7 +296,8 @@ static void test_source_changes(void) {
     write_idx(lab, 1, dims, 1, 0, false); /* same labels, now raw: other size and mtime */
     unsigned long e = open_cached(img, lab, 700, 2, file2, sizeof file2);
     CHECK(e != d && !strcmp(file, file2));
-    CHECK(count_files(g_cache, NULL, ".v1") == entries && count_files(g_cache, ".tmp.", "") == 0); /* replaced, not added */
+    CHECK(count_files(g_cache, NULL, ".v1") == entries &&
+          count_files(g_cache, ".tmp.", "") == 0); /* replaced, not added */
     /* a broken source is reported exactly as without the cache, and leaves nothing behind */
     struct stat st;
     stat(img, &st);
@@ -313,7 +317,8 @@ static void test_source_changes(void) {
 /* Opens the pair and expects a private (unmapped) copy with the right data. */
 static bool opens_private(const char *img, const char *lab) {
     dt_dataset *ds = NULL;
-    bool ok = dt_dataset_open_idx(&ds, img, lab) == DT_OK && data_ok(ds, 600, 0) && !strcmp(dt_dataset_cache_file(ds), "");
+    bool ok = dt_dataset_open_idx(&ds, img, lab) == DT_OK && data_ok(ds, 600, 0) &&
+              !strcmp(dt_dataset_cache_file(ds), "");
     dt_dataset_destroy(ds);
     return ok;
 }
@@ -392,9 +397,10 @@ static void test_housekeeping(void) {
     unlink(img);
     CHECK(count_files(g_cache, NULL, ".v1") == 1 && count_files(g_cache, ".tmp.", "") == 1);
     open_cached(dpath("train-images-idx3-ubyte.gz"), dpath("train-labels-idx1-ubyte.gz"), 600, 0, file, sizeof file);
-    CHECK_MSG(count_files(g_cache, NULL, ".v1") == 1 && count_files(g_cache, NULL, ".lock") == 0 && count_files(g_cache, ".tmp.", "") == 0,
-              "%d entries, %d locks, %d temp files", count_files(g_cache, NULL, ".v1"), count_files(g_cache, NULL, ".lock"),
-              count_files(g_cache, ".tmp.", ""));
+    CHECK_MSG(count_files(g_cache, NULL, ".v1") == 1 && count_files(g_cache, NULL, ".lock") == 0 &&
+                  count_files(g_cache, ".tmp.", "") == 0,
+              "%d entries, %d locks, %d temp files", count_files(g_cache, NULL, ".v1"),
+              count_files(g_cache, NULL, ".lock"), count_files(g_cache, ".tmp.", ""));
 }
 
 static void count_kinds(void *ctx, const dt_cache_file *f) {
@@ -432,8 +438,8 @@ static void test_bounds(void) {
     }
     unsetenv("DTRAIN_DATA_CACHE_MAX");
     CHECK_MSG(access(stale, F_OK) != 0, "stale lock %s not removed", stale);
-    CHECK_MSG(count_files(g_cache, NULL, ".v1") == 2 && access(file, F_OK) == 0, "%d entries with DTRAIN_DATA_CACHE_MAX=2",
-              count_files(g_cache, NULL, ".v1"));
+    CHECK_MSG(count_files(g_cache, NULL, ".v1") == 2 && access(file, F_OK) == 0,
+              "%d entries with DTRAIN_DATA_CACHE_MAX=2", count_files(g_cache, NULL, ".v1"));
     int kinds[4] = {0};
     char dir[512];
     CHECK(dt_cache_list(dir, sizeof dir, count_kinds, kinds) && !strcmp(dir, g_cache));

@@ -27,7 +27,7 @@ static int next_line(line_reader *r, char **line) {
         char *nl = r->beg < r->end ? memchr(r->buf + r->beg, '\n', r->end - r->beg) : NULL;
         if (nl || (r->eof && r->beg < r->end)) {
             char *start = r->buf + r->beg;
-            char *stop = nl ? nl : r->buf + r->end;  /* at eof the buffer has room for the NUL */
+            char *stop = nl ? nl : r->buf + r->end; /* at eof the buffer has room for the NUL */
             *stop = '\0';
             if (stop > start && stop[-1] == '\r') stop[-1] = '\0';
             r->beg = (size_t)(stop - r->buf) + 1;
@@ -42,9 +42,11 @@ static int next_line(line_reader *r, char **line) {
         r->end -= r->beg;
         r->beg = 0;
         if (r->cap - r->end < 4096) {
-            if (r->cap >= CSV_MAX_LINE) {  /* no newline in 64 MiB: a binary file, or a stream without end */
-                dt_error(DT_EFORMAT, "%s:%zu: a line longer than %d MiB: not a CSV file (rows of comma-separated "
-                         "numbers, one a line)", r->s.path, r->lineno + 1, CSV_MAX_LINE >> 20);
+            if (r->cap >= CSV_MAX_LINE) { /* no newline in 64 MiB: a binary file, or a stream without end */
+                dt_error(DT_EFORMAT,
+                         "%s:%zu: a line longer than %d MiB: not a CSV file (rows of comma-separated "
+                         "numbers, one a line)",
+                         r->s.path, r->lineno + 1, CSV_MAX_LINE >> 20);
                 return -1;
             }
             size_t ncap = r->cap * 2;
@@ -82,7 +84,7 @@ static int parse_field(char **pp, double *v, const char **fs, int *fl) {
     char *e = q;
     int ok = 0;
     if (digits && (*e == ',' || *e == '\0' || *e == ' ' || *e == '\t')) {
-        *v = neg ? -(double)acc : (double)acc;  /* fast path: a plain integer */
+        *v = neg ? -(double)acc : (double)acc; /* fast path: a plain integer */
         ok = 1;
     } else if (*start && *start != ',') {
         *v = strtod(start, &e);
@@ -106,8 +108,8 @@ static int count_fields(const char *p) {
 }
 
 typedef struct {
-    uint8_t *u8;      /* while every feature fits */
-    float *f32;       /* after the first that does not */
+    uint8_t *u8; /* while every feature fits */
+    float *f32;  /* after the first that does not */
     int32_t *y;
     size_t n, cap, F;
 } csv_rows;
@@ -119,10 +121,14 @@ static dt_status rows_grow(csv_rows *r, const char *path) {
     void *nx = realloc(r->f32 ? (void *)r->f32 : (void *)r->u8, ncap * r->F * esz);
     int32_t *ny = nx ? realloc(r->y, ncap * sizeof(int32_t)) : NULL;
     if (!nx || !ny) {
-        if (nx) { if (r->f32) r->f32 = nx; else r->u8 = nx; }
+        if (nx) {
+            if (r->f32) r->f32 = nx;
+            else r->u8 = nx;
+        }
         return dt_error(DT_ENOMEM, "%s: out of memory after %zu rows", path, r->n);
     }
-    if (r->f32) r->f32 = nx; else r->u8 = nx;
+    if (r->f32) r->f32 = nx;
+    else r->u8 = nx;
     r->y = ny;
     r->cap = ncap;
     return DT_OK;
@@ -142,14 +148,14 @@ static dt_status rows_to_f32(csv_rows *r, const char *path, size_t filled) {
 
 /* The CSV's layout, fixed by its first non-blank line. */
 typedef struct {
-    int ncols, lc;       /* columns; the label's (0-based) */
-    size_t first_line;   /* the line that fixed them, for messages */
+    int ncols, lc;     /* columns; the label's (0-based) */
+    size_t first_line; /* the line that fixed them, for messages */
 } csv_layout;
 
 /* The first non-blank line (`nf` fields): the layout, the sample shape against the features, and
  * whether the line is a header (*header). */
-static dt_status csv_first_line(csv_layout *L, csv_rows *rows, const dt_csv_options *o, const char *path,
-                                size_t lineno, char *line, int nf, bool *header) {
+static dt_status csv_first_line(csv_layout *L, csv_rows *rows, const dt_csv_options *o, const char *path, size_t lineno,
+                                char *line, int nf, bool *header) {
     L->ncols = nf;
     L->first_line = lineno;
     L->lc = o->label_col < 0 ? nf + o->label_col : o->label_col;
@@ -164,7 +170,7 @@ static dt_status csv_first_line(csv_layout *L, csv_rows *rows, const dt_csv_opti
                             o->shape[0], o->shape[1], o->shape[2], rows->F);
     }
     *header = o->header == DT_CSV_YES;
-    if (o->header == DT_CSV_AUTO) {  /* a header: some field of the first line is not a number */
+    if (o->header == DT_CSV_AUTO) { /* a header: some field of the first line is not a number */
         char *p = line;
         double v;
         const char *fs;
@@ -189,8 +195,8 @@ static dt_status csv_label(int32_t *y, double v, const char *fs, int fl, int c, 
 }
 
 /* One data row (`nf` fields) appended to rows: its label and features (u8 until a value needs f32). */
-static dt_status csv_row(csv_rows *rows, const csv_layout *L, int classes, const char *path, size_t lineno,
-                         char *line, int nf) {
+static dt_status csv_row(csv_rows *rows, const csv_layout *L, int classes, const char *path, size_t lineno, char *line,
+                         int nf) {
     if (nf != L->ncols)
         return dt_error(DT_EFORMAT, "%s:%zu: %d fields, expected %d (as on line %zu)", path, lineno, nf, L->ncols,
                         L->first_line);

@@ -13,7 +13,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static void write_text(const char *path, const char *text, bool gz) { dt_test_write_bytes(path, text, strlen(text), gz); }
+static void write_text(const char *path, const char *text, bool gz) {
+    dt_test_write_bytes(path, text, strlen(text), gz);
+}
 
 static void test_csv(void) {
     dt_dataset *ds, *te;
@@ -22,13 +24,15 @@ static void test_csv(void) {
     CHECK_OK(dt_dataset_open_csv(&ds, dt_test_path("a.csv"), NULL));
     int C, H, W;
     dt_dataset_shape(ds, &C, &H, &W);
-    CHECK(dt_dataset_len(ds) == 3 && C == 1 && H == 1 && W == 3 && dt_dataset_classes(ds) == 4 && dt_dataset_dtype(ds) == DT_U8);
+    CHECK(dt_dataset_len(ds) == 3 && C == 1 && H == 1 && W == 3 && dt_dataset_classes(ds) == 4 &&
+          dt_dataset_dtype(ds) == DT_U8);
     uint32_t idx[3] = {0, 1, 2};
     float x[9];
     int32_t y[3];
     CHECK_OK(dt_dataset_batch(ds, idx, 3, x, y));
     CHECK(y[0] == 3 && y[1] == 1 && y[2] == 0);
-    CHECK(x[0] == 0 && x[1] == 1.0f && x[2] == (float)(17 / 255.0) && x[3] == (float)(2 / 255.0) && x[8] == (float)(7 / 255.0));
+    CHECK(x[0] == 0 && x[1] == 1.0f && x[2] == (float)(17 / 255.0) && x[3] == (float)(2 / 255.0) &&
+          x[8] == (float)(7 / 255.0));
     dt_dataset_destroy(ds);
     /* no header, label last, float features -> f32 unscaled; the switch from u8 mid-file keeps
      * earlier rows; gzip'd */
@@ -40,7 +44,8 @@ static void test_csv(void) {
     int32_t yb[4];
     uint32_t i4[4] = {0, 1, 2, 3};
     CHECK_OK(dt_dataset_batch(ds, i4, 4, xb, yb));
-    CHECK(xb[0] == 1 && xb[1] == 2 && xb[2] == 3 && xb[3] == 4 && xb[4] == 0.5f && xb[5] == -1000 && xb[6] == 7 && xb[7] == 8);
+    CHECK(xb[0] == 1 && xb[1] == 2 && xb[2] == 3 && xb[3] == 4 && xb[4] == 0.5f && xb[5] == -1000 && xb[6] == 7 &&
+          xb[7] == 8);
     CHECK(yb[0] == 0 && yb[1] == 1 && yb[2] == 2 && yb[3] == 1);
     dt_dataset_destroy(ds);
     /* explicit options: header yes, no scaling, a shape, a class count */
@@ -62,17 +67,21 @@ static void test_csv(void) {
     CHECK(dt_dataset_open_csv(&ds, dt_test_path("e.csv"), NULL) == DT_EFORMAT);
     CHECK_MSG(strstr(dt_last_error(), "e.csv:4: 2 fields, expected 3"), "%s", dt_last_error());
     write_text(dt_test_path("f.csv"), "1,2,3\n0,4,5\n2.5,1,1\n", false);
-    CHECK(dt_dataset_open_csv(&ds, dt_test_path("f.csv"), NULL) == DT_EFORMAT && strstr(dt_last_error(), "f.csv:3: label '2.5'"));
+    CHECK(dt_dataset_open_csv(&ds, dt_test_path("f.csv"), NULL) == DT_EFORMAT &&
+          strstr(dt_last_error(), "f.csv:3: label '2.5'"));
     write_text(dt_test_path("g.csv"), "1,2,3\n-1,4,5\n", false);
-    CHECK(dt_dataset_open_csv(&ds, dt_test_path("g.csv"), NULL) == DT_EFORMAT && strstr(dt_last_error(), "g.csv:2: label '-1'"));
+    CHECK(dt_dataset_open_csv(&ds, dt_test_path("g.csv"), NULL) == DT_EFORMAT &&
+          strstr(dt_last_error(), "g.csv:2: label '-1'"));
     o = (dt_csv_options){.classes = 2};
     write_text(dt_test_path("h.csv"), "1,2,3\n0,4,5\n2,4,5\n", false);
-    CHECK(dt_dataset_open_csv(&ds, dt_test_path("h.csv"), &o) == DT_EFORMAT && strstr(dt_last_error(), "h.csv:3: label '2'") &&
-          strstr(dt_last_error(), "[0, 2)"));
+    CHECK(dt_dataset_open_csv(&ds, dt_test_path("h.csv"), &o) == DT_EFORMAT &&
+          strstr(dt_last_error(), "h.csv:3: label '2'") && strstr(dt_last_error(), "[0, 2)"));
     o = (dt_csv_options){.header = DT_CSV_NO};
-    CHECK(dt_dataset_open_csv(&ds, dt_test_path("a.csv"), &o) == DT_EFORMAT && strstr(dt_last_error(), "a.csv:1: column 1: 'label'"));
+    CHECK(dt_dataset_open_csv(&ds, dt_test_path("a.csv"), &o) == DT_EFORMAT &&
+          strstr(dt_last_error(), "a.csv:1: column 1: 'label'"));
     write_text(dt_test_path("empty.csv"), "label,x\n", false);
-    CHECK(dt_dataset_open_csv(&ds, dt_test_path("empty.csv"), NULL) == DT_EFORMAT && strstr(dt_last_error(), "no data rows"));
+    CHECK(dt_dataset_open_csv(&ds, dt_test_path("empty.csv"), NULL) == DT_EFORMAT &&
+          strstr(dt_last_error(), "no data rows"));
     CHECK(dt_dataset_open_csv(&ds, dt_test_path("none.csv"), NULL) == DT_ENOENT && strstr(dt_last_error(), "none.csv"));
     /* a long line (beyond the reader's first buffer) */
     size_t F = 300000;
@@ -92,7 +101,8 @@ static void test_csv(void) {
     CHECK(z && ftruncate(fileno(z), (off_t)65 << 20) == 0);
     if (z) fclose(z);
     CHECK_MSG(dt_dataset_open_csv(&ds, dt_test_path("zeros.csv"), NULL) == DT_EFORMAT && ds == NULL &&
-              strstr(dt_last_error(), "zeros.csv:1: a line longer than 64 MiB"), "%s", dt_last_error());
+                  strstr(dt_last_error(), "zeros.csv:1: a line longer than 64 MiB"),
+              "%s", dt_last_error());
     unlink(dt_test_path("zeros.csv"));
     /* a device is no data file (a .csv link to /dev/zero was read until memory ran out): checked
      * in a child with a memory bound and a deadline, so that a regression fails instead of eating

@@ -12,16 +12,16 @@
  * member must end with its trailer (CRC-32 and length, checked), and whatever follows the last
  * member must be another member: a cut-short file or trailing garbage is an error. */
 typedef struct {
-    int fd;              /* the file */
-    z_stream *gz;        /* inflate state when gzip'd, else NULL */
-    unsigned char *in;   /* gzip input buffer */
-    bool in_member;      /* inside a gzip member (its trailer not seen yet) */
-    int members;         /* gzip members read to their trailer */
-    bool eof;            /* no more data */
-    uint64_t in_off;     /* compressed bytes consumed before the buffer's start, for messages */
-    const char *path;    /* for messages (not owned) */
-    uint64_t file_size;  /* on-disk size */
-    bool sized;          /* file_size is meaningful (a regular file) */
+    int fd;             /* the file */
+    z_stream *gz;       /* inflate state when gzip'd, else NULL */
+    unsigned char *in;  /* gzip input buffer */
+    bool in_member;     /* inside a gzip member (its trailer not seen yet) */
+    int members;        /* gzip members read to their trailer */
+    bool eof;           /* no more data */
+    uint64_t in_off;    /* compressed bytes consumed before the buffer's start, for messages */
+    const char *path;   /* for messages (not owned) */
+    uint64_t file_size; /* on-disk size */
+    bool sized;         /* file_size is meaningful (a regular file) */
 } dt_stream;
 
 /* Opens path (DT_ENOENT / DT_EIO with a message naming it). */
@@ -39,27 +39,27 @@ dt_status dt_idx_open_header(dt_stream *s, const char *path, dt_idx *out);
 dt_status dt_idx_read_body(dt_stream *s, const dt_idx *hdr, void *dst);
 
 struct dt_dataset {
-    dt_dtype dtype;    /* stored dtype of samples */
-    void *x;           /* n * D elements: owned, or inside map */
-    int32_t *y;        /* n labels: owned, or inside map */
-    void *map;         /* read-only shared mapping of the decoded cache file, or NULL */
+    dt_dtype dtype; /* stored dtype of samples */
+    void *x;        /* n * D elements: owned, or inside map */
+    int32_t *y;     /* n labels: owned, or inside map */
+    void *map;      /* read-only shared mapping of the decoded cache file, or NULL */
     size_t map_len;
-    size_t n, D;       /* samples, elements per sample */
+    size_t n, D; /* samples, elements per sample */
     int C, H, W;
-    int classes;       /* 0 with targets */
-    bool targets;      /* y holds f32 regression targets (their bits), not labels (IDX float labels) */
-    double scale;      /* raw -> scaled value factor (1/255 for 8-bit integer images) */
-    double mean, std;  /* normalisation of scaled values */
-    float lut[256];    /* u8/i8: raw byte -> final f32 value */
-    char source[512];  /* file(s) it came from */
-    char labels[512];  /* the file its labels came from where that is another (IDX: the labels file), else "" */
+    int classes;          /* 0 with targets */
+    bool targets;         /* y holds f32 regression targets (their bits), not labels (IDX float labels) */
+    double scale;         /* raw -> scaled value factor (1/255 for 8-bit integer images) */
+    double mean, std;     /* normalisation of scaled values */
+    float lut[256];       /* u8/i8: raw byte -> final f32 value */
+    char source[512];     /* file(s) it came from */
+    char labels[512];     /* the file its labels came from where that is another (IDX: the labels file), else "" */
     char cache[PATH_MAX]; /* the cache file map came from ("" when private) */
-    int T;             /* text: the window (x holds text_len bytes, y is NULL); 0 = features */
-    size_t text_len;   /* text: tokens of this set (train or validation part): bytes, or 16-bit tokens */
-    bool tok16;        /* text: x holds little-endian uint16 tokens (tokens:DIR), else bytes */
-    dt_dataset *base;  /* a view (--val-split's parts): x and y are base's, sample i is its rows[i] */
-    uint32_t *rows;    /* a view: its samples' indices in base (owned), else NULL */
-    int refs;          /* views holding this set beside its owner (atomic): dt_dataset_destroy waits for them */
+    int T;                /* text: the window (x holds text_len bytes, y is NULL); 0 = features */
+    size_t text_len;      /* text: tokens of this set (train or validation part): bytes, or 16-bit tokens */
+    bool tok16;           /* text: x holds little-endian uint16 tokens (tokens:DIR), else bytes */
+    dt_dataset *base;     /* a view (--val-split's parts): x and y are base's, sample i is its rows[i] */
+    uint32_t *rows;       /* a view: its samples' indices in base (owned), else NULL */
+    int refs;             /* views holding this set beside its owner (atomic): dt_dataset_destroy waits for them */
 };
 
 /* The index in ds->x and ds->y of sample i of ds (its base's row for a view). */
@@ -75,8 +75,8 @@ dt_status dt_dataset_check_labels(dt_dataset *ds, int classes, const char *what)
 
 /* Checks that an IDX image header and label header form a data set (items, label dims and type,
  * counts) and gives the sample shape; DT_EFORMAT naming the file otherwise. */
-dt_status dt_idx_pair_shape(const dt_idx *im, const dt_idx *lb, const char *images_path, const char *labels_path, int *C, int *H,
-                            int *W);
+dt_status dt_idx_pair_shape(const dt_idx *im, const dt_idx *lb, const char *images_path, const char *labels_path,
+                            int *C, int *H, int *W);
 /* Fills a data set's shape, dtype, scale, source and labels' file from an IDX image header and
  * its shape. */
 void dt_dataset_init_idx(dt_dataset *ds, const dt_idx *im, int C, int H, int W, const char *images_path,

@@ -15,7 +15,8 @@
 
 /* Writes an IDX file: header for (code, ndim, dims), then count elements of esz bytes given in
  * host order, stored big-endian. Returns the size in bytes. */
-static size_t write_idx(const char *path, int code, int ndim, const uint32_t *dims, const void *data, size_t esz, bool gz) {
+static size_t write_idx(const char *path, int code, int ndim, const uint32_t *dims, const void *data, size_t esz,
+                        bool gz) {
     size_t count = 1;
     for (int i = 0; i < ndim; i++) count *= dims[i];
     size_t n = 4 + 4 * (size_t)ndim + count * esz;
@@ -31,8 +32,12 @@ static size_t write_idx(const char *path, int code, int ndim, const uint32_t *di
 }
 
 static void test_idx_roundtrip(void) {
-    static const struct { int code; dt_dtype t; size_t esz; } types[] = {
-        {0x08, DT_U8, 1}, {0x09, DT_I8, 1}, {0x0B, DT_I16, 2}, {0x0C, DT_I32, 4}, {0x0D, DT_F32, 4}, {0x0E, DT_F64, 8}};
+    static const struct {
+        int code;
+        dt_dtype t;
+        size_t esz;
+    } types[] = {{0x08, DT_U8, 1},  {0x09, DT_I8, 1},  {0x0B, DT_I16, 2},
+                 {0x0C, DT_I32, 4}, {0x0D, DT_F32, 4}, {0x0E, DT_F64, 8}};
     static const uint32_t shapes[][5] = {{7}, {3, 5}, {4, 3, 2}, {2, 3, 2, 2}, {2, 1, 3, 1, 2}};
     static const int ranks[] = {1, 2, 3, 4, 5};
     for (size_t ti = 0; ti < 6; ti++)
@@ -56,10 +61,11 @@ static void test_idx_roundtrip(void) {
                 write_idx(p, types[ti].code, ranks[si], shapes[si], src, types[ti].esz, gz);
                 dt_idx x;
                 CHECK_OK(dt_idx_read(p, &x));
-                CHECK_MSG(x.dtype == types[ti].t && x.ndim == ranks[si] && x.count == count, "type %d rank %d", types[ti].code, ranks[si]);
+                CHECK_MSG(x.dtype == types[ti].t && x.ndim == ranks[si] && x.count == count, "type %d rank %d",
+                          types[ti].code, ranks[si]);
                 for (int i = 0; i < ranks[si] && i < x.ndim; i++) CHECK(x.dims[i] == shapes[si][i]);
-                CHECK_MSG(x.data && memcmp(x.data, src, count * types[ti].esz) == 0, "data of type 0x%02x rank %d gz %d", types[ti].code,
-                          ranks[si], gz);
+                CHECK_MSG(x.data && memcmp(x.data, src, count * types[ti].esz) == 0,
+                          "data of type 0x%02x rank %d gz %d", types[ti].code, ranks[si], gz);
                 dt_idx_free(&x);
                 CHECK(x.data == NULL);
                 free(src);
@@ -111,7 +117,8 @@ static void test_idx_errors(void) {
         /* body cut short: 5 items of 2x2 i32 (16 bytes each), 50 bytes of data */
         unsigned char body[4 + 12 + 50] = {0, 0, 0x0C, 3, 0, 0, 0, 5, 0, 0, 0, 2, 0, 0, 0, 2};
         dt_test_write_bytes(p, body, sizeof body, gz);
-        expect_idx_error(p, DT_EFORMAT, "truncated: header says 5 items of 16 bytes", gz ? "file holds 50 bytes" : NULL);
+        expect_idx_error(p, DT_EFORMAT, "truncated: header says 5 items of 16 bytes",
+                         gz ? "file holds 50 bytes" : NULL);
         /* trailing garbage */
         unsigned char trail[] = {0, 0, 0x08, 1, 0, 0, 0, 2, 7, 8, 9, 9};
         dt_test_write_bytes(p, trail, sizeof trail, gz);
@@ -217,7 +224,8 @@ static void test_idx_dataset(void) {
         for (int j = 0; j < 12; j++) bad += x[i * 12 + j] != (float)((double)((idx[i] * 31 + j) & 255) / 255.0);
     CHECK_MSG(bad == 0, "%d pixels differ from u8/255", bad);
     idx[1] = 20;
-    CHECK(dt_dataset_batch(ds, idx, 3, x, y) == DT_EINVAL && strstr(dt_last_error(), "position 1") && strstr(dt_last_error(), "20"));
+    CHECK(dt_dataset_batch(ds, idx, 3, x, y) == DT_EINVAL && strstr(dt_last_error(), "position 1") &&
+          strstr(dt_last_error(), "20"));
     /* normalisation: (v/255 - mean) / std */
     CHECK(dt_dataset_set_normalize(ds, 0.5f, 0.0f) == DT_EINVAL);
     CHECK_OK(dt_dataset_set_normalize(ds, 0.25f, 0.5f));
@@ -238,7 +246,8 @@ static void test_idx_dataset(void) {
             sum += v, sum2 += v * v;
         }
     dt_dataset_stats(ds, &m, &s);
-    CHECK_MSG(fabs(m - sum / 240) < 1e-12 && fabs(s - sqrt(sum2 / 240 - (sum / 240) * (sum / 240))) < 1e-9, "stats %g %g", m, s);
+    CHECK_MSG(fabs(m - sum / 240) < 1e-12 && fabs(s - sqrt(sum2 / 240 - (sum / 240) * (sum / 240))) < 1e-9,
+              "stats %g %g", m, s);
     CHECK(dt_dataset_set_classes(ds, 6) == DT_EFORMAT && strstr(dt_last_error(), "sample 6"));
     CHECK_OK(dt_dataset_set_classes(ds, 12));
     CHECK(dt_dataset_classes(ds) == 12);
@@ -248,7 +257,8 @@ static void test_idx_dataset(void) {
     /* count mismatch names both files */
     write_pair(dt_test_path("im2"), dt_test_path("lb2"), 21, 3, 4, 7, true);
     CHECK(dt_dataset_open_idx(&ds, dt_test_path("im"), dt_test_path("lb2")) == DT_EFORMAT && ds == NULL);
-    CHECK_MSG(strstr(dt_last_error(), "21 labels") && strstr(dt_last_error(), "20 images") && strstr(dt_last_error(), dt_test_path("lb2")),
+    CHECK_MSG(strstr(dt_last_error(), "21 labels") && strstr(dt_last_error(), "20 images") &&
+                  strstr(dt_last_error(), dt_test_path("lb2")),
               "%s", dt_last_error());
     /* a negative label names its index; float labels are regression targets (test_targets); labels
      * must be 1-dim */
@@ -260,11 +270,13 @@ static void test_idx_dataset(void) {
     CHECK_MSG(strstr(dt_last_error(), "sample 13") && strstr(dt_last_error(), "-2"), "%s", dt_last_error());
     float flab[20] = {0};
     write_idx(dt_test_path("lbf"), 0x0D, 1, &n, flab, 4, false);
-    CHECK(dt_dataset_open_idx(&ds, dt_test_path("im"), dt_test_path("lbf")) == DT_OK && ds && dt_dataset_has_targets(ds));
+    CHECK(dt_dataset_open_idx(&ds, dt_test_path("im"), dt_test_path("lbf")) == DT_OK && ds &&
+          dt_dataset_has_targets(ds));
     dt_dataset_destroy(ds);
     ds = NULL;
     write_idx(dt_test_path("lb2d"), 0x0C, 2, d2, lab, 4, false);
-    CHECK(dt_dataset_open_idx(&ds, dt_test_path("im"), dt_test_path("lb2d")) == DT_EFORMAT && strstr(dt_last_error(), "1 dim"));
+    CHECK(dt_dataset_open_idx(&ds, dt_test_path("im"), dt_test_path("lb2d")) == DT_EFORMAT &&
+          strstr(dt_last_error(), "1 dim"));
     /* 2-dim rows -> (1,1,n); 4-dim -> (C,H,W); f32 samples pass through unchanged */
     float rows[6] = {1.5f, -2, 3, 4, 5, 6.25f};
     uint32_t rd[2] = {2, 3}, r4[4] = {1, 2, 3, 1};
@@ -361,7 +373,7 @@ static void test_targets(void) {
     memcpy(got, y, sizeof got);
     CHECK_MSG(got[0] == 7.0f && got[1] == -1.25f && x[0] == 6 && x[3] == 3, "targets %g %g", got[0], got[1]);
     if (tr) CHECK(dt_dataset_set_classes(tr, 2) == DT_EINVAL && strstr(dt_last_error(), "regression targets"));
-    dt_dataset *a = NULL, *b = NULL;  /* --val-split's views */
+    dt_dataset *a = NULL, *b = NULL; /* --val-split's views */
     if (tr) CHECK_OK(dt_dataset_split(tr, 0.4, 1, &a, &b));
     CHECK(a && b && dt_dataset_has_targets(a) && dt_dataset_has_targets(b));
     dt_dataset_destroy(a), dt_dataset_destroy(b);
@@ -390,11 +402,12 @@ static void test_open_dir_and_alias(void) {
     setenv("DTRAIN_DATASETS", dt_test_dir, 1);
     /* the test files are missing: the alias says what to install */
     CHECK(dt_dataset_open(&tr, &te, "fashion-mnist") == DT_ENOENT && tr == NULL && te == NULL);
-    CHECK_MSG(strstr(dt_last_error(), "apt-get install dataset-fashion-mnist") && strstr(dt_last_error(), "t10k-images-idx3-ubyte"),
+    CHECK_MSG(strstr(dt_last_error(), "apt-get install dataset-fashion-mnist") &&
+                  strstr(dt_last_error(), "t10k-images-idx3-ubyte"),
               "%s", dt_last_error());
     CHECK(dt_dataset_open(&tr, &te, "mnist") == DT_ENOENT);
-    CHECK_MSG(strstr(dt_last_error(), "'mnist' is not installed") && strstr(dt_last_error(), "dataset-fashion-mnist"), "%s",
-              dt_last_error());
+    CHECK_MSG(strstr(dt_last_error(), "'mnist' is not installed") && strstr(dt_last_error(), "dataset-fashion-mnist"),
+              "%s", dt_last_error());
     /* train only needs just the two train files */
     CHECK_OK(dt_dataset_open(&tr, NULL, "fashion-mnist"));
     CHECK(dt_dataset_len(tr) == 30 && dt_dataset_classes(tr) == 4);
@@ -419,7 +432,8 @@ static void test_open_dir_and_alias(void) {
     CHECK(dt_dataset_open(&tr, &te, dir) == DT_EFORMAT && strstr(dt_last_error(), "differs from the train set"));
     unsetenv("DTRAIN_DATASETS");
     CHECK(dt_dataset_open(&tr, &te, dt_test_path("nowhere")) == DT_ENOENT && strstr(dt_last_error(), "nowhere"));
-    CHECK(dt_dataset_open(&tr, &te, dt_test_path("im")) == DT_EFORMAT && strstr(dt_last_error(), "text:FILE or kjv"));  /* a file that is no data set: unusable data */
+    CHECK(dt_dataset_open(&tr, &te, dt_test_path("im")) == DT_EFORMAT &&
+          strstr(dt_last_error(), "text:FILE or kjv")); /* a file that is no data set: unusable data */
 }
 
 static void test_create(void) {
@@ -496,7 +510,8 @@ static void test_u8_unit_exact(void) {
             }
             badlab += ylab[i] != lab[idx[i]];
         }
-        CHECK_MSG(bad == 0, "batch of %d: %d u8/255 values differ from the f32 division (first: byte %d)", n, bad, first);
+        CHECK_MSG(bad == 0, "batch of %d: %d u8/255 values differ from the f32 division (first: byte %d)", n, bad,
+                  first);
         CHECK_MSG(badlab == 0, "batch of %d: %d labels gathered wrong", n, badlab);
         CHECK_MSG(n == N || got[n * D] != got[n * D], "batch of %d wrote past its end", n); /* still 0xff: a NaN */
     }

@@ -72,7 +72,9 @@ dt_status dt_dataset_check_labels(dt_dataset *ds, int classes, const char *what)
         if (v < 0 || (classes > 0 && v >= classes)) {
             if (classes > 0)
                 return dt_error(DT_EFORMAT, "%s: label %d of sample %zu is outside [0, %d)", what, v, i, classes);
-            return dt_error(DT_EFORMAT, "%s: label %d of sample %zu is negative (labels must be class indices 0, 1, ...)", what, v, i);
+            return dt_error(DT_EFORMAT,
+                            "%s: label %d of sample %zu is negative (labels must be class indices 0, 1, ...)", what, v,
+                            i);
         }
         if (v > mx) mx = v;
     }
@@ -91,9 +93,11 @@ dt_status dt_dataset_set_classes(dt_dataset *ds, int classes) {
 
 dt_status dt_dataset_set_normalize(dt_dataset *ds, float mean, float std) {
     if (!(std > 0) || mean != mean)
-        return dt_error(DT_EINVAL, "normalisation needs a finite mean and std > 0, got mean %g std %g", (double)mean, (double)std);
+        return dt_error(DT_EINVAL, "normalisation needs a finite mean and std > 0, got mean %g std %g", (double)mean,
+                        (double)std);
     if (ds->T && (mean != 0 || std != 1))
-        return dt_error(DT_EINVAL, "%s is a text data set (token ids): `normalize` does not apply to it; leave it out", ds->source);
+        return dt_error(DT_EINVAL, "%s is a text data set (token ids): `normalize` does not apply to it; leave it out",
+                        ds->source);
     ds->mean = mean;
     ds->std = std;
     dt_dataset_update_lut(ds);
@@ -197,12 +201,15 @@ static void convert_sample(const dt_dataset *ds, size_t idx, float *restrict dst
 
 dt_status dt_dataset_batch(const dt_dataset *ds, const uint32_t *indices, int n, float *x, int32_t *y) {
     if (ds->T)
-        return dt_error(DT_EINVAL, "%s is a text data set: build its batches with dt_dataset_batch_tokens (or a loader)", ds->source);
+        return dt_error(DT_EINVAL,
+                        "%s is a text data set: build its batches with dt_dataset_batch_tokens (or a loader)",
+                        ds->source);
     if (n < 0) return dt_error(DT_EINVAL, "batch size %d is negative", n);
     for (int i = 0; i < n; i++)
         if (indices[i] >= ds->n)
-            return dt_error(DT_EINVAL, "batch position %d: sample index %u is out of range (data set %s has %zu samples)", i, indices[i],
-                            ds->source[0] ? ds->source : "(memory)", ds->n);
+            return dt_error(DT_EINVAL,
+                            "batch position %d: sample index %u is out of range (data set %s has %zu samples)", i,
+                            indices[i], ds->source[0] ? ds->source : "(memory)", ds->n);
     /* the samples sit at random places in a large array: the load of the sample three ahead
      * is started (prefetched) while this one converts, so batch assembly is not bound by the
      * memory latency of each sample (about half the CPU per MLP batch of 128; it matters where
@@ -222,13 +229,15 @@ dt_status dt_dataset_batch(const dt_dataset *ds, const uint32_t *indices, int n,
 
 /* ---- construction ------------------------------------------------------------------------- */
 
-dt_status dt_dataset_create(dt_dataset **out, dt_dtype dtype, const void *x, const int32_t *y, size_t n, int C, int H, int W,
-                            int classes) {
+dt_status dt_dataset_create(dt_dataset **out, dt_dtype dtype, const void *x, const int32_t *y, size_t n, int C, int H,
+                            int W, int classes) {
     *out = NULL;
     if (dtype != DT_U8 && dtype != DT_I8 && dtype != DT_I16 && dtype != DT_I32 && dtype != DT_F32 && dtype != DT_F64)
-        return dt_error(DT_EINVAL, "data set dtype %s is not supported (use U8, I8, I16, I32, F32 or F64)", dt_dtype_name(dtype));
+        return dt_error(DT_EINVAL, "data set dtype %s is not supported (use U8, I8, I16, I32, F32 or F64)",
+                        dt_dtype_name(dtype));
     if (C <= 0 || H <= 0 || W <= 0 || n == 0 || n > UINT32_MAX)
-        return dt_error(DT_EINVAL, "data set needs 1..2^32-1 samples of positive shape, got n=%zu shape (%d,%d,%d)", n, C, H, W);
+        return dt_error(DT_EINVAL, "data set needs 1..2^32-1 samples of positive shape, got n=%zu shape (%d,%d,%d)", n,
+                        C, H, W);
     dt_dataset *ds = dt_dataset_alloc();
     if (!ds) return DT_ENOMEM;
     ds->dtype = dtype;
@@ -255,24 +264,26 @@ dt_status dt_dataset_create(dt_dataset **out, dt_dtype dtype, const void *x, con
     return DT_OK;
 }
 
-dt_status dt_idx_pair_shape(const dt_idx *im, const dt_idx *lb, const char *images_path, const char *labels_path, int *C, int *H,
-                            int *W) {
+dt_status dt_idx_pair_shape(const dt_idx *im, const dt_idx *lb, const char *images_path, const char *labels_path,
+                            int *C, int *H, int *W) {
     if (im->ndim < 1 || im->dims[0] == 0)
         return dt_error(DT_EFORMAT, "%s: image file holds no items (%d dims)", images_path, im->ndim);
     if (lb->ndim != 1)
-        return dt_error(DT_EFORMAT, "%s: a label file must have 1 dim (one label per item), this one has %d", labels_path, lb->ndim);
+        return dt_error(DT_EFORMAT, "%s: a label file must have 1 dim (one label per item), this one has %d",
+                        labels_path, lb->ndim);
     if (lb->dims[0] != im->dims[0])
-        return dt_error(DT_EFORMAT, "%s holds %lld labels but %s holds %lld images: the files do not belong together", labels_path,
-                        (long long)lb->dims[0], images_path, (long long)im->dims[0]);
+        return dt_error(DT_EFORMAT, "%s holds %lld labels but %s holds %lld images: the files do not belong together",
+                        labels_path, (long long)lb->dims[0], images_path, (long long)im->dims[0]);
     if ((uint64_t)im->dims[0] > UINT32_MAX)
-        return dt_error(DT_EFORMAT, "%s: %lld items is more than the 2^32-1 a data set can index", images_path, (long long)im->dims[0]);
+        return dt_error(DT_EFORMAT, "%s: %lld items is more than the 2^32-1 a data set can index", images_path,
+                        (long long)im->dims[0]);
     int64_t c = 1, h = 1, w = 1;
     if (im->ndim >= 2) w = im->dims[im->ndim - 1];
     if (im->ndim >= 3) h = im->dims[im->ndim - 2];
     for (int i = 1; i < im->ndim - 2; i++) c *= im->dims[i];
     if (c * h * w == 0 || c > INT_MAX || h > INT_MAX || w > INT_MAX)
-        return dt_error(DT_EFORMAT, "%s: sample shape (%lld,%lld,%lld) is empty or too large", images_path, (long long)c, (long long)h,
-                        (long long)w);
+        return dt_error(DT_EFORMAT, "%s: sample shape (%lld,%lld,%lld) is empty or too large", images_path,
+                        (long long)c, (long long)h, (long long)w);
     *C = (int)c, *H = (int)h, *W = (int)w;
     return DT_OK;
 }
@@ -292,14 +303,14 @@ void dt_dataset_init_idx(dt_dataset *ds, const dt_idx *im, int C, int H, int W, 
 static bool idx_holds_floats(const char *path) {
     dt_stream s;
     dt_idx h;
-    if (dt_idx_open_header(&s, path, &h) != DT_OK) return dt_error_clear(), false;  /* reported by the read */
+    if (dt_idx_open_header(&s, path, &h) != DT_OK) return dt_error_clear(), false; /* reported by the read */
     dt_stream_close(&s);
     return h.dtype == DT_F32 || h.dtype == DT_F64;
 }
 
 dt_status dt_dataset_open_idx(dt_dataset **out, const char *images_path, const char *labels_path) {
     *out = NULL;
-    const bool targets = idx_holds_floats(labels_path);  /* regression: decoded privately, not cached */
+    const bool targets = idx_holds_floats(labels_path); /* regression: decoded privately, not cached */
     dt_status st = targets ? DT_OK : dt_cache_open_idx(out, images_path, labels_path);
     if (st != DT_OK || *out) return st;
     /* no cache: decode into private memory */
@@ -322,8 +333,8 @@ dt_status dt_dataset_open_idx(dt_dataset **out, const char *images_path, const c
         st = dt_error(DT_ENOMEM, "%s: out of memory for %zu labels", labels_path, ds->n);
         goto fail;
     }
-    dt_convert(ds->y, targets ? DT_F32 : DT_I32, lb.data, lb.dtype, ds->n);  /* targets: f32 bits */
-    ds->x = im.data; /* keep the compact data as read: no copy */
+    dt_convert(ds->y, targets ? DT_F32 : DT_I32, lb.data, lb.dtype, ds->n); /* targets: f32 bits */
+    ds->x = im.data;                                                        /* keep the compact data as read: no copy */
     im.data = NULL;
     ds->targets = targets;
     if (!targets) DT_TRY_GOTO(st = dt_dataset_check_labels(ds, 0, labels_path), fail);
@@ -366,7 +377,8 @@ static int find_idx(char *out, size_t cap, const char *dir, const char *name) {
     if (found >= 1) {
         /* name.gz beside name is one file, not two */
         bool pair = found == 2 && ends_with(g.gl_pathv[1], ".gz") &&
-                    strlen(g.gl_pathv[1]) == strlen(g.gl_pathv[0]) + 3 && !strncmp(g.gl_pathv[0], g.gl_pathv[1], strlen(g.gl_pathv[0]));
+                    strlen(g.gl_pathv[1]) == strlen(g.gl_pathv[0]) + 3 &&
+                    !strncmp(g.gl_pathv[0], g.gl_pathv[1], strlen(g.gl_pathv[0]));
         snprintf(out, cap, "%s", g.gl_pathv[0]);
         rc = found == 1 || pair ? 0 : 2;
         if (rc == 2) snprintf(out, cap, "%s and %s", g.gl_pathv[0], g.gl_pathv[1]);
@@ -377,11 +389,16 @@ static int find_idx(char *out, size_t cap, const char *dir, const char *name) {
 
 static dt_status missing_alias(const char *alias, const char *dir, const char *what) {
     if (!strcmp(alias, "fashion-mnist"))
-        return dt_error(DT_ENOENT, "data set 'fashion-mnist' is not installed (%s%s missing): install it with "
-                        "`apt-get install dataset-fashion-mnist` (or run scripts/install-deps)", dir, what);
-    return dt_error(DT_ENOENT, "data set '%s' is not installed (%s%s missing): no Debian package ships it; put the four IDX files "
-                    "(train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz, t10k-labels-idx1-ubyte.gz) "
-                    "into %s, or use 'fashion-mnist' (`apt-get install dataset-fashion-mnist`)", alias, dir, what, dir);
+        return dt_error(DT_ENOENT,
+                        "data set 'fashion-mnist' is not installed (%s%s missing): install it with "
+                        "`apt-get install dataset-fashion-mnist` (or run scripts/install-deps)",
+                        dir, what);
+    return dt_error(DT_ENOENT,
+                    "data set '%s' is not installed (%s%s missing): no Debian package ships it; put the four IDX files "
+                    "(train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz, "
+                    "t10k-labels-idx1-ubyte.gz) "
+                    "into %s, or use 'fashion-mnist' (`apt-get install dataset-fashion-mnist`)",
+                    alias, dir, what, dir);
 }
 
 /* Gives *train and *test the larger class count of the two; both freed and NULL when one holds
@@ -407,8 +424,9 @@ static dt_status open_dir(dt_dataset **train, dt_dataset **test, const char *dir
                                    "t10k-labels-idx1-ubyte"};
     char p[4][PATH_MAX];
     int need = test ? 4 : 2;
-    if (test && !alias && find_idx(p[2], sizeof p[2], dir, names[2]) < 0 && find_idx(p[3], sizeof p[3], dir, names[3]) < 0)
-        need = 2, test = NULL;  /* a directory of a training set alone (as a .csv without its test sibling) */
+    if (test && !alias && find_idx(p[2], sizeof p[2], dir, names[2]) < 0 &&
+        find_idx(p[3], sizeof p[3], dir, names[3]) < 0)
+        need = 2, test = NULL; /* a directory of a training set alone (as a .csv without its test sibling) */
     for (int i = 0; i < need; i++) {
         int f = find_idx(p[i], sizeof p[i], dir, names[i]);
         if (f == 2)
@@ -418,10 +436,13 @@ static dt_status open_dir(dt_dataset **train, dt_dataset **test, const char *dir
             char what[300];
             snprintf(what, sizeof what, "/%s[.gz]", names[i]);
             if (alias) return missing_alias(alias, dir, what);
-            return dt_error(DT_ENOENT, "%s/%s: not found (nor with .gz, nor another train-images-idxD-*): an IDX data "
-                            "directory needs train-images-idxD-*, train-labels-idx1-*, t10k-images-idxD-* and "
-                            "t10k-labels-idx1-* (D the dims the header declares: idx2 rows, idx3 images, idx4 C x H x W), "
-                            "raw or .gz", dir, names[i]);
+            return dt_error(
+                DT_ENOENT,
+                "%s/%s: not found (nor with .gz, nor another train-images-idxD-*): an IDX data "
+                "directory needs train-images-idxD-*, train-labels-idx1-*, t10k-images-idxD-* and "
+                "t10k-labels-idx1-* (D the dims the header declares: idx2 rows, idx3 images, idx4 C x H x W), "
+                "raw or .gz",
+                dir, names[i]);
         }
     }
     DT_TRY(dt_dataset_open_idx(train, p[0], p[1]));
@@ -434,8 +455,8 @@ static dt_status open_dir(dt_dataset **train, dt_dataset **test, const char *dir
     }
     dt_dataset *a = *train, *b = *test;
     if (a->C != b->C || a->H != b->H || a->W != b->W) {
-        st = dt_error(DT_EFORMAT, "%s: sample shape (%d,%d,%d) differs from the train set's (%d,%d,%d) in %s", p[2], b->C, b->H, b->W,
-                      a->C, a->H, a->W, p[0]);
+        st = dt_error(DT_EFORMAT, "%s: sample shape (%d,%d,%d) differs from the train set's (%d,%d,%d) in %s", p[2],
+                      b->C, b->H, b->W, a->C, a->H, a->W, p[0]);
         dt_dataset_destroy(a);
         dt_dataset_destroy(b);
         *train = *test = NULL;
@@ -463,8 +484,9 @@ dt_status dt_dataset_open(dt_dataset **train, dt_dataset **test, const char *pat
     if (test) *test = NULL;
     if (!path || !*path) return dt_error(DT_EINVAL, "no data set given: pass " DATA_SOURCES);
     if (dt_data_is_text(path))
-        return dt_error(DT_EINVAL, "`data` %s is a text data set: open it with dt_dataset_open_text and the model's context length T",
-                        path);
+        return dt_error(
+            DT_EINVAL,
+            "`data` %s is a text data set: open it with dt_dataset_open_text and the model's context length T", path);
     if (dt_data_is_npy(path) || dt_data_is_npy_dir(path)) return dt_dataset_open_npy_spec(train, test, path);
     if (!strcmp(path, "fashion-mnist") || !strcmp(path, "mnist")) {
         const char *root = getenv("DTRAIN_DATASETS");
@@ -480,7 +502,8 @@ dt_status dt_dataset_open(dt_dataset **train, dt_dataset **test, const char *pat
         if (!test || !csv_sibling(sib, sizeof sib, path)) return DT_OK;
         dt_status st = dt_dataset_open_csv(test, sib, NULL);
         if (st == DT_OK && ((*test)->D != (*train)->D)) {
-            st = dt_error(DT_EFORMAT, "%s: %zu features per row, but the train set %s has %zu", sib, (*test)->D, path, (*train)->D);
+            st = dt_error(DT_EFORMAT, "%s: %zu features per row, but the train set %s has %zu", sib, (*test)->D, path,
+                          (*train)->D);
             dt_dataset_destroy(*test);
             *test = NULL;
         }
@@ -492,9 +515,7 @@ dt_status dt_dataset_open(dt_dataset **train, dt_dataset **test, const char *pat
         return share_classes(train, test);
     }
     struct stat st;
-    if (stat(path, &st) != 0)
-        return dt_error(DT_ENOENT, "%s: no such data set: pass " DATA_SOURCES, path);
-    if (!S_ISDIR(st.st_mode))
-        return dt_error(DT_EFORMAT, "%s: not a directory or .csv file: pass " DATA_SOURCES, path);
+    if (stat(path, &st) != 0) return dt_error(DT_ENOENT, "%s: no such data set: pass " DATA_SOURCES, path);
+    if (!S_ISDIR(st.st_mode)) return dt_error(DT_EFORMAT, "%s: not a directory or .csv file: pass " DATA_SOURCES, path);
     return open_dir(train, test, path, NULL);
 }

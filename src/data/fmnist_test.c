@@ -61,7 +61,8 @@ int main(void) {
     CHECK_MSG(fabs(s - 16684) < 0.01, "last image pixel sum %f", s);
     double mean, std;
     dt_dataset_stats(tr, &mean, &std);
-    CHECK_MSG(fabs(mean - 3431114169.0 / 47040000 / 255) < 1e-9 && fabs(std - 0.3530) < 5e-4, "mean %f std %f", mean, std);
+    CHECK_MSG(fabs(mean - 3431114169.0 / 47040000 / 255) < 1e-9 && fabs(std - 0.3530) < 5e-4, "mean %f std %f", mean,
+              std);
 
     /* one shuffled epoch at batch 128 through the prefetching loader covers every sample once */
     dt_loader_config cfg = {.batch = 128, .shuffle = true, .seed = 1, .world = 1, .prefetch = 3};
@@ -81,12 +82,13 @@ int main(void) {
     double epoch_s = dt_now() - t0;
     CHECK(seen == 60000 && nb == 469);
     CHECK_MSG(fabs(pix * 255 - 3431114169.0) < 1e3, "epoch pixel sum %f", pix * 255);
-    printf("fashion-mnist: load %.3f s, mean %.4f std %.4f, one epoch at batch 128: %.3f s (wait %.3f s)\n", load_s, mean, std, epoch_s,
-           dt_loader_wait_seconds(l));
+    printf("fashion-mnist: load %.3f s, mean %.4f std %.4f, one epoch at batch 128: %.3f s (wait %.3f s)\n", load_s,
+           mean, std, epoch_s, dt_loader_wait_seconds(l));
     dt_loader_destroy(l);
 
     /* warm (mapped from the cache built above) and private opens hold the same data */
-    CHECK(strncmp(dt_dataset_cache_file(tr), cache, strlen(cache)) == 0 && strncmp(dt_dataset_cache_file(te), cache, strlen(cache)) == 0);
+    CHECK(strncmp(dt_dataset_cache_file(tr), cache, strlen(cache)) == 0 &&
+          strncmp(dt_dataset_cache_file(te), cache, strlen(cache)) == 0);
     dt_dataset *w[2] = {NULL, NULL}, *p[2] = {NULL, NULL};
     t0 = dt_now();
     CHECK_OK(dt_dataset_open(&w[0], &w[1], "fashion-mnist"));
@@ -96,8 +98,10 @@ int main(void) {
     CHECK_OK(dt_dataset_open(&p[0], &p[1], "fashion-mnist"));
     double private_s = dt_now() - t0;
     if (w[0] && w[1] && p[0] && p[1]) {
-        CHECK(!strcmp(dt_dataset_cache_file(w[0]), dt_dataset_cache_file(tr)) && !strcmp(dt_dataset_cache_file(p[0]), ""));
-        float *xa = malloc(1000 * 784 * sizeof *xa), *xb = malloc(1000 * 784 * sizeof *xb), *xc = malloc(1000 * 784 * sizeof *xc);
+        CHECK(!strcmp(dt_dataset_cache_file(w[0]), dt_dataset_cache_file(tr)) &&
+              !strcmp(dt_dataset_cache_file(p[0]), ""));
+        float *xa = malloc(1000 * 784 * sizeof *xa), *xb = malloc(1000 * 784 * sizeof *xb),
+              *xc = malloc(1000 * 784 * sizeof *xc);
         int32_t ya[1000], yb[1000], yc[1000];
         size_t differ = 0;
         for (int k = 0; k < 2; k++) {
@@ -106,8 +110,9 @@ int main(void) {
                 CHECK_OK(dt_dataset_batch(cold, idx + s0, 1000, xa, ya));
                 CHECK_OK(dt_dataset_batch(w[k], idx + s0, 1000, xb, yb));
                 CHECK_OK(dt_dataset_batch(p[k], idx + s0, 1000, xc, yc));
-                differ += memcmp(xa, xb, 1000 * 784 * sizeof *xa) != 0 || memcmp(xa, xc, 1000 * 784 * sizeof *xa) != 0 ||
-                          memcmp(ya, yb, sizeof ya) != 0 || memcmp(ya, yc, sizeof ya) != 0;
+                differ += memcmp(xa, xb, 1000 * 784 * sizeof *xa) != 0 ||
+                          memcmp(xa, xc, 1000 * 784 * sizeof *xa) != 0 || memcmp(ya, yb, sizeof ya) != 0 ||
+                          memcmp(ya, yc, sizeof ya) != 0;
             }
         }
         CHECK_MSG(differ == 0, "%zu chunks of 1000 samples differ between cold, warm and private opens", differ);

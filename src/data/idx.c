@@ -34,10 +34,12 @@ dt_status dt_stream_open(dt_stream *s, const char *path) {
         close(fd);
         return dt_error(DT_EIO, "%s: cannot read: is a directory", path);
     }
-    if (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) || S_ISSOCK(st.st_mode)) {  /* /dev/zero: read without end */
+    if (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) || S_ISSOCK(st.st_mode)) { /* /dev/zero: read without end */
         close(fd);
         return dt_error(DT_EFORMAT, "%s is a %s, not a file: pass a data file (or a pipe)", path,
-                        S_ISCHR(st.st_mode) ? "character device" : S_ISBLK(st.st_mode) ? "block device" : "socket");
+                        S_ISCHR(st.st_mode)   ? "character device"
+                        : S_ISBLK(st.st_mode) ? "block device"
+                                              : "socket");
     }
     s->fd = fd;
     s->sized = S_ISREG(st.st_mode);
@@ -87,18 +89,24 @@ static int64_t gz_read(dt_stream *s, unsigned char *buf, size_t len) {
         int64_t avail = gz_fill(s, s->in_member ? 1 : 2);
         if (avail < 0) return -1;
         if (!s->in_member) { /* the start, or after a member's trailer: a gzip member or the end */
-            if (avail == 0 && s->members > 0) { s->eof = true; break; }
+            if (avail == 0 && s->members > 0) {
+                s->eof = true;
+                break;
+            }
             if (avail < 2 || z->next_in[0] != 0x1f || z->next_in[1] != 0x8b) {
-                dt_error(DT_EFORMAT, "%s: trailing garbage after the gzip data (at byte %llu): the file is damaged "
-                         "or is not one gzip file; re-download or re-compress it", s->path,
-                         (unsigned long long)(s->in_off + (uint64_t)(z->next_in - s->in)));
+                dt_error(DT_EFORMAT,
+                         "%s: trailing garbage after the gzip data (at byte %llu): the file is damaged "
+                         "or is not one gzip file; re-download or re-compress it",
+                         s->path, (unsigned long long)(s->in_off + (uint64_t)(z->next_in - s->in)));
                 return -1;
             }
             s->in_member = true;
         }
         if (avail == 0) {
-            dt_error(DT_EFORMAT, "%s: the gzip data is cut short (it ends inside a member, before its CRC/length "
-                     "trailer): the file is truncated; re-download it", s->path);
+            dt_error(DT_EFORMAT,
+                     "%s: the gzip data is cut short (it ends inside a member, before its CRC/length "
+                     "trailer): the file is truncated; re-download it",
+                     s->path);
             return -1;
         }
         size_t room = len - done > (1u << 30) ? (1u << 30) : len - done;
@@ -173,11 +181,26 @@ static void swap_to_host(void *data, size_t count, size_t esz) {
     if (esz == 1 || *(const unsigned char *)&probe == 0) return; /* big-endian host */
     unsigned char *p = data;
     if (esz == 2) {
-        for (size_t i = 0; i < count; i++) { uint16_t v; memcpy(&v, p + 2 * i, 2); v = __builtin_bswap16(v); memcpy(p + 2 * i, &v, 2); }
+        for (size_t i = 0; i < count; i++) {
+            uint16_t v;
+            memcpy(&v, p + 2 * i, 2);
+            v = __builtin_bswap16(v);
+            memcpy(p + 2 * i, &v, 2);
+        }
     } else if (esz == 4) {
-        for (size_t i = 0; i < count; i++) { uint32_t v; memcpy(&v, p + 4 * i, 4); v = __builtin_bswap32(v); memcpy(p + 4 * i, &v, 4); }
+        for (size_t i = 0; i < count; i++) {
+            uint32_t v;
+            memcpy(&v, p + 4 * i, 4);
+            v = __builtin_bswap32(v);
+            memcpy(p + 4 * i, &v, 4);
+        }
     } else {
-        for (size_t i = 0; i < count; i++) { uint64_t v; memcpy(&v, p + 8 * i, 8); v = __builtin_bswap64(v); memcpy(p + 8 * i, &v, 8); }
+        for (size_t i = 0; i < count; i++) {
+            uint64_t v;
+            memcpy(&v, p + 8 * i, 8);
+            v = __builtin_bswap64(v);
+            memcpy(p + 8 * i, &v, 8);
+        }
     }
 }
 
@@ -195,26 +218,37 @@ dt_status dt_idx_open_header(dt_stream *s, const char *path, dt_idx *out) {
     dt_status st = DT_OK;
     unsigned char hdr[4 + 4 * DT_IDX_MAX_DIMS];
     int64_t got = dt_stream_read(s, hdr, 4);
-    if (got < 0) { st = DT_EFORMAT; goto fail; }
+    if (got < 0) {
+        st = DT_EFORMAT;
+        goto fail;
+    }
     if (got < 4) {
-        st = dt_error(DT_EFORMAT, "%s: truncated header: file holds %lld bytes, an IDX header needs at least 4", path, (long long)got);
+        st = dt_error(DT_EFORMAT, "%s: truncated header: file holds %lld bytes, an IDX header needs at least 4", path,
+                      (long long)got);
         goto fail;
     }
     if (hdr[0] != 0 || hdr[1] != 0) {
-        st = dt_error(DT_EFORMAT, "%s: not an IDX file: magic %02x %02x %02x %02x, expected 00 00 <type> <ndim>%s", path,
-                      hdr[0], hdr[1], hdr[2], hdr[3], s->gz ? " (after gunzip)" : "");
+        st = dt_error(DT_EFORMAT, "%s: not an IDX file: magic %02x %02x %02x %02x, expected 00 00 <type> <ndim>%s",
+                      path, hdr[0], hdr[1], hdr[2], hdr[3], s->gz ? " (after gunzip)" : "");
         goto fail;
     }
     if (!idx_dtype(hdr[2], &out->dtype)) {
-        st = dt_error(DT_EFORMAT, "%s: unsupported IDX data type 0x%02x (supported: 0x08 u8, 0x09 i8, 0x0B i16, 0x0C i32, 0x0D f32, 0x0E f64)", path, hdr[2]);
+        st = dt_error(DT_EFORMAT,
+                      "%s: unsupported IDX data type 0x%02x (supported: 0x08 u8, 0x09 i8, 0x0B i16, 0x0C i32, 0x0D "
+                      "f32, 0x0E f64)",
+                      path, hdr[2]);
         goto fail;
     }
     out->ndim = hdr[3];
     size_t dim_bytes = 4 * (size_t)out->ndim;
     got = dt_stream_read(s, hdr + 4, dim_bytes);
-    if (got < 0) { st = DT_EFORMAT; goto fail; }
+    if (got < 0) {
+        st = DT_EFORMAT;
+        goto fail;
+    }
     if ((size_t)got < dim_bytes) {
-        st = dt_error(DT_EFORMAT, "%s: truncated header: %d dims need %zu bytes of sizes, file holds %lld", path, out->ndim, dim_bytes, (long long)got);
+        st = dt_error(DT_EFORMAT, "%s: truncated header: %d dims need %zu bytes of sizes, file holds %lld", path,
+                      out->ndim, dim_bytes, (long long)got);
         goto fail;
     }
     size_t esz = dt_dtype_size(out->dtype);
@@ -222,7 +256,8 @@ dt_status dt_idx_open_header(dt_stream *s, const char *path, dt_idx *out) {
     for (int i = 0; i < out->ndim; i++) {
         out->dims[i] = be32(hdr + 4 + 4 * i);
         if (out->dims[i] && count > SIZE_MAX / esz / (size_t)out->dims[i]) {
-            st = dt_error(DT_EFORMAT, "%s: header declares an impossible size (dim %d = %lld overflows)", path, i, (long long)out->dims[i]);
+            st = dt_error(DT_EFORMAT, "%s: header declares an impossible size (dim %d = %lld overflows)", path, i,
+                          (long long)out->dims[i]);
             goto fail;
         }
         count *= (size_t)out->dims[i];
@@ -236,10 +271,13 @@ dt_status dt_idx_open_header(dt_stream *s, const char *path, dt_idx *out) {
     uint64_t limit = s->gz ? s->file_size * 1100 + 4096 : (s->file_size > hbytes ? s->file_size - hbytes : 0);
     if (s->sized && bytes > limit) {
         if (!s->gz) {
-            st = dt_error(DT_EFORMAT, "%s: truncated: header says %lld items of %zu bytes, file holds %llu bytes of data", path, items,
-                          item_bytes, (unsigned long long)limit);
+            st = dt_error(DT_EFORMAT,
+                          "%s: truncated: header says %lld items of %zu bytes, file holds %llu bytes of data", path,
+                          items, item_bytes, (unsigned long long)limit);
         } else {
-            st = dt_error(DT_EFORMAT, "%s: truncated: header says %lld items of %zu bytes (%zu bytes), more than a %llu-byte gzip file can hold",
+            st = dt_error(DT_EFORMAT,
+                          "%s: truncated: header says %lld items of %zu bytes (%zu bytes), more than a %llu-byte gzip "
+                          "file can hold",
                           path, items, item_bytes, bytes, (unsigned long long)s->file_size);
         }
         goto fail;
@@ -258,20 +296,29 @@ dt_status dt_idx_read_body(dt_stream *s, const dt_idx *hdr, void *dst) {
     long long items = hdr->ndim ? (long long)hdr->dims[0] : 1;
     dt_status st = DT_OK;
     int64_t got = dt_stream_read(s, dst, bytes);
-    if (got < 0) { st = DT_EFORMAT; goto done; }
+    if (got < 0) {
+        st = DT_EFORMAT;
+        goto done;
+    }
     if ((size_t)got < bytes) {
-        st = dt_error(DT_EFORMAT, "%s: truncated: header says %lld items of %zu bytes, file holds %lld bytes of data", path, items,
-                      item_bytes, (long long)got);
+        st = dt_error(DT_EFORMAT, "%s: truncated: header says %lld items of %zu bytes, file holds %lld bytes of data",
+                      path, items, item_bytes, (long long)got);
         goto done;
     }
     unsigned char extra[64];
     got = dt_stream_read(s, extra, sizeof extra);
-    if (got < 0) { st = DT_EFORMAT; goto done; }
+    if (got < 0) {
+        st = DT_EFORMAT;
+        goto done;
+    }
     if (got > 0) {
         char shp[128];
         shape_str(shp, sizeof shp, hdr);
-        st = dt_error(DT_EFORMAT, "%s: %s%lld bytes of trailing data after the %s %s elements the header declares (wrong or concatenated file?)",
-                      path, got == (int64_t)sizeof extra ? "at least " : "", (long long)got, shp, dt_dtype_name(hdr->dtype));
+        st = dt_error(DT_EFORMAT,
+                      "%s: %s%lld bytes of trailing data after the %s %s elements the header declares (wrong or "
+                      "concatenated file?)",
+                      path, got == (int64_t)sizeof extra ? "at least " : "", (long long)got, shp,
+                      dt_dtype_name(hdr->dtype));
         goto done;
     }
     swap_to_host(dst, hdr->count, esz);

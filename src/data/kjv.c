@@ -22,7 +22,7 @@
 
 #define KJV_RANGE "Gen1:1-Rev22:21"
 #define KJV_DATA "/usr/lib/bible.data" /* bible-kjv-text's data: a newer one rebuilds the cache */
-#define KJV_STALE_TMP_S 600             /* temp files older than this were left by a dead writer */
+#define KJV_STALE_TMP_S 600            /* temp files older than this were left by a dead writer */
 
 extern char **environ;
 
@@ -35,7 +35,8 @@ static bool find_program(const char *name, char *out, size_t cap) {
         size_t len = e ? (size_t)(e - p) : strlen(p);
         int k = snprintf(out, cap, "%.*s/%s", (int)len, len ? p : ".", name);
         struct stat st;
-        if (k > 0 && (size_t)k < cap && stat(out, &st) == 0 && S_ISREG(st.st_mode) && access(out, X_OK) == 0) return true;
+        if (k > 0 && (size_t)k < cap && stat(out, &st) == 0 && S_ISREG(st.st_mode) && access(out, X_OK) == 0)
+            return true;
         if (!e) return false;
         p = e;
     }
@@ -65,22 +66,30 @@ static dt_status run_bible(const char *prog, int fd, const char *where) {
     int rc = posix_spawn(&pid, prog, &fa, &at, argv, environ);
     posix_spawn_file_actions_destroy(&fa);
     posix_spawnattr_destroy(&at);
-    if (rc != 0) return dt_error(DT_EIO, "`data` kjv: cannot run %s (%s): reinstall bible-kjv (scripts/install-deps)", prog, strerror(rc));
+    if (rc != 0)
+        return dt_error(DT_EIO, "`data` kjv: cannot run %s (%s): reinstall bible-kjv (scripts/install-deps)", prog,
+                        strerror(rc));
     int ws;
     while (waitpid(pid, &ws, 0) < 0)
         if (errno != EINTR) return dt_error(DT_EIO, "`data` kjv: waiting for %s: %s", prog, strerror(errno));
     struct stat st;
     if (WIFSIGNALED(ws) && (WTERMSIG(ws) == SIGTERM || WTERMSIG(ws) == SIGINT || WTERMSIG(ws) == SIGHUP))
-        return dt_error(DT_EIO, "`data` kjv: `%s -f " KJV_RANGE "` was stopped by signal %d (%s) before it finished "
-                        "writing %s; nothing is wrong with it: run again", prog, WTERMSIG(ws), strsignal(WTERMSIG(ws)),
-                        where);
+        return dt_error(DT_EIO,
+                        "`data` kjv: `%s -f " KJV_RANGE "` was stopped by signal %d (%s) before it finished "
+                        "writing %s; nothing is wrong with it: run again",
+                        prog, WTERMSIG(ws), strsignal(WTERMSIG(ws)), where);
     if (!WIFEXITED(ws) || WEXITSTATUS(ws) != 0)
-        return dt_error(DT_EIO, "`data` kjv: `%s -f " KJV_RANGE "` failed (%s %d) writing %s: check that bible-kjv and "
-                        "bible-kjv-text are installed (scripts/install-deps)", prog, WIFEXITED(ws) ? "exit status" : "signal",
-                        WIFEXITED(ws) ? WEXITSTATUS(ws) : WTERMSIG(ws), where);
+        return dt_error(DT_EIO,
+                        "`data` kjv: `%s -f " KJV_RANGE "` failed (%s %d) writing %s: check that bible-kjv and "
+                        "bible-kjv-text are installed (scripts/install-deps)",
+                        prog, WIFEXITED(ws) ? "exit status" : "signal", WIFEXITED(ws) ? WEXITSTATUS(ws) : WTERMSIG(ws),
+                        where);
     if (fstat(fd, &st) != 0 || st.st_size == 0)
-        return dt_error(DT_EIO, "`data` kjv: `%s -f " KJV_RANGE "` printed nothing into %s: check that bible-kjv-text is installed "
-                        "(scripts/install-deps)", prog, where);
+        return dt_error(DT_EIO,
+                        "`data` kjv: `%s -f " KJV_RANGE
+                        "` printed nothing into %s: check that bible-kjv-text is installed "
+                        "(scripts/install-deps)",
+                        prog, where);
     return DT_OK;
 }
 
@@ -90,8 +99,9 @@ static bool cache_valid(int fd, const char *prog) {
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() || st.st_size == 0) return false;
     const char *deps[2] = {prog, KJV_DATA};
     for (int i = 0; i < 2; i++) /* ctime: a package install sets it, whatever mtime it ships */
-        if (stat(deps[i], &src) == 0 && (src.st_ctim.tv_sec > st.st_mtim.tv_sec ||
-                                         (src.st_ctim.tv_sec == st.st_mtim.tv_sec && src.st_ctim.tv_nsec > st.st_mtim.tv_nsec)))
+        if (stat(deps[i], &src) == 0 &&
+            (src.st_ctim.tv_sec > st.st_mtim.tv_sec ||
+             (src.st_ctim.tv_sec == st.st_mtim.tv_sec && src.st_ctim.tv_nsec > st.st_mtim.tv_nsec)))
             return false;
     return true;
 }
@@ -106,8 +116,9 @@ static void remove_stale(const char *dir, const char *name) {
     struct stat st;
     time_t now = time(NULL);
     while ((e = readdir(d)))
-        if (!strncmp(e->d_name, pre, (size_t)np) && snprintf(path, sizeof path, "%s/%s", dir, e->d_name) < (int)sizeof path &&
-            lstat(path, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() && now - st.st_mtime > KJV_STALE_TMP_S)
+        if (!strncmp(e->d_name, pre, (size_t)np) &&
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name) < (int)sizeof path && lstat(path, &st) == 0 &&
+            S_ISREG(st.st_mode) && st.st_uid == geteuid() && now - st.st_mtime > KJV_STALE_TMP_S)
             unlink(path);
     closedir(d);
 }
@@ -119,9 +130,10 @@ static dt_status build_cache(int *fd, const char *prog, const char *dir, const c
     remove_stale(dir, name);
     char tmp[PATH_MAX + 16];
     snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", file);
-    int t = mkostemp(tmp, O_CLOEXEC);  /* mode 0600 */
+    int t = mkostemp(tmp, O_CLOEXEC); /* mode 0600 */
     if (t < 0) {
-        dt_log(DT_LOG_INFO, "data cache: cannot create %s (%s): generating the KJV text in memory", tmp, strerror(errno));
+        dt_log(DT_LOG_INFO, "data cache: cannot create %s (%s): generating the KJV text in memory", tmp,
+               strerror(errno));
         return DT_OK;
     }
     dt_status st = run_bible(prog, t, tmp);
@@ -131,7 +143,8 @@ static dt_status build_cache(int *fd, const char *prog, const char *dir, const c
         return st;
     }
     if (fsync(t) != 0 || rename(tmp, file) != 0) {
-        dt_log(DT_LOG_INFO, "data cache: cannot publish %s (%s): generating the KJV text in memory", file, strerror(errno));
+        dt_log(DT_LOG_INFO, "data cache: cannot publish %s (%s): generating the KJV text in memory", file,
+               strerror(errno));
         close(t);
         unlink(tmp);
         return DT_OK;
@@ -147,11 +160,15 @@ dt_status dt_kjv_open(int *fd, char *path, size_t path_cap, char *cache, size_t 
     snprintf(path, path_cap, "%s/kjv.txt", root && *root ? root : "/usr/share/datasets");
     int f = open(path, O_RDONLY | O_CLOEXEC);
     if (f >= 0) return *fd = f, DT_OK;
-    if (errno != ENOENT) return dt_error(DT_EIO, "`data` kjv: cannot open %s (%s): check its permissions", path, strerror(errno));
+    if (errno != ENOENT)
+        return dt_error(DT_EIO, "`data` kjv: cannot open %s (%s): check its permissions", path, strerror(errno));
     char prog[PATH_MAX];
     if (!find_program("bible", prog, sizeof prog))
-        return dt_error(DT_ENOENT, "`data` kjv: the King James text is not installed (no %s, and no `bible` program on PATH): install "
-                        "bible-kjv (scripts/install-deps), or put the text at %s", path, path);
+        return dt_error(
+            DT_ENOENT,
+            "`data` kjv: the King James text is not installed (no %s, and no `bible` program on PATH): install "
+            "bible-kjv (scripts/install-deps), or put the text at %s",
+            path, path);
     char dir[PATH_MAX - 64], name[64], file[PATH_MAX];
     if (dt_cache_dir(dir, sizeof dir)) {
         snprintf(name, sizeof name, "dtrain-kjv-%u.txt", (unsigned)geteuid());
@@ -167,7 +184,9 @@ dt_status dt_kjv_open(int *fd, char *path, size_t path_cap, char *cache, size_t 
     }
     /* no cache: generate into private memory */
     if ((f = memfd_create("dtrain-kjv", MFD_CLOEXEC)) < 0)
-        return dt_error(DT_EIO, "`data` kjv: cannot create a memory file (%s): set DTRAIN_DATA_CACHE to a writable directory", strerror(errno));
+        return dt_error(DT_EIO,
+                        "`data` kjv: cannot create a memory file (%s): set DTRAIN_DATA_CACHE to a writable directory",
+                        strerror(errno));
     dt_status st = run_bible(prog, f, "memory");
     if (st != DT_OK) {
         close(f);

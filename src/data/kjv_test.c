@@ -105,8 +105,8 @@ int main(void) {
     int seen[256] = {0}, distinct = 0;
     for (size_t i = 0; i < len; i++) seen[text[i]] = 1;
     for (int b = 0; b < 256; b++) distinct += seen[b];
-    printf("kjv: %zu bytes, %d distinct (`bible -f Gen1:1-Rev22:21`), %zu train + %zu validation windows of %d+1\n", len, distinct,
-           dt_dataset_len(tr), dt_dataset_len(va), T);
+    printf("kjv: %zu bytes, %d distinct (`bible -f Gen1:1-Rev22:21`), %zu train + %zu validation windows of %d+1\n",
+           len, distinct, dt_dataset_len(tr), dt_dataset_len(va), T);
     CHECK_MSG(len > 4300000 && len < 4500000, "%zu bytes, expected ~4.4 MB", len);
     CHECK_MSG(distinct == 73, "%d distinct bytes, expected 73", distinct);
     CHECK(len >= 60 && !memcmp(text, "Ge1:1 In the beginning God created the heaven and the earth.", 60));
@@ -122,7 +122,8 @@ int main(void) {
     CHECK(stat(path, &a) == 0);
     CHECK_OK(dt_dataset_open_text(&tr, NULL, "kjv", T, 0));
     dt_dataset_destroy(tr);
-    CHECK(stat(path, &b) == 0 && a.st_ino == b.st_ino && a.st_mtim.tv_nsec == b.st_mtim.tv_nsec && a.st_mtime == b.st_mtime);
+    CHECK(stat(path, &b) == 0 && a.st_ino == b.st_ino && a.st_mtim.tv_nsec == b.st_mtim.tv_nsec &&
+          a.st_mtime == b.st_mtime);
 
     /* a damaged (empty) cache file is replaced */
     FILE *f = fopen(path, "wb");
@@ -136,7 +137,8 @@ int main(void) {
     setenv("DTRAIN_DATA_CACHE", "0", 1);
     CHECK_OK(dt_dataset_open_text(&tr, NULL, "kjv", 1, 0));
     if (tr) {
-        CHECK(dt_dataset_len(tr) == len - 1 && !strcmp(dt_dataset_cache_file(tr), "") && strstr(dt_dataset_source(tr), "in memory"));
+        CHECK(dt_dataset_len(tr) == len - 1 && !strcmp(dt_dataset_cache_file(tr), "") &&
+              strstr(dt_dataset_source(tr), "in memory"));
         uint32_t idx[3] = {0, (uint32_t)(len / 2), (uint32_t)(len - 2)};
         int32_t tok[3], tgt[3];
         CHECK_OK(dt_dataset_batch_tokens(tr, idx, 3, tok, tgt));

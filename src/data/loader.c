@@ -15,37 +15,37 @@
 #define DT_LOADER_MAX_PREFETCH 64
 
 struct dt_loader {
-    const dt_dataset *ds;   /* the data set, or &hot */
-    dt_dataset hot;         /* a feature set whose samples were copied onto huge pages (hot_copy) */
-    void *hot_map;          /* that copy's mapping, or NULL */
+    const dt_dataset *ds; /* the data set, or &hot */
+    dt_dataset hot;       /* a feature set whose samples were copied onto huge pages (hot_copy) */
+    void *hot_map;        /* that copy's mapping, or NULL */
     size_t hot_len;
     dt_loader_config cfg;
     size_t nbatches, D;
-    size_t n;           /* samples per epoch: the first n of the order (epoch_len, or all) */
-    int T;              /* text window (tokbuf, T targets per sample), or 0 for features */
-    int ylen;           /* values of y per sample: T, or 1 */
-    uint32_t *order;    /* the epoch's global order (ds->n) */
-    int nslots;         /* prefetch + 1 (the slot the consumer holds) */
-    float *xbuf;        /* features: nslots * batch * D; NULL for text */
-    int32_t *tokbuf;    /* text: nslots * batch * T input tokens; NULL for features */
-    int32_t *ybuf;      /* nslots * batch * ylen */
-    int *slot_n;        /* samples in the batch held by each slot */
-    int cap;            /* room per slot in samples (max_batch) */
-    int *cut;           /* uneven cut: samples per rank of a global batch (world), or NULL */
+    size_t n;        /* samples per epoch: the first n of the order (epoch_len, or all) */
+    int T;           /* text window (tokbuf, T targets per sample), or 0 for features */
+    int ylen;        /* values of y per sample: T, or 1 */
+    uint32_t *order; /* the epoch's global order (ds->n) */
+    int nslots;      /* prefetch + 1 (the slot the consumer holds) */
+    float *xbuf;     /* features: nslots * batch * D; NULL for text */
+    int32_t *tokbuf; /* text: nslots * batch * T input tokens; NULL for features */
+    int32_t *ybuf;   /* nslots * batch * ylen */
+    int *slot_n;     /* samples in the batch held by each slot */
+    int cap;         /* room per slot in samples (max_batch) */
+    int *cut;        /* uneven cut: samples per rank of a global batch (world), or NULL */
 
     pthread_t thread;
     bool has_thread;
     pthread_mutex_t mu;
-    pthread_cond_t cv_work;   /* worker waits: room in the ring, a new epoch, quit */
-    pthread_cond_t cv_ready;  /* consumer waits: a batch is ready, the worker went idle */
+    pthread_cond_t cv_work;  /* worker waits: room in the ring, a new epoch, quit */
+    pthread_cond_t cv_ready; /* consumer waits: a batch is ready, the worker went idle */
     bool quit, active, busy, held;
     uint64_t epoch, gen;
-    size_t next_fill;   /* batch the worker fills next (all below it are ready) */
-    size_t next_take;   /* batch the consumer takes next */
-    dt_status err;      /* a failure of the worker, reported by dt_loader_next */
+    size_t next_fill; /* batch the worker fills next (all below it are ready) */
+    size_t next_take; /* batch the consumer takes next */
+    dt_status err;    /* a failure of the worker, reported by dt_loader_next */
     char errmsg[1024];
     double wait_s;
-    bool take_valid;    /* order holds take_epoch's order (dt_loader_take) */
+    bool take_valid; /* order holds take_epoch's order (dt_loader_take) */
     uint64_t take_epoch;
 };
 
@@ -81,9 +81,8 @@ size_t dt_loader_copy_held(const dt_loader *l) { return l->hot_map ? l->hot_len 
 static void hot_copy(dt_loader *l, bool shuffle) {
     const dt_dataset *ds = l->ds;
     const size_t bytes = hot_bytes(ds);
-    if (!bytes || !shuffle || dt_mem_charge(dt_loader_copy_bytes(ds), "the loader's huge-page copy") != DT_OK)
-        return;
-    const size_t len = dt_loader_copy_bytes(ds) + HUGE;  /* room to align to a huge page */
+    if (!bytes || !shuffle || dt_mem_charge(dt_loader_copy_bytes(ds), "the loader's huge-page copy") != DT_OK) return;
+    const size_t len = dt_loader_copy_bytes(ds) + HUGE; /* room to align to a huge page */
     char *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     char *a = m == MAP_FAILED ? NULL : (char *)(((uintptr_t)m + HUGE - 1) & ~(uintptr_t)(HUGE - 1));
     if (!a || madvise(a, len - (size_t)(a - m), MADV_HUGEPAGE) != 0) {
@@ -145,7 +144,8 @@ static void *worker_main(void *arg) {
     dt_loader *l = arg;
     pthread_mutex_lock(&l->mu);
     while (!l->quit) {
-        if (l->active && l->err == DT_OK && l->next_fill < l->nbatches && l->next_fill - oldest_in_use(l) < (size_t)l->nslots) {
+        if (l->active && l->err == DT_OK && l->next_fill < l->nbatches &&
+            l->next_fill - oldest_in_use(l) < (size_t)l->nslots) {
             size_t b = l->next_fill;
             uint64_t gen = l->gen;
             l->busy = true;
@@ -161,7 +161,7 @@ static void *worker_main(void *arg) {
                     snprintf(l->errmsg, sizeof l->errmsg, "%s", dt_last_error());
                 }
             }
-            pthread_mutex_unlock(&l->mu);  /* a woken consumer finds the lock free */
+            pthread_mutex_unlock(&l->mu); /* a woken consumer finds the lock free */
             pthread_cond_broadcast(&l->cv_ready);
             pthread_mutex_lock(&l->mu);
         } else {
@@ -188,19 +188,24 @@ dt_status dt_loader_create(dt_loader **out, const dt_dataset *ds, const dt_loade
     if (c.prefetch < 0) c.prefetch = DT_LOADER_DEFAULT_PREFETCH;
     if (c.batch <= 0) return dt_error(DT_EINVAL, "loader: batch size must be positive, got %d", c.batch);
     if (c.max_batch < c.batch) c.max_batch = c.batch;
-    if (c.rank < 0 || c.rank >= c.world) return dt_error(DT_EINVAL, "loader: rank %d is outside [0, %d)", c.rank, c.world);
+    if (c.rank < 0 || c.rank >= c.world)
+        return dt_error(DT_EINVAL, "loader: rank %d is outside [0, %d)", c.rank, c.world);
     if (c.prefetch > DT_LOADER_MAX_PREFETCH)
         return dt_error(DT_EINVAL, "loader: prefetch %d is more than %d batches", c.prefetch, DT_LOADER_MAX_PREFETCH);
     const char *src = ds->source[0] ? ds->source : "(memory)";
     const char *what = ds->T ? "windows" : "samples";
     if (c.epoch_len > ds->n)
-        return dt_error(DT_EINVAL, "loader: `epoch_windows` %zu is more than the %zu %s of data set %s: lower it (0 = all)", c.epoch_len,
-                        ds->n, what, src);
+        return dt_error(DT_EINVAL,
+                        "loader: `epoch_windows` %zu is more than the %zu %s of data set %s: lower it (0 = all)",
+                        c.epoch_len, ds->n, what, src);
     size_t n = c.epoch_len ? c.epoch_len : ds->n;
     size_t nb = dt_sampler_batches(n, c.batch, c.world, c.drop_last);
     if (nb == 0)
-        return dt_error(DT_EINVAL, "loader: an epoch of data set %s has %zu %s%s, fewer than one global batch of %d x %d ranks: lower the "
-                        "batch size", src, n, what, c.epoch_len ? " (`epoch_windows`)" : "", c.batch, c.world);
+        return dt_error(
+            DT_EINVAL,
+            "loader: an epoch of data set %s has %zu %s%s, fewer than one global batch of %d x %d ranks: lower the "
+            "batch size",
+            src, n, what, c.epoch_len ? " (`epoch_windows`)" : "", c.batch, c.world);
     dt_loader *l = calloc(1, sizeof *l);
     if (!l) return dt_error(DT_ENOMEM, "loader: out of memory");
     l->ds = ds;
@@ -226,7 +231,7 @@ dt_status dt_loader_create(dt_loader **out, const dt_dataset *ds, const dt_loade
         dt_loader_destroy(l);
         return dt_error(DT_ENOMEM, "loader: out of memory for %d buffers of %d samples", nslots, c.max_batch);
     }
-    hot_copy(l, c.shuffle);  /* after the buffers: the copy is what a --mem-limit leaves out */
+    hot_copy(l, c.shuffle); /* after the buffers: the copy is what a --mem-limit leaves out */
     if (c.prefetch > 0) {
         /* the worker blocks every signal, so SIGINT/SIGTERM reach the training thread */
         sigset_t all, old;
@@ -292,14 +297,14 @@ dt_status dt_loader_next(dt_loader *l, dt_batch *out) {
         dt_status st = assemble(l, b);
         if (st != DT_OK) return st;
         pthread_mutex_lock(&l->mu);
-        l->wait_s += dt_now() - t0;  /* without prefetch, building the batch is the wait */
+        l->wait_s += dt_now() - t0; /* without prefetch, building the batch is the wait */
         l->next_fill = b + 1;
     } else if (l->next_fill <= b && l->err == DT_OK) {
         double t0 = dt_now();
         while (l->next_fill <= b && l->err == DT_OK) pthread_cond_wait(&l->cv_ready, &l->mu);
         l->wait_s += dt_now() - t0;
     }
-    if (l->next_fill <= b) {  /* the worker failed on this batch */
+    if (l->next_fill <= b) { /* the worker failed on this batch */
         dt_status st = l->err;
         pthread_mutex_unlock(&l->mu);
         return dt_error(st, "%s", l->errmsg);
@@ -330,7 +335,7 @@ dt_status dt_loader_set_cut(dt_loader *l, const int *counts) {
     if (counts && !(cut = malloc((size_t)W * sizeof *cut))) return dt_error(DT_ENOMEM, "loader: out of memory");
     if (cut) memcpy(cut, counts, (size_t)W * sizeof *cut);
     pthread_mutex_lock(&l->mu);
-    l->gen++;  /* prefetched batches of the old cut are discarded and rebuilt */
+    l->gen++; /* prefetched batches of the old cut are discarded and rebuilt */
     bool was_active = l->active;
     l->active = false;
     while (l->busy) pthread_cond_wait(&l->cv_ready, &l->mu);
@@ -351,7 +356,7 @@ dt_status dt_loader_take(dt_loader *l, uint64_t epoch, size_t unit, dt_batch *ou
         return dt_error(DT_EINVAL, "loader: batch %zu of %zu samples is past the epoch (%zu samples)", unit, B, n);
     pthread_mutex_lock(&l->mu);
     l->gen++;
-    l->active = false;  /* the prefetch thread claims nothing while batches are taken */
+    l->active = false; /* the prefetch thread claims nothing while batches are taken */
     while (l->busy) pthread_cond_wait(&l->cv_ready, &l->mu);
     l->held = false;
     pthread_mutex_unlock(&l->mu);

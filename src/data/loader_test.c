@@ -99,11 +99,12 @@ static void test_shards(void) {
                         total += k;
                         for (size_t i = 0; i < k; i++) cnt[part[i]]++;
                         size_t pos = 0;
-                        for (size_t b = 0; b < nb; b++) {  /* the shard is its batches in order */
+                        for (size_t b = 0; b < nb; b++) { /* the shard is its batches in order */
                             size_t s, c;
                             dt_sampler_batch_range(n, B, r, W, b, &s, &c);
                             ranges_ok &= c <= (size_t)B && s + c <= n && (drop ? c == (size_t)B : true);
-                            ranges_ok &= pos + c <= k && (c == 0 || memcmp(part + pos, order + s, c * sizeof *order) == 0);
+                            ranges_ok &= pos + c <= k &&
+                                         (c == 0 || memcmp(part + pos, order + s, c * sizeof *order) == 0);
                             pos += c;
                         }
                         ranges_ok &= pos == k;
@@ -113,9 +114,11 @@ static void test_shards(void) {
                     size_t G = (size_t)B * W;
                     CHECK_MSG(twice == 0 && ranges_ok, "n=%zu B=%d W=%d drop=%d: %d duplicates", n, B, W, drop, twice);
                     if (drop)
-                        CHECK_MSG(nb == n / G && total == nb * G, "n=%zu B=%d W=%d: %zu batches, %zu samples", n, B, W, nb, total);
+                        CHECK_MSG(nb == n / G && total == nb * G, "n=%zu B=%d W=%d: %zu batches, %zu samples", n, B, W,
+                                  nb, total);
                     else
-                        CHECK_MSG(missing == 0 && total == n && nb == (n + G - 1) / G, "n=%zu B=%d W=%d: %d missing", n, B, W, missing);
+                        CHECK_MSG(missing == 0 && total == n && nb == (n + G - 1) / G, "n=%zu B=%d W=%d: %d missing", n,
+                                  B, W, missing);
                 }
     /* world 1 is plain batching: the shard is the order itself */
     dt_sampler_order(order, 100, 3, 0, true);
@@ -148,7 +151,8 @@ static dt_dataset *make_ds(void) {
 /* Reads a whole epoch from l and compares each batch with dt_dataset_batch over the sampler
  * order; sleeps a little every few batches when jitter is set so the worker runs ahead or
  * behind. Returns the number of batches read. */
-static size_t check_epoch(dt_loader *l, const dt_dataset *ds, const dt_loader_config *cfg, uint64_t epoch, size_t skip, int jitter) {
+static size_t check_epoch(dt_loader *l, const dt_dataset *ds, const dt_loader_config *cfg, uint64_t epoch, size_t skip,
+                          int jitter) {
     int C, H, W;
     dt_dataset_shape(ds, &C, &H, &W);
     size_t n = dt_dataset_len(ds), D = (size_t)C * H * W;
@@ -171,8 +175,8 @@ static size_t check_epoch(dt_loader *l, const dt_dataset *ds, const dt_loader_co
         if (jitter && got % (size_t)jitter == 0) nanosleep(&(struct timespec){0, 200000}, NULL);
     }
     CHECK_MSG(st == DT_ENOENT, "end of epoch: %s", dt_status_str(st));
-    CHECK_MSG(bad == 0, "%zu of %zu batches differ (prefetch %d, rank %d/%d, skip %zu)", bad, got, cfg->prefetch, cfg->rank,
-              cfg->world, skip);
+    CHECK_MSG(bad == 0, "%zu of %zu batches differ (prefetch %d, rank %d/%d, skip %zu)", bad, got, cfg->prefetch,
+              cfg->rank, cfg->world, skip);
     CHECK(dt_loader_next(l, &b) == DT_ENOENT); /* stays at the end */
     free(order);
     free(want);
@@ -185,7 +189,12 @@ static void test_loader(dt_dataset *ds) {
     for (int pi = 0; pi < 4; pi++)
         for (int w = 1; w <= 3; w += 2)
             for (int drop = 0; drop < 2; drop++) {
-                dt_loader_config cfg = {.batch = 16, .shuffle = true, .drop_last = drop, .seed = 11, .rank = w - 1, .world = w,
+                dt_loader_config cfg = {.batch = 16,
+                                        .shuffle = true,
+                                        .drop_last = drop,
+                                        .seed = 11,
+                                        .rank = w - 1,
+                                        .world = w,
                                         .prefetch = prefetch[pi]};
                 dt_loader *l;
                 CHECK_OK(dt_loader_create(&l, ds, &cfg));
@@ -250,12 +259,12 @@ static dt_dataset *random_set(int n, int h, int w) {
  * its batches are still exactly dt_dataset_batch's over the original, at two ranks and the end
  * of the epoch included. */
 static void test_hot_copy(void) {
-    enum { N = 5003, H = 25, W = 40 };  /* 5 MB of u8 samples */
+    enum { N = 5003, H = 25, W = 40 }; /* 5 MB of u8 samples */
     dt_dataset *ds = random_set(N, H, W);
     /* the copy's size as --dry-run plans it: the samples rounded up to 2 MiB pages */
     const size_t want = ds ? dt_loader_copy_bytes(ds) : 0;
     CHECK_MSG(want == 6u << 20, "dt_loader_copy_bytes %zu, want 3 pages of 2 MiB for %d bytes", want, N * H * W);
-    const bool thp = access("/sys/kernel/mm/transparent_hugepage/enabled", F_OK) == 0;  /* madvise takes it */
+    const bool thp = access("/sys/kernel/mm/transparent_hugepage/enabled", F_OK) == 0; /* madvise takes it */
     for (int rank = 0; rank < 2 && ds; rank++) {
         dt_loader_config cfg = {.batch = 64, .shuffle = true, .seed = 5, .rank = rank, .world = 2, .prefetch = 2};
         dt_loader *l;
@@ -270,7 +279,7 @@ static void test_hot_copy(void) {
     shuf.shuffle = true;
     dt_loader *l = NULL;
     const size_t used = dt_mem_used();
-    size_t own = 0;  /* the loader's own buffers */
+    size_t own = 0; /* the loader's own buffers */
     if (ds && dt_loader_create(&l, ds, &seq) == DT_OK) {
         CHECK_MSG(dt_loader_copy_held(l) == 0, "an in-order loader copied %zu bytes", dt_loader_copy_held(l));
         own = dt_mem_used() - used;
@@ -284,11 +293,12 @@ static void test_hot_copy(void) {
         CHECK_MSG(dt_mem_used() == used, "%zu bytes still charged after the loader's free", dt_mem_used() - used);
     }
     CHECK_OK(dt_mem_set_limit(used + own + want - 1));
-    CHECK_MSG(!ds || dt_loader_create(&l, ds, &shuf) == DT_OK, "under a limit the copy does not fit: %s", dt_last_error());
+    CHECK_MSG(!ds || dt_loader_create(&l, ds, &shuf) == DT_OK, "under a limit the copy does not fit: %s",
+              dt_last_error());
     if (ds && l) {
         CHECK_MSG(dt_loader_copy_held(l) == 0 && dt_mem_used() == used + own, "a copy beyond --mem-limit: held %zu",
                   dt_loader_copy_held(l));
-        CHECK(check_epoch(l, ds, &shuf, 1, 0, 0) == dt_loader_batches(l));  /* from the shared pages */
+        CHECK(check_epoch(l, ds, &shuf, 1, 0, 0) == dt_loader_batches(l)); /* from the shared pages */
         dt_loader_destroy(l);
     }
     CHECK_OK(dt_mem_set_limit(0));
@@ -302,8 +312,9 @@ static void test_hot_copy(void) {
         for (int rank = 0; rank < 2; rank++) {
             dt_loader_config cfg = {.batch = 64, .shuffle = true, .seed = 5, .rank = rank, .world = 2, .prefetch = 2};
             CHECK_OK(dt_loader_create(&l, tr, &cfg));
-            if (thp) CHECK_MSG(dt_loader_copy_held(l) == vwant, "a view's copy: rank %d holds %zu", rank,
-                               dt_loader_copy_held(l));
+            if (thp)
+                CHECK_MSG(dt_loader_copy_held(l) == vwant, "a view's copy: rank %d holds %zu", rank,
+                          dt_loader_copy_held(l));
             CHECK(check_epoch(l, tr, &cfg, 2, 0, 0) == dt_loader_batches(l));
             dt_loader_destroy(l);
         }
@@ -360,9 +371,9 @@ static void test_prefetch_for(void) {
     CHECK(dt_loader_prefetch_for(2, 1, 2) == 0);
     CHECK(dt_loader_prefetch_for(8, 1, 2) == 0);
     CHECK(dt_loader_prefetch_for(2, 2, 4) == 0);
-    CHECK(dt_loader_prefetch_for(1, 1, 2) == -1);  /* a core to spare: the thread stays */
+    CHECK(dt_loader_prefetch_for(1, 1, 2) == -1); /* a core to spare: the thread stays */
     CHECK(dt_loader_prefetch_for(2, 1, 4) == -1);
-    CHECK(dt_loader_prefetch_for(2, 1, 0) == -1);  /* the transport cannot tell */
+    CHECK(dt_loader_prefetch_for(2, 1, 0) == -1); /* the transport cannot tell */
     CHECK(dt_loader_prefetch_for(0, 1, 2) == -1);
 }
 

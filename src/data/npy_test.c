@@ -61,7 +61,8 @@ static void test_shapes_and_dtypes(void) {
     expect_open("x2.npy", "y2.npy", 1, 1, 6, 3.0f, "(n,W), keys in another order");
     write_npy(dt_test_path("x3.npy"), 3, "{ 'descr':'<f4','fortran_order':False,'shape':( 2 ,3,4 ) }", f, 96, true);
     expect_open("x3.npy", "y2.npy", 1, 3, 4, 6.0f, "(n,H,W), version 3.0, gzip'd, tight spacing");
-    write_npy(dt_test_path("x5.npy"), 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 2, 3, 4, 5), }", f, 960, false);
+    write_npy(dt_test_path("x5.npy"), 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 2, 3, 4, 5), }", f, 960,
+              false);
     expect_open("x5.npy", "y2.npy", 6, 4, 5, 60.0f, "(n,A,B,H,W): A*B channels");
     uint8_t u8[4] = {0, 0, 255, 51};
     write_npy(dt_test_path("xu8.npy"), 1, "{'descr': '|u1', 'fortran_order': False, 'shape': (2, 2), }", u8, 4, false);
@@ -81,15 +82,16 @@ static void test_shapes_and_dtypes(void) {
     write_npy(dt_test_path("yi2.npy"), 1, "{'descr': '<i2', 'fortran_order': False, 'shape': (2,), }", yi2, 4, false);
     expect_open("x2.npy", "yi2.npy", 1, 1, 6, 3.0f, "int16 labels");
     uint64_t yu64[2] = {0, 1};
-    write_npy(dt_test_path("yu64.npy"), 1, "{'descr': '<u8', 'fortran_order': False, 'shape': (2,), }", yu64, 16, false);
+    write_npy(dt_test_path("yu64.npy"), 1, "{'descr': '<u8', 'fortran_order': False, 'shape': (2,), }", yu64, 16,
+              false);
     expect_open("x2.npy", "yu64.npy", 1, 1, 6, 3.0f, "uint64 labels");
 }
 
 static void expect_refused(const char *x, const char *y, const char *needle) {
     dt_dataset *ds = (dt_dataset *)1;
     dt_status s = dt_dataset_open_npy(&ds, dt_test_path(x), dt_test_path(y));
-    CHECK_MSG(s == DT_EFORMAT && !ds && strstr(dt_last_error(), needle), "%s/%s: status %d, want '%s': %s", x, y, s, needle,
-              dt_last_error());
+    CHECK_MSG(s == DT_EFORMAT && !ds && strstr(dt_last_error(), needle), "%s/%s: status %d, want '%s': %s", x, y, s,
+              needle, dt_last_error());
 }
 
 static void test_refusals(void) {
@@ -106,9 +108,9 @@ static void test_refusals(void) {
     int8_t neg[2] = {0, -2};
     write_npy(dt_test_path("yneg.npy"), 1, "{'descr': '|i1', 'fortran_order': False, 'shape': (2,), }", neg, 2, false);
     expect_refused("x2.npy", "yneg.npy", "label -2 of sample 1");
-    write_npy(dt_test_path("huge.npy"), 1, "{'descr': '<f8', 'fortran_order': False, 'shape': (4000000000, 1000), }", f, 16,
-              false);
-    expect_refused("huge.npy", "y2.npy", "more than the");  /* refused before allocating 32 TB */
+    write_npy(dt_test_path("huge.npy"), 1, "{'descr': '<f8', 'fortran_order': False, 'shape': (4000000000, 1000), }", f,
+              16, false);
+    expect_refused("huge.npy", "y2.npy", "more than the"); /* refused before allocating 32 TB */
     write_npy(dt_test_path("x0.npy"), 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 0), }", f, 0, false);
     expect_refused("x0.npy", "y2.npy", "samples of zero size");
 }

@@ -8,7 +8,7 @@
  * rejection). Attempt k of position i uses counter index k*2^32 + i, so a rejection never shifts
  * the stream of another position. */
 static uint64_t bounded(uint64_t seed, uint64_t key, uint64_t i, uint64_t range) {
-    uint64_t threshold = (0 - range) % range;  /* 2^64 mod range: values below it are biased */
+    uint64_t threshold = (0 - range) % range; /* 2^64 mod range: values below it are biased */
     for (uint64_t attempt = 0;; attempt++) {
         uint64_t x = dt_rng_u64(seed, key, attempt << 32 | i);
         unsigned __int128 m = (unsigned __int128)x * range;
@@ -41,10 +41,10 @@ void dt_sampler_batch_range(size_t n, int batch, int rank, int world, size_t b, 
     if (gs >= n) {
         *start = n;
         *count = 0;
-    } else if (n - gs >= g) {  /* a complete global batch: contiguous block r */
+    } else if (n - gs >= g) { /* a complete global batch: contiguous block r */
         *start = gs + r * B;
         *count = B;
-    } else {  /* the last incomplete one: spread rem over the ranks */
+    } else { /* the last incomplete one: spread rem over the ranks */
         size_t rem = n - gs, q = rem / W, extra = rem % W;
         *start = gs + r * q + (r < extra ? r : extra);
         *count = q + (r < extra ? 1 : 0);
@@ -64,7 +64,7 @@ void dt_sampler_cut_range(size_t n, const int *counts, int rank, int world, size
     } else if (n - gs >= g) {
         *start = gs + before;
         *count = mine;
-    } else {  /* the last incomplete one: the same proportions, rounded down at each boundary */
+    } else { /* the last incomplete one: the same proportions, rounded down at each boundary */
         size_t rem = n - gs;
         size_t lo = (size_t)((unsigned __int128)before * rem / g);
         size_t hi = (size_t)((unsigned __int128)(before + mine) * rem / g);
@@ -73,7 +73,8 @@ void dt_sampler_cut_range(size_t n, const int *counts, int rank, int world, size
     }
 }
 
-size_t dt_sampler_shard(uint32_t *out, const uint32_t *order, size_t n, int batch, int rank, int world, bool drop_last) {
+size_t dt_sampler_shard(uint32_t *out, const uint32_t *order, size_t n, int batch, int rank, int world,
+                        bool drop_last) {
     size_t nb = dt_sampler_batches(n, batch, world, drop_last), k = 0;
     for (size_t b = 0; b < nb; b++) {
         size_t s, c;

@@ -28,7 +28,7 @@ static dt_status subset(const dt_dataset *ds, const uint32_t *idx, size_t n, con
         return dt_error(DT_ENOMEM, "`val_split`: out of memory indexing %zu samples", n);
     }
     for (size_t i = 0; i < n; i++) s->rows[i] = (uint32_t)dt_dataset_row(ds, idx[i]);
-    s->base = ds->base ? ds->base : (dt_dataset *)ds;  /* held, never written: see refs */
+    s->base = ds->base ? ds->base : (dt_dataset *)ds; /* held, never written: see refs */
     __atomic_fetch_add(&s->base->refs, 1, __ATOMIC_RELAXED);
     s->x = s->base->x, s->y = s->base->y;
     s->dtype = ds->dtype, s->n = n, s->D = ds->D, s->C = ds->C, s->H = ds->H, s->W = ds->W;
@@ -40,16 +40,19 @@ static dt_status subset(const dt_dataset *ds, const uint32_t *idx, size_t n, con
     return DT_OK;
 }
 
-dt_status dt_dataset_split(const dt_dataset *ds, double fraction, uint64_t seed, dt_dataset **train,
-                           dt_dataset **val) {
+dt_status dt_dataset_split(const dt_dataset *ds, double fraction, uint64_t seed, dt_dataset **train, dt_dataset **val) {
     *train = *val = NULL;
     if (ds->T > 0)
-        return dt_error(DT_EINVAL, "`val_split`: %s is text, whose last `val_fraction` is already held out; use "
-                        "`val_fraction`", ds->source);
+        return dt_error(DT_EINVAL,
+                        "`val_split`: %s is text, whose last `val_fraction` is already held out; use "
+                        "`val_fraction`",
+                        ds->source);
     const size_t n = ds->n, k = (size_t)floor((double)n * fraction + 0.5);
     if (!(fraction > 0 && fraction < 1) || k < 1 || k >= n)
-        return dt_error(DT_EINVAL, "`val_split` %g: need a fraction in (0, 1) that leaves at least one sample on each "
-                        "side (%zu samples)", fraction, n);
+        return dt_error(DT_EINVAL,
+                        "`val_split` %g: need a fraction in (0, 1) that leaves at least one sample on each "
+                        "side (%zu samples)",
+                        fraction, n);
     uint32_t *order = malloc(n * sizeof *order);
     if (!order) return dt_error(DT_ENOMEM, "`val_split`: out of memory");
     dt_sampler_order(order, n, seed, SPLIT_EPOCH, true);

@@ -42,13 +42,13 @@ static void ids_of(const dt_dataset *part, int *ids) {
 static void test_partition(void) {
     dt_dataset *ds = make(), *tr = NULL, *va = NULL, *tr2 = NULL, *va2 = NULL, *tr3 = NULL, *va3 = NULL;
     CHECK_OK(dt_dataset_split(ds, 0.2, 42, &tr, &va));
-    CHECK(dt_dataset_len(va) == 20 && dt_dataset_len(tr) == 81);  /* round(101 * 0.2) */
+    CHECK(dt_dataset_len(va) == 20 && dt_dataset_len(tr) == 81); /* round(101 * 0.2) */
     int seen[N] = {0}, a[N], b[N];
     ids_of(va, a), ids_of(tr, b);
     int unordered = 0;
     for (int i = 0; i < 20; i++) seen[a[i]]++, unordered += i > 0 && a[i] <= a[i - 1];
     for (int i = 0; i < 81; i++) seen[b[i]]++, unordered += i > 0 && b[i] <= b[i - 1];
-    CHECK(unordered == 0);  /* each part in the original order */
+    CHECK(unordered == 0); /* each part in the original order */
     int once = 0;
     for (int i = 0; i < N; i++) once += seen[i] == 1;
     CHECK_MSG(once == N, "%d of %d samples in exactly one part", once, N);
@@ -56,10 +56,10 @@ static void test_partition(void) {
     CHECK_OK(dt_dataset_split(ds, 0.2, 42, &tr2, &va2));
     int c[N];
     ids_of(va2, c);
-    CHECK(memcmp(a, c, 20 * sizeof(int)) == 0);  /* the same seed, the same split */
+    CHECK(memcmp(a, c, 20 * sizeof(int)) == 0); /* the same seed, the same split */
     CHECK_OK(dt_dataset_split(ds, 0.2, 43, &tr3, &va3));
     ids_of(va3, c);
-    CHECK(memcmp(a, c, 20 * sizeof(int)) != 0);  /* another seed, another split */
+    CHECK(memcmp(a, c, 20 * sizeof(int)) != 0); /* another seed, another split */
     dt_dataset_destroy(tr), dt_dataset_destroy(va), dt_dataset_destroy(tr2), dt_dataset_destroy(va2);
     dt_dataset_destroy(tr3), dt_dataset_destroy(va3);
     /* the normalisation of the source carries over */
@@ -100,8 +100,10 @@ static void test_view(dt_dtype dt) {
     CHECK_OK(dt_dataset_split(ds, 0.25, 9, &tr, &va));
     struct mallinfo2 m1 = mallinfo2();
     const size_t grew = (m1.uordblks + m1.hblkhd) - (m0.uordblks + m0.hblkhd);
-    CHECK_MSG(grew < M * sizeof(uint32_t) + (64 << 10), "the split allocated %zu bytes: a copy of "
-              "the samples (%zu bytes)?", grew, (size_t)M * E * es);
+    CHECK_MSG(grew < M * sizeof(uint32_t) + (64 << 10),
+              "the split allocated %zu bytes: a copy of "
+              "the samples (%zu bytes)?",
+              grew, (size_t)M * E * es);
 #else
     CHECK_OK(dt_dataset_split(ds, 0.25, 9, &tr, &va));
 #endif
@@ -126,17 +128,18 @@ static void test_view(dt_dtype dt) {
         CHECK_MSG(found == n, "%zu of %zu samples of the part are ds's samples in order", found, n);
     }
     CHECK(dt_dataset_len(va) + dt_dataset_len(tr) == M);
-    dt_dataset_destroy(ds);  /* the parts keep its samples */
+    dt_dataset_destroy(ds); /* the parts keep its samples */
     for (int p = 0; p < 2; p++) {
         dt_dataset *part = parts[p], *copy = NULL;
         const size_t n = dt_dataset_len(part);
         for (size_t i = 0; i < n; i++) {
-            memcpy(dt == DT_U8 ? (void *)(gu + i * E) : (void *)(gf + i * E), (const char *)x + ids[p][i] * E * es, E * es);
+            memcpy(dt == DT_U8 ? (void *)(gu + i * E) : (void *)(gf + i * E), (const char *)x + ids[p][i] * E * es,
+                   E * es);
             gy[i] = y[ids[p][i]];
         }
         CHECK_OK(dt_dataset_create(&copy, dt, dt == DT_U8 ? (const void *)gu : (const void *)gf, gy, n, 1, 1, E, 8));
         CHECK_OK(dt_dataset_set_normalize(copy, 0.25f, 2.0f));
-        for (size_t i = 0; i < n; i++) src[i] = (uint32_t)(n - 1 - i);  /* any order */
+        for (size_t i = 0; i < n; i++) src[i] = (uint32_t)(n - 1 - i); /* any order */
         CHECK_OK(dt_dataset_batch(part, src, (int)n, bx, by));
         CHECK_OK(dt_dataset_batch(copy, src, (int)n, cx, cy));
         CHECK_MSG(memcmp(bx, cx, n * E * sizeof(float)) == 0 && memcmp(by, cy, n * sizeof(int32_t)) == 0,
@@ -149,12 +152,13 @@ static void test_view(dt_dtype dt) {
         dt_dataset_destroy(copy), free(ids[p]);
     }
     dt_dataset_destroy(va), dt_dataset_destroy(tr);
-    free(xu), free(gu), free(xf), free(gf), free(y), free(gy), free(all), free(src), free(bx), free(cx), free(by), free(cy);
+    free(xu), free(gu), free(xf), free(gf), free(y), free(gy), free(all), free(src), free(bx), free(cx), free(by),
+        free(cy);
 }
 
 static void test_refusals(void) {
     dt_dataset *ds = make(), *tr = (dt_dataset *)1, *va = (dt_dataset *)1;
-    const double bad[4] = {0, 1, -0.1, 0.001};  /* 0.001 of 101 rounds to no sample */
+    const double bad[4] = {0, 1, -0.1, 0.001}; /* 0.001 of 101 rounds to no sample */
     for (int i = 0; i < 4; i++) {
         CHECK(dt_dataset_split(ds, bad[i], 1, &tr, &va) == DT_EINVAL);
         CHECK(tr == NULL && va == NULL);

@@ -128,8 +128,10 @@ static void test_open(void) {
     dt_dataset_destroy(img);
 
     CHECK(dt_data_is_text("kjv") && dt_data_is_text("text:a.txt") && dt_data_is_text("text:"));
-    CHECK(dt_dataset_open(&tr, NULL, "kjv") == DT_EINVAL && tr == NULL && strstr(dt_last_error(), "dt_dataset_open_text"));
-    CHECK(!dt_data_is_text("fashion-mnist") && !dt_data_is_text("kjv.txt") && !dt_data_is_text("a.csv") && !dt_data_is_text(NULL));
+    CHECK(dt_dataset_open(&tr, NULL, "kjv") == DT_EINVAL && tr == NULL &&
+          strstr(dt_last_error(), "dt_dataset_open_text"));
+    CHECK(!dt_data_is_text("fashion-mnist") && !dt_data_is_text("kjv.txt") && !dt_data_is_text("a.csv") &&
+          !dt_data_is_text(NULL));
 }
 
 /* A pipe is read once into memory (not mapped): the same windows. */
@@ -157,8 +159,14 @@ static size_t epoch_rows(const dt_dataset *ds, const uint8_t *bytes, size_t nwin
                          uint64_t epoch, size_t skip, const int *cut, uint32_t *seq) {
     dt_loader *l[3] = {0};
     for (int r = 0; r < W; r++) {
-        dt_loader_config lc = {.batch = B, .shuffle = true, .seed = 5, .rank = r, .world = W, .prefetch = r % 2 ? 3 : 0,
-                               .max_batch = cut ? B * W : 0, .epoch_len = epoch_len};
+        dt_loader_config lc = {.batch = B,
+                               .shuffle = true,
+                               .seed = 5,
+                               .rank = r,
+                               .world = W,
+                               .prefetch = r % 2 ? 3 : 0,
+                               .max_batch = cut ? B * W : 0,
+                               .epoch_len = epoch_len};
         CHECK_OK(dt_loader_create(&l[r], ds, &lc));
         if (!l[r]) return 0;
         if (cut) CHECK_OK(dt_loader_set_cut(l[r], cut));
@@ -268,7 +276,8 @@ static void test_epoch_len_images(void) {
         for (int W = 1; W <= 3; W++) {
             dt_loader *l[3];
             for (int r = 0; r < W; r++) {
-                dt_loader_config lc = {.batch = 3, .shuffle = true, .seed = 3, .rank = r, .world = W, .prefetch = r, .epoch_len = E};
+                dt_loader_config lc = {
+                    .batch = 3, .shuffle = true, .seed = 3, .rank = r, .world = W, .prefetch = r, .epoch_len = E};
                 CHECK_OK(dt_loader_create(&l[r], ds, &lc));
                 CHECK_OK(dt_loader_start_epoch(l[r], ep, 0));
             }
@@ -279,10 +288,11 @@ static void test_epoch_len_images(void) {
                     dt_batch bt;
                     CHECK_OK(dt_loader_next(l[r], &bt));
                     CHECK(bt.T == 1 && bt.tok == NULL && bt.x != NULL);
-                    for (int i = 0; i < bt.n; i++, k++) bad += k >= E || bt.y[i] != (int32_t)ref[k] || bt.x[i] != (float)ref[k];
+                    for (int i = 0; i < bt.n; i++, k++)
+                        bad += k >= E || bt.y[i] != (int32_t)ref[k] || bt.x[i] != (float)ref[k];
                 }
-            CHECK_MSG(k == E && bad == 0, "images, %d ranks, epoch %llu: %d of %d samples off the order", W, (unsigned long long)ep,
-                      bad, k);
+            CHECK_MSG(k == E && bad == 0, "images, %d ranks, epoch %llu: %d of %d samples off the order", W,
+                      (unsigned long long)ep, bad, k);
             for (int r = 0; r < W; r++) dt_loader_destroy(l[r]);
         }
     }
@@ -294,7 +304,8 @@ static void test_epoch_len_images(void) {
 }
 
 /* Opens spec expecting status want and a message holding each of the (up to 3) strings. */
-static void expect_error(const char *spec, int Tw, double f, dt_status want, const char *a, const char *b, const char *c) {
+static void expect_error(const char *spec, int Tw, double f, dt_status want, const char *a, const char *b,
+                         const char *c) {
     dt_dataset *tr = (dt_dataset *)g_dir, *va = (dt_dataset *)g_dir;
     dt_status s = dt_dataset_open_text(&tr, &va, spec, Tw, f);
     const char *m = dt_last_error();
@@ -324,7 +335,8 @@ static void test_errors(void) {
     expect_error("text:", T, 0.1, DT_EINVAL, "`data` text:FILE", NULL, NULL);
     expect_error(spec_of(g_dir), T, 0.1, DT_EFORMAT, "is a directory", NULL, NULL);
     /* a device would be read without end (/dev/zero: 812 MB in 5 s); a pipe is read up to a bound */
-    expect_error("text:/dev/zero", T, 0.1, DT_EFORMAT, "/dev/zero is a character device, not a file", "pass a file", NULL);
+    expect_error("text:/dev/zero", T, 0.1, DT_EFORMAT, "/dev/zero is a character device, not a file", "pass a file",
+                 NULL);
     int p[2];
     CHECK(pipe(p) == 0);
     CHECK(write(p[1], g_bytes, 100) == 100);
@@ -332,14 +344,17 @@ static void test_errors(void) {
     uint8_t *buf = NULL;
     size_t len = 0;
     dt_status s = dt_text_read_stream(p[0], 99, &buf, &len);
-    CHECK_MSG(s == DT_EFORMAT && strstr(dt_last_error(), "more than 99 bytes") && len == 100, "100 bytes over a bound of 99: "
-              "%s, %zu read", dt_status_str(s), len);
+    CHECK_MSG(s == DT_EFORMAT && strstr(dt_last_error(), "more than 99 bytes") && len == 100,
+              "100 bytes over a bound of 99: "
+              "%s, %zu read",
+              dt_status_str(s), len);
     free(buf), close(p[0]);
     CHECK(pipe(p) == 0);
     CHECK(write(p[1], g_bytes, 100) == 100);
     close(p[1]);
     s = dt_text_read_stream(p[0], 100, &buf, &len);
-    CHECK_MSG(s == DT_OK && len == 100 && !memcmp(buf, g_bytes, 100), "100 bytes under a bound of 100: %s", dt_status_str(s));
+    CHECK_MSG(s == DT_OK && len == 100 && !memcmp(buf, g_bytes, 100), "100 bytes under a bound of 100: %s",
+              dt_status_str(s));
     free(buf), close(p[0]);
     expect_error("fashion-mnist", T, 0.1, DT_EINVAL, "not a text data set", "text:FILE", NULL);
     if (geteuid() != 0) { /* root reads anything */

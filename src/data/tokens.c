@@ -23,17 +23,19 @@
 
 typedef struct {
     char path[PATH_MAX];
-    uint64_t off;   /* byte offset of the first token (0, or the llm.c header) */
-    uint64_t ntok;  /* tokens in the file */
+    uint64_t off;  /* byte offset of the first token (0, or the llm.c header) */
+    uint64_t ntok; /* tokens in the file */
 } tok_file;
 
 typedef struct {
     tok_file *f;
     int n;
-    uint64_t ntok;  /* all files together */
+    uint64_t ntok; /* all files together */
 } tok_list;
 
-static uint32_t le32(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
+static uint32_t le32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
 
 /* Reads path's layout into f: an llm.c shard (its header checked against the size) or raw uint16
  * tokens. shard: the name says llm.c shard, so a header is required. DT_ENOENT / DT_EIO / DT_EFORMAT
@@ -42,7 +44,8 @@ static dt_status probe(const char *spec, const char *path, bool shard, tok_file 
     snprintf(f->path, sizeof f->path, "%s", path);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
-        return dt_error(errno == ENOENT ? DT_ENOENT : DT_EIO, "`data` %s: cannot open %s (%s)", spec, path, strerror(errno));
+        return dt_error(errno == ENOENT ? DT_ENOENT : DT_EIO, "`data` %s: cannot open %s (%s)", spec, path,
+                        strerror(errno));
     struct stat st;
     uint8_t h[LLMC_HEADER];
     ssize_t got = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) ? pread(fd, h, sizeof h, 0) : -2;
@@ -53,21 +56,29 @@ static dt_status probe(const char *spec, const char *path, bool shard, tok_file 
     if (got == (ssize_t)sizeof h && le32(h) == LLMC_MAGIC) {
         const uint32_t version = le32(h + 4), count = le32(h + 8);
         if (version != 1)
-            return dt_error(DT_EFORMAT, "`data` %s: %s is an llm.c token shard of version %u; only version 1 (uint16 "
-                            "tokens) is supported: write it with llm.c's dev/data/data_common.py (GPT-2 tokens)", spec, path, version);
+            return dt_error(DT_EFORMAT,
+                            "`data` %s: %s is an llm.c token shard of version %u; only version 1 (uint16 "
+                            "tokens) is supported: write it with llm.c's dev/data/data_common.py (GPT-2 tokens)",
+                            spec, path, version);
         if (size != LLMC_HEADER + 2 * (uint64_t)count)
-            return dt_error(DT_EFORMAT, "`data` %s: %s: its llm.c header says %u tokens (%llu bytes with the header) but the file "
-                            "has %llu bytes: it is cut short or damaged; write it again", spec, path, count,
-                            (unsigned long long)(LLMC_HEADER + 2 * (uint64_t)count), (unsigned long long)size);
+            return dt_error(DT_EFORMAT,
+                            "`data` %s: %s: its llm.c header says %u tokens (%llu bytes with the header) but the file "
+                            "has %llu bytes: it is cut short or damaged; write it again",
+                            spec, path, count, (unsigned long long)(LLMC_HEADER + 2 * (uint64_t)count),
+                            (unsigned long long)size);
         f->off = LLMC_HEADER, f->ntok = count;
         return DT_OK;
     }
     if (shard)
-        return dt_error(DT_EFORMAT, "`data` %s: %s is named like an llm.c shard but does not start with its header (int32 "
-                        "magic 20240520, version 1, token count): rename it, or write it with llm.c's data_common.py", spec, path);
+        return dt_error(DT_EFORMAT,
+                        "`data` %s: %s is named like an llm.c shard but does not start with its header (int32 "
+                        "magic 20240520, version 1, token count): rename it, or write it with llm.c's data_common.py",
+                        spec, path);
     if (size == 0 || size % 2)
-        return dt_error(DT_EFORMAT, "`data` %s: %s has %llu bytes, %s: nanoGPT's prepare.py writes uint16 tokens "
-                        "(np.uint16 .tofile), 2 bytes each", spec, path, (unsigned long long)size, size ? "an odd count" : "none");
+        return dt_error(DT_EFORMAT,
+                        "`data` %s: %s has %llu bytes, %s: nanoGPT's prepare.py writes uint16 tokens "
+                        "(np.uint16 .tofile), 2 bytes each",
+                        spec, path, (unsigned long long)size, size ? "an odd count" : "none");
     f->off = 0, f->ntok = size / 2;
     return DT_OK;
 }
@@ -115,14 +126,19 @@ static dt_status list_shards(tok_list *l, const char *spec, const char *dir, con
 static dt_status list_files(const char *spec, tok_list *train, tok_list *val) {
     const char *dir = spec + 7;
     struct stat st;
-    if (!*dir) return dt_error(DT_EINVAL, "`data` tokens: needs a directory: pass `data` tokens:DIR (nanoGPT's train.bin/val.bin or llm.c's shards)");
+    if (!*dir)
+        return dt_error(
+            DT_EINVAL,
+            "`data` tokens: needs a directory: pass `data` tokens:DIR (nanoGPT's train.bin/val.bin or llm.c's shards)");
     if (stat(dir, &st) != 0)
-        return dt_error(DT_ENOENT, "`data` %s: %s: no such directory: pass the directory nanoGPT's prepare.py (train.bin, "
-                        "val.bin) or llm.c (*_train_*.bin, *_val_*.bin) wrote", spec, dir);
-    if (S_ISREG(st.st_mode)) return list_add(train, spec, dir, false);  /* one file: its end validates */
+        return dt_error(DT_ENOENT,
+                        "`data` %s: %s: no such directory: pass the directory nanoGPT's prepare.py (train.bin, "
+                        "val.bin) or llm.c (*_train_*.bin, *_val_*.bin) wrote",
+                        spec, dir);
+    if (S_ISREG(st.st_mode)) return list_add(train, spec, dir, false); /* one file: its end validates */
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/train.bin", dir);
-    if (access(path, F_OK) == 0) {  /* nanoGPT */
+    if (access(path, F_OK) == 0) { /* nanoGPT */
         DT_TRY(list_add(train, spec, path, false));
         snprintf(path, sizeof path, "%s/val.bin", dir);
         return access(path, F_OK) == 0 ? list_add(val, spec, path, false) : DT_OK;
@@ -130,8 +146,10 @@ static dt_status list_files(const char *spec, tok_list *train, tok_list *val) {
     DT_TRY(list_shards(train, spec, dir, "_train_"));
     DT_TRY(list_shards(val, spec, dir, "_val_"));
     if (!train->n)
-        return dt_error(DT_ENOENT, "`data` %s: %s holds neither train.bin (nanoGPT's prepare.py) nor *_train_*.bin shards "
-                        "(llm.c)%s: pass the directory they are in", spec, dir, val->n ? " (only validation shards)" : "");
+        return dt_error(DT_ENOENT,
+                        "`data` %s: %s holds neither train.bin (nanoGPT's prepare.py) nor *_train_*.bin shards "
+                        "(llm.c)%s: pass the directory they are in",
+                        spec, dir, val->n ? " (only validation shards)" : "");
     return DT_OK;
 }
 
@@ -139,7 +157,10 @@ static dt_status list_files(const char *spec, tok_list *train, tok_list *val) {
 static dt_status read_range(const tok_list *l, uint64_t first, uint64_t n, uint8_t *dst) {
     for (int i = 0; i < l->n && n; i++) {
         const tok_file *f = &l->f[i];
-        if (first >= f->ntok) { first -= f->ntok; continue; }
+        if (first >= f->ntok) {
+            first -= f->ntok;
+            continue;
+        }
         uint64_t take = f->ntok - first < n ? f->ntok - first : n;
         int fd = open(f->path, O_RDONLY | O_CLOEXEC);
         if (fd < 0) return dt_error(DT_EIO, "%s: cannot open (%s)", f->path, strerror(errno));
@@ -148,7 +169,8 @@ static dt_status read_range(const tok_list *l, uint64_t first, uint64_t n, uint8
             if (r < 0 && errno == EINTR) continue;
             if (r <= 0) {
                 close(fd);
-                return dt_error(DT_EIO, "%s: cannot read (%s)", f->path, r < 0 ? strerror(errno) : "it shrank while read");
+                return dt_error(DT_EIO, "%s: cannot read (%s)", f->path,
+                                r < 0 ? strerror(errno) : "it shrank while read");
             }
             done += (uint64_t)r;
         }
@@ -164,14 +186,18 @@ static dt_status load_range(dt_dataset *ds, const tok_list *l, uint64_t first, u
     uint64_t at = first;
     for (int i = 0; i < l->n; i++) {
         const tok_file *f = &l->f[i];
-        if (at >= f->ntok) { at -= f->ntok; continue; }
-        if (at + n > f->ntok) break;  /* spans files: read below */
+        if (at >= f->ntok) {
+            at -= f->ntok;
+            continue;
+        }
+        if (at + n > f->ntok) break; /* spans files: read below */
         int fd = open(f->path, O_RDONLY | O_CLOEXEC);
         if (fd < 0) return dt_error(DT_EIO, "%s: cannot open (%s)", f->path, strerror(errno));
         const uint64_t off = f->off + 2 * at, pg = (uint64_t)sysconf(_SC_PAGESIZE), aoff = off / pg * pg;
         void *m = mmap(NULL, off + 2 * n - aoff, PROT_READ, MAP_SHARED, fd, (off_t)aoff);
         close(fd);
-        if (m == MAP_FAILED) return dt_error(DT_EIO, "%s: cannot map %llu tokens (%s)", f->path, (unsigned long long)n, strerror(errno));
+        if (m == MAP_FAILED)
+            return dt_error(DT_EIO, "%s: cannot map %llu tokens (%s)", f->path, (unsigned long long)n, strerror(errno));
         ds->map = m, ds->map_len = off + 2 * n - aoff;
         ds->x = (uint8_t *)m + (off - aoff);
         return DT_OK;
@@ -185,13 +211,15 @@ static dt_status load_range(dt_dataset *ds, const tok_list *l, uint64_t first, u
 static dt_status check_part(const char *spec, const char *part, const char *what, uint64_t n, int T) {
     const uint64_t w = n ? (n - 1) / (uint64_t)T : 0;
     if (w > UINT32_MAX)
-        return dt_error(DT_EINVAL, "`data` %s: the %s set (%s) gives %llu windows of T+1 = %d tokens, more than the 2^32-1 a "
-                        "data set can index: use a larger T (the model's context length)", spec, part, what,
-                        (unsigned long long)w, T + 1);
+        return dt_error(DT_EINVAL,
+                        "`data` %s: the %s set (%s) gives %llu windows of T+1 = %d tokens, more than the 2^32-1 a "
+                        "data set can index: use a larger T (the model's context length)",
+                        spec, part, what, (unsigned long long)w, T + 1);
     if (w >= 2) return DT_OK;
-    return dt_error(DT_EINVAL, "`data` %s: the %s set (%s) has %llu tokens, %llu window(s) of T+1 = %d, but at least 2 are "
-                    "needed: use more data or a smaller T (the model's context length)%s", spec, part, what,
-                    (unsigned long long)n, (unsigned long long)w, T + 1,
+    return dt_error(DT_EINVAL,
+                    "`data` %s: the %s set (%s) has %llu tokens, %llu window(s) of T+1 = %d, but at least 2 are "
+                    "needed: use more data or a smaller T (the model's context length)%s",
+                    spec, part, what, (unsigned long long)n, (unsigned long long)w, T + 1,
                     strcmp(part, "train") ? ", or `val_fraction` 0 for no validation set" : "");
 }
 
@@ -233,11 +261,12 @@ dt_status dt_tokens_open(dt_dataset **train, dt_dataset **val, const char *spec,
     if (s != DT_OK) goto done;
     describe(what, sizeof what, &tl, spec, "_train_");
     uint64_t tlen = tl.ntok;
-    const bool hold_out = val_fraction > 0 && vl.n == 0;  /* no validation file: the end of the train tokens */
+    const bool hold_out = val_fraction > 0 && vl.n == 0; /* no validation file: the end of the train tokens */
     if (hold_out) {
         uint64_t vlen = (uint64_t)floor((double)tl.ntok * val_fraction);
         tlen -= vlen;
-        snprintf(vwhat, sizeof vwhat, "the last %llu tokens of %s, `val_fraction` %g", (unsigned long long)vlen, what, val_fraction);
+        snprintf(vwhat, sizeof vwhat, "the last %llu tokens of %s, `val_fraction` %g", (unsigned long long)vlen, what,
+                 val_fraction);
         DT_TRY_GOTO(s = check_part(spec, "validation", vwhat, vlen, T), done);
         if (val) DT_TRY_GOTO(s = make_set(&va, &tl, tlen, vlen, T, what), done);
     } else if (val_fraction > 0) {

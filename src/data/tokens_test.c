@@ -64,11 +64,11 @@ static void test_nanogpt(void) {
     CHECK(dt_dataset_classes(va) == max_of(2700, 300) + 1);
     check_windows(tr, 0, "train.bin");
     check_windows(va, 2700, "val.bin");
-    const int V = dt_dataset_classes(tr) + 10;  /* a model's padded V */
+    const int V = dt_dataset_classes(tr) + 10; /* a model's padded V */
     CHECK_OK(dt_dataset_set_classes(tr, V));
     CHECK(dt_dataset_classes(tr) == V);
-    CHECK(dt_dataset_set_classes(va, 1000) == DT_EINVAL && strstr(dt_last_error(), "does not fit a vocabulary of 1000") &&
-          strstr(dt_last_error(), "val.bin"));
+    CHECK(dt_dataset_set_classes(va, 1000) == DT_EINVAL &&
+          strstr(dt_last_error(), "does not fit a vocabulary of 1000") && strstr(dt_last_error(), "val.bin"));
     dt_dataset_destroy(tr);
     dt_dataset_destroy(va);
     /* --val-fraction 0: no validation set even where val.bin exists */
@@ -80,7 +80,7 @@ static void test_nanogpt(void) {
 static void test_llmc(void) {
     mkdir(dt_test_path("lc"), 0700);
     write_tokens(dt_test_path("lc/x_val_000000.bin"), 0, 400, true, 1, 400);
-    write_tokens(dt_test_path("lc/x_train_000002.bin"), 1400, 1600, true, 1, 1600);  /* listed out of order */
+    write_tokens(dt_test_path("lc/x_train_000002.bin"), 1400, 1600, true, 1, 1600); /* listed out of order */
     write_tokens(dt_test_path("lc/x_train_000001.bin"), 400, 1000, true, 1, 1000);
     char spec[600];
     snprintf(spec, sizeof spec, "tokens:%s", dt_test_path("lc"));
@@ -118,7 +118,7 @@ static void test_errors(void) {
     for (int i = 0; i < 6; i++) mkdir(dt_test_path(dirs[i]), 0700);
     write_tokens(dt_test_path("e1/train.bin"), 0, 100, false, 0, 0);
     FILE *f = fopen(dt_test_path("e1/train.bin"), "ab");
-    fputc(7, f);  /* 201 bytes */
+    fputc(7, f); /* 201 bytes */
     fclose(f);
     expect_error("e1", DT_EFORMAT, "e1/train.bin has 201 bytes, an odd count", "uint16");
     write_tokens(dt_test_path("e2/a_train_000001.bin"), 0, 100, false, 0, 0);

@@ -26,7 +26,7 @@ enum { ALIGN = 64 };
 typedef struct span {
     size_t off, len;
     bool used;
-    struct span *next;  /* in address order */
+    struct span *next; /* in address order */
 } span;
 
 typedef struct {
@@ -34,8 +34,8 @@ typedef struct {
     char *arena;
     size_t size;
     span *spans;
-    pthread_mutex_t lock;  /* guards spans, opens and the protection changes */
-    int opens;             /* entry points running now */
+    pthread_mutex_t lock; /* guards spans, opens and the protection changes */
+    int opens;            /* entry points running now */
 } checked_dev;
 
 static checked_dev *cd(dt_dev *d) { return (checked_dev *)d; }
@@ -46,7 +46,7 @@ static void enter(dt_dev *d) {
     pthread_mutex_lock(&c->lock);
     if (c->opens++ == 0 && mprotect(c->arena, c->size, PROT_READ | PROT_WRITE) != 0) {
         perror("checked device: mprotect (open)");
-        abort();  /* the device cannot run a kernel: a programmer error (arena gone) */
+        abort(); /* the device cannot run a kernel: a programmer error (arena gone) */
     }
     pthread_mutex_unlock(&c->lock);
 }
@@ -78,7 +78,7 @@ static void *checked_alloc(dt_dev *d, size_t bytes) {
     span *s = c->spans;
     while (s && (s->used || s->len < len)) s = s->next;
     span *rest = s && s->len > len ? malloc(sizeof *rest) : NULL;
-    if (s && s->len > len && !rest) s = NULL;  /* no host memory for the bookkeeping */
+    if (s && s->len > len && !rest) s = NULL; /* no host memory for the bookkeeping */
     if (s && rest) {
         *rest = (span){.off = s->off + len, .len = s->len - len, .used = false, .next = s->next};
         s->len = len, s->next = rest;
@@ -87,8 +87,10 @@ static void *checked_alloc(dt_dev *d, size_t bytes) {
     pthread_mutex_unlock(&c->lock);
     if (!s) {
         dt_mem_uncharge(len);
-        dt_error(DT_ENOMEM, "checked device: no room for %zu bytes in its %zu-byte arena: give a larger one "
-                 "(`device` checked:arena=BYTES)", bytes, c->size);
+        dt_error(DT_ENOMEM,
+                 "checked device: no room for %zu bytes in its %zu-byte arena: give a larger one "
+                 "(`device` checked:arena=BYTES)",
+                 bytes, c->size);
         return NULL;
     }
     return c->arena + s->off;
@@ -104,16 +106,16 @@ static void checked_free(dt_dev *d, void *p) {
     if (!s || !s->used || (char *)p < c->arena || off >= c->size) {
         pthread_mutex_unlock(&c->lock);
         fprintf(stderr, "checked device: free of %p, which is not a live block of this device\n", p);
-        abort();  /* a double free or a foreign pointer: a programmer error */
+        abort(); /* a double free or a foreign pointer: a programmer error */
     }
     const size_t len = s->len;
     s->used = false;
-    if (s->next && !s->next->used) {  /* merge with the next free span */
+    if (s->next && !s->next->used) { /* merge with the next free span */
         span *n = s->next;
         s->len += n->len, s->next = n->next;
         free(n);
     }
-    if (prev && !prev->used) {  /* and with the previous one */
+    if (prev && !prev->used) { /* and with the previous one */
         prev->len += s->len, prev->next = s->next;
         free(s);
     }
@@ -124,28 +126,28 @@ static void checked_free(dt_dev *d, void *p) {
 static void checked_synchronize(dt_dev *d) { (void)d; }
 
 /* Every other entry point: the CPU kernel between enter and leave. */
-#define CK(name, params, args)              \
-    static void checked_##name params {      \
-        enter(d);                            \
-        dt_cpu_step_ops.name args;           \
-        leave(d);                            \
+#define CK(name, params, args)          \
+    static void checked_##name params { \
+        enter(d);                       \
+        dt_cpu_step_ops.name args;      \
+        leave(d);                       \
     }
-CK(upload, (dt_dev *d, void *dst, const void *src, size_t bytes), (d, dst, src, bytes))
-CK(download, (dt_dev *d, void *dst, const void *src, size_t bytes), (d, dst, src, bytes))
-CK(copy, (dt_dev *d, void *dst, const void *src, size_t bytes), (d, dst, src, bytes))
-CK(fill_f32, (dt_dev *d, float *x, float v, size_t n), (d, x, v, n))
-CK(accumulate, (dt_dev *d, float *y, const float *x, size_t n), (d, y, x, n))
-CK(scale, (dt_dev *d, float *x, float s, size_t n), (d, x, s, n))
-CK(unscale, (dt_dev *d, float *x, float inv, size_t n, int32_t *flag), (d, x, inv, n, flag))
-CK(sqnorm, (dt_dev *d, double *out, const float *x, size_t n), (d, out, x, n))
-CK(cast_f32_bf16, (dt_dev *d, uint16_t *out, const float *x, size_t n), (d, out, x, n))
-CK(cast_bf16_f32, (dt_dev *d, float *out, const uint16_t *x, size_t n), (d, out, x, n))
-CK(cast_f32_f16, (dt_dev *d, uint16_t *out, const float *x, size_t n), (d, out, x, n))
-CK(cast_f16_f32, (dt_dev *d, float *out, const uint16_t *x, size_t n), (d, out, x, n))
-CK(sgd_step, (dt_dev *d, const dt_step_args *a, float *p, const float *g, float *buf, size_t n), (d, a, p, g, buf, n))
-CK(adam_step, (dt_dev *d, const dt_step_args *a, float *p, const float *g, float *m, float *v, size_t n),
+CK(upload, (dt_dev * d, void *dst, const void *src, size_t bytes), (d, dst, src, bytes))
+CK(download, (dt_dev * d, void *dst, const void *src, size_t bytes), (d, dst, src, bytes))
+CK(copy, (dt_dev * d, void *dst, const void *src, size_t bytes), (d, dst, src, bytes))
+CK(fill_f32, (dt_dev * d, float *x, float v, size_t n), (d, x, v, n))
+CK(accumulate, (dt_dev * d, float *y, const float *x, size_t n), (d, y, x, n))
+CK(scale, (dt_dev * d, float *x, float s, size_t n), (d, x, s, n))
+CK(unscale, (dt_dev * d, float *x, float inv, size_t n, int32_t *flag), (d, x, inv, n, flag))
+CK(sqnorm, (dt_dev * d, double *out, const float *x, size_t n), (d, out, x, n))
+CK(cast_f32_bf16, (dt_dev * d, uint16_t *out, const float *x, size_t n), (d, out, x, n))
+CK(cast_bf16_f32, (dt_dev * d, float *out, const uint16_t *x, size_t n), (d, out, x, n))
+CK(cast_f32_f16, (dt_dev * d, uint16_t *out, const float *x, size_t n), (d, out, x, n))
+CK(cast_f16_f32, (dt_dev * d, float *out, const uint16_t *x, size_t n), (d, out, x, n))
+CK(sgd_step, (dt_dev * d, const dt_step_args *a, float *p, const float *g, float *buf, size_t n), (d, a, p, g, buf, n))
+CK(adam_step, (dt_dev * d, const dt_step_args *a, float *p, const float *g, float *m, float *v, size_t n),
    (d, a, p, g, m, v, n))
-CK(xent_shard, (dt_dev *d, dt_xent_phase phase, const dt_xent_shard_args *a), (d, phase, a))
+CK(xent_shard, (dt_dev * d, dt_xent_phase phase, const dt_xent_shard_args *a), (d, phase, a))
 #undef CK
 
 /* ---- the kernel table: every slot of a CPU table between enter and leave ----
@@ -154,30 +156,30 @@ CK(xent_shard, (dt_dev *d, dt_xent_phase phase, const dt_xent_shard_args *a), (d
  * generated from DT_KERNEL_SLOTS. */
 enum { KBIND = 4 };
 typedef struct {
-    dt_dev *dev;               /* NULL: free */
-    const dt_kernel_table *inner;   /* the CPU table it runs */
-    dt_kernel_table table;          /* the wrapped one the graph calls */
+    dt_dev *dev;                  /* NULL: free */
+    const dt_kernel_table *inner; /* the CPU table it runs */
+    dt_kernel_table table;        /* the wrapped one the graph calls */
 } kbinding;
 static kbinding g_kb[KBIND];
 static pthread_mutex_t g_kb_lock = PTHREAD_MUTEX_INITIALIZER;
 
-#define KW_V(I, name, params, args)              \
-    static void ck##I##_##name params {           \
-        enter(g_kb[I].dev);                       \
-        g_kb[I].inner->name args;                 \
-        leave(g_kb[I].dev);                       \
+#define KW_V(I, name, params, args)     \
+    static void ck##I##_##name params { \
+        enter(g_kb[I].dev);             \
+        g_kb[I].inner->name args;       \
+        leave(g_kb[I].dev);             \
     }
 #define KW_R(I, type, name, params, args)        \
-    static type ck##I##_##name params {           \
-        enter(g_kb[I].dev);                       \
-        const type r = g_kb[I].inner->name args;  \
-        leave(g_kb[I].dev);                       \
-        return r;                                 \
+    static type ck##I##_##name params {          \
+        enter(g_kb[I].dev);                      \
+        const type r = g_kb[I].inner->name args; \
+        leave(g_kb[I].dev);                      \
+        return r;                                \
     }
 #define KF_V(I, name, params, args) t->name = in->name ? ck##I##_##name : NULL;
 #define KF_R(I, type, name, params, args) t->name = in->name ? ck##I##_##name : NULL;
-#define KBINDING(I)                                                                       \
-    DT_KERNEL_SLOTS(KW_V##I, KW_R##I)                                                     \
+#define KBINDING(I)                   \
+    DT_KERNEL_SLOTS(KW_V##I, KW_R##I) \
     static void fill##I(dt_kernel_table *t, const dt_kernel_table *in) { DT_KERNEL_SLOTS(KF_V##I, KF_R##I) }
 #define KW_V0(n, p, a) KW_V(0, n, p, a)
 #define KW_R0(t, n, p, a) KW_R(0, t, n, p, a)
@@ -209,13 +211,14 @@ static const dt_kernel_table *checked_kernels(dt_dev *d, const dt_kernel_table *
         if (!g_kb[i].dev && free_i < 0) free_i = i;
     if (i == KBIND && free_i >= 0) {
         i = free_i;
-        g_kb[i].table = *cpu;  /* its name, dtype and precision */
+        g_kb[i].table = *cpu; /* its name, dtype and precision */
         g_fill[i](&g_kb[i].table, cpu);
         g_kb[i].dev = d, g_kb[i].inner = cpu;
     }
     pthread_mutex_unlock(&g_kb_lock);
     if (i == KBIND) {
-        dt_error(DT_ENOTSUP, "checked device: more than %d kernel tables (devices x `kernels`/`precision`) at once", KBIND);
+        dt_error(DT_ENOTSUP, "checked device: more than %d kernel tables (devices x `kernels`/`precision`) at once",
+                 KBIND);
         return NULL;
     }
     return &g_kb[i].table;
@@ -249,7 +252,7 @@ static const dt_device_ops checked_ops = {
     .adam_step = checked_adam_step,
     .xent_shard = checked_xent_shard,
     .kernels = checked_kernels,
-    .plan_layouts = dt_cpu_plan_layouts,  /* the CPU kernels, the CPU plan (no memory touched) */
+    .plan_layouts = dt_cpu_plan_layouts, /* the CPU kernels, the CPU plan (no memory touched) */
 };
 
 /* "arena=BYTES" with K/M/G suffixes into *size. */
@@ -257,7 +260,8 @@ static dt_status parse_options(const char *opt, size_t *size) {
     *size = (size_t)1 << 30;
     if (!opt || !*opt) return DT_OK;
     if (strncmp(opt, "arena=", 6))
-        return dt_error(DT_EINVAL, "device checked: unknown option '%s' (it takes arena=BYTES, e.g. checked:arena=512M)", opt);
+        return dt_error(DT_EINVAL,
+                        "device checked: unknown option '%s' (it takes arena=BYTES, e.g. checked:arena=512M)", opt);
     char *end;
     errno = 0;
     const double v = strtod(opt + 6, &end);
@@ -274,11 +278,14 @@ static dt_status checked_create(dt_dev **out, const char *options) {
     DT_TRY(parse_options(options, &size));
     checked_dev *c = calloc(1, sizeof *c);
     span *all = malloc(sizeof *all);
-    void *arena = c && all ? mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0) : MAP_FAILED;
+    void *arena = c && all ? mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)
+                           : MAP_FAILED;
     if (arena == MAP_FAILED) {
         free(c), free(all);
-        return dt_error(DT_ENOMEM, "device checked: cannot reserve a %zu-byte arena (%s): give a smaller one "
-                        "(`device` checked:arena=BYTES)", size, strerror(errno));
+        return dt_error(DT_ENOMEM,
+                        "device checked: cannot reserve a %zu-byte arena (%s): give a smaller one "
+                        "(`device` checked:arena=BYTES)",
+                        size, strerror(errno));
     }
     *all = (span){.off = 0, .len = size, .used = false, .next = NULL};
     c->arena = arena, c->size = size, c->spans = all;
@@ -293,7 +300,7 @@ static void checked_destroy(dt_dev *d) {
     release_kernels(d);
     for (span *s = c->spans, *n; s; s = n) {
         n = s->next;
-        if (s->used) dt_mem_uncharge(s->len);  /* a leak of the caller's, still not counted forever */
+        if (s->used) dt_mem_uncharge(s->len); /* a leak of the caller's, still not counted forever */
         free(s);
     }
     munmap(c->arena, c->size);
@@ -303,7 +310,8 @@ static void checked_destroy(dt_dev *d) {
 
 const dt_device_kind dt_device_kind_checked = {
     .name = "checked",
-    .help = "the CPU kernels on memory the host cannot touch (PROT_NONE outside device calls): proves code device-neutral",
+    .help =
+        "the CPU kernels on memory the host cannot touch (PROT_NONE outside device calls): proves code device-neutral",
     .options = "arena=BYTES",
     .create = checked_create,
     .destroy = checked_destroy,

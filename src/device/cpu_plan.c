@@ -36,9 +36,8 @@ void dt_cpu_plan_layouts(dt_dev *d, const dt_kernel_table *be, const dt_plan_nod
         const dt_plan_node *p = &nodes[i];
         out->blocked[i] = false;
         if (!can || p->alias || p->input || p->output || p->ndim != 3) continue;
-        if (p->op == DT_PLAN_CONV)
-            out->blocked[i] = p->channels % 16 == 0 && readers_take_blocked(nodes, n, i);
-        else if (p->op == DT_PLAN_MAXPOOL)  /* its input (through aliases) blocked */
+        if (p->op == DT_PLAN_CONV) out->blocked[i] = p->channels % 16 == 0 && readers_take_blocked(nodes, n, i);
+        else if (p->op == DT_PLAN_MAXPOOL) /* its input (through aliases) blocked */
             out->blocked[i] = out->blocked[owner_of(nodes, p->in[0])] && readers_take_blocked(nodes, n, i);
     }
 }

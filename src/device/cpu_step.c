@@ -70,7 +70,7 @@ static void cpu_sqnorm(dt_dev *d, double *out, const float *x, size_t n) {
 
 static void cpu_cast_f32_bf16(dt_dev *d, uint16_t *out, const float *x, size_t n) {
     (void)d;
-    dt_cast_bf16(out, x, n);  /* the kernels' cast (AVX512-BF16 where the CPU has it), bitwise dt_f32_to_bf16 */
+    dt_cast_bf16(out, x, n); /* the kernels' cast (AVX512-BF16 where the CPU has it), bitwise dt_f32_to_bf16 */
 }
 
 static void cpu_cast_bf16_f32(dt_dev *d, float *out, const uint16_t *x, size_t n) {
@@ -119,7 +119,7 @@ static void cpu_sgd_step(dt_dev *d, const dt_step_args *a, float *restrict p, co
 __attribute__((noinline)) static void adam_loop(const dt_step_args *a, float *restrict p, const float *restrict g,
                                                 float *restrict m, float *restrict v, size_t n) {
     const float b1 = a->beta1, b2 = a->beta2, eps = a->eps, wd = a->weight_decay, lr = a->lr;
-    const float wd_l2 = a->decoupled ? 0.0f : wd;  /* adam: L2 term in the gradient */
+    const float wd_l2 = a->decoupled ? 0.0f : wd; /* adam: L2 term in the gradient */
     const double t = (double)(a->t + 1);
     const float bc1 = (float)(1.0 - pow(b1, t));
     const float inv_bc2_sqrt = (float)(1.0 / sqrt(1.0 - pow(b2, t)));
@@ -145,7 +145,7 @@ static void cpu_adam_step(dt_dev *d, const dt_step_args *a, float *p, const floa
     (void)d;
 #if defined(__SSE__)
     const unsigned csr = _mm_getcsr();
-    _mm_setcsr(csr | 0x8040u);  /* FTZ (bit 15) | DAZ (bit 6) */
+    _mm_setcsr(csr | 0x8040u); /* FTZ (bit 15) | DAZ (bit 6) */
     adam_loop(a, p, g, m, v, n);
     _mm_setcsr(csr);
 #else

@@ -96,7 +96,7 @@ const dt_device_kind dt_device_kind_cpu = {
     .help = "host memory and the CPU kernels (oneDNN or OpenBLAS: --kernels)",
     .options = "",
     .create = cpu_create,
-    .destroy = NULL,  /* the process's one CPU device lives as long as the process */
+    .destroy = NULL, /* the process's one CPU device lives as long as the process */
 };
 
 #ifndef DT_HAVE_CUDA
@@ -105,7 +105,7 @@ const dt_device_kind dt_device_kind_cpu = {
 static dt_status cuda_absent(dt_dev **out, const char *options) {
     (void)out, (void)options;
     return dt_error(DT_ENOTSUP, "device cuda: this dtrain was built without CUDA: rebuild with `make CUDA=1` and "
-                    "the CUDA toolkit (nvcc on PATH or in /usr/local/cuda); use `device` cpu");
+                                "the CUDA toolkit (nvcc on PATH or in /usr/local/cuda); use `device` cpu");
 }
 
 const dt_device_kind dt_device_kind_cuda = {

@@ -30,22 +30,22 @@ typedef struct dt_dev dt_dev;
 /* The hyper-parameters of one optimizer step (the caller's dt_optim config and step count). */
 typedef struct {
     float lr, weight_decay;
-    float momentum;    /* sgd: 0 = none */
-    bool nesterov;     /* sgd */
-    bool first_step;   /* sgd: the momentum buffer starts as the first gradient (torch) */
+    float momentum;  /* sgd: 0 = none */
+    bool nesterov;   /* sgd */
+    bool first_step; /* sgd: the momentum buffer starts as the first gradient (torch) */
     float beta1, beta2, eps;
-    bool decoupled;    /* adamw: decay applied to the weights, not the gradient */
-    int64_t t;         /* adam: steps taken before this one (bias corrections use t + 1) */
+    bool decoupled; /* adamw: decay applied to the weights, not the gradient */
+    int64_t t;      /* adam: steps taken before this one (bias corrections use t + 1) */
 } dt_step_args;
 
 /* The phases of xent_shard, between which the caller reduces rows across the vocabulary's shards. */
 typedef enum {
-    DT_XENT_MAX = 0,  /* rows[i] = the largest logit of row i in the slice (then: max over the shards) */
-    DT_XENT_SUMS,     /* dlogits = exp(logits - rows[i]); rows[N + 2i] = their sum, rows[N + 2i + 1] = the
-                       * target's logit where the target is in the slice, else 0 (then: sum over the shards) */
-    DT_XENT_GRAD,     /* dlogits = scale / counted x (softmax - one-hot of the target, where it is in the
-                       * slice), 0 on a row whose target is `ignore`; *loss = the mean over the counted
-                       * rows of log(sum) + max - target logit (0 when none), *counted their number */
+    DT_XENT_MAX = 0, /* rows[i] = the largest logit of row i in the slice (then: max over the shards) */
+    DT_XENT_SUMS,    /* dlogits = exp(logits - rows[i]); rows[N + 2i] = their sum, rows[N + 2i + 1] = the
+                      * target's logit where the target is in the slice, else 0 (then: sum over the shards) */
+    DT_XENT_GRAD,    /* dlogits = scale / counted x (softmax - one-hot of the target, where it is in the
+                      * slice), 0 on a row whose target is `ignore`; *loss = the mean over the counted
+                      * rows of log(sum) + max - target logit (0 when none), *counted their number */
 } dt_xent_phase;
 
 /* The operands of xent_shard (device pointers but for the scalars): logits and dlogits (N, Vl) hold
@@ -56,8 +56,8 @@ typedef struct {
     int N, Vl, lo, ignore;
     float scale;
     float *dlogits;
-    float *rows;       /* 3N floats: the row maxima, then (sum of exponentials, target logit) per row */
-    double *loss;      /* DT_XENT_GRAD's outputs */
+    float *rows;  /* 3N floats: the row maxima, then (sum of exponentials, target logit) per row */
+    double *loss; /* DT_XENT_GRAD's outputs */
     int32_t *counted;
 } dt_xent_shard_args;
 
@@ -65,25 +65,25 @@ typedef struct {
  * reads and its shape, nothing of nn/'s structs. */
 typedef enum {
     DT_PLAN_OTHER = 0,
-    DT_PLAN_CONV,     /* conv2d */
-    DT_PLAN_MAXPOOL,  /* max pooling (a relu before it may be fused into it: that relu is an alias) */
+    DT_PLAN_CONV,    /* conv2d */
+    DT_PLAN_MAXPOOL, /* max pooling (a relu before it may be fused into it: that relu is an alias) */
     DT_PLAN_RELU,
 } dt_plan_op;
 
 typedef struct {
     dt_plan_op op;
-    int in[3], nin;   /* the nodes it reads */
-    bool alias;       /* its values are its first input's memory (flatten, reshape, a fused relu) */
-    bool input;       /* a graph input (fed memory) */
-    bool output;      /* the graph's output */
-    int ndim;         /* per-sample dims: 3 for (C, H, W) values */
-    int channels;     /* C where ndim is 3 */
+    int in[3], nin; /* the nodes it reads */
+    bool alias;     /* its values are its first input's memory (flatten, reshape, a fused relu) */
+    bool input;     /* a graph input (fed memory) */
+    bool output;    /* the graph's output */
+    int ndim;       /* per-sample dims: 3 for (C, H, W) values */
+    int channels;   /* C where ndim is 3 */
 } dt_plan_node;
 
 /* What a plan decides: per node, whether its values and gradient are in the device's blocked
  * layout (the kernel table's *_blocked slots and dt_layout), and whether those chains are NHWC. */
 typedef struct {
-    bool *blocked;    /* [n], written */
+    bool *blocked; /* [n], written */
     bool nhwc;
 } dt_plan_layouts;
 
@@ -147,8 +147,8 @@ typedef struct dt_device_ops {
  * "arena=512M") and returns a device; DT_EINVAL naming the option on a bad one. */
 typedef struct dt_device_kind {
     const char *name;
-    const char *help;     /* one line for --help and the man page */
-    const char *options;  /* its option syntax for the help, "" when it has none */
+    const char *help;    /* one line for --help and the man page */
+    const char *options; /* its option syntax for the help, "" when it has none */
     dt_status (*create)(dt_dev **out, const char *options);
     void (*destroy)(dt_dev *d);
 } dt_device_kind;

@@ -19,9 +19,7 @@
 
 enum { N = 1000 };
 
-static void fill_host(float *x, size_t n, uint64_t seed) {
-    dt_rng_fill_uniform(x, n, -2, 2, seed, 1);
-}
+static void fill_host(float *x, size_t n, uint64_t seed) { dt_rng_fill_uniform(x, n, -2, 2, seed, 1); }
 
 static void test_registry(void) {
     int n = 0;
@@ -36,7 +34,7 @@ static void test_registry(void) {
     CHECK(dt_device_create(&d, "cpu:x") == DT_EINVAL);
     CHECK_OK(dt_device_create(&d, "cpu"));
     CHECK(d == dt_device_cpu());
-    dt_device_destroy(d);  /* the CPU device outlives it: a no-op */
+    dt_device_destroy(d); /* the CPU device outlives it: a no-op */
 }
 
 /* Runs every primitive on device d from the same host inputs; *out (host) gets every result. */
@@ -52,7 +50,8 @@ static void run_primitives(dt_dev *d, float *out /* 9 N */, int32_t *flags, doub
     CHECK(p && gr && m && v && q && b && flag && ss);
     o->upload(d, p, h, sizeof h), o->upload(d, gr, g, sizeof g);
     o->fill_f32(d, m, 0, N), o->fill_f32(d, v, 0, N);
-    dt_step_args a = {.lr = 1e-2f, .weight_decay = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .decoupled = true};
+    dt_step_args a = {
+        .lr = 1e-2f, .weight_decay = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .decoupled = true};
     for (int t = 0; t < 3; t++) a.t = t, o->adam_step(d, &a, p, gr, m, v, N);
     o->download(d, out, p, N * 4), o->download(d, out + N, m, N * 4), o->download(d, out + 2 * N, v, N * 4);
     dt_step_args s = {.lr = 0.1f, .momentum = 0.9f, .nesterov = true, .weight_decay = 1e-3f, .first_step = true};
@@ -70,13 +69,14 @@ static void run_primitives(dt_dev *d, float *out /* 9 N */, int32_t *flags, doub
     o->download(d, out + 7 * N, q, N * 4);
     const float inf = INFINITY;
     o->upload(d, q + 17, &inf, 4);
-    o->unscale(d, q, 0.25f, N, flag + 1);  /* not applied: q keeps its values */
+    o->unscale(d, q, 0.25f, N, flag + 1); /* not applied: q keeps its values */
     o->download(d, out + 8 * N, q, N * 4);
     o->download(d, flags, flag, 2 * sizeof *flag);
     o->sqnorm(d, ss, gr, N);
     o->download(d, norm, ss, sizeof *ss);
     o->synchronize(d);
-    o->free(d, p), o->free(d, gr), o->free(d, m), o->free(d, v), o->free(d, q), o->free(d, b), o->free(d, flag), o->free(d, ss);
+    o->free(d, p), o->free(d, gr), o->free(d, m), o->free(d, v), o->free(d, q), o->free(d, b), o->free(d, flag),
+        o->free(d, ss);
 }
 
 static void test_checked_equals_cpu(void) {
@@ -91,7 +91,7 @@ static void test_checked_equals_cpu(void) {
     CHECK_MSG(!memcmp(a, b, sizeof a), "checked device results differ from the cpu device's");
     CHECK(fa[0] == 0 && fa[1] == 1 && fb[0] == 0 && fb[1] == 1);
     CHECK(na == nb && na > 0);
-    CHECK(!memcmp(a + 7 * N, a + 8 * N, 17 * 4) && isinf(a[8 * N + 17]));  /* a skipped unscale changes nothing else */
+    CHECK(!memcmp(a + 7 * N, a + 8 * N, 17 * 4) && isinf(a[8 * N + 17])); /* a skipped unscale changes nothing else */
     CHECK(!dt_checked_arena_open(c));
     dt_device_destroy(c);
     printf("checked device: every primitive bitwise equal to the cpu device's\n");
@@ -136,7 +136,7 @@ static int host_touch_signal(bool write, bool after_threads) {
             for (int i = 0; i < 4; i++) pthread_join(t[i], NULL);
         }
         volatile float *vp = p;
-        if (write) vp[0] = 2.0f;  /* the host dereference the device forbids */
+        if (write) vp[0] = 2.0f; /* the host dereference the device forbids */
         else if (vp[0] == 12345.0f) _exit(4);
         _exit(0);
     }
@@ -173,10 +173,10 @@ static void test_arena_accounting(void) {
     CHECK(a && b && dt_mem_used() - used0 == 2 * 30016);
     CHECK(d->ops->alloc(d, 30000) == NULL && strstr(dt_last_error(), "checked:arena="));
     d->ops->free(d, a);
-    void *c = d->ops->alloc(d, 20000);  /* first fit: the freed block's place */
+    void *c = d->ops->alloc(d, 20000); /* first fit: the freed block's place */
     CHECK(c == a);
     d->ops->free(d, b), d->ops->free(d, c);
-    void *big = d->ops->alloc(d, 65536);  /* everything coalesced back into one span */
+    void *big = d->ops->alloc(d, 65536); /* everything coalesced back into one span */
     CHECK(big != NULL);
     d->ops->free(d, big);
     CHECK(dt_mem_used() == used0);
@@ -209,7 +209,7 @@ static void test_checked_kernels(void) {
         k->gelu_forward(dy, dx, N);
         d->ops->download(d, got, dy, sizeof got);
         CHECK_MSG(!memcmp(want, got, sizeof got), "gelu on the checked device differs from the cpu kernel's");
-        CHECK(!dt_checked_arena_open(d) && d->ops->kernels(d, cpu) == k);  /* one binding per table */
+        CHECK(!dt_checked_arena_open(d) && d->ops->kernels(d, cpu) == k); /* one binding per table */
         d->ops->free(d, dx), d->ops->free(d, dy);
     }
     dt_device_destroy(d);
@@ -241,9 +241,10 @@ static void test_xent_count_on_device(void) {
         k->xent_backward(dd, dp, dy, R, V, -100, dc, 0.5f);
         d->ops->download(d, &dcnt, dc, sizeof dcnt), d->ops->download(d, &dloss, dls, sizeof dloss);
         d->ops->download(d, got, dd, sizeof got);
-        CHECK_MSG(cnt == 4 && dcnt == 4, "xent counted %d on cpu, %d on checked; want 4 (two targets ignored)", cnt, dcnt);
+        CHECK_MSG(cnt == 4 && dcnt == 4, "xent counted %d on cpu, %d on checked; want 4 (two targets ignored)", cnt,
+                  dcnt);
         CHECK(!memcmp(&loss, &dloss, sizeof loss) && !memcmp(dl, got, sizeof got));
-        int64_t want = -1, right = -1;  /* the accuracy count, written into device memory too */
+        int64_t want = -1, right = -1; /* the accuracy count, written into device memory too */
         cpu->count_correct(&want, lg, y, R, V);
         k->count_correct((int64_t *)dls, dlg, dy, R, V);
         d->ops->download(d, &right, dls, sizeof right);
@@ -289,8 +290,17 @@ static void run_xent(dt_dev *d, int K, const float *z, const int32_t *y, double 
         for (int i = 0; i < XN; i++) memcpy(part + i * Vl, z + i * XV + k * Vl, sizeof(float) * (size_t)Vl);
         lg[k] = o->alloc(d, sizeof part), dl[k] = o->alloc(d, sizeof part), rows[k] = o->alloc(d, sizeof hr[0]);
         o->upload(d, lg[k], part, sizeof(float) * XN * (size_t)Vl);
-        a[k] = (dt_xent_shard_args){.logits = lg[k], .targets = ty, .N = XN, .Vl = Vl, .lo = k * Vl, .ignore = -1,
-                                    .scale = 0.5f, .dlogits = dl[k], .rows = rows[k], .loss = ls, .counted = cnt};
+        a[k] = (dt_xent_shard_args){.logits = lg[k],
+                                    .targets = ty,
+                                    .N = XN,
+                                    .Vl = Vl,
+                                    .lo = k * Vl,
+                                    .ignore = -1,
+                                    .scale = 0.5f,
+                                    .dlogits = dl[k],
+                                    .rows = rows[k],
+                                    .loss = ls,
+                                    .counted = cnt};
     }
     for (int ph = DT_XENT_MAX; ph <= DT_XENT_GRAD; ph++) {
         for (int k = 0; k < K; k++) o->xent_shard(d, (dt_xent_phase)ph, &a[k]);
@@ -316,30 +326,31 @@ static void test_xent_shard(void) {
     if (!c) return;
     float z[XN * XV], dz[4][XN * XV];
     fill_host(z, XN * XV, 9);
-    const int32_t y[XN] = {3, 9, -1, 0, 5, 4};  /* one ignored row; targets in both slices */
+    const int32_t y[XN] = {3, 9, -1, 0, 5, 4}; /* one ignored row; targets in both slices */
     double l[4];
     run_xent(dt_device_cpu(), 1, z, y, &l[0], dz[0]);
     run_xent(c, 1, z, y, &l[1], dz[1]);
     run_xent(dt_device_cpu(), 2, z, y, &l[2], dz[2]);
     run_xent(c, 2, z, y, &l[3], dz[3]);
-    CHECK_MSG(l[0] == l[1] && l[2] == l[3] && !memcmp(dz[0], dz[1], sizeof dz[0]) && !memcmp(dz[2], dz[3], sizeof dz[0]),
+    CHECK_MSG(l[0] == l[1] && l[2] == l[3] && !memcmp(dz[0], dz[1], sizeof dz[0]) &&
+                  !memcmp(dz[2], dz[3], sizeof dz[0]),
               "xent_shard: the checked device differs from the cpu device");
-    double ref = 0;  /* the mean over the 5 counted rows of logsumexp - target logit, in double */
+    double ref = 0; /* the mean over the 5 counted rows of logsumexp - target logit, in double */
     for (int i = 0; i < XN; i++) {
         if (y[i] < 0) continue;
         double s = 0;
         for (int v = 0; v < XV; v++) s += exp((double)z[i * XV + v]);
         ref += log(s) - z[i * XV + y[i]];
-        for (int v = 0; v < XV; v++) {  /* d(0.5 x mean)/dz = 0.5 / 5 x (softmax - onehot) */
+        for (int v = 0; v < XV; v++) { /* d(0.5 x mean)/dz = 0.5 / 5 x (softmax - onehot) */
             const double want = 0.1 * (exp((double)z[i * XV + v]) / s - (v == y[i]));
             CHECK_MSG(fabs(dz[0][i * XV + v] - want) < 1e-6 && fabs(dz[2][i * XV + v] - want) < 1e-6,
                       "xent_shard gradient row %d id %d: %g and %g, want %g", i, v, dz[0][i * XV + v],
                       dz[2][i * XV + v], want);
         }
     }
-    for (int v = 0; v < XV; v++) CHECK(dz[0][2 * XV + v] == 0 && dz[2][2 * XV + v] == 0);  /* the ignored row */
-    CHECK_MSG(fabs(l[0] - ref / 5) < 1e-5 && fabs(l[2] - ref / 5) < 1e-5, "xent_shard loss %g (1 slice), %g (2), want %g",
-              l[0], l[2], ref / 5);
+    for (int v = 0; v < XV; v++) CHECK(dz[0][2 * XV + v] == 0 && dz[2][2 * XV + v] == 0); /* the ignored row */
+    CHECK_MSG(fabs(l[0] - ref / 5) < 1e-5 && fabs(l[2] - ref / 5) < 1e-5,
+              "xent_shard loss %g (1 slice), %g (2), want %g", l[0], l[2], ref / 5);
     CHECK(!dt_checked_arena_open(c));
     dt_device_destroy(c);
     printf("xent_shard: 1 and 2 vocabulary slices match the loss and gradient; checked bitwise cpu\n");

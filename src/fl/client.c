@@ -26,15 +26,15 @@ typedef struct {
     char who[96];
     float *delta;
     int sent;
-    int heard;           /* the current session got a message from the server */
-    double wait;         /* the next back-off (s): 0.1 doubling to 2 */
-    double give_up;      /* when failures in a row started + connect_timeout (0: none in a row) */
-    uint64_t tries;      /* back-offs taken: the jitter's index */
+    int heard;      /* the current session got a message from the server */
+    double wait;    /* the next back-off (s): 0.1 doubling to 2 */
+    double give_up; /* when failures in a row started + connect_timeout (0: none in a row) */
+    uint64_t tries; /* back-offs taken: the jitter's index */
 } client;
 
 static void nap(double s) {
     struct timespec t = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)}, rest;
-    while (nanosleep(&t, &rest) != 0 && errno == EINTR) t = rest;  /* a signal must not shorten a back-off */
+    while (nanosleep(&t, &rest) != 0 && errno == EINTR) t = rest; /* a signal must not shorten a back-off */
 }
 
 #define BACKOFF_MIN 0.1
@@ -51,7 +51,8 @@ static dt_status backoff(client *c, const char *why) {
     double u = (double)(dt_rng_u64(c->cfg->client_id, dt_rng_key(DT_RNG_USER + 19, 0), c->tries++) >> 11) * 0x1p-53;
     double t = c->wait * (0.5 + 0.5 * u);
     if (now + t > c->give_up)
-        return dt_error(DT_ETIMEDOUT, "fl client %llu: no session with the server %s for %g s (`connect_timeout`); "
+        return dt_error(DT_ETIMEDOUT,
+                        "fl client %llu: no session with the server %s for %g s (`connect_timeout`); "
                         "last: %s. Is fl-server running there, with room for this client (`max_clients`)?",
                         (unsigned long long)c->cfg->client_id, c->cfg->server, c->cfg->connect_timeout, why);
     nap(t);
@@ -80,7 +81,8 @@ static dt_status connect_backoff(client *c) {
 }
 
 static dt_status send_buf(client *c, uint16_t type, dt_fl_buf *b) {
-    dt_status s = b->bad ? dt_error(DT_ENOMEM, "fl client: out of memory") : dt_fl_send(c->fd, type, b->p, (uint32_t)b->n, dt_now() + c->cfg->idle_timeout, c->who);
+    dt_status s = b->bad ? dt_error(DT_ENOMEM, "fl client: out of memory")
+                         : dt_fl_send(c->fd, type, b->p, (uint32_t)b->n, dt_now() + c->cfg->idle_timeout, c->who);
     dt_fl_buf_free(b);
     return s;
 }
@@ -129,7 +131,8 @@ static dt_status secure_update(client *c, const dt_fl_model_msg *mm, dt_fl_sa_cl
     round = dt_fl_get_u32(&cur), n = dt_fl_get_u32(&cur);
     uint8_t alive2[DT_SA_MAX + 1] = {0};
     const uint8_t *a = dt_fl_get_bytes(&cur, n);
-    if (cur.bad || round != mm->round || n != (uint32_t)r.n) s = dt_error(DT_EFORMAT, "fl client: malformed forwarded shares");
+    if (cur.bad || round != mm->round || n != (uint32_t)r.n)
+        s = dt_error(DT_EFORMAT, "fl client: malformed forwarded shares");
     if (s == DT_OK) memcpy(alive2 + 1, a, n), s = dt_fl_sa_client_receive(sa, p + cur.off, len - cur.off);
     free(p);
     DT_TRY(s);
@@ -149,13 +152,15 @@ static dt_status secure_update(client *c, const dt_fl_model_msg *mm, dt_fl_sa_cl
     free(x), free(y);
     dt_fl_buf_free(&b);
     DT_TRY(s);
-    if (c->cfg->fault == DT_FL_FAULT_DROP_AFTER_MASK) return dt_error(DT_EINTR, "fault injection: dropped after masking");
+    if (c->cfg->fault == DT_FL_FAULT_DROP_AFTER_MASK)
+        return dt_error(DT_EINTR, "fault injection: dropped after masking");
     DT_TRY(expect(c, DT_FL_SA_UNMASK, &p, &len));
     cur = (dt_fl_cur){p, len, 0, 0};
     round = dt_fl_get_u32(&cur), n = dt_fl_get_u32(&cur);
     uint8_t alive3[DT_SA_MAX + 1] = {0};
     a = dt_fl_get_bytes(&cur, n);
-    if (cur.bad || round != mm->round || n != (uint32_t)r.n || cur.off != len) s = dt_error(DT_EFORMAT, "fl client: malformed unmask request");
+    if (cur.bad || round != mm->round || n != (uint32_t)r.n || cur.off != len)
+        s = dt_error(DT_EFORMAT, "fl client: malformed unmask request");
     if (s == DT_OK) memcpy(alive3 + 1, a, n);
     free(p);
     dt_fl_put_u32(&b, mm->round);
@@ -168,8 +173,7 @@ static dt_status secure_update(client *c, const dt_fl_model_msg *mm, dt_fl_sa_cl
 /* Test hooks: act out a failure on the model just received. Returns DT_EINTR to stop. */
 static dt_status fault(client *c) {
     switch (c->cfg->fault) {
-    case DT_FL_FAULT_DIE:
-        return dt_error(DT_EINTR, "fault injection: killed mid-round");
+    case DT_FL_FAULT_DIE: return dt_error(DT_EINTR, "fault injection: killed mid-round");
     case DT_FL_FAULT_SILENT: {
         uint16_t t;
         uint8_t *p = NULL;
@@ -184,8 +188,8 @@ static dt_status fault(client *c) {
     case DT_FL_FAULT_GARBAGE: {
         uint8_t junk[4096];
         dt_rng_fill_uniform((float *)junk, sizeof junk / 4, -1e30f, 1e30f, c->cfg->client_id, 99);
-        dt_fl_send(c->fd, DT_FL_UPDATE, junk, 17, dt_now() + 5, c->who);  /* a well framed, malformed update */
-        (void)!send(c->fd, junk, sizeof junk, MSG_NOSIGNAL);                /* and raw noise */
+        dt_fl_send(c->fd, DT_FL_UPDATE, junk, 17, dt_now() + 5, c->who); /* a well framed, malformed update */
+        (void)!send(c->fd, junk, sizeof junk, MSG_NOSIGNAL);             /* and raw noise */
         nap(0.2);
         return dt_error(DT_EINTR, "fault injection: sent garbage");
     }
@@ -217,7 +221,8 @@ static dt_status on_model(client *c, uint8_t *p, uint32_t len) {
     if (s == DT_OK && sa) {
         s = secure_update(c, &mm, sa);
     } else if (s == DT_OK) {
-        dt_fl_update_msg u = {.round = mm.round, .samples = (uint32_t)dt_dataset_len(c->ds), .n = mm.n, .delta = c->delta};
+        dt_fl_update_msg u = {
+            .round = mm.round, .samples = (uint32_t)dt_dataset_len(c->ds), .n = mm.n, .delta = c->delta};
         dt_fl_buf b = {0};
         s = dt_fl_update_encode(&b, &u);
         if (s == DT_OK) s = send_buf(c, DT_FL_UPDATE, &b);
@@ -238,7 +243,7 @@ static dt_status session(client *c) {
         uint8_t *p = NULL;
         uint32_t len;
         dt_status s = expect(c, DT_FL_MODEL, &p, &len);
-        if (s == DT_EINTR) return DT_OK;  /* BYE */
+        if (s == DT_EINTR) return DT_OK; /* BYE */
         DT_TRY(s);
         s = on_model(c, p, len);
         free(p);
@@ -250,8 +255,10 @@ dt_status dt_fl_client_run(const dt_fl_client_config *cfg, dt_model *m, const dt
     client c = {.cfg = cfg, .m = m, .ds = ds, .fd = -1};
     snprintf(c.who, sizeof c.who, "client %llu: server %s", (unsigned long long)cfg->client_id, cfg->server);
     if (dt_dataset_len(ds) == 0 || dt_dataset_len(ds) > UINT32_MAX)
-        return dt_error(DT_EINVAL, "fl client %llu: %zu local samples", (unsigned long long)cfg->client_id, dt_dataset_len(ds));
-    if (!(c.delta = malloc(dt_model_num_params(m) * sizeof(float)))) return dt_error(DT_ENOMEM, "fl client: out of memory");
+        return dt_error(DT_EINVAL, "fl client %llu: %zu local samples", (unsigned long long)cfg->client_id,
+                        dt_dataset_len(ds));
+    if (!(c.delta = malloc(dt_model_num_params(m) * sizeof(float))))
+        return dt_error(DT_ENOMEM, "fl client: out of memory");
     dt_status s;
     backoff_reset(&c);
     for (;;) {
@@ -269,8 +276,8 @@ dt_status dt_fl_client_run(const dt_fl_client_config *cfg, dt_model *m, const dt
         char why[256];
         snprintf(why, sizeof why, "%s", dt_last_error());
         if (!cfg->quiet)
-            dt_log(DT_LOG_WARN, "fl client %llu: %s; reconnecting in %.1f-%.1f s", (unsigned long long)cfg->client_id, why,
-                   c.wait / 2, c.wait);
+            dt_log(DT_LOG_WARN, "fl client %llu: %s; reconnecting in %.1f-%.1f s", (unsigned long long)cfg->client_id,
+                   why, c.wait / 2, c.wait);
         if ((s = backoff(&c, why)) != DT_OK) break;
     }
     free(c.delta);

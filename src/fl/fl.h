@@ -33,15 +33,15 @@
 #define DT_FL_HELLO_SIZE 12
 
 typedef enum {
-    DT_FL_HELLO = 1,    /* client -> server: id, sample count */
-    DT_FL_MODEL = 2,    /* server -> client: round, training settings, global parameters */
-    DT_FL_UPDATE = 3,   /* client -> server: round, sample count, parameter delta (f32) */
-    DT_FL_BYE = 4,      /* server -> client: training is over */
-    DT_FL_SA_KEYS = 5,  /* client -> server: X25519 public keys (secure aggregation) */
-    DT_FL_SA_ROSTER = 6,/* server -> client: the round's participants and their public keys */
-    DT_FL_SA_SHARES = 7,/* client -> server: encrypted Shamir shares, one per other participant */
-    DT_FL_SA_MASKED = 8,/* client -> server: masked fixed-point update (u32 words) */
-    DT_FL_SA_UNMASK = 9,/* server -> client: who survived; client -> server: the shares asked for */
+    DT_FL_HELLO = 1,     /* client -> server: id, sample count */
+    DT_FL_MODEL = 2,     /* server -> client: round, training settings, global parameters */
+    DT_FL_UPDATE = 3,    /* client -> server: round, sample count, parameter delta (f32) */
+    DT_FL_BYE = 4,       /* server -> client: training is over */
+    DT_FL_SA_KEYS = 5,   /* client -> server: X25519 public keys (secure aggregation) */
+    DT_FL_SA_ROSTER = 6, /* server -> client: the round's participants and their public keys */
+    DT_FL_SA_SHARES = 7, /* client -> server: encrypted Shamir shares, one per other participant */
+    DT_FL_SA_MASKED = 8, /* client -> server: masked fixed-point update (u32 words) */
+    DT_FL_SA_UNMASK = 9, /* server -> client: who survived; client -> server: the shares asked for */
     DT_FL_TYPE_MAX = 9
 } dt_fl_type;
 
@@ -54,10 +54,10 @@ dt_status dt_fl_header_decode(const uint8_t *hdr, uint32_t max_len, uint16_t *ty
 /* An incremental frame reader over a byte stream (a non-blocking socket, or fuzz input). */
 typedef struct {
     uint8_t hdr[DT_FL_HEADER];
-    uint32_t have;       /* bytes of the current frame received (header included) */
+    uint32_t have; /* bytes of the current frame received (header included) */
     uint16_t type;
     uint32_t len, crc;
-    uint8_t *payload;    /* allocated once the header checks out */
+    uint8_t *payload; /* allocated once the header checks out */
     uint32_t max_len;
 } dt_fl_reader;
 
@@ -111,26 +111,26 @@ typedef struct {
 /* Training settings the server sends with the model. */
 typedef struct {
     uint32_t round;
-    uint32_t epochs;      /* local epochs E (0 with steps = 1: FedSGD, one full-batch gradient) */
-    uint32_t batch;       /* local batch (0 = the whole local set) */
+    uint32_t epochs; /* local epochs E (0 with steps = 1: FedSGD, one full-batch gradient) */
+    uint32_t batch;  /* local batch (0 = the whole local set) */
     float lr;
-    float mu;             /* FedProx proximal weight (0 = FedAvg) */
-    uint32_t flags;       /* DT_FL_F_* */
+    float mu;       /* FedProx proximal weight (0 = FedAvg) */
+    uint32_t flags; /* DT_FL_F_* */
     uint64_t seed;
-    float clip;           /* > 0: the client clips its update to this L2 norm (DP with secure aggregation) */
-    float range;          /* secure aggregation: fixed-point clamp of each value */
-    uint32_t frac;        /* secure aggregation: fixed-point fraction bits */
-    uint32_t n;           /* parameters */
-    const float *params;  /* points into the payload */
+    float clip;          /* > 0: the client clips its update to this L2 norm (DP with secure aggregation) */
+    float range;         /* secure aggregation: fixed-point clamp of each value */
+    uint32_t frac;       /* secure aggregation: fixed-point fraction bits */
+    uint32_t n;          /* parameters */
+    const float *params; /* points into the payload */
 } dt_fl_model_msg;
-#define DT_FL_F_SECURE 1u      /* run the secure-aggregation exchange */
-#define DT_FL_F_UNWEIGHTED 2u  /* secure aggregation: weight 1 instead of the sample count (DP) */
+#define DT_FL_F_SECURE 1u     /* run the secure-aggregation exchange */
+#define DT_FL_F_UNWEIGHTED 2u /* secure aggregation: weight 1 instead of the sample count (DP) */
 
 typedef struct {
     uint32_t round;
     uint32_t samples;
     uint32_t n;
-    const float *delta;   /* points into the payload (f32 little endian, aligned copy made by caller) */
+    const float *delta; /* points into the payload (f32 little endian, aligned copy made by caller) */
 } dt_fl_update_msg;
 
 dt_status dt_fl_hello_encode(dt_fl_buf *b, const dt_fl_hello *h);
@@ -186,39 +186,39 @@ dt_status dt_fl_parse_addr(const char *spec, const char *flag, struct sockaddr_i
 /* ---- server ------------------------------------------------------------------------------- */
 
 typedef struct {
-    const char *listen;        /* "ADDR:PORT" */
-    int rounds;                /* rounds to run in all (a resumed run continues to this) */
-    int clients_per_round;     /* C */
-    int min_clients;           /* connected clients needed before a round starts (default C) */
-    int start_clients;         /* ... before the first round of this process (default min_clients) */
-    double round_timeout;      /* seconds a round waits for updates */
-    double wait_timeout;       /* seconds to wait for min_clients to connect */
-    double hello_timeout;      /* seconds a new connection has to complete HELLO (0: DT_FL_HELLO_TIMEOUT) */
-    int max_clients;           /* registered clients at most; a HELLO beyond is refused (0: DT_FL_MAX_CLIENTS) */
-    int max_pending;           /* connections before HELLO at most; the oldest makes way (0: DT_FL_MAX_PENDING) */
-    int retries;               /* a round with no usable update is run again up to this often */
-    uint32_t epochs, batch;    /* local training; epochs 0 = FedSGD */
+    const char *listen;     /* "ADDR:PORT" */
+    int rounds;             /* rounds to run in all (a resumed run continues to this) */
+    int clients_per_round;  /* C */
+    int min_clients;        /* connected clients needed before a round starts (default C) */
+    int start_clients;      /* ... before the first round of this process (default min_clients) */
+    double round_timeout;   /* seconds a round waits for updates */
+    double wait_timeout;    /* seconds to wait for min_clients to connect */
+    double hello_timeout;   /* seconds a new connection has to complete HELLO (0: DT_FL_HELLO_TIMEOUT) */
+    int max_clients;        /* registered clients at most; a HELLO beyond is refused (0: DT_FL_MAX_CLIENTS) */
+    int max_pending;        /* connections before HELLO at most; the oldest makes way (0: DT_FL_MAX_PENDING) */
+    int retries;            /* a round with no usable update is run again up to this often */
+    uint32_t epochs, batch; /* local training; epochs 0 = FedSGD */
     float lr, mu;
     uint64_t seed;
-    double dp_clip, dp_noise, dp_delta;  /* DP-FedAvg: clip 0 = off */
-    int secure;                /* secure aggregation */
-    int sa_threshold;          /* Shamir threshold t (0: a majority of the round) */
-    double sa_range;           /* fixed-point: |update value| clamped to this */
-    const char *checkpoint;    /* global model file written after each round (NULL: none) */
-    int resume;                /* continue from checkpoint */
-    const char *metrics;       /* JSONL per round (NULL: none) */
-    int eval_every;            /* evaluate every N rounds (and the last) */
+    double dp_clip, dp_noise, dp_delta; /* DP-FedAvg: clip 0 = off */
+    int secure;                         /* secure aggregation */
+    int sa_threshold;                   /* Shamir threshold t (0: a majority of the round) */
+    double sa_range;                    /* fixed-point: |update value| clamped to this */
+    const char *checkpoint;             /* global model file written after each round (NULL: none) */
+    int resume;                         /* continue from checkpoint */
+    const char *metrics;                /* JSONL per round (NULL: none) */
+    int eval_every;                     /* evaluate every N rounds (and the last) */
     int quiet;
 } dt_fl_server_config;
 
 /* Round results, for the metrics line and for fl-sim's benchmark. */
 typedef struct {
     int round, sampled, updates, dropped, retries;
-    int late;                  /* of dropped: sampled clients dropped for missing the round's deadline */
-    double acc, loss, eps;     /* eps < 0: no DP */
-    double wall_s;             /* whole round */
-    double server_cpu_s;       /* the server thread's CPU time in the round, evaluation excluded */
-    uint64_t bytes_in, bytes_out;  /* payload+header bytes, all clients */
+    int late;                     /* of dropped: sampled clients dropped for missing the round's deadline */
+    double acc, loss, eps;        /* eps < 0: no DP */
+    double wall_s;                /* whole round */
+    double server_cpu_s;          /* the server thread's CPU time in the round, evaluation excluded */
+    uint64_t bytes_in, bytes_out; /* payload+header bytes, all clients */
 } dt_fl_round_stats;
 
 typedef struct dt_fl_server dt_fl_server;
@@ -235,14 +235,20 @@ void dt_fl_server_destroy(dt_fl_server *s);
 
 /* ---- client ------------------------------------------------------------------------------- */
 
-typedef enum { DT_FL_FAULT_NONE, DT_FL_FAULT_DIE, DT_FL_FAULT_SILENT, DT_FL_FAULT_GARBAGE, DT_FL_FAULT_DROP_AFTER_MASK } dt_fl_fault;
+typedef enum {
+    DT_FL_FAULT_NONE,
+    DT_FL_FAULT_DIE,
+    DT_FL_FAULT_SILENT,
+    DT_FL_FAULT_GARBAGE,
+    DT_FL_FAULT_DROP_AFTER_MASK
+} dt_fl_fault;
 
 typedef struct {
-    const char *server;        /* "ADDR:PORT" */
+    const char *server; /* "ADDR:PORT" */
     uint64_t client_id;
-    double connect_timeout;    /* give up after failing this long to reach the server, or to get a message on a session */
-    double idle_timeout;       /* give up when the server sends nothing this long */
-    dt_fl_fault fault;         /* test hook: misbehave on the first model received */
+    double connect_timeout; /* give up after failing this long to reach the server, or to get a message on a session */
+    double idle_timeout;    /* give up when the server sends nothing this long */
+    dt_fl_fault fault;      /* test hook: misbehave on the first model received */
     int quiet;
 } dt_fl_client_config;
 

@@ -1,8 +1,8 @@
 /* Tests of federated training's arithmetic: FedAvg with one client, E=1 and one full-batch step
  * equals centralized SGD; FedAvg of full-batch steps over a split equals the centralized step on
  * the union (weights by sample count); FedProx pulls towards the global model; partitions cover
- * every sample; E=1 local training is minibatch SGD in the shuffled order; the RDP accountant matches the Gaussian mechanism's closed form at q = 1 and the
- * published DP-SGD figure (Abadi et al. setting, TF-privacy tutorial). */
+ * every sample; E=1 local training is minibatch SGD in the shuffled order; the RDP accountant matches the Gaussian
+ * mechanism's closed form at q = 1 and the published DP-SGD figure (Abadi et al. setting, TF-privacy tutorial). */
 #include "core/test.h"
 #include "dtrain/optim.h"
 #include "fl/fl.h"

@@ -32,9 +32,9 @@ static void prox_step(dt_model *m, const float *global, float lr, float mu, cons
         return;
     }
     d->ops->copy(d, r->tmp, w, np * sizeof(float));
-    d->ops->accumulate(d, r->tmp, r->neg_global, np);  /* w - global */
+    d->ops->accumulate(d, r->tmp, r->neg_global, np); /* w - global */
     d->ops->scale(d, r->tmp, mu, np);
-    d->ops->accumulate(d, r->tmp, g, np);               /* g + mu (w - global) */
+    d->ops->accumulate(d, r->tmp, g, np); /* g + mu (w - global) */
     d->ops->scale(d, r->tmp, -lr, np);
     d->ops->accumulate(d, w, r->tmp, np);
 }
@@ -59,7 +59,7 @@ static dt_status load_global(dt_model *m, const float *global, dev_round *r) {
     dt_dev *d = dt_model_device(m);
     const size_t np = dt_model_num_params(m), bytes = np * sizeof(float);
     *r = (dev_round){NULL, NULL};
-    d->ops->upload(d, dt_model_params(m), global, bytes);  /* the cpu device: a memcpy */
+    d->ops->upload(d, dt_model_params(m), global, bytes); /* the cpu device: a memcpy */
     if (d->host_memory) return DT_OK;
     float *neg = malloc(bytes + 1);
     r->neg_global = d->ops->alloc(d, bytes), r->tmp = d->ops->alloc(d, bytes);
@@ -79,7 +79,8 @@ dt_status dt_fl_local_train(dt_model *m, const dt_dataset *ds, const float *glob
                             float *delta, float *loss_out) {
     size_t n = dt_dataset_len(ds), np = dt_model_num_params(m);
     if (n == 0) return dt_error(DT_EINVAL, "fl client: empty local data set");
-    if (cfg->n != np) return dt_error(DT_EMISMATCH, "fl client: the server's model has %u parameters, ours %zu", cfg->n, np);
+    if (cfg->n != np)
+        return dt_error(DT_EMISMATCH, "fl client: the server's model has %u parameters, ours %zu", cfg->n, np);
     int batch = cfg->batch == 0 || cfg->batch > n || cfg->epochs == 0 ? (int)n : (int)cfg->batch;
     int epochs = cfg->epochs == 0 ? 1 : (int)cfg->epochs;
     uint32_t *order = malloc(n * sizeof *order);
@@ -99,8 +100,8 @@ dt_status dt_fl_local_train(dt_model *m, const dt_dataset *ds, const float *glob
     }
     if (s == DT_OK) {
         dt_dev *d = dt_model_device(m);
-        d->ops->download(d, delta, dt_model_params(m), np * sizeof(float));  /* the new weights, then */
-        for (size_t i = 0; i < np; i++) delta[i] -= global[i];                /* w - global in place */
+        d->ops->download(d, delta, dt_model_params(m), np * sizeof(float)); /* the new weights, then */
+        for (size_t i = 0; i < np; i++) delta[i] -= global[i];              /* w - global in place */
         if (loss_out) *loss_out = (float)(loss_sum / (double)n);
     }
     if (r.tmp) dt_model_device(m)->ops->free(dt_model_device(m), r.tmp);
@@ -141,7 +142,7 @@ dt_status dt_fl_evaluate(dt_model *m, const dt_dataset *ds, double *acc, double 
         float l;
         if ((s = dt_model_run(m, &f, false, 0, &l)) != DT_OK) break;
         loss_sum += (double)l * cnt;
-        const int64_t c = dt_model_count_correct(m, y, cnt);  /* on a device: counted there, 8 bytes back */
+        const int64_t c = dt_model_count_correct(m, y, cnt); /* on a device: counted there, 8 bytes back */
         if (c < 0) {
             s = dt_error(DT_ENOMEM, "fl evaluate: out of memory for a batch's logits");
             break;

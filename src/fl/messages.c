@@ -21,8 +21,8 @@ dt_status dt_fl_hello_decode(const uint8_t *p, uint32_t len, dt_fl_hello *h) {
     h->client_id = dt_fl_get_u64(&c);
     h->samples = dt_fl_get_u32(&c);
     if (c.bad || c.off != len) return dt_error(DT_EFORMAT, "fl hello: %u bytes, expected 12", len);
-    if (h->samples == 0) return dt_error(DT_EFORMAT, "fl hello: client %llu has no samples",
-                                         (unsigned long long)h->client_id);
+    if (h->samples == 0)
+        return dt_error(DT_EFORMAT, "fl hello: client %llu has no samples", (unsigned long long)h->client_id);
     return DT_OK;
 }
 
@@ -70,12 +70,11 @@ dt_status dt_fl_model_decode(const uint8_t *p, uint32_t len, dt_fl_model_msg *m)
         return dt_error(DT_EFORMAT, "fl model: %u parameters (limit %u)", m->n, DT_FL_MAX_PARAMS);
     if ((size_t)m->n * 4 != len - c.off)
         return dt_error(DT_EFORMAT, "fl model: %u parameters but %zu bytes of them", m->n, len - c.off);
-    if (m->epochs > 1000 || !(m->lr > 0) || !isfinite(m->lr) || !(m->mu >= 0) || !isfinite(m->mu) ||
-        !(m->clip >= 0) || !isfinite(m->clip) || m->frac > 30 ||
-        ((m->flags & DT_FL_F_SECURE) && (!(m->range > 0) || !isfinite(m->range))))
+    if (m->epochs > 1000 || !(m->lr > 0) || !isfinite(m->lr) || !(m->mu >= 0) || !isfinite(m->mu) || !(m->clip >= 0) ||
+        !isfinite(m->clip) || m->frac > 30 || ((m->flags & DT_FL_F_SECURE) && (!(m->range > 0) || !isfinite(m->range))))
         return dt_error(DT_EFORMAT, "fl model: bad settings (epochs %u, lr %g, mu %g, clip %g, range %g, frac %u)",
                         m->epochs, m->lr, m->mu, m->clip, m->range, m->frac);
-    m->params = (const float *)(p + c.off);  /* payloads are malloc'd; offset 48 keeps 4-byte alignment */
+    m->params = (const float *)(p + c.off); /* payloads are malloc'd; offset 48 keeps 4-byte alignment */
     return check_finite(p + c.off, m->n, "model");
 }
 

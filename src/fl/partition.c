@@ -11,7 +11,8 @@ enum { KEY_PART = DT_RNG_USER + 17 };
 
 /* A standard normal from two uniforms of stream (seed, key) at counter i (Box-Muller). */
 static double normal(uint64_t seed, uint64_t key, uint64_t *i) {
-    double u1 = (dt_rng_u64(seed, key, (*i)++) >> 11) * 0x1.0p-53, u2 = (dt_rng_u64(seed, key, (*i)++) >> 11) * 0x1.0p-53;
+    double u1 = (dt_rng_u64(seed, key, (*i)++) >> 11) * 0x1.0p-53,
+           u2 = (dt_rng_u64(seed, key, (*i)++) >> 11) * 0x1.0p-53;
     return sqrt(-2.0 * log(1.0 - u1)) * cos(2.0 * M_PI * u2);
 }
 
@@ -79,7 +80,8 @@ dt_status dt_fl_partition(const char *spec, const int32_t *labels, size_t n, int
                           int *owner) {
     if (k < 1 || (size_t)k > n) return dt_error(DT_EINVAL, "`clients` %d: need 1..%zu (the training samples)", k, n);
     for (size_t i = 0; i < n; i++)
-        if (labels[i] < 0 || labels[i] >= classes) return dt_error(DT_EINVAL, "partition: label of sample %zu out of range", i);
+        if (labels[i] < 0 || labels[i] >= classes)
+            return dt_error(DT_EINVAL, "partition: label of sample %zu out of range", i);
     char *end;
     if (!strcmp(spec, "iid")) {
         uint32_t *order = malloc(n * sizeof *order);
@@ -98,14 +100,12 @@ dt_status dt_fl_partition(const char *spec, const int32_t *labels, size_t n, int
         long S = strtol(spec + 7, &end, 10);
         if (*end || S < 1 || (size_t)S * (size_t)k > n)
             s = dt_error(DT_EINVAL, "`partition` %s: shards:S needs an integer S >= 1 with S*clients <= samples", spec);
-        else
-            part_shards(by, n, k, (int)S, seed, owner);
+        else part_shards(by, n, k, (int)S, seed, owner);
     } else if (!strncmp(spec, "dirichlet:", 10)) {
         double a = strtod(spec + 10, &end);
         if (*end || !(a > 0) || a > 1e6)
             s = dt_error(DT_EINVAL, "`partition` %s: dirichlet:A needs a concentration A > 0 (e.g. 0.5)", spec);
-        else
-            part_dirichlet(by, start, classes, k, a, seed, owner);
+        else part_dirichlet(by, start, classes, k, a, seed, owner);
     } else {
         s = dt_error(DT_EINVAL, "`partition` '%s': expected iid, shards:S or dirichlet:A", spec);
     }

@@ -18,9 +18,7 @@ static void put32(uint8_t *p, uint32_t v) {
 static uint32_t get32(const uint8_t *p) {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
-static uint32_t crc(const void *p, size_t n) {
-    return (uint32_t)crc32(0L, (const Bytef *)p, (uInt)n);
-}
+static uint32_t crc(const void *p, size_t n) { return (uint32_t)crc32(0L, (const Bytef *)p, (uInt)n); }
 
 void dt_fl_header_encode(uint8_t *hdr, uint16_t type, const void *payload, uint32_t len) {
     put32(hdr, DT_FL_MAGIC);
@@ -73,7 +71,7 @@ int dt_fl_reader_feed(dt_fl_reader *r, const uint8_t *data, size_t n, size_t *us
         if (k > n) k = n;
         memcpy(r->hdr + r->have, data, k);
         r->have += (uint32_t)k, *used += k, data += k, n -= k;
-        if (r->have >= 4 && r->have < DT_FL_HEADER && get32(r->hdr) != DT_FL_MAGIC)  /* refuse a stranger early */
+        if (r->have >= 4 && r->have < DT_FL_HEADER && get32(r->hdr) != DT_FL_MAGIC) /* refuse a stranger early */
             return dt_error(DT_EFORMAT, "fl frame: bad magic 0x%08x (not a dtrain fl peer?)", get32(r->hdr));
         if (r->have < DT_FL_HEADER) return 0;
         dt_status s = dt_fl_header_decode(r->hdr, r->max_len, &r->type, &r->len, &r->crc);
@@ -118,7 +116,8 @@ static dt_status send_all(int fd, const uint8_t *p, size_t n, double deadline, c
             DT_TRY(wait_fd(fd, POLLOUT, deadline, who, "sending"));
             continue;
         }
-        return dt_error(DT_EPEER, "fl: %s: connection lost while sending (%s)", who, w < 0 ? strerror(errno) : "closed");
+        return dt_error(DT_EPEER, "fl: %s: connection lost while sending (%s)", who,
+                        w < 0 ? strerror(errno) : "closed");
     }
     return DT_OK;
 }

@@ -62,7 +62,7 @@ static void test_frames(void) {
             buf[byte] ^= (uint8_t)(1 << bit);
             dt_fl_reader_init(&r, 1000);
             int rc = feed_all(&r, buf, n, 64);
-            caught += rc < 0;  /* the header CRC covers the length: a flip is refused, never awaited */
+            caught += rc < 0; /* the header CRC covers the length: a flip is refused, never awaited */
             total++;
             dt_fl_reader_free(&r);
             buf[byte] ^= (uint8_t)(1 << bit);
@@ -106,14 +106,15 @@ static void test_socket(void) {
 static void test_messages(void) {
     float params[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
     dt_fl_buf b = {0};
-    dt_fl_model_msg m = {.round = 3, .epochs = 2, .batch = 16, .lr = 0.1f, .mu = 0.01f, .seed = 9, .n = 10, .params = params};
+    dt_fl_model_msg m = {
+        .round = 3, .epochs = 2, .batch = 16, .lr = 0.1f, .mu = 0.01f, .seed = 9, .n = 10, .params = params};
     CHECK_OK(dt_fl_model_encode(&b, &m));
     dt_fl_model_msg d;
     CHECK_OK(dt_fl_model_decode(b.p, (uint32_t)b.n, &d));
     CHECK(d.round == 3 && d.epochs == 2 && d.batch == 16 && d.n == 10 && d.seed == 9 && d.params[9] == 10);
     CHECK(dt_fl_model_decode(b.p, (uint32_t)b.n - 1, &d) == DT_EFORMAT);
     CHECK(dt_fl_model_decode(b.p, 20, &d) == DT_EFORMAT);
-    b.p[44] = 0xff, b.p[45] = 0xff, b.p[46] = 0xff, b.p[47] = 0x7f;  /* n = 2^31-1 */
+    b.p[44] = 0xff, b.p[45] = 0xff, b.p[46] = 0xff, b.p[47] = 0x7f; /* n = 2^31-1 */
     CHECK(dt_fl_model_decode(b.p, (uint32_t)b.n, &d) == DT_EFORMAT && strstr(dt_last_error(), "limit"));
     dt_fl_buf_free(&b);
 

@@ -16,20 +16,17 @@ struct dt_fl_sa_client {
     uint8_t csk[32], cpk[32], ssk[32], spk[32], b[32];
     int slot;
     dt_fl_sa_roster r;
-    uint8_t bsh[DT_SA_MAX + 1][32], ssh[DT_SA_MAX + 1][32];  /* shares held, by owner slot */
+    uint8_t bsh[DT_SA_MAX + 1][32], ssh[DT_SA_MAX + 1][32]; /* shares held, by owner slot */
     uint8_t have[DT_SA_MAX + 1];
     uint8_t alive2[DT_SA_MAX + 1];
 };
 
-
-static void fill_rand(unsigned char *p, unsigned int n) {
-    randombytes_buf(p, n);
-}
+static void fill_rand(unsigned char *p, unsigned int n) { randombytes_buf(p, n); }
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static int g_sodium_ok;
 static void init_once(void) {
     g_sodium_ok = sodium_init() >= 0;
-    gfshare_fill_rand = fill_rand;  /* never libgfshare's random()-based default */
+    gfshare_fill_rand = fill_rand; /* never libgfshare's random()-based default */
 }
 static dt_status sa_init(void) {
     pthread_once(&g_once, init_once);
@@ -77,10 +74,8 @@ dt_status dt_fl_sa_client_create(dt_fl_sa_client **out, uint32_t round, const ui
     if (!c) return dt_error(DT_ENOMEM, "secure aggregation: out of memory");
     c->round = round;
     uint8_t rnd[96];
-    if (seed)
-        randombytes_buf_deterministic(rnd, sizeof rnd, seed);
-    else
-        randombytes_buf(rnd, sizeof rnd);
+    if (seed) randombytes_buf_deterministic(rnd, sizeof rnd, seed);
+    else randombytes_buf(rnd, sizeof rnd);
     memcpy(c->csk, rnd, 32), memcpy(c->ssk, rnd + 32, 32), memcpy(c->b, rnd + 64, 32);
     crypto_scalarmult_base(c->cpk, c->csk);
     crypto_scalarmult_base(c->spk, c->ssk);
@@ -127,7 +122,7 @@ dt_status dt_fl_sa_client_share(dt_fl_sa_client *c, const dt_fl_sa_roster *r, in
         uint8_t plain[66], rec[DT_SA_SHARE_MSG] = {0}, key[32], nonce[crypto_secretbox_NONCEBYTES];
         gfshare_ctx_enc_getshare(gb, (unsigned char)(v - 1), plain);
         gfshare_ctx_enc_getshare(gs, (unsigned char)(v - 1), plain + 32);
-        if (v == slot) {  /* our own share of b (it may help unmask ourselves) */
+        if (v == slot) { /* our own share of b (it may help unmask ourselves) */
             memcpy(c->bsh[slot], plain, 32), memcpy(c->ssh[slot], plain + 32, 32), c->have[slot] = 1;
             continue;
         }
@@ -151,11 +146,13 @@ dt_status dt_fl_sa_client_receive(dt_fl_sa_client *c, const uint8_t *p, size_t l
         const uint8_t *rec = p + off;
         int from = rec[0], to = rec[1];
         if (to != c->slot || from < 1 || from > c->r.n || from == c->slot)
-            return dt_error(DT_EFORMAT, "secure aggregation: a share from slot %d to %d reached slot %d", from, to, c->slot);
+            return dt_error(DT_EFORMAT, "secure aggregation: a share from slot %d to %d reached slot %d", from, to,
+                            c->slot);
         uint8_t key[32], nonce[crypto_secretbox_NONCEBYTES], plain[66];
         DT_TRY(dt_fl_sa_agree(key, c->csk, c->cpk, c->r.cpk[from - 1], 'c'));
         share_nonce(nonce, c->round, from, to);
-        if (crypto_secretbox_open_easy(plain, rec + 4, DT_SA_CT, nonce, key) != 0 || plain[64] != from || plain[65] != to)
+        if (crypto_secretbox_open_easy(plain, rec + 4, DT_SA_CT, nonce, key) != 0 || plain[64] != from ||
+            plain[65] != to)
             return dt_error(DT_EFORMAT, "secure aggregation: the share from slot %d does not authenticate", from);
         memcpy(c->bsh[from], plain, 32), memcpy(c->ssh[from], plain + 32, 32), c->have[from] = 1;
         sodium_memzero(plain, sizeof plain), sodium_memzero(key, sizeof key);
@@ -166,7 +163,8 @@ dt_status dt_fl_sa_client_receive(dt_fl_sa_client *c, const uint8_t *p, size_t l
 dt_status dt_fl_sa_client_mask(dt_fl_sa_client *c, const uint8_t *alive2, const uint32_t *x, size_t n, uint32_t *y) {
     if (!c->slot) return dt_error(DT_EFORMAT, "secure aggregation: masking before the roster");
     memcpy(c->alive2 + 1, alive2 + 1, (size_t)c->r.n);
-    if (!c->alive2[c->slot]) return dt_error(DT_EFORMAT, "secure aggregation: slot %d is not among the sharers", c->slot);
+    if (!c->alive2[c->slot])
+        return dt_error(DT_EFORMAT, "secure aggregation: slot %d is not among the sharers", c->slot);
     memcpy(y, x, n * 4);
     dt_fl_sa_prg_add(y, n, c->b, c->round, +1);
     for (int v = 1; v <= c->r.n; v++) {

@@ -22,10 +22,10 @@
 #define DT_SA_SHARE_MSG (4 + DT_SA_CT)
 
 typedef struct {
-    int n;                            /* participants (U1), slots 1..n */
+    int n; /* participants (U1), slots 1..n */
     uint8_t cpk[DT_SA_MAX][DT_SA_KEY];
     uint8_t spk[DT_SA_MAX][DT_SA_KEY];
-    int t;                            /* threshold */
+    int t; /* threshold */
 } dt_fl_sa_roster;
 
 /* ---- client side --------------------------------------------------------------------------- */
@@ -84,8 +84,6 @@ int dt_fl_sa_frac_bits(double range, double total_weight);
 /* Encodes v[n] into x[n]; returns the number of values that were clamped. */
 size_t dt_fl_sa_encode(uint32_t *x, const float *v, size_t n, double w, double range, int frac);
 /* Decodes a summed word. */
-static inline double dt_fl_sa_decode(uint32_t x, int frac) {
-    return (double)(int32_t)x / (double)(1u << frac);
-}
+static inline double dt_fl_sa_decode(uint32_t x, int frac) { return (double)(int32_t)x / (double)(1u << frac); }
 
 #endif

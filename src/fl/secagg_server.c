@@ -16,12 +16,11 @@ struct dt_fl_sa_server {
     size_t n;
     uint32_t *sum;
     uint8_t alive2[DT_SA_MAX + 1], alive3[DT_SA_MAX + 1], unmasked[DT_SA_MAX + 1];
-    uint8_t *sh;  /* [owner][holder] 33 bytes: kind (0 none, 1 b, 2 s key) + share */
+    uint8_t *sh; /* [owner][holder] 33 bytes: kind (0 none, 1 b, 2 s key) + share */
     int nunmasked;
 };
 
 #define SH(s, owner, holder) ((s)->sh + ((size_t)(owner) * (DT_SA_MAX + 1) + (size_t)(holder)) * 33)
-
 
 dt_status dt_fl_sa_server_create(dt_fl_sa_server **out, const dt_fl_sa_roster *r, uint32_t round, size_t n) {
     *out = NULL;
@@ -66,7 +65,8 @@ dt_status dt_fl_sa_server_add_unmask(dt_fl_sa_server *s, int holder, const uint8
         int u = p[off], kind = p[off + 1];
         int want = u >= 1 && u <= s->r.n && s->alive2[u] ? (s->alive3[u] ? 1 : 2) : 0;
         if (kind != want)
-            return dt_error(DT_EFORMAT, "secure aggregation: slot %d sent a share of kind %d for slot %d", holder, kind, u);
+            return dt_error(DT_EFORMAT, "secure aggregation: slot %d sent a share of kind %d for slot %d", holder, kind,
+                            u);
         uint8_t *d = SH(s, u, holder);
         d[0] = (uint8_t)kind;
         memcpy(d + 1, p + off + 2, 32);
@@ -101,8 +101,10 @@ static dt_status strip_dropped(dt_fl_sa_server *s, int d) {
     DT_TRY(recombine(s, d, 2, ssk));
     crypto_scalarmult_base(spk, ssk);
     if (memcmp(spk, s->r.spk[d - 1], 32))
-        return dt_error(DT_EPEER, "secure aggregation: the reconstructed mask key of slot %d does not match its "
-                                  "public key (a corrupt share)", d);
+        return dt_error(DT_EPEER,
+                        "secure aggregation: the reconstructed mask key of slot %d does not match its "
+                        "public key (a corrupt share)",
+                        d);
     for (int u = 1; u <= s->r.n; u++) {
         if (!s->alive3[u]) continue;
         uint8_t key[32];

@@ -112,7 +112,7 @@ static void test_uniform_and_tamper(void) {
     CHECK_OK(dt_fl_sa_client_share(b, &r, 2, &shb));
     uint8_t alive[3] = {0, 1, 1};
     uint32_t *x = calloc(N, 4), *y = calloc(N, 4);
-    for (int i = 0; i < N; i++) x[i] = (uint32_t)(i % 7);  /* a very non-uniform input */
+    for (int i = 0; i < N; i++) x[i] = (uint32_t)(i % 7); /* a very non-uniform input */
     CHECK_OK(dt_fl_sa_client_mask(a, alive, x, N, y));
     double lo = chi2_bytes(y, N, 0), hi = chi2_bytes(y, N, 24), raw = chi2_bytes(x, N, 0);
     CHECK_MSG(lo < 330.5 && hi < 330.5, "masked bytes chi2 %g (low) %g (high), 0.999 quantile 330.5", lo, hi);
@@ -130,7 +130,7 @@ static void test_uniform_and_tamper(void) {
 
 static void test_fixed_point(void) {
     int f = dt_fl_sa_frac_bits(1.0, 60000);
-    CHECK(f == 15);  /* 60000 * 2^15 < 2^31 <= 60000 * 2^16 */
+    CHECK(f == 15); /* 60000 * 2^15 < 2^31 <= 60000 * 2^16 */
     float v[3] = {0.5f, -2.0f, 0.25f};
     uint32_t x[3];
     CHECK(dt_fl_sa_encode(x, v, 3, 2.0, 1.0, 4) == 1);

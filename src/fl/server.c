@@ -64,7 +64,7 @@ static dt_status resume(dt_fl_server *s) {
 /* The largest frame a registered client sends: its update, or the secure-aggregation messages of
  * a round of clients_per_round (keys, shares to each other member, masked input, unmasking). */
 static uint32_t frame_limit(const dt_fl_server *s) {
-    uint64_t n = 12 + 4 * (uint64_t)s->np;  /* update: round, samples, n, n floats (masked: 8 + 4 n) */
+    uint64_t n = 12 + 4 * (uint64_t)s->np; /* update: round, samples, n, n floats (masked: 8 + 4 n) */
     uint64_t sa = 4 + (uint64_t)s->cfg.clients_per_round * (DT_SA_SHARE_MSG > 34 ? DT_SA_SHARE_MSG : 34);
     if (s->cfg.secure && sa > n) n = sa;
     return n > DT_FL_MAX_PAYLOAD ? DT_FL_MAX_PAYLOAD : (uint32_t)n;
@@ -79,8 +79,10 @@ static void fd_limit(const dt_fl_server *s) {
     r.rlim_cur = r.rlim_max == RLIM_INFINITY || r.rlim_max >= need ? need : r.rlim_max;
     setrlimit(RLIMIT_NOFILE, &r);
     if (r.rlim_cur < need)
-        dt_log(DT_LOG_WARN, "fl server: the open-file limit is %llu, `max_clients` + `max_pending` need %llu; "
-               "raise it (ulimit -n) or lower them", (unsigned long long)r.rlim_cur, (unsigned long long)need);
+        dt_log(DT_LOG_WARN,
+               "fl server: the open-file limit is %llu, `max_clients` + `max_pending` need %llu; "
+               "raise it (ulimit -n) or lower them",
+               (unsigned long long)r.rlim_cur, (unsigned long long)need);
 }
 
 static dt_status check_limits(dt_fl_server_config *c) {
@@ -95,8 +97,10 @@ static dt_status check_limits(dt_fl_server_config *c) {
     int need = c->min_clients > c->clients_per_round ? c->min_clients : c->clients_per_round;
     if (c->start_clients > need) need = c->start_clients;
     if (need > c->max_clients)
-        return dt_error(DT_EINVAL, "`max_clients` %d is below the %d clients that `clients_per_round`/`min_clients` "
-                        "need; raise `max_clients`", c->max_clients, need);
+        return dt_error(DT_EINVAL,
+                        "`max_clients` %d is below the %d clients that `clients_per_round`/`min_clients` "
+                        "need; raise `max_clients`",
+                        c->max_clients, need);
     return DT_OK;
 }
 
@@ -117,14 +121,14 @@ dt_status dt_fl_server_create(dt_fl_server **out, const dt_fl_server_config *cfg
     s->cfg = c, s->m = m, s->test = test, s->lfd = -1, s->np = dt_model_num_params(m);
     s->cap = c.max_clients + c.max_pending + 1;
     s->frame_max = frame_limit(s);
-    s->tx_max = 2 * (DT_FL_HEADER + 48 + 4 * s->np) + (1u << 20);  /* a model message: 48 bytes of settings, n floats */
+    s->tx_max = 2 * (DT_FL_HEADER + 48 + 4 * s->np) + (1u << 20); /* a model message: 48 bytes of settings, n floats */
     s->conns = calloc((size_t)s->cap, sizeof *s->conns);
     s->pf = calloc((size_t)s->cap + 1, sizeof *s->pf);
     s->global = malloc(s->np * sizeof(float));
     dt_status st = s->conns && s->pf && s->global ? DT_OK : dt_error(DT_ENOMEM, "fl server: out of memory");
     if (st == DT_OK) fd_limit(s);
     if (st == DT_OK && cfg->resume && cfg->checkpoint) st = resume(s);
-    if (st == DT_OK)  /* the model's device's memory (the cpu device: a memcpy) */
+    if (st == DT_OK) /* the model's device's memory (the cpu device: a memcpy) */
         dt_model_device(m)->ops->download(dt_model_device(m), s->global, dt_model_params(m), s->np * sizeof(float));
     if (st == DT_OK) st = listen_on(s);
     if (st != DT_OK) {
@@ -164,8 +168,9 @@ static int on_hello(dt_fl_server *s, int c, const uint8_t *p, uint32_t len) {
     }
     dt_fl_conn *k = &s->conns[c];
     k->registered = 1, k->id = h.client_id, k->samples = h.samples;
-    k->rd.max_len = s->frame_max;  /* from now on: its update, no more */
-    snprintf(k->name + strlen(k->name), sizeof k->name - strlen(k->name), " client %llu", (unsigned long long)h.client_id);
+    k->rd.max_len = s->frame_max; /* from now on: its update, no more */
+    snprintf(k->name + strlen(k->name), sizeof k->name - strlen(k->name), " client %llu",
+             (unsigned long long)h.client_id);
     dt_log(DT_LOG_INFO, "fl server: %s joined with %u samples", k->name, h.samples);
     return 0;
 }
@@ -194,8 +199,10 @@ int dt_fl_server_on_frame(dt_fl_server *s, int c, uint16_t type, const uint8_t *
     switch (type) {
     case DT_FL_HELLO: return on_hello(s, c, p, len);
     case DT_FL_UPDATE: return on_update(s, c, p, len);
-    case DT_FL_SA_KEYS: case DT_FL_SA_SHARES: case DT_FL_SA_MASKED: case DT_FL_SA_UNMASK:
-        return dt_fl_server_sa_frame(s, c, type, p, len);
+    case DT_FL_SA_KEYS:
+    case DT_FL_SA_SHARES:
+    case DT_FL_SA_MASKED:
+    case DT_FL_SA_UNMASK: return dt_fl_server_sa_frame(s, c, type, p, len);
     default: return dt_error(DT_EFORMAT, "unexpected message type %u from a client", type), 1;
     }
 }
@@ -239,8 +246,13 @@ static void end_round(dt_fl_server *s) {
 }
 
 static dt_fl_model_msg model_msg(const dt_fl_server *s) {
-    dt_fl_model_msg mm = {.round = (uint32_t)s->round + 1, .epochs = s->cfg.epochs, .batch = s->cfg.batch,
-                          .lr = s->cfg.lr, .mu = s->cfg.mu, .seed = s->cfg.seed, .n = (uint32_t)s->np,
+    dt_fl_model_msg mm = {.round = (uint32_t)s->round + 1,
+                          .epochs = s->cfg.epochs,
+                          .batch = s->cfg.batch,
+                          .lr = s->cfg.lr,
+                          .mu = s->cfg.mu,
+                          .seed = s->cfg.seed,
+                          .n = (uint32_t)s->np,
                           .params = s->global};
     return mm;
 }
@@ -256,7 +268,7 @@ static dt_status plain_round(dt_fl_server *s, double *agg, int *nupd) {
     while (s->nupd < s->nsel - s->ndropped && dt_now() < deadline) dt_fl_server_pump(s, deadline);
     uint8_t late[DT_FL_MAX_CLIENTS];
     for (int i = 0; i < s->nsel; i++) late[i] = !s->upd[i];
-    dt_fl_server_drop_late(s, late, "update");  /* a stalled client must not hold up the next rounds too */
+    dt_fl_server_drop_late(s, late, "update"); /* a stalled client must not hold up the next rounds too */
     double W = 0;
     for (int i = 0; i < s->nsel; i++)
         if (s->upd[i]) W += s->cfg.dp_clip > 0 ? 1.0 : s->upd_samples[i];
@@ -274,7 +286,7 @@ static dt_status plain_round(dt_fl_server *s, double *agg, int *nupd) {
 static void add_dp_noise(dt_fl_server *s, double *agg) {
     if (s->cfg.dp_clip <= 0) return;
     uint64_t nseed;
-    randombytes_buf(&nseed, sizeof nseed);  /* unpredictable to the clients, unlike a seeded stream */
+    randombytes_buf(&nseed, sizeof nseed); /* unpredictable to the clients, unlike a seeded stream */
     float z[1024];
     for (size_t off = 0; off < s->np; off += 1024) {
         size_t k = s->np - off < 1024 ? s->np - off : 1024;
@@ -285,9 +297,10 @@ static void add_dp_noise(dt_fl_server *s, double *agg) {
 
 static void write_metrics(const dt_fl_server *s, const dt_fl_round_stats *st) {
     if (!s->cfg.quiet)
-        printf("round %4d  clients %3d/%-3d  dropped %d (late %d)  retries %d  test acc %.4f  loss %.4f%s  %.2f s  server cpu %.1f ms\n",
-               st->round, st->updates, st->sampled, st->dropped, st->late, st->retries, st->acc, st->loss, "", st->wall_s,
-               1e3 * st->server_cpu_s);
+        printf("round %4d  clients %3d/%-3d  dropped %d (late %d)  retries %d  test acc %.4f  loss %.4f%s  %.2f s  "
+               "server cpu %.1f ms\n",
+               st->round, st->updates, st->sampled, st->dropped, st->late, st->retries, st->acc, st->loss, "",
+               st->wall_s, 1e3 * st->server_cpu_s);
     if (!s->cfg.quiet && st->eps >= 0) printf("           DP: epsilon %.3f at delta %g\n", st->eps, s->cfg.dp_delta);
     fflush(stdout);
     if (!s->cfg.metrics) return;
@@ -296,14 +309,15 @@ static void write_metrics(const dt_fl_server *s, const dt_fl_round_stats *st) {
         dt_log(DT_LOG_WARN, "fl server: cannot append to `metrics` %s: %s", s->cfg.metrics, strerror(errno));
         return;
     }
-    char acc[32] = "null", loss[32] = "null";  /* not evaluated this round */
+    char acc[32] = "null", loss[32] = "null"; /* not evaluated this round */
     if (!isnan(st->acc)) snprintf(acc, sizeof acc, "%.6f", st->acc), snprintf(loss, sizeof loss, "%.6f", st->loss);
-    fprintf(f, "{\"round\":%d,\"sampled\":%d,\"updates\":%d,\"dropped\":%d,\"late\":%d,\"retries\":%d,\"test_acc\":%s,"
-               "\"test_loss\":%s,\"epsilon\":%.6g,\"delta\":%g,\"wall_s\":%.6f,\"server_cpu_ms\":%.3f,"
-               "\"bytes_in\":%llu,\"bytes_out\":%llu,\"secure\":%s}\n",
+    fprintf(f,
+            "{\"round\":%d,\"sampled\":%d,\"updates\":%d,\"dropped\":%d,\"late\":%d,\"retries\":%d,\"test_acc\":%s,"
+            "\"test_loss\":%s,\"epsilon\":%.6g,\"delta\":%g,\"wall_s\":%.6f,\"server_cpu_ms\":%.3f,"
+            "\"bytes_in\":%llu,\"bytes_out\":%llu,\"secure\":%s}\n",
             st->round, st->sampled, st->updates, st->dropped, st->late, st->retries, acc, loss, st->eps,
-            st->eps >= 0 ? s->cfg.dp_delta : 0, st->wall_s, 1e3 * st->server_cpu_s,
-            (unsigned long long)st->bytes_in, (unsigned long long)st->bytes_out, s->cfg.secure ? "true" : "false");
+            st->eps >= 0 ? s->cfg.dp_delta : 0, st->wall_s, 1e3 * st->server_cpu_s, (unsigned long long)st->bytes_in,
+            (unsigned long long)st->bytes_out, s->cfg.secure ? "true" : "false");
     fclose(f);
 }
 
@@ -313,14 +327,20 @@ static dt_status finish_round(dt_fl_server *s, const double *agg, dt_fl_round_st
     st->acc = st->loss = NAN;
     dt_model_device(s->m)->ops->upload(dt_model_device(s->m), dt_model_params(s->m), s->global, s->np * sizeof(float));
     int every = s->cfg.eval_every > 0 ? s->cfg.eval_every : 1;
-    if (s->test && (s->round % every == 0 || s->round == s->cfg.rounds)) DT_TRY(dt_fl_evaluate(s->m, s->test, &st->acc, &st->loss));
+    if (s->test && (s->round % every == 0 || s->round == s->cfg.rounds))
+        DT_TRY(dt_fl_evaluate(s->m, s->test, &st->acc, &st->loss));
     st->eps = -1;
     if (s->cfg.dp_clip > 0) {
         int K = registered(s) > s->cfg.clients_per_round ? registered(s) : s->cfg.clients_per_round;
-        st->eps = dt_fl_dp_epsilon((double)s->cfg.clients_per_round / K, s->cfg.dp_noise, s->round, s->cfg.dp_delta, NULL);
+        st->eps = dt_fl_dp_epsilon((double)s->cfg.clients_per_round / K, s->cfg.dp_noise, s->round, s->cfg.dp_delta,
+                                   NULL);
     }
     if (s->cfg.checkpoint) {
-        dt_ckpt_info info = {.step = s->round, .epoch = s->round, .seed = s->cfg.seed, .world_size = 1, .lr = s->cfg.lr,
+        dt_ckpt_info info = {.step = s->round,
+                             .epoch = s->round,
+                             .seed = s->cfg.seed,
+                             .world_size = 1,
+                             .lr = s->cfg.lr,
                              .batch = s->cfg.batch > 0 ? (int)s->cfg.batch : 1};
         snprintf(info.spec, sizeof info.spec, "%s", dt_model_spec(s->m));
         snprintf(info.optimizer, sizeof info.optimizer, "sgd");
@@ -336,9 +356,10 @@ static dt_status wait_clients(dt_fl_server *s) {
     int need = s->started || s->cfg.start_clients < s->cfg.min_clients ? s->cfg.min_clients : s->cfg.start_clients;
     while (registered(s) < need) {
         if (dt_now() >= deadline)
-            return dt_error(DT_ETIMEDOUT, "fl server: only %d of the %d clients needed (`min_clients`) connected within "
-                            "%.0f s (`wait_timeout`); start more fl-client processes", registered(s),
-                            need, s->cfg.wait_timeout);
+            return dt_error(DT_ETIMEDOUT,
+                            "fl server: only %d of the %d clients needed (`min_clients`) connected within "
+                            "%.0f s (`wait_timeout`); start more fl-client processes",
+                            registered(s), need, s->cfg.wait_timeout);
         dt_fl_server_pump(s, deadline);
     }
     s->started = 1;

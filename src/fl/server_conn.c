@@ -60,7 +60,7 @@ static int accept_one(dt_fl_server *s) {
     int fd = accept4(s->lfd, (struct sockaddr *)&a, &al, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0 && (errno == EMFILE || errno == ENFILE)) {
         int o = oldest_pending(s);
-        if (o < 0) {  /* every descriptor is a registered client's: let the listener rest a moment */
+        if (o < 0) { /* every descriptor is a registered client's: let the listener rest a moment */
             dt_log(DT_LOG_WARN, "fl server: out of file descriptors (%s) with %d clients; raise `ulimit -n`",
                    strerror(errno), s->nconns);
             s->accept_pause = dt_now() + 0.5;
@@ -73,7 +73,7 @@ static int accept_one(dt_fl_server *s) {
     if (pending(s) >= s->cfg.max_pending)
         dt_fl_conn_drop_counted(s, oldest_pending(s), &s->n_evicted,
                                 "no HELLO yet and `max_pending` connections wait for theirs: making way for a new one");
-    if (s->nconns >= s->cap) {  /* cannot happen: registered <= max_clients, pending < max_pending here */
+    if (s->nconns >= s->cap) { /* cannot happen: registered <= max_clients, pending < max_pending here */
         close(fd);
         return 1;
     }
@@ -85,7 +85,7 @@ static int accept_one(dt_fl_server *s) {
     char ip[INET_ADDRSTRLEN];
     inet_ntop(AF_INET, &a.sin_addr, ip, sizeof ip);
     snprintf(c->name, sizeof c->name, "peer %s:%d", ip, ntohs(a.sin_port));
-    dt_fl_reader_init(&c->rd, DT_FL_HELLO_SIZE);  /* a stranger gets HELLO's size, not a model's */
+    dt_fl_reader_init(&c->rd, DT_FL_HELLO_SIZE); /* a stranger gets HELLO's size, not a model's */
     return 1;
 }
 
@@ -111,7 +111,7 @@ void dt_fl_conn_queue(dt_fl_server *s, int ci, uint16_t type, const void *payloa
     dt_fl_conn *c = &s->conns[ci];
     if (c->fd < 0) return;
     size_t need = c->tx_n - c->tx_off + DT_FL_HEADER + len;
-    if (need > s->tx_max) {  /* a client that does not read would make the server hold a model per round */
+    if (need > s->tx_max) { /* a client that does not read would make the server hold a model per round */
         char why[160];
         snprintf(why, sizeof why, "it does not read what the server sends: %zu bytes would be queued to it (limit %zu)",
                  need, s->tx_max);
@@ -250,7 +250,7 @@ void dt_fl_server_pump(dt_fl_server *s, double deadline) {
         if (s->conns[i].fd >= 0 && (pf[i].revents & POLLOUT)) write_conn(s, i);
     }
     compact(s);
-    if (pf[n].revents & POLLIN)  /* a burst of connections is taken in one go (and pruned at once) */
+    if (pf[n].revents & POLLIN) /* a burst of connections is taken in one go (and pruned at once) */
         for (int k = 0; k < 64 && accept_one(s); k++) compact(s);
 }
 

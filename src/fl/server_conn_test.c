@@ -23,9 +23,16 @@ static dt_model *model(void) {
 }
 
 static dt_fl_server *server(dt_model *m, int max_clients, int max_pending, double hello_timeout) {
-    dt_fl_server_config c = {.listen = "127.0.0.1:0", .rounds = 1, .clients_per_round = 1, .round_timeout = 1,
-                             .wait_timeout = 1, .hello_timeout = hello_timeout, .max_clients = max_clients,
-                             .max_pending = max_pending, .lr = 0.1f, .quiet = 1};
+    dt_fl_server_config c = {.listen = "127.0.0.1:0",
+                             .rounds = 1,
+                             .clients_per_round = 1,
+                             .round_timeout = 1,
+                             .wait_timeout = 1,
+                             .hello_timeout = hello_timeout,
+                             .max_clients = max_clients,
+                             .max_pending = max_pending,
+                             .lr = 0.1f,
+                             .quiet = 1};
     dt_fl_server *s = NULL;
     CHECK_OK(dt_fl_server_create(&s, &c, m, NULL));
     return s;
@@ -107,9 +114,9 @@ static void test_frame_limits(dt_model *m) {
     CHECK(send(a, hdr, sizeof hdr, 0) == (ssize_t)sizeof hdr);
     CHECK_MSG(closed(s, a, 10), "a 13-byte frame before HELLO was not refused");
     CHECK(strstr(dt_last_error(), "exceeds the limit of 12") != NULL);
-    uint8_t big[DT_FL_HEADER];  /* a 60 MiB declaration: refused at its header, nothing allocated */
+    uint8_t big[DT_FL_HEADER]; /* a 60 MiB declaration: refused at its header, nothing allocated */
     dt_fl_header_encode(big, DT_FL_UPDATE, NULL, 60u << 20);
-    CHECK(send(b, big, 12, 0) == 12);  /* part of it: still no allocation */
+    CHECK(send(b, big, 12, 0) == 12); /* part of it: still no allocation */
     pump_for(s, 0.2);
     for (int i = 0; i < s->nconns; i++) CHECK(s->conns[i].rd.payload == NULL);
     CHECK(send(b, big + 12, sizeof big - 12, 0) == (ssize_t)sizeof big - 12);
@@ -169,7 +176,8 @@ static void test_send_queue(void) {
     for (; rounds < 40 && count(s, 1) == 2; rounds++) {
         for (int i = 0; i < s->nconns; i++) dt_fl_conn_queue(s, i, DT_FL_MODEL, model, (uint32_t)len);
         for (int i = 0; i < s->nconns; i++)
-            if (s->conns[i].fd >= 0 && s->conns[i].tx_n - s->conns[i].tx_off > most) most = s->conns[i].tx_n - s->conns[i].tx_off;
+            if (s->conns[i].fd >= 0 && s->conns[i].tx_n - s->conns[i].tx_off > most)
+                most = s->conns[i].tx_n - s->conns[i].tx_off;
         /* the reading client drains its queue; the deaf one never reads */
         for (double end = dt_now() + 30; dt_now() < end;) {
             dt_fl_server_pump(s, dt_now() + 0.01);
@@ -180,7 +188,7 @@ static void test_send_queue(void) {
             if (!queued) break;
         }
     }
-    int deaf_held = 0;  /* the server's side: the deaf client's socket may still hold unread models */
+    int deaf_held = 0; /* the server's side: the deaf client's socket may still hold unread models */
     for (int i = 0; i < s->nconns; i++) deaf_held |= s->conns[i].fd >= 0 && s->conns[i].id == 1;
     CHECK_MSG(!deaf_held, "a client that reads nothing is still connected after %d models", rounds);
     CHECK_MSG(most <= s->tx_max, "%zu bytes were queued to one client (limit %zu)", most, s->tx_max);

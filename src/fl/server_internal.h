@@ -15,15 +15,15 @@
 
 typedef struct {
     int fd;
-    char name[64];         /* "client 7 (127.0.0.1:51234)" for log lines */
+    char name[64]; /* "client 7 (127.0.0.1:51234)" for log lines */
     dt_fl_reader rd;
-    uint8_t *tx;           /* queued bytes to send */
+    uint8_t *tx; /* queued bytes to send */
     size_t tx_n, tx_off;
-    int registered;        /* a valid hello came */
+    int registered; /* a valid hello came */
     uint64_t id;
     uint32_t samples;
-    int in_round;          /* sampled for the current round: its slot + 1 */
-    double since;          /* when it was accepted (dt_now()): its HELLO is due by since + hello_timeout */
+    int in_round; /* sampled for the current round: its slot + 1 */
+    double since; /* when it was accepted (dt_now()): its HELLO is due by since + hello_timeout */
 } dt_fl_conn;
 
 struct dt_fl_server {
@@ -32,27 +32,28 @@ struct dt_fl_server {
     const dt_dataset *test;
     int lfd, port;
     dt_fl_conn *conns;
-    int nconns, cap;       /* cap: max_clients + max_pending + 1 (a newcomer before the oldest makes way) */
-    struct pollfd *pf;     /* cap + 1 (the listener) */
-    uint32_t frame_max;    /* the largest frame a registered client may send (its update, or secure-aggregation messages) */
-    size_t tx_max;         /* the most bytes queued to one client: two model frames and 1 MiB (roster, shares, BYE) */
-    double accept_pause;   /* out of file descriptors with nobody to evict: the listener rests until then */
+    int nconns, cap;   /* cap: max_clients + max_pending + 1 (a newcomer before the oldest makes way) */
+    struct pollfd *pf; /* cap + 1 (the listener) */
+    uint32_t
+        frame_max; /* the largest frame a registered client may send (its update, or secure-aggregation messages) */
+    size_t tx_max; /* the most bytes queued to one client: two model frames and 1 MiB (roster, shares, BYE) */
+    double accept_pause; /* out of file descriptors with nobody to evict: the listener rests until then */
     /* pending peers evicted, past the HELLO deadline, gone or malformed before HELLO; HELLOs refused */
     uint64_t n_evicted, n_hello_late, n_stranger, n_full;
     size_t np;
     float *global;
-    int round;             /* rounds completed */
-    int started;           /* the first round of this process began */
+    int round;   /* rounds completed */
+    int started; /* the first round of this process began */
     uint64_t bytes_in, bytes_out;
     /* the round in progress */
     int nsel;
-    int sel[DT_FL_MAX_CLIENTS];     /* conn indices; -1 once that client is gone */
+    int sel[DT_FL_MAX_CLIENTS]; /* conn indices; -1 once that client is gone */
     uint64_t sel_id[DT_FL_MAX_CLIENTS];
-    float *upd[DT_FL_MAX_CLIENTS];  /* plain updates received (NULL: none yet) */
+    float *upd[DT_FL_MAX_CLIENTS]; /* plain updates received (NULL: none yet) */
     uint32_t upd_samples[DT_FL_MAX_CLIENTS];
     int nupd, ndropped, nlate;
-    dt_fl_sa_server *sa;            /* secure aggregation of the round (NULL: plain) */
-    struct dt_fl_sa_round *sar;     /* its exchange state (server_sa.c) */
+    dt_fl_sa_server *sa;        /* secure aggregation of the round (NULL: plain) */
+    struct dt_fl_sa_round *sar; /* its exchange state (server_sa.c) */
 };
 
 /* Accepts, reads and writes whatever is ready, waiting at most until deadline; complete frames

@@ -11,25 +11,26 @@
 
 /* The exchange state of the server's secure round in progress (s->sar). */
 struct dt_fl_sa_round {
-    int phase;                    /* 1 keys, 2 shares, 3 masked, 4 unmask */
+    int phase; /* 1 keys, 2 shares, 3 masked, 4 unmask */
     dt_fl_sa_roster r;
-    int slot_of[DT_FL_MAX_CLIENTS];  /* selection index -> roster slot (0: not in U1) */
-    int sel_of[DT_SA_MAX + 1];    /* roster slot -> selection index */
-    uint8_t have[DT_SA_MAX + 1];  /* replied in the current phase */
+    int slot_of[DT_FL_MAX_CLIENTS]; /* selection index -> roster slot (0: not in U1) */
+    int sel_of[DT_SA_MAX + 1];      /* roster slot -> selection index */
+    uint8_t have[DT_SA_MAX + 1];    /* replied in the current phase */
     uint8_t *shares[DT_SA_MAX + 1];
     size_t nshares[DT_SA_MAX + 1];
     int count;
     size_t words;
     uint32_t round;
 };
-#define SAR (*s->sar)  /* every function here has the server s in scope */
+#define SAR (*s->sar) /* every function here has the server s in scope */
 
 static int sel_index(const dt_fl_server *s, int c) { return s->conns[c].in_round - 1; }
 
 static int on_keys(dt_fl_server *s, int c, dt_fl_cur *cur) {
     int i = sel_index(s, c);
     const uint8_t *k = dt_fl_get_bytes(cur, 64);
-    if (!k || cur->off != cur->n) return dt_error(DT_EFORMAT, "secure aggregation: keys message of %zu bytes", cur->n), 1;
+    if (!k || cur->off != cur->n)
+        return dt_error(DT_EFORMAT, "secure aggregation: keys message of %zu bytes", cur->n), 1;
     if (SAR.slot_of[i]) return dt_error(DT_EFORMAT, "secure aggregation: keys sent twice"), 1;
     int slot = ++SAR.r.n;
     memcpy(SAR.r.cpk[slot - 1], k, 32), memcpy(SAR.r.spk[slot - 1], k + 32, 32);
@@ -42,7 +43,8 @@ static int on_shares(dt_fl_server *s, int slot, dt_fl_cur *cur) {
     size_t len = cur->n - cur->off;
     const uint8_t *p = dt_fl_get_bytes(cur, len);
     if (len != (size_t)(SAR.r.n - 1) * DT_SA_SHARE_MSG)
-        return dt_error(DT_EFORMAT, "secure aggregation: %zu bytes of shares, expected %d records", len, SAR.r.n - 1), 1;
+        return dt_error(DT_EFORMAT, "secure aggregation: %zu bytes of shares, expected %d records", len, SAR.r.n - 1),
+               1;
     for (size_t off = 0; off < len; off += DT_SA_SHARE_MSG)
         if (p[off] != slot || p[off + 1] < 1 || p[off + 1] > SAR.r.n || p[off + 1] == slot)
             return dt_error(DT_EFORMAT, "secure aggregation: a share record with from %d to %d", p[off], p[off + 1]), 1;
@@ -75,7 +77,8 @@ int dt_fl_server_sa_frame(dt_fl_server *s, int c, uint16_t type, const uint8_t *
     size_t rest = len - cur.off;
     const uint8_t *q = dt_fl_get_bytes(&cur, rest);
     if (SAR.phase == 3) {
-        if (rest != SAR.words * 4) return dt_error(DT_EFORMAT, "secure aggregation: masked input of %zu bytes", rest), 1;
+        if (rest != SAR.words * 4)
+            return dt_error(DT_EFORMAT, "secure aggregation: masked input of %zu bytes", rest), 1;
         uint32_t *y = malloc(rest);
         if (!y) return dt_error(DT_ENOMEM, "out of memory"), 1;
         memcpy(y, q, rest);
@@ -195,7 +198,8 @@ static void reset(dt_fl_server *s) {
 }
 
 dt_status dt_fl_server_sa_round(dt_fl_server *s, dt_fl_model_msg *mm, double *agg, int *nupd) {
-    if (!s->sar && !(s->sar = calloc(1, sizeof *s->sar))) return dt_error(DT_ENOMEM, "secure aggregation: out of memory");
+    if (!s->sar && !(s->sar = calloc(1, sizeof *s->sar)))
+        return dt_error(DT_ENOMEM, "secure aggregation: out of memory");
     reset(s);
     SAR.round = mm->round, SAR.words = s->np + 1;
     double W = 0;
@@ -203,8 +207,10 @@ dt_status dt_fl_server_sa_round(dt_fl_server *s, dt_fl_model_msg *mm, double *ag
     double range = s->cfg.dp_clip > 0 ? s->cfg.dp_clip : s->cfg.sa_range;
     int frac = dt_fl_sa_frac_bits(range, W);
     if (frac < 4)
-        return dt_error(DT_EINVAL, "`secure_agg`: total weight %g times `sa_range` %g leaves %d fraction bits in 32-bit "
-                        "words (need 4); lower `sa_range` or `clients_per_round`", W, range, frac);
+        return dt_error(DT_EINVAL,
+                        "`secure_agg`: total weight %g times `sa_range` %g leaves %d fraction bits in 32-bit "
+                        "words (need 4); lower `sa_range` or `clients_per_round`",
+                        W, range, frac);
     mm->flags = DT_FL_F_SECURE | (s->cfg.dp_clip > 0 ? DT_FL_F_UNWEIGHTED : 0);
     mm->range = (float)range, mm->frac = (uint32_t)frac, mm->clip = (float)s->cfg.dp_clip;
     dt_fl_buf b = {0};
@@ -216,7 +222,9 @@ dt_status dt_fl_server_sa_round(dt_fl_server *s, dt_fl_model_msg *mm, double *ag
     wait_phase(s, dt_now() + T);
     SAR.r.t = threshold(s, s->nsel);
     dt_status st = DT_OK;
-    if (SAR.r.n < SAR.r.t) st = dt_error(DT_EPEER, "secure aggregation: %d of %d clients sent keys, threshold %d", SAR.r.n, s->nsel, SAR.r.t);
+    if (SAR.r.n < SAR.r.t)
+        st = dt_error(DT_EPEER, "secure aggregation: %d of %d clients sent keys, threshold %d", SAR.r.n, s->nsel,
+                      SAR.r.t);
     if (st == DT_OK) st = dt_fl_sa_server_create(&s->sa, &SAR.r, SAR.round, SAR.words);
     if (st == DT_OK) {
         send_roster(s);

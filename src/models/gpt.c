@@ -29,15 +29,19 @@ static dt_status check_config(const char *spec, const dt_gpt_config *c) {
     const char *hint = "; example: `model` gpt:L=4,H=4,C=128,T=64";
     if (c->L < 1 || c->L > 256) return dt_error(DT_EINVAL, "`model` %s: L=%d blocks (need 1..256)%s", spec, c->L, hint);
     if (c->H < 1 || c->C < 1 || c->C % c->H)
-        return dt_error(DT_EINVAL, "`model` %s: C=%d must be a positive multiple of the H=%d heads%s", spec, c->C, c->H, hint);
-    if (c->T < 1 || c->T > 65536) return dt_error(DT_EINVAL, "`model` %s: T=%d context (need 1..65536)%s", spec, c->T, hint);
-    if (c->V < 2 || c->V > 1 << 24) return dt_error(DT_EINVAL, "`model` %s: V=%d vocabulary (need 2..16777216)%s", spec, c->V, hint);
+        return dt_error(DT_EINVAL, "`model` %s: C=%d must be a positive multiple of the H=%d heads%s", spec, c->C, c->H,
+                        hint);
+    if (c->T < 1 || c->T > 65536)
+        return dt_error(DT_EINVAL, "`model` %s: T=%d context (need 1..65536)%s", spec, c->T, hint);
+    if (c->V < 2 || c->V > 1 << 24)
+        return dt_error(DT_EINVAL, "`model` %s: V=%d vocabulary (need 2..16777216)%s", spec, c->V, hint);
     return DT_OK;
 }
 
 dt_status dt_gpt_parse(const char *spec, dt_gpt_config *c) {
     *c = GPT_DEFAULT;
-    if (!dt_model_spec_is_gpt(spec)) return dt_error(DT_EINVAL, "`model` %s: not a gpt spec (gpt:L=..,H=..,C=..,T=..)", spec);
+    if (!dt_model_spec_is_gpt(spec))
+        return dt_error(DT_EINVAL, "`model` %s: not a gpt spec (gpt:L=..,H=..,C=..,T=..)", spec);
     const char *p = spec[3] ? spec + 4 : spec + 3;
     while (*p) {
         char key[8] = {0};
@@ -49,10 +53,15 @@ dt_status dt_gpt_parse(const char *spec, dt_gpt_config *c) {
         long v = strtol(p + klen + 1, &end, 10);
         if (end == p + klen + 1 || (*end && *end != ','))
             return dt_error(DT_EINVAL, "`model` %s: %s needs an integer value", spec, key);
-        int *dst = !strcmp(key, "L") ? &c->L : !strcmp(key, "H") ? &c->H : !strcmp(key, "C") ? &c->C
-                 : !strcmp(key, "T") ? &c->T : !strcmp(key, "V") ? &c->V : NULL;
+        int *dst = !strcmp(key, "L")   ? &c->L
+                   : !strcmp(key, "H") ? &c->H
+                   : !strcmp(key, "C") ? &c->C
+                   : !strcmp(key, "T") ? &c->T
+                   : !strcmp(key, "V") ? &c->V
+                                       : NULL;
         if (!dst) return dt_error(DT_EINVAL, "`model` %s: unknown key '%s' (keys L, H, C, T, V)", spec, key);
-        if (v < INT32_MIN || v > INT32_MAX) return dt_error(DT_EINVAL, "`model` %s: %s=%ld is out of range", spec, key, v);
+        if (v < INT32_MIN || v > INT32_MAX)
+            return dt_error(DT_EINVAL, "`model` %s: %s=%ld is out of range", spec, key, v);
         *dst = (int)v;
         p = *end ? end + 1 : end;
     }
@@ -92,7 +101,7 @@ static int block(dt_model *m, const dt_gpt_config *c, int i, int x, int tp) {
     dt_layer_spec fc = op(DT_LAYER_LINEAR, 4 * c->C / tp, std), gelu = dt_layer_default(DT_LAYER_GELU);
     dt_layer_spec add = dt_layer_default(DT_LAYER_ADD);
     int a = node(m, p, "ln_1", &ln, x, -1);
-    a = mark(m, node(m, p, "attn.c_attn", &qkv, a, -1), DT_TP_MARK_COLUMN, 3);  /* q, k and v: by heads */
+    a = mark(m, node(m, p, "attn.c_attn", &qkv, a, -1), DT_TP_MARK_COLUMN, 3); /* q, k and v: by heads */
     a = node(m, p, "attn.attention", &att, a, -1);
     a = mark(m, node(m, p, "attn.c_proj", &proj, a, -1), DT_TP_MARK_ROW, 1);
     x = node(m, p, "residual_attn", &add, x, a);
@@ -126,7 +135,7 @@ static dt_status create(dt_model **out, const dt_gpt_config *c, int tp, bool def
     head.tie = "transformer.wte.weight";
     int logits = mark(m, node(m, "", "lm_head", &head, x, -1), DT_TP_MARK_VOCAB, 1);
     dt_layer_spec xe = dt_layer_default(DT_LAYER_XENT);
-    xe.ignore_index = -1;  /* nanoGPT's: a target of -1 does not count */
+    xe.ignore_index = -1; /* nanoGPT's: a target of -1 does not count */
     int loss = tp == 1 ? node(m, "", "loss", &xe, logits, targets) : -1;
     if (defer) dt_graph_defer_placement(m);
     dt_status s = dt_graph_finish(m, logits, loss, spec);
@@ -147,9 +156,10 @@ dt_status dt_gpt_check_tp(const dt_gpt_config *c, int tp) {
     for (int d = 1; d <= c->H && k < sizeof ok; d++)
         if (c->H % d == 0 && c->C % d == 0 && c->V % d == 0)
             k += (size_t)snprintf(ok + k, sizeof ok - k, "%s%d", k ? ", " : "", d);
-    return dt_error(DT_EINVAL, "`tp` %d: tensor parallelism splits the H=%d heads, the C=%d width (and 4C=%d of the "
-                    "MLP) and the V=%d vocabulary evenly, so it must divide each; choose `tp` %s", tp, c->H, c->C,
-                    4 * c->C, c->V, ok);
+    return dt_error(DT_EINVAL,
+                    "`tp` %d: tensor parallelism splits the H=%d heads, the C=%d width (and 4C=%d of the "
+                    "MLP) and the V=%d vocabulary evenly, so it must divide each; choose `tp` %s",
+                    tp, c->H, c->C, 4 * c->C, c->V, ok);
 }
 
 static dt_status create_sharded(dt_model **out, const dt_gpt_config *c, int tp, bool defer) {
@@ -201,6 +211,6 @@ dt_status dt_model_build(dt_model **m, const char *spec, int C, int H, int W) {
         DT_TRY(dt_gpt_parse(spec, &c));
         DT_TRY(dt_gpt_create(m, &c));
     }
-    dt_model_init(*m, DT_MODEL_BUILD_SEED);  /* ready to train, as an embedder expects */
+    dt_model_init(*m, DT_MODEL_BUILD_SEED); /* ready to train, as an embedder expects */
     return DT_OK;
 }

@@ -53,8 +53,10 @@ static int gpt_load(dt_model *m) {
     }
     printf("  loaded %d of the %d nanoGPT parameters (%zu values; the model has %d tensors, %zu params)\n", loaded,
            fx_params, total, params, dt_model_num_params(m));
-    CHECK_MSG(loaded == fx_params && params == fx_params, "gpt: tensor names differ from nanoGPT's: %d loaded, %d "
-              "dtrain parameters, %d in torch's named_parameters()", loaded, params, fx_params);
+    CHECK_MSG(loaded == fx_params && params == fx_params,
+              "gpt: tensor names differ from nanoGPT's: %d loaded, %d "
+              "dtrain parameters, %d in torch's named_parameters()",
+              loaded, params, fx_params);
     CHECK_MSG(total == dt_model_num_params(m), "gpt: the tensors cover %zu of %zu params", total,
               dt_model_num_params(m));
     CHECK_MSG(dt_model_find_tensor(m, "lm_head.weight") < 0 ||
@@ -82,7 +84,8 @@ static void gpt_compare_grads(dt_model *m) {
         snprintf(what, sizeof what, "gpt grad %s", t->name);
         const dt_fx_entry *e = entry("gpt.grad.%s", t->name);
         if (e->n == t->numel)
-            worst = fmax(worst, gt_cmp_floor(what, dt_model_grads(m) + t->offset, e->data, t->numel, TOL, 1e-3 * gscale));
+            worst = fmax(worst,
+                         gt_cmp_floor(what, dt_model_grads(m) + t->offset, e->data, t->numel, TOL, 1e-3 * gscale));
     }
     printf("  worst gradient rel error %.2e\n", worst);
 }
@@ -126,8 +129,8 @@ static void gpt_adamw(dt_model *m, const dt_feed *f) {
         for (size_t j = 0; z && j < z->n; j++) {
             size_t k = (size_t)((const int32_t *)z->data)[j];
             float ref = ((const float *)e->data)[k];
-            CHECK_MSG(fabsf(p[k] - ref) <= 2.0f * steps * lr, "gpt AdamW: %s[%zu] (zero gradient) moved to %g, torch %g",
-                      t->name, k, p[k], ref);
+            CHECK_MSG(fabsf(p[k] - ref) <= 2.0f * steps * lr,
+                      "gpt AdamW: %s[%zu] (zero gradient) moved to %g, torch %g", t->name, k, p[k], ref);
             p[k] = ref, loose++;
         }
         char what[96];

@@ -12,14 +12,14 @@
 
 /* Index of a draw from softmax(logits / temperature) restricted to the k largest (k <= 0: all). */
 static int sample_logits(const float *logits, int V, float temperature, int top_k, float u, float *probs) {
-    if (temperature <= 0) {  /* greedy */
+    if (temperature <= 0) { /* greedy */
         int best = 0;
         for (int i = 1; i < V; i++)
             if (logits[i] > logits[best]) best = i;
         return best;
     }
     float cut = -FLT_MAX;
-    if (top_k > 0 && top_k < V) {  /* the k-th largest logit: the smallest of a running top-k */
+    if (top_k > 0 && top_k < V) { /* the k-th largest logit: the smallest of a running top-k */
         memcpy(probs, logits, (size_t)V * sizeof(float));
         for (int k = 0; k < top_k; k++) {
             int best = k;
@@ -53,21 +53,22 @@ dt_status dt_gpt_generate(dt_model *m, const int32_t *prompt, int nprompt, int n
                           void (*on_token)(void *ctx, int32_t token), void *ctx) {
     const int T = dt_model_in_size(m), V = dt_model_classes(m);
     if (dt_model_in_dtype(m) != DT_I32 || dt_model_out_size(m) != T * V)
-        return dt_error(DT_EINVAL, "sample: model '%s' is not a language model (it takes no token ids)", dt_model_spec(m));
+        return dt_error(DT_EINVAL, "sample: model '%s' is not a language model (it takes no token ids)",
+                        dt_model_spec(m));
     if (nprompt < 1) return dt_error(DT_EINVAL, "sample: the prompt is empty; give `prompt` at least one character");
     for (int i = 0; i < nprompt; i++)
         if (prompt[i] < 0 || prompt[i] >= V)
             return dt_error(DT_EINVAL, "sample: prompt token %d at position %d is outside the vocabulary [0, %d)",
                             prompt[i], i, V);
     int32_t *ctxbuf = calloc((size_t)T + (size_t)nprompt + (size_t)ntokens, sizeof *ctxbuf);
-    float *probs = malloc(2 * (size_t)V * sizeof *probs), *logits = probs + V;  /* logits: the downloaded row */
+    float *probs = malloc(2 * (size_t)V * sizeof *probs), *logits = probs + V; /* logits: the downloaded row */
     if (!ctxbuf || !probs) {
         free(ctxbuf), free(probs);
         return dt_error(DT_ENOMEM, "sample: out of memory");
     }
     memcpy(ctxbuf, prompt, (size_t)nprompt * sizeof *ctxbuf);
     int len = nprompt;
-    int32_t *window = ctxbuf + (size_t)nprompt + (size_t)ntokens;  /* T slots after the text */
+    int32_t *window = ctxbuf + (size_t)nprompt + (size_t)ntokens; /* T slots after the text */
     dt_status s = DT_OK;
     for (int k = 0; k < ntokens && s == DT_OK; k++) {
         int start = len > T ? len - T : 0, n = len - start;
@@ -75,7 +76,7 @@ dt_status dt_gpt_generate(dt_model *m, const int32_t *prompt, int nprompt, int n
         memcpy(window, ctxbuf + start, (size_t)n * sizeof *window);
         dt_feed f = {.x = window, .n = 1};
         if ((s = dt_model_run(m, &f, false, 0, NULL)) != DT_OK) break;
-        dt_model_read_output(m, (size_t)(n - 1) * V, (size_t)V, logits);  /* the model's device: one row */
+        dt_model_read_output(m, (size_t)(n - 1) * V, (size_t)V, logits); /* the model's device: one row */
         float u = dt_rng_uniform(sc->seed, dt_rng_key(DT_RNG_USER + 1, 0), (uint64_t)k);
         int32_t tok = sample_logits(logits, V, sc->temperature, sc->top_k, u, probs);
         ctxbuf[len++] = tok;

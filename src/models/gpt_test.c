@@ -33,12 +33,17 @@ static void test_names(void) {
     dt_model *m;
     CHECK_OK(dt_gpt_create(&m, &c));
     if (!m) return;
-    const char *want[] = {"transformer.wte.weight", "transformer.wpe.weight", "transformer.h.0.ln_1.weight",
-                          "transformer.h.0.attn.c_attn.weight", "transformer.h.0.attn.c_proj.bias",
-                          "transformer.h.1.mlp.c_fc.weight", "transformer.h.1.mlp.c_proj.weight",
+    const char *want[] = {"transformer.wte.weight",
+                          "transformer.wpe.weight",
+                          "transformer.h.0.ln_1.weight",
+                          "transformer.h.0.attn.c_attn.weight",
+                          "transformer.h.0.attn.c_proj.bias",
+                          "transformer.h.1.mlp.c_fc.weight",
+                          "transformer.h.1.mlp.c_proj.weight",
                           "transformer.ln_f.bias"};
-    for (size_t i = 0; i < sizeof want / sizeof *want; i++) CHECK_MSG(dt_model_find_tensor(m, want[i]) >= 0, "%s", want[i]);
-    CHECK(dt_model_find_tensor(m, "lm_head.weight") < 0);  /* tied: stored once, as wte */
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++)
+        CHECK_MSG(dt_model_find_tensor(m, want[i]) >= 0, "%s", want[i]);
+    CHECK(dt_model_find_tensor(m, "lm_head.weight") < 0); /* tied: stored once, as wte */
     CHECK(dt_model_num_tensors(m) == 2 + 12 * c.L + 2);
     const dt_param_info *fc = dt_model_tensor(m, dt_model_find_tensor(m, "transformer.h.1.mlp.c_fc.weight"));
     CHECK(fc->ndim == 2 && fc->shape[0] == 64 && fc->shape[1] == 16);
@@ -102,7 +107,7 @@ static void test_overfit(void) {
     dt_model_init(m, 5);
     int32_t ids[2 * 8], tg[2 * 8];
     fill_ids(ids, 16, c.V, 4);
-    for (int i = 0; i < 16; i++) tg[i] = (ids[i] + 1) % c.V;  /* learnable: the next id */
+    for (int i = 0; i < 16; i++) tg[i] = (ids[i] + 1) % c.V; /* learnable: the next id */
     dt_feed f = {.x = ids, .y = tg, .n = 2};
     dt_optim_config oc = dt_optim_defaults(DT_OPTIM_ADAM);
     dt_optim *o;
@@ -157,19 +162,20 @@ static void test_pipeline_cut(void) {
     CHECK_OK(dt_model_prepare(m1, B, true, 0));
     CHECK_OK(dt_model_forward_nodes(m1, &f, 0, k));
     CHECK_OK(dt_model_prepare(m2, B, true, 0));
-    memcpy(dt_model_node_buffer(m2, k - 1), dt_model_node_values(m1, k - 1), vals * sizeof(float));  /* "send" */
+    memcpy(dt_model_node_buffer(m2, k - 1), dt_model_node_values(m1, k - 1), vals * sizeof(float)); /* "send" */
     CHECK_OK(dt_model_forward_nodes(m2, &f, k, n));
     float l2 = dt_model_node_values(m2, dt_model_loss_node(m2))[0];
     CHECK_MSG(l2 == lf, "stage loss %g, whole model %g", l2, lf);
     dt_model_zero_grad(m1), dt_model_zero_grad(m2);
     CHECK_OK(dt_model_backward_nodes(m2, k, n, NULL, 1.0f, NULL, NULL));
-    const float *gb = dt_model_node_grad(m2, k - 1);  /* "send back" */
+    const float *gb = dt_model_node_grad(m2, k - 1); /* "send back" */
     CHECK(gb != NULL);
     if (gb) CHECK_OK(dt_model_backward_nodes(m1, 0, k, gb, 1.0f, NULL, NULL));
-    CHECK(dt_model_backward_nodes(m1, 0, k, NULL, 1.0f, NULL, NULL) == DT_EINVAL);  /* no loss, no gradient */
+    CHECK(dt_model_backward_nodes(m1, 0, k, NULL, 1.0f, NULL, NULL) == DT_EINVAL); /* no loss, no gradient */
     /* bitwise, but for the tied wte: the whole model adds the embedding's rows onto the head's,
      * the stages sum them the other way round (float addition does not associate) */
-    const size_t P = dt_model_num_params(mf), wte = dt_model_tensor(mf, dt_model_find_tensor(mf, "transformer.wte.weight"))->numel;
+    const size_t P = dt_model_num_params(mf),
+                 wte = dt_model_tensor(mf, dt_model_find_tensor(mf, "transformer.wte.weight"))->numel;
     size_t bad = 0;
     double worst = 0;
     for (size_t i = 0; i < P; i++) {

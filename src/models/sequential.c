@@ -44,35 +44,39 @@ static dt_status create(dt_model **out, const dt_layer_spec *layers, int n, int 
     *out = NULL;
     if (n <= 0 || n > DT_MAX_LAYERS) return dt_error(DT_EINVAL, "model: %d layers (need 1..%d)", n, DT_MAX_LAYERS);
     if (C <= 0 || H <= 0 || W <= 0) return dt_error(DT_EINVAL, "model: bad input shape %dx%dx%d", C, H, W);
-    const bool mse = n > 1 && layers[n - 1].kind == DT_LAYER_MSE;  /* "... linear(1) mse": regression */
+    const bool mse = n > 1 && layers[n - 1].kind == DT_LAYER_MSE; /* "... linear(1) mse": regression */
     if (n == 1 && layers[0].kind == DT_LAYER_MSE)
-        return dt_error(DT_EINVAL, "model: 'mse' is the loss after the layers (e.g. \"linear(16) relu linear(1) mse\")");
+        return dt_error(DT_EINVAL,
+                        "model: 'mse' is the loss after the layers (e.g. \"linear(16) relu linear(1) mse\")");
     for (int i = 0; i < n - mse; i++)
         if (!sequential_layer(layers[i].kind))
-            return dt_error(DT_EINVAL, "model: layer %d (%s) is not a sequential layer", i, dt_layer_name(layers[i].kind));
+            return dt_error(DT_EINVAL, "model: layer %d (%s) is not a sequential layer", i,
+                            dt_layer_name(layers[i].kind));
     dt_tp_mark mk[DT_MAX_LAYERS];
     tp_marks(layers, n - mse, mk);
     for (int i = 0; i < n - mse && tp > 1; i++)
         if (mk[i] == DT_TP_MARK_COLUMN && layers[i].out % tp)
-            return dt_error(DT_EINVAL, "`tp` %d: layer %d, linear(%d), is split column-parallel into %d equal parts; "
-                            "choose a width divisible by %d or another `tp`", tp, i, layers[i].out, tp, tp);
+            return dt_error(DT_EINVAL,
+                            "`tp` %d: layer %d, linear(%d), is split column-parallel into %d equal parts; "
+                            "choose a width divisible by %d or another `tp`",
+                            tp, i, layers[i].out, tp, tp);
     dt_model *m;
     DT_TRY(dt_graph_create(&m));
     int shape[3] = {C, H, W};
     int x = dt_graph_input(m, "x", DT_F32, 3, shape);
     for (int i = 0; i < n - mse; i++) {
         dt_layer_spec l = layers[i];
-        if (l.kind == DT_LAYER_LINEAR || l.kind == DT_LAYER_LAYERNORM) l.flatten = true;  /* over the whole sample */
+        if (l.kind == DT_LAYER_LINEAR || l.kind == DT_LAYER_LAYERNORM) l.flatten = true; /* over the whole sample */
         if (mk[i] == DT_TP_MARK_COLUMN) l.out /= tp;
         char name[16];
         snprintf(name, sizeof name, "%d", i);
         x = dt_graph_node(m, name, &l, i, &x, 1);
         if (x >= 0 && mk[i] != DT_TP_MARK_NONE) (void)dt_model_mark_tp(m, x, mk[i], 1);
     }
-    const int one = 1;  /* mse: one f32 target a sample (the data's), so the model ends in linear(1) */
+    const int one = 1; /* mse: one f32 target a sample (the data's), so the model ends in linear(1) */
     int y = mse ? dt_graph_input(m, "y", DT_F32, 1, &one) : dt_graph_input(m, "y", DT_I32, 0, NULL);
     dt_layer_spec xe = dt_layer_default(mse ? DT_LAYER_MSE : DT_LAYER_XENT);
-    xe.ignore_index = INT32_MIN;  /* every label counts (an out-of-range one is DT_EINVAL) */
+    xe.ignore_index = INT32_MIN; /* every label counts (an out-of-range one is DT_EINVAL) */
     int in2[2] = {x, y};
     int loss = dt_graph_node(m, "loss", &xe, -1, in2, 2);
     char spec[1024];

@@ -27,17 +27,17 @@ static void ref_free(ref_model *m);
 
 typedef struct {
     dt_layer_spec s;
-    int C, H, W;        /* input shape per sample */
-    int OC, OH, OW;     /* output shape per sample */
-    size_t in_n, out_n; /* values per sample */
-    size_t w_off, w_n, b_off, b_n;  /* params slab (b_n = 0: no bias) */
-    size_t buf_off;     /* buffers slab: running mean (C), running var (C) */
-    float *out;         /* activation (B, out_n); aliases the input for flatten and fused relu */
-    bool fused;         /* relu directly before a maxpool: the pool runs first and applies the relu to
-                         * its 4x smaller output (identical values and gradients: relu is monotone) */
-    float *aux;         /* per-layer saved values: mean/rstd (norms) */
-    int32_t *argmax;    /* maxpool */
-    uint8_t *mask;      /* dropout */
+    int C, H, W;                   /* input shape per sample */
+    int OC, OH, OW;                /* output shape per sample */
+    size_t in_n, out_n;            /* values per sample */
+    size_t w_off, w_n, b_off, b_n; /* params slab (b_n = 0: no bias) */
+    size_t buf_off;                /* buffers slab: running mean (C), running var (C) */
+    float *out;                    /* activation (B, out_n); aliases the input for flatten and fused relu */
+    bool fused;                    /* relu directly before a maxpool: the pool runs first and applies the relu to
+                                    * its 4x smaller output (identical values and gradients: relu is monotone) */
+    float *aux;                    /* per-layer saved values: mean/rstd (norms) */
+    int32_t *argmax;               /* maxpool */
+    uint8_t *mask;                 /* dropout */
 } layer_rt;
 
 struct ref_model {
@@ -50,20 +50,20 @@ struct ref_model {
     ref_param_info *tensors;
     uint64_t seed;
     /* per-batch state */
-    int cap_B;          /* activations sized for this batch */
-    int B;              /* batch of the last forward */
+    int cap_B; /* activations sized for this batch */
+    int B;     /* batch of the last forward */
     bool train;
     uint64_t step;
-    const float *x;     /* input of the last forward (caller-owned) */
-    float *gbuf[2];     /* ping-pong activation-gradient buffers */
-    float *work;        /* conv workspace */
+    const float *x; /* input of the last forward (caller-owned) */
+    float *gbuf[2]; /* ping-pong activation-gradient buffers */
+    float *work;    /* conv workspace */
     size_t work_n;
 };
 
 static bool has_params(const layer_rt *l) { return l->w_n > 0; }
 
-static void add_tensor(ref_model *m, int layer, const char *suffix, bool is_buffer, size_t off, size_t numel,
-                       int ndim, const int64_t *shape) {
+static void add_tensor(ref_model *m, int layer, const char *suffix, bool is_buffer, size_t off, size_t numel, int ndim,
+                       const int64_t *shape) {
     ref_param_info *t = &m->tensors[m->ntensors++];
     snprintf(t->name, sizeof t->name, "%d.%s", layer, suffix);
     t->is_buffer = is_buffer;
@@ -102,8 +102,8 @@ static dt_status layout(ref_model *m) {
             OH = (H + 2 * s->pad - s->k) / s->stride + 1;
             OW = (W + 2 * s->pad - s->k) / s->stride + 1;
             if (H + 2 * s->pad < s->k || W + 2 * s->pad < s->k)
-                return dt_error(DT_EINVAL, "model spec: layer %d conv(%d,%d) kernel is larger than its %dx%d input",
-                                i, s->out, s->k, H, W);
+                return dt_error(DT_EINVAL, "model spec: layer %d conv(%d,%d) kernel is larger than its %dx%d input", i,
+                                s->out, s->k, H, W);
             OC = s->out;
             l->w_off = np, l->w_n = (size_t)s->out * C * s->k * s->k, np += l->w_n;
             int64_t shp[4] = {s->out, C, s->k, s->k};
@@ -114,7 +114,8 @@ static dt_status layout(ref_model *m) {
             }
             break;
         }
-        case DT_LAYER_MAXPOOL2D: case DT_LAYER_AVGPOOL2D:
+        case DT_LAYER_MAXPOOL2D:
+        case DT_LAYER_AVGPOOL2D:
             if (H < s->k || W < s->k)
                 return dt_error(DT_EINVAL, "model spec: layer %d pool(%d) window is larger than its %dx%d input", i,
                                 s->k, H, W);
@@ -149,7 +150,7 @@ static dt_status layout(ref_model *m) {
         l->out_n = (size_t)OC * OH * OW;
         C = OC, H = OH, W = OW;
     }
-    for (int i = 0; i + 2 < m->n; i++)  /* not when the pool is the last layer (its gradient is the caller's) */
+    for (int i = 0; i + 2 < m->n; i++) /* not when the pool is the last layer (its gradient is the caller's) */
         m->L[i].fused = m->L[i].s.kind == DT_LAYER_RELU && m->L[i + 1].s.kind == DT_LAYER_MAXPOOL2D;
     DT_TRY(dt_slab_init(&m->params, np));
     DT_TRY(dt_slab_init(&m->grads, np));
@@ -263,13 +264,15 @@ static void ref_init(ref_model *m, uint64_t seed) {
         layer_rt *l = &m->L[i];
         uint64_t kw = dt_rng_key(DT_RNG_INIT, (uint64_t)i * 2), kb = dt_rng_key(DT_RNG_INIT, (uint64_t)i * 2 + 1);
         switch (l->s.kind) {
-        case DT_LAYER_LINEAR: case DT_LAYER_CONV2D: {
+        case DT_LAYER_LINEAR:
+        case DT_LAYER_CONV2D: {
             int fan_in = l->s.kind == DT_LAYER_LINEAR ? (int)l->in_n : l->C * l->s.k * l->s.k;
             dt_init_kaiming_uniform(p + l->w_off, l->w_n, fan_in, seed, kw);
             if (l->b_n) dt_init_kaiming_uniform(p + l->b_off, l->b_n, fan_in, seed, kb);
             break;
         }
-        case DT_LAYER_LAYERNORM: case DT_LAYER_BATCHNORM2D:
+        case DT_LAYER_LAYERNORM:
+        case DT_LAYER_BATCHNORM2D:
             for (size_t j = 0; j < l->w_n; j++) p[l->w_off + j] = 1.0f;
             memset(p + l->b_off, 0, l->b_n * sizeof(float));
             break;
@@ -318,8 +321,7 @@ static dt_status ref_forward(ref_model *m, const float *x, int B, bool train, ui
             if (train && s->p > 0)
                 dt_dropout_forward(l->out, l->mask, in, n_out, s->p, m->seed,
                                    dt_rng_key(DT_RNG_DROPOUT, step * 256 + (uint64_t)i));
-            else
-                memcpy(l->out, in, n_out * sizeof(float));
+            else memcpy(l->out, in, n_out * sizeof(float));
             break;
         case DT_LAYER_FLATTEN: l->out = (float *)in; break;
         case DT_LAYER_LAYERNORM:
@@ -328,8 +330,8 @@ static dt_status ref_forward(ref_model *m, const float *x, int B, bool train, ui
         case DT_LAYER_BATCHNORM2D: {
             float *rm = m->buffers.data + l->buf_off, *rv = rm + l->C;
             if (train)
-                dt_batchnorm2d_forward_train(l->out, l->aux, l->aux + l->C, rm, rv, in, p + l->w_off, p + l->b_off,
-                                             B, l->C, l->H * l->W, s->momentum, s->eps);
+                dt_batchnorm2d_forward_train(l->out, l->aux, l->aux + l->C, rm, rv, in, p + l->w_off, p + l->b_off, B,
+                                             l->C, l->H * l->W, s->momentum, s->eps);
             else
                 dt_batchnorm2d_forward_eval(l->out, in, p + l->w_off, p + l->b_off, rm, rv, B, l->C, l->H * l->W,
                                             s->eps);
@@ -365,8 +367,8 @@ static dt_status ref_backward(ref_model *m, const float *dout, ref_grad_ready_fn
         size_t n_out = (size_t)B * l->out_n;
         switch (s->kind) {
         case DT_LAYER_LINEAR:
-            dt_linear_backward(gin, g + l->w_off, l->b_n ? g + l->b_off : NULL, gout, in, p + l->w_off, B,
-                               (int)l->in_n, s->out);
+            dt_linear_backward(gin, g + l->w_off, l->b_n ? g + l->b_off : NULL, gout, in, p + l->w_off, B, (int)l->in_n,
+                               s->out);
             break;
         case DT_LAYER_CONV2D:
             dt_conv2d_backward(gin, g + l->w_off, l->b_n ? g + l->b_off : NULL, gout, in, p + l->w_off, m->work, B,
@@ -395,8 +397,8 @@ static dt_status ref_backward(ref_model *m, const float *dout, ref_grad_ready_fn
                                   (int)l->in_n);
             break;
         case DT_LAYER_BATCHNORM2D:
-            dt_batchnorm2d_backward(gin, g + l->w_off, g + l->b_off, gout, in, p + l->w_off, l->aux, l->aux + l->C,
-                                    B, l->C, l->H * l->W);
+            dt_batchnorm2d_backward(gin, g + l->w_off, g + l->b_off, gout, in, p + l->w_off, l->aux, l->aux + l->C, B,
+                                    l->C, l->H * l->W);
             break;
         default: break;
         }
@@ -406,7 +408,6 @@ static dt_status ref_backward(ref_model *m, const float *dout, ref_grad_ready_fn
     }
     return DT_OK;
 }
-
 
 /* Both executors from the same parameters over `steps` SGD steps on random batches of B. */
 static void compare(const char *spec, int C, int H, int W, int B, int steps) {
@@ -445,7 +446,7 @@ static void compare(const char *spec, int C, int H, int W, int B, int steps) {
         CHECK_OK(ref_backward(r, dl, NULL, NULL));
         same_grad &= !memcmp(dt_model_grads(g), ref_grads(r), P * sizeof(float));
         same_buf &= !memcmp(dt_model_buffers(g), ref_buffers(r), dt_model_num_buffers(g) * sizeof(float));
-        for (size_t i = 0; i < P; i++) {  /* plain SGD, the same on both */
+        for (size_t i = 0; i < P; i++) { /* plain SGD, the same on both */
             dt_model_params(g)[i] -= 0.05f * dt_model_grads(g)[i];
             ref_params(r)[i] -= 0.05f * ref_grads(r)[i];
         }
@@ -468,6 +469,7 @@ int main(void) {
     compare("mlp", 1, 28, 28, 32, 5);
     compare("cnn", 1, 28, 28, 8, 3);
     compare("conv(6,3,stride=2,pad=1) batchnorm relu maxpool(2) conv(4,2,bias=0) gelu avgpool(1) flatten dropout(0.3) "
-            "layernorm linear(24) tanh linear(12,bias=0) sigmoid linear(5)", 2, 12, 12, 6, 4);
+            "layernorm linear(24) tanh linear(12,bias=0) sigmoid linear(5)",
+            2, 12, 12, 6, 4);
     return dt_test_summary("sequential_compat_test");
 }

@@ -16,8 +16,8 @@ typedef struct {
     char name[96];
     uint32_t dtype; /* 0 f32, 1 i32 */
     uint32_t ndim, dims[6];
-    size_t n;       /* number of values */
-    void *data;     /* malloc'd, n values (4 bytes each) */
+    size_t n;   /* number of values */
+    void *data; /* malloc'd, n values (4 bytes each) */
 } dt_fx_entry;
 
 typedef struct {
@@ -49,10 +49,8 @@ static inline int dt_fx_load_path(dt_fx *f, const char *path, char *err, size_t 
     const char *why = NULL;
     if (fread(magic, 1, 8, fp) != 8 || memcmp(magic, DT_FX_MAGIC, 8) || fread(hdr, 4, 2, fp) != 2)
         why = "not a dtrain reference fixture (bad magic)";
-    else if (hdr[0] != DT_FX_VERSION)
-        why = "unsupported fixture version";
-    else if (hdr[1] > 100000)
-        why = "absurd tensor count";
+    else if (hdr[0] != DT_FX_VERSION) why = "unsupported fixture version";
+    else if (hdr[1] > 100000) why = "absurd tensor count";
     if (!why) {
         f->e = calloc(hdr[1] ? hdr[1] : 1, sizeof *f->e);
         if (!f->e) why = "out of memory";
@@ -116,18 +114,18 @@ static inline const dt_fx_entry *dt_fx_find(const dt_fx *f, const char *name) {
 /* Defines entry(fmt, ...) for a test over fixture `fx`: the entry by printf-style name; a missing
  * one means the fixture and the test disagree: a failed check, and test `test` ends (needs
  * core/test.h and <stdarg.h>). FX/FXI/FXN give its f32 data, i32 data and value count. */
-#define DT_FX_DEFINE_ENTRY(fx, test)                                                              \
-    static const dt_fx_entry *entry(const char *fmt, ...) __attribute__((format(printf, 1, 2))); \
-    static const dt_fx_entry *entry(const char *fmt, ...) {                                      \
-        char name_[128];                                                                         \
-        va_list ap_;                                                                             \
-        va_start(ap_, fmt);                                                                      \
-        vsnprintf(name_, sizeof name_, fmt, ap_);                                                \
-        va_end(ap_);                                                                             \
-        const dt_fx_entry *e_ = dt_fx_find(&(fx), name_);                                        \
+#define DT_FX_DEFINE_ENTRY(fx, test)                                                                    \
+    static const dt_fx_entry *entry(const char *fmt, ...) __attribute__((format(printf, 1, 2)));        \
+    static const dt_fx_entry *entry(const char *fmt, ...) {                                             \
+        char name_[128];                                                                                \
+        va_list ap_;                                                                                    \
+        va_start(ap_, fmt);                                                                             \
+        vsnprintf(name_, sizeof name_, fmt, ap_);                                                       \
+        va_end(ap_);                                                                                    \
+        const dt_fx_entry *e_ = dt_fx_find(&(fx), name_);                                               \
         CHECK_MSG(e_ != NULL, "%s: no entry '%s' (regenerate with `make fixtures`)", (fx).path, name_); \
-        if (!e_) exit(dt_test_summary(test));                                                    \
-        return e_;                                                                               \
+        if (!e_) exit(dt_test_summary(test));                                                           \
+        return e_;                                                                                      \
     }
 #define FX(...) ((const float *)entry(__VA_ARGS__)->data)
 #define FXI(...) ((const int32_t *)entry(__VA_ARGS__)->data)

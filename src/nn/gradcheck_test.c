@@ -19,9 +19,9 @@ struct gc {
     gc_fwd fwd;
     float *out, *dout;
     size_t nout;
-    float *in, *w, *b;  /* perturbed tensors (w, b may be NULL) */
-    int i[8];           /* dimensions */
-    float f[2];         /* p / eps / momentum */
+    float *in, *w, *b;     /* perturbed tensors (w, b may be NULL) */
+    int i[8];              /* dimensions */
+    float f[2];            /* p / eps / momentum */
     float *work, *s1, *s2; /* scratch (conv work, saved mean/rstd) */
     int32_t *idx;
     uint8_t *mask;
@@ -48,8 +48,7 @@ static double gc_loss(gc *c) {
 
 /* Compares the analytic gradient g of x (n values) with central differences (step eps).
  * Tolerance: |num - ana| <= atol * max(1, max|ana|) + rtol * |ana| for every element. */
-static void gc_check(const char *what, gc *c, float *x, const float *g, size_t n, float eps, double rtol,
-                     double atol) {
+static void gc_check(const char *what, gc *c, float *x, const float *g, size_t n, float eps, double rtol, double atol) {
     double scale = 1, worst = 0, worst_err = 0;
     for (size_t j = 0; j < n; j++) scale = fmax(scale, fabs(g[j]));
     for (size_t j = 0; j < n; j++) {
@@ -108,8 +107,8 @@ static void test_linear(int bias) {
 /* ---- conv2d ------------------------------------------------------------------------------- */
 
 static void conv_fwd(gc *c) {
-    dt_conv2d_forward(c->out, c->in, c->w, c->b, c->work, c->i[0], c->i[1], c->i[2], c->i[3], c->i[4], c->i[5],
-                      c->i[6], c->i[7]);
+    dt_conv2d_forward(c->out, c->in, c->w, c->b, c->work, c->i[0], c->i[1], c->i[2], c->i[3], c->i[4], c->i[5], c->i[6],
+                      c->i[7]);
 }
 
 static void test_conv(int B, int C, int H, int W, int OC, int K, int S, int P, int bias) {
@@ -123,8 +122,8 @@ static void test_conv(int B, int C, int H, int W, int OC, int K, int S, int P, i
     float *din = rnd(nin, 5, 6), *dw = zeros(nw), *db = zeros(OC);
     conv_fwd(&c);
     dt_conv2d_backward(din, dw, bias ? db : NULL, c.dout, c.in, c.w, c.work, B, C, H, W, OC, K, S, P);
-    printf("conv2d B=%d C=%d %dx%d OC=%d K=%d stride=%d pad=%d bias=%d -> %dx%d\n", B, C, H, W, OC, K, S, P, bias,
-           OH, OW);
+    printf("conv2d B=%d C=%d %dx%d OC=%d K=%d stride=%d pad=%d bias=%d -> %dx%d\n", B, C, H, W, OC, K, S, P, bias, OH,
+           OW);
     gc_check("conv din", &c, c.in, din, nin, 0.5f, 1e-4, 1e-5);
     gc_check("conv dw", &c, c.w, dw, nw, 0.5f, 1e-4, 1e-5);
     if (bias) gc_check("conv db", &c, c.b, db, OC, 0.5f, 1e-4, 1e-5);
@@ -168,10 +167,8 @@ static void test_pool(int max, int B, int C, int H, int W, int K, int S) {
     c.out = zeros(c.nout), c.dout = rnd(c.nout, -1, 1), c.idx = malloc(c.nout * sizeof(int32_t));
     float *din = rnd(nin, 5, 6);
     c.fwd(&c);
-    if (max)
-        dt_maxpool2d_backward(din, c.dout, c.idx, B, C, H, W, K, S);
-    else
-        dt_avgpool2d_backward(din, c.dout, B, C, H, W, K, S);
+    if (max) dt_maxpool2d_backward(din, c.dout, c.idx, B, C, H, W, K, S);
+    else dt_avgpool2d_backward(din, c.dout, B, C, H, W, K, S);
     printf("%s B=%d C=%d %dx%d K=%d S=%d\n", max ? "maxpool2d" : "avgpool2d", B, C, H, W, K, S);
     /* max: step below half the value spacing; avg is linear, so a large step is exact */
     gc_check(max ? "maxpool din" : "avgpool din", &c, c.in, din, nin, max ? 0.02f : 0.5f, 1e-4, 1e-5);
@@ -257,9 +254,7 @@ static void test_dropout(void) {
 
 /* ---- norms -------------------------------------------------------------------------------- */
 
-static void ln_fwd(gc *c) {
-    dt_layernorm_forward(c->out, c->s1, c->s2, c->in, c->w, c->b, c->i[0], c->i[1], c->f[0]);
-}
+static void ln_fwd(gc *c) { dt_layernorm_forward(c->out, c->s1, c->s2, c->in, c->w, c->b, c->i[0], c->i[1], c->f[0]); }
 
 static void test_layernorm(int affine) {
     const int N = 4, C = 9;
@@ -283,8 +278,7 @@ static void test_layernorm(int affine) {
         CHECK_MSG(all_equal(din, din1, N * C), "layernorm: din = NULL must not touch din");
         free(dw1), free(din1);
     }
-    free(c.in), free(c.w), free(c.b), free(c.out), free(c.dout), free(c.s1), free(c.s2), free(din), free(dw),
-        free(db);
+    free(c.in), free(c.w), free(c.b), free(c.out), free(c.dout), free(c.s1), free(c.s2), free(din), free(dw), free(db);
 }
 
 static void bn_fwd(gc *c) {
@@ -341,8 +335,7 @@ static void test_batchnorm(void) {
     }
     CHECK_MSG(worst < 1e-5, "batchnorm eval off by %g", worst);
     free(ev), free(dw1), free(din1);
-    free(c.in), free(c.w), free(c.b), free(c.out), free(c.dout), free(c.s1), free(c.s2), free(din), free(dw),
-        free(db);
+    free(c.in), free(c.w), free(c.b), free(c.out), free(c.dout), free(c.s1), free(c.s2), free(din), free(dw), free(db);
 }
 
 /* ---- losses ------------------------------------------------------------------------------- */
@@ -391,19 +384,19 @@ int main(void) {
     dt_set_threads(1);
     test_linear(1);
     test_linear(0);
-    test_conv(2, 3, 6, 6, 4, 3, 1, 1, 1);  /* "same" fast path */
-    test_conv(2, 3, 7, 7, 4, 3, 2, 1, 1);  /* stride 2, pad 1 */
-    test_conv(1, 2, 6, 5, 3, 3, 1, 0, 0);  /* valid, no bias, non-square input */
-    test_conv(2, 2, 5, 5, 3, 2, 1, 0, 1);  /* even kernel */
-    test_conv(2, 4, 4, 4, 3, 1, 1, 0, 1);  /* pointwise: no im2col */
-    test_conv(1, 2, 7, 6, 2, 5, 2, 2, 1);  /* K=5 stride 2 pad 2 */
-    test_conv(2, 2, 1, 1, 3, 3, 1, 1, 1);  /* 1x1 input, 3x3 same: shifts beyond the plane */
-    test_conv(1, 1, 5, 5, 2, 3, 1, 2, 1);  /* pad larger than "same" */
+    test_conv(2, 3, 6, 6, 4, 3, 1, 1, 1); /* "same" fast path */
+    test_conv(2, 3, 7, 7, 4, 3, 2, 1, 1); /* stride 2, pad 1 */
+    test_conv(1, 2, 6, 5, 3, 3, 1, 0, 0); /* valid, no bias, non-square input */
+    test_conv(2, 2, 5, 5, 3, 2, 1, 0, 1); /* even kernel */
+    test_conv(2, 4, 4, 4, 3, 1, 1, 0, 1); /* pointwise: no im2col */
+    test_conv(1, 2, 7, 6, 2, 5, 2, 2, 1); /* K=5 stride 2 pad 2 */
+    test_conv(2, 2, 1, 1, 3, 3, 1, 1, 1); /* 1x1 input, 3x3 same: shifts beyond the plane */
+    test_conv(1, 1, 5, 5, 2, 3, 1, 2, 1); /* pad larger than "same" */
     test_pool(1, 2, 3, 6, 6, 2, 2);
-    test_pool(1, 2, 2, 7, 7, 3, 2);        /* overlapping windows */
+    test_pool(1, 2, 2, 7, 7, 3, 2); /* overlapping windows */
     test_pool(1, 1, 2, 5, 6, 2, 1);
-    test_pool(1, 2, 2, 7, 7, 2, 2);        /* odd size: last row/column unused */
-    test_pool(1, 1, 2, 4, 40, 2, 2);       /* rows wider than one vector */
+    test_pool(1, 2, 2, 7, 7, 2, 2);  /* odd size: last row/column unused */
+    test_pool(1, 1, 2, 4, 40, 2, 2); /* rows wider than one vector */
     test_pool(0, 2, 3, 6, 6, 2, 2);
     test_pool(0, 2, 2, 7, 7, 3, 2);
     test_activation(ACT_RELU, "relu");

@@ -65,7 +65,8 @@ int dt_graph_input(dt_model *m, const char *name, dt_dtype dtype, int ndim, cons
     if (!n) return -1;
     n->a = dt_layer_default(DT_LAYER_INPUT);
     n->op = dt_op_of(DT_LAYER_INPUT);
-    if (dtype != DT_F32 && dtype != DT_I32) return dt_graph_fail(m, n, "inputs are f32 or i32, not %s", dt_dtype_name(dtype)), -1;
+    if (dtype != DT_F32 && dtype != DT_I32)
+        return dt_graph_fail(m, n, "inputs are f32 or i32, not %s", dt_dtype_name(dtype)), -1;
     if (ndim < 0 || ndim > 4) return dt_graph_fail(m, n, "%d dims (0..4 per sample)", ndim), -1;
     if (m->ninputs == DT_GRAPH_MAX_INPUTS) return dt_graph_fail(m, n, "more than %d inputs", DT_GRAPH_MAX_INPUTS), -1;
     n->dtype = dtype, n->ndim = ndim, n->out_n = 1;
@@ -160,7 +161,7 @@ static dt_status layout(dt_model *m) {
     for (int i = 0; i < m->n; i++) {
         dt_node *n = &m->nodes[i];
         bool has_params = false;
-        for (int k = 0; k < n->ntensor; k++) {  /* backward runs in reverse: the first user is the last there */
+        for (int k = 0; k < n->ntensor; k++) { /* backward runs in reverse: the first user is the last there */
             if (m->last_user[n->tensor[k]] < 0) m->last_user[n->tensor[k]] = i;
             has_params |= !m->tensors[n->tensor[k]].is_buffer;
         }
@@ -195,7 +196,8 @@ dt_status dt_graph_finish(dt_model *m, int output, int loss, const char *spec) {
         if (loss >= m->n || (m->nodes[loss].a.kind != DT_LAYER_XENT && m->nodes[loss].a.kind != DT_LAYER_MSE))
             return dt_graph_fail(m, NULL, "loss node %d is not an xent or mse node", loss);
         if (m->nodes[loss].in[0] != output)
-            return dt_graph_fail(m, &m->nodes[loss], "its first input must be the output node '%s'", m->nodes[output].name);
+            return dt_graph_fail(m, &m->nodes[loss], "its first input must be the output node '%s'",
+                                 m->nodes[output].name);
     }
     if (m->ninputs == 0 || m->nodes[m->inputs[0]].id != m->inputs[0])
         return dt_graph_fail(m, NULL, "the graph has no input");
@@ -204,7 +206,7 @@ dt_status dt_graph_finish(dt_model *m, int output, int loss, const char *spec) {
     dt_status s = layout(m);
     if (s == DT_OK && !m->defer_place) s = dt_model_place(m, NULL, 0);
     if (s != DT_OK) return s;
-    for (int i = 0; i < m->n; i++)  /* batchnorm running_var starts at 1 */
+    for (int i = 0; i < m->n; i++) /* batchnorm running_var starts at 1 */
         if (m->nodes[i].a.kind == DT_LAYER_BATCHNORM2D) {
             const dt_param_info *rv = &m->tensors[m->nodes[i].tensor[3]];
             m->dev->ops->fill_f32(m->dev, m->buffers.data + rv->offset, 1.0f, rv->numel);
@@ -237,7 +239,7 @@ static void discard_unplaced(dt_model *m, int i) {
         if (p->is_buffer || m->last_user[n->tensor[k]] != i) continue;
         size_t at = p->offset;
         const size_t end = p->offset + p->numel;
-        for (int r = 0; r <= m->nown && at < end; r++) {  /* the ranges are in slab order */
+        for (int r = 0; r <= m->nown && at < end; r++) { /* the ranges are in slab order */
             size_t lo = r < m->nown ? m->own[r].lo : end;
             if (lo > end) lo = end;
             if (lo > at) dt_mem_discard(m->params.data + at, (lo - at) * sizeof(float));
@@ -251,7 +253,7 @@ static void discard_unplaced(dt_model *m, int i) {
 static void init_on_device(dt_model *m, uint64_t seed) {
     const size_t bytes = m->params.n * sizeof(float);
     float *host = dt_alloc(bytes ? bytes : sizeof(float));
-    if (!host) {  /* dt_model_init returns nothing: the parameters stay as they were (zeros) */
+    if (!host) { /* dt_model_init returns nothing: the parameters stay as they were (zeros) */
         dt_error_clear();
         m->err = dt_error(DT_ENOMEM, "model: no host memory for the %zu-byte initial values of the parameters", bytes);
         return;
@@ -295,7 +297,7 @@ dt_status dt_model_tensor_ranges(const dt_model *m, const bool *keep, dt_range *
     dt_range *r = malloc(((size_t)m->ntensors + 1) * sizeof *r);
     if (!r) return dt_error(DT_ENOMEM, "model: out of memory");
     int n = 0;
-    for (int t = 0; t < m->ntensors; t++) {  /* parameter offsets increase in table order */
+    for (int t = 0; t < m->ntensors; t++) { /* parameter offsets increase in table order */
         const dt_param_info *p = &m->tensors[t];
         if (p->is_buffer || !keep[t] || p->numel == 0) continue;
         if (n && r[n - 1].hi == p->offset) r[n - 1].hi += p->numel;
@@ -307,9 +309,11 @@ dt_status dt_model_tensor_ranges(const dt_model *m, const bool *keep, dt_range *
 }
 
 dt_status dt_model_place(dt_model *m, const dt_range *own, int nown) {
-    if (m->dev_slabs && own)  /* the slabs are whole device blocks */
-        return dt_error(DT_ENOTSUP, "model: placing a part of the parameters (ZeRO, pipeline or tensor parallel) on "
-                        "device %s is not device-neutral yet: use `device` cpu", m->dev->kind->name);
+    if (m->dev_slabs && own) /* the slabs are whole device blocks */
+        return dt_error(DT_ENOTSUP,
+                        "model: placing a part of the parameters (ZeRO, pipeline or tensor parallel) on "
+                        "device %s is not device-neutral yet: use `device` cpu",
+                        m->dev->kind->name);
     if (m->dev_slabs) return DT_OK;
     dt_range *copy = NULL;
     if (own && !(copy = malloc(((size_t)nown + 1) * sizeof *copy))) return dt_error(DT_ENOMEM, "model: out of memory");
@@ -334,11 +338,11 @@ dt_status dt_model_init_tensor(dt_model *m, int t, float *out) {
     float *base = p->is_buffer ? m->buffers.data : m->params.data;
     const int d = m->last_user[t];
     dt_node *n = &m->nodes[d];
-    if (p->is_buffer || dt_model_tensor_placed(m, t) || !n->op->init) {  /* what it holds (zeros: no init) */
+    if (p->is_buffer || dt_model_tensor_placed(m, t) || !n->op->init) { /* what it holds (zeros: no init) */
         m->dev->ops->download(m->dev, out, base + p->offset, p->numel * sizeof(float));
         return DT_OK;
     }
-    size_t lo = p->offset, hi = p->offset + p->numel;  /* the span of the node's own tensors */
+    size_t lo = p->offset, hi = p->offset + p->numel; /* the span of the node's own tensors */
     for (int k = 0; k < n->ntensor; k++) {
         const dt_param_info *q = &m->tensors[n->tensor[k]];
         if (q->is_buffer || m->last_user[n->tensor[k]] != d) continue;
@@ -366,12 +370,14 @@ dt_status dt_model_set_device(dt_model *m, dt_dev *d) {
     if (!m->finished) return dt_error(DT_EINVAL, "model: set its device after dt_graph_finish");
     if (d == m->dev) return DT_OK;
     if (m->dev_slabs || m->cap_B > 0 || m->own)
-        return dt_error(DT_EINVAL, "model: moving to device %s after it ran, was placed in parts or moved already: "
-                        "set the device right after building it", d->kind->name);
+        return dt_error(DT_EINVAL,
+                        "model: moving to device %s after it ran, was placed in parts or moved already: "
+                        "set the device right after building it",
+                        d->kind->name);
     const dt_kernel_table *be = d->ops->kernels(d, m->be_cpu);
     if (!be) return dt_error_wrap(DT_ENOTSUP, "model: device %s", d->kind->name);
     m->be = be;
-    DT_TRY(dt_graph_plan_layouts(m, d));  /* the new device's plan for its table */
+    DT_TRY(dt_graph_plan_layouts(m, d)); /* the new device's plan for its table */
     dt_graph_fuse_conv_pool(m);
     dt_graph_plan_bf16(m);
     if (d->host_memory) {
@@ -379,7 +385,8 @@ dt_status dt_model_set_device(dt_model *m, dt_dev *d) {
         return DT_OK;
     }
     const bool placed = m->params.placed > 0 || !m->params.reserved;
-    float *p = device_slab(d, &m->params, placed, m->params.n), *g = p ? device_slab(d, &m->grads, false, m->grads.n) : NULL;
+    float *p = device_slab(d, &m->params, placed, m->params.n),
+          *g = p ? device_slab(d, &m->grads, false, m->grads.n) : NULL;
     float *b = g ? device_slab(d, &m->buffers, true, m->buffers.n) : NULL;
     if (!b) {
         d->ops->free(d, p), d->ops->free(d, g);
@@ -472,8 +479,10 @@ dt_status dt_model_mark_tp(dt_model *m, int node, dt_tp_mark mark, int parts) {
         return dt_error(DT_EINVAL, "model: tensor-parallel mark on node %d: the model has nodes 0..%d", node, m->n - 1);
     if (mark < DT_TP_MARK_NONE || mark > DT_TP_MARK_VOCAB || (parts != 1 && parts != 3) ||
         (parts == 3 && mark != DT_TP_MARK_COLUMN))
-        return dt_error(DT_EINVAL, "model: node '%s': tensor-parallel mark %d with %d parts (need a dt_tp_mark; parts "
-                        "1, or 3 for a fused q,k,v column-parallel node)", m->nodes[node].name, (int)mark, parts);
+        return dt_error(DT_EINVAL,
+                        "model: node '%s': tensor-parallel mark %d with %d parts (need a dt_tp_mark; parts "
+                        "1, or 3 for a fused q,k,v column-parallel node)",
+                        m->nodes[node].name, (int)mark, parts);
     m->nodes[node].tp_mark = (unsigned char)mark, m->nodes[node].tp_parts = (unsigned char)parts;
     return DT_OK;
 }

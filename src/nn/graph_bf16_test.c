@@ -79,7 +79,7 @@ static void check_plans(const dt_kernel_table *be) {
     check_gpt_plan(&t);
     t = *be;
     t.linear_bf16_values = yes;
-    dt_model *m = build("mlp", 1, 28, 28, &t);  /* flatten linear relu linear: the relu; no gradient */
+    dt_model *m = build("mlp", 1, 28, 28, &t); /* flatten linear relu linear: the relu; no gradient */
     if (m) {
         for (int i = 0; i < m->n; i++)
             CHECK_MSG(m->nodes[i].bf16 == (m->nodes[i].a.kind == DT_LAYER_RELU) && !m->nodes[i].grad_bf16,
@@ -108,7 +108,7 @@ static void check_plans(const dt_kernel_table *be) {
 static void check_same(const dt_kernel_table *be, const char *spec, int C, int H, int W, const void *x, int B) {
     dt_kernel_table on = *be, off = *be;
     on.linear_bf16_values = yes, off.linear_bf16_values = no;
-    on.linear_backward_bf16_grad = NULL;  /* values only: check_grads has the gradients */
+    on.linear_backward_bf16_grad = NULL; /* values only: check_grads has the gradients */
     dt_model *a = build(spec, C, H, W, &on), *b = build(spec, C, H, W, &off);
     if (!a || !b) return dt_model_destroy(a), dt_model_destroy(b);
     const int T = C ? 1 : a->nodes[a->output].shape[0];
@@ -176,7 +176,7 @@ static void gpt_step_pair(const dt_kernel_table *ta, const dt_kernel_table *tb, 
 static void check_grads(const dt_kernel_table *be, const int32_t *ids, int B) {
     dt_kernel_table on = *be, off = *be;
     on.linear_bf16_values = off.linear_bf16_values = yes;
-    on.linear_forward_bf16io = NULL;  /* not the GELU plan: check_gelu_plan */
+    on.linear_forward_bf16io = NULL; /* not the GELU plan: check_gelu_plan */
     off.linear_backward_bf16_grad = NULL;
     const char *spec = GPT_SPEC;
     dt_model *a, *b;
@@ -194,7 +194,7 @@ static void check_grads(const dt_kernel_table *be, const int32_t *ids, int B) {
         if (!n->grad_bf16) continue;
         planned++;
         const int OC = n->a.out, rows = B * (int)(n->out_n / (size_t)OC);
-        const float *g32 = b->nodes[i].grad;  /* the f32 gradient the other plan keeps */
+        const float *g32 = b->nodes[i].grad; /* the f32 gradient the other plan keeps */
         const size_t off0 = dt_node_tensor_off(a, n, 1);
         for (int j = 0; j < OC; j++) {
             double mass = 0;
@@ -210,10 +210,10 @@ static void check_grads(const dt_kernel_table *be, const int32_t *ids, int B) {
     CHECK_MSG(planned == 4, "gpt: %d linears with bf16 gradients (want the 2 c_fc and 2 c_attn)", planned);
     size_t other = 0;
     for (size_t i = 0; bias && i < np; i++) other += !bias[i] && memcmp(&ga[i], &gb[i], sizeof(float));
-    CHECK_MSG(other == 0, "gpt: %zu gradients besides the c_fc and c_attn biases differ with bf16 gradients",
-              other);
+    CHECK_MSG(other == 0, "gpt: %zu gradients besides the c_fc and c_attn biases differ with bf16 gradients", other);
     printf("%s: bf16 c_fc and c_attn gradients: %d of the %d biases' gradients differ, worst %.3f of the rounding "
-           "bound; the other %zu equal bitwise\n", spec, diff, nbias, worst, np - (size_t)nbias);
+           "bound; the other %zu equal bitwise\n",
+           spec, diff, nbias, worst, np - (size_t)nbias);
     free(bias);
     dt_model_destroy(a), dt_model_destroy(b);
 }
@@ -236,7 +236,7 @@ static void check_gelu_plan(const dt_kernel_table *be, const int32_t *ids, int B
     for (int i = 0; i < a->n; i++) {
         const dt_node *g = &a->nodes[i];
         planned += g->a.kind == DT_LAYER_GELU && g->grad_bf16;
-        keep += g->a.kind == DT_LAYER_GELU && g->saved != NULL;  /* their derivative (op_activation.c) */
+        keep += g->a.kind == DT_LAYER_GELU && g->saved != NULL; /* their derivative (op_activation.c) */
     }
     CHECK_MSG(planned == 2, "gpt: %d GELUs with bf16 values and gradients around them (want 2)", planned);
     CHECK_MSG(keep == (on.gelu_forward_bf16io_grad ? 2 : 0), "gpt: %d GELUs keep their derivative", keep);
@@ -258,7 +258,8 @@ static void check_gelu_plan(const dt_kernel_table *be, const int32_t *ids, int B
                   p->name, d / mx, mx);
     }
     printf("%s with the GELU plan: loss %.9g vs %.9g (%.2g relative), gradients within %.2g of each tensor's "
-           "largest (%s)\n", GPT_SPEC, la, lb, dl, worst, at);
+           "largest (%s)\n",
+           GPT_SPEC, la, lb, dl, worst, at);
     dt_model_destroy(a), dt_model_destroy(b);
 }
 

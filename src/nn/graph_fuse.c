@@ -8,7 +8,7 @@
  * pool's n->blocked says in which layout it writes). */
 #include "nn/graph_internal.h"
 
-enum { MAX_FUSED_C = 4 };  /* input channels: the fused kernel keeps C * K * K weight vectors at hand */
+enum { MAX_FUSED_C = 4 }; /* input channels: the fused kernel keeps C * K * K weight vectors at hand */
 
 /* The conv that maxpool p reads (through a relu it applies), or NULL. */
 static dt_node *conv_of(dt_model *m, const dt_node *p) {
@@ -26,8 +26,8 @@ static bool fusable(dt_model *m, const dt_node *p, const dt_node *conv) {
     int C, H, W;
     dt_node_chw(&m->nodes[conv->in[0]], &C, &H, &W);
     return conv->consumers == 1 && conv->id != m->output && conv->a.stride == 1 && !in->needs_grad &&
-           C <= MAX_FUSED_C && conv->shape[0] % 16 == 0 && p->a.k == p->a.stride && p->a.k < 16 && p->shape[1] > 0 && p->shape[2] > 0 &&
-           !dt_node_in_blocked(m, conv, 0);
+           C <= MAX_FUSED_C && conv->shape[0] % 16 == 0 && p->a.k == p->a.stride && p->a.k < 16 && p->shape[1] > 0 &&
+           p->shape[2] > 0 && !dt_node_in_blocked(m, conv, 0);
 }
 
 void dt_graph_fuse_conv_pool(dt_model *m) {
@@ -47,9 +47,18 @@ dt_conv_pool_shape dt_node_conv_pool_shape(const dt_model *m, const dt_node *con
     const dt_node *p = &m->nodes[conv->fused_pool];
     int C, H, W;
     dt_node_chw(&m->nodes[conv->in[0]], &C, &H, &W);
-    return (dt_conv_pool_shape){.B = m->B, .C = C, .H = H, .W = W, .OC = conv->a.out, .K = conv->a.k,
-                                .P = conv->a.pad, .PK = p->a.k, .relu = p->fused_relu, .out_bl = p->blocked,
-                                .out_nhwc = m->nhwc, .out_bf16 = p->bf16};
+    return (dt_conv_pool_shape){.B = m->B,
+                                .C = C,
+                                .H = H,
+                                .W = W,
+                                .OC = conv->a.out,
+                                .K = conv->a.k,
+                                .P = conv->a.pad,
+                                .PK = p->a.k,
+                                .relu = p->fused_relu,
+                                .out_bl = p->blocked,
+                                .out_nhwc = m->nhwc,
+                                .out_bf16 = p->bf16};
 }
 
 bool dt_model_node_fused(const dt_model *m, int node) {

@@ -27,7 +27,7 @@ typedef struct {
     const float *dout; /* (B, out_size), or NULL: L = the loss */
 } gg;
 
-#define LIN 0.5f, 1e-4, 1e-5   /* eps, rtol, atol where L is linear in the value */
+#define LIN 0.5f, 1e-4, 1e-5 /* eps, rtol, atol where L is linear in the value */
 #define NONLIN 1e-2f, 2e-3, 5e-4
 
 static uint64_t g_seed = 4321;
@@ -41,7 +41,8 @@ static float *rnd(size_t n, float lo, float hi) {
 
 static int32_t *rnd_ids(size_t n, int lo, int hi) {
     int32_t *p = malloc((n ? n : 1) * sizeof *p);
-    for (size_t i = 0; i < n; i++) p[i] = lo + (int32_t)(dt_rng_u64(g_seed, dt_rng_key(DT_RNG_USER, g_seed), i) % (uint64_t)(hi - lo));
+    for (size_t i = 0; i < n; i++)
+        p[i] = lo + (int32_t)(dt_rng_u64(g_seed, dt_rng_key(DT_RNG_USER, g_seed), i) % (uint64_t)(hi - lo));
     g_seed++;
     return p;
 }
@@ -72,7 +73,8 @@ static int gg_backward(gg *g) {
 
 /* Compares the analytic gradient ana of x (n values, perturbed in place) with central
  * differences. ana must not point into the model (a forward may overwrite it): pass a copy. */
-static void gg_check(const char *what, gg *g, float *x, const float *ana, size_t n, float eps, double rtol, double atol) {
+static void gg_check(const char *what, gg *g, float *x, const float *ana, size_t n, float eps, double rtol,
+                     double atol) {
     if (!x || !ana) {
         CHECK_MSG(0, "%s: nothing to check", what);
         return;
@@ -135,7 +137,7 @@ static void test_embedding(bool pos) {
     s.num = num, s.out = D, s.pos = pos;
     int e = gt_node(m, "emb", &s, gt_input(m, "ids", DT_I32, T, 0, 0), -1, -1);
     int32_t *ids = rnd_ids((size_t)B * T, 0, pos ? 1000 : num); /* positions ignore the ids' values */
-    if (!pos) ids[3] = ids[7] = ids[9] = ids[0];                 /* repeated ids accumulate */
+    if (!pos) ids[3] = ids[7] = ids[9] = ids[0];                /* repeated ids accumulate */
     float *dout = rnd((size_t)B * T * D, -1, 1);
     if (finish(m, e, -1, "embedding")) {
         fill_param(m, "emb.weight", -1, 1);
@@ -215,7 +217,8 @@ static void test_matmul(dt_layer_kind kind, bool bias) {
         if (gg_backward(&g) == 0) {
             snprintf(what, sizeof what, "%s dx", dt_layer_name(kind)), check_param(what, &g, "x.weight", LIN);
             snprintf(what, sizeof what, "%s dweight", dt_layer_name(kind)), check_param(what, &g, "mm.weight", LIN);
-            if (bias) snprintf(what, sizeof what, "%s dbias", dt_layer_name(kind)), check_param(what, &g, "mm.bias", LIN);
+            if (bias)
+                snprintf(what, sizeof what, "%s dbias", dt_layer_name(kind)), check_param(what, &g, "mm.bias", LIN);
         }
     }
     free(dout);
@@ -366,7 +369,8 @@ static void test_tied(void) {
         gt_load(u, "ln.bias", gt_param(m, "ln.bias", C), C);
         gg g = {m, {ids, tg, B}, NULL}, gu = {u, {ids, tg, B}, NULL};
         if (gg_backward(&g) == 0 && gg_backward(&gu) == 0) {
-            float *sum = grad_of(u, "wte.weight"), *gh = gt_grad(u, "head.weight", nw), *gt = gt_grad(m, "wte.weight", nw);
+            float *sum = grad_of(u, "wte.weight"), *gh = gt_grad(u, "head.weight", nw),
+                  *gt = gt_grad(m, "wte.weight", nw);
             for (size_t i = 0; sum && gh && i < nw; i++) sum[i] += gh[i];
             double la = gg_loss(&g), lb = gg_loss(&gu);
             CHECK_MSG(la == lb, "tied and untied losses differ: %.9g vs %.9g", la, lb);

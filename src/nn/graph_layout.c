@@ -21,8 +21,10 @@ static const dt_node *owner_of(const dt_model *m, const dt_node *n) {
 }
 
 static dt_plan_op plan_op(dt_layer_kind k) {
-    return k == DT_LAYER_CONV2D ? DT_PLAN_CONV : k == DT_LAYER_MAXPOOL2D ? DT_PLAN_MAXPOOL
-                                            : k == DT_LAYER_RELU ? DT_PLAN_RELU : DT_PLAN_OTHER;
+    return k == DT_LAYER_CONV2D      ? DT_PLAN_CONV
+           : k == DT_LAYER_MAXPOOL2D ? DT_PLAN_MAXPOOL
+           : k == DT_LAYER_RELU      ? DT_PLAN_RELU
+                                     : DT_PLAN_OTHER;
 }
 
 dt_status dt_graph_plan_layouts(dt_model *m, dt_dev *dev) {
@@ -37,8 +39,13 @@ dt_status dt_graph_plan_layouts(dt_model *m, dt_dev *dev) {
     }
     for (int i = 0; i < m->n; i++) {
         const dt_node *n = &m->nodes[i];
-        d[i] = (dt_plan_node){.op = plan_op(n->a.kind), .nin = n->nin, .alias = n->alias, .input = n->input_index >= 0,
-                              .output = i == m->output, .ndim = n->ndim, .channels = n->ndim == 3 ? n->shape[0] : 0};
+        d[i] = (dt_plan_node){.op = plan_op(n->a.kind),
+                              .nin = n->nin,
+                              .alias = n->alias,
+                              .input = n->input_index >= 0,
+                              .output = i == m->output,
+                              .ndim = n->ndim,
+                              .channels = n->ndim == 3 ? n->shape[0] : 0};
         for (int k = 0; k < n->nin && k < 3; k++) d[i].in[k] = n->in[k];
     }
     dt_plan_layouts out = {.blocked = blocked};
@@ -172,8 +179,7 @@ void dt_graph_plan_bf16(dt_model *m) {
         bool all;
         if (n->a.kind == DT_LAYER_CONV2D && n->fused_pool < 0 && bf16_conv(m, n))
             n->bf16 = n->grad_bf16 = readers(m, i, blocked_maxpool, &all) == 1 && all;
-        else if (n->a.kind == DT_LAYER_MAXPOOL2D && n->fused_conv)
-            n->bf16 = readers(m, i, bf16_conv, &all) > 0 && all;
+        else if (n->a.kind == DT_LAYER_MAXPOOL2D && n->fused_conv) n->bf16 = readers(m, i, bf16_conv, &all) > 0 && all;
     }
     /* The pool at a chain's end (NCHW out) of bf16 values that only bf16 linears read (the CNN's
      * flatten -> linear): its maxima are bf16 values, stored so exactly, and the linear skips

@@ -35,8 +35,8 @@ static void check_step(dt_model *m, const char *what, const float *x, const int3
     float loss;
     CHECK_OK(dt_model_run(m, &f, true, 0, &loss));
     CHECK_OK(dt_model_backward_loss(m, 1.0f, NULL, NULL));
-    CHECK_MSG(loss == loss && dt_mem_used() == before, "%s: loss %g, %zu bytes held before the step, %zu after",
-              what, loss, before, dt_mem_used());
+    CHECK_MSG(loss == loss && dt_mem_used() == before, "%s: loss %g, %zu bytes held before the step, %zu after", what,
+              loss, before, dt_mem_used());
 }
 
 static void check_spec(const char *kernels, const char *prec, const char *spec, int C, int H, int W) {
@@ -66,7 +66,7 @@ static void check_bf16_cnn(void) {
     }
     dt_kernel_table t = *be;
     t.conv2d_bf16_values = sixteen_or_more;
-    t.linear_bf16_values = NULL;  /* the conv chain's plan alone (the GPT below has the linears') */
+    t.linear_bf16_values = NULL; /* the conv chain's plan alone (the GPT below has the linears') */
     dt_model *m = NULL;
     CHECK_OK(dt_model_build(&m, "cnn", 1, 28, 28));
     if (!m) return;
@@ -75,8 +75,8 @@ static void check_bf16_cnn(void) {
     dt_graph_plan_bf16(m);
     int nbf = 0, ngbf = 0;
     for (int i = 0; i < m->n; i++) nbf += m->nodes[i].bf16, ngbf += m->nodes[i].grad_bf16;
-    CHECK_MSG(nbf == 2 && ngbf == 1, "cnn at bf16: %d nodes with bf16 values, %d with a bf16 gradient (want 2, 1)",
-              nbf, ngbf);
+    CHECK_MSG(nbf == 2 && ngbf == 1, "cnn at bf16: %d nodes with bf16 values, %d with a bf16 gradient (want 2, 1)", nbf,
+              ngbf);
     check_batches(m, "cnn at bf16 (bf16 blocked values)", dt_mem_used());
     enum { B = 7 };
     float *x = malloc(sizeof(float) * B * 784);
@@ -115,11 +115,11 @@ static void check_bf16_gpt(void) {
 int main(void) {
     check_bf16_cnn();
     check_bf16_gpt();
-    check_spec("onednn", "fp32", "cnn", 1, 28, 28);  /* fused conv -> maxpool, blocked values, aliases */
-    check_spec("onednn", "bf16", "cnn", 1, 28, 28);  /* this CPU's own bf16 plan */
+    check_spec("onednn", "fp32", "cnn", 1, 28, 28); /* fused conv -> maxpool, blocked values, aliases */
+    check_spec("onednn", "bf16", "cnn", 1, 28, 28); /* this CPU's own bf16 plan */
     check_spec("blas", "fp32", "cnn", 1, 28, 28);
     check_spec("blas", "fp32", "mlp", 1, 28, 28);
-    check_spec("blas", "fp32", "gpt:L=2,H=2,C=32,T=8", 0, 0, 0);  /* residual scratch, attention state */
+    check_spec("blas", "fp32", "gpt:L=2,H=2,C=32,T=8", 0, 0, 0); /* residual scratch, attention state */
     CHECK_OK(dt_kernels_select("blas", "fp32"));
     return dt_test_summary("graph_mem_test");
 }

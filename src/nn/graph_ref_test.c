@@ -193,7 +193,8 @@ static void ref_norm_gelu(const char *name, dt_layer_kind kind) {
     int node = gt_node(m, "op", &s, in, -1, -1);
     bool ln = kind == DT_LAYER_LAYERNORM;
     if (finish(m, node, -1, name) == DT_OK && gt_load(m, "x.weight", FX("%s.x", name), n) == 0 &&
-        (!ln || (gt_load(m, "op.weight", FX("%s.w", name), C) == 0 && gt_load(m, "op.bias", FX("%s.bias", name), C) == 0))) {
+        (!ln ||
+         (gt_load(m, "op.weight", FX("%s.w", name), C) == 0 && gt_load(m, "op.bias", FX("%s.bias", name), C) == 0))) {
         dt_feed f = {gt_ids(B * T), NULL, B};
         if (run_and_backward(name, m, &f, FX("%s.y", name), FX("%s.dy", name)) == 0) {
             cmpf(name, "dx", gt_node_grad(m, in), FX("%s.dx", name), n);

@@ -50,7 +50,7 @@ void dt_model_destroy(dt_model *m) {
         dt_slab_free(&m->buffers);
     }
     if (m->dev_correct) m->dev->ops->free(m->dev, m->dev_correct);
-    if (m->owns_dev) dt_device_destroy(m->dev);  /* every block of it freed above */
+    if (m->owns_dev) dt_device_destroy(m->dev); /* every block of it freed above */
     free(m);
 }
 
@@ -65,8 +65,8 @@ typedef struct {
 static node_mem node_mem_of(const dt_model *m, const dt_node *n, int B) {
     node_mem r = {0, 0, 0, 0};
     if (n->input_index >= 0 && inputs_uploaded(m)) r.vals = (size_t)B * n->out_n * DT_FEED_VALUE_BYTES;
-    if (n->input_index >= 0 || n->alias) return r;  /* the fed memory (or the batch's upload); the owner's */
-    if (n->fused_pool < 0) r.vals = (size_t)B * n->out_n * sizeof(float);  /* else never written (graph_fuse.c) */
+    if (n->input_index >= 0 || n->alias) return r; /* the fed memory (or the batch's upload); the owner's */
+    if (n->fused_pool < 0) r.vals = (size_t)B * n->out_n * sizeof(float); /* else never written (graph_fuse.c) */
     r.grad = n->needs_grad ? r.vals : 0;
     r.saved = n->op->saved_bytes ? n->op->saved_bytes(m, n, B) : 0;
     r.work = n->op->workspace ? n->op->workspace(m, n, B) : 0;
@@ -105,7 +105,7 @@ static size_t held(size_t bytes) { return bytes ? dt_alloc_size(bytes) : 0; }
 
 size_t dt_model_activation_bytes(const dt_model *m, int B) {
     size_t bytes = 0, work = 0, maxact = 0;
-    for (int i = 0; i < m->n; i++) {  /* the blocks ensure_batch allocates */
+    for (int i = 0; i < m->n; i++) { /* the blocks ensure_batch allocates */
         const node_mem r = node_mem_of(m, &m->nodes[i], B);
         if (r.vals > maxact && m->nodes[i].input_index < 0) maxact = r.vals;
         bytes += held(r.vals) + held(r.grad) + held(r.saved);
@@ -115,8 +115,15 @@ size_t dt_model_activation_bytes(const dt_model *m, int B) {
 }
 
 static dt_run_ctx run_ctx(const dt_model *m) {
-    return (dt_run_ctx){.be = m->be, .dev = m->dev, .B = m->B, .train = m->train, .step = m->step, .seed = m->seed,
-                        .params = m->params.data, .grads = m->grads.data, .buffers = m->buffers.data,
+    return (dt_run_ctx){.be = m->be,
+                        .dev = m->dev,
+                        .B = m->B,
+                        .train = m->train,
+                        .step = m->step,
+                        .seed = m->seed,
+                        .params = m->params.data,
+                        .grads = m->grads.data,
+                        .buffers = m->buffers.data,
                         .work = m->work};
 }
 
@@ -128,9 +135,10 @@ static dt_status check_bound(const dt_model *m, const dt_node *n, bool grads) {
         const int t = n->tensor[k];
         if (m->tensors[t].is_buffer) continue;
         if ((m->bound_p[t] || m->params.data) && (!grads || m->bound_g[t] || m->grads.data)) continue;
-        return dt_error(DT_ENOMEM, "model: node '%s' cannot run: its tensor '%s' has no %s in device memory (the "
-                        "strategy could not place them; with `mem_limit`, see `dry_run`)", n->name,
-                        m->tensors[t].name, grads ? "parameters or gradients" : "parameters");
+        return dt_error(DT_ENOMEM,
+                        "model: node '%s' cannot run: its tensor '%s' has no %s in device memory (the "
+                        "strategy could not place them; with `mem_limit`, see `dry_run`)",
+                        n->name, m->tensors[t].name, grads ? "parameters or gradients" : "parameters");
     }
     return DT_OK;
 }
@@ -179,13 +187,13 @@ dt_status dt_model_run(dt_model *m, const dt_feed *f, bool train, uint64_t step,
     DT_TRY(dt_model_prepare(m, f->n, train, step));
     const bool with_loss = m->loss >= 0 && f->y;
     const int hi = with_loss ? m->loss + 1 : m->output + 1;
-    for (int k = with_loss ? 2 : 1; k < m->ninputs; k++)  /* an input the feed does not carry, read below hi */
+    for (int k = with_loss ? 2 : 1; k < m->ninputs; k++) /* an input the feed does not carry, read below hi */
         if (m->first_reader[k] < hi)
             return dt_error(DT_EINVAL, "model: node '%s' reads input '%s', which is not fed",
                             m->nodes[m->first_reader[k]].name, m->nodes[m->inputs[k]].name);
     bind_feed(m, f);
     DT_TRY(forward_range(m, 0, hi));
-    if (with_loss && loss) m->dev->ops->download(m->dev, loss, m->nodes[m->loss].out, sizeof *loss);  /* one float */
+    if (with_loss && loss) m->dev->ops->download(m->dev, loss, m->nodes[m->loss].out, sizeof *loss); /* one float */
     return DT_OK;
 }
 
@@ -322,8 +330,9 @@ dt_status dt_model_backward_nodes(dt_model *m, int lo, int hi, const float *dout
         return backward_range(m, lo, m->loss + 1, hook, ctx);
     }
     dt_node *o = owner(m, &m->nodes[hi - 1]);
-    if (!dout) return dt_error(DT_EINVAL, "model backward: nodes [%d, %d) hold no loss; pass the gradient of '%s'", lo,
-                               hi, m->nodes[hi - 1].name);
+    if (!dout)
+        return dt_error(DT_EINVAL, "model backward: nodes [%d, %d) hold no loss; pass the gradient of '%s'", lo, hi,
+                        m->nodes[hi - 1].name);
     if (o->needs_grad) {
         m->dev->ops->copy(m->dev, o->grad, dout, (size_t)m->B * o->out_n * sizeof(float));
         o->grad_set = true;
@@ -374,7 +383,7 @@ int dt_model_node_owner(const dt_model *m, int node) { return owner((dt_model *)
  * memory); -1 when they are not there or the count has no device memory. */
 static int64_t count_on_device(const dt_model *m, const int32_t *labels, int64_t rows, int V) {
     if (m->ninputs < 2 || labels != m->feed_host[1] || m->nodes[m->inputs[1]].dtype != DT_I32) return -1;
-    dt_model *w = (dt_model *)m;  /* its count's memory, kept for the next batch */
+    dt_model *w = (dt_model *)m; /* its count's memory, kept for the next batch */
     if (!w->dev_correct && !(w->dev_correct = m->dev->ops->alloc(m->dev, sizeof(int64_t)))) return dt_error_clear(), -1;
     int64_t correct = -1;
     m->be->count_correct(w->dev_correct, dt_model_output(m), (const int32_t *)m->nodes[m->inputs[1]].out, rows, V);
@@ -387,7 +396,7 @@ int64_t dt_model_count_correct(const dt_model *m, const int32_t *labels, int n) 
     const int64_t rows = (int64_t)n * (dt_model_out_size(m) / V);
     const float *logits = dt_model_output(m);
     float *host = NULL;
-    if (!m->dev->host_memory) {  /* the logits are the device's: counted there (8 bytes come back) */
+    if (!m->dev->host_memory) { /* the logits are the device's: counted there (8 bytes come back) */
         const int64_t c = count_on_device(m, labels, rows, V);
         if (c >= 0) return c;
         /* labels of another feed: the logits downloaded once */
@@ -395,7 +404,7 @@ int64_t dt_model_count_correct(const dt_model *m, const int32_t *labels, int n) 
         m->dev->ops->download(m->dev, host, logits, (size_t)rows * (size_t)V * sizeof(float));
         logits = host;
     }
-    int64_t correct = 0;  /* host logits: the CPU's count_correct kernel */
+    int64_t correct = 0; /* host logits: the CPU's count_correct kernel */
     (host ? dt_backend_cpu() : m->be)->count_correct(&correct, logits, labels, rows, V);
     free(host);
     return correct;

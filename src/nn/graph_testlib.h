@@ -134,12 +134,18 @@ static inline void gt_ready_check(const char *what, gt_ready *r) {
         if (r->seen[i] && memcmp(&r->snap[i], &r->grads[i], sizeof(float)) && !changed++) first = i;
     }
     printf("  %-46s %zu of %zu params reported, %zu changed after\n", what, covered, r->n, changed);
-    CHECK_MSG(r->bad == 0 && covered == r->n, "%s: grad-ready ranges must cover the %zu params once (%zu covered, "
-              "%d overlaps or overruns)", what, r->n, covered, r->bad);
-    CHECK_MSG(r->unordered == 0, "%s: %d grad-ready ranges came after a range below them (they must complete "
-              "from the end of the slab towards its start)", what, r->unordered);
-    CHECK_MSG(changed == 0, "%s: %zu gradients changed after the grad-ready hook reported them final (first: "
-              "param %zu)", what, changed, first);
+    CHECK_MSG(r->bad == 0 && covered == r->n,
+              "%s: grad-ready ranges must cover the %zu params once (%zu covered, "
+              "%d overlaps or overruns)",
+              what, r->n, covered, r->bad);
+    CHECK_MSG(r->unordered == 0,
+              "%s: %d grad-ready ranges came after a range below them (they must complete "
+              "from the end of the slab towards its start)",
+              what, r->unordered);
+    CHECK_MSG(changed == 0,
+              "%s: %zu gradients changed after the grad-ready hook reported them final (first: "
+              "param %zu)",
+              what, changed, first);
     free(r->seen), free(r->snap);
     r->seen = NULL, r->snap = NULL;
 }

@@ -29,7 +29,7 @@ static int node_extras(const dt_model *m, const dt_node *n, int own_from, dt_tor
 }
 
 dt_status dt_model_torch_state(const dt_model *m, dt_torch_entry_fn fn, void *ctx) {
-    int next = 0;  /* tensors are declared in node order: a node's own ones come next */
+    int next = 0; /* tensors are declared in node order: a node's own ones come next */
     for (int i = 0; i < m->n; i++) {
         const dt_node *n = &m->nodes[i];
         const int own_from = next;

@@ -15,7 +15,7 @@
 
 typedef struct dt_node dt_node;
 typedef struct dt_onnx dt_onnx;
-typedef struct dt_onnx_node dt_onnx_node;  /* a node of the ONNX graph (the exporter's) */
+typedef struct dt_onnx_node dt_onnx_node; /* a node of the ONNX graph (the exporter's) */
 typedef struct dt_torch_entry dt_torch_entry;
 
 /* ---- ONNX --------------------------------------------------------------------------------- *
@@ -61,8 +61,8 @@ dt_status dt_onnx_node_emit(dt_onnx *o, const dt_model *m, int node, const char 
 /* ---- PyTorch state_dict ------------------------------------------------------------------- */
 struct dt_torch_entry {
     char name[96];
-    int tensor;   /* the model tensor (dt_model_tensor) whose values it holds, under this name (a tied
-                   * one); -1: a step counter torch keeps, int64 0 as a scalar */
+    int tensor; /* the model tensor (dt_model_tensor) whose values it holds, under this name (a tied
+                 * one); -1: a step counter torch keeps, int64 0 as a scalar */
 };
 /* Calls fn on every entry of the model's PyTorch state_dict, in order: each node's own tensors
  * (tensor = their index, under their names) and then the entries its op adds and its tied weight

@@ -54,9 +54,9 @@ static dt_status act_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
     const size_t count = COUNT(c, n);
     if (!n->bf16) return act(c->be, n->a.kind, n->out, x, count), DT_OK;
     if (c->train && act_keeps_grad(m, n))
-        return c->be->gelu_forward_bf16io_grad(dt_node_out_bf16(n), n->saved, dt_node_in_bf16_values(m, n, 0),
-                                               count), DT_OK;
-    if (dt_node_in_bf16(m, n, 0))  /* bf16 x too (graph_layout.c) */
+        return c->be->gelu_forward_bf16io_grad(dt_node_out_bf16(n), n->saved, dt_node_in_bf16_values(m, n, 0), count),
+               DT_OK;
+    if (dt_node_in_bf16(m, n, 0)) /* bf16 x too (graph_layout.c) */
         return c->be->gelu_forward_bf16io(dt_node_out_bf16(n), dt_node_in_bf16_values(m, n, 0), count), DT_OK;
     if (act_rounds_itself(c->be, n)) return c->be->gelu_forward_bf16(dt_node_out_bf16(n), x, count), DT_OK;
     for (size_t i = 0; i < count; i += DT_BF16_PIECE) {
@@ -76,10 +76,10 @@ static void act_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float *co
         if (c->train && act_keeps_grad(m, n))
             c->be->gelu_backward_bf16io_from_grad((uint16_t *)(void *)din[0], (const uint16_t *)(const void *)n->grad,
                                                   n->saved, COUNT(c, n));
-        else if (n->grad_bf16)  /* x, dout and din bf16 (graph_layout.c) */
+        else if (n->grad_bf16) /* x, dout and din bf16 (graph_layout.c) */
             c->be->gelu_backward_bf16io((uint16_t *)(void *)din[0], (const uint16_t *)(const void *)n->grad,
                                         dt_node_in_bf16_values(m, n, 0), COUNT(c, n));
-        else if (dt_node_in_grad_bf16(m, n, 0))  /* a bf16 linear's gradient (graph_layout.c) */
+        else if (dt_node_in_grad_bf16(m, n, 0)) /* a bf16 linear's gradient (graph_layout.c) */
             c->be->gelu_backward_bf16((uint16_t *)(void *)din[0], n->grad, x, COUNT(c, n));
         else c->be->gelu_backward(din[0], n->grad, x, COUNT(c, n));
         break;
@@ -110,17 +110,47 @@ static const dt_op_syntax gelu_syntax = {.args = "|", .usage = "gelu"};
 static const dt_op_syntax tanh_syntax = {.args = "|", .usage = "tanh"};
 static const dt_op_syntax sigmoid_syntax = {.args = "|", .usage = "sigmoid"};
 
-const dt_op dt_op_relu = {.name = "relu", .help = "max(x, 0)", .syntax = &relu_syntax, .min_in = 1, .max_in = 1,
-                          .infer = dt_op_same_shape, .saved_bytes = act_saved, .workspace = act_workspace,
-                          .forward = act_forward, .backward = act_backward, .onnx = act_onnx};
-const dt_op dt_op_gelu = {.name = "gelu", .help = "x * Phi(x), the exact GELU (erf)", .syntax = &gelu_syntax,
-                          .min_in = 1, .max_in = 1, .infer = dt_op_same_shape, .saved_bytes = act_saved,
-                          .workspace = act_workspace, .forward = act_forward, .backward = act_backward,
+const dt_op dt_op_relu = {.name = "relu",
+                          .help = "max(x, 0)",
+                          .syntax = &relu_syntax,
+                          .min_in = 1,
+                          .max_in = 1,
+                          .infer = dt_op_same_shape,
+                          .saved_bytes = act_saved,
+                          .workspace = act_workspace,
+                          .forward = act_forward,
+                          .backward = act_backward,
+                          .onnx = act_onnx};
+const dt_op dt_op_gelu = {.name = "gelu",
+                          .help = "x * Phi(x), the exact GELU (erf)",
+                          .syntax = &gelu_syntax,
+                          .min_in = 1,
+                          .max_in = 1,
+                          .infer = dt_op_same_shape,
+                          .saved_bytes = act_saved,
+                          .workspace = act_workspace,
+                          .forward = act_forward,
+                          .backward = act_backward,
                           .onnx = gelu_onnx};
-const dt_op dt_op_tanh = {.name = "tanh", .help = "tanh(x)", .syntax = &tanh_syntax, .min_in = 1, .max_in = 1,
-                          .infer = dt_op_same_shape, .saved_bytes = act_saved, .workspace = act_workspace,
-                          .forward = act_forward, .backward = act_backward, .onnx = act_onnx};
-const dt_op dt_op_sigmoid = {.name = "sigmoid", .help = "1 / (1 + exp(-x))", .syntax = &sigmoid_syntax, .min_in = 1,
-                             .max_in = 1, .infer = dt_op_same_shape, .saved_bytes = act_saved,
-                             .workspace = act_workspace, .forward = act_forward, .backward = act_backward,
+const dt_op dt_op_tanh = {.name = "tanh",
+                          .help = "tanh(x)",
+                          .syntax = &tanh_syntax,
+                          .min_in = 1,
+                          .max_in = 1,
+                          .infer = dt_op_same_shape,
+                          .saved_bytes = act_saved,
+                          .workspace = act_workspace,
+                          .forward = act_forward,
+                          .backward = act_backward,
+                          .onnx = act_onnx};
+const dt_op dt_op_sigmoid = {.name = "sigmoid",
+                             .help = "1 / (1 + exp(-x))",
+                             .syntax = &sigmoid_syntax,
+                             .min_in = 1,
+                             .max_in = 1,
+                             .infer = dt_op_same_shape,
+                             .saved_bytes = act_saved,
+                             .workspace = act_workspace,
+                             .forward = act_forward,
+                             .backward = act_backward,
                              .onnx = act_onnx};

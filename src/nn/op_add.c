@@ -2,7 +2,6 @@
 #include "nn/graph_internal.h"
 #include "nn/interchange.h"
 
-
 static dt_status add_infer(dt_model *m, dt_node *n) {
     const dt_node *a = dt_node_input(m, n, 0), *b = dt_node_input(m, n, 1);
     bool same = a->ndim == b->ndim && a->dtype == DT_F32 && b->dtype == DT_F32;
@@ -30,6 +29,12 @@ static dt_status add_onnx(dt_onnx *o, const dt_model *m, const dt_node *n, const
     return DT_OK;
 }
 
-const dt_op dt_op_add = {.name = "add", .help = "a + b of the same shape (a residual connection)", .syntax = NULL,
-                         .min_in = 2, .max_in = 2, .infer = add_infer, .forward = add_forward,
-                         .backward = add_backward, .onnx = add_onnx};
+const dt_op dt_op_add = {.name = "add",
+                         .help = "a + b of the same shape (a residual connection)",
+                         .syntax = NULL,
+                         .min_in = 2,
+                         .max_in = 2,
+                         .infer = add_infer,
+                         .forward = add_forward,
+                         .backward = add_backward,
+                         .onnx = add_onnx};

@@ -49,7 +49,7 @@ static dt_status attention_forward(dt_model *m, dt_node *n, const dt_run_ctx *c)
     if (!n->bf16) return c->be->attention_forward(n->out, n->saved, c->work, qkv, c->B, T, C, NH), DT_OK;
     float *f = c->work + c->be->attention_workspace(T, C, NH);
     const size_t tc = (size_t)T * C;
-    for (int b = 0; b < c->B; b++) {  /* a sample at a time (the kernel's samples are independent) */
+    for (int b = 0; b < c->B; b++) { /* a sample at a time (the kernel's samples are independent) */
         c->be->attention_forward(f, (float *)n->saved + (size_t)b * NH * T * T, c->work, qkv + 3 * tc * b, 1, T, C, NH);
         c->dev->ops->cast_f32_bf16(c->dev, dt_node_out_bf16(n) + tc * b, f, tc);
     }
@@ -78,7 +78,7 @@ static void attention_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, flo
 static double attention_flops(const dt_model *m, const dt_node *n, int B, bool need_din) {
     int T, C;
     dims(m, n, &T, &C);
-    double fwd = 4.0 * B * T * (double)T * C;  /* q k^T and P v, every head */
+    double fwd = 4.0 * B * T * (double)T * C; /* q k^T and P v, every head */
     return need_din ? 3 * fwd : fwd;
 }
 
@@ -118,8 +118,15 @@ static dt_status attention_onnx(dt_onnx *o, const dt_model *m, const dt_node *n,
     return mk[0] == '?' ? dt_error(DT_ENOMEM, "export: out of memory") : DT_OK;
 }
 
-const dt_op dt_op_attention = {.name = "attention", .help = "causal multi-head self-attention of (T, 3C) q, k, v rows",
-                               .syntax = NULL, .min_in = 1, .max_in = 1, .infer = attention_infer,
-                               .saved_bytes = attention_saved, .workspace = attention_workspace,
-                               .forward = attention_forward, .backward = attention_backward,
-                               .flops = attention_flops, .onnx = attention_onnx};
+const dt_op dt_op_attention = {.name = "attention",
+                               .help = "causal multi-head self-attention of (T, 3C) q, k, v rows",
+                               .syntax = NULL,
+                               .min_in = 1,
+                               .max_in = 1,
+                               .infer = attention_infer,
+                               .saved_bytes = attention_saved,
+                               .workspace = attention_workspace,
+                               .forward = attention_forward,
+                               .backward = attention_backward,
+                               .flops = attention_flops,
+                               .onnx = attention_onnx};

@@ -14,7 +14,8 @@ static dt_status batchnorm_infer(dt_model *m, dt_node *n) {
     dt_node_chw(n, &C, &H, &W);
     int64_t shp[1] = {C};
     if (dt_graph_declare(m, n, "weight", false, 1, shp) < 0 || dt_graph_declare(m, n, "bias", false, 1, shp) < 0 ||
-        dt_graph_declare(m, n, "running_mean", true, 1, shp) < 0 || dt_graph_declare(m, n, "running_var", true, 1, shp) < 0)
+        dt_graph_declare(m, n, "running_mean", true, 1, shp) < 0 ||
+        dt_graph_declare(m, n, "running_var", true, 1, shp) < 0)
         return DT_EINVAL;
     return DT_OK;
 }
@@ -44,8 +45,7 @@ static dt_status batchnorm_forward(dt_model *m, dt_node *n, const dt_run_ctx *c)
     if (c->train)
         c->be->batchnorm2d_forward_train(n->out, mean, rstd, rm, rv, dt_node_in(m, n, 0), w, b, c->B, C, H * W,
                                          n->a.momentum, n->a.eps);
-    else
-        c->be->batchnorm2d_forward_eval(n->out, dt_node_in(m, n, 0), w, b, rm, rv, c->B, C, H * W, n->a.eps);
+    else c->be->batchnorm2d_forward_eval(n->out, dt_node_in(m, n, 0), w, b, rm, rv, c->B, C, H * W, n->a.eps);
     return DT_OK;
 }
 
@@ -53,9 +53,8 @@ static void batchnorm_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, flo
     int C, H, W;
     dt_node_chw(n, &C, &H, &W);
     const float *mean = n->saved, *rstd = mean + C;
-    c->be->batchnorm2d_backward(din[0], dt_node_grad(m, n, c, 0), dt_node_grad(m, n, c, 1),
-                                n->grad, dt_node_in(m, n, 0), dt_node_param(m, n, c, 0), mean, rstd, c->B,
-                                C, H * W);
+    c->be->batchnorm2d_backward(din[0], dt_node_grad(m, n, c, 0), dt_node_grad(m, n, c, 1), n->grad,
+                                dt_node_in(m, n, 0), dt_node_param(m, n, c, 0), mean, rstd, c->B, C, H * W);
 }
 
 /* With its running statistics (evaluation). */
@@ -97,12 +96,22 @@ static void batchnorm_format(char *buf, size_t cap, const dt_layer_spec *l) {
     snprintf(buf, cap, "(eps=%g,momentum=%g)", l->eps, l->momentum);
 }
 
-static const dt_op_syntax batchnorm_syntax = {.alias = "batchnorm2d", .args = "| eps momentum",
+static const dt_op_syntax batchnorm_syntax = {.alias = "batchnorm2d",
+                                              .args = "| eps momentum",
                                               .usage = "batchnorm([eps=,momentum=])",
-                                              .alias_usage = "batchnorm2d = batchnorm", .format = batchnorm_format};
+                                              .alias_usage = "batchnorm2d = batchnorm",
+                                              .format = batchnorm_format};
 
-const dt_op dt_op_batchnorm2d = {.name = "batchnorm", .help = "2-d batch normalisation per channel, running statistics",
-                                 .syntax = &batchnorm_syntax, .min_in = 1, .max_in = 1, .infer = batchnorm_infer,
-                                 .saved_bytes = batchnorm_saved, .init = batchnorm_init, .forward = batchnorm_forward,
-                                 .backward = batchnorm_backward, .onnx = batchnorm_onnx,
-                                 .torch_extra = batchnorm_torch_extra, .fold_input_norm = batchnorm_fold};
+const dt_op dt_op_batchnorm2d = {.name = "batchnorm",
+                                 .help = "2-d batch normalisation per channel, running statistics",
+                                 .syntax = &batchnorm_syntax,
+                                 .min_in = 1,
+                                 .max_in = 1,
+                                 .infer = batchnorm_infer,
+                                 .saved_bytes = batchnorm_saved,
+                                 .init = batchnorm_init,
+                                 .forward = batchnorm_forward,
+                                 .backward = batchnorm_backward,
+                                 .onnx = batchnorm_onnx,
+                                 .torch_extra = batchnorm_torch_extra,
+                                 .fold_input_norm = batchnorm_fold};

@@ -22,7 +22,8 @@ static dt_status conv_infer(dt_model *m, dt_node *n) {
     dt_node_chw(in, &C, &H, &W);
     if (in->dtype != DT_F32) return dt_graph_fail(m, n, "takes f32 values");
     if (s->out <= 0 || s->k <= 0 || s->stride <= 0 || s->pad < 0)
-        return dt_graph_fail(m, n, "conv(%d,%d,stride=%d,pad=%d) needs positive sizes", s->out, s->k, s->stride, s->pad);
+        return dt_graph_fail(m, n, "conv(%d,%d,stride=%d,pad=%d) needs positive sizes", s->out, s->k, s->stride,
+                             s->pad);
     if (H + 2 * s->pad < s->k || W + 2 * s->pad < s->k)
         return dt_graph_fail(m, n, "conv(%d,%d) kernel is larger than its %dx%d input", s->out, s->k, H, W);
     n->dtype = DT_F32, n->ndim = 3;
@@ -49,7 +50,7 @@ static void conv_init(dt_model *m, dt_node *n, float *p, uint64_t seed) {
 
 static size_t conv_workspace(const dt_model *m, const dt_node *n, int B) {
     const dt_layer_spec *s = &n->a;
-    if (n->fused_pool >= 0) {  /* bytes, as floats */
+    if (n->fused_pool >= 0) { /* bytes, as floats */
         const dt_conv_pool_shape cs = dt_node_conv_pool_shape(m, n);
         return (m->be->conv_pool_workspace(&cs) + sizeof(float) - 1) / sizeof(float);
     }
@@ -72,13 +73,13 @@ static dt_status conv_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
         return DT_OK;
     }
     if (in_bl || n->blocked) {
-        c->be->conv2d_forward_blocked(n->out, dt_node_in(m, n, 0), dt_node_param(m, n, c, 0), b, c->B, C,
-                                      H, W, s->out, s->k, s->stride, s->pad, dt_layout_of(in_bl, m->nhwc, dt_node_in_bf16(m, n, 0)),
+        c->be->conv2d_forward_blocked(n->out, dt_node_in(m, n, 0), dt_node_param(m, n, c, 0), b, c->B, C, H, W, s->out,
+                                      s->k, s->stride, s->pad, dt_layout_of(in_bl, m->nhwc, dt_node_in_bf16(m, n, 0)),
                                       dt_layout_of(n->blocked, m->nhwc, n->bf16));
         return DT_OK;
     }
-    c->be->conv2d_forward(n->out, dt_node_in(m, n, 0), dt_node_param(m, n, c, 0), b, c->work, c->B, C, H,
-                          W, s->out, s->k, s->stride, s->pad);
+    c->be->conv2d_forward(n->out, dt_node_in(m, n, 0), dt_node_param(m, n, c, 0), b, c->work, c->B, C, H, W, s->out,
+                          s->k, s->stride, s->pad);
     return DT_OK;
 }
 
@@ -88,7 +89,7 @@ static void conv_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float *c
     dt_node_chw(dt_node_input(m, n, 0), &C, &H, &W);
     float *db = s->bias ? dt_node_grad(m, n, c, 1) : NULL;
     const bool in_bl = dt_node_in_blocked(m, n, 0);
-    if (n->fused_pool >= 0) {  /* from the pool's gradient; the input needs none (graph_fuse.c) */
+    if (n->fused_pool >= 0) { /* from the pool's gradient; the input needs none (graph_fuse.c) */
         const dt_node *p = &m->nodes[n->fused_pool];
         const dt_conv_pool_shape cs = dt_node_conv_pool_shape(m, n);
         c->be->conv_pool_backward(&cs, dt_node_grad(m, n, c, 0), db, p->grad, p->saved, dt_node_in(m, n, 0), c->work);
@@ -96,14 +97,13 @@ static void conv_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float *c
     }
     if (in_bl || n->blocked) {
         c->be->conv2d_backward_blocked(din[0], dt_node_grad(m, n, c, 0), db, n->grad, dt_node_in(m, n, 0),
-                                       dt_node_param(m, n, c, 0), c->B, C, H, W, s->out, s->k, s->stride,
-                                       s->pad, dt_layout_of(in_bl, m->nhwc, dt_node_in_bf16(m, n, 0)),
+                                       dt_node_param(m, n, c, 0), c->B, C, H, W, s->out, s->k, s->stride, s->pad,
+                                       dt_layout_of(in_bl, m->nhwc, dt_node_in_bf16(m, n, 0)),
                                        dt_layout_of(n->blocked, m->nhwc, n->grad_bf16));
         return;
     }
     c->be->conv2d_backward(din[0], dt_node_grad(m, n, c, 0), db, n->grad, dt_node_in(m, n, 0),
-                           dt_node_param(m, n, c, 0), c->work, c->B, C, H, W, s->out, s->k, s->stride,
-                           s->pad);
+                           dt_node_param(m, n, c, 0), c->work, c->B, C, H, W, s->out, s->k, s->stride, s->pad);
 }
 
 static double conv_flops(const dt_model *m, const dt_node *n, int B, bool need_din) {
@@ -143,11 +143,24 @@ static void conv_format(char *buf, size_t cap, const dt_layer_spec *l) {
     snprintf(buf, cap, "(%d,%d,stride=%d,pad=%d%s)", l->out, l->k, l->stride, l->pad, l->bias ? "" : ",bias=0");
 }
 
-static const dt_op_syntax conv_syntax = {.alias = "conv2d", .args = "out k | stride pad bias", .required = 2,
-                                         .usage = "conv(out,k[,stride=,pad=,bias=])", .alias_usage = "conv2d = conv",
-                                         .finish = conv_finish, .format = conv_format};
+static const dt_op_syntax conv_syntax = {.alias = "conv2d",
+                                         .args = "out k | stride pad bias",
+                                         .required = 2,
+                                         .usage = "conv(out,k[,stride=,pad=,bias=])",
+                                         .alias_usage = "conv2d = conv",
+                                         .finish = conv_finish,
+                                         .format = conv_format};
 
-const dt_op dt_op_conv2d = {.name = "conv", .help = "2-d convolution of (C,H,W) samples, torch's nn.Conv2d",
-                            .syntax = &conv_syntax, .min_in = 1, .max_in = 1, .infer = conv_infer, .init = conv_init,
-                            .workspace = conv_workspace, .forward = conv_forward, .backward = conv_backward,
-                            .flops = conv_flops, .onnx = conv_onnx, .fold_input_norm = conv_fold};
+const dt_op dt_op_conv2d = {.name = "conv",
+                            .help = "2-d convolution of (C,H,W) samples, torch's nn.Conv2d",
+                            .syntax = &conv_syntax,
+                            .min_in = 1,
+                            .max_in = 1,
+                            .infer = conv_infer,
+                            .init = conv_init,
+                            .workspace = conv_workspace,
+                            .forward = conv_forward,
+                            .backward = conv_backward,
+                            .flops = conv_flops,
+                            .onnx = conv_onnx,
+                            .fold_input_norm = conv_fold};

@@ -5,7 +5,6 @@
 
 #include <stdio.h>
 
-
 dt_status dt_op_same_shape(dt_model *m, dt_node *n);
 
 static size_t dropout_saved(const dt_model *m, const dt_node *n, int B) {
@@ -19,8 +18,7 @@ static dt_status dropout_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
     if (c->train && n->a.p > 0)
         c->be->dropout_forward(n->out, n->saved, x, cnt, n->a.p, c->seed,
                                dt_rng_key(DT_RNG_DROPOUT, c->step * 256 + (uint64_t)n->layer));
-    else
-        c->dev->ops->copy(c->dev, n->out, x, cnt * sizeof(float));
+    else c->dev->ops->copy(c->dev, n->out, x, cnt * sizeof(float));
     return DT_OK;
 }
 
@@ -44,7 +42,14 @@ static void dropout_format(char *buf, size_t cap, const dt_layer_spec *l) { snpr
 
 static const dt_op_syntax dropout_syntax = {.args = "p |", .usage = "dropout(p)", .format = dropout_format};
 
-const dt_op dt_op_dropout = {.name = "dropout", .help = "inverted dropout of probability p (default 0.5) in training",
-                             .syntax = &dropout_syntax, .min_in = 1, .max_in = 1, .infer = dt_op_same_shape,
-                             .saved_bytes = dropout_saved, .forward = dropout_forward, .backward = dropout_backward,
-                             .onnx = dropout_onnx, .keeps_input_norm = true};
+const dt_op dt_op_dropout = {.name = "dropout",
+                             .help = "inverted dropout of probability p (default 0.5) in training",
+                             .syntax = &dropout_syntax,
+                             .min_in = 1,
+                             .max_in = 1,
+                             .infer = dt_op_same_shape,
+                             .saved_bytes = dropout_saved,
+                             .forward = dropout_forward,
+                             .backward = dropout_backward,
+                             .onnx = dropout_onnx,
+                             .keeps_input_norm = true};

@@ -24,7 +24,7 @@ static dt_status embedding_infer(dt_model *m, dt_node *n) {
 static void embedding_init(dt_model *m, dt_node *n, float *p, uint64_t seed) {
     if (n->a.tie) return;
     const dt_param_info *w = &m->tensors[n->tensor[0]];
-    float std = n->a.init_std > 0 ? n->a.init_std : 1.0f;  /* torch: N(0, 1) */
+    float std = n->a.init_std > 0 ? n->a.init_std : 1.0f; /* torch: N(0, 1) */
     dt_rng_fill_normal(p + w->offset, w->numel, 0.0f, std, seed, dt_rng_key(DT_RNG_INIT, (uint64_t)n->layer * 2));
 }
 
@@ -36,18 +36,20 @@ static dt_status embedding_forward(dt_model *m, dt_node *n, const dt_run_ctx *c)
         c->be->pos_embedding_forward(n->out, w, c->B, T, n->a.out);
         return DT_OK;
     }
-    const int32_t *ids = (const int32_t *)in->out, *host = dt_node_in_host(m, n, 0);  /* checked on the host */
+    const int32_t *ids = (const int32_t *)in->out, *host = dt_node_in_host(m, n, 0); /* checked on the host */
     const size_t N = (size_t)c->B * T;
     for (size_t i = 0; host && i < N; i++)
         if (host[i] < 0 || host[i] >= n->a.num)
-            return dt_error(DT_EINVAL, "model: node '%s': id %d of sample %zu, position %zu is outside [0, %d) (the "
-                                       "vocabulary)", n->name, host[i], i / T, i % T, n->a.num);
+            return dt_error(DT_EINVAL,
+                            "model: node '%s': id %d of sample %zu, position %zu is outside [0, %d) (the "
+                            "vocabulary)",
+                            n->name, host[i], i / T, i % T, n->a.num);
     c->be->embedding_forward(n->out, ids, w, (int)N, n->a.out);
     return DT_OK;
 }
 
 static void embedding_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float *const *din) {
-    (void)din;  /* ids have no gradient */
+    (void)din; /* ids have no gradient */
     const dt_node *in = dt_node_input(m, n, 0);
     float *dw = dt_node_grad(m, n, c, 0);
     const int T = (int)in->out_n;
@@ -72,7 +74,13 @@ static dt_status embedding_onnx(dt_onnx *o, const dt_model *m, const dt_node *n,
     return ok ? DT_OK : dt_error(DT_ENOMEM, "export: out of memory");
 }
 
-const dt_op dt_op_embedding = {.name = "embedding", .help = "rows of a (num, out) table by int32 id (or by position)",
-                               .syntax = NULL, .min_in = 1, .max_in = 1, .infer = embedding_infer,
-                               .init = embedding_init, .forward = embedding_forward, .backward = embedding_backward,
+const dt_op dt_op_embedding = {.name = "embedding",
+                               .help = "rows of a (num, out) table by int32 id (or by position)",
+                               .syntax = NULL,
+                               .min_in = 1,
+                               .max_in = 1,
+                               .infer = embedding_infer,
+                               .init = embedding_init,
+                               .forward = embedding_forward,
+                               .backward = embedding_backward,
                                .onnx = embedding_onnx};

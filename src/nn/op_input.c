@@ -7,5 +7,7 @@ static dt_status input_infer(dt_model *m, dt_node *n) {
 }
 
 /* no forward or backward: the graph points an input node at the fed memory (bind_feed) */
-const dt_op dt_op_input = {.name = "input", .help = "a graph input: f32 features or int32 ids/labels, fed by the run",
-                           .syntax = NULL, .infer = input_infer};
+const dt_op dt_op_input = {.name = "input",
+                           .help = "a graph input: f32 features or int32 ids/labels, fed by the run",
+                           .syntax = NULL,
+                           .infer = input_infer};

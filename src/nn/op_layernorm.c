@@ -43,8 +43,7 @@ static size_t layernorm_workspace(const dt_model *m, const dt_node *n, int B) {
 static dt_status layernorm_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
     const int C = width(n), N = c->B * (int)(n->out_n / (size_t)C);
     float *mean = n->saved, *rstd = mean + N;
-    const float *in = dt_node_in(m, n, 0), *w = dt_node_param(m, n, c, 0),
-                *b = dt_node_param(m, n, c, 1);
+    const float *in = dt_node_in(m, n, 0), *w = dt_node_param(m, n, c, 0), *b = dt_node_param(m, n, c, 1);
     if (!n->bf16) return c->be->layernorm_forward(n->out, mean, rstd, in, w, b, N, C, n->a.eps), DT_OK;
     for (int r = 0; r < N; r += piece_rows(C)) {
         const int k = N - r < piece_rows(C) ? N - r : piece_rows(C);
@@ -58,8 +57,8 @@ static dt_status layernorm_forward(dt_model *m, dt_node *n, const dt_run_ctx *c)
 static void layernorm_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float *const *din) {
     const int C = width(n), N = c->B * (int)(n->out_n / (size_t)C);
     const float *mean = n->saved, *rstd = mean + N;
-    c->be->layernorm_backward(din[0], dt_node_grad(m, n, c, 0), dt_node_grad(m, n, c, 1),
-                              n->grad, dt_node_in(m, n, 0), dt_node_param(m, n, c, 0), mean, rstd, N, C);
+    c->be->layernorm_backward(din[0], dt_node_grad(m, n, c, 0), dt_node_grad(m, n, c, 1), n->grad, dt_node_in(m, n, 0),
+                              dt_node_param(m, n, c, 0), mean, rstd, N, C);
 }
 
 /* Over the whole sample (sequential: scale and bias shaped as the input's sample) or over the last
@@ -81,10 +80,21 @@ static dt_status layernorm_onnx(dt_onnx *o, const dt_model *m, const dt_node *n,
 
 static void layernorm_format(char *buf, size_t cap, const dt_layer_spec *l) { snprintf(buf, cap, "(eps=%g)", l->eps); }
 
-static const dt_op_syntax layernorm_syntax = {.alias = "ln", .args = "| eps", .usage = "layernorm([eps=])",
-                                              .alias_usage = "ln = layernorm", .format = layernorm_format};
+static const dt_op_syntax layernorm_syntax = {.alias = "ln",
+                                              .args = "| eps",
+                                              .usage = "layernorm([eps=])",
+                                              .alias_usage = "ln = layernorm",
+                                              .format = layernorm_format};
 
-const dt_op dt_op_layernorm = {.name = "layernorm", .help = "layer normalisation (weight and bias), eps default 1e-5",
-                               .syntax = &layernorm_syntax, .min_in = 1, .max_in = 1, .infer = layernorm_infer,
-                               .saved_bytes = layernorm_saved, .workspace = layernorm_workspace, .init = layernorm_init,
-                               .forward = layernorm_forward, .backward = layernorm_backward, .onnx = layernorm_onnx};
+const dt_op dt_op_layernorm = {.name = "layernorm",
+                               .help = "layer normalisation (weight and bias), eps default 1e-5",
+                               .syntax = &layernorm_syntax,
+                               .min_in = 1,
+                               .max_in = 1,
+                               .infer = layernorm_infer,
+                               .saved_bytes = layernorm_saved,
+                               .workspace = layernorm_workspace,
+                               .init = layernorm_init,
+                               .forward = layernorm_forward,
+                               .backward = layernorm_backward,
+                               .onnx = layernorm_onnx};

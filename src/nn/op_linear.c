@@ -38,7 +38,8 @@ static void linear_init(dt_model *m, dt_node *n, float *p, uint64_t seed) {
     int C, rows;
     dims(m, n, &C, &rows);
     const dt_param_info *w = &m->tensors[n->tensor[0]];
-    uint64_t kw = dt_rng_key(DT_RNG_INIT, (uint64_t)n->layer * 2), kb = dt_rng_key(DT_RNG_INIT, (uint64_t)n->layer * 2 + 1);
+    uint64_t kw = dt_rng_key(DT_RNG_INIT, (uint64_t)n->layer * 2),
+             kb = dt_rng_key(DT_RNG_INIT, (uint64_t)n->layer * 2 + 1);
     if (n->a.init_std > 0) {
         if (!n->a.tie) dt_rng_fill_normal(p + w->offset, w->numel, 0.0f, n->a.init_std, seed, kw);
         if (n->a.bias) memset(p + dt_node_tensor_off(m, n, 1), 0, (size_t)n->a.out * sizeof(float));
@@ -53,12 +54,11 @@ static dt_status linear_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
     dims(m, n, &C, &rows);
     const float *b = n->a.bias ? dt_node_param(m, n, c, 1) : NULL;
     const float *w = dt_node_param(m, n, c, 0);
-    if (n->bf16)  /* bf16 in and out (graph_layout.c) */
+    if (n->bf16) /* bf16 in and out (graph_layout.c) */
         c->be->linear_forward_bf16io(dt_node_out_bf16(n), dt_node_in_bf16_values(m, n, 0), w, b, c->B * rows, C,
                                      n->a.out);
-    else if (dt_node_in_bf16(m, n, 0))  /* stored bf16 by the node before (graph_layout.c) */
-        c->be->linear_forward_bf16(n->out, dt_node_in_bf16_values(m, n, 0), w, b, c->B * rows, C,
-                                   n->a.out);
+    else if (dt_node_in_bf16(m, n, 0)) /* stored bf16 by the node before (graph_layout.c) */
+        c->be->linear_forward_bf16(n->out, dt_node_in_bf16_values(m, n, 0), w, b, c->B * rows, C, n->a.out);
     else c->be->linear_forward(n->out, dt_node_in(m, n, 0), w, b, c->work, c->B * rows, C, n->a.out);
     return DT_OK;
 }
@@ -69,15 +69,15 @@ static void linear_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float 
     float *db = n->a.bias ? dt_node_grad(m, n, c, 1) : NULL;
     float *dw = dt_node_grad(m, n, c, 0);
     const float *w = dt_node_param(m, n, c, 0);
-    if (n->grad_bf16)  /* bf16 values in and a bf16 gradient (graph_layout.c) */
-        c->be->linear_backward_bf16_grad(din[0], dw, db, (uint16_t *)(void *)n->grad,
-                                         dt_node_in_bf16_values(m, n, 0), w, c->B * rows, C, n->a.out);
-    else if (din[0] && dt_node_in_grad_bf16(m, n, 0))  /* bf16 values in, their gradient out bf16 */
-        c->be->linear_backward_bf16_din((uint16_t *)(void *)din[0], dw, db, n->grad, dt_node_in_bf16_values(m, n, 0),
-                                        w, c->B * rows, C, n->a.out);
+    if (n->grad_bf16) /* bf16 values in and a bf16 gradient (graph_layout.c) */
+        c->be->linear_backward_bf16_grad(din[0], dw, db, (uint16_t *)(void *)n->grad, dt_node_in_bf16_values(m, n, 0),
+                                         w, c->B * rows, C, n->a.out);
+    else if (din[0] && dt_node_in_grad_bf16(m, n, 0)) /* bf16 values in, their gradient out bf16 */
+        c->be->linear_backward_bf16_din((uint16_t *)(void *)din[0], dw, db, n->grad, dt_node_in_bf16_values(m, n, 0), w,
+                                        c->B * rows, C, n->a.out);
     else if (dt_node_in_bf16(m, n, 0))
-        c->be->linear_backward_bf16(din[0], dw, db, n->grad, dt_node_in_bf16_values(m, n, 0), w,
-                                    c->B * rows, C, n->a.out);
+        c->be->linear_backward_bf16(din[0], dw, db, n->grad, dt_node_in_bf16_values(m, n, 0), w, c->B * rows, C,
+                                    n->a.out);
     else c->be->linear_backward(din[0], dw, db, n->grad, dt_node_in(m, n, 0), w, c->work, c->B * rows, C, n->a.out);
 }
 
@@ -85,7 +85,7 @@ static double linear_flops(const dt_model *m, const dt_node *n, int B, bool need
     int C, rows;
     dims(m, n, &C, &rows);
     double mac = (double)B * rows * (double)C * n->a.out;
-    return 2 * mac * (need_din ? 3 : 2);  /* forward, weight gradient, input gradient */
+    return 2 * mac * (need_din ? 3 : 2); /* forward, weight gradient, input gradient */
 }
 
 /* x @ W^T (+ bias): Gemm for a (N, in) input, else Transpose + MatMul (+ Add) over the last dim. */
@@ -148,15 +148,25 @@ static void linear_format(char *buf, size_t cap, const dt_layer_spec *l) {
     snprintf(buf, cap, "(%d%s)", l->out, l->bias ? "" : ",bias=0");
 }
 
-static const dt_op_syntax linear_syntax = {.alias = "dense", .args = "out | bias", .required = 1,
-                                           .usage = "linear(out[,bias=0])", .alias_usage = "dense = linear",
+static const dt_op_syntax linear_syntax = {.alias = "dense",
+                                           .args = "out | bias",
+                                           .required = 1,
+                                           .usage = "linear(out[,bias=0])",
+                                           .alias_usage = "dense = linear",
                                            .format = linear_format};
 
 const dt_op dt_op_linear = {.name = "linear",
                             .help = "fully connected: x W^T + b over the last dim (or the whole sample)",
-                            .syntax = &linear_syntax, .min_in = 1, .max_in = 1, .infer = linear_infer,
-                            .init = linear_init, .workspace = linear_workspace, .forward = linear_forward,
-                            .backward = linear_backward, .flops = linear_flops, .onnx = linear_onnx,
+                            .syntax = &linear_syntax,
+                            .min_in = 1,
+                            .max_in = 1,
+                            .infer = linear_infer,
+                            .init = linear_init,
+                            .workspace = linear_workspace,
+                            .forward = linear_forward,
+                            .backward = linear_backward,
+                            .flops = linear_flops,
+                            .onnx = linear_onnx,
                             .fold_input_norm = linear_fold};
 
 /* Op: matmul_t, out = in @ w^T with w (out, C) and no bias: the output head of a language model,
@@ -167,7 +177,15 @@ static dt_status matmul_t_infer(dt_model *m, dt_node *n) {
     return linear_infer(m, n);
 }
 
-const dt_op dt_op_matmul_t = {.name = "matmul_t", .help = "x W^T without a bias: a language model's (tied) output head",
-                              .syntax = NULL, .min_in = 1, .max_in = 1, .infer = matmul_t_infer,
-                              .init = linear_init, .workspace = linear_workspace, .forward = linear_forward,
-                              .backward = linear_backward, .flops = linear_flops, .onnx = linear_onnx};
+const dt_op dt_op_matmul_t = {.name = "matmul_t",
+                              .help = "x W^T without a bias: a language model's (tied) output head",
+                              .syntax = NULL,
+                              .min_in = 1,
+                              .max_in = 1,
+                              .infer = matmul_t_infer,
+                              .init = linear_init,
+                              .workspace = linear_workspace,
+                              .forward = linear_forward,
+                              .backward = linear_backward,
+                              .flops = linear_flops,
+                              .onnx = linear_onnx};

@@ -31,8 +31,10 @@ static dt_status xent_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
     const int32_t *y = dt_node_in_host(m, n, 1);
     for (int i = 0; y && i < N; i++)
         if (y[i] != n->a.ignore_index && (y[i] < 0 || y[i] >= V))
-            return dt_error(DT_EINVAL, "model: node '%s': target %d of sample %d, row %d is outside [0, %d) (the "
-                                       "classes)", n->name, y[i], i / per, i % per, V);
+            return dt_error(DT_EINVAL,
+                            "model: node '%s': target %d of sample %d, row %d is outside [0, %d) (the "
+                            "classes)",
+                            n->name, y[i], i / per, i % per, V);
     c->be->xent_forward(n->out, n->saved, x->out, (const int32_t *)dt_node_in(m, n, 1), N, V, n->a.ignore_index,
                         xent_count(n, N, V));
     return DT_OK;
@@ -46,16 +48,23 @@ static void xent_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float *c
                              xent_count(n, N, V), n->dloss);
 }
 
-const dt_op dt_op_xent = {.name = "xent", .help = "loss: softmax cross-entropy of logits against int32 targets",
-                          .syntax = NULL, .min_in = 2, .max_in = 2, .infer = xent_infer, .saved_bytes = xent_saved,
-                          .forward = xent_forward, .backward = xent_backward};
+const dt_op dt_op_xent = {.name = "xent",
+                          .help = "loss: softmax cross-entropy of logits against int32 targets",
+                          .syntax = NULL,
+                          .min_in = 2,
+                          .max_in = 2,
+                          .infer = xent_infer,
+                          .saved_bytes = xent_saved,
+                          .forward = xent_forward,
+                          .backward = xent_backward};
 
 static dt_status mse_infer(dt_model *m, dt_node *n) {
     const dt_node *x = dt_node_input(m, n, 0), *y = dt_node_input(m, n, 1);
     if (x->dtype != DT_F32 || y->dtype != DT_F32 || x->out_n != y->out_n)
-        return dt_graph_fail(m, n, "takes f32 predictions and an f32 target of the same size (here %d and %d values a "
-                             "sample; a model for one target a sample ends in linear(%d) mse)", (int)x->out_n,
-                             (int)y->out_n, (int)y->out_n);
+        return dt_graph_fail(m, n,
+                             "takes f32 predictions and an f32 target of the same size (here %d and %d values a "
+                             "sample; a model for one target a sample ends in linear(%d) mse)",
+                             (int)x->out_n, (int)y->out_n, (int)y->out_n);
     n->dtype = DT_F32, n->ndim = 0, n->out_n = 1;
     return DT_OK;
 }
@@ -74,6 +83,11 @@ static void mse_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float *co
 /* A spec's last word ("linear(16) relu linear(1) mse": regression); not listed among the layers. */
 static const dt_op_syntax mse_syntax = {.args = "|"};
 
-const dt_op dt_op_mse = {.name = "mse", .help = "loss: mean squared error against an f32 target of the same shape",
-                         .syntax = &mse_syntax, .min_in = 2, .max_in = 2, .infer = mse_infer, .forward = mse_forward,
+const dt_op dt_op_mse = {.name = "mse",
+                         .help = "loss: mean squared error against an f32 target of the same shape",
+                         .syntax = &mse_syntax,
+                         .min_in = 2,
+                         .max_in = 2,
+                         .infer = mse_infer,
+                         .forward = mse_forward,
                          .backward = mse_backward};

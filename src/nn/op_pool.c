@@ -16,7 +16,8 @@ static dt_status pool_infer(dt_model *m, dt_node *n) {
     dt_node_chw(in, &C, &H, &W);
     const dt_layer_spec *s = &n->a;
     if (in->dtype != DT_F32) return dt_graph_fail(m, n, "takes f32 values");
-    if (s->k <= 0 || s->stride <= 0) return dt_graph_fail(m, n, "pool(%d, stride=%d) needs positive sizes", s->k, s->stride);
+    if (s->k <= 0 || s->stride <= 0)
+        return dt_graph_fail(m, n, "pool(%d, stride=%d) needs positive sizes", s->k, s->stride);
     if (H < s->k || W < s->k) return dt_graph_fail(m, n, "pool(%d) window is larger than its %dx%d input", s->k, H, W);
     n->dtype = DT_F32, n->ndim = 3;
     n->shape[0] = C, n->shape[1] = (H - s->k) / s->stride + 1, n->shape[2] = (W - s->k) / s->stride + 1;
@@ -26,7 +27,7 @@ static dt_status pool_infer(dt_model *m, dt_node *n) {
 
 static size_t maxpool_saved(const dt_model *m, const dt_node *n, int B) {
     (void)m;
-    return (size_t)B * n->out_n * (n->fused_conv ? 1 : sizeof(int32_t));  /* argmax, or conv_pool's window bytes */
+    return (size_t)B * n->out_n * (n->fused_conv ? 1 : sizeof(int32_t)); /* argmax, or conv_pool's window bytes */
 }
 
 /* Whether the blocked kernels pool n (bf16 or blocked f32 values): they apply a fused relu
@@ -65,16 +66,14 @@ static void maxpool_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float
     dt_node_chw(dt_node_input(m, n, 0), &C, &H, &W);
     if (n->fused_conv) return;
     /* the fused relu's gradient on the pooled output, in place (the gradient is this node's) */
-    if (n->fused_relu && !pools_blocked(m, n))
-        c->be->relu_backward(n->grad, n->grad, n->out, (size_t)c->B * n->out_n);
+    if (n->fused_relu && !pools_blocked(m, n)) c->be->relu_backward(n->grad, n->grad, n->out, (size_t)c->B * n->out_n);
     if (din[0] && dt_node_in_grad_bf16(m, n, 0))
         c->be->maxpool2d_backward_blocked_bf16((uint16_t *)din[0], n->grad, n->saved, c->B, C, H, W, n->a.k,
                                                n->a.stride, n->blocked, m->nhwc, n->grad_bf16, c->work);
     else if (din[0] && dt_node_in_blocked(m, n, 0))
         c->be->maxpool2d_backward_blocked(din[0], n->grad, n->saved, c->B, C, H, W, n->a.k, n->a.stride, n->blocked,
                                           m->nhwc);
-    else if (din[0])
-        c->be->maxpool2d_backward(din[0], n->grad, n->saved, c->B, C, H, W, n->a.k, n->a.stride);
+    else if (din[0]) c->be->maxpool2d_backward(din[0], n->grad, n->saved, c->B, C, H, W, n->a.k, n->a.stride);
 }
 
 /* MaxPool or AveragePool of kernel k, stride s (no padding). */
@@ -96,15 +95,26 @@ static void pool_format(char *buf, size_t cap, const dt_layer_spec *l) {
     snprintf(buf, cap, "(%d,stride=%d)", l->k, l->stride);
 }
 
-static const dt_op_syntax maxpool_syntax = {.alias = "maxpool2d", .args = "k | stride", .required = 1,
-                                            .usage = "maxpool(k[,stride=])", .alias_usage = "maxpool2d",
-                                            .finish = pool_finish, .format = pool_format};
+static const dt_op_syntax maxpool_syntax = {.alias = "maxpool2d",
+                                            .args = "k | stride",
+                                            .required = 1,
+                                            .usage = "maxpool(k[,stride=])",
+                                            .alias_usage = "maxpool2d",
+                                            .finish = pool_finish,
+                                            .format = pool_format};
 
-const dt_op dt_op_maxpool2d = {.name = "maxpool", .help = "2-d max pooling, window k, stride (default k), no padding",
-                               .syntax = &maxpool_syntax, .min_in = 1, .max_in = 1, .infer = pool_infer,
-                               .saved_bytes = maxpool_saved, .workspace = maxpool_workspace, .forward = maxpool_forward,
+const dt_op dt_op_maxpool2d = {.name = "maxpool",
+                               .help = "2-d max pooling, window k, stride (default k), no padding",
+                               .syntax = &maxpool_syntax,
+                               .min_in = 1,
+                               .max_in = 1,
+                               .infer = pool_infer,
+                               .saved_bytes = maxpool_saved,
+                               .workspace = maxpool_workspace,
+                               .forward = maxpool_forward,
                                .backward = maxpool_backward,
-                               .onnx = pool_onnx, .keeps_input_norm = true};
+                               .onnx = pool_onnx,
+                               .keeps_input_norm = true};
 
 static dt_status avgpool_forward(dt_model *m, dt_node *n, const dt_run_ctx *c) {
     int C, H, W;
@@ -119,12 +129,21 @@ static void avgpool_backward(dt_model *m, dt_node *n, const dt_run_ctx *c, float
     if (din[0]) c->be->avgpool2d_backward(din[0], n->grad, c->B, C, H, W, n->a.k, n->a.stride);
 }
 
-static const dt_op_syntax avgpool_syntax = {.alias = "avgpool2d", .args = "k | stride", .required = 1,
-                                            .usage = "avgpool(k[,stride=])", .alias_usage = "avgpool2d",
-                                            .finish = pool_finish, .format = pool_format};
+static const dt_op_syntax avgpool_syntax = {.alias = "avgpool2d",
+                                            .args = "k | stride",
+                                            .required = 1,
+                                            .usage = "avgpool(k[,stride=])",
+                                            .alias_usage = "avgpool2d",
+                                            .finish = pool_finish,
+                                            .format = pool_format};
 
 const dt_op dt_op_avgpool2d = {.name = "avgpool",
                                .help = "2-d average pooling, window k, stride (default k), no padding",
-                               .syntax = &avgpool_syntax, .min_in = 1, .max_in = 1, .infer = pool_infer,
-                               .forward = avgpool_forward, .backward = avgpool_backward, .onnx = pool_onnx,
+                               .syntax = &avgpool_syntax,
+                               .min_in = 1,
+                               .max_in = 1,
+                               .infer = pool_infer,
+                               .forward = avgpool_forward,
+                               .backward = avgpool_backward,
+                               .onnx = pool_onnx,
                                .keeps_input_norm = true};

@@ -46,9 +46,19 @@ static dt_status reshape_onnx(dt_onnx *o, const dt_model *m, const dt_node *n, c
 static const dt_op_syntax flatten_syntax = {.args = "|", .usage = "flatten"};
 
 /* no forward or backward: an alias node's values and gradient are its input's memory (graph_run.c) */
-const dt_op dt_op_flatten = {.name = "flatten", .help = "a sample's values as one vector (no copy)",
-                             .syntax = &flatten_syntax, .min_in = 1, .max_in = 1, .infer = flatten_infer,
-                             .onnx = flatten_onnx, .keeps_input_norm = true};
-const dt_op dt_op_reshape = {.name = "reshape", .help = "the same values in another per-sample shape (no copy)",
-                             .syntax = NULL, .min_in = 1, .max_in = 1, .infer = reshape_infer, .onnx = reshape_onnx,
+const dt_op dt_op_flatten = {.name = "flatten",
+                             .help = "a sample's values as one vector (no copy)",
+                             .syntax = &flatten_syntax,
+                             .min_in = 1,
+                             .max_in = 1,
+                             .infer = flatten_infer,
+                             .onnx = flatten_onnx,
+                             .keeps_input_norm = true};
+const dt_op dt_op_reshape = {.name = "reshape",
+                             .help = "the same values in another per-sample shape (no copy)",
+                             .syntax = NULL,
+                             .min_in = 1,
+                             .max_in = 1,
+                             .infer = reshape_infer,
+                             .onnx = reshape_onnx,
                              .keeps_input_norm = true};

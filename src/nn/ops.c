@@ -9,9 +9,10 @@
 /* In dt_layer_kind's order: an op's kind is its position. The first DT_LAYER_KIND_COUNT are the
  * public enum's; ops added after them have no enum value and are found by name (dt_op_find,
  * specs). Each X(name) is the table dt_op_<name>. */
-#define DT_OPS(X)                                                                                                     \
-    X(linear) X(conv2d) X(maxpool2d) X(avgpool2d) X(relu) X(gelu) X(tanh) X(sigmoid) X(dropout) X(flatten)             \
-    X(layernorm) X(batchnorm2d) X(input) X(embedding) X(add) X(attention) X(matmul_t) X(reshape) X(xent) X(mse)
+#define DT_OPS(X)                                                                                             \
+    X(linear)                                                                                                 \
+    X(conv2d) X(maxpool2d) X(avgpool2d) X(relu) X(gelu) X(tanh) X(sigmoid) X(dropout) X(flatten) X(layernorm) \
+        X(batchnorm2d) X(input) X(embedding) X(add) X(attention) X(matmul_t) X(reshape) X(xent) X(mse)
 
 #define DT_OP_DECL(n) extern const dt_op dt_op_##n;
 #define DT_OP_REF(n) &dt_op_##n,
@@ -20,7 +21,7 @@ static const dt_op *const g_ops[] = {DT_OPS(DT_OP_REF)};
 enum { N_BUILTIN = sizeof g_ops / sizeof *g_ops, N_ADDED_MAX = 16 };
 _Static_assert((int)N_BUILTIN >= (int)DT_LAYER_KIND_COUNT, "DT_OPS lists every kind of dt_layer_kind, in its order");
 
-static const dt_op *g_added[N_ADDED_MAX];  /* dt_op_register's, kinds N_BUILTIN + i */
+static const dt_op *g_added[N_ADDED_MAX]; /* dt_op_register's, kinds N_BUILTIN + i */
 static int g_nadded;
 
 int dt_op_count(void) { return N_BUILTIN + g_nadded; }
@@ -42,14 +43,14 @@ const dt_op *dt_op_find(const char *name, dt_layer_kind *kind) {
 }
 
 int dt_op_register(const dt_op *op) {
-    const char *what = !op || !op->name || !*op->name ? "it has no name"
-                       : !op->help || !*op->help      ? "it has no help line"
-                       : !op->infer                   ? "it has no infer"
+    const char *what = !op || !op->name || !*op->name    ? "it has no name"
+                       : !op->help || !*op->help         ? "it has no help line"
+                       : !op->infer                      ? "it has no infer"
                        : op->syntax && !op->syntax->args ? "its syntax has no args (\"|\" for none)"
-                       : dt_op_find(op->name, NULL)   ? "its name is taken"
+                       : dt_op_find(op->name, NULL)      ? "its name is taken"
                        : op->syntax && op->syntax->alias && dt_op_find(op->syntax->alias, NULL) ? "its alias is taken"
-                       : g_nadded == N_ADDED_MAX      ? "the table of registered ops is full"
-                                                      : NULL;
+                       : g_nadded == N_ADDED_MAX ? "the table of registered ops is full"
+                                                 : NULL;
     if (what)
         return dt_error(DT_EINVAL, "op registry: cannot register op '%s': %s", op && op->name ? op->name : "?", what),
                -1;

@@ -255,7 +255,8 @@ static void ref_model(const char *name) {
         return;
     }
     char what[96];
-    snprintf(what, sizeof what, "%s logits (train)", name), cmp(what, logits, FX("%s.logits", name), (size_t)B * V, TOL);
+    snprintf(what, sizeof what, "%s logits (train)", name),
+        cmp(what, logits, FX("%s.logits", name), (size_t)B * V, TOL);
     float *probs = zeros((size_t)B * V), *dl = zeros((size_t)B * V);
     float loss = dt_softmax_xent_forward(probs, logits, labels, B, V);
     snprintf(what, sizeof what, "%s loss", name), cmp1(what, loss, FX("%s.loss", name)[0], TOL);
@@ -348,8 +349,15 @@ static void test_loader_errors(void) {
     size_t n = fread(buf, 1, sizeof buf, in);
     fclose(in);
     snprintf(path, sizeof path, "/tmp/dtrain_fx_%d.dtref", (int)getpid());
-    struct { size_t len; int flip; const char *want; } cases[] = {
-        {n / 2, -1, "truncated"}, {n, 0, "bad magic"}, {n, 8, "version"}, {n - 1, -1, "truncated"},
+    struct {
+        size_t len;
+        int flip;
+        const char *want;
+    } cases[] = {
+        {n / 2, -1, "truncated"},
+        {n, 0, "bad magic"},
+        {n, 8, "version"},
+        {n - 1, -1, "truncated"},
     };
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         FILE *out = fopen(path, "wb");
@@ -404,8 +412,8 @@ int main(void) {
         for (int i = 0; i < 3; i++) ref_backend(k ? "onednn" : "blas", precs[i]);
     g_tol = 1e-5;
     if (load("optim.dtref") == 0) {
-        const char *opts[] = {"sgd", "sgd_wd", "sgd_momentum", "sgd_momentum_wd", "sgd_nesterov",
-                              "adam", "adam_wd", "adam_betas", "adamw", "adamw_wd"};
+        const char *opts[] = {"sgd",  "sgd_wd",  "sgd_momentum", "sgd_momentum_wd", "sgd_nesterov",
+                              "adam", "adam_wd", "adam_betas",   "adamw",           "adamw_wd"};
         for (size_t i = 0; i < sizeof opts / sizeof *opts; i++) ref_optim(opts[i]);
         ref_clip("clip");
         ref_clip("noclip");

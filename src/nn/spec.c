@@ -15,8 +15,8 @@ static const char *const PRESET_CNN =
     "conv(32,3,pad=1) relu maxpool(2) conv(64,3,pad=1) relu maxpool(2) flatten linear(128) relu linear(10)";
 
 dt_layer_spec dt_layer_default(dt_layer_kind kind) {
-    dt_layer_spec l = {.kind = kind, .bias = true, .p = 0.5f, .eps = 1e-5f, .momentum = 0.1f, .stride = 0,
-                       .ignore_index = -100};
+    dt_layer_spec l = {
+        .kind = kind, .bias = true, .p = 0.5f, .eps = 1e-5f, .momentum = 0.1f, .stride = 0, .ignore_index = -100};
     return l;
 }
 
@@ -51,8 +51,8 @@ static bool word_in(const char *list, const char *w) {
 }
 
 typedef struct {
-    const char *spec;   /* whole string, for positions */
-    const char *tok;    /* start of the current token */
+    const char *spec; /* whole string, for positions */
+    const char *tok;  /* start of the current token */
     int toklen;
 } parse_ctx;
 
@@ -176,10 +176,12 @@ static dt_status parse_token(const parse_ctx *c, dt_layer_spec *l) {
     for (char *p = name; *p; p++) *p = (char)tolower((unsigned char)*p);
     dt_layer_kind kind;
     const dt_op *op = dt_op_find(name, &kind);
-    if (op && !op->syntax) op = NULL;  /* graph builders only: not a layer of a spec */
+    if (op && !op->syntax) op = NULL; /* graph builders only: not a layer of a spec */
     if (!op && (!strcmp(name, "softmax") || !strcmp(name, "logsoftmax") || !strcmp(name, "log_softmax")))
-        return bad(c, "%s: the loss (softmax cross-entropy) already applies softmax to the model's outputs; end "
-                      "the spec with the last linear layer", name);
+        return bad(c,
+                   "%s: the loss (softmax cross-entropy) already applies softmax to the model's outputs; end "
+                   "the spec with the last linear layer",
+                   name);
     if (!op) {
         char known[200], msg[256];
         known_names(known, sizeof known);
@@ -239,8 +241,8 @@ void dt_spec_format(char *buf, size_t cap, const dt_layer_spec *layers, int n) {
 enum { HELP_COLUMNS = 104 };
 typedef struct {
     char *buf;
-    size_t cap, len, col;  /* col: the current line's length */
-    int words;             /* of the current list */
+    size_t cap, len, col; /* col: the current line's length */
+    int words;            /* of the current list */
 } help_text;
 
 static void help_put(help_text *h, const char *s) {

@@ -31,7 +31,8 @@ static void test_parse(void) {
                       l[i].stride == l2[i].stride && l[i].pad == l2[i].pad && l[i].bias == l2[i].bias &&
                       l[i].p == l2[i].p && l[i].eps == l2[i].eps && l[i].momentum == l2[i].momentum,
                   "layer %d differs after format/parse of '%s'", i, buf);
-    CHECK_OK(dt_spec_parse("  Linear(64, bias=0)  gelu dropout(0.25) ln batchnorm(momentum=0.2) ", l, DT_MAX_LAYERS, &n));
+    CHECK_OK(
+        dt_spec_parse("  Linear(64, bias=0)  gelu dropout(0.25) ln batchnorm(momentum=0.2) ", l, DT_MAX_LAYERS, &n));
     CHECK(n == 5 && !l[0].bias && l[2].p == 0.25f && l[3].kind == DT_LAYER_LAYERNORM && l[4].momentum == 0.2f);
     CHECK_OK(dt_spec_parse("dropout", l, DT_MAX_LAYERS, &n));
     CHECK(l[0].p == 0.5f);
@@ -67,7 +68,7 @@ static void test_help(void) {
     CHECK_MSG(!strcmp(dt_spec_help(), want), "dt_spec_help gave\n%s", dt_spec_help());
     expect_bad("softmx", "unknown layer 'softmx' (known: linear conv maxpool avgpool relu gelu tanh sigmoid dropout "
                          "flatten layernorm batchnorm; aliases dense conv2d maxpool2d avgpool2d ln batchnorm2d)");
-    expect_bad("attention", "unknown layer 'attention'");  /* graph builders' ops are not spec layers */
+    expect_bad("attention", "unknown layer 'attention'"); /* graph builders' ops are not spec layers */
     CHECK(dt_layer_find("dense") == DT_LAYER_LINEAR && dt_layer_find("attention") == DT_LAYER_ATTENTION &&
           dt_layer_find("softmx") == -1);
 }

@@ -24,13 +24,13 @@ dt_status dt_grad_pieces_add(dt_grad_pieces *l, float *g, size_t n);
 void dt_grad_pieces_free(dt_grad_pieces *l);
 
 typedef struct {
-    dt_dev *dev;                 /* where the pieces live */
-    double *dev_ss;              /* nss doubles of dev's memory for the partial sums, downloaded nss at
-                                  * a time (NULL: sqnorm writes a host double; a host-memory device) */
+    dt_dev *dev;    /* where the pieces live */
+    double *dev_ss; /* nss doubles of dev's memory for the partial sums, downloaded nss at
+                     * a time (NULL: sqnorm writes a host double; a host-memory device) */
     int nss;
-    const dt_grad_piece *norm;   /* this rank's part of the norm */
+    const dt_grad_piece *norm; /* this rank's part of the norm */
     int nnorm;
-    const dt_grad_piece *scale;  /* what the update reads, scaled when the norm exceeds the limit */
+    const dt_grad_piece *scale; /* what the update reads, scaled when the norm exceeds the limit */
     int nscale;
     /* sums *ss (this rank's part) over the ranks that hold the rest of the gradient; NULL: none */
     dt_status (*reduce)(void *ctx, double *ss);

@@ -12,7 +12,7 @@
 #define N 40
 
 static dt_status add_other(void *ctx, double *ss) {
-    *ss += *(const double *)ctx;  /* the other ranks' squares */
+    *ss += *(const double *)ctx; /* the other ranks' squares */
     return DT_OK;
 }
 
@@ -29,8 +29,15 @@ static float clip_on(dt_dev *d, const float *x, int nss, float max_norm, double 
     double *ss = d->host_memory ? NULL : d->ops->alloc(d, (size_t)nss * sizeof(double));
     d->ops->upload(d, g, x, N * sizeof(float));
     const dt_grad_piece norm[] = {{g, 7}, {g + 9, 11}, {g + 25, 15}}, scale[] = {{g, 20}, {g + 20, 20}};
-    const dt_clip_spec c = {.dev = d, .dev_ss = ss, .nss = nss, .norm = norm, .nnorm = 3, .scale = scale,
-                            .nscale = 2, .reduce = reduce, .reduce_ctx = &other};
+    const dt_clip_spec c = {.dev = d,
+                            .dev_ss = ss,
+                            .nss = nss,
+                            .norm = norm,
+                            .nnorm = 3,
+                            .scale = scale,
+                            .nscale = 2,
+                            .reduce = reduce,
+                            .reduce_ctx = &other};
     float got = -1;
     *st = dt_clip_grad_pieces(&c, max_norm, &got);
     d->ops->download(d, out, g, N * sizeof(float));
@@ -54,7 +61,7 @@ static void on_device(dt_dev *d, const char *name) {
     int scaled = 0;
     for (int i = 0; i < N; i++) scaled += y[i] == x[i] * f;
     CHECK_MSG(scaled == N, "%s: %d of %d values scaled by max_norm / (norm + 1e-6)", name, scaled, N);
-    const float norm1 = clip_on(d, x, 1, 0.5f, other, add_other, &st, y2);  /* one partial downloaded at a time */
+    const float norm1 = clip_on(d, x, 1, 0.5f, other, add_other, &st, y2); /* one partial downloaded at a time */
     CHECK_MSG(norm1 == norm && !memcmp(y, y2, sizeof y), "%s: nss 1 and 3 differ", name);
     clip_on(d, x, 3, 100.0f, other, add_other, &st, y);
     CHECK_MSG(!memcmp(x, y, sizeof x), "%s: scaled under the limit", name);

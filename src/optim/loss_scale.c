@@ -12,9 +12,11 @@ dt_loss_scaler dt_loss_scaler_default(void) {
 }
 
 dt_status dt_loss_scaler_check(const dt_loss_scaler *s) {
-    if (!(s->scale > 0) || !isfinite(s->scale)) return dt_error(DT_EINVAL, "loss scale %g: need a positive finite scale", s->scale);
+    if (!(s->scale > 0) || !isfinite(s->scale))
+        return dt_error(DT_EINVAL, "loss scale %g: need a positive finite scale", s->scale);
     if (!(s->growth >= 1) || !(s->backoff > 0 && s->backoff < 1) || s->interval < 1)
-        return dt_error(DT_EINVAL, "loss scaler: growth %g (>= 1), backoff %g (in (0,1)) or interval %d (>= 1) out of range",
+        return dt_error(DT_EINVAL,
+                        "loss scaler: growth %g (>= 1), backoff %g (in (0,1)) or interval %d (>= 1) out of range",
                         s->growth, s->backoff, s->interval);
     return DT_OK;
 }
@@ -25,7 +27,7 @@ bool dt_loss_scaler_unscale(dt_loss_scaler *s, float *g, size_t n) {
 
 bool dt_loss_scaler_unscale_on(dt_loss_scaler *s, dt_dev *d, int32_t *dev_flag, float *g, size_t n) {
     int32_t nonfinite = 0;
-    d->ops->unscale(d, g, 1.0f / s->scale, n, dev_flag ? dev_flag : &nonfinite);  /* only where every value is finite */
+    d->ops->unscale(d, g, 1.0f / s->scale, n, dev_flag ? dev_flag : &nonfinite); /* only where every value is finite */
     if (dev_flag) d->ops->download(d, &nonfinite, dev_flag, sizeof nonfinite);
     if (nonfinite) {
         s->skipped++;

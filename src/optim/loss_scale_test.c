@@ -18,7 +18,7 @@ static void test_arithmetic(void) {
     CHECK(!dt_loss_scaler_unscale(&s, bad, 3) && bad[0] == 1 && bad[2] == 2);
     CHECK(s.scale == 4 && s.skipped == 1 && s.good == 0);
     float nan[20] = {0};
-    nan[17] = NAN;  /* past the 16-wide loop */
+    nan[17] = NAN; /* past the 16-wide loop */
     CHECK(!dt_loss_scaler_unscale(&s, nan, 20) && s.scale == 2 && s.skipped == 2);
     for (int i = 0; i < 3; i++) {
         float ok[2] = {2, 4};
@@ -67,10 +67,10 @@ static dt_status rig_step(rig *r, int64_t k) {
 
 static void test_overflow_skips(void) {
     char lib[16] = "";
-    sscanf(dt_kernels_describe(), "%15s", lib);  /* the default library, restored at the end */
+    sscanf(dt_kernels_describe(), "%15s", lib); /* the default library, restored at the end */
     CHECK_OK(dt_kernels_select("blas", "fp16"));
     dt_loss_scaler ls = dt_loss_scaler_default();
-    ls.scale = 0x1p100f;  /* gradients x 2^100 overflow fp16 (max 65504) */
+    ls.scale = 0x1p100f; /* gradients x 2^100 overflow fp16 (max 65504) */
     rig a, ref;
     CHECK_OK(rig_open(&a, &ls));
     CHECK_OK(rig_open(&ref, NULL));
@@ -92,7 +92,8 @@ static void test_overflow_skips(void) {
     CHECK(dt_optim_loss_scale(a.o) == now->scale && now->good == 1);
     /* the applied update equals the unscaled fp16 run's (the scale is a power of two) */
     CHECK_OK(rig_step(&ref, 0));
-    double d = dt_test_maxdiff(dt_model_params(a.m), dt_model_params(ref.m), np), moved = dt_test_maxdiff(p0, dt_model_params(ref.m), np);
+    double d = dt_test_maxdiff(dt_model_params(a.m), dt_model_params(ref.m), np),
+           moved = dt_test_maxdiff(p0, dt_model_params(ref.m), np);
     CHECK_MSG(d <= 1e-3 * moved, "scaled update differs from the unscaled one by %g (update size %g)", d, moved);
     printf("update vs unscaled run: max diff %.2e of an update of %.2e\n", d, moved);
     free(p0);

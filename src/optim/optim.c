@@ -10,13 +10,13 @@
 struct dt_optim {
     dt_optim_config cfg;
     size_t n;
-    int64_t t;          /* completed steps */
-    dt_slab m, v;       /* sgd: m = momentum buffer; adam: m, v moments */
-    bool scaling;       /* fp16: dynamic loss scaling on */
+    int64_t t;    /* completed steps */
+    dt_slab m, v; /* sgd: m = momentum buffer; adam: m, v moments */
+    bool scaling; /* fp16: dynamic loss scaling on */
     dt_loss_scaler ls;
-    dt_dev *dev;        /* where m, v and the gradients live (dt_optim_set_device; default cpu) */
-    bool dev_state;     /* m and v are whole blocks of dev, not host slabs */
-    void *scalars;      /* dev_state: a norm sum (double) and a non-finite flag (int32_t) in dev */
+    dt_dev *dev;    /* where m, v and the gradients live (dt_optim_set_device; default cpu) */
+    bool dev_state; /* m and v are whole blocks of dev, not host slabs */
+    void *scalars;  /* dev_state: a norm sum (double) and a non-finite flag (int32_t) in dev */
 };
 
 dt_optim_config dt_optim_defaults(dt_optim_kind kind) {
@@ -47,8 +47,7 @@ dt_status dt_optim_create_placed(dt_optim **out, const dt_optim_config *cfg, siz
     if ((unsigned)cfg->kind > DT_OPTIM_ADAMW) return dt_error(DT_EINVAL, "optimizer: unknown kind %d", cfg->kind);
     if (cfg->kind != DT_OPTIM_SGD && !(cfg->beta1 >= 0 && cfg->beta1 < 1 && cfg->beta2 >= 0 && cfg->beta2 < 1))
         return dt_error(DT_EINVAL, "optimizer: betas (%g, %g) must lie in [0,1)", cfg->beta1, cfg->beta2);
-    if (cfg->nesterov && cfg->momentum <= 0)
-        return dt_error(DT_EINVAL, "optimizer: nesterov needs a momentum > 0");
+    if (cfg->nesterov && cfg->momentum <= 0) return dt_error(DT_EINVAL, "optimizer: nesterov needs a momentum > 0");
     dt_optim *o = calloc(1, sizeof *o);
     if (!o) return dt_error(DT_ENOMEM, "optimizer: out of memory");
     o->cfg = *cfg;
@@ -95,16 +94,23 @@ dt_status dt_optim_set_device(dt_optim *o, dt_dev *d) {
     if (!(o->scalars = d->ops->alloc(d, 64))) return dt_error_wrap(DT_ENOMEM, "optimizer: device %s", d->kind->name);
     dt_status s = move_slab(d, &o->m);
     if (s == DT_OK) s = move_slab(d, &o->v);
-    o->dev = d, o->dev_state = true;  /* a failed second move leaves m on d: dt_optim_destroy frees it there */
+    o->dev = d, o->dev_state = true; /* a failed second move leaves m on d: dt_optim_destroy frees it there */
     return s;
 }
 
 /* The step's arguments for the device's kernels (device/cpu_step.c: torch.optim's arithmetic). */
 static dt_step_args step_args(const dt_optim *o, float lr) {
     const dt_optim_config *c = &o->cfg;
-    return (dt_step_args){.lr = lr, .weight_decay = c->weight_decay, .momentum = c->momentum, .nesterov = c->nesterov,
-                          .first_step = o->t == 0, .beta1 = c->beta1, .beta2 = c->beta2, .eps = c->eps,
-                          .decoupled = c->kind == DT_OPTIM_ADAMW, .t = o->t};
+    return (dt_step_args){.lr = lr,
+                          .weight_decay = c->weight_decay,
+                          .momentum = c->momentum,
+                          .nesterov = c->nesterov,
+                          .first_step = o->t == 0,
+                          .beta1 = c->beta1,
+                          .beta2 = c->beta2,
+                          .eps = c->eps,
+                          .decoupled = c->kind == DT_OPTIM_ADAMW,
+                          .t = o->t};
 }
 
 /* The update of n values (moments or momentum buffer m, v) on the optimizer's device. */
@@ -172,13 +178,14 @@ static dt_status shard_on_device(dt_optim *o, dt_dev *d, int nr, const size_t *o
     float *packed[2] = {NULL, NULL};
     for (int j = 0; j < 2; j++)
         if (s[j]->data && !(packed[j] = d->ops->alloc(d, (total ? total : 1) * sizeof(float)))) {
-            d->ops->free(d, packed[0]);  /* the optimizer stays whole */
+            d->ops->free(d, packed[0]); /* the optimizer stays whole */
             return dt_error_wrap(DT_ENOMEM, "optimizer: its shard of %zu values on device %s", total, d->kind->name);
         }
     for (int j = 0; j < 2; j++) {
         if (!packed[j]) continue;
         size_t at = 0;
-        for (int k = 0; k < nr; k++) d->ops->copy(d, packed[j] + at, s[j]->data + off[k], len[k] * sizeof(float)), at += len[k];
+        for (int k = 0; k < nr; k++)
+            d->ops->copy(d, packed[j] + at, s[j]->data + off[k], len[k] * sizeof(float)), at += len[k];
         d->ops->free(d, s[j]->data);
         *s[j] = (dt_slab){.data = packed[j], .n = total};
     }
@@ -197,7 +204,7 @@ dt_status dt_optim_shard(dt_optim *o, int nr, const size_t *off, const size_t *l
     if (o->dev_state) return shard_on_device(o, o->dev, nr, off, len, total);
     dt_slab m = o->m, v = o->v;
     DT_TRY(pack_slab(&o->m, nr, off, len, total));
-    if (pack_slab(&o->v, nr, off, len, total) != DT_OK) {  /* keep the optimizer whole */
+    if (pack_slab(&o->v, nr, off, len, total) != DT_OK) { /* keep the optimizer whole */
         dt_slab_free(&o->m);
         o->m = m, o->v = v;
         return DT_ENOMEM;
@@ -228,8 +235,10 @@ const dt_optim_config *dt_optim_config_of(const dt_optim *o) { return &o->cfg; }
 
 dt_status dt_optim_place(dt_optim *o, const dt_range *own, int nown) {
     if (o->dev_state && own)
-        return dt_error(DT_ENOTSUP, "optimizer: placing a part of its state on device %s is not device-neutral yet: "
-                        "use `device` cpu", o->dev->kind->name);
+        return dt_error(DT_ENOTSUP,
+                        "optimizer: placing a part of its state on device %s is not device-neutral yet: "
+                        "use `device` cpu",
+                        o->dev->kind->name);
     if (o->dev_state) return DT_OK;
     DT_TRY(dt_slab_place(&o->m, own, nown, "placing the optimizer state"));
     return dt_slab_place(&o->v, own, nown, "placing the optimizer state");
@@ -249,10 +258,10 @@ void dt_optim_free_state(dt_optim *o) {
  * double of d's memory for the sum (NULL: a host one). */
 static float clip_on(dt_dev *d, double *dev_ss, float *g, size_t n, float max_norm) {
     const dt_grad_piece whole = {g, n};
-    const dt_clip_spec c = {.dev = d, .dev_ss = dev_ss, .nss = 1, .norm = &whole, .nnorm = 1, .scale = &whole,
-                            .nscale = 1};
+    const dt_clip_spec c = {
+        .dev = d, .dev_ss = dev_ss, .nss = 1, .norm = &whole, .nnorm = 1, .scale = &whole, .nscale = 1};
     float norm = 0;
-    (void)dt_clip_grad_pieces(&c, max_norm, &norm);  /* no reduction: it cannot fail */
+    (void)dt_clip_grad_pieces(&c, max_norm, &norm); /* no reduction: it cannot fail */
     return norm;
 }
 

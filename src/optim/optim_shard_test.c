@@ -40,7 +40,7 @@ static void test_kind(dt_optim_kind kind, bool nesterov) {
     CHECK(dt_optim_steps(sh) == 1 + STEPS);
     CHECK_MSG(!memcmp(pw + 700, ps + 700, 300 * sizeof(float)) && !memcmp(pw + 10, ps + 10, 90 * sizeof(float)),
               "%s: the shard's update differs from the whole optimizer's", dt_optim_name(kind));
-    bool untouched = true;  /* values outside the ranges keep the warm-up step's result only */
+    bool untouched = true; /* values outside the ranges keep the warm-up step's result only */
     static float ref[N];
     memcpy(ref, ps, sizeof ref);
     for (int i = 100; i < 400; i++) untouched &= ps[i] != pw[i];
@@ -62,7 +62,8 @@ static void test_device(dt_optim_kind kind) {
     CHECK_OK(dt_optim_create(&dev, &oc, N));
     CHECK_OK(dt_optim_set_device(dev, d));
     static float ph[N], g[N], out[N];
-    for (int i = 0; i < N; i++) ph[i] = dt_rng_uniform(2, 1, (uint64_t)i) - 0.5f, g[i] = dt_rng_uniform(2, 2, (uint64_t)i);
+    for (int i = 0; i < N; i++)
+        ph[i] = dt_rng_uniform(2, 1, (uint64_t)i) - 0.5f, g[i] = dt_rng_uniform(2, 2, (uint64_t)i);
     float *pd = d->ops->alloc(d, N * sizeof(float)), *gd = d->ops->alloc(d, N * sizeof(float));
     d->ops->upload(d, pd, ph, sizeof ph), d->ops->upload(d, gd, g, sizeof g);
     dt_optim_step(host, ph, g, 0.01f);
@@ -80,7 +81,8 @@ static void test_device(dt_optim_kind kind) {
         dt_optim_step_ranges(dev, 3, q, gq, len, 0.01f);
     }
     d->ops->download(d, out, pd, sizeof out);
-    CHECK_MSG(!memcmp(out, ph, sizeof out), "%s on checked: the shard's update differs from the host's", dt_optim_name(kind));
+    CHECK_MSG(!memcmp(out, ph, sizeof out), "%s on checked: the shard's update differs from the host's",
+              dt_optim_name(kind));
     CHECK(dt_optim_num_states(dev) == dt_optim_num_states(host));
     for (int k = 0; k < dt_optim_num_states(dev); k++) {
         d->ops->download(d, out, dt_optim_state(dev, k, NULL), 390 * sizeof(float));

@@ -14,8 +14,7 @@ dt_status dt_lr_parse(const char *name, dt_lr_kind *kind) {
 }
 
 float dt_lr_at(const dt_lr_schedule *s, int64_t step) {
-    if (s->warmup_steps > 0 && step < s->warmup_steps)
-        return s->base_lr * (float)(step + 1) / (float)s->warmup_steps;
+    if (s->warmup_steps > 0 && step < s->warmup_steps) return s->base_lr * (float)(step + 1) / (float)s->warmup_steps;
     int64_t t = step - (s->warmup_steps > 0 ? s->warmup_steps : 0);
     switch (s->kind) {
     case DT_LR_STEP:

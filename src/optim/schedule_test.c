@@ -8,8 +8,8 @@
 
 static void expect(const dt_lr_schedule *s, int64_t step, double want, const char *what) {
     double got = dt_lr_at(s, step);
-    CHECK_MSG(fabs(got - want) <= 1e-6 * fabs(want) + 1e-12, "%s: step %lld: lr %.9g, want %.9g", what,
-              (long long)step, got, want);
+    CHECK_MSG(fabs(got - want) <= 1e-6 * fabs(want) + 1e-12, "%s: step %lld: lr %.9g, want %.9g", what, (long long)step,
+              got, want);
 }
 
 int main(void) {

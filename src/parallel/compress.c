@@ -38,17 +38,20 @@ static const dt_compressor *find_len(const char *name, size_t len) {
 const dt_compressor *dt_compress_find(const char *name) { return name ? find_len(name, strlen(name)) : NULL; }
 
 dt_status dt_compress_register(const dt_compressor *c) {
-    if (!c || !c->name || !c->name[0] || strchr(c->name, ':') || !c->help || !c->help[0] || !c->options ||
-        !c->start || !c->advance)
-        return dt_error(DT_EINVAL, "compressor registry: entry '%s' needs a name (without ':'), help, options (\"\" "
-                        "for none), start and advance", c && c->name ? c->name : "(null)");
+    if (!c || !c->name || !c->name[0] || strchr(c->name, ':') || !c->help || !c->help[0] || !c->options || !c->start ||
+        !c->advance)
+        return dt_error(DT_EINVAL,
+                        "compressor registry: entry '%s' needs a name (without ':'), help, options (\"\" "
+                        "for none), start and advance",
+                        c && c->name ? c->name : "(null)");
     if (c->opts_size > DT_COMPRESS_OPTS_MAX || (c->opts_size && !c->parse) || (c->options[0] && !c->parse))
-        return dt_error(DT_EINVAL, "compressor registry: entry '%s': its options need a parse function and at most %d "
-                        "bytes (it has %zu)", c->name, DT_COMPRESS_OPTS_MAX, c->opts_size);
+        return dt_error(DT_EINVAL,
+                        "compressor registry: entry '%s': its options need a parse function and at most %d "
+                        "bytes (it has %zu)",
+                        c->name, DT_COMPRESS_OPTS_MAX, c->opts_size);
     if (dt_compress_find(c->name))
         return dt_error(DT_EINVAL, "compressor registry: '%s' is registered already", c->name);
-    if (g_n == MAX_ENTRIES)
-        return dt_error(DT_ENOMEM, "compressor registry: full (%d entries)", MAX_ENTRIES);
+    if (g_n == MAX_ENTRIES) return dt_error(DT_ENOMEM, "compressor registry: full (%d entries)", MAX_ENTRIES);
     g_entries[g_n++] = c;
     return DT_OK;
 }
@@ -58,7 +61,10 @@ static const char *forms(char *buf, size_t cap) {
     size_t k = 0;
     buf[0] = 0;
     for (int i = 0; i < g_n && k < cap; i++)
-        k += (size_t)snprintf(buf + k, cap - k, "%s%s%s%s", i == 0 ? "" : i == g_n - 1 ? " or " : ", ",
+        k += (size_t)snprintf(buf + k, cap - k, "%s%s%s%s",
+                              i == 0         ? ""
+                              : i == g_n - 1 ? " or "
+                                             : ", ",
                               g_entries[i]->name, g_entries[i]->options[0] ? ":" : "", g_entries[i]->options);
     return buf;
 }

@@ -25,15 +25,17 @@ static dt_status none_advance(dt_grad_sync *g, dt_gs_bucket *b) {
     return DT_OK;
 }
 
-const dt_compressor dt_compress_none = {
-    .name = "none", .help = "the f32 values, allreduced as they are (the default)", .options = "",
-    .start = none_start, .advance = none_advance};
+const dt_compressor dt_compress_none = {.name = "none",
+                                        .help = "the f32 values, allreduced as they are (the default)",
+                                        .options = "",
+                                        .start = none_start,
+                                        .advance = none_advance};
 
 /* ---- fp16 / bf16 ---- */
 
 typedef struct {
-    uint16_t *h;      /* the 16-bit payload */
-    float *res;       /* error feedback: what rounding took off last step (in the checkpointed row) */
+    uint16_t *h; /* the 16-bit payload */
+    float *res;  /* error feedback: what rounding took off last step (in the checkpointed row) */
 } cast_state;
 
 static dt_status cast_init(dt_grad_sync *g, dt_gs_bucket *b, size_t *state_floats) {
@@ -81,7 +83,7 @@ static dt_status cast_start(dt_grad_sync *g, dt_gs_bucket *b, bool bf16) {
         dt_convert(c->h + o, t, v, DT_F32, m);
         dt_convert(r, DT_F32, c->h + o, t, m);
         for (size_t i = 0; i < m; i++) res[i] = v[i] - r[i];
-        float acc[16] = {0};  /* 16 sums in f32 (the vector lanes), then f64: the figure is a diagnostic */
+        float acc[16] = {0}; /* 16 sums in f32 (the vector lanes), then f64: the figure is a diagnostic */
         size_t i = 0;
         for (; i + 16 <= m; i += 16)
             for (int k = 0; k < 16; k++) acc[k] += res[i + k] * res[i + k];
@@ -107,15 +109,23 @@ static dt_status cast_advance(dt_grad_sync *g, dt_gs_bucket *b, bool bf16) {
 static dt_status fp16_advance(dt_grad_sync *g, dt_gs_bucket *b) { return cast_advance(g, b, false); }
 static dt_status bf16_advance(dt_grad_sync *g, dt_gs_bucket *b) { return cast_advance(g, b, true); }
 
-const dt_compressor dt_compress_fp16 = {.name = "fp16", .options = "",
+const dt_compressor dt_compress_fp16 = {.name = "fp16",
+                                        .options = "",
                                         .help = "rounded to IEEE half precision (half the bytes); the rounding error "
                                                 "is added to the next step (error feedback)",
-                                        .bucket_init = cast_init, .bucket_free = cast_free,
-                                        .start = fp16_start, .advance = fp16_advance, .bind_state = cast_bind,
+                                        .bucket_init = cast_init,
+                                        .bucket_free = cast_free,
+                                        .start = fp16_start,
+                                        .advance = fp16_advance,
+                                        .bind_state = cast_bind,
                                         .residual = cast_residual};
-const dt_compressor dt_compress_bf16 = {.name = "bf16", .options = "",
+const dt_compressor dt_compress_bf16 = {.name = "bf16",
+                                        .options = "",
                                         .help = "rounded to bfloat16 (half the bytes, f32's range), with error "
                                                 "feedback",
-                                        .bucket_init = cast_init, .bucket_free = cast_free,
-                                        .start = bf16_start, .advance = bf16_advance, .bind_state = cast_bind,
+                                        .bucket_init = cast_init,
+                                        .bucket_free = cast_free,
+                                        .start = bf16_start,
+                                        .advance = bf16_advance,
+                                        .bind_state = cast_bind,
                                         .residual = cast_residual};

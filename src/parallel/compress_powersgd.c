@@ -4,12 +4,11 @@
  * (Gram-Schmidt, twice), Q = M^T P, allreduce Q, then M ~ P Q^T and e = M - P Q^T. One-dimensional
  * tensors (biases), and matrices whose factors would save less than min_rate (PyTorch's
  * min_compression_rate), ride uncompressed with P. The warm-start Q is orthonormalised first (PowerSGD
- * spans the same space) and refilled where it lost rank, so full rank reproduces M. The two allreduces are two stages of the bucket: the
- * second is issued when the next bucket starts (after the backward of the layers between them, so
- * P has usually arrived), and runs while backward continues on earlier layers (PyTorch's hook
- * waits for P before it returns: pytorch/pytorch#74148). The issue order is the same on every rank. The
- * checkpointed row of a bucket is [Q of each matrix | e of each matrix]. warmup=S: the first S steps
- * are plain allreduces (PyTorch's start_powerSGD_iter). */
+ * spans the same space) and refilled where it lost rank, so full rank reproduces M. The two allreduces are two stages
+ * of the bucket: the second is issued when the next bucket starts (after the backward of the layers between them, so P
+ * has usually arrived), and runs while backward continues on earlier layers (PyTorch's hook waits for P before it
+ * returns: pytorch/pytorch#74148). The issue order is the same on every rank. The checkpointed row of a bucket is [Q of
+ * each matrix | e of each matrix]. warmup=S: the first S steps are plain allreduces (PyTorch's start_powerSGD_iter). */
 #include "parallel/grad_sync.h"
 
 #include <cblas.h>
@@ -25,11 +24,11 @@
 
 /* powersgd's options: "powersgd:RANK[:warmup=STEPS][:min_rate=X]". */
 typedef struct {
-    int rank;          /* rank r of the approximation, >= 1 */
-    int warmup;        /* steps of plain allreduce first (PyTorch's start_powerSGD_iter) */
-    double min_rate;   /* an n x m matrix is compressed only when its factors are at least this many times
-                        * smaller, (n + m) r min_rate < n m (PyTorch's min_compression_rate); others
-                        * travel plain with the biases */
+    int rank;        /* rank r of the approximation, >= 1 */
+    int warmup;      /* steps of plain allreduce first (PyTorch's start_powerSGD_iter) */
+    double min_rate; /* an n x m matrix is compressed only when its factors are at least this many times
+                      * smaller, (n + m) r min_rate < n m (PyTorch's min_compression_rate); others
+                      * travel plain with the biases */
 } psgd_opts;
 
 static dt_status psgd_parse(const char *text, const char *p, void *opts) {
@@ -67,22 +66,22 @@ static void psgd_format(const void *opts, char *out, size_t cap) {
 }
 
 typedef struct {
-    size_t off, n, m, r;   /* matrix at bucket offset off, n x m, rank r */
-    size_t p, q, e;        /* its P in pay (after the plain values), Q in the q row, e in the e row */
+    size_t off, n, m, r; /* matrix at bucket offset off, n x m, rank r */
+    size_t p, q, e;      /* its P in pay (after the plain values), Q in the q row, e in the e row */
 } psgd_mat;
 
 typedef struct {
-    size_t off, len;       /* a plain (uncompressed) range of the bucket */
+    size_t off, len; /* a plain (uncompressed) range of the bucket */
 } psgd_plain;
 
 typedef struct {
-    psgd_mat *mat;         /* one per tensor at most (the model's tensor count) */
+    psgd_mat *mat; /* one per tensor at most (the model's tensor count) */
     psgd_plain *plain;
     int nmat, nplain;
     size_t nplain_vals, np, nq, ne;
-    float *pay;            /* [plain values | P of each matrix] */
-    float *q, *e;          /* in the checkpointed row */
-    bool plain_step;       /* this step is in the warm-up: a plain f32 allreduce of the bucket */
+    float *pay;      /* [plain values | P of each matrix] */
+    float *q, *e;    /* in the checkpointed row */
+    bool plain_step; /* this step is in the warm-up: a plain f32 allreduce of the bucket */
 } psgd_state;
 
 /* Adds tensor t's part of bucket b to the layout: a matrix (n = its first dimension, m = the rest,
@@ -174,8 +173,7 @@ static void orthonormalise(float *A, size_t n, size_t r, uint64_t refill) {
         double after = project_out(A, n, r, j);
         if (after <= 1e-4 * sqrt(before) || after == 0) {
             after = 0;
-            for (size_t i = 0; refill && i < n; i++)
-                A[i * r + j] = dt_rng_uniform(0x5eed, refill + j, i) - 0.5f;
+            for (size_t i = 0; refill && i < n; i++) A[i * r + j] = dt_rng_uniform(0x5eed, refill + j, i) - 0.5f;
             if (refill) after = project_out(A, n, r, j);
         }
         double inv = after > 0 ? 1.0 / after : 0.0;
@@ -186,7 +184,7 @@ static void orthonormalise(float *A, size_t n, size_t r, uint64_t refill) {
 static dt_status psgd_start(dt_grad_sync *g, dt_gs_bucket *b) {
     psgd_state *s = b->st;
     s->plain_step = dt_grad_sync_step(g) < ((const psgd_opts *)dt_grad_sync_opts(g))->warmup;
-    if (s->plain_step) {  /* warm-up: uncompressed, no error feedback (the residual stays 0) */
+    if (s->plain_step) { /* warm-up: uncompressed, no error feedback (the residual stays 0) */
         dt_grad_sync_count(g, (b->hi - b->lo) * sizeof(float), false);
         return dt_comm_iallreduce(dt_grad_sync_config_of(g)->comm, b->x, b->x, b->hi - b->lo, DT_F32, DT_OP_AVG,
                                   &b->req);
@@ -198,7 +196,7 @@ static dt_status psgd_start(dt_grad_sync *g, dt_gs_bucket *b) {
     for (int i = 0; i < s->nmat; i++) {
         const psgd_mat *x = &s->mat[i];
         float *M = b->x + x->off, *e = s->e + x->e;
-        for (size_t j = 0; j < x->n * x->m; j++) M[j] += e[j];  /* error feedback */
+        for (size_t j = 0; j < x->n * x->m; j++) M[j] += e[j]; /* error feedback */
         /* warm start from last step's Q, orthonormal and of full rank (same span otherwise) */
         orthonormalise(s->q + x->q, x->m, x->r, dt_rng_key(DT_RNG_USER + 16, (uint64_t)dt_grad_sync_step(g) << 20));
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)x->n, (int)x->r, (int)x->m, 1.0f, M, (int)x->m,
@@ -258,13 +256,21 @@ static dt_status psgd_advance(dt_grad_sync *g, dt_gs_bucket *b) {
 }
 
 const dt_compressor dt_compress_powersgd = {
-    .name = "powersgd", .options = "RANK[:warmup=STEPS][:min_rate=X]",
+    .name = "powersgd",
+    .options = "RANK[:warmup=STEPS][:min_rate=X]",
     .help = "each weight matrix as a rank-RANK product P Q^T (PowerSGD: two allreduces), the rest kept for the next "
             "step; biases travel whole; warmup=STEPS: plain allreduce first (default 1000); min_rate=X: compress a "
             "matrix only when its factors are X times smaller (default 2; 0: every matrix)",
-    .opts_size = sizeof(psgd_opts), .parse = psgd_parse, .format = psgd_format,
+    .opts_size = sizeof(psgd_opts),
+    .parse = psgd_parse,
+    .format = psgd_format,
     .state_hint = "it is the `compress` error-feedback state of each rank; resume with as many workers, the same "
                   "`compress` and `bucket_mb` (a powersgd checkpoint written before min_rate existed compressed every "
                   "matrix: add :min_rate=0)",
-    .stages = 2, .bucket_init = psgd_init, .bucket_free = psgd_free, .start = psgd_start, .advance = psgd_advance,
-    .bind_state = psgd_bind, .residual = psgd_residual};
+    .stages = 2,
+    .bucket_init = psgd_init,
+    .bucket_free = psgd_free,
+    .start = psgd_start,
+    .advance = psgd_advance,
+    .bind_state = psgd_bind,
+    .residual = psgd_residual};

@@ -21,7 +21,7 @@
 
 static char g_dir[64], g_csv[128];
 enum { T = 6, CAP = 4096 };
-#define SMALL_MODEL "linear(16) relu linear(4)"  /* 12 features: 276 parameters, 2 buckets below */
+#define SMALL_MODEL "linear(16) relu linear(4)" /* 12 features: 276 parameters, 2 buckets below */
 
 /* What the tests need of a spec, read back from its canonical text (dt_compress_format): each
  * compressor's options are private to its file. */
@@ -90,12 +90,12 @@ static bool same_on_all_ranks(dt_comm *c, const float *x, size_t n) {
 
 /* One rank of the identity test of compressor `text` on W ranks; returns its failures. */
 static int identity_rank(const char *text, int r, int W, const char *job) {
-    dt_test_failures = 0;  /* a forked rank counts its own */
+    dt_test_failures = 0; /* a forked rank counts its own */
     dt_comm *c = dt_test_rank_comm(r, W, job);
     dt_model *m;
     CHECK_OK(dt_model_create_from_spec(&m, SMALL_MODEL, 1, 1, 12));
     const size_t n = dt_model_num_params(m);
-    size_t lo[2] = {208, 0}, hi[2] = {n, 208};  /* the last layer's bucket first, as ddp issues them */
+    size_t lo[2] = {208, 0}, hi[2] = {n, 208}; /* the last layer's bucket first, as ddp issues them */
     dt_compress_spec spec;
     CHECK_OK(dt_compress_parse(text, &spec));
     const spec_view cs = view_of(&spec);
@@ -125,7 +125,7 @@ static int identity_rank(const char *text, int r, int W, const char *job) {
         for (size_t i = 0; i < n; i++) sum_out[i] += x[i];
         double e = dt_test_maxdiff(x, mean, n);
         if (e > lossless_err[0]) lossless_err[0] = (float)e;
-        if (is(&cs, "powersgd") && t < cs.warmup)  /* warm-up steps: plain allreduce */
+        if (is(&cs, "powersgd") && t < cs.warmup) /* warm-up steps: plain allreduce */
             CHECK_MSG(e <= 1e-6, "%s step %d (warm-up): result differs from the mean by %g", text, t, e);
         CHECK_MSG(same_on_all_ranks(c, x, n), "%s step %d: the ranks' results differ", text, t);
     }
@@ -140,9 +140,9 @@ static int identity_rank(const char *text, int r, int W, const char *job) {
     /* the casts round the mean once more on the way back (not fed back): their tolerance per step */
     double ltol = is(&cs, "powersgd") ? 2e-4 : is(&cs, "fp16") ? 2e-3 : is(&cs, "bf16") ? 2e-2 : 1e-6;
     double rtol = is(&cs, "powersgd") ? 2e-4 : ltol > 1e-5 ? ltol : 2e-5;
-    if (cs.momentum == 0)  /* with momentum correction the velocities are what travels, not the gradients */
-        CHECK_MSG(worst <= rtol * (scale + 1), "%s: sum of sent + residual is off the sum of gradients by %g (scale %g)",
-                  text, worst, scale);
+    if (cs.momentum == 0) /* with momentum correction the velocities are what travels, not the gradients */
+        CHECK_MSG(worst <= rtol * (scale + 1),
+                  "%s: sum of sent + residual is off the sum of gradients by %g (scale %g)", text, worst, scale);
     if (lossless || is(&cs, "fp16") || is(&cs, "bf16"))
         CHECK_MSG(lossless_err[0] <= ltol, "%s: result differs from the plain mean by %g (tolerance %g)", text,
                   lossless_err[0], ltol);
@@ -150,8 +150,8 @@ static int identity_rank(const char *text, int r, int W, const char *job) {
         printf("%-26s W=%d: error-feedback identity off by %.3g (scale %.3g), max |result - mean| %.3g\n", text, W,
                worst, scale, lossless_err[0]);
     else if (r == 0)
-        printf("%-26s W=%d: ranks agree (with momentum correction the velocities travel: no gradient identity)\n",
-               text, W);
+        printf("%-26s W=%d: ranks agree (with momentum correction the velocities travel: no gradient identity)\n", text,
+               W);
     fflush(stdout);
     dt_grad_sync_destroy(gs);
     dt_model_destroy(m);
@@ -186,7 +186,7 @@ static void test_cast_exact(void) {
         size_t bad_sent = 0, bad_res = 0;
         for (int step = 0; step < 3; step++) {
             g_of(x, n, 0, 60 + step);
-            for (size_t i = 0; i < n; i++) x[i] = ldexpf(x[i], -(int)(i % 26));  /* 2^-25 .. 2 */
+            for (size_t i = 0; i < n; i++) x[i] = ldexpf(x[i], -(int)(i % 26)); /* 2^-25 .. 2 */
             dt_grad_sync_residual(gs, res);
             for (size_t i = 0; i < n; i++) v[i] = x[i] + res[i];
             dt_grad_sync_begin_step(gs, step);
@@ -214,7 +214,7 @@ static void test_cast_exact(void) {
  * residual is multiplied by the scale's change, and a NaN left in it (not sent) is zeroed. */
 typedef struct {
     float *data;
-    size_t n;  /* floats of the row (one process: the whole piece) */
+    size_t n; /* floats of the row (one process: the whole piece) */
 } state_ref;
 
 static dt_status state_row(void *ctx, const dt_state_piece *p) {
@@ -248,28 +248,28 @@ static void test_rescale_state(void) {
                 size_t inf = 0;
                 for (size_t i = 0; i < n; i++) inf += !isfinite(r0[i]) || !isfinite(x[i]);
                 CHECK_MSG(inf > 0, "%s: an inf gradient left no inf in the result or the residual", texts[k]);
-                dt_grad_sync_rescale_state(gs, 0.0f);  /* the step is skipped */
+                dt_grad_sync_rescale_state(gs, 0.0f); /* the step is skipped */
                 dt_grad_sync_residual(gs, r1);
                 for (size_t i = 0; i < n; i++) nonzero += r1[i] != 0;
             } else {
                 for (size_t i = 0; i < n; i++) bad += !isfinite(x[i]) || !isfinite(r0[i]);
-                if (step == 2) {  /* a NaN in the state that was not sent: zeroed, the rest kept */
+                if (step == 2) { /* a NaN in the state that was not sent: zeroed, the rest kept */
                     state_ref row = {0};
                     CHECK_OK(dt_grad_sync_visit_state(gs, state_row, &row));
                     size_t at = 0;
-                    while (at < n && r0[at] == 0) at++;  /* a value of the residual (PowerSGD: of e) */
+                    while (at < n && r0[at] == 0) at++; /* a value of the residual (PowerSGD: of e) */
                     CHECK(at < n);
                     if (at == n) at = 0;
-                    for (size_t i = 0; i < row.n; i++) kept_nan += row.data[i] == r0[at];  /* where it is in the row */
+                    for (size_t i = 0; i < row.n; i++) kept_nan += row.data[i] == r0[at]; /* where it is in the row */
                     for (size_t i = 0; i < row.n; i++)
                         if (row.data[i] == r0[at]) row.data[i] = NAN;
                     dt_grad_sync_rescale_state(gs, 1.0f);
                     dt_grad_sync_residual(gs, r1);
                     for (size_t i = 0; i < n; i++) bad += i == at ? r1[i] != 0 : r1[i] != r0[i];
-                    kept_nan = kept_nan == 0;  /* 1: the value was not found in the row */
+                    kept_nan = kept_nan == 0; /* 1: the value was not found in the row */
                 }
                 if (step == 3) {
-                    dt_grad_sync_rescale_state(gs, 2.0f);  /* the scale grew */
+                    dt_grad_sync_rescale_state(gs, 2.0f); /* the scale grew */
                     dt_grad_sync_residual(gs, r1);
                     for (size_t i = 0; i < n; i++) unscaled += r1[i] != 2.0f * r0[i];
                 }
@@ -288,14 +288,22 @@ static void test_rescale_state(void) {
 }
 
 static void test_identities(void) {
-    const char *texts[] = {"none", "fp16", "bf16", "topk:1:warmup=0", "topk:0.1:warmup=0", "topk:0.05:momentum=0.9:warmup=0",
-                           "topk:0.02:warmup=4", "powersgd:1:warmup=0", "powersgd:2:warmup=0", "powersgd:2:warmup=3",
+    const char *texts[] = {"none",
+                           "fp16",
+                           "bf16",
+                           "topk:1:warmup=0",
+                           "topk:0.1:warmup=0",
+                           "topk:0.05:momentum=0.9:warmup=0",
+                           "topk:0.02:warmup=4",
+                           "powersgd:1:warmup=0",
+                           "powersgd:2:warmup=0",
+                           "powersgd:2:warmup=3",
                            "powersgd:16:warmup=0:min_rate=0"};
     for (int W = 2; W <= 3; W++)
         for (size_t k = 0; k < sizeof texts / sizeof *texts; k++) {
             char job[64];
             snprintf(job, sizeof job, "cmpid%d_%d_%zu", (int)getpid(), W, k);
-            fflush(stdout);  /* the forked ranks would print what is buffered again */
+            fflush(stdout); /* the forked ranks would print what is buffered again */
             for (int r = 0; r < W; r++)
                 if (fork() == 0) _exit(identity_rank(texts[k], r, W, job) ? 1 : 0);
             CHECK_MSG(dt_test_wait_children() == 0, "%s on %d ranks failed", texts[k], W);
@@ -345,13 +353,16 @@ static void test_min_rate(void) {
     double bytes;
     size_t lossy;
     size_t changed = min_rate_step("powersgd:2:warmup=0", &bytes, &lossy);
-    CHECK_MSG(changed == 0, "powersgd:2: %zu of the 4x16 weight's 64 values were approximated (want it sent whole)", changed);
+    CHECK_MSG(changed == 0, "powersgd:2: %zu of the 4x16 weight's 64 values were approximated (want it sent whole)",
+              changed);
     CHECK_MSG(bytes == 4.0 * (16 + 4 + 64 + 16 * 2 + 12 * 2), "powersgd:2: %g payload bytes, want %g", bytes,
               4.0 * (16 + 4 + 64 + 16 * 2 + 12 * 2));
     CHECK_MSG(lossy > 0, "powersgd:2: the 16x12 weight came back exact: it was not compressed");
     changed = min_rate_step("powersgd:2:warmup=0:min_rate=0", &bytes, &lossy);
-    CHECK_MSG(changed > 0 && lossy > 0, "powersgd:2:min_rate=0: the 4x16 weight (%zu values changed) or the 16x12 "
-              "(%zu) was not compressed", changed, lossy);
+    CHECK_MSG(changed > 0 && lossy > 0,
+              "powersgd:2:min_rate=0: the 4x16 weight (%zu values changed) or the 16x12 "
+              "(%zu) was not compressed",
+              changed, lossy);
     CHECK_MSG(bytes == 4.0 * (16 + 4 + 16 * 2 + 4 * 2 + 12 * 2 + 16 * 2), "powersgd:2:min_rate=0: %g payload bytes",
               bytes);
     printf("powersgd:2 min_rate: a 4x16 weight travels whole by default, compressed with min_rate=0\n");
@@ -380,7 +391,7 @@ static void test_topk_large(void) {
     for (int step = 0; step < 3; step++) {
         g_of(g, n, 0, 50 + step);
         dt_grad_sync_residual(gs, res);
-        for (size_t i = 0; i < n; i++) x[i] = g[i], mag[i] = fabsf(g[i] + res[i]);  /* what is up for sending */
+        for (size_t i = 0; i < n; i++) x[i] = g[i], mag[i] = fabsf(g[i] + res[i]); /* what is up for sending */
         qsort(mag, n, sizeof *mag, cmp_desc);
         size_t k = (size_t)ceil(0.01 * (double)n);
         dt_grad_sync_begin_step(gs, step);
@@ -389,8 +400,8 @@ static void test_topk_large(void) {
         size_t sent = 0, wrong = 0;
         for (size_t i = 0; i < n; i++)
             if (x[i] != 0) sent++, wrong += fabsf(x[i]) < mag[k - 1];
-        CHECK_MSG(sent == k && wrong == 0, "step %d: %zu values sent (want %zu), %zu below the k-th magnitude %g",
-                  step, sent, k, wrong, mag[k - 1]);
+        CHECK_MSG(sent == k && wrong == 0, "step %d: %zu values sent (want %zu), %zu below the k-th magnitude %g", step,
+                  sent, k, wrong, mag[k - 1]);
     }
     printf("topk:0.01 on a %zu-value bucket: exactly the k largest magnitudes sent\n", n);
     free(x), free(g), free(mag), free(res);
@@ -407,15 +418,21 @@ static void test_parse(void) {
     CHECK(is(&v, "topk") && v.ratio == 0.01 && v.momentum == 0.9 && v.warmup == 100);
     CHECK_OK(dt_compress_parse("powersgd:4", &s));
     v = view_of(&s);
-    CHECK(is(&v, "powersgd") && v.rank == 4 && v.warmup == 1000);  /* PyTorch's start_powerSGD_iter */
-    CHECK(v.min_rate == 2.0);  /* PyTorch's min_compression_rate */
+    CHECK(is(&v, "powersgd") && v.rank == 4 && v.warmup == 1000); /* PyTorch's start_powerSGD_iter */
+    CHECK(v.min_rate == 2.0);                                     /* PyTorch's min_compression_rate */
     CHECK_OK(dt_compress_parse("topk:0.01", &s));
     v = view_of(&s);
     CHECK(is(&v, "topk") && v.warmup == 1000);
     /* the canonical text keeps every warm-up, the default's and an explicit 0, through a round trip
      * (the options as parsed, byte for byte) */
-    const char *trip[] = {"powersgd:4", "powersgd:4:warmup=0", "topk:0.01", "topk:0.01:warmup=0", "powersgd:2:min_rate=0",
-                          "powersgd:2:min_rate=1.5:warmup=7", "fp16", "none"};
+    const char *trip[] = {"powersgd:4",
+                          "powersgd:4:warmup=0",
+                          "topk:0.01",
+                          "topk:0.01:warmup=0",
+                          "powersgd:2:min_rate=0",
+                          "powersgd:2:min_rate=1.5:warmup=7",
+                          "fp16",
+                          "none"};
     for (size_t i = 0; i < sizeof trip / sizeof *trip; i++) {
         dt_compress_spec a, b;
         char text[96];
@@ -447,9 +464,19 @@ static void test_parse(void) {
     planted.name = "topk", planted.options = "";
     CHECK(dt_compress_register(&planted) == DT_EINVAL && strstr(dt_last_error(), "registered already"));
     CHECK(dt_compressors(&n) && n == 5);
-    const char *bad[] = {"topk", "topk:0", "topk:1.5", "topk:0.1:foo=1", "powersgd:0", "powersgd:1.5",
-                         "powersgd:2:warmup=x", "powersgd:2:min_rate=-1", "powersgd:2:min_rate=", "powersgd:2:rate=2",
-                         "zip", "fp16:2", "none:x"};
+    const char *bad[] = {"topk",
+                         "topk:0",
+                         "topk:1.5",
+                         "topk:0.1:foo=1",
+                         "powersgd:0",
+                         "powersgd:1.5",
+                         "powersgd:2:warmup=x",
+                         "powersgd:2:min_rate=-1",
+                         "powersgd:2:min_rate=",
+                         "powersgd:2:rate=2",
+                         "zip",
+                         "fp16:2",
+                         "none:x"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         CHECK(dt_compress_parse(bad[i], &s) == DT_EINVAL);
         CHECK_MSG(strstr(dt_last_error(), bad[i]) != NULL, "the error names '%s': %s", bad[i], dt_last_error());
@@ -485,7 +512,10 @@ static int train_ranks(const char *spec, int W, const char *path, const char *jo
 
 static void test_trainer(void) {
     static float ref[CAP], got[CAP];
-    struct { const char *base, *spec; double tol; } cases[] = {
+    struct {
+        const char *base, *spec;
+        double tol;
+    } cases[] = {
         {"ddp(bucket_mb=0.0005)", "ddp(bucket_mb=0.0005,compress=topk:1:warmup=0)", 1e-5},
         {"ddp(bucket_mb=0.0005)", "ddp(bucket_mb=0.0005,compress=powersgd:64:warmup=0:min_rate=0)", 1e-5},
         {"ddp(bucket_mb=0.0005)", "ddp(bucket_mb=0.0005,compress=fp16)", 1e-3},

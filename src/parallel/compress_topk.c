@@ -15,9 +15,9 @@
 
 /* topk's options: "topk:RATIO[:momentum=M][:warmup=STEPS]". */
 typedef struct {
-    double ratio;     /* fraction of the values sent, (0, 1] */
-    double momentum;  /* DGC momentum correction (0 = off; then train with plain SGD) */
-    int warmup;       /* steps over which the ratio falls from 1 to `ratio` (DGC warm-up) */
+    double ratio;    /* fraction of the values sent, (0, 1] */
+    double momentum; /* DGC momentum correction (0 = off; then train with plain SGD) */
+    int warmup;      /* steps over which the ratio falls from 1 to `ratio` (DGC warm-up) */
 } topk_opts;
 
 static dt_status topk_parse(const char *text, const char *p, void *opts) {
@@ -37,8 +37,7 @@ static dt_status topk_parse(const char *text, const char *p, void *opts) {
             if (!dt_compress_num(&p, 0, 1e9, &v) || v != floor(v))
                 return dt_compress_bad(text, "warmup= needs a whole number of steps");
             o->warmup = (int)v;
-        } else
-            return dt_compress_bad(text, "topk takes momentum= and warmup=");
+        } else return dt_compress_bad(text, "topk takes momentum= and warmup=");
     }
     return DT_OK;
 }
@@ -49,12 +48,12 @@ static void topk_format(const void *opts, char *out, size_t cap) {
 }
 
 typedef struct {
-    float *v;         /* accumulated values not yet sent (checkpointed row) */
-    float *u;         /* momentum-corrected velocity, when momentum > 0 (checkpointed row) */
-    float *mag;       /* scratch: |v| for the selection */
-    int32_t *send;    /* k (index, value-bits) pairs */
-    int32_t *recv;    /* world * k pairs */
-    size_t k;         /* pairs of this step */
+    float *v;      /* accumulated values not yet sent (checkpointed row) */
+    float *u;      /* momentum-corrected velocity, when momentum > 0 (checkpointed row) */
+    float *mag;    /* scratch: |v| for the selection */
+    int32_t *send; /* k (index, value-bits) pairs */
+    int32_t *recv; /* world * k pairs */
+    size_t k;      /* pairs of this step */
 } topk_state;
 
 /* The fraction sent at step `step` (the DGC warm-up: geometric from 1 down to ratio). */
@@ -97,7 +96,7 @@ static void topk_free(dt_gs_bucket *b) {
 static void topk_bind(dt_gs_bucket *b, float *state) {
     topk_state *t = b->st;
     t->v = state;
-    t->u = state + (b->hi - b->lo);  /* used only with momentum (then the row holds both) */
+    t->u = state + (b->hi - b->lo); /* used only with momentum (then the row holds both) */
 }
 
 static void topk_residual(const dt_gs_bucket *b, float *out) {
@@ -120,7 +119,7 @@ static float kth_largest(float *a, size_t n, size_t k) {
         }
         if (want <= j) hi = j;
         else if (want >= i) lo = i;
-        else return a[want];  /* between the parts every value equals the pivot */
+        else return a[want]; /* between the parts every value equals the pivot */
     }
     return a[want];
 }
@@ -143,7 +142,7 @@ static float kth_magnitude(topk_state *t, size_t n, size_t k) {
             float a = mag_of(t->v[i]);
             if (a >= approx) t->mag[c++] = a;
         }
-        if (c >= k) return kth_largest(t->mag, c, k);  /* the k largest all pass the threshold */
+        if (c >= k) return kth_largest(t->mag, c, k); /* the k largest all pass the threshold */
     }
     for (size_t i = 0; i < n; i++) t->mag[i] = mag_of(t->v[i]);
     return kth_largest(t->mag, n, k);
@@ -166,8 +165,7 @@ static double select_topk(topk_state *t, size_t n, size_t k, bool momentum) {
             m++;
             t->v[i] = 0;
             if (momentum) t->u[i] = 0;
-        } else
-            sq += (double)t->v[i] * t->v[i];
+        } else sq += (double)t->v[i] * t->v[i];
     }
     return sq;
 }
@@ -182,8 +180,7 @@ static dt_status topk_start(dt_grad_sync *g, dt_gs_bucket *b) {
         if (mom) {
             t->u[i] = M * t->u[i] + b->x[i];
             t->v[i] += t->u[i];
-        } else
-            t->v[i] += b->x[i];
+        } else t->v[i] += b->x[i];
     }
     t->k = topk_count(s, dt_grad_sync_step(g), n);
     dt_grad_sync_add_ef(g, select_topk(t, n, t->k, mom));
@@ -214,10 +211,17 @@ static dt_status topk_advance(dt_grad_sync *g, dt_gs_bucket *b) {
 }
 
 const dt_compressor dt_compress_topk = {
-    .name = "topk", .options = "RATIO[:momentum=M][:warmup=STEPS]",
+    .name = "topk",
+    .options = "RATIO[:momentum=M][:warmup=STEPS]",
     .help = "the RATIO share of values of largest magnitude, as (index, value) pairs allgathered (Deep Gradient "
             "Compression); the rest is kept and added next step; momentum=M: DGC's momentum correction (then train "
             "with plain SGD); warmup=STEPS: the ratio falls from 1 over the first STEPS steps (default 1000)",
-    .opts_size = sizeof(topk_opts), .parse = topk_parse, .format = topk_format,
-    .bucket_init = topk_init, .bucket_free = topk_free, .start = topk_start, .advance = topk_advance,
-    .bind_state = topk_bind, .residual = topk_residual};
+    .opts_size = sizeof(topk_opts),
+    .parse = topk_parse,
+    .format = topk_format,
+    .bucket_init = topk_init,
+    .bucket_free = topk_free,
+    .start = topk_start,
+    .advance = topk_advance,
+    .bind_state = topk_bind,
+    .residual = topk_residual};

@@ -30,17 +30,17 @@ typedef enum { UPDATE_AUTO = 0, UPDATE_FULL, UPDATE_SHARD } ddp_update;
 static const char *const update_names[] = {"auto", "full", "shard"};
 
 typedef struct {
-    double bucket_mb;     /* gradient bucket (fusion buffer) size in MB, > 0 (default 1) */
-    dt_compress_spec compress;  /* how buckets travel (default none: f32 allreduce) */
-    dt_comm_hier_mode allreduce;  /* auto (hierarchical when ranks span hosts), flat, hier */
-    int zero;             /* ZeRO stage 0..3 over the ranks (zero.c; 0: replicas) */
-    ddp_update update;    /* full: allreduce, every rank updates everything; shard: reduce-scatter,
-                           * each rank updates its shard, allgather (dt_zero_create_update); auto */
-    bool balance;         /* balance=dynamic: the trainer cuts each global batch by the ranks' speed */
+    double bucket_mb;            /* gradient bucket (fusion buffer) size in MB, > 0 (default 1) */
+    dt_compress_spec compress;   /* how buckets travel (default none: f32 allreduce) */
+    dt_comm_hier_mode allreduce; /* auto (hierarchical when ranks span hosts), flat, hier */
+    int zero;                    /* ZeRO stage 0..3 over the ranks (zero.c; 0: replicas) */
+    ddp_update update;           /* full: allreduce, every rank updates everything; shard: reduce-scatter,
+                                  * each rank updates its shard, allgather (dt_zero_create_update); auto */
+    bool balance;                /* balance=dynamic: the trainer cuts each global batch by the ranks' speed */
 } ddp_opts;
 
 typedef struct {
-    size_t lo, hi;        /* slab range [lo, hi) */
+    size_t lo, hi; /* slab range [lo, hi) */
     double t_issue;
 } bucket;
 
@@ -48,14 +48,14 @@ typedef struct {
     bucket *b;
     dt_grad_sync *gs;
     int nb;
-    int next;             /* next bucket to issue (buckets complete in index order) */
-    int early;            /* issued from the backward hook */
-    size_t nbuf;          /* model buffers broadcast every step (batchnorm running stats) */
+    int next;    /* next bucket to issue (buckets complete in index order) */
+    int early;   /* issued from the backward hook */
+    size_t nbuf; /* model buffers broadcast every step (batchnorm running stats) */
 } ddp;
 
 static void issue(dt_strategy *s, ddp *d, int i) {
     d->b[i].t_issue = dt_now();
-    dt_grad_sync_start(d->gs, i, dt_model_grads(s->model));  /* errors surface at finish */
+    dt_grad_sync_start(d->gs, i, dt_model_grads(s->model)); /* errors surface at finish */
 }
 
 static dt_status ddp_init(dt_strategy *s) { return dt_strategy_verify_replicas(s->comm, s->model); }
@@ -71,7 +71,7 @@ static void ddp_begin(dt_strategy *s, int64_t step) {
 static void ddp_ready(dt_strategy *s, size_t off, size_t n) {
     ddp *d = s->impl;
     (void)n;
-    dt_grad_sync_poll(d->gs);  /* buckets in flight move on to their next stage */
+    dt_grad_sync_poll(d->gs); /* buckets in flight move on to their next stage */
     /* layers arrive last to first, so bucket `next` is complete once its lowest layer is. The
      * last bucket (ending at offset 0) completes with backward itself: step() starts it */
     while (d->next < d->nb - 1 && off <= d->b[d->next].lo) {
@@ -87,7 +87,7 @@ static dt_status ddp_step(dt_strategy *s, float lr, float clip, dt_step_stats *s
     /* the wait starts before the last issue: the plain last bucket is allreduced blocking inside
      * issue() (compress_cast.c), and its time (with any wait for a slower peer) is communication */
     double t0 = dt_now();
-    while (d->next < d->nb) issue(s, d, d->next++);  /* any bucket the hook did not start, and the last */
+    while (d->next < d->nb) issue(s, d, d->next++); /* any bucket the hook did not start, and the last */
     dt_status first = DT_OK;
     for (int i = 0; i < d->nb; i++) {
         bucket *b = &d->b[i];
@@ -95,7 +95,7 @@ static dt_status ddp_step(dt_strategy *s, float lr, float clip, dt_step_stats *s
         if (r != DT_OK && first == DT_OK) first = r;
         if (s->trace) {
             char name[40];
-            const char *how = dt_grad_sync_compressor(d->gs)->name;  /* "allreduce b3", "topk b3" */
+            const char *how = dt_grad_sync_compressor(d->gs)->name; /* "allreduce b3", "topk b3" */
             snprintf(name, sizeof name, "%s b%d", strcmp(how, "none") ? how : "allreduce", i);
             dt_trace_add(s->trace, name, 1, b->t_issue, dt_now(), s->step);
         }
@@ -104,7 +104,7 @@ static dt_status ddp_step(dt_strategy *s, float lr, float clip, dt_step_stats *s
     st->buckets = d->nb;
     dt_grad_sync_stats gst = dt_grad_sync_step_stats(d->gs);
     dt_loss_scaler *ls = s->optim ? dt_optim_loss_scaler(s->optim) : NULL;
-    const float scale0 = ls ? ls->scale : 1.0f;  /* this step's gradients, and so its residual, carry it */
+    const float scale0 = ls ? ls->scale : 1.0f; /* this step's gradients, and so its residual, carry it */
     st->bytes_sent = gst.wire_bytes, st->bytes_raw = gst.raw_bytes, st->ef_norm = gst.ef_norm / scale0;
     if (first != DT_OK) return dt_error_wrap(first, "gradient allreduce");
     if (d->nbuf) {
@@ -114,7 +114,7 @@ static dt_status ddp_step(dt_strategy *s, float lr, float clip, dt_step_stats *s
     double t1 = dt_now();
     const int64_t skipped0 = ls ? ls->skipped : 0;
     dt_strategy_apply_update(s, lr, clip);
-    if (ls && (ls->skipped != skipped0 || ls->scale != scale0))  /* the error feedback is at the loss scale */
+    if (ls && (ls->skipped != skipped0 || ls->scale != scale0)) /* the error feedback is at the loss scale */
         dt_grad_sync_rescale_state(d->gs, ls->skipped != skipped0 ? 0.0f : ls->scale / scale0);
     if (s->trace) dt_trace_add(s->trace, "optimizer", 0, t1, dt_now(), s->step);
     return DT_OK;
@@ -137,8 +137,13 @@ static dt_status ddp_visit(dt_strategy *s, dt_state_visit_fn fn, void *ctx) {
     return dt_grad_sync_visit_state(((ddp *)s->impl)->gs, fn, ctx);
 }
 
-static const dt_strategy_ops ddp_ops = {.name = "ddp", .init = ddp_init, .begin_step = ddp_begin, .grad_ready = ddp_ready,
-                                        .step = ddp_step, .destroy = ddp_destroy, .sync = ddp_sync,
+static const dt_strategy_ops ddp_ops = {.name = "ddp",
+                                        .init = ddp_init,
+                                        .begin_step = ddp_begin,
+                                        .grad_ready = ddp_ready,
+                                        .step = ddp_step,
+                                        .destroy = ddp_destroy,
+                                        .sync = ddp_sync,
                                         .visit_state = ddp_visit};
 
 /* The gradient sync of d's buckets with compressor cs. */
@@ -149,8 +154,13 @@ static dt_status make_sync(dt_strategy *s, ddp *d, const dt_compress_spec *cs) {
         return dt_error(DT_ENOMEM, "ddp: out of memory");
     }
     for (int i = 0; i < d->nb; i++) lo[i] = d->b[i].lo, hi[i] = d->b[i].hi;
-    dt_grad_sync_config gc = {.comm = s->comm, .model = s->model, .n = dt_model_num_params(s->model), .lo = lo,
-                              .hi = hi, .nb = d->nb, .stage = dt_strategy_stage_device(s->comm, s->model)};
+    dt_grad_sync_config gc = {.comm = s->comm,
+                              .model = s->model,
+                              .n = dt_model_num_params(s->model),
+                              .lo = lo,
+                              .hi = hi,
+                              .nb = d->nb,
+                              .stage = dt_strategy_stage_device(s->comm, s->model)};
     dt_status st = dt_grad_sync_create(&d->gs, cs, &gc);
     free(lo), free(hi);
     return st;
@@ -174,7 +184,7 @@ dt_status dt_ddp_buckets(dt_model *m, double bucket_mb, dt_ddp_range **out, int 
     for (int i = nl - 1; i >= 0; i--) {
         const dt_param_info *t = dt_model_tensor(m, i);
         if (t->is_buffer) continue;
-        if (t->layer == last_layer) lo[nlo - 1] = t->offset;  /* weight precedes its bias */
+        if (t->layer == last_layer) lo[nlo - 1] = t->offset; /* weight precedes its bias */
         else lo[nlo++] = t->offset, last_layer = t->layer;
     }
     size_t hi = dt_model_num_params(m);
@@ -203,15 +213,15 @@ dt_status dt_ddp_buckets(dt_model *m, double bucket_mb, dt_ddp_range **out, int 
 static bool sharded_update(const dt_strategy *s, const ddp_opts *op) {
     if (op->update != UPDATE_AUTO) return op->update == UPDATE_SHARD;
     return !dt_strategy_stage_device(s->comm, s->model) && dt_compress_is_none(&op->compress) && s->optim &&
-           !dt_optim_loss_scaler(s->optim) &&
-           dt_comm_size(s->comm) > 1 && dt_comm_hosts(s->comm) == 1 && !dt_comm_hier_active(s->comm);
+           !dt_optim_loss_scaler(s->optim) && dt_comm_size(s->comm) > 1 && dt_comm_hosts(s->comm) == 1 &&
+           !dt_comm_hier_active(s->comm);
 }
 
 /* What update=auto chose and why, for the run's header (static text); NULL when update was given. */
 static const char *auto_choice(const dt_strategy *s, const ddp_opts *op, bool shard) {
     if (op->update != UPDATE_AUTO) return NULL;
     if (shard) return "update=shard (auto: the ranks share one host)";
-    if (dt_strategy_stage_device(s->comm, s->model))  /* same comm bytes; 2/N of a slab more across the device */
+    if (dt_strategy_stage_device(s->comm, s->model)) /* same comm bytes; 2/N of a slab more across the device */
         return "update=full (auto: the gradients are staged off the device; update=shard would move more)";
     if (!dt_compress_is_none(&op->compress)) return "update=full (auto: a compressor needs the allreduce)";
     if (s->optim && dt_optim_loss_scaler(s->optim)) return "update=full (auto: fp16 loss scaling skips whole steps)";
@@ -222,7 +232,7 @@ static const char *auto_choice(const dt_strategy *s, const ddp_opts *op, bool sh
 static dt_status ddp_create(dt_strategy *s, const void *opts) {
     const ddp_opts *op = opts;
     if (op->zero > 0) return dt_zero_create(s, op->bucket_mb, op->zero);
-    DT_TRY(dt_comm_set_hier(s->comm, op->allreduce));  /* collective: every rank creates ddp */
+    DT_TRY(dt_comm_set_hier(s->comm, op->allreduce)); /* collective: every rank creates ddp */
     const bool shard = sharded_update(s, op);
     if (shard) DT_TRY(dt_zero_create_update(s, op->bucket_mb));
     s->choice = auto_choice(s, op, shard);
@@ -242,7 +252,7 @@ static dt_status ddp_create(dt_strategy *s, const void *opts) {
     d->nbuf = dt_model_num_buffers(s->model);
     s->impl = d;
     s->ops = &ddp_ops;
-    s->sync_for_state_only = true;  /* the replicas are equal: only a checkpoint needs ddp_sync */
+    s->sync_for_state_only = true; /* the replicas are equal: only a checkpoint needs ddp_sync */
     st = make_sync(s, d, &op->compress);
     if (st != DT_OK) ddp_destroy(s);
     return st;
@@ -260,15 +270,19 @@ static dt_status ddp_set(void *opts, const char *key, const char *value) {
         static const char *const names[] = {"auto", "flat", "hier"};
         for (int i = 0; i < 3; i++)
             if (!strcmp(value, names[i])) return o->allreduce = (dt_comm_hier_mode)i, DT_OK;
-        return dt_error(DT_EINVAL, "`strategy` ddp: allreduce=%s: choose auto (hierarchical when the ranks span "
-                                   "hosts), flat or hier", value);
+        return dt_error(DT_EINVAL,
+                        "`strategy` ddp: allreduce=%s: choose auto (hierarchical when the ranks span "
+                        "hosts), flat or hier",
+                        value);
     }
     if (!strcmp(key, "update")) {
         for (int i = 0; i < 3; i++)
             if (!strcmp(value, update_names[i])) return o->update = (ddp_update)i, DT_OK;
-        return dt_error(DT_EINVAL, "`strategy` ddp: update=%s: choose auto (shard where the ranks share one host), "
-                                   "full (allreduce; every rank updates all) or shard (reduce-scatter, each rank "
-                                   "updates its part, allgather)", value);
+        return dt_error(DT_EINVAL,
+                        "`strategy` ddp: update=%s: choose auto (shard where the ranks share one host), "
+                        "full (allreduce; every rank updates all) or shard (reduce-scatter, each rank "
+                        "updates its part, allgather)",
+                        value);
     }
     if (!strcmp(key, "balance")) return dt_strategy_parse_balance("ddp", value, &o->balance);
     char *end;
@@ -298,14 +312,18 @@ static void ddp_format(const void *opts, char *out, size_t cap) {
 static dt_status ddp_check(const void *opts) {
     const ddp_opts *o = opts;
     if (o->zero > 0 && !dt_compress_is_none(&o->compress))
-        return dt_error(DT_EINVAL, "`strategy` ddp: zero=%d with compress: ZeRO reduce-scatters f32 gradients into "
-                                   "shards; drop `compress` or `zero`", o->zero);
+        return dt_error(DT_EINVAL,
+                        "`strategy` ddp: zero=%d with compress: ZeRO reduce-scatters f32 gradients into "
+                        "shards; drop `compress` or `zero`",
+                        o->zero);
     if (o->update == UPDATE_SHARD && !dt_compress_is_none(&o->compress))
         return dt_error(DT_EINVAL, "`strategy` ddp: update=shard with compress: the sharded update reduce-scatters "
                                    "f32 gradients; drop compress or use update=full");
     if (o->update == UPDATE_FULL && o->zero > 0)
-        return dt_error(DT_EINVAL, "`strategy` ddp: update=full with zero=%d: ZeRO updates each rank's shard; drop "
-                                   "update or zero", o->zero);
+        return dt_error(DT_EINVAL,
+                        "`strategy` ddp: update=full with zero=%d: ZeRO updates each rank's shard; drop "
+                        "update or zero",
+                        o->zero);
     return DT_OK;
 }
 
@@ -322,15 +340,22 @@ static bool ddp_balanced(const void *opts) { return ((const ddp_opts *)opts)->ba
 
 const dt_strategy_entry dt_strategy_ddp_entry = {
     .name = "ddp",
-    .options = "bucket_mb=MB,compress=C,allreduce=auto|flat|hier,zero=0|1|2|3,update=auto|full|shard,balance=static|dynamic",
+    .options =
+        "bucket_mb=MB,compress=C,allreduce=auto|flat|hier,zero=0|1|2|3,update=auto|full|shard,balance=static|dynamic",
     .help = "synchronous data parallel (the default with ranks): gradients averaged in buckets of MB as backward "
             "runs, sent as compressor C says (below); zero=1|2|3: ZeRO, shard the optimizer state, + gradients, + "
             "parameters; allreduce=hier: within each host, then across; update=shard: reduce-scatter, each rank "
-            "updates its part, allgather (auto: where the ranks share one host); balance=dynamic: ranks take batches by their "
+            "updates its part, allgather (auto: where the ranks share one host); balance=dynamic: ranks take batches "
+            "by their "
             "measured speed",
     .keys = "bucket_mb, compress, allreduce, zero, update, balance",
     .opts_size = sizeof(ddp_opts),
-    .defaults = ddp_defaults, .set = ddp_set, .check = ddp_check, .create = ddp_create, .format = ddp_format, .needs_comm = true,
+    .defaults = ddp_defaults,
+    .set = ddp_set,
+    .check = ddp_check,
+    .create = ddp_create,
+    .format = ddp_format,
+    .needs_comm = true,
     .device_neutral = true,
     .loss_scaling = true,
     .place = ddp_place,

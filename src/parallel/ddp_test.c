@@ -180,13 +180,13 @@ static void test_equivalence(void) {
             CHECK(m == n && n > 0);
             double d = dt_test_maxdiff(ind, got, n);
             printf("equivalence %s %s N=%d: %zu params in 3 buckets, max |reference x %d - %d workers x 8| = %.3g, "
-                   "|reference - trainer 1 worker| = %.3g\n", g_spec, dt_optim_name(opts[oi % 2]), N, n, 8 * N, N, d,
-                   d1);
+                   "|reference - trainer 1 worker| = %.3g\n",
+                   g_spec, dt_optim_name(opts[oi % 2]), N, n, 8 * N, N, d, d1);
             CHECK_MSG(d < 2e-5, "%d workers differ from the reference by %g", N, d);
             CHECK_MSG(d1 < 1e-6, "the 1-worker trainer differs from the reference by %g", d1);
         }
     }
-    g_spec = "ddp(bucket_mb=0.0005)";  /* the default update for the tests below */
+    g_spec = "ddp(bucket_mb=0.0005)"; /* the default update for the tests below */
 }
 
 static void test_determinism(void) {

@@ -79,7 +79,7 @@ static float g_ref[CAP], g_got[CAP];
 
 static void test_ddp(void) {
     run_cfg one = {.batch = 8, .accum = 1, .steps = 30},
-            two = {.strategy = "ddp(bucket_mb=0.01)", .batch = 4, .accum = 1, .steps = 30};  /* several buckets */
+            two = {.strategy = "ddp(bucket_mb=0.01)", .batch = 4, .accum = 1, .steps = 30}; /* several buckets */
     size_t n = 0;
     CHECK_OK(train(&one, NULL, g_ref, &n));
     char path[128], job[64];

@@ -19,12 +19,12 @@ struct dt_grad_sync {
     dt_gs_bucket *b;
     int64_t step;
     int rank, world;
-    size_t state_n;          /* error-feedback floats per rank */
-    float *host;             /* staging (cfg.stage): the host copy of the vector the buckets travel in */
-    float *state;            /* [world][state_n]; row `rank` is live */
+    size_t state_n; /* error-feedback floats per rank */
+    float *host;    /* staging (cfg.stage): the host copy of the vector the buckets travel in */
+    float *state;   /* [world][state_n]; row `rank` is live */
     dt_grad_sync_stats st;
     double ef_sq;
-    dt_status err;           /* the first failure of a stage this step, and its message */
+    dt_status err; /* the first failure of a stage this step, and its message */
     char err_msg[512];
 };
 
@@ -133,11 +133,11 @@ static void wait_advance(dt_grad_sync *g, dt_gs_bucket *b) {
 }
 
 void dt_grad_sync_start(dt_grad_sync *g, int i, float *x) {
-    for (int j = 0; j < i; j++)  /* PowerSGD's Q allreduce of earlier buckets, before this P */
+    for (int j = 0; j < i; j++) /* PowerSGD's Q allreduce of earlier buckets, before this P */
         while (g->b[j].stage > 0 && g->b[j].stage < stages(g) && !g->b[j].failed) wait_advance(g, &g->b[j]);
     dt_gs_bucket *b = &g->b[i];
     b->t_issue = dt_now();
-    if (g->cfg.stage) {  /* the comm does not take device memory: the bucket travels in a host copy */
+    if (g->cfg.stage) { /* the comm does not take device memory: the bucket travels in a host copy */
         dt_dev *d = g->cfg.stage;
         b->dev_x = x + b->lo, b->x = g->host + b->lo;
         d->ops->download(d, b->x, b->dev_x, (b->hi - b->lo) * sizeof(float));
@@ -196,7 +196,7 @@ void dt_grad_sync_rescale_state(dt_grad_sync *g, float factor) {
     }
     for (size_t i = 0; i < g->state_n; i++) {
         const float v = row[i] * factor;
-        row[i] = v - v == 0.0f ? v : 0.0f;  /* inf and NaN (v - v is NaN) go */
+        row[i] = v - v == 0.0f ? v : 0.0f; /* inf and NaN (v - v is NaN) go */
     }
 }
 
@@ -211,9 +211,13 @@ dt_status dt_grad_sync_visit_state(dt_grad_sync *g, dt_state_visit_fn fn, void *
     char name[64];
     snprintf(name, sizeof name, "compress.%s.state", g->c->name);
     size_t n = (size_t)g->world * g->state_n;
-    dt_state_piece p = {.name = name, .buf = {g->state, DT_F32, n, DT_DEVICE_CPU}, .ndim = 2,
-                        .shape = {g->world, (int64_t)g->state_n}, .numel = n, .is_optim = true,
-                        .host = true,  /* the compressors work on the staged host copy: so does their state */
+    dt_state_piece p = {.name = name,
+                        .buf = {g->state, DT_F32, n, DT_DEVICE_CPU},
+                        .ndim = 2,
+                        .shape = {g->world, (int64_t)g->state_n},
+                        .numel = n,
+                        .is_optim = true,
+                        .host = true, /* the compressors work on the staged host copy: so does their state */
                         .hint = g->c->state_hint ? g->c->state_hint
                                                  : "it is the `compress` error-feedback state of each rank; resume "
                                                    "with as many workers, the same `compress` and `bucket_mb`"};

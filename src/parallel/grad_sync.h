@@ -20,7 +20,7 @@ enum { DT_COMPRESS_OPTS_MAX = 48 };
 /* A compressor and its options, as "--compress" gives it: the registry entry and the options
  * struct of its own file (private to it; dt_grad_sync_opts hands it back to its functions). */
 typedef struct {
-    const dt_compressor *c;   /* dt_compress_none when the text gives none */
+    const dt_compressor *c; /* dt_compress_none when the text gives none */
     union {
         double align_;
         unsigned char bytes[DT_COMPRESS_OPTS_MAX];
@@ -59,14 +59,14 @@ bool dt_compress_num(const char **p, double lo, double hi, double *out);
 /* One bucket of a sync: the vector range [lo, hi) and where it stands. */
 typedef struct {
     size_t lo, hi;
-    float *x;            /* the values being synced, host memory the comm takes (set by dt_grad_sync_start) */
-    float *dev_x;        /* staging (cfg.stage): the bucket's device memory, x's source and destination */
-    dt_request *req;     /* the collective in flight, or NULL */
-    int stage;           /* 0 idle, 1.. stage in flight, DT_GS_DONE finished */
+    float *x;        /* the values being synced, host memory the comm takes (set by dt_grad_sync_start) */
+    float *dev_x;    /* staging (cfg.stage): the bucket's device memory, x's source and destination */
+    dt_request *req; /* the collective in flight, or NULL */
+    int stage;       /* 0 idle, 1.. stage in flight, DT_GS_DONE finished */
     bool failed;
-    bool last;           /* the last bucket: started once backward is done, nothing left to overlap */
+    bool last; /* the last bucket: started once backward is done, nothing left to overlap */
     double t_issue;
-    void *st;            /* the compressor's state of this bucket */
+    void *st; /* the compressor's state of this bucket */
 } dt_gs_bucket;
 #define DT_GS_DONE 1000
 
@@ -76,10 +76,10 @@ typedef struct dt_grad_sync dt_grad_sync;
  * help, option syntax and parser, and the stage functions of a bucket. */
 struct dt_compressor {
     const char *name;
-    const char *help;     /* what it sends, one line or more (--compress's help, the man page) */
-    const char *options;  /* the syntax of its options after "NAME:", e.g. "RATIO[:momentum=M]"; ""
-                           * when it takes none */
-    size_t opts_size;     /* its options struct, at most DT_COMPRESS_OPTS_MAX bytes (0: none) */
+    const char *help;    /* what it sends, one line or more (--compress's help, the man page) */
+    const char *options; /* the syntax of its options after "NAME:", e.g. "RATIO[:momentum=M]"; ""
+                          * when it takes none */
+    size_t opts_size;    /* its options struct, at most DT_COMPRESS_OPTS_MAX bytes (0: none) */
     /* Parses args (the text after "NAME:", "" for NAME alone) into opts (zeroed), defaults
      * included; DT_EINVAL through dt_compress_bad(text, why). NULL: it takes no options. */
     dt_status (*parse)(const char *text, const char *args, void *opts);
@@ -88,8 +88,8 @@ struct dt_compressor {
     /* The advice when a checkpoint's error-feedback state does not fit this run; NULL: the common
      * one (as many workers, the same --compress and --bucket-mb). */
     const char *state_hint;
-    int stages;           /* collectives per bucket (0 = 1). Stage s+1 of a bucket is issued when the
-                           * next bucket starts or at finish: the same order on every rank. */
+    int stages; /* collectives per bucket (0 = 1). Stage s+1 of a bucket is issued when the
+                 * next bucket starts or at finish: the same order on every rank. */
     /* Allocates b->st for bucket b; *state_floats gets the error-feedback floats it keeps. */
     dt_status (*bucket_init)(dt_grad_sync *g, dt_gs_bucket *b, size_t *state_floats);
     void (*bucket_free)(dt_gs_bucket *b);
@@ -107,9 +107,9 @@ struct dt_compressor {
 /* What the sync of one vector needs to know about it. */
 typedef struct {
     dt_comm *comm;
-    dt_model *model;         /* tensor table (shapes, for PowerSGD) */
-    size_t n;                /* floats in the vector */
-    const size_t *lo, *hi;   /* nb bucket ranges */
+    dt_model *model;       /* tensor table (shapes, for PowerSGD) */
+    size_t n;              /* floats in the vector */
+    const size_t *lo, *hi; /* nb bucket ranges */
     int nb;
     /* The device of the vector when the comm does not take its memory (dt_strategy_stage_device),
      * else NULL: each bucket is downloaded into a host buffer of the sync's own at start, travels
@@ -120,11 +120,11 @@ typedef struct {
 
 /* Per-step figures, summed over the buckets. */
 typedef struct {
-    double payload_bytes;    /* bytes this rank handed to the collectives */
-    double wire_bytes;       /* bytes this rank sends with bandwidth-optimal algorithms (ring) */
-    double raw_bytes;        /* f32 bytes a plain allreduce would have handed over */
-    double ef_norm;          /* L2 norm of this rank's error-feedback residual after the step, as kept
-                              * (fp16: at the loss scale; dt_step_stats.ef_norm divides it out) */
+    double payload_bytes; /* bytes this rank handed to the collectives */
+    double wire_bytes;    /* bytes this rank sends with bandwidth-optimal algorithms (ring) */
+    double raw_bytes;     /* f32 bytes a plain allreduce would have handed over */
+    double ef_norm;       /* L2 norm of this rank's error-feedback residual after the step, as kept
+                           * (fp16: at the loss scale; dt_step_stats.ef_norm divides it out) */
 } dt_grad_sync_stats;
 
 /* Creates the sync of spec for cfg, with spec->c's functions. */

@@ -27,28 +27,28 @@
 
 /* localsgd's options: "localsgd(sync_every=H)". */
 typedef struct {
-    int sync_every;    /* local steps between model averages, >= 1 (default 8) */
-    dt_compress_spec compress;  /* how the average travels (default none: the f32 parameters) */
-    bool balance;      /* balance=dynamic: the trainer cuts each global batch by the ranks' speed */
+    int sync_every;            /* local steps between model averages, >= 1 (default 8) */
+    dt_compress_spec compress; /* how the average travels (default none: the f32 parameters) */
+    bool balance;              /* balance=dynamic: the trainer cuts each global batch by the ranks' speed */
 } localsgd_opts;
 
 typedef struct {
     int H;
-    int64_t since;     /* local steps since the last average */
-    int64_t samples;   /* samples since the last average (this rank) */
-    float *flat;       /* params + buffers for the allreduce */
+    int64_t since;   /* local steps since the last average */
+    int64_t samples; /* samples since the last average (this rank) */
+    float *flat;     /* params + buffers for the allreduce */
     size_t np, nb;
-    dt_grad_sync *gs;  /* with compression: the delta's sync; else NULL */
-    float *anchor;     /* with compression: the last common model */
-    int64_t avgs;      /* averages done (the sync's step counter) */
-    bool anchored;     /* anchor taken from the model (at the first step: after a resume's restore) */
-    dt_dev *dev;       /* the model's device when averages are staged through host memory, else NULL */
-    dt_dev *mdev;      /* the model's device (cpu included): get and put */
+    dt_grad_sync *gs; /* with compression: the delta's sync; else NULL */
+    float *anchor;    /* with compression: the last common model */
+    int64_t avgs;     /* averages done (the sync's step counter) */
+    bool anchored;    /* anchor taken from the model (at the first step: after a resume's restore) */
+    dt_dev *dev;      /* the model's device when averages are staged through host memory, else NULL */
+    dt_dev *mdev;     /* the model's device (cpu included): get and put */
 } localsgd;
 
 /* n floats of model memory src into host memory dst (downloaded from a staged device). */
 static void get(const localsgd *l, float *dst, const float *src, size_t n) {
-    l->mdev->ops->download(l->mdev, dst, src, n * sizeof(float));  /* the cpu device's is a memcpy */
+    l->mdev->ops->download(l->mdev, dst, src, n * sizeof(float)); /* the cpu device's is a memcpy */
 }
 
 /* n floats of host memory src into model memory dst (uploaded to a staged device). */
@@ -72,7 +72,7 @@ static void lsgd_ready(dt_strategy *s, size_t off, size_t n) { (void)s, (void)of
 static dt_status average_compressed(dt_strategy *s, float w) {
     localsgd *l = s->impl;
     float *p = dt_model_params(s->model), *buf = dt_model_buffers(s->model);
-    float *hp = l->dev ? l->flat : p, *hb = l->dev ? l->flat + l->np : buf;  /* the host view */
+    float *hp = l->dev ? l->flat : p, *hb = l->dev ? l->flat + l->np : buf; /* the host view */
     if (l->dev) get(l, hp, p, l->np);
     for (size_t i = 0; i < l->np; i++) l->flat[i] = w * (hp[i] - l->anchor[i]);
     dt_grad_sync_begin_step(l->gs, l->avgs++);
@@ -124,7 +124,7 @@ static dt_status lsgd_step(dt_strategy *s, float lr, float clip, dt_step_stats *
     localsgd *l = s->impl;
     memset(st, 0, sizeof *st);
     float *g = dt_model_grads(s->model);
-    if (clip > 0) s->cur.grad_norm = dt_optim_clip_grad_norm(s->optim, g, l->np, clip);  /* on its device */
+    if (clip > 0) s->cur.grad_norm = dt_optim_clip_grad_norm(s->optim, g, l->np, clip); /* on its device */
     if (s->cur.n > 0) dt_optim_step(s->optim, dt_model_params(s->model), g, lr);
     l->since++;
     l->samples += s->cur.n;
@@ -162,16 +162,21 @@ static void lsgd_destroy(dt_strategy *s) {
     s->impl = NULL;
 }
 
-static const dt_strategy_ops lsgd_ops = {.name = "localsgd", .init = lsgd_init, .begin_step = lsgd_begin,
-                                         .grad_ready = lsgd_ready, .step = lsgd_step, .destroy = lsgd_destroy,
-                                         .sync = lsgd_sync, .visit_state = lsgd_visit};
+static const dt_strategy_ops lsgd_ops = {.name = "localsgd",
+                                         .init = lsgd_init,
+                                         .begin_step = lsgd_begin,
+                                         .grad_ready = lsgd_ready,
+                                         .step = lsgd_step,
+                                         .destroy = lsgd_destroy,
+                                         .sync = lsgd_sync,
+                                         .visit_state = lsgd_visit};
 
 /* With compression: the delta's sync (one bucket over the parameters) and the common model. */
 static dt_status make_sync(dt_strategy *s, localsgd *l, const dt_compress_spec *cs) {
     if (dt_compress_is_none(cs)) return DT_OK;
     l->anchor = dt_alloc(l->np * sizeof(float));
     if (!l->anchor) return dt_error(DT_ENOMEM, "localsgd: out of memory for %zu parameters", l->np);
-    get(l, l->anchor, dt_model_params(s->model), l->np);  /* init verifies they agree */
+    get(l, l->anchor, dt_model_params(s->model), l->np); /* init verifies they agree */
     size_t lo = 0, hi = l->np;
     dt_grad_sync_config gc = {.comm = s->comm, .model = s->model, .n = l->np, .lo = &lo, .hi = &hi, .nb = 1};
     return dt_grad_sync_create(&l->gs, cs, &gc);
@@ -237,9 +242,17 @@ static void lsgd_format(const void *opts, char *out, size_t cap) {
 static bool lsgd_balanced(const void *opts) { return ((const localsgd_opts *)opts)->balance; }
 
 const dt_strategy_entry dt_strategy_localsgd_entry = {
-    .name = "localsgd", .options = "sync_every=H,compress=C,balance=static|dynamic",
+    .name = "localsgd",
+    .options = "sync_every=H,compress=C,balance=static|dynamic",
     .help = "local SGD: each rank steps on its own, the models are averaged every H steps (the difference sent as "
             "compressor C says); balance=dynamic: ranks take batches by their measured speed",
-    .keys = "sync_every, compress, balance", .opts_size = sizeof(localsgd_opts),
-    .defaults = lsgd_defaults, .set = lsgd_set, .check = lsgd_check, .create = lsgd_create, .format = lsgd_format,
-    .needs_comm = true, .device_neutral = true, .balanced = lsgd_balanced};
+    .keys = "sync_every, compress, balance",
+    .opts_size = sizeof(localsgd_opts),
+    .defaults = lsgd_defaults,
+    .set = lsgd_set,
+    .check = lsgd_check,
+    .create = lsgd_create,
+    .format = lsgd_format,
+    .needs_comm = true,
+    .device_neutral = true,
+    .balanced = lsgd_balanced};

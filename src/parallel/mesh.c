@@ -17,7 +17,9 @@ void dt_mesh_data_part(int rank, int size, int tp, int pp, int *data_rank, int *
     *data_world = size / (tp * pp);
 }
 
-int dt_mesh_rank(int tp, int pp, int tp_rank, int pp_rank, int dp_rank) { return (dp_rank * pp + pp_rank) * tp + tp_rank; }
+int dt_mesh_rank(int tp, int pp, int tp_rank, int pp_rank, int dp_rank) {
+    return (dp_rank * pp + pp_rank) * tp + tp_rank;
+}
 
 /* "1, 2 or 4": the divisors of n. */
 static void divisors(int n, char *out, size_t cap) {
@@ -33,8 +35,10 @@ dt_status dt_mesh_create(dt_mesh *m, dt_comm *world, int tp, int pp) {
     if (tp < 1 || pp < 1 || size % (tp * pp) != 0) {
         char ok[256];
         divisors(size, ok, sizeof ok);
-        return dt_error(DT_EINVAL, "`tp` %d x `pp` %d = %d ranks per model copy must divide the world size %d (the rest "
-                        "are data parallel); tp x pp may be %s", tp, pp, tp * pp, size, ok);
+        return dt_error(DT_EINVAL,
+                        "`tp` %d x `pp` %d = %d ranks per model copy must divide the world size %d (the rest "
+                        "are data parallel); tp x pp may be %s",
+                        tp, pp, tp * pp, size, ok);
     }
     m->tp = tp, m->pp = pp, m->dp = size / (tp * pp);
     dt_mesh_coords(rank, tp, pp, &m->tp_rank, &m->pp_rank, &m->dp_rank);

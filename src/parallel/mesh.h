@@ -10,9 +10,9 @@
 #include "dtrain/comm.h"
 
 typedef struct {
-    int tp, pp, dp;                 /* axis sizes; tp * pp * dp = the world size */
-    int tp_rank, pp_rank, dp_rank;  /* this rank's coordinates */
-    dt_comm *tp_comm, *pp_comm, *dp_comm;  /* owned; NULL only for a world of one process */
+    int tp, pp, dp;                       /* axis sizes; tp * pp * dp = the world size */
+    int tp_rank, pp_rank, dp_rank;        /* this rank's coordinates */
+    dt_comm *tp_comm, *pp_comm, *dp_comm; /* owned; NULL only for a world of one process */
 } dt_mesh;
 
 /* This rank's coordinates in a mesh of tp x pp (dp = the rest) from its world rank. */

@@ -112,16 +112,24 @@ static void test_pp_zero(dt_model *m) {
     for (int r = 0; r < 4; r++) {
         const double own = (double)pp_owned(m, r % 2), half = 4.0 * own / 2, slack = 65536;
         printf("dp2 x pp2 rank %d (stage %d, %.0f parameters): held after a step zero=1 %zu, zero=2 %zu, zero=3 %zu "
-               "bytes (steps of ~%.0f); peak %zu, %zu, %zu\n", r, r % 2, own, h1[r], h2[r], h3[r], half, p1[r], p2[r],
-               p3[r]);
-        CHECK_MSG((double)h1[r] - (double)h2[r] >= half - slack, "pp zero=2 rank %d holds %zu bytes after a step, "
-                  "zero=1 %zu: the gradient pages were not given back", r, h2[r], h1[r]);
-        CHECK_MSG((double)p2[r] <= (double)p1[r] + half + slack, "pp zero=2 rank %d peak %zu above zero=1's %zu + the "
-                  "shard", r, p2[r], p1[r]);
-        CHECK_MSG((double)h2[r] - (double)h3[r] >= half - 4 * slack, "pp zero=3 rank %d holds %zu bytes after a step, "
-                  "zero=2 %zu: the parameter pages were not given back", r, h3[r], h2[r]);
-        CHECK_MSG((double)p3[r] <= (double)p2[r] - half / 2, "pp zero=3 rank %d peak %zu not below zero=2's %zu by "
-                  "a quarter of its parameters", r, p3[r], p2[r]);
+               "bytes (steps of ~%.0f); peak %zu, %zu, %zu\n",
+               r, r % 2, own, h1[r], h2[r], h3[r], half, p1[r], p2[r], p3[r]);
+        CHECK_MSG((double)h1[r] - (double)h2[r] >= half - slack,
+                  "pp zero=2 rank %d holds %zu bytes after a step, "
+                  "zero=1 %zu: the gradient pages were not given back",
+                  r, h2[r], h1[r]);
+        CHECK_MSG((double)p2[r] <= (double)p1[r] + half + slack,
+                  "pp zero=2 rank %d peak %zu above zero=1's %zu + the "
+                  "shard",
+                  r, p2[r], p1[r]);
+        CHECK_MSG((double)h2[r] - (double)h3[r] >= half - 4 * slack,
+                  "pp zero=3 rank %d holds %zu bytes after a step, "
+                  "zero=2 %zu: the parameter pages were not given back",
+                  r, h3[r], h2[r]);
+        CHECK_MSG((double)p3[r] <= (double)p2[r] - half / 2,
+                  "pp zero=3 rank %d peak %zu not below zero=2's %zu by "
+                  "a quarter of its parameters",
+                  r, p3[r], p2[r]);
     }
 }
 
@@ -148,14 +156,15 @@ static size_t tppp_owned(dt_model *m, int k) {
     return tp_owned_of(m, used);
 }
 
-static void check_rank(const char *what, int r, size_t peak, size_t owned, size_t act, size_t whole_peak,
-                       double below, double slack) {
+static void check_rank(const char *what, int r, size_t peak, size_t owned, size_t act, size_t whole_peak, double below,
+                       double slack) {
     const double bound = 16.0 * (double)owned + (double)act + slack;
     printf("%s rank %d: charged peak %zu bytes, bound 16 x %zu owned + %zu activations + %.0f KiB = %.0f; 1 worker "
-           "%zu\n", what, r, peak, owned, act, slack / 1024, bound, whole_peak);
+           "%zu\n",
+           what, r, peak, owned, act, slack / 1024, bound, whole_peak);
     CHECK_MSG(peak > 0 && (double)peak <= bound, "%s rank %d: peak %zu above the bound %.0f", what, r, peak, bound);
-    CHECK_MSG((double)peak < (double)whole_peak * below, "%s rank %d: peak %zu is not below %.2f of 1 worker's %zu", what,
-              r, peak, below, whole_peak);
+    CHECK_MSG((double)peak < (double)whole_peak * below, "%s rank %d: peak %zu is not below %.2f of 1 worker's %zu",
+              what, r, peak, below, whole_peak);
 }
 
 int main(void) {
@@ -169,7 +178,7 @@ int main(void) {
     CHECK(measure("pp(stages=2)", 2, "pp", pp));
     CHECK(measure("tp(tp=2)", 2, "tp", tp));
     CHECK(measure("pp(stages=2,tp=2)", 4, "tppp", tppp));
-    dt_model *m = NULL;  /* built after the forks: its own charge stays out of their peaks */
+    dt_model *m = NULL; /* built after the forks: its own charge stays out of their peaks */
     CHECK_OK(dt_model_build(&m, GPT, 0, 0, 0));
     if (m) {
         const size_t P = dt_model_num_params(m), act = dt_model_activation_bytes(m, BATCH);
@@ -178,16 +187,18 @@ int main(void) {
         for (int r = 0; r < 2; r++) check_rank("pp2", r, pp[r], pp_owned(m, r), act, one[0], 0.75, 1048576);
         for (int r = 0; r < 2; r++) check_rank("tp2", r, tp[r], tp_owned(m), act, one[0], 0.75, 1048576);
         dt_gpt_config g;
-        dt_model *shard = NULL;  /* laid out unplaced: nothing written */
+        dt_model *shard = NULL; /* laid out unplaced: nothing written */
         CHECK_OK(dt_gpt_parse(GPT, &g));
         CHECK_OK(dt_gpt_create_sharded_unplaced(&shard, &g, 2));
         const size_t sact = shard ? dt_model_activation_bytes(shard, BATCH / 2) : 0;
         dt_model_destroy(shard);
-        for (int r = 0; r < 4; r++) {  /* rank = stage * 2 + tp index */
+        for (int r = 0; r < 4; r++) { /* rank = stage * 2 + tp index */
             check_rank("tp2 x pp2", r, tppp[r], tppp_owned(m, r / 2), sact, one[0], 0.5, 65536);
             for (int q = 0; q < 2; q++)
-                CHECK_MSG(tppp[r] < pp[q] && tppp[r] < tp[q], "tp2 x pp2 rank %d: peak %zu not below pp2 rank %d's "
-                          "%zu and tp2 rank %d's %zu", r, tppp[r], q, pp[q], q, tp[q]);
+                CHECK_MSG(tppp[r] < pp[q] && tppp[r] < tp[q],
+                          "tp2 x pp2 rank %d: peak %zu not below pp2 rank %d's "
+                          "%zu and tp2 rank %d's %zu",
+                          r, tppp[r], q, pp[q], q, tp[q]);
         }
         /* --dry-run's plan (run/memplan.c) counts the same parameters per rank */
         const dt_optim_config oc = dt_optim_defaults(DT_OPTIM_ADAM);
@@ -195,8 +206,8 @@ int main(void) {
             dt_mem_plan pl;
             dt_mem_layout lp = {.dp = 1, .tp = 1, .pp = 2, .microbatches = 2, .batch = BATCH};
             CHECK_OK(dt_mem_plan_rank(m, &oc, &lp, r, &pl));
-            CHECK_MSG(pl.params == 4.0 * (double)pp_owned(m, r), "pp2 rank %d: plan %.0f bytes, owned %zu", r, pl.params,
-                      pp_owned(m, r));
+            CHECK_MSG(pl.params == 4.0 * (double)pp_owned(m, r), "pp2 rank %d: plan %.0f bytes, owned %zu", r,
+                      pl.params, pp_owned(m, r));
             dt_mem_layout lt = {.dp = 1, .tp = 2, .pp = 1, .microbatches = 1, .batch = BATCH};
             CHECK_OK(dt_mem_plan_rank(m, &oc, &lt, r, &pl));
             CHECK_MSG(pl.params == 4.0 * (double)tp_owned(m), "tp2 rank %d: plan %.0f bytes, owned %zu", r, pl.params,

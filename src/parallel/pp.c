@@ -39,7 +39,7 @@ static dt_status pp_init(dt_strategy *s) {
         DT_TRY(dt_pp_zero_shard(p));
         if (p->o.zero >= 3) DT_TRY(dt_pp_zero3_setup(p));
     }
-    if (p->seg_of) dt_pp_zero3_release_all(p);  /* ZeRO-3: from here each rank holds its chunks */
+    if (p->seg_of) dt_pp_zero3_release_all(p); /* ZeRO-3: from here each rank holds its chunks */
     return DT_OK;
 }
 
@@ -47,7 +47,7 @@ static dt_status pp_init(dt_strategy *s) {
  * them. A failure (out of memory for the ranges) leaves them whole: more held, nothing wrong. */
 static void narrow(dt_strategy *s, dt_pp *p) {
     static const dt_range none = {0, 0};
-    if (p->on_dev) return;  /* whole on the device: nothing to narrow */
+    if (p->on_dev) return; /* whole on the device: nothing to narrow */
     if (!p->widened || dt_model_place(s->model, p->own ? p->own : &none, p->nown) != DT_OK) return;
     if (s->optim && p->rank == 0 && dt_optim_place(s->optim, &none, 0) != DT_OK) return;
     p->widened = p->whole = false;
@@ -56,8 +56,8 @@ static void narrow(dt_strategy *s, dt_pp *p) {
 static void pp_begin(dt_strategy *s, int64_t step) {
     s->step = step;
     narrow(s, s->impl);
-    dt_pp_zero_uncollect(s->impl);  /* a sync's whole segment moments (ZeRO-1) back to the shards */
-    if (((dt_pp *)s->impl)->zfull) dt_pp_zero3_release_all(s->impl);  /* and its gathered parameters (ZeRO-3) */
+    dt_pp_zero_uncollect(s->impl); /* a sync's whole segment moments (ZeRO-1) back to the shards */
+    if (((dt_pp *)s->impl)->zfull) dt_pp_zero3_release_all(s->impl); /* and its gathered parameters (ZeRO-3) */
 }
 static void pp_ready(dt_strategy *s, size_t off, size_t n) { (void)s, (void)off, (void)n; }
 static dt_status pp_step_unused(dt_strategy *s, float lr, float clip, dt_step_stats *st) {
@@ -79,17 +79,20 @@ float *dt_pp_seg_state(dt_pp *p, int i, size_t off) {
 }
 
 /* Checkpoints (and evaluation under ZeRO-3) read the whole model on every rank (not streamed yet;
- * evaluation otherwise runs on the stages, pp_eval.c): the model is placed whole for them (rank 0's optimizer too, which writes the checkpoints), charged against
+ * evaluation otherwise runs on the stages, pp_eval.c): the model is placed whole for them (rank 0's optimizer too,
+ * which writes the checkpoints), charged against
  * --mem-limit, and narrowed again at the next step. */
 static dt_status widen(dt_strategy *s, dt_pp *p) {
-    if (p->on_dev) return DT_OK;  /* the device holds the whole model (and rank 0's optimizer) */
+    if (p->on_dev) return DT_OK; /* the device holds the whole model (and rank 0's optimizer) */
     dt_status st = dt_model_place(s->model, NULL, 0);
     if (st == DT_OK && s->optim && p->rank == 0) st = dt_optim_place(s->optim, NULL, 0);
-    p->widened = true;  /* narrow() puts back whatever was placed */
+    p->widened = true; /* narrow() puts back whatever was placed */
     if (st != DT_OK)
-        return dt_error_wrap(st, "pipeline stage %d (rank %d): checkpoints (and with `zero` 3 evaluation) gather the "
+        return dt_error_wrap(st,
+                             "pipeline stage %d (rank %d): checkpoints (and with `zero` 3 evaluation) gather the "
                              "whole model on every stage (rank 0 also its optimizer state); run without `save`, "
-                             "`save_weights` and `checkpoint_every`, or raise `mem_limit`", p->stage, p->rank);
+                             "`save_weights` and `checkpoint_every`, or raise `mem_limit`",
+                             p->stage, p->rank);
     return DT_OK;
 }
 
@@ -97,10 +100,10 @@ static dt_status widen(dt_strategy *s, dt_pp *p) {
 static dt_status pp_sync(dt_strategy *s) {
     dt_pp *p = s->impl;
     dt_model *m = s->model;
-    if (p->o.zero && p->DP > 1) DT_TRY(dt_pp_zero_collect(p));  /* DP rank 0: whole segment moments */
-    if (p->seg_of) DT_TRY(dt_pp_zero3_gather_all(p));  /* ZeRO-3: the stage's whole parameters */
+    if (p->o.zero && p->DP > 1) DT_TRY(dt_pp_zero_collect(p)); /* DP rank 0: whole segment moments */
+    if (p->seg_of) DT_TRY(dt_pp_zero3_gather_all(p));          /* ZeRO-3: the stage's whole parameters */
     DT_TRY(widen(s, p));
-    if (p->tp > 1) {  /* the stages' shards gathered into the whole model */
+    if (p->tp > 1) { /* the stages' shards gathered into the whole model */
         DT_TRY(dt_pp_tp_sync(s));
         p->whole = p->rank == 0;
         return DT_OK;
@@ -114,7 +117,7 @@ static dt_status pp_sync(dt_strategy *s) {
             return dt_error_wrap(st, "pipeline stage %d (rank %d): gathering tensor %s from stage %d", p->stage,
                                  p->rank, ti->name, dt_pp_owner_stage(p, t));
     }
-moments:  /* to the rank that writes checkpoints, rank 0 (stage 0 of pipeline 0) */
+moments: /* to the rank that writes checkpoints, rank 0 (stage 0 of pipeline 0) */
     for (int t = 0; p->dp_i == 0 && t < dt_model_num_tensors(m); t++) {
         const dt_param_info *ti = dt_model_tensor(m, t);
         const int own = dt_pp_owner_stage(p, t);
@@ -149,7 +152,7 @@ static void pp_destroy(dt_strategy *s) {
     if (p->seg_of && p->m) dt_model_set_node_hooks(p->m, NULL, NULL, NULL), dt_model_set_backward_hook(p->m, NULL);
     free(p->share), free(p->seg_of);
     dt_free(p->host);
-    if (p->on_dev) p->dev->ops->free(p->dev, p->gsh);  /* ZeRO-2's shard: a device block there */
+    if (p->on_dev) p->dev->ops->free(p->dev, p->gsh); /* ZeRO-2's shard: a device block there */
     else dt_free(p->gsh);
     if (p->dev) {
         void *blocks[] = {p->dloss, p->dgin, p->dss};
@@ -169,7 +172,7 @@ static void pp_report(dt_strategy *s, char *out, size_t cap) {
     dt_pp *p = s->impl;
     double v[3] = {p->bubble_steps ? p->bubble_sum / (double)p->bubble_steps : 0, (double)p->bytes_sent,
                    (double)p->peak_inflight * (double)p->mb_bytes};
-    double mx[2] = {v[2], (double)p->peak_inflight}, tb[2] = {0, 0};  /* tb: the stages' tp block bytes, ops */
+    double mx[2] = {v[2], (double)p->peak_inflight}, tb[2] = {0, 0}; /* tb: the stages' tp block bytes, ops */
     if (p->hooks) {
         dt_tp_counters tc = {0};
         dt_tp_hooks_counters(p->hooks, &tc);
@@ -187,12 +190,13 @@ static void pp_report(dt_strategy *s, char *out, size_t cap) {
     if (p->K == 1) all[0] = rss;
     else if (dt_comm_allgather(p->pp, &rss, all, 1, DT_F64) != DT_OK)
         for (int i = 0; i < p->K; i++) all[i] = -1;
-    int k = snprintf(out, cap, ", \"pp\": {\"stages\": %d, \"tp\": %d, \"microbatches\": %d, \"schedule\": \"%s\", "
+    int k = snprintf(out, cap,
+                     ", \"pp\": {\"stages\": %d, \"tp\": %d, \"microbatches\": %d, \"schedule\": \"%s\", "
                      "\"bubble\": %.4f, \"bubble_ideal\": %.4f, \"bytes_sent\": %.0f, \"peak_inflight\": %.0f, "
-                     "\"peak_act_bytes\": %.0f, \"tp_block_bytes\": %.0f, \"tp_block_ops\": %.0f, \"cut\": [", p->K,
-                     p->tp, p->o.microbatches, dt_pp_schedule_name(p->o.schedule), v[0] / p->K,
+                     "\"peak_act_bytes\": %.0f, \"tp_block_bytes\": %.0f, \"tp_block_ops\": %.0f, \"cut\": [",
+                     p->K, p->tp, p->o.microbatches, dt_pp_schedule_name(p->o.schedule), v[0] / p->K,
                      (double)(p->K - 1) / (p->o.microbatches + p->K - 1), v[1], mx[1], mx[0], tb[0], tb[1]);
-    for (int i = 1; i < p->K && k > 0 && (size_t)k < cap; i++)  /* the cut: first node of stages 1.. */
+    for (int i = 1; i < p->K && k > 0 && (size_t)k < cap; i++) /* the cut: first node of stages 1.. */
         k += snprintf(out + k, cap - (size_t)k, "%s%d", i > 1 ? ", " : "", p->first[i]);
     if (k > 0 && (size_t)k < cap) k += snprintf(out + k, cap - (size_t)k, "], \"rss_mb\": [");
     double top = 0;
@@ -213,9 +217,10 @@ static void pp_axis_bytes(dt_strategy *s, uint64_t bytes[3]) {
     bytes[2] = dt_comm_bytes(p->dp, NULL);
 }
 
-#define PP_OPS .name = "pp", .train_step = dt_pp_train_step, .init = pp_init, .begin_step = pp_begin, \
-               .grad_ready = pp_ready, .step = pp_step_unused, .destroy = pp_destroy, .sync = pp_sync, \
-               .report = pp_report, .axis_bytes = pp_axis_bytes, .eval_batch = dt_pp_eval_batch
+#define PP_OPS                                                                                                        \
+    .name = "pp", .train_step = dt_pp_train_step, .init = pp_init, .begin_step = pp_begin, .grad_ready = pp_ready,    \
+    .step = pp_step_unused, .destroy = pp_destroy, .sync = pp_sync, .report = pp_report, .axis_bytes = pp_axis_bytes, \
+    .eval_batch = dt_pp_eval_batch
 static const dt_strategy_ops pp_ops = {PP_OPS};
 /* tp x pp: the stage's shards are state only the strategy holds (a resume restores them in place) */
 static const dt_strategy_ops pp_tp_ops = {PP_OPS, .visit_state = dt_pp_tp_visit_state};
@@ -280,17 +285,17 @@ static dt_status make_segments(dt_strategy *s, dt_pp *p) {
     dt_model *m = p->m;
     const int nt = dt_model_num_tensors(m);
     if (!(p->seg = calloc((size_t)nt + 1, sizeof *p->seg))) return dt_error(DT_ENOMEM, "pp: out of memory");
-    for (int t = 0; t < nt; t++) {  /* tensors are laid out in table order, so offsets increase */
+    for (int t = 0; t < nt; t++) { /* tensors are laid out in table order, so offsets increase */
         const dt_param_info *ti = dt_model_tensor(m, t);
         if (ti->is_buffer || !(p->users[t] >> p->stage & 1) || ti->numel == 0) continue;
-        const bool merge = p->o.zero < 3 || p->DP == 1;  /* ZeRO-3: one per tensor, gathered by its nodes */
+        const bool merge = p->o.zero < 3 || p->DP == 1; /* ZeRO-3: one per tensor, gathered by its nodes */
         if (merge && p->nseg && p->seg[p->nseg - 1].hi == ti->offset) p->seg[p->nseg - 1].hi += ti->numel;
         else p->seg[p->nseg++] = (dt_pp_segment){.lo = ti->offset, .hi = ti->offset + ti->numel};
     }
     for (int g = 0; g < p->nseg && s->optim; g++) {
         dt_pp_segment *sg = &p->seg[g];
         DT_TRY(dt_optim_create(&sg->opt, dt_optim_config_of(s->optim), sg->hi - sg->lo));
-        DT_TRY(dt_optim_set_device(sg->opt, p->dev));  /* its moments beside the model's memory */
+        DT_TRY(dt_optim_set_device(sg->opt, p->dev)); /* its moments beside the model's memory */
         dt_optim_set_steps(sg->opt, dt_optim_steps(s->optim));
         for (int i = 0; m == s->model && i < dt_optim_num_states(s->optim); i++)
             p->dev->ops->copy(p->dev, dt_optim_state(sg->opt, i, NULL), dt_optim_state(s->optim, i, NULL) + sg->lo,
@@ -312,7 +317,7 @@ static dt_status make_comms(dt_strategy *s, dt_pp *p) {
     DT_TRY(dt_comm_split(p->pp, 0, p->stage, &p->data));
     /* a tensor that several stages use (a tied embedding): its users sum its gradient among
      * themselves (the other stages hold no memory for it) */
-    const int nt = dt_model_num_tensors(p->m);  /* users[] is per tensor of the stage model */
+    const int nt = dt_model_num_tensors(p->m); /* users[] is per tensor of the stage model */
     if (!(p->share = calloc((size_t)nt + 1, sizeof *p->share))) return dt_error(DT_ENOMEM, "pp: out of memory");
     for (int t = 0; t < nt; t++)
         if (!dt_model_tensor(p->m, t)->is_buffer && (p->users[t] & (p->users[t] - 1)))
@@ -325,8 +330,10 @@ static dt_status place(dt_strategy *s, dt_pp *p) {
     const int world = dt_comm_size(s->comm);
     p->tp = p->o.tp > 0 ? p->o.tp : 1;
     if (p->tp == 1 && world % p->K)
-        return dt_error(DT_EINVAL, "`pp` %d: the job has %d ranks, not a multiple of %d; start K x DP ranks (e.g. "
-                        "`workers` %d)", p->K, world, p->K, p->K);
+        return dt_error(DT_EINVAL,
+                        "`pp` %d: the job has %d ranks, not a multiple of %d; start K x DP ranks (e.g. "
+                        "`workers` %d)",
+                        p->K, world, p->K, p->K);
     DT_TRY(dt_mesh_create(&p->mesh, s->comm, p->tp, p->K));
     p->DP = p->mesh.dp, p->rank = dt_comm_rank(s->comm);
     p->stage = p->mesh.pp_rank, p->dp_i = p->mesh.dp_rank, p->tr = p->mesh.tp_rank;
@@ -357,7 +364,7 @@ static dt_status pp_setup(dt_strategy *s, dt_pp *p) {
         if (st != DT_OK) free(cost);
         DT_TRY(st);
     }
-    dt_status cs = dt_pp_cut(s->model, p->K, p->o.split, cost, p->first);  /* by the whole model's costs */
+    dt_status cs = dt_pp_cut(s->model, p->K, p->o.split, cost, p->first); /* by the whole model's costs */
     free(cost);
     DT_TRY(cs);
     p->m = s->model;
@@ -371,9 +378,9 @@ static dt_status pp_setup(dt_strategy *s, dt_pp *p) {
         p->reads_x[k] = k > 0 && dt_model_range_reads_input(m, p->first[k], p->first[k + 1], 0);
         p->reads_y[k] = k > 0 && dt_model_range_reads_input(m, p->first[k], p->first[k + 1], 1);
     }
-    if (p->hooks && p->K > 1) p->reads_y[p->K - 1] = true;  /* the shard's loss is outside its graph */
+    if (p->hooks && p->K > 1) p->reads_y[p->K - 1] = true; /* the shard's loss is outside its graph */
     DT_TRY(find_users(p, m));
-    if (p->tp > 1) {  /* the shard holds the stage's tensors only */
+    if (p->tp > 1) { /* the shard holds the stage's tensors only */
         dt_range *mine = NULL;
         int nmine = 0;
         DT_TRY(stage_ranges(p, m, p->stage, &mine, &nmine));
@@ -399,7 +406,7 @@ static dt_status pp_setup(dt_strategy *s, dt_pp *p) {
         return dt_error(DT_ENOMEM, "pp: out of memory");
     p->live = -1;
     s->data_rank = p->dp_i, s->data_world = p->DP, s->job_rank0 = 0;
-    return make_comms(s, p);  /* ZeRO shards the segments in pp_init */
+    return make_comms(s, p); /* ZeRO shards the segments in pp_init */
 }
 
 static dt_status pp_create(dt_strategy *s, const void *opts) {
@@ -407,7 +414,7 @@ static dt_status pp_create(dt_strategy *s, const void *opts) {
     if (!p) return dt_error(DT_ENOMEM, "pp: out of memory");
     p->o = *(const dt_pp_opts *)opts;
     p->K = p->o.stages;
-    if (p->o.microbatches == 0) p->o.microbatches = p->K;  /* default: M = K */
+    if (p->o.microbatches == 0) p->o.microbatches = p->K; /* default: M = K */
     s->impl = p;
     s->ops = p->o.tp > 1 ? &pp_tp_ops : &pp_ops;
     /* ZeRO-3's forward gathers over the DP axis, whose ranks evaluate different numbers of
@@ -480,11 +487,20 @@ static void pp_mesh(const void *opts, int *tp, int *pp, int *microbatches, const
 }
 
 const dt_strategy_entry dt_strategy_pp_entry = {
-    .name = "pp", .options = "stages=K,microbatches=M,schedule=gpipe|1f1b,cost=flops|measured,split=N1:N2:...,tp=T,"
-                             "zero=0|1|2|3",
+    .name = "pp",
+    .options = "stages=K,microbatches=M,schedule=gpipe|1f1b,cost=flops|measured,split=N1:N2:...,tp=T,"
+               "zero=0|1|2|3",
     .help = "pipeline parallel: K stages, M micro-batches per rank-batch (default K), cut before nodes N1:N2:... "
             "(default: balanced by flops, or by measured times); tp=T: each stage a tensor-parallel group of T ranks, "
             "rank = (dp_i*K + stage)*T + tp_i; zero=N: ZeRO over the dp axis",
-    .keys = "stages,microbatches,schedule,cost,split,tp,zero", .opts_size = sizeof(dt_pp_opts), .defaults = pp_defaults,
-    .set = pp_set, .create = pp_create, .format = pp_format, .needs_comm = true, .device_neutral = true,
-    .data_part = pp_data_part, .mesh = pp_mesh, .place = pp_place};
+    .keys = "stages,microbatches,schedule,cost,split,tp,zero",
+    .opts_size = sizeof(dt_pp_opts),
+    .defaults = pp_defaults,
+    .set = pp_set,
+    .create = pp_create,
+    .format = pp_format,
+    .needs_comm = true,
+    .device_neutral = true,
+    .data_part = pp_data_part,
+    .mesh = pp_mesh,
+    .place = pp_place};

@@ -23,13 +23,13 @@ typedef enum { DT_PP_GPIPE = 0, DT_PP_1F1B } dt_pp_schedule_kind;
 
 /* pp's options: "pp(stages=K,microbatches=M,schedule=gpipe|1f1b,split=N1:N2:...)". */
 typedef struct {
-    int stages;                 /* K >= 1; the world must be a multiple of tp x K (the rest is DP) */
-    int tp;                     /* T >= 1 tensor-parallel ranks per stage (a GPT's shards) */
-    int microbatches;           /* M >= 1 per rank-batch (default K) */
+    int stages;       /* K >= 1; the world must be a multiple of tp x K (the rest is DP) */
+    int tp;           /* T >= 1 tensor-parallel ranks per stage (a GPT's shards) */
+    int microbatches; /* M >= 1 per rank-batch (default K) */
     dt_pp_schedule_kind schedule;
-    char split[160];            /* "" = balanced; else K-1 first nodes of stages 1..K-1, by index or name */
-    bool measured;              /* balance measured per-node seconds (pp_cost.c) instead of flops */
-    int zero;                   /* ZeRO stage over the DP axis: 0-3 (pp_zero.c, pp_zero3.c) */
+    char split[160]; /* "" = balanced; else K-1 first nodes of stages 1..K-1, by index or name */
+    bool measured;   /* balance measured per-node seconds (pp_cost.c) instead of flops */
+    int zero;        /* ZeRO stage over the DP axis: 0-3 (pp_zero.c, pp_zero3.c) */
 } dt_pp_opts;
 
 /* ---- schedules (pp_schedule.c) ---- */
@@ -77,10 +77,10 @@ dt_status dt_pp_time_nodes(dt_model *m, int B, int warmup, int reps, double *cos
 typedef struct {
     float *in, *out, *gin, *gout;
     int32_t *x, *y;
-    int cap;                      /* samples the buffers hold */
+    int cap; /* samples the buffers hold */
     dt_request *req_out, *req_gout;
-    double t_out, t_gout;         /* when the sends were issued (for the timeline) */
-    int mb_gout;                  /* micro-batch of the gradient send */
+    double t_out, t_gout; /* when the sends were issued (for the timeline) */
+    int mb_gout;          /* micro-batch of the gradient send */
     bool used;
 } dt_pp_slot;
 
@@ -88,68 +88,68 @@ typedef struct {
 typedef struct {
     size_t lo, hi;
     dt_optim *opt;
-    bool zero;            /* ZeRO (pp_zero.c): opt holds chunk [lo + zoff, lo + zoff + zlen) only */
+    bool zero; /* ZeRO (pp_zero.c): opt holds chunk [lo + zoff, lo + zoff + zlen) only */
     size_t zoff, zlen;
-    size_t gat;           /* ZeRO-2: the chunk's averaged gradient at p->gsh + gat */
-    bool resident;        /* ZeRO-3: every DP rank's chunk of the values is here (gathered) */
-    size_t prel;          /* ZeRO-3: parameter bytes given back while it is not */
-    bool whole;           /* after a sync on DP rank 0: opt is the whole segment's, shard the chunk's */
+    size_t gat;    /* ZeRO-2: the chunk's averaged gradient at p->gsh + gat */
+    bool resident; /* ZeRO-3: every DP rank's chunk of the values is here (gathered) */
+    size_t prel;   /* ZeRO-3: parameter bytes given back while it is not */
+    bool whole;    /* after a sync on DP rank 0: opt is the whole segment's, shard the chunk's */
     dt_optim *shard;
 } dt_pp_segment;
 
 typedef struct {
     dt_pp_opts o;
-    int K, DP, stage, dp_i, rank;  /* rank: in the strategy's communicator */
-    int tp, tr;                    /* tensor-parallel ranks per stage, this rank's index among them */
-    dt_mesh mesh;                  /* the dp x pp x tp axes (pp and dp below are its communicators) */
-    dt_model *m;                   /* the model the stage runs: s->model, or (tp > 1) the rank's shard */
-    dt_tp_hooks *hooks;            /* tp > 1: the shard's collectives over the stage's tp axis */
+    int K, DP, stage, dp_i, rank; /* rank: in the strategy's communicator */
+    int tp, tr;                   /* tensor-parallel ranks per stage, this rank's index among them */
+    dt_mesh mesh;                 /* the dp x pp x tp axes (pp and dp below are its communicators) */
+    dt_model *m;                  /* the model the stage runs: s->model, or (tp > 1) the rank's shard */
+    dt_tp_hooks *hooks;           /* tp > 1: the shard's collectives over the stage's tp axis */
     int first[DT_PP_MAX_STAGES + 1];
-    int lo, hi;                    /* this stage's nodes [lo, hi) */
-    dt_comm *pp, *fwd, *bwd, *data, *dp;  /* pp: the stages of this pipeline, the ranks of this tp
-                                           * index (fwd, bwd, data: its duplicates for activations,
-                                           * gradients, tokens); pp and dp belong to the mesh */
-    size_t in_vals, out_vals;      /* values per sample of the stage input (node lo-1) and output */
-    size_t x_vals, y_vals;         /* values per sample of the fed inputs */
+    int lo, hi;                          /* this stage's nodes [lo, hi) */
+    dt_comm *pp, *fwd, *bwd, *data, *dp; /* pp: the stages of this pipeline, the ranks of this tp
+                                          * index (fwd, bwd, data: its duplicates for activations,
+                                          * gradients, tokens); pp and dp belong to the mesh */
+    size_t in_vals, out_vals;            /* values per sample of the stage input (node lo-1) and output */
+    size_t x_vals, y_vals;               /* values per sample of the fed inputs */
     bool reads_x[DT_PP_MAX_STAGES], reads_y[DT_PP_MAX_STAGES];
-    uint64_t *users;               /* per tensor of m: bit k set when stage k uses it */
-    dt_comm **share;               /* per tensor that several stages use: its users (NULL elsewhere) */
-    dt_range *own;                 /* the parameter slab ranges this stage holds (its tensors) */
+    uint64_t *users; /* per tensor of m: bit k set when stage k uses it */
+    dt_comm **share; /* per tensor that several stages use: its users (NULL elsewhere) */
+    dt_range *own;   /* the parameter slab ranges this stage holds (its tensors) */
     int nown;
-    bool widened;                  /* a sync placed the whole model; the next step narrows it */
-    bool whole;                    /* tp > 1, world rank 0 after a sync: s->model and s->optim hold the
-                                    * whole state (the checkpoint's pieces) */
+    bool widened; /* a sync placed the whole model; the next step narrows it */
+    bool whole;   /* tp > 1, world rank 0 after a sync: s->model and s->optim hold the
+                   * whole state (the checkpoint's pieces) */
     dt_pp_segment *seg;
     int nseg;
-    int nstates;                   /* optimizer moments per parameter (0 sgd, 1 momentum, 2 adam) */
-    int64_t steps0, updates;       /* optimizer steps at the start, updates since */
-    float *gsh;                    /* ZeRO-2: this DP rank's averaged gradient chunks, packed (gat) */
-    size_t grel;                   /* ZeRO-2: gradient bytes given back after the last reduce */
-    int *seg_of;                   /* ZeRO-3: per tensor of m, its segment (one per tensor), or -1 */
-    bool zfull;                    /* ZeRO-3: every segment gathered (sync, evaluation): hooks idle */
-    dt_status zerr;                /* ZeRO-3: the first error of a node hook's gather */
+    int nstates;             /* optimizer moments per parameter (0 sgd, 1 momentum, 2 adam) */
+    int64_t steps0, updates; /* optimizer steps at the start, updates since */
+    float *gsh;              /* ZeRO-2: this DP rank's averaged gradient chunks, packed (gat) */
+    size_t grel;             /* ZeRO-2: gradient bytes given back after the last reduce */
+    int *seg_of;             /* ZeRO-3: per tensor of m, its segment (one per tensor), or -1 */
+    bool zfull;              /* ZeRO-3: every segment gathered (sync, evaluation): hooks idle */
+    dt_status zerr;          /* ZeRO-3: the first error of a node hook's gather */
     char zmsg[384];
     dt_pp_slot *slots;
     int nslots, mb_slot[DT_PP_MAX_MICRO];
     dt_pp_action *acts;
-    float *buf_save;               /* model buffers kept across a recomputed forward (a host copy) */
-    struct dt_dev *dev;            /* the device of m's memory (cpu: host memory, used in place) */
-    bool on_dev;                   /* m's memory is not host memory: it is whole on the device (no
-                                    * placement of the stage's part), moved with upload/download */
-    float *dloss;                  /* on_dev, last stage: each micro-batch's loss, read once a step */
-    float *dgin;                   /* on_dev: the received output gradient, uploaded for backward */
-    size_t dgin_cap;               /* floats dgin holds */
-    double *dss;                   /* on_dev: a gradient-norm partial sum */
-    float *host;                   /* collectives over model memory staged here (stage_dev) */
-    size_t host_cap;               /* floats host holds */
-    int live;                      /* micro-batch whose activations the model holds (-1: none) */
+    float *buf_save;    /* model buffers kept across a recomputed forward (a host copy) */
+    struct dt_dev *dev; /* the device of m's memory (cpu: host memory, used in place) */
+    bool on_dev;        /* m's memory is not host memory: it is whole on the device (no
+                         * placement of the stage's part), moved with upload/download */
+    float *dloss;       /* on_dev, last stage: each micro-batch's loss, read once a step */
+    float *dgin;        /* on_dev: the received output gradient, uploaded for backward */
+    size_t dgin_cap;    /* floats dgin holds */
+    double *dss;        /* on_dev: a gradient-norm partial sum */
+    float *host;        /* collectives over model memory staged here (stage_dev) */
+    size_t host_cap;    /* floats host holds */
+    int live;           /* micro-batch whose activations the model holds (-1: none) */
     /* figures */
-    int inflight, peak_inflight;   /* micro-batches forwarded and not yet backwarded */
-    size_t mb_bytes;               /* bytes one micro-batch in flight holds (largest seen) */
-    double bubble_sum;             /* sum over steps of this stage's idle fraction */
+    int inflight, peak_inflight; /* micro-batches forwarded and not yet backwarded */
+    size_t mb_bytes;             /* bytes one micro-batch in flight holds (largest seen) */
+    double bubble_sum;           /* sum over steps of this stage's idle fraction */
     int64_t bubble_steps;
-    bool bubble_warm;              /* the first step's figure was dropped */
-    double busy;                   /* compute seconds of the current step */
+    bool bubble_warm; /* the first step's figure was dropped */
+    double busy;      /* compute seconds of the current step */
     uint64_t bytes_sent;
     double loss_sum;
 } dt_pp;

@@ -10,7 +10,7 @@
 
 typedef struct {
     double *fwd, *bwd;
-    int last;        /* the node whose forward is running (-1: none yet) */
+    int last; /* the node whose forward is running (-1: none yet) */
     double t_last;
 } probe;
 
@@ -30,18 +30,19 @@ static void on_backward(void *ctx, int node) {
 
 dt_status dt_pp_time_nodes(dt_model *m, int B, int warmup, int reps, double *cost) {
     const int n = dt_model_num_nodes(m);
-    const size_t xs = (size_t)B * (size_t)dt_model_input_values(m, 0), ys = (size_t)B * (size_t)dt_model_input_values(m, 1);
+    const size_t xs = (size_t)B * (size_t)dt_model_input_values(m, 0),
+                 ys = (size_t)B * (size_t)dt_model_input_values(m, 1);
     const size_t nb = dt_model_num_buffers(m);
     void *x = calloc(xs + 1, 4), *y = calloc(ys + 1, 4);
     float *saved = nb ? malloc(nb * sizeof(float)) : NULL;
     double *t = calloc(2 * (size_t)n, sizeof(double));
     dt_status st = x && y && t && (!nb || saved) ? DT_OK : dt_error(DT_ENOMEM, "pp: out of memory for the cost probe");
-    dt_dev *d = dt_model_device(m);  /* the buffers kept in a host copy, as on any device */
+    dt_dev *d = dt_model_device(m); /* the buffers kept in a host copy, as on any device */
     if (st == DT_OK && nb) d->ops->download(d, saved, dt_model_buffers(m), nb * sizeof(float));
     probe p = {.fwd = t, .bwd = t + n};
     const dt_feed f = {.x = x, .y = ys ? y : NULL, .n = B};
     for (int r = -warmup; r < reps && st == DT_OK; r++) {
-        if (r == 0) memset(t, 0, 2 * (size_t)n * sizeof(double));  /* warm-up passes are not counted */
+        if (r == 0) memset(t, 0, 2 * (size_t)n * sizeof(double)); /* warm-up passes are not counted */
         p.last = -1;
         dt_model_set_node_hooks(m, on_forward, NULL, &p);
         float loss;

@@ -14,7 +14,7 @@ bool dt_pp_cut_valid(const dt_model *m, int k) {
     if (k < 1 || k >= n || (loss >= 0 && k > loss)) return false;
     /* the crossing values need memory of their own: not a graph input, nor an alias of one */
     if (dt_model_node_kind(m, dt_model_node_owner(m, k - 1)) == DT_LAYER_INPUT) return false;
-    if (dt_model_node_fused(m, k - 1)) return false;  /* its values are computed with the next node's */
+    if (dt_model_node_fused(m, k - 1)) return false; /* its values are computed with the next node's */
     int in[2];
     return dt_model_cut_inputs(m, k, in, 2) == 1 && in[0] == k - 1;
 }
@@ -45,8 +45,10 @@ static dt_status parse_split(const dt_model *m, int K, const char *split, int *f
     snprintf(buf, sizeof buf, "%s", split);
     const size_t n = strlen(split);
     if (split[0] == ':' || (n && split[n - 1] == ':') || strstr(split, "::"))
-        return dt_error(DT_EINVAL, "`pp_split` %s: an empty cut; give %d stage boundar%s as N1:N2:... (node indices "
-                        "or names)", split, K - 1, K - 1 == 1 ? "y" : "ies");
+        return dt_error(DT_EINVAL,
+                        "`pp_split` %s: an empty cut; give %d stage boundar%s as N1:N2:... (node indices "
+                        "or names)",
+                        split, K - 1, K - 1 == 1 ? "y" : "ies");
     int c = 1;
     for (char *save = NULL, *tok = strtok_r(buf, ":", &save); tok; tok = strtok_r(NULL, ":", &save), c++) {
         if (c >= K)
@@ -54,8 +56,10 @@ static dt_status parse_split(const dt_model *m, int K, const char *split, int *f
                             K - 1 == 1 ? "" : "s");
         int k = split_node(m, tok);
         if (k < 0 || !dt_pp_cut_valid(m, k))
-            return dt_error(DT_EINVAL, "`pp_split` %s: '%s' is not a valid stage boundary; valid first nodes of a "
-                            "stage: %s", split, tok, valid_list(m));
+            return dt_error(DT_EINVAL,
+                            "`pp_split` %s: '%s' is not a valid stage boundary; valid first nodes of a "
+                            "stage: %s",
+                            split, tok, valid_list(m));
         if (k <= first[c - 1])
             return dt_error(DT_EINVAL, "`pp_split` %s: the cuts must increase ('%s' is not after the previous one)",
                             split, tok);
@@ -79,7 +83,7 @@ static dt_status balance(const dt_model *m, int K, const double *pre, int *first
     }
     for (int k = 1; k < n; k++)
         if (dt_pp_cut_valid(m, k)) v[nv++] = k;
-    v[nv++] = n;  /* the end of the last stage */
+    v[nv++] = n; /* the end of the last stage */
     dt_status st = DT_OK;
     if (nv < K) {
         st = dt_error(DT_EINVAL, "`pp` %d: the model has only %d valid stage boundar%s (%s); use at most %d stages", K,

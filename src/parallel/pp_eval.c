@@ -50,10 +50,10 @@ static dt_status eval_micro(dt_pp *p, const dt_feed *f, int j, int lo, int n, do
 
 dt_status dt_pp_eval_batch(dt_strategy *s, const dt_feed *f, double *loss_sum, int64_t *correct, int64_t *n) {
     dt_pp *p = s->impl;
-    if (f->n == 0) return DT_OK;  /* the whole pipeline has the same samples */
+    if (f->n == 0) return DT_OK; /* the whole pipeline has the same samples */
     if (p->hooks) DT_TRY(dt_tp_hooks_map(p->hooks, f->x, 0, f->n, f->n));
     const int M = f->n < p->o.microbatches ? f->n : p->o.microbatches;
-    p->live = -1;  /* the model holds no step's micro-batch now */
+    p->live = -1; /* the model holds no step's micro-batch now */
     for (int j = 0; j < M; j++) {
         const int lo = (int)((int64_t)f->n * j / M), hi = (int)((int64_t)f->n * (j + 1) / M);
         DT_TRY(eval_micro(p, f, j, lo, hi - lo, loss_sum, correct));

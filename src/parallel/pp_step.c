@@ -41,7 +41,7 @@ typedef struct {
     dt_pp *p;
     const dt_step_batch *b;
     int M;
-    dt_request **data_req;  /* stage 0: the tokens/targets sends, 2 per micro-batch and later stage */
+    dt_request **data_req; /* stage 0: the tokens/targets sends, 2 per micro-batch and later stage */
     int ndata;
 } step_ctx;
 
@@ -69,8 +69,9 @@ static dt_status grow(void **buf, size_t bytes) {
 dt_status dt_pp_host_room(dt_pp *p, size_t n) {
     if (n <= p->host_cap) return DT_OK;
     float *h = dt_alloc((n ? n : 1) * sizeof(float));
-    if (!h) return dt_error(DT_ENOMEM, "pipeline stage %d (rank %d): out of memory for a %zu-float host staging buffer",
-                            p->stage, p->rank, n);
+    if (!h)
+        return dt_error(DT_ENOMEM, "pipeline stage %d (rank %d): out of memory for a %zu-float host staging buffer",
+                        p->stage, p->rank, n);
     dt_free(p->host);
     p->host = h, p->host_cap = n;
     return DT_OK;
@@ -99,7 +100,7 @@ dt_status dt_pp_allreduce_model(dt_pp *p, dt_comm *comm, float *x, size_t n, dt_
 }
 
 dt_status dt_pp_send_model(dt_pp *p, dt_comm *comm, const float *x, size_t n, int peer, int tag) {
-    link_args a = {.peer = peer, .tag = tag};  /* x is only read (downloaded where staged) */
+    link_args a = {.peer = peer, .tag = tag}; /* x is only read (downloaded where staged) */
     return dt_strategy_staged(comm, p->m, (float *)x, n, &p->host, &p->host_cap, DT_STAGE_DOWN, send_fn, &a);
 }
 
@@ -137,7 +138,7 @@ static dt_status take_slot(step_ctx *c, int j, int n) {
         DT_TRY(grow((void **)&sl->y, (size_t)n * p->y_vals * 4));
         sl->cap = n;
     }
-    const size_t bytes = (size_t)n * (p->in_vals + p->out_vals) * sizeof(float);  /* what it keeps in flight */
+    const size_t bytes = (size_t)n * (p->in_vals + p->out_vals) * sizeof(float); /* what it keeps in flight */
     if (bytes > p->mb_bytes) p->mb_bytes = bytes;
     sl->used = true;
     p->mb_slot[j] = i;
@@ -155,8 +156,9 @@ static dt_status send_feeds(step_ctx *c) {
             if (p->reads_y[k] && feed_y(c, j))
                 DT_TRY(dt_comm_isend(p->data, feed_y(c, j), n * p->y_vals, DT_I32, k, 2 * j + 1,
                                      &c->data_req[c->ndata++]));
-            if (p->reads_x[k] || (p->reads_y[k] && feed_y(c, j))) p->bytes_sent += n * 4 *
-                ((p->reads_x[k] ? p->x_vals : 0) + (p->reads_y[k] && feed_y(c, j) ? p->y_vals : 0));
+            if (p->reads_x[k] || (p->reads_y[k] && feed_y(c, j)))
+                p->bytes_sent += n * 4 *
+                                 ((p->reads_x[k] ? p->x_vals : 0) + (p->reads_y[k] && feed_y(c, j) ? p->y_vals : 0));
         }
     return DT_OK;
 }
@@ -189,8 +191,10 @@ static dt_feed stage_feed(step_ctx *c, int j) {
     dt_pp *p = c->p;
     const dt_pp_slot *sl = &p->slots[p->mb_slot[j]];
     const bool last = p->stage == p->K - 1, reads = p->stage == 0 || p->reads_x[p->stage];
-    const void *x = !reads ? NULL : p->hooks ? (const void *)dt_tp_hooks_ids(p->hooks, mb_lo(c, j))
-                                  : p->stage == 0 ? (const void *)feed_x(c, j) : (const void *)sl->x;
+    const void *x = !reads          ? NULL
+                    : p->hooks      ? (const void *)dt_tp_hooks_ids(p->hooks, mb_lo(c, j))
+                    : p->stage == 0 ? (const void *)feed_x(c, j)
+                                    : (const void *)sl->x;
     return (dt_feed){.x = x, .y = last || p->stage > 0 ? stage_targets(c, j) : NULL, .n = mb_n(c, j)};
 }
 
@@ -200,14 +204,14 @@ static dt_status run_forward(step_ctx *c, int j) {
     dt_model *m = p->m;
     const int n = mb_n(c, j);
     DT_TRY(dt_model_prepare(m, n, true, (uint64_t)(c->b->step * c->M + j)));
-    if (p->stage > 0)  /* the received activation into the model (cpu: a memcpy) */
+    if (p->stage > 0) /* the received activation into the model (cpu: a memcpy) */
         p->dev->ops->upload(p->dev, dt_model_node_buffer(m, p->lo - 1), p->slots[p->mb_slot[j]].in,
                             (size_t)n * p->in_vals * sizeof(float));
     dt_feed f = stage_feed(c, j);
     if (p->hooks) dt_tp_hooks_select(p->hooks, mb_lo(c, j), n);
     DT_TRY(dt_model_forward_nodes(m, &f, p->lo, p->hi));
     if (p->hooks) DT_TRY(dt_tp_hooks_status(p->hooks));
-    if (p->seg_of) DT_TRY(dt_pp_zero3_status(p));  /* ZeRO-3: the hooks' parameter gathers */
+    if (p->seg_of) DT_TRY(dt_pp_zero3_status(p)); /* ZeRO-3: the hooks' parameter gathers */
     p->live = j;
     return DT_OK;
 }
@@ -236,7 +240,7 @@ static dt_status forward(step_ctx *c, int j) {
     p->busy += t1 - t0;
     if (p->stage == p->K - 1 && p->hooks) {
         /* the vocabulary-parallel loss is taken at the backward, from the activations it needs */
-    } else if (p->stage == p->K - 1) {  /* the loss of micro-batch j, read after the schedule */
+    } else if (p->stage == p->K - 1) { /* the loss of micro-batch j, read after the schedule */
         p->dev->ops->copy(p->dev, p->dloss + j, dt_model_node_values(m, dt_model_loss_node(m)), sizeof(float));
     } else {
         const size_t bytes = (size_t)n * p->out_vals * sizeof(float);
@@ -270,8 +274,10 @@ static dt_status shard_loss(step_ctx *c, int j, float share, const float **dout)
     double loss;
     DT_TRY(dt_tp_hooks_loss(p->hooks, stage_targets(c, j), n, share, &loss));
     if (!isfinite(loss))
-        return dt_error(DT_EINVAL, "training diverged: loss is %g at step %lld on rank %d (pipeline stage %d); "
-                        "lower `lr` or set `clip_norm`", loss, (long long)c->b->step, p->rank, p->stage);
+        return dt_error(DT_EINVAL,
+                        "training diverged: loss is %g at step %lld on rank %d (pipeline stage %d); "
+                        "lower `lr` or set `clip_norm`",
+                        loss, (long long)c->b->step, p->rank, p->stage);
     p->loss_sum += loss * n;
     *dout = dt_tp_hooks_dlogits(p->hooks);
     return DT_OK;
@@ -281,8 +287,9 @@ static dt_status shard_loss(step_ctx *c, int j, float share, const float **dout)
 static dt_status upload_gin(dt_pp *p, const float *gin, size_t n) {
     if (n > p->dgin_cap) {
         float *d = p->dev->ops->alloc(p->dev, (n ? n : 1) * sizeof(float));
-        if (!d) return dt_error_wrap(DT_ENOMEM, "pipeline stage %d (rank %d): the output gradient on device %s",
-                                     p->stage, p->rank, p->dev->kind->name);
+        if (!d)
+            return dt_error_wrap(DT_ENOMEM, "pipeline stage %d (rank %d): the output gradient on device %s", p->stage,
+                                 p->rank, p->dev->kind->name);
         p->dev->ops->free(p->dev, p->dgin);
         p->dgin = d, p->dgin_cap = n;
     }
@@ -296,7 +303,7 @@ static dt_status backward(step_ctx *c, int j) {
     const int n = mb_n(c, j);
     dt_pp_slot *sl = &p->slots[p->mb_slot[j]];
     const bool last = p->stage == p->K - 1;
-    if (p->live != j) {  /* before the gradient arrives: the recomputation fills the wait */
+    if (p->live != j) { /* before the gradient arrives: the recomputation fills the wait */
         const double tr = dt_now();
         DT_TRY(recompute(c, j));
         char rn[24];
@@ -308,9 +315,9 @@ static dt_status backward(step_ctx *c, int j) {
         DT_TRY(recv_now(c, p->bwd, sl->gin, (size_t)n * p->out_vals, DT_F32, p->stage + 1, j,
                         "receiving the output gradient", j));
     const double t0 = dt_now();
-    const float share = (float)((double)n * c->b->world / c->b->n_global);  /* of the global mean */
+    const float share = (float)((double)n * c->b->world / c->b->n_global); /* of the global mean */
     const float *dout = last ? NULL : sl->gin;
-    if (!last && p->on_dev) {  /* the received gradient into device memory */
+    if (!last && p->on_dev) { /* the received gradient into device memory */
         DT_TRY(upload_gin(p, sl->gin, (size_t)n * p->out_vals));
         dout = p->dgin;
     }
@@ -330,7 +337,7 @@ static dt_status backward(step_ctx *c, int j) {
         const float *g = dt_model_node_grad(m, p->lo - 1);
         const size_t cnt = (size_t)n * p->in_vals;
         if (g) p->dev->ops->download(p->dev, sl->gout, g, cnt * sizeof(float));
-        else memset(sl->gout, 0, cnt * sizeof(float));  /* the host slot: no gradient reached the input */
+        else memset(sl->gout, 0, cnt * sizeof(float)); /* the host slot: no gradient reached the input */
         sl->t_gout = dt_now(), sl->mb_gout = j;
         dt_status st = dt_comm_isend(p->bwd, sl->gout, cnt, DT_F32, p->stage - 1, j, &sl->req_gout);
         if (st != DT_OK) return dt_pp_link_error(p, st, "sending the input gradient", j, p->stage - 1);
@@ -367,12 +374,14 @@ static dt_status run_schedule(step_ctx *c) {
 static dt_status sum_losses(step_ctx *c) {
     dt_pp *p = c->p;
     float loss[DT_PP_MAX_MICRO];
-    if (p->stage != p->K - 1 || p->hooks || c->M == 0) return DT_OK;  /* tp shards: taken at the backward */
+    if (p->stage != p->K - 1 || p->hooks || c->M == 0) return DT_OK; /* tp shards: taken at the backward */
     p->dev->ops->download(p->dev, loss, p->dloss, (size_t)c->M * sizeof(float));
     for (int j = 0; j < c->M; j++) {
         if (!isfinite(loss[j]))
-            return dt_error(DT_EINVAL, "training diverged: loss is %g at step %lld on rank %d (pipeline stage %d); "
-                            "lower `lr` or set `clip_norm`", loss[j], (long long)c->b->step, p->rank, p->stage);
+            return dt_error(DT_EINVAL,
+                            "training diverged: loss is %g at step %lld on rank %d (pipeline stage %d); "
+                            "lower `lr` or set `clip_norm`",
+                            loss[j], (long long)c->b->step, p->rank, p->stage);
         p->loss_sum += (double)loss[j] * mb_n(c, j);
     }
     return DT_OK;
@@ -387,7 +396,8 @@ static dt_status pass_loss(step_ctx *c) {
     if (p->stage == p->K - 1) st = dt_comm_send(p->data, &p->loss_sum, 1, DT_F64, 0, DT_COMM_TAG_MAX);
     else if (p->stage == 0) st = dt_comm_recv(p->data, &p->loss_sum, 1, DT_F64, p->K - 1, DT_COMM_TAG_MAX);
     if (st != DT_OK)
-        return dt_pp_link_error(p, st, p->stage == 0 ? "receiving the loss" : "sending the loss", -1, p->stage ? 0 : p->K - 1);
+        return dt_pp_link_error(p, st, p->stage == 0 ? "receiving the loss" : "sending the loss", -1,
+                                p->stage ? 0 : p->K - 1);
     return DT_OK;
 }
 
@@ -404,8 +414,9 @@ static dt_status dp_average(dt_pp *p, float *g) {
     if (p->o.zero >= 2) return dt_pp_zero_reduce(p, g);
     for (int q = 0; q < p->nseg; q++) {
         dt_status st = dt_pp_allreduce_model(p, p->dp, g + p->seg[q].lo, p->seg[q].hi - p->seg[q].lo, DT_OP_AVG);
-        if (st != DT_OK) return dt_error_wrap(st, "pipeline stage %d (rank %d): data-parallel gradient allreduce",
-                                              p->stage, p->rank);
+        if (st != DT_OK)
+            return dt_error_wrap(st, "pipeline stage %d (rank %d): data-parallel gradient allreduce", p->stage,
+                                 p->rank);
     }
     return DT_OK;
 }
@@ -417,7 +428,7 @@ static dt_status stage_norm_pieces(dt_pp *p, float *g, dt_grad_pieces *out) {
     size_t lo = 0, hi = 0;
     for (int t = 0; t < dt_model_num_tensors(p->m); t++) {
         const dt_param_info *ti = dt_model_tensor(p->m, t);
-        if (ti->is_buffer || ti->numel == 0) continue;  /* not in the parameter slab */
+        if (ti->is_buffer || ti->numel == 0) continue; /* not in the parameter slab */
         if (hi > lo && ti->offset == hi && dt_pp_in_norm(p, t)) {
             hi += ti->numel;
             continue;
@@ -450,8 +461,14 @@ static dt_status clip_grads(dt_pp *p, float *g, float clip, float *norm_out) {
         st = sharded ? dt_grad_pieces_add(&upd, p->gsh + sg->gat, sg->zlen)
                      : dt_grad_pieces_add(&upd, g + sg->lo, sg->hi - sg->lo);
     }
-    const dt_clip_spec c = {.dev = p->dev, .dev_ss = p->on_dev ? p->dss : NULL, .nss = 1, .norm = norm.p,
-                            .nnorm = norm.n, .scale = upd.p, .nscale = upd.n, .reduce = norm_allreduce,
+    const dt_clip_spec c = {.dev = p->dev,
+                            .dev_ss = p->on_dev ? p->dss : NULL,
+                            .nss = 1,
+                            .norm = norm.p,
+                            .nnorm = norm.n,
+                            .scale = upd.p,
+                            .nscale = upd.n,
+                            .reduce = norm_allreduce,
                             .reduce_ctx = p};
     if (st == DT_OK) st = dt_clip_grad_pieces(&c, clip, norm_out);
     dt_grad_pieces_free(&norm), dt_grad_pieces_free(&upd);
@@ -465,10 +482,13 @@ static dt_status update(step_ctx *c) {
     float *g = dt_model_grads(m), *w = dt_model_params(m);
     for (int t = 0; p->K > 1 && t < dt_model_num_tensors(m); t++) {
         const dt_param_info *ti = dt_model_tensor(m, t);
-        if (ti->is_buffer || !p->share[t]) continue;  /* one user, or not used here */
+        if (ti->is_buffer || !p->share[t]) continue; /* one user, or not used here */
         dt_status st = dt_pp_allreduce_model(p, p->share[t], g + ti->offset, ti->numel, DT_OP_SUM);
-        if (st != DT_OK) return dt_error_wrap(st, "pipeline stage %d (rank %d): summing the gradient of %s shared by "
-                                              "stages", p->stage, p->rank, ti->name);
+        if (st != DT_OK)
+            return dt_error_wrap(st,
+                                 "pipeline stage %d (rank %d): summing the gradient of %s shared by "
+                                 "stages",
+                                 p->stage, p->rank, ti->name);
         p->bytes_sent += ti->numel * sizeof(float);
     }
     DT_TRY(dp_average(p, g));
@@ -488,7 +508,7 @@ dt_status dt_pp_train_step(dt_strategy *s, const dt_step_batch *b, dt_step_resul
     const double t0 = dt_now();
     memset(r, 0, sizeof *r);
     s->ops->begin_step(s, b->step);
-    if (p->o.zero >= 2 && p->DP > 1) DT_TRY(dt_pp_zero_reacquire(p));  /* the reduce left them zero, given back */
+    if (p->o.zero >= 2 && p->DP > 1) DT_TRY(dt_pp_zero_reacquire(p)); /* the reduce left them zero, given back */
     else dt_model_zero_grad(p->m);
     step_ctx *c = calloc(1, sizeof *c);
     if (!c) return dt_error(DT_ENOMEM, "pp: out of memory");

@@ -51,7 +51,8 @@ static bool simulate(dt_pp_schedule_kind kind, int K, int M) {
         for (int s = 0; s < K; s++) {
             if (pos[s] == 2 * M) continue;
             const dt_pp_action x = a[s][pos[s]];
-            bool ok = x.backward ? fdone[s][x.mb] && (s == K - 1 || bdone[s + 1][x.mb]) : (s == 0 || fdone[s - 1][x.mb]);
+            bool ok = x.backward ? fdone[s][x.mb] && (s == K - 1 || bdone[s + 1][x.mb])
+                                 : (s == 0 || fdone[s - 1][x.mb]);
             if (!ok) continue;
             (x.backward ? bdone : fdone)[s][x.mb] = true;
             pos[s]++, moved = true;
@@ -142,18 +143,19 @@ static void cut_every_boundary(const char *spec, int C, int H, int W, const void
             CHECK_OK(dt_model_forward_nodes(m1, &f, 0, k));
             CHECK_OK(dt_model_prepare(m2, B, true, 0));
             memcpy(dt_model_node_buffer(m2, k - 1), dt_model_node_values(m1, k - 1),
-                   B * dt_model_node_size(m1, k - 1) * sizeof(float));  /* "send" */
+                   B * dt_model_node_size(m1, k - 1) * sizeof(float)); /* "send" */
             CHECK_OK(dt_model_forward_nodes(m2, &f, k, n));
             const float l2 = dt_model_node_values(m2, dt_model_loss_node(m2))[0];
-            CHECK_MSG(l2 == lf, "%s %s cut at %d (%s): stage loss %.9g, whole model %.9g", spec, prec[p],
-                      k, dt_model_node_name(mf, k), l2, lf);
+            CHECK_MSG(l2 == lf, "%s %s cut at %d (%s): stage loss %.9g, whole model %.9g", spec, prec[p], k,
+                      dt_model_node_name(mf, k), l2, lf);
             dt_model_zero_grad(m1), dt_model_zero_grad(m2);
             CHECK_OK(dt_model_backward_nodes(m2, k, n, NULL, 1.0f, NULL, NULL));
-            const float *gb = dt_model_node_grad(m2, k - 1);  /* "send back" */
+            const float *gb = dt_model_node_grad(m2, k - 1); /* "send back" */
             CHECK(gb != NULL);
             if (gb) CHECK_OK(dt_model_backward_nodes(m1, 0, k, gb, 1.0f, NULL, NULL));
             size_t bad = 0;
-            for (size_t i = 0; i < P; i++) bad += dt_model_grads(m1)[i] + dt_model_grads(m2)[i] != dt_model_grads(mf)[i];
+            for (size_t i = 0; i < P; i++)
+                bad += dt_model_grads(m1)[i] + dt_model_grads(m2)[i] != dt_model_grads(mf)[i];
             CHECK_MSG(bad == 0, "%s %s cut at %d (%s): %zu of %zu gradients differ from the whole model's", spec,
                       prec[p], k, dt_model_node_name(mf, k), bad, P);
             dt_model_destroy(m1), dt_model_destroy(m2);
@@ -163,7 +165,7 @@ static void cut_every_boundary(const char *spec, int C, int H, int W, const void
         CHECK(cuts >= min_cuts);
         dt_model_destroy(m1), dt_model_destroy(m2), dt_model_destroy(mf);
     }
-    CHECK_OK(dt_kernels_select("blas", "fp32"));  /* as test_cut_fused leaves it */
+    CHECK_OK(dt_kernels_select("blas", "fp32")); /* as test_cut_fused leaves it */
 }
 
 static void test_cut_every_boundary(void) {
@@ -208,7 +210,7 @@ static void test_cut(void) {
     CHECK(f2[1] == first[1]);
     int bad = 1;
     while (bad < n && dt_pp_cut_valid(m, bad)) bad++;
-    snprintf(split, sizeof split, "%d", bad);  /* inside a block: two values cross */
+    snprintf(split, sizeof split, "%d", bad); /* inside a block: two values cross */
     CHECK(dt_pp_cut(m, 2, split, NULL, f2) == DT_EINVAL && strstr(dt_last_error(), "not a valid stage boundary"));
     snprintf(split, sizeof split, "%d", first[2]);
     CHECK(dt_pp_cut(m, 3, split, NULL, f2) == DT_EINVAL && strstr(dt_last_error(), "need 2 cuts"));
@@ -235,7 +237,8 @@ static void test_cut(void) {
 /* ---- data ---- */
 
 static void write_be32(FILE *f, uint32_t v) {
-    unsigned char b[4] = {(unsigned char)(v >> 24), (unsigned char)(v >> 16), (unsigned char)(v >> 8), (unsigned char)v};
+    unsigned char b[4] = {(unsigned char)(v >> 24), (unsigned char)(v >> 16), (unsigned char)(v >> 8),
+                          (unsigned char)v};
     fwrite(b, 1, 4, f);
 }
 
@@ -290,7 +293,8 @@ static void test_gpt_layouts(void) {
                 snprintf(spec, sizeof spec, "pp(stages=%d,microbatches=%d,schedule=%s)", K, M, sch ? "1f1b" : "gpipe");
                 snprintf(path, sizeof path, "%s/pp%d_%d_%d", g_dir, K, M, sch);
                 snprintf(mpath, sizeof mpath, "%s.json", path);
-                run_cfg pp = {.model = GPT, .data = g_text, .strategy = spec, .batch = 8, .steps = STEPS, .metrics = mpath};
+                run_cfg pp = {
+                    .model = GPT, .data = g_text, .strategy = spec, .batch = 8, .steps = STEPS, .metrics = mpath};
                 CHECK(run_ranks(K, &pp, path) == 0);
                 snprintf(what, sizeof what, "gpt pp%d %s M=%d:", K, sch ? "1f1b" : "gpipe", M);
                 compare(what, n, g_ref, g_got, dt_test_read_floats(path, g_got, CAP + STEPS + 1), STEPS);
@@ -298,20 +302,24 @@ static void test_gpt_layouts(void) {
                 const double peak = metric(mpath, "peak_inflight"), want = sch ? (K < M ? K : M) : M;
                 CHECK_MSG(peak == want, "%s measured %g micro-batches in flight, expected %g", what, peak, want);
             }
-    if (!g_light) {  /* the cut from measured seconds trains the same */
+    if (!g_light) { /* the cut from measured seconds trains the same */
         char path[128];
         snprintf(path, sizeof path, "%s/measured", g_dir);
-        run_cfg pp = {.model = GPT, .data = g_text, .strategy = "pp(stages=4,cost=measured)", .batch = 8, .steps = STEPS};
+        run_cfg pp = {
+            .model = GPT, .data = g_text, .strategy = "pp(stages=4,cost=measured)", .batch = 8, .steps = STEPS};
         CHECK(run_ranks(4, &pp, path) == 0);
         compare("gpt pp4 1f1b M=4 cost=measured:", n, g_ref, g_got, dt_test_read_floats(path, g_got, CAP + STEPS + 1),
                 STEPS);
         /* stage 1 from transformer.wpe: it reads the tokens too, which travel from stage 0 */
         snprintf(path, sizeof path, "%s/split", g_dir);
-        run_cfg sp = {.model = GPT, .data = g_text, .strategy = "pp(stages=2,microbatches=3,split=transformer.wpe)",
-                      .batch = 8, .steps = STEPS};
+        run_cfg sp = {.model = GPT,
+                      .data = g_text,
+                      .strategy = "pp(stages=2,microbatches=3,split=transformer.wpe)",
+                      .batch = 8,
+                      .steps = STEPS};
         CHECK(run_ranks(2, &sp, path) == 0);
-        compare("gpt pp2 split=transformer.wpe M=3:", n, g_ref, g_got, dt_test_read_floats(path, g_got, CAP + STEPS + 1),
-                STEPS);
+        compare("gpt pp2 split=transformer.wpe M=3:", n, g_ref, g_got,
+                dt_test_read_floats(path, g_got, CAP + STEPS + 1), STEPS);
     }
     /* dp2 x pp2: two pipelines of batch 4 each = the global batch 8 of one worker */
     char path[128], m1[160], m2[160];
@@ -320,8 +328,12 @@ static void test_gpt_layouts(void) {
     snprintf(m2, sizeof m2, "%s/dp2pp2.json", g_dir);
     one.metrics = m1;
     reference(&one, g_ref, &n);
-    run_cfg mesh = {.model = GPT, .data = g_text, .strategy = "pp(stages=2,microbatches=2,schedule=1f1b)", .batch = 4,
-                    .steps = STEPS, .metrics = m2};
+    run_cfg mesh = {.model = GPT,
+                    .data = g_text,
+                    .strategy = "pp(stages=2,microbatches=2,schedule=1f1b)",
+                    .batch = 4,
+                    .steps = STEPS,
+                    .metrics = m2};
     CHECK(run_ranks(4, &mesh, path) == 0);
     /* rank 0's running loss is its pipeline's half of the batch: the epoch's loss over both is compared */
     compare("gpt dp2 x pp2 1f1b M=2:", n, g_ref, g_got, dt_test_read_floats(path, g_got, CAP + STEPS + 1), 0);
@@ -342,8 +354,8 @@ static void test_memory(void) {
 }
 
 static void test_seq_models(void) {
-    const char *models[2] = {"mlp", "cnn"}, *specs[2] = {"pp(stages=2,microbatches=2,schedule=1f1b)",
-                                                        "pp(stages=2,microbatches=4,schedule=gpipe)"};
+    const char *models[2] = {"mlp", "cnn"},
+               *specs[2] = {"pp(stages=2,microbatches=2,schedule=1f1b)", "pp(stages=2,microbatches=4,schedule=gpipe)"};
     for (int i = 0; i < 2; i++) {
         run_cfg one = {.model = models[i], .data = g_idx, .batch = 8, .steps = STEPS};
         size_t n = 0;
@@ -360,7 +372,7 @@ static void test_seq_models(void) {
          * 2.6e-6 optimized). Its losses still meet DT_PP_TEST_TOL. */
         compare_within(what, n, g_ref, g_got, dt_test_read_floats(path, g_got, CAP + STEPS + 1), STEPS,
                        i ? 1e-4 : DT_PP_TEST_TOL);
-        if (i == 0) {  /* the last stage holds only the loss: a stage without parameters */
+        if (i == 0) { /* the last stage holds only the loss: a stage without parameters */
             pp.strategy = "pp(stages=2,microbatches=2,split=5)";
             snprintf(path, sizeof path, "%s/mlp_split", g_dir);
             CHECK(run_ranks(2, &pp, path) == 0);
@@ -378,8 +390,8 @@ static void test_resume(void) {
     char ck[128], path[128];
     snprintf(ck, sizeof ck, "%s/pp2.safetensors", g_dir);
     snprintf(path, sizeof path, "%s/half", g_dir);
-    run_cfg half = {.model = GPT, .data = g_text, .strategy = "pp(stages=2,microbatches=2)", .batch = 8, .steps = 10,
-                    .save = ck};
+    run_cfg half = {
+        .model = GPT, .data = g_text, .strategy = "pp(stages=2,microbatches=2)", .batch = 8, .steps = 10, .save = ck};
     CHECK(run_ranks(2, &half, path) == 0);
     run_cfg rest = {.model = GPT, .data = g_text, .batch = 8, .steps = STEPS, .resume = ck};
     progress pg = {{0}, 0};
@@ -390,8 +402,12 @@ static void test_resume(void) {
     snprintf(ck, sizeof ck, "%s/one.safetensors", g_dir);
     run_cfg first = {.model = GPT, .data = g_text, .batch = 8, .steps = 10, .save = ck};
     CHECK_OK(train(&first, NULL, g_got, &m, &pg));
-    run_cfg again = {.model = GPT, .data = g_text, .strategy = "pp(stages=2,microbatches=4,schedule=gpipe)", .batch = 8,
-                     .steps = STEPS, .resume = ck};
+    run_cfg again = {.model = GPT,
+                     .data = g_text,
+                     .strategy = "pp(stages=2,microbatches=4,schedule=gpipe)",
+                     .batch = 8,
+                     .steps = STEPS,
+                     .resume = ck};
     CHECK(run_ranks(2, &again, path) == 0);
     m = dt_test_read_floats(path, g_got, CAP + STEPS + 1);
     d = m == n + STEPS + 1 ? dt_test_maxdiff(g_ref, g_got, n) : 1e9;
@@ -413,7 +429,7 @@ static void test_zero(int stage) {
     CHECK(run_ranks(4, &z, path) == 0);
     snprintf(what, sizeof what, "gpt dp2 x pp2 zero=%d:", stage);
     compare(what, n, g_ref, g_got, dt_test_read_floats(path, g_got, CAP + STEPS + 1), 0);
-    if (stage >= 2 && !g_light) {  /* 1 worker at batch 12 = dp3 x 4 */
+    if (stage >= 2 && !g_light) { /* 1 worker at batch 12 = dp3 x 4 */
         static float ref12[CAP + STEPS + 1];
         run_cfg one12 = {.model = GPT, .data = g_text, .batch = 12, .steps = STEPS};
         reference(&one12, ref12, &n);
@@ -431,8 +447,8 @@ static void test_zero(int stage) {
     progress pg = {{0}, 0};
     CHECK_OK(train(&rest, NULL, g_got, &m, &pg));
     double d = m == n ? dt_test_maxdiff(g_ref, g_got, n) : 1e9;
-    printf("resume: 10 steps dp2 x pp2 zero=%d + 10 steps 1 worker vs 20 steps 1 worker: max |param diff| %.2g\n", stage,
-           d);
+    printf("resume: 10 steps dp2 x pp2 zero=%d + 10 steps 1 worker vs 20 steps 1 worker: max |param diff| %.2g\n",
+           stage, d);
     CHECK_MSG(d < DT_PP_TEST_TOL, "dp2 x pp2 zero=%d -> 1 worker resume differs by %g", stage, d);
     snprintf(ck, sizeof ck, "%s/zone%d.safetensors", g_dir, stage);
     run_cfg first = {.model = GPT, .data = g_text, .batch = 8, .steps = 10, .save = ck};
@@ -441,8 +457,8 @@ static void test_zero(int stage) {
     CHECK(run_ranks(4, &again, path) == 0);
     m = dt_test_read_floats(path, g_got, CAP + STEPS + 1);
     d = m >= n ? dt_test_maxdiff(g_ref, g_got, n) : 1e9;
-    printf("resume: 10 steps 1 worker + 10 steps dp2 x pp2 zero=%d vs 20 steps 1 worker: max |param diff| %.2g\n", stage,
-           d);
+    printf("resume: 10 steps 1 worker + 10 steps dp2 x pp2 zero=%d vs 20 steps 1 worker: max |param diff| %.2g\n",
+           stage, d);
     CHECK_MSG(d < DT_PP_TEST_TOL, "1 worker -> dp2 x pp2 zero=%d resume differs by %g", stage, d);
 }
 
@@ -451,8 +467,12 @@ static void test_zero(int stage) {
 static void test_killed_stage(void) {
     char path[128];
     snprintf(path, sizeof path, "%s/kill", g_dir);
-    run_cfg rc = {.model = GPT, .data = g_text, .strategy = "pp(stages=4,microbatches=4,schedule=1f1b)", .batch = 8,
-                  .steps = 1000, .die_at = 3};
+    run_cfg rc = {.model = GPT,
+                  .data = g_text,
+                  .strategy = "pp(stages=4,microbatches=4,schedule=1f1b)",
+                  .batch = 8,
+                  .steps = 1000,
+                  .die_at = 3};
     setenv("DTRAIN_TIMEOUT", "60", 1);
     CHECK(run_ranks(4, &rc, path) == 4);
     for (int r = 1; r < 4; r++) {

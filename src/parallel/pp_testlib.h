@@ -21,18 +21,18 @@ typedef struct {
     int batch;
     int64_t steps;
     const char *save, *resume, *metrics;
-    int die_at;           /* > 0: rank 0 exits abruptly after this step */
+    int die_at; /* > 0: rank 0 exits abruptly after this step */
 } run_cfg;
 
 typedef struct {
-    float loss[STEPS + 1];  /* the epoch's running mean loss after each step (rank 0) */
+    float loss[STEPS + 1]; /* the epoch's running mean loss after each step (rank 0) */
     int die_at;
 } progress;
 
 static void on_progress(void *ctx, const dt_progress_info *p) {
     progress *g = ctx;
     if (p->global_step >= 1 && p->global_step <= STEPS) g->loss[p->global_step] = p->loss;
-    if (g->die_at && p->global_step == g->die_at) _exit(9);  /* a crash, without leaving the job */
+    if (g->die_at && p->global_step == g->die_at) _exit(9); /* a crash, without leaving the job */
 }
 
 static dt_status train(const run_cfg *rc, dt_comm *comm, float *out, size_t *n, progress *pg) {

@@ -26,22 +26,24 @@
 dt_status dt_pp_tp_setup(dt_strategy *s, dt_pp *p) {
     const char *spec = dt_model_spec(s->model);
     if (!dt_model_spec_is_gpt(spec))
-        return dt_error(DT_EINVAL, "`tp` %d `pp` %d: tensor-parallel pipeline stages run a GPT only so far; `model` "
-                        "%s is not a GPT (use `model` gpt:L=..,H=..,C=..,T=.., `tp` alone or `pp` alone)", p->tp, p->K,
-                        spec);
+        return dt_error(DT_EINVAL,
+                        "`tp` %d `pp` %d: tensor-parallel pipeline stages run a GPT only so far; `model` "
+                        "%s is not a GPT (use `model` gpt:L=..,H=..,C=..,T=.., `tp` alone or `pp` alone)",
+                        p->tp, p->K, spec);
     dt_gpt_config g;
     DT_TRY(dt_gpt_parse(spec, &g));
     DT_TRY(dt_gpt_create_sharded_unplaced(&p->m, &g, p->tp));
-    if (p->on_dev) DT_TRY(dt_model_set_device(p->m, p->dev));  /* whole device blocks, before the hooks */
+    if (p->on_dev) DT_TRY(dt_model_set_device(p->m, p->dev)); /* whole device blocks, before the hooks */
     const int n = dt_model_num_nodes(p->m);
     for (int i = 0; i < n; i++)
         if (strcmp(dt_model_node_name(p->m, i), dt_model_node_name(s->model, i)) != 0)
-            return dt_error(DT_EINTERNAL, "`tp` %d `pp` %d: node %d of the shard is '%s', of the whole model '%s'", p->tp,
-                            p->K, i, dt_model_node_name(p->m, i), dt_model_node_name(s->model, i));
+            return dt_error(DT_EINTERNAL, "`tp` %d `pp` %d: node %d of the shard is '%s', of the whole model '%s'",
+                            p->tp, p->K, i, dt_model_node_name(p->m, i), dt_model_node_name(s->model, i));
     if (p->first[p->K - 1] >= n)
-        return dt_error(DT_EINVAL, "`tp` %d `pp` %d: the last stage would hold only the loss (it starts at node %d, "
-                        "'%s'); under tensor parallelism the loss goes with the head: cut earlier (`pp_split`)", p->tp,
-                        p->K, p->first[p->K - 1], dt_model_node_name(s->model, p->first[p->K - 1]));
+        return dt_error(DT_EINVAL,
+                        "`tp` %d `pp` %d: the last stage would hold only the loss (it starts at node %d, "
+                        "'%s'); under tensor parallelism the loss goes with the head: cut earlier (`pp_split`)",
+                        p->tp, p->K, p->first[p->K - 1], dt_model_node_name(s->model, p->first[p->K - 1]));
     p->first[p->K] = n;
     /* the whole model only receives gathered parameters (evaluation, checkpoints) */
     dt_model_release_grads(s->model);
@@ -50,7 +52,7 @@ dt_status dt_pp_tp_setup(dt_strategy *s, dt_pp *p) {
 
 dt_status dt_pp_tp_place(dt_strategy *s, dt_pp *p, const dt_range *own, int nown) {
     static const dt_range none = {0, 0};
-    dt_status st = p->on_dev ? DT_OK : dt_model_place(p->m, own ? own : &none, nown);  /* a device's: whole */
+    dt_status st = p->on_dev ? DT_OK : dt_model_place(p->m, own ? own : &none, nown); /* a device's: whole */
     if (st != DT_OK)
         return dt_error_wrap(st, "pipeline stage %d, tp rank %d (rank %d): placing the stage's shard", p->stage, p->tr,
                              p->rank);
@@ -70,8 +72,8 @@ void dt_pp_tp_scatter_moments(dt_strategy *s, dt_pp *p) {
         for (int k = 0; k < p->nstates; k++) {
             float *full = dt_optim_state(s->optim, k, NULL), *mine = dt_pp_seg_state(p, k, lt->offset);
             if (full && mine)
-                dt_tp_copy_on(p->dev, !p->on_dev, !p->on_dev, dt_tp_split_of(p->m, lt->name), full + ft->offset, mine, ft,
-                              p->tp, p->tr, true);
+                dt_tp_copy_on(p->dev, !p->on_dev, !p->on_dev, dt_tp_split_of(p->m, lt->name), full + ft->offset, mine,
+                              ft, p->tp, p->tr, true);
         }
     }
 }
@@ -83,11 +85,13 @@ static dt_status sync_moment(dt_strategy *s, dt_pp *p, int j, int k, int own, fl
     const bool saver = p->stage == 0 && p->tr == 0;
     float *dst = saver ? dt_optim_state(s->optim, k, NULL) + ft->offset : mom;
     if (p->stage == own) {
-        dt_status st = dt_tp_gather_tensor_on(p->m, p->dev, p->mesh.tp_comm, p->tp, ft, lt, dt_pp_seg_state(p, k, lt->offset),
-                                              dst, tmp, false);
+        dt_status st = dt_tp_gather_tensor_on(p->m, p->dev, p->mesh.tp_comm, p->tp, ft, lt,
+                                              dt_pp_seg_state(p, k, lt->offset), dst, tmp, false);
         if (st != DT_OK)
-            return dt_error_wrap(st, "pipeline stage %d (rank %d): gathering the optimizer state of %s over the tp "
-                                 "axis", p->stage, p->rank, ft->name);
+            return dt_error_wrap(st,
+                                 "pipeline stage %d (rank %d): gathering the optimizer state of %s over the tp "
+                                 "axis",
+                                 p->stage, p->rank, ft->name);
     }
     if (own == 0 || p->tr != 0 || (p->stage != own && p->stage != 0)) return DT_OK;
     dt_status st = p->stage == 0 ? dt_pp_recv_model(p, p->pp, dst, ft->numel, own, DT_COMM_TAG_MAX - 1)
@@ -107,8 +111,9 @@ static dt_status sync_tensor(dt_strategy *s, dt_pp *p, int j, float *tmp, float 
     const int own = dt_pp_owner_stage(p, j);
     float *whole = (lt->is_buffer ? dt_model_buffers(s->model) : dt_model_params(s->model)) + ft->offset;
     const float *mine = (lt->is_buffer ? dt_model_buffers(p->m) : dt_model_params(p->m)) + lt->offset;
-    dt_status st =
-        p->stage == own ? dt_tp_gather_tensor_on(p->m, p->dev, p->mesh.tp_comm, p->tp, ft, lt, mine, whole, tmp, true) : DT_OK;
+    dt_status st = p->stage == own
+                       ? dt_tp_gather_tensor_on(p->m, p->dev, p->mesh.tp_comm, p->tp, ft, lt, mine, whole, tmp, true)
+                       : DT_OK;
     if (st != DT_OK)
         return dt_error_wrap(st, "pipeline stage %d (rank %d): gathering tensor %s over the tp axis", p->stage, p->rank,
                              ft->name);
@@ -125,19 +130,22 @@ dt_status dt_pp_tp_visit_state(dt_strategy *s, dt_state_visit_fn fn, void *ctx) 
     if (p->whole) return dt_state_visit_model(s->model, s->optim, fn, ctx);
     for (int g = 0; g < p->nseg; g++)
         if (p->seg[g].zero && !p->seg[g].whole)
-            return dt_error(DT_EINTERNAL, "`tp` %d `pp` %d: the stage's state is ZeRO-sharded; its pieces are visited "
-                            "before pp_init shards it, or after a sync", p->tp, p->K);
+            return dt_error(DT_EINTERNAL,
+                            "`tp` %d `pp` %d: the stage's state is ZeRO-sharded; its pieces are visited "
+                            "before pp_init shards it, or after a sync",
+                            p->tp, p->K);
     for (int j = 0; j < dt_model_num_tensors(p->m); j++) {
         const dt_param_info *lt = dt_model_tensor(p->m, j), *ft = whole_of(s, p, j);
-        if (!(p->users[j] >> p->stage & 1)) continue;  /* another stage's */
-        if (!ft) return dt_error(DT_EINTERNAL, "`tp` `pp`: the shard's tensor '%s' is not in the whole model", lt->name);
+        if (!(p->users[j] >> p->stage & 1)) continue; /* another stage's */
+        if (!ft)
+            return dt_error(DT_EINTERNAL, "`tp` `pp`: the shard's tensor '%s' is not in the whole model", lt->name);
         float *lb = (lt->is_buffer ? dt_model_buffers(p->m) : dt_model_params(p->m)) + lt->offset;
         DT_TRY(dt_tp_visit_shard(p->m, p->tp, p->tr, fn, ctx, ft->name, ft, lb, false));
         for (int k = 0; !lt->is_buffer && k < p->nstates; k++) {
             const char *sname = "";
             float *mine = dt_pp_seg_state(p, k, lt->offset);
             if (!mine) continue;
-            dt_optim_state(p->seg[0].opt, k, &sname);  /* the segments' optimizers are one kind */
+            dt_optim_state(p->seg[0].opt, k, &sname); /* the segments' optimizers are one kind */
             char name[96];
             snprintf(name, sizeof name, "optim.%s.%s", sname, ft->name);
             DT_TRY(dt_tp_visit_shard(p->m, p->tp, p->tr, fn, ctx, name, ft, mine, true));

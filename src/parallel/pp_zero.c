@@ -37,7 +37,7 @@ enum { TAG_PP_ZERO = 7400, PAGE = 4096 };
 /* ZeRO-2: gives back segment sg's gradient pages (they read as zeros) and zeros its values on the
  * pages it shares with neighbours: its gradients are zero afterwards, for the next step. */
 static size_t release_grads(dt_pp *p, float *g, const dt_pp_segment *sg) {
-    if (p->on_dev) {  /* a device block cannot give pages back: zeroed */
+    if (p->on_dev) { /* a device block cannot give pages back: zeroed */
         p->dev->ops->fill_f32(p->dev, g + sg->lo, 0.0f, sg->hi - sg->lo);
         return 0;
     }
@@ -88,7 +88,7 @@ dt_status dt_pp_zero_shard(dt_pp *p) {
     }
     if (p->o.zero < 2) return DT_OK;
     DT_TRY(alloc_gsh(p, at));
-    float *g = dt_model_grads(p->m);  /* nothing written yet: the pages go back until backward needs them */
+    float *g = dt_model_grads(p->m); /* nothing written yet: the pages go back until backward needs them */
     for (int q = 0; q < p->nseg; q++) p->grel += release_grads(p, g, &p->seg[q]);
     return DT_OK;
 }
@@ -97,9 +97,11 @@ dt_status dt_pp_zero_reacquire(dt_pp *p) {
     const size_t n = p->grel;
     p->grel = 0;
     if (!n || dt_mem_reacquire(n) == DT_OK) return DT_OK;
-    return dt_error_wrap(DT_ENOMEM, "pipeline stage %d (rank %d): ZeRO-2 holds the stage's whole gradients while its "
+    return dt_error_wrap(DT_ENOMEM,
+                         "pipeline stage %d (rank %d): ZeRO-2 holds the stage's whole gradients while its "
                          "micro-batches accumulate (%zu bytes given back between steps); raise `mem_limit` or use more "
-                         "stages (`pp`)", p->stage, p->rank, n);
+                         "stages (`pp`)",
+                         p->stage, p->rank, n);
 }
 
 /* Segment sg's reduce-scatter on a host copy (p->host: the segment, then the chunk's c floats):
@@ -134,22 +136,25 @@ dt_status dt_pp_zero_reduce(dt_pp *p, float *g) {
         if (st == DT_OK) p->grel += release_grads(p, g, sg);
     }
     return st == DT_OK ? DT_OK
-                       : dt_error_wrap(st, "pipeline stage %d (rank %d): ZeRO-2 gradient reduce-scatter over the "
-                                           "data-parallel axis", p->stage, p->rank);
+                       : dt_error_wrap(st,
+                                       "pipeline stage %d (rank %d): ZeRO-2 gradient reduce-scatter over the "
+                                       "data-parallel axis",
+                                       p->stage, p->rank);
 }
 
 /* The sum of squares of this rank's chunk of the gradients in its share of the norm: the device's
  * sqnorm of each run of such values adjacent in p->gsh (visited in increasing offset, as the loop
  * over tensors and segments it replaced). */
 dt_status dt_pp_zero_norm_pieces(const dt_pp *p, dt_grad_pieces *out) {
-    size_t lo = 0, hi = 0;  /* the current run in p->gsh */
+    size_t lo = 0, hi = 0; /* the current run in p->gsh */
     for (int t = 0; t < dt_model_num_tensors(p->m); t++) {
         const dt_param_info *ti = dt_model_tensor(p->m, t);
         if (ti->is_buffer || !dt_pp_in_norm(p, t)) continue;
-        for (int q = 0; q < p->nseg; q++) {  /* the tensor's part in this rank's chunk of its segment */
+        for (int q = 0; q < p->nseg; q++) { /* the tensor's part in this rank's chunk of its segment */
             const dt_pp_segment *sg = &p->seg[q];
             const size_t c0 = sg->lo + sg->zoff, c1 = c0 + sg->zlen;
-            const size_t a = ti->offset > c0 ? ti->offset : c0, e = ti->offset + ti->numel < c1 ? ti->offset + ti->numel : c1;
+            const size_t a = ti->offset > c0 ? ti->offset : c0,
+                         e = ti->offset + ti->numel < c1 ? ti->offset + ti->numel : c1;
             if (a >= e) continue;
             const size_t ga = sg->gat + (a - c0), ge = ga + (e - a);
             if (hi > lo && ga == hi) {
@@ -182,12 +187,12 @@ dt_status dt_pp_zero_update(dt_pp *p, float *w, const float *g, float lr) {
         dt_pp_segment *sg = &p->seg[q];
         dt_optim_step(sg->opt, w + sg->lo + sg->zoff, g ? g + sg->lo + sg->zoff : p->gsh + sg->gat, lr);
     }
-    if (p->seg_of) {  /* ZeRO-3: the stale copies go; each node gathers the new values when it runs */
+    if (p->seg_of) { /* ZeRO-3: the stale copies go; each node gathers the new values when it runs */
         free(counts);
         dt_pp_zero3_release_all(p);
         return DT_OK;
     }
-    for (int q = 0; st == DT_OK && q < p->nseg; q++) {  /* every DP rank's updated chunk to every one */
+    for (int q = 0; st == DT_OK && q < p->nseg; q++) { /* every DP rank's updated chunk to every one */
         const dt_pp_segment *sg = &p->seg[q];
         for (int j = 0; j < p->DP; j++) {
             size_t off;
@@ -197,8 +202,10 @@ dt_status dt_pp_zero_update(dt_pp *p, float *w, const float *g, float lr) {
     }
     free(counts);
     return st == DT_OK ? DT_OK
-                       : dt_error_wrap(st, "pipeline stage %d (rank %d): ZeRO-%d parameter allgather over the "
-                                           "data-parallel axis", p->stage, p->rank, p->o.zero);
+                       : dt_error_wrap(st,
+                                       "pipeline stage %d (rank %d): ZeRO-%d parameter allgather over the "
+                                       "data-parallel axis",
+                                       p->stage, p->rank, p->o.zero);
 }
 
 dt_status dt_pp_zero_collect(dt_pp *p) {
@@ -235,8 +242,10 @@ dt_status dt_pp_zero_collect(dt_pp *p) {
         sg->shard = sg->opt, sg->opt = w, sg->whole = true;
     }
     return st == DT_OK ? DT_OK
-                       : dt_error_wrap(st, "pipeline stage %d (rank %d): collecting the ZeRO-%d optimizer shards over "
-                                           "the data-parallel axis", p->stage, p->rank, p->o.zero);
+                       : dt_error_wrap(st,
+                                       "pipeline stage %d (rank %d): collecting the ZeRO-%d optimizer shards over "
+                                       "the data-parallel axis",
+                                       p->stage, p->rank, p->o.zero);
 }
 
 void dt_pp_zero_uncollect(dt_pp *p) {

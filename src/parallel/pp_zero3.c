@@ -31,7 +31,7 @@ static void release(dt_pp *p, dt_pp_segment *sg) {
     if (!sg->resident) return;
     float *w = dt_model_params(p->m);
     const size_t end = sg->lo + sg->zoff + sg->zlen;
-    if (p->on_dev) {  /* a device block: zeroed, nothing given back */
+    if (p->on_dev) { /* a device block: zeroed, nothing given back */
         p->dev->ops->fill_f32(p->dev, w + sg->lo, 0.0f, sg->zoff);
         p->dev->ops->fill_f32(p->dev, w + end, 0.0f, sg->hi - end);
         sg->resident = false;
@@ -74,7 +74,7 @@ static void node_hook(void *ctx, int node) {
     const int n = dt_model_node_tensors(p->m, node, ids, NODE_TENSORS);
     for (int k = 0; k < n && k < NODE_TENSORS; k++)
         if (p->seg_of[ids[k]] >= 0) need[nn++] = p->seg_of[ids[k]];
-    if (nn == 0) return;  /* a node without parameters keeps the last ones (the next may need them) */
+    if (nn == 0) return; /* a node without parameters keeps the last ones (the next may need them) */
     for (int q = 0; q < p->nseg; q++) {
         bool keep = false;
         for (int k = 0; k < nn; k++) keep |= need[k] == q;
@@ -99,10 +99,10 @@ dt_status dt_pp_zero3_setup(dt_pp *p) {
         for (int q = 0; !ti->is_buffer && q < p->nseg; q++)
             if (p->seg[q].lo == ti->offset && p->seg[q].hi == ti->offset + ti->numel) p->seg_of[t] = q;
     }
-    for (int q = 0; q < p->nseg; q++) p->seg[q].resident = true;  /* whole until init gives them back */
+    for (int q = 0; q < p->nseg; q++) p->seg[q].resident = true; /* whole until init gives them back */
     dt_model_set_node_hooks(p->m, node_hook, NULL, p);
     dt_model_set_backward_hook(p->m, node_hook);
-    if (p->hooks) dt_tp_hooks_chain(p->hooks);  /* tp x pp: the shard's collectives after its backward, ours before */
+    if (p->hooks) dt_tp_hooks_chain(p->hooks); /* tp x pp: the shard's collectives after its backward, ours before */
     return DT_OK;
 }
 

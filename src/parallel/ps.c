@@ -76,7 +76,7 @@ static dt_status exchange(ps_state *p, const float *g, float *w, int64_t step) {
     for (int i = 0; i < p->S; i++) {
         dt_status r = DT_OK;
         const ps_reply *r0 = &p->reply[0];
-        if (i > 0 && p->dynamic && (r0->seq >= 0 || r0->bye || r0->later)) {  /* name the next unit */
+        if (i > 0 && p->dynamic && (r0->seq >= 0 || r0->bye || r0->later)) { /* name the next unit */
             ps_push pull = {.step = step, .n = PS_N_PULL, .seq = r0->seq};
             if ((r = dt_comm_broadcast(p->pair[i], &pull, sizeof pull, DT_U8, 1)) != DT_OK)
                 return server_error(p, i, r, "asking");
@@ -92,7 +92,7 @@ static dt_status exchange(ps_state *p, const float *g, float *w, int64_t step) {
 static dt_status goodbye(ps_state *p, int64_t step) {
     for (int i = 0; i < p->S; i++) {
         ps_push bye = {.step = step, .n = PS_N_BYE, .seq = -1};
-        ps_reply ack;  /* the server took it: leaving now cannot look like a failure */
+        ps_reply ack; /* the server took it: leaving now cannot look like a failure */
         dt_status e = dt_comm_broadcast(p->pair[i], &bye, sizeof bye, DT_U8, 1);
         if (e == DT_OK) e = dt_comm_broadcast(p->pair[i], &ack, sizeof ack, DT_U8, 0);
         if (e != DT_OK) return server_error(p, i, e, "saying goodbye to");
@@ -103,8 +103,14 @@ static dt_status goodbye(ps_state *p, int64_t step) {
 /* The push headers of this step (version: of the parameters the gradient was computed on). */
 static void fill_push(dt_strategy *s, ps_state *p, float lr) {
     for (int i = 0; i < p->S; i++)
-        p->push[i] = (ps_push){.step = s->step, .epoch = s->cur.epoch, .version = p->version[i], .n = s->cur.n,
-                               .lr = lr, .loss_sum = s->cur.loss_sum, .busy_s = s->cur.busy_s, .wait_s = p->last_wait,
+        p->push[i] = (ps_push){.step = s->step,
+                               .epoch = s->cur.epoch,
+                               .version = p->version[i],
+                               .n = s->cur.n,
+                               .lr = lr,
+                               .loss_sum = s->cur.loss_sum,
+                               .busy_s = s->cur.busy_s,
+                               .wait_s = p->last_wait,
                                .seq = p->dynamic ? p->seq : -1};
 }
 
@@ -113,15 +119,14 @@ static dt_status ps_step_blocking(dt_strategy *s, float lr, float clip, dt_step_
     ps_state *p = s->impl;
     memset(st, 0, sizeof *st);
     float *g = dt_model_grads(s->model), *w = dt_model_params(s->model);
-    if (clip > 0) s->cur.grad_norm = dt_optim_clip_grad_norm(s->optim, g, p->P, clip);  /* on its device */
+    if (clip > 0) s->cur.grad_norm = dt_optim_clip_grad_norm(s->optim, g, p->P, clip); /* on its device */
     double t0 = dt_now();
     fill_push(s, p, lr);
-    if (p->dev) {  /* staged: the gradient goes out of, the parameters come into, host buffers */
+    if (p->dev) { /* staged: the gradient goes out of, the parameters come into, host buffers */
         p->dev->ops->download(p->dev, p->gsend, g, p->P * sizeof(float));
         DT_TRY(exchange(p, p->gsend, p->wstage, s->step));
         p->dev->ops->upload(p->dev, w, p->wstage, p->P * sizeof(float));
-    } else
-        DT_TRY(exchange(p, g, w, s->step));
+    } else DT_TRY(exchange(p, g, w, s->step));
     for (int i = 0; i < p->S; i++) p->version[i] = p->reply[i].version;
     if (p->dynamic) {
         const ps_reply *r = &p->reply[0];
@@ -144,7 +149,7 @@ static void *exchange_main(void *arg) {
         dt_status st = exchange(p, p->gsend, p->wstage, p->xstep);
         pthread_mutex_lock(&p->mu);
         p->xst = st;
-        if (st != DT_OK) snprintf(p->xmsg, sizeof p->xmsg, "%s", dt_last_error());  /* the message is per thread */
+        if (st != DT_OK) snprintf(p->xmsg, sizeof p->xmsg, "%s", dt_last_error()); /* the message is per thread */
         p->busy = false;
         pthread_cond_broadcast(&p->cv);
     }
@@ -162,14 +167,16 @@ static void exchange_wait(ps_state *p) {
 /* Takes the answer of the finished exchange: staged parameters into the model, the unit handed out. */
 static dt_status exchange_take(dt_strategy *s, ps_state *p) {
     if (p->xst != DT_OK) return dt_error(p->xst, "%s", p->xmsg);
-    dt_dev *d = dt_model_device(s->model);  /* the cpu device's upload is a memcpy */
+    dt_dev *d = dt_model_device(s->model); /* the cpu device's upload is a memcpy */
     d->ops->upload(d, dt_model_params(s->model), p->wstage, p->P * sizeof(float));
     for (int i = 0; i < p->S; i++) p->version[i] = p->reply[i].version;
     const ps_reply *r = &p->reply[0];
-    if (r->seq >= 0) {  /* each answer hands out at most one; the worker holds at most one more */
+    if (r->seq >= 0) { /* each answer hands out at most one; the worker holds at most one more */
         if (p->nheld >= 2)
-            return dt_error(DT_EMISMATCH, "ps worker rank %d: server 0 handed out unit %lld while this worker holds "
-                            "two (`ps_overlap` protocol)", p->me, (long long)r->seq);
+            return dt_error(DT_EMISMATCH,
+                            "ps worker rank %d: server 0 handed out unit %lld while this worker holds "
+                            "two (`ps_overlap` protocol)",
+                            p->me, (long long)r->seq);
         p->held[p->nheld][0] = r->seq, p->held[p->nheld][1] = r->epoch, p->held[p->nheld][2] = r->unit;
         p->nheld++;
     }
@@ -183,7 +190,7 @@ static dt_status exchange_start(ps_state *p, const float *g, int64_t step) {
             return dt_error(DT_ENOMEM, "ps worker rank %d: cannot start the exchange thread (`ps_overlap`)", p->me);
         p->thread_started = true;
     }
-    p->mdev->ops->download(p->mdev, p->gsend, g, p->P * sizeof(float));  /* the next backward overwrites g */
+    p->mdev->ops->download(p->mdev, p->gsend, g, p->P * sizeof(float)); /* the next backward overwrites g */
     pthread_mutex_lock(&p->mu);
     p->xstep = step, p->xst = DT_OK, p->busy = true;
     pthread_cond_broadcast(&p->cv);
@@ -205,8 +212,8 @@ static dt_status ps_step_overlap(dt_strategy *s, float lr, float clip, dt_step_s
     ps_state *p = s->impl;
     memset(st, 0, sizeof *st);
     float *g = dt_model_grads(s->model);
-    if (clip > 0) s->cur.grad_norm = dt_optim_clip_grad_norm(s->optim, g, p->P, clip);  /* on its device */
-    if (!p->first_done) {  /* the unit ahead the worker starts with (seq W + w), from first_unit */
+    if (clip > 0) s->cur.grad_norm = dt_optim_clip_grad_norm(s->optim, g, p->P, clip); /* on its device */
+    if (!p->first_done) { /* the unit ahead the worker starts with (seq W + w), from first_unit */
         p->first_done = true;
         if (p->next_unit >= 0) {
             p->held[0][0] = p->seq + p->W, p->held[0][1] = p->next_epoch, p->held[0][2] = p->next_unit;
@@ -215,14 +222,14 @@ static dt_status ps_step_overlap(dt_strategy *s, float lr, float clip, dt_step_s
     }
     double t0 = dt_now();
     if (p->inflight) exchange_wait(p);
-    fill_push(s, p, lr);  /* before the staged parameters come in: the version the gradient saw */
+    fill_push(s, p, lr); /* before the staged parameters come in: the version the gradient saw */
     if (p->inflight) {
         p->inflight = false;
         DT_TRY(exchange_take(s, p));
     }
     DT_TRY(exchange_start(p, g, s->step));
     p->inflight = true;
-    if (p->nheld == 0) DT_TRY(dt_ps_worker_drain(s));  /* nothing held ahead: blocking */
+    if (p->nheld == 0) DT_TRY(dt_ps_worker_drain(s)); /* nothing held ahead: blocking */
     if (p->nheld > 0) {
         p->seq = p->held[0][0], p->next_epoch = p->held[0][1], p->next_unit = p->held[0][2];
         p->held[0][0] = p->held[1][0], p->held[0][1] = p->held[1][1], p->held[0][2] = p->held[1][2];
@@ -244,7 +251,7 @@ static dt_status ps_step(dt_strategy *s, float lr, float clip, dt_step_stats *st
 static void ps_destroy(dt_strategy *s) {
     ps_state *p = s->impl;
     if (!p) return;
-    if (p->thread_started) {  /* drain the exchange in flight (its answer is not needed), then stop */
+    if (p->thread_started) { /* drain the exchange in flight (its answer is not needed), then stop */
         pthread_mutex_lock(&p->mu);
         while (p->busy) pthread_cond_wait(&p->cv, &p->mu);
         p->quit = true;
@@ -290,11 +297,21 @@ static void ps_next_unit(dt_strategy *s, int64_t *epoch, int64_t *unit) {
 }
 
 /* fixed shards: the workers take their shard of the loader's order; dynamic: the servers hand out */
-static const dt_strategy_ops ps_ops = {.name = "ps", .init = ps_init, .begin_step = ps_begin, .grad_ready = ps_ready,
-                                       .step = ps_step, .destroy = ps_destroy, .serve = ps_serve};
-static const dt_strategy_ops ps_dynamic_ops = {.name = "ps", .init = ps_init, .begin_step = ps_begin,
-                                               .grad_ready = ps_ready, .step = ps_step, .destroy = ps_destroy,
-                                               .serve = ps_serve, .first_unit = ps_first_unit,
+static const dt_strategy_ops ps_ops = {.name = "ps",
+                                       .init = ps_init,
+                                       .begin_step = ps_begin,
+                                       .grad_ready = ps_ready,
+                                       .step = ps_step,
+                                       .destroy = ps_destroy,
+                                       .serve = ps_serve};
+static const dt_strategy_ops ps_dynamic_ops = {.name = "ps",
+                                               .init = ps_init,
+                                               .begin_step = ps_begin,
+                                               .grad_ready = ps_ready,
+                                               .step = ps_step,
+                                               .destroy = ps_destroy,
+                                               .serve = ps_serve,
+                                               .first_unit = ps_first_unit,
                                                .next_unit = ps_next_unit};
 
 static dt_status ps_create(dt_strategy *s, const void *opts) {
@@ -305,7 +322,7 @@ static dt_status ps_create(dt_strategy *s, const void *opts) {
     if (dt_model_num_buffers(s->model) > 0)
         return dt_error(DT_ENOTSUP, "`strategy` ps does not keep model buffers (batchnorm running statistics) on the "
                                     "servers: use a model without batchnorm, or `strategy` ddp/localsgd");
-    DT_TRY(dt_strategy_ps_entry.check(o));  /* also for options not made by dt_strategy_parse */
+    DT_TRY(dt_strategy_ps_entry.check(o)); /* also for options not made by dt_strategy_parse */
     ps_state *p = calloc(1, sizeof *p);
     if (!p) return dt_error(DT_ENOMEM, "ps: out of memory");
     p->S = size - dworld, p->W = dworld, p->me = me;
@@ -317,7 +334,7 @@ static dt_status ps_create(dt_strategy *s, const void *opts) {
         pthread_mutex_init(&p->mu, NULL);
         pthread_cond_init(&p->cv, NULL);
     }
-    p->seq = me - p->S;  /* dynamic: worker w trains seq w first */
+    p->seq = me - p->S; /* dynamic: worker w trains seq w first */
     p->P = dt_model_num_params(s->model);
     p->dev = dt_strategy_stage_device(s->comm, s->model);
     p->mdev = dt_model_device(s->model);
@@ -368,14 +385,18 @@ static dt_status ps_set(void *opts, const char *key, const char *value) {
         if (!strcmp(value, "inf") || !strcmp(value, "async")) o->staleness = -1;
         else if (whole(value, 0, 1000000, &v)) o->staleness = (int)v;
         else
-            return dt_error(DT_EINVAL, "`strategy` ps: staleness=%s: not a whole number of batches (use staleness=S, "
-                            "0 = synchronous, or staleness=inf)", value);
+            return dt_error(DT_EINVAL,
+                            "`strategy` ps: staleness=%s: not a whole number of batches (use staleness=S, "
+                            "0 = synchronous, or staleness=inf)",
+                            value);
     } else if (!strcmp(key, "shards")) {
         if (strcmp(value, "fixed") && strcmp(value, "dynamic"))
-            return dt_error(DT_EINVAL, "`strategy` ps: shards=%s: use shards=dynamic (server 0 hands out the batches, "
-                            "the default) or shards=fixed (each worker owns 1/N of every epoch)", value);
+            return dt_error(DT_EINVAL,
+                            "`strategy` ps: shards=%s: use shards=dynamic (server 0 hands out the batches, "
+                            "the default) or shards=fixed (each worker owns 1/N of every epoch)",
+                            value);
         o->fixed_shards = !strcmp(value, "fixed");
-    } else {  /* overlap */
+    } else { /* overlap */
         if (strcmp(value, "0") && strcmp(value, "1") && strcmp(value, "true") && strcmp(value, "false"))
             return dt_error(DT_EINVAL, "`strategy` ps: overlap=%s: use overlap=1 or overlap=0", value);
         o->overlap = !strcmp(value, "1") || !strcmp(value, "true");
@@ -388,7 +409,8 @@ static dt_status ps_check(const void *opts) {
     if (o->servers < 1)
         return dt_error(DT_EINVAL, "`strategy` ps: servers=%d: need at least 1 (e.g. ps(servers=1))", o->servers);
     if (o->overlap && (o->fixed_shards || o->staleness >= 0))
-        return dt_error(DT_EINVAL, "`strategy` ps: overlap=1 needs shards=dynamic and staleness=inf (it adds a step "
+        return dt_error(DT_EINVAL,
+                        "`strategy` ps: overlap=1 needs shards=dynamic and staleness=inf (it adds a step "
                         "of staleness that a bound does not count): use %s, or drop overlap",
                         o->fixed_shards ? "shards=dynamic" : "staleness=inf");
     return DT_OK;
@@ -405,10 +427,18 @@ static void ps_format(const void *opts, char *out, size_t cap) {
 }
 
 const dt_strategy_entry dt_strategy_ps_entry = {
-    .name = "ps", .options = "servers=S,staleness=S|inf,shards=dynamic|fixed,overlap=0|1",
+    .name = "ps",
+    .options = "servers=S,staleness=S|inf,shards=dynamic|fixed,overlap=0|1",
     .help = "parameter server: the first S ranks hold the parameters, the workers push gradients and pull them, "
             "at most S global batches ahead of the slowest (inf: asynchronous); shards=dynamic: server 0 hands out "
             "the batches (a slow worker trains fewer); overlap=1: push and pull while the next batch trains",
-    .keys = "servers, staleness, shards, overlap", .opts_size = sizeof(ps_opts), .defaults = ps_defaults,
-    .set = ps_set, .check = ps_check, .create = ps_create, .servers = ps_servers, .format = ps_format,
-    .needs_comm = true, .device_neutral = true};
+    .keys = "servers, staleness, shards, overlap",
+    .opts_size = sizeof(ps_opts),
+    .defaults = ps_defaults,
+    .set = ps_set,
+    .check = ps_check,
+    .create = ps_create,
+    .servers = ps_servers,
+    .format = ps_format,
+    .needs_comm = true,
+    .device_neutral = true};

@@ -75,73 +75,73 @@
 
 #include <pthread.h>
 
-enum { PS_TAG_SHARD = 10 };  /* server -> server 0 at an epoch end: params, then optimizer states */
-enum { PS_N_BYE = -1, PS_N_PULL = -2 };  /* ps_push.n of a goodbye and of a pull request */
+enum { PS_TAG_SHARD = 10 };             /* server -> server 0 at an epoch end: params, then optimizer states */
+enum { PS_N_BYE = -1, PS_N_PULL = -2 }; /* ps_push.n of a goodbye and of a pull request */
 
 typedef struct {
-    int64_t step;        /* the worker's step (0-based); its clock becomes step + 1 */
-    int64_t epoch;       /* epoch of that step */
-    int64_t version;     /* server version the gradient was computed on (from the last reply) */
-    int32_t n;           /* samples of the step (0: nothing to apply), or PS_N_BYE / PS_N_PULL */
-    float lr;            /* learning rate of the step */
-    double loss_sum;     /* sum of the per-sample losses */
-    double busy_s;       /* forward+backward time, including a --slow sleep */
-    double wait_s;       /* how long the worker's previous exchange blocked it (0 for its first) */
-    int64_t seq;         /* dynamic: the unit trained (a pull request: the next unit); -1 otherwise */
+    int64_t step;    /* the worker's step (0-based); its clock becomes step + 1 */
+    int64_t epoch;   /* epoch of that step */
+    int64_t version; /* server version the gradient was computed on (from the last reply) */
+    int32_t n;       /* samples of the step (0: nothing to apply), or PS_N_BYE / PS_N_PULL */
+    float lr;        /* learning rate of the step */
+    double loss_sum; /* sum of the per-sample losses */
+    double busy_s;   /* forward+backward time, including a --slow sleep */
+    double wait_s;   /* how long the worker's previous exchange blocked it (0 for its first) */
+    int64_t seq;     /* dynamic: the unit trained (a pull request: the next unit); -1 otherwise */
 } ps_push;
 
 typedef struct {
-    int64_t version;     /* pushes applied to this shard so far */
-    int64_t seq, epoch, unit;  /* dynamic, server 0: the worker's next unit; unit -1 = none */
-    int32_t bye;         /* dynamic, server 0: no next unit; say goodbye to every server */
-    int32_t later;       /* overlap, server 0: no unit ahead now (quiet finish, max_steps); ask after the one held */
+    int64_t version;          /* pushes applied to this shard so far */
+    int64_t seq, epoch, unit; /* dynamic, server 0: the worker's next unit; unit -1 = none */
+    int32_t bye;              /* dynamic, server 0: no next unit; say goodbye to every server */
+    int32_t later; /* overlap, server 0: no unit ahead now (quiet finish, max_steps); ask after the one held */
 } ps_reply;
 
 /* ps's options: "ps(servers=S,staleness=S|inf,shards=dynamic|fixed,overlap=0|1)". */
 typedef struct {
-    int servers;             /* the first `servers` ranks are servers, >= 1 (default 1) */
-    int staleness;           /* bound in steps (rounds of W batches, see above), < 0 = unbounded (default) */
-    bool fixed_shards;       /* shards=fixed: each worker owns 1/W of every epoch, SSP on its own steps
-                              * (default shards=dynamic: the workers take the next batch from server 0) */
-    bool overlap;            /* dynamic assignment, staleness < 0 only: a worker's push and pull run in the
-                              * background while it trains the next batch (one unit held ahead, above) */
+    int servers;       /* the first `servers` ranks are servers, >= 1 (default 1) */
+    int staleness;     /* bound in steps (rounds of W batches, see above), < 0 = unbounded (default) */
+    bool fixed_shards; /* shards=fixed: each worker owns 1/W of every epoch, SSP on its own steps
+                        * (default shards=dynamic: the workers take the next batch from server 0) */
+    bool overlap;      /* dynamic assignment, staleness < 0 only: a worker's push and pull run in the
+                        * background while it trains the next batch (one unit held ahead, above) */
 } ps_opts;
 
 typedef struct {
-    int S, W;                /* servers, workers */
-    int me;                  /* job rank */
-    int staleness;           /* < 0: unbounded */
-    bool dynamic;            /* dynamic batch assignment (not fixed_shards) */
-    size_t P;                /* parameters */
-    struct dt_dev *mdev;     /* the model's device (cpu included): the worker's uploads and downloads */
-    struct dt_dev *dev;      /* the model's device when it is staged through host buffers (both sides),
-                              * else NULL */
-    size_t *lo;              /* [S + 1] shard bounds */
-    dt_comm **pair;          /* server: [W] its pair with worker w; worker: [S] its pair with server i */
-    dt_comm *servers;        /* servers among themselves (S > 1), else NULL */
+    int S, W;            /* servers, workers */
+    int me;              /* job rank */
+    int staleness;       /* < 0: unbounded */
+    bool dynamic;        /* dynamic batch assignment (not fixed_shards) */
+    size_t P;            /* parameters */
+    struct dt_dev *mdev; /* the model's device (cpu included): the worker's uploads and downloads */
+    struct dt_dev *dev;  /* the model's device when it is staged through host buffers (both sides),
+                          * else NULL */
+    size_t *lo;          /* [S + 1] shard bounds */
+    dt_comm **pair;      /* server: [W] its pair with worker w; worker: [S] its pair with server i */
+    dt_comm *servers;    /* servers among themselves (S > 1), else NULL */
     /* worker side */
-    ps_push *push;           /* [S] */
-    ps_reply *reply;         /* [S] */
-    int64_t *version;        /* [S] last version seen from each server */
-    int64_t seq;             /* dynamic: the unit this worker trains now */
-    int64_t next_epoch, next_unit;  /* dynamic: the unit it trains next (next_unit < 0: none left);
-                                     * overlap: before the first step, the unit held ahead (seq W + w) */
-    double last_wait;        /* the previous step's exchange wait (reported in the next push) */
+    ps_push *push;                 /* [S] */
+    ps_reply *reply;               /* [S] */
+    int64_t *version;              /* [S] last version seen from each server */
+    int64_t seq;                   /* dynamic: the unit this worker trains now */
+    int64_t next_epoch, next_unit; /* dynamic: the unit it trains next (next_unit < 0: none left);
+                                    * overlap: before the first step, the unit held ahead (seq W + w) */
+    double last_wait;              /* the previous step's exchange wait (reported in the next push) */
     /* worker side, overlap (see the top): the exchange thread and its buffers */
     bool overlap;
-    float *gsend, *wstage;   /* [P] the gradient being pushed; the parameters being pulled (also
-                              * without overlap where dev is set: the host copies of the exchange) */
-    int64_t held[2][3];      /* units held ahead, oldest first: seq, epoch, unit */
+    float *gsend, *wstage; /* [P] the gradient being pushed; the parameters being pulled (also
+                            * without overlap where dev is set: the host copies of the exchange) */
+    int64_t held[2][3];    /* units held ahead, oldest first: seq, epoch, unit */
     int nheld;
-    bool bye;                /* server 0 said bye: nothing to hand out now */
-    bool inflight;           /* main thread: an exchange was started and its answer not yet taken */
-    bool first_done;         /* the first step took the unit ahead named by the trainer */
+    bool bye;        /* server 0 said bye: nothing to hand out now */
+    bool inflight;   /* main thread: an exchange was started and its answer not yet taken */
+    bool first_done; /* the first step took the unit ahead named by the trainer */
     pthread_t thread;
-    bool thread_started, busy, quit;  /* busy: an exchange is in flight */
+    bool thread_started, busy, quit; /* busy: an exchange is in flight */
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int64_t xstep;           /* the step of the exchange (for pull requests) */
-    dt_status xst;           /* result of the last exchange, with its message */
+    int64_t xstep; /* the step of the exchange (for pull requests) */
+    dt_status xst; /* result of the last exchange, with its message */
     char xmsg[512];
 } ps_state;
 

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define QUIET_UNITS 16  /* units per worker at the end of the run trained one at a time */
+#define QUIET_UNITS 16 /* units per worker at the end of the run trained one at a time */
 
 /* Dynamic: the units worker w holds (pending slots: 2 with overlap, else 1). */
 int dt_ps_slots(const server *sv) { return sv->p->overlap ? 2 : 1; }
@@ -95,7 +95,7 @@ void dt_ps_seq_position(const server *sv, int64_t q, int64_t *epoch, int64_t *in
 static bool quiet_wait(const server *sv, int w) {
     int best = -1;
     for (int x = 0; x < sv->p->W; x++) {
-        if (x != w && held(sv, x) > 0) return true;  /* with overlap: units held ahead too */
+        if (x != w && held(sv, x) > 0) return true; /* with overlap: units held ahead too */
         bool asks = sv->alive[x] && !sv->bye[x] && sv->clock[x] < sv->total;
         if (asks && (best < 0 || sv->wunits[x] > sv->wunits[best])) best = x;
     }
@@ -116,7 +116,7 @@ void dt_ps_assign(server *sv, int w, int64_t clk, ps_reply *r) {
     const int64_t quiet_from = sv->p->W > 1 ? run - quiet : INT64_MAX;
     for (;;) {
         r->seq = -1, r->epoch = -1, r->unit = -1, r->bye = 0, r->later = 0;
-        if (clk >= sv->total) return;  /* max_steps: the worker stops by itself, no goodbye */
+        if (clk >= sv->total) return; /* max_steps: the worker stops by itself, no goodbye */
         /* overlap: a unit handed out now is trained at step clk + 1, behind the one the worker
          * holds; none that max_steps would leave untrained (and its epoch never complete) */
         if (sv->p->overlap && clk + held(sv, w) >= sv->total) {
@@ -136,8 +136,7 @@ void dt_ps_assign(server *sv, int w, int64_t clk, ps_reply *r) {
             return;
         }
         /* bounded staleness: not more than s rounds ahead of the oldest unit still out */
-        if ((q >= quiet_from && quiet_wait(sv, w)) ||
-            (sv->p->staleness >= 0 && round_gap(sv, q) > sv->p->staleness)) {
+        if ((q >= quiet_from && quiet_wait(sv, w)) || (sv->p->staleness >= 0 && round_gap(sv, q) > sv->p->staleness)) {
             pthread_cond_wait(&sv->cv, &sv->mu);
             continue;
         }
@@ -160,8 +159,10 @@ dt_status dt_ps_pull(server *sv, int w) {
     pthread_mutex_lock(&sv->mu);
     if (st != DT_OK) return st;
     if (m.n != PS_N_PULL)
-        return dt_error(DT_EMISMATCH, "ps server rank %d: worker rank %d sent a push (n = %d) where a pull request "
-                        "belongs", sv->p->me, sv->p->S + w, m.n);
+        return dt_error(DT_EMISMATCH,
+                        "ps server rank %d: worker rank %d sent a push (n = %d) where a pull request "
+                        "belongs",
+                        sv->p->me, sv->p->S + w, m.n);
     hold(sv, w, m.seq);
     while (m.seq >= 0 && sv->p->staleness >= 0 && round_gap(sv, m.seq) > sv->p->staleness && !sv->stopping &&
            sv->alive[w])

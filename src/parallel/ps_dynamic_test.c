@@ -28,15 +28,15 @@ enum { DN = 203, DB = 8, DUNITS = (DN + DB - 1) / DB, DEPOCHS = 3, DW = 3 };
 
 typedef struct {
     int ok;
-    int max_gap;                       /* server 0's largest round gap granted */
-    int64_t stale[DT_STALENESS_BINS];  /* server 0's staleness histogram */
-    int units[DW];                     /* units each worker trained (pushed) */
-    int count[DEPOCHS][DN];            /* times each sample index was trained, over all workers */
-    int ucount[DEPOCHS][DUNITS];       /* times each unit was trained */
+    int max_gap;                      /* server 0's largest round gap granted */
+    int64_t stale[DT_STALENESS_BINS]; /* server 0's staleness histogram */
+    int units[DW];                    /* units each worker trained (pushed) */
+    int count[DEPOCHS][DN];           /* times each sample index was trained, over all workers */
+    int ucount[DEPOCHS][DUNITS];      /* times each unit was trained */
     int reports, complete, rep_samples[DEPOCHS], rep_w[DEPOCHS][DW];
-    volatile sig_atomic_t stop;        /* the servers' stop flag (a SIGTERM handler's, in a real run) */
-    int left;                          /* workers that have left (dyn_job.stop_after) */
-    dt_status serve_status;            /* server 0's serve() */
+    volatile sig_atomic_t stop; /* the servers' stop flag (a SIGTERM handler's, in a real run) */
+    int left;                   /* workers that have left (dyn_job.stop_after) */
+    dt_status serve_status;     /* server 0's serve() */
     char serve_msg[200];
 } dyn_result;
 
@@ -57,8 +57,7 @@ static dt_status dyn_epoch(void *ctx, const dt_serve_epoch *e) {
 
 static void nap_ms(double ms) {
     struct timespec ts = {0, (long)(ms * 1e6)};
-    while (nanosleep(&ts, &ts) != 0) {
-    }
+    while (nanosleep(&ts, &ts) != 0) {}
 }
 
 /* The harness's job: servers, staleness bound (< 0: none), the last worker's nap per step (the
@@ -67,12 +66,12 @@ typedef struct {
     int servers, staleness;
     double slow_ms;
     int die_w, die_after;
-    bool overlap;        /* --ps-overlap (the dying worker drains first: it dies holding two units) */
-    int max_steps;       /* steps per worker (0: all epochs) */
-    int start_in;        /* a resumed run: the position's step_in_epoch (rounds of DW units) in epoch 0 */
-    int stop_after;      /* a stop as SIGTERM makes it, in the order that hid it once: the first
-                          * workers leave after this many units, then the last sets the servers'
-                          * stop flag while their serving thread sleeps, and leaves too (0: none) */
+    bool overlap;   /* --ps-overlap (the dying worker drains first: it dies holding two units) */
+    int max_steps;  /* steps per worker (0: all epochs) */
+    int start_in;   /* a resumed run: the position's step_in_epoch (rounds of DW units) in epoch 0 */
+    int stop_after; /* a stop as SIGTERM makes it, in the order that hid it once: the first
+                     * workers leave after this many units, then the last sets the servers'
+                     * stop flag while their serving thread sleeps, and leaves too (0: none) */
 } dyn_job;
 
 /* One rank of S servers + DW workers: the data set's single feature is the sample index, so a
@@ -103,10 +102,15 @@ static int dyn_rank(int r, const char *job, const dyn_job *dj) {
     if (st == DT_OK) st = dt_strategy_create(&s, spec, c, m, o, NULL);
     if (st == DT_OK) st = s->ops->init(s);
     if (st == DT_OK && s->role == DT_ROLE_SERVER) {
-        dt_serve_config cfg = {.steps_per_epoch = (int64_t)dt_sampler_batches(DN, DB, DW, false), .epochs = DEPOCHS,
-                               .batch = DB, .progress_s = 1, .units_per_epoch = DUNITS, .on_epoch = dyn_epoch,
-                               .max_steps = dj->max_steps, .start_step_in_epoch = dj->start_in};
-        if (dj->stop_after) cfg.stop = &g_dyn->stop, cfg.progress_s = 600;  /* woken by the workers only */
+        dt_serve_config cfg = {.steps_per_epoch = (int64_t)dt_sampler_batches(DN, DB, DW, false),
+                               .epochs = DEPOCHS,
+                               .batch = DB,
+                               .progress_s = 1,
+                               .units_per_epoch = DUNITS,
+                               .on_epoch = dyn_epoch,
+                               .max_steps = dj->max_steps,
+                               .start_step_in_epoch = dj->start_in};
+        if (dj->stop_after) cfg.stop = &g_dyn->stop, cfg.progress_s = 600; /* woken by the workers only */
         st = s->ops->serve(s, &cfg);
         if (r == 0) {
             g_dyn->serve_status = st;
@@ -116,19 +120,19 @@ static int dyn_rank(int r, const char *job, const dyn_job *dj) {
     } else if (st == DT_OK) {
         const int w = r - dj->servers;
         int64_t ep, u, step = 0;
-        const dt_unit_plan plan = {.epoch = 0, .unit = (int64_t)dj->start_in * DW, .units_per_epoch = DUNITS,
-                                   .epochs = DEPOCHS};
+        const dt_unit_plan plan = {
+            .epoch = 0, .unit = (int64_t)dj->start_in * DW, .units_per_epoch = DUNITS, .epochs = DEPOCHS};
         if (!dt_strategy_hands_out_batches(s)) st = dt_error(DT_EINTERNAL, "ps dynamic hands out no batches");
-        else s->ops->first_unit(s, &plan, &ep, &u);  /* seq w (overlap: and W + w held ahead) */
+        else s->ops->first_unit(s, &plan, &ep, &u); /* seq w (overlap: and W + w held ahead) */
         if (st == DT_OK && (int)ep * DUNITS + u != dj->start_in * DW + w) st = dt_error(DT_EINTERNAL, "first unit");
         while (st == DT_OK && u >= 0 && ep < DEPOCHS && (!dj->max_steps || step < dj->max_steps)) {
             if (dj->stop_after && g_dyn->units[w] == dj->stop_after) {
-                if (w < DW - 1) break;  /* leaves (the server notes it) */
+                if (w < DW - 1) break; /* leaves (the server notes it) */
                 while (__atomic_load_n(&g_dyn->left, __ATOMIC_ACQUIRE) < DW - 1) nap_ms(1);
-                nap_ms(100);  /* the server has booked the last push: its serving thread sleeps */
+                nap_ms(100); /* the server has booked the last push: its serving thread sleeps */
                 g_dyn->stop = 1;
                 nap_ms(100);
-                break;  /* the last one leaving wakes the serving thread */
+                break; /* the last one leaving wakes the serving thread */
             }
             dt_batch b;
             if ((st = dt_loader_take(l, (uint64_t)ep, (size_t)u, &b)) != DT_OK) break;
@@ -144,7 +148,7 @@ static int dyn_rank(int r, const char *job, const dyn_job *dj) {
             for (int i = 0; i < b.n; i++) __atomic_fetch_add(&g_dyn->count[ep][idx[i]], 1, __ATOMIC_RELAXED);
             __atomic_fetch_add(&g_dyn->ucount[ep][u], 1, __ATOMIC_RELAXED);
             g_dyn->units[w]++, step++;
-            if (w == dj->die_w && g_dyn->units[w] == dj->die_after) {  /* holding its next unit (overlap: two) */
+            if (w == dj->die_w && g_dyn->units[w] == dj->die_after) { /* holding its next unit (overlap: two) */
                 if (dj->overlap && dt_ps_worker_drain(s) != DT_OK) _exit(4);
                 _exit(0);
             }
@@ -202,7 +206,8 @@ static void test_dynamic(void) {
     CHECK_MSG(bad < 0, "sample %d of epoch %d trained %d times", bad, e, bad < 0 ? 1 : g_dyn->count[e][bad]);
     CHECK(g_dyn->units[0] + g_dyn->units[1] + g_dyn->units[2] == DEPOCHS * DUNITS);
     CHECK_MSG(g_dyn->units[2] < g_dyn->units[0] && g_dyn->units[2] < g_dyn->units[1],
-              "the slow worker trained %d units, the others %d and %d", g_dyn->units[2], g_dyn->units[0], g_dyn->units[1]);
+              "the slow worker trained %d units, the others %d and %d", g_dyn->units[2], g_dyn->units[0],
+              g_dyn->units[1]);
     CHECK(g_dyn->reports == DEPOCHS && g_dyn->complete == DEPOCHS);
     for (int k = 0; k < DEPOCHS; k++) {
         CHECK(g_dyn->rep_samples[k] == DN);
@@ -216,8 +221,9 @@ static void test_dynamic(void) {
         CHECK(dyn_run(S == 1 ? "dyndead" : "dyndead2", &dj) == 0);
         bad = dyn_once(&e);
         printf("dynamic assignment, %d server(s), staleness %d, worker 1 dies after 4 units: units %d / %d / %d; "
-               "every sample once per epoch: %s; %d complete epochs\n", S, dj.staleness, g_dyn->units[0],
-               g_dyn->units[1], g_dyn->units[2], bad < 0 ? "yes" : "NO", g_dyn->complete);
+               "every sample once per epoch: %s; %d complete epochs\n",
+               S, dj.staleness, g_dyn->units[0], g_dyn->units[1], g_dyn->units[2], bad < 0 ? "yes" : "NO",
+               g_dyn->complete);
         CHECK_MSG(bad < 0, "sample %d of epoch %d trained %d times", bad, e, bad < 0 ? 1 : g_dyn->count[e][bad]);
         CHECK(g_dyn->units[1] == 4 && g_dyn->complete == DEPOCHS);
     }
@@ -233,8 +239,9 @@ static void test_overlap(void) {
         CHECK(dyn_run(S == 1 ? "ovl" : "ovl2", &dj) == 0);
         bad = dyn_once(&e);
         printf("overlap, %d server(s), 3 workers (the last 3x slower): units trained %d / %d / %d; every sample once "
-               "per epoch: %s; %d epoch reports, %d complete\n", S, g_dyn->units[0], g_dyn->units[1],
-               g_dyn->units[2], bad < 0 ? "yes" : "NO", g_dyn->reports, g_dyn->complete);
+               "per epoch: %s; %d epoch reports, %d complete\n",
+               S, g_dyn->units[0], g_dyn->units[1], g_dyn->units[2], bad < 0 ? "yes" : "NO", g_dyn->reports,
+               g_dyn->complete);
         CHECK_MSG(bad < 0, "sample %d of epoch %d trained %d times", bad, e, bad < 0 ? 1 : g_dyn->count[e][bad]);
         CHECK(g_dyn->units[0] + g_dyn->units[1] + g_dyn->units[2] == DEPOCHS * DUNITS);
         CHECK(g_dyn->reports == DEPOCHS && g_dyn->complete == DEPOCHS);
@@ -247,8 +254,8 @@ static void test_overlap(void) {
         CHECK(dyn_run(S == 1 ? "ovldead" : "ovldead2", &dj) == 0);
         bad = dyn_once(&e);
         printf("overlap, %d server(s), worker 1 dies after 4 units holding two: units %d / %d / %d; every sample "
-               "once per epoch: %s; %d complete epochs\n", S, g_dyn->units[0], g_dyn->units[1], g_dyn->units[2],
-               bad < 0 ? "yes" : "NO", g_dyn->complete);
+               "once per epoch: %s; %d complete epochs\n",
+               S, g_dyn->units[0], g_dyn->units[1], g_dyn->units[2], bad < 0 ? "yes" : "NO", g_dyn->complete);
         CHECK_MSG(bad < 0, "sample %d of epoch %d trained %d times", bad, e, bad < 0 ? 1 : g_dyn->count[e][bad]);
         CHECK(g_dyn->units[1] == 4 && g_dyn->complete == DEPOCHS);
     }
@@ -273,18 +280,23 @@ static void test_dynamic_resume_max_steps(void) {
     for (int k = 0; k < 8; k++) {
         const bool ovl = k & 1, steps = k & 4;
         const int S = 1 + ((k >> 1) & 1);
-        dyn_job dj = {.servers = S, .staleness = -1, .slow_ms = steps ? 16 : 4, .die_w = -1, .overlap = ovl,
-                      .max_steps = steps ? 10 : 0, .start_in = steps ? 0 : 3};
+        dyn_job dj = {.servers = S,
+                      .staleness = -1,
+                      .slow_ms = steps ? 16 : 4,
+                      .die_w = -1,
+                      .overlap = ovl,
+                      .max_steps = steps ? 10 : 0,
+                      .start_in = steps ? 0 : 3};
         char tag[24];
         snprintf(tag, sizeof tag, "dynrm%d", k);
         CHECK(dyn_run(tag, &dj) == 0);
         const int from = 3 * dj.start_in, to = steps ? 30 : DEPOCHS * DUNITS;
         int bad = dyn_units(from, to);
         printf("dynamic%s, %d server(s), %s: units trained %d / %d / %d; units %d..%d once, no other: %s; %d epoch "
-               "reports (%d complete), samples %d %d\n", ovl ? " --ps-overlap" : "", S,
-               steps ? "--max-steps 10" : "resumed at unit 9", g_dyn->units[0], g_dyn->units[1], g_dyn->units[2],
-               from, to - 1, bad < 0 ? "yes" : "NO", g_dyn->reports, g_dyn->complete, g_dyn->rep_samples[0],
-               g_dyn->rep_samples[1]);
+               "reports (%d complete), samples %d %d\n",
+               ovl ? " --ps-overlap" : "", S, steps ? "--max-steps 10" : "resumed at unit 9", g_dyn->units[0],
+               g_dyn->units[1], g_dyn->units[2], from, to - 1, bad < 0 ? "yes" : "NO", g_dyn->reports, g_dyn->complete,
+               g_dyn->rep_samples[0], g_dyn->rep_samples[1]);
         CHECK_MSG(bad < 0, "unit %d of epoch %d trained %d times", bad % DUNITS, bad / DUNITS,
                   bad < 0 ? 0 : g_dyn->ucount[bad / DUNITS][bad % DUNITS]);
         if (steps) {
@@ -305,17 +317,15 @@ static void test_dynamic_resume_max_steps(void) {
 static void test_dynamic_stop(void) {
     dyn_job dj = {.servers = 1, .staleness = -1, .slow_ms = 2, .die_w = -1, .stop_after = 5};
     CHECK(dyn_run("dynstop", &dj) == 0);
-    printf("stop while the workers leave (2 leave, the flag is set, the last leaves): server: %s\n",
-           g_dyn->serve_msg);
+    printf("stop while the workers leave (2 leave, the flag is set, the last leaves): server: %s\n", g_dyn->serve_msg);
     CHECK_MSG(g_dyn->serve_status == DT_EINTR && strstr(g_dyn->serve_msg, "stopped by a signal"),
               "server 0 returned %d: %s", (int)g_dyn->serve_status, g_dyn->serve_msg);
 }
 
 /* Bounded staleness under dynamic assignment, 2 servers (so server 1's pull requests hold
- * answers too), the last worker much slower (50 ms a unit against 2): a batch is handed out at most s rounds ahead of the
- * oldest one out, and each gradient misses at most (2s+1)W - 1 = 14 updates (s = 2, W = 3);
- * s = 0 trains round by round (at most W - 1 = 2 missed); without a bound the fast workers
- * run far ahead. */
+ * answers too), the last worker much slower (50 ms a unit against 2): a batch is handed out at most s rounds ahead of
+ * the oldest one out, and each gradient misses at most (2s+1)W - 1 = 14 updates (s = 2, W = 3); s = 0 trains round by
+ * round (at most W - 1 = 2 missed); without a bound the fast workers run far ahead. */
 static void test_dynamic_bound(void) {
     const int bounds[] = {2, 0, -1};
     int gap[3], worst[3];
@@ -329,9 +339,11 @@ static void test_dynamic_bound(void) {
         int e = 0;
         CHECK(dyn_once(&e) < 0 && g_dyn->complete == DEPOCHS);
         gap[k] = g_dyn->max_gap, worst[k] = max_stale(g_dyn->stale);
-        printf("straggler (worker 2 sleeps 50 ms a unit), 2 servers + 3 workers, dynamic, --staleness %d: largest round gap %d, most "
-               "updates a gradient missed %d%s; units trained %d / %d / %d\n", bounds[k], gap[k], worst[k],
-               worst[k] == DT_STALENESS_BINS - 1 ? " or more" : "", g_dyn->units[0], g_dyn->units[1], g_dyn->units[2]);
+        printf("straggler (worker 2 sleeps 50 ms a unit), 2 servers + 3 workers, dynamic, --staleness %d: largest "
+               "round gap %d, most "
+               "updates a gradient missed %d%s; units trained %d / %d / %d\n",
+               bounds[k], gap[k], worst[k], worst[k] == DT_STALENESS_BINS - 1 ? " or more" : "", g_dyn->units[0],
+               g_dyn->units[1], g_dyn->units[2]);
     }
     CHECK_MSG(gap[0] <= 2 && worst[0] <= 14, "s = 2: round gap %d, staleness %d", gap[0], worst[0]);
     CHECK_MSG(gap[0] == 2, "the straggler never pushed the round gap to the bound (%d)", gap[0]);

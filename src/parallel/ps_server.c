@@ -39,8 +39,7 @@
 #include <string.h>
 #include <time.h>
 
-#define STOP_WAIT_S 10.0  /* after a stop, how long to wait for the workers to leave */
-
+#define STOP_WAIT_S 10.0 /* after a stop, how long to wait for the workers to leave */
 
 static int64_t min_live(const server *sv) {
     int64_t m = INT64_MAX;
@@ -48,7 +47,6 @@ static int64_t min_live(const server *sv) {
         if (sv->alive[w] && !sv->bye[w] && sv->clock[w] < m) m = sv->clock[w];
     return m;
 }
-
 
 static void add_note(server *sv, const char *fmt, int64_t a, int64_t b, int64_t c) {
     if (sv->nnotes < PS_MAX_NOTES) snprintf(sv->notes[sv->nnotes++], sizeof sv->notes[0], fmt, a, b, c);
@@ -62,19 +60,18 @@ static void drop(server *sv, int w, dt_status st) {
     for (int k = 0; sv->p->dynamic && k < dt_ps_slots(sv); k++) {
         int64_t q = sv->pending[w * 2 + k];
         if (q < 0) continue;
-        if (sv->idx == 0) sv->requeue[sv->nrequeue++] = q;  /* its units go to other workers */
-        else dt_ps_unit_in(sv, q);  /* nothing waits for it here (see the top) */
+        if (sv->idx == 0) sv->requeue[sv->nrequeue++] = q; /* its units go to other workers */
+        else dt_ps_unit_in(sv, q);                         /* nothing waits for it here (see the top) */
         sv->pending[w * 2 + k] = -1;
     }
     pthread_cond_broadcast(&sv->cv);
-    if (sv->stopping) return;  /* leaving after a stop is expected */
+    if (sv->stopping) return; /* leaving after a stop is expected */
     const char *how = st == DT_ETIMEDOUT ? "timed out" : strstr(dt_last_error(), "left") ? "left" : "died";
     char fmt[128];
     snprintf(fmt, sizeof fmt, "worker rank %%lld %s at step %%lld; continuing with %%lld worker%s", how,
              sv->nlive == 1 ? "" : "s");
     add_note(sv, fmt, (int64_t)(sv->p->S + w), sv->clock[w], sv->nlive);
 }
-
 
 /* A push header from worker w is checked against what the server knows before anything in it
  * is used: a hostile or corrupted header (a version from the future, a step behind the worker's
@@ -88,7 +85,7 @@ dt_status dt_ps_push_check(const server *sv, int w, const ps_push *m) {
     else if (m->epoch < sv->ep0 || m->epoch - sv->ep0 >= sv->nep) bad = "epoch";
     else if (!(m->lr >= 0.0f) || m->lr > 1e30f) bad = "learning rate";
     else if (!p->dynamic && m->seq != -1) bad = "unit";
-    else if (p->dynamic && m->seq != -1 &&  /* bounded first: the epoch of a huge seq overflows */
+    else if (p->dynamic && m->seq != -1 && /* bounded first: the epoch of a huge seq overflows */
              (m->seq < 0 || m->seq >= sv->nep * sv->units || dt_ps_seq_epoch(sv, m->seq) >= sv->nep))
         bad = "unit";
     if (!bad) return DT_OK;
@@ -137,7 +134,7 @@ static void *handler_main(void *arg) {
         if (done) break;
         ps_push m;
         dt_status st = dt_comm_broadcast(c, &m, sizeof m, DT_U8, 1);
-        if (st == DT_OK && m.n >= 0) st = dt_comm_broadcast(c, h->grad, sv->n, DT_F32, 1);  /* n < 0: goodbye */
+        if (st == DT_OK && m.n >= 0) st = dt_comm_broadcast(c, h->grad, sv->n, DT_F32, 1); /* n < 0: goodbye */
         if (st == DT_OK && m.n < 0 && m.n != PS_N_BYE)
             st = dt_error(DT_EMISMATCH, "ps server rank %d: worker rank %d sent n = %d where a push or goodbye belongs",
                           p->me, p->S + w, m.n);
@@ -147,7 +144,7 @@ static void *handler_main(void *arg) {
             pthread_mutex_unlock(&sv->mu);
             break;
         }
-        if (m.n < 0) {  /* dynamic: the worker is done; acknowledge, so that its leaving is not a failure */
+        if (m.n < 0) { /* dynamic: the worker is done; acknowledge, so that its leaving is not a failure */
             sv->bye[w] = true;
             pthread_cond_broadcast(&sv->cv);
             pthread_mutex_unlock(&sv->mu);
@@ -207,7 +204,7 @@ static void flush_notes(server *sv) {
 
 /* n floats of host memory src into the strategy's model or optimizer memory dst (its device's). */
 static void to_model(const ps_state *p, float *dst, const float *src, size_t n) {
-    p->mdev->ops->upload(p->mdev, dst, src, n * sizeof(float));  /* the cpu device's is a memcpy */
+    p->mdev->ops->upload(p->mdev, dst, src, n * sizeof(float)); /* the cpu device's is a memcpy */
 }
 
 /* n floats of the strategy's model or optimizer memory src into host memory dst. */
@@ -252,7 +249,7 @@ static dt_status assemble(server *sv, float *snap, float **snap_state, int nstat
             DT_TRY(dt_comm_send(p->servers, snap_state[k], sv->n, DT_F32, 0, PS_TAG_SHARD + 1 + k));
         return DT_OK;
     }
-    float *tmp = NULL;  /* staged: the largest shard of another server, received on the host */
+    float *tmp = NULL; /* staged: the largest shard of another server, received on the host */
     if (p->dev && p->S > 1 && !(tmp = dt_alloc((p->P / (size_t)p->S + 1) * sizeof(float))))
         return dt_error(DT_ENOMEM, "ps server: out of memory for a host buffer of a shard");
     dt_status st = assemble_root(sv, snap, snap_state, nstate, tmp);
@@ -291,7 +288,7 @@ static bool wait_epoch_end(server *sv, int64_t e, int64_t end, int64_t need) {
     while (!(stop = cfg->stop && *cfg->stop) && sv->nlive > 0 && min_live(sv) < end &&
            !(dyn && sv->units_done[e] >= need) && !sv->oom) {
         wait_until(sv, next_progress);
-        flush_notes(sv);  /* short callbacks (a line each) run under the lock */
+        flush_notes(sv); /* short callbacks (a line each) run under the lock */
         if (dt_now() >= next_progress) {
             next_progress = dt_now() + cfg->progress_s;
             if (sv->idx == 0 && cfg->on_progress)
@@ -343,19 +340,31 @@ static dt_serve_epoch epoch_report(server *sv, int64_t ep, int64_t e, int64_t en
     const int64_t base = cfg->start_step - cfg->start_step_in_epoch;
     for (int w = 0; w < W; w++) {
         int64_t ns = sv->wsamples[e * W + w];
-        wi[w] = (dt_worker_info){.rank = p->S + w, .samples = ns,
+        wi[w] = (dt_worker_info){.rank = p->S + w,
+                                 .samples = ns,
                                  .share = sv->samples[e] > 0 ? (double)ns / (double)sv->samples[e] : 0,
                                  .samples_per_s = epoch_s > 0 ? (double)ns / epoch_s : 0,
-                                 .busy_s = sv->wbusy[e * W + w], .batch = cfg->batch, .alive = sv->alive[w]};
+                                 .busy_s = sv->wbusy[e * W + w],
+                                 .batch = cfg->batch,
+                                 .alive = sv->alive[w]};
     }
     memcpy(stale, sv->stale, sizeof sv->stale);
     memset(sv->stale, 0, sizeof sv->stale);
-    dt_serve_epoch rep = {.epoch = ep, .step = end, .complete = end == base + (ep - cfg->start_epoch + 1) * cfg->steps_per_epoch,
-                          .loss_sum = sv->loss_sum[e], .samples = sv->samples[e], .epoch_s = epoch_s,
-                          .nworkers = W, .workers = wi, .staleness = stale, .max_clock_gap = sv->max_gap,
-                          .step_in_epoch = -1, .wait_s = sv->wait[e], .pushes = sv->pushes[e]};
+    dt_serve_epoch rep = {.epoch = ep,
+                          .step = end,
+                          .complete = end == base + (ep - cfg->start_epoch + 1) * cfg->steps_per_epoch,
+                          .loss_sum = sv->loss_sum[e],
+                          .samples = sv->samples[e],
+                          .epoch_s = epoch_s,
+                          .nworkers = W,
+                          .workers = wi,
+                          .staleness = stale,
+                          .max_clock_gap = sv->max_gap,
+                          .step_in_epoch = -1,
+                          .wait_s = sv->wait[e],
+                          .pushes = sv->pushes[e]};
     for (int w = 0; w < W; w++) rep.busy_s += sv->wbusy[e * W + w];
-    if (p->dynamic) {  /* the step: the most steps a worker did; the position: see dt_serve_config */
+    if (p->dynamic) { /* the step: the most steps a worker did; the position: see dt_serve_config */
         rep.step = 0;
         for (int w = 0; w < W; w++) rep.step = sv->clock[w] > rep.step ? sv->clock[w] : rep.step;
         rep.complete = units_in;
@@ -387,7 +396,7 @@ static dt_status epochs(server *sv) {
         if (need < 0) need = 0;
         int64_t end = base + (ep - cfg->start_epoch + 1) * cfg->steps_per_epoch;
         if (end > sv->total) end = sv->total;
-        if (dyn) end = sv->total;  /* dynamic: the epoch ends when its units are in (or at max_steps) */
+        if (dyn) end = sv->total; /* dynamic: the epoch ends when its units are in (or at max_steps) */
         int64_t e = ep - sv->ep0;
         pthread_mutex_lock(&sv->mu);
         if (wait_epoch_end(sv, e, end, need)) {
@@ -473,13 +482,15 @@ dt_status dt_ps_serve(dt_strategy *s, const dt_serve_config *cfg) {
     const int W = p->W;
     server sv = {.p = p, .s = s, .cfg = cfg, .idx = p->me};
     sv.lo = p->lo[p->me], sv.n = p->lo[p->me + 1] - p->lo[p->me];
-    int64_t end_all = cfg->start_step - cfg->start_step_in_epoch + (cfg->epochs - cfg->start_epoch) * cfg->steps_per_epoch;
+    int64_t end_all = cfg->start_step - cfg->start_step_in_epoch +
+                      (cfg->epochs - cfg->start_epoch) * cfg->steps_per_epoch;
     sv.total = cfg->max_steps > 0 && cfg->max_steps < end_all ? cfg->max_steps : end_all;
-    if (p->dynamic) {  /* a fast worker does more steps than its share: only max_steps bounds them */
-        if (cfg->units_per_epoch <= 0) return dt_error(DT_EINVAL, "ps server: dynamic assignment needs units_per_epoch");
+    if (p->dynamic) { /* a fast worker does more steps than its share: only max_steps bounds them */
+        if (cfg->units_per_epoch <= 0)
+            return dt_error(DT_EINVAL, "ps server: dynamic assignment needs units_per_epoch");
         sv.total = cfg->max_steps > 0 ? cfg->max_steps : INT64_MAX;
         sv.units = cfg->units_per_epoch;
-        sv.next_seq = p->overlap ? 2 * W : W;  /* worker w starts with seq w (overlap: and W + w) */
+        sv.next_seq = p->overlap ? 2 * W : W; /* worker w starts with seq w (overlap: and W + w) */
     }
     sv.ep0 = cfg->start_epoch;
     sv.nep = cfg->epochs - cfg->start_epoch > 0 ? cfg->epochs - cfg->start_epoch : 1;
@@ -503,12 +514,13 @@ dt_status dt_ps_serve(dt_strategy *s, const dt_serve_config *cfg) {
     for (int w = 0; w < W; w++) {
         sv.clock[w] = cfg->start_step, sv.alive[w] = true;
         sv.pending[w * 2] = p->dynamic ? w : -1, sv.pending[w * 2 + 1] = -1;
-        if (p->dynamic && p->overlap && dt_ps_seq_epoch(&sv, W + w) + sv.ep0 < cfg->epochs) sv.pending[w * 2 + 1] = W + w;
+        if (p->dynamic && p->overlap && dt_ps_seq_epoch(&sv, W + w) + sv.ep0 < cfg->epochs)
+            sv.pending[w * 2 + 1] = W + w;
     }
     sv.nlive = W;
     for (int w = 0; w < W && st == DT_OK; w++) {
-        h[w] = (handler){.sv = &sv, .w = w, .grad = dt_alloc(sv.n * sizeof(float) + 1),
-                         .out = dt_alloc(sv.n * sizeof(float) + 1)};
+        h[w] = (handler){
+            .sv = &sv, .w = w, .grad = dt_alloc(sv.n * sizeof(float) + 1), .out = dt_alloc(sv.n * sizeof(float) + 1)};
         if (!h[w].grad || !h[w].out) st = dt_error(DT_ENOMEM, "ps server: out of memory");
         else if (pthread_create(&h[w].thread, NULL, handler_main, &h[w]) != 0)
             st = dt_error(DT_ENOMEM, "ps server: cannot start a handler thread for worker rank %d", p->S + w);
@@ -525,7 +537,7 @@ dt_status dt_ps_serve(dt_strategy *s, const dt_serve_config *cfg) {
         pthread_mutex_lock(&sv.mu);
         for (int w = 0; w < W; w++) sv.alive[w] = false;
         sv.nlive = 0;
-        sv.stopping = true;  /* and answer at once: no unit or bound wait holds a handler */
+        sv.stopping = true; /* and answer at once: no unit or bound wait holds a handler */
         pthread_cond_broadcast(&sv.cv);
         pthread_mutex_unlock(&sv.mu);
     }

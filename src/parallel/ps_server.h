@@ -14,50 +14,50 @@ typedef struct server server;
 
 typedef struct {
     server *sv;
-    int w;               /* worker index */
+    int w; /* worker index */
     pthread_t thread;
     bool started;
-    float *grad, *out;   /* shard-sized receive and answer buffers */
+    float *grad, *out; /* shard-sized receive and answer buffers */
 } handler;
 
 struct server {
     ps_state *p;
     dt_strategy *s;
     const dt_serve_config *cfg;
-    int idx;                       /* server index */
-    size_t lo, n;                  /* shard */
-    float *w;                      /* shard parameters */
-    dt_optim *opt;                 /* shard optimizer */
+    int idx;       /* server index */
+    size_t lo, n;  /* shard */
+    float *w;      /* shard parameters */
+    dt_optim *opt; /* shard optimizer */
     pthread_mutex_t mu;
-    pthread_cond_t cv;             /* clocks, deaths, ends */
+    pthread_cond_t cv; /* clocks, deaths, ends */
     int64_t version, total;
-    int64_t *clock;                /* [W] steps pushed */
-    bool *alive;                   /* [W] */
-    bool *bye;                     /* [W] dynamic: said goodbye (done, not dead) */
+    int64_t *clock; /* [W] steps pushed */
+    bool *alive;    /* [W] */
+    bool *bye;      /* [W] dynamic: said goodbye (done, not dead) */
     /* dynamic assignment */
-    int64_t units;                 /* units per epoch */
-    int64_t next_seq;              /* server 0: next seq never handed out */
-    int64_t *pending;              /* [W * 2] seqs held by each worker (handed out by server 0, named by a
-                                    * pull request on the others), not yet pushed (-1); slot 1: overlap */
-    int64_t *requeue;              /* server 0: [W * 2] seqs of dropped workers to hand out again */
-    int64_t *wunits;               /* server 0: [W] units each worker pushed in this run */
+    int64_t units;    /* units per epoch */
+    int64_t next_seq; /* server 0: next seq never handed out */
+    int64_t *pending; /* [W * 2] seqs held by each worker (handed out by server 0, named by a
+                       * pull request on the others), not yet pushed (-1); slot 1: overlap */
+    int64_t *requeue; /* server 0: [W * 2] seqs of dropped workers to hand out again */
+    int64_t *wunits;  /* server 0: [W] units each worker pushed in this run */
     int nrequeue;
-    int64_t *units_done;           /* [nep] units pushed by epoch */
-    int64_t done_lo;               /* every seq below it is in (pushed here, or lost on servers > 0) */
-    int64_t *ahead;                /* sorted seqs above done_lo that are in */
+    int64_t *units_done; /* [nep] units pushed by epoch */
+    int64_t done_lo;     /* every seq below it is in (pushed here, or lost on servers > 0) */
+    int64_t *ahead;      /* sorted seqs above done_lo that are in */
     int nahead, cap_ahead;
-    bool oom;                      /* ahead could not grow: the serve loop fails */
+    bool oom; /* ahead could not grow: the serve loop fails */
     int nlive;
-    int running;                   /* handler threads still serving */
-    bool stopping;                 /* stop requested: answer at once, let the workers leave quietly */
+    int running;   /* handler threads still serving */
+    bool stopping; /* stop requested: answer at once, let the workers leave quietly */
     /* figures since the last epoch report, by epoch of the pushed step */
-    int64_t ep0, nep;              /* first epoch, epochs tracked */
-    double *loss_sum;              /* [nep] */
-    int64_t *samples;              /* [nep] */
-    int64_t *wsamples;             /* [nep * W] */
-    double *wbusy;                 /* [nep * W] */
-    double *wait;                  /* [nep] exchange waits the workers reported */
-    int64_t *pushes;               /* [nep] */
+    int64_t ep0, nep;  /* first epoch, epochs tracked */
+    double *loss_sum;  /* [nep] */
+    int64_t *samples;  /* [nep] */
+    int64_t *wsamples; /* [nep * W] */
+    double *wbusy;     /* [nep * W] */
+    double *wait;      /* [nep] exchange waits the workers reported */
+    int64_t *pushes;   /* [nep] */
     int64_t stale[DT_STALENESS_BINS];
     int max_gap;
     char notes[PS_MAX_NOTES][192];

@@ -34,15 +34,15 @@ enum { CAP = 4096 };
 typedef struct {
     const char *strategy;
     int servers, staleness, sync_every;
-    bool fixed;          /* ps: fixed shards (per-worker clocks) instead of dynamic assignment */
-    bool overlap;        /* ps: --ps-overlap */
+    bool fixed;   /* ps: fixed shards (per-worker clocks) instead of dynamic assignment */
+    bool overlap; /* ps: --ps-overlap */
     dt_optim_kind opt;
     float clip;
     int batch, epochs;
     int64_t steps;
     int slow_rank;
     float slow;
-    int die_rank;        /* this rank stops after die_steps steps and exits without a goodbye */
+    int die_rank; /* this rank stops after die_steps steps and exits without a goodbye */
     int64_t die_steps;
 } run_cfg;
 
@@ -52,13 +52,13 @@ typedef struct {
     size_t n;
     float params[CAP];
     int max_gap, epochs_reported, alive;
-    int64_t samples[8], wsamples[8][4];  /* per epoch reported: samples, per worker */
-    float loss[8];                       /* per epoch reported: training loss */
-    int64_t stale[DT_STALENESS_BINS];    /* staleness histogram over all reports */
+    int64_t samples[8], wsamples[8][4]; /* per epoch reported: samples, per worker */
+    float loss[8];                      /* per epoch reported: training loss */
+    int64_t stale[DT_STALENESS_BINS];   /* staleness histogram over all reports */
     char note[256];
 } result;
 
-static result *g_res;  /* [ranks], MAP_SHARED */
+static result *g_res; /* [ranks], MAP_SHARED */
 
 static void on_epoch(void *ctx, const dt_epoch_info *e) {
     result *r = ctx;
@@ -95,15 +95,14 @@ static dt_status train(const run_cfg *rc, dt_comm *comm, result *out, bool *die)
     cfg.lr.base_lr = rc->opt == DT_OPTIM_SGD ? 0.05f : 0.01f;
     cfg.clip_norm = rc->clip;
     cfg.comm = comm;
-    char spec[160], stale[16] = "inf";  /* the run's strategy spec */
+    char spec[160], stale[16] = "inf"; /* the run's strategy spec */
     if (rc->staleness >= 0) snprintf(stale, sizeof stale, "%d", rc->staleness);
     if (!strcmp(rc->strategy, "ps"))
         snprintf(spec, sizeof spec, "ps(servers=%d,staleness=%s,shards=%s,overlap=%d)", rc->servers, stale,
                  rc->fixed ? "fixed" : "dynamic", rc->overlap ? 1 : 0);
     else if (!strcmp(rc->strategy, "localsgd") && rc->sync_every > 0)
         snprintf(spec, sizeof spec, "localsgd(sync_every=%d)", rc->sync_every);
-    else
-        snprintf(spec, sizeof spec, "%s", rc->strategy);
+    else snprintf(spec, sizeof spec, "%s", rc->strategy);
     cfg.strategy = comm ? spec : NULL;
     const dt_train_aids aids = {.slow_rank = rc->slow_rank, .slow_factor = rc->slow};
     cfg.aids = &aids;
@@ -114,7 +113,7 @@ static dt_status train(const run_cfg *rc, dt_comm *comm, result *out, bool *die)
     dt_trainer *t;
     DT_TRY(dt_trainer_create(&t, &cfg));
     dt_status s = dt_trainer_run(t);
-    if (*die) _exit(0);  /* gone without destroying anything: the servers see a dead rank */
+    if (*die) _exit(0); /* gone without destroying anything: the servers see a dead rank */
     out->n = dt_model_num_params(dt_trainer_model(t));
     if (s == DT_OK && out->n <= CAP) memcpy(out->params, dt_model_params(dt_trainer_model(t)), out->n * sizeof(float));
     dt_trainer_destroy(t);
@@ -149,8 +148,14 @@ static void test_bitwise(void) {
     for (int oi = 0; oi < 6; oi++) {
         const int stale = oi < 4 ? 0 : -1;
         /* 40 steps of batch 8 cross an epoch end (26 batches, the last of 3 samples) */
-        run_cfg rc = {.strategy = "ps", .servers = 1, .staleness = stale, .fixed = oi < 2, .opt = opts[oi % 2],
-                      .clip = oi % 2 == 0 ? 0.5f : 0, .batch = 8, .steps = 40};
+        run_cfg rc = {.strategy = "ps",
+                      .servers = 1,
+                      .staleness = stale,
+                      .fixed = oi < 2,
+                      .opt = opts[oi % 2],
+                      .clip = oi % 2 == 0 ? 0.5f : 0,
+                      .batch = 8,
+                      .steps = 40};
         static result ref;
         bool die;
         CHECK_OK(train(&rc, NULL, &ref, &die));
@@ -165,8 +170,8 @@ static void test_bitwise(void) {
             printf("bitwise %s%s: %d server(s) + 1 worker, staleness %s, 40 steps: worker %s, server-assembled %s "
                    "(max diff %.3g)\n",
                    dt_optim_name(opts[oi % 2]), oi % 2 == 0 ? " (momentum, clip)" : "", S, modes[oi / 2],
-                   same_w ? "identical" : "DIFFERS",
-                   same_s ? "identical" : "DIFFERS", dt_test_maxdiff(w->params, ref.params, ref.n));
+                   same_w ? "identical" : "DIFFERS", same_s ? "identical" : "DIFFERS",
+                   dt_test_maxdiff(w->params, ref.params, ref.n));
             CHECK(same_w);
             CHECK(same_s);
             CHECK(s0->epochs_reported == 2);
@@ -177,8 +182,16 @@ static void test_bitwise(void) {
 static void test_staleness_bound(void) {
     /* 3 workers, the last 16x slower, 60 steps each. Fixed shards: SSP on the workers' own
      * clocks; the gap granted reaches the bound 2 and never passes it. */
-    run_cfg rc = {.strategy = "ps", .servers = 1, .staleness = 2, .fixed = true, .opt = DT_OPTIM_ADAM, .batch = 8,
-                  .steps = 60, .epochs = 30, .slow_rank = 3, .slow = 16};
+    run_cfg rc = {.strategy = "ps",
+                  .servers = 1,
+                  .staleness = 2,
+                  .fixed = true,
+                  .opt = DT_OPTIM_ADAM,
+                  .batch = 8,
+                  .steps = 60,
+                  .epochs = 30,
+                  .slow_rank = 3,
+                  .slow = 16};
     char job[64];
     snprintf(job, sizeof job, "pstest%dssp", (int)getpid());
     CHECK(run_ranks(4, &rc, job) == 0);
@@ -191,8 +204,15 @@ static void test_staleness_bound(void) {
 
 static void test_dead_worker(void) {
     /* rank 2 (a worker) stops answering after 15 of 60 steps and exits */
-    run_cfg rc = {.strategy = "ps", .servers = 1, .staleness = 3, .fixed = true, .opt = DT_OPTIM_ADAM, .batch = 8,
-                  .steps = 60, .die_rank = 2, .die_steps = 15};
+    run_cfg rc = {.strategy = "ps",
+                  .servers = 1,
+                  .staleness = 3,
+                  .fixed = true,
+                  .opt = DT_OPTIM_ADAM,
+                  .batch = 8,
+                  .steps = 60,
+                  .die_rank = 2,
+                  .die_steps = 15};
     char job[64];
     snprintf(job, sizeof job, "pstest%ddead", (int)getpid());
     int failed = run_ranks(4, &rc, job);
@@ -235,16 +255,22 @@ static void test_localsgd(void) {
 
 /* Through the trainer: 3 async workers with --slow 3:3; each epoch report holds every sample once. */
 static void test_dynamic_trainer(void) {
-    run_cfg rc = {.strategy = "ps", .servers = 1, .staleness = -1, .opt = DT_OPTIM_ADAM, .batch = 8, .epochs = 2,
-                  .slow_rank = 3, .slow = 3};
+    run_cfg rc = {.strategy = "ps",
+                  .servers = 1,
+                  .staleness = -1,
+                  .opt = DT_OPTIM_ADAM,
+                  .batch = 8,
+                  .epochs = 2,
+                  .slow_rank = 3,
+                  .slow = 3};
     char job[64];
     snprintf(job, sizeof job, "pstest%ddyntr", (int)getpid());
     CHECK(run_ranks(4, &rc, job) == 0);
     const result *r = &g_res[0];
     printf("trainer, 3 async workers, rank 3 x3 slower, 2 epochs: %d reports; samples per epoch %lld %lld; "
-           "last epoch per worker %lld / %lld / %lld\n", r->epochs_reported, (long long)r->samples[0],
-           (long long)r->samples[1], (long long)r->wsamples[1][0], (long long)r->wsamples[1][1],
-           (long long)r->wsamples[1][2]);
+           "last epoch per worker %lld / %lld / %lld\n",
+           r->epochs_reported, (long long)r->samples[0], (long long)r->samples[1], (long long)r->wsamples[1][0],
+           (long long)r->wsamples[1][1], (long long)r->wsamples[1][2]);
     /* (the slow share is checked above with real sleeps: this model's steps take microseconds, so
      * --slow's sleep is lost in the scheduling noise of a loaded machine) */
     CHECK(r->epochs_reported == 2 && r->samples[0] == 203 && r->samples[1] == 203);
@@ -263,9 +289,10 @@ static void test_overlap_trainer(void) {
         const result *r = &g_res[0];
         memcpy(st[ov], r->stale, sizeof st[ov]);
         printf("trainer, 1 worker%s, 3 epochs: %d reports, samples %lld %lld %lld, train loss %.4f -> %.4f; "
-               "staleness 0: %lld, 1: %lld, more: %lld\n", ov ? " with --ps-overlap" : "", r->epochs_reported,
-               (long long)r->samples[0], (long long)r->samples[1], (long long)r->samples[2], r->loss[0], r->loss[2],
-               (long long)r->stale[0], (long long)r->stale[1], (long long)(3 * 26 - r->stale[0] - r->stale[1]));
+               "staleness 0: %lld, 1: %lld, more: %lld\n",
+               ov ? " with --ps-overlap" : "", r->epochs_reported, (long long)r->samples[0], (long long)r->samples[1],
+               (long long)r->samples[2], r->loss[0], r->loss[2], (long long)r->stale[0], (long long)r->stale[1],
+               (long long)(3 * 26 - r->stale[0] - r->stale[1]));
         CHECK(r->epochs_reported == 3 && r->samples[0] == 203 && r->samples[1] == 203 && r->samples[2] == 203);
         CHECK(r->loss[2] < r->loss[0]);
     }

@@ -44,11 +44,15 @@ static bool options_name_keys(const dt_strategy_entry *e) {
 dt_status dt_strategy_register(const dt_strategy_entry *e) {
     if (!e || !e->name || !e->name[0] || strpbrk(e->name, "(),= ") || !e->help || !e->help[0] || !e->options ||
         !e->keys || !e->create || (e->keys[0] && !e->set))
-        return dt_error(DT_EINVAL, "strategy registry: entry '%s' needs a name (without '(),= '), help, options (\"\" "
-                        "for none), keys, create, and set when it has keys", e && e->name ? e->name : "(null)");
+        return dt_error(DT_EINVAL,
+                        "strategy registry: entry '%s' needs a name (without '(),= '), help, options (\"\" "
+                        "for none), keys, create, and set when it has keys",
+                        e && e->name ? e->name : "(null)");
     if (!options_name_keys(e))
-        return dt_error(DT_EINVAL, "strategy registry: entry '%s': its options '%s' do not show every key of '%s' as "
-                        "KEY=...", e->name, e->options, e->keys);
+        return dt_error(DT_EINVAL,
+                        "strategy registry: entry '%s': its options '%s' do not show every key of '%s' as "
+                        "KEY=...",
+                        e->name, e->options, e->keys);
     if (e->opts_size > sizeof(dt_strategy_opts))
         return dt_error(DT_EINVAL, "strategy registry: entry '%s': options of %zu bytes do not fit dt_strategy_opts",
                         e->name, e->opts_size);
@@ -95,7 +99,10 @@ static const char *entry_names(void) {
     static char buf[256];
     size_t k = 0;
     for (int i = 0; i < g_n && k < sizeof buf; i++)
-        k += (size_t)snprintf(buf + k, sizeof buf - k, "%s%s", i == 0 ? "" : i == g_n - 1 ? " or " : ", ",
+        k += (size_t)snprintf(buf + k, sizeof buf - k, "%s%s",
+                              i == 0         ? ""
+                              : i == g_n - 1 ? " or "
+                                             : ", ",
                               g_entries[i]->name);
     return buf;
 }
@@ -133,7 +140,7 @@ static dt_status split_spec(const char *spec, spec_parts *p) {
     while (close > open && isspace((unsigned char)close[-1])) close--;
     if (close == open + 1 || close[-1] != ')') return malformed(spec, "no closing ')'");
     close--;
-    const char *last = close;  /* a trailing comma leaves an empty option */
+    const char *last = close; /* a trailing comma leaves an empty option */
     while (last > open + 1 && isspace((unsigned char)last[-1])) last--;
     if (last[-1] == ',') return dt_error(DT_EINVAL, "`strategy` %s: option '' is not KEY=VALUE", p->name);
     for (const char *a = open + 1; a < close;) {
@@ -222,7 +229,7 @@ dt_status dt_strategy_spec_add(const char *spec, const char *key, const char *va
     int have = -1;
     for (int i = 0; st == DT_OK && i < p->n; i++)
         if (!strcmp(p->key[i], key)) have = i;
-    if (st == DT_OK && have >= 0) {  /* the same value as parsed? */
+    if (st == DT_OK && have >= 0) { /* the same value as parsed? */
         dt_strategy_opts a, b;
         spec_parts one = {.n = 1};
         snprintf(one.key[0], sizeof one.key[0], "%s", key);
@@ -256,8 +263,10 @@ dt_status dt_strategy_create_with(dt_strategy **out, const dt_strategy_entry *e,
         return dt_error(DT_EINVAL, "`strategy` %s needs more than one rank (`workers` N, dtrain launch or mpirun)",
                         e->name);
     if (!e->needs_comm && comm)
-        return dt_error(DT_EINVAL, "`strategy` %s trains one process; with %d ranks use a strategy of more ranks "
-                        "(ddp, localsgd or ps)", e->name, dt_comm_size(comm));
+        return dt_error(DT_EINVAL,
+                        "`strategy` %s trains one process; with %d ranks use a strategy of more ranks "
+                        "(ddp, localsgd or ps)",
+                        e->name, dt_comm_size(comm));
     dt_strategy *s = calloc(1, sizeof *s);
     if (!s) return dt_error(DT_ENOMEM, "strategy: out of memory");
     s->comm = comm, s->model = m, s->optim = o, s->trace = trace;
@@ -297,8 +306,10 @@ dt_status dt_strategy_data_part(const dt_strategy_entry *e, const void *opts, in
     const int S = e->servers ? e->servers(opts) : 0;
     if (S <= 0) return DT_OK;
     if (S >= size)
-        return dt_error(DT_EINVAL, "`strategy` %s with %d server%s needs more than %d ranks (servers plus at least one "
-                        "worker); this job has %d", e->name, S, S > 1 ? "s" : "", S, size);
+        return dt_error(DT_EINVAL,
+                        "`strategy` %s with %d server%s needs more than %d ranks (servers plus at least one "
+                        "worker); this job has %d",
+                        e->name, S, S > 1 ? "s" : "", S, size);
     *data_world = size - S;
     *data_rank = rank >= S ? rank - S : 0;
     return DT_OK;
@@ -311,6 +322,8 @@ dt_status dt_strategy_parse_balance(const char *strategy, const char *value, boo
         *dynamic = !strcmp(value, "dynamic");
         return DT_OK;
     }
-    return dt_error(DT_EINVAL, "`strategy` %s: balance=%s: choose static (every rank its equal share of each "
-                    "global batch) or dynamic (each global batch cut by the ranks' measured speed)", strategy, value);
+    return dt_error(DT_EINVAL,
+                    "`strategy` %s: balance=%s: choose static (every rank its equal share of each "
+                    "global batch) or dynamic (each global batch cut by the ranks' measured speed)",
+                    strategy, value);
 }

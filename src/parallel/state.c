@@ -12,10 +12,12 @@
 dt_status dt_state_visit_model(dt_model *m, dt_optim *o, dt_state_visit_fn fn, void *ctx) {
     for (int i = 0; i < dt_model_num_tensors(m); i++) {
         const dt_param_info *t = dt_model_tensor(m, i);
-        if (!dt_model_tensor_placed(m, i)) continue;  /* another rank's (pipeline stages) */
+        if (!dt_model_tensor_placed(m, i)) continue; /* another rank's (pipeline stages) */
         float *base = t->is_buffer ? dt_model_buffers(m) : dt_model_params(m);
-        dt_state_piece p = {.name = t->name, .buf = {base + t->offset, DT_F32, t->numel, DT_DEVICE_CPU},
-                            .ndim = t->ndim, .numel = t->numel};
+        dt_state_piece p = {.name = t->name,
+                            .buf = {base + t->offset, DT_F32, t->numel, DT_DEVICE_CPU},
+                            .ndim = t->ndim,
+                            .numel = t->numel};
         for (int d = 0; d < t->ndim; d++) p.shape[d] = t->shape[d];
         DT_TRY(fn(ctx, &p));
         for (int k = 0; o && !t->is_buffer && k < dt_optim_num_states(o); k++) {
@@ -37,10 +39,10 @@ dt_status dt_strategy_visit_state(dt_strategy *s, dt_state_visit_fn fn, void *ct
 
 /* ---- the whole model on one rank from every rank's pieces ---- */
 
-enum { GATHER_TAG = DT_COMM_TAG_MAX - 2 };  /* pp's stage gathers use TAG_MAX and TAG_MAX - 1 */
+enum { GATHER_TAG = DT_COMM_TAG_MAX - 2 }; /* pp's stage gathers use TAG_MAX and TAG_MAX - 1 */
 
 typedef struct {
-    int64_t (*head)[3];  /* per piece: tensor index, offset, count */
+    int64_t (*head)[3]; /* per piece: tensor index, offset, count */
     const float **data;
     int n, cap;
     dt_model *m;
@@ -55,7 +57,8 @@ static dt_status collect_piece(void *ctx, const dt_state_piece *p) {
                         p->offset, p->buf.count);
     if (c->n == c->cap) {
         int cap = c->cap ? 2 * c->cap : 64;
-        void *h = realloc(c->head, sizeof *c->head * (size_t)cap), *d = h ? realloc(c->data, sizeof *c->data * (size_t)cap) : NULL;
+        void *h = realloc(c->head, sizeof *c->head * (size_t)cap),
+             *d = h ? realloc(c->data, sizeof *c->data * (size_t)cap) : NULL;
         if (h) c->head = h;
         if (!d) return dt_error(DT_ENOMEM, "state gather: out of memory");
         c->data = d, c->cap = cap;
@@ -107,7 +110,7 @@ static dt_status send_piece(dt_strategy *s, dt_dev *dl, const model_pieces *c, i
 
 dt_status dt_strategy_gather_model(dt_strategy *s, int root, float *params, float *buffers) {
     model_pieces c = {.m = s->model};
-    dt_dev *dev = dt_model_device(s->model), *dl = dev->host_memory ? NULL : dev;  /* pieces on a device */
+    dt_dev *dev = dt_model_device(s->model), *dl = dev->host_memory ? NULL : dev; /* pieces on a device */
     const int me = s->comm ? dt_comm_rank(s->comm) : 0, N = s->comm ? dt_comm_size(s->comm) : 1;
     dt_status st = dt_strategy_visit_state(s, collect_piece, &c);
     size_t got = 0;
@@ -122,9 +125,10 @@ dt_status dt_strategy_gather_model(dt_strategy *s, int root, float *params, floa
             if (r != root) st = receive_pieces(s, r, params, buffers, &got);
         const size_t want = dt_model_num_params(s->model) + dt_model_num_buffers(s->model);
         if (st == DT_OK && got != want)
-            st = dt_error(DT_EINTERNAL, "state gather: the ranks' pieces hold %zu of the model's %zu values", got, want);
+            st = dt_error(DT_EINTERNAL, "state gather: the ranks' pieces hold %zu of the model's %zu values", got,
+                          want);
     } else {
-        int64_t n = st == DT_OK ? c.n : 0;  /* a rank that failed sends nothing: the root reports the gap */
+        int64_t n = st == DT_OK ? c.n : 0; /* a rank that failed sends nothing: the root reports the gap */
         dt_status sent = dt_comm_send(s->comm, &n, 1, DT_I64, root, GATHER_TAG);
         if (sent == DT_OK && n > 0) sent = dt_comm_send(s->comm, c.head, 3 * (size_t)n, DT_I64, root, GATHER_TAG);
         for (int64_t k = 0; sent == DT_OK && k < n; k++) sent = send_piece(s, dl, &c, (int)k, root);

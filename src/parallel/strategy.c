@@ -16,17 +16,15 @@ static dt_status single_init(dt_strategy *s) {
 
 static void single_begin(dt_strategy *s, int64_t step) { s->step = step; }
 
-static void single_ready(dt_strategy *s, size_t off, size_t n) {
-    (void)s, (void)off, (void)n;
-}
+static void single_ready(dt_strategy *s, size_t off, size_t n) { (void)s, (void)off, (void)n; }
 
 void dt_strategy_apply_update(dt_strategy *s, float lr, float clip) {
     if (s->update) {
         s->update(s->update_ctx, lr, clip);
         return;
     }
-    float *g = dt_model_grads(s->model);  /* on the optimizer's device */
-    if (!dt_optim_unscale(s->optim, g, dt_model_num_params(s->model))) return;  /* fp16: inf/NaN skips the step */
+    float *g = dt_model_grads(s->model);                                       /* on the optimizer's device */
+    if (!dt_optim_unscale(s->optim, g, dt_model_num_params(s->model))) return; /* fp16: inf/NaN skips the step */
     if (clip > 0) s->cur.grad_norm = dt_optim_clip_grad_norm(s->optim, g, dt_model_num_params(s->model), clip);
     dt_optim_step(s->optim, dt_model_params(s->model), g, lr);
 }
@@ -39,8 +37,12 @@ static dt_status single_step(dt_strategy *s, float lr, float clip, dt_step_stats
 
 static void single_destroy(dt_strategy *s) { (void)s; }
 
-static const dt_strategy_ops single_ops = {.name = "single", .init = single_init, .begin_step = single_begin,
-                                           .grad_ready = single_ready, .step = single_step, .destroy = single_destroy};
+static const dt_strategy_ops single_ops = {.name = "single",
+                                           .init = single_init,
+                                           .begin_step = single_begin,
+                                           .grad_ready = single_ready,
+                                           .step = single_step,
+                                           .destroy = single_destroy};
 
 static dt_status single_create(dt_strategy *s, const void *opts) {
     (void)opts;
@@ -48,10 +50,15 @@ static dt_status single_create(dt_strategy *s, const void *opts) {
     return DT_OK;
 }
 
-const dt_strategy_entry dt_strategy_single_entry = {
-    .name = "single", .help = "one process (the default without ranks)", .options = "",
-    .keys = "", .opts_size = 0, .create = single_create, .needs_comm = false,
-    .device_neutral = true, .loss_scaling = true};
+const dt_strategy_entry dt_strategy_single_entry = {.name = "single",
+                                                    .help = "one process (the default without ranks)",
+                                                    .options = "",
+                                                    .keys = "",
+                                                    .opts_size = 0,
+                                                    .create = single_create,
+                                                    .needs_comm = false,
+                                                    .device_neutral = true,
+                                                    .loss_scaling = true};
 
 void dt_strategy_destroy(dt_strategy *s) {
     if (!s) return;
@@ -139,7 +146,8 @@ static dt_feed micro_batch(const dt_model *m, const dt_feed *f, int k, int accum
     const int lo = (int)((int64_t)f->n * k / accum), hi = (int)((int64_t)f->n * (k + 1) / accum);
     const size_t xs = (size_t)dt_model_input_values(m, 0) * DT_FEED_VALUE_BYTES,
                  ys = (size_t)dt_model_input_values(m, 1) * DT_FEED_VALUE_BYTES;
-    return (dt_feed){.x = (const char *)f->x + (size_t)lo * xs, .y = f->y ? (const char *)f->y + (size_t)lo * ys : NULL,
+    return (dt_feed){.x = (const char *)f->x + (size_t)lo * xs,
+                     .y = f->y ? (const char *)f->y + (size_t)lo * ys : NULL,
                      .n = hi - lo};
 }
 
@@ -158,7 +166,8 @@ dt_status dt_strategy_default_train_step(dt_strategy *s, const dt_step_batch *b,
         const double tf = dt_now();
         DT_TRY(dt_model_run(s->model, &f, true, (uint64_t)(b->step * accum + k), &loss));
         if (!isfinite(loss))
-            return dt_error(DT_EINVAL, "training diverged: loss is %g at step %lld on rank %d; lower `lr` or set `clip_norm`",
+            return dt_error(DT_EINVAL,
+                            "training diverged: loss is %g at step %lld on rank %d; lower `lr` or set `clip_norm`",
                             loss, (long long)b->step, dt_comm_rank(s->comm));
         r->loss_sum += (double)loss * f.n;
         const double tb = dt_now();

@@ -20,46 +20,46 @@
 
 /* What a rank does under the strategy. */
 typedef enum {
-    DT_ROLE_REPLICA = 0,  /* trains a replica; the ranks reduce epoch figures together (ddp, localsgd) */
-    DT_ROLE_WORKER,       /* ps worker: trains on its shard, talks only to the servers */
-    DT_ROLE_SERVER,       /* ps server: runs ops->serve instead of the step loop */
+    DT_ROLE_REPLICA = 0, /* trains a replica; the ranks reduce epoch figures together (ddp, localsgd) */
+    DT_ROLE_WORKER,      /* ps worker: trains on its shard, talks only to the servers */
+    DT_ROLE_SERVER,      /* ps server: runs ops->serve instead of the step loop */
 } dt_role;
 
 /* One epoch as seen by the servers (ps), reported by server rank 0 after it assembled the whole
  * current model into s->model (and, when asked, the optimizer state into s->optim). */
 typedef struct {
-    int64_t epoch;             /* 0-based epoch that ended (or was cut short by max_steps) */
-    int64_t step;              /* worker clock at its end: every live worker did this many steps */
-    bool complete;             /* false: ended by max_steps inside the epoch */
-    double loss_sum;           /* sum over the epoch's samples of the training loss */
+    int64_t epoch;   /* 0-based epoch that ended (or was cut short by max_steps) */
+    int64_t step;    /* worker clock at its end: every live worker did this many steps */
+    bool complete;   /* false: ended by max_steps inside the epoch */
+    double loss_sum; /* sum over the epoch's samples of the training loss */
     int64_t samples;
-    double epoch_s;            /* wall time since the previous report */
+    double epoch_s; /* wall time since the previous report */
     int nworkers;
     const dt_worker_info *workers;
-    const int64_t *staleness;  /* [DT_STALENESS_BINS] */
+    const int64_t *staleness; /* [DT_STALENESS_BINS] */
     int max_clock_gap;
-    int64_t step_in_epoch;     /* ps dynamic: where a resume continues (see dt_serve_config); else -1 */
-    double busy_s, wait_s;     /* the workers' compute and exchange waits, summed over their pushes */
+    int64_t step_in_epoch; /* ps dynamic: where a resume continues (see dt_serve_config); else -1 */
+    double busy_s, wait_s; /* the workers' compute and exchange waits, summed over their pushes */
     int64_t pushes;
 } dt_serve_epoch;
 
 /* What the servers need to know about the run, and the lead's callbacks. */
 typedef struct {
-    int64_t start_step, start_epoch, start_step_in_epoch;  /* where the workers start */
-    int64_t steps_per_epoch, epochs, max_steps;            /* max_steps 0 = none */
-    int batch;                 /* samples of one worker step (--batch x --grad-accum): the most a push may
-                                * carry, and the report's per-worker batch */
-    bool want_optim;           /* assemble the optimizer state too (for checkpoints) */
-    double progress_s;         /* seconds between on_progress calls */
-    volatile sig_atomic_t *stop;  /* set (by a signal handler) to stop serving: DT_EINTR; may be NULL */
-    int64_t *stopped_step;     /* out, may be NULL: on a stop with one server, the worker clock of the
-                                * model assembled into s->model (else left alone) */
+    int64_t start_step, start_epoch, start_step_in_epoch; /* where the workers start */
+    int64_t steps_per_epoch, epochs, max_steps;           /* max_steps 0 = none */
+    int batch;                   /* samples of one worker step (--batch x --grad-accum): the most a push may
+                                  * carry, and the report's per-worker batch */
+    bool want_optim;             /* assemble the optimizer state too (for checkpoints) */
+    double progress_s;           /* seconds between on_progress calls */
+    volatile sig_atomic_t *stop; /* set (by a signal handler) to stop serving: DT_EINTR; may be NULL */
+    int64_t *stopped_step;       /* out, may be NULL: on a stop with one server, the worker clock of the
+                                  * model assembled into s->model (else left alone) */
     /* ps dynamic assignment (dt_strategy_hands_out_batches): units of `batch` samples per epoch (ceil(n / batch));
      * the workers start at unit start_step_in_epoch * workers of start_epoch. Positions handed
      * back (stopped_epoch/stopped_in_epoch, dt_serve_epoch.step_in_epoch) are in global batches of
      * batch x workers: floor(units done before the first unit not yet pushed / workers). */
     int64_t units_per_epoch;
-    int64_t *stopped_epoch, *stopped_in_epoch;  /* out, may be NULL: with stopped_step */
+    int64_t *stopped_epoch, *stopped_in_epoch; /* out, may be NULL: with stopped_step */
     /* server rank 0 only; called from the serving thread */
     dt_status (*on_epoch)(void *ctx, const dt_serve_epoch *e);
     void (*on_progress)(void *ctx, int64_t min_step, int64_t samples, double loss_sum);
@@ -69,14 +69,14 @@ typedef struct {
 
 /* Per-step timing a strategy reports back to the trainer. */
 typedef struct {
-    double comm_wait_s;  /* time the step blocked on communication */
-    int buckets;         /* buckets communicated this step */
-    int early_buckets;   /* of which were started while backward was still running */
-    double bytes_sent;   /* gradient-sync bytes this rank sent (ring / allgather volume; 0: not counted) */
-    double bytes_raw;    /* what an uncompressed f32 allreduce would have handed over */
-    double ef_norm;      /* L2 norm of the error-feedback residual after the step (--compress), in
-                          * gradient units (fp16: divided by the loss scale) */
-    double gathered_peak_bytes;  /* ZeRO-3: the most gathered parameter bytes not owned held at once */
+    double comm_wait_s;         /* time the step blocked on communication */
+    int buckets;                /* buckets communicated this step */
+    int early_buckets;          /* of which were started while backward was still running */
+    double bytes_sent;          /* gradient-sync bytes this rank sent (ring / allgather volume; 0: not counted) */
+    double bytes_raw;           /* what an uncompressed f32 allreduce would have handed over */
+    double ef_norm;             /* L2 norm of the error-feedback residual after the step (--compress), in
+                                 * gradient units (fp16: divided by the loss scale) */
+    double gathered_peak_bytes; /* ZeRO-3: the most gathered parameter bytes not owned held at once */
 } dt_step_stats;
 
 typedef struct dt_strategy dt_strategy;
@@ -93,12 +93,12 @@ typedef struct {
     int ndim;
     int64_t shape[4];
     size_t numel, offset;
-    bool is_optim;  /* an optimizer moment (absent from weights-only checkpoints) */
-    const char *hint;  /* NULL, or: the piece is optional (a checkpoint without it leaves buf as it
-                        * is) and a restore of another shape fails with this advice */
-    bool host;      /* buf is host memory where the model is on a device (a strategy's own state that
-                     * its host code works on: --compress error feedback); false: model memory, on
-                     * the model's device (dt_model_device), read and written through it */
+    bool is_optim;    /* an optimizer moment (absent from weights-only checkpoints) */
+    const char *hint; /* NULL, or: the piece is optional (a checkpoint without it leaves buf as it
+                       * is) and a restore of another shape fails with this advice */
+    bool host;        /* buf is host memory where the model is on a device (a strategy's own state that
+                       * its host code works on: --compress error feedback); false: model memory, on
+                       * the model's device (dt_model_device), read and written through it */
 } dt_state_piece;
 /* Called with each piece; returning an error stops the visit with it. For a restore the visitor
  * writes into buf. */
@@ -117,11 +117,11 @@ typedef struct {
 
 /* One step of this rank, as the trainer hands it to the strategy (dt_strategy_train_step). */
 typedef struct {
-    dt_feed feed;         /* this rank's samples (n may be 0 on a rank of a final spread batch) */
-    int n_global;         /* samples of the whole global batch, every rank together */
-    int world;            /* ranks sharing the global batch */
-    int accum;            /* micro-batches the feed is cut into (--grad-accum; <= 1: one) */
-    int64_t step;         /* the optimizer step (keys dropout masks) */
+    dt_feed feed; /* this rank's samples (n may be 0 on a rank of a final spread batch) */
+    int n_global; /* samples of the whole global batch, every rank together */
+    int world;    /* ranks sharing the global batch */
+    int accum;    /* micro-batches the feed is cut into (--grad-accum; <= 1: one) */
+    int64_t step; /* the optimizer step (keys dropout masks) */
     float lr, clip;
     /* called after forward/backward with the samples and their compute seconds; returns the seconds
      * it added (a --slow sleep); may be NULL */
@@ -131,9 +131,9 @@ typedef struct {
 
 /* What a step did. */
 typedef struct {
-    double loss_sum;      /* sum over the rank's samples of their loss */
-    int n;                /* samples */
-    double compute_s;     /* forward + backward + update, without communication waits */
+    double loss_sum;  /* sum over the rank's samples of their loss */
+    int n;            /* samples */
+    double compute_s; /* forward + backward + update, without communication waits */
     dt_step_stats st;
 } dt_step_result;
 
@@ -182,7 +182,7 @@ typedef struct {
 
 struct dt_strategy {
     const dt_strategy_ops *ops;
-    dt_comm *comm;      /* NULL for a single process */
+    dt_comm *comm; /* NULL for a single process */
     dt_model *model;
     dt_optim *optim;
     dt_trace *trace;
@@ -190,30 +190,30 @@ struct dt_strategy {
     void *impl;
     /* set by the constructor (defaults: replica, data rank/world = comm rank/size) */
     dt_role role;
-    int data_rank, data_world;  /* this rank's part of the data (ps workers: index among workers) */
-    int job_rank0;              /* job rank of data rank 0 */
-    dt_comm *data_comm;         /* the ranks of this rank's data axis when they are not the job's ranks
-                                 * (pp: the stage's DP peers, tp: its mesh's dp axis; owned by the strategy):
-                                 * the balancer's; NULL = comm */
-    bool local_mean;            /* the step wants the mean gradient of the local batch (localsgd,
-                                 * ps); else the rank's share of the global mean (ddp) */
-    bool grads_zeroed;          /* the strategy leaves the gradient slab zero after each step (ZeRO
-                                 * stage >= 2 gives its pages back): the step does not zero it */
-    bool sync_for_state_only;   /* ops->sync only brings checkpoint state to the writer (ddp's error
-                                 * feedback): evaluation reads the model without it */
-    bool evaluates_sharded;     /* evaluation runs ops->eval_batch on the data part's batches (tp, pp:
-                                 * the model stays sharded; no ops->sync gathers it for evaluation) */
-    bool shards_state;          /* each rank holds only its part of the state (ZeRO): every rank
-                                 * writes its shard of a checkpoint (dt_checkpoint_write_sharded) */
-    const char *choice;         /* what the strategy chose at set-up where its spec left it open
-                                 * ("update=shard (auto: one host)"; static text), NULL when nothing */
-    struct {                    /* the current step on this rank, set by the trainer before ops->step */
-        int n;                  /* samples */
+    int data_rank, data_world; /* this rank's part of the data (ps workers: index among workers) */
+    int job_rank0;             /* job rank of data rank 0 */
+    dt_comm *data_comm;        /* the ranks of this rank's data axis when they are not the job's ranks
+                                * (pp: the stage's DP peers, tp: its mesh's dp axis; owned by the strategy):
+                                * the balancer's; NULL = comm */
+    bool local_mean;           /* the step wants the mean gradient of the local batch (localsgd,
+                                * ps); else the rank's share of the global mean (ddp) */
+    bool grads_zeroed;         /* the strategy leaves the gradient slab zero after each step (ZeRO
+                                * stage >= 2 gives its pages back): the step does not zero it */
+    bool sync_for_state_only;  /* ops->sync only brings checkpoint state to the writer (ddp's error
+                                * feedback): evaluation reads the model without it */
+    bool evaluates_sharded;    /* evaluation runs ops->eval_batch on the data part's batches (tp, pp:
+                                * the model stays sharded; no ops->sync gathers it for evaluation) */
+    bool shards_state;         /* each rank holds only its part of the state (ZeRO): every rank
+                                * writes its shard of a checkpoint (dt_checkpoint_write_sharded) */
+    const char *choice;        /* what the strategy chose at set-up where its spec left it open
+                                * ("update=shard (auto: one host)"; static text), NULL when nothing */
+    struct {                   /* the current step on this rank, set by the trainer before ops->step */
+        int n;                 /* samples */
         int64_t epoch;
-        double loss_sum;        /* sum of the per-sample losses */
-        double busy_s;          /* forward+backward time (including a --slow sleep) */
-        float grad_norm;        /* the gradient's global L2 norm before clipping, set by the step where it
-                                 * computes it (clip > 0; the trainer passes INFINITY to measure only) */
+        double loss_sum; /* sum of the per-sample losses */
+        double busy_s;   /* forward+backward time (including a --slow sleep) */
+        float grad_norm; /* the gradient's global L2 norm before clipping, set by the step where it
+                          * computes it (clip > 0; the trainer passes INFINITY to measure only) */
     } cur;
     /* set on a strategy another one drives (tp's inner ddp over the dp axis): replaces the local
      * clip-and-update of dt_strategy_apply_update (tp clips by the norm over its shards); NULL = local */
@@ -237,10 +237,10 @@ typedef union {
 /* One strategy of the registry. Its options struct (opts_size bytes) is private to its module. */
 typedef struct {
     const char *name;
-    const char *help;         /* what it does, one line or more (--help's list of strategies, the man page) */
-    const char *options;      /* the syntax of its options inside NAME(...), e.g. "bucket_mb=MB,zero=0|1|2|3"
-                               * ("" for none): every key of `keys` as KEY=... */
-    const char *keys;         /* the option keys, for messages: "bucket_mb" ("" for none) */
+    const char *help;    /* what it does, one line or more (--help's list of strategies, the man page) */
+    const char *options; /* the syntax of its options inside NAME(...), e.g. "bucket_mb=MB,zero=0|1|2|3"
+                          * ("" for none): every key of `keys` as KEY=... */
+    const char *keys;    /* the option keys, for messages: "bucket_mb" ("" for none) */
     size_t opts_size;
     void (*defaults)(void *opts);
     /* Sets option key (one of keys) from its text; DT_EINVAL naming the strategy, key and value. */
@@ -253,7 +253,7 @@ typedef struct {
     int (*servers)(const void *opts);
     /* Writes every option as KEY=VALUE,... (the canonical spec's inside); NULL: no options. */
     void (*format)(const void *opts, char *out, size_t cap);
-    bool needs_comm;          /* true: more than one rank; false: one process only */
+    bool needs_comm; /* true: more than one rank; false: one process only */
     /* true: it touches model memory only through the device (device/device.h), so it runs on a
      * device other than cpu (ddp stages its buckets through host buffers and refuses its options
      * that do not yet: see ddp.c); false: --device cpu only */

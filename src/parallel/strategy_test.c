@@ -51,7 +51,7 @@ static void canon(const char *spec, const char *want) {
 
 static void test_parse(void) {
     canon("single", "single");
-    canon("ddp", "ddp(bucket_mb=1)");  /* the defaults */
+    canon("ddp", "ddp(bucket_mb=1)"); /* the defaults */
     canon("localsgd", "localsgd(sync_every=8)");
     canon("ps", "ps(servers=1,staleness=inf,shards=dynamic,overlap=0)");
     canon("ps()", "ps(servers=1,staleness=inf,shards=dynamic,overlap=0)");
@@ -62,10 +62,10 @@ static void test_parse(void) {
     canon(" ps ( servers = 3 , staleness=0 ) ", "ps(servers=3,staleness=0,shards=dynamic,overlap=0)");
     canon("localsgd(sync_every=2)", "localsgd(sync_every=2)");
     canon("ddp(bucket_mb=0.5)", "ddp(bucket_mb=0.5)");
-    canon("ddp(balance=static)", "ddp(bucket_mb=1)");  /* the default, left out */
+    canon("ddp(balance=static)", "ddp(bucket_mb=1)"); /* the default, left out */
     canon("ddp(balance=dynamic)", "ddp(bucket_mb=1,balance=dynamic)");
     canon("localsgd(balance=dynamic,sync_every=2)", "localsgd(sync_every=2,balance=dynamic)");
-    dt_strategy_opts o;  /* the trainer reads balance=dynamic through the entry */
+    dt_strategy_opts o; /* the trainer reads balance=dynamic through the entry */
     const dt_strategy_entry *e = NULL;
     CHECK_OK(dt_strategy_parse("localsgd(balance=dynamic)", &e, &o));
     CHECK(e && e->balanced && e->balanced(&o));
@@ -94,9 +94,12 @@ static void test_errors(void) {
     fails(NULL, "`strategy`: no strategy given (choose single, ddp, localsgd, ps, tp or pp)");
     fails("psx", "`strategy` psx: unknown strategy (choose single, ddp, localsgd, ps, tp or pp)");
     fails("psx(servers=2)", "`strategy` psx: unknown strategy (choose single, ddp, localsgd, ps, tp or pp)");
-    fails("ddp(staleness=2)", "`strategy` ddp: unknown option 'staleness' (ddp takes bucket_mb, compress, allreduce, zero, update, balance)");
+    fails(
+        "ddp(staleness=2)",
+        "`strategy` ddp: unknown option 'staleness' (ddp takes bucket_mb, compress, allreduce, zero, update, balance)");
     fails("single(x=1)", "`strategy` single: unknown option 'x' (single takes no options)");
-    fails("localsgd(servers=1)", "`strategy` localsgd: unknown option 'servers' (localsgd takes sync_every, compress, balance)");
+    fails("localsgd(servers=1)",
+          "`strategy` localsgd: unknown option 'servers' (localsgd takes sync_every, compress, balance)");
     fails("ps(bucket_mb=1)",
           "`strategy` ps: unknown option 'bucket_mb' (ps takes servers, staleness, shards, overlap)");
     const char *form = "; write NAME or NAME(KEY=VALUE,...), e.g. ps(servers=2,staleness=4)";
@@ -153,12 +156,14 @@ static void adds(const char *spec, const char *key, const char *value, const cha
 static void test_add(void) {
     adds("ps", "servers", "2", "ps(servers=2)", NULL);
     adds("ps(servers=2)", "staleness", "4", "ps(servers=2,staleness=4)", NULL);
-    adds(" ps ( servers = 2 ) ", "servers", "2", "ps(servers=2)", NULL);       /* the same value: kept */
-    adds("ps(staleness=inf)", "staleness", "async", "ps(staleness=inf)", NULL);  /* the same as parsed */
+    adds(" ps ( servers = 2 ) ", "servers", "2", "ps(servers=2)", NULL);        /* the same value: kept */
+    adds("ps(staleness=inf)", "staleness", "async", "ps(staleness=inf)", NULL); /* the same as parsed */
     adds("ddp", "bucket_mb", "0.5", "ddp(bucket_mb=0.5)", NULL);
     adds("ps(servers=2)", "servers", "3", NULL, "`strategy` ps(servers=2) sets servers=2");
     adds("ps(staleness=3)", "staleness", "inf", NULL, "`strategy` ps(staleness=3) sets staleness=3");
-    adds("ddp", "staleness", "4", NULL, "`strategy` ddp: unknown option 'staleness' (ddp takes bucket_mb, compress, allreduce, zero, update, balance)");
+    adds(
+        "ddp", "staleness", "4", NULL,
+        "`strategy` ddp: unknown option 'staleness' (ddp takes bucket_mb, compress, allreduce, zero, update, balance)");
     adds("ps(servers=x)", "servers", "3", NULL, "`strategy` ps: servers=x: not a whole number of ranks");
 }
 
@@ -167,14 +172,15 @@ static void test_data_part(void) {
     const dt_strategy_entry *e;
     int dr, dw;
     CHECK_OK(dt_strategy_parse("ps(servers=2)", &e, &o));
-    const int want[5][2] = {{0, 3}, {0, 3}, {0, 3}, {1, 3}, {2, 3}};  /* servers get data rank 0 */
+    const int want[5][2] = {{0, 3}, {0, 3}, {0, 3}, {1, 3}, {2, 3}}; /* servers get data rank 0 */
     for (int r = 0; r < 5; r++) {
         CHECK_OK(dt_strategy_data_part(e, &o, r, 5, &dr, &dw));
         CHECK_MSG(dr == want[r][0] && dw == want[r][1], "ps rank %d: %d of %d", r, dr, dw);
     }
     CHECK(dt_strategy_data_part(e, &o, 0, 2, &dr, &dw) == DT_EINVAL);
     CHECK_MSG(!strcmp(dt_last_error(), "`strategy` ps with 2 servers needs more than 2 ranks (servers plus at least "
-                                       "one worker); this job has 2"), "%s", dt_last_error());
+                                       "one worker); this job has 2"),
+              "%s", dt_last_error());
     CHECK_OK(dt_strategy_parse("ddp", &e, &o));
     CHECK_OK(dt_strategy_data_part(e, &o, 3, 5, &dr, &dw));
     CHECK(dr == 3 && dw == 5);
@@ -228,7 +234,7 @@ static int one_step(const char *spec, dt_comm *c, int steps) {
 static void test_options_reach(void) {
     char job[64];
     snprintf(job, sizeof job, "strat1r%d", (int)getpid());
-    dt_comm *c = dt_test_rank_comm(0, 1, job);  /* one rank: ddp's allreduce is a copy */
+    dt_comm *c = dt_test_rank_comm(0, 1, job); /* one rank: ddp's allreduce is a copy */
     int b1 = one_step("ddp", c, 1), b2 = one_step("ddp(bucket_mb=0.00001)", c, 1);
     printf("ddp buckets of a 2-layer model: default %d, bucket_mb=0.00001 %d\n", b1, b2);
     CHECK(b1 == 1 && b2 == 2);
@@ -241,9 +247,9 @@ static void test_options_reach(void) {
     CHECK(dt_strategy_create(&s, "single", c, NULL, NULL, NULL) == DT_EINVAL && !s);
     CHECK_MSG(strstr(dt_last_error(), "`strategy` single trains one process; with 1 ranks"), "%s", dt_last_error());
     CHECK(dt_strategy_create(&s, "ddp", NULL, NULL, NULL, NULL) == DT_EINVAL && !s);
-    CHECK_MSG(!strcmp(dt_last_error(),
-                      "`strategy` ddp needs more than one rank (`workers` N, dtrain launch or mpirun)"),
-              "%s", dt_last_error());
+    CHECK_MSG(
+        !strcmp(dt_last_error(), "`strategy` ddp needs more than one rank (`workers` N, dtrain launch or mpirun)"),
+        "%s", dt_last_error());
     CHECK(dt_strategy_create(&s, "ps", c, NULL, NULL, NULL) == DT_EINVAL && !s);
     CHECK_MSG(strstr(dt_last_error(), "needs more than 1 ranks"), "%s", dt_last_error());
     CHECK(one_step("single", NULL, 1) == 0);

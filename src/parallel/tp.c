@@ -14,21 +14,19 @@
  * A sequential model's marked linear -> elementwise -> linear pairs run as the GPT's MLP; its
  * row-parallel output is whole on every rank, so the shard's own loss node runs (own_loss_step).
  * The collectives run in the graph's after-forward and after-backward node hooks (tp_hooks.c; nn/
- * knows no communication), the same hooks a pipeline stage of shards runs. The remaining ranks of the world are data parallel: the mesh (mesh.h) splits
- * the world into tp and dp communicators and an inner ddp averages the shards' gradients over
- * the dp axis. Memory: a rank holds only its shards (4P/K with Adam, plus the replicated small
- * tensors) from set-up on: the trainer places none of the whole model (s->model, tp_place), whose
- * tensors initialise the shards one at a time (dt_tp_scatter), and a resume restores the shards in
- * place (tp_state.c). Evaluation runs on the shards (tp_eval_batch). The whole model is the
- * checkpoint's (and under ZeRO-3 evaluation's): ops->sync places it
- * and gathers the parameters on every rank, the optimizer moments on world rank 0 (which writes
- * the checkpoints); the next step frees that again (streaming instead is not done yet).
- * On a device (dt_model_device of the whole model) the shards, their optimizer and the hooks'
- * buffers are its memory: set-up and sync move them with device calls, the clip takes one
- * squared-norm partial per run of counted tensors (sqnorm), summed across the tp ranks, and the
- * update is the device's. There the whole model stays placed as whole device blocks (a device
- * block is not narrowed). ZeRO-1 and -2 over the dp axis run there (tp_zero.c: the packed moments
- * and the gradient shard device blocks); ZeRO-3 is refused there so far. */
+ * knows no communication), the same hooks a pipeline stage of shards runs. The remaining ranks of the world are data
+ * parallel: the mesh (mesh.h) splits the world into tp and dp communicators and an inner ddp averages the shards'
+ * gradients over the dp axis. Memory: a rank holds only its shards (4P/K with Adam, plus the replicated small tensors)
+ * from set-up on: the trainer places none of the whole model (s->model, tp_place), whose tensors initialise the shards
+ * one at a time (dt_tp_scatter), and a resume restores the shards in place (tp_state.c). Evaluation runs on the shards
+ * (tp_eval_batch). The whole model is the checkpoint's (and under ZeRO-3 evaluation's): ops->sync places it and gathers
+ * the parameters on every rank, the optimizer moments on world rank 0 (which writes the checkpoints); the next step
+ * frees that again (streaming instead is not done yet). On a device (dt_model_device of the whole model) the shards,
+ * their optimizer and the hooks' buffers are its memory: set-up and sync move them with device calls, the clip takes
+ * one squared-norm partial per run of counted tensors (sqnorm), summed across the tp ranks, and the update is the
+ * device's. There the whole model stays placed as whole device blocks (a device block is not narrowed). ZeRO-1 and -2
+ * over the dp axis run there (tp_zero.c: the packed moments and the gradient shard device blocks); ZeRO-3 is refused
+ * there so far. */
 #include "nn/graph_parallel.h"
 #include "parallel/mesh.h"
 #include "parallel/pp.h"
@@ -44,8 +42,8 @@
 
 typedef struct {
     int tp, pp;
-    double bucket_mb;  /* the inner ddp's buckets over the dp axis */
-    int zero;          /* ZeRO stage of the inner ddp over the dp axis (0: replicas; 1-3, tp_zero.c) */
+    double bucket_mb; /* the inner ddp's buckets over the dp axis */
+    int zero;         /* ZeRO stage of the inner ddp over the dp axis (0: replicas; 1-3, tp_zero.c) */
 } tp_opts;
 
 typedef struct {
@@ -53,23 +51,23 @@ typedef struct {
     dt_mesh mesh;
     int K, r;
     dt_gpt_config g;
-    bool vocab;              /* a GPT: vocabulary-parallel embedding, head and loss (else the shard's own loss) */
+    bool vocab; /* a GPT: vocabulary-parallel embedding, head and loss (else the shard's own loss) */
     dt_model *local;
     dt_optim *lopt;
-    dt_strategy *ddp;        /* over the dp axis; NULL with one data-parallel rank */
-    dt_tp_hooks *hooks;      /* the shard's collectives (tp_hooks.c) */
-    dt_status err;           /* a failure of the norm's allreduce inside tp_update */
-    bool whole;              /* this rank holds the whole state (world rank 0 after a sync) */
-    bool widened;            /* a sync placed the whole model; the next step narrows it to nothing */
-    float *whole_m[2];       /* world rank 0: the whole optimizer moments, assembled by sync (the others
-                              * hold only their shards: the whole model's own moments are freed);
-                              * memory of dev */
-    dt_dev *dev;             /* the model's device */
-    double *dev_ss;          /* a device double for the clip's partial sums (dev not host memory) */
-    uint64_t dp_bytes;       /* what the dp axis moved */
-    int zero;                /* the inner ddp's ZeRO stage (0: none, or one dp rank) */
+    dt_strategy *ddp;   /* over the dp axis; NULL with one data-parallel rank */
+    dt_tp_hooks *hooks; /* the shard's collectives (tp_hooks.c) */
+    dt_status err;      /* a failure of the norm's allreduce inside tp_update */
+    bool whole;         /* this rank holds the whole state (world rank 0 after a sync) */
+    bool widened;       /* a sync placed the whole model; the next step narrows it to nothing */
+    float *whole_m[2];  /* world rank 0: the whole optimizer moments, assembled by sync (the others
+                         * hold only their shards: the whole model's own moments are freed);
+                         * memory of dev */
+    dt_dev *dev;        /* the model's device */
+    double *dev_ss;     /* a device double for the clip's partial sums (dev not host memory) */
+    uint64_t dp_bytes;  /* what the dp axis moved */
+    int zero;           /* the inner ddp's ZeRO stage (0: none, or one dp rank) */
     double bucket_mb;
-    dt_tp_zero_part mine;    /* with zero: the ranges of the local slab this dp rank's optimizer holds */
+    dt_tp_zero_part mine; /* with zero: the ranges of the local slab this dp rank's optimizer holds */
 } tp;
 
 /* Wraps a failure on the tp axis: its ranks are world ranks (tp rank i = world rank base + i). */
@@ -95,9 +93,15 @@ static void tp_update(void *ctx, float lr, float clip) {
         dt_grad_pieces counted = {0};
         dt_status st = dt_tp_zero_norm_pieces(t->local, t->r, 0, g, dt_model_num_params(t->local), &counted);
         const dt_grad_piece whole = {g, dt_model_num_params(t->local)};
-        const dt_clip_spec c = {.dev = t->dev, .dev_ss = t->dev->host_memory ? NULL : t->dev_ss, .nss = 1,
-                                .norm = counted.p, .nnorm = counted.n, .scale = &whole, .nscale = 1,
-                                .reduce = norm_allreduce, .reduce_ctx = t};
+        const dt_clip_spec c = {.dev = t->dev,
+                                .dev_ss = t->dev->host_memory ? NULL : t->dev_ss,
+                                .nss = 1,
+                                .norm = counted.p,
+                                .nnorm = counted.n,
+                                .scale = &whole,
+                                .nscale = 1,
+                                .reduce = norm_allreduce,
+                                .reduce_ctx = t};
         if (st == DT_OK) st = dt_clip_grad_pieces(&c, clip, &t->s->cur.grad_norm);
         dt_grad_pieces_free(&counted);
         if (st != DT_OK) {
@@ -118,8 +122,8 @@ static dt_status tp_norm_pieces(void *ctx, size_t off, float *g, size_t n, dt_gr
 static dt_feed part_of(const dt_model *m, const dt_feed *f, int lo, int n) {
     const size_t xs = (size_t)dt_model_input_values(m, 0) * DT_FEED_VALUE_BYTES,
                  ys = (size_t)dt_model_input_values(m, 1) * DT_FEED_VALUE_BYTES;
-    return (dt_feed){.x = (const char *)f->x + (size_t)lo * xs, .y = f->y ? (const char *)f->y + (size_t)lo * ys : NULL,
-                     .n = n};
+    return (dt_feed){
+        .x = (const char *)f->x + (size_t)lo * xs, .y = f->y ? (const char *)f->y + (size_t)lo * ys : NULL, .n = n};
 }
 
 /* A shard with its own loss node (no vocabulary-parallel head: the row-parallel output is whole
@@ -132,7 +136,8 @@ static dt_status own_loss_step(tp *t, const dt_step_batch *b, int lo, int hi, ui
     DT_TRY(dt_model_run(t->local, &f, true, key, &loss));
     DT_TRY(dt_tp_hooks_status(t->hooks));
     if (!isfinite(loss))
-        return dt_error(DT_EINVAL, "training diverged: loss is %g at step %lld on rank %d; lower `lr` or set `clip_norm`", loss,
+        return dt_error(DT_EINVAL,
+                        "training diverged: loss is %g at step %lld on rank %d; lower `lr` or set `clip_norm`", loss,
                         (long long)b->step, dt_comm_rank(t->s->comm));
     *loss_sum += (double)loss * f.n;
     const double tb = dt_now();
@@ -160,7 +165,8 @@ static dt_status micro_step(tp *t, const dt_step_batch *b, int lo, int hi, uint6
     const int32_t *y = (const int32_t *)b->feed.y + (size_t)lo * T;
     DT_TRY(dt_tp_hooks_loss(t->hooks, y, f.n, share, &loss));
     if (!isfinite(loss))
-        return dt_error(DT_EINVAL, "training diverged: loss is %g at step %lld on rank %d; lower `lr` or set `clip_norm`", loss,
+        return dt_error(DT_EINVAL,
+                        "training diverged: loss is %g at step %lld on rank %d; lower `lr` or set `clip_norm`", loss,
                         (long long)b->step, dt_comm_rank(t->s->comm));
     *loss_sum += loss * f.n;
     const double tb = dt_now();
@@ -186,7 +192,7 @@ static void free_whole_moments(tp *t) {
 static void narrow(dt_strategy *s, tp *t) {
     static const dt_range none = {0, 0};
     if (!t->widened) return;
-    if (t->dev->host_memory && dt_model_place(s->model, &none, 0) != DT_OK) return;  /* a failure: stays whole */
+    if (t->dev->host_memory && dt_model_place(s->model, &none, 0) != DT_OK) return; /* a failure: stays whole */
     free_whole_moments(t);
     t->whole = t->widened = false;
 }
@@ -199,10 +205,10 @@ static dt_status tp_train_step(dt_strategy *s, const dt_step_batch *b, dt_step_r
     memset(r, 0, sizeof *r);
     s->step = b->step;
     if (t->ddp) t->ddp->ops->begin_step(t->ddp, b->step);
-    if (!t->ddp || !t->ddp->grads_zeroed) dt_model_zero_grad(t->local);  /* ZeRO-2 leaves them zero */
+    if (!t->ddp || !t->ddp->grads_zeroed) dt_model_zero_grad(t->local); /* ZeRO-2 leaves them zero */
     dt_tp_hooks_take_comm_s(t->hooks);
     if (n > 0 && t->vocab) DT_TRY(dt_tp_hooks_map(t->hooks, b->feed.x, 0, n, n));
-    const float weight = n == 0 ? 1.0f : (float)((double)n * b->world / b->n_global);  /* share of the global mean */
+    const float weight = n == 0 ? 1.0f : (float)((double)n * b->world / b->n_global); /* share of the global mean */
     for (int k = 0; k < accum && n > 0; k++) {
         const int lo = (int)((int64_t)n * k / accum), hi = (int)((int64_t)n * (k + 1) / accum);
         if (hi == lo) continue;
@@ -220,27 +226,28 @@ static dt_status tp_train_step(dt_strategy *s, const dt_step_batch *b, dt_step_r
         const uint64_t d0 = dt_comm_bytes(t->mesh.dp_comm, NULL);
         t->ddp->cur = s->cur;
         dt_status st = t->ddp->ops->step(t->ddp, b->lr, b->clip, &r->st);
-        if (st != DT_OK)  /* dp rank j is world rank j*TP*PP + this rank's offset in its model copy */
-            return dt_error_wrap(st, "data-parallel axis of the mesh (dp rank %d of %d; dp rank j is world rank j*%d+%d)",
+        if (st != DT_OK) /* dp rank j is world rank j*TP*PP + this rank's offset in its model copy */
+            return dt_error_wrap(st,
+                                 "data-parallel axis of the mesh (dp rank %d of %d; dp rank j is world rank j*%d+%d)",
                                  t->mesh.dp_rank, t->mesh.dp, t->mesh.tp * t->mesh.pp,
                                  dt_comm_rank(s->comm) % (t->mesh.tp * t->mesh.pp));
         t->dp_bytes += dt_comm_bytes(t->mesh.dp_comm, NULL) - d0;
-        if (t->ddp->cur.grad_norm == t->ddp->cur.grad_norm) s->cur.grad_norm = t->ddp->cur.grad_norm;  /* ZeRO's clip */
+        if (t->ddp->cur.grad_norm == t->ddp->cur.grad_norm) s->cur.grad_norm = t->ddp->cur.grad_norm; /* ZeRO's clip */
     } else {
         tp_update(t, b->lr, b->clip);
     }
     DT_TRY(t->err);
-    r->st.comm_wait_s += dt_tp_hooks_take_comm_s(t->hooks);  /* the tp collectives block the step as the dp ones do */
+    r->st.comm_wait_s += dt_tp_hooks_take_comm_s(t->hooks); /* the tp collectives block the step as the dp ones do */
     r->compute_s = dt_now() - t0 - r->st.comm_wait_s;
     return DT_OK;
 }
 
 static dt_status tp_init(dt_strategy *s) {
-    tp *t = s->impl;  /* the same shards on every model copy (the whole model holds nothing now) */
+    tp *t = s->impl; /* the same shards on every model copy (the whole model holds nothing now) */
     if (t->mesh.dp_comm) DT_TRY(dt_strategy_verify_replicas(t->mesh.dp_comm, t->local));
     if (!t->ddp) return DT_OK;
     DT_TRY(t->ddp->ops->init(t->ddp));
-    dt_tp_hooks_chain(t->hooks);  /* ZeRO-2's init set the model's node hooks: run ours and its */
+    dt_tp_hooks_chain(t->hooks); /* ZeRO-2's init set the model's node hooks: run ours and its */
     return DT_OK;
 }
 
@@ -267,19 +274,22 @@ static dt_status tp_sync(dt_strategy *s) {
     t->widened = true;
     dt_status ws = dt_model_place(s->model, NULL, 0);
     if (ws != DT_OK)
-        return dt_error_wrap(ws, "tensor parallel (world rank %d): checkpoints (and with `zero` 3 evaluation) gather "
+        return dt_error_wrap(ws,
+                             "tensor parallel (world rank %d): checkpoints (and with `zero` 3 evaluation) gather "
                              "the whole model on every rank (rank 0 also its optimizer state); run without `save`, "
-                             "`save_weights` and `checkpoint_every`, or raise `mem_limit`", dt_comm_rank(s->comm));
+                             "`save_weights` and `checkpoint_every`, or raise `mem_limit`",
+                             dt_comm_rank(s->comm));
     for (int k = 0; saver && k < dt_optim_num_states(t->lopt); k++)
         if (!t->whole_m[k] && !(t->whole_m[k] = whole_alloc(t, dt_model_num_params(s->model) * sizeof(float))))
             return dt_mem_limit_hit()
                        ? dt_error_wrap(DT_ENOMEM, "tensor parallel (world rank 0): checkpoints gather the whole "
-                                       "optimizer state on rank 0; run without `save`, `save_weights` and "
-                                       "`checkpoint_every`, or raise `mem_limit`")
+                                                  "optimizer state on rank 0; run without `save`, `save_weights` and "
+                                                  "`checkpoint_every`, or raise `mem_limit`")
                        : dt_error(DT_ENOMEM, "tensor parallel: out of memory for the whole optimizer state");
-    if (t->zero == 3) DT_TRY(t->ddp->ops->sync(t->ddp));  /* ZeRO-3: the shard's parameters gathered (until the
-                                                            * next step's begin_step frees them again) */
-    dt_optim *lo = t->lopt, *collected = NULL;  /* with ZeRO: dp rank 0 collects the dp axis's shards */
+    if (t->zero == 3)
+        DT_TRY(t->ddp->ops->sync(t->ddp));     /* ZeRO-3: the shard's parameters gathered (until the
+                                                * next step's begin_step frees them again) */
+    dt_optim *lo = t->lopt, *collected = NULL; /* with ZeRO: dp rank 0 collects the dp axis's shards */
     if (t->zero) DT_TRY(dt_tp_zero_collect(t->mesh.dp_comm, t->local, t->lopt, t->bucket_mb, &collected));
     if (collected) lo = collected;
     dt_status st = dt_tp_gather(t->mesh.tp_comm, s->model, t->local, lo, t->K, group0 ? t->whole_m : NULL);
@@ -294,8 +304,8 @@ static dt_status tp_sync(dt_strategy *s) {
  * vocabulary-parallel loss and argmax; tp rank 0 reports. The whole model is not gathered. */
 static dt_status tp_eval_batch(dt_strategy *s, const dt_feed *f, double *loss_sum, int64_t *correct, int64_t *n) {
     tp *t = s->impl;
-    if (f->n == 0) return DT_OK;  /* the whole tp group has the same samples */
-    if (!t->vocab) {  /* the shard's own loss; its output is whole after the row-parallel allreduce */
+    if (f->n == 0) return DT_OK; /* the whole tp group has the same samples */
+    if (!t->vocab) {             /* the shard's own loss; its output is whole after the row-parallel allreduce */
         float loss;
         dt_tp_hooks_select(t->hooks, 0, f->n);
         DT_TRY(dt_model_run(t->local, f, false, 0, &loss));
@@ -353,10 +363,17 @@ static void tp_axis_bytes(dt_strategy *s, uint64_t bytes[3]) {
     bytes[2] = dt_comm_bytes(t->mesh.dp_comm, NULL);
 }
 
-static const dt_strategy_ops tp_ops = {.name = "tp", .train_step = tp_train_step, .init = tp_init,
-                                       .begin_step = tp_begin, .grad_ready = tp_ready, .step = tp_step,
-                                       .destroy = tp_destroy, .sync = tp_sync, .visit_state = tp_visit,
-                                       .axis_bytes = tp_axis_bytes, .eval_batch = tp_eval_batch};
+static const dt_strategy_ops tp_ops = {.name = "tp",
+                                       .train_step = tp_train_step,
+                                       .init = tp_init,
+                                       .begin_step = tp_begin,
+                                       .grad_ready = tp_ready,
+                                       .step = tp_step,
+                                       .destroy = tp_destroy,
+                                       .sync = tp_sync,
+                                       .visit_state = tp_visit,
+                                       .axis_bytes = tp_axis_bytes,
+                                       .eval_batch = tp_eval_batch};
 
 void dt_tp_counters_of(const dt_strategy *s, dt_tp_counters *c) {
     memset(c, 0, sizeof *c);
@@ -372,9 +389,11 @@ void dt_tp_counters_of(const dt_strategy *s, dt_tp_counters *c) {
 /* The shard and its optimizer moved onto the whole model's device t->dev (not host memory). */
 static dt_status on_device(tp *t, const tp_opts *o) {
     if (o->zero == 3)
-        return dt_error(DT_ENOTSUP, "`device` %s: tp with zero=3 (ZeRO-3 over the mesh's dp axis: its parameter "
+        return dt_error(DT_ENOTSUP,
+                        "`device` %s: tp with zero=3 (ZeRO-3 over the mesh's dp axis: its parameter "
                         "shards are host pages given back) does not run on a device yet; use zero=1 or zero=2 there, "
-                        "tp x pp (pp=2) with zero=3, or `device` cpu", t->dev->kind->name);
+                        "tp x pp (pp=2) with zero=3, or `device` cpu",
+                        t->dev->kind->name);
     DT_TRY(dt_model_set_device(t->local, t->dev));
     DT_TRY(dt_optim_set_device(t->lopt, t->dev));
     if (!(t->dev_ss = t->dev->ops->alloc(t->dev, sizeof(double))))
@@ -395,20 +414,19 @@ static dt_status setup(dt_strategy *s, tp *t, const tp_opts *o) {
      * never used, so they are not kept */
     dt_model_release_grads(s->model);
     dt_optim_free_state(s->optim);
-    t->widened = true;  /* tp x pp (pp > 1) is the pipeline's (pp_tp.c), so here the mesh has pp = 1 */
+    t->widened = true; /* tp x pp (pp > 1) is the pipeline's (pp_tp.c), so here the mesh has pp = 1 */
     narrow(s, t);
-    DT_TRY(dt_tp_hooks_create(&t->hooks, t->local, t->vocab ? &t->g : NULL, t->mesh.tp_comm, t->K, t->r, dt_comm_rank(s->comm), s->trace,
-                              &s->step));
+    DT_TRY(dt_tp_hooks_create(&t->hooks, t->local, t->vocab ? &t->g : NULL, t->mesh.tp_comm, t->K, t->r,
+                              dt_comm_rank(s->comm), s->trace, &s->step));
     if (t->mesh.dp > 1) {
         char spec[96];
         snprintf(spec, sizeof spec, "ddp(bucket_mb=%g,zero=%d%s)", o->bucket_mb, o->zero,
-                 o->zero ? "" : ",update=full");  /* tp_update is the update: not ddp's sharded one */
+                 o->zero ? "" : ",update=full"); /* tp_update is the update: not ddp's sharded one */
         t->zero = o->zero, t->bucket_mb = o->bucket_mb;
-        if (t->zero)
-            DT_TRY(dt_tp_zero_ranges(t->local, o->bucket_mb, t->mesh.dp_rank, t->mesh.dp, &t->mine));
+        if (t->zero) DT_TRY(dt_tp_zero_ranges(t->local, o->bucket_mb, t->mesh.dp_rank, t->mesh.dp, &t->mine));
         DT_TRY(dt_strategy_create(&t->ddp, spec, t->mesh.dp_comm, t->local, t->lopt, s->trace));
         t->ddp->update = tp_update, t->ddp->update_ctx = t;
-        t->ddp->norm_pieces = tp_norm_pieces, t->ddp->norm_comm = s->comm;  /* ZeRO's clip: every shard once */
+        t->ddp->norm_pieces = tp_norm_pieces, t->ddp->norm_comm = s->comm; /* ZeRO's clip: every shard once */
     }
     s->data_rank = t->mesh.dp_rank, s->data_world = t->mesh.dp;
     s->data_comm = t->mesh.dp_comm;
@@ -420,19 +438,23 @@ static dt_status tp_create(dt_strategy *s, const void *opts) {
     const char *spec = dt_model_spec(s->model);
     const bool gpt = dt_model_spec_is_gpt(spec);
     if (!dt_model_has_tp_marks(s->model))
-        return dt_error(DT_EINVAL, "`tp` %d: `model` %s has no node marked for tensor parallelism: its builder marks "
+        return dt_error(DT_EINVAL,
+                        "`tp` %d: `model` %s has no node marked for tensor parallelism: its builder marks "
                         "column-parallel, row-parallel and vocabulary-parallel nodes (dt_model_mark_tp); a sequential "
                         "model is split where a linear, elementwise layers (relu, gelu, tanh, sigmoid) and a linear "
                         "follow each other (e.g. \"flatten linear(256) relu linear(10)\"), a GPT always (or use "
-                        "`strategy` ddp)", o->tp, spec);
+                        "`strategy` ddp)",
+                        o->tp, spec);
     if (o->pp > 1 && !gpt)
-        return dt_error(DT_ENOTSUP, "`strategy` tp: tp x pp (tp=%d, pp=%d) runs a GPT only so far; `model` %s: use "
-                        "pp=1", o->tp, o->pp, spec);
-    if (o->pp > 1) {  /* tp x pp: pipeline stages of shards (pp_tp.c), M = K micro-batches, 1F1B */
+        return dt_error(DT_ENOTSUP,
+                        "`strategy` tp: tp x pp (tp=%d, pp=%d) runs a GPT only so far; `model` %s: use "
+                        "pp=1",
+                        o->tp, o->pp, spec);
+    if (o->pp > 1) { /* tp x pp: pipeline stages of shards (pp_tp.c), M = K micro-batches, 1F1B */
         dt_pp_opts po;
         dt_strategy_pp_entry.defaults(&po);
         po.stages = o->pp, po.tp = o->tp;
-        if (o->zero) {  /* pp's ZeRO over the DP axis (pp_zero.c), which refuses stage 3 */
+        if (o->zero) { /* pp's ZeRO over the DP axis (pp_zero.c), which refuses stage 3 */
             char z[4];
             snprintf(z, sizeof z, "%d", o->zero);
             DT_TRY(dt_strategy_pp_entry.set(&po, "zero", z));
@@ -451,8 +473,8 @@ static dt_status tp_create(dt_strategy *s, const void *opts) {
         return st;
     }
     s->ops = &tp_ops;
-    s->evaluates_sharded = t->zero != 3;  /* ZeRO-3's forward gathers over the dp axis, whose ranks
-                                           * evaluate different numbers of batches: sync gathers it */
+    s->evaluates_sharded = t->zero != 3; /* ZeRO-3's forward gathers over the dp axis, whose ranks
+                                          * evaluate different numbers of batches: sync gathers it */
     return DT_OK;
 }
 
@@ -465,13 +487,15 @@ static dt_status tp_set(void *opts, const char *key, const char *value) {
     if (!strcmp(key, "bucket_mb")) {
         double v = strtod(value, &end);
         if (*end || end == value || !(v > 0) || !isfinite(v) || v > 1e6)
-            return dt_error(DT_EINVAL, "`strategy` tp: bucket_mb=%s: need a size in MB above 0, e.g. bucket_mb=0.5", value);
+            return dt_error(DT_EINVAL, "`strategy` tp: bucket_mb=%s: need a size in MB above 0, e.g. bucket_mb=0.5",
+                            value);
         o->bucket_mb = v;
         return DT_OK;
     }
     long v = strtol(value, &end, 10);
     if (*end || end == value || v < 1 || v > 4096)
-        return dt_error(DT_EINVAL, "`strategy` tp: %s=%s: need a number of ranks from 1 to 4096 (`%s` K)", key, value, key);
+        return dt_error(DT_EINVAL, "`strategy` tp: %s=%s: need a number of ranks from 1 to 4096 (`%s` K)", key, value,
+                        key);
     if (!strcmp(key, "tp")) o->tp = (int)v;
     else o->pp = (int)v;
     return DT_OK;
@@ -492,7 +516,7 @@ static void tp_data_part(const void *opts, int rank, int size, int *data_rank, i
 
 static void tp_mesh(const void *opts, int *tp, int *pp, int *microbatches, const char **schedule) {
     const tp_opts *o = opts;
-    *tp = o->tp, *pp = o->pp, *microbatches = o->pp, *schedule = "1f1b";  /* as the pipeline it makes */
+    *tp = o->tp, *pp = o->pp, *microbatches = o->pp, *schedule = "1f1b"; /* as the pipeline it makes */
 }
 
 /* The placement of entry.place: none of the whole model (its shards live in the local model,
@@ -505,10 +529,19 @@ static dt_status tp_place(const void *opts, const dt_model *m, int rank, int siz
 }
 
 const dt_strategy_entry dt_strategy_tp_entry = {
-    .name = "tp", .options = "tp=K,pp=1,bucket_mb=MB,zero=0|1|2|3",
+    .name = "tp",
+    .options = "tp=K,pp=1,bucket_mb=MB,zero=0|1|2|3",
     .help = "Megatron tensor parallel: K ranks per model copy (a GPT, or a model whose builder marks its layers: a "
             "sequential model's linear -> relu -> linear pairs), the other ranks data parallel; --workers N counts "
             "all ranks; mesh order, TP innermost: rank = (dp_i*PP + pp_i)*TP + tp_i; zero=N: ZeRO over the dp axis",
-    .keys = "tp,pp,bucket_mb,zero", .opts_size = sizeof(tp_opts), .defaults = tp_defaults, .set = tp_set,
-    .create = tp_create, .format = tp_format, .needs_comm = true, .data_part = tp_data_part, .mesh = tp_mesh,
-    .place = tp_place, .device_neutral = true};
+    .keys = "tp,pp,bucket_mb,zero",
+    .opts_size = sizeof(tp_opts),
+    .defaults = tp_defaults,
+    .set = tp_set,
+    .create = tp_create,
+    .format = tp_format,
+    .needs_comm = true,
+    .data_part = tp_data_part,
+    .mesh = tp_mesh,
+    .place = tp_place,
+    .device_neutral = true};

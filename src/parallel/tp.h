@@ -1,9 +1,9 @@
 /* Internals of tensor parallelism (tp.c, the strategy; tp_shard.c, how a whole model's tensors map
  * to the shards of the ranks, by the marks of its nodes, dt_model_mark_tp; tp_xent.c, the
- * vocabulary-parallel cross-entropy). Megatron-LM's layout, as the GPT builder marks it: column-parallel c_attn (each rank its heads' q, k and v rows) and c_fc, row-parallel
- * c_proj (each rank its input columns; the bias lives on rank 0, zero elsewhere, so the partial
- * sums add it once), the token embedding and tied head split by vocabulary rows, the rest
- * replicated. */
+ * vocabulary-parallel cross-entropy). Megatron-LM's layout, as the GPT builder marks it: column-parallel c_attn (each
+ * rank its heads' q, k and v rows) and c_fc, row-parallel c_proj (each rank its input columns; the bias lives on rank
+ * 0, zero elsewhere, so the partial sums add it once), the token embedding and tied head split by vocabulary rows, the
+ * rest replicated. */
 #ifndef DT_PARALLEL_TP_H
 #define DT_PARALLEL_TP_H
 
@@ -15,11 +15,11 @@
 #include "parallel/strategy.h"
 
 typedef enum {
-    DT_TP_REPL = 0,  /* every rank holds the whole tensor (layer norms, positions) */
-    DT_TP_ROWS,      /* rank r holds rows [r R/K, (r+1) R/K) (c_fc, the token embedding) */
-    DT_TP_ROWS3,     /* the same within each third of the rows: q, k and v (c_attn) */
-    DT_TP_COLS,      /* rank r holds columns [r C/K, (r+1) C/K) of every row (c_proj weights) */
-    DT_TP_RANK0,     /* rank 0 holds the tensor, the others zeros (c_proj biases) */
+    DT_TP_REPL = 0, /* every rank holds the whole tensor (layer norms, positions) */
+    DT_TP_ROWS,     /* rank r holds rows [r R/K, (r+1) R/K) (c_fc, the token embedding) */
+    DT_TP_ROWS3,    /* the same within each third of the rows: q, k and v (c_attn) */
+    DT_TP_COLS,     /* rank r holds columns [r C/K, (r+1) C/K) of every row (c_proj weights) */
+    DT_TP_RANK0,    /* rank 0 holds the tensor, the others zeros (c_proj biases) */
 } dt_tp_split;
 
 /* How tensor `name` of model m (a whole model or a shard) is split, by the tensor-parallel mark
@@ -38,9 +38,9 @@ void dt_tp_copy_on(dt_dev *d, bool full_host, bool local_host, dt_tp_split k, fl
                    const dt_param_info *ft, int K, int r, bool to_local);
 
 /* Rank r's shard of the whole model (params) and optimizer (moments, step count) into the local
- * ones (each side on its model's device; the optimizers on their models'). A whole tensor that is not placed (the trainer places none under tp) gives its initial
- * values instead (dt_model_init_tensor, one tensor at a time) and fresh moments. Only local's
- * placed tensors are written (a tp x pp stage places its own). DT_EINVAL when a local tensor has
+ * ones (each side on its model's device; the optimizers on their models'). A whole tensor that is not placed (the
+ * trainer places none under tp) gives its initial values instead (dt_model_init_tensor, one tensor at a time) and fresh
+ * moments. Only local's placed tensors are written (a tp x pp stage places its own). DT_EINVAL when a local tensor has
  * no whole counterpart. */
 dt_status dt_tp_scatter(dt_model *full, dt_optim *fo, dt_model *local, dt_optim *lo, int K, int r);
 /* The inverse, collective over comm (K ranks; NULL = one), tensor by tensor, with full, moments
@@ -50,16 +50,16 @@ dt_status dt_tp_scatter(dt_model *full, dt_optim *fo, dt_model *local, dt_optim 
  * slabs; gather to rank 0, the others' moments are unused). */
 dt_status dt_tp_gather(dt_comm *comm, dt_model *full, dt_model *local, dt_optim *lo, int K, float *const *moments);
 
-/* One tensor's gather (split as tensor lt of model m, the shard, says): every rank's part of local tensor lt (its values at src) into dst, the
- * whole tensor ft, on every rank of comm (to_all: allgather) or on its rank 0 only (gather).
- * tmp: K x lt->numel floats. Collective over comm (NULL: one rank). */
-dt_status dt_tp_gather_tensor(const dt_model *m, dt_comm *comm, int K, const dt_param_info *ft, const dt_param_info *lt, const float *src,
-                              float *dst, float *tmp, bool to_all);
+/* One tensor's gather (split as tensor lt of model m, the shard, says): every rank's part of local tensor lt (its
+ * values at src) into dst, the whole tensor ft, on every rank of comm (to_all: allgather) or on its rank 0 only
+ * (gather). tmp: K x lt->numel floats. Collective over comm (NULL: one rank). */
+dt_status dt_tp_gather_tensor(const dt_model *m, dt_comm *comm, int K, const dt_param_info *ft, const dt_param_info *lt,
+                              const float *src, float *dst, float *tmp, bool to_all);
 /* The same with src and dst memory of device d: on one whose memory is not host memory, src is
  * downloaded into tmp's last part (tmp: K + 1 parts of lt->numel floats), gathered on the host and
  * uploaded into its places in dst. */
-dt_status dt_tp_gather_tensor_on(const dt_model *m, dt_dev *d, dt_comm *comm, int K, const dt_param_info *ft, const dt_param_info *lt,
-                                 const float *src, float *dst, float *tmp, bool to_all);
+dt_status dt_tp_gather_tensor_on(const dt_model *m, dt_dev *d, dt_comm *comm, int K, const dt_param_info *ft,
+                                 const dt_param_info *lt, const float *src, float *dst, float *tmp, bool to_all);
 
 /* Vocabulary-parallel softmax cross-entropy (Megatron's) on device d (device.h xent_shard): a's
  * logits (N, Vl) hold vocabulary columns [lo, lo + Vl) of the rank; y (host, N) are the global
@@ -86,8 +86,8 @@ dt_status dt_tp_visit_state(dt_model *full, dt_model *local, dt_optim *lo, int K
 
 /* Rank r of K's shard of whole tensor ft (its local values at lb, dt_tp_copy's layout) as pieces
  * of the whole tensor, named name (optim: a moment), to fn. */
-dt_status dt_tp_visit_shard(const dt_model *m, int K, int r, dt_state_visit_fn fn, void *ctx, const char *name, const dt_param_info *ft,
-                            float *lb, bool optim);
+dt_status dt_tp_visit_shard(const dt_model *m, int K, int r, dt_state_visit_fn fn, void *ctx, const char *name,
+                            const dt_param_info *ft, float *lb, bool optim);
 
 struct dt_strategy;
 /* The counters of a "tp" strategy, or of a pipeline stage of a tp x pp mesh (zeros for any other). */
@@ -135,7 +135,6 @@ void dt_tp_hooks_counters(const dt_tp_hooks *h, dt_tp_counters *c);
 /* Whether tensor `name` of tp rank r counts in the norm of the whole gradient (each shard once,
  * a replicated tensor on rank 0 only). */
 bool dt_tp_in_norm(const dt_model *m, const char *name, int r);
-
 
 /* ---- ZeRO over the dp axis of the mesh (tp_zero.c; tp(tp=K,zero=1|2|3)) ---- */
 

@@ -29,33 +29,33 @@ enum {
 
 struct dt_tp_hooks {
     dt_model *local;
-    dt_node_hook_fn inner_before_forward, inner_after_backward, inner_before_backward;  /* chained (ZeRO's) */
+    dt_node_hook_fn inner_before_forward, inner_after_backward, inner_before_backward; /* chained (ZeRO's) */
     void *inner_ctx;
     dt_comm *comm;
     dt_gpt_config g;
     int K, r, world_rank;
     dt_trace *trace;
     const int64_t *step;
-    unsigned char *role;      /* per node of local */
-    int *src;                 /* per node: the node whose gradient ROLE_COL / ROLE_HEAD reduce */
-    size_t *size;             /* per node: values per sample its hook reduces */
+    unsigned char *role; /* per node of local */
+    int *src;            /* per node: the node whose gradient ROLE_COL / ROLE_HEAD reduce */
+    size_t *size;        /* per node: values per sample its hook reduces */
     int wte;
-    int32_t *ids;             /* the step's ids mapped into the rank's vocabulary slice */
-    unsigned char *keep;      /* whether each id is in the slice */
-    size_t cap;               /* samples ids/keep hold */
-    dt_dev *dev;              /* the shard's device */
-    dt_dev *stage;            /* dev where the collectives go through host buffers, else NULL */
-    float *dlogits, *rows;    /* device: the logits' gradient; the loss's rows (3N: maxima, sums) */
-    int32_t *targets;         /* device: the loss's targets (unused on host memory: it reads the feed) */
-    void *out;                /* device: the loss (a double) and its counted rows (an int32) */
-    size_t lcap;              /* samples dlogits/rows/targets hold */
-    float *host;              /* host buffer for staging and the accuracy's rows (device memory only) */
-    size_t hcap;              /* floats host holds */
-    float *logits_host;       /* the accuracy's logits, downloaded (device memory only) */
+    int32_t *ids;          /* the step's ids mapped into the rank's vocabulary slice */
+    unsigned char *keep;   /* whether each id is in the slice */
+    size_t cap;            /* samples ids/keep hold */
+    dt_dev *dev;           /* the shard's device */
+    dt_dev *stage;         /* dev where the collectives go through host buffers, else NULL */
+    float *dlogits, *rows; /* device: the logits' gradient; the loss's rows (3N: maxima, sums) */
+    int32_t *targets;      /* device: the loss's targets (unused on host memory: it reads the feed) */
+    void *out;             /* device: the loss (a double) and its counted rows (an int32) */
+    size_t lcap;           /* samples dlogits/rows/targets hold */
+    float *host;           /* host buffer for staging and the accuracy's rows (device memory only) */
+    size_t hcap;           /* floats host holds */
+    float *logits_host;    /* the accuracy's logits, downloaded (device memory only) */
     const unsigned char *cur_keep;
-    int B;                    /* samples of the selected micro-batch */
-    dt_status err;            /* the first failure inside a hook */
-    double comm_s;            /* seconds in tp collectives since dt_tp_hooks_take_comm_s */
+    int B;         /* samples of the selected micro-batch */
+    dt_status err; /* the first failure inside a hook */
+    double comm_s; /* seconds in tp collectives since dt_tp_hooks_take_comm_s */
     dt_tp_counters cnt;
 };
 
@@ -112,7 +112,7 @@ static size_t btc(const dt_tp_hooks *h, int i) { return (size_t)h->B * h->size[i
 /* Zeroes the rows (of C values) of x whose id is outside the rank's slice. */
 static void zero_foreign(const dt_tp_hooks *h, float *x) {
     const size_t n = (size_t)h->B * (size_t)h->g.T, C = (size_t)h->g.C;
-    for (size_t i = 0; i < n;) {  /* a run of foreign rows, one fill */
+    for (size_t i = 0; i < n;) { /* a run of foreign rows, one fill */
         size_t e = i;
         while (e < n && !h->cur_keep[e]) e++;
         if (e > i) h->dev->ops->fill_f32(h->dev, x + i * C, 0.0f, (e - i) * C);
@@ -138,7 +138,7 @@ static void after_backward(void *ctx, int node) {
     dt_tp_hooks *h = ctx;
     switch (h->role[node]) {
     case ROLE_ROW:
-        if (h->r != 0) {  /* the bias is rank 0's: the others hold zeros that must stay zeros */
+        if (h->r != 0) { /* the bias is rank 0's: the others hold zeros that must stay zeros */
             char name[96];
             snprintf(name, sizeof name, "%s.bias", dt_model_node_name(h->local, node));
             int k = dt_model_find_tensor(h->local, name);
@@ -148,7 +148,7 @@ static void after_backward(void *ctx, int node) {
             }
         }
         break;
-    case ROLE_COL: {  /* none where the input needs no gradient (the model's input): on every rank alike */
+    case ROLE_COL: { /* none where the input needs no gradient (the model's input): on every rank alike */
         float *g = dt_model_node_grad_mut(h->local, h->src[node]);
         if (g) reduce(h, g, btc(h, node), true);
         break;
@@ -184,7 +184,7 @@ static dt_status assign_roles(dt_tp_hooks *h) {
                             dt_model_node_name(h->local, i));
         h->size[i] = dt_model_node_size(h->local, reads_input ? h->src[i] : i);
     }
-    for (int i = 0; h->wte >= 0 && i < n; i++)  /* the reader of the vocabulary-parallel embedding */
+    for (int i = 0; h->wte >= 0 && i < n; i++) /* the reader of the vocabulary-parallel embedding */
         for (int j = 0; dt_model_node_input(h->local, i, j) >= 0; j++)
             if (dt_model_node_input(h->local, i, j) == h->wte && h->role[i] == ROLE_NONE) h->role[i] = ROLE_EMBED_GRAD;
     return DT_OK;
@@ -195,8 +195,15 @@ dt_status dt_tp_hooks_create(dt_tp_hooks **out, dt_model *local, const dt_gpt_co
     *out = NULL;
     dt_tp_hooks *h = calloc(1, sizeof *h);
     if (!h) return dt_error(DT_ENOMEM, "tensor parallel: out of memory");
-    *h = (dt_tp_hooks){.local = local, .comm = comm, .g = g ? *g : (dt_gpt_config){0}, .K = K, .r = r, .world_rank = world_rank,
-                       .trace = trace, .step = step, .dev = dt_model_device(local)};
+    *h = (dt_tp_hooks){.local = local,
+                       .comm = comm,
+                       .g = g ? *g : (dt_gpt_config){0},
+                       .K = K,
+                       .r = r,
+                       .world_rank = world_rank,
+                       .trace = trace,
+                       .step = step,
+                       .dev = dt_model_device(local)};
     h->stage = comm && K > 1 ? dt_strategy_stage_device(comm, local) : NULL;
     dt_status st = assign_roles(h);
     if (st != DT_OK) {
@@ -228,7 +235,7 @@ void dt_tp_hooks_chain(dt_tp_hooks *h) {
     dt_node_hook_fn bf, ab, bb;
     void *ctx;
     dt_model_node_hooks(h->local, &bf, &ab, &bb, &ctx);
-    if (ctx == h) return;  /* ours are installed */
+    if (ctx == h) return; /* ours are installed */
     h->inner_before_forward = bf, h->inner_after_backward = ab, h->inner_before_backward = bb, h->inner_ctx = ctx;
     dt_model_set_node_hooks(h->local, bf ? chained_before_forward : NULL, chained_after_backward, h);
     dt_model_set_backward_hook(h->local, bb ? chained_before_backward : NULL);
@@ -243,7 +250,7 @@ void dt_tp_hooks_destroy(dt_tp_hooks *h) {
 
 dt_status dt_tp_hooks_map(dt_tp_hooks *h, const int32_t *x, int lo, int n, int total) {
     const size_t T = (size_t)h->g.T;
-    if ((size_t)total > h->cap) {  /* grown keeping what is mapped (a stage maps micro-batch by micro-batch) */
+    if ((size_t)total > h->cap) { /* grown keeping what is mapped (a stage maps micro-batch by micro-batch) */
         int32_t *ids = realloc(h->ids, (size_t)total * T * sizeof *h->ids);
         if (ids) h->ids = ids;
         unsigned char *keep = ids ? realloc(h->keep, (size_t)total * T) : NULL;
@@ -256,8 +263,10 @@ dt_status dt_tp_hooks_map(dt_tp_hooks *h, const int32_t *x, int lo, int n, int t
     unsigned char *keep = h->keep + (size_t)lo * T;
     for (size_t i = 0; i < (size_t)n * T; i++) {
         if (x[i] < 0 || x[i] >= h->g.V)
-            return dt_error(DT_EINVAL, "model: node 'transformer.wte': id %d of sample %zu, position %zu is outside "
-                            "[0, %d) (the vocabulary)", x[i], (size_t)lo + i / T, i % T, h->g.V);
+            return dt_error(DT_EINVAL,
+                            "model: node 'transformer.wte': id %d of sample %zu, position %zu is outside "
+                            "[0, %d) (the vocabulary)",
+                            x[i], (size_t)lo + i / T, i % T, h->g.V);
         keep[i] = x[i] >= first && x[i] < first + Vl;
         ids[i] = keep[i] ? x[i] - first : 0;
     }
@@ -290,13 +299,20 @@ dt_status dt_tp_hooks_loss(dt_tp_hooks *h, const int32_t *y, int n, float scale,
     DT_TRY(loss_buffers(h, n, N, Vl));
     const uint64_t x0 = dt_comm_bytes(h->comm, NULL);
     const double t0 = dt_now();
-    dt_xent_shard_args a = {.logits = dt_model_output(h->local), .targets = h->dev->host_memory ? y : h->targets,
-                            .N = (int)N, .Vl = (int)Vl, .lo = h->r * (int)Vl, .ignore = -1, .scale = scale,
-                            .dlogits = h->dlogits, .rows = h->rows, .loss = h->out,
+    dt_xent_shard_args a = {.logits = dt_model_output(h->local),
+                            .targets = h->dev->host_memory ? y : h->targets,
+                            .N = (int)N,
+                            .Vl = (int)Vl,
+                            .lo = h->r * (int)Vl,
+                            .ignore = -1,
+                            .scale = scale,
+                            .dlogits = h->dlogits,
+                            .rows = h->rows,
+                            .loss = h->out,
                             .counted = (int32_t *)((double *)h->out + 1)};
     dt_status st = dt_tp_xent(h->K > 1 ? h->comm : NULL, h->dev, h->stage ? h->host : NULL, y, h->g.V, &a);
     if (st == DT_OK) h->dev->ops->download(h->dev, loss, a.loss, sizeof *loss);
-    h->comm_s += dt_now() - t0;  /* mostly its two allreduces */
+    h->comm_s += dt_now() - t0; /* mostly its two allreduces */
     h->cnt.other_bytes += dt_comm_bytes(h->comm, NULL) - x0;
     if (st != DT_OK && st != DT_EINVAL) return tp_fail(h, st, "loss allreduce, rows", N);
     return st;
@@ -308,23 +324,23 @@ dt_status dt_tp_hooks_correct(dt_tp_hooks *h, const int32_t *y, int n, int64_t *
     const size_t N = (size_t)n * (size_t)h->g.T, Vl = (size_t)(h->g.V / h->K);
     if ((size_t)n > h->lcap) return dt_error(DT_EINTERNAL, "tensor parallel: dt_tp_hooks_correct before the loss");
     const float *z = dt_model_output(h->local);
-    float *mx = h->rows, *at = h->rows + N;  /* per row: the slice's largest logit, its global id */
-    if (!h->dev->host_memory) {  /* the logits downloaded once per batch, as a whole model's accuracy does */
+    float *mx = h->rows, *at = h->rows + N; /* per row: the slice's largest logit, its global id */
+    if (!h->dev->host_memory) {             /* the logits downloaded once per batch, as a whole model's accuracy does */
         float *zh = realloc(h->logits_host, N * Vl * sizeof(float));
         if (!zh) return dt_error(DT_ENOMEM, "tensor parallel: out of memory for the logits of %d samples", n);
         h->logits_host = zh;
         h->dev->ops->download(h->dev, zh, z, N * Vl * sizeof(float));
-        z = zh, mx = h->host, at = h->host + N;  /* loss_buffers made host hold 3N floats */
+        z = zh, mx = h->host, at = h->host + N; /* loss_buffers made host hold 3N floats */
     }
     for (size_t i = 0; i < N; i++) {
         size_t best = 0;
         for (size_t v = 1; v < Vl; v++)
             if (z[i * Vl + v] > z[i * Vl + best]) best = v;
-        mx[i] = z[i * Vl + best], at[i] = (float)(h->r * Vl + best);  /* exact: V < 2^24 */
+        mx[i] = z[i * Vl + best], at[i] = (float)(h->r * Vl + best); /* exact: V < 2^24 */
     }
     const uint64_t x0 = dt_comm_bytes(h->comm, NULL);
     dt_status st = h->K > 1 ? dt_comm_allreduce(h->comm, mx, mx, N, DT_F32, DT_OP_MAX) : DT_OK;
-    for (size_t i = 0; st == DT_OK && i < N; i++)  /* the first of equal maxima, as one model's argmax */
+    for (size_t i = 0; st == DT_OK && i < N; i++) /* the first of equal maxima, as one model's argmax */
         if (z[i * Vl + ((size_t)at[i] - h->r * Vl)] < mx[i]) at[i] = (float)h->g.V;
     if (st == DT_OK && h->K > 1) st = dt_comm_allreduce(h->comm, at, at, N, DT_F32, DT_OP_MIN);
     h->cnt.other_bytes += dt_comm_bytes(h->comm, NULL) - x0;

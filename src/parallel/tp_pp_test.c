@@ -52,7 +52,8 @@ static void test_layouts(void) {
         for (int mi = 0; mi < 3; mi++) {
             if (g_light && !(sch == 1 && mi == 1)) continue;
             char spec[96], what[64], mpath[128];
-            snprintf(spec, sizeof spec, "pp(stages=2,tp=2,microbatches=%d,schedule=%s)", Ms[mi], sch ? "1f1b" : "gpipe");
+            snprintf(spec, sizeof spec, "pp(stages=2,tp=2,microbatches=%d,schedule=%s)", Ms[mi],
+                     sch ? "1f1b" : "gpipe");
             snprintf(what, sizeof what, "tp2 x pp2 %s M=%d:", sch ? "1f1b" : "gpipe", Ms[mi]);
             snprintf(mpath, sizeof mpath, "%s/m%d%d.json", g_dir, sch, mi);
             layout(4, spec, GB, STEPS, what, mpath);
@@ -61,10 +62,12 @@ static void test_layouts(void) {
                          tpk = metric_in(mpath, "pp", "tp"), ax_tp = metric_in(mpath, "comm_bytes", "tp"),
                          ax_pp = metric_in(mpath, "comm_bytes", "pp"), ax_dp = metric_in(mpath, "comm_bytes", "dp");
             const double want = sch ? (Ms[mi] < 2 ? Ms[mi] : 2) : Ms[mi];
-            CHECK_MSG(peak == want && bubble >= 0 && bubble < 1 && tpk == 2, "%s: in flight %g (want %g), bubble %g, "
-                      "tp %g", what, peak, want, bubble, tpk);
-            CHECK_MSG(ax_tp > 0 && ax_pp > 0 && ax_dp == 0, "%s: bytes per axis tp %g, pp %g, dp %g", what, ax_tp, ax_pp,
-                      ax_dp);
+            CHECK_MSG(peak == want && bubble >= 0 && bubble < 1 && tpk == 2,
+                      "%s: in flight %g (want %g), bubble %g, "
+                      "tp %g",
+                      what, peak, want, bubble, tpk);
+            CHECK_MSG(ax_tp > 0 && ax_pp > 0 && ax_dp == 0, "%s: bytes per axis tp %g, pp %g, dp %g", what, ax_tp,
+                      ax_pp, ax_dp);
             /* Megatron: each block's 4 allreduces of b s h values per micro-batch, 2(t-1)/t of them moved per
              * rank; with M = 1 neither schedule recomputes a forward, so the stages' blocks (L of them)
              * moved exactly that */
@@ -73,11 +76,13 @@ static void test_layouts(void) {
             if (Ms[mi] == 1) {
                 printf("%s tp block bytes over both stages %.0f = %d steps x %d blocks x %.0f (Megatron), %g ops\n",
                        what, tb, STEPS, L, per_block, ops);
-                CHECK_MSG(tb == per_block * L * STEPS && ops == 4.0 * L * STEPS, "%s: tp block bytes %g, ops %g", what, tb,
-                          ops);
+                CHECK_MSG(tb == per_block * L * STEPS && ops == 4.0 * L * STEPS, "%s: tp block bytes %g, ops %g", what,
+                          tb, ops);
             } else {
-                CHECK_MSG(tb >= per_block * L * STEPS && ops >= 4.0 * L * Ms[mi] * STEPS, "%s: tp block bytes %g, "
-                          "ops %g", what, tb, ops);
+                CHECK_MSG(tb >= per_block * L * STEPS && ops >= 4.0 * L * Ms[mi] * STEPS,
+                          "%s: tp block bytes %g, "
+                          "ops %g",
+                          what, tb, ops);
             }
         }
     /* the tp2 spelling of the same mesh: tp(tp=2,pp=2) is a pipeline of shards (M = K, 1F1B) */
@@ -101,8 +106,7 @@ static void test_dp_mesh(void) {
     reference(&one, ref, &n);
     /* rank 0's running loss is its copy's half of the batch: the epoch's loss over both is compared */
     layout(8, "pp(stages=2,tp=2,microbatches=2,schedule=1f1b)", GB / 2, 0, "dp2 x tp2 x pp2 1f1b M=2:", m8);
-    const double l1 = metric(m1, "train_loss"), l8 = metric(m8, "train_loss"),
-                 dpb = metric_in(m8, "comm_bytes", "dp");
+    const double l1 = metric(m1, "train_loss"), l8 = metric(m8, "train_loss"), dpb = metric_in(m8, "comm_bytes", "dp");
     printf("dp2 x tp2 x pp2: train_loss over 20 steps %.6f, 1 worker %.6f; dp axis bytes %.0f\n", l8, l1, dpb);
     CHECK(l1 > 0 && l8 > 0 && l1 - l8 < DT_PP_TEST_TOL && l8 - l1 < DT_PP_TEST_TOL && dpb > 0);
 }
@@ -113,17 +117,27 @@ static void test_resume(void) {
     char ck[128], path[128];
     snprintf(ck, sizeof ck, "%s/tp2pp2.safetensors", g_dir);
     snprintf(path, sizeof path, "%s/half", g_dir);
-    run_cfg half = {.model = GPT, .data = g_text, .strategy = "pp(stages=2,tp=2,microbatches=2)", .batch = GB,
-                    .steps = 10, .save = ck};
+    run_cfg half = {.model = GPT,
+                    .data = g_text,
+                    .strategy = "pp(stages=2,tp=2,microbatches=2)",
+                    .batch = GB,
+                    .steps = 10,
+                    .save = ck};
     CHECK(run_ranks(4, &half, path) == 0);
     struct {
         const char *what, *strategy;
         int ranks, batch;
-    } to[] = {{"1 worker", NULL, 1, GB}, {"dp4", "ddp", 4, GB / 4}, {"tp2", "tp(tp=2)", 2, GB},
+    } to[] = {{"1 worker", NULL, 1, GB},
+              {"dp4", "ddp", 4, GB / 4},
+              {"tp2", "tp(tp=2)", 2, GB},
               {"pp2", "pp(stages=2,microbatches=4,schedule=gpipe)", 2, GB}};
     for (size_t i = 0; i < sizeof to / sizeof *to; i++) {
         if (g_light && i != 0) continue;
-        run_cfg rest = {.model = GPT, .data = g_text, .strategy = to[i].strategy, .batch = to[i].batch, .steps = STEPS,
+        run_cfg rest = {.model = GPT,
+                        .data = g_text,
+                        .strategy = to[i].strategy,
+                        .batch = to[i].batch,
+                        .steps = STEPS,
                         .resume = ck};
         size_t m = 0;
         if (to[i].ranks == 1) {
@@ -144,8 +158,12 @@ static void test_resume(void) {
     progress pg = {{0}, 0};
     size_t m = 0;
     CHECK_OK(train(&first, NULL, g_got, &m, &pg));
-    run_cfg again = {.model = GPT, .data = g_text, .strategy = "pp(stages=2,tp=2,microbatches=4,schedule=gpipe)",
-                     .batch = GB, .steps = STEPS, .resume = ck};
+    run_cfg again = {.model = GPT,
+                     .data = g_text,
+                     .strategy = "pp(stages=2,tp=2,microbatches=4,schedule=gpipe)",
+                     .batch = GB,
+                     .steps = STEPS,
+                     .resume = ck};
     snprintf(path, sizeof path, "%s/again", g_dir);
     CHECK(run_ranks(4, &again, path) == 0);
     m = dt_test_read_floats(path, g_got, CAP + STEPS + 1);
@@ -161,7 +179,12 @@ static double params_vs_one(int N, const char *spec, int batch, const char *resu
     char path[128], mp[128];
     snprintf(path, sizeof path, "%s/%s", g_dir, tag);
     snprintf(mp, sizeof mp, "%s/%s.json", g_dir, tag);
-    run_cfg rc = {.model = GPT, .data = g_text, .strategy = spec, .batch = batch, .steps = STEPS, .resume = resume,
+    run_cfg rc = {.model = GPT,
+                  .data = g_text,
+                  .strategy = spec,
+                  .batch = batch,
+                  .steps = STEPS,
+                  .resume = resume,
                   .metrics = dl ? mp : NULL};
     size_t m = 0;
     if (N == 1) {
@@ -187,8 +210,8 @@ static double params_vs_one(int N, const char *spec, int batch, const char *resu
 }
 
 /* ZeRO 1, 2 and 3 over the DP axis of dp2 x tp2 x pp2 (each rank's shard tensors of its stage
- * cut over its 2 DP peers; stage 3's gathers in node hooks chained with the shard's): 20 steps as 1 worker (parameters, epoch loss); saved after 10 steps,
- * resumed on 1 worker; a 1-worker checkpoint of step 10 resumed under it. */
+ * cut over its 2 DP peers; stage 3's gathers in node hooks chained with the shard's): 20 steps as 1 worker (parameters,
+ * epoch loss); saved after 10 steps, resumed on 1 worker; a 1-worker checkpoint of step 10 resumed under it. */
 static void test_zero(void) {
     char one_ck[128], ck[128], spec[96], tag[32];
     snprintf(one_ck, sizeof one_ck, "%s/zone.safetensors", g_dir);
@@ -197,7 +220,7 @@ static void test_zero(void) {
     run_cfg one = {.model = GPT, .data = g_text, .batch = GB, .steps = STEPS, .metrics = m1};
     progress pg = {{0}, 0};
     size_t m = 0;
-    CHECK_OK(train(&one, NULL, g_got, &m, &pg));  /* the 1-worker epoch loss */
+    CHECK_OK(train(&one, NULL, g_got, &m, &pg)); /* the 1-worker epoch loss */
     run_cfg first = {.model = GPT, .data = g_text, .batch = GB, .steps = 10, .save = one_ck};
     CHECK_OK(train(&first, NULL, g_got, &m, &pg));
     for (int z = 1; z <= 3; z++) {
@@ -209,8 +232,10 @@ static void test_zero(void) {
         double d = params_vs_one(8, spec, GB / 2, NULL, tag, &dl);
         printf("dp2 x tp2 x pp2 zero=%d: max |param - 1 worker| %.2g, |epoch loss - 1 worker| %.2g over 20 steps\n", z,
                d, dl < 0 ? -dl : dl);
-        CHECK_MSG(d < DT_PP_TEST_TOL && dl < DT_PP_TEST_TOL && -dl < DT_PP_TEST_TOL, "dp2 x tp2 x pp2 zero=%d: params "
-                  "differ by %g, loss by %g", z, d, dl);
+        CHECK_MSG(d < DT_PP_TEST_TOL && dl < DT_PP_TEST_TOL && -dl < DT_PP_TEST_TOL,
+                  "dp2 x tp2 x pp2 zero=%d: params "
+                  "differ by %g, loss by %g",
+                  z, d, dl);
         snprintf(ck, sizeof ck, "%s/z%d.safetensors", g_dir, z);
         snprintf(tag, sizeof tag, "zh%d", z);
         char path[128];
@@ -219,12 +244,14 @@ static void test_zero(void) {
         CHECK(run_ranks(8, &half, path) == 0);
         d = params_vs_one(1, NULL, GB, ck, "zr1", NULL);
         printf("resume: 10 steps dp2 x tp2 x pp2 zero=%d + 10 steps 1 worker vs 20 steps 1 worker: max |param diff| "
-               "%.2g\n", z, d);
+               "%.2g\n",
+               z, d);
         CHECK_MSG(d < DT_PP_TEST_TOL, "dp2 x tp2 x pp2 zero=%d -> 1 worker resume differs by %g", z, d);
         snprintf(tag, sizeof tag, "za%d", z);
         d = params_vs_one(8, spec, GB / 2, one_ck, tag, NULL);
         printf("resume: 10 steps 1 worker + 10 steps dp2 x tp2 x pp2 zero=%d vs 20 steps 1 worker: max |param diff| "
-               "%.2g\n", z, d);
+               "%.2g\n",
+               z, d);
         CHECK_MSG(d < DT_PP_TEST_TOL, "1 worker -> dp2 x tp2 x pp2 zero=%d resume differs by %g", z, d);
     }
 }
@@ -234,8 +261,12 @@ static void test_zero(void) {
 static void test_killed_rank(void) {
     char path[128];
     snprintf(path, sizeof path, "%s/kill", g_dir);
-    run_cfg rc = {.model = GPT, .data = g_text, .strategy = "pp(stages=2,tp=2,microbatches=2,schedule=1f1b)",
-                  .batch = GB, .steps = 1000, .die_at = 3};
+    run_cfg rc = {.model = GPT,
+                  .data = g_text,
+                  .strategy = "pp(stages=2,tp=2,microbatches=2,schedule=1f1b)",
+                  .batch = GB,
+                  .steps = 1000,
+                  .die_at = 3};
     setenv("DTRAIN_TIMEOUT", "60", 1);
     const double t0 = dt_now();
     CHECK(run_ranks(4, &rc, path) == 4);

@@ -112,7 +112,7 @@ static size_t largest_tensor(const dt_model *m) {
 }
 
 dt_status dt_tp_scatter(dt_model *full, dt_optim *fo, dt_model *local, dt_optim *lo, int K, int r) {
-    float *tmp = NULL;  /* an unplaced whole tensor's initial values, one at a time */
+    float *tmp = NULL; /* an unplaced whole tensor's initial values, one at a time */
     dt_status st = DT_OK;
     for (int j = 0; st == DT_OK && j < dt_model_num_tensors(local); j++) {
         const dt_param_info *lt = dt_model_tensor(local, j), *ft = whole_of(full, lt);
@@ -120,7 +120,7 @@ dt_status dt_tp_scatter(dt_model *full, dt_optim *fo, dt_model *local, dt_optim 
             st = DT_EINVAL;
             break;
         }
-        if (!dt_model_tensor_placed(local, j)) continue;  /* another stage's (tp x pp) */
+        if (!dt_model_tensor_placed(local, j)) continue; /* another stage's (tp x pp) */
         const dt_tp_split k = dt_tp_split_of(local, lt->name);
         const int i = dt_model_find_tensor(full, lt->name);
         float *fb = (lt->is_buffer ? dt_model_buffers(full) : dt_model_params(full)) + ft->offset;
@@ -135,7 +135,7 @@ dt_status dt_tp_scatter(dt_model *full, dt_optim *fo, dt_model *local, dt_optim 
         if (!placed && (st = dt_model_init_tensor(full, i, tmp)) != DT_OK) break;
         copy_on(&sd, k, placed ? fb : tmp, lb + lt->offset, ft, K, r, true);
         for (int s = 0; placed && fo && lo && !lt->is_buffer && s < dt_optim_num_states(lo); s++) {
-            const char *nm;  /* unplaced: fresh moments (a resume restores the shards in place after) */
+            const char *nm; /* unplaced: fresh moments (a resume restores the shards in place after) */
             copy_on(&sd, k, dt_optim_state(fo, s, &nm) + ft->offset, dt_optim_state(lo, s, &nm) + lt->offset, ft, K, r,
                     true);
         }
@@ -150,7 +150,7 @@ dt_status dt_tp_gather_tensor_on(const dt_model *m, dt_dev *d, dt_comm *comm, in
     const dt_tp_split k = dt_tp_split_of(m, lt->name);
     const size_t n = lt->numel;
     const float *send = src;
-    if (!d->host_memory) {  /* staged: the part downloaded, gathered on the host, placed by uploads */
+    if (!d->host_memory) { /* staged: the part downloaded, gathered on the host, placed by uploads */
         float *h = comm ? tmp + (size_t)K * n : tmp;
         d->ops->download(d, h, src, n * sizeof(float));
         send = h;
@@ -188,7 +188,7 @@ static float *gather_scratch(const dt_model *local, int K) {
 dt_status dt_tp_gather(dt_comm *comm, dt_model *full, dt_model *local, dt_optim *lo, int K, float *const *moments) {
     float *tmp = gather_scratch(local, K);
     if (!tmp) return DT_ENOMEM;
-    dt_dev *d = dt_model_device(local);  /* full's and the moments' too */
+    dt_dev *d = dt_model_device(local); /* full's and the moments' too */
     dt_status s = DT_OK;
     for (int j = 0; s == DT_OK && j < dt_model_num_tensors(local); j++) {
         const dt_param_info *lt = dt_model_tensor(local, j), *ft = whole_of(full, lt);
@@ -198,7 +198,8 @@ dt_status dt_tp_gather(dt_comm *comm, dt_model *full, dt_model *local, dt_optim 
         if (s == DT_OK) s = gather_tensor(local, d, comm, K, ft, lt, lb + lt->offset, fb, tmp, true);
         for (int k = 0; s == DT_OK && moments && !lt->is_buffer && k < dt_optim_num_states(lo); k++) {
             const char *nm;
-            s = gather_tensor(local, d, comm, K, ft, lt, dt_optim_state(lo, k, &nm) + lt->offset, moments[k], tmp, false);
+            s = gather_tensor(local, d, comm, K, ft, lt, dt_optim_state(lo, k, &nm) + lt->offset, moments[k], tmp,
+                              false);
         }
     }
     free(tmp);

@@ -9,8 +9,12 @@
 /* Piece [off, off + n) of whole tensor ft, held at buf. */
 static dt_status piece(dt_state_visit_fn fn, void *ctx, const char *name, const dt_param_info *ft, float *buf,
                        size_t off, size_t n, bool optim) {
-    dt_state_piece p = {.name = name, .buf = {buf, DT_F32, n, DT_DEVICE_CPU}, .ndim = ft->ndim, .numel = ft->numel,
-                        .offset = off, .is_optim = optim};
+    dt_state_piece p = {.name = name,
+                        .buf = {buf, DT_F32, n, DT_DEVICE_CPU},
+                        .ndim = ft->ndim,
+                        .numel = ft->numel,
+                        .offset = off,
+                        .is_optim = optim};
     for (int d = 0; d < ft->ndim; d++) p.shape[d] = ft->shape[d];
     return fn(ctx, &p);
 }
@@ -67,8 +71,10 @@ dt_status dt_tp_visit_state(dt_model *full, dt_model *local, dt_optim *lo, int K
     for (int i = 0; i < dt_model_num_tensors(m); i++) {
         const dt_param_info *p = dt_model_tensor(m, i);
         float *base = p->is_buffer ? dt_model_buffers(m) : dt_model_params(m);
-        dt_state_piece pc = {.name = p->name, .buf = {base + p->offset, DT_F32, p->numel, DT_DEVICE_CPU},
-                             .ndim = p->ndim, .numel = p->numel};
+        dt_state_piece pc = {.name = p->name,
+                             .buf = {base + p->offset, DT_F32, p->numel, DT_DEVICE_CPU},
+                             .ndim = p->ndim,
+                             .numel = p->numel};
         for (int d = 0; d < p->ndim; d++) pc.shape[d] = p->shape[d];
         DT_TRY(fn(ctx, &pc));
         for (int k = 0; !p->is_buffer && k < ns; k++) {
@@ -82,4 +88,3 @@ dt_status dt_tp_visit_state(dt_model *full, dt_model *local, dt_optim *lo, int K
     }
     return DT_OK;
 }
-

@@ -40,7 +40,7 @@ static const char *MODEL = "gpt:L=2,H=4,C=32,T=16";
 enum { CAP = 1 << 17, GB = 8, T = 16, L = 2, C = 32, MAXSTEPS = 20 };
 static int g_steps = MAXSTEPS, g_accum = 1;
 static char g_dir[64];
-static float g_mom[2 * CAP];  /* after train: the whole optimizer moments the state visitor gives rank 0 */
+static float g_mom[2 * CAP]; /* after train: the whole optimizer moments the state visitor gives rank 0 */
 
 /* Global batch `step`: GB samples of T+1 tokens (ids, then the next ids as targets). */
 static void batch(int64_t step, int32_t *x, int32_t *y) {
@@ -64,7 +64,7 @@ static dt_status take_moment(void *ctx, const dt_state_piece *p) {
 }
 
 typedef struct {
-    double loss[MAXSTEPS];   /* this rank's loss sum per step */
+    double loss[MAXSTEPS]; /* this rank's loss sum per step */
     dt_tp_counters cnt;
     int steps;
 } rank_out;
@@ -85,10 +85,15 @@ static dt_status train(const char *spec, dt_comm *comm, float clip, int die_afte
     static int32_t x[GB * T], y[GB * T];
     const int dw = s ? s->data_world : 1, dr = s ? s->data_rank : 0, per = GB / dw;
     for (int k = 0; st == DT_OK && k < g_steps; k++) {
-        if (k == die_after) _exit(0);  /* a rank that vanishes without a word */
+        if (k == die_after) _exit(0); /* a rank that vanishes without a word */
         batch(k, x, y);
-        dt_step_batch b = {.feed = {.x = x + dr * per * T, .y = y + dr * per * T, .n = per}, .n_global = GB,
-                           .world = dw, .accum = g_accum, .step = k, .lr = 3e-3f, .clip = clip};
+        dt_step_batch b = {.feed = {.x = x + dr * per * T, .y = y + dr * per * T, .n = per},
+                           .n_global = GB,
+                           .world = dw,
+                           .accum = g_accum,
+                           .step = k,
+                           .lr = 3e-3f,
+                           .clip = clip};
         dt_step_result r;
         st = dt_strategy_train_step(s, &b, &r);
         out->loss[k] = r.loss_sum;
@@ -174,11 +179,11 @@ static void check_layout(int tp, int dp) {
     read_out(tag, 0, &ro);
     const double per_block = 4.0 * (GB / dp) * T * C * sizeof(float) * 2.0 * (tp - 1) / tp;
     printf("tp%d x dp%d: tp bytes in blocks %llu = %d steps x %d blocks x %.0f (Megatron 4bsh x 2(t-1)/t), ops %llu, "
-           "around blocks %llu, dp axis %llu\n", tp, dp, (unsigned long long)ro.cnt.block_bytes, g_steps, L, per_block,
-           (unsigned long long)ro.cnt.block_ops, (unsigned long long)ro.cnt.other_bytes,
-           (unsigned long long)ro.cnt.dp_bytes);
+           "around blocks %llu, dp axis %llu\n",
+           tp, dp, (unsigned long long)ro.cnt.block_bytes, g_steps, L, per_block, (unsigned long long)ro.cnt.block_ops,
+           (unsigned long long)ro.cnt.other_bytes, (unsigned long long)ro.cnt.dp_bytes);
     CHECK((double)ro.cnt.block_bytes == per_block * L * g_steps);
-    CHECK(ro.cnt.block_ops == (uint64_t)(4 * L * g_steps * g_accum));  /* per micro-batch */
+    CHECK(ro.cnt.block_ops == (uint64_t)(4 * L * g_steps * g_accum)); /* per micro-batch */
     CHECK(dp == 1 ? ro.cnt.dp_bytes == 0 : ro.cnt.dp_bytes > 0);
 }
 
@@ -195,7 +200,7 @@ static void check_clip(void) {
     const double d = m == n ? dt_test_maxdiff(ref, g_got, n) : 1e9, moved = dt_test_maxdiff(ref, g_ref, n);
     printf("tp2 --clip 0.05: max |params - 1 worker with the clip| = %.3g (the clip moved them by %.3g)\n", d, moved);
     CHECK_MSG(d <= 5e-5, "clip diff %g", d);
-    CHECK(moved > 1e-3);  /* the clip acted */
+    CHECK(moved > 1e-3); /* the clip acted */
 }
 
 /* ZeRO stage `zero` over the dp axis of dp2 x tp2 (clip > 0: --clip too) against one process:
@@ -221,12 +226,14 @@ static void check_zero(int zero, float clip) {
     snprintf(path, sizeof path, "%s/%s.moments", g_dir, tag);
     const size_t mm = dt_test_read_floats(path, got_mom, 2 * CAP);
     const double dp_ = m == n ? dt_test_maxdiff(ref, g_got, n) : 1e9;
-    const double dm = mm == 2 * CAP ? fmax(dt_test_maxdiff(ref_mom, got_mom, n), dt_test_maxdiff(ref_mom + CAP, got_mom + CAP, n))
-                                    : 1e9;
-    double big = 0;  /* the moments are there (not all zeros) */
+    const double dm = mm == 2 * CAP
+                          ? fmax(dt_test_maxdiff(ref_mom, got_mom, n), dt_test_maxdiff(ref_mom + CAP, got_mom + CAP, n))
+                          : 1e9;
+    double big = 0; /* the moments are there (not all zeros) */
     for (size_t i = 0; i < n; i++) big = fmax(big, fabs(ref_mom[i]));
     printf("dp2 x tp2 zero=%d%s: max |loss - 1 worker| = %.3g, |params - 1 worker| = %.3g, |checkpoint moments - 1 "
-           "worker's| = %.3g (largest m %.3g)\n", zero, clip > 0 ? " --clip 0.05" : "", dl, dp_, dm, big);
+           "worker's| = %.3g (largest m %.3g)\n",
+           zero, clip > 0 ? " --clip 0.05" : "", dl, dp_, dm, big);
     CHECK_MSG(dl <= 5e-6, "zero=%d loss diff %g", zero, dl);
     CHECK_MSG(dp_ <= 5e-5, "zero=%d param diff %g", zero, dp_);
     CHECK_MSG(dm <= 5e-5 && big > 1e-4, "zero=%d moment diff %g", zero, dm);
@@ -278,7 +285,8 @@ static void check_dead_rank(int N) {
         }
         printf("%d ranks, rank 1 killed before step 3: rank %d says \"%s\" (%.1f s)\n", N, r, msg, dt_now() - t0);
         CHECK_MSG((strstr(msg, "died") || strstr(msg, "left")) && strstr(msg, "allreduce") &&
-                  (strstr(msg, "tensor parallel") || strstr(msg, "data-parallel axis")), "rank %d: %s", r, msg);
+                      (strstr(msg, "tensor parallel") || strstr(msg, "data-parallel axis")),
+                  "rank %d: %s", r, msg);
         if (r == 0) CHECK_MSG(strstr(msg, "rank 1 died") && strstr(msg, "world rank 0+i"), "%s", msg);
     }
 }
@@ -304,7 +312,8 @@ static void check_stop(void) {
         if (fork() == 0) {
             dt_comm *c = dt_test_rank_comm(r, 2, job);
             dt_train_config cfg = dt_train_defaults();
-            cfg.data = data, cfg.model = MODEL, cfg.batch = 4, cfg.epochs = 100, cfg.comm = c, cfg.strategy = "tp(tp=2)";
+            cfg.data = data, cfg.model = MODEL, cfg.batch = 4, cfg.epochs = 100, cfg.comm = c,
+            cfg.strategy = "tp(tp=2)";
             cfg.save = ck, cfg.stop = &g_stop, cfg.on_progress = stop_at_3, cfg.progress_interval_s = 1e-9;
             dt_trainer *t = NULL;
             dt_status s = dt_trainer_create(&t, &cfg);
@@ -329,7 +338,7 @@ static void check_divisibility(void) {
     CHECK(strstr(dt_last_error(), "`tp` 3") && strstr(dt_last_error(), "choose `tp` 1, 2, 4"));
     CHECK(dt_gpt_check_tp(&g, 4) == DT_OK && dt_gpt_check_tp(&g, 8) == DT_EINVAL);
     dt_mesh mesh;
-    CHECK(dt_mesh_create(&mesh, NULL, 2, 1) == DT_EINVAL);  /* 2 ranks per copy in a world of 1 */
+    CHECK(dt_mesh_create(&mesh, NULL, 2, 1) == DT_EINVAL); /* 2 ranks per copy in a world of 1 */
 }
 
 static void check_mesh_order(void) {
@@ -397,7 +406,7 @@ int main(void) {
     check_layout(2, 1);
     check_layout(4, 1);
     check_layout(2, 2);
-    g_accum = 2;  /* micro-batches of 2 (tp2) and 1 (dp2 x tp2): the same steps */
+    g_accum = 2; /* micro-batches of 2 (tp2) and 1 (dp2 x tp2): the same steps */
     check_layout(2, 1);
     check_layout(2, 2);
     g_accum = 1;

@@ -21,8 +21,10 @@ dt_status dt_tp_xent(dt_comm *comm, dt_dev *d, float *host, const int32_t *y, in
             return dt_error(DT_EINVAL, "model: node 'loss': target %d of row %d is outside [0, %d) (the vocabulary)",
                             y[i], i, vocab);
     if (!d->ops->xent_shard)
-        return dt_error(DT_ENOTSUP, "device %s has no vocabulary-parallel loss (xent_shard) yet: tp's GPT does not run "
-                        "on it; use `device` cpu or another strategy", d->kind->name);
+        return dt_error(DT_ENOTSUP,
+                        "device %s has no vocabulary-parallel loss (xent_shard) yet: tp's GPT does not run "
+                        "on it; use `device` cpu or another strategy",
+                        d->kind->name);
     if (a->targets != y) d->ops->upload(d, (int32_t *)a->targets, y, (size_t)a->N * sizeof *y);
     d->ops->xent_shard(d, DT_XENT_MAX, a);
     if (comm) DT_TRY(reduce_rows(comm, d, host, a->rows, (size_t)a->N, DT_OP_MAX));

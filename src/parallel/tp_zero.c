@@ -69,13 +69,15 @@ static dt_status whole_like(dt_model *local, dt_optim *lo, dt_optim **out) {
 dt_status dt_tp_zero_expand(dt_model *local, dt_optim *lo, const dt_tp_zero_part *mine, dt_optim **out) {
     DT_TRY(whole_like(local, lo, out));
     for (int k = 0; k < dt_optim_num_states(lo); k++)
-        move_part(dt_model_device(local), false, mine, dt_optim_state(*out, k, NULL), dt_optim_state(lo, k, NULL), true);
+        move_part(dt_model_device(local), false, mine, dt_optim_state(*out, k, NULL), dt_optim_state(lo, k, NULL),
+                  true);
     return DT_OK;
 }
 
 void dt_tp_zero_pack(dt_model *local, dt_optim *whole, dt_optim *lo, const dt_tp_zero_part *mine) {
     for (int k = 0; k < dt_optim_num_states(lo); k++)
-        move_part(dt_model_device(local), false, mine, dt_optim_state(whole, k, NULL), dt_optim_state(lo, k, NULL), false);
+        move_part(dt_model_device(local), false, mine, dt_optim_state(whole, k, NULL), dt_optim_state(lo, k, NULL),
+                  false);
     dt_optim_set_steps(lo, dt_optim_steps(whole));
 }
 
@@ -89,11 +91,12 @@ dt_status dt_tp_zero_collect(dt_comm *dp, dt_model *local, dt_optim *lo, double 
     *out = NULL;
     const int N = dt_comm_size(dp), me = dt_comm_rank(dp), ns = dt_optim_num_states(lo);
     dt_tp_zero_part p;
-    if (me != 0) {  /* send this rank's packed moments to dp rank 0 */
+    if (me != 0) { /* send this rank's packed moments to dp rank 0 */
         DT_TRY(dt_tp_zero_ranges(local, bucket_mb, me, N, &p));
         dt_status st = DT_OK;
-        for (int k = 0, tag = TAG_MOMENTS; st == DT_OK && k < ns; k++, tag++)  /* staged where dp does not take it */
-            st = dt_strategy_staged(dp, local, dt_optim_state(lo, k, NULL), p.total, NULL, NULL, DT_STAGE_DOWN, send_fn, &tag);
+        for (int k = 0, tag = TAG_MOMENTS; st == DT_OK && k < ns; k++, tag++) /* staged where dp does not take it */
+            st = dt_strategy_staged(dp, local, dt_optim_state(lo, k, NULL), p.total, NULL, NULL, DT_STAGE_DOWN, send_fn,
+                                    &tag);
         dt_tp_zero_part_free(&p);
         return st;
     }
@@ -106,7 +109,7 @@ dt_status dt_tp_zero_collect(dt_comm *dp, dt_model *local, dt_optim *lo, double 
             st = dt_error(DT_ENOMEM, "tensor parallel with ZeRO: out of memory collecting the optimizer state");
         for (int k = 0; st == DT_OK && k < ns; k++) {
             if (j > 0) st = dt_comm_recv(dp, tmp, p.total, DT_F32, j, TAG_MOMENTS + k);
-            if (st == DT_OK)  /* the others' received into host memory */
+            if (st == DT_OK) /* the others' received into host memory */
                 move_part(dt_model_device(local), j > 0, &p, dt_optim_state(*out, k, NULL),
                           j > 0 ? tmp : dt_optim_state(lo, k, NULL), true);
         }
@@ -118,7 +121,7 @@ dt_status dt_tp_zero_collect(dt_comm *dp, dt_model *local, dt_optim *lo, double 
 }
 
 dt_status dt_tp_zero_norm_pieces(const dt_model *local, int r, size_t off, float *g, size_t n, dt_grad_pieces *out) {
-    size_t lo = 0, hi = 0;  /* the current run of counted values, slab offsets */
+    size_t lo = 0, hi = 0; /* the current run of counted values, slab offsets */
     for (int i = 0; i < dt_model_num_tensors(local); i++) {
         const dt_param_info *t = dt_model_tensor(local, i);
         if (t->is_buffer || !dt_tp_in_norm(local, t->name, r)) continue;

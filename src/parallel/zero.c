@@ -36,8 +36,10 @@ dt_status dt_zero_parse_stage(const char *text, int *stage) {
         *stage = text[0] - '0';
         return DT_OK;
     }
-    return dt_error(DT_EINVAL, "zero=%s: the ZeRO stage is 0 (replicas), 1 (shard the optimizer state), 2 (and the "
-                    "gradients) or 3 (and the parameters), e.g. `zero` 2", text ? text : "");
+    return dt_error(DT_EINVAL,
+                    "zero=%s: the ZeRO stage is 0 (replicas), 1 (shard the optimizer state), 2 (and the "
+                    "gradients) or 3 (and the parameters), e.g. `zero` 2",
+                    text ? text : "");
 }
 
 void dt_zero_chunk(size_t n, int r, int N, size_t *off, size_t *len) {
@@ -55,7 +57,7 @@ void dt_zero_hook_error(zero *z, dt_status st, const char *what, int bucket) {
 /* Gives back bucket b's gradient pages (they read as zeros) and zeros its values on the pages
  * shared with neighbours: afterwards its gradients are zero, for the next step. */
 static void release_grads(dt_strategy *s, zero *z, zbucket *b) {
-    if (z->blocks) {  /* its own block: freed, made again (zeroed) before backward next writes it */
+    if (z->blocks) { /* its own block: freed, made again (zeroed) before backward next writes it */
         dt_zero_grad_block_free(s, z, (int)(b - z->b));
         return;
     }
@@ -113,7 +115,7 @@ static void issue(dt_strategy *s, zero *z, int i, bool blocking) {
     b->issued = true;
     b->rs = b->rt = NULL;
     b->rs_done = b->c == 0, b->rt_done = b->tail == 0;
-    if (z->blocks && !z->stage_dev) dt_zero_grad_block(s, z, i);  /* none written (no samples): zeros */
+    if (z->blocks && !z->stage_dev) dt_zero_grad_block(s, z, i); /* none written (no samples): zeros */
     float *src = rs_src(s, z, b);
     if (z->stage_dev) stage_out(s, z, i, src);
     if (blocking) return;
@@ -127,9 +129,9 @@ static void issue(dt_strategy *s, zero *z, int i, bool blocking) {
 static void reduced(dt_strategy *s, zero *z, int i) {
     zbucket *b = &z->b[i];
     b->reduced = true;
-    const bool tail = z->r == z->N - 1 && b->tail;  /* the tail follows the chunk in the reduced shard */
+    const bool tail = z->r == z->N - 1 && b->tail; /* the tail follows the chunk in the reduced shard */
     float *dst = shard_grads(s, z, b), *src = rs_src(s, z, b);
-    if (z->stage_dev) {  /* the chunk and tail from the host copy */
+    if (z->stage_dev) { /* the chunk and tail from the host copy */
         dt_dev *d = z->stage_dev;
         if (b->c) d->ops->upload(d, dst, src, b->c * sizeof(float));
         if (tail) d->ops->upload(d, dst + b->c, src + (size_t)z->N * b->c, b->tail * sizeof(float));
@@ -151,7 +153,8 @@ static dt_status finish(dt_strategy *s, zero *z, int i) {
     if (!b->rs_done)
         st = b->rs ? dt_request_wait(&b->rs)
                    : dt_comm_reduce_scatter(s->comm, src, rs_dest(s, z, b), b->c, DT_F32, DT_OP_AVG);
-    if (!b->rt_done) st2 = b->rt ? dt_request_wait(&b->rt) : dt_comm_allreduce(s->comm, t, t, b->tail, DT_F32, DT_OP_AVG);
+    if (!b->rt_done)
+        st2 = b->rt ? dt_request_wait(&b->rt) : dt_comm_allreduce(s->comm, t, t, b->tail, DT_F32, DT_OP_AVG);
     b->rs_done = b->rt_done = true;
     if (st == DT_OK) st = st2;
     if (st == DT_OK) reduced(s, z, i);
@@ -161,7 +164,7 @@ static dt_status finish(dt_strategy *s, zero *z, int i) {
 /* Tests one part of a bucket's reduce: true when it is done (an error is kept for the step). */
 static bool part_done(zero *z, int i, dt_request **rq, bool *done) {
     if (*done) return true;
-    if (!*rq) return false;  /* not started: finish runs it */
+    if (!*rq) return false; /* not started: finish runs it */
     bool d = false;
     dt_status st = dt_request_test(rq, &d);
     if (st != DT_OK) dt_zero_hook_error(z, st, "gradient reduce-scatter", i), d = true;
@@ -236,8 +239,15 @@ static dt_status clip_shard(dt_strategy *s, zero *z, float clip) {
     if (st == DT_OK && !z->dss && !(z->dss = z->md->ops->alloc(z->md, (size_t)z->nb * sizeof(double))))
         st = dt_error(DT_ENOMEM, "`clip_norm`: out of memory for %d norm partials", z->nb);
     const dt_grad_pieces *norm = s->norm_pieces ? &counted : &all;
-    const dt_clip_spec c = {.dev = z->md, .dev_ss = z->dss, .nss = z->nb, .norm = norm->p, .nnorm = norm->n,
-                            .scale = all.p, .nscale = all.n, .reduce = norm_allreduce, .reduce_ctx = s};
+    const dt_clip_spec c = {.dev = z->md,
+                            .dev_ss = z->dss,
+                            .nss = z->nb,
+                            .norm = norm->p,
+                            .nnorm = norm->n,
+                            .scale = all.p,
+                            .nscale = all.n,
+                            .reduce = norm_allreduce,
+                            .reduce_ctx = s};
     if (st == DT_OK) st = dt_clip_grad_pieces(&c, clip, &s->cur.grad_norm);
     dt_grad_pieces_free(&all), dt_grad_pieces_free(&counted);
     return st;
@@ -268,7 +278,7 @@ static dt_status zero_step(dt_strategy *s, float lr, float clip, dt_step_stats *
     memset(st, 0, sizeof *st);
     st->early_buckets = z->early;
     if (z->stage == 3) dt_zero_params_replay(s, z);
-    const double t0 = dt_now();  /* a last bucket the hook did not start runs blocking: communication */
+    const double t0 = dt_now(); /* a last bucket the hook did not start runs blocking: communication */
     while (z->next < z->nb) issue(s, z, z->next, z->next == z->nb - 1), z->next++;
     dt_status first = DT_OK;
     int first_b = -1;
@@ -283,21 +293,23 @@ static dt_status zero_step(dt_strategy *s, float lr, float clip, dt_step_stats *
     }
     st->comm_wait_s = dt_now() - t0;
     st->buckets = z->nb;
-    char who[32];  /* what errors call the strategy: ddp's sharded update is no ZeRO to its user */
+    char who[32]; /* what errors call the strategy: ddp's sharded update is no ZeRO to its user */
     if (z->replica) snprintf(who, sizeof who, "ddp (update=shard)");
     else snprintf(who, sizeof who, "ZeRO-%d", z->stage);
-    if (first != DT_OK) return dt_error_wrap(first, "%s gradient reduce-scatter of bucket %d of %d", who, first_b, z->nb);
+    if (first != DT_OK)
+        return dt_error_wrap(first, "%s gradient reduce-scatter of bucket %d of %d", who, first_b, z->nb);
     if (z->err != DT_OK) return dt_error(z->err, "%s: %s", who, z->errmsg);
     dt_status st2 = z->nbuf ? dt_strategy_broadcast_model(s->comm, s->model, dt_model_buffers(s->model), z->nbuf, 0)
                             : DT_OK;
     if (st2 != DT_OK) return dt_error_wrap(st2, "%s broadcast of the model buffers (batchnorm statistics)", who);
     const double t1 = dt_now();
-    if (clip > 0 && (st2 = clip_shard(s, z, clip)) != DT_OK) return dt_error_wrap(st2, "%s `clip_norm` norm allreduce", who);
+    if (clip > 0 && (st2 = clip_shard(s, z, clip)) != DT_OK)
+        return dt_error_wrap(st2, "%s `clip_norm` norm allreduce", who);
     if (z->replica) dt_optim_step_at(s->optim, z->nb, z->pp, z->gp, z->soff, z->len, lr);
     else dt_optim_step_ranges(s->optim, z->nb, z->pp, z->gp, z->len, lr);
     if (s->trace) dt_trace_add(s->trace, "optimizer", 0, t1, dt_now(), s->step);
     if (z->stage == 3) {
-        dt_zero_params_release_all(s, z);  /* the gathered copies are stale now */
+        dt_zero_params_release_all(s, z); /* the gathered copies are stale now */
         st->gathered_peak_bytes = (double)z->gath_peak;
         return DT_OK;
     }
@@ -343,15 +355,25 @@ static void zero_destroy(dt_strategy *s) {
     s->impl = NULL;
 }
 
-static const dt_strategy_ops zero_ops = {.name = "zero", .train_step = zero_train_step, .init = zero_init,
-                                         .begin_step = zero_begin, .grad_ready = zero_ready, .step = zero_step,
-                                         .destroy = zero_destroy, .sync = dt_zero_sync,
+static const dt_strategy_ops zero_ops = {.name = "zero",
+                                         .train_step = zero_train_step,
+                                         .init = zero_init,
+                                         .begin_step = zero_begin,
+                                         .grad_ready = zero_ready,
+                                         .step = zero_step,
+                                         .destroy = zero_destroy,
+                                         .sync = dt_zero_sync,
                                          .visit_state = dt_zero_visit_state};
 /* ddp(update=shard): stage 1's step, ddp's name, state and checkpoints */
-static const dt_strategy_ops zero_update_ops = {.name = "ddp", .train_step = zero_train_step, .init = zero_init,
-                                                .begin_step = zero_begin, .grad_ready = zero_ready,
-                                                .step = zero_step, .destroy = zero_destroy,
-                                                .sync = dt_zero_replica_sync, .visit_state = dt_zero_replica_visit};
+static const dt_strategy_ops zero_update_ops = {.name = "ddp",
+                                                .train_step = zero_train_step,
+                                                .init = zero_init,
+                                                .begin_step = zero_begin,
+                                                .grad_ready = zero_ready,
+                                                .step = zero_step,
+                                                .destroy = zero_destroy,
+                                                .sync = dt_zero_replica_sync,
+                                                .visit_state = dt_zero_replica_visit};
 
 /* This rank's shard of every bucket, its packed gradient shard and the optimizer's ranges. */
 static dt_status plan_shards(dt_strategy *s, zero *z, const dt_ddp_range *r) {
@@ -363,8 +385,15 @@ static dt_status plan_shards(dt_strategy *s, zero *z, const dt_ddp_range *r) {
         zbucket *b = &z->b[i];
         size_t off, len, n = r[i].hi - r[i].lo;
         dt_zero_chunk(n, z->r, z->N, &off, &len);
-        *b = (zbucket){.lo = r[i].lo, .hi = r[i].hi, .c = n / (size_t)z->N, .own = r[i].lo + off, .own_n = len,
-                       .at = at, .pst = ZP_RESIDENT, .rs_done = true, .rt_done = true};
+        *b = (zbucket){.lo = r[i].lo,
+                       .hi = r[i].hi,
+                       .c = n / (size_t)z->N,
+                       .own = r[i].lo + off,
+                       .own_n = len,
+                       .at = at,
+                       .pst = ZP_RESIDENT,
+                       .rs_done = true,
+                       .rt_done = true};
         b->tail = n - b->c * (size_t)z->N;
         z->len[i] = len;
         at += len;
@@ -380,7 +409,7 @@ static dt_status plan_shards(dt_strategy *s, zero *z, const dt_ddp_range *r) {
     float *p = dt_model_params(s->model), *g = dt_model_grads(s->model);
     for (int i = 0; i < z->nb; i++) {
         z->pp[i] = z->psh ? z->psh + z->b[i].at : p + z->b[i].own;
-        z->gp[i] = z->stage >= 2 ? z->gsh + z->b[i].at : g + z->b[i].lo;  /* where rs_dest puts it */
+        z->gp[i] = z->stage >= 2 ? z->gsh + z->b[i].at : g + z->b[i].lo; /* where rs_dest puts it */
     }
     return DT_OK;
 }
@@ -395,7 +424,7 @@ dt_status dt_zero_place(const dt_model *m, double bucket_mb, int rank, int size,
         free(b);
         return dt_error(DT_ENOMEM, "zero: out of memory");
     }
-    for (int i = 0; i < nb; i++) {  /* the buckets run from the end of the slab to its start */
+    for (int i = 0; i < nb; i++) { /* the buckets run from the end of the slab to its start */
         size_t off, len;
         const dt_ddp_range *k = &b[nb - 1 - i];
         dt_zero_chunk(k->hi - k->lo, rank, size, &off, &len);
@@ -419,7 +448,8 @@ static dt_status take_placed(dt_strategy *s, zero *z, double bucket_mb) {
     const bool same = want && k == n && !memcmp(want, have, (size_t)n * sizeof *want);
     free(want);
     if (!same)
-        return dt_error(DT_EINVAL, "zero: stage %d on rank %d of %d needs %s, but the model is placed in another part; "
+        return dt_error(DT_EINVAL,
+                        "zero: stage %d on rank %d of %d needs %s, but the model is placed in another part; "
                         "place it by the strategy's entry (dt_strategy_placement) or not at all",
                         z->stage, z->r, z->N, z->stage == 3 ? "its shards of the buckets" : "the whole model");
     z->placed = true;
@@ -453,16 +483,16 @@ static dt_status create(dt_strategy *s, double bucket_mb, int stage, bool replic
     if (st == DT_OK && !off) st = dt_error(DT_ENOMEM, "zero: out of memory");
     for (int i = 0; st == DT_OK && i < z->nb; i++) off[i] = z->b[i].own;
     if (st == DT_OK && !replica) st = dt_optim_shard(s->optim, z->nb, off, z->len);
-    if (replica) z->soff = off;  /* the shard's state stays in place in the whole optimizer */
+    if (replica) z->soff = off; /* the shard's state stays in place in the whole optimizer */
     else free(off);
     if (st != DT_OK) {
         zero_destroy(s);
         s->ops = NULL;
         return st;
     }
-    s->grads_zeroed = stage >= 2;  /* the reduce leaves them zero */
-    s->shards_state = !replica;    /* every rank writes its shard of a checkpoint (replica: rank 0 all) */
-    s->sync_for_state_only = replica;  /* the parameters are whole; only the moments need gathering */
+    s->grads_zeroed = stage >= 2;     /* the reduce leaves them zero */
+    s->shards_state = !replica;       /* every rank writes its shard of a checkpoint (replica: rank 0 all) */
+    s->sync_for_state_only = replica; /* the parameters are whole; only the moments need gathering */
     return DT_OK;
 }
 

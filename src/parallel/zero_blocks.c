@@ -16,7 +16,7 @@
 dt_status dt_zero_blocks_plan(dt_strategy *s, zero *z) {
     dt_model *m = s->model;
     const int nt = dt_model_num_tensors(m);
-    for (int i = 0; i < z->nb; i++) {  /* the tensors of each bucket (their offsets increase in table order) */
+    for (int i = 0; i < z->nb; i++) { /* the tensors of each bucket (their offsets increase in table order) */
         zbucket *b = &z->b[i];
         b->t0 = nt, b->t1 = 0;
         for (int t = 0; t < nt; t++) {
@@ -35,7 +35,7 @@ dt_status dt_zero_blocks_plan(dt_strategy *s, zero *z) {
 
 dt_status dt_zero_blocks_init(dt_strategy *s, zero *z) {
     dt_dev *d = z->md;
-    dt_model_release_grads(s->model);  /* backward writes each bucket's own block */
+    dt_model_release_grads(s->model); /* backward writes each bucket's own block */
     if (z->stage < 3) return DT_OK;
     float *p = dt_model_take_params(s->model);
     for (int i = 0; i < z->nb; i++)

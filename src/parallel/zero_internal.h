@@ -10,64 +10,64 @@ enum { ZP_RELEASED = 0, ZP_GATHERING, ZP_RESIDENT }; /* stage 3: a bucket's para
 enum { ZERO_NODE_BUCKETS = 4 };                      /* buckets one node reads (its tensors) */
 
 typedef struct {
-    size_t lo, hi;        /* slab range */
-    size_t c, tail;       /* chunk per rank, and the rest (< N values) that the last rank owns */
-    size_t own, own_n;    /* this rank's shard in the slab: [own, own + own_n) */
-    size_t at;            /* its place in the packed shard (gradients, optimizer state) */
-    dt_request *rs, *rt;  /* the gradient reduce: chunks and tail */
+    size_t lo, hi;         /* slab range */
+    size_t c, tail;        /* chunk per rank, and the rest (< N values) that the last rank owns */
+    size_t own, own_n;     /* this rank's shard in the slab: [own, own + own_n) */
+    size_t at;             /* its place in the packed shard (gradients, optimizer state) */
+    dt_request *rs, *rt;   /* the gradient reduce: chunks and tail */
     bool rs_done, rt_done; /* each part finished (or empty) */
     bool issued, reduced;
-    bool gfree;           /* stage >= 2: its gradient pages are given back */
-    size_t grel;          /* bytes given back from the gradient slab */
-    dt_request *ag, *bt;  /* stage 3: parameter gather of the chunks, broadcast of the tail */
-    int pst;              /* ZP_* */
-    size_t prel;          /* bytes given back from the parameter slab */
-    bool counted;         /* stage 3: its gathered values not owned are in zero.gath_now */
-    int t0, t1;           /* the tensors (table ids) whose values lie in [lo, hi) */
-    float *gblk;          /* blocks, stage >= 2: its gradients from backward's first write to the reduce */
-    float *pblk;          /* blocks, stage 3: its gathered parameters (a staging block of the device) */
-    float *phost;         /* blocks, stage 3, staged: the host copy its gather runs on */
+    bool gfree;          /* stage >= 2: its gradient pages are given back */
+    size_t grel;         /* bytes given back from the gradient slab */
+    dt_request *ag, *bt; /* stage 3: parameter gather of the chunks, broadcast of the tail */
+    int pst;             /* ZP_* */
+    size_t prel;         /* bytes given back from the parameter slab */
+    bool counted;        /* stage 3: its gathered values not owned are in zero.gath_now */
+    int t0, t1;          /* the tensors (table ids) whose values lie in [lo, hi) */
+    float *gblk;         /* blocks, stage >= 2: its gradients from backward's first write to the reduce */
+    float *pblk;         /* blocks, stage 3: its gathered parameters (a staging block of the device) */
+    float *phost;        /* blocks, stage 3, staged: the host copy its gather runs on */
     double t_issue;
-    double t_gather;      /* stage 3: when its parameter gather started (the timeline's span) */
+    double t_gather; /* stage 3: when its parameter gather started (the timeline's span) */
 } zbucket;
 
 typedef struct {
     int stage, N, r;
-    bool replica;         /* ddp(update=shard): stage 1 with the optimizer whole (stale outside the
-                           * shard until sync gathers it) and ddp's checkpoints (dt_zero_create_update) */
-    size_t *soff;         /* replica: per bucket, the shard's place in the whole optimizer state */
-    bool placed;          /* the model came placed to this rank's shards (dt_zero_place) */
+    bool replica; /* ddp(update=shard): stage 1 with the optimizer whole (stale outside the
+                   * shard until sync gathers it) and ddp's checkpoints (dt_zero_create_update) */
+    size_t *soff; /* replica: per bucket, the shard's place in the whole optimizer state */
+    bool placed;  /* the model came placed to this rank's shards (dt_zero_place) */
     zbucket *b;
     int nb;
-    int next, early;      /* next bucket to reduce; reduced from the backward hook */
-    float *gsh;           /* stage >= 2: the reduced gradients of the shard, packed (a block of md) */
-    dt_dev *md;           /* the model's device: the shards are its blocks, the step's arithmetic its calls */
-    bool host_pages;      /* md's memory is host memory: pages not needed go back to the OS (madvise) */
-    bool blocks;          /* stage >= 2 on a device whose memory is not the host's: a part of a block
-                           * cannot be given back, so the gradients (and stage 3's parameters) are held
-                           * in blocks of their own, bound into the graph (zero_blocks.c) */
-    float *psh;           /* blocks, stage 3: this rank's parameter shard, packed as gsh */
-    float *pwhole;        /* blocks, stage 3: the whole parameters while z->full (the model's slab) */
-    dt_dev *stage_dev;    /* the comm does not take md's memory (dt_strategy_stage_device): collectives
-                           * run on `host`, a host copy of one slab, downloaded and uploaded around them */
+    int next, early;   /* next bucket to reduce; reduced from the backward hook */
+    float *gsh;        /* stage >= 2: the reduced gradients of the shard, packed (a block of md) */
+    dt_dev *md;        /* the model's device: the shards are its blocks, the step's arithmetic its calls */
+    bool host_pages;   /* md's memory is host memory: pages not needed go back to the OS (madvise) */
+    bool blocks;       /* stage >= 2 on a device whose memory is not the host's: a part of a block
+                        * cannot be given back, so the gradients (and stage 3's parameters) are held
+                        * in blocks of their own, bound into the graph (zero_blocks.c) */
+    float *psh;        /* blocks, stage 3: this rank's parameter shard, packed as gsh */
+    float *pwhole;     /* blocks, stage 3: the whole parameters while z->full (the model's slab) */
+    dt_dev *stage_dev; /* the comm does not take md's memory (dt_strategy_stage_device): collectives
+                        * run on `host`, a host copy of one slab, downloaded and uploaded around them */
     float *host;
-    double *dss;          /* --clip: per bucket, the squared norm of its shard (nb doubles of md) */
-    size_t nsh;           /* values in the shard */
-    float **pp;           /* per bucket: the shard's parameters, gradients, lengths (optimizer) */
+    double *dss; /* --clip: per bucket, the squared norm of its shard (nb doubles of md) */
+    size_t nsh;  /* values in the shard */
+    float **pp;  /* per bucket: the shard's parameters, gradients, lengths (optimizer) */
     const float **gp;
     size_t *len;
-    size_t nbuf;          /* model buffers broadcast every step (batchnorm running stats) */
+    size_t nbuf; /* model buffers broadcast every step (batchnorm running stats) */
     /* stage 3 */
-    dt_comm *pcomm;       /* parameter gathers run on their own communicator (split of s->comm) */
+    dt_comm *pcomm; /* parameter gathers run on their own communicator (split of s->comm) */
     int nnodes;
-    int *node_b;          /* node i reads buckets node_b[i*ZERO_NODE_BUCKETS + k] (-1: none) */
-    int *fwd_next, *bwd_next;  /* the next node with parameters in forward / backward order (-1) */
-    bool full;            /* every parameter gathered (after sync): the hooks do nothing */
-    int fwd_calls;        /* forward passes this step (hooks on the first node with parameters) */
-    int accum;            /* micro-batches of this step */
-    int64_t gathers;      /* parameter gathers issued (for the stats) */
-    size_t gath_now, gath_peak;  /* bytes of gathered parameters not owned held now, and the most this step */
-    dt_status err;        /* first error of a hook, reported by the step */
+    int *node_b;                /* node i reads buckets node_b[i*ZERO_NODE_BUCKETS + k] (-1: none) */
+    int *fwd_next, *bwd_next;   /* the next node with parameters in forward / backward order (-1) */
+    bool full;                  /* every parameter gathered (after sync): the hooks do nothing */
+    int fwd_calls;              /* forward passes this step (hooks on the first node with parameters) */
+    int accum;                  /* micro-batches of this step */
+    int64_t gathers;            /* parameter gathers issued (for the stats) */
+    size_t gath_now, gath_peak; /* bytes of gathered parameters not owned held now, and the most this step */
+    dt_status err;              /* first error of a hook, reported by the step */
     char errmsg[512];
 } zero;
 

@@ -32,7 +32,8 @@ static bool stage_block(zero *z, int i, float **p) {
     zbucket *b = &z->b[i];
     dt_dev *d = z->md;
     const size_t n = b->hi - b->lo, bytes = b->own_n * sizeof(float);
-    if (!(b->pblk = d->ops->alloc(d, n * sizeof(float))) || (z->stage_dev && !(b->phost = dt_alloc(n * sizeof(float))))) {
+    if (!(b->pblk = d->ops->alloc(d, n * sizeof(float))) ||
+        (z->stage_dev && !(b->phost = dt_alloc(n * sizeof(float))))) {
         dt_zero_hook_error(z, dt_error(DT_ENOMEM, "the %zu-value staging of its parameters", n), "parameter gather", i);
         d->ops->free(d, b->pblk), b->pblk = NULL;
         return false;
@@ -50,7 +51,7 @@ static void start(dt_strategy *s, zero *z, int i) {
     if (b->pst != ZP_RELEASED) return;
     if (b->prel) dt_zero_hook_error(z, dt_mem_reacquire(b->prel), "parameter gather", i);
     b->prel = 0;
-    float *x = dt_model_params(s->model);  /* the bucket's first value */
+    float *x = dt_model_params(s->model); /* the bucket's first value */
     if (z->blocks && !stage_block(z, i, &x)) return;
     if (!z->blocks) x += b->lo;
     b->ag = b->bt = NULL;
@@ -62,8 +63,8 @@ static void start(dt_strategy *s, zero *z, int i) {
                            "parameter broadcast", i);
     b->pst = ZP_GATHERING;
     b->t_gather = dt_now();
-    b->counted = true;  /* the values it writes that this rank does not own (--mem-limit charges the pages) */
-    z->gath_now += (b->hi - b->lo - (z->blocks ? 0 : b->own_n)) * sizeof(float);  /* blocks: the whole bucket */
+    b->counted = true; /* the values it writes that this rank does not own (--mem-limit charges the pages) */
+    z->gath_now += (b->hi - b->lo - (z->blocks ? 0 : b->own_n)) * sizeof(float); /* blocks: the whole bucket */
     if (z->gath_now > z->gath_peak) z->gath_peak = z->gath_now;
     z->gathers++;
 }
@@ -74,7 +75,7 @@ static void wait_gather(dt_strategy *s, zero *z, zbucket *b) {
     dt_zero_hook_error(z, dt_request_wait(&b->ag), "parameter allgather", (int)(b - z->b));
     dt_zero_hook_error(z, dt_request_wait(&b->bt), "parameter broadcast", (int)(b - z->b));
     b->pst = ZP_RESIDENT;
-    if (z->blocks && b->phost) {  /* staged: the gathered bucket up into its block */
+    if (z->blocks && b->phost) { /* staged: the gathered bucket up into its block */
         z->md->ops->upload(z->md, b->pblk, b->phost, (b->hi - b->lo) * sizeof(float));
         dt_free(b->phost), b->phost = NULL;
     }
@@ -117,7 +118,7 @@ static void forward_hook(void *ctx, int node) {
     dt_strategy *s = ctx;
     zero *z = s->impl;
     if (z->full || needs(z, node)[0] < 0) return;
-    if (z->bwd_next[node] < 0) z->fwd_calls++;  /* the first node with parameters: a new pass */
+    if (z->bwd_next[node] < 0) z->fwd_calls++; /* the first node with parameters: a new pass */
     visit(s, z, node, z->fwd_next[node]);
 }
 

@@ -22,8 +22,11 @@ static dt_status visit_owned(dt_strategy *s, const zero *z, const zbucket *b, co
     if (hi <= lo) return DT_OK;
     /* blocks (stage 3 on a device): the parameters in the packed shard, as the moments */
     float *par = z->psh ? z->psh + b->at + (lo - b->own) : dt_model_params(s->model) + lo;
-    dt_state_piece p = {.name = t->name, .buf = {par, DT_F32, hi - lo, DT_DEVICE_CPU},
-                        .ndim = t->ndim, .numel = t->numel, .offset = lo - t->offset};
+    dt_state_piece p = {.name = t->name,
+                        .buf = {par, DT_F32, hi - lo, DT_DEVICE_CPU},
+                        .ndim = t->ndim,
+                        .numel = t->numel,
+                        .offset = lo - t->offset};
     for (int d = 0; d < t->ndim; d++) p.shape[d] = t->shape[d];
     DT_TRY(fn(ctx, &p));
     for (int k = 0; k < dt_optim_num_states(s->optim); k++) {
@@ -44,8 +47,10 @@ dt_status dt_zero_visit_state(dt_strategy *s, dt_state_visit_fn fn, void *ctx) {
         const dt_param_info *t = dt_model_tensor(m, i);
         if (t->is_buffer) {
             if (z->r != 0) continue;
-            dt_state_piece p = {.name = t->name, .buf = {dt_model_buffers(m) + t->offset, DT_F32, t->numel,
-                                                         DT_DEVICE_CPU}, .ndim = t->ndim, .numel = t->numel};
+            dt_state_piece p = {.name = t->name,
+                                .buf = {dt_model_buffers(m) + t->offset, DT_F32, t->numel, DT_DEVICE_CPU},
+                                .ndim = t->ndim,
+                                .numel = t->numel};
             for (int d = 0; d < t->ndim; d++) p.shape[d] = t->shape[d];
             DT_TRY(fn(ctx, &p));
             continue;

@@ -136,8 +136,8 @@ static void compare_stages(const char *what, run_cfg rc, const char *ddp, const 
             CHECK_MSG(n > 0, "%s: ddp at %d ranks failed", what, N);
             if (n == 0) continue;
             for (int stage = 1; stage <= 3; stage++) {
-                snprintf(spec, sizeof spec, "%.*s%szero=%d)", (int)strlen(ddp) - 1, ddp,
-                         strchr(ddp, '=') ? "," : "", stage);
+                snprintf(spec, sizeof spec, "%.*s%szero=%d)", (int)strlen(ddp) - 1, ddp, strchr(ddp, '=') ? "," : "",
+                         stage);
                 snprintf(tag, sizeof tag, "%s%d%dz%d", what, oi, N, stage);
                 double d = run_vs(rc, spec, N, g_ref, n, tag);
                 printf("%s %s N=%d %s: max |zero - ddp| = %.3g over %zu params\n", what, dt_optim_name(opts[oi]), N,
@@ -148,8 +148,8 @@ static void compare_stages(const char *what, run_cfg rc, const char *ddp, const 
 }
 
 static void test_mlp(void) {
-    run_cfg rc = {.data = g_csv, .model = "linear(16) relu linear(16) relu linear(16) relu linear(4)", .batch = 4,
-                  .steps = 20};
+    run_cfg rc = {
+        .data = g_csv, .model = "linear(16) relu linear(16) relu linear(16) relu linear(4)", .batch = 4, .steps = 20};
     const int Ns[] = {2, 3, 4}, Na[] = {2, 3};
     const dt_optim_kind opts[] = {DT_OPTIM_SGD, DT_OPTIM_ADAM, DT_OPTIM_ADAMW}, oa[] = {DT_OPTIM_ADAM};
     if (g_asan) compare_stages("mlp", rc, "ddp(bucket_mb=0.0005)", Na, 2, oa, 1, 2e-5);
@@ -159,15 +159,20 @@ static void test_mlp(void) {
 /* 203 samples at 4 ranks x 5: the epoch's last global batch of 3 leaves one rank without samples,
  * whose stage-3 gathers are replayed so every rank issues the same ones. */
 static void test_empty_rank(void) {
-    run_cfg rc = {.data = g_csv, .model = "linear(16) relu linear(16) relu linear(4)", .opt = DT_OPTIM_ADAM,
-                  .batch = 5, .steps = 14};
+    run_cfg rc = {.data = g_csv,
+                  .model = "linear(16) relu linear(16) relu linear(4)",
+                  .opt = DT_OPTIM_ADAM,
+                  .batch = 5,
+                  .steps = 14};
     const int Ns[] = {4};
     const dt_optim_kind opts[] = {DT_OPTIM_ADAM};
     compare_stages("empty", rc, "ddp(bucket_mb=0.0005)", Ns, 1, opts, 1, 2e-5);
 }
 
 static void test_cnn(void) {
-    run_cfg rc = {.data = g_img, .model = "conv(4,3,pad=1) batchnorm relu maxpool(2) flatten linear(10)", .batch = 4,
+    run_cfg rc = {.data = g_img,
+                  .model = "conv(4,3,pad=1) batchnorm relu maxpool(2) flatten linear(10)",
+                  .batch = 4,
                   .steps = 20};
     const int Ns[] = {3};
     const dt_optim_kind opts[] = {DT_OPTIM_SGD};
@@ -183,7 +188,11 @@ static void test_gpt(void) {
 
 /* --grad-accum: the gathers of every micro-batch's passes, stage 3 against ddp with the same accumulation. */
 static void test_accum(void) {
-    run_cfg rc = {.data = g_txt, .model = "gpt:L=2,H=2,C=16,T=16", .opt = DT_OPTIM_ADAMW, .batch = 2, .accum = 2,
+    run_cfg rc = {.data = g_txt,
+                  .model = "gpt:L=2,H=2,C=16,T=16",
+                  .opt = DT_OPTIM_ADAMW,
+                  .batch = 2,
+                  .accum = 2,
                   .steps = g_asan ? 4 : 10};
     size_t n = ddp_ref(rc, "ddp(bucket_mb=0.01)", 2, "acc");
     CHECK(n > 0);
@@ -197,8 +206,11 @@ static void test_accum(void) {
 static void test_reshard(void) {
     char ck[160];
     snprintf(ck, sizeof ck, "%s/z3.safetensors", g_dir);
-    run_cfg rc = {.data = g_csv, .model = "linear(16) relu linear(16) relu linear(4)", .opt = DT_OPTIM_ADAM,
-                  .batch = 4, .steps = 20};
+    run_cfg rc = {.data = g_csv,
+                  .model = "linear(16) relu linear(16) relu linear(4)",
+                  .opt = DT_OPTIM_ADAM,
+                  .batch = 4,
+                  .steps = 20};
     size_t n = ddp_ref(rc, "ddp(bucket_mb=0.0005)", 4, "rsref");
     CHECK(n > 0);
     run_cfg save = rc;
@@ -215,7 +227,8 @@ static void test_reshard(void) {
     r1.batch = 16, r1.resume = ck;
     double d1 = run_vs(r1, NULL, 1, g_ref, n, "rs1");
     printf("reshard: saved at 4 ranks zero=3 step 10; resumed to 20 at 2 ranks zero=1: %.3g, at 1 rank: %.3g from "
-           "4-rank ddp\n", d2, d1);
+           "4-rank ddp\n",
+           d2, d1);
     CHECK_MSG(d2 < 2e-5, "resumed at 2 ranks zero=1 differs from ddp by %g", d2);
     CHECK_MSG(d1 < 2e-5, "resumed at 1 rank differs from ddp by %g", d1);
 }
@@ -285,8 +298,10 @@ static void test_placed_setup(void) {
          * first and last page depend on the allocator's alignment (ASan's differs): whole = 4P */
         const size_t held = resident_pages(a, P * sizeof(float)) * pg,
                      limit = mine * sizeof(float) + pg * (2 * (size_t)nown + 2);
-        CHECK_MSG(held <= limit, "rank %d: after init the OS holds %zu bytes of the parameters, its shard is %zu in %d "
-                  "ranges (whole: %zu)", r, held, mine * sizeof(float), nown, P * sizeof(float));
+        CHECK_MSG(held <= limit,
+                  "rank %d: after init the OS holds %zu bytes of the parameters, its shard is %zu in %d "
+                  "ranges (whole: %zu)",
+                  r, held, mine * sizeof(float), nown, P * sizeof(float));
         free(own);
         dt_model_destroy(m);
     }
@@ -315,8 +330,8 @@ static int memory_rank(int stage, int r, int N, const char *job) {
     for (int i = 0; i < 8; i++) y[i] = i % 4;
     double worst = 0, gathered = 0;
     for (int k = 0; k < 3; k++) {
-        dt_step_batch b = {.feed = {.x = x, .y = y, .n = 8}, .n_global = 8 * N, .world = N, .accum = 1, .step = k,
-                           .lr = 0.01f};
+        dt_step_batch b = {
+            .feed = {.x = x, .y = y, .n = 8}, .n_global = 8 * N, .world = N, .accum = 1, .step = k, .lr = 0.01f};
         dt_step_result res;
         if (dt_strategy_train_step(s, &b, &res) != DT_OK) return 4;
         if ((double)dt_mem_used() > worst) worst = (double)dt_mem_used();
@@ -326,14 +341,16 @@ static int memory_rank(int stage, int r, int N, const char *job) {
      * shard they are reduced into; stage 3 3/4 of the parameters' 4P */
     const double want = 6 * P + (stage >= 2 ? 4 * P - 4 * P / N : 0) + (stage == 3 ? 3 * P : 0);
     int bad = 0;
-    if (fabs((double)dt_optim_size(o) - P / N) > 4 * 3) bad |= 1;  /* the shard: P/N within a few values a bucket */
+    if (fabs((double)dt_optim_size(o) - P / N) > 4 * 3) bad |= 1; /* the shard: P/N within a few values a bucket */
     if (before - after < 0.95 * want) bad |= 2;
-    if (worst - after > 0.5 * P * 4) bad |= 4;  /* steps bring back less than half the parameter bytes */
+    if (worst - after > 0.5 * P * 4) bad |= 4; /* steps bring back less than half the parameter bytes */
     /* stage 3's gathered layers in flight (bench zero's gath_MB): some, never more than all not owned */
     if ((stage == 3) != (gathered > 0) || gathered > 4 * P * (N - 1) / N) bad |= 8;
     if (bad)
-        fprintf(stderr, "rank %d zero=%d: P %.0f, optimizer %zu, held %.0f -> %.0f (drop %.0f, want %.0f), steps %.0f, "
-                "gathered %.0f\n", r, stage, P, dt_optim_size(o), before, after, before - after, want, worst, gathered);
+        fprintf(stderr,
+                "rank %d zero=%d: P %.0f, optimizer %zu, held %.0f -> %.0f (drop %.0f, want %.0f), steps %.0f, "
+                "gathered %.0f\n",
+                r, stage, P, dt_optim_size(o), before, after, before - after, want, worst, gathered);
     dt_strategy_destroy(s);
     dt_optim_destroy(o);
     dt_model_destroy(m);
@@ -375,7 +392,8 @@ static void write_idx(const char *dir, const char *name, int n, int dims, uint64
             continue;
         }
         for (int k = 0; k < 64; k++) {
-            int v = (int)(dt_rng_u64(seed, 2, (uint64_t)(i * 64 + k)) % 80) + ((k / 8) % 5 == y % 5 && k % 8 >= y / 2 ? 150 : 0);
+            int v = (int)(dt_rng_u64(seed, 2, (uint64_t)(i * 64 + k)) % 80) +
+                    ((k / 8) % 5 == y % 5 && k % 8 >= y / 2 ? 150 : 0);
             fputc(v > 255 ? 255 : v, f);
         }
     }

@@ -28,8 +28,8 @@ static dt_status num(const cJSON *o, const char *path, const char *key, bool req
     const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, key);
     if (!x) {
         if (!required) return DT_OK;
-        return dt_error(DT_EINVAL, "cluster file %s: %s%s%s: missing (a number%s, e.g. %s)", what, path, *path ? "." : "",
-                        key, zero_ok ? " >= 0" : " > 0", example);
+        return dt_error(DT_EINVAL, "cluster file %s: %s%s%s: missing (a number%s, e.g. %s)", what, path,
+                        *path ? "." : "", key, zero_ok ? " >= 0" : " > 0", example);
     }
     if (!cJSON_IsNumber(x) || !isfinite(x->valuedouble) || x->valuedouble < 0 || (!zero_ok && x->valuedouble == 0) ||
         x->valuedouble > max)
@@ -105,8 +105,8 @@ static dt_status parse_root(const cJSON *root, const char *what, dt_plan_cluster
     DT_TRY(num(root, "", "hosts", false, false, 1e6, "2", what, &hosts));
     DT_TRY(num(root, "", "ranks_per_host", true, false, 1e4, "8", what, &rph));
     if (hosts != floor(hosts) || rph != floor(rph))
-        return dt_error(DT_EINVAL, "cluster file %s: %s: not a whole number", what, hosts != floor(hosts) ? "hosts"
-                                                                                                        : "ranks_per_host");
+        return dt_error(DT_EINVAL, "cluster file %s: %s: not a whole number", what,
+                        hosts != floor(hosts) ? "hosts" : "ranks_per_host");
     c->hosts = (int)hosts, c->ranks_per_host = (int)rph;
     const cJSON *dev, *links;
     DT_TRY(object(root, "", "device", true, what, &dev));
@@ -119,8 +119,10 @@ static dt_status parse_root(const cJSON *root, const char *what, dt_plan_cluster
         if (strcmp(x->string, "name") && strcmp(x->string, "hosts") && strcmp(x->string, "ranks_per_host") &&
             strcmp(x->string, "device") && strcmp(x->string, "links") && strcmp(x->string, "comment") &&
             strcmp(x->string, "source"))
-            return dt_error(DT_EINVAL, "cluster file %s: %s: unknown field (name, hosts, ranks_per_host, device, links, "
-                            "comment, source)", what, x->string);
+            return dt_error(DT_EINVAL,
+                            "cluster file %s: %s: unknown field (name, hosts, ranks_per_host, device, links, "
+                            "comment, source)",
+                            what, x->string);
     return DT_OK;
 }
 
@@ -146,7 +148,8 @@ dt_status dt_plan_cluster_load(const char *path, dt_plan_cluster *c) {
     if (!buf) return dt_error(DT_ENOMEM, "cluster file %s: out of memory", path);
     if (big || bad) {
         free(buf);
-        return dt_error(DT_EIO, "cluster file %s: %s", path, bad ? "read error" : "larger than 1 MB: not a cluster file");
+        return dt_error(DT_EIO, "cluster file %s: %s", path,
+                        bad ? "read error" : "larger than 1 MB: not a cluster file");
     }
     buf[n] = '\0';
     dt_status s = dt_plan_cluster_parse(buf, path, c);
@@ -164,7 +167,8 @@ dt_status dt_plan_cluster_save(const dt_plan_cluster *c, const char *path) {
             c->hosts, c->ranks_per_host);
     for (int k = 0, n = 0; k < DT_PLAN_NPREC; k++)
         if (c->peak[k] > 0) fprintf(f, "%s\"%s\": %.6g", n++ ? ", " : "", g_prec[k], c->peak[k] / 1e12);
-    fprintf(f, "}, \"efficiency\": %.6g, \"mem_bandwidth_GB_s\": %.6g, \"mem_GB\": %.6g, \"overlap\": %.6g, "
+    fprintf(f,
+            "}, \"efficiency\": %.6g, \"mem_bandwidth_GB_s\": %.6g, \"mem_GB\": %.6g, \"overlap\": %.6g, "
             "\"node_overhead_us\": %.6g, \"step_overhead_ms\": %.6g, \"collective_wait_us\": %.6g},\n \"links\": {",
             c->efficiency, c->mem_bw / 1e9, c->mem_bytes / 1e9, c->overlap, c->node_overhead * 1e6,
             c->step_overhead * 1e3, c->coll_wait * 1e6);

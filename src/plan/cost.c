@@ -46,7 +46,7 @@ dt_status dt_plan_model_init(dt_plan_model *pm, const dt_model *m) {
         return dt_error(DT_ENOMEM, "plan: out of memory for the model summary");
     }
     pm->gpt = dt_model_spec_is_gpt(dt_model_spec(m)) && dt_gpt_parse(dt_model_spec(m), &pm->g) == DT_OK;
-    enum { B = 64 };  /* flops per sample from a batch large enough that per-batch terms vanish */
+    enum { B = 64 }; /* flops per sample from a batch large enough that per-batch terms vanish */
     for (int i = 0; i < n; i++) {
         pm->flops[i] = dt_model_node_flops(m, i, B) / B;
         pm->out_bytes[i] = 4.0 * (double)dt_model_node_size(m, i);
@@ -84,13 +84,13 @@ double dt_plan_sync_s(const dt_plan_model *pm, double n, int d, int compress, do
                       double *bytes) {
     *bytes = 0;
     if (d <= 1 || n <= 0) return 0;
-    if (compress == DT_PLAN_TOPK) {  /* an allgather of d x k pairs: each rank sends (d-1) k of them */
+    if (compress == DT_PLAN_TOPK) { /* an allgather of d x k pairs: each rank sends (d-1) k of them */
         const double k = ceil(param * n) > 1 ? ceil(param * n) : 1;
         *bytes = (d - 1) * k * 8;
         return dt_plan_ring_half_s(d * k * 8, d, l);
     }
     double S = n * (compress == DT_PLAN_BF16 || compress == DT_PLAN_FP16 ? 2 : 4);
-    if (compress == DT_PLAN_POWERSGD) {  /* this rank's share (n of the model's values) of P, Q and the vectors */
+    if (compress == DT_PLAN_POWERSGD) { /* this rank's share (n of the model's values) of P, Q and the vectors */
         const double all = pm->mat_params + pm->vec_params, share = all > 0 ? n / all : 1;
         S = 4 * share * (param * pm->mat_dims + pm->vec_params);
     }
@@ -127,7 +127,7 @@ double dt_plan_oversub(int ranks, int cores, double busy) {
 int dt_plan_axis_level(const dt_plan_cluster *c, int stride, int ranks) {
     if (ranks <= 1 || c->hosts <= 1) return DT_PLAN_INTRA;
     return stride * ranks <= c->ranks_per_host && c->ranks_per_host % (stride * ranks) == 0 ? DT_PLAN_INTRA
-                                                                                             : DT_PLAN_INTER;
+                                                                                            : DT_PLAN_INTER;
 }
 
 /* One rank's bandwidth and latency on a level: a host's inter-node links are shared by its ranks. */
@@ -156,9 +156,7 @@ static void stage_cost(const dt_plan_model *pm, const dt_plan_cluster *c, const 
     }
 }
 
-int dt_plan_dp_waits(int zero, int compress, int dp) {
-    return dp > 1 && zero == 0 && compress == DT_PLAN_FP32 ? 1 : 0;
-}
+int dt_plan_dp_waits(int zero, int compress, int dp) { return dp > 1 && zero == 0 && compress == DT_PLAN_FP32 ? 1 : 0; }
 
 /* ZeRO-3's parameters still gathered when the backward starts, in values: zero_params.c frees
  * every bucket but those the forward's last node reads, and ddp.c cuts the buckets from the last
@@ -189,11 +187,12 @@ static double dp_exposed(const dt_plan_model *pm, const dt_plan_cluster *c, cons
     const double nb = ceil(params * 4 / (mb * 1048576.0)) > 1 ? ceil(params * 4 / (mb * 1048576.0)) : 1;
     o->dp_level = dt_plan_axis_level(c, l->tp * l->pp, d);
     const double waits = dt_plan_dp_waits(l->zero, l->compress, d) * c->coll_wait;
-    if (l->compress >= DT_PLAN_TOPK) {  /* per bucket like ddp's allreduce, hidden as far as the backward allows */
+    if (l->compress >= DT_PLAN_TOPK) { /* per bucket like ddp's allreduce, hidden as far as the backward allows */
         const dt_plan_link lk = rank_link(c, o->dp_level);
         const double calls = l->compress == DT_PLAN_POWERSGD ? 2 : 1;
         const double sync = dt_plan_sync_s(pm, params, d, l->compress, l->cparam, lk, &o->dp_bytes) +
-                            (nb - 1) * calls * (d - 1) * lk.lat, hide = c->overlap * bwd;
+                            (nb - 1) * calls * (d - 1) * lk.lat,
+                     hide = c->overlap * bwd;
         return (sync - hide > sync / nb ? sync - hide : sync / nb) + waits;
     }
     o->dp_bytes = dt_plan_zero_bytes(l->zero, d, S);
@@ -205,17 +204,17 @@ static double dp_exposed(const dt_plan_model *pm, const dt_plan_cluster *c, cons
     const bool hier = o->dp_level == DT_PLAN_INTER && k > 1;
     const double local = hier ? dt_plan_ring_half_s(S, k, in) : 0;
     const double wide = hier ? dt_plan_ring_half_s(S / k, h, lk) : dt_plan_ring_half_s(S, d, lk);
-    const double lats = (nb - 1) * (d - 1) * lk.lat;  /* every bucket pays the ring's latency */
+    const double lats = (nb - 1) * (d - 1) * lk.lat; /* every bucket pays the ring's latency */
     const double half = local + wide + lats;
-    const double hide = l->pp > 1 ? 0 : c->overlap * bwd;  /* a pipeline syncs after its flush */
-    if (l->zero == 0) {  /* the allreduce's volume under the backward */
+    const double hide = l->pp > 1 ? 0 : c->overlap * bwd; /* a pipeline syncs after its flush */
+    if (l->zero == 0) {                                   /* the allreduce's volume under the backward */
         const double sync = 2 * half;
         return (sync - hide > sync / nb ? sync - hide : sync / nb) + waits;
     }
     /* ZeRO's own reduce-scatter (MPI's is not a ring: rs_factor) under the backward */
     const double rsf = lk.rs_factor > 0 ? lk.rs_factor : 1, rs = local + rsf * wide + lats;
     double exposed = (rs - hide > rs / nb ? rs - hide : rs / nb) + waits;
-    if (l->zero <= 2) return exposed + half;  /* the parameters' all-gather after the update */
+    if (l->zero <= 2) return exposed + half; /* the parameters' all-gather after the update */
     /* a gather before the forward, and before the backward of every bucket not still gathered (the
      * whole model's buckets: a tp or pp rank's are taken as all re-gathered) */
     const double kept = l->tp == 1 && l->pp == 1 ? zero3_kept(pm, l->bucket_mb) : 0;
@@ -239,11 +238,11 @@ void dt_plan_predict(const dt_plan_model *pm, const dt_plan_cluster *c, const dt
                      const int *first, dt_plan_cost *o) {
     memset(o, 0, sizeof *o);
     const int nm = l->micro > 0 ? l->micro : 1, b = G / l->dp / nm;
-    double tp_mb = 0;  /* a stage's tensor-parallel allreduces per micro-batch, on its critical path */
+    double tp_mb = 0; /* a stage's tensor-parallel allreduces per micro-batch, on its critical path */
     if (l->tp > 1 && pm->gpt) {
         o->tp_level = dt_plan_axis_level(c, 1, l->tp);
         const dt_plan_link lk = rank_link(c, o->tp_level);
-        dt_gpt_config st = pm->g;  /* a stage's blocks: a pipeline splits them */
+        dt_gpt_config st = pm->g; /* a stage's blocks: a pipeline splits them */
         st.L = (pm->g.L + l->pp - 1) / l->pp;
         const double per = dt_plan_tp_bytes(&st, b, l->tp), calls = 4.0 * st.L + 5;
         o->tp_bytes = nm * per;
@@ -274,20 +273,20 @@ void dt_plan_predict(const dt_plan_model *pm, const dt_plan_cluster *c, const dt
         /* the fill and drain through the other stages; the rest beyond the busiest stage's work: the
          * sends, and 1F1B's wait for its in-flight micro-batches' round trips */
         o->bubble = fb_sum - fb_at_max;
-        o->comm_pp = dt_plan_pipeline_s(l->pp, nm, l->gpipe, busy_max, fb_at_max, fb_sum, lk.lat,
-                                         cut * b / lk.bw) - busy_max - o->bubble;
+        o->comm_pp = dt_plan_pipeline_s(l->pp, nm, l->gpipe, busy_max, fb_at_max, fb_sum, lk.lat, cut * b / lk.bw) -
+                     busy_max - o->bubble;
     }
     /* the update reads parameters and gradients, writes parameters, reads and writes each moment */
     const double owned = l->zero >= 1 && l->dp > 1 ? pmax / l->dp : pmax;
-    const double slow = c->oversub > 1 ? c->oversub : 1;  /* the update and the casts share the cores too */
+    const double slow = c->oversub > 1 ? c->oversub : 1; /* the update and the casts share the cores too */
     const double per_value = pm->opt_per > 0 ? pm->opt_per : 4.0 * (3 + 2 * moments) / c->mem_bw;
     o->optim = owned * per_value;
-    if (l->algo == DT_PLAN_LOCALSGD) {  /* no gradient sync; the models averaged every H steps, blocking */
+    if (l->algo == DT_PLAN_LOCALSGD) { /* no gradient sync; the models averaged every H steps, blocking */
         o->dp_level = dt_plan_axis_level(c, 1, l->dp);
         o->dp_bytes = 2.0 * (l->dp - 1) / l->dp * pmax * 4 / l->sync_every;
         o->comm_dp = (dt_plan_ring_allreduce_s(pmax * 4, l->dp, rank_link(c, o->dp_level)) + c->coll_wait) /
                      l->sync_every;
-    } else if (l->algo == DT_PLAN_PS) {  /* push, the server's update of its shard, pull; no update here */
+    } else if (l->algo == DT_PLAN_PS) { /* push, the server's update of its shard, pull; no update here */
         o->dp_level = dt_plan_axis_level(c, 1, l->dp + l->servers);
         o->dp_bytes = 2 * pmax * 4;
         o->comm_dp = dt_plan_ps_s(pmax, l->dp, l->servers, rank_link(c, o->dp_level)) + c->coll_wait;
@@ -296,10 +295,11 @@ void dt_plan_predict(const dt_plan_model *pm, const dt_plan_cluster *c, const dt
         o->comm_dp = dp_exposed(pm, c, l, pmax, crit * 2.0 / 3.0, crit / 3.0, o);
     }
     o->comm = o->comm_tp + o->comm_pp + o->comm_dp;
-    if (l->compress == DT_PLAN_BF16 || l->compress == DT_PLAN_FP16) o->optim += pmax * 4 * 2 / c->mem_bw;  /* the casts */
-    if (l->compress == DT_PLAN_TOPK)  /* |v|, the selection, the pairs, the sum of the peers' pairs, the feedback */
+    if (l->compress == DT_PLAN_BF16 || l->compress == DT_PLAN_FP16)
+        o->optim += pmax * 4 * 2 / c->mem_bw; /* the casts */
+    if (l->compress == DT_PLAN_TOPK) /* |v|, the selection, the pairs, the sum of the peers' pairs, the feedback */
         o->optim += pmax * 4 * 6 / c->mem_bw;
-    if (l->compress == DT_PLAN_POWERSGD) {  /* P = M Q and Q = M^T P (4 r flops a value), the error feedback */
+    if (l->compress == DT_PLAN_POWERSGD) { /* P = M Q and Q = M^T P (4 r flops a value), the error feedback */
         const double peak = c->peak[l->prec] > 0 ? c->peak[l->prec] : c->peak[DT_PLAN_FP32];
         o->optim += pmax * 4 * 5 / c->mem_bw + (peak > 0 ? 4 * l->cparam * pm->mat_params / (peak * c->efficiency) : 0);
     }

@@ -42,7 +42,7 @@ dt_status dt_plan_model_measure_optim(dt_plan_model *pm, const dt_optim_config *
     dt_optim *opt = NULL;
     dt_status st = p && g && t ? dt_optim_create(&opt, o, n) : dt_error(DT_ENOMEM, "plan: out of memory for the probe");
     for (size_t i = 0; st == DT_OK && i < n; i++) g[i] = 1e-3f * (float)(i % 7);
-    for (int r = -1; st == DT_OK && r < reps; r++) {  /* one warm-up step */
+    for (int r = -1; st == DT_OK && r < reps; r++) { /* one warm-up step */
         const double a = dt_now();
         dt_optim_step(opt, p, g, 1e-3f);
         if (r >= 0) t[r] = dt_now() - a;
@@ -62,12 +62,13 @@ dt_status dt_plan_model_measure(dt_plan_model *pm, dt_model *m, int b1, int b2, 
     double *t1 = calloc((size_t)n, sizeof(double)), *t2 = calloc((size_t)n, sizeof(double));
     free(pm->t_fix), free(pm->t_per);
     pm->t_fix = calloc((size_t)n, sizeof(double)), pm->t_per = calloc((size_t)n, sizeof(double));
-    dt_status st = t1 && t2 && pm->t_fix && pm->t_per ? DT_OK : dt_error(DT_ENOMEM, "plan: out of memory for the probe");
+    dt_status st = t1 && t2 && pm->t_fix && pm->t_per ? DT_OK
+                                                      : dt_error(DT_ENOMEM, "plan: out of memory for the probe");
     if (st == DT_OK) st = time_nodes(m, b1, reps, t1);
     if (st == DT_OK) st = time_nodes(m, b2, reps, t2);
     for (int i = 0; st == DT_OK && i < n; i++) {
         double per = (t2[i] - t1[i]) / (b2 - b1);
-        if (per < 0) per = 0;  /* noise: a node no slower at the larger batch is all fixed cost */
+        if (per < 0) per = 0; /* noise: a node no slower at the larger batch is all fixed cost */
         double fix = t1[i] - per * b1;
         if (fix < 0) fix = 0, per = t2[i] / b2;
         pm->t_fix[i] = fix, pm->t_per[i] = per;

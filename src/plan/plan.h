@@ -26,24 +26,24 @@ enum { DT_PLAN_ALGO_TOPK = 1, DT_PLAN_ALGO_POWERSGD = 2, DT_PLAN_ALGO_LOCALSGD =
  * of one message in seconds. */
 typedef struct {
     double bw, lat;
-    double rs_factor;  /* a reduce-scatter costs this many times the ring's (MPI between hosts: 2; <= 0: 1) */
+    double rs_factor; /* a reduce-scatter costs this many times the ring's (MPI between hosts: 2; <= 0: 1) */
 } dt_plan_link;
 
 /* A cluster of identical hosts. */
 typedef struct {
     char name[64];
     int hosts, ranks_per_host;
-    double peak[DT_PLAN_NPREC];  /* FLOP/s of one rank per precision (0: the precision is not run there) */
-    double efficiency;           /* fraction of peak a training GEMM reaches (0..1] */
-    double mem_bw;               /* bytes/s of one rank's memory */
-    double mem_bytes;            /* memory capacity of one rank */
-    double overlap;              /* fraction of backward that can hide gradient traffic (0..1) */
-    double node_overhead;        /* seconds per graph node per pass (kernel launch, dispatch) */
-    double step_overhead;        /* seconds per step outside compute and comm (data, bookkeeping) */
-    double coll_wait;            /* seconds a blocking collective waits for ranks the scheduler has not run yet,
-                                  * per rendezvous after compute (measured here; 0 on a dedicated device) */
-    double oversub;              /* compute slows by this factor (ranks sharing cores; <= 1: none); not in files */
-    dt_plan_link link[2];        /* DT_PLAN_INTRA, DT_PLAN_INTER */
+    double peak[DT_PLAN_NPREC]; /* FLOP/s of one rank per precision (0: the precision is not run there) */
+    double efficiency;          /* fraction of peak a training GEMM reaches (0..1] */
+    double mem_bw;              /* bytes/s of one rank's memory */
+    double mem_bytes;           /* memory capacity of one rank */
+    double overlap;             /* fraction of backward that can hide gradient traffic (0..1) */
+    double node_overhead;       /* seconds per graph node per pass (kernel launch, dispatch) */
+    double step_overhead;       /* seconds per step outside compute and comm (data, bookkeeping) */
+    double coll_wait;           /* seconds a blocking collective waits for ranks the scheduler has not run yet,
+                                 * per rendezvous after compute (measured here; 0 on a dedicated device) */
+    double oversub;             /* compute slows by this factor (ranks sharing cores; <= 1: none); not in files */
+    dt_plan_link link[2];       /* DT_PLAN_INTRA, DT_PLAN_INTER */
 } dt_plan_cluster;
 
 /* Reads cluster JSON file path into *c (cJSON). DT_EINVAL/DT_EIO name the file and the field. */
@@ -56,21 +56,21 @@ dt_status dt_plan_cluster_save(const dt_plan_cluster *c, const char *path);
 /* What the cost model needs of a model: per node, per sample. */
 typedef struct {
     int nodes;
-    double *flops;      /* [nodes] training flops (fwd + bwd) per sample */
-    double *bytes;      /* [nodes] activation bytes moved per sample (values in, out and gradients) */
-    double *params;     /* [nodes] parameters the node owns (a shared tensor counted at its first user) */
-    double *out_bytes;  /* [nodes] bytes per sample of the node's output (a pipeline cut sends it) */
-    bool *split;        /* [nodes] tensor parallelism divides the node's work by tp */
-    double *t_fix, *t_per;  /* [nodes] measured seconds per pass: t_fix + t_per x batch (NULL: roofline) */
-    double opt_per;      /* measured seconds of the optimizer's update per value (0: from the memory bandwidth) */
-    double ovh_fix, ovh_per;  /* measured seconds of a rank's step beyond its nodes and optimizer model:
-                               * ovh_fix + ovh_per x samples the rank takes per step (loss, data, bookkeeping) */
+    double *flops;           /* [nodes] training flops (fwd + bwd) per sample */
+    double *bytes;           /* [nodes] activation bytes moved per sample (values in, out and gradients) */
+    double *params;          /* [nodes] parameters the node owns (a shared tensor counted at its first user) */
+    double *out_bytes;       /* [nodes] bytes per sample of the node's output (a pipeline cut sends it) */
+    bool *split;             /* [nodes] tensor parallelism divides the node's work by tp */
+    double *t_fix, *t_per;   /* [nodes] measured seconds per pass: t_fix + t_per x batch (NULL: roofline) */
+    double opt_per;          /* measured seconds of the optimizer's update per value (0: from the memory bandwidth) */
+    double ovh_fix, ovh_per; /* measured seconds of a rank's step beyond its nodes and optimizer model:
+                              * ovh_fix + ovh_per x samples the rank takes per step (loss, data, bookkeeping) */
     double total_params;
-    double mat_params, mat_dims;  /* tensors of 2+ dimensions (n x m: first dimension by the rest): their values
-                                   * and the sum of n + m (PowerSGD sends rank x (n + m) per matrix) */
-    double vec_params;            /* 1-dimensional tensors (PowerSGD sends them whole) */
+    double mat_params, mat_dims; /* tensors of 2+ dimensions (n x m: first dimension by the rest): their values
+                                  * and the sum of n + m (PowerSGD sends rank x (n + m) per matrix) */
+    double vec_params;           /* 1-dimensional tensors (PowerSGD sends them whole) */
     bool gpt;
-    dt_gpt_config g;     /* when gpt */
+    dt_gpt_config g; /* when gpt */
     int classes;
 } dt_plan_model;
 
@@ -81,8 +81,8 @@ void dt_plan_model_free(dt_plan_model *pm);
  * stores the linear fit in pm->t_fix/t_per: the per-op times at the shapes in question. m must be
  * placed (trainable). */
 dt_status dt_plan_model_measure(dt_plan_model *pm, dt_model *m, int b1, int b2, int reps);
-enum { DT_PLAN_MEASURE_REPS = 21 };  /* most passes per batch of dt_plan_model_measure */
-#define DT_PLAN_MEASURE_S 0.5        /* past 5 passes, more while they took less (seconds) */
+enum { DT_PLAN_MEASURE_REPS = 21 }; /* most passes per batch of dt_plan_model_measure */
+#define DT_PLAN_MEASURE_S 0.5       /* past 5 passes, more while they took less (seconds) */
 /* Times optimizer o's update of the model's pm->total_params values here (the median of reps
  * steps after a warm-up) into pm->opt_per, seconds per value: a small model's state stays in the
  * caches, which the memory bandwidth of a large copy does not see. */
@@ -98,28 +98,28 @@ double dt_plan_other_s(double epoch_s, double compute_s, double data_wait_s, int
 /* One layout: what `dtrain train` flags select. */
 typedef struct {
     int dp, tp, pp;
-    int zero;          /* 0..3 over dp */
-    int micro;         /* pp: micro-batches per rank-batch; else --grad-accum */
-    int gpipe;         /* pp: 1 = gpipe, 0 = 1f1b */
-    int compress;      /* DT_PLAN_FP32 (none), DT_PLAN_BF16, DT_PLAN_FP16, DT_PLAN_TOPK, DT_PLAN_POWERSGD: --compress */
-    double cparam;     /* topk: the ratio sent; powersgd: the rank */
-    int algo;          /* DT_PLAN_SYNC, DT_PLAN_LOCALSGD (dp replicas, --sync-every), DT_PLAN_PS (dp workers + servers) */
-    int sync_every;    /* localsgd: steps between model averages */
-    int servers;       /* ps: server ranks beside the dp workers (asynchronous: --staleness inf) */
-    int prec;          /* --precision */
+    int zero;       /* 0..3 over dp */
+    int micro;      /* pp: micro-batches per rank-batch; else --grad-accum */
+    int gpipe;      /* pp: 1 = gpipe, 0 = 1f1b */
+    int compress;   /* DT_PLAN_FP32 (none), DT_PLAN_BF16, DT_PLAN_FP16, DT_PLAN_TOPK, DT_PLAN_POWERSGD: --compress */
+    double cparam;  /* topk: the ratio sent; powersgd: the rank */
+    int algo;       /* DT_PLAN_SYNC, DT_PLAN_LOCALSGD (dp replicas, --sync-every), DT_PLAN_PS (dp workers + servers) */
+    int sync_every; /* localsgd: steps between model averages */
+    int servers;    /* ps: server ranks beside the dp workers (asynchronous: --staleness inf) */
+    int prec;       /* --precision */
     double bucket_mb;
 } dt_plan_layout;
 
 /* Its predicted step, seconds, and memory. */
 typedef struct {
-    double compute, comm, bubble, optim, overhead, total;  /* total = the sum */
-    double comm_tp, comm_pp, comm_dp;                      /* exposed seconds per axis */
-    double tp_bytes, dp_bytes, pp_bytes;                   /* bytes one rank sends per step per axis */
-    int tp_level, dp_level, pp_level;                      /* the slowest link each axis crosses */
-    double mem;                                            /* the fullest rank's bytes (dry-run model) */
-    double mem_sync;                                       /* more while evaluation or a checkpoint gathers
-                                                            * the model (--dry-run's 'at eval/ckpt') */
-    bool sync_counts;                                      /* the run does that: fits counts mem_sync */
+    double compute, comm, bubble, optim, overhead, total; /* total = the sum */
+    double comm_tp, comm_pp, comm_dp;                     /* exposed seconds per axis */
+    double tp_bytes, dp_bytes, pp_bytes;                  /* bytes one rank sends per step per axis */
+    int tp_level, dp_level, pp_level;                     /* the slowest link each axis crosses */
+    double mem;                                           /* the fullest rank's bytes (dry-run model) */
+    double mem_sync;                                      /* more while evaluation or a checkpoint gathers
+                                                           * the model (--dry-run's 'at eval/ckpt') */
+    bool sync_counts;                                     /* the run does that: fits counts mem_sync */
     bool fits;
 } dt_plan_cost;
 
@@ -193,30 +193,30 @@ typedef struct {
     dt_plan_cost c;
 } dt_plan_entry;
 
-enum { DT_PLAN_MEM_BUDGET = 2000 };  /* most layouts whose memory one search plans (fastest first) */
+enum { DT_PLAN_MEM_BUDGET = 2000 }; /* most layouts whose memory one search plans (fastest first) */
 
 typedef struct {
-    int G;                  /* global batch (samples per optimizer step) */
-    int ranks;              /* ranks to lay out (hosts x ranks per host) */
-    int precs;              /* bit mask of precisions to try (1 << DT_PLAN_FP32 ...) */
-    bool only_fixed;        /* search only the axes given below where >= 0 */
+    int G;           /* global batch (samples per optimizer step) */
+    int ranks;       /* ranks to lay out (hosts x ranks per host) */
+    int precs;       /* bit mask of precisions to try (1 << DT_PLAN_FP32 ...) */
+    bool only_fixed; /* search only the axes given below where >= 0 */
     int fix_tp, fix_pp, fix_zero;
-    double mem_limit;       /* bytes per rank (<= 0: the cluster's mem_bytes) */
-    double extra;           /* bytes every rank holds beside the model (the loader's copy of the data) */
-    int want;               /* fitting layouts wanted at the top (<= 0: 5) */
-    int algos;              /* DT_PLAN_ALGO_* also searched (they change the numerics or the algorithm) */
-    bool evals;             /* the run evaluates (a test set or validation part): ZeRO-3 gathers the model */
-    bool saves;             /* the run saves checkpoints or weights: tp and pp gather the model */
+    double mem_limit; /* bytes per rank (<= 0: the cluster's mem_bytes) */
+    double extra;     /* bytes every rank holds beside the model (the loader's copy of the data) */
+    int want;         /* fitting layouts wanted at the top (<= 0: 5) */
+    int algos;        /* DT_PLAN_ALGO_* also searched (they change the numerics or the algorithm) */
+    bool evals;       /* the run evaluates (a test set or validation part): ZeRO-3 gathers the model */
+    bool saves;       /* the run saves checkpoints or weights: tp and pp gather the model */
 } dt_plan_request;
 
 typedef struct {
-    dt_plan_entry *e;       /* every layout scored, best (fitting, fastest) first */
+    dt_plan_entry *e; /* every layout scored, best (fitting, fastest) first */
     int n, cap;
-    int scored;             /* layouts whose step time was predicted */
-    int planned;            /* layouts whose memory was planned (in order of predicted time) */
-    double search_s;        /* seconds the whole search took */
-    double cost_s;          /* of which predicting every layout's step and sorting them */
-    double mem_s;           /* of which the memory model */
+    int scored;      /* layouts whose step time was predicted */
+    int planned;     /* layouts whose memory was planned (in order of predicted time) */
+    double search_s; /* seconds the whole search took */
+    double cost_s;   /* of which predicting every layout's step and sorting them */
+    double mem_s;    /* of which the memory model */
 } dt_plan_result;
 
 /* A layout's family as a user names the choice: ZeRO stage k over every rank (0: ddp; -1: one
@@ -234,7 +234,7 @@ void dt_plan_flags(const dt_plan_layout *l, int G, char *buf, size_t cap);
 /* A short name of l ("dp4 zero1", "tp2 x pp2 1f1b m4", ...) into buf. */
 void dt_plan_name(const dt_plan_layout *l, char *buf, size_t cap);
 /* One line on why `alt` loses against `best` (its dominant extra cost, or the memory it lacks). */
-void dt_plan_why(const dt_plan_entry *alt, const dt_plan_entry *best, const dt_plan_cluster *c, double limit,
-                 char *buf, size_t cap);
+void dt_plan_why(const dt_plan_entry *alt, const dt_plan_entry *best, const dt_plan_cluster *c, double limit, char *buf,
+                 size_t cap);
 
 #endif

@@ -43,8 +43,13 @@ static void test_formulas(void) {
 
 /* A cluster of fast devices: hosts x rph, inter-host link Gbit/s. */
 static dt_plan_cluster planted(int hosts, int rph, double inter_gbit) {
-    dt_plan_cluster c = {.hosts = hosts, .ranks_per_host = rph, .efficiency = 0.5, .mem_bw = 1e12,
-                         .mem_bytes = 80e9, .overlap = 0.9, .link = {{300e9, 3e-6}, {inter_gbit * 1e9 / 8, 5e-6}}};
+    dt_plan_cluster c = {.hosts = hosts,
+                         .ranks_per_host = rph,
+                         .efficiency = 0.5,
+                         .mem_bw = 1e12,
+                         .mem_bytes = 80e9,
+                         .overlap = 0.9,
+                         .link = {{300e9, 3e-6}, {inter_gbit * 1e9 / 8, 5e-6}}};
     c.peak[DT_PLAN_FP32] = 20e12;
     snprintf(c.name, sizeof c.name, "planted");
     return c;
@@ -110,21 +115,22 @@ static void test_tight_memory(void) {
     dt_plan_request r = {.G = 64, .ranks = 4, .precs = 1, .fix_tp = -1, .fix_pp = -1, .fix_zero = -1, .want = 1000000};
     dt_plan_result res;
     CHECK_OK(dt_plan_search(m, &pm, &o, &c, &r, &res));
-    double ddp_mem = 1e30, small = 1e30;  /* ddp's least memory, and the least of ZeRO 1-2 */
-    int dp_pp = 0, dp_pp_buckets = 0;     /* train refuses --bucket-mb with --pp: a stage syncs in one allreduce */
+    double ddp_mem = 1e30, small = 1e30; /* ddp's least memory, and the least of ZeRO 1-2 */
+    int dp_pp = 0, dp_pp_buckets = 0;    /* train refuses --bucket-mb with --pp: a stage syncs in one allreduce */
     for (int i = 0; i < res.n; i++) {
         const dt_plan_layout *l = &res.e[i].l;
         char flags[256];
         dt_plan_flags(l, r.G, flags, sizeof flags);
         dp_pp += l->dp > 1 && l->pp > 1, dp_pp_buckets += l->pp > 1 && strstr(flags, "--bucket-mb") != NULL;
         if (ddp(l) && res.e[i].c.mem < ddp_mem) ddp_mem = res.e[i].c.mem;
-        if (l->tp == 1 && l->pp == 1 && (l->zero == 1 || l->zero == 2) && res.e[i].c.mem < small) small = res.e[i].c.mem;
+        if (l->tp == 1 && l->pp == 1 && (l->zero == 1 || l->zero == 2) && res.e[i].c.mem < small)
+            small = res.e[i].c.mem;
     }
     dt_plan_result_free(&res);
     CHECK_MSG(dp_pp > 0 && dp_pp_buckets == 0, "%d dp x pp layouts, %d of them with --bucket-mb", dp_pp, dp_pp_buckets);
     const double P = pm.total_params;
     CHECK_MSG(ddp_mem >= 16 * P && ddp_mem < 17 * P, "ddp %.0f bytes for %.0f parameters", ddp_mem, P);
-    r.mem_limit = 0.9 * (small < ddp_mem ? small : ddp_mem);  /* below ZeRO 1-2 and ddp */
+    r.mem_limit = 0.9 * (small < ddp_mem ? small : ddp_mem); /* below ZeRO 1-2 and ddp */
     CHECK_OK(dt_plan_search(m, &pm, &o, &c, &r, &res));
     CHECK(res.e[0].c.fits && res.e[0].c.mem <= r.mem_limit);
     CHECK_MSG(res.e[0].l.zero == 3 || res.e[0].l.pp > 1, "best zero %d pp %d", res.e[0].l.zero, res.e[0].l.pp);
@@ -143,9 +149,11 @@ static void expect_error(const char *json, const char *field) {
 }
 
 static void test_cluster_files(void) {
-#define DEV "\"device\": {\"peak_tflops\": {\"fp32\": 19.5, \"bf16\": 312}, \"mem_bandwidth_GB_s\": 2039, \"mem_GB\": 80}"
-#define LINKS "\"links\": {\"intra\": {\"bandwidth_Gbit_s\": 2400, \"latency_us\": 3}, " \
-              "\"inter\": {\"bandwidth_Gbit_s\": 200, \"latency_us\": 5}}"
+#define DEV \
+    "\"device\": {\"peak_tflops\": {\"fp32\": 19.5, \"bf16\": 312}, \"mem_bandwidth_GB_s\": 2039, \"mem_GB\": 80}"
+#define LINKS                                                                  \
+    "\"links\": {\"intra\": {\"bandwidth_Gbit_s\": 2400, \"latency_us\": 3}, " \
+    "\"inter\": {\"bandwidth_Gbit_s\": 200, \"latency_us\": 5}}"
     dt_plan_cluster c;
     CHECK_OK(dt_plan_cluster_parse("{\"hosts\": 2, \"ranks_per_host\": 8, " DEV ", " LINKS "}", "t.json", &c));
     CHECK(c.hosts == 2 && c.ranks_per_host == 8 && near(c.peak[DT_PLAN_BF16], 312e12) && c.peak[DT_PLAN_FP16] == 0);
@@ -156,9 +164,11 @@ static void test_cluster_files(void) {
     expect_error("{\"ranks_per_host\": 8, \"device\": {\"peak_tflops\": {\"fp33\": 1}}, " LINKS "}",
                  "device.peak_tflops.fp33");
     expect_error("{\"hosts\": 2, \"ranks_per_host\": 8, " DEV ", \"links\": {\"intra\": {\"bandwidth_Gbit_s\": 1, "
-                 "\"latency_us\": 1}}}", "links.inter");
+                 "\"latency_us\": 1}}}",
+                 "links.inter");
     expect_error("{\"ranks_per_host\": 8, " DEV ", \"links\": {\"intra\": {\"bandwidth_Gbit_s\": \"fast\", "
-                 "\"latency_us\": 1}}}", "links.intra.bandwidth_Gbit_s");
+                 "\"latency_us\": 1}}}",
+                 "links.intra.bandwidth_Gbit_s");
     expect_error("{\"ranks_per_host\": -8, " DEV ", " LINKS "}", "ranks_per_host");
     expect_error("{\"ranks_per_host\": 8, " DEV ", " LINKS ", \"nodes\": 3}", "nodes");
     expect_error("{\"ranks_per_host\": 8, " DEV ", ", "not valid JSON");
@@ -171,7 +181,7 @@ static void test_cluster_files(void) {
  * PowerSGD's P and Q, a ps worker's push and pull, and ranks sharing cores with other tasks. */
 static void test_algo_formulas(void) {
     const dt_plan_link l = {.bw = 1e9, .lat = 1e-5};
-    dt_plan_model pm = {.mat_params = 1e6, .mat_dims = 2000, .vec_params = 0};  /* one 1000 x 1000 matrix */
+    dt_plan_model pm = {.mat_params = 1e6, .mat_dims = 2000, .vec_params = 0}; /* one 1000 x 1000 matrix */
     double bytes;
     /* top-k 1% of 1e6 over 4 ranks: k = 10000 pairs of 8 bytes; the allgather of 4 k pairs sends 3 k
      * of them: 240000 bytes in 240 us, 3 hops x 10 us */
@@ -199,10 +209,23 @@ static void test_algo_formulas(void) {
 static void test_dp_sync(void) {
     double flops = 1, bytes = 1, params = 1e6, outb = 4, fix = 3e-3, per = 0;
     bool split = false;
-    const dt_plan_model pm = {.nodes = 1, .flops = &flops, .bytes = &bytes, .params = &params, .out_bytes = &outb,
-                              .split = &split, .t_fix = &fix, .t_per = &per, .total_params = 1e6};
-    dt_plan_cluster c = {.hosts = 1, .ranks_per_host = 2, .efficiency = 1, .mem_bw = 1e10, .mem_bytes = 1e9,
-                         .overlap = 0.5, .coll_wait = 1e-3, .link = {{1e9, 0, 1}, {1e9, 0, 1}}};
+    const dt_plan_model pm = {.nodes = 1,
+                              .flops = &flops,
+                              .bytes = &bytes,
+                              .params = &params,
+                              .out_bytes = &outb,
+                              .split = &split,
+                              .t_fix = &fix,
+                              .t_per = &per,
+                              .total_params = 1e6};
+    dt_plan_cluster c = {.hosts = 1,
+                         .ranks_per_host = 2,
+                         .efficiency = 1,
+                         .mem_bw = 1e10,
+                         .mem_bytes = 1e9,
+                         .overlap = 0.5,
+                         .coll_wait = 1e-3,
+                         .link = {{1e9, 0, 1}, {1e9, 0, 1}}};
     c.peak[DT_PLAN_FP32] = 1e12;
     const int first[2] = {0, 1};
     dt_plan_layout l = {.dp = 2, .tp = 1, .pp = 1, .micro = 1, .bucket_mb = 1};
@@ -228,8 +251,15 @@ static void test_dp_sync(void) {
      * hidden; the reduce-scatter (4 ms) less half of the backward's 2 ms: 3 ms */
     double params2[2] = {1e6, 1e6}, fix2[2] = {1.5e-3, 1.5e-3}, zero2[2] = {0, 0}, one2[2] = {1, 1}, outb2[2] = {4, 4};
     bool split2[2] = {false, false};
-    const dt_plan_model pm3 = {.nodes = 2, .flops = one2, .bytes = one2, .params = params2, .out_bytes = outb2,
-                               .split = split2, .t_fix = fix2, .t_per = zero2, .total_params = 2e6};
+    const dt_plan_model pm3 = {.nodes = 2,
+                               .flops = one2,
+                               .bytes = one2,
+                               .params = params2,
+                               .out_bytes = outb2,
+                               .split = split2,
+                               .t_fix = fix2,
+                               .t_per = zero2,
+                               .total_params = 2e6};
     const int first2[2] = {0, 2};
     dt_plan_predict(&pm3, &c, &l, 2, 2, first2, &o);
     CHECK_MSG(near(o.comm_dp, 3e-3 + 4.5e-3) && near(o.dp_bytes, 10e6), "ZeRO-3, 2 nodes %g (%g bytes)", o.comm_dp,
@@ -276,10 +306,21 @@ static void test_pipeline(void) {
     double flops[2] = {1, 1}, bytes[2] = {1, 1}, params[2] = {0, 0}, outb[2] = {0, 0}, fix[2] = {3e-3, 1e-3},
            per[2] = {0, 0};
     bool split[2] = {false, false};
-    const dt_plan_model pm = {.nodes = 2, .flops = flops, .bytes = bytes, .params = params, .out_bytes = outb,
-                              .split = split, .t_fix = fix, .t_per = per};
-    dt_plan_cluster c = {.hosts = 1, .ranks_per_host = 2, .efficiency = 1, .mem_bw = 1e10, .mem_bytes = 1e9,
-                         .overlap = 0.5, .link = {{1e9, 0.1e-3, 1}, {1e9, 0.1e-3, 1}}};
+    const dt_plan_model pm = {.nodes = 2,
+                              .flops = flops,
+                              .bytes = bytes,
+                              .params = params,
+                              .out_bytes = outb,
+                              .split = split,
+                              .t_fix = fix,
+                              .t_per = per};
+    dt_plan_cluster c = {.hosts = 1,
+                         .ranks_per_host = 2,
+                         .efficiency = 1,
+                         .mem_bw = 1e10,
+                         .mem_bytes = 1e9,
+                         .overlap = 0.5,
+                         .link = {{1e9, 0.1e-3, 1}, {1e9, 0.1e-3, 1}}};
     c.peak[DT_PLAN_FP32] = 1e12;
     const int first[3] = {0, 1, 2};
     dt_plan_layout l = {.dp = 1, .tp = 1, .pp = 2, .micro = 4, .bucket_mb = 1};
@@ -321,8 +362,10 @@ static bool z3_dp4(const dt_plan_layout *l) { return l->dp == 4 && l->zero == 3 
 static void test_eval_memory(void) {
     dt_model *m;
     dt_plan_model pm;
-    CHECK_OK(dt_model_build_unplaced(&m, "linear(1024) relu linear(1024) relu linear(1024) relu linear(1024) relu "
-                                     "linear(4)", 1, 1, 12));
+    CHECK_OK(dt_model_build_unplaced(&m,
+                                     "linear(1024) relu linear(1024) relu linear(1024) relu linear(1024) relu "
+                                     "linear(4)",
+                                     1, 1, 12));
     CHECK_OK(dt_plan_model_init(&pm, m));
     const dt_optim_config o = dt_optim_defaults(DT_OPTIM_ADAM);
     const double P = pm.total_params;
@@ -332,7 +375,13 @@ static void test_eval_memory(void) {
     CHECK_MSG(mp.sync > 1e6 && near(mp.total + mp.sync, 4 * P + mp.grads + mp.optim + mp.activations), "%g + %g",
               mp.total, mp.sync);
     dt_plan_cluster c = planted(1, 4, 100);
-    dt_plan_request r = {.G = 32, .ranks = 4, .precs = 1, .fix_tp = 1, .fix_pp = 1, .fix_zero = 3, .want = 1000000,
+    dt_plan_request r = {.G = 32,
+                         .ranks = 4,
+                         .precs = 1,
+                         .fix_tp = 1,
+                         .fix_pp = 1,
+                         .fix_zero = 3,
+                         .want = 1000000,
                          .mem_limit = mp.total + mp.sync / 2};
     dt_plan_result res;
     CHECK_OK(dt_plan_search(m, &pm, &o, &c, &r, &res));
@@ -408,7 +457,8 @@ static void test_measure(void) {
     CHECK(pm.opt_per > 0);
     /* the calibrated overhead from the same steps' totals: 16 steps in 40 ms, 30 of them forward,
      * backward and the optimizer, 2 waiting for a prefetch thread the ranks do not have */
-    CHECK(near(dt_plan_other_s(40e-3, 30e-3, 2e-3, 16), 8e-3 / 16) && near(dt_plan_other_s(40e-3, 30e-3, 0, 16), 10e-3 / 16));
+    CHECK(near(dt_plan_other_s(40e-3, 30e-3, 2e-3, 16), 8e-3 / 16) &&
+          near(dt_plan_other_s(40e-3, 30e-3, 0, 16), 10e-3 / 16));
     CHECK(dt_plan_other_s(40e-3, 45e-3, 0, 16) == 0 && dt_plan_other_s(1, 0, 0, 0) == 0);
     dt_plan_model_free(&pm);
     dt_model_destroy(m);

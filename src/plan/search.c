@@ -2,7 +2,8 @@
  * ZeRO stage, pipeline micro-batches and schedule, gradient accumulation, ddp compression,
  * precision and bucket size; when asked, top-k, PowerSGD, localsgd and ps), pruned by the memory
  * per rank of the --dry-run model (cached per distinct memory layout: the cost model alone is
- * scored per layout), ranked fitting-and-fastest first; and the words for a layout: its flags, its name, why it loses. */
+ * scored per layout), ranked fitting-and-fastest first; and the words for a layout: its flags, its name, why it loses.
+ */
 #include "plan/plan.h"
 #include "parallel/pp.h"
 
@@ -13,17 +14,17 @@
 
 static const char *const g_prec[DT_PLAN_NPREC] = {"fp32", "bf16", "fp16"};
 static const double g_buckets[] = {0.25, 1, 4, 16, 64};
-static const double g_topk[] = {0.01, 0.1};     /* the ratios of --compress topk the search tries */
-static const double g_powersgd[] = {1, 4};      /* the ranks of --compress powersgd */
-static const int g_sync_every[] = {4, 8, 16};   /* localsgd's --sync-every */
+static const double g_topk[] = {0.01, 0.1};   /* the ratios of --compress topk the search tries */
+static const double g_powersgd[] = {1, 4};    /* the ranks of --compress powersgd */
+static const int g_sync_every[] = {4, 8, 16}; /* localsgd's --sync-every */
 
 /* The memory model's parts, cached: a rank's state (parameters, gradients, optimizer, ZeRO's
  * buckets in flight and gathers) depends on the mesh, the stage and ZeRO, not on the batch; its
  * activations on tp and the micro-batch only (memplan.c: every node's, whatever the stage). */
 typedef struct {
-    int tp, pp, dp, zero, b;  /* b < 0: a state entry; else an activations entry (tp, b) */
+    int tp, pp, dp, zero, b; /* b < 0: a state entry; else an activations entry (tp, b) */
     double bucket, bytes;
-    double sync;              /* a state entry: the fullest rank's more at evaluation or a checkpoint */
+    double sync; /* a state entry: the fullest rank's more at evaluation or a checkpoint */
 } mem_key;
 
 typedef struct {
@@ -31,7 +32,7 @@ typedef struct {
     const dt_optim_config *o;
     mem_key *k;
     int n, cap;
-    double extra;  /* bytes every rank holds beside the model (the loader's copy) */
+    double extra; /* bytes every rank holds beside the model (the loader's copy) */
 } mem_cache;
 
 static const mem_key *find(const mem_cache *mc, const mem_key *q) {
@@ -65,11 +66,16 @@ static dt_status layout_mem(mem_cache *mc, const dt_plan_layout *l, int b, doubl
     mem_key act = {l->tp, 1, 1, 0, b, 0, 0, 0};
     const mem_key *hs = find(mc, &st), *ha = find(mc, &act);
     if (!hs || !ha) {
-        const dt_mem_layout ml = {.dp = l->dp, .tp = l->tp, .pp = l->pp, .zero = st.zero, .microbatches = l->micro,
-                                  .schedule = l->pp > 1 ? (l->gpipe ? "gpipe" : "1f1b") : NULL, .batch = b,
+        const dt_mem_layout ml = {.dp = l->dp,
+                                  .tp = l->tp,
+                                  .pp = l->pp,
+                                  .zero = st.zero,
+                                  .microbatches = l->micro,
+                                  .schedule = l->pp > 1 ? (l->gpipe ? "gpipe" : "1f1b") : NULL,
+                                  .batch = b,
                                   .bucket_mb = bucket > 0 ? bucket : 1};
         double worst = 0, acts = 0, worst_sync = 0;
-        const int last = st.zero > 0 ? l->dp - 1 : 0;  /* without ZeRO every model copy holds the same */
+        const int last = st.zero > 0 ? l->dp - 1 : 0; /* without ZeRO every model copy holds the same */
         for (int dpi = 0; dpi <= last; dpi = dpi == 0 && last > 1 ? last : dpi + 1)
             for (int stage = 0; stage < l->pp && (!hs || !ha); stage++) {
                 dt_mem_plan p;
@@ -77,7 +83,7 @@ static dt_status layout_mem(mem_cache *mc, const dt_plan_layout *l, int b, doubl
                 if (p.total - p.activations > worst) worst = p.total - p.activations;
                 if (p.total - p.activations + p.sync > worst_sync) worst_sync = p.total - p.activations + p.sync;
                 acts = p.activations;
-                if (hs) break;  /* only the activations were missing: one rank tells */
+                if (hs) break; /* only the activations were missing: one rank tells */
             }
         st.bytes = worst, st.sync = worst_sync > worst ? worst_sync - worst : 0, act.bytes = acts;
         if (!hs) DT_TRY(remember(mc, &st));
@@ -143,14 +149,14 @@ typedef struct {
 static dt_status score(search_ctx *s, const dt_plan_layout *l, const int *first) {
     dt_plan_entry e = {.l = *l};
     dt_plan_predict(s->pm, s->c, l, s->r->G, s->moments, first, &e.c);
-    e.c.mem = -1;  /* not yet known */
+    e.c.mem = -1; /* not yet known */
     s->res->scored++;
     return push(s->res, &e);
 }
 
 /* Every option on top of the mesh (dp, tp, pp) with pipeline cut first[]. */
 static dt_status options(search_ctx *s, int dp, int tp, int pp, const int *first) {
-    const int rb = s->r->G / dp;  /* samples per model copy per step */
+    const int rb = s->r->G / dp; /* samples per model copy per step */
     for (int prec = 0; prec < DT_PLAN_NPREC; prec++) {
         if (!(s->r->precs & (1 << prec)) || (!s->pm->t_per && s->c->peak[prec] <= 0)) continue;
         for (int zero = 0; zero <= (dp > 1 ? 3 : 0); zero++) {
@@ -159,7 +165,7 @@ static dt_status options(search_ctx *s, int dp, int tp, int pp, const int *first
             const int nbk = dp > 1 && pp == 1 ? (int)(sizeof g_buckets / sizeof *g_buckets) : 1;
             for (int bk = 0; bk < nbk; bk++)
                 for (int micro = pp > 1 ? pp : 1; micro <= rb && micro <= 512; micro++) {
-                    if (rb % micro) continue;  /* every divisor: a pipeline's M, or the accumulation steps */
+                    if (rb % micro) continue; /* every divisor: a pipeline's M, or the accumulation steps */
                     for (int gp = 0; gp <= (pp > 1); gp++)
                         for (int cmp = 0; cmp <= (dp > 1 && zero == 0 && tp == 1 && pp == 1 ? 4 : 0); cmp++) {
                             const double *par = cmp == DT_PLAN_TOPK ? g_topk : g_powersgd;
@@ -167,9 +173,16 @@ static dt_status options(search_ctx *s, int dp, int tp, int pp, const int *first
                             if (cmp == DT_PLAN_TOPK && !(s->r->algos & DT_PLAN_ALGO_TOPK)) continue;
                             if (cmp == DT_PLAN_POWERSGD && !(s->r->algos & DT_PLAN_ALGO_POWERSGD)) continue;
                             for (int k = 0; k < np; k++) {
-                                const dt_plan_layout l = {.dp = dp, .tp = tp, .pp = pp, .zero = zero, .micro = micro,
-                                                          .gpipe = gp, .compress = cmp, .cparam = lossy ? par[k] : 0,
-                                                          .prec = prec, .bucket_mb = dp > 1 && pp == 1 ? g_buckets[bk] : 1};
+                                const dt_plan_layout l = {.dp = dp,
+                                                          .tp = tp,
+                                                          .pp = pp,
+                                                          .zero = zero,
+                                                          .micro = micro,
+                                                          .gpipe = gp,
+                                                          .compress = cmp,
+                                                          .cparam = lossy ? par[k] : 0,
+                                                          .prec = prec,
+                                                          .bucket_mb = dp > 1 && pp == 1 ? g_buckets[bk] : 1};
                                 DT_TRY(score(s, &l, first));
                             }
                         }
@@ -185,15 +198,21 @@ static dt_status options(search_ctx *s, int dp, int tp, int pp, const int *first
 static dt_status algorithms(search_ctx *s, int W) {
     const int first[2] = {0, s->pm->nodes};
     for (int k = 0; (s->r->algos & DT_PLAN_ALGO_LOCALSGD) && W > 1 && s->r->G % W == 0 &&
-                    k < (int)(sizeof g_sync_every / sizeof *g_sync_every); k++) {
-        const dt_plan_layout l = {.dp = W, .tp = 1, .pp = 1, .micro = 1, .bucket_mb = 1, .algo = DT_PLAN_LOCALSGD,
+                    k < (int)(sizeof g_sync_every / sizeof *g_sync_every);
+         k++) {
+        const dt_plan_layout l = {.dp = W,
+                                  .tp = 1,
+                                  .pp = 1,
+                                  .micro = 1,
+                                  .bucket_mb = 1,
+                                  .algo = DT_PLAN_LOCALSGD,
                                   .sync_every = g_sync_every[k]};
         DT_TRY(score(s, &l, first));
     }
     for (int S = 1; (s->r->algos & DT_PLAN_ALGO_PS) && S <= W / 2; S++) {
         if (s->r->G % (W - S)) continue;
-        const dt_plan_layout l = {.dp = W - S, .tp = 1, .pp = 1, .micro = 1, .bucket_mb = 1, .algo = DT_PLAN_PS,
-                                  .servers = S};
+        const dt_plan_layout l = {
+            .dp = W - S, .tp = 1, .pp = 1, .micro = 1, .bucket_mb = 1, .algo = DT_PLAN_PS, .servers = S};
         DT_TRY(score(s, &l, first));
     }
     return DT_OK;
@@ -249,7 +268,7 @@ static dt_status meshes(search_ctx *s) {
             const int dp = W / (tp * pp);
             if (s->r->G % dp) continue;
             int first[DT_PP_MAX_STAGES + 1] = {0, s->pm->nodes};
-            if (pp > 1 && dt_pp_cut(s->m, pp, "", NULL, first) != DT_OK) continue;  /* too few cuts */
+            if (pp > 1 && dt_pp_cut(s->m, pp, "", NULL, first) != DT_OK) continue; /* too few cuts */
             DT_TRY(options(s, dp, tp, pp, first));
         }
     }
@@ -259,12 +278,19 @@ static dt_status meshes(search_ctx *s) {
 dt_status dt_plan_search(dt_model *m, const dt_plan_model *pm, const dt_optim_config *o, const dt_plan_cluster *c,
                          const dt_plan_request *r, dt_plan_result *res) {
     memset(res, 0, sizeof *res);
-    if (r->ranks < 1 || r->G < 1) return dt_error(DT_EINVAL, "plan: %d ranks, global batch %d: need at least 1 of each",
-                                                  r->ranks, r->G);
+    if (r->ranks < 1 || r->G < 1)
+        return dt_error(DT_EINVAL, "plan: %d ranks, global batch %d: need at least 1 of each", r->ranks, r->G);
     const double t0 = dt_now();
-    search_ctx s = {.m = m, .pm = pm, .c = c, .r = r, .res = res,
-                    .moments = o->kind != DT_OPTIM_SGD ? 2 : o->momentum > 0 ? 1 : 0,
-                    .limit = r->mem_limit > 0 ? r->mem_limit : c->mem_bytes, .mc = {.m = m, .o = o, .extra = r->extra}};
+    search_ctx s = {.m = m,
+                    .pm = pm,
+                    .c = c,
+                    .r = r,
+                    .res = res,
+                    .moments = o->kind != DT_OPTIM_SGD ? 2
+                               : o->momentum > 0       ? 1
+                                                       : 0,
+                    .limit = r->mem_limit > 0 ? r->mem_limit : c->mem_bytes,
+                    .mc = {.m = m, .o = o, .extra = r->extra}};
     dt_status st = meshes(&s);
     if (st != DT_OK) {
         free(s.mc.k);
@@ -282,13 +308,17 @@ dt_status dt_plan_search(dt_model *m, const dt_plan_model *pm, const dt_optim_co
     qsort(res->e, (size_t)res->n, sizeof *res->e, by_rank);
     res->search_s = dt_now() - t0;
     if (!res->n && (r->fix_tp > 1 || r->fix_pp > 1))
-        return dt_error(DT_EINVAL, "plan: no layout of %d ranks with%s%.0d%s%.0d at global batch %d (tp must divide "
-                        "the ranks and a GPT's heads, width and vocabulary; pp the ranks, within the graph's valid cuts)",
-                        r->ranks, r->fix_tp > 1 ? " tp " : "", r->fix_tp > 1 ? r->fix_tp : 0, r->fix_pp > 1 ? " pp " : "",
-                        r->fix_pp > 1 ? r->fix_pp : 0, r->G);
+        return dt_error(
+            DT_EINVAL,
+            "plan: no layout of %d ranks with%s%.0d%s%.0d at global batch %d (tp must divide "
+            "the ranks and a GPT's heads, width and vocabulary; pp the ranks, within the graph's valid cuts)",
+            r->ranks, r->fix_tp > 1 ? " tp " : "", r->fix_tp > 1 ? r->fix_tp : 0, r->fix_pp > 1 ? " pp " : "",
+            r->fix_pp > 1 ? r->fix_pp : 0, r->G);
     if (!res->n)
-        return dt_error(DT_EINVAL, "plan: no layout of %d ranks divides the global batch %d (use a batch that the "
-                        "data-parallel ranks divide, or other `workers`)", r->ranks, r->G);
+        return dt_error(DT_EINVAL,
+                        "plan: no layout of %d ranks divides the global batch %d (use a batch that the "
+                        "data-parallel ranks divide, or other `workers`)",
+                        r->ranks, r->G);
     return DT_OK;
 }
 
@@ -302,8 +332,8 @@ void dt_plan_flags(const dt_plan_layout *l, int G, char *buf, size_t cap) {
     const int W = l->dp * l->tp * l->pp, micro = l->micro > 0 ? l->micro : 1;
     const int batch = l->pp > 1 ? G / l->dp : G / l->dp / micro;
     int n = snprintf(buf, cap, "--workers %d --batch %d", W, batch);
-    if (l->algo == DT_PLAN_LOCALSGD) n += snprintf(buf + n, cap - (size_t)n, " --strategy localsgd --sync-every %d",
-                                                   l->sync_every);
+    if (l->algo == DT_PLAN_LOCALSGD)
+        n += snprintf(buf + n, cap - (size_t)n, " --strategy localsgd --sync-every %d", l->sync_every);
     if (l->algo == DT_PLAN_PS) n += snprintf(buf + n, cap - (size_t)n, " --strategy ps --servers %d", l->servers);
     if (l->compress == DT_PLAN_TOPK) n += snprintf(buf + n, cap - (size_t)n, " --compress topk:%g", l->cparam);
     if (l->compress == DT_PLAN_POWERSGD) n += snprintf(buf + n, cap - (size_t)n, " --compress powersgd:%g", l->cparam);
@@ -315,7 +345,8 @@ void dt_plan_flags(const dt_plan_layout *l, int G, char *buf, size_t cap) {
     if (l->dp > 1 && l->zero > 0) n += snprintf(buf + n, cap - (size_t)n, " --zero %d", l->zero);
     if (l->compress && l->compress < DT_PLAN_TOPK)
         n += snprintf(buf + n, cap - (size_t)n, " --compress %s", g_prec[l->compress]);
-    if (l->dp > 1 && l->pp == 1 && l->bucket_mb != 1) n += snprintf(buf + n, cap - (size_t)n, " --bucket-mb %g", l->bucket_mb);
+    if (l->dp > 1 && l->pp == 1 && l->bucket_mb != 1)
+        n += snprintf(buf + n, cap - (size_t)n, " --bucket-mb %g", l->bucket_mb);
     if (l->prec) snprintf(buf + n, cap - (size_t)n, " --precision %s", g_prec[l->prec]);
 }
 
@@ -340,15 +371,16 @@ void dt_plan_name(const dt_plan_layout *l, char *buf, size_t cap) {
 
 static const char *level_name(int level) { return level == DT_PLAN_INTER ? "inter-node" : "intra-node"; }
 
-void dt_plan_why(const dt_plan_entry *alt, const dt_plan_entry *best, const dt_plan_cluster *c, double limit,
-                 char *buf, size_t cap) {
+void dt_plan_why(const dt_plan_entry *alt, const dt_plan_entry *best, const dt_plan_cluster *c, double limit, char *buf,
+                 size_t cap) {
     char name[96];
     dt_plan_name(&alt->l, name, sizeof name);
     if (!alt->c.fits) {
         const bool gb = limit >= 1e9, at_sync = alt->c.mem >= 0 && alt->c.mem <= limit;
         const double need = alt->c.mem + (at_sync ? alt->c.mem_sync : 0);
-        snprintf(buf, cap, "%s does not fit: %.*f %s per rank%s against %.*f", name, gb ? 2 : 1, need / (gb ? 1e9 : 1e6),
-                 gb ? "GB" : "MB", at_sync ? " while evaluation or a checkpoint gathers the model" : "", gb ? 2 : 1,
+        snprintf(buf, cap, "%s does not fit: %.*f %s per rank%s against %.*f", name, gb ? 2 : 1,
+                 need / (gb ? 1e9 : 1e6), gb ? "GB" : "MB",
+                 at_sync ? " while evaluation or a checkpoint gathers the model" : "", gb ? 2 : 1,
                  limit / (gb ? 1e9 : 1e6));
         return;
     }
@@ -367,23 +399,31 @@ void dt_plan_why(const dt_plan_entry *alt, const dt_plan_entry *best, const dt_p
         snprintf(p, left, "tp %d would send %.3g MB per step through a %.3g Gbit/s %s link: %.3g ms exposed", alt->l.tp,
                  a->tp_bytes / 1e6, bw_tp, level_name(a->tp_level), a->comm_tp * 1e3);
     else if (k == 2 && alt->l.algo == DT_PLAN_LOCALSGD)
-        snprintf(p, left, "its model average every %d steps sends %.3g MB per step over a %.3g Gbit/s %s link: %.3g "
-                 "ms", alt->l.sync_every, a->dp_bytes / 1e6, bw_dp, level_name(a->dp_level), a->comm_dp * 1e3);
+        snprintf(p, left,
+                 "its model average every %d steps sends %.3g MB per step over a %.3g Gbit/s %s link: %.3g "
+                 "ms",
+                 alt->l.sync_every, a->dp_bytes / 1e6, bw_dp, level_name(a->dp_level), a->comm_dp * 1e3);
     else if (k == 2 && alt->l.algo == DT_PLAN_PS)
-        snprintf(p, left, "each worker pushes and pulls %.3g MB per step through %d server%s over a %.3g Gbit/s %s "
-                 "link: %.3g ms", a->dp_bytes / 1e6, alt->l.servers, alt->l.servers > 1 ? "s" : "", bw_dp,
-                 level_name(a->dp_level), a->comm_dp * 1e3);
+        snprintf(p, left,
+                 "each worker pushes and pulls %.3g MB per step through %d server%s over a %.3g Gbit/s %s "
+                 "link: %.3g ms",
+                 a->dp_bytes / 1e6, alt->l.servers, alt->l.servers > 1 ? "s" : "", bw_dp, level_name(a->dp_level),
+                 a->comm_dp * 1e3);
     else if (k == 2)
         snprintf(p, left, "its gradient sync sends %.3g MB per step over a %.3g Gbit/s %s link: %.3g ms exposed",
                  a->dp_bytes / 1e6, bw_dp, level_name(a->dp_level), a->comm_dp * 1e3);
     else if (k == 3)
-        snprintf(p, left, "the pipeline's bubble idles %.0f%% of each stage (%d of %d slots): %.3g ms, and its sends "
-                 "%.3g ms", 100 * dt_plan_bubble_fraction(alt->l.pp, alt->l.micro), alt->l.pp - 1,
-                 alt->l.micro + alt->l.pp - 1, a->bubble * 1e3, a->comm_pp * 1e3);
+        snprintf(p, left,
+                 "the pipeline's bubble idles %.0f%% of each stage (%d of %d slots): %.3g ms, and its sends "
+                 "%.3g ms",
+                 100 * dt_plan_bubble_fraction(alt->l.pp, alt->l.micro), alt->l.pp - 1, alt->l.micro + alt->l.pp - 1,
+                 a->bubble * 1e3, a->comm_pp * 1e3);
     else if (k == 4)
         snprintf(p, left, "its optimizer step takes %.3g ms against %.3g (unsharded state)", a->optim * 1e3,
                  b->optim * 1e3);
     else
-        snprintf(p, left, "it computes for %.4g ms per step against %.4g (smaller per-rank work runs less "
-                 "efficiently, or it repeats work)", a->compute * 1e3, b->compute * 1e3);
+        snprintf(p, left,
+                 "it computes for %.4g ms per step against %.4g (smaller per-rank work runs less "
+                 "efficiently, or it repeats work)",
+                 a->compute * 1e3, b->compute * 1e3);
 }

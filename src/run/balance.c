@@ -8,25 +8,25 @@
 #include <sys/prctl.h>
 #include <time.h>
 
-#define FIRST_CUT 3          /* steps before the first re-cut (the first step warms caches up) */
+#define FIRST_CUT 3 /* steps before the first re-cut (the first step warms caches up) */
 #define DEFAULT_INTERVAL 8
-#define QUANTUM_LEVELS 16    /* a rank's share moves in steps of about batch / 16 samples */
-#define MIN_GAIN 0.05        /* a re-cut must shorten the predicted step by more than this */
-#define MIN_WINDOW_S 0.05    /* re-cuts at least this far apart (predicted), so short steps amortise them */
+#define QUANTUM_LEVELS 16 /* a rank's share moves in steps of about batch / 16 samples */
+#define MIN_GAIN 0.05     /* a re-cut must shorten the predicted step by more than this */
+#define MIN_WINDOW_S 0.05 /* re-cuts at least this far apart (predicted), so short steps amortise them */
 #define MAX_INTERVAL 4096
 
 struct dt_balance {
     dt_balance_config cfg;
-    int *cut;                /* [world] */
-    double *gather;          /* [world] allgather buffer */
-    int64_t steps;           /* steps seen */
-    int64_t due;             /* the step count of the next re-cut (the same on every rank) */
-    double win_time;         /* compute (+ sleep) since the last re-cut, excluding step 1 */
+    int *cut;        /* [world] */
+    double *gather;  /* [world] allgather buffer */
+    int64_t steps;   /* steps seen */
+    int64_t due;     /* the step count of the next re-cut (the same on every rank) */
+    double win_time; /* compute (+ sleep) since the last re-cut, excluding step 1 */
     int64_t win_n;
-    double tps;              /* smoothed seconds per sample; 0 = unknown */
-    int64_t ep_samples;      /* since the last dt_balance_epoch */
+    double tps;         /* smoothed seconds per sample; 0 = unknown */
+    int64_t ep_samples; /* since the last dt_balance_epoch */
     double ep_busy;
-    double nap_debt;         /* slow rank: seconds slept beyond the naps asked for, not yet paid off */
+    double nap_debt; /* slow rank: seconds slept beyond the naps asked for, not yet paid off */
 };
 
 dt_status dt_balance_create(dt_balance **out, const dt_balance_config *cfg) {
@@ -64,8 +64,7 @@ static double sleep_s(void *ctx, double s) {
     if (!(s > 0)) return 0;
     const double t0 = dt_now();
     struct timespec ts = {(time_t)s, (long)((s - floor(s)) * 1e9)};
-    while (nanosleep(&ts, &ts) != 0) {
-    }
+    while (nanosleep(&ts, &ts) != 0) {}
     return dt_now() - t0;
 }
 
@@ -74,7 +73,7 @@ double dt_balance_compute_done(dt_balance *b, int n, double compute_s) {
     if (b->cfg.slow > 1) {
         const double want = (b->cfg.slow - 1) * compute_s, ask = want - b->nap_debt;
         nap = ask > 0 ? (b->cfg.nap ? b->cfg.nap(b->cfg.nap_ctx, ask) : sleep_s(NULL, ask)) : 0;
-        b->nap_debt += nap - want;  /* negative: the nap fell short (rare): the next one is longer */
+        b->nap_debt += nap - want; /* negative: the nap fell short (rare): the next one is longer */
     }
     b->steps++;
     b->ep_samples += n;
@@ -225,8 +224,9 @@ void dt_balance_write_json(FILE *f, const dt_epoch_info *e) {
     fprintf(f, ", \"workers\": [");
     for (int i = 0; i < e->nworkers; i++) {
         const dt_worker_info *w = &e->workers[i];
-        fprintf(f, "%s{\"rank\": %d, \"samples\": %lld, \"share\": %.4f, \"samples_per_s\": %.1f, \"busy_s\": %.3f, "
-                   "\"batch\": %d, \"alive\": %s}",
+        fprintf(f,
+                "%s{\"rank\": %d, \"samples\": %lld, \"share\": %.4f, \"samples_per_s\": %.1f, \"busy_s\": %.3f, "
+                "\"batch\": %d, \"alive\": %s}",
                 i ? ", " : "", w->rank, (long long)w->samples, w->share, w->samples_per_s, w->busy_s, w->batch,
                 w->alive ? "true" : "false");
     }
@@ -241,6 +241,6 @@ void dt_balance_write_json(FILE *f, const dt_epoch_info *e) {
         sum += (double)k * (double)e->staleness[k];
         if (e->staleness[k]) top = k;
     }
-    fprintf(f, "], \"mean\": %.3f, \"max\": %lld%s}, \"max_clock_gap\": %d", n ? sum / (double)n : 0.0,
-            (long long)top, top == DT_STALENESS_BINS - 1 ? ", \"max_is_lower_bound\": true" : "", e->max_clock_gap);
+    fprintf(f, "], \"mean\": %.3f, \"max\": %lld%s}, \"max_clock_gap\": %d", n ? sum / (double)n : 0.0, (long long)top,
+            top == DT_STALENESS_BINS - 1 ? ", \"max_is_lower_bound\": true" : "", e->max_clock_gap);
 }

@@ -18,13 +18,13 @@
 #include <stdio.h>
 
 typedef struct {
-    int rank, world;     /* data-parallel rank and world (the loader's) */
-    int job_rank0;       /* job rank of data rank 0 (ps workers start after the servers) */
-    int batch;           /* per-rank batch: a global batch is batch * world samples */
-    bool dynamic;        /* re-cut the global batch by measured speed */
-    double slow;         /* this rank's --slow factor; <= 1 = not slow */
-    int interval;        /* steps between re-cuts, at least; 0 = default (8); more where the predicted
-                          * step is so short that they would come less than 50 ms apart */
+    int rank, world; /* data-parallel rank and world (the loader's) */
+    int job_rank0;   /* job rank of data rank 0 (ps workers start after the servers) */
+    int batch;       /* per-rank batch: a global batch is batch * world samples */
+    bool dynamic;    /* re-cut the global batch by measured speed */
+    double slow;     /* this rank's --slow factor; <= 1 = not slow */
+    int interval;    /* steps between re-cuts, at least; 0 = default (8); more where the predicted
+                      * step is so short that they would come less than 50 ms apart */
     /* the nap of a slow rank: sleeps about s seconds and returns the seconds it really took;
      * NULL = nanosleep timed by dt_now (tests inject a clock-free one) */
     double (*nap)(void *ctx, double s);

@@ -26,9 +26,9 @@ static void test_cut_by_speed(void) {
     CHECK(c[0] == 43 && c[1] == 21);
     dt_balance_cut_by_speed(c, (double[]){1.0, 1.0, 1.0, 1.0 / 3}, 4, 128);
     CHECK(c[0] + c[1] + c[2] + c[3] == 128 && c[3] == 13 && c[0] == 39);
-    dt_balance_cut_by_speed(c, (double[]){1000.0, 1.0, 1.0}, 3, 8);  /* everyone keeps >= 1 sample */
+    dt_balance_cut_by_speed(c, (double[]){1000.0, 1.0, 1.0}, 3, 8); /* everyone keeps >= 1 sample */
     CHECK(c[0] == 6 && c[1] == 1 && c[2] == 1);
-    dt_balance_cut_by_speed(c, (double[]){1.0, 1.0, 1.0}, 3, 10);  /* ties go to the lower rank */
+    dt_balance_cut_by_speed(c, (double[]){1.0, 1.0, 1.0}, 3, 10); /* ties go to the lower rank */
     CHECK(c[0] == 4 && c[1] == 3 && c[2] == 3);
     /* the re-cut quantum: the largest divisor of the batch not above batch / 16 */
     CHECK(dt_balance_quantum(64) == 4 && dt_balance_quantum(32) == 2 && dt_balance_quantum(100) == 5 &&
@@ -41,7 +41,7 @@ static void test_cut_by_speed(void) {
               c[3]);
     dt_balance_cut_quantised(c, (double[]){3.0, 1.0}, 2, 128, 4);
     CHECK(c[0] == 96 && c[1] == 32);
-    dt_balance_cut_quantised(c, (double[]){1000.0, 1.0, 1.0}, 3, 12, 4);  /* one quantum each at least */
+    dt_balance_cut_quantised(c, (double[]){1000.0, 1.0, 1.0}, 3, 12, 4); /* one quantum each at least */
     CHECK(c[0] == 4 && c[1] == 4 && c[2] == 4);
 }
 
@@ -80,8 +80,8 @@ static void test_loader_cut(void) {
     CHECK_OK(dt_dataset_create(&ds, DT_F32, x, y, N, 1, 1, 1, 2));
     dt_loader *l[W];
     for (int r = 0; r < W; r++) {
-        dt_loader_config lc = {.batch = B, .shuffle = true, .seed = 9, .rank = r, .world = W, .prefetch = r,
-                               .max_batch = B * W};
+        dt_loader_config lc = {
+            .batch = B, .shuffle = true, .seed = 9, .rank = r, .world = W, .prefetch = r, .max_batch = B * W};
         CHECK_OK(dt_loader_create(&l[r], ds, &lc));
     }
     uint32_t order[N];
@@ -193,8 +193,8 @@ static void test_recut_arithmetic(void) {
     for (size_t i = 0; i < sizeof want / sizeof *want; i++)
         for (int r = 0; r < 2; r++) {
             const int *got = cuts[r * (RECUT_STEPS + 1) + want[i][0]];
-            CHECK_MSG(got[0] == want[i][1] && got[1] == want[i][2], "rank %d after step %d: cut %d/%d, wanted %d/%d",
-                      r, want[i][0], got[0], got[1], want[i][1], want[i][2]);
+            CHECK_MSG(got[0] == want[i][1] && got[1] == want[i][2], "rank %d after step %d: cut %d/%d, wanted %d/%d", r,
+                      want[i][0], got[0], got[1], want[i][1], want[i][2]);
         }
     munmap(cuts, 2 * (RECUT_STEPS + 1) * sizeof *cuts);
 }
@@ -276,8 +276,8 @@ typedef struct {
     int ok;
     size_t n;
     float params[CAP];
-    int batch1;      /* rank 1's batch at the end (rank 0's report) */
-    double share1;   /* its share of the last epoch */
+    int batch1;    /* rank 1's batch at the end (rank 0's report) */
+    double share1; /* its share of the last epoch */
 } result;
 
 static void on_epoch(void *ctx, const dt_epoch_info *e) {

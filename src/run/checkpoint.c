@@ -46,15 +46,15 @@ static dt_status write_val_meta(dt_st_writer *w, const dt_ckpt_info *info) {
  * and every tensor must be whole by the end. */
 typedef struct {
     char *name;
-    float *data;           /* the whole tensor, assembled from its slices */
-    size_t have, numel;    /* elements filled so far, of numel */
+    float *data;        /* the whole tensor, assembled from its slices */
+    size_t have, numel; /* elements filled so far, of numel */
 } assembled;
 
 typedef struct {
     dt_st_writer *w;
     assembled *t;
     int n, cap;
-    dt_dev *dev;           /* the state's device when the host cannot read it (NULL: host memory) */
+    dt_dev *dev; /* the state's device when the host cannot read it (NULL: host memory) */
 } write_ctx;
 
 /* The assembly buffer of tensor p->name, made (and given to the writer) on its first slice. */
@@ -68,7 +68,8 @@ static dt_status assembly_of(write_ctx *c, const dt_state_piece *p, assembled **
         c->t = t, c->cap = cap;
     }
     assembled *a = &c->t[c->n];
-    *a = (assembled){.name = strdup(p->name), .data = calloc(p->numel ? p->numel : 1, sizeof(float)), .numel = p->numel};
+    *a = (assembled){
+        .name = strdup(p->name), .data = calloc(p->numel ? p->numel : 1, sizeof(float)), .numel = p->numel};
     if (!a->name || !a->data) {
         free(a->name), free(a->data);
         return dt_error(DT_ENOMEM, "checkpoint: out of memory");
@@ -83,7 +84,7 @@ static dt_status add_piece(void *ctx, const dt_state_piece *p) {
     if (p->buf.dtype != DT_F32 || p->buf.device != DT_DEVICE_CPU)
         return dt_error(DT_ENOTSUP, "checkpoint: tensor '%s' is %s on device %d; only f32 host state is written",
                         p->name, dt_dtype_name(p->buf.dtype), (int)p->buf.device);
-    if (c->dev && !p->host) {  /* device memory: downloaded into the tensor's host copy */
+    if (c->dev && !p->host) { /* device memory: downloaded into the tensor's host copy */
         assembled *a = NULL;
         if (p->offset + p->buf.count > p->numel)
             return dt_error(DT_EINTERNAL, "checkpoint: piece [%zu, %zu) of '%s' exceeds its %zu elements", p->offset,
@@ -120,8 +121,10 @@ static dt_status write_state(const char *path, dt_status (*visit)(void *src, dt_
     dt_status s = visit ? visit(src, add_piece, &c) : DT_OK;
     for (int i = 0; s == DT_OK && i < c.n; i++)
         if (c.t[i].have != c.t[i].numel)
-            s = dt_error(DT_EINTERNAL, "checkpoint: the pieces of '%s' cover %zu of its %zu elements (this rank does "
-                                       "not hold the whole tensor)", c.t[i].name, c.t[i].have, c.t[i].numel);
+            s = dt_error(DT_EINTERNAL,
+                         "checkpoint: the pieces of '%s' cover %zu of its %zu elements (this rank does "
+                         "not hold the whole tensor)",
+                         c.t[i].name, c.t[i].have, c.t[i].numel);
     char shape[64], seed[32];
     snprintf(shape, sizeof shape, "%d,%d,%d", info->C, info->H, info->W);
     snprintf(seed, sizeof seed, "%" PRIu64, info->seed);
@@ -133,12 +136,13 @@ static dt_status write_state(const char *path, dt_status (*visit)(void *src, dt_
     if (s == DT_OK) s = meta_i64(w, "dtrain.epoch", info->epoch);
     if (s == DT_OK) s = meta_i64(w, "dtrain.step_in_epoch", info->step_in_epoch);
     if (s == DT_OK) s = dt_st_writer_meta(w, "dtrain.seed", seed);
-    if (s == DT_OK) s = dt_st_writer_meta(w, "dtrain.rng", "philox4x32-10, counter-based: (seed, epoch, step) is the state");
+    if (s == DT_OK)
+        s = dt_st_writer_meta(w, "dtrain.rng", "philox4x32-10, counter-based: (seed, epoch, step) is the state");
     if (s == DT_OK) s = meta_i64(w, "dtrain.batch", info->batch);
     if (s == DT_OK) s = meta_i64(w, "dtrain.world_size", info->world_size);
     if (s == DT_OK && o) s = dt_st_writer_meta(w, "dtrain.optimizer", info->optimizer);
     if (s == DT_OK && o) s = meta_i64(w, "dtrain.optim_steps", dt_optim_steps(o));
-    if (s == DT_OK && o && dt_optim_loss_scaler(o)) {  /* fp16: "scale,good steps,skipped steps" */
+    if (s == DT_OK && o && dt_optim_loss_scaler(o)) { /* fp16: "scale,good steps,skipped steps" */
         const dt_loss_scaler *ls = dt_optim_loss_scaler(o);
         char buf[64];
         snprintf(buf, sizeof buf, "%.9g,%d,%" PRId64, ls->scale, ls->good, ls->skipped);
@@ -154,7 +158,7 @@ static dt_status write_state(const char *path, dt_status (*visit)(void *src, dt_
     if (s == DT_OK && save_id) s = dt_st_writer_meta(w, "dtrain.save_id", save_id);
     if (s == DT_OK && info->val_split > 0) s = write_val_meta(w, info);
     if (s == DT_OK) s = dt_st_writer_write(w, path);
-    if (s == DT_OK) dt_ckpt_remove_stale_shards(path, shards);  /* an earlier save's with other ranks */
+    if (s == DT_OK) dt_ckpt_remove_stale_shards(path, shards); /* an earlier save's with other ranks */
     dt_st_writer_destroy(w);
     write_ctx_free(&c);
     return s;
@@ -206,9 +210,10 @@ static dt_status meta_int(const dt_st_file *f, const char *key, bool required, i
     errno = 0;
     long long x = strtoll(v, &end, 10);
     if (errno || end == v || *end || x < lo || x > hi)
-        return dt_error(DT_EFORMAT, "%s: metadata %s='%.40s' is not an integer in [%lld, %lld]; the checkpoint is "
-                                    "damaged or was not written by dtrain", dt_st_path(f), key, v, (long long)lo,
-                        (long long)hi);
+        return dt_error(DT_EFORMAT,
+                        "%s: metadata %s='%.40s' is not an integer in [%lld, %lld]; the checkpoint is "
+                        "damaged or was not written by dtrain",
+                        dt_st_path(f), key, v, (long long)lo, (long long)hi);
     *out = x;
     return DT_OK;
 }
@@ -225,9 +230,13 @@ static dt_status meta_float(const dt_st_file *f, const char *key, float dflt, me
     char *end;
     float x = strtof(v, &end);
     if (end == v || *end || !isfinite(x) || (sign == META_POSITIVE && !(x > 0)) || (sign == META_NONNEG && !(x >= 0)))
-        return dt_error(DT_EFORMAT, "%s: metadata %s='%.40s' is not a %snumber; the checkpoint is damaged or was not "
-                                    "written by dtrain", dt_st_path(f), key, v,
-                        sign == META_POSITIVE ? "positive " : sign == META_NONNEG ? "non-negative " : "");
+        return dt_error(DT_EFORMAT,
+                        "%s: metadata %s='%.40s' is not a %snumber; the checkpoint is damaged or was not "
+                        "written by dtrain",
+                        dt_st_path(f), key, v,
+                        sign == META_POSITIVE ? "positive "
+                        : sign == META_NONNEG ? "non-negative "
+                                              : "");
     *out = x;
     return DT_OK;
 }
@@ -241,7 +250,8 @@ static dt_status parse_info(const dt_st_file *f, dt_ckpt_info *info) {
                         !strcmp(v, "dtrain-weights") ? " (a weights file: start from it with dtrain train `weights` "
                                                        "FILE, or read it with dtrain eval `weights` FILE)"
                         : !strcmp(v, "dtrain-train-shard") ? " (one shard of a sharded checkpoint: pass its index, the "
-                                                             "file name without .rR-of-N)" : "");
+                                                             "file name without .rR-of-N)"
+                                                           : "");
     DT_TRY(need_meta(f, "dtrain.model_spec", &v));
     snprintf(info->spec, sizeof info->spec, "%s", v);
     DT_TRY(need_meta(f, "dtrain.input_shape", &v));
@@ -276,14 +286,19 @@ static dt_status parse_info(const dt_st_file *f, dt_ckpt_info *info) {
     if ((v = dt_st_meta(f, "dtrain.val_split"))) {
         info->val_split = strtod(v, &end);
         if (*end || !(info->val_split > 0 && info->val_split < 1))
-            return dt_error(DT_EFORMAT, "%s: metadata dtrain.val_split='%.40s' is not a fraction in (0, 1)", dt_st_path(f), v);
+            return dt_error(DT_EFORMAT, "%s: metadata dtrain.val_split='%.40s' is not a fraction in (0, 1)",
+                            dt_st_path(f), v);
         DT_TRY(meta_int(f, "dtrain.best_epoch", false, 0, 0, INT32_MAX, &info->best_epoch));
         DT_TRY(meta_int(f, "dtrain.bad_epochs", false, 0, 0, INT32_MAX, &info->bad_epochs));
         if (info->best_epoch > 0) DT_TRY(meta_float(f, "dtrain.best_val_loss", INFINITY, META_ANY, &info->best_val));
     }
     DT_TRY(dt_ckpt_settings_parse(f, info));
-    const struct { const char *key; char *to; size_t cap; } texts[] = {
-        {"dtrain.strategy", info->strategy, sizeof info->strategy}, {"dtrain.data", info->data, sizeof info->data}};
+    const struct {
+        const char *key;
+        char *to;
+        size_t cap;
+    } texts[] = {{"dtrain.strategy", info->strategy, sizeof info->strategy},
+                 {"dtrain.data", info->data, sizeof info->data}};
     for (size_t i = 0; i < sizeof texts / sizeof *texts; i++) {
         texts[i].to[0] = '\0';
         if (!(v = dt_st_meta(f, texts[i].key))) continue;
@@ -306,8 +321,10 @@ dt_status dt_checkpoint_resolve(const char *path, char *out, size_t cap, bool *f
     bool found;
     DT_TRY(dt_ckpt_dir_latest(path, out, cap, &found, NULL, NULL));
     if (!found)
-        return dt_error(DT_ENOENT, "%s: a directory without a usable checkpoint (ckpt-<step>.safetensors, written by "
-                        "dtrain train `checkpoint_dir`); pass a checkpoint file or such a directory", path);
+        return dt_error(DT_ENOENT,
+                        "%s: a directory without a usable checkpoint (ckpt-<step>.safetensors, written by "
+                        "dtrain train `checkpoint_dir`); pass a checkpoint file or such a directory",
+                        path);
     return DT_OK;
 }
 
@@ -334,17 +351,19 @@ static dt_status restore_piece(void *ctx, const dt_state_piece *p) {
     const dt_st_file *f = ctx;
     dt_st_tensor st;
     dt_status s = dt_st_find(f, p->name, &st);
-    if (s != DT_OK && p->hint) return dt_error_clear(), DT_OK;  /* optional state: starts afresh */
+    if (s != DT_OK && p->hint) return dt_error_clear(), DT_OK; /* optional state: starts afresh */
     if (s != DT_OK) return s;
     bool same = st.t.dtype == DT_F32 && st.t.ndim == p->ndim;
     for (int d = 0; same && d < p->ndim; d++) same = st.t.shape[d] == p->shape[d];
     if (!same && p->hint)
-        return dt_error(DT_EFORMAT, "%s: tensor '%s' has shape [%lld, %lld], this run's is [%lld, %lld]: %s", dt_st_path(f),
-                        p->name, (long long)st.t.shape[0], (long long)(st.t.ndim > 1 ? st.t.shape[1] : 1),
-                        (long long)p->shape[0], (long long)p->shape[1], p->hint);
+        return dt_error(DT_EFORMAT, "%s: tensor '%s' has shape [%lld, %lld], this run's is [%lld, %lld]: %s",
+                        dt_st_path(f), p->name, (long long)st.t.shape[0],
+                        (long long)(st.t.ndim > 1 ? st.t.shape[1] : 1), (long long)p->shape[0], (long long)p->shape[1],
+                        p->hint);
     if (!same)
-        return dt_error(DT_EFORMAT, "%s: tensor '%s' has dtype %s and %d dims, the model expects F32 with %d dims of "
-                                    "the model's shape; was it written for another `model`?",
+        return dt_error(DT_EFORMAT,
+                        "%s: tensor '%s' has dtype %s and %d dims, the model expects F32 with %d dims of "
+                        "the model's shape; was it written for another `model`?",
                         dt_st_path(f), p->name, dt_dtype_name(st.t.dtype), st.t.ndim, p->ndim);
     memcpy(p->buf.data, (const float *)st.t.data + p->offset, p->buf.count * sizeof(float));
     return DT_OK;
@@ -361,8 +380,9 @@ typedef struct {
 static dt_status restore_piece_device(void *ctx, const dt_state_piece *p) {
     const device_restore *r = ctx;
     dt_state_piece h = *p;
-    if (!(h.buf.data = malloc(p->buf.count * sizeof(float) + 1))) return dt_error(DT_ENOMEM, "checkpoint: out of memory");
-    r->dev->ops->download(r->dev, h.buf.data, p->buf.data, p->buf.count * sizeof(float));  /* kept where it is absent */
+    if (!(h.buf.data = malloc(p->buf.count * sizeof(float) + 1)))
+        return dt_error(DT_ENOMEM, "checkpoint: out of memory");
+    r->dev->ops->download(r->dev, h.buf.data, p->buf.data, p->buf.count * sizeof(float)); /* kept where it is absent */
     dt_status s = r->restore(r->ctx, &h);
     if (s == DT_OK) r->dev->ops->upload(r->dev, p->buf.data, h.buf.data, p->buf.count * sizeof(float));
     free(h.buf.data);
@@ -413,8 +433,9 @@ dt_status dt_checkpoint_restore(const char *path, dt_model *m, dt_optim *o, dt_c
             snprintf(probe, sizeof probe, "optim.%s.%s", sname, dt_model_tensor(m, 0)->name);
             dt_st_tensor st;
             if (dt_st_find(f, probe, &st) != DT_OK)
-                s = dt_error(DT_EFORMAT, "%s: checkpoint has no '%s' optimizer state (trained with other `momentum`?); "
-                                         "resume with the optimizer settings it was trained with",
+                s = dt_error(DT_EFORMAT,
+                             "%s: checkpoint has no '%s' optimizer state (trained with other `momentum`?); "
+                             "resume with the optimizer settings it was trained with",
                              path, sname);
         }
     }
@@ -438,12 +459,12 @@ dt_status dt_checkpoint_restore(const char *path, dt_model *m, dt_optim *o, dt_c
 typedef struct {
     const dt_st_file *f;
     float ef_factor;
-    dt_dev *dev;  /* the model's device when the host cannot write it (NULL: host memory) */
+    dt_dev *dev; /* the model's device when the host cannot write it (NULL: host memory) */
 } restore_ctx;
 
 static dt_status restore_piece_rescaled(void *ctx, const dt_state_piece *p) {
     const restore_ctx *c = ctx;
-    if (c->dev && !p->host) {  /* model memory on the device: through a host copy (no residual there) */
+    if (c->dev && !p->host) { /* model memory on the device: through a host copy (no residual there) */
         device_restore r = {restore_piece, (void *)c->f, c->dev};
         return restore_piece_device(&r, p);
     }
@@ -451,7 +472,7 @@ static dt_status restore_piece_rescaled(void *ctx, const dt_state_piece *p) {
     const size_t n = strlen(p->name);
     dt_st_tensor st;
     if (c->ef_factor == 1.0f || strncmp(p->name, "compress.", 9) || n < 6 || strcmp(p->name + n - 6, ".state") ||
-        dt_st_find(c->f, p->name, &st) != DT_OK)  /* not in the file: the state starts afresh, as it is */
+        dt_st_find(c->f, p->name, &st) != DT_OK) /* not in the file: the state starts afresh, as it is */
         return dt_error_clear(), DT_OK;
     float *x = p->buf.data;
     const float k = isfinite(c->ef_factor) ? c->ef_factor : 0.0f;
@@ -475,7 +496,7 @@ dt_status dt_checkpoint_restore_strategy(const char *path, dt_strategy *st, dt_c
     if (s == DT_OK && shards > 0) s = dt_checkpoint_restore_shards_into(path, (int)shards, st);
     else if (s == DT_OK) {
         const dt_loss_scaler *ls = st->optim ? dt_optim_loss_scaler(st->optim) : NULL;
-        dt_loss_scaler ck = {.scale = 1.0f};  /* the checkpoint's scale: 1 without fp16 */
+        dt_loss_scaler ck = {.scale = 1.0f}; /* the checkpoint's scale: 1 without fp16 */
         checkpoint_loss_scaler(f, &ck);
         dt_dev *dev = dt_model_device(st->model);
         restore_ctx c = {.f = f, .ef_factor = (ls ? ls->scale : 1.0f) / ck.scale, .dev = dev->host_memory ? NULL : dev};
@@ -500,7 +521,7 @@ dt_status dt_checkpoint_consolidate(const char *in, const char *out, bool optim)
     }
     if (s == DT_OK && optim) {
         dt_optim_config oc = dt_optim_defaults(kind);
-        if (kind == DT_OPTIM_SGD) oc.momentum = 0.9f;  /* a momentum buffer, when the file has one */
+        if (kind == DT_OPTIM_SGD) oc.momentum = 0.9f; /* a momentum buffer, when the file has one */
         s = dt_optim_create(&o, &oc, dt_model_num_params(m));
     }
     dt_ckpt_info got;

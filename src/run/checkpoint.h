@@ -11,32 +11,32 @@
 
 /* Position and identity of a run, stored in a checkpoint's metadata. */
 typedef struct {
-    char spec[1024];          /* canonical model spec */
-    int C, H, W;              /* input shape */
-    int64_t step;             /* optimizer steps completed */
-    int64_t epoch;            /* epochs completed (resume starts here) */
-    int64_t step_in_epoch;    /* batches already consumed of epoch `epoch` */
+    char spec[1024];       /* canonical model spec */
+    int C, H, W;           /* input shape */
+    int64_t step;          /* optimizer steps completed */
+    int64_t epoch;         /* epochs completed (resume starts here) */
+    int64_t step_in_epoch; /* batches already consumed of epoch `epoch` */
     uint64_t seed;
-    int batch;                /* per rank */
-    int world_size;           /* ranks that trained it (a resume may use another number) */
-    char optimizer[16];       /* "sgd" | "adam" | "adamw" */
+    int batch;          /* per rank */
+    int world_size;     /* ranks that trained it (a resume may use another number) */
+    char optimizer[16]; /* "sgd" | "adam" | "adamw" */
     float lr;
-    int has_norm;             /* inputs standardised with mean/std */
+    int has_norm; /* inputs standardised with mean/std */
     float norm_mean, norm_std;
-    double val_split;         /* --val-split fraction (0: none) */
-    float best_val;           /* lowest validation loss so far (INFINITY: none) */
-    int64_t best_epoch, bad_epochs;  /* its epoch; epochs since without a lower one (--early-stop) */
+    double val_split;               /* --val-split fraction (0: none) */
+    float best_val;                 /* lowest validation loss so far (INFINITY: none) */
+    int64_t best_epoch, bad_epochs; /* its epoch; epochs since without a lower one (--early-stop) */
     /* the run's training settings (dtrain.settings; absent in checkpoints of older versions) */
     bool has_settings;
-    dt_lr_schedule sched;     /* --lr, --schedule, --warmup, --step-size, --gamma, --min-lr (no total_steps) */
+    dt_lr_schedule sched;      /* --lr, --schedule, --warmup, --step-size, --gamma, --min-lr (no total_steps) */
     dt_optim_config optim_cfg; /* the optimizer's hyper-parameters (kind: from `optimizer`) */
-    float clip;               /* --clip */
-    int grad_accum;           /* --grad-accum (batch above is batch x grad_accum) */
-    char precision[8];        /* --precision: "fp32", "bf16", "fp16" ("": not stored, older versions) */
-    double val_fraction;      /* --val-fraction (text: the held-out last part; -1: not stored, older versions) */
-    char data[1024];          /* the --data it trained on (files as absolute paths; dtrain.data; "": older) */
-    char strategy[256];       /* the strategy spec it trained with (dtrain.strategy: "ddp", "single",
-                               * "localsgd(sync_every=4)", "ddp(compress=topk:0.1)"; "": older versions) */
+    float clip;                /* --clip */
+    int grad_accum;            /* --grad-accum (batch above is batch x grad_accum) */
+    char precision[8];         /* --precision: "fp32", "bf16", "fp16" ("": not stored, older versions) */
+    double val_fraction;       /* --val-fraction (text: the held-out last part; -1: not stored, older versions) */
+    char data[1024];           /* the --data it trained on (files as absolute paths; dtrain.data; "": older) */
+    char strategy[256];        /* the strategy spec it trained with (dtrain.strategy: "ddp", "single",
+                                * "localsgd(sync_every=4)", "ddp(compress=topk:0.1)"; "": older versions) */
 } dt_ckpt_info;
 
 typedef struct dt_strategy dt_strategy;

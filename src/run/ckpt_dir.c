@@ -66,7 +66,7 @@ static dt_status list_steps(const char *dir, int64_t **steps, size_t *n) {
         (*steps)[(*n)++] = step;
     }
     closedir(d);
-    for (size_t i = 1; i < *n; i++)  /* insertion sort, descending: directories hold a handful */
+    for (size_t i = 1; i < *n; i++) /* insertion sort, descending: directories hold a handful */
         for (size_t j = i; j > 0 && (*steps)[j] > (*steps)[j - 1]; j--) {
             int64_t t = (*steps)[j];
             (*steps)[j] = (*steps)[j - 1], (*steps)[j - 1] = t;
@@ -98,7 +98,7 @@ static size_t shard_tag_len(const char *name, size_t stem) {
         int r, k, used = 0;
         if (sscanf(name + p, ".r%d-of-%d%n", &r, &k, &used) == 2 && (size_t)used == stem - p && r >= 0 && k > 0)
             return stem - p;
-        return 0;  /* only the last ".r" can start the tag */
+        return 0; /* only the last ".r" can start the tag */
     }
     return 0;
 }
@@ -131,7 +131,7 @@ dt_status dt_ckpt_dir_latest(const char *dir, char *out, size_t cap, bool *found
     int64_t *steps;
     size_t n;
     DT_TRY(list_steps(dir, &steps, &n));
-    dt_ckpt_info *info = malloc(sizeof *info);  /* its metadata too: a file --resume could not use is skipped */
+    dt_ckpt_info *info = malloc(sizeof *info); /* its metadata too: a file --resume could not use is skipped */
     if (!info) {
         free(steps);
         return dt_error(DT_ENOMEM, "out of memory listing %s", dir);
@@ -194,12 +194,12 @@ static void remove_orphan_shards(const char *dir, int64_t newest) {
     for (struct dirent *e; (e = readdir(d));) {
         int64_t step;
         int r, k, used = 0;
-        if (sscanf(e->d_name, PREFIX "%" SCNd64 SUFFIX ".r%d-of-%d%n", &step, &r, &k, &used) != 3 ||
-            e->d_name[used] || step >= newest)
+        if (sscanf(e->d_name, PREFIX "%" SCNd64 SUFFIX ".r%d-of-%d%n", &step, &r, &k, &used) != 3 || e->d_name[used] ||
+            step >= newest)
             continue;
         char index[4096], full[8192];
         dt_ckpt_dir_path(index, sizeof index, dir, step);
-        if (access(index, F_OK) == 0) continue;  /* a checkpoint's own shard */
+        if (access(index, F_OK) == 0) continue; /* a checkpoint's own shard */
         snprintf(full, sizeof full, "%s/%s", dir, e->d_name);
         unlink(full);
     }

@@ -41,11 +41,11 @@ int main(void) {
     const char *c4 = "ckpt-0000000004.safetensors", *c8 = "ckpt-0000000008.safetensors";
     touch(c4, 0), touch("ckpt-0000000004.safetensors.r0-of-2", 0), touch("ckpt-0000000004.safetensors.r1-of-2", 0);
     touch(c8, 0);
-    touch("ckpt-0000000008.safetensors.r1-of-2", dead);  /* a rank killed writing its shard */
-    touch("ckpt-0000000008.safetensors.r0-of-2", live);  /* a rank writing its shard now */
-    touch("ckpt-0000000012.safetensors", dead);          /* a whole checkpoint's */
-    touch("ckpt-0000000004.safetensors.r0-of-2", dead);  /* beside an old checkpoint that is pruned */
-    touch("notes.r1-of-2", dead);                        /* not a checkpoint's */
+    touch("ckpt-0000000008.safetensors.r1-of-2", dead); /* a rank killed writing its shard */
+    touch("ckpt-0000000008.safetensors.r0-of-2", live); /* a rank writing its shard now */
+    touch("ckpt-0000000012.safetensors", dead);         /* a whole checkpoint's */
+    touch("ckpt-0000000004.safetensors.r0-of-2", dead); /* beside an old checkpoint that is pruned */
+    touch("notes.r1-of-2", dead);                       /* not a checkpoint's */
     CHECK_OK(dt_ckpt_dir_prune(g_dir, 0));
     CHECK_MSG(!here("ckpt-0000000008.safetensors.r1-of-2", dead), "a dead rank's shard temp file survived the prune");
     CHECK_MSG(!here("ckpt-0000000012.safetensors", dead), "a dead writer's temp file survived the prune");

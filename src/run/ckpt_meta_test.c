@@ -22,17 +22,26 @@ static dt_ckpt_info extreme_info(bool hi, dt_optim_kind kind) {
     in.step = hi ? INT64_MAX / 2 : 0, in.epoch = hi ? INT32_MAX : 0, in.step_in_epoch = hi ? INT64_MAX / 2 : 0;
     in.seed = hi ? UINT64_MAX : 0;
     in.batch = hi ? INT32_MAX : 1, in.world_size = hi ? 1 << 24 : 1;
-    in.lr = hi ? FLT_MAX : 0.0f;  /* the scheduled rate: 0 at the end of a cosine run to --min-lr 0 */
+    in.lr = hi ? FLT_MAX : 0.0f; /* the scheduled rate: 0 at the end of a cosine run to --min-lr 0 */
     in.has_norm = 1, in.norm_mean = hi ? FLT_MAX : -FLT_MAX, in.norm_std = hi ? FLT_MAX : FLT_TRUE_MIN;
-    in.val_split = hi ? nextafter(1.0, 0.0) : DBL_MIN, in.best_val = hi ? 0.0f : INFINITY;  /* none before its first validated epoch */
+    in.val_split = hi ? nextafter(1.0, 0.0) : DBL_MIN,
+    in.best_val = hi ? 0.0f : INFINITY; /* none before its first validated epoch */
     in.best_epoch = hi ? INT32_MAX : 0, in.bad_epochs = hi ? INT32_MAX : 0;
-    in.sched = (dt_lr_schedule){.kind = hi ? DT_LR_COSINE : DT_LR_STEP, .base_lr = hi ? FLT_MAX : FLT_TRUE_MIN,
-                                .warmup_steps = hi ? INT64_MAX : 0, .step_size = hi ? INT64_MAX : 0,
-                                .gamma = hi ? 1.0f : 0.0f, .min_lr = hi ? FLT_MAX : 0.0f};
-    in.optim_cfg = (dt_optim_config){.kind = kind, .momentum = hi ? nextafterf(1.0f, 0.0f) : 0.0f, .nesterov = hi,
-                                     .weight_decay = hi ? FLT_MAX : 0.0f, .beta1 = hi ? nextafterf(1.0f, 0.0f) : 0.0f,
+    in.sched = (dt_lr_schedule){.kind = hi ? DT_LR_COSINE : DT_LR_STEP,
+                                .base_lr = hi ? FLT_MAX : FLT_TRUE_MIN,
+                                .warmup_steps = hi ? INT64_MAX : 0,
+                                .step_size = hi ? INT64_MAX : 0,
+                                .gamma = hi ? 1.0f : 0.0f,
+                                .min_lr = hi ? FLT_MAX : 0.0f};
+    in.optim_cfg = (dt_optim_config){.kind = kind,
+                                     .momentum = hi ? nextafterf(1.0f, 0.0f) : 0.0f,
+                                     .nesterov = hi,
+                                     .weight_decay = hi ? FLT_MAX : 0.0f,
+                                     .beta1 = hi ? nextafterf(1.0f, 0.0f) : 0.0f,
                                      .beta2 = hi ? nextafterf(1.0f, 0.0f) : 0.0f,
-                                     .eps = kind == DT_OPTIM_SGD ? -FLT_MAX : hi ? FLT_MAX : FLT_TRUE_MIN};
+                                     .eps = kind == DT_OPTIM_SGD ? -FLT_MAX
+                                            : hi                 ? FLT_MAX
+                                                                 : FLT_TRUE_MIN};
     in.clip = hi ? FLT_MAX : 0.0f, in.grad_accum = hi ? 65536 : 1, in.val_fraction = hi ? 0.5 : 0.0;
     snprintf(in.precision, sizeof in.precision, "%s", hi ? "fp16" : "bf16");
     snprintf(in.strategy, sizeof in.strategy, "%s", hi ? "ddp(compress=topk:0.1)" : "single");
@@ -49,17 +58,45 @@ static void round_trip(const char *path, dt_model *m, dt_optim *o, const dt_ckpt
     CHECK_MSG(s == DT_OK, "%s: read: %s", what, dt_last_error());
     if (s != DT_OK) return;
 #define SAME(field) CHECK_MSG(got.field == in->field, "%s: " #field " came back other than written", what)
-    SAME(C); SAME(H); SAME(W); SAME(step); SAME(epoch); SAME(step_in_epoch); SAME(seed); SAME(batch);
-    SAME(world_size); SAME(lr); SAME(has_norm); SAME(norm_mean); SAME(norm_std); SAME(val_split);
-    SAME(best_val); SAME(best_epoch); SAME(bad_epochs); SAME(has_settings); SAME(sched.kind); SAME(sched.base_lr);
-    SAME(sched.warmup_steps); SAME(sched.step_size); SAME(sched.gamma); SAME(sched.min_lr);
-    SAME(optim_cfg.kind); SAME(optim_cfg.momentum); SAME(optim_cfg.nesterov); SAME(optim_cfg.weight_decay);
-    SAME(optim_cfg.beta1); SAME(optim_cfg.beta2); SAME(optim_cfg.eps); SAME(clip); SAME(grad_accum);
+    SAME(C);
+    SAME(H);
+    SAME(W);
+    SAME(step);
+    SAME(epoch);
+    SAME(step_in_epoch);
+    SAME(seed);
+    SAME(batch);
+    SAME(world_size);
+    SAME(lr);
+    SAME(has_norm);
+    SAME(norm_mean);
+    SAME(norm_std);
+    SAME(val_split);
+    SAME(best_val);
+    SAME(best_epoch);
+    SAME(bad_epochs);
+    SAME(has_settings);
+    SAME(sched.kind);
+    SAME(sched.base_lr);
+    SAME(sched.warmup_steps);
+    SAME(sched.step_size);
+    SAME(sched.gamma);
+    SAME(sched.min_lr);
+    SAME(optim_cfg.kind);
+    SAME(optim_cfg.momentum);
+    SAME(optim_cfg.nesterov);
+    SAME(optim_cfg.weight_decay);
+    SAME(optim_cfg.beta1);
+    SAME(optim_cfg.beta2);
+    SAME(optim_cfg.eps);
+    SAME(clip);
+    SAME(grad_accum);
     SAME(val_fraction);
 #undef SAME
     CHECK_MSG(!strcmp(got.spec, in->spec) && !strcmp(got.optimizer, in->optimizer) &&
-              !strcmp(got.precision, in->precision) && !strcmp(got.strategy, in->strategy) &&
-              !strcmp(got.data, in->data), "%s: a text field came back other than written", what);
+                  !strcmp(got.precision, in->precision) && !strcmp(got.strategy, in->strategy) &&
+                  !strcmp(got.data, in->data),
+              "%s: a text field came back other than written", what);
 }
 
 /* A value no run writes is still refused, naming its key. */
@@ -82,7 +119,7 @@ static void latest_skips_unusable(dt_model *m) {
     dt_ckpt_dir_path(a, sizeof a, dir, 1), dt_ckpt_dir_path(b, sizeof b, dir, 2);
     dt_ckpt_info in = extreme_info(false, DT_OPTIM_ADAM);
     CHECK_OK(dt_checkpoint_write(a, m, NULL, &in));
-    in.lr = -1;  /* CRCs fine, a value no run writes */
+    in.lr = -1; /* CRCs fine, a value no run writes */
     CHECK_OK(dt_checkpoint_write(b, m, NULL, &in));
     bool found = false;
     CHECK_OK(dt_ckpt_dir_latest(dir, got, sizeof got, &found, note_skip, why));

@@ -35,7 +35,7 @@ void dt_ckpt_remove_stale_shards(const char *path, int n) {
     char dir[4096];
     if (dt_path_dir(dir, sizeof dir, path) >= sizeof dir) return;
     DIR *d = opendir(dir);
-    if (!d) return;  /* nothing to tidy that can be seen */
+    if (!d) return; /* nothing to tidy that can be seen */
     const size_t len = strlen(base);
     for (struct dirent *e; (e = readdir(d));) {
         int r, k, used = 0;
@@ -52,8 +52,8 @@ void dt_ckpt_remove_stale_shards(const char *path, int n) {
 typedef struct {
     dt_st_writer *w;
     int pieces;
-    dt_dev *dev;      /* the state's device when the host cannot read it (NULL: host memory) */
-    float **copy;     /* dev: each piece's host copy, held until the shard is written */
+    dt_dev *dev;  /* the state's device when the host cannot read it (NULL: host memory) */
+    float **copy; /* dev: each piece's host copy, held until the shard is written */
     int ncopy, cap;
 } shard_ctx;
 
@@ -66,8 +66,9 @@ static dt_status piece_copy(shard_ctx *c, const dt_state_piece *p, const float *
         c->copy = t, c->cap = cap;
     }
     float *h = malloc(p->buf.count * sizeof(float));
-    if (!h) return dt_error(DT_ENOMEM, "checkpoint: out of memory for a host copy of '%s' (%zu values)", p->name,
-                            p->buf.count);
+    if (!h)
+        return dt_error(DT_ENOMEM, "checkpoint: out of memory for a host copy of '%s' (%zu values)", p->name,
+                        p->buf.count);
     c->dev->ops->download(c->dev, h, p->buf.data, p->buf.count * sizeof(float));
     c->copy[c->ncopy++] = h;
     *out = h;
@@ -165,9 +166,10 @@ static dt_status locate(const char *file, const char *name, dt_model *m, dt_opti
             if (strlen(sn) == (size_t)(dot - name - 6) && !strncmp(sn, name + 6, strlen(sn))) slab = st;
         }
         if (!slab)
-            return dt_error(DT_EFORMAT, "%s: optimizer state '%s' does not match `optimizer` %s; resume with the "
-                            "optimizer settings it was trained with", file, name,
-                            dt_optim_name(dt_optim_config_of(o)->kind));
+            return dt_error(DT_EFORMAT,
+                            "%s: optimizer state '%s' does not match `optimizer` %s; resume with the "
+                            "optimizer settings it was trained with",
+                            file, name, dt_optim_name(dt_optim_config_of(o)->kind));
         tname = dot + 1;
     }
     int i = dt_model_find_tensor(m, tname);
@@ -183,7 +185,7 @@ static dt_status locate(const char *file, const char *name, dt_model *m, dt_opti
 static void index_save_id(const char *path, char *id, size_t cap) {
     dt_st_file *f = NULL;
     id[0] = 0;
-    if (dt_st_open(&f, path) != DT_OK) return;  /* its restore reported it already */
+    if (dt_st_open(&f, path) != DT_OK) return; /* its restore reported it already */
     const char *v = dt_st_meta(f, "dtrain.save_id");
     if (v) snprintf(id, cap, "%s", v);
     dt_st_destroy(f);
@@ -197,9 +199,11 @@ static dt_status check_shard(const dt_st_file *f, const char *file, int r, int n
         return dt_error(DT_EFORMAT, "%s: not shard %d of %d of this checkpoint (metadata dtrain.shard/shards)", file, r,
                         n);
     if (id[0] && (!sid || strcmp(sid, id)))
-        return dt_error(DT_EFORMAT, "%s: a shard of another save (its dtrain.save_id %s, the index's %s): the index "
+        return dt_error(DT_EFORMAT,
+                        "%s: a shard of another save (its dtrain.save_id %s, the index's %s): the index "
                         "and its shards were not written together (a crash between them, or a copied file); resume "
-                        "from an older checkpoint", file, sid ? sid : "(none)", id);
+                        "from an older checkpoint",
+                        file, sid ? sid : "(none)", id);
     return DT_OK;
 }
 
@@ -227,11 +231,13 @@ static dt_status restore_shard(const char *file, int r, int n, const char *id, d
         if ((st = locate(file, name, m, o, &base, &numel, &skip)) != DT_OK || skip) continue;
         const size_t cnt = (size_t)t.t.shape[0];
         if (off + cnt > numel) {
-            st = dt_error(DT_EFORMAT, "%s: piece [%llu, %llu) of '%s' lies beyond its %zu elements; the shard is not "
-                          "of this model", file, off, off + cnt, name, numel);
+            st = dt_error(DT_EFORMAT,
+                          "%s: piece [%llu, %llu) of '%s' lies beyond its %zu elements; the shard is not "
+                          "of this model",
+                          file, off, off + cnt, name, numel);
             break;
         }
-        dt_dev *d = dt_model_device(m);  /* the model's and optimizer's memory (cpu: a memcpy) */
+        dt_dev *d = dt_model_device(m); /* the model's and optimizer's memory (cpu: a memcpy) */
         d->ops->upload(d, base + off, t.t.data, cnt * sizeof(float));
         *copied += cnt;
     }
@@ -254,8 +260,10 @@ dt_status dt_checkpoint_restore_shards(const char *path, int n, dt_model *m, dt_
         if (st != DT_OK) return dt_error_wrap(DT_EFORMAT, "%s: shard %d of %d", path, r, n);
     }
     if (copied != want)
-        return dt_error(DT_EFORMAT, "%s: its %d shards hold %zu values, the model and optimizer %zu; a shard is of "
-                        "another run", path, n, copied, want);
+        return dt_error(DT_EFORMAT,
+                        "%s: its %d shards hold %zu values, the model and optimizer %zu; a shard is of "
+                        "another run",
+                        path, n, copied, want);
     return DT_OK;
 }
 
@@ -272,7 +280,7 @@ typedef struct {
     const char *file;
     file_piece *p;
     int np;
-    size_t copied, want;  /* values restored from the shards, and the values the strategy reports */
+    size_t copied, want; /* values restored from the shards, and the values the strategy reports */
 } piece_restore;
 
 static int piece_cmp(const void *a, const void *b) {
@@ -292,7 +300,8 @@ static dt_status list_pieces(const char *file, const dt_st_file *f, file_piece *
         const char *hash = strrchr(t.name, '#');
         char *end = NULL;
         unsigned long long off = hash ? strtoull(hash + 1, &end, 10) : 0;
-        if (!hash || !end || *end || t.t.dtype != DT_F32 || t.t.ndim != 1 || (size_t)(hash - t.name) >= sizeof p->name) {
+        if (!hash || !end || *end || t.t.dtype != DT_F32 || t.t.ndim != 1 ||
+            (size_t)(hash - t.name) >= sizeof p->name) {
             free(p);
             return dt_error(DT_EFORMAT, "%s: tensor '%s' is not a piece 'NAME#OFFSET' of F32 values", file, t.name);
         }
@@ -307,7 +316,7 @@ static dt_status list_pieces(const char *file, const dt_st_file *f, file_piece *
 /* Copies into piece q what the current shard holds of it (the overlaps with its pieces). */
 static dt_status restore_from_shard(void *ctx, const dt_state_piece *q) {
     piece_restore *c = ctx;
-    int lo = 0, hi = c->np;  /* the first piece of q->name */
+    int lo = 0, hi = c->np; /* the first piece of q->name */
     while (lo < hi) {
         int mid = (lo + hi) / 2;
         if (strcmp(c->p[mid].name, q->name) < 0) lo = mid + 1;
@@ -317,8 +326,10 @@ static dt_status restore_from_shard(void *ctx, const dt_state_piece *q) {
     for (int i = lo; i < c->np && !strcmp(c->p[i].name, q->name) && c->p[i].off < b; i++) {
         const file_piece *f = &c->p[i];
         if (f->off + f->n > q->numel)
-            return dt_error(DT_EFORMAT, "%s: piece [%zu, %zu) of '%s' lies beyond its %zu elements; the shard is not "
-                            "of this model", c->file, f->off, f->off + f->n, q->name, q->numel);
+            return dt_error(DT_EFORMAT,
+                            "%s: piece [%zu, %zu) of '%s' lies beyond its %zu elements; the shard is not "
+                            "of this model",
+                            c->file, f->off, f->off + f->n, q->name, q->numel);
         const size_t x = f->off > a ? f->off : a, y = f->off + f->n < b ? f->off + f->n : b;
         if (y <= x) continue;
         memcpy((float *)q->buf.data + (x - a), f->data + (x - f->off), (y - x) * sizeof(float));
@@ -340,7 +351,7 @@ dt_status dt_checkpoint_restore_shards_into(const char *path, int n, dt_strategy
     DT_TRY(dt_strategy_visit_state(s, count_wanted, &c));
     char id[64];
     index_save_id(path, id, sizeof id);
-    for (int r = 0; r < n; r++) {  /* one shard in memory at a time */
+    for (int r = 0; r < n; r++) { /* one shard in memory at a time */
         char file[4200];
         dt_ckpt_shard_path(file, sizeof file, path, r, n);
         dt_st_file *f = NULL;
@@ -355,7 +366,9 @@ dt_status dt_checkpoint_restore_shards_into(const char *path, int n, dt_strategy
         if (st != DT_OK) return dt_error_wrap(DT_EFORMAT, "%s: shard %d of %d", path, r, n);
     }
     if (c.copied != c.want)
-        return dt_error(DT_EFORMAT, "%s: its %d shards hold %zu of the %zu values this rank restores; a shard is of "
-                        "another run", path, n, c.copied, c.want);
+        return dt_error(DT_EFORMAT,
+                        "%s: its %d shards hold %zu of the %zu values this rank restores; a shard is of "
+                        "another run",
+                        path, n, c.copied, c.want);
     return DT_OK;
 }

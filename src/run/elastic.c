@@ -32,8 +32,10 @@ dt_status dt_elastic_run(const dt_elastic_config *c, dt_launch_result *res) {
         return dt_error(DT_EINVAL, "`elastic` %d:%d must satisfy 1 <= MIN <= `workers` %d <= MAX", c->min_workers,
                         c->max_workers, c->workers);
     if (c->max_workers > DT_LAUNCH_MAX_RANKS)
-        return dt_error(DT_EINVAL, "`elastic` %d:%d: at most %d local ranks on one host (more: run across hosts with "
-                        "mpirun or srun)", c->min_workers, c->max_workers, DT_LAUNCH_MAX_RANKS);
+        return dt_error(DT_EINVAL,
+                        "`elastic` %d:%d: at most %d local ranks on one host (more: run across hosts with "
+                        "mpirun or srun)",
+                        c->min_workers, c->max_workers, DT_LAUNCH_MAX_RANKS);
     char **argv = calloc((size_t)c->argc + 3, sizeof *argv);
     if (!argv) return dt_error(DT_ENOMEM, "elastic: out of memory");
     memcpy(argv, c->argv, (size_t)c->argc * sizeof *argv);
@@ -51,13 +53,14 @@ dt_status dt_elastic_run(const dt_elastic_config *c, dt_launch_result *res) {
         char ckpt[4096] = "none";
         bool found = false;
         if (c->checkpoint_dir) {
-            dt_ckpt_dir_prune(c->checkpoint_dir, 0);  /* a rank killed mid-write left its temp file */
+            dt_ckpt_dir_prune(c->checkpoint_dir, 0); /* a rank killed mid-write left its temp file */
             dt_ckpt_dir_latest(c->checkpoint_dir, ckpt, sizeof ckpt, &found, NULL, NULL);
         }
-        if (res->failed_rank < 0 && res->exit_code == 127) break; /* cannot start at all: no point retrying */
+        if (res->failed_rank < 0 && res->exit_code == 127) break;        /* cannot start at all: no point retrying */
         if (res->failed_rank >= 0 && dt_exit_is_setup(res->exit_code)) { /* the same flags would fail again */
             say(c, "rank %d failed in set-up (exit %d: %s); not restarting: fix the command and run it again",
-                res->failed_rank, res->exit_code, res->exit_code == DT_EXIT_USAGE ? "bad flags" : "bad data, checkpoint or model");
+                res->failed_rank, res->exit_code,
+                res->exit_code == DT_EXIT_USAGE ? "bad flags" : "bad data, checkpoint or model");
             break;
         }
         if (restart >= c->max_restarts) {

@@ -7,13 +7,13 @@
 #include "run/launch.h"
 
 typedef struct {
-    int workers;             /* ranks of the first job */
-    int min_workers, max_workers;  /* bounds of later jobs: a rank slot that fails twice in a row
-                                    * is dropped (not below min); replacements keep the size */
+    int workers;                  /* ranks of the first job */
+    int min_workers, max_workers; /* bounds of later jobs: a rank slot that fails twice in a row
+                                   * is dropped (not below min); replacements keep the size */
     int max_restarts;
-    char **argv;             /* one rank's command; restarts append "--resume auto" */
+    char **argv; /* one rank's command; restarts append "--resume auto" */
     int argc;
-    const char *checkpoint_dir;    /* for the log lines (newest checkpoint) */
+    const char *checkpoint_dir; /* for the log lines (newest checkpoint) */
     void (*notify)(void *ctx, const char *msg);
     void *ctx;
 } dt_elastic_config;

@@ -31,8 +31,13 @@ static const char *slurp(const char *dir, const char *name, char *buf, size_t ca
 /* Runs `sh -c SCRIPT` as an elastic job of `workers` ranks; returns the status. */
 static dt_status run(const char *script, int workers, int min, int max, int restarts, dt_launch_result *res) {
     char *argv[] = {"sh", "-c", (char *)script, "job", NULL};
-    dt_elastic_config c = {.workers = workers, .min_workers = min, .max_workers = max, .max_restarts = restarts,
-                           .argv = argv, .argc = 4, .notify = collect};
+    dt_elastic_config c = {.workers = workers,
+                           .min_workers = min,
+                           .max_workers = max,
+                           .max_restarts = restarts,
+                           .argv = argv,
+                           .argc = 4,
+                           .notify = collect};
     return dt_elastic_run(&c, res);
 }
 
@@ -57,7 +62,8 @@ int main(void) {
      * rank finishes, alone */
     snprintf(script, sizeof script,
              "[ \"$DTRAIN_RANK\" = 1 ] && echo x >> %s/b && [ \"$DTRAIN_WORLD_SIZE\" = 2 ] && exit 3; "
-             "echo \"rank $DTRAIN_RANK of $DTRAIN_WORLD_SIZE\" >> %s/dropped; exit 0", dir, dir);
+             "echo \"rank $DTRAIN_RANK of $DTRAIN_WORLD_SIZE\" >> %s/dropped; exit 0",
+             dir, dir);
     CHECK_OK(run(script, 2, 1, 2, 3, &res));
     CHECK_MSG(!strcmp(slurp(dir, "b", runs, sizeof runs), "x\nx\n"), "rank 1 ran %zu times, not 2", strlen(runs) / 2);
     slurp(dir, "dropped", seen, sizeof seen);

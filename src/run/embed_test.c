@@ -16,8 +16,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define NS 96  /* samples */
-#define NF 6   /* features */
+#define NS 96 /* samples */
+#define NF 6  /* features */
 
 static float g_x[NS * NF];
 static int32_t g_y[NS];
@@ -27,7 +27,8 @@ static char g_dir[64];
 static void make_data(void) {
     for (int i = 0; i < NS; i++) {
         g_y[i] = i % 3;
-        for (int k = 0; k < NF; k++) g_x[i * NF + k] = (float)((i * 7 + k * 13) % 17) / 17.0f + (k == g_y[i] ? 0.5f : 0);
+        for (int k = 0; k < NF; k++)
+            g_x[i * NF + k] = (float)((i * 7 + k * 13) % 17) / 17.0f + (k == g_y[i] ? 0.5f : 0);
     }
     const char *names[2] = {"train", "test"};
     for (int f = 0; f < 2; f++) {
@@ -45,7 +46,7 @@ static void make_data(void) {
 
 static dt_train_config small_config(void) {
     dt_train_config c;
-    CHECK_OK(dt_train_config_init(&c));  /* as an embedder starts */
+    CHECK_OK(dt_train_config_init(&c)); /* as an embedder starts */
     c.model = "linear(16) relu linear(3)";
     c.epochs = 2;
     c.batch = 8;
@@ -83,7 +84,7 @@ static void test_memory_equals_csv(void) {
     CHECK(na > 0 && na == nb && na <= 4096);
     CHECK_MSG(na == nb && memcmp(a, b, na * sizeof *a) == 0, "in-memory training differs from the CSV run");
     CHECK_MSG(la == lb && la > 0, "test loss %g (csv) vs %g (memory)", la, lb);
-    CHECK(dt_dataset_len(tr) == NS);  /* borrowed: still alive after the trainer was freed */
+    CHECK(dt_dataset_len(tr) == NS); /* borrowed: still alive after the trainer was freed */
     /* a model whose outputs do not fit the labels names the in-memory data set */
     c.model = "linear(2)";
     dt_trainer *t = NULL;
@@ -94,7 +95,8 @@ static void test_memory_equals_csv(void) {
 }
 
 /* dt_evaluate_checkpoint(data NULL) evaluates on the data set the checkpoint trained on (as
- * dtrain eval without --data); one trained on in-memory data records "(in-memory data set)": an error naming it, not a guess */
+ * dtrain eval without --data); one trained on in-memory data records "(in-memory data set)": an error naming it, not a
+ * guess */
 static void test_evaluate_recorded_data(void) {
     char data[128], ckpt[128];
     snprintf(data, sizeof data, "%s/train.csv", g_dir);
@@ -109,8 +111,8 @@ static void test_evaluate_recorded_data(void) {
     CHECK_OK(dt_evaluate_checkpoint(ckpt, data, 16, &la, &aa, &na, &sa));
     CHECK_OK(dt_evaluate_checkpoint(ckpt, NULL, 16, &lb, &ab, &nb, &sb));
     CHECK_MSG(la == lb && aa == ab && na == NS && nb == NS && !strcmp(sa, "test") && !strcmp(sb, "test"),
-              "recorded data: loss %g acc %g n %lld %s; given: loss %g acc %g n %lld %s", lb, ab, (long long)nb, sb,
-              la, aa, (long long)na, sa);
+              "recorded data: loss %g acc %g n %lld %s; given: loss %g acc %g n %lld %s", lb, ab, (long long)nb, sb, la,
+              aa, (long long)na, sa);
     CHECK_MSG(la == trained, "evaluate %g vs the trainer's %g", la, trained);
     dt_dataset *tr = NULL;
     CHECK_OK(dt_dataset_create(&tr, DT_F32, g_x, g_y, NS, 1, 1, NF, 0));
@@ -121,7 +123,8 @@ static void test_evaluate_recorded_data(void) {
     if (t) CHECK_OK(dt_trainer_run(t));
     dt_trainer_destroy(t);
     CHECK_MSG(dt_evaluate_checkpoint(ckpt, NULL, 16, &lb, &ab, &nb, &sb) != DT_OK &&
-          strstr(dt_last_error(), "in-memory"), "%s", dt_last_error());
+                  strstr(dt_last_error(), "in-memory"),
+              "%s", dt_last_error());
     dt_dataset_destroy(tr);
 }
 
@@ -175,7 +178,9 @@ static void test_regression(void) {
     }
     dt_trainer_destroy(t);
     CHECK_MSG(after < before / 20 && after < 0.05f && isnan(acc), "mse %g -> %g, acc %g", before, after, acc);
-    static const struct { const char *model, *data, *needle; } bad[] = {
+    static const struct {
+        const char *model, *data, *needle;
+    } bad[] = {
         {"linear(1)", "reg", "end its spec with linear(1) mse"},
         {"linear(1) mse", "train.csv", "holds class labels"},
         {"linear(2) mse", "reg", "ends in linear(1) mse"},
@@ -186,8 +191,8 @@ static void test_regression(void) {
         c = small_config();
         c.data = path, c.model = bad[i].model;
         t = NULL;
-        CHECK_MSG(dt_trainer_create(&t, &c) == DT_EINVAL && !t && strstr(dt_last_error(), bad[i].needle), "%s on %s: %s",
-                  bad[i].model, bad[i].data, dt_last_error());
+        CHECK_MSG(dt_trainer_create(&t, &c) == DT_EINVAL && !t && strstr(dt_last_error(), bad[i].needle),
+                  "%s on %s: %s", bad[i].model, bad[i].data, dt_last_error());
     }
 }
 
@@ -229,7 +234,8 @@ static void test_launch_workers(void) {
     CHECK_MSG(strstr(dt_last_error(), "worker 1: boom on rank 1"), "%s", dt_last_error());
     s = dt_launch_workers(2, evaluate_alone, NULL, 120);
     CHECK_MSG(s != DT_OK && strstr(dt_last_error(), "worker 0") &&
-                  strstr(dt_last_error(), "dt_trainer_evaluate is collective: every rank"), "%s", dt_last_error());
+                  strstr(dt_last_error(), "dt_trainer_evaluate is collective: every rank"),
+              "%s", dt_last_error());
     CHECK(dt_launch_workers(0, sum_ranks, NULL, 1) == DT_EINVAL);
 }
 
@@ -239,7 +245,7 @@ static void test_options(void) {
     CHECK_OK(dt_train_options_create(&o));
     char model[32] = "linear(10)";
     CHECK_OK(dt_train_options_set(o, "model", model));
-    model[0] = 'X';  /* the options hold their own copy */
+    model[0] = 'X'; /* the options hold their own copy */
     CHECK_OK(dt_train_options_set(o, "--max_steps", "17"));
     CHECK_OK(dt_train_options_set(o, "optimizer", "sgd"));
     CHECK_OK(dt_train_options_set(o, "momentum", "0.5"));
@@ -249,7 +255,7 @@ static void test_options(void) {
     const dt_train_config *c = dt_train_options_config(o);
     CHECK(!strcmp(c->model, "linear(10)") && c->max_steps == 17 && c->normalize && c->lr.base_lr == 0.25f);
     CHECK(c->optim.kind == DT_OPTIM_SGD && c->optim.momentum == 0.5f && c->lr.kind == DT_LR_COSINE);
-    CHECK(c->epochs == 1 && c->batch == 32);  /* the rest keeps dt_train_defaults */
+    CHECK(c->epochs == 1 && c->batch == 32); /* the rest keeps dt_train_defaults */
     CHECK(dt_train_options_set(o, "epochz", "1") == DT_EINVAL && strstr(dt_last_error(), "'epochz'") &&
           strstr(dt_last_error(), "max-steps"));
     CHECK(dt_train_options_set(o, "batch", "3x") == DT_EINVAL && strstr(dt_last_error(), "`batch` 3x"));

@@ -27,7 +27,7 @@ static void eval_progress(const eval_opts *o, int64_t done, int64_t total, doubl
     if (done > 0 && done < total && now - *last < t->cfg.progress_interval_s) return;
     *last = now;
     dt_progress_info p = t->progress;
-    p.global_step = t->step;  /* ps server 0 reports no training progress of its own */
+    p.global_step = t->step; /* ps server 0 reports no training progress of its own */
     p.eval_set = o->set, p.eval_batch = done, p.eval_batches = total;
     t->cfg.on_progress(t->cfg.cb_ctx, &p);
 }
@@ -42,11 +42,14 @@ static dt_status evaluate(dt_model *m, dt_strategy *st, const dt_dataset *ds, dt
                           float *loss, float *acc, int64_t *samples) {
     const bool sharded = st && st->evaluates_sharded && st->ops->eval_batch;
     dt_loader *l = NULL;
-    dt_loader_config lc = {.batch = o->batch, .shuffle = false, .rank = comm ? dt_comm_rank(comm) : 0,
-                           .world = comm ? dt_comm_size(comm) : 1, .prefetch = -1};
+    dt_loader_config lc = {.batch = o->batch,
+                           .shuffle = false,
+                           .rank = comm ? dt_comm_rank(comm) : 0,
+                           .world = comm ? dt_comm_size(comm) : 1,
+                           .prefetch = -1};
     if (sharded) lc.rank = st->data_rank, lc.world = st->data_world;
     const size_t n_all = dt_dataset_len(ds), cap = (size_t)o->max_batches * (size_t)o->batch * (size_t)lc.world;
-    if (o->max_batches > 0 && cap < n_all) lc.epoch_len = cap;  /* the first batches, the same every time */
+    if (o->max_batches > 0 && cap < n_all) lc.epoch_len = cap; /* the first batches, the same every time */
     DT_TRY(dt_loader_create(&l, ds, &lc));
     dt_status s = dt_loader_start_epoch(l, 0, 0);
     double sum_loss = 0, last = 0;
@@ -57,9 +60,9 @@ static dt_status evaluate(dt_model *m, dt_strategy *st, const dt_dataset *ds, dt
     eval_progress(o, 0, total, &last);
     while (s == DT_OK && (s = dt_loader_next(l, &b)) == DT_OK) {
         dt_feed f = dt_trainer_feed(&b);
-        if (done > 0) eval_progress(o, done, total, &last);  /* batches done before this one */
+        if (done > 0) eval_progress(o, done, total, &last); /* batches done before this one */
         done++;
-        if (sharded) {  /* a batch of 0 too: the copy's ranks skip it together */
+        if (sharded) { /* a batch of 0 too: the copy's ranks skip it together */
             s = st->ops->eval_batch(st, &f, &sum_loss, &correct, &n);
             continue;
         }
@@ -76,7 +79,8 @@ static dt_status evaluate(dt_model *m, dt_strategy *st, const dt_dataset *ds, dt
     double sums[3] = {sum_loss, (double)correct, (double)n};
     if (comm) DT_TRY(dt_comm_allreduce(comm, sums, sums, 3, DT_F64, DT_OP_SUM));
     *loss = sums[2] > 0 ? (float)(sums[0] / sums[2]) : NAN;
-    *acc = sums[2] > 0 && !dt_dataset_has_targets(ds) ? (float)(sums[1] / (sums[2] * rows)) : NAN;  /* regression: none */
+    *acc = sums[2] > 0 && !dt_dataset_has_targets(ds) ? (float)(sums[1] / (sums[2] * rows))
+                                                      : NAN; /* regression: none */
     if (samples) *samples = (int64_t)sums[2];
     return DT_OK;
 }
@@ -84,20 +88,23 @@ static dt_status evaluate(dt_model *m, dt_strategy *st, const dt_dataset *ds, dt
 /* The collective's error of a rank that evaluated alone. */
 static dt_status collective_error(const dt_trainer *t, dt_status s) {
     if (s == DT_EPEER || s == DT_ETIMEDOUT)
-        return dt_error_wrap(s, "dt_trainer_evaluate is collective: every rank of the job must call it (rank %d of %d "
-                                "did; each evaluates its shard)", t->rank, t->world);
+        return dt_error_wrap(s,
+                             "dt_trainer_evaluate is collective: every rank of the job must call it (rank %d of %d "
+                             "did; each evaluates its shard)",
+                             t->rank, t->world);
     return s;
 }
 
 dt_status dt_trainer_evaluate(dt_trainer *t, float *loss, float *acc) {
     *loss = *acc = NAN;
-    if (!t->test)  /* the same on every rank: no collective is entered */
-        return dt_error(DT_EINVAL, "dt_trainer_evaluate: the run has no test set (`data` %s gave none): set "
+    if (!t->test) /* the same on every rank: no collective is entered */
+        return dt_error(DT_EINVAL,
+                        "dt_trainer_evaluate: the run has no test set (`data` %s gave none): set "
                         "dt_train_config.test_set, use data with a test part (an IDX directory's t10k files, a "
                         "CSV's *test* sibling, text or tokens with `val_fraction` > 0, npy x_test/y_test), or evaluate "
                         "a data set of your own with dt_evaluate_dataset",
                         t->cfg.data ? t->cfg.data : "(in memory)");
-    const eval_opts o = {.batch = t->cfg.batch};  /* the whole set: --eval-batches bounds only training's */
+    const eval_opts o = {.batch = t->cfg.batch}; /* the whole set: --eval-batches bounds only training's */
     return collective_error(t, evaluate(t->model, t->strategy, t->test, t->dcomm, &o, loss, acc, NULL));
 }
 
@@ -119,9 +126,11 @@ dt_status dt_evaluate_checkpoint_on(const char *checkpoint, const char *data, co
     dt_ckpt_info info;
     DT_TRY(dt_checkpoint_read_info(checkpoint, &info));
     if (!data && !info.data[0])
-        return dt_error(DT_EINVAL, "%s does not record the data set it was trained on (an older checkpoint): "
-                        "give the data set to evaluate on", checkpoint);
-    if (!data) data = info.data;  /* what it trained on, as dtrain eval without --data */
+        return dt_error(DT_EINVAL,
+                        "%s does not record the data set it was trained on (an older checkpoint): "
+                        "give the data set to evaluate on",
+                        checkpoint);
+    if (!data) data = info.data; /* what it trained on, as dtrain eval without --data */
     dt_dataset *train = NULL, *test = NULL;
     dt_model *m = NULL;
     /* text: the part the run held out (its --val-fraction; 0.1 in checkpoints that do not say) */

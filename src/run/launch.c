@@ -18,14 +18,14 @@
 #include <time.h>
 #include <unistd.h>
 
-
 static int g_sigpipe[2] = {-1, -1};
 static volatile sig_atomic_t g_active;
 
 static void on_signal(int sig) {
     int e = errno;
     unsigned char b = (unsigned char)sig;
-    if (write(g_sigpipe[1], &b, 1) < 0) { /* pipe full: a wakeup is already pending */ }
+    if (write(g_sigpipe[1], &b, 1) < 0) { /* pipe full: a wakeup is already pending */
+    }
     errno = e;
 }
 
@@ -153,10 +153,19 @@ static int stalled_rank(const job *j) {
  * other workers are done). Expendable ones are killed and the job goes on without them; any
  * other is the job's failure. Without this the launcher waited forever. */
 static void check_all_stopped(job *j, double now) {
-    if (j->stopping || j->live == 0) { j->all_stopped_since = 0; return; }
+    if (j->stopping || j->live == 0) {
+        j->all_stopped_since = 0;
+        return;
+    }
     for (int i = 0; i < j->n; i++)
-        if (j->r[i].pid > 0 && !j->r[i].stop_sig) { j->all_stopped_since = 0; return; }
-    if (j->all_stopped_since == 0) { j->all_stopped_since = now; return; }
+        if (j->r[i].pid > 0 && !j->r[i].stop_sig) {
+            j->all_stopped_since = 0;
+            return;
+        }
+    if (j->all_stopped_since == 0) {
+        j->all_stopped_since = now;
+        return;
+    }
     if (now - j->all_stopped_since < ALL_STOPPED_S) return;
     j->all_stopped_since = 0;
     for (int i = 0; i < j->n; i++) {
@@ -164,8 +173,8 @@ static void check_all_stopped(job *j, double now) {
         if (r->pid <= 0) continue;
         const char *abbr = sigabbrev_np(r->stop_sig);
         if (j->cfg->expendable && j->cfg->expendable[i]) {
-            notify(j, "rank %d is stopped (SIG%s) and every other rank has finished: the job goes on without it",
-                   i, abbr ? abbr : "?");
+            notify(j, "rank %d is stopped (SIG%s) and every other rank has finished: the job goes on without it", i,
+                   abbr ? abbr : "?");
             r->abandoned = true;
             j->lost++;
             kill(-r->pgid, SIGKILL);
@@ -216,10 +225,8 @@ static void check_failures(job *j, double now) {
         j->res->exit_code = exit_code_of(j->r[j->failed].status);
     }
     int others = j->live - (j->r[j->failed].pid > 0);
-    if (others > 0)
-        notify(j, "rank %d %s; stopping %d other rank%s", j->failed, how, others, others == 1 ? "" : "s");
-    else
-        notify(j, "rank %d %s", j->failed, how);
+    if (others > 0) notify(j, "rank %d %s; stopping %d other rank%s", j->failed, how, others, others == 1 ? "" : "s");
+    else notify(j, "rank %d %s", j->failed, how);
     j->st = dt_error(DT_EPEER, "rank %d %s", j->failed, how);
     stop_job(j, SIGTERM, now);
 }
@@ -367,8 +374,10 @@ dt_status dt_launch_run(const dt_launch_config *cfg, char *const argv[], dt_laun
     if (!cfg || cfg->nranks < 1 || (!cfg->child_main && (!argv || !argv[0])))
         return dt_error(DT_EINVAL, "launch needs nranks >= 1 and a program to run");
     if (cfg->nranks > DT_LAUNCH_MAX_RANKS)
-        return dt_error(DT_EINVAL, "%d local ranks: at most %d on one host (more: run across hosts with mpirun or "
-                        "srun)", cfg->nranks, DT_LAUNCH_MAX_RANKS);
+        return dt_error(DT_EINVAL,
+                        "%d local ranks: at most %d on one host (more: run across hosts with mpirun or "
+                        "srun)",
+                        cfg->nranks, DT_LAUNCH_MAX_RANKS);
     if (cfg->job_id && !dt_comm_job_id_valid(cfg->job_id))
         return dt_error(DT_EINVAL, "job id '%.40s' must be 1-%d characters of letters, digits, '_' and '.'",
                         cfg->job_id, DT_COMM_JOB_ID_MAX);

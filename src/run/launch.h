@@ -69,16 +69,16 @@ typedef struct {
 } dt_launch_config;
 
 typedef struct {
-    int exit_code;                /* exit status for the launcher: 0, the failing rank's status,
-                                     128+signal for a rank killed by (or a launcher stopped by) a
-                                     signal, 124 on timeout, 127 when the program cannot start */
-    int failed_rank;              /* first rank that failed, -1 if none; a rank that exited
-                                     DT_EXIT_PEER only if no other rank failed within 0.5 s */
-    int lost;                     /* expendable ranks that failed (the job went on without them) */
-    int shm_removed;              /* leftover /dev/shm/dtrain-<jobid>[.*] entries removed */
-    bool all_exited_0;            /* every rank exited with status 0 (e.g. after a forwarded
-                                     SIGTERM that the ranks handled by checkpointing) */
-    char job_id[DT_JOB_ID_MAX];   /* the job id the ranks got */
+    int exit_code;              /* exit status for the launcher: 0, the failing rank's status,
+                                   128+signal for a rank killed by (or a launcher stopped by) a
+                                   signal, 124 on timeout, 127 when the program cannot start */
+    int failed_rank;            /* first rank that failed, -1 if none; a rank that exited
+                                   DT_EXIT_PEER only if no other rank failed within 0.5 s */
+    int lost;                   /* expendable ranks that failed (the job went on without them) */
+    int shm_removed;            /* leftover /dev/shm/dtrain-<jobid>[.*] entries removed */
+    bool all_exited_0;          /* every rank exited with status 0 (e.g. after a forwarded
+                                   SIGTERM that the ranks handled by checkpointing) */
+    char job_id[DT_JOB_ID_MAX]; /* the job id the ranks got */
 } dt_launch_result;
 
 /* Runs argv (argv[0] looked up in PATH) as cfg->nranks ranks and waits for all of them.

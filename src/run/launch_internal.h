@@ -14,9 +14,9 @@
 #define ALL_STOPPED_S 1.0    /* every live rank stopped this long: they cannot finish */
 
 typedef struct {
-    int fd;        /* read end of the rank's pipe, -1 once closed */
-    int out;       /* where its lines go */
-    char *buf;     /* pending partial line */
+    int fd;    /* read end of the rank's pipe, -1 once closed */
+    int out;   /* where its lines go */
+    char *buf; /* pending partial line */
     size_t len;
     bool hide_hint; /* the last line was a repeated error: its HINT line is not relayed either */
 } stream;
@@ -31,14 +31,14 @@ typedef struct {
 } relayed_error;
 
 typedef struct {
-    pid_t pid;     /* 0 once reaped */
-    pid_t pgid;    /* its process group (= first pid), kept after reaping */
-    int status;    /* wait status once reaped */
-    int stop_sig;  /* the signal that stopped it (SIGSTOP ...) while it is stopped, else 0 */
+    pid_t pid;      /* 0 once reaped */
+    pid_t pgid;     /* its process group (= first pid), kept after reaping */
+    int status;     /* wait status once reaped */
+    int stop_sig;   /* the signal that stopped it (SIGSTOP ...) while it is stopped, else 0 */
     bool abandoned; /* an expendable rank left stopped when the others were done: killed, not "lost" twice */
     char **env;
-    stream s[2];   /* stdout, stderr */
-    bool bound;    /* runs on `cpus` only (its slice of the launcher's CPUs) */
+    stream s[2]; /* stdout, stderr */
+    bool bound;  /* runs on `cpus` only (its slice of the launcher's CPUs) */
     cpu_set_t cpus;
 } rank;
 
@@ -47,19 +47,19 @@ typedef struct {
     dt_launch_result *res;
     rank *r;
     int n, live, open_fds;
-    int lost;      /* expendable ranks that failed */
+    int lost; /* expendable ranks that failed */
     struct pollfd *pfd;
-    int *pidx;     /* [2n+1] which rank stream each pfd entry is (-1: the signal pipe) */
+    int *pidx; /* [2n+1] which rank stream each pfd entry is (-1: the signal pipe) */
     /* supervision state */
     dt_status st;
     bool stopping;
     int failed, peer, got_sig;
     double grace, job_deadline, kill_deadline, drain_deadline;
-    double peer_deadline; /* a rank exited DT_EXIT_PEER: until then, wait for the culprit */
+    double peer_deadline;     /* a rank exited DT_EXIT_PEER: until then, wait for the culprit */
     double all_stopped_since; /* every live rank is stopped (since then): they cannot finish */
     relayed_error errs[LAUNCH_ERRS];
     int nerrs;
-    int bar_fd;    /* where a piece without a newline (a progress bar) was relayed last; -1: none open */
+    int bar_fd; /* where a piece without a newline (a progress bar) was relayed last; -1: none open */
 } job;
 
 /* Gives each of the job's ranks an equal slice of the launcher's allowed CPUs (rank r the r-th)

@@ -16,10 +16,11 @@ extern char **environ;
 /* Environment of one rank: the parent's minus DTRAIN_* rank variables and MPI/Slurm rank
  * variables, plus extra_env and the rank variables. */
 char **dt_launch_rank_env(const dt_launch_config *cfg, int rank, const char *job_id) {
-    static const char *drop[] = {"DTRAIN_RANK=", "DTRAIN_WORLD_SIZE=", "DTRAIN_LOCAL_RANK=",
-                                 "DTRAIN_LOCAL_WORLD_SIZE=", "DTRAIN_JOB_ID=", "DTRAIN_LAUNCHER_PID=",
-                                 "OMPI_COMM_WORLD_", "PMI_RANK=", "PMI_SIZE=", "PMIX_RANK=",
-                                 "SLURM_PROCID=", "SLURM_LOCALID=", "SLURM_NTASKS="};
+    static const char *drop[] = {
+        "DTRAIN_RANK=",   "DTRAIN_WORLD_SIZE=",   "DTRAIN_LOCAL_RANK=", "DTRAIN_LOCAL_WORLD_SIZE=",
+        "DTRAIN_JOB_ID=", "DTRAIN_LAUNCHER_PID=", "OMPI_COMM_WORLD_",   "PMI_RANK=",
+        "PMI_SIZE=",      "PMIX_RANK=",           "SLURM_PROCID=",      "SLURM_LOCALID=",
+        "SLURM_NTASKS="};
     size_t ne = 0, nx = 0;
     while (environ[ne]) ne++;
     while (cfg->extra_env && cfg->extra_env[nx]) nx++;
@@ -49,14 +50,16 @@ char **dt_launch_rank_env(const dt_launch_config *cfg, int rank, const char *job
 dt_status dt_launch_bind(job *j) {
     const char *b = getenv("DTRAIN_BIND");
     if (b && *b && strcmp(b, "core") && strcmp(b, "none"))
-        return dt_error(DT_EINVAL, "DTRAIN_BIND=%s: use core (each local rank on a slice of the CPUs of its own when "
-                                   "they are at least as many as the ranks; the default) or none (the OS places them)", b);
+        return dt_error(DT_EINVAL,
+                        "DTRAIN_BIND=%s: use core (each local rank on a slice of the CPUs of its own when "
+                        "they are at least as many as the ranks; the default) or none (the OS places them)",
+                        b);
     cpu_set_t all;
     if ((b && !strcmp(b, "none")) || j->n < 2 || sched_getaffinity(0, sizeof all, &all)) return DT_OK;
     int cpu[CPU_SETSIZE], nc = 0;
     for (int c = 0; c < CPU_SETSIZE; c++)
         if (CPU_ISSET(c, &all)) cpu[nc++] = c;
-    if (nc < j->n) return DT_OK;  /* more ranks than CPUs: the OS balances them */
+    if (nc < j->n) return DT_OK; /* more ranks than CPUs: the OS balances them */
     for (int i = 0; i < j->n; i++) {
         rank *r = &j->r[i];
         CPU_ZERO(&r->cpus);
@@ -95,7 +98,7 @@ static bool repeated_error(job *j, int rk, stream *s, const char *line, size_t n
     for (int k = 0; k < j->nerrs; k++) {
         relayed_error *e = &j->errs[k];
         if (strlen(e->text) == n && !memcmp(e->text, line, n)) {
-            if (e->rank == rk) return false;  /* a rank repeating itself is relayed as it is */
+            if (e->rank == rk) return false; /* a rank repeating itself is relayed as it is */
             e->repeats++;
             return s->hide_hint = true;
         }
@@ -114,8 +117,8 @@ void dt_launch_note_repeats(const job *j, void (*say)(void *ctx, const char *msg
         const relayed_error *e = &j->errs[k];
         if (e->repeats == 0) continue;
         char msg[128];
-        snprintf(msg, sizeof msg, "%d other rank%s printed the same error (shown once, from rank %d)",
-                 e->repeats, e->repeats == 1 ? "" : "s", e->rank);
+        snprintf(msg, sizeof msg, "%d other rank%s printed the same error (shown once, from rank %d)", e->repeats,
+                 e->repeats == 1 ? "" : "s", e->rank);
         say(ctx, msg);
     }
 }
@@ -147,8 +150,8 @@ static void relay(job *j, int rk, stream *s, bool flush) {
     for (size_t i = 0; i < s->len; i++) {
         bool last = flush && i + 1 == s->len;
         /* followed by a redraw, or a redraw itself that has all arrived (a bar is written at once) */
-        bool redraw = s->buf[i] != '\n' && ((i + 1 < s->len && s->buf[i + 1] == '\r') ||
-                                            (i + 1 == s->len && s->buf[start] == '\r'));
+        bool redraw = s->buf[i] != '\n' &&
+                      ((i + 1 < s->len && s->buf[i + 1] == '\r') || (i + 1 == s->len && s->buf[start] == '\r'));
         if (s->buf[i] != '\n' && !last && !redraw && !(i - start + 1 >= LINE_CAP)) continue;
         const size_t n = i + 1 - start - (s->buf[i] == '\n');
         if (repeated_error(j, rk, s, s->buf + start, n)) {
@@ -161,7 +164,7 @@ static void relay(job *j, int rk, stream *s, bool flush) {
         outn += (size_t)pl;
         memcpy(out + outn, s->buf + start, i + 1 - start);
         outn += i + 1 - start;
-        const bool open = s->buf[i] != '\n' && (redraw || clears);  /* no newline after it */
+        const bool open = s->buf[i] != '\n' && (redraw || clears); /* no newline after it */
         if (s->buf[i] != '\n' && !open) out[outn++] = '\n';
         j->bar_fd = open && !clears ? s->out : -1;
         start = i + 1;
@@ -185,7 +188,10 @@ void dt_launch_read_stream(job *j, int rk, stream *s) {
         ssize_t got = read(s->fd, s->buf + s->len, LINE_CAP - s->len);
         if (got < 0 && errno == EINTR) continue;
         if (got < 0 && errno == EAGAIN) return;
-        if (got <= 0) { dt_launch_close_stream(j, rk, s); return; }
+        if (got <= 0) {
+            dt_launch_close_stream(j, rk, s);
+            return;
+        }
         s->len += (size_t)got;
         relay(j, rk, s, false);
         if (s->len < LINE_CAP) return;
@@ -210,7 +216,12 @@ dt_status dt_launch_spawn(job *j, int rk, char *const argv[]) {
     pid_t pid = fork();
     if (pid < 0) {
         int e = errno;
-        close(out[0]); close(out[1]); close(err[0]); close(err[1]); close(ex[0]); close(ex[1]);
+        close(out[0]);
+        close(out[1]);
+        close(err[0]);
+        close(err[1]);
+        close(ex[0]);
+        close(ex[1]);
         return dt_error(DT_EIO, "cannot fork rank %d: %s", rk, strerror(e));
     }
     if (pid == 0) { /* child: only async-signal-safe calls until exec */
@@ -218,7 +229,10 @@ dt_status dt_launch_spawn(job *j, int rk, char *const argv[]) {
         prctl(PR_SET_PDEATHSIG, SIGTERM);
         if (getppid() != parent) _exit(126);
         int nul = open("/dev/null", O_RDONLY);
-        if (nul >= 0) { dup2(nul, 0); if (nul > 2) close(nul); }
+        if (nul >= 0) {
+            dup2(nul, 0);
+            if (nul > 2) close(nul);
+        }
         dup2(out[1], 1);
         dup2(err[1], 2);
         signal(SIGPIPE, SIG_DFL);
@@ -241,11 +255,14 @@ dt_status dt_launch_spawn(job *j, int rk, char *const argv[]) {
         }
         execvpe(argv[0], argv, r->env);
         int e = errno;
-        if (write(ex[1], &e, sizeof e) < 0) { /* parent sees EOF and reports status 127 */ }
+        if (write(ex[1], &e, sizeof e) < 0) { /* parent sees EOF and reports status 127 */
+        }
         _exit(127);
     }
     setpgid(pid, pid);
-    close(out[1]); close(err[1]); close(ex[1]);
+    close(out[1]);
+    close(err[1]);
+    close(ex[1]);
     r->pid = r->pgid = pid;
     r->s[0] = (stream){.fd = out[0], .out = j->cfg->out_fd ? j->cfg->out_fd : 1, .buf = r->s[0].buf};
     r->s[1] = (stream){.fd = err[0], .out = j->cfg->err_fd ? j->cfg->err_fd : 2, .buf = r->s[1].buf};
@@ -259,7 +276,6 @@ dt_status dt_launch_spawn(job *j, int rk, char *const argv[]) {
     while (got < 0 && errno == EINTR);
     close(ex[0]);
     if (got == (ssize_t)sizeof e)
-        return dt_error(e == ENOENT ? DT_ENOENT : DT_EIO, "cannot run '%s' (rank %d): %s", argv[0],
-                        rk, strerror(e));
+        return dt_error(e == ENOENT ? DT_ENOENT : DT_EIO, "cannot run '%s' (rank %d): %s", argv[0], rk, strerror(e));
     return DT_OK;
 }

@@ -37,8 +37,8 @@ int main(void) {
 
     /* 1. two ranks, output relayed with prefixes into out_fd/err_fd, extra_env visible */
     const char *extra[] = {"DT_LAUNCH_TEST_X=hello", NULL};
-    dt_launch_config cfg = {.nranks = 2, .out_fd = fd, .err_fd = fd, .extra_env = extra,
-                            .job_id = "unit_test_1", .notify = on_msg};
+    dt_launch_config cfg = {
+        .nranks = 2, .out_fd = fd, .err_fd = fd, .extra_env = extra, .job_id = "unit_test_1", .notify = on_msg};
     char *argv[] = {"sh", "-c",
                     "printf 'a%s %s %s %s\\n' $DTRAIN_RANK $DTRAIN_WORLD_SIZE $DT_LAUNCH_TEST_X "
                     "$DTRAIN_JOB_ID; printf 'part'",
@@ -68,8 +68,10 @@ int main(void) {
      * before the line, not glued to it; a last piece that only clears gets no newline */
     CHECK(ftruncate(fd, 0) == 0);
     lseek(fd, 0, SEEK_SET);
-    char *argv_glued[] = {"sh", "-c", "printf '\\r\\033[Kbar 5/9' >&2; sleep 0.3; echo epoch 1; sleep 0.3; "
-                          "printf '\\r\\033[Kbar 9/9\\r\\033[K' >&2", NULL};
+    char *argv_glued[] = {"sh", "-c",
+                          "printf '\\r\\033[Kbar 5/9' >&2; sleep 0.3; echo epoch 1; sleep 0.3; "
+                          "printf '\\r\\033[Kbar 9/9\\r\\033[K' >&2",
+                          NULL};
     CHECK_OK(dt_launch_run(&one, argv_glued, &res));
     slurp(out_path, buf, sizeof buf);
     CHECK_MSG(!strcmp(buf, "[0] \r\033[Kbar 5/9\r\033[K[0] epoch 1\n[0] \r\033[Kbar 9/9[0] \r\033[K"), "'%s'", buf);
@@ -83,17 +85,19 @@ int main(void) {
     three.nranks = 3;
     char *argv_err[] = {"sh", "-c",
                         "if [ $DTRAIN_RANK = 2 ]; then echo 'dtrain: error: rank 2: its own' >&2; exit 0; fi; "
-                        "printf 'dtrain: error: the same\\nHINT: do this\\nother\\n' >&2", NULL};
+                        "printf 'dtrain: error: the same\\nHINT: do this\\nother\\n' >&2",
+                        NULL};
     CHECK_OK(dt_launch_run(&three, argv_err, &res));
     slurp(out_path, buf, sizeof buf);
     const char *first = strstr(buf, "] dtrain: error: the same\n");
     CHECK_MSG(first && !strstr(first + 1, "] dtrain: error: the same"), "'%s'", buf);
     const char *h = strstr(buf, "] HINT: do this\n");
     CHECK_MSG(h && !strstr(h + 1, "] HINT: do this"), "'%s'", buf);
-    CHECK_MSG(strstr(buf, "[0] other\n") && strstr(buf, "[1] other\n"), "'%s'", buf);  /* only the error's own hint hides */
+    CHECK_MSG(strstr(buf, "[0] other\n") && strstr(buf, "[1] other\n"), "'%s'",
+              buf); /* only the error's own hint hides */
     CHECK_MSG(strstr(buf, "[2] dtrain: error: rank 2: its own\n"), "'%s'", buf);
-    CHECK_MSG(g_nmsg == 1 && strstr(g_msg, "1 other rank printed the same error (shown once, from rank "),
-              "%d '%s'", g_nmsg, g_msg);
+    CHECK_MSG(g_nmsg == 1 && strstr(g_msg, "1 other rank printed the same error (shown once, from rank "), "%d '%s'",
+              g_nmsg, g_msg);
 
     /* 2. rank 1 fails: DT_EPEER, its status, others stopped, one notify line */
     CHECK(ftruncate(fd, 0) == 0);
@@ -119,7 +123,8 @@ int main(void) {
     g_nmsg = 0;
     char *argv_peer[] = {"sh", "-c",
                          "if [ $DTRAIN_RANK = 1 ]; then sleep 0.2; exit 75; fi; "
-                         "if [ $DTRAIN_RANK = 0 ]; then sleep 0.35; kill -9 $$; fi; exec sleep 20", NULL};
+                         "if [ $DTRAIN_RANK = 0 ]; then sleep 0.35; kill -9 $$; fi; exec sleep 20",
+                         NULL};
     dt_launch_config pc = cfg;
     pc.nranks = 3;
     t0 = dt_now();
@@ -136,13 +141,16 @@ int main(void) {
     double waited = dt_now() - t0;
     CHECK(s == DT_EPEER && res.failed_rank == 1 && res.exit_code == DT_EXIT_PEER);
     CHECK_MSG(!strcmp(g_msg, "rank 1 exited with status 75 (it gave up on another rank; see its message); stopping 2 "
-                             "other ranks"), "'%s'", g_msg);
+                             "other ranks"),
+              "'%s'", g_msg);
     CHECK_MSG(waited > 0.55 && waited < 15.0, "%.2f s", waited);
     /* ... and when another rank is stopped (kill -STOP: it takes part in nothing), that one is the
      * culprit: rank 1 gave up waiting for it */
     g_nmsg = 0;
-    char *argv_stop[] = {"sh", "-c", "if [ $DTRAIN_RANK = 2 ]; then kill -STOP $$; fi; "
-                                     "if [ $DTRAIN_RANK = 1 ]; then sleep 0.3; exit 75; fi; exec sleep 20", NULL};
+    char *argv_stop[] = {"sh", "-c",
+                         "if [ $DTRAIN_RANK = 2 ]; then kill -STOP $$; fi; "
+                         "if [ $DTRAIN_RANK = 1 ]; then sleep 0.3; exit 75; fi; exec sleep 20",
+                         NULL};
     pc.grace_s = 0.2; /* the stopped rank ends by SIGKILL */
     s = dt_launch_run(&pc, argv_stop, &res);
     pc.grace_s = cfg.grace_s;
@@ -171,7 +179,8 @@ int main(void) {
     s = dt_launch_run(&ec, argv_left, &res);
     CHECK_MSG(s == DT_OK && res.lost == 1 && res.exit_code == 0, "%s: lost %d exit %d (%s)", dt_status_str(s), res.lost,
               res.exit_code, dt_last_error());
-    CHECK_MSG(strstr(g_first_msg, "rank 1 is stopped (SIGSTOP) and every other rank has finished"), "'%s'", g_first_msg);
+    CHECK_MSG(strstr(g_first_msg, "rank 1 is stopped (SIGSTOP) and every other rank has finished"), "'%s'",
+              g_first_msg);
     g_nmsg = 0;
     dt_launch_config two = cfg;
     two.nranks = 2;

@@ -9,12 +9,12 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#define MSG_CAP 2048  /* bytes of one worker's error message */
+#define MSG_CAP 2048 /* bytes of one worker's error message */
 
 typedef struct {
     dt_worker_fn fn;
     void *ctx;
-    char *msgs;       /* [workers][MSG_CAP], shared with the parent */
+    char *msgs; /* [workers][MSG_CAP], shared with the parent */
     int workers;
 } worker_job;
 
@@ -39,11 +39,14 @@ static dt_status status_of_exit(int code) {
 }
 
 dt_status dt_launch_workers(int workers, dt_worker_fn fn, void *ctx, double timeout_s) {
-    if (workers < 1 || !fn) return dt_error(DT_EINVAL, "dt_launch_workers: need workers >= 1 (got %d) and a function", workers);
-    if (!(timeout_s >= 0)) return dt_error(DT_EINVAL, "dt_launch_workers: timeout_s %g must not be negative", timeout_s);
+    if (workers < 1 || !fn)
+        return dt_error(DT_EINVAL, "dt_launch_workers: need workers >= 1 (got %d) and a function", workers);
+    if (!(timeout_s >= 0))
+        return dt_error(DT_EINVAL, "dt_launch_workers: timeout_s %g must not be negative", timeout_s);
     const size_t bytes = (size_t)workers * MSG_CAP;
     char *msgs = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (msgs == MAP_FAILED) return dt_error(DT_ENOMEM, "dt_launch_workers: cannot map %zu bytes for %d workers", bytes, workers);
+    if (msgs == MAP_FAILED)
+        return dt_error(DT_ENOMEM, "dt_launch_workers: cannot map %zu bytes for %d workers", bytes, workers);
     worker_job w = {.fn = fn, .ctx = ctx, .msgs = msgs, .workers = workers};
     dt_launch_config lc = {.nranks = workers, .timeout_s = timeout_s, .child_main = worker_main, .child_ctx = &w};
     dt_launch_result res;
@@ -53,7 +56,9 @@ dt_status dt_launch_workers(int workers, dt_worker_fn fn, void *ctx, double time
         const char *m = msgs + (size_t)rk * MSG_CAP;
         dt_status ws = status_of_exit(res.exit_code);
         s = dt_error(ws == DT_OK ? DT_EPEER : ws, "worker %d: %s", rk,
-                     m[0] ? m : res.exit_code > 128 ? "killed by a signal" : "exited without a message");
+                     m[0]                  ? m
+                     : res.exit_code > 128 ? "killed by a signal"
+                                           : "exited without a message");
     } else if (s == DT_ETIMEDOUT) {
         s = dt_error(DT_ETIMEDOUT, "dt_launch_workers: the %d workers did not finish within %g s; they were stopped",
                      workers, timeout_s);

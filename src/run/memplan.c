@@ -72,7 +72,7 @@ static dt_status flops_cut(dt_model *m, int pp, int *first) {
         int first[DT_PP_MAX_STAGES + 1][DT_PP_MAX_STAGES + 1];
     } c;
     const int n = dt_model_num_nodes(m);
-    if (c.m != m || c.nodes != n || strncmp(c.spec, dt_model_spec(m), sizeof c.spec)) {  /* another model */
+    if (c.m != m || c.nodes != n || strncmp(c.spec, dt_model_spec(m), sizeof c.spec)) { /* another model */
         memset(c.have, 0, sizeof c.have);
         c.m = m, c.nodes = n;
         snprintf(c.spec, sizeof c.spec, "%s", dt_model_spec(m));
@@ -89,7 +89,8 @@ static dt_status flops_cut(dt_model *m, int pp, int *first) {
  * each a tp-th where tensor parallelism splits it (tp_shard.c), else whole. */
 static dt_status owned_params(dt_model *m, const dt_mem_layout *l, int stage, double *own) {
     int first[DT_PP_MAX_STAGES + 1] = {0, dt_model_num_nodes(m)};
-    if (l->pp > DT_PP_MAX_STAGES) return dt_error(DT_EINVAL, "memory plan: pp %d: at most %d stages", l->pp, DT_PP_MAX_STAGES);
+    if (l->pp > DT_PP_MAX_STAGES)
+        return dt_error(DT_EINVAL, "memory plan: pp %d: at most %d stages", l->pp, DT_PP_MAX_STAGES);
     if (l->pp > 1) DT_TRY(flops_cut(m, l->pp, first));
     const int nt = dt_model_num_tensors(m);
     bool *used = calloc((size_t)nt + 1, 1);
@@ -121,7 +122,7 @@ static dt_status graph_activations(const dt_model *m, const dt_mem_layout *l, do
         return DT_OK;
     }
     dt_model *shard = NULL;
-    DT_TRY(dt_model_create_tp_shard(&shard, m, l->tp, true));  /* laid out, nothing written */
+    DT_TRY(dt_model_create_tp_shard(&shard, m, l->tp, true)); /* laid out, nothing written */
     *out = (double)dt_model_activation_bytes(shard, l->batch);
     dt_model_destroy(shard);
     return DT_OK;
@@ -138,7 +139,7 @@ dt_status dt_mem_plan_rank(dt_model *m, const dt_optim_config *o, const dt_mem_l
     double mine = 0, own, big[3] = {0, 0, 0};
     DT_TRY(owned_params(m, l, stage, &mine));
     own = mine;
-    if (l->zero > 0 && l->dp > 1) {  /* ZeRO shards the data-parallel ranks' slab (no pipeline cut) */
+    if (l->zero > 0 && l->dp > 1) { /* ZeRO shards the data-parallel ranks' slab (no pipeline cut) */
         DT_TRY(zero_share(m, l, dpi, 0, P, &own, big));
         own *= mine / (double)P;
         for (int k = 0; k < 3; k++) big[k] /= l->tp;
@@ -152,8 +153,7 @@ dt_status dt_mem_plan_rank(dt_model *m, const dt_optim_config *o, const dt_mem_l
      * write to its reduce, as the CPU's pages (zero_blocks.c); a data-parallel run stages its
      * collectives through a host copy of the slab (ddp's grad_sync.c, zero.c), ZeRO-3's gathers
      * through a host copy of each bucket in flight */
-    if (l->device && l->dp > 1 && l->tp == 1 && l->pp == 1)
-        p->staging = F * ((double)P + (l->zero >= 3 ? big[1] : 0));
+    if (l->device && l->dp > 1 && l->tp == 1 && l->pp == 1) p->staging = F * ((double)P + (l->zero >= 3 ? big[1] : 0));
     /* a pipeline's ZeRO-2 (pp_zero.c) accumulates the step's micro-batches into the stage's whole
      * gradients, then reduce-scatters them into the shard: both at the peak */
     if (l->zero >= 2 && l->dp > 1 && l->pp > 1) p->grads = F * (mine + own);
@@ -175,7 +175,7 @@ dt_status dt_mem_plan_rank(dt_model *m, const dt_optim_config *o, const dt_mem_l
         p->sync = F * ((double)P - own) - p->gathered;
         /* a device gathers them into a whole block, beside the shard */
         if (l->device && l->pp == 1) p->sync = F * (double)P - p->gathered;
-        if (p->sync < 0) p->sync = 0;  /* a shallow model's gathers in flight already hold it all */
+        if (p->sync < 0) p->sync = 0; /* a shallow model's gathers in flight already hold it all */
     }
     DT_TRY(graph_activations(m, l, &p->activations));
     p->total = p->params + p->grads + p->optim + p->gathered + p->staging + p->activations;
@@ -200,5 +200,5 @@ dt_status dt_train_plan_model(const dt_train_config *c, dt_model **m) {
     int C, H, W;
     dt_dataset_shape(train, &C, &H, &W);
     dt_dataset_destroy(train), dt_dataset_destroy(test);
-    return dt_model_build_unplaced(m, spec, C, H, W);  /* shapes only: nothing is written or charged */
+    return dt_model_build_unplaced(m, spec, C, H, W); /* shapes only: nothing is written or charged */
 }

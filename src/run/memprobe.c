@@ -26,7 +26,8 @@ static void reset_peak(void) {
 }
 
 static double cpu_seconds(const struct rusage *u) {
-    return (double)u->ru_utime.tv_sec + u->ru_utime.tv_usec * 1e-6 + (double)u->ru_stime.tv_sec + u->ru_stime.tv_usec * 1e-6;
+    return (double)u->ru_utime.tv_sec + u->ru_utime.tv_usec * 1e-6 + (double)u->ru_stime.tv_sec +
+           u->ru_stime.tv_usec * 1e-6;
 }
 
 /* The steps on synthetic ids (each rank its own, from the counter-based generator). */
@@ -45,8 +46,12 @@ static dt_status train_steps(dt_strategy *s, const dt_gpt_config *g, int B, int 
     dt_status st = DT_OK;
     for (int k = 0; k <= steps && st == DT_OK; k++) {
         if (k == 1) t0 = dt_now(), getrusage(RUSAGE_SELF, &u0);
-        dt_step_batch b = {.feed = {.x = x, .y = y, .n = B}, .n_global = B * world, .world = world, .accum = 1,
-                           .step = k, .lr = 1e-4f};
+        dt_step_batch b = {.feed = {.x = x, .y = y, .n = B},
+                           .n_global = B * world,
+                           .world = world,
+                           .accum = 1,
+                           .step = k,
+                           .lr = 1e-4f};
         dt_step_result res;
         st = dt_strategy_train_step(s, &b, &res);
         if (st == DT_OK && res.st.gathered_peak_bytes > out->gathered) out->gathered = res.st.gathered_peak_bytes;
@@ -80,7 +85,8 @@ static dt_status place(const dt_strategy_entry *e, const dt_strategy_opts *so, d
 dt_status dt_mem_probe_gpt(const char *gpt_spec, const char *strategy, dt_comm *comm, int batch, int steps,
                            dt_mem_probe *out) {
     memset(out, 0, sizeof *out);
-    if (batch < 1 || steps < 1) return dt_error(DT_EINVAL, "memory probe: batch %d, steps %d: need 1 or more", batch, steps);
+    if (batch < 1 || steps < 1)
+        return dt_error(DT_EINVAL, "memory probe: batch %d, steps %d: need 1 or more", batch, steps);
     out->base = status_bytes("VmRSS");
     const double shm0 = status_bytes("RssShmem");
     dt_gpt_config g;
@@ -93,7 +99,7 @@ dt_status dt_mem_probe_gpt(const char *gpt_spec, const char *strategy, dt_comm *
     dt_strategy_opts so;
     dt_status st = dt_strategy_parse(strategy ? strategy : dt_strategy_default_name(1), &e, &so);
     if (st == DT_OK) st = dt_model_build_unplaced(&m, gpt_spec, 0, 0, 0);
-    if (st == DT_OK) st = place(e, &so, m, comm, &oc, &o);  /* as the trainer: the strategy's part only */
+    if (st == DT_OK) st = place(e, &so, m, comm, &oc, &o); /* as the trainer: the strategy's part only */
     if (st == DT_OK) st = dt_strategy_create_with(&s, e, &so, comm, m, o, NULL);
     if (st == DT_OK) st = s->ops->init(s);
     if (st == DT_OK) {

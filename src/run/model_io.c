@@ -51,8 +51,10 @@ dt_status dt_model_source_spec(const dt_model_source *src, char *spec, size_t ca
     int C, H, W;
     dt_status s = dt_weights_spec(src->weights, spec, cap, &C, &H, &W);
     if (s == DT_ENOENT)
-        return dt_error(DT_EINVAL, "`weights` %s: a plain weights file needs `model` SPEC (the model it was saved from, "
-                        "e.g. mlp or \"flatten linear(128) relu linear(10)\")", src->weights);
+        return dt_error(DT_EINVAL,
+                        "`weights` %s: a plain weights file needs `model` SPEC (the model it was saved from, "
+                        "e.g. mlp or \"flatten linear(128) relu linear(10)\")",
+                        src->weights);
     return s;
 }
 

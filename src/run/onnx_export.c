@@ -20,20 +20,22 @@
 #ifndef DT_HAVE_ONNX
 dt_status dt_onnx_export(const dt_model *m, const char *path, const dt_input_norm *norm, int C, int H, int W) {
     (void)m, (void)norm, (void)C, (void)H, (void)W;
-    return dt_error(DT_ENOTSUP, "%s: built without ONNX export: install protobuf-c-compiler, libprotobuf-c-dev and "
-                    "python3-onnx (scripts/install-deps) and rebuild", path);
+    return dt_error(DT_ENOTSUP,
+                    "%s: built without ONNX export: install protobuf-c-compiler, libprotobuf-c-dev and "
+                    "python3-onnx (scripts/install-deps) and rebuild",
+                    path);
 }
 #else
 #include "onnx.pb-c.h"
 
 extern const char dt_onnx_producer_version[]; /* DTRAIN_VERSION (model_io.c: dtrain.h and the graph's
-                                                * internals do not mix) */
+                                               * internals do not mix) */
 
 enum { IR_VERSION = 8, OPSET = 17 };
 
 /* The ONNX graph being built; every allocation is tracked and freed together. */
 typedef struct {
-    dt_onnx api;              /* what the ops' onnx slots call (first: a dt_onnx * is an onnx_b *) */
+    dt_onnx api; /* what the ops' onnx slots call (first: a dt_onnx * is an onnx_b *) */
     void **mem;
     size_t nmem, capmem;
     Onnx__NodeProto **nodes;
@@ -41,7 +43,7 @@ typedef struct {
     Onnx__TensorProto **inits;
     size_t ni, capi;
     bool failed;
-    int tmp;                  /* counter of intermediate value names */
+    int tmp; /* counter of intermediate value names */
 } onnx_b;
 
 static void *grow(void *p, size_t *cap, size_t n, size_t elem) {
@@ -96,7 +98,8 @@ static Onnx__NodeProto *ob_node(onnx_b *b, const char *op, const char *const *in
 static const char *out_of(const Onnx__NodeProto *n) { return n ? n->output[0] : "?"; }
 
 static Onnx__AttributeProto *ob_attr(onnx_b *b, Onnx__NodeProto *n, const char *name) {
-    Onnx__AttributeProto *a = ob_alloc(b, sizeof *a), **all = n ? ob_alloc(b, sizeof *all * (n->n_attribute + 1)) : NULL;
+    Onnx__AttributeProto *a = ob_alloc(b, sizeof *a),
+                         **all = n ? ob_alloc(b, sizeof *all * (n->n_attribute + 1)) : NULL;
     if (!a || !all) return b->failed = true, NULL;
     onnx__attribute_proto__init(a);
     a->name = (char *)name;
@@ -123,8 +126,8 @@ static void attr_ints(onnx_b *b, Onnx__NodeProto *n, const char *name, const int
 
 /* An initializer `name` of dims[0..ndim) and elem_type (FLOAT or INT64), bytes copied from host
  * memory, or (dev non-NULL) downloaded from that device's memory. */
-static const char *ob_init(onnx_b *b, const char *name, const int64_t *dims, int ndim, int elem_type,
-                           const void *data, size_t bytes, dt_dev *dev) {
+static const char *ob_init(onnx_b *b, const char *name, const int64_t *dims, int ndim, int elem_type, const void *data,
+                           size_t bytes, dt_dev *dev) {
     Onnx__TensorProto *t = ob_alloc(b, sizeof *t);
     int64_t *d = ob_alloc(b, sizeof *d * (size_t)(ndim ? ndim : 1));
     void *raw = ob_alloc(b, bytes);
@@ -142,7 +145,8 @@ static const char *ob_init(onnx_b *b, const char *name, const int64_t *dims, int
     return name;
 }
 /* v: host memory, or (dev non-NULL) that device's. */
-static const char *init_f32_on(onnx_b *b, const char *name, const int64_t *dims, int ndim, const float *v, dt_dev *dev) {
+static const char *init_f32_on(onnx_b *b, const char *name, const int64_t *dims, int ndim, const float *v,
+                               dt_dev *dev) {
     size_t n = 1;
     for (int d = 0; d < ndim; d++) n *= (size_t)dims[d];
     return ob_init(b, name, dims, ndim, ONNX__TENSOR_PROTO__DATA_TYPE__FLOAT, v, n * sizeof(float), dev);
@@ -197,8 +201,13 @@ static const char *api_param(dt_onnx *o, const dt_model *m, const dt_node *n, in
     return init_f32_on(b, p->name, ndim ? dims : p->shape, ndim ? ndim : p->ndim, data, m->dev);
 }
 
-static const dt_onnx g_api = {.node = api_node, .out = api_out, .attr_i = api_attr_i, .attr_f = api_attr_f,
-                              .attr_ints = api_attr_ints, .const_f32 = api_const_f32, .const_i64 = api_const_i64,
+static const dt_onnx g_api = {.node = api_node,
+                              .out = api_out,
+                              .attr_i = api_attr_i,
+                              .attr_f = api_attr_f,
+                              .attr_ints = api_attr_ints,
+                              .const_f32 = api_const_f32,
+                              .const_i64 = api_const_i64,
                               .param = api_param};
 
 /* A graph input/output declaration: name, elem type, dims (a negative dim is the batch "N"). */
@@ -214,7 +223,8 @@ static Onnx__ValueInfoProto *value_info(onnx_b *b, const char *name, int elem, c
     for (int d = 0; d < ndim; d++) {
         if (!(dv[d] = ob_alloc(b, sizeof **dv))) return NULL;
         onnx__tensor_shape_proto__dimension__init(dv[d]);
-        if (dims[d] < 0) dv[d]->value_case = ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_PARAM, dv[d]->dim_param = "N";
+        if (dims[d] < 0)
+            dv[d]->value_case = ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_PARAM, dv[d]->dim_param = "N";
         else dv[d]->value_case = ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_VALUE, dv[d]->dim_value = dims[d];
     }
     sh->n_dim = (size_t)ndim, sh->dim = dv;
@@ -226,7 +236,7 @@ static Onnx__ValueInfoProto *value_info(onnx_b *b, const char *name, int elem, c
 
 /* Packs the model and writes it atomically (temp file, fsync, rename). */
 static dt_status write_model(const Onnx__ModelProto *mp, const char *named) {
-    char path[4096];  /* named, or the file a symbolic link named leads to */
+    char path[4096]; /* named, or the file a symbolic link named leads to */
     DT_TRY(dt_output_path("export", named, path, sizeof path));
     size_t len = onnx__model_proto__get_packed_size(mp);
     uint8_t *buf = malloc(len ? len : 1);
@@ -277,8 +287,8 @@ dt_status dt_onnx_export(const dt_model *m, const char *path, const dt_input_nor
     if (s == DT_OK) {
         const char *last[1] = {val[m->output]};
         ob_node(&b, "Identity", last, 1, "logits");
-        Onnx__ValueInfoProto *vin = value_info(&b, input, ids ? ONNX__TENSOR_PROTO__DATA_TYPE__INT32
-                                                              : ONNX__TENSOR_PROTO__DATA_TYPE__FLOAT, idims, ind);
+        Onnx__ValueInfoProto *vin = value_info(
+            &b, input, ids ? ONNX__TENSOR_PROTO__DATA_TYPE__INT32 : ONNX__TENSOR_PROTO__DATA_TYPE__FLOAT, idims, ind);
         Onnx__ValueInfoProto *vout = value_info(&b, "logits", ONNX__TENSOR_PROTO__DATA_TYPE__FLOAT, odims, ond);
         Onnx__GraphProto g = ONNX__GRAPH_PROTO__INIT;
         Onnx__OperatorSetIdProto opset = ONNX__OPERATOR_SET_ID_PROTO__INIT, *ops[1] = {&opset};

@@ -18,15 +18,15 @@
 
 struct dt_st_file {
     char *path;
-    unsigned char *mem;         /* the whole file, placed so that the data section is 64-aligned */
-    const unsigned char *data;  /* data section */
+    unsigned char *mem;        /* the whole file, placed so that the data section is 64-aligned */
+    const unsigned char *data; /* data section */
     size_t data_len;
     cJSON *root;
-    dt_st_tensor *t;            /* header order */
-    const char **tname;         /* t[i].name */
+    dt_st_tensor *t;    /* header order */
+    const char **tname; /* t[i].name */
     int nt;
-    int *by_name;               /* tensor indices sorted by name */
-    const char **mkey, **mval;  /* metadata, header order */
+    int *by_name;              /* tensor indices sorted by name */
+    const char **mkey, **mval; /* metadata, header order */
     int nm;
     int *meta_by_key;
     bool verified;
@@ -63,7 +63,10 @@ static bool parse_hex8(const char *s, size_t n, uint32_t *out) {
     uint32_t v = 0;
     for (size_t i = 0; i < 8; i++) {
         char c = s[i];
-        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        int d = c >= '0' && c <= '9'   ? c - '0'
+                : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                       : -1;
         if (d < 0) return false;
         v = v << 4 | (uint32_t)d;
     }
@@ -201,7 +204,8 @@ static dt_status parse_tensor(const dt_st_file *f, const cJSON *j, dt_st_tensor 
     uint64_t bytes = dt_dtype_size(t->t.dtype), d;
     int i = 0;
     for (const cJSON *e = sh->child; e; e = e->next, i++) {
-        if (!get_uint(e, &d)) return bad(p, "tensor '%s': shape[%d] is not a non-negative integer %s", name, i, CORRUPT);
+        if (!get_uint(e, &d))
+            return bad(p, "tensor '%s': shape[%d] is not a non-negative integer %s", name, i, CORRUPT);
         t->t.shape[i] = (int64_t)d;
         if (__builtin_mul_overflow(bytes, d, &bytes) || bytes > (1ull << 53))
             return bad(p, "tensor '%s': shape is absurdly large %s", name, CORRUPT);
@@ -213,8 +217,10 @@ static dt_status parse_tensor(const dt_st_file *f, const cJSON *j, dt_st_tensor 
         return bad(p, "tensor '%s': data_offsets [%" PRIu64 ",%" PRIu64 "] end before they begin %s", name, off[0],
                    off[1], CORRUPT);
     if (off[1] - off[0] != bytes)
-        return bad(p, "tensor '%s': data_offsets [%" PRIu64 ",%" PRIu64 "] span %" PRIu64
-                   " bytes but dtype x shape needs %" PRIu64 " %s", name, off[0], off[1], off[1] - off[0], bytes, CORRUPT);
+        return bad(p,
+                   "tensor '%s': data_offsets [%" PRIu64 ",%" PRIu64 "] span %" PRIu64
+                   " bytes but dtype x shape needs %" PRIu64 " %s",
+                   name, off[0], off[1], off[1] - off[0], bytes, CORRUPT);
     t->nbytes = (size_t)bytes;
     return DT_OK;
 }
@@ -251,10 +257,12 @@ static dt_status check_layout(dt_st_file *f, uint64_t *offs) {
     if (last >= 0 && offs[2 * last + 1] > f->data_len)
         return bad(f->path, "data section holds %zu bytes but tensor '%s' ends at byte %" PRIu64 " %s", f->data_len,
                    f->tname[last], offs[2 * last + 1], TRUNC);
-    const uint64_t used = last >= 0 ? offs[2 * last + 1] : 0;  /* the layout ends its data (no trailing bytes) */
+    const uint64_t used = last >= 0 ? offs[2 * last + 1] : 0; /* the layout ends its data (no trailing bytes) */
     if (used < f->data_len)
-        return bad(f->path, "%zu bytes follow the end of the last tensor's data (at byte %" PRIu64 " of the data "
-                   "section): something was appended to the file %s", f->data_len - (size_t)used, used, CORRUPT);
+        return bad(f->path,
+                   "%zu bytes follow the end of the last tensor's data (at byte %" PRIu64 " of the data "
+                   "section): something was appended to the file %s",
+                   f->data_len - (size_t)used, used, CORRUPT);
     int *ord = malloc((size_t)(f->nt > 0 ? f->nt : 1) * sizeof *ord);
     if (!ord) return dt_error(DT_ENOMEM, "%s: out of memory", f->path);
     for (int i = 0; i < f->nt; i++) ord[i] = i;
@@ -265,9 +273,11 @@ static dt_status check_layout(dt_st_file *f, uint64_t *offs) {
         int i = ord[k];
         if (offs[2 * i] == offs[2 * i + 1]) continue;
         if (prev >= 0 && offs[2 * i] < offs[2 * prev + 1])
-            s = bad(f->path, "tensors '%s' [%" PRIu64 ",%" PRIu64 ") and '%s' [%" PRIu64 ",%" PRIu64
-                    ") overlap in the data section %s", f->tname[prev], offs[2 * prev], offs[2 * prev + 1], f->tname[i],
-                    offs[2 * i], offs[2 * i + 1], CORRUPT);
+            s = bad(f->path,
+                    "tensors '%s' [%" PRIu64 ",%" PRIu64 ") and '%s' [%" PRIu64 ",%" PRIu64
+                    ") overlap in the data section %s",
+                    f->tname[prev], offs[2 * prev], offs[2 * prev + 1], f->tname[i], offs[2 * i], offs[2 * i + 1],
+                    CORRUPT);
         if (prev < 0 || offs[2 * i + 1] > offs[2 * prev + 1]) prev = i;
     }
     free(ord);
@@ -287,8 +297,10 @@ static dt_status check_integrity(dt_st_file *f, bool have_hcrc) {
         if (!ver || !*ver || *end || v < 1)
             return bad(p, "dtrain.format_version is missing or not a positive integer %s", CORRUPT);
         if (v > DT_ST_FORMAT_VERSION)
-            return bad(p, "written by a newer dtrain (checkpoint format version %ld, this build reads up to %d); "
-                       "upgrade dtrain", v, DT_ST_FORMAT_VERSION);
+            return bad(p,
+                       "written by a newer dtrain (checkpoint format version %ld, this build reads up to %d); "
+                       "upgrade dtrain",
+                       v, DT_ST_FORMAT_VERSION);
         if (!have_hcrc) return bad(p, "dtrain checkpoint without dtrain.header_crc32 (header damaged) %s", CORRUPT);
     }
     int ncrc = 0;

@@ -13,7 +13,11 @@
 static void test_malformed(void) {
     const char *p = st_path("m.safetensors");
     unsigned char d[16] = {0};
-    struct { const char *json; size_t dlen; const char *why; } cases[] = {
+    struct {
+        const char *json;
+        size_t dlen;
+        const char *why;
+    } cases[] = {
         {"{not json at all}", 0, "not valid JSON"},
         {"[1,2]", 0, "does not start with '{'"},
         {"{}  x ", 0, "stray bytes"},
@@ -21,21 +25,27 @@ static void test_malformed(void) {
         {"{\"a\":{\"shape\":[2],\"data_offsets\":[0,8]}}", 8, "tensor 'a' has no string 'dtype'"},
         {"{\"a\":{\"dtype\":\"F8_E4M3\",\"shape\":[2],\"data_offsets\":[0,2]}}", 2, "does not support"},
         {"{\"a\":{\"dtype\":\"F32\",\"data_offsets\":[0,8]}}", 8, "no 'shape' list"},
-        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}", 8, "shape[0] is not a non-negative integer"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}", 8,
+         "shape[0] is not a non-negative integer"},
         {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1.5],\"data_offsets\":[0,8]}}", 8, "shape[0]"},
         {"{\"a\":{\"dtype\":\"F32\",\"shape\":[\"2\"],\"data_offsets\":[0,8]}}", 8, "shape[0]"},
         {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1],\"data_offsets\":[0,4]}}", 4, "7 dims"},
-        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8,9]}}", 8, "'data_offsets' is not a list of two"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8,9]}}", 8,
+         "'data_offsets' is not a list of two"},
         {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2]}}", 8, "'data_offsets' is not a list of two"},
         {"{\"a\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[8,0]}}", 8, "end before they begin"},
         {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,4]}}", 8, "dtype x shape needs 8"},
-        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 4, "data section holds 4 bytes but tensor 'a' ends at byte 8"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 4,
+         "data section holds 4 bytes but tensor 'a' ends at byte 8"},
         {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
-         "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", 12, "tensors 'a' [0,8) and 'b' [4,12) overlap"},
+         "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
+         12, "tensors 'a' [0,8) and 'b' [4,12) overlap"},
         {"{\"b\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},"
-         "\"a\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[14,16]}}", 16, "overlap"},
+         "\"a\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[14,16]}}",
+         16, "overlap"},
         {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
-         "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8, "tensor 'a' appears twice"},
+         "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
+         8, "tensor 'a' appears twice"},
         {"{\"__metadata__\":{\"k\":1}}", 0, "metadata 'k' is not a string"},
         {"{\"__metadata__\":[]}", 0, "'__metadata__' is not a JSON object"},
         {"{\"__metadata__\":{\"k\":\"1\",\"k\":\"2\"}}", 0, "metadata key 'k' appears twice"},
@@ -43,15 +53,18 @@ static void test_malformed(void) {
         {"{\"__metadata__\":{\"dtrain.format\":\"dtrain-ckpt\",\"dtrain.format_version\":\"2\"}}", 0,
          "newer dtrain (checkpoint format version 2"},
         {"{\"__metadata__\":{\"dtrain.format\":\"other\"}}", 0, "dtrain.format is 'other'"},
-        {"{\"__metadata__\":{\"dtrain.format\":\"dtrain-ckpt\",\"dtrain.format_version\":\"1x\"}}", 0, "format_version"},
+        {"{\"__metadata__\":{\"dtrain.format\":\"dtrain-ckpt\",\"dtrain.format_version\":\"1x\"}}", 0,
+         "format_version"},
         {"{\"__metadata__\":{\"dtrain.format\":\"dtrain-ckpt\",\"dtrain.format_version\":\"1\"}}", 0,
          "without dtrain.header_crc32"},
         {"{\"__metadata__\":{\"dtrain.header_crc32\":\"1234\"}}", 0, "dtrain.header_crc32 is not 8 hex digits"},
         {"{\"__metadata__\":{\"dtrain.header_crc32\":\"00000000\",\"x\":\"\\\"dtrain.header_crc32\\\":\\\"\"}}", 0,
          "fails its CRC32"},
-        {"{\"__metadata__\":{\"dtrain.crc32.a\":\"zzzzzzzz\"},\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}",
+        {"{\"__metadata__\":{\"dtrain.crc32.a\":\"zzzzzzzz\"},\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":["
+         "0,1]}}",
          1, "dtrain.crc32.a is not 8 hex digits"},
-        {"{\"__metadata__\":{\"dtrain.crc32.a\":\"00000000\"},\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}",
+        {"{\"__metadata__\":{\"dtrain.crc32.a\":\"00000000\"},\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":["
+         "0,1]}}",
          1, "tensor 'a' fails its CRC32 check (stored 00000000, computed d202ef8d)"},
         {"{\"__metadata__\":{\"dtrain.crc32.b\":\"00000000\"}}", 0, "tensor 'b', which the file does not hold"},
     };
@@ -85,9 +98,11 @@ static void test_plain(void) {
     unsigned char d[19];
     memcpy(d, wv, 16);
     d[16] = 7, d[17] = 8, d[18] = 9;
-    st_write_raw(p, "{\"w\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,16]},"
-                 "\"b\":{\"dtype\":\"U8\",\"shape\":[3],\"data_offsets\":[16,19]},\"__metadata__\":{\"format\":\"pt\"}}",
-              d, sizeof d);
+    st_write_raw(
+        p,
+        "{\"w\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,16]},"
+        "\"b\":{\"dtype\":\"U8\",\"shape\":[3],\"data_offsets\":[16,19]},\"__metadata__\":{\"format\":\"pt\"}}",
+        d, sizeof d);
     dt_st_file *f = NULL;
     dt_st_tensor t;
     CHECK_OK(dt_st_open(&f, p));
@@ -99,8 +114,10 @@ static void test_plain(void) {
         CHECK(t.t.dtype == DT_U8 && t.nbytes == 3 && ((unsigned char *)t.t.data)[2] == 9);
     }
     dt_st_destroy(f);
-    st_write_raw(p, "{\"s\":{\"dtype\":\"I32\",\"shape\":[],\"data_offsets\":[0,4]},"
-                 "\"z\":{\"dtype\":\"F16\",\"shape\":[0,5],\"data_offsets\":[4,4]}}", d, 4);
+    st_write_raw(p,
+                 "{\"s\":{\"dtype\":\"I32\",\"shape\":[],\"data_offsets\":[0,4]},"
+                 "\"z\":{\"dtype\":\"F16\",\"shape\":[0,5],\"data_offsets\":[4,4]}}",
+                 d, 4);
     CHECK_OK(dt_st_open(&f, p));
     CHECK(f && dt_st_count(f) == 2 && dt_st_meta_count(f) == 0 && dt_st_meta(f, "x") == NULL);
     if (f) CHECK(dt_st_find(f, "z", &t) == DT_OK && t.nbytes == 0 && t.t.shape[1] == 5);

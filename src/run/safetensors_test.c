@@ -32,12 +32,21 @@ static int64_t idx[4] = {-1, 0, (int64_t)1 << 40, 42};
 static uint8_t mask[7] = {1, 0, 255, 3, 4, 5, 6};
 static int8_t i8[1] = {-7};
 static const char *g_meta[][2] = {
-    {"model", "mlp:784-128-10"}, {"step", "1234"}, {"seed", "42"},
-    {"optimizer", "{\"name\":\"adam\",\"lr\":0.001}"}, {"text", "na\xc3\xafve \"quoted\" \\ tab\tnl\n"},
+    {"model", "mlp:784-128-10"},
+    {"step", "1234"},
+    {"seed", "42"},
+    {"optimizer", "{\"name\":\"adam\",\"lr\":0.001}"},
+    {"text", "na\xc3\xafve \"quoted\" \\ tab\tnl\n"},
 };
-static const struct { const char *name; dt_dtype dt; int nd; int64_t shape[3]; const void *data; } g_ts[] = {
-    {"0.weight", DT_F32, 2, {4, 3}, w0}, {"0.bias", DT_F32, 1, {4}, b0},  {"mask", DT_U8, 1, {7}, mask},
-    {"emb", DT_BF16, 2, {2, 5}, emb},    {"half", DT_F16, 1, {3}, half}, {"idx", DT_I64, 2, {2, 2}, idx},
+static const struct {
+    const char *name;
+    dt_dtype dt;
+    int nd;
+    int64_t shape[3];
+    const void *data;
+} g_ts[] = {
+    {"0.weight", DT_F32, 2, {4, 3}, w0}, {"0.bias", DT_F32, 1, {4}, b0},     {"mask", DT_U8, 1, {7}, mask},
+    {"emb", DT_BF16, 2, {2, 5}, emb},    {"half", DT_F16, 1, {3}, half},     {"idx", DT_I64, 2, {2, 2}, idx},
     {"scalar", DT_F32, 0, {0}, &scalar}, {"empty", DT_F32, 2, {3, 0}, NULL}, {"i8", DT_I8, 1, {1}, i8},
 };
 #define NT ((int)(sizeof g_ts / sizeof *g_ts))
@@ -50,7 +59,8 @@ static dt_st_writer *sample_writer(void) {
     for (int i = 0; i < 3; i++) half[i] = dt_f32_to_f16((float)i * 0.25f);
     dt_st_writer *w = NULL;
     CHECK_OK(dt_st_writer_create(&w));
-    for (int i = 0; i < NT; i++) CHECK_OK(dt_st_writer_add(w, g_ts[i].name, g_ts[i].dt, g_ts[i].nd, g_ts[i].shape, g_ts[i].data));
+    for (int i = 0; i < NT; i++)
+        CHECK_OK(dt_st_writer_add(w, g_ts[i].name, g_ts[i].dt, g_ts[i].nd, g_ts[i].shape, g_ts[i].data));
     for (int i = 0; i < NM; i++) CHECK_OK(dt_st_writer_meta(w, g_meta[i][0], g_meta[i][1]));
     return w;
 }
@@ -78,10 +88,12 @@ static void check_sample(const char *path) {
     }
     dt_st_tensor t;
     CHECK(dt_st_find(f, "nope", &t) == DT_ENOENT && strstr(dt_last_error(), "'nope'") && strstr(dt_last_error(), path));
-    for (int i = 0; i < NM; i++) CHECK_MSG(dt_st_meta(f, g_meta[i][0]) && !strcmp(dt_st_meta(f, g_meta[i][0]), g_meta[i][1]),
-                                           "meta %s", g_meta[i][0]);
+    for (int i = 0; i < NM; i++)
+        CHECK_MSG(dt_st_meta(f, g_meta[i][0]) && !strcmp(dt_st_meta(f, g_meta[i][0]), g_meta[i][1]), "meta %s",
+                  g_meta[i][0]);
     CHECK(dt_st_meta(f, "missing") == NULL);
-    CHECK(!strcmp(dt_st_meta(f, "dtrain.format"), DT_ST_FORMAT) && !strcmp(dt_st_meta(f, "dtrain.format_version"), "1"));
+    CHECK(!strcmp(dt_st_meta(f, "dtrain.format"), DT_ST_FORMAT) &&
+          !strcmp(dt_st_meta(f, "dtrain.format_version"), "1"));
     /* user keys first in their order, then format, version, one CRC per tensor, header CRC */
     CHECK(dt_st_meta_count(f) == NM + 2 + NT + 1);
     const char *k;
@@ -288,7 +300,8 @@ static void test_corruption(void) {
             dt_status s = dt_st_open(&g, bad);
             checked++;
             if (s != DT_EFORMAT || !strstr(dt_last_error(), bad)) {
-                if (!missed) fprintf(stderr, "flip byte %zu ^ %02x: %s: %s\n", i, masks[m], dt_status_str(s), dt_last_error());
+                if (!missed)
+                    fprintf(stderr, "flip byte %zu ^ %02x: %s: %s\n", i, masks[m], dt_status_str(s), dt_last_error());
                 missed++;
             }
             dt_st_destroy(g);
@@ -297,10 +310,18 @@ static void test_corruption(void) {
     printf("corruption: %d of %d single-byte flips over %zu bytes rejected\n", checked - missed, checked, n);
 
     /* truncation at many points */
-    struct { size_t len; const char *why; } cuts[] = {
-        {0, "shorter than the 8-byte header length"}, {5, "shorter than the 8-byte header length"},
-        {8, "runs past the end"}, {8 + N / 2, "runs past the end"}, {8 + N - 1, "runs past the end"},
-        {8 + N, "(file truncated)"}, {8 + N + 1, "(file truncated)"}, {n - 1, "(file truncated)"},
+    struct {
+        size_t len;
+        const char *why;
+    } cuts[] = {
+        {0, "shorter than the 8-byte header length"},
+        {5, "shorter than the 8-byte header length"},
+        {8, "runs past the end"},
+        {8 + N / 2, "runs past the end"},
+        {8 + N - 1, "runs past the end"},
+        {8 + N, "(file truncated)"},
+        {8 + N + 1, "(file truncated)"},
+        {n - 1, "(file truncated)"},
     };
     for (size_t i = 0; i < sizeof cuts / sizeof *cuts; i++) {
         st_write_all(bad, b, cuts[i].len);
@@ -315,9 +336,13 @@ static void test_corruption(void) {
     ST_EXPECT_BAD(bad, DT_EFORMAT, "1 bytes follow the end");
     free(grown);
     /* wrong header lengths */
-    struct { uint64_t len; const char *why; } lens[] = {
-        {n, "runs past the end"}, {200000000, "absurd"}, {0, "too small"}, {1, "too small"},
-        {N - 8, "header"}, {N + 8, "header fails its CRC32"}, {UINT64_MAX, "absurd"},
+    struct {
+        uint64_t len;
+        const char *why;
+    } lens[] = {
+        {n, "runs past the end"}, {200000000, "absurd"}, {0, "too small"},
+        {1, "too small"},         {N - 8, "header"},     {N + 8, "header fails its CRC32"},
+        {UINT64_MAX, "absurd"},
     };
     unsigned char *c = malloc(n);
     for (size_t i = 0; i < sizeof lens / sizeof *lens; i++) {

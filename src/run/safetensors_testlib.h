@@ -41,7 +41,10 @@ static inline void st_dir_remove(void) { st_rm_tree(st_dir); }
 static inline char *st_path(const char *name) {
     static char buf[64][256];
     static int k;
-    if (k == 64) { fprintf(stderr, "st_path: too many paths\n"); exit(2); }
+    if (k == 64) {
+        fprintf(stderr, "st_path: too many paths\n");
+        exit(2);
+    }
     snprintf(buf[k], sizeof buf[k], "%s/%s", st_dir, name);
     return buf[k++];
 }
@@ -66,19 +69,25 @@ static inline unsigned char *st_read_all(const char *path, size_t *len) {
 /* Writes n bytes of b to path; exits the test (status 2) when it cannot. */
 static inline void st_write_all(const char *path, const void *b, size_t n) {
     FILE *fp = fopen(path, "wb");
-    if (!fp) { perror(path); exit(2); }
-    if (n && fwrite(b, 1, n, fp) != n) { perror(path); exit(2); }
+    if (!fp) {
+        perror(path);
+        exit(2);
+    }
+    if (n && fwrite(b, 1, n, fp) != n) {
+        perror(path);
+        exit(2);
+    }
     fclose(fp);
 }
 
 /* dt_st_open must fail with status st and a message naming the file and containing why. */
-#define ST_EXPECT_BAD(path, st, why)                                                                   \
-    do {                                                                                               \
-        dt_st_file *f_ = (dt_st_file *)1;                                                              \
-        dt_status s_ = dt_st_open(&f_, path);                                                          \
+#define ST_EXPECT_BAD(path, st, why)                                                                         \
+    do {                                                                                                     \
+        dt_st_file *f_ = (dt_st_file *)1;                                                                    \
+        dt_status s_ = dt_st_open(&f_, path);                                                                \
         CHECK_MSG(s_ == (st) && f_ == NULL && strstr(dt_last_error(), path) && strstr(dt_last_error(), why), \
-                  "want '%s', got %s: %s", why, dt_status_str(s_), dt_last_error());                    \
-        dt_st_destroy(s_ == DT_OK ? f_ : NULL);                                                          \
+                  "want '%s', got %s: %s", why, dt_status_str(s_), dt_last_error());                         \
+        dt_st_destroy(s_ == DT_OK ? f_ : NULL);                                                              \
     } while (0)
 
 /* A plain safetensors file: 8-byte length, header text (unpadded), data. */

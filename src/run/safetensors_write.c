@@ -55,8 +55,8 @@ void dt_st_writer_destroy(dt_st_writer *w) {
     free(w);
 }
 
-dt_status dt_st_writer_add(dt_st_writer *w, const char *name, dt_dtype dtype, int ndim,
-                           const int64_t *shape, const void *data) {
+dt_status dt_st_writer_add(dt_st_writer *w, const char *name, dt_dtype dtype, int ndim, const int64_t *shape,
+                           const void *data) {
     if (!name || !name[0] || !strcmp(name, "__metadata__"))
         return dt_error(DT_EINVAL, "checkpoint tensor name '%s' is empty or reserved", name ? name : "(null)");
     if ((unsigned)dtype >= DT_DTYPE_COUNT)
@@ -91,8 +91,8 @@ dt_status dt_st_writer_add(dt_st_writer *w, const char *name, dt_dtype dtype, in
 }
 
 static bool reserved_key(const char *k) {
-    return !strcmp(k, "dtrain.format") || !strcmp(k, "dtrain.format_version") ||
-           !strcmp(k, "dtrain.header_crc32") || !strncmp(k, "dtrain.crc32.", 13);
+    return !strcmp(k, "dtrain.format") || !strcmp(k, "dtrain.format_version") || !strcmp(k, "dtrain.header_crc32") ||
+           !strncmp(k, "dtrain.crc32.", 13);
 }
 
 dt_status dt_st_writer_meta(dt_st_writer *w, const char *key, const char *value) {
@@ -127,8 +127,7 @@ static cJSON *int_list(const int64_t *v, int n) {
     char buf[32 * (DT_MAX_DIMS + 2)];
     size_t off = 0;
     buf[off++] = '[';
-    for (int i = 0; i < n; i++)
-        off += (size_t)snprintf(buf + off, sizeof buf - off, "%s%" PRId64, i ? "," : "", v[i]);
+    for (int i = 0; i < n; i++) off += (size_t)snprintf(buf + off, sizeof buf - off, "%s%" PRId64, i ? "," : "", v[i]);
     snprintf(buf + off, sizeof buf - off, "]");
     return cJSON_CreateRaw(buf);
 }
@@ -237,15 +236,15 @@ static dt_status sync_dir(const char *path) {
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     dt_status s = DT_OK;
     if (fd < 0 || fsync(fd) != 0)
-        s = dt_error(DT_EIO, "%s: fsync of directory '%s' failed: %s; the checkpoint may not survive a crash",
-                     path, dir, strerror(errno));
+        s = dt_error(DT_EIO, "%s: fsync of directory '%s' failed: %s; the checkpoint may not survive a crash", path,
+                     dir, strerror(errno));
     if (fd >= 0) close(fd);
     free(dir);
     return s;
 }
 
 dt_status dt_st_writer_write(const dt_st_writer *w, const char *named) {
-    char path[4096];  /* the file to replace: named, or where a symbolic link named leads */
+    char path[4096]; /* the file to replace: named, or where a symbolic link named leads */
     DT_TRY(dt_output_path("", named, path, sizeof path));
     int *ord = data_order(w);
     if (!ord) return dt_error(DT_ENOMEM, "out of memory writing %s", path);
@@ -268,8 +267,8 @@ dt_status dt_st_writer_write(const dt_st_writer *w, const char *named) {
     fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
     if (fd < 0) {
         s = dt_error(errno == ENOENT ? DT_ENOENT : DT_EIO,
-                     "%s: cannot create temporary file '%s': %s; check that the directory exists and is writable",
-                     path, tmp, strerror(errno));
+                     "%s: cannot create temporary file '%s': %s; check that the directory exists and is writable", path,
+                     tmp, strerror(errno));
         goto done;
     }
     s = write_all(fd, hdr, hlen, tmp);
@@ -280,8 +279,8 @@ dt_status dt_st_writer_write(const dt_st_writer *w, const char *named) {
     fd = -1;
     if (s == DT_OK && rc != 0) s = dt_error(DT_EIO, "%s: close failed: %s; check the disk", tmp, strerror(errno));
     if (s == DT_OK && rename(tmp, path) != 0)
-        s = dt_error(DT_EIO, "%s: cannot rename '%s' over it: %s; the previous file (if any) is unchanged",
-                     path, tmp, strerror(errno));
+        s = dt_error(DT_EIO, "%s: cannot rename '%s' over it: %s; the previous file (if any) is unchanged", path, tmp,
+                     strerror(errno));
     if (s != DT_OK) {
         unlink(tmp);
         goto done;

@@ -10,7 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
-static int g_skip_last;  /* drop the second slice of the last tensor (a rank that holds part) */
+static int g_skip_last; /* drop the second slice of the last tensor (a rank that holds part) */
 
 /* the pieces of dt_state_visit_model, each cut in two halves */
 typedef struct {
@@ -63,7 +63,8 @@ int main(void) {
     dt_optim_set_steps(o, 7);
     dt_strategy_ops ops = {.name = "halves", .visit_state = sharded_visit};
     dt_strategy st = {.ops = &ops, .model = m, .optim = o};
-    dt_ckpt_info info = {.C = 1, .H = 6, .W = 6, .step = 7, .batch = 4, .world_size = 1, .optimizer = "adam", .lr = 1e-3f};
+    dt_ckpt_info info = {
+        .C = 1, .H = 6, .W = 6, .step = 7, .batch = 4, .world_size = 1, .optimizer = "adam", .lr = 1e-3f};
     snprintf(info.spec, sizeof info.spec, "%s", dt_model_spec(m));
     char a[64], b[64];
     snprintf(a, sizeof a, "/tmp/dtrain-state-%d-a.st", (int)getpid());

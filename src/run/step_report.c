@@ -30,12 +30,19 @@ void dt_trainer_report_progress(dt_trainer *t, int64_t acc_samples, int64_t acc_
     const dt_train_config *c = &t->cfg;
     const int64_t total = total_steps(t, spe), left = total > t->step ? total - t->step : 0;
     const int64_t epoch_end = t->step_in_epoch + left < spe ? t->step_in_epoch + left : spe;
-    const double el = now - t0, per = acc_steps > 0 ? el / (double)acc_steps : 0;  /* seconds a step */
-    const dt_progress_info p = {.epoch = (int)t->epoch, .epochs = c->epochs, .step_in_epoch = t->step_in_epoch,
-                                .steps_per_epoch = spe, .global_step = t->step, .loss = loss, .elapsed_s = el,
+    const double el = now - t0, per = acc_steps > 0 ? el / (double)acc_steps : 0; /* seconds a step */
+    const dt_progress_info p = {.epoch = (int)t->epoch,
+                                .epochs = c->epochs,
+                                .step_in_epoch = t->step_in_epoch,
+                                .steps_per_epoch = spe,
+                                .global_step = t->step,
+                                .loss = loss,
+                                .elapsed_s = el,
                                 .samples_per_s = el > 0 ? (double)acc_samples * t->dworld / el : 0,
-                                .eta_s = per * (double)(epoch_end - t->step_in_epoch), .epoch_steps = epoch_end,
-                                .total_steps = total, .run_eta_s = per * (double)left};
+                                .eta_s = per * (double)(epoch_end - t->step_in_epoch),
+                                .epoch_steps = epoch_end,
+                                .total_steps = total,
+                                .run_eta_s = per * (double)left};
     t->progress = p;
     if (show && t->rank == 0 && c->on_progress) c->on_progress(c->cb_ctx, &p);
 }
@@ -55,9 +62,17 @@ static dt_status emit(dt_trainer *t, const dt_step_info *s) {
 
 /* A record of kind k at this step, its figures still to fill in (NaN: none). */
 static dt_step_info record(const dt_trainer *t, dt_step_kind k, int64_t spe) {
-    return (dt_step_info){.kind = k, .step = t->step, .epoch = epochs_done(t, spe), .wall_s = dt_now() - t->t_start,
-                          .lr = dt_lr_at(&t->cfg.lr, t->step > 0 ? t->step - 1 : 0), .train_loss = NAN,
-                          .grad_norm = NAN, .test_loss = NAN, .test_acc = NAN, .val_loss = NAN, .val_acc = NAN};
+    return (dt_step_info){.kind = k,
+                          .step = t->step,
+                          .epoch = epochs_done(t, spe),
+                          .wall_s = dt_now() - t->t_start,
+                          .lr = dt_lr_at(&t->cfg.lr, t->step > 0 ? t->step - 1 : 0),
+                          .train_loss = NAN,
+                          .grad_norm = NAN,
+                          .test_loss = NAN,
+                          .test_acc = NAN,
+                          .val_loss = NAN,
+                          .val_acc = NAN};
 }
 
 /* The DT_STEP_TRAIN record of the steps since the last one: loss and samples summed over the
@@ -93,13 +108,14 @@ static dt_status eval_record(dt_trainer *t, int64_t spe) {
 
 dt_status dt_trainer_step_reports(dt_trainer *t, int64_t spe) {
     const dt_train_config *c = &t->cfg;
-    if (t->strategy->role != DT_ROLE_REPLICA) return DT_OK;  /* ps: the servers report, per epoch */
+    if (t->strategy->role != DT_ROLE_REPLICA) return DT_OK; /* ps: the servers report, per epoch */
     if (c->log_every > 0 && t->step % c->log_every == 0) DT_TRY(log_record(t, spe));
     const bool last = t->step_in_epoch >= spe || (c->max_steps && t->step >= c->max_steps);
     if (c->eval_every > 0 && t->step % c->eval_every == 0 && !last) {
         dt_status s = eval_record(t, spe);
-        if (s != DT_OK) return dt_error_wrap(s, "evaluation after step %lld (`eval_every` %lld)", (long long)t->step,
-                                             (long long)c->eval_every);
+        if (s != DT_OK)
+            return dt_error_wrap(s, "evaluation after step %lld (`eval_every` %lld)", (long long)t->step,
+                                 (long long)c->eval_every);
     }
     return DT_OK;
 }

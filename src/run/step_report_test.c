@@ -12,8 +12,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#define NS 96  /* training samples: 12 steps of 8 an epoch */
-#define NT 40  /* test samples: 5 batches of 8 */
+#define NS 96 /* training samples: 12 steps of 8 an epoch */
+#define NT 40 /* test samples: 5 batches of 8 */
 #define NF 6
 
 static float g_x[NS * NF];
@@ -24,7 +24,7 @@ typedef struct {
     int nprog;
     dt_step_info rec[64];
     int nrec;
-    int eval_calls, eval_last, eval_total;  /* evaluation progress */
+    int eval_calls, eval_last, eval_total; /* evaluation progress */
     bool eval_in_order;
 } seen;
 
@@ -46,7 +46,7 @@ static void on_step(void *ctx, const dt_step_info *r) {
 static dt_train_config config(dt_dataset *tr, dt_dataset *te, seen *s) {
     dt_train_config c = dt_train_defaults();
     c.model = "linear(16) relu linear(3)";
-    c.epochs = 3, c.batch = 8, c.max_steps = 30;  /* 36 steps in 3 epochs, cut at 30 */
+    c.epochs = 3, c.batch = 8, c.max_steps = 30; /* 36 steps in 3 epochs, cut at 30 */
     c.train_set = tr, c.test_set = te;
     c.on_progress = on_progress, c.on_step = on_step, c.cb_ctx = s, c.progress_interval_s = 0;
     return c;
@@ -58,7 +58,7 @@ static void check_progress(const seen *s) {
     int bad = 0;
     for (int i = 0; i < s->nprog; i++) {
         const dt_progress_info *p = &s->prog[i];
-        const int64_t want_end = p->epoch < 2 ? 12 : 6;  /* the third epoch ends at step 30 */
+        const int64_t want_end = p->epoch < 2 ? 12 : 6; /* the third epoch ends at step 30 */
         bad += p->total_steps != 30 || p->epoch_steps != want_end || p->steps_per_epoch != 12;
         bad += p->global_step != i + 1 || p->step_in_epoch != i % 12 + 1;
         /* both ETAs at one pace: the run's over its steps left, the epoch's over the epoch's */
@@ -90,7 +90,8 @@ static void check_records(const seen *s) {
             bad += !isnan(r->train_loss) || !isnan(r->val_loss);
         }
     }
-    CHECK_MSG(train == 6 && eval == 3 && bad == 0, "%d train records, %d evaluations, %d wrong fields", train, eval, bad);
+    CHECK_MSG(train == 6 && eval == 3 && bad == 0, "%d train records, %d evaluations, %d wrong fields", train, eval,
+              bad);
 }
 
 /* The metrics file: 6 "step" and 3 "eval" lines beside the 3 epochs' records (the last cut short). */
@@ -106,14 +107,14 @@ static void check_metrics(const char *path) {
         else epochs++, bounded += strstr(line, "\"eval_samples\": 16,") != NULL;
     }
     fclose(f);
-    CHECK_MSG(steps == 6 && evals == 3 && epochs == 3 && bounded == 3, "%s: %d step, %d eval, %d epoch lines (%d bounded)",
-              path, steps, evals, epochs, bounded);
+    CHECK_MSG(steps == 6 && evals == 3 && epochs == 3 && bounded == 3,
+              "%s: %d step, %d eval, %d epoch lines (%d bounded)", path, steps, evals, epochs, bounded);
 }
 
 static void test_step_reports(dt_dataset *tr, dt_dataset *te) {
     static seen s;
     memset(&s, 0, sizeof s);
-    s.eval_in_order = true, s.eval_last = -1;  /* 0, 1, 2, 0, 1, 2, ... */
+    s.eval_in_order = true, s.eval_last = -1; /* 0, 1, 2, 0, 1, 2, ... */
     char metrics[] = "/tmp/dt_step_report_test_XXXXXX";
     int fd = mkstemp(metrics);
     CHECK(fd >= 0);
@@ -143,7 +144,7 @@ static void test_grad_norm(dt_dataset *tr, dt_dataset *te) {
     memset(&s, 0, sizeof s), memset(&s0, 0, sizeof s0);
     dt_train_config c = config(tr, te, &s), c0 = config(tr, te, &s0);
     c.max_steps = c0.max_steps = 1, c.log_every = 1;
-    c.lr.base_lr = c0.lr.base_lr = 0.5f;  /* large steps: a clip would show */
+    c.lr.base_lr = c0.lr.base_lr = 0.5f; /* large steps: a clip would show */
     dt_trainer *t = NULL, *t0 = NULL;
     CHECK_OK(dt_trainer_create(&t, &c));
     CHECK_OK(dt_trainer_create(&t0, &c0));
@@ -157,7 +158,8 @@ static void test_grad_norm(dt_dataset *tr, dt_dataset *te) {
     CHECK_MSG(s.nrec == 1 && s.rec[0].kind == DT_STEP_TRAIN && fabs(s.rec[0].grad_norm - sqrt(ss)) <= 1e-5 * sqrt(ss),
               "grad_norm %g, the slab's norm %g", s.nrec ? s.rec[0].grad_norm : -1.0, sqrt(ss));
     CHECK_MSG(s0.nrec == 0, "%d records without log_every", s0.nrec);
-    CHECK(memcmp(dt_model_params(m), dt_model_params(dt_trainer_model(t0)), dt_model_num_params(m) * sizeof(float)) == 0);
+    CHECK(memcmp(dt_model_params(m), dt_model_params(dt_trainer_model(t0)), dt_model_num_params(m) * sizeof(float)) ==
+          0);
     dt_trainer_destroy(t);
     dt_trainer_destroy(t0);
 }
@@ -169,7 +171,8 @@ static void test_errors(dt_dataset *tr) {
     dt_trainer *t = NULL;
     CHECK(dt_trainer_create(&t, &c) == DT_EINVAL && !t);
     CHECK_MSG(strstr(dt_last_error(), "`eval_every` 10: nothing to evaluate on") &&
-                  strstr(dt_last_error(), "`val_split`"), "%s", dt_last_error());
+                  strstr(dt_last_error(), "`val_split`"),
+              "%s", dt_last_error());
     c.eval_every = 0, c.log_every = -1;
     CHECK(dt_trainer_create(&t, &c) == DT_EINVAL && !t);
     CHECK_MSG(strstr(dt_last_error(), "`log_every` -1") && strstr(dt_last_error(), "negative"), "%s", dt_last_error());
@@ -178,7 +181,8 @@ static void test_errors(dt_dataset *tr) {
 int main(void) {
     for (int i = 0; i < NS; i++) {
         g_y[i] = i % 3;
-        for (int k = 0; k < NF; k++) g_x[i * NF + k] = (float)((i * 7 + k * 13) % 17) / 17.0f + (k == g_y[i] ? 0.5f : 0);
+        for (int k = 0; k < NF; k++)
+            g_x[i * NF + k] = (float)((i * 7 + k * 13) % 17) / 17.0f + (k == g_y[i] ? 0.5f : 0);
     }
     dt_dataset *tr = NULL, *te = NULL;
     CHECK_OK(dt_dataset_create(&tr, DT_F32, g_x, g_y, NS, 1, 1, NF, 0));

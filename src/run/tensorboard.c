@@ -19,7 +19,7 @@
 
 struct dt_tb_writer {
     int fd;
-    dt_status err;       /* the first write error (sticky) */
+    dt_status err; /* the first write error (sticky) */
     char path[4096];
 };
 
@@ -94,8 +94,9 @@ static double now_s(void) {
 /* mkdir -p dir. */
 static dt_status make_dirs(const char *dir) {
     char p[4096];
-    if (snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p) return dt_error(DT_EINVAL, "`tensorboard` %.60s...: path too long", dir);
-    for (char *s = p + 1; ; s++) {
+    if (snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p)
+        return dt_error(DT_EINVAL, "`tensorboard` %.60s...: path too long", dir);
+    for (char *s = p + 1;; s++) {
         if (*s == '/' || !*s) {
             char c = *s;
             *s = 0;
@@ -144,7 +145,8 @@ const char *dt_tb_writer_path(const dt_tb_writer *w) { return w->path; }
 
 dt_status dt_tb_writer_scalars(dt_tb_writer *w, int64_t step, double wall_time, const char *const *tags,
                                const float *values, int n) {
-    if (n < 0 || n > MAX_SCALARS) return dt_error(DT_EINVAL, "dt_tb_writer_scalars: %d scalars (0..%d)", n, MAX_SCALARS);
+    if (n < 0 || n > MAX_SCALARS)
+        return dt_error(DT_EINVAL, "dt_tb_writer_scalars: %d scalars (0..%d)", n, MAX_SCALARS);
     Dtrain__Tb__SummaryValue vals[MAX_SCALARS], *ptrs[MAX_SCALARS];
     int k = 0;
     for (int i = 0; i < n; i++) {
@@ -167,10 +169,10 @@ dt_status dt_tb_writer_scalars(dt_tb_writer *w, int64_t step, double wall_time, 
 }
 
 dt_status dt_tb_writer_epoch(dt_tb_writer *w, const dt_epoch_info *e) {
-    static const char *const tags[] = {"loss/train", "loss/test", "accuracy/test", "throughput/samples_per_s", "lr",
-                                       "time/epoch_s", "loss/val", "accuracy/val"};
-    const float v[] = {e->train_loss, e->test_loss, e->test_acc, (float)e->samples_per_s, e->lr, (float)e->epoch_s,
-                       e->val_loss, e->val_acc};
+    static const char *const tags[] = {"loss/train", "loss/test",    "accuracy/test", "throughput/samples_per_s",
+                                       "lr",         "time/epoch_s", "loss/val",      "accuracy/val"};
+    const float v[] = {e->train_loss, e->test_loss,      e->test_acc, (float)e->samples_per_s,
+                       e->lr,         (float)e->epoch_s, e->val_loss, e->val_acc};
     return dt_tb_writer_scalars(w, e->global_step, 0, tags, v, 8);
 }
 
@@ -190,7 +192,8 @@ dt_status dt_tb_writer_destroy(dt_tb_writer *w) {
     dt_status s = w->err;
     if (fsync(w->fd) != 0 && errno != EINVAL && s == DT_OK)
         s = dt_error(DT_EIO, "`tensorboard` %s: fsync failed: %s", w->path, strerror(errno));
-    if (close(w->fd) != 0 && s == DT_OK) s = dt_error(DT_EIO, "`tensorboard` %s: close failed: %s", w->path, strerror(errno));
+    if (close(w->fd) != 0 && s == DT_OK)
+        s = dt_error(DT_EIO, "`tensorboard` %s: close failed: %s", w->path, strerror(errno));
     free(w);
     return s;
 }

@@ -26,7 +26,7 @@ static uint32_t masked(const unsigned char *p, size_t n) {
 }
 
 int main(void) {
-    CHECK(dt_crc32c(0, "123456789", 9) == 0xE3069283u);  /* the CRC-32C check value (RFC 3720) */
+    CHECK(dt_crc32c(0, "123456789", 9) == 0xE3069283u); /* the CRC-32C check value (RFC 3720) */
     unsigned char buf[1003];
     for (size_t i = 0; i < sizeof buf; i++) buf[i] = (unsigned char)(i * 131 + 7);
     for (size_t n = 0; n <= sizeof buf; n += 97) CHECK_MSG(dt_crc32c(0, buf, n) == crc_bitwise(buf, n), "n=%zu", n);

@@ -4,8 +4,8 @@
 #define DT_RUN_TRAIN_AIDS_H
 
 struct dt_train_aids {
-    int slow_rank;      /* this rank sleeps (slow_factor - 1) x its compute time every step */
-    float slow_factor;  /* <= 1: off */
+    int slow_rank;     /* this rank sleeps (slow_factor - 1) x its compute time every step */
+    float slow_factor; /* <= 1: off */
 };
 typedef struct dt_train_aids dt_train_aids;
 

@@ -9,35 +9,56 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_STRS 16   /* string fields of a config */
+#define MAX_STRS 16 /* string fields of a config */
 
 struct dt_train_options {
     dt_train_config cfg;
-    char *strs[MAX_STRS];   /* owned copies, by string key index */
+    char *strs[MAX_STRS]; /* owned copies, by string key index */
 };
 
 typedef enum { K_STR, K_INT, K_I64, K_FLOAT, K_DOUBLE, K_U64, K_BOOL, K_OPTIM, K_SCHED } key_kind;
 typedef struct {
     const char *name;
     key_kind kind;
-    size_t off;             /* offset of the field in dt_train_config */
+    size_t off; /* offset of the field in dt_train_config */
 } key_def;
 
 #define F(field) offsetof(dt_train_config, field)
 static const key_def g_keys[] = {
-    {"data", K_STR, F(data)}, {"model", K_STR, F(model)}, {"save", K_STR, F(save)},
-    {"resume", K_STR, F(resume)}, {"metrics", K_STR, F(metrics)}, {"strategy", K_STR, F(strategy)},
-    {"timeline", K_STR, F(timeline)}, {"checkpoint-dir", K_STR, F(checkpoint_dir)},
-    {"epochs", K_INT, F(epochs)}, {"batch", K_INT, F(batch)}, {"grad-accum", K_INT, F(grad_accum)},
-    {"threads", K_INT, F(threads)}, {"keep", K_INT, F(keep)}, {"max-steps", K_I64, F(max_steps)},
-    {"epoch-windows", K_I64, F(epoch_windows)}, {"checkpoint-every", K_I64, F(checkpoint_every)},
-    {"checkpoint-secs", K_DOUBLE, F(checkpoint_secs)}, {"val-fraction", K_DOUBLE, F(val_fraction)},
-    {"seed", K_U64, F(seed)}, {"normalize", K_BOOL, F(normalize)}, {"clip", K_FLOAT, F(clip_norm)},
-    {"lr", K_FLOAT, F(lr.base_lr)}, {"warmup", K_I64, F(lr.warmup_steps)}, {"step-size", K_I64, F(lr.step_size)},
-    {"gamma", K_FLOAT, F(lr.gamma)}, {"min-lr", K_FLOAT, F(lr.min_lr)}, {"schedule", K_SCHED, F(lr.kind)},
-    {"optimizer", K_OPTIM, F(optim)}, {"momentum", K_FLOAT, F(optim.momentum)},
-    {"nesterov", K_BOOL, F(optim.nesterov)}, {"weight-decay", K_FLOAT, F(optim.weight_decay)},
-    {"beta1", K_FLOAT, F(optim.beta1)}, {"beta2", K_FLOAT, F(optim.beta2)}, {"eps", K_FLOAT, F(optim.eps)},
+    {"data", K_STR, F(data)},
+    {"model", K_STR, F(model)},
+    {"save", K_STR, F(save)},
+    {"resume", K_STR, F(resume)},
+    {"metrics", K_STR, F(metrics)},
+    {"strategy", K_STR, F(strategy)},
+    {"timeline", K_STR, F(timeline)},
+    {"checkpoint-dir", K_STR, F(checkpoint_dir)},
+    {"epochs", K_INT, F(epochs)},
+    {"batch", K_INT, F(batch)},
+    {"grad-accum", K_INT, F(grad_accum)},
+    {"threads", K_INT, F(threads)},
+    {"keep", K_INT, F(keep)},
+    {"max-steps", K_I64, F(max_steps)},
+    {"epoch-windows", K_I64, F(epoch_windows)},
+    {"checkpoint-every", K_I64, F(checkpoint_every)},
+    {"checkpoint-secs", K_DOUBLE, F(checkpoint_secs)},
+    {"val-fraction", K_DOUBLE, F(val_fraction)},
+    {"seed", K_U64, F(seed)},
+    {"normalize", K_BOOL, F(normalize)},
+    {"clip", K_FLOAT, F(clip_norm)},
+    {"lr", K_FLOAT, F(lr.base_lr)},
+    {"warmup", K_I64, F(lr.warmup_steps)},
+    {"step-size", K_I64, F(lr.step_size)},
+    {"gamma", K_FLOAT, F(lr.gamma)},
+    {"min-lr", K_FLOAT, F(lr.min_lr)},
+    {"schedule", K_SCHED, F(lr.kind)},
+    {"optimizer", K_OPTIM, F(optim)},
+    {"momentum", K_FLOAT, F(optim.momentum)},
+    {"nesterov", K_BOOL, F(optim.nesterov)},
+    {"weight-decay", K_FLOAT, F(optim.weight_decay)},
+    {"beta1", K_FLOAT, F(optim.beta1)},
+    {"beta2", K_FLOAT, F(optim.beta2)},
+    {"eps", K_FLOAT, F(optim.eps)},
 };
 #undef F
 #define NKEYS ((int)(sizeof g_keys / sizeof *g_keys))
@@ -114,7 +135,8 @@ dt_status dt_train_options_set(dt_train_options *o, const char *key, const char 
     if (!value) return dt_error(DT_EINVAL, "`%s`: no value given", name);
     int i = 0, si = 0;
     for (; i < NKEYS && strcmp(g_keys[i].name, name); i++) si += g_keys[i].kind == K_STR;
-    if (i == NKEYS) return dt_error(DT_EINVAL, "unknown training option '%s'; the options are: %s", name, dt_train_options_keys());
+    if (i == NKEYS)
+        return dt_error(DT_EINVAL, "unknown training option '%s'; the options are: %s", name, dt_train_options_keys());
     const key_def *k = &g_keys[i];
     void *p = (char *)&o->cfg + k->off;
     if (k->kind == K_STR) {
@@ -154,7 +176,7 @@ static dt_status train_worker(dt_comm *comm, void *ctx) {
 }
 
 dt_status dt_train_local(const dt_train_config *cfg, int workers, double timeout_s) {
-    DT_TRY(dt_train_config_check_layout(cfg, "dt_train_local"));  /* before a copy of its bytes */
+    DT_TRY(dt_train_config_check_layout(cfg, "dt_train_local")); /* before a copy of its bytes */
     if (workers < 1) return dt_error(DT_EINVAL, "`workers` %d: need at least 1", workers);
     if (workers == 1) {
         dt_train_config c = *cfg;

@@ -24,9 +24,9 @@ static long long line_step(const char *line) {
 
 /* Rewrites path without the records of steps after `step` (those of a run resumed from there). */
 static dt_status drop_records_after(dt_trainer *t, int64_t step) {
-    char path[4096];  /* the file, or the one a symbolic link leads to */
+    char path[4096]; /* the file, or the one a symbolic link leads to */
     if (dt_output_path("`metrics`", t->cfg.metrics, path, sizeof path) != DT_OK)
-        return dt_error_clear(), DT_OK;  /* a stream or descriptor (/dev/stdout): appended to, as it is */
+        return dt_error_clear(), DT_OK; /* a stream or descriptor (/dev/stdout): appended to, as it is */
     FILE *in = fopen(path, "r");
     if (!in) return DT_OK; /* nothing written yet */
     char tmp[4200];
@@ -54,8 +54,11 @@ static dt_status drop_records_after(dt_trainer *t, int64_t step) {
         return s;
     }
     if (dropped == 0) unlink(tmp);
-    else dt_trainer_note(t, "`metrics` %s: dropped %d record%s after step %lld (written again from the resumed "
-                            "checkpoint)", path, dropped, dropped == 1 ? "" : "s", (long long)step);
+    else
+        dt_trainer_note(t,
+                        "`metrics` %s: dropped %d record%s after step %lld (written again from the resumed "
+                        "checkpoint)",
+                        path, dropped, dropped == 1 ? "" : "s", (long long)step);
     return DT_OK;
 }
 
@@ -63,7 +66,7 @@ dt_status dt_trainer_open_metrics(dt_trainer *t, FILE **out) {
     *out = NULL;
     if (!t->cfg.metrics || t->rank != 0) return DT_OK;
     if (t->cfg.resume) DT_TRY(drop_records_after(t, t->step));
-    const int fd = dt_path_descriptor(t->cfg.metrics);  /* --metrics /dev/stdout: into that very stream */
+    const int fd = dt_path_descriptor(t->cfg.metrics); /* --metrics /dev/stdout: into that very stream */
     const int mine = fd >= 0 ? dup(fd) : -1;
     *out = fd >= 0 ? (mine >= 0 ? fdopen(mine, "a") : NULL) : fopen(t->cfg.metrics, t->cfg.resume ? "a" : "w");
     if (!*out && mine >= 0) close(mine);
@@ -100,9 +103,9 @@ dt_status dt_trainer_write_metrics(FILE *f, const dt_epoch_info *e, const dt_tra
             "\"step_ms\": {\"compute\": %.4f, \"comm_wait\": %.4f, \"data_wait\": %.4f}, \"model\": \"%s\"",
             e->epoch, (long long)e->global_step, e->train_loss, tl, ta, e->samples_per_s, e->epoch_s, e->wall_s,
             e->data_wait_s, e->lr, t->cfg.batch, e->world_size, e->global_batch, t->strategy->ops->name,
-            t->world > 1 ? dt_comm_backend_name(t->cfg.comm) : "self",
-            e->compute_s * per, e->comm_wait_s * per, e->data_wait_s * per, dt_model_spec(t->model));
-    if (e->steps_per_epoch > 0)  /* a partial epoch (--max-steps) or a loss over part of it (resumed) */
+            t->world > 1 ? dt_comm_backend_name(t->cfg.comm) : "self", e->compute_s * per, e->comm_wait_s * per,
+            e->data_wait_s * per, dt_model_spec(t->model));
+    if (e->steps_per_epoch > 0) /* a partial epoch (--max-steps) or a loss over part of it (resumed) */
         fprintf(f, ", \"epoch_steps\": %lld, \"steps_per_epoch\": %lld, \"loss_steps\": %lld",
                 (long long)e->epoch_steps, (long long)e->steps_per_epoch, (long long)e->steps);
     if (t->world > 1)
@@ -113,23 +116,27 @@ dt_status dt_trainer_write_metrics(FILE *f, const dt_epoch_info *e, const dt_tra
         json_num(vl, sizeof vl, e->val_loss), json_num(va, sizeof va, e->val_acc);
         fprintf(f, ", \"val_loss\": %s, \"val_acc\": %s, \"best_epoch\": %d", vl, va, e->best_epoch);
     }
-    if (t->cfg.eval_batches > 0)  /* a bounded evaluation: the samples it covered */
+    if (t->cfg.eval_batches > 0) /* a bounded evaluation: the samples it covered */
         fprintf(f, ", \"eval_samples\": %lld", (long long)e->eval_samples);
     fprintf(f, ", \"kernels\": \"%s\"", dt_kernels_describe());
     const dt_loss_scaler *ls = dt_optim_loss_scaler(t->optim);
     if (ls) fprintf(f, ", \"loss_scale\": %.6g, \"skipped_steps\": %lld", ls->scale, (long long)ls->skipped);
-    if (e->sync_raw_bytes > 0 && e->steps > 0)  /* gradient sync: bytes per step of rank 0, --compress */
-        fprintf(f, ", \"sync\": {\"bytes_per_step\": %.0f, \"raw_bytes_per_step\": %.0f, \"compression_ratio\": %.4g, "
-                   "\"ef_norm\": %.6g}", e->sync_bytes / (double)e->steps, e->sync_raw_bytes / (double)e->steps,
+    if (e->sync_raw_bytes > 0 && e->steps > 0) /* gradient sync: bytes per step of rank 0, --compress */
+        fprintf(f,
+                ", \"sync\": {\"bytes_per_step\": %.0f, \"raw_bytes_per_step\": %.0f, \"compression_ratio\": %.4g, "
+                "\"ef_norm\": %.6g}",
+                e->sync_bytes / (double)e->steps, e->sync_raw_bytes / (double)e->steps,
                 e->sync_bytes > 0 ? e->sync_raw_bytes / e->sync_bytes : 0.0, e->ef_norm);
-    if (t->cfg.predicted_step_s > 0 && e->steps > 0) {  /* --strategy auto: the plan beside what it measured */
+    if (t->cfg.predicted_step_s > 0 && e->steps > 0) { /* --strategy auto: the plan beside what it measured */
         const double step = e->epoch_s / (double)e->steps;
-        fprintf(f, ", \"plan\": {\"layout\": \"%s\", \"predicted_step_s\": %.6g, \"measured_step_s\": %.6g, "
-                "\"error\": %.4f}", t->cfg.plan_layout ? t->cfg.plan_layout : "", t->cfg.predicted_step_s, step,
+        fprintf(f,
+                ", \"plan\": {\"layout\": \"%s\", \"predicted_step_s\": %.6g, \"measured_step_s\": %.6g, "
+                "\"error\": %.4f}",
+                t->cfg.plan_layout ? t->cfg.plan_layout : "", t->cfg.predicted_step_s, step,
                 step / t->cfg.predicted_step_s - 1);
     }
     dt_balance_write_json(f, e);  /* per-worker figures, ps staleness */
-    fputs(t->strategy_report, f);  /* the strategy's own figures (pp: bubble, bytes), or nothing */
+    fputs(t->strategy_report, f); /* the strategy's own figures (pp: bubble, bytes), or nothing */
     fputs("}\n", f);
     if (fflush(f) != 0 || ferror(f)) return metrics_error(t, "writing the record of an epoch");
     return DT_OK;
@@ -204,4 +211,3 @@ dt_status dt_trainer_write_timeline(dt_trainer *t) {
     free(all), free(counts), free(bytes);
     return s;
 }
-

@@ -44,12 +44,15 @@ dt_train_config dt_train_defaults(void) {
 static dt_status layout_check(size_t size, unsigned version, const char *who) {
     if (size == sizeof(dt_train_config) && version == DT_TRAIN_CONFIG_VERSION) return DT_OK;
     if (size == 0 && version == 0)
-        return dt_error(DT_EINVAL, "%s: the dt_train_config was not set up (size 0): start from "
-                        "dt_train_config_init(&cfg) or dt_train_defaults(), then set its fields", who);
-    return dt_error(DT_EINVAL, "%s: the dt_train_config has size %zu and version %u, but this library (dtrain %s) "
+        return dt_error(DT_EINVAL,
+                        "%s: the dt_train_config was not set up (size 0): start from "
+                        "dt_train_config_init(&cfg) or dt_train_defaults(), then set its fields",
+                        who);
+    return dt_error(DT_EINVAL,
+                    "%s: the dt_train_config has size %zu and version %u, but this library (dtrain %s) "
                     "has size %zu and version %u: the caller was compiled against another dtrain/train.h; rebuild "
-                    "it against this library's headers", who, size, version, dt_version(), sizeof(dt_train_config),
-                    (unsigned)DT_TRAIN_CONFIG_VERSION);
+                    "it against this library's headers",
+                    who, size, version, dt_version(), sizeof(dt_train_config), (unsigned)DT_TRAIN_CONFIG_VERSION);
 }
 
 dt_status dt_train_config_init_sized(dt_train_config *cfg, size_t size, unsigned version) {
@@ -100,7 +103,7 @@ static dt_status resolve_resume(dt_trainer *t) {
     const dt_train_config *c = &t->cfg;
     t->resume_path[0] = '\0';
     if (!c->resume) return DT_OK;
-    if (strcmp(c->resume, "auto") != 0) {  /* a file, or a directory's newest usable checkpoint */
+    if (strcmp(c->resume, "auto") != 0) { /* a file, or a directory's newest usable checkpoint */
         bool from_dir;
         DT_TRY(dt_checkpoint_resolve(c->resume, t->resume_path, sizeof t->resume_path, &from_dir));
         if (from_dir) dt_trainer_note(t, "`resume` %s: its newest usable checkpoint, %s", c->resume, t->resume_path);
@@ -126,23 +129,26 @@ static dt_status check_writable(const char *flag, const char *path, bool replace
     if (replaced) DT_TRY(dt_output_path(flag, path, file, sizeof file));
     else snprintf(file, sizeof file, "%s", path);
     struct stat st;
-    if (!replaced && stat(path, &st) == 0 && !S_ISREG(st.st_mode)) return DT_OK;  /* appended to: /dev/stdout */
+    if (!replaced && stat(path, &st) == 0 && !S_ISREG(st.st_mode)) return DT_OK; /* appended to: /dev/stdout */
     int e = dt_path_probe_write(file, dir, sizeof dir);
     if (e) return dt_error(DT_EIO, "%s %s: cannot write into directory %s: %s", flag, path, dir, strerror(e));
     return DT_OK;
 }
 
 static dt_status check_config(const dt_train_config *c) {
-    if (c->device && !dt_device_find(c->device)) return DT_EINVAL;  /* before any data is read; it names the devices */
+    if (c->device && !dt_device_find(c->device)) return DT_EINVAL; /* before any data is read; it names the devices */
     if (c->epochs < 1) return dt_error(DT_EINVAL, "`epochs` %d: need at least 1", c->epochs);
     if (c->batch < 1) return dt_error(DT_EINVAL, "`batch` %d: need at least 1", c->batch);
-    if (c->epoch_windows < 0) return dt_error(DT_EINVAL, "`epoch_windows` %lld: must not be negative (0 = all)", (long long)c->epoch_windows);
+    if (c->epoch_windows < 0)
+        return dt_error(DT_EINVAL, "`epoch_windows` %lld: must not be negative (0 = all)", (long long)c->epoch_windows);
     if (!(c->val_fraction >= 0 && c->val_fraction <= 0.5))
-        return dt_error(DT_EINVAL, "`val_fraction` %g: need 0..0.5 (the last part of the text held out)", c->val_fraction);
+        return dt_error(DT_EINVAL, "`val_fraction` %g: need 0..0.5 (the last part of the text held out)",
+                        c->val_fraction);
     if (c->grad_accum < 1 || c->grad_accum > 65536)
         return dt_error(DT_EINVAL, "`grad_accum` %d: need 1..65536 micro-batches per step", c->grad_accum);
     if (c->grad_accum > 1 && (int64_t)c->batch * c->grad_accum > INT32_MAX / 4)
-        return dt_error(DT_EINVAL, "`batch` %d x `grad_accum` %d samples per step is too large", c->batch, c->grad_accum);
+        return dt_error(DT_EINVAL, "`batch` %d x `grad_accum` %d samples per step is too large", c->batch,
+                        c->grad_accum);
     if (!(c->lr.base_lr > 0) || !isfinite(c->lr.base_lr))
         return dt_error(DT_EINVAL, "`lr` %g: need a positive learning rate", c->lr.base_lr);
     if (c->threads < 1 || c->threads > 1024) return dt_error(DT_EINVAL, "`threads` %d: need 1..1024", c->threads);
@@ -152,26 +158,32 @@ static dt_status check_config(const dt_train_config *c) {
     if (!(o->weight_decay >= 0)) return dt_error(DT_EINVAL, "`weight_decay` %g: must not be negative", o->weight_decay);
     if (o->kind != DT_OPTIM_SGD && !(o->eps > 0))
         return dt_error(DT_EINVAL, "`eps` %g: adam/adamw need a positive epsilon (default 1e-8)", o->eps);
-    if (!(c->clip_norm >= 0)) return dt_error(DT_EINVAL, "`clip_norm` %g: must not be negative (0 = off)", c->clip_norm);
-    if (c->lr.warmup_steps < 0) return dt_error(DT_EINVAL, "`warmup` %lld: must not be negative", (long long)c->lr.warmup_steps);
+    if (!(c->clip_norm >= 0))
+        return dt_error(DT_EINVAL, "`clip_norm` %g: must not be negative (0 = off)", c->clip_norm);
+    if (c->lr.warmup_steps < 0)
+        return dt_error(DT_EINVAL, "`warmup` %lld: must not be negative", (long long)c->lr.warmup_steps);
     if (c->lr.kind == DT_LR_STEP && c->lr.step_size <= 0)
         return dt_error(DT_EINVAL, "`schedule` step needs `step_size` STEPS > 0");
     /* whatever schedule: the checkpoint stores these and reads back only what is legal here */
-    if (c->lr.step_size < 0) return dt_error(DT_EINVAL, "`step_size` %lld: must not be negative", (long long)c->lr.step_size);
+    if (c->lr.step_size < 0)
+        return dt_error(DT_EINVAL, "`step_size` %lld: must not be negative", (long long)c->lr.step_size);
     if (!(c->lr.gamma >= 0 && c->lr.gamma <= 1))
         return dt_error(DT_EINVAL, "`gamma` %g: need a decay factor in [0, 1] (e.g. 0.1)", c->lr.gamma);
     if (!(c->lr.min_lr >= 0) || !isfinite(c->lr.min_lr))
         return dt_error(DT_EINVAL, "`min_lr` %g: need a final learning rate >= 0", c->lr.min_lr);
     if (c->weights && c->resume)
-        return dt_error(DT_EINVAL, "`weights` %s starts a new run from plain weights, `resume` %s continues one: pass "
-                        "one of them", c->weights, c->resume);
+        return dt_error(DT_EINVAL,
+                        "`weights` %s starts a new run from plain weights, `resume` %s continues one: pass "
+                        "one of them",
+                        c->weights, c->resume);
     if (c->max_steps < 0) return dt_error(DT_EINVAL, "`max_steps` %lld: must not be negative", (long long)c->max_steps);
     if (c->log_every < 0 || c->eval_every < 0 || c->eval_batches < 0)
-        return dt_error(DT_EINVAL, "`log_every` %lld, `eval_every` %lld, `eval_batches` %lld: none may be negative "
-                        "(0 = off, the whole set for `eval_batches`)", (long long)c->log_every,
-                        (long long)c->eval_every, (long long)c->eval_batches);
+        return dt_error(DT_EINVAL,
+                        "`log_every` %lld, `eval_every` %lld, `eval_batches` %lld: none may be negative "
+                        "(0 = off, the whole set for `eval_batches`)",
+                        (long long)c->log_every, (long long)c->eval_every, (long long)c->eval_batches);
     DT_TRY(check_writable("`save`", c->save, true));
-    DT_TRY(check_writable("`metrics`", c->metrics, false));  /* appended (a resume rewrites a file only) */
+    DT_TRY(check_writable("`metrics`", c->metrics, false)); /* appended (a resume rewrites a file only) */
     DT_TRY(check_writable("`timeline`", c->timeline, true));
     DT_TRY(check_writable("`save_weights`", c->save_weights, true));
     if ((c->checkpoint_every > 0 || c->checkpoint_secs > 0 || c->keep > 0) && !c->checkpoint_dir)
@@ -197,15 +209,19 @@ static dt_status setup_uneven(dt_trainer *t) {
         return dt_error(DT_EINVAL, "`strategy` %s does not support `%s` yet%s", name,
                         c->timeline ? "timeline" : "checkpoint_dir",
                         c->timeline ? "" : " (use `save` FILE, written after every epoch and on SIGTERM)");
-    const bool slow = c->aids && c->aids->slow_factor > 1 && c->aids->slow_rank == t->rank;  /* a test aid */
+    const bool slow = c->aids && c->aids->slow_factor > 1 && c->aids->slow_rank == t->rank; /* a test aid */
     if (role == DT_ROLE_SERVER) {
         if (slow)
             return dt_error(DT_EINVAL, "`slow` %d:%g: rank %d is a ps server; pick a worker rank (%d..%d)",
                             c->aids->slow_rank, c->aids->slow_factor, t->rank, t->world - t->dworld, t->world - 1);
         return DT_OK;
     }
-    dt_balance_config bc = {.rank = t->drank, .world = t->dworld, .job_rank0 = t->strategy->job_rank0,
-                            .batch = c->batch, .dynamic = t->balanced, .slow = slow ? c->aids->slow_factor : 1};
+    dt_balance_config bc = {.rank = t->drank,
+                            .world = t->dworld,
+                            .job_rank0 = t->strategy->job_rank0,
+                            .batch = c->batch,
+                            .dynamic = t->balanced,
+                            .slow = slow ? c->aids->slow_factor : 1};
     DT_TRY(dt_balance_create(&t->balance, &bc));
     if (!(t->workers = calloc((size_t)t->dworld, sizeof *t->workers)))
         return dt_error(DT_ENOMEM, "trainer: out of memory");
@@ -227,13 +243,14 @@ static dt_status check_spec(const char *spec) {
 /* Opens --data for model `spec`: a text corpus (text:FILE, kjv) as windows of the GPT's context
  * with the last val_fraction as the test set, else an image/CSV data set. */
 dt_status dt_trainer_open_data(const char *data, const char *spec, double val_fraction, dt_dataset **train,
-                              dt_dataset **test) {
+                               dt_dataset **test) {
     const bool text = dt_data_is_text(data), gpt = dt_model_spec_is_gpt(spec);
     if (text != gpt)
-        return dt_error(DT_EINVAL, text ? "`data` %s is text (byte tokens) and model '%s' takes no token ids: use a "
-                                          "`model` gpt[:L=..,H=..,C=..,T=..] (or its checkpoint)"
-                                        : "`data` %s is not text and model '%s' reads token ids: give it `data` "
-                                          "text:FILE, `data` kjv or `data` tokens:DIR",
+        return dt_error(DT_EINVAL,
+                        text ? "`data` %s is text (byte tokens) and model '%s' takes no token ids: use a "
+                               "`model` gpt[:L=..,H=..,C=..,T=..] (or its checkpoint)"
+                             : "`data` %s is not text and model '%s' reads token ids: give it `data` "
+                               "text:FILE, `data` kjv or `data` tokens:DIR",
                         data, spec);
     if (!text) return dt_dataset_open(train, test, data);
     dt_gpt_config g;
@@ -279,8 +296,10 @@ static void check_resume_changes(const dt_trainer *t, const dt_ckpt_info *info, 
     char what[1024];
     dt_ckpt_settings_changes(info, &t->cfg, dt_trainer_strategy_spec(t), what, sizeof what);
     if (what[0])
-        dt_trainer_note(t, "resuming %s with other settings: %s. This continues as a different run, not the one "
-                           "that wrote the checkpoint", path, what);
+        dt_trainer_note(t,
+                        "resuming %s with other settings: %s. This continues as a different run, not the one "
+                        "that wrote the checkpoint",
+                        path, what);
 }
 
 /* The global batch must fit the training set, and the buffers it needs (the loader's prefetched
@@ -294,12 +313,15 @@ static dt_status check_batch(const dt_trainer *t, int max_batch) {
     const char *what = n < dt_dataset_len(t->train) ? "an epoch (`epoch_windows`)" : "the training set";
     if (global > (long long)n) {
         if (t->dworld > 1)
-            return dt_error(DT_EINVAL, "`batch` %d%s x %d workers = %lld samples per step is more than %s (%zu samples "
-                            "of `data` %s): use `batch` %zu or less", c->batch, accum, t->dworld, global, what, n,
-                            c->data, n / (size_t)t->dworld / per);
+            return dt_error(DT_EINVAL,
+                            "`batch` %d%s x %d workers = %lld samples per step is more than %s (%zu samples "
+                            "of `data` %s): use `batch` %zu or less",
+                            c->batch, accum, t->dworld, global, what, n, c->data, n / (size_t)t->dworld / per);
         if (per > 1)
-            return dt_error(DT_EINVAL, "`batch` %d x `grad_accum` = %lld samples per step is more than %s (%zu samples "
-                            "of `data` %s): use `batch` %zu or less", c->batch, global, what, n, c->data, n / per);
+            return dt_error(DT_EINVAL,
+                            "`batch` %d x `grad_accum` = %lld samples per step is more than %s (%zu samples "
+                            "of `data` %s): use `batch` %zu or less",
+                            c->batch, global, what, n, c->data, n / per);
         return dt_error(DT_EINVAL, "`batch` %d is more than %s (%zu samples of `data` %s): use `batch` %zu or less",
                         c->batch, what, n, c->data, n);
     }
@@ -309,8 +331,10 @@ static dt_status check_batch(const dt_trainer *t, int max_batch) {
     if (sysinfo(&si) == 0) {
         const double avail = ((double)si.freeram + (double)si.bufferram) * si.mem_unit;
         if (need > avail && need > 256e6)
-            return dt_error(DT_ENOMEM, "`batch` %d needs about %.1f GB for its input buffers alone, more than the %.1f GB "
-                            "of free memory: use a smaller `batch`", c->batch, need / 1e9, avail / 1e9);
+            return dt_error(DT_ENOMEM,
+                            "`batch` %d needs about %.1f GB for its input buffers alone, more than the %.1f GB "
+                            "of free memory: use a smaller `batch`",
+                            c->batch, need / 1e9, avail / 1e9);
     }
     return DT_OK;
 }
@@ -331,7 +355,8 @@ static dt_status setup_data(dt_trainer *t, const char *spec, const char *resume,
     dt_dataset_shape(t->train, &t->C, &t->H, &t->W);
     t->classes = dt_dataset_classes(t->train);
     if (c->normalize && dt_dataset_is_text(t->train))
-        return dt_error(DT_EINVAL, "`normalize` standardises image features, but `data` %s is token ids: drop `normalize`",
+        return dt_error(DT_EINVAL,
+                        "`normalize` standardises image features, but `data` %s is token ids: drop `normalize`",
                         c->data);
     if (!resume) return DT_OK;
     if (info->C != t->C || info->H != t->H || info->W != t->W)
@@ -356,12 +381,16 @@ static dt_status place_model(dt_trainer *t, const dt_strategy_entry *se, const d
      * buckets in blocks of their own (parallel/zero_blocks.c); pp's stages hold the whole model there;
      * a strategy that is not device-neutral is refused by move_to_device */
     const bool on_device = t->cfg.device && strcmp(t->cfg.device, "cpu");
-    if (!whole_load && !on_device) DT_TRY(dt_strategy_placement(se, so, t->model, t->rank, t->world, &own, &nown, &whole));
+    if (!whole_load && !on_device)
+        DT_TRY(dt_strategy_placement(se, so, t->model, t->rank, t->world, &own, &nown, &whole));
     const dt_range *part = whole ? NULL : own ? own : &none;
     dt_status s = dt_model_place(t->model, part, nown);
     if (s == DT_OK)
         s = dt_optim_create_placed(&t->optim, &t->cfg.optim, dt_model_num_params(t->model),
-                                   whole ? NULL : resume ? part : &none, whole || resume ? nown : 0);
+                                   whole    ? NULL
+                                   : resume ? part
+                                            : &none,
+                                   whole || resume ? nown : 0);
     free(own);
     return s;
 }
@@ -369,12 +398,15 @@ static dt_status place_model(dt_trainer *t, const dt_strategy_entry *se, const d
 dt_status dt_trainer_check_loss(const dt_model *m, const dt_dataset *ds, const char *data) {
     const bool mse = dt_model_node_kind(m, dt_model_loss_node(m)) == DT_LAYER_MSE, targets = dt_dataset_has_targets(ds);
     if (mse && !targets)
-        return dt_error(DT_EINVAL, "model '%s' ends in mse (regression) but `data` %s holds class labels: give it float "
+        return dt_error(DT_EINVAL,
+                        "model '%s' ends in mse (regression) but `data` %s holds class labels: give it float "
                         "targets (an IDX label file of floats), or end the model in linear(CLASSES) without mse",
                         dt_model_spec(m), data);
     if (!mse && targets)
-        return dt_error(DT_EINVAL, "`data` %s holds float targets (regression) but model '%s' ends in softmax "
-                        "cross-entropy over classes: end its spec with linear(1) mse", data, dt_model_spec(m));
+        return dt_error(DT_EINVAL,
+                        "`data` %s holds float targets (regression) but model '%s' ends in softmax "
+                        "cross-entropy over classes: end its spec with linear(1) mse",
+                        data, dt_model_spec(m));
     return DT_OK;
 }
 
@@ -391,9 +423,11 @@ static dt_status move_to_device(dt_trainer *t, const dt_strategy_entry *se) {
     if (!se->device_neutral) {
         char names[128];
         dt_strategy_names_where(device_neutral, NULL, "and", names, sizeof names);
-        return dt_error(DT_ENOTSUP, "`device` %s: the %s strategy does not run on a device yet (its sharding and "
+        return dt_error(DT_ENOTSUP,
+                        "`device` %s: the %s strategy does not run on a device yet (its sharding and "
                         "staging still touch model memory from the host); strategies that do: %s; or use `device` "
-                        "cpu", spec, se->name, names);
+                        "cpu",
+                        spec, se->name, names);
     }
     DT_TRY(dt_device_create(&t->dev, spec));
     DT_TRY(dt_model_set_device(t->model, t->dev));
@@ -423,17 +457,18 @@ static dt_status setup_model(dt_trainer *t, const char *spec, const dt_strategy_
          * wrong model) */
         dt_status s = dt_dataset_set_classes(t->train, nout);
         if (s == DT_OK && t->test) s = dt_dataset_set_classes(t->test, nout);
-        if (dt_dataset_is_text(t->train))  /* a GPT's V below a token of the data: the message names it */
-            return dt_error_wrap(DT_EINVAL, "`model` %s: V=%d is too small for `data` %s", dt_model_spec(t->model), nout,
-                                 c->data);
-        return dt_error_wrap(DT_EFORMAT, "model '%s' outputs %d classes but `data` %s has labels up to %d; if they are "
-                                        "right, end the spec with linear(%d)",
+        if (dt_dataset_is_text(t->train)) /* a GPT's V below a token of the data: the message names it */
+            return dt_error_wrap(DT_EINVAL, "`model` %s: V=%d is too small for `data` %s", dt_model_spec(t->model),
+                                 nout, c->data);
+        return dt_error_wrap(DT_EFORMAT,
+                             "model '%s' outputs %d classes but `data` %s has labels up to %d; if they are "
+                             "right, end the spec with linear(%d)",
                              dt_model_spec(t->model), nout, c->data, t->classes - 1, t->classes);
     }
     DT_TRY(place_model(t, se, so, resume != NULL, (resume && dt_checkpoint_is_sharded(resume)) || c->weights));
     DT_TRY(move_to_device(t, se));
     dt_model_init(t->model, c->seed);
-    if (c->weights) DT_TRY(dt_weights_load(t->model, c->weights));  /* fine-tuning: start from them */
+    if (c->weights) DT_TRY(dt_weights_load(t->model, c->weights)); /* fine-tuning: start from them */
     return DT_OK;
 }
 
@@ -450,7 +485,8 @@ static dt_status restore_and_normalize(dt_trainer *t, const char *resume, dt_ckp
         t->step = info->step, t->epoch = info->epoch, t->step_in_epoch = info->step_in_epoch;
         snprintf(t->last_ckpt, sizeof t->last_ckpt, "%s", resume);
         if (c->normalize && !info->has_norm)
-            return dt_error(DT_EINVAL, "%s: this run was trained without `normalize`; leave it out to resume it", resume);
+            return dt_error(DT_EINVAL, "%s: this run was trained without `normalize`; leave it out to resume it",
+                            resume);
         /* the inputs are scaled as the checkpoint's run scaled them */
         t->has_norm = info->has_norm != 0, t->norm_mean = info->norm_mean, t->norm_std = info->norm_std;
     }
@@ -464,7 +500,7 @@ static dt_status restore_and_normalize(dt_trainer *t, const char *resume, dt_ckp
  * (dt_loader_prefetch_for). */
 static int loader_prefetch(const dt_trainer *t) {
     int ranks = 0;
-    const int cpus = dt_comm_host_cpus(t->cfg.comm, &ranks);  /* 0 for a single process */
+    const int cpus = dt_comm_host_cpus(t->cfg.comm, &ranks); /* 0 for a single process */
     return dt_loader_prefetch_for(ranks, t->cfg.threads, cpus);
 }
 
@@ -475,26 +511,33 @@ static dt_status setup_loader(dt_trainer *t, const dt_strategy_entry *se, const 
     const dt_train_config *c = &t->cfg;
     DT_TRY(dt_strategy_data_part(se, so, t->rank, t->world, &t->drank, &t->dworld));
     const int step_batch = dt_trainer_step_batch(t);
-    const int max_batch = t->balanced ? step_batch * t->dworld : step_batch;  /* a balanced cut may be larger */
+    const int max_batch = t->balanced ? step_batch * t->dworld : step_batch; /* a balanced cut may be larger */
     DT_TRY(check_batch(t, max_batch));
-    dt_loader_config lc = {.batch = step_batch, .epoch_len = (size_t)c->epoch_windows, .shuffle = true,
-                           .seed = c->seed, .rank = t->drank, .world = t->dworld, .prefetch = loader_prefetch(t),
+    dt_loader_config lc = {.batch = step_batch,
+                           .epoch_len = (size_t)c->epoch_windows,
+                           .shuffle = true,
+                           .seed = c->seed,
+                           .rank = t->drank,
+                           .world = t->dworld,
+                           .prefetch = loader_prefetch(t),
                            .max_batch = max_batch};
     DT_TRY(dt_loader_create(&t->loader, t->train, &lc));
     if (resume && (info->world_size != t->dworld || info->batch != step_batch) && t->step_in_epoch > 0) {
         int64_t seen = t->step_in_epoch * (int64_t)info->batch * info->world_size;
         int64_t gb = (int64_t)step_batch * t->dworld;
         t->step_in_epoch = seen / gb;
-        dt_trainer_note(t, "resuming %s (trained on %d worker(s) x batch %d) on %d worker(s) x batch %d: continuing "
-                           "at batch %lld of epoch %lld; the result differs from an uninterrupted run",
+        dt_trainer_note(t,
+                        "resuming %s (trained on %d worker(s) x batch %d) on %d worker(s) x batch %d: continuing "
+                        "at batch %lld of epoch %lld; the result differs from an uninterrupted run",
                         resume, info->world_size, info->batch, t->dworld, step_batch, (long long)t->step_in_epoch,
                         (long long)t->epoch + 1);
     }
     if (resume && t->step_in_epoch > (int64_t)dt_loader_batches(t->loader))
-        return dt_error(DT_EFORMAT, "%s: it stopped at batch %lld of epoch %lld, but an epoch of this run has %zu "
+        return dt_error(DT_EFORMAT,
+                        "%s: it stopped at batch %lld of epoch %lld, but an epoch of this run has %zu "
                         "batches (`epoch_windows`, `batch` or the data changed?); resume with the settings it was "
-                        "trained with", resume, (long long)t->step_in_epoch, (long long)t->epoch + 1,
-                        dt_loader_batches(t->loader));
+                        "trained with",
+                        resume, (long long)t->step_in_epoch, (long long)t->epoch + 1, dt_loader_batches(t->loader));
     if (t->cfg.lr.kind == DT_LR_COSINE && t->cfg.lr.total_steps <= 0) {
         /* cosine decays over the whole run (after warm-up) unless told otherwise */
         int64_t total = (int64_t)c->epochs * (int64_t)dt_loader_batches(t->loader) - c->lr.warmup_steps;
@@ -524,18 +567,22 @@ static dt_status trainer_setup(dt_trainer *t) {
     t->balanced = sentry->balanced && sentry->balanced(&sopts);
     /* fp16: dynamic loss scaling (unscaled in dt_strategy_apply_update; its state is checkpointed);
      * refused before any data is read, so no rank is stopped while it loads */
-    const char *prec = dt_ckpt_precision_name(c->precision);  /* "f16" is fp16 too */
+    const char *prec = dt_ckpt_precision_name(c->precision); /* "f16" is fp16 too */
     const bool fp16 = prec && !strcmp(prec, "fp16");
     if (fp16 && !sentry->loss_scaling) {
         const char *ck = resume ? dt_ckpt_precision_name(info.precision) : NULL;
         char who[128];
         dt_strategy_names_where(scales_loss, NULL, "or", who, sizeof who);
-        if (ck && !strcmp(ck, "fp16"))  /* a resume without --precision takes the checkpoint's */
-            return dt_error(DT_EINVAL, "`precision` fp16 (given, or kept from %s, which was trained at fp16): loss "
-                                       "scaling works with `strategy` %s, not %s; resume with "
-                                       "`precision` bf16 or fp32", resume, who, sentry->name);
-        return dt_error(DT_EINVAL, "`precision` fp16: loss scaling works with `strategy` %s, not %s; "
-                                   "use `precision` bf16", who, sentry->name);
+        if (ck && !strcmp(ck, "fp16")) /* a resume without --precision takes the checkpoint's */
+            return dt_error(DT_EINVAL,
+                            "`precision` fp16 (given, or kept from %s, which was trained at fp16): loss "
+                            "scaling works with `strategy` %s, not %s; resume with "
+                            "`precision` bf16 or fp32",
+                            resume, who, sentry->name);
+        return dt_error(DT_EINVAL,
+                        "`precision` fp16: loss scaling works with `strategy` %s, not %s; "
+                        "use `precision` bf16",
+                        who, sentry->name);
     }
     DT_TRY(setup_data(t, spec, resume, &info));
     DT_TRY(data_vocab_spec(t, &spec));
@@ -554,9 +601,10 @@ static dt_status trainer_setup(dt_trainer *t) {
     DT_TRY(t->strategy->ops->init(t->strategy));
     DT_TRY(setup_uneven(t));
     if (c->eval_every > 0 && !t->test && !t->val)
-        return dt_error(DT_EINVAL, "`eval_every` %lld: nothing to evaluate on: `data` %s has no test split; add "
-                        "`val_split` F to hold out part of the training set", (long long)c->eval_every,
-                        c->data ? c->data : "(in memory)");
+        return dt_error(DT_EINVAL,
+                        "`eval_every` %lld: nothing to evaluate on: `data` %s has no test split; add "
+                        "`val_split` F to hold out part of the training set",
+                        (long long)c->eval_every, c->data ? c->data : "(in memory)");
     return dt_trainer_check_io(t);
 }
 
@@ -569,7 +617,7 @@ dt_status dt_trainer_create(dt_trainer **out, const dt_train_config *cfg) {
     dt_trainer *t = calloc(1, sizeof *t);
     if (!t) return dt_error(DT_ENOMEM, "trainer: out of memory");
     t->cfg = *cfg;
-    if (cfg->train_set)  /* data is unused: messages name the data set by its source */
+    if (cfg->train_set) /* data is unused: messages name the data set by its source */
         t->cfg.data = dt_dataset_source(cfg->train_set)[0] ? dt_dataset_source(cfg->train_set) : "(in-memory data set)";
     t->lr_step = -1;
     t->t_start = dt_now();

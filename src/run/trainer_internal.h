@@ -22,48 +22,48 @@ struct dt_trainer {
     dt_dataset *train, *test;
     dt_model *model;
     dt_optim *optim;
-    struct dt_dev *dev;       /* --device (NULL: the cpu device) */
+    struct dt_dev *dev; /* --device (NULL: the cpu device) */
     dt_loader *loader;
     int C, H, W, classes;
-    int64_t step;             /* optimizer steps done */
-    int64_t epoch;            /* current epoch (0-based) */
-    int64_t step_in_epoch;    /* batches consumed in the current epoch */
-    int64_t lr_step;          /* ps dynamic: the schedule's step for the unit in training (its round,
-                               * counted like synchronous steps, not this worker's own steps); else -1 */
+    int64_t step;          /* optimizer steps done */
+    int64_t epoch;         /* current epoch (0-based) */
+    int64_t step_in_epoch; /* batches consumed in the current epoch */
+    int64_t lr_step;       /* ps dynamic: the schedule's step for the unit in training (its round,
+                            * counted like synchronous steps, not this worker's own steps); else -1 */
     float norm_mean, norm_std;
     bool has_norm;
     double t_start;
     int rank, world;
     dt_strategy *strategy;
-    bool balanced;            /* the strategy's spec asks for balance=dynamic (entry.balanced) */
-    dt_trace trace;           /* empty unless cfg.timeline */
-    char resume_path[4096];   /* the checkpoint resumed from (resolves "auto") */
-    char last_ckpt[4096];     /* last checkpoint written or resumed from */
-    char vocab_spec[256];     /* --data tokens: with a GPT spec that gives no V=: the spec with the data's V */
+    bool balanced;          /* the strategy's spec asks for balance=dynamic (entry.balanced) */
+    dt_trace trace;         /* empty unless cfg.timeline */
+    char resume_path[4096]; /* the checkpoint resumed from (resolves "auto") */
+    char last_ckpt[4096];   /* last checkpoint written or resumed from */
+    char vocab_spec[256];   /* --data tokens: with a GPT spec that gives no V=: the spec with the data's V */
     double last_ckpt_time;
-    int64_t saved_step;       /* step of the last numbered checkpoint (-1: none) */
-    int resume_noted;         /* the "training again" note was given */
+    int64_t saved_step; /* step of the last numbered checkpoint (-1: none) */
+    int resume_noted;   /* the "training again" note was given */
     /* uneven workers (ps, localsgd, --balance, --slow) */
-    int drank, dworld;        /* this rank's part of the data: the loader's rank and world */
-    dt_comm *dcomm;           /* the ranks that reduce epoch figures together; NULL = this one alone */
-    dt_balance *balance;      /* --slow sleep, --balance cut, per-worker figures (training ranks) */
-    dt_worker_info *workers;  /* [dworld] */
+    int drank, dworld;       /* this rank's part of the data: the loader's rank and world */
+    dt_comm *dcomm;          /* the ranks that reduce epoch figures together; NULL = this one alone */
+    dt_balance *balance;     /* --slow sleep, --balance cut, per-worker figures (training ranks) */
+    dt_worker_info *workers; /* [dworld] */
     /* --val-split, --early-stop, --keep-best (validation.c) */
-    dt_dataset *val;          /* the held-out part of the training set, or NULL */
-    dt_dataset *own_train;    /* the training part when the data is borrowed (cfg.train_set), or NULL */
-    float best_val;           /* lowest validation loss so far (INFINITY: none yet) */
-    int64_t best_epoch;       /* its epoch (1-based; 0: none) */
-    int64_t bad_epochs;       /* epochs since then without a lower one */
-    bool early_stopped;       /* --early-stop ended the run */
-    bool borrowed_data;       /* train/test are cfg.train_set/test_set: not freed here */
+    dt_dataset *val;           /* the held-out part of the training set, or NULL */
+    dt_dataset *own_train;     /* the training part when the data is borrowed (cfg.train_set), or NULL */
+    float best_val;            /* lowest validation loss so far (INFINITY: none yet) */
+    int64_t best_epoch;        /* its epoch (1-based; 0: none) */
+    int64_t bad_epochs;        /* epochs since then without a lower one */
+    bool early_stopped;        /* --early-stop ended the run */
+    bool borrowed_data;        /* train/test are cfg.train_set/test_set: not freed here */
     char strategy_report[512]; /* the strategy's figures for the epoch's metrics line (ops->report) */
     /* step-based reporting (step_report.c) */
-    FILE *mf;                 /* --metrics on rank 0 while the run goes, else NULL */
+    FILE *mf;                  /* --metrics on rank 0 while the run goes, else NULL */
     dt_progress_info progress; /* the training position last reported (an evaluation's progress starts from it) */
-    struct {                  /* since the last DT_STEP_TRAIN record (this rank) */
-        double loss_sum, t0, paused_s;  /* paused_s: evaluation time in the interval (not training) */
+    struct {                   /* since the last DT_STEP_TRAIN record (this rank) */
+        double loss_sum, t0, paused_s; /* paused_s: evaluation time in the interval (not training) */
         int64_t samples, steps;
-        float grad_norm;      /* of the last step, where measured */
+        float grad_norm; /* of the last step, where measured */
     } log;
 };
 

@@ -11,8 +11,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#define NS 64  /* samples */
-#define NF 4   /* features */
+#define NS 64 /* samples */
+#define NF 4  /* features */
 
 static float g_x[NS * NF];
 static int32_t g_y[NS];
@@ -39,7 +39,7 @@ static dt_train_config tiny(dt_dataset *train, dt_dataset *test) {
 
 /* A config that dt_trainer_create refuses: the status, *t NULL and a message holding `word`. */
 static void refused(const dt_train_config *c, dt_status want, const char *word, const char *what) {
-    dt_trainer *t = (dt_trainer *)c;  /* not NULL before the call */
+    dt_trainer *t = (dt_trainer *)c; /* not NULL before the call */
     const dt_status st = dt_trainer_create(&t, c);
     CHECK_MSG(st == want && !t, "%s: %s (t %p), want %s", what, dt_status_str(st), (void *)t, dt_status_str(want));
     CHECK_MSG(strstr(dt_last_error(), word) != NULL, "%s: the message '%s' does not name %s", what, dt_last_error(),
@@ -120,11 +120,11 @@ int main(void) {
     float loss = NAN, acc = NAN;
     CHECK_OK(dt_trainer_evaluate(t, &loss, &acc));
     CHECK_MSG(acc > 0.95f && loss < g_loss[0], "test accuracy %g, loss %g", acc, loss);
-    CHECK_OK(dt_trainer_run(t));  /* at its end: nothing more */
+    CHECK_OK(dt_trainer_run(t)); /* at its end: nothing more */
     CHECK(dt_trainer_step(t) == 4 * NS / 8 && g_epochs == 4);
     CHECK_MSG(!strcmp(dt_trainer_last_checkpoint(t), save), "last checkpoint '%s'", dt_trainer_last_checkpoint(t));
 
-    dt_model *back = NULL;  /* the checkpoint holds the trained weights */
+    dt_model *back = NULL; /* the checkpoint holds the trained weights */
     CHECK_OK(dt_model_load(&back, save));
     dt_model *m = dt_trainer_model(t);
     CHECK(back && dt_model_num_params(back) == dt_model_num_params(m) &&

@@ -23,25 +23,30 @@ void dt_train_best_path(const char *save, char *out, size_t cap) {
 dt_status dt_trainer_setup_val(dt_trainer *t, const char *resume, const dt_ckpt_info *info) {
     dt_train_config *c = &t->cfg;
     if (c->weights && resume)
-        return dt_error(DT_EINVAL, "`weights` %s starts a new run from plain weights, `resume` %s continues one: pass "
-                        "one of them", c->weights, resume);
+        return dt_error(DT_EINVAL,
+                        "`weights` %s starts a new run from plain weights, `resume` %s continues one: pass "
+                        "one of them",
+                        c->weights, resume);
     if (!(c->val_split >= 0 && c->val_split < 1))
         return dt_error(DT_EINVAL, "`val_split` %g: need a fraction in [0, 1), e.g. 0.1", c->val_split);
     if (c->early_stop < 0) return dt_error(DT_EINVAL, "`early_stop` %d: must not be negative (0 = off)", c->early_stop);
     if (resume && info->val_split > 0) {
         if (c->val_split > 0 && c->val_split != info->val_split)
-            return dt_error(DT_EINVAL, "`val_split` %g: %s was trained with `val_split` %g; resume with that (or leave "
-                            "it out)", c->val_split, resume, info->val_split);
+            return dt_error(DT_EINVAL,
+                            "`val_split` %g: %s was trained with `val_split` %g; resume with that (or leave "
+                            "it out)",
+                            c->val_split, resume, info->val_split);
         c->val_split = info->val_split;
         t->best_val = info->best_val, t->best_epoch = info->best_epoch, t->bad_epochs = info->bad_epochs;
     } else if (resume && c->val_split > 0)
-        return dt_error(DT_EINVAL, "`val_split` %g: %s was trained on the whole training set; resume without "
-                        "`val_split`", c->val_split, resume);
+        return dt_error(DT_EINVAL,
+                        "`val_split` %g: %s was trained on the whole training set; resume without "
+                        "`val_split`",
+                        c->val_split, resume);
     if ((c->early_stop > 0 || c->keep_best) && !(c->val_split > 0))
         return dt_error(DT_EINVAL, "`%s` needs `val_split` F (the validation part it watches)",
                         c->early_stop > 0 ? "early_stop" : "keep_best");
-    if (c->keep_best && !c->save)
-        return dt_error(DT_EINVAL, "`keep_best` writes next to `save` FILE: add `save` FILE");
+    if (c->keep_best && !c->save) return dt_error(DT_EINVAL, "`keep_best` writes next to `save` FILE: add `save` FILE");
     return DT_OK;
 }
 
@@ -70,14 +75,16 @@ dt_status dt_trainer_validate(dt_trainer *t, dt_epoch_info *e) {
             dt_train_best_path(c->save, path, sizeof path);
             memcpy(last, t->last_ckpt, sizeof last);
             DT_TRY(dt_trainer_save(t, path));
-            memcpy(t->last_ckpt, last, sizeof last);  /* resume goes on from --save, not the best */
+            memcpy(t->last_ckpt, last, sizeof last); /* resume goes on from --save, not the best */
         }
     } else t->bad_epochs++;
     e->best_epoch = (int)t->best_epoch;
     if (c->early_stop > 0 && t->bad_epochs >= c->early_stop && !t->early_stopped) {
         t->early_stopped = true;
-        dt_trainer_note(t, "early stop after epoch %d: no lower validation loss for %d epochs (best %.4f at epoch "
-                        "%lld)", e->epoch, c->early_stop, t->best_val, (long long)t->best_epoch);
+        dt_trainer_note(t,
+                        "early stop after epoch %d: no lower validation loss for %d epochs (best %.4f at epoch "
+                        "%lld)",
+                        e->epoch, c->early_stop, t->best_val, (long long)t->best_epoch);
     }
     return DT_OK;
 }
@@ -102,8 +109,11 @@ static dt_status save_gathered_weights(dt_trainer *t, const dt_input_norm *norm)
     float *slab = t->rank == 0 ? dt_alloc((np + nb + 1) * sizeof(float)) : NULL;
     int32_t ok = t->rank != 0 || slab, all = 0;
     dt_status s = dt_comm_allreduce(t->strategy->comm, &ok, &all, 1, DT_I32, DT_OP_MIN);
-    if (s == DT_OK && !all) s = dt_error(DT_ENOMEM, "`save_weights` %s: rank 0 has no memory for the whole model's %zu "
-                                         "values", t->cfg.save_weights, np + nb);
+    if (s == DT_OK && !all)
+        s = dt_error(DT_ENOMEM,
+                     "`save_weights` %s: rank 0 has no memory for the whole model's %zu "
+                     "values",
+                     t->cfg.save_weights, np + nb);
     if (s == DT_OK) s = dt_strategy_gather_model(t->strategy, 0, slab, slab + np);
     if (s == DT_OK && t->rank == 0)
         s = dt_weights_save_slabs(m, slab, slab + np, t->cfg.save_weights, norm, t->C, t->H, t->W);

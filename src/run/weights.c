@@ -92,9 +92,10 @@ dt_status dt_weights_load(dt_model *m, const char *path) {
             report_add(&r, "'%s' is not a tensor of the model%s%s", st.name, "", "");
     }
     if (r.n) {
-        dt_status s = dt_error(DT_EFORMAT, "%s does not fit `model` %s: %s%s%s; pass the `model` the weights were saved "
-                               "from (the tensor names are torch.nn.Sequential's or nanoGPT's)", path, dt_model_spec(m),
-                               r.text, r.n > 8 ? "; and more" : "", "");
+        dt_status s = dt_error(DT_EFORMAT,
+                               "%s does not fit `model` %s: %s%s%s; pass the `model` the weights were saved "
+                               "from (the tensor names are torch.nn.Sequential's or nanoGPT's)",
+                               path, dt_model_spec(m), r.text, r.n > 8 ? "; and more" : "", "");
         dt_st_destroy(f);
         return s;
     }
@@ -108,7 +109,7 @@ dt_status dt_weights_load(dt_model *m, const char *path) {
         dt_dev *dev = dt_model_device(m);
         if (dev->host_memory) {
             copy_tensor(dst, &st);
-        } else if ((host = malloc(p->numel * sizeof(float) + 1))) {  /* through a host copy onto the device */
+        } else if ((host = malloc(p->numel * sizeof(float) + 1))) { /* through a host copy onto the device */
             copy_tensor(host, &st);
             dev->ops->upload(dev, dst, host, p->numel * sizeof(float));
             free(host);
@@ -144,10 +145,12 @@ static dt_status fold_norm(const dt_model *m, const dt_input_norm *norm, float *
     const char *why = "", *name = i >= 0 ? dt_model_node_name(m, i) : NULL;
     const bool ok = i >= 0 && dt_model_fold_input_norm(m, i, norm->mean, norm->std, NULL, NULL, &why);
     if (!ok)
-        return dt_error(DT_EINVAL, "the input normalisation (`normalize`, mean %g std %g) cannot be folded exactly into "
-                        "the first layer%s%s%s (only a linear or conv layer with a bias and no padding, or a batchnorm, "
-                        "takes it); train without `normalize` to save plain weights, or export to ONNX, which keeps it",
-                        norm->mean, norm->std, name ? " " : "", name ? name : "", why);
+        return dt_error(
+            DT_EINVAL,
+            "the input normalisation (`normalize`, mean %g std %g) cannot be folded exactly into "
+            "the first layer%s%s%s (only a linear or conv layer with a bias and no padding, or a batchnorm, "
+            "takes it); train without `normalize` to save plain weights, or export to ONNX, which keeps it",
+            norm->mean, norm->std, name ? " " : "", name ? name : "", why);
     if (params) dt_model_fold_input_norm(m, i, norm->mean, norm->std, params, buffers, &why);
     return DT_OK;
 }
@@ -175,7 +178,7 @@ static dt_status add_entry(void *ctx, const dt_torch_entry *e) {
 }
 
 dt_status dt_weights_save_slabs(const dt_model *m, float *params, float *buffers, const char *path,
-                               const dt_input_norm *norm, int C, int H, int W) {
+                                const dt_input_norm *norm, int C, int H, int W) {
     dt_st_writer *w = NULL;
     dt_status s = norm && norm->on ? fold_norm(m, norm, params, buffers) : DT_OK;
     char shape[64];
@@ -196,7 +199,7 @@ dt_status dt_weights_save(const dt_model *m, const char *path, const dt_input_no
     const size_t np = dt_model_num_params(m), nb = dt_model_num_buffers(m);
     float *params = malloc((np + nb + 1) * sizeof(float)), *buffers = params + np;
     if (!params) return dt_error(DT_ENOMEM, "`save_weights` %s: out of memory", path);
-    dt_model *mm = (dt_model *)m;  /* the slab accessors take a mutable model; nothing is written */
+    dt_model *mm = (dt_model *)m; /* the slab accessors take a mutable model; nothing is written */
     dt_dev *dev = dt_model_device(m);
     dev->ops->download(dev, params, dt_model_params(mm), np * sizeof(float));
     if (nb) dev->ops->download(dev, buffers, dt_model_buffers(mm), nb * sizeof(float));
@@ -214,7 +217,7 @@ dt_status dt_model_predict(dt_model *m, const void *x, int64_t n, float *logits)
         const int b = (int)(n - i < CHUNK ? n - i : CHUNK);
         dt_feed f = {.x = (const char *)x + (size_t)i * in, .y = NULL, .n = b};
         DT_TRY(dt_model_run(m, &f, false, 0, NULL));
-        dt_model_read_output(m, 0, (size_t)b * out, logits + (size_t)i * out);  /* downloaded once a batch */
+        dt_model_read_output(m, 0, (size_t)b * out, logits + (size_t)i * out); /* downloaded once a batch */
     }
     return DT_OK;
 }

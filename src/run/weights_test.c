@@ -74,8 +74,9 @@ static void test_load_dtypes(void) {
             const float *a = (p->is_buffer ? dt_model_buffers(src) : dt_model_params(src)) + p->offset;
             const float *b = (p->is_buffer ? dt_model_buffers(dst) : dt_model_params(dst)) + p->offset;
             for (size_t j = 0; j < p->numel; j++) {
-                float want = types[t] == DT_F32 ? a[j] : types[t] == DT_F16 ? dt_f16_to_f32(dt_f32_to_f16(a[j]))
-                                                                           : dt_bf16_to_f32(dt_f32_to_bf16(a[j]));
+                float want = types[t] == DT_F32   ? a[j]
+                             : types[t] == DT_F16 ? dt_f16_to_f32(dt_f32_to_f16(a[j]))
+                                                  : dt_bf16_to_f32(dt_f32_to_bf16(a[j]));
                 bad += b[j] != want;
             }
         }
@@ -98,7 +99,8 @@ static void expect_refused(dt_model *m, const char *path, const char *n1, const 
 }
 
 static void test_refusals(void) {
-    dt_model *m = build("flatten linear(4) relu linear(3)", 1, 2, 3, 1), *other = build("flatten linear(5) relu linear(3)", 1, 2, 3, 1);
+    dt_model *m = build("flatten linear(4) relu linear(3)", 1, 2, 3, 1),
+             *other = build("flatten linear(5) relu linear(3)", 1, 2, 3, 1);
     write_plain(tpath("skip.st"), m, DT_F32, "3.bias", NULL);
     expect_refused(m, tpath("skip.st"), "'3.bias' (expected shape [3]) is missing", NULL);
     write_plain(tpath("extra.st"), m, DT_F32, NULL, "9.weight");
@@ -171,7 +173,7 @@ static void test_predict(void) {
     /* predict runs batches of 256: the forward of the same batches, bitwise (not one forward of
      * all 300: oneDNN's AVX2 GEMM (gemm:jit) sums some rows in another order at another M, e.g.
      * rows 174-175 and 254-255 of 300 against 256, by an ulp) */
-    enum { PREDICT_BATCH = 256 };  /* dt_model_predict's */
+    enum { PREDICT_BATCH = 256 }; /* dt_model_predict's */
     float *ref = malloc(sizeof(float) * N * 4);
     for (int i = 0; i < N; i += PREDICT_BATCH) {
         const int b = N - i < PREDICT_BATCH ? N - i : PREDICT_BATCH;

@@ -55,12 +55,14 @@ dt_status dt_output_path(const char *what, const char *path, char *out, size_t c
     const char *sep = *what ? " " : "";
     char cur[PATH_MAX], link[PATH_MAX], next[2 * PATH_MAX];
     if (snprintf(cur, sizeof cur, "%s", path) >= (int)sizeof cur) return output_copy(what, path, path, out, 0);
-    for (int hop = 0; hop < 40; hop++) {  /* follow the links one by one to the file they name */
+    for (int hop = 0; hop < 40; hop++) { /* follow the links one by one to the file they name */
         struct stat st;
         if (names_descriptor(cur) || (lstat(cur, &st) == 0 && !S_ISREG(st.st_mode) && !S_ISLNK(st.st_mode)))
-            return dt_error(DT_EINVAL, "%s%s%s: not a regular file (a device, FIFO, directory or descriptor such as "
-                                       "/dev/stdout): dtrain writes its outputs to a temp file and renames it into "
-                                       "place, which would replace it; name a file", what, sep, path);
+            return dt_error(DT_EINVAL,
+                            "%s%s%s: not a regular file (a device, FIFO, directory or descriptor such as "
+                            "/dev/stdout): dtrain writes its outputs to a temp file and renames it into "
+                            "place, which would replace it; name a file",
+                            what, sep, path);
         if (lstat(cur, &st) != 0 || !S_ISLNK(st.st_mode)) return output_copy(what, path, cur, out, cap);
         const ssize_t n = readlink(cur, link, sizeof link - 1);
         if (n < 0) return output_copy(what, path, cur, out, cap);

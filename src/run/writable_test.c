@@ -61,9 +61,10 @@ static void test_trainer(const char *tmp) {
     dt_status s = dt_trainer_create(&t, &c);
     CHECK_MSG(s == DT_EIO && t == NULL, "`save` into a missing directory: %s", dt_status_str(s));
     CHECK_MSG(strstr(dt_last_error(), "`save` ") && strstr(dt_last_error(), "cannot write into directory") &&
-              strstr(dt_last_error(), "/no:"), "%s", dt_last_error());
+                  strstr(dt_last_error(), "/no:"),
+              "%s", dt_last_error());
     c.save = NULL;
-    c.metrics = "/proc/m.jsonl";  /* exists, takes no file (root included) */
+    c.metrics = "/proc/m.jsonl"; /* exists, takes no file (root included) */
     s = dt_trainer_create(&t, &c);
     CHECK_MSG(s == DT_EIO && strstr(dt_last_error(), "`metrics` /proc/m.jsonl: cannot write into directory /proc:"),
               "%s: %s", dt_status_str(s), dt_last_error());
@@ -71,12 +72,12 @@ static void test_trainer(const char *tmp) {
 
 static void test_output_path(const char *tmp) {
     char p[PATH_MAX], q[PATH_MAX], out[PATH_MAX], want[PATH_MAX];
-    snprintf(p, sizeof p, "%s/plain.st", tmp);  /* missing, then a regular file: itself */
+    snprintf(p, sizeof p, "%s/plain.st", tmp); /* missing, then a regular file: itself */
     CHECK(dt_output_path("`save`", p, out, sizeof out) == DT_OK && !strcmp(out, p));
     FILE *f = fopen(p, "w");
     CHECK(f && fclose(f) == 0);
     CHECK(dt_output_path("`save`", p, out, sizeof out) == DT_OK && !strcmp(out, p));
-    CHECK(mkdir(strcat(strcpy(q, tmp), "/sub"), 0755) == 0);  /* sub/l1 -> ../l2 -> plain.st */
+    CHECK(mkdir(strcat(strcpy(q, tmp), "/sub"), 0755) == 0); /* sub/l1 -> ../l2 -> plain.st */
     snprintf(q, sizeof q, "%s/l2", tmp);
     CHECK(symlink("plain.st", q) == 0);
     snprintf(q, sizeof q, "%s/sub/l1", tmp);
@@ -84,7 +85,7 @@ static void test_output_path(const char *tmp) {
     CHECK(dt_output_path("`save`", q, out, sizeof out) == DT_OK);
     snprintf(want, sizeof want, "%s/sub/../plain.st", tmp);
     CHECK_MSG(!strcmp(out, want) || !strcmp(out, p), "a chain of relative links: %s", out);
-    snprintf(q, sizeof q, "%s/dangling", tmp);  /* -> new.st, not there yet: the file to create */
+    snprintf(q, sizeof q, "%s/dangling", tmp); /* -> new.st, not there yet: the file to create */
     CHECK(symlink("new.st", q) == 0);
     snprintf(want, sizeof want, "%s/new.st", tmp);
     CHECK_MSG(dt_output_path("-o", q, out, sizeof out) == DT_OK && !strcmp(out, want), "a dangling link: %s", out);
@@ -99,7 +100,8 @@ static void test_output_path(const char *tmp) {
     CHECK(dt_output_path("", p, out, 4) == DT_EINVAL && strstr(dt_last_error(), "too long"));
     CHECK(dt_path_descriptor("/dev/stdout") == 1 && dt_path_descriptor("/dev/stderr") == 2);
     CHECK(dt_path_descriptor("/dev/fd/7") == 7 && dt_path_descriptor("/proc/self/fd/3") == 3);
-    CHECK(dt_path_descriptor("/dev/fd/") == -1 && dt_path_descriptor("/dev/fd/1x") == -1 && dt_path_descriptor(p) == -1);
+    CHECK(dt_path_descriptor("/dev/fd/") == -1 && dt_path_descriptor("/dev/fd/1x") == -1 &&
+          dt_path_descriptor(p) == -1);
     const char *made[] = {"sub/l1", "l2", "dangling", "loop", "plain.st"};
     for (int i = 0; i < 5; i++) snprintf(q, sizeof q, "%s/%s", tmp, made[i]), unlink(q);
     snprintf(q, sizeof q, "%s/sub", tmp);

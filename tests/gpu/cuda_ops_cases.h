@@ -49,8 +49,8 @@ static void prim_casts(ctx *c) {
         memcpy(&v[i], &u, 4);
         h[i] = (uint16_t)i;
     }
-    const float special[16] = {NAN, -NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 1e-40f, -1e-45f, 65504.0f, 65520.0f,
-                               1.00048828125f, 1.00146484375f, 3.0e-8f, 6.0e-8f, 1e38f, -2.5f};
+    const float special[16] = {NAN,      -NAN,     INFINITY,       -INFINITY,      0.0f,    -0.0f,   1e-40f, -1e-45f,
+                               65504.0f, 65520.0f, 1.00048828125f, 1.00146484375f, 3.0e-8f, 6.0e-8f, 1e38f,  -2.5f};
     memcpy(v + 65536, special, sizeof special);
     for (int i = 0; i < 16; i++) h[65536 + i] = (uint16_t)(0x7c00 + i);
     buf f = mk_bytes(c, v, n * 4), b16 = mk_bytes(c, NULL, n * 2), hb = mk_bytes(c, h, n * 2), w = zeros(c, n);
@@ -123,10 +123,11 @@ static void k_linear(ctx *c) {
         BOTH(linear_backward, (F(din), F(dw), dbc, F(dout), F(in), F(w), NULL, B, C, OC),
              (G(din), G(dw), dbg, G(dout), G(in), G(w), NULL, B, C, OC));
         CHECK(c, bwd[mode], 1e-5, 1e-4, din, dw, db);
-        drop(c, &in), drop(c, &w), drop(c, &b), drop(c, &out), drop(c, &dout), drop(c, &din), drop(c, &dw), drop(c, &db);
+        drop(c, &in), drop(c, &w), drop(c, &b), drop(c, &out), drop(c, &dout), drop(c, &din), drop(c, &dw),
+            drop(c, &db);
     }
-    report(c, "linear_bf16_values (false: f32 paths)",
-           !c->gpu->linear_bf16_values || !c->gpu->linear_bf16_values(), 0, 0, 0, 0);
+    report(c, "linear_bf16_values (false: f32 paths)", !c->gpu->linear_bf16_values || !c->gpu->linear_bf16_values(), 0,
+           0, 0, 0);
 }
 
 static void k_conv(ctx *c) {
@@ -202,7 +203,11 @@ static void k_activations(ctx *c) {
     const float ps[3] = {0.0f, 0.3f, 1.0f};
     for (int i = 0; i < 3; i++) {
         BOTH(dropout_forward, (F(y), mask.h, F(x), n, ps[i], 42, 7 + i), (G(y), mask.d, G(x), n, ps[i], 42, 7 + i));
-        CHECK(c, i == 0 ? "dropout_forward (p 0)" : i == 1 ? "dropout_forward (p 0.3)" : "dropout_forward (p 1)", 0, 0, y);
+        CHECK(c,
+              i == 0   ? "dropout_forward (p 0)"
+              : i == 1 ? "dropout_forward (p 0.3)"
+                       : "dropout_forward (p 1)",
+              0, 0, y);
         c->g->ops->synchronize(c->g);
         report(c, "dropout mask (Philox, bitwise)", same_bytes(c, &mask), 0, 0, 0, 0);
         BOTH(dropout_backward, (F(d), F(g), mask.h, n, ps[i]), (G(d), G(g), mask.d, n, ps[i]));
@@ -262,7 +267,8 @@ static void k_attention(ctx *c) {
     const int B = 3, T = 45, C = 64, NH = 4;
     const size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C, na = (size_t)B * NH * T * T;
     buf qkv = mk(c, nq, -1, 1), out = zeros(c, no), att = zeros(c, na), dout = mk(c, no, -1, 1), dqkv = zeros(c, nq);
-    buf wc = zeros(c, c->cpu->attention_workspace(T, C, NH) + 1), wg = zeros(c, c->gpu->attention_workspace(T, C, NH) + 1);
+    buf wc = zeros(c, c->cpu->attention_workspace(T, C, NH) + 1),
+        wg = zeros(c, c->gpu->attention_workspace(T, C, NH) + 1);
     BOTH(attention_forward, (F(out), F(att), F(wc), F(qkv), B, T, C, NH), (G(out), G(att), G(wg), G(qkv), B, T, C, NH));
     CHECK(c, "attention_forward (out, probs)", 1e-5, 1e-4, out, att);
     BOTH(attention_backward, (F(dqkv), F(wc), F(dout), F(qkv), F(att), B, T, C, NH),
@@ -306,7 +312,7 @@ static void k_losses(ctx *c) {
 /* The slots the cuda table leaves NULL, so the graph never plans what needs them. */
 static void k_absent(ctx *c) {
     const dt_kernel_table *g = c->gpu;
-    if (strcmp(g->name, "cuda")) return;  /* another device under test (checked): its table is the CPU's */
+    if (strcmp(g->name, "cuda")) return; /* another device under test (checked): its table is the CPU's */
     const bool none = !g->conv2d_forward_blocked && !g->conv2d_backward_blocked && !g->maxpool2d_forward_blocked &&
                       !g->maxpool2d_backward_blocked && !g->conv_pool_forward && !g->conv_pool_backward &&
                       !g->linear_forward_bf16 && !g->gelu_forward_bf16 && !g->conv2d_bf16_values;

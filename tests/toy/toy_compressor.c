@@ -14,7 +14,7 @@
 #include <string.h>
 
 typedef struct {
-    int block;  /* values per scale, >= 1 (default 64) */
+    int block; /* values per scale, >= 1 (default 64) */
 } sign_opts;
 
 static dt_status sign_parse(const char *text, const char *args, void *opts) {
@@ -35,9 +35,9 @@ static void sign_format(const void *opts, char *out, size_t cap) {
 }
 
 typedef struct {
-    float *e;          /* error feedback (this rank's checkpointed row) */
-    int32_t *send;     /* [scales of the blocks | sign bits, 32 a word] */
-    int32_t *recv;     /* world x send */
+    float *e;      /* error feedback (this rank's checkpointed row) */
+    int32_t *send; /* [scales of the blocks | sign bits, 32 a word] */
+    int32_t *recv; /* world x send */
     size_t nblocks, words;
 } sign_state;
 
@@ -115,9 +115,16 @@ static dt_status sign_advance(dt_grad_sync *g, dt_gs_bucket *b) {
 }
 
 const dt_compressor toy_compress_sign = {
-    .name = "sign", .options = "block=N",
+    .name = "sign",
+    .options = "block=N",
     .help = "toy (tests/toy): the sign of each value, one bit, and per block of N values their mean magnitude "
             "(default 64), with error feedback",
-    .opts_size = sizeof(sign_opts), .parse = sign_parse, .format = sign_format,
-    .bucket_init = sign_init, .bucket_free = sign_free, .start = sign_start, .advance = sign_advance,
-    .bind_state = sign_bind, .residual = sign_residual};
+    .opts_size = sizeof(sign_opts),
+    .parse = sign_parse,
+    .format = sign_format,
+    .bucket_init = sign_init,
+    .bucket_free = sign_free,
+    .start = sign_start,
+    .advance = sign_advance,
+    .bind_state = sign_bind,
+    .residual = sign_residual};

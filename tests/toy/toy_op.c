@@ -33,7 +33,7 @@ static dt_status rms_infer(dt_model *m, dt_node *n) {
     return dt_graph_declare(m, n, "weight", false, 1, shp) < 0 ? DT_EINVAL : DT_OK;
 }
 
-static size_t rms_saved(const dt_model *m, const dt_node *n, int B) {  /* 1 / rms of every row */
+static size_t rms_saved(const dt_model *m, const dt_node *n, int B) { /* 1 / rms of every row */
     (void)m;
     return (size_t)B * (n->out_n / (size_t)width(n)) * sizeof(float);
 }
@@ -95,10 +95,17 @@ static void rms_format(char *buf, size_t cap, const dt_layer_spec *l) { snprintf
 
 static const dt_op_syntax rms_syntax = {.args = "| eps", .usage = "rmsnorm([eps=])", .format = rms_format};
 
-static const dt_op toy_rmsnorm = {.name = "rmsnorm", .help = "RMS normalisation over the last dim (a test's toy op)",
-                                  .syntax = &rms_syntax, .min_in = 1, .max_in = 1, .infer = rms_infer,
-                                  .saved_bytes = rms_saved, .init = rms_init, .forward = rms_forward,
-                                  .backward = rms_backward, .onnx = rms_onnx};
+static const dt_op toy_rmsnorm = {.name = "rmsnorm",
+                                  .help = "RMS normalisation over the last dim (a test's toy op)",
+                                  .syntax = &rms_syntax,
+                                  .min_in = 1,
+                                  .max_in = 1,
+                                  .infer = rms_infer,
+                                  .saved_bytes = rms_saved,
+                                  .init = rms_init,
+                                  .forward = rms_forward,
+                                  .backward = rms_backward,
+                                  .onnx = rms_onnx};
 
 /* ---- the checks --------------------------------------------------------------------------- */
 
@@ -116,7 +123,7 @@ static void check_registry(int kind) {
     CHECK(dt_spec_parse("rmsnorm(2)", l, 4, &n) == DT_EINVAL &&
           strstr(dt_last_error(), "too many arguments for rmsnorm"));
     CHECK(dt_spec_parse("foo", l, 4, &n) == DT_EINVAL && strstr(dt_last_error(), " sigmoid dropout flatten layernorm "
-                                                                                  "batchnorm rmsnorm; aliases "));
+                                                                                 "batchnorm rmsnorm; aliases "));
 }
 
 /* L = sum(dout * y) of model m (output (B, out)) on x. */
@@ -144,7 +151,7 @@ static void check_gradients(int kind) {
     dt_rng_fill_uniform(xs, B * ROWS * IN, -1, 1, 1, dt_rng_key(DT_RNG_USER, 1));
     dt_rng_fill_uniform(dout, B * ROWS * OUT, -1, 1, 2, dt_rng_key(DT_RNG_USER, 2));
     float *w = p + dt_model_tensor(m, dt_model_find_tensor(m, "rms.weight"))->offset;
-    dt_rng_fill_uniform(w, OUT, 0.5f, 1.5f, 3, dt_rng_key(DT_RNG_USER, 3));  /* not all ones: dw and dx see w */
+    dt_rng_fill_uniform(w, OUT, 0.5f, 1.5f, 3, dt_rng_key(DT_RNG_USER, 3)); /* not all ones: dw and dx see w */
     dt_model_zero_grad(m);
     (void)loss_of(m, xs, B, dout);
     CHECK_OK(dt_model_backward(m, dout, NULL, NULL));
@@ -162,7 +169,8 @@ static void check_gradients(int kind) {
         CHECK_MSG(err <= 1, "parameter %zu: numeric %.6g analytic %.6g", i, num, (double)g[i]);
     }
     printf("  gradients of %zu parameters (linear's through rmsnorm's dx, rmsnorm's w): worst error %.3f of the "
-           "tolerance\n", np, worst);
+           "tolerance\n",
+           np, worst);
     dt_model_destroy(m);
 }
 
@@ -202,7 +210,7 @@ static void check_training(const char *dir) {
     CHECK_MSG(after < 0.5f * before, "the test loss went from %g to %g in 40 steps", before, after);
     dt_model *m = NULL;
     CHECK_OK(dt_model_load(&m, save));
-    CHECK(m && dt_model_find_tensor(m, "2.weight") >= 0);  /* the rmsnorm is layer 2 */
+    CHECK(m && dt_model_find_tensor(m, "2.weight") >= 0); /* the rmsnorm is layer 2 */
     dt_model_destroy(m);
     dt_trainer_destroy(t);
     dt_dataset_destroy(tr), dt_dataset_destroy(te);
@@ -231,7 +239,7 @@ static void check_onnx(const char *dir) {
 }
 
 int main(void) {
-    const int kind = dt_op_register(&toy_rmsnorm);  /* the one registry line */
+    const int kind = dt_op_register(&toy_rmsnorm); /* the one registry line */
     char dir[64];
     if (dt_test_mkdtemp(dir, sizeof dir, "/tmp/toy_op-XXXXXX")) return 1;
     check_registry(kind);

@@ -36,7 +36,7 @@ static void on_epoch(void *ctx, const dt_epoch_info *e) {
 }
 
 typedef struct {
-    const char *strategy;  /* NULL: one process */
+    const char *strategy; /* NULL: one process */
     int batch;
     int64_t steps;
     const char *save, *resume;
@@ -90,7 +90,7 @@ static size_t run_2_read(const run_cfg *rc, const char *tag, float *out) {
 static void test_registered(void) {
     CHECK_OK(dt_compress_register(&toy_compress_sign));
     CHECK_OK(dt_strategy_register(&toy_strategy_allreduce_entry));
-    CHECK(dt_strategy_register(&toy_strategy_allreduce_entry) == DT_EINVAL);  /* once */
+    CHECK(dt_strategy_register(&toy_strategy_allreduce_entry) == DT_EINVAL); /* once */
     bool listed[2] = {false, false};
     dt_registry_entry e;
     for (int i = 0; dt_registry_entry_at(DT_REGISTRY_COMPRESSOR, i, &e); i++) listed[0] |= !strcmp(e.name, "sign");
@@ -114,7 +114,7 @@ static void test_strategy(void) {
     losses l = {0};
     const run_cfg single = {.strategy = NULL, .batch = 16, .steps = 30};
     CHECK_OK(train(&single, NULL, one, &n, &l));
-    const run_cfg ar = {.strategy = "allreduce(chunk_mb=0.0002)", .batch = 8, .steps = 30};  /* 52-float chunks */
+    const run_cfg ar = {.strategy = "allreduce(chunk_mb=0.0002)", .batch = 8, .steps = 30}; /* 52-float chunks */
     size_t m = run_2_read(&ar, "ar", two);
     CHECK_MSG(m == n + 2 && n > 0, "%zu floats read, want %zu", m, n + 2);
     const double d = dt_test_maxdiff(one, two + 2, n);

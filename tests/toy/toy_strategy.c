@@ -14,7 +14,7 @@
 #include <string.h>
 
 typedef struct {
-    double chunk_mb;  /* the most one allreduce carries, MB (> 0) */
+    double chunk_mb; /* the most one allreduce carries, MB (> 0) */
 } allreduce_opts;
 
 static dt_status ar_init(dt_strategy *s) { return dt_strategy_verify_replicas(s->comm, s->model); }
@@ -47,13 +47,17 @@ static void ar_destroy(dt_strategy *s) {
     s->impl = NULL;
 }
 
-static const dt_strategy_ops ar_ops = {.name = "allreduce", .init = ar_init, .begin_step = ar_begin,
-                                       .grad_ready = ar_ready, .step = ar_step, .destroy = ar_destroy};
+static const dt_strategy_ops ar_ops = {.name = "allreduce",
+                                       .init = ar_init,
+                                       .begin_step = ar_begin,
+                                       .grad_ready = ar_ready,
+                                       .step = ar_step,
+                                       .destroy = ar_destroy};
 
 static dt_status ar_create(dt_strategy *s, const void *opts) {
     if (dt_model_num_buffers(s->model))
         return dt_error(DT_ENOTSUP, "--strategy allreduce: the model has buffers (batchnorm statistics), which this "
-                        "toy does not average; use ddp");
+                                    "toy does not average; use ddp");
     allreduce_opts *o = malloc(sizeof *o);
     if (!o) return dt_error(DT_ENOMEM, "allreduce: out of memory");
     *o = *(const allreduce_opts *)opts;
@@ -64,7 +68,7 @@ static dt_status ar_create(dt_strategy *s, const void *opts) {
 static void ar_defaults(void *opts) { ((allreduce_opts *)opts)->chunk_mb = 1.0; }
 
 static dt_status ar_set(void *opts, const char *key, const char *value) {
-    (void)key;  /* the only key: chunk_mb */
+    (void)key; /* the only key: chunk_mb */
     char *end;
     const double v = strtod(value, &end);
     if (*end || end == value || !(v > 0) || !isfinite(v))
@@ -78,7 +82,13 @@ static void ar_format(const void *opts, char *out, size_t cap) {
 }
 
 const dt_strategy_entry toy_strategy_allreduce_entry = {
-    .name = "allreduce", .options = "chunk_mb=MB", .keys = "chunk_mb",
+    .name = "allreduce",
+    .options = "chunk_mb=MB",
+    .keys = "chunk_mb",
     .help = "toy (tests/toy): the whole gradient averaged after backward, in allreduces of at most MB",
-    .opts_size = sizeof(allreduce_opts), .defaults = ar_defaults, .set = ar_set, .create = ar_create,
-    .format = ar_format, .needs_comm = true};
+    .opts_size = sizeof(allreduce_opts),
+    .defaults = ar_defaults,
+    .set = ar_set,
+    .create = ar_create,
+    .format = ar_format,
+    .needs_comm = true};

@@ -37,7 +37,7 @@ void dtc_check(dtc_dev *c, cudaError_t e, const char *what, const char *file, in
     fprintf(stderr, "dtrain: cuda device %d (%s): %s failed at %s:%d: %s (%s)%s\n", c ? c->ordinal : -1,
             c ? c->name : "?", what, file, line, cudaGetErrorString(e), cudaGetErrorName(e),
             c && c->sync_each ? "" : "; rerun with DTRAIN_CUDA_SYNC=1 to stop at the kernel that failed");
-    abort();  /* a CUDA error is sticky: the context is lost and no later result could be trusted */
+    abort(); /* a CUDA error is sticky: the context is lost and no later result could be trusted */
 }
 
 /* ---- the block table: device pointer -> size, for free's uncharge ---- */
@@ -91,14 +91,16 @@ static void *cuda_alloc(dt_dev *d, size_t bytes) {
     const size_t len = bytes ? (bytes + 63) / 64 * 64 : 64;
     if (dt_mem_charge(len, "cuda device block") != DT_OK) return NULL;
     void *p = NULL;
-    const cudaError_t e = cudaMalloc(&p, len);  /* 256-byte aligned */
+    const cudaError_t e = cudaMalloc(&p, len); /* 256-byte aligned */
     if (e != cudaSuccess) {
-        (void)cudaGetLastError();  /* an allocation failure is not sticky: clear it */
+        (void)cudaGetLastError(); /* an allocation failure is not sticky: clear it */
         dt_mem_uncharge(len);
         size_t free_b = 0, total = 0;
         cudaMemGetInfo(&free_b, &total);
-        dt_error(DT_ENOMEM, "cuda device %d: cannot allocate %zu bytes (%s; %zu of %zu MiB free): use a smaller "
-                 "model or batch", c->ordinal, bytes, cudaGetErrorString(e), free_b >> 20, total >> 20);
+        dt_error(DT_ENOMEM,
+                 "cuda device %d: cannot allocate %zu bytes (%s; %zu of %zu MiB free): use a smaller "
+                 "model or batch",
+                 c->ordinal, bytes, cudaGetErrorString(e), free_b >> 20, total >> 20);
         return NULL;
     }
     pthread_mutex_lock(&c->lock);
@@ -120,10 +122,11 @@ static void cuda_free(dt_dev *d, void *p) {
     const size_t len = table_take(c, p);
     pthread_mutex_unlock(&c->lock);
     if (!len) {
-        fprintf(stderr, "dtrain: cuda device %d: free of %p, which is not a live block of this device\n", c->ordinal, p);
-        abort();  /* a double free or a foreign pointer: a programmer error */
+        fprintf(stderr, "dtrain: cuda device %d: free of %p, which is not a live block of this device\n", c->ordinal,
+                p);
+        abort(); /* a double free or a foreign pointer: a programmer error */
     }
-    DTC_CHECK(c, cudaFree(p));  /* waits for the kernels that may still use it */
+    DTC_CHECK(c, cudaFree(p)); /* waits for the kernels that may still use it */
     dt_mem_uncharge(len);
 }
 
@@ -184,8 +187,8 @@ static void cuda_cast_f16_f32(dt_dev *d, float *o, const uint16_t *x, size_t n) 
 
 static void cuda_sgd_step(dt_dev *d, const dt_step_args *a, float *p, const float *g, float *buf, size_t n) {
     const float mu_prev = a->first_step ? 0.0f : a->momentum;
-    DTC_CHECK(cdev(d), dtc_sgd(cdev(d)->compute, p, g, buf, n, a->lr, a->weight_decay, a->momentum, mu_prev,
-                               a->nesterov));
+    DTC_CHECK(cdev(d),
+              dtc_sgd(cdev(d)->compute, p, g, buf, n, a->lr, a->weight_decay, a->momentum, mu_prev, a->nesterov));
 }
 
 /* The scalars as cpu_step.c's adam_loop computes them on the host (double pow and sqrt). */
@@ -196,15 +199,17 @@ static void cuda_adam_step(dt_dev *d, const dt_step_args *a, float *p, const flo
     const float step = a->lr / bc1;
     const float shrink = a->decoupled ? 1.0f - a->lr * a->weight_decay : 1.0f;
     const float wd_l2 = a->decoupled ? 0.0f : a->weight_decay;
-    DTC_CHECK(cdev(d), dtc_adam(cdev(d)->compute, p, g, m, v, n, a->beta1, a->beta2, a->eps, wd_l2, shrink, step,
-                                inv_bc2_sqrt));
+    DTC_CHECK(cdev(d),
+              dtc_adam(cdev(d)->compute, p, g, m, v, n, a->beta1, a->beta2, a->eps, wd_l2, shrink, step, inv_bc2_sqrt));
 }
 
 static const dt_kernel_table *cuda_kernels(dt_dev *d, const dt_kernel_table *cpu) {
     dtc_dev *c = cdev(d);
     if (cpu && cpu->precision != DT_F32) {
-        dt_error(DT_ENOTSUP, "cuda device: `precision` %s is not supported on the GPU yet (its GEMMs run f32); use "
-                 "`precision` fp32", cpu->precision == DT_BF16 ? "bf16" : "fp16");
+        dt_error(DT_ENOTSUP,
+                 "cuda device: `precision` %s is not supported on the GPU yet (its GEMMs run f32); use "
+                 "`precision` fp32",
+                 cpu->precision == DT_BF16 ? "bf16" : "fp16");
         return NULL;
     }
     if (dtc_current && dtc_current != c) {
@@ -218,11 +223,24 @@ static const dt_kernel_table *cuda_kernels(dt_dev *d, const dt_kernel_table *cpu
 }
 
 static const dt_device_ops cuda_ops = {
-    .alloc = cuda_alloc, .free = cuda_free, .upload = cuda_upload, .download = cuda_download, .copy = cuda_copy,
-    .fill_f32 = cuda_fill_f32, .synchronize = cuda_synchronize, .accumulate = cuda_accumulate,
-    .scale = cuda_scale, .unscale = cuda_unscale, .sqnorm = cuda_sqnorm, .cast_f32_bf16 = cuda_cast_f32_bf16,
-    .cast_bf16_f32 = cuda_cast_bf16_f32, .cast_f32_f16 = cuda_cast_f32_f16, .cast_f16_f32 = cuda_cast_f16_f32,
-    .sgd_step = cuda_sgd_step, .adam_step = cuda_adam_step, .kernels = cuda_kernels,
+    .alloc = cuda_alloc,
+    .free = cuda_free,
+    .upload = cuda_upload,
+    .download = cuda_download,
+    .copy = cuda_copy,
+    .fill_f32 = cuda_fill_f32,
+    .synchronize = cuda_synchronize,
+    .accumulate = cuda_accumulate,
+    .scale = cuda_scale,
+    .unscale = cuda_unscale,
+    .sqnorm = cuda_sqnorm,
+    .cast_f32_bf16 = cuda_cast_f32_bf16,
+    .cast_bf16_f32 = cuda_cast_bf16_f32,
+    .cast_f32_f16 = cuda_cast_f32_f16,
+    .cast_f16_f32 = cuda_cast_f16_f32,
+    .sgd_step = cuda_sgd_step,
+    .adam_step = cuda_adam_step,
+    .kernels = cuda_kernels,
 };
 
 double *dtc_rows(dtc_dev *c, size_t n) {
@@ -290,10 +308,11 @@ static dt_status pick_ordinal(const char *opt, int count, int *out) {
 static dt_status no_gpu(cudaError_t e, int count) {
     if (e == cudaSuccess && count == 0)
         return dt_error(DT_ENOTSUP, "device cuda: no CUDA GPU found (the driver reports 0 devices): `device` cuda "
-                        "needs an NVIDIA GPU and its driver; use `device` cpu");
-    return dt_error(DT_ENOTSUP, "device cuda: no usable GPU: the CUDA runtime says \"%s\" (%s): `device` cuda needs "
-                    "an NVIDIA GPU and a driver for CUDA %d.%d or newer; use `device` cpu", cudaGetErrorString(e),
-                    cudaGetErrorName(e), CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10);
+                                    "needs an NVIDIA GPU and its driver; use `device` cpu");
+    return dt_error(DT_ENOTSUP,
+                    "device cuda: no usable GPU: the CUDA runtime says \"%s\" (%s): `device` cuda needs "
+                    "an NVIDIA GPU and a driver for CUDA %d.%d or newer; use `device` cpu",
+                    cudaGetErrorString(e), cudaGetErrorName(e), CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10);
 }
 
 static void cuda_destroy(dt_dev *d);
@@ -311,8 +330,10 @@ static dt_status cuda_setup(dtc_dev *c) {
     }
     snprintf(c->name, sizeof c->name, "%s, sm_%d%d", prop.name, prop.major, prop.minor);
     if (prop.major < 9)
-        return dt_error(DT_ENOTSUP, "device cuda:%d (%s): this build has kernels for sm_90 (Hopper) and PTX for "
-                        "compute_90 only; rebuild with CUDA_ARCH for this GPU, or use `device` cpu", c->ordinal, c->name);
+        return dt_error(DT_ENOTSUP,
+                        "device cuda:%d (%s): this build has kernels for sm_90 (Hopper) and PTX for "
+                        "compute_90 only; rebuild with CUDA_ARCH for this GPU, or use `device` cpu",
+                        c->ordinal, c->name);
     return dtc_libs_open(c);
 }
 

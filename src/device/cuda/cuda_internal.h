@@ -9,23 +9,23 @@
 
 #include <pthread.h>
 
-typedef struct dtc_libs dtc_libs;  /* cuBLASLt and cuDNN handles (cuda_libs.c) */
+typedef struct dtc_libs dtc_libs; /* cuBLASLt and cuDNN handles (cuda_libs.c) */
 
 typedef struct {
     dt_dev base;
     int ordinal;
-    char name[320];         /* the GPU's name and sm, for messages */
+    char name[320]; /* the GPU's name and sm, for messages */
     cudaStream_t compute, comm;
     cudaEvent_t ev_compute, ev_comm;
-    double *scratch;        /* DTC_SCRATCH_BLOCKS doubles + an int (cuda_kernels.h) */
-    double *rows;           /* xent's per-row losses, rows_cap doubles, grown on demand */
+    double *scratch; /* DTC_SCRATCH_BLOCKS doubles + an int (cuda_kernels.h) */
+    double *rows;    /* xent's per-row losses, rows_cap doubles, grown on demand */
     size_t rows_cap;
-    pthread_mutex_t lock;   /* the block table and the scratch growth */
-    struct dtc_block *blocks;  /* live allocations: pointer -> size (open hash) */
+    pthread_mutex_t lock;     /* the block table and the scratch growth */
+    struct dtc_block *blocks; /* live allocations: pointer -> size (open hash) */
     size_t nblocks, cap;
-    bool sync_each;         /* DTRAIN_CUDA_SYNC=1: wait after every call (to find a failing kernel) */
+    bool sync_each; /* DTRAIN_CUDA_SYNC=1: wait after every call (to find a failing kernel) */
     dtc_libs *libs;
-    dt_kernel_table table;  /* what kernels() returns */
+    dt_kernel_table table; /* what kernels() returns */
     bool table_ready;
 } dtc_dev;
 

@@ -21,12 +21,12 @@ unsigned blocks_for(size_t n) {
     return b > 65535u ? 65535u : (unsigned)b;
 }
 
-#define GRID_LOOP(i, n) for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
+#define GRID_LOOP(i, n) \
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
 
 // The sum of v over the block (blockDim.x a multiple of 32, at most 1024), in a fixed tree; every
 // thread gets it. Safe to call more than once per kernel.
-template <typename T>
-__device__ T block_sum(T v) {
+template <typename T> __device__ T block_sum(T v) {
     __shared__ T sh[33];
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
     for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
@@ -174,9 +174,7 @@ __global__ void k_tanh_f(float *o, const float *x, size_t n) { GRID_LOOP(i, n) o
 __global__ void k_tanh_b(float *d, const float *g, const float *y, size_t n) {
     GRID_LOOP(i, n) d[i] = g[i] * (1.0f - y[i] * y[i]);
 }
-__global__ void k_sigmoid_f(float *o, const float *x, size_t n) {
-    GRID_LOOP(i, n) o[i] = 1.0f / (1.0f + expf(-x[i]));
-}
+__global__ void k_sigmoid_f(float *o, const float *x, size_t n) { GRID_LOOP(i, n) o[i] = 1.0f / (1.0f + expf(-x[i])); }
 __global__ void k_sigmoid_b(float *d, const float *g, const float *y, size_t n) {
     GRID_LOOP(i, n) d[i] = g[i] * y[i] * (1.0f - y[i]);
 }
@@ -213,8 +211,8 @@ __global__ void k_add(float *o, const float *a, const float *b, size_t n) { GRID
 
 // ---- pooling (NCHW planes, window K, stride S, no padding) ----
 
-__global__ void k_maxpool_f(float *out, int32_t *am, const float *in, size_t planes, int H, int W, int K, int S,
-                            int OH, int OW) {
+__global__ void k_maxpool_f(float *out, int32_t *am, const float *in, size_t planes, int H, int W, int K, int S, int OH,
+                            int OW) {
     const size_t total = planes * OH * OW;
     GRID_LOOP(o, total) {
         const size_t pl = o / ((size_t)OH * OW);
@@ -240,8 +238,8 @@ __device__ void covering(int h, int K, int S, int OH, int *lo, int *hi) {
     *hi = h / S < OH - 1 ? h / S : OH - 1;
 }
 
-__global__ void k_maxpool_b(float *din, const float *dout, const int32_t *am, size_t planes, int H, int W, int K,
-                            int S, int OH, int OW) {
+__global__ void k_maxpool_b(float *din, const float *dout, const int32_t *am, size_t planes, int H, int W, int K, int S,
+                            int OH, int OW) {
     const size_t total = planes * H * W;
     GRID_LOOP(i, total) {
         const size_t pl = i / ((size_t)H * W);
@@ -588,8 +586,8 @@ __global__ void k_xent_b(float *d, const float *p, const int32_t *labels, int N,
 }
 
 // A thread per row: its first largest logit against its label, counted into *correct.
-__global__ void k_count_correct(unsigned long long *correct, const float *logits, const int32_t *labels,
-                                int64_t rows, int V) {
+__global__ void k_count_correct(unsigned long long *correct, const float *logits, const int32_t *labels, int64_t rows,
+                                int V) {
     GRID_LOOP(r, (size_t)rows) {
         const float *x = logits + r * (size_t)V;
         int best = 0;
@@ -630,7 +628,8 @@ unsigned warp_blocks(size_t warps) { return (unsigned)((warps + TPB / 32 - 1) / 
 }  // namespace
 
 #define LAUNCH(kernel, grid, ...) (kernel<<<(grid), TPB, 0, s>>>(__VA_ARGS__), cudaGetLastError())
-#define EMPTY(n) if ((n) == 0) return cudaSuccess
+#define EMPTY(n) \
+    if ((n) == 0) return cudaSuccess
 
 extern "C" {
 
@@ -786,7 +785,8 @@ cudaError_t dtc_layernorm_bwd(cudaStream_t s, float *din, float *dw, float *db, 
     if (N <= 0 || C <= 0) return cudaSuccess;
     cudaError_t e = cudaSuccess;
     if (dw || db) e = LAUNCH(k_layernorm_bw, blocks_for((size_t)C), dw, db, dout, in, mean, rstd, N, C);
-    if (e == cudaSuccess && din) e = LAUNCH(k_layernorm_bdin, warp_blocks((size_t)N), din, dout, in, w, mean, rstd, N, C);
+    if (e == cudaSuccess && din)
+        e = LAUNCH(k_layernorm_bdin, warp_blocks((size_t)N), din, dout, in, w, mean, rstd, N, C);
     return e;
 }
 cudaError_t dtc_batchnorm_fwd_train(cudaStream_t s, float *out, float *mean, float *rstd, float *rmean, float *rvar,
@@ -833,7 +833,8 @@ cudaError_t dtc_attention_bwd(cudaStream_t s, float *dqkv, float *work, const fl
     cudaError_t e = cudaSuccess;
     for (int b = 0; b < B && e == cudaSuccess; b++) {
         e = LAUNCH(k_att_ds, warp_blocks((size_t)NH * T), work, dout, qkv, att, b, T, C, NH);
-        if (e == cudaSuccess) e = LAUNCH(k_att_grads, blocks_for((size_t)T * C), dqkv, work, dout, qkv, att, b, T, C, NH);
+        if (e == cudaSuccess)
+            e = LAUNCH(k_att_grads, blocks_for((size_t)T * C), dqkv, work, dout, qkv, att, b, T, C, NH);
     }
     return e;
 }

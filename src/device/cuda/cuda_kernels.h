@@ -103,8 +103,7 @@ cudaError_t dtc_xent_bwd(cudaStream_t s, float *dlogits, const float *probs, con
 cudaError_t dtc_count_correct(cudaStream_t s, int64_t *correct, const float *logits, const int32_t *labels,
                               int64_t rows, int V);
 /* *loss = mean of (pred - target)^2; scratch: DTC_SCRATCH_BLOCKS doubles */
-cudaError_t dtc_mse_fwd(cudaStream_t s, float *loss, const float *pred, const float *target, size_t n,
-                        double *scratch);
+cudaError_t dtc_mse_fwd(cudaStream_t s, float *loss, const float *pred, const float *target, size_t n, double *scratch);
 cudaError_t dtc_mse_bwd(cudaStream_t s, float *dpred, const float *pred, const float *target, size_t n, float k);
 
 #ifdef __cplusplus

@@ -22,19 +22,21 @@
 #define DT_CUDA_LIBDIR "/usr/local/cuda/lib64"
 #endif
 
-#define LT_FUNCS(X)                                                                                              \
-    X(cublasLtCreate) X(cublasLtDestroy) X(cublasLtMatmulDescCreate) X(cublasLtMatmulDescDestroy)               \
-    X(cublasLtMatmulDescSetAttribute) X(cublasLtMatrixLayoutCreate) X(cublasLtMatrixLayoutDestroy)              \
-    X(cublasLtMatmulPreferenceCreate) X(cublasLtMatmulPreferenceSetAttribute) X(cublasLtMatmulPreferenceDestroy) \
-    X(cublasLtMatmulAlgoGetHeuristic) X(cublasLtMatmul) X(cublasLtGetStatusString)
-#define DNN_FUNCS(X)                                                                                             \
-    X(cudnnCreate) X(cudnnDestroy) X(cudnnSetStream) X(cudnnGetErrorString) X(cudnnCreateTensorDescriptor)       \
-    X(cudnnSetTensor4dDescriptor) X(cudnnDestroyTensorDescriptor) X(cudnnCreateFilterDescriptor)                 \
-    X(cudnnSetFilter4dDescriptor) X(cudnnDestroyFilterDescriptor) X(cudnnCreateConvolutionDescriptor)            \
-    X(cudnnSetConvolution2dDescriptor) X(cudnnSetConvolutionMathType) X(cudnnDestroyConvolutionDescriptor)       \
-    X(cudnnGetConvolutionForwardWorkspaceSize) X(cudnnGetConvolutionBackwardDataWorkspaceSize)                   \
-    X(cudnnGetConvolutionBackwardFilterWorkspaceSize) X(cudnnConvolutionForward) X(cudnnConvolutionBackwardData) \
-    X(cudnnConvolutionBackwardFilter)
+#define LT_FUNCS(X)                                                                                               \
+    X(cublasLtCreate)                                                                                             \
+    X(cublasLtDestroy) X(cublasLtMatmulDescCreate) X(cublasLtMatmulDescDestroy) X(cublasLtMatmulDescSetAttribute) \
+        X(cublasLtMatrixLayoutCreate) X(cublasLtMatrixLayoutDestroy) X(cublasLtMatmulPreferenceCreate)            \
+            X(cublasLtMatmulPreferenceSetAttribute) X(cublasLtMatmulPreferenceDestroy)                            \
+                X(cublasLtMatmulAlgoGetHeuristic) X(cublasLtMatmul) X(cublasLtGetStatusString)
+#define DNN_FUNCS(X)                                                                                                   \
+    X(cudnnCreate)                                                                                                     \
+    X(cudnnDestroy) X(cudnnSetStream) X(cudnnGetErrorString) X(cudnnCreateTensorDescriptor)                            \
+        X(cudnnSetTensor4dDescriptor) X(cudnnDestroyTensorDescriptor) X(cudnnCreateFilterDescriptor)                   \
+            X(cudnnSetFilter4dDescriptor) X(cudnnDestroyFilterDescriptor) X(cudnnCreateConvolutionDescriptor)          \
+                X(cudnnSetConvolution2dDescriptor) X(cudnnSetConvolutionMathType) X(cudnnDestroyConvolutionDescriptor) \
+                    X(cudnnGetConvolutionForwardWorkspaceSize) X(cudnnGetConvolutionBackwardDataWorkspaceSize)         \
+                        X(cudnnGetConvolutionBackwardFilterWorkspaceSize) X(cudnnConvolutionForward)                   \
+                            X(cudnnConvolutionBackwardData) X(cudnnConvolutionBackwardFilter)
 
 #define DECL(f) static __typeof__(f) *p_##f;
 LT_FUNCS(DECL)
@@ -86,7 +88,7 @@ static void lt_check(cublasStatus_t s, const char *what, int line) {
     if (s == CUBLAS_STATUS_SUCCESS) return;
     fprintf(stderr, "dtrain: cuda device: %s failed (cuda_libs.c:%d): %s\n", what, line,
             p_cublasLtGetStatusString ? p_cublasLtGetStatusString(s) : "?");
-    abort();  /* as dtc_check: a failed GEMM leaves nothing trustworthy to continue with */
+    abort(); /* as dtc_check: a failed GEMM leaves nothing trustworthy to continue with */
 }
 static void dnn_check(cudnnStatus_t s, const char *what, int line) {
     if (s == CUDNN_STATUS_SUCCESS) return;
@@ -104,7 +106,8 @@ dt_status dtc_libs_open(dtc_dev *c) {
     l->lt_so = open_lib("libcublasLt.so.13");
     l->dnn_so = open_lib("libcudnn.so.9");
     if (!l->lt_so || !l->dnn_so)
-        return dt_error(DT_ENOTSUP, "device cuda: cannot load %s (%s): install the CUDA 13 toolkit's cuBLASLt and "
+        return dt_error(DT_ENOTSUP,
+                        "device cuda: cannot load %s (%s): install the CUDA 13 toolkit's cuBLASLt and "
                         "cuDNN 9 (searched the loader path, DTRAIN_CUDA_LIBS and " DT_CUDA_LIBDIR ")",
                         !l->lt_so ? "libcublasLt.so.13" : "libcudnn.so.9", dlerror());
 #define LOAD_LT(f) DT_TRY(load(l->lt_so, #f, (void **)&p_##f, "libcublasLt.so.13"));
@@ -150,10 +153,11 @@ static int alignment(const void *a, const void *b, const void *c, const void *d)
 static gemm_plan *plan_for(dtc_libs *l, const int *key) {
     for (int i = 0; i < l->nplans; i++)
         if (!memcmp(l->plans[i].key, key, sizeof l->plans[i].key)) return &l->plans[i];
-    if (l->nplans == PLANS) {  /* full: start over (a model has far fewer shapes) */
+    if (l->nplans == PLANS) { /* full: start over (a model has far fewer shapes) */
         for (int i = 0; i < l->nplans; i++) {
             gemm_plan *p = &l->plans[i];
-            p_cublasLtMatrixLayoutDestroy(p->a), p_cublasLtMatrixLayoutDestroy(p->b), p_cublasLtMatrixLayoutDestroy(p->c);
+            p_cublasLtMatrixLayoutDestroy(p->a), p_cublasLtMatrixLayoutDestroy(p->b),
+                p_cublasLtMatrixLayoutDestroy(p->c);
             p_cublasLtMatmulDescDestroy(p->desc);
         }
         l->nplans = 0;
@@ -188,8 +192,10 @@ static gemm_plan *plan_for(dtc_libs *l, const int *key) {
     LT(cublasLtMatmulAlgoGetHeuristic(l->lt, p->desc, p->a, p->b, p->c, p->c, pref, 1, &res, &found));
     p_cublasLtMatmulPreferenceDestroy(pref);
     if (!found) {
-        fprintf(stderr, "dtrain: cuda device: cuBLASLt has no f32 algorithm for m=%d n=%d k=%d (ta=%d tb=%d, "
-                "alignment %d, bias %d)\n", m, n, k, ta, tb, align, bias);
+        fprintf(stderr,
+                "dtrain: cuda device: cuBLASLt has no f32 algorithm for m=%d n=%d k=%d (ta=%d tb=%d, "
+                "alignment %d, bias %d)\n",
+                m, n, k, ta, tb, align, bias);
         abort();
     }
     p->algo = res.algo;
@@ -204,8 +210,7 @@ void dtc_gemm(dtc_dev *c, bool ta, bool tb, int m, int n, int k, float alpha, co
     const int key[12] = {ta, tb, m, n, k, lda, ldb, ldc, alignment(A, B, C, bias), bias != NULL, beta != 0.0f, 0};
     pthread_mutex_lock(&c->lock);
     gemm_plan *p = plan_for(l, key);
-    if (bias)
-        LT(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    if (bias) LT(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
     LT(cublasLtMatmul(l->lt, p->desc, &alpha, A, p->a, B, p->b, &beta, C, p->c, C, p->c, &p->algo, l->lt_work,
                       LT_WORKSPACE, c->compute));
     pthread_mutex_unlock(&c->lock);
@@ -231,7 +236,7 @@ static void conv_make(conv_desc *d, int B, int C, int H, int W, int OC, int K, i
     DNN(cudnnSetFilter4dDescriptor(d->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, OC, C, K, K));
     DNN(cudnnSetConvolution2dDescriptor(d->conv, pad, pad, stride, stride, 1, 1, CUDNN_CROSS_CORRELATION,
                                         CUDNN_DATA_FLOAT));
-    DNN(cudnnSetConvolutionMathType(d->conv, CUDNN_FMA_MATH));  /* no tensor cores: no TF32 rounding */
+    DNN(cudnnSetConvolutionMathType(d->conv, CUDNN_FMA_MATH)); /* no tensor cores: no TF32 rounding */
 }
 
 static void conv_free(conv_desc *d) {
@@ -270,17 +275,18 @@ void dtc_conv_forward(dtc_dev *c, float *out, const float *in, const float *w, f
 }
 
 void dtc_conv_backward(dtc_dev *c, float *din, float *dw, const float *dout, const float *in, const float *w,
-                       float *work, size_t work_floats, int B, int C, int H, int W, int OC, int K, int stride, int pad) {
+                       float *work, size_t work_floats, int B, int C, int H, int W, int OC, int K, int stride,
+                       int pad) {
     conv_desc d;
     conv_make(&d, B, C, H, W, OC, K, stride, pad);
     const float one = 1.0f, zero = 0.0f;
     const size_t wb = work_floats * sizeof(float);
-    if (dw)  /* dw accumulates (beta 1) */
+    if (dw) /* dw accumulates (beta 1) */
         DNN(cudnnConvolutionBackwardFilter(c->libs->dnn, &one, d.x, in, d.y, dout, d.conv, BWD_FILTER, work, wb, &one,
                                            d.w, dw));
-    if (din)  /* din is overwritten */
-        DNN(cudnnConvolutionBackwardData(c->libs->dnn, &one, d.w, w, d.y, dout, d.conv, BWD_DATA, work, wb, &zero,
-                                         d.x, din));
+    if (din) /* din is overwritten */
+        DNN(cudnnConvolutionBackwardData(c->libs->dnn, &one, d.w, w, d.y, dout, d.conv, BWD_DATA, work, wb, &zero, d.x,
+                                         din));
     conv_free(&d);
     DTC_CHECK(c, cudaGetLastError());
 }

@@ -17,7 +17,7 @@
 
 static void linear_forward(float *out, const float *in, const float *w, const float *b, float *work, int B, int C,
                            int OC) {
-    (void)work;  /* cuBLAS needs none (linear_workspace NULL) */
+    (void)work; /* cuBLAS needs none (linear_workspace NULL) */
     if (B <= 0 || OC <= 0) return;
     if (C <= 0) {
         RUN(dtc_rows_set(S, out, b, B, OC));
@@ -41,9 +41,9 @@ static void linear_backward(float *din, float *dw, float *db, const float *dout,
         if (din && B > 0 && C > 0) RUN(cudaMemsetAsync(din, 0, (size_t)B * C * sizeof(float), S));
         return;
     }
-    if (dw) dtc_gemm(CUR, false, true, C, OC, B, 1.0f, in, C, dout, OC, 1.0f, dw, C, NULL);  /* dw += dout^T in */
+    if (dw) dtc_gemm(CUR, false, true, C, OC, B, 1.0f, in, C, dout, OC, 1.0f, dw, C, NULL); /* dw += dout^T in */
     if (db) RUN(dtc_colsum_acc(S, db, dout, B, OC));
-    if (din) dtc_gemm(CUR, false, false, C, B, OC, 1.0f, w, C, dout, OC, 0.0f, din, C, NULL);  /* din = dout w */
+    if (din) dtc_gemm(CUR, false, false, C, B, OC, 1.0f, w, C, dout, OC, 0.0f, din, C, NULL); /* din = dout w */
 }
 
 static bool no_bf16(void) { return false; }
@@ -56,8 +56,8 @@ static void conv2d_forward(float *out, const float *in, const float *w, const fl
                            int H, int W, int OC, int K, int stride, int pad) {
     const int OH = (H + 2 * pad - K) / stride + 1, OW = (W + 2 * pad - K) / stride + 1;
     if (OH <= 0 || OW <= 0 || B <= 0 || OC <= 0) return;
-    dtc_conv_forward(CUR, out, in, w, work, conv2d_workspace(B, C, H, W, OC, K, stride, pad), B, C, H, W, OC, K,
-                     stride, pad);
+    dtc_conv_forward(CUR, out, in, w, work, conv2d_workspace(B, C, H, W, OC, K, stride, pad), B, C, H, W, OC, K, stride,
+                     pad);
     if (b) RUN(dtc_chan_bias(S, out, b, B, OC, OH * OW));
 }
 
@@ -66,8 +66,8 @@ static void conv2d_backward(float *din, float *dw, float *db, const float *dout,
     const int OH = (H + 2 * pad - K) / stride + 1, OW = (W + 2 * pad - K) / stride + 1;
     if (OH <= 0 || OW <= 0 || B <= 0 || OC <= 0) return;
     if (db) RUN(dtc_chansum_acc(S, db, dout, B, OC, OH * OW));
-    dtc_conv_backward(CUR, din, dw, dout, in, w, work, conv2d_workspace(B, C, H, W, OC, K, stride, pad), B, C, H, W,
-                      OC, K, stride, pad);
+    dtc_conv_backward(CUR, din, dw, dout, in, w, work, conv2d_workspace(B, C, H, W, OC, K, stride, pad), B, C, H, W, OC,
+                      K, stride, pad);
 }
 
 static void maxpool2d_forward(float *out, int32_t *am, const float *in, int B, int C, int H, int W, int K, int Sd) {
@@ -138,7 +138,7 @@ static void add_forward(float *out, const float *a, const float *b, size_t n) { 
 
 static size_t attention_workspace(int T, int C, int NH) {
     (void)C;
-    return (size_t)NH * T * T;  /* dS of one batch row (backward runs the rows one after another) */
+    return (size_t)NH * T * T; /* dS of one batch row (backward runs the rows one after another) */
 }
 static void attention_forward(float *out, float *att, float *work, const float *qkv, int B, int T, int C, int NH) {
     (void)work;
@@ -174,23 +174,47 @@ static void mse_backward(float *dpred, const float *pred, const float *target, s
 
 void dtc_table_init(dtc_dev *c) {
     c->table = (dt_kernel_table){
-        .name = "cuda", .device = DT_DEVICE_CUDA, .dtype = DT_F32, .precision = DT_F32,
-        .linear_forward = linear_forward, .linear_backward = linear_backward, .linear_bf16_values = no_bf16,
-        .conv2d_workspace = conv2d_workspace, .conv2d_forward = conv2d_forward, .conv2d_backward = conv2d_backward,
-        .maxpool2d_forward = maxpool2d_forward, .maxpool2d_backward = maxpool2d_backward,
-        .avgpool2d_forward = avgpool2d_forward, .avgpool2d_backward = avgpool2d_backward,
-        .relu_forward = relu_forward, .relu_backward = relu_backward, .gelu_forward = gelu_forward,
-        .gelu_backward = gelu_backward, .tanh_forward = tanh_forward, .tanh_backward = tanh_backward,
-        .sigmoid_forward = sigmoid_forward, .sigmoid_backward = sigmoid_backward,
-        .dropout_forward = dropout_forward, .dropout_backward = dropout_backward,
-        .layernorm_forward = layernorm_forward, .layernorm_backward = layernorm_backward,
-        .batchnorm2d_forward_train = batchnorm2d_forward_train, .batchnorm2d_forward_eval = batchnorm2d_forward_eval,
-        .batchnorm2d_backward = batchnorm2d_backward, .embedding_forward = embedding_forward,
-        .embedding_backward = embedding_backward, .pos_embedding_forward = pos_embedding_forward,
-        .pos_embedding_backward = pos_embedding_backward, .add_forward = add_forward,
-        .attention_forward = attention_forward, .attention_workspace = attention_workspace,
-        .attention_backward = attention_backward, .xent_forward = xent_forward, .xent_backward = xent_backward,
+        .name = "cuda",
+        .device = DT_DEVICE_CUDA,
+        .dtype = DT_F32,
+        .precision = DT_F32,
+        .linear_forward = linear_forward,
+        .linear_backward = linear_backward,
+        .linear_bf16_values = no_bf16,
+        .conv2d_workspace = conv2d_workspace,
+        .conv2d_forward = conv2d_forward,
+        .conv2d_backward = conv2d_backward,
+        .maxpool2d_forward = maxpool2d_forward,
+        .maxpool2d_backward = maxpool2d_backward,
+        .avgpool2d_forward = avgpool2d_forward,
+        .avgpool2d_backward = avgpool2d_backward,
+        .relu_forward = relu_forward,
+        .relu_backward = relu_backward,
+        .gelu_forward = gelu_forward,
+        .gelu_backward = gelu_backward,
+        .tanh_forward = tanh_forward,
+        .tanh_backward = tanh_backward,
+        .sigmoid_forward = sigmoid_forward,
+        .sigmoid_backward = sigmoid_backward,
+        .dropout_forward = dropout_forward,
+        .dropout_backward = dropout_backward,
+        .layernorm_forward = layernorm_forward,
+        .layernorm_backward = layernorm_backward,
+        .batchnorm2d_forward_train = batchnorm2d_forward_train,
+        .batchnorm2d_forward_eval = batchnorm2d_forward_eval,
+        .batchnorm2d_backward = batchnorm2d_backward,
+        .embedding_forward = embedding_forward,
+        .embedding_backward = embedding_backward,
+        .pos_embedding_forward = pos_embedding_forward,
+        .pos_embedding_backward = pos_embedding_backward,
+        .add_forward = add_forward,
+        .attention_forward = attention_forward,
+        .attention_workspace = attention_workspace,
+        .attention_backward = attention_backward,
+        .xent_forward = xent_forward,
+        .xent_backward = xent_backward,
         .count_correct = count_correct,
-        .mse_forward = mse_forward, .mse_backward = mse_backward,
+        .mse_forward = mse_forward,
+        .mse_backward = mse_backward,
     };
 }
