@@ -196,6 +196,26 @@ static int map_existing(const char *file, const cache_header *want, void **map, 
     return rc;
 }
 
+/* Whether dir can take a cache entry of `bytes`: it leaves a quarter of the file system free and
+ * fits the file size limit; logs why not. */
+static bool room_for(const char *dir, uint64_t bytes) {
+    struct statvfs vfs;
+    struct rlimit fsz;
+    if (statvfs(dir, &vfs) == 0 && vfs.f_blocks > 0 &&
+        (double)vfs.f_bavail * vfs.f_frsize < (double)bytes + (double)vfs.f_blocks * vfs.f_frsize / 4) {
+        dt_log(DT_LOG_INFO,
+               "data cache: a %.1f MB entry would leave less than a quarter of %s free: decoding privately",
+               (double)bytes / 1e6, dir);
+        return false;
+    }
+    if (getrlimit(RLIMIT_FSIZE, &fsz) == 0 && fsz.rlim_cur != RLIM_INFINITY && fsz.rlim_cur < bytes) {
+        dt_log(DT_LOG_INFO, "data cache: file size limit (ulimit -f) is below %.1f MB: decoding privately",
+               (double)bytes / 1e6);
+        return false;
+    }
+    return true;
+}
+
 /* Decodes the pair into a new cache file and publishes it as file (lock held). DT_OK with
  * *map NULL when the cache cannot take it; other statuses are errors in the data files. */
 static dt_status build(const char *dir, const char *file, cache_header *h, const char *images_path,
@@ -224,20 +244,7 @@ static dt_status build(const char *dir, const char *file, cache_header *h, const
     h->y_bytes = h->n * 4;
     h->file_bytes = h->y_off + h->y_bytes;
 
-    struct statvfs vfs;
-    struct rlimit fsz;
-    if (statvfs(dir, &vfs) == 0 && vfs.f_blocks > 0 &&
-        (double)vfs.f_bavail * vfs.f_frsize < (double)h->file_bytes + (double)vfs.f_blocks * vfs.f_frsize / 4) {
-        dt_log(DT_LOG_INFO,
-               "data cache: a %.1f MB entry would leave less than a quarter of %s free: decoding privately",
-               (double)h->file_bytes / 1e6, dir);
-        goto out;
-    }
-    if (getrlimit(RLIMIT_FSIZE, &fsz) == 0 && fsz.rlim_cur != RLIM_INFINITY && fsz.rlim_cur < h->file_bytes) {
-        dt_log(DT_LOG_INFO, "data cache: file size limit (ulimit -f) is below %.1f MB: decoding privately",
-               (double)h->file_bytes / 1e6);
-        goto out;
-    }
+    if (!room_for(dir, h->file_bytes)) goto out;
     snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", file);
     if ((fd = mkostemp(tmp, O_CLOEXEC)) < 0) {
         dt_log(DT_LOG_INFO, "data cache: cannot create a file in %s (%s): decoding privately", dir, strerror(errno));
