@@ -211,8 +211,8 @@ void dt_widen_bf16(float *dst, const uint16_t *src, size_t n);
 const dt_kernel_table *dt_backend_onednn(dt_dtype precision);
 bool dt_onednn_built(void);
 /* Whether oneDNN's bf16 kernels are native here (AVX512-BF16; every AMX CPU has it too). Where
- * not, oneDNN 2.6 emulates bf16 with f32 FMAs plus conversions in its inner loops, measured 3.6x
- * slower than its f32 kernels on an Ice Lake Xeon (MLP, batch 128), so the onednn bf16 table
+ * not, oneDNN 2.6 emulates bf16 with f32 FMAs plus conversions in its inner loops, slower than its
+ * f32 kernels (docs/why.md, "oneDNN's emulated bf16"), so the onednn bf16 table
  * rounds the inputs to bf16 and runs its f32 kernels instead, as for fp16: the same products
  * (a bf16 product is exact in f32) and f32 sums, in another order. */
 bool dt_onednn_bf16_native(void);

@@ -12,7 +12,7 @@
 
 /* Channels per block: the one oneDNN's convolutions take on the CPU the build is for (-march):
  * 16 with AVX-512, 8 with AVX2 (its jit:avx2 kernels). Any other block costs two reorders of each
- * conv's input and output: 3.8 ms of a 49 ms CNN step (batch 128) on an AVX2 Zen 3 with 16. */
+ * conv's input and output (docs/why.md, "Channels per block"). */
 #if defined(__AVX512F__)
 #define DT_BLOCK 16
 #else

@@ -49,8 +49,7 @@ static inline __m256i bf16_of16(__m512 v) {
 
 /* window_max for one 16-channel vector (AVX-512): v > m or v is NaN replaces m. Inlined into
  * each caller so that a constant K (the 2x2 pools of CNNs) unrolls: called through a loop over a
- * variable K it ran 4x slower (a 128x64x14x14 pool to a blocked output: 1.3 ms against 0.2-0.3
- * on Zen 5, one thread, loaded machine). */
+ * variable K it ran several times slower (docs/why.md, "An inlined window maximum"). */
 static inline __attribute__((always_inline)) void window_max16(float *m_out, int32_t *idx_out, const void *x, int W,
                                                                int ps, int y0, int x0, int K, int32_t base, bool bf16,
                                                                bool relu) {

@@ -207,9 +207,8 @@ dt_status dt_ddp_buckets(dt_model *m, double bucket_mb, dt_ddp_range **out, int 
 /* Whether the replicas agree by a sharded update (reduce-scatter, 1/N of the optimizer's work,
  * allgather) rather than an allreduce: the same results to the bit and the same bytes; auto takes
  * it where every rank shares one host (dt_comm_set_hier found one) and nothing needs the whole
- * gradient on every rank (a compressor, fp16 loss scaling that skips steps on overflow). Measured
- * (MLP 784-128-10 Adam, b128, 2 ranks, shm, one core each; p10 of a run's steps, median of 10
- * interleaved runs): reduce-scatter + update + allgather 63 us against allreduce + update 91. */
+ * gradient on every rank (a compressor, fp16 loss scaling that skips steps on overflow). It was the
+ * faster of the two on one host (docs/why.md, "ddp's sharded update"). */
 static bool sharded_update(const dt_strategy *s, const ddp_opts *op) {
     if (op->update != UPDATE_AUTO) return op->update == UPDATE_SHARD;
     return !dt_strategy_stage_device(s->comm, s->model) && dt_compress_is_none(&op->compress) && s->optim &&
