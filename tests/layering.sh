@@ -73,8 +73,9 @@ fi
 
 # scripts/house-figures (issue 38's size figures) on a planted tree whose figures are known:
 # 2 public functions, a 3-line function (brace to brace) longer than a 1-line one, and of two
-# lines at 120 and 121 columns, 1 over 120; of two unit tests, x_test.c sits beside x.c and
-# lonely_test.c beside no module of its name.
+# lines at 120 and 121 columns, 1 over 120; of four unit tests, x_test.c sits beside x.c,
+# lonely_test.c beside no module of its name, tagged_test.c is a cross-module test (its first line
+# starts "/* Cross-module test") and late_test.c carries the tag on its second line only (misplaced).
 fig=$TMP/house  # testlib's TMP: removed on exit
 mkdir -p "$fig/include/dtrain" "$fig/src/core"
 printf '/* h */\nint dt_a(void);\nvoid dt_b(int x,\n          int y);\ntypedef int (*dt_fn)(void);\n' >"$fig/include/dtrain/x.h"
@@ -82,17 +83,27 @@ printf '/* h */\nint dt_a(void);\nvoid dt_b(int x,\n          int y);\ntypedef i
   printf '/* %0114d */\n/* %0115d */\n' 0 0; } >"$fig/src/core/x.c"  # 120 and 121 columns
 printf '/* t */\n' >"$fig/src/core/x_test.c"
 printf '/* t */\n' >"$fig/src/core/lonely_test.c"
+printf '/* Cross-module test: t */\n' >"$fig/src/core/tagged_test.c"
+printf '/* t\n * Cross-module test: t */\n' >"$fig/src/core/late_test.c"
 line=$(python3 "$ROOT/scripts/house-figures" "$fig" | grep '^house-figures: ')
 if echo "${line#house-figures: }" | python3 -c 'import json,sys; f=json.load(sys.stdin)
 sys.exit(not (f["public_functions"] == 2 and f["lines_over_120"] == 1 and f["functions"] == 2
               and f["longest"][0]["name"] == "three" and f["longest"][0]["lines"] == 3
-              and f["misplaced_tests"] == ["src/core/lonely_test.c"]))'; then
+              and f["misplaced_tests"] == ["src/core/late_test.c", "src/core/lonely_test.c"]
+              and f["cross_module_tests"] == ["src/core/tagged_test.c"]))'; then
   ok "house-figures counts a planted tree right: $line"
 else
-  bad "house-figures on a planted tree (2 public functions, longest 'three' 3 lines, 1 wide line, lonely_test.c misplaced) printed: '$line'"
+  bad "house-figures on a planted tree (2 public functions, longest 'three' 3 lines, 1 wide line, late_test.c and lonely_test.c misplaced, tagged_test.c cross-module) printed: '$line'"
 fi
 line=$(python3 "$ROOT/scripts/house-figures" "$ROOT" | grep '^house-figures: {"public_functions":[1-9]')
 if [ -n "$line" ]; then ok "house-figures on this tree: ${line:0:120}..."; else bad "scripts/house-figures printed no figures for $ROOT"; fi
+# this tree's unit tests all sit beside their module or say they are cross-module (docs/development.md)
+misplaced=$(echo "${line#house-figures: }" | python3 -c 'import json,sys; print(" ".join(json.load(sys.stdin)["misplaced_tests"]))')
+if [ -z "$misplaced" ]; then
+  ok "every unit test sits beside a module of its name or starts '/* Cross-module test'"
+else
+  bad "unit tests beside no module of their name: $misplaced; rename each after the module it tests, or start its first line with '/* Cross-module test' when it tests several (docs/development.md)"
+fi
 
 # every registry entry has its help and options (issue 38: one registry style): the real tree
 # passes (transports, devices, compressors, strategies), and a planted tree whose transport 'bad'

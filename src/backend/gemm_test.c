@@ -1,4 +1,4 @@
-/* The GEMM kernels of every backend (blas and onednn, each at fp32, bf16 and fp16) against naive
+/* Cross-module test: the GEMM kernels of every backend (blas and onednn, each at fp32, bf16 and fp16) against naive
  * double-precision loops at odd shapes: linear forward, both backward GEMMs and the bias
  * gradient; conv forward, backward data and backward weights. The reference takes the inputs
  * rounded to the backend's precision (bf16/fp16 products are exact in f32), so the only

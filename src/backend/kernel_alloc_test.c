@@ -1,4 +1,4 @@
-/* Kernels do not allocate (device.h: "Kernels never allocate and never abort"; issue 33): the
+/* Cross-module test: kernels do not allocate (device.h: "Kernels never allocate and never abort"; issue 33): the
  * kernels that need scratch take it from a workspace their table sizes up front (linear_workspace,
  * conv2d_workspace, conv_pool_workspace, maxpool2d_blocked_bf16_workspace). This test replaces
  * malloc and its relatives for the whole process, counts the calls dtrain's code makes (the

@@ -1,4 +1,4 @@
-/* Unit tests of the layer kernels beyond gradients: conv2d against a direct 7-loop convolution
+/* Cross-module test: the layer kernels beyond gradients: conv2d against a direct 7-loop convolution
  * over many shapes (every im2col path), the initialisers' distributions (torch's defaults),
  * determinism of counter-based init/dropout (the in-kernel Philox equals core's), and edge cases (NaN in max pooling,
  * bad labels, dropout p = 0 / 1, empty shapes). */

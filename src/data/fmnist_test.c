@@ -1,7 +1,7 @@
-/* Test on the real Fashion-MNIST (Debian's dataset-fashion-mnist): shapes, labels, known pixel
- * sums and statistics, and one shuffled epoch through the prefetching loader; a cold (decoding)
- * open of the shared cache, a warm (mapping) one and a private one give identical batches. Skips
- * (exit 77) when the data set is not installed. The cache lives in a mkdtemp directory. */
+/* Cross-module test: the data layer on the real Fashion-MNIST (Debian's dataset-fashion-mnist): shapes, labels, known
+ * pixel sums and statistics, and one shuffled epoch through the prefetching loader; a cold (decoding) open of the
+ * shared cache, a warm (mapping) one and a private one give identical batches. Skips (exit 77) when the data set is not
+ * installed. The cache lives in a mkdtemp directory. */
 #include "core/test.h"
 #include "dtrain/data.h"
 

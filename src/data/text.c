@@ -248,8 +248,8 @@ dt_status dt_dataset_open_text(dt_dataset **train, dt_dataset **val, const char 
     if (dt_data_is_tokens(spec)) return dt_tokens_open(train, val, spec, T, val_fraction);
     text_src src = {.fd = -1};
     dt_dataset *tr = NULL, *va = NULL;
-    dt_status st = src_open(&src, spec);
-    if (st != DT_OK) goto done;
+    dt_status st;
+    DT_TRY_GOTO(st = src_open(&src, spec), done);
     if (src.len == 0) {
         st = dt_error(DT_EFORMAT, "`data` %s: %s is empty: a text data set needs at least 2T+1 = %lld bytes", spec,
                       src.path, 2 * (long long)T + 1);

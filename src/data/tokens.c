@@ -257,8 +257,8 @@ dt_status dt_tokens_open(dt_dataset **train, dt_dataset **val, const char *spec,
     tok_list tl = {0}, vl = {0};
     dt_dataset *tr = NULL, *va = NULL;
     char what[PATH_MAX + 64], vwhat[2 * PATH_MAX];
-    dt_status s = list_files(spec, &tl, &vl);
-    if (s != DT_OK) goto done;
+    dt_status s;
+    DT_TRY_GOTO(s = list_files(spec, &tl, &vl), done);
     describe(what, sizeof what, &tl, spec, "_train_");
     uint64_t tlen = tl.ntok;
     const bool hold_out = val_fraction > 0 && vl.n == 0; /* no validation file: the end of the train tokens */

@@ -1,4 +1,4 @@
-/* Finite-difference gradient checks for every layer kernel and both losses: the analytic input
+/* Cross-module test: finite-difference gradient checks for every layer kernel and both losses: the analytic input
  * and parameter gradients of backward must match central differences of the forward pass on
  * L = sum(dout * out) with a fixed random dout. Also checks the backward contract: parameter
  * gradients accumulate, din is overwritten, din = NULL skips it and changes nothing else. */

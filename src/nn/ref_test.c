@@ -1,4 +1,4 @@
-/* Reference tests against PyTorch 1.13: runs every layer kernel, three models (the "mlp" and
+/* Cross-module test: a reference comparison with PyTorch 1.13: runs every layer kernel, three models (the "mlp" and
  * "cnn" presets and a mixed stack, through dt_model_*) and the optimizers on the inputs stored in
  * tests/ref/{layers,models,optim}.dtref (written by tests/ref/gen_ref.py, computed by torch autograd in float64) and
  * compares outputs and gradients. Prints the max difference of every case. */

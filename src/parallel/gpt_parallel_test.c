@@ -1,4 +1,4 @@
-/* The GPT under the strategies, on a small text corpus written by the test, over real
+/* Cross-module test: the GPT under the strategies, on a small text corpus written by the test, over real
  * shared-memory ranks (forked processes):
  *  - ddp with 2 workers x batch 4 ends with the parameters of 1 worker x batch 8 (AdamW, several
  *    gradient buckets, an epoch end with an uneven last batch);

@@ -1,4 +1,4 @@
-/* Placement (dt_model_place through the strategy's entry.place): the bytes a rank is charged for
+/* Cross-module test: placement (dt_model_place through the strategy's entry.place): the bytes a rank is charged for
  * (core/mem.c's accounting, dt_mem_peak: deterministic, not the OS's resident set) under pp2 and
  * tp2 stay below a bound computed from the parameters that rank owns:
  *   16 bytes (f32 parameter, gradient, two Adam moments) x owned + the whole graph's activations

@@ -1,4 +1,4 @@
-/* The C API as an embedder meets it: an in-memory data set passed to the trainer trains exactly
+/* Cross-module test: the C API as an embedder meets it: an in-memory data set passed to the trainer trains exactly
  * as the same data read from CSV files; dt_launch_workers runs a function on N forked workers,
  * returns the first failing worker's error and names dt_trainer_evaluate's collective contract
  * when one rank calls it alone; dt_evaluate_checkpoint without a data set takes the one the

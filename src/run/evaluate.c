@@ -158,8 +158,7 @@ dt_status dt_evaluate_checkpoint_on(const char *checkpoint, const char *data, co
                           dt_model_out_size(m));
         goto done;
     }
-    if (info.has_norm && (s = dt_dataset_set_normalize((dt_dataset *)ds, info.norm_mean, info.norm_std)) != DT_OK)
-        goto done;
+    if (info.has_norm) DT_TRY_GOTO(s = dt_dataset_set_normalize((dt_dataset *)ds, info.norm_mean, info.norm_std), done);
     const eval_opts o = {.batch = batch};
     s = evaluate(m, NULL, ds, NULL, &o, loss, acc, NULL);
     *samples = (int64_t)dt_dataset_len(ds);

@@ -105,9 +105,8 @@ dt_status dt_model_open(dt_model **m, const dt_model_source *src, int C, int H, 
     } else {
         DT_TRY(dt_model_build(m, spec, C, H, W));
         DT_TRY(dt_model_to_device(m, src->device));
-        s = dt_weights_load(*m, src->weights);
-        if (s == DT_OK) s = file_norm(src->weights, &nm);
-        if (s != DT_OK) goto fail;
+        DT_TRY_GOTO(s = dt_weights_load(*m, src->weights), fail);
+        DT_TRY_GOTO(s = file_norm(src->weights, &nm), fail);
     }
     if (norm) *norm = nm;
     return DT_OK;

@@ -110,7 +110,7 @@ static void alignment_case(void) {
 int main(void) {
     alignment_case();
     if (!__builtin_cpu_supports("avx512bf16")) {
-        printf("pack_test: no AVX512-BF16 here: oneDNN's reorders pack, nothing of ours to test\n");
+        printf("cpu_onednn_pack_test: no AVX512-BF16 here: oneDNN's reorders pack, nothing of ours to test\n");
         CHECK(dt_dnnl_vnni_block(NULL, 1, 1) == 0);
     } else {
         for (int cols = 0; cols < 2; cols++) { /* row-major, then column-major (a weight as w^T) */
@@ -125,11 +125,11 @@ int main(void) {
     linear_case(768, 128, 512);
     linear_case(37, 100, 70);
     linear_case(5, 3, 10);
-    return dt_test_summary("pack_test");
+    return dt_test_summary("cpu_onednn_pack_test");
 }
 #else
 int main(void) {
-    printf("pack_test: built without oneDNN\n");
+    printf("cpu_onednn_pack_test: built without oneDNN\n");
     return 0;
 }
 #endif

@@ -156,5 +156,5 @@ int main(void) {
     latest_skips_unusable(m);
     unlink(path);
     dt_model_destroy(m);
-    return dt_test_summary("ckpt_meta_test");
+    return dt_test_summary("checkpoint_meta_test");
 }

@@ -97,5 +97,5 @@ int main(void) {
     unlink(a), unlink(b);
     dt_optim_destroy(o), dt_optim_destroy(o2);
     dt_model_destroy(m), dt_model_destroy(m2);
-    return dt_test_summary("state_test");
+    return dt_test_summary("checkpoint_state_test");
 }
