@@ -452,6 +452,10 @@ dt_status dt_model_bind_grad(dt_model *m, int t, float *g) {
     m->bound_g[t] = g;
     return DT_OK;
 }
+float *dt_model_tensor_grad(dt_model *m, int t) {
+    if (m->bound_g && m->bound_g[t]) return m->bound_g[t];
+    return m->grads.data ? m->grads.data + m->tensors[t].offset : NULL;
+}
 float *dt_model_take_params(dt_model *m) {
     if (!m->dev_slabs) return NULL;
     float *p = m->params.data;

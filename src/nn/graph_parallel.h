@@ -22,6 +22,10 @@ bool dt_model_has_tp_marks(const dt_model *m);
  * dt_model_grads still give the slabs. DT_ENOMEM for the tables on the first binding. */
 dt_status dt_model_bind_param(dt_model *m, int t, float *p);
 dt_status dt_model_bind_grad(dt_model *m, int t, float *g);
+/* Where backward writes tensor t's gradients: the block bound to it, else the gradient slab at its
+ * offset; NULL when it has neither (a ZeRO bucket between its reduce and its next backward). A hook
+ * that writes a tensor's gradients between ops asks here, not dt_model_grads. */
+float *dt_model_tensor_grad(dt_model *m, int t);
 /* A model whose slabs are device blocks (dt_model_set_device on a device whose memory is not the
  * host's): hands its parameter block to the caller, who frees it with the device or gives it back
  * with dt_model_put_params; dt_model_params is NULL meanwhile, so every tensor a pass uses must be

@@ -142,10 +142,8 @@ static void after_backward(void *ctx, int node) {
             char name[96];
             snprintf(name, sizeof name, "%s.bias", dt_model_node_name(h->local, node));
             int k = dt_model_find_tensor(h->local, name);
-            if (k >= 0) {
-                const dt_param_info *b = dt_model_tensor(h->local, k);
-                h->dev->ops->fill_f32(h->dev, dt_model_grads(h->local) + b->offset, 0.0f, b->numel);
-            }
+            float *g = k >= 0 ? dt_model_tensor_grad(h->local, k) : NULL; /* its own block under ZeRO-2 */
+            if (g) h->dev->ops->fill_f32(h->dev, g, 0.0f, dt_model_tensor(h->local, k)->numel);
         }
         break;
     case ROLE_COL: { /* none where the input needs no gradient (the model's input): on every rank alike */
