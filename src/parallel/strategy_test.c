@@ -308,6 +308,10 @@ static void test_mem_plan(void) {
         with++;
     }
     CHECK_MSG(with == 3, "%d entries plan memory (ddp, tp, pp)", with);
+    if (!dt_strategy_ddp_entry.mem_plan || !dt_strategy_tp_entry.mem_plan || !dt_strategy_pp_entry.mem_plan) {
+        dt_model_destroy(m);
+        return;
+    }
     double own = 0;
     for (int r = 0; r < 3; r++) {
         dt_mem_share sh = {.dp = 3, .tp = 1, .pp = 1, .zero = 2, .dp_rank = r, .bucket_mb = 0.00001};
