@@ -46,6 +46,21 @@ printf 'static int f(const char *n) { return !strcmp(n, "localsgd"); }\n' >"$TMP
 [ -n "$(name_tests "$TMP/plant")" ] && ok "a planted strategy-name test outside parallel/ is found" \
   || bad "the strategy-name check misses a planted strcmp(n, \"localsgd\")"
 
+# A strategy's private headers stay in parallel/ (issue 38): run/ reaches a strategy through its
+# registry entry (the memory plan: dt_strategy_entry.mem_plan), never through pp.h, tp.h, zero.h,
+# zero_internal.h, ps.h or ps_server.h. private_includes DIR...: the offending lines.
+private_includes() {
+  grep -nE '^#include "parallel/(pp|tp|zero|zero_internal|ps|ps_server)\.h"' \
+    $(find "$@" -name '*.[ch]' ! -name '*_test.c' ! -name '*_testlib.h') 2>/dev/null
+}
+hits=$(private_includes "$ROOT/src/run")
+[ -z "$hits" ] && ok "run/ includes no strategy's private header (pp.h, tp.h, zero.h, zero_internal.h, ps.h)" \
+  || bad "run/ includes a strategy's private header (add to its registry entry instead): $hits"
+mkdir -p "$TMP/plant/run"
+sed 's|^#include "parallel/strategy.h"|#include "parallel/zero.h"|' "$ROOT/src/run/memplan.c" >"$TMP/plant/run/memplan.c"
+[ -n "$(private_includes "$TMP/plant/run")" ] && ok "a planted #include \"parallel/zero.h\" in run/memplan.c is found" \
+  || bad "the private-header check misses a planted #include \"parallel/zero.h\" in run/memplan.c"
+
 # Nothing above the device touches model memory (issue 33 point 6): scripts/model-memory-check
 # finds memcpy/memset/memmove on parameters, gradients, activations or optimizer state, and reads
 # or writes through such a pointer, in nn/ optim/ parallel/ run/ models/ fl/ plan/ cli/; the

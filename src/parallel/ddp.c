@@ -358,4 +358,5 @@ const dt_strategy_entry dt_strategy_ddp_entry = {
     .device_neutral = true,
     .loss_scaling = true,
     .place = ddp_place,
-    .balanced = ddp_balanced};
+    .balanced = ddp_balanced,
+    .mem_plan = dt_zero_mem_plan};

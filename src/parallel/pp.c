@@ -503,4 +503,5 @@ const dt_strategy_entry dt_strategy_pp_entry = {
     .device_neutral = true,
     .data_part = pp_data_part,
     .mesh = pp_mesh,
-    .place = pp_place};
+    .place = pp_place,
+    .mem_plan = dt_pp_mem_plan};

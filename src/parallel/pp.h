@@ -61,6 +61,10 @@ bool dt_pp_cut_valid(const dt_model *m, int k);
  * expensive stage is as cheap as the valid cuts allow; else split names the K-1 cuts
  * ("12:24:36" or node names "transformer.h.2.add2:..."). DT_EINVAL saying which cuts are valid. */
 dt_status dt_pp_cut(const dt_model *m, int K, const char *split, const double *cost, int *first);
+/* pp's entry.mem_plan: where sh->pp > 1, sh->mine gets the parameter values of the stage's tensors
+ * under the flops cut (dt_pp_cut, no split: the default placement), each a tp-th where sh->tp
+ * splits it; DT_EINVAL beyond DT_PP_MAX_STAGES stages. */
+dt_status dt_pp_mem_plan(dt_model *m, dt_mem_share *sh);
 
 /* Per-node seconds of forward + backward at batch B (reps passes), measured on rank 0 of comm and
  * broadcast into cost[num_nodes] on every rank (pp_cost.c). Collective over comm. */

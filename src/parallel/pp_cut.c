@@ -110,6 +110,39 @@ done:
     return st;
 }
 
+/* The flops cut, remembered per stage count for the model last asked about: a plan of every rank
+ * (--dry-run), or of many layouts (the planner), asks for the same cuts again. */
+static dt_status flops_cut(const dt_model *m, int pp, int *first) {
+    static _Thread_local struct {
+        const dt_model *m;
+        char spec[256];
+        int nodes;
+        bool have[DT_PP_MAX_STAGES + 1];
+        int first[DT_PP_MAX_STAGES + 1][DT_PP_MAX_STAGES + 1];
+    } c;
+    const int n = dt_model_num_nodes(m);
+    if (c.m != m || c.nodes != n || strncmp(c.spec, dt_model_spec(m), sizeof c.spec)) { /* another model */
+        memset(c.have, 0, sizeof c.have);
+        c.m = m, c.nodes = n;
+        snprintf(c.spec, sizeof c.spec, "%s", dt_model_spec(m));
+    }
+    if (!c.have[pp]) {
+        DT_TRY(dt_pp_cut(m, pp, "", NULL, c.first[pp]));
+        c.have[pp] = true;
+    }
+    memcpy(first, c.first[pp], (size_t)(pp + 1) * sizeof *first);
+    return DT_OK;
+}
+
+dt_status dt_pp_mem_plan(dt_model *m, dt_mem_share *sh) {
+    if (sh->pp <= 1) return DT_OK;
+    if (sh->pp > DT_PP_MAX_STAGES)
+        return dt_error(DT_EINVAL, "memory plan: pp %d: at most %d stages", sh->pp, DT_PP_MAX_STAGES);
+    int first[DT_PP_MAX_STAGES + 1];
+    DT_TRY(flops_cut(m, sh->pp, first));
+    return dt_mem_part_values(m, first[sh->stage], first[sh->stage + 1], sh->tp, &sh->mine);
+}
+
 dt_status dt_pp_cut(const dt_model *m, int K, const char *split, const double *cost, int *first) {
     const int n = dt_model_num_nodes(m);
     first[0] = 0, first[K] = n;

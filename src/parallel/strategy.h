@@ -234,6 +234,26 @@ typedef union {
     unsigned char bytes[256];
 } dt_strategy_opts;
 
+/* A rank's part of a memory plan (run/memplan.c, dtrain/memplan.h) that the strategies decide. The
+ * plan fills the inputs, the defaults (mine: the whole model's parameter values; zero_own, big: 0)
+ * and then calls every entry's mem_plan, each filling what its axis of the layout decides. */
+typedef struct {
+    /* in: the layout (dt_mem_layout's axes, ZeRO stage, bucket size) and the rank's place in it */
+    int dp, tp, pp, zero, stage, dp_rank;
+    double bucket_mb;
+    /* out */
+    double mine;     /* parameter values the rank's model part holds (pp: its stage's tensors; tp: each
+                      * tensor a tp-th where tp splits it, else whole) */
+    double zero_own; /* ZeRO over dp (zero > 0, dp > 1): values of the whole slab the rank's shard owns */
+    double big[3];   /* ZeRO: the largest bucket, the two largest, the three largest together (values,
+                      * a tp-th of the slab's) */
+    int inflight;    /* ZeRO: the buckets still reducing while backward fills the next one */
+} dt_mem_share;
+
+/* The parameter values (buffers aside) of the tensors that nodes [first, last) of m use, each a
+ * tp-th where tensor parallelism over tp ranks splits it (tp_shard.c), else whole; DT_ENOMEM. */
+dt_status dt_mem_part_values(const dt_model *m, int first, int last, int tp, double *out);
+
 /* One strategy of the registry. Its options struct (opts_size bytes) is private to its module. */
 typedef struct {
     const char *name;
@@ -274,6 +294,10 @@ typedef struct {
     /* Optional: true when opts ask the trainer to cut each global batch among the ranks by their
      * measured speed (ddp, localsgd: balance=dynamic). NULL: never. */
     bool (*balanced)(const void *opts);
+    /* Optional: fills the part of a memory plan (dt_mem_share) that this strategy's axis of the
+     * layout decides, where the layout has one (pp: the stage's tensors; tp: the shards; ddp: ZeRO's
+     * shard of the buckets); leaves it alone otherwise. NULL: nothing to add. */
+    dt_status (*mem_plan)(dt_model *m, dt_mem_share *share);
 } dt_strategy_entry;
 
 /* The option balance=static|dynamic of the replica strategies (ddp, localsgd) into *dynamic;

@@ -2,7 +2,8 @@
  * the canonical form), every error message of the parser and of each entry's set/check, adding a
  * flag's option to a spec, the data part through the registry, the factory's rank rules, and
  * that a spec option reaches the strategy: ddp(bucket_mb=...) changes the buckets of a step,
- * localsgd(sync_every=...) when it averages, ps(shards=...) whether the servers hand out batches. */
+ * localsgd(sync_every=...) when it averages, ps(shards=...) whether the servers hand out batches;
+ * the parts of a memory plan that ddp's, tp's and pp's entries fill. */
 #include "core/test.h"
 #include "parallel/parallel_testlib.h"
 #include "parallel/strategy.h"
@@ -287,6 +288,51 @@ static void test_ps_modes(void) {
     CHECK_MSG(failed == 0, "%d rank(s) saw the wrong ps mode", failed);
 }
 
+/* The memory plan's parts from the entries (dt_strategy_entry.mem_plan) on linear(8) relu linear(4)
+ * over 12 features (140 values: 96 + 8, 32 + 4): each leaves a layout without its axis alone; ZeRO's
+ * chunks of 3 ranks cover the slab once; tp=2 halves every tensor but the row-parallel bias (72);
+ * pp=2's stages hold the two layers (104, 36). */
+static void test_mem_plan(void) {
+    dt_model *m = NULL;
+    CHECK_OK(dt_model_build_unplaced(&m, "linear(8) relu linear(4)", 1, 1, 12));
+    if (!m) return;
+    const double P = (double)dt_model_num_params(m);
+    int n;
+    const dt_strategy_entry *const *e = dt_strategy_entries(&n);
+    int with = 0;
+    for (int i = 0; i < n; i++) {
+        if (!e[i]->mem_plan) continue;
+        dt_mem_share sh = {.dp = 1, .tp = 1, .pp = 1, .zero = 3, .mine = -1, .bucket_mb = 1};
+        CHECK_OK(e[i]->mem_plan(m, &sh));
+        CHECK_MSG(sh.mine == -1 && sh.zero_own == 0 && sh.inflight == 0, "%s fills a plan of one rank", e[i]->name);
+        with++;
+    }
+    CHECK_MSG(with == 3, "%d entries plan memory (ddp, tp, pp)", with);
+    if (!dt_strategy_ddp_entry.mem_plan || !dt_strategy_tp_entry.mem_plan || !dt_strategy_pp_entry.mem_plan) {
+        dt_model_destroy(m);
+        return;
+    }
+    double own = 0;
+    for (int r = 0; r < 3; r++) {
+        dt_mem_share sh = {.dp = 3, .tp = 1, .pp = 1, .zero = 2, .dp_rank = r, .bucket_mb = 0.00001};
+        CHECK_OK(dt_strategy_ddp_entry.mem_plan(m, &sh));
+        own += sh.zero_own;
+        CHECK(sh.inflight == 2 && sh.big[0] > 0 && sh.big[0] < sh.big[1] && sh.big[2] <= P);
+    }
+    CHECK_MSG(P == 140 && own == P, "ZeRO's chunks of 3 ranks own %.0f of %.0f values", own, P);
+    dt_mem_share t = {.dp = 1, .tp = 2, .pp = 1};
+    CHECK_OK(dt_strategy_tp_entry.mem_plan(m, &t));
+    CHECK_MSG(t.mine == 72, "tp=2 holds %.0f values", t.mine);
+    double stage[2] = {0, 0};
+    for (int k = 0; k < 2; k++) {
+        dt_mem_share sh = {.dp = 1, .tp = 1, .pp = 2, .stage = k};
+        CHECK_OK(dt_strategy_pp_entry.mem_plan(m, &sh));
+        stage[k] = sh.mine;
+    }
+    CHECK_MSG(stage[0] == 104 && stage[1] == 36, "pp=2's stages hold %.0f and %.0f values", stage[0], stage[1]);
+    dt_model_destroy(m);
+}
+
 int main(void) {
     test_entries();
     test_parse();
@@ -295,5 +341,6 @@ int main(void) {
     test_data_part();
     test_options_reach();
     test_ps_modes();
+    test_mem_plan();
     return dt_test_summary("strategy_test");
 }

@@ -528,6 +528,13 @@ static dt_status tp_place(const void *opts, const dt_model *m, int rank, int siz
     return DT_OK;
 }
 
+/* The memory plan's model part without a pipeline (pp's entry plans tp x pp): every tensor, a tp-th
+ * of each that the shards split. */
+static dt_status tp_mem_plan(dt_model *m, dt_mem_share *sh) {
+    if (sh->tp <= 1 || sh->pp > 1) return DT_OK;
+    return dt_mem_part_values(m, 0, dt_model_num_nodes(m), sh->tp, &sh->mine);
+}
+
 const dt_strategy_entry dt_strategy_tp_entry = {
     .name = "tp",
     .options = "tp=K,pp=1,bucket_mb=MB,zero=0|1|2|3",
@@ -544,4 +551,5 @@ const dt_strategy_entry dt_strategy_tp_entry = {
     .data_part = tp_data_part,
     .mesh = tp_mesh,
     .place = tp_place,
+    .mem_plan = tp_mem_plan,
     .device_neutral = true};

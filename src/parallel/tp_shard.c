@@ -36,6 +36,27 @@ dt_tp_split dt_tp_split_of(const dt_model *m, const char *name) {
     }
 }
 
+dt_status dt_mem_part_values(const dt_model *m, int first, int last, int tp, double *out) {
+    const int nt = dt_model_num_tensors(m);
+    bool *used = calloc((size_t)nt + 1, 1);
+    if (!used) return dt_error(DT_ENOMEM, "memory plan: out of memory");
+    for (int i = first; i < last; i++) {
+        int ids[8];
+        const int n = dt_model_node_tensors(m, i, ids, 8);
+        for (int j = 0; j < n && j < 8; j++) used[ids[j]] = true;
+    }
+    double o = 0;
+    for (int t = 0; t < nt; t++) {
+        const dt_param_info *p = dt_model_tensor(m, t);
+        if (!used[t] || p->is_buffer) continue;
+        const dt_tp_split k = dt_tp_split_of(m, p->name);
+        o += tp > 1 && k != DT_TP_REPL && k != DT_TP_RANK0 ? (double)p->numel / tp : (double)p->numel;
+    }
+    free(used);
+    *out = o;
+    return DT_OK;
+}
+
 /* Where the whole tensor and the rank's part are: host memory, or device d's. */
 typedef struct {
     dt_dev *d;

@@ -174,6 +174,34 @@ static bool part_done(zero *z, int i, dt_request **rq, bool *done) {
 
 int dt_zero_inflight_cap(int stage) { return stage >= 3 ? 1 : 2; }
 
+dt_status dt_zero_mem_plan(dt_model *m, dt_mem_share *sh) {
+    if (sh->zero <= 0 || sh->dp <= 1) return DT_OK;
+    dt_ddp_range *b;
+    int nb;
+    DT_TRY(dt_ddp_buckets(m, sh->bucket_mb, &b, &nb));
+    const size_t P = dt_model_num_params(m);
+    double o = 0, top[3] = {0, 0, 0};
+    for (int i = 0; i < nb; i++) {
+        const size_t a = b[i].lo, e = b[i].hi < P ? b[i].hi : P;
+        if (e <= a) continue;
+        size_t off, len;
+        dt_zero_chunk(e - a, sh->dp_rank, sh->dp, &off, &len);
+        o += (double)len;
+        const double n = (double)(e - a);
+        for (int k = 0; k < 3; k++)
+            if (n > top[k]) {
+                for (int j = 2; j > k; j--) top[j] = top[j - 1];
+                top[k] = n;
+                break;
+            }
+    }
+    free(b);
+    sh->zero_own = o, sh->big[0] = top[0], sh->big[1] = top[0] + top[1], sh->big[2] = sh->big[1] + top[2];
+    for (int k = 0; k < 3; k++) sh->big[k] /= sh->tp;
+    sh->inflight = dt_zero_inflight_cap(sh->zero);
+    return DT_OK;
+}
+
 /* Stage >= 2: completes the issued buckets whose reduce has finished, so that their gradient
  * pages go back while backward runs on, and waits for the oldest ones while more than
  * dt_zero_inflight_cap are in flight: the gradient memory stays the shard plus a few buckets even

@@ -46,4 +46,9 @@ dt_status dt_zero_place(const dt_model *m, double bucket_mb, int rank, int size,
  * (stage 3: one, so its gradients in flight are two buckets, as its parameter gathers are). */
 int dt_zero_inflight_cap(int stage);
 
+/* ddp's entry.mem_plan (ZeRO over the dp axis of any layout): where sh->zero > 0 and sh->dp > 1,
+ * the values of the slab that dp rank sh->dp_rank's chunks of ddp's buckets at sh->bucket_mb own,
+ * the largest buckets (a sh->tp-th) and dt_zero_inflight_cap; DT_ENOMEM. */
+dt_status dt_zero_mem_plan(dt_model *m, dt_mem_share *sh);
+
 #endif

@@ -1,16 +1,14 @@
 /* Memory plans (dtrain/memplan.h): per rank, the bytes of its part of the parameters, gradients
- * and optimizer state (ZeRO: its shard of each of ddp's buckets, as zero.c cuts them; pipeline:
- * the tensors its stage's nodes use under the flops cut pp.c places; tensor parallel: each tensor
- * a tp-th where tp_shard.c splits it, else whole),
+ * and optimizer state (ZeRO: its shard of each of ddp's buckets; pipeline: the tensors its stage's nodes
+ * use under the flops cut; tensor parallel: each tensor a tp-th where tp splits it, else whole:
+ * the strategies' entries fill these, dt_strategy_entry.mem_plan),
  * stage 2-3's gradient buckets in flight (a pipeline's stage 2-3: its whole gradients and the
  * shard), stage 3's gathered buckets and the activations its graph allocates at a micro-batch
  * (graph_activations). */
 #include "dtrain/memplan.h"
 #include "dtrain/models.h"
 #include "parallel/mesh.h"
-#include "parallel/pp.h"
-#include "parallel/tp.h"
-#include "parallel/zero.h"
+#include "parallel/strategy.h"
 #include "run/trainer_internal.h"
 
 #include <stdio.h>
@@ -33,82 +31,21 @@ static dt_status check_layout(const dt_mem_layout *l, int rank) {
     return DT_OK;
 }
 
-/* Values of the slab this rank's ZeRO shard owns over [lo, hi), and the sizes of its largest
- * buckets: big[0] the largest, big[1] the two largest, big[2] the three largest together. */
-static dt_status zero_share(dt_model *m, const dt_mem_layout *l, int dpi, size_t lo, size_t hi, double *own,
-                            double big[3]) {
-    dt_ddp_range *b;
-    int nb;
-    DT_TRY(dt_ddp_buckets(m, l->bucket_mb, &b, &nb));
-    double o = 0, top[3] = {0, 0, 0};
-    for (int i = 0; i < nb; i++) {
-        size_t a = b[i].lo > lo ? b[i].lo : lo, e = b[i].hi < hi ? b[i].hi : hi;
-        if (e <= a) continue;
-        size_t off, len;
-        dt_zero_chunk(e - a, dpi, l->dp, &off, &len);
-        o += (double)len;
-        double n = (double)(e - a);
-        for (int k = 0; k < 3; k++)
-            if (n > top[k]) {
-                for (int j = 2; j > k; j--) top[j] = top[j - 1];
-                top[k] = n;
-                break;
-            }
-    }
-    free(b);
-    *own = o, big[0] = top[0], big[1] = top[0] + top[1], big[2] = big[1] + top[2];
-    return DT_OK;
-}
-
-/* The flops cut of m into pp stages (dt_pp_cut), remembered per stage count for the model last
- * asked about: a plan of every rank (--dry-run), or of many layouts (the planner), asks for the
- * same cuts again. */
-static dt_status flops_cut(dt_model *m, int pp, int *first) {
-    static _Thread_local struct {
-        const dt_model *m;
-        char spec[256];
-        int nodes;
-        bool have[DT_PP_MAX_STAGES + 1];
-        int first[DT_PP_MAX_STAGES + 1][DT_PP_MAX_STAGES + 1];
-    } c;
-    const int n = dt_model_num_nodes(m);
-    if (c.m != m || c.nodes != n || strncmp(c.spec, dt_model_spec(m), sizeof c.spec)) { /* another model */
-        memset(c.have, 0, sizeof c.have);
-        c.m = m, c.nodes = n;
-        snprintf(c.spec, sizeof c.spec, "%s", dt_model_spec(m));
-    }
-    if (!c.have[pp]) {
-        DT_TRY(dt_pp_cut(m, pp, "", NULL, c.first[pp]));
-        c.have[pp] = true;
-    }
-    memcpy(first, c.first[pp], (size_t)(pp + 1) * sizeof *first);
-    return DT_OK;
-}
-
-/* Parameters `stage` holds: the tensors its nodes use under the flops cut (pp.c's placement),
- * each a tp-th where tensor parallelism splits it (tp_shard.c), else whole. */
-static dt_status owned_params(dt_model *m, const dt_mem_layout *l, int stage, double *own) {
-    int first[DT_PP_MAX_STAGES + 1] = {0, dt_model_num_nodes(m)};
-    if (l->pp > DT_PP_MAX_STAGES)
-        return dt_error(DT_EINVAL, "memory plan: pp %d: at most %d stages", l->pp, DT_PP_MAX_STAGES);
-    if (l->pp > 1) DT_TRY(flops_cut(m, l->pp, first));
-    const int nt = dt_model_num_tensors(m);
-    bool *used = calloc((size_t)nt + 1, 1);
-    if (!used) return dt_error(DT_ENOMEM, "memory plan: out of memory");
-    for (int i = first[stage]; i < first[stage + 1]; i++) {
-        int ids[8];
-        const int n = dt_model_node_tensors(m, i, ids, 8);
-        for (int j = 0; j < n && j < 8; j++) used[ids[j]] = true;
-    }
-    double o = 0;
-    for (int t = 0; t < nt; t++) {
-        const dt_param_info *p = dt_model_tensor(m, t);
-        if (!used[t] || p->is_buffer) continue;
-        const dt_tp_split k = dt_tp_split_of(m, p->name);
-        o += l->tp > 1 && k != DT_TP_REPL && k != DT_TP_RANK0 ? (double)p->numel / l->tp : (double)p->numel;
-    }
-    free(used);
-    *own = o;
+/* The parts of the plan the strategies decide (dt_mem_share): the rank's model part (the whole
+ * model unless an entry's axis cuts it) and ZeRO's shard, from every registry entry's mem_plan. */
+static dt_status strategy_share(dt_model *m, const dt_mem_layout *l, int stage, int dpi, dt_mem_share *sh) {
+    *sh = (dt_mem_share){.dp = l->dp,
+                         .tp = l->tp,
+                         .pp = l->pp,
+                         .zero = l->zero,
+                         .stage = stage,
+                         .dp_rank = dpi,
+                         .bucket_mb = l->bucket_mb};
+    DT_TRY(dt_mem_part_values(m, 0, dt_model_num_nodes(m), 1, &sh->mine));
+    int n;
+    const dt_strategy_entry *const *e = dt_strategy_entries(&n);
+    for (int i = 0; i < n; i++)
+        if (e[i]->mem_plan) DT_TRY(e[i]->mem_plan(m, sh));
     return DT_OK;
 }
 
@@ -136,19 +73,19 @@ dt_status dt_mem_plan_rank(dt_model *m, const dt_optim_config *o, const dt_mem_l
     p->dp_rank = dpi, p->stage = stage, p->tp_rank = tpi;
     const size_t P = dt_model_num_params(m);
     const double F = sizeof(float);
-    double mine = 0, own, big[3] = {0, 0, 0};
-    DT_TRY(owned_params(m, l, stage, &mine));
-    own = mine;
+    dt_mem_share sh;
+    DT_TRY(strategy_share(m, l, stage, dpi, &sh));
+    const double mine = sh.mine, *big = sh.big;
+    double own = mine;
     if (l->zero > 0 && l->dp > 1) { /* ZeRO shards the data-parallel ranks' slab (no pipeline cut) */
-        DT_TRY(zero_share(m, l, dpi, 0, P, &own, big));
+        own = sh.zero_own;
         own *= mine / (double)P;
-        for (int k = 0; k < 3; k++) big[k] /= l->tp;
     }
     const int moments = o->kind != DT_OPTIM_SGD ? 2 : o->momentum > 0 ? 1 : 0;
     p->params = F * (l->zero >= 3 ? own : mine);
     p->grads = F * (l->zero >= 2 ? own : mine);
     /* the bucket backward fills and the ones still reducing (zero.c lets dt_zero_inflight_cap run) */
-    if (l->zero >= 2 && l->dp > 1 && l->pp == 1) p->grads += F * big[dt_zero_inflight_cap(l->zero)];
+    if (l->zero >= 2 && l->dp > 1 && l->pp == 1) p->grads += F * big[sh.inflight];
     /* on a device ZeRO-2/3 hold a bucket's gradients in a block of its own from backward's first
      * write to its reduce, as the CPU's pages (zero_blocks.c); a data-parallel run stages its
      * collectives through a host copy of the slab (ddp's grad_sync.c, zero.c), ZeRO-3's gathers
