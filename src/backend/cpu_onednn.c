@@ -200,15 +200,16 @@ void *dt_dnnl_alloc(size_t bytes) { return aligned_alloc(64, (bytes + 63) & ~(si
 void *dt_dnnl_scratch(int slot, size_t bytes) {
     if (bytes > tls.conv_n[slot]) {
         free(tls.conv[slot]);
-        void *p = dt_dnnl_alloc(bytes);
-        if (!p) abort(); /* kernels cannot fail; out of memory here is fatal */
-        tls.conv[slot] = p, tls.conv_n[slot] = bytes;
+        tls.conv[slot] = dt_dnnl_alloc(bytes);
+        tls.conv_n[slot] = tls.conv[slot] ? bytes : 0;
+        if (!tls.conv[slot]) dt_kernel_fail("oneDNN scratch: out of memory for %zu bytes", bytes);
     }
     return tls.conv[slot];
 }
 
 float *dt_dnnl_rounded(int slot, const float *src, size_t n, dt_dtype p) {
-    float *d = dt_dnnl_scratch(slot, n * sizeof(float) + 4);
+    float *d = src ? dt_dnnl_scratch(slot, n * sizeof(float) + 4) : NULL;
+    if (!d) return NULL;
     if (p == DT_BF16) dt_round_bf16(d, src, n);
     else dt_round_f16(d, src, n);
     return d;

@@ -11,7 +11,7 @@
 /* DT_DNNL_CONV_BWD: backward data and weights in one entry (diff_dst reordered once) */
 enum { DT_DNNL_MATMUL = 1, DT_DNNL_CONV_FWD, DT_DNNL_CONV_BWD_DATA, DT_DNNL_CONV_BWD_W, DT_DNNL_CONV_BWD };
 #define DT_DNNL_KEY_INTS 13
-#define DT_DNNL_SCRATCH_SLOTS 6
+#define DT_DNNL_SCRATCH_SLOTS 12
 #define DT_DNNL_ARGS 6
 
 /* A cached primitive: the op, the input data type and the shape make the key. */
@@ -73,13 +73,18 @@ void dt_dnnl_run(dt_dnnl_entry *e, void *const *data);
 /* A plain memory descriptor of a dense tensor (row-major) or with explicit strides. */
 dnnl_memory_desc_t dt_dnnl_md(int ndim, const int64_t *dims, dnnl_data_type_t dt, const int64_t *strides);
 /* This thread's scratch slot 0..DT_DNNL_SCRATCH_SLOTS - 1 (grown to `bytes`, kept for the thread's
- * life; its contents do not survive a growth). 64-byte aligned, as dt_dnnl_alloc. */
+ * life; its contents do not survive a growth). 64-byte aligned, as dt_dnnl_alloc. NULL, with the
+ * kernel error set (dt_kernel_fail), when it cannot grow: the caller returns without writing.
+ * Slots: 0..2 rounded inputs, 3 flipped or widened weights/inputs, 4 a bf16 output's f32 copy, 5 a
+ * fallback's workspace, 6..7 widened bf16 values (cpu_onednn_conv.c), 8..11 a blocked conv's plain
+ * fallback (its NCHW input, output or gradient, input gradient and workspace). */
 void *dt_dnnl_scratch(int slot, size_t bytes);
 /* `bytes` (rounded up to 64) at a 64-byte boundary, for free(); NULL when out of memory. Every
  * buffer a oneDNN kernel reads or writes is aligned so: AMX tile loads of rows that straddle cache
  * lines slow a bf16 matmul down (docs/why.md, "64-byte alignment"). */
 void *dt_dnnl_alloc(size_t bytes);
-/* src rounded to precision p, as f32 (slot 0..2): the fallback when oneDNN lacks a kernel. */
+/* src rounded to precision p, as f32 (slot 0..2): the fallback when oneDNN lacks a kernel. NULL
+ * when src is NULL or the slot cannot grow (the kernel error set). */
 float *dt_dnnl_rounded(int slot, const float *src, size_t n, dt_dtype p);
 
 /* Linear layers at precision p (cpu_onednn_matmul.c), the signatures of the backend table; and
