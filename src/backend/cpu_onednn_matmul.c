@@ -54,7 +54,8 @@ static dt_dnnl_entry *mm_entry(const mm_shape *s, dt_dtype p) {
     dnnl_post_ops_t po = NULL;
     dnnl_primitive_desc_t pd = NULL;
     if (dnnl_matmul_desc_init(&desc, &md[0], &md[1], s->bias ? &md[3] : NULL, &md[2]) == dnnl_success &&
-        dnnl_primitive_attr_create(&attr) == dnnl_success) {
+        dnnl_primitive_attr_create(&attr) == dnnl_success &&
+        dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user) == dnnl_success) {
         if (s->accumulate && dnnl_post_ops_create(&po) == dnnl_success) {
             dnnl_post_ops_append_sum(po, 1.0f);
             dnnl_primitive_attr_set_post_ops(attr, po);

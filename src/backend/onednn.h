@@ -12,7 +12,7 @@
 enum { DT_DNNL_MATMUL = 1, DT_DNNL_CONV_FWD, DT_DNNL_CONV_BWD_DATA, DT_DNNL_CONV_BWD_W, DT_DNNL_CONV_BWD };
 #define DT_DNNL_KEY_INTS 13
 #define DT_DNNL_SCRATCH_SLOTS 12
-#define DT_DNNL_ARGS 6
+#define DT_DNNL_ARGS 7 /* with its scratchpad */
 
 /* A cached primitive: the op, the input data type and the shape make the key. */
 typedef struct {
@@ -26,6 +26,7 @@ typedef struct {
 
 typedef struct {
     dnnl_primitive_t p;
+    dnnl_memory_t pad; /* its scratchpad (user mode), bound to the thread's at each run; NULL: none */
     int nargs;
     dnnl_exec_arg_t args[DT_DNNL_ARGS];
 } dt_dnnl_step;
@@ -45,11 +46,16 @@ typedef struct {
     int pack_nb, pack_kp;                   /* matmul: B goes in packed by dt_dnnl_vnni_pack with this block (0: not) */
     bool w_flipped; /* conv backward data runs as a forward conv: w goes in flipped (cpu_onednn_conv.c) */
     size_t tmp_n;
+    size_t pad_n;  /* the largest scratchpad of its steps, in bytes */
     char impl[64]; /* oneDNN's impl info string of the main primitive */
 } dt_dnnl_entry;
 
 /* This thread's engine (created on first use). */
 dnnl_engine_t dt_dnnl_engine(void);
+/* This thread's primitive attributes (scratchpad_mode user: a primitive keeps no scratchpad of
+ * its own; dt_dnnl_run hands it the thread's), for every primitive descriptor made here; NULL
+ * when there is no engine. */
+dnnl_primitive_attr_t dt_dnnl_attr(void);
 /* The cached entry of key k, or a fresh slot (used = false) for the caller to build with the
  * functions below and close with dt_dnnl_ready; NULL only when the cache cannot be set up. */
 dt_dnnl_entry *dt_dnnl_lookup(const dt_dnnl_key *k);
@@ -68,7 +74,8 @@ dnnl_memory_t dt_dnnl_output(dt_dnnl_entry *e, const dnnl_memory_desc_t *plain, 
  * and emptied) when ok is false or a step could not be made. */
 bool dt_dnnl_ready(dt_dnnl_entry *e, bool ok);
 /* Runs e with the given data pointers on this thread's stream with dt_get_threads() OpenMP
- * threads, and waits. */
+ * threads, and waits. Its steps' scratchpads are this thread's one buffer, grown to e->pad_n on
+ * the first run that needs more (failing: the kernel error is set and nothing runs). */
 void dt_dnnl_run(dt_dnnl_entry *e, void *const *data);
 /* A plain memory descriptor of a dense tensor (row-major) or with explicit strides. */
 dnnl_memory_desc_t dt_dnnl_md(int ndim, const int64_t *dims, dnnl_data_type_t dt, const int64_t *strides);
