@@ -8,8 +8,8 @@
  *
  * Covered: the blas tables at f32, bf16 and fp16 (linear and conv), the fused conv -> relu -> pool
  * and the blocked bf16 max pool backward (a scatter and a widened bf16 dout), each from its first
- * call. oneDNN's tables still grow a per-thread scratch on the first call of a shape and their
- * primitives keep their own scratchpads (docs/device.md), so for them the second call is checked:
+ * call. oneDNN's tables still grow a per-thread scratch and scratchpad on the first call of a
+ * shape (docs/device.md), so for them the second call is checked:
  * linear and conv at f32, bf16 and fp16, blocked convs, and bf16 blocked values at fp16 (widened
  * to f32 copies, which once were malloc'd on every call). And a oneDNN kernel whose scratch cannot
  * be had returns with the kernel error set (dt_kernel_error_take) instead of aborting. */
