@@ -214,9 +214,12 @@ void dt_dnnl_run(dt_dnnl_entry *e, void *const *data) {
         if (e->ext[i] >= 0) dnnl_memory_set_data_handle_v2(e->mem[i], data[e->ext[i]], tls.stream);
     for (int i = 0; i < e->nsteps; i++)
         if (e->step[i].pad) dnnl_memory_set_data_handle_v2(e->step[i].pad, tls.pad, tls.stream);
-    for (int i = 0; i < e->nsteps; i++)
-        dnnl_primitive_execute(e->step[i].p, tls.stream, e->step[i].nargs, e->step[i].args);
-    dnnl_stream_wait(tls.stream);
+    dnnl_status_t st = dnnl_success;
+    for (int i = 0; i < e->nsteps && st == dnnl_success; i++)
+        if ((st = dnnl_primitive_execute(e->step[i].p, tls.stream, e->step[i].nargs, e->step[i].args)) != dnnl_success)
+            dt_kernel_fail("oneDNN: step %d of %d (%s) failed with status %d", i + 1, e->nsteps,
+                           e->impl[0] ? e->impl : "a reorder", (int)st);
+    if (dnnl_stream_wait(tls.stream) != dnnl_success) dt_kernel_fail("oneDNN: waiting for its stream failed");
 }
 
 dnnl_memory_desc_t dt_dnnl_md(int ndim, const int64_t *dims, dnnl_data_type_t dt, const int64_t *strides) {
