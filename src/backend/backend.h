@@ -207,6 +207,15 @@ void dt_cast_bf16(uint16_t *dst, const float *src, size_t n);
 bool dt_cast_bf16_native(void); /* whether dt_cast_bf16 runs AVX512-BF16 here */
 void dt_widen_bf16(float *dst, const uint16_t *src, size_t n);
 
+/* Kernels return void and neither allocate per call nor abort: one that cannot run (a library's
+ * scratch could not be had) records why here, for the calling thread, and returns at once (its
+ * outputs are then not to be used). The graph takes it after each op and fails naming the node (nn/graph_run.c). The
+ * first message since the last take is kept. */
+void dt_kernel_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* This thread's kernel error since the last call, copied into buf (n bytes) and cleared; false
+ * when there is none. */
+bool dt_kernel_error_take(char *buf, size_t n);
+
 /* oneDNN (cpu_onednn*.c). The backend at a precision, NULL when built without oneDNN. */
 const dt_kernel_table *dt_backend_onednn(dt_dtype precision);
 bool dt_onednn_built(void);

@@ -27,6 +27,9 @@
 static _Thread_local struct {
     dnnl_engine_t eng;
     dnnl_stream_t stream;
+    dnnl_primitive_attr_t attr;
+    void *pad; /* the scratchpad of every primitive this thread runs (they run one at a time) */
+    size_t pad_n;
     dt_dnnl_entry e[DT_DNNL_CACHE];
     int n, threads;
     unsigned long long clock; /* lookups so far: an entry's `last` */
@@ -46,6 +49,9 @@ static void tls_free(void *unused) {
     (void)unused;
     for (int i = 0; i < tls.n; i++) entry_clear(&tls.e[i]);
     for (int k = 0; k < DT_DNNL_SCRATCH_SLOTS; k++) free(tls.conv[k]), tls.conv[k] = NULL, tls.conv_n[k] = 0;
+    free(tls.pad), tls.pad = NULL, tls.pad_n = 0;
+    if (tls.attr) dnnl_primitive_attr_destroy(tls.attr);
+    tls.attr = NULL;
     if (tls.stream) dnnl_stream_destroy(tls.stream);
     if (tls.eng) dnnl_engine_destroy(tls.eng);
     tls.stream = NULL, tls.eng = NULL, tls.n = 0;
@@ -62,12 +68,24 @@ dnnl_engine_t dt_dnnl_engine(void) {
             dnnl_engine_destroy(tls.eng);
             return tls.eng = NULL;
         }
+        if (dnnl_primitive_attr_create(&tls.attr) != dnnl_success ||
+            dnnl_primitive_attr_set_scratchpad_mode(tls.attr, dnnl_scratchpad_mode_user) != dnnl_success) {
+            if (tls.attr) dnnl_primitive_attr_destroy(tls.attr);
+            dnnl_stream_destroy(tls.stream), dnnl_engine_destroy(tls.eng);
+            tls.attr = NULL, tls.stream = NULL;
+            return tls.eng = NULL;
+        }
     }
     return tls.eng;
 }
 
+dnnl_primitive_attr_t dt_dnnl_attr(void) { return dt_dnnl_engine() ? tls.attr : NULL; }
+
 static void entry_clear(dt_dnnl_entry *e) {
-    for (int i = 0; i < e->nsteps; i++) dnnl_primitive_destroy(e->step[i].p);
+    for (int i = 0; i < e->nsteps; i++) {
+        dnnl_primitive_destroy(e->step[i].p);
+        if (e->step[i].pad) dnnl_memory_destroy(e->step[i].pad);
+    }
     for (int i = 0; i < e->nmem; i++) dnnl_memory_destroy(e->mem[i]);
     free(e->tmp);
     dt_dnnl_key k = e->key;
@@ -126,11 +144,20 @@ bool dt_dnnl_step_add(dt_dnnl_entry *e, dnnl_primitive_desc_t pd, int nargs, con
         else if (strcmp(e->impl, impl)) snprintf(e->impl + at, sizeof e->impl - at, " + %s", impl);
     }
     dt_dnnl_step *st = &e->step[e->nsteps];
-    ok = ok && dnnl_primitive_create(&st->p, pd) == dnnl_success;
+    const dnnl_memory_desc_t *sp = ok ? dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0) : NULL;
+    const size_t pad_n = sp ? dnnl_memory_desc_get_size(sp) : 0;
+    st->pad = NULL;
+    ok = ok && nargs < DT_DNNL_ARGS && dnnl_primitive_create(&st->p, pd) == dnnl_success;
+    if (ok && pad_n && dnnl_memory_create(&st->pad, sp, tls.eng, DNNL_MEMORY_NONE) != dnnl_success) {
+        dnnl_primitive_destroy(st->p);
+        st->pad = NULL, ok = false;
+    }
     dnnl_primitive_desc_destroy(pd);
     if (!ok) return false;
     st->nargs = nargs;
     for (int i = 0; i < nargs; i++) st->args[i] = (dnnl_exec_arg_t){arg[i], m[i]};
+    if (st->pad) st->args[st->nargs++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, st->pad};
+    if (pad_n > e->pad_n) e->pad_n = pad_n;
     e->nsteps++;
     return true;
 }
@@ -139,7 +166,7 @@ static bool reorder_step(dt_dnnl_entry *e, dnnl_memory_t from, dnnl_memory_t to)
     const dnnl_memory_desc_t *a, *b;
     dnnl_primitive_desc_t pd = NULL;
     if (dnnl_memory_get_memory_desc(from, &a) != dnnl_success || dnnl_memory_get_memory_desc(to, &b) != dnnl_success ||
-        dnnl_reorder_primitive_desc_create(&pd, a, tls.eng, b, tls.eng, NULL) != dnnl_success)
+        dnnl_reorder_primitive_desc_create(&pd, a, tls.eng, b, tls.eng, tls.attr) != dnnl_success)
         return false;
     const int arg[2] = {DNNL_ARG_FROM, DNNL_ARG_TO};
     const dnnl_memory_t m[2] = {from, to};
@@ -176,12 +203,23 @@ bool dt_dnnl_ready(dt_dnnl_entry *e, bool ok) {
 }
 
 void dt_dnnl_run(dt_dnnl_entry *e, void *const *data) {
+    if (e->pad_n > tls.pad_n) {
+        free(tls.pad);
+        tls.pad = dt_dnnl_alloc(e->pad_n);
+        tls.pad_n = tls.pad ? e->pad_n : 0;
+        if (!tls.pad) return dt_kernel_fail("oneDNN scratchpad: out of memory for %zu bytes", e->pad_n);
+    }
     sync_threads();
     for (int i = 0; i < e->nmem; i++)
         if (e->ext[i] >= 0) dnnl_memory_set_data_handle_v2(e->mem[i], data[e->ext[i]], tls.stream);
     for (int i = 0; i < e->nsteps; i++)
-        dnnl_primitive_execute(e->step[i].p, tls.stream, e->step[i].nargs, e->step[i].args);
-    dnnl_stream_wait(tls.stream);
+        if (e->step[i].pad) dnnl_memory_set_data_handle_v2(e->step[i].pad, tls.pad, tls.stream);
+    dnnl_status_t st = dnnl_success;
+    for (int i = 0; i < e->nsteps && st == dnnl_success; i++)
+        if ((st = dnnl_primitive_execute(e->step[i].p, tls.stream, e->step[i].nargs, e->step[i].args)) != dnnl_success)
+            dt_kernel_fail("oneDNN: step %d of %d (%s) failed with status %d", i + 1, e->nsteps,
+                           e->impl[0] ? e->impl : "a reorder", (int)st);
+    if (dnnl_stream_wait(tls.stream) != dnnl_success) dt_kernel_fail("oneDNN: waiting for its stream failed");
 }
 
 dnnl_memory_desc_t dt_dnnl_md(int ndim, const int64_t *dims, dnnl_data_type_t dt, const int64_t *strides) {
@@ -200,15 +238,16 @@ void *dt_dnnl_alloc(size_t bytes) { return aligned_alloc(64, (bytes + 63) & ~(si
 void *dt_dnnl_scratch(int slot, size_t bytes) {
     if (bytes > tls.conv_n[slot]) {
         free(tls.conv[slot]);
-        void *p = dt_dnnl_alloc(bytes);
-        if (!p) abort(); /* kernels cannot fail; out of memory here is fatal */
-        tls.conv[slot] = p, tls.conv_n[slot] = bytes;
+        tls.conv[slot] = dt_dnnl_alloc(bytes);
+        tls.conv_n[slot] = tls.conv[slot] ? bytes : 0;
+        if (!tls.conv[slot]) dt_kernel_fail("oneDNN scratch: out of memory for %zu bytes", bytes);
     }
     return tls.conv[slot];
 }
 
 float *dt_dnnl_rounded(int slot, const float *src, size_t n, dt_dtype p) {
-    float *d = dt_dnnl_scratch(slot, n * sizeof(float) + 4);
+    float *d = src ? dt_dnnl_scratch(slot, n * sizeof(float) + 4) : NULL;
+    if (!d) return NULL;
     if (p == DT_BF16) dt_round_bf16(d, src, n);
     else dt_round_f16(d, src, n);
     return d;

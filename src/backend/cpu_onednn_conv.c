@@ -40,10 +40,11 @@ static float *fallback_work(dt_dtype p, float *work, int B, int C, int H, int W,
 static bool prefers_im2col(dt_dtype p, int C) { return p == DT_F32 && C < 16; }
 
 /* The plain fallback of a blocked convolution (oneDNN made no primitive): NCHW copies around the
- * cpu kernels. Each call allocates; kernels cannot fail, so out of memory aborts. x NULL: no copy. */
-static float *plain_copy(const float *x, dt_layout l, int B, int C, int HW) {
-    float *d = malloc((size_t)B * C * HW * sizeof(float) + 4);
-    if (!d) abort();
+ * cpu kernels, in this thread's scratch slots 8..11 (grown once per shape, not per call; NULL with
+ * the kernel error set when one cannot grow). x NULL: no copy. */
+static float *plain_copy(int slot, const float *x, dt_layout l, int B, int C, int HW) {
+    float *d = dt_dnnl_scratch(slot, (size_t)B * C * HW * sizeof(float) + 4);
+    if (!d) return NULL;
     if (x && l != DT_LAYOUT_NCHW) dt_blocked_to_nchw(d, x, B, C, HW, dt_layout_nhwc(l));
     else if (x) memcpy(d, x, (size_t)B * C * HW * sizeof(float));
     return d;
@@ -52,39 +53,43 @@ static float *plain_copy(const float *x, dt_layout l, int B, int C, int HW) {
 static void blocked_back(float *dst, float *plain, dt_layout l, int B, int C, int HW) {
     if (l != DT_LAYOUT_NCHW) dt_blocked_from_nchw(dst, plain, B, C, HW, dt_layout_nhwc(l));
     else memcpy(dst, plain, (size_t)B * C * HW * sizeof(float));
-    free(plain);
+}
+
+/* The cpu table's workspace for s, in slot 11. */
+static float *plain_work(const conv_shape *s) {
+    const size_t n = dt_backend_cpu()->conv2d_workspace(s->B, s->C, s->H, s->W, s->OC, s->K, s->S, s->P);
+    return dt_dnnl_scratch(11, n * sizeof(float) + 4);
 }
 
 static void fallback_forward(const conv_shape *s, float *out, const float *in, const float *w, const float *b) {
     const dt_kernel_table *be = dt_backend_cpu();
-    float *x = plain_copy(in, s->in_l, s->B, s->C, s->H * s->W);
-    float *y = plain_copy(NULL, DT_LAYOUT_NCHW, s->B, s->OC, s->OH * s->OW);
-    float *work = malloc(be->conv2d_workspace(s->B, s->C, s->H, s->W, s->OC, s->K, s->S, s->P) * sizeof(float) + 4);
-    if (!work) abort();
+    float *x = plain_copy(8, in, s->in_l, s->B, s->C, s->H * s->W);
+    float *y = x ? plain_copy(9, NULL, DT_LAYOUT_NCHW, s->B, s->OC, s->OH * s->OW) : NULL;
+    float *work = y ? plain_work(s) : NULL;
+    if (!work) return; /* the kernel error is set */
     be->conv2d_forward(y, x, w, b, work, s->B, s->C, s->H, s->W, s->OC, s->K, s->S, s->P);
     blocked_back(out, y, s->out_l, s->B, s->OC, s->OH * s->OW);
-    free(x), free(work);
 }
 
 static void fallback_backward(const conv_shape *s, float *din, float *dw, float *db, const float *dout, const float *in,
                               const float *w) {
     const dt_kernel_table *be = dt_backend_cpu();
     const int HW = s->H * s->W;
-    float *x = plain_copy(in, s->in_l, s->B, s->C, HW), *g = plain_copy(dout, s->out_l, s->B, s->OC, s->OH * s->OW);
-    float *dx = din ? plain_copy(NULL, DT_LAYOUT_NCHW, s->B, s->C, HW) : NULL;
-    float *work = malloc(be->conv2d_workspace(s->B, s->C, s->H, s->W, s->OC, s->K, s->S, s->P) * sizeof(float) + 4);
-    if (!work) abort();
+    float *x = plain_copy(8, in, s->in_l, s->B, s->C, HW);
+    float *g = x ? plain_copy(9, dout, s->out_l, s->B, s->OC, s->OH * s->OW) : NULL;
+    float *dx = g && din ? plain_copy(10, NULL, DT_LAYOUT_NCHW, s->B, s->C, HW) : NULL;
+    float *work = g && (dx || !din) ? plain_work(s) : NULL;
+    if (!work) return; /* the kernel error is set */
     be->conv2d_backward(dx, dw, db, g, x, w, work, s->B, s->C, s->H, s->W, s->OC, s->K, s->S, s->P);
     if (dx) blocked_back(din, dx, s->in_l, s->B, s->C, HW);
-    free(x), free(g), free(work);
 }
 
 /* bf16 values outside where the entry at p cannot take them (oneDNN has no bf16 kernel for s, or
- * none at all): f32 blocked copies around the f32 path. Each call allocates (a fallback); out
- * of memory aborts, as kernels cannot fail. */
-static float *widened(const float *x, dt_layout l, size_t n) {
-    float *d = malloc(n * sizeof(float) + 4);
-    if (!d) abort();
+ * none at all): f32 blocked copies around the f32 path, in this thread's scratch slots 6..7 (NULL
+ * with the kernel error set when one cannot grow). */
+static float *widened(int slot, const float *x, dt_layout l, size_t n) {
+    float *d = dt_dnnl_scratch(slot, n * sizeof(float) + 4);
+    if (!d) return NULL;
     if (x && dt_layout_bf16(l)) dt_convert(d, DT_F32, x, DT_BF16, n);
     else if (x) memcpy(d, x, n * sizeof(float));
     return d;
@@ -104,11 +109,11 @@ static void widened_forward(dt_dtype p, const conv_shape *s, float *out, const f
                             const float *b) {
     const size_t nin = (size_t)s->B * s->C * s->H * s->W, nout = (size_t)s->B * s->OC * s->OH * s->OW;
     const conv_shape t = f32_layouts(s);
-    float *x = dt_layout_bf16(s->in_l) ? widened(in, s->in_l, nin) : (float *)in;
-    float *y = dt_layout_bf16(s->out_l) ? widened(NULL, s->out_l, nout) : out;
+    float *x = dt_layout_bf16(s->in_l) ? widened(6, in, s->in_l, nin) : (float *)in;
+    float *y = dt_layout_bf16(s->out_l) ? widened(7, NULL, s->out_l, nout) : out;
+    if (!x || !y) return; /* the kernel error is set */
     conv_forward(p, &t, y, x, w, b, NULL);
-    if (y != out) dt_convert(out, DT_BF16, y, DT_F32, nout), free(y);
-    if (x != in) free(x);
+    if (y != out) dt_convert(out, DT_BF16, y, DT_F32, nout);
 }
 
 /* The forward of s at precision p (s->in_l, s->out_l: the layouts outside). */
@@ -126,13 +131,15 @@ static void conv_forward(dt_dtype p, const conv_shape *s, float *out, const floa
                            ? dt_dnnl_conv_plan(DT_DNNL_CONV_FWD, s, p, &round)
                            : NULL;
     if (!e && blocked) return fallback_forward(s, out, in, w, b);
-    if (!e)
-        return fallback(p)->conv2d_forward(out, in, w, b,
-                                           fallback_work(p, work, s->B, s->C, s->H, s->W, s->OC, s->K, s->S, s->P),
-                                           s->B, s->C, s->H, s->W, s->OC, s->K, s->S, s->P);
+    if (!e) {
+        float *fw = fallback_work(p, work, s->B, s->C, s->H, s->W, s->OC, s->K, s->S, s->P);
+        if (fw || p == DT_F32)
+            fallback(p)->conv2d_forward(out, in, w, b, fw, s->B, s->C, s->H, s->W, s->OC, s->K, s->S, s->P);
+        return;
+    }
     void *data[4] = {input(0, in, (size_t)s->B * s->C * s->H * s->W, p, round),
                      input(1, w, (size_t)s->OC * s->C * s->K * s->K, p, round), out, (void *)b};
-    dt_dnnl_run(e, data);
+    if (data[0] && data[1]) dt_dnnl_run(e, data); /* else a rounded copy could not be had: the kernel error is set */
 }
 
 void dt_dnnl_conv_forward(dt_dtype p, float *out, const float *in, const float *w, const float *b, float *work, int B,
@@ -154,11 +161,10 @@ static void widened_backward(dt_dtype p, const conv_shape *s, float *din, float 
                              const float *in, const float *w) {
     const size_t nin = (size_t)s->B * s->C * s->H * s->W, nout = (size_t)s->B * s->OC * s->OH * s->OW;
     const conv_shape t = f32_layouts(s);
-    float *x = dw && dt_layout_bf16(s->in_l) ? widened(in, s->in_l, nin) : (float *)in;
-    float *g = dt_layout_bf16(s->out_l) ? widened(dout, s->out_l, nout) : (float *)dout;
+    float *x = dw && dt_layout_bf16(s->in_l) ? widened(6, in, s->in_l, nin) : (float *)in;
+    float *g = dt_layout_bf16(s->out_l) ? widened(7, dout, s->out_l, nout) : (float *)dout;
+    if ((dw && dt_layout_bf16(s->in_l) && !x) || !g) return; /* the kernel error is set */
     conv_backward(p, &t, din, dw, db, g, x, w, NULL);
-    if (x != in) free(x);
-    if (g != dout) free(g);
 }
 
 /* db (OC) += the sums of dout (in s->out_l) over the batch and the plane, in f32. */
@@ -176,6 +182,7 @@ static void bias_sums(const conv_shape *s, float *db, const float *dout) {
 static const float *flipped_weights(const float *w, int OC, int C, int K) {
     const int KK = K * K;
     float *f = dt_dnnl_scratch(3, (size_t)OC * C * KK * sizeof(float));
+    if (!f) return NULL;
     for (int o = 0; o < OC; o++)
         for (int c = 0; c < C; c++)
             for (int k = 0; k < KK; k++) f[((size_t)c * OC + o) * KK + KK - 1 - k] = w[((size_t)o * C + c) * KK + k];
@@ -200,7 +207,7 @@ static void conv_backward(dt_dtype p, const conv_shape *cs, float *din, float *d
         if (!e) return widened_backward(p, cs, din, dw, db, dout, in, w);
         const size_t nw = (size_t)s.OC * s.C * s.K * s.K;
         float *dbs = s.bias ? e->tmp + nw : NULL;
-        if (e->w_flipped) w = flipped_weights(w, s.OC, s.C, s.K);
+        if (e->w_flipped && !(w = flipped_weights(w, s.OC, s.C, s.K))) return;
         void *both[6] = {(void *)in, e->tmp, (void *)dout, (void *)w, din, dbs},
              *data_only[3] = {din, (void *)w, (void *)dout}, *w_only[4] = {(void *)in, e->tmp, (void *)dout, dbs};
         dt_dnnl_run(e, op == DT_DNNL_CONV_BWD ? both : op == DT_DNNL_CONV_BWD_DATA ? data_only : w_only);
@@ -219,14 +226,17 @@ static void conv_backward(dt_dtype p, const conv_shape *cs, float *din, float *d
     bool rd = false;
     dt_dnnl_entry *e = (din || dw) && B > 0 ? dt_dnnl_conv_plan(op, &s, p, &rd) : NULL;
     if (!e && blocked) return fallback_backward(&s, din, dw, db, dout, in, w);
-    if (!e)
-        return fallback(p)->conv2d_backward(din, dw, db, dout, in, w, fallback_work(p, work, B, C, H, W, OC, K, S, P),
-                                            B, C, H, W, OC, K, S, P);
+    if (!e) {
+        float *fw = fallback_work(p, work, B, C, H, W, OC, K, S, P);
+        if (fw || p == DT_F32) fallback(p)->conv2d_backward(din, dw, db, dout, in, w, fw, B, C, H, W, OC, K, S, P);
+        return;
+    }
     size_t nout = (size_t)B * OC * s.OH * s.OW, nw = (size_t)OC * C * K * K;
     /* data pointers in the order the entry's op takes them (build_backward) */
     void *g = input(1, dout, nout, p, rd), *x = dw ? input(0, in, (size_t)B * C * H * W, p, rd) : NULL;
     void *wt = din ? input(2, w, nw, p, rd) : NULL;
-    float *dbs = s.bias ? e->tmp + nw : NULL; /* oneDNN's db */
+    if (!g || (dw && !x) || (din && !wt)) return; /* a rounded copy could not be had: the kernel error is set */
+    float *dbs = s.bias ? e->tmp + nw : NULL;     /* oneDNN's db */
     void *both[6] = {x, e->tmp, g, wt, din, dbs}, *data_only[3] = {din, wt, g}, *w_only[4] = {x, e->tmp, g, dbs};
     dt_dnnl_run(e, op == DT_DNNL_CONV_BWD ? both : op == DT_DNNL_CONV_BWD_DATA ? data_only : w_only);
     if (dw)

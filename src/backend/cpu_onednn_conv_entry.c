@@ -57,7 +57,7 @@ static dnnl_primitive_desc_t forward_pd_alg(const conv_shape *s, dnnl_data_type_
     dnnl_primitive_desc_t pd = NULL;
     if (dnnl_convolution_forward_desc_init(&d, dnnl_forward_training, alg, &md[0], &md[1], bias ? &md[3] : NULL, &md[2],
                                            st, pad, pad) != dnnl_success ||
-        dnnl_primitive_desc_create(&pd, &d, NULL, dt_dnnl_engine(), NULL) != dnnl_success)
+        dnnl_primitive_desc_create(&pd, &d, dt_dnnl_attr(), dt_dnnl_engine(), NULL) != dnnl_success)
         return NULL;
     return pd;
 }
@@ -107,7 +107,8 @@ static dnnl_primitive_desc_t backward_pd_alg(const conv_shape *s, dnnl_data_type
                                             &d, alg, &md[0], &md[1], s->bias ? &md[3] : NULL, &md[2], st, pad, pad)
                                       : dnnl_convolution_backward_data_desc_init(&d, alg, &md[0], &md[1], &md[2], st,
                                                                                  pad, pad);
-    if (st_init != dnnl_success || dnnl_primitive_desc_create(&pd, &d, NULL, dt_dnnl_engine(), hint) != dnnl_success)
+    if (st_init != dnnl_success ||
+        dnnl_primitive_desc_create(&pd, &d, dt_dnnl_attr(), dt_dnnl_engine(), hint) != dnnl_success)
         pd = NULL;
     if (hint) dnnl_primitive_desc_destroy(hint);
     return pd;

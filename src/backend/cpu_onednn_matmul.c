@@ -54,7 +54,8 @@ static dt_dnnl_entry *mm_entry(const mm_shape *s, dt_dtype p) {
     dnnl_post_ops_t po = NULL;
     dnnl_primitive_desc_t pd = NULL;
     if (dnnl_matmul_desc_init(&desc, &md[0], &md[1], s->bias ? &md[3] : NULL, &md[2]) == dnnl_success &&
-        dnnl_primitive_attr_create(&attr) == dnnl_success) {
+        dnnl_primitive_attr_create(&attr) == dnnl_success &&
+        dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user) == dnnl_success) {
         if (s->accumulate && dnnl_post_ops_create(&po) == dnnl_success) {
             dnnl_post_ops_append_sum(po, 1.0f);
             dnnl_primitive_attr_set_post_ops(attr, po);
@@ -103,6 +104,7 @@ static const void *mm_operand(const mm_plan *pl, int slot, const float *x, size_
 }
 
 static void mm_run(const mm_plan *pl, void *c, const void *a, const void *b, const float *bias) {
+    if (!a || !b) return; /* an operand's scratch could not be had: the kernel error is set */
     if (pl->e->pack_nb) {
         const mm_shape *s = pl->s;
         const dt_vnni_src kind = pl->e->key.d[10] ? DT_VNNI_BF16_ROWS
@@ -129,8 +131,11 @@ void dt_dnnl_linear_forward(dt_dtype p, float *out, const float *in, const float
                             int OC) {
     mm_shape s = {.M = B, .N = OC, .K = C, .sa = {C, 1}, .sb = {1, C}, .bias = b != NULL};
     mm_plan pl;
-    if (B <= 0 || OC <= 0 || C <= 0 || !mm_prepare(&pl, &s, p))
-        return fallback(p)->linear_forward(out, in, w, b, fallback_work(p, B, C, OC), B, C, OC);
+    if (B <= 0 || OC <= 0 || C <= 0 || !mm_prepare(&pl, &s, p)) {
+        float *work = fallback_work(p, B, C, OC);
+        if (work || p == DT_F32) fallback(p)->linear_forward(out, in, w, b, work, B, C, OC);
+        return;
+    }
     mm_run(&pl, out, mm_operand(&pl, 0, in, (size_t)B * C), mm_operand(&pl, 1, w, (size_t)OC * C), b);
 }
 
@@ -138,7 +143,7 @@ void dt_dnnl_linear_forward(dt_dtype p, float *out, const float *in, const float
  * to bf16 gives the same values). */
 static const float *widened(const uint16_t *in, size_t n) {
     float *f = dt_dnnl_scratch(3, n * sizeof(float) + 4);
-    dt_widen_bf16(f, in, n);
+    if (f) dt_widen_bf16(f, in, n);
     return f;
 }
 
@@ -147,7 +152,8 @@ void dt_dnnl_linear_forward_bf16(float *out, const uint16_t *in, const float *w,
     mm_shape s = {.M = B, .N = OC, .K = C, .sa = {C, 1}, .sb = {1, C}, .bias = b != NULL, .a_bf16 = true};
     mm_plan pl;
     if (B > 0 && OC > 0 && C > 0 && mm_prepare(&pl, &s, DT_BF16) && !pl.round) return mm_run(&pl, out, in, w, b);
-    dt_dnnl_linear_forward(DT_BF16, out, widened(in, (size_t)B * C), w, b, B, C, OC);
+    const float *f = widened(in, (size_t)B * C);
+    if (f) dt_dnnl_linear_forward(DT_BF16, out, f, w, b, B, C, OC);
 }
 
 /* d16 (B, OC) = dout cast to bf16, and db (OC; NULL: none) += dout's column sums, row by row (the
@@ -176,6 +182,7 @@ static void bias_sums(float *db, const float *dout, int B, int OC) {
 static void native_backward(const mm_plan *pw, const mm_plan *pd, void *din, float *dw, float *db, const float *dout,
                             const void *in, const float *w, int B, int OC) {
     uint16_t *d16 = dt_dnnl_scratch(0, (size_t)B * OC * sizeof(uint16_t));
+    if (!d16) return;
     cast_and_bias_sums(d16, db, dout, B, OC);
     mm_run(pw, dw, d16, in, NULL);
     mm_run(pd, din, d16, w, NULL);
@@ -198,16 +205,26 @@ static void linear_backward_of(dt_dtype p, float *din, float *dw, float *db, con
     mm_shape sd = {.M = B, .N = C, .K = OC, .sa = {OC, 1}, .sb = {C, 1}, .a_bf16 = cast};
     mm_plan pw = {0}, pd = {0};
     const bool ok = B > 0 && OC > 0 && C > 0 && (!dw || mm_prepare(&pw, &sw, p)) && (!din || mm_prepare(&pd, &sd, p));
-    if (in16 && (!ok || (dw && pw.round))) /* no native dw entry for a bf16 in */
-        return linear_backward_of(p, din, dw, db, dout, widened(in16, (size_t)B * C), NULL, w, B, C, OC);
-    if (!ok) return fallback(p)->linear_backward(din, dw, db, dout, in, w, fallback_work(p, B, C, OC), B, C, OC);
+    if (in16 && (!ok || (dw && pw.round))) { /* no native dw entry for a bf16 in */
+        const float *f = widened(in16, (size_t)B * C);
+        if (f) linear_backward_of(p, din, dw, db, dout, f, NULL, w, B, C, OC);
+        return;
+    }
+    if (!ok) {
+        float *work = fallback_work(p, B, C, OC);
+        if (work || p == DT_F32) fallback(p)->linear_backward(din, dw, db, dout, in, w, work, B, C, OC);
+        return;
+    }
     const void *b_in = in16 ? (const void *)in16 : (const void *)in;
     if (cast && !pw.round && !pd.round) /* both native bf16 entries, keyed to take the cast */
         return native_backward(&pw, &pd, din, dw, db, dout, b_in, w, B, OC);
     if (cast) { /* an f32 fallback entry: the a_bf16 key never reached a bf16 entry */
         sw.a_bf16 = sd.a_bf16 = false;
-        if (!mm_prepare(&pw, &sw, p) || !mm_prepare(&pd, &sd, p))
-            return linear_backward_of(p, din, dw, db, dout, in ? in : widened(in16, (size_t)B * C), NULL, w, B, C, OC);
+        if (!mm_prepare(&pw, &sw, p) || !mm_prepare(&pd, &sd, p)) {
+            const float *f = in ? in : widened(in16, (size_t)B * C);
+            if (f) linear_backward_of(p, din, dw, db, dout, f, NULL, w, B, C, OC);
+            return;
+        }
     }
     /* dout is rounded once when both GEMMs take it the same way (fallback), else passed as is */
     const void *d = mm_operand(dw ? &pw : &pd, 0, dout, (size_t)B * OC);
@@ -270,6 +287,7 @@ void dt_dnnl_linear_forward_bf16io(uint16_t *out, const uint16_t *in, const floa
     mm_plan pl;
     if (B > 0 && OC > 0 && C > 0 && mm_prepare(&pl, &s, DT_BF16)) return mm_run(&pl, out, in, w, b);
     float *f = dt_dnnl_scratch(4, (size_t)B * OC * sizeof(float));
+    if (!f) return;
     dt_dnnl_linear_forward_bf16(f, in, w, b, B, C, OC);
     dt_cast_bf16(out, f, (size_t)B * OC);
 }
@@ -284,6 +302,7 @@ void dt_dnnl_linear_backward_bf16_din(uint16_t *din, float *dw, float *db, const
         mm_prepare(&pd, &sd, DT_BF16)) /* as linear_backward_of's native path, din written bf16 */
         return native_backward(&pw, &pd, din, dw, db, dout, in, w, B, OC);
     float *f = din ? dt_dnnl_scratch(4, (size_t)B * C * sizeof(float)) : NULL;
+    if (din && !f) return;
     linear_backward_of(DT_BF16, f, dw, db, dout, NULL, in, w, B, C, OC);
     if (din) dt_cast_bf16(din, f, (size_t)B * C);
 }

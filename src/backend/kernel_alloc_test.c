@@ -7,8 +7,12 @@
  * the first of its shape, and checks there are none.
  *
  * Covered: the blas tables at f32, bf16 and fp16 (linear and conv), the fused conv -> relu -> pool
- * and the blocked bf16 max pool backward (a scatter and a widened bf16 dout). oneDNN's tables still
- * keep per-thread scratch and their primitives' own scratchpads (docs/device.md), so they are not. */
+ * and the blocked bf16 max pool backward (a scatter and a widened bf16 dout), each from its first
+ * call. oneDNN's tables still grow a per-thread scratch and scratchpad on the first call of a
+ * shape (docs/device.md), so for them the second call is checked:
+ * linear and conv at f32, bf16 and fp16, blocked convs, and bf16 blocked values at fp16 (widened
+ * to f32 copies, which once were malloc'd on every call). And a oneDNN kernel whose scratch cannot
+ * be had returns with the kernel error set (dt_kernel_error_take) instead of aborting. */
 #include "backend/backend.h"
 #include "backend/blocked.h"
 #include "backend/conv_pool.h"
@@ -35,23 +39,24 @@ extern void __libc_free(void *p);
 extern const char __executable_start[], etext[]; /* this executable's code (GNU ld) */
 
 static atomic_long allocs;
-static atomic_int counting;
+static atomic_int counting, failing;
 
-/* Counts an allocation made from this executable's code (dtrain's) while counting. */
-static void note(const void *caller) {
-    if (atomic_load(&counting) && (const char *)caller >= __executable_start && (const char *)caller < etext)
-        atomic_fetch_add(&allocs, 1);
+/* Counts an allocation made from this executable's code (dtrain's) while counting; true when it
+ * is to fail (failing: out of memory for dtrain's code). */
+static bool note(const void *caller) {
+    const bool ours = (const char *)caller >= __executable_start && (const char *)caller < etext;
+    if (ours && atomic_load(&counting)) atomic_fetch_add(&allocs, 1);
+    return ours && atomic_load(&failing);
 }
 
 #define CALLER __builtin_return_address(0)
-void *malloc(size_t n) { return note(CALLER), __libc_malloc(n); }
-void *calloc(size_t k, size_t n) { return note(CALLER), __libc_calloc(k, n); }
-void *realloc(void *p, size_t n) { return note(CALLER), __libc_realloc(p, n); }
-void *aligned_alloc(size_t align, size_t n) { return note(CALLER), __libc_memalign(align, n); }
-void *memalign(size_t align, size_t n) { return note(CALLER), __libc_memalign(align, n); }
+void *malloc(size_t n) { return note(CALLER) ? NULL : __libc_malloc(n); }
+void *calloc(size_t k, size_t n) { return note(CALLER) ? NULL : __libc_calloc(k, n); }
+void *realloc(void *p, size_t n) { return note(CALLER) ? NULL : __libc_realloc(p, n); }
+void *aligned_alloc(size_t align, size_t n) { return note(CALLER) ? NULL : __libc_memalign(align, n); }
+void *memalign(size_t align, size_t n) { return note(CALLER) ? NULL : __libc_memalign(align, n); }
 int posix_memalign(void **out, size_t align, size_t n) {
-    note(CALLER);
-    *out = __libc_memalign(align, n);
+    *out = note(CALLER) ? NULL : __libc_memalign(align, n);
     return *out ? 0 : 12; /* ENOMEM */
 }
 void free(void *p) { __libc_free(p); }
@@ -170,6 +175,77 @@ static void test_pool(void) {
     }
 }
 
+/* oneDNN's tables, from the second call of a shape (the first creates the primitives and grows the
+ * thread's scratch). */
+typedef struct {
+    args a;
+    dt_dtype p;
+    dt_layout in_l, out_l;
+} blk_args;
+
+static void blocked_conv(void *p) {
+    blk_args *b = p;
+    const args *a = &b->a;
+    a->t->conv2d_forward_blocked(a->out, a->in, a->w, a->b, B, C, H, H, OC, K, S, P, b->in_l, b->out_l);
+    a->t->conv2d_backward_blocked(a->din, a->dw, a->db, a->dout, a->in, a->w, B, C, H, H, OC, K, S, P, b->in_l,
+                                  b->out_l);
+}
+
+static long steady_allocs(void (*fn)(void *), void *arg) {
+    fn(arg);
+    return allocs_of(fn, arg);
+}
+
+static void test_onednn(void) {
+    const dt_dtype prec[3] = {DT_F32, DT_BF16, DT_F16};
+    const size_t big = (size_t)B * C * H * H * 4;
+    for (int i = 0; i < 3 && dt_onednn_built(); i++) {
+        const dt_kernel_table *t = dt_backend_onednn(prec[i]);
+        const size_t ws = t->conv2d_workspace(B, C, H, H, OC, K, S, P);
+        blk_args b = {{t, filled(big, 1), filled(big, 0.5f), filled(OC, 0.1f), filled(big, 0), filled(big, 1),
+                       filled(big, 0), filled(big, 0), filled(OC, 0), filled(ws + 1, 0)},
+                      prec[i],
+                      DT_LAYOUT_BLOCKED,
+                      DT_LAYOUT_BLOCKED};
+        const char *pn = dt_dtype_name(prec[i]);
+        CHECK_MSG(steady_allocs(linear, &b.a) == 0, "onednn %s linear: %ld allocations in a second call", pn,
+                  (long)atomic_load(&allocs));
+        CHECK_MSG(steady_allocs(conv, &b.a) == 0, "onednn %s conv: %ld allocations in a second call", pn,
+                  (long)atomic_load(&allocs));
+        CHECK_MSG(steady_allocs(blocked_conv, &b) == 0, "onednn %s blocked conv: %ld allocations in a second call", pn,
+                  (long)atomic_load(&allocs));
+        if (prec[i] == DT_F16) { /* bf16 blocked values at fp16: widened to f32 copies around the f32 path */
+            b.in_l = b.out_l = DT_LAYOUT_BLOCKED_BF16;
+            CHECK_MSG(steady_allocs(blocked_conv, &b) == 0,
+                      "onednn fp16 conv of bf16 blocked values: %ld allocations in a second call",
+                      (long)atomic_load(&allocs));
+        }
+        float *all[] = {b.a.in, b.a.w, b.a.b, b.a.out, b.a.dout, b.a.din, b.a.dw, b.a.db, b.a.work};
+        for (size_t k = 0; k < sizeof all / sizeof *all; k++) __libc_free(all[k]);
+    }
+}
+
+/* Out of memory in a oneDNN kernel's scratch: the kernel returns with the error set, and the next
+ * take finds none. bf16 blocked values at fp16 are always widened into the thread's scratch; a
+ * plane larger than above's, so that scratch must grow. */
+static void test_onednn_fails(void) {
+    if (!dt_onednn_built()) return;
+    enum { FH = 2 * H };
+    const dt_kernel_table *t = dt_backend_onednn(DT_F16);
+    const size_t nin = (size_t)B * C * FH * FH, nout = (size_t)B * OC * FH * FH;
+    float *in = filled(nin, 0), *w = filled((size_t)OC * C * K * K, 1), *out = filled(nout, 0);
+    char why[192] = "";
+    (void)dt_kernel_error_take(why, sizeof why); /* none left from above */
+    atomic_store(&failing, 1);
+    t->conv2d_forward_blocked(out, in, w, NULL, B, C, FH, FH, OC, K, S, P, DT_LAYOUT_BLOCKED_BF16,
+                              DT_LAYOUT_BLOCKED_BF16);
+    atomic_store(&failing, 0);
+    CHECK_MSG(dt_kernel_error_take(why, sizeof why) && strstr(why, "out of memory"),
+              "a oneDNN kernel out of scratch memory set no kernel error (got '%s')", why);
+    CHECK_MSG(!dt_kernel_error_take(why, sizeof why), "the kernel error was not cleared by its take");
+    __libc_free(in), __libc_free(w), __libc_free(out);
+}
+
 /* The counter itself: an allocation inside the window is seen. */
 static void allocates(void *p) { *(void *volatile *)p = malloc(64); }
 
@@ -184,6 +260,8 @@ int main(void) {
     test_tables();
     test_conv_pool();
     test_pool();
+    test_onednn();
+    test_onednn_fails();
     return dt_test_summary("kernel_alloc_test");
 }
 #endif

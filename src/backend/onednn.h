@@ -11,8 +11,8 @@
 /* DT_DNNL_CONV_BWD: backward data and weights in one entry (diff_dst reordered once) */
 enum { DT_DNNL_MATMUL = 1, DT_DNNL_CONV_FWD, DT_DNNL_CONV_BWD_DATA, DT_DNNL_CONV_BWD_W, DT_DNNL_CONV_BWD };
 #define DT_DNNL_KEY_INTS 13
-#define DT_DNNL_SCRATCH_SLOTS 6
-#define DT_DNNL_ARGS 6
+#define DT_DNNL_SCRATCH_SLOTS 12
+#define DT_DNNL_ARGS 7 /* with its scratchpad */
 
 /* A cached primitive: the op, the input data type and the shape make the key. */
 typedef struct {
@@ -26,6 +26,7 @@ typedef struct {
 
 typedef struct {
     dnnl_primitive_t p;
+    dnnl_memory_t pad; /* its scratchpad (user mode), bound to the thread's at each run; NULL: none */
     int nargs;
     dnnl_exec_arg_t args[DT_DNNL_ARGS];
 } dt_dnnl_step;
@@ -45,11 +46,16 @@ typedef struct {
     int pack_nb, pack_kp;                   /* matmul: B goes in packed by dt_dnnl_vnni_pack with this block (0: not) */
     bool w_flipped; /* conv backward data runs as a forward conv: w goes in flipped (cpu_onednn_conv.c) */
     size_t tmp_n;
+    size_t pad_n;  /* the largest scratchpad of its steps, in bytes */
     char impl[64]; /* oneDNN's impl info string of the main primitive */
 } dt_dnnl_entry;
 
 /* This thread's engine (created on first use). */
 dnnl_engine_t dt_dnnl_engine(void);
+/* This thread's primitive attributes (scratchpad_mode user: a primitive keeps no scratchpad of
+ * its own; dt_dnnl_run hands it the thread's), for every primitive descriptor made here; NULL
+ * when there is no engine. */
+dnnl_primitive_attr_t dt_dnnl_attr(void);
 /* The cached entry of key k, or a fresh slot (used = false) for the caller to build with the
  * functions below and close with dt_dnnl_ready; NULL only when the cache cannot be set up. */
 dt_dnnl_entry *dt_dnnl_lookup(const dt_dnnl_key *k);
@@ -68,18 +74,24 @@ dnnl_memory_t dt_dnnl_output(dt_dnnl_entry *e, const dnnl_memory_desc_t *plain, 
  * and emptied) when ok is false or a step could not be made. */
 bool dt_dnnl_ready(dt_dnnl_entry *e, bool ok);
 /* Runs e with the given data pointers on this thread's stream with dt_get_threads() OpenMP
- * threads, and waits. */
+ * threads, and waits. Its steps' scratchpads are this thread's one buffer, grown to e->pad_n on
+ * the first run that needs more (failing: the kernel error is set and nothing runs). */
 void dt_dnnl_run(dt_dnnl_entry *e, void *const *data);
 /* A plain memory descriptor of a dense tensor (row-major) or with explicit strides. */
 dnnl_memory_desc_t dt_dnnl_md(int ndim, const int64_t *dims, dnnl_data_type_t dt, const int64_t *strides);
 /* This thread's scratch slot 0..DT_DNNL_SCRATCH_SLOTS - 1 (grown to `bytes`, kept for the thread's
- * life; its contents do not survive a growth). 64-byte aligned, as dt_dnnl_alloc. */
+ * life; its contents do not survive a growth). 64-byte aligned, as dt_dnnl_alloc. NULL, with the
+ * kernel error set (dt_kernel_fail), when it cannot grow: the caller returns without writing.
+ * Slots: 0..2 rounded inputs, 3 flipped or widened weights/inputs, 4 a bf16 output's f32 copy, 5 a
+ * fallback's workspace, 6..7 widened bf16 values (cpu_onednn_conv.c), 8..11 a blocked conv's plain
+ * fallback (its NCHW input, output or gradient, input gradient and workspace). */
 void *dt_dnnl_scratch(int slot, size_t bytes);
 /* `bytes` (rounded up to 64) at a 64-byte boundary, for free(); NULL when out of memory. Every
  * buffer a oneDNN kernel reads or writes is aligned so: AMX tile loads of rows that straddle cache
  * lines slow a bf16 matmul down (docs/why.md, "64-byte alignment"). */
 void *dt_dnnl_alloc(size_t bytes);
-/* src rounded to precision p, as f32 (slot 0..2): the fallback when oneDNN lacks a kernel. */
+/* src rounded to precision p, as f32 (slot 0..2): the fallback when oneDNN lacks a kernel. NULL
+ * when src is NULL or the slot cannot grow (the kernel error set). */
 float *dt_dnnl_rounded(int slot, const float *src, size_t n, dt_dtype p);
 
 /* Linear layers at precision p (cpu_onednn_matmul.c), the signatures of the backend table; and

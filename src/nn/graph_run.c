@@ -143,6 +143,14 @@ static dt_status check_bound(const dt_model *m, const dt_node *n, bool grads) {
     return DT_OK;
 }
 
+/* A kernel of node n that could not run (backend.h: dt_kernel_fail) fails the step, naming n. */
+static dt_status kernel_status(const dt_node *n) {
+    char why[192];
+    if (!dt_kernel_error_take(why, sizeof why)) return DT_OK;
+    return dt_error(DT_ENOMEM, "model: node '%s': its kernel could not run: %s (lower `batch` or free memory)", n->name,
+                    why);
+}
+
 /* Forward of nodes [lo, hi); input nodes hold their fed memory (bind_feed), aliases their input's. */
 static dt_status forward_range(dt_model *m, int lo, int hi) {
     const dt_run_ctx c = run_ctx(m);
@@ -156,6 +164,7 @@ static dt_status forward_range(dt_model *m, int lo, int hi) {
         }
         dt_status s = m->bound_p ? check_bound(m, n, false) : DT_OK;
         if (s == DT_OK) s = n->op->forward(m, n, &c);
+        if (s == DT_OK) s = kernel_status(n);
         if (s != DT_OK) return s;
         if (m->after_forward) m->after_forward(m->after_forward_ctx, i);
     }
@@ -291,7 +300,10 @@ static dt_status backward_range(dt_model *m, int lo, int hi, dt_grad_ready_fn ho
         if (!n->needs_grad || n->alias || n->input_index >= 0) continue;
         if (m->before_backward) m->before_backward(m->hook_ctx, i);
         if (m->bound_p) DT_TRY(check_bound(m, n, true));
-        if (n->grad_set || i == m->loss) backward_node(m, n, &c);
+        if (n->grad_set || i == m->loss) {
+            backward_node(m, n, &c);
+            DT_TRY(kernel_status(n));
+        }
         if (m->after_backward) m->after_backward(m->hook_ctx, i);
         if (hook) report_ready(m, n, hook, ctx);
     }
