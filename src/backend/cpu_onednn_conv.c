@@ -34,7 +34,7 @@ static float *fallback_work(dt_dtype p, float *work, int B, int C, int H, int W,
 /* At f32, a convolution over fewer than 16 input channels with NCHW output runs as im2col + sgemm,
  * which writes NCHW directly: oneDNN's kernel wants its (B,OC,H,W) output and gradient in the
  * blocked layout, and the two reorders of that large tensor cost more than the
- * convolution itself (measured: 1.5x faster per CPU-second on a conv(32,3) model). When the graph
+ * convolution itself (docs/why.md, "im2col for few input channels"). When the graph
  * keeps the output blocked (the reference CNN's first layer, C = 1), oneDNN runs it with no
  * reorder. At bf16/fp16 oneDNN keeps it (its kernel then also converts). */
 static bool prefers_im2col(dt_dtype p, int C) { return p == DT_F32 && C < 16; }
@@ -267,7 +267,7 @@ void dt_dnnl_conv_backward_blocked(float *din, float *dw, float *db, const float
  * A convolution over fewer than 16 input channels runs at f32: vdpbf16ps multiplies channel
  * pairs, so with C = 1 (the CNN's first layer) oneDNN's bf16 kernel pads half its lanes and is no
  * faster than f32, while converting its large output gradient to bf16 costs a pass more
- * (measured on AVX512-BF16: the layer 2x slower than at f32). */
+ * (docs/why.md, "Few input channels stay f32"). */
 static dt_dtype blocked_precision(dt_dtype p, int C) { return C < 16 ? DT_F32 : p; }
 
 bool dt_dnnl_conv_bf16_values(int C) { return dt_onednn_bf16_native() && blocked_precision(DT_BF16, C) == DT_BF16; }
