@@ -29,13 +29,18 @@ static float *at(const float *x, size_t n, dt_dtype p) {
     return y;
 }
 
-/* Table be's linear workspace for (B, C, OC), in a buffer kept for the test's run (grown). */
+/* Table be's linear workspace for (B, C, OC), in a buffer of the calling thread (grown; a thread
+ * that ends frees it with lwork_release). */
+static _Thread_local float *lwork_buf;
+static _Thread_local size_t lwork_cap;
 static float *lwork(const dt_kernel_table *be, int B, int C, int OC) {
-    static _Thread_local float *buf;
-    static _Thread_local size_t cap;
     const size_t n = dt_linear_workspace_of(be, B, C, OC) + 1;
-    if (n > cap) free(buf), buf = malloc(n * sizeof *buf), cap = n;
-    return buf;
+    if (n > lwork_cap) free(lwork_buf), lwork_buf = malloc(n * sizeof *lwork_buf), lwork_cap = n;
+    return lwork_buf;
+}
+static void lwork_release(void) {
+    free(lwork_buf);
+    lwork_buf = NULL, lwork_cap = 0;
 }
 
 static double worst; /* largest error / bound seen */
@@ -328,6 +333,7 @@ static void *cache_eviction_thread(void *arg) {
         }
     CHECK_MSG(err < 1e-5, "full cache: dw off by %g after the din GEMM's primitive was created", err);
     free(in), free(w), free(dout), free(din), free(dw), free(out), free(x);
+    lwork_release();
     return NULL;
 }
 
@@ -346,5 +352,6 @@ int main(void) {
     test_rounding();
     test_onednn_cache();
     test_backends();
+    lwork_release();
     return dt_test_summary("gemm_test");
 }

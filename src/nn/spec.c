@@ -57,7 +57,7 @@ typedef struct {
 } parse_ctx;
 
 static dt_status bad(const parse_ctx *c, const char *fmt, const char *detail) {
-    char why[256];
+    char why[320];
     snprintf(why, sizeof why, fmt, detail);
     return dt_error(DT_EINVAL, "model spec: bad token '%.*s' at position %d: %s", c->toklen, c->tok,
                     (int)(c->tok - c->spec) + 1, why);
@@ -183,7 +183,7 @@ static dt_status parse_token(const parse_ctx *c, dt_layer_spec *l) {
                    "the spec with the last linear layer",
                    name);
     if (!op) {
-        char known[200], msg[256];
+        char known[200], msg[288]; /* name (31) and known (199) fit */
         known_names(known, sizeof known);
         snprintf(msg, sizeof msg, "unknown layer '%s' (known: %s)", name, known);
         return bad(c, "%s", msg);
